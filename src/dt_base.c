@@ -1,0 +1,226 @@
+/* ===========================================================================
+ * dt_base.c -- result strings, per-thread errors, allocator, logger, build info
+ * ===========================================================================
+ */
+#include "dt_internal.h"
+
+/* ---- results ----------------------------------------------------------------- */
+
+DTRAIN_API const char *dt_result_str(dt_result r) {
+  switch (r) {
+#define DT__RESULT_STR(name, value, text) case name: return text;
+    DTRAIN_RESULT_LIST(DT__RESULT_STR)
+#undef DT__RESULT_STR
+    default: return "unknown result code";
+  }
+}
+
+DTRAIN_API const char *dt_result_name(dt_result r) {
+  switch (r) {
+#define DT__RESULT_NAME(name, value, text) case name: return #name;
+    DTRAIN_RESULT_LIST(DT__RESULT_NAME)
+#undef DT__RESULT_NAME
+    default: return "DTRAIN_ERR_UNKNOWN";
+  }
+}
+
+static DT__TLS char dt__base_errmsg[DT__MSG_CAP];
+static DT__TLS dt_result dt__base_errcode;
+
+DTRAIN_API const char *dt_last_error(void) { return dt__base_errmsg; }
+DTRAIN_API dt_result dt_last_result(void) { return dt__base_errcode; }
+DTRAIN_API void dt_clear_error(void) {
+  dt__base_errmsg[0] = '\0';
+  dt__base_errcode = DTRAIN_OK;
+}
+
+/* ---- logging ------------------------------------------------------------------- */
+
+static void dt__base_default_log(dt_log_level level, dt_result code, const char *msg, void *user) {
+  (void)user;
+#ifndef DTRAIN_NO_STDIO
+  const char *tag = level == DTRAIN_LOG_ERROR ? "error" : level == DTRAIN_LOG_WARN ? "warning"
+                  : level == DTRAIN_LOG_INFO ? "info" : "debug";
+  if (code != DTRAIN_OK)
+    fprintf(stderr, "dtrain %s (%s): %s\n", tag, dt_result_name(code), msg);
+  else
+    fprintf(stderr, "dtrain %s: %s\n", tag, msg);
+#else
+  (void)level; (void)code; (void)msg;
+#endif
+}
+
+/* Set once at setup (documented as not thread-safe to change during use). */
+static dt_log_fn dt__base_log_fn = dt__base_default_log;
+static void *dt__base_log_user = NULL;
+static dt_log_level dt__base_log_max = DTRAIN_LOG_WARN;
+
+DTRAIN_API void dt_set_logger(dt_log_fn fn, void *user, dt_log_level max_level) {
+  dt__base_log_fn = fn ? fn : dt__base_default_log;
+  dt__base_log_user = fn ? user : NULL;
+  dt__base_log_max = max_level;
+}
+
+static void dt__base_vlog(dt_log_level level, dt_result code, const char *fmt, va_list ap) {
+  char buf[DT__MSG_CAP];
+  if (level > dt__base_log_max) return;
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  dt__base_log_fn(level, code, buf, dt__base_log_user);
+}
+
+DTRAIN_PRIVATE void dt__log(dt_log_level level, dt_result code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  dt__base_vlog(level, code, fmt, ap);
+  va_end(ap);
+}
+
+DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(dt__base_errmsg, sizeof dt__base_errmsg, fmt, ap);
+  va_end(ap);
+  dt__base_errcode = code;
+  dt__log(DTRAIN_LOG_ERROR, code, "%s", dt__base_errmsg);
+  return code;
+}
+
+/* ---- memory ---------------------------------------------------------------------- */
+
+#ifndef DTRAIN_MALLOC
+#  define DTRAIN_MALLOC(sz) malloc(sz)
+#  define DTRAIN_REALLOC(p, sz) realloc(p, sz)
+#  define DTRAIN_FREE(p) free(p)
+#endif
+
+static dt_allocator dt__base_allocator; /* alloc NULL: built-in */
+
+DTRAIN_API void dt_set_allocator(const dt_allocator *a) {
+  if (a && a->alloc && a->free) {
+    dt__base_allocator = *a;
+  } else {
+    dt__base_allocator.alloc = NULL;
+    dt__base_allocator.free = NULL;
+    dt__base_allocator.user = NULL;
+  }
+}
+
+DTRAIN_PRIVATE void *dt__alloc(size_t size) {
+  if (size == 0) size = 1;
+  if (dt__base_allocator.alloc) return dt__base_allocator.alloc(size, DT__ALIGN, dt__base_allocator.user);
+  /* Built-in: over-allocate, align, and keep the raw pointer just below. */
+  if (size > SIZE_MAX - DT__ALIGN - sizeof(void *)) return NULL;
+  unsigned char *raw = (unsigned char *)DTRAIN_MALLOC(size + DT__ALIGN + sizeof(void *));
+  if (!raw) return NULL;
+  uintptr_t p = ((uintptr_t)(raw + sizeof(void *)) + DT__ALIGN - 1) & ~(uintptr_t)(DT__ALIGN - 1);
+  memcpy((void *)(p - sizeof(void *)), &raw, sizeof raw);
+  return (void *)p;
+}
+
+DTRAIN_PRIVATE void *dt__calloc(size_t size) {
+  void *p = dt__alloc(size);
+  if (p) memset(p, 0, size);
+  return p;
+}
+
+DTRAIN_PRIVATE void dt__free(void *ptr, size_t size) {
+  if (!ptr) return;
+  if (size == 0) size = 1;
+  if (dt__base_allocator.free) {
+    dt__base_allocator.free(ptr, size, dt__base_allocator.user);
+    return;
+  }
+  void *raw;
+  memcpy(&raw, (unsigned char *)ptr - sizeof(void *), sizeof raw);
+  DTRAIN_FREE(raw);
+}
+
+DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size) {
+  void *n = dt__alloc(new_size);
+  if (!n) return NULL;
+  if (ptr) {
+    memcpy(n, ptr, DT__MIN(old_size, new_size));
+    dt__free(ptr, old_size);
+  }
+  return n;
+}
+
+DTRAIN_PRIVATE char *dt__strdup(const char *s, size_t *out_size) {
+  size_t n = strlen(s) + 1;
+  char *d = (char *)dt__alloc(n);
+  if (d) memcpy(d, s, n);
+  if (out_size) *out_size = n;
+  return d;
+}
+
+DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out) {
+  if (a != 0 && b > SIZE_MAX / a) return 0;
+  *out = a * b;
+  return 1;
+}
+
+/* ---- build info -------------------------------------------------------------------- */
+
+DTRAIN_API unsigned dt_build_features(void) {
+  unsigned f = 0;
+#ifndef DTRAIN_NO_THREADS
+  f |= DTRAIN_FEATURE_THREADS;
+#endif
+#ifndef DTRAIN_NO_NET
+  f |= DTRAIN_FEATURE_NET;
+#endif
+#ifndef DTRAIN_NO_STDIO
+  f |= DTRAIN_FEATURE_STDIO;
+#endif
+#ifdef DTRAIN_USE_CBLAS
+  f |= DTRAIN_FEATURE_CBLAS;
+#endif
+#ifndef DTRAIN_NO_SIMD
+  f |= DTRAIN_FEATURE_SIMD;
+#endif
+#ifdef DTRAIN_USE_MPI
+  f |= DTRAIN_FEATURE_MPI;
+#endif
+#ifdef DTRAIN_USE_ZLIB
+  f |= DTRAIN_FEATURE_ZLIB;
+#endif
+#ifdef DTRAIN_DEBUG
+  f |= DTRAIN_FEATURE_DEBUG;
+#endif
+  return f;
+}
+
+#if defined(__clang__)
+#  define DT__COMPILER "clang " __clang_version__
+#elif defined(__GNUC__)
+#  define DT__COMPILER "gcc " __VERSION__
+#elif defined(_MSC_VER)
+#  define DT__COMPILER "msvc"
+#else
+#  define DT__COMPILER "unknown compiler"
+#endif
+#define DT__YN(bit) ((f & (bit)) ? "yes" : "no")
+
+DTRAIN_API const char *dt_build_info(void) {
+  static char buf[256];
+  unsigned f = dt_build_features();
+  snprintf(buf, sizeof buf, "dtrain %s (%s%s) threads=%s net=%s stdio=%s cblas=%s simd=%s mpi=%s zlib=%s debug=%s",
+           DTRAIN_VERSION_STRING, DT__COMPILER,
+#ifdef __cplusplus
+           ", C++",
+#else
+           "",
+#endif
+           DT__YN(DTRAIN_FEATURE_THREADS), DT__YN(DTRAIN_FEATURE_NET), DT__YN(DTRAIN_FEATURE_STDIO),
+           DT__YN(DTRAIN_FEATURE_CBLAS), DT__YN(DTRAIN_FEATURE_SIMD), DT__YN(DTRAIN_FEATURE_MPI),
+           DT__YN(DTRAIN_FEATURE_ZLIB), DT__YN(DTRAIN_FEATURE_DEBUG));
+  return buf;
+}
+#undef DT__YN
+#undef DT__COMPILER
+
+DTRAIN_API double dt_time_now(void) {
+  struct timespec ts;
+  if (timespec_get(&ts, TIME_UTC) != TIME_UTC) return (double)clock() / CLOCKS_PER_SEC;
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

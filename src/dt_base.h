@@ -1,0 +1,154 @@
+/* ===========================================================================
+ * dt_base.h -- configuration, result codes, allocator and logger hooks
+ * ===========================================================================
+ */
+#ifndef DTRAIN_BASE_H
+#define DTRAIN_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DTRAIN_VERSION_MAJOR 0
+#define DTRAIN_VERSION_MINOR 1
+#define DTRAIN_VERSION_PATCH 0
+#define DTRAIN_VERSION_STRING "0.1.0"
+
+/* ---- configuration sanity: contradictory settings stop the build ---------- */
+#if defined(DTRAIN_MALLOC) || defined(DTRAIN_REALLOC) || defined(DTRAIN_FREE)
+#  if !defined(DTRAIN_MALLOC) || !defined(DTRAIN_REALLOC) || !defined(DTRAIN_FREE)
+#    error "dtrain: define all of DTRAIN_MALLOC, DTRAIN_REALLOC and DTRAIN_FREE, or none of them"
+#  endif
+#endif
+#if defined(DTRAIN_NO_THREADS) && defined(DTRAIN_USE_MPI)
+#  error "dtrain: DTRAIN_USE_MPI needs threads; remove DTRAIN_NO_THREADS or DTRAIN_USE_MPI"
+#endif
+#if defined(DTRAIN_NO_NET) && defined(DTRAIN_USE_MPI)
+#  error "dtrain: DTRAIN_USE_MPI is a network backend; remove DTRAIN_NO_NET or DTRAIN_USE_MPI"
+#endif
+
+/* ---- linkage -------------------------------------------------------------- */
+#ifdef DTRAIN_STATIC
+#  if defined(__GNUC__) || defined(__clang__)
+#    define DTRAIN_API static __attribute__((unused))
+#  else
+#    define DTRAIN_API static
+#  endif
+#else
+#  define DTRAIN_API extern
+#endif
+
+#ifdef __cplusplus
+#  define DTRAIN_EXTERN_C_BEGIN extern "C" {
+#  define DTRAIN_EXTERN_C_END }
+#else
+#  define DTRAIN_EXTERN_C_BEGIN
+#  define DTRAIN_EXTERN_C_END
+#endif
+
+DTRAIN_EXTERN_C_BEGIN
+
+/* ---- result codes ----------------------------------------------------------
+ * 0 is success; errors are negative and grouped by hundreds per area.
+ * One list yields both the enum and the strings returned by dt_result_str().
+ */
+#define DTRAIN_RESULT_LIST(X)                                                   \
+  X(DTRAIN_OK,               0,    "success")                                   \
+  X(DTRAIN_ERR_INVALID_ARG,  -100, "invalid argument")                          \
+  X(DTRAIN_ERR_NULL_ARG,     -101, "required argument is NULL")                 \
+  X(DTRAIN_ERR_UNSUPPORTED,  -102, "not supported by this build")               \
+  X(DTRAIN_ERR_STATE,        -103, "object is in the wrong state for this call") \
+  X(DTRAIN_ERR_INTERNAL,     -104, "internal error")                            \
+  X(DTRAIN_ERR_SHAPE,        -200, "tensor shapes do not match")                \
+  X(DTRAIN_ERR_RANK,         -201, "wrong number of dimensions")                \
+  X(DTRAIN_ERR_EMPTY,        -202, "zero-size tensor")                          \
+  X(DTRAIN_ERR_INDEX,        -203, "index out of range")                        \
+  X(DTRAIN_ERR_NONFINITE,    -204, "NaN or Inf in a tensor")                    \
+  X(DTRAIN_ERR_NOT_FOUND,    -205, "name not found")                            \
+  X(DTRAIN_ERR_NOMEM,        -300, "out of memory")                             \
+  X(DTRAIN_ERR_OVERFLOW,     -301, "size overflow")                             \
+  X(DTRAIN_ERR_IO,           -400, "I/O error")                                 \
+  X(DTRAIN_ERR_FORMAT,       -401, "bad file format")                           \
+  X(DTRAIN_ERR_CORRUPT,      -402, "corrupt or truncated data")                 \
+  X(DTRAIN_ERR_MISMATCH,     -403, "data does not match the model")             \
+  X(DTRAIN_ERR_NET,          -500, "network error")                             \
+  X(DTRAIN_ERR_TIMEOUT,      -501, "deadline exceeded")                         \
+  X(DTRAIN_ERR_PEER,         -502, "peer failed or disconnected")               \
+  X(DTRAIN_ERR_PROTOCOL,     -503, "protocol violation")                        \
+  X(DTRAIN_ERR_AUTH,         -504, "authentication failed")                     \
+  X(DTRAIN_ERR_THREAD,       -600, "thread error")                              \
+  X(DTRAIN_ERR_ABORTED,      -601, "aborted because another replica failed")
+
+typedef enum dt_result {
+#define DTRAIN__RESULT_ENUM(name, value, text) name = value,
+  DTRAIN_RESULT_LIST(DTRAIN__RESULT_ENUM)
+#undef DTRAIN__RESULT_ENUM
+  DTRAIN__RESULT_FORCE_INT = 0x7fffffff
+} dt_result;
+
+/* Short fixed text for a code ("out of memory"); never NULL. */
+DTRAIN_API const char *dt_result_str(dt_result r);
+/* The code's enum name ("DTRAIN_ERR_NOMEM"); never NULL. */
+DTRAIN_API const char *dt_result_name(dt_result r);
+/* Detailed message of the last error raised on this thread, e.g.
+ * "dt_matmul: inner dims differ ([3,4] @ [5,2])". Empty string if none.
+ * The pointer stays valid until the next failing dtrain call on this thread. */
+DTRAIN_API const char *dt_last_error(void);
+/* The code of the last error on this thread (DTRAIN_OK if none). */
+DTRAIN_API dt_result dt_last_result(void);
+DTRAIN_API void dt_clear_error(void);
+
+/* ---- memory ----------------------------------------------------------------
+ * Every allocation dtrain makes goes through one allocator. Compile time:
+ * define DTRAIN_MALLOC(sz), DTRAIN_REALLOC(p,sz) and DTRAIN_FREE(p) (all or
+ * none). Run time: dt_set_allocator() installs hooks that receive size and
+ * alignment (alignment is a power of two, at most 64). Set it before creating
+ * any dtrain object and do not change it while objects exist.
+ */
+typedef struct dt_allocator {
+  void *(*alloc)(size_t size, size_t align, void *user); /* NULL on failure */
+  void (*free)(void *ptr, size_t size, void *user);      /* size as allocated */
+  void *user;
+} dt_allocator;
+
+/* Install an allocator; NULL restores the default. Not thread-safe: call at setup. */
+DTRAIN_API void dt_set_allocator(const dt_allocator *a);
+
+/* ---- logging ---------------------------------------------------------------
+ * One callback receives every message. It may be called from any thread, but
+ * never while dtrain holds a lock. By default errors and warnings go to stderr
+ * (unless DTRAIN_NO_STDIO).
+ */
+typedef enum dt_log_level {
+  DTRAIN_LOG_ERROR = 1,
+  DTRAIN_LOG_WARN = 2,
+  DTRAIN_LOG_INFO = 3,
+  DTRAIN_LOG_DEBUG = 4
+} dt_log_level;
+
+typedef void (*dt_log_fn)(dt_log_level level, dt_result code, const char *msg, void *user);
+
+/* fn NULL restores the default logger. Messages above max_level are dropped. */
+DTRAIN_API void dt_set_logger(dt_log_fn fn, void *user, dt_log_level max_level);
+
+/* ---- build information ------------------------------------------------------ */
+#define DTRAIN_FEATURE_THREADS 0x01u
+#define DTRAIN_FEATURE_NET     0x02u
+#define DTRAIN_FEATURE_STDIO   0x04u
+#define DTRAIN_FEATURE_CBLAS   0x08u
+#define DTRAIN_FEATURE_SIMD    0x10u
+#define DTRAIN_FEATURE_MPI     0x20u
+#define DTRAIN_FEATURE_ZLIB    0x40u
+#define DTRAIN_FEATURE_DEBUG   0x80u
+
+/* Bit set of DTRAIN_FEATURE_* compiled into the implementation. */
+DTRAIN_API unsigned dt_build_features(void);
+/* One line: version, compiler and features, e.g.
+ * "dtrain 0.1.0 (gcc 12.2) threads=yes net=yes stdio=yes cblas=no ...". Static storage. */
+DTRAIN_API const char *dt_build_info(void);
+
+/* Monotonic wall clock in seconds (for timing and progress). */
+DTRAIN_API double dt_time_now(void);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_BASE_H */

@@ -1,0 +1,154 @@
+/* ===========================================================================
+ * dt_internal.h -- private declarations shared by the implementation files
+ * ===========================================================================
+ * Names: dt__name (functions), DT__NAME (macros), dt__<module>_<name> for
+ * file-scope statics. DTRAIN_PRIVATE marks cross-file internal functions: they
+ * are static in the amalgamated dtrain.h and extern when src/ is compiled
+ * file by file.
+ */
+#ifndef DTRAIN_INTERNAL_H
+#define DTRAIN_INTERNAL_H
+
+#include "dt_base.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h> /* vsnprintf; FILE I/O only without DTRAIN_NO_STDIO */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define DT__UNUSED __attribute__((unused))
+#  define DT__PRINTF(f, a) __attribute__((format(printf, f, a)))
+#  define DT__RESTRICT __restrict__
+#else
+#  define DT__UNUSED
+#  define DT__PRINTF(f, a)
+#  define DT__RESTRICT
+#endif
+
+#ifdef DTRAIN__AMALGAMATED
+#  define DTRAIN_PRIVATE static DT__UNUSED
+#else
+#  define DTRAIN_PRIVATE
+#endif
+
+#if defined(DTRAIN_NO_THREADS)
+#  define DT__TLS
+#elif defined(__cplusplus)
+#  define DT__TLS thread_local
+#elif defined(_MSC_VER)
+#  define DT__TLS __declspec(thread)
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L && !defined(__STDC_NO_THREADS__)
+#  define DT__TLS _Thread_local
+#else
+#  define DT__TLS __thread
+#endif
+
+#define DT__ALIGN 64
+#define DT__MSG_CAP 320
+#define DT__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define DT__MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* ---- base (dt_base.c) ------------------------------------------------------- */
+
+/* Aligned allocation through the installed allocator. NULL on failure (no error set). */
+DTRAIN_PRIVATE void *dt__alloc(size_t size);
+DTRAIN_PRIVATE void *dt__calloc(size_t size);
+/* size must be the size passed to dt__alloc; ptr NULL is a no-op. */
+DTRAIN_PRIVATE void dt__free(void *ptr, size_t size);
+/* Grow a block: copies min(old,new) bytes; frees the old on success only. */
+DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size);
+DTRAIN_PRIVATE char *dt__strdup(const char *s, size_t *out_size);
+
+/* Record a thread-local error (and log it at `level`); returns code. */
+DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) DT__PRINTF(2, 3);
+DTRAIN_PRIVATE void dt__log(dt_log_level level, dt_result code, const char *fmt, ...) DT__PRINTF(3, 4);
+
+/* a*b with overflow check into *out; returns 0 on overflow. */
+DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
+
+/* ---- RNG (dt_rng.c) ---------------------------------------------------------- */
+DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
+
+/* ---- graph internals (dt_tensor.c) --------------------------------------------
+ * Op pattern:
+ *   dt_tensor *dt_relu(dt_graph *g, dt_tensor *x) {
+ *     if (!dt__begin(g, "dt_relu", 1, x)) return NULL;
+ *     dt_tensor *y = dt__new_like(g, x); if (!y) return NULL;
+ *     ...forward...
+ *     dt__record(g, y, "relu", dt__relu_backward, x, NULL, NULL);
+ *     return dt__finish(g, y);
+ *   }
+ *   static void dt__relu_backward(dt_graph *g, dt_tensor *y) {
+ *     float *gx = dt__grad(g, y->src[0]);   // NULL: input needs no gradient
+ *     if (gx) ... gx[i] += y->grad[i] * ...;  // always accumulate
+ *   }
+ */
+typedef struct dt__chunk dt__chunk;
+
+struct dt_graph {
+  dt_params *params;
+  float *bound_data, *bound_grad; /* NULL data: the params' own buffers */
+  int bound_own;                  /* 1: use params' own buffers */
+  dt_tensor *pviews;              /* one view per parameter */
+  int npviews;
+  size_t pviews_bytes;
+  /* arena */
+  dt__chunk *chunks;              /* newest first */
+  size_t used, peak, reserved, first_block;
+  /* tape */
+  dt_tensor **tape;
+  int64_t ntape, tape_cap;
+  /* state */
+  dt_result err;
+  char msg[DT__MSG_CAP];
+  int training, grad_enabled, check_numerics, backward_done;
+  dt_rng rng;
+};
+
+/* Checks the graph is usable and the n tensor arguments are non-NULL and
+ * belong to g. Returns 0 (and records an error if none yet) otherwise. */
+DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...);
+/* Record the first error on g (also as the thread's error). Returns NULL. */
+DTRAIN_PRIVATE void *dt__fail(dt_graph *g, dt_result code, const char *fmt, ...) DT__PRINTF(3, 4);
+/* Arena memory, 64-byte aligned; NULL and NOMEM error on failure. */
+DTRAIN_PRIVATE void *dt__arena_alloc(dt_graph *g, size_t bytes);
+DTRAIN_PRIVATE float *dt__arena_floats(dt_graph *g, int64_t n);     /* uninitialised */
+DTRAIN_PRIVATE float *dt__arena_zeros(dt_graph *g, int64_t n);
+/* New tensor with uninitialised data; validates shape (dims >= 1). */
+DTRAIN_PRIVATE dt_tensor *dt__new(dt_graph *g, const char *op, int ndim, const int64_t *shape);
+DTRAIN_PRIVATE dt_tensor *dt__new_like(dt_graph *g, const char *op, const dt_tensor *x);
+/* Tensor header aliasing `data` (views). */
+DTRAIN_PRIVATE dt_tensor *dt__new_view(dt_graph *g, const char *op, int ndim, const int64_t *shape, float *data);
+/* Connect out to its inputs and put it on the tape when a gradient can flow. */
+DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_backward_fn fn,
+                               dt_tensor *a, dt_tensor *b, dt_tensor *c);
+DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out);
+/* Gradient buffer of t (allocated zeroed on first use) or NULL if t needs none. */
+DTRAIN_PRIVATE float *dt__grad(dt_graph *g, dt_tensor *t);
+/* Normalise a possibly negative axis; -1 if out of range. */
+DTRAIN_PRIVATE int dt__axis(int axis, int ndim);
+/* Row-major strides of t into st (elements). */
+DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st);
+
+/* ---- params internals (dt_params.c) ------------------------------------------------ */
+/* Layout of parameter `index` (no checks: index must be valid). */
+DTRAIN_PRIVATE int dt__params_view(const dt_params *p, int index, size_t *offset, int *ndim,
+                                   const int64_t **shape, int *trainable);
+/* Range [begin,end) of parameter `index` in the flat buffers; 0 past the end. */
+DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin, size_t *end,
+                                    int *trainable, int *decay);
+
+/* ---- GEMM (dt_gemm.c) ---------------------------------------------------------
+ * dt_sgemm is the public entry; ops call it directly. */
+
+#endif /* DTRAIN_INTERNAL_H */

@@ -1,0 +1,2 @@
+/* dt_nn.c */
+#include "dt_internal.h"

@@ -1,0 +1,120 @@
+/* ===========================================================================
+ * dt_ops.h -- differentiable operations
+ * ===========================================================================
+ * Every op takes the graph first, allocates its result in the graph's arena,
+ * records itself on the tape (unless no-grad mode or no input needs a
+ * gradient), and returns the result. On bad input an op records a sticky error
+ * on the graph ("dt_add: shapes [2,3] and [4] cannot broadcast") and returns
+ * NULL; an op given a NULL input or called on a failed graph returns NULL.
+ *
+ * Broadcasting follows NumPy: shapes are aligned at the right; a dimension of
+ * 1 stretches. Axes may be negative (-1 is the last).
+ */
+#ifndef DTRAIN_OPS_H
+#define DTRAIN_OPS_H
+
+#include "dt_tensor.h"
+
+DTRAIN_EXTERN_C_BEGIN
+
+/* ---- elementwise, binary with broadcasting ---------------------------------- */
+DTRAIN_API dt_tensor *dt_add(dt_graph *g, dt_tensor *a, dt_tensor *b);
+DTRAIN_API dt_tensor *dt_sub(dt_graph *g, dt_tensor *a, dt_tensor *b);
+DTRAIN_API dt_tensor *dt_mul(dt_graph *g, dt_tensor *a, dt_tensor *b);
+DTRAIN_API dt_tensor *dt_div(dt_graph *g, dt_tensor *a, dt_tensor *b);
+
+/* ---- scalar ops ------------------------------------------------------------- */
+DTRAIN_API dt_tensor *dt_add_scalar(dt_graph *g, dt_tensor *x, float s);  /* x + s */
+DTRAIN_API dt_tensor *dt_mul_scalar(dt_graph *g, dt_tensor *x, float s);  /* x * s */
+DTRAIN_API dt_tensor *dt_pow_scalar(dt_graph *g, dt_tensor *x, float p);  /* x ^ p (x > 0 unless p is an integer) */
+DTRAIN_API dt_tensor *dt_rsub_scalar(dt_graph *g, dt_tensor *x, float s); /* s - x */
+
+/* ---- elementwise, unary ----------------------------------------------------- */
+DTRAIN_API dt_tensor *dt_neg(dt_graph *g, dt_tensor *x);
+DTRAIN_API dt_tensor *dt_exp(dt_graph *g, dt_tensor *x);
+DTRAIN_API dt_tensor *dt_log(dt_graph *g, dt_tensor *x);   /* error if any x <= 0 */
+DTRAIN_API dt_tensor *dt_sqrt(dt_graph *g, dt_tensor *x);  /* error if any x < 0 */
+DTRAIN_API dt_tensor *dt_relu(dt_graph *g, dt_tensor *x);
+DTRAIN_API dt_tensor *dt_leaky_relu(dt_graph *g, dt_tensor *x, float slope);
+DTRAIN_API dt_tensor *dt_sigmoid(dt_graph *g, dt_tensor *x);
+DTRAIN_API dt_tensor *dt_tanh(dt_graph *g, dt_tensor *x);
+DTRAIN_API dt_tensor *dt_gelu(dt_graph *g, dt_tensor *x);  /* tanh approximation */
+
+/* ---- reductions ------------------------------------------------------------- */
+DTRAIN_API dt_tensor *dt_sum(dt_graph *g, dt_tensor *x);   /* all elements -> scalar */
+DTRAIN_API dt_tensor *dt_mean(dt_graph *g, dt_tensor *x);
+/* Over one axis; keepdim keeps it as size 1. */
+DTRAIN_API dt_tensor *dt_sum_axis(dt_graph *g, dt_tensor *x, int axis, int keepdim);
+DTRAIN_API dt_tensor *dt_mean_axis(dt_graph *g, dt_tensor *x, int axis, int keepdim);
+
+/* ---- shape ------------------------------------------------------------------ */
+/* Same data, new shape (one dim may be -1: inferred). No copy. */
+DTRAIN_API dt_tensor *dt_reshape(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape);
+DTRAIN_API dt_tensor *dt_reshape2(dt_graph *g, dt_tensor *x, int64_t d0, int64_t d1);
+DTRAIN_API dt_tensor *dt_flatten(dt_graph *g, dt_tensor *x); /* [N, ...] -> [N, rest] */
+/* Swap the last two dims (rank >= 2). */
+DTRAIN_API dt_tensor *dt_transpose(dt_graph *g, dt_tensor *x);
+/* Output dim i is input dim perm[i]. */
+DTRAIN_API dt_tensor *dt_permute(dt_graph *g, dt_tensor *x, const int *perm);
+/* Join n tensors along `axis`; other dims must agree. */
+DTRAIN_API dt_tensor *dt_concat(dt_graph *g, dt_tensor *const *xs, int n, int axis);
+/* Elements [start, start+len) of `axis`. */
+DTRAIN_API dt_tensor *dt_slice(dt_graph *g, dt_tensor *x, int axis, int64_t start, int64_t len);
+/* Split `axis` into n equal parts (size must divide); outs receives n tensors.
+ * Returns the graph's error code (DTRAIN_OK on success). */
+DTRAIN_API dt_result dt_split(dt_graph *g, dt_tensor *x, int axis, int n, dt_tensor **outs);
+
+/* ---- linear algebra --------------------------------------------------------- */
+/* [M,K] @ [K,N] -> [M,N]. */
+DTRAIN_API dt_tensor *dt_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b);
+/* Batched: [...,M,K] @ [...,K,N] -> [...,M,N]; leading dims equal, or b is 2-D
+ * and shared by every batch. trans_b uses b as [...,N,K]. */
+DTRAIN_API dt_tensor *dt_bmm(dt_graph *g, dt_tensor *a, dt_tensor *b, int trans_b);
+/* x [N,in] @ w[out,in]^T + b[out] -> [N,out]; b may be NULL. (PyTorch layout.) */
+DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b);
+
+/* ---- softmax and losses ----------------------------------------------------- */
+DTRAIN_API dt_tensor *dt_softmax(dt_graph *g, dt_tensor *x, int axis);
+DTRAIN_API dt_tensor *dt_log_softmax(dt_graph *g, dt_tensor *x, int axis);
+/* Mean over rows of -log softmax(logits)[label]; logits [N,C] (or [...,C],
+ * rows = product of leading dims), labels: one int32 per row in [0,C).
+ * Labels are copied. Fused and numerically stable. */
+DTRAIN_API dt_tensor *dt_cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *labels);
+/* Mean of (a - b)^2 over all elements; shapes equal. */
+DTRAIN_API dt_tensor *dt_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
+
+/* ---- nn ----------------------------------------------------------------------- */
+/* Rows of table [V,D] picked by n ids -> [n,D]; ids copied, each in [0,V). */
+DTRAIN_API dt_tensor *dt_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n);
+/* Inverted dropout with probability p from the graph's RNG; identity when the
+ * graph is not training or p == 0. */
+DTRAIN_API dt_tensor *dt_dropout(dt_graph *g, dt_tensor *x, float p);
+/* Normalise over the last dim; gamma, beta [D] (either may be NULL). */
+DTRAIN_API dt_tensor *dt_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps);
+/* Over the channel dim 1 of [N,C] or [N,C,H,W]. Training: batch statistics,
+ * and running_mean/running_var (each [C], may be NULL) are updated with
+ * `momentum` (PyTorch convention, unbiased variance). Eval: running stats. */
+DTRAIN_API dt_tensor *dt_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                                    dt_tensor *running_mean, dt_tensor *running_var,
+                                    float momentum, float eps);
+/* For attention scores [..., T, T]: entries above the diagonal become -inf
+ * (their softmax weight 0); gradient passes below and on the diagonal. */
+DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x);
+
+/* ---- convolution and pooling (NCHW) ------------------------------------------- */
+/* x [N,C,H,W], w [O,C,kh,kw], b [O] or NULL -> [N,O,Ho,Wo]. */
+DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b,
+                                int stride, int padding);
+DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride);
+DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride);
+
+/* ---- GEMM ----------------------------------------------------------------------
+ * C = alpha * op(A) @ op(B) + beta * C, row-major; op(X) = X or X^T. The
+ * kernel under every matmul, exposed for users and benchmarks. */
+DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                         float beta, float *c, int64_t ldc);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_OPS_H */

@@ -1,0 +1,2 @@
+/* dt_ops_conv.c */
+#include "dt_internal.h"

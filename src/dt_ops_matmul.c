@@ -1,0 +1,2 @@
+/* dt_ops_matmul.c */
+#include "dt_internal.h"

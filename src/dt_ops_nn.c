@@ -1,0 +1,2 @@
+/* dt_ops_nn.c */
+#include "dt_internal.h"

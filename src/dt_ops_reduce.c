@@ -1,0 +1,2 @@
+/* dt_ops_reduce.c */
+#include "dt_internal.h"

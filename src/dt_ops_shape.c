@@ -1,0 +1,2 @@
+/* dt_ops_shape.c */
+#include "dt_internal.h"

@@ -1,0 +1,2 @@
+/* dt_optim.c */
+#include "dt_internal.h"

@@ -1,0 +1,290 @@
+/* ===========================================================================
+ * dt_params.c -- flat parameter and gradient buffers, initializers
+ * ===========================================================================
+ */
+#include "dt_internal.h"
+
+#define DT__NAME_MAX 127
+#define DT__PARAM_ALIGN_FLOATS 16 /* 64 bytes */
+
+typedef struct dt__param {
+  char name[DT__NAME_MAX + 1];
+  size_t offset, size;
+  int ndim;
+  int64_t shape[DTRAIN_MAX_DIMS];
+  int trainable, decay;
+} dt__param;
+
+struct dt_params {
+  dt__param *items;
+  int count, cap;
+  float *data, *grad;
+  size_t size;       /* floats used (end of the last parameter) */
+  size_t capacity;   /* floats allocated */
+  dt_rng rng;
+};
+
+/* ---- initializers ------------------------------------------------------------------- */
+
+DTRAIN_API dt_init dt_init_zeros(void) { dt_init i; i.kind = DTRAIN_INIT_ZEROS; i.a = 0; i.b = 0; return i; }
+DTRAIN_API dt_init dt_init_constant(float v) { dt_init i; i.kind = DTRAIN_INIT_CONSTANT; i.a = v; i.b = 0; return i; }
+DTRAIN_API dt_init dt_init_uniform(float lo, float hi) { dt_init i; i.kind = DTRAIN_INIT_UNIFORM; i.a = lo; i.b = hi; return i; }
+DTRAIN_API dt_init dt_init_normal(float mean, float std) { dt_init i; i.kind = DTRAIN_INIT_NORMAL; i.a = mean; i.b = std; return i; }
+DTRAIN_API dt_init dt_init_glorot_uniform(void) { dt_init i; i.kind = DTRAIN_INIT_GLOROT_UNIFORM; i.a = 1; i.b = 0; return i; }
+DTRAIN_API dt_init dt_init_glorot_normal(void) { dt_init i; i.kind = DTRAIN_INIT_GLOROT_NORMAL; i.a = 1; i.b = 0; return i; }
+DTRAIN_API dt_init dt_init_he_uniform(void) { dt_init i; i.kind = DTRAIN_INIT_HE_UNIFORM; i.a = 0; i.b = 0; return i; }
+DTRAIN_API dt_init dt_init_he_normal(void) { dt_init i; i.kind = DTRAIN_INIT_HE_NORMAL; i.a = 0; i.b = 0; return i; }
+
+static void dt__params_fans(int ndim, const int64_t *shape, double *fan_in, double *fan_out) {
+  if (ndim <= 1) {
+    *fan_in = *fan_out = ndim == 1 ? (double)shape[0] : 1.0;
+    return;
+  }
+  double rf = 1.0;
+  for (int i = 2; i < ndim; i++) rf *= (double)shape[i];
+  *fan_in = (double)shape[1] * rf;
+  *fan_out = (double)shape[0] * rf;
+}
+
+DTRAIN_API dt_result dt_init_fill(float *dst, int ndim, const int64_t *shape, dt_init init, dt_rng *rng) {
+  if (!dst || (ndim > 0 && !shape) || !rng) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_init_fill: NULL argument");
+  if (ndim < 0 || ndim > DTRAIN_MAX_DIMS) return dt__error(DTRAIN_ERR_RANK, "dt_init_fill: %d dimensions", ndim);
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  double fi, fo;
+  dt__params_fans(ndim, shape, &fi, &fo);
+  double gain = init.a != 0.0f ? (double)init.a : 1.0;
+  switch (init.kind) {
+    case DTRAIN_INIT_ZEROS: memset(dst, 0, (size_t)n * sizeof(float)); break;
+    case DTRAIN_INIT_ONES: for (int64_t i = 0; i < n; i++) dst[i] = 1.0f; break;
+    case DTRAIN_INIT_CONSTANT: for (int64_t i = 0; i < n; i++) dst[i] = init.a; break;
+    case DTRAIN_INIT_UNIFORM:
+      if (!(init.b >= init.a)) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_init_fill: uniform range [%g,%g) is empty", init.a, init.b);
+      for (int64_t i = 0; i < n; i++) dst[i] = init.a + (init.b - init.a) * dt_rng_uniform(rng);
+      break;
+    case DTRAIN_INIT_NORMAL:
+      if (!(init.b >= 0)) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_init_fill: normal std %g < 0", init.b);
+      for (int64_t i = 0; i < n; i++) dst[i] = init.a + init.b * dt_rng_normal(rng);
+      break;
+    case DTRAIN_INIT_GLOROT_UNIFORM:
+    case DTRAIN_INIT_HE_UNIFORM: {
+      double l = init.kind == DTRAIN_INIT_GLOROT_UNIFORM ? gain * sqrt(6.0 / (fi + fo)) : sqrt(6.0 / fi);
+      for (int64_t i = 0; i < n; i++) dst[i] = (float)(l * (2.0 * (double)dt_rng_uniform(rng) - 1.0));
+      break;
+    }
+    case DTRAIN_INIT_GLOROT_NORMAL:
+    case DTRAIN_INIT_HE_NORMAL: {
+      double s = init.kind == DTRAIN_INIT_GLOROT_NORMAL ? gain * sqrt(2.0 / (fi + fo)) : sqrt(2.0 / fi);
+      for (int64_t i = 0; i < n; i++) dst[i] = (float)(s * (double)dt_rng_normal(rng));
+      break;
+    }
+    default: return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_init_fill: unknown initializer %d", (int)init.kind);
+  }
+  return DTRAIN_OK;
+}
+
+/* ---- params --------------------------------------------------------------------------- */
+
+DTRAIN_API dt_params *dt_params_create(uint64_t seed) {
+  dt_params *p = (dt_params *)dt__calloc(sizeof *p);
+  if (!p) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_params_create: out of memory");
+    return NULL;
+  }
+  dt_rng_seed(&p->rng, seed);
+  return p;
+}
+
+DTRAIN_API void dt_params_destroy(dt_params *p) {
+  if (!p) return;
+  dt__free(p->items, (size_t)p->cap * sizeof(dt__param));
+  dt__free(p->data, p->capacity * sizeof(float));
+  dt__free(p->grad, p->capacity * sizeof(float));
+  dt__free(p, sizeof *p);
+}
+
+static int dt__params_add(dt_params *p, const char *name, int ndim, const int64_t *shape, dt_init init, int trainable) {
+  const char *fn = trainable ? "dt_params_add" : "dt_params_add_buffer";
+  if (!p || !name || (ndim > 0 && !shape)) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: NULL argument", fn);
+  size_t nlen = strlen(name);
+  if (nlen == 0 || nlen > DT__NAME_MAX)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: name must have 1..%d bytes", fn, DT__NAME_MAX);
+  if (ndim < 0 || ndim > DTRAIN_MAX_DIMS)
+    return dt__error(DTRAIN_ERR_RANK, "%s('%s'): %d dimensions (allowed 0..%d)", fn, name, ndim, DTRAIN_MAX_DIMS);
+  if (dt_params_find(p, name) >= 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: name '%s' already used", fn, name);
+  size_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] <= 0)
+      return dt__error(shape[i] == 0 ? DTRAIN_ERR_EMPTY : DTRAIN_ERR_INVALID_ARG,
+                       "%s('%s'): dimension %d is %lld (must be >= 1)", fn, name, i, (long long)shape[i]);
+    if (!dt__mul_size(n, (size_t)shape[i], &n) || n > ((size_t)1 << 40))
+      return dt__error(DTRAIN_ERR_OVERFLOW, "%s('%s'): shape too large", fn, name);
+  }
+  size_t off = (p->size + DT__PARAM_ALIGN_FLOATS - 1) / DT__PARAM_ALIGN_FLOATS * DT__PARAM_ALIGN_FLOATS;
+  size_t end = off + n;
+  if (p->count == p->cap) {
+    int ncap = p->cap ? p->cap * 2 : 16;
+    dt__param *ni = (dt__param *)dt__realloc(p->items, (size_t)p->cap * sizeof(dt__param), (size_t)ncap * sizeof(dt__param));
+    if (!ni) return dt__error(DTRAIN_ERR_NOMEM, "%s('%s'): out of memory", fn, name);
+    p->items = ni;
+    p->cap = ncap;
+  }
+  if (end > p->capacity) {
+    size_t ncap = DT__MAX(end, p->capacity * 2);
+    float *nd = (float *)dt__realloc(p->data, p->capacity * sizeof(float), ncap * sizeof(float));
+    if (!nd) return dt__error(DTRAIN_ERR_NOMEM, "%s('%s'): out of memory for %zu floats", fn, name, ncap);
+    p->data = nd;
+    float *ng = (float *)dt__realloc(p->grad, p->capacity * sizeof(float), ncap * sizeof(float));
+    if (!ng) return dt__error(DTRAIN_ERR_NOMEM, "%s('%s'): out of memory for %zu floats", fn, name, ncap);
+    p->grad = ng;
+    memset(p->data + p->capacity, 0, (ncap - p->capacity) * sizeof(float));
+    memset(p->grad + p->capacity, 0, (ncap - p->capacity) * sizeof(float));
+    p->capacity = ncap;
+  }
+  dt_result r = dt_init_fill(p->data + off, ndim, shape, init, &p->rng);
+  if (r != DTRAIN_OK) return r;
+  dt__param *it = &p->items[p->count];
+  memset(it, 0, sizeof *it);
+  memcpy(it->name, name, nlen + 1);
+  it->offset = off;
+  it->size = n;
+  it->ndim = ndim;
+  for (int i = 0; i < DTRAIN_MAX_DIMS; i++) it->shape[i] = i < ndim ? shape[i] : 1;
+  it->trainable = trainable;
+  it->decay = trainable && ndim >= 2;
+  p->size = end;
+  return p->count++;
+}
+
+DTRAIN_API int dt_params_add(dt_params *p, const char *name, int ndim, const int64_t *shape, dt_init init) {
+  return dt__params_add(p, name, ndim, shape, init, 1);
+}
+DTRAIN_API int dt_params_add_buffer(dt_params *p, const char *name, int ndim, const int64_t *shape, dt_init init) {
+  return dt__params_add(p, name, ndim, shape, init, 0);
+}
+
+DTRAIN_API int dt_params_count(const dt_params *p) { return p ? p->count : 0; }
+DTRAIN_API size_t dt_params_size(const dt_params *p) { return p ? p->size : 0; }
+DTRAIN_API size_t dt_params_trainable_size(const dt_params *p) {
+  size_t n = 0;
+  for (int i = 0; p && i < p->count; i++)
+    if (p->items[i].trainable) n += p->items[i].size;
+  return n;
+}
+DTRAIN_API float *dt_params_data(dt_params *p) { return p ? p->data : NULL; }
+DTRAIN_API float *dt_params_grad(dt_params *p) { return p ? p->grad : NULL; }
+
+DTRAIN_API dt_result dt_params_info(const dt_params *p, int index, dt_param_info *out) {
+  if (!p || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_info: NULL argument");
+  if (index < 0 || index >= p->count)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_params_info: index %d out of range (%d params)", index, p->count);
+  const dt__param *it = &p->items[index];
+  out->name = it->name;
+  out->offset = it->offset;
+  out->size = it->size;
+  out->ndim = it->ndim;
+  memcpy(out->shape, it->shape, sizeof it->shape);
+  out->trainable = it->trainable;
+  out->decay = it->decay;
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE int dt__params_view(const dt_params *p, int index, size_t *offset, int *ndim,
+                                   const int64_t **shape, int *trainable) {
+  const dt__param *it = &p->items[index];
+  *offset = it->offset;
+  *ndim = it->ndim;
+  *shape = it->shape;
+  *trainable = it->trainable;
+  return 1;
+}
+
+/* Trainable range i of the flat buffers, for the optimizer: returns 0 past the end. */
+DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin, size_t *end, int *trainable, int *decay) {
+  if (!p || index < 0 || index >= p->count) return 0;
+  const dt__param *it = &p->items[index];
+  *begin = it->offset;
+  *end = it->offset + it->size;
+  *trainable = it->trainable;
+  *decay = it->decay;
+  return 1;
+}
+
+DTRAIN_API int dt_params_find(const dt_params *p, const char *name) {
+  if (!p || !name) return DTRAIN_ERR_NULL_ARG;
+  for (int i = 0; i < p->count; i++)
+    if (strcmp(p->items[i].name, name) == 0) return i;
+  return DTRAIN_ERR_NOT_FOUND;
+}
+
+DTRAIN_API dt_result dt_params_set_decay(dt_params *p, int index, int decay) {
+  if (!p) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_set_decay: params is NULL");
+  if (index < 0 || index >= p->count)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_params_set_decay: index %d out of range (%d params)", index, p->count);
+  p->items[index].decay = decay != 0 && p->items[index].trainable;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API void dt_params_zero_grad(dt_params *p) {
+  if (p && p->grad) memset(p->grad, 0, p->size * sizeof(float));
+}
+
+DTRAIN_API void dt_params_scale_grad(dt_params *p, float s) {
+  if (!p) return;
+  for (size_t i = 0; i < p->size; i++) p->grad[i] *= s;
+}
+
+DTRAIN_API dt_result dt_params_copy(dt_params *dst, const dt_params *src) {
+  if (!dst || !src) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_copy: NULL argument");
+  if (dt_params_layout_hash(dst) != dt_params_layout_hash(src))
+    return dt__error(DTRAIN_ERR_MISMATCH, "dt_params_copy: layouts differ (%d vs %d params)", dst->count, src->count);
+  if (src->size) memcpy(dst->data, src->data, src->size * sizeof(float));
+  return DTRAIN_OK;
+}
+
+static uint64_t dt__params_fnv(uint64_t h, const void *data, size_t n) {
+  const unsigned char *b = (const unsigned char *)data;
+  for (size_t i = 0; i < n; i++) {
+    h ^= b[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+DTRAIN_API uint64_t dt_params_checksum(const dt_params *p) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  if (!p) return h;
+  /* Hash values in little-endian byte order so the checksum is portable. */
+  for (size_t i = 0; i < p->size; i++) {
+    uint32_t u;
+    unsigned char le[4];
+    memcpy(&u, &p->data[i], 4);
+    le[0] = (unsigned char)u; le[1] = (unsigned char)(u >> 8); le[2] = (unsigned char)(u >> 16); le[3] = (unsigned char)(u >> 24);
+    h = dt__params_fnv(h, le, 4);
+  }
+  return h;
+}
+
+DTRAIN_API uint64_t dt_params_layout_hash(const dt_params *p) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (int i = 0; p && i < p->count; i++) {
+    const dt__param *it = &p->items[i];
+    h = dt__params_fnv(h, it->name, strlen(it->name) + 1);
+    for (int d = 0; d < it->ndim; d++) {
+      unsigned char le[8];
+      uint64_t v = (uint64_t)it->shape[d];
+      for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
+      h = dt__params_fnv(h, le, 8);
+    }
+    h = dt__params_fnv(h, it->trainable ? "T" : "B", 1);
+  }
+  return h;
+}
+
+DTRAIN_API dt_rng *dt_params_rng(dt_params *p) { return p ? &p->rng : NULL; }
+
+DTRAIN_API double dt_l2_norm(const float *x, size_t n) {
+  double s = 0.0;
+  for (size_t i = 0; x && i < n; i++) s += (double)x[i] * (double)x[i];
+  return sqrt(s);
+}

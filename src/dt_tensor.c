@@ -1,0 +1,492 @@
+/* ===========================================================================
+ * dt_tensor.c -- the graph: arena, tape, sticky errors, tensors, backward
+ * ===========================================================================
+ */
+#include "dt_internal.h"
+
+/* ---- arena ---------------------------------------------------------------------- */
+
+struct dt__chunk {
+  dt__chunk *next;
+  size_t cap;   /* usable bytes after the header */
+  size_t used;
+};
+#define DT__CHUNK_HDR ((sizeof(dt__chunk) + DT__ALIGN - 1) & ~(size_t)(DT__ALIGN - 1))
+
+static dt__chunk *dt__tensor_chunk_new(size_t cap) {
+  dt__chunk *c = (dt__chunk *)dt__alloc(DT__CHUNK_HDR + cap);
+  if (!c) return NULL;
+  c->next = NULL;
+  c->cap = cap;
+  c->used = 0;
+  return c;
+}
+
+static void dt__tensor_chunks_free(dt__chunk *c) {
+  while (c) {
+    dt__chunk *n = c->next;
+    dt__free(c, DT__CHUNK_HDR + c->cap);
+    c = n;
+  }
+}
+
+DTRAIN_PRIVATE void *dt__arena_alloc(dt_graph *g, size_t bytes) {
+  size_t need = (bytes + DT__ALIGN - 1) & ~(size_t)(DT__ALIGN - 1);
+  if (need < bytes) return dt__fail(g, DTRAIN_ERR_OVERFLOW, "arena: request of %zu bytes overflows", bytes);
+  dt__chunk *c = g->chunks;
+  if (!c || c->cap - c->used < need) {
+    size_t cap = c ? c->cap * 2 : g->first_block;
+    if (cap < need) cap = need;
+    dt__chunk *n = dt__tensor_chunk_new(cap);
+    if (!n) return dt__fail(g, DTRAIN_ERR_NOMEM, "arena: cannot allocate a block of %zu bytes", cap);
+    n->next = c;
+    g->chunks = n;
+    g->reserved += cap;
+    c = n;
+  }
+  void *p = (unsigned char *)c + DT__CHUNK_HDR + c->used;
+  c->used += need;
+  g->used += need;
+  if (g->used > g->peak) g->peak = g->used;
+  return p;
+}
+
+DTRAIN_PRIVATE float *dt__arena_floats(dt_graph *g, int64_t n) {
+  size_t bytes;
+  if (n < 0 || !dt__mul_size((size_t)n, sizeof(float), &bytes))
+    return (float *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "arena: %lld floats overflow", (long long)n);
+  return (float *)dt__arena_alloc(g, bytes);
+}
+
+DTRAIN_PRIVATE float *dt__arena_zeros(dt_graph *g, int64_t n) {
+  float *p = dt__arena_floats(g, n);
+  if (p) memset(p, 0, (size_t)n * sizeof(float));
+  return p;
+}
+
+/* ---- graph ------------------------------------------------------------------------ */
+
+DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *desc) {
+  dt_graph *g = (dt_graph *)dt__calloc(sizeof *g);
+  if (!g) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_graph_create: out of memory");
+    return NULL;
+  }
+  g->params = params;
+  g->bound_own = 1;
+  g->first_block = (desc && desc->arena_bytes) ? desc->arena_bytes : ((size_t)1 << 20);
+  g->training = 1;
+  g->grad_enabled = 1;
+  g->check_numerics = desc ? desc->check_numerics : 0;
+  dt_rng_seed(&g->rng, (desc && desc->seed) ? desc->seed : 1);
+  return g;
+}
+
+DTRAIN_API void dt_graph_destroy(dt_graph *g) {
+  if (!g) return;
+  dt__tensor_chunks_free(g->chunks);
+  dt__free(g->tape, (size_t)g->tape_cap * sizeof(dt_tensor *));
+  dt__free(g->pviews, g->pviews_bytes);
+  dt__free(g, sizeof *g);
+}
+
+DTRAIN_API void dt_graph_reset(dt_graph *g) {
+  if (!g) return;
+  if (g->chunks && g->chunks->next) {
+    /* Several blocks: replace them by one that holds the whole step, so that
+     * the next step of the same size allocates nothing. If that allocation
+     * fails, keep the old blocks (still correct, just not merged). */
+    size_t total = 0;
+    for (dt__chunk *c = g->chunks; c; c = c->next) total += c->cap;
+    dt__chunk *one = dt__tensor_chunk_new(total);
+    if (one) {
+      dt__tensor_chunks_free(g->chunks);
+      g->chunks = one;
+      g->reserved = total;
+    }
+  }
+  for (dt__chunk *c = g->chunks; c; c = c->next) c->used = 0;
+  /* A kept multi-block list must be walked from its largest block: put the
+   * chunk with the most room first (the list is short). */
+  g->used = 0;
+  g->ntape = 0;
+  g->err = DTRAIN_OK;
+  g->msg[0] = '\0';
+  g->backward_done = 0;
+}
+
+DTRAIN_API dt_result dt_graph_bind(dt_graph *g, float *data, float *grad) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_bind: graph is NULL");
+  if (!g->params && data) return dt__error(DTRAIN_ERR_STATE, "dt_graph_bind: graph has no params");
+  if (!data && grad) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_graph_bind: grad without data");
+  g->bound_own = data == NULL;
+  g->bound_data = data;
+  g->bound_grad = grad;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API void dt_graph_set_training(dt_graph *g, int training) { if (g) g->training = training != 0; }
+DTRAIN_API int dt_graph_training(const dt_graph *g) { return g ? g->training : 0; }
+
+DTRAIN_API int dt_graph_set_grad_enabled(dt_graph *g, int enabled) {
+  if (!g) return 0;
+  int old = g->grad_enabled;
+  g->grad_enabled = enabled != 0;
+  return old;
+}
+
+DTRAIN_API dt_result dt_graph_error(const dt_graph *g) { return g ? g->err : DTRAIN_ERR_NULL_ARG; }
+DTRAIN_API const char *dt_graph_message(const dt_graph *g) { return g ? g->msg : "graph is NULL"; }
+
+DTRAIN_API void dt_graph_fail(dt_graph *g, dt_result code, const char *msg) {
+  if (g) dt__fail(g, code == DTRAIN_OK ? DTRAIN_ERR_INVALID_ARG : code, "%s", msg ? msg : "user error");
+}
+
+DTRAIN_API size_t dt_graph_bytes_used(const dt_graph *g) { return g ? g->used : 0; }
+DTRAIN_API size_t dt_graph_bytes_peak(const dt_graph *g) { return g ? g->peak : 0; }
+DTRAIN_API size_t dt_graph_bytes_reserved(const dt_graph *g) { return g ? g->reserved : 0; }
+
+DTRAIN_API void dt_graph_rng_state(const dt_graph *g, uint64_t out[4]) {
+  if (g && out) memcpy(out, g->rng.s, sizeof g->rng.s);
+}
+DTRAIN_API void dt_graph_set_rng_state(dt_graph *g, const uint64_t s[4]) {
+  if (g && s) memcpy(g->rng.s, s, sizeof g->rng.s);
+}
+
+/* ---- errors and op plumbing --------------------------------------------------------- */
+
+DTRAIN_PRIVATE void *dt__fail(dt_graph *g, dt_result code, const char *fmt, ...) {
+  char buf[DT__MSG_CAP];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (g && g->err == DTRAIN_OK) {
+    g->err = code;
+    memcpy(g->msg, buf, sizeof buf);
+    dt__error(code, "%s", buf);
+  } else if (!g) {
+    dt__error(code, "%s", buf);
+  }
+  return NULL;
+}
+
+DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...) {
+  if (!g) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "%s: graph is NULL", op);
+    return 0;
+  }
+  if (g->err != DTRAIN_OK) return 0;
+  va_list ap;
+  va_start(ap, n);
+  int ok = 1;
+  for (int i = 0; i < n && ok; i++) {
+    dt_tensor *t = va_arg(ap, dt_tensor *);
+    if (!t) {
+      dt__fail(g, DTRAIN_ERR_NULL_ARG, "%s: tensor argument %d is NULL", op, i + 1);
+      ok = 0;
+    } else if (t->graph != g) {
+      dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: tensor argument %d belongs to another graph", op, i + 1);
+      ok = 0;
+    }
+  }
+  va_end(ap);
+  return ok;
+}
+
+DTRAIN_PRIVATE int dt__axis(int axis, int ndim) {
+  if (axis < 0) axis += ndim;
+  return (axis >= 0 && axis < ndim) ? axis : -1;
+}
+
+DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st) {
+  int64_t s = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    st[i] = s;
+    s *= t->shape[i];
+  }
+}
+
+DTRAIN_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t cap) {
+  size_t k = 0;
+  if (!buf || cap == 0) return "";
+  if (!t) {
+    snprintf(buf, cap, "(null)");
+    return buf;
+  }
+  k += (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < t->ndim && k < cap; i++)
+    k += (size_t)snprintf(buf + k, cap - k, i ? ",%lld" : "%lld", (long long)t->shape[i]);
+  if (k < cap) snprintf(buf + k, cap - k, "]");
+  return buf;
+}
+
+DTRAIN_API int dt_same_shape(const dt_tensor *a, const dt_tensor *b) {
+  if (!a || !b || a->ndim != b->ndim) return 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return 0;
+  return 1;
+}
+
+static void dt__tensor_init_header(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size) {
+  memset(t, 0, sizeof *t);
+  t->graph = g;
+  t->ndim = ndim;
+  for (int i = 0; i < DTRAIN_MAX_DIMS; i++) t->shape[i] = i < ndim ? shape[i] : 1;
+  t->size = size;
+  t->param_index = -1;
+}
+
+/* Validates a shape and returns its element count, or -1 with an error. */
+static int64_t dt__tensor_count(dt_graph *g, const char *op, int ndim, const int64_t *shape) {
+  if (ndim < 0 || ndim > DTRAIN_MAX_DIMS) {
+    dt__fail(g, DTRAIN_ERR_RANK, "%s: %d dimensions (allowed 0..%d)", op, ndim, DTRAIN_MAX_DIMS);
+    return -1;
+  }
+  if (ndim > 0 && !shape) {
+    dt__fail(g, DTRAIN_ERR_NULL_ARG, "%s: shape is NULL", op);
+    return -1;
+  }
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] <= 0) {
+      dt__fail(g, shape[i] == 0 ? DTRAIN_ERR_EMPTY : DTRAIN_ERR_INVALID_ARG,
+               "%s: dimension %d is %lld (must be >= 1)", op, i, (long long)shape[i]);
+      return -1;
+    }
+    if (n > INT64_MAX / shape[i] || n * shape[i] > ((int64_t)1 << 40)) {
+      dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: shape too large", op);
+      return -1;
+    }
+    n *= shape[i];
+  }
+  return n;
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__new_view(dt_graph *g, const char *op, int ndim, const int64_t *shape, float *data) {
+  int64_t n = dt__tensor_count(g, op, ndim, shape);
+  if (n < 0) return NULL;
+  dt_tensor *t = (dt_tensor *)dt__arena_alloc(g, sizeof(dt_tensor));
+  if (!t) return NULL;
+  dt__tensor_init_header(t, g, ndim, shape, n);
+  t->data = data;
+  t->flags = DTRAIN_TENSOR_VIEW;
+  t->op = op;
+  return t;
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__new(dt_graph *g, const char *op, int ndim, const int64_t *shape) {
+  int64_t n = dt__tensor_count(g, op, ndim, shape);
+  if (n < 0) return NULL;
+  dt_tensor *t = (dt_tensor *)dt__arena_alloc(g, sizeof(dt_tensor));
+  if (!t) return NULL;
+  float *d = dt__arena_floats(g, n);
+  if (!d) return NULL;
+  dt__tensor_init_header(t, g, ndim, shape, n);
+  t->data = d;
+  t->op = op;
+  return t;
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__new_like(dt_graph *g, const char *op, const dt_tensor *x) {
+  return dt__new(g, op, x->ndim, x->shape);
+}
+
+DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_backward_fn fn,
+                               dt_tensor *a, dt_tensor *b, dt_tensor *c) {
+  out->op = op;
+  out->src[0] = a;
+  out->src[1] = b;
+  out->src[2] = c;
+  if (!g->grad_enabled || !fn) return;
+  int need = 0;
+  for (int i = 0; i < 3; i++)
+    if (out->src[i] && (out->src[i]->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) need = 1;
+  if (!need) return;
+  if (g->ntape == g->tape_cap) {
+    int64_t cap = g->tape_cap ? g->tape_cap * 2 : 256;
+    dt_tensor **nt = (dt_tensor **)dt__realloc(g->tape, (size_t)g->tape_cap * sizeof(dt_tensor *),
+                                               (size_t)cap * sizeof(dt_tensor *));
+    if (!nt) {
+      dt__fail(g, DTRAIN_ERR_NOMEM, "%s: cannot grow the tape to %lld entries", op, (long long)cap);
+      return;
+    }
+    g->tape = nt;
+    g->tape_cap = cap;
+  }
+  out->flags |= DTRAIN_TENSOR_REQUIRES_GRAD;
+  out->backward = fn;
+  g->tape[g->ntape++] = out;
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out) {
+  if (g->err != DTRAIN_OK) return NULL;
+  if (g->check_numerics) {
+    for (int64_t i = 0; i < out->size; i++) {
+      if (!isfinite(out->data[i])) {
+        char sb[96];
+        return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: output %s has %s at element %lld", out->op,
+                                     dt_shape_str(out, sb, sizeof sb), isnan(out->data[i]) ? "NaN" : "Inf",
+                                     (long long)i);
+      }
+    }
+  }
+  return out;
+}
+
+DTRAIN_PRIVATE float *dt__grad(dt_graph *g, dt_tensor *t) {
+  if (!t || !(t->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) return NULL;
+  if (!t->grad) t->grad = dt__arena_zeros(g, t->size);
+  return t->grad;
+}
+
+/* ---- public tensor constructors ---------------------------------------------------- */
+
+DTRAIN_API dt_tensor *dt_tensor_new(dt_graph *g, int ndim, const int64_t *shape) {
+  if (!dt__begin(g, "dt_tensor_new", 0)) return NULL;
+  dt_tensor *t = dt__new(g, "dt_tensor_new", ndim, shape);
+  if (t) memset(t->data, 0, (size_t)t->size * sizeof(float));
+  return t;
+}
+
+DTRAIN_API dt_tensor *dt_tensor_from(dt_graph *g, int ndim, const int64_t *shape, const float *data) {
+  if (!dt__begin(g, "dt_tensor_from", 0)) return NULL;
+  if (!data) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_tensor_from: data is NULL");
+  dt_tensor *t = dt__new(g, "dt_tensor_from", ndim, shape);
+  if (t) memcpy(t->data, data, (size_t)t->size * sizeof(float));
+  return t;
+}
+
+DTRAIN_API dt_tensor *dt_tensor_wrap(dt_graph *g, int ndim, const int64_t *shape, float *data) {
+  if (!dt__begin(g, "dt_tensor_wrap", 0)) return NULL;
+  if (!data) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_tensor_wrap: data is NULL");
+  return dt__new_view(g, "dt_tensor_wrap", ndim, shape, data);
+}
+
+DTRAIN_API dt_tensor *dt_tensor_new1(dt_graph *g, int64_t d0) { return dt_tensor_new(g, 1, &d0); }
+DTRAIN_API dt_tensor *dt_tensor_new2(dt_graph *g, int64_t d0, int64_t d1) {
+  int64_t s[2];
+  s[0] = d0; s[1] = d1;
+  return dt_tensor_new(g, 2, s);
+}
+DTRAIN_API dt_tensor *dt_tensor_new3(dt_graph *g, int64_t d0, int64_t d1, int64_t d2) {
+  int64_t s[3];
+  s[0] = d0; s[1] = d1; s[2] = d2;
+  return dt_tensor_new(g, 3, s);
+}
+DTRAIN_API dt_tensor *dt_tensor_new4(dt_graph *g, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+  int64_t s[4];
+  s[0] = d0; s[1] = d1; s[2] = d2; s[3] = d3;
+  return dt_tensor_new(g, 4, s);
+}
+
+DTRAIN_API dt_tensor *dt_scalar(dt_graph *g, float value) {
+  dt_tensor *t = dt_tensor_new(g, 0, NULL);
+  if (t) t->data[0] = value;
+  return t;
+}
+
+DTRAIN_API void dt_tensor_set_requires_grad(dt_tensor *t, int on) {
+  if (!t || (t->flags & DTRAIN_TENSOR_PARAM)) return;
+  if (on) t->flags |= DTRAIN_TENSOR_REQUIRES_GRAD;
+  else t->flags &= ~DTRAIN_TENSOR_REQUIRES_GRAD;
+}
+
+DTRAIN_API dt_tensor *dt_detach(dt_graph *g, dt_tensor *t) {
+  if (!dt__begin(g, "dt_detach", 1, t)) return NULL;
+  dt_tensor *d = dt__new_like(g, "dt_detach", t);
+  if (d) memcpy(d->data, t->data, (size_t)t->size * sizeof(float));
+  return d;
+}
+
+DTRAIN_API float dt_item(const dt_tensor *t) {
+  if (!t || t->size != 1) return NAN;
+  return t->data[0];
+}
+
+DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index) {
+  if (!dt__begin(g, "dt_param", 0)) return NULL;
+  if (!g->params) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE, "dt_param: graph was created without params");
+  int count = dt_params_count(g->params);
+  if (index < 0 || index >= count)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INDEX, "dt_param: index %d out of range (params has %d)", index, count);
+  if (g->npviews < count) {
+    /* Parameters were added since the views were built: grow (setup only). */
+    size_t bytes = (size_t)count * sizeof(dt_tensor);
+    dt_tensor *nv = (dt_tensor *)dt__realloc(g->pviews, g->pviews_bytes, bytes);
+    if (!nv) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "dt_param: out of memory");
+    g->pviews = nv;
+    g->pviews_bytes = bytes;
+    g->npviews = count;
+  }
+  size_t off;
+  int ndim, trainable;
+  const int64_t *shape;
+  dt__params_view(g->params, index, &off, &ndim, &shape, &trainable);
+  float *data = g->bound_own ? dt_params_data(g->params) : g->bound_data;
+  float *grad = g->bound_own ? dt_params_grad(g->params) : g->bound_grad;
+  dt_tensor *t = &g->pviews[index];
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  dt__tensor_init_header(t, g, ndim, shape, n);
+  t->data = data + off;
+  t->grad = (grad && trainable) ? grad + off : NULL;
+  t->flags = DTRAIN_TENSOR_PARAM | (t->grad ? DTRAIN_TENSOR_REQUIRES_GRAD : 0);
+  t->op = "param";
+  t->param_index = index;
+  return t;
+}
+
+/* ---- backward --------------------------------------------------------------------------- */
+
+static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *seed, const char *fn) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: graph is NULL", fn);
+  if (g->err != DTRAIN_OK) return g->err;
+  if (!dt__begin(g, fn, 1, out)) return g->err;
+  if (!seed) {
+    if (out->size != 1) {
+      char sb[96];
+      dt__fail(g, DTRAIN_ERR_SHAPE, "%s: loss must have one element, got %s", fn, dt_shape_str(out, sb, sizeof sb));
+      return g->err;
+    }
+    if (!isfinite(out->data[0])) {
+      dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: loss is %s", fn, isnan(out->data[0]) ? "NaN" : "Inf");
+      return g->err;
+    }
+  }
+  if (g->backward_done) {
+    dt__fail(g, DTRAIN_ERR_STATE, "%s: already called for this step (call dt_graph_reset first)", fn);
+    return g->err;
+  }
+  if (!(out->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) {
+    dt__fail(g, DTRAIN_ERR_STATE,
+             "%s: the output does not depend on anything that needs a gradient (no-grad mode, or no parameters used)", fn);
+    return g->err;
+  }
+  g->backward_done = 1;
+  float *go = dt__grad(g, out);
+  if (!go) return g->err;
+  if (seed) {
+    for (int64_t i = 0; i < out->size; i++) go[i] += seed[i];
+  } else {
+    go[0] += 1.0f;
+  }
+  for (int64_t i = g->ntape - 1; i >= 0; i--) {
+    dt_tensor *t = g->tape[i];
+    if (t->grad && t->backward) t->backward(g, t);
+    if (g->err != DTRAIN_OK) return g->err;
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_backward(dt_graph *g, dt_tensor *loss) {
+  return dt__tensor_backward(g, loss, NULL, "dt_backward");
+}
+
+DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *grad) {
+  if (g && g->err == DTRAIN_OK && !grad) {
+    dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_backward_grad: grad is NULL");
+    return g->err;
+  }
+  return dt__tensor_backward(g, out, grad, "dt_backward_grad");
+}

@@ -1,0 +1,231 @@
+/* tests/harness.h -- the one tiny test harness of dtrain's suite.
+ *
+ *   static void test_something(void) { CHECK(x == 1); CHECK_NEAR(a, b, 1e-6); }
+ *   int main(void) { TH_RUN(test_something); return th_summary("suite_name"); }
+ *
+ * A test passes when none of its checks fail. th_summary prints
+ * "suite_name: N passed, N failed" and returns the exit code.
+ * Logging from dtrain is captured (th_last_log) instead of printed, unless
+ * DTRAIN_TEST_VERBOSE is set in the environment.
+ */
+#ifndef DTRAIN_TEST_HARNESS_H
+#define DTRAIN_TEST_HARNESS_H
+
+#include "dtrain.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int th_passed, th_failed, th_cur_failed;
+static const char *th_cur = "";
+static char th_last_log[512];
+
+#define CHECK(cond)                                                                   \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      th_cur_failed++;                                                                \
+      fprintf(stderr, "FAIL %s:%d [%s]: %s\n", __FILE__, __LINE__, th_cur, #cond);    \
+    }                                                                                 \
+  } while (0)
+
+#define CHECK_MSG(cond, ...)                                                          \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      th_cur_failed++;                                                                \
+      fprintf(stderr, "FAIL %s:%d [%s]: %s: ", __FILE__, __LINE__, th_cur, #cond);    \
+      fprintf(stderr, __VA_ARGS__);                                                   \
+      fputc('\n', stderr);                                                            \
+    }                                                                                 \
+  } while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                         \
+  do {                                                                                \
+    double th_a_ = (double)(a), th_b_ = (double)(b);                                  \
+    if (!(fabs(th_a_ - th_b_) <= (double)(tol))) {                                    \
+      th_cur_failed++;                                                                \
+      fprintf(stderr, "FAIL %s:%d [%s]: %s = %.9g, %s = %.9g (tol %g)\n", __FILE__,   \
+              __LINE__, th_cur, #a, th_a_, #b, th_b_, (double)(tol));                 \
+    }                                                                                 \
+  } while (0)
+
+/* Expect a dt_result code, and a non-empty message containing `needle`. */
+#define CHECK_ERR(expr, code, needle)                                                 \
+  do {                                                                                \
+    dt_result th_r_ = (expr);                                                         \
+    if (th_r_ != (code)) {                                                            \
+      th_cur_failed++;                                                                \
+      fprintf(stderr, "FAIL %s:%d [%s]: %s gave %s, expected %s\n", __FILE__,         \
+              __LINE__, th_cur, #expr, dt_result_name(th_r_), dt_result_name(code));  \
+    } else if (!strstr(dt_last_error(), (needle))) {                                  \
+      th_cur_failed++;                                                                \
+      fprintf(stderr, "FAIL %s:%d [%s]: message '%s' lacks '%s'\n", __FILE__,         \
+              __LINE__, th_cur, dt_last_error(), (needle));                           \
+    }                                                                                 \
+  } while (0)
+
+static void th_log(dt_log_level level, dt_result code, const char *msg, void *user) {
+  (void)user;
+  snprintf(th_last_log, sizeof th_last_log, "%d %s %s", (int)level, dt_result_name(code), msg);
+  if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "[log] %s\n", th_last_log);
+}
+
+#define TH_RUN(fn)                                                                    \
+  do {                                                                                \
+    th_cur = #fn;                                                                     \
+    th_cur_failed = 0;                                                                \
+    dt_set_logger(th_log, NULL, DTRAIN_LOG_DEBUG);                                    \
+    dt_clear_error();                                                                 \
+    fn();                                                                             \
+    if (th_cur_failed) th_failed++; else th_passed++;                                 \
+    if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "%s %s\n", th_cur_failed ? "FAILED" : "ok", #fn); \
+  } while (0)
+
+static int th_summary(const char *suite) {
+  printf("%s: %d passed, %d failed\n", suite, th_passed, th_failed);
+  return th_failed ? 1 : 0;
+}
+
+/* ---- deterministic random numbers for tests --------------------------------- */
+static uint64_t th_rng_state = 0x1234567ULL;
+static void th_seed(uint64_t s) { th_rng_state = s ? s : 1; }
+static double th_rand(void) { /* uniform [0,1) */
+  th_rng_state ^= th_rng_state << 13;
+  th_rng_state ^= th_rng_state >> 7;
+  th_rng_state ^= th_rng_state << 17;
+  return (double)(th_rng_state >> 11) * (1.0 / 9007199254740992.0);
+}
+static float th_uniform(float lo, float hi) { return lo + (hi - lo) * (float)th_rand(); }
+static void th_fill(float *x, int64_t n, float lo, float hi) {
+  for (int64_t i = 0; i < n; i++) x[i] = th_uniform(lo, hi);
+}
+/* Values in [lo,hi] whose magnitude is at least `gap` (away from kinks at 0). */
+static void th_fill_away0(float *x, int64_t n, float lo, float hi, float gap) {
+  for (int64_t i = 0; i < n; i++) {
+    float v;
+    do v = th_uniform(lo, hi); while (fabsf(v) < gap);
+    x[i] = v;
+  }
+}
+
+/* ---- gradient check -----------------------------------------------------------
+ * Checks the backward of a function of up to 4 tensor inputs against central
+ * finite differences. The function builds its output from the inputs on the
+ * given graph. The scalar probed is L = sum(out * R) for a fixed random R,
+ * accumulated in double; its analytic gradient comes from dt_backward_grad
+ * with R as the seed. FD: (L(x+e) - L(x-e)) / 2e in double, e = th_gc_eps.
+ * At most th_gc_max elements per input are probed (spread over the input).
+ * Passes when |analytic - fd| <= atol + rtol * max(|analytic|, |fd|).
+ */
+typedef dt_tensor *(*th_fn)(dt_graph *g, dt_tensor **in, void *ctx);
+
+typedef struct th_input {
+  float *data;          /* values (perturbed in place, restored) */
+  int ndim;
+  int64_t shape[DTRAIN_MAX_DIMS];
+  int grad;             /* 1: check the gradient of this input */
+} th_input;
+
+static double th_gc_eps = 1e-3, th_gc_atol = 2e-3, th_gc_rtol = 2e-2;
+static int th_gc_max = 48;
+
+static int64_t th_numel(const th_input *in) {
+  int64_t n = 1;
+  for (int d = 0; d < in->ndim; d++) n *= in->shape[d];
+  return n;
+}
+
+/* Builds the graph once from the current input values; returns out (or NULL). */
+static dt_tensor *th_gc_build(dt_graph *g, th_fn f, void *ctx, th_input *ins, int nin, dt_tensor **ts) {
+  dt_graph_reset(g);
+  for (int i = 0; i < nin; i++) {
+    ts[i] = dt_tensor_from(g, ins[i].ndim, ins[i].shape, ins[i].data);
+    if (ts[i] && ins[i].grad) dt_tensor_set_requires_grad(ts[i], 1);
+  }
+  return f(g, ts, ctx);
+}
+
+static double th_gc_loss(const dt_tensor *out, const float *r) {
+  double s = 0;
+  for (int64_t i = 0; i < out->size; i++) s += (double)out->data[i] * (double)r[i];
+  return s;
+}
+
+/* Returns the number of mismatches (0 = pass); prints details of the first few. */
+static int th_gradcheck(const char *name, th_fn f, void *ctx, th_input *ins, int nin) {
+  dt_graph *g = dt_graph_create(NULL, NULL);
+  dt_tensor *ts[4];
+  int bad = 0;
+  if (!g) return 1;
+  dt_tensor *out = th_gc_build(g, f, ctx, ins, nin, ts);
+  if (!out) {
+    fprintf(stderr, "gradcheck %s: forward failed: %s\n", name, dt_graph_message(g));
+    dt_graph_destroy(g);
+    return 1;
+  }
+  int64_t nout = out->size;
+  float *r = (float *)malloc((size_t)nout * sizeof(float));
+  for (int64_t i = 0; i < nout; i++) r[i] = th_uniform(-1.0f, 1.0f);
+  if (dt_backward_grad(g, out, r) != DTRAIN_OK) {
+    fprintf(stderr, "gradcheck %s: backward failed: %s\n", name, dt_graph_message(g));
+    free(r);
+    dt_graph_destroy(g);
+    return 1;
+  }
+  /* Copy the analytic gradients out before the graph is reused. */
+  float *an[4] = {NULL, NULL, NULL, NULL};
+  for (int i = 0; i < nin; i++) {
+    if (!ins[i].grad) continue;
+    int64_t n = th_numel(&ins[i]);
+    an[i] = (float *)calloc((size_t)n, sizeof(float));
+    if (ts[i]->grad) memcpy(an[i], ts[i]->grad, (size_t)n * sizeof(float));
+  }
+  for (int i = 0; i < nin; i++) {
+    if (!ins[i].grad) continue;
+    int64_t n = th_numel(&ins[i]);
+    int64_t step = n > th_gc_max ? n / th_gc_max : 1;
+    for (int64_t j = 0; j < n; j += step) {
+      float keep = ins[i].data[j];
+      ins[i].data[j] = (float)(keep + th_gc_eps);
+      double hp = (double)ins[i].data[j];
+      dt_tensor *o1 = th_gc_build(g, f, ctx, ins, nin, ts);
+      double lp = o1 ? th_gc_loss(o1, r) : NAN;
+      ins[i].data[j] = (float)(keep - th_gc_eps);
+      double hm = (double)ins[i].data[j];
+      dt_tensor *o2 = th_gc_build(g, f, ctx, ins, nin, ts);
+      double lm = o2 ? th_gc_loss(o2, r) : NAN;
+      ins[i].data[j] = keep;
+      double fd = (lp - lm) / (hp - hm); /* the float step actually taken */
+      double a = an[i][j];
+      double tol = th_gc_atol + th_gc_rtol * fmax(fabs(a), fabs(fd));
+      if (!(fabs(a - fd) <= tol)) {
+        if (bad < 5)
+          fprintf(stderr, "gradcheck %s: input %d element %lld: analytic %.7g, numeric %.7g\n", name, i,
+                  (long long)j, a, fd);
+        bad++;
+      }
+    }
+  }
+  for (int i = 0; i < nin; i++) free(an[i]);
+  free(r);
+  dt_graph_destroy(g);
+  return bad;
+}
+
+/* Shorthand to describe an input. */
+static th_input th_in(float *data, int ndim, const int64_t *shape, int grad) {
+  th_input t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.ndim = ndim;
+  for (int d = 0; d < ndim; d++) t.shape[d] = shape[d];
+  t.grad = grad;
+  return t;
+}
+
+#endif /* DTRAIN_TEST_HARNESS_H */

@@ -1,0 +1,180 @@
+/* Elementwise ops: values, broadcasting, gradients against finite differences, errors. */
+#include "harness.h"
+
+typedef struct { int op; float s; } elem_ctx;
+
+static dt_tensor *f_binary(dt_graph *g, dt_tensor **in, void *ctx) {
+  switch (((elem_ctx *)ctx)->op) {
+    case 0: return dt_add(g, in[0], in[1]);
+    case 1: return dt_sub(g, in[0], in[1]);
+    case 2: return dt_mul(g, in[0], in[1]);
+    default: return dt_div(g, in[0], in[1]);
+  }
+}
+
+static void test_binary_broadcast_grads(void) {
+  /* (a shape, b shape) pairs covering equal, trailing, leading, middle, scalar and two-sided broadcasts */
+  static const int64_t sa[][4] = {{3, 4}, {2, 3, 4}, {2, 3, 4}, {4, 1, 5}, {3, 4}, {3, 1}};
+  static const int nda[] = {2, 3, 3, 3, 2, 2};
+  static const int64_t sb[][4] = {{3, 4}, {4}, {3, 1}, {1, 6, 1}, {1}, {1, 5}};
+  static const int ndb[] = {2, 1, 2, 3, 1, 2};
+  float a[200], b[200];
+  for (int op = 0; op < 4; op++) {
+    for (int c = 0; c < 6; c++) {
+      int64_t na = 1, nb = 1;
+      for (int d = 0; d < nda[c]; d++) na *= sa[c][d];
+      for (int d = 0; d < ndb[c]; d++) nb *= sb[c][d];
+      th_fill(a, na, -2, 2);
+      if (op == 3) th_fill_away0(b, nb, -2, 2, 0.5f); else th_fill(b, nb, -2, 2);
+      th_input ins[2] = {th_in(a, nda[c], sa[c], 1), th_in(b, ndb[c], sb[c], 1)};
+      elem_ctx ctx = {op, 0};
+      int bad = th_gradcheck("binary", f_binary, &ctx, ins, 2);
+      CHECK_MSG(bad == 0, "op %d case %d: %d mismatches", op, c, bad);
+    }
+  }
+}
+
+static void test_binary_values(void) {
+  dt_graph *g = dt_graph_create(NULL, NULL);
+  float av[6] = {1, 2, 3, 4, 5, 6}, bv[3] = {10, 20, 30};
+  int64_t s23[2] = {2, 3}, s3[1] = {3}, s21[2] = {2, 1};
+  dt_tensor *a = dt_tensor_from(g, 2, s23, av), *b = dt_tensor_from(g, 1, s3, bv);
+  dt_tensor *y = dt_add(g, a, b);
+  CHECK(y && y->ndim == 2 && y->shape[0] == 2 && y->shape[1] == 3);
+  if (y) { CHECK(y->data[0] == 11 && y->data[5] == 36); }
+  float cv[2] = {2, 4};
+  dt_tensor *c = dt_tensor_from(g, 2, s21, cv);
+  dt_tensor *z = dt_div(g, a, c);
+  CHECK(z && z->data[2] == 1.5f && z->data[3] == 1.0f);
+  dt_tensor *w = dt_mul(g, c, b); /* [2,1] * [3] -> [2,3] */
+  CHECK(w && w->shape[0] == 2 && w->shape[1] == 3 && w->data[4] == 80);
+  dt_graph_destroy(g);
+}
+
+typedef struct { int op; float s; } un_ctx;
+static dt_tensor *f_unary(dt_graph *g, dt_tensor **in, void *ctx) {
+  un_ctx *u = (un_ctx *)ctx;
+  switch (u->op) {
+    case 0: return dt_add_scalar(g, in[0], u->s);
+    case 1: return dt_mul_scalar(g, in[0], u->s);
+    case 2: return dt_pow_scalar(g, in[0], u->s);
+    case 3: return dt_rsub_scalar(g, in[0], u->s);
+    case 4: return dt_neg(g, in[0]);
+    case 5: return dt_exp(g, in[0]);
+    case 6: return dt_log(g, in[0]);
+    case 7: return dt_sqrt(g, in[0]);
+    case 8: return dt_relu(g, in[0]);
+    case 9: return dt_leaky_relu(g, in[0], u->s);
+    case 10: return dt_sigmoid(g, in[0]);
+    case 11: return dt_tanh(g, in[0]);
+    default: return dt_gelu(g, in[0]);
+  }
+}
+
+static void test_unary_grads(void) {
+  static const char *names[] = {"add_scalar", "mul_scalar", "pow_scalar", "rsub_scalar", "neg", "exp", "log",
+                                "sqrt", "relu", "leaky_relu", "sigmoid", "tanh", "gelu"};
+  float x[2 * 3 * 5];
+  int64_t shape[3] = {2, 3, 5};
+  for (int op = 0; op <= 12; op++) {
+    if (op == 2 || op == 6 || op == 7) th_fill(x, 30, 0.3f, 3.0f); /* positive domain */
+    else th_fill_away0(x, 30, -3.0f, 3.0f, 0.05f);
+    un_ctx u = {op, op == 2 ? 1.7f : op == 9 ? 0.1f : 0.75f};
+    th_input in = th_in(x, 3, shape, 1);
+    int bad = th_gradcheck(names[op], f_unary, &u, &in, 1);
+    CHECK_MSG(bad == 0, "%s: %d mismatches", names[op], bad);
+  }
+}
+
+static void test_unary_values(void) {
+  dt_graph *g = dt_graph_create(NULL, NULL);
+  float v[4] = {-100.0f, -1.0f, 0.0f, 100.0f};
+  int64_t s[1] = {4};
+  dt_tensor *x = dt_tensor_from(g, 1, s, v);
+  dt_tensor *sg = dt_sigmoid(g, x);
+  CHECK(sg && sg->data[0] >= 0.0f && sg->data[0] < 1e-30f && sg->data[3] == 1.0f && sg->data[2] == 0.5f);
+  dt_tensor *r = dt_relu(g, x);
+  CHECK(r && r->data[0] == 0.0f && r->data[3] == 100.0f);
+  dt_tensor *lr = dt_leaky_relu(g, x, 0.01f);
+  CHECK(lr && fabsf(lr->data[1] + 0.01f) < 1e-7f);
+  dt_tensor *ge = dt_gelu(g, x);
+  CHECK(ge && fabsf(ge->data[1] - (-0.158808f)) < 1e-4f && ge->data[3] == 100.0f);
+  dt_graph_destroy(g);
+}
+
+static void test_errors(void) {
+  dt_graph *g = dt_graph_create(NULL, NULL);
+  int64_t s23[2] = {2, 3}, s4[1] = {4};
+  dt_tensor *a = dt_tensor_new(g, 2, s23), *b = dt_tensor_new(g, 1, s4);
+  /* shape mismatch: clear code and message, sticky */
+  CHECK(dt_add(g, a, b) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_SHAPE);
+  CHECK(strstr(dt_graph_message(g), "dt_add: shapes [2,3] and [4] cannot broadcast") != NULL);
+  CHECK(strstr(dt_last_error(), "cannot broadcast") != NULL);
+  CHECK(dt_relu(g, a) == NULL); /* later ops are no-ops */
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_SHAPE);
+  CHECK(dt_backward(g, a) == DTRAIN_ERR_SHAPE);
+  dt_graph_reset(g);
+  CHECK(dt_graph_error(g) == DTRAIN_OK);
+  /* NULL argument */
+  a = dt_tensor_new(g, 2, s23);
+  CHECK(dt_mul(g, a, NULL) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_NULL_ARG);
+  CHECK(strstr(dt_graph_message(g), "dt_mul: tensor argument 2 is NULL") != NULL);
+  dt_graph_reset(g);
+  /* NULL graph */
+  CHECK(dt_add(NULL, a, a) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_NULL_ARG);
+  /* zero-size tensor */
+  int64_t s0[2] = {0, 3};
+  CHECK(dt_tensor_new(g, 2, s0) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_EMPTY);
+  CHECK(strstr(dt_graph_message(g), "dimension 0 is 0") != NULL);
+  dt_graph_reset(g);
+  /* domain errors */
+  float neg[2] = {1.0f, -1.0f};
+  int64_t s2[1] = {2};
+  dt_tensor *n = dt_tensor_from(g, 1, s2, neg);
+  CHECK(dt_log(g, n) == NULL && dt_graph_error(g) == DTRAIN_ERR_INVALID_ARG);
+  CHECK(strstr(dt_graph_message(g), "dt_log: input element 1") != NULL);
+  dt_graph_reset(g);
+  /* NaN input with numeric checks on */
+  dt_graph_destroy(g);
+  dt_graph_desc d;
+  memset(&d, 0, sizeof d);
+  d.check_numerics = 1;
+  g = dt_graph_create(NULL, &d);
+  float nanv[2] = {1.0f, NAN};
+  n = dt_tensor_from(g, 1, s2, nanv);
+  CHECK(dt_exp(g, n) == NULL && dt_graph_error(g) == DTRAIN_ERR_NONFINITE);
+  CHECK(strstr(dt_graph_message(g), "NaN at element 1") != NULL);
+  dt_graph_reset(g);
+  /* NaN loss is refused by backward even without numeric checks */
+  dt_graph_destroy(g);
+  g = dt_graph_create(NULL, NULL);
+  int64_t s1[1] = {1};
+  dt_tensor *l = dt_tensor_from(g, 1, s1, nanv + 1);
+  dt_tensor_set_requires_grad(l, 1);
+  dt_tensor *l2 = dt_mul_scalar(g, l, 2.0f);
+  if (l2) { CHECK(dt_backward(g, l2) == DTRAIN_ERR_NONFINITE); }
+  dt_graph_destroy(g);
+}
+
+static void test_tensors_from_other_graph(void) {
+  dt_graph *g1 = dt_graph_create(NULL, NULL), *g2 = dt_graph_create(NULL, NULL);
+  dt_tensor *a = dt_tensor_new1(g1, 3), *b = dt_tensor_new1(g2, 3);
+  CHECK(dt_add(g1, a, b) == NULL);
+  CHECK(strstr(dt_graph_message(g1), "belongs to another graph") != NULL);
+  dt_graph_destroy(g1);
+  dt_graph_destroy(g2);
+}
+
+int main(void) {
+  TH_RUN(test_binary_values);
+  TH_RUN(test_binary_broadcast_grads);
+  TH_RUN(test_unary_values);
+  TH_RUN(test_unary_grads);
+  TH_RUN(test_errors);
+  TH_RUN(test_tensors_from_other_graph);
+  return th_summary("ops_elem");
+}

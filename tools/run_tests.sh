@@ -1,0 +1,37 @@
+#!/bin/sh
+# Runs every test program in $BUILD/tests and the compile checks, then prints
+# one closing line "N passed, N failed" and exits non-zero on any failure.
+# A program that crashes, times out or prints no summary counts as a failure.
+BUILD=${BUILD:-build}
+TIMEOUT=${TEST_TIMEOUT:-600}
+pass=0; fail=0
+for t in "$BUILD"/tests/test_*; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  out=$(timeout "$TIMEOUT" "$t" 2>&1); rc=$?
+  line=$(printf '%s\n' "$out" | grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed' | tail -n 1)
+  if [ -z "$line" ]; then
+    printf '%s\n' "$out" | tail -n 30
+    echo "$name: no summary (exit code $rc) -- counted as 1 failed"
+    fail=$((fail + 1)); continue
+  fi
+  p=$(echo "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed.*/\1/')
+  f=$(echo "$line" | sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed.*/\2/')
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+  if [ "$f" -ne 0 ]; then printf '%s\n' "$out" | grep -E 'FAIL|ERROR|error|Sanitizer' | head -n 40; fi
+  echo "$line"
+  pass=$((pass + p)); fail=$((fail + f))
+done
+if [ -z "$SAN" ]; then
+  out=$(CC="$CC" CXX="$CXX" BUILD="$BUILD" sh tests/compile_checks.sh 2>&1); rc=$?
+  line=$(printf '%s\n' "$out" | grep -E '^compile_checks: [0-9]+ passed, [0-9]+ failed' | tail -n 1)
+  if [ -z "$line" ]; then printf '%s\n' "$out" | tail -n 30; echo "compile_checks: no summary"; fail=$((fail + 1));
+  else
+    [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep -v '^ok' | head -n 60
+    echo "$line"
+    pass=$((pass + $(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')))
+    fail=$((fail + $(echo "$line" | sed -E 's/.*, ([0-9]+) failed.*/\1/')))
+  fi
+fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
