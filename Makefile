@@ -55,8 +55,12 @@ test: all
 demo: $(BUILD)/examples/01_xor
 	$(BUILD)/examples/01_xor
 
-bench: all
-	@echo "benchmarks: see bench/ (added with the speed work)"; ls bench
+$(BUILD)/bench/%: bench/%.c dtrain.h
+	@mkdir -p $(dir $@)
+	$(CC) $(STD) -O3 -march=native -g $(EXTRA_CFLAGS) -I. $< -o $@ $(LDLIBS)
+
+bench: $(BUILD)/bench/bench_core
+	$(BUILD)/bench/bench_core
 
 # ASan + UBSan over the whole suite (separate build directory).
 sanitize:
