@@ -1970,8 +1970,380 @@ DTRAIN_API dt_tensor *dt_gelu(dt_graph *g, dt_tensor *x) { return dt__unary(g, x
 /* ======== end dt_ops_nn.c ======== */
 
 /* ======== begin dt_ops_conv.c ======== */
-/* dt_ops_conv.c */
+/* ===========================================================================
+ * dt_ops_conv.c -- 2-D convolution (im2col + GEMM) and max/average pooling, NCHW
+ * ===========================================================================
+ * Convolution: for a group of nb images the column matrix col [K, nb*P]
+ * (K = C*kh*kw rows, P = Ho*Wo output positions per image, images side by
+ * side) is built in arena scratch, and out [O, nb*P] = w [O,K] @ col. nb is
+ * picked from the shapes alone (enough columns for an efficient GEMM, scratch
+ * capped), so results are deterministic. Backward recomputes col per group
+ * instead of keeping it for the whole batch:
+ *   gw [O,K]    += gy [O, nb*P] @ col^T
+ *   gcol [K,nb*P] = w^T @ gy,  then col2im accumulates gcol into gx
+ *   gb [O]      += sum of gy over images and positions
+ * A 1x1 kernel with stride 1, padding 0 and nb == 1 uses x itself as col.
+ */
 /* #include "dt_internal.h" (amalgamated) */
+
+#define DT__CONV_COLS 512          /* aim for at least this many GEMM columns */
+#define DT__CONV_CAP (1 << 21)     /* floats per scratch buffer when grouping */
+
+/* Geometry of one convolution, from the tensors and the saved parameters. */
+typedef struct dt__conv_geom {
+  int64_t n, c, h, w;      /* input */
+  int64_t o, kh, kw;       /* weight */
+  int64_t ho, wo;          /* output */
+  int64_t s, p;            /* stride, padding */
+  int64_t k, pp, nb;       /* K = c*kh*kw, P = ho*wo, images per GEMM */
+  int direct;              /* 1x1, stride 1, padding 0, nb == 1: col is x */
+} dt__conv_geom;
+
+static void dt__conv_geometry(dt__conv_geom *q, const dt_tensor *x, const dt_tensor *w, int64_t s, int64_t p) {
+  q->n = x->shape[0];
+  q->c = x->shape[1];
+  q->h = x->shape[2];
+  q->w = x->shape[3];
+  q->o = w->shape[0];
+  q->kh = w->shape[2];
+  q->kw = w->shape[3];
+  q->s = s;
+  q->p = p;
+  q->ho = (q->h + 2 * p - q->kh) / s + 1;
+  q->wo = (q->w + 2 * p - q->kw) / s + 1;
+  q->k = q->c * q->kh * q->kw;
+  q->pp = q->ho * q->wo;
+  int64_t rows = DT__MAX(q->k, q->o), nb = 1;
+  if (q->pp < DT__CONV_COLS) nb = (DT__CONV_COLS + q->pp - 1) / q->pp;
+  if (nb > q->n) nb = q->n;
+  if (nb > 1 && nb * rows * q->pp > DT__CONV_CAP) nb = DT__MAX(1, DT__CONV_CAP / (rows * q->pp));
+  q->nb = nb;
+  q->direct = q->kh == 1 && q->kw == 1 && s == 1 && p == 0 && nb == 1;
+}
+
+/* Output columns ow in [lo,hi) read input column ow*s - p + kj inside [0, w). */
+static void dt__conv_range(const dt__conv_geom *q, int64_t kj, int64_t *lo, int64_t *hi) {
+  int64_t a = q->p - kj, b = q->w - 1 + q->p - kj;
+  int64_t l = a > 0 ? (a + q->s - 1) / q->s : 0;
+  int64_t h = b >= 0 ? b / q->s + 1 : 0;
+  if (h > q->wo) h = q->wo;
+  if (l > h) l = h;
+  *lo = l;
+  *hi = h;
+}
+
+/* Column matrix of one image x [C,H,W]: row (c,ki,kj), column oh*Wo+ow holds
+ * x[c, oh*s-p+ki, ow*s-p+kj] (0 in the padding); rows are ld floats apart. */
+static void dt__conv_im2col(const dt__conv_geom *q, const float *x, float *col, int64_t ld) {
+  int64_t r = 0;
+  for (int64_t c = 0; c < q->c; c++) {
+    for (int64_t ki = 0; ki < q->kh; ki++) {
+      for (int64_t kj = 0; kj < q->kw; kj++, r++) {
+        float *row = col + r * ld;
+        int64_t lo, hi;
+        dt__conv_range(q, kj, &lo, &hi);
+        for (int64_t oh = 0; oh < q->ho; oh++) {
+          float *dst = row + oh * q->wo;
+          int64_t ih = oh * q->s - q->p + ki;
+          if (ih < 0 || ih >= q->h || lo == hi) {
+            memset(dst, 0, (size_t)q->wo * sizeof(float));
+            continue;
+          }
+          const float *src = x + (c * q->h + ih) * q->w;
+          int64_t off = kj - q->p;
+          for (int64_t ow = 0; ow < lo; ow++) dst[ow] = 0.0f;
+          if (q->s == 1) memcpy(dst + lo, src + lo + off, (size_t)(hi - lo) * sizeof(float));
+          else for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow * q->s + off];
+          for (int64_t ow = hi; ow < q->wo; ow++) dst[ow] = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+/* Adjoint of im2col: gx [C,H,W] += the column gradient gcol (rows ld apart). */
+static void dt__conv_col2im(const dt__conv_geom *q, const float *gcol, int64_t ld, float *gx) {
+  int64_t r = 0;
+  for (int64_t c = 0; c < q->c; c++) {
+    for (int64_t ki = 0; ki < q->kh; ki++) {
+      for (int64_t kj = 0; kj < q->kw; kj++, r++) {
+        const float *row = gcol + r * ld;
+        int64_t lo, hi;
+        dt__conv_range(q, kj, &lo, &hi);
+        for (int64_t oh = 0; oh < q->ho; oh++) {
+          int64_t ih = oh * q->s - q->p + ki;
+          if (ih < 0 || ih >= q->h) continue;
+          const float *src = row + oh * q->wo;
+          float *dst = gx + (c * q->h + ih) * q->w;
+          int64_t off = kj - q->p;
+          for (int64_t ow = lo; ow < hi; ow++) dst[ow * q->s + off] += src[ow];
+        }
+      }
+    }
+  }
+}
+
+static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
+  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  dt__conv_geom q;
+  dt__conv_geometry(&q, x, w, y->iaux[0], y->iaux[1]);
+  const float *go = y->grad;
+  int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
+  if (gb) {
+    for (int64_t o = 0; o < q.o; o++) {
+      double s = 0.0;
+      for (int64_t n = 0; n < q.n; n++) {
+        const float *r = go + n * op + o * q.pp;
+        for (int64_t i = 0; i < q.pp; i++) s += (double)r[i];
+      }
+      gb[o] += (float)s;
+    }
+  }
+  if (!gx && !gw) return;
+  float *col = NULL, *gcol = NULL, *gyt = NULL;
+  if (gw && !q.direct) col = dt__arena_floats(g, q.k * cols);
+  if (gx && !q.direct) gcol = dt__arena_floats(g, q.k * cols);
+  if (q.nb > 1) gyt = dt__arena_floats(g, q.o * cols);
+  if (g->err != DTRAIN_OK) return;
+  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
+    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
+    const float *gy = go + n0 * op;
+    if (q.nb > 1) {
+      for (int64_t j = 0; j < nbb; j++)
+        for (int64_t o = 0; o < q.o; o++)
+          memcpy(gyt + o * ld + j * q.pp, go + (n0 + j) * op + o * q.pp, (size_t)q.pp * sizeof(float));
+      gy = gyt;
+    }
+    if (gw) {
+      const float *cp = x->data + n0 * chw;
+      if (!q.direct) {
+        for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
+        cp = col;
+      }
+      dt_sgemm(0, 1, q.o, q.k, ld, 1.0f, gy, ld, cp, ld, 1.0f, gw, q.k);
+    }
+    if (gx) {
+      if (q.direct) {
+        dt_sgemm(1, 0, q.k, ld, q.o, 1.0f, w->data, q.k, gy, ld, 1.0f, gx + n0 * chw, ld);
+      } else {
+        dt_sgemm(1, 0, q.k, ld, q.o, 1.0f, w->data, q.k, gy, ld, 0.0f, gcol, ld);
+        for (int64_t j = 0; j < nbb; j++) dt__conv_col2im(&q, gcol + j * q.pp, ld, gx + (n0 + j) * chw);
+      }
+    }
+  }
+}
+
+DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
+  static const char *op = "dt_conv2d";
+  if (b ? !dt__begin(g, op, 3, x, w, b) : !dt__begin(g, op, 2, x, w)) return NULL;
+  char sx[96], sw[96], sb[96];
+  dt_shape_str(x, sx, sizeof sx);
+  dt_shape_str(w, sw, sizeof sw);
+  if (x->ndim != 4)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "%s: x %s must have rank 4 [N,C,H,W]", op, sx);
+  if (w->ndim != 4)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "%s: w %s must have rank 4 [O,C,kh,kw]", op, sw);
+  if (w->shape[1] != x->shape[1])
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: channels differ (x %s has %lld, w %s has %lld)", op, sx,
+                                 (long long)x->shape[1], sw, (long long)w->shape[1]);
+  if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: bias %s must be [%lld] for w %s", op,
+                                 dt_shape_str(b, sb, sizeof sb), (long long)w->shape[0], sw);
+  if (stride < 1)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: stride %d (must be >= 1), x %s, w %s", op, stride,
+                                 sx, sw);
+  if (padding < 0)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: padding %d (must be >= 0), x %s, w %s", op,
+                                 padding, sx, sw);
+  int64_t hp = x->shape[2] + 2 * (int64_t)padding, wp = x->shape[3] + 2 * (int64_t)padding;
+  if (w->shape[2] > hp || w->shape[3] > wp)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE,
+                                 "%s: kernel %lldx%lld larger than the padded input %lldx%lld (x %s, w %s, padding %d)",
+                                 op, (long long)w->shape[2], (long long)w->shape[3], (long long)hp, (long long)wp, sx,
+                                 sw, padding);
+  dt__conv_geom q;
+  dt__conv_geometry(&q, x, w, stride, padding);
+  int64_t shape[4] = {q.n, q.o, q.ho, q.wo};
+  dt_tensor *y = dt__new(g, op, 4, shape);
+  if (!y) return NULL;
+  size_t kp;
+  if (!dt__mul_size((size_t)q.k, (size_t)q.pp, &kp) || kp > ((size_t)1 << 40))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: column matrix of x %s, w %s too large", op, sx, sw);
+  int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
+  float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
+  float *tmp = q.nb > 1 ? dt__arena_floats(g, q.o * cols) : NULL;
+  if (g->err != DTRAIN_OK) return NULL;
+  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
+    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
+    const float *cp = x->data + n0 * chw;
+    if (!q.direct) {
+      for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
+      cp = col;
+    }
+    float *out = q.nb > 1 ? tmp : y->data + n0 * op_;
+    if (b) {
+      for (int64_t o = 0; o < q.o; o++)
+        for (int64_t i = 0; i < ld; i++) out[o * ld + i] = b->data[o];
+    }
+    dt_sgemm(0, 0, q.o, ld, q.k, 1.0f, w->data, q.k, cp, ld, b ? 1.0f : 0.0f, out, ld);
+    if (q.nb > 1) {
+      for (int64_t j = 0; j < nbb; j++)
+        for (int64_t o = 0; o < q.o; o++)
+          memcpy(y->data + (n0 + j) * op_ + o * q.pp, tmp + o * ld + j * q.pp, (size_t)q.pp * sizeof(float));
+    }
+  }
+  y->iaux[0] = stride;
+  y->iaux[1] = padding;
+  dt__record(g, y, op, dt__conv_backward, x, w, b);
+  return dt__finish(g, y);
+}
+
+/* ---- pooling --------------------------------------------------------------------------
+ * No padding; Ho = (H - k)/s + 1. iaux: kernel, stride. Max pooling keeps the
+ * argmax (offset inside the input plane, first maximum wins, NaN wins) in aux
+ * when a gradient can flow. */
+
+static int dt__pool_check(dt_graph *g, const char *op, dt_tensor *x, int kernel, int stride) {
+  if (!dt__begin(g, op, 1, x)) return 0;
+  char sx[96];
+  dt_shape_str(x, sx, sizeof sx);
+  if (x->ndim != 4) {
+    dt__fail(g, DTRAIN_ERR_RANK, "%s: x %s must have rank 4 [N,C,H,W]", op, sx);
+    return 0;
+  }
+  if (kernel < 1) {
+    dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: kernel %d (must be >= 1), x %s", op, kernel, sx);
+    return 0;
+  }
+  if (stride < 1) {
+    dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: stride %d (must be >= 1), x %s", op, stride, sx);
+    return 0;
+  }
+  if (kernel > x->shape[2] || kernel > x->shape[3]) {
+    dt__fail(g, DTRAIN_ERR_SHAPE, "%s: kernel %d larger than the input %lldx%lld (x %s)", op, kernel,
+             (long long)x->shape[2], (long long)x->shape[3], sx);
+    return 0;
+  }
+  return 1;
+}
+
+static dt_tensor *dt__pool_new(dt_graph *g, const char *op, dt_tensor *x, int kernel, int stride) {
+  int64_t shape[4] = {x->shape[0], x->shape[1], (x->shape[2] - kernel) / stride + 1,
+                      (x->shape[3] - kernel) / stride + 1};
+  dt_tensor *y = dt__new(g, op, 4, shape);
+  if (!y) return NULL;
+  y->iaux[0] = kernel;
+  y->iaux[1] = stride;
+  return y;
+}
+
+static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  const int64_t *idx = (const int64_t *)y->aux;
+  if (!gx || !idx) return;
+  int64_t planes = y->shape[0] * y->shape[1], hw = x->shape[2] * x->shape[3], ohw = y->shape[2] * y->shape[3];
+  const float *go = y->grad;
+  for (int64_t pl = 0; pl < planes; pl++) {
+    float *gp = gx + pl * hw;
+    for (int64_t i = 0; i < ohw; i++) gp[idx[pl * ohw + i]] += go[pl * ohw + i];
+  }
+}
+
+DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride) {
+  static const char *op = "dt_max_pool2d";
+  if (!dt__pool_check(g, op, x, kernel, stride)) return NULL;
+  dt_tensor *y = dt__pool_new(g, op, x, kernel, stride);
+  if (!y) return NULL;
+  int64_t *idx = NULL;
+  if (g->grad_enabled && (x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) {
+    size_t bytes;
+    if (!dt__mul_size((size_t)y->size, sizeof(int64_t), &bytes))
+      return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: index buffer too large", op);
+    idx = (int64_t *)dt__arena_alloc(g, bytes);
+    if (!idx) return NULL;
+  }
+  int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
+  int64_t ho = y->shape[2], wo = y->shape[3], k = kernel, s = stride;
+  for (int64_t pl = 0; pl < planes; pl++) {
+    const float *xp = x->data + pl * h * w;
+    for (int64_t oh = 0; oh < ho; oh++) {
+      for (int64_t ow = 0; ow < wo; ow++) {
+        int64_t at = oh * s * w + ow * s;
+        float best = xp[at];
+        for (int64_t i = 0; i < k; i++) {
+          for (int64_t j = 0; j < k; j++) {
+            int64_t t = (oh * s + i) * w + ow * s + j;
+            float v = xp[t];
+            if (v > best || (v != v && best == best)) {
+              best = v;
+              at = t;
+            }
+          }
+        }
+        int64_t o = (pl * ho + oh) * wo + ow;
+        y->data[o] = best;
+        if (idx) idx[o] = at;
+      }
+    }
+  }
+  y->aux = idx;
+  dt__record(g, y, op, dt__pool_max_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+static void dt__pool_avg_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  int64_t k = y->iaux[0], s = y->iaux[1];
+  int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
+  int64_t ho = y->shape[2], wo = y->shape[3];
+  float kk = (float)(k * k);
+  const float *go = y->grad;
+  for (int64_t pl = 0; pl < planes; pl++) {
+    float *gp = gx + pl * h * w;
+    for (int64_t oh = 0; oh < ho; oh++) {
+      for (int64_t ow = 0; ow < wo; ow++) {
+        float d = go[(pl * ho + oh) * wo + ow] / kk;
+        for (int64_t i = 0; i < k; i++) {
+          float *r = gp + (oh * s + i) * w + ow * s;
+          for (int64_t j = 0; j < k; j++) r[j] += d;
+        }
+      }
+    }
+  }
+}
+
+DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride) {
+  static const char *op = "dt_avg_pool2d";
+  if (!dt__pool_check(g, op, x, kernel, stride)) return NULL;
+  dt_tensor *y = dt__pool_new(g, op, x, kernel, stride);
+  if (!y) return NULL;
+  int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
+  int64_t ho = y->shape[2], wo = y->shape[3], k = kernel, s = stride;
+  float kk = (float)(k * k);
+  for (int64_t pl = 0; pl < planes; pl++) {
+    const float *xp = x->data + pl * h * w;
+    for (int64_t oh = 0; oh < ho; oh++) {
+      for (int64_t ow = 0; ow < wo; ow++) {
+        float sum = 0.0f;
+        for (int64_t i = 0; i < k; i++) {
+          const float *r = xp + (oh * s + i) * w + ow * s;
+          for (int64_t j = 0; j < k; j++) sum += r[j];
+        }
+        y->data[(pl * ho + oh) * wo + ow] = sum / kk;
+      }
+    }
+  }
+  dt__record(g, y, op, dt__pool_avg_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+#undef DT__CONV_COLS
+#undef DT__CONV_CAP
 /* ======== end dt_ops_conv.c ======== */
 
 /* ======== begin dt_params.c ======== */
