@@ -1,2 +1,349 @@
-/* dt_optim.c */
+/* ===========================================================================
+ * dt_optim.c -- SGD, Adam, AdamW, RMSprop; learning-rate schedules; clipping
+ * ===========================================================================
+ * The update rules follow PyTorch's single-tensor implementations (torch.optim,
+ * foreach=False) operation by operation, in float, with the per-step scalars
+ * (bias corrections, lr * weight decay) computed in double like Python does.
+ *
+ * State slots (dt_optim_state):
+ *   SGD      slot 0: momentum buffer (only when momentum > 0)
+ *   Adam(W)  slot 0: first moment m, slot 1: second moment v
+ *   RMSprop  slot 0: square average v, slot 1: momentum buffer (momentum > 0)
+ * Every slot has the params' layout, so a range [begin,end) of the flat
+ * buffers uses the same range of each slot.
+ */
 #include "dt_internal.h"
+
+struct dt_optim {
+  dt_optim_desc desc;   /* filled: zero fields replaced by their defaults */
+  dt_params *params;
+  size_t size;          /* dt_params_size() at creation */
+  int64_t steps;        /* completed steps */
+  int nslots;
+  float *state[2];      /* nslots buffers of `size` floats */
+};
+
+/* ---- learning-rate schedules ------------------------------------------------------ */
+
+DTRAIN_API float dt_schedule_lr(const dt_schedule *s, float lr, int64_t step) {
+  if (!s) return lr;
+  if (step < 0) step = 0;
+  if (s->warmup_steps > 0 && step < s->warmup_steps)
+    return (float)((double)lr * (double)(step + 1) / (double)s->warmup_steps);
+  int64_t t = step - (s->warmup_steps > 0 ? s->warmup_steps : 0);
+  switch (s->kind) {
+    case DTRAIN_SCHED_STEP: {
+      if (s->step_size <= 0) return lr;
+      double gamma = s->gamma != 0.0f ? (double)s->gamma : 0.1;
+      return (float)((double)lr * pow(gamma, (double)(t / s->step_size)));
+    }
+    case DTRAIN_SCHED_COSINE: {
+      double lo = (double)s->min_lr;
+      if (s->total_steps <= 0 || t >= s->total_steps) return s->min_lr;
+      double c = cos(3.14159265358979323846 * (double)t / (double)s->total_steps);
+      return (float)(lo + ((double)lr - lo) * (1.0 + c) * 0.5);
+    }
+    case DTRAIN_SCHED_CONSTANT:
+    default: return lr;
+  }
+}
+
+/* ---- gradient clipping -------------------------------------------------------------- */
+
+DTRAIN_API float dt_clip_grad_norm(float *grad, size_t n, float max_norm) {
+  if (!grad && n > 0) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_clip_grad_norm: grad is NULL");
+    return -1.0f;
+  }
+  if (!(max_norm > 0.0f)) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "dt_clip_grad_norm: max_norm %g must be > 0", (double)max_norm);
+    return -1.0f;
+  }
+  double norm = dt_l2_norm(grad, n);
+  if (norm > (double)max_norm && isfinite(norm)) {
+    /* PyTorch: clip_coef = max_norm / (total_norm + 1e-6). */
+    float coef = (float)((double)max_norm / (norm + 1e-6));
+    for (size_t i = 0; i < n; i++) grad[i] *= coef;
+  }
+  return (float)norm;
+}
+
+/* ---- create / destroy ------------------------------------------------------------------ */
+
+static int dt__optim_bad01(float x) { return !(x >= 0.0f && x < 1.0f); }
+
+/* Checks the schedule; returns DTRAIN_OK or records an error. */
+static dt_result dt__optim_check_schedule(const dt_schedule *s) {
+  const char *fn = "dt_optim_create";
+  if (s->warmup_steps < 0)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: schedule warmup_steps %lld < 0", fn, (long long)s->warmup_steps);
+  switch (s->kind) {
+    case DTRAIN_SCHED_CONSTANT: return DTRAIN_OK;
+    case DTRAIN_SCHED_STEP:
+      if (s->step_size <= 0)
+        return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: step schedule needs step_size >= 1 (got %lld)", fn,
+                         (long long)s->step_size);
+      if (!(s->gamma >= 0.0f))
+        return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: step schedule gamma %g < 0", fn, (double)s->gamma);
+      return DTRAIN_OK;
+    case DTRAIN_SCHED_COSINE:
+      if (s->total_steps <= 0)
+        return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: cosine schedule needs total_steps >= 1 (got %lld)", fn,
+                         (long long)s->total_steps);
+      if (!(s->min_lr >= 0.0f))
+        return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: cosine schedule min_lr %g < 0", fn, (double)s->min_lr);
+      return DTRAIN_OK;
+    default: return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown schedule kind %d", fn, (int)s->kind);
+  }
+}
+
+/* Fills defaults into d and validates it. */
+static dt_result dt__optim_fill(dt_optim_desc *d) {
+  const char *fn = "dt_optim_create";
+  if ((int)d->kind < (int)DTRAIN_OPTIM_SGD || (int)d->kind > (int)DTRAIN_OPTIM_RMSPROP)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown optimizer kind %d", fn, (int)d->kind);
+  if (!(d->lr >= 0.0f) || !isfinite(d->lr))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: lr %g must be finite and >= 0", fn, (double)d->lr);
+  if (!(d->momentum >= 0.0f) || !isfinite(d->momentum))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: momentum %g must be finite and >= 0", fn, (double)d->momentum);
+  if (d->nesterov && d->kind != DTRAIN_OPTIM_SGD)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: nesterov applies to SGD only", fn);
+  if (d->nesterov && d->momentum == 0.0f)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: nesterov needs momentum > 0", fn);
+  if (!(d->weight_decay >= 0.0f) || !isfinite(d->weight_decay))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: weight_decay %g must be finite and >= 0", fn,
+                     (double)d->weight_decay);
+  if (dt__optim_bad01(d->beta1) || dt__optim_bad01(d->beta2))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: betas (%g, %g) must lie in [0, 1)", fn, (double)d->beta1,
+                     (double)d->beta2);
+  if (!(d->eps >= 0.0f) || !isfinite(d->eps))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: eps %g must be finite and >= 0", fn, (double)d->eps);
+  if (dt__optim_bad01(d->alpha))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: alpha %g must lie in [0, 1)", fn, (double)d->alpha);
+  if (!(d->clip_norm >= 0.0f))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: clip_norm %g must be >= 0 (0: no clipping)", fn,
+                     (double)d->clip_norm);
+  dt_result r = dt__optim_check_schedule(&d->schedule);
+  if (r != DTRAIN_OK) return r;
+  if (d->lr == 0.0f) d->lr = d->kind == DTRAIN_OPTIM_SGD ? 0.01f : 0.001f;
+  if (d->beta1 == 0.0f) d->beta1 = 0.9f;
+  if (d->beta2 == 0.0f) d->beta2 = 0.999f;
+  if (d->eps == 0.0f) d->eps = 1e-8f;
+  if (d->alpha == 0.0f) d->alpha = 0.99f;
+  if (d->schedule.kind == DTRAIN_SCHED_STEP && d->schedule.gamma == 0.0f) d->schedule.gamma = 0.1f;
+  return DTRAIN_OK;
+}
+
+static int dt__optim_slots(const dt_optim_desc *d) {
+  switch (d->kind) {
+    case DTRAIN_OPTIM_SGD: return d->momentum > 0.0f ? 1 : 0;
+    case DTRAIN_OPTIM_ADAM:
+    case DTRAIN_OPTIM_ADAMW: return 2;
+    case DTRAIN_OPTIM_RMSPROP: return d->momentum > 0.0f ? 2 : 1;
+    default: return 0;
+  }
+}
+
+DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc) {
+  if (!p || !desc) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_create: %s is NULL", !p ? "params" : "desc");
+    return NULL;
+  }
+  dt_optim_desc d = *desc;
+  if (dt__optim_fill(&d) != DTRAIN_OK) return NULL;
+  size_t n = dt_params_size(p), bytes;
+  if (!dt__mul_size(n, sizeof(float), &bytes)) {
+    dt__error(DTRAIN_ERR_OVERFLOW, "dt_optim_create: state of %zu floats is too large", n);
+    return NULL;
+  }
+  dt_optim *o = (dt_optim *)dt__calloc(sizeof *o);
+  if (!o) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_optim_create: out of memory");
+    return NULL;
+  }
+  o->desc = d;
+  o->params = p;
+  o->size = n;
+  o->nslots = dt__optim_slots(&d);
+  for (int s = 0; s < o->nslots; s++) {
+    o->state[s] = (float *)dt__calloc(bytes);
+    if (!o->state[s]) {
+      dt__error(DTRAIN_ERR_NOMEM, "dt_optim_create: out of memory for %d state buffers of %zu floats", o->nslots, n);
+      dt_optim_destroy(o);
+      return NULL;
+    }
+  }
+  return o;
+}
+
+DTRAIN_API void dt_optim_destroy(dt_optim *o) {
+  if (!o) return;
+  for (int s = 0; s < 2; s++) dt__free(o->state[s], o->size * sizeof(float));
+  dt__free(o, sizeof *o);
+}
+
+/* ---- update kernels ------------------------------------------------------------------
+ * Each updates n elements: p (data), g (grad), s0/s1 (state) already offset to
+ * the range. wd is the weight decay of this parameter (0 where decay is off). */
+
+static void dt__optim_sgd(const dt_optim *o, float lr, float wd, float *DT__RESTRICT p,
+                          const float *DT__RESTRICT g, float *DT__RESTRICT buf, size_t n) {
+  const float mom = o->desc.momentum;
+  const int nesterov = o->desc.nesterov;
+  for (size_t i = 0; i < n; i++) {
+    float d = g[i];
+    if (wd != 0.0f) d = d + wd * p[i];
+    if (buf) {
+      /* PyTorch starts buf at d on step 1; with dampening 0, mom*0 + d == d. */
+      buf[i] = mom * buf[i] + d;
+      d = nesterov ? d + mom * buf[i] : buf[i];
+    }
+    p[i] = p[i] - lr * d;
+  }
+}
+
+static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled, float *DT__RESTRICT p,
+                           const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
+  const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2;
+  const double t = (double)(o->steps + 1);
+  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+  const float step_size = (float)((double)lr / bc1);
+  const float bc2_sqrt = (float)sqrt(bc2);
+  const float w1 = (float)(1.0 - b1), w2 = (float)(1.0 - b2);
+  const float fb2 = o->desc.beta2, eps = o->desc.eps;
+  /* AdamW: param.mul_(1 - lr * weight_decay) before the Adam step. */
+  const float shrink = (float)(1.0 - (double)lr * (double)wd);
+  for (size_t i = 0; i < n; i++) {
+    float d = g[i];
+    if (wd != 0.0f) {
+      if (decoupled) p[i] = p[i] * shrink;
+      else d = d + wd * p[i];
+    }
+    m[i] = m[i] + w1 * (d - m[i]);          /* exp_avg.lerp_(grad, 1 - beta1) */
+    v[i] = v[i] * fb2 + w2 * d * d;         /* exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2) */
+    float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+    p[i] = p[i] - step_size * (m[i] / denom);
+  }
+}
+
+static void dt__optim_rmsprop(const dt_optim *o, float lr, float wd, float *DT__RESTRICT p,
+                              const float *DT__RESTRICT g, float *DT__RESTRICT sq, float *DT__RESTRICT buf,
+                              size_t n) {
+  const float alpha = o->desc.alpha, w = (float)(1.0 - (double)o->desc.alpha);
+  const float mom = o->desc.momentum, eps = o->desc.eps;
+  for (size_t i = 0; i < n; i++) {
+    float d = g[i];
+    if (wd != 0.0f) d = d + wd * p[i];
+    sq[i] = sq[i] * alpha + w * d * d;
+    float avg = sqrtf(sq[i]) + eps;
+    if (buf) {
+      buf[i] = buf[i] * mom + d / avg;
+      p[i] = p[i] - lr * buf[i];
+    } else {
+      p[i] = p[i] - lr * (d / avg);
+    }
+  }
+}
+
+/* ---- steps ---------------------------------------------------------------------------- */
+
+static dt_result dt__optim_check_layout(const dt_optim *o, const char *fn) {
+  size_t now = dt_params_size(o->params);
+  if (now != o->size)
+    return dt__error(DTRAIN_ERR_STATE, "%s: params changed size since dt_optim_create (%zu -> %zu floats)", fn,
+                     o->size, now);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad, size_t begin, size_t end) {
+  if (!o) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_update: optimizer is NULL");
+  dt_result r = dt__optim_check_layout(o, "dt_optim_update");
+  if (r != DTRAIN_OK) return r;
+  if (begin > end || end > o->size)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_optim_update: range [%zu,%zu) outside [0,%zu)", begin, end, o->size);
+  if (begin == end) return DTRAIN_OK;
+  if (!data || !grad)
+    return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_update: %s is NULL", !data ? "data" : "grad");
+  const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
+  size_t b, e;
+  int trainable, decay;
+  for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
+    if (!trainable) continue;
+    size_t lo = DT__MAX(b, begin), hi = DT__MIN(e, end);
+    if (lo >= hi) continue;
+    size_t n = hi - lo;
+    float wd = decay ? o->desc.weight_decay : 0.0f;
+    float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
+    float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
+    switch (o->desc.kind) {
+      case DTRAIN_OPTIM_SGD: dt__optim_sgd(o, lr, wd, data + lo, grad + lo, s0, n); break;
+      case DTRAIN_OPTIM_ADAM: dt__optim_adam(o, lr, wd, 0, data + lo, grad + lo, s0, s1, n); break;
+      case DTRAIN_OPTIM_ADAMW: dt__optim_adam(o, lr, wd, 1, data + lo, grad + lo, s0, s1, n); break;
+      case DTRAIN_OPTIM_RMSPROP: dt__optim_rmsprop(o, lr, wd, data + lo, grad + lo, s0, s1, n); break;
+      default: return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
+    }
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_optim_step(dt_optim *o) {
+  if (!o) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_step: optimizer is NULL");
+  dt_result r = dt__optim_check_layout(o, "dt_optim_step");
+  if (r != DTRAIN_OK) return r;
+  float *data = dt_params_data(o->params), *grad = dt_params_grad(o->params);
+  size_t b, e;
+  int trainable, decay;
+  if (o->desc.clip_norm > 0.0f) {
+    /* Global norm over the trainable ranges only, summed in double in index order. */
+    double ss = 0.0;
+    for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++)
+      for (size_t j = b; trainable && j < e; j++) ss += (double)grad[j] * (double)grad[j];
+    double norm = sqrt(ss);
+    if (!isfinite(norm))
+      return dt__error(DTRAIN_ERR_NONFINITE, "dt_optim_step: gradient norm is %s; no update made",
+                       isnan(norm) ? "NaN" : "Inf");
+    if (norm > (double)o->desc.clip_norm) {
+      float coef = (float)((double)o->desc.clip_norm / (norm + 1e-6));
+      for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++)
+        for (size_t j = b; trainable && j < e; j++) grad[j] *= coef;
+    }
+  }
+  r = dt_optim_update(o, data, grad, 0, o->size);
+  if (r != DTRAIN_OK) return r;
+  dt_optim_advance(o);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API void dt_optim_advance(dt_optim *o) {
+  if (o) o->steps++;
+}
+
+/* ---- accessors ------------------------------------------------------------------------- */
+
+DTRAIN_API int64_t dt_optim_steps(const dt_optim *o) { return o ? o->steps : 0; }
+
+DTRAIN_API void dt_optim_set_steps(dt_optim *o, int64_t steps) {
+  if (!o) return;
+  if (steps < 0) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "dt_optim_set_steps: steps %lld < 0", (long long)steps);
+    return;
+  }
+  o->steps = steps;
+}
+
+DTRAIN_API float dt_optim_lr(const dt_optim *o) {
+  return o ? dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps) : 0.0f;
+}
+
+DTRAIN_API const dt_optim_desc *dt_optim_get_desc(const dt_optim *o) { return o ? &o->desc : NULL; }
+
+DTRAIN_API int dt_optim_state_slots(const dt_optim *o) { return o ? o->nslots : 0; }
+
+DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
+  if (!o) return NULL;
+  if (slot < 0 || slot >= o->nslots) {
+    dt__error(DTRAIN_ERR_INDEX, "dt_optim_state: slot %d out of range (%d slots)", slot, o->nslots);
+    return NULL;
+  }
+  return o->state[slot];
+}
