@@ -1755,24 +1755,231 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
 /* ===========================================================================
  * dt_gemm.c -- single-precision GEMM
  * ===========================================================================
+ * C = alpha * op(A) @ op(B) + beta * C, row-major, op(X) = X or X^T.
+ *
+ * The classic Goto/BLIS structure, in portable C:
+ *
+ *   for jc in n by NC:                      columns of C and B
+ *     for pc in k by KC:                    the shared dimension
+ *       pack op(B)[pc.., jc..] -> bp        KC x NC, NR-wide slivers
+ *       for ic in m by MC:                  rows of C and A
+ *         pack op(A)[ic.., pc..] -> ap      MC x KC, MR-tall slivers
+ *         for jr, ir: micro-kernel          one MR x NR tile of C
+ *
+ * Packing copies each block into the order the micro-kernel reads it
+ * (contiguous, zero-padded to whole tiles), so the transpose flags and the
+ * leading dimensions only matter in the two packing routines. The
+ * micro-kernel keeps an MR x NR accumulator tile in a local array that
+ * gcc and clang keep in vector registers at -O2; partial tiles at the
+ * edges go through a small buffer. The panels are automatic arrays of
+ * fixed size (about 200 KiB of stack), so a call allocates nothing and
+ * may run on any thread.
+ *
+ * Determinism: the blocking depends only on (m, n, k), and every element
+ * of C is summed in the same order on every call: over k in KC blocks,
+ * each block summed in increasing p.
  */
 /* #include "dt_internal.h" (amalgamated) */
+
+/* Tile and block sizes. MR x NR is the register tile: 12 vector
+ * accumulators, whether a vector holds 4 floats (SSE, NEON) or 8 (AVX).
+ * A B sliver (KC x NR) should stay in L1 and the packed A block (MC x KC)
+ * in L2. */
+#define DT__GEMM_MR 6
+#if defined(__AVX__)
+#  define DT__GEMM_NR 16
+#else
+#  define DT__GEMM_NR 8
+#endif
+#define DT__GEMM_KC 256
+#define DT__GEMM_MC 72
+#define DT__GEMM_NC 128
+
+/* Loop hints for the micro-kernel, so that the accumulator tile stays in
+ * vector registers. gcc needs the loops over the rows of the tile fully
+ * unrolled (DT__GEMM_UNROLL); clang unrolls and vectorises those loops best
+ * on its own, but when it also unrolls the loop over k (as it does when
+ * tuning for some CPUs, e.g. -march=znver3) the tile falls back to memory
+ * and speed drops by 2.5x, hence DT__GEMM_KLOOP. */
+#if defined(__clang__)
+#  define DT__GEMM_UNROLL
+#  define DT__GEMM_KLOOP _Pragma("clang loop unroll(disable)")
+#elif defined(__GNUC__) && __GNUC__ >= 8
+#  define DT__GEMM_UNROLL _Pragma("GCC unroll 16")
+#  define DT__GEMM_KLOOP
+#else
+#  define DT__GEMM_UNROLL
+#  define DT__GEMM_KLOOP
+#endif
+
+#if DT__GEMM_MC % DT__GEMM_MR != 0 || DT__GEMM_NC % DT__GEMM_NR != 0
+#  error "dt_gemm.c: MC must be a multiple of MR and NC of NR"
+#endif
+
+/* Pack rows [i0, i0+mc) x cols [p0, p0+kc) of op(A) into MR-tall slivers:
+ * sliver s holds ap[s*MR*kc + p*MR + r] = op(A)[i0 + s*MR + r][p0 + p],
+ * zero for rows past mc. op(A)[i][p] is a[i*lda + p], or a[p*lda + i]
+ * when transposed. */
+static void dt__gemm_pack_a(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
+                            int64_t kc, float *DT__RESTRICT ap) {
+  for (int64_t s = 0; s < mc; s += DT__GEMM_MR) {
+    int64_t rows = DT__MIN(DT__GEMM_MR, mc - s);
+    if (!trans) {
+      for (int64_t r = 0; r < rows; r++) {
+        const float *src = a + (i0 + s + r) * lda + p0;
+        for (int64_t p = 0; p < kc; p++) ap[p * DT__GEMM_MR + r] = src[p];
+      }
+    } else {
+      for (int64_t p = 0; p < kc; p++) {
+        const float *src = a + (p0 + p) * lda + i0 + s;
+        for (int64_t r = 0; r < rows; r++) ap[p * DT__GEMM_MR + r] = src[r];
+      }
+    }
+    for (int64_t r = rows; r < DT__GEMM_MR; r++)
+      for (int64_t p = 0; p < kc; p++) ap[p * DT__GEMM_MR + r] = 0.0f;
+    ap += DT__GEMM_MR * kc;
+  }
+}
+
+/* Pack rows [p0, p0+kc) x cols [j0, j0+nc) of op(B) into NR-wide slivers:
+ * bp[s*NR*kc + p*NR + j] = op(B)[p0 + p][j0 + s*NR + j], zero past nc.
+ * op(B)[p][j] is b[p*ldb + j], or b[j*ldb + p] when transposed. */
+static void dt__gemm_pack_b(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                            int64_t nc, float *DT__RESTRICT bp) {
+  for (int64_t s = 0; s < nc; s += DT__GEMM_NR) {
+    int64_t cols = DT__MIN(DT__GEMM_NR, nc - s);
+    if (!trans) {
+      for (int64_t p = 0; p < kc; p++) {
+        const float *src = b + (p0 + p) * ldb + j0 + s;
+        float *dst = bp + p * DT__GEMM_NR;
+        int64_t j = 0;
+        for (; j < cols; j++) dst[j] = src[j];
+        for (; j < DT__GEMM_NR; j++) dst[j] = 0.0f;
+      }
+    } else {
+      for (int64_t j = 0; j < cols; j++) {
+        const float *src = b + (j0 + s + j) * ldb + p0;
+        for (int64_t p = 0; p < kc; p++) bp[p * DT__GEMM_NR + j] = src[p];
+      }
+      for (int64_t j = cols; j < DT__GEMM_NR; j++)
+        for (int64_t p = 0; p < kc; p++) bp[p * DT__GEMM_NR + j] = 0.0f;
+    }
+    bp += DT__GEMM_NR * kc;
+  }
+}
+
+/* The micro-kernel: one MR x NR tile.
+ *   C[r][j] = alpha * sum_p ap[p*MR + r] * bp[p*NR + j]  + beta * C[r][j]
+ * C is not read when beta == 0. Accumulates in increasing p. */
+static void dt__gemm_micro(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                           float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
+  float acc[DT__GEMM_MR][DT__GEMM_NR];
+  DT__GEMM_UNROLL
+  for (int r = 0; r < DT__GEMM_MR; r++)
+    for (int j = 0; j < DT__GEMM_NR; j++) acc[r][j] = 0.0f;
+  DT__GEMM_KLOOP
+  for (int64_t p = 0; p < kc; p++) {
+    DT__GEMM_UNROLL
+    for (int r = 0; r < DT__GEMM_MR; r++) {
+      float av = ap[r];
+      for (int j = 0; j < DT__GEMM_NR; j++) acc[r][j] += av * bp[j];
+    }
+    ap += DT__GEMM_MR;
+    bp += DT__GEMM_NR;
+  }
+  if (beta == 0.0f) {
+    DT__GEMM_UNROLL
+    for (int r = 0; r < DT__GEMM_MR; r++)
+      for (int j = 0; j < DT__GEMM_NR; j++) c[r * ldc + j] = alpha * acc[r][j];
+  } else if (beta == 1.0f) {
+    DT__GEMM_UNROLL
+    for (int r = 0; r < DT__GEMM_MR; r++)
+      for (int j = 0; j < DT__GEMM_NR; j++) c[r * ldc + j] += alpha * acc[r][j];
+  } else {
+    DT__GEMM_UNROLL
+    for (int r = 0; r < DT__GEMM_MR; r++)
+      for (int j = 0; j < DT__GEMM_NR; j++) c[r * ldc + j] = alpha * acc[r][j] + beta * c[r * ldc + j];
+  }
+}
+
+/* A partial tile (mr < MR or nr < NR): run the kernel into a local tile,
+ * then apply it to the valid mr x nr corner of C with the same arithmetic. */
+static void dt__gemm_micro_edge(int64_t kc, const float *ap, const float *bp, float alpha, float beta, float *c,
+                                int64_t ldc, int64_t mr, int64_t nr) {
+  float t[DT__GEMM_MR * DT__GEMM_NR];
+  dt__gemm_micro(kc, ap, bp, 1.0f, 0.0f, t, DT__GEMM_NR);
+  for (int64_t r = 0; r < mr; r++) {
+    float *cr = c + r * ldc;
+    const float *tr = t + r * DT__GEMM_NR;
+    if (beta == 0.0f)
+      for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j];
+    else if (beta == 1.0f)
+      for (int64_t j = 0; j < nr; j++) cr[j] += alpha * tr[j];
+    else
+      for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j] + beta * cr[j];
+  }
+}
+
+/* C = beta * C over m x n (C not read when beta == 0): the k == 0 or
+ * alpha == 0 case, where op(A) @ op(B) contributes nothing. */
+static void dt__gemm_scale(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
+  for (int64_t i = 0; i < m; i++) {
+    float *ci = c + i * ldc;
+    if (beta == 0.0f)
+      for (int64_t j = 0; j < n; j++) ci[j] = 0.0f;
+    else if (beta != 1.0f)
+      for (int64_t j = 0; j < n; j++) ci[j] *= beta;
+  }
+}
 
 DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                          float beta, float *c, int64_t ldc) {
-  for (int64_t i = 0; i < m; i++) {
-    for (int64_t j = 0; j < n; j++) {
-      float s = 0.0f;
-      for (int64_t p = 0; p < k; p++) {
-        float av = trans_a ? a[p * lda + i] : a[i * lda + p];
-        float bv = trans_b ? b[j * ldb + p] : b[p * ldb + j];
-        s += av * bv;
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0 || alpha == 0.0f) {
+    dt__gemm_scale(m, n, beta, c, ldc);
+    return;
+  }
+  /* The packed panels, on the stack, aligned by hand to 64 bytes. */
+  float abuf[DT__GEMM_MC * DT__GEMM_KC + 16];
+  float bbuf[DT__GEMM_KC * DT__GEMM_NC + 16];
+  float *ap = abuf + ((16 - ((uintptr_t)abuf / sizeof(float)) % 16) % 16);
+  float *bp = bbuf + ((16 - ((uintptr_t)bbuf / sizeof(float)) % 16) % 16);
+
+  for (int64_t jc = 0; jc < n; jc += DT__GEMM_NC) {
+    int64_t nc = DT__MIN(DT__GEMM_NC, n - jc);
+    for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
+      int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
+      float beta_blk = pc == 0 ? beta : 1.0f; /* later k blocks add to C */
+      dt__gemm_pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
+      for (int64_t ic = 0; ic < m; ic += DT__GEMM_MC) {
+        int64_t mc = DT__MIN(DT__GEMM_MC, m - ic);
+        dt__gemm_pack_a(trans_a, a, lda, ic, pc, mc, kc, ap);
+        for (int64_t jr = 0; jr < nc; jr += DT__GEMM_NR) {
+          int64_t nr = DT__MIN(DT__GEMM_NR, nc - jr);
+          const float *bs = bp + jr * kc;
+          for (int64_t ir = 0; ir < mc; ir += DT__GEMM_MR) {
+            int64_t mr = DT__MIN(DT__GEMM_MR, mc - ir);
+            const float *as = ap + ir * kc;
+            float *cs = c + (ic + ir) * ldc + jc + jr;
+            if (mr == DT__GEMM_MR && nr == DT__GEMM_NR)
+              dt__gemm_micro(kc, as, bs, alpha, beta_blk, cs, ldc);
+            else
+              dt__gemm_micro_edge(kc, as, bs, alpha, beta_blk, cs, ldc, mr, nr);
+          }
+        }
       }
-      c[i * ldc + j] = alpha * s + (beta == 0.0f ? 0.0f : beta * c[i * ldc + j]);
     }
   }
 }
+
+#undef DT__GEMM_MR
+#undef DT__GEMM_NR
+#undef DT__GEMM_KC
+#undef DT__GEMM_MC
+#undef DT__GEMM_NC
+#undef DT__GEMM_UNROLL
+#undef DT__GEMM_KLOOP
 /* ======== end dt_gemm.c ======== */
 
 /* ======== begin dt_ops_elem.c ======== */
@@ -2532,8 +2739,169 @@ DTRAIN_API dt_result dt_split(dt_graph *g, dt_tensor *x, int axis, int n, dt_ten
 /* ======== end dt_ops_shape.c ======== */
 
 /* ======== begin dt_ops_matmul.c ======== */
-/* dt_ops_matmul.c */
+/* ===========================================================================
+ * dt_ops_matmul.c -- matmul, batched matmul, linear (all on dt_sgemm)
+ * ===========================================================================
+ * Forward and backward are GEMM calls with the transpose flags; backward
+ * passes beta = 1 so that it accumulates into the gradient buffers.
+ *
+ * dt_matmul and dt_bmm share one core over a batch of `nb` products
+ * [M,K] @ op(B) -> [M,N]. When B is one 2-D matrix shared by the batch,
+ * the batch folds into the rows: [nb*M, K] @ op(B) is a single GEMM, and
+ * so are both backward products (the one for B sums over the batch).
+ */
 /* #include "dt_internal.h" (amalgamated) */
+
+/* iaux layout of a matmul/bmm output. */
+enum { DT__MM_NB, DT__MM_M, DT__MM_K, DT__MM_N, DT__MM_TRANS_B, DT__MM_SHARED };
+
+/* From y's iaux: the number of GEMMs (*nb) and the rows of A and C in each
+ * (*m); a shared b makes it one GEMM over all the rows. */
+static void dt__matmul_dims(const dt_tensor *y, int64_t *nb, int64_t *m) {
+  int shared = (int)y->iaux[DT__MM_SHARED];
+  *nb = shared ? 1 : y->iaux[DT__MM_NB];
+  *m = shared ? y->iaux[DT__MM_NB] * y->iaux[DT__MM_M] : y->iaux[DT__MM_M];
+}
+
+static void dt__matmul_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *a = y->src[0], *b = y->src[1];
+  float *ga = dt__grad(g, a), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  int64_t nb, m, k = y->iaux[DT__MM_K], n = y->iaux[DT__MM_N];
+  int trans_b = (int)y->iaux[DT__MM_TRANS_B], shared = (int)y->iaux[DT__MM_SHARED];
+  dt__matmul_dims(y, &nb, &m);
+  int64_t sa = m * k, sb = shared ? 0 : k * n, sc = m * n;
+  const float *gy = y->grad;
+  for (int64_t i = 0; i < nb; i++) {
+    const float *ai = a->data + i * sa, *bi = b->data + i * sb, *gyi = gy + i * sc;
+    if (ga) { /* dA += dC @ op(B)^T */
+      if (trans_b) dt_sgemm(0, 0, m, k, n, 1.0f, gyi, n, bi, k, 1.0f, ga + i * sa, k);
+      else dt_sgemm(0, 1, m, k, n, 1.0f, gyi, n, bi, n, 1.0f, ga + i * sa, k);
+    }
+    if (gb) { /* dB += A^T @ dC, or dB^T += dC^T @ A when B is used transposed */
+      if (trans_b) dt_sgemm(1, 0, n, k, m, 1.0f, gyi, n, ai, k, 1.0f, gb + i * sb, k);
+      else dt_sgemm(1, 0, k, n, m, 1.0f, ai, k, gyi, n, 1.0f, gb + i * sb, n);
+    }
+  }
+}
+
+/* The shared core: a [..., M, K] @ b [..., K, N] (b [..., N, K] with
+ * trans_b) with equal leading dims, or b 2-D and shared by the batch. */
+static dt_tensor *dt__matmul(dt_graph *g, const char *op, dt_tensor *a, dt_tensor *b, int trans_b) {
+  char s1[96], s2[96];
+  int nd = a->ndim;
+  if (a->ndim < 2 || b->ndim < 2)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "%s: operands must have at least 2 dims (%s @ %s)", op,
+                                 dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2));
+  int shared = b->ndim == 2;
+  if (!shared) {
+    int same = b->ndim == nd;
+    for (int d = 0; same && d < nd - 2; d++) same = a->shape[d] == b->shape[d];
+    if (!same)
+      return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE,
+                                   "%s: batch dims differ (%s @ %s); b must have a's leading dims or be 2-D", op,
+                                   dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2));
+  }
+  int64_t m = a->shape[nd - 2], k = a->shape[nd - 1];
+  int64_t bk = trans_b ? b->shape[b->ndim - 1] : b->shape[b->ndim - 2];
+  int64_t n = trans_b ? b->shape[b->ndim - 2] : b->shape[b->ndim - 1];
+  if (bk != k)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: inner dims differ (%s @ %s%s)", op,
+                                 dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2),
+                                 trans_b ? "^T" : "");
+  int64_t shape[DTRAIN_MAX_DIMS];
+  int64_t nb = 1;
+  for (int d = 0; d < nd - 2; d++) {
+    shape[d] = a->shape[d];
+    nb *= a->shape[d];
+  }
+  shape[nd - 2] = m;
+  shape[nd - 1] = n;
+  dt_tensor *y = dt__new(g, op, nd, shape);
+  if (!y) return NULL;
+  y->iaux[DT__MM_NB] = nb;
+  y->iaux[DT__MM_M] = m;
+  y->iaux[DT__MM_K] = k;
+  y->iaux[DT__MM_N] = n;
+  y->iaux[DT__MM_TRANS_B] = trans_b;
+  y->iaux[DT__MM_SHARED] = shared;
+  int64_t gemms, rows;
+  dt__matmul_dims(y, &gemms, &rows);
+  int64_t sa = rows * k, sb = shared ? 0 : k * n, sc = rows * n;
+  for (int64_t i = 0; i < gemms; i++)
+    dt_sgemm(0, trans_b, rows, n, k, 1.0f, a->data + i * sa, k, b->data + i * sb, trans_b ? k : n, 0.0f,
+             y->data + i * sc, n);
+  dt__record(g, y, op, dt__matmul_backward, a, b, NULL);
+  return dt__finish(g, y);
+}
+
+DTRAIN_API dt_tensor *dt_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b) {
+  if (!dt__begin(g, "dt_matmul", 2, a, b)) return NULL;
+  if (a->ndim != 2 || b->ndim != 2) {
+    char s1[96], s2[96];
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "dt_matmul: operands must be 2-D (%s @ %s); see dt_bmm",
+                                 dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2));
+  }
+  return dt__matmul(g, "dt_matmul", a, b, 0);
+}
+
+DTRAIN_API dt_tensor *dt_bmm(dt_graph *g, dt_tensor *a, dt_tensor *b, int trans_b) {
+  if (!dt__begin(g, "dt_bmm", 2, a, b)) return NULL;
+  return dt__matmul(g, "dt_bmm", a, b, trans_b != 0);
+}
+
+/* ---- linear ---------------------------------------------------------------------
+ * x [..., in] viewed as [rows, in]; y [rows, out] = x @ w^T + b.
+ * iaux[0] = rows, iaux[1] = in, iaux[2] = out. */
+
+static void dt__linear_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
+  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  int64_t rows = y->iaux[0], in = y->iaux[1], out = y->iaux[2];
+  const float *gy = y->grad;
+  if (gx) dt_sgemm(0, 0, rows, in, out, 1.0f, gy, out, w->data, in, 1.0f, gx, in);      /* dx += dy @ w */
+  if (gw) dt_sgemm(1, 0, out, in, rows, 1.0f, gy, out, x->data, in, 1.0f, gw, in);      /* dw += dy^T @ x */
+  if (gb)
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t o = 0; o < out; o++) gb[o] += gy[r * out + o];
+}
+
+DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b) {
+  const char *op = "dt_linear";
+  if (!dt__begin(g, op, 2, x, w)) return NULL;
+  if (b && b->graph != g) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: bias belongs to another graph", op);
+  char s1[96], s2[96], s3[96];
+  if (x->ndim < 1 || w->ndim != 2 || (b && b->ndim != 1))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK,
+                                 "%s: expects x [...,in], weight [out,in], bias [out] (x %s, weight %s, bias %s)", op,
+                                 dt_shape_str(x, s1, sizeof s1), dt_shape_str(w, s2, sizeof s2),
+                                 b ? dt_shape_str(b, s3, sizeof s3) : "NULL");
+  int64_t in = x->shape[x->ndim - 1], out = w->shape[0];
+  if (w->shape[1] != in)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: weight %s does not match x %s (expected [out,%lld])",
+                                 op, dt_shape_str(w, s2, sizeof s2), dt_shape_str(x, s1, sizeof s1),
+                                 (long long)in);
+  if (b && b->shape[0] != out)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: bias %s does not match weight %s (expected [%lld])", op,
+                                 dt_shape_str(b, s3, sizeof s3), dt_shape_str(w, s2, sizeof s2),
+                                 (long long)out);
+  int64_t shape[DTRAIN_MAX_DIMS];
+  for (int d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
+  shape[x->ndim - 1] = out;
+  dt_tensor *y = dt__new(g, op, x->ndim, shape);
+  if (!y) return NULL;
+  int64_t rows = x->size / in;
+  if (b) {
+    for (int64_t r = 0; r < rows; r++) memcpy(y->data + r * out, b->data, (size_t)out * sizeof(float));
+  }
+  dt_sgemm(0, 1, rows, out, in, 1.0f, x->data, in, w->data, in, b ? 1.0f : 0.0f, y->data, out);
+  y->iaux[0] = rows;
+  y->iaux[1] = in;
+  y->iaux[2] = out;
+  dt__record(g, y, op, dt__linear_backward, x, w, b);
+  return dt__finish(g, y);
+}
 /* ======== end dt_ops_matmul.c ======== */
 
 /* ======== begin dt_ops_nn.c ======== */
