@@ -14,7 +14,7 @@
  *   dt_nn_linear hid, out;
  *   dt_nn_linear_init(&hid, P, "hidden", 2, 8, 1);
  *   dt_nn_linear_init(&out, P, "out", 8, 1, 1);
- *   dt_optim_desc od = {DTRAIN_OPTIM_ADAM};  od.lr = 0.05f;
+ *   dt_optim_desc od = {0};  od.kind = DTRAIN_OPTIM_ADAM;  od.lr = 0.05f;
  *   dt_optim *opt = dt_optim_create(P, &od);
  *   dt_graph *g = dt_graph_create(P, NULL);
  *   for (int step = 0; step < 2000; step++) {
