@@ -32,7 +32,7 @@
  * CONFIGURATION (define before the include; the same in every TU)
  *   DTRAIN_IMPLEMENTATION   emit the implementation here
  *   DTRAIN_STATIC           all functions static (private copy per TU)
- *   DTRAIN_USE_CBLAS        GEMM through cblas_sgemm (with the speed work)
+ *   DTRAIN_USE_CBLAS        GEMM through cblas_sgemm (link -lopenblas or similar)
  *   DTRAIN_NO_THREADS       no pthreads; threaded APIs give DTRAIN_ERR_UNSUPPORTED
  *   DTRAIN_NO_NET           no sockets
  *   DTRAIN_NO_STDIO         no FILE* or stderr use
@@ -1149,6 +1149,8 @@ DTRAIN_API unsigned dt_build_features(void) {
   return f;
 }
 
+/* The build line is a string literal assembled by the preprocessor: no
+ * buffer, nothing to race on. */
 #if defined(__clang__)
 #  define DT__COMPILER "clang " __clang_version__
 #elif defined(__GNUC__)
@@ -1158,25 +1160,67 @@ DTRAIN_API unsigned dt_build_features(void) {
 #else
 #  define DT__COMPILER "unknown compiler"
 #endif
-#define DT__YN(bit) ((f & (bit)) ? "yes" : "no")
+#ifdef __cplusplus
+#  define DT__LANG ", C++"
+#else
+#  define DT__LANG ""
+#endif
+#ifndef DTRAIN_NO_THREADS
+#  define DT__B_THREADS "yes"
+#else
+#  define DT__B_THREADS "no"
+#endif
+#ifndef DTRAIN_NO_NET
+#  define DT__B_NET "yes"
+#else
+#  define DT__B_NET "no"
+#endif
+#ifndef DTRAIN_NO_STDIO
+#  define DT__B_STDIO "yes"
+#else
+#  define DT__B_STDIO "no"
+#endif
+#ifdef DTRAIN_USE_CBLAS
+#  define DT__B_CBLAS "yes"
+#else
+#  define DT__B_CBLAS "no"
+#endif
+#ifndef DTRAIN_NO_SIMD
+#  define DT__B_SIMD "yes"
+#else
+#  define DT__B_SIMD "no"
+#endif
+#ifdef DTRAIN_USE_MPI
+#  define DT__B_MPI "yes"
+#else
+#  define DT__B_MPI "no"
+#endif
+#ifdef DTRAIN_USE_ZLIB
+#  define DT__B_ZLIB "yes"
+#else
+#  define DT__B_ZLIB "no"
+#endif
+#ifdef DTRAIN_DEBUG
+#  define DT__B_DEBUG "yes"
+#else
+#  define DT__B_DEBUG "no"
+#endif
 
 DTRAIN_API const char *dt_build_info(void) {
-  static char buf[256];
-  unsigned f = dt_build_features();
-  snprintf(buf, sizeof buf, "dtrain %s (%s%s) threads=%s net=%s stdio=%s cblas=%s simd=%s mpi=%s zlib=%s debug=%s",
-           DTRAIN_VERSION_STRING, DT__COMPILER,
-#ifdef __cplusplus
-           ", C++",
-#else
-           "",
-#endif
-           DT__YN(DTRAIN_FEATURE_THREADS), DT__YN(DTRAIN_FEATURE_NET), DT__YN(DTRAIN_FEATURE_STDIO),
-           DT__YN(DTRAIN_FEATURE_CBLAS), DT__YN(DTRAIN_FEATURE_SIMD), DT__YN(DTRAIN_FEATURE_MPI),
-           DT__YN(DTRAIN_FEATURE_ZLIB), DT__YN(DTRAIN_FEATURE_DEBUG));
-  return buf;
+  return "dtrain " DTRAIN_VERSION_STRING " (" DT__COMPILER DT__LANG ") threads=" DT__B_THREADS " net=" DT__B_NET
+         " stdio=" DT__B_STDIO " cblas=" DT__B_CBLAS " simd=" DT__B_SIMD " mpi=" DT__B_MPI " zlib=" DT__B_ZLIB
+         " debug=" DT__B_DEBUG;
 }
-#undef DT__YN
 #undef DT__COMPILER
+#undef DT__LANG
+#undef DT__B_THREADS
+#undef DT__B_NET
+#undef DT__B_STDIO
+#undef DT__B_CBLAS
+#undef DT__B_SIMD
+#undef DT__B_MPI
+#undef DT__B_ZLIB
+#undef DT__B_DEBUG
 
 DTRAIN_API double dt_time_now(void) {
   struct timespec ts;
@@ -1780,6 +1824,9 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
  * each block summed in increasing p.
  */
 /* #include "dt_internal.h" (amalgamated) */
+#ifdef DTRAIN_USE_CBLAS
+#include <cblas.h>
+#endif
 
 /* Tile and block sizes. MR x NR is the register tile: 12 vector
  * accumulators, whether a vector holds 4 floats (SSE, NEON) or 8 (AVX).
@@ -1936,6 +1983,19 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                          float beta, float *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
+#ifdef DTRAIN_USE_CBLAS
+  /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
+   * (not reachable with the arena's limits) fall through to the C kernel. */
+  if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
+    if (k <= 0) {
+      dt__gemm_scale(m, n, beta, c, ldc);
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
+                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    return;
+  }
+#endif
   if (k <= 0 || alpha == 0.0f) {
     dt__gemm_scale(m, n, beta, c, ldc);
     return;

@@ -190,6 +190,8 @@ DTRAIN_API unsigned dt_build_features(void) {
   return f;
 }
 
+/* The build line is a string literal assembled by the preprocessor: no
+ * buffer, nothing to race on. */
 #if defined(__clang__)
 #  define DT__COMPILER "clang " __clang_version__
 #elif defined(__GNUC__)
@@ -199,25 +201,67 @@ DTRAIN_API unsigned dt_build_features(void) {
 #else
 #  define DT__COMPILER "unknown compiler"
 #endif
-#define DT__YN(bit) ((f & (bit)) ? "yes" : "no")
+#ifdef __cplusplus
+#  define DT__LANG ", C++"
+#else
+#  define DT__LANG ""
+#endif
+#ifndef DTRAIN_NO_THREADS
+#  define DT__B_THREADS "yes"
+#else
+#  define DT__B_THREADS "no"
+#endif
+#ifndef DTRAIN_NO_NET
+#  define DT__B_NET "yes"
+#else
+#  define DT__B_NET "no"
+#endif
+#ifndef DTRAIN_NO_STDIO
+#  define DT__B_STDIO "yes"
+#else
+#  define DT__B_STDIO "no"
+#endif
+#ifdef DTRAIN_USE_CBLAS
+#  define DT__B_CBLAS "yes"
+#else
+#  define DT__B_CBLAS "no"
+#endif
+#ifndef DTRAIN_NO_SIMD
+#  define DT__B_SIMD "yes"
+#else
+#  define DT__B_SIMD "no"
+#endif
+#ifdef DTRAIN_USE_MPI
+#  define DT__B_MPI "yes"
+#else
+#  define DT__B_MPI "no"
+#endif
+#ifdef DTRAIN_USE_ZLIB
+#  define DT__B_ZLIB "yes"
+#else
+#  define DT__B_ZLIB "no"
+#endif
+#ifdef DTRAIN_DEBUG
+#  define DT__B_DEBUG "yes"
+#else
+#  define DT__B_DEBUG "no"
+#endif
 
 DTRAIN_API const char *dt_build_info(void) {
-  static char buf[256];
-  unsigned f = dt_build_features();
-  snprintf(buf, sizeof buf, "dtrain %s (%s%s) threads=%s net=%s stdio=%s cblas=%s simd=%s mpi=%s zlib=%s debug=%s",
-           DTRAIN_VERSION_STRING, DT__COMPILER,
-#ifdef __cplusplus
-           ", C++",
-#else
-           "",
-#endif
-           DT__YN(DTRAIN_FEATURE_THREADS), DT__YN(DTRAIN_FEATURE_NET), DT__YN(DTRAIN_FEATURE_STDIO),
-           DT__YN(DTRAIN_FEATURE_CBLAS), DT__YN(DTRAIN_FEATURE_SIMD), DT__YN(DTRAIN_FEATURE_MPI),
-           DT__YN(DTRAIN_FEATURE_ZLIB), DT__YN(DTRAIN_FEATURE_DEBUG));
-  return buf;
+  return "dtrain " DTRAIN_VERSION_STRING " (" DT__COMPILER DT__LANG ") threads=" DT__B_THREADS " net=" DT__B_NET
+         " stdio=" DT__B_STDIO " cblas=" DT__B_CBLAS " simd=" DT__B_SIMD " mpi=" DT__B_MPI " zlib=" DT__B_ZLIB
+         " debug=" DT__B_DEBUG;
 }
-#undef DT__YN
 #undef DT__COMPILER
+#undef DT__LANG
+#undef DT__B_THREADS
+#undef DT__B_NET
+#undef DT__B_STDIO
+#undef DT__B_CBLAS
+#undef DT__B_SIMD
+#undef DT__B_MPI
+#undef DT__B_ZLIB
+#undef DT__B_DEBUG
 
 DTRAIN_API double dt_time_now(void) {
   struct timespec ts;

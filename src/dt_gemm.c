@@ -26,6 +26,9 @@
  * each block summed in increasing p.
  */
 #include "dt_internal.h"
+#ifdef DTRAIN_USE_CBLAS
+#include <cblas.h>
+#endif
 
 /* Tile and block sizes. MR x NR is the register tile: 12 vector
  * accumulators, whether a vector holds 4 floats (SSE, NEON) or 8 (AVX).
@@ -182,6 +185,19 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                          float beta, float *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
+#ifdef DTRAIN_USE_CBLAS
+  /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
+   * (not reachable with the arena's limits) fall through to the C kernel. */
+  if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
+    if (k <= 0) {
+      dt__gemm_scale(m, n, beta, c, ldc);
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
+                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    return;
+  }
+#endif
   if (k <= 0 || alpha == 0.0f) {
     dt__gemm_scale(m, n, beta, c, ldc);
     return;

@@ -30,6 +30,12 @@ printf '#define DTRAIN_STATIC\n#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h
 check "static-two-tu" sh -c "gcc -std=c11 $W -I. -c $D/tu_a.c -o $D/tu_a.o && gcc -std=c11 $W -I. -c $D/tu_b.c -o $D/tu_b.o && gcc $D/tu_a.o $D/tu_b.o -o $D/tu -lm -lpthread && $D/tu"
 # A contradictory configuration must stop the build with a message.
 check "contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_THREADS -DDTRAIN_USE_MPI -I. -c $D/impl.c -o $D/bad.o 2>$D/bad.txt && grep -q 'DTRAIN_USE_MPI needs threads' $D/bad.txt"
+# DTRAIN_USE_CBLAS routes GEMM to OpenBLAS: the matmul tests must pass through it.
+if [ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ] || [ -f /usr/include/openblas/cblas.h ]; then
+  check "cblas-build-and-matmul-tests" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_USE_CBLAS -I. -I/usr/include/openblas -c tests/dtrain_impl.c -o $D/impl_cblas.o && gcc -std=c11 $W -O2 -I. -Itests tests/test_ops_matmul.c $D/impl_cblas.o -o $D/test_matmul_cblas -lopenblas -lm -lpthread && $D/test_matmul_cblas | grep -q ' 0 failed' && $D/test_matmul_cblas | grep -q 'cblas=yes'"
+else
+  echo "skip cblas-build-and-matmul-tests: no cblas.h (apt-get install libopenblas-dev)"
+fi
 # Each source file compiles alone.
 for f in src/*.c; do
   check "alone-$(basename $f)" gcc -std=c11 $W -Isrc -c "$f" -o "$D/$(basename $f .c).o"

@@ -490,6 +490,7 @@ static void test_no_grad(void) {
 }
 
 int main(void) {
+  printf("%s\n", dt_build_info());
   TH_RUN(test_sgemm_shapes);
   TH_RUN(test_sgemm_beta0_nan);
   TH_RUN(test_sgemm_deterministic);
@@ -504,5 +505,5 @@ int main(void) {
   TH_RUN(test_linear_errors);
   TH_RUN(test_no_grad);
   print_sgemm_speed();
-  return th_summary("test_ops_matmul");
+  return th_summary("ops_matmul");
 }
