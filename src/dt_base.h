@@ -5,6 +5,14 @@
 #ifndef DTRAIN_BASE_H
 #define DTRAIN_BASE_H
 
+/* The implementation uses POSIX (threads, sockets, fsync, clock_gettime).
+ * This only takes effect when dtrain.h is the first include of the
+ * implementation file, as the manual asks. */
+#if defined(DTRAIN_IMPLEMENTATION) && !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && \
+    !defined(_XOPEN_SOURCE) && !defined(_WIN32)
+#  define _POSIX_C_SOURCE 200809L
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 
