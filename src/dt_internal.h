@@ -9,7 +9,7 @@
 #ifndef DTRAIN_INTERNAL_H
 #define DTRAIN_INTERNAL_H
 
-/* A src/*.c compiled alone (not through dtrain.h) gets POSIX here. */
+/* A source file compiled alone (not through dtrain.h) gets POSIX here. */
 #if !defined(DTRAIN__AMALGAMATED) && !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && !defined(_WIN32)
 #  define _POSIX_C_SOURCE 200809L
 #endif
