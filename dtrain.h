@@ -1421,9 +1421,9 @@ DTRAIN_API void dt_graph_reset(dt_graph *g) {
       g->reserved = total;
     }
   }
+  /* If the merge failed, only the newest block is used again (older ones stay
+   * reserved until the next successful merge or destroy): still correct. */
   for (dt__chunk *c = g->chunks; c; c = c->next) c->used = 0;
-  /* A kept multi-block list must be walked from its largest block: put the
-   * chunk with the most room first (the list is short). */
   g->used = 0;
   g->ntape = 0;
   g->err = DTRAIN_OK;
@@ -4730,21 +4730,32 @@ DTRAIN_API dt_tensor *dt_nn_batch_norm_forward(dt_graph *g, const dt_nn_batch_no
 /* ---- recurrent cells ------------------------------------------------------------------------------
  * Weights ~ U(-1/sqrt(H), 1/sqrt(H)) as in PyTorch. */
 
+/* The two weight matrices shared by both cells: weight_ih [gates*H, in] and
+ * weight_hh [gates*H, H]; fills bshape with [gates*H] for the biases. */
+static dt_result dt__nn_rnn_weights(dt_params *p, const char *fn, const char *name, int64_t in, int64_t hidden,
+                                    int gates, int *w_ih, int *w_hh, int64_t *bshape) {
+  if (!p) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: NULL argument", fn);
+  if (in <= 0 || hidden <= 0)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s('%s'): in=%lld hidden=%lld (must be >= 1)", fn, name ? name : "",
+                     (long long)in, (long long)hidden);
+  float k = 1.0f / sqrtf((float)hidden);
+  int64_t wi[2], wh[2];
+  wi[0] = gates * hidden; wi[1] = in;
+  wh[0] = gates * hidden; wh[1] = hidden;
+  bshape[0] = gates * hidden;
+  DT__NN_TRY(dt__nn_add(p, fn, name, "weight_ih", 2, wi, dt_init_uniform(-k, k), 1), *w_ih);
+  DT__NN_TRY(dt__nn_add(p, fn, name, "weight_hh", 2, wh, dt_init_uniform(-k, k), 1), *w_hh);
+  return DTRAIN_OK;
+}
+
 DTRAIN_API dt_result dt_nn_lstm_cell_init(dt_nn_lstm_cell *l, dt_params *p, const char *name,
                                           int64_t in, int64_t hidden) {
-  if (!l || !p) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_nn_lstm_cell_init: NULL argument");
-  if (in <= 0 || hidden <= 0)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_nn_lstm_cell_init('%s'): in=%lld hidden=%lld (must be >= 1)",
-                     name ? name : "", (long long)in, (long long)hidden);
-  float k = 1.0f / sqrtf((float)hidden);
-  int64_t wi[2], wh[2], bs[1];
-  wi[0] = 4 * hidden; wi[1] = in;
-  wh[0] = 4 * hidden; wh[1] = hidden;
-  bs[0] = 4 * hidden;
+  int64_t bs[1];
+  if (!l) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_nn_lstm_cell_init: NULL argument");
+  dt_result r = dt__nn_rnn_weights(p, "dt_nn_lstm_cell_init", name, in, hidden, 4, &l->w_ih, &l->w_hh, bs);
+  if (r != DTRAIN_OK) return r;
   l->in = in;
   l->hidden = hidden;
-  DT__NN_TRY(dt__nn_add(p, "dt_nn_lstm_cell_init", name, "weight_ih", 2, wi, dt_init_uniform(-k, k), 1), l->w_ih);
-  DT__NN_TRY(dt__nn_add(p, "dt_nn_lstm_cell_init", name, "weight_hh", 2, wh, dt_init_uniform(-k, k), 1), l->w_hh);
   DT__NN_TRY(dt__nn_add(p, "dt_nn_lstm_cell_init", name, "bias", 1, bs, dt_init_zeros(), 1), l->b);
   /* Forget-gate bias 1: remember by default early in training. */
   dt_param_info info;
@@ -4782,19 +4793,13 @@ DTRAIN_API dt_result dt_nn_lstm_cell_forward(dt_graph *g, const dt_nn_lstm_cell 
 
 DTRAIN_API dt_result dt_nn_gru_cell_init(dt_nn_gru_cell *l, dt_params *p, const char *name,
                                          int64_t in, int64_t hidden) {
-  if (!l || !p) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_nn_gru_cell_init: NULL argument");
-  if (in <= 0 || hidden <= 0)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_nn_gru_cell_init('%s'): in=%lld hidden=%lld (must be >= 1)",
-                     name ? name : "", (long long)in, (long long)hidden);
-  float k = 1.0f / sqrtf((float)hidden);
-  int64_t wi[2], wh[2], bs[1];
-  wi[0] = 3 * hidden; wi[1] = in;
-  wh[0] = 3 * hidden; wh[1] = hidden;
-  bs[0] = 3 * hidden;
+  int64_t bs[1];
+  if (!l) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_nn_gru_cell_init: NULL argument");
+  dt_result r = dt__nn_rnn_weights(p, "dt_nn_gru_cell_init", name, in, hidden, 3, &l->w_ih, &l->w_hh, bs);
+  if (r != DTRAIN_OK) return r;
   l->in = in;
   l->hidden = hidden;
-  DT__NN_TRY(dt__nn_add(p, "dt_nn_gru_cell_init", name, "weight_ih", 2, wi, dt_init_uniform(-k, k), 1), l->w_ih);
-  DT__NN_TRY(dt__nn_add(p, "dt_nn_gru_cell_init", name, "weight_hh", 2, wh, dt_init_uniform(-k, k), 1), l->w_hh);
+  float k = 1.0f / sqrtf((float)hidden);
   DT__NN_TRY(dt__nn_add(p, "dt_nn_gru_cell_init", name, "bias_ih", 1, bs, dt_init_uniform(-k, k), 1), l->b_ih);
   DT__NN_TRY(dt__nn_add(p, "dt_nn_gru_cell_init", name, "bias_hh", 1, bs, dt_init_uniform(-k, k), 1), l->b_hh);
   return DTRAIN_OK;

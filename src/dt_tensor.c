@@ -105,9 +105,9 @@ DTRAIN_API void dt_graph_reset(dt_graph *g) {
       g->reserved = total;
     }
   }
+  /* If the merge failed, only the newest block is used again (older ones stay
+   * reserved until the next successful merge or destroy): still correct. */
   for (dt__chunk *c = g->chunks; c; c = c->next) c->used = 0;
-  /* A kept multi-block list must be walked from its largest block: put the
-   * chunk with the most room first (the list is short). */
   g->used = 0;
   g->ntape = 0;
   g->err = DTRAIN_OK;
