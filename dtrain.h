@@ -869,6 +869,13 @@ DTRAIN_EXTERN_C_END
 #endif
 
 #define DT__ALIGN 64
+/* Most elements one tensor may have (2^40 floats = 4 TiB): a guard against
+ * absurd shapes. As uint64_t so that it means the same on 32-bit targets,
+ * where size_t overflows first (callers also check bytes with dt__mul_size). */
+#define DT__MAX_ELEMS ((uint64_t)1 << 40)
+/* A function, not a macro, so 32-bit builds do not warn that a size_t
+ * comparison against 2^40 is always false. */
+static DT__UNUSED int dt__too_many(uint64_t n) { return n > DT__MAX_ELEMS; }
 #define DT__MSG_CAP 320
 #define DT__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DT__MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -1570,7 +1577,7 @@ static int64_t dt__tensor_count(dt_graph *g, const char *op, int ndim, const int
                "%s: dimension %d is %lld (must be >= 1)", op, i, (long long)shape[i]);
       return -1;
     }
-    if (n > INT64_MAX / shape[i] || n * shape[i] > ((int64_t)1 << 40)) {
+    if (n > INT64_MAX / shape[i] || dt__too_many((uint64_t)(n * shape[i]))) {
       dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: shape too large", op);
       return -1;
     }
@@ -2689,7 +2696,7 @@ DTRAIN_API dt_tensor *dt_concat(dt_graph *g, dt_tensor *const *xs, int n, int ax
       return (dt_tensor *)dt__fail(g, x->ndim == nd ? DTRAIN_ERR_SHAPE : DTRAIN_ERR_RANK,
                                    "dt_concat: xs[%d] is %s but xs[0] is %s (all dims but axis %d must agree)", j,
                                    dt_shape_str(x, s1, sizeof s1), dt_shape_str(x0, s2, sizeof s2), ax);
-    if (cat > ((int64_t)1 << 40)) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "dt_concat: result too large");
+    if (dt__too_many((uint64_t)cat)) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "dt_concat: result too large");
     cat += x->shape[ax];
   }
   int64_t s[DTRAIN_MAX_DIMS] = {0};
@@ -3750,7 +3757,7 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
   dt_tensor *y = dt__new(g, op, 4, shape);
   if (!y) return NULL;
   size_t kp;
-  if (!dt__mul_size((size_t)q.k, (size_t)q.pp, &kp) || kp > ((size_t)1 << 40))
+  if (!dt__mul_size((size_t)q.k, (size_t)q.pp, &kp) || dt__too_many(kp))
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: column matrix of x %s, w %s too large", op, sx, sw);
   int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
   float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
@@ -4047,10 +4054,11 @@ static int dt__params_add(dt_params *p, const char *name, int ndim, const int64_
     if (shape[i] <= 0)
       return dt__error(shape[i] == 0 ? DTRAIN_ERR_EMPTY : DTRAIN_ERR_INVALID_ARG,
                        "%s('%s'): dimension %d is %lld (must be >= 1)", fn, name, i, (long long)shape[i]);
-    if (!dt__mul_size(n, (size_t)shape[i], &n) || n > ((size_t)1 << 40))
+    if (!dt__mul_size(n, (size_t)shape[i], &n) || dt__too_many(n))
       return dt__error(DTRAIN_ERR_OVERFLOW, "%s('%s'): shape too large", fn, name);
   }
   size_t off = (p->size + DT__PARAM_ALIGN_FLOATS - 1) / DT__PARAM_ALIGN_FLOATS * DT__PARAM_ALIGN_FLOATS;
+  if (n > SIZE_MAX - off) return dt__error(DTRAIN_ERR_OVERFLOW, "%s('%s'): parameters would exceed the address space", fn, name);
   size_t end = off + n;
   if (p->count == p->cap) {
     int ncap = p->cap ? p->cap * 2 : 16;
@@ -4060,7 +4068,10 @@ static int dt__params_add(dt_params *p, const char *name, int ndim, const int64_
     p->cap = ncap;
   }
   if (end > p->capacity) {
-    size_t ncap = DT__MAX(end, p->capacity * 2);
+    size_t ncap = DT__MAX(end, p->capacity * 2), bytes;
+    if (!dt__mul_size(ncap, sizeof(float), &bytes)) ncap = end; /* doubling overflowed: grow exactly */
+    if (!dt__mul_size(ncap, sizeof(float), &bytes))
+      return dt__error(DTRAIN_ERR_OVERFLOW, "%s('%s'): parameters would exceed the address space", fn, name);
     float *nd = (float *)dt__realloc(p->data, p->capacity * sizeof(float), ncap * sizeof(float));
     if (!nd) return dt__error(DTRAIN_ERR_NOMEM, "%s('%s'): out of memory for %zu floats", fn, name, ncap);
     p->data = nd;

@@ -59,6 +59,13 @@
 #endif
 
 #define DT__ALIGN 64
+/* Most elements one tensor may have (2^40 floats = 4 TiB): a guard against
+ * absurd shapes. As uint64_t so that it means the same on 32-bit targets,
+ * where size_t overflows first (callers also check bytes with dt__mul_size). */
+#define DT__MAX_ELEMS ((uint64_t)1 << 40)
+/* A function, not a macro, so 32-bit builds do not warn that a size_t
+ * comparison against 2^40 is always false. */
+static DT__UNUSED int dt__too_many(uint64_t n) { return n > DT__MAX_ELEMS; }
 #define DT__MSG_CAP 320
 #define DT__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DT__MAX(a, b) ((a) > (b) ? (a) : (b))

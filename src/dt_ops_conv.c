@@ -197,7 +197,7 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
   dt_tensor *y = dt__new(g, op, 4, shape);
   if (!y) return NULL;
   size_t kp;
-  if (!dt__mul_size((size_t)q.k, (size_t)q.pp, &kp) || kp > ((size_t)1 << 40))
+  if (!dt__mul_size((size_t)q.k, (size_t)q.pp, &kp) || dt__too_many(kp))
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: column matrix of x %s, w %s too large", op, sx, sw);
   int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
   float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);

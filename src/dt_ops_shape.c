@@ -274,7 +274,7 @@ DTRAIN_API dt_tensor *dt_concat(dt_graph *g, dt_tensor *const *xs, int n, int ax
       return (dt_tensor *)dt__fail(g, x->ndim == nd ? DTRAIN_ERR_SHAPE : DTRAIN_ERR_RANK,
                                    "dt_concat: xs[%d] is %s but xs[0] is %s (all dims but axis %d must agree)", j,
                                    dt_shape_str(x, s1, sizeof s1), dt_shape_str(x0, s2, sizeof s2), ax);
-    if (cat > ((int64_t)1 << 40)) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "dt_concat: result too large");
+    if (dt__too_many((uint64_t)cat)) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "dt_concat: result too large");
     cat += x->shape[ax];
   }
   int64_t s[DTRAIN_MAX_DIMS] = {0};

@@ -117,10 +117,11 @@ static int dt__params_add(dt_params *p, const char *name, int ndim, const int64_
     if (shape[i] <= 0)
       return dt__error(shape[i] == 0 ? DTRAIN_ERR_EMPTY : DTRAIN_ERR_INVALID_ARG,
                        "%s('%s'): dimension %d is %lld (must be >= 1)", fn, name, i, (long long)shape[i]);
-    if (!dt__mul_size(n, (size_t)shape[i], &n) || n > ((size_t)1 << 40))
+    if (!dt__mul_size(n, (size_t)shape[i], &n) || dt__too_many(n))
       return dt__error(DTRAIN_ERR_OVERFLOW, "%s('%s'): shape too large", fn, name);
   }
   size_t off = (p->size + DT__PARAM_ALIGN_FLOATS - 1) / DT__PARAM_ALIGN_FLOATS * DT__PARAM_ALIGN_FLOATS;
+  if (n > SIZE_MAX - off) return dt__error(DTRAIN_ERR_OVERFLOW, "%s('%s'): parameters would exceed the address space", fn, name);
   size_t end = off + n;
   if (p->count == p->cap) {
     int ncap = p->cap ? p->cap * 2 : 16;
@@ -130,7 +131,10 @@ static int dt__params_add(dt_params *p, const char *name, int ndim, const int64_
     p->cap = ncap;
   }
   if (end > p->capacity) {
-    size_t ncap = DT__MAX(end, p->capacity * 2);
+    size_t ncap = DT__MAX(end, p->capacity * 2), bytes;
+    if (!dt__mul_size(ncap, sizeof(float), &bytes)) ncap = end; /* doubling overflowed: grow exactly */
+    if (!dt__mul_size(ncap, sizeof(float), &bytes))
+      return dt__error(DTRAIN_ERR_OVERFLOW, "%s('%s'): parameters would exceed the address space", fn, name);
     float *nd = (float *)dt__realloc(p->data, p->capacity * sizeof(float), ncap * sizeof(float));
     if (!nd) return dt__error(DTRAIN_ERR_NOMEM, "%s('%s'): out of memory for %zu floats", fn, name, ncap);
     p->data = nd;

@@ -254,7 +254,7 @@ static int64_t dt__tensor_count(dt_graph *g, const char *op, int ndim, const int
                "%s: dimension %d is %lld (must be >= 1)", op, i, (long long)shape[i]);
       return -1;
     }
-    if (n > INT64_MAX / shape[i] || n * shape[i] > ((int64_t)1 << 40)) {
+    if (n > INT64_MAX / shape[i] || dt__too_many((uint64_t)(n * shape[i]))) {
       dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: shape too large", op);
       return -1;
     }
