@@ -5,6 +5,7 @@
 
 CC      ?= cc
 CXX     ?= c++
+HOSTCC  ?= cc
 BUILD   ?= build
 OPT     ?= -O2 -g
 SAN     ?=
@@ -20,14 +21,14 @@ EX_SRC   := $(wildcard examples/*.c)
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
-.PHONY: all test test-run demo bench amalgamate sanitize tsan clean check-amalgamation
+.PHONY: test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
 
-all: dtrain.h $(TESTS) $(EXAMPLES)
+all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run
 
 # ---- the header ------------------------------------------------------------
 $(AMALG): tools/amalgamate.c
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O1 -Wall -Wextra -Werror $< -o $@
+	$(HOSTCC) -std=c11 -O1 -Wall -Wextra -Werror $< -o $@
 
 dtrain.h: $(SRC) $(AMALG)
 	$(AMALG) src src/MANIFEST dtrain.h
@@ -44,13 +45,17 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/dtrain.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -I. -Itests $< $(BUILD)/dtrain.o -o $@ $(LDLIBS)
 
+$(BUILD)/tests/portable_run: tests/portable_run.c dtrain.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -I. $< -o $@ $(LDLIBS)
+
 $(BUILD)/examples/%: examples/%.c dtrain.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -I. $< -o $@ $(LDLIBS)
 
 # ---- running -----------------------------------------------------------------
 test: all
-	@BUILD=$(BUILD) CC="$(CC)" CXX="$(CXX)" SAN="$(SAN)" sh tools/run_tests.sh
+	@BUILD=$(BUILD) CC="$(CC)" CXX="$(CXX)" SAN="$(SAN)" RUNNER="$(RUNNER)" SCRIPTS="$(SCRIPTS)" sh tools/run_tests.sh
 
 demo: $(BUILD)/examples/01_xor
 	$(BUILD)/examples/01_xor
@@ -71,10 +76,51 @@ sanitize:
 tsan:
 	$(MAKE) BUILD=build/tsan OPT="-O1 -g" SAN="-fsanitize=thread" test
 
+# The suite cross-compiled for 64-bit ARM, 32-bit ARM and big-endian s390x and
+# run under qemu-user, then compared number by number with this machine's run
+# (needs gcc-<triple> cross compilers and qemu-user; see .ci/run).
+CROSS_ARCHS ?= aarch64-linux-gnu:aarch64 arm-linux-gnueabihf:arm s390x-linux-gnu:s390x
+test-cross: dtrain.h
+	@set -e; for pair in $(CROSS_ARCHS); do \
+	  triple=$${pair%%:*}; q=$${pair##*:}; \
+	  echo "== $$triple (qemu-$$q)"; \
+	  $(MAKE) --no-print-directory BUILD=build/cross-$$q CC=$$triple-gcc CXX=$$triple-g++ OPT="-O2" \
+	    RUNNER="qemu-$$q -L /usr/$$triple" test; \
+	done
+	@CROSS_ARCHS="$(CROSS_ARCHS)" sh tests/cross_compare.sh
+
+# The suite against minimal builds: no threads and no sockets; no stdio.
+# (Fixed memory with DTRAIN_NO_MALLOC is covered by tests/compile_checks.sh.)
+test-minimal: dtrain.h
+	$(MAKE) --no-print-directory BUILD=build/min-nothreads EXTRA_CFLAGS="-DDTRAIN_NO_THREADS -DDTRAIN_NO_NET" SCRIPTS=0 test
+	$(MAKE) --no-print-directory BUILD=build/min-nostdio EXTRA_CFLAGS="-DDTRAIN_NO_STDIO" SCRIPTS=0 test
+
 # Fails if dtrain.h is not what src/ generates.
 check-amalgamation: $(AMALG)
 	$(AMALG) src src/MANIFEST $(BUILD)/dtrain.check.h
 	cmp dtrain.h $(BUILD)/dtrain.check.h || { echo "dtrain.h is stale: run 'make amalgamate' and commit it"; exit 1; }
+
+# ---- install ------------------------------------------------------------------
+# make install PREFIX=/opt/dtrain [DESTDIR=...]: the header(s), a pkg-config
+# file, a CMake package (find_package(dtrain)) and the tools that exist.
+PREFIX  ?= /usr/local
+VERSION := $(shell sed -n 's/^\#define DTRAIN_VERSION_STRING "\(.*\)"/\1/p' src/dt_base.h)
+INSTALL_FILES_H := dtrain.h $(wildcard dtrain_cuda.h)
+INSTALL_TOOLS   := $(wildcard tools/dtrain-launch)
+
+install: dtrain.h
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/cmake/dtrain
+	install -m 644 $(INSTALL_FILES_H) $(DESTDIR)$(PREFIX)/include/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' cmake/dtrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc
+	install -m 644 cmake/dtrainConfig.cmake $(DESTDIR)$(PREFIX)/lib/cmake/dtrain/
+	sed -e 's|@VERSION@|$(VERSION)|' cmake/dtrainConfigVersion.cmake.in > $(DESTDIR)$(PREFIX)/lib/cmake/dtrain/dtrainConfigVersion.cmake
+	$(if $(INSTALL_TOOLS),install -d $(DESTDIR)$(PREFIX)/bin && install -m 755 $(INSTALL_TOOLS) $(DESTDIR)$(PREFIX)/bin/)
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/include/,$(notdir $(INSTALL_FILES_H)))
+	rm -f $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc
+	rm -rf $(DESTDIR)$(PREFIX)/lib/cmake/dtrain
+	$(if $(INSTALL_TOOLS),rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(notdir $(INSTALL_TOOLS))))
 
 clean:
 	rm -rf build

@@ -87,7 +87,7 @@ DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) {
 
 /* ---- memory ---------------------------------------------------------------------- */
 
-#ifndef DTRAIN_MALLOC
+#if !defined(DTRAIN_MALLOC) && !defined(DTRAIN_NO_MALLOC)
 #  define DTRAIN_MALLOC(sz) malloc(sz)
 #  define DTRAIN_REALLOC(p, sz) realloc(p, sz)
 #  define DTRAIN_FREE(p) free(p)
@@ -105,9 +105,118 @@ DTRAIN_API void dt_set_allocator(const dt_allocator *a) {
   }
 }
 
+/* ---- fixed-memory allocator ---------------------------------------------------------
+ * The user's buffer is a list of blocks, each starting with a 64-byte header
+ * {size of the block including the header, free flag}; blocks tile the buffer
+ * in address order, so a block's successor is at (char *)b + b->size. Alloc is
+ * first fit with splitting; free merges with the following free block and, by
+ * a walk from the start, with the preceding one. O(blocks), which is fine for
+ * dtrain's few long-lived allocations (the arena makes steps allocation-free). */
+typedef struct dt__fixblk {
+  size_t size;
+  size_t free;
+} dt__fixblk;
+#define DT__FIX_HDR ((size_t)DT__ALIGN)
+
+static struct {
+  unsigned char *base;
+  size_t size, used, peak;
+  int lock;
+} dt__base_fix;
+
+static void dt__base_fix_lock(void) {
+#if defined(__GNUC__) || defined(__clang__)
+  while (__atomic_test_and_set(&dt__base_fix.lock, __ATOMIC_ACQUIRE)) {
+  }
+#endif
+}
+static void dt__base_fix_unlock(void) {
+#if defined(__GNUC__) || defined(__clang__)
+  __atomic_clear(&dt__base_fix.lock, __ATOMIC_RELEASE);
+#endif
+}
+
+static void *dt__base_fix_alloc(size_t size, size_t align, void *user) {
+  (void)align; /* every block is DT__ALIGN-aligned, the largest alignment asked for */
+  (void)user;
+  if (size > dt__base_fix.size) return NULL;
+  size_t need = DT__FIX_HDR + ((size + DT__ALIGN - 1) & ~(size_t)(DT__ALIGN - 1));
+  void *result = NULL;
+  dt__base_fix_lock();
+  unsigned char *end = dt__base_fix.base + dt__base_fix.size;
+  for (unsigned char *p = dt__base_fix.base; p < end; p += ((dt__fixblk *)p)->size) {
+    dt__fixblk *b = (dt__fixblk *)p;
+    if (!b->free || b->size < need) continue;
+    if (b->size - need >= DT__FIX_HDR + DT__ALIGN) { /* split off the rest */
+      dt__fixblk *rest = (dt__fixblk *)(p + need);
+      rest->size = b->size - need;
+      rest->free = 1;
+      b->size = need;
+    }
+    b->free = 0;
+    dt__base_fix.used += b->size;
+    if (dt__base_fix.used > dt__base_fix.peak) dt__base_fix.peak = dt__base_fix.used;
+    result = p + DT__FIX_HDR;
+    break;
+  }
+  dt__base_fix_unlock();
+  return result;
+}
+
+static void dt__base_fix_free(void *ptr, size_t size, void *user) {
+  (void)size;
+  (void)user;
+  dt__base_fix_lock();
+  dt__fixblk *b = (dt__fixblk *)((unsigned char *)ptr - DT__FIX_HDR);
+  unsigned char *end = dt__base_fix.base + dt__base_fix.size;
+  b->free = 1;
+  dt__base_fix.used -= b->size;
+  unsigned char *next = (unsigned char *)b + b->size;
+  if (next < end && ((dt__fixblk *)next)->free) b->size += ((dt__fixblk *)next)->size;
+  for (unsigned char *p = dt__base_fix.base; p < (unsigned char *)b; p += ((dt__fixblk *)p)->size) {
+    dt__fixblk *q = (dt__fixblk *)p;
+    if (p + q->size == (unsigned char *)b) {
+      if (q->free) q->size += b->size;
+      break;
+    }
+  }
+  dt__base_fix_unlock();
+}
+
+DTRAIN_API dt_result dt_use_fixed_memory(void *buf, size_t size) {
+  if (!buf) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_use_fixed_memory: buffer is NULL");
+  uintptr_t a = ((uintptr_t)buf + DT__ALIGN - 1) & ~(uintptr_t)(DT__ALIGN - 1);
+  size_t skip = (size_t)(a - (uintptr_t)buf);
+  if (size < 4096 || size - skip < 4096)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_use_fixed_memory: %zu bytes is too small (at least 4096)", size);
+  size_t usable = (size - skip) & ~(size_t)(DT__ALIGN - 1);
+  dt__base_fix.base = (unsigned char *)a;
+  dt__base_fix.size = usable;
+  dt__base_fix.used = 0;
+  dt__base_fix.peak = 0;
+  dt__base_fix.lock = 0;
+  dt__fixblk *b = (dt__fixblk *)dt__base_fix.base;
+  b->size = usable;
+  b->free = 1;
+  dt_allocator al;
+  al.alloc = dt__base_fix_alloc;
+  al.free = dt__base_fix_free;
+  al.user = NULL;
+  dt_set_allocator(&al);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API size_t dt_fixed_memory_used(void) { return dt__base_fix.used; }
+DTRAIN_API size_t dt_fixed_memory_peak(void) { return dt__base_fix.peak; }
+
 DTRAIN_PRIVATE void *dt__alloc(size_t size) {
   if (size == 0) size = 1;
   if (dt__base_allocator.alloc) return dt__base_allocator.alloc(size, DT__ALIGN, dt__base_allocator.user);
+#ifdef DTRAIN_NO_MALLOC
+  dt__log(DTRAIN_LOG_ERROR, DTRAIN_ERR_NOMEM,
+          "no allocator: a DTRAIN_NO_MALLOC build needs dt_use_fixed_memory() or dt_set_allocator() first");
+  return NULL;
+#else
   /* Built-in: over-allocate, align, and keep the raw pointer just below. */
   if (size > SIZE_MAX - DT__ALIGN - sizeof(void *)) return NULL;
   unsigned char *raw = (unsigned char *)DTRAIN_MALLOC(size + DT__ALIGN + sizeof(void *));
@@ -115,6 +224,7 @@ DTRAIN_PRIVATE void *dt__alloc(size_t size) {
   uintptr_t p = ((uintptr_t)(raw + sizeof(void *)) + DT__ALIGN - 1) & ~(uintptr_t)(DT__ALIGN - 1);
   memcpy((void *)(p - sizeof(void *)), &raw, sizeof raw);
   return (void *)p;
+#endif
 }
 
 DTRAIN_PRIVATE void *dt__calloc(size_t size) {
@@ -130,9 +240,11 @@ DTRAIN_PRIVATE void dt__free(void *ptr, size_t size) {
     dt__base_allocator.free(ptr, size, dt__base_allocator.user);
     return;
   }
+#ifndef DTRAIN_NO_MALLOC
   void *raw;
   memcpy(&raw, (unsigned char *)ptr - sizeof(void *), sizeof raw);
   DTRAIN_FREE(raw);
+#endif
 }
 
 DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size) {
@@ -186,6 +298,9 @@ DTRAIN_API unsigned dt_build_features(void) {
 #endif
 #ifdef DTRAIN_DEBUG
   f |= DTRAIN_FEATURE_DEBUG;
+#endif
+#ifndef DTRAIN_NO_MALLOC
+  f |= DTRAIN_FEATURE_MALLOC;
 #endif
   return f;
 }
@@ -268,3 +383,4 @@ DTRAIN_API double dt_time_now(void) {
   if (timespec_get(&ts, TIME_UTC) != TIME_UTC) return (double)clock() / CLOCKS_PER_SEC;
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+#undef DT__FIX_HDR

@@ -27,6 +27,9 @@
 #    error "dtrain: define all of DTRAIN_MALLOC, DTRAIN_REALLOC and DTRAIN_FREE, or none of them"
 #  endif
 #endif
+#if defined(DTRAIN_NO_MALLOC) && defined(DTRAIN_MALLOC)
+#  error "dtrain: DTRAIN_NO_MALLOC contradicts DTRAIN_MALLOC; define one of them"
+#endif
 #if defined(DTRAIN_NO_THREADS) && defined(DTRAIN_USE_MPI)
 #  error "dtrain: DTRAIN_USE_MPI needs threads; remove DTRAIN_NO_THREADS or DTRAIN_USE_MPI"
 #endif
@@ -121,6 +124,18 @@ typedef struct dt_allocator {
 /* Install an allocator; NULL restores the default. Not thread-safe: call at setup. */
 DTRAIN_API void dt_set_allocator(const dt_allocator *a);
 
+/* Fixed-memory mode: every allocation dtrain makes comes from `buf` (`size`
+ * bytes, any alignment; at least 4 KiB) and malloc is never called. Call at
+ * setup, before creating any dtrain object; `buf` must outlive them all. An
+ * allocation that does not fit fails cleanly (DTRAIN_ERR_NOMEM with a message).
+ * Blocks are first-fit with coalescing, 64-byte aligned, guarded by a spin lock.
+ * dt_set_allocator() (or this call again) replaces it. Build with
+ * DTRAIN_NO_MALLOC to leave malloc out of the library altogether. */
+DTRAIN_API dt_result dt_use_fixed_memory(void *buf, size_t size);
+/* Bytes of the fixed buffer in use now, and the most ever in use. */
+DTRAIN_API size_t dt_fixed_memory_used(void);
+DTRAIN_API size_t dt_fixed_memory_peak(void);
+
 /* ---- logging ---------------------------------------------------------------
  * One callback receives every message. It may be called from any thread, but
  * never while dtrain holds a lock. By default errors and warnings go to stderr
@@ -147,6 +162,7 @@ DTRAIN_API void dt_set_logger(dt_log_fn fn, void *user, dt_log_level max_level);
 #define DTRAIN_FEATURE_MPI     0x20u
 #define DTRAIN_FEATURE_ZLIB    0x40u
 #define DTRAIN_FEATURE_DEBUG   0x80u
+#define DTRAIN_FEATURE_MALLOC  0x100u /* the built-in allocator may call malloc (not DTRAIN_NO_MALLOC) */
 
 /* Bit set of DTRAIN_FEATURE_* compiled into the implementation. */
 DTRAIN_API unsigned dt_build_features(void);

@@ -36,6 +36,11 @@ if [ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ] |
 else
   echo "skip cblas-build-and-matmul-tests: no cblas.h (apt-get install libopenblas-dev)"
 fi
+# DTRAIN_NO_MALLOC: the library object references no allocator of libc at all,
+# and the fixed-memory tests pass against it.
+check "no-malloc-object-has-no-malloc" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_NO_MALLOC -I. -c tests/dtrain_impl.c -o $D/impl_nomalloc.o && nm -u $D/impl_nomalloc.o > $D/nomalloc.syms && ! grep -wE 'malloc|calloc|realloc|free|aligned_alloc|posix_memalign|strdup' $D/nomalloc.syms"
+check "no-malloc-fixed-memory-tests" sh -c "gcc -std=c11 $W -O2 -I. -Itests tests/test_fixed_memory.c $D/impl_nomalloc.o -o $D/test_fixed_nomalloc -lm -lpthread && $D/test_fixed_nomalloc > $D/nomalloc.out && grep -q 'fixed_memory: [0-9]* passed, 0 failed' $D/nomalloc.out"
+check "no-malloc-contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_MALLOC '-DDTRAIN_MALLOC(s)=0' '-DDTRAIN_REALLOC(p,s)=0' '-DDTRAIN_FREE(p)=0' -I. -c $D/impl.c -o $D/bad2.o 2>$D/bad2.txt && grep -q 'DTRAIN_NO_MALLOC contradicts' $D/bad2.txt"
 # Each source file compiles alone.
 for f in src/*.c; do
   check "alone-$(basename $f)" gcc -std=c11 $W -Isrc -c "$f" -o "$D/$(basename $f .c).o"

@@ -304,7 +304,7 @@ static void test_dropout_values(void) {
     int gbad = 0;
     if (x->grad)
       for (int i = 0; i < N; i++)
-        if (x->grad[i] != (y->data[i] != 0.0f ? 1.0f / (1.0f - p) : 0.0f)) gbad++;
+        if (x->grad[i] != (y->data[i] != 0.0f ? (float)(1.0f / (1.0f - p)) : 0.0f)) gbad++; /* (float): see FLT_EVAL_METHOD */
     CHECK(x->grad && gbad == 0);
     free(ones);
     /* a second call on the same graph draws a new mask */

@@ -2,13 +2,16 @@
 # Runs every test program in $BUILD/tests and the compile checks, then prints
 # one closing line "N passed, N failed" and exits non-zero on any failure.
 # A program that crashes, times out or prints no summary counts as a failure.
+# RUNNER (e.g. "qemu-aarch64 -L /usr/aarch64-linux-gnu") prefixes every test
+# program; with a RUNNER the host compile checks are skipped.
 BUILD=${BUILD:-build}
+RUNNER=${RUNNER:-}
 TIMEOUT=${TEST_TIMEOUT:-600}
 pass=0; fail=0
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
-  out=$(timeout "$TIMEOUT" "$t" 2>&1); rc=$?
+  out=$(timeout "$TIMEOUT" $RUNNER "$t" 2>&1); rc=$?
   line=$(printf '%s\n' "$out" | grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed' | tail -n 1)
   if [ -z "$line" ]; then
     printf '%s\n' "$out" | tail -n 30
@@ -22,16 +25,20 @@ for t in "$BUILD"/tests/test_*; do
   echo "$line"
   pass=$((pass + p)); fail=$((fail + f))
 done
-if [ -z "$SAN" ]; then
-  out=$(CC="$CC" CXX="$CXX" BUILD="$BUILD" sh tests/compile_checks.sh 2>&1); rc=$?
-  line=$(printf '%s\n' "$out" | grep -E '^compile_checks: [0-9]+ passed, [0-9]+ failed' | tail -n 1)
-  if [ -z "$line" ]; then printf '%s\n' "$out" | tail -n 30; echo "compile_checks: no summary"; fail=$((fail + 1));
-  else
+# Host-only script checks (build configurations, install routes).
+if [ -z "$SAN" ] && [ -z "$RUNNER" ] && [ "${SCRIPTS:-1}" = 1 ]; then
+  for script in tests/compile_checks.sh tests/install_checks.sh; do
+    name=$(basename "$script" .sh)
+    out=$(CC="$CC" CXX="$CXX" BUILD="$BUILD" sh "$script" 2>&1); rc=$?
+    line=$(printf '%s\n' "$out" | grep -E "^$name: [0-9]+ passed, [0-9]+ failed" | tail -n 1)
+    if [ -z "$line" ]; then printf '%s\n' "$out" | tail -n 30; echo "$name: no summary"; fail=$((fail + 1)); continue; fi
     [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep -v '^ok' | head -n 60
     echo "$line"
     pass=$((pass + $(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')))
-    fail=$((fail + $(echo "$line" | sed -E 's/.*, ([0-9]+) failed.*/\1/')))
-  fi
+    f=$(echo "$line" | sed -E 's/.*, ([0-9]+) failed.*/\1/')
+    [ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && f=1
+    fail=$((fail + f))
+  done
 fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,0 +1,31 @@
+#!/bin/sh
+# Compares tests/portable_run's output on every cross architecture with this
+# machine's: "exact" lines must match bit for bit, "float" lines within a
+# relative 1e-4. Prints "cross_compare: N passed, N failed".
+CROSS_ARCHS=${CROSS_ARCHS:-"aarch64-linux-gnu:aarch64 arm-linux-gnueabihf:arm s390x-linux-gnu:s390x"}
+build/tests/portable_run > build/portable.native.txt || { echo "cross_compare: 0 passed, 1 failed"; exit 1; }
+pass=0; fail=0
+for pair in $CROSS_ARCHS; do
+  triple=${pair%%:*}; q=${pair##*:}
+  bin=build/cross-$q/tests/portable_run
+  if ! qemu-$q -L /usr/$triple $bin > build/portable.$q.txt 2>&1; then
+    echo "FAIL $triple: portable_run did not run"; fail=$((fail + 1)); continue
+  fi
+  if awk -v arch="$triple" '
+    NR == FNR { kind[$1] = $2; val[$1] = $3; next }
+    {
+      n++
+      if (!($1 in val)) { printf "FAIL %s: unexpected key %s\n", arch, $1; bad++; next }
+      if (kind[$1] == "exact") { if ($3 != val[$1]) { printf "FAIL %s: %s = %s, native %s\n", arch, $1, $3, val[$1]; bad++ } }
+      else {
+        a = $3 + 0; b = val[$1] + 0; d = a - b; if (d < 0) d = -d
+        m = (a < 0 ? -a : a); if ((b < 0 ? -b : b) > m) m = (b < 0 ? -b : b)
+        if (d > 1e-4 * m + 1e-6) { printf "FAIL %s: %s = %s, native %s\n", arch, $1, $3, val[$1]; bad++ }
+      }
+    }
+    END { if (n == 0) { print "FAIL " arch ": no output"; bad++ } exit bad > 0 }' build/portable.native.txt build/portable.$q.txt
+  then echo "ok $triple agrees with the native run ($(wc -l < build/portable.$q.txt) values)"; pass=$((pass + 1))
+  else fail=$((fail + 1)); fi
+done
+echo "cross_compare: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
