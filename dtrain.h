@@ -37,6 +37,7 @@
  *   DTRAIN_NO_NET           no sockets
  *   DTRAIN_NO_STDIO         no FILE* or stderr use
  *   DTRAIN_MALLOC/REALLOC/FREE   compile-time allocator: all three or none
+ *   DTRAIN_NO_MALLOC        no libc allocator: call dt_use_fixed_memory(buf, n)
  *   Contradictory settings stop the build with an #error naming the fix.
  *   dt_build_info() / dt_build_features() report what was compiled in.
  *
