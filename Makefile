@@ -23,7 +23,7 @@ AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
 
-all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run
+all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump
 
 # ---- the header ------------------------------------------------------------
 $(AMALG): tools/amalgamate.c
@@ -45,7 +45,7 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/dtrain.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -I. -Itests $< $(BUILD)/dtrain.o -o $@ $(LDLIBS)
 
-$(BUILD)/tests/portable_run: tests/portable_run.c dtrain.h
+$(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump: $(BUILD)/tests/%: tests/%.c dtrain.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -I. $< -o $@ $(LDLIBS)
 

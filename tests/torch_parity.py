@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Compare dtrain's loss and gradients with PyTorch's for the same MLP / CNN,
+the same weights and the same batch (files written by tests/torch_dump.c).
+
+usage: torch_parity.py DIR [DIR ...]
+Prints one line per check and "torch_parity: N passed, N failed" (or a skip
+note with "0 passed, 0 failed" when torch is not installed). A check passes
+when |loss - loss_torch| <= 1e-4 |loss_torch| and, for every parameter,
+||grad - grad_torch|| <= 1e-4 ||grad_torch|| (relative error of the whole
+gradient, which is well defined where single elements are near zero)."""
+import os
+import sys
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # pragma: no cover
+    print(f"skip: PyTorch/numpy not available ({e}); apt-get install python3-torch")
+    print("torch_parity: 0 passed, 0 failed")
+    sys.exit(0)
+
+torch.set_num_threads(1)
+TOL = 1e-4
+
+
+def load(d, name, dtype="<f4"):
+    return np.fromfile(os.path.join(d, name), dtype=dtype)
+
+
+def run(d):
+    meta = [line.split() for line in open(os.path.join(d, "index.txt"))]
+    model = next(m[1] for m in meta if m[0] == "model")
+    batch = int(next(m[1] for m in meta if m[0] == "batch"))
+    params = {}
+    for m in meta:
+        if m[0] == "param":
+            shape = [int(v) for v in m[2:]]
+            params[m[1]] = torch.tensor(load(d, m[1] + ".f32").reshape(shape).astype(np.float32), requires_grad=True)
+    x = torch.tensor(load(d, "x.f32").astype(np.float32))
+    y = torch.tensor(load(d, "y.i32", "<i4").astype(np.int64))
+    p = params
+    if model == "mlp":
+        h = x.reshape(batch, 784)
+        h = F.relu(F.linear(h, p["fc1.weight"], p["fc1.bias"]))
+        h = F.relu(F.linear(h, p["fc2.weight"], p["fc2.bias"]))
+        h = F.linear(h, p["fc3.weight"], p["fc3.bias"])
+    else:
+        h = x.reshape(batch, 1, 28, 28)
+        h = F.max_pool2d(F.relu(F.conv2d(h, p["conv1.weight"], p["conv1.bias"], padding=2)), 2, 2)
+        h = F.max_pool2d(F.relu(F.conv2d(h, p["conv2.weight"], p["conv2.bias"], padding=2)), 2, 2)
+        h = F.relu(F.linear(h.flatten(1), p["fc1.weight"], p["fc1.bias"]))
+        h = F.linear(h, p["fc2.weight"], p["fc2.bias"])
+    loss = F.cross_entropy(h, y)
+    loss.backward()
+    results = []
+    ours = float(load(d, "loss.f32")[0])
+    rel = abs(ours - loss.item()) / abs(loss.item())
+    results.append((f"{model} loss", rel, f"dtrain {ours:.7g} torch {loss.item():.7g}"))
+    for name, t in params.items():
+        g = load(d, "grad." + name + ".f32").reshape(t.shape)
+        ref = t.grad.numpy().astype(np.float64)
+        rel = np.linalg.norm(g.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+        results.append((f"{model} grad {name}", rel, f"|g| {np.linalg.norm(ref):.4g}"))
+    return results
+
+
+def main():
+    passed = failed = 0
+    for d in sys.argv[1:]:
+        for what, rel, info in run(d):
+            ok = rel <= TOL
+            print(f"{'ok' if ok else 'FAIL'} {what}: relative error {rel:.2e} ({info})")
+            passed += ok
+            failed += not ok
+    print(f"torch_parity: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+main()
