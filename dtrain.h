@@ -818,6 +818,315 @@ DTRAIN_EXTERN_C_END
 #endif /* DTRAIN_NN_H */
 /* ======== end dt_nn.h ======== */
 
+/* ======== begin dt_io.h ======== */
+/* ===========================================================================
+ * dt_io.h -- checkpoints of the full training state in the safetensors format
+ * ===========================================================================
+ * A checkpoint is a safetensors file (readable by PyTorch's `safetensors`,
+ * NumPy, or anything that follows the format):
+ *
+ *   8 bytes    N, the header length, unsigned little-endian
+ *   N bytes    JSON: {"__metadata__": {"key": "value", ...},
+ *                     "fc1.weight": {"dtype": "F32", "shape": [256, 784],
+ *                                    "data_offsets": [begin, end]}, ...}
+ *              padded with spaces so that the data starts 8-byte aligned
+ *   the rest   the tensors' bytes, contiguous, little-endian float32;
+ *              offsets are relative to the first byte after the header
+ *
+ * Tensors: every parameter and buffer under its dt_params name, then the
+ * optimizer state as "optim.<slot>.<parameter name>" for each trainable
+ * parameter, with PyTorch's slot names: SGD "momentum_buffer"; Adam(W)
+ * "exp_avg", "exp_avg_sq"; RMSprop "square_avg", "momentum_buffer".
+ * Metadata (all strings): "format" = "dtrain", "format_version" = "1",
+ * "dtrain_version", "step" (optimizer steps), "epoch", "data_epoch" and
+ * "data_index" (the data loader's position), "params_rng" and "graph_rng"
+ * (RNG states, 64 hex digits), "optimizer" (the optimizer's settings),
+ * "layout_hash" (dt_params_layout_hash, 16 hex digits), "config" (a user
+ * string) and "checksum" (16 hex digits over the header's content and the
+ * data; verified when present).
+ *
+ * Saving is atomic: the file is written to a temporary file in the same
+ * directory, flushed and fsync'ed, renamed over `path`, and the directory is
+ * fsync'ed. On any failure the temporary file is removed, an existing file at
+ * `path` is left as it was, and the error (DTRAIN_ERR_IO) names the path and
+ * the system's reason.
+ *
+ * Loading validates everything before it changes anything: the file size,
+ * the header length (at most 100,000,000 bytes and within the file), the JSON
+ * (strict RFC 8259, UTF-8, depth and length limits, no duplicate keys), every
+ * entry (dtype, shape, offsets in bounds, sizes matching shapes, tensors
+ * contiguous and covering the data exactly), the checksum, and the fit with
+ * the model (every parameter present with its shape, every tensor known).
+ * Errors:
+ *   DTRAIN_ERR_IO        the file cannot be opened or read
+ *   DTRAIN_ERR_CORRUPT   truncated, header length beyond the file, offsets out
+ *                        of bounds / overlapping / leaving gaps, sizes that do
+ *                        not match shapes, checksum mismatch
+ *   DTRAIN_ERR_FORMAT    not safetensors JSON, a dtype other than F32 where
+ *                        dtrain needs F32, missing or malformed metadata
+ *   DTRAIN_ERR_MISMATCH  a valid file that does not fit this model or
+ *                        optimizer (shape, missing or unknown tensor, layout)
+ * The message names the file and the tensor or field. On any error the
+ * params, optimizer, graph and state are left unchanged.
+ *
+ * Resuming: save with the params, the optimizer and the graph (dropout RNG)
+ * and the data position; load them into a model built the same way (any seed)
+ * and training continues bitwise as if it had never stopped.
+ *
+ * Ownership: dt_checkpoint (from dt_checkpoint_open) owns the file's bytes and
+ * every string it returns, until dt_checkpoint_close.
+ * Without stdio (DTRAIN_NO_STDIO) every function here that touches a file
+ * returns DTRAIN_ERR_UNSUPPORTED.
+ */
+#ifndef DTRAIN_IO_H
+#define DTRAIN_IO_H
+
+/* #include "dt_optim.h" (amalgamated) */
+
+DTRAIN_EXTERN_C_BEGIN
+
+/* The checkpoint format version written in the metadata ("format_version"). */
+#define DTRAIN_CHECKPOINT_VERSION 1
+/* Largest header accepted (the safetensors reference limit). */
+#define DTRAIN_CHECKPOINT_MAX_HEADER 100000000
+
+/* What dt_checkpoint_save writes and dt_checkpoint_load restores. */
+typedef struct dt_train_state {
+  dt_params *params;   /* required: every parameter and buffer */
+  dt_optim *optim;     /* optional: state slots and step count */
+  dt_graph *graph;     /* optional: the graph's RNG (dropout) */
+  int64_t step;        /* save: written when optim is NULL (else dt_optim_steps); load: set */
+  int64_t epoch;       /* save: written; load: set */
+  int64_t data_epoch;  /* data loader position (epoch, index): save: written; load: set */
+  int64_t data_index;
+  const char *config;  /* save: user text stored as metadata "config" (valid UTF-8; NULL: "").
+                          load: not touched (read it with dt_checkpoint_open + dt_checkpoint_meta) */
+} dt_train_state;
+
+/* Save the full training state atomically (see above). */
+DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *st);
+
+/* Restore the full state: parameters and buffers, the optimizer's slots and
+ * step count (when st->optim; the file must hold state for the same kind of
+ * optimizer; its other settings, such as lr, may differ), the graph's RNG
+ * (when st->graph), the params' RNG, and st->step, epoch, data_epoch and
+ * data_index. The file must be a dtrain checkpoint of the same layout
+ * (names, shapes, order, buffers). Nothing changes on error. */
+DTRAIN_API dt_result dt_checkpoint_load(const char *path, dt_train_state *st);
+
+/* Restore parameters and buffers only, from any safetensors file whose F32
+ * tensors match the model by name and shape (for example one written by
+ * PyTorch). Optimizer tensors ("optim.<slot>.<name>") and metadata are
+ * ignored; any other unknown tensor is an error. Nothing changes on error. */
+DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p);
+
+/* ---- inspection: list a safetensors file's tensors and metadata ------------ */
+typedef struct dt_checkpoint dt_checkpoint;
+
+typedef struct dt_checkpoint_entry {
+  const char *name;               /* owned by the checkpoint */
+  const char *dtype;              /* "F32", "F16", "BF16", "I64", ... */
+  int ndim;                       /* 0 (scalar) .. DTRAIN_MAX_DIMS */
+  int64_t shape[DTRAIN_MAX_DIMS]; /* shape[ndim..] are 1 */
+  uint64_t begin, end;            /* byte range in the data (after the header) */
+} dt_checkpoint_entry;
+
+/* Read and validate a safetensors file (any dtype; not checked against a
+ * model). NULL on error (dt_last_error()/dt_last_result()). */
+DTRAIN_API dt_checkpoint *dt_checkpoint_open(const char *path);
+DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c);
+/* Tensors, in the order of their data in the file. */
+DTRAIN_API int dt_checkpoint_count(const dt_checkpoint *c);
+DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, dt_checkpoint_entry *out);
+/* Index of the tensor named `name`, or DTRAIN_ERR_NOT_FOUND. */
+DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name);
+/* Copy tensor `index` (dtype F32, exactly n elements) into dst, in host order. */
+DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n);
+/* Metadata entries, in file order. */
+DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c);
+DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value);
+/* Value of metadata `key`, or NULL when absent. */
+DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key);
+/* Total file size and header length (N) in bytes. */
+DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c);
+DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_IO_H */
+/* ======== end dt_io.h ======== */
+
+/* ======== begin dt_fit.h ======== */
+/* ===========================================================================
+ * dt_fit.h -- the training loop: epochs, evaluation, callbacks, early
+ * stopping, checkpoints, progress, a metrics CSV and an SVG chart
+ * ===========================================================================
+ * dt_fit does not know the model or the data: it calls your train step once
+ * per batch (you run forward, backward and the optimizer step on the batch
+ * your loader gives for (epoch, index)) and your evaluation once per epoch,
+ * and does the bookkeeping around them:
+ *
+ *   static dt_result step(dt_fit_batch *b, void *user) {
+ *     ...batch b->index of epoch b->epoch: forward, dt_backward, dt_optim_step...
+ *     b->loss = dt_item(loss);  b->samples = n;  b->correct = hits;  // correct optional
+ *     return DTRAIN_OK;
+ *   }
+ *   dt_fit_desc fd = {0};                  // zero fields take defaults
+ *   fd.epochs = 10;  fd.steps_per_epoch = n_train / batch;
+ *   fd.train_step = step;  fd.evaluate = eval;  fd.user = &model;
+ *   fd.params = P;  fd.optim = opt;  fd.graph = g;
+ *   fd.patience = 3;  fd.restore_best = 1;
+ *   fd.csv_path = "metrics.csv";  fd.svg_path = "curves.svg";
+ *   dt_fit_result res;
+ *   dt_result r = dt_fit(&fd, &res);
+ *
+ * Progress goes to desc.out (stdout by default): a bar redrawn in place when
+ * it is a terminal (isatty), one plain line per epoch otherwise (for logs and
+ * pipes), nothing when quiet. Never both.
+ *
+ * Epochs: the loop runs epochs [start_epoch, epochs) (0-based indices, as a
+ * data loader counts them); rows, the CSV and the chart number epochs from 1.
+ * To resume, load a checkpoint (dt_checkpoint_load) and pass its data_epoch
+ * and data_index as start_epoch and start_batch with the same desc. The
+ * checkpoints dt_fit writes store (epoch, batch) as the data position.
+ * Early stopping and the chart start afresh on resume.
+ *
+ * Without stdio (DTRAIN_NO_STDIO) the loop runs silently; asking for a file
+ * (CSV, SVG, checkpoint) or an explicit progress mode gives
+ * DTRAIN_ERR_UNSUPPORTED.
+ */
+#ifndef DTRAIN_FIT_H
+#define DTRAIN_FIT_H
+
+#include <stdio.h>
+
+/* #include "dt_io.h" (amalgamated) */
+
+DTRAIN_EXTERN_C_BEGIN
+
+/* One batch: dt_fit fills the first fields, the train step the rest. */
+typedef struct dt_fit_batch {
+  int64_t epoch;    /* 0-based epoch index */
+  int64_t index;    /* 0-based batch index within the epoch */
+  int64_t step;     /* global step before this batch */
+  double loss;      /* out: mean loss over the batch */
+  int64_t samples;  /* out: samples in the batch [desc.batch_size] */
+  int64_t correct;  /* out: correct predictions [-1: no accuracy] */
+} dt_fit_batch;
+
+/* The validation metrics of one epoch. */
+typedef struct dt_fit_eval {
+  int64_t epoch;    /* 0-based epoch just trained */
+  double loss;      /* out: mean validation loss [NaN] */
+  double accuracy;  /* out: fraction in [0, 1] [NaN: not measured] */
+} dt_fit_eval;
+
+/* One epoch's metrics: a row of the CSV and a point of the chart. */
+typedef struct dt_fit_epoch {
+  int64_t epoch;           /* 1-based: 1 after the first epoch */
+  int64_t step;            /* global step at the end of the epoch */
+  double train_loss;       /* sample-weighted mean of the batch losses */
+  double train_acc;        /* NaN when the step reports no correct counts */
+  double val_loss;         /* NaN without evaluate */
+  double val_acc;          /* NaN without evaluate or accuracy */
+  double lr;               /* the optimizer's next lr (NaN without optim) */
+  double seconds;          /* wall time since dt_fit started */
+  double train_seconds;    /* time in train steps during this epoch */
+  int64_t samples;         /* training samples this epoch */
+  double samples_per_sec;  /* samples / train_seconds */
+} dt_fit_epoch;
+
+/* Callbacks return a dt_result (steps, evaluation: an error stops dt_fit
+ * with that error) or nonzero to stop training early (the hooks). */
+typedef dt_result (*dt_fit_step_fn)(dt_fit_batch *b, void *user);
+typedef dt_result (*dt_fit_eval_fn)(dt_fit_eval *e, void *user);
+typedef int (*dt_fit_batch_fn)(const dt_fit_batch *b, void *user);
+typedef int (*dt_fit_epoch_fn)(const dt_fit_epoch *e, void *user);
+
+typedef enum dt_fit_monitor {
+  DTRAIN_FIT_MONITOR_AUTO = 0,   /* val_loss with evaluate, else train_loss */
+  DTRAIN_FIT_MONITOR_VAL_LOSS,   /* lower is better */
+  DTRAIN_FIT_MONITOR_VAL_ACC,    /* higher is better */
+  DTRAIN_FIT_MONITOR_TRAIN_LOSS,
+  DTRAIN_FIT_MONITOR_TRAIN_ACC
+} dt_fit_monitor;
+
+typedef enum dt_fit_progress {
+  DTRAIN_FIT_PROGRESS_AUTO = 0,  /* a bar on a terminal, plain lines otherwise */
+  DTRAIN_FIT_PROGRESS_BAR,
+  DTRAIN_FIT_PROGRESS_LINES,
+  DTRAIN_FIT_PROGRESS_QUIET
+} dt_fit_progress;
+
+/* Zero fields take the defaults in brackets. */
+typedef struct dt_fit_desc {
+  int64_t epochs;             /* train epochs [start_epoch, epochs) [1] */
+  int64_t steps_per_epoch;    /* batches per epoch (required) */
+  int64_t batch_size;         /* samples per batch when a step does not report them [1] */
+  dt_fit_step_fn train_step;  /* required */
+  dt_fit_eval_fn evaluate;    /* optional: after every epoch */
+  dt_fit_batch_fn on_batch_end;  /* optional: nonzero stops (after the epoch's bookkeeping) */
+  dt_fit_epoch_fn on_epoch_end;  /* optional: nonzero stops */
+  void *user;                 /* passed to every callback */
+  /* Training state: params for restore_best and checkpoints, optim for the
+   * step count, lr and checkpoints, graph for the RNG in checkpoints. */
+  dt_params *params;
+  dt_optim *optim;
+  dt_graph *graph;
+  /* Early stopping: stop after `patience` epochs in a row without an
+   * improvement larger than min_delta of the monitored metric. */
+  int patience;               /* [0: off] */
+  double min_delta;           /* [0] */
+  dt_fit_monitor monitor;     /* [AUTO] */
+  int restore_best;           /* at the end put back the parameters of the best epoch (needs params) */
+  /* Output. */
+  dt_fit_progress progress;   /* [AUTO] */
+  FILE *out;                  /* progress stream [stdout] */
+  int64_t log_every;          /* plain-line mode: also a line every N batches [0: per epoch only] */
+  const char *csv_path;       /* append a row per epoch; header when the file is new or empty */
+  const char *svg_path;       /* rewrite the loss/accuracy chart after every epoch */
+  const char *title;          /* chart title ["training"] */
+  /* Checkpoints (dt_checkpoint_save of params, optim, graph and position). */
+  const char *checkpoint_path;  /* save here at epoch ends */
+  int64_t checkpoint_every;     /* every N epochs [1 when checkpoint_path is set]; the last epoch always */
+  int64_t checkpoint_steps;     /* > 0: also every N global steps, mid-epoch */
+  const char *best_path;        /* save here whenever the monitored metric improves */
+  const char *config;           /* user text stored in every checkpoint */
+  /* Resume. */
+  int64_t start_epoch;        /* 0-based epoch to start in [0] */
+  int64_t start_batch;        /* batch to start at within start_epoch [0] */
+} dt_fit_desc;
+
+typedef struct dt_fit_result {
+  int64_t epochs_run;         /* epochs completed by this call */
+  int64_t step;               /* global step at the end */
+  int stopped_early;          /* early stopping triggered */
+  int stopped_by_callback;    /* a hook asked to stop */
+  int restored_best;          /* restore_best put the best epoch's parameters back */
+  int64_t best_epoch;         /* 1-based epoch with the best monitored value (0: none) */
+  double best_value;          /* its value (NaN: none) */
+  dt_fit_epoch last;          /* the last epoch's metrics */
+  int64_t samples;            /* training samples, all epochs of this call */
+  double train_seconds;       /* time in train steps, all epochs */
+  double total_seconds;       /* wall time of dt_fit */
+  double samples_per_sec;     /* samples / train_seconds */
+} dt_fit_result;
+
+/* Run the loop. result may be NULL. Returns the first error of a callback,
+ * a checkpoint, the CSV or the chart (training stops there), else DTRAIN_OK. */
+DTRAIN_API dt_result dt_fit(const dt_fit_desc *desc, dt_fit_result *result);
+
+/* Write a standalone SVG chart (no dependency) of n epochs' metrics: loss
+ * (train and validation) in the left panel, accuracy in the right one, with
+ * axes, ticks, labels and legends. NaN values are left out. Written to a
+ * temporary file and renamed over path. */
+DTRAIN_API dt_result dt_fit_write_svg(const char *path, const dt_fit_epoch *rows, int64_t n, const char *title);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_FIT_H */
+/* ======== end dt_fit.h ======== */
+
 #endif /* DTRAIN_H_INCLUDED */
 
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN__IMPLEMENTATION_DONE)
@@ -847,6 +1156,8 @@ DTRAIN_EXTERN_C_END
 /* #include "dt_params.h" (amalgamated) */
 /* #include "dt_optim.h" (amalgamated) */
 /* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_fit.h" (amalgamated) */
 
 #include <float.h>
 #include <limits.h>
@@ -5009,5 +5320,2454 @@ DTRAIN_API dt_tensor *dt_nn_attention_forward(dt_graph *g, const dt_nn_attention
 
 #undef DT__NN_TRY
 /* ======== end dt_nn.c ======== */
+
+/* ======== begin dt_io.c ======== */
+/* ===========================================================================
+ * dt_io.c -- safetensors checkpoints: strict JSON, atomic save, validated load
+ * ===========================================================================
+ * Sections: little-endian helpers, the checksum, a strict JSON reader (into a
+ * flat node array) and writer, the safetensors index (dt_checkpoint_open),
+ * save, load.
+ *
+ * Load never changes the model until everything is checked: the whole file is
+ * read into memory (the scratch copy), parsed and validated against the model,
+ * and only then are the floats decoded into the params, the optimizer state
+ * and the RNGs (a step that cannot fail).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_STDIO)
+#  include <errno.h>
+#  if defined(_WIN32)
+#    include <process.h>
+#  else
+#    include <fcntl.h>
+#    include <sys/stat.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
+#endif
+
+#ifndef DTRAIN_NO_STDIO
+
+#define DT__IO_JSON_DEPTH 64
+#define DT__IO_HEX_RNG 64 /* hex digits of a 4 x 64-bit RNG state */
+
+/* ---- little-endian helpers ------------------------------------------------------ */
+
+static void dt__io_put_u64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t dt__io_get_u64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+static void dt__io_encode_f32(unsigned char *dst, const float *src, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &src[i], 4);
+    dst[4 * i] = (unsigned char)u;
+    dst[4 * i + 1] = (unsigned char)(u >> 8);
+    dst[4 * i + 2] = (unsigned char)(u >> 16);
+    dst[4 * i + 3] = (unsigned char)(u >> 24);
+  }
+}
+
+static void dt__io_decode_f32(float *dst, const unsigned char *src, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const unsigned char *b = src + 4 * i;
+    uint32_t u = (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+    memcpy(&dst[i], &u, 4);
+  }
+}
+
+/* ---- checksum ----------------------------------------------------------------------
+ * A streaming 64-bit hash for corruption detection (not security): FNV-1a
+ * style over little-endian 64-bit words, h = (h ^ w) * P; h ^= h >> 32, then
+ * the tail bytes one by one. Each step is a bijection of h, so changing any
+ * one word of the input always changes the result.
+ *
+ * A checkpoint's "checksum" covers, in this order: each tensor entry sorted
+ * by name (name, 0, dtype, 0, then ndim, each dim, begin, end as u64 words),
+ * each metadata pair sorted by key except "checksum" itself (key, 0, value,
+ * 0), then the data bytes. It does not depend on the order of the JSON keys
+ * or on whitespace. */
+typedef struct dt__io_hasher {
+  uint64_t h;
+  unsigned char carry[8];
+  int nc;
+} dt__io_hasher;
+
+static void dt__io_hash_init(dt__io_hasher *s) {
+  s->h = 0xcbf29ce484222325ULL;
+  s->nc = 0;
+}
+
+static void dt__io_hash_word(dt__io_hasher *s, uint64_t w) {
+  s->h = (s->h ^ w) * 0x100000001b3ULL;
+  s->h ^= s->h >> 32;
+}
+
+static void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
+  const unsigned char *p = (const unsigned char *)data;
+  while (n > 0 && s->nc > 0) {
+    s->carry[s->nc++] = *p++;
+    n--;
+    if (s->nc == 8) {
+      dt__io_hash_word(s, dt__io_get_u64(s->carry));
+      s->nc = 0;
+    }
+  }
+  while (n >= 8) {
+    dt__io_hash_word(s, dt__io_get_u64(p));
+    p += 8;
+    n -= 8;
+  }
+  while (n > 0) {
+    s->carry[s->nc++] = *p++;
+    n--;
+  }
+}
+
+static void dt__io_hash_u64(dt__io_hasher *s, uint64_t v) {
+  unsigned char le[8];
+  dt__io_put_u64(le, v);
+  dt__io_hash(s, le, 8);
+}
+
+static uint64_t dt__io_hash_final(dt__io_hasher *s) {
+  for (int i = 0; i < s->nc; i++) {
+    s->h ^= s->carry[i];
+    s->h *= 0x100000001b3ULL;
+  }
+  s->nc = 0;
+  return s->h;
+}
+
+/* ---- error context ----------------------------------------------------------------- */
+
+typedef struct dt__io_ctx {
+  const char *fn;   /* public function name */
+  const char *path;
+} dt__io_ctx;
+
+static dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt, ...) DT__PRINTF(3, 4);
+static dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt, ...) {
+  char buf[DT__MSG_CAP];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return dt__error(code, "%s: '%s': %s", c->fn, c->path, buf);
+}
+
+/* ---- strict JSON reader -------------------------------------------------------------
+ * RFC 8259 exactly: objects, arrays, strings (escapes checked, \u surrogate
+ * pairs paired, raw bytes valid UTF-8, no control characters), numbers in
+ * the JSON grammar, true/false/null; whitespace is space, tab, CR, LF; no
+ * trailing commas, comments, NaN or trailing garbage. Depth is limited to
+ * DT__IO_JSON_DEPTH. Values go into a flat node array; an object's children
+ * alternate key (a string node) and value. Strings are decoded into a pool
+ * (NUL-terminated; a string containing U+0000 is refused). Numbers keep
+ * their source text. */
+enum { DT__IO_JOBJ = 1, DT__IO_JARR, DT__IO_JSTR, DT__IO_JNUM, DT__IO_JTRUE, DT__IO_JFALSE, DT__IO_JNULL };
+
+typedef struct dt__io_jv {
+  int type;
+  int32_t child, next; /* first child, next sibling (-1: none) */
+  int32_t count;       /* children (objects: 2 per member) */
+  size_t off, len;     /* STR: pool offset and length; NUM: source offset and length */
+} dt__io_jv;
+
+typedef struct dt__io_json {
+  const unsigned char *s;
+  size_t n, pos;
+  dt__io_jv *v;
+  size_t nv, cap;
+  char *pool;
+  size_t pool_used, pool_cap;
+  int nomem;
+  char err[160];
+} dt__io_json;
+
+static int dt__io_jfail(dt__io_json *j, const char *what) {
+  if (!j->err[0]) {
+    if (j->pos < j->n) {
+      unsigned char ch = j->s[j->pos];
+      if (ch >= 0x20 && ch < 0x7f)
+        snprintf(j->err, sizeof j->err, "%s at byte %zu (found '%c')", what, j->pos, (char)ch);
+      else
+        snprintf(j->err, sizeof j->err, "%s at byte %zu (found byte 0x%02x)", what, j->pos, (unsigned)ch);
+    } else {
+      snprintf(j->err, sizeof j->err, "%s at byte %zu (end of header)", what, j->pos);
+    }
+  }
+  return -1;
+}
+
+static int32_t dt__io_jnode(dt__io_json *j, int type) {
+  if (j->nv == j->cap) {
+    size_t ncap = j->cap ? j->cap * 2 : 64;
+    if (ncap > (size_t)INT32_MAX) return dt__io_jfail(j, "too many JSON values");
+    dt__io_jv *nv = (dt__io_jv *)dt__realloc(j->v, j->cap * sizeof(dt__io_jv), ncap * sizeof(dt__io_jv));
+    if (!nv) {
+      j->nomem = 1;
+      return dt__io_jfail(j, "out of memory");
+    }
+    j->v = nv;
+    j->cap = ncap;
+  }
+  dt__io_jv *x = &j->v[j->nv];
+  memset(x, 0, sizeof *x);
+  x->type = type;
+  x->child = x->next = -1;
+  return (int32_t)j->nv++;
+}
+
+static void dt__io_jws(dt__io_json *j) {
+  while (j->pos < j->n) {
+    unsigned char c = j->s[j->pos];
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
+    j->pos++;
+  }
+}
+
+static int dt__io_jhex4(dt__io_json *j, uint32_t *out) {
+  uint32_t v = 0;
+  if (j->n - j->pos < 4) return 0;
+  for (int i = 0; i < 4; i++) {
+    unsigned char c = j->s[j->pos + (size_t)i];
+    int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+          : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+    if (d < 0) return 0;
+    v = (v << 4) | (uint32_t)d;
+  }
+  j->pos += 4;
+  *out = v;
+  return 1;
+}
+
+static void dt__io_jput(dt__io_json *j, unsigned char c) {
+  j->pool[j->pool_used++] = (char)c; /* pool_cap >= n + 1 bounds every string */
+}
+
+/* Length of a valid UTF-8 sequence starting at p (lead >= 0x80), 0 if invalid. */
+static int dt__io_utf8_len(const unsigned char *p, size_t avail) {
+  unsigned char c = p[0];
+  int len;
+  unsigned char lo = 0x80, hi = 0xbf;
+  if (c >= 0xc2 && c <= 0xdf) len = 2;
+  else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    if (c == 0xe0) lo = 0xa0;      /* no overlong forms */
+    else if (c == 0xed) hi = 0x9f; /* no UTF-16 surrogates */
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    if (c == 0xf0) lo = 0x90;
+    else if (c == 0xf4) hi = 0x8f; /* at most U+10FFFF */
+  } else {
+    return 0;
+  }
+  if (avail < (size_t)len) return 0;
+  if (p[1] < lo || p[1] > hi) return 0;
+  for (int i = 2; i < len; i++)
+    if (p[i] < 0x80 || p[i] > 0xbf) return 0;
+  return len;
+}
+
+static int32_t dt__io_jstring(dt__io_json *j) {
+  int32_t id = dt__io_jnode(j, DT__IO_JSTR);
+  if (id < 0) return -1;
+  j->pos++; /* opening quote */
+  size_t start = j->pool_used;
+  for (;;) {
+    if (j->pos >= j->n) return dt__io_jfail(j, "unterminated string");
+    unsigned char c = j->s[j->pos];
+    if (c == '"') {
+      j->pos++;
+      break;
+    }
+    if (c < 0x20) return dt__io_jfail(j, "control character in a string");
+    if (c == '\\') {
+      j->pos++;
+      if (j->pos >= j->n) return dt__io_jfail(j, "unterminated escape");
+      unsigned char e = j->s[j->pos++];
+      switch (e) {
+        case '"': dt__io_jput(j, '"'); break;
+        case '\\': dt__io_jput(j, '\\'); break;
+        case '/': dt__io_jput(j, '/'); break;
+        case 'b': dt__io_jput(j, '\b'); break;
+        case 'f': dt__io_jput(j, '\f'); break;
+        case 'n': dt__io_jput(j, '\n'); break;
+        case 'r': dt__io_jput(j, '\r'); break;
+        case 't': dt__io_jput(j, '\t'); break;
+        case 'u': {
+          uint32_t cp, lo;
+          if (!dt__io_jhex4(j, &cp)) return dt__io_jfail(j, "bad \\u escape");
+          if (cp >= 0xdc00 && cp <= 0xdfff) return dt__io_jfail(j, "unpaired low surrogate");
+          if (cp >= 0xd800 && cp <= 0xdbff) {
+            if (j->n - j->pos < 2 || j->s[j->pos] != '\\' || j->s[j->pos + 1] != 'u')
+              return dt__io_jfail(j, "unpaired high surrogate");
+            j->pos += 2;
+            if (!dt__io_jhex4(j, &lo) || lo < 0xdc00 || lo > 0xdfff)
+              return dt__io_jfail(j, "bad low surrogate");
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+          }
+          if (cp == 0) return dt__io_jfail(j, "\\u0000 in a string is not supported");
+          if (cp < 0x80) {
+            dt__io_jput(j, (unsigned char)cp);
+          } else if (cp < 0x800) {
+            dt__io_jput(j, (unsigned char)(0xc0 | (cp >> 6)));
+            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
+          } else if (cp < 0x10000) {
+            dt__io_jput(j, (unsigned char)(0xe0 | (cp >> 12)));
+            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
+            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
+          } else {
+            dt__io_jput(j, (unsigned char)(0xf0 | (cp >> 18)));
+            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 12) & 0x3f)));
+            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
+            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
+          }
+          break;
+        }
+        default: j->pos--; return dt__io_jfail(j, "bad escape");
+      }
+      continue;
+    }
+    if (c < 0x80) {
+      dt__io_jput(j, c);
+      j->pos++;
+      continue;
+    }
+    int len = dt__io_utf8_len(j->s + j->pos, j->n - j->pos);
+    if (!len) return dt__io_jfail(j, "invalid UTF-8 in a string");
+    for (int i = 0; i < len; i++) dt__io_jput(j, j->s[j->pos + (size_t)i]);
+    j->pos += (size_t)len;
+  }
+  j->pool[j->pool_used++] = '\0';
+  j->v[id].off = start;
+  j->v[id].len = j->pool_used - 1 - start;
+  return id;
+}
+
+static int dt__io_isdigit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+static int32_t dt__io_jnumber(dt__io_json *j) {
+  size_t start = j->pos;
+  if (j->s[j->pos] == '-') j->pos++;
+  if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad number");
+  if (j->s[j->pos] == '0') {
+    j->pos++;
+    if (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "leading zero in a number");
+  } else {
+    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
+  }
+  if (j->pos < j->n && j->s[j->pos] == '.') {
+    j->pos++;
+    if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad fraction in a number");
+    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
+  }
+  if (j->pos < j->n && (j->s[j->pos] == 'e' || j->s[j->pos] == 'E')) {
+    j->pos++;
+    if (j->pos < j->n && (j->s[j->pos] == '+' || j->s[j->pos] == '-')) j->pos++;
+    if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad exponent in a number");
+    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
+  }
+  int32_t id = dt__io_jnode(j, DT__IO_JNUM);
+  if (id < 0) return -1;
+  j->v[id].off = start;
+  j->v[id].len = j->pos - start;
+  return id;
+}
+
+static int32_t dt__io_jvalue(dt__io_json *j, int depth);
+
+/* Object or array: children linked in order. */
+static int32_t dt__io_jcontainer(dt__io_json *j, int depth, int is_obj) {
+  if (depth >= DT__IO_JSON_DEPTH) return dt__io_jfail(j, "JSON nested too deeply");
+  int32_t id = dt__io_jnode(j, is_obj ? DT__IO_JOBJ : DT__IO_JARR);
+  if (id < 0) return -1;
+  unsigned char close = is_obj ? '}' : ']';
+  int32_t last = -1;
+  j->pos++;
+  dt__io_jws(j);
+  if (j->pos < j->n && j->s[j->pos] == close) {
+    j->pos++;
+    return id;
+  }
+  for (;;) {
+    int32_t k = -1, val;
+    dt__io_jws(j);
+    if (is_obj) {
+      if (j->pos >= j->n || j->s[j->pos] != '"') return dt__io_jfail(j, "expected a string key");
+      k = dt__io_jstring(j);
+      if (k < 0) return -1;
+      dt__io_jws(j);
+      if (j->pos >= j->n || j->s[j->pos] != ':') return dt__io_jfail(j, "expected ':'");
+      j->pos++;
+    }
+    val = dt__io_jvalue(j, depth + 1);
+    if (val < 0) return -1;
+    if (k >= 0) {
+      j->v[k].next = val;
+      if (last < 0) j->v[id].child = k;
+      else j->v[last].next = k;
+      j->v[id].count += 2;
+    } else {
+      if (last < 0) j->v[id].child = val;
+      else j->v[last].next = val;
+      j->v[id].count += 1;
+    }
+    last = val;
+    dt__io_jws(j);
+    if (j->pos >= j->n) return dt__io_jfail(j, is_obj ? "unterminated object" : "unterminated array");
+    if (j->s[j->pos] == ',') {
+      j->pos++;
+      continue;
+    }
+    if (j->s[j->pos] == close) {
+      j->pos++;
+      return id;
+    }
+    return dt__io_jfail(j, is_obj ? "expected ',' or '}'" : "expected ',' or ']'");
+  }
+}
+
+static int32_t dt__io_jliteral(dt__io_json *j, const char *word, int type) {
+  size_t len = strlen(word);
+  if (j->n - j->pos < len || memcmp(j->s + j->pos, word, len) != 0) return dt__io_jfail(j, "expected a value");
+  j->pos += len;
+  return dt__io_jnode(j, type);
+}
+
+static int32_t dt__io_jvalue(dt__io_json *j, int depth) {
+  dt__io_jws(j);
+  if (j->pos >= j->n) return dt__io_jfail(j, "expected a value");
+  unsigned char c = j->s[j->pos];
+  switch (c) {
+    case '{': return dt__io_jcontainer(j, depth, 1);
+    case '[': return dt__io_jcontainer(j, depth, 0);
+    case '"': return dt__io_jstring(j);
+    case 't': return dt__io_jliteral(j, "true", DT__IO_JTRUE);
+    case 'f': return dt__io_jliteral(j, "false", DT__IO_JFALSE);
+    case 'n': return dt__io_jliteral(j, "null", DT__IO_JNULL);
+    default:
+      if (c == '-' || dt__io_isdigit(c)) return dt__io_jnumber(j);
+      return dt__io_jfail(j, "expected a value");
+  }
+}
+
+static void dt__io_json_free(dt__io_json *j) {
+  dt__free(j->v, j->cap * sizeof(dt__io_jv));
+  dt__free(j->pool, j->pool_cap);
+  j->v = NULL;
+  j->pool = NULL;
+  j->cap = j->pool_cap = 0;
+}
+
+/* Parse s[0..n) as one JSON value. Returns 1, or 0 with j->err set. */
+static int dt__io_json_parse(dt__io_json *j, const unsigned char *s, size_t n) {
+  memset(j, 0, sizeof *j);
+  j->s = s;
+  j->n = n;
+  j->pool_cap = n + 1;
+  j->pool = (char *)dt__alloc(j->pool_cap);
+  if (!j->pool) {
+    j->pool_cap = 0;
+    j->nomem = 1;
+    snprintf(j->err, sizeof j->err, "out of memory for a %zu-byte header", n);
+    return 0;
+  }
+  if (dt__io_jvalue(j, 0) < 0) return 0;
+  dt__io_jws(j);
+  if (j->pos != n) {
+    dt__io_jfail(j, "unexpected data after the JSON value");
+    return 0;
+  }
+  return 1;
+}
+
+static const char *dt__io_jstr(const dt__io_json *j, int32_t id) { return j->pool + j->v[id].off; }
+
+/* Non-negative JSON integer (no sign, fraction or exponent) into *out. */
+static int dt__io_juint(const dt__io_json *j, int32_t id, uint64_t *out) {
+  const dt__io_jv *x = &j->v[id];
+  if (x->type != DT__IO_JNUM) return 0;
+  uint64_t v = 0;
+  for (size_t i = 0; i < x->len; i++) {
+    unsigned char c = j->s[x->off + i];
+    if (!dt__io_isdigit(c)) return 0;
+    if (v > (UINT64_MAX - (uint64_t)(c - '0')) / 10) return 0;
+    v = v * 10 + (uint64_t)(c - '0');
+  }
+  *out = v;
+  return x->len > 0;
+}
+
+/* ---- JSON writer: a growable byte buffer -------------------------------------------- */
+
+typedef struct dt__io_buf {
+  char *p;
+  size_t len, cap;
+  int nomem;
+} dt__io_buf;
+
+static void dt__io_buf_put(dt__io_buf *b, const void *s, size_t n) {
+  if (b->nomem) return;
+  if (b->len + n + 1 > b->cap) {
+    size_t ncap = b->cap ? b->cap : 256;
+    while (ncap < b->len + n + 1) ncap *= 2;
+    char *np = (char *)dt__realloc(b->p, b->cap, ncap);
+    if (!np) {
+      b->nomem = 1;
+      return;
+    }
+    b->p = np;
+    b->cap = ncap;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = '\0';
+}
+
+static void dt__io_buf_str(dt__io_buf *b, const char *s) { dt__io_buf_put(b, s, strlen(s)); }
+
+static void dt__io_buf_u64(dt__io_buf *b, uint64_t v) {
+  char tmp[24];
+  snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
+  dt__io_buf_str(b, tmp);
+}
+
+/* Quoted JSON string; s must be valid UTF-8 (checked by the caller). */
+static void dt__io_buf_jstr(dt__io_buf *b, const char *s) {
+  static const char hex[] = "0123456789abcdef";
+  dt__io_buf_put(b, "\"", 1);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    char esc[7];
+    switch (*p) {
+      case '"': dt__io_buf_put(b, "\\\"", 2); break;
+      case '\\': dt__io_buf_put(b, "\\\\", 2); break;
+      case '\n': dt__io_buf_put(b, "\\n", 2); break;
+      case '\r': dt__io_buf_put(b, "\\r", 2); break;
+      case '\t': dt__io_buf_put(b, "\\t", 2); break;
+      default:
+        if (*p < 0x20) {
+          esc[0] = '\\'; esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
+          esc[4] = hex[*p >> 4]; esc[5] = hex[*p & 15]; esc[6] = '\0';
+          dt__io_buf_put(b, esc, 6);
+        } else {
+          dt__io_buf_put(b, p, 1);
+        }
+    }
+  }
+  dt__io_buf_put(b, "\"", 1);
+}
+
+static void dt__io_buf_free(dt__io_buf *b) {
+  dt__free(b->p, b->cap);
+  b->p = NULL;
+  b->len = b->cap = 0;
+}
+
+static int dt__io_valid_utf8(const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t n = strlen(s);
+  for (size_t i = 0; i < n;) {
+    if (p[i] < 0x80) {
+      i++;
+      continue;
+    }
+    int len = dt__io_utf8_len(p + i, n - i);
+    if (!len) return 0;
+    i += (size_t)len;
+  }
+  return 1;
+}
+
+/* ---- the safetensors index ----------------------------------------------------------- */
+
+typedef struct dt__io_dtype {
+  const char *name;
+  int size;
+} dt__io_dtype;
+
+static const dt__io_dtype dt__io_dtypes[] = {
+  {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I8", 1}, {"U8", 1}, {"I16", 2}, {"U16", 2},
+  {"I32", 4}, {"U32", 4}, {"I64", 8}, {"U64", 8}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+};
+
+typedef struct dt__io_entry {
+  const char *name;  /* in the JSON pool */
+  const char *dtype; /* static table */
+  int dsize, ndim;
+  int64_t shape[DTRAIN_MAX_DIMS];
+  uint64_t begin, end, nelem;
+} dt__io_entry;
+
+struct dt_checkpoint {
+  unsigned char *file;
+  size_t file_size, file_cap;
+  size_t header_len;
+  const unsigned char *data;
+  size_t data_size;
+  dt__io_json json;
+  dt__io_entry *entries; /* sorted by data offset */
+  int nentries;
+  int *by_name;          /* entry indices sorted by name */
+  const char **mkeys, **mvals;
+  int nmeta;
+  int is_dtrain;         /* metadata "format" is "dtrain" */
+};
+
+static int dt__io_cmp_entry_off(const void *a, const void *b) {
+  const dt__io_entry *x = (const dt__io_entry *)a, *y = (const dt__io_entry *)b;
+  if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+  if (x->end != y->end) return x->end < y->end ? -1 : 1;
+  return 0;
+}
+
+/* qsort context for sorting index arrays by name (qsort has no user pointer). */
+static DT__TLS const char *const *dt__io_sort_names;
+static int dt__io_cmp_idx_name(const void *a, const void *b) {
+  return strcmp(dt__io_sort_names[*(const int *)a], dt__io_sort_names[*(const int *)b]);
+}
+
+/* Indices 0..n-1 sorted by names[i]; NULL when out of memory. */
+static int *dt__io_sorted_index(const char *const *names, int n) {
+  int *idx = (int *)dt__alloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+  if (!idx) return NULL;
+  for (int i = 0; i < n; i++) idx[i] = i;
+  dt__io_sort_names = names;
+  if (n > 1) qsort(idx, (size_t)n, sizeof(int), dt__io_cmp_idx_name);
+  dt__io_sort_names = NULL;
+  return idx;
+}
+
+DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) {
+  if (!c) return;
+  dt__free(c->file, c->file_cap);
+  dt__io_json_free(&c->json);
+  dt__free(c->entries, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(dt__io_entry));
+  dt__free(c->by_name, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(int));
+  dt__free((void *)c->mkeys, (size_t)(c->nmeta > 0 ? c->nmeta : 1) * sizeof(char *));
+  dt__free((void *)c->mvals, (size_t)(c->nmeta > 0 ? c->nmeta : 1) * sizeof(char *));
+  dt__free(c, sizeof *c);
+}
+
+static const char *dt__io_meta_get(const dt_checkpoint *c, const char *key) {
+  for (int i = 0; i < c->nmeta; i++)
+    if (strcmp(c->mkeys[i], key) == 0) return c->mvals[i];
+  return NULL;
+}
+
+static int dt__io_find(const dt_checkpoint *c, const char *name) {
+  int lo = 0, hi = c->nentries - 1;
+  while (lo <= hi) {
+    int mid = lo + (hi - lo) / 2;
+    int r = strcmp(c->entries[c->by_name[mid]].name, name);
+    if (r == 0) return c->by_name[mid];
+    if (r < 0) lo = mid + 1;
+    else hi = mid - 1;
+  }
+  return -1;
+}
+
+/* Checksum of an index (entries, metadata) and data, as described above. */
+static uint64_t dt__io_checksum(const dt_checkpoint *c, const int *meta_order) {
+  dt__io_hasher h;
+  dt__io_hash_init(&h);
+  for (int k = 0; k < c->nentries; k++) {
+    const dt__io_entry *e = &c->entries[c->by_name[k]];
+    dt__io_hash(&h, e->name, strlen(e->name) + 1);
+    dt__io_hash(&h, e->dtype, strlen(e->dtype) + 1);
+    dt__io_hash_u64(&h, (uint64_t)e->ndim);
+    for (int d = 0; d < e->ndim; d++) dt__io_hash_u64(&h, (uint64_t)e->shape[d]);
+    dt__io_hash_u64(&h, e->begin);
+    dt__io_hash_u64(&h, e->end);
+  }
+  for (int k = 0; k < c->nmeta; k++) {
+    int i = meta_order[k];
+    if (strcmp(c->mkeys[i], "checksum") == 0) continue;
+    dt__io_hash(&h, c->mkeys[i], strlen(c->mkeys[i]) + 1);
+    dt__io_hash(&h, c->mvals[i], strlen(c->mvals[i]) + 1);
+  }
+  dt__io_hash(&h, c->data, c->data_size);
+  return dt__io_hash_final(&h);
+}
+
+static int dt__io_parse_hex64(const char *s, uint64_t *out) {
+  uint64_t v = 0;
+  if (strlen(s) != 16) return 0;
+  for (int i = 0; i < 16; i++) {
+    char ch = s[i];
+    int d = (ch >= '0' && ch <= '9') ? ch - '0' : (ch >= 'a' && ch <= 'f') ? ch - 'a' + 10 : -1;
+    if (d < 0) return 0;
+    v = (v << 4) | (uint64_t)d;
+  }
+  *out = v;
+  return 1;
+}
+
+/* Builds the index of c->file (already read). need_f32: refuse other dtypes
+ * at once (FORMAT) instead of listing them. */
+static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_f32) {
+  if (c->file_size < 8)
+    return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "truncated: %zu bytes, a safetensors file has at least 8", c->file_size);
+  uint64_t n = dt__io_get_u64(c->file);
+  if (n > (uint64_t)(c->file_size - 8))
+    return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "header length %llu exceeds the file (%zu bytes: at most %zu)",
+                      (unsigned long long)n, c->file_size, c->file_size - 8);
+  if (n > (uint64_t)DTRAIN_CHECKPOINT_MAX_HEADER)
+    return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "header length %llu exceeds the limit of %d bytes",
+                      (unsigned long long)n, DTRAIN_CHECKPOINT_MAX_HEADER);
+  if (n < 2 || c->file[8] != '{')
+    return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "not a safetensors file: the header does not start with '{'");
+  c->header_len = (size_t)n;
+  c->data = c->file + 8 + c->header_len;
+  c->data_size = c->file_size - 8 - c->header_len;
+  dt__io_json *j = &c->json;
+  if (!dt__io_json_parse(j, c->file + 8, c->header_len))
+    return dt__io_err(ctx, j->nomem ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_FORMAT, "header JSON: %s", j->err);
+  const dt__io_jv *top = &j->v[0];
+  if (top->type != DT__IO_JOBJ) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "header is not a JSON object");
+
+  /* Count members. */
+  int nent = 0, nmeta = 0, seen_meta = 0;
+  for (int32_t k = top->child; k >= 0; k = j->v[j->v[k].next].next) {
+    int32_t val = j->v[k].next;
+    if (strcmp(dt__io_jstr(j, k), "__metadata__") == 0) {
+      if (seen_meta++) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "duplicate key '__metadata__'");
+      if (j->v[val].type != DT__IO_JOBJ)
+        return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "'__metadata__' is not an object of strings");
+      nmeta = j->v[val].count / 2;
+    } else {
+      nent++;
+    }
+  }
+  c->entries = (dt__io_entry *)dt__calloc((size_t)(nent > 0 ? nent : 1) * sizeof(dt__io_entry));
+  c->mkeys = (const char **)dt__calloc((size_t)(nmeta > 0 ? nmeta : 1) * sizeof(char *));
+  c->mvals = (const char **)dt__calloc((size_t)(nmeta > 0 ? nmeta : 1) * sizeof(char *));
+  c->nentries = nent;
+  c->nmeta = nmeta;
+  if (!c->entries || !c->mkeys || !c->mvals) return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for the index");
+
+  int ie = 0;
+  for (int32_t k = top->child; k >= 0; k = j->v[j->v[k].next].next) {
+    const char *key = dt__io_jstr(j, k);
+    int32_t val = j->v[k].next;
+    if (strcmp(key, "__metadata__") == 0) {
+      int im = 0;
+      for (int32_t mk = j->v[val].child; mk >= 0; mk = j->v[j->v[mk].next].next) {
+        int32_t mv = j->v[mk].next;
+        if (j->v[mv].type != DT__IO_JSTR)
+          return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata '%s' is not a string", dt__io_jstr(j, mk));
+        c->mkeys[im] = dt__io_jstr(j, mk);
+        c->mvals[im] = dt__io_jstr(j, mv);
+        im++;
+      }
+      continue;
+    }
+    dt__io_entry *e = &c->entries[ie++];
+    e->name = key;
+    if (j->v[val].type != DT__IO_JOBJ)
+      return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': entry is not an object", key);
+    int32_t fdtype = -1, fshape = -1, foffs = -1;
+    for (int32_t fk = j->v[val].child; fk >= 0; fk = j->v[j->v[fk].next].next) {
+      const char *f = dt__io_jstr(j, fk);
+      int32_t *slot = strcmp(f, "dtype") == 0 ? &fdtype : strcmp(f, "shape") == 0 ? &fshape
+                    : strcmp(f, "data_offsets") == 0 ? &foffs : NULL;
+      if (!slot) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': unknown field '%s'", key, f);
+      if (*slot >= 0) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': duplicate field '%s'", key, f);
+      *slot = j->v[fk].next;
+    }
+    if (fdtype < 0 || fshape < 0 || foffs < 0)
+      return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': missing field '%s'", key,
+                        fdtype < 0 ? "dtype" : fshape < 0 ? "shape" : "data_offsets");
+    /* dtype */
+    if (j->v[fdtype].type != DT__IO_JSTR)
+      return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': dtype is not a string", key);
+    const char *dt = dt__io_jstr(j, fdtype);
+    e->dtype = NULL;
+    for (size_t t = 0; t < sizeof dt__io_dtypes / sizeof dt__io_dtypes[0]; t++)
+      if (strcmp(dt, dt__io_dtypes[t].name) == 0) {
+        e->dtype = dt__io_dtypes[t].name;
+        e->dsize = dt__io_dtypes[t].size;
+      }
+    if (!e->dtype) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': unknown dtype '%s'", key, dt);
+    if (need_f32 && strcmp(e->dtype, "F32") != 0)
+      return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s' has dtype %s; dtrain loads F32 only", key, e->dtype);
+    /* shape */
+    if (j->v[fshape].type != DT__IO_JARR)
+      return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': shape is not an array", key);
+    if (j->v[fshape].count > DTRAIN_MAX_DIMS)
+      return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s' has %d dimensions (dtrain reads at most %d)", key,
+                        (int)j->v[fshape].count, DTRAIN_MAX_DIMS);
+    e->ndim = (int)j->v[fshape].count;
+    uint64_t nel = 1;
+    int overflow = 0, d = 0;
+    for (int32_t sv = j->v[fshape].child; sv >= 0; sv = j->v[sv].next, d++) {
+      uint64_t dim;
+      if (!dt__io_juint(j, sv, &dim) || dim > (uint64_t)INT64_MAX)
+        return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': shape holds a value that is not a size", key);
+      e->shape[d] = (int64_t)dim;
+      if (dim != 0 && nel > UINT64_MAX / dim) overflow = 1;
+      else nel *= dim;
+    }
+    for (; d < DTRAIN_MAX_DIMS; d++) e->shape[d] = 1;
+    /* offsets */
+    if (j->v[foffs].type != DT__IO_JARR || j->v[foffs].count != 2)
+      return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': data_offsets is not [begin, end]", key);
+    int32_t b0 = j->v[foffs].child, b1 = j->v[b0].next;
+    if (!dt__io_juint(j, b0, &e->begin) || !dt__io_juint(j, b1, &e->end))
+      return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': data_offsets hold a value that is not an offset", key);
+    if (e->begin > e->end)
+      return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "tensor '%s': data_offsets [%llu, %llu] end before they begin", key,
+                        (unsigned long long)e->begin, (unsigned long long)e->end);
+    if (e->end > (uint64_t)c->data_size)
+      return dt__io_err(ctx, DTRAIN_ERR_CORRUPT,
+                        "tensor '%s': data_offsets [%llu, %llu] out of bounds (the data has %zu bytes; truncated?)",
+                        key, (unsigned long long)e->begin, (unsigned long long)e->end, c->data_size);
+    if (overflow || nel > UINT64_MAX / (uint64_t)e->dsize || nel * (uint64_t)e->dsize != e->end - e->begin)
+      return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "tensor '%s': shape of %s needs %s bytes but data_offsets give %llu",
+                        key, e->dtype, overflow ? "too many" : "a different number of",
+                        (unsigned long long)(e->end - e->begin));
+    e->nelem = nel;
+  }
+
+  /* Names unique (sorted index), metadata keys unique. */
+  {
+    const char **names = (const char **)dt__alloc((size_t)(nent > 0 ? nent : 1) * sizeof(char *));
+    if (!names) return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for the index");
+    /* Sort entries by offset first, so by_name refers to the final order. */
+    if (nent > 1) qsort(c->entries, (size_t)nent, sizeof(dt__io_entry), dt__io_cmp_entry_off);
+    for (int i = 0; i < nent; i++) names[i] = c->entries[i].name;
+    c->by_name = dt__io_sorted_index(names, nent);
+    dt__free((void *)names, (size_t)(nent > 0 ? nent : 1) * sizeof(char *));
+    if (!c->by_name) return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for the index");
+  }
+  for (int i = 1; i < nent; i++)
+    if (strcmp(c->entries[c->by_name[i - 1]].name, c->entries[c->by_name[i]].name) == 0)
+      return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "duplicate tensor '%s'", c->entries[c->by_name[i]].name);
+  int *morder = dt__io_sorted_index(c->mkeys, nmeta);
+  if (!morder) return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for the index");
+  dt_result r = DTRAIN_OK;
+  for (int i = 1; i < nmeta && r == DTRAIN_OK; i++)
+    if (strcmp(c->mkeys[morder[i - 1]], c->mkeys[morder[i]]) == 0)
+      r = dt__io_err(ctx, DTRAIN_ERR_FORMAT, "duplicate metadata key '%s'", c->mkeys[morder[i]]);
+
+  /* Contiguous and covering: sorted by offset, each begins where the last ended. */
+  uint64_t at = 0;
+  for (int i = 0; i < nent && r == DTRAIN_OK; i++) {
+    const dt__io_entry *e = &c->entries[i];
+    if (e->begin < at)
+      r = dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "tensor '%s': data_offsets [%llu, %llu] overlap tensor '%s'", e->name,
+                     (unsigned long long)e->begin, (unsigned long long)e->end, c->entries[i - 1].name);
+    else if (e->begin > at)
+      r = dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "gap in the data: bytes [%llu, %llu) belong to no tensor (before '%s')",
+                     (unsigned long long)at, (unsigned long long)e->begin, e->name);
+    at = e->end;
+  }
+  if (r == DTRAIN_OK && at != (uint64_t)c->data_size)
+    r = dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "the tensors cover %llu bytes of data but the file holds %zu",
+                   (unsigned long long)at, c->data_size);
+
+  const char *fmt = dt__io_meta_get(c, "format");
+  c->is_dtrain = fmt && strcmp(fmt, "dtrain") == 0;
+  if (r == DTRAIN_OK && c->is_dtrain) {
+    const char *cs = dt__io_meta_get(c, "checksum");
+    uint64_t want = 0;
+    if (!cs)
+      r = dt__io_err(ctx, DTRAIN_ERR_FORMAT, "dtrain checkpoint without metadata 'checksum'");
+    else if (!dt__io_parse_hex64(cs, &want))
+      r = dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata 'checksum' is not 16 lowercase hex digits");
+    else if (dt__io_checksum(c, morder) != want)
+      r = dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "checksum mismatch: the header or the data were changed");
+  }
+  dt__free(morder, (size_t)(nmeta > 0 ? nmeta : 1) * sizeof(int));
+  return r;
+}
+
+/* Read the whole file into c->file. */
+static dt_result dt__io_read_file(dt_checkpoint *c, const dt__io_ctx *ctx) {
+  FILE *f = fopen(ctx->path, "rb");
+  if (!f) return dt__io_err(ctx, DTRAIN_ERR_IO, "cannot open: %s", strerror(errno));
+  dt_result r = DTRAIN_OK;
+  long size = -1;
+#if !defined(_WIN32)
+  {
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && !S_ISREG(sb.st_mode)) {
+      fclose(f);
+      return dt__io_err(ctx, DTRAIN_ERR_IO, "not a regular file");
+    }
+  }
+#endif
+  if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+  if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    r = dt__io_err(ctx, DTRAIN_ERR_IO, "cannot determine the size: %s", strerror(errno));
+  } else if ((unsigned long)size > (unsigned long)(SIZE_MAX / 2)) {
+    r = dt__io_err(ctx, DTRAIN_ERR_OVERFLOW, "file of %ld bytes is too large", size);
+  } else {
+    c->file_cap = (size_t)size + 1;
+    c->file = (unsigned char *)dt__alloc(c->file_cap);
+    if (!c->file) {
+      c->file_cap = 0;
+      r = dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for %ld bytes", size);
+    } else {
+      size_t got = fread(c->file, 1, (size_t)size, f);
+      if (got != (size_t)size || ferror(f))
+        r = dt__io_err(ctx, DTRAIN_ERR_IO, "read %zu of %ld bytes: %s", got, size,
+                       ferror(f) ? strerror(errno) : "file changed while reading");
+      c->file_size = got;
+    }
+  }
+  fclose(f);
+  return r;
+}
+
+static dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, dt_result *res) {
+  dt_checkpoint *c = (dt_checkpoint *)dt__calloc(sizeof *c);
+  if (!c) {
+    *res = dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory");
+    return NULL;
+  }
+  *res = dt__io_read_file(c, ctx);
+  if (*res == DTRAIN_OK) *res = dt__io_index(c, ctx, need_f32);
+  if (*res != DTRAIN_OK) {
+    dt_checkpoint_close(c);
+    return NULL;
+  }
+  return c;
+}
+
+DTRAIN_API dt_checkpoint *dt_checkpoint_open(const char *path) {
+  dt_result r;
+  if (!path) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_open: path is NULL");
+    return NULL;
+  }
+  dt__io_ctx ctx;
+  ctx.fn = "dt_checkpoint_open";
+  ctx.path = path;
+  return dt__io_open(&ctx, 0, &r);
+}
+
+DTRAIN_API int dt_checkpoint_count(const dt_checkpoint *c) { return c ? c->nentries : 0; }
+
+DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, dt_checkpoint_entry *out) {
+  if (!c || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_entry_at: NULL argument");
+  if (index < 0 || index >= c->nentries)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_checkpoint_entry_at: index %d out of range (%d tensors)", index,
+                     c->nentries);
+  const dt__io_entry *e = &c->entries[index];
+  out->name = e->name;
+  out->dtype = e->dtype;
+  out->ndim = e->ndim;
+  memcpy(out->shape, e->shape, sizeof e->shape);
+  out->begin = e->begin;
+  out->end = e->end;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
+  if (!c || !name) return DTRAIN_ERR_NULL_ARG;
+  int i = dt__io_find(c, name);
+  return i >= 0 ? i : DTRAIN_ERR_NOT_FOUND;
+}
+
+DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n) {
+  if (!c || (!dst && n > 0)) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_read_f32: NULL argument");
+  if (index < 0 || index >= c->nentries)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_checkpoint_read_f32: index %d out of range (%d tensors)", index,
+                     c->nentries);
+  const dt__io_entry *e = &c->entries[index];
+  if (strcmp(e->dtype, "F32") != 0)
+    return dt__error(DTRAIN_ERR_FORMAT, "dt_checkpoint_read_f32: tensor '%s' has dtype %s, not F32", e->name,
+                     e->dtype);
+  if ((uint64_t)n != e->nelem)
+    return dt__error(DTRAIN_ERR_SHAPE, "dt_checkpoint_read_f32: tensor '%s' has %llu elements, not %zu", e->name,
+                     (unsigned long long)e->nelem, n);
+  dt__io_decode_f32(dst, c->data + e->begin, n);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c) { return c ? c->nmeta : 0; }
+
+DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value) {
+  if (!c) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_meta_at: checkpoint is NULL");
+  if (index < 0 || index >= c->nmeta)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_checkpoint_meta_at: index %d out of range (%d entries)", index, c->nmeta);
+  if (key) *key = c->mkeys[index];
+  if (value) *value = c->mvals[index];
+  return DTRAIN_OK;
+}
+
+DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
+  return (c && key) ? dt__io_meta_get(c, key) : NULL;
+}
+
+DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { return c ? (uint64_t)c->file_size : 0; }
+DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { return c ? (uint64_t)c->header_len : 0; }
+
+/* ---- optimizer slots --------------------------------------------------------------------- */
+
+static const char *const dt__io_all_slots[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "square_avg"};
+
+static const char *dt__io_kind_name(dt_optim_kind k) {
+  switch (k) {
+    case DTRAIN_OPTIM_SGD: return "sgd";
+    case DTRAIN_OPTIM_ADAM: return "adam";
+    case DTRAIN_OPTIM_ADAMW: return "adamw";
+    case DTRAIN_OPTIM_RMSPROP: return "rmsprop";
+    default: return "unknown";
+  }
+}
+
+/* PyTorch's name of state slot s of an optimizer of this kind. */
+static const char *dt__io_slot_name(dt_optim_kind k, int s) {
+  switch (k) {
+    case DTRAIN_OPTIM_SGD: return "momentum_buffer";
+    case DTRAIN_OPTIM_ADAM:
+    case DTRAIN_OPTIM_ADAMW: return s == 0 ? "exp_avg" : "exp_avg_sq";
+    case DTRAIN_OPTIM_RMSPROP: return s == 0 ? "square_avg" : "momentum_buffer";
+    default: return "unknown";
+  }
+}
+
+/* "optim.<slot>.<param>": returns the param part and the slot number in
+ * dt__io_all_slots, or NULL when name is not of that form. */
+static const char *dt__io_split_optim(const char *name, int *slot) {
+  if (strncmp(name, "optim.", 6) != 0) return NULL;
+  const char *s = name + 6, *dot = strchr(s, '.');
+  if (!dot) return NULL;
+  for (int i = 0; i < (int)(sizeof dt__io_all_slots / sizeof dt__io_all_slots[0]); i++)
+    if ((size_t)(dot - s) == strlen(dt__io_all_slots[i]) && strncmp(s, dt__io_all_slots[i], (size_t)(dot - s)) == 0) {
+      *slot = i;
+      return dot + 1;
+    }
+  return NULL;
+}
+
+/* The optimizer's state must cover the params' layout (it was created for
+ * them): dt_optim_update on the empty range [n, n) checks exactly that. */
+static dt_result dt__io_check_optim(const dt__io_ctx *ctx, dt_optim *o, dt_params *p) {
+  size_t n = dt_params_size(p);
+  if (!o || dt_optim_update(o, NULL, NULL, n, n) == DTRAIN_OK) return DTRAIN_OK;
+  return dt__io_err(ctx, DTRAIN_ERR_MISMATCH, "the optimizer was not created for these params (%zu floats)", n);
+}
+
+/* ---- save ---------------------------------------------------------------------------------- */
+
+typedef struct dt__io_out {
+  size_t name_off;     /* into the names buffer */
+  const float *src;
+  size_t n;
+  int ndim;
+  int64_t shape[DTRAIN_MAX_DIMS];
+  uint64_t begin, end;
+} dt__io_out;
+
+static void dt__io_hex_rng(char *out, const uint64_t s[4]) {
+  for (int i = 0; i < 4; i++) snprintf(out + 16 * i, 17, "%016llx", (unsigned long long)s[i]);
+}
+
+/* Streams the tensors' bytes (little-endian) to f, or into the hasher when f is NULL. */
+static int dt__io_stream_data(FILE *f, dt__io_hasher *h, const dt__io_out *outs, int nout) {
+  unsigned char stage[16384];
+  const size_t per = sizeof stage / 4;
+  for (int t = 0; t < nout; t++) {
+    for (size_t i = 0; i < outs[t].n; i += per) {
+      size_t k = DT__MIN(per, outs[t].n - i);
+      dt__io_encode_f32(stage, outs[t].src + i, k);
+      if (f) {
+        if (fwrite(stage, 1, 4 * k, f) != 4 * k) return 0;
+      } else {
+        dt__io_hash(h, stage, 4 * k);
+      }
+    }
+  }
+  return 1;
+}
+
+/* Directory part of path ("." when none) into a new buffer. */
+static char *dt__io_dirname(const char *path, size_t *cap) {
+  const char *slash = strrchr(path, '/');
+  size_t n = slash ? (size_t)(slash - path) : 1;
+  if (slash && n == 0) n = 1; /* "/file" -> "/" */
+  *cap = n + 1;
+  char *d = (char *)dt__alloc(*cap);
+  if (!d) return NULL;
+  if (slash) memcpy(d, path, n);
+  else d[0] = '.';
+  d[n] = '\0';
+  return d;
+}
+
+static void dt__io_fsync_dir(const char *path) {
+#if defined(_WIN32)
+  (void)path;
+#else
+  size_t cap;
+  char *dir = dt__io_dirname(path, &cap);
+  if (!dir) return;
+  int fd = open(dir, O_RDONLY);
+  if (fd >= 0) {
+    int rc;
+    do rc = fsync(fd); while (rc != 0 && errno == EINTR);
+    if (rc != 0 && errno != EINVAL && errno != EROFS)
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "dt_checkpoint_save: fsync of directory '%s' failed: %s", dir,
+              strerror(errno));
+    close(fd);
+  }
+  dt__free(dir, cap);
+#endif
+}
+
+static long dt__io_pid(void) {
+#if defined(_WIN32)
+  return (long)_getpid();
+#else
+  return (long)getpid();
+#endif
+}
+
+/* Write [len][header][data] to a temporary file next to path and rename it over path. */
+static dt_result dt__io_write_atomic(const dt__io_ctx *ctx, const dt__io_buf *header, const dt__io_out *outs,
+                                     int nout) {
+  static DT__TLS unsigned dt__io_tmp_counter;
+  size_t tcap = strlen(ctx->path) + 48;
+  char *tmp = (char *)dt__alloc(tcap);
+  FILE *f = NULL;
+  dt_result r = DTRAIN_OK;
+  unsigned char len8[8];
+  int saved = 0;
+  if (!tmp) return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory");
+  for (int attempt = 0; attempt < 100 && !f; attempt++) {
+    snprintf(tmp, tcap, "%s.tmp-%ld-%u", ctx->path, dt__io_pid(), dt__io_tmp_counter++);
+    f = fopen(tmp, "wbx");
+    if (!f && errno != EEXIST) break;
+  }
+  if (!f) {
+    r = dt__io_err(ctx, DTRAIN_ERR_IO, "cannot create temporary file '%s': %s", tmp, strerror(errno));
+    dt__free(tmp, tcap);
+    return r;
+  }
+  dt__io_put_u64(len8, (uint64_t)header->len);
+  if (fwrite(len8, 1, 8, f) != 8 || fwrite(header->p, 1, header->len, f) != header->len ||
+      !dt__io_stream_data(f, NULL, outs, nout)) {
+    saved = errno;
+    r = dt__io_err(ctx, DTRAIN_ERR_IO, "write to '%s' failed: %s", tmp, strerror(saved));
+    goto fail;
+  }
+  if (fflush(f) != 0) {
+    saved = errno;
+    r = dt__io_err(ctx, DTRAIN_ERR_IO, "write to '%s' failed: %s", tmp, strerror(saved));
+    goto fail;
+  }
+#if !defined(_WIN32)
+  {
+    int rc;
+    do rc = fsync(fileno(f)); while (rc != 0 && errno == EINTR);
+    if (rc != 0 && errno != EINVAL) {
+      saved = errno;
+      r = dt__io_err(ctx, DTRAIN_ERR_IO, "fsync of '%s' failed: %s", tmp, strerror(saved));
+      goto fail;
+    }
+  }
+#endif
+  {
+    int rc = fclose(f);
+    f = NULL;
+    if (rc != 0) {
+      saved = errno;
+      r = dt__io_err(ctx, DTRAIN_ERR_IO, "closing '%s' failed: %s", tmp, strerror(saved));
+      goto fail;
+    }
+  }
+#if defined(_WIN32)
+  remove(ctx->path); /* rename does not replace on Windows (not atomic there) */
+#endif
+  if (rename(tmp, ctx->path) != 0) {
+    saved = errno;
+    r = dt__io_err(ctx, DTRAIN_ERR_IO, "renaming '%s' failed: %s", tmp, strerror(saved));
+    goto fail;
+  }
+  dt__io_fsync_dir(ctx->path);
+  dt__free(tmp, tcap);
+  return DTRAIN_OK;
+fail:
+  if (f) fclose(f);
+  remove(tmp);
+  dt__free(tmp, tcap);
+  return r;
+}
+
+/* Shortest of %.6g / %.9g that reads back as the same float. */
+static void dt__io_fmt_float(char *buf, size_t cap, float v) {
+  snprintf(buf, cap, "%.6g", (double)v);
+  if ((float)strtod(buf, NULL) != v) snprintf(buf, cap, "%.9g", (double)v);
+}
+
+/* Optimizer settings as a JSON object (a metadata string). */
+static void dt__io_optim_json(dt__io_buf *b, const dt_optim_desc *d, int nslots) {
+  static const char *const sched[3] = {"constant", "step", "cosine"};
+  const char *names[9] = {"lr", "momentum", "weight_decay", "beta1", "beta2", "eps", "alpha", "clip_norm", "min_lr"};
+  float vals[9];
+  char tmp[96];
+  vals[0] = d->lr; vals[1] = d->momentum; vals[2] = d->weight_decay; vals[3] = d->beta1; vals[4] = d->beta2;
+  vals[5] = d->eps; vals[6] = d->alpha; vals[7] = d->clip_norm; vals[8] = d->schedule.min_lr;
+  snprintf(tmp, sizeof tmp, "{\"kind\":\"%s\",\"slots\":%d,\"nesterov\":%d", dt__io_kind_name(d->kind), nslots,
+           d->nesterov);
+  dt__io_buf_str(b, tmp);
+  for (int i = 0; i < 8; i++) {
+    char num[32];
+    dt__io_fmt_float(num, sizeof num, vals[i]);
+    snprintf(tmp, sizeof tmp, ",\"%s\":%s", names[i], num);
+    dt__io_buf_str(b, tmp);
+  }
+  {
+    int k = (int)d->schedule.kind;
+    char g[32], lo[32];
+    dt__io_fmt_float(g, sizeof g, d->schedule.gamma);
+    dt__io_fmt_float(lo, sizeof lo, vals[8]);
+    snprintf(tmp, sizeof tmp, ",\"schedule\":{\"kind\":\"%s\",\"warmup_steps\":%lld,",
+             k >= 0 && k < 3 ? sched[k] : "unknown", (long long)d->schedule.warmup_steps);
+    dt__io_buf_str(b, tmp);
+    snprintf(tmp, sizeof tmp, "\"step_size\":%lld,\"gamma\":%s,", (long long)d->schedule.step_size, g);
+    dt__io_buf_str(b, tmp);
+    snprintf(tmp, sizeof tmp, "\"total_steps\":%lld,\"min_lr\":%s}}", (long long)d->schedule.total_steps, lo);
+    dt__io_buf_str(b, tmp);
+  }
+}
+
+#define DT__IO_NMETA 14
+
+DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *st) {
+  dt__io_ctx ctx;
+  ctx.fn = "dt_checkpoint_save";
+  ctx.path = path ? path : "(null)";
+  if (!path || !st || !st->params)
+    return dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_save: %s is NULL", !path ? "path" : !st ? "state" : "params");
+  dt_params *p = st->params;
+  dt_optim *o = st->optim;
+  const int np = dt_params_count(p);
+  const int nslots = o ? dt_optim_state_slots(o) : 0;
+  const dt_optim_desc *od = o ? dt_optim_get_desc(o) : NULL;
+  float *data = dt_params_data(p);
+  dt__io_buf names, header, optjson;
+  dt__io_out *outs = NULL;
+  size_t outs_cap = 0;
+  int nout = 0, ntrain = 0;
+  dt_result r = DTRAIN_OK;
+  const char *mk[DT__IO_NMETA], *mv[DT__IO_NMETA];
+  char vbuf[DT__IO_NMETA][72];
+  char prng[DT__IO_HEX_RNG + 1], grng[DT__IO_HEX_RNG + 1];
+  int nm = 0, *order = NULL;
+  dt_checkpoint view;
+  const char **onames = NULL;
+  uint64_t off = 0;
+  memset(&names, 0, sizeof names);
+  memset(&header, 0, sizeof header);
+  memset(&optjson, 0, sizeof optjson);
+  memset(&view, 0, sizeof view);
+
+  r = dt__io_check_optim(&ctx, o, p);
+  if (r != DTRAIN_OK) goto done;
+  if (st->config && !dt__io_valid_utf8(st->config)) {
+    r = dt__io_err(&ctx, DTRAIN_ERR_INVALID_ARG, "config is not valid UTF-8");
+    goto done;
+  }
+  if (st->step < 0 || st->epoch < 0 || st->data_epoch < 0 || st->data_index < 0) {
+    r = dt__io_err(&ctx, DTRAIN_ERR_INVALID_ARG, "step, epoch and data position must be >= 0");
+    goto done;
+  }
+  for (int i = 0; i < np; i++) {
+    dt_param_info info;
+    dt_params_info(p, i, &info);
+    if (info.trainable) ntrain++;
+  }
+  outs_cap = (size_t)np + (size_t)nslots * (size_t)ntrain;
+  outs = (dt__io_out *)dt__calloc((outs_cap > 0 ? outs_cap : 1) * sizeof(dt__io_out));
+  if (!outs) {
+    r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory");
+    goto done;
+  }
+  /* Tensors: parameters and buffers, then optimizer slots. */
+  for (int s = -1; s < nslots; s++) {
+    const float *base = s < 0 ? data : dt_optim_state(o, s);
+    for (int i = 0; i < np; i++) {
+      dt_param_info info;
+      dt_params_info(p, i, &info);
+      if (s >= 0 && !info.trainable) continue;
+      dt__io_out *t = &outs[nout++];
+      t->name_off = names.len;
+      if (s < 0) {
+        if (!dt__io_valid_utf8(info.name) || strcmp(info.name, "__metadata__") == 0) {
+          r = dt__io_err(&ctx, DTRAIN_ERR_INVALID_ARG, "parameter name '%s' cannot be a safetensors name", info.name);
+          goto done;
+        }
+      } else {
+        dt__io_buf_str(&names, "optim.");
+        dt__io_buf_str(&names, dt__io_slot_name(od->kind, s));
+        dt__io_buf_str(&names, ".");
+      }
+      dt__io_buf_put(&names, info.name, strlen(info.name) + 1);
+      t->src = base + info.offset;
+      t->n = info.size;
+      t->ndim = info.ndim;
+      memcpy(t->shape, info.shape, sizeof t->shape);
+      t->begin = off;
+      off += (uint64_t)info.size * 4u;
+      t->end = off;
+    }
+  }
+  if (names.nomem) {
+    r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory");
+    goto done;
+  }
+  /* A parameter must not be named like another one's optimizer state. */
+  for (int t = np; t < nout; t++)
+    if (dt_params_find(p, names.p + outs[t].name_off) >= 0) {
+      r = dt__io_err(&ctx, DTRAIN_ERR_INVALID_ARG, "parameter name '%s' collides with optimizer state",
+                     names.p + outs[t].name_off);
+      goto done;
+    }
+
+  /* Metadata. */
+  {
+    dt_rng *pr = dt_params_rng(p);
+    uint64_t gs[4];
+    mk[nm] = "format"; mv[nm++] = "dtrain";
+    snprintf(vbuf[nm], sizeof vbuf[nm], "%d", DTRAIN_CHECKPOINT_VERSION);
+    mk[nm] = "format_version"; mv[nm] = vbuf[nm]; nm++;
+    mk[nm] = "dtrain_version"; mv[nm++] = DTRAIN_VERSION_STRING;
+    snprintf(vbuf[nm], sizeof vbuf[nm], "%lld", (long long)(o ? dt_optim_steps(o) : st->step));
+    mk[nm] = "step"; mv[nm] = vbuf[nm]; nm++;
+    snprintf(vbuf[nm], sizeof vbuf[nm], "%lld", (long long)st->epoch);
+    mk[nm] = "epoch"; mv[nm] = vbuf[nm]; nm++;
+    snprintf(vbuf[nm], sizeof vbuf[nm], "%lld", (long long)st->data_epoch);
+    mk[nm] = "data_epoch"; mv[nm] = vbuf[nm]; nm++;
+    snprintf(vbuf[nm], sizeof vbuf[nm], "%lld", (long long)st->data_index);
+    mk[nm] = "data_index"; mv[nm] = vbuf[nm]; nm++;
+    dt__io_hex_rng(prng, pr->s);
+    mk[nm] = "params_rng"; mv[nm++] = prng;
+    if (st->graph) {
+      dt_graph_rng_state(st->graph, gs);
+      dt__io_hex_rng(grng, gs);
+      mk[nm] = "graph_rng"; mv[nm++] = grng;
+    }
+    if (o) {
+      dt__io_optim_json(&optjson, od, nslots);
+      if (optjson.nomem) {
+        r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory");
+        goto done;
+      }
+      mk[nm] = "optimizer"; mv[nm++] = optjson.p;
+    }
+    snprintf(vbuf[nm], sizeof vbuf[nm], "%016llx", (unsigned long long)dt_params_layout_hash(p));
+    mk[nm] = "layout_hash"; mv[nm] = vbuf[nm]; nm++;
+    mk[nm] = "config"; mv[nm++] = st->config ? st->config : "";
+  }
+
+  /* Checksum over the canonical index (a dt_checkpoint view) and the data. */
+  onames = (const char **)dt__alloc((size_t)(nout > 0 ? nout : 1) * sizeof(char *));
+  view.entries = (dt__io_entry *)dt__calloc((size_t)(nout > 0 ? nout : 1) * sizeof(dt__io_entry));
+  if (!onames || !view.entries) {
+    r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory");
+    goto done;
+  }
+  for (int t = 0; t < nout; t++) {
+    dt__io_entry *e = &view.entries[t];
+    onames[t] = e->name = names.p + outs[t].name_off;
+    e->dtype = "F32";
+    e->dsize = 4;
+    e->ndim = outs[t].ndim;
+    memcpy(e->shape, outs[t].shape, sizeof e->shape);
+    e->begin = outs[t].begin;
+    e->end = outs[t].end;
+  }
+  view.nentries = nout;
+  view.by_name = dt__io_sorted_index(onames, nout);
+  view.mkeys = mk;
+  view.mvals = mv;
+  view.nmeta = nm;
+  order = dt__io_sorted_index(mk, nm);
+  if (!view.by_name || !order) {
+    r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory");
+    goto done;
+  }
+  {
+    /* Same hash as dt__io_checksum, with the data streamed from memory. */
+    dt__io_hasher h;
+    char sum[17];
+    dt__io_hash_init(&h);
+    for (int k = 0; k < nout; k++) {
+      const dt__io_entry *e = &view.entries[view.by_name[k]];
+      dt__io_hash(&h, e->name, strlen(e->name) + 1);
+      dt__io_hash(&h, e->dtype, strlen(e->dtype) + 1);
+      dt__io_hash_u64(&h, (uint64_t)e->ndim);
+      for (int d = 0; d < e->ndim; d++) dt__io_hash_u64(&h, (uint64_t)e->shape[d]);
+      dt__io_hash_u64(&h, e->begin);
+      dt__io_hash_u64(&h, e->end);
+    }
+    for (int k = 0; k < nm; k++) {
+      dt__io_hash(&h, mk[order[k]], strlen(mk[order[k]]) + 1);
+      dt__io_hash(&h, mv[order[k]], strlen(mv[order[k]]) + 1);
+    }
+    dt__io_stream_data(NULL, &h, outs, nout);
+    snprintf(sum, sizeof sum, "%016llx", (unsigned long long)dt__io_hash_final(&h));
+
+    /* Header JSON. */
+    dt__io_buf_str(&header, "{\"__metadata__\":{");
+    for (int k = 0; k < nm; k++) {
+      dt__io_buf_jstr(&header, mk[k]);
+      dt__io_buf_str(&header, ":");
+      dt__io_buf_jstr(&header, mv[k]);
+      dt__io_buf_str(&header, ",");
+    }
+    dt__io_buf_str(&header, "\"checksum\":");
+    dt__io_buf_jstr(&header, sum);
+    dt__io_buf_str(&header, "}");
+  }
+  for (int t = 0; t < nout; t++) {
+    dt__io_buf_str(&header, ",");
+    dt__io_buf_jstr(&header, names.p + outs[t].name_off);
+    dt__io_buf_str(&header, ":{\"dtype\":\"F32\",\"shape\":[");
+    for (int d = 0; d < outs[t].ndim; d++) {
+      if (d) dt__io_buf_str(&header, ",");
+      dt__io_buf_u64(&header, (uint64_t)outs[t].shape[d]);
+    }
+    dt__io_buf_str(&header, "],\"data_offsets\":[");
+    dt__io_buf_u64(&header, outs[t].begin);
+    dt__io_buf_str(&header, ",");
+    dt__io_buf_u64(&header, outs[t].end);
+    dt__io_buf_str(&header, "]}");
+  }
+  dt__io_buf_str(&header, "}");
+  while ((8 + header.len) % 8 != 0) dt__io_buf_str(&header, " ");
+  if (header.nomem) {
+    r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory for the header");
+    goto done;
+  }
+  if (header.len > (size_t)DTRAIN_CHECKPOINT_MAX_HEADER) {
+    r = dt__io_err(&ctx, DTRAIN_ERR_OVERFLOW, "header of %zu bytes exceeds the limit", header.len);
+    goto done;
+  }
+  r = dt__io_write_atomic(&ctx, &header, outs, nout);
+
+done:
+  dt__free(view.entries, (size_t)(nout > 0 ? nout : 1) * sizeof(dt__io_entry));
+  dt__free(view.by_name, (size_t)(nout > 0 ? nout : 1) * sizeof(int));
+  dt__free(order, (size_t)(nm > 0 ? nm : 1) * sizeof(int));
+  dt__free((void *)onames, (size_t)(nout > 0 ? nout : 1) * sizeof(char *));
+  dt__free(outs, (outs_cap > 0 ? outs_cap : 1) * sizeof(dt__io_out));
+  dt__io_buf_free(&names);
+  dt__io_buf_free(&header);
+  dt__io_buf_free(&optjson);
+  return r;
+}
+
+/* ---- load ------------------------------------------------------------------------------------ */
+
+static int dt__io_parse_i64(const char *s, int64_t *out) {
+  int64_t v = 0;
+  if (!*s) return 0;
+  for (const char *q = s; *q; q++) {
+    if (*q < '0' || *q > '9') return 0;
+    if (v > (INT64_MAX - (*q - '0')) / 10) return 0;
+    v = v * 10 + (*q - '0');
+  }
+  if (s[0] == '0' && s[1]) return 0;
+  *out = v;
+  return 1;
+}
+
+static int dt__io_parse_rng(const char *s, uint64_t out[4]) {
+  char part[17];
+  if (strlen(s) != DT__IO_HEX_RNG) return 0;
+  for (int i = 0; i < 4; i++) {
+    memcpy(part, s + 16 * i, 16);
+    part[16] = '\0';
+    if (!dt__io_parse_hex64(part, &out[i])) return 0;
+  }
+  return 1;
+}
+
+static const char *dt__io_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
+  size_t n = 0;
+  buf[0] = '\0';
+  n += (size_t)snprintf(buf + n, cap - n, "[");
+  for (int d = 0; d < ndim && n < cap; d++)
+    n += (size_t)snprintf(buf + n, cap - n, d ? ",%lld" : "%lld", (long long)shape[d]);
+  if (n < cap) snprintf(buf + n, cap - n, "]");
+  return buf;
+}
+
+/* Checks that the entries fit the model. entry_of[i]: entry of parameter i.
+ * With optim: every trainable parameter has each slot of its kind (slot_of[s][i]). */
+static dt_result dt__io_match(const dt_checkpoint *c, const dt__io_ctx *ctx, dt_params *p, dt_optim *o,
+                              int *entry_of, int *slot_entry) {
+  const int np = dt_params_count(p);
+  const int nslots = o ? dt_optim_state_slots(o) : 0;
+  const dt_optim_desc *od = o ? dt_optim_get_desc(o) : NULL;
+  char s1[96], s2[96];
+  for (int i = 0; i < np; i++) {
+    dt_param_info info;
+    dt_params_info(p, i, &info);
+    for (int s = -1; s < nslots; s++) {
+      char name[192];
+      if (s >= 0 && !info.trainable) continue;
+      if (s < 0) snprintf(name, sizeof name, "%s", info.name);
+      else snprintf(name, sizeof name, "optim.%s.%s", dt__io_slot_name(od->kind, s), info.name);
+      int e = dt__io_find(c, name);
+      if (e < 0)
+        return dt__io_err(ctx, DTRAIN_ERR_MISMATCH, "%s '%s' is missing from the checkpoint",
+                          s < 0 ? "parameter" : "optimizer state", name);
+      const dt__io_entry *en = &c->entries[e];
+      int same = en->ndim == info.ndim;
+      for (int d = 0; same && d < info.ndim; d++) same = en->shape[d] == info.shape[d];
+      if (!same)
+        return dt__io_err(ctx, DTRAIN_ERR_MISMATCH, "tensor '%s' has shape %s in the checkpoint but %s in the model",
+                          name, dt__io_shape_str(s1, sizeof s1, en->ndim, en->shape),
+                          dt__io_shape_str(s2, sizeof s2, info.ndim, info.shape));
+      if (s < 0) entry_of[i] = e;
+      else slot_entry[(size_t)s * (size_t)np + (size_t)i] = e;
+    }
+  }
+  /* Every tensor known: a parameter, or optimizer state of a trainable
+   * parameter (of this optimizer's kind when one is given). */
+  for (int e = 0; e < c->nentries; e++) {
+    const char *name = c->entries[e].name;
+    int slot = -1, pi;
+    if (dt_params_find(p, name) >= 0) continue;
+    const char *pname = dt__io_split_optim(name, &slot);
+    if (!pname || (pi = dt_params_find(p, pname)) < 0)
+      return dt__io_err(ctx, DTRAIN_ERR_MISMATCH, "unknown tensor '%s' (not a parameter of this model)", name);
+    if (o) {
+      int ok = 0;
+      for (int s = 0; s < nslots; s++) ok |= strcmp(dt__io_all_slots[slot], dt__io_slot_name(od->kind, s)) == 0;
+      if (!ok)
+        return dt__io_err(ctx, DTRAIN_ERR_MISMATCH, "tensor '%s' is state of another optimizer (this one is %s with %d slots)",
+                          name, dt__io_kind_name(od->kind), nslots);
+    }
+  }
+  return DTRAIN_OK;
+}
+
+static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *st, dt_params *p, int full) {
+  dt__io_ctx ctx;
+  ctx.fn = fn;
+  ctx.path = path ? path : "(null)";
+  if (!path || !p) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !path ? "path" : "params");
+  dt_result r;
+  dt_checkpoint *c = dt__io_open(&ctx, 1, &r);
+  if (!c) return r;
+  dt_optim *o = full ? st->optim : NULL;
+  const int np = dt_params_count(p);
+  const int nslots = o ? dt_optim_state_slots(o) : 0;
+  size_t nent = (size_t)(np > 0 ? np : 1), nslot_ent = (size_t)(nslots > 0 ? nslots : 1) * nent;
+  int *entry_of = (int *)dt__calloc(nent * sizeof(int));
+  int *slot_entry = (int *)dt__calloc(nslot_ent * sizeof(int));
+  int64_t step = 0, epoch = 0, data_epoch = 0, data_index = 0;
+  uint64_t prng[4], grng[4];
+  if (!entry_of || !slot_entry) {
+    r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory");
+    goto done;
+  }
+  r = dt__io_check_optim(&ctx, o, p);
+  if (r != DTRAIN_OK) goto done;
+  if (full) {
+    static const char *const ints[4] = {"step", "epoch", "data_epoch", "data_index"};
+    int64_t *dst[4];
+    const char *v;
+    dst[0] = &step; dst[1] = &epoch; dst[2] = &data_epoch; dst[3] = &data_index;
+    if (!c->is_dtrain) {
+      r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT,
+                     "not a dtrain checkpoint (metadata 'format' is not \"dtrain\"); dt_checkpoint_load_weights reads weights only");
+      goto done;
+    }
+    v = dt__io_meta_get(c, "format_version");
+    if (!v || strcmp(v, "1") != 0) {
+      r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "unsupported format_version '%s' (this build reads 1)", v ? v : "(none)");
+      goto done;
+    }
+    for (int k = 0; k < 4; k++) {
+      v = dt__io_meta_get(c, ints[k]);
+      if (!v || !dt__io_parse_i64(v, dst[k])) {
+        r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata '%s' is %s", ints[k], v ? "not a non-negative integer" : "missing");
+        goto done;
+      }
+    }
+    v = dt__io_meta_get(c, "params_rng");
+    if (!v || !dt__io_parse_rng(v, prng)) {
+      r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'params_rng' is %s", v ? "not 64 hex digits" : "missing");
+      goto done;
+    }
+    if (st->graph) {
+      v = dt__io_meta_get(c, "graph_rng");
+      if (!v) {
+        r = dt__io_err(&ctx, DTRAIN_ERR_MISMATCH, "the checkpoint has no graph RNG state (saved without a graph); load with graph = NULL");
+        goto done;
+      }
+      if (!dt__io_parse_rng(v, grng)) {
+        r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'graph_rng' is not 64 hex digits");
+        goto done;
+      }
+    }
+    v = dt__io_meta_get(c, "layout_hash");
+    {
+      uint64_t lh;
+      if (!v || !dt__io_parse_hex64(v, &lh)) {
+        r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'layout_hash' is %s", v ? "not 16 hex digits" : "missing");
+        goto done;
+      }
+      if (lh != dt_params_layout_hash(p)) {
+        /* Name the first difference when there is one. */
+        r = dt__io_match(c, &ctx, p, NULL, entry_of, slot_entry);
+        if (r == DTRAIN_OK)
+          r = dt__io_err(&ctx, DTRAIN_ERR_MISMATCH,
+                         "layout hash %s differs from the model's %016llx (parameter order or buffers differ)", v,
+                         (unsigned long long)dt_params_layout_hash(p));
+        goto done;
+      }
+    }
+    if (o) {
+      const char *kind = dt__io_kind_name(dt_optim_get_desc(o)->kind);
+      dt__io_json oj;
+      int ok = 0;
+      v = dt__io_meta_get(c, "optimizer");
+      if (!v) {
+        r = dt__io_err(&ctx, DTRAIN_ERR_MISMATCH, "the checkpoint has no optimizer state (saved without one); load with optim = NULL");
+        goto done;
+      }
+      if (dt__io_json_parse(&oj, (const unsigned char *)v, strlen(v)) && oj.v[0].type == DT__IO_JOBJ) {
+        for (int32_t k = oj.v[0].child; k >= 0; k = oj.v[oj.v[k].next].next) {
+          int32_t val = oj.v[k].next;
+          if (strcmp(dt__io_jstr(&oj, k), "kind") == 0 && oj.v[val].type == DT__IO_JSTR) {
+            ok = 1;
+            if (strcmp(dt__io_jstr(&oj, val), kind) != 0) ok = 2;
+            if (ok == 2)
+              r = dt__io_err(&ctx, DTRAIN_ERR_MISMATCH, "the checkpoint holds %s optimizer state; this optimizer is %s",
+                             dt__io_jstr(&oj, val), kind);
+          }
+        }
+      }
+      dt__io_json_free(&oj);
+      if (ok == 0) r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'optimizer' is not a JSON object with a \"kind\"");
+      if (r != DTRAIN_OK) goto done;
+    }
+  }
+  r = dt__io_match(c, &ctx, p, o, entry_of, slot_entry);
+  if (r != DTRAIN_OK) goto done;
+
+  /* Commit: nothing below can fail. */
+  {
+    float *data = dt_params_data(p);
+    for (int i = 0; i < np; i++) {
+      dt_param_info info;
+      dt_params_info(p, i, &info);
+      dt__io_decode_f32(data + info.offset, c->data + c->entries[entry_of[i]].begin, info.size);
+    }
+    for (int s = 0; s < nslots; s++) {
+      float *buf = dt_optim_state(o, s);
+      memset(buf, 0, dt_params_size(p) * sizeof(float));
+      for (int i = 0; i < np; i++) {
+        dt_param_info info;
+        dt_params_info(p, i, &info);
+        if (!info.trainable) continue;
+        int e = slot_entry[(size_t)s * (size_t)np + (size_t)i];
+        dt__io_decode_f32(buf + info.offset, c->data + c->entries[e].begin, info.size);
+      }
+    }
+    if (full) {
+      if (o) dt_optim_set_steps(o, step);
+      memcpy(dt_params_rng(p)->s, prng, sizeof prng);
+      if (st->graph) dt_graph_set_rng_state(st->graph, grng);
+      st->step = step;
+      st->epoch = epoch;
+      st->data_epoch = data_epoch;
+      st->data_index = data_index;
+    }
+  }
+done:
+  dt__free(entry_of, nent * sizeof(int));
+  dt__free(slot_entry, nslot_ent * sizeof(int));
+  dt_checkpoint_close(c);
+  return r;
+}
+
+DTRAIN_API dt_result dt_checkpoint_load(const char *path, dt_train_state *st) {
+  if (!st) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_load: state is NULL");
+  return dt__io_load(path, "dt_checkpoint_load", st, st->params, 1);
+}
+
+DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) {
+  return dt__io_load(path, "dt_checkpoint_load_weights", NULL, p, 0);
+}
+
+#undef DT__IO_JSON_DEPTH
+#undef DT__IO_HEX_RNG
+#undef DT__IO_NMETA
+
+#else /* DTRAIN_NO_STDIO: no file I/O, every entry point says so */
+
+struct dt_checkpoint {
+  int unused;
+};
+
+static dt_result dt__io_unsupported(const char *fn) {
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: built with DTRAIN_NO_STDIO (no file I/O)", fn);
+}
+
+DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *st) {
+  (void)path; (void)st;
+  return dt__io_unsupported("dt_checkpoint_save");
+}
+DTRAIN_API dt_result dt_checkpoint_load(const char *path, dt_train_state *st) {
+  (void)path; (void)st;
+  return dt__io_unsupported("dt_checkpoint_load");
+}
+DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) {
+  (void)path; (void)p;
+  return dt__io_unsupported("dt_checkpoint_load_weights");
+}
+DTRAIN_API dt_checkpoint *dt_checkpoint_open(const char *path) {
+  (void)path;
+  dt__io_unsupported("dt_checkpoint_open");
+  return NULL;
+}
+DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) { (void)c; }
+DTRAIN_API int dt_checkpoint_count(const dt_checkpoint *c) { (void)c; return 0; }
+DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, dt_checkpoint_entry *out) {
+  (void)c; (void)index; (void)out;
+  return dt__io_unsupported("dt_checkpoint_entry_at");
+}
+DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
+  (void)c; (void)name;
+  return DTRAIN_ERR_UNSUPPORTED;
+}
+DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n) {
+  (void)c; (void)index; (void)dst; (void)n;
+  return dt__io_unsupported("dt_checkpoint_read_f32");
+}
+DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c) { (void)c; return 0; }
+DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value) {
+  (void)c; (void)index; (void)key; (void)value;
+  return dt__io_unsupported("dt_checkpoint_meta_at");
+}
+DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
+  (void)c; (void)key;
+  return NULL;
+}
+DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { (void)c; return 0; }
+DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { (void)c; return 0; }
+
+#endif /* DTRAIN_NO_STDIO */
+/* ======== end dt_io.c ======== */
+
+/* ======== begin dt_fit.c ======== */
+/* ===========================================================================
+ * dt_fit.c -- the training loop, progress output, metrics CSV, SVG chart
+ * ===========================================================================
+ * Sections: progress (bar / lines), CSV, SVG chart, the loop.
+ * Nothing here runs inside a training step: the loop calls the user's step
+ * and only does arithmetic and (throttled) printing in between.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_STDIO)
+#  include <errno.h>
+#  if defined(_WIN32)
+#    include <io.h>
+#    include <process.h>
+#  else
+#    include <unistd.h>
+#  endif
+#endif
+
+#define DT__FIT_BAR_WIDTH 28
+#define DT__FIT_REDRAW_SECONDS 0.1
+
+static int dt__fit_finite(double x) { return isfinite(x) != 0; }
+
+/* ---- progress ------------------------------------------------------------------------ */
+
+#ifndef DTRAIN_NO_STDIO
+
+static int dt__fit_isatty(FILE *f) {
+#if defined(_WIN32)
+  return _isatty(_fileno(f)) != 0;
+#else
+  return isatty(fileno(f)) != 0;
+#endif
+}
+
+/* "12.3s", "4m05s", "1h02m" */
+static void dt__fit_duration(char *buf, size_t cap, double s) {
+  if (!dt__fit_finite(s) || s < 0) s = 0;
+  if (s < 60) snprintf(buf, cap, "%.1fs", s);
+  else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)(s / 60), (int)s % 60);
+  else snprintf(buf, cap, "%dh%02dm", (int)(s / 3600), ((int)s % 3600) / 60);
+}
+
+/* " name 0.1234" when finite; nothing otherwise. */
+static void dt__fit_metric(FILE *out, const char *name, double v) {
+  if (dt__fit_finite(v)) fprintf(out, "  %s %.4f", name, v);
+}
+
+/* The bar line (no newline); final: the epoch is complete. */
+static void dt__fit_draw_bar(FILE *out, int64_t epoch, int64_t epochs, int64_t done, int64_t total, double loss,
+                             double acc, double rate, double eta, const dt_fit_epoch *row) {
+  char bar[DT__FIT_BAR_WIDTH + 1], d[32];
+  int fill = total > 0 ? (int)((double)DT__FIT_BAR_WIDTH * (double)done / (double)total) : DT__FIT_BAR_WIDTH;
+  for (int i = 0; i < DT__FIT_BAR_WIDTH; i++) bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
+  bar[DT__FIT_BAR_WIDTH] = '\0';
+  fprintf(out, "\repoch %lld/%lld [%s] %lld/%lld", (long long)epoch + 1, (long long)epochs, bar, (long long)done,
+          (long long)total);
+  dt__fit_metric(out, "loss", loss);
+  dt__fit_metric(out, "acc", acc);
+  if (row) {
+    dt__fit_metric(out, "val_loss", row->val_loss);
+    dt__fit_metric(out, "val_acc", row->val_acc);
+    dt__fit_duration(d, sizeof d, row->train_seconds);
+    fprintf(out, "  %s  %.0f samples/s", d, row->samples_per_sec);
+  } else {
+    dt__fit_duration(d, sizeof d, eta);
+    fprintf(out, "  %.0f samples/s  ETA %s", rate, d);
+  }
+  fputs("\033[K", out); /* clear the rest of the line */
+  fflush(out);
+}
+
+static void dt__fit_print_line(FILE *out, int64_t epochs, const dt_fit_epoch *row) {
+  char d[32];
+  fprintf(out, "epoch %lld/%lld  step %lld", (long long)row->epoch, (long long)epochs, (long long)row->step);
+  dt__fit_metric(out, "loss", row->train_loss);
+  dt__fit_metric(out, "acc", row->train_acc);
+  dt__fit_metric(out, "val_loss", row->val_loss);
+  dt__fit_metric(out, "val_acc", row->val_acc);
+  if (dt__fit_finite(row->lr)) fprintf(out, "  lr %.3g", row->lr);
+  dt__fit_duration(d, sizeof d, row->train_seconds);
+  fprintf(out, "  %s  %.0f samples/s\n", d, row->samples_per_sec);
+  fflush(out);
+}
+
+/* ---- CSV --------------------------------------------------------------------------------- */
+
+static void dt__fit_csv_num(FILE *f, double v, int last) {
+  if (dt__fit_finite(v)) fprintf(f, "%.6g", v);
+  fputc(last ? '\n' : ',', f);
+}
+
+static dt_result dt__fit_csv_append(const char *path, const dt_fit_epoch *row) {
+  FILE *f = fopen(path, "ab");
+  if (!f) return dt__error(DTRAIN_ERR_IO, "dt_fit: cannot open metrics CSV '%s': %s", path, strerror(errno));
+  long at = -1;
+  if (fseek(f, 0, SEEK_END) == 0) at = ftell(f);
+  if (at == 0) fputs("epoch,step,train_loss,train_acc,val_loss,val_acc,lr,seconds\n", f);
+  fprintf(f, "%lld,%lld,", (long long)row->epoch, (long long)row->step);
+  dt__fit_csv_num(f, row->train_loss, 0);
+  dt__fit_csv_num(f, row->train_acc, 0);
+  dt__fit_csv_num(f, row->val_loss, 0);
+  dt__fit_csv_num(f, row->val_acc, 0);
+  dt__fit_csv_num(f, row->lr, 0);
+  fprintf(f, "%.3f\n", row->seconds);
+  int bad = ferror(f) != 0;
+  int saved = errno;
+  if (fclose(f) != 0 && !bad) {
+    bad = 1;
+    saved = errno;
+  }
+  if (bad) return dt__error(DTRAIN_ERR_IO, "dt_fit: writing metrics CSV '%s' failed: %s", path, strerror(saved));
+  return DTRAIN_OK;
+}
+
+/* ---- SVG chart ------------------------------------------------------------------------------ */
+
+typedef struct dt__fit_axis {
+  double lo, hi, step; /* tick range and spacing */
+  int decimals;
+} dt__fit_axis;
+
+static double dt__fit_nice(double x, int round_it) {
+  double e = floor(log10(x)), f = x / pow(10.0, e), nf;
+  if (round_it) nf = f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10;
+  else nf = f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10;
+  return nf * pow(10.0, e);
+}
+
+/* "Nice numbers" axis covering [lo, hi] with about `target` ticks. */
+static void dt__fit_make_axis(dt__fit_axis *a, double lo, double hi, int target, int integer) {
+  if (!(hi > lo)) {
+    double pad = fabs(lo) > 0 ? fabs(lo) * 0.1 : 1.0;
+    lo -= pad;
+    hi += pad;
+  }
+  double range = dt__fit_nice(hi - lo, 0);
+  double step = dt__fit_nice(range / (double)(target - 1), 1);
+  if (integer && step < 1) step = 1;
+  a->step = step;
+  a->lo = floor(lo / step) * step;
+  a->hi = ceil(hi / step) * step;
+  a->decimals = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
+  if (a->decimals > 6) a->decimals = 6;
+}
+
+/* Text with XML special characters escaped. */
+static void dt__fit_xml_text(FILE *f, const char *s) {
+  for (; *s; s++) {
+    switch (*s) {
+      case '&': fputs("&amp;", f); break;
+      case '<': fputs("&lt;", f); break;
+      case '>': fputs("&gt;", f); break;
+      case '"': fputs("&quot;", f); break;
+      case '\'': fputs("&apos;", f); break;
+      default:
+        if ((unsigned char)*s >= 0x20 || *s == '\t') fputc(*s, f);
+    }
+  }
+}
+
+typedef struct dt__fit_series {
+  const char *name, *color;
+  int dashed;
+  size_t field; /* offsetof the double in dt_fit_epoch */
+} dt__fit_series;
+
+static double dt__fit_get(const dt_fit_epoch *r, size_t field) {
+  double v;
+  memcpy(&v, (const char *)r + field, sizeof v);
+  return v;
+}
+
+/* One panel at (x0, y0) of size w x h. */
+static void dt__fit_panel(FILE *f, double x0, double y0, double w, double h, const char *ylabel,
+                          const dt_fit_epoch *rows, int64_t n, const dt__fit_series *ser, int nser, int unit_range) {
+  const double ml = 62, mr = 16, mt = 14, mb = 46; /* plot margins inside the panel */
+  const double px = x0 + ml, py = y0 + mt, pw = w - ml - mr, ph = h - mt - mb;
+  double ylo = INFINITY, yhi = -INFINITY;
+  int64_t emin = rows[0].epoch, emax = rows[0].epoch;
+  for (int64_t i = 0; i < n; i++) {
+    emin = DT__MIN(emin, rows[i].epoch);
+    emax = DT__MAX(emax, rows[i].epoch);
+    for (int s = 0; s < nser; s++) {
+      double v = dt__fit_get(&rows[i], ser[s].field);
+      if (!dt__fit_finite(v)) continue;
+      ylo = DT__MIN(ylo, v);
+      yhi = DT__MAX(yhi, v);
+    }
+  }
+  fprintf(f, "<g>\n<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#ffffff\" stroke=\"#cccccc\"/>\n",
+          px, py, pw, ph);
+  fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\" "
+             "transform=\"rotate(-90 %.1f %.1f)\">",
+          x0 + 16, py + ph / 2, x0 + 16, py + ph / 2);
+  dt__fit_xml_text(f, ylabel);
+  fputs("</text>\n", f);
+  fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">epoch</text>\n", px + pw / 2,
+          y0 + h - 8);
+  if (!(yhi >= ylo)) {
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" fill=\"#888888\" text-anchor=\"middle\">"
+               "no %s reported</text>\n</g>\n",
+            px + pw / 2, py + ph / 2, ylabel);
+    return;
+  }
+  if (unit_range) { /* accuracy: stay inside [0, 1] */
+    ylo = DT__MAX(0.0, ylo - 0.02);
+    yhi = DT__MIN(1.0, yhi + 0.02);
+  }
+  dt__fit_axis xa, ya;
+  dt__fit_make_axis(&xa, (double)emin, (double)emax, 8, 1);
+  if (emin == emax) {
+    xa.lo = (double)emin - 1;
+    xa.hi = (double)emin + 1;
+  }
+  dt__fit_make_axis(&ya, ylo, yhi, 6, 0);
+  double xs = pw / (xa.hi - xa.lo), ys = ph / (ya.hi - ya.lo);
+#define DT__FIT_X(e) (px + ((double)(e) - xa.lo) * xs)
+#define DT__FIT_Y(v) (py + ph - ((v) - ya.lo) * ys)
+  /* Grid, ticks and tick labels. */
+  for (int k = 0;; k++) {
+    double v = ya.lo + k * ya.step;
+    if (v > ya.hi + ya.step * 1e-6) break;
+    double y = DT__FIT_Y(v);
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eeeeee\"/>\n", px, y, px + pw, y);
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333333\"/>\n", px - 4, y, px, y);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%.*f</text>\n", px - 7, y + 4,
+            ya.decimals, v);
+  }
+  for (int k = 0;; k++) {
+    double e = xa.lo + k * xa.step;
+    if (e > xa.hi + 1e-9) break;
+    if (e < 0.5 || e != floor(e)) continue; /* epochs are whole and start at 1 */
+    double x = DT__FIT_X(e);
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#eeeeee\"/>\n", x, py, x, py + ph);
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333333\"/>\n", x, py + ph, x,
+            py + ph + 4);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">%.0f</text>\n", x, py + ph + 17,
+            e);
+  }
+  /* Axes. */
+  fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333333\"/>\n", px, py, px, py + ph);
+  fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333333\"/>\n", px, py + ph, px + pw,
+          py + ph);
+  /* Series: polylines broken at NaN, with markers. */
+  int shown[4] = {0, 0, 0, 0}, nshown = 0;
+  for (int s = 0; s < nser && s < 4; s++) {
+    int open = 0;
+    for (int64_t i = 0; i < n; i++) {
+      double v = dt__fit_get(&rows[i], ser[s].field);
+      if (!dt__fit_finite(v)) {
+        if (open) fputs("\"/>\n", f);
+        open = 0;
+        continue;
+      }
+      if (!open) {
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"", ser[s].color,
+                ser[s].dashed ? " stroke-dasharray=\"6 3\"" : "");
+        open = 1;
+      }
+      fprintf(f, "%.1f,%.1f ", DT__FIT_X(rows[i].epoch), DT__FIT_Y(v));
+      shown[s] = 1;
+    }
+    if (open) fputs("\"/>\n", f);
+    if (!shown[s]) continue;
+    nshown++;
+    if (n <= 80)
+      for (int64_t i = 0; i < n; i++) {
+        double v = dt__fit_get(&rows[i], ser[s].field);
+        if (dt__fit_finite(v))
+          fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", DT__FIT_X(rows[i].epoch),
+                  DT__FIT_Y(v), ser[s].color);
+      }
+  }
+  /* Legend over a translucent box: top right for losses (they fall), bottom right for accuracy (it rises). */
+  double lx = px + pw - 118, ly = unit_range ? py + ph - 16 - 18.0 * nshown : py + 8;
+  fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"110\" height=\"%.1f\" fill=\"#ffffff\" fill-opacity=\"0.85\" "
+             "stroke=\"#cccccc\"/>\n",
+          lx, ly, 8.0 + 18.0 * nshown);
+  for (int s = 0, k = 0; s < nser && s < 4; s++) {
+    if (!shown[s]) continue;
+    double y = ly + 18 + 18 * k++;
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"%s/>\n", lx + 8,
+            y - 4, lx + 30, y - 4, ser[s].color, ser[s].dashed ? " stroke-dasharray=\"6 3\"" : "");
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\">%s</text>\n", lx + 36, y, ser[s].name);
+  }
+#undef DT__FIT_X
+#undef DT__FIT_Y
+  fputs("</g>\n", f);
+}
+
+static dt_result dt__fit_svg(const char *path, const dt_fit_epoch *rows, int64_t n, const char *title) {
+  static DT__TLS unsigned counter;
+  const double W = 960, H = 400, top = 40;
+  size_t cap = strlen(path) + 48;
+  char *tmp = (char *)dt__alloc(cap);
+  if (!tmp) return dt__error(DTRAIN_ERR_NOMEM, "dt_fit_write_svg: out of memory");
+#if defined(_WIN32)
+  snprintf(tmp, cap, "%s.tmp-%ld-%u", path, (long)_getpid(), counter++);
+#else
+  snprintf(tmp, cap, "%s.tmp-%ld-%u", path, (long)getpid(), counter++);
+#endif
+  FILE *f = fopen(tmp, "wb");
+  if (!f) {
+    dt_result r = dt__error(DTRAIN_ERR_IO, "dt_fit_write_svg: cannot create '%s': %s", tmp, strerror(errno));
+    dt__free(tmp, cap);
+    return r;
+  }
+  dt__fit_series loss[2], acc[2];
+  loss[0].name = "train"; loss[0].color = "#1f77b4"; loss[0].dashed = 0; loss[0].field = offsetof(dt_fit_epoch, train_loss);
+  loss[1].name = "validation"; loss[1].color = "#ff7f0e"; loss[1].dashed = 1; loss[1].field = offsetof(dt_fit_epoch, val_loss);
+  acc[0] = loss[0];
+  acc[0].field = offsetof(dt_fit_epoch, train_acc);
+  acc[1] = loss[1];
+  acc[1].field = offsetof(dt_fit_epoch, val_acc);
+  fputs("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n", f);
+  fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+             "font-family=\"Helvetica, Arial, sans-serif\">\n",
+          W, H, W, H);
+  fputs("<title>", f);
+  dt__fit_xml_text(f, title);
+  fputs("</title>\n", f);
+  fprintf(f, "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"#fafafa\"/>\n", W, H);
+  fprintf(f, "<text x=\"%.1f\" y=\"26\" font-size=\"16\" font-weight=\"bold\" text-anchor=\"middle\">", W / 2);
+  dt__fit_xml_text(f, title);
+  fputs("</text>\n", f);
+  if (n > 0) {
+    dt__fit_panel(f, 0, top, W / 2, H - top, "loss", rows, n, loss, 2, 0);
+    dt__fit_panel(f, W / 2, top, W / 2, H - top, "accuracy", rows, n, acc, 2, 1);
+  } else {
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" text-anchor=\"middle\">no epochs yet</text>\n", W / 2,
+            H / 2);
+  }
+  fputs("</svg>\n", f);
+  int bad = ferror(f) != 0;
+  int saved = errno;
+  if (fclose(f) != 0 && !bad) {
+    bad = 1;
+    saved = errno;
+  }
+  if (!bad && rename(tmp, path) != 0) {
+    bad = 1;
+    saved = errno;
+  }
+  dt_result r = DTRAIN_OK;
+  if (bad) {
+    remove(tmp);
+    r = dt__error(DTRAIN_ERR_IO, "dt_fit_write_svg: writing '%s' failed: %s", path, strerror(saved));
+  }
+  dt__free(tmp, cap);
+  return r;
+}
+
+#endif /* DTRAIN_NO_STDIO */
+
+DTRAIN_API dt_result dt_fit_write_svg(const char *path, const dt_fit_epoch *rows, int64_t n, const char *title) {
+  if (!path || (!rows && n > 0)) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_fit_write_svg: NULL argument");
+  if (n < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit_write_svg: n = %lld < 0", (long long)n);
+#ifdef DTRAIN_NO_STDIO
+  (void)title;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_fit_write_svg: built with DTRAIN_NO_STDIO (no file I/O)");
+#else
+  return dt__fit_svg(path, rows, n, title ? title : "training");
+#endif
+}
+
+/* ---- the loop ---------------------------------------------------------------------------- */
+
+typedef struct dt__fit_run {
+  const dt_fit_desc *d;
+  int mode;                 /* DTRAIN_FIT_PROGRESS_BAR / LINES / QUIET after AUTO resolved */
+  FILE *out;
+  dt_fit_epoch *hist;       /* this call's epochs, for the chart */
+  int64_t nhist, hist_cap;
+  float *best;              /* restore_best: parameters of the best epoch */
+  size_t best_n;
+  int64_t step;             /* global step counter when there is no optimizer */
+} dt__fit_run;
+
+static int64_t dt__fit_step_now(const dt__fit_run *run) {
+  return run->d->optim ? dt_optim_steps(run->d->optim) : run->step;
+}
+
+static dt_result dt__fit_checkpoint(const dt__fit_run *run, const char *path, int64_t epoch_done, int64_t data_epoch,
+                                    int64_t data_index) {
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = run->d->params;
+  st.optim = run->d->optim;
+  st.graph = run->d->graph;
+  st.step = dt__fit_step_now(run);
+  st.epoch = epoch_done;
+  st.data_epoch = data_epoch;
+  st.data_index = data_index;
+  st.config = run->d->config;
+  return dt_checkpoint_save(path, &st);
+}
+
+static double dt__fit_monitored(dt_fit_monitor m, const dt_fit_epoch *row) {
+  switch (m) {
+    case DTRAIN_FIT_MONITOR_VAL_LOSS: return row->val_loss;
+    case DTRAIN_FIT_MONITOR_VAL_ACC: return row->val_acc;
+    case DTRAIN_FIT_MONITOR_TRAIN_ACC: return row->train_acc;
+    case DTRAIN_FIT_MONITOR_TRAIN_LOSS:
+    default: return row->train_loss;
+  }
+}
+
+static const char *dt__fit_monitor_name(dt_fit_monitor m) {
+  switch (m) {
+    case DTRAIN_FIT_MONITOR_VAL_LOSS: return "val_loss";
+    case DTRAIN_FIT_MONITOR_VAL_ACC: return "val_acc";
+    case DTRAIN_FIT_MONITOR_TRAIN_ACC: return "train_acc";
+    case DTRAIN_FIT_MONITOR_TRAIN_LOSS:
+    default: return "train_loss";
+  }
+}
+
+static dt_result dt__fit_check(const dt_fit_desc *d) {
+  const char *fn = "dt_fit";
+  if (!d->train_step) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: train_step is NULL", fn);
+  if (d->steps_per_epoch <= 0)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: steps_per_epoch %lld must be >= 1", fn, (long long)d->steps_per_epoch);
+  if (d->epochs < 0 || d->batch_size < 0 || d->patience < 0 || d->log_every < 0 || d->checkpoint_every < 0 ||
+      d->checkpoint_steps < 0)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: epochs, batch_size, patience, log_every and checkpoint intervals must be >= 0", fn);
+  if (!(d->min_delta >= 0))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: min_delta %g must be >= 0", fn, d->min_delta);
+  if (d->start_epoch < 0 || d->start_batch < 0 || d->start_batch >= d->steps_per_epoch)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: start position (epoch %lld, batch %lld) is outside [0, %lld batches)",
+                     fn, (long long)d->start_epoch, (long long)d->start_batch, (long long)d->steps_per_epoch);
+  if ((int)d->monitor < (int)DTRAIN_FIT_MONITOR_AUTO || (int)d->monitor > (int)DTRAIN_FIT_MONITOR_TRAIN_ACC)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown monitor %d", fn, (int)d->monitor);
+  if ((int)d->progress < (int)DTRAIN_FIT_PROGRESS_AUTO || (int)d->progress > (int)DTRAIN_FIT_PROGRESS_QUIET)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown progress mode %d", fn, (int)d->progress);
+  if ((d->monitor == DTRAIN_FIT_MONITOR_VAL_LOSS || d->monitor == DTRAIN_FIT_MONITOR_VAL_ACC) && !d->evaluate)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: monitor %s needs an evaluate callback", fn,
+                     dt__fit_monitor_name(d->monitor));
+  if ((d->restore_best || d->checkpoint_path || d->best_path) && !d->params)
+    return dt__error(DTRAIN_ERR_NULL_ARG, "%s: restore_best and checkpoints need params", fn);
+#ifdef DTRAIN_NO_STDIO
+  if (d->csv_path || d->svg_path || d->checkpoint_path || d->best_path ||
+      d->progress == DTRAIN_FIT_PROGRESS_BAR || d->progress == DTRAIN_FIT_PROGRESS_LINES)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: built with DTRAIN_NO_STDIO: no progress output or files", fn);
+#endif
+  return DTRAIN_OK;
+}
+
+/* Appends row to the history (for the chart). */
+static dt_result dt__fit_push(dt__fit_run *run, const dt_fit_epoch *row) {
+  if (run->nhist == run->hist_cap) {
+    int64_t ncap = run->hist_cap ? run->hist_cap * 2 : 16;
+    dt_fit_epoch *nh = (dt_fit_epoch *)dt__realloc(run->hist, (size_t)run->hist_cap * sizeof(dt_fit_epoch),
+                                                   (size_t)ncap * sizeof(dt_fit_epoch));
+    if (!nh) return dt__error(DTRAIN_ERR_NOMEM, "dt_fit: out of memory for the history");
+    run->hist = nh;
+    run->hist_cap = ncap;
+  }
+  run->hist[run->nhist++] = *row;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_fit(const dt_fit_desc *desc, dt_fit_result *result) {
+  dt_fit_result res;
+  dt__fit_run run;
+  dt_result r;
+  memset(&res, 0, sizeof res);
+  memset(&run, 0, sizeof run);
+  res.best_value = NAN;
+  if (result) *result = res;
+  if (!desc) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_fit: desc is NULL");
+  r = dt__fit_check(desc);
+  if (r != DTRAIN_OK) return r;
+
+  const dt_fit_desc *d = desc;
+  const int64_t epochs = d->epochs ? d->epochs : 1;
+  const int64_t bsize = d->batch_size ? d->batch_size : 1;
+  const int64_t ckpt_every = d->checkpoint_every ? d->checkpoint_every : 1;
+  const dt_fit_monitor mon = d->monitor != DTRAIN_FIT_MONITOR_AUTO ? d->monitor
+                           : d->evaluate ? DTRAIN_FIT_MONITOR_VAL_LOSS : DTRAIN_FIT_MONITOR_TRAIN_LOSS;
+  const int maximize = mon == DTRAIN_FIT_MONITOR_VAL_ACC || mon == DTRAIN_FIT_MONITOR_TRAIN_ACC;
+  const double t_start = dt_time_now();
+  int64_t wait = 0, start_batch = d->start_batch, last_ckpt_step = -1;
+  int stop = 0;
+  run.d = d;
+  run.step = d->start_epoch * d->steps_per_epoch + d->start_batch;
+  run.mode = DTRAIN_FIT_PROGRESS_QUIET;
+#ifndef DTRAIN_NO_STDIO
+  run.out = d->out ? d->out : stdout;
+  run.mode = d->progress == DTRAIN_FIT_PROGRESS_AUTO ? (dt__fit_isatty(run.out) ? DTRAIN_FIT_PROGRESS_BAR
+                                                                               : DTRAIN_FIT_PROGRESS_LINES)
+                                                     : (int)d->progress;
+#endif
+  if (d->restore_best) {
+    run.best_n = dt_params_size(d->params);
+    run.best = (float *)dt__alloc((run.best_n ? run.best_n : 1) * sizeof(float));
+    if (!run.best) {
+      r = dt__error(DTRAIN_ERR_NOMEM, "dt_fit: out of memory for a copy of %zu parameters", run.best_n);
+      goto done;
+    }
+  }
+
+  for (int64_t e = d->start_epoch; e < epochs && !stop; e++) {
+    dt_fit_epoch row;
+    double loss_sum = 0, tr_secs = 0, last_draw = -1;
+    int64_t samples = 0, acc_samples = 0, correct = 0, done_batches = 0, pos = start_batch;
+    memset(&row, 0, sizeof row);
+    (void)last_draw;
+    (void)pos;
+    for (int64_t b = start_batch; b < d->steps_per_epoch; b++) {
+      dt_fit_batch bt;
+      bt.epoch = e;
+      bt.index = b;
+      bt.step = dt__fit_step_now(&run);
+      bt.loss = NAN;
+      bt.samples = 0;
+      bt.correct = -1;
+      double t0 = dt_time_now();
+      r = d->train_step(&bt, d->user);
+      tr_secs += dt_time_now() - t0;
+      if (r != DTRAIN_OK) {
+        char inner[DT__MSG_CAP];
+        snprintf(inner, sizeof inner, "%s", dt_last_result() == r ? dt_last_error() : dt_result_str(r));
+        dt__error(r, "dt_fit: train step failed in epoch %lld, batch %lld of %lld: %s", (long long)e + 1,
+                  (long long)b + 1, (long long)d->steps_per_epoch, inner);
+        goto done;
+      }
+      if (!d->optim) run.step++;
+      int64_t ns = bt.samples > 0 ? bt.samples : bsize;
+      samples += ns;
+      loss_sum += bt.loss * (double)ns;
+      if (bt.correct >= 0) {
+        correct += bt.correct;
+        acc_samples += ns;
+      }
+      done_batches++;
+      pos = b + 1;
+#ifndef DTRAIN_NO_STDIO
+      if (run.mode == DTRAIN_FIT_PROGRESS_BAR) {
+        double now = dt_time_now();
+        if (b + 1 == d->steps_per_epoch || last_draw < 0 || now - last_draw >= DT__FIT_REDRAW_SECONDS) {
+          double rate = tr_secs > 0 ? (double)samples / tr_secs : 0;
+          double eta = done_batches > 0 ? tr_secs / (double)done_batches * (double)(d->steps_per_epoch - b - 1) : 0;
+          dt__fit_draw_bar(run.out, e, epochs, b + 1, d->steps_per_epoch, loss_sum / (double)samples,
+                           acc_samples ? (double)correct / (double)acc_samples : NAN, rate, eta, NULL);
+          last_draw = now;
+        }
+      } else if (run.mode == DTRAIN_FIT_PROGRESS_LINES && d->log_every > 0 && (b + 1) % d->log_every == 0 &&
+                 b + 1 < d->steps_per_epoch) {
+        fprintf(run.out, "epoch %lld/%lld  batch %lld/%lld", (long long)e + 1, (long long)epochs, (long long)b + 1,
+                (long long)d->steps_per_epoch);
+        dt__fit_metric(run.out, "loss", loss_sum / (double)samples);
+        if (acc_samples) dt__fit_metric(run.out, "acc", (double)correct / (double)acc_samples);
+        fputc('\n', run.out);
+        fflush(run.out);
+      }
+#endif
+      if (d->checkpoint_path && d->checkpoint_steps > 0 && b + 1 < d->steps_per_epoch) {
+        int64_t now_step = dt__fit_step_now(&run);
+        if (now_step % d->checkpoint_steps == 0 && now_step != last_ckpt_step) { /* once per step */
+          r = dt__fit_checkpoint(&run, d->checkpoint_path, e, e, b + 1);
+          if (r != DTRAIN_OK) goto done;
+          last_ckpt_step = now_step;
+        }
+      }
+      if (d->on_batch_end && d->on_batch_end(&bt, d->user)) {
+        stop = 1;
+        res.stopped_by_callback = 1;
+        break;
+      }
+    }
+    start_batch = 0;
+
+    /* Epoch bookkeeping. */
+    row.epoch = e + 1;
+    row.step = dt__fit_step_now(&run);
+    row.train_loss = samples ? loss_sum / (double)samples : NAN;
+    row.train_acc = acc_samples ? (double)correct / (double)acc_samples : NAN;
+    row.val_loss = row.val_acc = NAN;
+    row.lr = d->optim ? (double)dt_optim_lr(d->optim) : NAN;
+    row.train_seconds = tr_secs;
+    row.samples = samples;
+    row.samples_per_sec = tr_secs > 0 ? (double)samples / tr_secs : 0;
+    if (d->evaluate) {
+      dt_fit_eval ev;
+      ev.epoch = e;
+      ev.loss = NAN;
+      ev.accuracy = NAN;
+      r = d->evaluate(&ev, d->user);
+      if (r != DTRAIN_OK) {
+        char inner[DT__MSG_CAP];
+        snprintf(inner, sizeof inner, "%s", dt_last_result() == r ? dt_last_error() : dt_result_str(r));
+        dt__error(r, "dt_fit: evaluation failed after epoch %lld: %s", (long long)e + 1, inner);
+        goto done;
+      }
+      row.val_loss = ev.loss;
+      row.val_acc = ev.accuracy;
+    }
+    row.seconds = dt_time_now() - t_start;
+    res.samples += samples;
+    res.train_seconds += tr_secs;
+    res.epochs_run++;
+    res.last = row;
+    r = dt__fit_push(&run, &row);
+    if (r != DTRAIN_OK) goto done;
+
+#ifndef DTRAIN_NO_STDIO
+    if (run.mode == DTRAIN_FIT_PROGRESS_BAR) {
+      dt__fit_draw_bar(run.out, e, epochs, pos, d->steps_per_epoch, row.train_loss, row.train_acc, 0, 0, &row);
+      fputc('\n', run.out);
+      fflush(run.out);
+    } else if (run.mode == DTRAIN_FIT_PROGRESS_LINES) {
+      dt__fit_print_line(run.out, epochs, &row);
+    }
+    if (d->csv_path) {
+      r = dt__fit_csv_append(d->csv_path, &row);
+      if (r != DTRAIN_OK) goto done;
+    }
+    if (d->svg_path) {
+      r = dt_fit_write_svg(d->svg_path, run.hist, run.nhist, d->title);
+      if (r != DTRAIN_OK) goto done;
+    }
+#endif
+
+    /* Early stopping and the best epoch. */
+    {
+      double v = dt__fit_monitored(mon, &row);
+      int improved = 0;
+      if (dt__fit_finite(v)) {
+        if (res.best_epoch == 0) improved = 1;
+        else if (maximize) improved = v > res.best_value + d->min_delta;
+        else improved = v < res.best_value - d->min_delta;
+      }
+      if (improved) {
+        res.best_epoch = row.epoch;
+        res.best_value = v;
+        wait = 0;
+        if (run.best) memcpy(run.best, dt_params_data(d->params), run.best_n * sizeof(float));
+        if (d->best_path) {
+          r = dt__fit_checkpoint(&run, d->best_path, e + 1, e + 1, 0);
+          if (r != DTRAIN_OK) goto done;
+        }
+      } else {
+        wait++;
+        if (d->patience > 0 && wait >= d->patience) {
+          stop = 1;
+          res.stopped_early = 1;
+        }
+      }
+    }
+    if (d->on_epoch_end && d->on_epoch_end(&row, d->user)) {
+      stop = 1;
+      res.stopped_by_callback = 1;
+    }
+    if (d->checkpoint_path && ((e + 1 - d->start_epoch) % ckpt_every == 0 || e + 1 == epochs || stop)) {
+      /* A hook may have stopped the epoch early: store where it stopped. */
+      int complete = pos == d->steps_per_epoch;
+      r = dt__fit_checkpoint(&run, d->checkpoint_path, complete ? e + 1 : e, complete ? e + 1 : e,
+                             complete ? 0 : pos);
+      if (r != DTRAIN_OK) goto done;
+    }
+#ifndef DTRAIN_NO_STDIO
+    if (res.stopped_early && run.mode != DTRAIN_FIT_PROGRESS_QUIET)
+      fprintf(run.out, "early stopping: %s did not improve by more than %g for %lld epochs (best %.4f at epoch %lld)\n",
+              dt__fit_monitor_name(mon), d->min_delta, (long long)wait, res.best_value, (long long)res.best_epoch);
+#endif
+  }
+
+  if (run.best && res.best_epoch > 0) {
+    memcpy(dt_params_data(d->params), run.best, run.best_n * sizeof(float));
+    res.restored_best = 1;
+#ifndef DTRAIN_NO_STDIO
+    if (run.mode != DTRAIN_FIT_PROGRESS_QUIET && res.best_epoch != res.last.epoch)
+      fprintf(run.out, "restored the parameters of epoch %lld (%s %.4f)\n", (long long)res.best_epoch,
+              dt__fit_monitor_name(mon), res.best_value);
+#endif
+  }
+  r = DTRAIN_OK;
+
+done:
+#ifndef DTRAIN_NO_STDIO
+  if (r != DTRAIN_OK && run.mode == DTRAIN_FIT_PROGRESS_BAR) {
+    fputc('\n', run.out); /* do not leave the error behind a half-drawn bar */
+    fflush(run.out);
+  }
+#endif
+  res.step = dt__fit_step_now(&run);
+  res.total_seconds = dt_time_now() - t_start;
+  res.samples_per_sec = res.train_seconds > 0 ? (double)res.samples / res.train_seconds : 0;
+  if (result) *result = res;
+  dt__free(run.best, (run.best_n ? run.best_n : 1) * sizeof(float));
+  dt__free(run.hist, (size_t)run.hist_cap * sizeof(dt_fit_epoch));
+  return r;
+}
+
+#undef DT__FIT_BAR_WIDTH
+#undef DT__FIT_REDRAW_SECONDS
+/* ======== end dt_fit.c ======== */
 
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -20,6 +20,8 @@
 #include "dt_params.h"
 #include "dt_optim.h"
 #include "dt_nn.h"
+#include "dt_io.h"
+#include "dt_fit.h"
 
 #include <float.h>
 #include <limits.h>

@@ -1,0 +1,135 @@
+/* ===========================================================================
+ * dt_io.h -- checkpoints of the full training state in the safetensors format
+ * ===========================================================================
+ * A checkpoint is a safetensors file (readable by PyTorch's `safetensors`,
+ * NumPy, or anything that follows the format):
+ *
+ *   8 bytes    N, the header length, unsigned little-endian
+ *   N bytes    JSON: {"__metadata__": {"key": "value", ...},
+ *                     "fc1.weight": {"dtype": "F32", "shape": [256, 784],
+ *                                    "data_offsets": [begin, end]}, ...}
+ *              padded with spaces so that the data starts 8-byte aligned
+ *   the rest   the tensors' bytes, contiguous, little-endian float32;
+ *              offsets are relative to the first byte after the header
+ *
+ * Tensors: every parameter and buffer under its dt_params name, then the
+ * optimizer state as "optim.<slot>.<parameter name>" for each trainable
+ * parameter, with PyTorch's slot names: SGD "momentum_buffer"; Adam(W)
+ * "exp_avg", "exp_avg_sq"; RMSprop "square_avg", "momentum_buffer".
+ * Metadata (all strings): "format" = "dtrain", "format_version" = "1",
+ * "dtrain_version", "step" (optimizer steps), "epoch", "data_epoch" and
+ * "data_index" (the data loader's position), "params_rng" and "graph_rng"
+ * (RNG states, 64 hex digits), "optimizer" (the optimizer's settings),
+ * "layout_hash" (dt_params_layout_hash, 16 hex digits), "config" (a user
+ * string) and "checksum" (16 hex digits over the header's content and the
+ * data; verified when present).
+ *
+ * Saving is atomic: the file is written to a temporary file in the same
+ * directory, flushed and fsync'ed, renamed over `path`, and the directory is
+ * fsync'ed. On any failure the temporary file is removed, an existing file at
+ * `path` is left as it was, and the error (DTRAIN_ERR_IO) names the path and
+ * the system's reason.
+ *
+ * Loading validates everything before it changes anything: the file size,
+ * the header length (at most 100,000,000 bytes and within the file), the JSON
+ * (strict RFC 8259, UTF-8, depth and length limits, no duplicate keys), every
+ * entry (dtype, shape, offsets in bounds, sizes matching shapes, tensors
+ * contiguous and covering the data exactly), the checksum, and the fit with
+ * the model (every parameter present with its shape, every tensor known).
+ * Errors:
+ *   DTRAIN_ERR_IO        the file cannot be opened or read
+ *   DTRAIN_ERR_CORRUPT   truncated, header length beyond the file, offsets out
+ *                        of bounds / overlapping / leaving gaps, sizes that do
+ *                        not match shapes, checksum mismatch
+ *   DTRAIN_ERR_FORMAT    not safetensors JSON, a dtype other than F32 where
+ *                        dtrain needs F32, missing or malformed metadata
+ *   DTRAIN_ERR_MISMATCH  a valid file that does not fit this model or
+ *                        optimizer (shape, missing or unknown tensor, layout)
+ * The message names the file and the tensor or field. On any error the
+ * params, optimizer, graph and state are left unchanged.
+ *
+ * Resuming: save with the params, the optimizer and the graph (dropout RNG)
+ * and the data position; load them into a model built the same way (any seed)
+ * and training continues bitwise as if it had never stopped.
+ *
+ * Ownership: dt_checkpoint (from dt_checkpoint_open) owns the file's bytes and
+ * every string it returns, until dt_checkpoint_close.
+ * Without stdio (DTRAIN_NO_STDIO) every function here that touches a file
+ * returns DTRAIN_ERR_UNSUPPORTED.
+ */
+#ifndef DTRAIN_IO_H
+#define DTRAIN_IO_H
+
+#include "dt_optim.h"
+
+DTRAIN_EXTERN_C_BEGIN
+
+/* The checkpoint format version written in the metadata ("format_version"). */
+#define DTRAIN_CHECKPOINT_VERSION 1
+/* Largest header accepted (the safetensors reference limit). */
+#define DTRAIN_CHECKPOINT_MAX_HEADER 100000000
+
+/* What dt_checkpoint_save writes and dt_checkpoint_load restores. */
+typedef struct dt_train_state {
+  dt_params *params;   /* required: every parameter and buffer */
+  dt_optim *optim;     /* optional: state slots and step count */
+  dt_graph *graph;     /* optional: the graph's RNG (dropout) */
+  int64_t step;        /* save: written when optim is NULL (else dt_optim_steps); load: set */
+  int64_t epoch;       /* save: written; load: set */
+  int64_t data_epoch;  /* data loader position (epoch, index): save: written; load: set */
+  int64_t data_index;
+  const char *config;  /* save: user text stored as metadata "config" (valid UTF-8; NULL: "").
+                          load: not touched (read it with dt_checkpoint_open + dt_checkpoint_meta) */
+} dt_train_state;
+
+/* Save the full training state atomically (see above). */
+DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *st);
+
+/* Restore the full state: parameters and buffers, the optimizer's slots and
+ * step count (when st->optim; the file must hold state for the same kind of
+ * optimizer; its other settings, such as lr, may differ), the graph's RNG
+ * (when st->graph), the params' RNG, and st->step, epoch, data_epoch and
+ * data_index. The file must be a dtrain checkpoint of the same layout
+ * (names, shapes, order, buffers). Nothing changes on error. */
+DTRAIN_API dt_result dt_checkpoint_load(const char *path, dt_train_state *st);
+
+/* Restore parameters and buffers only, from any safetensors file whose F32
+ * tensors match the model by name and shape (for example one written by
+ * PyTorch). Optimizer tensors ("optim.<slot>.<name>") and metadata are
+ * ignored; any other unknown tensor is an error. Nothing changes on error. */
+DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p);
+
+/* ---- inspection: list a safetensors file's tensors and metadata ------------ */
+typedef struct dt_checkpoint dt_checkpoint;
+
+typedef struct dt_checkpoint_entry {
+  const char *name;               /* owned by the checkpoint */
+  const char *dtype;              /* "F32", "F16", "BF16", "I64", ... */
+  int ndim;                       /* 0 (scalar) .. DTRAIN_MAX_DIMS */
+  int64_t shape[DTRAIN_MAX_DIMS]; /* shape[ndim..] are 1 */
+  uint64_t begin, end;            /* byte range in the data (after the header) */
+} dt_checkpoint_entry;
+
+/* Read and validate a safetensors file (any dtype; not checked against a
+ * model). NULL on error (dt_last_error()/dt_last_result()). */
+DTRAIN_API dt_checkpoint *dt_checkpoint_open(const char *path);
+DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c);
+/* Tensors, in the order of their data in the file. */
+DTRAIN_API int dt_checkpoint_count(const dt_checkpoint *c);
+DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, dt_checkpoint_entry *out);
+/* Index of the tensor named `name`, or DTRAIN_ERR_NOT_FOUND. */
+DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name);
+/* Copy tensor `index` (dtype F32, exactly n elements) into dst, in host order. */
+DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n);
+/* Metadata entries, in file order. */
+DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c);
+DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value);
+/* Value of metadata `key`, or NULL when absent. */
+DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key);
+/* Total file size and header length (N) in bytes. */
+DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c);
+DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_IO_H */
