@@ -1111,7 +1111,23 @@ static void cleanup(void) {
   rmdir(tmpdir);
 }
 
+/* DTRAIN_NO_STDIO builds have no file I/O: every file call says so cleanly. */
+static void test_no_stdio_build(void) {
+  dt_params *P = dt_params_create(1);
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = P;
+  CHECK_ERR(dt_checkpoint_save("/tmp/x.safetensors", &st), DTRAIN_ERR_UNSUPPORTED, "DTRAIN_NO_STDIO");
+  CHECK_ERR(dt_checkpoint_load("/tmp/x.safetensors", &st), DTRAIN_ERR_UNSUPPORTED, "DTRAIN_NO_STDIO");
+  CHECK(dt_checkpoint_open("/tmp/x.safetensors") == NULL && dt_last_result() == DTRAIN_ERR_UNSUPPORTED);
+  dt_params_destroy(P);
+}
+
 int main(void) {
+  if (!(dt_build_features() & DTRAIN_FEATURE_STDIO)) {
+    TH_RUN(test_no_stdio_build);
+    return th_summary("checkpoint");
+  }
   snprintf(tmpdir, sizeof tmpdir, "/tmp/dtrain_ckpt_XXXXXX");
   if (!mkdtemp(tmpdir)) {
     perror("mkdtemp");

@@ -704,7 +704,18 @@ static void cleanup(void) {
   if (system(cmd) != 0) fprintf(stderr, "cleanup of %s failed\n", tmpdir);
 }
 
+/* DTRAIN_NO_STDIO builds have no file I/O: the SVG writer says so cleanly. */
+static void test_no_stdio_build(void) {
+  dt_fit_epoch row;
+  memset(&row, 0, sizeof row);
+  CHECK_ERR(dt_fit_write_svg("/tmp/x.svg", &row, 1, "t"), DTRAIN_ERR_UNSUPPORTED, "DTRAIN_NO_STDIO");
+}
+
 int main(void) {
+  if (!(dt_build_features() & DTRAIN_FEATURE_STDIO)) {
+    TH_RUN(test_no_stdio_build);
+    return th_summary("fit");
+  }
   snprintf(tmpdir, sizeof tmpdir, "/tmp/dtrain_fit_XXXXXX");
   if (!mkdtemp(tmpdir)) {
     perror("mkdtemp");
