@@ -1127,6 +1127,259 @@ DTRAIN_EXTERN_C_END
 #endif /* DTRAIN_FIT_H */
 /* ======== end dt_fit.h ======== */
 
+/* ======== begin dt_data.h ======== */
+/* ===========================================================================
+ * dt_data.h -- data: gzip/inflate, IDX, CSV, NPY, text corpora, datasets,
+ *              the batch loader (shuffle, batches, split, shards)
+ * ===========================================================================
+ * Readers come in two forms: dt_*_read(path, ...) reads a file and
+ * dt_*_parse(buf, len, ...) parses bytes already in memory. With
+ * DTRAIN_NO_STDIO the file forms return DTRAIN_ERR_UNSUPPORTED; the parse
+ * forms always work. Every reader checks sizes claimed by a header against
+ * the bytes actually there BEFORE allocating, and reports malformed input as
+ * DTRAIN_ERR_FORMAT (not this kind of file), DTRAIN_ERR_CORRUPT (truncated or
+ * damaged) or DTRAIN_ERR_IO (with the path and the system's reason), with a
+ * message in dt_last_error().
+ *
+ * gzip: every reader accepts gzip-compressed input (data starting with the
+ * magic 1f 8b, whatever the file is called), decompressed by a small built-in
+ * inflater (RFC 1951/1952, CRC-32 and length checked) or by zlib when
+ * DTRAIN_USE_ZLIB is defined (link -lz).
+ *
+ * Ownership: every struct filled by a reader owns its memory until the
+ * matching *_free / *_destroy (which zero the struct; freeing a zeroed
+ * struct or NULL is a no-op). A loader borrows its dataset: the dataset must
+ * outlive the loader.
+ */
+#ifndef DTRAIN_DATA_H
+#define DTRAIN_DATA_H
+
+/* #include "dt_params.h" (amalgamated) */
+
+DTRAIN_EXTERN_C_BEGIN
+
+/* ---- byte buffers, files, gzip ---------------------------------------------- */
+typedef struct dt_bytes {
+  unsigned char *data; /* `size` bytes (plus a 0 byte after them) */
+  size_t size;
+  size_t cap;          /* private: allocated bytes */
+} dt_bytes;
+
+DTRAIN_API void dt_bytes_free(dt_bytes *b);
+/* Whole file into memory, as stored (no decompression). */
+DTRAIN_API dt_result dt_read_file(const char *path, dt_bytes *out);
+/* Whole file; gzip data (magic 1f 8b) is decompressed, anything else is
+ * returned as is. */
+DTRAIN_API dt_result dt_read_file_gz(const char *path, dt_bytes *out);
+/* Decompress a gzip file image (one or more members; header flags FTEXT,
+ * FHCRC, FEXTRA, FNAME, FCOMMENT; CRC-32 and ISIZE verified). max_out caps
+ * the output size (0: 4 GiB). */
+DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_bytes *out);
+/* Decompress a raw deflate stream (RFC 1951, no header). */
+DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_bytes *out);
+/* CRC-32 (ISO-HDLC, as gzip and zlib); pass 0 as crc to start. */
+DTRAIN_API uint32_t dt_crc32(uint32_t crc, const void *data, size_t len);
+
+/* ---- IDX (the MNIST file format) ------------------------------------------------
+ * Magic 00 00 08 NDIM (unsigned bytes only), NDIM big-endian u32 dimensions,
+ * then the bytes. At most DTRAIN_MAX_DIMS dimensions, each at least 1. */
+typedef struct dt_idx {
+  unsigned char *data;             /* size bytes, row-major */
+  int64_t size;
+  int ndim;
+  int64_t shape[DTRAIN_MAX_DIMS];
+  size_t bytes_;                   /* private */
+} dt_idx;
+
+DTRAIN_API dt_result dt_idx_read(const char *path, dt_idx *out);
+DTRAIN_API dt_result dt_idx_parse(const void *buf, size_t len, dt_idx *out);
+DTRAIN_API void dt_idx_free(dt_idx *a);
+
+/* ---- datasets ----------------------------------------------------------------------
+ * n samples held in memory: features as float32 with a per-sample shape, and
+ * optionally one int32 label per sample. Fields may be read directly; sample
+ * i starts at x + i * sample_size. */
+typedef struct dt_dataset {
+  float *x;                        /* n * sample_size floats */
+  int32_t *y;                      /* n labels, or NULL */
+  int64_t n;
+  int64_t sample_size;             /* product of shape[0..ndim) */
+  int ndim;                        /* per-sample dims, 1..DTRAIN_MAX_DIMS-1 */
+  int64_t shape[DTRAIN_MAX_DIMS];
+  int num_classes;                 /* max label + 1 when loaded; 0 without labels */
+} dt_dataset;
+
+/* Flags for loaders that read bytes (IDX, NPY uint8). */
+#define DTRAIN_DATA_RAW 0x01u      /* keep byte values 0..255 (default: scale to [0,1]) */
+
+/* New zero-filled dataset of n samples of the given shape, with labels if
+ * with_labels (num_classes then 0: set it). */
+DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, const int64_t *sample_shape,
+                                       int with_labels);
+DTRAIN_API void dt_dataset_destroy(dt_dataset *ds);
+/* Copy samples idx[0..count) into a new dataset (same shape, labels, classes). */
+DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out);
+/* Seeded disjoint split: round(n * val_fraction) samples (at least 1, at most
+ * n-1) go to *val, the rest to *train; both keep the original order. */
+DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction, uint64_t seed,
+                                      dt_dataset **train, dt_dataset **val);
+/* Reinterpret the per-sample shape (same number of values), e.g. [28,28] -> [1,28,28]. */
+DTRAIN_API dt_result dt_dataset_reshape(dt_dataset *ds, int ndim, const int64_t *sample_shape);
+
+/* IDX images (n, dims...) + IDX labels (n): pixels / 255 (or raw with
+ * DTRAIN_DATA_RAW), labels as int32, num_classes = max label + 1. Either
+ * file may be gzipped. labels_path NULL (or labels NULL / 0 bytes): no labels. */
+DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
+                                         unsigned flags);
+DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len,
+                                          const void *labels, size_t labels_len, unsigned flags);
+
+/* Fashion-MNIST: find the directory holding its IDX files (.gz or not).
+ * Looks at `dir` if non-NULL (which must hold at least the test split), else
+ * /usr/share/datasets/fashion-mnist (Debian's dataset-fashion-mnist), else
+ * data/fashion-mnist relative to the working directory (the shipped test
+ * split only). Writes the directory used to out (cap bytes) and whether it
+ * has the 60000-image train split to *has_train (may be NULL). */
+DTRAIN_API dt_result dt_fashion_mnist_find(const char *dir, char *out, size_t cap, int *has_train);
+/* Load the splits from `dir` (found as above). train may be NULL (not
+ * wanted); *train is set to NULL when the directory has no train split. */
+DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, dt_dataset **test);
+
+/* ---- CSV ----------------------------------------------------------------------------
+ * Numeric CSV: every field a finite number (C locale: '.' decimal point);
+ * blank lines are skipped; "\r\n" line ends are fine; every row must have the
+ * same number of fields. A zeroed desc means: no header, no labels, ','. */
+typedef struct dt_csv_desc {
+  int header;          /* nonzero: the first line is a header and is skipped */
+  int has_labels;      /* nonzero: one column holds integer labels >= 0 */
+  int label_column;    /* 0-based; negative counts from the end (-1 = last) */
+  char delimiter;      /* 0 means ',' */
+} dt_csv_desc;
+
+DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc);
+DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc);
+
+/* ---- NPY ----------------------------------------------------------------------------
+ * NumPy .npy, format versions 1.0 and 2.0 (read), 1.0 (written). dtypes
+ * '<f4', '<i4', '<i8', '|u1' (and big-endian '>f4', '>i4', '>i8', converted
+ * on reading); C order only (fortran_order True is refused). */
+typedef enum dt_npy_dtype {
+  DTRAIN_NPY_F32 = 1,  /* float32 */
+  DTRAIN_NPY_U8 = 2,   /* uint8 */
+  DTRAIN_NPY_I32 = 3,  /* int32 */
+  DTRAIN_NPY_I64 = 4   /* int64 */
+} dt_npy_dtype;
+
+typedef struct dt_npy {
+  void *data;                      /* size elements of dtype, native byte order */
+  dt_npy_dtype dtype;
+  int ndim;                        /* 0 (scalar) .. DTRAIN_MAX_DIMS */
+  int64_t shape[DTRAIN_MAX_DIMS];
+  int64_t size;
+  size_t bytes_;                   /* private */
+} dt_npy;
+
+DTRAIN_API dt_result dt_npy_read(const char *path, dt_npy *out);
+DTRAIN_API dt_result dt_npy_parse(const void *buf, size_t len, dt_npy *out);
+DTRAIN_API void dt_npy_free(dt_npy *a);
+/* Bytes per element of a dtype (0 if unknown). */
+DTRAIN_API size_t dt_npy_dtype_size(dt_npy_dtype dtype);
+/* Encode into buf (cap bytes); *len receives the bytes needed. buf NULL or
+ * cap too small: nothing written, DTRAIN_ERR_INVALID_ARG unless buf is NULL
+ * (a size query returns DTRAIN_OK). */
+DTRAIN_API dt_result dt_npy_encode(void *buf, size_t cap, size_t *len, dt_npy_dtype dtype, int ndim,
+                                   const int64_t *shape, const void *data);
+DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim, const int64_t *shape,
+                                  const void *data);
+/* Dataset from arrays: x [n, ...] of any dtype (uint8 scaled to [0,1] unless
+ * DTRAIN_DATA_RAW), y [n] integer labels >= 0 (or NULL). */
+DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags);
+
+/* ---- text corpora (character models) ----------------------------------------------
+ * The vocabulary is the set of distinct bytes of the text, in byte order:
+ * id k is the k-th smallest byte value present. */
+typedef struct dt_text {
+  int32_t *ids;                    /* the text as ids, n of them */
+  int64_t n;
+  int vocab_size;                  /* 1..256 */
+  unsigned char vocab[256];        /* id -> byte */
+  int16_t id_of[256];              /* byte -> id, -1 if absent */
+  size_t bytes_;                   /* private */
+} dt_text;
+
+DTRAIN_API dt_result dt_text_read(const char *path, dt_text *out);
+DTRAIN_API dt_result dt_text_parse(const void *buf, size_t len, dt_text *out);
+DTRAIN_API void dt_text_free(dt_text *t);
+/* Bytes -> ids (len of them); a byte outside the vocabulary is an error. */
+DTRAIN_API dt_result dt_text_encode(const dt_text *t, const char *s, size_t len, int32_t *ids);
+/* ids -> bytes; writes n bytes and a terminating 0 (cap >= n + 1). */
+DTRAIN_API dt_result dt_text_decode(const dt_text *t, const int32_t *ids, int64_t n, char *out, size_t cap);
+/* `batch` random windows of ids[begin, end): x[b*seq_len + t] = ids[s + t],
+ * y[...] = ids[s + t + 1] (next-character targets); needs end - begin > seq_len. */
+DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end, dt_rng *rng, int64_t batch,
+                                    int64_t seq_len, int32_t *x, int32_t *y);
+
+/* ---- loader --------------------------------------------------------------------------
+ * Iterates one shard of a dataset in batches, epoch after epoch.
+ *
+ * Order: epoch e visits the permutation P_e of 0..n-1, a pure function of
+ * (seed, e) (identity when shuffle is 0). Shard k of K takes the positions
+ * k, k+K, k+2K, ... of P_e: shards are disjoint and their union is the whole
+ * set. When K does not divide n, shards 0..(n mod K)-1 hold one sample more
+ * than the others (sizes floor(n/K) or ceil(n/K)); replicas that must take
+ * the same number of steps should use drop_last with equal batch counts, or
+ * a dataset size divisible by K * batch_size.
+ *
+ * Position: (epoch, index), index = samples of this shard already delivered
+ * in this epoch. It is all the state there is: save it with
+ * dt_loader_position and restore it with dt_loader_set_position to resume
+ * the identical stream of batches.
+ *
+ * Batches live in buffers the loader allocated once at creation: a batch is
+ * valid until the next dt_loader_next call. Stepping allocates nothing.
+ */
+typedef struct dt_loader dt_loader;
+
+typedef struct dt_loader_desc {
+  int64_t batch_size;    /* required, >= 1 */
+  uint64_t seed;         /* shuffle seed */
+  int shuffle;           /* nonzero: a fresh permutation every epoch */
+  int drop_last;         /* nonzero: skip the last partial batch of an epoch */
+  int shard_index;       /* k in 0..shard_count-1 */
+  int shard_count;       /* K; 0 means 1 (the whole set) */
+} dt_loader_desc;
+
+typedef struct dt_batch {
+  float *x;                        /* size * sample_size floats (loader's buffer) */
+  int32_t *y;                      /* size labels, NULL if the dataset has none */
+  const int64_t *index;            /* dataset index of each sample */
+  int64_t size;                    /* samples in this batch (<= batch_size) */
+  int ndim;                        /* 1 + the sample ndim */
+  int64_t shape[DTRAIN_MAX_DIMS];  /* [size, sample shape...]: for dt_tensor_wrap */
+  int64_t epoch;                   /* where this batch came from */
+  int64_t start;                   /* index of its first sample in the epoch's shard order */
+} dt_batch;
+
+DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc);
+DTRAIN_API void dt_loader_destroy(dt_loader *l);
+/* Next batch: returns 1 and fills *b; at the end of the epoch returns 0
+ * (b untouched) and moves to (epoch + 1, 0); a negative dt_result on error.
+ *   while (dt_loader_next(L, &b) > 0) { ...train on b... }   // one epoch */
+DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b);
+DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index);
+DTRAIN_API dt_result dt_loader_set_position(dt_loader *l, int64_t epoch, int64_t index);
+/* Samples in this shard per epoch, and batches per epoch (honours drop_last). */
+DTRAIN_API int64_t dt_loader_num_samples(const dt_loader *l);
+DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l);
+/* The dataset index at position `index` of epoch `epoch` in this shard's order
+ * (-1 if out of range). Pure: does not move the loader. */
+DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_DATA_H */
+/* ======== end dt_data.h ======== */
+
 #endif /* DTRAIN_H_INCLUDED */
 
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN__IMPLEMENTATION_DONE)
@@ -1158,6 +1411,7 @@ DTRAIN_EXTERN_C_END
 /* #include "dt_nn.h" (amalgamated) */
 /* #include "dt_io.h" (amalgamated) */
 /* #include "dt_fit.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
 
 #include <float.h>
 #include <limits.h>
@@ -7769,5 +8023,1923 @@ done:
 #undef DT__FIT_BAR_WIDTH
 #undef DT__FIT_REDRAW_SECONDS
 /* ======== end dt_fit.c ======== */
+
+/* ======== begin dt_inflate.c ======== */
+/* ===========================================================================
+ * dt_inflate.c -- gzip (RFC 1952) and a small inflater (RFC 1951), CRC-32
+ * ===========================================================================
+ * The inflater decodes the three block types of deflate:
+ *   stored (copy LEN bytes), fixed Huffman (the RFC's fixed codes) and
+ *   dynamic Huffman (code lengths sent, themselves Huffman coded).
+ * A Huffman code is canonical: it is fully described by each symbol's code
+ * length. Decoding uses a 9-bit lookup table for short codes and walks the
+ * canonical code bit by bit for longer ones. Every read is bounds-checked;
+ * every malformed stream ends in DTRAIN_ERR_CORRUPT naming what was wrong
+ * and where.
+ *
+ * With DTRAIN_USE_ZLIB the raw deflate decoding goes through zlib instead;
+ * the gzip wrapper (header, CRC-32, ISIZE, members) is the same code.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+#ifdef DTRAIN_USE_ZLIB
+#  include <zlib.h>
+#endif
+
+#define DT__INFLATE_FAST 9           /* bits resolved by one table lookup */
+#define DT__INFLATE_MAXBITS 15       /* longest deflate code */
+#define DT__INFLATE_DEFAULT_MAX ((size_t)1 << (sizeof(size_t) >= 8 ? 32 : 30))
+
+/* ---- byte buffers ---------------------------------------------------------------- */
+
+DTRAIN_API void dt_bytes_free(dt_bytes *b) {
+  if (!b) return;
+  dt__free(b->data, b->cap);
+  b->data = NULL;
+  b->size = b->cap = 0;
+}
+
+/* Make room for `need` bytes plus a terminating 0 (cap > need), growing
+ * geometrically but never past limit + 1. Returns 0 when that is impossible. */
+static int dt__inflate_reserve(dt_bytes *b, size_t need, size_t limit) {
+  if (need < b->cap) return 1;
+  if (need > limit) return 0;
+  size_t cap = b->cap ? b->cap : 4096;
+  while (cap <= need) cap = cap > (SIZE_MAX - 1) / 2 ? need + 1 : cap * 2;
+  if (cap > limit + 1) cap = limit + 1;
+  unsigned char *p = (unsigned char *)dt__realloc(b->data, b->cap, cap);
+  if (!p) return 0;
+  b->data = p;
+  b->cap = cap;
+  return 1;
+}
+
+/* ---- CRC-32 ------------------------------------------------------------------------
+ * Reflected polynomial 0xEDB88320. The 1 KiB table is built on the stack per
+ * call (cheap next to any real input) so there is no shared state to race on. */
+typedef struct dt__crc_table { uint32_t t[256]; } dt__crc_table;
+
+static void dt__inflate_crc_init(dt__crc_table *c) {
+  for (uint32_t n = 0; n < 256; n++) {
+    uint32_t v = n;
+    for (int k = 0; k < 8; k++) v = (v & 1) ? 0xEDB88320u ^ (v >> 1) : v >> 1;
+    c->t[n] = v;
+  }
+}
+
+static uint32_t dt__inflate_crc(const dt__crc_table *c, uint32_t crc, const unsigned char *p, size_t n) {
+  crc = ~crc;
+  for (size_t i = 0; i < n; i++) crc = c->t[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+DTRAIN_API uint32_t dt_crc32(uint32_t crc, const void *data, size_t len) {
+  if (!data || len == 0) return crc;
+  dt__crc_table c;
+  dt__inflate_crc_init(&c);
+  return dt__inflate_crc(&c, crc, (const unsigned char *)data, len);
+}
+
+/* ---- raw deflate ----------------------------------------------------------------------
+ * dt__inflate_raw appends the decoded bytes of one deflate stream to `out`
+ * (whose existing bytes are not a valid back-reference target) and reports
+ * how many input bytes the stream used. On error it returns the code and sets
+ * *why to a static description; *where is the input byte near the error. */
+
+#ifndef DTRAIN_USE_ZLIB
+
+typedef struct dt__huff {
+  uint16_t count[DT__INFLATE_MAXBITS + 1]; /* number of codes of each length */
+  uint16_t symbol[288];                    /* symbols ordered by (length, value) */
+  uint16_t fast[1 << DT__INFLATE_FAST];    /* next 9 bits -> symbol | len << 9; 0: slow path */
+} dt__huff;
+
+typedef struct dt__inflater {
+  const unsigned char *in;
+  size_t len, pos;          /* input and the next unread byte */
+  uint64_t bits;            /* bit buffer: the next bits of the stream, LSB first */
+  int nbits;
+  dt_bytes *out;
+  size_t base;              /* out->size when this stream began */
+  size_t limit;             /* max out->size */
+  const char *why;          /* error description (static string) */
+  dt_result code;
+} dt__inflater;
+
+static int dt__inflate_fail(dt__inflater *s, dt_result code, const char *why) {
+  if (!s->why) {
+    s->why = why;
+    s->code = code;
+  }
+  return 0;
+}
+
+static void dt__inflate_refill(dt__inflater *s) {
+  while (s->nbits <= 56 && s->pos < s->len) {
+    s->bits |= (uint64_t)s->in[s->pos++] << s->nbits;
+    s->nbits += 8;
+  }
+}
+
+/* Take n (0..16) bits; 0 if the input ends first. */
+static int dt__inflate_bits(dt__inflater *s, int n, unsigned *v) {
+  if (s->nbits < n) dt__inflate_refill(s);
+  if (s->nbits < n) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated deflate stream");
+  *v = (unsigned)(s->bits & ((1u << n) - 1u));
+  s->bits >>= n;
+  s->nbits -= n;
+  return 1;
+}
+
+/* Drop the bits of a partly used byte and hand whole buffered bytes back to
+ * the input, so that pos is the next byte of the stream. */
+static void dt__inflate_align(dt__inflater *s) {
+  int drop = s->nbits & 7;
+  s->bits >>= drop;
+  s->nbits -= drop;
+  s->pos -= (size_t)(s->nbits / 8);
+  s->bits = 0;
+  s->nbits = 0;
+}
+
+/* Build a canonical code from lengths[0..n). Over-subscribed sets are
+ * refused; an incomplete set only when allow_incomplete (deflate permits one
+ * for literal/length and distance codes made of a single 1-bit code, and an
+ * empty distance code). Returns 0 (with s->why set) on a bad set. */
+static int dt__inflate_build(dt__inflater *s, dt__huff *h, const uint8_t *lengths, int n, int allow_incomplete) {
+  uint16_t offs[DT__INFLATE_MAXBITS + 2];
+  memset(h->count, 0, sizeof h->count);
+  memset(h->fast, 0, sizeof h->fast);
+  for (int i = 0; i < n; i++) h->count[lengths[i]]++;
+  int used = n - h->count[0]; /* symbols that have a code */
+  /* Kraft: each length doubles the code space; every code uses up one slot. */
+  int left = 1, maxlen = 0;
+  for (int len = 1; len <= DT__INFLATE_MAXBITS; len++) {
+    left = left * 2 - h->count[len];
+    if (left < 0) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "over-subscribed Huffman code");
+    if (h->count[len]) maxlen = len;
+  }
+  if (left > 0 && used > 0 && !(allow_incomplete && maxlen == 1))
+    return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "incomplete Huffman code");
+  if (used == 0 && !allow_incomplete) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "empty Huffman code");
+  /* Symbols sorted by length, then value. */
+  offs[1] = 0;
+  for (int len = 1; len <= DT__INFLATE_MAXBITS; len++) offs[len + 1] = (uint16_t)(offs[len] + h->count[len]);
+  for (int i = 0; i < n; i++)
+    if (lengths[i]) h->symbol[offs[lengths[i]]++] = (uint16_t)i;
+  /* Fast table: walk the codes in canonical order. Code bits are sent most
+   * significant first, so the table index is the code bit-reversed. */
+  unsigned code = 0;
+  int k = 0;
+  for (int len = 1; len <= DT__INFLATE_FAST; len++) {
+    for (int j = 0; j < h->count[len]; j++, k++, code++) {
+      unsigned rev = 0;
+      for (int b = 0; b < len; b++) rev |= ((code >> b) & 1u) << (len - 1 - b);
+      uint16_t entry = (uint16_t)(h->symbol[k] | (unsigned)len << 9);
+      for (unsigned i = rev; i < (1u << DT__INFLATE_FAST); i += 1u << len) h->fast[i] = entry;
+    }
+    code <<= 1;
+  }
+  return 1;
+}
+
+/* Decode one symbol; -1 on error. */
+static int dt__inflate_decode(dt__inflater *s, const dt__huff *h) {
+  if (s->nbits < DT__INFLATE_MAXBITS) dt__inflate_refill(s);
+  unsigned e = h->fast[s->bits & ((1u << DT__INFLATE_FAST) - 1u)];
+  if (e) {
+    int len = (int)(e >> 9);
+    if (len > s->nbits) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated deflate stream"), -1;
+    s->bits >>= len;
+    s->nbits -= len;
+    return (int)(e & 0x1FF);
+  }
+  /* Slow path: the codes of length len are the integers first..first+count-1
+   * (in canonical order); extend the code one bit at a time. */
+  int code = 0, first = 0, index = 0;
+  for (int len = 1; len <= DT__INFLATE_MAXBITS; len++) {
+    if (len > s->nbits) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated deflate stream"), -1;
+    code |= (int)((s->bits >> (len - 1)) & 1u);
+    int count = h->count[len];
+    if (code - first < count) {
+      s->bits >>= len;
+      s->nbits -= len;
+      return h->symbol[index + (code - first)];
+    }
+    index += count;
+    first = (first + count) << 1;
+    code <<= 1;
+  }
+  return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "invalid Huffman code"), -1;
+}
+
+static int dt__inflate_stored(dt__inflater *s) {
+  dt__inflate_align(s);
+  if (s->len - s->pos < 4) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block header");
+  unsigned n = (unsigned)s->in[s->pos] | (unsigned)s->in[s->pos + 1] << 8;
+  unsigned nc = (unsigned)s->in[s->pos + 2] | (unsigned)s->in[s->pos + 3] << 8;
+  if ((n ^ 0xFFFFu) != nc) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "stored block length check (LEN/NLEN) fails");
+  s->pos += 4;
+  if (s->len - s->pos < n) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block");
+  if (!dt__inflate_reserve(s->out, s->out->size + n, s->limit))
+    return dt__inflate_fail(s, s->out->size + n > s->limit ? DTRAIN_ERR_OVERFLOW : DTRAIN_ERR_NOMEM,
+                            "output does not fit (size limit or out of memory)");
+  if (n) memcpy(s->out->data + s->out->size, s->in + s->pos, n);
+  s->out->size += n;
+  s->pos += n;
+  return 1;
+}
+
+static const uint16_t dt__inflate_len_base[29] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,  15,  17,  19,  23, 27,
+                                                  31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
+static const uint8_t dt__inflate_len_extra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
+                                                  2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
+static const uint16_t dt__inflate_dist_base[30] = {1,    2,    3,    4,    5,    7,     9,     13,    17,  25,
+                                                   33,   49,   65,   97,   129,  193,   257,   385,   513, 769,
+                                                   1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
+static const uint8_t dt__inflate_dist_extra[30] = {0, 0, 0, 0, 1, 1, 2, 2,  3,  3,  4,  4,  5,  5,  6,
+                                                   6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
+
+/* Decode literal/length + distance symbols until end-of-block (256). */
+static int dt__inflate_codes(dt__inflater *s, const dt__huff *lit, const dt__huff *dist) {
+  dt_bytes *o = s->out;
+  for (;;) {
+    int sym = dt__inflate_decode(s, lit);
+    if (sym < 0) return 0;
+    if (sym < 256) {
+      if (o->size + 1 >= o->cap && !dt__inflate_reserve(o, o->size + 1, s->limit))
+        return dt__inflate_fail(s, o->size + 1 > s->limit ? DTRAIN_ERR_OVERFLOW : DTRAIN_ERR_NOMEM,
+                                "output does not fit (size limit or out of memory)");
+      o->data[o->size++] = (unsigned char)sym;
+      continue;
+    }
+    if (sym == 256) return 1;
+    sym -= 257;
+    if (sym >= 29) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "invalid literal/length symbol (286 or 287)");
+    unsigned extra, len, d;
+    if (!dt__inflate_bits(s, dt__inflate_len_extra[sym], &extra)) return 0;
+    len = dt__inflate_len_base[sym] + extra;
+    int ds = dt__inflate_decode(s, dist);
+    if (ds < 0) return 0;
+    if (ds >= 30) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "invalid distance symbol (30 or 31)");
+    if (!dt__inflate_bits(s, dt__inflate_dist_extra[ds], &extra)) return 0;
+    d = dt__inflate_dist_base[ds] + extra;
+    if (d > o->size - s->base) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "distance too far back");
+    if (o->size + len >= o->cap && !dt__inflate_reserve(o, o->size + len, s->limit))
+      return dt__inflate_fail(s, o->size + len > s->limit ? DTRAIN_ERR_OVERFLOW : DTRAIN_ERR_NOMEM,
+                              "output does not fit (size limit or out of memory)");
+    /* Byte by byte: the source may overlap the bytes being written (d < len). */
+    unsigned char *dst = o->data + o->size;
+    const unsigned char *src = dst - d;
+    for (unsigned i = 0; i < len; i++) dst[i] = src[i];
+    o->size += len;
+  }
+}
+
+static int dt__inflate_fixed(dt__inflater *s, dt__huff *lit, dt__huff *dist) {
+  uint8_t l[288];
+  int i = 0;
+  for (; i < 144; i++) l[i] = 8;
+  for (; i < 256; i++) l[i] = 9;
+  for (; i < 280; i++) l[i] = 7;
+  for (; i < 288; i++) l[i] = 8;
+  if (!dt__inflate_build(s, lit, l, 288, 0)) return 0;
+  for (i = 0; i < 32; i++) l[i] = 5; /* 30 and 31 are in the code but invalid */
+  if (!dt__inflate_build(s, dist, l, 32, 0)) return 0;
+  return dt__inflate_codes(s, lit, dist);
+}
+
+static int dt__inflate_dynamic(dt__inflater *s, dt__huff *lit, dt__huff *dist) {
+  static const uint8_t order[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
+  uint8_t lengths[288 + 32];
+  unsigned hlit, hdist, hclen, v;
+  if (!dt__inflate_bits(s, 5, &hlit) || !dt__inflate_bits(s, 5, &hdist) || !dt__inflate_bits(s, 4, &hclen)) return 0;
+  hlit += 257;
+  hdist += 1;
+  hclen += 4;
+  if (hlit > 286) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "too many literal/length codes (HLIT > 286)");
+  if (hdist > 30) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "too many distance codes (HDIST > 30)");
+  /* The code-length code: 3 bits per length, in the RFC's order. */
+  memset(lengths, 0, sizeof lengths);
+  for (unsigned i = 0; i < hclen; i++) {
+    if (!dt__inflate_bits(s, 3, &v)) return 0;
+    lengths[order[i]] = (uint8_t)v;
+  }
+  for (unsigned i = hclen; i < 19; i++) lengths[order[i]] = 0;
+  dt__huff *clen = lit; /* reuse the literal table's storage for the code-length code */
+  if (!dt__inflate_build(s, clen, lengths, 19, 0)) return 0;
+  /* Literal/length and distance code lengths, one sequence with repeats. */
+  unsigned n = 0, total = hlit + hdist;
+  while (n < total) {
+    int sym = dt__inflate_decode(s, clen);
+    if (sym < 0) return 0;
+    if (sym < 16) {
+      lengths[n++] = (uint8_t)sym;
+      continue;
+    }
+    uint8_t val = 0;
+    unsigned rep;
+    if (sym == 16) {
+      if (n == 0) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "repeat of a code length with none before it");
+      val = lengths[n - 1];
+      if (!dt__inflate_bits(s, 2, &rep)) return 0;
+      rep += 3;
+    } else if (sym == 17) {
+      if (!dt__inflate_bits(s, 3, &rep)) return 0;
+      rep += 3;
+    } else {
+      if (!dt__inflate_bits(s, 7, &rep)) return 0;
+      rep += 11;
+    }
+    if (n + rep > total) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "code length repeat runs past the end");
+    while (rep--) lengths[n++] = val;
+  }
+  if (lengths[256] == 0) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "no end-of-block code");
+  if (!dt__inflate_build(s, lit, lengths, (int)hlit, 1)) return 0;
+  if (!dt__inflate_build(s, dist, lengths + hlit, (int)hdist, 1)) return 0;
+  return dt__inflate_codes(s, lit, dist);
+}
+
+static dt_result dt__inflate_raw(const unsigned char *in, size_t len, size_t *used, dt_bytes *out, size_t limit,
+                                 const char **why, size_t *where) {
+  dt__inflater s;
+  dt__huff *tables = (dt__huff *)dt__alloc(2 * sizeof(dt__huff));
+  if (!tables) {
+    *why = "out of memory";
+    *where = 0;
+    return DTRAIN_ERR_NOMEM;
+  }
+  memset(&s, 0, sizeof s);
+  s.in = in;
+  s.len = len;
+  s.out = out;
+  s.base = out->size;
+  s.limit = limit;
+  int ok = 1;
+  unsigned last = 0, type;
+  while (ok && !last) {
+    ok = dt__inflate_bits(&s, 1, &last) && dt__inflate_bits(&s, 2, &type);
+    if (!ok) break;
+    if (type == 0) ok = dt__inflate_stored(&s);
+    else if (type == 1) ok = dt__inflate_fixed(&s, &tables[0], &tables[1]);
+    else if (type == 2) ok = dt__inflate_dynamic(&s, &tables[0], &tables[1]);
+    else ok = dt__inflate_fail(&s, DTRAIN_ERR_CORRUPT, "invalid block type 3");
+  }
+  dt__free(tables, 2 * sizeof(dt__huff));
+  if (!ok) {
+    *why = s.why;
+    *where = s.pos;
+    return s.code;
+  }
+  dt__inflate_align(&s);
+  *used = s.pos;
+  return DTRAIN_OK;
+}
+
+#else /* DTRAIN_USE_ZLIB */
+
+static dt_result dt__inflate_raw(const unsigned char *in, size_t len, size_t *used, dt_bytes *out, size_t limit,
+                                 const char **why, size_t *where) {
+  z_stream z;
+  memset(&z, 0, sizeof z);
+  *where = 0;
+  if (inflateInit2(&z, -MAX_WBITS) != Z_OK) {
+    *why = "zlib inflateInit2 failed";
+    return DTRAIN_ERR_INTERNAL;
+  }
+  size_t pos = 0;
+  dt_result r = DTRAIN_OK;
+  for (;;) {
+    if (out->size + 1 >= out->cap) {
+      size_t want = out->size + (out->size / 2 > 65536 ? out->size / 2 : 65536);
+      if (want > limit) want = limit;
+      if (want <= out->size || !dt__inflate_reserve(out, want, limit)) {
+        r = out->size >= limit ? DTRAIN_ERR_OVERFLOW : DTRAIN_ERR_NOMEM;
+        *why = "output does not fit (size limit or out of memory)";
+        break;
+      }
+    }
+    size_t chunk_in = DT__MIN(len - pos, (size_t)UINT_MAX);
+    size_t chunk_out = DT__MIN(out->cap - 1 - out->size, (size_t)UINT_MAX);
+    z.next_in = (Bytef *)(uintptr_t)(in + pos);
+    z.avail_in = (uInt)chunk_in;
+    z.next_out = (Bytef *)(out->data + out->size);
+    z.avail_out = (uInt)chunk_out;
+    int zr = inflate(&z, Z_NO_FLUSH);
+    pos += chunk_in - z.avail_in;
+    out->size += chunk_out - z.avail_out;
+    if (zr == Z_STREAM_END) break;
+    if (zr == Z_OK) continue;
+    if (zr == Z_BUF_ERROR && z.avail_out == 0) continue; /* grow the output */
+    if (zr == Z_BUF_ERROR) {
+      r = DTRAIN_ERR_CORRUPT;
+      *why = "truncated deflate stream";
+      break;
+    }
+    r = zr == Z_MEM_ERROR ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_CORRUPT;
+    *why = z.msg ? z.msg : "zlib reports a data error";
+    break;
+  }
+  *where = pos;
+  *used = pos;
+  inflateEnd(&z);
+  return r;
+}
+
+#endif /* DTRAIN_USE_ZLIB */
+
+/* ---- public raw inflate -------------------------------------------------------------- */
+
+static size_t dt__inflate_limit(size_t max_out) {
+  return max_out ? DT__MIN(max_out, SIZE_MAX - 2) : DT__MIN(DT__INFLATE_DEFAULT_MAX, SIZE_MAX - 2);
+}
+
+DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_bytes *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_inflate: out is NULL");
+  memset(out, 0, sizeof *out);
+  if (!in && len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_inflate: in is NULL");
+  size_t used = 0, where = 0, limit = dt__inflate_limit(max_out);
+  const char *why = "";
+  if (!dt__inflate_reserve(out, 0, limit)) return dt__error(DTRAIN_ERR_NOMEM, "dt_inflate: out of memory");
+  dt_result r = dt__inflate_raw((const unsigned char *)in, len, &used, out, limit, &why, &where);
+  if (r != DTRAIN_OK) {
+    dt_bytes_free(out);
+    if (r == DTRAIN_ERR_OVERFLOW)
+      return dt__error(r, "dt_inflate: decompressed data exceeds the limit of %zu bytes", limit);
+    if (r == DTRAIN_ERR_NOMEM) return dt__error(r, "dt_inflate: out of memory while decompressing");
+    return dt__error(r, "dt_inflate: corrupt deflate data: %s (near input byte %zu)", why, where);
+  }
+  out->data[out->size] = 0;
+  return DTRAIN_OK;
+}
+
+/* ---- gzip ----------------------------------------------------------------------------
+ * A gzip file is one or more members:
+ *   1f 8b CM=8 FLG MTIME(4) XFL OS [XLEN(2) extra] [name\0] [comment\0] [HCRC(2)]
+ *   deflate data, CRC-32 (4, little-endian) of the member's output, ISIZE (4) = its length mod 2^32. */
+#define DT__GZ_FTEXT 0x01
+#define DT__GZ_FHCRC 0x02
+#define DT__GZ_FEXTRA 0x04
+#define DT__GZ_FNAME 0x08
+#define DT__GZ_FCOMMENT 0x10
+
+static uint32_t dt__inflate_le32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* ctx prefixes every message ("dt_idx_read: 'f.gz'"). Appends to out. */
+DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
+                                        dt_bytes *out);
+DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
+                                        dt_bytes *out) {
+  dt__crc_table crc;
+  size_t pos = 0, limit = dt__inflate_limit(max_out);
+  int member = 0;
+  dt__inflate_crc_init(&crc);
+  /* Size hint from the last ISIZE, bounded by what deflate can expand to
+   * (at most 258 bytes per 2 bits, about 1032:1), so a forged value cannot
+   * make us allocate much. */
+  if (len >= 18 && out->cap == 0) {
+    size_t hint = dt__inflate_le32(in + len - 4);
+    size_t bound = len > (SIZE_MAX - 1024) / 1032 ? SIZE_MAX - 1024 : len * 1032 + 1024;
+    hint = DT__MIN(DT__MIN(hint, bound), limit);
+    if (!dt__inflate_reserve(out, hint, limit)) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, hint);
+  }
+  while (pos < len || member == 0) {
+    size_t start = pos, rest = len - pos;
+    if (rest < 2 || in[pos] != 0x1f || in[pos + 1] != 0x8b) {
+      if (member == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: not gzip data (no 1f 8b magic)", ctx);
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: %zu bytes of trailing garbage after member %d",
+                       ctx, rest, member);
+    }
+    if (rest < 18) return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated (member %d has %zu bytes, a member needs at least 18)", ctx, member + 1, rest);
+    if (in[pos + 2] != 8)
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: compression method %u is not deflate (8)", ctx,
+                       (unsigned)in[pos + 2]);
+    unsigned flg = in[pos + 3];
+    if (flg & 0xE0) return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: reserved header flags set (0x%02x)", ctx, flg);
+    pos += 10;
+    if (flg & DT__GZ_FEXTRA) {
+      if (len - pos < 2) goto truncated_header;
+      size_t xlen = (size_t)in[pos] | (size_t)in[pos + 1] << 8;
+      pos += 2;
+      if (len - pos < xlen) goto truncated_header;
+      pos += xlen;
+    }
+    for (int f = 0; f < 2; f++) { /* zero-terminated name, then comment */
+      if (!(flg & (f == 0 ? DT__GZ_FNAME : DT__GZ_FCOMMENT))) continue;
+      const unsigned char *z = (const unsigned char *)memchr(in + pos, 0, len - pos);
+      if (!z) goto truncated_header;
+      pos = (size_t)(z - in) + 1;
+    }
+    if (flg & DT__GZ_FHCRC) {
+      if (len - pos < 2) goto truncated_header;
+      uint32_t want = (uint32_t)in[pos] | (uint32_t)in[pos + 1] << 8;
+      uint32_t got = dt__inflate_crc(&crc, 0, in + start, pos - start) & 0xFFFFu;
+      if (want != got)
+        return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: header CRC mismatch (stored 0x%04x, computed 0x%04x)",
+                         ctx, (unsigned)want, (unsigned)got);
+      pos += 2;
+    }
+    size_t used = 0, where = 0, before = out->size;
+    const char *why = "";
+    dt_result r = dt__inflate_raw(in + pos, len - pos, &used, out, limit, &why, &where);
+    if (r == DTRAIN_ERR_OVERFLOW)
+      return dt__error(r, "%s: decompressed data exceeds the limit of %zu bytes", ctx, limit);
+    if (r == DTRAIN_ERR_NOMEM) return dt__error(r, "%s: out of memory while decompressing", ctx);
+    if (r != DTRAIN_OK)
+      return dt__error(r, "%s: corrupt gzip data: %s (near byte %zu of the file)", ctx, why, pos + where);
+    pos += used;
+    if (len - pos < 8)
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated (the CRC-32/ISIZE trailer is missing)", ctx);
+    uint32_t want_crc = dt__inflate_le32(in + pos), want_size = dt__inflate_le32(in + pos + 4);
+    uint32_t got_crc = dt__inflate_crc(&crc, 0, out->data + before, out->size - before);
+    uint32_t got_size = (uint32_t)((out->size - before) & 0xFFFFFFFFu);
+    if (want_crc != got_crc)
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: CRC-32 mismatch (stored 0x%08x, computed 0x%08x)", ctx,
+                       (unsigned)want_crc, (unsigned)got_crc);
+    if (want_size != got_size)
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: ISIZE mismatch (stored %u, decompressed %u bytes)", ctx,
+                       (unsigned)want_size, (unsigned)got_size);
+    pos += 8;
+    member++;
+  }
+  if (!dt__inflate_reserve(out, out->size, limit)) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", ctx);
+  out->data[out->size] = 0;
+  return DTRAIN_OK;
+truncated_header:
+  return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated header (member %d)", ctx, member + 1);
+}
+
+DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_bytes *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_gunzip: out is NULL");
+  memset(out, 0, sizeof *out);
+  if (!in && len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_gunzip: in is NULL");
+  dt_result r = dt__gunzip_ctx("dt_gunzip", (const unsigned char *)in, len, max_out, out);
+  if (r != DTRAIN_OK) dt_bytes_free(out);
+  return r;
+}
+
+#undef DT__INFLATE_FAST
+#undef DT__INFLATE_MAXBITS
+#undef DT__INFLATE_DEFAULT_MAX
+#undef DT__GZ_FTEXT
+#undef DT__GZ_FHCRC
+#undef DT__GZ_FEXTRA
+#undef DT__GZ_FNAME
+#undef DT__GZ_FCOMMENT
+/* ======== end dt_inflate.c ======== */
+
+/* ======== begin dt_data.c ======== */
+/* ===========================================================================
+ * dt_data.c -- files, IDX, datasets, Fashion-MNIST, CSV, NPY, text, loader
+ * ===========================================================================
+ * Parsers work on bytes in memory; the file functions read the whole file
+ * (decompressing gzip with dt_inflate.c) and hand the bytes to them. Every
+ * size a header claims is checked against the bytes that are really there
+ * before anything is allocated for it.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+#ifndef DTRAIN_NO_STDIO
+#  include <errno.h>
+#endif
+
+/* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
+DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
+                                        dt_bytes *out);
+
+#define DT__DATA_CTX 384
+
+static int dt__data_is_gzip(const unsigned char *p, size_t len) { return len >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
+
+static const char *dt__data_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  n += (size_t)snprintf(buf + n, cap - n, "[");
+  for (int d = 0; d < ndim && n < cap; d++)
+    n += (size_t)snprintf(buf + n, cap - n, d ? ",%lld" : "%lld", (long long)shape[d]);
+  if (n < cap) snprintf(buf + n, cap - n, "]");
+  return buf;
+}
+
+/* ---- files ---------------------------------------------------------------------------- */
+
+#ifndef DTRAIN_NO_STDIO
+static dt_result dt__data_read_raw(const char *who, const char *path, dt_bytes *out) {
+  memset(out, 0, sizeof *out);
+  FILE *f = fopen(path, "rb");
+  if (!f) return dt__error(DTRAIN_ERR_IO, "%s: cannot open '%s': %s", who, path, strerror(errno));
+  /* Probe one byte first: a directory (or another unreadable thing) fails
+   * here, before its bogus size could be trusted for an allocation. */
+  int c0 = fgetc(f);
+  if (c0 == EOF && ferror(f)) {
+    int e = errno;
+    fclose(f);
+    return dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, e ? strerror(e) : "read error");
+  }
+  size_t cap = 1 << 16;
+  if (fseek(f, 0, SEEK_END) == 0) {
+    long end = ftell(f);
+    if (end > 0 && (unsigned long)end < (unsigned long)(SIZE_MAX - 1)) cap = (size_t)end + 1;
+  }
+  rewind(f);
+  unsigned char *buf = (unsigned char *)dt__alloc(cap);
+  if (!buf) {
+    fclose(f);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: '%s': out of memory (%zu bytes)", who, path, cap);
+  }
+  size_t size = 0;
+  for (;;) {
+    if (size + 1 >= cap) { /* keep room for the terminating 0 */
+      size_t ncap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
+      unsigned char *nb = ncap > cap ? (unsigned char *)dt__realloc(buf, cap, ncap) : NULL;
+      if (!nb) {
+        dt__free(buf, cap);
+        fclose(f);
+        return dt__error(DTRAIN_ERR_NOMEM, "%s: '%s': out of memory reading the file", who, path);
+      }
+      buf = nb;
+      cap = ncap;
+    }
+    size_t got = fread(buf + size, 1, cap - 1 - size, f);
+    size += got;
+    if (got == 0) {
+      if (ferror(f)) {
+        int e = errno;
+        dt__free(buf, cap);
+        fclose(f);
+        return dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, e ? strerror(e) : "read error");
+      }
+      break;
+    }
+  }
+  fclose(f);
+  buf[size] = 0;
+  out->data = buf;
+  out->size = size;
+  out->cap = cap;
+  return DTRAIN_OK;
+}
+#endif
+
+/* Whole file; gunzipped when gz and the data has the gzip magic. */
+static dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out) {
+  memset(out, 0, sizeof *out);
+  if (!path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: path is NULL", who);
+#ifdef DTRAIN_NO_STDIO
+  (void)gz;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                   "%s: file I/O is not available in this build (DTRAIN_NO_STDIO); parse from memory instead", who);
+#else
+  dt_bytes raw;
+  dt_result r = dt__data_read_raw(who, path, &raw);
+  if (r != DTRAIN_OK || !gz || !dt__data_is_gzip(raw.data, raw.size)) {
+    *out = raw;
+    return r;
+  }
+  char ctx[DT__DATA_CTX];
+  snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
+  r = dt__gunzip_ctx(ctx, raw.data, raw.size, 0, out);
+  dt_bytes_free(&raw);
+  if (r != DTRAIN_OK) dt_bytes_free(out);
+  return r;
+#endif
+}
+
+DTRAIN_API dt_result dt_read_file(const char *path, dt_bytes *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_read_file: out is NULL");
+  return dt__data_load("dt_read_file", path, 0, out);
+}
+
+DTRAIN_API dt_result dt_read_file_gz(const char *path, dt_bytes *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_read_file_gz: out is NULL");
+  return dt__data_load("dt_read_file_gz", path, 1, out);
+}
+
+/* Bytes of a parse_* input, gunzipped into tmp when they are gzip data. */
+static dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p, size_t *len, dt_bytes *tmp) {
+  memset(tmp, 0, sizeof *tmp);
+  if (!dt__data_is_gzip(*p, *len)) return DTRAIN_OK;
+  dt_result r = dt__gunzip_ctx(ctx, *p, *len, 0, tmp);
+  if (r != DTRAIN_OK) {
+    dt_bytes_free(tmp);
+    return r;
+  }
+  *p = tmp->data;
+  *len = tmp->size;
+  return DTRAIN_OK;
+}
+
+/* ---- IDX -------------------------------------------------------------------------------- */
+
+/* Validate an IDX image; fills ndim/shape/size and the data offset. */
+static dt_result dt__data_idx_header(const char *ctx, const unsigned char *p, size_t len, int *ndim, int64_t *shape,
+                                     int64_t *size, size_t *offset) {
+  if (len < 4)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated IDX file (%zu bytes; the header alone needs at least 4)", ctx, len);
+  if (p[0] != 0 || p[1] != 0)
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: bad magic %02x %02x %02x %02x: not an IDX file (expected 00 00 08 NDIM)", ctx,
+                     p[0], p[1], p[2], p[3]);
+  if (p[2] != 0x08)
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX data type 0x%02x is not supported (only 0x08, unsigned byte)", ctx, p[2]);
+  int nd = p[3];
+  if (nd < 1 || nd > DTRAIN_MAX_DIMS)
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX file has %d dimensions (supported: 1 to %d)", ctx, nd, DTRAIN_MAX_DIMS);
+  size_t hdr = 4 + 4 * (size_t)nd;
+  if (len < hdr)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated IDX header (%zu bytes, %zu needed for %d dimensions)", ctx, len, hdr,
+                     nd);
+  size_t total = 1;
+  int overflow = 0;
+  for (int d = 0; d < nd; d++) {
+    const unsigned char *q = p + 4 + 4 * d;
+    uint32_t v = (uint32_t)q[0] << 24 | (uint32_t)q[1] << 16 | (uint32_t)q[2] << 8 | (uint32_t)q[3];
+    shape[d] = (int64_t)v;
+    if (v == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX dimension %d is 0", ctx, d);
+    if (!dt__mul_size(total, (size_t)v, &total)) overflow = 1;
+  }
+  char sh[160];
+  dt__data_shape_str(nd, shape, sh, sizeof sh);
+  size_t avail = len - hdr;
+  if (overflow || total > avail || total > (size_t)INT64_MAX)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX header claims shape %s but only %zu data bytes follow (truncated or corrupt)",
+                     ctx, sh, avail);
+  if (total < avail)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX file has %zu bytes after the data of shape %s", ctx, avail - total, sh);
+  for (int d = nd; d < DTRAIN_MAX_DIMS; d++) shape[d] = 1;
+  *ndim = nd;
+  *size = (int64_t)total;
+  *offset = hdr;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__data_idx_parse(const char *ctx, const unsigned char *p, size_t len, dt_idx *out) {
+  dt_bytes tmp;
+  dt_result r = dt__data_maybe_gunzip(ctx, &p, &len, &tmp);
+  if (r != DTRAIN_OK) return r;
+  size_t off = 0;
+  r = dt__data_idx_header(ctx, p, len, &out->ndim, out->shape, &out->size, &off);
+  if (r == DTRAIN_OK) {
+    out->bytes_ = (size_t)out->size;
+    out->data = (unsigned char *)dt__alloc(out->bytes_);
+    if (!out->data) r = dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, out->bytes_);
+    else memcpy(out->data, p + off, out->bytes_);
+  }
+  dt_bytes_free(&tmp);
+  if (r != DTRAIN_OK) dt_idx_free(out);
+  return r;
+}
+
+DTRAIN_API void dt_idx_free(dt_idx *a) {
+  if (!a) return;
+  dt__free(a->data, a->bytes_);
+  memset(a, 0, sizeof *a);
+}
+
+DTRAIN_API dt_result dt_idx_parse(const void *buf, size_t len, dt_idx *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_parse: out is NULL");
+  memset(out, 0, sizeof *out);
+  if (!buf && len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_parse: buf is NULL");
+  return dt__data_idx_parse("dt_idx_parse", (const unsigned char *)buf, len, out);
+}
+
+DTRAIN_API dt_result dt_idx_read(const char *path, dt_idx *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_read: out is NULL");
+  memset(out, 0, sizeof *out);
+  dt_bytes b;
+  dt_result r = dt__data_load("dt_idx_read", path, 1, &b);
+  if (r != DTRAIN_OK) return r;
+  char ctx[DT__DATA_CTX];
+  snprintf(ctx, sizeof ctx, "dt_idx_read: '%s'", path);
+  r = dt__data_idx_parse(ctx, b.data, b.size, out);
+  dt_bytes_free(&b);
+  return r;
+}
+
+/* ---- datasets -------------------------------------------------------------------------------
+ * The public struct is the first member of a private one that remembers the
+ * allocation sizes, so a user who edits the fields cannot break the free. */
+typedef struct dt__data_ds {
+  dt_dataset pub;
+  size_t xbytes, ybytes;
+} dt__data_ds;
+
+DTRAIN_API void dt_dataset_destroy(dt_dataset *ds) {
+  if (!ds) return;
+  dt__data_ds *d = (dt__data_ds *)ds;
+  dt__free(ds->x, d->xbytes);
+  dt__free(ds->y, d->ybytes);
+  dt__free(d, sizeof *d);
+}
+
+static dt_result dt__data_ds_new(const char *who, dt_dataset **out, int64_t n, int ndim, const int64_t *shape,
+                                 int with_labels) {
+  *out = NULL;
+  if (n < 1) return dt__error(DTRAIN_ERR_EMPTY, "%s: a dataset needs at least 1 sample (got %lld)", who, (long long)n);
+  if (ndim < 1 || ndim > DTRAIN_MAX_DIMS - 1)
+    return dt__error(DTRAIN_ERR_RANK, "%s: a sample has %d dims (supported: 1 to %d)", who, ndim, DTRAIN_MAX_DIMS - 1);
+  if (!shape) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: sample_shape is NULL", who);
+  size_t per = 1, total, xbytes, ybytes = 0;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 1) return dt__error(DTRAIN_ERR_SHAPE, "%s: sample dim %d is %lld (must be >= 1)", who, d, (long long)shape[d]);
+    if ((uint64_t)shape[d] > SIZE_MAX || !dt__mul_size(per, (size_t)shape[d], &per))
+      return dt__error(DTRAIN_ERR_OVERFLOW, "%s: sample size overflows", who);
+  }
+  if ((uint64_t)n > SIZE_MAX || !dt__mul_size(per, (size_t)n, &total) || !dt__mul_size(total, sizeof(float), &xbytes) ||
+      (with_labels && !dt__mul_size((size_t)n, sizeof(int32_t), &ybytes)))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: %lld samples of %zu values overflow memory sizes", who, (long long)n, per);
+  dt__data_ds *d = (dt__data_ds *)dt__calloc(sizeof *d);
+  if (!d) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", who);
+  d->xbytes = xbytes;
+  d->ybytes = ybytes;
+  d->pub.x = (float *)dt__calloc(xbytes);
+  d->pub.y = with_labels ? (int32_t *)dt__calloc(ybytes) : NULL;
+  if (!d->pub.x || (with_labels && !d->pub.y)) {
+    dt_dataset_destroy(&d->pub);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes for %lld samples)", who, xbytes + ybytes, (long long)n);
+  }
+  d->pub.n = n;
+  d->pub.sample_size = (int64_t)per;
+  d->pub.ndim = ndim;
+  for (int i = 0; i < DTRAIN_MAX_DIMS; i++) d->pub.shape[i] = i < ndim ? shape[i] : 1;
+  *out = &d->pub;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, const int64_t *sample_shape,
+                                       int with_labels) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_create: out is NULL");
+  return dt__data_ds_new("dt_dataset_create", out, n, ndim, sample_shape, with_labels);
+}
+
+/* Labels must be >= 0; sets num_classes to max + 1. */
+static dt_result dt__data_set_classes(const char *who, dt_dataset *ds) {
+  int32_t mx = -1;
+  for (int64_t i = 0; i < ds->n; i++) {
+    if (ds->y[i] < 0)
+      return dt__error(DTRAIN_ERR_INDEX, "%s: label %d of sample %lld is negative", who, (int)ds->y[i], (long long)i);
+    if (ds->y[i] > mx) mx = ds->y[i];
+  }
+  ds->num_classes = mx == INT32_MAX ? INT32_MAX : mx + 1;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_subset: out is NULL");
+  *out = NULL;
+  if (!ds || !idx) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_subset: %s is NULL", ds ? "idx" : "ds");
+  for (int64_t i = 0; i < count; i++)
+    if (idx[i] < 0 || idx[i] >= ds->n)
+      return dt__error(DTRAIN_ERR_INDEX, "dt_dataset_subset: idx[%lld] = %lld is out of range [0, %lld)", (long long)i,
+                       (long long)idx[i], (long long)ds->n);
+  dt_dataset *s;
+  dt_result r = dt__data_ds_new("dt_dataset_subset", &s, count, ds->ndim, ds->shape, ds->y != NULL);
+  if (r != DTRAIN_OK) return r;
+  size_t row = (size_t)ds->sample_size;
+  for (int64_t i = 0; i < count; i++) {
+    memcpy(s->x + (size_t)i * row, ds->x + (size_t)idx[i] * row, row * sizeof(float));
+    if (ds->y) s->y[i] = ds->y[idx[i]];
+  }
+  s->num_classes = ds->num_classes;
+  *out = s;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction, uint64_t seed, dt_dataset **train,
+                                      dt_dataset **val) {
+  if (!train || !val) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_split: train or val is NULL");
+  *train = *val = NULL;
+  if (!ds) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_split: ds is NULL");
+  if (!(val_fraction > 0.0 && val_fraction < 1.0))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_dataset_split: val_fraction %g is not in (0, 1)", val_fraction);
+  if (ds->n < 2)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_dataset_split: cannot split %lld sample(s) in two", (long long)ds->n);
+  int64_t nval = (int64_t)floor((double)ds->n * val_fraction + 0.5);
+  nval = DT__MAX(1, DT__MIN(nval, ds->n - 1));
+  size_t n = (size_t)ds->n;
+  int64_t *perm = (int64_t *)dt__alloc(n * sizeof(int64_t));
+  int64_t *tr = (int64_t *)dt__alloc(n * sizeof(int64_t));
+  unsigned char *is_val = (unsigned char *)dt__calloc(n);
+  dt_result r = DTRAIN_OK;
+  if (!perm || !tr || !is_val) {
+    r = dt__error(DTRAIN_ERR_NOMEM, "dt_dataset_split: out of memory");
+    goto done;
+  }
+  {
+    /* The first nval entries of a seeded permutation go to validation; both
+     * parts are then listed in the original order. */
+    dt_rng rng;
+    dt_rng_seed(&rng, seed);
+    for (size_t i = 0; i < n; i++) perm[i] = (int64_t)i;
+    for (size_t i = n - 1; i > 0; i--) {
+      size_t j = (size_t)dt_rng_below(&rng, (uint64_t)i + 1);
+      int64_t t = perm[i];
+      perm[i] = perm[j];
+      perm[j] = t;
+    }
+    for (int64_t i = 0; i < nval; i++) is_val[perm[i]] = 1;
+    int64_t nt = 0, nv = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (is_val[i]) perm[nv++] = (int64_t)i; /* perm is free for reuse: nv <= i */
+      else tr[nt++] = (int64_t)i;
+    }
+    r = dt_dataset_subset(ds, tr, nt, train);
+    if (r == DTRAIN_OK) r = dt_dataset_subset(ds, perm, nv, val);
+    if (r != DTRAIN_OK) {
+      dt_dataset_destroy(*train);
+      *train = NULL;
+    }
+  }
+done:
+  dt__free(perm, n * sizeof(int64_t));
+  dt__free(tr, n * sizeof(int64_t));
+  dt__free(is_val, n);
+  return r;
+}
+
+DTRAIN_API dt_result dt_dataset_reshape(dt_dataset *ds, int ndim, const int64_t *sample_shape) {
+  if (!ds || !sample_shape) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_reshape: %s is NULL", ds ? "sample_shape" : "ds");
+  if (ndim < 1 || ndim > DTRAIN_MAX_DIMS - 1)
+    return dt__error(DTRAIN_ERR_RANK, "dt_dataset_reshape: %d dims (supported: 1 to %d)", ndim, DTRAIN_MAX_DIMS - 1);
+  int64_t per = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (sample_shape[d] < 1 || sample_shape[d] > ds->sample_size)
+      return dt__error(DTRAIN_ERR_SHAPE, "dt_dataset_reshape: dim %d is %lld", d, (long long)sample_shape[d]);
+    per *= sample_shape[d];
+    if (per > ds->sample_size) break;
+  }
+  if (per != ds->sample_size) {
+    char a[160], b[160];
+    return dt__error(DTRAIN_ERR_SHAPE, "dt_dataset_reshape: shape %s does not hold the %lld values of %s",
+                     dt__data_shape_str(ndim, sample_shape, a, sizeof a), (long long)ds->sample_size,
+                     dt__data_shape_str(ds->ndim, ds->shape, b, sizeof b));
+  }
+  ds->ndim = ndim;
+  for (int i = 0; i < DTRAIN_MAX_DIMS; i++) ds->shape[i] = i < ndim ? sample_shape[i] : 1;
+  return DTRAIN_OK;
+}
+
+/* ---- datasets from IDX ------------------------------------------------------------------------ */
+
+static dt_result dt__data_from_idx(const char *ictx, const char *lctx, dt_dataset **out, const unsigned char *ip,
+                                   size_t ilen, const unsigned char *lp, size_t llen, int has_labels, unsigned flags) {
+  dt_bytes itmp, ltmp;
+  int ind = 0, lnd = 0;
+  int64_t ish[DTRAIN_MAX_DIMS], lsh[DTRAIN_MAX_DIMS], isize = 0, lsize = 0;
+  size_t ioff = 0, loff = 0;
+  memset(&ltmp, 0, sizeof ltmp);
+  dt_result r = dt__data_maybe_gunzip(ictx, &ip, &ilen, &itmp);
+  if (r != DTRAIN_OK) return r;
+  r = dt__data_idx_header(ictx, ip, ilen, &ind, ish, &isize, &ioff);
+  if (r == DTRAIN_OK && ind < 2)
+    r = dt__error(DTRAIN_ERR_FORMAT, "%s: an images file needs at least 2 dimensions (count, values...), this one has 1",
+                  ictx);
+  if (r == DTRAIN_OK && has_labels) {
+    r = dt__data_maybe_gunzip(lctx, &lp, &llen, &ltmp);
+    if (r == DTRAIN_OK) r = dt__data_idx_header(lctx, lp, llen, &lnd, lsh, &lsize, &loff);
+    if (r == DTRAIN_OK && lnd != 1) {
+      char sh[160];
+      r = dt__error(DTRAIN_ERR_FORMAT, "%s: a labels file must be 1-D, this one has shape %s", lctx,
+                    dt__data_shape_str(lnd, lsh, sh, sizeof sh));
+    }
+    if (r == DTRAIN_OK && lsh[0] != ish[0])
+      r = dt__error(DTRAIN_ERR_MISMATCH, "%s: %lld images but %lld labels", ictx, (long long)ish[0], (long long)lsh[0]);
+  }
+  dt_dataset *ds = NULL;
+  if (r == DTRAIN_OK) r = dt__data_ds_new(ictx, &ds, ish[0], ind - 1, ish + 1, has_labels);
+  if (r == DTRAIN_OK) {
+    const unsigned char *px = ip + ioff;
+    size_t total = (size_t)isize;
+    float scale = (flags & DTRAIN_DATA_RAW) ? 1.0f : 1.0f / 255.0f;
+    for (size_t i = 0; i < total; i++) ds->x[i] = (float)px[i] * scale;
+    if (has_labels) {
+      for (int64_t i = 0; i < ds->n; i++) ds->y[i] = lp[loff + (size_t)i];
+      dt__data_set_classes(lctx, ds);
+    }
+    *out = ds;
+  }
+  dt_bytes_free(&itmp);
+  dt_bytes_free(&ltmp);
+  return r;
+}
+
+DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
+                                          size_t labels_len, unsigned flags) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: out is NULL");
+  *out = NULL;
+  if (!images) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: images is NULL");
+  if (!labels && labels_len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: labels is NULL");
+  return dt__data_from_idx("dt_dataset_parse_idx: images", "dt_dataset_parse_idx: labels", out,
+                           (const unsigned char *)images, images_len, (const unsigned char *)labels, labels_len,
+                           labels != NULL && labels_len > 0, flags);
+}
+
+DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
+                                         unsigned flags) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_idx: out is NULL");
+  *out = NULL;
+  if (!images_path) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_idx: images_path is NULL");
+  dt_bytes ib, lb;
+  memset(&lb, 0, sizeof lb);
+  dt_result r = dt__data_load("dt_dataset_read_idx", images_path, 0, &ib); /* gunzipped by the parser */
+  if (r != DTRAIN_OK) return r;
+  if (labels_path) r = dt__data_load("dt_dataset_read_idx", labels_path, 0, &lb);
+  if (r == DTRAIN_OK) {
+    char ictx[DT__DATA_CTX], lctx[DT__DATA_CTX];
+    snprintf(ictx, sizeof ictx, "dt_dataset_read_idx: '%s'", images_path);
+    snprintf(lctx, sizeof lctx, "dt_dataset_read_idx: '%s'", labels_path ? labels_path : "");
+    r = dt__data_from_idx(ictx, lctx, out, ib.data, ib.size, lb.data, lb.size, labels_path != NULL, flags);
+  }
+  dt_bytes_free(&ib);
+  dt_bytes_free(&lb);
+  return r;
+}
+
+/* ---- Fashion-MNIST ------------------------------------------------------------------------------ */
+
+#define DT__DATA_FM_SYSTEM "/usr/share/datasets/fashion-mnist"
+#define DT__DATA_FM_SHIPPED "data/fashion-mnist"
+
+#ifndef DTRAIN_NO_STDIO
+/* Path of dir/base.gz or dir/base, whichever exists (gz first); 0 if neither. */
+static int dt__data_fm_file(const char *dir, const char *base, char *path, size_t cap) {
+  for (int gz = 1; gz >= 0; gz--) {
+    int n = snprintf(path, cap, "%s/%s%s", dir, base, gz ? ".gz" : "");
+    if (n < 0 || (size_t)n >= cap) return 0;
+    FILE *f = fopen(path, "rb");
+    if (f) {
+      fclose(f);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static int dt__data_fm_has(const char *dir, int train) {
+  char p[1024];
+  return dt__data_fm_file(dir, train ? "train-images-idx3-ubyte" : "t10k-images-idx3-ubyte", p, sizeof p) &&
+         dt__data_fm_file(dir, train ? "train-labels-idx1-ubyte" : "t10k-labels-idx1-ubyte", p, sizeof p);
+}
+#endif
+
+DTRAIN_API dt_result dt_fashion_mnist_find(const char *dir, char *out, size_t cap, int *has_train) {
+  if (has_train) *has_train = 0;
+  if (!out || cap == 0) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_fashion_mnist_find: out is NULL or cap is 0");
+  out[0] = '\0';
+#ifdef DTRAIN_NO_STDIO
+  (void)dir;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_fashion_mnist_find: file I/O is not available in this build (DTRAIN_NO_STDIO)");
+#else
+  const char *cands[2] = {DT__DATA_FM_SYSTEM, DT__DATA_FM_SHIPPED};
+  const char *found = NULL;
+  if (dir) {
+    if (dt__data_fm_has(dir, 0)) found = dir;
+  } else {
+    for (int i = 0; i < 2 && !found; i++)
+      if (dt__data_fm_has(cands[i], 0)) found = cands[i];
+  }
+  if (!found) {
+    if (dir)
+      return dt__error(DTRAIN_ERR_NOT_FOUND,
+                       "dt_fashion_mnist_find: no Fashion-MNIST in '%s' (need t10k-images-idx3-ubyte[.gz] and "
+                       "t10k-labels-idx1-ubyte[.gz])", dir);
+    return dt__error(DTRAIN_ERR_NOT_FOUND,
+                     "dt_fashion_mnist_find: no Fashion-MNIST found in " DT__DATA_FM_SYSTEM " (apt-get install "
+                     "dataset-fashion-mnist) nor in " DT__DATA_FM_SHIPPED " (run from the dtrain directory)");
+  }
+  if (strlen(found) + 1 > cap)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fashion_mnist_find: out (%zu bytes) is too small for '%s'", cap, found);
+  memcpy(out, found, strlen(found) + 1);
+  int train = dt__data_fm_has(found, 1);
+  if (has_train) *has_train = train;
+  dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "Fashion-MNIST: using '%s' (%s)", found,
+          train ? "train and test splits" : "test split only");
+  return DTRAIN_OK;
+#endif
+}
+
+DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, dt_dataset **test) {
+  if (train) *train = NULL;
+  if (!test) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_fashion_mnist_load: test is NULL");
+  *test = NULL;
+#ifdef DTRAIN_NO_STDIO
+  (void)dir;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_fashion_mnist_load: file I/O is not available in this build (DTRAIN_NO_STDIO)");
+#else
+  char d[1024], ip[1100], lp[1100];
+  int has_train = 0;
+  dt_result r = dt_fashion_mnist_find(dir, d, sizeof d, &has_train);
+  if (r != DTRAIN_OK) return r;
+  dt__data_fm_file(d, "t10k-images-idx3-ubyte", ip, sizeof ip);
+  dt__data_fm_file(d, "t10k-labels-idx1-ubyte", lp, sizeof lp);
+  r = dt_dataset_read_idx(test, ip, lp, 0);
+  if (r == DTRAIN_OK && train && has_train) {
+    dt__data_fm_file(d, "train-images-idx3-ubyte", ip, sizeof ip);
+    dt__data_fm_file(d, "train-labels-idx1-ubyte", lp, sizeof lp);
+    r = dt_dataset_read_idx(train, ip, lp, 0);
+    if (r != DTRAIN_OK) {
+      dt_dataset_destroy(*test);
+      *test = NULL;
+    }
+  }
+  return r;
+#endif
+}
+
+/* ---- CSV ------------------------------------------------------------------------------------------ */
+
+typedef struct dt__data_csv {
+  const char *ctx;
+  const char *p, *end, *next;
+  char delim;
+  int header, has_labels;
+  int64_t label_col; /* resolved once the column count is known */
+  int64_t rows, cols;
+} dt__data_csv;
+
+/* One pass over the text. With ds NULL it validates and counts rows and
+ * columns; with ds it stores the values (the first pass succeeded, so every
+ * row has c->cols fields). */
+static dt_result dt__data_csv_pass(dt__data_csv *c, dt_dataset *ds) {
+  const char *p = c->p;
+  int64_t line = 0, row = 0, first_line = 0;
+  int skipped_header = 0;
+  if (c->end - p >= 3 && (unsigned char)p[0] == 0xEF && (unsigned char)p[1] == 0xBB && (unsigned char)p[2] == 0xBF)
+    p += 3; /* UTF-8 byte order mark */
+  for (; p < c->end; p = c->next) {
+    const char *eol = (const char *)memchr(p, '\n', (size_t)(c->end - p));
+    const char *le = eol ? eol : c->end;
+    c->next = eol ? eol + 1 : c->end;
+    line++;
+    if (le > p && le[-1] == '\r') le--;
+    const char *q = p;
+    while (q < le && (*q == ' ' || *q == '\t')) q++;
+    if (q == le) continue; /* blank line */
+    if (c->header && !skipped_header) {
+      skipped_header = 1;
+      continue;
+    }
+    /* Same number of fields as the first row? */
+    int64_t nfields = 1;
+    for (q = p; q < le; q++) nfields += *q == c->delim;
+    if (row == 0 && !ds) {
+      c->cols = nfields;
+      first_line = line;
+    } else if (nfields != c->cols) {
+      return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld has %lld fields, expected %lld (as on line %lld)", c->ctx,
+                       (long long)line, (long long)nfields, (long long)c->cols, (long long)first_line);
+    }
+    const char *hint = (row == 0 && !c->header) ? " (is it a header? set dt_csv_desc.header)" : "";
+    const char *f = p;
+    for (int64_t col = 0; col < nfields; col++) {
+      const char *fe = f;
+      while (fe < le && *fe != c->delim) fe++;
+      const char *a = f, *b = fe;
+      f = fe + 1;
+      while (a < b && (*a == ' ' || *a == '\t')) a++;
+      while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
+      char buf[72];
+      size_t flen = (size_t)(b - a);
+      if (flen == 0)
+        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: empty field%s", c->ctx, (long long)line,
+                         (long long)col + 1, hint);
+      if (flen >= sizeof buf)
+        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: a field of %zu characters is not a number",
+                         c->ctx, (long long)line, (long long)col + 1, flen);
+      memcpy(buf, a, flen);
+      buf[flen] = '\0';
+      char *stop = NULL;
+      double v = strtod(buf, &stop);
+      if (stop != buf + flen || !isfinite(v))
+        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: '%s' is not a finite number%s", c->ctx,
+                         (long long)line, (long long)col + 1, buf, hint);
+      if (!ds) continue;
+      if (c->has_labels && col == c->label_col) {
+        if (v < 0 || v > (double)INT32_MAX || v != floor(v))
+          return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: label '%s' is not an integer in [0, %d]",
+                           c->ctx, (long long)line, (long long)col + 1, buf, INT32_MAX);
+        ds->y[row] = (int32_t)v;
+      } else {
+        int64_t fi = (c->has_labels && col > c->label_col) ? col - 1 : col;
+        ds->x[row * ds->sample_size + fi] = (float)v;
+      }
+    }
+    row++;
+  }
+  c->rows = row;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__data_csv_parse(const char *ctx, dt_dataset **out, const char *text, size_t len,
+                                    const dt_csv_desc *desc) {
+  dt__data_csv c;
+  dt_csv_desc zero;
+  memset(&zero, 0, sizeof zero);
+  if (!desc) desc = &zero;
+  memset(&c, 0, sizeof c);
+  c.ctx = ctx;
+  c.p = text;
+  c.end = text + len;
+  c.delim = desc->delimiter ? desc->delimiter : ',';
+  c.header = desc->header != 0;
+  c.has_labels = desc->has_labels != 0;
+  if (c.delim == '\n' || c.delim == '\r' || c.delim == ' ' || c.delim == '"' || c.delim == '.' || c.delim == '-' ||
+      c.delim == '+' || (c.delim >= '0' && c.delim <= '9'))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: delimiter 0x%02x is not usable", ctx, (unsigned)(unsigned char)c.delim);
+  dt_result r = dt__data_csv_pass(&c, NULL);
+  if (r != DTRAIN_OK) return r;
+  if (c.rows == 0) return dt__error(DTRAIN_ERR_EMPTY, "%s: no data rows", ctx);
+  if (c.has_labels) {
+    int64_t lc = desc->label_column < 0 ? c.cols + desc->label_column : desc->label_column;
+    if (lc < 0 || lc >= c.cols)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: label_column %d is out of range for %lld columns", ctx,
+                       desc->label_column, (long long)c.cols);
+    if (c.cols < 2) return dt__error(DTRAIN_ERR_FORMAT, "%s: 1 column holds the labels, none is left for features", ctx);
+    c.label_col = lc;
+  }
+  int64_t nf = c.cols - (c.has_labels ? 1 : 0);
+  dt_dataset *ds;
+  r = dt__data_ds_new(ctx, &ds, c.rows, 1, &nf, c.has_labels);
+  if (r != DTRAIN_OK) return r;
+  r = dt__data_csv_pass(&c, ds);
+  if (r == DTRAIN_OK && c.has_labels) r = dt__data_set_classes(ctx, ds);
+  if (r != DTRAIN_OK) {
+    dt_dataset_destroy(ds);
+    return r;
+  }
+  *out = ds;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: out is NULL");
+  *out = NULL;
+  if (!text) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: text is NULL");
+  return dt__data_csv_parse("dt_dataset_parse_csv", out, text, len, desc);
+}
+
+DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_csv: out is NULL");
+  *out = NULL;
+  dt_bytes b;
+  dt_result r = dt__data_load("dt_dataset_read_csv", path, 1, &b);
+  if (r != DTRAIN_OK) return r;
+  char ctx[DT__DATA_CTX];
+  snprintf(ctx, sizeof ctx, "dt_dataset_read_csv: '%s'", path);
+  r = dt__data_csv_parse(ctx, out, (const char *)b.data, b.size, desc);
+  dt_bytes_free(&b);
+  return r;
+}
+
+/* ---- NPY ---------------------------------------------------------------------------------------------
+ *   "\x93NUMPY" major minor HEADER_LEN (u16 LE in 1.0, u32 LE in 2.0/3.0)
+ *   header: a Python dict literal {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+ *           padded with spaces and ended by '\n'; then the data, C order. */
+
+static int dt__data_host_le(void) {
+  uint16_t one = 1;
+  unsigned char b;
+  memcpy(&b, &one, 1);
+  return b == 1;
+}
+
+DTRAIN_API size_t dt_npy_dtype_size(dt_npy_dtype dtype) {
+  switch (dtype) {
+    case DTRAIN_NPY_F32: return 4;
+    case DTRAIN_NPY_U8: return 1;
+    case DTRAIN_NPY_I32: return 4;
+    case DTRAIN_NPY_I64: return 8;
+    default: return 0;
+  }
+}
+
+static const char *dt__data_npy_descr(dt_npy_dtype t) {
+  switch (t) {
+    case DTRAIN_NPY_F32: return "<f4";
+    case DTRAIN_NPY_U8: return "|u1";
+    case DTRAIN_NPY_I32: return "<i4";
+    case DTRAIN_NPY_I64: return "<i8";
+    default: return "?";
+  }
+}
+
+typedef struct dt__data_npyp {
+  const char *ctx;
+  const char *p, *end;
+} dt__data_npyp;
+
+static void dt__data_npy_ws(dt__data_npyp *s) {
+  while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r')) s->p++;
+}
+
+static int dt__data_npy_eat(dt__data_npyp *s, char ch) {
+  dt__data_npy_ws(s);
+  if (s->p < s->end && *s->p == ch) {
+    s->p++;
+    return 1;
+  }
+  return 0;
+}
+
+/* A quoted Python string into buf; 0 if there is none (or it is too long). */
+static int dt__data_npy_str(dt__data_npyp *s, char *buf, size_t cap) {
+  dt__data_npy_ws(s);
+  if (s->p >= s->end || (*s->p != '\'' && *s->p != '"')) return 0;
+  char q = *s->p++;
+  size_t n = 0;
+  while (s->p < s->end && *s->p != q) {
+    if (n + 1 >= cap) return 0;
+    buf[n++] = *s->p++;
+  }
+  if (s->p >= s->end) return 0;
+  s->p++;
+  buf[n] = '\0';
+  return 1;
+}
+
+static dt_result dt__data_npy_bad(dt__data_npyp *s, const char *what) {
+  return dt__error(DTRAIN_ERR_FORMAT, "%s: bad NPY header: %s", s->ctx, what);
+}
+
+static dt_result dt__data_npy_header(dt__data_npyp *s, dt_npy *a, int *swap) {
+  int have_descr = 0, have_fortran = 0, have_shape = 0;
+  if (!dt__data_npy_eat(s, '{')) return dt__data_npy_bad(s, "expected '{'");
+  for (;;) {
+    if (dt__data_npy_eat(s, '}')) break;
+    char key[32], val[32];
+    if (!dt__data_npy_str(s, key, sizeof key)) return dt__data_npy_bad(s, "expected a quoted key");
+    if (!dt__data_npy_eat(s, ':')) return dt__data_npy_bad(s, "expected ':' after a key");
+    if (!strcmp(key, "descr")) {
+      if (!dt__data_npy_str(s, val, sizeof val)) return dt__data_npy_bad(s, "'descr' is not a simple dtype string");
+      char bo = val[0];
+      const char *ty = val + 1;
+      if (bo != '<' && bo != '>' && bo != '|' && bo != '=') return dt__error(DTRAIN_ERR_FORMAT, "%s: NPY dtype '%s' is not supported (float32 '<f4', uint8 '|u1', int32 '<i4', int64 '<i8')", s->ctx, val);
+      if (!strcmp(ty, "u1")) a->dtype = DTRAIN_NPY_U8;
+      else if (!strcmp(ty, "f4") && bo != '|') a->dtype = DTRAIN_NPY_F32;
+      else if (!strcmp(ty, "i4") && bo != '|') a->dtype = DTRAIN_NPY_I32;
+      else if (!strcmp(ty, "i8") && bo != '|') a->dtype = DTRAIN_NPY_I64;
+      else
+        return dt__error(DTRAIN_ERR_FORMAT,
+                         "%s: NPY dtype '%s' is not supported (float32 '<f4', uint8 '|u1', int32 '<i4', int64 '<i8')",
+                         s->ctx, val);
+      int file_le = bo == '<' || (bo == '=' && dt__data_host_le());
+      *swap = a->dtype != DTRAIN_NPY_U8 && file_le != dt__data_host_le();
+      have_descr = 1;
+    } else if (!strcmp(key, "fortran_order")) {
+      dt__data_npy_ws(s);
+      if ((size_t)(s->end - s->p) >= 5 && !strncmp(s->p, "False", 5)) {
+        s->p += 5;
+      } else if ((size_t)(s->end - s->p) >= 4 && !strncmp(s->p, "True", 4)) {
+        return dt__error(DTRAIN_ERR_FORMAT,
+                         "%s: NPY array is in Fortran order, which is not supported (save np.ascontiguousarray(a))",
+                         s->ctx);
+      } else {
+        return dt__data_npy_bad(s, "'fortran_order' is not True or False");
+      }
+      have_fortran = 1;
+    } else if (!strcmp(key, "shape")) {
+      if (!dt__data_npy_eat(s, '(')) return dt__data_npy_bad(s, "'shape' is not a tuple");
+      a->ndim = 0;
+      for (;;) {
+        if (dt__data_npy_eat(s, ')')) break;
+        dt__data_npy_ws(s);
+        if (s->p >= s->end || *s->p < '0' || *s->p > '9') return dt__data_npy_bad(s, "'shape' holds something other than integers");
+        uint64_t v = 0;
+        while (s->p < s->end && *s->p >= '0' && *s->p <= '9') {
+          v = v * 10 + (uint64_t)(*s->p - '0');
+          if (v > (uint64_t)INT64_MAX / 16) return dt__error(DTRAIN_ERR_CORRUPT, "%s: NPY shape has an absurd dimension", s->ctx);
+          s->p++;
+        }
+        if (a->ndim == DTRAIN_MAX_DIMS)
+          return dt__error(DTRAIN_ERR_FORMAT, "%s: NPY array has more than %d dimensions", s->ctx, DTRAIN_MAX_DIMS);
+        a->shape[a->ndim++] = (int64_t)v;
+        if (!dt__data_npy_eat(s, ',')) {
+          if (!dt__data_npy_eat(s, ')')) return dt__data_npy_bad(s, "'shape' tuple is not closed");
+          break;
+        }
+      }
+      have_shape = 1;
+    } else {
+      char msg[96];
+      snprintf(msg, sizeof msg, "unexpected key '%s'", key);
+      return dt__data_npy_bad(s, msg);
+    }
+    if (!dt__data_npy_eat(s, ',')) {
+      if (!dt__data_npy_eat(s, '}')) return dt__data_npy_bad(s, "expected ',' or '}'");
+      break;
+    }
+  }
+  if (!have_descr || !have_fortran || !have_shape)
+    return dt__data_npy_bad(s, !have_descr ? "no 'descr'" : !have_fortran ? "no 'fortran_order'" : "no 'shape'");
+  return DTRAIN_OK;
+}
+
+static void dt__data_swap(unsigned char *p, size_t n, size_t w) {
+  for (size_t i = 0; i < n; i++, p += w)
+    for (size_t k = 0; k < w / 2; k++) {
+      unsigned char t = p[k];
+      p[k] = p[w - 1 - k];
+      p[w - 1 - k] = t;
+    }
+}
+
+static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, size_t len, dt_npy *out) {
+  memset(out, 0, sizeof *out);
+  if (len < 10 || memcmp(p, "\x93NUMPY", 6) != 0) {
+    if (len >= 6 && memcmp(p, "\x93NUMPY", 6) == 0)
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated NPY file (%zu bytes)", ctx, len);
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: not an NPY file (no \\x93NUMPY magic)", ctx);
+  }
+  unsigned major = p[6], minor = p[7];
+  size_t hlen, hstart;
+  if (major == 1) {
+    hlen = (size_t)p[8] | (size_t)p[9] << 8;
+    hstart = 10;
+  } else if (major == 2 || major == 3) {
+    if (len < 12) return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated NPY file (%zu bytes)", ctx, len);
+    hlen = (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 | (size_t)p[11] << 24;
+    hstart = 12;
+  } else {
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: NPY format version %u.%u is not supported (1.0, 2.0, 3.0)", ctx, major, minor);
+  }
+  if (minor != 0)
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: NPY format version %u.%u is not supported (1.0, 2.0, 3.0)", ctx, major, minor);
+  if (hlen > len - hstart)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated NPY file: header of %zu bytes, only %zu follow", ctx, hlen,
+                     len - hstart);
+  dt__data_npyp s;
+  s.ctx = ctx;
+  s.p = (const char *)p + hstart;
+  s.end = s.p + hlen;
+  int swap = 0;
+  dt_npy a;
+  memset(&a, 0, sizeof a);
+  dt_result r = dt__data_npy_header(&s, &a, &swap);
+  if (r != DTRAIN_OK) return r;
+  size_t w = dt_npy_dtype_size(a.dtype), count = 1, bytes = 0;
+  int overflow = 0;
+  for (int d = 0; d < a.ndim; d++)
+    if (!dt__mul_size(count, (size_t)a.shape[d], &count)) overflow = 1;
+  if (!overflow && !dt__mul_size(count, w, &bytes)) overflow = 1;
+  size_t avail = len - hstart - hlen;
+  char sh[160];
+  dt__data_shape_str(a.ndim, a.shape, sh, sizeof sh);
+  if (overflow || bytes > avail)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: NPY header claims shape %s of '%s' but only %zu data bytes follow", ctx, sh,
+                     dt__data_npy_descr(a.dtype), avail);
+  if (bytes < avail)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: NPY file has %zu bytes after the data of shape %s", ctx, avail - bytes, sh);
+  for (int d = a.ndim; d < DTRAIN_MAX_DIMS; d++) a.shape[d] = 1;
+  a.size = (int64_t)count;
+  a.bytes_ = bytes;
+  a.data = dt__alloc(bytes);
+  if (!a.data) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, bytes);
+  if (bytes) memcpy(a.data, p + hstart + hlen, bytes);
+  if (swap) dt__data_swap((unsigned char *)a.data, count, w);
+  *out = a;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API void dt_npy_free(dt_npy *a) {
+  if (!a) return;
+  dt__free(a->data, a->bytes_);
+  memset(a, 0, sizeof *a);
+}
+
+DTRAIN_API dt_result dt_npy_parse(const void *buf, size_t len, dt_npy *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_npy_parse: out is NULL");
+  memset(out, 0, sizeof *out);
+  if (!buf) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_npy_parse: buf is NULL");
+  return dt__data_npy_parse("dt_npy_parse", (const unsigned char *)buf, len, out);
+}
+
+DTRAIN_API dt_result dt_npy_read(const char *path, dt_npy *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_npy_read: out is NULL");
+  memset(out, 0, sizeof *out);
+  dt_bytes b;
+  dt_result r = dt__data_load("dt_npy_read", path, 1, &b);
+  if (r != DTRAIN_OK) return r;
+  char ctx[DT__DATA_CTX];
+  snprintf(ctx, sizeof ctx, "dt_npy_read: '%s'", path);
+  r = dt__data_npy_parse(ctx, b.data, b.size, out);
+  dt_bytes_free(&b);
+  return r;
+}
+
+/* Header text for an array, padded so that the data starts at a multiple
+ * of 64 bytes (as NumPy writes it). Returns its length (0 if too long). */
+static size_t dt__data_npy_make_header(char *h, size_t cap, dt_npy_dtype dtype, int ndim, const int64_t *shape) {
+  char sh[200];
+  size_t n = 0;
+  sh[n++] = '(';
+  for (int d = 0; d < ndim; d++)
+    n += (size_t)snprintf(sh + n, sizeof sh - n, d ? ", %lld" : "%lld", (long long)shape[d]);
+  if (ndim == 1) sh[n++] = ',';
+  sh[n++] = ')';
+  sh[n] = '\0';
+  int k = snprintf(h, cap, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", dt__data_npy_descr(dtype), sh);
+  if (k < 0 || (size_t)k >= cap) return 0;
+  size_t len = (size_t)k, total = 10 + len + 1;
+  size_t pad = (64 - total % 64) % 64;
+  if (len + pad + 1 >= cap) return 0;
+  memset(h + len, ' ', pad);
+  h[len + pad] = '\n';
+  return len + pad + 1;
+}
+
+static dt_result dt__data_npy_check(const char *who, dt_npy_dtype dtype, int ndim, const int64_t *shape, const void *data,
+                                    size_t *count) {
+  if (dt_npy_dtype_size(dtype) == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown dtype %d", who, (int)dtype);
+  if (ndim < 0 || ndim > DTRAIN_MAX_DIMS)
+    return dt__error(DTRAIN_ERR_RANK, "%s: ndim %d is not in 0..%d", who, ndim, DTRAIN_MAX_DIMS);
+  if (ndim > 0 && !shape) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: shape is NULL", who);
+  size_t c = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0) return dt__error(DTRAIN_ERR_SHAPE, "%s: dim %d is negative (%lld)", who, d, (long long)shape[d]);
+    if ((uint64_t)shape[d] > SIZE_MAX || !dt__mul_size(c, (size_t)shape[d], &c))
+      return dt__error(DTRAIN_ERR_OVERFLOW, "%s: array size overflows", who);
+  }
+  if (c > 0 && !data) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: data is NULL", who);
+  if (!dt__mul_size(c, dt_npy_dtype_size(dtype), count) || *count > SIZE_MAX - 512)
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: array size overflows", who);
+  *count = c;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__data_npy_encode(const char *who, unsigned char *buf, size_t cap, size_t *len, dt_npy_dtype dtype,
+                                     int ndim, const int64_t *shape, const void *data) {
+  size_t count = 0;
+  dt_result r = dt__data_npy_check(who, dtype, ndim, shape, data, &count);
+  if (r != DTRAIN_OK) return r;
+  char h[512];
+  size_t hl = dt__data_npy_make_header(h, sizeof h, dtype, ndim, shape);
+  if (hl == 0) return dt__error(DTRAIN_ERR_INTERNAL, "%s: NPY header does not fit", who);
+  size_t w = dt_npy_dtype_size(dtype), bytes = count * w, total = 10 + hl + bytes;
+  if (len) *len = total;
+  if (!buf) return DTRAIN_OK;
+  if (cap < total)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: buffer of %zu bytes is too small (%zu needed)", who, cap, total);
+  memcpy(buf, "\x93NUMPY\x01\x00", 8);
+  buf[8] = (unsigned char)(hl & 0xFF);
+  buf[9] = (unsigned char)(hl >> 8);
+  memcpy(buf + 10, h, hl);
+  if (bytes) memcpy(buf + 10 + hl, data, bytes);
+  if (w > 1 && !dt__data_host_le()) dt__data_swap(buf + 10 + hl, count, w);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_npy_encode(void *buf, size_t cap, size_t *len, dt_npy_dtype dtype, int ndim, const int64_t *shape,
+                                   const void *data) {
+  return dt__data_npy_encode("dt_npy_encode", (unsigned char *)buf, cap, len, dtype, ndim, shape, data);
+}
+
+DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim, const int64_t *shape, const void *data) {
+  if (!path) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_npy_write: path is NULL");
+#ifdef DTRAIN_NO_STDIO
+  (void)dtype; (void)ndim; (void)shape; (void)data;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                   "dt_npy_write: file I/O is not available in this build (DTRAIN_NO_STDIO); use dt_npy_encode");
+#else
+  size_t total = 0;
+  dt_result r = dt__data_npy_encode("dt_npy_write", NULL, 0, &total, dtype, ndim, shape, data);
+  if (r != DTRAIN_OK) return r;
+  unsigned char *buf = (unsigned char *)dt__alloc(total);
+  if (!buf) return dt__error(DTRAIN_ERR_NOMEM, "dt_npy_write: out of memory (%zu bytes)", total);
+  r = dt__data_npy_encode("dt_npy_write", buf, total, &total, dtype, ndim, shape, data);
+  if (r == DTRAIN_OK) {
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+      r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot create '%s': %s", path, strerror(errno));
+    } else {
+      errno = 0;
+      size_t put = fwrite(buf, 1, total, f);
+      int e = errno;
+      int bad = put != total || fflush(f) != 0;
+      if (fclose(f) != 0) bad = 1;
+      if (bad) {
+        remove(path);
+        r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot write '%s': %s", path, e ? strerror(e) : "write error");
+      }
+    }
+  }
+  dt__free(buf, total);
+  return r;
+#endif
+}
+
+DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags) {
+  const char *who = "dt_dataset_from_npy";
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
+  *out = NULL;
+  if (!x || !x->data) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: x is NULL or empty", who);
+  if (x->ndim < 1) return dt__error(DTRAIN_ERR_RANK, "%s: x is a scalar; it needs a leading sample dimension", who);
+  int64_t one = 1;
+  int snd = x->ndim == 1 ? 1 : x->ndim - 1;
+  const int64_t *ssh = x->ndim == 1 ? &one : x->shape + 1;
+  if (y) {
+    if (!y->data || y->ndim != 1 || y->shape[0] != x->shape[0]) {
+      char a[160], b[160];
+      return dt__error(DTRAIN_ERR_MISMATCH, "%s: labels of shape %s do not match samples of shape %s (need [%lld])", who,
+                       dt__data_shape_str(y->ndim, y->shape, a, sizeof a),
+                       dt__data_shape_str(x->ndim, x->shape, b, sizeof b), (long long)x->shape[0]);
+    }
+    if (y->dtype == DTRAIN_NPY_F32) return dt__error(DTRAIN_ERR_FORMAT, "%s: labels must be integers, not float32", who);
+  }
+  dt_dataset *ds;
+  dt_result r = dt__data_ds_new(who, &ds, x->shape[0], snd, ssh, y != NULL);
+  if (r != DTRAIN_OK) return r;
+  size_t total = (size_t)x->size;
+  float scale = (flags & DTRAIN_DATA_RAW) ? 1.0f : 1.0f / 255.0f;
+  for (size_t i = 0; i < total; i++) {
+    switch (x->dtype) {
+      case DTRAIN_NPY_F32: ds->x[i] = ((const float *)x->data)[i]; break;
+      case DTRAIN_NPY_U8: ds->x[i] = (float)((const unsigned char *)x->data)[i] * scale; break;
+      case DTRAIN_NPY_I32: ds->x[i] = (float)((const int32_t *)x->data)[i]; break;
+      default: ds->x[i] = (float)((const int64_t *)x->data)[i]; break;
+    }
+  }
+  if (y) {
+    for (int64_t i = 0; i < ds->n; i++) {
+      int64_t v = y->dtype == DTRAIN_NPY_U8    ? ((const unsigned char *)y->data)[i]
+                  : y->dtype == DTRAIN_NPY_I32 ? ((const int32_t *)y->data)[i]
+                                               : ((const int64_t *)y->data)[i];
+      if (v < 0 || v > INT32_MAX) {
+        dt_dataset_destroy(ds);
+        return dt__error(DTRAIN_ERR_INDEX, "%s: label %lld of sample %lld is out of range [0, %d]", who, (long long)v,
+                         (long long)i, INT32_MAX);
+      }
+      ds->y[i] = (int32_t)v;
+    }
+    dt__data_set_classes(who, ds);
+  }
+  *out = ds;
+  return DTRAIN_OK;
+}
+
+/* ---- text corpora -------------------------------------------------------------------------------------- */
+
+DTRAIN_API void dt_text_free(dt_text *t) {
+  if (!t) return;
+  dt__free(t->ids, t->bytes_);
+  memset(t, 0, sizeof *t);
+}
+
+static dt_result dt__data_text(const char *ctx, const unsigned char *p, size_t len, dt_text *out) {
+  memset(out, 0, sizeof *out);
+  if (len == 0) return dt__error(DTRAIN_ERR_EMPTY, "%s: the text is empty", ctx);
+  size_t bytes;
+  if (len > (size_t)INT64_MAX || !dt__mul_size(len, sizeof(int32_t), &bytes))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: text of %zu bytes is too long", ctx, len);
+  int present[256] = {0};
+  for (size_t i = 0; i < len; i++) present[p[i]] = 1;
+  for (int b = 0; b < 256; b++) {
+    out->id_of[b] = -1;
+    if (present[b]) {
+      out->id_of[b] = (int16_t)out->vocab_size;
+      out->vocab[out->vocab_size++] = (unsigned char)b;
+    }
+  }
+  out->ids = (int32_t *)dt__alloc(bytes);
+  if (!out->ids) {
+    memset(out, 0, sizeof *out);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, bytes);
+  }
+  for (size_t i = 0; i < len; i++) out->ids[i] = out->id_of[p[i]];
+  out->n = (int64_t)len;
+  out->bytes_ = bytes;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_text_parse(const void *buf, size_t len, dt_text *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_text_parse: out is NULL");
+  memset(out, 0, sizeof *out);
+  if (!buf) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_text_parse: buf is NULL");
+  return dt__data_text("dt_text_parse", (const unsigned char *)buf, len, out);
+}
+
+DTRAIN_API dt_result dt_text_read(const char *path, dt_text *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_text_read: out is NULL");
+  memset(out, 0, sizeof *out);
+  dt_bytes b;
+  dt_result r = dt__data_load("dt_text_read", path, 1, &b);
+  if (r != DTRAIN_OK) return r;
+  char ctx[DT__DATA_CTX];
+  snprintf(ctx, sizeof ctx, "dt_text_read: '%s'", path);
+  r = dt__data_text(ctx, b.data, b.size, out);
+  dt_bytes_free(&b);
+  return r;
+}
+
+DTRAIN_API dt_result dt_text_encode(const dt_text *t, const char *s, size_t len, int32_t *ids) {
+  if (!t || (!s && len) || (!ids && len))
+    return dt__error(DTRAIN_ERR_NULL_ARG, "dt_text_encode: %s is NULL", !t ? "t" : !s ? "s" : "ids");
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (t->id_of[c] < 0)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_text_encode: byte 0x%02x ('%c') at offset %zu is not in the vocabulary",
+                       (unsigned)c, (c >= 32 && c < 127) ? (char)c : '?', i);
+    ids[i] = t->id_of[c];
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_text_decode(const dt_text *t, const int32_t *ids, int64_t n, char *out, size_t cap) {
+  if (!t || (!ids && n > 0) || !out)
+    return dt__error(DTRAIN_ERR_NULL_ARG, "dt_text_decode: %s is NULL", !t ? "t" : !out ? "out" : "ids");
+  if (n < 0 || (uint64_t)n >= cap)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_text_decode: %lld ids need %lld bytes, out has %zu", (long long)n,
+                     (long long)n + 1, cap);
+  for (int64_t i = 0; i < n; i++) {
+    if (ids[i] < 0 || ids[i] >= t->vocab_size) {
+      out[0] = '\0';
+      return dt__error(DTRAIN_ERR_INDEX, "dt_text_decode: id %d at %lld is not in [0, %d)", (int)ids[i], (long long)i,
+                       t->vocab_size);
+    }
+    out[i] = (char)t->vocab[ids[i]];
+  }
+  out[n] = '\0';
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end, dt_rng *rng, int64_t batch,
+                                    int64_t seq_len, int32_t *x, int32_t *y) {
+  if (!t || !rng || !x || !y)
+    return dt__error(DTRAIN_ERR_NULL_ARG, "dt_text_sample: %s is NULL", !t ? "t" : !rng ? "rng" : !x ? "x" : "y");
+  if (batch < 1 || seq_len < 1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_text_sample: batch %lld and seq_len %lld must be >= 1", (long long)batch,
+                     (long long)seq_len);
+  if (begin < 0 || end > t->n || end - begin <= seq_len)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_text_sample: range [%lld, %lld) of a %lld-id text cannot hold a window of %lld + 1",
+                     (long long)begin, (long long)end, (long long)t->n, (long long)seq_len);
+  uint64_t starts = (uint64_t)(end - begin - seq_len);
+  for (int64_t b = 0; b < batch; b++) {
+    int64_t s = begin + (int64_t)dt_rng_below(rng, starts);
+    memcpy(x + b * seq_len, t->ids + s, (size_t)seq_len * sizeof(int32_t));
+    memcpy(y + b * seq_len, t->ids + s + 1, (size_t)seq_len * sizeof(int32_t));
+  }
+  return DTRAIN_OK;
+}
+
+/* ---- loader ----------------------------------------------------------------------------------------------- */
+
+struct dt_loader {
+  const dt_dataset *ds;
+  int64_t batch_size;
+  uint64_t seed;
+  int shuffle, drop_last, shard, shards;
+  int64_t shard_n;            /* samples of this shard per epoch */
+  int64_t epoch, index;       /* the position */
+  int64_t *perm;              /* the permutation of perm_epoch (shuffle only) */
+  int64_t perm_epoch;
+  size_t perm_bytes;
+  float *bx;                  /* batch buffers, allocated once */
+  int32_t *by;
+  int64_t *bidx;
+  size_t bx_bytes, by_bytes, bidx_bytes;
+};
+
+DTRAIN_API void dt_loader_destroy(dt_loader *l) {
+  if (!l) return;
+  dt__free(l->perm, l->perm_bytes);
+  dt__free(l->bx, l->bx_bytes);
+  dt__free(l->by, l->by_bytes);
+  dt__free(l->bidx, l->bidx_bytes);
+  dt__free(l, sizeof *l);
+}
+
+DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
+  const char *who = "dt_loader_create";
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
+  *out = NULL;
+  if (!ds || !desc) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", who, ds ? "desc" : "ds");
+  if (!ds->x || ds->n < 1 || ds->sample_size < 1 || ds->ndim < 1 || ds->ndim > DTRAIN_MAX_DIMS - 1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: the dataset is empty or malformed", who);
+  int shards = desc->shard_count ? desc->shard_count : 1;
+  if (desc->batch_size < 1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: batch_size %lld must be >= 1", who, (long long)desc->batch_size);
+  if (shards < 1 || desc->shard_index < 0 || desc->shard_index >= shards)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: shard %d of %d is not valid (need 0 <= shard_index < shard_count)", who,
+                     desc->shard_index, shards);
+  if ((int64_t)shards > ds->n)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d shards of %lld samples would leave shard(s) empty", who, shards,
+                     (long long)ds->n);
+  size_t bs = (size_t)desc->batch_size, row = (size_t)ds->sample_size, bx_bytes;
+  if ((uint64_t)desc->batch_size > SIZE_MAX / sizeof(int64_t) || !dt__mul_size(bs, row, &bx_bytes) ||
+      !dt__mul_size(bx_bytes, sizeof(float), &bx_bytes))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: batch of %lld samples overflows", who, (long long)desc->batch_size);
+  dt_loader *l = (dt_loader *)dt__calloc(sizeof *l);
+  if (!l) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", who);
+  l->ds = ds;
+  l->batch_size = desc->batch_size;
+  l->seed = desc->seed;
+  l->shuffle = desc->shuffle != 0;
+  l->drop_last = desc->drop_last != 0;
+  l->shard = desc->shard_index;
+  l->shards = shards;
+  l->shard_n = ds->n / shards + (desc->shard_index < ds->n % shards ? 1 : 0);
+  l->perm_epoch = -1;
+  l->bx_bytes = bx_bytes;
+  l->by_bytes = ds->y ? bs * sizeof(int32_t) : 0;
+  l->bidx_bytes = bs * sizeof(int64_t);
+  l->perm_bytes = l->shuffle ? (size_t)ds->n * sizeof(int64_t) : 0;
+  l->bx = (float *)dt__alloc(l->bx_bytes);
+  l->by = ds->y ? (int32_t *)dt__alloc(l->by_bytes) : NULL;
+  l->bidx = (int64_t *)dt__alloc(l->bidx_bytes);
+  l->perm = l->shuffle ? (int64_t *)dt__alloc(l->perm_bytes) : NULL;
+  if (!l->bx || (ds->y && !l->by) || !l->bidx || (l->shuffle && !l->perm)) {
+    dt_loader_destroy(l);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory for batch buffers", who);
+  }
+  *out = l;
+  return DTRAIN_OK;
+}
+
+/* The permutation of epoch e depends on (seed, e) only: the RNG is seeded
+ * from a hash of both, then Fisher-Yates runs over 0..n-1. */
+static void dt__data_loader_perm(dt_loader *l, int64_t epoch) {
+  if (!l->shuffle || l->perm_epoch == epoch) return;
+  uint64_t st = l->seed;
+  uint64_t k = dt__splitmix64(&st);
+  st = k ^ ((uint64_t)epoch * 0xD1B54A32D192ED03ULL);
+  dt_rng rng;
+  dt_rng_seed(&rng, dt__splitmix64(&st));
+  int64_t n = l->ds->n;
+  for (int64_t i = 0; i < n; i++) l->perm[i] = i;
+  for (int64_t i = n - 1; i > 0; i--) {
+    int64_t j = (int64_t)dt_rng_below(&rng, (uint64_t)i + 1);
+    int64_t t = l->perm[i];
+    l->perm[i] = l->perm[j];
+    l->perm[j] = t;
+  }
+  l->perm_epoch = epoch;
+}
+
+DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index) {
+  if (!l || epoch < 0 || index < 0 || index >= l->shard_n) return -1;
+  int64_t g = (int64_t)l->shard + index * (int64_t)l->shards; /* position in the epoch's order */
+  if (!l->shuffle) return g;
+  dt__data_loader_perm(l, epoch);
+  return l->perm[g];
+}
+
+DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
+  if (!l || !b) return (int)dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_next: %s is NULL", l ? "b" : "l");
+  int64_t left = l->shard_n - l->index;
+  if (left <= 0 || (l->drop_last && left < l->batch_size)) {
+    l->epoch++;
+    l->index = 0;
+    return 0;
+  }
+  const dt_dataset *ds = l->ds;
+  int64_t cnt = DT__MIN(left, l->batch_size);
+  size_t row = (size_t)ds->sample_size;
+  dt__data_loader_perm(l, l->epoch);
+  for (int64_t j = 0; j < cnt; j++) {
+    int64_t g = (int64_t)l->shard + (l->index + j) * (int64_t)l->shards;
+    int64_t s = l->shuffle ? l->perm[g] : g;
+    memcpy(l->bx + (size_t)j * row, ds->x + (size_t)s * row, row * sizeof(float));
+    if (l->by) l->by[j] = ds->y[s];
+    l->bidx[j] = s;
+  }
+  b->x = l->bx;
+  b->y = l->by;
+  b->index = l->bidx;
+  b->size = cnt;
+  b->ndim = 1 + ds->ndim;
+  b->shape[0] = cnt;
+  for (int d = 1; d < DTRAIN_MAX_DIMS; d++) b->shape[d] = d - 1 < ds->ndim ? ds->shape[d - 1] : 1;
+  b->epoch = l->epoch;
+  b->start = l->index;
+  l->index += cnt;
+  return 1;
+}
+
+DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index) {
+  if (epoch) *epoch = l ? l->epoch : 0;
+  if (index) *index = l ? l->index : 0;
+}
+
+DTRAIN_API dt_result dt_loader_set_position(dt_loader *l, int64_t epoch, int64_t index) {
+  if (!l) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_set_position: l is NULL");
+  if (epoch < 0 || index < 0 || index > l->shard_n)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_loader_set_position: (epoch %lld, index %lld) is out of range (index 0..%lld)",
+                     (long long)epoch, (long long)index, (long long)l->shard_n);
+  l->epoch = epoch;
+  l->index = index;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API int64_t dt_loader_num_samples(const dt_loader *l) { return l ? l->shard_n : 0; }
+
+DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
+  if (!l) return 0;
+  return l->drop_last ? l->shard_n / l->batch_size : (l->shard_n + l->batch_size - 1) / l->batch_size;
+}
+
+#undef DT__DATA_CTX
+#undef DT__DATA_FM_SYSTEM
+#undef DT__DATA_FM_SHIPPED
+/* ======== end dt_data.c ======== */
 
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -22,6 +22,7 @@
 #include "dt_nn.h"
 #include "dt_io.h"
 #include "dt_fit.h"
+#include "dt_data.h"
 
 #include <float.h>
 #include <limits.h>

@@ -41,6 +41,40 @@ fi
 check "no-malloc-object-has-no-malloc" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_NO_MALLOC -I. -c tests/dtrain_impl.c -o $D/impl_nomalloc.o && nm -u $D/impl_nomalloc.o > $D/nomalloc.syms && ! grep -wE 'malloc|calloc|realloc|free|aligned_alloc|posix_memalign|strdup' $D/nomalloc.syms"
 check "no-malloc-fixed-memory-tests" sh -c "gcc -std=c11 $W -O2 -I. -Itests tests/test_fixed_memory.c $D/impl_nomalloc.o -o $D/test_fixed_nomalloc -lm -lpthread && $D/test_fixed_nomalloc > $D/nomalloc.out && grep -q 'fixed_memory: [0-9]* passed, 0 failed' $D/nomalloc.out"
 check "no-malloc-contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_MALLOC '-DDTRAIN_MALLOC(s)=0' '-DDTRAIN_REALLOC(p,s)=0' '-DDTRAIN_FREE(p)=0' -I. -c $D/impl.c -o $D/bad2.o 2>$D/bad2.txt && grep -q 'DTRAIN_NO_MALLOC contradicts' $D/bad2.txt"
+# DTRAIN_USE_ZLIB: gzip data is inflated by zlib; the data tests must pass through it.
+if [ -f /usr/include/zlib.h ]; then
+  check "zlib-build-and-data-tests" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_USE_ZLIB -I. -c tests/dtrain_impl.c -o $D/impl_zlib.o && gcc -std=c11 $W -O2 -I. -Itests tests/test_data.c $D/impl_zlib.o -o $D/test_data_zlib -lz -lm -lpthread && $D/test_data_zlib > $D/test_data_zlib.txt 2>&1 && grep -q ' 0 failed' $D/test_data_zlib.txt && grep -q 'zlib=yes' $D/test_data_zlib.txt"
+else
+  echo "skip zlib-build-and-data-tests: no zlib.h (apt-get install zlib1g-dev)"
+fi
+# DTRAIN_NO_STDIO: the file readers say UNSUPPORTED, the from-memory parsers still work.
+cat > "$D/nostdio_data.c" <<'EOF'
+#define DTRAIN_NO_STDIO
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+int main(void) {
+  static const unsigned char idx[] = {0, 0, 8, 1, 0, 0, 0, 2, 7, 9};
+  static const unsigned char stored_gz[] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 1, 2, 0, 0xfd, 0xff, 'h', 'i',
+                                            0xac, 0x2a, 0x93, 0xd8, 2, 0, 0, 0};
+  dt_idx a;
+  dt_dataset *ds = 0;
+  dt_bytes b;
+  char dir[64];
+  int64_t one = 1;
+  if (dt_idx_read("x.idx", &a) != DTRAIN_ERR_UNSUPPORTED) return 1;
+  if (dt_idx_parse(idx, sizeof idx, &a) != DTRAIN_OK || a.size != 2 || a.data[1] != 9) return 2;
+  dt_idx_free(&a);
+  if (dt_dataset_read_csv(&ds, "x.csv", 0) != DTRAIN_ERR_UNSUPPORTED) return 3;
+  if (dt_dataset_parse_csv(&ds, "1,2\n", 4, 0) != DTRAIN_OK || ds->n != 1 || ds->x[1] != 2.0f) return 4;
+  dt_dataset_destroy(ds);
+  if (dt_npy_write("x.npy", DTRAIN_NPY_U8, 1, &one, idx) != DTRAIN_ERR_UNSUPPORTED) return 5;
+  if (dt_fashion_mnist_find(0, dir, sizeof dir, 0) != DTRAIN_ERR_UNSUPPORTED) return 6;
+  if (dt_gunzip(stored_gz, sizeof stored_gz, 0, &b) != DTRAIN_OK || b.size != 2 || b.data[1] != 'i') return 7;
+  dt_bytes_free(&b);
+  return 0;
+}
+EOF
+check "no-stdio-data-parsers" sh -c "gcc -std=c11 $W -I. $D/nostdio_data.c -o $D/nostdio_data -lm -lpthread && $D/nostdio_data"
 # Each source file compiles alone.
 for f in src/*.c; do
   check "alone-$(basename $f)" gcc -std=c11 $W -Isrc -c "$f" -o "$D/$(basename $f .c).o"
