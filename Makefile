@@ -21,7 +21,7 @@ EX_SRC   := $(wildcard examples/*.c)
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
-.PHONY: test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
+.PHONY: xor test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump
 
@@ -57,7 +57,13 @@ $(BUILD)/examples/%: examples/%.c dtrain.h
 test: all
 	@BUILD=$(BUILD) CC="$(CC)" CXX="$(CXX)" SAN="$(SAN)" RUNNER="$(RUNNER)" SCRIPTS="$(SCRIPTS)" sh tools/run_tests.sh
 
-demo: $(BUILD)/examples/01_xor
+# The main demo: Fashion-MNIST for a few epochs (the full set when Debian's
+# dataset-fashion-mnist is installed, else the test split shipped in data/).
+demo: $(BUILD)/examples/02_fashion_mnist
+	@mkdir -p $(BUILD)
+	$(BUILD)/examples/02_fashion_mnist --model mlp --epochs 3 --csv $(BUILD)/fashion_mnist.csv --svg $(BUILD)/fashion_mnist.svg
+
+xor: $(BUILD)/examples/01_xor
 	$(BUILD)/examples/01_xor
 
 $(BUILD)/bench/%: bench/%.c dtrain.h
