@@ -1,19 +1,24 @@
 #!/bin/sh
 # Compares tests/portable_run's output on every cross architecture with this
 # machine's: "exact" lines must match bit for bit, "float" lines within a
-# relative 1e-4. Prints "cross_compare: N passed, N failed".
+# relative 1e-4. Then checkpoints cross over: each architecture loads the
+# host's checkpoint and the host loads each architecture's, and the loaded
+# parameters must equal the writer's bit for bit.
+# Prints "cross_compare: N passed, N failed".
 CROSS_ARCHS=${CROSS_ARCHS:-"aarch64-linux-gnu:aarch64 arm-linux-gnueabihf:arm s390x-linux-gnu:s390x"}
-build/tests/portable_run > build/portable.native.txt || { echo "cross_compare: 0 passed, 1 failed"; exit 1; }
+build/tests/portable_run save build/portable.native.safetensors > build/portable.native.txt || { echo "cross_compare: 0 passed, 1 failed"; exit 1; }
+info() { grep "^$1 info " "$2" | cut -d' ' -f3; }
 pass=0; fail=0
 for pair in $CROSS_ARCHS; do
   triple=${pair%%:*}; q=${pair##*:}
   bin=build/cross-$q/tests/portable_run
-  if ! qemu-$q -L /usr/$triple $bin > build/portable.$q.txt 2>&1; then
+  if ! qemu-$q -L /usr/$triple $bin save build/portable.$q.safetensors load build/portable.native.safetensors > build/portable.$q.txt 2>&1; then
     echo "FAIL $triple: portable_run did not run"; fail=$((fail + 1)); continue
   fi
   if awk -v arch="$triple" '
     NR == FNR { kind[$1] = $2; val[$1] = $3; next }
     {
+      if ($2 == "info") next
       n++
       if (!($1 in val)) { printf "FAIL %s: unexpected key %s\n", arch, $1; bad++; next }
       if (kind[$1] == "exact") { if ($3 != val[$1]) { printf "FAIL %s: %s = %s, native %s\n", arch, $1, $3, val[$1]; bad++ } }
@@ -26,6 +31,15 @@ for pair in $CROSS_ARCHS; do
     END { if (n == 0) { print "FAIL " arch ": no output"; bad++ } exit bad > 0 }' build/portable.native.txt build/portable.$q.txt
   then echo "ok $triple agrees with the native run ($(wc -l < build/portable.$q.txt) values)"; pass=$((pass + 1))
   else fail=$((fail + 1)); fi
+  # Checkpoints: the host's, read there; theirs, read here.
+  if [ -n "$(info train.checksum build/portable.native.txt)" ] && \
+     [ "$(info load.checksum build/portable.$q.txt)" = "$(info train.checksum build/portable.native.txt)" ]; then
+    echo "ok $triple reads the host's checkpoint bit for bit"; pass=$((pass + 1))
+  else echo "FAIL $triple: the host's checkpoint loaded as $(info load.checksum build/portable.$q.txt)"; fail=$((fail + 1)); fi
+  mine=$(build/tests/portable_run load build/portable.$q.safetensors | grep '^load.checksum info ' | cut -d' ' -f3)
+  if [ -n "$mine" ] && [ "$mine" = "$(info train.checksum build/portable.$q.txt)" ]; then
+    echo "ok the host reads the $triple checkpoint bit for bit"; pass=$((pass + 1))
+  else echo "FAIL host: the $triple checkpoint loaded as $mine"; fail=$((fail + 1)); fi
 done
 echo "cross_compare: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
