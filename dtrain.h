@@ -810,6 +810,44 @@ DTRAIN_EXTERN_C_END
 #endif /* DTRAIN_NN_H */
 /* ======== end dt_nn.h ======== */
 
+/* ======== begin dt_memory.h ======== */
+/* ===========================================================================
+ * dt_memory.h -- where the memory of a training set-up goes
+ * ===========================================================================
+ * dt_memory_stats() adds up the bytes of a params / optimizer / graph triple:
+ * parameter values, gradients, optimizer state and the step's activations
+ * (the graph arena's peak: activations, their gradients and op scratch).
+ * After the first step a training step allocates nothing more, so these
+ * figures are the steady state.
+ */
+#ifndef DTRAIN_MEMORY_H
+#define DTRAIN_MEMORY_H
+
+/* #include "dt_optim.h" (amalgamated) */
+
+DTRAIN_EXTERN_C_BEGIN
+
+typedef struct dt_memory_info {
+  size_t params_bytes;      /* parameter values (the flat data buffer, buffers included) */
+  size_t grads_bytes;       /* the flat gradient buffer */
+  size_t optim_bytes;       /* optimizer state: momentum, Adam moments (0 without an optimizer) */
+  size_t activations_bytes; /* peak arena use of one step so far (dt_graph_bytes_peak) */
+  size_t arena_bytes;       /* arena memory the graph holds now (dt_graph_bytes_reserved) */
+  size_t tape_bytes;        /* the graph's autograd tape and parameter views */
+  size_t total_bytes;       /* params + grads + optim + arena + tape */
+} dt_memory_info;
+
+/* Fills *out for the params p, the optimizer o created on p, and the graph g;
+ * any of them may be NULL (its figures are 0), except that an optimizer needs
+ * its params (its state has their size). DTRAIN_ERR_NULL_ARG when out is NULL
+ * or o is given without p. */
+DTRAIN_API dt_result dt_memory_stats(const dt_params *p, const dt_optim *o, const dt_graph *g, dt_memory_info *out);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_MEMORY_H */
+/* ======== end dt_memory.h ======== */
+
 #endif /* DTRAIN_H_INCLUDED */
 
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN__IMPLEMENTATION_DONE)
@@ -839,6 +877,7 @@ DTRAIN_EXTERN_C_END
 /* #include "dt_params.h" (amalgamated) */
 /* #include "dt_optim.h" (amalgamated) */
 /* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
 
 #include <float.h>
 #include <limits.h>
@@ -5510,5 +5549,34 @@ DTRAIN_API dt_tensor *dt_nn_attention_forward(dt_graph *g, const dt_nn_attention
 
 #undef DT__NN_TRY
 /* ======== end dt_nn.c ======== */
+
+/* ======== begin dt_memory.c ======== */
+/* ===========================================================================
+ * dt_memory.c -- dt_memory_stats: bytes of params, gradients, optimizer state
+ * and activations
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+DTRAIN_API dt_result dt_memory_stats(const dt_params *p, const dt_optim *o, const dt_graph *g, dt_memory_info *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_memory_stats: out is NULL");
+  memset(out, 0, sizeof *out);
+  if (o && !p)
+    return dt__error(DTRAIN_ERR_NULL_ARG, "dt_memory_stats: an optimizer needs its params (p is NULL)");
+  if (p) {
+    size_t n = dt_params_size(p);
+    out->params_bytes = n * sizeof(float);
+    out->grads_bytes = n * sizeof(float);
+    if (o) out->optim_bytes = (size_t)dt_optim_state_slots(o) * n * sizeof(float);
+  }
+  if (g) {
+    out->activations_bytes = g->peak;
+    out->arena_bytes = g->reserved;
+    out->tape_bytes = (size_t)g->tape_cap * sizeof(dt_tensor *) + g->pviews_bytes;
+  }
+  out->total_bytes = out->params_bytes + out->grads_bytes + out->optim_bytes + out->arena_bytes + out->tape_bytes;
+  return DTRAIN_OK;
+}
+/* ======== end dt_memory.c ======== */
 
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -20,6 +20,7 @@
 #include "dt_params.h"
 #include "dt_optim.h"
 #include "dt_nn.h"
+#include "dt_memory.h"
 
 #include <float.h>
 #include <limits.h>
