@@ -2110,6 +2110,10 @@ DT__GEMM_AVX2 static void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTR
   __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
   __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps();
   __m256 c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int r = 0; r < 6; r++) { /* C is needed at the end: start fetching it now */
+    _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char *)(c + r * ldc + 15), _MM_HINT_T0);
+  }
   for (int64_t p = 0; p < kc; p++) {
     __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
     DT__AVX_FMA2(0);
@@ -4170,21 +4174,31 @@ static void dt__conv_im2col(const dt__conv_geom *q, const float *x, float *col, 
   }
 }
 
-/* Adjoint of im2col: gx [C,H,W] += the column gradient gcol (rows ld apart). */
-static void dt__conv_col2im(const dt__conv_geom *q, const float *gcol, int64_t ld, float *gx) {
-  int64_t r = 0;
+/* Adjoint of im2col: gx [C,H,W] += the column gradient gcol (rows ld apart).
+ * gcol is scratch: in the span case (stride 1, Wo == W, see im2col) the
+ * entries that would wrap around to neighbouring input rows are zeroed in
+ * gcol first, so that each column row adds to gx as one contiguous span. */
+static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, float *gx) {
+  int64_t r = 0, wo = q->wo, span = q->s == 1 && q->wo == q->w;
   for (int64_t c = 0; c < q->c; c++) {
     for (int64_t ki = 0; ki < q->kh; ki++) {
+      int64_t rlo, rhi;
+      dt__conv_rows(q, ki, &rlo, &rhi);
       for (int64_t kj = 0; kj < q->kw; kj++, r++) {
-        const float *row = gcol + r * ld;
-        int64_t lo, hi;
+        float *row = gcol + r * ld;
+        int64_t lo, hi, off = kj - q->p;
         dt__conv_range(q, kj, &lo, &hi);
-        for (int64_t oh = 0; oh < q->ho; oh++) {
-          int64_t ih = oh * q->s - q->p + ki;
-          if (ih < 0 || ih >= q->h) continue;
-          const float *src = row + oh * q->wo;
-          float *dst = gx + (c * q->h + ih) * q->w;
-          int64_t off = kj - q->p;
+        if (lo == hi || rlo == rhi) continue;
+        float *plane = gx + c * q->h * q->w;
+        if (span) {
+          for (int64_t oh = rlo; oh + 1 < rhi; oh++) dt__conv_zero_short(row + oh * wo + hi, wo - hi + lo);
+          dt__conv_addto(plane + (rlo - q->p + ki) * q->w + lo + off, row + rlo * wo + lo,
+                         (rhi - rlo - 1) * wo + hi - lo);
+          continue;
+        }
+        for (int64_t oh = rlo; oh < rhi; oh++) {
+          const float *src = row + oh * wo;
+          float *dst = plane + (oh * q->s - q->p + ki) * q->w;
           if (q->s == 1) dt__conv_addto(dst + lo + off, src + lo, hi - lo);
           else for (int64_t ow = lo; ow < hi; ow++) dst[ow * q->s + off] += src[ow];
         }

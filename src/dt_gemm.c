@@ -251,6 +251,10 @@ DT__GEMM_AVX2 static void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTR
   __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
   __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps();
   __m256 c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int r = 0; r < 6; r++) { /* C is needed at the end: start fetching it now */
+    _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char *)(c + r * ldc + 15), _MM_HINT_T0);
+  }
   for (int64_t p = 0; p < kc; p++) {
     __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
     DT__AVX_FMA2(0);

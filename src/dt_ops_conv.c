@@ -144,21 +144,31 @@ static void dt__conv_im2col(const dt__conv_geom *q, const float *x, float *col, 
   }
 }
 
-/* Adjoint of im2col: gx [C,H,W] += the column gradient gcol (rows ld apart). */
-static void dt__conv_col2im(const dt__conv_geom *q, const float *gcol, int64_t ld, float *gx) {
-  int64_t r = 0;
+/* Adjoint of im2col: gx [C,H,W] += the column gradient gcol (rows ld apart).
+ * gcol is scratch: in the span case (stride 1, Wo == W, see im2col) the
+ * entries that would wrap around to neighbouring input rows are zeroed in
+ * gcol first, so that each column row adds to gx as one contiguous span. */
+static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, float *gx) {
+  int64_t r = 0, wo = q->wo, span = q->s == 1 && q->wo == q->w;
   for (int64_t c = 0; c < q->c; c++) {
     for (int64_t ki = 0; ki < q->kh; ki++) {
+      int64_t rlo, rhi;
+      dt__conv_rows(q, ki, &rlo, &rhi);
       for (int64_t kj = 0; kj < q->kw; kj++, r++) {
-        const float *row = gcol + r * ld;
-        int64_t lo, hi;
+        float *row = gcol + r * ld;
+        int64_t lo, hi, off = kj - q->p;
         dt__conv_range(q, kj, &lo, &hi);
-        for (int64_t oh = 0; oh < q->ho; oh++) {
-          int64_t ih = oh * q->s - q->p + ki;
-          if (ih < 0 || ih >= q->h) continue;
-          const float *src = row + oh * q->wo;
-          float *dst = gx + (c * q->h + ih) * q->w;
-          int64_t off = kj - q->p;
+        if (lo == hi || rlo == rhi) continue;
+        float *plane = gx + c * q->h * q->w;
+        if (span) {
+          for (int64_t oh = rlo; oh + 1 < rhi; oh++) dt__conv_zero_short(row + oh * wo + hi, wo - hi + lo);
+          dt__conv_addto(plane + (rlo - q->p + ki) * q->w + lo + off, row + rlo * wo + lo,
+                         (rhi - rlo - 1) * wo + hi - lo);
+          continue;
+        }
+        for (int64_t oh = rlo; oh < rhi; oh++) {
+          const float *src = row + oh * wo;
+          float *dst = plane + (oh * q->s - q->p + ki) * q->w;
           if (q->s == 1) dt__conv_addto(dst + lo + off, src + lo, hi - lo);
           else for (int64_t ow = lo; ow < hi; ow++) dst[ow * q->s + off] += src[ow];
         }
