@@ -1977,6 +1977,7 @@ typedef void (*dt__gemm_pack_fn)(int trans, const float *x, int64_t ld, int64_t 
 typedef struct dt__gemm_path {
   int mr, nr;
   dt__gemm_kernel_fn kernel;
+  dt__gemm_kernel_fn kernel4; /* the first 4 rows of a tile into C, or NULL */
   dt__gemm_pack_fn pack_a, pack_b;
   const char *name;
 } dt__gemm_path;
@@ -2134,6 +2135,30 @@ DT__GEMM_AVX2 static void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTR
   DT__AVX_STORE(5);
 }
 
+/* The first 4 rows of a 6x16 tile (the slivers stay 6 tall): the edge tile
+ * of the 64-row batches of training steps (64 = 10 x 6 + 4), written
+ * straight to C like a full tile, with the same arithmetic per element. */
+DT__GEMM_AVX2 static void dt__gemm_micro4_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                               float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
+  __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+  for (int64_t p = 0; p < kc; p++) {
+    __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    DT__AVX_FMA2(0);
+    DT__AVX_FMA2(1);
+    DT__AVX_FMA2(2);
+    DT__AVX_FMA2(3);
+    ap += 6;
+    bp += 16;
+  }
+  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  DT__AVX_STORE(0);
+  DT__AVX_STORE(1);
+  DT__AVX_STORE(2);
+  DT__AVX_STORE(3);
+}
+
 /* In-register transpose of 8 rows of 8: on return r[p] holds column p. */
 #define DT__AVX_T8(r)                                                                          \
   do {                                                                                         \
@@ -2286,16 +2311,16 @@ static void dt__gemm_pack_b_neon(int trans, const float *b, int64_t ldb, int64_t
 /* ---- path selection ----------------------------------------------------------------------- */
 
 static const dt__gemm_path dt__gemm_paths[3] = {
-    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
 #ifdef DT__GEMM_X86
-    {6, 16, dt__gemm_micro_avx2, dt__gemm_pack_a_avx2, dt__gemm_pack_b_avx2, "avx2+fma"},
+    {6, 16, dt__gemm_micro_avx2, dt__gemm_micro4_avx2, dt__gemm_pack_a_avx2, dt__gemm_pack_b_avx2, "avx2+fma"},
 #else
-    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
 #endif
 #ifdef DT__GEMM_NEON
-    {8, 12, dt__gemm_micro_neon, dt__gemm_pack_a_neon, dt__gemm_pack_b_neon, "neon"},
+    {8, 12, dt__gemm_micro_neon, NULL, dt__gemm_pack_a_neon, dt__gemm_pack_b_neon, "neon"},
 #else
-    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
 #endif
 };
 
@@ -2402,6 +2427,8 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
       float *cs = c + ir * ldc + jr;
       if (mr == MR && nr == NR)
         pa->kernel(kc, as, bs, alpha, beta, cs, ldc);
+      else if (mr == 4 && nr == NR && pa->kernel4)
+        pa->kernel4(kc, as, bs, alpha, beta, cs, ldc);
       else
         dt__gemm_edge(pa, kc, as, bs, alpha, beta, cs, ldc, mr, nr);
     }
