@@ -7,11 +7,12 @@
  *   bench_speed cnn BATCH [seconds]   conv5x5-32 pool conv5x5-64 pool fc1024 fc10, Adam
  *
  * Built with the flags users build with (-O2, no -march), so the GEMM kernel is
- * the one picked at run time. OpenBLAS is loaded with dlopen (libopenblas.so.0)
- * only in gemm mode; if it is missing that column says "skipped". Training
- * runs use synthetic data of the right shape (throughput only) and print one
- * line "result samples_per_s=... peak_rss_kb=..." for the driver; peak RSS is
- * VmHWM of this process, so each run needs its own process.
+ * the one picked at run time. OpenBLAS is loaded with dlopen (libopenblas.so.0,
+ * or the library named by BENCH_OPENBLAS) only in gemm mode; if it is missing
+ * that column says "skipped". Training runs use synthetic data of the right
+ * shape (throughput only) and print one line "result samples_per_s=...
+ * peak_rss_kb=..." for the driver; peak RSS is VmHWM of this process, so each
+ * run needs its own process.
  *
  * Timing: the machine may be shared, so every figure is the best of several
  * short windows (the least disturbed one), for both sides alike. */
@@ -43,10 +44,12 @@ static const char *blas_why = "";
 
 static void load_openblas(void) {
   const char *names[] = {"libopenblas.so.0", "libopenblas.so", "libopenblasp.so.0"};
+  const char *env = getenv("BENCH_OPENBLAS"); /* a path or name to use instead */
   void *h = NULL;
-  for (int i = 0; i < 3 && !h; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (env && *env) h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+  for (int i = 0; i < 3 && !h && !(env && *env); i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
   if (!h) {
-    blas_why = "libopenblas.so.0 not found";
+    blas_why = env && *env ? "BENCH_OPENBLAS library not found" : "libopenblas.so.0 not found";
     return;
   }
   void (*set_threads)(int) = NULL;

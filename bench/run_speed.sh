@@ -6,7 +6,8 @@
 #
 # Environment: BENCH_SECONDS (per run, default 3), BENCH_ROUNDS (alternating
 # dtrain/PyTorch runs per workload, default 3), PYTHON (default /usr/bin/python3,
-# the Debian python3-torch; another python3 may come first on PATH).
+# the Debian python3-torch; another python3 may come first on PATH),
+# BENCH_OPENBLAS (the OpenBLAS library to dlopen, default libopenblas.so.0).
 #
 # Every figure is the best of short windows, and of BENCH_ROUNDS runs, for both
 # sides alike (the machine may be shared: the best window is the least disturbed

@@ -7,6 +7,7 @@
 #include "harness.h"
 
 #include <float.h>
+#include <pthread.h>
 
 /* ---- GEMM dispatch ------------------------------------------------------------------- */
 
@@ -176,6 +177,40 @@ static void test_gemm_beta0_ignores_c(void) {
   free(a);
   free(b);
   free(c);
+}
+
+/* The kernel is picked on the first call; several threads making their first
+ * calls at once must agree on it (and be race-free under ThreadSanitizer). */
+typedef struct gemm_thread_arg { const float *a, *b, *want; int ok; } gemm_thread_arg;
+
+static void *gemm_thread(void *p) {
+  gemm_thread_arg *t = (gemm_thread_arg *)p;
+  float c[40 * 30];
+  dt_sgemm(0, 0, 40, 30, 50, 1.0f, t->a, 50, t->b, 30, 0.0f, c, 30);
+  t->ok = memcmp(c, t->want, sizeof c) == 0 && strcmp(dt_sgemm_kernel(), expected_kernel()) == 0;
+  return NULL;
+}
+
+static void test_gemm_first_call_threads(void) {
+  static float a[40 * 50], b[50 * 30], want[40 * 30];
+  th_seed(17);
+  th_fill(a, 40 * 50, -1, 1);
+  th_fill(b, 50 * 30, -1, 1);
+  dt_sgemm(0, 0, 40, 30, 50, 1.0f, a, 50, b, 30, 0.0f, want, 30);
+  dt_sgemm_use_portable(0); /* forget the choice: the threads' calls pick again */
+  pthread_t th[4];
+  gemm_thread_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i].a = a;
+    args[i].b = b;
+    args[i].want = want;
+    args[i].ok = 0;
+    CHECK(pthread_create(&th[i], NULL, gemm_thread, &args[i]) == 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    CHECK_MSG(args[i].ok, "thread %d: result or kernel differs", i);
+  }
 }
 
 /* ---- Adam: the SIMD update is the scalar update, bit for bit -------------------------- */
@@ -481,6 +516,7 @@ int main(void) {
   TH_RUN(test_gemm_use_portable_switch);
   TH_RUN(test_gemm_paths_agree);
   TH_RUN(test_gemm_beta0_ignores_c);
+  TH_RUN(test_gemm_first_call_threads);
   TH_RUN(test_adam_simd_matches_scalar);
   TH_RUN(test_relu_exact);
   TH_RUN(test_max_pool_fast_path);
