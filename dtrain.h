@@ -1874,8 +1874,12 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
  * Packing copies each block into the order the micro-kernel reads it
  * (contiguous, zero-padded to whole tiles), so the transpose flags and the
  * leading dimensions only matter in the packing routines. Partial tiles at
- * the edges run the kernel into a small local tile and copy its valid part.
- * The panels are automatic arrays of fixed size (under 200 KiB of stack), so
+ * the edges run the kernel into a small local tile and copy its valid part
+ * (the AVX2 path has a 4-row kernel for the 4-row edge of 64-row batches).
+ * When A has few rows (at most 2 MC: the batch of a training step) and B is
+ * wider than NC, the loops run pc -> jc instead, so that A is packed once per
+ * k block rather than once per B panel.
+ * The panels are one automatic array of fixed size (240 KiB of stack), so
  * a call allocates nothing and may run on any thread.
  *
  * Kernels ("paths"), picked once per process at run time:
@@ -1928,15 +1932,9 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
 /* Cache blocking shared by all paths: a B sliver (KC x NR) stays in L1, the
  * packed A block (MC x KC) and the B panel (KC x NC) in L2. MC is a multiple
  * of every path's MR (6, 8) and NC of every NR (8, 12, 16). */
-#ifndef DT__GEMM_KC
 #define DT__GEMM_KC 256
-#endif
-#ifndef DT__GEMM_MC
 #define DT__GEMM_MC 48
-#endif
-#ifndef DT__GEMM_NC
 #define DT__GEMM_NC 192
-#endif
 #define DT__GEMM_BUF (DT__GEMM_KC * (DT__GEMM_MC + DT__GEMM_NC)) /* floats */
 #define DT__GEMM_TILE_MAX (8 * 16) /* largest MR x NR of any path */
 
