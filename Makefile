@@ -70,8 +70,15 @@ $(BUILD)/bench/%: bench/%.c dtrain.h
 	@mkdir -p $(dir $@)
 	$(CC) $(STD) -O3 -march=native -g $(EXTRA_CFLAGS) -I. $< -o $@ $(LDLIBS)
 
-bench: $(BUILD)/bench/bench_core
+# The comparison bench is built like users build (-O2, no -march): the GEMM
+# kernel is the one dtrain picks at run time.
+$(BUILD)/bench/bench_speed: bench/bench_speed.c dtrain.h
+	@mkdir -p $(dir $@)
+	$(CC) $(STD) $(WARN) -O2 -g $(EXTRA_CFLAGS) -I. $< -o $@ $(LDLIBS) -ldl
+
+bench: $(BUILD)/bench/bench_core $(BUILD)/bench/bench_speed
 	$(BUILD)/bench/bench_core
+	sh bench/run_speed.sh $(BUILD)/bench/bench_speed
 
 # ASan + UBSan over the whole suite (separate build directory).
 sanitize:

@@ -534,6 +534,15 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                          float beta, float *c, int64_t ldc);
+/* The micro-kernel dt_sgemm runs on this CPU: "avx2+fma" (x86-64, picked at
+ * run time), "neon" (aarch64), "portable" (plain C; always under
+ * DTRAIN_NO_SIMD), or "cblas" (DTRAIN_USE_CBLAS). */
+DTRAIN_API const char *dt_sgemm_kernel(void);
+/* on = 1 forces the portable C kernel, 0 returns to the best one (the
+ * environment variable DTRAIN_GEMM=portable sets 1 at start). Returns the
+ * previous setting. For tests and benchmarks: call it while no other thread
+ * runs dt_sgemm. The kernels agree to rounding, not bit for bit. */
+DTRAIN_API int dt_sgemm_use_portable(int on);
 
 DTRAIN_EXTERN_C_END
 
@@ -1382,6 +1391,44 @@ DTRAIN_EXTERN_C_END
 #endif /* DTRAIN_DATA_H */
 /* ======== end dt_data.h ======== */
 
+/* ======== begin dt_memory.h ======== */
+/* ===========================================================================
+ * dt_memory.h -- where the memory of a training set-up goes
+ * ===========================================================================
+ * dt_memory_stats() adds up the bytes of a params / optimizer / graph triple:
+ * parameter values, gradients, optimizer state and the step's activations
+ * (the graph arena's peak: activations, their gradients and op scratch).
+ * After the first step a training step allocates nothing more, so these
+ * figures are the steady state.
+ */
+#ifndef DTRAIN_MEMORY_H
+#define DTRAIN_MEMORY_H
+
+/* #include "dt_optim.h" (amalgamated) */
+
+DTRAIN_EXTERN_C_BEGIN
+
+typedef struct dt_memory_info {
+  size_t params_bytes;      /* parameter values (the flat data buffer, buffers included) */
+  size_t grads_bytes;       /* the flat gradient buffer */
+  size_t optim_bytes;       /* optimizer state: momentum, Adam moments (0 without an optimizer) */
+  size_t activations_bytes; /* peak arena use of one step so far (dt_graph_bytes_peak) */
+  size_t arena_bytes;       /* arena memory the graph holds now (dt_graph_bytes_reserved) */
+  size_t tape_bytes;        /* the graph's autograd tape and parameter views */
+  size_t total_bytes;       /* params + grads + optim + arena + tape */
+} dt_memory_info;
+
+/* Fills *out for the params p, the optimizer o created on p, and the graph g;
+ * any of them may be NULL (its figures are 0), except that an optimizer needs
+ * its params (its state has their size). DTRAIN_ERR_NULL_ARG when out is NULL
+ * or o is given without p. */
+DTRAIN_API dt_result dt_memory_stats(const dt_params *p, const dt_optim *o, const dt_graph *g, dt_memory_info *out);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_MEMORY_H */
+/* ======== end dt_memory.h ======== */
+
 #endif /* DTRAIN_H_INCLUDED */
 
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN__IMPLEMENTATION_DONE)
@@ -1414,6 +1461,7 @@ DTRAIN_EXTERN_C_END
 /* #include "dt_io.h" (amalgamated) */
 /* #include "dt_fit.h" (amalgamated) */
 /* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
 
 #include <float.h>
 #include <limits.h>
@@ -2521,7 +2569,7 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
  * ===========================================================================
  * C = alpha * op(A) @ op(B) + beta * C, row-major, op(X) = X or X^T.
  *
- * The classic Goto/BLIS structure, in portable C:
+ * The classic Goto/BLIS structure:
  *
  *   for jc in n by NC:                      columns of C and B
  *     for pc in k by KC:                    the shared dimension
@@ -2532,40 +2580,75 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
  *
  * Packing copies each block into the order the micro-kernel reads it
  * (contiguous, zero-padded to whole tiles), so the transpose flags and the
- * leading dimensions only matter in the two packing routines. The
- * micro-kernel keeps an MR x NR accumulator tile in a local array that
- * gcc and clang keep in vector registers at -O2; partial tiles at the
- * edges go through a small buffer. The panels are automatic arrays of
- * fixed size (about 200 KiB of stack), so a call allocates nothing and
- * may run on any thread.
+ * leading dimensions only matter in the packing routines. Partial tiles at
+ * the edges run the kernel into a small local tile and copy its valid part
+ * (the AVX2 path has a 4-row kernel for the 4-row edge of 64-row batches).
+ * When A has few rows (at most 2 MC: the batch of a training step) and B is
+ * wider than NC, the loops run pc -> jc instead, so that A is packed once per
+ * k block rather than once per B panel.
+ * The panels are one automatic array of fixed size (240 KiB of stack), so
+ * a call allocates nothing and may run on any thread.
  *
- * Determinism: the blocking depends only on (m, n, k), and every element
- * of C is summed in the same order on every call: over k in KC blocks,
- * each block summed in increasing p.
+ * Kernels ("paths"), picked once per process at run time:
+ *   avx2+fma  x86-64 with GCC or clang: a 6x16 micro-kernel and packing
+ *             routines in intrinsics, compiled for AVX2+FMA with a function
+ *             attribute, so a plain -O2 build uses them on CPUs that have
+ *             them (checked with __builtin_cpu_supports).
+ *   neon      aarch64: an 8x12 micro-kernel in NEON intrinsics.
+ *   portable  plain C that gcc and clang vectorise with whatever the build
+ *             targets (6x8 with SSE, 6x16 with -mavx); the fallback, and the
+ *             only path under DTRAIN_NO_SIMD.
+ * The environment variable DTRAIN_GEMM=portable, or dt_sgemm_use_portable(1),
+ * forces the portable path (tests compare the two).
+ *
+ * Determinism: the path is fixed once chosen, the blocking depends only on
+ * (m, n, k) and the path, and every element of C is summed in the same
+ * order on every call: over k in KC blocks, each block in increasing p.
+ * Different paths round differently (FMA or not), so results agree across
+ * paths only to rounding.
  */
 /* #include "dt_internal.h" (amalgamated) */
 #ifdef DTRAIN_USE_CBLAS
 #include <cblas.h>
 #endif
 
-/* Tile and block sizes. MR x NR is the register tile: 12 vector
- * accumulators, whether a vector holds 4 floats (SSE, NEON) or 8 (AVX).
- * A B sliver (KC x NR) should stay in L1 and the packed A block (MC x KC)
- * in L2. */
+#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__GEMM_X86 1
+#  include <immintrin.h>
+#  define DT__GEMM_AVX2 __attribute__((target("avx2,fma")))
+#endif
+#if !defined(DTRAIN_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+#  define DT__GEMM_NEON 1
+#  include <arm_neon.h>
+#endif
+
+/* Path ids. */
+#define DT__GEMM_PORTABLE 0
+#define DT__GEMM_PATH_AVX2 1
+#define DT__GEMM_PATH_NEON 2
+
+/* Portable register tile. MR x NR is 12 vector accumulators, whether a
+ * vector holds 4 floats (SSE, NEON) or 8 (AVX). */
 #define DT__GEMM_MR 6
 #if defined(__AVX__)
 #  define DT__GEMM_NR 16
 #else
 #  define DT__GEMM_NR 8
 #endif
-#define DT__GEMM_KC 256
-#define DT__GEMM_MC 72
-#define DT__GEMM_NC 128
 
-/* Loop hints for the micro-kernel, so that the accumulator tile stays in
- * vector registers. gcc needs the loops over the rows of the tile fully
- * unrolled (DT__GEMM_UNROLL); clang unrolls and vectorises those loops best
- * on its own, but when it also unrolls the loop over k (as it does when
+/* Cache blocking shared by all paths: a B sliver (KC x NR) stays in L1, the
+ * packed A block (MC x KC) and the B panel (KC x NC) in L2. MC is a multiple
+ * of every path's MR (6, 8) and NC of every NR (8, 12, 16). */
+#define DT__GEMM_KC 256
+#define DT__GEMM_MC 48
+#define DT__GEMM_NC 192
+#define DT__GEMM_BUF (DT__GEMM_KC * (DT__GEMM_MC + DT__GEMM_NC)) /* floats */
+#define DT__GEMM_TILE_MAX (8 * 16) /* largest MR x NR of any path */
+
+/* Loop hints for the portable micro-kernel, so that the accumulator tile
+ * stays in vector registers. gcc needs the loops over the rows of the tile
+ * fully unrolled (DT__GEMM_UNROLL); clang unrolls and vectorises those loops
+ * best on its own, but when it also unrolls the loop over k (as it does when
  * tuning for some CPUs, e.g. -march=znver3) the tile falls back to memory
  * and speed drops by 2.5x, hence DT__GEMM_KLOOP. */
 #if defined(__clang__)
@@ -2579,67 +2662,96 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
 #  define DT__GEMM_KLOOP
 #endif
 
-#if DT__GEMM_MC % DT__GEMM_MR != 0 || DT__GEMM_NC % DT__GEMM_NR != 0
-#  error "dt_gemm.c: MC must be a multiple of MR and NC of NR"
+#if DT__GEMM_MC % 24 != 0 || DT__GEMM_NC % 48 != 0
+#  error "dt_gemm.c: MC must be a multiple of 6 and 8, NC of 8, 12 and 16"
 #endif
 
-/* Pack rows [i0, i0+mc) x cols [p0, p0+kc) of op(A) into MR-tall slivers:
- * sliver s holds ap[s*MR*kc + p*MR + r] = op(A)[i0 + s*MR + r][p0 + p],
- * zero for rows past mc. op(A)[i][p] is a[i*lda + p], or a[p*lda + i]
- * when transposed. */
-static void dt__gemm_pack_a(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
-                            int64_t kc, float *DT__RESTRICT ap) {
-  for (int64_t s = 0; s < mc; s += DT__GEMM_MR) {
-    int64_t rows = DT__MIN(DT__GEMM_MR, mc - s);
+/* One path: its tile, micro-kernel and packing routines.
+ *   kernel   C[r][j] = alpha * sum_p ap[p*mr + r] * bp[p*nr + j] + beta * C[r][j]
+ *            over a whole mr x nr tile; C is not read when beta == 0.
+ *   pack_a   rows [i0, i0+mc) x cols [p0, p0+kc) of op(A) into mr-tall
+ *            slivers: ap[s*mr*kc + p*mr + r] = op(A)[i0+s*mr+r][p0+p], zero
+ *            past mc.
+ *   pack_b   rows [p0, p0+kc) x cols [j0, j0+nc) of op(B) into nr-wide
+ *            slivers: bp[s*nr*kc + p*nr + j] = op(B)[p0+p][j0+s*nr+j], zero
+ *            past nc. */
+typedef void (*dt__gemm_kernel_fn)(int64_t kc, const float *ap, const float *bp, float alpha, float beta, float *c,
+                                   int64_t ldc);
+typedef void (*dt__gemm_pack_fn)(int trans, const float *x, int64_t ld, int64_t r0, int64_t c0, int64_t rows,
+                                 int64_t cols, float *dst);
+typedef struct dt__gemm_path {
+  int mr, nr;
+  dt__gemm_kernel_fn kernel;
+  dt__gemm_kernel_fn kernel4; /* the first 4 rows of a tile into C, or NULL */
+  dt__gemm_pack_fn pack_a, pack_b;
+  const char *name;
+} dt__gemm_path;
+
+/* ---- portable packing and kernel ------------------------------------------------------ */
+
+/* Generic packing for an mr-tall A sliver layout. op(A)[i][p] is a[i*lda + p],
+ * or a[p*lda + i] when transposed. */
+static void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
+                              int64_t kc, float *DT__RESTRICT ap) {
+  for (int64_t s = 0; s < mc; s += mr) {
+    int64_t rows = DT__MIN(mr, mc - s);
     if (!trans) {
       for (int64_t r = 0; r < rows; r++) {
         const float *src = a + (i0 + s + r) * lda + p0;
-        for (int64_t p = 0; p < kc; p++) ap[p * DT__GEMM_MR + r] = src[p];
+        for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = src[p];
       }
     } else {
       for (int64_t p = 0; p < kc; p++) {
         const float *src = a + (p0 + p) * lda + i0 + s;
-        for (int64_t r = 0; r < rows; r++) ap[p * DT__GEMM_MR + r] = src[r];
+        for (int64_t r = 0; r < rows; r++) ap[p * mr + r] = src[r];
       }
     }
-    for (int64_t r = rows; r < DT__GEMM_MR; r++)
-      for (int64_t p = 0; p < kc; p++) ap[p * DT__GEMM_MR + r] = 0.0f;
-    ap += DT__GEMM_MR * kc;
+    for (int64_t r = rows; r < mr; r++)
+      for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = 0.0f;
+    ap += mr * kc;
   }
 }
 
-/* Pack rows [p0, p0+kc) x cols [j0, j0+nc) of op(B) into NR-wide slivers:
- * bp[s*NR*kc + p*NR + j] = op(B)[p0 + p][j0 + s*NR + j], zero past nc.
- * op(B)[p][j] is b[p*ldb + j], or b[j*ldb + p] when transposed. */
-static void dt__gemm_pack_b(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
-                            int64_t nc, float *DT__RESTRICT bp) {
-  for (int64_t s = 0; s < nc; s += DT__GEMM_NR) {
-    int64_t cols = DT__MIN(DT__GEMM_NR, nc - s);
+/* Generic packing for an nr-wide B sliver layout. op(B)[p][j] is
+ * b[p*ldb + j], or b[j*ldb + p] when transposed. */
+static void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                              int64_t nc, float *DT__RESTRICT bp) {
+  for (int64_t s = 0; s < nc; s += nr) {
+    int64_t cols = DT__MIN(nr, nc - s);
     if (!trans) {
       for (int64_t p = 0; p < kc; p++) {
         const float *src = b + (p0 + p) * ldb + j0 + s;
-        float *dst = bp + p * DT__GEMM_NR;
+        float *dst = bp + p * nr;
         int64_t j = 0;
         for (; j < cols; j++) dst[j] = src[j];
-        for (; j < DT__GEMM_NR; j++) dst[j] = 0.0f;
+        for (; j < nr; j++) dst[j] = 0.0f;
       }
     } else {
       for (int64_t j = 0; j < cols; j++) {
         const float *src = b + (j0 + s + j) * ldb + p0;
-        for (int64_t p = 0; p < kc; p++) bp[p * DT__GEMM_NR + j] = src[p];
+        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = src[p];
       }
-      for (int64_t j = cols; j < DT__GEMM_NR; j++)
-        for (int64_t p = 0; p < kc; p++) bp[p * DT__GEMM_NR + j] = 0.0f;
+      for (int64_t j = cols; j < nr; j++)
+        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = 0.0f;
     }
-    bp += DT__GEMM_NR * kc;
+    bp += nr * kc;
   }
 }
 
-/* The micro-kernel: one MR x NR tile.
- *   C[r][j] = alpha * sum_p ap[p*MR + r] * bp[p*NR + j]  + beta * C[r][j]
- * C is not read when beta == 0. Accumulates in increasing p. */
-static void dt__gemm_micro(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
-                           float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
+static void dt__gemm_pack_a_c(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc, int64_t kc,
+                              float *ap) {
+  dt__gemm_pack_a_n(DT__GEMM_MR, trans, a, lda, i0, p0, mc, kc, ap);
+}
+
+static void dt__gemm_pack_b_c(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc, int64_t nc,
+                              float *bp) {
+  dt__gemm_pack_b_n(DT__GEMM_NR, trans, b, ldb, p0, j0, kc, nc, bp);
+}
+
+/* The portable micro-kernel: the accumulator tile is a local array that
+ * gcc and clang keep in vector registers. Accumulates in increasing p. */
+static void dt__gemm_micro_c(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp, float alpha,
+                             float beta, float *DT__RESTRICT c, int64_t ldc) {
   float acc[DT__GEMM_MR][DT__GEMM_NR];
   DT__GEMM_UNROLL
   for (int r = 0; r < DT__GEMM_MR; r++)
@@ -2669,23 +2781,311 @@ static void dt__gemm_micro(int64_t kc, const float *DT__RESTRICT ap, const float
   }
 }
 
-/* A partial tile (mr < MR or nr < NR): run the kernel into a local tile,
- * then apply it to the valid mr x nr corner of C with the same arithmetic. */
-static void dt__gemm_micro_edge(int64_t kc, const float *ap, const float *bp, float alpha, float beta, float *c,
-                                int64_t ldc, int64_t mr, int64_t nr) {
-  float t[DT__GEMM_MR * DT__GEMM_NR];
-  dt__gemm_micro(kc, ap, bp, 1.0f, 0.0f, t, DT__GEMM_NR);
-  for (int64_t r = 0; r < mr; r++) {
+/* ---- AVX2 + FMA (x86-64, chosen at run time) --------------------------------------------
+ * A 6x16 tile: 12 ymm accumulators, two B vectors and one broadcast A value
+ * per k step (12 FMAs for 2 loads and 6 broadcasts). */
+#ifdef DT__GEMM_X86
+
+#define DT__AVX_FMA2(r)                                          \
+  do {                                                           \
+    __m256 a_ = _mm256_broadcast_ss(ap + (r));                   \
+    c##r##0 = _mm256_fmadd_ps(a_, b0, c##r##0);                  \
+    c##r##1 = _mm256_fmadd_ps(a_, b1, c##r##1);                  \
+  } while (0)
+
+/* One row of the tile: c[r] = alpha*acc (+ beta*c[r]). */
+#define DT__AVX_STORE(r)                                                                            \
+  do {                                                                                              \
+    float *cr_ = c + (r) * ldc;                                                                     \
+    if (beta == 0.0f) {                                                                             \
+      _mm256_storeu_ps(cr_, _mm256_mul_ps(va, c##r##0));                                            \
+      _mm256_storeu_ps(cr_ + 8, _mm256_mul_ps(va, c##r##1));                                        \
+    } else if (beta == 1.0f) {                                                                      \
+      _mm256_storeu_ps(cr_, _mm256_fmadd_ps(va, c##r##0, _mm256_loadu_ps(cr_)));                    \
+      _mm256_storeu_ps(cr_ + 8, _mm256_fmadd_ps(va, c##r##1, _mm256_loadu_ps(cr_ + 8)));            \
+    } else {                                                                                        \
+      _mm256_storeu_ps(cr_, _mm256_fmadd_ps(va, c##r##0, _mm256_mul_ps(vb, _mm256_loadu_ps(cr_)))); \
+      _mm256_storeu_ps(cr_ + 8,                                                                     \
+                       _mm256_fmadd_ps(va, c##r##1, _mm256_mul_ps(vb, _mm256_loadu_ps(cr_ + 8))));  \
+    }                                                                                               \
+  } while (0)
+
+DT__GEMM_AVX2 static void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                              float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
+  __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps();
+  __m256 c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int r = 0; r < 6; r++) { /* C is needed at the end: start fetching it now */
+    _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char *)(c + r * ldc + 15), _MM_HINT_T0);
+  }
+  for (int64_t p = 0; p < kc; p++) {
+    __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    DT__AVX_FMA2(0);
+    DT__AVX_FMA2(1);
+    DT__AVX_FMA2(2);
+    DT__AVX_FMA2(3);
+    DT__AVX_FMA2(4);
+    DT__AVX_FMA2(5);
+    ap += 6;
+    bp += 16;
+  }
+  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  DT__AVX_STORE(0);
+  DT__AVX_STORE(1);
+  DT__AVX_STORE(2);
+  DT__AVX_STORE(3);
+  DT__AVX_STORE(4);
+  DT__AVX_STORE(5);
+}
+
+/* The first 4 rows of a 6x16 tile (the slivers stay 6 tall): the edge tile
+ * of the 64-row batches of training steps (64 = 10 x 6 + 4), written
+ * straight to C like a full tile, with the same arithmetic per element. */
+DT__GEMM_AVX2 static void dt__gemm_micro4_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                               float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
+  __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+  for (int64_t p = 0; p < kc; p++) {
+    __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    DT__AVX_FMA2(0);
+    DT__AVX_FMA2(1);
+    DT__AVX_FMA2(2);
+    DT__AVX_FMA2(3);
+    ap += 6;
+    bp += 16;
+  }
+  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  DT__AVX_STORE(0);
+  DT__AVX_STORE(1);
+  DT__AVX_STORE(2);
+  DT__AVX_STORE(3);
+}
+
+/* In-register transpose of 8 rows of 8: on return r[p] holds column p. */
+#define DT__AVX_T8(r)                                                                          \
+  do {                                                                                         \
+    __m256 t0_ = _mm256_unpacklo_ps(r[0], r[1]), t1_ = _mm256_unpackhi_ps(r[0], r[1]);         \
+    __m256 t2_ = _mm256_unpacklo_ps(r[2], r[3]), t3_ = _mm256_unpackhi_ps(r[2], r[3]);         \
+    __m256 t4_ = _mm256_unpacklo_ps(r[4], r[5]), t5_ = _mm256_unpackhi_ps(r[4], r[5]);         \
+    __m256 t6_ = _mm256_unpacklo_ps(r[6], r[7]), t7_ = _mm256_unpackhi_ps(r[6], r[7]);         \
+    __m256 u0_ = _mm256_shuffle_ps(t0_, t2_, 0x44), u1_ = _mm256_shuffle_ps(t0_, t2_, 0xEE);   \
+    __m256 u2_ = _mm256_shuffle_ps(t1_, t3_, 0x44), u3_ = _mm256_shuffle_ps(t1_, t3_, 0xEE);   \
+    __m256 u4_ = _mm256_shuffle_ps(t4_, t6_, 0x44), u5_ = _mm256_shuffle_ps(t4_, t6_, 0xEE);   \
+    __m256 u6_ = _mm256_shuffle_ps(t5_, t7_, 0x44), u7_ = _mm256_shuffle_ps(t5_, t7_, 0xEE);   \
+    r[0] = _mm256_permute2f128_ps(u0_, u4_, 0x20);                                             \
+    r[1] = _mm256_permute2f128_ps(u1_, u5_, 0x20);                                             \
+    r[2] = _mm256_permute2f128_ps(u2_, u6_, 0x20);                                             \
+    r[3] = _mm256_permute2f128_ps(u3_, u7_, 0x20);                                             \
+    r[4] = _mm256_permute2f128_ps(u0_, u4_, 0x31);                                             \
+    r[5] = _mm256_permute2f128_ps(u1_, u5_, 0x31);                                             \
+    r[6] = _mm256_permute2f128_ps(u2_, u6_, 0x31);                                             \
+    r[7] = _mm256_permute2f128_ps(u3_, u7_, 0x31);                                             \
+  } while (0)
+
+/* 6-tall A slivers. Untransposed A: 8 columns of 6 rows at a time through an
+ * 8x8 transpose; each 6-float column is stored with an 8-float store whose
+ * 2 extra zeros the next store overwrites (the panel has slack for the last). */
+DT__GEMM_AVX2 static void dt__gemm_pack_a_avx2(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
+                                               int64_t mc, int64_t kc, float *ap) {
+  int64_t full = mc - mc % 6;
+  if (!trans) {
+    for (int64_t s = 0; s < full; s += 6, ap += 6 * kc) {
+      const float *src = a + (i0 + s) * lda + p0;
+      int64_t p = 0;
+      for (; p + 8 <= kc; p += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 6; i++) r[i] = _mm256_loadu_ps(src + i * lda + p);
+        r[6] = r[7] = _mm256_setzero_ps();
+        DT__AVX_T8(r);
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(ap + (p + i) * 6, r[i]);
+      }
+      for (; p < kc; p++)
+        for (int i = 0; i < 6; i++) ap[p * 6 + i] = src[i * lda + p];
+    }
+  } else {
+    for (int64_t s = 0; s < full; s += 6, ap += 6 * kc) {
+      const float *src = a + p0 * lda + i0 + s;
+      for (int64_t p = 0; p < kc; p++) {
+        const float *x = src + p * lda;
+        float *d = ap + p * 6;
+        _mm_storeu_ps(d, _mm_loadu_ps(x));
+        d[4] = x[4];
+        d[5] = x[5];
+      }
+    }
+  }
+  if (full < mc) dt__gemm_pack_a_n(6, trans, a, lda, i0 + full, p0, mc - full, kc, ap);
+}
+
+/* 16-wide B slivers. Transposed B (rows of op(B)^T contiguous in p): two
+ * 8x8 transposes per 8 values of p. */
+DT__GEMM_AVX2 static void dt__gemm_pack_b_avx2(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
+                                               int64_t kc, int64_t nc, float *bp) {
+  int64_t full = nc - nc % 16;
+  if (!trans) {
+    for (int64_t s = 0; s < full; s += 16, bp += 16 * kc) {
+      const float *src = b + p0 * ldb + j0 + s;
+      for (int64_t p = 0; p < kc; p++) {
+        _mm256_storeu_ps(bp + p * 16, _mm256_loadu_ps(src + p * ldb));
+        _mm256_storeu_ps(bp + p * 16 + 8, _mm256_loadu_ps(src + p * ldb + 8));
+      }
+    }
+  } else {
+    for (int64_t s = 0; s < full; s += 16, bp += 16 * kc) {
+      const float *src = b + (j0 + s) * ldb + p0;
+      int64_t p = 0;
+      for (; p + 8 <= kc; p += 8) {
+        for (int h = 0; h < 2; h++) {
+          __m256 r[8];
+          for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (8 * h + i) * ldb + p);
+          DT__AVX_T8(r);
+          for (int i = 0; i < 8; i++) _mm256_storeu_ps(bp + (p + i) * 16 + 8 * h, r[i]);
+        }
+      }
+      for (; p < kc; p++)
+        for (int j = 0; j < 16; j++) bp[p * 16 + j] = src[j * ldb + p];
+    }
+  }
+  if (full < nc) dt__gemm_pack_b_n(16, trans, b, ldb, p0, j0 + full, kc, nc - full, bp);
+}
+
+#undef DT__AVX_T8
+#undef DT__AVX_FMA2
+#undef DT__AVX_STORE
+
+/* 1 when the CPU (and OS) support AVX2 and FMA. */
+static int dt__gemm_x86_has_avx2(void) {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif /* DT__GEMM_X86 */
+
+/* ---- NEON (aarch64) ----------------------------------------------------------------------
+ * An 8x12 tile: 24 q-register accumulators, three B vectors and two A
+ * vectors per k step, lane FMAs. */
+#ifdef DT__GEMM_NEON
+static void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp, float alpha,
+                                float beta, float *DT__RESTRICT c, int64_t ldc) {
+  float32x4_t acc[8][3];
+  for (int r = 0; r < 8; r++)
+    for (int j = 0; j < 3; j++) acc[r][j] = vdupq_n_f32(0.0f);
+  for (int64_t p = 0; p < kc; p++) {
+    float32x4_t a0 = vld1q_f32(ap), a1 = vld1q_f32(ap + 4);
+    float32x4_t b0 = vld1q_f32(bp), b1 = vld1q_f32(bp + 4), b2 = vld1q_f32(bp + 8);
+#define DT__NEON_ROW(r, av, lane)                         \
+  acc[r][0] = vfmaq_laneq_f32(acc[r][0], b0, av, lane); \
+  acc[r][1] = vfmaq_laneq_f32(acc[r][1], b1, av, lane); \
+  acc[r][2] = vfmaq_laneq_f32(acc[r][2], b2, av, lane)
+    DT__NEON_ROW(0, a0, 0);
+    DT__NEON_ROW(1, a0, 1);
+    DT__NEON_ROW(2, a0, 2);
+    DT__NEON_ROW(3, a0, 3);
+    DT__NEON_ROW(4, a1, 0);
+    DT__NEON_ROW(5, a1, 1);
+    DT__NEON_ROW(6, a1, 2);
+    DT__NEON_ROW(7, a1, 3);
+#undef DT__NEON_ROW
+    ap += 8;
+    bp += 12;
+  }
+  float32x4_t va = vdupq_n_f32(alpha), vb = vdupq_n_f32(beta);
+  for (int r = 0; r < 8; r++) {
     float *cr = c + r * ldc;
-    const float *tr = t + r * DT__GEMM_NR;
-    if (beta == 0.0f)
-      for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j];
-    else if (beta == 1.0f)
-      for (int64_t j = 0; j < nr; j++) cr[j] += alpha * tr[j];
-    else
-      for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j] + beta * cr[j];
+    for (int j = 0; j < 3; j++) {
+      float32x4_t v = vmulq_f32(va, acc[r][j]);
+      if (beta == 1.0f) v = vaddq_f32(v, vld1q_f32(cr + 4 * j));
+      else if (beta != 0.0f) v = vfmaq_f32(v, vb, vld1q_f32(cr + 4 * j));
+      vst1q_f32(cr + 4 * j, v);
+    }
   }
 }
+
+static void dt__gemm_pack_a_neon(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
+                                 int64_t kc, float *ap) {
+  dt__gemm_pack_a_n(8, trans, a, lda, i0, p0, mc, kc, ap);
+}
+
+static void dt__gemm_pack_b_neon(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                                 int64_t nc, float *bp) {
+  dt__gemm_pack_b_n(12, trans, b, ldb, p0, j0, kc, nc, bp);
+}
+#endif /* DT__GEMM_NEON */
+
+/* ---- path selection ----------------------------------------------------------------------- */
+
+static const dt__gemm_path dt__gemm_paths[3] = {
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
+#ifdef DT__GEMM_X86
+    {6, 16, dt__gemm_micro_avx2, dt__gemm_micro4_avx2, dt__gemm_pack_a_avx2, dt__gemm_pack_b_avx2, "avx2+fma"},
+#else
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
+#endif
+#ifdef DT__GEMM_NEON
+    {8, 12, dt__gemm_micro_neon, NULL, dt__gemm_pack_a_neon, dt__gemm_pack_b_neon, "neon"},
+#else
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
+#endif
+};
+
+/* The best path this build and CPU have (ignoring any override). */
+static int dt__gemm_best_path(void) {
+#if defined(DT__GEMM_X86)
+  return dt__gemm_x86_has_avx2() ? DT__GEMM_PATH_AVX2 : DT__GEMM_PORTABLE;
+#elif defined(DT__GEMM_NEON)
+  return DT__GEMM_PATH_NEON;
+#else
+  return DT__GEMM_PORTABLE;
+#endif
+}
+
+/* The chosen path, +1 (0: not chosen yet), and the override (-1: none yet
+ * read, 0: best, 1: portable). Each is a plain int written with the same
+ * value by whichever thread gets there first, through atomic builtins where
+ * the compiler has them so that concurrent first calls are race-free. */
+static int dt__gemm_chosen = 0;
+static int dt__gemm_override = -1;
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define DT__GEMM_LOAD(v) __atomic_load_n(&(v), __ATOMIC_ACQUIRE)
+#  define DT__GEMM_STORE(v, x) __atomic_store_n(&(v), (x), __ATOMIC_RELEASE)
+#else
+#  define DT__GEMM_LOAD(v) (v)
+#  define DT__GEMM_STORE(v, x) ((v) = (x))
+#endif
+
+static int dt__gemm_path_id(void) {
+  int c = DT__GEMM_LOAD(dt__gemm_chosen);
+  if (c > 0) return c - 1;
+  int ov = DT__GEMM_LOAD(dt__gemm_override);
+  if (ov < 0) {
+    const char *e = getenv("DTRAIN_GEMM");
+    ov = (e && strcmp(e, "portable") == 0) ? 1 : 0;
+    DT__GEMM_STORE(dt__gemm_override, ov);
+  }
+  c = ov ? DT__GEMM_PORTABLE : dt__gemm_best_path();
+  DT__GEMM_STORE(dt__gemm_chosen, c + 1);
+  return c;
+}
+
+DTRAIN_API int dt_sgemm_use_portable(int on) {
+  (void)dt__gemm_path_id(); /* reads DTRAIN_GEMM once */
+  int prev = DT__GEMM_LOAD(dt__gemm_override);
+  DT__GEMM_STORE(dt__gemm_override, on ? 1 : 0);
+  DT__GEMM_STORE(dt__gemm_chosen, 0);
+  return prev;
+}
+
+DTRAIN_API const char *dt_sgemm_kernel(void) {
+#ifdef DTRAIN_USE_CBLAS
+  return "cblas";
+#else
+  return dt__gemm_paths[dt__gemm_path_id()].name;
+#endif
+}
+
+/* ---- driver ------------------------------------------------------------------------------- */
 
 /* C = beta * C over m x n (C not read when beta == 0): the k == 0 or
  * alpha == 0 case, where op(A) @ op(B) contributes nothing. */
@@ -2696,6 +3096,47 @@ static void dt__gemm_scale(int64_t m, int64_t n, float beta, float *c, int64_t l
       for (int64_t j = 0; j < n; j++) ci[j] = 0.0f;
     else if (beta != 1.0f)
       for (int64_t j = 0; j < n; j++) ci[j] *= beta;
+  }
+}
+
+/* A partial tile (mr < MR or nr < NR): run the kernel into a local tile,
+ * then apply it to the valid mr x nr corner of C. */
+static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, const float *bp, float alpha,
+                          float beta, float *c, int64_t ldc, int64_t mr, int64_t nr) {
+  float t[DT__GEMM_TILE_MAX];
+  pa->kernel(kc, ap, bp, 1.0f, 0.0f, t, pa->nr);
+  for (int64_t r = 0; r < mr; r++) {
+    float *cr = c + r * ldc;
+    const float *tr = t + r * pa->nr;
+    if (beta == 0.0f)
+      for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j];
+    else if (beta == 1.0f)
+      for (int64_t j = 0; j < nr; j++) cr[j] += alpha * tr[j];
+    else
+      for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j] + beta * cr[j];
+  }
+}
+
+/* One packed A block (mc x kc) times one packed B panel (kc x nc) into C:
+ * the loops over the tiles, B slivers outside (one stays in L1 while the
+ * A slivers stream past it). */
+static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int64_t kc, float alpha, const float *ap,
+                           const float *bp, float beta, float *c, int64_t ldc) {
+  const int64_t MR = pa->mr, NR = pa->nr;
+  for (int64_t jr = 0; jr < nc; jr += NR) {
+    int64_t nr = DT__MIN(NR, nc - jr);
+    const float *bs = bp + jr * kc;
+    for (int64_t ir = 0; ir < mc; ir += MR) {
+      int64_t mr = DT__MIN(MR, mc - ir);
+      const float *as = ap + ir * kc;
+      float *cs = c + ir * ldc + jr;
+      if (mr == MR && nr == NR)
+        pa->kernel(kc, as, bs, alpha, beta, cs, ldc);
+      else if (mr == 4 && nr == NR && pa->kernel4)
+        pa->kernel4(kc, as, bs, alpha, beta, cs, ldc);
+      else
+        dt__gemm_edge(pa, kc, as, bs, alpha, beta, cs, ldc, mr, nr);
+    }
   }
 }
 
@@ -2720,34 +3161,48 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
     dt__gemm_scale(m, n, beta, c, ldc);
     return;
   }
-  /* The packed panels, on the stack, aligned by hand to 64 bytes. */
-  float abuf[DT__GEMM_MC * DT__GEMM_KC + 16];
-  float bbuf[DT__GEMM_KC * DT__GEMM_NC + 16];
-  float *ap = abuf + ((16 - ((uintptr_t)abuf / sizeof(float)) % 16) % 16);
-  float *bp = bbuf + ((16 - ((uintptr_t)bbuf / sizeof(float)) % 16) % 16);
+  const dt__gemm_path *pa = &dt__gemm_paths[dt__gemm_path_id()];
+  const int64_t MR = pa->mr, NR = pa->nr;
+  /* The packed panels share one buffer on the stack, aligned by hand to
+   * 64 bytes: an A block of MC x KC and a B panel of KC x NC, or, when A
+   * has few rows (up to 2 MC) and B is wider than NC, all of A's rows and
+   * a B panel as wide as the rest allows (A is then packed once per k
+   * block instead of once per B panel). */
+  float buf[DT__GEMM_BUF + 48]; /* + alignment, and slack after A (see pack_a) */
+  float *ap = buf + ((16 - ((uintptr_t)buf / sizeof(float)) % 16) % 16);
+  int64_t mcb = DT__GEMM_MC, ncb = DT__GEMM_NC;
+  int few_rows = n > DT__GEMM_NC && m <= 2 * DT__GEMM_MC;
+  if (few_rows) {
+    mcb = (m + MR - 1) / MR * MR;
+    ncb = (DT__GEMM_BUF - mcb * DT__GEMM_KC) / DT__GEMM_KC / NR * NR;
+  }
+  float *bp = ap + mcb * DT__GEMM_KC + 16;
 
-  for (int64_t jc = 0; jc < n; jc += DT__GEMM_NC) {
-    int64_t nc = DT__MIN(DT__GEMM_NC, n - jc);
+  /* The order of the loops does not change any result: every element of C
+   * is summed over the same k blocks in the same order. */
+  if (few_rows) { /* pack A once per k block, then B panels in turn */
+    for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
+      int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
+      float beta_blk = pc == 0 ? beta : 1.0f;
+      pa->pack_a(trans_a, a, lda, 0, pc, m, kc, ap);
+      for (int64_t jc = 0; jc < n; jc += ncb) {
+        int64_t nc = DT__MIN(ncb, n - jc);
+        pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
+        dt__gemm_macro(pa, m, nc, kc, alpha, ap, bp, beta_blk, c + jc, ldc);
+      }
+    }
+    return;
+  }
+  for (int64_t jc = 0; jc < n; jc += ncb) {
+    int64_t nc = DT__MIN(ncb, n - jc);
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
       float beta_blk = pc == 0 ? beta : 1.0f; /* later k blocks add to C */
-      dt__gemm_pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
-      for (int64_t ic = 0; ic < m; ic += DT__GEMM_MC) {
-        int64_t mc = DT__MIN(DT__GEMM_MC, m - ic);
-        dt__gemm_pack_a(trans_a, a, lda, ic, pc, mc, kc, ap);
-        for (int64_t jr = 0; jr < nc; jr += DT__GEMM_NR) {
-          int64_t nr = DT__MIN(DT__GEMM_NR, nc - jr);
-          const float *bs = bp + jr * kc;
-          for (int64_t ir = 0; ir < mc; ir += DT__GEMM_MR) {
-            int64_t mr = DT__MIN(DT__GEMM_MR, mc - ir);
-            const float *as = ap + ir * kc;
-            float *cs = c + (ic + ir) * ldc + jc + jr;
-            if (mr == DT__GEMM_MR && nr == DT__GEMM_NR)
-              dt__gemm_micro(kc, as, bs, alpha, beta_blk, cs, ldc);
-            else
-              dt__gemm_micro_edge(kc, as, bs, alpha, beta_blk, cs, ldc, mr, nr);
-          }
-        }
+      pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
+      for (int64_t ic = 0; ic < m; ic += mcb) {
+        int64_t mc = DT__MIN(mcb, m - ic);
+        pa->pack_a(trans_a, a, lda, ic, pc, mc, kc, ap);
+        dt__gemm_macro(pa, mc, nc, kc, alpha, ap, bp, beta_blk, c + ic * ldc + jc, ldc);
       }
     }
   }
@@ -2758,8 +3213,22 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
 #undef DT__GEMM_KC
 #undef DT__GEMM_MC
 #undef DT__GEMM_NC
+#undef DT__GEMM_TILE_MAX
+#undef DT__GEMM_BUF
 #undef DT__GEMM_UNROLL
 #undef DT__GEMM_KLOOP
+#undef DT__GEMM_PORTABLE
+#undef DT__GEMM_PATH_AVX2
+#undef DT__GEMM_PATH_NEON
+#undef DT__GEMM_LOAD
+#undef DT__GEMM_STORE
+#ifdef DT__GEMM_X86
+#  undef DT__GEMM_X86
+#  undef DT__GEMM_AVX2
+#endif
+#ifdef DT__GEMM_NEON
+#  undef DT__GEMM_NEON
+#endif
 /* ======== end dt_gemm.c ======== */
 
 /* ======== begin dt_ops_elem.c ======== */
@@ -2768,6 +3237,10 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
  * ===========================================================================
  */
 /* #include "dt_internal.h" (amalgamated) */
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
+#  define DT__ELEM_SSE 1
+#  include <emmintrin.h>
+#endif
 
 /* ---- broadcasting -------------------------------------------------------------------
  * Output shape is the NumPy broadcast of a and b; sa/sb are the element
@@ -2896,6 +3369,32 @@ enum {
 #define DT__GELU_C 0.7978845608028654f /* sqrt(2/pi) */
 #define DT__GELU_K 0.044715f
 
+/* ReLU forward and backward without branches (a mispredicted branch per
+ * element costs more than the whole SSE loop). Same values as the scalar
+ * forms: max(x, 0) is x > 0 ? x : 0 (NaN gives 0), and adding the masked
+ * gradient adds +0 where x <= 0. */
+static void dt__elem_relu(const float *DT__RESTRICT x, float *DT__RESTRICT y, int64_t n) {
+  int64_t i = 0;
+#ifdef DT__ELEM_SSE
+  const __m128 z = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(y + i, _mm_max_ps(_mm_loadu_ps(x + i), z));
+#endif
+  for (; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+static void dt__elem_relu_backward(const float *DT__RESTRICT x, const float *DT__RESTRICT go, float *DT__RESTRICT gx,
+                                   int64_t n) {
+  int64_t i = 0;
+#ifdef DT__ELEM_SSE
+  const __m128 z = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) {
+    __m128 keep = _mm_cmpgt_ps(_mm_loadu_ps(x + i), z);
+    _mm_storeu_ps(gx + i, _mm_add_ps(_mm_loadu_ps(gx + i), _mm_and_ps(keep, _mm_loadu_ps(go + i))));
+  }
+#endif
+  for (; i < n; i++) gx[i] += x[i] > 0.0f ? go[i] : 0.0f;
+}
+
 static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0];
   float *gx = dt__grad(g, x);
@@ -2912,7 +3411,7 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
     case DT__U_EXP: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * yd[i]; break;
     case DT__U_LOG: for (int64_t i = 0; i < n; i++) gx[i] += go[i] / xd[i]; break;
     case DT__U_SQRT: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * 0.5f / yd[i]; break;
-    case DT__U_RELU: for (int64_t i = 0; i < n; i++) gx[i] += xd[i] > 0.0f ? go[i] : 0.0f; break;
+    case DT__U_RELU: dt__elem_relu_backward(xd, go, gx, n); break;
     case DT__U_LRELU: for (int64_t i = 0; i < n; i++) gx[i] += xd[i] > 0.0f ? go[i] : s * go[i]; break;
     case DT__U_SIGMOID: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * yd[i] * (1.0f - yd[i]); break;
     case DT__U_TANH: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * (1.0f - yd[i] * yd[i]); break;
@@ -2958,7 +3457,7 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const 
     case DT__U_EXP: for (int64_t i = 0; i < n; i++) yd[i] = expf(xd[i]); break;
     case DT__U_LOG: for (int64_t i = 0; i < n; i++) yd[i] = logf(xd[i]); break;
     case DT__U_SQRT: for (int64_t i = 0; i < n; i++) yd[i] = sqrtf(xd[i]); break;
-    case DT__U_RELU: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] > 0.0f ? xd[i] : 0.0f; break;
+    case DT__U_RELU: dt__elem_relu(xd, yd, n); break;
     case DT__U_LRELU: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] > 0.0f ? xd[i] : s * xd[i]; break;
     case DT__U_SIGMOID:
       /* Stable in both tails: exp of a non-positive number only. */
@@ -3000,6 +3499,9 @@ DTRAIN_API dt_tensor *dt_gelu(dt_graph *g, dt_tensor *x) { return dt__unary(g, x
 #undef DT__BCAST_LOOP
 #undef DT__GELU_C
 #undef DT__GELU_K
+#ifdef DT__ELEM_SSE
+#  undef DT__ELEM_SSE
+#endif
 /* ======== end dt_ops_elem.c ======== */
 
 /* ======== begin dt_ops_reduce.c ======== */
@@ -4273,6 +4775,10 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
  * A 1x1 kernel with stride 1, padding 0 and nb == 1 uses x itself as col.
  */
 /* #include "dt_internal.h" (amalgamated) */
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
+#  define DT__CONV_SSE 1
+#  include <emmintrin.h>
+#endif
 
 #define DT__CONV_COLS 512          /* aim for at least this many GEMM columns */
 #define DT__CONV_CAP (1 << 21)     /* floats per scratch buffer when grouping */
@@ -4320,51 +4826,113 @@ static void dt__conv_range(const dt__conv_geom *q, int64_t kj, int64_t *lo, int6
   *hi = h;
 }
 
+/* Output rows oh in [lo,hi) read input row oh*s - p + ki inside [0, h). */
+static void dt__conv_rows(const dt__conv_geom *q, int64_t ki, int64_t *lo, int64_t *hi) {
+  int64_t a = q->p - ki, b = q->h - 1 + q->p - ki;
+  int64_t l = a > 0 ? (a + q->s - 1) / q->s : 0;
+  int64_t h = b >= 0 ? b / q->s + 1 : 0;
+  if (h > q->ho) h = q->ho;
+  if (l > h) l = h;
+  *lo = l;
+  *hi = h;
+}
+
+/* Zero n floats; n is usually tiny (the padding width), where a loop that
+ * the compiler turns into a memset call costs more than the stores. */
+static void dt__conv_zero_short(float *d, int64_t n) {
+  if (n > 4) {
+    memset(d, 0, (size_t)n * sizeof(float));
+    return;
+  }
+  if (n > 0) d[0] = 0.0f;
+  if (n > 1) d[1] = 0.0f;
+  if (n > 2) d[2] = 0.0f;
+  if (n > 3) d[3] = 0.0f;
+}
+
+/* dst[i] += src[i], 4 floats at a time (rows of a few dozen floats). */
+static void dt__conv_addto(float *DT__RESTRICT dst, const float *DT__RESTRICT src, int64_t n) {
+  int64_t i = 0;
+#ifdef DT__CONV_SSE
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_add_ps(_mm_loadu_ps(dst + i), _mm_loadu_ps(src + i)));
+#endif
+  for (; i < n; i++) dst[i] += src[i];
+}
+
 /* Column matrix of one image x [C,H,W]: row (c,ki,kj), column oh*Wo+ow holds
- * x[c, oh*s-p+ki, ow*s-p+kj] (0 in the padding); rows are ld floats apart. */
+ * x[c, oh*s-p+ki, ow*s-p+kj] (0 in the padding); rows are ld floats apart.
+ * Rows of the output that fall in the padding are zeroed in one go. With
+ * stride 1 and Wo == W (a "same" convolution) the valid part of a column row
+ * is one contiguous span of x: it is copied with one memcpy and the few
+ * entries that wrapped around from the neighbouring input rows are zeroed,
+ * instead of one short copy per output row. */
 static void dt__conv_im2col(const dt__conv_geom *q, const float *x, float *col, int64_t ld) {
-  int64_t r = 0;
+  int64_t r = 0, wo = q->wo, span = q->s == 1 && q->wo == q->w;
   for (int64_t c = 0; c < q->c; c++) {
     for (int64_t ki = 0; ki < q->kh; ki++) {
+      int64_t rlo, rhi;
+      dt__conv_rows(q, ki, &rlo, &rhi);
       for (int64_t kj = 0; kj < q->kw; kj++, r++) {
         float *row = col + r * ld;
-        int64_t lo, hi;
+        int64_t lo, hi, off = kj - q->p;
         dt__conv_range(q, kj, &lo, &hi);
-        for (int64_t oh = 0; oh < q->ho; oh++) {
-          float *dst = row + oh * q->wo;
-          int64_t ih = oh * q->s - q->p + ki;
-          if (ih < 0 || ih >= q->h || lo == hi) {
-            memset(dst, 0, (size_t)q->wo * sizeof(float));
-            continue;
-          }
-          const float *src = x + (c * q->h + ih) * q->w;
-          int64_t off = kj - q->p;
+        if (lo == hi || rlo == rhi) {
+          memset(row, 0, (size_t)(q->ho * wo) * sizeof(float));
+          continue;
+        }
+        if (rlo > 0) memset(row, 0, (size_t)(rlo * wo) * sizeof(float));
+        if (rhi < q->ho) memset(row + rhi * wo, 0, (size_t)((q->ho - rhi) * wo) * sizeof(float));
+        const float *plane = x + c * q->h * q->w;
+        if (span) {
+          const float *src = plane + (rlo - q->p + ki) * q->w + lo + off;
+          memcpy(row + rlo * wo + lo, src, (size_t)((rhi - rlo - 1) * wo + hi - lo) * sizeof(float));
+          /* The gap between two rows' valid parts is contiguous: [hi, wo) of
+           * one row and [0, lo) of the next, |off| floats. */
+          dt__conv_zero_short(row + rlo * wo, lo);
+          for (int64_t oh = rlo; oh < rhi; oh++)
+            dt__conv_zero_short(row + oh * wo + hi, wo - hi + (oh + 1 < rhi ? lo : 0));
+          continue;
+        }
+        for (int64_t oh = rlo; oh < rhi; oh++) {
+          float *dst = row + oh * wo;
+          const float *src = plane + (oh * q->s - q->p + ki) * q->w;
           for (int64_t ow = 0; ow < lo; ow++) dst[ow] = 0.0f;
           if (q->s == 1) memcpy(dst + lo, src + lo + off, (size_t)(hi - lo) * sizeof(float));
           else for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow * q->s + off];
-          for (int64_t ow = hi; ow < q->wo; ow++) dst[ow] = 0.0f;
+          for (int64_t ow = hi; ow < wo; ow++) dst[ow] = 0.0f;
         }
       }
     }
   }
 }
 
-/* Adjoint of im2col: gx [C,H,W] += the column gradient gcol (rows ld apart). */
-static void dt__conv_col2im(const dt__conv_geom *q, const float *gcol, int64_t ld, float *gx) {
-  int64_t r = 0;
+/* Adjoint of im2col: gx [C,H,W] += the column gradient gcol (rows ld apart).
+ * gcol is scratch: in the span case (stride 1, Wo == W, see im2col) the
+ * entries that would wrap around to neighbouring input rows are zeroed in
+ * gcol first, so that each column row adds to gx as one contiguous span. */
+static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, float *gx) {
+  int64_t r = 0, wo = q->wo, span = q->s == 1 && q->wo == q->w;
   for (int64_t c = 0; c < q->c; c++) {
     for (int64_t ki = 0; ki < q->kh; ki++) {
+      int64_t rlo, rhi;
+      dt__conv_rows(q, ki, &rlo, &rhi);
       for (int64_t kj = 0; kj < q->kw; kj++, r++) {
-        const float *row = gcol + r * ld;
-        int64_t lo, hi;
+        float *row = gcol + r * ld;
+        int64_t lo, hi, off = kj - q->p;
         dt__conv_range(q, kj, &lo, &hi);
-        for (int64_t oh = 0; oh < q->ho; oh++) {
-          int64_t ih = oh * q->s - q->p + ki;
-          if (ih < 0 || ih >= q->h) continue;
-          const float *src = row + oh * q->wo;
-          float *dst = gx + (c * q->h + ih) * q->w;
-          int64_t off = kj - q->p;
-          for (int64_t ow = lo; ow < hi; ow++) dst[ow * q->s + off] += src[ow];
+        if (lo == hi || rlo == rhi) continue;
+        float *plane = gx + c * q->h * q->w;
+        if (span) {
+          for (int64_t oh = rlo; oh + 1 < rhi; oh++) dt__conv_zero_short(row + oh * wo + hi, wo - hi + lo);
+          dt__conv_addto(plane + (rlo - q->p + ki) * q->w + lo + off, row + rlo * wo + lo,
+                         (rhi - rlo - 1) * wo + hi - lo);
+          continue;
+        }
+        for (int64_t oh = rlo; oh < rhi; oh++) {
+          const float *src = row + oh * wo;
+          float *dst = plane + (oh * q->s - q->p + ki) * q->w;
+          if (q->s == 1) dt__conv_addto(dst + lo + off, src + lo, hi - lo);
+          else for (int64_t ow = lo; ow < hi; ow++) dst[ow * q->s + off] += src[ow];
         }
       }
     }
@@ -4380,13 +4948,22 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   const float *go = y->grad;
   int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
   if (gb) {
+    /* In double, in four interleaved partial sums (a fixed order): one
+     * dependent chain of double adds would take most of this function. */
     for (int64_t o = 0; o < q.o; o++) {
-      double s = 0.0;
+      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
       for (int64_t n = 0; n < q.n; n++) {
         const float *r = go + n * op + o * q.pp;
-        for (int64_t i = 0; i < q.pp; i++) s += (double)r[i];
+        int64_t i = 0;
+        for (; i + 4 <= q.pp; i += 4) {
+          s0 += (double)r[i];
+          s1 += (double)r[i + 1];
+          s2 += (double)r[i + 2];
+          s3 += (double)r[i + 3];
+        }
+        for (; i < q.pp; i++) s0 += (double)r[i];
       }
-      gb[o] += (float)s;
+      gb[o] += (float)((s0 + s1) + (s2 + s3));
     }
   }
   if (!gx && !gw) return;
@@ -4489,9 +5066,8 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
 }
 
 /* ---- pooling --------------------------------------------------------------------------
- * No padding; Ho = (H - k)/s + 1. iaux: kernel, stride. Max pooling keeps the
- * argmax (offset inside the input plane, first maximum wins, NaN wins) in aux
- * when a gradient can flow. */
+ * No padding; Ho = (H - k)/s + 1. iaux: kernel, stride. Max pooling routes
+ * the gradient to the first maximum of each window (a NaN wins). */
 
 static int dt__pool_check(dt_graph *g, const char *op, dt_tensor *x, int kernel, int stride) {
   if (!dt__begin(g, op, 1, x)) return 0;
@@ -4527,16 +5103,78 @@ static dt_tensor *dt__pool_new(dt_graph *g, const char *op, dt_tensor *x, int ke
   return y;
 }
 
+/* The window of output (oh, ow) starts at input offset oh*s*w + ow*s. Its
+ * maximum is the first element that is greater than all before it, or the
+ * first NaN: v replaces best when v > best, or v is NaN and best is not. */
+#ifdef DT__CONV_SSE
+static __m128 dt__pool_max4(__m128 best, __m128 v) {
+  __m128 take = _mm_or_ps(_mm_cmpgt_ps(v, best), _mm_and_ps(_mm_cmpunord_ps(v, v), _mm_cmpord_ps(best, best)));
+  return _mm_or_ps(_mm_and_ps(take, v), _mm_andnot_ps(take, best));
+}
+#endif
+
+/* Backward finds the winner again instead of keeping an index per output
+ * from the forward pass: the first element of the window equal to the
+ * output (the first NaN when the output is NaN) is the element the forward
+ * pass picked, since the maximum is the first occurrence of its value. */
 static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0];
   float *gx = dt__grad(g, x);
-  const int64_t *idx = (const int64_t *)y->aux;
-  if (!gx || !idx) return;
-  int64_t planes = y->shape[0] * y->shape[1], hw = x->shape[2] * x->shape[3], ohw = y->shape[2] * y->shape[3];
-  const float *go = y->grad;
+  if (!gx) return;
+  int64_t k = y->iaux[0], s = y->iaux[1];
+  int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
+  int64_t ho = y->shape[2], wo = y->shape[3];
+  const float *go = y->grad, *yd = y->data;
   for (int64_t pl = 0; pl < planes; pl++) {
-    float *gp = gx + pl * hw;
-    for (int64_t i = 0; i < ohw; i++) gp[idx[pl * ohw + i]] += go[pl * ohw + i];
+    const float *xp = x->data + pl * h * w;
+    float *gp = gx + pl * h * w;
+    for (int64_t oh = 0; oh < ho; oh++) {
+      int64_t ow = 0;
+#ifdef DT__CONV_SSE
+      if (k == 2 && s == 2) { /* 4 windows at a time: masks of the winners, no branches */
+        const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
+        float *g0 = gp + 2 * oh * w, *g1 = g0 + w;
+        for (; ow + 4 <= wo; ow += 4) {
+          int64_t o = (pl * ho + oh) * wo + ow;
+          __m128 best = _mm_loadu_ps(yd + o), gv = _mm_loadu_ps(go + o);
+          __m128 bnan = _mm_cmpunord_ps(best, best);
+          __m128 a0 = _mm_loadu_ps(r0 + 2 * ow), a1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+          __m128 b0 = _mm_loadu_ps(r1 + 2 * ow), b1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+          __m128 v[4], e[4];
+          v[0] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+          v[1] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1));
+          v[2] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0));
+          v[3] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1));
+          __m128 taken = _mm_setzero_ps();
+          for (int t = 0; t < 4; t++) {
+            __m128 eq = _mm_or_ps(_mm_cmpeq_ps(v[t], best), _mm_and_ps(bnan, _mm_cmpunord_ps(v[t], v[t])));
+            eq = _mm_andnot_ps(taken, eq); /* the first match only */
+            taken = _mm_or_ps(taken, eq);
+            e[t] = _mm_and_ps(eq, gv);
+          }
+          _mm_storeu_ps(g0 + 2 * ow, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow), _mm_unpacklo_ps(e[0], e[1])));
+          _mm_storeu_ps(g0 + 2 * ow + 4, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow + 4), _mm_unpackhi_ps(e[0], e[1])));
+          _mm_storeu_ps(g1 + 2 * ow, _mm_add_ps(_mm_loadu_ps(g1 + 2 * ow), _mm_unpacklo_ps(e[2], e[3])));
+          _mm_storeu_ps(g1 + 2 * ow + 4, _mm_add_ps(_mm_loadu_ps(g1 + 2 * ow + 4), _mm_unpackhi_ps(e[2], e[3])));
+        }
+      }
+#endif
+      for (; ow < wo; ow++) {
+        int64_t o = (pl * ho + oh) * wo + ow, at = oh * s * w + ow * s, t0 = at;
+        float best = yd[o];
+        int nan = best != best;
+        /* Scan backwards so that the first match is the one that stays;
+         * no early exit, so the compiler can use conditional moves. */
+        for (int64_t i = k - 1; i >= 0; i--) {
+          for (int64_t j = k - 1; j >= 0; j--) {
+            int64_t t = t0 + i * w + j;
+            float v = xp[t];
+            if (v == best || (nan && v != v)) at = t;
+          }
+        }
+        gp[at] += go[o];
+      }
+    }
   }
 }
 
@@ -4545,39 +5183,40 @@ DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
   if (!dt__pool_check(g, op, x, kernel, stride)) return NULL;
   dt_tensor *y = dt__pool_new(g, op, x, kernel, stride);
   if (!y) return NULL;
-  int64_t *idx = NULL;
-  if (g->grad_enabled && (x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) {
-    size_t bytes;
-    if (!dt__mul_size((size_t)y->size, sizeof(int64_t), &bytes))
-      return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: index buffer too large", op);
-    idx = (int64_t *)dt__arena_alloc(g, bytes);
-    if (!idx) return NULL;
-  }
   int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
   int64_t ho = y->shape[2], wo = y->shape[3], k = kernel, s = stride;
   for (int64_t pl = 0; pl < planes; pl++) {
     const float *xp = x->data + pl * h * w;
     for (int64_t oh = 0; oh < ho; oh++) {
-      for (int64_t ow = 0; ow < wo; ow++) {
-        int64_t at = oh * s * w + ow * s;
-        float best = xp[at];
+      float *yo = y->data + (pl * ho + oh) * wo;
+      int64_t ow = 0;
+#ifdef DT__CONV_SSE
+      if (k == 2 && s == 2) { /* the common 2x2 pooling: 4 outputs from 2 x 8 inputs */
+        const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
+        for (; ow + 4 <= wo; ow += 4) {
+          __m128 a0 = _mm_loadu_ps(r0 + 2 * ow), a1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+          __m128 b0 = _mm_loadu_ps(r1 + 2 * ow), b1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+          __m128 best = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+          best = dt__pool_max4(best, _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)));
+          best = dt__pool_max4(best, _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)));
+          best = dt__pool_max4(best, _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)));
+          _mm_storeu_ps(yo + ow, best);
+        }
+      }
+#endif
+      for (; ow < wo; ow++) {
+        const float *win = xp + oh * s * w + ow * s;
+        float best = win[0];
         for (int64_t i = 0; i < k; i++) {
           for (int64_t j = 0; j < k; j++) {
-            int64_t t = (oh * s + i) * w + ow * s + j;
-            float v = xp[t];
-            if (v > best || (v != v && best == best)) {
-              best = v;
-              at = t;
-            }
+            float v = win[i * w + j];
+            if (v > best || (v != v && best == best)) best = v;
           }
         }
-        int64_t o = (pl * ho + oh) * wo + ow;
-        y->data[o] = best;
-        if (idx) idx[o] = at;
+        yo[ow] = best;
       }
     }
   }
-  y->aux = idx;
   dt__record(g, y, op, dt__pool_max_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
@@ -4632,6 +5271,9 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 
 #undef DT__CONV_COLS
 #undef DT__CONV_CAP
+#ifdef DT__CONV_SSE
+#  undef DT__CONV_SSE
+#endif
 /* ======== end dt_ops_conv.c ======== */
 
 /* ======== begin dt_params.c ======== */
@@ -4948,6 +5590,19 @@ DTRAIN_API double dt_l2_norm(const float *x, size_t n) {
  */
 /* #include "dt_internal.h" (amalgamated) */
 
+/* The Adam update in SIMD: the same float operations in the same order as
+ * the scalar loop (no FMA), so the results are the same bit for bit, and
+ * sqrt/div do not go through libm. SSE is baseline on x86-64; an AVX version
+ * (8 floats, twice as fast) is picked at run time with GCC or clang. */
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
+#  define DT__OPTIM_SSE 1
+#  include <emmintrin.h>
+#  if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#    define DT__OPTIM_AVX 1
+#    include <immintrin.h>
+#  endif
+#endif
+
 struct dt_optim {
   dt_optim_desc desc;   /* filled: zero fields replaced by their defaults */
   dt_params *params;
@@ -5136,6 +5791,64 @@ static void dt__optim_sgd(const dt_optim *o, float lr, float wd, float *DT__REST
   }
 }
 
+#ifdef DT__OPTIM_SSE
+/* Elements [0, n - n%4) of the Adam update (see the scalar loop); returns
+ * how many it did. */
+static size_t dt__optim_adam_sse(float w1, float w2, float fb2, float eps, float bc2_sqrt, float step_size, float wd,
+                                 int decoupled, float shrink, float *DT__RESTRICT p, const float *DT__RESTRICT g,
+                                 float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
+  const __m128 vw1 = _mm_set1_ps(w1), vw2 = _mm_set1_ps(w2), vb2 = _mm_set1_ps(fb2), veps = _mm_set1_ps(eps);
+  const __m128 vbc2 = _mm_set1_ps(bc2_sqrt), vstep = _mm_set1_ps(step_size), vwd = _mm_set1_ps(wd);
+  const __m128 vshrink = _mm_set1_ps(shrink);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    __m128 d = _mm_loadu_ps(g + i), pv = _mm_loadu_ps(p + i), mv = _mm_loadu_ps(m + i), vv = _mm_loadu_ps(v + i);
+    if (wd != 0.0f) {
+      if (decoupled) pv = _mm_mul_ps(pv, vshrink);
+      else d = _mm_add_ps(d, _mm_mul_ps(vwd, pv));
+    }
+    mv = _mm_add_ps(mv, _mm_mul_ps(vw1, _mm_sub_ps(d, mv)));
+    vv = _mm_add_ps(_mm_mul_ps(vv, vb2), _mm_mul_ps(_mm_mul_ps(vw2, d), d));
+    __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vv), vbc2), veps);
+    pv = _mm_sub_ps(pv, _mm_mul_ps(vstep, _mm_div_ps(mv, denom)));
+    _mm_storeu_ps(m + i, mv);
+    _mm_storeu_ps(v + i, vv);
+    _mm_storeu_ps(p + i, pv);
+  }
+  return i;
+}
+#endif
+
+#ifdef DT__OPTIM_AVX
+/* The same as dt__optim_adam_sse, 8 elements at a time. */
+__attribute__((target("avx"))) static size_t dt__optim_adam_avx(float w1, float w2, float fb2, float eps,
+                                                                float bc2_sqrt, float step_size, float wd,
+                                                                int decoupled, float shrink, float *DT__RESTRICT p,
+                                                                const float *DT__RESTRICT g, float *DT__RESTRICT m,
+                                                                float *DT__RESTRICT v, size_t n) {
+  const __m256 vw1 = _mm256_set1_ps(w1), vw2 = _mm256_set1_ps(w2), vb2 = _mm256_set1_ps(fb2);
+  const __m256 veps = _mm256_set1_ps(eps), vbc2 = _mm256_set1_ps(bc2_sqrt), vstep = _mm256_set1_ps(step_size);
+  const __m256 vwd = _mm256_set1_ps(wd), vshrink = _mm256_set1_ps(shrink);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 d = _mm256_loadu_ps(g + i), pv = _mm256_loadu_ps(p + i);
+    __m256 mv = _mm256_loadu_ps(m + i), vv = _mm256_loadu_ps(v + i);
+    if (wd != 0.0f) {
+      if (decoupled) pv = _mm256_mul_ps(pv, vshrink);
+      else d = _mm256_add_ps(d, _mm256_mul_ps(vwd, pv));
+    }
+    mv = _mm256_add_ps(mv, _mm256_mul_ps(vw1, _mm256_sub_ps(d, mv)));
+    vv = _mm256_add_ps(_mm256_mul_ps(vv, vb2), _mm256_mul_ps(_mm256_mul_ps(vw2, d), d));
+    __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), vbc2), veps);
+    pv = _mm256_sub_ps(pv, _mm256_mul_ps(vstep, _mm256_div_ps(mv, denom)));
+    _mm256_storeu_ps(m + i, mv);
+    _mm256_storeu_ps(v + i, vv);
+    _mm256_storeu_ps(p + i, pv);
+  }
+  return i;
+}
+#endif
+
 static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled, float *DT__RESTRICT p,
                            const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
   const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2;
@@ -5147,7 +5860,15 @@ static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled,
   const float fb2 = o->desc.beta2, eps = o->desc.eps;
   /* AdamW: param.mul_(1 - lr * weight_decay) before the Adam step. */
   const float shrink = (float)(1.0 - (double)lr * (double)wd);
-  for (size_t i = 0; i < n; i++) {
+  size_t i = 0;
+#ifdef DT__OPTIM_AVX
+  if (__builtin_cpu_supports("avx"))
+    i = dt__optim_adam_avx(w1, w2, fb2, eps, bc2_sqrt, step_size, wd, decoupled, shrink, p, g, m, v, n);
+#endif
+#ifdef DT__OPTIM_SSE
+  if (i == 0) i = dt__optim_adam_sse(w1, w2, fb2, eps, bc2_sqrt, step_size, wd, decoupled, shrink, p, g, m, v, n);
+#endif
+  for (; i < n; i++) {
     float d = g[i];
     if (wd != 0.0f) {
       if (decoupled) p[i] = p[i] * shrink;
@@ -5281,6 +6002,13 @@ DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
   }
   return o->state[slot];
 }
+
+#ifdef DT__OPTIM_SSE
+#  undef DT__OPTIM_SSE
+#endif
+#ifdef DT__OPTIM_AVX
+#  undef DT__OPTIM_AVX
+#endif
 /* ======== end dt_optim.c ======== */
 
 /* ======== begin dt_nn.c ======== */
@@ -9943,5 +10671,34 @@ DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
 #undef DT__DATA_FM_SYSTEM
 #undef DT__DATA_FM_SHIPPED
 /* ======== end dt_data.c ======== */
+
+/* ======== begin dt_memory.c ======== */
+/* ===========================================================================
+ * dt_memory.c -- dt_memory_stats: bytes of params, gradients, optimizer state
+ * and activations
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+DTRAIN_API dt_result dt_memory_stats(const dt_params *p, const dt_optim *o, const dt_graph *g, dt_memory_info *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_memory_stats: out is NULL");
+  memset(out, 0, sizeof *out);
+  if (o && !p)
+    return dt__error(DTRAIN_ERR_NULL_ARG, "dt_memory_stats: an optimizer needs its params (p is NULL)");
+  if (p) {
+    size_t n = dt_params_size(p);
+    out->params_bytes = n * sizeof(float);
+    out->grads_bytes = n * sizeof(float);
+    if (o) out->optim_bytes = (size_t)dt_optim_state_slots(o) * n * sizeof(float);
+  }
+  if (g) {
+    out->activations_bytes = g->peak;
+    out->arena_bytes = g->reserved;
+    out->tape_bytes = (size_t)g->tape_cap * sizeof(dt_tensor *) + g->pviews_bytes;
+  }
+  out->total_bytes = out->params_bytes + out->grads_bytes + out->optim_bytes + out->arena_bytes + out->tape_bytes;
+  return DTRAIN_OK;
+}
+/* ======== end dt_memory.c ======== */
 
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -22,7 +22,7 @@
 #include <string.h>
 
 typedef struct options {
-  const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg;
+  const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule;
   int epochs, batch, json, quiet;
   int64_t limit; /* train on the first `limit` samples only (0: all) */
   float lr;
@@ -143,7 +143,8 @@ static void usage(void) {
   fprintf(stderr,
           "usage: 02_fashion_mnist [--model mlp|cnn] [--epochs N] [--batch N] [--lr X]\n"
           "         [--optimizer sgd|adam|adamw|rmsprop] [--seed N] [--data DIR]\n"
-          "         [--checkpoint FILE] [--resume FILE] [--csv FILE] [--svg FILE] [--limit N] [--json] [--quiet]\n");
+          "         [--schedule constant|cosine] [--checkpoint FILE] [--resume FILE] [--csv FILE]\n"
+          "         [--svg FILE] [--limit N] [--json] [--quiet]\n");
 }
 
 static int parse(int argc, char **argv, options *o) {
@@ -155,6 +156,7 @@ static int parse(int argc, char **argv, options *o) {
   o->seed = 1;
   o->csv = "build/fashion_mnist.csv";
   o->svg = "build/fashion_mnist.svg";
+  o->schedule = "constant";
   for (int i = 1; i < argc; i++) {
     const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(k, "--json")) { o->json = 1; continue; }
@@ -173,9 +175,14 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(k, "--csv")) o->csv = v;
     else if (!strcmp(k, "--svg")) o->svg = v;
     else if (!strcmp(k, "--limit")) o->limit = atoll(v);
+    else if (!strcmp(k, "--schedule")) o->schedule = v;
     else { fprintf(stderr, "error: unknown option %s\n", k); return 0; }
   }
   if (strcmp(o->model, "mlp") && strcmp(o->model, "cnn")) { fprintf(stderr, "error: --model is mlp or cnn\n"); return 0; }
+  if (strcmp(o->schedule, "constant") && strcmp(o->schedule, "cosine")) {
+    fprintf(stderr, "error: --schedule is constant or cosine\n");
+    return 0;
+  }
   if (o->epochs < 1 || o->batch < 1 || o->lr < 0 || o->limit < 0) {
     fprintf(stderr, "error: --epochs and --batch must be >= 1, --lr and --limit >= 0\n");
     return 0;
@@ -238,12 +245,6 @@ int main(int argc, char **argv) {
 
   a.P = dt_params_create(a.o.seed);
   if ((r = model_init(&a.m, a.P, !strcmp(a.o.model, "cnn"))) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-  dt_optim_desc od;
-  memset(&od, 0, sizeof od);
-  od.kind = kind;
-  od.lr = a.o.lr;                              /* 0: the optimizer's default */
-  if (kind == DTRAIN_OPTIM_SGD) { od.momentum = 0.9f; if (od.lr == 0) od.lr = 0.05f; }
-  a.opt = dt_optim_create(a.P, &od);
   dt_graph_desc gd;
   memset(&gd, 0, sizeof gd);
   gd.seed = a.o.seed;
@@ -256,7 +257,21 @@ int main(int argc, char **argv) {
   ld.batch_size = a.o.batch;
   ld.seed = a.o.seed;
   ld.shuffle = 1;
-  if (!a.opt || !a.g || !a.eval_g || dt_loader_create(&a.loader, a.train, &ld) != DTRAIN_OK) {
+  if (dt_loader_create(&a.loader, a.train, &ld) != DTRAIN_OK) {
+    fprintf(stderr, "error: %s\n", dt_last_error());
+    return 1;
+  }
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  od.kind = kind;
+  od.lr = a.o.lr;                              /* 0: the optimizer's default */
+  if (kind == DTRAIN_OPTIM_SGD) { od.momentum = 0.9f; if (od.lr == 0) od.lr = 0.05f; }
+  if (!strcmp(a.o.schedule, "cosine")) {       /* decay to 0 over the whole run */
+    od.schedule.kind = DTRAIN_SCHED_COSINE;
+    od.schedule.total_steps = (int64_t)a.o.epochs * dt_loader_num_batches(a.loader);
+  }
+  a.opt = dt_optim_create(a.P, &od);
+  if (!a.opt || !a.g || !a.eval_g) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 1;
   }
@@ -278,8 +293,8 @@ int main(int argc, char **argv) {
   fd.title = a.m.cnn ? "Fashion-MNIST CNN" : "Fashion-MNIST MLP";
   fd.checkpoint_path = a.o.checkpoint;
   char config[256];
-  snprintf(config, sizeof config, "{\"model\":\"%s\",\"optimizer\":\"%s\",\"batch\":%d,\"seed\":%llu}", a.o.model,
-           a.o.optimizer, a.o.batch, (unsigned long long)a.o.seed);
+  snprintf(config, sizeof config, "{\"model\":\"%s\",\"optimizer\":\"%s\",\"schedule\":\"%s\",\"batch\":%d,\"seed\":%llu}",
+           a.o.model, a.o.optimizer, a.o.schedule, a.o.batch, (unsigned long long)a.o.seed);
   fd.config = config;
   if (a.o.resume) {
     dt_train_state st;

@@ -3,7 +3,7 @@
  * ===========================================================================
  * C = alpha * op(A) @ op(B) + beta * C, row-major, op(X) = X or X^T.
  *
- * The classic Goto/BLIS structure, in portable C:
+ * The classic Goto/BLIS structure:
  *
  *   for jc in n by NC:                      columns of C and B
  *     for pc in k by KC:                    the shared dimension
@@ -14,40 +14,75 @@
  *
  * Packing copies each block into the order the micro-kernel reads it
  * (contiguous, zero-padded to whole tiles), so the transpose flags and the
- * leading dimensions only matter in the two packing routines. The
- * micro-kernel keeps an MR x NR accumulator tile in a local array that
- * gcc and clang keep in vector registers at -O2; partial tiles at the
- * edges go through a small buffer. The panels are automatic arrays of
- * fixed size (about 200 KiB of stack), so a call allocates nothing and
- * may run on any thread.
+ * leading dimensions only matter in the packing routines. Partial tiles at
+ * the edges run the kernel into a small local tile and copy its valid part
+ * (the AVX2 path has a 4-row kernel for the 4-row edge of 64-row batches).
+ * When A has few rows (at most 2 MC: the batch of a training step) and B is
+ * wider than NC, the loops run pc -> jc instead, so that A is packed once per
+ * k block rather than once per B panel.
+ * The panels are one automatic array of fixed size (240 KiB of stack), so
+ * a call allocates nothing and may run on any thread.
  *
- * Determinism: the blocking depends only on (m, n, k), and every element
- * of C is summed in the same order on every call: over k in KC blocks,
- * each block summed in increasing p.
+ * Kernels ("paths"), picked once per process at run time:
+ *   avx2+fma  x86-64 with GCC or clang: a 6x16 micro-kernel and packing
+ *             routines in intrinsics, compiled for AVX2+FMA with a function
+ *             attribute, so a plain -O2 build uses them on CPUs that have
+ *             them (checked with __builtin_cpu_supports).
+ *   neon      aarch64: an 8x12 micro-kernel in NEON intrinsics.
+ *   portable  plain C that gcc and clang vectorise with whatever the build
+ *             targets (6x8 with SSE, 6x16 with -mavx); the fallback, and the
+ *             only path under DTRAIN_NO_SIMD.
+ * The environment variable DTRAIN_GEMM=portable, or dt_sgemm_use_portable(1),
+ * forces the portable path (tests compare the two).
+ *
+ * Determinism: the path is fixed once chosen, the blocking depends only on
+ * (m, n, k) and the path, and every element of C is summed in the same
+ * order on every call: over k in KC blocks, each block in increasing p.
+ * Different paths round differently (FMA or not), so results agree across
+ * paths only to rounding.
  */
 #include "dt_internal.h"
 #ifdef DTRAIN_USE_CBLAS
 #include <cblas.h>
 #endif
 
-/* Tile and block sizes. MR x NR is the register tile: 12 vector
- * accumulators, whether a vector holds 4 floats (SSE, NEON) or 8 (AVX).
- * A B sliver (KC x NR) should stay in L1 and the packed A block (MC x KC)
- * in L2. */
+#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__GEMM_X86 1
+#  include <immintrin.h>
+#  define DT__GEMM_AVX2 __attribute__((target("avx2,fma")))
+#endif
+#if !defined(DTRAIN_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+#  define DT__GEMM_NEON 1
+#  include <arm_neon.h>
+#endif
+
+/* Path ids. */
+#define DT__GEMM_PORTABLE 0
+#define DT__GEMM_PATH_AVX2 1
+#define DT__GEMM_PATH_NEON 2
+
+/* Portable register tile. MR x NR is 12 vector accumulators, whether a
+ * vector holds 4 floats (SSE, NEON) or 8 (AVX). */
 #define DT__GEMM_MR 6
 #if defined(__AVX__)
 #  define DT__GEMM_NR 16
 #else
 #  define DT__GEMM_NR 8
 #endif
-#define DT__GEMM_KC 256
-#define DT__GEMM_MC 72
-#define DT__GEMM_NC 128
 
-/* Loop hints for the micro-kernel, so that the accumulator tile stays in
- * vector registers. gcc needs the loops over the rows of the tile fully
- * unrolled (DT__GEMM_UNROLL); clang unrolls and vectorises those loops best
- * on its own, but when it also unrolls the loop over k (as it does when
+/* Cache blocking shared by all paths: a B sliver (KC x NR) stays in L1, the
+ * packed A block (MC x KC) and the B panel (KC x NC) in L2. MC is a multiple
+ * of every path's MR (6, 8) and NC of every NR (8, 12, 16). */
+#define DT__GEMM_KC 256
+#define DT__GEMM_MC 48
+#define DT__GEMM_NC 192
+#define DT__GEMM_BUF (DT__GEMM_KC * (DT__GEMM_MC + DT__GEMM_NC)) /* floats */
+#define DT__GEMM_TILE_MAX (8 * 16) /* largest MR x NR of any path */
+
+/* Loop hints for the portable micro-kernel, so that the accumulator tile
+ * stays in vector registers. gcc needs the loops over the rows of the tile
+ * fully unrolled (DT__GEMM_UNROLL); clang unrolls and vectorises those loops
+ * best on its own, but when it also unrolls the loop over k (as it does when
  * tuning for some CPUs, e.g. -march=znver3) the tile falls back to memory
  * and speed drops by 2.5x, hence DT__GEMM_KLOOP. */
 #if defined(__clang__)
@@ -61,67 +96,96 @@
 #  define DT__GEMM_KLOOP
 #endif
 
-#if DT__GEMM_MC % DT__GEMM_MR != 0 || DT__GEMM_NC % DT__GEMM_NR != 0
-#  error "dt_gemm.c: MC must be a multiple of MR and NC of NR"
+#if DT__GEMM_MC % 24 != 0 || DT__GEMM_NC % 48 != 0
+#  error "dt_gemm.c: MC must be a multiple of 6 and 8, NC of 8, 12 and 16"
 #endif
 
-/* Pack rows [i0, i0+mc) x cols [p0, p0+kc) of op(A) into MR-tall slivers:
- * sliver s holds ap[s*MR*kc + p*MR + r] = op(A)[i0 + s*MR + r][p0 + p],
- * zero for rows past mc. op(A)[i][p] is a[i*lda + p], or a[p*lda + i]
- * when transposed. */
-static void dt__gemm_pack_a(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
-                            int64_t kc, float *DT__RESTRICT ap) {
-  for (int64_t s = 0; s < mc; s += DT__GEMM_MR) {
-    int64_t rows = DT__MIN(DT__GEMM_MR, mc - s);
+/* One path: its tile, micro-kernel and packing routines.
+ *   kernel   C[r][j] = alpha * sum_p ap[p*mr + r] * bp[p*nr + j] + beta * C[r][j]
+ *            over a whole mr x nr tile; C is not read when beta == 0.
+ *   pack_a   rows [i0, i0+mc) x cols [p0, p0+kc) of op(A) into mr-tall
+ *            slivers: ap[s*mr*kc + p*mr + r] = op(A)[i0+s*mr+r][p0+p], zero
+ *            past mc.
+ *   pack_b   rows [p0, p0+kc) x cols [j0, j0+nc) of op(B) into nr-wide
+ *            slivers: bp[s*nr*kc + p*nr + j] = op(B)[p0+p][j0+s*nr+j], zero
+ *            past nc. */
+typedef void (*dt__gemm_kernel_fn)(int64_t kc, const float *ap, const float *bp, float alpha, float beta, float *c,
+                                   int64_t ldc);
+typedef void (*dt__gemm_pack_fn)(int trans, const float *x, int64_t ld, int64_t r0, int64_t c0, int64_t rows,
+                                 int64_t cols, float *dst);
+typedef struct dt__gemm_path {
+  int mr, nr;
+  dt__gemm_kernel_fn kernel;
+  dt__gemm_kernel_fn kernel4; /* the first 4 rows of a tile into C, or NULL */
+  dt__gemm_pack_fn pack_a, pack_b;
+  const char *name;
+} dt__gemm_path;
+
+/* ---- portable packing and kernel ------------------------------------------------------ */
+
+/* Generic packing for an mr-tall A sliver layout. op(A)[i][p] is a[i*lda + p],
+ * or a[p*lda + i] when transposed. */
+static void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
+                              int64_t kc, float *DT__RESTRICT ap) {
+  for (int64_t s = 0; s < mc; s += mr) {
+    int64_t rows = DT__MIN(mr, mc - s);
     if (!trans) {
       for (int64_t r = 0; r < rows; r++) {
         const float *src = a + (i0 + s + r) * lda + p0;
-        for (int64_t p = 0; p < kc; p++) ap[p * DT__GEMM_MR + r] = src[p];
+        for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = src[p];
       }
     } else {
       for (int64_t p = 0; p < kc; p++) {
         const float *src = a + (p0 + p) * lda + i0 + s;
-        for (int64_t r = 0; r < rows; r++) ap[p * DT__GEMM_MR + r] = src[r];
+        for (int64_t r = 0; r < rows; r++) ap[p * mr + r] = src[r];
       }
     }
-    for (int64_t r = rows; r < DT__GEMM_MR; r++)
-      for (int64_t p = 0; p < kc; p++) ap[p * DT__GEMM_MR + r] = 0.0f;
-    ap += DT__GEMM_MR * kc;
+    for (int64_t r = rows; r < mr; r++)
+      for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = 0.0f;
+    ap += mr * kc;
   }
 }
 
-/* Pack rows [p0, p0+kc) x cols [j0, j0+nc) of op(B) into NR-wide slivers:
- * bp[s*NR*kc + p*NR + j] = op(B)[p0 + p][j0 + s*NR + j], zero past nc.
- * op(B)[p][j] is b[p*ldb + j], or b[j*ldb + p] when transposed. */
-static void dt__gemm_pack_b(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
-                            int64_t nc, float *DT__RESTRICT bp) {
-  for (int64_t s = 0; s < nc; s += DT__GEMM_NR) {
-    int64_t cols = DT__MIN(DT__GEMM_NR, nc - s);
+/* Generic packing for an nr-wide B sliver layout. op(B)[p][j] is
+ * b[p*ldb + j], or b[j*ldb + p] when transposed. */
+static void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                              int64_t nc, float *DT__RESTRICT bp) {
+  for (int64_t s = 0; s < nc; s += nr) {
+    int64_t cols = DT__MIN(nr, nc - s);
     if (!trans) {
       for (int64_t p = 0; p < kc; p++) {
         const float *src = b + (p0 + p) * ldb + j0 + s;
-        float *dst = bp + p * DT__GEMM_NR;
+        float *dst = bp + p * nr;
         int64_t j = 0;
         for (; j < cols; j++) dst[j] = src[j];
-        for (; j < DT__GEMM_NR; j++) dst[j] = 0.0f;
+        for (; j < nr; j++) dst[j] = 0.0f;
       }
     } else {
       for (int64_t j = 0; j < cols; j++) {
         const float *src = b + (j0 + s + j) * ldb + p0;
-        for (int64_t p = 0; p < kc; p++) bp[p * DT__GEMM_NR + j] = src[p];
+        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = src[p];
       }
-      for (int64_t j = cols; j < DT__GEMM_NR; j++)
-        for (int64_t p = 0; p < kc; p++) bp[p * DT__GEMM_NR + j] = 0.0f;
+      for (int64_t j = cols; j < nr; j++)
+        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = 0.0f;
     }
-    bp += DT__GEMM_NR * kc;
+    bp += nr * kc;
   }
 }
 
-/* The micro-kernel: one MR x NR tile.
- *   C[r][j] = alpha * sum_p ap[p*MR + r] * bp[p*NR + j]  + beta * C[r][j]
- * C is not read when beta == 0. Accumulates in increasing p. */
-static void dt__gemm_micro(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
-                           float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
+static void dt__gemm_pack_a_c(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc, int64_t kc,
+                              float *ap) {
+  dt__gemm_pack_a_n(DT__GEMM_MR, trans, a, lda, i0, p0, mc, kc, ap);
+}
+
+static void dt__gemm_pack_b_c(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc, int64_t nc,
+                              float *bp) {
+  dt__gemm_pack_b_n(DT__GEMM_NR, trans, b, ldb, p0, j0, kc, nc, bp);
+}
+
+/* The portable micro-kernel: the accumulator tile is a local array that
+ * gcc and clang keep in vector registers. Accumulates in increasing p. */
+static void dt__gemm_micro_c(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp, float alpha,
+                             float beta, float *DT__RESTRICT c, int64_t ldc) {
   float acc[DT__GEMM_MR][DT__GEMM_NR];
   DT__GEMM_UNROLL
   for (int r = 0; r < DT__GEMM_MR; r++)
@@ -151,23 +215,311 @@ static void dt__gemm_micro(int64_t kc, const float *DT__RESTRICT ap, const float
   }
 }
 
-/* A partial tile (mr < MR or nr < NR): run the kernel into a local tile,
- * then apply it to the valid mr x nr corner of C with the same arithmetic. */
-static void dt__gemm_micro_edge(int64_t kc, const float *ap, const float *bp, float alpha, float beta, float *c,
-                                int64_t ldc, int64_t mr, int64_t nr) {
-  float t[DT__GEMM_MR * DT__GEMM_NR];
-  dt__gemm_micro(kc, ap, bp, 1.0f, 0.0f, t, DT__GEMM_NR);
-  for (int64_t r = 0; r < mr; r++) {
+/* ---- AVX2 + FMA (x86-64, chosen at run time) --------------------------------------------
+ * A 6x16 tile: 12 ymm accumulators, two B vectors and one broadcast A value
+ * per k step (12 FMAs for 2 loads and 6 broadcasts). */
+#ifdef DT__GEMM_X86
+
+#define DT__AVX_FMA2(r)                                          \
+  do {                                                           \
+    __m256 a_ = _mm256_broadcast_ss(ap + (r));                   \
+    c##r##0 = _mm256_fmadd_ps(a_, b0, c##r##0);                  \
+    c##r##1 = _mm256_fmadd_ps(a_, b1, c##r##1);                  \
+  } while (0)
+
+/* One row of the tile: c[r] = alpha*acc (+ beta*c[r]). */
+#define DT__AVX_STORE(r)                                                                            \
+  do {                                                                                              \
+    float *cr_ = c + (r) * ldc;                                                                     \
+    if (beta == 0.0f) {                                                                             \
+      _mm256_storeu_ps(cr_, _mm256_mul_ps(va, c##r##0));                                            \
+      _mm256_storeu_ps(cr_ + 8, _mm256_mul_ps(va, c##r##1));                                        \
+    } else if (beta == 1.0f) {                                                                      \
+      _mm256_storeu_ps(cr_, _mm256_fmadd_ps(va, c##r##0, _mm256_loadu_ps(cr_)));                    \
+      _mm256_storeu_ps(cr_ + 8, _mm256_fmadd_ps(va, c##r##1, _mm256_loadu_ps(cr_ + 8)));            \
+    } else {                                                                                        \
+      _mm256_storeu_ps(cr_, _mm256_fmadd_ps(va, c##r##0, _mm256_mul_ps(vb, _mm256_loadu_ps(cr_)))); \
+      _mm256_storeu_ps(cr_ + 8,                                                                     \
+                       _mm256_fmadd_ps(va, c##r##1, _mm256_mul_ps(vb, _mm256_loadu_ps(cr_ + 8))));  \
+    }                                                                                               \
+  } while (0)
+
+DT__GEMM_AVX2 static void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                              float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
+  __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps();
+  __m256 c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int r = 0; r < 6; r++) { /* C is needed at the end: start fetching it now */
+    _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char *)(c + r * ldc + 15), _MM_HINT_T0);
+  }
+  for (int64_t p = 0; p < kc; p++) {
+    __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    DT__AVX_FMA2(0);
+    DT__AVX_FMA2(1);
+    DT__AVX_FMA2(2);
+    DT__AVX_FMA2(3);
+    DT__AVX_FMA2(4);
+    DT__AVX_FMA2(5);
+    ap += 6;
+    bp += 16;
+  }
+  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  DT__AVX_STORE(0);
+  DT__AVX_STORE(1);
+  DT__AVX_STORE(2);
+  DT__AVX_STORE(3);
+  DT__AVX_STORE(4);
+  DT__AVX_STORE(5);
+}
+
+/* The first 4 rows of a 6x16 tile (the slivers stay 6 tall): the edge tile
+ * of the 64-row batches of training steps (64 = 10 x 6 + 4), written
+ * straight to C like a full tile, with the same arithmetic per element. */
+DT__GEMM_AVX2 static void dt__gemm_micro4_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                               float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
+  __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+  for (int64_t p = 0; p < kc; p++) {
+    __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    DT__AVX_FMA2(0);
+    DT__AVX_FMA2(1);
+    DT__AVX_FMA2(2);
+    DT__AVX_FMA2(3);
+    ap += 6;
+    bp += 16;
+  }
+  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  DT__AVX_STORE(0);
+  DT__AVX_STORE(1);
+  DT__AVX_STORE(2);
+  DT__AVX_STORE(3);
+}
+
+/* In-register transpose of 8 rows of 8: on return r[p] holds column p. */
+#define DT__AVX_T8(r)                                                                          \
+  do {                                                                                         \
+    __m256 t0_ = _mm256_unpacklo_ps(r[0], r[1]), t1_ = _mm256_unpackhi_ps(r[0], r[1]);         \
+    __m256 t2_ = _mm256_unpacklo_ps(r[2], r[3]), t3_ = _mm256_unpackhi_ps(r[2], r[3]);         \
+    __m256 t4_ = _mm256_unpacklo_ps(r[4], r[5]), t5_ = _mm256_unpackhi_ps(r[4], r[5]);         \
+    __m256 t6_ = _mm256_unpacklo_ps(r[6], r[7]), t7_ = _mm256_unpackhi_ps(r[6], r[7]);         \
+    __m256 u0_ = _mm256_shuffle_ps(t0_, t2_, 0x44), u1_ = _mm256_shuffle_ps(t0_, t2_, 0xEE);   \
+    __m256 u2_ = _mm256_shuffle_ps(t1_, t3_, 0x44), u3_ = _mm256_shuffle_ps(t1_, t3_, 0xEE);   \
+    __m256 u4_ = _mm256_shuffle_ps(t4_, t6_, 0x44), u5_ = _mm256_shuffle_ps(t4_, t6_, 0xEE);   \
+    __m256 u6_ = _mm256_shuffle_ps(t5_, t7_, 0x44), u7_ = _mm256_shuffle_ps(t5_, t7_, 0xEE);   \
+    r[0] = _mm256_permute2f128_ps(u0_, u4_, 0x20);                                             \
+    r[1] = _mm256_permute2f128_ps(u1_, u5_, 0x20);                                             \
+    r[2] = _mm256_permute2f128_ps(u2_, u6_, 0x20);                                             \
+    r[3] = _mm256_permute2f128_ps(u3_, u7_, 0x20);                                             \
+    r[4] = _mm256_permute2f128_ps(u0_, u4_, 0x31);                                             \
+    r[5] = _mm256_permute2f128_ps(u1_, u5_, 0x31);                                             \
+    r[6] = _mm256_permute2f128_ps(u2_, u6_, 0x31);                                             \
+    r[7] = _mm256_permute2f128_ps(u3_, u7_, 0x31);                                             \
+  } while (0)
+
+/* 6-tall A slivers. Untransposed A: 8 columns of 6 rows at a time through an
+ * 8x8 transpose; each 6-float column is stored with an 8-float store whose
+ * 2 extra zeros the next store overwrites (the panel has slack for the last). */
+DT__GEMM_AVX2 static void dt__gemm_pack_a_avx2(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
+                                               int64_t mc, int64_t kc, float *ap) {
+  int64_t full = mc - mc % 6;
+  if (!trans) {
+    for (int64_t s = 0; s < full; s += 6, ap += 6 * kc) {
+      const float *src = a + (i0 + s) * lda + p0;
+      int64_t p = 0;
+      for (; p + 8 <= kc; p += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 6; i++) r[i] = _mm256_loadu_ps(src + i * lda + p);
+        r[6] = r[7] = _mm256_setzero_ps();
+        DT__AVX_T8(r);
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(ap + (p + i) * 6, r[i]);
+      }
+      for (; p < kc; p++)
+        for (int i = 0; i < 6; i++) ap[p * 6 + i] = src[i * lda + p];
+    }
+  } else {
+    for (int64_t s = 0; s < full; s += 6, ap += 6 * kc) {
+      const float *src = a + p0 * lda + i0 + s;
+      for (int64_t p = 0; p < kc; p++) {
+        const float *x = src + p * lda;
+        float *d = ap + p * 6;
+        _mm_storeu_ps(d, _mm_loadu_ps(x));
+        d[4] = x[4];
+        d[5] = x[5];
+      }
+    }
+  }
+  if (full < mc) dt__gemm_pack_a_n(6, trans, a, lda, i0 + full, p0, mc - full, kc, ap);
+}
+
+/* 16-wide B slivers. Transposed B (rows of op(B)^T contiguous in p): two
+ * 8x8 transposes per 8 values of p. */
+DT__GEMM_AVX2 static void dt__gemm_pack_b_avx2(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
+                                               int64_t kc, int64_t nc, float *bp) {
+  int64_t full = nc - nc % 16;
+  if (!trans) {
+    for (int64_t s = 0; s < full; s += 16, bp += 16 * kc) {
+      const float *src = b + p0 * ldb + j0 + s;
+      for (int64_t p = 0; p < kc; p++) {
+        _mm256_storeu_ps(bp + p * 16, _mm256_loadu_ps(src + p * ldb));
+        _mm256_storeu_ps(bp + p * 16 + 8, _mm256_loadu_ps(src + p * ldb + 8));
+      }
+    }
+  } else {
+    for (int64_t s = 0; s < full; s += 16, bp += 16 * kc) {
+      const float *src = b + (j0 + s) * ldb + p0;
+      int64_t p = 0;
+      for (; p + 8 <= kc; p += 8) {
+        for (int h = 0; h < 2; h++) {
+          __m256 r[8];
+          for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (8 * h + i) * ldb + p);
+          DT__AVX_T8(r);
+          for (int i = 0; i < 8; i++) _mm256_storeu_ps(bp + (p + i) * 16 + 8 * h, r[i]);
+        }
+      }
+      for (; p < kc; p++)
+        for (int j = 0; j < 16; j++) bp[p * 16 + j] = src[j * ldb + p];
+    }
+  }
+  if (full < nc) dt__gemm_pack_b_n(16, trans, b, ldb, p0, j0 + full, kc, nc - full, bp);
+}
+
+#undef DT__AVX_T8
+#undef DT__AVX_FMA2
+#undef DT__AVX_STORE
+
+/* 1 when the CPU (and OS) support AVX2 and FMA. */
+static int dt__gemm_x86_has_avx2(void) {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif /* DT__GEMM_X86 */
+
+/* ---- NEON (aarch64) ----------------------------------------------------------------------
+ * An 8x12 tile: 24 q-register accumulators, three B vectors and two A
+ * vectors per k step, lane FMAs. */
+#ifdef DT__GEMM_NEON
+static void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp, float alpha,
+                                float beta, float *DT__RESTRICT c, int64_t ldc) {
+  float32x4_t acc[8][3];
+  for (int r = 0; r < 8; r++)
+    for (int j = 0; j < 3; j++) acc[r][j] = vdupq_n_f32(0.0f);
+  for (int64_t p = 0; p < kc; p++) {
+    float32x4_t a0 = vld1q_f32(ap), a1 = vld1q_f32(ap + 4);
+    float32x4_t b0 = vld1q_f32(bp), b1 = vld1q_f32(bp + 4), b2 = vld1q_f32(bp + 8);
+#define DT__NEON_ROW(r, av, lane)                         \
+  acc[r][0] = vfmaq_laneq_f32(acc[r][0], b0, av, lane); \
+  acc[r][1] = vfmaq_laneq_f32(acc[r][1], b1, av, lane); \
+  acc[r][2] = vfmaq_laneq_f32(acc[r][2], b2, av, lane)
+    DT__NEON_ROW(0, a0, 0);
+    DT__NEON_ROW(1, a0, 1);
+    DT__NEON_ROW(2, a0, 2);
+    DT__NEON_ROW(3, a0, 3);
+    DT__NEON_ROW(4, a1, 0);
+    DT__NEON_ROW(5, a1, 1);
+    DT__NEON_ROW(6, a1, 2);
+    DT__NEON_ROW(7, a1, 3);
+#undef DT__NEON_ROW
+    ap += 8;
+    bp += 12;
+  }
+  float32x4_t va = vdupq_n_f32(alpha), vb = vdupq_n_f32(beta);
+  for (int r = 0; r < 8; r++) {
     float *cr = c + r * ldc;
-    const float *tr = t + r * DT__GEMM_NR;
-    if (beta == 0.0f)
-      for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j];
-    else if (beta == 1.0f)
-      for (int64_t j = 0; j < nr; j++) cr[j] += alpha * tr[j];
-    else
-      for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j] + beta * cr[j];
+    for (int j = 0; j < 3; j++) {
+      float32x4_t v = vmulq_f32(va, acc[r][j]);
+      if (beta == 1.0f) v = vaddq_f32(v, vld1q_f32(cr + 4 * j));
+      else if (beta != 0.0f) v = vfmaq_f32(v, vb, vld1q_f32(cr + 4 * j));
+      vst1q_f32(cr + 4 * j, v);
+    }
   }
 }
+
+static void dt__gemm_pack_a_neon(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
+                                 int64_t kc, float *ap) {
+  dt__gemm_pack_a_n(8, trans, a, lda, i0, p0, mc, kc, ap);
+}
+
+static void dt__gemm_pack_b_neon(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                                 int64_t nc, float *bp) {
+  dt__gemm_pack_b_n(12, trans, b, ldb, p0, j0, kc, nc, bp);
+}
+#endif /* DT__GEMM_NEON */
+
+/* ---- path selection ----------------------------------------------------------------------- */
+
+static const dt__gemm_path dt__gemm_paths[3] = {
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
+#ifdef DT__GEMM_X86
+    {6, 16, dt__gemm_micro_avx2, dt__gemm_micro4_avx2, dt__gemm_pack_a_avx2, dt__gemm_pack_b_avx2, "avx2+fma"},
+#else
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
+#endif
+#ifdef DT__GEMM_NEON
+    {8, 12, dt__gemm_micro_neon, NULL, dt__gemm_pack_a_neon, dt__gemm_pack_b_neon, "neon"},
+#else
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
+#endif
+};
+
+/* The best path this build and CPU have (ignoring any override). */
+static int dt__gemm_best_path(void) {
+#if defined(DT__GEMM_X86)
+  return dt__gemm_x86_has_avx2() ? DT__GEMM_PATH_AVX2 : DT__GEMM_PORTABLE;
+#elif defined(DT__GEMM_NEON)
+  return DT__GEMM_PATH_NEON;
+#else
+  return DT__GEMM_PORTABLE;
+#endif
+}
+
+/* The chosen path, +1 (0: not chosen yet), and the override (-1: none yet
+ * read, 0: best, 1: portable). Each is a plain int written with the same
+ * value by whichever thread gets there first, through atomic builtins where
+ * the compiler has them so that concurrent first calls are race-free. */
+static int dt__gemm_chosen = 0;
+static int dt__gemm_override = -1;
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define DT__GEMM_LOAD(v) __atomic_load_n(&(v), __ATOMIC_ACQUIRE)
+#  define DT__GEMM_STORE(v, x) __atomic_store_n(&(v), (x), __ATOMIC_RELEASE)
+#else
+#  define DT__GEMM_LOAD(v) (v)
+#  define DT__GEMM_STORE(v, x) ((v) = (x))
+#endif
+
+static int dt__gemm_path_id(void) {
+  int c = DT__GEMM_LOAD(dt__gemm_chosen);
+  if (c > 0) return c - 1;
+  int ov = DT__GEMM_LOAD(dt__gemm_override);
+  if (ov < 0) {
+    const char *e = getenv("DTRAIN_GEMM");
+    ov = (e && strcmp(e, "portable") == 0) ? 1 : 0;
+    DT__GEMM_STORE(dt__gemm_override, ov);
+  }
+  c = ov ? DT__GEMM_PORTABLE : dt__gemm_best_path();
+  DT__GEMM_STORE(dt__gemm_chosen, c + 1);
+  return c;
+}
+
+DTRAIN_API int dt_sgemm_use_portable(int on) {
+  (void)dt__gemm_path_id(); /* reads DTRAIN_GEMM once */
+  int prev = DT__GEMM_LOAD(dt__gemm_override);
+  DT__GEMM_STORE(dt__gemm_override, on ? 1 : 0);
+  DT__GEMM_STORE(dt__gemm_chosen, 0);
+  return prev;
+}
+
+DTRAIN_API const char *dt_sgemm_kernel(void) {
+#ifdef DTRAIN_USE_CBLAS
+  return "cblas";
+#else
+  return dt__gemm_paths[dt__gemm_path_id()].name;
+#endif
+}
+
+/* ---- driver ------------------------------------------------------------------------------- */
 
 /* C = beta * C over m x n (C not read when beta == 0): the k == 0 or
  * alpha == 0 case, where op(A) @ op(B) contributes nothing. */
@@ -178,6 +530,47 @@ static void dt__gemm_scale(int64_t m, int64_t n, float beta, float *c, int64_t l
       for (int64_t j = 0; j < n; j++) ci[j] = 0.0f;
     else if (beta != 1.0f)
       for (int64_t j = 0; j < n; j++) ci[j] *= beta;
+  }
+}
+
+/* A partial tile (mr < MR or nr < NR): run the kernel into a local tile,
+ * then apply it to the valid mr x nr corner of C. */
+static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, const float *bp, float alpha,
+                          float beta, float *c, int64_t ldc, int64_t mr, int64_t nr) {
+  float t[DT__GEMM_TILE_MAX];
+  pa->kernel(kc, ap, bp, 1.0f, 0.0f, t, pa->nr);
+  for (int64_t r = 0; r < mr; r++) {
+    float *cr = c + r * ldc;
+    const float *tr = t + r * pa->nr;
+    if (beta == 0.0f)
+      for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j];
+    else if (beta == 1.0f)
+      for (int64_t j = 0; j < nr; j++) cr[j] += alpha * tr[j];
+    else
+      for (int64_t j = 0; j < nr; j++) cr[j] = alpha * tr[j] + beta * cr[j];
+  }
+}
+
+/* One packed A block (mc x kc) times one packed B panel (kc x nc) into C:
+ * the loops over the tiles, B slivers outside (one stays in L1 while the
+ * A slivers stream past it). */
+static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int64_t kc, float alpha, const float *ap,
+                           const float *bp, float beta, float *c, int64_t ldc) {
+  const int64_t MR = pa->mr, NR = pa->nr;
+  for (int64_t jr = 0; jr < nc; jr += NR) {
+    int64_t nr = DT__MIN(NR, nc - jr);
+    const float *bs = bp + jr * kc;
+    for (int64_t ir = 0; ir < mc; ir += MR) {
+      int64_t mr = DT__MIN(MR, mc - ir);
+      const float *as = ap + ir * kc;
+      float *cs = c + ir * ldc + jr;
+      if (mr == MR && nr == NR)
+        pa->kernel(kc, as, bs, alpha, beta, cs, ldc);
+      else if (mr == 4 && nr == NR && pa->kernel4)
+        pa->kernel4(kc, as, bs, alpha, beta, cs, ldc);
+      else
+        dt__gemm_edge(pa, kc, as, bs, alpha, beta, cs, ldc, mr, nr);
+    }
   }
 }
 
@@ -202,34 +595,48 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
     dt__gemm_scale(m, n, beta, c, ldc);
     return;
   }
-  /* The packed panels, on the stack, aligned by hand to 64 bytes. */
-  float abuf[DT__GEMM_MC * DT__GEMM_KC + 16];
-  float bbuf[DT__GEMM_KC * DT__GEMM_NC + 16];
-  float *ap = abuf + ((16 - ((uintptr_t)abuf / sizeof(float)) % 16) % 16);
-  float *bp = bbuf + ((16 - ((uintptr_t)bbuf / sizeof(float)) % 16) % 16);
+  const dt__gemm_path *pa = &dt__gemm_paths[dt__gemm_path_id()];
+  const int64_t MR = pa->mr, NR = pa->nr;
+  /* The packed panels share one buffer on the stack, aligned by hand to
+   * 64 bytes: an A block of MC x KC and a B panel of KC x NC, or, when A
+   * has few rows (up to 2 MC) and B is wider than NC, all of A's rows and
+   * a B panel as wide as the rest allows (A is then packed once per k
+   * block instead of once per B panel). */
+  float buf[DT__GEMM_BUF + 48]; /* + alignment, and slack after A (see pack_a) */
+  float *ap = buf + ((16 - ((uintptr_t)buf / sizeof(float)) % 16) % 16);
+  int64_t mcb = DT__GEMM_MC, ncb = DT__GEMM_NC;
+  int few_rows = n > DT__GEMM_NC && m <= 2 * DT__GEMM_MC;
+  if (few_rows) {
+    mcb = (m + MR - 1) / MR * MR;
+    ncb = (DT__GEMM_BUF - mcb * DT__GEMM_KC) / DT__GEMM_KC / NR * NR;
+  }
+  float *bp = ap + mcb * DT__GEMM_KC + 16;
 
-  for (int64_t jc = 0; jc < n; jc += DT__GEMM_NC) {
-    int64_t nc = DT__MIN(DT__GEMM_NC, n - jc);
+  /* The order of the loops does not change any result: every element of C
+   * is summed over the same k blocks in the same order. */
+  if (few_rows) { /* pack A once per k block, then B panels in turn */
+    for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
+      int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
+      float beta_blk = pc == 0 ? beta : 1.0f;
+      pa->pack_a(trans_a, a, lda, 0, pc, m, kc, ap);
+      for (int64_t jc = 0; jc < n; jc += ncb) {
+        int64_t nc = DT__MIN(ncb, n - jc);
+        pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
+        dt__gemm_macro(pa, m, nc, kc, alpha, ap, bp, beta_blk, c + jc, ldc);
+      }
+    }
+    return;
+  }
+  for (int64_t jc = 0; jc < n; jc += ncb) {
+    int64_t nc = DT__MIN(ncb, n - jc);
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
       float beta_blk = pc == 0 ? beta : 1.0f; /* later k blocks add to C */
-      dt__gemm_pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
-      for (int64_t ic = 0; ic < m; ic += DT__GEMM_MC) {
-        int64_t mc = DT__MIN(DT__GEMM_MC, m - ic);
-        dt__gemm_pack_a(trans_a, a, lda, ic, pc, mc, kc, ap);
-        for (int64_t jr = 0; jr < nc; jr += DT__GEMM_NR) {
-          int64_t nr = DT__MIN(DT__GEMM_NR, nc - jr);
-          const float *bs = bp + jr * kc;
-          for (int64_t ir = 0; ir < mc; ir += DT__GEMM_MR) {
-            int64_t mr = DT__MIN(DT__GEMM_MR, mc - ir);
-            const float *as = ap + ir * kc;
-            float *cs = c + (ic + ir) * ldc + jc + jr;
-            if (mr == DT__GEMM_MR && nr == DT__GEMM_NR)
-              dt__gemm_micro(kc, as, bs, alpha, beta_blk, cs, ldc);
-            else
-              dt__gemm_micro_edge(kc, as, bs, alpha, beta_blk, cs, ldc, mr, nr);
-          }
-        }
+      pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
+      for (int64_t ic = 0; ic < m; ic += mcb) {
+        int64_t mc = DT__MIN(mcb, m - ic);
+        pa->pack_a(trans_a, a, lda, ic, pc, mc, kc, ap);
+        dt__gemm_macro(pa, mc, nc, kc, alpha, ap, bp, beta_blk, c + ic * ldc + jc, ldc);
       }
     }
   }
@@ -240,5 +647,19 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
 #undef DT__GEMM_KC
 #undef DT__GEMM_MC
 #undef DT__GEMM_NC
+#undef DT__GEMM_TILE_MAX
+#undef DT__GEMM_BUF
 #undef DT__GEMM_UNROLL
 #undef DT__GEMM_KLOOP
+#undef DT__GEMM_PORTABLE
+#undef DT__GEMM_PATH_AVX2
+#undef DT__GEMM_PATH_NEON
+#undef DT__GEMM_LOAD
+#undef DT__GEMM_STORE
+#ifdef DT__GEMM_X86
+#  undef DT__GEMM_X86
+#  undef DT__GEMM_AVX2
+#endif
+#ifdef DT__GEMM_NEON
+#  undef DT__GEMM_NEON
+#endif

@@ -23,6 +23,7 @@
 #include "dt_io.h"
 #include "dt_fit.h"
 #include "dt_data.h"
+#include "dt_memory.h"
 
 #include <float.h>
 #include <limits.h>

@@ -114,6 +114,15 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                          float beta, float *c, int64_t ldc);
+/* The micro-kernel dt_sgemm runs on this CPU: "avx2+fma" (x86-64, picked at
+ * run time), "neon" (aarch64), "portable" (plain C; always under
+ * DTRAIN_NO_SIMD), or "cblas" (DTRAIN_USE_CBLAS). */
+DTRAIN_API const char *dt_sgemm_kernel(void);
+/* on = 1 forces the portable C kernel, 0 returns to the best one (the
+ * environment variable DTRAIN_GEMM=portable sets 1 at start). Returns the
+ * previous setting. For tests and benchmarks: call it while no other thread
+ * runs dt_sgemm. The kernels agree to rounding, not bit for bit. */
+DTRAIN_API int dt_sgemm_use_portable(int on);
 
 DTRAIN_EXTERN_C_END
 

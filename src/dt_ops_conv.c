@@ -13,6 +13,10 @@
  * A 1x1 kernel with stride 1, padding 0 and nb == 1 uses x itself as col.
  */
 #include "dt_internal.h"
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
+#  define DT__CONV_SSE 1
+#  include <emmintrin.h>
+#endif
 
 #define DT__CONV_COLS 512          /* aim for at least this many GEMM columns */
 #define DT__CONV_CAP (1 << 21)     /* floats per scratch buffer when grouping */
@@ -60,51 +64,113 @@ static void dt__conv_range(const dt__conv_geom *q, int64_t kj, int64_t *lo, int6
   *hi = h;
 }
 
+/* Output rows oh in [lo,hi) read input row oh*s - p + ki inside [0, h). */
+static void dt__conv_rows(const dt__conv_geom *q, int64_t ki, int64_t *lo, int64_t *hi) {
+  int64_t a = q->p - ki, b = q->h - 1 + q->p - ki;
+  int64_t l = a > 0 ? (a + q->s - 1) / q->s : 0;
+  int64_t h = b >= 0 ? b / q->s + 1 : 0;
+  if (h > q->ho) h = q->ho;
+  if (l > h) l = h;
+  *lo = l;
+  *hi = h;
+}
+
+/* Zero n floats; n is usually tiny (the padding width), where a loop that
+ * the compiler turns into a memset call costs more than the stores. */
+static void dt__conv_zero_short(float *d, int64_t n) {
+  if (n > 4) {
+    memset(d, 0, (size_t)n * sizeof(float));
+    return;
+  }
+  if (n > 0) d[0] = 0.0f;
+  if (n > 1) d[1] = 0.0f;
+  if (n > 2) d[2] = 0.0f;
+  if (n > 3) d[3] = 0.0f;
+}
+
+/* dst[i] += src[i], 4 floats at a time (rows of a few dozen floats). */
+static void dt__conv_addto(float *DT__RESTRICT dst, const float *DT__RESTRICT src, int64_t n) {
+  int64_t i = 0;
+#ifdef DT__CONV_SSE
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_add_ps(_mm_loadu_ps(dst + i), _mm_loadu_ps(src + i)));
+#endif
+  for (; i < n; i++) dst[i] += src[i];
+}
+
 /* Column matrix of one image x [C,H,W]: row (c,ki,kj), column oh*Wo+ow holds
- * x[c, oh*s-p+ki, ow*s-p+kj] (0 in the padding); rows are ld floats apart. */
+ * x[c, oh*s-p+ki, ow*s-p+kj] (0 in the padding); rows are ld floats apart.
+ * Rows of the output that fall in the padding are zeroed in one go. With
+ * stride 1 and Wo == W (a "same" convolution) the valid part of a column row
+ * is one contiguous span of x: it is copied with one memcpy and the few
+ * entries that wrapped around from the neighbouring input rows are zeroed,
+ * instead of one short copy per output row. */
 static void dt__conv_im2col(const dt__conv_geom *q, const float *x, float *col, int64_t ld) {
-  int64_t r = 0;
+  int64_t r = 0, wo = q->wo, span = q->s == 1 && q->wo == q->w;
   for (int64_t c = 0; c < q->c; c++) {
     for (int64_t ki = 0; ki < q->kh; ki++) {
+      int64_t rlo, rhi;
+      dt__conv_rows(q, ki, &rlo, &rhi);
       for (int64_t kj = 0; kj < q->kw; kj++, r++) {
         float *row = col + r * ld;
-        int64_t lo, hi;
+        int64_t lo, hi, off = kj - q->p;
         dt__conv_range(q, kj, &lo, &hi);
-        for (int64_t oh = 0; oh < q->ho; oh++) {
-          float *dst = row + oh * q->wo;
-          int64_t ih = oh * q->s - q->p + ki;
-          if (ih < 0 || ih >= q->h || lo == hi) {
-            memset(dst, 0, (size_t)q->wo * sizeof(float));
-            continue;
-          }
-          const float *src = x + (c * q->h + ih) * q->w;
-          int64_t off = kj - q->p;
+        if (lo == hi || rlo == rhi) {
+          memset(row, 0, (size_t)(q->ho * wo) * sizeof(float));
+          continue;
+        }
+        if (rlo > 0) memset(row, 0, (size_t)(rlo * wo) * sizeof(float));
+        if (rhi < q->ho) memset(row + rhi * wo, 0, (size_t)((q->ho - rhi) * wo) * sizeof(float));
+        const float *plane = x + c * q->h * q->w;
+        if (span) {
+          const float *src = plane + (rlo - q->p + ki) * q->w + lo + off;
+          memcpy(row + rlo * wo + lo, src, (size_t)((rhi - rlo - 1) * wo + hi - lo) * sizeof(float));
+          /* The gap between two rows' valid parts is contiguous: [hi, wo) of
+           * one row and [0, lo) of the next, |off| floats. */
+          dt__conv_zero_short(row + rlo * wo, lo);
+          for (int64_t oh = rlo; oh < rhi; oh++)
+            dt__conv_zero_short(row + oh * wo + hi, wo - hi + (oh + 1 < rhi ? lo : 0));
+          continue;
+        }
+        for (int64_t oh = rlo; oh < rhi; oh++) {
+          float *dst = row + oh * wo;
+          const float *src = plane + (oh * q->s - q->p + ki) * q->w;
           for (int64_t ow = 0; ow < lo; ow++) dst[ow] = 0.0f;
           if (q->s == 1) memcpy(dst + lo, src + lo + off, (size_t)(hi - lo) * sizeof(float));
           else for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow * q->s + off];
-          for (int64_t ow = hi; ow < q->wo; ow++) dst[ow] = 0.0f;
+          for (int64_t ow = hi; ow < wo; ow++) dst[ow] = 0.0f;
         }
       }
     }
   }
 }
 
-/* Adjoint of im2col: gx [C,H,W] += the column gradient gcol (rows ld apart). */
-static void dt__conv_col2im(const dt__conv_geom *q, const float *gcol, int64_t ld, float *gx) {
-  int64_t r = 0;
+/* Adjoint of im2col: gx [C,H,W] += the column gradient gcol (rows ld apart).
+ * gcol is scratch: in the span case (stride 1, Wo == W, see im2col) the
+ * entries that would wrap around to neighbouring input rows are zeroed in
+ * gcol first, so that each column row adds to gx as one contiguous span. */
+static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, float *gx) {
+  int64_t r = 0, wo = q->wo, span = q->s == 1 && q->wo == q->w;
   for (int64_t c = 0; c < q->c; c++) {
     for (int64_t ki = 0; ki < q->kh; ki++) {
+      int64_t rlo, rhi;
+      dt__conv_rows(q, ki, &rlo, &rhi);
       for (int64_t kj = 0; kj < q->kw; kj++, r++) {
-        const float *row = gcol + r * ld;
-        int64_t lo, hi;
+        float *row = gcol + r * ld;
+        int64_t lo, hi, off = kj - q->p;
         dt__conv_range(q, kj, &lo, &hi);
-        for (int64_t oh = 0; oh < q->ho; oh++) {
-          int64_t ih = oh * q->s - q->p + ki;
-          if (ih < 0 || ih >= q->h) continue;
-          const float *src = row + oh * q->wo;
-          float *dst = gx + (c * q->h + ih) * q->w;
-          int64_t off = kj - q->p;
-          for (int64_t ow = lo; ow < hi; ow++) dst[ow * q->s + off] += src[ow];
+        if (lo == hi || rlo == rhi) continue;
+        float *plane = gx + c * q->h * q->w;
+        if (span) {
+          for (int64_t oh = rlo; oh + 1 < rhi; oh++) dt__conv_zero_short(row + oh * wo + hi, wo - hi + lo);
+          dt__conv_addto(plane + (rlo - q->p + ki) * q->w + lo + off, row + rlo * wo + lo,
+                         (rhi - rlo - 1) * wo + hi - lo);
+          continue;
+        }
+        for (int64_t oh = rlo; oh < rhi; oh++) {
+          const float *src = row + oh * wo;
+          float *dst = plane + (oh * q->s - q->p + ki) * q->w;
+          if (q->s == 1) dt__conv_addto(dst + lo + off, src + lo, hi - lo);
+          else for (int64_t ow = lo; ow < hi; ow++) dst[ow * q->s + off] += src[ow];
         }
       }
     }
@@ -120,13 +186,22 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   const float *go = y->grad;
   int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
   if (gb) {
+    /* In double, in four interleaved partial sums (a fixed order): one
+     * dependent chain of double adds would take most of this function. */
     for (int64_t o = 0; o < q.o; o++) {
-      double s = 0.0;
+      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
       for (int64_t n = 0; n < q.n; n++) {
         const float *r = go + n * op + o * q.pp;
-        for (int64_t i = 0; i < q.pp; i++) s += (double)r[i];
+        int64_t i = 0;
+        for (; i + 4 <= q.pp; i += 4) {
+          s0 += (double)r[i];
+          s1 += (double)r[i + 1];
+          s2 += (double)r[i + 2];
+          s3 += (double)r[i + 3];
+        }
+        for (; i < q.pp; i++) s0 += (double)r[i];
       }
-      gb[o] += (float)s;
+      gb[o] += (float)((s0 + s1) + (s2 + s3));
     }
   }
   if (!gx && !gw) return;
@@ -229,9 +304,8 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
 }
 
 /* ---- pooling --------------------------------------------------------------------------
- * No padding; Ho = (H - k)/s + 1. iaux: kernel, stride. Max pooling keeps the
- * argmax (offset inside the input plane, first maximum wins, NaN wins) in aux
- * when a gradient can flow. */
+ * No padding; Ho = (H - k)/s + 1. iaux: kernel, stride. Max pooling routes
+ * the gradient to the first maximum of each window (a NaN wins). */
 
 static int dt__pool_check(dt_graph *g, const char *op, dt_tensor *x, int kernel, int stride) {
   if (!dt__begin(g, op, 1, x)) return 0;
@@ -267,16 +341,78 @@ static dt_tensor *dt__pool_new(dt_graph *g, const char *op, dt_tensor *x, int ke
   return y;
 }
 
+/* The window of output (oh, ow) starts at input offset oh*s*w + ow*s. Its
+ * maximum is the first element that is greater than all before it, or the
+ * first NaN: v replaces best when v > best, or v is NaN and best is not. */
+#ifdef DT__CONV_SSE
+static __m128 dt__pool_max4(__m128 best, __m128 v) {
+  __m128 take = _mm_or_ps(_mm_cmpgt_ps(v, best), _mm_and_ps(_mm_cmpunord_ps(v, v), _mm_cmpord_ps(best, best)));
+  return _mm_or_ps(_mm_and_ps(take, v), _mm_andnot_ps(take, best));
+}
+#endif
+
+/* Backward finds the winner again instead of keeping an index per output
+ * from the forward pass: the first element of the window equal to the
+ * output (the first NaN when the output is NaN) is the element the forward
+ * pass picked, since the maximum is the first occurrence of its value. */
 static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0];
   float *gx = dt__grad(g, x);
-  const int64_t *idx = (const int64_t *)y->aux;
-  if (!gx || !idx) return;
-  int64_t planes = y->shape[0] * y->shape[1], hw = x->shape[2] * x->shape[3], ohw = y->shape[2] * y->shape[3];
-  const float *go = y->grad;
+  if (!gx) return;
+  int64_t k = y->iaux[0], s = y->iaux[1];
+  int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
+  int64_t ho = y->shape[2], wo = y->shape[3];
+  const float *go = y->grad, *yd = y->data;
   for (int64_t pl = 0; pl < planes; pl++) {
-    float *gp = gx + pl * hw;
-    for (int64_t i = 0; i < ohw; i++) gp[idx[pl * ohw + i]] += go[pl * ohw + i];
+    const float *xp = x->data + pl * h * w;
+    float *gp = gx + pl * h * w;
+    for (int64_t oh = 0; oh < ho; oh++) {
+      int64_t ow = 0;
+#ifdef DT__CONV_SSE
+      if (k == 2 && s == 2) { /* 4 windows at a time: masks of the winners, no branches */
+        const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
+        float *g0 = gp + 2 * oh * w, *g1 = g0 + w;
+        for (; ow + 4 <= wo; ow += 4) {
+          int64_t o = (pl * ho + oh) * wo + ow;
+          __m128 best = _mm_loadu_ps(yd + o), gv = _mm_loadu_ps(go + o);
+          __m128 bnan = _mm_cmpunord_ps(best, best);
+          __m128 a0 = _mm_loadu_ps(r0 + 2 * ow), a1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+          __m128 b0 = _mm_loadu_ps(r1 + 2 * ow), b1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+          __m128 v[4], e[4];
+          v[0] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+          v[1] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1));
+          v[2] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0));
+          v[3] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1));
+          __m128 taken = _mm_setzero_ps();
+          for (int t = 0; t < 4; t++) {
+            __m128 eq = _mm_or_ps(_mm_cmpeq_ps(v[t], best), _mm_and_ps(bnan, _mm_cmpunord_ps(v[t], v[t])));
+            eq = _mm_andnot_ps(taken, eq); /* the first match only */
+            taken = _mm_or_ps(taken, eq);
+            e[t] = _mm_and_ps(eq, gv);
+          }
+          _mm_storeu_ps(g0 + 2 * ow, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow), _mm_unpacklo_ps(e[0], e[1])));
+          _mm_storeu_ps(g0 + 2 * ow + 4, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow + 4), _mm_unpackhi_ps(e[0], e[1])));
+          _mm_storeu_ps(g1 + 2 * ow, _mm_add_ps(_mm_loadu_ps(g1 + 2 * ow), _mm_unpacklo_ps(e[2], e[3])));
+          _mm_storeu_ps(g1 + 2 * ow + 4, _mm_add_ps(_mm_loadu_ps(g1 + 2 * ow + 4), _mm_unpackhi_ps(e[2], e[3])));
+        }
+      }
+#endif
+      for (; ow < wo; ow++) {
+        int64_t o = (pl * ho + oh) * wo + ow, at = oh * s * w + ow * s, t0 = at;
+        float best = yd[o];
+        int nan = best != best;
+        /* Scan backwards so that the first match is the one that stays;
+         * no early exit, so the compiler can use conditional moves. */
+        for (int64_t i = k - 1; i >= 0; i--) {
+          for (int64_t j = k - 1; j >= 0; j--) {
+            int64_t t = t0 + i * w + j;
+            float v = xp[t];
+            if (v == best || (nan && v != v)) at = t;
+          }
+        }
+        gp[at] += go[o];
+      }
+    }
   }
 }
 
@@ -285,39 +421,40 @@ DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
   if (!dt__pool_check(g, op, x, kernel, stride)) return NULL;
   dt_tensor *y = dt__pool_new(g, op, x, kernel, stride);
   if (!y) return NULL;
-  int64_t *idx = NULL;
-  if (g->grad_enabled && (x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) {
-    size_t bytes;
-    if (!dt__mul_size((size_t)y->size, sizeof(int64_t), &bytes))
-      return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: index buffer too large", op);
-    idx = (int64_t *)dt__arena_alloc(g, bytes);
-    if (!idx) return NULL;
-  }
   int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
   int64_t ho = y->shape[2], wo = y->shape[3], k = kernel, s = stride;
   for (int64_t pl = 0; pl < planes; pl++) {
     const float *xp = x->data + pl * h * w;
     for (int64_t oh = 0; oh < ho; oh++) {
-      for (int64_t ow = 0; ow < wo; ow++) {
-        int64_t at = oh * s * w + ow * s;
-        float best = xp[at];
+      float *yo = y->data + (pl * ho + oh) * wo;
+      int64_t ow = 0;
+#ifdef DT__CONV_SSE
+      if (k == 2 && s == 2) { /* the common 2x2 pooling: 4 outputs from 2 x 8 inputs */
+        const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
+        for (; ow + 4 <= wo; ow += 4) {
+          __m128 a0 = _mm_loadu_ps(r0 + 2 * ow), a1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+          __m128 b0 = _mm_loadu_ps(r1 + 2 * ow), b1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+          __m128 best = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+          best = dt__pool_max4(best, _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)));
+          best = dt__pool_max4(best, _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)));
+          best = dt__pool_max4(best, _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)));
+          _mm_storeu_ps(yo + ow, best);
+        }
+      }
+#endif
+      for (; ow < wo; ow++) {
+        const float *win = xp + oh * s * w + ow * s;
+        float best = win[0];
         for (int64_t i = 0; i < k; i++) {
           for (int64_t j = 0; j < k; j++) {
-            int64_t t = (oh * s + i) * w + ow * s + j;
-            float v = xp[t];
-            if (v > best || (v != v && best == best)) {
-              best = v;
-              at = t;
-            }
+            float v = win[i * w + j];
+            if (v > best || (v != v && best == best)) best = v;
           }
         }
-        int64_t o = (pl * ho + oh) * wo + ow;
-        y->data[o] = best;
-        if (idx) idx[o] = at;
+        yo[ow] = best;
       }
     }
   }
-  y->aux = idx;
   dt__record(g, y, op, dt__pool_max_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
@@ -372,3 +509,6 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 
 #undef DT__CONV_COLS
 #undef DT__CONV_CAP
+#ifdef DT__CONV_SSE
+#  undef DT__CONV_SSE
+#endif

@@ -3,6 +3,10 @@
  * ===========================================================================
  */
 #include "dt_internal.h"
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
+#  define DT__ELEM_SSE 1
+#  include <emmintrin.h>
+#endif
 
 /* ---- broadcasting -------------------------------------------------------------------
  * Output shape is the NumPy broadcast of a and b; sa/sb are the element
@@ -131,6 +135,32 @@ enum {
 #define DT__GELU_C 0.7978845608028654f /* sqrt(2/pi) */
 #define DT__GELU_K 0.044715f
 
+/* ReLU forward and backward without branches (a mispredicted branch per
+ * element costs more than the whole SSE loop). Same values as the scalar
+ * forms: max(x, 0) is x > 0 ? x : 0 (NaN gives 0), and adding the masked
+ * gradient adds +0 where x <= 0. */
+static void dt__elem_relu(const float *DT__RESTRICT x, float *DT__RESTRICT y, int64_t n) {
+  int64_t i = 0;
+#ifdef DT__ELEM_SSE
+  const __m128 z = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(y + i, _mm_max_ps(_mm_loadu_ps(x + i), z));
+#endif
+  for (; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+static void dt__elem_relu_backward(const float *DT__RESTRICT x, const float *DT__RESTRICT go, float *DT__RESTRICT gx,
+                                   int64_t n) {
+  int64_t i = 0;
+#ifdef DT__ELEM_SSE
+  const __m128 z = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) {
+    __m128 keep = _mm_cmpgt_ps(_mm_loadu_ps(x + i), z);
+    _mm_storeu_ps(gx + i, _mm_add_ps(_mm_loadu_ps(gx + i), _mm_and_ps(keep, _mm_loadu_ps(go + i))));
+  }
+#endif
+  for (; i < n; i++) gx[i] += x[i] > 0.0f ? go[i] : 0.0f;
+}
+
 static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0];
   float *gx = dt__grad(g, x);
@@ -147,7 +177,7 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
     case DT__U_EXP: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * yd[i]; break;
     case DT__U_LOG: for (int64_t i = 0; i < n; i++) gx[i] += go[i] / xd[i]; break;
     case DT__U_SQRT: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * 0.5f / yd[i]; break;
-    case DT__U_RELU: for (int64_t i = 0; i < n; i++) gx[i] += xd[i] > 0.0f ? go[i] : 0.0f; break;
+    case DT__U_RELU: dt__elem_relu_backward(xd, go, gx, n); break;
     case DT__U_LRELU: for (int64_t i = 0; i < n; i++) gx[i] += xd[i] > 0.0f ? go[i] : s * go[i]; break;
     case DT__U_SIGMOID: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * yd[i] * (1.0f - yd[i]); break;
     case DT__U_TANH: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * (1.0f - yd[i] * yd[i]); break;
@@ -193,7 +223,7 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const 
     case DT__U_EXP: for (int64_t i = 0; i < n; i++) yd[i] = expf(xd[i]); break;
     case DT__U_LOG: for (int64_t i = 0; i < n; i++) yd[i] = logf(xd[i]); break;
     case DT__U_SQRT: for (int64_t i = 0; i < n; i++) yd[i] = sqrtf(xd[i]); break;
-    case DT__U_RELU: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] > 0.0f ? xd[i] : 0.0f; break;
+    case DT__U_RELU: dt__elem_relu(xd, yd, n); break;
     case DT__U_LRELU: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] > 0.0f ? xd[i] : s * xd[i]; break;
     case DT__U_SIGMOID:
       /* Stable in both tails: exp of a non-positive number only. */
@@ -235,3 +265,6 @@ DTRAIN_API dt_tensor *dt_gelu(dt_graph *g, dt_tensor *x) { return dt__unary(g, x
 #undef DT__BCAST_LOOP
 #undef DT__GELU_C
 #undef DT__GELU_K
+#ifdef DT__ELEM_SSE
+#  undef DT__ELEM_SSE
+#endif

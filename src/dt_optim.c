@@ -14,6 +14,19 @@
  */
 #include "dt_internal.h"
 
+/* The Adam update in SIMD: the same float operations in the same order as
+ * the scalar loop (no FMA), so the results are the same bit for bit, and
+ * sqrt/div do not go through libm. SSE is baseline on x86-64; an AVX version
+ * (8 floats, twice as fast) is picked at run time with GCC or clang. */
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
+#  define DT__OPTIM_SSE 1
+#  include <emmintrin.h>
+#  if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#    define DT__OPTIM_AVX 1
+#    include <immintrin.h>
+#  endif
+#endif
+
 struct dt_optim {
   dt_optim_desc desc;   /* filled: zero fields replaced by their defaults */
   dt_params *params;
@@ -202,6 +215,64 @@ static void dt__optim_sgd(const dt_optim *o, float lr, float wd, float *DT__REST
   }
 }
 
+#ifdef DT__OPTIM_SSE
+/* Elements [0, n - n%4) of the Adam update (see the scalar loop); returns
+ * how many it did. */
+static size_t dt__optim_adam_sse(float w1, float w2, float fb2, float eps, float bc2_sqrt, float step_size, float wd,
+                                 int decoupled, float shrink, float *DT__RESTRICT p, const float *DT__RESTRICT g,
+                                 float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
+  const __m128 vw1 = _mm_set1_ps(w1), vw2 = _mm_set1_ps(w2), vb2 = _mm_set1_ps(fb2), veps = _mm_set1_ps(eps);
+  const __m128 vbc2 = _mm_set1_ps(bc2_sqrt), vstep = _mm_set1_ps(step_size), vwd = _mm_set1_ps(wd);
+  const __m128 vshrink = _mm_set1_ps(shrink);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    __m128 d = _mm_loadu_ps(g + i), pv = _mm_loadu_ps(p + i), mv = _mm_loadu_ps(m + i), vv = _mm_loadu_ps(v + i);
+    if (wd != 0.0f) {
+      if (decoupled) pv = _mm_mul_ps(pv, vshrink);
+      else d = _mm_add_ps(d, _mm_mul_ps(vwd, pv));
+    }
+    mv = _mm_add_ps(mv, _mm_mul_ps(vw1, _mm_sub_ps(d, mv)));
+    vv = _mm_add_ps(_mm_mul_ps(vv, vb2), _mm_mul_ps(_mm_mul_ps(vw2, d), d));
+    __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vv), vbc2), veps);
+    pv = _mm_sub_ps(pv, _mm_mul_ps(vstep, _mm_div_ps(mv, denom)));
+    _mm_storeu_ps(m + i, mv);
+    _mm_storeu_ps(v + i, vv);
+    _mm_storeu_ps(p + i, pv);
+  }
+  return i;
+}
+#endif
+
+#ifdef DT__OPTIM_AVX
+/* The same as dt__optim_adam_sse, 8 elements at a time. */
+__attribute__((target("avx"))) static size_t dt__optim_adam_avx(float w1, float w2, float fb2, float eps,
+                                                                float bc2_sqrt, float step_size, float wd,
+                                                                int decoupled, float shrink, float *DT__RESTRICT p,
+                                                                const float *DT__RESTRICT g, float *DT__RESTRICT m,
+                                                                float *DT__RESTRICT v, size_t n) {
+  const __m256 vw1 = _mm256_set1_ps(w1), vw2 = _mm256_set1_ps(w2), vb2 = _mm256_set1_ps(fb2);
+  const __m256 veps = _mm256_set1_ps(eps), vbc2 = _mm256_set1_ps(bc2_sqrt), vstep = _mm256_set1_ps(step_size);
+  const __m256 vwd = _mm256_set1_ps(wd), vshrink = _mm256_set1_ps(shrink);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 d = _mm256_loadu_ps(g + i), pv = _mm256_loadu_ps(p + i);
+    __m256 mv = _mm256_loadu_ps(m + i), vv = _mm256_loadu_ps(v + i);
+    if (wd != 0.0f) {
+      if (decoupled) pv = _mm256_mul_ps(pv, vshrink);
+      else d = _mm256_add_ps(d, _mm256_mul_ps(vwd, pv));
+    }
+    mv = _mm256_add_ps(mv, _mm256_mul_ps(vw1, _mm256_sub_ps(d, mv)));
+    vv = _mm256_add_ps(_mm256_mul_ps(vv, vb2), _mm256_mul_ps(_mm256_mul_ps(vw2, d), d));
+    __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), vbc2), veps);
+    pv = _mm256_sub_ps(pv, _mm256_mul_ps(vstep, _mm256_div_ps(mv, denom)));
+    _mm256_storeu_ps(m + i, mv);
+    _mm256_storeu_ps(v + i, vv);
+    _mm256_storeu_ps(p + i, pv);
+  }
+  return i;
+}
+#endif
+
 static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled, float *DT__RESTRICT p,
                            const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
   const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2;
@@ -213,7 +284,15 @@ static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled,
   const float fb2 = o->desc.beta2, eps = o->desc.eps;
   /* AdamW: param.mul_(1 - lr * weight_decay) before the Adam step. */
   const float shrink = (float)(1.0 - (double)lr * (double)wd);
-  for (size_t i = 0; i < n; i++) {
+  size_t i = 0;
+#ifdef DT__OPTIM_AVX
+  if (__builtin_cpu_supports("avx"))
+    i = dt__optim_adam_avx(w1, w2, fb2, eps, bc2_sqrt, step_size, wd, decoupled, shrink, p, g, m, v, n);
+#endif
+#ifdef DT__OPTIM_SSE
+  if (i == 0) i = dt__optim_adam_sse(w1, w2, fb2, eps, bc2_sqrt, step_size, wd, decoupled, shrink, p, g, m, v, n);
+#endif
+  for (; i < n; i++) {
     float d = g[i];
     if (wd != 0.0f) {
       if (decoupled) p[i] = p[i] * shrink;
@@ -347,3 +426,10 @@ DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
   }
   return o->state[slot];
 }
+
+#ifdef DT__OPTIM_SSE
+#  undef DT__OPTIM_SSE
+#endif
+#ifdef DT__OPTIM_AVX
+#  undef DT__OPTIM_AVX
+#endif

@@ -1,0 +1,259 @@
+/* bench_speed.c -- the dtrain side of `make bench` (bench/run_speed.sh runs it).
+ *
+ *   bench_speed gemm [seconds]        sgemm GFLOP/s, dtrain and OpenBLAS (one thread)
+ *                                     side by side, square 64..2048 and the shapes
+ *                                     of the MLP and CNN training steps
+ *   bench_speed mlp BATCH [seconds]   Fashion-MNIST MLP 784-256-128-10, Adam
+ *   bench_speed cnn BATCH [seconds]   conv5x5-32 pool conv5x5-64 pool fc1024 fc10, Adam
+ *
+ * Built with the flags users build with (-O2, no -march), so the GEMM kernel is
+ * the one picked at run time. OpenBLAS is loaded with dlopen (libopenblas.so.0,
+ * or the library named by BENCH_OPENBLAS) only in gemm mode; if it is missing
+ * that column says "skipped". Training runs use synthetic data of the right
+ * shape (throughput only) and print one line "result samples_per_s=...
+ * peak_rss_kb=..." for the driver; peak RSS is VmHWM of this process, so each
+ * run needs its own process.
+ *
+ * Timing: the machine may be shared, so every figure is the best of several
+ * short windows (the least disturbed one), for both sides alike. */
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+#include <dlfcn.h>
+#include <time.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- peak RSS -------------------------------------------------------------------- */
+static long peak_rss_kb(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kb = -1;
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, "VmHWM:", 6) == 0) kb = strtol(line + 6, NULL, 10);
+  fclose(f);
+  return kb;
+}
+
+/* ---- sgemm ------------------------------------------------------------------------ */
+typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
+                               float *, int);
+static cblas_sgemm_fn blas_sgemm;
+static const char *blas_why = "";
+
+static void load_openblas(void) {
+  const char *names[] = {"libopenblas.so.0", "libopenblas.so", "libopenblasp.so.0"};
+  const char *env = getenv("BENCH_OPENBLAS"); /* a path or name to use instead */
+  void *h = NULL;
+  if (env && *env) h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+  for (int i = 0; i < 3 && !h && !(env && *env); i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    blas_why = env && *env ? "BENCH_OPENBLAS library not found" : "libopenblas.so.0 not found";
+    return;
+  }
+  void (*set_threads)(int) = NULL;
+  *(void **)&set_threads = dlsym(h, "openblas_set_num_threads");
+  *(void **)&blas_sgemm = dlsym(h, "cblas_sgemm");
+  if (!blas_sgemm) {
+    blas_why = "no cblas_sgemm in libopenblas";
+    return;
+  }
+  if (set_threads) set_threads(1);
+}
+
+typedef struct gemm_case { const char *what; int ta, tb, m, n, k; } gemm_case;
+
+/* Seconds per call: best window over about `budget` seconds. */
+static double time_gemm(int blas, const gemm_case *c, const float *a, const float *b, float *out, double budget) {
+  int lda = c->ta ? c->m : c->k, ldb = c->tb ? c->k : c->n;
+  double flop = 2.0 * c->m * c->n * c->k, best = 1e30, t_end = dt_time_now() + budget;
+  int per_window = (int)(2e7 / flop) + 1; /* ~ a quarter millisecond of work or more */
+  do {
+    double t0 = dt_time_now();
+    for (int r = 0; r < per_window; r++) {
+      if (blas)
+        blas_sgemm(101, c->ta ? 112 : 111, c->tb ? 112 : 111, c->m, c->n, c->k, 1.0f, a, lda, b, ldb, 0.0f, out, c->n);
+      else
+        dt_sgemm(c->ta, c->tb, c->m, c->n, c->k, 1.0f, a, lda, b, ldb, 0.0f, out, c->n);
+    }
+    double t = (dt_time_now() - t0) / per_window;
+    if (t < best) best = t;
+  } while (dt_time_now() < t_end);
+  return best;
+}
+
+static int run_gemm(double seconds) {
+  static const gemm_case cases[] = {
+      {"square", 0, 0, 64, 64, 64},       {"square", 0, 0, 128, 128, 128},  {"square", 0, 0, 256, 256, 256},
+      {"square", 0, 0, 512, 512, 512},    {"square", 0, 0, 1024, 1024, 1024}, {"square", 0, 0, 2048, 2048, 2048},
+      /* MLP step, batch 64: forward x @ W^T, backward dx = dy @ W, dW = dy^T @ x */
+      {"mlp64 fc1 fwd", 0, 1, 64, 256, 784}, {"mlp64 fc2 fwd", 0, 1, 64, 128, 256},
+      {"mlp64 fc2 dx", 0, 0, 64, 256, 128},  {"mlp64 fc1 dW", 1, 0, 256, 784, 64},
+      {"mlp64 fc2 dW", 1, 0, 128, 256, 64},
+      /* MLP step, batch 256 */
+      {"mlp256 fc1 fwd", 0, 1, 256, 256, 784}, {"mlp256 fc1 dW", 1, 0, 256, 784, 256},
+      /* CNN step, batch 64 (28x28, padding 2): conv as W [O,K] @ col [K, images*positions] */
+      {"cnn conv1 fwd", 0, 0, 32, 6272, 25},    {"cnn conv2 fwd", 0, 0, 64, 1568, 800},
+      {"cnn conv2 dW", 0, 1, 64, 800, 1568},    {"cnn conv2 dcol", 1, 0, 800, 1568, 64},
+      {"cnn fc1 fwd", 0, 1, 64, 1024, 3136},    {"cnn fc1 dW", 1, 0, 1024, 3136, 64},
+  };
+  int ncases = (int)(sizeof cases / sizeof cases[0]);
+  load_openblas();
+  printf("sgemm kernel: %s\n", dt_sgemm_kernel());
+  printf("%-16s %-16s %10s %10s %7s\n", "shape", "m x n x k", "dtrain", "OpenBLAS", "ratio");
+  for (int i = 0; i < ncases; i++) {
+    const gemm_case *c = &cases[i];
+    size_t na = (size_t)c->m * c->k, nb = (size_t)c->k * c->n, nc = (size_t)c->m * c->n;
+    float *a = (float *)malloc(na * sizeof(float)), *b = (float *)malloc(nb * sizeof(float));
+    float *out = (float *)malloc(nc * sizeof(float));
+    if (!a || !b || !out) return 1;
+    for (size_t j = 0; j < na; j++) a[j] = (float)((j * 7) % 13) * 0.1f - 0.6f;
+    for (size_t j = 0; j < nb; j++) b[j] = (float)((j * 5) % 11) * 0.1f - 0.5f;
+    double budget = seconds * (c->m >= 2048 ? 2.0 : 1.0);
+    double flop = 2.0 * c->m * c->n * c->k, td = 1e30, tb = 1e30;
+    /* Alternate the two sides in rounds so that both see the same noise. */
+    for (int round = 0; round < 3; round++) {
+      double t = time_gemm(0, c, a, b, out, budget / 3);
+      if (t < td) td = t;
+      if (blas_sgemm) {
+        t = time_gemm(1, c, a, b, out, budget / 3);
+        if (t < tb) tb = t;
+      }
+    }
+    char dims[48];
+    snprintf(dims, sizeof dims, "%dx%dx%d%s", c->m, c->n, c->k, c->ta ? " (A^T)" : c->tb ? " (B^T)" : "");
+    if (blas_sgemm)
+      printf("%-16s %-16s %10.1f %10.1f %7.2f\n", c->what, dims, flop / td * 1e-9, flop / tb * 1e-9, tb / td);
+    else
+      printf("%-16s %-16s %10.1f %10s %7s   skipped (%s)\n", c->what, dims, flop / td * 1e-9, "-", "-", blas_why);
+    fflush(stdout);
+    free(a);
+    free(b);
+    free(out);
+  }
+  return 0;
+}
+
+/* ---- training steps ---------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+#define NSAMPLES 4096 /* synthetic data set, cycled through */
+
+typedef struct model {
+  int cnn;
+  dt_nn_linear fc1, fc2, fc3;
+  dt_nn_conv2d c1, c2;
+} model;
+
+static dt_tensor *forward(dt_graph *g, const model *md, dt_tensor *x) {
+  if (!md->cnn) {
+    dt_tensor *h = dt_relu(g, dt_nn_linear_forward(g, &md->fc1, x));
+    h = dt_relu(g, dt_nn_linear_forward(g, &md->fc2, h));
+    return dt_nn_linear_forward(g, &md->fc3, h);
+  }
+  dt_tensor *h = dt_max_pool2d(g, dt_relu(g, dt_nn_conv2d_forward(g, &md->c1, x)), 2, 2);
+  h = dt_max_pool2d(g, dt_relu(g, dt_nn_conv2d_forward(g, &md->c2, h)), 2, 2);
+  h = dt_relu(g, dt_nn_linear_forward(g, &md->fc1, dt_flatten(g, h)));
+  return dt_nn_linear_forward(g, &md->fc2, h);
+}
+
+static int run_train(int cnn, int batch, double seconds) {
+  dt_params *P = dt_params_create(1);
+  model md;
+  memset(&md, 0, sizeof md);
+  md.cnn = cnn;
+  if (!cnn) {
+    dt_nn_linear_init(&md.fc1, P, "fc1", 784, 256, 1);
+    dt_nn_linear_init(&md.fc2, P, "fc2", 256, 128, 1);
+    dt_nn_linear_init(&md.fc3, P, "fc3", 128, 10, 1);
+  } else {
+    dt_nn_conv2d_init(&md.c1, P, "conv1", 1, 32, 5, 1, 2, 1);
+    dt_nn_conv2d_init(&md.c2, P, "conv2", 32, 64, 5, 1, 2, 1);
+    dt_nn_linear_init(&md.fc1, P, "fc1", 64 * 7 * 7, 1024, 1);
+    dt_nn_linear_init(&md.fc2, P, "fc2", 1024, 10, 1);
+  }
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_ADAM;
+  od.lr = 1e-3f;
+  dt_optim *opt = dt_optim_create(P, &od);
+  dt_graph *g = dt_graph_create(P, NULL);
+  if (!P || !opt || !g) {
+    fprintf(stderr, "bench_speed: set-up failed: %s\n", dt_last_error());
+    return 1;
+  }
+  float *xs = (float *)malloc(sizeof(float) * NSAMPLES * 784);
+  int32_t *ys = (int32_t *)malloc(sizeof(int32_t) * NSAMPLES);
+  dt_rng rng;
+  dt_rng_seed(&rng, 7);
+  for (int i = 0; i < NSAMPLES * 784; i++) xs[i] = dt_rng_uniform(&rng);
+  for (int i = 0; i < NSAMPLES; i++) ys[i] = (int32_t)dt_rng_below(&rng, 10);
+  int64_t shape_mlp[2] = {batch, 784}, shape_cnn[4] = {batch, 1, 28, 28};
+  int nbatches = NSAMPLES / batch, steps = 0, window = 0, nrates = 0;
+  /* Windows of a few steps (~10 ms for the MLP, one step for the CNN): the
+   * best window is the least disturbed one on a shared machine. */
+  int per_window = cnn ? 1 : (batch >= 256 ? 4 : 10);
+  static double rates[1 << 14];
+  double t_end = 0.0, tw = 0.0, t_first = 0.0;
+  clock_t c_first = 0;
+  float last_loss = 0.0f;
+  for (int s = 0;; s++) {
+    if (s == 3) { /* warm-up steps excluded */
+      t_first = dt_time_now();
+      c_first = clock();
+      t_end = t_first + seconds;
+      tw = t_first;
+    }
+    int bi = s % nbatches;
+    dt_graph_reset(g);
+    dt_params_zero_grad(P);
+    dt_tensor *x = dt_tensor_wrap(g, cnn ? 4 : 2, cnn ? shape_cnn : shape_mlp, xs + (size_t)bi * batch * 784);
+    dt_tensor *loss = dt_cross_entropy(g, forward(g, &md, x), ys + (size_t)bi * batch);
+    if (dt_backward(g, loss) != DTRAIN_OK) {
+      fprintf(stderr, "bench_speed: %s\n", dt_graph_message(g));
+      return 1;
+    }
+    last_loss = loss->data[0];
+    dt_optim_step(opt);
+    if (s >= 3) {
+      steps++;
+      if (++window == per_window) {
+        double now = dt_time_now();
+        if (nrates < (int)(sizeof rates / sizeof rates[0])) rates[nrates++] = window * (double)batch / (now - tw);
+        window = 0;
+        tw = now;
+        if (now > t_end && nrates >= 3) break;
+      }
+    }
+  }
+  double cpu = steps * (double)batch / ((double)(clock() - c_first) / CLOCKS_PER_SEC);
+  qsort(rates, (size_t)nrates, sizeof rates[0], cmp_double);
+  dt_memory_info mi;
+  dt_memory_stats(P, opt, g, &mi);
+  printf("result samples_per_s=%.1f median_samples_per_s=%.1f cpu_samples_per_s=%.1f windows=%d peak_rss_kb=%ld "
+         "params_kb=%.0f optim_kb=%.0f activations_kb=%.0f loss=%.4f kernel=%s\n",
+         rates[nrates - 1], rates[nrates / 2], cpu, nrates, peak_rss_kb(), mi.params_bytes / 1024.0,
+         mi.optim_bytes / 1024.0, mi.activations_bytes / 1024.0, (double)last_loss, dt_sgemm_kernel());
+  free(xs);
+  free(ys);
+  dt_graph_destroy(g);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && strcmp(argv[1], "gemm") == 0) return run_gemm(argc >= 3 ? atof(argv[2]) : 0.6);
+  if (argc >= 3 && (strcmp(argv[1], "mlp") == 0 || strcmp(argv[1], "cnn") == 0)) {
+    int batch = atoi(argv[2]);
+    if (batch < 1 || batch > NSAMPLES) return 2;
+    return run_train(argv[1][0] == 'c', batch, argc >= 4 ? atof(argv[3]) : 3.0);
+  }
+  fprintf(stderr, "usage: bench_speed gemm [seconds] | mlp BATCH [seconds] | cnn BATCH [seconds]\n");
+  return 2;
+}

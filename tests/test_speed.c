@@ -1,0 +1,526 @@
+/* The speed work: the run-time GEMM dispatch (SIMD and portable kernels agree
+ * with a double reference and with each other, both paths deterministic, the
+ * portable path can be forced by environment or call), the SIMD fast paths
+ * of Adam, ReLU, 2x2 max pooling and the im2col span copy (same results as
+ * the plain definitions), and dt_memory_stats. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include "harness.h"
+
+#include <float.h>
+#include <pthread.h>
+
+/* ---- GEMM dispatch ------------------------------------------------------------------- */
+
+/* The kernel this build should pick on this CPU. */
+static const char *expected_kernel(void) {
+  unsigned f = dt_build_features();
+  if (f & DTRAIN_FEATURE_CBLAS) return "cblas";
+  if (!(f & DTRAIN_FEATURE_SIMD)) return "portable";
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "avx2+fma" : "portable";
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+  return "neon";
+#else
+  return "portable";
+#endif
+}
+
+static int is_cblas(void) { return (dt_build_features() & DTRAIN_FEATURE_CBLAS) != 0; }
+
+/* Runs first, before anything calls dt_sgemm: DTRAIN_GEMM=portable in the
+ * environment selects the portable kernel; dt_sgemm_use_portable(0) goes
+ * back to the best one and reports that the override was on. */
+static void test_gemm_env_override(void) {
+  setenv("DTRAIN_GEMM", "portable", 1);
+  CHECK_MSG(strcmp(dt_sgemm_kernel(), is_cblas() ? "cblas" : "portable") == 0, "kernel %s", dt_sgemm_kernel());
+  unsetenv("DTRAIN_GEMM");
+  CHECK(dt_sgemm_use_portable(0) == 1);
+  CHECK_MSG(strcmp(dt_sgemm_kernel(), expected_kernel()) == 0, "kernel %s, expected %s", dt_sgemm_kernel(),
+            expected_kernel());
+  printf("sgemm kernel: %s\n", dt_sgemm_kernel());
+}
+
+static void test_gemm_use_portable_switch(void) {
+  CHECK(dt_sgemm_use_portable(1) == 0);
+  CHECK(strcmp(dt_sgemm_kernel(), is_cblas() ? "cblas" : "portable") == 0);
+  CHECK(dt_sgemm_use_portable(1) == 1);
+  CHECK(dt_sgemm_use_portable(0) == 1);
+  CHECK(strcmp(dt_sgemm_kernel(), expected_kernel()) == 0);
+  CHECK(dt_sgemm_use_portable(0) == 0);
+}
+
+typedef struct gemm_case { int ta, tb; int64_t m, n, k, pad; float alpha, beta; } gemm_case;
+
+/* op(X)[i][j] of a row-major X with leading dim ld. */
+static double at(const float *x, int64_t ld, int trans, int64_t i, int64_t j) {
+  return trans ? (double)x[j * ld + i] : (double)x[i * ld + j];
+}
+
+/* One case on both paths: each against the double reference (with the
+ * float-error bound of a k-term sum), the two against each other, and each
+ * path twice (bitwise the same). A and B carry NaN in their padding so that a
+ * stray read shows; C's padding must survive. Returns the number of bad
+ * elements. */
+static int run_gemm_case(const gemm_case *t) {
+  int64_t ar = t->ta ? t->k : t->m, ac = t->ta ? t->m : t->k, br = t->tb ? t->n : t->k, bc = t->tb ? t->k : t->n;
+  int64_t lda = ac + t->pad, ldb = bc + t->pad, ldc = t->n + t->pad;
+  size_t na = (size_t)(ar * lda), nb = (size_t)(br * ldb), nc = (size_t)(t->m * ldc);
+  float *a = (float *)malloc(na * sizeof(float)), *b = (float *)malloc(nb * sizeof(float));
+  float *c0 = (float *)malloc(nc * sizeof(float)), *c[2][2];
+  for (int64_t i = 0; i < ar; i++)
+    for (int64_t j = 0; j < lda; j++) a[i * lda + j] = j < ac ? th_uniform(-1, 1) : NAN;
+  for (int64_t i = 0; i < br; i++)
+    for (int64_t j = 0; j < ldb; j++) b[i * ldb + j] = j < bc ? th_uniform(-1, 1) : NAN;
+  for (int64_t i = 0; i < t->m; i++)
+    for (int64_t j = 0; j < ldc; j++) c0[i * ldc + j] = j < t->n ? th_uniform(-1, 1) : 777.0f;
+  for (int p = 0; p < 2; p++) {
+    dt_sgemm_use_portable(p);
+    for (int r = 0; r < 2; r++) {
+      c[p][r] = (float *)malloc(nc * sizeof(float));
+      memcpy(c[p][r], c0, nc * sizeof(float));
+      dt_sgemm(t->ta, t->tb, t->m, t->n, t->k, t->alpha, a, lda, b, ldb, t->beta, c[p][r], ldc);
+    }
+  }
+  dt_sgemm_use_portable(0);
+  int bad = 0;
+  for (int p = 0; p < 2; p++)
+    if (memcmp(c[p][0], c[p][1], nc * sizeof(float)) != 0) {
+      fprintf(stderr, "gemm %s path not deterministic\n", p ? "portable" : "default");
+      bad++;
+    }
+  for (int64_t i = 0; i < t->m; i++) {
+    for (int64_t j = 0; j < ldc; j++) {
+      float g0 = c[0][0][i * ldc + j], g1 = c[1][0][i * ldc + j];
+      if (j >= t->n) {
+        if (g0 != 777.0f || g1 != 777.0f) bad++;
+        continue;
+      }
+      double s = 0, sabs = 0;
+      for (int64_t q = 0; q < t->k; q++) {
+        double v = at(a, lda, t->ta, i, q) * at(b, ldb, t->tb, q, j);
+        s += v;
+        sabs += fabs(v);
+      }
+      double cin = t->beta == 0.0f ? 0.0 : (double)c0[i * ldc + j];
+      double want = (double)t->alpha * s + (double)t->beta * cin;
+      double tol = 2.0 * (double)(t->k + 3) * FLT_EPSILON * (fabs((double)t->alpha) * sabs + fabs(t->beta * cin)) + 1e-30;
+      if (!(fabs(g0 - want) <= tol) || !(fabs(g1 - want) <= tol) || !(fabs((double)g0 - (double)g1) <= tol)) {
+        if (bad < 3)
+          fprintf(stderr, "gemm t%d%d %lldx%lldx%lld: C[%lld][%lld] default %.9g portable %.9g want %.9g\n", t->ta,
+                  t->tb, (long long)t->m, (long long)t->n, (long long)t->k, (long long)i, (long long)j, (double)g0,
+                  (double)g1, want);
+        bad++;
+      }
+    }
+  }
+  for (int p = 0; p < 2; p++)
+    for (int r = 0; r < 2; r++) free(c[p][r]);
+  free(a);
+  free(b);
+  free(c0);
+  return bad;
+}
+
+/* Random shapes around the tile and block edges (6, 8, 12, 16; 48, 96, 192,
+ * 256), every transpose combination, several alpha/beta, padded leading dims,
+ * including the few-row blocking (m <= 96 with n > 192). */
+static void test_gemm_paths_agree(void) {
+  static const int64_t dims[] = {1, 2, 5, 6, 7, 8, 11, 12, 13, 16, 17, 31, 47, 48, 49, 64, 95, 96, 97, 130, 193, 260};
+  static const int64_t ks[] = {1, 3, 8, 9, 25, 64, 255, 256, 257, 300};
+  static const float alphas[] = {1.0f, -0.5f, 2.0f};
+  static const float betas[] = {0.0f, 1.0f, 0.5f};
+  int nd = (int)(sizeof dims / sizeof dims[0]), nk = (int)(sizeof ks / sizeof ks[0]);
+  th_seed(101);
+  int cases = 0, failed = 0;
+  for (int i = 0; i < 48; i++) {
+    gemm_case t;
+    t.ta = i & 1;
+    t.tb = (i >> 1) & 1;
+    t.m = dims[(int)(th_rand() * nd)];
+    t.n = dims[(int)(th_rand() * nd)];
+    t.k = ks[(int)(th_rand() * nk)];
+    t.pad = (int64_t)(th_rand() * 3);
+    t.alpha = alphas[i % 3];
+    t.beta = betas[(i / 3) % 3];
+    if (run_gemm_case(&t) != 0) failed++;
+    cases++;
+  }
+  /* The shapes of the training steps, and the few-row blocking. */
+  static const gemm_case fixed[] = {
+      {0, 1, 64, 256, 784, 0, 1.0f, 1.0f}, {1, 0, 256, 784, 64, 0, 1.0f, 1.0f}, {0, 0, 64, 588, 300, 1, 1.0f, 0.0f},
+      {0, 1, 64, 300, 200, 0, 1.0f, 0.0f}, {1, 0, 7, 500, 33, 2, 1.0f, 1.0f},   {0, 0, 96, 400, 257, 0, -1.0f, 0.5f},
+      {1, 1, 97, 401, 40, 1, 1.0f, 0.0f},  {0, 0, 200, 200, 520, 0, 1.0f, 0.0f}};
+  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+    if (run_gemm_case(&fixed[i]) != 0) failed++;
+    cases++;
+  }
+  CHECK_MSG(failed == 0, "%d of %d gemm cases wrong", failed, cases);
+}
+
+/* beta == 0 never reads C (NaN there must not leak), on both paths. */
+static void test_gemm_beta0_ignores_c(void) {
+  int64_t m = 13, n = 37, k = 29;
+  float *a = (float *)malloc((size_t)(m * k) * sizeof(float)), *b = (float *)malloc((size_t)(k * n) * sizeof(float));
+  float *c = (float *)malloc((size_t)(m * n) * sizeof(float));
+  th_seed(5);
+  th_fill(a, m * k, -1, 1);
+  th_fill(b, k * n, -1, 1);
+  for (int p = 0; p < 2; p++) {
+    dt_sgemm_use_portable(p);
+    for (int64_t i = 0; i < m * n; i++) c[i] = NAN;
+    dt_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+    int nan = 0;
+    for (int64_t i = 0; i < m * n; i++) nan += isnan(c[i]) != 0;
+    CHECK_MSG(nan == 0, "%s path: %d NaN", p ? "portable" : "default", nan);
+  }
+  dt_sgemm_use_portable(0);
+  free(a);
+  free(b);
+  free(c);
+}
+
+/* The kernel is picked on the first call; several threads making their first
+ * calls at once must agree on it (and be race-free under ThreadSanitizer). */
+typedef struct gemm_thread_arg { const float *a, *b, *want; int ok; } gemm_thread_arg;
+
+static void *gemm_thread(void *p) {
+  gemm_thread_arg *t = (gemm_thread_arg *)p;
+  float c[40 * 30];
+  dt_sgemm(0, 0, 40, 30, 50, 1.0f, t->a, 50, t->b, 30, 0.0f, c, 30);
+  t->ok = memcmp(c, t->want, sizeof c) == 0 && strcmp(dt_sgemm_kernel(), expected_kernel()) == 0;
+  return NULL;
+}
+
+static void test_gemm_first_call_threads(void) {
+  static float a[40 * 50], b[50 * 30], want[40 * 30];
+  th_seed(17);
+  th_fill(a, 40 * 50, -1, 1);
+  th_fill(b, 50 * 30, -1, 1);
+  dt_sgemm(0, 0, 40, 30, 50, 1.0f, a, 50, b, 30, 0.0f, want, 30);
+  dt_sgemm_use_portable(0); /* forget the choice: the threads' calls pick again */
+  pthread_t th[4];
+  gemm_thread_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i].a = a;
+    args[i].b = b;
+    args[i].want = want;
+    args[i].ok = 0;
+    CHECK(pthread_create(&th[i], NULL, gemm_thread, &args[i]) == 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    CHECK_MSG(args[i].ok, "thread %d: result or kernel differs", i);
+  }
+}
+
+/* ---- Adam: the SIMD update is the scalar update, bit for bit -------------------------- */
+
+/* The scalar definition (dt_optim.c's loop, PyTorch's single-tensor Adam). */
+static void ref_adam(float *p, const float *g, float *m, float *v, size_t n, int64_t step, float lr, float wd,
+                     int decoupled) {
+  const double b1 = (double)0.9f, b2 = (double)0.999f, t = (double)(step + 1); /* the desc holds floats */
+  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+  const float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+  const float w1 = (float)(1.0 - b1), w2 = (float)(1.0 - b2), fb2 = 0.999f, eps = 1e-8f;
+  const float shrink = (float)(1.0 - (double)lr * (double)wd);
+  for (size_t i = 0; i < n; i++) {
+    float d = g[i];
+    if (wd != 0.0f) {
+      if (decoupled) p[i] = p[i] * shrink;
+      else d = d + wd * p[i];
+    }
+    m[i] = m[i] + w1 * (d - m[i]);
+    v[i] = v[i] * fb2 + w2 * d * d;
+    float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+    p[i] = p[i] - step_size * (m[i] / denom);
+  }
+}
+
+static void test_adam_simd_matches_scalar(void) {
+  static const int64_t sizes[] = {1, 7, 8, 9, 4103, 33};
+  for (int kind = 0; kind < 3; kind++) { /* Adam, Adam + L2, AdamW */
+    dt_params *P = dt_params_create(3);
+    for (int i = 0; i < 6; i++) {
+      char name[16];
+      snprintf(name, sizeof name, "p%d", i);
+      int idx = dt_params_add(P, name, 1, &sizes[i], dt_init_uniform(-1, 1));
+      dt_params_set_decay(P, idx, i % 2); /* weight decay on some of them */
+    }
+    dt_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = kind == 2 ? DTRAIN_OPTIM_ADAMW : DTRAIN_OPTIM_ADAM;
+    od.lr = 0.01f;
+    od.weight_decay = kind ? 0.05f : 0.0f;
+    dt_optim *o = dt_optim_create(P, &od);
+    CHECK(o != NULL);
+    if (!o) return;
+    size_t n = dt_params_size(P);
+    float *p = (float *)malloc(n * sizeof(float)), *m = (float *)calloc(n, sizeof(float));
+    float *v = (float *)calloc(n, sizeof(float));
+    memcpy(p, dt_params_data(P), n * sizeof(float));
+    th_seed(77 + (uint64_t)kind);
+    int same = 1;
+    for (int step = 0; step < 5; step++) {
+      float *g = dt_params_grad(P);
+      for (size_t i = 0; i < n; i++) g[i] = th_uniform(-2, 2) * (i % 5 == 0 ? 1e-4f : 1.0f);
+      for (int i = 0; i < 6; i++) { /* each parameter's range (the layout may pad between them) */
+        dt_param_info pi;
+        dt_params_info(P, i, &pi);
+        ref_adam(p + pi.offset, g + pi.offset, m + pi.offset, v + pi.offset, pi.size, step, 0.01f,
+                 pi.decay ? od.weight_decay : 0.0f, kind == 2);
+      }
+      dt_optim_step(o);
+      same &= memcmp(p, dt_params_data(P), n * sizeof(float)) == 0;
+      same &= memcmp(m, dt_optim_state(o, 0), n * sizeof(float)) == 0;
+      same &= memcmp(v, dt_optim_state(o, 1), n * sizeof(float)) == 0;
+    }
+    CHECK_MSG(same, "Adam kind %d differs from the scalar definition", kind);
+    free(p);
+    free(m);
+    free(v);
+    dt_optim_destroy(o);
+    dt_params_destroy(P);
+  }
+}
+
+/* ---- ReLU: the SIMD loops give the scalar definition exactly ------------------------- */
+
+static void test_relu_exact(void) {
+  enum { N = 1003 };
+  static float x[N], gy[N];
+  th_seed(9);
+  for (int i = 0; i < N; i++) {
+    x[i] = th_uniform(-3, 3);
+    gy[i] = th_uniform(-1, 1);
+  }
+  x[0] = NAN;
+  x[1] = -0.0f;
+  x[2] = 0.0f;
+  x[3] = INFINITY;
+  x[4] = -INFINITY;
+  x[N - 1] = NAN;
+  x[5] = 1e-40f; /* subnormal */
+  gy[7] = INFINITY;
+  dt_graph *g = dt_graph_create(NULL, NULL);
+  int64_t shape[1] = {N};
+  dt_tensor *xt = dt_tensor_from(g, 1, shape, x);
+  dt_tensor_set_requires_grad(xt, 1);
+  dt_tensor *y = dt_relu(g, xt);
+  CHECK(y != NULL && dt_backward_grad(g, y, gy) == DTRAIN_OK);
+  int bad = 0;
+  for (int i = 0; y && xt->grad && i < N; i++) {
+    float want = x[i] > 0.0f ? x[i] : 0.0f, wg = 0.0f + (x[i] > 0.0f ? gy[i] : 0.0f);
+    if (memcmp(&y->data[i], &want, sizeof want) != 0 || memcmp(&xt->grad[i], &wg, sizeof wg) != 0) bad++;
+  }
+  CHECK_MSG(bad == 0, "%d relu elements differ", bad);
+  dt_graph_destroy(g);
+}
+
+/* ---- max pooling 2x2 stride 2 (the SIMD path: 4 windows at a time) -------------------- */
+
+/* First maximum of the window wins; a NaN wins over numbers. */
+static int64_t ref_argmax(const float *plane, int64_t w, int64_t oh, int64_t ow, int k, int s) {
+  int64_t at = oh * s * w + ow * s;
+  float best = plane[at];
+  for (int i = 0; i < k; i++)
+    for (int j = 0; j < k; j++) {
+      int64_t t = (oh * s + i) * w + ow * s + j;
+      float v = plane[t];
+      if (v > best || (v != v && best == best)) {
+        best = v;
+        at = t;
+      }
+    }
+  return at;
+}
+
+static void test_max_pool_fast_path(void) {
+  static const int64_t shapes[][4] = {{2, 3, 8, 11}, {1, 2, 10, 16}, {2, 2, 5, 9}};
+  th_seed(21);
+  for (int t = 0; t < 3; t++) {
+    int64_t n = shapes[t][0] * shapes[t][1] * shapes[t][2] * shapes[t][3];
+    float *x = (float *)malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(int)th_uniform(-3, 3); /* many ties */
+    x[5] = NAN;
+    x[n / 2] = NAN;
+    x[n - 3] = NAN;
+    dt_graph *g = dt_graph_create(NULL, NULL);
+    dt_tensor *xt = dt_tensor_from(g, 4, shapes[t], x);
+    dt_tensor_set_requires_grad(xt, 1);
+    dt_tensor *y = dt_max_pool2d(g, xt, 2, 2);
+    CHECK(y != NULL);
+    if (!y) {
+      free(x);
+      dt_graph_destroy(g);
+      continue;
+    }
+    float *gy = (float *)malloc((size_t)y->size * sizeof(float));
+    for (int64_t i = 0; i < y->size; i++) gy[i] = th_uniform(-1, 1);
+    CHECK(dt_backward_grad(g, y, gy) == DTRAIN_OK);
+    float *want = (float *)calloc((size_t)n, sizeof(float));
+    int64_t planes = shapes[t][0] * shapes[t][1], h = shapes[t][2], w = shapes[t][3], ho = h / 2, wo = w / 2;
+    int bad = 0;
+    for (int64_t pl = 0; pl < planes; pl++)
+      for (int64_t oh = 0; oh < ho; oh++)
+        for (int64_t ow = 0; ow < wo; ow++) {
+          int64_t a = ref_argmax(x + pl * h * w, w, oh, ow, 2, 2), o = (pl * ho + oh) * wo + ow;
+          float v = x[pl * h * w + a], got = y->data[o];
+          if (!(got == v || (got != got && v != v))) bad++;
+          want[pl * h * w + a] += gy[o];
+        }
+    for (int64_t i = 0; xt->grad && i < n; i++) bad += xt->grad[i] != want[i];
+    CHECK_MSG(bad == 0, "max_pool2d 2x2 case %d: %d mismatches", t, bad);
+    free(want);
+    free(gy);
+    free(x);
+    dt_graph_destroy(g);
+  }
+}
+
+/* ---- convolution: the im2col span copy and col2im (stride 1, "same" width) ------------ */
+
+typedef struct { int s, p; } conv_ctx;
+
+static dt_tensor *f_conv(dt_graph *g, dt_tensor **in, void *ctx) {
+  const conv_ctx *c = (const conv_ctx *)ctx;
+  return dt_conv2d(g, in[0], in[1], in[2], c->s, c->p);
+}
+
+/* Direct convolution in double; returns the number of outputs off by more
+ * than the float error of their sum. */
+static int conv_check_values(const float *x, const float *w, const float *b, const dt_tensor *y, const int64_t *xs,
+                             const int64_t *ws, int s, int p) {
+  int64_t n = xs[0], c = xs[1], h = xs[2], wd = xs[3], o = ws[0], kh = ws[2], kw = ws[3];
+  int64_t ho = (h + 2 * p - kh) / s + 1, wo = (wd + 2 * p - kw) / s + 1;
+  int bad = 0;
+  for (int64_t in = 0; in < n; in++)
+    for (int64_t io = 0; io < o; io++)
+      for (int64_t oh = 0; oh < ho; oh++)
+        for (int64_t ow = 0; ow < wo; ow++) {
+          double acc = b[io], mag = fabs(acc);
+          for (int64_t ic = 0; ic < c; ic++)
+            for (int64_t i = 0; i < kh; i++)
+              for (int64_t j = 0; j < kw; j++) {
+                int64_t ih = oh * s - p + i, iw = ow * s - p + j;
+                if (ih < 0 || ih >= h || iw < 0 || iw >= wd) continue;
+                double t = (double)x[((in * c + ic) * h + ih) * wd + iw] * (double)w[((io * c + ic) * kh + i) * kw + j];
+                acc += t;
+                mag += fabs(t);
+              }
+          double got = y->data[((in * o + io) * ho + oh) * wo + ow];
+          if (!(fabs(got - acc) <= 4.0 * (double)(c * kh * kw + 2) * FLT_EPSILON * mag + 1e-6)) bad++;
+        }
+  return bad;
+}
+
+static void test_conv_span_paths(void) {
+  /* x shape, w shape, stride, padding: "same" convolutions (Wo == W, the
+   * span copy), kh != kw, stride 2, and a valid one; small and large planes
+   * (images grouped per GEMM or not). */
+  static const int64_t cfg[][10] = {
+      {3, 2, 9, 9, 4, 2, 5, 5, 1, 2},   {2, 3, 6, 7, 3, 3, 3, 3, 1, 1}, {2, 2, 7, 8, 3, 2, 3, 5, 1, 2},
+      {2, 2, 9, 9, 3, 2, 3, 3, 2, 1},   {2, 1, 24, 24, 2, 1, 5, 5, 1, 2}, {2, 2, 6, 6, 2, 2, 3, 3, 1, 0},
+  };
+  th_seed(61);
+  for (int t = 0; t < 6; t++) {
+    const int64_t *q = cfg[t];
+    int64_t xs[4] = {q[0], q[1], q[2], q[3]}, ws[4] = {q[4], q[5], q[6], q[7]}, bs[1] = {q[4]};
+    int s = (int)q[8], p = (int)q[9];
+    int64_t nx = xs[0] * xs[1] * xs[2] * xs[3], nw = ws[0] * ws[1] * ws[2] * ws[3];
+    float *x = (float *)malloc((size_t)nx * sizeof(float)), *w = (float *)malloc((size_t)nw * sizeof(float));
+    float b[8];
+    th_fill(x, nx, -1, 1);
+    th_fill(w, nw, -1, 1);
+    th_fill(b, ws[0], -1, 1);
+    dt_graph *g = dt_graph_create(NULL, NULL);
+    dt_tensor *y = dt_conv2d(g, dt_tensor_from(g, 4, xs, x), dt_tensor_from(g, 4, ws, w), dt_tensor_from(g, 1, bs, b), s, p);
+    CHECK(y != NULL);
+    if (y) CHECK_MSG(conv_check_values(x, w, b, y, xs, ws, s, p) == 0, "conv case %d values", t);
+    dt_graph_destroy(g);
+    th_input in[3] = {th_in(x, 4, xs, 1), th_in(w, 4, ws, 1), th_in(b, 1, bs, 1)};
+    conv_ctx ctx = {s, p};
+    int bad = th_gradcheck("conv2d", f_conv, &ctx, in, 3);
+    CHECK_MSG(bad == 0, "conv case %d: %d gradient mismatches", t, bad);
+    free(x);
+    free(w);
+  }
+}
+
+/* ---- dt_memory_stats ------------------------------------------------------------------------ */
+
+static void test_memory_stats(void) {
+  dt_params *P = dt_params_create(1);
+  dt_nn_linear l1, l2;
+  dt_nn_linear_init(&l1, P, "fc1", 20, 16, 1);
+  dt_nn_linear_init(&l2, P, "fc2", 16, 3, 1);
+  size_t floats = 20 * 16 + 16 + 16 * 3 + 3;
+  CHECK(dt_params_size(P) == floats);
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_ADAM;
+  dt_optim *adam = dt_optim_create(P, &od);
+  od.kind = DTRAIN_OPTIM_SGD;
+  od.momentum = 0.9f;
+  dt_optim *sgdm = dt_optim_create(P, &od);
+  od.momentum = 0.0f;
+  dt_optim *sgd = dt_optim_create(P, &od);
+  dt_graph *g = dt_graph_create(P, NULL);
+  dt_memory_info mi;
+
+  CHECK(dt_memory_stats(P, adam, NULL, &mi) == DTRAIN_OK);
+  CHECK(mi.params_bytes == floats * 4 && mi.grads_bytes == floats * 4 && mi.optim_bytes == 2 * floats * 4);
+  CHECK(mi.activations_bytes == 0 && mi.arena_bytes == 0 && mi.tape_bytes == 0);
+  CHECK(mi.total_bytes == 4 * floats * 4);
+  CHECK(dt_memory_stats(P, sgdm, NULL, &mi) == DTRAIN_OK && mi.optim_bytes == floats * 4);
+  CHECK(dt_memory_stats(P, sgd, NULL, &mi) == DTRAIN_OK && mi.optim_bytes == 0);
+
+  /* One step: the activations are the arena's peak. */
+  float xv[5 * 20];
+  int32_t labels[5] = {0, 1, 2, 1, 0};
+  th_seed(3);
+  th_fill(xv, 5 * 20, -1, 1);
+  int64_t xs[2] = {5, 20};
+  for (int step = 0; step < 2; step++) {
+    dt_graph_reset(g);
+    dt_params_zero_grad(P);
+    dt_tensor *h = dt_relu(g, dt_nn_linear_forward(g, &l1, dt_tensor_wrap(g, 2, xs, xv)));
+    CHECK(dt_backward(g, dt_cross_entropy(g, dt_nn_linear_forward(g, &l2, h), labels)) == DTRAIN_OK);
+    dt_optim_step(adam);
+  }
+  CHECK(dt_memory_stats(P, adam, g, &mi) == DTRAIN_OK);
+  CHECK(mi.activations_bytes == dt_graph_bytes_peak(g) && mi.activations_bytes >= 5 * 16 * 4);
+  CHECK(mi.arena_bytes == dt_graph_bytes_reserved(g) && mi.arena_bytes >= mi.activations_bytes);
+  CHECK(mi.tape_bytes > 0);
+  CHECK(mi.total_bytes ==
+        mi.params_bytes + mi.grads_bytes + mi.optim_bytes + mi.arena_bytes + mi.tape_bytes);
+
+  /* A graph alone, or nothing. */
+  CHECK(dt_memory_stats(NULL, NULL, g, &mi) == DTRAIN_OK && mi.params_bytes == 0 && mi.activations_bytes > 0);
+  CHECK(dt_memory_stats(NULL, NULL, NULL, &mi) == DTRAIN_OK && mi.total_bytes == 0);
+  /* Errors. */
+  CHECK(dt_memory_stats(P, adam, g, NULL) == DTRAIN_ERR_NULL_ARG);
+  CHECK(strstr(dt_last_error(), "out is NULL") != NULL);
+  CHECK(dt_memory_stats(NULL, adam, g, &mi) == DTRAIN_ERR_NULL_ARG);
+  CHECK(strstr(dt_last_error(), "needs its params") != NULL);
+
+  dt_graph_destroy(g);
+  dt_optim_destroy(adam);
+  dt_optim_destroy(sgdm);
+  dt_optim_destroy(sgd);
+  dt_params_destroy(P);
+}
+
+int main(void) {
+  printf("%s\n", dt_build_info());
+  TH_RUN(test_gemm_env_override); /* first: before any other dt_sgemm call */
+  TH_RUN(test_gemm_use_portable_switch);
+  TH_RUN(test_gemm_paths_agree);
+  TH_RUN(test_gemm_beta0_ignores_c);
+  TH_RUN(test_gemm_first_call_threads);
+  TH_RUN(test_adam_simd_matches_scalar);
+  TH_RUN(test_relu_exact);
+  TH_RUN(test_max_pool_fast_path);
+  TH_RUN(test_conv_span_paths);
+  TH_RUN(test_memory_stats);
+  return th_summary("speed");
+}
