@@ -20,6 +20,8 @@
 #include "dt_params.h"
 #include "dt_optim.h"
 #include "dt_nn.h"
+#include "dt_comm.h"
+#include "dt_strategy.h"
 
 #include <float.h>
 #include <limits.h>
