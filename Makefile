@@ -21,6 +21,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: all test test-run demo bench amalgamate sanitize tsan clean check-amalgamation
+.PHONY: bench-strategy
 
 all: dtrain.h $(TESTS) $(EXAMPLES)
 
@@ -61,6 +62,13 @@ $(BUILD)/bench/%: bench/%.c dtrain.h
 
 bench: $(BUILD)/bench/bench_core
 	$(BUILD)/bench/bench_core
+
+# Strategy benchmarks (in-process all-reduce busbw against a minimal reference;
+# MLP samples/s under each strategy), run by `make bench` too.
+bench: bench-strategy
+bench-strategy: $(BUILD)/bench/bench_allreduce $(BUILD)/bench/bench_strategy
+	$(BUILD)/bench/bench_allreduce
+	$(BUILD)/bench/bench_strategy
 
 # ASan + UBSan over the whole suite (separate build directory).
 sanitize:

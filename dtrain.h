@@ -823,6 +823,8 @@ DTRAIN_EXTERN_C_END
  * Failure: dt_comm_abort() breaks the communicator; every collective in
  * progress or later returns DTRAIN_ERR_ABORTED on every rank (no rank is left
  * waiting) until dt_comm_recover(), which is called when no rank is inside.
+ * DTRAIN_ERR_ABORTED comes without a message or log line of its own: the
+ * rank that aborted reports the cause.
  *
  * Threads: a rank's calls come from one thread at a time; different ranks
  * call concurrently. Buffers must not be touched by anyone else while a
@@ -935,10 +937,17 @@ DTRAIN_EXTERN_C_END
  * | one_device          | the params' own buffers      | forward/backward on the whole batch, one update          |
  * | mirrored(N)         | one copy per replica         | N shards; reduce-scatter of the gradients; each replica  |
  * |                     |                              | updates its slice; all-gather of the parameters          |
- * | central_storage(N)  | one copy read by all         | N shards; gradients reduced into the centre; one update  |
+ * | central_storage(N)  | one copy read by all (*)     | N shards; gradients reduced into the centre; one update  |
  * |                     |                              | (each replica applies it to its slice of the centre)     |
  * | async(N, k)         | a lock-free store + a copy   | replicas run free: pull, forward/backward on their own   |
  * |                     | per replica                  | batch, local optimizer step, push the update             |
+ *
+ * (*) Non-trainable buffers (batch-norm running statistics) are written by
+ * the forward pass, so with such a model each central_storage replica works
+ * on a private copy of the centre, refreshed every step. Buffers follow
+ * replica 0 in every strategy (mirrored broadcasts them after each step,
+ * like PyTorch DDP's broadcast_buffers); async pushes their change like any
+ * other update.
  *
  * The synchronous strategies compute exactly what one_device computes on the
  * same global batch (up to float rounding: the gradient sums run in rank
@@ -6111,16 +6120,12 @@ static dt_result dt__comm_threads_broadcast(dt_comm *c, int rank, float *buf, si
 
 static dt_result dt__comm_threads_barrier(dt_comm *c, int rank) {
   dt__comm_threads *t = dt__comm_threads_of(c);
-  /* One meeting is enough: nothing is shared but the slot, which is only
-   * rewritten after the next meeting. */
-  dt__comm_slot_data *me = &t->slots[rank].d;
-  me->op = DT__COMM_OP_BARRIER;
-  me->n = 0;
-  me->root = 0;
-  dt_result r = dt__comm_threads_meet(t, rank);
+  /* Two meetings like every collective, so that a rank calling barrier while
+   * another calls something else is caught (MISMATCH) instead of pairing
+   * meetings of different calls. */
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_BARRIER, NULL, 0, 0);
   if (r != DTRAIN_OK) return r;
-  me->st.calls++;
-  return DTRAIN_OK;
+  return dt__comm_threads_leave(t, rank, 0);
 }
 
 static void dt__comm_threads_abort(dt_comm *c, int rank) {

@@ -216,16 +216,12 @@ static dt_result dt__comm_threads_broadcast(dt_comm *c, int rank, float *buf, si
 
 static dt_result dt__comm_threads_barrier(dt_comm *c, int rank) {
   dt__comm_threads *t = dt__comm_threads_of(c);
-  /* One meeting is enough: nothing is shared but the slot, which is only
-   * rewritten after the next meeting. */
-  dt__comm_slot_data *me = &t->slots[rank].d;
-  me->op = DT__COMM_OP_BARRIER;
-  me->n = 0;
-  me->root = 0;
-  dt_result r = dt__comm_threads_meet(t, rank);
+  /* Two meetings like every collective, so that a rank calling barrier while
+   * another calls something else is caught (MISMATCH) instead of pairing
+   * meetings of different calls. */
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_BARRIER, NULL, 0, 0);
   if (r != DTRAIN_OK) return r;
-  me->st.calls++;
-  return DTRAIN_OK;
+  return dt__comm_threads_leave(t, rank, 0);
 }
 
 static void dt__comm_threads_abort(dt_comm *c, int rank) {

@@ -19,6 +19,8 @@
  * Failure: dt_comm_abort() breaks the communicator; every collective in
  * progress or later returns DTRAIN_ERR_ABORTED on every rank (no rank is left
  * waiting) until dt_comm_recover(), which is called when no rank is inside.
+ * DTRAIN_ERR_ABORTED comes without a message or log line of its own: the
+ * rank that aborted reports the cause.
  *
  * Threads: a rank's calls come from one thread at a time; different ranks
  * call concurrently. Buffers must not be touched by anyone else while a

@@ -21,10 +21,17 @@
  * | one_device          | the params' own buffers      | forward/backward on the whole batch, one update          |
  * | mirrored(N)         | one copy per replica         | N shards; reduce-scatter of the gradients; each replica  |
  * |                     |                              | updates its slice; all-gather of the parameters          |
- * | central_storage(N)  | one copy read by all         | N shards; gradients reduced into the centre; one update  |
+ * | central_storage(N)  | one copy read by all (*)     | N shards; gradients reduced into the centre; one update  |
  * |                     |                              | (each replica applies it to its slice of the centre)     |
  * | async(N, k)         | a lock-free store + a copy   | replicas run free: pull, forward/backward on their own   |
  * |                     | per replica                  | batch, local optimizer step, push the update             |
+ *
+ * (*) Non-trainable buffers (batch-norm running statistics) are written by
+ * the forward pass, so with such a model each central_storage replica works
+ * on a private copy of the centre, refreshed every step. Buffers follow
+ * replica 0 in every strategy (mirrored broadcasts them after each step,
+ * like PyTorch DDP's broadcast_buffers); async pushes their change like any
+ * other update.
  *
  * The synchronous strategies compute exactly what one_device computes on the
  * same global batch (up to float rounding: the gradient sums run in rank

@@ -345,10 +345,13 @@ static void *abort_thread(void *arg) {
   return NULL;
 }
 
+static int mismatch_mode;
 static void *mismatch_thread(void *arg) {
   abort_job *j = (abort_job *)arg;
   float x[8] = {0};
-  j->rc = dt_comm_allreduce(j->c, j->rank, x, j->rank == 0 ? 8 : 4);
+  if (mismatch_mode == 0) j->rc = dt_comm_allreduce(j->c, j->rank, x, j->rank == 0 ? 8 : 4);
+  else if (j->rank == 0) j->rc = dt_comm_barrier(j->c, j->rank);
+  else j->rc = dt_comm_broadcast(j->c, j->rank, x, 8, 0);
   return NULL;
 }
 
@@ -381,14 +384,22 @@ static void test_comm_errors(void) {
   CHECK(comm_run(c, 3, 64, 0, 0, 2, bufs, NULL) == 0);
   for (int r = 0; r < 3; r++) free(bufs[r]);
   dt_comm_destroy(c);
-  /* ranks that disagree on n all get MISMATCH, and nobody hangs */
+  /* ranks that disagree on n, or on the call, all get MISMATCH, and nobody hangs */
   c = dt_comm_create_threads(2, 0);
-  for (int r = 0; r < 2; r++) {
-    jobs[r].c = c; jobs[r].rank = r;
-    pthread_create(&th[r], NULL, mismatch_thread, &jobs[r]);
+  for (mismatch_mode = 0; mismatch_mode < 2; mismatch_mode++) {
+    for (int r = 0; r < 2; r++) {
+      jobs[r].c = c; jobs[r].rank = r;
+      pthread_create(&th[r], NULL, mismatch_thread, &jobs[r]);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    CHECK_MSG(jobs[0].rc == DTRAIN_ERR_MISMATCH && jobs[1].rc == DTRAIN_ERR_MISMATCH, "mode %d: %s %s",
+              mismatch_mode, dt_result_name(jobs[0].rc), dt_result_name(jobs[1].rc));
   }
-  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
-  CHECK(jobs[0].rc == DTRAIN_ERR_MISMATCH && jobs[1].rc == DTRAIN_ERR_MISMATCH);
+  /* and the communicator still works */
+  float *bb[2];
+  for (int r = 0; r < 2; r++) bb[r] = (float *)calloc(16, sizeof(float));
+  CHECK(comm_run(c, 2, 16, 0, 0, 2, bb, NULL) == 0);
+  for (int r = 0; r < 2; r++) free(bb[r]);
   dt_comm_destroy(c);
   alarm(0);
 }
@@ -1164,5 +1175,5 @@ int main(void) {
   TH_RUN(test_loss_must_be_scalar);
   TH_RUN(test_batch_norm_buffers);
   TH_RUN(test_sync_after_manual_change);
-  return th_summary("test_strategy");
+  return th_summary("strategy");
 }
