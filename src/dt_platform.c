@@ -9,6 +9,7 @@
 
 #if !defined(_WIN32)
 #  include <errno.h>
+#  include <sched.h>
 #  include <unistd.h>
 #endif
 
@@ -150,13 +151,19 @@ DTRAIN_PRIVATE void dt__event_notify(dt__event *e) {
 
 DTRAIN_PRIVATE double dt__event_wait(dt__event *e, dt__pred_fn pred, void *arg, double spin_s) {
   if (pred(arg)) return 0.0;
-  double t0 = dt__now();
+  double t0 = dt__now(), t;
   for (;;) {
     for (int k = 0; k < 32; k++) {
       dt__cpu_relax();
       if (pred(arg)) return dt__now() - t0;
     }
-    if (dt__now() - t0 >= spin_s) break;
+    t = dt__now() - t0;
+    if (t >= spin_s) break;
+    /* After a couple of microseconds of pure spinning, offer the core to
+     * whoever else is runnable on it (perhaps the thread we wait for). */
+#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+    if (t > 2e-6) sched_yield();
+#endif
   }
 #if !defined(DTRAIN_NO_THREADS)
   dt__mutex_lock(&e->m);
