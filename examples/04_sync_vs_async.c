@@ -145,7 +145,7 @@ static int parse(int argc, char **argv, options *o) {
   o->batch = 256;
   o->lr = 0.003f;
   o->seed = 1;
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc; i += 2) { /* --flag value pairs */
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) { usage(); return 0; }
     if (strcmp(a, "--replicas") == 0) o->replicas = atoi(v);
@@ -160,7 +160,6 @@ static int parse(int argc, char **argv, options *o) {
         return 0;
       }
     } else { usage(); return 0; }
-    i++;
   }
   if (o->replicas < 1 || o->replicas > DTRAIN_MAX_REPLICAS || o->steps < 1 || o->batch < o->replicas ||
       o->batch > NTRAIN) {
