@@ -198,7 +198,8 @@ int main(int argc, char **argv) {
   printf("%lld steps of a global batch of %lld (async: %lld pushes of %lld rows); %d replicas on %d CPUs",
          (long long)o.steps, (long long)o.batch, (long long)(o.steps * N), (long long)(o.batch / N), N,
          dt_cpu_count());
-  if (o.straggler >= 0 && o.factor > 1.0f) printf("; replica %d is %gx slower", o.straggler, (double)o.factor);
+  if (o.straggler >= 0 && o.factor > 1.0f)
+    printf("; replica %d is %gx slower (one_device, a single replica, is not slowed)", o.straggler, (double)o.factor);
   printf("\n\n%-22s %11s %11s %9s %10s %s\n", "strategy", "samples/s", "train loss", "test acc", "wait", "staleness (mean / max)");
   for (int k = 0; k < NSTRAT; k++) {
     dt_strategy_desc sd = sds[k]; /* <- the one line that picks the strategy */
