@@ -33,6 +33,12 @@
  * like PyTorch DDP's broadcast_buffers); async pushes their change like any
  * other update.
  *
+ * After a step the params' data buffer holds the trained parameters under
+ * every strategy (mirrored: replica 0's copy, equal to the others). Its grad
+ * buffer holds the reduced gradient of the whole batch for one_device and
+ * central_storage; for mirrored only replica 0's slice of it (the
+ * reduce-scatter leaves each slice with its owner).
+ *
  * The synchronous strategies compute exactly what one_device computes on the
  * same global batch (up to float rounding: the gradient sums run in rank
  * order) and repeat bitwise. async trades that for never waiting for the
