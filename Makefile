@@ -22,6 +22,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
+.PHONY: bench-strategy
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump
 
@@ -79,6 +80,13 @@ $(BUILD)/bench/bench_speed: bench/bench_speed.c dtrain.h
 bench: $(BUILD)/bench/bench_core $(BUILD)/bench/bench_speed
 	$(BUILD)/bench/bench_core
 	sh bench/run_speed.sh $(BUILD)/bench/bench_speed
+
+# Strategy benchmarks (in-process all-reduce busbw against a minimal reference;
+# MLP samples/s under each strategy), run by `make bench` too.
+bench: bench-strategy
+bench-strategy: $(BUILD)/bench/bench_allreduce $(BUILD)/bench/bench_strategy
+	$(BUILD)/bench/bench_allreduce
+	$(BUILD)/bench/bench_strategy
 
 # ASan + UBSan over the whole suite (separate build directory).
 sanitize:

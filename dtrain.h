@@ -1429,6 +1429,463 @@ DTRAIN_EXTERN_C_END
 #endif /* DTRAIN_MEMORY_H */
 /* ======== end dt_memory.h ======== */
 
+/* ======== begin dt_comm.h ======== */
+/* ===========================================================================
+ * dt_comm.h -- communicators: all-reduce, reduce-scatter, all-gather,
+ * reduce, broadcast and barrier over flat float buffers, behind a vtable
+ * ===========================================================================
+ * A communicator connects `world` ranks. Every collective is called by every
+ * rank with the same n (and root); each rank passes its own buffer. Sums run
+ * in rank order (rank 0 + rank 1 + ...), so results never depend on timing
+ * and repeat bitwise.
+ *
+ * Backends implement dt_comm_vtable. The in-process backend
+ * (dt_comm_create_threads) connects threads of one process: each call names
+ * the calling thread's rank. Backends with one rank per process (TCP, MPI)
+ * implement the same table and take the rank argument as a check.
+ *
+ * Slices: reduce-scatter and all-gather split a buffer of n floats into
+ * `world` contiguous slices given by dt_comm_slice(): boundaries on multiples
+ * of 16 floats (64 bytes, no false sharing), sizes differing by at most 16.
+ *
+ * Failure: dt_comm_abort() breaks the communicator; every collective in
+ * progress or later returns DTRAIN_ERR_ABORTED on every rank (no rank is left
+ * waiting) until dt_comm_recover(), which is called when no rank is inside.
+ * DTRAIN_ERR_ABORTED comes without a message or log line of its own: the
+ * rank that aborted reports the cause.
+ *
+ * Threads: a rank's calls come from one thread at a time; different ranks
+ * call concurrently. Buffers must not be touched by anyone else while a
+ * collective on them runs; when a call returns, the buffer is the caller's.
+ */
+#ifndef DTRAIN_COMM_H
+#define DTRAIN_COMM_H
+
+/* #include "dt_base.h" (amalgamated) */
+
+DTRAIN_EXTERN_C_BEGIN
+
+typedef struct dt_comm dt_comm;
+
+/* Per-rank counters (since creation or dt_comm_reset_stats). */
+typedef struct dt_comm_stats {
+  int64_t calls;       /* collectives completed by this rank */
+  double wait_s;       /* seconds this rank spent waiting for the others */
+  uint64_t bytes;      /* bytes of buffer this rank passed to collectives */
+} dt_comm_stats;
+
+typedef struct dt_comm_vtable {
+  const char *name; /* "threads", "tcp", ... */
+  /* Every buffer gets the element-wise sum over ranks. */
+  dt_result (*allreduce)(dt_comm *c, int rank, float *buf, size_t n);
+  /* The rank's slice (dt_comm_slice) of its buffer gets the sum over ranks of
+   * that slice; the rest of its buffer is unspecified afterwards. */
+  dt_result (*reduce_scatter)(dt_comm *c, int rank, float *buf, size_t n);
+  /* Slice r of every buffer gets slice r of rank r's buffer. */
+  dt_result (*allgather)(dt_comm *c, int rank, float *buf, size_t n);
+  /* The root's buffer gets the sum; the others' buffers are unchanged. */
+  dt_result (*reduce)(dt_comm *c, int rank, float *buf, size_t n, int root);
+  /* Every buffer gets a copy of the root's. */
+  dt_result (*broadcast)(dt_comm *c, int rank, float *buf, size_t n, int root);
+  dt_result (*barrier)(dt_comm *c, int rank);
+  /* Break the communicator (see above). Callable from any rank, any time. */
+  void (*abort)(dt_comm *c, int rank);
+  /* Make a broken communicator usable again; no rank may be inside a call. */
+  dt_result (*recover)(dt_comm *c);
+  void (*stats)(dt_comm *c, int rank, dt_comm_stats *out);
+  void (*reset_stats)(dt_comm *c);
+  void (*destroy)(dt_comm *c);
+} dt_comm_vtable;
+
+/* The communicator object. Backends fill it; users only pass it around. */
+struct dt_comm {
+  const dt_comm_vtable *vtable;
+  int world;  /* number of ranks (>= 1) */
+  void *impl; /* the backend's state */
+};
+
+/* In-process backend for `world` threads (1 <= world <= 256). spin_us: how
+ * long a waiting rank spins before it sleeps (0: default, 50 us when the
+ * ranks fit on the cores; < 0: never spin). NULL on failure; world > 1 needs
+ * threads (DTRAIN_ERR_UNSUPPORTED with DTRAIN_NO_THREADS). Each collective:
+ * ranks publish their buffers and meet at a barrier, each rank sums its slice
+ * in rank order and writes the result where it belongs (for all-reduce: into
+ * every rank's buffer -- reduce-scatter and all-gather fused), and they meet
+ * again before returning. */
+DTRAIN_API dt_comm *dt_comm_create_threads(int world, int spin_us);
+/* Destroys any backend; NULL is a no-op. No rank may be inside a call. */
+DTRAIN_API void dt_comm_destroy(dt_comm *c);
+
+/* The collectives: check the arguments, then call the backend. They return
+ * DTRAIN_ERR_NULL_ARG / DTRAIN_ERR_INDEX for bad arguments (without
+ * communicating), DTRAIN_ERR_ABORTED when the communicator is broken, and
+ * DTRAIN_ERR_MISMATCH (on every rank) when the ranks disagree on n or root. */
+DTRAIN_API dt_result dt_comm_allreduce(dt_comm *c, int rank, float *buf, size_t n);
+DTRAIN_API dt_result dt_comm_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n);
+DTRAIN_API dt_result dt_comm_allgather(dt_comm *c, int rank, float *buf, size_t n);
+DTRAIN_API dt_result dt_comm_reduce(dt_comm *c, int rank, float *buf, size_t n, int root);
+DTRAIN_API dt_result dt_comm_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root);
+DTRAIN_API dt_result dt_comm_barrier(dt_comm *c, int rank);
+DTRAIN_API void dt_comm_abort(dt_comm *c, int rank);
+DTRAIN_API dt_result dt_comm_recover(dt_comm *c);
+DTRAIN_API int dt_comm_world(const dt_comm *c);
+DTRAIN_API const char *dt_comm_name(const dt_comm *c);
+DTRAIN_API dt_result dt_comm_stats_get(dt_comm *c, int rank, dt_comm_stats *out);
+DTRAIN_API void dt_comm_reset_stats(dt_comm *c);
+
+/* Slice `rank` of n floats split over `world` ranks: [*begin, *end). */
+DTRAIN_API void dt_comm_slice(size_t n, int world, int rank, size_t *begin, size_t *end);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_COMM_H */
+/* ======== end dt_comm.h ======== */
+
+/* ======== begin dt_strategy.h ======== */
+/* ===========================================================================
+ * dt_strategy.h -- data-parallel training in one process: one_device,
+ * mirrored, central_storage and async (Hogwild) behind one API; the
+ * in-process parameter store
+ * ===========================================================================
+ * Write the model and a step function once; pick a strategy in one line:
+ *
+ *   static dt_tensor *step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+ *     model *m = (model *)user;              // read-only here: replicas share it
+ *     int64_t xs[2] = {b->rows, 784};
+ *     dt_tensor *x = dt_tensor_wrap(g, 2, xs, (float *)b->x);
+ *     return dt_cross_entropy(g, model_forward(g, m, x), b->y);   // mean over the shard
+ *   }
+ *   ...
+ *   dt_strategy_desc sd = dt_mirrored(4);    // or dt_one_device(), dt_central_storage(4), dt_async(4, 2)
+ *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
+ *   for (...) { dt_minibatch b = {...}; dt_strategy_step(s, &b, &loss); }
+ *
+ * | strategy            | parameters                   | per step                                                |
+ * |---------------------|------------------------------|---------------------------------------------------------|
+ * | one_device          | the params' own buffers      | forward/backward on the whole batch, one update          |
+ * | mirrored(N)         | one copy per replica         | N shards; reduce-scatter of the gradients; each replica  |
+ * |                     |                              | updates its slice; all-gather of the parameters          |
+ * | central_storage(N)  | one copy read by all (*)     | N shards; gradients reduced into the centre; one update  |
+ * |                     |                              | (each replica applies it to its slice of the centre)     |
+ * | async(N, k)         | a lock-free store + a copy   | replicas run free: pull, forward/backward on their own   |
+ * |                     | per replica                  | batch, local optimizer step, push the update             |
+ *
+ * (*) Non-trainable buffers (batch-norm running statistics) are written by
+ * the forward pass, so with such a model each central_storage replica works
+ * on a private copy of the centre, refreshed every step. Buffers follow
+ * replica 0 in every strategy (mirrored broadcasts them after each step,
+ * like PyTorch DDP's broadcast_buffers); async pushes their change like any
+ * other update.
+ *
+ * After a step the params' data buffer holds the trained parameters under
+ * every strategy (mirrored: replica 0's copy, equal to the others). Its grad
+ * buffer holds the reduced gradient of the whole batch for one_device and
+ * central_storage; for mirrored only replica 0's slice of it (the
+ * reduce-scatter leaves each slice with its owner).
+ *
+ * The synchronous strategies compute exactly what one_device computes on the
+ * same global batch (up to float rounding: the gradient sums run in rank
+ * order) and repeat bitwise. async trades that for never waiting for the
+ * slowest replica; max_staleness bounds how far it may drift (0 = lock-step).
+ *
+ * Batches and loss scaling. The global batch of a synchronous step is split
+ * into N contiguous shards; with B rows, shard r has B/N rows plus one when
+ * r < B % N (shards may be empty when B < N; an empty replica computes
+ * nothing). The step function returns the loss of its shard as it would for
+ * one device -- with DTRAIN_LOSS_MEAN (the default) the mean over the shard's
+ * rows -- and the strategy weights its gradient by rows/B (the dt_minibatch
+ * field `weight`), so the summed gradient is exactly the gradient of the mean
+ * over the whole batch, for any split. DTRAIN_LOSS_SUM: the step returns a
+ * sum over its rows and the weights are 1.
+ * In async, each replica's step is an optimizer step of its own on its own
+ * batch (weight 1), like N single-device trainers sharing the parameters.
+ *
+ * Async update rule. Each replica pulls the parameters into its own copy
+ * with relaxed atomic loads (no lock; a version number says how fresh),
+ * runs forward/backward, applies the optimizer to its copy with its own
+ * optimizer state (a clone of the given optimizer), and pushes the
+ * difference (new - pulled) into the store. The default push,
+ * DTRAIN_ASYNC_HOGWILD, is Hogwild's unsynchronised per-element update done
+ * with relaxed atomic loads and stores: no lock, no read-modify-write
+ * instruction, but two replicas writing the same element at the same instant
+ * may lose one of the two additions -- rare (replicas sweep the buffer at
+ * different places) and harmless for SGD, as the Hogwild paper shows; atomic
+ * (not plain) accesses keep it free of undefined behaviour and clean under
+ * ThreadSanitizer. DTRAIN_ASYNC_ATOMIC adds with a compare-and-swap loop per
+ * element: no update is ever lost, at several times the cost of the push.
+ *
+ * Staleness. max_staleness k is bounded staleness (SSP) on step clocks: a
+ * replica starts (pulls for) its step t only after every replica finished
+ * step t-k-1, and pushes step t only after every replica started step t-k;
+ * so a replica is never more than k steps ahead of the slowest one, and the
+ * parameters it computes on miss at most (N-1)(2k+1) updates. k = 0 is
+ * lock-step: every replica reads the same parameters in a round, and the
+ * pushes are applied in replica order, so async(N, 0) is deterministic and
+ * equals a synchronous step with DTRAIN_LOSS_SUM. DTRAIN_STALENESS_UNBOUNDED
+ * (-1) is fully asynchronous. The staleness recorded for each push (the
+ * histogram in dt_strategy_stats) is the number of updates other replicas
+ * pushed between its pull and its push.
+ *
+ * Failures. An error in one replica (a failing op, a non-finite loss, with
+ * check_numerics also a NaN/Inf gradient or update) stops the step on every
+ * replica: the barrier or the store is broken, the others return at once
+ * with DTRAIN_ERR_ABORTED, and dt_strategy_step/run returns the failing
+ * replica's code with a message naming it ("replica 2: dt_matmul: ...").
+ * Nothing is left waiting. A failed synchronous step changes no parameter
+ * (the check happens before any update; batch-norm statistics excepted);
+ * dt_strategy_stats.failed_replica and each dt_replica_stats.result say who
+ * failed and who was aborted. The strategy stays usable.
+ *
+ * Threads: the pool of N-1 worker threads is created with the strategy and
+ * lives until it is destroyed (the calling thread is replica 0); no thread
+ * is created per step. Who touches what:
+ *
+ * | object                      | touched by                                                        |
+ * |-----------------------------|-------------------------------------------------------------------|
+ * | dt_strategy                 | one calling thread at a time (step, run, stats, sync, destroy)     |
+ * | the step function           | replica r's thread, concurrently for different r; `user` must be   |
+ * |                             | read-only or per-replica                                           |
+ * | the batch function (run)    | sync: the calling thread; async: replica r's thread, concurrently  |
+ * | replica r's graph           | replica r's thread during a step; the caller between steps         |
+ * | the params and optimizer    | the strategy during step/run; the caller between them              |
+ * | params data during async    | read and written by every replica with atomic accesses             |
+ *
+ * Without threads (DTRAIN_NO_THREADS) only one_device works; the other
+ * strategies return DTRAIN_ERR_UNSUPPORTED from dt_strategy_create.
+ */
+#ifndef DTRAIN_STRATEGY_H
+#define DTRAIN_STRATEGY_H
+
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+
+DTRAIN_EXTERN_C_BEGIN
+
+#define DTRAIN_MAX_REPLICAS 64
+#define DTRAIN_STALENESS_UNBOUNDED (-1)
+#define DTRAIN_STALENESS_BINS 64
+
+typedef enum dt_strategy_kind {
+  DTRAIN_STRATEGY_ONE_DEVICE = 0,
+  DTRAIN_STRATEGY_MIRRORED,
+  DTRAIN_STRATEGY_CENTRAL_STORAGE,
+  DTRAIN_STRATEGY_ASYNC
+} dt_strategy_kind;
+
+typedef enum dt_loss_reduction {
+  DTRAIN_LOSS_MEAN = 0, /* the step returns the mean over its shard (default) */
+  DTRAIN_LOSS_SUM       /* the step returns the sum over its shard */
+} dt_loss_reduction;
+
+typedef enum dt_async_update {
+  DTRAIN_ASYNC_HOGWILD = 0, /* relaxed atomic load + store per element (default) */
+  DTRAIN_ASYNC_ATOMIC       /* compare-and-swap add per element: no lost update */
+} dt_async_update;
+
+/* A batch (or a shard of one): arrays with `rows` rows, row-major. The
+ * strategy never copies the data; shards point into the global batch. */
+typedef struct dt_minibatch {
+  int64_t rows;          /* samples */
+  const float *x;        /* rows * x_cols inputs (may be NULL) */
+  int64_t x_cols;
+  const int32_t *y;      /* rows * y_cols integer labels (may be NULL) */
+  int64_t y_cols;        /* 0 means 1 */
+  const float *t;        /* rows * t_cols float targets (may be NULL) */
+  int64_t t_cols;
+  void *user;            /* passed unchanged to every shard */
+  /* Filled by the strategy in what the step function receives: */
+  int64_t step;          /* the batch's number: sync, the global step; async, a ticket unique across replicas */
+  int64_t replica_step;  /* steps this replica made before this one in the current call */
+  int64_t first;         /* the shard's first row in the global batch */
+  int64_t global_rows;   /* rows of the global batch */
+  float weight;          /* factor applied to this shard's loss gradient */
+} dt_minibatch;
+
+/* Builds replica `replica`'s loss on graph g (bound to that replica's
+ * parameters: use dt_param(g, i) / the dt_nn_* layers) for its shard and
+ * returns it (one element), or NULL after a failed op (the graph's error is
+ * reported). Called concurrently from the replicas' threads. */
+typedef dt_tensor *(*dt_step_fn)(dt_graph *g, int replica, const dt_minibatch *shard, void *user);
+
+/* Fills *out with batch number `step` for dt_strategy_run: replica -1 asks
+ * for the global batch of a synchronous step (called on the calling
+ * thread); replica r >= 0 for async replica r's own batch (called on that
+ * replica's thread, concurrently with other replicas). The data must stay
+ * valid until the step is done (the next call for the same replica). Return
+ * DTRAIN_OK or an error code, which stops the run. */
+typedef dt_result (*dt_minibatch_fn)(void *user, int replica, int64_t step, dt_minibatch *out);
+
+/* Zero fields take the defaults in brackets. */
+typedef struct dt_strategy_desc {
+  dt_strategy_kind kind;         /* [one_device] */
+  int replicas;                  /* N [one_device: 1; others: the number of CPUs] */
+  int max_staleness;             /* async: 0 lock-step, k > 0 bounded, DTRAIN_STALENESS_UNBOUNDED */
+  dt_async_update async_update;  /* async: [HOGWILD] */
+  dt_loss_reduction loss;        /* [MEAN] */
+  int check_numerics;            /* nonzero: every op checks for NaN/Inf, and so do the reduced
+                                    gradients (sync) and the pushed updates (async) */
+  size_t arena_bytes;            /* first arena block of each replica's graph [1 MiB] */
+  uint64_t seed;                 /* replica r's graph RNG (dropout) gets seed + r [1] */
+  int spin_us;                   /* waiting threads spin this long before sleeping
+                                    [50 when N <= CPUs, else 0.5]; < 0: never spin */
+  int straggler;                 /* for experiments: this replica ... */
+  float straggler_factor;        /* ... runs this many times slower (> 1: after computing it
+                                    sleeps factor-1 times its compute time) [off] */
+} dt_strategy_desc;
+
+/* The one-line choices. */
+DTRAIN_API dt_strategy_desc dt_one_device(void);
+DTRAIN_API dt_strategy_desc dt_mirrored(int replicas);
+DTRAIN_API dt_strategy_desc dt_central_storage(int replicas);
+DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness);
+/* From a name ("one_device", "mirrored", "central_storage", "async"), e.g.
+ * for a --strategy flag. DTRAIN_ERR_INVALID_ARG for an unknown name. */
+DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out);
+DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind);
+
+typedef struct dt_strategy dt_strategy;
+
+/* Create a strategy training `params` with `opt` (created on params) by
+ * calling `step(g, replica, shard, user)`. desc NULL means one_device. The
+ * params must not gain parameters afterwards. The strategy borrows params,
+ * opt and user (they must outlive it) and owns its graphs, replica buffers
+ * and threads. After creation the replicas hold the params' current values;
+ * if you change them yourself later (loading a checkpoint), call
+ * dt_strategy_sync(). NULL on failure (dt_last_error()). */
+DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_step_fn step, void *user,
+                                           const dt_strategy_desc *desc);
+/* Joins the threads and frees everything the strategy owns; NULL is a no-op. */
+DTRAIN_API void dt_strategy_destroy(dt_strategy *s);
+
+/* One step on a global batch: split into shards, forward/backward on every
+ * replica, reduce, update. For async: one round -- replica r takes shard r
+ * and makes one step of its own against the store. *loss (may be NULL) gets
+ * the loss of the whole batch (MEAN: the rows-weighted mean of the shard
+ * losses; SUM: their sum). Returns DTRAIN_OK or the first failing replica's
+ * error (see Failures). */
+DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss);
+
+/* `steps` steps with batches from next(). Sync: `steps` global steps, each on
+ * next(user, -1, step). Async: steps * N pushes in all, the replicas running
+ * free (with max_staleness 0 exactly `steps` each); replica r gets its
+ * batches from next(user, r, ticket). *mean_loss (may be NULL) gets the mean
+ * loss over the steps (async: over the pushes). */
+DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                     float *mean_loss);
+
+/* Copy the params' current values into every replica's copy (mirrored). */
+DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s);
+
+DTRAIN_API int dt_strategy_replicas(const dt_strategy *s);
+DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s);
+/* Replica r's graph (for inspection between steps: memory, RNG state). */
+DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica);
+
+/* ---- statistics (since creation or dt_strategy_reset_stats) ---------------------- */
+typedef struct dt_replica_stats {
+  int64_t steps;          /* steps completed (async: pushes) */
+  int64_t samples;        /* rows processed */
+  double compute_s;       /* forward + backward (+ straggler sleep) */
+  double wait_s;          /* waiting for the others: barriers (sync), the staleness bound (async) */
+  int64_t staleness_max;  /* async: most updates pushed by others between a pull and its push */
+  double staleness_mean;
+  int64_t clock_gap_max;  /* async: most steps this replica was ahead of the slowest at a pull */
+  dt_result result;       /* of the last call: DTRAIN_OK, its own error, or DTRAIN_ERR_ABORTED */
+} dt_replica_stats;
+
+typedef struct dt_strategy_stats {
+  dt_strategy_kind kind;
+  int replicas;
+  int64_t steps;          /* sync: global steps; async: pushes by all replicas */
+  int64_t samples;        /* rows processed by all replicas */
+  double seconds;         /* wall time inside dt_strategy_step/run */
+  double steps_per_s, samples_per_s;
+  double wait_s_mean;     /* mean over replicas of dt_replica_stats.wait_s */
+  double wait_s_max;
+  float last_loss;        /* sync: the last step's loss; async: the last push's */
+  double mean_loss;       /* mean over the steps (async: pushes) */
+  int64_t staleness_hist[DTRAIN_STALENESS_BINS]; /* async: pushes by staleness; the last bin is ">=" */
+  int64_t staleness_max;
+  double staleness_mean;
+  int64_t clock_gap_max;
+  int failed_replica;     /* -1, or the replica whose error ended the last call */
+} dt_strategy_stats;
+
+DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);
+DTRAIN_API dt_result dt_strategy_replica_stats(const dt_strategy *s, int replica, dt_replica_stats *out);
+DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s);
+
+/* ---- the parameter store -----------------------------------------------------------
+ * What async replicas (workers) train against: pull the parameters, push an
+ * update, each with a step clock that enforces the staleness bound (see
+ * Staleness above). The in-process backend is lock-free; a networked one
+ * (parameter-server shards) implements the same table.
+ *
+ *   for (t = 0; ; t++) {
+ *     dt_pstore_pull(ps, w, t, mine, n, &tk);     // may wait for the bound
+ *     ... compute delta ...
+ *     dt_pstore_push(ps, w, t, delta, n, &tk);    // may wait; records tk.staleness
+ *   }
+ *   dt_pstore_leave(ps, w);                        // done: nobody waits for w any more
+ *
+ * With max_staleness 0 every worker must make the same number of steps.
+ * dt_pstore_begin() starts a new run (clocks back to 0) when no worker is
+ * inside; dt_pstore_abort() makes every waiting and later call return
+ * DTRAIN_ERR_ABORTED until dt_pstore_begin(). */
+typedef struct dt_pstore dt_pstore;
+
+typedef struct dt_pstore_ticket {
+  uint64_t version;    /* pull: updates applied when the copy began (push reads it) */
+  int64_t staleness;   /* push: updates pushed by others since the pull */
+  int64_t clock_gap;   /* pull: steps this worker was ahead of the slowest */
+  double wait_s;       /* seconds this call waited for the bound */
+} dt_pstore_ticket;
+
+typedef struct dt_pstore_vtable {
+  const char *name;
+  dt_result (*pull)(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n, dt_pstore_ticket *tk);
+  /* delta NULL: an empty push that only advances the clock */
+  dt_result (*push)(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n, dt_pstore_ticket *tk);
+  void (*leave)(dt_pstore *ps, int worker);
+  void (*abort)(dt_pstore *ps);
+  dt_result (*begin)(dt_pstore *ps);
+  uint64_t (*version)(dt_pstore *ps);
+  void (*destroy)(dt_pstore *ps);
+} dt_pstore_vtable;
+
+struct dt_pstore {
+  const dt_pstore_vtable *vtable;
+  int workers;
+  int max_staleness;
+  size_t size;   /* floats in the store */
+  void *impl;
+};
+
+/* In-process store over `data` (n floats, borrowed: the params' buffer) for
+ * `workers` threads. NULL on failure. */
+DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
+                                             dt_async_update update, int spin_us);
+DTRAIN_API void dt_pstore_destroy(dt_pstore *ps);
+DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                    dt_pstore_ticket *tk);
+DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                    dt_pstore_ticket *tk);
+DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker);
+DTRAIN_API void dt_pstore_abort(dt_pstore *ps);
+DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps);
+DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps);
+
+/* ---- small utilities ------------------------------------------------------------------ */
+/* Sleep for `seconds` (monotonic; restarts after signals). */
+DTRAIN_API void dt_sleep(double seconds);
+/* Number of online CPUs (>= 1). */
+DTRAIN_API int dt_cpu_count(void);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_STRATEGY_H */
+/* ======== end dt_strategy.h ======== */
+
 #endif /* DTRAIN_H_INCLUDED */
 
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN__IMPLEMENTATION_DONE)
@@ -1462,6 +1919,8 @@ DTRAIN_EXTERN_C_END
 /* #include "dt_fit.h" (amalgamated) */
 /* #include "dt_data.h" (amalgamated) */
 /* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
 
 #include <float.h>
 #include <limits.h>
@@ -10700,5 +11159,2130 @@ DTRAIN_API dt_result dt_memory_stats(const dt_params *p, const dt_optim *o, cons
   return DTRAIN_OK;
 }
 /* ======== end dt_memory.c ======== */
+
+/* ======== begin dt_platform.h ======== */
+/* ===========================================================================
+ * dt_platform.h -- threads, mutexes, condition variables, atomics, a
+ * breakable barrier, a persistent thread pool, monotonic time, sleep
+ * ===========================================================================
+ * Private to the implementation (it is listed as an impl file: its types hold
+ * pthread objects, and public struct layouts never depend on a macro). The
+ * only file that includes pthread.h; the strategies (dt_strategy.c) and the
+ * communicators (dt_comm*.c) build on it.
+ *
+ * Atomics: C11 <stdatomic.h> when compiled as C, the GCC/Clang __atomic
+ * builtins when compiled as C++ (C++17 has no <stdatomic.h>) or when the C
+ * compiler lacks C11 atomics. Both spell the same operations through the
+ * DT__A* macros below; a shared word is declared DT__ATOMIC(T). Nothing
+ * spins on `volatile`.
+ *
+ * Waiting: every wait spins for a short time (spin_us, checking the
+ * condition between CPU pause instructions), then sleeps on a condition
+ * variable. A waker only touches the mutex when somebody sleeps. The spin
+ * phase is what makes a 4 KiB all-reduce take about a microsecond instead
+ * of the ~11 us of a sleeping pthread barrier.
+ *
+ * Without threads (DTRAIN_NO_THREADS) the same API exists: mutexes and
+ * condition variables do nothing, thread creation fails with
+ * DTRAIN_ERR_UNSUPPORTED, and a pool or barrier of one participant works.
+ */
+#ifndef DTRAIN_PLATFORM_H
+#define DTRAIN_PLATFORM_H
+
+/* #include "dt_internal.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_THREADS)
+#  include <pthread.h>
+#endif
+
+/* ---- atomics ------------------------------------------------------------------- */
+#if defined(__cplusplus) || defined(__STDC_NO_ATOMICS__)
+#  if !defined(__GNUC__) && !defined(__clang__)
+#    error "dtrain: atomics need C11 <stdatomic.h> or the GCC/Clang __atomic builtins"
+#  endif
+#  define DT__ATOMIC(T) T
+#  define DT__MO_RELAXED __ATOMIC_RELAXED
+#  define DT__MO_ACQUIRE __ATOMIC_ACQUIRE
+#  define DT__MO_RELEASE __ATOMIC_RELEASE
+#  define DT__MO_ACQ_REL __ATOMIC_ACQ_REL
+#  define DT__MO_SEQ_CST __ATOMIC_SEQ_CST
+#  define DT__ALOAD(p, mo) __atomic_load_n((p), (mo))
+#  define DT__ASTORE(p, v, mo) __atomic_store_n((p), (v), (mo))
+#  define DT__AFETCH_ADD(p, v, mo) __atomic_fetch_add((p), (v), (mo))
+#  define DT__AFETCH_SUB(p, v, mo) __atomic_fetch_sub((p), (v), (mo))
+#  define DT__ACAS(p, expp, des, mo) \
+     __atomic_compare_exchange_n((p), (expp), (des), 0, (mo), __ATOMIC_RELAXED)
+#else
+#  include <stdatomic.h>
+#  define DT__ATOMIC(T) _Atomic(T)
+#  define DT__MO_RELAXED memory_order_relaxed
+#  define DT__MO_ACQUIRE memory_order_acquire
+#  define DT__MO_RELEASE memory_order_release
+#  define DT__MO_ACQ_REL memory_order_acq_rel
+#  define DT__MO_SEQ_CST memory_order_seq_cst
+#  define DT__ALOAD(p, mo) atomic_load_explicit((p), (mo))
+#  define DT__ASTORE(p, v, mo) atomic_store_explicit((p), (v), (mo))
+#  define DT__AFETCH_ADD(p, v, mo) atomic_fetch_add_explicit((p), (v), (mo))
+#  define DT__AFETCH_SUB(p, v, mo) atomic_fetch_sub_explicit((p), (v), (mo))
+#  define DT__ACAS(p, expp, des, mo) \
+     atomic_compare_exchange_strong_explicit((p), (expp), (des), (mo), memory_order_relaxed)
+#endif
+
+/* A float buffer that is read and written concurrently (the Hogwild
+ * parameter store). Cast a float* to this to access it atomically. */
+typedef DT__ATOMIC(float) dt__afloat;
+
+/* Relaxed float load/store (never torn; plain moves on x86 and ARM). */
+static DT__UNUSED inline float dt__afloat_load(dt__afloat *p) {
+#if defined(__cplusplus) || defined(__STDC_NO_ATOMICS__)
+  float v;
+  __atomic_load(p, &v, __ATOMIC_RELAXED);
+  return v;
+#else
+  return atomic_load_explicit(p, memory_order_relaxed);
+#endif
+}
+
+static DT__UNUSED inline void dt__afloat_store(dt__afloat *p, float v) {
+#if defined(__cplusplus) || defined(__STDC_NO_ATOMICS__)
+  __atomic_store(p, &v, __ATOMIC_RELAXED);
+#else
+  atomic_store_explicit(p, v, memory_order_relaxed);
+#endif
+}
+
+/* *p += v as one indivisible step (compare-and-swap loop, relaxed). */
+static DT__UNUSED inline void dt__afloat_add(dt__afloat *p, float v) {
+  float old = dt__afloat_load(p), upd;
+  for (;;) {
+    upd = old + v;
+#if defined(__cplusplus) || defined(__STDC_NO_ATOMICS__)
+    if (__atomic_compare_exchange(p, &old, &upd, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return;
+#else
+    if (atomic_compare_exchange_weak_explicit(p, &old, upd, memory_order_relaxed, memory_order_relaxed)) return;
+#endif
+  }
+}
+
+/* A hint to the CPU inside spin loops (lets the sibling hyper-thread run). */
+static DT__UNUSED inline void dt__cpu_relax(void) {
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_ia32_pause();
+#elif (defined(__GNUC__) || defined(__clang__)) && (defined(__aarch64__) || defined(__arm__))
+  __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+/* ---- time ------------------------------------------------------------------------ */
+/* Monotonic seconds (CLOCK_MONOTONIC where available). */
+DTRAIN_PRIVATE double dt__now(void);
+/* Sleep for `seconds` (>= 0), restarting after signals. */
+DTRAIN_PRIVATE void dt__sleep(double seconds);
+/* Online CPUs (>= 1). */
+DTRAIN_PRIVATE int dt__cpu_count(void);
+
+/* ---- threads, mutexes, condition variables ---------------------------------------- */
+typedef struct dt__mutex {
+#if !defined(DTRAIN_NO_THREADS)
+  pthread_mutex_t m;
+#else
+  int unused;
+#endif
+} dt__mutex;
+
+typedef struct dt__cond {
+#if !defined(DTRAIN_NO_THREADS)
+  pthread_cond_t c;
+#else
+  int unused;
+#endif
+} dt__cond;
+
+typedef struct dt__thread {
+#if !defined(DTRAIN_NO_THREADS)
+  pthread_t t;
+#endif
+  int started;
+} dt__thread;
+
+typedef void (*dt__thread_fn)(void *arg);
+
+DTRAIN_PRIVATE dt_result dt__mutex_init(dt__mutex *m);
+DTRAIN_PRIVATE void dt__mutex_destroy(dt__mutex *m);
+DTRAIN_PRIVATE void dt__mutex_lock(dt__mutex *m);
+DTRAIN_PRIVATE void dt__mutex_unlock(dt__mutex *m);
+DTRAIN_PRIVATE dt_result dt__cond_init(dt__cond *c);
+DTRAIN_PRIVATE void dt__cond_destroy(dt__cond *c);
+DTRAIN_PRIVATE void dt__cond_wait(dt__cond *c, dt__mutex *m);
+DTRAIN_PRIVATE void dt__cond_broadcast(dt__cond *c);
+/* Start a thread running fn(arg). DTRAIN_ERR_UNSUPPORTED without threads. */
+DTRAIN_PRIVATE dt_result dt__thread_start(dt__thread *t, dt__thread_fn fn, void *arg);
+DTRAIN_PRIVATE void dt__thread_join(dt__thread *t);
+
+/* ---- events: spin, then sleep until a condition holds ------------------------------
+ * The condition is a function of atomics that only ever change from "false"
+ * to "true" through a change that is followed by dt__event_notify(). The
+ * condition's loads must be seq_cst (or acquire after a seq_cst store), the
+ * notifier's stores seq_cst: then a sleeper cannot miss its wake-up. */
+typedef struct dt__event {
+  dt__mutex m;
+  dt__cond c;
+  DT__ATOMIC(int) sleepers;
+} dt__event;
+
+typedef int (*dt__pred_fn)(void *arg);
+
+DTRAIN_PRIVATE dt_result dt__event_init(dt__event *e);
+DTRAIN_PRIVATE void dt__event_destroy(dt__event *e);
+/* Wake every sleeper (cheap when nobody sleeps). Call after the change. */
+DTRAIN_PRIVATE void dt__event_notify(dt__event *e);
+/* Wait until pred(arg) is true: spin for spin_s seconds, then sleep. Returns
+ * the seconds spent waiting (0 when pred held at once). */
+DTRAIN_PRIVATE double dt__event_wait(dt__event *e, dt__pred_fn pred, void *arg, double spin_s);
+
+/* ---- barrier with a broken state ---------------------------------------------------
+ * A counting barrier for n threads. dt__barrier_break() releases every
+ * waiter, present and future, with DTRAIN_ERR_ABORTED until
+ * dt__barrier_reset(), which must only be called while no thread is inside. */
+typedef struct dt__barrier {
+  DT__ATOMIC(int) count;        /* arrivals in this phase */
+  DT__ATOMIC(unsigned) phase;   /* bumped by the last arrival */
+  DT__ATOMIC(int) broken;
+  int n;
+  double spin_s;
+  dt__event ev;
+} dt__barrier;
+
+DTRAIN_PRIVATE dt_result dt__barrier_init(dt__barrier *b, int n, double spin_s);
+DTRAIN_PRIVATE void dt__barrier_destroy(dt__barrier *b);
+/* DTRAIN_OK, or DTRAIN_ERR_ABORTED when the barrier is (or becomes) broken.
+ * *waited (may be NULL) gets the seconds this thread waited. */
+DTRAIN_PRIVATE dt_result dt__barrier_wait(dt__barrier *b, double *waited);
+DTRAIN_PRIVATE void dt__barrier_break(dt__barrier *b);
+DTRAIN_PRIVATE int dt__barrier_broken(dt__barrier *b);
+DTRAIN_PRIVATE void dt__barrier_reset(dt__barrier *b);
+
+/* ---- persistent thread pool ---------------------------------------------------------
+ * n participants: the calling thread is index 0, n-1 worker threads are
+ * created once and wait (spin, then sleep) between jobs. dt__pool_run()
+ * runs fn(arg, i) for i = 0..n-1 and returns when all have returned. No
+ * thread is created per job. */
+typedef void (*dt__pool_fn)(void *arg, int index);
+typedef struct dt__pool dt__pool;
+
+/* n >= 1; n > 1 needs threads. NULL on failure (thread error set). */
+DTRAIN_PRIVATE dt__pool *dt__pool_create(int n, double spin_s);
+DTRAIN_PRIVATE void dt__pool_destroy(dt__pool *p);
+DTRAIN_PRIVATE void dt__pool_run(dt__pool *p, dt__pool_fn fn, void *arg);
+DTRAIN_PRIVATE int dt__pool_size(const dt__pool *p);
+
+/* Default spin before sleeping: 50 us when the waiters fit on the cores,
+ * else a few hundred nanoseconds (a spinner would steal the core that the
+ * thread being waited for needs). spin_us < 0 means never spin; 0 the default. */
+DTRAIN_PRIVATE double dt__spin_seconds(int spin_us, int nthreads);
+
+#endif /* DTRAIN_PLATFORM_H */
+/* ======== end dt_platform.h ======== */
+
+/* ======== begin dt_platform.c ======== */
+/* ===========================================================================
+ * dt_platform.c -- threads, events, the breakable barrier, the thread pool
+ * ===========================================================================
+ * See dt_platform.h. POSIX threads; without threads (DTRAIN_NO_THREADS) the
+ * primitives degrade to what a single thread needs.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+#if !defined(_WIN32)
+#  include <errno.h>
+#  include <sched.h>
+#  include <unistd.h>
+#endif
+
+/* ---- time ------------------------------------------------------------------------ */
+
+DTRAIN_PRIVATE double dt__now(void) {
+#if defined(CLOCK_MONOTONIC) && !defined(_WIN32)
+  struct timespec ts;
+  if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#endif
+  return dt_time_now();
+}
+
+DTRAIN_PRIVATE void dt__sleep(double seconds) {
+  if (!(seconds > 0.0)) return;
+#if !defined(_WIN32)
+  struct timespec ts;
+  ts.tv_sec = (time_t)seconds;
+  ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+#else
+  double end = dt__now() + seconds;
+  while (dt__now() < end) dt__cpu_relax();
+#endif
+}
+
+DTRAIN_PRIVATE int dt__cpu_count(void) {
+#if defined(_SC_NPROCESSORS_ONLN)
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  if (n >= 1 && n < 65536) return (int)n;
+#endif
+  return 1;
+}
+
+DTRAIN_PRIVATE double dt__spin_seconds(int spin_us, int nthreads) {
+  if (spin_us < 0) return 0.0;
+  if (spin_us > 0) return (double)spin_us * 1e-6;
+  return nthreads <= dt__cpu_count() ? 50e-6 : 0.5e-6;
+}
+
+/* ---- mutex, condvar, thread ------------------------------------------------------ */
+
+#if !defined(DTRAIN_NO_THREADS)
+
+DTRAIN_PRIVATE dt_result dt__mutex_init(dt__mutex *m) {
+  int rc = pthread_mutex_init(&m->m, NULL);
+  return rc == 0 ? DTRAIN_OK : dt__error(DTRAIN_ERR_THREAD, "pthread_mutex_init failed (error %d)", rc);
+}
+DTRAIN_PRIVATE void dt__mutex_destroy(dt__mutex *m) { pthread_mutex_destroy(&m->m); }
+DTRAIN_PRIVATE void dt__mutex_lock(dt__mutex *m) { pthread_mutex_lock(&m->m); }
+DTRAIN_PRIVATE void dt__mutex_unlock(dt__mutex *m) { pthread_mutex_unlock(&m->m); }
+
+DTRAIN_PRIVATE dt_result dt__cond_init(dt__cond *c) {
+  int rc = pthread_cond_init(&c->c, NULL);
+  return rc == 0 ? DTRAIN_OK : dt__error(DTRAIN_ERR_THREAD, "pthread_cond_init failed (error %d)", rc);
+}
+DTRAIN_PRIVATE void dt__cond_destroy(dt__cond *c) { pthread_cond_destroy(&c->c); }
+DTRAIN_PRIVATE void dt__cond_wait(dt__cond *c, dt__mutex *m) { pthread_cond_wait(&c->c, &m->m); }
+DTRAIN_PRIVATE void dt__cond_broadcast(dt__cond *c) { pthread_cond_broadcast(&c->c); }
+
+typedef struct dt__platform_start {
+  dt__thread_fn fn;
+  void *arg;
+} dt__platform_start;
+
+#define DT__THREAD_STACK ((size_t)2 << 20) /* at least 2 MiB per worker thread */
+
+static void *dt__platform_trampoline(void *p) {
+  dt__platform_start s = *(dt__platform_start *)p;
+  dt__free(p, sizeof(dt__platform_start));
+  s.fn(s.arg);
+  return NULL;
+}
+
+DTRAIN_PRIVATE dt_result dt__thread_start(dt__thread *t, dt__thread_fn fn, void *arg) {
+  t->started = 0;
+  dt__platform_start *s = (dt__platform_start *)dt__alloc(sizeof *s);
+  if (!s) return dt__error(DTRAIN_ERR_NOMEM, "thread start: out of memory");
+  s->fn = fn;
+  s->arg = arg;
+  /* An explicit stack: dt_sgemm keeps its packed panels (~240 KiB) on the
+   * stack, more than some libcs give a thread by default (musl: 128 KiB). */
+  pthread_attr_t attr;
+  int rc = pthread_attr_init(&attr);
+  if (rc == 0) {
+    size_t have = 0;
+    if (pthread_attr_getstacksize(&attr, &have) != 0 || have < DT__THREAD_STACK)
+      rc = pthread_attr_setstacksize(&attr, DT__THREAD_STACK);
+    if (rc == 0) rc = pthread_create(&t->t, &attr, dt__platform_trampoline, s);
+    pthread_attr_destroy(&attr);
+  }
+  if (rc != 0) {
+    dt__free(s, sizeof *s);
+    return dt__error(DTRAIN_ERR_THREAD, "pthread_create failed (error %d)", rc);
+  }
+  t->started = 1;
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__thread_join(dt__thread *t) {
+  if (t->started) pthread_join(t->t, NULL);
+  t->started = 0;
+}
+
+#else /* DTRAIN_NO_THREADS */
+
+DTRAIN_PRIVATE dt_result dt__mutex_init(dt__mutex *m) { m->unused = 0; return DTRAIN_OK; }
+DTRAIN_PRIVATE void dt__mutex_destroy(dt__mutex *m) { (void)m; }
+DTRAIN_PRIVATE void dt__mutex_lock(dt__mutex *m) { (void)m; }
+DTRAIN_PRIVATE void dt__mutex_unlock(dt__mutex *m) { (void)m; }
+DTRAIN_PRIVATE dt_result dt__cond_init(dt__cond *c) { c->unused = 0; return DTRAIN_OK; }
+DTRAIN_PRIVATE void dt__cond_destroy(dt__cond *c) { (void)c; }
+DTRAIN_PRIVATE void dt__cond_wait(dt__cond *c, dt__mutex *m) { (void)c; (void)m; }
+DTRAIN_PRIVATE void dt__cond_broadcast(dt__cond *c) { (void)c; }
+DTRAIN_PRIVATE dt_result dt__thread_start(dt__thread *t, dt__thread_fn fn, void *arg) {
+  (void)fn; (void)arg;
+  t->started = 0;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "threads are not available (built with DTRAIN_NO_THREADS)");
+}
+DTRAIN_PRIVATE void dt__thread_join(dt__thread *t) { t->started = 0; }
+
+#endif
+
+/* ---- events ------------------------------------------------------------------------ */
+
+DTRAIN_PRIVATE dt_result dt__event_init(dt__event *e) {
+  DT__ASTORE(&e->sleepers, 0, DT__MO_RELAXED);
+  dt_result r = dt__mutex_init(&e->m);
+  if (r != DTRAIN_OK) return r;
+  r = dt__cond_init(&e->c);
+  if (r != DTRAIN_OK) dt__mutex_destroy(&e->m);
+  return r;
+}
+
+DTRAIN_PRIVATE void dt__event_destroy(dt__event *e) {
+  dt__cond_destroy(&e->c);
+  dt__mutex_destroy(&e->m);
+}
+
+DTRAIN_PRIVATE void dt__event_notify(dt__event *e) {
+  /* Pairs with the sleeper's seq_cst increment of `sleepers` followed by its
+   * seq_cst re-check of the condition: one of the two sees the other. */
+  if (DT__ALOAD(&e->sleepers, DT__MO_SEQ_CST) > 0) {
+    dt__mutex_lock(&e->m);
+    dt__cond_broadcast(&e->c);
+    dt__mutex_unlock(&e->m);
+  }
+}
+
+DTRAIN_PRIVATE double dt__event_wait(dt__event *e, dt__pred_fn pred, void *arg, double spin_s) {
+  if (pred(arg)) return 0.0;
+  double t0 = dt__now(), t;
+  for (;;) {
+    for (int k = 0; k < 32; k++) {
+      dt__cpu_relax();
+      if (pred(arg)) return dt__now() - t0;
+    }
+    t = dt__now() - t0;
+    if (t >= spin_s) break;
+    /* After a couple of microseconds of pure spinning, offer the core to
+     * whoever else is runnable on it (perhaps the thread we wait for). */
+#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+    if (t > 2e-6) sched_yield();
+#endif
+  }
+#if !defined(DTRAIN_NO_THREADS)
+  dt__mutex_lock(&e->m);
+  DT__AFETCH_ADD(&e->sleepers, 1, DT__MO_SEQ_CST);
+  while (!pred(arg)) dt__cond_wait(&e->c, &e->m);
+  DT__AFETCH_SUB(&e->sleepers, 1, DT__MO_SEQ_CST);
+  dt__mutex_unlock(&e->m);
+#else
+  (void)e; /* one thread: nobody else can make pred true */
+#endif
+  return dt__now() - t0;
+}
+
+/* ---- barrier -------------------------------------------------------------------------- */
+
+DTRAIN_PRIVATE dt_result dt__barrier_init(dt__barrier *b, int n, double spin_s) {
+  DT__ASTORE(&b->count, 0, DT__MO_RELAXED);
+  DT__ASTORE(&b->phase, 0u, DT__MO_RELAXED);
+  DT__ASTORE(&b->broken, 0, DT__MO_RELAXED);
+  b->n = n;
+  b->spin_s = spin_s;
+  return dt__event_init(&b->ev);
+}
+
+DTRAIN_PRIVATE void dt__barrier_destroy(dt__barrier *b) { dt__event_destroy(&b->ev); }
+
+typedef struct dt__platform_bwait {
+  dt__barrier *b;
+  unsigned phase;
+} dt__platform_bwait;
+
+static int dt__platform_barrier_open(void *arg) {
+  dt__platform_bwait *w = (dt__platform_bwait *)arg;
+  return DT__ALOAD(&w->b->phase, DT__MO_SEQ_CST) != w->phase || DT__ALOAD(&w->b->broken, DT__MO_SEQ_CST);
+}
+
+DTRAIN_PRIVATE dt_result dt__barrier_wait(dt__barrier *b, double *waited) {
+  if (waited) *waited = 0.0;
+  if (DT__ALOAD(&b->broken, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
+  if (b->n <= 1) return DTRAIN_OK;
+  /* The phase must be read before arriving: once we count, the last thread
+   * may bump it at any moment. */
+  dt__platform_bwait w;
+  w.b = b;
+  w.phase = DT__ALOAD(&b->phase, DT__MO_ACQUIRE);
+  if (DT__AFETCH_ADD(&b->count, 1, DT__MO_ACQ_REL) + 1 == b->n) {
+    /* Last to arrive: reset the count for the next phase, then open. The
+     * waiters acquire the phase, so they see the count at 0 when they come
+     * back for the next phase. */
+    DT__ASTORE(&b->count, 0, DT__MO_RELAXED);
+    DT__ASTORE(&b->phase, w.phase + 1u, DT__MO_SEQ_CST);
+    dt__event_notify(&b->ev);
+    return DT__ALOAD(&b->broken, DT__MO_ACQUIRE) ? DTRAIN_ERR_ABORTED : DTRAIN_OK;
+  }
+  double t = dt__event_wait(&b->ev, dt__platform_barrier_open, &w, b->spin_s);
+  if (waited) *waited = t;
+  /* Broken wins even when the phase also moved: a failed replica's partners
+   * must not go on with half a collective. */
+  return DT__ALOAD(&b->broken, DT__MO_ACQUIRE) ? DTRAIN_ERR_ABORTED : DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__barrier_break(dt__barrier *b) {
+  DT__ASTORE(&b->broken, 1, DT__MO_SEQ_CST);
+  dt__event_notify(&b->ev);
+}
+
+DTRAIN_PRIVATE int dt__barrier_broken(dt__barrier *b) { return DT__ALOAD(&b->broken, DT__MO_ACQUIRE) != 0; }
+
+DTRAIN_PRIVATE void dt__barrier_reset(dt__barrier *b) {
+  DT__ASTORE(&b->count, 0, DT__MO_RELAXED);
+  DT__ASTORE(&b->broken, 0, DT__MO_SEQ_CST);
+}
+
+/* ---- thread pool ------------------------------------------------------------------------ */
+
+typedef struct dt__platform_worker {
+  dt__pool *pool;
+  int index;
+  dt__thread thread;
+} dt__platform_worker;
+
+struct dt__pool {
+  int n;
+  double spin_s;
+  dt__platform_worker *workers; /* n - 1 */
+  dt__event start, done;
+  DT__ATOMIC(uint64_t) gen;      /* job generation: bumped to start a job */
+  DT__ATOMIC(int) pending;       /* workers still running the current job */
+  DT__ATOMIC(int) stop;
+  dt__pool_fn fn;                /* the job: written before gen is bumped */
+  void *arg;
+};
+
+typedef struct dt__platform_gwait {
+  dt__pool *p;
+  uint64_t seen;
+} dt__platform_gwait;
+
+static int dt__platform_pool_started(void *arg) {
+  dt__platform_gwait *w = (dt__platform_gwait *)arg;
+  return DT__ALOAD(&w->p->gen, DT__MO_SEQ_CST) != w->seen || DT__ALOAD(&w->p->stop, DT__MO_SEQ_CST);
+}
+
+static int dt__platform_pool_done(void *arg) {
+  dt__pool *p = (dt__pool *)arg;
+  return DT__ALOAD(&p->pending, DT__MO_SEQ_CST) == 0;
+}
+
+static void dt__platform_pool_main(void *arg) {
+  dt__platform_worker *w = (dt__platform_worker *)arg;
+  dt__pool *p = w->pool;
+  dt__platform_gwait gw;
+  gw.p = p;
+  gw.seen = 0;
+  for (;;) {
+    dt__event_wait(&p->start, dt__platform_pool_started, &gw, p->spin_s);
+    if (DT__ALOAD(&p->stop, DT__MO_ACQUIRE)) return;
+    gw.seen = DT__ALOAD(&p->gen, DT__MO_ACQUIRE);
+    p->fn(p->arg, w->index);
+    if (DT__AFETCH_SUB(&p->pending, 1, DT__MO_SEQ_CST) == 1) dt__event_notify(&p->done);
+  }
+}
+
+DTRAIN_PRIVATE dt__pool *dt__pool_create(int n, double spin_s) {
+  if (n < 1) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "thread pool: %d participants (need >= 1)", n);
+    return NULL;
+  }
+#if defined(DTRAIN_NO_THREADS)
+  if (n > 1) {
+    dt__error(DTRAIN_ERR_UNSUPPORTED, "thread pool of %d: threads are not available (built with DTRAIN_NO_THREADS)", n);
+    return NULL;
+  }
+#endif
+  dt__pool *p = (dt__pool *)dt__calloc(sizeof *p);
+  if (!p) {
+    dt__error(DTRAIN_ERR_NOMEM, "thread pool: out of memory");
+    return NULL;
+  }
+  p->n = n;
+  p->spin_s = spin_s;
+  DT__ASTORE(&p->gen, (uint64_t)0, DT__MO_RELAXED);
+  DT__ASTORE(&p->pending, 0, DT__MO_RELAXED);
+  DT__ASTORE(&p->stop, 0, DT__MO_RELAXED);
+  if (dt__event_init(&p->start) != DTRAIN_OK) {
+    dt__free(p, sizeof *p);
+    return NULL;
+  }
+  if (dt__event_init(&p->done) != DTRAIN_OK) {
+    dt__event_destroy(&p->start);
+    dt__free(p, sizeof *p);
+    return NULL;
+  }
+  if (n > 1) {
+    p->workers = (dt__platform_worker *)dt__calloc((size_t)(n - 1) * sizeof(dt__platform_worker));
+    if (!p->workers) {
+      dt__error(DTRAIN_ERR_NOMEM, "thread pool: out of memory");
+      dt__pool_destroy(p);
+      return NULL;
+    }
+    for (int i = 0; i < n - 1; i++) {
+      p->workers[i].pool = p;
+      p->workers[i].index = i + 1;
+      if (dt__thread_start(&p->workers[i].thread, dt__platform_pool_main, &p->workers[i]) != DTRAIN_OK) {
+        dt__pool_destroy(p); /* joins the ones that started */
+        return NULL;
+      }
+    }
+  }
+  return p;
+}
+
+DTRAIN_PRIVATE void dt__pool_destroy(dt__pool *p) {
+  if (!p) return;
+  if (p->workers) {
+    DT__ASTORE(&p->stop, 1, DT__MO_SEQ_CST);
+    dt__event_notify(&p->start);
+    for (int i = 0; i < p->n - 1; i++) dt__thread_join(&p->workers[i].thread);
+    dt__free(p->workers, (size_t)(p->n - 1) * sizeof(dt__platform_worker));
+  }
+  dt__event_destroy(&p->done);
+  dt__event_destroy(&p->start);
+  dt__free(p, sizeof *p);
+}
+
+DTRAIN_PRIVATE void dt__pool_run(dt__pool *p, dt__pool_fn fn, void *arg) {
+  if (p->n == 1) {
+    fn(arg, 0);
+    return;
+  }
+  p->fn = fn;
+  p->arg = arg;
+  DT__ASTORE(&p->pending, p->n - 1, DT__MO_RELAXED);
+  /* Publishes fn, arg and pending to the workers, which acquire gen. */
+  DT__AFETCH_ADD(&p->gen, (uint64_t)1, DT__MO_SEQ_CST);
+  dt__event_notify(&p->start);
+  fn(arg, 0);
+  dt__event_wait(&p->done, dt__platform_pool_done, p, p->spin_s);
+}
+
+DTRAIN_PRIVATE int dt__pool_size(const dt__pool *p) { return p ? p->n : 0; }
+#undef DT__THREAD_STACK
+/* ======== end dt_platform.c ======== */
+
+/* ======== begin dt_comm.c ======== */
+/* ===========================================================================
+ * dt_comm.c -- the communicator front end and the in-process threads backend
+ * ===========================================================================
+ * Threads backend. Each rank owns a 64-byte slot where it publishes the
+ * buffer of the collective it is in. A collective is:
+ *
+ *   publish slot -> barrier -> check that every rank called the same thing
+ *   -> work on this rank's slice of every buffer -> barrier
+ *
+ * The first barrier makes every buffer ready and visible; the second keeps
+ * every buffer untouched until nobody reads it any more (the caller may
+ * reuse it as soon as the call returns). Between them only the owner of a
+ * slice touches that slice of any buffer, so the work needs no atomics. The
+ * sums run over a block of the slice at a time, rank 0 first, into a small
+ * stack buffer, then go where they belong: the result never depends on which
+ * thread came first.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+enum {
+  DT__COMM_OP_ALLREDUCE = 1,
+  DT__COMM_OP_REDUCE_SCATTER,
+  DT__COMM_OP_ALLGATHER,
+  DT__COMM_OP_REDUCE,
+  DT__COMM_OP_BROADCAST,
+  DT__COMM_OP_BARRIER
+};
+
+static const char *dt__comm_op_name(int op) {
+  switch (op) {
+    case DT__COMM_OP_ALLREDUCE: return "allreduce";
+    case DT__COMM_OP_REDUCE_SCATTER: return "reduce_scatter";
+    case DT__COMM_OP_ALLGATHER: return "allgather";
+    case DT__COMM_OP_REDUCE: return "reduce";
+    case DT__COMM_OP_BROADCAST: return "broadcast";
+    case DT__COMM_OP_BARRIER: return "barrier";
+    default: return "?";
+  }
+}
+
+/* ---- slices -------------------------------------------------------------------------- */
+
+DTRAIN_API void dt_comm_slice(size_t n, int world, int rank, size_t *begin, size_t *end) {
+  size_t b = 0, e = 0;
+  if (world >= 1 && rank >= 0 && rank < world) {
+    size_t chunks = (n + 15) / 16, w = (size_t)world, r = (size_t)rank;
+    b = chunks * r / w * 16;
+    e = chunks * (r + 1) / w * 16;
+    if (b > n) b = n;
+    if (e > n) e = n;
+  }
+  if (begin) *begin = b;
+  if (end) *end = e;
+}
+
+/* ---- the threads backend ---------------------------------------------------------------- */
+
+typedef struct dt__comm_slot_data {
+  float *buf;
+  size_t n;
+  int op, root;
+  dt_comm_stats st;
+} dt__comm_slot_data;
+
+typedef union dt__comm_slot {
+  dt__comm_slot_data d;
+  char align[2 * DT__ALIGN]; /* one slot per cache line pair: no false sharing */
+} dt__comm_slot;
+
+typedef struct dt__comm_threads {
+  dt_comm comm;
+  dt__barrier bar;
+  dt__comm_slot *slots;
+  size_t slots_bytes;
+} dt__comm_threads;
+
+#define DT__COMM_BLOCK 1024
+
+static dt__comm_threads *dt__comm_threads_of(dt_comm *c) { return (dt__comm_threads *)c->impl; }
+
+/* Barrier that accounts the wait to the rank. */
+static dt_result dt__comm_threads_meet(dt__comm_threads *t, int rank) {
+  double w = 0.0;
+  dt_result r = dt__barrier_wait(&t->bar, &w);
+  t->slots[rank].d.st.wait_s += w;
+  return r;
+}
+
+/* Publish, meet, check agreement. On success the caller does its work and
+ * then dt__comm_threads_leave(). */
+static dt_result dt__comm_threads_enter(dt__comm_threads *t, int rank, int op, float *buf, size_t n, int root) {
+  dt__comm_slot_data *me = &t->slots[rank].d;
+  me->buf = buf;
+  me->n = n;
+  me->op = op;
+  me->root = root;
+  /* An aborted collective returns DTRAIN_ERR_ABORTED without a message or a
+   * log line: the rank that aborted reports the cause. */
+  dt_result r = dt__comm_threads_meet(t, rank);
+  if (r != DTRAIN_OK) return r;
+  int world = t->comm.world;
+  for (int j = 0; j < world; j++) {
+    const dt__comm_slot_data *o = &t->slots[j].d;
+    if (o->op != op || o->n != n || o->root != root) {
+      /* Every rank sees the same slots, so every rank takes this branch;
+       * leave together so that nobody rewrites its slot while it is read. */
+      int bad_op = o->op;
+      size_t bad_n = o->n;
+      int bad_root = o->root;
+      dt__comm_threads_meet(t, rank);
+      if (bad_op != op)
+        return dt__error(DTRAIN_ERR_MISMATCH, "dt_comm_%s: rank %d: rank %d called %s instead", dt__comm_op_name(op),
+                         rank, j, dt__comm_op_name(bad_op));
+      if (bad_n != n)
+        return dt__error(DTRAIN_ERR_MISMATCH, "dt_comm_%s: rank %d passed n=%zu but rank %d passed n=%zu",
+                         dt__comm_op_name(op), rank, n, j, bad_n);
+      return dt__error(DTRAIN_ERR_MISMATCH, "dt_comm_%s: rank %d passed root %d but rank %d passed root %d",
+                       dt__comm_op_name(op), rank, root, j, bad_root);
+    }
+  }
+  return DTRAIN_OK;
+}
+
+static dt_result dt__comm_threads_leave(dt__comm_threads *t, int rank, size_t n) {
+  dt_result r = dt__comm_threads_meet(t, rank);
+  if (r != DTRAIN_OK) return r;
+  t->slots[rank].d.st.calls++;
+  t->slots[rank].d.st.bytes += (uint64_t)n * sizeof(float);
+  return DTRAIN_OK;
+}
+
+/* acc[0..m) = sum over ranks of buf_r[off..off+m), in rank order. */
+static void dt__comm_threads_sum(dt__comm_threads *t, size_t off, size_t m, float *acc) {
+  int world = t->comm.world;
+  const float *a = t->slots[0].d.buf + off;
+  if (world == 1) {
+    memcpy(acc, a, m * sizeof(float));
+    return;
+  }
+  const float *b = t->slots[1].d.buf + off;
+  for (size_t i = 0; i < m; i++) acc[i] = a[i] + b[i];
+  for (int r = 2; r < world; r++) {
+    const float *c = t->slots[r].d.buf + off;
+    for (size_t i = 0; i < m; i++) acc[i] += c[i];
+  }
+}
+
+static dt_result dt__comm_threads_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_ALLREDUCE, buf, n, 0);
+  if (r != DTRAIN_OK) return r;
+  size_t b, e;
+  dt_comm_slice(n, c->world, rank, &b, &e);
+  float acc[DT__COMM_BLOCK];
+  for (size_t off = b; c->world > 1 && off < e; off += DT__COMM_BLOCK) {
+    size_t m = DT__MIN((size_t)DT__COMM_BLOCK, e - off);
+    dt__comm_threads_sum(t, off, m, acc);
+    for (int j = 0; j < c->world; j++) memcpy(t->slots[j].d.buf + off, acc, m * sizeof(float));
+  }
+  return dt__comm_threads_leave(t, rank, n);
+}
+
+static dt_result dt__comm_threads_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_REDUCE_SCATTER, buf, n, 0);
+  if (r != DTRAIN_OK) return r;
+  size_t b, e;
+  dt_comm_slice(n, c->world, rank, &b, &e);
+  float acc[DT__COMM_BLOCK];
+  for (size_t off = b; c->world > 1 && off < e; off += DT__COMM_BLOCK) {
+    size_t m = DT__MIN((size_t)DT__COMM_BLOCK, e - off);
+    dt__comm_threads_sum(t, off, m, acc);
+    memcpy(buf + off, acc, m * sizeof(float));
+  }
+  return dt__comm_threads_leave(t, rank, n);
+}
+
+static dt_result dt__comm_threads_allgather(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_ALLGATHER, buf, n, 0);
+  if (r != DTRAIN_OK) return r;
+  for (int j = 0; j < c->world; j++) {
+    if (j == rank) continue;
+    size_t b, e;
+    dt_comm_slice(n, c->world, j, &b, &e);
+    if (e > b) memcpy(buf + b, t->slots[j].d.buf + b, (e - b) * sizeof(float));
+  }
+  return dt__comm_threads_leave(t, rank, n);
+}
+
+static dt_result dt__comm_threads_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_REDUCE, buf, n, root);
+  if (r != DTRAIN_OK) return r;
+  size_t b, e;
+  dt_comm_slice(n, c->world, rank, &b, &e);
+  float acc[DT__COMM_BLOCK];
+  float *out = t->slots[root].d.buf;
+  for (size_t off = b; c->world > 1 && off < e; off += DT__COMM_BLOCK) {
+    size_t m = DT__MIN((size_t)DT__COMM_BLOCK, e - off);
+    dt__comm_threads_sum(t, off, m, acc);
+    memcpy(out + off, acc, m * sizeof(float));
+  }
+  return dt__comm_threads_leave(t, rank, n);
+}
+
+static dt_result dt__comm_threads_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_BROADCAST, buf, n, root);
+  if (r != DTRAIN_OK) return r;
+  const float *src = t->slots[root].d.buf;
+  if (rank != root && n > 0 && src != buf) memcpy(buf, src, n * sizeof(float));
+  return dt__comm_threads_leave(t, rank, n);
+}
+
+static dt_result dt__comm_threads_barrier(dt_comm *c, int rank) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  /* Two meetings like every collective, so that a rank calling barrier while
+   * another calls something else is caught (MISMATCH) instead of pairing
+   * meetings of different calls. */
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_BARRIER, NULL, 0, 0);
+  if (r != DTRAIN_OK) return r;
+  return dt__comm_threads_leave(t, rank, 0);
+}
+
+static void dt__comm_threads_abort(dt_comm *c, int rank) {
+  (void)rank;
+  dt__barrier_break(&dt__comm_threads_of(c)->bar);
+}
+
+static dt_result dt__comm_threads_recover(dt_comm *c) {
+  dt__barrier_reset(&dt__comm_threads_of(c)->bar);
+  return DTRAIN_OK;
+}
+
+static void dt__comm_threads_stats(dt_comm *c, int rank, dt_comm_stats *out) {
+  *out = dt__comm_threads_of(c)->slots[rank].d.st;
+}
+
+static void dt__comm_threads_reset_stats(dt_comm *c) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  for (int j = 0; j < c->world; j++) memset(&t->slots[j].d.st, 0, sizeof(dt_comm_stats));
+}
+
+static void dt__comm_threads_destroy(dt_comm *c) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt__barrier_destroy(&t->bar);
+  dt__free(t->slots, t->slots_bytes);
+  dt__free(t, sizeof *t);
+}
+
+static const dt_comm_vtable dt__comm_threads_vtable = {
+  "threads",
+  dt__comm_threads_allreduce,
+  dt__comm_threads_reduce_scatter,
+  dt__comm_threads_allgather,
+  dt__comm_threads_reduce,
+  dt__comm_threads_broadcast,
+  dt__comm_threads_barrier,
+  dt__comm_threads_abort,
+  dt__comm_threads_recover,
+  dt__comm_threads_stats,
+  dt__comm_threads_reset_stats,
+  dt__comm_threads_destroy
+};
+
+DTRAIN_API dt_comm *dt_comm_create_threads(int world, int spin_us) {
+  if (world < 1 || world > 256) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "dt_comm_create_threads: world %d outside [1, 256]", world);
+    return NULL;
+  }
+#if defined(DTRAIN_NO_THREADS)
+  if (world > 1) {
+    dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_threads: world %d needs threads (built with DTRAIN_NO_THREADS)",
+              world);
+    return NULL;
+  }
+#endif
+  dt__comm_threads *t = (dt__comm_threads *)dt__calloc(sizeof *t);
+  if (!t) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_comm_create_threads: out of memory");
+    return NULL;
+  }
+  t->slots_bytes = (size_t)world * sizeof(dt__comm_slot);
+  t->slots = (dt__comm_slot *)dt__calloc(t->slots_bytes);
+  if (!t->slots) {
+    dt__free(t, sizeof *t);
+    dt__error(DTRAIN_ERR_NOMEM, "dt_comm_create_threads: out of memory");
+    return NULL;
+  }
+  if (dt__barrier_init(&t->bar, world, dt__spin_seconds(spin_us, world)) != DTRAIN_OK) {
+    dt__free(t->slots, t->slots_bytes);
+    dt__free(t, sizeof *t);
+    return NULL;
+  }
+  t->comm.vtable = &dt__comm_threads_vtable;
+  t->comm.world = world;
+  t->comm.impl = t;
+  return &t->comm;
+}
+
+/* ---- front end ------------------------------------------------------------------------------ */
+
+static dt_result dt__comm_check(dt_comm *c, const char *fn, int rank, const float *buf, size_t n, int root) {
+  if (!c || !c->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: communicator is NULL", fn);
+  if (rank < 0 || rank >= c->world)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: rank %d outside [0, %d)", fn, rank, c->world);
+  if (root < 0 || root >= c->world)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: rank %d: root %d outside [0, %d)", fn, rank, root, c->world);
+  if (!buf && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: rank %d: buffer is NULL (n=%zu)", fn, rank, n);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API void dt_comm_destroy(dt_comm *c) {
+  if (c && c->vtable && c->vtable->destroy) c->vtable->destroy(c);
+}
+
+DTRAIN_API dt_result dt_comm_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
+  dt_result r = dt__comm_check(c, "dt_comm_allreduce", rank, buf, n, 0);
+  return r != DTRAIN_OK ? r : c->vtable->allreduce(c, rank, buf, n);
+}
+
+DTRAIN_API dt_result dt_comm_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
+  dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", rank, buf, n, 0);
+  return r != DTRAIN_OK ? r : c->vtable->reduce_scatter(c, rank, buf, n);
+}
+
+DTRAIN_API dt_result dt_comm_allgather(dt_comm *c, int rank, float *buf, size_t n) {
+  dt_result r = dt__comm_check(c, "dt_comm_allgather", rank, buf, n, 0);
+  return r != DTRAIN_OK ? r : c->vtable->allgather(c, rank, buf, n);
+}
+
+DTRAIN_API dt_result dt_comm_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt_result r = dt__comm_check(c, "dt_comm_reduce", rank, buf, n, root);
+  return r != DTRAIN_OK ? r : c->vtable->reduce(c, rank, buf, n, root);
+}
+
+DTRAIN_API dt_result dt_comm_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt_result r = dt__comm_check(c, "dt_comm_broadcast", rank, buf, n, root);
+  return r != DTRAIN_OK ? r : c->vtable->broadcast(c, rank, buf, n, root);
+}
+
+DTRAIN_API dt_result dt_comm_barrier(dt_comm *c, int rank) {
+  dt_result r = dt__comm_check(c, "dt_comm_barrier", rank, NULL, 0, 0);
+  return r != DTRAIN_OK ? r : c->vtable->barrier(c, rank);
+}
+
+DTRAIN_API void dt_comm_abort(dt_comm *c, int rank) {
+  if (c && c->vtable && c->vtable->abort) c->vtable->abort(c, rank);
+}
+
+DTRAIN_API dt_result dt_comm_recover(dt_comm *c) {
+  if (!c || !c->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_recover: communicator is NULL");
+  return c->vtable->recover ? c->vtable->recover(c) : DTRAIN_OK;
+}
+
+DTRAIN_API int dt_comm_world(const dt_comm *c) { return c ? c->world : 0; }
+
+DTRAIN_API const char *dt_comm_name(const dt_comm *c) {
+  return (c && c->vtable && c->vtable->name) ? c->vtable->name : "none";
+}
+
+DTRAIN_API dt_result dt_comm_stats_get(dt_comm *c, int rank, dt_comm_stats *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_stats_get: out is NULL");
+  memset(out, 0, sizeof *out);
+  dt_result r = dt__comm_check(c, "dt_comm_stats_get", rank, NULL, 0, 0);
+  if (r != DTRAIN_OK) return r;
+  if (c->vtable->stats) c->vtable->stats(c, rank, out);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API void dt_comm_reset_stats(dt_comm *c) {
+  if (c && c->vtable && c->vtable->reset_stats) c->vtable->reset_stats(c);
+}
+
+#undef DT__COMM_BLOCK
+/* ======== end dt_comm.c ======== */
+
+/* ======== begin dt_strategy.c ======== */
+/* ===========================================================================
+ * dt_strategy.c -- one_device, mirrored, central_storage, async; the
+ * in-process lock-free parameter store
+ * ===========================================================================
+ * A synchronous step (dt__strategy_sync_job, run by every replica's thread):
+ *
+ *   shard r of the batch -> zero own gradient -> step fn + backward (the
+ *   loss gradient weighted by the shard's share) -> [mirrored]
+ *   reduce-scatter of the gradients: replica r owns slice r of the sum ->
+ *   [central] reduce into the centre's gradient, replica r summing slice r ->
+ *   (clip: partial norms, a barrier, the total in rank order) -> (numerics
+ *   check, a barrier, so that a bad gradient stops every replica before any
+ *   update) -> dt_optim_update on slice r (one optimizer, disjoint ranges:
+ *   its state is sharded by slice) -> [mirrored] all-gather of the
+ *   parameters, then broadcast of the non-trainable buffers from replica 0.
+ *
+ * The caller advances the optimizer once per step after the pool joins.
+ * one_device is the same code with one replica and no threads, so mirrored(1)
+ * equals it bitwise.
+ *
+ * An async replica (dt__strategy_async_job) loops: take a ticket, get a
+ * batch, pull from the store, forward/backward on its own copy, its own
+ * optimizer step, push the difference. See dt_strategy.h for the rules.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+/* ---- the in-process parameter store --------------------------------------------------- */
+
+#define DT__PSTORE_DONE ((int64_t)1 << 60) /* the clock of a worker that left */
+
+typedef union dt__pstore_clock {
+  struct {
+    DT__ATOMIC(int64_t) pulled; /* pulls made (steps started) */
+    DT__ATOMIC(int64_t) pushed; /* pushes made (steps finished) */
+  } c;
+  char align[2 * DT__ALIGN];
+} dt__pstore_clock;
+
+typedef struct dt__pstore_local {
+  dt_pstore ps;
+  float *data;
+  dt_async_update update;
+  double spin_s;
+  DT__ATOMIC(uint64_t) version;
+  uint64_t base;           /* version at dt_pstore_begin (lock-step turns count from it) */
+  DT__ATOMIC(int) aborted;
+  dt__pstore_clock *clocks;
+  dt__event ev;
+} dt__pstore_local;
+
+static dt__pstore_local *dt__pstore_of(dt_pstore *ps) { return (dt__pstore_local *)ps->impl; }
+
+static int64_t dt__pstore_min(dt__pstore_local *l, int pushed) {
+  int64_t m = DT__PSTORE_DONE;
+  for (int j = 0; j < l->ps.workers; j++) {
+    int64_t v = pushed ? DT__ALOAD(&l->clocks[j].c.pushed, DT__MO_SEQ_CST)
+                       : DT__ALOAD(&l->clocks[j].c.pulled, DT__MO_SEQ_CST);
+    if (v < m) m = v;
+  }
+  return m;
+}
+
+typedef struct dt__pstore_wait {
+  dt__pstore_local *l;
+  int kind;         /* 0: pull rule, 1: push rule, 2: lock-step turn */
+  int64_t need;     /* pull: min pushed >= need; push: min pulled >= need */
+  uint64_t turn;    /* lock-step: version == turn */
+} dt__pstore_wait;
+
+static int dt__pstore_ready(void *arg) {
+  dt__pstore_wait *w = (dt__pstore_wait *)arg;
+  if (DT__ALOAD(&w->l->aborted, DT__MO_SEQ_CST)) return 1;
+  switch (w->kind) {
+    case 0: return dt__pstore_min(w->l, 1) >= w->need;
+    case 1: return dt__pstore_min(w->l, 0) >= w->need;
+    default: return DT__ALOAD(&w->l->version, DT__MO_SEQ_CST) == w->turn;
+  }
+}
+
+static double dt__pstore_wait_for(dt__pstore_local *l, int kind, int64_t need, uint64_t turn) {
+  dt__pstore_wait w;
+  w.l = l;
+  w.kind = kind;
+  w.need = need;
+  w.turn = turn;
+  return dt__event_wait(&l->ev, dt__pstore_ready, &w, l->spin_s);
+}
+
+static dt_result dt__pstore_local_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                       dt_pstore_ticket *tk) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  int k = ps->max_staleness;
+  tk->wait_s = 0.0;
+  if (k >= 0) tk->wait_s = dt__pstore_wait_for(l, 0, clock - k, 0);
+  if (DT__ALOAD(&l->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
+  int64_t slowest = dt__pstore_min(l, 1);
+  tk->clock_gap = slowest >= DT__PSTORE_DONE ? 0 : DT__MAX(clock - slowest, (int64_t)0);
+  /* Acquire: every update counted in the version is visible to the loads. */
+  tk->version = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
+  dt__afloat *src = (dt__afloat *)l->data;
+  for (size_t i = 0; i < n; i++) dst[i] = dt__afloat_load(src + i);
+  DT__ASTORE(&l->clocks[worker].c.pulled, clock + 1, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+  return DTRAIN_OK;
+}
+
+static dt_result dt__pstore_local_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                       dt_pstore_ticket *tk) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  int k = ps->max_staleness;
+  tk->wait_s = 0.0;
+  if (k >= 0) tk->wait_s = dt__pstore_wait_for(l, 1, clock - k + 1, 0);
+  /* Lock-step: the pushes of a round go in worker order (deterministic sums). */
+  if (k == 0)
+    tk->wait_s += dt__pstore_wait_for(l, 2, 0, l->base + (uint64_t)clock * (uint64_t)ps->workers + (uint64_t)worker);
+  if (DT__ALOAD(&l->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
+  dt__afloat *dst = (dt__afloat *)l->data;
+  if (delta) {
+    if (l->update == DTRAIN_ASYNC_ATOMIC) {
+      for (size_t i = 0; i < n; i++)
+        if (delta[i] != 0.0f) dt__afloat_add(dst + i, delta[i]);
+    } else {
+      for (size_t i = 0; i < n; i++)
+        if (delta[i] != 0.0f) dt__afloat_store(dst + i, dt__afloat_load(dst + i) + delta[i]);
+    }
+  }
+  /* Release: a puller that sees this version sees these stores. */
+  uint64_t before = DT__AFETCH_ADD(&l->version, (uint64_t)1, DT__MO_SEQ_CST);
+  tk->staleness = (int64_t)(before - tk->version);
+  DT__ASTORE(&l->clocks[worker].c.pushed, clock + 1, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+  return DTRAIN_OK;
+}
+
+static void dt__pstore_local_leave(dt_pstore *ps, int worker) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  DT__ASTORE(&l->clocks[worker].c.pulled, DT__PSTORE_DONE, DT__MO_SEQ_CST);
+  DT__ASTORE(&l->clocks[worker].c.pushed, DT__PSTORE_DONE, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+}
+
+static void dt__pstore_local_abort(dt_pstore *ps) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  DT__ASTORE(&l->aborted, 1, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+}
+
+static dt_result dt__pstore_local_begin(dt_pstore *ps) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  for (int j = 0; j < ps->workers; j++) {
+    DT__ASTORE(&l->clocks[j].c.pulled, (int64_t)0, DT__MO_RELAXED);
+    DT__ASTORE(&l->clocks[j].c.pushed, (int64_t)0, DT__MO_RELAXED);
+  }
+  l->base = DT__ALOAD(&l->version, DT__MO_RELAXED);
+  DT__ASTORE(&l->aborted, 0, DT__MO_SEQ_CST);
+  return DTRAIN_OK;
+}
+
+static uint64_t dt__pstore_local_version(dt_pstore *ps) {
+  return DT__ALOAD(&dt__pstore_of(ps)->version, DT__MO_ACQUIRE);
+}
+
+static void dt__pstore_local_destroy(dt_pstore *ps) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  dt__event_destroy(&l->ev);
+  dt__free(l->clocks, (size_t)ps->workers * sizeof(dt__pstore_clock));
+  dt__free(l, sizeof *l);
+}
+
+static const dt_pstore_vtable dt__pstore_local_vtable = {
+  "local",
+  dt__pstore_local_pull,
+  dt__pstore_local_push,
+  dt__pstore_local_leave,
+  dt__pstore_local_abort,
+  dt__pstore_local_begin,
+  dt__pstore_local_version,
+  dt__pstore_local_destroy
+};
+
+DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
+                                             dt_async_update update, int spin_us) {
+  const char *fn = "dt_pstore_create_local";
+  if (!data && n > 0) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "%s: data is NULL", fn);
+    return NULL;
+  }
+  if (workers < 1 || workers > DTRAIN_MAX_REPLICAS) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: workers %d outside [1, %d]", fn, workers, DTRAIN_MAX_REPLICAS);
+    return NULL;
+  }
+  if (max_staleness < DTRAIN_STALENESS_UNBOUNDED) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: max_staleness %d (use >= 0, or DTRAIN_STALENESS_UNBOUNDED)", fn,
+              max_staleness);
+    return NULL;
+  }
+  if (update != DTRAIN_ASYNC_HOGWILD && update != DTRAIN_ASYNC_ATOMIC) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown update rule %d", fn, (int)update);
+    return NULL;
+  }
+#if defined(DTRAIN_NO_THREADS)
+  if (workers > 1) {
+    dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: %d workers need threads (built with DTRAIN_NO_THREADS)", fn, workers);
+    return NULL;
+  }
+#endif
+  dt__pstore_local *l = (dt__pstore_local *)dt__calloc(sizeof *l);
+  if (!l) {
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    return NULL;
+  }
+  l->clocks = (dt__pstore_clock *)dt__calloc((size_t)workers * sizeof(dt__pstore_clock));
+  if (!l->clocks || dt__event_init(&l->ev) != DTRAIN_OK) {
+    if (l->clocks) dt__free(l->clocks, (size_t)workers * sizeof(dt__pstore_clock));
+    dt__free(l, sizeof *l);
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    return NULL;
+  }
+  l->data = data;
+  l->update = update;
+  l->spin_s = dt__spin_seconds(spin_us, workers);
+  l->ps.vtable = &dt__pstore_local_vtable;
+  l->ps.workers = workers;
+  l->ps.max_staleness = max_staleness;
+  l->ps.size = n;
+  l->ps.impl = l;
+  dt__pstore_local_begin(&l->ps);
+  return &l->ps;
+}
+
+static dt_result dt__pstore_check(dt_pstore *ps, const char *fn, int worker, int64_t clock, size_t n,
+                                  const dt_pstore_ticket *tk) {
+  if (!ps || !ps->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: store is NULL", fn);
+  if (!tk) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: ticket is NULL", fn);
+  if (worker < 0 || worker >= ps->workers)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: worker %d outside [0, %d)", fn, worker, ps->workers);
+  if (clock < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: worker %d: clock %lld < 0", fn, worker, (long long)clock);
+  if (n != ps->size)
+    return dt__error(DTRAIN_ERR_SHAPE, "%s: worker %d: n=%zu but the store holds %zu floats", fn, worker, n, ps->size);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API void dt_pstore_destroy(dt_pstore *ps) {
+  if (ps && ps->vtable && ps->vtable->destroy) ps->vtable->destroy(ps);
+}
+
+DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                    dt_pstore_ticket *tk) {
+  dt_result r = dt__pstore_check(ps, "dt_pstore_pull", worker, clock, n, tk);
+  if (r != DTRAIN_OK) return r;
+  if (!dst && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_pull: worker %d: dst is NULL", worker);
+  return ps->vtable->pull(ps, worker, clock, dst, n, tk);
+}
+
+DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                    dt_pstore_ticket *tk) {
+  dt_result r = dt__pstore_check(ps, "dt_pstore_push", worker, clock, n, tk);
+  return r != DTRAIN_OK ? r : ps->vtable->push(ps, worker, clock, delta, n, tk);
+}
+
+DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) {
+  if (ps && ps->vtable && worker >= 0 && worker < ps->workers) ps->vtable->leave(ps, worker);
+}
+
+DTRAIN_API void dt_pstore_abort(dt_pstore *ps) {
+  if (ps && ps->vtable) ps->vtable->abort(ps);
+}
+
+DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps) {
+  if (!ps || !ps->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_begin: store is NULL");
+  return ps->vtable->begin(ps);
+}
+
+DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
+  return (ps && ps->vtable) ? ps->vtable->version(ps) : 0;
+}
+
+/* ---- strategy state ---------------------------------------------------------------------- */
+
+typedef struct dt__strategy_replica {
+  dt_graph *g;
+  float *data, *grad;      /* what the graph is bound to */
+  float *own_data, *own_grad, *old; /* allocated here (NULL when borrowed) */
+  dt_optim *opt;           /* async: this replica's optimizer */
+  /* the current step */
+  float loss;
+  int64_t rows;
+  double ss_part;          /* clipping: sum of squares of this replica's slice */
+  dt_result result;
+  /* statistics */
+  int64_t steps, samples;
+  double compute_s, wait_s, loss_sum;
+  int64_t loss_count;
+  float last_loss;
+  double last_time;        /* async: when the last push finished */
+  int64_t hist[DTRAIN_STALENESS_BINS];
+  int64_t stale_max, stale_sum, gap_max;
+  char pad[DT__ALIGN];     /* keeps the next replica's hot fields off these cache lines */
+} dt__strategy_replica;
+
+enum { DT__STRATEGY_JOB_SYNC = 0, DT__STRATEGY_JOB_ASYNC };
+
+struct dt_strategy {
+  dt_strategy_desc desc;
+  dt_params *params;
+  dt_optim *opt;
+  dt_step_fn step;
+  void *user;
+  int n;
+  size_t size;             /* floats in the flat buffers */
+  size_t fbytes;           /* size * sizeof(float) */
+  dt__strategy_replica *rep;
+  size_t rep_bytes;
+  dt__pool *pool;
+  dt_comm *comm;           /* sync strategies */
+  dt_pstore *pstore;       /* async */
+  size_t *bufr;            /* non-trainable runs [begin, end) pairs */
+  int nbufr;
+  /* the current job */
+  const dt_minibatch *batch;   /* step(): the global batch */
+  dt_minibatch_fn next;        /* run(): the batch source (async) */
+  void *next_user;
+  int64_t job_steps;       /* async: steps per replica (lock-step) or total pushes */
+  int64_t ticket_base;
+  DT__ATOMIC(int64_t) ticket;
+  DT__ATOMIC(int) failed;  /* -1, or the first replica that failed */
+  dt_result err;
+  char msg[DT__MSG_CAP];
+  /* totals */
+  int64_t steps, samples, tickets;
+  double seconds, loss_sum;
+  int64_t loss_count;
+  float last_loss;
+  int last_failed;
+};
+
+/* ---- small helpers -------------------------------------------------------------------------- */
+
+DTRAIN_API void dt_sleep(double seconds) { dt__sleep(seconds); }
+DTRAIN_API int dt_cpu_count(void) { return dt__cpu_count(); }
+
+DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind) {
+  switch (kind) {
+    case DTRAIN_STRATEGY_ONE_DEVICE: return "one_device";
+    case DTRAIN_STRATEGY_MIRRORED: return "mirrored";
+    case DTRAIN_STRATEGY_CENTRAL_STORAGE: return "central_storage";
+    case DTRAIN_STRATEGY_ASYNC: return "async";
+    default: return "unknown";
+  }
+}
+
+static dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int replicas, int max_staleness) {
+  dt_strategy_desc d;
+  memset(&d, 0, sizeof d);
+  d.kind = kind;
+  d.replicas = replicas;
+  d.max_staleness = max_staleness;
+  return d;
+}
+
+DTRAIN_API dt_strategy_desc dt_one_device(void) { return dt__strategy_desc(DTRAIN_STRATEGY_ONE_DEVICE, 1, 0); }
+DTRAIN_API dt_strategy_desc dt_mirrored(int replicas) {
+  return dt__strategy_desc(DTRAIN_STRATEGY_MIRRORED, replicas, 0);
+}
+DTRAIN_API dt_strategy_desc dt_central_storage(int replicas) {
+  return dt__strategy_desc(DTRAIN_STRATEGY_CENTRAL_STORAGE, replicas, 0);
+}
+DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness) {
+  return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
+}
+
+DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out) {
+  if (!name || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_parse: %s is NULL", !name ? "name" : "out");
+  for (int k = DTRAIN_STRATEGY_ONE_DEVICE; k <= DTRAIN_STRATEGY_ASYNC; k++) {
+    if (strcmp(name, dt_strategy_kind_name((dt_strategy_kind)k)) == 0) {
+      *out = dt__strategy_desc((dt_strategy_kind)k, k == DTRAIN_STRATEGY_ONE_DEVICE ? 1 : replicas, max_staleness);
+      return DTRAIN_OK;
+    }
+  }
+  return dt__error(DTRAIN_ERR_INVALID_ARG,
+                   "dt_strategy_parse: unknown strategy '%s' (one_device, mirrored, central_storage, async)", name);
+}
+
+static int dt__strategy_sync(const dt_strategy *s) { return s->desc.kind != DTRAIN_STRATEGY_ASYNC; }
+
+/* Record replica r's failure; the first one wins. Breaks the barrier or the
+ * store so that nobody waits for r. */
+static void dt__strategy_fail(dt_strategy *s, int r, dt_result code, const char *what) {
+  int expected = -1;
+  s->rep[r].result = code;
+  if (DT__ACAS(&s->failed, &expected, r, DT__MO_SEQ_CST)) {
+    s->err = code;
+    snprintf(s->msg, sizeof s->msg, "replica %d: %s", r, what);
+  }
+  if (s->comm) dt_comm_abort(s->comm, r);
+  if (s->pstore) dt_pstore_abort(s->pstore);
+}
+
+static int dt__strategy_failed(dt_strategy *s) { return DT__ALOAD(&s->failed, DT__MO_ACQUIRE) >= 0; }
+
+/* A collective or the store returned rc: aborted by someone else, or a
+ * failure of this replica's own. */
+static void dt__strategy_comm_failed(dt_strategy *s, int r, dt_result rc) {
+  if (rc == DTRAIN_ERR_ABORTED) s->rep[r].result = DTRAIN_ERR_ABORTED;
+  else dt__strategy_fail(s, r, rc, dt_last_error());
+}
+
+/* Shard r of the global batch (see "Batches" in dt_strategy.h). */
+static void dt__strategy_shard(const dt_minibatch *gb, int n, int r, dt_minibatch *out) {
+  int64_t base = gb->rows / n, extra = gb->rows % n;
+  int64_t first = base * r + DT__MIN((int64_t)r, extra);
+  int64_t rows = base + (r < extra ? 1 : 0);
+  *out = *gb;
+  out->rows = rows;
+  out->first = first;
+  out->global_rows = gb->rows;
+  out->x = gb->x ? gb->x + first * gb->x_cols : NULL;
+  out->y = gb->y ? gb->y + first * (gb->y_cols > 0 ? gb->y_cols : 1) : NULL;
+  out->t = gb->t ? gb->t + first * gb->t_cols : NULL;
+}
+
+static dt_result dt__strategy_check_batch(const dt_minibatch *b, const char *fn) {
+  if (!b) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: batch is NULL", fn);
+  if (b->rows < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: batch has %lld rows", fn, (long long)b->rows);
+  if (b->x_cols < 0 || b->y_cols < 0 || b->t_cols < 0)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: negative column count (x %lld, y %lld, t %lld)", fn,
+                     (long long)b->x_cols, (long long)b->y_cols, (long long)b->t_cols);
+  return DTRAIN_OK;
+}
+
+/* Index of the first non-finite value in x[b, e), or e. */
+static size_t dt__strategy_nonfinite(const float *x, size_t b, size_t e) {
+  for (size_t i = b; i < e; i++)
+    if (!isfinite(x[i])) return i;
+  return e;
+}
+
+/* Name of the parameter holding flat index i (for messages). */
+static const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
+  dt_param_info info;
+  for (int p = 0; p < dt_params_count(s->params); p++)
+    if (dt_params_info(s->params, p, &info) == DTRAIN_OK && i >= info.offset && i < info.offset + info.size)
+      return info.name;
+  return "(padding)";
+}
+
+/* Forward + backward of replica r on its shard. Returns 0 on failure (recorded). */
+static int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
+  dt__strategy_replica *R = &s->rep[r];
+  char what[DT__MSG_CAP];
+  memset(R->grad, 0, s->fbytes);
+  R->rows = b->rows;
+  R->loss = 0.0f;
+  if (b->rows == 0) return 1;
+  double t0 = dt__now();
+  dt_graph_reset(R->g);
+  dt_tensor *L = s->step(R->g, r, b, s->user);
+  dt_result rc = dt_graph_error(R->g);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_fail(s, r, rc, dt_graph_message(R->g));
+    return 0;
+  }
+  if (!L) {
+    dt__strategy_fail(s, r, DTRAIN_ERR_NULL_ARG, "the step function returned NULL without a graph error");
+    return 0;
+  }
+  if (L->size != 1) {
+    char sb[96];
+    snprintf(what, sizeof what, "the step function's loss must have one element, got %s",
+             dt_shape_str(L, sb, sizeof sb));
+    dt__strategy_fail(s, r, DTRAIN_ERR_SHAPE, what);
+    return 0;
+  }
+  if (!isfinite(L->data[0])) {
+    snprintf(what, sizeof what, "loss is %s", isnan(L->data[0]) ? "NaN" : "Inf");
+    dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+    return 0;
+  }
+  float w = b->weight;
+  rc = dt_backward_grad(R->g, L, &w);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_fail(s, r, rc, dt_graph_message(R->g));
+    return 0;
+  }
+  R->loss = L->data[0];
+  if (s->desc.check_numerics) {
+    /* Before any reduction or optimizer state sees it, and where the
+     * culprit is still known. */
+    size_t bad = dt__strategy_nonfinite(R->grad, 0, s->size);
+    if (bad < s->size) {
+      snprintf(what, sizeof what, "gradient of '%s' is %s at flat index %zu", dt__strategy_param_at(s, bad),
+               isnan(R->grad[bad]) ? "NaN" : "Inf", bad);
+      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+      return 0;
+    }
+  }
+  double dt = dt__now() - t0;
+  if (r == s->desc.straggler && s->desc.straggler_factor > 1.0f) {
+    double extra = dt * ((double)s->desc.straggler_factor - 1.0);
+    dt__sleep(extra);
+    dt += extra;
+  }
+  R->compute_s += dt;
+  return 1;
+}
+
+/* Sum of squares of the trainable elements of grad in [b, e), in index order. */
+static double dt__strategy_sumsq(dt_strategy *s, const float *grad, size_t b, size_t e) {
+  double ss = 0.0;
+  size_t pb, pe;
+  int tr, dec;
+  for (int i = 0; dt__params_range(s->params, i, &pb, &pe, &tr, &dec); i++) {
+    if (!tr) continue;
+    size_t lo = DT__MAX(pb, b), hi = DT__MIN(pe, e);
+    for (size_t j = lo; j < hi; j++) ss += (double)grad[j] * (double)grad[j];
+  }
+  return ss;
+}
+
+static void dt__strategy_scale(dt_strategy *s, float *grad, size_t b, size_t e, float coef) {
+  size_t pb, pe;
+  int tr, dec;
+  for (int i = 0; dt__params_range(s->params, i, &pb, &pe, &tr, &dec); i++) {
+    if (!tr) continue;
+    size_t lo = DT__MAX(pb, b), hi = DT__MIN(pe, e);
+    for (size_t j = lo; j < hi; j++) grad[j] *= coef;
+  }
+}
+
+/* Replica r's part of gradient clipping over the slice [b, e) of grad. */
+static int dt__strategy_clip(dt_strategy *s, int r, float *grad, size_t b, size_t e) {
+  float clip = dt_optim_get_desc(s->opt)->clip_norm;
+  if (!(clip > 0.0f)) return 1;
+  s->rep[r].ss_part = dt__strategy_sumsq(s, grad, b, e);
+  dt_result rc = dt_comm_barrier(s->comm, r);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_comm_failed(s, r, rc);
+    return 0;
+  }
+  double ss = 0.0;
+  for (int j = 0; j < s->n; j++) ss += s->rep[j].ss_part; /* rank order: the same total everywhere */
+  double norm = sqrt(ss);
+  if (!isfinite(norm)) {
+    /* Every replica sees the same total; let replica 0 report it. */
+    if (r == 0) {
+      char what[96];
+      snprintf(what, sizeof what, "gradient norm is %s; no update made", isnan(norm) ? "NaN" : "Inf");
+      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+    } else {
+      s->rep[r].result = DTRAIN_ERR_ABORTED;
+    }
+    return 0;
+  }
+  if (norm > (double)clip) dt__strategy_scale(s, grad, b, e, (float)((double)clip / (norm + 1e-6)));
+  return 1;
+}
+
+/* ---- the synchronous step ------------------------------------------------------------------ */
+
+static void dt__strategy_sync_job(void *arg, int r) {
+  dt_strategy *s = (dt_strategy *)arg;
+  dt__strategy_replica *R = &s->rep[r];
+  const int mirrored = s->desc.kind == DTRAIN_STRATEGY_MIRRORED;
+  R->result = DTRAIN_OK;
+  dt_minibatch b;
+  dt__strategy_shard(s->batch, s->n, r, &b);
+  b.weight = (s->desc.loss == DTRAIN_LOSS_SUM || b.global_rows == 0) ? 1.0f
+                                                                    : (float)((double)b.rows / (double)b.global_rows);
+  b.replica_step = 0;
+  /* central storage with buffers: every replica reads a private copy of
+   * the centre, so that forward passes writing batch-norm statistics do not
+   * race; replica 0's statistics go back to the centre after the reduce. */
+  if (R->own_data && !mirrored) memcpy(R->own_data, dt_params_data(s->params), s->fbytes);
+  if (!dt__strategy_compute(s, r, &b)) return;
+
+  size_t lo, hi;
+  dt_comm_slice(s->size, s->n, r, &lo, &hi);
+  float *grad, *data;
+  dt_result rc;
+  double w0 = 0.0;
+  dt_comm_stats cs;
+  dt_comm_stats_get(s->comm, r, &cs);
+  w0 = cs.wait_s;
+  if (mirrored) {
+    rc = dt_comm_reduce_scatter(s->comm, r, R->grad, s->size);
+    grad = R->grad;
+    data = R->data;
+  } else {
+    rc = dt_comm_reduce(s->comm, r, R->grad, s->size, 0);
+    grad = s->rep[0].grad;
+    data = dt_params_data(s->params);
+  }
+  if (rc != DTRAIN_OK) {
+    dt__strategy_comm_failed(s, r, rc);
+    goto done;
+  }
+  if (!dt__strategy_clip(s, r, grad, lo, hi)) goto done;
+  if (s->desc.check_numerics) {
+    size_t bad = dt__strategy_nonfinite(grad, lo, hi);
+    if (bad < hi) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
+               dt__strategy_param_at(s, bad), isnan(grad[bad]) ? "NaN" : "Inf", bad);
+      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+      goto done;
+    }
+    /* Nobody updates before everybody checked. */
+    rc = dt_comm_barrier(s->comm, r);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      goto done;
+    }
+  }
+  rc = dt_optim_update(s->opt, data, grad, lo, hi);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_fail(s, r, rc, dt_last_error());
+    goto done;
+  }
+  /* The optimizer never touches the buffer ranges: replica 0 may write them
+   * while the others update their slices. */
+  if (!mirrored && r == 0 && R->own_data)
+    for (int i = 0; i < s->nbufr; i++)
+      memcpy(data + s->bufr[2 * i], R->own_data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
+  if (mirrored) {
+    rc = dt_comm_allgather(s->comm, r, R->data, s->size);
+    for (int i = 0; rc == DTRAIN_OK && i < s->nbufr; i++)
+      rc = dt_comm_broadcast(s->comm, r, R->data + s->bufr[2 * i], s->bufr[2 * i + 1] - s->bufr[2 * i], 0);
+    if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
+  }
+done:
+  dt_comm_stats_get(s->comm, r, &cs);
+  R->wait_s += cs.wait_s - w0;
+}
+
+/* ---- the asynchronous replica -------------------------------------------------------------- */
+
+static void dt__strategy_async_job(void *arg, int r) {
+  dt_strategy *s = (dt_strategy *)arg;
+  dt__strategy_replica *R = &s->rep[r];
+  const int lockstep = s->desc.max_staleness == 0 || s->batch != NULL;
+  R->result = DTRAIN_OK;
+  char what[DT__MSG_CAP];
+  for (int64_t t = 0;; t++) {
+    if (dt__strategy_failed(s)) {
+      if (R->result == DTRAIN_OK) R->result = DTRAIN_ERR_ABORTED;
+      break;
+    }
+    int64_t ticket;
+    if (lockstep) {
+      if (t >= s->job_steps) break;
+      ticket = t * s->n + r;
+    } else {
+      ticket = DT__AFETCH_ADD(&s->ticket, (int64_t)1, DT__MO_RELAXED);
+      if (ticket >= s->job_steps) break;
+    }
+    dt_minibatch b;
+    if (s->batch) {
+      dt__strategy_shard(s->batch, s->n, r, &b);
+    } else {
+      memset(&b, 0, sizeof b);
+      dt_result rc = s->next(s->next_user, r, s->ticket_base + ticket, &b);
+      if (rc == DTRAIN_OK) rc = dt__strategy_check_batch(&b, "dt_strategy_run");
+      if (rc != DTRAIN_OK) {
+        snprintf(what, sizeof what, "the batch function failed for step %lld (%s)",
+                 (long long)(s->ticket_base + ticket), dt_result_name(rc));
+        dt__strategy_fail(s, r, rc, what);
+        break;
+      }
+      b.first = 0;
+      b.global_rows = b.rows;
+    }
+    b.step = s->ticket_base + ticket;
+    b.replica_step = t;
+    b.weight = 1.0f;
+    dt_pstore_ticket tk;
+    memset(&tk, 0, sizeof tk);
+    dt_result rc = dt_pstore_pull(s->pstore, r, t, R->data, s->size, &tk);
+    R->wait_s += tk.wait_s;
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      break;
+    }
+    if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
+    memcpy(R->old, R->data, s->fbytes);
+    if (!dt__strategy_compute(s, r, &b)) break;
+    const float *delta = NULL;
+    if (b.rows > 0) {
+      float clip = dt_optim_get_desc(R->opt)->clip_norm;
+      if (clip > 0.0f) {
+        double norm = sqrt(dt__strategy_sumsq(s, R->grad, 0, s->size));
+        if (!isfinite(norm)) {
+          dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, "gradient norm is not finite; no update made");
+          break;
+        }
+        if (norm > (double)clip) dt__strategy_scale(s, R->grad, 0, s->size, (float)((double)clip / (norm + 1e-6)));
+      }
+      rc = dt_optim_update(R->opt, R->data, R->grad, 0, s->size);
+      if (rc != DTRAIN_OK) {
+        dt__strategy_fail(s, r, rc, dt_last_error());
+        break;
+      }
+      dt_optim_advance(R->opt);
+      float *d = R->old;
+      for (size_t i = 0; i < s->size; i++) d[i] = R->data[i] - d[i];
+      if (s->desc.check_numerics) {
+        size_t bad = dt__strategy_nonfinite(d, 0, s->size);
+        if (bad < s->size) {
+          snprintf(what, sizeof what, "update of '%s' is %s at flat index %zu; not pushed",
+                   dt__strategy_param_at(s, bad), isnan(d[bad]) ? "NaN" : "Inf", bad);
+          dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+          break;
+        }
+      }
+      delta = d;
+    }
+    rc = dt_pstore_push(s->pstore, r, t, delta, s->size, &tk);
+    R->wait_s += tk.wait_s;
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      break;
+    }
+    int64_t st = tk.staleness < 0 ? 0 : tk.staleness;
+    R->hist[DT__MIN(st, (int64_t)DTRAIN_STALENESS_BINS - 1)]++;
+    R->stale_sum += st;
+    if (st > R->stale_max) R->stale_max = st;
+    R->steps++;
+    R->samples += b.rows;
+    if (b.rows > 0) {
+      R->loss_sum += R->loss;
+      R->loss_count++;
+      R->last_loss = R->loss;
+      R->last_time = dt__now();
+    }
+  }
+  dt_pstore_leave(s->pstore, r);
+}
+
+/* ---- running jobs ------------------------------------------------------------------------------ */
+
+static void dt__strategy_job(void *arg, int r) {
+  dt_strategy *s = (dt_strategy *)arg;
+  if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
+  else dt__strategy_async_job(arg, r);
+}
+
+/* Runs the current job on every replica; returns the first failure, with
+ * the thread's error set on the calling thread. */
+static dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
+  DT__ASTORE(&s->failed, -1, DT__MO_RELAXED);
+  s->err = DTRAIN_OK;
+  s->msg[0] = '\0';
+  if (s->pstore) dt_pstore_begin(s->pstore);
+  dt__pool_run(s->pool, dt__strategy_job, s);
+  int f = DT__ALOAD(&s->failed, DT__MO_ACQUIRE);
+  s->last_failed = f;
+  if (f < 0) return DTRAIN_OK;
+  if (s->comm) dt_comm_recover(s->comm);
+  return dt__error(s->err, "%s: %s", fn, s->msg);
+}
+
+DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss) {
+  const char *fn = "dt_strategy_step";
+  if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: strategy is NULL", fn);
+  dt_result rc = dt__strategy_check_batch(batch, fn);
+  if (rc != DTRAIN_OK) return rc;
+  double t0 = dt__now();
+  dt_minibatch gb = *batch;
+  gb.step = dt__strategy_sync(s) ? s->steps : s->tickets;
+  s->batch = &gb;
+  s->next = NULL;
+  s->job_steps = 1;
+  s->ticket_base = s->tickets;
+  int64_t before = 0;
+  for (int r = 0; r < s->n; r++) before += s->rep[r].steps;
+  rc = dt__strategy_launch(s, fn);
+  s->batch = NULL;
+  s->seconds += dt__now() - t0;
+  if (rc != DTRAIN_OK) return rc;
+  /* The batch's loss: shard losses weighted by their share, in rank order. */
+  double L = 0.0;
+  for (int r = 0; r < s->n; r++) {
+    double w = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0 : (gb.rows ? (double)s->rep[r].rows / (double)gb.rows : 0.0);
+    L += w * (double)s->rep[r].loss;
+  }
+  if (dt__strategy_sync(s)) {
+    dt_optim_advance(s->opt);
+    for (int r = 0; r < s->n; r++) {
+      s->rep[r].steps++;
+      s->rep[r].samples += s->rep[r].rows;
+    }
+    s->steps++;
+  } else {
+    int64_t after = 0;
+    for (int r = 0; r < s->n; r++) after += s->rep[r].steps;
+    s->steps += after - before;
+    s->tickets += s->n;
+  }
+  s->samples += gb.rows;
+  s->last_loss = (float)L;
+  s->loss_sum += L;
+  s->loss_count++;
+  if (loss) *loss = (float)L;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                     float *mean_loss) {
+  const char *fn = "dt_strategy_run";
+  if (mean_loss) *mean_loss = NAN;
+  if (!s || !next) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !s ? "strategy" : "next");
+  if (steps < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: steps %lld < 0", fn, (long long)steps);
+  if (dt__strategy_sync(s)) {
+    double sum = 0.0;
+    for (int64_t t = 0; t < steps; t++) {
+      dt_minibatch b;
+      memset(&b, 0, sizeof b);
+      int64_t id = s->steps;
+      dt_result rc = next(next_user, -1, id, &b);
+      if (rc != DTRAIN_OK)
+        return dt__error(rc, "%s: the batch function failed for step %lld (%s)", fn, (long long)id, dt_result_name(rc));
+      float L;
+      rc = dt_strategy_step(s, &b, &L);
+      if (rc != DTRAIN_OK) return rc;
+      sum += L;
+    }
+    if (mean_loss && steps > 0) *mean_loss = (float)(sum / (double)steps);
+    return DTRAIN_OK;
+  }
+  /* async: one job in which the replicas run free */
+  if (s->desc.max_staleness != 0 && steps > INT64_MAX / DTRAIN_MAX_REPLICAS)
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: %lld steps is too many", fn, (long long)steps);
+  double t0 = dt__now();
+  s->batch = NULL;
+  s->next = next;
+  s->next_user = next_user;
+  s->job_steps = s->desc.max_staleness == 0 ? steps : steps * s->n;
+  s->ticket_base = s->tickets;
+  DT__ASTORE(&s->ticket, (int64_t)0, DT__MO_RELAXED);
+  double lsum = 0.0;
+  int64_t lcount = 0, before = 0, sbefore = 0;
+  for (int r = 0; r < s->n; r++) {
+    lsum -= s->rep[r].loss_sum;
+    lcount -= s->rep[r].loss_count;
+    before += s->rep[r].steps;
+    sbefore += s->rep[r].samples;
+  }
+  dt_result rc = dt__strategy_launch(s, fn);
+  s->seconds += dt__now() - t0;
+  int64_t after = 0, safter = 0;
+  double last_time = -1.0;
+  for (int r = 0; r < s->n; r++) {
+    lsum += s->rep[r].loss_sum;
+    lcount += s->rep[r].loss_count;
+    after += s->rep[r].steps;
+    safter += s->rep[r].samples;
+    if (s->rep[r].loss_count > 0 && s->rep[r].last_time > last_time) {
+      last_time = s->rep[r].last_time;
+      s->last_loss = s->rep[r].last_loss;
+    }
+  }
+  s->steps += after - before;
+  s->samples += safter - sbefore;
+  s->tickets += s->job_steps;
+  s->loss_sum += lsum;
+  s->loss_count += lcount;
+  if (mean_loss && lcount > 0) *mean_loss = (float)(lsum / (double)lcount);
+  return rc;
+}
+
+/* ---- create / destroy -------------------------------------------------------------------------- */
+
+static float *dt__strategy_floats(dt_strategy *s, const float *init) {
+  float *p = (float *)dt__alloc(s->fbytes ? s->fbytes : sizeof(float));
+  if (p) {
+    if (init) memcpy(p, init, s->fbytes);
+    else memset(p, 0, s->fbytes);
+  }
+  return p;
+}
+
+static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
+  const char *fn = "dt_strategy_create";
+  if ((int)d->kind < (int)DTRAIN_STRATEGY_ONE_DEVICE || (int)d->kind > (int)DTRAIN_STRATEGY_ASYNC)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown strategy kind %d", fn, (int)d->kind);
+  const char *name = dt_strategy_kind_name(d->kind);
+#if defined(DTRAIN_NO_THREADS)
+  if (d->kind != DTRAIN_STRATEGY_ONE_DEVICE)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: %s needs threads (built with DTRAIN_NO_THREADS); use one_device",
+                     fn, name);
+#endif
+  if (d->kind == DTRAIN_STRATEGY_ONE_DEVICE) {
+    if (d->replicas > 1)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: one_device has 1 replica, not %d", fn, d->replicas);
+    d->replicas = 1;
+  }
+  if (d->replicas == 0) d->replicas = DT__MIN(dt__cpu_count(), DTRAIN_MAX_REPLICAS);
+  if (d->replicas < 1 || d->replicas > DTRAIN_MAX_REPLICAS)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %s with %d replicas (need 1..%d)", fn, name, d->replicas,
+                     DTRAIN_MAX_REPLICAS);
+  if (d->kind == DTRAIN_STRATEGY_ASYNC && d->max_staleness < DTRAIN_STALENESS_UNBOUNDED)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: max_staleness %d (use >= 0, or DTRAIN_STALENESS_UNBOUNDED)", fn,
+                     d->max_staleness);
+  if (d->async_update != DTRAIN_ASYNC_HOGWILD && d->async_update != DTRAIN_ASYNC_ATOMIC)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown async update rule %d", fn, (int)d->async_update);
+  if (d->loss != DTRAIN_LOSS_MEAN && d->loss != DTRAIN_LOSS_SUM)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown loss reduction %d", fn, (int)d->loss);
+  if (!(d->straggler_factor >= 0.0f) || !isfinite(d->straggler_factor))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: straggler_factor %g must be finite and >= 0", fn,
+                     (double)d->straggler_factor);
+  if (d->straggler_factor > 1.0f && (d->straggler < 0 || d->straggler >= d->replicas))
+    return dt__error(DTRAIN_ERR_INDEX, "%s: straggler replica %d outside [0, %d)", fn, d->straggler, d->replicas);
+  if (d->seed == 0) d->seed = 1;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_step_fn step, void *user,
+                                           const dt_strategy_desc *desc) {
+  const char *fn = "dt_strategy_create";
+  if (!params || !opt || !step) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !params ? "params" : !opt ? "opt" : "step");
+    return NULL;
+  }
+  dt_strategy_desc d = desc ? *desc : dt_one_device();
+  if (dt__strategy_check_desc(&d) != DTRAIN_OK) return NULL;
+  if (dt_params_trainable_size(params) == 0) {
+    dt__error(DTRAIN_ERR_STATE, "%s: the params have no trainable parameter", fn);
+    return NULL;
+  }
+  dt_strategy *s = (dt_strategy *)dt__calloc(sizeof *s);
+  if (!s) {
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    return NULL;
+  }
+  s->desc = d;
+  s->params = params;
+  s->opt = opt;
+  s->step = step;
+  s->user = user;
+  s->n = d.replicas;
+  s->size = dt_params_size(params);
+  s->fbytes = s->size * sizeof(float);
+  s->last_failed = -1;
+  DT__ASTORE(&s->failed, -1, DT__MO_RELAXED);
+  DT__ASTORE(&s->ticket, (int64_t)0, DT__MO_RELAXED);
+  const int kind = d.kind;
+  float *pdata = dt_params_data(params), *pgrad = dt_params_grad(params);
+
+  /* Non-trainable runs (batch-norm statistics), adjacent ones merged. */
+  int count = dt_params_count(params);
+  size_t pb, pe;
+  int tr, dec;
+  for (int pass = 0; pass < 2; pass++) {
+    int nr = 0;
+    size_t cur_b = 0, cur_e = 0;
+    int open = 0;
+    for (int i = 0; i <= count; i++) {
+      int have = i < count && dt__params_range(params, i, &pb, &pe, &tr, &dec);
+      if (have && !tr) {
+        if (open && pb <= ((cur_e + 15) / 16) * 16) {
+          cur_e = pe;
+        } else {
+          if (open) {
+            if (pass) { s->bufr[2 * nr] = cur_b; s->bufr[2 * nr + 1] = cur_e; }
+            nr++;
+          }
+          cur_b = pb;
+          cur_e = pe;
+          open = 1;
+        }
+      } else if (open) {
+        if (pass) { s->bufr[2 * nr] = cur_b; s->bufr[2 * nr + 1] = cur_e; }
+        nr++;
+        open = 0;
+      }
+    }
+    if (pass == 0) {
+      s->nbufr = nr;
+      if (nr > 0) {
+        s->bufr = (size_t *)dt__alloc((size_t)nr * 2 * sizeof(size_t));
+        if (!s->bufr) goto nomem;
+      }
+    }
+  }
+
+  s->rep_bytes = (size_t)s->n * sizeof(dt__strategy_replica);
+  s->rep = (dt__strategy_replica *)dt__calloc(s->rep_bytes);
+  if (!s->rep) goto nomem;
+  for (int r = 0; r < s->n; r++) {
+    dt__strategy_replica *R = &s->rep[r];
+    dt_graph_desc gd;
+    memset(&gd, 0, sizeof gd);
+    gd.arena_bytes = d.arena_bytes;
+    gd.seed = d.seed + (uint64_t)r;
+    gd.check_numerics = d.check_numerics;
+    R->g = dt_graph_create(params, &gd);
+    if (!R->g) goto fail;
+    R->result = DTRAIN_OK;
+    int own_data = (kind == DTRAIN_STRATEGY_MIRRORED && r > 0) || kind == DTRAIN_STRATEGY_ASYNC ||
+                   (kind == DTRAIN_STRATEGY_CENTRAL_STORAGE && s->nbufr > 0);
+    int own_grad = r > 0 || kind == DTRAIN_STRATEGY_ASYNC;
+    if (own_data && !(R->own_data = dt__strategy_floats(s, pdata))) goto nomem;
+    if (own_grad && !(R->own_grad = dt__strategy_floats(s, NULL))) goto nomem;
+    R->data = own_data ? R->own_data : pdata;
+    R->grad = own_grad ? R->own_grad : pgrad;
+    if (dt_graph_bind(R->g, R->data, R->grad) != DTRAIN_OK) goto fail;
+    if (kind == DTRAIN_STRATEGY_ASYNC) {
+      if (!(R->old = dt__strategy_floats(s, NULL))) goto nomem;
+      R->opt = dt_optim_create(params, dt_optim_get_desc(opt));
+      if (!R->opt) goto fail;
+      dt_optim_set_steps(R->opt, dt_optim_steps(opt));
+    }
+  }
+  if (kind == DTRAIN_STRATEGY_ASYNC) {
+    s->pstore = dt_pstore_create_local(pdata, s->size, s->n, d.max_staleness, d.async_update, d.spin_us);
+    if (!s->pstore) goto fail;
+  } else {
+    s->comm = dt_comm_create_threads(s->n, d.spin_us);
+    if (!s->comm) goto fail;
+  }
+  s->pool = dt__pool_create(s->n, dt__spin_seconds(d.spin_us, s->n));
+  if (!s->pool) goto fail;
+  return s;
+nomem:
+  dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory for %d replicas of %zu floats", fn, s->n, s->size);
+fail:
+  dt_strategy_destroy(s);
+  return NULL;
+}
+
+DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
+  if (!s) return;
+  dt__pool_destroy(s->pool);
+  dt_comm_destroy(s->comm);
+  dt_pstore_destroy(s->pstore);
+  if (s->rep) {
+    for (int r = 0; r < s->n; r++) {
+      dt__strategy_replica *R = &s->rep[r];
+      dt_graph_destroy(R->g);
+      dt_optim_destroy(R->opt);
+      dt__free(R->own_data, s->fbytes ? s->fbytes : sizeof(float));
+      dt__free(R->own_grad, s->fbytes ? s->fbytes : sizeof(float));
+      dt__free(R->old, s->fbytes ? s->fbytes : sizeof(float));
+    }
+    dt__free(s->rep, s->rep_bytes);
+  }
+  dt__free(s->bufr, (size_t)s->nbufr * 2 * sizeof(size_t));
+  dt__free(s, sizeof *s);
+}
+
+DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
+  if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_sync: strategy is NULL");
+  if (s->desc.kind == DTRAIN_STRATEGY_MIRRORED) {
+    const float *src = dt_params_data(s->params);
+    for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, src, s->fbytes);
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_API int dt_strategy_replicas(const dt_strategy *s) { return s ? s->n : 0; }
+DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s) { return s ? &s->desc : NULL; }
+
+DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica) {
+  if (!s) return NULL;
+  if (replica < 0 || replica >= s->n) {
+    dt__error(DTRAIN_ERR_INDEX, "dt_strategy_graph: replica %d outside [0, %d)", replica, s->n);
+    return NULL;
+  }
+  return s->rep[replica].g;
+}
+
+/* ---- statistics ------------------------------------------------------------------------------- */
+
+DTRAIN_API dt_result dt_strategy_replica_stats(const dt_strategy *s, int replica, dt_replica_stats *out) {
+  if (!s || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_replica_stats: %s is NULL", !s ? "strategy" : "out");
+  memset(out, 0, sizeof *out);
+  if (replica < 0 || replica >= s->n)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_strategy_replica_stats: replica %d outside [0, %d)", replica, s->n);
+  const dt__strategy_replica *R = &s->rep[replica];
+  out->steps = R->steps;
+  out->samples = R->samples;
+  out->compute_s = R->compute_s;
+  out->wait_s = R->wait_s;
+  out->staleness_max = R->stale_max;
+  out->staleness_mean = R->steps ? (double)R->stale_sum / (double)R->steps : 0.0;
+  out->clock_gap_max = R->gap_max;
+  out->result = R->result;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out) {
+  if (!s || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_stats_get: %s is NULL", !s ? "strategy" : "out");
+  memset(out, 0, sizeof *out);
+  out->kind = s->desc.kind;
+  out->replicas = s->n;
+  out->steps = s->steps;
+  out->samples = s->samples;
+  out->seconds = s->seconds;
+  if (s->seconds > 0.0) {
+    out->steps_per_s = (double)s->steps / s->seconds;
+    out->samples_per_s = (double)s->samples / s->seconds;
+  }
+  int64_t pushes = 0, stale_sum = 0;
+  for (int r = 0; r < s->n; r++) {
+    const dt__strategy_replica *R = &s->rep[r];
+    out->wait_s_mean += R->wait_s / (double)s->n;
+    if (R->wait_s > out->wait_s_max) out->wait_s_max = R->wait_s;
+    for (int b = 0; b < DTRAIN_STALENESS_BINS; b++) out->staleness_hist[b] += R->hist[b];
+    if (R->stale_max > out->staleness_max) out->staleness_max = R->stale_max;
+    if (R->gap_max > out->clock_gap_max) out->clock_gap_max = R->gap_max;
+    stale_sum += R->stale_sum;
+    if (s->desc.kind == DTRAIN_STRATEGY_ASYNC) pushes += R->steps;
+  }
+  out->staleness_mean = pushes ? (double)stale_sum / (double)pushes : 0.0;
+  out->last_loss = s->last_loss;
+  out->mean_loss = s->loss_count ? s->loss_sum / (double)s->loss_count : 0.0;
+  out->failed_replica = s->last_failed;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
+  if (!s) return;
+  for (int r = 0; r < s->n; r++) {
+    dt__strategy_replica *R = &s->rep[r];
+    R->steps = R->samples = R->loss_count = 0;
+    R->compute_s = R->wait_s = R->loss_sum = 0.0;
+    memset(R->hist, 0, sizeof R->hist);
+    R->stale_max = R->stale_sum = R->gap_max = 0;
+  }
+  s->steps = s->samples = s->loss_count = 0;
+  s->seconds = s->loss_sum = 0.0;
+  if (s->comm) dt_comm_reset_stats(s->comm);
+}
+
+#undef DT__PSTORE_DONE
+/* ======== end dt_strategy.c ======== */
 
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -24,6 +24,8 @@
 #include "dt_fit.h"
 #include "dt_data.h"
 #include "dt_memory.h"
+#include "dt_comm.h"
+#include "dt_strategy.h"
 
 #include <float.h>
 #include <limits.h>

@@ -1,0 +1,130 @@
+/* bench_strategy.c -- training throughput of the Fashion-MNIST MLP
+ * (784-256-128-10, Adam) under each strategy, side by side in one run.
+ *
+ *   make bench        (or: make build/bench/bench_strategy && build/bench/bench_strategy)
+ *
+ * Synthetic data of Fashion-MNIST's shape. For each global batch size, each
+ * strategy trains for a fixed time after a warm-up; the strategies run in
+ * alternation, ROUNDS rounds of half a second, and the best round of each
+ * counts (the machine is shared and noisy: the best round is the one in
+ * which the threads had the cores). The goal on a 2-core machine: mirrored(2) >= 1.8x
+ * one_device's samples/s. Timings only: nothing is asserted. */
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NSAMPLES 4096
+#define ROUNDS 6
+static float *X;
+static int32_t *Y;
+
+typedef struct mlp {
+  dt_nn_linear l1, l2, l3;
+} mlp;
+
+static dt_tensor *mlp_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  mlp *m = (mlp *)user;
+  int64_t xs[2];
+  (void)replica;
+  xs[0] = b->rows;
+  xs[1] = 784;
+  dt_tensor *h = dt_relu(g, dt_nn_linear_forward(g, &m->l1, dt_tensor_wrap(g, 2, xs, (float *)b->x)));
+  h = dt_relu(g, dt_nn_linear_forward(g, &m->l2, h));
+  return dt_cross_entropy(g, dt_nn_linear_forward(g, &m->l3, h), b->y);
+}
+
+typedef struct feed {
+  int64_t batch;
+} feed;
+
+static dt_result feed_next(void *user, int replica, int64_t step, dt_minibatch *out) {
+  feed *f = (feed *)user;
+  (void)replica;
+  int64_t per = NSAMPLES / f->batch;
+  int64_t first = (step % per) * f->batch;
+  memset(out, 0, sizeof *out);
+  out->rows = f->batch;
+  out->x = X + first * 784;
+  out->x_cols = 784;
+  out->y = Y + first;
+  return DTRAIN_OK;
+}
+
+/* samples/s of one timed round (after `warm` untimed steps). */
+static double measure(const dt_strategy_desc *sd, int64_t batch, double seconds, double *wait_frac) {
+  dt_params *P = dt_params_create(1);
+  mlp m;
+  dt_nn_linear_init(&m.l1, P, "fc1", 784, 256, 1);
+  dt_nn_linear_init(&m.l2, P, "fc2", 256, 128, 1);
+  dt_nn_linear_init(&m.l3, P, "fc3", 128, 10, 1);
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_ADAM;
+  dt_optim *opt = dt_optim_create(P, &od);
+  dt_strategy *s = dt_strategy_create(P, opt, mlp_step, &m, sd);
+  double rate = 0.0;
+  if (!s) {
+    fprintf(stderr, "%s\n", dt_last_error());
+  } else {
+    feed f;
+    /* async: each replica's own batch is a shard's worth, so that a round of
+     * N pushes sees as many samples as one synchronous step */
+    f.batch = sd->kind == DTRAIN_STRATEGY_ASYNC ? batch / dt_strategy_replicas(s) : batch;
+    dt_strategy_run(s, 5, feed_next, &f, NULL); /* warm-up: arenas, caches */
+    dt_strategy_reset_stats(s);
+    double t0 = dt_time_now();
+    while (dt_time_now() - t0 < seconds)
+      if (dt_strategy_run(s, 10, feed_next, &f, NULL) != DTRAIN_OK) {
+        fprintf(stderr, "%s\n", dt_last_error());
+        break;
+      }
+    dt_strategy_stats st;
+    dt_strategy_stats_get(s, &st);
+    rate = st.samples_per_s;
+    if (wait_frac) *wait_frac = st.seconds > 0 ? st.wait_s_mean / st.seconds : 0.0;
+  }
+  dt_strategy_destroy(s);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+  return rate;
+}
+
+int main(void) {
+  printf("%s, %d CPUs\n", dt_build_info(), dt_cpu_count());
+  X = (float *)malloc(sizeof(float) * NSAMPLES * 784);
+  Y = (int32_t *)malloc(sizeof(int32_t) * NSAMPLES);
+  for (int64_t i = 0; i < (int64_t)NSAMPLES * 784; i++) X[i] = (float)((i * 37) % 255) / 255.0f;
+  for (int i = 0; i < NSAMPLES; i++) Y[i] = i % 10;
+  enum { NS = 4 };
+  dt_strategy_desc sds[NS];
+  const char *names[NS] = {"one_device", "mirrored(2)", "central_storage(2)", "async(2,unbounded)"};
+  sds[0] = dt_one_device();
+  sds[1] = dt_mirrored(2);
+  sds[2] = dt_central_storage(2);
+  sds[3] = dt_async(2, DTRAIN_STALENESS_UNBOUNDED);
+  const int64_t batches[3] = {64, 128, 256};
+  printf("MLP 784-256-128-10, Adam, samples/s (best of %d rounds of 0.5 s); wait = mean share of time at barriers\n",
+         ROUNDS);
+  printf("%6s", "batch");
+  for (int k = 0; k < NS; k++) printf("  %20s", names[k]);
+  printf("  %s\n", "mirrored(2)/one_device");
+  for (int bi = 0; bi < 3; bi++) {
+    double best[NS] = {0}, wait[NS] = {0};
+    for (int round = 0; round < ROUNDS; round++)
+      for (int k = 0; k < NS; k++) {
+        double w = 0.0, r = measure(&sds[k], batches[bi], 0.5, &w);
+        if (r > best[k]) {
+          best[k] = r;
+          wait[k] = w;
+        }
+      }
+    printf("%6lld", (long long)batches[bi]);
+    for (int k = 0; k < NS; k++) printf("  %10.0f (wait %3.0f%%)", best[k], 100.0 * wait[k]);
+    printf("  %.2fx (goal >= 1.8x)\n", best[1] / best[0]);
+  }
+  free(X);
+  free(Y);
+  return 0;
+}

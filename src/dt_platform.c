@@ -1,0 +1,380 @@
+/* ===========================================================================
+ * dt_platform.c -- threads, events, the breakable barrier, the thread pool
+ * ===========================================================================
+ * See dt_platform.h. POSIX threads; without threads (DTRAIN_NO_THREADS) the
+ * primitives degrade to what a single thread needs.
+ */
+#include "dt_internal.h"
+#include "dt_platform.h"
+
+#if !defined(_WIN32)
+#  include <errno.h>
+#  include <sched.h>
+#  include <unistd.h>
+#endif
+
+/* ---- time ------------------------------------------------------------------------ */
+
+DTRAIN_PRIVATE double dt__now(void) {
+#if defined(CLOCK_MONOTONIC) && !defined(_WIN32)
+  struct timespec ts;
+  if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#endif
+  return dt_time_now();
+}
+
+DTRAIN_PRIVATE void dt__sleep(double seconds) {
+  if (!(seconds > 0.0)) return;
+#if !defined(_WIN32)
+  struct timespec ts;
+  ts.tv_sec = (time_t)seconds;
+  ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+#else
+  double end = dt__now() + seconds;
+  while (dt__now() < end) dt__cpu_relax();
+#endif
+}
+
+DTRAIN_PRIVATE int dt__cpu_count(void) {
+#if defined(_SC_NPROCESSORS_ONLN)
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  if (n >= 1 && n < 65536) return (int)n;
+#endif
+  return 1;
+}
+
+DTRAIN_PRIVATE double dt__spin_seconds(int spin_us, int nthreads) {
+  if (spin_us < 0) return 0.0;
+  if (spin_us > 0) return (double)spin_us * 1e-6;
+  return nthreads <= dt__cpu_count() ? 50e-6 : 0.5e-6;
+}
+
+/* ---- mutex, condvar, thread ------------------------------------------------------ */
+
+#if !defined(DTRAIN_NO_THREADS)
+
+DTRAIN_PRIVATE dt_result dt__mutex_init(dt__mutex *m) {
+  int rc = pthread_mutex_init(&m->m, NULL);
+  return rc == 0 ? DTRAIN_OK : dt__error(DTRAIN_ERR_THREAD, "pthread_mutex_init failed (error %d)", rc);
+}
+DTRAIN_PRIVATE void dt__mutex_destroy(dt__mutex *m) { pthread_mutex_destroy(&m->m); }
+DTRAIN_PRIVATE void dt__mutex_lock(dt__mutex *m) { pthread_mutex_lock(&m->m); }
+DTRAIN_PRIVATE void dt__mutex_unlock(dt__mutex *m) { pthread_mutex_unlock(&m->m); }
+
+DTRAIN_PRIVATE dt_result dt__cond_init(dt__cond *c) {
+  int rc = pthread_cond_init(&c->c, NULL);
+  return rc == 0 ? DTRAIN_OK : dt__error(DTRAIN_ERR_THREAD, "pthread_cond_init failed (error %d)", rc);
+}
+DTRAIN_PRIVATE void dt__cond_destroy(dt__cond *c) { pthread_cond_destroy(&c->c); }
+DTRAIN_PRIVATE void dt__cond_wait(dt__cond *c, dt__mutex *m) { pthread_cond_wait(&c->c, &m->m); }
+DTRAIN_PRIVATE void dt__cond_broadcast(dt__cond *c) { pthread_cond_broadcast(&c->c); }
+
+typedef struct dt__platform_start {
+  dt__thread_fn fn;
+  void *arg;
+} dt__platform_start;
+
+#define DT__THREAD_STACK ((size_t)2 << 20) /* at least 2 MiB per worker thread */
+
+static void *dt__platform_trampoline(void *p) {
+  dt__platform_start s = *(dt__platform_start *)p;
+  dt__free(p, sizeof(dt__platform_start));
+  s.fn(s.arg);
+  return NULL;
+}
+
+DTRAIN_PRIVATE dt_result dt__thread_start(dt__thread *t, dt__thread_fn fn, void *arg) {
+  t->started = 0;
+  dt__platform_start *s = (dt__platform_start *)dt__alloc(sizeof *s);
+  if (!s) return dt__error(DTRAIN_ERR_NOMEM, "thread start: out of memory");
+  s->fn = fn;
+  s->arg = arg;
+  /* An explicit stack: dt_sgemm keeps its packed panels (~240 KiB) on the
+   * stack, more than some libcs give a thread by default (musl: 128 KiB). */
+  pthread_attr_t attr;
+  int rc = pthread_attr_init(&attr);
+  if (rc == 0) {
+    size_t have = 0;
+    if (pthread_attr_getstacksize(&attr, &have) != 0 || have < DT__THREAD_STACK)
+      rc = pthread_attr_setstacksize(&attr, DT__THREAD_STACK);
+    if (rc == 0) rc = pthread_create(&t->t, &attr, dt__platform_trampoline, s);
+    pthread_attr_destroy(&attr);
+  }
+  if (rc != 0) {
+    dt__free(s, sizeof *s);
+    return dt__error(DTRAIN_ERR_THREAD, "pthread_create failed (error %d)", rc);
+  }
+  t->started = 1;
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__thread_join(dt__thread *t) {
+  if (t->started) pthread_join(t->t, NULL);
+  t->started = 0;
+}
+
+#else /* DTRAIN_NO_THREADS */
+
+DTRAIN_PRIVATE dt_result dt__mutex_init(dt__mutex *m) { m->unused = 0; return DTRAIN_OK; }
+DTRAIN_PRIVATE void dt__mutex_destroy(dt__mutex *m) { (void)m; }
+DTRAIN_PRIVATE void dt__mutex_lock(dt__mutex *m) { (void)m; }
+DTRAIN_PRIVATE void dt__mutex_unlock(dt__mutex *m) { (void)m; }
+DTRAIN_PRIVATE dt_result dt__cond_init(dt__cond *c) { c->unused = 0; return DTRAIN_OK; }
+DTRAIN_PRIVATE void dt__cond_destroy(dt__cond *c) { (void)c; }
+DTRAIN_PRIVATE void dt__cond_wait(dt__cond *c, dt__mutex *m) { (void)c; (void)m; }
+DTRAIN_PRIVATE void dt__cond_broadcast(dt__cond *c) { (void)c; }
+DTRAIN_PRIVATE dt_result dt__thread_start(dt__thread *t, dt__thread_fn fn, void *arg) {
+  (void)fn; (void)arg;
+  t->started = 0;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "threads are not available (built with DTRAIN_NO_THREADS)");
+}
+DTRAIN_PRIVATE void dt__thread_join(dt__thread *t) { t->started = 0; }
+
+#endif
+
+/* ---- events ------------------------------------------------------------------------ */
+
+DTRAIN_PRIVATE dt_result dt__event_init(dt__event *e) {
+  DT__ASTORE(&e->sleepers, 0, DT__MO_RELAXED);
+  dt_result r = dt__mutex_init(&e->m);
+  if (r != DTRAIN_OK) return r;
+  r = dt__cond_init(&e->c);
+  if (r != DTRAIN_OK) dt__mutex_destroy(&e->m);
+  return r;
+}
+
+DTRAIN_PRIVATE void dt__event_destroy(dt__event *e) {
+  dt__cond_destroy(&e->c);
+  dt__mutex_destroy(&e->m);
+}
+
+DTRAIN_PRIVATE void dt__event_notify(dt__event *e) {
+  /* Pairs with the sleeper's seq_cst increment of `sleepers` followed by its
+   * seq_cst re-check of the condition: one of the two sees the other. */
+  if (DT__ALOAD(&e->sleepers, DT__MO_SEQ_CST) > 0) {
+    dt__mutex_lock(&e->m);
+    dt__cond_broadcast(&e->c);
+    dt__mutex_unlock(&e->m);
+  }
+}
+
+DTRAIN_PRIVATE double dt__event_wait(dt__event *e, dt__pred_fn pred, void *arg, double spin_s) {
+  if (pred(arg)) return 0.0;
+  double t0 = dt__now(), t;
+  for (;;) {
+    for (int k = 0; k < 32; k++) {
+      dt__cpu_relax();
+      if (pred(arg)) return dt__now() - t0;
+    }
+    t = dt__now() - t0;
+    if (t >= spin_s) break;
+    /* After a couple of microseconds of pure spinning, offer the core to
+     * whoever else is runnable on it (perhaps the thread we wait for). */
+#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+    if (t > 2e-6) sched_yield();
+#endif
+  }
+#if !defined(DTRAIN_NO_THREADS)
+  dt__mutex_lock(&e->m);
+  DT__AFETCH_ADD(&e->sleepers, 1, DT__MO_SEQ_CST);
+  while (!pred(arg)) dt__cond_wait(&e->c, &e->m);
+  DT__AFETCH_SUB(&e->sleepers, 1, DT__MO_SEQ_CST);
+  dt__mutex_unlock(&e->m);
+#else
+  (void)e; /* one thread: nobody else can make pred true */
+#endif
+  return dt__now() - t0;
+}
+
+/* ---- barrier -------------------------------------------------------------------------- */
+
+DTRAIN_PRIVATE dt_result dt__barrier_init(dt__barrier *b, int n, double spin_s) {
+  DT__ASTORE(&b->count, 0, DT__MO_RELAXED);
+  DT__ASTORE(&b->phase, 0u, DT__MO_RELAXED);
+  DT__ASTORE(&b->broken, 0, DT__MO_RELAXED);
+  b->n = n;
+  b->spin_s = spin_s;
+  return dt__event_init(&b->ev);
+}
+
+DTRAIN_PRIVATE void dt__barrier_destroy(dt__barrier *b) { dt__event_destroy(&b->ev); }
+
+typedef struct dt__platform_bwait {
+  dt__barrier *b;
+  unsigned phase;
+} dt__platform_bwait;
+
+static int dt__platform_barrier_open(void *arg) {
+  dt__platform_bwait *w = (dt__platform_bwait *)arg;
+  return DT__ALOAD(&w->b->phase, DT__MO_SEQ_CST) != w->phase || DT__ALOAD(&w->b->broken, DT__MO_SEQ_CST);
+}
+
+DTRAIN_PRIVATE dt_result dt__barrier_wait(dt__barrier *b, double *waited) {
+  if (waited) *waited = 0.0;
+  if (DT__ALOAD(&b->broken, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
+  if (b->n <= 1) return DTRAIN_OK;
+  /* The phase must be read before arriving: once we count, the last thread
+   * may bump it at any moment. */
+  dt__platform_bwait w;
+  w.b = b;
+  w.phase = DT__ALOAD(&b->phase, DT__MO_ACQUIRE);
+  if (DT__AFETCH_ADD(&b->count, 1, DT__MO_ACQ_REL) + 1 == b->n) {
+    /* Last to arrive: reset the count for the next phase, then open. The
+     * waiters acquire the phase, so they see the count at 0 when they come
+     * back for the next phase. */
+    DT__ASTORE(&b->count, 0, DT__MO_RELAXED);
+    DT__ASTORE(&b->phase, w.phase + 1u, DT__MO_SEQ_CST);
+    dt__event_notify(&b->ev);
+    return DT__ALOAD(&b->broken, DT__MO_ACQUIRE) ? DTRAIN_ERR_ABORTED : DTRAIN_OK;
+  }
+  double t = dt__event_wait(&b->ev, dt__platform_barrier_open, &w, b->spin_s);
+  if (waited) *waited = t;
+  /* Broken wins even when the phase also moved: a failed replica's partners
+   * must not go on with half a collective. */
+  return DT__ALOAD(&b->broken, DT__MO_ACQUIRE) ? DTRAIN_ERR_ABORTED : DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__barrier_break(dt__barrier *b) {
+  DT__ASTORE(&b->broken, 1, DT__MO_SEQ_CST);
+  dt__event_notify(&b->ev);
+}
+
+DTRAIN_PRIVATE int dt__barrier_broken(dt__barrier *b) { return DT__ALOAD(&b->broken, DT__MO_ACQUIRE) != 0; }
+
+DTRAIN_PRIVATE void dt__barrier_reset(dt__barrier *b) {
+  DT__ASTORE(&b->count, 0, DT__MO_RELAXED);
+  DT__ASTORE(&b->broken, 0, DT__MO_SEQ_CST);
+}
+
+/* ---- thread pool ------------------------------------------------------------------------ */
+
+typedef struct dt__platform_worker {
+  dt__pool *pool;
+  int index;
+  dt__thread thread;
+} dt__platform_worker;
+
+struct dt__pool {
+  int n;
+  double spin_s;
+  dt__platform_worker *workers; /* n - 1 */
+  dt__event start, done;
+  DT__ATOMIC(uint64_t) gen;      /* job generation: bumped to start a job */
+  DT__ATOMIC(int) pending;       /* workers still running the current job */
+  DT__ATOMIC(int) stop;
+  dt__pool_fn fn;                /* the job: written before gen is bumped */
+  void *arg;
+};
+
+typedef struct dt__platform_gwait {
+  dt__pool *p;
+  uint64_t seen;
+} dt__platform_gwait;
+
+static int dt__platform_pool_started(void *arg) {
+  dt__platform_gwait *w = (dt__platform_gwait *)arg;
+  return DT__ALOAD(&w->p->gen, DT__MO_SEQ_CST) != w->seen || DT__ALOAD(&w->p->stop, DT__MO_SEQ_CST);
+}
+
+static int dt__platform_pool_done(void *arg) {
+  dt__pool *p = (dt__pool *)arg;
+  return DT__ALOAD(&p->pending, DT__MO_SEQ_CST) == 0;
+}
+
+static void dt__platform_pool_main(void *arg) {
+  dt__platform_worker *w = (dt__platform_worker *)arg;
+  dt__pool *p = w->pool;
+  dt__platform_gwait gw;
+  gw.p = p;
+  gw.seen = 0;
+  for (;;) {
+    dt__event_wait(&p->start, dt__platform_pool_started, &gw, p->spin_s);
+    if (DT__ALOAD(&p->stop, DT__MO_ACQUIRE)) return;
+    gw.seen = DT__ALOAD(&p->gen, DT__MO_ACQUIRE);
+    p->fn(p->arg, w->index);
+    if (DT__AFETCH_SUB(&p->pending, 1, DT__MO_SEQ_CST) == 1) dt__event_notify(&p->done);
+  }
+}
+
+DTRAIN_PRIVATE dt__pool *dt__pool_create(int n, double spin_s) {
+  if (n < 1) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "thread pool: %d participants (need >= 1)", n);
+    return NULL;
+  }
+#if defined(DTRAIN_NO_THREADS)
+  if (n > 1) {
+    dt__error(DTRAIN_ERR_UNSUPPORTED, "thread pool of %d: threads are not available (built with DTRAIN_NO_THREADS)", n);
+    return NULL;
+  }
+#endif
+  dt__pool *p = (dt__pool *)dt__calloc(sizeof *p);
+  if (!p) {
+    dt__error(DTRAIN_ERR_NOMEM, "thread pool: out of memory");
+    return NULL;
+  }
+  p->n = n;
+  p->spin_s = spin_s;
+  DT__ASTORE(&p->gen, (uint64_t)0, DT__MO_RELAXED);
+  DT__ASTORE(&p->pending, 0, DT__MO_RELAXED);
+  DT__ASTORE(&p->stop, 0, DT__MO_RELAXED);
+  if (dt__event_init(&p->start) != DTRAIN_OK) {
+    dt__free(p, sizeof *p);
+    return NULL;
+  }
+  if (dt__event_init(&p->done) != DTRAIN_OK) {
+    dt__event_destroy(&p->start);
+    dt__free(p, sizeof *p);
+    return NULL;
+  }
+  if (n > 1) {
+    p->workers = (dt__platform_worker *)dt__calloc((size_t)(n - 1) * sizeof(dt__platform_worker));
+    if (!p->workers) {
+      dt__error(DTRAIN_ERR_NOMEM, "thread pool: out of memory");
+      dt__pool_destroy(p);
+      return NULL;
+    }
+    for (int i = 0; i < n - 1; i++) {
+      p->workers[i].pool = p;
+      p->workers[i].index = i + 1;
+      if (dt__thread_start(&p->workers[i].thread, dt__platform_pool_main, &p->workers[i]) != DTRAIN_OK) {
+        dt__pool_destroy(p); /* joins the ones that started */
+        return NULL;
+      }
+    }
+  }
+  return p;
+}
+
+DTRAIN_PRIVATE void dt__pool_destroy(dt__pool *p) {
+  if (!p) return;
+  if (p->workers) {
+    DT__ASTORE(&p->stop, 1, DT__MO_SEQ_CST);
+    dt__event_notify(&p->start);
+    for (int i = 0; i < p->n - 1; i++) dt__thread_join(&p->workers[i].thread);
+    dt__free(p->workers, (size_t)(p->n - 1) * sizeof(dt__platform_worker));
+  }
+  dt__event_destroy(&p->done);
+  dt__event_destroy(&p->start);
+  dt__free(p, sizeof *p);
+}
+
+DTRAIN_PRIVATE void dt__pool_run(dt__pool *p, dt__pool_fn fn, void *arg) {
+  if (p->n == 1) {
+    fn(arg, 0);
+    return;
+  }
+  p->fn = fn;
+  p->arg = arg;
+  DT__ASTORE(&p->pending, p->n - 1, DT__MO_RELAXED);
+  /* Publishes fn, arg and pending to the workers, which acquire gen. */
+  DT__AFETCH_ADD(&p->gen, (uint64_t)1, DT__MO_SEQ_CST);
+  dt__event_notify(&p->start);
+  fn(arg, 0);
+  dt__event_wait(&p->done, dt__platform_pool_done, p, p->spin_s);
+}
+
+DTRAIN_PRIVATE int dt__pool_size(const dt__pool *p) { return p ? p->n : 0; }
+#undef DT__THREAD_STACK

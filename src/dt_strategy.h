@@ -1,0 +1,342 @@
+/* ===========================================================================
+ * dt_strategy.h -- data-parallel training in one process: one_device,
+ * mirrored, central_storage and async (Hogwild) behind one API; the
+ * in-process parameter store
+ * ===========================================================================
+ * Write the model and a step function once; pick a strategy in one line:
+ *
+ *   static dt_tensor *step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+ *     model *m = (model *)user;              // read-only here: replicas share it
+ *     int64_t xs[2] = {b->rows, 784};
+ *     dt_tensor *x = dt_tensor_wrap(g, 2, xs, (float *)b->x);
+ *     return dt_cross_entropy(g, model_forward(g, m, x), b->y);   // mean over the shard
+ *   }
+ *   ...
+ *   dt_strategy_desc sd = dt_mirrored(4);    // or dt_one_device(), dt_central_storage(4), dt_async(4, 2)
+ *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
+ *   for (...) { dt_minibatch b = {...}; dt_strategy_step(s, &b, &loss); }
+ *
+ * | strategy            | parameters                   | per step                                                |
+ * |---------------------|------------------------------|---------------------------------------------------------|
+ * | one_device          | the params' own buffers      | forward/backward on the whole batch, one update          |
+ * | mirrored(N)         | one copy per replica         | N shards; reduce-scatter of the gradients; each replica  |
+ * |                     |                              | updates its slice; all-gather of the parameters          |
+ * | central_storage(N)  | one copy read by all (*)     | N shards; gradients reduced into the centre; one update  |
+ * |                     |                              | (each replica applies it to its slice of the centre)     |
+ * | async(N, k)         | a lock-free store + a copy   | replicas run free: pull, forward/backward on their own   |
+ * |                     | per replica                  | batch, local optimizer step, push the update             |
+ *
+ * (*) Non-trainable buffers (batch-norm running statistics) are written by
+ * the forward pass, so with such a model each central_storage replica works
+ * on a private copy of the centre, refreshed every step. Buffers follow
+ * replica 0 in every strategy (mirrored broadcasts them after each step,
+ * like PyTorch DDP's broadcast_buffers); async pushes their change like any
+ * other update.
+ *
+ * After a step the params' data buffer holds the trained parameters under
+ * every strategy (mirrored: replica 0's copy, equal to the others). Its grad
+ * buffer holds the reduced gradient of the whole batch for one_device and
+ * central_storage; for mirrored only replica 0's slice of it (the
+ * reduce-scatter leaves each slice with its owner).
+ *
+ * The synchronous strategies compute exactly what one_device computes on the
+ * same global batch (up to float rounding: the gradient sums run in rank
+ * order) and repeat bitwise. async trades that for never waiting for the
+ * slowest replica; max_staleness bounds how far it may drift (0 = lock-step).
+ *
+ * Batches and loss scaling. The global batch of a synchronous step is split
+ * into N contiguous shards; with B rows, shard r has B/N rows plus one when
+ * r < B % N (shards may be empty when B < N; an empty replica computes
+ * nothing). The step function returns the loss of its shard as it would for
+ * one device -- with DTRAIN_LOSS_MEAN (the default) the mean over the shard's
+ * rows -- and the strategy weights its gradient by rows/B (the dt_minibatch
+ * field `weight`), so the summed gradient is exactly the gradient of the mean
+ * over the whole batch, for any split. DTRAIN_LOSS_SUM: the step returns a
+ * sum over its rows and the weights are 1.
+ * In async, each replica's step is an optimizer step of its own on its own
+ * batch (weight 1), like N single-device trainers sharing the parameters.
+ *
+ * Async update rule. Each replica pulls the parameters into its own copy
+ * with relaxed atomic loads (no lock; a version number says how fresh),
+ * runs forward/backward, applies the optimizer to its copy with its own
+ * optimizer state (a clone of the given optimizer), and pushes the
+ * difference (new - pulled) into the store. The default push,
+ * DTRAIN_ASYNC_HOGWILD, is Hogwild's unsynchronised per-element update done
+ * with relaxed atomic loads and stores: no lock, no read-modify-write
+ * instruction, but two replicas writing the same element at the same instant
+ * may lose one of the two additions -- rare (replicas sweep the buffer at
+ * different places) and harmless for SGD, as the Hogwild paper shows; atomic
+ * (not plain) accesses keep it free of undefined behaviour and clean under
+ * ThreadSanitizer. DTRAIN_ASYNC_ATOMIC adds with a compare-and-swap loop per
+ * element: no update is ever lost, at several times the cost of the push.
+ *
+ * Staleness. max_staleness k is bounded staleness (SSP) on step clocks: a
+ * replica starts (pulls for) its step t only after every replica finished
+ * step t-k-1, and pushes step t only after every replica started step t-k;
+ * so a replica is never more than k steps ahead of the slowest one, and the
+ * parameters it computes on miss at most (N-1)(2k+1) updates. k = 0 is
+ * lock-step: every replica reads the same parameters in a round, and the
+ * pushes are applied in replica order, so async(N, 0) is deterministic and
+ * equals a synchronous step with DTRAIN_LOSS_SUM. DTRAIN_STALENESS_UNBOUNDED
+ * (-1) is fully asynchronous. The staleness recorded for each push (the
+ * histogram in dt_strategy_stats) is the number of updates other replicas
+ * pushed between its pull and its push.
+ *
+ * Failures. An error in one replica (a failing op, a non-finite loss, with
+ * check_numerics also a NaN/Inf gradient or update) stops the step on every
+ * replica: the barrier or the store is broken, the others return at once
+ * with DTRAIN_ERR_ABORTED, and dt_strategy_step/run returns the failing
+ * replica's code with a message naming it ("replica 2: dt_matmul: ...").
+ * Nothing is left waiting. A failed synchronous step changes no parameter
+ * (the check happens before any update; batch-norm statistics excepted);
+ * dt_strategy_stats.failed_replica and each dt_replica_stats.result say who
+ * failed and who was aborted. The strategy stays usable.
+ *
+ * Threads: the pool of N-1 worker threads is created with the strategy and
+ * lives until it is destroyed (the calling thread is replica 0); no thread
+ * is created per step. Who touches what:
+ *
+ * | object                      | touched by                                                        |
+ * |-----------------------------|-------------------------------------------------------------------|
+ * | dt_strategy                 | one calling thread at a time (step, run, stats, sync, destroy)     |
+ * | the step function           | replica r's thread, concurrently for different r; `user` must be   |
+ * |                             | read-only or per-replica                                           |
+ * | the batch function (run)    | sync: the calling thread; async: replica r's thread, concurrently  |
+ * | replica r's graph           | replica r's thread during a step; the caller between steps         |
+ * | the params and optimizer    | the strategy during step/run; the caller between them              |
+ * | params data during async    | read and written by every replica with atomic accesses             |
+ *
+ * Without threads (DTRAIN_NO_THREADS) only one_device works; the other
+ * strategies return DTRAIN_ERR_UNSUPPORTED from dt_strategy_create.
+ */
+#ifndef DTRAIN_STRATEGY_H
+#define DTRAIN_STRATEGY_H
+
+#include "dt_optim.h"
+#include "dt_comm.h"
+
+DTRAIN_EXTERN_C_BEGIN
+
+#define DTRAIN_MAX_REPLICAS 64
+#define DTRAIN_STALENESS_UNBOUNDED (-1)
+#define DTRAIN_STALENESS_BINS 64
+
+typedef enum dt_strategy_kind {
+  DTRAIN_STRATEGY_ONE_DEVICE = 0,
+  DTRAIN_STRATEGY_MIRRORED,
+  DTRAIN_STRATEGY_CENTRAL_STORAGE,
+  DTRAIN_STRATEGY_ASYNC
+} dt_strategy_kind;
+
+typedef enum dt_loss_reduction {
+  DTRAIN_LOSS_MEAN = 0, /* the step returns the mean over its shard (default) */
+  DTRAIN_LOSS_SUM       /* the step returns the sum over its shard */
+} dt_loss_reduction;
+
+typedef enum dt_async_update {
+  DTRAIN_ASYNC_HOGWILD = 0, /* relaxed atomic load + store per element (default) */
+  DTRAIN_ASYNC_ATOMIC       /* compare-and-swap add per element: no lost update */
+} dt_async_update;
+
+/* A batch (or a shard of one): arrays with `rows` rows, row-major. The
+ * strategy never copies the data; shards point into the global batch. */
+typedef struct dt_minibatch {
+  int64_t rows;          /* samples */
+  const float *x;        /* rows * x_cols inputs (may be NULL) */
+  int64_t x_cols;
+  const int32_t *y;      /* rows * y_cols integer labels (may be NULL) */
+  int64_t y_cols;        /* 0 means 1 */
+  const float *t;        /* rows * t_cols float targets (may be NULL) */
+  int64_t t_cols;
+  void *user;            /* passed unchanged to every shard */
+  /* Filled by the strategy in what the step function receives: */
+  int64_t step;          /* the batch's number: sync, the global step; async, a ticket unique across replicas */
+  int64_t replica_step;  /* steps this replica made before this one in the current call */
+  int64_t first;         /* the shard's first row in the global batch */
+  int64_t global_rows;   /* rows of the global batch */
+  float weight;          /* factor applied to this shard's loss gradient */
+} dt_minibatch;
+
+/* Builds replica `replica`'s loss on graph g (bound to that replica's
+ * parameters: use dt_param(g, i) / the dt_nn_* layers) for its shard and
+ * returns it (one element), or NULL after a failed op (the graph's error is
+ * reported). Called concurrently from the replicas' threads. */
+typedef dt_tensor *(*dt_step_fn)(dt_graph *g, int replica, const dt_minibatch *shard, void *user);
+
+/* Fills *out with batch number `step` for dt_strategy_run: replica -1 asks
+ * for the global batch of a synchronous step (called on the calling
+ * thread); replica r >= 0 for async replica r's own batch (called on that
+ * replica's thread, concurrently with other replicas). The data must stay
+ * valid until the step is done (the next call for the same replica). Return
+ * DTRAIN_OK or an error code, which stops the run. */
+typedef dt_result (*dt_minibatch_fn)(void *user, int replica, int64_t step, dt_minibatch *out);
+
+/* Zero fields take the defaults in brackets. */
+typedef struct dt_strategy_desc {
+  dt_strategy_kind kind;         /* [one_device] */
+  int replicas;                  /* N [one_device: 1; others: the number of CPUs] */
+  int max_staleness;             /* async: 0 lock-step, k > 0 bounded, DTRAIN_STALENESS_UNBOUNDED */
+  dt_async_update async_update;  /* async: [HOGWILD] */
+  dt_loss_reduction loss;        /* [MEAN] */
+  int check_numerics;            /* nonzero: every op checks for NaN/Inf, and so do the reduced
+                                    gradients (sync) and the pushed updates (async) */
+  size_t arena_bytes;            /* first arena block of each replica's graph [1 MiB] */
+  uint64_t seed;                 /* replica r's graph RNG (dropout) gets seed + r [1] */
+  int spin_us;                   /* waiting threads spin this long before sleeping
+                                    [50 when N <= CPUs, else 0.5]; < 0: never spin */
+  int straggler;                 /* for experiments: this replica ... */
+  float straggler_factor;        /* ... runs this many times slower (> 1: after computing it
+                                    sleeps factor-1 times its compute time) [off] */
+} dt_strategy_desc;
+
+/* The one-line choices. */
+DTRAIN_API dt_strategy_desc dt_one_device(void);
+DTRAIN_API dt_strategy_desc dt_mirrored(int replicas);
+DTRAIN_API dt_strategy_desc dt_central_storage(int replicas);
+DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness);
+/* From a name ("one_device", "mirrored", "central_storage", "async"), e.g.
+ * for a --strategy flag. DTRAIN_ERR_INVALID_ARG for an unknown name. */
+DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out);
+DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind);
+
+typedef struct dt_strategy dt_strategy;
+
+/* Create a strategy training `params` with `opt` (created on params) by
+ * calling `step(g, replica, shard, user)`. desc NULL means one_device. The
+ * params must not gain parameters afterwards. The strategy borrows params,
+ * opt and user (they must outlive it) and owns its graphs, replica buffers
+ * and threads. After creation the replicas hold the params' current values;
+ * if you change them yourself later (loading a checkpoint), call
+ * dt_strategy_sync(). NULL on failure (dt_last_error()). */
+DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_step_fn step, void *user,
+                                           const dt_strategy_desc *desc);
+/* Joins the threads and frees everything the strategy owns; NULL is a no-op. */
+DTRAIN_API void dt_strategy_destroy(dt_strategy *s);
+
+/* One step on a global batch: split into shards, forward/backward on every
+ * replica, reduce, update. For async: one round -- replica r takes shard r
+ * and makes one step of its own against the store. *loss (may be NULL) gets
+ * the loss of the whole batch (MEAN: the rows-weighted mean of the shard
+ * losses; SUM: their sum). Returns DTRAIN_OK or the first failing replica's
+ * error (see Failures). */
+DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss);
+
+/* `steps` steps with batches from next(). Sync: `steps` global steps, each on
+ * next(user, -1, step). Async: steps * N pushes in all, the replicas running
+ * free (with max_staleness 0 exactly `steps` each); replica r gets its
+ * batches from next(user, r, ticket). *mean_loss (may be NULL) gets the mean
+ * loss over the steps (async: over the pushes). */
+DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                     float *mean_loss);
+
+/* Copy the params' current values into every replica's copy (mirrored). */
+DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s);
+
+DTRAIN_API int dt_strategy_replicas(const dt_strategy *s);
+DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s);
+/* Replica r's graph (for inspection between steps: memory, RNG state). */
+DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica);
+
+/* ---- statistics (since creation or dt_strategy_reset_stats) ---------------------- */
+typedef struct dt_replica_stats {
+  int64_t steps;          /* steps completed (async: pushes) */
+  int64_t samples;        /* rows processed */
+  double compute_s;       /* forward + backward (+ straggler sleep) */
+  double wait_s;          /* waiting for the others: barriers (sync), the staleness bound (async) */
+  int64_t staleness_max;  /* async: most updates pushed by others between a pull and its push */
+  double staleness_mean;
+  int64_t clock_gap_max;  /* async: most steps this replica was ahead of the slowest at a pull */
+  dt_result result;       /* of the last call: DTRAIN_OK, its own error, or DTRAIN_ERR_ABORTED */
+} dt_replica_stats;
+
+typedef struct dt_strategy_stats {
+  dt_strategy_kind kind;
+  int replicas;
+  int64_t steps;          /* sync: global steps; async: pushes by all replicas */
+  int64_t samples;        /* rows processed by all replicas */
+  double seconds;         /* wall time inside dt_strategy_step/run */
+  double steps_per_s, samples_per_s;
+  double wait_s_mean;     /* mean over replicas of dt_replica_stats.wait_s */
+  double wait_s_max;
+  float last_loss;        /* sync: the last step's loss; async: the last push's */
+  double mean_loss;       /* mean over the steps (async: pushes) */
+  int64_t staleness_hist[DTRAIN_STALENESS_BINS]; /* async: pushes by staleness; the last bin is ">=" */
+  int64_t staleness_max;
+  double staleness_mean;
+  int64_t clock_gap_max;
+  int failed_replica;     /* -1, or the replica whose error ended the last call */
+} dt_strategy_stats;
+
+DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);
+DTRAIN_API dt_result dt_strategy_replica_stats(const dt_strategy *s, int replica, dt_replica_stats *out);
+DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s);
+
+/* ---- the parameter store -----------------------------------------------------------
+ * What async replicas (workers) train against: pull the parameters, push an
+ * update, each with a step clock that enforces the staleness bound (see
+ * Staleness above). The in-process backend is lock-free; a networked one
+ * (parameter-server shards) implements the same table.
+ *
+ *   for (t = 0; ; t++) {
+ *     dt_pstore_pull(ps, w, t, mine, n, &tk);     // may wait for the bound
+ *     ... compute delta ...
+ *     dt_pstore_push(ps, w, t, delta, n, &tk);    // may wait; records tk.staleness
+ *   }
+ *   dt_pstore_leave(ps, w);                        // done: nobody waits for w any more
+ *
+ * With max_staleness 0 every worker must make the same number of steps.
+ * dt_pstore_begin() starts a new run (clocks back to 0) when no worker is
+ * inside; dt_pstore_abort() makes every waiting and later call return
+ * DTRAIN_ERR_ABORTED until dt_pstore_begin(). */
+typedef struct dt_pstore dt_pstore;
+
+typedef struct dt_pstore_ticket {
+  uint64_t version;    /* pull: updates applied when the copy began (push reads it) */
+  int64_t staleness;   /* push: updates pushed by others since the pull */
+  int64_t clock_gap;   /* pull: steps this worker was ahead of the slowest */
+  double wait_s;       /* seconds this call waited for the bound */
+} dt_pstore_ticket;
+
+typedef struct dt_pstore_vtable {
+  const char *name;
+  dt_result (*pull)(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n, dt_pstore_ticket *tk);
+  /* delta NULL: an empty push that only advances the clock */
+  dt_result (*push)(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n, dt_pstore_ticket *tk);
+  void (*leave)(dt_pstore *ps, int worker);
+  void (*abort)(dt_pstore *ps);
+  dt_result (*begin)(dt_pstore *ps);
+  uint64_t (*version)(dt_pstore *ps);
+  void (*destroy)(dt_pstore *ps);
+} dt_pstore_vtable;
+
+struct dt_pstore {
+  const dt_pstore_vtable *vtable;
+  int workers;
+  int max_staleness;
+  size_t size;   /* floats in the store */
+  void *impl;
+};
+
+/* In-process store over `data` (n floats, borrowed: the params' buffer) for
+ * `workers` threads. NULL on failure. */
+DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
+                                             dt_async_update update, int spin_us);
+DTRAIN_API void dt_pstore_destroy(dt_pstore *ps);
+DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                    dt_pstore_ticket *tk);
+DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                    dt_pstore_ticket *tk);
+DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker);
+DTRAIN_API void dt_pstore_abort(dt_pstore *ps);
+DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps);
+DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps);
+
+/* ---- small utilities ------------------------------------------------------------------ */
+/* Sleep for `seconds` (monotonic; restarts after signals). */
+DTRAIN_API void dt_sleep(double seconds);
+/* Number of online CPUs (>= 1). */
+DTRAIN_API int dt_cpu_count(void);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_STRATEGY_H */
