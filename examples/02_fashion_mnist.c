@@ -1,15 +1,17 @@
 /* 02_fashion_mnist.c -- train an MLP or a CNN on Fashion-MNIST.
  *
  * Shows: loading IDX data (gzip read directly), a seeded loader, a model
- * written once as a forward function, the dt_fit loop with a progress bar,
- * evaluation every epoch, a metrics CSV and an SVG chart, checkpoints and
- * bitwise resume, and a final JSON line for scripts.
+ * written once as a forward function and a step function, a strategy chosen
+ * by one flag (one_device, mirrored, central_storage, async), the dt_fit loop
+ * with a progress bar, evaluation every epoch, a metrics CSV and an SVG chart,
+ * checkpoints and bitwise resume, and a final JSON line for scripts.
  *
  * Build: make (-> build/examples/02_fashion_mnist), or
  *        cc -std=c11 -O2 -I. examples/02_fashion_mnist.c -o fmnist -lm -lpthread
  * Run:   build/examples/02_fashion_mnist --model mlp --epochs 10
  *        build/examples/02_fashion_mnist --model cnn --epochs 3 --checkpoint cnn.safetensors
  *        build/examples/02_fashion_mnist --resume cnn.safetensors --epochs 5
+ *        build/examples/02_fashion_mnist --strategy mirrored --replicas 2
  * Data:  --data DIR, else /usr/share/datasets/fashion-mnist (Debian package
  *        dataset-fashion-mnist), else the test split shipped in data/ (then
  *        8000 of its images train and 2000 test).
@@ -22,8 +24,8 @@
 #include <string.h>
 
 typedef struct options {
-  const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule;
-  int epochs, batch, json, quiet;
+  const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule, *strategy;
+  int epochs, batch, json, quiet, replicas, max_staleness;
   int64_t limit; /* train on the first `limit` samples only (0: all) */
   float lr;
   uint64_t seed;
@@ -84,12 +86,26 @@ typedef struct app {
   model m;
   dt_params *P;
   dt_optim *opt;
-  dt_graph *g, *eval_g;
+  dt_strategy *strategy;
+  dt_graph *eval_g;
+  int64_t correct[DTRAIN_MAX_REPLICAS]; /* per replica: each writes only its own */
   dt_dataset *train, *test;
   dt_loader *loader;
   double last_test_acc, last_test_loss, last_train_loss;
 } app;
 
+/* The step every replica runs on its shard of the batch (concurrently, on
+ * its own graph bound to its own parameters): the loss of the shard. */
+static dt_tensor *replica_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  app *a = (app *)user;
+  int64_t xs[2] = {b->rows, 784};
+  dt_tensor *logits = model_forward(g, &a->m, dt_tensor_wrap(g, 2, xs, (float *)b->x));
+  dt_tensor *loss = dt_cross_entropy(g, logits, b->y);
+  if (loss) a->correct[replica] = count_correct(logits, b->y);
+  return loss;
+}
+
+/* One training step for dt_fit: the next batch from the loader, through the strategy. */
 static dt_result train_step(dt_fit_batch *fb, void *user) {
   app *a = (app *)user;
   dt_batch b;
@@ -101,17 +117,20 @@ static dt_result train_step(dt_fit_batch *fb, void *user) {
   }
   int got = dt_loader_next(a->loader, &b);
   if (got <= 0) return got < 0 ? (dt_result)got : DTRAIN_ERR_STATE;
-  dt_graph_reset(a->g);
-  dt_params_zero_grad(a->P);
-  int64_t xs[2] = {b.size, 784};
-  dt_tensor *logits = model_forward(a->g, &a->m, dt_tensor_wrap(a->g, 2, xs, b.x));
-  dt_tensor *loss = dt_cross_entropy(a->g, logits, b.y);
-  dt_result r = dt_backward(a->g, loss);
+  dt_minibatch mb;
+  memset(&mb, 0, sizeof mb);
+  mb.rows = b.size;
+  mb.x = b.x;
+  mb.x_cols = 784;
+  mb.y = b.y;
+  memset(a->correct, 0, sizeof a->correct);
+  float loss = 0;
+  dt_result r = dt_strategy_step(a->strategy, &mb, &loss);
   if (r != DTRAIN_OK) return r;
-  if ((r = dt_optim_step(a->opt)) != DTRAIN_OK) return r;
-  fb->loss = dt_item(loss);
+  fb->loss = loss;
   fb->samples = b.size;
-  fb->correct = count_correct(logits, b.y);
+  fb->correct = 0;
+  for (int i = 0; i < DTRAIN_MAX_REPLICAS; i++) fb->correct += a->correct[i];
   a->last_train_loss = fb->loss;
   return DTRAIN_OK;
 }
@@ -144,6 +163,7 @@ static void usage(void) {
           "usage: 02_fashion_mnist [--model mlp|cnn] [--epochs N] [--batch N] [--lr X]\n"
           "         [--optimizer sgd|adam|adamw|rmsprop] [--seed N] [--data DIR]\n"
           "         [--schedule constant|cosine] [--checkpoint FILE] [--resume FILE] [--csv FILE]\n"
+          "         [--strategy one_device|mirrored|central_storage|async] [--replicas N] [--max-staleness K]\n"
           "         [--svg FILE] [--limit N] [--json] [--quiet]\n");
 }
 
@@ -157,6 +177,8 @@ static int parse(int argc, char **argv, options *o) {
   o->csv = "build/fashion_mnist.csv";
   o->svg = "build/fashion_mnist.svg";
   o->schedule = "constant";
+  o->strategy = "one_device";
+  o->max_staleness = DTRAIN_STALENESS_UNBOUNDED;
   for (int i = 1; i < argc; i++) {
     const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(k, "--json")) { o->json = 1; continue; }
@@ -176,6 +198,9 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(k, "--svg")) o->svg = v;
     else if (!strcmp(k, "--limit")) o->limit = atoll(v);
     else if (!strcmp(k, "--schedule")) o->schedule = v;
+    else if (!strcmp(k, "--strategy")) o->strategy = v;
+    else if (!strcmp(k, "--replicas")) o->replicas = atoi(v);
+    else if (!strcmp(k, "--max-staleness")) o->max_staleness = atoi(v);
     else { fprintf(stderr, "error: unknown option %s\n", k); return 0; }
   }
   if (strcmp(o->model, "mlp") && strcmp(o->model, "cnn")) { fprintf(stderr, "error: --model is mlp or cnn\n"); return 0; }
@@ -240,15 +265,11 @@ int main(int argc, char **argv) {
   dt_result r = load_data(&a, dir, sizeof dir);
   if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   if (!a.o.quiet)
-    printf("data: %s (%lld train, %lld test)\nmodel: %s, %s, batch %d, %d epochs\n", dir, (long long)a.train->n,
-           (long long)a.test->n, a.o.model, a.o.optimizer, a.o.batch, a.o.epochs);
+    printf("data: %s (%lld train, %lld test)\nmodel: %s, %s, batch %d, %d epochs, strategy %s\n", dir,
+           (long long)a.train->n, (long long)a.test->n, a.o.model, a.o.optimizer, a.o.batch, a.o.epochs, a.o.strategy);
 
   a.P = dt_params_create(a.o.seed);
   if ((r = model_init(&a.m, a.P, !strcmp(a.o.model, "cnn"))) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-  dt_graph_desc gd;
-  memset(&gd, 0, sizeof gd);
-  gd.seed = a.o.seed;
-  a.g = dt_graph_create(a.P, &gd);
   a.eval_g = dt_graph_create(a.P, NULL);
   dt_graph_set_grad_enabled(a.eval_g, 0);
   dt_graph_set_training(a.eval_g, 0);
@@ -271,7 +292,15 @@ int main(int argc, char **argv) {
     od.schedule.total_steps = (int64_t)a.o.epochs * dt_loader_num_batches(a.loader);
   }
   a.opt = dt_optim_create(a.P, &od);
-  if (!a.opt || !a.g || !a.eval_g) {
+  /* The one line that picks how training runs: */
+  dt_strategy_desc sd;
+  if (dt_strategy_parse(a.o.strategy, a.o.replicas, a.o.max_staleness, &sd) != DTRAIN_OK) {
+    fprintf(stderr, "error: %s\n", dt_last_error());
+    return 2;
+  }
+  sd.seed = a.o.seed;
+  if (a.opt) a.strategy = dt_strategy_create(a.P, a.opt, replica_step, &a, &sd);
+  if (!a.opt || !a.strategy || !a.eval_g) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 1;
   }
@@ -286,7 +315,7 @@ int main(int argc, char **argv) {
   fd.user = &a;
   fd.params = a.P;
   fd.optim = a.opt;
-  fd.graph = a.g;
+  fd.graph = dt_strategy_graph(a.strategy, 0); /* its RNG goes into checkpoints */
   fd.progress = a.o.quiet ? DTRAIN_FIT_PROGRESS_QUIET : DTRAIN_FIT_PROGRESS_AUTO;
   fd.csv_path = a.o.csv;
   fd.svg_path = a.o.svg;
@@ -301,8 +330,11 @@ int main(int argc, char **argv) {
     memset(&st, 0, sizeof st);
     st.params = a.P;
     st.optim = a.opt;
-    st.graph = a.g;
-    if (dt_checkpoint_load(a.o.resume, &st) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+    st.graph = fd.graph;
+    if (dt_checkpoint_load(a.o.resume, &st) != DTRAIN_OK || dt_strategy_sync(a.strategy) != DTRAIN_OK) {
+      fprintf(stderr, "error: %s\n", dt_last_error());
+      return 1;
+    }
     fd.start_epoch = st.data_epoch;
     fd.start_batch = st.data_index;
     if (!a.o.quiet) printf("resumed %s at epoch %lld, batch %lld (step %lld)\n", a.o.resume, (long long)st.data_epoch,
@@ -321,12 +353,14 @@ int main(int argc, char **argv) {
   if (a.o.json)
     printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"epochs\":%lld,\"batch\":%d,\"seed\":%llu,\"train_samples\":%lld,"
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
-           "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\"}\n",
+           "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
+           "\"replicas\":%d}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
-           res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P));
+           res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
+           dt_strategy_replicas(a.strategy));
   dt_loader_destroy(a.loader);
-  dt_graph_destroy(a.g);
+  dt_strategy_destroy(a.strategy);
   dt_graph_destroy(a.eval_g);
   dt_optim_destroy(a.opt);
   dt_params_destroy(a.P);
