@@ -1153,8 +1153,29 @@ static void test_utilities(void) {
   dt_sleep(-1.0);
 }
 
+/* A DTRAIN_NO_THREADS build: only one_device exists; the rest say so. */
+static void test_no_threads_build(void) {
+  dt_strategy_desc sd = dt_mirrored(2);
+  model m;
+  model_init(&m, 1);
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  dt_optim *opt = dt_optim_create(m.P, &od);
+  CHECK(dt_strategy_create(m.P, opt, model_step, &m, &sd) == NULL && dt_last_result() == DTRAIN_ERR_UNSUPPORTED);
+  sd = dt_one_device();
+  dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
+  CHECK(s != NULL);
+  dt_strategy_destroy(s);
+  dt_optim_destroy(opt);
+  dt_params_destroy(m.P);
+}
+
 int main(void) {
   make_data();
+  if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
+    TH_RUN(test_no_threads_build);
+    return th_summary("strategy");
+  }
   TH_RUN(test_utilities);
   TH_RUN(test_comm_slices);
   TH_RUN(test_comm_collectives);

@@ -2,7 +2,9 @@
  * other strategy and the threaded communicator refuse with
  * DTRAIN_ERR_UNSUPPORTED. This file compiles its own private (static) copy of
  * the implementation with the flag set. */
+#ifndef DTRAIN_NO_THREADS
 #define DTRAIN_NO_THREADS
+#endif
 #define DTRAIN_STATIC
 #define DTRAIN_IMPLEMENTATION
 #include "harness.h"
