@@ -46,6 +46,9 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/dtrain.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -I. -Itests $< $(BUILD)/dtrain.o -o $@ $(LDLIBS)
 
+# test_char_model compiles the example into itself.
+$(BUILD)/tests/test_char_model: examples/03_char_model.c
+
 $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump: $(BUILD)/tests/%: tests/%.c dtrain.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -I. $< -o $@ $(LDLIBS)
