@@ -884,17 +884,23 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   memset(&a, 0, sizeof a);
   dt_result r = dt__data_npy_header(&s, &a, &swap);
   if (r != DTRAIN_OK) return r;
-  size_t w = dt_npy_dtype_size(a.dtype), count = 1, bytes = 0;
+  /* Sizes in 64 bits: a shape such as [2^32,...] must not wrap a 32-bit size_t. */
+  uint64_t w = dt_npy_dtype_size(a.dtype), count = 1, bytes64 = 0;
   int overflow = 0;
-  for (int d = 0; d < a.ndim; d++)
-    if (!dt__mul_size(count, (size_t)a.shape[d], &count)) overflow = 1;
-  if (!overflow && !dt__mul_size(count, w, &bytes)) overflow = 1;
+  for (int d = 0; d < a.ndim; d++) {
+    uint64_t dim = (uint64_t)a.shape[d];
+    if (dim != 0 && count > UINT64_MAX / dim) overflow = 1;
+    else count *= dim;
+  }
+  if (!overflow && w != 0 && count > UINT64_MAX / w) overflow = 1;
+  else bytes64 = count * w;
   size_t avail = len - hstart - hlen;
   char sh[160];
   dt__data_shape_str(a.ndim, a.shape, sh, sizeof sh);
-  if (overflow || bytes > avail)
+  if (overflow || bytes64 > (uint64_t)avail)
     return dt__error(DTRAIN_ERR_CORRUPT, "%s: NPY header claims shape %s of '%s' but only %zu data bytes follow", ctx, sh,
                      dt__data_npy_descr(a.dtype), avail);
+  size_t bytes = (size_t)bytes64; /* <= avail: fits */
   if (bytes < avail)
     return dt__error(DTRAIN_ERR_CORRUPT, "%s: NPY file has %zu bytes after the data of shape %s", ctx, avail - bytes, sh);
   for (int d = a.ndim; d < DTRAIN_MAX_DIMS; d++) a.shape[d] = 1;
@@ -903,7 +909,7 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   a.data = dt__alloc(bytes);
   if (!a.data) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, bytes);
   if (bytes) memcpy(a.data, p + hstart + hlen, bytes);
-  if (swap) dt__data_swap((unsigned char *)a.data, count, w);
+  if (swap) dt__data_swap((unsigned char *)a.data, (size_t)count, (size_t)w);
   *out = a;
   return DTRAIN_OK;
 }
