@@ -943,7 +943,7 @@ static void test_npy_headers(void) {
   unsigned char buf[512];
   dt_npy a;
   /* Version 2.0 and double quotes / no trailing comma / odd spacing. */
-  const float f2[2] = {1.5f, -2.0f};
+  const unsigned char f2[8] = {0, 0, 0xC0, 0x3F, 0, 0, 0, 0xC0}; /* 1.5f, -2.0f little-endian, as '<f4' says */
   size_t n = make_npy(buf, 2, "{\"descr\":\"<f4\",\"fortran_order\":False,\"shape\":( 2 , )}\n", f2, 8);
   CHECK_MSG(dt_npy_parse(buf, n, &a) == DTRAIN_OK, "%s", dt_last_error());
   CHECK(a.dtype == DTRAIN_NPY_F32 && a.ndim == 1 && a.shape[0] == 2 && ((float *)a.data)[1] == -2.0f);
