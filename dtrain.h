@@ -2051,6 +2051,8 @@ DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out);
 DTRAIN_PRIVATE float *dt__grad(dt_graph *g, dt_tensor *t);
 /* Normalise a possibly negative axis; -1 if out of range. */
 DTRAIN_PRIVATE int dt__axis(int axis, int ndim);
+/* A shape as text, e.g. "[64,10]", into buf (cap bytes); returns buf. */
+DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *buf, size_t cap);
 /* Row-major strides of t into st (elements). */
 DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st);
 
@@ -2738,18 +2740,24 @@ DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st) {
   }
 }
 
-DTRAIN_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t cap) {
+DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *buf, size_t cap) {
   size_t k = 0;
+  if (!buf || cap == 0) return "";
+  buf[0] = '\0';
+  k += (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < ndim && k < cap; i++)
+    k += (size_t)snprintf(buf + k, cap - k, i ? ",%lld" : "%lld", (long long)shape[i]);
+  if (k < cap) snprintf(buf + k, cap - k, "]");
+  return buf;
+}
+
+DTRAIN_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t cap) {
   if (!buf || cap == 0) return "";
   if (!t) {
     snprintf(buf, cap, "(null)");
     return buf;
   }
-  k += (size_t)snprintf(buf, cap, "[");
-  for (int i = 0; i < t->ndim && k < cap; i++)
-    k += (size_t)snprintf(buf + k, cap - k, i ? ",%lld" : "%lld", (long long)t->shape[i]);
-  if (k < cap) snprintf(buf + k, cap - k, "]");
-  return buf;
+  return dt__shape_text(t->ndim, t->shape, buf, cap);
 }
 
 DTRAIN_API int dt_same_shape(const dt_tensor *a, const dt_tensor *b) {
@@ -8241,16 +8249,6 @@ static int dt__io_parse_rng(const char *s, uint64_t out[4]) {
   return 1;
 }
 
-static const char *dt__io_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
-  size_t n = 0;
-  buf[0] = '\0';
-  n += (size_t)snprintf(buf + n, cap - n, "[");
-  for (int d = 0; d < ndim && n < cap; d++)
-    n += (size_t)snprintf(buf + n, cap - n, d ? ",%lld" : "%lld", (long long)shape[d]);
-  if (n < cap) snprintf(buf + n, cap - n, "]");
-  return buf;
-}
-
 /* Checks that the entries fit the model. entry_of[i]: entry of parameter i.
  * With optim: every trainable parameter has each slot of its kind (slot_of[s][i]). */
 static dt_result dt__io_match(const dt_checkpoint *c, const dt__io_ctx *ctx, dt_params *p, dt_optim *o,
@@ -8276,8 +8274,8 @@ static dt_result dt__io_match(const dt_checkpoint *c, const dt__io_ctx *ctx, dt_
       for (int d = 0; same && d < info.ndim; d++) same = en->shape[d] == info.shape[d];
       if (!same)
         return dt__io_err(ctx, DTRAIN_ERR_MISMATCH, "tensor '%s' has shape %s in the checkpoint but %s in the model",
-                          name, dt__io_shape_str(s1, sizeof s1, en->ndim, en->shape),
-                          dt__io_shape_str(s2, sizeof s2, info.ndim, info.shape));
+                          name, dt__shape_text(en->ndim, en->shape, s1, sizeof s1),
+                          dt__shape_text(info.ndim, info.shape, s2, sizeof s2));
       if (s < 0) entry_of[i] = e;
       else slot_entry[(size_t)s * (size_t)np + (size_t)i] = e;
     }
@@ -9803,16 +9801,6 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
 
 static int dt__data_is_gzip(const unsigned char *p, size_t len) { return len >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
 
-static const char *dt__data_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
-  size_t n = 0;
-  buf[0] = '\0';
-  n += (size_t)snprintf(buf + n, cap - n, "[");
-  for (int d = 0; d < ndim && n < cap; d++)
-    n += (size_t)snprintf(buf + n, cap - n, d ? ",%lld" : "%lld", (long long)shape[d]);
-  if (n < cap) snprintf(buf + n, cap - n, "]");
-  return buf;
-}
-
 /* ---- files ---------------------------------------------------------------------------- */
 
 #ifndef DTRAIN_NO_STDIO
@@ -9950,7 +9938,7 @@ static dt_result dt__data_idx_header(const char *ctx, const unsigned char *p, si
     if (!dt__mul_size(total, (size_t)v, &total)) overflow = 1;
   }
   char sh[160];
-  dt__data_shape_str(nd, shape, sh, sizeof sh);
+  dt__shape_text(nd, shape, sh, sizeof sh);
   size_t avail = len - hdr;
   if (overflow || total > avail || total > (size_t)INT64_MAX)
     return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX header claims shape %s but only %zu data bytes follow (truncated or corrupt)",
@@ -10162,8 +10150,8 @@ DTRAIN_API dt_result dt_dataset_reshape(dt_dataset *ds, int ndim, const int64_t 
   if (per != ds->sample_size) {
     char a[160], b[160];
     return dt__error(DTRAIN_ERR_SHAPE, "dt_dataset_reshape: shape %s does not hold the %lld values of %s",
-                     dt__data_shape_str(ndim, sample_shape, a, sizeof a), (long long)ds->sample_size,
-                     dt__data_shape_str(ds->ndim, ds->shape, b, sizeof b));
+                     dt__shape_text(ndim, sample_shape, a, sizeof a), (long long)ds->sample_size,
+                     dt__shape_text(ds->ndim, ds->shape, b, sizeof b));
   }
   ds->ndim = ndim;
   for (int i = 0; i < DTRAIN_MAX_DIMS; i++) ds->shape[i] = i < ndim ? sample_shape[i] : 1;
@@ -10191,7 +10179,7 @@ static dt_result dt__data_from_idx(const char *ictx, const char *lctx, dt_datase
     if (r == DTRAIN_OK && lnd != 1) {
       char sh[160];
       r = dt__error(DTRAIN_ERR_FORMAT, "%s: a labels file must be 1-D, this one has shape %s", lctx,
-                    dt__data_shape_str(lnd, lsh, sh, sizeof sh));
+                    dt__shape_text(lnd, lsh, sh, sizeof sh));
     }
     if (r == DTRAIN_OK && lsh[0] != ish[0])
       r = dt__error(DTRAIN_ERR_MISMATCH, "%s: %lld images but %lld labels", ictx, (long long)ish[0], (long long)lsh[0]);
@@ -10679,7 +10667,7 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   else bytes64 = count * w;
   size_t avail = len - hstart - hlen;
   char sh[160];
-  dt__data_shape_str(a.ndim, a.shape, sh, sizeof sh);
+  dt__shape_text(a.ndim, a.shape, sh, sizeof sh);
   if (overflow || bytes64 > (uint64_t)avail)
     return dt__error(DTRAIN_ERR_CORRUPT, "%s: NPY header claims shape %s of '%s' but only %zu data bytes follow", ctx, sh,
                      dt__data_npy_descr(a.dtype), avail);
@@ -10837,8 +10825,8 @@ DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, cons
     if (!y->data || y->ndim != 1 || y->shape[0] != x->shape[0]) {
       char a[160], b[160];
       return dt__error(DTRAIN_ERR_MISMATCH, "%s: labels of shape %s do not match samples of shape %s (need [%lld])", who,
-                       dt__data_shape_str(y->ndim, y->shape, a, sizeof a),
-                       dt__data_shape_str(x->ndim, x->shape, b, sizeof b), (long long)x->shape[0]);
+                       dt__shape_text(y->ndim, y->shape, a, sizeof a),
+                       dt__shape_text(x->ndim, x->shape, b, sizeof b), (long long)x->shape[0]);
     }
     if (y->dtype == DTRAIN_NPY_F32) return dt__error(DTRAIN_ERR_FORMAT, "%s: labels must be integers, not float32", who);
   }

@@ -155,6 +155,8 @@ DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out);
 DTRAIN_PRIVATE float *dt__grad(dt_graph *g, dt_tensor *t);
 /* Normalise a possibly negative axis; -1 if out of range. */
 DTRAIN_PRIVATE int dt__axis(int axis, int ndim);
+/* A shape as text, e.g. "[64,10]", into buf (cap bytes); returns buf. */
+DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *buf, size_t cap);
 /* Row-major strides of t into st (elements). */
 DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st);
 

@@ -1473,16 +1473,6 @@ static int dt__io_parse_rng(const char *s, uint64_t out[4]) {
   return 1;
 }
 
-static const char *dt__io_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
-  size_t n = 0;
-  buf[0] = '\0';
-  n += (size_t)snprintf(buf + n, cap - n, "[");
-  for (int d = 0; d < ndim && n < cap; d++)
-    n += (size_t)snprintf(buf + n, cap - n, d ? ",%lld" : "%lld", (long long)shape[d]);
-  if (n < cap) snprintf(buf + n, cap - n, "]");
-  return buf;
-}
-
 /* Checks that the entries fit the model. entry_of[i]: entry of parameter i.
  * With optim: every trainable parameter has each slot of its kind (slot_of[s][i]). */
 static dt_result dt__io_match(const dt_checkpoint *c, const dt__io_ctx *ctx, dt_params *p, dt_optim *o,
@@ -1508,8 +1498,8 @@ static dt_result dt__io_match(const dt_checkpoint *c, const dt__io_ctx *ctx, dt_
       for (int d = 0; same && d < info.ndim; d++) same = en->shape[d] == info.shape[d];
       if (!same)
         return dt__io_err(ctx, DTRAIN_ERR_MISMATCH, "tensor '%s' has shape %s in the checkpoint but %s in the model",
-                          name, dt__io_shape_str(s1, sizeof s1, en->ndim, en->shape),
-                          dt__io_shape_str(s2, sizeof s2, info.ndim, info.shape));
+                          name, dt__shape_text(en->ndim, en->shape, s1, sizeof s1),
+                          dt__shape_text(info.ndim, info.shape, s2, sizeof s2));
       if (s < 0) entry_of[i] = e;
       else slot_entry[(size_t)s * (size_t)np + (size_t)i] = e;
     }

@@ -207,18 +207,24 @@ DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st) {
   }
 }
 
-DTRAIN_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t cap) {
+DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *buf, size_t cap) {
   size_t k = 0;
+  if (!buf || cap == 0) return "";
+  buf[0] = '\0';
+  k += (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < ndim && k < cap; i++)
+    k += (size_t)snprintf(buf + k, cap - k, i ? ",%lld" : "%lld", (long long)shape[i]);
+  if (k < cap) snprintf(buf + k, cap - k, "]");
+  return buf;
+}
+
+DTRAIN_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t cap) {
   if (!buf || cap == 0) return "";
   if (!t) {
     snprintf(buf, cap, "(null)");
     return buf;
   }
-  k += (size_t)snprintf(buf, cap, "[");
-  for (int i = 0; i < t->ndim && k < cap; i++)
-    k += (size_t)snprintf(buf + k, cap - k, i ? ",%lld" : "%lld", (long long)t->shape[i]);
-  if (k < cap) snprintf(buf + k, cap - k, "]");
-  return buf;
+  return dt__shape_text(t->ndim, t->shape, buf, cap);
 }
 
 DTRAIN_API int dt_same_shape(const dt_tensor *a, const dt_tensor *b) {
