@@ -1502,6 +1502,7 @@ typedef struct dt_comm_vtable {
 struct dt_comm {
   const dt_comm_vtable *vtable;
   int world;  /* number of ranks (>= 1) */
+  int rank;   /* one-rank-per-process backends (tcp, mpi): this process's rank; threads: 0 */
   void *impl; /* the backend's state */
 };
 
@@ -1530,6 +1531,8 @@ DTRAIN_API dt_result dt_comm_barrier(dt_comm *c, int rank);
 DTRAIN_API void dt_comm_abort(dt_comm *c, int rank);
 DTRAIN_API dt_result dt_comm_recover(dt_comm *c);
 DTRAIN_API int dt_comm_world(const dt_comm *c);
+/* This process's rank in a one-rank-per-process communicator (tcp, mpi); 0 for threads. */
+DTRAIN_API int dt_comm_rank(const dt_comm *c);
 DTRAIN_API const char *dt_comm_name(const dt_comm *c);
 DTRAIN_API dt_result dt_comm_stats_get(dt_comm *c, int rank, dt_comm_stats *out);
 DTRAIN_API void dt_comm_reset_stats(dt_comm *c);
@@ -1670,7 +1673,9 @@ typedef enum dt_strategy_kind {
   DTRAIN_STRATEGY_ONE_DEVICE = 0,
   DTRAIN_STRATEGY_MIRRORED,
   DTRAIN_STRATEGY_CENTRAL_STORAGE,
-  DTRAIN_STRATEGY_ASYNC
+  DTRAIN_STRATEGY_ASYNC,
+  DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED, /* lock-step across processes (dt_net.h); desc.comm */
+  DTRAIN_STRATEGY_PARAMETER_SERVER       /* async against server processes (dt_net.h); desc.store */
 } dt_strategy_kind;
 
 typedef enum dt_loss_reduction {
@@ -1716,6 +1721,8 @@ typedef dt_tensor *(*dt_step_fn)(dt_graph *g, int replica, const dt_minibatch *s
  * DTRAIN_OK or an error code, which stops the run. */
 typedef dt_result (*dt_minibatch_fn)(void *user, int replica, int64_t step, dt_minibatch *out);
 
+typedef struct dt_pstore dt_pstore; /* the parameter store (below) */
+
 /* Zero fields take the defaults in brackets. */
 typedef struct dt_strategy_desc {
   dt_strategy_kind kind;         /* [one_device] */
@@ -1732,6 +1739,9 @@ typedef struct dt_strategy_desc {
   int straggler;                 /* for experiments: this replica ... */
   float straggler_factor;        /* ... runs this many times slower (> 1: after computing it
                                     sleeps factor-1 times its compute time) [off] */
+  dt_comm *comm;                 /* multi_worker_mirrored: the cross-process communicator, one
+                                    rank per process (dt_comm_create_tcp/_mpi); borrowed */
+  dt_pstore *store;              /* parameter_server: the store (dt_pstore_create_tcp); borrowed */
 } dt_strategy_desc;
 
 /* The one-line choices. */
@@ -1833,8 +1843,6 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s);
  * dt_pstore_begin() starts a new run (clocks back to 0) when no worker is
  * inside; dt_pstore_abort() makes every waiting and later call return
  * DTRAIN_ERR_ABORTED until dt_pstore_begin(). */
-typedef struct dt_pstore dt_pstore;
-
 typedef struct dt_pstore_ticket {
   uint64_t version;    /* pull: updates applied when the copy began (push reads it) */
   int64_t staleness;   /* push: updates pushed by others since the pull */
@@ -1859,6 +1867,8 @@ struct dt_pstore {
   int workers;
   int max_staleness;
   size_t size;   /* floats in the store */
+  int gradients; /* 0: push takes parameter deltas (the worker ran the optimizer);
+                    1: push takes gradients and the store applies the optimizer */
   void *impl;
 };
 
@@ -1886,6 +1896,134 @@ DTRAIN_EXTERN_C_END
 
 #endif /* DTRAIN_STRATEGY_H */
 /* ======== end dt_strategy.h ======== */
+
+/* ======== begin dt_net.h ======== */
+/* ===========================================================================
+ * dt_net.h -- training across processes and machines: the cluster
+ * description, the TCP transport's options, the TCP (and MPI) communicators,
+ * and parameter servers
+ * ===========================================================================
+ * A cluster is W worker processes (ranks 0..W-1) and, for parameter-server
+ * training, M server processes. Every process learns the cluster and its own
+ * place in it from DTRAIN_CONFIG (JSON in the style of TF_CONFIG) or from
+ * flags:
+ *
+ *   DTRAIN_CONFIG='{"cluster": {"worker": ["10.0.0.1:7000", "10.0.0.2:7000"],
+ *                               "ps": ["10.0.0.3:7100"]},
+ *                   "task": {"type": "worker", "index": 0}}'
+ *
+ *   prog --rank 0 --world 2 --peers 10.0.0.1:7000,10.0.0.2:7000 [--ps host:port,...] [--role worker|ps]
+ *
+ * tools/dtrain-launch -n N [--ps M] -- prog args starts N workers (and M
+ * servers) on this machine with the right DTRAIN_CONFIG.
+ *
+ * Every blocking call has a deadline (dt_net_options.timeout_s, default 30 s,
+ * env DTRAIN_TIMEOUT). When a peer dies or stalls, every rank returns an
+ * error naming the lost rank, the operation and its sequence number: nothing
+ * hangs. The wire format is in docs/wire_protocol.md.
+ *
+ * Without networking (DTRAIN_NO_NET) the create functions fail with
+ * DTRAIN_ERR_UNSUPPORTED; the cluster parser still works.
+ */
+#ifndef DTRAIN_NET_H
+#define DTRAIN_NET_H
+
+/* #include "dt_strategy.h" (amalgamated) */
+
+DTRAIN_EXTERN_C_BEGIN
+
+#define DTRAIN_MAX_PEERS 1024
+#define DTRAIN_NET_VERSION 1
+
+typedef enum dt_role {
+  DTRAIN_ROLE_WORKER = 0,
+  DTRAIN_ROLE_PS = 1
+} dt_role;
+
+/* ---- the cluster description ---------------------------------------------------------- */
+typedef struct dt_cluster {
+  int workers;         /* worker processes (>= 1) */
+  int servers;         /* parameter-server processes (>= 0) */
+  char **worker_addr;  /* "host:port" of each worker ("[::1]:7000" for IPv6) */
+  char **server_addr;  /* "host:port" of each server */
+  dt_role role;        /* this process */
+  int index;           /* this process's index within its role */
+} dt_cluster;
+
+/* Parse DTRAIN_CONFIG-style JSON. On success *out owns a new cluster (free it
+ * with dt_cluster_destroy). Errors: DTRAIN_ERR_FORMAT naming the position and
+ * what was expected; DTRAIN_ERR_INVALID_ARG for a bad address, an index out
+ * of range or duplicate addresses. */
+DTRAIN_API dt_result dt_cluster_parse_json(const char *json, dt_cluster **out);
+/* From the environment variable DTRAIN_CONFIG; DTRAIN_ERR_NOT_FOUND when unset. */
+DTRAIN_API dt_result dt_cluster_from_env(dt_cluster **out);
+/* From flags --rank R --world W --peers a,b,... [--ps a,b,...] [--role worker|ps]
+ * (also --flag=value). The flags it used are removed from argv (and *argc
+ * updated) so the program can parse the rest. DTRAIN_ERR_NOT_FOUND when none
+ * of them is present (then argv is untouched): fall back to the environment.
+ * --world without --peers means 127.0.0.1 ports 29500.. (--port P for the first). */
+DTRAIN_API dt_result dt_cluster_from_args(int *argc, char **argv, dt_cluster **out);
+/* Flags first, then DTRAIN_CONFIG; neither: a one-worker cluster (*out is a
+ * cluster of one worker at 127.0.0.1:0). */
+DTRAIN_API dt_result dt_cluster_discover(int *argc, char **argv, dt_cluster **out);
+/* A copy (NULL on failure). */
+DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c);
+DTRAIN_API void dt_cluster_destroy(dt_cluster *c);
+/* "worker 1 (127.0.0.1:7001)" into buf; returns buf. */
+DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap);
+/* JSON text of c (the DTRAIN_CONFIG that reproduces it) into buf; DTRAIN_ERR_OVERFLOW if cap is too small. */
+DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t cap);
+
+/* ---- transport options ---------------------------------------------------------------- */
+/* Zero fields take the defaults in brackets (most also from the environment). */
+typedef struct dt_net_options {
+  double timeout_s;          /* deadline for every blocking call [env DTRAIN_TIMEOUT, else 30] */
+  double connect_timeout_s;  /* how long to retry connecting while peers start [timeout_s] */
+  const char *token;         /* shared secret: peers must prove they know it (HMAC-SHA256
+                                challenge-response; it never crosses the wire)
+                                [env DTRAIN_TOKEN; NULL or "": no authentication] */
+  uint64_t job_id;           /* frames of another job are refused [env DTRAIN_JOB_ID, else a
+                                hash of the cluster's addresses] */
+  uint64_t model_hash;       /* checked in the handshake; 0: not checked (see dt_params_hash) */
+  int listen_fd;             /* an already bound, listening socket to use instead of binding
+                                this process's address [env DTRAIN_LISTEN_FD; 0 means none:
+                                to pass fd 0 itself, use the environment] */
+  size_t max_payload;        /* largest frame payload accepted [256 MiB] */
+  size_t chunk_bytes;        /* ring all-reduce pipelining chunk [256 KiB] */
+  size_t small_bytes;        /* all-reduce of at most this many bytes uses recursive doubling [64 KiB] */
+  int quiet;                 /* nonzero: no log lines for refused connections */
+} dt_net_options;
+
+DTRAIN_API dt_net_options dt_net_defaults(void);
+
+/* A hash of the parameters' names, shapes and order (not values), for
+ * dt_net_options.model_hash: processes that built different models refuse
+ * to train together. */
+DTRAIN_API uint64_t dt_params_hash(const dt_params *p);
+
+/* ---- communicators across processes ------------------------------------------------------
+ * One rank per worker process (rank = cluster index); the rank argument of
+ * the dt_comm_* calls must equal it. Creating connects to every peer it needs
+ * (retrying with backoff until connect_timeout_s while peers start), runs the
+ * handshake (version, job, world size, unique ranks, model hash, token) and
+ * fails naming both sides when they differ. All-reduce: ring (reduce-scatter
+ * + all-gather, chunked and pipelined) above small_bytes, recursive doubling
+ * at or below it. Sums are in a fixed order per element (not rank order), so
+ * results repeat bitwise and equal the threads backend within float rounding.
+ * Failure: a dead or stalled peer makes the call return DTRAIN_ERR_PEER or
+ * DTRAIN_ERR_TIMEOUT within the deadline, with a message naming the peer,
+ * the operation and its sequence number; this rank then tells the peers it
+ * can still reach (an abort frame) so they fail fast too. */
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o);
+/* MPI_COMM_WORLD (DTRAIN_USE_MPI only; otherwise NULL with
+ * DTRAIN_ERR_UNSUPPORTED). Calls MPI_Init_thread if MPI is not initialized yet
+ * and MPI_Finalize at destroy in that case. */
+DTRAIN_API dt_comm *dt_comm_create_mpi(void);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_NET_H */
+/* ======== end dt_net.h ======== */
 
 #endif /* DTRAIN_H_INCLUDED */
 
@@ -12121,6 +12259,7 @@ DTRAIN_API dt_result dt_comm_recover(dt_comm *c) {
 }
 
 DTRAIN_API int dt_comm_world(const dt_comm *c) { return c ? c->world : 0; }
+DTRAIN_API int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 
 DTRAIN_API const char *dt_comm_name(const dt_comm *c) {
   return (c && c->vtable && c->vtable->name) ? c->vtable->name : "none";

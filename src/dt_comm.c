@@ -356,6 +356,7 @@ DTRAIN_API dt_result dt_comm_recover(dt_comm *c) {
 }
 
 DTRAIN_API int dt_comm_world(const dt_comm *c) { return c ? c->world : 0; }
+DTRAIN_API int dt_comm_rank(const dt_comm *c) { return c ? c->rank : 0; }
 
 DTRAIN_API const char *dt_comm_name(const dt_comm *c) {
   return (c && c->vtable && c->vtable->name) ? c->vtable->name : "none";

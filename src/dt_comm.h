@@ -69,6 +69,7 @@ typedef struct dt_comm_vtable {
 struct dt_comm {
   const dt_comm_vtable *vtable;
   int world;  /* number of ranks (>= 1) */
+  int rank;   /* one-rank-per-process backends (tcp, mpi): this process's rank; threads: 0 */
   void *impl; /* the backend's state */
 };
 
@@ -97,6 +98,8 @@ DTRAIN_API dt_result dt_comm_barrier(dt_comm *c, int rank);
 DTRAIN_API void dt_comm_abort(dt_comm *c, int rank);
 DTRAIN_API dt_result dt_comm_recover(dt_comm *c);
 DTRAIN_API int dt_comm_world(const dt_comm *c);
+/* This process's rank in a one-rank-per-process communicator (tcp, mpi); 0 for threads. */
+DTRAIN_API int dt_comm_rank(const dt_comm *c);
 DTRAIN_API const char *dt_comm_name(const dt_comm *c);
 DTRAIN_API dt_result dt_comm_stats_get(dt_comm *c, int rank, dt_comm_stats *out);
 DTRAIN_API void dt_comm_reset_stats(dt_comm *c);

@@ -125,7 +125,9 @@ typedef enum dt_strategy_kind {
   DTRAIN_STRATEGY_ONE_DEVICE = 0,
   DTRAIN_STRATEGY_MIRRORED,
   DTRAIN_STRATEGY_CENTRAL_STORAGE,
-  DTRAIN_STRATEGY_ASYNC
+  DTRAIN_STRATEGY_ASYNC,
+  DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED, /* lock-step across processes (dt_net.h); desc.comm */
+  DTRAIN_STRATEGY_PARAMETER_SERVER       /* async against server processes (dt_net.h); desc.store */
 } dt_strategy_kind;
 
 typedef enum dt_loss_reduction {
@@ -171,6 +173,8 @@ typedef dt_tensor *(*dt_step_fn)(dt_graph *g, int replica, const dt_minibatch *s
  * DTRAIN_OK or an error code, which stops the run. */
 typedef dt_result (*dt_minibatch_fn)(void *user, int replica, int64_t step, dt_minibatch *out);
 
+typedef struct dt_pstore dt_pstore; /* the parameter store (below) */
+
 /* Zero fields take the defaults in brackets. */
 typedef struct dt_strategy_desc {
   dt_strategy_kind kind;         /* [one_device] */
@@ -187,6 +191,9 @@ typedef struct dt_strategy_desc {
   int straggler;                 /* for experiments: this replica ... */
   float straggler_factor;        /* ... runs this many times slower (> 1: after computing it
                                     sleeps factor-1 times its compute time) [off] */
+  dt_comm *comm;                 /* multi_worker_mirrored: the cross-process communicator, one
+                                    rank per process (dt_comm_create_tcp/_mpi); borrowed */
+  dt_pstore *store;              /* parameter_server: the store (dt_pstore_create_tcp); borrowed */
 } dt_strategy_desc;
 
 /* The one-line choices. */
@@ -288,8 +295,6 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s);
  * dt_pstore_begin() starts a new run (clocks back to 0) when no worker is
  * inside; dt_pstore_abort() makes every waiting and later call return
  * DTRAIN_ERR_ABORTED until dt_pstore_begin(). */
-typedef struct dt_pstore dt_pstore;
-
 typedef struct dt_pstore_ticket {
   uint64_t version;    /* pull: updates applied when the copy began (push reads it) */
   int64_t staleness;   /* push: updates pushed by others since the pull */
@@ -314,6 +319,8 @@ struct dt_pstore {
   int workers;
   int max_staleness;
   size_t size;   /* floats in the store */
+  int gradients; /* 0: push takes parameter deltas (the worker ran the optimizer);
+                    1: push takes gradients and the store applies the optimizer */
   void *impl;
 };
 

@@ -1,0 +1,125 @@
+/* ===========================================================================
+ * dt_net.h -- training across processes and machines: the cluster
+ * description, the TCP transport's options, the TCP (and MPI) communicators,
+ * and parameter servers
+ * ===========================================================================
+ * A cluster is W worker processes (ranks 0..W-1) and, for parameter-server
+ * training, M server processes. Every process learns the cluster and its own
+ * place in it from DTRAIN_CONFIG (JSON in the style of TF_CONFIG) or from
+ * flags:
+ *
+ *   DTRAIN_CONFIG='{"cluster": {"worker": ["10.0.0.1:7000", "10.0.0.2:7000"],
+ *                               "ps": ["10.0.0.3:7100"]},
+ *                   "task": {"type": "worker", "index": 0}}'
+ *
+ *   prog --rank 0 --world 2 --peers 10.0.0.1:7000,10.0.0.2:7000 [--ps host:port,...] [--role worker|ps]
+ *
+ * tools/dtrain-launch -n N [--ps M] -- prog args starts N workers (and M
+ * servers) on this machine with the right DTRAIN_CONFIG.
+ *
+ * Every blocking call has a deadline (dt_net_options.timeout_s, default 30 s,
+ * env DTRAIN_TIMEOUT). When a peer dies or stalls, every rank returns an
+ * error naming the lost rank, the operation and its sequence number: nothing
+ * hangs. The wire format is in docs/wire_protocol.md.
+ *
+ * Without networking (DTRAIN_NO_NET) the create functions fail with
+ * DTRAIN_ERR_UNSUPPORTED; the cluster parser still works.
+ */
+#ifndef DTRAIN_NET_H
+#define DTRAIN_NET_H
+
+#include "dt_strategy.h"
+
+DTRAIN_EXTERN_C_BEGIN
+
+#define DTRAIN_MAX_PEERS 1024
+#define DTRAIN_NET_VERSION 1
+
+typedef enum dt_role {
+  DTRAIN_ROLE_WORKER = 0,
+  DTRAIN_ROLE_PS = 1
+} dt_role;
+
+/* ---- the cluster description ---------------------------------------------------------- */
+typedef struct dt_cluster {
+  int workers;         /* worker processes (>= 1) */
+  int servers;         /* parameter-server processes (>= 0) */
+  char **worker_addr;  /* "host:port" of each worker ("[::1]:7000" for IPv6) */
+  char **server_addr;  /* "host:port" of each server */
+  dt_role role;        /* this process */
+  int index;           /* this process's index within its role */
+} dt_cluster;
+
+/* Parse DTRAIN_CONFIG-style JSON. On success *out owns a new cluster (free it
+ * with dt_cluster_destroy). Errors: DTRAIN_ERR_FORMAT naming the position and
+ * what was expected; DTRAIN_ERR_INVALID_ARG for a bad address, an index out
+ * of range or duplicate addresses. */
+DTRAIN_API dt_result dt_cluster_parse_json(const char *json, dt_cluster **out);
+/* From the environment variable DTRAIN_CONFIG; DTRAIN_ERR_NOT_FOUND when unset. */
+DTRAIN_API dt_result dt_cluster_from_env(dt_cluster **out);
+/* From flags --rank R --world W --peers a,b,... [--ps a,b,...] [--role worker|ps]
+ * (also --flag=value). The flags it used are removed from argv (and *argc
+ * updated) so the program can parse the rest. DTRAIN_ERR_NOT_FOUND when none
+ * of them is present (then argv is untouched): fall back to the environment.
+ * --world without --peers means 127.0.0.1 ports 29500.. (--port P for the first). */
+DTRAIN_API dt_result dt_cluster_from_args(int *argc, char **argv, dt_cluster **out);
+/* Flags first, then DTRAIN_CONFIG; neither: a one-worker cluster (*out is a
+ * cluster of one worker at 127.0.0.1:0). */
+DTRAIN_API dt_result dt_cluster_discover(int *argc, char **argv, dt_cluster **out);
+/* A copy (NULL on failure). */
+DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c);
+DTRAIN_API void dt_cluster_destroy(dt_cluster *c);
+/* "worker 1 (127.0.0.1:7001)" into buf; returns buf. */
+DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap);
+/* JSON text of c (the DTRAIN_CONFIG that reproduces it) into buf; DTRAIN_ERR_OVERFLOW if cap is too small. */
+DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t cap);
+
+/* ---- transport options ---------------------------------------------------------------- */
+/* Zero fields take the defaults in brackets (most also from the environment). */
+typedef struct dt_net_options {
+  double timeout_s;          /* deadline for every blocking call [env DTRAIN_TIMEOUT, else 30] */
+  double connect_timeout_s;  /* how long to retry connecting while peers start [timeout_s] */
+  const char *token;         /* shared secret: peers must prove they know it (HMAC-SHA256
+                                challenge-response; it never crosses the wire)
+                                [env DTRAIN_TOKEN; NULL or "": no authentication] */
+  uint64_t job_id;           /* frames of another job are refused [env DTRAIN_JOB_ID, else a
+                                hash of the cluster's addresses] */
+  uint64_t model_hash;       /* checked in the handshake; 0: not checked (see dt_params_hash) */
+  int listen_fd;             /* an already bound, listening socket to use instead of binding
+                                this process's address [env DTRAIN_LISTEN_FD; 0 means none:
+                                to pass fd 0 itself, use the environment] */
+  size_t max_payload;        /* largest frame payload accepted [256 MiB] */
+  size_t chunk_bytes;        /* ring all-reduce pipelining chunk [256 KiB] */
+  size_t small_bytes;        /* all-reduce of at most this many bytes uses recursive doubling [64 KiB] */
+  int quiet;                 /* nonzero: no log lines for refused connections */
+} dt_net_options;
+
+DTRAIN_API dt_net_options dt_net_defaults(void);
+
+/* A hash of the parameters' names, shapes and order (not values), for
+ * dt_net_options.model_hash: processes that built different models refuse
+ * to train together. */
+DTRAIN_API uint64_t dt_params_hash(const dt_params *p);
+
+/* ---- communicators across processes ------------------------------------------------------
+ * One rank per worker process (rank = cluster index); the rank argument of
+ * the dt_comm_* calls must equal it. Creating connects to every peer it needs
+ * (retrying with backoff until connect_timeout_s while peers start), runs the
+ * handshake (version, job, world size, unique ranks, model hash, token) and
+ * fails naming both sides when they differ. All-reduce: ring (reduce-scatter
+ * + all-gather, chunked and pipelined) above small_bytes, recursive doubling
+ * at or below it. Sums are in a fixed order per element (not rank order), so
+ * results repeat bitwise and equal the threads backend within float rounding.
+ * Failure: a dead or stalled peer makes the call return DTRAIN_ERR_PEER or
+ * DTRAIN_ERR_TIMEOUT within the deadline, with a message naming the peer,
+ * the operation and its sequence number; this rank then tells the peers it
+ * can still reach (an abort frame) so they fail fast too. */
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o);
+/* MPI_COMM_WORLD (DTRAIN_USE_MPI only; otherwise NULL with
+ * DTRAIN_ERR_UNSUPPORTED). Calls MPI_Init_thread if MPI is not initialized yet
+ * and MPI_Finalize at destroy in that case. */
+DTRAIN_API dt_comm *dt_comm_create_mpi(void);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_NET_H */
