@@ -26,6 +26,7 @@
 #include "dt_memory.h"
 #include "dt_comm.h"
 #include "dt_strategy.h"
+#include "dt_net.h"
 
 #include <float.h>
 #include <limits.h>
