@@ -24,7 +24,12 @@ AMALG    := $(BUILD)/tools/amalgamate
 .PHONY: xor test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
 .PHONY: bench-strategy
 
-all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump
+all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe
+
+# The launcher (plain POSIX C, no dtrain.h): built for this machine with
+# HOSTCC, also in cross builds, since it is installed and run here.
+tools/dtrain-launch: tools/dtrain_launch.c
+	$(HOSTCC) -std=c11 $(WARN) -O2 $< -o $@
 
 # ---- the header ------------------------------------------------------------
 $(AMALG): tools/amalgamate.c
@@ -130,9 +135,9 @@ check-amalgamation: $(AMALG)
 PREFIX  ?= /usr/local
 VERSION := $(shell sed -n 's/^\#define DTRAIN_VERSION_STRING "\(.*\)"/\1/p' src/dt_base.h)
 INSTALL_FILES_H := dtrain.h $(wildcard dtrain_cuda.h)
-INSTALL_TOOLS   := $(wildcard tools/dtrain-launch)
+INSTALL_TOOLS   := tools/dtrain-launch
 
-install: dtrain.h
+install: dtrain.h $(INSTALL_TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/cmake/dtrain
 	install -m 644 $(INSTALL_FILES_H) $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' cmake/dtrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc
