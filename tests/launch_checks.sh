@@ -31,6 +31,7 @@ run nonum -- "$P"; [ "$(rc_of nonum)" = 2 ] && has nonum.err '\-n N' && ok "usag
 run noprog -n 2; [ "$(rc_of noprog)" = 2 ] && has noprog.err 'no program' && ok "usage: program required" || bad "usage: program required" "$T/noprog.err"
 run badn -n 0 -- "$P"; [ "$(rc_of badn)" = 2 ] && has badn.err "expected a number of workers" && ok "usage: bad -n" || bad "usage: bad -n" "$T/badn.err"
 run badopt -n 1 --bogus -- "$P"; [ "$(rc_of badopt)" = 2 ] && has badopt.err "unknown option '--bogus'" && ok "usage: unknown option" || bad "usage: unknown option" "$T/badopt.err"
+run badport -n 2 --port 65535 -- "$P"; [ "$(rc_of badport)" = 2 ] && has badport.err "ports up to 65536 do not exist" && ok "usage: ports past 65535" || bad "usage: ports past 65535" "$T/badport.err"
 
 # -- every process gets its own task in a well-formed DTRAIN_CONFIG and its own listening socket
 run info -n 3 --ps=2 -- "$P" info
@@ -44,6 +45,15 @@ done
 [ "$(grep -E '^\[[a-z]+ [0-9]\] (worker|server)_addr' "$T/info.out" | sed 's/^\[[^]]*\] //' | sort | uniq -c | awk '$1 != 5' | wc -l)" = 0 ] || { echo "processes disagree on the cluster"; good=0; }
 [ "$(grep '^\[worker 0\] .*_addr' "$T/info.out" | awk '{print $NF}' | sort -u | wc -l)" = 5 ] || { echo "addresses not distinct"; good=0; }
 [ "$(rc_of info)" = 0 ] && [ $good = 1 ] && [ ! -s "$T/info.err" ] && ok "config, rank, world and listening socket per process" || bad "config, rank, world and listening socket per process" "$T/info.out" "$T/info.err"
+
+# -- IPv6 loopback (skipped where ::1 cannot be bound)
+run v6 -n 2 --host ::1 -- "$P" info
+if [ "$(rc_of v6)" = 1 ] && has v6.err "cannot listen"; then
+  echo "skip ipv6: cannot bind ::1"
+else
+  [ "$(rc_of v6)" = 0 ] && [ "$(grep -c 'self=\[::1\]:[0-9]* rank=[01] world=2 envrole=worker listen=ok leaked=-1$' "$T/v6.out")" = 2 ] \
+    && ok "--host ::1" || bad "--host ::1" "$T/v6.out" "$T/v6.err"
+fi
 
 # -- prefixes on stdout and stderr; a partial last line is flushed; a long line stays one line
 run partial -n 3 -- "$P" partial
