@@ -7,7 +7,7 @@
 # Prints "launch_checks: N passed, N failed".
 BUILD=${BUILD:-build}
 L=${LAUNCH:-tools/dtrain-launch}
-P=$BUILD/tests/launch_probe
+P=${PROBE:-$BUILD/tests/launch_probe}
 T=$BUILD/launch_checks
 rm -rf "$T"; mkdir -p "$T"
 pass=0; fail=0
@@ -20,10 +20,12 @@ fi
 # run NAME ARGS...: launcher with ARGS, stdout/stderr/exit code into $T/NAME.{out,err,rc}; 60 s cap (never reached).
 run() {
   name=$1; shift
-  timeout 60 "$L" "$@" >"$T/$name.out" 2>"$T/$name.err"; echo $? >"$T/$name.rc"
+  rm -rf "$T/sync"; mkdir -p "$T/sync"
+  PROBE_DIR="$T/sync" timeout 60 "$L" "$@" >"$T/$name.out" 2>"$T/$name.err"; echo $? >"$T/$name.rc"
 }
 rc_of() { cat "$T/$1.rc"; }
 has() { grep -q -- "$2" "$T/$1"; }
+count_ready() { c=$(grep -c 'ready' "$1" 2>/dev/null); echo "${c:-0}"; }
 
 # -- usage
 "$L" -h >"$T/h.out" 2>&1 && grep -q '^usage: dtrain-launch -n N' "$T/h.out" && ok "help" || bad "help" "$T/h.out"
@@ -88,10 +90,11 @@ run ignore -n 2 --grace 0.2 -- "$P" ignore
 # -- signals sent to the launcher reach every process
 for sig in TERM INT HUP; do
   case $sig in TERM) n=15;; INT) n=2;; HUP) n=1;; esac
-  "$L" -n 2 --ps 1 -- "$P" wait >"$T/sig$sig.out" 2>"$T/sig$sig.err" &
+  : >"$T/sig$sig.out" # exists before the background job opens it
+  "$L" -n 2 --ps 1 -- "$P" wait >>"$T/sig$sig.out" 2>"$T/sig$sig.err" &
   pid=$!
   k=0
-  while [ "$(grep -c 'ready' "$T/sig$sig.out")" -lt 3 ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+  while [ "$(count_ready "$T/sig$sig.out")" -lt 3 ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
   kill -"$sig" $pid
   k=0
   while kill -0 $pid 2>/dev/null && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
@@ -103,13 +106,15 @@ done
 
 # -- servers still running after the workers succeeded are stopped; the run succeeds
 run ps -n 2 --ps 2 --grace 0.3 -- "$P" ps
-[ "$(rc_of ps)" = 0 ] && has ps.out '^\[ps 0\] got signal 15$' && has ps.out '^\[ps 1\] got signal 15$' \
+[ "$(rc_of ps)" = 0 ] && has ps.err '^dtrain-launch: ps 0 killed by signal 15 (stopped by dtrain-launch)$' \
+  && has ps.err '^dtrain-launch: ps 1 killed by signal 15 (stopped by dtrain-launch)$' \
   && has ps.out '^\[worker 1\] role=worker index=1 workers=2 servers=2' && ! has ps.err 'exited with code' \
   && ok "--ps: servers stopped after the workers, exit 0" || bad "--ps: servers stopped after the workers, exit 0" "$T/ps.out" "$T/ps.err"
 
 # -- --timeout
 run timeout -n 2 --timeout 0.5 -- "$P" wait
-[ "$(rc_of timeout)" = 124 ] && has timeout.err 'timed out after 0.5 s' && has timeout.out '^\[worker 1\] got signal 15$' \
+[ "$(rc_of timeout)" = 124 ] && has timeout.err 'timed out after 0.5 s' \
+  && has timeout.err '^dtrain-launch: worker 1 killed by signal 15 (stopped by dtrain-launch)$' \
   && ok "--timeout" || bad "--timeout" "$T/timeout.out" "$T/timeout.err"
 
 # -- --token-env: one fresh 64-hex-digit secret shared by all; an existing DTRAIN_TOKEN is kept

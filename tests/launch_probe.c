@@ -15,7 +15,11 @@
  *   token                 print DTRAIN_TOKEN
  *
  * "Wait" means: until a signal (reported as "got signal N", then the default
- * action) or 20 s (alarm), so that nothing hangs.
+ * action) or 20 s (alarm), so that nothing hangs. With PROBE_DIR set, a
+ * waiting process creates PROBE_DIR/ready.ROLE.INDEX once its signal
+ * handlers are in place, and a failing process first waits (up to 10 s) for
+ * every other process's file, so that what the others do with the
+ * launcher's SIGTERM does not depend on timing.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "dtrain.h"
@@ -26,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 static void on_sig(int sig) {
@@ -39,14 +44,44 @@ static void on_sig(int sig) {
   raise(sig);
 }
 
-static void wait_for_signal(int ignore_term) {
+static void marker(char *buf, size_t cap, const char *dir, int ps, int index) {
+  snprintf(buf, cap, "%s/ready.%s.%d", dir, ps ? "ps" : "worker", index);
+}
+
+static void wait_for_signal(const dt_cluster *c, int ignore_term) {
   signal(SIGINT, on_sig);
   signal(SIGHUP, on_sig);
   signal(SIGTERM, ignore_term ? SIG_IGN : on_sig);
   alarm(20);
+  const char *dir = getenv("PROBE_DIR");
+  if (dir) {
+    char path[512];
+    marker(path, sizeof path, dir, c->role == DTRAIN_ROLE_PS, c->index);
+    FILE *f = fopen(path, "w");
+    if (f) fclose(f);
+  }
   printf("ready\n");
   fflush(stdout);
   for (;;) pause();
+}
+
+/* Wait until every other process is waiting (see PROBE_DIR above). */
+static void sync_others(const dt_cluster *c) {
+  const char *dir = getenv("PROBE_DIR");
+  if (!dir) return;
+  for (int tries = 0; tries < 500; tries++) {
+    int missing = 0;
+    for (int k = 0; k < c->workers + c->servers; k++) {
+      int ps = k >= c->workers, i = ps ? k - c->workers : k;
+      if (ps == (c->role == DTRAIN_ROLE_PS) && i == c->index) continue;
+      char path[512];
+      marker(path, sizeof path, dir, ps, i);
+      if (access(path, F_OK) != 0) missing++;
+    }
+    if (!missing) return;
+    struct timespec ts = {0, 20000000};
+    nanosleep(&ts, NULL);
+  }
 }
 
 static int port_of(const char *addr) {
@@ -105,19 +140,24 @@ int main(int argc, char **argv) {
     info(c);
   } else if ((strcmp(mode, "exitif") == 0 || strcmp(mode, "killif") == 0) && argc == 5) {
     if (strcmp(argv[2], role) == 0 && atoi(argv[3]) == index) {
+      sync_others(c);
       printf("failing now\n");
       fflush(stdout);
       if (mode[0] == 'e') exit(atoi(argv[4]));
       raise(atoi(argv[4]));
     }
-    wait_for_signal(0);
+    wait_for_signal(c, 0);
   } else if (strcmp(mode, "ignore") == 0) {
-    if (!is_ps && index == 1) return 1;
-    wait_for_signal(1);
+    if (!is_ps && index == 1) {
+      sync_others(c);
+      dt_cluster_destroy(c);
+      return 1;
+    }
+    wait_for_signal(c, 1);
   } else if (strcmp(mode, "wait") == 0) {
-    wait_for_signal(0);
+    wait_for_signal(c, 0);
   } else if (strcmp(mode, "ps") == 0) {
-    if (is_ps) wait_for_signal(0);
+    if (is_ps) wait_for_signal(c, 0);
     info(c);
   } else if (strcmp(mode, "partial") == 0) {
     if (index == 0) printf("no newline");
