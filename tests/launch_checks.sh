@@ -104,6 +104,23 @@ for sig in TERM INT HUP; do
     && has "sig$sig.out" "^\[ps 0\] got signal $n\$" && ok "SIG$sig passed on (exit $rc)" || bad "SIG$sig passed on (exit $rc)" "$T/sig$sig.out" "$T/sig$sig.err"
 done
 
+# -- a stopped process (SIGSTOP) is continued so that it acts on the SIGTERM
+: >"$T/stop.out"
+PROBE_DIR="$T/sync" "$L" -n 2 --grace 0.2 -- "$P" wait >>"$T/stop.out" 2>"$T/stop.err" &
+pid=$!
+k=0
+while [ "$(count_ready "$T/stop.out")" -lt 2 ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+w0=$(sed -n 's/^\[worker 0\] ready pid=\([0-9]*\)$/\1/p' "$T/stop.out")
+w1=$(sed -n 's/^\[worker 1\] ready pid=\([0-9]*\)$/\1/p' "$T/stop.out")
+[ -n "$w0" ] && [ -n "$w1" ] && kill -STOP "$w1" && kill -KILL "$w0"
+k=0
+while kill -0 $pid 2>/dev/null && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+kill -KILL $pid 2>/dev/null
+wait $pid; rc=$?
+[ $rc = 137 ] && has stop.err '^dtrain-launch: worker 0 killed by signal 9$' \
+  && has stop.err '^dtrain-launch: worker 1 killed by signal 15 (stopped by dtrain-launch)$' && has stop.out '^\[worker 1\] got signal 15$' \
+  && ok "a stopped process is continued to take SIGTERM" || bad "a stopped process is continued to take SIGTERM" "$T/stop.out" "$T/stop.err"
+
 # -- servers still running after the workers succeeded are stopped; the run succeeds
 run ps -n 2 --ps 2 --grace 0.3 -- "$P" ps
 [ "$(rc_of ps)" = 0 ] && has ps.err '^dtrain-launch: ps 0 killed by signal 15 (stopped by dtrain-launch)$' \

@@ -8,7 +8,7 @@
  *   exitif ROLE I CODE    process (ROLE, I) exits with CODE; the others wait
  *   killif ROLE I SIG     process (ROLE, I) kills itself with SIG; the others wait
  *   ignore                worker 1 exits with 1; the others ignore SIGTERM and wait
- *   wait                  print "ready", wait for a signal, report it, die by it
+ *   wait                  print "ready pid=PID", wait for a signal, report it, die by it
  *   ps                    servers wait like `wait`; workers print info and exit 0
  *   partial               worker 0 prints a line without its newline, worker 1
  *                         a line on stderr, worker 2 a 10000-byte line
@@ -60,7 +60,7 @@ static void wait_for_signal(const dt_cluster *c, int ignore_term) {
     FILE *f = fopen(path, "w");
     if (f) fclose(f);
   }
-  printf("ready\n");
+  printf("ready pid=%ld\n", (long)getpid());
   fflush(stdout);
   for (;;) pause();
 }

@@ -285,6 +285,8 @@ static void signal_all(proc *ps, int np, int sig, int by_us) {
     if (!ps[k].running) continue;
     /* the process group first (the program's own children too), then the process */
     if (kill(-ps[k].pid, sig) != 0) kill(ps[k].pid, sig);
+    /* a stopped process (SIGSTOP, ^Z) only acts on SIGTERM once continued */
+    if (sig == SIGTERM && kill(-ps[k].pid, SIGCONT) != 0) kill(ps[k].pid, SIGCONT);
     if (by_us) ps[k].stopped_by_us = 1;
   }
 }
