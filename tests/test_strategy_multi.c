@@ -328,6 +328,7 @@ static proc procs[MAXW];
 
 /* Runs W "processes"; results in procs[]. */
 static void run_multi(const config *cf) {
+  dt_set_logger(quiet_log, NULL, DTRAIN_LOG_ERROR); /* TH_RUN installs the harness's, not thread-safe */
   wrap_shared sh;
   sh.inner = dt_comm_create_threads(cf->W, -1);
   sh.fail_at = cf->fail_at;
@@ -642,6 +643,9 @@ static void test_params_hash(void) {
 
 static void test_names_and_args(void) {
   dt_strategy_desc d;
+  /* this build has no DTRAIN_USE_MPI (tests/mpi_checks.sh covers the backend) */
+  CHECK(dt_comm_create_mpi() == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_UNSUPPORTED && strstr(dt_last_error(), "DTRAIN_USE_MPI"));
   CHECK(dt_strategy_parse("multi_worker_mirrored", 3, 0, &d) == DTRAIN_OK);
   CHECK(d.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && d.replicas == 3 && d.comm == NULL);
   CHECK(dt_strategy_parse("parameter_server", 2, 1, &d) == DTRAIN_OK && d.kind == DTRAIN_STRATEGY_PARAMETER_SERVER);
@@ -651,6 +655,14 @@ static void test_names_and_args(void) {
   model m;
   model_init(&m, 1, 0, 0);
   dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.1f, 0.0f);
+  if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
+    /* like the other strategies but one_device: unsupported without threads */
+    d = dt_multi_worker_mirrored(NULL, 1);
+    CHECK(dt_strategy_create(m.P, opt, model_step, &m, &d) == NULL && dt_last_result() == DTRAIN_ERR_UNSUPPORTED);
+    dt_optim_destroy(opt);
+    dt_params_destroy(m.P);
+    return;
+  }
   d = dt_multi_worker_mirrored(NULL, 1);
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &d) == NULL);
   CHECK(dt_last_result() == DTRAIN_ERR_NULL_ARG && strstr(dt_last_error(), "desc.comm"));
@@ -687,11 +699,11 @@ int main(void) {
   dt_set_logger(quiet_log, NULL, DTRAIN_LOG_ERROR);
   make_data();
   TH_RUN(test_params_hash);
+  TH_RUN(test_names_and_args);
   if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
     printf("test_strategy_multi: skipped the multi-process tests (built without threads)\n");
     return th_summary("strategy_multi");
   }
-  TH_RUN(test_names_and_args);
   TH_RUN(test_equals_mirrored);
   TH_RUN(test_repeats_bitwise);
   TH_RUN(test_uneven_local_batches);
