@@ -24,12 +24,17 @@ AMALG    := $(BUILD)/tools/amalgamate
 .PHONY: xor test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
 .PHONY: bench-strategy fuzz
 
-all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe
+all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
 
 # The launcher (plain POSIX C, no dtrain.h): built for this machine with
 # HOSTCC, also in cross builds, since it is installed and run here.
 tools/dtrain-launch: tools/dtrain_launch.c
 	$(HOSTCC) -std=c11 $(WARN) -O2 $< -o $@
+
+# The all-reduce benchmark (nccl-tests style; threads and tcp backends; the
+# mpi one is tools/dtrain-bench-mpi, built by `make bench-net` where mpicc is).
+tools/dtrain-bench: tools/dtrain_bench.c dtrain.h
+	$(HOSTCC) -std=c11 $(WARN) -O2 -I. $< -o $@ -lm -lpthread
 
 # ---- the header ------------------------------------------------------------
 $(AMALG): tools/amalgamate.c
@@ -153,7 +158,7 @@ fuzz: $(FUZZ_TARGETS)
 PREFIX  ?= /usr/local
 VERSION := $(shell sed -n 's/^\#define DTRAIN_VERSION_STRING "\(.*\)"/\1/p' src/dt_base.h)
 INSTALL_FILES_H := dtrain.h $(wildcard dtrain_cuda.h)
-INSTALL_TOOLS   := tools/dtrain-launch
+INSTALL_TOOLS   := tools/dtrain-launch tools/dtrain-bench
 
 install: dtrain.h $(INSTALL_TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/cmake/dtrain
