@@ -22,7 +22,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
-.PHONY: bench-strategy fuzz
+.PHONY: bench-strategy bench-net fuzz
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
 
@@ -96,7 +96,12 @@ bench: $(BUILD)/bench/bench_core $(BUILD)/bench/bench_speed
 
 # Strategy benchmarks (in-process all-reduce busbw against a minimal reference;
 # MLP samples/s under each strategy), run by `make bench` too.
-bench: bench-strategy
+bench: bench-strategy bench-net
+# TCP collectives and multi-worker training vs OpenMPI (TCP), iperf3 and PyTorch DDP.
+bench-net: tools/dtrain-bench tools/dtrain-launch $(BUILD)/bench/bench_multiworker
+	@if command -v mpicc >/dev/null 2>&1; then \
+	  mpicc -std=c11 -O2 -DDTRAIN_USE_MPI -I. tools/dtrain_bench.c -o tools/dtrain-bench-mpi -lm -lpthread; fi
+	BUILD=$(BUILD) sh bench/run_net.sh
 bench-strategy: $(BUILD)/bench/bench_allreduce $(BUILD)/bench/bench_strategy
 	$(BUILD)/bench/bench_allreduce
 	$(BUILD)/bench/bench_strategy
