@@ -1573,6 +1573,9 @@ DTRAIN_EXTERN_C_END
  * |                     |                              | (each replica applies it to its slice of the centre)     |
  * | async(N, k)         | a lock-free store + a copy   | replicas run free: pull, forward/backward on their own   |
  * |                     | per replica                  | batch, local optimizer step, push the update             |
+ * | multi_worker_       | one copy per replica in      | each process: its own batch in N shards; threads reduce  |
+ * | mirrored(comm, N)   | every process                | to replica 0; ONE all-reduce across processes on comm;   |
+ * |                     |                              | each replica updates its slice; all-gather (threads)     |
  *
  * (*) Non-trainable buffers (batch-norm running statistics) are written by
  * the forward pass, so with such a model each central_storage replica works
@@ -1603,6 +1606,38 @@ DTRAIN_EXTERN_C_END
  * sum over its rows and the weights are 1.
  * In async, each replica's step is an optimizer step of its own on its own
  * batch (weight 1), like N single-device trainers sharing the parameters.
+ *
+ * multi_worker_mirrored (hierarchical, across processes). desc.comm connects
+ * W processes, one rank each (dt_comm_create_tcp or dt_comm_create_mpi in
+ * dt_net.h; borrowed: destroy it after the strategy); desc.replicas threads
+ * run inside each process. Every process calls dt_strategy_step with its OWN
+ * local batch (its shard of the data, like TF's MultiWorkerMirroredStrategy);
+ * the global batch is the concatenation of the local batches in rank order,
+ * and local batches may differ in rows (or be empty). Per step: the local
+ * replicas compute on shards of the local batch (loss gradients weighted by
+ * their rows: row sums), reduce to replica 0 in rank order, replica 0 runs ONE
+ * all-reduce on desc.comm of the gradient with a small tail appended (rows,
+ * loss sum, failure flags: one collective carries them all), the gradient is
+ * divided by the global rows -- so it is exactly the gradient of the mean
+ * loss over the global batch, up to float rounding -- and shared back: each
+ * local replica updates its slice, an all-gather spreads the parameters.
+ * W processes x N threads equal mirrored(W*N) on the concatenated batch
+ * (float tolerance) and repeat bitwise. *loss gets the global batch's loss,
+ * the same on every rank. At create (and at dt_strategy_sync, which is then a
+ * collective: every process calls it) the processes check that they built
+ * the same model (dt_params_hash; else DTRAIN_ERR_MISMATCH on every rank
+ * naming the one that differs) and rank 0 broadcasts its parameters and
+ * buffers, so all start equal whatever each initialised. Buffers (batch-norm
+ * statistics) follow rank 0's replica 0 (carried by the same all-reduce).
+ * shard.first and shard.global_rows are relative to the local batch. The
+ * params' grad buffer gets the reduced gradient of the global batch (after
+ * clipping). Failures: a communicator error (a lost or stalled rank) ends the
+ * step on every local replica with the communicator's message (it names the
+ * lost rank, the operation and its sequence number) and changes no
+ * parameter; a local failure on one rank (NaN loss, a failing op) fails the
+ * step on every rank: that rank reports its own error, the others
+ * DTRAIN_ERR_PEER "rank k failed its part of step s". Every process must call
+ * dt_strategy_step the same number of times.
  *
  * Async update rule. Each replica pulls the parameters into its own copy
  * with relaxed atomic loads (no lock; a version number says how fresh),
@@ -1749,8 +1784,13 @@ DTRAIN_API dt_strategy_desc dt_one_device(void);
 DTRAIN_API dt_strategy_desc dt_mirrored(int replicas);
 DTRAIN_API dt_strategy_desc dt_central_storage(int replicas);
 DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness);
-/* From a name ("one_device", "mirrored", "central_storage", "async"), e.g.
- * for a --strategy flag. DTRAIN_ERR_INVALID_ARG for an unknown name. */
+/* Across processes: comm has one rank per process (borrowed), `replicas`
+ * threads in each (0: the number of CPUs). */
+DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+/* From a name ("one_device", "mirrored", "central_storage", "async",
+ * "multi_worker_mirrored", "parameter_server"), e.g. for a --strategy flag;
+ * set desc.comm / desc.store yourself for the last two.
+ * DTRAIN_ERR_INVALID_ARG for an unknown name. */
 DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out);
 DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind);
 
@@ -1784,7 +1824,9 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
 DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                      float *mean_loss);
 
-/* Copy the params' current values into every replica's copy (mirrored). */
+/* Copy the params' current values into every replica's copy (mirrored).
+ * multi_worker_mirrored: a collective (every process calls it): rank 0's
+ * values go to every process and replica. */
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s);
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s);
@@ -6186,6 +6228,30 @@ DTRAIN_API uint64_t dt_params_layout_hash(const dt_params *p) {
     for (int d = 0; d < it->ndim; d++) {
       unsigned char le[8];
       uint64_t v = (uint64_t)it->shape[d];
+      for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
+      h = dt__params_fnv(h, le, 8);
+    }
+    h = dt__params_fnv(h, it->trainable ? "T" : "B", 1);
+  }
+  return h;
+}
+
+/* Declared in dt_net.h (the handshake's model check); FNV-1a 64 over a
+ * version tag, the count, and per parameter its name, rank, shape (64-bit
+ * little-endian) and trainable flag, in order. */
+DTRAIN_API uint64_t dt_params_hash(const dt_params *p) {
+  uint64_t h = dt__params_fnv(0xcbf29ce484222325ULL, "dtrain-model-1", 14);
+  unsigned char le[8];
+  uint64_t v = p ? (uint64_t)p->count : 0;
+  for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
+  h = dt__params_fnv(h, le, 8);
+  for (int i = 0; p && i < p->count; i++) {
+    const dt__param *it = &p->items[i];
+    h = dt__params_fnv(h, it->name, strlen(it->name) + 1);
+    le[0] = (unsigned char)it->ndim;
+    h = dt__params_fnv(h, le, 1);
+    for (int d = 0; d < it->ndim; d++) {
+      v = (uint64_t)it->shape[d];
       for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
       h = dt__params_fnv(h, le, 8);
     }
@@ -12319,8 +12385,9 @@ DTRAIN_API void dt_comm_reset_stats(dt_comm *c) {
  *   (clip: partial norms, a barrier, the total in rank order) -> (numerics
  *   check, a barrier, so that a bad gradient stops every replica before any
  *   update) -> dt_optim_update on slice r (one optimizer, disjoint ranges:
- *   its state is sharded by slice) -> [mirrored] all-gather of the
- *   parameters, then broadcast of the non-trainable buffers from replica 0.
+ *   its state is sharded by slice) -> [mirrored] each replica copies
+ *   replica 0's buffers (batch-norm statistics) within its slice, then the
+ *   all-gather of the parameters.
  *
  * The caller advances the optimizer once per step after the pool joins.
  * one_device is the same code with one replica and no threads, so mirrored(1)
@@ -12641,6 +12708,11 @@ struct dt_strategy {
   int64_t loss_count;
   float last_loss;
   int last_failed;
+  /* multi_worker_mirrored (see its section) */
+  float *mwm_buf;          /* replica 0's gradient + DT__MWM_TAIL floats: what crosses processes */
+  size_t mwm_bytes;
+  double mwm_rows;         /* the global batch's rows (this step) */
+  double mwm_loss;         /* the global batch's loss (this step) */
 };
 
 /* ---- small helpers -------------------------------------------------------------------------- */
@@ -12654,6 +12726,8 @@ DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind) {
     case DTRAIN_STRATEGY_MIRRORED: return "mirrored";
     case DTRAIN_STRATEGY_CENTRAL_STORAGE: return "central_storage";
     case DTRAIN_STRATEGY_ASYNC: return "async";
+    case DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED: return "multi_worker_mirrored";
+    case DTRAIN_STRATEGY_PARAMETER_SERVER: return "parameter_server";
     default: return "unknown";
   }
 }
@@ -12677,17 +12751,23 @@ DTRAIN_API dt_strategy_desc dt_central_storage(int replicas) {
 DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness) {
   return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
 }
+DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
+  dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED, replicas, 0);
+  d.comm = comm;
+  return d;
+}
 
 DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out) {
   if (!name || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_parse: %s is NULL", !name ? "name" : "out");
-  for (int k = DTRAIN_STRATEGY_ONE_DEVICE; k <= DTRAIN_STRATEGY_ASYNC; k++) {
+  for (int k = DTRAIN_STRATEGY_ONE_DEVICE; k <= DTRAIN_STRATEGY_PARAMETER_SERVER; k++) {
     if (strcmp(name, dt_strategy_kind_name((dt_strategy_kind)k)) == 0) {
       *out = dt__strategy_desc((dt_strategy_kind)k, k == DTRAIN_STRATEGY_ONE_DEVICE ? 1 : replicas, max_staleness);
       return DTRAIN_OK;
     }
   }
   return dt__error(DTRAIN_ERR_INVALID_ARG,
-                   "dt_strategy_parse: unknown strategy '%s' (one_device, mirrored, central_storage, async)", name);
+                   "dt_strategy_parse: unknown strategy '%s' (one_device, mirrored, central_storage, async, "
+                   "multi_worker_mirrored, parameter_server)", name);
 }
 
 static int dt__strategy_sync(const dt_strategy *s) { return s->desc.kind != DTRAIN_STRATEGY_ASYNC; }
@@ -12864,6 +12944,14 @@ static int dt__strategy_clip(dt_strategy *s, int r, float *grad, size_t b, size_
   return 1;
 }
 
+/* Copies the non-trainable runs (buffers) of src within [b, e) to dst. */
+static void dt__strategy_copy_buffers(dt_strategy *s, float *dst, const float *src, size_t b, size_t e) {
+  for (int i = 0; i < s->nbufr; i++) {
+    size_t lo = DT__MAX(s->bufr[2 * i], b), hi = DT__MIN(s->bufr[2 * i + 1], e);
+    if (lo < hi) memcpy(dst + lo, src + lo, (hi - lo) * sizeof(float));
+  }
+}
+
 /* ---- the synchronous step ------------------------------------------------------------------ */
 
 static void dt__strategy_sync_job(void *arg, int r) {
@@ -12931,15 +13019,241 @@ static void dt__strategy_sync_job(void *arg, int r) {
     for (int i = 0; i < s->nbufr; i++)
       memcpy(data + s->bufr[2 * i], R->own_data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
   if (mirrored) {
+    /* Buffers follow replica 0: each replica puts replica 0's values into
+     * its own slice before the all-gather spreads the slices (the optimizer
+     * never writes the buffer ranges, so replica 0's stay still meanwhile). */
+    if (r > 0) dt__strategy_copy_buffers(s, R->data, s->rep[0].data, lo, hi);
     rc = dt_comm_allgather(s->comm, r, R->data, s->size);
-    for (int i = 0; rc == DTRAIN_OK && i < s->nbufr; i++)
-      rc = dt_comm_broadcast(s->comm, r, R->data + s->bufr[2 * i], s->bufr[2 * i + 1] - s->bufr[2 * i], 0);
     if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
   }
 done:
   dt_comm_stats_get(s->comm, r, &cs);
   R->wait_s += cs.wait_s - w0;
 }
+
+/* ==== multi_worker_mirrored ===================================================================
+ * Lock-step data parallelism across processes, hierarchical inside each:
+ * desc.comm connects the processes (one rank each: TCP, MPI); the process's
+ * own replicas (threads) use the in-process communicator s->comm. A step
+ * (dt__strategy_mwm_job, run by every local replica):
+ *
+ *   shard r of this process's batch -> forward/backward with the loss
+ *   gradient weighted by the shard's rows (MEAN; 1 for SUM), so gradients
+ *   are row sums -> reduce to replica 0 (threads, rank order) -> replica 0
+ *   appends a tail (rows, loss sum, failure flags) and writes rank 0's
+ *   buffers (batch-norm statistics; zeros elsewhere) into their ranges of the
+ *   gradient -> ONE all-reduce of the whole buffer on desc.comm -> a barrier
+ *   (replica 0's result is everybody's) -> each replica scales its slice by
+ *   1/global rows, then clipping / numerics / the optimizer on its slice as
+ *   in mirrored, and the slice of the buffers from the all-reduce (= rank 0
+ *   replica 0's) into its copy -> all-gather of the parameters.
+ *
+ * Replica 0 always joins the cross-process all-reduce, even after a local
+ * failure (it then sends zeros with the failure flag set), so that no other
+ * process waits for it: every rank sees the flag and fails the step too.
+ * After the all-reduce every rank holds the same numbers, so clipping and
+ * numerics checks decide the same everywhere without further messages.
+ */
+
+/* Floats after the gradient in the cross-process buffer:
+ * [0, 1] global rows (hi + lo), [2, 3] loss sum (hi + lo),
+ * [4] ranks that failed locally, [5] sum of (failed rank + 1). */
+#define DT__MWM_TAIL 8
+
+static dt_result dt__strategy_mwm_check(const dt_strategy_desc *d) {
+  const char *fn = "dt_strategy_create";
+  dt_comm *c = d->comm;
+  if (!c || !c->vtable)
+    return dt__error(DTRAIN_ERR_NULL_ARG,
+                     "%s: multi_worker_mirrored needs desc.comm (dt_comm_create_tcp or dt_comm_create_mpi)", fn);
+  if (c->world < 1 || c->rank < 0 || c->rank >= c->world)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: multi_worker_mirrored: communicator '%s' has rank %d of world %d",
+                     fn, dt_comm_name(c), c->rank, c->world);
+  return DTRAIN_OK;
+}
+
+static dt_result dt__strategy_mwm_alloc(dt_strategy *s) {
+  s->mwm_bytes = (s->size + DT__MWM_TAIL) * sizeof(float);
+  s->mwm_buf = (float *)dt__calloc(s->mwm_bytes);
+  return s->mwm_buf ? DTRAIN_OK : DTRAIN_ERR_NOMEM;
+}
+
+static dt_result dt__strategy_mwm_comm_error(dt_strategy *s, const char *fn, dt_result rc) {
+  char what[DT__MSG_CAP];
+  snprintf(what, sizeof what, "%.300s", dt_last_error());
+  return dt__error(rc, "%s: multi_worker_mirrored: initial broadcast from rank 0 (rank %d of %d): %s", fn,
+                   dt_comm_rank(s->desc.comm), dt_comm_world(s->desc.comm), what);
+}
+
+/* Rank 0's parameters and buffers to every process (after checking that all
+ * built the same model), then into every local replica. Collective: every
+ * process calls it (dt_strategy_create, dt_strategy_sync). */
+static dt_result dt__strategy_mwm_start(dt_strategy *s, const char *fn) {
+  dt_comm *x = s->desc.comm;
+  const int rank = dt_comm_rank(x);
+  float *pdata = dt_params_data(s->params);
+  /* The model hash in 16-bit pieces (exact in floats), from rank 0. */
+  uint64_t h = dt_params_hash(s->params), h0 = 0;
+  float hb[4], flag[2];
+  for (int i = 0; i < 4; i++) hb[i] = (float)((h >> (16 * i)) & 0xffffu);
+  dt_result rc = dt_comm_broadcast(x, rank, hb, 4, 0);
+  if (rc != DTRAIN_OK) return dt__strategy_mwm_comm_error(s, fn, rc);
+  for (int i = 0; i < 4; i++) h0 |= (uint64_t)hb[i] << (16 * i);
+  /* Everybody learns whether somebody differs (so that all fail alike). */
+  flag[0] = h0 != h ? 1.0f : 0.0f;
+  flag[1] = h0 != h ? (float)(rank + 1) : 0.0f;
+  rc = dt_comm_allreduce(x, rank, flag, 2);
+  if (rc != DTRAIN_OK) return dt__strategy_mwm_comm_error(s, fn, rc);
+  if (flag[0] > 0.5f) {
+    if (flag[0] < 1.5f)
+      return dt__error(DTRAIN_ERR_MISMATCH,
+                       "%s: multi_worker_mirrored: rank %d built a different model than rank 0 (dt_params_hash "
+                       "differs: names, shapes or order of the parameters)", fn, (int)flag[1] - 1);
+    return dt__error(DTRAIN_ERR_MISMATCH,
+                     "%s: multi_worker_mirrored: %d ranks built a different model than rank 0 (dt_params_hash differs)",
+                     fn, (int)(flag[0] + 0.5f));
+  }
+  rc = dt_comm_broadcast(x, rank, pdata, s->size, 0);
+  if (rc != DTRAIN_OK) return dt__strategy_mwm_comm_error(s, fn, rc);
+  for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, pdata, s->fbytes);
+  return DTRAIN_OK;
+}
+
+/* Replica 0's part: the one cross-process all-reduce. ok: the local part
+ * succeeded. Returns 1 when the step goes on (s->mwm_rows/mwm_loss set). */
+static int dt__strategy_mwm_exchange(dt_strategy *s, int ok) {
+  dt__strategy_replica *R = &s->rep[0];
+  dt_comm *x = s->desc.comm;
+  const int rank = dt_comm_rank(x);
+  float *buf = R->grad, *tail = buf + s->size;
+  char what[DT__MSG_CAP];
+  memset(tail, 0, DT__MWM_TAIL * sizeof(float));
+  if (ok) {
+    double rows = 0.0, lsum = 0.0;
+    for (int r = 0; r < s->n; r++) {
+      rows += (double)s->rep[r].rows;
+      lsum += (s->desc.loss == DTRAIN_LOSS_SUM ? 1.0 : (double)s->rep[r].rows) * (double)s->rep[r].loss;
+    }
+    tail[0] = (float)rows;
+    tail[1] = (float)(rows - (double)tail[0]);
+    tail[2] = (float)lsum;
+    tail[3] = (float)(lsum - (double)tail[2]);
+    /* Buffers follow rank 0: its values plus zeros from the others. */
+    for (int i = 0; i < s->nbufr; i++) {
+      size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
+      if (rank == 0) memcpy(buf + b, R->data + b, (e - b) * sizeof(float));
+      else memset(buf + b, 0, (e - b) * sizeof(float));
+    }
+  } else {
+    memset(buf, 0, s->fbytes);
+    tail[4] = 1.0f;
+    tail[5] = (float)(rank + 1);
+  }
+  double t0 = dt__now();
+  dt_result rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
+  R->wait_s += dt__now() - t0;
+  if (rc != DTRAIN_OK) {
+    if (ok) {
+      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d): %.250s", rank, x->world, dt_last_error());
+      dt__strategy_fail(s, 0, rc, what);
+    }
+    return 0;
+  }
+  if (!ok) return 0; /* the local failure is already recorded */
+  if (tail[4] > 0.5f) {
+    if (tail[4] < 1.5f)
+      snprintf(what, sizeof what, "rank %d failed its part of step %lld (its own error says why); no update made",
+               (int)tail[5] - 1, (long long)s->batch->step);
+    else
+      snprintf(what, sizeof what, "%d ranks failed their part of step %lld; no update made", (int)(tail[4] + 0.5f),
+               (long long)s->batch->step);
+    dt__strategy_fail(s, 0, DTRAIN_ERR_PEER, what);
+    return 0;
+  }
+  s->mwm_rows = (double)tail[0] + (double)tail[1];
+  double L = (double)tail[2] + (double)tail[3];
+  s->mwm_loss = s->desc.loss == DTRAIN_LOSS_SUM ? L : (s->mwm_rows > 0.0 ? L / s->mwm_rows : 0.0);
+  return 1;
+}
+
+/* Copies the trainable elements of grad in [b, e) to dst (the params' grad). */
+static void dt__strategy_mwm_copy_grad(dt_strategy *s, float *dst, const float *grad, size_t b, size_t e) {
+  size_t pb, pe;
+  int tr, dec;
+  for (int i = 0; dt__params_range(s->params, i, &pb, &pe, &tr, &dec); i++) {
+    if (!tr) continue;
+    size_t lo = DT__MAX(pb, b), hi = DT__MIN(pe, e);
+    if (lo < hi) memcpy(dst + lo, grad + lo, (hi - lo) * sizeof(float));
+  }
+}
+
+static void dt__strategy_mwm_job(void *arg, int r) {
+  dt_strategy *s = (dt_strategy *)arg;
+  dt__strategy_replica *R = &s->rep[r];
+  R->result = DTRAIN_OK;
+  dt_minibatch b;
+  dt__strategy_shard(s->batch, s->n, r, &b);
+  /* Row sums now; the division by the global rows comes after the all-reduce. */
+  b.weight = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0f : (float)b.rows;
+  b.replica_step = 0;
+  dt_comm_stats cs;
+  dt_comm_stats_get(s->comm, r, &cs);
+  double w0 = cs.wait_s;
+  int ok = dt__strategy_compute(s, r, &b);
+  dt_result rc;
+  float *grad = s->rep[0].grad;
+  size_t lo, hi;
+  if (ok) {
+    rc = dt_comm_reduce(s->comm, r, R->grad, s->size, 0);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      ok = 0;
+    }
+  }
+  if (r == 0) ok = dt__strategy_mwm_exchange(s, ok);
+  if (!ok) goto done;
+  rc = dt_comm_barrier(s->comm, r); /* replica 0's all-reduce is done */
+  if (rc != DTRAIN_OK) {
+    dt__strategy_comm_failed(s, r, rc);
+    goto done;
+  }
+  dt_comm_slice(s->size, s->n, r, &lo, &hi);
+  if (s->desc.loss == DTRAIN_LOSS_MEAN && s->mwm_rows > 0.0)
+    dt__strategy_scale(s, grad, lo, hi, (float)(1.0 / s->mwm_rows));
+  if (!dt__strategy_clip(s, r, grad, lo, hi)) goto done;
+  if (s->desc.check_numerics) {
+    size_t bad = dt__strategy_nonfinite(grad, lo, hi);
+    if (bad < hi) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
+               dt__strategy_param_at(s, bad), isnan(grad[bad]) ? "NaN" : "Inf", bad);
+      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+      goto done;
+    }
+    rc = dt_comm_barrier(s->comm, r);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      goto done;
+    }
+  }
+  rc = dt_optim_update(s->opt, R->data, grad, lo, hi);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_fail(s, r, rc, dt_last_error());
+    goto done;
+  }
+  dt__strategy_mwm_copy_grad(s, dt_params_grad(s->params), grad, lo, hi);
+  /* The buffers: rank 0 replica 0's, carried by the all-reduce; each replica
+   * puts its slice of them into its copy, the all-gather spreads them. */
+  dt__strategy_copy_buffers(s, R->data, grad, lo, hi);
+  rc = dt_comm_allgather(s->comm, r, R->data, s->size);
+  if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
+done:
+  dt_comm_stats_get(s->comm, r, &cs);
+  R->wait_s += cs.wait_s - w0;
+}
+
+#undef DT__MWM_TAIL
+/* ==== end of multi_worker_mirrored ============================================================ */
 
 /* ---- the asynchronous replica -------------------------------------------------------------- */
 
@@ -13048,7 +13362,8 @@ static void dt__strategy_async_job(void *arg, int r) {
 
 static void dt__strategy_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
-  if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
+  if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) dt__strategy_mwm_job(arg, r);
+  else if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
   else dt__strategy_async_job(arg, r);
 }
 
@@ -13085,9 +13400,11 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   s->batch = NULL;
   s->seconds += dt__now() - t0;
   if (rc != DTRAIN_OK) return rc;
-  /* The batch's loss: shard losses weighted by their share, in rank order. */
+  /* The batch's loss: shard losses weighted by their share, in rank order
+   * (multi_worker_mirrored: the global batch's, from the all-reduce). */
   double L = 0.0;
-  for (int r = 0; r < s->n; r++) {
+  if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) L = s->mwm_loss;
+  for (int r = 0; r < s->n && s->desc.kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED; r++) {
     double w = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0 : (gb.rows ? (double)s->rep[r].rows / (double)gb.rows : 0.0);
     L += w * (double)s->rep[r].loss;
   }
@@ -13189,7 +13506,7 @@ static float *dt__strategy_floats(dt_strategy *s, const float *init) {
 
 static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
   const char *fn = "dt_strategy_create";
-  if ((int)d->kind < (int)DTRAIN_STRATEGY_ONE_DEVICE || (int)d->kind > (int)DTRAIN_STRATEGY_ASYNC)
+  if ((int)d->kind < (int)DTRAIN_STRATEGY_ONE_DEVICE || (int)d->kind > (int)DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown strategy kind %d", fn, (int)d->kind);
   const char *name = dt_strategy_kind_name(d->kind);
 #if defined(DTRAIN_NO_THREADS)
@@ -13218,6 +13535,10 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
                      (double)d->straggler_factor);
   if (d->straggler_factor > 1.0f && (d->straggler < 0 || d->straggler >= d->replicas))
     return dt__error(DTRAIN_ERR_INDEX, "%s: straggler replica %d outside [0, %d)", fn, d->straggler, d->replicas);
+  if (d->kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) {
+    dt_result rc = dt__strategy_mwm_check(d);
+    if (rc != DTRAIN_OK) return rc;
+  }
   if (d->seed == 0) d->seed = 1;
   return DTRAIN_OK;
 }
@@ -13304,13 +13625,18 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     R->g = dt_graph_create(params, &gd);
     if (!R->g) goto fail;
     R->result = DTRAIN_OK;
-    int own_data = (kind == DTRAIN_STRATEGY_MIRRORED && r > 0) || kind == DTRAIN_STRATEGY_ASYNC ||
+    const int mwm = kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED;
+    int own_data = ((kind == DTRAIN_STRATEGY_MIRRORED || mwm) && r > 0) || kind == DTRAIN_STRATEGY_ASYNC ||
                    (kind == DTRAIN_STRATEGY_CENTRAL_STORAGE && s->nbufr > 0);
     int own_grad = r > 0 || kind == DTRAIN_STRATEGY_ASYNC;
     if (own_data && !(R->own_data = dt__strategy_floats(s, pdata))) goto nomem;
     if (own_grad && !(R->own_grad = dt__strategy_floats(s, NULL))) goto nomem;
     R->data = own_data ? R->own_data : pdata;
     R->grad = own_grad ? R->own_grad : pgrad;
+    if (mwm && r == 0) {
+      if (dt__strategy_mwm_alloc(s) != DTRAIN_OK) goto nomem;
+      R->grad = s->mwm_buf;
+    }
     if (dt_graph_bind(R->g, R->data, R->grad) != DTRAIN_OK) goto fail;
     if (kind == DTRAIN_STRATEGY_ASYNC) {
       if (!(R->old = dt__strategy_floats(s, NULL))) goto nomem;
@@ -13328,6 +13654,7 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
   }
   s->pool = dt__pool_create(s->n, dt__spin_seconds(d.spin_us, s->n));
   if (!s->pool) goto fail;
+  if (kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && dt__strategy_mwm_start(s, fn) != DTRAIN_OK) goto fail;
   return s;
 nomem:
   dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory for %d replicas of %zu floats", fn, s->n, s->size);
@@ -13353,11 +13680,13 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
     dt__free(s->rep, s->rep_bytes);
   }
   dt__free(s->bufr, (size_t)s->nbufr * 2 * sizeof(size_t));
+  dt__free(s->mwm_buf, s->mwm_bytes);
   dt__free(s, sizeof *s);
 }
 
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
   if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_sync: strategy is NULL");
+  if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) return dt__strategy_mwm_start(s, "dt_strategy_sync");
   if (s->desc.kind == DTRAIN_STRATEGY_MIRRORED) {
     const float *src = dt_params_data(s->params);
     for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, src, s->fbytes);
@@ -15838,5 +16167,1217 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   return o;
 }
 /* ======== end dt_net.c ======== */
+
+/* ======== begin dt_comm_tcp.c ======== */
+/* ===========================================================================
+ * dt_comm_tcp.c -- the TCP communicator: one rank per process, a full mesh
+ * of framed TCP connections among the workers (dt_net_core.h)
+ * ===========================================================================
+ * Setup. Rank r dials every lower rank (0..r-1, in order) and then accepts
+ * the higher ones on its listening socket until each has connected or the
+ * deadline (connect_timeout_s + timeout_s from the start) passes. Anything
+ * else that connects -- garbage, a wrong token, another job -- is refused by
+ * the handshake (dt__net_admit logs why) and the loop keeps waiting for the
+ * real peers. A socket this process bound itself is closed once the mesh is
+ * up; one passed in dt_net_options.listen_fd stays the caller's.
+ *
+ * Every collective call has a sequence number (#1, #2, ... per communicator)
+ * and starts with an agreement round: the ranks exchange (op, root, n, seq)
+ * by recursive doubling in CALL frames (below), so every rank learns whether
+ * all ranks called the same thing and returns DTRAIN_ERR_MISMATCH (the
+ * communicator stays usable) when they did not. A barrier is that round only.
+ *
+ * All-reduce of n floats:
+ *   n*4 <= small_bytes: recursive doubling over the largest power of two p
+ *     <= world; ranks p..world-1 first fold their buffer into rank r-p and
+ *     get the result back at the end. Each step sums its buffer with the
+ *     partner's (both partners compute the same float sum, a + b == b + a),
+ *     so every element is summed along the same fixed tree of ranks.
+ *   larger: ring reduce-scatter then ring all-gather over the dt_comm_slice
+ *     slices, each slice cut into equal parts of at most chunk_bytes that are
+ *     exchanged full duplex (dt__conn_exchange: send to the next rank while
+ *     receiving from the previous one). Slice j is summed in ring order
+ *     starting after its owner: x[j+1] + x[j+2] + ... + x[world-1] + x[0] +
+ *     ... + x[j] (indices mod world), left to right.
+ * Either way the order depends only on n, world and the options, never on
+ * timing: results repeat bitwise. They differ from the threads backend (rank
+ * order) only by float rounding.
+ * reduce_scatter / allgather: the ring halves alone (rank r ends with slice
+ * r). reduce: a pipelined chain root+1 -> root+2 -> ... -> root carrying
+ * partial sums (x[root+1] + ... + x[root]), so no buffer but the root's is
+ * written. broadcast: a pipelined chain root -> root+1 -> ... -> root-1.
+ *
+ * Failure. Any transport error in a call (a peer closed or reset the
+ * connection, nothing arrived before the deadline, an ABORT notice, a
+ * protocol error) breaks the communicator. This rank sends an ABORT frame
+ * carrying its error to every peer, then listens for up to a grace period
+ * (a quarter of timeout_s, at most 2 s) for the other ranks' ABORT frames:
+ * the peers that closed their connection are dead, the ones that neither
+ * aborted nor closed are stalled, and the error names them:
+ *   "worker 0: allreduce #57: worker 2 (127.0.0.1:40123) closed the connection"
+ *   "worker 0: allreduce #57: worker 2 (127.0.0.1:40123) sent nothing before the deadline (stalled?)"
+ * so every surviving rank names the lost one, not the neighbour it was
+ * waiting on. Later calls return DTRAIN_ERR_ABORTED. dt_comm_recover cannot
+ * repair a TCP communicator (DTRAIN_ERR_UNSUPPORTED): destroy it, restart
+ * the processes and resume from the last checkpoint.
+ *
+ * Wire messages of this backend (docs/wire_protocol.md), all little-endian:
+ *   0x40 CALL  56 bytes: u32 first_rank, u32 bad_rank (0xffffffff: none),
+ *              then two call records (the first rank's and a differing one's),
+ *              each u32 op, u32 root, u64 n, u64 seq
+ *   0x41 SUM   floats: partial sums (recursive doubling, ring reduce-scatter,
+ *              reduce chain)
+ *   0x42 COPY  floats: final values (fold-back, ring all-gather, broadcast)
+ * BYE (0x08) is sent to every peer by destroy.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_net_core.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+#if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
+
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o) {
+  (void)c;
+  (void)o;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_tcp: networking is not compiled in (%s)",
+#  if defined(DTRAIN_NO_NET)
+            "DTRAIN_NO_NET"
+#  else
+            "DTRAIN_NO_THREADS"
+#  endif
+  );
+  return NULL;
+}
+
+#else
+
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+
+enum {
+  DT__TCP_MSG_CALL = DT__MSG_DATA0,
+  DT__TCP_MSG_SUM = DT__MSG_DATA0 + 1,
+  DT__TCP_MSG_COPY = DT__MSG_DATA0 + 2
+};
+
+enum {
+  DT__TCP_OP_ALLREDUCE = 1,
+  DT__TCP_OP_REDUCE_SCATTER,
+  DT__TCP_OP_ALLGATHER,
+  DT__TCP_OP_REDUCE,
+  DT__TCP_OP_BROADCAST,
+  DT__TCP_OP_BARRIER
+};
+
+#  define DT__TCP_CALL_BYTES 56
+#  define DT__TCP_NONE 0xFFFFFFFFu
+
+/* Per-peer state after a failure. */
+enum { DT__TCP_P_UNKNOWN = 0, DT__TCP_P_ALIVE, DT__TCP_P_DEAD, DT__TCP_P_SILENT };
+
+typedef struct dt__comm_tcp {
+  dt_comm comm;
+  dt__net_self self;
+  dt__conn *conns; /* world entries; conns[rank].fd == -1 */
+  size_t conns_bytes;
+  unsigned char *peer_state; /* world entries, used by the failure path */
+  float *scratch;            /* receive buffer: max(chunk, small) bytes */
+  size_t scratch_bytes;
+  size_t chunk_floats, small_bytes;
+  double timeout_s;
+  uint64_t seq;
+  int broken;
+  dt_comm_stats st;
+  char op[96]; /* "worker 0: allreduce #57" for the current call */
+} dt__comm_tcp;
+
+typedef struct dt__tcp_call {
+  uint32_t op, root;
+  uint64_t n, seq;
+} dt__tcp_call;
+
+static const char *dt__tcp_op_name(uint32_t op) {
+  switch (op) {
+    case DT__TCP_OP_ALLREDUCE: return "allreduce";
+    case DT__TCP_OP_REDUCE_SCATTER: return "reduce_scatter";
+    case DT__TCP_OP_ALLGATHER: return "allgather";
+    case DT__TCP_OP_REDUCE: return "reduce";
+    case DT__TCP_OP_BROADCAST: return "broadcast";
+    case DT__TCP_OP_BARRIER: return "barrier";
+    default: return "?";
+  }
+}
+
+static dt__comm_tcp *dt__tcp_of(dt_comm *c) { return (dt__comm_tcp *)c->impl; }
+
+/* ---- the failure path ----------------------------------------------------------------- */
+
+/* Index of the peer whose description ends `text` before `upto` (or appears in
+ * text when upto is NULL), -1 if none. */
+static int dt__tcp_find_peer(const dt__comm_tcp *t, const char *text, const char *upto) {
+  int best = -1;
+  size_t best_at = 0;
+  for (int j = 0; j < t->comm.world; j++) {
+    if (j == t->comm.rank) continue;
+    const char *name = t->conns[j].peer;
+    size_t nl = strlen(name);
+    if (nl == 0) continue;
+    for (const char *p = strstr(text, name); p; p = strstr(p + 1, name)) {
+      if (upto && p + nl > upto) break;
+      size_t at = (size_t)(p - text);
+      /* The last mention before `upto` (the aborting peer), else the first mention. */
+      if (best < 0 || (upto ? at > best_at : at < best_at)) {
+        best = j;
+        best_at = at;
+      }
+    }
+  }
+  return best;
+}
+
+/* Listen for the other ranks' ABORT frames (or EOF) for up to `grace` seconds. */
+static void dt__tcp_collect(dt__comm_tcp *t, double grace) {
+  int world = t->comm.world;
+  double end = dt__now() + grace;
+  struct pollfd pf[64];
+  int idx[64];
+  for (;;) {
+    int np = 0;
+    for (int j = 0; j < world && np < 64; j++) {
+      if (j == t->comm.rank || t->conns[j].fd < 0 || t->peer_state[j] != DT__TCP_P_UNKNOWN) continue;
+      pf[np].fd = t->conns[j].fd;
+      pf[np].events = POLLIN;
+      pf[np].revents = 0;
+      idx[np++] = j;
+    }
+    if (np == 0) return;
+    double left = end - dt__now();
+    if (left <= 0) return;
+    int k = poll(pf, (nfds_t)np, (int)(left * 1000.0) + 1);
+    if (k <= 0) continue; /* timeout (loop ends) or EINTR */
+    for (int q = 0; q < np; q++) {
+      if (!pf[q].revents) continue;
+      int j = idx[q];
+      dt__conn *c = &t->conns[j];
+      dt__frame f;
+      unsigned char h[DT__NET_HDR];
+      memset(&f, 0, sizeof f);
+      dt_result rc = dt__conn_recv_header(c, &f, h, dt__now() + 0.5, "drain");
+      if (rc == DTRAIN_OK) {
+        if (f.type == DT__MSG_BYE) {
+          t->peer_state[j] = DT__TCP_P_DEAD;
+        } else if ((size_t)f.length <= t->scratch_bytes) {
+          /* A data frame still in flight: skip it. */
+          if (dt__conn_recv_payload(c, &f, h, t->scratch, dt__now() + 0.5, "drain") != DTRAIN_OK)
+            t->peer_state[j] = DT__TCP_P_ALIVE;
+        } else {
+          t->peer_state[j] = DT__TCP_P_ALIVE;
+        }
+      } else if (f.type == DT__MSG_ABORT || f.type == DT__MSG_REFUSE || rc == DTRAIN_ERR_PROTOCOL ||
+                 rc == DTRAIN_ERR_MISMATCH) {
+        t->peer_state[j] = DT__TCP_P_ALIVE; /* it spoke: not the lost one */
+      } else if (rc == DTRAIN_ERR_PEER) {
+        t->peer_state[j] = DT__TCP_P_DEAD;
+      } /* a timeout mid-frame: leave it unknown */
+    }
+  }
+}
+
+/* Called with the thread's error set by the failing transport call. Breaks
+ * the communicator, tells every peer, finds the lost ranks, and rewrites the
+ * error to name them. */
+static dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
+  int world = t->comm.world;
+  char first[DT__MSG_CAP];
+  snprintf(first, sizeof first, "%s", dt_last_error());
+  t->broken = 1;
+  for (int j = 0; j < world; j++) t->peer_state[j] = DT__TCP_P_UNKNOWN;
+  /* What the first error says about one peer. */
+  const char *ab = strstr(first, " aborted: ");
+  int who = dt__tcp_find_peer(t, first, ab);
+  if (who >= 0) {
+    if (ab) t->peer_state[who] = DT__TCP_P_ALIVE;
+    else if (rc == DTRAIN_ERR_PEER) t->peer_state[who] = DT__TCP_P_DEAD;
+  }
+  /* Tell everyone, then listen for the others' notices. */
+  for (int j = 0; j < world; j++)
+    if (j != t->comm.rank && t->conns[j].fd >= 0 && t->peer_state[j] != DT__TCP_P_DEAD)
+      dt__conn_abort(&t->conns[j], rc, first);
+  if (rc != DTRAIN_ERR_MISMATCH && rc != DTRAIN_ERR_PROTOCOL) {
+    double grace = t->timeout_s * 0.25;
+    dt__tcp_collect(t, grace > 2.0 ? 2.0 : grace);
+  }
+  /* Name the lost ranks: the dead first, else the silent ones. */
+  char names[DT__MSG_CAP];
+  size_t used = 0;
+  int dead = 0, silent = 0;
+  names[0] = '\0';
+  for (int pass = 0; pass < 2 && used == 0; pass++) {
+    for (int j = 0; j < world; j++) {
+      if (j == t->comm.rank) continue;
+      int st = t->peer_state[j];
+      if (pass == 0 ? st != DT__TCP_P_DEAD : st != DT__TCP_P_UNKNOWN) continue;
+      int k = snprintf(names + used, sizeof names - used, "%s%.95s", used ? ", " : "", t->conns[j].peer);
+      if (k < 0 || (size_t)k >= sizeof names - used) break;
+      used += (size_t)k;
+      if (pass == 0) dead++;
+      else silent++;
+    }
+  }
+  if (dead)
+    return dt__error(DTRAIN_ERR_PEER, "%.90s: %.200s closed the connection", t->op, names);
+  if (silent)
+    return dt__error(DTRAIN_ERR_TIMEOUT, "%.90s: %.200s sent nothing before the deadline (stalled?)", t->op, names);
+  return dt__error(rc, "%s", first);
+}
+
+/* ---- transport wrappers (time accounted to wait_s) ------------------------------------- */
+
+static dt_result dt__tcp_exchange(dt__comm_tcp *t, int to, uint16_t stype, const void *s, size_t sn, int from,
+                                  uint16_t rtype, void *r, size_t rn) {
+  double t0 = dt__now();
+  dt_result rc = dt__conn_exchange(&t->conns[to], stype, s, (uint32_t)(sn * sizeof(float)), &t->conns[from], rtype, r,
+                                   (uint32_t)(rn * sizeof(float)), t0 + t->timeout_s, t->op);
+  t->st.wait_s += dt__now() - t0;
+  return rc;
+}
+
+static dt_result dt__tcp_send(dt__comm_tcp *t, int to, uint16_t type, const void *s, size_t bytes) {
+  double t0 = dt__now();
+  dt_result rc = dt__conn_send(&t->conns[to], type, s, (uint32_t)bytes, t0 + t->timeout_s, t->op);
+  t->st.wait_s += dt__now() - t0;
+  return rc;
+}
+
+static dt_result dt__tcp_recv(dt__comm_tcp *t, int from, uint16_t type, void *r, size_t bytes) {
+  double t0 = dt__now();
+  uint32_t len = 0;
+  dt_result rc = dt__conn_recv(&t->conns[from], type, r, (uint32_t)bytes, &len, t0 + t->timeout_s, t->op);
+  t->st.wait_s += dt__now() - t0;
+  if (rc == DTRAIN_OK && len != bytes)
+    rc = dt__error(DTRAIN_ERR_PROTOCOL, "%s: receive from %s: %u bytes, expected %zu", t->op, t->conns[from].peer,
+                   (unsigned)len, bytes);
+  return rc;
+}
+
+/* ---- recursive doubling over a byte buffer --------------------------------------------- */
+
+typedef void (*dt__tcp_combine_fn)(void *acc, const void *in, size_t bytes);
+
+static void dt__tcp_add(void *acc, const void *in, size_t bytes) {
+  float *a = (float *)acc;
+  const float *b = (const float *)in;
+  size_t n = bytes / sizeof(float);
+  for (size_t i = 0; i < n; i++) a[i] += b[i];
+}
+
+/* buf (bytes) becomes the combination over all ranks. Partial frames are
+ * `part`, the fold-back `final`. */
+static dt_result dt__tcp_rd(dt__comm_tcp *t, void *buf, size_t bytes, uint16_t part, uint16_t final,
+                            dt__tcp_combine_fn combine) {
+  int world = t->comm.world, r = t->comm.rank, p2 = 1;
+  dt__conn *cs = t->conns;
+  double dl;
+  dt_result rc = DTRAIN_OK;
+  while (p2 * 2 <= world) p2 *= 2;
+  if (r >= p2) {
+    /* Extra rank: hand the buffer to rank r - p2, get the result back. */
+    rc = dt__tcp_send(t, r - p2, part, buf, bytes);
+    if (rc == DTRAIN_OK) rc = dt__tcp_recv(t, r - p2, final, buf, bytes);
+    return rc;
+  }
+  if (r + p2 < world) {
+    rc = dt__tcp_recv(t, r + p2, part, t->scratch, bytes);
+    if (rc != DTRAIN_OK) return rc;
+    combine(buf, t->scratch, bytes);
+  }
+  for (int d = 1; d < p2; d *= 2) {
+    int q = r ^ d;
+    dl = dt__now();
+    rc = dt__conn_exchange(&cs[q], part, buf, (uint32_t)bytes, &cs[q], part, t->scratch, (uint32_t)bytes,
+                           dl + t->timeout_s, t->op);
+    t->st.wait_s += dt__now() - dl;
+    if (rc != DTRAIN_OK) return rc;
+    combine(buf, t->scratch, bytes);
+  }
+  if (r + p2 < world) rc = dt__tcp_send(t, r + p2, final, buf, bytes);
+  return rc;
+}
+
+/* ---- the agreement round ----------------------------------------------------------------- */
+
+static void dt__tcp_call_put(unsigned char *p, const dt__tcp_call *c) {
+  dt__le32_put(p, c->op);
+  dt__le32_put(p + 4, c->root);
+  dt__le64_put(p + 8, c->n);
+  dt__le64_put(p + 16, c->seq);
+}
+
+static void dt__tcp_call_get(const unsigned char *p, dt__tcp_call *c) {
+  c->op = dt__le32_get(p);
+  c->root = dt__le32_get(p + 4);
+  c->n = dt__le64_get(p + 8);
+  c->seq = dt__le64_get(p + 16);
+}
+
+static int dt__tcp_call_eq(const dt__tcp_call *a, const dt__tcp_call *b) {
+  return a->op == b->op && a->root == b->root && a->n == b->n && a->seq == b->seq;
+}
+
+/* State: the lowest rank seen with its call, and (if any) a rank whose call
+ * differs from it. Merging keeps "a differing call exists" exact, so every
+ * rank ends knowing whether all ranks agree. */
+static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
+  unsigned char *a = (unsigned char *)acc;
+  const unsigned char *b = (const unsigned char *)in;
+  (void)bytes;
+  uint32_t af = dt__le32_get(a), ab = dt__le32_get(a + 4), bf = dt__le32_get(b), bb = dt__le32_get(b + 4);
+  dt__tcp_call acf, acb, bcf, bcb;
+  dt__tcp_call_get(a + 8, &acf);
+  dt__tcp_call_get(a + 32, &acb);
+  dt__tcp_call_get(b + 8, &bcf);
+  dt__tcp_call_get(b + 32, &bcb);
+  /* The new first: the lower of the two firsts. */
+  uint32_t nf = af < bf ? af : bf, nb = DT__TCP_NONE;
+  dt__tcp_call cf = af < bf ? acf : bcf, cb = cf;
+  /* Candidates for a differing call, lowest rank first. */
+  struct {
+    uint32_t rank;
+    dt__tcp_call call;
+  } cand[4];
+  int nc;
+  cand[0].rank = af;
+  cand[0].call = acf;
+  cand[1].rank = bf;
+  cand[1].call = bcf;
+  nc = 2;
+  if (ab != DT__TCP_NONE) {
+    cand[nc].rank = ab;
+    cand[nc].call = acb;
+    nc++;
+  }
+  if (bb != DT__TCP_NONE) {
+    cand[nc].rank = bb;
+    cand[nc].call = bcb;
+    nc++;
+  }
+  for (int i = 0; i < nc; i++)
+    if (!dt__tcp_call_eq(&cand[i].call, &cf) && (nb == DT__TCP_NONE || cand[i].rank < nb)) {
+      nb = cand[i].rank;
+      cb = cand[i].call;
+    }
+  dt__le32_put(a, nf);
+  dt__le32_put(a + 4, nb);
+  dt__tcp_call_put(a + 8, &cf);
+  dt__tcp_call_put(a + 32, &cb);
+}
+
+static const char *dt__tcp_call_text(const dt__tcp_call *c, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s n=%llu root %u (call #%llu)", dt__tcp_op_name(c->op), (unsigned long long)c->n,
+           (unsigned)c->root, (unsigned long long)c->seq);
+  return buf;
+}
+
+/* Start a call: checks, sequence number, the agreement round. */
+static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n, int root) {
+  if (rank != t->comm.rank)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_comm_%s: called with rank %d, but this process is rank %d",
+                     dt__tcp_op_name(op), rank, t->comm.rank);
+  if (t->broken) return DTRAIN_ERR_ABORTED;
+  t->seq++;
+  snprintf(t->op, sizeof t->op, "worker %d: %s #%llu", t->comm.rank, dt__tcp_op_name(op), (unsigned long long)t->seq);
+  if (t->comm.world == 1) return DTRAIN_OK;
+  unsigned char st[DT__TCP_CALL_BYTES];
+  dt__tcp_call me;
+  me.op = op;
+  me.root = (uint32_t)root;
+  me.n = (uint64_t)n;
+  me.seq = t->seq;
+  memset(st, 0, sizeof st);
+  dt__le32_put(st, (uint32_t)t->comm.rank);
+  dt__le32_put(st + 4, DT__TCP_NONE);
+  dt__tcp_call_put(st + 8, &me);
+  dt__tcp_call_put(st + 32, &me);
+  dt_result rc = dt__tcp_rd(t, st, sizeof st, DT__TCP_MSG_CALL, DT__TCP_MSG_CALL, dt__tcp_agree_combine);
+  if (rc != DTRAIN_OK) return dt__tcp_fail(t, rc);
+  uint32_t fr = dt__le32_get(st), br = dt__le32_get(st + 4);
+  if (br != DT__TCP_NONE) {
+    dt__tcp_call a, b;
+    char ta[96], tb[96];
+    dt__tcp_call_get(st + 8, &a);
+    dt__tcp_call_get(st + 32, &b);
+    return dt__error(DTRAIN_ERR_MISMATCH, "%s: the ranks disagree: worker %u called %s, worker %u called %s", t->op,
+                     (unsigned)fr, dt__tcp_call_text(&a, ta, sizeof ta), (unsigned)br,
+                     dt__tcp_call_text(&b, tb, sizeof tb));
+  }
+  return DTRAIN_OK;
+}
+
+static dt_result dt__tcp_leave(dt__comm_tcp *t, dt_result rc, size_t n) {
+  if (rc != DTRAIN_OK) return t->broken ? rc : dt__tcp_fail(t, rc);
+  t->st.calls++;
+  t->st.bytes += (uint64_t)n * sizeof(float);
+  return DTRAIN_OK;
+}
+
+/* ---- ring halves ---------------------------------------------------------------------------- */
+
+static size_t dt__tcp_nparts(const dt__comm_tcp *t, size_t n) {
+  size_t maxlen = 0;
+  for (int j = 0; j < t->comm.world; j++) {
+    size_t b, e;
+    dt_comm_slice(n, t->comm.world, j, &b, &e);
+    if (e - b > maxlen) maxlen = e - b;
+  }
+  size_t k = (maxlen + t->chunk_floats - 1) / t->chunk_floats;
+  return k ? k : 1;
+}
+
+/* Part c of a slice of `len` floats cut into k parts. */
+static void dt__tcp_part(size_t len, size_t k, size_t c, size_t *off, size_t *m) {
+  uint64_t a = (uint64_t)len * c / k, b = (uint64_t)len * (c + 1) / k;
+  *off = (size_t)a;
+  *m = (size_t)(b - a);
+}
+
+static dt_result dt__tcp_ring(dt__comm_tcp *t, float *buf, size_t n, int gather) {
+  int world = t->comm.world, r = t->comm.rank;
+  int next = (r + 1) % world, prev = (r + world - 1) % world;
+  size_t k = dt__tcp_nparts(t, n);
+  for (int s = 0; s < world - 1; s++) {
+    /* Reduce-scatter: send slice r-s-1, receive slice r-s-2 (rank r ends with
+     * slice r). All-gather: send slice r-s, receive slice r-s-1. */
+    int js = gather ? (r - s + world) % world : (r - s - 1 + 2 * world) % world;
+    int jr = (js - 1 + world) % world;
+    size_t sb, se, rb, re;
+    dt_comm_slice(n, world, js, &sb, &se);
+    dt_comm_slice(n, world, jr, &rb, &re);
+    for (size_t c = 0; c < k; c++) {
+      size_t so, sm, ro, rm;
+      dt__tcp_part(se - sb, k, c, &so, &sm);
+      dt__tcp_part(re - rb, k, c, &ro, &rm);
+      dt_result rc;
+      if (gather) {
+        rc = dt__tcp_exchange(t, next, DT__TCP_MSG_COPY, buf + sb + so, sm, prev, DT__TCP_MSG_COPY, buf + rb + ro, rm);
+      } else {
+        rc = dt__tcp_exchange(t, next, DT__TCP_MSG_SUM, buf + sb + so, sm, prev, DT__TCP_MSG_SUM, t->scratch, rm);
+        if (rc == DTRAIN_OK) {
+          /* received partial (x[j+1] + ... ) + this rank's value */
+          float *d = buf + rb + ro;
+          const float *in = t->scratch;
+          for (size_t i = 0; i < rm; i++) d[i] = in[i] + d[i];
+        }
+      }
+      if (rc != DTRAIN_OK) return rc;
+    }
+  }
+  return DTRAIN_OK;
+}
+
+/* ---- the vtable ------------------------------------------------------------------------------ */
+
+static dt_result dt__tcp_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_ALLREDUCE, n, 0);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  if (n * sizeof(float) <= t->small_bytes) {
+    rc = dt__tcp_rd(t, buf, n * sizeof(float), DT__TCP_MSG_SUM, DT__TCP_MSG_COPY, dt__tcp_add);
+  } else {
+    rc = dt__tcp_ring(t, buf, n, 0);
+    if (rc == DTRAIN_OK) rc = dt__tcp_ring(t, buf, n, 1);
+  }
+  return dt__tcp_leave(t, rc, n);
+}
+
+static dt_result dt__tcp_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_REDUCE_SCATTER, n, 0);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  return dt__tcp_leave(t, dt__tcp_ring(t, buf, n, 0), n);
+}
+
+static dt_result dt__tcp_allgather(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_ALLGATHER, n, 0);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  return dt__tcp_leave(t, dt__tcp_ring(t, buf, n, 1), n);
+}
+
+static dt_result dt__tcp_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_REDUCE, n, root);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  int world = c->world, pos = (rank - root - 1 + 2 * world) % world; /* root is last */
+  int prev = (rank + world - 1) % world, next = (rank + 1) % world;
+  size_t k = (n + t->chunk_floats - 1) / t->chunk_floats;
+  for (size_t p = 0; p < k && rc == DTRAIN_OK; p++) {
+    size_t off, m;
+    dt__tcp_part(n, k, p, &off, &m);
+    if (pos == 0) {
+      rc = dt__tcp_send(t, next, DT__TCP_MSG_SUM, buf + off, m * sizeof(float));
+      continue;
+    }
+    rc = dt__tcp_recv(t, prev, DT__TCP_MSG_SUM, t->scratch, m * sizeof(float));
+    if (rc != DTRAIN_OK) break;
+    float *acc = t->scratch;
+    const float *mine = buf + off;
+    if (pos == world - 1) {
+      for (size_t i = 0; i < m; i++) buf[off + i] = acc[i] + mine[i];
+    } else {
+      for (size_t i = 0; i < m; i++) acc[i] = acc[i] + mine[i];
+      rc = dt__tcp_send(t, next, DT__TCP_MSG_SUM, acc, m * sizeof(float));
+    }
+  }
+  return dt__tcp_leave(t, rc, n);
+}
+
+static dt_result dt__tcp_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_BROADCAST, n, root);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  int world = c->world, pos = (rank - root + world) % world; /* root first */
+  int prev = (rank + world - 1) % world, next = (rank + 1) % world;
+  size_t k = (n + t->chunk_floats - 1) / t->chunk_floats;
+  for (size_t p = 0; p < k && rc == DTRAIN_OK; p++) {
+    size_t off, m;
+    dt__tcp_part(n, k, p, &off, &m);
+    if (pos > 0) rc = dt__tcp_recv(t, prev, DT__TCP_MSG_COPY, buf + off, m * sizeof(float));
+    if (rc == DTRAIN_OK && pos < world - 1) rc = dt__tcp_send(t, next, DT__TCP_MSG_COPY, buf + off, m * sizeof(float));
+  }
+  return dt__tcp_leave(t, rc, n);
+}
+
+static dt_result dt__tcp_barrier(dt_comm *c, int rank) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_BARRIER, 0, 0);
+  return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, 0) : rc;
+}
+
+static void dt__tcp_abort(dt_comm *c, int rank) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  (void)rank;
+  if (t->broken) return;
+  t->broken = 1;
+  char why[160];
+  snprintf(why, sizeof why, "worker %d: the program aborted the communicator (dt_comm_abort)", c->rank);
+  for (int j = 0; j < c->world; j++)
+    if (j != c->rank && t->conns[j].fd >= 0) dt__conn_abort(&t->conns[j], DTRAIN_ERR_ABORTED, why);
+}
+
+static dt_result dt__tcp_recover(dt_comm *c) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  if (!t->broken) return DTRAIN_OK;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                   "dt_comm_recover: worker %d: a tcp communicator cannot be repaired after a failure; destroy it, "
+                   "restart the processes and resume from the last checkpoint",
+                   c->rank);
+}
+
+static void dt__tcp_stats(dt_comm *c, int rank, dt_comm_stats *out) {
+  (void)rank;
+  *out = dt__tcp_of(c)->st;
+}
+
+static void dt__tcp_reset_stats(dt_comm *c) { memset(&dt__tcp_of(c)->st, 0, sizeof(dt_comm_stats)); }
+
+static void dt__tcp_free(dt__comm_tcp *t) {
+  if (t->conns)
+    for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
+  dt__free(t->conns, t->conns_bytes);
+  dt__free(t->peer_state, (size_t)t->comm.world);
+  dt__free(t->scratch, t->scratch_bytes);
+  dt__free(t, sizeof *t);
+}
+
+static void dt__tcp_destroy(dt_comm *c) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  char keep[DT__MSG_CAP];
+  dt_result keep_rc = dt_last_result();
+  snprintf(keep, sizeof keep, "%s", dt_last_error());
+  for (int j = 0; j < c->world; j++)
+    if (j != c->rank && t->conns[j].fd >= 0)
+      dt__conn_send(&t->conns[j], DT__MSG_BYE, NULL, 0, dt__now() + 0.2, "bye");
+  dt__tcp_free(t);
+  if (keep_rc != DTRAIN_OK) dt__error(keep_rc, "%s", keep);
+  else dt_clear_error();
+}
+
+static const dt_comm_vtable dt__comm_tcp_vtable = {
+  "tcp",
+  dt__tcp_allreduce,
+  dt__tcp_reduce_scatter,
+  dt__tcp_allgather,
+  dt__tcp_reduce,
+  dt__tcp_broadcast,
+  dt__tcp_barrier,
+  dt__tcp_abort,
+  dt__tcp_recover,
+  dt__tcp_stats,
+  dt__tcp_reset_stats,
+  dt__tcp_destroy
+};
+
+/* ---- setup ------------------------------------------------------------------------------------ */
+
+/* Accepted connections whose first frame has not fully arrived: strangers
+ * that send a few bytes (or none) and stall must not hold up the real peers,
+ * so a connection is admitted only once its hello is there (or its first
+ * bytes are plainly not a frame, or it closed). */
+#  define DT__TCP_PENDING 16
+#  define DT__TCP_HELLO_FRAME (DT__NET_HDR + 128)
+
+typedef struct dt__tcp_pending {
+  int fd;
+  int partial; /* some bytes arrived, not enough: polling would spin, so it is re-checked every 10 ms */
+  double since;
+  char addr[DT__NET_ADDR];
+} dt__tcp_pending;
+
+/* 1: admit now, 0: keep waiting, -1: closed without a byte (drop quietly),
+ * 2: not a dtrain frame and too short for the handshake to read (refuse
+ * here: why gets the reason). */
+static int dt__tcp_pending_ready(int fd, int *partial, char *why, size_t cap) {
+  unsigned char peek[DT__TCP_HELLO_FRAME];
+  ssize_t k = recv(fd, peek, sizeof peek, MSG_PEEK);
+  *partial = k > 0;
+  if (k == 0) return -1;
+  if (k < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+  if ((size_t)k >= sizeof peek) return 1;
+  if (k >= 4 && dt__le32_get(peek) != DT__NET_MAGIC) {
+    if (k >= DT__NET_HDR) return 1; /* the handshake reads the header and refuses it */
+    dt__frame f;
+    memset(peek + k, 0, sizeof peek - (size_t)k);
+    dt__frame_unpack(peek, 0, 0, &f, why, cap);
+    return 2;
+  }
+  /* Closed after a few bytes: the handshake reports the truncated frame. */
+  struct pollfd p;
+  p.fd = fd;
+  p.events = POLLIN;
+  p.revents = 0;
+  if (poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))) return 1;
+  return 0;
+}
+
+static void dt__tcp_refuse_log(const dt__comm_tcp *t, const dt__tcp_pending *p, const char *why) {
+  if (!t->self.opt.quiet)
+    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused a connection from %.80s: %s", t->comm.rank,
+            p->addr, why);
+}
+
+static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
+  const dt_cluster *cl = t->self.cluster;
+  int world = cl->workers, r = cl->index, lfd = -1, own_lfd = 0, need = world - 1 - r, np = 0;
+  double start = dt__now();
+  double deadline = start + t->self.opt.connect_timeout_s + t->self.opt.timeout_s;
+  unsigned char *seen = NULL;
+  dt__tcp_pending pend[DT__TCP_PENDING];
+  dt_result rc = DTRAIN_OK;
+  if (need > 0) {
+    /* Listen before dialing so higher ranks' connections wait in the backlog. */
+    rc = dt__net_self_listen(&t->self, &lfd);
+    if (rc != DTRAIN_OK) goto done;
+    own_lfd = t->self.opt.listen_fd < 0;
+    seen = (unsigned char *)dt__calloc((size_t)world);
+    if (!seen) {
+      rc = dt__error(DTRAIN_ERR_NOMEM, "out of memory");
+      goto done;
+    }
+  }
+  for (int j = 0; j < r; j++) {
+    rc = dt__net_dial(&t->self, DTRAIN_ROLE_WORKER, j, &t->conns[j]);
+    if (rc != DTRAIN_OK) goto done;
+  }
+  while (need > 0) {
+    struct pollfd pf[DT__TCP_PENDING + 1];
+    double now = dt__now();
+    if (now >= deadline) {
+      char miss[200];
+      size_t used = 0;
+      miss[0] = '\0';
+      for (int j = r + 1; j < world; j++) {
+        if (seen[j]) continue;
+        int k = snprintf(miss + used, sizeof miss - used, "%s%d", used ? ", " : "", j);
+        if (k < 0 || (size_t)k >= sizeof miss - used) break;
+        used += (size_t)k;
+      }
+      rc = dt__error(DTRAIN_ERR_TIMEOUT, "worker %s did not connect before the deadline (%.1f s)", miss,
+                     deadline - start);
+      goto done;
+    }
+    pf[0].fd = lfd;
+    pf[0].events = POLLIN;
+    pf[0].revents = 0;
+    int npf = 1, ms = (int)((deadline - now) * 1000.0) + 1;
+    if (ms > 100) ms = 100; /* also re-checks how long the pending ones have waited */
+    for (int q = 0; q < np; q++) {
+      if (pend[q].partial) {
+        if (ms > 10) ms = 10;
+        continue;
+      }
+      pf[npf].fd = pend[q].fd;
+      pf[npf].events = POLLIN;
+      pf[npf].revents = 0;
+      npf++;
+    }
+    if (poll(pf, (nfds_t)npf, ms) < 0 && errno != EINTR) {
+      rc = dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+      goto done;
+    }
+    if (pf[0].revents) {
+      int fd;
+      char addr[DT__NET_ADDR];
+      rc = dt__net_accept(lfd, dt__now(), &fd, addr, sizeof addr);
+      if (rc == DTRAIN_OK) {
+        if (np == DT__TCP_PENDING) {
+          dt__tcp_refuse_log(t, &pend[0], "too many connections waiting to say hello");
+          dt__net_close(pend[0].fd);
+          memmove(pend, pend + 1, (size_t)(np - 1) * sizeof pend[0]);
+          np--;
+        }
+        pend[np].fd = fd;
+        pend[np].partial = 0;
+        pend[np].since = dt__now();
+        snprintf(pend[np].addr, sizeof pend[np].addr, "%s", addr);
+        np++;
+      } else if (rc != DTRAIN_ERR_TIMEOUT) {
+        goto done;
+      }
+      rc = DTRAIN_OK;
+    }
+    for (int q = 0; q < np && need > 0; q++) {
+      char why[160];
+      int ready = dt__tcp_pending_ready(pend[q].fd, &pend[q].partial, why, sizeof why);
+      if (ready == 0 && dt__now() - pend[q].since > t->self.opt.timeout_s) {
+        dt__tcp_refuse_log(t, &pend[q], "no hello before the deadline");
+        ready = -1;
+      }
+      if (ready == 2) {
+        dt__tcp_refuse_log(t, &pend[q], why);
+        ready = -1;
+      }
+      if (ready == 0) continue;
+      dt__tcp_pending p = pend[q];
+      memmove(pend + q, pend + q + 1, (size_t)(np - q - 1) * sizeof pend[0]);
+      np--;
+      q--;
+      if (ready < 0) {
+        dt__net_close(p.fd);
+        continue;
+      }
+      double dl = dt__now() + t->self.opt.timeout_s;
+      dt__conn c;
+      if (dl > deadline) dl = deadline;
+      if (dt__net_admit(&t->self, p.fd, p.addr, dl, seen, &c) != DTRAIN_OK)
+        continue; /* refused and logged; keep waiting for the real peers */
+      if (c.peer_role != DTRAIN_ROLE_WORKER || c.peer_index <= r) {
+        /* Lower ranks are dialed by this rank; servers do not belong here. */
+        if (!t->self.opt.quiet)
+          dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused %s: it should not dial this rank", r,
+                  c.peer);
+        if (c.peer_role == DTRAIN_ROLE_WORKER && c.peer_index >= 0 && c.peer_index < world) seen[c.peer_index] = 0;
+        dt__conn_close(&c);
+        continue;
+      }
+      t->conns[c.peer_index] = c;
+      need--;
+    }
+  }
+  rc = DTRAIN_OK;
+done:
+  for (int q = 0; q < np; q++) {
+    dt__tcp_refuse_log(t, &pend[q], "setup ended before its hello");
+    dt__net_close(pend[q].fd);
+  }
+  if (own_lfd) dt__net_close(lfd);
+  dt__free(seen, (size_t)world);
+  return rc;
+}
+
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_options *o) {
+  dt__comm_tcp *t = NULL;
+  dt_result rc;
+  size_t world, scratch;
+  if (!cl) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_create_tcp: cluster is NULL");
+    return NULL;
+  }
+  if (cl->role != DTRAIN_ROLE_WORKER) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "dt_comm_create_tcp: this process is a parameter server, not a worker");
+    return NULL;
+  }
+  t = (dt__comm_tcp *)dt__calloc(sizeof *t);
+  if (!t) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_comm_create_tcp: out of memory");
+    return NULL;
+  }
+  rc = dt__net_self_init(&t->self, cl, o);
+  if (rc != DTRAIN_OK) {
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__error(rc, "dt_comm_create_tcp: %.290s", why);
+    dt__free(t, sizeof *t);
+    return NULL;
+  }
+  world = (size_t)cl->workers;
+  t->comm.vtable = &dt__comm_tcp_vtable;
+  t->comm.world = cl->workers;
+  t->comm.rank = cl->index;
+  t->comm.impl = t;
+  t->timeout_s = t->self.opt.timeout_s;
+  /* Frames must fit the receivers' payload limit. */
+  t->chunk_floats = DT__MIN(t->self.opt.chunk_bytes, t->self.opt.max_payload) / sizeof(float);
+  if (t->chunk_floats < 16) t->chunk_floats = 16;
+  t->small_bytes = DT__MIN(t->self.opt.small_bytes, t->self.opt.max_payload);
+  scratch = DT__MAX(t->chunk_floats * sizeof(float), t->small_bytes);
+  scratch = DT__MAX(scratch, (size_t)DT__TCP_CALL_BYTES) + 64;
+  t->conns_bytes = world * sizeof(dt__conn);
+  t->conns = (dt__conn *)dt__calloc(t->conns_bytes);
+  t->peer_state = (unsigned char *)dt__calloc(world);
+  t->scratch = (float *)dt__alloc(scratch);
+  t->scratch_bytes = t->scratch ? scratch : 0;
+  if (!t->conns || !t->peer_state || !t->scratch) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_comm_create_tcp: out of memory");
+    dt__tcp_free(t);
+    return NULL;
+  }
+  for (size_t j = 0; j < world; j++) {
+    dt__conn_init(&t->conns[j], -1, t->self.job, t->self.id, (uint32_t)t->self.opt.max_payload);
+    t->conns[j].fd = -1;
+  }
+  rc = dt__tcp_connect_all(t);
+  if (rc != DTRAIN_OK) {
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__error(rc, "dt_comm_create_tcp: worker %d: %.280s", cl->index, why);
+    dt__tcp_free(t);
+    return NULL;
+  }
+  t->self.cluster = NULL; /* the caller's; not needed after setup */
+  t->self.opt.token = NULL;
+  return &t->comm;
+}
+
+#  undef DT__TCP_PENDING
+#  undef DT__TCP_HELLO_FRAME
+#  undef DT__TCP_CALL_BYTES
+#  undef DT__TCP_NONE
+
+#endif /* DTRAIN_NO_NET || DTRAIN_NO_THREADS */
+/* ======== end dt_comm_tcp.c ======== */
+
+/* ======== begin dt_comm_mpi.c ======== */
+/* ===========================================================================
+ * dt_comm_mpi.c -- the MPI communicator (DTRAIN_USE_MPI): dtrain's
+ * collectives carried by MPI's on a duplicate of MPI_COMM_WORLD
+ * ===========================================================================
+ * One rank per process (rank and world from MPI_COMM_WORLD). The mapping:
+ *
+ *   allreduce       MPI_Allreduce (MPI_IN_PLACE, MPI_SUM)
+ *   reduce_scatter  MPI_Reduce_scatter with dt_comm_slice counts (in place:
+ *                   MPI leaves the slice at the start, moved to its place)
+ *   allgather       MPI_Allgatherv in place with dt_comm_slice counts/displs
+ *   reduce          MPI_Reduce (MPI_IN_PLACE at the root)
+ *   broadcast       MPI_Bcast
+ *   barrier         MPI_Barrier
+ *
+ * Counts above INT_MAX floats go in pieces (all-reduce, reduce, broadcast;
+ * reduce-scatter falls back to a whole all-reduce, all-gather to one
+ * broadcast per slice). The duplicate communicator has MPI_ERRORS_RETURN, so
+ * a failing call returns DTRAIN_ERR_NET with MPI_Error_string's text, the
+ * operation and its sequence number instead of killing the job (what MPI
+ * itself can report about a lost process depends on the MPI library: many
+ * still abort the whole job). dt_comm_abort only breaks this process's
+ * communicator (later calls return DTRAIN_ERR_ABORTED): MPI has no way to
+ * interrupt the other ranks short of MPI_Abort.
+ *
+ * Compiled only with DTRAIN_USE_MPI (and <mpi.h>: build with mpicc);
+ * otherwise dt_comm_create_mpi fails with DTRAIN_ERR_UNSUPPORTED.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+#if defined(DTRAIN_USE_MPI)
+/* C only: the deprecated MPI C++ bindings do not compile warning-free. */
+#if defined(__cplusplus) && !defined(OMPI_SKIP_MPICXX)
+#  define OMPI_SKIP_MPICXX 1
+#endif
+#if defined(__cplusplus) && !defined(MPICH_SKIP_MPICXX)
+#  define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#define DT__MPI_PIECE ((size_t)1 << 30) /* floats per MPI call when n exceeds INT_MAX */
+
+typedef struct dt__comm_mpi {
+  dt_comm comm;
+  MPI_Comm mc;          /* a duplicate of MPI_COMM_WORLD: our traffic never meets the user's */
+  int finalize;         /* we called MPI_Init_thread: MPI_Finalize at destroy */
+  int aborted;
+  int *counts, *displs; /* dt_comm_slice sizes for the current n */
+  size_t slices_n;      /* the n they were computed for ((size_t)-1: none) */
+  uint64_t seq;         /* collectives started */
+  dt_comm_stats stats;
+} dt__comm_mpi;
+
+static dt__comm_mpi *dt__comm_mpi_of(dt_comm *c) { return (dt__comm_mpi *)c->impl; }
+
+/* Maps an MPI error code to a dt_result with MPI's own words. */
+static dt_result dt__comm_mpi_error(dt__comm_mpi *m, const char *op, int code) {
+  char text[MPI_MAX_ERROR_STRING + 1];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
+  if (len < 0) len = 0;
+  if (len > MPI_MAX_ERROR_STRING) len = MPI_MAX_ERROR_STRING;
+  text[len] = '\0';
+  return dt__error(DTRAIN_ERR_NET, "mpi: %s #%llu (rank %d of %d) failed: %.200s (MPI error %d)", op,
+                   (unsigned long long)m->seq, m->comm.rank, m->comm.world, len ? text : "unknown", code);
+}
+
+/* Common start of a collective: the rank check, the abort flag, counters. */
+static dt_result dt__comm_mpi_begin(dt__comm_mpi *m, const char *op, int rank, size_t n) {
+  if (rank != m->comm.rank)
+    return dt__error(DTRAIN_ERR_INDEX, "mpi: %s: rank %d is not this process's rank (%d)", op, rank, m->comm.rank);
+  if (m->aborted) return DTRAIN_ERR_ABORTED;
+  m->seq++;
+  m->stats.bytes += (uint64_t)n * sizeof(float);
+  return DTRAIN_OK;
+}
+
+static dt_result dt__comm_mpi_end(dt__comm_mpi *m, double t0) {
+  m->stats.calls++;
+  m->stats.wait_s += dt__now() - t0;
+  return DTRAIN_OK;
+}
+
+/* The slice counts and displacements for n floats (cached per n). */
+static int dt__comm_mpi_slices(dt__comm_mpi *m, size_t n) {
+  if (n > (size_t)INT_MAX) return 0;
+  if (m->slices_n != n) {
+    for (int r = 0; r < m->comm.world; r++) {
+      size_t b, e;
+      dt_comm_slice(n, m->comm.world, r, &b, &e);
+      m->counts[r] = (int)(e - b);
+      m->displs[r] = (int)b;
+    }
+    m->slices_n = n;
+  }
+  return 1;
+}
+
+static int dt__comm_mpi_bcast_pieces(dt__comm_mpi *m, float *buf, size_t n, int root) {
+  for (size_t off = 0; off < n; off += DT__MPI_PIECE) {
+    int rc = MPI_Bcast(buf + off, (int)DT__MIN(DT__MPI_PIECE, n - off), MPI_FLOAT, root, m->mc);
+    if (rc != MPI_SUCCESS) return rc;
+  }
+  return MPI_SUCCESS;
+}
+
+static int dt__comm_mpi_allreduce_pieces(dt__comm_mpi *m, float *buf, size_t n) {
+  for (size_t off = 0; off < n; off += DT__MPI_PIECE) {
+    int rc = MPI_Allreduce(MPI_IN_PLACE, buf + off, (int)DT__MIN(DT__MPI_PIECE, n - off), MPI_FLOAT, MPI_SUM, m->mc);
+    if (rc != MPI_SUCCESS) return rc;
+  }
+  return MPI_SUCCESS;
+}
+
+static dt_result dt__comm_mpi_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  dt_result r = dt__comm_mpi_begin(m, "allreduce", rank, n);
+  if (r != DTRAIN_OK) return r;
+  double t0 = dt__now();
+  int rc = dt__comm_mpi_allreduce_pieces(m, buf, n);
+  if (rc != MPI_SUCCESS) return dt__comm_mpi_error(m, "allreduce", rc);
+  return dt__comm_mpi_end(m, t0);
+}
+
+static dt_result dt__comm_mpi_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  dt_result r = dt__comm_mpi_begin(m, "reduce_scatter", rank, n);
+  if (r != DTRAIN_OK) return r;
+  double t0 = dt__now();
+  int rc;
+  if (dt__comm_mpi_slices(m, n)) {
+    rc = MPI_Reduce_scatter(MPI_IN_PLACE, buf, m->counts, MPI_FLOAT, MPI_SUM, m->mc);
+    /* In place, MPI leaves this rank's slice at the start of buf. */
+    if (rc == MPI_SUCCESS && m->displs[rank] > 0 && m->counts[rank] > 0)
+      memmove(buf + m->displs[rank], buf, (size_t)m->counts[rank] * sizeof(float));
+  } else {
+    rc = dt__comm_mpi_allreduce_pieces(m, buf, n); /* every slice summed: more than asked */
+  }
+  if (rc != MPI_SUCCESS) return dt__comm_mpi_error(m, "reduce_scatter", rc);
+  return dt__comm_mpi_end(m, t0);
+}
+
+static dt_result dt__comm_mpi_allgather(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  dt_result r = dt__comm_mpi_begin(m, "allgather", rank, n);
+  if (r != DTRAIN_OK) return r;
+  double t0 = dt__now();
+  int rc = MPI_SUCCESS;
+  if (dt__comm_mpi_slices(m, n)) {
+    rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, m->counts, m->displs, MPI_FLOAT, m->mc);
+  } else {
+    for (int q = 0; rc == MPI_SUCCESS && q < c->world; q++) {
+      size_t b, e;
+      dt_comm_slice(n, c->world, q, &b, &e);
+      rc = dt__comm_mpi_bcast_pieces(m, buf + b, e - b, q);
+    }
+  }
+  if (rc != MPI_SUCCESS) return dt__comm_mpi_error(m, "allgather", rc);
+  return dt__comm_mpi_end(m, t0);
+}
+
+static dt_result dt__comm_mpi_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  dt_result r = dt__comm_mpi_begin(m, "reduce", rank, n);
+  if (r != DTRAIN_OK) return r;
+  double t0 = dt__now();
+  int rc = MPI_SUCCESS;
+  for (size_t off = 0; rc == MPI_SUCCESS && off < n; off += DT__MPI_PIECE) {
+    int cnt = (int)DT__MIN(DT__MPI_PIECE, n - off);
+    if (rank == root) rc = MPI_Reduce(MPI_IN_PLACE, buf + off, cnt, MPI_FLOAT, MPI_SUM, root, m->mc);
+    else rc = MPI_Reduce(buf + off, NULL, cnt, MPI_FLOAT, MPI_SUM, root, m->mc);
+  }
+  if (rc != MPI_SUCCESS) return dt__comm_mpi_error(m, "reduce", rc);
+  return dt__comm_mpi_end(m, t0);
+}
+
+static dt_result dt__comm_mpi_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  dt_result r = dt__comm_mpi_begin(m, "broadcast", rank, n);
+  if (r != DTRAIN_OK) return r;
+  double t0 = dt__now();
+  int rc = dt__comm_mpi_bcast_pieces(m, buf, n, root);
+  if (rc != MPI_SUCCESS) return dt__comm_mpi_error(m, "broadcast", rc);
+  return dt__comm_mpi_end(m, t0);
+}
+
+static dt_result dt__comm_mpi_barrier(dt_comm *c, int rank) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  dt_result r = dt__comm_mpi_begin(m, "barrier", rank, 0);
+  if (r != DTRAIN_OK) return r;
+  double t0 = dt__now();
+  int rc = MPI_Barrier(m->mc);
+  if (rc != MPI_SUCCESS) return dt__comm_mpi_error(m, "barrier", rc);
+  return dt__comm_mpi_end(m, t0);
+}
+
+static void dt__comm_mpi_abort(dt_comm *c, int rank) {
+  (void)rank;
+  dt__comm_mpi_of(c)->aborted = 1;
+}
+
+static dt_result dt__comm_mpi_recover(dt_comm *c) {
+  dt__comm_mpi_of(c)->aborted = 0;
+  return DTRAIN_OK;
+}
+
+static void dt__comm_mpi_stats(dt_comm *c, int rank, dt_comm_stats *out) {
+  (void)rank;
+  *out = dt__comm_mpi_of(c)->stats;
+}
+
+static void dt__comm_mpi_reset_stats(dt_comm *c) { memset(&dt__comm_mpi_of(c)->stats, 0, sizeof(dt_comm_stats)); }
+
+static void dt__comm_mpi_free(dt__comm_mpi *m) {
+  size_t ib = (size_t)(m->comm.world > 0 ? m->comm.world : 1) * sizeof(int);
+  dt__free(m->counts, ib);
+  dt__free(m->displs, ib);
+  dt__free(m, sizeof *m);
+}
+
+static void dt__comm_mpi_destroy(dt_comm *c) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    MPI_Comm_free(&m->mc);
+    if (m->finalize) MPI_Finalize();
+  }
+  dt__comm_mpi_free(m);
+}
+
+static const dt_comm_vtable dt__comm_mpi_vtable = {
+  "mpi",
+  dt__comm_mpi_allreduce,
+  dt__comm_mpi_reduce_scatter,
+  dt__comm_mpi_allgather,
+  dt__comm_mpi_reduce,
+  dt__comm_mpi_broadcast,
+  dt__comm_mpi_barrier,
+  dt__comm_mpi_abort,
+  dt__comm_mpi_recover,
+  dt__comm_mpi_stats,
+  dt__comm_mpi_reset_stats,
+  dt__comm_mpi_destroy
+};
+
+DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
+  const char *fn = "dt_comm_create_mpi";
+  int inited = 0, finalized = 0, rc, we_init = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    dt__error(DTRAIN_ERR_STATE, "%s: MPI was already finalized", fn);
+    return NULL;
+  }
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    /* The strategy calls its communicator from one thread at a time. */
+    rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+    if (rc != MPI_SUCCESS) {
+      dt__error(DTRAIN_ERR_NET, "%s: MPI_Init_thread failed (MPI error %d)", fn, rc);
+      return NULL;
+    }
+    we_init = 1;
+  }
+  dt__comm_mpi *m = (dt__comm_mpi *)dt__calloc(sizeof *m);
+  int world = 0, rank = 0;
+  if (!m) goto nomem;
+  m->mc = MPI_COMM_NULL;
+  m->finalize = we_init;
+  m->slices_n = (size_t)-1;
+  rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->mc);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(m->mc, MPI_ERRORS_RETURN);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(m->mc, &world);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(m->mc, &rank);
+  if (rc != MPI_SUCCESS) {
+    dt__comm_mpi_error(m, "create (MPI_Comm_dup/size/rank)", rc);
+    goto fail;
+  }
+  m->comm.vtable = &dt__comm_mpi_vtable;
+  m->comm.world = world;
+  m->comm.rank = rank;
+  m->comm.impl = m;
+  m->counts = (int *)dt__calloc((size_t)world * sizeof(int));
+  m->displs = (int *)dt__calloc((size_t)world * sizeof(int));
+  if (!m->counts || !m->displs) goto nomem;
+  return &m->comm;
+nomem:
+  dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+fail:
+  if (m) {
+    if (m->mc != MPI_COMM_NULL) MPI_Comm_free(&m->mc);
+    dt__comm_mpi_free(m);
+  }
+  if (we_init) MPI_Finalize();
+  return NULL;
+}
+
+#undef DT__MPI_PIECE
+
+#else /* !DTRAIN_USE_MPI */
+
+DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
+  dt__error(DTRAIN_ERR_UNSUPPORTED,
+            "dt_comm_create_mpi: built without DTRAIN_USE_MPI (compile with mpicc -DDTRAIN_USE_MPI)");
+  return NULL;
+}
+
+#endif /* DTRAIN_USE_MPI */
+/* ======== end dt_comm_mpi.c ======== */
 
 #endif /* DTRAIN_IMPLEMENTATION */

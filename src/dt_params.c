@@ -285,6 +285,30 @@ DTRAIN_API uint64_t dt_params_layout_hash(const dt_params *p) {
   return h;
 }
 
+/* Declared in dt_net.h (the handshake's model check); FNV-1a 64 over a
+ * version tag, the count, and per parameter its name, rank, shape (64-bit
+ * little-endian) and trainable flag, in order. */
+DTRAIN_API uint64_t dt_params_hash(const dt_params *p) {
+  uint64_t h = dt__params_fnv(0xcbf29ce484222325ULL, "dtrain-model-1", 14);
+  unsigned char le[8];
+  uint64_t v = p ? (uint64_t)p->count : 0;
+  for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
+  h = dt__params_fnv(h, le, 8);
+  for (int i = 0; p && i < p->count; i++) {
+    const dt__param *it = &p->items[i];
+    h = dt__params_fnv(h, it->name, strlen(it->name) + 1);
+    le[0] = (unsigned char)it->ndim;
+    h = dt__params_fnv(h, le, 1);
+    for (int d = 0; d < it->ndim; d++) {
+      v = (uint64_t)it->shape[d];
+      for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
+      h = dt__params_fnv(h, le, 8);
+    }
+    h = dt__params_fnv(h, it->trainable ? "T" : "B", 1);
+  }
+  return h;
+}
+
 DTRAIN_API dt_rng *dt_params_rng(dt_params *p) { return p ? &p->rng : NULL; }
 
 DTRAIN_API double dt_l2_norm(const float *x, size_t n) {

@@ -11,8 +11,9 @@
  *   (clip: partial norms, a barrier, the total in rank order) -> (numerics
  *   check, a barrier, so that a bad gradient stops every replica before any
  *   update) -> dt_optim_update on slice r (one optimizer, disjoint ranges:
- *   its state is sharded by slice) -> [mirrored] all-gather of the
- *   parameters, then broadcast of the non-trainable buffers from replica 0.
+ *   its state is sharded by slice) -> [mirrored] each replica copies
+ *   replica 0's buffers (batch-norm statistics) within its slice, then the
+ *   all-gather of the parameters.
  *
  * The caller advances the optimizer once per step after the pool joins.
  * one_device is the same code with one replica and no threads, so mirrored(1)
@@ -333,6 +334,11 @@ struct dt_strategy {
   int64_t loss_count;
   float last_loss;
   int last_failed;
+  /* multi_worker_mirrored (see its section) */
+  float *mwm_buf;          /* replica 0's gradient + DT__MWM_TAIL floats: what crosses processes */
+  size_t mwm_bytes;
+  double mwm_rows;         /* the global batch's rows (this step) */
+  double mwm_loss;         /* the global batch's loss (this step) */
 };
 
 /* ---- small helpers -------------------------------------------------------------------------- */
@@ -346,6 +352,8 @@ DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind) {
     case DTRAIN_STRATEGY_MIRRORED: return "mirrored";
     case DTRAIN_STRATEGY_CENTRAL_STORAGE: return "central_storage";
     case DTRAIN_STRATEGY_ASYNC: return "async";
+    case DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED: return "multi_worker_mirrored";
+    case DTRAIN_STRATEGY_PARAMETER_SERVER: return "parameter_server";
     default: return "unknown";
   }
 }
@@ -369,17 +377,23 @@ DTRAIN_API dt_strategy_desc dt_central_storage(int replicas) {
 DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness) {
   return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
 }
+DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
+  dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED, replicas, 0);
+  d.comm = comm;
+  return d;
+}
 
 DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out) {
   if (!name || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_parse: %s is NULL", !name ? "name" : "out");
-  for (int k = DTRAIN_STRATEGY_ONE_DEVICE; k <= DTRAIN_STRATEGY_ASYNC; k++) {
+  for (int k = DTRAIN_STRATEGY_ONE_DEVICE; k <= DTRAIN_STRATEGY_PARAMETER_SERVER; k++) {
     if (strcmp(name, dt_strategy_kind_name((dt_strategy_kind)k)) == 0) {
       *out = dt__strategy_desc((dt_strategy_kind)k, k == DTRAIN_STRATEGY_ONE_DEVICE ? 1 : replicas, max_staleness);
       return DTRAIN_OK;
     }
   }
   return dt__error(DTRAIN_ERR_INVALID_ARG,
-                   "dt_strategy_parse: unknown strategy '%s' (one_device, mirrored, central_storage, async)", name);
+                   "dt_strategy_parse: unknown strategy '%s' (one_device, mirrored, central_storage, async, "
+                   "multi_worker_mirrored, parameter_server)", name);
 }
 
 static int dt__strategy_sync(const dt_strategy *s) { return s->desc.kind != DTRAIN_STRATEGY_ASYNC; }
@@ -556,6 +570,14 @@ static int dt__strategy_clip(dt_strategy *s, int r, float *grad, size_t b, size_
   return 1;
 }
 
+/* Copies the non-trainable runs (buffers) of src within [b, e) to dst. */
+static void dt__strategy_copy_buffers(dt_strategy *s, float *dst, const float *src, size_t b, size_t e) {
+  for (int i = 0; i < s->nbufr; i++) {
+    size_t lo = DT__MAX(s->bufr[2 * i], b), hi = DT__MIN(s->bufr[2 * i + 1], e);
+    if (lo < hi) memcpy(dst + lo, src + lo, (hi - lo) * sizeof(float));
+  }
+}
+
 /* ---- the synchronous step ------------------------------------------------------------------ */
 
 static void dt__strategy_sync_job(void *arg, int r) {
@@ -623,15 +645,241 @@ static void dt__strategy_sync_job(void *arg, int r) {
     for (int i = 0; i < s->nbufr; i++)
       memcpy(data + s->bufr[2 * i], R->own_data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
   if (mirrored) {
+    /* Buffers follow replica 0: each replica puts replica 0's values into
+     * its own slice before the all-gather spreads the slices (the optimizer
+     * never writes the buffer ranges, so replica 0's stay still meanwhile). */
+    if (r > 0) dt__strategy_copy_buffers(s, R->data, s->rep[0].data, lo, hi);
     rc = dt_comm_allgather(s->comm, r, R->data, s->size);
-    for (int i = 0; rc == DTRAIN_OK && i < s->nbufr; i++)
-      rc = dt_comm_broadcast(s->comm, r, R->data + s->bufr[2 * i], s->bufr[2 * i + 1] - s->bufr[2 * i], 0);
     if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
   }
 done:
   dt_comm_stats_get(s->comm, r, &cs);
   R->wait_s += cs.wait_s - w0;
 }
+
+/* ==== multi_worker_mirrored ===================================================================
+ * Lock-step data parallelism across processes, hierarchical inside each:
+ * desc.comm connects the processes (one rank each: TCP, MPI); the process's
+ * own replicas (threads) use the in-process communicator s->comm. A step
+ * (dt__strategy_mwm_job, run by every local replica):
+ *
+ *   shard r of this process's batch -> forward/backward with the loss
+ *   gradient weighted by the shard's rows (MEAN; 1 for SUM), so gradients
+ *   are row sums -> reduce to replica 0 (threads, rank order) -> replica 0
+ *   appends a tail (rows, loss sum, failure flags) and writes rank 0's
+ *   buffers (batch-norm statistics; zeros elsewhere) into their ranges of the
+ *   gradient -> ONE all-reduce of the whole buffer on desc.comm -> a barrier
+ *   (replica 0's result is everybody's) -> each replica scales its slice by
+ *   1/global rows, then clipping / numerics / the optimizer on its slice as
+ *   in mirrored, and the slice of the buffers from the all-reduce (= rank 0
+ *   replica 0's) into its copy -> all-gather of the parameters.
+ *
+ * Replica 0 always joins the cross-process all-reduce, even after a local
+ * failure (it then sends zeros with the failure flag set), so that no other
+ * process waits for it: every rank sees the flag and fails the step too.
+ * After the all-reduce every rank holds the same numbers, so clipping and
+ * numerics checks decide the same everywhere without further messages.
+ */
+
+/* Floats after the gradient in the cross-process buffer:
+ * [0, 1] global rows (hi + lo), [2, 3] loss sum (hi + lo),
+ * [4] ranks that failed locally, [5] sum of (failed rank + 1). */
+#define DT__MWM_TAIL 8
+
+static dt_result dt__strategy_mwm_check(const dt_strategy_desc *d) {
+  const char *fn = "dt_strategy_create";
+  dt_comm *c = d->comm;
+  if (!c || !c->vtable)
+    return dt__error(DTRAIN_ERR_NULL_ARG,
+                     "%s: multi_worker_mirrored needs desc.comm (dt_comm_create_tcp or dt_comm_create_mpi)", fn);
+  if (c->world < 1 || c->rank < 0 || c->rank >= c->world)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: multi_worker_mirrored: communicator '%s' has rank %d of world %d",
+                     fn, dt_comm_name(c), c->rank, c->world);
+  return DTRAIN_OK;
+}
+
+static dt_result dt__strategy_mwm_alloc(dt_strategy *s) {
+  s->mwm_bytes = (s->size + DT__MWM_TAIL) * sizeof(float);
+  s->mwm_buf = (float *)dt__calloc(s->mwm_bytes);
+  return s->mwm_buf ? DTRAIN_OK : DTRAIN_ERR_NOMEM;
+}
+
+static dt_result dt__strategy_mwm_comm_error(dt_strategy *s, const char *fn, dt_result rc) {
+  char what[DT__MSG_CAP];
+  snprintf(what, sizeof what, "%.300s", dt_last_error());
+  return dt__error(rc, "%s: multi_worker_mirrored: initial broadcast from rank 0 (rank %d of %d): %s", fn,
+                   dt_comm_rank(s->desc.comm), dt_comm_world(s->desc.comm), what);
+}
+
+/* Rank 0's parameters and buffers to every process (after checking that all
+ * built the same model), then into every local replica. Collective: every
+ * process calls it (dt_strategy_create, dt_strategy_sync). */
+static dt_result dt__strategy_mwm_start(dt_strategy *s, const char *fn) {
+  dt_comm *x = s->desc.comm;
+  const int rank = dt_comm_rank(x);
+  float *pdata = dt_params_data(s->params);
+  /* The model hash in 16-bit pieces (exact in floats), from rank 0. */
+  uint64_t h = dt_params_hash(s->params), h0 = 0;
+  float hb[4], flag[2];
+  for (int i = 0; i < 4; i++) hb[i] = (float)((h >> (16 * i)) & 0xffffu);
+  dt_result rc = dt_comm_broadcast(x, rank, hb, 4, 0);
+  if (rc != DTRAIN_OK) return dt__strategy_mwm_comm_error(s, fn, rc);
+  for (int i = 0; i < 4; i++) h0 |= (uint64_t)hb[i] << (16 * i);
+  /* Everybody learns whether somebody differs (so that all fail alike). */
+  flag[0] = h0 != h ? 1.0f : 0.0f;
+  flag[1] = h0 != h ? (float)(rank + 1) : 0.0f;
+  rc = dt_comm_allreduce(x, rank, flag, 2);
+  if (rc != DTRAIN_OK) return dt__strategy_mwm_comm_error(s, fn, rc);
+  if (flag[0] > 0.5f) {
+    if (flag[0] < 1.5f)
+      return dt__error(DTRAIN_ERR_MISMATCH,
+                       "%s: multi_worker_mirrored: rank %d built a different model than rank 0 (dt_params_hash "
+                       "differs: names, shapes or order of the parameters)", fn, (int)flag[1] - 1);
+    return dt__error(DTRAIN_ERR_MISMATCH,
+                     "%s: multi_worker_mirrored: %d ranks built a different model than rank 0 (dt_params_hash differs)",
+                     fn, (int)(flag[0] + 0.5f));
+  }
+  rc = dt_comm_broadcast(x, rank, pdata, s->size, 0);
+  if (rc != DTRAIN_OK) return dt__strategy_mwm_comm_error(s, fn, rc);
+  for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, pdata, s->fbytes);
+  return DTRAIN_OK;
+}
+
+/* Replica 0's part: the one cross-process all-reduce. ok: the local part
+ * succeeded. Returns 1 when the step goes on (s->mwm_rows/mwm_loss set). */
+static int dt__strategy_mwm_exchange(dt_strategy *s, int ok) {
+  dt__strategy_replica *R = &s->rep[0];
+  dt_comm *x = s->desc.comm;
+  const int rank = dt_comm_rank(x);
+  float *buf = R->grad, *tail = buf + s->size;
+  char what[DT__MSG_CAP];
+  memset(tail, 0, DT__MWM_TAIL * sizeof(float));
+  if (ok) {
+    double rows = 0.0, lsum = 0.0;
+    for (int r = 0; r < s->n; r++) {
+      rows += (double)s->rep[r].rows;
+      lsum += (s->desc.loss == DTRAIN_LOSS_SUM ? 1.0 : (double)s->rep[r].rows) * (double)s->rep[r].loss;
+    }
+    tail[0] = (float)rows;
+    tail[1] = (float)(rows - (double)tail[0]);
+    tail[2] = (float)lsum;
+    tail[3] = (float)(lsum - (double)tail[2]);
+    /* Buffers follow rank 0: its values plus zeros from the others. */
+    for (int i = 0; i < s->nbufr; i++) {
+      size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
+      if (rank == 0) memcpy(buf + b, R->data + b, (e - b) * sizeof(float));
+      else memset(buf + b, 0, (e - b) * sizeof(float));
+    }
+  } else {
+    memset(buf, 0, s->fbytes);
+    tail[4] = 1.0f;
+    tail[5] = (float)(rank + 1);
+  }
+  double t0 = dt__now();
+  dt_result rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
+  R->wait_s += dt__now() - t0;
+  if (rc != DTRAIN_OK) {
+    if (ok) {
+      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d): %.250s", rank, x->world, dt_last_error());
+      dt__strategy_fail(s, 0, rc, what);
+    }
+    return 0;
+  }
+  if (!ok) return 0; /* the local failure is already recorded */
+  if (tail[4] > 0.5f) {
+    if (tail[4] < 1.5f)
+      snprintf(what, sizeof what, "rank %d failed its part of step %lld (its own error says why); no update made",
+               (int)tail[5] - 1, (long long)s->batch->step);
+    else
+      snprintf(what, sizeof what, "%d ranks failed their part of step %lld; no update made", (int)(tail[4] + 0.5f),
+               (long long)s->batch->step);
+    dt__strategy_fail(s, 0, DTRAIN_ERR_PEER, what);
+    return 0;
+  }
+  s->mwm_rows = (double)tail[0] + (double)tail[1];
+  double L = (double)tail[2] + (double)tail[3];
+  s->mwm_loss = s->desc.loss == DTRAIN_LOSS_SUM ? L : (s->mwm_rows > 0.0 ? L / s->mwm_rows : 0.0);
+  return 1;
+}
+
+/* Copies the trainable elements of grad in [b, e) to dst (the params' grad). */
+static void dt__strategy_mwm_copy_grad(dt_strategy *s, float *dst, const float *grad, size_t b, size_t e) {
+  size_t pb, pe;
+  int tr, dec;
+  for (int i = 0; dt__params_range(s->params, i, &pb, &pe, &tr, &dec); i++) {
+    if (!tr) continue;
+    size_t lo = DT__MAX(pb, b), hi = DT__MIN(pe, e);
+    if (lo < hi) memcpy(dst + lo, grad + lo, (hi - lo) * sizeof(float));
+  }
+}
+
+static void dt__strategy_mwm_job(void *arg, int r) {
+  dt_strategy *s = (dt_strategy *)arg;
+  dt__strategy_replica *R = &s->rep[r];
+  R->result = DTRAIN_OK;
+  dt_minibatch b;
+  dt__strategy_shard(s->batch, s->n, r, &b);
+  /* Row sums now; the division by the global rows comes after the all-reduce. */
+  b.weight = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0f : (float)b.rows;
+  b.replica_step = 0;
+  dt_comm_stats cs;
+  dt_comm_stats_get(s->comm, r, &cs);
+  double w0 = cs.wait_s;
+  int ok = dt__strategy_compute(s, r, &b);
+  dt_result rc;
+  float *grad = s->rep[0].grad;
+  size_t lo, hi;
+  if (ok) {
+    rc = dt_comm_reduce(s->comm, r, R->grad, s->size, 0);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      ok = 0;
+    }
+  }
+  if (r == 0) ok = dt__strategy_mwm_exchange(s, ok);
+  if (!ok) goto done;
+  rc = dt_comm_barrier(s->comm, r); /* replica 0's all-reduce is done */
+  if (rc != DTRAIN_OK) {
+    dt__strategy_comm_failed(s, r, rc);
+    goto done;
+  }
+  dt_comm_slice(s->size, s->n, r, &lo, &hi);
+  if (s->desc.loss == DTRAIN_LOSS_MEAN && s->mwm_rows > 0.0)
+    dt__strategy_scale(s, grad, lo, hi, (float)(1.0 / s->mwm_rows));
+  if (!dt__strategy_clip(s, r, grad, lo, hi)) goto done;
+  if (s->desc.check_numerics) {
+    size_t bad = dt__strategy_nonfinite(grad, lo, hi);
+    if (bad < hi) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
+               dt__strategy_param_at(s, bad), isnan(grad[bad]) ? "NaN" : "Inf", bad);
+      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+      goto done;
+    }
+    rc = dt_comm_barrier(s->comm, r);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      goto done;
+    }
+  }
+  rc = dt_optim_update(s->opt, R->data, grad, lo, hi);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_fail(s, r, rc, dt_last_error());
+    goto done;
+  }
+  dt__strategy_mwm_copy_grad(s, dt_params_grad(s->params), grad, lo, hi);
+  /* The buffers: rank 0 replica 0's, carried by the all-reduce; each replica
+   * puts its slice of them into its copy, the all-gather spreads them. */
+  dt__strategy_copy_buffers(s, R->data, grad, lo, hi);
+  rc = dt_comm_allgather(s->comm, r, R->data, s->size);
+  if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
+done:
+  dt_comm_stats_get(s->comm, r, &cs);
+  R->wait_s += cs.wait_s - w0;
+}
+
+#undef DT__MWM_TAIL
+/* ==== end of multi_worker_mirrored ============================================================ */
 
 /* ---- the asynchronous replica -------------------------------------------------------------- */
 
@@ -740,7 +988,8 @@ static void dt__strategy_async_job(void *arg, int r) {
 
 static void dt__strategy_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
-  if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
+  if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) dt__strategy_mwm_job(arg, r);
+  else if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
   else dt__strategy_async_job(arg, r);
 }
 
@@ -777,9 +1026,11 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   s->batch = NULL;
   s->seconds += dt__now() - t0;
   if (rc != DTRAIN_OK) return rc;
-  /* The batch's loss: shard losses weighted by their share, in rank order. */
+  /* The batch's loss: shard losses weighted by their share, in rank order
+   * (multi_worker_mirrored: the global batch's, from the all-reduce). */
   double L = 0.0;
-  for (int r = 0; r < s->n; r++) {
+  if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) L = s->mwm_loss;
+  for (int r = 0; r < s->n && s->desc.kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED; r++) {
     double w = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0 : (gb.rows ? (double)s->rep[r].rows / (double)gb.rows : 0.0);
     L += w * (double)s->rep[r].loss;
   }
@@ -881,7 +1132,7 @@ static float *dt__strategy_floats(dt_strategy *s, const float *init) {
 
 static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
   const char *fn = "dt_strategy_create";
-  if ((int)d->kind < (int)DTRAIN_STRATEGY_ONE_DEVICE || (int)d->kind > (int)DTRAIN_STRATEGY_ASYNC)
+  if ((int)d->kind < (int)DTRAIN_STRATEGY_ONE_DEVICE || (int)d->kind > (int)DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown strategy kind %d", fn, (int)d->kind);
   const char *name = dt_strategy_kind_name(d->kind);
 #if defined(DTRAIN_NO_THREADS)
@@ -910,6 +1161,10 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
                      (double)d->straggler_factor);
   if (d->straggler_factor > 1.0f && (d->straggler < 0 || d->straggler >= d->replicas))
     return dt__error(DTRAIN_ERR_INDEX, "%s: straggler replica %d outside [0, %d)", fn, d->straggler, d->replicas);
+  if (d->kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) {
+    dt_result rc = dt__strategy_mwm_check(d);
+    if (rc != DTRAIN_OK) return rc;
+  }
   if (d->seed == 0) d->seed = 1;
   return DTRAIN_OK;
 }
@@ -996,13 +1251,18 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     R->g = dt_graph_create(params, &gd);
     if (!R->g) goto fail;
     R->result = DTRAIN_OK;
-    int own_data = (kind == DTRAIN_STRATEGY_MIRRORED && r > 0) || kind == DTRAIN_STRATEGY_ASYNC ||
+    const int mwm = kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED;
+    int own_data = ((kind == DTRAIN_STRATEGY_MIRRORED || mwm) && r > 0) || kind == DTRAIN_STRATEGY_ASYNC ||
                    (kind == DTRAIN_STRATEGY_CENTRAL_STORAGE && s->nbufr > 0);
     int own_grad = r > 0 || kind == DTRAIN_STRATEGY_ASYNC;
     if (own_data && !(R->own_data = dt__strategy_floats(s, pdata))) goto nomem;
     if (own_grad && !(R->own_grad = dt__strategy_floats(s, NULL))) goto nomem;
     R->data = own_data ? R->own_data : pdata;
     R->grad = own_grad ? R->own_grad : pgrad;
+    if (mwm && r == 0) {
+      if (dt__strategy_mwm_alloc(s) != DTRAIN_OK) goto nomem;
+      R->grad = s->mwm_buf;
+    }
     if (dt_graph_bind(R->g, R->data, R->grad) != DTRAIN_OK) goto fail;
     if (kind == DTRAIN_STRATEGY_ASYNC) {
       if (!(R->old = dt__strategy_floats(s, NULL))) goto nomem;
@@ -1020,6 +1280,7 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
   }
   s->pool = dt__pool_create(s->n, dt__spin_seconds(d.spin_us, s->n));
   if (!s->pool) goto fail;
+  if (kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && dt__strategy_mwm_start(s, fn) != DTRAIN_OK) goto fail;
   return s;
 nomem:
   dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory for %d replicas of %zu floats", fn, s->n, s->size);
@@ -1045,11 +1306,13 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
     dt__free(s->rep, s->rep_bytes);
   }
   dt__free(s->bufr, (size_t)s->nbufr * 2 * sizeof(size_t));
+  dt__free(s->mwm_buf, s->mwm_bytes);
   dt__free(s, sizeof *s);
 }
 
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
   if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_sync: strategy is NULL");
+  if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) return dt__strategy_mwm_start(s, "dt_strategy_sync");
   if (s->desc.kind == DTRAIN_STRATEGY_MIRRORED) {
     const float *src = dt_params_data(s->params);
     for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, src, s->fbytes);

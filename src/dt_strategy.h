@@ -25,6 +25,9 @@
  * |                     |                              | (each replica applies it to its slice of the centre)     |
  * | async(N, k)         | a lock-free store + a copy   | replicas run free: pull, forward/backward on their own   |
  * |                     | per replica                  | batch, local optimizer step, push the update             |
+ * | multi_worker_       | one copy per replica in      | each process: its own batch in N shards; threads reduce  |
+ * | mirrored(comm, N)   | every process                | to replica 0; ONE all-reduce across processes on comm;   |
+ * |                     |                              | each replica updates its slice; all-gather (threads)     |
  *
  * (*) Non-trainable buffers (batch-norm running statistics) are written by
  * the forward pass, so with such a model each central_storage replica works
@@ -55,6 +58,38 @@
  * sum over its rows and the weights are 1.
  * In async, each replica's step is an optimizer step of its own on its own
  * batch (weight 1), like N single-device trainers sharing the parameters.
+ *
+ * multi_worker_mirrored (hierarchical, across processes). desc.comm connects
+ * W processes, one rank each (dt_comm_create_tcp or dt_comm_create_mpi in
+ * dt_net.h; borrowed: destroy it after the strategy); desc.replicas threads
+ * run inside each process. Every process calls dt_strategy_step with its OWN
+ * local batch (its shard of the data, like TF's MultiWorkerMirroredStrategy);
+ * the global batch is the concatenation of the local batches in rank order,
+ * and local batches may differ in rows (or be empty). Per step: the local
+ * replicas compute on shards of the local batch (loss gradients weighted by
+ * their rows: row sums), reduce to replica 0 in rank order, replica 0 runs ONE
+ * all-reduce on desc.comm of the gradient with a small tail appended (rows,
+ * loss sum, failure flags: one collective carries them all), the gradient is
+ * divided by the global rows -- so it is exactly the gradient of the mean
+ * loss over the global batch, up to float rounding -- and shared back: each
+ * local replica updates its slice, an all-gather spreads the parameters.
+ * W processes x N threads equal mirrored(W*N) on the concatenated batch
+ * (float tolerance) and repeat bitwise. *loss gets the global batch's loss,
+ * the same on every rank. At create (and at dt_strategy_sync, which is then a
+ * collective: every process calls it) the processes check that they built
+ * the same model (dt_params_hash; else DTRAIN_ERR_MISMATCH on every rank
+ * naming the one that differs) and rank 0 broadcasts its parameters and
+ * buffers, so all start equal whatever each initialised. Buffers (batch-norm
+ * statistics) follow rank 0's replica 0 (carried by the same all-reduce).
+ * shard.first and shard.global_rows are relative to the local batch. The
+ * params' grad buffer gets the reduced gradient of the global batch (after
+ * clipping). Failures: a communicator error (a lost or stalled rank) ends the
+ * step on every local replica with the communicator's message (it names the
+ * lost rank, the operation and its sequence number) and changes no
+ * parameter; a local failure on one rank (NaN loss, a failing op) fails the
+ * step on every rank: that rank reports its own error, the others
+ * DTRAIN_ERR_PEER "rank k failed its part of step s". Every process must call
+ * dt_strategy_step the same number of times.
  *
  * Async update rule. Each replica pulls the parameters into its own copy
  * with relaxed atomic loads (no lock; a version number says how fresh),
@@ -201,8 +236,13 @@ DTRAIN_API dt_strategy_desc dt_one_device(void);
 DTRAIN_API dt_strategy_desc dt_mirrored(int replicas);
 DTRAIN_API dt_strategy_desc dt_central_storage(int replicas);
 DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness);
-/* From a name ("one_device", "mirrored", "central_storage", "async"), e.g.
- * for a --strategy flag. DTRAIN_ERR_INVALID_ARG for an unknown name. */
+/* Across processes: comm has one rank per process (borrowed), `replicas`
+ * threads in each (0: the number of CPUs). */
+DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+/* From a name ("one_device", "mirrored", "central_storage", "async",
+ * "multi_worker_mirrored", "parameter_server"), e.g. for a --strategy flag;
+ * set desc.comm / desc.store yourself for the last two.
+ * DTRAIN_ERR_INVALID_ARG for an unknown name. */
 DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out);
 DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind);
 
@@ -236,7 +276,9 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
 DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                      float *mean_loss);
 
-/* Copy the params' current values into every replica's copy (mirrored). */
+/* Copy the params' current values into every replica's copy (mirrored).
+ * multi_worker_mirrored: a collective (every process calls it): rank 0's
+ * values go to every process and replica. */
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s);
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s);
