@@ -234,6 +234,8 @@ static dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
   for (int j = 0; j < world; j++)
     if (j != t->comm.rank && t->conns[j].fd >= 0 && t->peer_state[j] != DT__TCP_P_DEAD)
       dt__conn_abort(&t->conns[j], rc, first);
+  /* A peer's dt_comm_abort: the program decided, nobody was lost. */
+  if (ab && strstr(ab, "(dt_comm_abort)")) return dt__error(DTRAIN_ERR_ABORTED, "%s", first);
   if (rc != DTRAIN_ERR_MISMATCH && rc != DTRAIN_ERR_PROTOCOL) {
     double grace = t->timeout_s * 0.25;
     dt__tcp_collect(t, grace > 2.0 ? 2.0 : grace);
