@@ -336,6 +336,16 @@ static int child_mismatch(world *x, int rank, void *arg) {
   CK(dt_comm_allreduce(comm, rank, b, 64) == DTRAIN_OK);
   CK(b[0] == (float)x->w && b[63] == (float)x->w);
   dt_comm_destroy(comm);
+  /* Different algorithm options would pair different frames: refused up front, every call. */
+  o.chunk_bytes = rank == 0 ? 8192 : 4096;
+  comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  CHECK_ERR(dt_comm_allreduce(comm, rank, b, 64), DTRAIN_ERR_MISMATCH, "chunk_bytes 8192");
+  child_fail += th_cur_failed;
+  th_cur_failed = 0;
+  CK(dt_comm_barrier(comm, rank) == DTRAIN_ERR_MISMATCH);
+  dt_comm_destroy(comm);
   return 0;
 }
 
