@@ -114,7 +114,7 @@ static void run_world(world *x, child_fn fn, void *arg, int *status) {
       child_fail = 0;
       int rc = fn(x, r, arg);
       fflush(NULL);
-      _exit(rc ? rc : (child_fail ? 1 : 0));
+      exit(rc ? rc : (child_fail ? 1 : 0)); /* exit, not _exit: LeakSanitizer checks the children too */
     }
     x->pid[r] = p;
   }
@@ -491,7 +491,7 @@ static void run_fault(int w, int victim, int sig) {
       child_fail = 0;
       int rc = child_fault(&x, r, &a);
       fflush(NULL);
-      _exit(rc ? rc : (child_fail ? 1 : 0));
+      exit(rc ? rc : (child_fail ? 1 : 0)); /* exit, not _exit: LeakSanitizer checks the children too */
     }
     x.pid[r] = p;
   }
