@@ -2078,7 +2078,39 @@ DTRAIN_API uint64_t dt_params_hash(const dt_params *p);
  * Failure: a dead or stalled peer makes the call return DTRAIN_ERR_PEER or
  * DTRAIN_ERR_TIMEOUT within the deadline, with a message naming the peer,
  * the operation and its sequence number; this rank then tells the peers it
- * can still reach (an abort frame) so they fail fast too. */
+ * can still reach (an abort frame) so they fail fast too.
+ *
+ * Details of the tcp communicator:
+ * - Every call has a sequence number (#1, #2, ...) and starts with a small
+ *   agreement round (recursive doubling, log2(world) round trips) that
+ *   compares the operation, n, root, sequence number and the chunk_bytes /
+ *   small_bytes options of every rank: when they differ, every rank returns
+ *   DTRAIN_ERR_MISMATCH naming two ranks and what they called, and the
+ *   communicator stays usable. A barrier is that round alone.
+ * - Sum order: at or below small_bytes, recursive doubling over the largest
+ *   power of two p <= world (ranks p.. fold into rank r-p first), i.e. a
+ *   fixed tree of ranks; above it, slice j (dt_comm_slice) is summed in ring
+ *   order starting after its owner: x[j+1] + x[j+2] + ... + x[j] (mod world).
+ *   reduce sums x[root+1] + ... + x[root] along a chain. The order depends
+ *   only on n, world and the options, so results repeat bitwise.
+ * - Failure messages name the lost rank, not just the neighbour a rank was
+ *   waiting for: after a failure each rank listens up to min(timeout_s/4,
+ *   2 s) for the others' abort frames; peers that closed their connection
+ *   are reported as "worker 2 (host:port) closed the connection"
+ *   (DTRAIN_ERR_PEER), peers that sent nothing as "... sent nothing before
+ *   the deadline (stalled?)" (DTRAIN_ERR_TIMEOUT). A peer's dt_comm_abort
+ *   reaches the others as DTRAIN_ERR_ABORTED. After any failure the
+ *   communicator is broken: later calls return DTRAIN_ERR_ABORTED and
+ *   dt_comm_recover returns DTRAIN_ERR_UNSUPPORTED -- destroy it, restart the
+ *   processes and resume from the last checkpoint.
+ * - Setup: rank r dials ranks 0..r-1 and accepts r+1..world-1 until
+ *   connect_timeout_s + timeout_s; connections that are not a valid peer
+ *   (garbage, another job, a wrong token) are refused, logged and do not
+ *   delay the real peers. A socket passed in listen_fd stays the caller's;
+ *   one the communicator bound itself is closed once every peer is in.
+ * - Memory: buffers of max(chunk_bytes, small_bytes) are allocated at
+ *   creation; calls allocate nothing. dt_comm_destroy says goodbye (a BYE
+ *   frame) to every peer and closes every socket. */
 DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o);
 /* MPI_COMM_WORLD (DTRAIN_USE_MPI only; otherwise NULL with
  * DTRAIN_ERR_UNSUPPORTED). Calls MPI_Init_thread if MPI is not initialized yet
@@ -14896,6 +14928,7 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
 /* 1 when the payload matches the checksum (or the frame does not cover it). */
 DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], const dt__frame *f, const void *payload);
 
+#ifndef DTRAIN_NO_NET /* the socket layer exists only with networking */
 /* ---- sockets ------------------------------------------------------------------------------
  * Every socket is non-blocking; every call takes an absolute deadline
  * (dt__now() seconds) and returns DTRAIN_ERR_TIMEOUT past it. EINTR is
@@ -14954,6 +14987,8 @@ DTRAIN_PRIVATE dt_result dt__conn_exchange(dt__conn *to, uint16_t stype, const v
 DTRAIN_PRIVATE void dt__conn_abort(dt__conn *c, dt_result code, const char *reason);
 DTRAIN_PRIVATE void dt__conn_close(dt__conn *c);
 
+#endif /* DTRAIN_NO_NET */
+
 /* ---- who we are, and the handshake ----------------------------------------------------- */
 typedef struct dt__net_self {
   const dt_cluster *cluster;
@@ -14966,6 +15001,7 @@ DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index);
 /* Fill self from the cluster and options (NULL: defaults); job id from the
  * options or a hash of the cluster's addresses. */
 DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o);
+#ifndef DTRAIN_NO_NET
 /* This process's listening socket: options.listen_fd, or bind its own address from the cluster. */
 DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd);
 /* Connector side: connect to (role, index) with retries until connect_timeout,
@@ -14981,6 +15017,7 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
                                        unsigned char *seen, dt__conn *c);
 /* Read 32 bytes of randomness (/dev/urandom, else a hash of time and pid). */
 DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n);
+#endif /* DTRAIN_NO_NET */
 
 /* Floats travel little-endian. On a little-endian host this is a no-op
  * (buffers go out as they are, no copy); on a big-endian one it swaps the
@@ -16222,9 +16259,11 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
  * the processes and resume from the last checkpoint.
  *
  * Wire messages of this backend (docs/wire_protocol.md), all little-endian:
- *   0x40 CALL  56 bytes: u32 first_rank, u32 bad_rank (0xffffffff: none),
- *              then two call records (the first rank's and a differing one's),
- *              each u32 op, u32 root, u64 n, u64 seq
+ *   0x40 CALL  72 bytes: u32 first_rank, u32 bad_rank (0xffffffff: none),
+ *              then two 32-byte call records (the first rank's and a
+ *              differing one's), each u32 op, u32 root, u64 n, u64 seq,
+ *              u32 chunk (floats per part), u32 small_bytes; ops: 1 allreduce,
+ *              2 reduce_scatter, 3 allgather, 4 reduce, 5 broadcast, 6 barrier
  *   0x41 SUM   floats: partial sums (recursive doubling, ring reduce-scatter,
  *              reduce chain)
  *   0x42 COPY  floats: final values (fold-back, ring all-gather, broadcast)
@@ -16271,7 +16310,7 @@ enum {
   DT__TCP_OP_BARRIER
 };
 
-#  define DT__TCP_CALL_BYTES 56
+#  define DT__TCP_CALL_BYTES 72
 #  define DT__TCP_NONE 0xFFFFFFFFu
 
 /* Per-peer state after a failure. */
@@ -16296,6 +16335,7 @@ typedef struct dt__comm_tcp {
 typedef struct dt__tcp_call {
   uint32_t op, root;
   uint64_t n, seq;
+  uint32_t chunk, small; /* the algorithm's options: chunk floats, small_bytes */
 } dt__tcp_call;
 
 static const char *dt__tcp_op_name(uint32_t op) {
@@ -16405,6 +16445,8 @@ static dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
   for (int j = 0; j < world; j++)
     if (j != t->comm.rank && t->conns[j].fd >= 0 && t->peer_state[j] != DT__TCP_P_DEAD)
       dt__conn_abort(&t->conns[j], rc, first);
+  /* A peer's dt_comm_abort: the program decided, nobody was lost. */
+  if (ab && strstr(ab, "(dt_comm_abort)")) return dt__error(DTRAIN_ERR_ABORTED, "%s", first);
   if (rc != DTRAIN_ERR_MISMATCH && rc != DTRAIN_ERR_PROTOCOL) {
     double grace = t->timeout_s * 0.25;
     dt__tcp_collect(t, grace > 2.0 ? 2.0 : grace);
@@ -16513,6 +16555,8 @@ static void dt__tcp_call_put(unsigned char *p, const dt__tcp_call *c) {
   dt__le32_put(p + 4, c->root);
   dt__le64_put(p + 8, c->n);
   dt__le64_put(p + 16, c->seq);
+  dt__le32_put(p + 24, c->chunk);
+  dt__le32_put(p + 28, c->small);
 }
 
 static void dt__tcp_call_get(const unsigned char *p, dt__tcp_call *c) {
@@ -16520,10 +16564,13 @@ static void dt__tcp_call_get(const unsigned char *p, dt__tcp_call *c) {
   c->root = dt__le32_get(p + 4);
   c->n = dt__le64_get(p + 8);
   c->seq = dt__le64_get(p + 16);
+  c->chunk = dt__le32_get(p + 24);
+  c->small = dt__le32_get(p + 28);
 }
 
 static int dt__tcp_call_eq(const dt__tcp_call *a, const dt__tcp_call *b) {
-  return a->op == b->op && a->root == b->root && a->n == b->n && a->seq == b->seq;
+  return a->op == b->op && a->root == b->root && a->n == b->n && a->seq == b->seq && a->chunk == b->chunk &&
+         a->small == b->small;
 }
 
 /* State: the lowest rank seen with its call, and (if any) a rank whose call
@@ -16536,9 +16583,9 @@ static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
   uint32_t af = dt__le32_get(a), ab = dt__le32_get(a + 4), bf = dt__le32_get(b), bb = dt__le32_get(b + 4);
   dt__tcp_call acf, acb, bcf, bcb;
   dt__tcp_call_get(a + 8, &acf);
-  dt__tcp_call_get(a + 32, &acb);
+  dt__tcp_call_get(a + 40, &acb);
   dt__tcp_call_get(b + 8, &bcf);
-  dt__tcp_call_get(b + 32, &bcb);
+  dt__tcp_call_get(b + 40, &bcb);
   /* The new first: the lower of the two firsts. */
   uint32_t nf = af < bf ? af : bf, nb = DT__TCP_NONE;
   dt__tcp_call cf = af < bf ? acf : bcf, cb = cf;
@@ -16571,12 +16618,16 @@ static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
   dt__le32_put(a, nf);
   dt__le32_put(a + 4, nb);
   dt__tcp_call_put(a + 8, &cf);
-  dt__tcp_call_put(a + 32, &cb);
+  dt__tcp_call_put(a + 40, &cb);
 }
 
-static const char *dt__tcp_call_text(const dt__tcp_call *c, char *buf, size_t cap) {
-  snprintf(buf, cap, "%s n=%llu root %u (call #%llu)", dt__tcp_op_name(c->op), (unsigned long long)c->n,
-           (unsigned)c->root, (unsigned long long)c->seq);
+static const char *dt__tcp_call_text(const dt__tcp_call *c, int options, char *buf, size_t cap) {
+  if (options)
+    snprintf(buf, cap, "chunk_bytes %llu and small_bytes %u", (unsigned long long)c->chunk * sizeof(float),
+             (unsigned)c->small);
+  else
+    snprintf(buf, cap, "%s n=%llu root %u (call #%llu)", dt__tcp_op_name(c->op), (unsigned long long)c->n,
+             (unsigned)c->root, (unsigned long long)c->seq);
   return buf;
 }
 
@@ -16595,11 +16646,13 @@ static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n,
   me.root = (uint32_t)root;
   me.n = (uint64_t)n;
   me.seq = t->seq;
+  me.chunk = (uint32_t)t->chunk_floats;
+  me.small = (uint32_t)t->small_bytes;
   memset(st, 0, sizeof st);
   dt__le32_put(st, (uint32_t)t->comm.rank);
   dt__le32_put(st + 4, DT__TCP_NONE);
   dt__tcp_call_put(st + 8, &me);
-  dt__tcp_call_put(st + 32, &me);
+  dt__tcp_call_put(st + 40, &me);
   dt_result rc = dt__tcp_rd(t, st, sizeof st, DT__TCP_MSG_CALL, DT__TCP_MSG_CALL, dt__tcp_agree_combine);
   if (rc != DTRAIN_OK) return dt__tcp_fail(t, rc);
   uint32_t fr = dt__le32_get(st), br = dt__le32_get(st + 4);
@@ -16607,10 +16660,12 @@ static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n,
     dt__tcp_call a, b;
     char ta[96], tb[96];
     dt__tcp_call_get(st + 8, &a);
-    dt__tcp_call_get(st + 32, &b);
-    return dt__error(DTRAIN_ERR_MISMATCH, "%s: the ranks disagree: worker %u called %s, worker %u called %s", t->op,
-                     (unsigned)fr, dt__tcp_call_text(&a, ta, sizeof ta), (unsigned)br,
-                     dt__tcp_call_text(&b, tb, sizeof tb));
+    dt__tcp_call_get(st + 40, &b);
+    /* Options differ only when the calls agree otherwise. */
+    int opts = a.op == b.op && a.root == b.root && a.n == b.n && a.seq == b.seq;
+    return dt__error(DTRAIN_ERR_MISMATCH, "%s: the ranks disagree: worker %u %s %s, worker %u %s %s", t->op,
+                     (unsigned)fr, opts ? "uses" : "called", dt__tcp_call_text(&a, opts, ta, sizeof ta), (unsigned)br,
+                     opts ? "uses" : "called", dt__tcp_call_text(&b, opts, tb, sizeof tb));
   }
   return DTRAIN_OK;
 }

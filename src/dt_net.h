@@ -136,7 +136,39 @@ DTRAIN_API uint64_t dt_params_hash(const dt_params *p);
  * Failure: a dead or stalled peer makes the call return DTRAIN_ERR_PEER or
  * DTRAIN_ERR_TIMEOUT within the deadline, with a message naming the peer,
  * the operation and its sequence number; this rank then tells the peers it
- * can still reach (an abort frame) so they fail fast too. */
+ * can still reach (an abort frame) so they fail fast too.
+ *
+ * Details of the tcp communicator:
+ * - Every call has a sequence number (#1, #2, ...) and starts with a small
+ *   agreement round (recursive doubling, log2(world) round trips) that
+ *   compares the operation, n, root, sequence number and the chunk_bytes /
+ *   small_bytes options of every rank: when they differ, every rank returns
+ *   DTRAIN_ERR_MISMATCH naming two ranks and what they called, and the
+ *   communicator stays usable. A barrier is that round alone.
+ * - Sum order: at or below small_bytes, recursive doubling over the largest
+ *   power of two p <= world (ranks p.. fold into rank r-p first), i.e. a
+ *   fixed tree of ranks; above it, slice j (dt_comm_slice) is summed in ring
+ *   order starting after its owner: x[j+1] + x[j+2] + ... + x[j] (mod world).
+ *   reduce sums x[root+1] + ... + x[root] along a chain. The order depends
+ *   only on n, world and the options, so results repeat bitwise.
+ * - Failure messages name the lost rank, not just the neighbour a rank was
+ *   waiting for: after a failure each rank listens up to min(timeout_s/4,
+ *   2 s) for the others' abort frames; peers that closed their connection
+ *   are reported as "worker 2 (host:port) closed the connection"
+ *   (DTRAIN_ERR_PEER), peers that sent nothing as "... sent nothing before
+ *   the deadline (stalled?)" (DTRAIN_ERR_TIMEOUT). A peer's dt_comm_abort
+ *   reaches the others as DTRAIN_ERR_ABORTED. After any failure the
+ *   communicator is broken: later calls return DTRAIN_ERR_ABORTED and
+ *   dt_comm_recover returns DTRAIN_ERR_UNSUPPORTED -- destroy it, restart the
+ *   processes and resume from the last checkpoint.
+ * - Setup: rank r dials ranks 0..r-1 and accepts r+1..world-1 until
+ *   connect_timeout_s + timeout_s; connections that are not a valid peer
+ *   (garbage, another job, a wrong token) are refused, logged and do not
+ *   delay the real peers. A socket passed in listen_fd stays the caller's;
+ *   one the communicator bound itself is closed once every peer is in.
+ * - Memory: buffers of max(chunk_bytes, small_bytes) are allocated at
+ *   creation; calls allocate nothing. dt_comm_destroy says goodbye (a BYE
+ *   frame) to every peer and closes every socket. */
 DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o);
 /* MPI_COMM_WORLD (DTRAIN_USE_MPI only; otherwise NULL with
  * DTRAIN_ERR_UNSUPPORTED). Calls MPI_Init_thread if MPI is not initialized yet

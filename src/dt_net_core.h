@@ -85,6 +85,7 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
 /* 1 when the payload matches the checksum (or the frame does not cover it). */
 DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], const dt__frame *f, const void *payload);
 
+#ifndef DTRAIN_NO_NET /* the socket layer exists only with networking */
 /* ---- sockets ------------------------------------------------------------------------------
  * Every socket is non-blocking; every call takes an absolute deadline
  * (dt__now() seconds) and returns DTRAIN_ERR_TIMEOUT past it. EINTR is
@@ -143,6 +144,8 @@ DTRAIN_PRIVATE dt_result dt__conn_exchange(dt__conn *to, uint16_t stype, const v
 DTRAIN_PRIVATE void dt__conn_abort(dt__conn *c, dt_result code, const char *reason);
 DTRAIN_PRIVATE void dt__conn_close(dt__conn *c);
 
+#endif /* DTRAIN_NO_NET */
+
 /* ---- who we are, and the handshake ----------------------------------------------------- */
 typedef struct dt__net_self {
   const dt_cluster *cluster;
@@ -155,6 +158,7 @@ DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index);
 /* Fill self from the cluster and options (NULL: defaults); job id from the
  * options or a hash of the cluster's addresses. */
 DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o);
+#ifndef DTRAIN_NO_NET
 /* This process's listening socket: options.listen_fd, or bind its own address from the cluster. */
 DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd);
 /* Connector side: connect to (role, index) with retries until connect_timeout,
@@ -170,6 +174,7 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
                                        unsigned char *seen, dt__conn *c);
 /* Read 32 bytes of randomness (/dev/urandom, else a hash of time and pid). */
 DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n);
+#endif /* DTRAIN_NO_NET */
 
 /* Floats travel little-endian. On a little-endian host this is a no-op
  * (buffers go out as they are, no copy); on a big-endian one it swaps the
