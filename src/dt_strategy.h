@@ -269,7 +269,7 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s);
 DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss);
 
 /* `steps` steps with batches from next(). Sync: `steps` global steps, each on
- * next(user, -1, step). Async: steps * N pushes in all, the replicas running
+ * next(user, -1, step) (multi_worker_mirrored: this process's local batch). Async: steps * N pushes in all, the replicas running
  * free (with max_staleness 0 exactly `steps` each); replica r gets its
  * batches from next(user, r, ticket). *mean_loss (may be NULL) gets the mean
  * loss over the steps (async: over the pushes). */
