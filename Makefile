@@ -22,9 +22,19 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
-.PHONY: bench-strategy fuzz
+.PHONY: bench-strategy bench-net fuzz
 
-all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump
+all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
+
+# The launcher (plain POSIX C, no dtrain.h): built for this machine with
+# HOSTCC, also in cross builds, since it is installed and run here.
+tools/dtrain-launch: tools/dtrain_launch.c
+	$(HOSTCC) -std=c11 $(WARN) -O2 $< -o $@
+
+# The all-reduce benchmark (nccl-tests style; threads and tcp backends; the
+# mpi one is tools/dtrain-bench-mpi, built by `make bench-net` where mpicc is).
+tools/dtrain-bench: tools/dtrain_bench.c dtrain.h
+	$(HOSTCC) -std=c11 $(WARN) -O2 -I. $< -o $@ -lm -lpthread
 
 # ---- the header ------------------------------------------------------------
 $(AMALG): tools/amalgamate.c
@@ -86,7 +96,12 @@ bench: $(BUILD)/bench/bench_core $(BUILD)/bench/bench_speed
 
 # Strategy benchmarks (in-process all-reduce busbw against a minimal reference;
 # MLP samples/s under each strategy), run by `make bench` too.
-bench: bench-strategy
+bench: bench-strategy bench-net
+# TCP collectives and multi-worker training vs OpenMPI (TCP), iperf3 and PyTorch DDP.
+bench-net: tools/dtrain-bench tools/dtrain-launch $(BUILD)/bench/bench_multiworker
+	@if command -v mpicc >/dev/null 2>&1; then \
+	  mpicc -std=c11 -O2 -DDTRAIN_USE_MPI -I. tools/dtrain_bench.c -o tools/dtrain-bench-mpi -lm -lpthread; fi
+	BUILD=$(BUILD) sh bench/run_net.sh
 bench-strategy: $(BUILD)/bench/bench_allreduce $(BUILD)/bench/bench_strategy
 	$(BUILD)/bench/bench_allreduce
 	$(BUILD)/bench/bench_strategy
@@ -148,9 +163,9 @@ fuzz: $(FUZZ_TARGETS)
 PREFIX  ?= /usr/local
 VERSION := $(shell sed -n 's/^\#define DTRAIN_VERSION_STRING "\(.*\)"/\1/p' src/dt_base.h)
 INSTALL_FILES_H := dtrain.h $(wildcard dtrain_cuda.h)
-INSTALL_TOOLS   := $(wildcard tools/dtrain-launch)
+INSTALL_TOOLS   := tools/dtrain-launch tools/dtrain-bench
 
-install: dtrain.h
+install: dtrain.h $(INSTALL_TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/cmake/dtrain
 	install -m 644 $(INSTALL_FILES_H) $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' cmake/dtrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc

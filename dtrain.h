@@ -1995,27 +1995,50 @@ typedef struct dt_cluster {
 } dt_cluster;
 
 /* Parse DTRAIN_CONFIG-style JSON. On success *out owns a new cluster (free it
- * with dt_cluster_destroy). Errors: DTRAIN_ERR_FORMAT naming the position and
- * what was expected; DTRAIN_ERR_INVALID_ARG for a bad address, an index out
- * of range or duplicate addresses. */
+ * with dt_cluster_destroy); on failure *out is NULL. The text must be one
+ * JSON object (RFC 8259, UTF-8) with "cluster": {"worker": [...], "ps": [...]}
+ * ("ps" may be absent or empty) and "task": {"type": "worker" | "ps",
+ * "index": N}; other keys, also inside "cluster" and "task" (e.g. "chief"),
+ * are checked as JSON and ignored. Addresses are "host:port" (a host name or
+ * IPv4) or "[v6]:port", port 0..65535, at most 255 bytes. Nesting is limited
+ * to 32 levels. Errors: DTRAIN_ERR_FORMAT for bad JSON, a duplicate or
+ * missing key or a non-integer index, naming the byte offset (from 0) and
+ * what was expected ("cluster JSON: byte 11: expected ':' after the object
+ * key, found '{'"); DTRAIN_ERR_INVALID_ARG for a bad address, an unknown task
+ * type, no workers, more than DTRAIN_MAX_PEERS per role, an index out of
+ * range or two processes with the same address (host compared ignoring case). */
 DTRAIN_API dt_result dt_cluster_parse_json(const char *json, dt_cluster **out);
-/* From the environment variable DTRAIN_CONFIG; DTRAIN_ERR_NOT_FOUND when unset. */
+/* From the environment variable DTRAIN_CONFIG (messages say "DTRAIN_CONFIG:
+ * byte N: ..."); DTRAIN_ERR_NOT_FOUND when unset or empty. */
 DTRAIN_API dt_result dt_cluster_from_env(dt_cluster **out);
 /* From flags --rank R --world W --peers a,b,... [--ps a,b,...] [--role worker|ps]
  * (also --flag=value). The flags it used are removed from argv (and *argc
- * updated) so the program can parse the rest. DTRAIN_ERR_NOT_FOUND when none
- * of them is present (then argv is untouched): fall back to the environment.
- * --world without --peers means 127.0.0.1 ports 29500.. (--port P for the first). */
+ * updated; argv[*argc] becomes NULL) so the program can parse the rest;
+ * scanning stops at "--". DTRAIN_ERR_NOT_FOUND when none of them is present
+ * (then argv is untouched): fall back to the environment. --rank is required
+ * (the index within --role, default worker). --world without --peers means
+ * 127.0.0.1 ports 29500.. (--port P for the first); then --ps M (a count)
+ * puts M servers on the ports after the workers'. --world with --peers must
+ * equal the number of peers. On an error (DTRAIN_ERR_INVALID_ARG naming the
+ * flag) argv is untouched. */
 DTRAIN_API dt_result dt_cluster_from_args(int *argc, char **argv, dt_cluster **out);
 /* Flags first, then DTRAIN_CONFIG; neither: a one-worker cluster (*out is a
- * cluster of one worker at 127.0.0.1:0). */
+ * cluster of one worker at 127.0.0.1:0). Bad flags or a bad DTRAIN_CONFIG
+ * are errors, not a reason to fall back. argc/argv may be NULL (no flags). */
 DTRAIN_API dt_result dt_cluster_discover(int *argc, char **argv, dt_cluster **out);
-/* A copy (NULL on failure). */
+/* A copy in one allocation, owned by the caller (NULL on failure: out of
+ * memory, or c is not a valid cluster as dt_cluster_parse_json would accept;
+ * c may be built by hand). */
 DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c);
+/* Frees a cluster made by the functions above (never one built by hand); NULL is a no-op. */
 DTRAIN_API void dt_cluster_destroy(dt_cluster *c);
-/* "worker 1 (127.0.0.1:7001)" into buf; returns buf. */
+/* "worker 1 (127.0.0.1:7001)" into buf (truncated to cap); "worker 7" when c
+ * is NULL or has no such process; returns buf. */
 DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap);
-/* JSON text of c (the DTRAIN_CONFIG that reproduces it) into buf; DTRAIN_ERR_OVERFLOW if cap is too small. */
+/* JSON text of c (the DTRAIN_CONFIG that reproduces it, on one line, e.g.
+ * {"cluster":{"worker":["a:1"],"ps":[]},"task":{"type":"worker","index":0}})
+ * into buf; DTRAIN_ERR_OVERFLOW (buf set to "") if cap is too small, the
+ * message naming the bytes needed; DTRAIN_ERR_INVALID_ARG if c is not valid. */
 DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t cap);
 
 /* ---- transport options ---------------------------------------------------------------- */
@@ -13772,6 +13795,1042 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
 #undef DT__PSTORE_DONE
 /* ======== end dt_strategy.c ======== */
 
+/* ======== begin dt_cluster.c ======== */
+/* ===========================================================================
+ * dt_cluster.c -- the cluster description: DTRAIN_CONFIG (JSON in the style
+ * of TF_CONFIG), command-line flags, and back to JSON (see dt_net.h)
+ * ===========================================================================
+ * The JSON parser is small and strict (RFC 8259): it checks the whole text,
+ * including keys it ignores, decodes string escapes (\uXXXX with surrogate
+ * pairs), checks UTF-8, and limits nesting, so a bad DTRAIN_CONFIG fails
+ * loudly with the byte offset and what was expected instead of being half
+ * read. It runs twice over the text: the first pass checks everything and
+ * counts the bytes, the second (which cannot fail) fills one allocation.
+ *
+ * A dt_cluster made here is one block: the struct, the two address arrays and
+ * the strings, so destroy needs no bookkeeping beyond the block's size. This
+ * file needs no networking: the parser works under DTRAIN_NO_NET too.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+#define DT__CLUSTER_MAX_DEPTH 32  /* nesting of arrays/objects in DTRAIN_CONFIG */
+#define DT__CLUSTER_ADDR_MAX 255  /* longest "host:port" */
+#define DT__CLUSTER_DEFAULT_PORT 29500
+
+typedef struct dt__cluster_block {
+  dt_cluster pub; /* first: a dt_cluster* is a dt__cluster_block* */
+  size_t bytes;   /* the whole block, for dt__free */
+} dt__cluster_block;
+
+/* ---- the one-block cluster -------------------------------------------------------------- */
+
+/* A cluster with nw + ns address slots and str_bytes of string space (*strs). */
+static dt_cluster *dt__cluster_new(int nw, int ns, size_t str_bytes, char **strs) {
+  size_t bytes = sizeof(dt__cluster_block) + (size_t)(nw + ns) * sizeof(char *) + str_bytes;
+  dt__cluster_block *b = (dt__cluster_block *)dt__calloc(bytes);
+  if (!b) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_cluster: out of memory (%zu bytes)", bytes);
+    return NULL;
+  }
+  b->bytes = bytes;
+  char **slots = (char **)(void *)(b + 1);
+  b->pub.workers = nw;
+  b->pub.servers = ns;
+  b->pub.worker_addr = slots;
+  b->pub.server_addr = ns > 0 ? slots + nw : NULL;
+  *strs = (char *)(slots + nw + ns);
+  return &b->pub;
+}
+
+/* Copy n bytes of s as a string at *strs into slot *slot; advances *strs. */
+static void dt__cluster_put(char **slot, char **strs, const char *s, size_t n) {
+  memcpy(*strs, s, n);
+  (*strs)[n] = '\0';
+  *slot = *strs;
+  *strs += n + 1;
+}
+
+DTRAIN_API void dt_cluster_destroy(dt_cluster *c) {
+  if (!c) return;
+  dt__cluster_block *b = (dt__cluster_block *)(void *)c;
+  dt__free(b, b->bytes);
+}
+
+/* ---- addresses --------------------------------------------------------------------------- */
+
+static int dt__cluster_alnum(int ch) {
+  return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z');
+}
+static int dt__cluster_hex(int ch) {
+  return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F');
+}
+
+/* "host:port" (host name or IPv4) or "[v6]:port" (optionally "[v6%zone]:port"),
+ * port 0..65535. 1 when valid; otherwise 0 and the reason in why. */
+static int dt__cluster_addr_ok(const char *a, size_t n, char *why, size_t cap) {
+  const char *port;
+  if (n == 0) {
+    snprintf(why, cap, "is empty");
+    return 0;
+  }
+  if (n > DT__CLUSTER_ADDR_MAX) {
+    snprintf(why, cap, "is longer than %d bytes", DT__CLUSTER_ADDR_MAX);
+    return 0;
+  }
+  if (memchr(a, '\0', n)) {
+    snprintf(why, cap, "contains a NUL character");
+    return 0;
+  }
+  if (a[0] == '[') {
+    const char *end = (const char *)memchr(a, ']', n);
+    if (!end || end + 1 >= a + n || end[1] != ':') {
+      snprintf(why, cap, "expected [v6]:port");
+      return 0;
+    }
+    int colons = 0, zone = 0;
+    for (const char *q = a + 1; q < end; q++) {
+      int ch = (unsigned char)*q;
+      if (zone) {
+        if (!dt__cluster_alnum(ch) && ch != '_' && ch != '.' && ch != '-') zone = -1;
+      } else if (ch == '%' && q > a + 1 && q + 1 < end) {
+        zone = 1;
+      } else if (ch == ':') {
+        colons++;
+      } else if (!dt__cluster_hex(ch) && ch != '.') {
+        zone = -1;
+      }
+      if (zone < 0) break;
+    }
+    if (zone < 0 || colons < 2) {
+      snprintf(why, cap, "has a bad IPv6 address between [ and ]");
+      return 0;
+    }
+    port = end + 2;
+  } else {
+    const char *colon = NULL;
+    for (const char *q = a; q < a + n; q++)
+      if (*q == ':') {
+        if (colon) {
+          snprintf(why, cap, "has more than one ':' (write an IPv6 address as [v6]:port)");
+          return 0;
+        }
+        colon = q;
+      }
+    if (!colon) {
+      snprintf(why, cap, "expected host:port");
+      return 0;
+    }
+    if (colon == a) {
+      snprintf(why, cap, "has no host before ':'");
+      return 0;
+    }
+    for (const char *q = a; q < colon; q++) {
+      int ch = (unsigned char)*q;
+      if (!dt__cluster_alnum(ch) && ch != '.' && ch != '-' && ch != '_') {
+        snprintf(why, cap, "has a character not allowed in a host name (byte 0x%02x)", (unsigned)ch);
+        return 0;
+      }
+    }
+    port = colon + 1;
+  }
+  size_t pl = (size_t)(a + n - port);
+  long v = 0;
+  if (pl == 0 || pl > 5) {
+    snprintf(why, cap, pl == 0 ? "has no port after ':'" : "has a port out of range (0..65535)");
+    return 0;
+  }
+  for (size_t i = 0; i < pl; i++) {
+    if (port[i] < '0' || port[i] > '9') {
+      snprintf(why, cap, "has a port that is not a number");
+      return 0;
+    }
+    v = v * 10 + (port[i] - '0');
+  }
+  if (v > 65535) {
+    snprintf(why, cap, "has a port out of range (0..65535)");
+    return 0;
+  }
+  return 1;
+}
+
+/* Addresses equal ignoring ASCII case (host names and hex digits). */
+static int dt__cluster_same(const char *a, const char *b) {
+  for (;; a++, b++) {
+    int x = (unsigned char)*a, y = (unsigned char)*b;
+    if (x >= 'A' && x <= 'Z') x += 'a' - 'A';
+    if (y >= 'A' && y <= 'Z') y += 'a' - 'A';
+    if (x != y) return 0;
+    if (!x) return 1;
+  }
+}
+
+static const char *dt__cluster_role_name(dt_role r) { return r == DTRAIN_ROLE_PS ? "ps" : "worker"; }
+
+/* Everything a dt_cluster promises: counts, addresses, no duplicates, this
+ * process inside it. src names the origin in messages. */
+static dt_result dt__cluster_check(const dt_cluster *c, const char *src) {
+  char why[96];
+  if (c->workers < 1 || c->workers > DTRAIN_MAX_PEERS)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d workers (need 1..%d)", src, c->workers, DTRAIN_MAX_PEERS);
+  if (c->servers < 0 || c->servers > DTRAIN_MAX_PEERS)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d parameter servers (need 0..%d)", src, c->servers, DTRAIN_MAX_PEERS);
+  if (!c->worker_addr || (c->servers > 0 && !c->server_addr))
+    return dt__error(DTRAIN_ERR_NULL_ARG, "%s: address array is NULL", src);
+  int total = c->workers + c->servers;
+  for (int k = 0; k < total; k++) {
+    dt_role r = k < c->workers ? DTRAIN_ROLE_WORKER : DTRAIN_ROLE_PS;
+    int i = k < c->workers ? k : k - c->workers;
+    const char *a = r == DTRAIN_ROLE_WORKER ? c->worker_addr[i] : c->server_addr[i];
+    if (!a) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s %d has no address", src, dt__cluster_role_name(r), i);
+    if (!dt__cluster_addr_ok(a, strlen(a), why, sizeof why))
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %s %d address '%.*s' %s", src, dt__cluster_role_name(r), i,
+                       DT__CLUSTER_ADDR_MAX, a, why);
+    for (int m = 0; m < k; m++) {
+      dt_role r2 = m < c->workers ? DTRAIN_ROLE_WORKER : DTRAIN_ROLE_PS;
+      int j = m < c->workers ? m : m - c->workers;
+      const char *b = r2 == DTRAIN_ROLE_WORKER ? c->worker_addr[j] : c->server_addr[j];
+      if (dt__cluster_same(a, b))
+        return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %s %d and %s %d have the same address '%.*s'", src,
+                         dt__cluster_role_name(r2), j, dt__cluster_role_name(r), i, DT__CLUSTER_ADDR_MAX, a);
+    }
+  }
+  if (c->role != DTRAIN_ROLE_WORKER && c->role != DTRAIN_ROLE_PS)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: role %d is neither worker nor ps", src, (int)c->role);
+  int limit = c->role == DTRAIN_ROLE_PS ? c->servers : c->workers;
+  if (c->index < 0 || c->index >= limit)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: task %s %d is out of range (the cluster has %d %s%s)", src,
+                     dt__cluster_role_name(c->role), c->index, limit,
+                     c->role == DTRAIN_ROLE_PS ? "parameter server" : "worker", limit == 1 ? "" : "s");
+  return DTRAIN_OK;
+}
+
+/* ---- JSON ----------------------------------------------------------------------------------- */
+
+typedef struct dt__cluster_json {
+  const unsigned char *s;
+  size_t n, i;         /* length, position */
+  const char *src;     /* origin for messages */
+  dt_cluster *fill;    /* second pass: the cluster being filled; NULL in the first */
+  char *strs;          /* second pass: next free string byte */
+  int count[2];        /* addresses seen per role */
+  size_t str_bytes;    /* first pass: string bytes needed */
+  int have_cluster, have_task, have_list[2], have_type, have_index;
+  dt_role role;
+  int index;
+} dt__cluster_json;
+
+/* What stands at the current position, for messages. */
+static const char *dt__cluster_found(const dt__cluster_json *p, char *buf, size_t cap) {
+  if (p->i >= p->n) return "end of text";
+  int ch = p->s[p->i];
+  if (ch >= 0x20 && ch < 0x7f)
+    snprintf(buf, cap, "'%c'", ch);
+  else
+    snprintf(buf, cap, "byte 0x%02x", (unsigned)ch);
+  return buf;
+}
+
+static dt_result dt__cluster_expected(const dt__cluster_json *p, const char *what) {
+  char f[16];
+  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: expected %s, found %s", p->src, p->i, what,
+                   dt__cluster_found(p, f, sizeof f));
+}
+
+static int dt__cluster_peek(const dt__cluster_json *p) { return p->i < p->n ? p->s[p->i] : -1; }
+
+static void dt__cluster_ws(dt__cluster_json *p) {
+  while (p->i < p->n) {
+    int ch = p->s[p->i];
+    if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') break;
+    p->i++;
+  }
+}
+
+static int dt__cluster_hexval(int ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+/* Four hex digits at p->i (advanced past them), or -1 and an error. */
+static long dt__cluster_u4(dt__cluster_json *p) {
+  long v = 0;
+  for (int k = 0; k < 4; k++) {
+    int h = p->i < p->n ? dt__cluster_hexval(p->s[p->i]) : -1;
+    if (h < 0) {
+      dt__cluster_expected(p, "a hex digit in \\u escape");
+      return -1;
+    }
+    v = v * 16 + h;
+    p->i++;
+  }
+  return v;
+}
+
+/* Append code point cp as UTF-8 to out (only the bytes that fit in cap-1). */
+static void dt__cluster_emit(char *out, size_t cap, size_t *len, unsigned long cp) {
+  unsigned char u[4];
+  int k;
+  if (cp < 0x80) {
+    u[0] = (unsigned char)cp;
+    k = 1;
+  } else if (cp < 0x800) {
+    u[0] = (unsigned char)(0xC0 | (cp >> 6));
+    u[1] = (unsigned char)(0x80 | (cp & 0x3F));
+    k = 2;
+  } else if (cp < 0x10000) {
+    u[0] = (unsigned char)(0xE0 | (cp >> 12));
+    u[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+    u[2] = (unsigned char)(0x80 | (cp & 0x3F));
+    k = 3;
+  } else {
+    u[0] = (unsigned char)(0xF0 | (cp >> 18));
+    u[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+    u[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+    u[3] = (unsigned char)(0x80 | (cp & 0x3F));
+    k = 4;
+  }
+  for (int j = 0; j < k; j++) {
+    if (out && *len + 1 < cap) out[*len] = (char)u[j];
+    (*len)++;
+  }
+}
+
+/* A string at p->i (which must be '"'): decoded into out (cap bytes, NUL
+ * terminated, truncated if longer; out may be NULL); *len gets the whole
+ * decoded length. */
+static dt_result dt__cluster_string(dt__cluster_json *p, char *out, size_t cap, size_t *len) {
+  *len = 0;
+  if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "'\"'");
+  p->i++;
+  for (;;) {
+    if (p->i >= p->n) return dt__cluster_expected(p, "'\"' to close the string");
+    int ch = p->s[p->i];
+    if (ch == '"') {
+      p->i++;
+      break;
+    }
+    if (ch < 0x20) return dt__cluster_expected(p, "a string character (control characters must be escaped)");
+    if (ch == '\\') {
+      p->i++;
+      int e = dt__cluster_peek(p);
+      unsigned long cp;
+      switch (e) {
+        case '"': cp = '"'; break;
+        case '\\': cp = '\\'; break;
+        case '/': cp = '/'; break;
+        case 'b': cp = '\b'; break;
+        case 'f': cp = '\f'; break;
+        case 'n': cp = '\n'; break;
+        case 'r': cp = '\r'; break;
+        case 't': cp = '\t'; break;
+        case 'u': {
+          p->i++;
+          long hi = dt__cluster_u4(p);
+          if (hi < 0) return DTRAIN_ERR_FORMAT;
+          if (hi >= 0xDC00 && hi <= 0xDFFF) {
+            p->i -= 4;
+            return dt__cluster_expected(p, "a \\u escape that is not a lone low surrogate");
+          }
+          if (hi >= 0xD800 && hi <= 0xDBFF) {
+            if (p->i + 1 >= p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u')
+              return dt__cluster_expected(p, "'\\u' with the low half of a surrogate pair");
+            p->i += 2;
+            long lo = dt__cluster_u4(p);
+            if (lo < 0) return DTRAIN_ERR_FORMAT;
+            if (lo < 0xDC00 || lo > 0xDFFF) {
+              p->i -= 4;
+              return dt__cluster_expected(p, "a low surrogate (DC00..DFFF)");
+            }
+            cp = 0x10000ul + (((unsigned long)hi - 0xD800ul) << 10) + ((unsigned long)lo - 0xDC00ul);
+          } else {
+            cp = (unsigned long)hi;
+          }
+          dt__cluster_emit(out, cap, len, cp);
+          continue;
+        }
+        default: return dt__cluster_expected(p, "an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
+      }
+      p->i++;
+      dt__cluster_emit(out, cap, len, cp);
+      continue;
+    }
+    if (ch < 0x80) {
+      dt__cluster_emit(out, cap, len, (unsigned long)ch);
+      p->i++;
+      continue;
+    }
+    /* UTF-8: the sequence's length from the lead byte; no overlong forms,
+     * no surrogates, nothing above U+10FFFF. */
+    int k;
+    unsigned long cp, min;
+    if (ch >= 0xC2 && ch <= 0xDF) {
+      k = 1;
+      cp = (unsigned long)(ch & 0x1F);
+      min = 0x80;
+    } else if (ch >= 0xE0 && ch <= 0xEF) {
+      k = 2;
+      cp = (unsigned long)(ch & 0x0F);
+      min = 0x800;
+    } else if (ch >= 0xF0 && ch <= 0xF4) {
+      k = 3;
+      cp = (unsigned long)(ch & 0x07);
+      min = 0x10000;
+    } else {
+      return dt__cluster_expected(p, "valid UTF-8 in a string");
+    }
+    size_t start = p->i;
+    p->i++;
+    for (int j = 0; j < k; j++) {
+      if (p->i >= p->n || (p->s[p->i] & 0xC0) != 0x80) return dt__cluster_expected(p, "a UTF-8 continuation byte");
+      cp = (cp << 6) | (p->s[p->i] & 0x3Fu);
+      p->i++;
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      p->i = start;
+      return dt__cluster_expected(p, "valid UTF-8 in a string (overlong, surrogate or too large)");
+    }
+    dt__cluster_emit(out, cap, len, cp);
+  }
+  if (out && cap > 0) out[*len < cap ? *len : cap - 1] = '\0';
+  return DTRAIN_OK;
+}
+
+/* A number (RFC 8259 grammar). *ival gets its value when it is an integer
+ * in 0..INT_MAX (no fraction or exponent), else -1. */
+static dt_result dt__cluster_number(dt__cluster_json *p, long *ival) {
+  int neg = 0, integral = 1;
+  int64_t v = 0; /* saturates just above INT_MAX */
+  if (dt__cluster_peek(p) == '-') {
+    neg = 1;
+    p->i++;
+  }
+  int ch = dt__cluster_peek(p);
+  if (ch == '0') {
+    p->i++;
+  } else if (ch >= '1' && ch <= '9') {
+    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') {
+      v = v * 10 + (ch - '0');
+      if (v > INT_MAX) v = (int64_t)INT_MAX + 1;
+      p->i++;
+    }
+  } else {
+    return dt__cluster_expected(p, "a digit");
+  }
+  if (dt__cluster_peek(p) == '.') {
+    integral = 0;
+    p->i++;
+    if ((ch = dt__cluster_peek(p)) < '0' || ch > '9') return dt__cluster_expected(p, "a digit after '.'");
+    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') p->i++;
+  }
+  ch = dt__cluster_peek(p);
+  if (ch == 'e' || ch == 'E') {
+    integral = 0;
+    p->i++;
+    ch = dt__cluster_peek(p);
+    if (ch == '+' || ch == '-') p->i++;
+    if ((ch = dt__cluster_peek(p)) < '0' || ch > '9') return dt__cluster_expected(p, "a digit in the exponent");
+    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') p->i++;
+  }
+  *ival = (integral && !(neg && v != 0) && v <= INT_MAX) ? (long)v : -1;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__cluster_value(dt__cluster_json *p, int depth);
+
+static dt_result dt__cluster_open(dt__cluster_json *p, int depth, int ch) {
+  if (depth >= DT__CLUSTER_MAX_DEPTH)
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: nesting deeper than %d levels", p->src, p->i,
+                     DT__CLUSTER_MAX_DEPTH);
+  if (dt__cluster_peek(p) != ch) return dt__cluster_expected(p, ch == '{' ? "'{'" : "'['");
+  p->i++;
+  return DTRAIN_OK;
+}
+
+/* The next member of an object whose '{' was consumed: *more = 0 at its '}'
+ * (consumed); otherwise the key is decoded into key (cap bytes; *klen its
+ * whole length), the ':' consumed and the position is at the value. */
+static dt_result dt__cluster_member(dt__cluster_json *p, int *members, char *key, size_t cap, size_t *klen,
+                                    int *more) {
+  dt__cluster_ws(p);
+  if (dt__cluster_peek(p) == '}' ) {
+    p->i++;
+    *more = 0;
+    return DTRAIN_OK;
+  }
+  if (*members > 0) {
+    if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or '}'");
+    p->i++;
+    dt__cluster_ws(p);
+  }
+  if (dt__cluster_peek(p) != '"')
+    return dt__cluster_expected(p, *members > 0 ? "a string (object key)" : "a string (object key) or '}'");
+  dt_result rc = dt__cluster_string(p, key, cap, klen);
+  if (rc != DTRAIN_OK) return rc;
+  dt__cluster_ws(p);
+  if (dt__cluster_peek(p) != ':') return dt__cluster_expected(p, "':' after the object key");
+  p->i++;
+  dt__cluster_ws(p);
+  (*members)++;
+  *more = 1;
+  return DTRAIN_OK;
+}
+
+static int dt__cluster_key_is(const char *key, size_t klen, const char *name) {
+  return klen == strlen(name) && memcmp(key, name, klen) == 0;
+}
+
+static dt_result dt__cluster_literal(dt__cluster_json *p, const char *word) {
+  size_t n = strlen(word);
+  for (size_t k = 0; k < n; k++) {
+    if (p->i >= p->n || p->s[p->i] != (unsigned char)word[k]) {
+      char what[16];
+      snprintf(what, sizeof what, "'%s'", word);
+      return dt__cluster_expected(p, what);
+    }
+    p->i++;
+  }
+  return DTRAIN_OK;
+}
+
+/* Any value, checked and skipped. */
+static dt_result dt__cluster_value(dt__cluster_json *p, int depth) {
+  dt_result rc;
+  char key[8];
+  size_t klen;
+  long iv;
+  int ch = dt__cluster_peek(p), n = 0, more = 1;
+  switch (ch) {
+    case '{':
+      if ((rc = dt__cluster_open(p, depth, '{')) != DTRAIN_OK) return rc;
+      for (;;) {
+        if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK) return rc;
+        if (!more) return DTRAIN_OK;
+        if ((rc = dt__cluster_value(p, depth + 1)) != DTRAIN_OK) return rc;
+      }
+    case '[':
+      if ((rc = dt__cluster_open(p, depth, '[')) != DTRAIN_OK) return rc;
+      dt__cluster_ws(p);
+      if (dt__cluster_peek(p) == ']') {
+        p->i++;
+        return DTRAIN_OK;
+      }
+      for (;;) {
+        dt__cluster_ws(p);
+        if ((rc = dt__cluster_value(p, depth + 1)) != DTRAIN_OK) return rc;
+        dt__cluster_ws(p);
+        if (dt__cluster_peek(p) == ']') {
+          p->i++;
+          return DTRAIN_OK;
+        }
+        if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or ']'");
+        p->i++;
+      }
+    case '"': return dt__cluster_string(p, NULL, 0, &klen);
+    case 't': return dt__cluster_literal(p, "true");
+    case 'f': return dt__cluster_literal(p, "false");
+    case 'n': return dt__cluster_literal(p, "null");
+    default:
+      if (ch == '-' || (ch >= '0' && ch <= '9')) return dt__cluster_number(p, &iv);
+      return dt__cluster_expected(p, "a value (object, array, string, number, true, false or null)");
+  }
+}
+
+/* "worker": [...] or "ps": [...] at depth 2. */
+static dt_result dt__cluster_list(dt__cluster_json *p, dt_role role) {
+  int r = (int)role;
+  dt_result rc = dt__cluster_open(p, 2, '[');
+  if (rc != DTRAIN_OK) return rc;
+  dt__cluster_ws(p);
+  if (dt__cluster_peek(p) == ']') {
+    p->i++;
+    return DTRAIN_OK;
+  }
+  for (;;) {
+    char a[DT__CLUSTER_ADDR_MAX + 2], why[96];
+    size_t len, at;
+    dt__cluster_ws(p);
+    at = p->i;
+    if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "an address string \"host:port\"");
+    if ((rc = dt__cluster_string(p, a, sizeof a, &len)) != DTRAIN_OK) return rc;
+    if (p->count[r] >= DTRAIN_MAX_PEERS)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: more than %d %s addresses", p->src, at,
+                       DTRAIN_MAX_PEERS, dt__cluster_role_name(role));
+    if (!dt__cluster_addr_ok(a, len, why, sizeof why))
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: %s %d address '%.*s' %s", p->src, at,
+                       dt__cluster_role_name(role), p->count[r], 64, a, why);
+    if (p->fill) {
+      char **slots = role == DTRAIN_ROLE_PS ? p->fill->server_addr : p->fill->worker_addr;
+      dt__cluster_put(&slots[p->count[r]], &p->strs, a, len);
+    } else {
+      p->str_bytes += len + 1;
+    }
+    p->count[r]++;
+    dt__cluster_ws(p);
+    if (dt__cluster_peek(p) == ']') {
+      p->i++;
+      return DTRAIN_OK;
+    }
+    if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or ']'");
+    p->i++;
+  }
+}
+
+static dt_result dt__cluster_dup_key(const dt__cluster_json *p, size_t at, const char *key) {
+  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: duplicate key \"%s\"", p->src, at, key);
+}
+
+static dt_result dt__cluster_cluster_obj(dt__cluster_json *p) {
+  dt_result rc = dt__cluster_open(p, 1, '{');
+  int n = 0, more = 1;
+  char key[16];
+  size_t klen;
+  while (rc == DTRAIN_OK) {
+    size_t at = p->i;
+    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK || !more) break;
+    int which = dt__cluster_key_is(key, klen, "worker") ? 0 : dt__cluster_key_is(key, klen, "ps") ? 1 : -1;
+    if (which < 0) {
+      rc = dt__cluster_value(p, 2);
+    } else if (p->have_list[which]) {
+      rc = dt__cluster_dup_key(p, at, key);
+    } else {
+      p->have_list[which] = 1;
+      rc = dt__cluster_list(p, which ? DTRAIN_ROLE_PS : DTRAIN_ROLE_WORKER);
+    }
+  }
+  return rc;
+}
+
+static dt_result dt__cluster_task_obj(dt__cluster_json *p) {
+  dt_result rc = dt__cluster_open(p, 1, '{');
+  int n = 0, more = 1;
+  char key[16], type[16];
+  size_t klen, tlen;
+  long iv;
+  while (rc == DTRAIN_OK) {
+    size_t at = p->i;
+    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK || !more) break;
+    if (dt__cluster_key_is(key, klen, "type")) {
+      if (p->have_type) return dt__cluster_dup_key(p, at, key);
+      p->have_type = 1;
+      at = p->i;
+      if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "a string (task type \"worker\" or \"ps\")");
+      if ((rc = dt__cluster_string(p, type, sizeof type, &tlen)) != DTRAIN_OK) return rc;
+      if (dt__cluster_key_is(type, tlen, "worker")) {
+        p->role = DTRAIN_ROLE_WORKER;
+      } else if (dt__cluster_key_is(type, tlen, "ps")) {
+        p->role = DTRAIN_ROLE_PS;
+      } else {
+        return dt__error(DTRAIN_ERR_INVALID_ARG,
+                         "%s: byte %zu: task type \"%.*s\" is not supported (expected \"worker\" or \"ps\")", p->src,
+                         at, 15, type);
+      }
+    } else if (dt__cluster_key_is(key, klen, "index")) {
+      if (p->have_index) return dt__cluster_dup_key(p, at, key);
+      p->have_index = 1;
+      at = p->i;
+      int ch = dt__cluster_peek(p);
+      if (ch != '-' && (ch < '0' || ch > '9')) return dt__cluster_expected(p, "a number (task index)");
+      if ((rc = dt__cluster_number(p, &iv)) != DTRAIN_OK) return rc;
+      if (iv < 0) {
+        p->i = at;
+        return dt__cluster_expected(p, "a non-negative integer (task index)");
+      }
+      p->index = (int)iv;
+    } else {
+      rc = dt__cluster_value(p, 2);
+    }
+  }
+  return rc;
+}
+
+static dt_result dt__cluster_top(dt__cluster_json *p) {
+  dt_result rc;
+  int n = 0, more = 1;
+  char key[16];
+  size_t klen;
+  dt__cluster_ws(p);
+  if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (a JSON object)");
+  if ((rc = dt__cluster_open(p, 0, '{')) != DTRAIN_OK) return rc;
+  for (;;) {
+    size_t at = p->i;
+    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK) return rc;
+    if (!more) break;
+    if (dt__cluster_key_is(key, klen, "cluster")) {
+      if (p->have_cluster) return dt__cluster_dup_key(p, at, key);
+      p->have_cluster = 1;
+      if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (the \"cluster\" object)");
+      rc = dt__cluster_cluster_obj(p);
+    } else if (dt__cluster_key_is(key, klen, "task")) {
+      if (p->have_task) return dt__cluster_dup_key(p, at, key);
+      p->have_task = 1;
+      if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (the \"task\" object)");
+      rc = dt__cluster_task_obj(p);
+    } else {
+      rc = dt__cluster_value(p, 1);
+    }
+    if (rc != DTRAIN_OK) return rc;
+  }
+  dt__cluster_ws(p);
+  if (p->i < p->n) return dt__cluster_expected(p, "end of text after the JSON object");
+  if (!p->have_cluster) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"cluster\"", p->src);
+  if (!p->have_task) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"task\"", p->src);
+  if (!p->have_type) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"type\" in \"task\"", p->src);
+  if (!p->have_index) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"index\" in \"task\"", p->src);
+  if (p->count[0] == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: \"cluster\" lists no \"worker\" addresses", p->src);
+  return DTRAIN_OK;
+}
+
+static dt_result dt__cluster_parse(const char *json, const char *src, dt_cluster **out) {
+  dt__cluster_json p;
+  memset(&p, 0, sizeof p);
+  p.s = (const unsigned char *)json;
+  p.n = strlen(json);
+  p.src = src;
+  dt_result rc = dt__cluster_top(&p);
+  if (rc != DTRAIN_OK) return rc;
+  dt__cluster_json q;
+  memset(&q, 0, sizeof q);
+  q.s = p.s;
+  q.n = p.n;
+  q.src = src;
+  q.fill = dt__cluster_new(p.count[0], p.count[1], p.str_bytes, &q.strs);
+  if (!q.fill) return DTRAIN_ERR_NOMEM;
+  rc = dt__cluster_top(&q); /* the text passed once: this pass only fills */
+  if (rc == DTRAIN_OK) {
+    q.fill->role = q.role;
+    q.fill->index = q.index;
+    rc = dt__cluster_check(q.fill, src);
+  }
+  if (rc != DTRAIN_OK) {
+    dt_cluster_destroy(q.fill);
+    return rc;
+  }
+  *out = q.fill;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_cluster_parse_json(const char *json, dt_cluster **out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_parse_json: out is NULL");
+  *out = NULL;
+  if (!json) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_parse_json: json is NULL");
+  return dt__cluster_parse(json, "cluster JSON", out);
+}
+
+/* quiet: NOT_FOUND without an error message (for dt_cluster_discover). */
+static dt_result dt__cluster_env(dt_cluster **out, int quiet) {
+  const char *e = getenv("DTRAIN_CONFIG");
+  if (!e || !*e) {
+    if (quiet) return DTRAIN_ERR_NOT_FOUND;
+    return dt__error(DTRAIN_ERR_NOT_FOUND, "dt_cluster_from_env: DTRAIN_CONFIG is not set");
+  }
+  return dt__cluster_parse(e, "DTRAIN_CONFIG", out);
+}
+
+DTRAIN_API dt_result dt_cluster_from_env(dt_cluster **out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_from_env: out is NULL");
+  *out = NULL;
+  return dt__cluster_env(out, 0);
+}
+
+/* ---- flags ---------------------------------------------------------------------------------- */
+
+enum { DT__CF_RANK, DT__CF_WORLD, DT__CF_PEERS, DT__CF_PS, DT__CF_ROLE, DT__CF_PORT, DT__CF_N };
+static const char *const dt__cluster_flags[DT__CF_N] = {"--rank", "--world", "--peers", "--ps", "--role", "--port"};
+
+/* A whole decimal number in 0..max, or -1. */
+static long dt__cluster_uint(const char *s, long max) {
+  long v = 0;
+  if (!*s) return -1;
+  for (; *s; s++) {
+    if (*s < '0' || *s > '9') return -1;
+    v = v * 10 + (*s - '0');
+    if (v > max) return -1;
+  }
+  return v;
+}
+
+/* Validate a comma-separated address list; *n items, *bytes string bytes. */
+static dt_result dt__cluster_csv(const char *flag, const char *list, int *n, size_t *bytes) {
+  char why[96];
+  *n = 0;
+  *bytes = 0;
+  for (const char *s = list;;) {
+    const char *e = strchr(s, ',');
+    size_t len = e ? (size_t)(e - s) : strlen(s);
+    if (!dt__cluster_addr_ok(s, len, why, sizeof why))
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: address %d '%.*s' %s", flag, *n,
+                       (int)(len < 64 ? len : 64), s, why);
+    if (++*n > DTRAIN_MAX_PEERS) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: more than %d addresses", flag, DTRAIN_MAX_PEERS);
+    *bytes += len + 1;
+    if (!e) return DTRAIN_OK;
+    s = e + 1;
+  }
+}
+
+static void dt__cluster_csv_fill(char **slots, char **strs, const char *list) {
+  for (int k = 0;; k++) {
+    const char *e = strchr(list, ',');
+    size_t len = e ? (size_t)(e - list) : strlen(list);
+    dt__cluster_put(&slots[k], strs, list, len);
+    if (!e) return;
+    list = e + 1;
+  }
+}
+
+static dt_result dt__cluster_args(int *argc, char **argv, dt_cluster **out, int quiet) {
+  const char *val[DT__CF_N] = {NULL, NULL, NULL, NULL, NULL, NULL};
+  int at[DT__CF_N][2]; /* argv slots used by each flag (-1: none) */
+  int any = 0, n = *argc;
+  for (int f = 0; f < DT__CF_N; f++) at[f][0] = at[f][1] = -1;
+  for (int k = 1; k < n && argv[k]; k++) {
+    const char *a = argv[k];
+    if (strcmp(a, "--") == 0) break; /* the rest belongs to the program */
+    for (int f = 0; f < DT__CF_N; f++) {
+      size_t fl = strlen(dt__cluster_flags[f]);
+      if (strncmp(a, dt__cluster_flags[f], fl) != 0 || (a[fl] != '\0' && a[fl] != '=')) continue;
+      if (val[f]) return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: %s given twice", dt__cluster_flags[f]);
+      at[f][0] = k;
+      if (a[fl] == '=') {
+        val[f] = a + fl + 1;
+      } else {
+        if (k + 1 >= n || !argv[k + 1])
+          return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: %s needs a value", dt__cluster_flags[f]);
+        val[f] = argv[++k];
+        at[f][1] = k;
+      }
+      if (f != DT__CF_PORT) any = 1;
+      break;
+    }
+  }
+  if (!any) {
+    if (quiet) return DTRAIN_ERR_NOT_FOUND;
+    return dt__error(DTRAIN_ERR_NOT_FOUND, "dt_cluster_from_args: none of --rank --world --peers --ps --role given");
+  }
+
+  /* Check the values. */
+  long rank = -1, world = -1, port = DT__CLUSTER_DEFAULT_PORT, nps = -1;
+  dt_role role = DTRAIN_ROLE_WORKER;
+  int nw = 0, ns = 0;
+  size_t wbytes = 0, sbytes = 0;
+  dt_result rc;
+  if (!val[DT__CF_RANK]) return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: --rank is missing");
+  if ((rank = dt__cluster_uint(val[DT__CF_RANK], DTRAIN_MAX_PEERS)) < 0)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: --rank '%.32s' is not a number in 0..%d",
+                     val[DT__CF_RANK], DTRAIN_MAX_PEERS);
+  if (val[DT__CF_WORLD] && (world = dt__cluster_uint(val[DT__CF_WORLD], DTRAIN_MAX_PEERS)) < 1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: --world '%.32s' is not a number in 1..%d",
+                     val[DT__CF_WORLD], DTRAIN_MAX_PEERS);
+  if (val[DT__CF_ROLE]) {
+    if (strcmp(val[DT__CF_ROLE], "worker") == 0)
+      role = DTRAIN_ROLE_WORKER;
+    else if (strcmp(val[DT__CF_ROLE], "ps") == 0)
+      role = DTRAIN_ROLE_PS;
+    else
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: --role '%.32s' is not worker or ps", val[DT__CF_ROLE]);
+  }
+  if (val[DT__CF_PORT] && (port = dt__cluster_uint(val[DT__CF_PORT], 65535)) < 0)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: --port '%.32s' is not a number in 0..65535",
+                     val[DT__CF_PORT]);
+  if (val[DT__CF_PEERS]) {
+    if (val[DT__CF_PORT])
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: --port applies to --world without --peers");
+    if ((rc = dt__cluster_csv("--peers", val[DT__CF_PEERS], &nw, &wbytes)) != DTRAIN_OK) return rc;
+    if (world >= 0 && world != nw)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: --world %ld but --peers lists %d address%s", world, nw,
+                       nw == 1 ? "" : "es");
+  } else {
+    if (world < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: need --peers or --world");
+    nw = (int)world;
+    wbytes = (size_t)nw * 16;
+  }
+  if (val[DT__CF_PS]) {
+    const char *s = val[DT__CF_PS];
+    if (!strchr(s, ':') && (nps = dt__cluster_uint(s, DTRAIN_MAX_PEERS)) >= 0) {
+      /* --ps M: M servers on 127.0.0.1 after the workers' ports */
+      if (val[DT__CF_PEERS])
+        return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: --ps %ld (a count) needs --world instead of --peers; "
+                         "with --peers, list the servers' addresses", nps);
+      ns = (int)nps;
+      sbytes = (size_t)ns * 16;
+    } else if ((rc = dt__cluster_csv("--ps", s, &ns, &sbytes)) != DTRAIN_OK) {
+      return rc;
+    }
+  }
+  if (!val[DT__CF_PEERS] && port + nw + ns - 1 > 65535)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster flags: ports %ld..%ld go past 65535", port, port + nw + ns - 1);
+
+  char *strs;
+  dt_cluster *c = dt__cluster_new(nw, ns, wbytes + sbytes, &strs);
+  if (!c) return DTRAIN_ERR_NOMEM;
+  if (val[DT__CF_PEERS]) {
+    dt__cluster_csv_fill(c->worker_addr, &strs, val[DT__CF_PEERS]);
+  } else {
+    for (int k = 0; k < nw; k++) {
+      char a[16];
+      int len = snprintf(a, sizeof a, "127.0.0.1:%ld", port + k);
+      dt__cluster_put(&c->worker_addr[k], &strs, a, (size_t)len);
+    }
+  }
+  if (nps >= 0) {
+    for (int k = 0; k < ns; k++) {
+      char a[16];
+      int len = snprintf(a, sizeof a, "127.0.0.1:%ld", port + nw + k);
+      dt__cluster_put(&c->server_addr[k], &strs, a, (size_t)len);
+    }
+  } else if (ns > 0) {
+    dt__cluster_csv_fill(c->server_addr, &strs, val[DT__CF_PS]);
+  }
+  c->role = role;
+  c->index = (int)rank;
+  if ((rc = dt__cluster_check(c, "cluster flags")) != DTRAIN_OK) {
+    dt_cluster_destroy(c);
+    return rc;
+  }
+
+  /* Remove the used flags, keeping the order of the rest. */
+  int w = 1;
+  for (int k = 1; k < n; k++) {
+    int used = 0;
+    for (int f = 0; f < DT__CF_N; f++) used |= (at[f][0] == k || at[f][1] == k);
+    if (!used) argv[w++] = argv[k];
+  }
+  if (w < n) argv[w] = NULL;
+  *argc = w;
+  *out = c;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_cluster_from_args(int *argc, char **argv, dt_cluster **out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_from_args: out is NULL");
+  *out = NULL;
+  if (!argc || !argv) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_from_args: argc or argv is NULL");
+  return dt__cluster_args(argc, argv, out, 0);
+}
+
+DTRAIN_API dt_result dt_cluster_discover(int *argc, char **argv, dt_cluster **out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_discover: out is NULL");
+  *out = NULL;
+  dt_result rc = DTRAIN_ERR_NOT_FOUND;
+  if (argc && argv) rc = dt__cluster_args(argc, argv, out, 1);
+  if (rc == DTRAIN_ERR_NOT_FOUND) rc = dt__cluster_env(out, 1);
+  if (rc != DTRAIN_ERR_NOT_FOUND) return rc;
+  static const char one[] = "127.0.0.1:0";
+  char *strs;
+  dt_cluster *c = dt__cluster_new(1, 0, sizeof one, &strs);
+  if (!c) return DTRAIN_ERR_NOMEM;
+  dt__cluster_put(&c->worker_addr[0], &strs, one, sizeof one - 1);
+  c->role = DTRAIN_ROLE_WORKER;
+  c->index = 0;
+  *out = c;
+  return DTRAIN_OK;
+}
+
+/* ---- copies and text ---------------------------------------------------------------------------- */
+
+DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c) {
+  if (!c) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_clone: cluster is NULL");
+    return NULL;
+  }
+  if (dt__cluster_check(c, "dt_cluster_clone") != DTRAIN_OK) return NULL;
+  size_t bytes = 0;
+  for (int k = 0; k < c->workers; k++) bytes += strlen(c->worker_addr[k]) + 1;
+  for (int k = 0; k < c->servers; k++) bytes += strlen(c->server_addr[k]) + 1;
+  char *strs;
+  dt_cluster *d = dt__cluster_new(c->workers, c->servers, bytes, &strs);
+  if (!d) return NULL;
+  for (int k = 0; k < c->workers; k++) dt__cluster_put(&d->worker_addr[k], &strs, c->worker_addr[k], strlen(c->worker_addr[k]));
+  for (int k = 0; k < c->servers; k++) dt__cluster_put(&d->server_addr[k], &strs, c->server_addr[k], strlen(c->server_addr[k]));
+  d->role = c->role;
+  d->index = c->index;
+  return d;
+}
+
+DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap) {
+  if (!buf || cap == 0) return buf;
+  const char *addr = NULL;
+  if (c && role == DTRAIN_ROLE_WORKER && index >= 0 && index < c->workers && c->worker_addr) addr = c->worker_addr[index];
+  if (c && role == DTRAIN_ROLE_PS && index >= 0 && index < c->servers && c->server_addr) addr = c->server_addr[index];
+  if (addr)
+    snprintf(buf, cap, "%s %d (%s)", dt__cluster_role_name(role), index, addr);
+  else
+    snprintf(buf, cap, "%s %d", dt__cluster_role_name(role), index);
+  return buf;
+}
+
+typedef struct dt__cluster_out {
+  char *buf;
+  size_t cap, n; /* n: bytes the whole text needs (without NUL) */
+} dt__cluster_out;
+
+static void dt__cluster_w(dt__cluster_out *o, const char *s, size_t len) {
+  for (size_t k = 0; k < len; k++, o->n++)
+    if (o->n + 1 < o->cap) o->buf[o->n] = s[k];
+}
+static void dt__cluster_wstr(dt__cluster_out *o, const char *s) { dt__cluster_w(o, s, strlen(s)); }
+
+static void dt__cluster_wq(dt__cluster_out *o, const char *s) {
+  static const char hx[] = "0123456789abcdef";
+  dt__cluster_w(o, "\"", 1);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') {
+      char e[2] = {'\\', (char)ch};
+      dt__cluster_w(o, e, 2);
+    } else if (ch < 0x20) {
+      char e[6] = {'\\', 'u', '0', '0', hx[ch >> 4], hx[ch & 15]};
+      dt__cluster_w(o, e, 6);
+    } else {
+      dt__cluster_w(o, (const char *)&ch, 1);
+    }
+  }
+  dt__cluster_w(o, "\"", 1);
+}
+
+static void dt__cluster_wlist(dt__cluster_out *o, char **a, int n) {
+  dt__cluster_w(o, "[", 1);
+  for (int k = 0; k < n; k++) {
+    if (k) dt__cluster_w(o, ",", 1);
+    dt__cluster_wq(o, a[k]);
+  }
+  dt__cluster_w(o, "]", 1);
+}
+
+DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t cap) {
+  if (!c || (!buf && cap > 0)) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_to_json: cluster or buf is NULL");
+  if (cap > 0) buf[0] = '\0';
+  dt_result rc = dt__cluster_check(c, "dt_cluster_to_json");
+  if (rc != DTRAIN_OK) return rc;
+  dt__cluster_out o;
+  char num[16];
+  o.buf = buf;
+  o.cap = cap;
+  o.n = 0;
+  dt__cluster_wstr(&o, "{\"cluster\":{\"worker\":");
+  dt__cluster_wlist(&o, c->worker_addr, c->workers);
+  dt__cluster_wstr(&o, ",\"ps\":");
+  dt__cluster_wlist(&o, c->server_addr, c->servers);
+  dt__cluster_wstr(&o, "},\"task\":{\"type\":\"");
+  dt__cluster_wstr(&o, dt__cluster_role_name(c->role));
+  snprintf(num, sizeof num, "%d", c->index);
+  dt__cluster_wstr(&o, "\",\"index\":");
+  dt__cluster_wstr(&o, num);
+  dt__cluster_wstr(&o, "}}");
+  if (o.n + 1 > cap) {
+    if (cap > 0) buf[0] = '\0';
+    return dt__error(DTRAIN_ERR_OVERFLOW, "dt_cluster_to_json: the text needs %zu bytes, buffer has %zu", o.n + 1, cap);
+  }
+  buf[o.n] = '\0';
+  return DTRAIN_OK;
+}
+
+#undef DT__CLUSTER_MAX_DEPTH
+#undef DT__CLUSTER_ADDR_MAX
+#undef DT__CLUSTER_DEFAULT_PORT
+/* ======== end dt_cluster.c ======== */
+
 /* ======== begin dt_net_core.h ======== */
 /* ===========================================================================
  * dt_net_core.h -- private: the TCP transport shared by the communicator and
@@ -15131,6 +16190,906 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   return o;
 }
 /* ======== end dt_net.c ======== */
+
+/* ======== begin dt_comm_tcp.c ======== */
+/* ===========================================================================
+ * dt_comm_tcp.c -- the TCP communicator: one rank per process, a full mesh
+ * of framed TCP connections among the workers (dt_net_core.h)
+ * ===========================================================================
+ * Setup. Rank r dials every lower rank (0..r-1, in order) and then accepts
+ * the higher ones on its listening socket until each has connected or the
+ * deadline (connect_timeout_s + timeout_s from the start) passes. Anything
+ * else that connects -- garbage, a wrong token, another job -- is refused by
+ * the handshake (dt__net_admit logs why) and the loop keeps waiting for the
+ * real peers. A socket this process bound itself is closed once the mesh is
+ * up; one passed in dt_net_options.listen_fd stays the caller's.
+ *
+ * Every collective call has a sequence number (#1, #2, ... per communicator)
+ * and starts with an agreement round: the ranks exchange (op, root, n, seq)
+ * by recursive doubling in CALL frames (below), so every rank learns whether
+ * all ranks called the same thing and returns DTRAIN_ERR_MISMATCH (the
+ * communicator stays usable) when they did not. A barrier is that round only.
+ *
+ * All-reduce of n floats:
+ *   n*4 <= small_bytes: recursive doubling over the largest power of two p
+ *     <= world; ranks p..world-1 first fold their buffer into rank r-p and
+ *     get the result back at the end. Each step sums its buffer with the
+ *     partner's (both partners compute the same float sum, a + b == b + a),
+ *     so every element is summed along the same fixed tree of ranks.
+ *   larger: ring reduce-scatter then ring all-gather over the dt_comm_slice
+ *     slices, each slice cut into equal parts of at most chunk_bytes that are
+ *     exchanged full duplex (dt__conn_exchange: send to the next rank while
+ *     receiving from the previous one). Slice j is summed in ring order
+ *     starting after its owner: x[j+1] + x[j+2] + ... + x[world-1] + x[0] +
+ *     ... + x[j] (indices mod world), left to right.
+ * Either way the order depends only on n, world and the options, never on
+ * timing: results repeat bitwise. They differ from the threads backend (rank
+ * order) only by float rounding.
+ * reduce_scatter / allgather: the ring halves alone (rank r ends with slice
+ * r). reduce: a pipelined chain root+1 -> root+2 -> ... -> root carrying
+ * partial sums (x[root+1] + ... + x[root]), so no buffer but the root's is
+ * written. broadcast: a pipelined chain root -> root+1 -> ... -> root-1.
+ *
+ * Failure. Any transport error in a call (a peer closed or reset the
+ * connection, nothing arrived before the deadline, an ABORT notice, a
+ * protocol error) breaks the communicator. This rank sends an ABORT frame
+ * carrying its error to every peer, then listens for up to a grace period
+ * (a quarter of timeout_s, at most 2 s) for the other ranks' ABORT frames:
+ * the peers that closed their connection are dead, the ones that neither
+ * aborted nor closed are stalled, and the error names them:
+ *   "worker 0: allreduce #57: worker 2 (127.0.0.1:40123) closed the connection"
+ *   "worker 0: allreduce #57: worker 2 (127.0.0.1:40123) sent nothing before the deadline (stalled?)"
+ * so every surviving rank names the lost one, not the neighbour it was
+ * waiting on. Later calls return DTRAIN_ERR_ABORTED. dt_comm_recover cannot
+ * repair a TCP communicator (DTRAIN_ERR_UNSUPPORTED): destroy it, restart
+ * the processes and resume from the last checkpoint.
+ *
+ * Wire messages of this backend (docs/wire_protocol.md), all little-endian:
+ *   0x40 CALL  56 bytes: u32 first_rank, u32 bad_rank (0xffffffff: none),
+ *              then two call records (the first rank's and a differing one's),
+ *              each u32 op, u32 root, u64 n, u64 seq
+ *   0x41 SUM   floats: partial sums (recursive doubling, ring reduce-scatter,
+ *              reduce chain)
+ *   0x42 COPY  floats: final values (fold-back, ring all-gather, broadcast)
+ * BYE (0x08) is sent to every peer by destroy.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_net_core.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+#if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
+
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o) {
+  (void)c;
+  (void)o;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_tcp: networking is not compiled in (%s)",
+#  if defined(DTRAIN_NO_NET)
+            "DTRAIN_NO_NET"
+#  else
+            "DTRAIN_NO_THREADS"
+#  endif
+  );
+  return NULL;
+}
+
+#else
+
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+
+enum {
+  DT__TCP_MSG_CALL = DT__MSG_DATA0,
+  DT__TCP_MSG_SUM = DT__MSG_DATA0 + 1,
+  DT__TCP_MSG_COPY = DT__MSG_DATA0 + 2
+};
+
+enum {
+  DT__TCP_OP_ALLREDUCE = 1,
+  DT__TCP_OP_REDUCE_SCATTER,
+  DT__TCP_OP_ALLGATHER,
+  DT__TCP_OP_REDUCE,
+  DT__TCP_OP_BROADCAST,
+  DT__TCP_OP_BARRIER
+};
+
+#  define DT__TCP_CALL_BYTES 56
+#  define DT__TCP_NONE 0xFFFFFFFFu
+
+/* Per-peer state after a failure. */
+enum { DT__TCP_P_UNKNOWN = 0, DT__TCP_P_ALIVE, DT__TCP_P_DEAD, DT__TCP_P_SILENT };
+
+typedef struct dt__comm_tcp {
+  dt_comm comm;
+  dt__net_self self;
+  dt__conn *conns; /* world entries; conns[rank].fd == -1 */
+  size_t conns_bytes;
+  unsigned char *peer_state; /* world entries, used by the failure path */
+  float *scratch;            /* receive buffer: max(chunk, small) bytes */
+  size_t scratch_bytes;
+  size_t chunk_floats, small_bytes;
+  double timeout_s;
+  uint64_t seq;
+  int broken;
+  dt_comm_stats st;
+  char op[96]; /* "worker 0: allreduce #57" for the current call */
+} dt__comm_tcp;
+
+typedef struct dt__tcp_call {
+  uint32_t op, root;
+  uint64_t n, seq;
+} dt__tcp_call;
+
+static const char *dt__tcp_op_name(uint32_t op) {
+  switch (op) {
+    case DT__TCP_OP_ALLREDUCE: return "allreduce";
+    case DT__TCP_OP_REDUCE_SCATTER: return "reduce_scatter";
+    case DT__TCP_OP_ALLGATHER: return "allgather";
+    case DT__TCP_OP_REDUCE: return "reduce";
+    case DT__TCP_OP_BROADCAST: return "broadcast";
+    case DT__TCP_OP_BARRIER: return "barrier";
+    default: return "?";
+  }
+}
+
+static dt__comm_tcp *dt__tcp_of(dt_comm *c) { return (dt__comm_tcp *)c->impl; }
+
+/* ---- the failure path ----------------------------------------------------------------- */
+
+/* Index of the peer whose description ends `text` before `upto` (or appears in
+ * text when upto is NULL), -1 if none. */
+static int dt__tcp_find_peer(const dt__comm_tcp *t, const char *text, const char *upto) {
+  int best = -1;
+  size_t best_at = 0;
+  for (int j = 0; j < t->comm.world; j++) {
+    if (j == t->comm.rank) continue;
+    const char *name = t->conns[j].peer;
+    size_t nl = strlen(name);
+    if (nl == 0) continue;
+    for (const char *p = strstr(text, name); p; p = strstr(p + 1, name)) {
+      if (upto && p + nl > upto) break;
+      size_t at = (size_t)(p - text);
+      /* The last mention before `upto` (the aborting peer), else the first mention. */
+      if (best < 0 || (upto ? at > best_at : at < best_at)) {
+        best = j;
+        best_at = at;
+      }
+    }
+  }
+  return best;
+}
+
+/* Listen for the other ranks' ABORT frames (or EOF) for up to `grace` seconds. */
+static void dt__tcp_collect(dt__comm_tcp *t, double grace) {
+  int world = t->comm.world;
+  double end = dt__now() + grace;
+  struct pollfd pf[64];
+  int idx[64];
+  for (;;) {
+    int np = 0;
+    for (int j = 0; j < world && np < 64; j++) {
+      if (j == t->comm.rank || t->conns[j].fd < 0 || t->peer_state[j] != DT__TCP_P_UNKNOWN) continue;
+      pf[np].fd = t->conns[j].fd;
+      pf[np].events = POLLIN;
+      pf[np].revents = 0;
+      idx[np++] = j;
+    }
+    if (np == 0) return;
+    double left = end - dt__now();
+    if (left <= 0) return;
+    int k = poll(pf, (nfds_t)np, (int)(left * 1000.0) + 1);
+    if (k <= 0) continue; /* timeout (loop ends) or EINTR */
+    for (int q = 0; q < np; q++) {
+      if (!pf[q].revents) continue;
+      int j = idx[q];
+      dt__conn *c = &t->conns[j];
+      dt__frame f;
+      unsigned char h[DT__NET_HDR];
+      memset(&f, 0, sizeof f);
+      dt_result rc = dt__conn_recv_header(c, &f, h, dt__now() + 0.5, "drain");
+      if (rc == DTRAIN_OK) {
+        if (f.type == DT__MSG_BYE) {
+          t->peer_state[j] = DT__TCP_P_DEAD;
+        } else if ((size_t)f.length <= t->scratch_bytes) {
+          /* A data frame still in flight: skip it. */
+          if (dt__conn_recv_payload(c, &f, h, t->scratch, dt__now() + 0.5, "drain") != DTRAIN_OK)
+            t->peer_state[j] = DT__TCP_P_ALIVE;
+        } else {
+          t->peer_state[j] = DT__TCP_P_ALIVE;
+        }
+      } else if (f.type == DT__MSG_ABORT || f.type == DT__MSG_REFUSE || rc == DTRAIN_ERR_PROTOCOL ||
+                 rc == DTRAIN_ERR_MISMATCH) {
+        t->peer_state[j] = DT__TCP_P_ALIVE; /* it spoke: not the lost one */
+      } else if (rc == DTRAIN_ERR_PEER) {
+        t->peer_state[j] = DT__TCP_P_DEAD;
+      } /* a timeout mid-frame: leave it unknown */
+    }
+  }
+}
+
+/* Called with the thread's error set by the failing transport call. Breaks
+ * the communicator, tells every peer, finds the lost ranks, and rewrites the
+ * error to name them. */
+static dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
+  int world = t->comm.world;
+  char first[DT__MSG_CAP];
+  snprintf(first, sizeof first, "%s", dt_last_error());
+  t->broken = 1;
+  for (int j = 0; j < world; j++) t->peer_state[j] = DT__TCP_P_UNKNOWN;
+  /* What the first error says about one peer. */
+  const char *ab = strstr(first, " aborted: ");
+  int who = dt__tcp_find_peer(t, first, ab);
+  if (who >= 0) {
+    if (ab) t->peer_state[who] = DT__TCP_P_ALIVE;
+    else if (rc == DTRAIN_ERR_PEER) t->peer_state[who] = DT__TCP_P_DEAD;
+  }
+  /* Tell everyone, then listen for the others' notices. */
+  for (int j = 0; j < world; j++)
+    if (j != t->comm.rank && t->conns[j].fd >= 0 && t->peer_state[j] != DT__TCP_P_DEAD)
+      dt__conn_abort(&t->conns[j], rc, first);
+  if (rc != DTRAIN_ERR_MISMATCH && rc != DTRAIN_ERR_PROTOCOL) {
+    double grace = t->timeout_s * 0.25;
+    dt__tcp_collect(t, grace > 2.0 ? 2.0 : grace);
+  }
+  /* Name the lost ranks: the dead first, else the silent ones. */
+  char names[DT__MSG_CAP];
+  size_t used = 0;
+  int dead = 0, silent = 0;
+  names[0] = '\0';
+  for (int pass = 0; pass < 2 && used == 0; pass++) {
+    for (int j = 0; j < world; j++) {
+      if (j == t->comm.rank) continue;
+      int st = t->peer_state[j];
+      if (pass == 0 ? st != DT__TCP_P_DEAD : st != DT__TCP_P_UNKNOWN) continue;
+      int k = snprintf(names + used, sizeof names - used, "%s%.95s", used ? ", " : "", t->conns[j].peer);
+      if (k < 0 || (size_t)k >= sizeof names - used) break;
+      used += (size_t)k;
+      if (pass == 0) dead++;
+      else silent++;
+    }
+  }
+  if (dead)
+    return dt__error(DTRAIN_ERR_PEER, "%.90s: %.200s closed the connection", t->op, names);
+  if (silent)
+    return dt__error(DTRAIN_ERR_TIMEOUT, "%.90s: %.200s sent nothing before the deadline (stalled?)", t->op, names);
+  return dt__error(rc, "%s", first);
+}
+
+/* ---- transport wrappers (time accounted to wait_s) ------------------------------------- */
+
+static dt_result dt__tcp_exchange(dt__comm_tcp *t, int to, uint16_t stype, const void *s, size_t sn, int from,
+                                  uint16_t rtype, void *r, size_t rn) {
+  double t0 = dt__now();
+  dt_result rc = dt__conn_exchange(&t->conns[to], stype, s, (uint32_t)(sn * sizeof(float)), &t->conns[from], rtype, r,
+                                   (uint32_t)(rn * sizeof(float)), t0 + t->timeout_s, t->op);
+  t->st.wait_s += dt__now() - t0;
+  return rc;
+}
+
+static dt_result dt__tcp_send(dt__comm_tcp *t, int to, uint16_t type, const void *s, size_t bytes) {
+  double t0 = dt__now();
+  dt_result rc = dt__conn_send(&t->conns[to], type, s, (uint32_t)bytes, t0 + t->timeout_s, t->op);
+  t->st.wait_s += dt__now() - t0;
+  return rc;
+}
+
+static dt_result dt__tcp_recv(dt__comm_tcp *t, int from, uint16_t type, void *r, size_t bytes) {
+  double t0 = dt__now();
+  uint32_t len = 0;
+  dt_result rc = dt__conn_recv(&t->conns[from], type, r, (uint32_t)bytes, &len, t0 + t->timeout_s, t->op);
+  t->st.wait_s += dt__now() - t0;
+  if (rc == DTRAIN_OK && len != bytes)
+    rc = dt__error(DTRAIN_ERR_PROTOCOL, "%s: receive from %s: %u bytes, expected %zu", t->op, t->conns[from].peer,
+                   (unsigned)len, bytes);
+  return rc;
+}
+
+/* ---- recursive doubling over a byte buffer --------------------------------------------- */
+
+typedef void (*dt__tcp_combine_fn)(void *acc, const void *in, size_t bytes);
+
+static void dt__tcp_add(void *acc, const void *in, size_t bytes) {
+  float *a = (float *)acc;
+  const float *b = (const float *)in;
+  size_t n = bytes / sizeof(float);
+  for (size_t i = 0; i < n; i++) a[i] += b[i];
+}
+
+/* buf (bytes) becomes the combination over all ranks. Partial frames are
+ * `part`, the fold-back `final`. */
+static dt_result dt__tcp_rd(dt__comm_tcp *t, void *buf, size_t bytes, uint16_t part, uint16_t final,
+                            dt__tcp_combine_fn combine) {
+  int world = t->comm.world, r = t->comm.rank, p2 = 1;
+  dt__conn *cs = t->conns;
+  double dl;
+  dt_result rc = DTRAIN_OK;
+  while (p2 * 2 <= world) p2 *= 2;
+  if (r >= p2) {
+    /* Extra rank: hand the buffer to rank r - p2, get the result back. */
+    rc = dt__tcp_send(t, r - p2, part, buf, bytes);
+    if (rc == DTRAIN_OK) rc = dt__tcp_recv(t, r - p2, final, buf, bytes);
+    return rc;
+  }
+  if (r + p2 < world) {
+    rc = dt__tcp_recv(t, r + p2, part, t->scratch, bytes);
+    if (rc != DTRAIN_OK) return rc;
+    combine(buf, t->scratch, bytes);
+  }
+  for (int d = 1; d < p2; d *= 2) {
+    int q = r ^ d;
+    dl = dt__now();
+    rc = dt__conn_exchange(&cs[q], part, buf, (uint32_t)bytes, &cs[q], part, t->scratch, (uint32_t)bytes,
+                           dl + t->timeout_s, t->op);
+    t->st.wait_s += dt__now() - dl;
+    if (rc != DTRAIN_OK) return rc;
+    combine(buf, t->scratch, bytes);
+  }
+  if (r + p2 < world) rc = dt__tcp_send(t, r + p2, final, buf, bytes);
+  return rc;
+}
+
+/* ---- the agreement round ----------------------------------------------------------------- */
+
+static void dt__tcp_call_put(unsigned char *p, const dt__tcp_call *c) {
+  dt__le32_put(p, c->op);
+  dt__le32_put(p + 4, c->root);
+  dt__le64_put(p + 8, c->n);
+  dt__le64_put(p + 16, c->seq);
+}
+
+static void dt__tcp_call_get(const unsigned char *p, dt__tcp_call *c) {
+  c->op = dt__le32_get(p);
+  c->root = dt__le32_get(p + 4);
+  c->n = dt__le64_get(p + 8);
+  c->seq = dt__le64_get(p + 16);
+}
+
+static int dt__tcp_call_eq(const dt__tcp_call *a, const dt__tcp_call *b) {
+  return a->op == b->op && a->root == b->root && a->n == b->n && a->seq == b->seq;
+}
+
+/* State: the lowest rank seen with its call, and (if any) a rank whose call
+ * differs from it. Merging keeps "a differing call exists" exact, so every
+ * rank ends knowing whether all ranks agree. */
+static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
+  unsigned char *a = (unsigned char *)acc;
+  const unsigned char *b = (const unsigned char *)in;
+  (void)bytes;
+  uint32_t af = dt__le32_get(a), ab = dt__le32_get(a + 4), bf = dt__le32_get(b), bb = dt__le32_get(b + 4);
+  dt__tcp_call acf, acb, bcf, bcb;
+  dt__tcp_call_get(a + 8, &acf);
+  dt__tcp_call_get(a + 32, &acb);
+  dt__tcp_call_get(b + 8, &bcf);
+  dt__tcp_call_get(b + 32, &bcb);
+  /* The new first: the lower of the two firsts. */
+  uint32_t nf = af < bf ? af : bf, nb = DT__TCP_NONE;
+  dt__tcp_call cf = af < bf ? acf : bcf, cb = cf;
+  /* Candidates for a differing call, lowest rank first. */
+  struct {
+    uint32_t rank;
+    dt__tcp_call call;
+  } cand[4];
+  int nc;
+  cand[0].rank = af;
+  cand[0].call = acf;
+  cand[1].rank = bf;
+  cand[1].call = bcf;
+  nc = 2;
+  if (ab != DT__TCP_NONE) {
+    cand[nc].rank = ab;
+    cand[nc].call = acb;
+    nc++;
+  }
+  if (bb != DT__TCP_NONE) {
+    cand[nc].rank = bb;
+    cand[nc].call = bcb;
+    nc++;
+  }
+  for (int i = 0; i < nc; i++)
+    if (!dt__tcp_call_eq(&cand[i].call, &cf) && (nb == DT__TCP_NONE || cand[i].rank < nb)) {
+      nb = cand[i].rank;
+      cb = cand[i].call;
+    }
+  dt__le32_put(a, nf);
+  dt__le32_put(a + 4, nb);
+  dt__tcp_call_put(a + 8, &cf);
+  dt__tcp_call_put(a + 32, &cb);
+}
+
+static const char *dt__tcp_call_text(const dt__tcp_call *c, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s n=%llu root %u (call #%llu)", dt__tcp_op_name(c->op), (unsigned long long)c->n,
+           (unsigned)c->root, (unsigned long long)c->seq);
+  return buf;
+}
+
+/* Start a call: checks, sequence number, the agreement round. */
+static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n, int root) {
+  if (rank != t->comm.rank)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_comm_%s: called with rank %d, but this process is rank %d",
+                     dt__tcp_op_name(op), rank, t->comm.rank);
+  if (t->broken) return DTRAIN_ERR_ABORTED;
+  t->seq++;
+  snprintf(t->op, sizeof t->op, "worker %d: %s #%llu", t->comm.rank, dt__tcp_op_name(op), (unsigned long long)t->seq);
+  if (t->comm.world == 1) return DTRAIN_OK;
+  unsigned char st[DT__TCP_CALL_BYTES];
+  dt__tcp_call me;
+  me.op = op;
+  me.root = (uint32_t)root;
+  me.n = (uint64_t)n;
+  me.seq = t->seq;
+  memset(st, 0, sizeof st);
+  dt__le32_put(st, (uint32_t)t->comm.rank);
+  dt__le32_put(st + 4, DT__TCP_NONE);
+  dt__tcp_call_put(st + 8, &me);
+  dt__tcp_call_put(st + 32, &me);
+  dt_result rc = dt__tcp_rd(t, st, sizeof st, DT__TCP_MSG_CALL, DT__TCP_MSG_CALL, dt__tcp_agree_combine);
+  if (rc != DTRAIN_OK) return dt__tcp_fail(t, rc);
+  uint32_t fr = dt__le32_get(st), br = dt__le32_get(st + 4);
+  if (br != DT__TCP_NONE) {
+    dt__tcp_call a, b;
+    char ta[96], tb[96];
+    dt__tcp_call_get(st + 8, &a);
+    dt__tcp_call_get(st + 32, &b);
+    return dt__error(DTRAIN_ERR_MISMATCH, "%s: the ranks disagree: worker %u called %s, worker %u called %s", t->op,
+                     (unsigned)fr, dt__tcp_call_text(&a, ta, sizeof ta), (unsigned)br,
+                     dt__tcp_call_text(&b, tb, sizeof tb));
+  }
+  return DTRAIN_OK;
+}
+
+static dt_result dt__tcp_leave(dt__comm_tcp *t, dt_result rc, size_t n) {
+  if (rc != DTRAIN_OK) return t->broken ? rc : dt__tcp_fail(t, rc);
+  t->st.calls++;
+  t->st.bytes += (uint64_t)n * sizeof(float);
+  return DTRAIN_OK;
+}
+
+/* ---- ring halves ---------------------------------------------------------------------------- */
+
+static size_t dt__tcp_nparts(const dt__comm_tcp *t, size_t n) {
+  size_t maxlen = 0;
+  for (int j = 0; j < t->comm.world; j++) {
+    size_t b, e;
+    dt_comm_slice(n, t->comm.world, j, &b, &e);
+    if (e - b > maxlen) maxlen = e - b;
+  }
+  size_t k = (maxlen + t->chunk_floats - 1) / t->chunk_floats;
+  return k ? k : 1;
+}
+
+/* Part c of a slice of `len` floats cut into k parts. */
+static void dt__tcp_part(size_t len, size_t k, size_t c, size_t *off, size_t *m) {
+  uint64_t a = (uint64_t)len * c / k, b = (uint64_t)len * (c + 1) / k;
+  *off = (size_t)a;
+  *m = (size_t)(b - a);
+}
+
+static dt_result dt__tcp_ring(dt__comm_tcp *t, float *buf, size_t n, int gather) {
+  int world = t->comm.world, r = t->comm.rank;
+  int next = (r + 1) % world, prev = (r + world - 1) % world;
+  size_t k = dt__tcp_nparts(t, n);
+  for (int s = 0; s < world - 1; s++) {
+    /* Reduce-scatter: send slice r-s-1, receive slice r-s-2 (rank r ends with
+     * slice r). All-gather: send slice r-s, receive slice r-s-1. */
+    int js = gather ? (r - s + world) % world : (r - s - 1 + 2 * world) % world;
+    int jr = (js - 1 + world) % world;
+    size_t sb, se, rb, re;
+    dt_comm_slice(n, world, js, &sb, &se);
+    dt_comm_slice(n, world, jr, &rb, &re);
+    for (size_t c = 0; c < k; c++) {
+      size_t so, sm, ro, rm;
+      dt__tcp_part(se - sb, k, c, &so, &sm);
+      dt__tcp_part(re - rb, k, c, &ro, &rm);
+      dt_result rc;
+      if (gather) {
+        rc = dt__tcp_exchange(t, next, DT__TCP_MSG_COPY, buf + sb + so, sm, prev, DT__TCP_MSG_COPY, buf + rb + ro, rm);
+      } else {
+        rc = dt__tcp_exchange(t, next, DT__TCP_MSG_SUM, buf + sb + so, sm, prev, DT__TCP_MSG_SUM, t->scratch, rm);
+        if (rc == DTRAIN_OK) {
+          /* received partial (x[j+1] + ... ) + this rank's value */
+          float *d = buf + rb + ro;
+          const float *in = t->scratch;
+          for (size_t i = 0; i < rm; i++) d[i] = in[i] + d[i];
+        }
+      }
+      if (rc != DTRAIN_OK) return rc;
+    }
+  }
+  return DTRAIN_OK;
+}
+
+/* ---- the vtable ------------------------------------------------------------------------------ */
+
+static dt_result dt__tcp_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_ALLREDUCE, n, 0);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  if (n * sizeof(float) <= t->small_bytes) {
+    rc = dt__tcp_rd(t, buf, n * sizeof(float), DT__TCP_MSG_SUM, DT__TCP_MSG_COPY, dt__tcp_add);
+  } else {
+    rc = dt__tcp_ring(t, buf, n, 0);
+    if (rc == DTRAIN_OK) rc = dt__tcp_ring(t, buf, n, 1);
+  }
+  return dt__tcp_leave(t, rc, n);
+}
+
+static dt_result dt__tcp_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_REDUCE_SCATTER, n, 0);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  return dt__tcp_leave(t, dt__tcp_ring(t, buf, n, 0), n);
+}
+
+static dt_result dt__tcp_allgather(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_ALLGATHER, n, 0);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  return dt__tcp_leave(t, dt__tcp_ring(t, buf, n, 1), n);
+}
+
+static dt_result dt__tcp_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_REDUCE, n, root);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  int world = c->world, pos = (rank - root - 1 + 2 * world) % world; /* root is last */
+  int prev = (rank + world - 1) % world, next = (rank + 1) % world;
+  size_t k = (n + t->chunk_floats - 1) / t->chunk_floats;
+  for (size_t p = 0; p < k && rc == DTRAIN_OK; p++) {
+    size_t off, m;
+    dt__tcp_part(n, k, p, &off, &m);
+    if (pos == 0) {
+      rc = dt__tcp_send(t, next, DT__TCP_MSG_SUM, buf + off, m * sizeof(float));
+      continue;
+    }
+    rc = dt__tcp_recv(t, prev, DT__TCP_MSG_SUM, t->scratch, m * sizeof(float));
+    if (rc != DTRAIN_OK) break;
+    float *acc = t->scratch;
+    const float *mine = buf + off;
+    if (pos == world - 1) {
+      for (size_t i = 0; i < m; i++) buf[off + i] = acc[i] + mine[i];
+    } else {
+      for (size_t i = 0; i < m; i++) acc[i] = acc[i] + mine[i];
+      rc = dt__tcp_send(t, next, DT__TCP_MSG_SUM, acc, m * sizeof(float));
+    }
+  }
+  return dt__tcp_leave(t, rc, n);
+}
+
+static dt_result dt__tcp_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_BROADCAST, n, root);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  int world = c->world, pos = (rank - root + world) % world; /* root first */
+  int prev = (rank + world - 1) % world, next = (rank + 1) % world;
+  size_t k = (n + t->chunk_floats - 1) / t->chunk_floats;
+  for (size_t p = 0; p < k && rc == DTRAIN_OK; p++) {
+    size_t off, m;
+    dt__tcp_part(n, k, p, &off, &m);
+    if (pos > 0) rc = dt__tcp_recv(t, prev, DT__TCP_MSG_COPY, buf + off, m * sizeof(float));
+    if (rc == DTRAIN_OK && pos < world - 1) rc = dt__tcp_send(t, next, DT__TCP_MSG_COPY, buf + off, m * sizeof(float));
+  }
+  return dt__tcp_leave(t, rc, n);
+}
+
+static dt_result dt__tcp_barrier(dt_comm *c, int rank) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_BARRIER, 0, 0);
+  return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, 0) : rc;
+}
+
+static void dt__tcp_abort(dt_comm *c, int rank) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  (void)rank;
+  if (t->broken) return;
+  t->broken = 1;
+  char why[160];
+  snprintf(why, sizeof why, "worker %d: the program aborted the communicator (dt_comm_abort)", c->rank);
+  for (int j = 0; j < c->world; j++)
+    if (j != c->rank && t->conns[j].fd >= 0) dt__conn_abort(&t->conns[j], DTRAIN_ERR_ABORTED, why);
+}
+
+static dt_result dt__tcp_recover(dt_comm *c) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  if (!t->broken) return DTRAIN_OK;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                   "dt_comm_recover: worker %d: a tcp communicator cannot be repaired after a failure; destroy it, "
+                   "restart the processes and resume from the last checkpoint",
+                   c->rank);
+}
+
+static void dt__tcp_stats(dt_comm *c, int rank, dt_comm_stats *out) {
+  (void)rank;
+  *out = dt__tcp_of(c)->st;
+}
+
+static void dt__tcp_reset_stats(dt_comm *c) { memset(&dt__tcp_of(c)->st, 0, sizeof(dt_comm_stats)); }
+
+static void dt__tcp_free(dt__comm_tcp *t) {
+  if (t->conns)
+    for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
+  dt__free(t->conns, t->conns_bytes);
+  dt__free(t->peer_state, (size_t)t->comm.world);
+  dt__free(t->scratch, t->scratch_bytes);
+  dt__free(t, sizeof *t);
+}
+
+static void dt__tcp_destroy(dt_comm *c) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  char keep[DT__MSG_CAP];
+  dt_result keep_rc = dt_last_result();
+  snprintf(keep, sizeof keep, "%s", dt_last_error());
+  for (int j = 0; j < c->world; j++)
+    if (j != c->rank && t->conns[j].fd >= 0)
+      dt__conn_send(&t->conns[j], DT__MSG_BYE, NULL, 0, dt__now() + 0.2, "bye");
+  dt__tcp_free(t);
+  if (keep_rc != DTRAIN_OK) dt__error(keep_rc, "%s", keep);
+  else dt_clear_error();
+}
+
+static const dt_comm_vtable dt__comm_tcp_vtable = {
+  "tcp",
+  dt__tcp_allreduce,
+  dt__tcp_reduce_scatter,
+  dt__tcp_allgather,
+  dt__tcp_reduce,
+  dt__tcp_broadcast,
+  dt__tcp_barrier,
+  dt__tcp_abort,
+  dt__tcp_recover,
+  dt__tcp_stats,
+  dt__tcp_reset_stats,
+  dt__tcp_destroy
+};
+
+/* ---- setup ------------------------------------------------------------------------------------ */
+
+/* Accepted connections whose first frame has not fully arrived: strangers
+ * that send a few bytes (or none) and stall must not hold up the real peers,
+ * so a connection is admitted only once its hello is there (or its first
+ * bytes are plainly not a frame, or it closed). */
+#  define DT__TCP_PENDING 16
+#  define DT__TCP_HELLO_FRAME (DT__NET_HDR + 128)
+
+typedef struct dt__tcp_pending {
+  int fd;
+  int partial; /* some bytes arrived, not enough: polling would spin, so it is re-checked every 10 ms */
+  double since;
+  char addr[DT__NET_ADDR];
+} dt__tcp_pending;
+
+/* 1: admit now, 0: keep waiting, -1: closed without a byte (drop quietly),
+ * 2: not a dtrain frame and too short for the handshake to read (refuse
+ * here: why gets the reason). */
+static int dt__tcp_pending_ready(int fd, int *partial, char *why, size_t cap) {
+  unsigned char peek[DT__TCP_HELLO_FRAME];
+  ssize_t k = recv(fd, peek, sizeof peek, MSG_PEEK);
+  *partial = k > 0;
+  if (k == 0) return -1;
+  if (k < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+  if ((size_t)k >= sizeof peek) return 1;
+  if (k >= 4 && dt__le32_get(peek) != DT__NET_MAGIC) {
+    if (k >= DT__NET_HDR) return 1; /* the handshake reads the header and refuses it */
+    dt__frame f;
+    memset(peek + k, 0, sizeof peek - (size_t)k);
+    dt__frame_unpack(peek, 0, 0, &f, why, cap);
+    return 2;
+  }
+  /* Closed after a few bytes: the handshake reports the truncated frame. */
+  struct pollfd p;
+  p.fd = fd;
+  p.events = POLLIN;
+  p.revents = 0;
+  if (poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))) return 1;
+  return 0;
+}
+
+static void dt__tcp_refuse_log(const dt__comm_tcp *t, const dt__tcp_pending *p, const char *why) {
+  if (!t->self.opt.quiet)
+    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused a connection from %.80s: %s", t->comm.rank,
+            p->addr, why);
+}
+
+static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
+  const dt_cluster *cl = t->self.cluster;
+  int world = cl->workers, r = cl->index, lfd = -1, own_lfd = 0, need = world - 1 - r, np = 0;
+  double start = dt__now();
+  double deadline = start + t->self.opt.connect_timeout_s + t->self.opt.timeout_s;
+  unsigned char *seen = NULL;
+  dt__tcp_pending pend[DT__TCP_PENDING];
+  dt_result rc = DTRAIN_OK;
+  if (need > 0) {
+    /* Listen before dialing so higher ranks' connections wait in the backlog. */
+    rc = dt__net_self_listen(&t->self, &lfd);
+    if (rc != DTRAIN_OK) goto done;
+    own_lfd = t->self.opt.listen_fd < 0;
+    seen = (unsigned char *)dt__calloc((size_t)world);
+    if (!seen) {
+      rc = dt__error(DTRAIN_ERR_NOMEM, "out of memory");
+      goto done;
+    }
+  }
+  for (int j = 0; j < r; j++) {
+    rc = dt__net_dial(&t->self, DTRAIN_ROLE_WORKER, j, &t->conns[j]);
+    if (rc != DTRAIN_OK) goto done;
+  }
+  while (need > 0) {
+    struct pollfd pf[DT__TCP_PENDING + 1];
+    double now = dt__now();
+    if (now >= deadline) {
+      char miss[200];
+      size_t used = 0;
+      miss[0] = '\0';
+      for (int j = r + 1; j < world; j++) {
+        if (seen[j]) continue;
+        int k = snprintf(miss + used, sizeof miss - used, "%s%d", used ? ", " : "", j);
+        if (k < 0 || (size_t)k >= sizeof miss - used) break;
+        used += (size_t)k;
+      }
+      rc = dt__error(DTRAIN_ERR_TIMEOUT, "worker %s did not connect before the deadline (%.1f s)", miss,
+                     deadline - start);
+      goto done;
+    }
+    pf[0].fd = lfd;
+    pf[0].events = POLLIN;
+    pf[0].revents = 0;
+    int npf = 1, ms = (int)((deadline - now) * 1000.0) + 1;
+    if (ms > 100) ms = 100; /* also re-checks how long the pending ones have waited */
+    for (int q = 0; q < np; q++) {
+      if (pend[q].partial) {
+        if (ms > 10) ms = 10;
+        continue;
+      }
+      pf[npf].fd = pend[q].fd;
+      pf[npf].events = POLLIN;
+      pf[npf].revents = 0;
+      npf++;
+    }
+    if (poll(pf, (nfds_t)npf, ms) < 0 && errno != EINTR) {
+      rc = dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+      goto done;
+    }
+    if (pf[0].revents) {
+      int fd;
+      char addr[DT__NET_ADDR];
+      rc = dt__net_accept(lfd, dt__now(), &fd, addr, sizeof addr);
+      if (rc == DTRAIN_OK) {
+        if (np == DT__TCP_PENDING) {
+          dt__tcp_refuse_log(t, &pend[0], "too many connections waiting to say hello");
+          dt__net_close(pend[0].fd);
+          memmove(pend, pend + 1, (size_t)(np - 1) * sizeof pend[0]);
+          np--;
+        }
+        pend[np].fd = fd;
+        pend[np].partial = 0;
+        pend[np].since = dt__now();
+        snprintf(pend[np].addr, sizeof pend[np].addr, "%s", addr);
+        np++;
+      } else if (rc != DTRAIN_ERR_TIMEOUT) {
+        goto done;
+      }
+      rc = DTRAIN_OK;
+    }
+    for (int q = 0; q < np && need > 0; q++) {
+      char why[160];
+      int ready = dt__tcp_pending_ready(pend[q].fd, &pend[q].partial, why, sizeof why);
+      if (ready == 0 && dt__now() - pend[q].since > t->self.opt.timeout_s) {
+        dt__tcp_refuse_log(t, &pend[q], "no hello before the deadline");
+        ready = -1;
+      }
+      if (ready == 2) {
+        dt__tcp_refuse_log(t, &pend[q], why);
+        ready = -1;
+      }
+      if (ready == 0) continue;
+      dt__tcp_pending p = pend[q];
+      memmove(pend + q, pend + q + 1, (size_t)(np - q - 1) * sizeof pend[0]);
+      np--;
+      q--;
+      if (ready < 0) {
+        dt__net_close(p.fd);
+        continue;
+      }
+      double dl = dt__now() + t->self.opt.timeout_s;
+      dt__conn c;
+      if (dl > deadline) dl = deadline;
+      if (dt__net_admit(&t->self, p.fd, p.addr, dl, seen, &c) != DTRAIN_OK)
+        continue; /* refused and logged; keep waiting for the real peers */
+      if (c.peer_role != DTRAIN_ROLE_WORKER || c.peer_index <= r) {
+        /* Lower ranks are dialed by this rank; servers do not belong here. */
+        if (!t->self.opt.quiet)
+          dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused %s: it should not dial this rank", r,
+                  c.peer);
+        if (c.peer_role == DTRAIN_ROLE_WORKER && c.peer_index >= 0 && c.peer_index < world) seen[c.peer_index] = 0;
+        dt__conn_close(&c);
+        continue;
+      }
+      t->conns[c.peer_index] = c;
+      need--;
+    }
+  }
+  rc = DTRAIN_OK;
+done:
+  for (int q = 0; q < np; q++) {
+    dt__tcp_refuse_log(t, &pend[q], "setup ended before its hello");
+    dt__net_close(pend[q].fd);
+  }
+  if (own_lfd) dt__net_close(lfd);
+  dt__free(seen, (size_t)world);
+  return rc;
+}
+
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_options *o) {
+  dt__comm_tcp *t = NULL;
+  dt_result rc;
+  size_t world, scratch;
+  if (!cl) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_create_tcp: cluster is NULL");
+    return NULL;
+  }
+  if (cl->role != DTRAIN_ROLE_WORKER) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "dt_comm_create_tcp: this process is a parameter server, not a worker");
+    return NULL;
+  }
+  t = (dt__comm_tcp *)dt__calloc(sizeof *t);
+  if (!t) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_comm_create_tcp: out of memory");
+    return NULL;
+  }
+  rc = dt__net_self_init(&t->self, cl, o);
+  if (rc != DTRAIN_OK) {
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__error(rc, "dt_comm_create_tcp: %.290s", why);
+    dt__free(t, sizeof *t);
+    return NULL;
+  }
+  world = (size_t)cl->workers;
+  t->comm.vtable = &dt__comm_tcp_vtable;
+  t->comm.world = cl->workers;
+  t->comm.rank = cl->index;
+  t->comm.impl = t;
+  t->timeout_s = t->self.opt.timeout_s;
+  /* Frames must fit the receivers' payload limit. */
+  t->chunk_floats = DT__MIN(t->self.opt.chunk_bytes, t->self.opt.max_payload) / sizeof(float);
+  if (t->chunk_floats < 16) t->chunk_floats = 16;
+  t->small_bytes = DT__MIN(t->self.opt.small_bytes, t->self.opt.max_payload);
+  scratch = DT__MAX(t->chunk_floats * sizeof(float), t->small_bytes);
+  scratch = DT__MAX(scratch, (size_t)DT__TCP_CALL_BYTES) + 64;
+  t->conns_bytes = world * sizeof(dt__conn);
+  t->conns = (dt__conn *)dt__calloc(t->conns_bytes);
+  t->peer_state = (unsigned char *)dt__calloc(world);
+  t->scratch = (float *)dt__alloc(scratch);
+  t->scratch_bytes = t->scratch ? scratch : 0;
+  if (!t->conns || !t->peer_state || !t->scratch) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_comm_create_tcp: out of memory");
+    dt__tcp_free(t);
+    return NULL;
+  }
+  for (size_t j = 0; j < world; j++) {
+    dt__conn_init(&t->conns[j], -1, t->self.job, t->self.id, (uint32_t)t->self.opt.max_payload);
+    t->conns[j].fd = -1;
+  }
+  rc = dt__tcp_connect_all(t);
+  if (rc != DTRAIN_OK) {
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__error(rc, "dt_comm_create_tcp: worker %d: %.280s", cl->index, why);
+    dt__tcp_free(t);
+    return NULL;
+  }
+  t->self.cluster = NULL; /* the caller's; not needed after setup */
+  t->self.opt.token = NULL;
+  return &t->comm;
+}
+
+#  undef DT__TCP_PENDING
+#  undef DT__TCP_HELLO_FRAME
+#  undef DT__TCP_CALL_BYTES
+#  undef DT__TCP_NONE
+
+#endif /* DTRAIN_NO_NET || DTRAIN_NO_THREADS */
+/* ======== end dt_comm_tcp.c ======== */
 
 /* ======== begin dt_comm_mpi.c ======== */
 /* ===========================================================================

@@ -51,27 +51,50 @@ typedef struct dt_cluster {
 } dt_cluster;
 
 /* Parse DTRAIN_CONFIG-style JSON. On success *out owns a new cluster (free it
- * with dt_cluster_destroy). Errors: DTRAIN_ERR_FORMAT naming the position and
- * what was expected; DTRAIN_ERR_INVALID_ARG for a bad address, an index out
- * of range or duplicate addresses. */
+ * with dt_cluster_destroy); on failure *out is NULL. The text must be one
+ * JSON object (RFC 8259, UTF-8) with "cluster": {"worker": [...], "ps": [...]}
+ * ("ps" may be absent or empty) and "task": {"type": "worker" | "ps",
+ * "index": N}; other keys, also inside "cluster" and "task" (e.g. "chief"),
+ * are checked as JSON and ignored. Addresses are "host:port" (a host name or
+ * IPv4) or "[v6]:port", port 0..65535, at most 255 bytes. Nesting is limited
+ * to 32 levels. Errors: DTRAIN_ERR_FORMAT for bad JSON, a duplicate or
+ * missing key or a non-integer index, naming the byte offset (from 0) and
+ * what was expected ("cluster JSON: byte 11: expected ':' after the object
+ * key, found '{'"); DTRAIN_ERR_INVALID_ARG for a bad address, an unknown task
+ * type, no workers, more than DTRAIN_MAX_PEERS per role, an index out of
+ * range or two processes with the same address (host compared ignoring case). */
 DTRAIN_API dt_result dt_cluster_parse_json(const char *json, dt_cluster **out);
-/* From the environment variable DTRAIN_CONFIG; DTRAIN_ERR_NOT_FOUND when unset. */
+/* From the environment variable DTRAIN_CONFIG (messages say "DTRAIN_CONFIG:
+ * byte N: ..."); DTRAIN_ERR_NOT_FOUND when unset or empty. */
 DTRAIN_API dt_result dt_cluster_from_env(dt_cluster **out);
 /* From flags --rank R --world W --peers a,b,... [--ps a,b,...] [--role worker|ps]
  * (also --flag=value). The flags it used are removed from argv (and *argc
- * updated) so the program can parse the rest. DTRAIN_ERR_NOT_FOUND when none
- * of them is present (then argv is untouched): fall back to the environment.
- * --world without --peers means 127.0.0.1 ports 29500.. (--port P for the first). */
+ * updated; argv[*argc] becomes NULL) so the program can parse the rest;
+ * scanning stops at "--". DTRAIN_ERR_NOT_FOUND when none of them is present
+ * (then argv is untouched): fall back to the environment. --rank is required
+ * (the index within --role, default worker). --world without --peers means
+ * 127.0.0.1 ports 29500.. (--port P for the first); then --ps M (a count)
+ * puts M servers on the ports after the workers'. --world with --peers must
+ * equal the number of peers. On an error (DTRAIN_ERR_INVALID_ARG naming the
+ * flag) argv is untouched. */
 DTRAIN_API dt_result dt_cluster_from_args(int *argc, char **argv, dt_cluster **out);
 /* Flags first, then DTRAIN_CONFIG; neither: a one-worker cluster (*out is a
- * cluster of one worker at 127.0.0.1:0). */
+ * cluster of one worker at 127.0.0.1:0). Bad flags or a bad DTRAIN_CONFIG
+ * are errors, not a reason to fall back. argc/argv may be NULL (no flags). */
 DTRAIN_API dt_result dt_cluster_discover(int *argc, char **argv, dt_cluster **out);
-/* A copy (NULL on failure). */
+/* A copy in one allocation, owned by the caller (NULL on failure: out of
+ * memory, or c is not a valid cluster as dt_cluster_parse_json would accept;
+ * c may be built by hand). */
 DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c);
+/* Frees a cluster made by the functions above (never one built by hand); NULL is a no-op. */
 DTRAIN_API void dt_cluster_destroy(dt_cluster *c);
-/* "worker 1 (127.0.0.1:7001)" into buf; returns buf. */
+/* "worker 1 (127.0.0.1:7001)" into buf (truncated to cap); "worker 7" when c
+ * is NULL or has no such process; returns buf. */
 DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap);
-/* JSON text of c (the DTRAIN_CONFIG that reproduces it) into buf; DTRAIN_ERR_OVERFLOW if cap is too small. */
+/* JSON text of c (the DTRAIN_CONFIG that reproduces it, on one line, e.g.
+ * {"cluster":{"worker":["a:1"],"ps":[]},"task":{"type":"worker","index":0}})
+ * into buf; DTRAIN_ERR_OVERFLOW (buf set to "") if cap is too small, the
+ * message naming the bytes needed; DTRAIN_ERR_INVALID_ARG if c is not valid. */
 DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t cap);
 
 /* ---- transport options ---------------------------------------------------------------- */

@@ -15,6 +15,10 @@ check() { # name, command...
 }
 C="$ROOT/tests/consumer"
 check "make-install" make -s install PREFIX="$T/prefix"
+# The launcher is installed with the header (make install builds it).
+if [ -f tools/dtrain_launch.c ]; then
+  check "make-install-dtrain-launch" sh -c "test -x $T/prefix/bin/dtrain-launch && $T/prefix/bin/dtrain-launch -h | grep -q '^usage: dtrain-launch'"
+fi
 if command -v pkg-config >/dev/null 2>&1; then
   check "pkg-config" sh -c "cc -std=c11 -Wall -Wextra -Werror $C/main.c \$(PKG_CONFIG_PATH=$T/prefix/lib/pkgconfig pkg-config --cflags --libs dtrain) -o $T/pc_consumer && $T/pc_consumer"
 else
@@ -39,6 +43,6 @@ if command -v cmake >/dev/null 2>&1; then
 else
   echo "skip cmake routes: cmake not installed"
 fi
-check "make-uninstall" sh -c "make -s uninstall PREFIX=$T/prefix && test ! -e $T/prefix/include/dtrain.h && test ! -e $T/prefix/lib/pkgconfig/dtrain.pc"
+check "make-uninstall" sh -c "make -s uninstall PREFIX=$T/prefix && test ! -e $T/prefix/include/dtrain.h && test ! -e $T/prefix/lib/pkgconfig/dtrain.pc && test ! -e $T/prefix/bin/dtrain-launch"
 echo "install_checks: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,0 +1,897 @@
+/* ===========================================================================
+ * dt_comm_tcp.c -- the TCP communicator: one rank per process, a full mesh
+ * of framed TCP connections among the workers (dt_net_core.h)
+ * ===========================================================================
+ * Setup. Rank r dials every lower rank (0..r-1, in order) and then accepts
+ * the higher ones on its listening socket until each has connected or the
+ * deadline (connect_timeout_s + timeout_s from the start) passes. Anything
+ * else that connects -- garbage, a wrong token, another job -- is refused by
+ * the handshake (dt__net_admit logs why) and the loop keeps waiting for the
+ * real peers. A socket this process bound itself is closed once the mesh is
+ * up; one passed in dt_net_options.listen_fd stays the caller's.
+ *
+ * Every collective call has a sequence number (#1, #2, ... per communicator)
+ * and starts with an agreement round: the ranks exchange (op, root, n, seq)
+ * by recursive doubling in CALL frames (below), so every rank learns whether
+ * all ranks called the same thing and returns DTRAIN_ERR_MISMATCH (the
+ * communicator stays usable) when they did not. A barrier is that round only.
+ *
+ * All-reduce of n floats:
+ *   n*4 <= small_bytes: recursive doubling over the largest power of two p
+ *     <= world; ranks p..world-1 first fold their buffer into rank r-p and
+ *     get the result back at the end. Each step sums its buffer with the
+ *     partner's (both partners compute the same float sum, a + b == b + a),
+ *     so every element is summed along the same fixed tree of ranks.
+ *   larger: ring reduce-scatter then ring all-gather over the dt_comm_slice
+ *     slices, each slice cut into equal parts of at most chunk_bytes that are
+ *     exchanged full duplex (dt__conn_exchange: send to the next rank while
+ *     receiving from the previous one). Slice j is summed in ring order
+ *     starting after its owner: x[j+1] + x[j+2] + ... + x[world-1] + x[0] +
+ *     ... + x[j] (indices mod world), left to right.
+ * Either way the order depends only on n, world and the options, never on
+ * timing: results repeat bitwise. They differ from the threads backend (rank
+ * order) only by float rounding.
+ * reduce_scatter / allgather: the ring halves alone (rank r ends with slice
+ * r). reduce: a pipelined chain root+1 -> root+2 -> ... -> root carrying
+ * partial sums (x[root+1] + ... + x[root]), so no buffer but the root's is
+ * written. broadcast: a pipelined chain root -> root+1 -> ... -> root-1.
+ *
+ * Failure. Any transport error in a call (a peer closed or reset the
+ * connection, nothing arrived before the deadline, an ABORT notice, a
+ * protocol error) breaks the communicator. This rank sends an ABORT frame
+ * carrying its error to every peer, then listens for up to a grace period
+ * (a quarter of timeout_s, at most 2 s) for the other ranks' ABORT frames:
+ * the peers that closed their connection are dead, the ones that neither
+ * aborted nor closed are stalled, and the error names them:
+ *   "worker 0: allreduce #57: worker 2 (127.0.0.1:40123) closed the connection"
+ *   "worker 0: allreduce #57: worker 2 (127.0.0.1:40123) sent nothing before the deadline (stalled?)"
+ * so every surviving rank names the lost one, not the neighbour it was
+ * waiting on. Later calls return DTRAIN_ERR_ABORTED. dt_comm_recover cannot
+ * repair a TCP communicator (DTRAIN_ERR_UNSUPPORTED): destroy it, restart
+ * the processes and resume from the last checkpoint.
+ *
+ * Wire messages of this backend (docs/wire_protocol.md), all little-endian:
+ *   0x40 CALL  56 bytes: u32 first_rank, u32 bad_rank (0xffffffff: none),
+ *              then two call records (the first rank's and a differing one's),
+ *              each u32 op, u32 root, u64 n, u64 seq
+ *   0x41 SUM   floats: partial sums (recursive doubling, ring reduce-scatter,
+ *              reduce chain)
+ *   0x42 COPY  floats: final values (fold-back, ring all-gather, broadcast)
+ * BYE (0x08) is sent to every peer by destroy.
+ */
+#include "dt_internal.h"
+#include "dt_net_core.h"
+#include "dt_platform.h"
+
+#if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
+
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o) {
+  (void)c;
+  (void)o;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_tcp: networking is not compiled in (%s)",
+#  if defined(DTRAIN_NO_NET)
+            "DTRAIN_NO_NET"
+#  else
+            "DTRAIN_NO_THREADS"
+#  endif
+  );
+  return NULL;
+}
+
+#else
+
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+
+enum {
+  DT__TCP_MSG_CALL = DT__MSG_DATA0,
+  DT__TCP_MSG_SUM = DT__MSG_DATA0 + 1,
+  DT__TCP_MSG_COPY = DT__MSG_DATA0 + 2
+};
+
+enum {
+  DT__TCP_OP_ALLREDUCE = 1,
+  DT__TCP_OP_REDUCE_SCATTER,
+  DT__TCP_OP_ALLGATHER,
+  DT__TCP_OP_REDUCE,
+  DT__TCP_OP_BROADCAST,
+  DT__TCP_OP_BARRIER
+};
+
+#  define DT__TCP_CALL_BYTES 56
+#  define DT__TCP_NONE 0xFFFFFFFFu
+
+/* Per-peer state after a failure. */
+enum { DT__TCP_P_UNKNOWN = 0, DT__TCP_P_ALIVE, DT__TCP_P_DEAD, DT__TCP_P_SILENT };
+
+typedef struct dt__comm_tcp {
+  dt_comm comm;
+  dt__net_self self;
+  dt__conn *conns; /* world entries; conns[rank].fd == -1 */
+  size_t conns_bytes;
+  unsigned char *peer_state; /* world entries, used by the failure path */
+  float *scratch;            /* receive buffer: max(chunk, small) bytes */
+  size_t scratch_bytes;
+  size_t chunk_floats, small_bytes;
+  double timeout_s;
+  uint64_t seq;
+  int broken;
+  dt_comm_stats st;
+  char op[96]; /* "worker 0: allreduce #57" for the current call */
+} dt__comm_tcp;
+
+typedef struct dt__tcp_call {
+  uint32_t op, root;
+  uint64_t n, seq;
+} dt__tcp_call;
+
+static const char *dt__tcp_op_name(uint32_t op) {
+  switch (op) {
+    case DT__TCP_OP_ALLREDUCE: return "allreduce";
+    case DT__TCP_OP_REDUCE_SCATTER: return "reduce_scatter";
+    case DT__TCP_OP_ALLGATHER: return "allgather";
+    case DT__TCP_OP_REDUCE: return "reduce";
+    case DT__TCP_OP_BROADCAST: return "broadcast";
+    case DT__TCP_OP_BARRIER: return "barrier";
+    default: return "?";
+  }
+}
+
+static dt__comm_tcp *dt__tcp_of(dt_comm *c) { return (dt__comm_tcp *)c->impl; }
+
+/* ---- the failure path ----------------------------------------------------------------- */
+
+/* Index of the peer whose description ends `text` before `upto` (or appears in
+ * text when upto is NULL), -1 if none. */
+static int dt__tcp_find_peer(const dt__comm_tcp *t, const char *text, const char *upto) {
+  int best = -1;
+  size_t best_at = 0;
+  for (int j = 0; j < t->comm.world; j++) {
+    if (j == t->comm.rank) continue;
+    const char *name = t->conns[j].peer;
+    size_t nl = strlen(name);
+    if (nl == 0) continue;
+    for (const char *p = strstr(text, name); p; p = strstr(p + 1, name)) {
+      if (upto && p + nl > upto) break;
+      size_t at = (size_t)(p - text);
+      /* The last mention before `upto` (the aborting peer), else the first mention. */
+      if (best < 0 || (upto ? at > best_at : at < best_at)) {
+        best = j;
+        best_at = at;
+      }
+    }
+  }
+  return best;
+}
+
+/* Listen for the other ranks' ABORT frames (or EOF) for up to `grace` seconds. */
+static void dt__tcp_collect(dt__comm_tcp *t, double grace) {
+  int world = t->comm.world;
+  double end = dt__now() + grace;
+  struct pollfd pf[64];
+  int idx[64];
+  for (;;) {
+    int np = 0;
+    for (int j = 0; j < world && np < 64; j++) {
+      if (j == t->comm.rank || t->conns[j].fd < 0 || t->peer_state[j] != DT__TCP_P_UNKNOWN) continue;
+      pf[np].fd = t->conns[j].fd;
+      pf[np].events = POLLIN;
+      pf[np].revents = 0;
+      idx[np++] = j;
+    }
+    if (np == 0) return;
+    double left = end - dt__now();
+    if (left <= 0) return;
+    int k = poll(pf, (nfds_t)np, (int)(left * 1000.0) + 1);
+    if (k <= 0) continue; /* timeout (loop ends) or EINTR */
+    for (int q = 0; q < np; q++) {
+      if (!pf[q].revents) continue;
+      int j = idx[q];
+      dt__conn *c = &t->conns[j];
+      dt__frame f;
+      unsigned char h[DT__NET_HDR];
+      memset(&f, 0, sizeof f);
+      dt_result rc = dt__conn_recv_header(c, &f, h, dt__now() + 0.5, "drain");
+      if (rc == DTRAIN_OK) {
+        if (f.type == DT__MSG_BYE) {
+          t->peer_state[j] = DT__TCP_P_DEAD;
+        } else if ((size_t)f.length <= t->scratch_bytes) {
+          /* A data frame still in flight: skip it. */
+          if (dt__conn_recv_payload(c, &f, h, t->scratch, dt__now() + 0.5, "drain") != DTRAIN_OK)
+            t->peer_state[j] = DT__TCP_P_ALIVE;
+        } else {
+          t->peer_state[j] = DT__TCP_P_ALIVE;
+        }
+      } else if (f.type == DT__MSG_ABORT || f.type == DT__MSG_REFUSE || rc == DTRAIN_ERR_PROTOCOL ||
+                 rc == DTRAIN_ERR_MISMATCH) {
+        t->peer_state[j] = DT__TCP_P_ALIVE; /* it spoke: not the lost one */
+      } else if (rc == DTRAIN_ERR_PEER) {
+        t->peer_state[j] = DT__TCP_P_DEAD;
+      } /* a timeout mid-frame: leave it unknown */
+    }
+  }
+}
+
+/* Called with the thread's error set by the failing transport call. Breaks
+ * the communicator, tells every peer, finds the lost ranks, and rewrites the
+ * error to name them. */
+static dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
+  int world = t->comm.world;
+  char first[DT__MSG_CAP];
+  snprintf(first, sizeof first, "%s", dt_last_error());
+  t->broken = 1;
+  for (int j = 0; j < world; j++) t->peer_state[j] = DT__TCP_P_UNKNOWN;
+  /* What the first error says about one peer. */
+  const char *ab = strstr(first, " aborted: ");
+  int who = dt__tcp_find_peer(t, first, ab);
+  if (who >= 0) {
+    if (ab) t->peer_state[who] = DT__TCP_P_ALIVE;
+    else if (rc == DTRAIN_ERR_PEER) t->peer_state[who] = DT__TCP_P_DEAD;
+  }
+  /* Tell everyone, then listen for the others' notices. */
+  for (int j = 0; j < world; j++)
+    if (j != t->comm.rank && t->conns[j].fd >= 0 && t->peer_state[j] != DT__TCP_P_DEAD)
+      dt__conn_abort(&t->conns[j], rc, first);
+  if (rc != DTRAIN_ERR_MISMATCH && rc != DTRAIN_ERR_PROTOCOL) {
+    double grace = t->timeout_s * 0.25;
+    dt__tcp_collect(t, grace > 2.0 ? 2.0 : grace);
+  }
+  /* Name the lost ranks: the dead first, else the silent ones. */
+  char names[DT__MSG_CAP];
+  size_t used = 0;
+  int dead = 0, silent = 0;
+  names[0] = '\0';
+  for (int pass = 0; pass < 2 && used == 0; pass++) {
+    for (int j = 0; j < world; j++) {
+      if (j == t->comm.rank) continue;
+      int st = t->peer_state[j];
+      if (pass == 0 ? st != DT__TCP_P_DEAD : st != DT__TCP_P_UNKNOWN) continue;
+      int k = snprintf(names + used, sizeof names - used, "%s%.95s", used ? ", " : "", t->conns[j].peer);
+      if (k < 0 || (size_t)k >= sizeof names - used) break;
+      used += (size_t)k;
+      if (pass == 0) dead++;
+      else silent++;
+    }
+  }
+  if (dead)
+    return dt__error(DTRAIN_ERR_PEER, "%.90s: %.200s closed the connection", t->op, names);
+  if (silent)
+    return dt__error(DTRAIN_ERR_TIMEOUT, "%.90s: %.200s sent nothing before the deadline (stalled?)", t->op, names);
+  return dt__error(rc, "%s", first);
+}
+
+/* ---- transport wrappers (time accounted to wait_s) ------------------------------------- */
+
+static dt_result dt__tcp_exchange(dt__comm_tcp *t, int to, uint16_t stype, const void *s, size_t sn, int from,
+                                  uint16_t rtype, void *r, size_t rn) {
+  double t0 = dt__now();
+  dt_result rc = dt__conn_exchange(&t->conns[to], stype, s, (uint32_t)(sn * sizeof(float)), &t->conns[from], rtype, r,
+                                   (uint32_t)(rn * sizeof(float)), t0 + t->timeout_s, t->op);
+  t->st.wait_s += dt__now() - t0;
+  return rc;
+}
+
+static dt_result dt__tcp_send(dt__comm_tcp *t, int to, uint16_t type, const void *s, size_t bytes) {
+  double t0 = dt__now();
+  dt_result rc = dt__conn_send(&t->conns[to], type, s, (uint32_t)bytes, t0 + t->timeout_s, t->op);
+  t->st.wait_s += dt__now() - t0;
+  return rc;
+}
+
+static dt_result dt__tcp_recv(dt__comm_tcp *t, int from, uint16_t type, void *r, size_t bytes) {
+  double t0 = dt__now();
+  uint32_t len = 0;
+  dt_result rc = dt__conn_recv(&t->conns[from], type, r, (uint32_t)bytes, &len, t0 + t->timeout_s, t->op);
+  t->st.wait_s += dt__now() - t0;
+  if (rc == DTRAIN_OK && len != bytes)
+    rc = dt__error(DTRAIN_ERR_PROTOCOL, "%s: receive from %s: %u bytes, expected %zu", t->op, t->conns[from].peer,
+                   (unsigned)len, bytes);
+  return rc;
+}
+
+/* ---- recursive doubling over a byte buffer --------------------------------------------- */
+
+typedef void (*dt__tcp_combine_fn)(void *acc, const void *in, size_t bytes);
+
+static void dt__tcp_add(void *acc, const void *in, size_t bytes) {
+  float *a = (float *)acc;
+  const float *b = (const float *)in;
+  size_t n = bytes / sizeof(float);
+  for (size_t i = 0; i < n; i++) a[i] += b[i];
+}
+
+/* buf (bytes) becomes the combination over all ranks. Partial frames are
+ * `part`, the fold-back `final`. */
+static dt_result dt__tcp_rd(dt__comm_tcp *t, void *buf, size_t bytes, uint16_t part, uint16_t final,
+                            dt__tcp_combine_fn combine) {
+  int world = t->comm.world, r = t->comm.rank, p2 = 1;
+  dt__conn *cs = t->conns;
+  double dl;
+  dt_result rc = DTRAIN_OK;
+  while (p2 * 2 <= world) p2 *= 2;
+  if (r >= p2) {
+    /* Extra rank: hand the buffer to rank r - p2, get the result back. */
+    rc = dt__tcp_send(t, r - p2, part, buf, bytes);
+    if (rc == DTRAIN_OK) rc = dt__tcp_recv(t, r - p2, final, buf, bytes);
+    return rc;
+  }
+  if (r + p2 < world) {
+    rc = dt__tcp_recv(t, r + p2, part, t->scratch, bytes);
+    if (rc != DTRAIN_OK) return rc;
+    combine(buf, t->scratch, bytes);
+  }
+  for (int d = 1; d < p2; d *= 2) {
+    int q = r ^ d;
+    dl = dt__now();
+    rc = dt__conn_exchange(&cs[q], part, buf, (uint32_t)bytes, &cs[q], part, t->scratch, (uint32_t)bytes,
+                           dl + t->timeout_s, t->op);
+    t->st.wait_s += dt__now() - dl;
+    if (rc != DTRAIN_OK) return rc;
+    combine(buf, t->scratch, bytes);
+  }
+  if (r + p2 < world) rc = dt__tcp_send(t, r + p2, final, buf, bytes);
+  return rc;
+}
+
+/* ---- the agreement round ----------------------------------------------------------------- */
+
+static void dt__tcp_call_put(unsigned char *p, const dt__tcp_call *c) {
+  dt__le32_put(p, c->op);
+  dt__le32_put(p + 4, c->root);
+  dt__le64_put(p + 8, c->n);
+  dt__le64_put(p + 16, c->seq);
+}
+
+static void dt__tcp_call_get(const unsigned char *p, dt__tcp_call *c) {
+  c->op = dt__le32_get(p);
+  c->root = dt__le32_get(p + 4);
+  c->n = dt__le64_get(p + 8);
+  c->seq = dt__le64_get(p + 16);
+}
+
+static int dt__tcp_call_eq(const dt__tcp_call *a, const dt__tcp_call *b) {
+  return a->op == b->op && a->root == b->root && a->n == b->n && a->seq == b->seq;
+}
+
+/* State: the lowest rank seen with its call, and (if any) a rank whose call
+ * differs from it. Merging keeps "a differing call exists" exact, so every
+ * rank ends knowing whether all ranks agree. */
+static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
+  unsigned char *a = (unsigned char *)acc;
+  const unsigned char *b = (const unsigned char *)in;
+  (void)bytes;
+  uint32_t af = dt__le32_get(a), ab = dt__le32_get(a + 4), bf = dt__le32_get(b), bb = dt__le32_get(b + 4);
+  dt__tcp_call acf, acb, bcf, bcb;
+  dt__tcp_call_get(a + 8, &acf);
+  dt__tcp_call_get(a + 32, &acb);
+  dt__tcp_call_get(b + 8, &bcf);
+  dt__tcp_call_get(b + 32, &bcb);
+  /* The new first: the lower of the two firsts. */
+  uint32_t nf = af < bf ? af : bf, nb = DT__TCP_NONE;
+  dt__tcp_call cf = af < bf ? acf : bcf, cb = cf;
+  /* Candidates for a differing call, lowest rank first. */
+  struct {
+    uint32_t rank;
+    dt__tcp_call call;
+  } cand[4];
+  int nc;
+  cand[0].rank = af;
+  cand[0].call = acf;
+  cand[1].rank = bf;
+  cand[1].call = bcf;
+  nc = 2;
+  if (ab != DT__TCP_NONE) {
+    cand[nc].rank = ab;
+    cand[nc].call = acb;
+    nc++;
+  }
+  if (bb != DT__TCP_NONE) {
+    cand[nc].rank = bb;
+    cand[nc].call = bcb;
+    nc++;
+  }
+  for (int i = 0; i < nc; i++)
+    if (!dt__tcp_call_eq(&cand[i].call, &cf) && (nb == DT__TCP_NONE || cand[i].rank < nb)) {
+      nb = cand[i].rank;
+      cb = cand[i].call;
+    }
+  dt__le32_put(a, nf);
+  dt__le32_put(a + 4, nb);
+  dt__tcp_call_put(a + 8, &cf);
+  dt__tcp_call_put(a + 32, &cb);
+}
+
+static const char *dt__tcp_call_text(const dt__tcp_call *c, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s n=%llu root %u (call #%llu)", dt__tcp_op_name(c->op), (unsigned long long)c->n,
+           (unsigned)c->root, (unsigned long long)c->seq);
+  return buf;
+}
+
+/* Start a call: checks, sequence number, the agreement round. */
+static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n, int root) {
+  if (rank != t->comm.rank)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_comm_%s: called with rank %d, but this process is rank %d",
+                     dt__tcp_op_name(op), rank, t->comm.rank);
+  if (t->broken) return DTRAIN_ERR_ABORTED;
+  t->seq++;
+  snprintf(t->op, sizeof t->op, "worker %d: %s #%llu", t->comm.rank, dt__tcp_op_name(op), (unsigned long long)t->seq);
+  if (t->comm.world == 1) return DTRAIN_OK;
+  unsigned char st[DT__TCP_CALL_BYTES];
+  dt__tcp_call me;
+  me.op = op;
+  me.root = (uint32_t)root;
+  me.n = (uint64_t)n;
+  me.seq = t->seq;
+  memset(st, 0, sizeof st);
+  dt__le32_put(st, (uint32_t)t->comm.rank);
+  dt__le32_put(st + 4, DT__TCP_NONE);
+  dt__tcp_call_put(st + 8, &me);
+  dt__tcp_call_put(st + 32, &me);
+  dt_result rc = dt__tcp_rd(t, st, sizeof st, DT__TCP_MSG_CALL, DT__TCP_MSG_CALL, dt__tcp_agree_combine);
+  if (rc != DTRAIN_OK) return dt__tcp_fail(t, rc);
+  uint32_t fr = dt__le32_get(st), br = dt__le32_get(st + 4);
+  if (br != DT__TCP_NONE) {
+    dt__tcp_call a, b;
+    char ta[96], tb[96];
+    dt__tcp_call_get(st + 8, &a);
+    dt__tcp_call_get(st + 32, &b);
+    return dt__error(DTRAIN_ERR_MISMATCH, "%s: the ranks disagree: worker %u called %s, worker %u called %s", t->op,
+                     (unsigned)fr, dt__tcp_call_text(&a, ta, sizeof ta), (unsigned)br,
+                     dt__tcp_call_text(&b, tb, sizeof tb));
+  }
+  return DTRAIN_OK;
+}
+
+static dt_result dt__tcp_leave(dt__comm_tcp *t, dt_result rc, size_t n) {
+  if (rc != DTRAIN_OK) return t->broken ? rc : dt__tcp_fail(t, rc);
+  t->st.calls++;
+  t->st.bytes += (uint64_t)n * sizeof(float);
+  return DTRAIN_OK;
+}
+
+/* ---- ring halves ---------------------------------------------------------------------------- */
+
+static size_t dt__tcp_nparts(const dt__comm_tcp *t, size_t n) {
+  size_t maxlen = 0;
+  for (int j = 0; j < t->comm.world; j++) {
+    size_t b, e;
+    dt_comm_slice(n, t->comm.world, j, &b, &e);
+    if (e - b > maxlen) maxlen = e - b;
+  }
+  size_t k = (maxlen + t->chunk_floats - 1) / t->chunk_floats;
+  return k ? k : 1;
+}
+
+/* Part c of a slice of `len` floats cut into k parts. */
+static void dt__tcp_part(size_t len, size_t k, size_t c, size_t *off, size_t *m) {
+  uint64_t a = (uint64_t)len * c / k, b = (uint64_t)len * (c + 1) / k;
+  *off = (size_t)a;
+  *m = (size_t)(b - a);
+}
+
+static dt_result dt__tcp_ring(dt__comm_tcp *t, float *buf, size_t n, int gather) {
+  int world = t->comm.world, r = t->comm.rank;
+  int next = (r + 1) % world, prev = (r + world - 1) % world;
+  size_t k = dt__tcp_nparts(t, n);
+  for (int s = 0; s < world - 1; s++) {
+    /* Reduce-scatter: send slice r-s-1, receive slice r-s-2 (rank r ends with
+     * slice r). All-gather: send slice r-s, receive slice r-s-1. */
+    int js = gather ? (r - s + world) % world : (r - s - 1 + 2 * world) % world;
+    int jr = (js - 1 + world) % world;
+    size_t sb, se, rb, re;
+    dt_comm_slice(n, world, js, &sb, &se);
+    dt_comm_slice(n, world, jr, &rb, &re);
+    for (size_t c = 0; c < k; c++) {
+      size_t so, sm, ro, rm;
+      dt__tcp_part(se - sb, k, c, &so, &sm);
+      dt__tcp_part(re - rb, k, c, &ro, &rm);
+      dt_result rc;
+      if (gather) {
+        rc = dt__tcp_exchange(t, next, DT__TCP_MSG_COPY, buf + sb + so, sm, prev, DT__TCP_MSG_COPY, buf + rb + ro, rm);
+      } else {
+        rc = dt__tcp_exchange(t, next, DT__TCP_MSG_SUM, buf + sb + so, sm, prev, DT__TCP_MSG_SUM, t->scratch, rm);
+        if (rc == DTRAIN_OK) {
+          /* received partial (x[j+1] + ... ) + this rank's value */
+          float *d = buf + rb + ro;
+          const float *in = t->scratch;
+          for (size_t i = 0; i < rm; i++) d[i] = in[i] + d[i];
+        }
+      }
+      if (rc != DTRAIN_OK) return rc;
+    }
+  }
+  return DTRAIN_OK;
+}
+
+/* ---- the vtable ------------------------------------------------------------------------------ */
+
+static dt_result dt__tcp_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_ALLREDUCE, n, 0);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  if (n * sizeof(float) <= t->small_bytes) {
+    rc = dt__tcp_rd(t, buf, n * sizeof(float), DT__TCP_MSG_SUM, DT__TCP_MSG_COPY, dt__tcp_add);
+  } else {
+    rc = dt__tcp_ring(t, buf, n, 0);
+    if (rc == DTRAIN_OK) rc = dt__tcp_ring(t, buf, n, 1);
+  }
+  return dt__tcp_leave(t, rc, n);
+}
+
+static dt_result dt__tcp_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_REDUCE_SCATTER, n, 0);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  return dt__tcp_leave(t, dt__tcp_ring(t, buf, n, 0), n);
+}
+
+static dt_result dt__tcp_allgather(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_ALLGATHER, n, 0);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  return dt__tcp_leave(t, dt__tcp_ring(t, buf, n, 1), n);
+}
+
+static dt_result dt__tcp_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_REDUCE, n, root);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  int world = c->world, pos = (rank - root - 1 + 2 * world) % world; /* root is last */
+  int prev = (rank + world - 1) % world, next = (rank + 1) % world;
+  size_t k = (n + t->chunk_floats - 1) / t->chunk_floats;
+  for (size_t p = 0; p < k && rc == DTRAIN_OK; p++) {
+    size_t off, m;
+    dt__tcp_part(n, k, p, &off, &m);
+    if (pos == 0) {
+      rc = dt__tcp_send(t, next, DT__TCP_MSG_SUM, buf + off, m * sizeof(float));
+      continue;
+    }
+    rc = dt__tcp_recv(t, prev, DT__TCP_MSG_SUM, t->scratch, m * sizeof(float));
+    if (rc != DTRAIN_OK) break;
+    float *acc = t->scratch;
+    const float *mine = buf + off;
+    if (pos == world - 1) {
+      for (size_t i = 0; i < m; i++) buf[off + i] = acc[i] + mine[i];
+    } else {
+      for (size_t i = 0; i < m; i++) acc[i] = acc[i] + mine[i];
+      rc = dt__tcp_send(t, next, DT__TCP_MSG_SUM, acc, m * sizeof(float));
+    }
+  }
+  return dt__tcp_leave(t, rc, n);
+}
+
+static dt_result dt__tcp_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_BROADCAST, n, root);
+  if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
+  int world = c->world, pos = (rank - root + world) % world; /* root first */
+  int prev = (rank + world - 1) % world, next = (rank + 1) % world;
+  size_t k = (n + t->chunk_floats - 1) / t->chunk_floats;
+  for (size_t p = 0; p < k && rc == DTRAIN_OK; p++) {
+    size_t off, m;
+    dt__tcp_part(n, k, p, &off, &m);
+    if (pos > 0) rc = dt__tcp_recv(t, prev, DT__TCP_MSG_COPY, buf + off, m * sizeof(float));
+    if (rc == DTRAIN_OK && pos < world - 1) rc = dt__tcp_send(t, next, DT__TCP_MSG_COPY, buf + off, m * sizeof(float));
+  }
+  return dt__tcp_leave(t, rc, n);
+}
+
+static dt_result dt__tcp_barrier(dt_comm *c, int rank) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_BARRIER, 0, 0);
+  return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, 0) : rc;
+}
+
+static void dt__tcp_abort(dt_comm *c, int rank) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  (void)rank;
+  if (t->broken) return;
+  t->broken = 1;
+  char why[160];
+  snprintf(why, sizeof why, "worker %d: the program aborted the communicator (dt_comm_abort)", c->rank);
+  for (int j = 0; j < c->world; j++)
+    if (j != c->rank && t->conns[j].fd >= 0) dt__conn_abort(&t->conns[j], DTRAIN_ERR_ABORTED, why);
+}
+
+static dt_result dt__tcp_recover(dt_comm *c) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  if (!t->broken) return DTRAIN_OK;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                   "dt_comm_recover: worker %d: a tcp communicator cannot be repaired after a failure; destroy it, "
+                   "restart the processes and resume from the last checkpoint",
+                   c->rank);
+}
+
+static void dt__tcp_stats(dt_comm *c, int rank, dt_comm_stats *out) {
+  (void)rank;
+  *out = dt__tcp_of(c)->st;
+}
+
+static void dt__tcp_reset_stats(dt_comm *c) { memset(&dt__tcp_of(c)->st, 0, sizeof(dt_comm_stats)); }
+
+static void dt__tcp_free(dt__comm_tcp *t) {
+  if (t->conns)
+    for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
+  dt__free(t->conns, t->conns_bytes);
+  dt__free(t->peer_state, (size_t)t->comm.world);
+  dt__free(t->scratch, t->scratch_bytes);
+  dt__free(t, sizeof *t);
+}
+
+static void dt__tcp_destroy(dt_comm *c) {
+  dt__comm_tcp *t = dt__tcp_of(c);
+  char keep[DT__MSG_CAP];
+  dt_result keep_rc = dt_last_result();
+  snprintf(keep, sizeof keep, "%s", dt_last_error());
+  for (int j = 0; j < c->world; j++)
+    if (j != c->rank && t->conns[j].fd >= 0)
+      dt__conn_send(&t->conns[j], DT__MSG_BYE, NULL, 0, dt__now() + 0.2, "bye");
+  dt__tcp_free(t);
+  if (keep_rc != DTRAIN_OK) dt__error(keep_rc, "%s", keep);
+  else dt_clear_error();
+}
+
+static const dt_comm_vtable dt__comm_tcp_vtable = {
+  "tcp",
+  dt__tcp_allreduce,
+  dt__tcp_reduce_scatter,
+  dt__tcp_allgather,
+  dt__tcp_reduce,
+  dt__tcp_broadcast,
+  dt__tcp_barrier,
+  dt__tcp_abort,
+  dt__tcp_recover,
+  dt__tcp_stats,
+  dt__tcp_reset_stats,
+  dt__tcp_destroy
+};
+
+/* ---- setup ------------------------------------------------------------------------------------ */
+
+/* Accepted connections whose first frame has not fully arrived: strangers
+ * that send a few bytes (or none) and stall must not hold up the real peers,
+ * so a connection is admitted only once its hello is there (or its first
+ * bytes are plainly not a frame, or it closed). */
+#  define DT__TCP_PENDING 16
+#  define DT__TCP_HELLO_FRAME (DT__NET_HDR + 128)
+
+typedef struct dt__tcp_pending {
+  int fd;
+  int partial; /* some bytes arrived, not enough: polling would spin, so it is re-checked every 10 ms */
+  double since;
+  char addr[DT__NET_ADDR];
+} dt__tcp_pending;
+
+/* 1: admit now, 0: keep waiting, -1: closed without a byte (drop quietly),
+ * 2: not a dtrain frame and too short for the handshake to read (refuse
+ * here: why gets the reason). */
+static int dt__tcp_pending_ready(int fd, int *partial, char *why, size_t cap) {
+  unsigned char peek[DT__TCP_HELLO_FRAME];
+  ssize_t k = recv(fd, peek, sizeof peek, MSG_PEEK);
+  *partial = k > 0;
+  if (k == 0) return -1;
+  if (k < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+  if ((size_t)k >= sizeof peek) return 1;
+  if (k >= 4 && dt__le32_get(peek) != DT__NET_MAGIC) {
+    if (k >= DT__NET_HDR) return 1; /* the handshake reads the header and refuses it */
+    dt__frame f;
+    memset(peek + k, 0, sizeof peek - (size_t)k);
+    dt__frame_unpack(peek, 0, 0, &f, why, cap);
+    return 2;
+  }
+  /* Closed after a few bytes: the handshake reports the truncated frame. */
+  struct pollfd p;
+  p.fd = fd;
+  p.events = POLLIN;
+  p.revents = 0;
+  if (poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))) return 1;
+  return 0;
+}
+
+static void dt__tcp_refuse_log(const dt__comm_tcp *t, const dt__tcp_pending *p, const char *why) {
+  if (!t->self.opt.quiet)
+    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused a connection from %.80s: %s", t->comm.rank,
+            p->addr, why);
+}
+
+static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
+  const dt_cluster *cl = t->self.cluster;
+  int world = cl->workers, r = cl->index, lfd = -1, own_lfd = 0, need = world - 1 - r, np = 0;
+  double start = dt__now();
+  double deadline = start + t->self.opt.connect_timeout_s + t->self.opt.timeout_s;
+  unsigned char *seen = NULL;
+  dt__tcp_pending pend[DT__TCP_PENDING];
+  dt_result rc = DTRAIN_OK;
+  if (need > 0) {
+    /* Listen before dialing so higher ranks' connections wait in the backlog. */
+    rc = dt__net_self_listen(&t->self, &lfd);
+    if (rc != DTRAIN_OK) goto done;
+    own_lfd = t->self.opt.listen_fd < 0;
+    seen = (unsigned char *)dt__calloc((size_t)world);
+    if (!seen) {
+      rc = dt__error(DTRAIN_ERR_NOMEM, "out of memory");
+      goto done;
+    }
+  }
+  for (int j = 0; j < r; j++) {
+    rc = dt__net_dial(&t->self, DTRAIN_ROLE_WORKER, j, &t->conns[j]);
+    if (rc != DTRAIN_OK) goto done;
+  }
+  while (need > 0) {
+    struct pollfd pf[DT__TCP_PENDING + 1];
+    double now = dt__now();
+    if (now >= deadline) {
+      char miss[200];
+      size_t used = 0;
+      miss[0] = '\0';
+      for (int j = r + 1; j < world; j++) {
+        if (seen[j]) continue;
+        int k = snprintf(miss + used, sizeof miss - used, "%s%d", used ? ", " : "", j);
+        if (k < 0 || (size_t)k >= sizeof miss - used) break;
+        used += (size_t)k;
+      }
+      rc = dt__error(DTRAIN_ERR_TIMEOUT, "worker %s did not connect before the deadline (%.1f s)", miss,
+                     deadline - start);
+      goto done;
+    }
+    pf[0].fd = lfd;
+    pf[0].events = POLLIN;
+    pf[0].revents = 0;
+    int npf = 1, ms = (int)((deadline - now) * 1000.0) + 1;
+    if (ms > 100) ms = 100; /* also re-checks how long the pending ones have waited */
+    for (int q = 0; q < np; q++) {
+      if (pend[q].partial) {
+        if (ms > 10) ms = 10;
+        continue;
+      }
+      pf[npf].fd = pend[q].fd;
+      pf[npf].events = POLLIN;
+      pf[npf].revents = 0;
+      npf++;
+    }
+    if (poll(pf, (nfds_t)npf, ms) < 0 && errno != EINTR) {
+      rc = dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+      goto done;
+    }
+    if (pf[0].revents) {
+      int fd;
+      char addr[DT__NET_ADDR];
+      rc = dt__net_accept(lfd, dt__now(), &fd, addr, sizeof addr);
+      if (rc == DTRAIN_OK) {
+        if (np == DT__TCP_PENDING) {
+          dt__tcp_refuse_log(t, &pend[0], "too many connections waiting to say hello");
+          dt__net_close(pend[0].fd);
+          memmove(pend, pend + 1, (size_t)(np - 1) * sizeof pend[0]);
+          np--;
+        }
+        pend[np].fd = fd;
+        pend[np].partial = 0;
+        pend[np].since = dt__now();
+        snprintf(pend[np].addr, sizeof pend[np].addr, "%s", addr);
+        np++;
+      } else if (rc != DTRAIN_ERR_TIMEOUT) {
+        goto done;
+      }
+      rc = DTRAIN_OK;
+    }
+    for (int q = 0; q < np && need > 0; q++) {
+      char why[160];
+      int ready = dt__tcp_pending_ready(pend[q].fd, &pend[q].partial, why, sizeof why);
+      if (ready == 0 && dt__now() - pend[q].since > t->self.opt.timeout_s) {
+        dt__tcp_refuse_log(t, &pend[q], "no hello before the deadline");
+        ready = -1;
+      }
+      if (ready == 2) {
+        dt__tcp_refuse_log(t, &pend[q], why);
+        ready = -1;
+      }
+      if (ready == 0) continue;
+      dt__tcp_pending p = pend[q];
+      memmove(pend + q, pend + q + 1, (size_t)(np - q - 1) * sizeof pend[0]);
+      np--;
+      q--;
+      if (ready < 0) {
+        dt__net_close(p.fd);
+        continue;
+      }
+      double dl = dt__now() + t->self.opt.timeout_s;
+      dt__conn c;
+      if (dl > deadline) dl = deadline;
+      if (dt__net_admit(&t->self, p.fd, p.addr, dl, seen, &c) != DTRAIN_OK)
+        continue; /* refused and logged; keep waiting for the real peers */
+      if (c.peer_role != DTRAIN_ROLE_WORKER || c.peer_index <= r) {
+        /* Lower ranks are dialed by this rank; servers do not belong here. */
+        if (!t->self.opt.quiet)
+          dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused %s: it should not dial this rank", r,
+                  c.peer);
+        if (c.peer_role == DTRAIN_ROLE_WORKER && c.peer_index >= 0 && c.peer_index < world) seen[c.peer_index] = 0;
+        dt__conn_close(&c);
+        continue;
+      }
+      t->conns[c.peer_index] = c;
+      need--;
+    }
+  }
+  rc = DTRAIN_OK;
+done:
+  for (int q = 0; q < np; q++) {
+    dt__tcp_refuse_log(t, &pend[q], "setup ended before its hello");
+    dt__net_close(pend[q].fd);
+  }
+  if (own_lfd) dt__net_close(lfd);
+  dt__free(seen, (size_t)world);
+  return rc;
+}
+
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_options *o) {
+  dt__comm_tcp *t = NULL;
+  dt_result rc;
+  size_t world, scratch;
+  if (!cl) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_create_tcp: cluster is NULL");
+    return NULL;
+  }
+  if (cl->role != DTRAIN_ROLE_WORKER) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "dt_comm_create_tcp: this process is a parameter server, not a worker");
+    return NULL;
+  }
+  t = (dt__comm_tcp *)dt__calloc(sizeof *t);
+  if (!t) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_comm_create_tcp: out of memory");
+    return NULL;
+  }
+  rc = dt__net_self_init(&t->self, cl, o);
+  if (rc != DTRAIN_OK) {
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__error(rc, "dt_comm_create_tcp: %.290s", why);
+    dt__free(t, sizeof *t);
+    return NULL;
+  }
+  world = (size_t)cl->workers;
+  t->comm.vtable = &dt__comm_tcp_vtable;
+  t->comm.world = cl->workers;
+  t->comm.rank = cl->index;
+  t->comm.impl = t;
+  t->timeout_s = t->self.opt.timeout_s;
+  /* Frames must fit the receivers' payload limit. */
+  t->chunk_floats = DT__MIN(t->self.opt.chunk_bytes, t->self.opt.max_payload) / sizeof(float);
+  if (t->chunk_floats < 16) t->chunk_floats = 16;
+  t->small_bytes = DT__MIN(t->self.opt.small_bytes, t->self.opt.max_payload);
+  scratch = DT__MAX(t->chunk_floats * sizeof(float), t->small_bytes);
+  scratch = DT__MAX(scratch, (size_t)DT__TCP_CALL_BYTES) + 64;
+  t->conns_bytes = world * sizeof(dt__conn);
+  t->conns = (dt__conn *)dt__calloc(t->conns_bytes);
+  t->peer_state = (unsigned char *)dt__calloc(world);
+  t->scratch = (float *)dt__alloc(scratch);
+  t->scratch_bytes = t->scratch ? scratch : 0;
+  if (!t->conns || !t->peer_state || !t->scratch) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_comm_create_tcp: out of memory");
+    dt__tcp_free(t);
+    return NULL;
+  }
+  for (size_t j = 0; j < world; j++) {
+    dt__conn_init(&t->conns[j], -1, t->self.job, t->self.id, (uint32_t)t->self.opt.max_payload);
+    t->conns[j].fd = -1;
+  }
+  rc = dt__tcp_connect_all(t);
+  if (rc != DTRAIN_OK) {
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__error(rc, "dt_comm_create_tcp: worker %d: %.280s", cl->index, why);
+    dt__tcp_free(t);
+    return NULL;
+  }
+  t->self.cluster = NULL; /* the caller's; not needed after setup */
+  t->self.opt.token = NULL;
+  return &t->comm;
+}
+
+#  undef DT__TCP_PENDING
+#  undef DT__TCP_HELLO_FRAME
+#  undef DT__TCP_CALL_BYTES
+#  undef DT__TCP_NONE
+
+#endif /* DTRAIN_NO_NET || DTRAIN_NO_THREADS */

@@ -1,0 +1,118 @@
+#!/bin/sh
+# tools/dtrain-launch against tests/launch_probe: DTRAIN_CONFIG and
+# DTRAIN_LISTEN_FD per process, output prefixes (stdout and stderr, partial
+# and long lines), exit codes and signals of failing processes, the others
+# stopped after a failure (SIGTERM, then SIGKILL), signals passed on,
+# parameter servers stopped after the workers, --timeout, --token-env, usage.
+# Prints "launch_checks: N passed, N failed".
+BUILD=${BUILD:-build}
+L=${LAUNCH:-tools/dtrain-launch}
+P=$BUILD/tests/launch_probe
+T=$BUILD/launch_checks
+rm -rf "$T"; mkdir -p "$T"
+pass=0; fail=0
+ok() { echo "ok $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; shift; for f in "$@"; do echo "--- $f"; tail -n 20 "$f"; done; fail=$((fail + 1)); }
+if [ ! -x "$L" ] || [ ! -x "$P" ]; then
+  echo "FAIL: build $L and $P first (make all)"
+  echo "launch_checks: 0 passed, 1 failed"; exit 1
+fi
+# run NAME ARGS...: launcher with ARGS, stdout/stderr/exit code into $T/NAME.{out,err,rc}; 60 s cap (never reached).
+run() {
+  name=$1; shift
+  timeout 60 "$L" "$@" >"$T/$name.out" 2>"$T/$name.err"; echo $? >"$T/$name.rc"
+}
+rc_of() { cat "$T/$1.rc"; }
+has() { grep -q -- "$2" "$T/$1"; }
+
+# -- usage
+"$L" -h >"$T/h.out" 2>&1 && grep -q '^usage: dtrain-launch -n N' "$T/h.out" && ok "help" || bad "help" "$T/h.out"
+run nonum -- "$P"; [ "$(rc_of nonum)" = 2 ] && has nonum.err '\-n N' && ok "usage: -n required" || bad "usage: -n required" "$T/nonum.err"
+run noprog -n 2; [ "$(rc_of noprog)" = 2 ] && has noprog.err 'no program' && ok "usage: program required" || bad "usage: program required" "$T/noprog.err"
+run badn -n 0 -- "$P"; [ "$(rc_of badn)" = 2 ] && has badn.err "expected a number of workers" && ok "usage: bad -n" || bad "usage: bad -n" "$T/badn.err"
+run badopt -n 1 --bogus -- "$P"; [ "$(rc_of badopt)" = 2 ] && has badopt.err "unknown option '--bogus'" && ok "usage: unknown option" || bad "usage: unknown option" "$T/badopt.err"
+
+# -- every process gets its own task in a well-formed DTRAIN_CONFIG and its own listening socket
+run info -n 3 --ps=2 -- "$P" info
+good=1
+for t in "worker 0" "worker 1" "worker 2" "ps 0" "ps 1"; do
+  r=${t% *}; i=${t#* }
+  grep -q "^\[$t\] role=$r index=$i workers=3 servers=2 self=127.0.0.1:[0-9]* rank=$i world=3 envrole=$r listen=ok leaked=-1\$" "$T/info.out" || { echo "missing/odd line for $t"; good=0; }
+  [ "$(grep -c "^\[$t\] " "$T/info.out")" = 6 ] || { echo "$t: not 6 lines"; good=0; }
+done
+# every process sees the same cluster, and the 5 addresses differ
+[ "$(grep -E '^\[[a-z]+ [0-9]\] (worker|server)_addr' "$T/info.out" | sed 's/^\[[^]]*\] //' | sort | uniq -c | awk '$1 != 5' | wc -l)" = 0 ] || { echo "processes disagree on the cluster"; good=0; }
+[ "$(grep '^\[worker 0\] .*_addr' "$T/info.out" | awk '{print $NF}' | sort -u | wc -l)" = 5 ] || { echo "addresses not distinct"; good=0; }
+[ "$(rc_of info)" = 0 ] && [ $good = 1 ] && [ ! -s "$T/info.err" ] && ok "config, rank, world and listening socket per process" || bad "config, rank, world and listening socket per process" "$T/info.out" "$T/info.err"
+
+# -- prefixes on stdout and stderr; a partial last line is flushed; a long line stays one line
+run partial -n 3 -- "$P" partial
+grep -qx '\[worker 0\] no newline' "$T/partial.out" && grep -qx '\[worker 1\] to stderr' "$T/partial.err" \
+  && ! grep -q 'to stderr' "$T/partial.out" && [ "$(grep -c '^\[worker 2\] x' "$T/partial.out")" = 1 ] \
+  && [ "$(grep '^\[worker 2\] x' "$T/partial.out" | wc -c)" = 10012 ] && [ "$(rc_of partial)" = 0 ] \
+  && ok "prefixes, partial and long lines" || bad "prefixes, partial and long lines" "$T/partial.out" "$T/partial.err"
+
+# -- a failing worker: its exit code, the message, the others stopped (SIGTERM after the grace period)
+run exit3 -n 3 --grace 0.3 -- "$P" exitif worker 1 3
+[ "$(rc_of exit3)" = 3 ] && has exit3.err '^dtrain-launch: worker 1 exited with code 3$' \
+  && has exit3.out '^\[worker 0\] got signal 15$' && has exit3.out '^\[worker 2\] got signal 15$' \
+  && has exit3.err 'worker 2 killed by signal 15 (stopped by dtrain-launch)' \
+  && ok "exit code propagated, others terminated" || bad "exit code propagated, others terminated" "$T/exit3.out" "$T/exit3.err"
+
+# -- a server that fails counts too
+run psfail -n 1 --ps 1 --grace 0.3 -- "$P" exitif ps 0 7
+[ "$(rc_of psfail)" = 7 ] && has psfail.err '^dtrain-launch: ps 0 exited with code 7$' && has psfail.out '^\[worker 0\] got signal 15$' \
+  && ok "failing server" || bad "failing server" "$T/psfail.out" "$T/psfail.err"
+
+# -- a worker killed by a signal: 128 + signal
+run kill9 -n 2 --grace 0.3 -- "$P" killif worker 0 9
+[ "$(rc_of kill9)" = 137 ] && has kill9.err '^dtrain-launch: worker 0 killed by signal 9$' && has kill9.out '^\[worker 1\] got signal 15$' \
+  && ok "killed by signal" || bad "killed by signal" "$T/kill9.out" "$T/kill9.err"
+
+# -- a process that ignores SIGTERM gets SIGKILL
+run ignore -n 2 --grace 0.2 -- "$P" ignore
+[ "$(rc_of ignore)" = 1 ] && has ignore.err 'worker 1 exited with code 1' && has ignore.err 'worker 0 did not stop after SIGTERM; sending SIGKILL' \
+  && has ignore.err 'worker 0 killed by signal 9 (stopped by dtrain-launch)' \
+  && ok "SIGKILL after an ignored SIGTERM" || bad "SIGKILL after an ignored SIGTERM" "$T/ignore.out" "$T/ignore.err"
+
+# -- signals sent to the launcher reach every process
+for sig in TERM INT HUP; do
+  case $sig in TERM) n=15;; INT) n=2;; HUP) n=1;; esac
+  "$L" -n 2 --ps 1 -- "$P" wait >"$T/sig$sig.out" 2>"$T/sig$sig.err" &
+  pid=$!
+  k=0
+  while [ "$(grep -c 'ready' "$T/sig$sig.out")" -lt 3 ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+  kill -"$sig" $pid
+  k=0
+  while kill -0 $pid 2>/dev/null && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+  kill -KILL $pid 2>/dev/null
+  wait $pid; rc=$?
+  [ $rc = $((128 + n)) ] && has "sig$sig.out" "^\[worker 0\] got signal $n\$" && has "sig$sig.out" "^\[worker 1\] got signal $n\$" \
+    && has "sig$sig.out" "^\[ps 0\] got signal $n\$" && ok "SIG$sig passed on (exit $rc)" || bad "SIG$sig passed on (exit $rc)" "$T/sig$sig.out" "$T/sig$sig.err"
+done
+
+# -- servers still running after the workers succeeded are stopped; the run succeeds
+run ps -n 2 --ps 2 --grace 0.3 -- "$P" ps
+[ "$(rc_of ps)" = 0 ] && has ps.out '^\[ps 0\] got signal 15$' && has ps.out '^\[ps 1\] got signal 15$' \
+  && has ps.out '^\[worker 1\] role=worker index=1 workers=2 servers=2' && ! has ps.err 'exited with code' \
+  && ok "--ps: servers stopped after the workers, exit 0" || bad "--ps: servers stopped after the workers, exit 0" "$T/ps.out" "$T/ps.err"
+
+# -- --timeout
+run timeout -n 2 --timeout 0.5 -- "$P" wait
+[ "$(rc_of timeout)" = 124 ] && has timeout.err 'timed out after 0.5 s' && has timeout.out '^\[worker 1\] got signal 15$' \
+  && ok "--timeout" || bad "--timeout" "$T/timeout.out" "$T/timeout.err"
+
+# -- --token-env: one fresh 64-hex-digit secret shared by all; an existing DTRAIN_TOKEN is kept
+run token -n 3 --token-env -- "$P" token
+[ "$(sed 's/^\[[^]]*\] //' "$T/token.out" | sort -u | grep -c '^token=[0-9a-f]\{64\}$')" = 1 ] && [ "$(wc -l <"$T/token.out")" = 3 ] \
+  && ok "--token-env" || bad "--token-env" "$T/token.out" "$T/token.err"
+DTRAIN_TOKEN=mine timeout 60 "$L" -n 1 --token-env -- "$P" token >"$T/token2.out" 2>&1
+grep -qx '\[worker 0\] token=mine' "$T/token2.out" && ok "--token-env keeps DTRAIN_TOKEN" || bad "--token-env keeps DTRAIN_TOKEN" "$T/token2.out"
+
+# -- a program that cannot be run: 127 and the reason, prefixed
+run noexec -n 1 -- "$T/does-not-exist"
+[ "$(rc_of noexec)" = 127 ] && has noexec.err "^\[worker 0\] dtrain-launch: cannot run '.*does-not-exist'" \
+  && ok "missing program" || bad "missing program" "$T/noexec.err"
+
+echo "launch_checks: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,561 @@
+/* tests/test_comm_tcp.c -- the TCP communicator across forked processes on
+ * 127.0.0.1: all-reduce against a reference sum for 2..5 ranks and sizes from
+ * 1 to 2^24 floats (both algorithms), bitwise repeat, reduce-scatter,
+ * all-gather, reduce, broadcast, barrier, stats, mismatch detection, a wrong
+ * token, a stranger sending garbage during setup, kill -9 and SIGSTOP of a
+ * rank mid-run (the others fail naming it within the deadline), descriptor
+ * leaks. The parent binds every rank's listening socket (port 0) before
+ * forking, so there is no port race; children report through exit codes. */
+#define DTRAIN_STATIC
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+#include "harness.h"
+
+#if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
+int main(void) {
+  dt_cluster c;
+  memset(&c, 0, sizeof c);
+  CHECK(dt_comm_create_tcp(&c, NULL) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_UNSUPPORTED);
+  printf("test_comm_tcp: networking not compiled in, skipping the multi-process tests\n");
+  return th_summary("test_comm_tcp");
+}
+#else
+#  include <dirent.h>
+#  include <signal.h>
+#  include <sys/socket.h>
+#  include <sys/wait.h>
+#  include <unistd.h>
+
+#  define MAXW 5
+
+typedef struct world {
+  int w;
+  int lfd[MAXW];
+  char addr[MAXW][64];
+  char *addrs[MAXW];
+  pid_t pid[MAXW];
+} world;
+
+static int open_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+static void world_init(world *x, int w) {
+  memset(x, 0, sizeof *x);
+  x->w = w;
+  for (int i = 0; i < w; i++) {
+    if (dt__net_listen("127.0.0.1:0", &x->lfd[i]) != DTRAIN_OK) {
+      fprintf(stderr, "listen: %s\n", dt_last_error());
+      exit(1);
+    }
+    snprintf(x->addr[i], sizeof x->addr[i], "127.0.0.1:%d", dt__net_port(x->lfd[i]));
+    x->addrs[i] = x->addr[i];
+  }
+}
+
+static void world_close(world *x) {
+  for (int i = 0; i < x->w; i++) close(x->lfd[i]);
+}
+
+static dt_cluster cluster_of(world *x, int rank) {
+  dt_cluster c;
+  memset(&c, 0, sizeof c);
+  c.workers = x->w;
+  c.worker_addr = x->addrs;
+  c.role = DTRAIN_ROLE_WORKER;
+  c.index = rank;
+  return c;
+}
+
+static dt_net_options opts_of(world *x, int rank) {
+  dt_net_options o = dt_net_defaults();
+  o.timeout_s = 5;
+  o.connect_timeout_s = 10;
+  o.quiet = getenv("DTRAIN_TEST_VERBOSE") == NULL;
+  o.listen_fd = x->lfd[rank];
+  return o;
+}
+
+/* Child-side checks: print and count. */
+static int child_fail;
+#  define CK(cond)                                                                                        \
+    do {                                                                                                  \
+      if (!(cond)) {                                                                                      \
+        child_fail++;                                                                                     \
+        fprintf(stderr, "CHILD FAIL %s:%d [%s]: %s (last error: %s)\n", __FILE__, __LINE__, th_cur, #cond, \
+                dt_last_error());                                                                         \
+      }                                                                                                   \
+    } while (0)
+
+typedef int (*child_fn)(world *x, int rank, void *arg);
+
+/* Fork one child per rank running fn; returns the number of ranks that
+ * failed (exit status != expected[rank], 0 when expected is NULL). */
+static void run_world(world *x, child_fn fn, void *arg, int *status) {
+  fflush(NULL);
+  for (int r = 0; r < x->w; r++) {
+    pid_t p = fork();
+    if (p == 0) {
+      alarm(60);
+      for (int j = 0; j < x->w; j++)
+        if (j != r) close(x->lfd[j]);
+      child_fail = 0;
+      int rc = fn(x, r, arg);
+      fflush(NULL);
+      _exit(rc ? rc : (child_fail ? 1 : 0));
+    }
+    x->pid[r] = p;
+  }
+  for (int r = 0; r < x->w; r++) {
+    int st = 0;
+    waitpid(x->pid[r], &st, 0);
+    status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  }
+}
+
+static float val_int(int r, size_t i) { return (float)((int)((i * 7 + (size_t)r * 31) % 64) - 32); }
+
+static float val_rand(int r, size_t i) {
+  uint64_t s = (uint64_t)i * 0x9E3779B97F4A7C15ULL + (uint64_t)r * 0xD1B54A32D192ED03ULL + 1;
+  return (float)((double)(dt__splitmix64(&s) >> 11) / 9007199254740992.0 - 0.5);
+}
+
+/* ---- all-reduce over sizes -------------------------------------------------------- */
+
+typedef struct sizes_arg {
+  size_t small_bytes, chunk_bytes;
+  int big; /* 0: up to 65539, 1: plus 2^20, 2: plus 2^24 */
+} sizes_arg;
+
+static int child_sizes(world *x, int rank, void *argp) {
+  const sizes_arg *a = (const sizes_arg *)argp;
+  int fds0 = open_fds();
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  o.small_bytes = a->small_bytes;
+  o.chunk_bytes = a->chunk_bytes;
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  CK(dt_comm_rank(comm) == rank && dt_comm_world(comm) == x->w);
+  CK(strcmp(dt_comm_name(comm), "tcp") == 0);
+  size_t sizes[] = {1, 2, 3, (size_t)x->w - 1, 15, 16, 17, 1000, 4097, 65536 + 3, (size_t)1 << 20, (size_t)1 << 24};
+  int ns = a->big == 2 ? 12 : a->big == 1 ? 11 : 10;
+  size_t maxn = sizes[ns - 1];
+  float *buf = (float *)malloc(maxn * sizeof(float)), *again = (float *)malloc(maxn * sizeof(float));
+  int64_t calls = 0;
+  uint64_t bytes = 0;
+  for (int k = 0; k < ns; k++) {
+    size_t n = sizes[k];
+    if (n == 0) continue;
+    /* Integers: the sum is exact whatever the order. */
+    for (size_t i = 0; i < n; i++) buf[i] = val_int(rank, i);
+    CK(dt_comm_allreduce(comm, rank, buf, n) == DTRAIN_OK);
+    int bad = 0;
+    for (size_t i = 0; i < n && !bad; i++) {
+      float want = 0;
+      for (int r = 0; r < x->w; r++) want += val_int(r, i);
+      if (buf[i] != want) {
+        bad = 1;
+        fprintf(stderr, "rank %d n=%zu i=%zu got %g want %g\n", rank, n, i, (double)buf[i], (double)want);
+      }
+    }
+    CK(!bad);
+    /* Random floats: near the double sum, and bitwise the same twice. */
+    if (n <= ((size_t)1 << 20)) {
+      for (int rep = 0; rep < 2; rep++) {
+        float *b = rep ? again : buf;
+        for (size_t i = 0; i < n; i++) b[i] = val_rand(rank, i);
+        CK(dt_comm_allreduce(comm, rank, b, n) == DTRAIN_OK);
+      }
+      CK(memcmp(buf, again, n * sizeof(float)) == 0);
+      bad = 0;
+      for (size_t i = 0; i < n && !bad; i += 1 + i / 64) {
+        double want = 0;
+        for (int r = 0; r < x->w; r++) want += val_rand(r, i);
+        if (fabs(buf[i] - want) > 1e-5) bad = 1;
+      }
+      CK(!bad);
+      calls += 2;
+      bytes += 2 * n * sizeof(float);
+    }
+    calls++;
+    bytes += n * sizeof(float);
+  }
+  dt_comm_stats st;
+  CK(dt_comm_stats_get(comm, rank, &st) == DTRAIN_OK);
+  CK(st.calls == calls && st.bytes == bytes && st.wait_s >= 0);
+  dt_comm_reset_stats(comm);
+  CK(dt_comm_stats_get(comm, rank, &st) == DTRAIN_OK && st.calls == 0);
+  /* The rank argument must be this process's rank. */
+  CK(dt_comm_allreduce(comm, (rank + 1) % x->w, buf, 4) == DTRAIN_ERR_INDEX);
+  CK(dt_comm_barrier(comm, rank) == DTRAIN_OK);
+  CK(dt_comm_recover(comm) == DTRAIN_OK); /* not broken: nothing to do */
+  free(buf);
+  free(again);
+  dt_comm_destroy(comm);
+  CK(open_fds() == fds0);
+  return 0;
+}
+
+static void check_world(world *x, const int *st, const int *want) {
+  for (int r = 0; r < x->w; r++)
+    CHECK_MSG(st[r] == (want ? want[r] : 0), "world %d rank %d exit %d", x->w, r, st[r]);
+}
+
+static void test_allreduce_sizes(void) {
+  for (int w = 2; w <= MAXW; w++) {
+    /* Defaults (recursive doubling up to 64 KiB), then the ring for nearly everything with small chunks. */
+    for (int variant = 0; variant < 2; variant++) {
+      world x;
+      int st[MAXW];
+      sizes_arg a;
+      memset(&a, 0, sizeof a);
+      a.big = w == 2 && variant == 0 ? 2 : w <= 3 ? 1 : 0;
+      if (variant == 1) {
+        a.small_bytes = 4;
+        a.chunk_bytes = 4096;
+        if (a.big > 1) a.big = 1;
+      }
+      world_init(&x, w);
+      run_world(&x, child_sizes, &a, st);
+      world_close(&x);
+      check_world(&x, st, NULL);
+    }
+  }
+}
+
+/* ---- the other collectives ----------------------------------------------------------- */
+
+static int child_collectives(world *x, int rank, void *arg) {
+  (void)arg;
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  o.chunk_bytes = 1024; /* several chunks per slice */
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  int w = x->w;
+  size_t sizes[] = {1, 3, 17, 100, 1000, 5003};
+  for (int k = 0; k < 6; k++) {
+    size_t n = sizes[k];
+    float *b = (float *)malloc(n * sizeof(float));
+    /* reduce_scatter: this rank's slice holds the sum. */
+    for (size_t i = 0; i < n; i++) b[i] = val_int(rank, i);
+    CK(dt_comm_reduce_scatter(comm, rank, b, n) == DTRAIN_OK);
+    size_t lo, hi;
+    dt_comm_slice(n, w, rank, &lo, &hi);
+    int bad = 0;
+    for (size_t i = lo; i < hi; i++) {
+      float want = 0;
+      for (int r = 0; r < w; r++) want += val_int(r, i);
+      bad |= b[i] != want;
+    }
+    CK(!bad);
+    /* allgather: slice r from rank r. */
+    for (size_t i = 0; i < n; i++) b[i] = (float)(rank * 100000 + (int)i);
+    CK(dt_comm_allgather(comm, rank, b, n) == DTRAIN_OK);
+    bad = 0;
+    for (int r = 0; r < w; r++) {
+      dt_comm_slice(n, w, r, &lo, &hi);
+      for (size_t i = lo; i < hi; i++) bad |= b[i] != (float)(r * 100000 + (int)i);
+    }
+    CK(!bad);
+    for (int root = 0; root < w; root++) {
+      /* reduce: the root gets the sum, the others keep their buffers. */
+      for (size_t i = 0; i < n; i++) b[i] = val_int(rank, i);
+      CK(dt_comm_reduce(comm, rank, b, n, root) == DTRAIN_OK);
+      bad = 0;
+      for (size_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int r = 0; r < w; r++) want += val_int(r, i);
+        bad |= b[i] != (rank == root ? want : val_int(rank, i));
+      }
+      CK(!bad);
+      /* broadcast */
+      for (size_t i = 0; i < n; i++) b[i] = rank == root ? (float)i * 0.5f + (float)root : -1.0f;
+      CK(dt_comm_broadcast(comm, rank, b, n, root) == DTRAIN_OK);
+      bad = 0;
+      for (size_t i = 0; i < n; i++) bad |= b[i] != (float)i * 0.5f + (float)root;
+      CK(!bad);
+    }
+    free(b);
+  }
+  for (int i = 0; i < 20; i++) CK(dt_comm_barrier(comm, rank) == DTRAIN_OK);
+  /* n = 0 is a valid (empty) call. */
+  CK(dt_comm_allreduce(comm, rank, NULL, 0) == DTRAIN_OK);
+  dt_comm_destroy(comm);
+  return 0;
+}
+
+static void test_collectives(void) {
+  for (int w = 2; w <= MAXW; w++) {
+    world x;
+    int st[MAXW];
+    world_init(&x, w);
+    run_world(&x, child_collectives, NULL, st);
+    world_close(&x);
+    check_world(&x, st, NULL);
+  }
+}
+
+/* ---- mismatch: every rank is told, and the communicator stays usable ------------------- */
+
+static int child_mismatch(world *x, int rank, void *arg) {
+  (void)arg;
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  float b[64];
+  for (int i = 0; i < 64; i++) b[i] = 1.0f;
+  CHECK_ERR(dt_comm_allreduce(comm, rank, b, rank == 1 ? 10 : 12), DTRAIN_ERR_MISMATCH, "n=10");
+  child_fail += th_cur_failed;
+  th_cur_failed = 0;
+  CK(strstr(dt_last_error(), "allreduce #1") != NULL);
+  CHECK_ERR(dt_comm_broadcast(comm, rank, b, 8, rank == x->w - 1 ? 1 : 0), DTRAIN_ERR_MISMATCH, "root 1");
+  CHECK_ERR(rank == 0 ? dt_comm_barrier(comm, rank) : dt_comm_allreduce(comm, rank, b, 8), DTRAIN_ERR_MISMATCH,
+            "barrier");
+  child_fail += th_cur_failed;
+  th_cur_failed = 0;
+  /* Still usable. */
+  for (int i = 0; i < 64; i++) b[i] = 1.0f;
+  CK(dt_comm_allreduce(comm, rank, b, 64) == DTRAIN_OK);
+  CK(b[0] == (float)x->w && b[63] == (float)x->w);
+  dt_comm_destroy(comm);
+  return 0;
+}
+
+static void test_mismatch(void) {
+  for (int w = 2; w <= MAXW; w += 1) {
+    world x;
+    int st[MAXW];
+    world_init(&x, w);
+    run_world(&x, child_mismatch, NULL, st);
+    world_close(&x);
+    check_world(&x, st, NULL);
+  }
+}
+
+/* ---- a wrong token is refused ------------------------------------------------------------- */
+
+static int child_token(world *x, int rank, void *arg) {
+  (void)arg;
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  o.timeout_s = 2;
+  o.connect_timeout_s = 1;
+  o.token = rank == 1 ? "not the token" : "the token";
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm == NULL);
+  if (comm) dt_comm_destroy(comm);
+  if (rank == 1) {
+    CK(dt_last_result() == DTRAIN_ERR_AUTH);
+  } else {
+    /* Rank 0 refused the impostor and waited for the real worker 1 until the deadline. */
+    CK(dt_last_result() == DTRAIN_ERR_TIMEOUT);
+    CK(strstr(dt_last_error(), "worker 1 did not connect") != NULL);
+  }
+  return 0;
+}
+
+static void test_token(void) {
+  world x;
+  int st[MAXW];
+  world_init(&x, 2);
+  run_world(&x, child_token, NULL, st);
+  world_close(&x);
+  check_world(&x, st, NULL);
+}
+
+/* ---- strangers during setup ------------------------------------------------------------------ */
+
+static int child_stranger(world *x, int rank, void *arg) {
+  (void)arg;
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  float b[5] = {1, 2, 3, 4, 5};
+  CK(dt_comm_allreduce(comm, rank, b, 5) == DTRAIN_OK);
+  CK(b[4] == 5.0f * (float)x->w);
+  dt_comm_destroy(comm);
+  return 0;
+}
+
+static void test_stranger(void) {
+  world x;
+  int st[MAXW];
+  world_init(&x, 3);
+  /* Strangers connect to ranks 0 and 1 before they start: they are first in the backlog. */
+  int s[3];
+  const char *junk[3] = {"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",
+                         "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 random bytes that are not a frame at all......",
+                         "DTRN not really a frame but starts with the magic bytes......"};
+  for (int i = 0; i < 3; i++) {
+    CHECK(dt__net_connect(x.addr[i < 2 ? i : 0], dt__now() + 5, &s[i]) == DTRAIN_OK);
+    CHECK(dt__net_write(s[i], junk[i], strlen(junk[i]), dt__now() + 5) == DTRAIN_OK);
+  }
+  run_world(&x, child_stranger, NULL, st);
+  world_close(&x);
+  check_world(&x, st, NULL);
+  for (int i = 0; i < 3; i++) close(s[i]);
+}
+
+/* ---- faults ------------------------------------------------------------------------------------ */
+
+typedef struct fault_arg {
+  int victim;
+  int sig; /* SIGKILL or SIGSTOP, raised by the victim before call #4 */
+} fault_arg;
+
+static int child_fault(world *x, int rank, void *argp) {
+  const fault_arg *a = (const fault_arg *)argp;
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  o.timeout_s = 3;
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  size_t n = (size_t)1 << 16;
+  float *b = (float *)malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) b[i] = 1.0f;
+  for (int call = 1; call <= 3; call++) CK(dt_comm_allreduce(comm, rank, b, n) == DTRAIN_OK);
+  if (rank == a->victim) raise(a->sig);
+  double t0 = dt__now();
+  dt_result rc = dt_comm_allreduce(comm, rank, b, n);
+  double took = dt__now() - t0;
+  char want[64];
+  snprintf(want, sizeof want, "worker %d (127.0.0.1:", a->victim);
+  if (a->sig == SIGKILL) {
+    CK(rc == DTRAIN_ERR_PEER);
+    CK(strstr(dt_last_error(), "closed the connection") != NULL);
+  } else {
+    CK(rc == DTRAIN_ERR_TIMEOUT);
+    CK(strstr(dt_last_error(), "sent nothing before the deadline") != NULL);
+  }
+  CK(strstr(dt_last_error(), want) != NULL);
+  char me[64];
+  snprintf(me, sizeof me, "worker %d: allreduce #4:", rank);
+  CK(strstr(dt_last_error(), me) == dt_last_error());
+  /* Within the deadline (3 s) plus the grace for the others' notices (0.75 s) and slack. */
+  CK(took < 6.0);
+  if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "rank %d (%.2f s): %s\n", rank, took, dt_last_error());
+  /* Broken from now on. */
+  CK(dt_comm_allreduce(comm, rank, b, n) == DTRAIN_ERR_ABORTED);
+  CK(dt_comm_barrier(comm, rank) == DTRAIN_ERR_ABORTED);
+  CK(dt_comm_recover(comm) == DTRAIN_ERR_UNSUPPORTED);
+  free(b);
+  dt_comm_destroy(comm);
+  return 0;
+}
+
+static void run_fault(int w, int victim, int sig) {
+  world x;
+  int st[MAXW], want[MAXW];
+  fault_arg a;
+  a.victim = victim;
+  a.sig = sig;
+  world_init(&x, w);
+  fflush(NULL);
+  for (int r = 0; r < w; r++) {
+    pid_t p = fork();
+    if (p == 0) {
+      alarm(30);
+      for (int j = 0; j < w; j++)
+        if (j != r) close(x.lfd[j]);
+      child_fail = 0;
+      int rc = child_fault(&x, r, &a);
+      fflush(NULL);
+      _exit(rc ? rc : (child_fail ? 1 : 0));
+    }
+    x.pid[r] = p;
+  }
+  for (int r = 0; r < w; r++) {
+    want[r] = 0;
+    if (r == victim) continue;
+    int s = 0;
+    waitpid(x.pid[r], &s, 0);
+    st[r] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + (WIFSIGNALED(s) ? WTERMSIG(s) : 0);
+  }
+  /* The survivors are done: finish the victim (stopped or dead). */
+  kill(x.pid[victim], SIGKILL);
+  kill(x.pid[victim], SIGCONT);
+  int s = 0;
+  waitpid(x.pid[victim], &s, 0);
+  st[victim] = 0;
+  CHECK(WIFSIGNALED(s) && WTERMSIG(s) == SIGKILL);
+  world_close(&x);
+  check_world(&x, st, want);
+}
+
+static void test_kill(void) {
+  run_fault(2, 1, SIGKILL);
+  run_fault(3, 2, SIGKILL);
+  run_fault(5, 1, SIGKILL);
+}
+
+static void test_stop(void) {
+  run_fault(2, 0, SIGSTOP);
+  run_fault(4, 2, SIGSTOP);
+}
+
+/* ---- odds and ends ------------------------------------------------------------------------------ */
+
+static void test_single_and_args(void) {
+  int fds0 = open_fds();
+  /* A world of one needs no sockets. */
+  char a0[] = "127.0.0.1:0";
+  char *addrs[1] = {a0};
+  dt_cluster c;
+  memset(&c, 0, sizeof c);
+  c.workers = 1;
+  c.worker_addr = addrs;
+  dt_net_options o = dt_net_defaults();
+  o.quiet = 1;
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CHECK(comm != NULL);
+  if (comm) {
+    float b[3] = {1, 2, 3};
+    CHECK(dt_comm_allreduce(comm, 0, b, 3) == DTRAIN_OK && b[2] == 3.0f);
+    CHECK(dt_comm_broadcast(comm, 0, b, 3, 0) == DTRAIN_OK);
+    CHECK(dt_comm_barrier(comm, 0) == DTRAIN_OK);
+    dt_comm_stats st;
+    CHECK(dt_comm_stats_get(comm, 0, &st) == DTRAIN_OK && st.calls == 3);
+    dt_comm_destroy(comm);
+  }
+  CHECK(dt_comm_create_tcp(NULL, NULL) == NULL && dt_last_result() == DTRAIN_ERR_NULL_ARG);
+  c.role = DTRAIN_ROLE_PS;
+  CHECK(dt_comm_create_tcp(&c, &o) == NULL && dt_last_result() == DTRAIN_ERR_INVALID_ARG);
+  c.role = DTRAIN_ROLE_WORKER;
+  c.index = 3;
+  CHECK(dt_comm_create_tcp(&c, &o) == NULL && dt_last_result() == DTRAIN_ERR_INVALID_ARG);
+  CHECK(open_fds() == fds0);
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_DFL); /* the library must not need SIGPIPE ignored */
+  alarm(300);
+  if (getenv("ONLY_STRANGER")) {
+    TH_RUN(test_stranger);
+    return th_summary("x");
+  }
+  TH_RUN(test_single_and_args);
+  TH_RUN(test_allreduce_sizes);
+  TH_RUN(test_collectives);
+  TH_RUN(test_mismatch);
+  TH_RUN(test_token);
+  TH_RUN(test_stranger);
+  TH_RUN(test_kill);
+  TH_RUN(test_stop);
+  return th_summary("test_comm_tcp");
+}
+#endif

@@ -1,0 +1,703 @@
+/* tools/dtrain_launch.c -- dtrain-launch: start N workers (and M parameter
+ * servers) of a dtrain program on this machine, like torchrun or mpirun do
+ * for one machine.
+ *
+ *   dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env] -- PROGRAM ARGS...
+ *
+ * For each process it binds a listening socket (port 0, so the kernel picks a
+ * free one, unless --port), then starts the program with:
+ *   DTRAIN_CONFIG     the whole cluster and this process's task (TF_CONFIG style)
+ *   DTRAIN_LISTEN_FD  the already bound, listening socket (no race for ports)
+ *   DTRAIN_RANK, DTRAIN_WORLD, DTRAIN_ROLE   the same, for convenience
+ *   DTRAIN_TOKEN      a fresh random secret, with --token-env (kept if already set)
+ * Servers start first, then workers. Every line a process writes is prefixed
+ * with "[worker 0] " or "[ps 1] " (stdout to stdout, stderr to stderr).
+ * SIGINT, SIGTERM and SIGHUP are passed on to every process (a second one
+ * kills them). When a process fails (non-zero exit, or killed by a signal),
+ * the others get a grace period to stop on their own (their dtrain calls fail
+ * naming the lost rank), then SIGTERM, then SIGKILL; the exit status is the
+ * first failure's code (128 + N for signal N). Servers still running a grace
+ * period after every worker succeeded are stopped, and the run counts as a
+ * success.
+ *
+ * Plain POSIX C; does not need dtrain.h. Build: cc -std=c11 -O2 tools/dtrain_launch.c -o tools/dtrain-launch
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#  include <sys/prctl.h>
+#endif
+
+#define MAX_PROCS 1024 /* per role, as DTRAIN_MAX_PEERS */
+#define LINE_CAP 8192  /* longest line passed on whole; longer ones are split */
+
+static double dmin(double a, double b) { return a < b ? a : b; }
+
+typedef struct stream {
+  int fd;      /* read end, -1 once closed */
+  int dest;    /* 1 stdout, 2 stderr */
+  size_t n;    /* bytes in buf */
+  int midline; /* a split line: the next bytes continue it (no prefix) */
+  char buf[LINE_CAP];
+} stream;
+
+typedef struct proc {
+  int ps;            /* 0 worker, 1 parameter server */
+  int index;
+  int lfd, port;
+  char addr[300];
+  char name[32];     /* "worker 0" */
+  char prefix[40];   /* "[worker 0] " */
+  pid_t pid;         /* 0 before start and after it was reaped */
+  int running;
+  int stopped_by_us; /* we sent it SIGTERM/SIGKILL */
+  int status;        /* wait status once reaped */
+  stream out[2];
+} proc;
+
+static const char *g_self = "dtrain-launch";
+static int g_sigpipe[2] = {-1, -1};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env]\n"
+          "                     -- PROGRAM [ARGS...]\n"
+          "Starts N workers (and M parameter servers) of PROGRAM on this machine.\n"
+          "  -n N          worker processes (1..%d)\n"
+          "  --ps M        parameter-server processes (0..%d) [0]\n"
+          "  --port P      use ports P, P+1, ... (workers first, then servers) instead of free ones\n"
+          "  --host H      address to bind and to put in the cluster [127.0.0.1]\n"
+          "  --grace S     after a failure (or after all workers finished, for servers), wait S s\n"
+          "                before terminating the rest: SIGTERM, then SIGKILL [10]\n"
+          "  --timeout S   stop everything after S s of running and exit 124 [none]\n"
+          "  --token-env   put a fresh random secret in DTRAIN_TOKEN (unless set) so peers authenticate\n"
+          "  -h, --help    this text\n"
+          "Each process gets DTRAIN_CONFIG (the cluster and its task), DTRAIN_LISTEN_FD (its bound\n"
+          "listening socket), DTRAIN_RANK, DTRAIN_WORLD and DTRAIN_ROLE; its output lines are\n"
+          "prefixed with \"[worker I] \" or \"[ps I] \"; stdin is /dev/null. Exit status: 0 when all\n"
+          "succeed, else the first failure's exit code (128+N for signal N), 124 on --timeout,\n"
+          "2 for a usage error, 1 when the processes could not be started.\n",
+          MAX_PROCS, MAX_PROCS);
+}
+
+static void say(const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  int n = snprintf(buf, sizeof buf, "%s: ", g_self);
+  va_start(ap, fmt);
+  vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  size_t len = strlen(buf);
+  buf[len++] = '\n';
+  ssize_t w;
+  size_t off = 0;
+  while (off < len && ((w = write(2, buf + off, len - off)) > 0 || (w < 0 && errno == EINTR)))
+    if (w > 0) off += (size_t)w;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Whole write; output that cannot be written (a closed pipe) is dropped. */
+static void put(int fd, const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+static void cloexec(int fd) { fcntl(fd, F_SETFD, FD_CLOEXEC); }
+static void nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
+
+static void on_signal(int sig) {
+  int saved = errno;
+  unsigned char b = (unsigned char)sig;
+  if (write(g_sigpipe[1], &b, 1) < 0) { /* full: a wake-up is pending anyway */
+  }
+  errno = saved;
+}
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+static int parse_long(const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return 0;
+  *out = v;
+  return 1;
+}
+
+static int parse_secs(const char *s, double *out) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end || !(v >= 0) || v > 1e9) return 0;
+  *out = v;
+  return 1;
+}
+
+#define NOPTS 6
+static const char *const k_opts[NOPTS] = {"-n", "--ps", "--port", "--host", "--grace", "--timeout"};
+static const char *const k_what[NOPTS] = {"a number of workers in 1..1024", "a number of servers in 0..1024",
+                                          "a port in 1..65535", "a host name or address", "seconds (>= 0)",
+                                          "seconds (> 0)"};
+
+/* "--name value" or "--name=value" at argv[*k]: 1 when it is this option
+ * (*value: the value, NULL when missing; *k advanced past it), else 0. */
+static int opt_value(int argc, char **argv, int *k, const char *name, const char **value) {
+  size_t n = strlen(name);
+  const char *a = argv[*k];
+  *value = NULL;
+  if (strncmp(a, name, n) != 0 || (a[n] != '=' && a[n] != '\0')) return 0;
+  if (a[n] == '=')
+    *value = a + n + 1;
+  else if (*k + 1 < argc)
+    *value = argv[++*k];
+  return 1;
+}
+
+/* ---- sockets ------------------------------------------------------------------------------- */
+
+static int listen_on(const char *host, int port, int *bound) {
+  char ps[16];
+  struct addrinfo hints, *res = NULL, *ai;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  snprintf(ps, sizeof ps, "%d", port);
+  int e = getaddrinfo(host, ps, &hints, &res);
+  if (e != 0) {
+    say("cannot resolve '%s': %s", host, gai_strerror(e));
+    return -1;
+  }
+  int fd = -1, err = 0;
+  for (ai = res; ai; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0) break;
+    err = errno;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    say("cannot listen on %s port %d: %s", host, port, strerror(err));
+    return -1;
+  }
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+    say("getsockname: %s", strerror(errno));
+    close(fd);
+    return -1;
+  }
+  *bound = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                    : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+  cloexec(fd);
+  return fd;
+}
+
+/* ---- output ---------------------------------------------------------------------------------- */
+
+static char g_line[LINE_CAP + 64];
+
+static void emit(const proc *p, stream *s, const char *data, size_t n, int end_line) {
+  size_t k = 0;
+  if (!s->midline) {
+    size_t pl = strlen(p->prefix);
+    memcpy(g_line, p->prefix, pl);
+    k = pl;
+  }
+  memcpy(g_line + k, data, n);
+  k += n;
+  if (end_line && (n == 0 || data[n - 1] != '\n')) g_line[k++] = '\n';
+  put(s->dest, g_line, k);
+}
+
+/* Pass on the complete lines in s->buf; keep the rest. flush: also the rest. */
+static void lines(const proc *p, stream *s, int flush) {
+  size_t start = 0;
+  for (size_t i = 0; i < s->n; i++) {
+    if (s->buf[i] != '\n') continue;
+    emit(p, s, s->buf + start, i + 1 - start, 0);
+    s->midline = 0;
+    start = i + 1;
+  }
+  if (start < s->n && (flush || (start == 0 && s->n == sizeof s->buf))) {
+    /* at exit, or one line fills the whole buffer: pass it on as it is */
+    emit(p, s, s->buf + start, s->n - start, flush);
+    s->midline = !flush;
+    start = s->n;
+  }
+  memmove(s->buf, s->buf + start, s->n - start);
+  s->n -= start;
+}
+
+/* Read what is there; at end of file (or error) flush and close. */
+static void drain(const proc *p, stream *s) {
+  while (s->fd >= 0) {
+    if (s->n == sizeof s->buf) lines(p, s, 0);
+    ssize_t r = read(s->fd, s->buf + s->n, sizeof s->buf - s->n);
+    if (r > 0) {
+      s->n += (size_t)r;
+      lines(p, s, 0);
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    lines(p, s, 1);
+    close(s->fd);
+    s->fd = -1;
+  }
+}
+
+/* ---- processes ------------------------------------------------------------------------------------ */
+
+static void signal_all(proc *ps, int np, int sig, int by_us) {
+  for (int k = 0; k < np; k++) {
+    if (!ps[k].running) continue;
+    /* the process group first (the program's own children too), then the process */
+    if (kill(-ps[k].pid, sig) != 0) kill(ps[k].pid, sig);
+    if (by_us) ps[k].stopped_by_us = 1;
+  }
+}
+
+static void child_exec(proc *p, int out_w, int err_w, char **prog, const char *config, int workers,
+                       const char *token, pid_t parent) {
+  char num[32];
+  (void)parent;
+  setpgid(0, 0);
+#ifdef __linux__
+  /* die with the launcher, even when it is killed with SIGKILL */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);
+#endif
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD};
+  for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++) sigaction(sigs[k], &sa, NULL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  int nul = open("/dev/null", O_RDONLY);
+  if (nul >= 0 && nul != 0) {
+    dup2(nul, 0);
+    close(nul);
+  }
+  dup2(out_w, 1);
+  dup2(err_w, 2);
+  if (out_w > 2) close(out_w);
+  if (err_w > 2) close(err_w);
+  fcntl(p->lfd, F_SETFD, 0); /* this one survives exec */
+  setenv("DTRAIN_CONFIG", config, 1);
+  snprintf(num, sizeof num, "%d", p->lfd);
+  setenv("DTRAIN_LISTEN_FD", num, 1);
+  snprintf(num, sizeof num, "%d", p->index);
+  setenv("DTRAIN_RANK", num, 1);
+  snprintf(num, sizeof num, "%d", workers);
+  setenv("DTRAIN_WORLD", num, 1);
+  setenv("DTRAIN_ROLE", p->ps ? "ps" : "worker", 1);
+  if (token) setenv("DTRAIN_TOKEN", token, 1);
+  execvp(prog[0], prog);
+  fprintf(stderr, "%s: cannot run '%s': %s\n", g_self, prog[0], strerror(errno));
+  _exit(127);
+}
+
+/* The cluster JSON with this process's task. */
+static char *config_json(const proc *ps, int np, int workers, const proc *self) {
+  size_t cap = 128;
+  for (int k = 0; k < np; k++) cap += strlen(ps[k].addr) + 4;
+  char *j = (char *)malloc(cap);
+  if (!j) return NULL;
+  size_t n = (size_t)snprintf(j, cap, "{\"cluster\":{\"worker\":[");
+  for (int k = 0; k < workers; k++) n += (size_t)snprintf(j + n, cap - n, "%s\"%s\"", k ? "," : "", ps[k].addr);
+  n += (size_t)snprintf(j + n, cap - n, "],\"ps\":[");
+  for (int k = workers; k < np; k++) n += (size_t)snprintf(j + n, cap - n, "%s\"%s\"", k > workers ? "," : "", ps[k].addr);
+  snprintf(j + n, cap - n, "]},\"task\":{\"type\":\"%s\",\"index\":%d}}", self->ps ? "ps" : "worker", self->index);
+  return j;
+}
+
+static int make_token(char *hex, size_t cap) {
+  unsigned char r[32];
+  int fd = open("/dev/urandom", O_RDONLY);
+  if (fd < 0) return 0;
+  size_t got = 0;
+  while (got < sizeof r) {
+    ssize_t k = read(fd, r + got, sizeof r - got);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    got += (size_t)k;
+  }
+  close(fd);
+  if (got < sizeof r || cap < 2 * sizeof r + 1) return 0;
+  for (size_t k = 0; k < sizeof r; k++) snprintf(hex + 2 * k, 3, "%02x", r[k]);
+  return 1;
+}
+
+static int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  long n = 0, m = 0, port = 0;
+  double grace = 10.0, timeout = 0.0;
+  const char *host = "127.0.0.1";
+  int token_env = 0, k, prog_at = -1;
+
+  for (k = 1; k < argc; k++) {
+    const char *a = argv[k], *v = NULL;
+    if (strcmp(a, "--") == 0) {
+      prog_at = k + 1;
+      break;
+    }
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      usage(stdout);
+      return 0;
+    }
+    if (strcmp(a, "--token-env") == 0) {
+      token_env = 1;
+      continue;
+    }
+    if (a[0] != '-') {
+      prog_at = k;
+      break;
+    }
+    int o = 0;
+    while (o < NOPTS && !opt_value(argc, argv, &k, k_opts[o], &v)) o++;
+    if (o == NOPTS && strncmp(a, "-n", 2) == 0 && a[2] >= '0' && a[2] <= '9') { /* -n4 */
+      o = 0;
+      v = a + 2;
+    }
+    if (o == NOPTS) {
+      say("unknown option '%s' (see -h)", a);
+      return 2;
+    }
+    if (!v) {
+      say("%s needs a value (see -h)", k_opts[o]);
+      return 2;
+    }
+    int ok = 1;
+    switch (o) {
+      case 0: ok = parse_long(v, 1, MAX_PROCS, &n); break;
+      case 1: ok = parse_long(v, 0, MAX_PROCS, &m); break;
+      case 2: ok = parse_long(v, 1, 65535, &port); break;
+      case 3: ok = *v != '\0'; host = v; break;
+      case 4: ok = parse_secs(v, &grace); break;
+      default: ok = parse_secs(v, &timeout) && timeout > 0; break;
+    }
+    if (!ok) {
+      say("%s '%s': expected %s (see -h)", k_opts[o], v, k_what[o]);
+      return 2;
+    }
+  }
+  if (n == 0) {
+    say("-n N (the number of workers) is required (see -h)");
+    return 2;
+  }
+  if (prog_at < 0 || prog_at >= argc) {
+    say("no program given: dtrain-launch -n N [options] -- PROGRAM [ARGS...]");
+    return 2;
+  }
+  if (port > 0 && port + n + m - 1 > 65535) {
+    say("--port %ld: ports up to %ld do not exist", port, port + n + m - 1);
+    return 2;
+  }
+  for (const char *h = host; *h; h++)
+    if (!((*h >= '0' && *h <= '9') || (*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') || *h == '.' ||
+          *h == '-' || *h == '_' || *h == ':' || *h == '%')) {
+      say("--host '%s': not a host name or address", host);
+      return 2;
+    }
+
+  /* fds 0..2 must exist so that no socket or pipe lands on them */
+  for (int fd = 0; fd < 3; fd++)
+    if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) < 0) return 1;
+
+  int np = (int)(n + m), workers = (int)n, rc = 1;
+  proc *ps = (proc *)calloc((size_t)np, sizeof(proc));
+  char token[80];
+  const char *tok = NULL;
+  if (!ps) {
+    say("out of memory");
+    return 1;
+  }
+  for (k = 0; k < np; k++) ps[k].lfd = ps[k].out[0].fd = ps[k].out[1].fd = -1;
+  if (token_env) {
+    const char *e = getenv("DTRAIN_TOKEN");
+    if (e && *e) {
+      tok = NULL; /* inherited as it is */
+    } else if (make_token(token, sizeof token)) {
+      tok = token;
+    } else {
+      say("--token-env: cannot read /dev/urandom");
+      goto done;
+    }
+  }
+
+  /* Bind everything first: the whole cluster's addresses go into every config. */
+  for (k = 0; k < np; k++) {
+    proc *p = &ps[k];
+    p->ps = k >= workers;
+    p->index = p->ps ? k - workers : k;
+    snprintf(p->name, sizeof p->name, "%s %d", p->ps ? "ps" : "worker", p->index);
+    snprintf(p->prefix, sizeof p->prefix, "[%s] ", p->name);
+    p->lfd = listen_on(host, port > 0 ? (int)port + k : 0, &p->port);
+    if (p->lfd < 0) goto done;
+    if (strchr(host, ':'))
+      snprintf(p->addr, sizeof p->addr, "[%.200s]:%d", host, p->port);
+    else
+      snprintf(p->addr, sizeof p->addr, "%.200s:%d", host, p->port);
+  }
+
+  if (pipe(g_sigpipe) != 0) {
+    say("pipe: %s", strerror(errno));
+    goto done;
+  }
+  cloexec(g_sigpipe[0]);
+  cloexec(g_sigpipe[1]);
+  nonblock(g_sigpipe[0]);
+  nonblock(g_sigpipe[1]);
+  {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    sa.sa_flags = SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+    sa.sa_handler = SIG_IGN;
+    sa.sa_flags = 0;
+    sigaction(SIGPIPE, &sa, NULL);
+  }
+
+  /* Start: servers first, then workers. */
+  for (int t = 0; t < np; t++) {
+    proc *p = &ps[t < (int)m ? workers + t : t - (int)m];
+    int po[2], pe[2];
+    if (pipe(po) != 0) {
+      say("cannot start %s: pipe: %s", p->name, strerror(errno));
+      goto stop_started;
+    }
+    if (pipe(pe) != 0) {
+      say("cannot start %s: pipe: %s", p->name, strerror(errno));
+      close(po[0]);
+      close(po[1]);
+      goto stop_started;
+    }
+    cloexec(po[0]);
+    cloexec(pe[0]);
+    cloexec(po[1]);
+    cloexec(pe[1]);
+    char *config = config_json(ps, np, workers, p);
+    if (!config) {
+      say("out of memory");
+      close(po[0]), close(po[1]), close(pe[0]), close(pe[1]);
+      goto stop_started;
+    }
+    pid_t self = getpid(), pid = fork();
+    if (pid == 0) child_exec(p, po[1], pe[1], argv + prog_at, config, workers, tok, self);
+    free(config);
+    close(po[1]);
+    close(pe[1]);
+    if (pid < 0) {
+      say("cannot start %s: fork: %s", p->name, strerror(errno));
+      close(po[0]);
+      close(pe[0]);
+      goto stop_started;
+    }
+    setpgid(pid, pid); /* also in the child: whichever runs first */
+    p->pid = pid;
+    p->running = 1;
+    close(p->lfd);
+    p->lfd = -1;
+    p->out[0].fd = po[0];
+    p->out[0].dest = 1;
+    p->out[1].fd = pe[0];
+    p->out[1].dest = 2;
+    nonblock(po[0]);
+    nonblock(pe[0]);
+  }
+
+  {
+    const double kill_delay = grace < 1 ? 1 : grace > 5 ? 5 : grace;
+    double t0 = now_s(), term_at = -1, kill_at = -1, drain_until = -1;
+    int failure = -1, forwarded = 0, running = np, workers_left = workers;
+    struct pollfd *pf = (struct pollfd *)calloc((size_t)(2 * np + 1), sizeof(struct pollfd));
+    stream **owner = (stream **)calloc((size_t)(2 * np + 1), sizeof(stream *));
+    proc **owner_p = (proc **)calloc((size_t)(2 * np + 1), sizeof(proc *));
+    if (!pf || !owner || !owner_p) {
+      free(pf), free(owner), free(owner_p);
+      say("out of memory");
+      signal_all(ps, np, SIGKILL, 1);
+      while (wait(NULL) > 0 || errno == EINTR) {
+      }
+      goto done;
+    }
+    for (;;) {
+      double t = now_s();
+      /* timers */
+      if (timeout > 0 && t - t0 >= timeout && running > 0 && kill_at < 0) {
+        say("timed out after %g s; stopping every process", timeout);
+        if (failure < 0) failure = 124;
+        signal_all(ps, np, SIGTERM, 1);
+        kill_at = t + kill_delay;
+        term_at = -1;
+      }
+      if (term_at >= 0 && t >= term_at) {
+        for (k = 0; k < np; k++)
+          if (ps[k].running) say("%s still running %g s later; sending SIGTERM", ps[k].name, grace);
+        signal_all(ps, np, SIGTERM, 1);
+        term_at = -1;
+        kill_at = t + kill_delay;
+      }
+      if (kill_at >= 0 && t >= kill_at) {
+        for (k = 0; k < np; k++)
+          if (ps[k].running) say("%s did not stop after SIGTERM; sending SIGKILL", ps[k].name);
+        signal_all(ps, np, SIGKILL, 1);
+        kill_at = -1;
+      }
+      int open_streams = 0, nf = 1;
+      pf[0].fd = g_sigpipe[0];
+      pf[0].events = POLLIN;
+      for (k = 0; k < np; k++)
+        for (int s = 0; s < 2; s++)
+          if (ps[k].out[s].fd >= 0) {
+            pf[nf].fd = ps[k].out[s].fd;
+            pf[nf].events = POLLIN;
+            owner[nf] = &ps[k].out[s];
+            owner_p[nf] = &ps[k];
+            nf++;
+            open_streams++;
+          }
+      if (running == 0) {
+        /* everyone reaped: pass on what is left, but do not wait for
+         * background processes that inherited the pipes */
+        if (open_streams == 0) break;
+        if (drain_until < 0) drain_until = t + 0.5;
+        if (t >= drain_until) break;
+      }
+      double next = 1.0;
+      if (timeout > 0 && kill_at < 0) next = dmin(next, t0 + timeout - t);
+      if (term_at >= 0) next = dmin(next, term_at - t);
+      if (kill_at >= 0) next = dmin(next, kill_at - t);
+      if (drain_until >= 0) next = dmin(next, drain_until - t);
+      int ms = next <= 0 ? 0 : (int)(next * 1000) + 1;
+      int r = poll(pf, (nfds_t)nf, ms);
+      if (r < 0 && errno != EINTR) {
+        say("poll: %s", strerror(errno));
+        break;
+      }
+      if (r > 0) {
+        for (int f = 1; f < nf; f++)
+          if (pf[f].revents) drain(owner_p[f], owner[f]);
+        if (pf[0].revents) {
+          unsigned char sig[64];
+          ssize_t got;
+          while ((got = read(g_sigpipe[0], sig, sizeof sig)) > 0) {
+            for (ssize_t i = 0; i < got; i++) {
+              if (sig[i] == SIGCHLD || running == 0) continue;
+              if (!forwarded) {
+                say("got signal %d; passing it on", (int)sig[i]);
+                signal_all(ps, np, sig[i], 0);
+                forwarded = 1;
+                if (kill_at < 0) kill_at = now_s() + grace + kill_delay;
+              } else {
+                say("got signal %d again; killing every process", (int)sig[i]);
+                signal_all(ps, np, SIGKILL, 1);
+              }
+            }
+          }
+        }
+      }
+      /* reap */
+      int st;
+      pid_t pid;
+      while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        proc *p = NULL;
+        for (k = 0; k < np; k++)
+          if (ps[k].running && ps[k].pid == pid) p = &ps[k];
+        if (!p) continue;
+        p->running = 0;
+        p->status = st;
+        running--;
+        drain(p, &p->out[0]); /* its last words before the verdict */
+        drain(p, &p->out[1]);
+        int code = exit_code_of(st);
+        if (!p->ps) workers_left--;
+        if (code != 0) {
+          char how[64];
+          if (WIFSIGNALED(st))
+            snprintf(how, sizeof how, "killed by signal %d", WTERMSIG(st));
+          else
+            snprintf(how, sizeof how, "exited with code %d", code);
+          say("%s %s%s", p->name, how, p->stopped_by_us ? " (stopped by dtrain-launch)" : "");
+          if (!p->stopped_by_us && failure < 0) {
+            failure = code;
+            if (running > 0 && term_at < 0 && kill_at < 0) {
+              say("stopping the other processes in %g s (--grace)", grace);
+              term_at = now_s() + grace;
+            }
+          }
+        }
+        if (workers_left == 0 && failure < 0 && running > 0 && term_at < 0 && kill_at < 0)
+          term_at = now_s() + grace; /* only servers remain: give them the grace period */
+      }
+    }
+    free(pf);
+    free(owner);
+    free(owner_p);
+    rc = failure < 0 ? 0 : failure;
+    goto done;
+  }
+
+stop_started:
+  signal_all(ps, np, SIGKILL, 1);
+  for (k = 0; k < np; k++)
+    if (ps[k].running) waitpid(ps[k].pid, NULL, 0);
+  rc = 1;
+done:
+  for (k = 0; k < np; k++) {
+    if (ps[k].lfd >= 0) close(ps[k].lfd);
+    for (int s = 0; s < 2; s++)
+      if (ps[k].out[s].fd >= 0) {
+        lines(&ps[k], &ps[k].out[s], 1);
+        close(ps[k].out[s].fd);
+      }
+  }
+  free(ps);
+  return rc;
+
+}
