@@ -28,7 +28,7 @@ done
 # Host-only script checks (build configurations, install routes).
 if [ -z "$SAN" ] && [ -z "$RUNNER" ] && [ "${SCRIPTS:-1}" = 1 ]; then
   for script in tests/compile_checks.sh tests/install_checks.sh tests/torch_parity.sh tests/example_checks.sh \
-                tests/launch_checks.sh tests/mpi_checks.sh; do
+                tests/launch_checks.sh tests/mpi_checks.sh tests/multiworker_checks.sh; do
     name=$(basename "$script" .sh)
     out=$(CC="$CC" CXX="$CXX" BUILD="$BUILD" sh "$script" 2>&1); rc=$?
     line=$(printf '%s\n' "$out" | grep -E "^$name: [0-9]+ passed, [0-9]+ failed" | tail -n 1)

@@ -1,0 +1,300 @@
+/* 05_multi_worker.c -- one program, several processes: synchronous
+ * data-parallel training across processes (multi_worker_mirrored) over TCP,
+ * or over MPI when built with DTRAIN_USE_MPI.
+ *
+ * Shows: where a process learns its place in the cluster (flags or
+ * DTRAIN_CONFIG), the communicator, each worker reading its own shard of the
+ * data, threads inside each process (hierarchical all-reduce), checkpoints
+ * written by rank 0, what happens when a worker dies (every other worker
+ * stops with an error naming it, within the deadline), and resuming from the
+ * last checkpoint.
+ *
+ * Build: make (-> build/examples/05_multi_worker), or
+ *        cc -std=c11 -O2 -I. examples/05_multi_worker.c -o mw -lm -lpthread
+ * Run on one machine (the launcher gives every worker its DTRAIN_CONFIG):
+ *        tools/dtrain-launch -n 2 -- build/examples/05_multi_worker --epochs 3
+ * Run by hand across machines (one line per machine; same flags everywhere):
+ *        mw --rank 0 --world 2 --peers 10.0.0.1:7000,10.0.0.2:7000 --checkpoint /shared/mw.safetensors
+ *        mw --rank 1 --world 2 --peers 10.0.0.1:7000,10.0.0.2:7000 --checkpoint /shared/mw.safetensors
+ *    (with DTRAIN_TOKEN=... in every environment to refuse strangers)
+ * After a failure, run the same command lines with --resume /shared/mw.safetensors.
+ * With MPI: mpicc -DDTRAIN_USE_MPI -std=c11 -O2 -I. examples/05_multi_worker.c -o mw && mpirun -n 2 ./mw
+ *
+ * Options: --epochs E, --batch B (per worker), --threads N (replicas in each
+ * process), --lr X, --limit N (train on the first N samples), --data DIR,
+ * --checkpoint PATH, --resume PATH, --seed S, --quiet; for experiments
+ * --crash-at RANK:STEP (that worker kills itself with SIGKILL before the
+ * step, as a crashed machine would) and --stall-at RANK:STEP (it stops
+ * itself with SIGSTOP: a hung machine whose connections stay open).
+ * Rank 0 prints one line per epoch; every rank ends with
+ * "rank R: final params_checksum=... test_accuracy=..." (equal on all ranks). */
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct options {
+  int epochs, batch, threads, quiet, crash_rank, stall_rank;
+  int64_t limit, crash_step, stall_step;
+  float lr;
+  uint64_t seed;
+  const char *data, *checkpoint, *resume;
+} options;
+
+typedef struct model {
+  dt_nn_linear fc1, fc2, fc3;
+} model;
+
+static dt_tensor *forward(dt_graph *g, const model *m, dt_tensor *x) {
+  dt_tensor *h = dt_relu(g, dt_nn_linear_forward(g, &m->fc1, x));
+  h = dt_relu(g, dt_nn_linear_forward(g, &m->fc2, h));
+  return dt_nn_linear_forward(g, &m->fc3, h);
+}
+
+/* What every replica runs on its shard of this process's batch. */
+static dt_tensor *step_fn(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  (void)replica;
+  int64_t xs[2] = {b->rows, 784};
+  return dt_cross_entropy(g, forward(g, (const model *)user, dt_tensor_wrap(g, 2, xs, (float *)b->x)), b->y);
+}
+
+static double test_accuracy(dt_graph *g, const model *m, const dt_dataset *test) {
+  int64_t correct = 0;
+  for (int64_t s = 0; s < test->n; s += 1000) {
+    int64_t n = test->n - s < 1000 ? test->n - s : 1000, xs[2] = {n, 784};
+    dt_graph_reset(g);
+    dt_tensor *logits = forward(g, m, dt_tensor_wrap(g, 2, xs, test->x + s * 784));
+    if (!logits) return -1;
+    for (int64_t i = 0; i < n; i++) {
+      const float *row = logits->data + i * 10;
+      int best = 0;
+      for (int k = 1; k < 10; k++)
+        if (row[k] > row[best]) best = k;
+      correct += best == test->y[s + i];
+    }
+  }
+  return (double)correct / (double)test->n;
+}
+
+static int parse(int argc, char **argv, options *o) {
+  memset(o, 0, sizeof *o);
+  o->epochs = 2;
+  o->batch = 64;
+  o->threads = 1;
+  o->lr = 1e-3f;
+  o->seed = 1;
+  o->crash_rank = -1;
+  o->stall_rank = -1;
+  for (int i = 1; i < argc; i++) {
+    const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(k, "--quiet")) { o->quiet = 1; continue; }
+    if (!v) return 0;
+    i++;
+    if (!strcmp(k, "--epochs")) o->epochs = atoi(v);
+    else if (!strcmp(k, "--batch")) o->batch = atoi(v);
+    else if (!strcmp(k, "--threads")) o->threads = atoi(v);
+    else if (!strcmp(k, "--lr")) o->lr = (float)atof(v);
+    else if (!strcmp(k, "--limit")) o->limit = atoll(v);
+    else if (!strcmp(k, "--seed")) o->seed = (uint64_t)atoll(v);
+    else if (!strcmp(k, "--data")) o->data = v;
+    else if (!strcmp(k, "--checkpoint")) o->checkpoint = v;
+    else if (!strcmp(k, "--resume")) o->resume = v;
+    else if (!strcmp(k, "--crash-at")) {
+      long long st;
+      if (sscanf(v, "%d:%lld", &o->crash_rank, &st) != 2) return 0;
+      o->crash_step = st;
+    } else if (!strcmp(k, "--stall-at")) {
+      long long st;
+      if (sscanf(v, "%d:%lld", &o->stall_rank, &st) != 2) return 0;
+      o->stall_step = st;
+    } else return 0;
+  }
+  return o->epochs > 0 && o->batch > 0 && o->threads > 0;
+}
+
+int main(int argc, char **argv) {
+  /* 1. Where am I? Flags (--rank/--world/--peers, removed from argv), else
+   *    DTRAIN_CONFIG, else a cluster of one. */
+  dt_cluster *cl = NULL;
+  if (dt_cluster_discover(&argc, argv, &cl) != DTRAIN_OK) {
+    fprintf(stderr, "error: %s\n", dt_last_error());
+    return 2;
+  }
+  options o;
+  if (!parse(argc, argv, &o)) {
+    fprintf(stderr, "usage: 05_multi_worker [--epochs E] [--batch B] [--threads N] [--lr X] [--limit N] [--data DIR]\n"
+                    "       [--checkpoint PATH] [--resume PATH] [--seed S] [--quiet] [--crash-at RANK:STEP] [--stall-at RANK:STEP]\n"
+                    "       [--rank R --world W --peers host:port,...]  (or DTRAIN_CONFIG; see tools/dtrain-launch)\n");
+    return 2;
+  }
+
+  /* 2. The same model everywhere (the handshake compares its hash). */
+  dt_params *P = dt_params_create(o.seed);
+  model m;
+  dt_nn_linear_init(&m.fc1, P, "fc1", 784, 256, 1);
+  dt_nn_linear_init(&m.fc2, P, "fc2", 256, 128, 1);
+  dt_nn_linear_init(&m.fc3, P, "fc3", 128, 10, 1);
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_ADAM;
+  od.lr = o.lr;
+  dt_optim *opt = dt_optim_create(P, &od);
+
+  /* 3. The communicator: TCP to every other worker (retrying while they
+   *    start), or MPI_COMM_WORLD. */
+#if defined(DTRAIN_USE_MPI)
+  dt_comm *comm = dt_comm_create_mpi();
+#else
+  dt_net_options no = dt_net_defaults(); /* DTRAIN_TIMEOUT, DTRAIN_TOKEN, DTRAIN_LISTEN_FD from the environment */
+  no.model_hash = dt_params_hash(P);
+  dt_comm *comm = dt_comm_create_tcp(cl, &no);
+#endif
+  if (!comm) {
+    fprintf(stderr, "error: %s\n", dt_last_error());
+    return 1;
+  }
+  int rank = dt_comm_rank(comm), world = dt_comm_world(comm);
+
+  /* 4. Data: each worker reads its own shard (the loader's shard_index/count). */
+  char dir[512];
+  int has_train = 0;
+  dt_dataset *train = NULL, *test = NULL;
+  dt_result r = dt_fashion_mnist_find(o.data, dir, sizeof dir, &has_train);
+  if (r == DTRAIN_OK) r = dt_fashion_mnist_load(dir, has_train ? &train : NULL, &test);
+  if (r == DTRAIN_OK && !train) { /* only the shipped test split: 8000 train / 2000 test */
+    dt_dataset *all = test;
+    r = dt_dataset_split(all, 0.2, 12345, &train, &test);
+    dt_dataset_destroy(all);
+  }
+  int64_t flat = 784;
+  if (r == DTRAIN_OK) r = dt_dataset_reshape(train, 1, &flat);
+  if (r == DTRAIN_OK) r = dt_dataset_reshape(test, 1, &flat);
+  if (r != DTRAIN_OK) {
+    fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
+    return 1;
+  }
+  int64_t n_train = o.limit > 0 && o.limit < train->n ? o.limit : train->n;
+  dt_dataset *part = NULL;
+  if (n_train < train->n) {
+    int64_t *idx = (int64_t *)malloc((size_t)n_train * sizeof(int64_t));
+    for (int64_t i = 0; i < n_train; i++) idx[i] = i;
+    r = dt_dataset_subset(train, idx, n_train, &part);
+    free(idx);
+    if (r != DTRAIN_OK) return 1;
+  }
+  dt_loader_desc ld;
+  memset(&ld, 0, sizeof ld);
+  ld.batch_size = o.batch;
+  ld.shuffle = 1;
+  ld.seed = o.seed; /* the same seed everywhere: one permutation per epoch, cut into disjoint shards */
+  ld.shard_index = rank;
+  ld.shard_count = world;
+  dt_loader *loader = NULL;
+  if (dt_loader_create(&loader, part ? part : train, &ld) != DTRAIN_OK) {
+    fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
+    return 1;
+  }
+  /* Every worker must make the same number of steps: shards differ by at most one sample. */
+  int64_t steps_per_epoch = (n_train / world) / o.batch;
+
+  /* 5. The strategy: lock-step across processes, o.threads replicas in each.
+   *    Creating it checks the model hash and broadcasts rank 0's parameters. */
+  dt_strategy_desc sd = dt_multi_worker_mirrored(comm, o.threads);
+  dt_strategy *s = dt_strategy_create(P, opt, step_fn, &m, &sd);
+  if (!s) {
+    fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
+    return 1;
+  }
+  int64_t first_epoch = 0, step = 0;
+  if (o.resume) { /* every rank reads the same checkpoint, then all agree again */
+    dt_train_state st;
+    memset(&st, 0, sizeof st);
+    st.params = P;
+    st.optim = opt;
+    if (dt_checkpoint_load(o.resume, &st) != DTRAIN_OK || dt_strategy_sync(s) != DTRAIN_OK) {
+      fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
+      return 1;
+    }
+    first_epoch = st.epoch;
+    step = st.step;
+    if (rank == 0 && !o.quiet) printf("resumed from %s at epoch %lld, step %lld\n", o.resume, (long long)st.epoch, (long long)st.step);
+  }
+  if (rank == 0 && !o.quiet)
+    printf("%d workers x %d threads, %s, %lld samples in %d shards, batch %d per worker (global %d), %lld steps per epoch\n",
+           world, o.threads, dt_comm_name(comm), (long long)n_train, world, o.batch, o.batch * world,
+           (long long)steps_per_epoch);
+
+  dt_graph *eval = dt_graph_create(P, NULL);
+  dt_graph_set_grad_enabled(eval, 0);
+  int rc = 0;
+  double acc = 0;
+  for (int64_t e = first_epoch; e < o.epochs && !rc; e++) {
+    double t0 = dt_time_now(), loss_sum = 0;
+    dt_loader_set_position(loader, e, 0);
+    for (int64_t k = 0; k < steps_per_epoch; k++, step++) {
+      if (rank == o.crash_rank && step == o.crash_step) {
+        fflush(stdout);
+        raise(SIGKILL); /* a crash, not an exit: no goodbye to the peers */
+      }
+      if (rank == o.stall_rank && step == o.stall_step) {
+        fflush(stdout);
+        raise(SIGSTOP); /* a hung machine: connections stay open, nothing arrives */
+      }
+      dt_batch b;
+      if (dt_loader_next(loader, &b) <= 0) {
+        fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
+        rc = 1;
+        break;
+      }
+      dt_minibatch mb;
+      memset(&mb, 0, sizeof mb);
+      mb.rows = b.size;
+      mb.x = b.x;
+      mb.x_cols = 784;
+      mb.y = b.y;
+      float loss;
+      if (dt_strategy_step(s, &mb, &loss) != DTRAIN_OK) {
+        /* a lost or stalled worker: the message names it, the operation and its number */
+        fprintf(stderr, "rank %d: step %lld failed: %s\n", rank, (long long)step, dt_last_error());
+        rc = 1;
+        break;
+      }
+      loss_sum += loss;
+    }
+    if (rc) break;
+    acc = test_accuracy(eval, &m, test);
+    if (rank == 0) {
+      double secs = dt_time_now() - t0;
+      if (!o.quiet)
+        printf("epoch %lld: train loss %.4f, test accuracy %.4f, %.0f samples/s (all workers)\n", (long long)e + 1,
+               loss_sum / (double)steps_per_epoch, acc, (double)(steps_per_epoch * o.batch * world) / secs);
+      if (o.checkpoint) { /* rank 0 writes (atomically); the parameters are the same everywhere */
+        dt_train_state st;
+        memset(&st, 0, sizeof st);
+        st.params = P;
+        st.optim = opt;
+        st.step = step;
+        st.epoch = e + 1;
+        if (dt_checkpoint_save(o.checkpoint, &st) != DTRAIN_OK) {
+          fprintf(stderr, "rank 0: checkpoint: %s\n", dt_last_error());
+          rc = 1;
+        }
+      }
+    }
+    fflush(stdout);
+  }
+  if (!rc) printf("rank %d: final params_checksum=%016llx test_accuracy=%.4f\n", rank, (unsigned long long)dt_params_checksum(P), acc);
+  dt_graph_destroy(eval);
+  dt_strategy_destroy(s);
+  dt_comm_destroy(comm);
+  dt_loader_destroy(loader);
+  dt_dataset_destroy(part);
+  dt_dataset_destroy(train);
+  dt_dataset_destroy(test);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+  dt_cluster_destroy(cl);
+  return rc;
+}

@@ -1,0 +1,68 @@
+#!/bin/sh
+# multiworker_checks.sh -- examples/05_multi_worker end to end, several processes
+# under tools/dtrain-launch on 127.0.0.1: a run agrees across ranks; a killed
+# worker (kill -9) and a stalled one (SIGSTOP) make the others stop within the
+# deadline with an error naming it; restarting from the last checkpoint after
+# the failure ends bit for bit where the uninterrupted run ends.
+# Prints "multiworker_checks: N passed, N failed".
+BUILD=${BUILD:-build}
+EX=$BUILD/examples/05_multi_worker
+L=tools/dtrain-launch
+T=$BUILD/multiworker_checks
+mkdir -p "$T"
+pass=0; fail=0
+ok() { echo "ok $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+if [ ! -x "$EX" ] || [ ! -x "$L" ]; then
+  echo "FAIL $EX or $L not built"; echo "multiworker_checks: 0 passed, 1 failed"; exit 1
+fi
+ARGS="--limit 3000 --epochs 2 --quiet"
+export DTRAIN_TIMEOUT=4
+sums() { sed -n 's/.*rank [0-9]*: final params_checksum=\([0-9a-f]*\).*/\1/p' "$1" | sort -u; }
+
+# 1. two workers agree; the reference checksum for the restart check
+if timeout 120 $L -n 2 -- $EX $ARGS > "$T/full.out" 2>&1 && [ "$(sums "$T/full.out" | wc -l)" = 1 ] &&
+   [ "$(grep -c 'final params_checksum' "$T/full.out")" = 2 ]; then
+  ok "2 workers finish with equal parameters ($(sums "$T/full.out"))"
+else bad "2 workers: $(tail -n 5 "$T/full.out")"; fi
+ref=$(sums "$T/full.out")
+
+# 2. 2 workers x 2 threads: same as 4 replicas, agrees across ranks
+if timeout 120 $L -n 2 -- $EX $ARGS --threads 2 > "$T/hier.out" 2>&1 && [ "$(sums "$T/hier.out" | wc -l)" = 1 ]; then
+  ok "2 workers x 2 threads (hierarchical) finish with equal parameters"
+else bad "hierarchical: $(tail -n 5 "$T/hier.out")"; fi
+
+# 3. kill -9 of worker 1 in epoch 2: worker 0 fails naming it, within the deadline
+rm -f "$T/ck.safetensors"
+t0=$(date +%s)
+timeout 120 $L -n 2 --grace 2 -- $EX $ARGS --checkpoint "$T/ck.safetensors" --crash-at 1:35 > "$T/crash.out" 2>&1
+rc=$?; t1=$(date +%s)
+if [ $rc -ne 0 ] && grep -q 'rank 0: step 35 failed: .*worker 1 (127.0.0.1:[0-9]*)' "$T/crash.out" &&
+   grep -q 'allreduce #[0-9]*' "$T/crash.out" && [ $((t1 - t0)) -le 30 ]; then
+  ok "kill -9 of a worker: the other stops naming it and the operation ($((t1 - t0)) s, exit $rc)"
+else bad "kill -9: exit $rc after $((t1 - t0)) s: $(grep -v '^\[worker 0\] dtrain error' "$T/crash.out" | tail -n 6)"; fi
+
+# 4. restart from the checkpoint of epoch 1: ends where the uninterrupted run ends, bit for bit
+if [ -f "$T/ck.safetensors" ] && timeout 120 $L -n 2 -- $EX $ARGS --resume "$T/ck.safetensors" > "$T/resume.out" 2>&1 &&
+   [ "$(sums "$T/resume.out")" = "$ref" ] && [ -n "$ref" ]; then
+  ok "restart from the last checkpoint after the failure ends bit for bit as the uninterrupted run"
+else bad "resume: $(sums "$T/resume.out") vs $ref: $(tail -n 4 "$T/resume.out")"; fi
+
+# 5. SIGSTOP of worker 1: worker 0 times out naming it (DTRAIN_TIMEOUT=4 s)
+t0=$(date +%s)
+timeout 120 $L -n 2 --grace 1 -- $EX $ARGS --stall-at 1:10 > "$T/stall.out" 2>&1
+rc=$?; t1=$(date +%s)
+if [ $rc -ne 0 ] && grep -q 'rank 0: step 10 failed: .*worker 1 (127.0.0.1:[0-9]*)' "$T/stall.out" && [ $((t1 - t0)) -le 40 ]; then
+  ok "SIGSTOP of a worker: the other gives up after the deadline naming it ($((t1 - t0)) s)"
+else bad "SIGSTOP: exit $rc after $((t1 - t0)) s: $(grep -v 'dtrain error' "$T/stall.out" | tail -n 6)"; fi
+
+# 6. three workers, a wrong token on one: refused, nobody trains with it
+DTRAIN_TOKEN=s3cret timeout 60 $L -n 3 -- sh -c 'if [ "$DTRAIN_RANK" = 2 ]; then export DTRAIN_TOKEN=wrong; fi; exec "$0" "$@"' \
+  $EX $ARGS > "$T/token.out" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && grep -qi 'token\|authentication' "$T/token.out" && ! grep -q 'final params_checksum' "$T/token.out"; then
+  ok "a worker with the wrong token is refused and no one trains with it"
+else bad "token: exit $rc: $(tail -n 6 "$T/token.out")"; fi
+
+echo "multiworker_checks: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
