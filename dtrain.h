@@ -1580,9 +1580,10 @@ DTRAIN_EXTERN_C_END
  * (*) Non-trainable buffers (batch-norm running statistics) are written by
  * the forward pass, so with such a model each central_storage replica works
  * on a private copy of the centre, refreshed every step. Buffers follow
- * replica 0 in every strategy (mirrored broadcasts them after each step,
- * like PyTorch DDP's broadcast_buffers); async pushes their change like any
- * other update.
+ * replica 0 in every strategy (mirrored hands replica 0's to every replica
+ * after each step, within the all-gather, like PyTorch DDP's
+ * broadcast_buffers; multi_worker_mirrored: rank 0's replica 0); async
+ * pushes their change like any other update.
  *
  * After a step the params' data buffer holds the trained parameters under
  * every strategy (mirrored: replica 0's copy, equal to the others). Its grad
@@ -1817,8 +1818,9 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s);
 DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss);
 
 /* `steps` steps with batches from next(). Sync: `steps` global steps, each on
- * next(user, -1, step). Async: steps * N pushes in all, the replicas running
- * free (with max_staleness 0 exactly `steps` each); replica r gets its
+ * next(user, -1, step) (multi_worker_mirrored: this process's local batch).
+ * Async: steps * N pushes in all, the replicas running free (with
+ * max_staleness 0 exactly `steps` each); replica r gets its
  * batches from next(user, r, ticket). *mean_loss (may be NULL) gets the mean
  * loss over the steps (async: over the pushes). */
 DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
@@ -2113,8 +2115,25 @@ DTRAIN_API uint64_t dt_params_hash(const dt_params *p);
  *   frame) to every peer and closes every socket. */
 DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o);
 /* MPI_COMM_WORLD (DTRAIN_USE_MPI only; otherwise NULL with
- * DTRAIN_ERR_UNSUPPORTED). Calls MPI_Init_thread if MPI is not initialized yet
- * and MPI_Finalize at destroy in that case. */
+ * DTRAIN_ERR_UNSUPPORTED). Calls MPI_Init_thread (MPI_THREAD_SERIALIZED) if
+ * MPI is not initialized yet and MPI_Finalize at destroy in that case; a
+ * program that initialized MPI itself keeps it. Rank and world are MPI's.
+ * Works on a duplicate of MPI_COMM_WORLD (the program's own MPI traffic never
+ * mixes with dtrain's) with MPI_ERRORS_RETURN: a failing MPI call returns
+ * DTRAIN_ERR_NET with MPI_Error_string's text, the operation and its sequence
+ * number (whether MPI reports a lost process or ends the job is up to the
+ * MPI library). The collectives map to MPI_Allreduce, MPI_Reduce_scatter,
+ * MPI_Allgatherv (dt_comm_slice slices), MPI_Reduce, MPI_Bcast and
+ * MPI_Barrier; sums follow MPI's order, so results equal the other backends'
+ * within float rounding. dt_comm_abort breaks only this process's
+ * communicator. Build and run:
+ *
+ *   mpicc -O2 -DDTRAIN_USE_MPI prog.c -o prog -lm -lpthread
+ *   mpirun -n 4 ./prog                      (or the cluster's scheduler: srun, ...)
+ *
+ *   dt_comm *c = dt_comm_create_mpi();
+ *   dt_strategy_desc sd = dt_multi_worker_mirrored(c, 2);   // 4 processes x 2 threads
+ */
 DTRAIN_API dt_comm *dt_comm_create_mpi(void);
 
 DTRAIN_EXTERN_C_END
@@ -13186,7 +13205,11 @@ static int dt__strategy_mwm_exchange(dt_strategy *s, int ok) {
   R->wait_s += dt__now() - t0;
   if (rc != DTRAIN_OK) {
     if (ok) {
-      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d): %.250s", rank, x->world, dt_last_error());
+      /* ABORTED carries no message of its own: an earlier failure broke the communicator. */
+      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d): %.250s", rank, x->world,
+               rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
+                                          "recreate it (and the strategy) to go on"
+                                        : dt_last_error());
       dt__strategy_fail(s, 0, rc, what);
     }
     return 0;

@@ -171,8 +171,25 @@ DTRAIN_API uint64_t dt_params_hash(const dt_params *p);
  *   frame) to every peer and closes every socket. */
 DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o);
 /* MPI_COMM_WORLD (DTRAIN_USE_MPI only; otherwise NULL with
- * DTRAIN_ERR_UNSUPPORTED). Calls MPI_Init_thread if MPI is not initialized yet
- * and MPI_Finalize at destroy in that case. */
+ * DTRAIN_ERR_UNSUPPORTED). Calls MPI_Init_thread (MPI_THREAD_SERIALIZED) if
+ * MPI is not initialized yet and MPI_Finalize at destroy in that case; a
+ * program that initialized MPI itself keeps it. Rank and world are MPI's.
+ * Works on a duplicate of MPI_COMM_WORLD (the program's own MPI traffic never
+ * mixes with dtrain's) with MPI_ERRORS_RETURN: a failing MPI call returns
+ * DTRAIN_ERR_NET with MPI_Error_string's text, the operation and its sequence
+ * number (whether MPI reports a lost process or ends the job is up to the
+ * MPI library). The collectives map to MPI_Allreduce, MPI_Reduce_scatter,
+ * MPI_Allgatherv (dt_comm_slice slices), MPI_Reduce, MPI_Bcast and
+ * MPI_Barrier; sums follow MPI's order, so results equal the other backends'
+ * within float rounding. dt_comm_abort breaks only this process's
+ * communicator. Build and run:
+ *
+ *   mpicc -O2 -DDTRAIN_USE_MPI prog.c -o prog -lm -lpthread
+ *   mpirun -n 4 ./prog                      (or the cluster's scheduler: srun, ...)
+ *
+ *   dt_comm *c = dt_comm_create_mpi();
+ *   dt_strategy_desc sd = dt_multi_worker_mirrored(c, 2);   // 4 processes x 2 threads
+ */
 DTRAIN_API dt_comm *dt_comm_create_mpi(void);
 
 DTRAIN_EXTERN_C_END

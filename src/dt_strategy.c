@@ -780,7 +780,11 @@ static int dt__strategy_mwm_exchange(dt_strategy *s, int ok) {
   R->wait_s += dt__now() - t0;
   if (rc != DTRAIN_OK) {
     if (ok) {
-      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d): %.250s", rank, x->world, dt_last_error());
+      /* ABORTED carries no message of its own: an earlier failure broke the communicator. */
+      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d): %.250s", rank, x->world,
+               rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
+                                          "recreate it (and the strategy) to go on"
+                                        : dt_last_error());
       dt__strategy_fail(s, 0, rc, what);
     }
     return 0;

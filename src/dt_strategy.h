@@ -32,9 +32,10 @@
  * (*) Non-trainable buffers (batch-norm running statistics) are written by
  * the forward pass, so with such a model each central_storage replica works
  * on a private copy of the centre, refreshed every step. Buffers follow
- * replica 0 in every strategy (mirrored broadcasts them after each step,
- * like PyTorch DDP's broadcast_buffers); async pushes their change like any
- * other update.
+ * replica 0 in every strategy (mirrored hands replica 0's to every replica
+ * after each step, within the all-gather, like PyTorch DDP's
+ * broadcast_buffers; multi_worker_mirrored: rank 0's replica 0); async
+ * pushes their change like any other update.
  *
  * After a step the params' data buffer holds the trained parameters under
  * every strategy (mirrored: replica 0's copy, equal to the others). Its grad
@@ -269,8 +270,9 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s);
 DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss);
 
 /* `steps` steps with batches from next(). Sync: `steps` global steps, each on
- * next(user, -1, step). Async: steps * N pushes in all, the replicas running
- * free (with max_staleness 0 exactly `steps` each); replica r gets its
+ * next(user, -1, step) (multi_worker_mirrored: this process's local batch).
+ * Async: steps * N pushes in all, the replicas running free (with
+ * max_staleness 0 exactly `steps` each); replica r gets its
  * batches from next(user, r, ticket). *mean_loss (may be NULL) gets the mean
  * loss over the steps (async: over the pushes). */
 DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,

@@ -25,6 +25,11 @@ if mpicc -std=c11 $WARN -O1 -DDTRAIN_USE_MPI -I. tests/mpi_check.c -o "$out/mpi_
 else
   cat "$out/cc.log"; bad "mpicc -DDTRAIN_USE_MPI builds tests/mpi_check.c"
 fi
+if mpicc -std=c11 $WARN -O1 -DDTRAIN_USE_MPI -Isrc -c src/dt_comm_mpi.c -o "$out/dt_comm_mpi.o" 2>"$out/alone.log"; then
+  ok "src/dt_comm_mpi.c compiles alone with mpicc -DDTRAIN_USE_MPI"
+else
+  cat "$out/alone.log"; bad "src/dt_comm_mpi.c compiles alone with mpicc -DDTRAIN_USE_MPI"
+fi
 if command -v mpicxx >/dev/null 2>&1; then
   if printf '#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\n' > "$out/impl.cpp" &&
      mpicxx -std=c++17 $WARN -O0 -DDTRAIN_USE_MPI -I. -c "$out/impl.cpp" -o "$out/impl.o" 2>"$out/cxx.log"; then

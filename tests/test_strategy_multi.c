@@ -42,6 +42,7 @@ static void quiet_log(dt_log_level level, dt_result code, const char *msg, void 
 typedef struct wrap_shared {
   dt_comm *inner;     /* dt_comm_create_threads(W) */
   int64_t fail_at;    /* every rank's wrapper fails its call number fail_at (1-based; 0: never) */
+  int sticky;         /* after that failure every call returns DTRAIN_ERR_ABORTED (like tcp) */
 } wrap_shared;
 
 typedef struct wrap {
@@ -52,46 +53,53 @@ typedef struct wrap {
 
 static wrap *wrap_of(dt_comm *c) { return (wrap *)c->impl; }
 
-/* 1 when this call is the injected failure (the error is set). */
-static int wrap_fails(dt_comm *c, const char *op) {
+/* Nonzero when this call fails: DTRAIN_ERR_PEER (the injected failure,
+ * with its message) or DTRAIN_ERR_ABORTED (sticky: broken since). */
+static dt_result wrap_fails(dt_comm *c, const char *op) {
   wrap *w = wrap_of(c);
   w->calls++;
+  if (w->sh->sticky && w->sh->fail_at > 0 && w->calls > w->sh->fail_at) return DTRAIN_ERR_ABORTED;
   if (w->sh->fail_at > 0 && w->calls == w->sh->fail_at) {
-    dt__error(DTRAIN_ERR_PEER, "wrap: %s #%lld: lost rank %d (injected)", op, (long long)w->calls,
-              (c->rank + 1) % c->world);
-    return 1;
+    return dt__error(DTRAIN_ERR_PEER, "wrap: %s #%lld: lost rank %d (injected)", op, (long long)w->calls,
+                     (c->rank + 1) % c->world);
   }
-  return 0;
+  return DTRAIN_OK;
 }
 
 static dt_result wrap_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
   if (rank != c->rank) return dt__error(DTRAIN_ERR_INDEX, "wrap: rank %d is not mine (%d)", rank, c->rank);
-  if (wrap_fails(c, "allreduce")) return DTRAIN_ERR_PEER;
+  dt_result f = wrap_fails(c, "allreduce");
+  if (f != DTRAIN_OK) return f;
   return dt_comm_allreduce(wrap_of(c)->sh->inner, c->rank, buf, n);
 }
 static dt_result wrap_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
   (void)rank;
-  if (wrap_fails(c, "reduce_scatter")) return DTRAIN_ERR_PEER;
+  dt_result f = wrap_fails(c, "reduce_scatter");
+  if (f != DTRAIN_OK) return f;
   return dt_comm_reduce_scatter(wrap_of(c)->sh->inner, c->rank, buf, n);
 }
 static dt_result wrap_allgather(dt_comm *c, int rank, float *buf, size_t n) {
   (void)rank;
-  if (wrap_fails(c, "allgather")) return DTRAIN_ERR_PEER;
+  dt_result f = wrap_fails(c, "allgather");
+  if (f != DTRAIN_OK) return f;
   return dt_comm_allgather(wrap_of(c)->sh->inner, c->rank, buf, n);
 }
 static dt_result wrap_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
   (void)rank;
-  if (wrap_fails(c, "reduce")) return DTRAIN_ERR_PEER;
+  dt_result f = wrap_fails(c, "reduce");
+  if (f != DTRAIN_OK) return f;
   return dt_comm_reduce(wrap_of(c)->sh->inner, c->rank, buf, n, root);
 }
 static dt_result wrap_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
   (void)rank;
-  if (wrap_fails(c, "broadcast")) return DTRAIN_ERR_PEER;
+  dt_result f = wrap_fails(c, "broadcast");
+  if (f != DTRAIN_OK) return f;
   return dt_comm_broadcast(wrap_of(c)->sh->inner, c->rank, buf, n, root);
 }
 static dt_result wrap_barrier(dt_comm *c, int rank) {
   (void)rank;
-  if (wrap_fails(c, "barrier")) return DTRAIN_ERR_PEER;
+  dt_result f = wrap_fails(c, "barrier");
+  if (f != DTRAIN_OK) return f;
   return dt_comm_barrier(wrap_of(c)->sh->inner, c->rank);
 }
 static void wrap_abort(dt_comm *c, int rank) { (void)rank; dt_comm_abort(wrap_of(c)->sh->inner, c->rank); }
@@ -222,6 +230,7 @@ typedef struct config {
   int nan_rank;          /* this rank's replica 0 returns NaN at step nan_step (-1: none) */
   int64_t nan_step;
   int64_t fail_at;       /* the wrapper fails this call number on every rank (0: never) */
+  int sticky;            /* ... and every later call with DTRAIN_ERR_ABORTED */
 } config;
 
 typedef struct proc {
@@ -332,6 +341,7 @@ static void run_multi(const config *cf) {
   wrap_shared sh;
   sh.inner = dt_comm_create_threads(cf->W, -1);
   sh.fail_at = cf->fail_at;
+  sh.sticky = cf->sticky;
   pthread_t th[MAXW];
   for (int p = 0; p < cf->W; p++) {
     memset(&procs[p], 0, sizeof procs[p]);
@@ -572,6 +582,19 @@ static void test_comm_failure(void) {
         if (k != 2) CHECK_MSG(procs[p].step_rc[k] == DTRAIN_OK, "rank %d step %d: %s", p, k, procs[p].step_msg[k]);
     }
     CHECK(memcmp(procs[0].params, procs[1].params, procs[0].n * sizeof(float)) == 0);
+    /* a communicator that stays broken (as tcp's does): the later steps fail
+     * too, saying so, and the parameters stay those from before step 2 */
+    cf.sticky = 1;
+    run_multi(&cf);
+    for (int p = 0; p < cf.W; p++) {
+      CHECK(procs[p].fail_step == 2 && procs[p].step_rc[2] == DTRAIN_ERR_PEER && procs[p].failed_unchanged);
+      for (int k = 3; k < cf.K; k++) {
+        CHECK(procs[p].step_rc[k] == DTRAIN_ERR_ABORTED);
+        CHECK_MSG(strstr(procs[p].step_msg[k], "broken by an earlier failure") != NULL, "'%s'", procs[p].step_msg[k]);
+      }
+      CHECK(memcmp(procs[p].params, procs[p].before_fail, procs[p].n * sizeof(float)) == 0);
+    }
+    cf.sticky = 0;
     /* a failure in create: every rank's create fails naming the broadcast */
     cf.fail_at = 3;
     run_multi(&cf);
@@ -670,6 +693,7 @@ static void test_names_and_args(void) {
   wrap_shared sh;
   sh.inner = NULL;
   sh.fail_at = 0;
+  sh.sticky = 0;
   dt_comm *bad = wrap_create(&sh, 2, 2);
   d = dt_multi_worker_mirrored(bad, 1);
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &d) == NULL);

@@ -1,0 +1,311 @@
+/* tests/test_mwm_tcp.c -- multi_worker_mirrored across forked processes
+ * over the TCP communicator on 127.0.0.1 (port 0): 2 x 1 equals mirrored(2)
+ * and 2 x 2 equals mirrored(4) computed in one process, 3 processes with
+ * uneven local batches (one empty) equal one_device on the concatenation,
+ * every rank ends bitwise equal to rank 0 with the same losses, and a rank
+ * killed (SIGKILL) or stopped (SIGSTOP) mid-run makes every other rank's
+ * step fail within the deadline naming it, with no parameter changed. The
+ * parent binds every rank's listening socket before forking; children report
+ * through exit codes; alarms keep anything from hanging. */
+#define DTRAIN_STATIC
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+#include "harness.h"
+
+#if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
+static void test_unsupported(void) {
+  dt_cluster c;
+  memset(&c, 0, sizeof c);
+  CHECK(dt_comm_create_tcp(&c, NULL) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_UNSUPPORTED);
+}
+
+int main(void) {
+  printf("test_mwm_tcp: networking or threads not compiled in, skipping the multi-process tests\n");
+  TH_RUN(test_unsupported);
+  return th_summary("mwm_tcp");
+}
+#else
+#  include <signal.h>
+#  include <sys/wait.h>
+#  include <unistd.h>
+
+#  define MAXW 4
+#  define NS 256
+#  define NF 6
+#  define NC 3
+#  define K 6
+#  define PMAX 1024
+
+static float data_x[NS * NF];
+static int32_t data_y[NS];
+
+static void make_data(void) {
+  th_seed(7);
+  for (int i = 0; i < NS; i++) {
+    int c = (int)(th_rand() * NC);
+    data_y[i] = c;
+    for (int f = 0; f < NF; f++) data_x[i * NF + f] = th_uniform(-1, 1) + (f % NC == c ? 1.0f : 0.0f);
+  }
+}
+
+typedef struct model {
+  dt_params *P;
+  dt_nn_linear l1, l2;
+} model;
+
+static void model_init(model *m, uint64_t seed) {
+  m->P = dt_params_create(seed);
+  dt_nn_linear_init(&m->l1, m->P, "l1", NF, 12, 1);
+  dt_nn_linear_init(&m->l2, m->P, "l2", 12, NC, 1);
+}
+
+static dt_tensor *model_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  model *m = (model *)user;
+  (void)replica;
+  int64_t xs[2] = {b->rows, NF};
+  dt_tensor *h = dt_tanh(g, dt_nn_linear_forward(g, &m->l1, dt_tensor_wrap(g, 2, xs, (float *)b->x)));
+  return dt_cross_entropy(g, dt_nn_linear_forward(g, &m->l2, h), b->y);
+}
+
+static dt_minibatch rows_at(int64_t first, int64_t rows) {
+  dt_minibatch b;
+  memset(&b, 0, sizeof b);
+  b.rows = rows;
+  b.x = data_x + first * NF;
+  b.x_cols = NF;
+  b.y = data_y + first;
+  b.y_cols = 1;
+  return b;
+}
+
+static dt_optim *make_opt(dt_params *P) {
+  dt_optim_desc d;
+  memset(&d, 0, sizeof d);
+  d.kind = DTRAIN_OPTIM_ADAM;
+  d.lr = 0.01f;
+  return dt_optim_create(P, &d);
+}
+
+/* A run: W processes x N threads; split[r] rows for rank r (sum B). */
+typedef struct run {
+  int W, N;
+  int64_t B;
+  int64_t split[MAXW];
+  int victim;      /* this rank raises sig before step 3 (-1: none) */
+  int sig;
+  float ref[PMAX], ref_loss[K];
+} run;
+
+static int64_t batch_first(int k, int64_t B) { return ((int64_t)k * B) % (NS - B); }
+
+/* The single-process reference on the global batches. */
+static void reference(run *R, const dt_strategy_desc *sd0) {
+  model m;
+  model_init(&m, 5);
+  dt_optim *opt = make_opt(m.P);
+  dt_strategy_desc sd = *sd0;
+  sd.spin_us = -1;
+  dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
+  CHECK(s != NULL);
+  for (int k = 0; s && k < K; k++) {
+    dt_minibatch b = rows_at(batch_first(k, R->B), R->B);
+    CHECK(dt_strategy_step(s, &b, &R->ref_loss[k]) == DTRAIN_OK);
+  }
+  memcpy(R->ref, dt_params_data(m.P), dt_params_size(m.P) * sizeof(float));
+  dt_strategy_destroy(s);
+  dt_optim_destroy(opt);
+  dt_params_destroy(m.P);
+}
+
+static int child_fail;
+#  define CK(cond)                                                                                          \
+    do {                                                                                                    \
+      if (!(cond)) {                                                                                        \
+        child_fail++;                                                                                       \
+        fprintf(stderr, "CHILD FAIL %s:%d [%s]: %s (last error: %s)\n", __FILE__, __LINE__, th_cur, #cond, \
+                dt_last_error());                                                                           \
+      }                                                                                                     \
+    } while (0)
+
+static int lfd[MAXW];
+static char addr[MAXW][64];
+static char *addrs[MAXW];
+
+static void child(const run *R, int rank) {
+  dt_cluster c;
+  memset(&c, 0, sizeof c);
+  c.workers = R->W;
+  c.worker_addr = addrs;
+  c.role = DTRAIN_ROLE_WORKER;
+  c.index = rank;
+  dt_net_options o = dt_net_defaults();
+  o.timeout_s = 3;
+  o.connect_timeout_s = 10;
+  o.quiet = 1;
+  o.listen_fd = lfd[rank];
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return;
+  model m;
+  model_init(&m, 5 + 1000 * (uint64_t)rank); /* differently initialised: rank 0's values win */
+  dt_optim *opt = make_opt(m.P);
+  dt_strategy_desc sd = dt_multi_worker_mirrored(comm, R->N);
+  sd.spin_us = -1;
+  dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
+  CK(s != NULL);
+  size_t n = dt_params_size(m.P);
+  int64_t first = 0;
+  for (int r = 0; r < rank; r++) first += R->split[r];
+  float loss[K];
+  for (int k = 0; s && k < K; k++) {
+    if (rank == R->victim && k == 3) raise(R->sig);
+    dt_minibatch b = rows_at(batch_first(k, R->B) + first, R->split[rank]);
+    float before[PMAX];
+    memcpy(before, dt_params_data(m.P), n * sizeof(float));
+    double t0 = dt__now();
+    dt_result rc = dt_strategy_step(s, &b, &loss[k]);
+    double took = dt__now() - t0;
+    if (R->victim >= 0 && k == 3) {
+      /* the survivors: the error names the lost rank, within the deadline */
+      char want[64];
+      snprintf(want, sizeof want, "worker %d (127.0.0.1:", R->victim);
+      CK(rc == (R->sig == SIGKILL ? DTRAIN_ERR_PEER : DTRAIN_ERR_TIMEOUT));
+      CK(strstr(dt_last_error(), want) != NULL);
+      CK(strstr(dt_last_error(), "dt_strategy_step") != NULL);
+      CK(took < 8.0);
+      CK(memcmp(before, dt_params_data(m.P), n * sizeof(float)) == 0);
+      if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "rank %d (%.2f s): %s\n", rank, took, dt_last_error());
+      break;
+    }
+    CK(rc == DTRAIN_OK);
+    if (rc != DTRAIN_OK) break;
+  }
+  if (R->victim < 0) {
+    double d = 0.0, mx = 0.0;
+    for (size_t i = 0; i < n; i++) {
+      d = fmax(d, fabs((double)dt_params_data(m.P)[i] - (double)R->ref[i]));
+      mx = fmax(mx, fabs((double)R->ref[i]));
+    }
+    CK(d <= 1e-5 * mx);
+    for (int k = 0; k < K; k++) CK(fabs((double)loss[k] - (double)R->ref_loss[k]) <= 1e-5 * fabs((double)R->ref_loss[k]) + 1e-6);
+    /* bitwise equal to rank 0: parameters and losses */
+    float p0[PMAX], l0[K];
+    memcpy(p0, dt_params_data(m.P), n * sizeof(float));
+    memcpy(l0, loss, sizeof l0);
+    CK(dt_comm_broadcast(comm, rank, p0, n, 0) == DTRAIN_OK);
+    CK(dt_comm_broadcast(comm, rank, l0, K, 0) == DTRAIN_OK);
+    CK(memcmp(p0, dt_params_data(m.P), n * sizeof(float)) == 0);
+    CK(memcmp(l0, loss, sizeof l0) == 0);
+  }
+  dt_strategy_destroy(s);
+  dt_optim_destroy(opt);
+  dt_params_destroy(m.P);
+  dt_comm_destroy(comm);
+}
+
+/* Forks W ranks; returns after reaping them all (a victim is killed once
+ * the survivors are done). */
+static void run_world(const run *R) {
+  for (int r = 0; r < R->W; r++) {
+    if (dt__net_listen("127.0.0.1:0", &lfd[r]) != DTRAIN_OK) {
+      CHECK_MSG(0, "listen: %s", dt_last_error());
+      return;
+    }
+    snprintf(addr[r], sizeof addr[r], "127.0.0.1:%d", dt__net_port(lfd[r]));
+    addrs[r] = addr[r];
+  }
+  pid_t pid[MAXW];
+  fflush(NULL);
+  for (int r = 0; r < R->W; r++) {
+    pid[r] = fork();
+    if (pid[r] == 0) {
+      alarm(60);
+      for (int j = 0; j < R->W; j++)
+        if (j != r) close(lfd[j]);
+      child_fail = 0;
+      child(R, r);
+      fflush(NULL);
+      _exit(child_fail ? 1 : 0);
+    }
+  }
+  for (int r = 0; r < R->W; r++) {
+    if (r == R->victim) continue;
+    int st = 0;
+    waitpid(pid[r], &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%d x %d: rank %d ended with status %d", R->W, R->N, r, st);
+  }
+  if (R->victim >= 0) {
+    kill(pid[R->victim], SIGKILL);
+    kill(pid[R->victim], SIGCONT);
+    int st = 0;
+    waitpid(pid[R->victim], &st, 0);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+  }
+  for (int r = 0; r < R->W; r++) close(lfd[r]);
+}
+
+static run R;
+
+static void set_mirrored_split(run *r) {
+  int tot = r->W * r->N;
+  int64_t base = r->B / tot, extra = r->B % tot;
+  for (int p = 0; p < r->W; p++) {
+    r->split[p] = 0;
+    for (int q = p * r->N; q < (p + 1) * r->N; q++) r->split[p] += base + (q < extra ? 1 : 0);
+  }
+}
+
+static void test_equals_mirrored(void) {
+  static const int shapes[2][2] = {{2, 1}, {2, 2}};
+  for (int si = 0; si < 2; si++) {
+    memset(&R, 0, sizeof R);
+    R.W = shapes[si][0];
+    R.N = shapes[si][1];
+    R.B = 31;
+    R.victim = -1;
+    set_mirrored_split(&R);
+    dt_strategy_desc md = dt_mirrored(R.W * R.N);
+    reference(&R, &md);
+    run_world(&R);
+  }
+}
+
+static void test_uneven_equals_one_device(void) {
+  memset(&R, 0, sizeof R);
+  R.W = 3;
+  R.N = 1;
+  R.split[0] = 5;
+  R.split[1] = 0;
+  R.split[2] = 20;
+  R.B = 25;
+  R.victim = -1;
+  dt_strategy_desc od = dt_one_device();
+  reference(&R, &od);
+  run_world(&R);
+}
+
+static void test_faults(void) {
+  static const int cases[3][3] = {{2, 1, SIGKILL}, {3, 2, SIGKILL}, {2, 0, SIGSTOP}};
+  for (int ci = 0; ci < 3; ci++) {
+    memset(&R, 0, sizeof R);
+    R.W = cases[ci][0];
+    R.N = 2;
+    R.B = 24;
+    R.victim = cases[ci][1];
+    R.sig = cases[ci][2];
+    set_mirrored_split(&R);
+    run_world(&R);
+  }
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  alarm(240);
+  make_data();
+  TH_RUN(test_equals_mirrored);
+  TH_RUN(test_uneven_equals_one_device);
+  TH_RUN(test_faults);
+  return th_summary("mwm_tcp");
+}
+#endif
