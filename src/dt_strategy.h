@@ -25,6 +25,9 @@
  * |                     |                              | (each replica applies it to its slice of the centre)     |
  * | async(N, k)         | a lock-free store + a copy   | replicas run free: pull, forward/backward on their own   |
  * |                     | per replica                  | batch, local optimizer step, push the update             |
+ * | parameter_server    | sharded over server          | this process is one worker: pull from every server,      |
+ * |   (store, k)        | processes (dt_net.h)         | forward/backward on its own batch, push the (clipped)    |
+ * |                     |                              | gradient; the servers apply the optimizer to their shard |
  *
  * (*) Non-trainable buffers (batch-norm running statistics) are written by
  * the forward pass, so with such a model each central_storage replica works
@@ -201,6 +204,15 @@ DTRAIN_API dt_strategy_desc dt_one_device(void);
 DTRAIN_API dt_strategy_desc dt_mirrored(int replicas);
 DTRAIN_API dt_strategy_desc dt_central_storage(int replicas);
 DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness);
+/* Parameter-server training (dt_net.h): the store from dt_pstore_create_tcp
+ * (borrowed: destroy it after the strategy; call dt_pstore_leave when this
+ * worker is done). One replica per process; max_staleness is the store's
+ * (the argument is ignored in favour of it). The optimizer given to
+ * dt_strategy_create only lends its clip_norm (gradients are clipped before
+ * the push); the servers run theirs. After a step the params' data holds
+ * the parameters this step pulled (the last push is applied on the servers;
+ * pull again to see it). */
+DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness);
 /* From a name ("one_device", "mirrored", "central_storage", "async"), e.g.
  * for a --strategy flag. DTRAIN_ERR_INVALID_ARG for an unknown name. */
 DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out);
