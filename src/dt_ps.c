@@ -515,6 +515,8 @@ static dt_result dt__ps_progress(dt__ps_server *S) {
 
 /* ---- frames from workers ------------------------------------------------------------------- */
 
+/* Refuse worker i at JOIN: the connection is closed and logged, and the
+ * worker's slot is free again (a correct worker may still come). */
 static void dt__ps_refuse(dt__ps_server *S, int i, dt_result code, const char *why) {
   dt__ps_worker *w = &S->w[i];
   unsigned char buf[4 + 256];
@@ -523,7 +525,13 @@ static void dt__ps_refuse(dt__ps_server *S, int i, dt_result code, const char *w
   dt__le32_put(buf, (uint32_t)(-(int32_t)code));
   memcpy(buf + 4, why, tl);
   dt__conn_send(&w->conn, DT__MSG_REFUSE, buf, (uint32_t)(4 + tl), dt__now() + 0.2, "refuse");
-  dt__ps_lose(S, i, code, why);
+  if (!S->self.opt.quiet) dt__log(DTRAIN_LOG_WARN, code, "ps %d: refused %s: %s", S->me, w->conn.peer, why);
+  dt__ps_worker_free(S, w);
+  dt__conn_init(&w->conn, -1, S->self.job, S->self.id, (uint32_t)S->self.opt.max_payload);
+  w->state = DT__PSW_NEW;
+  w->joined = 0;
+  w->pulled = w->pushed = 0;
+  S->seen[i] = 0;
 }
 
 static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
