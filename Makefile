@@ -22,7 +22,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
-.PHONY: bench-strategy
+.PHONY: bench-strategy fuzz
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump
 
@@ -123,6 +123,24 @@ test-minimal: dtrain.h
 check-amalgamation: $(AMALG)
 	$(AMALG) src src/MANIFEST $(BUILD)/dtrain.check.h
 	cmp dtrain.h $(BUILD)/dtrain.check.h || { echo "dtrain.h is stale: run 'make amalgamate' and commit it"; exit 1; }
+
+# libFuzzer targets (tests/fuzz/fuzz_*.c: the frame decoder, the handshake,
+# ...), each run for FUZZ_SECONDS from its committed seeds plus the corpus it
+# grew before (in $(BUILD)/fuzz). Needs clang with libFuzzer.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 30
+FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+$(BUILD)/fuzz/%: tests/fuzz/%.c dtrain.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -std=c11 -g -O1 -Wall -Wextra -Werror -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=all -I. $< -o $@ -lm -lpthread
+fuzz: $(FUZZ_TARGETS)
+	@set -e; for t in $(FUZZ_TARGETS); do n=$$(basename $$t); mkdir -p $(BUILD)/fuzz/corpus-$$n; \
+	  echo "== $$n: $(FUZZ_SECONDS) s"; \
+	  $$t -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 -print_final_stats=1 \
+	    -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus-$$n tests/fuzz/seeds/$$n > $(BUILD)/fuzz/$$n.log 2>&1 \
+	    || { tail -n 60 $(BUILD)/fuzz/$$n.log; echo "$$n: FAILED (the input is in $(BUILD)/fuzz/)"; exit 1; }; \
+	  grep -E '^Done|stat::number_of_executed_units|stat::peak_rss' $(BUILD)/fuzz/$$n.log; done
 
 # ---- install ------------------------------------------------------------------
 # make install PREFIX=/opt/dtrain [DESTDIR=...]: the header(s), a pkg-config

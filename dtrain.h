@@ -13750,6 +13750,16 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
 /* Read 32 bytes of randomness (/dev/urandom, else a hash of time and pid). */
 DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n);
 
+/* Floats travel little-endian. On a little-endian host this is a no-op
+ * (buffers go out as they are, no copy); on a big-endian one it swaps the
+ * bytes of each float in place (the same call converts back). */
+#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#  define DT__NET_HOST_LE 0
+#else
+#  define DT__NET_HOST_LE 1
+#endif
+DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n);
+
 /* Little-endian helpers. */
 DTRAIN_PRIVATE void dt__le32_put(unsigned char *p, uint32_t v);
 DTRAIN_PRIVATE void dt__le64_put(unsigned char *p, uint64_t v);
@@ -13788,6 +13798,20 @@ DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p) {
   for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
   return v;
 }
+DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n) {
+#if DT__NET_HOST_LE
+  (void)p;
+  (void)n;
+#else
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &p[i], 4);
+    u = (u >> 24) | ((u >> 8) & 0xFF00u) | ((u << 8) & 0xFF0000u) | (u << 24);
+    memcpy(&p[i], &u, 4);
+  }
+#endif
+}
+
 static uint16_t dt__net_le16_get(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 /* ---- CRC-32C (Castagnoli), bitwise: it only covers headers and control frames ------- */

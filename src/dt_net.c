@@ -26,6 +26,20 @@ DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p) {
   for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
   return v;
 }
+DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n) {
+#if DT__NET_HOST_LE
+  (void)p;
+  (void)n;
+#else
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &p[i], 4);
+    u = (u >> 24) | ((u >> 8) & 0xFF00u) | ((u << 8) & 0xFF0000u) | (u << 24);
+    memcpy(&p[i], &u, 4);
+  }
+#endif
+}
+
 static uint16_t dt__net_le16_get(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 /* ---- CRC-32C (Castagnoli), bitwise: it only covers headers and control frames ------- */

@@ -3,16 +3,19 @@
 # machine's: "exact" lines must match bit for bit, "float" lines within a
 # relative 1e-4. Then checkpoints cross over: each architecture loads the
 # host's checkpoint and the host loads each architecture's, and the loaded
-# parameters must equal the writer's bit for bit.
+# parameters must equal the writer's bit for bit. Wire frames likewise: the
+# bytes written are the same everywhere ("wire.bytes"), and each side
+# decodes the other's frames to the values that were written.
 # Prints "cross_compare: N passed, N failed".
 CROSS_ARCHS=${CROSS_ARCHS:-"aarch64-linux-gnu:aarch64 arm-linux-gnueabihf:arm s390x-linux-gnu:s390x"}
-build/tests/portable_run save build/portable.native.safetensors > build/portable.native.txt || { echo "cross_compare: 0 passed, 1 failed"; exit 1; }
+build/tests/portable_run save build/portable.native.safetensors wsave build/portable.native.wire > build/portable.native.txt || { echo "cross_compare: 0 passed, 1 failed"; exit 1; }
 info() { grep "^$1 info " "$2" | cut -d' ' -f3; }
 pass=0; fail=0
 for pair in $CROSS_ARCHS; do
   triple=${pair%%:*}; q=${pair##*:}
   bin=build/cross-$q/tests/portable_run
-  if ! qemu-$q -L /usr/$triple $bin save build/portable.$q.safetensors load build/portable.native.safetensors > build/portable.$q.txt 2>&1; then
+  if ! qemu-$q -L /usr/$triple $bin save build/portable.$q.safetensors load build/portable.native.safetensors \
+      wsave build/portable.$q.wire wload build/portable.native.wire > build/portable.$q.txt 2>&1; then
     echo "FAIL $triple: portable_run did not run"; fail=$((fail + 1)); continue
   fi
   if awk -v arch="$triple" '
@@ -40,6 +43,15 @@ for pair in $CROSS_ARCHS; do
   if [ -n "$mine" ] && [ "$mine" = "$(info train.checksum build/portable.$q.txt)" ]; then
     echo "ok the host reads the $triple checkpoint bit for bit"; pass=$((pass + 1))
   else echo "FAIL host: the $triple checkpoint loaded as $mine"; fail=$((fail + 1)); fi
+  # Wire frames: theirs decode here and ours there to the values written.
+  if [ -n "$(info wire.digest build/portable.native.txt)" ] && \
+     [ "$(info wireload.digest build/portable.$q.txt)" = "$(info wire.digest build/portable.native.txt)" ]; then
+    echo "ok $triple decodes the host's wire frames"; pass=$((pass + 1))
+  else echo "FAIL $triple: the host's wire frames decoded as $(info wireload.digest build/portable.$q.txt)"; fail=$((fail + 1)); fi
+  mine=$(build/tests/portable_run wload build/portable.$q.wire | grep '^wireload.digest info ' | cut -d' ' -f3)
+  if [ -n "$mine" ] && [ "$mine" = "$(info wire.digest build/portable.$q.txt)" ]; then
+    echo "ok the host decodes the $triple wire frames"; pass=$((pass + 1))
+  else echo "FAIL host: the $triple wire frames decoded as $mine"; fail=$((fail + 1)); fi
 done
 echo "cross_compare: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -8,6 +8,8 @@
  * "exact" or "float". */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+/* The private wire helpers (dt__frame_pack, dt__net_f32_le, ...) are static
+ * in the amalgamation and visible here because the implementation is. */
 #include <stdio.h>
 #include <string.h>
 
@@ -19,6 +21,77 @@
 static void exact_u64(const char *k, uint64_t v) { printf("%s exact %016llx\n", k, (unsigned long long)v); }
 static void flt(const char *k, double v) { printf("%s float %.9g\n", k, v); }
 
+/* ---- wire frames: the bytes written must be the same on every architecture,
+ * and every architecture must decode another's frames to the same values. */
+#define WIRE_JOB 0x0123456789ABCDEFull
+static const float wire_floats[6] = {1.5f, -2.25f, 3e-8f, 1e30f, -0.0f, 0.1f};
+
+/* A digest of the values the frames carry, from the source values. */
+static uint64_t wire_digest_values(const uint32_t *fields, size_t nf, const float *f, size_t n) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < nf; i++) h = (h ^ fields[i]) * 1099511628211ULL;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &f[i], 4);
+    h = (h ^ u) * 1099511628211ULL;
+  }
+  return h;
+}
+
+/* Two frames: a control frame carrying a hello-like record of u32/u64 fields,
+ * a data frame carrying floats. Returns the bytes used. */
+static size_t wire_write(unsigned char *buf) {
+  unsigned char rec[24];
+  dt__le32_put(rec, 1u);
+  dt__le32_put(rec + 4, 7u);
+  dt__le64_put(rec + 8, 0xFEDCBA9876543210ull);
+  dt__le32_put(rec + 16, 0x80000001u);
+  dt__le32_put(rec + 20, 42u);
+  dt__frame_pack(buf, 0x01, WIRE_JOB, 0x10003u, 0, rec, sizeof rec);
+  memcpy(buf + DT__NET_HDR, rec, sizeof rec);
+  size_t off = DT__NET_HDR + sizeof rec;
+  float f[6];
+  memcpy(f, wire_floats, sizeof f);
+  dt__net_f32_le(f, 6);
+  dt__frame_pack(buf + off, 0x41, WIRE_JOB, 2u, 1, f, sizeof f);
+  memcpy(buf + off + DT__NET_HDR, f, sizeof f);
+  return off + DT__NET_HDR + sizeof f;
+}
+
+static uint64_t wire_expected(void) {
+  uint32_t fields[] = {0x01, 0x10003u, 0, 24, 1u, 7u, 0x76543210u, 0xFEDCBA98u, 0x80000001u, 42u,
+                       0x41, 2u, 1, 24};
+  return wire_digest_values(fields, sizeof fields / sizeof fields[0], wire_floats, 6);
+}
+
+/* Decode what wire_write wrote (on any architecture); 0 on any error. */
+static uint64_t wire_read(const unsigned char *buf, size_t n) {
+  uint32_t fields[14];
+  float f[6];
+  dt__frame fr;
+  char why[128];
+  if (n < 2 * DT__NET_HDR + 48) return 0;
+  if (dt__frame_unpack(buf, WIRE_JOB, 4096, &fr, why, sizeof why) != DTRAIN_OK || fr.length != 24 ||
+      !dt__frame_payload_ok(buf, &fr, buf + DT__NET_HDR))
+    return 0;
+  const unsigned char *rec = buf + DT__NET_HDR;
+  uint64_t u64 = dt__le64_get(rec + 8);
+  uint32_t a[] = {fr.type, fr.sender, (uint32_t)fr.seq, fr.length, dt__le32_get(rec), dt__le32_get(rec + 4),
+                  (uint32_t)u64, (uint32_t)(u64 >> 32), dt__le32_get(rec + 16), dt__le32_get(rec + 20)};
+  memcpy(fields, a, sizeof a);
+  const unsigned char *b = buf + DT__NET_HDR + 24;
+  if (dt__frame_unpack(b, WIRE_JOB, 4096, &fr, why, sizeof why) != DTRAIN_OK || fr.length != 24 ||
+      !dt__frame_payload_ok(b, &fr, b + DT__NET_HDR))
+    return 0;
+  fields[10] = fr.type;
+  fields[11] = fr.sender;
+  fields[12] = (uint32_t)fr.seq;
+  fields[13] = fr.length;
+  memcpy(f, b + DT__NET_HDR, sizeof f);
+  dt__net_f32_le(f, 6);
+  return wire_digest_values(fields, 14, f, 6);
+}
+
 static dt_params *make_model(dt_nn_conv2d *conv, dt_nn_linear *fc1, dt_nn_linear *fc2) {
   dt_params *P = dt_params_create(7);
   dt_nn_conv2d_init(conv, P, "conv", 1, 4, 3, 1, 1, 1);
@@ -28,10 +101,31 @@ static dt_params *make_model(dt_nn_conv2d *conv, dt_nn_linear *fc1, dt_nn_linear
 }
 
 int main(int argc, char **argv) {
-  const char *save = NULL, *load = NULL;
+  const char *save = NULL, *load = NULL, *wsave = NULL, *wload = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "save")) save = argv[i + 1];
     else if (!strcmp(argv[i], "load")) load = argv[i + 1];
+    else if (!strcmp(argv[i], "wsave")) wsave = argv[i + 1];
+    else if (!strcmp(argv[i], "wload")) wload = argv[i + 1];
+  }
+  {
+    unsigned char wb[256];
+    size_t wn = wire_write(wb);
+    exact_u64("wire.bytes", dt__crc32c(0, wb, wn));
+    exact_u64("wire.decoded_here", wire_read(wb, wn) == wire_expected());
+    printf("wire.digest info %016llx\n", (unsigned long long)wire_expected());
+    if (wsave) {
+      FILE *f = fopen(wsave, "wb");
+      if (!f || fwrite(wb, 1, wn, f) != wn) { printf("error cannot write %s\n", wsave); return 1; }
+      fclose(f);
+    }
+    if (wload) {
+      unsigned char rb[256];
+      FILE *f = fopen(wload, "rb");
+      size_t rn = f ? fread(rb, 1, sizeof rb, f) : 0;
+      if (f) fclose(f);
+      printf("wireload.digest info %016llx\n", (unsigned long long)wire_read(rb, rn));
+    }
   }
   dt_rng r;
   dt_rng_seed(&r, 42);
