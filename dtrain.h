@@ -16025,6 +16025,7 @@ static uint64_t dt__ps_client_version(dt_pstore *ps) {
   return v;
 }
 
+#  if !defined(DTRAIN_NO_THREADS)
 /* The heartbeat thread: every timeout/3, a heartbeat on each connection idle that long. */
 static void dt__ps_client_heartbeat(void *arg) {
   dt__ps_client *C = (dt__ps_client *)arg;
@@ -16047,6 +16048,7 @@ static void dt__ps_client_heartbeat(void *arg) {
     dt__mutex_unlock(&C->mu);
   }
 }
+#  endif
 
 static void dt__ps_client_free(dt__ps_client *C) {
   if (C->hb.started) {
