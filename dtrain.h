@@ -14987,6 +14987,14 @@ enum {
 #define DT__PS_CKPT_MAGIC 0x53505444u /* "DTPS" */
 #define DT__PS_CKPT_HDR 64
 
+/* Prefix the thread's last error (copied first: dt__error writes the buffer dt_last_error reads). */
+static DT__UNUSED dt_result dt__ps_prefix(dt_result rc, const char *a, const char *b) {
+  char keep[DT__MSG_CAP];
+  snprintf(keep, sizeof keep, "%s", dt_last_error());
+  if (b) return dt__error(rc, "%s: %s: %s", a, b, keep);
+  return dt__error(rc, "%s: %s", a, keep);
+}
+
 /* ---- shard assignment (also without networking) ----------------------------------------- */
 
 DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of) {
@@ -15528,7 +15536,9 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
   snprintf(op, sizeof op, "ps %d", S->me);
   dt_result rc = dt__conn_recv_header(&w->conn, &f, h, deadline, op);
   if (rc != DTRAIN_OK) {
-    dt__ps_lose(S, i, rc, dt_last_error());
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__ps_lose(S, i, rc, why);
     return;
   }
   uint32_t want_max = 0;
@@ -15554,7 +15564,9 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
   unsigned char *dst = f.type == DT__PS_PUSH ? w->rx : small;
   rc = dt__conn_recv_payload(&w->conn, &f, h, dst, deadline, op);
   if (rc != DTRAIN_OK) {
-    dt__ps_lose(S, i, rc, dt_last_error());
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__ps_lose(S, i, rc, why);
     return;
   }
   w->last_heard = dt__now();
@@ -15766,7 +15778,7 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
   memset(&S, 0, sizeof S);
   S.lfd = -1;
   dt_result rc = dt__net_self_init(&S.self, c, o);
-  if (rc != DTRAIN_OK) return dt__error(rc, "%s: %s", fn, dt_last_error());
+  if (rc != DTRAIN_OK) return dt__ps_prefix(rc, fn, NULL);
   S.c = c;
   S.params = params;
   S.opt = opt;
@@ -15810,7 +15822,9 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
   }
   rc = dt__net_self_listen(&S.self, &S.lfd);
   if (rc != DTRAIN_OK) {
-    rc = dt__error(rc, "%s: ps %d: %s", fn, S.me, dt_last_error());
+    char who[32];
+    snprintf(who, sizeof who, "ps %d", S.me);
+    rc = dt__ps_prefix(rc, fn, who);
     goto done;
   }
   S.own_lfd = S.self.opt.listen_fd < 0;
@@ -16105,7 +16119,7 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
   }
   dt__net_self self;
   if (dt__net_self_init(&self, c, o) != DTRAIN_OK) {
-    dt__error(dt_last_result(), "%s: %s", fn, dt_last_error());
+    dt__ps_prefix(dt_last_result(), fn, NULL);
     return NULL;
   }
   dt__ps_client *C = (dt__ps_client *)dt__calloc(sizeof *C);
@@ -16153,7 +16167,7 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
     snprintf(op, sizeof op, "worker %d: join", C->me);
     if (dt__net_dial(&self, DTRAIN_ROLE_PS, s, &C->conn[s]) != DTRAIN_OK) {
       C->conn[s].fd = -1;
-      dt__error(dt_last_result(), "%s: %s", op, dt_last_error());
+      dt__ps_prefix(dt_last_result(), op, NULL);
       goto fail;
     }
     unsigned char j[DT__PS_JOINLEN];
@@ -16188,7 +16202,7 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
   C->ps.impl = C;
 #  if !defined(DTRAIN_NO_THREADS)
   if (dt__thread_start(&C->hb, dt__ps_client_heartbeat, C) != DTRAIN_OK) {
-    dt__error(dt_last_result(), "%s: worker %d: cannot start the heartbeat thread: %s", fn, C->me, dt_last_error());
+    dt__ps_prefix(dt_last_result(), fn, "cannot start the heartbeat thread");
     goto fail;
   }
 #  endif

@@ -543,6 +543,7 @@ static void worker_fault(int how) {
   int lfd, port;
   CHECK(listen_fds(1, &lfd, &port));
   server_cfg sc = server_defaults(2, 1, 0, &port, lfd);
+  sc.lr = 0.02f;
   child srv = spawn_server(&sc, &lfd);
   worker_cfg w0 = worker_defaults(2, 1, 0, &port), w1 = worker_defaults(2, 1, 1, &port);
   w0.steps = 30;
