@@ -1,7 +1,8 @@
 /* tests/test_ps.c -- parameter servers over loopback with forked processes:
  * shard assignment; 1 worker x 1 server with max_staleness 0 equals
  * one_device; 2 workers x 2 servers converge; kill -9 and SIGSTOP of a
- * worker (training goes on, the server logs it); kill -9 of a server
+ * worker (training goes on, the server logs it); heartbeats keep idle and
+ * waiting workers alive; kill -9 and SIGSTOP of a server
  * (workers stop with an error naming it); restart from a shard checkpoint;
  * bad bytes and bad tokens against a server. */
 /* Private transport functions (bad-bytes clients) are static in the
@@ -323,6 +324,8 @@ typedef struct worker_cfg {
   int steps;
   int64_t rows;
   int die_at, stop_at, progress_at; /* after this many steps: SIGKILL / SIGSTOP itself, or write "P" */
+  int sleep_at;                      /* ... or sleep sleep_s seconds (idle: only heartbeats go out) */
+  double sleep_s;
   float target;                      /* the final loss must be below target * the initial loss */
 } worker_cfg;
 
@@ -349,6 +352,7 @@ static int worker_main(const worker_cfg *wc) {
     if (t == wc->die_at) raise(SIGKILL);
     if (t == wc->stop_at) raise(SIGSTOP);
     if (t == wc->progress_at) child_say("%s", "P");
+    if (t == wc->sleep_at) dt_sleep(wc->sleep_s);
     dt_minibatch b = batch_at((int64_t)t * wc->W + wc->index, wc->rows);
     float L;
     dt_result rc = dt_strategy_step(s, &b, &L);
@@ -427,7 +431,7 @@ static worker_cfg worker_defaults(int W, int M, int index, const int *ports) {
   wc.k = 1;
   wc.steps = 40;
   wc.rows = 16;
-  wc.die_at = wc.stop_at = wc.progress_at = -1;
+  wc.die_at = wc.stop_at = wc.progress_at = wc.sleep_at = -1;
   return wc;
 }
 
@@ -566,6 +570,36 @@ static void worker_fault(int how) {
   if (how == 1) kill(b.pid, SIGKILL);
   child_wait(&b);
   CHECK(b.status == 128 + SIGKILL);
+  alarm(0);
+}
+
+/* Heartbeats: worker 1 idles for 2.5 deadlines between two steps (its heartbeat
+ * thread keeps it alive), while worker 0 waits that long for it in lock-step
+ * (the server's heartbeats keep its wait alive). Nobody is lost. */
+static void test_heartbeats(void) {
+  alarm(40);
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(2, 1, 0, &port, lfd);
+  sc.timeout = 1.0;
+  sc.lr = 0.02f;
+  child srv = spawn_server(&sc, &lfd);
+  worker_cfg w0 = worker_defaults(2, 1, 0, &port), w1 = worker_defaults(2, 1, 1, &port);
+  w0.timeout = w1.timeout = 1.0;
+  w0.k = w1.k = 0;
+  w0.steps = w1.steps = 6;
+  w1.sleep_at = 3;
+  w1.sleep_s = 2.5;
+  child a = spawn_worker(&w0, &lfd, 1), b = spawn_worker(&w1, &lfd, 1);
+  close(lfd);
+  double t0 = dt__now();
+  child_wait(&a);
+  child_wait(&b);
+  child_wait(&srv);
+  CHECK(dt__now() - t0 >= 2.5);
+  CHECK_MSG(a.status == 0 && b.status == 0, "workers %d %d: %s / %s", a.status, b.status, a.out, b.out);
+  CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, srv.out);
+  CHECK_MSG(strstr(srv.out, "lost") == NULL, "%s", srv.out);
   alarm(0);
 }
 
@@ -878,6 +912,7 @@ int main(void) {
   make_data();
   TH_RUN(test_equals_one_device);
   TH_RUN(test_converge_2x2);
+  TH_RUN(test_heartbeats);
   TH_RUN(test_worker_killed);
   TH_RUN(test_worker_stopped);
   TH_RUN(test_server_killed);
