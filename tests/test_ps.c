@@ -437,6 +437,33 @@ static worker_cfg worker_defaults(int W, int M, int index, const int *ports) {
 
 /* ---- tests ---------------------------------------------------------------------------------- */
 
+static void test_strategy_desc(void) {
+  model m;
+  model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
+  CHECK(strcmp(dt_strategy_kind_name(DTRAIN_STRATEGY_PARAMETER_SERVER), "parameter_server") == 0);
+  dt_strategy_desc sd = dt_parameter_server(NULL, 0);
+  CHECK(sd.kind == DTRAIN_STRATEGY_PARAMETER_SERVER && sd.replicas == 1);
+  CHECK(dt_strategy_create(m.P, m.opt, step_fn, &m, &sd) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_NULL_ARG && strstr(dt_last_error(), "desc.store"));
+  dt_pstore *local = dt_pstore_create_local(dt_params_data(m.P), dt_params_size(m.P), 2, 0, DTRAIN_ASYNC_HOGWILD, 0);
+  sd = dt_parameter_server(local, 0);
+  sd.replicas = 2;
+  CHECK(dt_strategy_create(m.P, m.opt, step_fn, &m, &sd) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_INVALID_ARG && strstr(dt_last_error(), "1 replica per process"));
+  dt_pstore_destroy(local);
+  /* Not a worker, or not a server. */
+  int port = 1;
+  pc x;
+  pc_make(&x, 1, 1, &port, DTRAIN_ROLE_PS, 0);
+  CHECK(dt_pstore_create_tcp(&x.c, m.P, NULL, 0) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_INVALID_ARG);
+  pc_make(&x, 1, 1, &port, DTRAIN_ROLE_WORKER, 0);
+  CHECK_ERR(dt_ps_serve(&x.c, m.P, m.opt, NULL, NULL), DTRAIN_ERR_INVALID_ARG, "not a server");
+  CHECK(dt_pstore_create_tcp(&x.c, m.P, NULL, -2) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_INVALID_ARG);
+  model_free(&m);
+}
+
 static void test_equals_one_device(void) {
   alarm(30);
   const int steps = 12;
@@ -910,6 +937,7 @@ int main(void) {
 #else
   signal(SIGPIPE, SIG_DFL); /* the library must not need SIGPIPE ignored */
   make_data();
+  TH_RUN(test_strategy_desc);
   TH_RUN(test_equals_one_device);
   TH_RUN(test_converge_2x2);
   TH_RUN(test_heartbeats);
