@@ -151,8 +151,9 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void);
  * bound 0 computes exactly what one_device computes with the same optimizer.
  *
  * Failures. A worker whose connection breaks, that sends a bad frame, or
- * from which a server hears nothing for timeout_s while it owes the server a
- * request (workers send heartbeats every timeout_s/3 when idle) is logged
+ * from which a server hears nothing for timeout_s while the server owes it
+ * no answer (workers send heartbeats every timeout_s/3 when idle; servers
+ * send them every timeout_s/4 to a worker held back by the bound) is logged
  * ("ps 0: worker 1 (127.0.0.1:7001) lost: ...; going on with 1 worker"),
  * dropped from the staleness clocks, and training goes on with the rest. A
  * worker that never connects within connect_timeout_s is dropped the same
