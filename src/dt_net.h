@@ -192,6 +192,96 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options
  */
 DTRAIN_API dt_comm *dt_comm_create_mpi(void);
 
+/* ---- parameter servers ---------------------------------------------------------------------
+ * Parameter-server training: the model's variables are sharded over the M
+ * server processes of the cluster; W worker processes pull the parameters,
+ * compute gradients on their own batches and push them; each server applies
+ * the optimizer to its shard. Every process runs the same program and builds
+ * the same model (dt_params, same names, shapes and order) and optimizer:
+ *
+ *   dt_cluster *c;  dt_cluster_discover(&argc, argv, &c);
+ *   ... build params P and optimizer opt ...
+ *   if (c->role == DTRAIN_ROLE_PS) return dt_ps_serve(c, P, opt, NULL, &po) == DTRAIN_OK ? 0 : 1;
+ *   dt_pstore *ps = dt_pstore_create_tcp(c, P, NULL, 2);    // max_staleness 2
+ *   dt_strategy_desc sd = dt_parameter_server(ps, 2);
+ *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
+ *   dt_strategy_run(s, steps, next_batch, &data, &loss);
+ *   dt_pstore_leave(ps, c->index);                        // BYE: the servers stop waiting for us
+ *   dt_strategy_destroy(s);  dt_pstore_destroy(ps);
+ *
+ * Sharding (dt_ps_shard): parameters are assigned whole, largest first (ties:
+ * lower index first), each to the server with the least floats so far (ties:
+ * lower server index); every process computes the same assignment. No
+ * parameter is split, so one huge parameter makes its server the bottleneck.
+ * Non-trainable buffers (batch-norm statistics) are sharded too; a push
+ * carries their current value and the server keeps the last one.
+ *
+ * Staleness: the SSP rule of dt_pstore (dt_strategy.h) on each server, with
+ * the bound the workers ask for (dt_pstore_create_tcp; all workers must ask
+ * for the same, else the later one is refused). 0 is lock-step: a server
+ * applies the pushes of a round in worker order, so 1 worker x 1 server with
+ * bound 0 computes exactly what one_device computes with the same optimizer.
+ *
+ * Failures. A worker whose connection breaks, that sends a bad frame, or
+ * from which a server hears nothing for timeout_s while the server owes it
+ * no answer (workers send heartbeats every timeout_s/3 when idle; servers
+ * send them every timeout_s/4 to a worker held back by the bound) is logged
+ * ("ps 0: worker 1 (127.0.0.1:7001) lost: ...; going on with 1 worker"),
+ * dropped from the staleness clocks, and training goes on with the rest. A
+ * worker that never connects within connect_timeout_s is dropped the same
+ * way. A server that dies or stalls makes every call of every worker's store
+ * return DTRAIN_ERR_PEER or DTRAIN_ERR_TIMEOUT within about timeout_s, naming
+ * it ("worker 0: push #12: receive from ps 1 (127.0.0.1:7101): ..."); the
+ * error stays until the store is destroyed. Restart the job: each server
+ * resumes from its last checkpoint (dt_ps_options).
+ *
+ * Wire: after the transport handshake, message types 0x50..0x55 (see
+ * docs/wire_protocol.md); parameters and gradients travel as little-endian
+ * IEEE-754 floats. */
+
+/* Zero fields take the defaults in brackets. */
+typedef struct dt_ps_options {
+  const char *checkpoint_dir;  /* shard checkpoints go to DIR/ps-<i>-of-<M>.ckpt (written to a
+                                  temporary file, then renamed); on start the server resumes from
+                                  it when it exists [NULL: no checkpoints] */
+  int64_t checkpoint_every;    /* also write one after every this many updates [0: off] */
+  double checkpoint_seconds;   /* also write one when this many seconds passed since the last [0: off] */
+  int no_resume;               /* nonzero: start from the params' values even if a checkpoint exists */
+} dt_ps_options;
+
+/* The server of each parameter: server_of[i] for i < dt_params_count(p)
+ * (see Sharding above). */
+DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of);
+
+/* Run server c->index (c->role must be DTRAIN_ROLE_PS) until every worker has
+ * said BYE or was lost: owns its shard of params (their initial values are
+ * the params' current values, or the checkpoint's) and applies opt to it.
+ * The optimizer advances once per applied push; its clip_norm is not used
+ * (workers clip their gradients before pushing). Writes a final checkpoint
+ * when po->checkpoint_dir is set. Returns DTRAIN_OK when at least one worker
+ * finished with BYE, DTRAIN_ERR_PEER when all were lost, or the error that
+ * stopped it (listening, a bad checkpoint). On return the params' shard
+ * holds the trained values. po may be NULL. */
+DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
+                                 const dt_ps_options *po);
+
+/* A parameter store (dt_strategy.h) backed by the cluster's servers, for
+ * worker c->index: connects to every server (retrying until
+ * connect_timeout_s), checks the model hash (o->model_hash) and the token, and
+ * announces max_staleness. Pushes take gradients (store->gradients == 1):
+ * the vector pushed has the params' layout, gradients for trainable
+ * parameters and current values for buffers. The `worker` argument of the
+ * dt_pstore_* calls is ignored (the store is worker c->index); clocks given
+ * to pull/push count from dt_pstore_begin, which continues where the last
+ * run stopped (the servers' clocks never go back). pull sends a request to
+ * every server, then gathers the shards; push sends each server its slice.
+ * dt_pstore_leave says BYE (later calls fail with DTRAIN_ERR_STATE);
+ * dt_pstore_destroy says it too when leave was not called. A heartbeat
+ * thread (not with DTRAIN_NO_THREADS) keeps idle connections alive. NULL on
+ * failure (dt_last_error()). */
+DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
+                                           int max_staleness);
+
 DTRAIN_EXTERN_C_END
 
 #endif /* DTRAIN_NET_H */

@@ -396,7 +396,9 @@ DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_s
                    "multi_worker_mirrored, parameter_server)", name);
 }
 
-static int dt__strategy_sync(const dt_strategy *s) { return s->desc.kind != DTRAIN_STRATEGY_ASYNC; }
+static int dt__strategy_sync(const dt_strategy *s) {
+  return s->desc.kind != DTRAIN_STRATEGY_ASYNC && s->desc.kind != DTRAIN_STRATEGY_PARAMETER_SERVER;
+}
 
 /* Record replica r's failure; the first one wins. Breaks the barrier or the
  * store so that nobody waits for r. */
@@ -657,7 +659,7 @@ done:
   R->wait_s += cs.wait_s - w0;
 }
 
-/* ==== multi_worker_mirrored ===================================================================
+/* ==== multi_worker_mirrored ============================================================
  * Lock-step data parallelism across processes, hierarchical inside each:
  * desc.comm connects the processes (one rank each: TCP, MPI); the process's
  * own replicas (threads) use the in-process communicator s->comm. A step
@@ -884,6 +886,38 @@ done:
 
 #undef DT__MWM_TAIL
 /* ==== end of multi_worker_mirrored ============================================================ */
+=======
+/* ==== parameter_server (worker side) ==========================================================
+ * The async replica's loop against a store that takes gradients (dt_pstore_create_tcp): no
+ * local optimizer step; the vector pushed holds the (clipped) gradient for trainable
+ * parameters and the current values of buffers. One replica per process: the replica is this
+ * process's worker of the store. */
+
+/* Replica r's push vector in R->old, or NULL after a recorded failure. */
+static const float *dt__strategy_ps_gradient(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  float clip = dt_optim_get_desc(s->opt)->clip_norm;
+  if (clip > 0.0f) {
+    double norm = sqrt(dt__strategy_sumsq(s, R->grad, 0, s->size));
+    if (!isfinite(norm)) {
+      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, "gradient norm is not finite; nothing pushed");
+      return NULL;
+    }
+    if (norm > (double)clip) dt__strategy_scale(s, R->grad, 0, s->size, (float)((double)clip / (norm + 1e-6)));
+  }
+  memcpy(R->old, R->grad, s->fbytes);
+  for (int i = 0; i < s->nbufr; i++)
+    memcpy(R->old + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
+  return R->old;
+}
+
+DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness) {
+  dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_PARAMETER_SERVER, 1, max_staleness);
+  d.store = store;
+  return d;
+}
+
+/* ==== end of parameter_server ================================================================= */
 
 /* ---- the asynchronous replica -------------------------------------------------------------- */
 
@@ -891,6 +925,7 @@ static void dt__strategy_async_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
   dt__strategy_replica *R = &s->rep[r];
   const int lockstep = s->desc.max_staleness == 0 || s->batch != NULL;
+  const int ps_kind = s->desc.kind == DTRAIN_STRATEGY_PARAMETER_SERVER;
   R->result = DTRAIN_OK;
   char what[DT__MSG_CAP];
   for (int64_t t = 0;; t++) {
@@ -934,10 +969,12 @@ static void dt__strategy_async_job(void *arg, int r) {
       break;
     }
     if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
-    memcpy(R->old, R->data, s->fbytes);
+    if (!ps_kind) memcpy(R->old, R->data, s->fbytes);
     if (!dt__strategy_compute(s, r, &b)) break;
     const float *delta = NULL;
-    if (b.rows > 0) {
+    if (b.rows > 0 && ps_kind) {
+      if (!(delta = dt__strategy_ps_gradient(s, r))) break;
+    } else if (b.rows > 0) {
       float clip = dt_optim_get_desc(R->opt)->clip_norm;
       if (clip > 0.0f) {
         double norm = sqrt(dt__strategy_sumsq(s, R->grad, 0, s->size));
@@ -985,7 +1022,7 @@ static void dt__strategy_async_job(void *arg, int r) {
       R->last_time = dt__now();
     }
   }
-  dt_pstore_leave(s->pstore, r);
+  if (!ps_kind) dt_pstore_leave(s->pstore, r); /* a server store is left with dt_pstore_leave by the user */
 }
 
 /* ---- running jobs ------------------------------------------------------------------------------ */
@@ -1136,8 +1173,16 @@ static float *dt__strategy_floats(dt_strategy *s, const float *init) {
 
 static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
   const char *fn = "dt_strategy_create";
-  if ((int)d->kind < (int)DTRAIN_STRATEGY_ONE_DEVICE || (int)d->kind > (int)DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
+  if ((int)d->kind < (int)DTRAIN_STRATEGY_ONE_DEVICE || (int)d->kind > (int)DTRAIN_STRATEGY_PARAMETER_SERVER)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown strategy kind %d", fn, (int)d->kind);
+  if (d->kind == DTRAIN_STRATEGY_PARAMETER_SERVER) {
+    if (!d->store) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: parameter_server needs desc.store (dt_pstore_create_tcp)", fn);
+    if (d->replicas > 1)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: parameter_server runs 1 replica per process (the process is "
+                       "one worker of the store), not %d", fn, d->replicas);
+    d->replicas = 1;
+    d->max_staleness = d->store->max_staleness;
+  }
   const char *name = dt_strategy_kind_name(d->kind);
 #if defined(DTRAIN_NO_THREADS)
   if (d->kind != DTRAIN_STRATEGY_ONE_DEVICE)
@@ -1153,7 +1198,8 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
   if (d->replicas < 1 || d->replicas > DTRAIN_MAX_REPLICAS)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %s with %d replicas (need 1..%d)", fn, name, d->replicas,
                      DTRAIN_MAX_REPLICAS);
-  if (d->kind == DTRAIN_STRATEGY_ASYNC && d->max_staleness < DTRAIN_STALENESS_UNBOUNDED)
+  if ((d->kind == DTRAIN_STRATEGY_ASYNC || d->kind == DTRAIN_STRATEGY_PARAMETER_SERVER) &&
+      d->max_staleness < DTRAIN_STALENESS_UNBOUNDED)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: max_staleness %d (use >= 0, or DTRAIN_STALENESS_UNBOUNDED)", fn,
                      d->max_staleness);
   if (d->async_update != DTRAIN_ASYNC_HOGWILD && d->async_update != DTRAIN_ASYNC_ATOMIC)
@@ -1268,6 +1314,7 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
       R->grad = s->mwm_buf;
     }
     if (dt_graph_bind(R->g, R->data, R->grad) != DTRAIN_OK) goto fail;
+    if (kind == DTRAIN_STRATEGY_PARAMETER_SERVER && !(R->old = dt__strategy_floats(s, NULL))) goto nomem;
     if (kind == DTRAIN_STRATEGY_ASYNC) {
       if (!(R->old = dt__strategy_floats(s, NULL))) goto nomem;
       R->opt = dt_optim_create(params, dt_optim_get_desc(opt));
@@ -1278,6 +1325,12 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
   if (kind == DTRAIN_STRATEGY_ASYNC) {
     s->pstore = dt_pstore_create_local(pdata, s->size, s->n, d.max_staleness, d.async_update, d.spin_us);
     if (!s->pstore) goto fail;
+  } else if (kind == DTRAIN_STRATEGY_PARAMETER_SERVER) {
+    if (d.store->size != s->size) {
+      dt__error(DTRAIN_ERR_SHAPE, "%s: the store holds %zu floats, the params %zu", fn, d.store->size, s->size);
+      goto fail;
+    }
+    s->pstore = d.store; /* borrowed */
   } else {
     s->comm = dt_comm_create_threads(s->n, d.spin_us);
     if (!s->comm) goto fail;
@@ -1297,7 +1350,7 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
   if (!s) return;
   dt__pool_destroy(s->pool);
   dt_comm_destroy(s->comm);
-  dt_pstore_destroy(s->pstore);
+  if (s->desc.kind != DTRAIN_STRATEGY_PARAMETER_SERVER) dt_pstore_destroy(s->pstore);
   if (s->rep) {
     for (int r = 0; r < s->n; r++) {
       dt__strategy_replica *R = &s->rep[r];
@@ -1376,7 +1429,7 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
     if (R->stale_max > out->staleness_max) out->staleness_max = R->stale_max;
     if (R->gap_max > out->clock_gap_max) out->clock_gap_max = R->gap_max;
     stale_sum += R->stale_sum;
-    if (s->desc.kind == DTRAIN_STRATEGY_ASYNC) pushes += R->steps;
+    if (!dt__strategy_sync(s)) pushes += R->steps;
   }
   out->staleness_mean = pushes ? (double)stale_sum / (double)pushes : 0.0;
   out->last_loss = s->last_loss;

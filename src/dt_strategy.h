@@ -28,6 +28,9 @@
  * | multi_worker_       | one copy per replica in      | each process: its own batch in N shards; threads reduce  |
  * | mirrored(comm, N)   | every process                | to replica 0; ONE all-reduce across processes on comm;   |
  * |                     |                              | each replica updates its slice; all-gather (threads)     |
+ * | parameter_server    | sharded over server          | this process is one worker: pull from every server,      |
+ * |   (store, k)        | processes (dt_net.h)         | forward/backward on its own batch, push the (clipped)    |
+ * |                     |                              | gradient; the servers apply the optimizer to their shard |
  *
  * (*) Non-trainable buffers (batch-norm running statistics) are written by
  * the forward pass, so with such a model each central_storage replica works
@@ -240,6 +243,15 @@ DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness);
 /* Across processes: comm has one rank per process (borrowed), `replicas`
  * threads in each (0: the number of CPUs). */
 DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+/* Parameter-server training (dt_net.h): the store from dt_pstore_create_tcp
+ * (borrowed: destroy it after the strategy; call dt_pstore_leave when this
+ * worker is done). One replica per process; max_staleness is the store's
+ * (the argument is ignored in favour of it). The optimizer given to
+ * dt_strategy_create only lends its clip_norm (gradients are clipped before
+ * the push); the servers run theirs. After a step the params' data holds
+ * the parameters this step pulled (the last push is applied on the servers;
+ * pull again to see it). */
+DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness);
 /* From a name ("one_device", "mirrored", "central_storage", "async",
  * "multi_worker_mirrored", "parameter_server"), e.g. for a --strategy flag;
  * set desc.comm / desc.store yourself for the last two.

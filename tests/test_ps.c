@@ -1,0 +1,956 @@
+/* tests/test_ps.c -- parameter servers over loopback with forked processes:
+ * shard assignment; 1 worker x 1 server with max_staleness 0 equals
+ * one_device; 2 workers x 2 servers converge; kill -9 and SIGSTOP of a
+ * worker (training goes on, the server logs it); heartbeats keep idle and
+ * waiting workers alive; kill -9 and SIGSTOP of a server
+ * (workers stop with an error naming it); restart from a shard checkpoint;
+ * bad bytes and bad tokens against a server. */
+/* Private transport functions (bad-bytes clients) are static in the
+ * amalgamation: compile it into this test. */
+#define DTRAIN_STATIC
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+#include "harness.h"
+
+/* Shard assignment works in every build. */
+static void test_shard(void) {
+  dt_params *P = dt_params_create(1);
+  int64_t s10[1] = {10}, s100[1] = {100}, s40[1] = {40}, s60[1] = {60}, s50[1] = {50};
+  dt_params_add(P, "a", 1, s10, dt_init_zeros());
+  dt_params_add(P, "b", 1, s100, dt_init_zeros());
+  dt_params_add(P, "c", 1, s40, dt_init_zeros());
+  dt_params_add(P, "d", 1, s60, dt_init_zeros());
+  dt_params_add_buffer(P, "e", 1, s50, dt_init_zeros());
+  int own[5], own2[5];
+  /* Largest first onto the least loaded: b->0, d->1, e->1 (110), c->0 (140), a->1 (120). */
+  CHECK(dt_ps_shard(P, 2, own) == DTRAIN_OK);
+  CHECK(own[0] == 1 && own[1] == 0 && own[2] == 0 && own[3] == 1 && own[4] == 1);
+  CHECK(dt_ps_shard(P, 2, own2) == DTRAIN_OK);
+  CHECK(memcmp(own, own2, sizeof own) == 0);
+  /* Balanced: the loads differ by at most the largest parameter. */
+  CHECK(dt_ps_shard(P, 3, own) == DTRAIN_OK);
+  size_t load[3] = {0, 0, 0};
+  const size_t sz[5] = {10, 100, 40, 60, 50};
+  for (int i = 0; i < 5; i++) {
+    CHECK(own[i] >= 0 && own[i] < 3);
+    load[own[i]] += sz[i];
+  }
+  CHECK(load[0] == 100 && load[1] == 70 && load[2] == 90); /* b | d, a | e, c */
+  CHECK(dt_ps_shard(P, 1, own) == DTRAIN_OK);
+  for (int i = 0; i < 5; i++) CHECK(own[i] == 0);
+  /* More servers than parameters: some get nothing. */
+  CHECK(dt_ps_shard(P, 8, own) == DTRAIN_OK);
+  for (int i = 0; i < 5; i++) CHECK(own[i] == (i == 1 ? 0 : i == 3 ? 1 : i == 4 ? 2 : i == 2 ? 3 : 4));
+  CHECK_ERR(dt_ps_shard(P, 0, own), DTRAIN_ERR_INVALID_ARG, "servers");
+  CHECK_ERR(dt_ps_shard(NULL, 2, own), DTRAIN_ERR_NULL_ARG, "params");
+  dt_params_destroy(P);
+}
+
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include <dirent.h>
+#  include <fcntl.h>
+#  include <signal.h>
+#  include <sys/socket.h>
+#  include <sys/stat.h>
+#  include <sys/wait.h>
+#  include <unistd.h>
+
+#  define NF 6
+#  define NS 240
+
+static float data_x[NS * NF], data_t[NS];
+
+static double hash01(uint64_t k) {
+  k += 0x9e3779b97f4a7c15ULL;
+  k = (k ^ (k >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  k = (k ^ (k >> 27)) * 0x94d049bb133111ebULL;
+  k ^= k >> 31;
+  return (double)(k >> 11) / 9007199254740992.0;
+}
+
+/* Linear regression: t = x . w* + 0.5 (no noise). */
+static void make_data(void) {
+  static const float wstar[NF] = {0.7f, -1.2f, 0.4f, 2.0f, -0.5f, 1.1f};
+  for (int i = 0; i < NS; i++) {
+    float t = 0.5f;
+    for (int j = 0; j < NF; j++) {
+      float x = (float)(2.0 * hash01((uint64_t)(i * NF + j)) - 1.0);
+      data_x[i * NF + j] = x;
+      t += x * wstar[j];
+    }
+    data_t[i] = t;
+  }
+}
+
+typedef struct model {
+  dt_params *P;
+  dt_nn_linear l1, l2;
+  dt_optim *opt;
+} model;
+
+/* Two layers without a nonlinearity (still a linear model, but 4 parameters to shard). */
+static void model_init(model *m, dt_optim_kind kind, float lr) {
+  memset(m, 0, sizeof *m);
+  m->P = dt_params_create(7);
+  dt_nn_linear_init(&m->l1, m->P, "l1", NF, 4, 1);
+  dt_nn_linear_init(&m->l2, m->P, "l2", 4, 1, 1);
+  dt_optim_desc d;
+  memset(&d, 0, sizeof d);
+  d.kind = kind;
+  d.lr = lr;
+  d.momentum = kind == DTRAIN_OPTIM_SGD ? 0.9f : 0.0f;
+  m->opt = dt_optim_create(m->P, &d);
+}
+
+static void model_free(model *m) {
+  dt_optim_destroy(m->opt);
+  dt_params_destroy(m->P);
+}
+
+static dt_tensor *step_fn(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  model *m = (model *)user;
+  (void)replica;
+  int64_t xs[2] = {b->rows, NF}, ts[2] = {b->rows, 1};
+  dt_tensor *x = dt_tensor_wrap(g, 2, xs, (float *)b->x);
+  dt_tensor *h = dt_nn_linear_forward(g, &m->l1, x);
+  return dt_mse(g, dt_nn_linear_forward(g, &m->l2, h), dt_tensor_wrap(g, 2, ts, (float *)b->t));
+}
+
+static dt_minibatch batch_at(int64_t k, int64_t rows) {
+  dt_minibatch b;
+  memset(&b, 0, sizeof b);
+  int64_t first = (k * rows) % (NS - rows);
+  b.rows = rows;
+  b.x = data_x + first * NF;
+  b.x_cols = NF;
+  b.t = data_t + first;
+  b.t_cols = 1;
+  return b;
+}
+
+/* Loss of the params' current values on the whole data set. */
+static float full_loss(model *m) {
+  dt_graph *g = dt_graph_create(m->P, NULL);
+  dt_minibatch b;
+  memset(&b, 0, sizeof b);
+  b.rows = NS;
+  b.x = data_x;
+  b.x_cols = NF;
+  b.t = data_t;
+  b.t_cols = 1;
+  dt_tensor *L = step_fn(g, 0, &b, m);
+  float v = L ? L->data[0] : NAN;
+  dt_graph_destroy(g);
+  return v;
+}
+
+static int open_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+/* ---- the cluster --------------------------------------------------------------------- */
+
+typedef struct pc {
+  dt_cluster c;
+  char *wa[4], *sa[4];
+  char wbuf[4][32], sbuf[4][32];
+} pc;
+
+static void pc_make(pc *x, int W, int M, const int *ports, dt_role role, int index) {
+  memset(x, 0, sizeof *x);
+  for (int i = 0; i < W; i++) {
+    snprintf(x->wbuf[i], sizeof x->wbuf[i], "127.0.0.1:%d", 1 + i); /* workers do not listen in PS training */
+    x->wa[i] = x->wbuf[i];
+  }
+  for (int i = 0; i < M; i++) {
+    snprintf(x->sbuf[i], sizeof x->sbuf[i], "127.0.0.1:%d", ports[i]);
+    x->sa[i] = x->sbuf[i];
+  }
+  x->c.workers = W;
+  x->c.servers = M;
+  x->c.worker_addr = x->wa;
+  x->c.server_addr = x->sa;
+  x->c.role = role;
+  x->c.index = index;
+}
+
+static int listen_fds(int M, int *fds, int *ports) {
+  for (int i = 0; i < M; i++) {
+    if (dt__net_listen("127.0.0.1:0", &fds[i]) != DTRAIN_OK) return 0;
+    ports[i] = dt__net_port(fds[i]);
+  }
+  return 1;
+}
+
+static dt_net_options net_opts(double timeout, const char *token) {
+  dt_net_options o = dt_net_defaults();
+  o.timeout_s = timeout;
+  o.connect_timeout_s = 10;
+  o.token = token;
+  o.model_hash = 4242;
+  o.job_id = 99;
+  o.listen_fd = -1;
+  o.quiet = 0;
+  return o;
+}
+
+/* Children log into a pipe (non-blocking: a full pipe drops lines, never blocks). */
+static void child_log(dt_log_level level, dt_result code, const char *msg, void *user) {
+  int fd = *(int *)user;
+  char line[600];
+  int n = snprintf(line, sizeof line, "%d %s %s\n", (int)level, dt_result_name(code), msg);
+  if (n > 0 && write(fd, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1)) < 0) {
+  }
+}
+
+static int log_fd_storage;
+static void child_setup(int wfd) {
+  alarm(25);
+  log_fd_storage = wfd;
+  fcntl(wfd, F_SETFL, fcntl(wfd, F_GETFL, 0) | O_NONBLOCK);
+  dt_set_logger(child_log, &log_fd_storage, DTRAIN_LOG_INFO);
+}
+
+static void child_say(const char *fmt, const char *s) {
+  char line[700];
+  int n = snprintf(line, sizeof line, fmt, s);
+  if (n > 0 && write(log_fd_storage, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1)) < 0) {
+  }
+}
+
+/* Everything a child wrote, after it exited (buf gets it, NUL-terminated). */
+static void read_all(int fd, char *buf, size_t cap) {
+  size_t n = 0;
+  for (;;) {
+    ssize_t k = read(fd, buf + n, cap - 1 - n);
+    if (k <= 0) break;
+    n += (size_t)k;
+    if (n >= cap - 1) break;
+  }
+  buf[n] = '\0';
+}
+
+typedef struct child {
+  pid_t pid;
+  int rfd; /* the read end of its pipe */
+  int status;
+  char out[8192];
+} child;
+
+static void child_wait(child *ch) {
+  int st = 0;
+  waitpid(ch->pid, &st, 0);
+  ch->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  read_all(ch->rfd, ch->out, sizeof ch->out);
+  close(ch->rfd);
+}
+
+/* ---- a server process --------------------------------------------------------------- */
+
+typedef struct server_cfg {
+  int W, M, index;
+  const int *ports;
+  int lfd;
+  double timeout;
+  const char *token;
+  dt_optim_kind kind;
+  float lr;
+  const char *ckpt_dir;
+  int ckpt_every;
+  int check_fds;
+} server_cfg;
+
+static int server_main(const server_cfg *sc) {
+  model m;
+  model_init(&m, sc->kind, sc->lr);
+  pc x;
+  pc_make(&x, sc->W, sc->M, sc->ports, DTRAIN_ROLE_PS, sc->index);
+  dt_net_options o = net_opts(sc->timeout, sc->token);
+  o.listen_fd = sc->lfd;
+  dt_ps_options po;
+  memset(&po, 0, sizeof po);
+  po.checkpoint_dir = sc->ckpt_dir;
+  po.checkpoint_every = sc->ckpt_every;
+  int before = open_fds();
+  dt_result rc = dt_ps_serve(&x.c, m.P, m.opt, &o, &po);
+  int after = open_fds();
+  if (rc != DTRAIN_OK) child_say("serve: %s\n", dt_last_error());
+  model_free(&m);
+  if (rc != DTRAIN_OK) return 10 + (-(int)rc) % 100;
+  if (sc->check_fds && before != after) {
+    char b[64];
+    snprintf(b, sizeof b, "%d -> %d", before, after);
+    child_say("descriptors leaked: %s\n", b);
+    return 3;
+  }
+  return 0;
+}
+
+static child spawn_server(const server_cfg *sc, const int *lfds) {
+  child ch;
+  memset(&ch, 0, sizeof ch);
+  int p[2];
+  if (pipe(p) != 0) {
+    ch.pid = -1;
+    return ch;
+  }
+  fflush(NULL);
+  ch.pid = fork();
+  if (ch.pid == 0) {
+    close(p[0]);
+    for (int i = 0; i < sc->M; i++)
+      if (lfds[i] != sc->lfd) close(lfds[i]);
+    child_setup(p[1]);
+    exit(server_main(sc)); /* exit, not _exit: LeakSanitizer checks the child too */
+  }
+  close(p[1]);
+  ch.rfd = p[0];
+  return ch;
+}
+
+/* ---- a worker process ----------------------------------------------------------------- */
+
+typedef struct worker_cfg {
+  int W, M, index;
+  const int *ports;
+  double timeout;
+  const char *token;
+  int k;
+  int steps;
+  int64_t rows;
+  int die_at, stop_at, progress_at; /* after this many steps: SIGKILL / SIGSTOP itself, or write "P" */
+  int sleep_at;                      /* ... or sleep sleep_s seconds (idle: only heartbeats go out) */
+  double sleep_s;
+  float target;                      /* the final loss must be below target * the initial loss */
+} worker_cfg;
+
+static int worker_main(const worker_cfg *wc) {
+  model m;
+  model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
+  pc x;
+  pc_make(&x, wc->W, wc->M, wc->ports, DTRAIN_ROLE_WORKER, wc->index);
+  dt_net_options o = net_opts(wc->timeout, wc->token);
+  dt_pstore *ps = dt_pstore_create_tcp(&x.c, m.P, &o, wc->k);
+  if (!ps) {
+    child_say("create: %s\n", dt_last_error());
+    return 4;
+  }
+  dt_strategy_desc sd = dt_parameter_server(ps, wc->k);
+  dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
+  if (!s) {
+    child_say("strategy: %s\n", dt_last_error());
+    return 5;
+  }
+  float initial = full_loss(&m);
+  int code = 0;
+  for (int t = 0; t < wc->steps; t++) {
+    if (t == wc->die_at) raise(SIGKILL);
+    if (t == wc->stop_at) raise(SIGSTOP);
+    if (t == wc->progress_at) child_say("%s", "P");
+    if (t == wc->sleep_at) dt_sleep(wc->sleep_s);
+    dt_minibatch b = batch_at((int64_t)t * wc->W + wc->index, wc->rows);
+    float L;
+    dt_result rc = dt_strategy_step(s, &b, &L);
+    if (rc != DTRAIN_OK) {
+      child_say("E %s\n", dt_last_error());
+      code = 6;
+      break;
+    }
+  }
+  if (code == 0) {
+    dt_pstore_ticket tk;
+    memset(&tk, 0, sizeof tk);
+    dt_result rc = dt_pstore_begin(ps);
+    if (rc == DTRAIN_OK) rc = dt_pstore_pull(ps, wc->index, 0, dt_params_data(m.P), dt_params_size(m.P), &tk);
+    if (rc != DTRAIN_OK) {
+      child_say("E final pull: %s\n", dt_last_error());
+      code = 7;
+    } else if (wc->target > 0) {
+      float fin = full_loss(&m);
+      char b[96];
+      snprintf(b, sizeof b, "%g -> %g", (double)initial, (double)fin);
+      child_say("loss %s\n", b);
+      if (!(fin < wc->target * initial)) code = 8;
+    }
+    dt_pstore_leave(ps, wc->index);
+  }
+  dt_strategy_destroy(s);
+  dt_pstore_destroy(ps);
+  model_free(&m);
+  return code;
+}
+
+static child spawn_worker(const worker_cfg *wc, const int *lfds, int nl) {
+  child ch;
+  memset(&ch, 0, sizeof ch);
+  int p[2];
+  if (pipe(p) != 0) {
+    ch.pid = -1;
+    return ch;
+  }
+  fflush(NULL);
+  ch.pid = fork();
+  if (ch.pid == 0) {
+    close(p[0]);
+    for (int i = 0; i < nl; i++) close(lfds[i]);
+    child_setup(p[1]);
+    exit(worker_main(wc));
+  }
+  close(p[1]);
+  ch.rfd = p[0];
+  return ch;
+}
+
+static server_cfg server_defaults(int W, int M, int index, const int *ports, int lfd) {
+  server_cfg sc;
+  memset(&sc, 0, sizeof sc);
+  sc.W = W;
+  sc.M = M;
+  sc.index = index;
+  sc.ports = ports;
+  sc.lfd = lfd;
+  sc.timeout = 2.0;
+  sc.kind = DTRAIN_OPTIM_SGD;
+  sc.lr = 0.05f;
+  return sc;
+}
+
+static worker_cfg worker_defaults(int W, int M, int index, const int *ports) {
+  worker_cfg wc;
+  memset(&wc, 0, sizeof wc);
+  wc.W = W;
+  wc.M = M;
+  wc.index = index;
+  wc.ports = ports;
+  wc.timeout = 2.0;
+  wc.k = 1;
+  wc.steps = 40;
+  wc.rows = 16;
+  wc.die_at = wc.stop_at = wc.progress_at = wc.sleep_at = -1;
+  return wc;
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+static void test_strategy_desc(void) {
+  model m;
+  model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
+  CHECK(strcmp(dt_strategy_kind_name(DTRAIN_STRATEGY_PARAMETER_SERVER), "parameter_server") == 0);
+  dt_strategy_desc sd = dt_parameter_server(NULL, 0);
+  CHECK(sd.kind == DTRAIN_STRATEGY_PARAMETER_SERVER && sd.replicas == 1);
+  CHECK(dt_strategy_create(m.P, m.opt, step_fn, &m, &sd) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_NULL_ARG && strstr(dt_last_error(), "desc.store"));
+  dt_pstore *local = dt_pstore_create_local(dt_params_data(m.P), dt_params_size(m.P), 2, 0, DTRAIN_ASYNC_HOGWILD, 0);
+  sd = dt_parameter_server(local, 0);
+  sd.replicas = 2;
+  CHECK(dt_strategy_create(m.P, m.opt, step_fn, &m, &sd) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_INVALID_ARG && strstr(dt_last_error(), "1 replica per process"));
+  dt_pstore_destroy(local);
+  /* Not a worker, or not a server. */
+  int port = 1;
+  pc x;
+  pc_make(&x, 1, 1, &port, DTRAIN_ROLE_PS, 0);
+  CHECK(dt_pstore_create_tcp(&x.c, m.P, NULL, 0) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_INVALID_ARG);
+  pc_make(&x, 1, 1, &port, DTRAIN_ROLE_WORKER, 0);
+  CHECK_ERR(dt_ps_serve(&x.c, m.P, m.opt, NULL, NULL), DTRAIN_ERR_INVALID_ARG, "not a server");
+  CHECK(dt_pstore_create_tcp(&x.c, m.P, NULL, -2) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_INVALID_ARG);
+  model_free(&m);
+}
+
+static void test_equals_one_device(void) {
+  alarm(30);
+  const int steps = 12;
+  /* The reference: one_device, SGD with momentum. */
+  model r;
+  model_init(&r, DTRAIN_OPTIM_SGD, 0.05f);
+  dt_strategy_desc od = dt_one_device();
+  dt_strategy *rs = dt_strategy_create(r.P, r.opt, step_fn, &r, &od);
+  CHECK(rs != NULL);
+  for (int t = 0; rs && t < steps; t++) {
+    dt_minibatch b = batch_at(t, 24);
+    CHECK(dt_strategy_step(rs, &b, NULL) == DTRAIN_OK);
+  }
+  dt_strategy_destroy(rs);
+
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(1, 1, 0, &port, lfd);
+  child srv = spawn_server(&sc, &lfd);
+  close(lfd);
+
+  model m;
+  model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
+  pc x;
+  pc_make(&x, 1, 1, &port, DTRAIN_ROLE_WORKER, 0);
+  dt_net_options o = net_opts(2.0, NULL);
+  dt_pstore *ps = dt_pstore_create_tcp(&x.c, m.P, &o, 0);
+  CHECK_MSG(ps != NULL, "%s", dt_last_error());
+  if (ps) {
+    CHECK(ps->gradients == 1 && ps->size == dt_params_size(m.P));
+    dt_strategy_desc sd = dt_parameter_server(ps, 0);
+    dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
+    CHECK_MSG(s != NULL, "%s", dt_last_error());
+    for (int t = 0; s && t < steps; t++) {
+      dt_minibatch b = batch_at(t, 24);
+      dt_result rc = dt_strategy_step(s, &b, NULL);
+      CHECK_MSG(rc == DTRAIN_OK, "%s", dt_last_error());
+    }
+    dt_strategy_stats st;
+    if (s) {
+      CHECK(dt_strategy_stats_get(s, &st) == DTRAIN_OK);
+      CHECK(st.steps == steps && st.kind == DTRAIN_STRATEGY_PARAMETER_SERVER);
+      CHECK(st.staleness_max == 0);
+    }
+    /* The last push is on the server: pull once more. */
+    dt_pstore_ticket tk;
+    memset(&tk, 0, sizeof tk);
+    CHECK(dt_pstore_begin(ps) == DTRAIN_OK);
+    CHECK(dt_pstore_pull(ps, 0, 0, dt_params_data(m.P), dt_params_size(m.P), &tk) == DTRAIN_OK);
+    CHECK(tk.version == (uint64_t)steps);
+    CHECK(dt_pstore_version(ps) == (uint64_t)steps);
+    const float *a = dt_params_data(r.P), *b = dt_params_data(m.P);
+    double worst = 0;
+    for (size_t i = 0; i < dt_params_size(m.P); i++) worst = fmax(worst, fabs((double)a[i] - (double)b[i]));
+    CHECK_MSG(worst <= 1e-6, "max difference %g", worst);
+    /* And it moved. */
+    model init;
+    model_init(&init, DTRAIN_OPTIM_SGD, 0.05f);
+    CHECK(memcmp(dt_params_data(init.P), b, dt_params_size(m.P) * sizeof(float)) != 0);
+    model_free(&init);
+    dt_pstore_leave(ps, 0);
+    CHECK_ERR(dt_pstore_pull(ps, 0, 1, dt_params_data(m.P), dt_params_size(m.P), &tk), DTRAIN_ERR_STATE, "left");
+    dt_strategy_destroy(s);
+    dt_pstore_destroy(ps);
+  }
+  model_free(&m);
+  model_free(&r);
+  child_wait(&srv);
+  CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, srv.out);
+  CHECK_MSG(strstr(srv.out, "finished (BYE)"), "%s", srv.out);
+  alarm(0);
+}
+
+static void test_converge_2x2(void) {
+  alarm(40);
+  int lfd[2], ports[2];
+  CHECK(listen_fds(2, lfd, ports));
+  child srv[2], wk[2];
+  for (int i = 0; i < 2; i++) {
+    server_cfg sc = server_defaults(2, 2, i, ports, lfd[i]);
+    sc.lr = 0.02f;
+    srv[i] = spawn_server(&sc, lfd);
+  }
+  for (int i = 0; i < 2; i++) {
+    worker_cfg wc = worker_defaults(2, 2, i, ports);
+    wc.steps = 60;
+    wc.target = 0.05f;
+    wk[i] = spawn_worker(&wc, lfd, 2);
+  }
+  close(lfd[0]);
+  close(lfd[1]);
+  for (int i = 0; i < 2; i++) {
+    child_wait(&wk[i]);
+    CHECK_MSG(wk[i].status == 0, "worker %d status %d: %s", i, wk[i].status, wk[i].out);
+    CHECK_MSG(strstr(wk[i].out, "loss "), "%s", wk[i].out);
+  }
+  for (int i = 0; i < 2; i++) {
+    child_wait(&srv[i]);
+    CHECK_MSG(srv[i].status == 0, "server %d status %d: %s", i, srv[i].status, srv[i].out);
+    CHECK(strstr(srv[i].out, "lost") == NULL);
+  }
+  alarm(0);
+}
+
+/* kill -9 (how = 0) or SIGSTOP (how = 1) of worker 1 after 5 steps. */
+static void worker_fault(int how) {
+  alarm(40);
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(2, 1, 0, &port, lfd);
+  sc.lr = 0.02f;
+  child srv = spawn_server(&sc, &lfd);
+  worker_cfg w0 = worker_defaults(2, 1, 0, &port), w1 = worker_defaults(2, 1, 1, &port);
+  w0.steps = 30;
+  w0.target = 0.5f;
+  if (how == 0) w1.die_at = 5;
+  else w1.stop_at = 5;
+  child a = spawn_worker(&w0, &lfd, 1), b = spawn_worker(&w1, &lfd, 1);
+  close(lfd);
+  double t0 = dt__now();
+  child_wait(&a);
+  CHECK_MSG(a.status == 0, "worker 0 status %d: %s", a.status, a.out);
+  child_wait(&srv);
+  CHECK(dt__now() - t0 < 12.0);
+  CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, srv.out);
+  CHECK_MSG(strstr(srv.out, "ps 0: worker 1 (") && strstr(srv.out, "lost: ") &&
+                strstr(srv.out, "going on with 1 worker"),
+            "%s", srv.out);
+  if (how == 1) CHECK_MSG(strstr(srv.out, "nothing heard"), "%s", srv.out);
+  CHECK_MSG(strstr(srv.out, "worker 0 (127.0.0.1:1) finished (BYE)"), "%s", srv.out);
+  if (how == 1) kill(b.pid, SIGKILL);
+  child_wait(&b);
+  CHECK(b.status == 128 + SIGKILL);
+  alarm(0);
+}
+
+/* Heartbeats: worker 1 idles for 2.5 deadlines between two steps (its heartbeat
+ * thread keeps it alive), while worker 0 waits that long for it in lock-step
+ * (the server's heartbeats keep its wait alive). Nobody is lost. */
+static void test_heartbeats(void) {
+  alarm(40);
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(2, 1, 0, &port, lfd);
+  sc.timeout = 1.0;
+  sc.lr = 0.02f;
+  child srv = spawn_server(&sc, &lfd);
+  worker_cfg w0 = worker_defaults(2, 1, 0, &port), w1 = worker_defaults(2, 1, 1, &port);
+  w0.timeout = w1.timeout = 1.0;
+  w0.k = w1.k = 0;
+  w0.steps = w1.steps = 6;
+  w1.sleep_at = 3;
+  w1.sleep_s = 2.5;
+  child a = spawn_worker(&w0, &lfd, 1), b = spawn_worker(&w1, &lfd, 1);
+  close(lfd);
+  double t0 = dt__now();
+  child_wait(&a);
+  child_wait(&b);
+  child_wait(&srv);
+  CHECK(dt__now() - t0 >= 2.5);
+  CHECK_MSG(a.status == 0 && b.status == 0, "workers %d %d: %s / %s", a.status, b.status, a.out, b.out);
+  CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, srv.out);
+  CHECK_MSG(strstr(srv.out, "lost") == NULL, "%s", srv.out);
+  alarm(0);
+}
+
+static void test_worker_killed(void) { worker_fault(0); }
+static void test_worker_stopped(void) { worker_fault(1); }
+
+/* kill -9 (how = 0) or SIGSTOP (how = 1) of server 1 while worker 0 trains. */
+static void server_fault(int how) {
+  alarm(40);
+  int lfd[2], ports[2];
+  CHECK(listen_fds(2, lfd, ports));
+  child srv[2];
+  for (int i = 0; i < 2; i++) {
+    server_cfg sc = server_defaults(1, 2, i, ports, lfd[i]);
+    srv[i] = spawn_server(&sc, lfd);
+  }
+  worker_cfg wc = worker_defaults(1, 2, 0, ports);
+  wc.steps = 1000000;
+  wc.progress_at = 5;
+  child w = spawn_worker(&wc, lfd, 2);
+  close(lfd[0]);
+  close(lfd[1]);
+  char c = 0;
+  while (read(w.rfd, &c, 1) == 1 && c != 'P') {
+  }
+  CHECK(c == 'P');
+  double t0 = dt__now();
+  kill(srv[1].pid, how == 0 ? SIGKILL : SIGSTOP);
+  child_wait(&w);
+  double took = dt__now() - t0;
+  CHECK_MSG(took < 2.0 + 1.5, "the worker took %.2f s to stop", took);
+  CHECK_MSG(w.status == 6, "worker status %d: %s", w.status, w.out);
+  CHECK_MSG(strstr(w.out, "E ") && strstr(w.out, "ps 1 (127.0.0.1:") && strstr(w.out, "worker 0: p"), "%s", w.out);
+  if (how == 1) {
+    CHECK_MSG(strstr(w.out, "timed out"), "%s", w.out);
+    kill(srv[1].pid, SIGKILL);
+  }
+  child_wait(&srv[1]);
+  CHECK(srv[1].status == 128 + SIGKILL);
+  /* The other server hears the worker's abort, logs it, and ends: nobody finished. */
+  child_wait(&srv[0]);
+  CHECK_MSG(srv[0].status == 10 + 502 % 100, "server 0 status %d: %s", srv[0].status, srv[0].out);
+  CHECK_MSG(strstr(srv[0].out, "worker 0 (") && strstr(srv[0].out, "lost"), "%s", srv[0].out);
+  alarm(0);
+}
+
+static void test_server_killed(void) { server_fault(0); }
+static void test_server_stopped(void) { server_fault(1); }
+
+#  ifndef DTRAIN_NO_STDIO
+static void test_checkpoint_restart(void) {
+  alarm(40);
+  char dir[] = "/tmp/dtrain_ps_XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  const int steps = 10;
+  float saved[256];
+  size_t n = 0;
+  {
+    int lfd, port;
+    CHECK(listen_fds(1, &lfd, &port));
+    server_cfg sc = server_defaults(1, 1, 0, &port, lfd);
+    sc.kind = DTRAIN_OPTIM_ADAM;
+    sc.lr = 0.01f;
+    sc.ckpt_dir = dir;
+    sc.ckpt_every = 1;
+    child srv = spawn_server(&sc, &lfd);
+    close(lfd);
+    model m;
+    model_init(&m, DTRAIN_OPTIM_ADAM, 0.01f);
+    n = dt_params_size(m.P);
+    CHECK(n <= 256);
+    pc x;
+    pc_make(&x, 1, 1, &port, DTRAIN_ROLE_WORKER, 0);
+    dt_net_options o = net_opts(2.0, NULL);
+    dt_pstore *ps = dt_pstore_create_tcp(&x.c, m.P, &o, 0);
+    CHECK_MSG(ps != NULL, "%s", dt_last_error());
+    dt_strategy_desc sd = dt_parameter_server(ps, 0);
+    dt_strategy *s = ps ? dt_strategy_create(m.P, m.opt, step_fn, &m, &sd) : NULL;
+    for (int t = 0; s && t < steps; t++) {
+      dt_minibatch b = batch_at(t, 24);
+      CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+    }
+    dt_pstore_ticket tk;
+    memset(&tk, 0, sizeof tk);
+    if (ps) {
+      CHECK(dt_pstore_begin(ps) == DTRAIN_OK);
+      CHECK(dt_pstore_pull(ps, 0, 0, saved, n, &tk) == DTRAIN_OK);
+      CHECK(tk.version == (uint64_t)steps);
+    }
+    /* Every update was checkpointed before it was acknowledged: kill the server now. */
+    kill(srv.pid, SIGKILL);
+    child_wait(&srv);
+    CHECK(srv.status == 128 + SIGKILL);
+    /* The worker's next call fails naming the server. */
+    if (ps) {
+      CHECK(dt_pstore_begin(ps) == DTRAIN_OK);
+      dt_result rc = dt_pstore_pull(ps, 0, 0, dt_params_data(m.P), n, &tk);
+      CHECK(rc == DTRAIN_ERR_PEER || rc == DTRAIN_ERR_TIMEOUT);
+      CHECK_MSG(strstr(dt_last_error(), "ps 0 (127.0.0.1:"), "%s", dt_last_error());
+      /* Sticky: every later call says the same. */
+      CHECK(dt_pstore_push(ps, 0, 0, NULL, n, &tk) == rc);
+    }
+    dt_strategy_destroy(s);
+    dt_pstore_destroy(ps);
+    model_free(&m);
+  }
+  char path[256];
+  snprintf(path, sizeof path, "%s/ps-0-of-1.ckpt", dir);
+  struct stat stt;
+  CHECK(stat(path, &stt) == 0);
+  {
+    /* A restarted server resumes: the parameters pulled equal the checkpointed ones. */
+    int lfd, port;
+    CHECK(listen_fds(1, &lfd, &port));
+    server_cfg sc = server_defaults(1, 1, 0, &port, lfd);
+    sc.kind = DTRAIN_OPTIM_ADAM;
+    sc.lr = 0.01f;
+    sc.ckpt_dir = dir;
+    sc.ckpt_every = 1;
+    child srv = spawn_server(&sc, &lfd);
+    close(lfd);
+    model m;
+    model_init(&m, DTRAIN_OPTIM_ADAM, 0.01f);
+    pc x;
+    pc_make(&x, 1, 1, &port, DTRAIN_ROLE_WORKER, 0);
+    dt_net_options o = net_opts(2.0, NULL);
+    dt_pstore *ps = dt_pstore_create_tcp(&x.c, m.P, &o, 0);
+    CHECK_MSG(ps != NULL, "%s", dt_last_error());
+    if (ps) {
+      CHECK(dt_pstore_version(ps) == (uint64_t)steps);
+      dt_pstore_ticket tk;
+      memset(&tk, 0, sizeof tk);
+      CHECK(dt_pstore_pull(ps, 0, 0, dt_params_data(m.P), n, &tk) == DTRAIN_OK);
+      CHECK(memcmp(saved, dt_params_data(m.P), n * sizeof(float)) == 0);
+      /* Training goes on from there. */
+      dt_strategy_desc sd = dt_parameter_server(ps, 0);
+      dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
+      dt_minibatch b = batch_at(steps, 24);
+      CHECK(s && dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+      CHECK(dt_pstore_version(ps) == (uint64_t)steps + 1);
+      dt_pstore_leave(ps, 0);
+      dt_strategy_destroy(s);
+      dt_pstore_destroy(ps);
+    }
+    model_free(&m);
+    child_wait(&srv);
+    CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, srv.out);
+    CHECK_MSG(strstr(srv.out, "resumed from"), "%s", srv.out);
+  }
+  {
+    /* Another model, or a damaged file: the server refuses to start. */
+    int lfd, port;
+    CHECK(listen_fds(1, &lfd, &port));
+    pc x;
+    pc_make(&x, 1, 1, &port, DTRAIN_ROLE_PS, 0);
+    dt_net_options o = net_opts(2.0, NULL);
+    o.listen_fd = lfd;
+    dt_ps_options po;
+    memset(&po, 0, sizeof po);
+    po.checkpoint_dir = dir;
+    dt_params *P = dt_params_create(1);
+    int64_t shp[2] = {3, 5};
+    dt_params_add(P, "other", 2, shp, dt_init_zeros());
+    dt_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = DTRAIN_OPTIM_ADAM;
+    dt_optim *opt = dt_optim_create(P, &od);
+    CHECK_ERR(dt_ps_serve(&x.c, P, opt, &o, &po), DTRAIN_ERR_MISMATCH, "checkpoint");
+    dt_optim_destroy(opt);
+    dt_params_destroy(P);
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    if (f) {
+      fseek(f, 70, SEEK_SET);
+      fputc(0x5a, f);
+      fclose(f);
+    }
+    model m;
+    model_init(&m, DTRAIN_OPTIM_ADAM, 0.01f);
+    CHECK_ERR(dt_ps_serve(&x.c, m.P, m.opt, &o, &po), DTRAIN_ERR_CORRUPT, "checksum");
+    model_free(&m);
+    close(lfd);
+  }
+  remove(path);
+  rmdir(dir);
+  alarm(0);
+}
+
+#  endif
+
+/* Bad clients, one after the other, then a real worker. */
+static void bad_client(int kind, int port) {
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+  int fd;
+  if (dt__net_connect(addr, dt__now() + 5, &fd) != DTRAIN_OK) {
+    CHECK(0);
+    return;
+  }
+  unsigned char h[DT__NET_HDR];
+  if (kind == 0) {
+    unsigned char junk[1000];
+    uint64_t st = 12345;
+    for (size_t i = 0; i < sizeof junk; i++) junk[i] = (unsigned char)(dt__splitmix64(&st) >> 7);
+    dt__net_write(fd, junk, sizeof junk, dt__now() + 5);
+  } else if (kind == 1) {
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    dt__net_write(fd, req, strlen(req), dt__now() + 5);
+  } else if (kind == 2) {
+    dt__frame_pack(h, DT__MSG_HELLO, 99, 0, 0, NULL, 0x7FFFFFF0u);
+    dt__net_write(fd, h, sizeof h, dt__now() + 5);
+  } else if (kind == 3) {
+    dt__frame_pack(h, DT__MSG_HELLO, 99, 0, 0, NULL, 128);
+    dt__net_write(fd, h, 21, dt__now() + 5);
+    close(fd);
+    return;
+  } else {
+    dt__frame_pack(h, DT__MSG_HELLO, 99, 0, 0, NULL, 0);
+    h[4] = 9; /* version 9, with a valid header checksum */
+    dt__le32_put(h + 36, dt__crc32c(0, h, 36));
+    dt__net_write(fd, h, sizeof h, dt__now() + 5);
+  }
+  /* Read until the server closes. */
+  char buf[512];
+  double end = dt__now() + 5;
+  while (dt__now() < end) {
+    if (dt__net_poll_in(fd, 0.5) <= 0) continue;
+    if (recv(fd, buf, sizeof buf, 0) <= 0) break;
+  }
+  close(fd);
+}
+
+static void test_bad_bytes(void) {
+  alarm(40);
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(1, 1, 0, &port, lfd);
+  sc.token = "sesame";
+  sc.check_fds = 1;
+  child srv = spawn_server(&sc, &lfd);
+  close(lfd);
+  for (int kind = 0; kind < 5; kind++) bad_client(kind, port);
+  /* A client that connects and says nothing stays pending while the others are served. */
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+  int silent = -1;
+  CHECK(dt__net_connect(addr, dt__now() + 5, &silent) == DTRAIN_OK);
+  model m;
+  model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
+  pc x;
+  pc_make(&x, 1, 1, &port, DTRAIN_ROLE_WORKER, 0);
+  dt_net_options o = net_opts(2.0, NULL);
+  o.quiet = 1;
+  dt_pstore *ps = dt_pstore_create_tcp(&x.c, m.P, &o, 0);
+  CHECK(ps == NULL);
+  CHECK_MSG(dt_last_result() == DTRAIN_ERR_AUTH && strstr(dt_last_error(), "token"), "%s", dt_last_error());
+  o.token = "open sesame";
+  ps = dt_pstore_create_tcp(&x.c, m.P, &o, 0);
+  CHECK(ps == NULL);
+  CHECK_MSG(dt_last_result() == DTRAIN_ERR_AUTH, "%s", dt_last_error());
+  /* A worker of another model. */
+  dt_params *P2 = dt_params_create(1);
+  int64_t shp[2] = {2, 2};
+  dt_params_add(P2, "w", 2, shp, dt_init_zeros());
+  o.token = "sesame";
+  ps = dt_pstore_create_tcp(&x.c, P2, &o, 0);
+  CHECK(ps == NULL);
+  CHECK_MSG(dt_last_result() == DTRAIN_ERR_MISMATCH && strstr(dt_last_error(), "different models"), "%s",
+            dt_last_error());
+  dt_params_destroy(P2);
+  /* Now the real one (worker 0 was not admitted by the refusals above). */
+  ps = dt_pstore_create_tcp(&x.c, m.P, &o, 0);
+  CHECK_MSG(ps != NULL, "%s", dt_last_error());
+  if (ps) {
+    dt_strategy_desc sd = dt_parameter_server(ps, 0);
+    dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
+    for (int t = 0; s && t < 5; t++) {
+      dt_minibatch b = batch_at(t, 16);
+      CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+    }
+    dt_pstore_leave(ps, 0);
+    dt_strategy_destroy(s);
+    dt_pstore_destroy(ps);
+  }
+  model_free(&m);
+  child_wait(&srv);
+  close(silent);
+  CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, srv.out);
+  /* Every refusal was logged with its reason. */
+  int refused = 0;
+  for (const char *p = srv.out; (p = strstr(p, "2 DTRAIN_ERR_")) != NULL; p++)
+    if (strncmp(strchr(p, ' ') + 1 + strcspn(strchr(p, ' ') + 1, " ") + 1, "refused a connection", 20) == 0) refused++;
+  CHECK_MSG(refused == 7, "%d refusals logged: %s", refused, srv.out);
+  CHECK_MSG(strstr(srv.out, "ps 0: refused worker 0 (127.0.0.1:1): its model"), "%s", srv.out);
+  CHECK_MSG(strstr(srv.out, "HTTP"), "%s", srv.out);
+  CHECK_MSG(strstr(srv.out, "2147483632 bytes"), "%s", srv.out);
+  CHECK_MSG(strstr(srv.out, "version"), "%s", srv.out);
+  CHECK_MSG(strstr(srv.out, "prove"), "%s", srv.out);
+  CHECK_MSG(strstr(srv.out, "different models"), "%s", srv.out);
+  alarm(0);
+}
+#endif
+
+int main(void) {
+  TH_RUN(test_shard);
+#if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
+  printf("test_ps: networked tests skipped (built without networking or threads)\n");
+#else
+  signal(SIGPIPE, SIG_DFL); /* the library must not need SIGPIPE ignored */
+  make_data();
+  TH_RUN(test_strategy_desc);
+  TH_RUN(test_equals_one_device);
+  TH_RUN(test_converge_2x2);
+  TH_RUN(test_heartbeats);
+  TH_RUN(test_worker_killed);
+  TH_RUN(test_worker_stopped);
+  TH_RUN(test_server_killed);
+  TH_RUN(test_server_stopped);
+#  ifndef DTRAIN_NO_STDIO
+  TH_RUN(test_checkpoint_restart);
+#  else
+  printf("test_checkpoint_restart: skipped (shard checkpoints need stdio)\n");
+#  endif
+  TH_RUN(test_bad_bytes);
+#endif
+  return th_summary("test_ps");
+}
