@@ -13413,7 +13413,7 @@ done:
 
 #undef DT__MWM_TAIL
 /* ==== end of multi_worker_mirrored ============================================================ */
-=======
+
 /* ==== parameter_server (worker side) ==========================================================
  * The async replica's loop against a store that takes gradients (dt_pstore_create_tcp): no
  * local optimizer step; the vector pushed holds the (clipped) gradient for trainable
