@@ -12,6 +12,12 @@
  *        build/examples/02_fashion_mnist --model cnn --epochs 3 --checkpoint cnn.safetensors
  *        build/examples/02_fashion_mnist --resume cnn.safetensors --epochs 5
  *        build/examples/02_fashion_mnist --strategy mirrored --replicas 2
+ *   Across processes (the cluster from DTRAIN_CONFIG or --rank/--world/--peers):
+ *        tools/dtrain-launch -n 2 -- build/examples/02_fashion_mnist --strategy multi_worker_mirrored
+ *        tools/dtrain-launch -n 2 --ps 1 -- build/examples/02_fashion_mnist --strategy parameter_server
+ *   (each worker trains on its shard with --batch rows per step; worker 0
+ *   prints, writes the CSV, the chart and the checkpoints; servers write
+ *   shard checkpoints into --checkpoint-dir)
  * Data:  --data DIR, else /usr/share/datasets/fashion-mnist (Debian package
  *        dataset-fashion-mnist), else the test split shipped in data/ (then
  *        8000 of its images train and 2000 test).
@@ -24,7 +30,7 @@
 #include <string.h>
 
 typedef struct options {
-  const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule, *strategy;
+  const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule, *strategy, *checkpoint_dir;
   int epochs, batch, json, quiet, replicas, max_staleness;
   int64_t limit; /* train on the first `limit` samples only (0: all) */
   float lr;
@@ -163,7 +169,9 @@ static void usage(void) {
           "usage: 02_fashion_mnist [--model mlp|cnn] [--epochs N] [--batch N] [--lr X]\n"
           "         [--optimizer sgd|adam|adamw|rmsprop] [--seed N] [--data DIR]\n"
           "         [--schedule constant|cosine] [--checkpoint FILE] [--resume FILE] [--csv FILE]\n"
-          "         [--strategy one_device|mirrored|central_storage|async] [--replicas N] [--max-staleness K]\n"
+          "         [--strategy one_device|mirrored|central_storage|async|multi_worker_mirrored|parameter_server]\n"
+          "         [--replicas N] [--max-staleness K] [--checkpoint-dir DIR (parameter servers)]\n"
+          "         [--rank R --world W --peers host:port,... --ps host:port,... --role worker|ps]\n"
           "         [--svg FILE] [--limit N] [--json] [--quiet]\n");
 }
 
@@ -201,6 +209,7 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(k, "--strategy")) o->strategy = v;
     else if (!strcmp(k, "--replicas")) o->replicas = atoi(v);
     else if (!strcmp(k, "--max-staleness")) o->max_staleness = atoi(v);
+    else if (!strcmp(k, "--checkpoint-dir")) o->checkpoint_dir = v;
     else { fprintf(stderr, "error: unknown option %s\n", k); return 0; }
   }
   if (strcmp(o->model, "mlp") && strcmp(o->model, "cnn")) { fprintf(stderr, "error: --model is mlp or cnn\n"); return 0; }
@@ -258,12 +267,22 @@ static dt_result load_data(app *a, char *dir, size_t cap) {
 int main(int argc, char **argv) {
   app a;
   memset(&a, 0, sizeof a);
+  /* Where this process is in a cluster (flags, removed from argv, or
+   * DTRAIN_CONFIG); a cluster of one when neither is given. */
+  dt_cluster *cl = NULL;
+  if (dt_cluster_discover(&argc, argv, &cl) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 2; }
   if (!parse(argc, argv, &a.o)) { usage(); return 2; }
+  const int mwm = !strcmp(a.o.strategy, "multi_worker_mirrored"), ps = !strcmp(a.o.strategy, "parameter_server");
+  const int rank = (mwm || ps) ? cl->index : 0, world = (mwm || ps) ? cl->workers : 1;
+  if (ps && cl->servers < 1) { fprintf(stderr, "error: parameter_server needs servers (dtrain-launch --ps M, or \"ps\" in DTRAIN_CONFIG)\n"); return 2; }
+  if (ps && a.o.resume) { fprintf(stderr, "error: with parameter_server the servers resume from --checkpoint-dir; --resume is not used\n"); return 2; }
+  if (rank != 0 || (ps && cl->role == DTRAIN_ROLE_PS)) { a.o.quiet = 1; a.o.json = 0; a.o.csv = a.o.svg = a.o.checkpoint = NULL; } /* worker 0 reports */
   dt_optim_kind kind;
   if (!optimizer_kind(a.o.optimizer, &kind)) { fprintf(stderr, "error: unknown optimizer %s\n", a.o.optimizer); return 2; }
   char dir[512];
   dt_result r = load_data(&a, dir, sizeof dir);
   if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+  if (!a.o.quiet && (mwm || ps)) printf("cluster: %d workers, %d servers (samples/s below: worker 0's own)\n", cl->workers, cl->servers);
   if (!a.o.quiet)
     printf("data: %s (%lld train, %lld test)\nmodel: %s, %s, batch %d, %d epochs, strategy %s\n", dir,
            (long long)a.train->n, (long long)a.test->n, a.o.model, a.o.optimizer, a.o.batch, a.o.epochs, a.o.strategy);
@@ -278,6 +297,8 @@ int main(int argc, char **argv) {
   ld.batch_size = a.o.batch;
   ld.seed = a.o.seed;
   ld.shuffle = 1;
+  ld.shard_index = rank; /* across processes, each worker reads its own shard */
+  ld.shard_count = world;
   if (dt_loader_create(&a.loader, a.train, &ld) != DTRAIN_OK) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 1;
@@ -298,6 +319,27 @@ int main(int argc, char **argv) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 2;
   }
+  /* Across processes: a communicator (lock-step) or a parameter store (async). */
+  dt_net_options no = dt_net_defaults();
+  no.model_hash = dt_params_hash(a.P);
+  dt_comm *comm = NULL;
+  dt_pstore *store = NULL;
+  if (ps && cl->role == DTRAIN_ROLE_PS) { /* a server: hold a shard, run the optimizer, then exit */
+    dt_ps_options po;
+    memset(&po, 0, sizeof po);
+    po.checkpoint_dir = a.o.checkpoint_dir;
+    r = dt_ps_serve(cl, a.P, a.opt, &no, &po);
+    if (r != DTRAIN_OK) fprintf(stderr, "error: %s\n", dt_last_error());
+    return r == DTRAIN_OK ? 0 : 1;
+  }
+  if (mwm) {
+    if (!(comm = dt_comm_create_tcp(cl, &no))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+    sd = dt_multi_worker_mirrored(comm, a.o.replicas > 0 ? a.o.replicas : 1);
+  } else if (ps) {
+    int k = a.o.max_staleness == DTRAIN_STALENESS_UNBOUNDED ? 2 : a.o.max_staleness;
+    if (!(store = dt_pstore_create_tcp(cl, a.P, &no, k))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+    sd = dt_parameter_server(store, k);
+  }
   sd.seed = a.o.seed;
   if (a.opt) a.strategy = dt_strategy_create(a.P, a.opt, replica_step, &a, &sd);
   if (!a.opt || !a.strategy || !a.eval_g) {
@@ -309,6 +351,8 @@ int main(int argc, char **argv) {
   memset(&fd, 0, sizeof fd);
   fd.epochs = a.o.epochs;
   fd.steps_per_epoch = dt_loader_num_batches(a.loader);
+  /* Every worker makes the same number of steps (shards differ by at most one sample). */
+  if (mwm || ps) fd.steps_per_epoch = (a.train->n / world) / a.o.batch;
   fd.batch_size = a.o.batch;
   fd.train_step = train_step;
   fd.evaluate = evaluate;
@@ -359,8 +403,12 @@ int main(int argc, char **argv) {
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
            dt_strategy_replicas(a.strategy));
+  if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);
+  dt_comm_destroy(comm);
+  dt_pstore_destroy(store);
+  dt_cluster_destroy(cl);
   dt_graph_destroy(a.eval_g);
   dt_optim_destroy(a.opt);
   dt_params_destroy(a.P);

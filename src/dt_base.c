@@ -76,10 +76,14 @@ DTRAIN_PRIVATE void dt__log(dt_log_level level, dt_result code, const char *fmt,
 }
 
 DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) {
+  /* Format into a local buffer first: callers often wrap the previous
+   * message (an argument pointing into dt__base_errmsg itself). */
+  char buf[sizeof dt__base_errmsg];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(dt__base_errmsg, sizeof dt__base_errmsg, fmt, ap);
+  vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  memcpy(dt__base_errmsg, buf, sizeof buf);
   dt__base_errcode = code;
   dt__log(DTRAIN_LOG_ERROR, code, "%s", dt__base_errmsg);
   return code;

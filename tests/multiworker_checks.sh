@@ -3,7 +3,9 @@
 # under tools/dtrain-launch on 127.0.0.1: a run agrees across ranks; a killed
 # worker (kill -9) and a stalled one (SIGSTOP) make the others stop within the
 # deadline with an error naming it; restarting from the last checkpoint after
-# the failure ends bit for bit where the uninterrupted run ends.
+# the failure ends bit for bit where the uninterrupted run ends. Parameter
+# servers (examples/06): 2 workers x 2 servers learn; a killed worker is
+# dropped and the other finishes.
 # Prints "multiworker_checks: N passed, N failed".
 BUILD=${BUILD:-build}
 EX=$BUILD/examples/05_multi_worker
@@ -17,7 +19,7 @@ if [ ! -x "$EX" ] || [ ! -x "$L" ]; then
   echo "FAIL $EX or $L not built"; echo "multiworker_checks: 0 passed, 1 failed"; exit 1
 fi
 ARGS="--limit 3000 --epochs 2 --quiet"
-export DTRAIN_TIMEOUT=4
+export DTRAIN_TIMEOUT=5
 sums() { sed -n 's/.*rank [0-9]*: final params_checksum=\([0-9a-f]*\).*/\1/p' "$1" | sort -u; }
 
 # 1. two workers agree; the reference checksum for the restart check
@@ -63,6 +65,24 @@ rc=$?
 if [ $rc -ne 0 ] && grep -qi 'token\|authentication' "$T/token.out" && ! grep -q 'final params_checksum' "$T/token.out"; then
   ok "a worker with the wrong token is refused and no one trains with it"
 else bad "token: exit $rc: $(tail -n 6 "$T/token.out")"; fi
+
+# 7. parameter servers (examples/06_parameter_server): 2 workers x 2 servers learn
+PS=$BUILD/examples/06_parameter_server
+rm -rf "$T/psck"; mkdir -p "$T/psck"
+if timeout 120 $L -n 2 --ps 2 -- $PS --limit 3000 --epochs 2 --checkpoint-dir "$T/psck" > "$T/ps.out" 2>&1 &&
+   acc=$(sed -n 's/.*worker 0: test accuracy \([0-9.]*\).*/\1/p' "$T/ps.out") && [ -n "$acc" ] &&
+   awk -v a="$acc" 'BEGIN { exit !(a > 0.6) }' && [ -f "$T/psck/ps-0-of-2.ckpt" ] && [ -f "$T/psck/ps-1-of-2.ckpt" ]; then
+  ok "parameter servers: 2 workers x 2 servers reach test accuracy $acc, both shards checkpointed"
+else bad "parameter servers: $(tail -n 6 "$T/ps.out")"; fi
+
+# 8. a worker killed mid-run: the servers drop it and the other worker finishes
+rm -rf "$T/psck2"; mkdir -p "$T/psck2"
+DTRAIN_TIMEOUT=10 timeout 120 $L -n 2 --ps 2 --grace 60 -- $PS --limit 3000 --epochs 2 --crash-at 1:15 > "$T/pskill.out" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && grep -q 'worker 0: test accuracy' "$T/pskill.out" && grep -q 'ps [01]: worker 1 .*lost' "$T/pskill.out" &&
+   grep -q 'worker 1 killed by signal 9' "$T/pskill.out"; then
+  ok "parameter servers: a killed worker is dropped (logged), the other finishes; the launcher reports the failure"
+else bad "ps worker kill: exit $rc: $(grep -v 'dtrain error' "$T/pskill.out" | tail -n 8)"; fi
 
 echo "multiworker_checks: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,0 +1,269 @@
+/* 06_parameter_server.c -- asynchronous training against parameter servers.
+ *
+ * Shows: one program for both roles (the cluster says which), the model's
+ * variables sharded over M server processes that run the optimizer and
+ * checkpoint their shards, W workers that pull parameters and push gradients
+ * at their own pace with a staleness bound, a worker that dies without
+ * stopping the others, and servers resuming from their checkpoints.
+ *
+ * Build: make (-> build/examples/06_parameter_server), or
+ *        cc -std=c11 -O2 -I. examples/06_parameter_server.c -o ps -lm -lpthread
+ * Run on one machine (2 workers, 2 servers):
+ *        tools/dtrain-launch -n 2 --ps 2 -- build/examples/06_parameter_server --epochs 2
+ * By hand across machines: every process gets the same cluster and its own role, e.g.
+ *        DTRAIN_CONFIG='{"cluster":{"worker":["10.0.0.1:7000","10.0.0.2:7000"],"ps":["10.0.0.3:7100"]},
+ *                        "task":{"type":"ps","index":0}}' ps --checkpoint-dir /var/tmp/ps
+ *    and "task":{"type":"worker","index":0} / 1 on the worker machines.
+ *
+ * Options: --epochs E (each worker makes E passes over its shard), --batch B,
+ * --lr X, --max-staleness K (default 2), --limit N, --data DIR, --seed S,
+ * --checkpoint-dir DIR (servers), --checkpoint-every N (updates), --quiet;
+ * for experiments --crash-at RANK:STEP (that worker kills itself: the others
+ * and the servers go on) and --slow RANK:FACTOR (a straggler).
+ * Workers print their progress; worker 0 ends with the test accuracy of the
+ * parameters it pulls after everybody is done. */
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct options {
+  int epochs, batch, max_staleness, quiet, crash_rank, slow_rank;
+  int64_t limit, crash_step, checkpoint_every;
+  float lr, slow_factor;
+  uint64_t seed;
+  const char *data, *checkpoint_dir;
+} options;
+
+typedef struct model {
+  dt_nn_linear fc1, fc2, fc3;
+} model;
+
+static dt_tensor *forward(dt_graph *g, const model *m, dt_tensor *x) {
+  dt_tensor *h = dt_relu(g, dt_nn_linear_forward(g, &m->fc1, x));
+  h = dt_relu(g, dt_nn_linear_forward(g, &m->fc2, h));
+  return dt_nn_linear_forward(g, &m->fc3, h);
+}
+
+static dt_tensor *step_fn(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  (void)replica;
+  int64_t xs[2] = {b->rows, 784};
+  return dt_cross_entropy(g, forward(g, (const model *)user, dt_tensor_wrap(g, 2, xs, (float *)b->x)), b->y);
+}
+
+/* The worker's batches: its loader, plus the experiment hooks. */
+typedef struct feed {
+  dt_loader *loader;
+  const options *o;
+  int rank;
+} feed;
+
+static dt_result next_batch(void *user, int replica, int64_t step, dt_minibatch *out) {
+  feed *f = (feed *)user;
+  (void)replica;
+  if (f->rank == f->o->crash_rank && step == f->o->crash_step) {
+    fflush(stdout);
+    raise(SIGKILL); /* a crash: no goodbye to the servers */
+  }
+  dt_batch b;
+  int got = dt_loader_next(f->loader, &b);
+  if (got == 0) got = dt_loader_next(f->loader, &b); /* the end of an epoch: the next one starts */
+  if (got <= 0) return got < 0 ? (dt_result)got : DTRAIN_ERR_STATE;
+  memset(out, 0, sizeof *out);
+  out->rows = b.size;
+  out->x = b.x;
+  out->x_cols = 784;
+  out->y = b.y;
+  return DTRAIN_OK;
+}
+
+static double test_accuracy(const model *m, dt_params *P, const dt_dataset *test) {
+  dt_graph *g = dt_graph_create(P, NULL);
+  dt_graph_set_grad_enabled(g, 0);
+  int64_t correct = 0;
+  for (int64_t s = 0; s < test->n; s += 1000) {
+    int64_t n = test->n - s < 1000 ? test->n - s : 1000, xs[2] = {n, 784};
+    dt_graph_reset(g);
+    dt_tensor *logits = forward(g, m, dt_tensor_wrap(g, 2, xs, test->x + s * 784));
+    if (!logits) break;
+    for (int64_t i = 0; i < n; i++) {
+      const float *row = logits->data + i * 10;
+      int best = 0;
+      for (int k = 1; k < 10; k++)
+        if (row[k] > row[best]) best = k;
+      correct += best == test->y[s + i];
+    }
+  }
+  dt_graph_destroy(g);
+  return (double)correct / (double)test->n;
+}
+
+static int parse(int argc, char **argv, options *o) {
+  memset(o, 0, sizeof *o);
+  o->epochs = 2;
+  o->batch = 64;
+  o->lr = 1e-3f;
+  o->max_staleness = 2;
+  o->seed = 1;
+  o->crash_rank = o->slow_rank = -1;
+  for (int i = 1; i < argc; i++) {
+    const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(k, "--quiet")) { o->quiet = 1; continue; }
+    if (!v) return 0;
+    i++;
+    if (!strcmp(k, "--epochs")) o->epochs = atoi(v);
+    else if (!strcmp(k, "--batch")) o->batch = atoi(v);
+    else if (!strcmp(k, "--lr")) o->lr = (float)atof(v);
+    else if (!strcmp(k, "--max-staleness")) o->max_staleness = atoi(v);
+    else if (!strcmp(k, "--limit")) o->limit = atoll(v);
+    else if (!strcmp(k, "--seed")) o->seed = (uint64_t)atoll(v);
+    else if (!strcmp(k, "--data")) o->data = v;
+    else if (!strcmp(k, "--checkpoint-dir")) o->checkpoint_dir = v;
+    else if (!strcmp(k, "--checkpoint-every")) o->checkpoint_every = atoll(v);
+    else if (!strcmp(k, "--crash-at")) {
+      long long st;
+      if (sscanf(v, "%d:%lld", &o->crash_rank, &st) != 2) return 0;
+      o->crash_step = st;
+    } else if (!strcmp(k, "--slow")) {
+      if (sscanf(v, "%d:%f", &o->slow_rank, &o->slow_factor) != 2) return 0;
+    } else return 0;
+  }
+  return o->epochs > 0 && o->batch > 0;
+}
+
+int main(int argc, char **argv) {
+  dt_cluster *cl = NULL;
+  if (dt_cluster_discover(&argc, argv, &cl) != DTRAIN_OK) {
+    fprintf(stderr, "error: %s\n", dt_last_error());
+    return 2;
+  }
+  options o;
+  if (!parse(argc, argv, &o)) {
+    fprintf(stderr, "usage: 06_parameter_server [--epochs E] [--batch B] [--lr X] [--max-staleness K] [--limit N]\n"
+                    "       [--data DIR] [--seed S] [--checkpoint-dir DIR] [--checkpoint-every N] [--quiet]\n"
+                    "       [--crash-at RANK:STEP] [--slow RANK:FACTOR]   (cluster: DTRAIN_CONFIG or flags)\n");
+    return 2;
+  }
+  if (cl->servers < 1) {
+    fprintf(stderr, "error: parameter-server training needs servers in the cluster (dtrain-launch --ps M)\n");
+    return 2;
+  }
+  /* The same model and optimizer in every process: servers run the optimizer. */
+  dt_params *P = dt_params_create(o.seed);
+  model m;
+  dt_nn_linear_init(&m.fc1, P, "fc1", 784, 256, 1);
+  dt_nn_linear_init(&m.fc2, P, "fc2", 256, 128, 1);
+  dt_nn_linear_init(&m.fc3, P, "fc3", 128, 10, 1);
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_ADAM;
+  od.lr = o.lr;
+  dt_optim *opt = dt_optim_create(P, &od);
+  dt_net_options no = dt_net_defaults();
+  no.model_hash = dt_params_hash(P);
+
+  if (cl->role == DTRAIN_ROLE_PS) { /* a server: serve the shard until every worker is done */
+    dt_ps_options po;
+    memset(&po, 0, sizeof po);
+    po.checkpoint_dir = o.checkpoint_dir;
+    po.checkpoint_every = o.checkpoint_every;
+    dt_result r = dt_ps_serve(cl, P, opt, &no, &po);
+    if (r != DTRAIN_OK) fprintf(stderr, "ps %d: %s\n", cl->index, dt_last_error());
+    else if (!o.quiet) printf("ps %d: done, %lld updates applied\n", cl->index, (long long)dt_optim_steps(opt));
+    dt_optim_destroy(opt);
+    dt_params_destroy(P);
+    dt_cluster_destroy(cl);
+    return r == DTRAIN_OK ? 0 : 1;
+  }
+
+  /* A worker. The store first: connections to every server (retrying while
+   * they start); its heartbeats keep them alive while the data loads. */
+  dt_pstore *store = dt_pstore_create_tcp(cl, P, &no, o.max_staleness);
+  if (!store) {
+    fprintf(stderr, "worker %d: error: %s\n", cl->index, dt_last_error());
+    return 1;
+  }
+  /* Its shard of the data. */
+  int rank = cl->index, world = cl->workers;
+  char dir[512];
+  int has_train = 0;
+  dt_dataset *train = NULL, *test = NULL, *part = NULL;
+  dt_result r = dt_fashion_mnist_find(o.data, dir, sizeof dir, &has_train);
+  if (r == DTRAIN_OK) r = dt_fashion_mnist_load(dir, has_train ? &train : NULL, &test);
+  if (r == DTRAIN_OK && !train) {
+    dt_dataset *all = test;
+    r = dt_dataset_split(all, 0.2, 12345, &train, &test);
+    dt_dataset_destroy(all);
+  }
+  int64_t flat = 784;
+  if (r == DTRAIN_OK) r = dt_dataset_reshape(train, 1, &flat);
+  if (r == DTRAIN_OK) r = dt_dataset_reshape(test, 1, &flat);
+  int64_t n_train = train && o.limit > 0 && o.limit < train->n ? o.limit : (train ? train->n : 0);
+  if (r == DTRAIN_OK && n_train < train->n) {
+    int64_t *idx = (int64_t *)malloc((size_t)n_train * sizeof(int64_t));
+    for (int64_t i = 0; i < n_train; i++) idx[i] = i;
+    r = dt_dataset_subset(train, idx, n_train, &part);
+    free(idx);
+  }
+  dt_loader_desc ld;
+  memset(&ld, 0, sizeof ld);
+  ld.batch_size = o.batch;
+  ld.shuffle = 1;
+  ld.seed = o.seed + (uint64_t)rank;
+  ld.shard_index = rank;
+  ld.shard_count = world;
+  dt_loader *loader = NULL;
+  if (r == DTRAIN_OK) r = dt_loader_create(&loader, part ? part : train, &ld);
+  if (r != DTRAIN_OK) {
+    fprintf(stderr, "worker %d: error: %s\n", rank, dt_last_error());
+    return 1;
+  }
+
+  dt_strategy_desc sd = dt_parameter_server(store, o.max_staleness);
+  if (rank == o.slow_rank) {
+    sd.straggler = 0; /* this process's replica 0 */
+    sd.straggler_factor = o.slow_factor;
+  }
+  dt_strategy *s = dt_strategy_create(P, opt, step_fn, &m, &sd);
+  if (!s) {
+    fprintf(stderr, "worker %d: error: %s\n", rank, dt_last_error());
+    return 1;
+  }
+  feed f = {loader, &o, rank};
+  int64_t steps = (int64_t)o.epochs * dt_loader_num_batches(loader);
+  if (!o.quiet && rank == 0)
+    printf("%d workers, %d servers, max staleness %d, %lld steps per worker, batch %d\n", world, cl->servers,
+           o.max_staleness, (long long)steps, o.batch);
+  float loss = 0;
+  double t0 = dt_time_now();
+  r = dt_strategy_run(s, steps, next_batch, &f, &loss);
+  double secs = dt_time_now() - t0;
+  int rc = 0;
+  if (r != DTRAIN_OK) {
+    fprintf(stderr, "worker %d: training stopped: %s\n", rank, dt_last_error());
+    rc = 1;
+  } else {
+    dt_strategy_stats st;
+    dt_strategy_stats_get(s, &st);
+    if (!o.quiet)
+      printf("worker %d: %lld steps, mean loss %.4f, %.0f samples/s, staleness mean %.2f max %lld\n", rank,
+             (long long)st.steps, loss, (double)st.samples / secs, st.staleness_mean, (long long)st.staleness_max);
+    /* The latest parameters, for an evaluation (servers keep training for slower workers). */
+    dt_pstore_ticket tk;
+    if (rank == 0 && dt_pstore_pull(store, rank, steps, dt_params_data(P), dt_params_size(P), &tk) == DTRAIN_OK)
+      printf("worker 0: test accuracy %.4f\n", test_accuracy(&m, P, test));
+  }
+  dt_pstore_leave(store, rank);
+  dt_strategy_destroy(s);
+  dt_pstore_destroy(store);
+  dt_loader_destroy(loader);
+  dt_dataset_destroy(part);
+  dt_dataset_destroy(train);
+  dt_dataset_destroy(test);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+  dt_cluster_destroy(cl);
+  return rc;
+}
