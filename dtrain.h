@@ -69,10 +69,14 @@
  *                 run concurrently)
  *   logger        called from any thread, never with a lock held
  *   dt_set_allocator / dt_set_logger: at set-up, before other threads use dtrain
+ *   Intra-op threads: dt_set_threads(n) (or DTRAIN_THREADS=n|auto in the
+ *   environment; default 1) splits big GEMMs and Adam updates over a
+ *   persistent pool of n threads, bit for bit the one-thread results. Kernels
+ *   inside the replicas of a multi-replica strategy use one thread.
  *
  * WHAT IT DOES NOT DO (yet)
  *   No strided (non-contiguous) tensors: transpose/permute copy. No float16.
- *   No TCP multi-worker training, intra-op threads or CUDA yet: later
+ *   No TCP multi-worker training or CUDA yet: later
  *   milestones (see README.md and CHANGELOG.md).
  */
 
@@ -544,6 +548,29 @@ DTRAIN_API const char *dt_sgemm_kernel(void);
  * previous setting. For tests and benchmarks: call it while no other thread
  * runs dt_sgemm. The kernels agree to rounding, not bit for bit. */
 DTRAIN_API int dt_sgemm_use_portable(int on);
+
+/* ---- threads inside one replica (intra-op) ----------------------------------------
+ * dt_set_threads(n) lets the big kernels of a step split their work over n
+ * threads: dt_sgemm (by blocks of rows or columns of C, each element computed
+ * by one thread in the same order as with one thread, so results are bit for
+ * bit those of n = 1), and the Adam/AdamW update of large buffers. n = 1 (the
+ * default) runs everything on the calling thread; n = 0 means one thread per
+ * online CPU. Without a call, the environment variable DTRAIN_THREADS (a
+ * number, or "auto" for the CPU count) is read once, at the first use.
+ * The n - 1 extra threads are created once, at the first kernel big enough
+ * to use them, and live until the process exits or dt_set_threads(1); no
+ * thread is created per call. GEMMs below about a million multiply-adds stay
+ * on one thread. Inside the replicas of a strategy with more than one replica
+ * (mirrored, central_storage, async) kernels always use one thread: the
+ * replicas already occupy the cores. When two user threads run kernels at the
+ * same time, one gets the pool and the other runs alone (same results).
+ * Returns DTRAIN_OK, DTRAIN_ERR_INVALID_ARG for n < 0, or
+ * DTRAIN_ERR_UNSUPPORTED for n > 1 in a build without threads
+ * (DTRAIN_NO_THREADS, where it stays 1). Safe to call from any thread at any
+ * time (it waits for a kernel running on the pool to finish). */
+DTRAIN_API dt_result dt_set_threads(int n);
+/* The current setting (reads DTRAIN_THREADS if nothing set it yet): >= 1. */
+DTRAIN_API int dt_get_threads(void);
 
 DTRAIN_EXTERN_C_END
 
@@ -2206,6 +2233,25 @@ DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin
 /* ---- GEMM (dt_gemm.c) ---------------------------------------------------------
  * dt_sgemm is the public entry; ops call it directly. */
 
+/* ---- intra-op threads (dt_platform.c) -------------------------------------------
+ * One process-wide persistent pool (dt_set_threads / DTRAIN_THREADS) that
+ * kernels split their work over:
+ *   int t = dt__par_threads();           threads this thread may use now
+ *   if (t > 1 && work is big) dt__par_run(parts, fn, arg);
+ * dt__par_run calls fn(arg, part, nparts) once for each part in [0, nparts),
+ * on the pool's threads and the caller, and returns when all have returned.
+ * When the pool is busy (another thread is using it) or cannot be created,
+ * the caller runs every part itself, so a kernel whose parts write disjoint
+ * outputs gives the same result either way. A thread that runs a replica of
+ * a multi-replica strategy is marked (dt__par_set_replica) and gets 1, so
+ * replicas and intra-op threads never oversubscribe the cores. */
+typedef void (*dt__par_fn)(void *arg, int part, int nparts);
+DTRAIN_PRIVATE int dt__par_threads(void);
+DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg);
+/* Marks (1) or unmarks (0) the calling thread as a strategy replica; returns
+ * the previous mark. */
+DTRAIN_PRIVATE int dt__par_set_replica(int on);
+
 #endif /* DTRAIN_INTERNAL_H */
 /* ======== end dt_internal.h ======== */
 
@@ -3747,28 +3793,10 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
   }
 }
 
-DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                         float beta, float *c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-#ifdef DTRAIN_USE_CBLAS
-  /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
-   * (not reachable with the arena's limits) fall through to the C kernel. */
-  if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
-    if (k <= 0) {
-      dt__gemm_scale(m, n, beta, c, ldc);
-      return;
-    }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
-                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-    return;
-  }
-#endif
-  if (k <= 0 || alpha == 0.0f) {
-    dt__gemm_scale(m, n, beta, c, ldc);
-    return;
-  }
-  const dt__gemm_path *pa = &dt__gemm_paths[dt__gemm_path_id()];
+/* The blocked product on one thread (m, n, k > 0, alpha != 0). */
+static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                         int64_t ldc) {
   const int64_t MR = pa->mr, NR = pa->nr;
   /* The packed panels share one buffer on the stack, aligned by hand to
    * 64 bytes: an A block of MC x KC and a B panel of KC x NC, or, when A
@@ -3815,12 +3843,100 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   }
 }
 
+/* ---- intra-op threads ---------------------------------------------------------------------
+ * C is cut into blocks of whole tiles, along the rows when op(A) has more
+ * row tiles than op(B) has column tiles, else along the columns, and each
+ * thread runs the one-thread product on its block. The cuts fall on
+ * multiples of MR (rows) or NR (columns) from 0, so each tile of C is the
+ * same tile (full, 4-row or edge) with the same k blocks as in the whole
+ * product: every element is computed by exactly one thread, bit for bit as
+ * with one thread. */
+#define DT__GEMM_PAR_MIN ((double)(1 << 20)) /* multiply-adds below which one thread is faster */
+
+typedef struct dt__gemm_job {
+  const dt__gemm_path *pa;
+  int trans_a, trans_b, by_rows;
+  int64_t m, n, k, lda, ldb, ldc, tiles;
+  float alpha, beta;
+  const float *a, *b;
+  float *c;
+} dt__gemm_job;
+
+static void dt__gemm_part(void *arg, int part, int nparts) {
+  const dt__gemm_job *j = (const dt__gemm_job *)arg;
+  int64_t t0 = j->tiles * part / nparts, t1 = j->tiles * (part + 1) / nparts;
+  if (t0 >= t1) return;
+  if (j->by_rows) {
+    int64_t i0 = t0 * j->pa->mr, i1 = DT__MIN(j->m, t1 * j->pa->mr);
+    const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
+    dt__gemm_run(j->pa, j->trans_a, j->trans_b, i1 - i0, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb, j->beta,
+                 j->c + i0 * j->ldc, j->ldc);
+  } else {
+    int64_t c0 = t0 * j->pa->nr, c1 = DT__MIN(j->n, t1 * j->pa->nr);
+    const float *b = j->trans_b ? j->b + c0 * j->ldb : j->b + c0;
+    dt__gemm_run(j->pa, j->trans_a, j->trans_b, j->m, c1 - c0, j->k, j->alpha, j->a, j->lda, b, j->ldb, j->beta,
+                 j->c + c0, j->ldc);
+  }
+}
+
+DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                         float beta, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+#ifdef DTRAIN_USE_CBLAS
+  /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
+   * (not reachable with the arena's limits) fall through to the C kernel. */
+  if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
+    if (k <= 0) {
+      dt__gemm_scale(m, n, beta, c, ldc);
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
+                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    return;
+  }
+#endif
+  if (k <= 0 || alpha == 0.0f) {
+    dt__gemm_scale(m, n, beta, c, ldc);
+    return;
+  }
+  const dt__gemm_path *pa = &dt__gemm_paths[dt__gemm_path_id()];
+  int threads = (double)m * (double)n * (double)k >= DT__GEMM_PAR_MIN ? dt__par_threads() : 1;
+  if (threads > 1) {
+    dt__gemm_job j;
+    int64_t tiles_m = (m + pa->mr - 1) / pa->mr, tiles_n = (n + pa->nr - 1) / pa->nr;
+    j.pa = pa;
+    j.trans_a = trans_a;
+    j.trans_b = trans_b;
+    j.by_rows = tiles_m > tiles_n;
+    j.tiles = j.by_rows ? tiles_m : tiles_n;
+    j.m = m;
+    j.n = n;
+    j.k = k;
+    j.lda = lda;
+    j.ldb = ldb;
+    j.ldc = ldc;
+    j.alpha = alpha;
+    j.beta = beta;
+    j.a = a;
+    j.b = b;
+    j.c = c;
+    int parts = (int)DT__MIN((int64_t)threads, j.tiles);
+    if (parts > 1) {
+      dt__par_run(parts, dt__gemm_part, &j);
+      return;
+    }
+  }
+  dt__gemm_run(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 #undef DT__GEMM_MR
 #undef DT__GEMM_NR
 #undef DT__GEMM_KC
 #undef DT__GEMM_MC
 #undef DT__GEMM_NC
 #undef DT__GEMM_TILE_MAX
+#undef DT__GEMM_PAR_MIN
 #undef DT__GEMM_BUF
 #undef DT__GEMM_UNROLL
 #undef DT__GEMM_KLOOP
@@ -6456,8 +6572,8 @@ __attribute__((target("avx"))) static size_t dt__optim_adam_avx(float w1, float 
 }
 #endif
 
-static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled, float *DT__RESTRICT p,
-                           const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
+static void dt__optim_adam_run(const dt_optim *o, float lr, float wd, int decoupled, float *DT__RESTRICT p,
+                               const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
   const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2;
   const double t = (double)(o->steps + 1);
   const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
@@ -6487,6 +6603,50 @@ static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled,
     p[i] = p[i] - step_size * (m[i] / denom);
   }
 }
+
+/* Intra-op threads (dt_set_threads): a large buffer is cut into runs of
+ * whole 64-float blocks, one per thread. Each element's update depends on
+ * that element only, so the result is the one-thread result bit for bit. */
+#define DT__OPTIM_PAR_MIN ((size_t)1 << 16) /* floats below which one thread is faster */
+
+typedef struct dt__optim_adam_job {
+  const dt_optim *o;
+  float lr, wd;
+  int decoupled;
+  float *p, *m, *v;
+  const float *g;
+  size_t n;
+} dt__optim_adam_job;
+
+static void dt__optim_adam_part(void *arg, int part, int nparts) {
+  const dt__optim_adam_job *j = (const dt__optim_adam_job *)arg;
+  size_t blocks = (j->n + 63) / 64;
+  size_t lo = blocks * (size_t)part / (size_t)nparts * 64, hi = blocks * (size_t)(part + 1) / (size_t)nparts * 64;
+  if (hi > j->n) hi = j->n;
+  if (lo < hi)
+    dt__optim_adam_run(j->o, j->lr, j->wd, j->decoupled, j->p + lo, j->g + lo, j->m + lo, j->v + lo, hi - lo);
+}
+
+static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled, float *p, const float *g, float *m,
+                           float *v, size_t n) {
+  int threads = n >= DT__OPTIM_PAR_MIN ? dt__par_threads() : 1;
+  if (threads <= 1) {
+    dt__optim_adam_run(o, lr, wd, decoupled, p, g, m, v, n);
+    return;
+  }
+  dt__optim_adam_job j;
+  j.o = o;
+  j.lr = lr;
+  j.wd = wd;
+  j.decoupled = decoupled;
+  j.p = p;
+  j.g = g;
+  j.m = m;
+  j.v = v;
+  j.n = n;
+  dt__par_run(threads, dt__optim_adam_part, &j);
+}
+#undef DT__OPTIM_PAR_MIN
 
 static void dt__optim_rmsprop(const dt_optim *o, float lr, float wd, float *DT__RESTRICT p,
                               const float *DT__RESTRICT g, float *DT__RESTRICT sq, float *DT__RESTRICT buf,
@@ -11899,6 +12059,138 @@ DTRAIN_PRIVATE void dt__pool_run(dt__pool *p, dt__pool_fn fn, void *arg) {
 
 DTRAIN_PRIVATE int dt__pool_size(const dt__pool *p) { return p ? p->n : 0; }
 #undef DT__THREAD_STACK
+
+/* ---- intra-op threads ---------------------------------------------------------------------
+ * One pool for the whole process, used by one kernel at a time: `busy` is a
+ * try-lock (0 -> 1 by compare-and-swap) that owns `par_pool`. A caller that
+ * does not get it runs its parts alone. `want` is the setting: 0 until
+ * DTRAIN_THREADS is read (or dt_set_threads stores one). */
+static DT__ATOMIC(int) dt__platform_par_want = 0;
+static DT__ATOMIC(int) dt__platform_par_busy = 0;
+static dt__pool *dt__platform_par_pool = NULL; /* owned by whoever holds busy */
+static DT__TLS int dt__platform_par_replica = 0;
+
+#define DT__PAR_MAX 256
+
+static int dt__platform_par_clamp(int n) {
+#if defined(DTRAIN_NO_THREADS)
+  (void)n;
+  return 1;
+#else
+  if (n == 0) n = dt__cpu_count();
+  if (n < 1) n = 1;
+  return n > DT__PAR_MAX ? DT__PAR_MAX : n;
+#endif
+}
+
+static int dt__platform_par_want_get(void) {
+  int w = DT__ALOAD(&dt__platform_par_want, DT__MO_ACQUIRE);
+  if (w > 0) return w;
+  int v = 1;
+  const char *e = getenv("DTRAIN_THREADS");
+  if (e && *e) {
+    if (strcmp(e, "auto") == 0) {
+      v = dt__platform_par_clamp(0);
+    } else {
+      char *end = NULL;
+      long x = strtol(e, &end, 10);
+      if (end && *end == '\0' && x >= 0 && x <= DT__PAR_MAX) v = dt__platform_par_clamp((int)x);
+      else dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_INVALID_ARG, "DTRAIN_THREADS=\"%.40s\" is not a number: using 1", e);
+    }
+  }
+  int expect = 0; /* a concurrent dt_set_threads wins */
+  if (!DT__ACAS(&dt__platform_par_want, &expect, v, DT__MO_ACQ_REL)) return expect;
+  return v;
+}
+
+static int dt__platform_par_try_lock(void) {
+  int expect = 0;
+  return DT__ACAS(&dt__platform_par_busy, &expect, 1, DT__MO_ACQUIRE);
+}
+
+static void dt__platform_par_unlock(void) { DT__ASTORE(&dt__platform_par_busy, 0, DT__MO_RELEASE); }
+
+DTRAIN_PRIVATE int dt__par_set_replica(int on) {
+  int prev = dt__platform_par_replica;
+  dt__platform_par_replica = on ? 1 : 0;
+  return prev;
+}
+
+DTRAIN_PRIVATE int dt__par_threads(void) {
+  if (dt__platform_par_replica) return 1;
+  return dt__platform_par_want_get(); /* 1 without threads */
+}
+
+typedef struct dt__platform_par_job {
+  dt__par_fn fn;
+  void *arg;
+  int nparts, nthreads;
+} dt__platform_par_job;
+
+static void dt__platform_par_main(void *arg, int index) {
+  dt__platform_par_job *j = (dt__platform_par_job *)arg;
+  for (int part = index; part < j->nparts; part += j->nthreads) j->fn(j->arg, part, j->nparts);
+}
+
+DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg) {
+  if (nparts <= 0) return;
+  int want = dt__par_threads();
+  if (nparts == 1 || want <= 1 || !dt__platform_par_try_lock()) {
+    for (int part = 0; part < nparts; part++) fn(arg, part, nparts);
+    return;
+  }
+  dt__pool *p = dt__platform_par_pool;
+  if (p && dt__pool_size(p) != want) { /* the setting changed: rebuild */
+    dt__pool_destroy(p);
+    p = NULL;
+  }
+  if (!p) {
+    p = dt__pool_create(want, dt__spin_seconds(0, want));
+    if (!p)
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_THREAD, "intra-op threads: could not start %d threads; running on one",
+              want);
+  }
+  dt__platform_par_pool = p;
+  if (!p) {
+    /* Not retried on every call: one thread from now on. */
+    DT__ASTORE(&dt__platform_par_want, 1, DT__MO_RELEASE);
+    dt__platform_par_unlock();
+    for (int part = 0; part < nparts; part++) fn(arg, part, nparts);
+    return;
+  }
+  dt__platform_par_job j;
+  j.fn = fn;
+  j.arg = arg;
+  j.nparts = nparts;
+  j.nthreads = dt__pool_size(p);
+  dt__pool_run(p, dt__platform_par_main, &j);
+  dt__platform_par_unlock();
+}
+
+DTRAIN_API dt_result dt_set_threads(int n) {
+  if (n < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_set_threads: %d threads (need >= 0)", n);
+#if defined(DTRAIN_NO_THREADS)
+  DT__ASTORE(&dt__platform_par_want, 1, DT__MO_RELEASE);
+  if (n > 1)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                     "dt_set_threads(%d): threads are not available (built with DTRAIN_NO_THREADS)", n);
+  return DTRAIN_OK;
+#else
+  int v = dt__platform_par_clamp(n);
+  /* Take the pool from whoever runs on it (they finish their kernel). */
+  while (!dt__platform_par_try_lock()) dt__sleep(20e-6);
+  DT__ASTORE(&dt__platform_par_want, v, DT__MO_RELEASE);
+  if (dt__platform_par_pool && dt__pool_size(dt__platform_par_pool) != v) {
+    dt__pool_destroy(dt__platform_par_pool); /* joins its threads */
+    dt__platform_par_pool = NULL;
+  }
+  dt__platform_par_unlock();
+  return DTRAIN_OK;
+#endif
+}
+
+DTRAIN_API int dt_get_threads(void) { return dt__platform_par_want_get(); }
+#undef DT__PAR_MAX
 /* ======== end dt_platform.c ======== */
 
 /* ======== begin dt_comm.c ======== */
@@ -13025,8 +13317,10 @@ static void dt__strategy_async_job(void *arg, int r) {
 
 static void dt__strategy_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
+  int was = dt__par_set_replica(s->n > 1); /* replicas fill the cores: kernels inside use one thread */
   if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
   else dt__strategy_async_job(arg, r);
+  dt__par_set_replica(was);
 }
 
 /* Runs the current job on every replica; returns the first failure, with

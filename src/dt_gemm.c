@@ -574,28 +574,10 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
   }
 }
 
-DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                         float beta, float *c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-#ifdef DTRAIN_USE_CBLAS
-  /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
-   * (not reachable with the arena's limits) fall through to the C kernel. */
-  if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
-    if (k <= 0) {
-      dt__gemm_scale(m, n, beta, c, ldc);
-      return;
-    }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
-                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-    return;
-  }
-#endif
-  if (k <= 0 || alpha == 0.0f) {
-    dt__gemm_scale(m, n, beta, c, ldc);
-    return;
-  }
-  const dt__gemm_path *pa = &dt__gemm_paths[dt__gemm_path_id()];
+/* The blocked product on one thread (m, n, k > 0, alpha != 0). */
+static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                         int64_t ldc) {
   const int64_t MR = pa->mr, NR = pa->nr;
   /* The packed panels share one buffer on the stack, aligned by hand to
    * 64 bytes: an A block of MC x KC and a B panel of KC x NC, or, when A
@@ -642,12 +624,100 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   }
 }
 
+/* ---- intra-op threads ---------------------------------------------------------------------
+ * C is cut into blocks of whole tiles, along the rows when op(A) has more
+ * row tiles than op(B) has column tiles, else along the columns, and each
+ * thread runs the one-thread product on its block. The cuts fall on
+ * multiples of MR (rows) or NR (columns) from 0, so each tile of C is the
+ * same tile (full, 4-row or edge) with the same k blocks as in the whole
+ * product: every element is computed by exactly one thread, bit for bit as
+ * with one thread. */
+#define DT__GEMM_PAR_MIN ((double)(1 << 20)) /* multiply-adds below which one thread is faster */
+
+typedef struct dt__gemm_job {
+  const dt__gemm_path *pa;
+  int trans_a, trans_b, by_rows;
+  int64_t m, n, k, lda, ldb, ldc, tiles;
+  float alpha, beta;
+  const float *a, *b;
+  float *c;
+} dt__gemm_job;
+
+static void dt__gemm_part(void *arg, int part, int nparts) {
+  const dt__gemm_job *j = (const dt__gemm_job *)arg;
+  int64_t t0 = j->tiles * part / nparts, t1 = j->tiles * (part + 1) / nparts;
+  if (t0 >= t1) return;
+  if (j->by_rows) {
+    int64_t i0 = t0 * j->pa->mr, i1 = DT__MIN(j->m, t1 * j->pa->mr);
+    const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
+    dt__gemm_run(j->pa, j->trans_a, j->trans_b, i1 - i0, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb, j->beta,
+                 j->c + i0 * j->ldc, j->ldc);
+  } else {
+    int64_t c0 = t0 * j->pa->nr, c1 = DT__MIN(j->n, t1 * j->pa->nr);
+    const float *b = j->trans_b ? j->b + c0 * j->ldb : j->b + c0;
+    dt__gemm_run(j->pa, j->trans_a, j->trans_b, j->m, c1 - c0, j->k, j->alpha, j->a, j->lda, b, j->ldb, j->beta,
+                 j->c + c0, j->ldc);
+  }
+}
+
+DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                         float beta, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+#ifdef DTRAIN_USE_CBLAS
+  /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
+   * (not reachable with the arena's limits) fall through to the C kernel. */
+  if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
+    if (k <= 0) {
+      dt__gemm_scale(m, n, beta, c, ldc);
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
+                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    return;
+  }
+#endif
+  if (k <= 0 || alpha == 0.0f) {
+    dt__gemm_scale(m, n, beta, c, ldc);
+    return;
+  }
+  const dt__gemm_path *pa = &dt__gemm_paths[dt__gemm_path_id()];
+  int threads = (double)m * (double)n * (double)k >= DT__GEMM_PAR_MIN ? dt__par_threads() : 1;
+  if (threads > 1) {
+    dt__gemm_job j;
+    int64_t tiles_m = (m + pa->mr - 1) / pa->mr, tiles_n = (n + pa->nr - 1) / pa->nr;
+    j.pa = pa;
+    j.trans_a = trans_a;
+    j.trans_b = trans_b;
+    j.by_rows = tiles_m > tiles_n;
+    j.tiles = j.by_rows ? tiles_m : tiles_n;
+    j.m = m;
+    j.n = n;
+    j.k = k;
+    j.lda = lda;
+    j.ldb = ldb;
+    j.ldc = ldc;
+    j.alpha = alpha;
+    j.beta = beta;
+    j.a = a;
+    j.b = b;
+    j.c = c;
+    int parts = (int)DT__MIN((int64_t)threads, j.tiles);
+    if (parts > 1) {
+      dt__par_run(parts, dt__gemm_part, &j);
+      return;
+    }
+  }
+  dt__gemm_run(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 #undef DT__GEMM_MR
 #undef DT__GEMM_NR
 #undef DT__GEMM_KC
 #undef DT__GEMM_MC
 #undef DT__GEMM_NC
 #undef DT__GEMM_TILE_MAX
+#undef DT__GEMM_PAR_MIN
 #undef DT__GEMM_BUF
 #undef DT__GEMM_UNROLL
 #undef DT__GEMM_KLOOP

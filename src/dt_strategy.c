@@ -740,8 +740,10 @@ static void dt__strategy_async_job(void *arg, int r) {
 
 static void dt__strategy_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
+  int was = dt__par_set_replica(s->n > 1); /* replicas fill the cores: kernels inside use one thread */
   if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
   else dt__strategy_async_job(arg, r);
+  dt__par_set_replica(was);
 }
 
 /* Runs the current job on every replica; returns the first failure, with
