@@ -3239,7 +3239,7 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
  * k block rather than once per B panel.
- * The panels are one automatic array of fixed size (240 KiB of stack), so
+ * The panels are one automatic array of fixed size (256 KiB of stack), so
  * a call allocates nothing and may run on any thread.
  *
  * Kernels ("paths"), picked once per process at run time:
@@ -3297,6 +3297,7 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
 #define DT__GEMM_NC 192
 #define DT__GEMM_BUF (DT__GEMM_KC * (DT__GEMM_MC + DT__GEMM_NC)) /* floats */
 #define DT__GEMM_TILE_MAX (8 * 16) /* largest MR x NR of any path */
+#define DT__GEMM_NR_MAX 16         /* largest NR of any path */
 
 /* Loop hints for the portable micro-kernel, so that the accumulator tile
  * stays in vector registers. gcc needs the loops over the rows of the tile
@@ -3803,7 +3804,8 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
    * has few rows (up to 2 MC) and B is wider than NC, all of A's rows and
    * a B panel as wide as the rest allows (A is then packed once per k
    * block instead of once per B panel). */
-  float buf[DT__GEMM_BUF + 48]; /* + alignment, and slack after A (see pack_a) */
+  /* + one more B sliver's worth (see the jc loop), alignment, and slack after A (see pack_a) */
+  float buf[DT__GEMM_BUF + DT__GEMM_KC * DT__GEMM_NR_MAX + 48];
   float *ap = buf + ((16 - ((uintptr_t)buf / sizeof(float)) % 16) % 16);
   int64_t mcb = DT__GEMM_MC, ncb = DT__GEMM_NC;
   int few_rows = n > DT__GEMM_NC && m <= 2 * DT__GEMM_MC;
@@ -3828,8 +3830,10 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
     }
     return;
   }
-  for (int64_t jc = 0; jc < n; jc += ncb) {
-    int64_t nc = DT__MIN(ncb, n - jc);
+  for (int64_t jc = 0, nc; jc < n; jc += nc) {
+    /* A last panel of at most one sliver joins this one: A is packed once
+     * per panel, so a 196-wide B would pack all of A twice for 4 columns. */
+    nc = n - jc <= ncb + NR ? n - jc : ncb;
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
       float beta_blk = pc == 0 ? beta : 1.0f; /* later k blocks add to C */
@@ -3936,6 +3940,7 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
 #undef DT__GEMM_MC
 #undef DT__GEMM_NC
 #undef DT__GEMM_TILE_MAX
+#undef DT__GEMM_NR_MAX
 #undef DT__GEMM_PAR_MIN
 #undef DT__GEMM_BUF
 #undef DT__GEMM_UNROLL
@@ -5503,8 +5508,19 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
 #  include <emmintrin.h>
 #endif
 
-#define DT__CONV_COLS 512          /* aim for at least this many GEMM columns */
-#define DT__CONV_CAP (1 << 21)     /* floats per scratch buffer when grouping */
+#if defined(DT__CONV_SSE) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__CONV_AVX 1 /* picked at run time */
+#  include <immintrin.h>
+#endif
+
+/* Grouping: images are put side by side only while an image has fewer than
+ * DT__CONV_COLS output positions (the GEMM's B panel is 192 wide), and only
+ * as far as the column matrix stays within DT__CONV_CAP floats (1 MiB, a
+ * typical L2 cache): the matrix im2col writes is read back by the GEMM's
+ * packing while it is still in cache, and with one image per GEMM the
+ * output and its gradient need no reordering copies. */
+#define DT__CONV_COLS 192
+#define DT__CONV_CAP (1 << 18)
 
 /* Geometry of one convolution, from the tensors and the saved parameters. */
 typedef struct dt__conv_geom {
@@ -5573,9 +5589,25 @@ static void dt__conv_zero_short(float *d, int64_t n) {
   if (n > 3) d[3] = 0.0f;
 }
 
-/* dst[i] += src[i], 4 floats at a time (rows of a few dozen floats). */
+#ifdef DT__CONV_AVX
+__attribute__((target("avx"))) static void dt__conv_addto_avx(float *DT__RESTRICT dst, const float *DT__RESTRICT src,
+                                                              int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
+  for (; i < n; i++) dst[i] += src[i];
+}
+#endif
+
+/* dst[i] += src[i], 8 or 4 floats at a time (spans of a few hundred floats). */
 static void dt__conv_addto(float *DT__RESTRICT dst, const float *DT__RESTRICT src, int64_t n) {
   int64_t i = 0;
+#ifdef DT__CONV_AVX
+  if (n >= 16 && __builtin_cpu_supports("avx")) {
+    dt__conv_addto_avx(dst, src, n);
+    return;
+  }
+#endif
 #ifdef DT__CONV_SSE
   for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_add_ps(_mm_loadu_ps(dst + i), _mm_loadu_ps(src + i)));
 #endif
@@ -5675,6 +5707,24 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
      * dependent chain of double adds would take most of this function. */
     for (int64_t o = 0; o < q.o; o++) {
       double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+#ifdef DT__CONV_SSE
+      /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
+      __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
+      for (int64_t n = 0; n < q.n; n++) {
+        const float *r = go + n * op + o * q.pp;
+        int64_t i = 0;
+        for (; i + 4 <= q.pp; i += 4) {
+          __m128 v = _mm_loadu_ps(r + i);
+          a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
+          a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
+        }
+        for (; i < q.pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
+      }
+      s0 = _mm_cvtsd_f64(a01);
+      s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
+      s2 = _mm_cvtsd_f64(a23);
+      s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
+#else
       for (int64_t n = 0; n < q.n; n++) {
         const float *r = go + n * op + o * q.pp;
         int64_t i = 0;
@@ -5686,6 +5736,7 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
         }
         for (; i < q.pp; i++) s0 += (double)r[i];
       }
+#endif
       gb[o] += (float)((s0 + s1) + (s2 + s3));
     }
   }
@@ -5996,6 +6047,9 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 #undef DT__CONV_CAP
 #ifdef DT__CONV_SSE
 #  undef DT__CONV_SSE
+#endif
+#ifdef DT__CONV_AVX
+#  undef DT__CONV_AVX
 #endif
 /* ======== end dt_ops_conv.c ======== */
 
@@ -11773,7 +11827,7 @@ DTRAIN_PRIVATE dt_result dt__thread_start(dt__thread *t, dt__thread_fn fn, void 
   if (!s) return dt__error(DTRAIN_ERR_NOMEM, "thread start: out of memory");
   s->fn = fn;
   s->arg = arg;
-  /* An explicit stack: dt_sgemm keeps its packed panels (~240 KiB) on the
+  /* An explicit stack: dt_sgemm keeps its packed panels (~256 KiB) on the
    * stack, more than some libcs give a thread by default (musl: 128 KiB). */
   pthread_attr_t attr;
   int rc = pthread_attr_init(&attr);

@@ -20,7 +20,7 @@
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
  * k block rather than once per B panel.
- * The panels are one automatic array of fixed size (240 KiB of stack), so
+ * The panels are one automatic array of fixed size (256 KiB of stack), so
  * a call allocates nothing and may run on any thread.
  *
  * Kernels ("paths"), picked once per process at run time:
@@ -78,6 +78,7 @@
 #define DT__GEMM_NC 192
 #define DT__GEMM_BUF (DT__GEMM_KC * (DT__GEMM_MC + DT__GEMM_NC)) /* floats */
 #define DT__GEMM_TILE_MAX (8 * 16) /* largest MR x NR of any path */
+#define DT__GEMM_NR_MAX 16         /* largest NR of any path */
 
 /* Loop hints for the portable micro-kernel, so that the accumulator tile
  * stays in vector registers. gcc needs the loops over the rows of the tile
@@ -584,7 +585,8 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
    * has few rows (up to 2 MC) and B is wider than NC, all of A's rows and
    * a B panel as wide as the rest allows (A is then packed once per k
    * block instead of once per B panel). */
-  float buf[DT__GEMM_BUF + 48]; /* + alignment, and slack after A (see pack_a) */
+  /* + one more B sliver's worth (see the jc loop), alignment, and slack after A (see pack_a) */
+  float buf[DT__GEMM_BUF + DT__GEMM_KC * DT__GEMM_NR_MAX + 48];
   float *ap = buf + ((16 - ((uintptr_t)buf / sizeof(float)) % 16) % 16);
   int64_t mcb = DT__GEMM_MC, ncb = DT__GEMM_NC;
   int few_rows = n > DT__GEMM_NC && m <= 2 * DT__GEMM_MC;
@@ -609,8 +611,10 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
     }
     return;
   }
-  for (int64_t jc = 0; jc < n; jc += ncb) {
-    int64_t nc = DT__MIN(ncb, n - jc);
+  for (int64_t jc = 0, nc; jc < n; jc += nc) {
+    /* A last panel of at most one sliver joins this one: A is packed once
+     * per panel, so a 196-wide B would pack all of A twice for 4 columns. */
+    nc = n - jc <= ncb + NR ? n - jc : ncb;
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
       float beta_blk = pc == 0 ? beta : 1.0f; /* later k blocks add to C */
@@ -717,6 +721,7 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
 #undef DT__GEMM_MC
 #undef DT__GEMM_NC
 #undef DT__GEMM_TILE_MAX
+#undef DT__GEMM_NR_MAX
 #undef DT__GEMM_PAR_MIN
 #undef DT__GEMM_BUF
 #undef DT__GEMM_UNROLL
