@@ -559,7 +559,7 @@ DTRAIN_API int dt_sgemm_use_portable(int on);
  * number, or "auto" for the CPU count) is read once, at the first use.
  * The n - 1 extra threads are created once, at the first kernel big enough
  * to use them, and live until the process exits or dt_set_threads(1); no
- * thread is created per call. GEMMs below about a million multiply-adds stay
+ * thread is created per call (a child of fork() starts its own). GEMMs below about a million multiply-adds stay
  * on one thread. Inside the replicas of a strategy with more than one replica
  * (mirrored, central_storage, async) kernels always use one thread: the
  * replicas already occupy the cores. When two user threads run kernels at the
@@ -12241,6 +12241,16 @@ static int dt__platform_par_try_lock(void) {
 
 static void dt__platform_par_unlock(void) { DT__ASTORE(&dt__platform_par_busy, 0, DT__MO_RELEASE); }
 
+#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+/* A child of fork() has none of the pool's threads: it forgets the pool
+ * (without touching it) and starts its own at its first parallel kernel. */
+static void dt__platform_par_atfork_child(void) {
+  dt__platform_par_pool = NULL;
+  DT__ASTORE(&dt__platform_par_busy, 0, DT__MO_RELAXED);
+}
+static DT__ATOMIC(int) dt__platform_par_atfork_set = 0;
+#endif
+
 DTRAIN_PRIVATE int dt__par_set_replica(int on) {
   int prev = dt__platform_par_replica;
   dt__platform_par_replica = on ? 1 : 0;
@@ -12276,6 +12286,11 @@ DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg) {
     p = NULL;
   }
   if (!p) {
+#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+    int expect = 0; /* under busy: one registration per process */
+    if (DT__ACAS(&dt__platform_par_atfork_set, &expect, 1, DT__MO_RELAXED))
+      pthread_atfork(NULL, NULL, dt__platform_par_atfork_child);
+#endif
     p = dt__pool_create(want, dt__spin_seconds(0, want));
     if (!p)
       dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_THREAD, "intra-op threads: could not start %d threads; running on one",

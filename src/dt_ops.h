@@ -134,7 +134,7 @@ DTRAIN_API int dt_sgemm_use_portable(int on);
  * number, or "auto" for the CPU count) is read once, at the first use.
  * The n - 1 extra threads are created once, at the first kernel big enough
  * to use them, and live until the process exits or dt_set_threads(1); no
- * thread is created per call. GEMMs below about a million multiply-adds stay
+ * thread is created per call (a child of fork() starts its own). GEMMs below about a million multiply-adds stay
  * on one thread. Inside the replicas of a strategy with more than one replica
  * (mirrored, central_storage, async) kernels always use one thread: the
  * replicas already occupy the cores. When two user threads run kernels at the

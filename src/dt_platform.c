@@ -429,6 +429,16 @@ static int dt__platform_par_try_lock(void) {
 
 static void dt__platform_par_unlock(void) { DT__ASTORE(&dt__platform_par_busy, 0, DT__MO_RELEASE); }
 
+#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+/* A child of fork() has none of the pool's threads: it forgets the pool
+ * (without touching it) and starts its own at its first parallel kernel. */
+static void dt__platform_par_atfork_child(void) {
+  dt__platform_par_pool = NULL;
+  DT__ASTORE(&dt__platform_par_busy, 0, DT__MO_RELAXED);
+}
+static DT__ATOMIC(int) dt__platform_par_atfork_set = 0;
+#endif
+
 DTRAIN_PRIVATE int dt__par_set_replica(int on) {
   int prev = dt__platform_par_replica;
   dt__platform_par_replica = on ? 1 : 0;
@@ -464,6 +474,11 @@ DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg) {
     p = NULL;
   }
   if (!p) {
+#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+    int expect = 0; /* under busy: one registration per process */
+    if (DT__ACAS(&dt__platform_par_atfork_set, &expect, 1, DT__MO_RELAXED))
+      pthread_atfork(NULL, NULL, dt__platform_par_atfork_child);
+#endif
     p = dt__pool_create(want, dt__spin_seconds(0, want));
     if (!p)
       dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_THREAD, "intra-op threads: could not start %d threads; running on one",

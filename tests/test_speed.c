@@ -16,6 +16,9 @@
 
 #include <float.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ---- GEMM dispatch ------------------------------------------------------------------- */
 
@@ -746,6 +749,45 @@ static void test_adam_threads_bitwise(void) {
   for (int k = 0; k < 3; k++) free(want[k]);
 }
 
+/* A child of fork() after the pool started has none of its threads: its
+ * first parallel GEMM must start a pool of its own, not wait forever. */
+#if defined(__SANITIZE_THREAD__)
+#  define TSAN_BUILD 1
+#elif defined(__has_feature)
+#  if __has_feature(thread_sanitizer)
+#    define TSAN_BUILD 1
+#  endif
+#endif
+static void test_threads_after_fork(void) {
+  static float a[64 * 300], b[300 * 256], want[64 * 256], c[64 * 256];
+  if (!have_threads()) return;
+#ifdef TSAN_BUILD
+  printf("skip test_threads_after_fork: ThreadSanitizer cannot start threads in a child of a threaded fork\n");
+  return;
+#endif
+  th_seed(7);
+  th_fill(a, 64 * 300, -1, 1);
+  th_fill(b, 300 * 256, -1, 1);
+  dt_set_threads(1);
+  dt_sgemm(0, 0, 64, 256, 300, 1.0f, a, 300, b, 256, 0.0f, want, 256);
+  dt_set_threads(2);
+  dt_sgemm(0, 0, 64, 256, 300, 1.0f, a, 300, b, 256, 0.0f, c, 256); /* the pool runs now */
+  CHECK(memcmp(c, want, sizeof c) == 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    alarm(20); /* a hang is a failure, not a stuck test run */
+    memset(c, 0, sizeof c);
+    dt_sgemm(0, 0, 64, 256, 300, 1.0f, a, 300, b, 256, 0.0f, c, 256);
+    _exit(memcmp(c, want, sizeof c) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  if (pid > 0) CHECK(waitpid(pid, &status, 0) == pid);
+  CHECK_MSG(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+  dt_set_threads(1);
+}
+
 int main(void) {
   printf("%s\n", dt_build_info());
   setenv("DTRAIN_THREADS", "3", 1); /* read once, at the first use: test_threads_env_and_api */
@@ -764,5 +806,6 @@ int main(void) {
   TH_RUN(test_gemm_threads_bitwise);
   TH_RUN(test_gemm_threads_concurrent);
   TH_RUN(test_adam_threads_bitwise);
+  TH_RUN(test_threads_after_fork);
   return th_summary("speed");
 }
