@@ -69,10 +69,14 @@
  *                 run concurrently)
  *   logger        called from any thread, never with a lock held
  *   dt_set_allocator / dt_set_logger: at set-up, before other threads use dtrain
+ *   Intra-op threads: dt_set_threads(n) (or DTRAIN_THREADS=n|auto in the
+ *   environment; default 1) splits big GEMMs and Adam updates over a
+ *   persistent pool of n threads, bit for bit the one-thread results. Kernels
+ *   inside the replicas of a multi-replica strategy use one thread.
  *
  * WHAT IT DOES NOT DO (yet)
  *   No strided (non-contiguous) tensors: transpose/permute copy. No float16.
- *   No TCP multi-worker training, intra-op threads or CUDA yet: later
+ *   No TCP multi-worker training or CUDA yet: later
  *   milestones (see README.md and CHANGELOG.md).
  */
 
@@ -544,6 +548,29 @@ DTRAIN_API const char *dt_sgemm_kernel(void);
  * previous setting. For tests and benchmarks: call it while no other thread
  * runs dt_sgemm. The kernels agree to rounding, not bit for bit. */
 DTRAIN_API int dt_sgemm_use_portable(int on);
+
+/* ---- threads inside one replica (intra-op) ----------------------------------------
+ * dt_set_threads(n) lets the big kernels of a step split their work over n
+ * threads: dt_sgemm (by blocks of rows or columns of C, each element computed
+ * by one thread in the same order as with one thread, so results are bit for
+ * bit those of n = 1), and the Adam/AdamW update of large buffers. n = 1 (the
+ * default) runs everything on the calling thread; n = 0 means one thread per
+ * online CPU. Without a call, the environment variable DTRAIN_THREADS (a
+ * number, or "auto" for the CPU count) is read once, at the first use.
+ * The n - 1 extra threads are created once, at the first kernel big enough
+ * to use them, and live until the process exits or dt_set_threads(1); no
+ * thread is created per call (a child of fork() starts its own). GEMMs below about a million multiply-adds stay
+ * on one thread. Inside the replicas of a strategy with more than one replica
+ * (mirrored, central_storage, async) kernels always use one thread: the
+ * replicas already occupy the cores. When two user threads run kernels at the
+ * same time, one gets the pool and the other runs alone (same results).
+ * Returns DTRAIN_OK, DTRAIN_ERR_INVALID_ARG for n < 0, or
+ * DTRAIN_ERR_UNSUPPORTED for n > 1 in a build without threads
+ * (DTRAIN_NO_THREADS, where it stays 1). Safe to call from any thread at any
+ * time (it waits for a kernel running on the pool to finish). */
+DTRAIN_API dt_result dt_set_threads(int n);
+/* The current setting (reads DTRAIN_THREADS if nothing set it yet): >= 1. */
+DTRAIN_API int dt_get_threads(void);
 
 DTRAIN_EXTERN_C_END
 
@@ -2424,6 +2451,25 @@ DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin
 /* ---- GEMM (dt_gemm.c) ---------------------------------------------------------
  * dt_sgemm is the public entry; ops call it directly. */
 
+/* ---- intra-op threads (dt_platform.c) -------------------------------------------
+ * One process-wide persistent pool (dt_set_threads / DTRAIN_THREADS) that
+ * kernels split their work over:
+ *   int t = dt__par_threads();           threads this thread may use now
+ *   if (t > 1 && work is big) dt__par_run(parts, fn, arg);
+ * dt__par_run calls fn(arg, part, nparts) once for each part in [0, nparts),
+ * on the pool's threads and the caller, and returns when all have returned.
+ * When the pool is busy (another thread is using it) or cannot be created,
+ * the caller runs every part itself, so a kernel whose parts write disjoint
+ * outputs gives the same result either way. A thread that runs a replica of
+ * a multi-replica strategy is marked (dt__par_set_replica) and gets 1, so
+ * replicas and intra-op threads never oversubscribe the cores. */
+typedef void (*dt__par_fn)(void *arg, int part, int nparts);
+DTRAIN_PRIVATE int dt__par_threads(void);
+DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg);
+/* Marks (1) or unmarks (0) the calling thread as a strategy replica; returns
+ * the previous mark. */
+DTRAIN_PRIVATE int dt__par_set_replica(int on);
+
 #endif /* DTRAIN_INTERNAL_H */
 /* ======== end dt_internal.h ======== */
 
@@ -3412,10 +3458,12 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
  * leading dimensions only matter in the packing routines. Partial tiles at
  * the edges run the kernel into a small local tile and copy its valid part
  * (the AVX2 path has a 4-row kernel for the 4-row edge of 64-row batches).
+ * Products A @ B^T with few columns (n < 32) skip packing on the AVX2 path:
+ * a dot-product kernel (see dt__gemm_dot_avx2).
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
  * k block rather than once per B panel.
- * The panels are one automatic array of fixed size (240 KiB of stack), so
+ * The panels are one automatic array of fixed size (256 KiB of stack), so
  * a call allocates nothing and may run on any thread.
  *
  * Kernels ("paths"), picked once per process at run time:
@@ -3473,6 +3521,7 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
 #define DT__GEMM_NC 192
 #define DT__GEMM_BUF (DT__GEMM_KC * (DT__GEMM_MC + DT__GEMM_NC)) /* floats */
 #define DT__GEMM_TILE_MAX (8 * 16) /* largest MR x NR of any path */
+#define DT__GEMM_NR_MAX 16         /* largest NR of any path */
 
 /* Loop hints for the portable micro-kernel, so that the accumulator tile
  * stays in vector registers. gcc needs the loops over the rows of the tile
@@ -3781,6 +3830,65 @@ DT__GEMM_AVX2 static void dt__gemm_pack_b_avx2(int trans, const float *b, int64_
   if (full < nc) dt__gemm_pack_b_n(16, trans, b, ldb, p0, j0 + full, kc, nc - full, bp);
 }
 
+/* C = alpha * A @ B^T + beta * C (A untransposed, B transposed) without
+ * packing, for products with few columns (n < 32, less than two B slivers),
+ * where packing both operands costs as much as the product and the 16-wide
+ * tile would be mostly padding (the weight gradient of a first convolution
+ * layer: 32 x 25 x 784). Rows of A and rows of B^T are both contiguous in
+ * p, so each element is a dot product: 8 lanes of FMAs over p in steps of 8,
+ * the lanes summed in a fixed tree, the remaining p added by scalar FMAs in
+ * order, then alpha and beta. Every element gets exactly these operations
+ * wherever it sits, so results do not depend on how rows are blocked or
+ * split over threads. Blocks of 3 rows x 4 columns, columns outside; a
+ * partial block repeats its last row or column and stores only the valid
+ * ones. */
+DT__GEMM_AVX2 static void dt__gemm_dot_avx2(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                                            int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                                            int64_t ldc) {
+  int64_t k8 = k - k % 8;
+  for (int64_t j0 = 0; j0 < n; j0 += 4) { /* 4 rows of B^T stay in L1 while A streams past */
+    int64_t nr = DT__MIN(4, n - j0);
+    const float *br[4];
+    for (int j = 0; j < 4; j++) br[j] = b + (j0 + DT__MIN(j, nr - 1)) * ldb;
+    for (int64_t i0 = 0; i0 < m; i0 += 3) {
+      int64_t mr = DT__MIN(3, m - i0);
+      const float *ar[3];
+      for (int r = 0; r < 3; r++) ar[r] = a + (i0 + DT__MIN(r, mr - 1)) * lda;
+      /* Twelve named accumulators (an array would live in memory). */
+      __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c02 = _mm256_setzero_ps();
+      __m256 c03 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+      __m256 c12 = _mm256_setzero_ps(), c13 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps();
+      __m256 c21 = _mm256_setzero_ps(), c22 = _mm256_setzero_ps(), c23 = _mm256_setzero_ps();
+      for (int64_t p = 0; p < k8; p += 8) {
+        __m256 a0 = _mm256_loadu_ps(ar[0] + p), a1 = _mm256_loadu_ps(ar[1] + p), a2 = _mm256_loadu_ps(ar[2] + p), bv;
+#define DT__DOT_COL(j)                         \
+  bv = _mm256_loadu_ps(br[j] + p);             \
+  c0##j = _mm256_fmadd_ps(a0, bv, c0##j);      \
+  c1##j = _mm256_fmadd_ps(a1, bv, c1##j);      \
+  c2##j = _mm256_fmadd_ps(a2, bv, c2##j)
+        DT__DOT_COL(0);
+        DT__DOT_COL(1);
+        DT__DOT_COL(2);
+        DT__DOT_COL(3);
+#undef DT__DOT_COL
+      }
+      __m256 acc[3][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}};
+      for (int64_t r = 0; r < mr; r++) {
+        for (int64_t j = 0; j < nr; j++) {
+          __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][j]), _mm256_extractf128_ps(acc[r][j], 1));
+          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+          h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+          for (int64_t p = k8; p < k; p++) h = _mm_fmadd_ss(_mm_set_ss(ar[r][p]), _mm_set_ss(br[j][p]), h);
+          float v = _mm_cvtss_f32(h), *cp = c + (i0 + r) * ldc + j0 + j;
+          if (beta == 0.0f) *cp = alpha * v;
+          else if (beta == 1.0f) *cp += alpha * v;
+          else *cp = alpha * v + beta * *cp;
+        }
+      }
+    }
+  }
+}
+
 #undef DT__AVX_T8
 #undef DT__AVX_FMA2
 #undef DT__AVX_STORE
@@ -3969,35 +4077,18 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
   }
 }
 
-DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                         float beta, float *c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-#ifdef DTRAIN_USE_CBLAS
-  /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
-   * (not reachable with the arena's limits) fall through to the C kernel. */
-  if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
-    if (k <= 0) {
-      dt__gemm_scale(m, n, beta, c, ldc);
-      return;
-    }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
-                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-    return;
-  }
-#endif
-  if (k <= 0 || alpha == 0.0f) {
-    dt__gemm_scale(m, n, beta, c, ldc);
-    return;
-  }
-  const dt__gemm_path *pa = &dt__gemm_paths[dt__gemm_path_id()];
+/* The blocked product on one thread (m, n, k > 0, alpha != 0). */
+static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                         int64_t ldc) {
   const int64_t MR = pa->mr, NR = pa->nr;
   /* The packed panels share one buffer on the stack, aligned by hand to
    * 64 bytes: an A block of MC x KC and a B panel of KC x NC, or, when A
    * has few rows (up to 2 MC) and B is wider than NC, all of A's rows and
    * a B panel as wide as the rest allows (A is then packed once per k
    * block instead of once per B panel). */
-  float buf[DT__GEMM_BUF + 48]; /* + alignment, and slack after A (see pack_a) */
+  /* + one more B sliver's worth (see the jc loop), alignment, and slack after A (see pack_a) */
+  float buf[DT__GEMM_BUF + DT__GEMM_KC * DT__GEMM_NR_MAX + 48];
   float *ap = buf + ((16 - ((uintptr_t)buf / sizeof(float)) % 16) % 16);
   int64_t mcb = DT__GEMM_MC, ncb = DT__GEMM_NC;
   int few_rows = n > DT__GEMM_NC && m <= 2 * DT__GEMM_MC;
@@ -4022,8 +4113,10 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
     }
     return;
   }
-  for (int64_t jc = 0; jc < n; jc += ncb) {
-    int64_t nc = DT__MIN(ncb, n - jc);
+  for (int64_t jc = 0, nc; jc < n; jc += nc) {
+    /* A last panel of at most one sliver joins this one: A is packed once
+     * per panel, so a 196-wide B would pack all of A twice for 4 columns. */
+    nc = n - jc <= ncb + NR ? n - jc : ncb;
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
       float beta_blk = pc == 0 ? beta : 1.0f; /* later k blocks add to C */
@@ -4037,12 +4130,117 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   }
 }
 
+/* ---- intra-op threads ---------------------------------------------------------------------
+ * C is cut into blocks of whole tiles, along the rows when op(A) has more
+ * row tiles than op(B) has column tiles, else along the columns, and each
+ * thread runs the one-thread product on its block. The cuts fall on
+ * multiples of MR (rows) or NR (columns) from 0, so each tile of C is the
+ * same tile (full, 4-row or edge) with the same k blocks as in the whole
+ * product: every element is computed by exactly one thread, bit for bit as
+ * with one thread. */
+#define DT__GEMM_PAR_MIN ((double)(1 << 20)) /* multiply-adds below which one thread is faster */
+
+typedef struct dt__gemm_job {
+  const dt__gemm_path *pa;
+  int trans_a, trans_b, by_rows, dot;
+  int64_t m, n, k, lda, ldb, ldc, tiles;
+  float alpha, beta;
+  const float *a, *b;
+  float *c;
+} dt__gemm_job;
+
+static void dt__gemm_part(void *arg, int part, int nparts) {
+  const dt__gemm_job *j = (const dt__gemm_job *)arg;
+  int64_t t0 = j->tiles * part / nparts, t1 = j->tiles * (part + 1) / nparts;
+  if (t0 >= t1) return;
+#ifdef DT__GEMM_X86
+  if (j->dot) { /* blocks of 3 rows */
+    int64_t i0 = t0 * 3, i1 = DT__MIN(j->m, t1 * 3);
+    dt__gemm_dot_avx2(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb, j->beta,
+                      j->c + i0 * j->ldc, j->ldc);
+    return;
+  }
+#endif
+  if (j->by_rows) {
+    int64_t i0 = t0 * j->pa->mr, i1 = DT__MIN(j->m, t1 * j->pa->mr);
+    const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
+    dt__gemm_run(j->pa, j->trans_a, j->trans_b, i1 - i0, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb, j->beta,
+                 j->c + i0 * j->ldc, j->ldc);
+  } else {
+    int64_t c0 = t0 * j->pa->nr, c1 = DT__MIN(j->n, t1 * j->pa->nr);
+    const float *b = j->trans_b ? j->b + c0 * j->ldb : j->b + c0;
+    dt__gemm_run(j->pa, j->trans_a, j->trans_b, j->m, c1 - c0, j->k, j->alpha, j->a, j->lda, b, j->ldb, j->beta,
+                 j->c + c0, j->ldc);
+  }
+}
+
+DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                         float beta, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+#ifdef DTRAIN_USE_CBLAS
+  /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
+   * (not reachable with the arena's limits) fall through to the C kernel. */
+  if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
+    if (k <= 0) {
+      dt__gemm_scale(m, n, beta, c, ldc);
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
+                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    return;
+  }
+#endif
+  if (k <= 0 || alpha == 0.0f) {
+    dt__gemm_scale(m, n, beta, c, ldc);
+    return;
+  }
+  int path = dt__gemm_path_id();
+  const dt__gemm_path *pa = &dt__gemm_paths[path];
+  /* Few columns of A @ B^T: the unpacked dot-product kernel (AVX2 path). */
+  int dot = path == DT__GEMM_PATH_AVX2 && !trans_a && trans_b && n < 32 && k >= 16;
+  int threads = (double)m * (double)n * (double)k >= DT__GEMM_PAR_MIN ? dt__par_threads() : 1;
+  if (threads > 1 || dot) {
+    dt__gemm_job j;
+    int64_t tiles_m = (m + pa->mr - 1) / pa->mr, tiles_n = (n + pa->nr - 1) / pa->nr;
+    j.pa = pa;
+    j.trans_a = trans_a;
+    j.trans_b = trans_b;
+    j.dot = dot;
+    j.by_rows = dot || tiles_m > tiles_n;
+    j.tiles = dot ? (m + 2) / 3 : j.by_rows ? tiles_m : tiles_n;
+    j.m = m;
+    j.n = n;
+    j.k = k;
+    j.lda = lda;
+    j.ldb = ldb;
+    j.ldc = ldc;
+    j.alpha = alpha;
+    j.beta = beta;
+    j.a = a;
+    j.b = b;
+    j.c = c;
+    int parts = (int)DT__MIN((int64_t)threads, j.tiles);
+    if (parts > 1) {
+      dt__par_run(parts, dt__gemm_part, &j);
+      return;
+    }
+    if (dot) {
+      dt__gemm_part(&j, 0, 1);
+      return;
+    }
+  }
+  dt__gemm_run(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 #undef DT__GEMM_MR
 #undef DT__GEMM_NR
 #undef DT__GEMM_KC
 #undef DT__GEMM_MC
 #undef DT__GEMM_NC
 #undef DT__GEMM_TILE_MAX
+#undef DT__GEMM_NR_MAX
+#undef DT__GEMM_PAR_MIN
 #undef DT__GEMM_BUF
 #undef DT__GEMM_UNROLL
 #undef DT__GEMM_KLOOP
@@ -5609,8 +5807,19 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
 #  include <emmintrin.h>
 #endif
 
-#define DT__CONV_COLS 512          /* aim for at least this many GEMM columns */
-#define DT__CONV_CAP (1 << 21)     /* floats per scratch buffer when grouping */
+#if defined(DT__CONV_SSE) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__CONV_AVX 1 /* picked at run time */
+#  include <immintrin.h>
+#endif
+
+/* Grouping: images are put side by side only while an image has fewer than
+ * DT__CONV_COLS output positions (the GEMM's B panel is 192 wide), and only
+ * as far as the column matrix stays within DT__CONV_CAP floats (1 MiB, a
+ * typical L2 cache): the matrix im2col writes is read back by the GEMM's
+ * packing while it is still in cache, and with one image per GEMM the
+ * output and its gradient need no reordering copies. */
+#define DT__CONV_COLS 192
+#define DT__CONV_CAP (1 << 18)
 
 /* Geometry of one convolution, from the tensors and the saved parameters. */
 typedef struct dt__conv_geom {
@@ -5679,9 +5888,25 @@ static void dt__conv_zero_short(float *d, int64_t n) {
   if (n > 3) d[3] = 0.0f;
 }
 
-/* dst[i] += src[i], 4 floats at a time (rows of a few dozen floats). */
+#ifdef DT__CONV_AVX
+__attribute__((target("avx"))) static void dt__conv_addto_avx(float *DT__RESTRICT dst, const float *DT__RESTRICT src,
+                                                              int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
+  for (; i < n; i++) dst[i] += src[i];
+}
+#endif
+
+/* dst[i] += src[i], 8 or 4 floats at a time (spans of a few hundred floats). */
 static void dt__conv_addto(float *DT__RESTRICT dst, const float *DT__RESTRICT src, int64_t n) {
   int64_t i = 0;
+#ifdef DT__CONV_AVX
+  if (n >= 16 && __builtin_cpu_supports("avx")) {
+    dt__conv_addto_avx(dst, src, n);
+    return;
+  }
+#endif
 #ifdef DT__CONV_SSE
   for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_add_ps(_mm_loadu_ps(dst + i), _mm_loadu_ps(src + i)));
 #endif
@@ -5781,6 +6006,24 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
      * dependent chain of double adds would take most of this function. */
     for (int64_t o = 0; o < q.o; o++) {
       double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+#ifdef DT__CONV_SSE
+      /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
+      __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
+      for (int64_t n = 0; n < q.n; n++) {
+        const float *r = go + n * op + o * q.pp;
+        int64_t i = 0;
+        for (; i + 4 <= q.pp; i += 4) {
+          __m128 v = _mm_loadu_ps(r + i);
+          a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
+          a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
+        }
+        for (; i < q.pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
+      }
+      s0 = _mm_cvtsd_f64(a01);
+      s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
+      s2 = _mm_cvtsd_f64(a23);
+      s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
+#else
       for (int64_t n = 0; n < q.n; n++) {
         const float *r = go + n * op + o * q.pp;
         int64_t i = 0;
@@ -5792,6 +6035,7 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
         }
         for (; i < q.pp; i++) s0 += (double)r[i];
       }
+#endif
       gb[o] += (float)((s0 + s1) + (s2 + s3));
     }
   }
@@ -6102,6 +6346,9 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 #undef DT__CONV_CAP
 #ifdef DT__CONV_SSE
 #  undef DT__CONV_SSE
+#endif
+#ifdef DT__CONV_AVX
+#  undef DT__CONV_AVX
 #endif
 /* ======== end dt_ops_conv.c ======== */
 
@@ -6702,8 +6949,8 @@ __attribute__((target("avx"))) static size_t dt__optim_adam_avx(float w1, float 
 }
 #endif
 
-static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled, float *DT__RESTRICT p,
-                           const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
+static void dt__optim_adam_run(const dt_optim *o, float lr, float wd, int decoupled, float *DT__RESTRICT p,
+                               const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
   const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2;
   const double t = (double)(o->steps + 1);
   const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
@@ -6733,6 +6980,50 @@ static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled,
     p[i] = p[i] - step_size * (m[i] / denom);
   }
 }
+
+/* Intra-op threads (dt_set_threads): a large buffer is cut into runs of
+ * whole 64-float blocks, one per thread. Each element's update depends on
+ * that element only, so the result is the one-thread result bit for bit. */
+#define DT__OPTIM_PAR_MIN ((size_t)1 << 16) /* floats below which one thread is faster */
+
+typedef struct dt__optim_adam_job {
+  const dt_optim *o;
+  float lr, wd;
+  int decoupled;
+  float *p, *m, *v;
+  const float *g;
+  size_t n;
+} dt__optim_adam_job;
+
+static void dt__optim_adam_part(void *arg, int part, int nparts) {
+  const dt__optim_adam_job *j = (const dt__optim_adam_job *)arg;
+  size_t blocks = (j->n + 63) / 64;
+  size_t lo = blocks * (size_t)part / (size_t)nparts * 64, hi = blocks * (size_t)(part + 1) / (size_t)nparts * 64;
+  if (hi > j->n) hi = j->n;
+  if (lo < hi)
+    dt__optim_adam_run(j->o, j->lr, j->wd, j->decoupled, j->p + lo, j->g + lo, j->m + lo, j->v + lo, hi - lo);
+}
+
+static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled, float *p, const float *g, float *m,
+                           float *v, size_t n) {
+  int threads = n >= DT__OPTIM_PAR_MIN ? dt__par_threads() : 1;
+  if (threads <= 1) {
+    dt__optim_adam_run(o, lr, wd, decoupled, p, g, m, v, n);
+    return;
+  }
+  dt__optim_adam_job j;
+  j.o = o;
+  j.lr = lr;
+  j.wd = wd;
+  j.decoupled = decoupled;
+  j.p = p;
+  j.g = g;
+  j.m = m;
+  j.v = v;
+  j.n = n;
+  dt__par_run(threads, dt__optim_adam_part, &j);
+}
+#undef DT__OPTIM_PAR_MIN
 
 static void dt__optim_rmsprop(const dt_optim *o, float lr, float wd, float *DT__RESTRICT p,
                               const float *DT__RESTRICT g, float *DT__RESTRICT sq, float *DT__RESTRICT buf,
@@ -11859,7 +12150,7 @@ DTRAIN_PRIVATE dt_result dt__thread_start(dt__thread *t, dt__thread_fn fn, void 
   if (!s) return dt__error(DTRAIN_ERR_NOMEM, "thread start: out of memory");
   s->fn = fn;
   s->arg = arg;
-  /* An explicit stack: dt_sgemm keeps its packed panels (~240 KiB) on the
+  /* An explicit stack: dt_sgemm keeps its packed panels (~256 KiB) on the
    * stack, more than some libcs give a thread by default (musl: 128 KiB). */
   pthread_attr_t attr;
   int rc = pthread_attr_init(&attr);
@@ -12145,6 +12436,153 @@ DTRAIN_PRIVATE void dt__pool_run(dt__pool *p, dt__pool_fn fn, void *arg) {
 
 DTRAIN_PRIVATE int dt__pool_size(const dt__pool *p) { return p ? p->n : 0; }
 #undef DT__THREAD_STACK
+
+/* ---- intra-op threads ---------------------------------------------------------------------
+ * One pool for the whole process, used by one kernel at a time: `busy` is a
+ * try-lock (0 -> 1 by compare-and-swap) that owns `par_pool`. A caller that
+ * does not get it runs its parts alone. `want` is the setting: 0 until
+ * DTRAIN_THREADS is read (or dt_set_threads stores one). */
+static DT__ATOMIC(int) dt__platform_par_want = 0;
+static DT__ATOMIC(int) dt__platform_par_busy = 0;
+static dt__pool *dt__platform_par_pool = NULL; /* owned by whoever holds busy */
+static DT__TLS int dt__platform_par_replica = 0;
+
+#define DT__PAR_MAX 256
+
+static int dt__platform_par_clamp(int n) {
+#if defined(DTRAIN_NO_THREADS)
+  (void)n;
+  return 1;
+#else
+  if (n == 0) n = dt__cpu_count();
+  if (n < 1) n = 1;
+  return n > DT__PAR_MAX ? DT__PAR_MAX : n;
+#endif
+}
+
+static int dt__platform_par_want_get(void) {
+  int w = DT__ALOAD(&dt__platform_par_want, DT__MO_ACQUIRE);
+  if (w > 0) return w;
+  int v = 1;
+  const char *e = getenv("DTRAIN_THREADS");
+  if (e && *e) {
+    if (strcmp(e, "auto") == 0) {
+      v = dt__platform_par_clamp(0);
+    } else {
+      char *end = NULL;
+      long x = strtol(e, &end, 10);
+      if (end && *end == '\0' && x >= 0 && x <= DT__PAR_MAX) v = dt__platform_par_clamp((int)x);
+      else dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_INVALID_ARG, "DTRAIN_THREADS=\"%.40s\" is not a number: using 1", e);
+    }
+  }
+  int expect = 0; /* a concurrent dt_set_threads wins */
+  if (!DT__ACAS(&dt__platform_par_want, &expect, v, DT__MO_ACQ_REL)) return expect;
+  return v;
+}
+
+static int dt__platform_par_try_lock(void) {
+  int expect = 0;
+  return DT__ACAS(&dt__platform_par_busy, &expect, 1, DT__MO_ACQUIRE);
+}
+
+static void dt__platform_par_unlock(void) { DT__ASTORE(&dt__platform_par_busy, 0, DT__MO_RELEASE); }
+
+#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+/* A child of fork() has none of the pool's threads: it forgets the pool
+ * (without touching it) and starts its own at its first parallel kernel. */
+static void dt__platform_par_atfork_child(void) {
+  dt__platform_par_pool = NULL;
+  DT__ASTORE(&dt__platform_par_busy, 0, DT__MO_RELAXED);
+}
+static DT__ATOMIC(int) dt__platform_par_atfork_set = 0;
+#endif
+
+DTRAIN_PRIVATE int dt__par_set_replica(int on) {
+  int prev = dt__platform_par_replica;
+  dt__platform_par_replica = on ? 1 : 0;
+  return prev;
+}
+
+DTRAIN_PRIVATE int dt__par_threads(void) {
+  if (dt__platform_par_replica) return 1;
+  return dt__platform_par_want_get(); /* 1 without threads */
+}
+
+typedef struct dt__platform_par_job {
+  dt__par_fn fn;
+  void *arg;
+  int nparts, nthreads;
+} dt__platform_par_job;
+
+static void dt__platform_par_main(void *arg, int index) {
+  dt__platform_par_job *j = (dt__platform_par_job *)arg;
+  for (int part = index; part < j->nparts; part += j->nthreads) j->fn(j->arg, part, j->nparts);
+}
+
+DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg) {
+  if (nparts <= 0) return;
+  int want = dt__par_threads();
+  if (nparts == 1 || want <= 1 || !dt__platform_par_try_lock()) {
+    for (int part = 0; part < nparts; part++) fn(arg, part, nparts);
+    return;
+  }
+  dt__pool *p = dt__platform_par_pool;
+  if (p && dt__pool_size(p) != want) { /* the setting changed: rebuild */
+    dt__pool_destroy(p);
+    p = NULL;
+  }
+  if (!p) {
+#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+    int expect = 0; /* under busy: one registration per process */
+    if (DT__ACAS(&dt__platform_par_atfork_set, &expect, 1, DT__MO_RELAXED))
+      pthread_atfork(NULL, NULL, dt__platform_par_atfork_child);
+#endif
+    p = dt__pool_create(want, dt__spin_seconds(0, want));
+    if (!p)
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_THREAD, "intra-op threads: could not start %d threads; running on one",
+              want);
+  }
+  dt__platform_par_pool = p;
+  if (!p) {
+    /* Not retried on every call: one thread from now on. */
+    DT__ASTORE(&dt__platform_par_want, 1, DT__MO_RELEASE);
+    dt__platform_par_unlock();
+    for (int part = 0; part < nparts; part++) fn(arg, part, nparts);
+    return;
+  }
+  dt__platform_par_job j;
+  j.fn = fn;
+  j.arg = arg;
+  j.nparts = nparts;
+  j.nthreads = dt__pool_size(p);
+  dt__pool_run(p, dt__platform_par_main, &j);
+  dt__platform_par_unlock();
+}
+
+DTRAIN_API dt_result dt_set_threads(int n) {
+  if (n < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_set_threads: %d threads (need >= 0)", n);
+#if defined(DTRAIN_NO_THREADS)
+  DT__ASTORE(&dt__platform_par_want, 1, DT__MO_RELEASE);
+  if (n > 1)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                     "dt_set_threads(%d): threads are not available (built with DTRAIN_NO_THREADS)", n);
+  return DTRAIN_OK;
+#else
+  int v = dt__platform_par_clamp(n);
+  /* Take the pool from whoever runs on it (they finish their kernel). */
+  while (!dt__platform_par_try_lock()) dt__sleep(20e-6);
+  DT__ASTORE(&dt__platform_par_want, v, DT__MO_RELEASE);
+  if (dt__platform_par_pool && dt__pool_size(dt__platform_par_pool) != v) {
+    dt__pool_destroy(dt__platform_par_pool); /* joins its threads */
+    dt__platform_par_pool = NULL;
+  }
+  dt__platform_par_unlock();
+  return DTRAIN_OK;
+#endif
+}
+
+DTRAIN_API int dt_get_threads(void) { return dt__platform_par_want_get(); }
+#undef DT__PAR_MAX
 /* ======== end dt_platform.c ======== */
 
 /* ======== begin dt_comm.c ======== */
@@ -13560,9 +13998,11 @@ static void dt__strategy_async_job(void *arg, int r) {
 
 static void dt__strategy_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
+  int was = dt__par_set_replica(s->n > 1); /* replicas fill the cores: kernels inside use one thread */
   if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) dt__strategy_mwm_job(arg, r);
   else if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
   else dt__strategy_async_job(arg, r);
+  dt__par_set_replica(was);
 }
 
 /* Runs the current job on every replica; returns the first failure, with

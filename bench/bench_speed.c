@@ -1,10 +1,15 @@
 /* bench_speed.c -- the dtrain side of `make bench` (bench/run_speed.sh runs it).
  *
- *   bench_speed gemm [seconds]        sgemm GFLOP/s, dtrain and OpenBLAS (one thread)
- *                                     side by side, square 64..2048 and the shapes
- *                                     of the MLP and CNN training steps
- *   bench_speed mlp BATCH [seconds]   Fashion-MNIST MLP 784-256-128-10, Adam
- *   bench_speed cnn BATCH [seconds]   conv5x5-32 pool conv5x5-64 pool fc1024 fc10, Adam
+ *   bench_speed gemm [seconds [threads]]       sgemm GFLOP/s, dtrain and OpenBLAS
+ *                                     side by side (threads: dt_set_threads and
+ *                                     openblas_set_num_threads; default 1), square
+ *                                     64..2048 and the shapes of the MLP and CNN steps
+ *   bench_speed mlp BATCH [seconds [threads]]  Fashion-MNIST MLP 784-256-128-10, Adam
+ *   bench_speed cnn BATCH [seconds [threads]]  conv5x5-32 pool conv5x5-64 pool fc1024 fc10
+ *   bench_speed cblas BATCH [seconds]  (built with DTRAIN_USE_CBLAS, linked with
+ *                                     OpenBLAS) the GEMM calls of one MLP step,
+ *                                     recorded, then timed through dt_sgemm and
+ *                                     through cblas_sgemm directly (one thread)
  *
  * Built with the flags users build with (-O2, no -march), so the GEMM kernel is
  * the one picked at run time. OpenBLAS is loaded with dlopen (libopenblas.so.0,
@@ -16,8 +21,19 @@
  *
  * Timing: the machine may be shared, so every figure is the best of several
  * short windows (the least disturbed one), for both sides alike. */
+#ifdef DTRAIN_USE_CBLAS
+/* dtrain's dt_sgemm calls cblas_sgemm: renamed here to a hook that records
+ * each call's shape (while `record_on`) and passes it on to OpenBLAS. */
+#  define cblas_sgemm bench_cblas_hook
+#endif
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+#ifdef DTRAIN_USE_CBLAS
+#  undef cblas_sgemm
+void cblas_sgemm(const enum CBLAS_ORDER, const enum CBLAS_TRANSPOSE, const enum CBLAS_TRANSPOSE, const blasint,
+                 const blasint, const blasint, const float, const float *, const blasint, const float *,
+                 const blasint, const float, float *, const blasint);
+#endif
 #include <dlfcn.h>
 #include <time.h>
 #include <stdio.h>
@@ -42,7 +58,7 @@ typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float 
 static cblas_sgemm_fn blas_sgemm;
 static const char *blas_why = "";
 
-static void load_openblas(void) {
+static void load_openblas(int threads) {
   const char *names[] = {"libopenblas.so.0", "libopenblas.so", "libopenblasp.so.0"};
   const char *env = getenv("BENCH_OPENBLAS"); /* a path or name to use instead */
   void *h = NULL;
@@ -59,7 +75,7 @@ static void load_openblas(void) {
     blas_why = "no cblas_sgemm in libopenblas";
     return;
   }
-  if (set_threads) set_threads(1);
+  if (set_threads) set_threads(threads);
 }
 
 typedef struct gemm_case { const char *what; int ta, tb, m, n, k; } gemm_case;
@@ -83,7 +99,7 @@ static double time_gemm(int blas, const gemm_case *c, const float *a, const floa
   return best;
 }
 
-static int run_gemm(double seconds) {
+static int run_gemm(double seconds, int threads) {
   static const gemm_case cases[] = {
       {"square", 0, 0, 64, 64, 64},       {"square", 0, 0, 128, 128, 128},  {"square", 0, 0, 256, 256, 256},
       {"square", 0, 0, 512, 512, 512},    {"square", 0, 0, 1024, 1024, 1024}, {"square", 0, 0, 2048, 2048, 2048},
@@ -93,14 +109,20 @@ static int run_gemm(double seconds) {
       {"mlp64 fc2 dW", 1, 0, 128, 256, 64},
       /* MLP step, batch 256 */
       {"mlp256 fc1 fwd", 0, 1, 256, 256, 784}, {"mlp256 fc1 dW", 1, 0, 256, 784, 256},
-      /* CNN step, batch 64 (28x28, padding 2): conv as W [O,K] @ col [K, images*positions] */
-      {"cnn conv1 fwd", 0, 0, 32, 6272, 25},    {"cnn conv2 fwd", 0, 0, 64, 1568, 800},
-      {"cnn conv2 dW", 0, 1, 64, 800, 1568},    {"cnn conv2 dcol", 1, 0, 800, 1568, 64},
-      {"cnn fc1 fwd", 0, 1, 64, 1024, 3136},    {"cnn fc1 dW", 1, 0, 1024, 3136, 64},
+      /* CNN step, batch 64 (28x28, padding 2): conv as W [O,K] @ col [K, positions], one image
+       * per call (dt_ops_conv.c groups images only below 192 positions) */
+      {"cnn conv1 fwd", 0, 0, 32, 784, 25},     {"cnn conv1 dW", 0, 1, 32, 25, 784},
+      {"cnn conv2 fwd", 0, 0, 64, 196, 800},    {"cnn conv2 dW", 0, 1, 64, 800, 196},
+      {"cnn conv2 dcol", 1, 0, 800, 196, 64},   {"cnn fc1 fwd", 0, 1, 64, 1024, 3136},
+      {"cnn fc1 dW", 1, 0, 1024, 3136, 64},     {"cnn fc1 dx", 0, 0, 64, 3136, 1024},
   };
   int ncases = (int)(sizeof cases / sizeof cases[0]);
-  load_openblas();
-  printf("sgemm kernel: %s\n", dt_sgemm_kernel());
+  load_openblas(threads);
+  if (dt_set_threads(threads) != DTRAIN_OK) {
+    fprintf(stderr, "bench_speed: dt_set_threads(%d): %s\n", threads, dt_last_error());
+    return 1;
+  }
+  printf("sgemm kernel: %s, threads: %d\n", dt_sgemm_kernel(), threads);
   printf("%-16s %-16s %10s %10s %7s\n", "shape", "m x n x k", "dtrain", "OpenBLAS", "ratio");
   for (int i = 0; i < ncases; i++) {
     const gemm_case *c = &cases[i];
@@ -162,7 +184,11 @@ static dt_tensor *forward(dt_graph *g, const model *md, dt_tensor *x) {
   return dt_nn_linear_forward(g, &md->fc2, h);
 }
 
-static int run_train(int cnn, int batch, double seconds) {
+static int run_train(int cnn, int batch, double seconds, int threads) {
+  if (dt_set_threads(threads) != DTRAIN_OK) {
+    fprintf(stderr, "bench_speed: dt_set_threads(%d): %s\n", threads, dt_last_error());
+    return 1;
+  }
   dt_params *P = dt_params_create(1);
   model md;
   memset(&md, 0, sizeof md);
@@ -236,9 +262,9 @@ static int run_train(int cnn, int batch, double seconds) {
   dt_memory_info mi;
   dt_memory_stats(P, opt, g, &mi);
   printf("result samples_per_s=%.1f median_samples_per_s=%.1f cpu_samples_per_s=%.1f windows=%d peak_rss_kb=%ld "
-         "params_kb=%.0f optim_kb=%.0f activations_kb=%.0f loss=%.4f kernel=%s\n",
+         "params_kb=%.0f optim_kb=%.0f activations_kb=%.0f loss=%.4f kernel=%s threads=%d\n",
          rates[nrates - 1], rates[nrates / 2], cpu, nrates, peak_rss_kb(), mi.params_bytes / 1024.0,
-         mi.optim_bytes / 1024.0, mi.activations_bytes / 1024.0, (double)last_loss, dt_sgemm_kernel());
+         mi.optim_bytes / 1024.0, mi.activations_bytes / 1024.0, (double)last_loss, dt_sgemm_kernel(), threads);
   free(xs);
   free(ys);
   dt_graph_destroy(g);
@@ -247,13 +273,142 @@ static int run_train(int cnn, int batch, double seconds) {
   return 0;
 }
 
+
+/* ---- DTRAIN_USE_CBLAS: the step's GEMM time through dt_sgemm vs raw OpenBLAS ---------- */
+#ifdef DTRAIN_USE_CBLAS
+typedef struct gemm_call {
+  int order, ta, tb, m, n, k, lda, ldb, ldc;
+  float alpha, beta;
+  const float *a, *b;
+  float *c;
+} gemm_call;
+static gemm_call calls[64];
+static int ncalls, record_on;
+
+void bench_cblas_hook(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb,
+                      const blasint m, const blasint n, const blasint k, const float alpha, const float *a,
+                      const blasint lda, const float *b, const blasint ldb, const float beta, float *c,
+                      const blasint ldc) {
+  if (record_on && ncalls < (int)(sizeof calls / sizeof calls[0])) {
+    gemm_call *q = &calls[ncalls++];
+    q->order = (int)order;
+    q->ta = (int)ta;
+    q->tb = (int)tb;
+    q->m = m;
+    q->n = n;
+    q->k = k;
+    q->lda = lda;
+    q->ldb = ldb;
+    q->ldc = ldc;
+    q->alpha = alpha;
+    q->beta = beta;
+    q->a = a;
+    q->b = b;
+    q->c = c;
+  }
+  cblas_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* Seconds for one pass over the recorded calls (best window of ~budget s). */
+static double time_calls(int direct, const float *a, const float *b, float *c, double budget) {
+  double best = 1e30, t_end = dt_time_now() + budget;
+  do {
+    double t0 = dt_time_now();
+    for (int rep = 0; rep < 8; rep++)
+      for (int i = 0; i < ncalls; i++) {
+        const gemm_call *q = &calls[i];
+        if (direct)
+          cblas_sgemm((enum CBLAS_ORDER)q->order, (enum CBLAS_TRANSPOSE)q->ta, (enum CBLAS_TRANSPOSE)q->tb, q->m,
+                      q->n, q->k, q->alpha, a, q->lda, b, q->ldb, q->beta, c, q->ldc);
+        else
+          dt_sgemm(q->ta == CblasTrans, q->tb == CblasTrans, q->m, q->n, q->k, q->alpha, a, q->lda, b, q->ldb,
+                   q->beta, c, q->ldc);
+      }
+    double t = (dt_time_now() - t0) / 8;
+    if (t < best) best = t;
+  } while (dt_time_now() < t_end);
+  return best;
+}
+
+static int run_cblas(int batch, double seconds) {
+  openblas_set_num_threads(1);
+  dt_params *P = dt_params_create(1);
+  dt_nn_linear fc1, fc2, fc3;
+  dt_nn_linear_init(&fc1, P, "fc1", 784, 256, 1);
+  dt_nn_linear_init(&fc2, P, "fc2", 256, 128, 1);
+  dt_nn_linear_init(&fc3, P, "fc3", 128, 10, 1);
+  dt_graph *g = dt_graph_create(P, NULL);
+  float *xs = (float *)calloc((size_t)batch * 784, sizeof(float));
+  int32_t *ys = (int32_t *)calloc((size_t)batch, sizeof(int32_t));
+  if (!P || !g || !xs || !ys) return 1;
+  int64_t shape[2] = {batch, 784};
+  record_on = 1; /* one training step: forward and backward */
+  dt_tensor *x = dt_tensor_wrap(g, 2, shape, xs);
+  dt_tensor *h = dt_relu(g, dt_nn_linear_forward(g, &fc1, x));
+  h = dt_relu(g, dt_nn_linear_forward(g, &fc2, h));
+  dt_tensor *loss = dt_cross_entropy(g, dt_nn_linear_forward(g, &fc3, h), ys);
+  if (dt_backward(g, loss) != DTRAIN_OK) {
+    fprintf(stderr, "bench_speed: %s\n", dt_graph_message(g));
+    return 1;
+  }
+  record_on = 0;
+  /* Replay on scratch buffers big enough for every call (the shapes and
+   * leading dimensions are the step's; the data does not change the time). */
+  size_t most = 0;
+  for (int i = 0; i < ncalls; i++) {
+    const gemm_call *q = &calls[i];
+    size_t sa = (size_t)q->lda * (size_t)(q->ta == CblasTrans ? q->k : q->m);
+    size_t sb = (size_t)q->ldb * (size_t)(q->tb == CblasTrans ? q->n : q->k);
+    size_t sc = (size_t)q->ldc * (size_t)q->m;
+    if (sa > most) most = sa;
+    if (sb > most) most = sb;
+    if (sc > most) most = sc;
+  }
+  float *a = (float *)calloc(most, sizeof(float)), *b = (float *)calloc(most, sizeof(float));
+  float *c = (float *)calloc(most, sizeof(float));
+  if (!a || !b || !c) return 1;
+  for (size_t i = 0; i < most; i++) {
+    a[i] = (float)(i % 7) * 0.1f;
+    b[i] = (float)(i % 5) * 0.1f;
+  }
+  double td = 1e30, tb = 1e30;
+  for (int round = 0; round < 6; round++) { /* alternate the sides */
+    double t = time_calls(0, a, b, c, seconds / 12);
+    if (t < td) td = t;
+    t = time_calls(1, a, b, c, seconds / 12);
+    if (t < tb) tb = t;
+  }
+  printf("result gemm_calls=%d dt_sgemm_us=%.1f cblas_us=%.1f ratio=%.3f kernel=%s\n", ncalls, td * 1e6, tb * 1e6,
+         td / tb, dt_sgemm_kernel());
+  free(a);
+  free(b);
+  free(c);
+  free(xs);
+  free(ys);
+  dt_graph_destroy(g);
+  dt_params_destroy(P);
+  return 0;
+}
+#endif
+
 int main(int argc, char **argv) {
-  if (argc >= 2 && strcmp(argv[1], "gemm") == 0) return run_gemm(argc >= 3 ? atof(argv[2]) : 0.6);
+  int threads = argc >= 4 ? atoi(argv[3]) : 1;
+  if (threads < 1) threads = 1;
+  if (argc >= 2 && strcmp(argv[1], "gemm") == 0) return run_gemm(argc >= 3 ? atof(argv[2]) : 0.6, threads);
   if (argc >= 3 && (strcmp(argv[1], "mlp") == 0 || strcmp(argv[1], "cnn") == 0)) {
     int batch = atoi(argv[2]);
-    if (batch < 1 || batch > NSAMPLES) return 2;
-    return run_train(argv[1][0] == 'c', batch, argc >= 4 ? atof(argv[3]) : 3.0);
+    threads = argc >= 5 ? atoi(argv[4]) : 1;
+    if (batch < 1 || batch > NSAMPLES || threads < 1) return 2;
+    return run_train(argv[1][0] == 'c', batch, argc >= 4 ? atof(argv[3]) : 3.0, threads);
   }
-  fprintf(stderr, "usage: bench_speed gemm [seconds] | mlp BATCH [seconds] | cnn BATCH [seconds]\n");
+#ifdef DTRAIN_USE_CBLAS
+  if (argc >= 3 && strcmp(argv[1], "cblas") == 0) {
+    int batch = atoi(argv[2]);
+    if (batch < 1 || batch > NSAMPLES) return 2;
+    return run_cblas(batch, argc >= 4 ? atof(argv[3]) : 2.0);
+  }
+#endif
+  fprintf(stderr, "usage: bench_speed gemm [seconds [threads]] | mlp BATCH [seconds [threads]] | cnn BATCH [seconds "
+                  "[threads]] | cblas BATCH [seconds] (DTRAIN_USE_CBLAS build)\n");
   return 2;
 }

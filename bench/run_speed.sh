@@ -1,8 +1,13 @@
 #!/bin/sh
 # run_speed.sh -- `make bench`: dtrain against OpenBLAS and PyTorch, side by side,
-# one thread each, in one run on this machine. Prints tables of ratios.
+# one thread each (and a few rows at two threads), in one run on this machine.
+# Prints tables of ratios.
 #
-#   sh bench/run_speed.sh [path/to/bench_speed]
+#   sh bench/run_speed.sh [path/to/bench_speed [path/to/bench_speed_cblas]]
+#
+# bench_speed_cblas is bench_speed.c built with DTRAIN_USE_CBLAS and linked
+# with OpenBLAS (make bench builds it when libopenblas-dev is installed); when
+# it is missing the DTRAIN_USE_CBLAS row says "skipped".
 #
 # Environment: BENCH_SECONDS (per run, default 3), BENCH_ROUNDS (alternating
 # dtrain/PyTorch runs per workload, default 3), PYTHON (default /usr/bin/python3,
@@ -14,6 +19,7 @@
 # one). Peak RSS is VmHWM of each run's own process; the table shows the largest
 # over the rounds. Missing OpenBLAS or torch prints "skipped (reason)".
 BIN=${1:-build/bench/bench_speed}
+BIN_CBLAS=${2:-build/bench/bench_speed_cblas}
 PY=${PYTHON:-/usr/bin/python3}
 SECS=${BENCH_SECONDS:-3}
 ROUNDS=${BENCH_ROUNDS:-3}
@@ -28,11 +34,36 @@ fi
 echo "== machine"
 echo "cpus: $(getconf _NPROCESSORS_ONLN 2>/dev/null || echo '?'), load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/^model name[^:]*: /cpu: /'
-echo "threads: 1 for both sides (OMP/MKL/OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1), openblas_set_num_threads(1))"
+echo "threads: 1 for both sides (OMP/MKL/OPENBLAS_NUM_THREADS=1, torch.set_num_threads(1), openblas_set_num_threads(1)),"
+echo "         except the rows marked 2 threads / 2thr (dt_set_threads(2) vs 2 OpenBLAS / PyTorch threads)"
 echo
 
 echo "== sgemm, one thread: GFLOP/s (best of windows, sides alternating), ratio = dtrain / OpenBLAS"
 "$BIN" gemm || echo "sgemm bench failed"
+echo
+
+echo "== sgemm, two threads: dt_set_threads(2) against OpenBLAS with 2 threads (OPENBLAS_NUM_THREADS=2)"
+OPENBLAS_NUM_THREADS=2 "$BIN" gemm 0.4 2 || echo "sgemm bench (2 threads) failed"
+echo
+
+echo "== DTRAIN_USE_CBLAS: the GEMM calls of one MLP step through dt_sgemm vs cblas_sgemm called directly"
+echo "   (one thread; ratio = time through dtrain / raw OpenBLAS time; goal <= 1.05)"
+if [ -x "$BIN_CBLAS" ]; then
+  for batch in 64 256; do
+    line=$("$BIN_CBLAS" cblas "$batch" 2 2>&1 | grep '^result')
+    if [ -n "$line" ]; then
+      printf 'mlp batch %-4s %2s calls: dt_sgemm %8s us, cblas_sgemm %8s us, ratio %s\n' "$batch" \
+        "$(printf '%s\n' "$line" | tr ' ' '\n' | sed -n 's/^gemm_calls=//p')" \
+        "$(printf '%s\n' "$line" | tr ' ' '\n' | sed -n 's/^dt_sgemm_us=//p')" \
+        "$(printf '%s\n' "$line" | tr ' ' '\n' | sed -n 's/^cblas_us=//p')" \
+        "$(printf '%s\n' "$line" | tr ' ' '\n' | sed -n 's/^ratio=//p')"
+    else
+      echo "mlp batch $batch: run failed"
+    fi
+  done
+else
+  echo "skipped ($BIN_CBLAS not built: needs libopenblas-dev)"
+fi
 echo
 
 # field NAME LINE: the value of NAME=... in a "result ..." line.
@@ -50,17 +81,18 @@ elif ! "$PY" -c "import torch" >/dev/null 2>&1; then
   torch_why="torch does not import in $PY"
 fi
 
-echo "== training steps, one thread, synthetic data, Adam lr 1e-3: samples/s (best window of $ROUNDS runs x ${SECS} s)"
+echo "== training steps, synthetic data, Adam lr 1e-3: samples/s (best window of $ROUNDS runs x ${SECS} s)"
+echo "   one thread unless the workload says 2 threads (dt_set_threads(2) vs torch.set_num_threads(2))"
 [ -n "$torch_why" ] && echo "PyTorch: skipped ($torch_why)"
 printf '%-22s %11s %11s %7s %7s | %11s %11s %7s %7s\n' "workload" "dtrain" "PyTorch" "ratio" "goal" \
   "dtrain RSS" "torch RSS" "ratio" "goal"
-for wl in "mlp 64 1.3" "mlp 256 1.05" "cnn 64 1.2"; do
+for wl in "mlp 64 1.3 1" "mlp 256 1.05 1" "cnn 64 1.2 1" "mlp 256 - 2" "cnn 64 - 2"; do
   set -- $wl
-  mode=$1 batch=$2 goal=$3
+  mode=$1 batch=$2 goal=$3 nth=$4
   d_best="" t_best="" d_rss="" t_rss="" d_med="" t_med="" d_cpu="" t_cpu="" extra=""
   r=0
   while [ $r -lt "$ROUNDS" ]; do
-    line=$("$BIN" "$mode" "$batch" "$SECS" 2>&1 | grep '^result')
+    line=$(OPENBLAS_NUM_THREADS=$nth "$BIN" "$mode" "$batch" "$SECS" "$nth" 2>&1 | grep '^result')
     if [ -n "$line" ]; then
       d_best=$(maxof "$d_best" "$(field samples_per_s "$line")")
       d_med=$(maxof "$d_med" "$(field median_samples_per_s "$line")")
@@ -69,7 +101,7 @@ for wl in "mlp 64 1.3" "mlp 256 1.05" "cnn 64 1.2"; do
       extra="params $(field params_kb "$line") KiB, Adam state $(field optim_kb "$line") KiB, activations $(field activations_kb "$line") KiB"
     fi
     if [ -z "$torch_why" ]; then
-      line=$("$PY" "$DIR/torch_speed.py" "$mode" "$batch" "$SECS" 1 2>&1 | grep '^result')
+      line=$("$PY" "$DIR/torch_speed.py" "$mode" "$batch" "$SECS" "$nth" 2>&1 | grep '^result')
       if [ -n "$line" ]; then
         t_best=$(maxof "$t_best" "$(field samples_per_s "$line")")
         t_med=$(maxof "$t_med" "$(field median_samples_per_s "$line")")
@@ -80,11 +112,12 @@ for wl in "mlp 64 1.3" "mlp 256 1.05" "cnn 64 1.2"; do
     r=$((r + 1))
   done
   name="$mode batch $batch"
+  [ "$nth" != 1 ] && name="$name ${nth}thr"
   rss_goal="-"
-  [ "$mode" = mlp ] && rss_goal="<=0.5"
+  [ "$mode" = mlp ] && [ "$nth" = 1 ] && rss_goal="<=0.5"
   if [ -n "$t_best" ] && [ -n "$d_best" ]; then
     awk -v n="$name" -v d="$d_best" -v t="$t_best" -v g="$goal" -v dr="$d_rss" -v tr="$t_rss" -v rg="$rss_goal" \
-      'BEGIN { printf "%-22s %11.0f %11.0f %7.2f %7s | %8.1f MiB %7.1f MiB %7.2f %7s\n", n, d, t, d / t, ">=" g,
+      'BEGIN { printf "%-22s %11.0f %11.0f %7.2f %7s | %8.1f MiB %7.1f MiB %7.2f %7s\n", n, d, t, d / t, (g == "-" ? "-" : ">=" g),
                dr / 1024, tr / 1024, dr / tr, rg }'
     awk -v d="$d_med" -v t="$t_med" -v dc="$d_cpu" -v tc="$t_cpu" \
       'BEGIN { printf "%-22s median window %.0f vs %.0f (%.2f); per CPU-second %.0f vs %.0f (%.2f)\n", "", d, t, d / t,

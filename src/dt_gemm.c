@@ -17,10 +17,12 @@
  * leading dimensions only matter in the packing routines. Partial tiles at
  * the edges run the kernel into a small local tile and copy its valid part
  * (the AVX2 path has a 4-row kernel for the 4-row edge of 64-row batches).
+ * Products A @ B^T with few columns (n < 32) skip packing on the AVX2 path:
+ * a dot-product kernel (see dt__gemm_dot_avx2).
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
  * k block rather than once per B panel.
- * The panels are one automatic array of fixed size (240 KiB of stack), so
+ * The panels are one automatic array of fixed size (256 KiB of stack), so
  * a call allocates nothing and may run on any thread.
  *
  * Kernels ("paths"), picked once per process at run time:
@@ -78,6 +80,7 @@
 #define DT__GEMM_NC 192
 #define DT__GEMM_BUF (DT__GEMM_KC * (DT__GEMM_MC + DT__GEMM_NC)) /* floats */
 #define DT__GEMM_TILE_MAX (8 * 16) /* largest MR x NR of any path */
+#define DT__GEMM_NR_MAX 16         /* largest NR of any path */
 
 /* Loop hints for the portable micro-kernel, so that the accumulator tile
  * stays in vector registers. gcc needs the loops over the rows of the tile
@@ -386,6 +389,65 @@ DT__GEMM_AVX2 static void dt__gemm_pack_b_avx2(int trans, const float *b, int64_
   if (full < nc) dt__gemm_pack_b_n(16, trans, b, ldb, p0, j0 + full, kc, nc - full, bp);
 }
 
+/* C = alpha * A @ B^T + beta * C (A untransposed, B transposed) without
+ * packing, for products with few columns (n < 32, less than two B slivers),
+ * where packing both operands costs as much as the product and the 16-wide
+ * tile would be mostly padding (the weight gradient of a first convolution
+ * layer: 32 x 25 x 784). Rows of A and rows of B^T are both contiguous in
+ * p, so each element is a dot product: 8 lanes of FMAs over p in steps of 8,
+ * the lanes summed in a fixed tree, the remaining p added by scalar FMAs in
+ * order, then alpha and beta. Every element gets exactly these operations
+ * wherever it sits, so results do not depend on how rows are blocked or
+ * split over threads. Blocks of 3 rows x 4 columns, columns outside; a
+ * partial block repeats its last row or column and stores only the valid
+ * ones. */
+DT__GEMM_AVX2 static void dt__gemm_dot_avx2(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                                            int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                                            int64_t ldc) {
+  int64_t k8 = k - k % 8;
+  for (int64_t j0 = 0; j0 < n; j0 += 4) { /* 4 rows of B^T stay in L1 while A streams past */
+    int64_t nr = DT__MIN(4, n - j0);
+    const float *br[4];
+    for (int j = 0; j < 4; j++) br[j] = b + (j0 + DT__MIN(j, nr - 1)) * ldb;
+    for (int64_t i0 = 0; i0 < m; i0 += 3) {
+      int64_t mr = DT__MIN(3, m - i0);
+      const float *ar[3];
+      for (int r = 0; r < 3; r++) ar[r] = a + (i0 + DT__MIN(r, mr - 1)) * lda;
+      /* Twelve named accumulators (an array would live in memory). */
+      __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c02 = _mm256_setzero_ps();
+      __m256 c03 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+      __m256 c12 = _mm256_setzero_ps(), c13 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps();
+      __m256 c21 = _mm256_setzero_ps(), c22 = _mm256_setzero_ps(), c23 = _mm256_setzero_ps();
+      for (int64_t p = 0; p < k8; p += 8) {
+        __m256 a0 = _mm256_loadu_ps(ar[0] + p), a1 = _mm256_loadu_ps(ar[1] + p), a2 = _mm256_loadu_ps(ar[2] + p), bv;
+#define DT__DOT_COL(j)                         \
+  bv = _mm256_loadu_ps(br[j] + p);             \
+  c0##j = _mm256_fmadd_ps(a0, bv, c0##j);      \
+  c1##j = _mm256_fmadd_ps(a1, bv, c1##j);      \
+  c2##j = _mm256_fmadd_ps(a2, bv, c2##j)
+        DT__DOT_COL(0);
+        DT__DOT_COL(1);
+        DT__DOT_COL(2);
+        DT__DOT_COL(3);
+#undef DT__DOT_COL
+      }
+      __m256 acc[3][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}};
+      for (int64_t r = 0; r < mr; r++) {
+        for (int64_t j = 0; j < nr; j++) {
+          __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][j]), _mm256_extractf128_ps(acc[r][j], 1));
+          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+          h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+          for (int64_t p = k8; p < k; p++) h = _mm_fmadd_ss(_mm_set_ss(ar[r][p]), _mm_set_ss(br[j][p]), h);
+          float v = _mm_cvtss_f32(h), *cp = c + (i0 + r) * ldc + j0 + j;
+          if (beta == 0.0f) *cp = alpha * v;
+          else if (beta == 1.0f) *cp += alpha * v;
+          else *cp = alpha * v + beta * *cp;
+        }
+      }
+    }
+  }
+}
+
 #undef DT__AVX_T8
 #undef DT__AVX_FMA2
 #undef DT__AVX_STORE
@@ -574,35 +636,18 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
   }
 }
 
-DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                         float beta, float *c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-#ifdef DTRAIN_USE_CBLAS
-  /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
-   * (not reachable with the arena's limits) fall through to the C kernel. */
-  if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
-    if (k <= 0) {
-      dt__gemm_scale(m, n, beta, c, ldc);
-      return;
-    }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
-                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-    return;
-  }
-#endif
-  if (k <= 0 || alpha == 0.0f) {
-    dt__gemm_scale(m, n, beta, c, ldc);
-    return;
-  }
-  const dt__gemm_path *pa = &dt__gemm_paths[dt__gemm_path_id()];
+/* The blocked product on one thread (m, n, k > 0, alpha != 0). */
+static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                         int64_t ldc) {
   const int64_t MR = pa->mr, NR = pa->nr;
   /* The packed panels share one buffer on the stack, aligned by hand to
    * 64 bytes: an A block of MC x KC and a B panel of KC x NC, or, when A
    * has few rows (up to 2 MC) and B is wider than NC, all of A's rows and
    * a B panel as wide as the rest allows (A is then packed once per k
    * block instead of once per B panel). */
-  float buf[DT__GEMM_BUF + 48]; /* + alignment, and slack after A (see pack_a) */
+  /* + one more B sliver's worth (see the jc loop), alignment, and slack after A (see pack_a) */
+  float buf[DT__GEMM_BUF + DT__GEMM_KC * DT__GEMM_NR_MAX + 48];
   float *ap = buf + ((16 - ((uintptr_t)buf / sizeof(float)) % 16) % 16);
   int64_t mcb = DT__GEMM_MC, ncb = DT__GEMM_NC;
   int few_rows = n > DT__GEMM_NC && m <= 2 * DT__GEMM_MC;
@@ -627,8 +672,10 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
     }
     return;
   }
-  for (int64_t jc = 0; jc < n; jc += ncb) {
-    int64_t nc = DT__MIN(ncb, n - jc);
+  for (int64_t jc = 0, nc; jc < n; jc += nc) {
+    /* A last panel of at most one sliver joins this one: A is packed once
+     * per panel, so a 196-wide B would pack all of A twice for 4 columns. */
+    nc = n - jc <= ncb + NR ? n - jc : ncb;
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
       float beta_blk = pc == 0 ? beta : 1.0f; /* later k blocks add to C */
@@ -642,12 +689,117 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   }
 }
 
+/* ---- intra-op threads ---------------------------------------------------------------------
+ * C is cut into blocks of whole tiles, along the rows when op(A) has more
+ * row tiles than op(B) has column tiles, else along the columns, and each
+ * thread runs the one-thread product on its block. The cuts fall on
+ * multiples of MR (rows) or NR (columns) from 0, so each tile of C is the
+ * same tile (full, 4-row or edge) with the same k blocks as in the whole
+ * product: every element is computed by exactly one thread, bit for bit as
+ * with one thread. */
+#define DT__GEMM_PAR_MIN ((double)(1 << 20)) /* multiply-adds below which one thread is faster */
+
+typedef struct dt__gemm_job {
+  const dt__gemm_path *pa;
+  int trans_a, trans_b, by_rows, dot;
+  int64_t m, n, k, lda, ldb, ldc, tiles;
+  float alpha, beta;
+  const float *a, *b;
+  float *c;
+} dt__gemm_job;
+
+static void dt__gemm_part(void *arg, int part, int nparts) {
+  const dt__gemm_job *j = (const dt__gemm_job *)arg;
+  int64_t t0 = j->tiles * part / nparts, t1 = j->tiles * (part + 1) / nparts;
+  if (t0 >= t1) return;
+#ifdef DT__GEMM_X86
+  if (j->dot) { /* blocks of 3 rows */
+    int64_t i0 = t0 * 3, i1 = DT__MIN(j->m, t1 * 3);
+    dt__gemm_dot_avx2(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb, j->beta,
+                      j->c + i0 * j->ldc, j->ldc);
+    return;
+  }
+#endif
+  if (j->by_rows) {
+    int64_t i0 = t0 * j->pa->mr, i1 = DT__MIN(j->m, t1 * j->pa->mr);
+    const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
+    dt__gemm_run(j->pa, j->trans_a, j->trans_b, i1 - i0, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb, j->beta,
+                 j->c + i0 * j->ldc, j->ldc);
+  } else {
+    int64_t c0 = t0 * j->pa->nr, c1 = DT__MIN(j->n, t1 * j->pa->nr);
+    const float *b = j->trans_b ? j->b + c0 * j->ldb : j->b + c0;
+    dt__gemm_run(j->pa, j->trans_a, j->trans_b, j->m, c1 - c0, j->k, j->alpha, j->a, j->lda, b, j->ldb, j->beta,
+                 j->c + c0, j->ldc);
+  }
+}
+
+DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                         float beta, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+#ifdef DTRAIN_USE_CBLAS
+  /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
+   * (not reachable with the arena's limits) fall through to the C kernel. */
+  if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
+    if (k <= 0) {
+      dt__gemm_scale(m, n, beta, c, ldc);
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
+                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    return;
+  }
+#endif
+  if (k <= 0 || alpha == 0.0f) {
+    dt__gemm_scale(m, n, beta, c, ldc);
+    return;
+  }
+  int path = dt__gemm_path_id();
+  const dt__gemm_path *pa = &dt__gemm_paths[path];
+  /* Few columns of A @ B^T: the unpacked dot-product kernel (AVX2 path). */
+  int dot = path == DT__GEMM_PATH_AVX2 && !trans_a && trans_b && n < 32 && k >= 16;
+  int threads = (double)m * (double)n * (double)k >= DT__GEMM_PAR_MIN ? dt__par_threads() : 1;
+  if (threads > 1 || dot) {
+    dt__gemm_job j;
+    int64_t tiles_m = (m + pa->mr - 1) / pa->mr, tiles_n = (n + pa->nr - 1) / pa->nr;
+    j.pa = pa;
+    j.trans_a = trans_a;
+    j.trans_b = trans_b;
+    j.dot = dot;
+    j.by_rows = dot || tiles_m > tiles_n;
+    j.tiles = dot ? (m + 2) / 3 : j.by_rows ? tiles_m : tiles_n;
+    j.m = m;
+    j.n = n;
+    j.k = k;
+    j.lda = lda;
+    j.ldb = ldb;
+    j.ldc = ldc;
+    j.alpha = alpha;
+    j.beta = beta;
+    j.a = a;
+    j.b = b;
+    j.c = c;
+    int parts = (int)DT__MIN((int64_t)threads, j.tiles);
+    if (parts > 1) {
+      dt__par_run(parts, dt__gemm_part, &j);
+      return;
+    }
+    if (dot) {
+      dt__gemm_part(&j, 0, 1);
+      return;
+    }
+  }
+  dt__gemm_run(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 #undef DT__GEMM_MR
 #undef DT__GEMM_NR
 #undef DT__GEMM_KC
 #undef DT__GEMM_MC
 #undef DT__GEMM_NC
 #undef DT__GEMM_TILE_MAX
+#undef DT__GEMM_NR_MAX
+#undef DT__GEMM_PAR_MIN
 #undef DT__GEMM_BUF
 #undef DT__GEMM_UNROLL
 #undef DT__GEMM_KLOOP

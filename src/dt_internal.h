@@ -172,4 +172,23 @@ DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin
 /* ---- GEMM (dt_gemm.c) ---------------------------------------------------------
  * dt_sgemm is the public entry; ops call it directly. */
 
+/* ---- intra-op threads (dt_platform.c) -------------------------------------------
+ * One process-wide persistent pool (dt_set_threads / DTRAIN_THREADS) that
+ * kernels split their work over:
+ *   int t = dt__par_threads();           threads this thread may use now
+ *   if (t > 1 && work is big) dt__par_run(parts, fn, arg);
+ * dt__par_run calls fn(arg, part, nparts) once for each part in [0, nparts),
+ * on the pool's threads and the caller, and returns when all have returned.
+ * When the pool is busy (another thread is using it) or cannot be created,
+ * the caller runs every part itself, so a kernel whose parts write disjoint
+ * outputs gives the same result either way. A thread that runs a replica of
+ * a multi-replica strategy is marked (dt__par_set_replica) and gets 1, so
+ * replicas and intra-op threads never oversubscribe the cores. */
+typedef void (*dt__par_fn)(void *arg, int part, int nparts);
+DTRAIN_PRIVATE int dt__par_threads(void);
+DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg);
+/* Marks (1) or unmarks (0) the calling thread as a strategy replica; returns
+ * the previous mark. */
+DTRAIN_PRIVATE int dt__par_set_replica(int on);
+
 #endif /* DTRAIN_INTERNAL_H */

@@ -124,6 +124,29 @@ DTRAIN_API const char *dt_sgemm_kernel(void);
  * runs dt_sgemm. The kernels agree to rounding, not bit for bit. */
 DTRAIN_API int dt_sgemm_use_portable(int on);
 
+/* ---- threads inside one replica (intra-op) ----------------------------------------
+ * dt_set_threads(n) lets the big kernels of a step split their work over n
+ * threads: dt_sgemm (by blocks of rows or columns of C, each element computed
+ * by one thread in the same order as with one thread, so results are bit for
+ * bit those of n = 1), and the Adam/AdamW update of large buffers. n = 1 (the
+ * default) runs everything on the calling thread; n = 0 means one thread per
+ * online CPU. Without a call, the environment variable DTRAIN_THREADS (a
+ * number, or "auto" for the CPU count) is read once, at the first use.
+ * The n - 1 extra threads are created once, at the first kernel big enough
+ * to use them, and live until the process exits or dt_set_threads(1); no
+ * thread is created per call (a child of fork() starts its own). GEMMs below about a million multiply-adds stay
+ * on one thread. Inside the replicas of a strategy with more than one replica
+ * (mirrored, central_storage, async) kernels always use one thread: the
+ * replicas already occupy the cores. When two user threads run kernels at the
+ * same time, one gets the pool and the other runs alone (same results).
+ * Returns DTRAIN_OK, DTRAIN_ERR_INVALID_ARG for n < 0, or
+ * DTRAIN_ERR_UNSUPPORTED for n > 1 in a build without threads
+ * (DTRAIN_NO_THREADS, where it stays 1). Safe to call from any thread at any
+ * time (it waits for a kernel running on the pool to finish). */
+DTRAIN_API dt_result dt_set_threads(int n);
+/* The current setting (reads DTRAIN_THREADS if nothing set it yet): >= 1. */
+DTRAIN_API int dt_get_threads(void);
+
 DTRAIN_EXTERN_C_END
 
 #endif /* DTRAIN_OPS_H */

@@ -18,8 +18,19 @@
 #  include <emmintrin.h>
 #endif
 
-#define DT__CONV_COLS 512          /* aim for at least this many GEMM columns */
-#define DT__CONV_CAP (1 << 21)     /* floats per scratch buffer when grouping */
+#if defined(DT__CONV_SSE) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__CONV_AVX 1 /* picked at run time */
+#  include <immintrin.h>
+#endif
+
+/* Grouping: images are put side by side only while an image has fewer than
+ * DT__CONV_COLS output positions (the GEMM's B panel is 192 wide), and only
+ * as far as the column matrix stays within DT__CONV_CAP floats (1 MiB, a
+ * typical L2 cache): the matrix im2col writes is read back by the GEMM's
+ * packing while it is still in cache, and with one image per GEMM the
+ * output and its gradient need no reordering copies. */
+#define DT__CONV_COLS 192
+#define DT__CONV_CAP (1 << 18)
 
 /* Geometry of one convolution, from the tensors and the saved parameters. */
 typedef struct dt__conv_geom {
@@ -88,9 +99,25 @@ static void dt__conv_zero_short(float *d, int64_t n) {
   if (n > 3) d[3] = 0.0f;
 }
 
-/* dst[i] += src[i], 4 floats at a time (rows of a few dozen floats). */
+#ifdef DT__CONV_AVX
+__attribute__((target("avx"))) static void dt__conv_addto_avx(float *DT__RESTRICT dst, const float *DT__RESTRICT src,
+                                                              int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
+  for (; i < n; i++) dst[i] += src[i];
+}
+#endif
+
+/* dst[i] += src[i], 8 or 4 floats at a time (spans of a few hundred floats). */
 static void dt__conv_addto(float *DT__RESTRICT dst, const float *DT__RESTRICT src, int64_t n) {
   int64_t i = 0;
+#ifdef DT__CONV_AVX
+  if (n >= 16 && __builtin_cpu_supports("avx")) {
+    dt__conv_addto_avx(dst, src, n);
+    return;
+  }
+#endif
 #ifdef DT__CONV_SSE
   for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_add_ps(_mm_loadu_ps(dst + i), _mm_loadu_ps(src + i)));
 #endif
@@ -190,6 +217,24 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
      * dependent chain of double adds would take most of this function. */
     for (int64_t o = 0; o < q.o; o++) {
       double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+#ifdef DT__CONV_SSE
+      /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
+      __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
+      for (int64_t n = 0; n < q.n; n++) {
+        const float *r = go + n * op + o * q.pp;
+        int64_t i = 0;
+        for (; i + 4 <= q.pp; i += 4) {
+          __m128 v = _mm_loadu_ps(r + i);
+          a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
+          a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
+        }
+        for (; i < q.pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
+      }
+      s0 = _mm_cvtsd_f64(a01);
+      s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
+      s2 = _mm_cvtsd_f64(a23);
+      s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
+#else
       for (int64_t n = 0; n < q.n; n++) {
         const float *r = go + n * op + o * q.pp;
         int64_t i = 0;
@@ -201,6 +246,7 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
         }
         for (; i < q.pp; i++) s0 += (double)r[i];
       }
+#endif
       gb[o] += (float)((s0 + s1) + (s2 + s3));
     }
   }
@@ -511,4 +557,7 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 #undef DT__CONV_CAP
 #ifdef DT__CONV_SSE
 #  undef DT__CONV_SSE
+#endif
+#ifdef DT__CONV_AVX
+#  undef DT__CONV_AVX
 #endif

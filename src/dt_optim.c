@@ -273,8 +273,8 @@ __attribute__((target("avx"))) static size_t dt__optim_adam_avx(float w1, float 
 }
 #endif
 
-static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled, float *DT__RESTRICT p,
-                           const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
+static void dt__optim_adam_run(const dt_optim *o, float lr, float wd, int decoupled, float *DT__RESTRICT p,
+                               const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
   const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2;
   const double t = (double)(o->steps + 1);
   const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
@@ -304,6 +304,50 @@ static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled,
     p[i] = p[i] - step_size * (m[i] / denom);
   }
 }
+
+/* Intra-op threads (dt_set_threads): a large buffer is cut into runs of
+ * whole 64-float blocks, one per thread. Each element's update depends on
+ * that element only, so the result is the one-thread result bit for bit. */
+#define DT__OPTIM_PAR_MIN ((size_t)1 << 16) /* floats below which one thread is faster */
+
+typedef struct dt__optim_adam_job {
+  const dt_optim *o;
+  float lr, wd;
+  int decoupled;
+  float *p, *m, *v;
+  const float *g;
+  size_t n;
+} dt__optim_adam_job;
+
+static void dt__optim_adam_part(void *arg, int part, int nparts) {
+  const dt__optim_adam_job *j = (const dt__optim_adam_job *)arg;
+  size_t blocks = (j->n + 63) / 64;
+  size_t lo = blocks * (size_t)part / (size_t)nparts * 64, hi = blocks * (size_t)(part + 1) / (size_t)nparts * 64;
+  if (hi > j->n) hi = j->n;
+  if (lo < hi)
+    dt__optim_adam_run(j->o, j->lr, j->wd, j->decoupled, j->p + lo, j->g + lo, j->m + lo, j->v + lo, hi - lo);
+}
+
+static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled, float *p, const float *g, float *m,
+                           float *v, size_t n) {
+  int threads = n >= DT__OPTIM_PAR_MIN ? dt__par_threads() : 1;
+  if (threads <= 1) {
+    dt__optim_adam_run(o, lr, wd, decoupled, p, g, m, v, n);
+    return;
+  }
+  dt__optim_adam_job j;
+  j.o = o;
+  j.lr = lr;
+  j.wd = wd;
+  j.decoupled = decoupled;
+  j.p = p;
+  j.g = g;
+  j.m = m;
+  j.v = v;
+  j.n = n;
+  dt__par_run(threads, dt__optim_adam_part, &j);
+}
+#undef DT__OPTIM_PAR_MIN
 
 static void dt__optim_rmsprop(const dt_optim *o, float lr, float wd, float *DT__RESTRICT p,
                               const float *DT__RESTRICT g, float *DT__RESTRICT sq, float *DT__RESTRICT buf,

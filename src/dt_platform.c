@@ -92,7 +92,7 @@ DTRAIN_PRIVATE dt_result dt__thread_start(dt__thread *t, dt__thread_fn fn, void 
   if (!s) return dt__error(DTRAIN_ERR_NOMEM, "thread start: out of memory");
   s->fn = fn;
   s->arg = arg;
-  /* An explicit stack: dt_sgemm keeps its packed panels (~240 KiB) on the
+  /* An explicit stack: dt_sgemm keeps its packed panels (~256 KiB) on the
    * stack, more than some libcs give a thread by default (musl: 128 KiB). */
   pthread_attr_t attr;
   int rc = pthread_attr_init(&attr);
@@ -378,3 +378,150 @@ DTRAIN_PRIVATE void dt__pool_run(dt__pool *p, dt__pool_fn fn, void *arg) {
 
 DTRAIN_PRIVATE int dt__pool_size(const dt__pool *p) { return p ? p->n : 0; }
 #undef DT__THREAD_STACK
+
+/* ---- intra-op threads ---------------------------------------------------------------------
+ * One pool for the whole process, used by one kernel at a time: `busy` is a
+ * try-lock (0 -> 1 by compare-and-swap) that owns `par_pool`. A caller that
+ * does not get it runs its parts alone. `want` is the setting: 0 until
+ * DTRAIN_THREADS is read (or dt_set_threads stores one). */
+static DT__ATOMIC(int) dt__platform_par_want = 0;
+static DT__ATOMIC(int) dt__platform_par_busy = 0;
+static dt__pool *dt__platform_par_pool = NULL; /* owned by whoever holds busy */
+static DT__TLS int dt__platform_par_replica = 0;
+
+#define DT__PAR_MAX 256
+
+static int dt__platform_par_clamp(int n) {
+#if defined(DTRAIN_NO_THREADS)
+  (void)n;
+  return 1;
+#else
+  if (n == 0) n = dt__cpu_count();
+  if (n < 1) n = 1;
+  return n > DT__PAR_MAX ? DT__PAR_MAX : n;
+#endif
+}
+
+static int dt__platform_par_want_get(void) {
+  int w = DT__ALOAD(&dt__platform_par_want, DT__MO_ACQUIRE);
+  if (w > 0) return w;
+  int v = 1;
+  const char *e = getenv("DTRAIN_THREADS");
+  if (e && *e) {
+    if (strcmp(e, "auto") == 0) {
+      v = dt__platform_par_clamp(0);
+    } else {
+      char *end = NULL;
+      long x = strtol(e, &end, 10);
+      if (end && *end == '\0' && x >= 0 && x <= DT__PAR_MAX) v = dt__platform_par_clamp((int)x);
+      else dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_INVALID_ARG, "DTRAIN_THREADS=\"%.40s\" is not a number: using 1", e);
+    }
+  }
+  int expect = 0; /* a concurrent dt_set_threads wins */
+  if (!DT__ACAS(&dt__platform_par_want, &expect, v, DT__MO_ACQ_REL)) return expect;
+  return v;
+}
+
+static int dt__platform_par_try_lock(void) {
+  int expect = 0;
+  return DT__ACAS(&dt__platform_par_busy, &expect, 1, DT__MO_ACQUIRE);
+}
+
+static void dt__platform_par_unlock(void) { DT__ASTORE(&dt__platform_par_busy, 0, DT__MO_RELEASE); }
+
+#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+/* A child of fork() has none of the pool's threads: it forgets the pool
+ * (without touching it) and starts its own at its first parallel kernel. */
+static void dt__platform_par_atfork_child(void) {
+  dt__platform_par_pool = NULL;
+  DT__ASTORE(&dt__platform_par_busy, 0, DT__MO_RELAXED);
+}
+static DT__ATOMIC(int) dt__platform_par_atfork_set = 0;
+#endif
+
+DTRAIN_PRIVATE int dt__par_set_replica(int on) {
+  int prev = dt__platform_par_replica;
+  dt__platform_par_replica = on ? 1 : 0;
+  return prev;
+}
+
+DTRAIN_PRIVATE int dt__par_threads(void) {
+  if (dt__platform_par_replica) return 1;
+  return dt__platform_par_want_get(); /* 1 without threads */
+}
+
+typedef struct dt__platform_par_job {
+  dt__par_fn fn;
+  void *arg;
+  int nparts, nthreads;
+} dt__platform_par_job;
+
+static void dt__platform_par_main(void *arg, int index) {
+  dt__platform_par_job *j = (dt__platform_par_job *)arg;
+  for (int part = index; part < j->nparts; part += j->nthreads) j->fn(j->arg, part, j->nparts);
+}
+
+DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg) {
+  if (nparts <= 0) return;
+  int want = dt__par_threads();
+  if (nparts == 1 || want <= 1 || !dt__platform_par_try_lock()) {
+    for (int part = 0; part < nparts; part++) fn(arg, part, nparts);
+    return;
+  }
+  dt__pool *p = dt__platform_par_pool;
+  if (p && dt__pool_size(p) != want) { /* the setting changed: rebuild */
+    dt__pool_destroy(p);
+    p = NULL;
+  }
+  if (!p) {
+#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+    int expect = 0; /* under busy: one registration per process */
+    if (DT__ACAS(&dt__platform_par_atfork_set, &expect, 1, DT__MO_RELAXED))
+      pthread_atfork(NULL, NULL, dt__platform_par_atfork_child);
+#endif
+    p = dt__pool_create(want, dt__spin_seconds(0, want));
+    if (!p)
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_THREAD, "intra-op threads: could not start %d threads; running on one",
+              want);
+  }
+  dt__platform_par_pool = p;
+  if (!p) {
+    /* Not retried on every call: one thread from now on. */
+    DT__ASTORE(&dt__platform_par_want, 1, DT__MO_RELEASE);
+    dt__platform_par_unlock();
+    for (int part = 0; part < nparts; part++) fn(arg, part, nparts);
+    return;
+  }
+  dt__platform_par_job j;
+  j.fn = fn;
+  j.arg = arg;
+  j.nparts = nparts;
+  j.nthreads = dt__pool_size(p);
+  dt__pool_run(p, dt__platform_par_main, &j);
+  dt__platform_par_unlock();
+}
+
+DTRAIN_API dt_result dt_set_threads(int n) {
+  if (n < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_set_threads: %d threads (need >= 0)", n);
+#if defined(DTRAIN_NO_THREADS)
+  DT__ASTORE(&dt__platform_par_want, 1, DT__MO_RELEASE);
+  if (n > 1)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                     "dt_set_threads(%d): threads are not available (built with DTRAIN_NO_THREADS)", n);
+  return DTRAIN_OK;
+#else
+  int v = dt__platform_par_clamp(n);
+  /* Take the pool from whoever runs on it (they finish their kernel). */
+  while (!dt__platform_par_try_lock()) dt__sleep(20e-6);
+  DT__ASTORE(&dt__platform_par_want, v, DT__MO_RELEASE);
+  if (dt__platform_par_pool && dt__pool_size(dt__platform_par_pool) != v) {
+    dt__pool_destroy(dt__platform_par_pool); /* joins its threads */
+    dt__platform_par_pool = NULL;
+  }
+  dt__platform_par_unlock();
+  return DTRAIN_OK;
+#endif
+}
+
+DTRAIN_API int dt_get_threads(void) { return dt__platform_par_want_get(); }
+#undef DT__PAR_MAX

@@ -1029,9 +1029,11 @@ static void dt__strategy_async_job(void *arg, int r) {
 
 static void dt__strategy_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
+  int was = dt__par_set_replica(s->n > 1); /* replicas fill the cores: kernels inside use one thread */
   if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) dt__strategy_mwm_job(arg, r);
   else if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
   else dt__strategy_async_job(arg, r);
+  dt__par_set_replica(was);
 }
 
 /* Runs the current job on every replica; returns the first failure, with

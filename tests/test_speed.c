@@ -2,12 +2,23 @@
  * with a double reference and with each other, both paths deterministic, the
  * portable path can be forced by environment or call), the SIMD fast paths
  * of Adam, ReLU, 2x2 max pooling and the im2col span copy (same results as
- * the plain definitions), and dt_memory_stats. */
+ * the plain definitions), dt_memory_stats, and the intra-op threads
+ * (dt_set_threads: GEMM and Adam bit for bit as with one thread, the
+ * DTRAIN_THREADS variable, one thread inside strategy replicas, concurrent
+ * callers). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
+/* A private copy of the implementation: the intra-op tests look at the
+ * replica mark (dt__par_set_replica / dt__par_threads). */
+#define DTRAIN_STATIC
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
 #include "harness.h"
 
 #include <float.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ---- GEMM dispatch ------------------------------------------------------------------- */
 
@@ -285,6 +296,7 @@ static void test_adam_simd_matches_scalar(void) {
       for (size_t i = 0; i < n; i++) g[i] = th_uniform(-2, 2) * (i % 5 == 0 ? 1e-4f : 1.0f);
       for (int i = 0; i < 6; i++) { /* each parameter's range (the layout may pad between them) */
         dt_param_info pi;
+        memset(&pi, 0, sizeof pi);
         dt_params_info(P, i, &pi);
         ref_adam(p + pi.offset, g + pi.offset, m + pi.offset, v + pi.offset, pi.size, step, 0.01f,
                  pi.decay ? od.weight_decay : 0.0f, kind == 2);
@@ -530,9 +542,257 @@ static void test_memory_stats(void) {
   dt_params_destroy(P);
 }
 
+
+/* ---- intra-op threads ------------------------------------------------------------------ */
+
+static int have_threads(void) { return (dt_build_features() & DTRAIN_FEATURE_THREADS) != 0; }
+
+/* Runs first: main() set DTRAIN_THREADS=3 before anything read it. */
+static void test_threads_env_and_api(void) {
+  CHECK_MSG(dt_get_threads() == (have_threads() ? 3 : 1), "dt_get_threads %d", dt_get_threads());
+  CHECK_ERR(dt_set_threads(-1), DTRAIN_ERR_INVALID_ARG, "need >= 0");
+  CHECK(dt_set_threads(0) == DTRAIN_OK); /* one per CPU */
+  CHECK(dt_get_threads() >= 1);
+  if (have_threads()) {
+    CHECK(dt_set_threads(2) == DTRAIN_OK);
+    CHECK(dt_get_threads() == 2);
+    CHECK(dt__par_threads() == 2);
+    int was = dt__par_set_replica(1); /* as the strategies mark their replica threads */
+    CHECK(dt__par_threads() == 1);
+    CHECK(dt_get_threads() == 2);
+    dt__par_set_replica(was);
+    CHECK(dt__par_threads() == 2);
+  } else {
+    CHECK_ERR(dt_set_threads(2), DTRAIN_ERR_UNSUPPORTED, "DTRAIN_NO_THREADS");
+    CHECK(dt_get_threads() == 1);
+  }
+  CHECK(dt_set_threads(1) == DTRAIN_OK);
+  CHECK(dt_get_threads() == 1);
+}
+
+/* dt__par_run: every part runs exactly once, for any number of parts and threads. */
+typedef struct par_count { int hits[37]; } par_count;
+static void par_count_part(void *arg, int part, int nparts) {
+  par_count *pc = (par_count *)arg;
+  if (nparts == 37) pc->hits[part]++;
+}
+
+static void test_par_run_parts(void) {
+  for (int t = 1; t <= 4; t++) {
+    dt_set_threads(t);
+    par_count pc;
+    memset(&pc, 0, sizeof pc);
+    dt__par_run(37, par_count_part, &pc);
+    int ok = 1;
+    for (int i = 0; i < 37; i++) ok &= pc.hits[i] == 1;
+    CHECK_MSG(ok, "threads %d: a part ran %s", t, "not exactly once");
+  }
+  dt_set_threads(1);
+}
+
+/* One product at 1..4 threads; 0 when every result equals the 1-thread one bit for bit. */
+static int gemm_threads_case(const gemm_case *t) {
+  int64_t ar = t->ta ? t->k : t->m, ac = t->ta ? t->m : t->k;
+  int64_t br = t->tb ? t->n : t->k, bc = t->tb ? t->k : t->n;
+  int64_t lda = ac + t->pad, ldb = bc + t->pad, ldc = t->n + t->pad;
+  size_t csz = (size_t)(t->m * ldc);
+  float *a = (float *)malloc((size_t)(ar * lda) * sizeof(float));
+  float *b = (float *)malloc((size_t)(br * ldb) * sizeof(float));
+  float *c0 = (float *)malloc(csz * sizeof(float)), *ref = (float *)malloc(csz * sizeof(float));
+  float *c = (float *)malloc(csz * sizeof(float));
+  th_fill(a, ar * lda, -1, 1);
+  th_fill(b, br * ldb, -1, 1);
+  th_fill(c0, (int64_t)csz, -1, 1);
+  int bad = 0;
+  for (int th = 1; th <= 4; th++) {
+    dt_result r = dt_set_threads(th);
+    if (r != DTRAIN_OK) {
+      bad += have_threads() || r != DTRAIN_ERR_UNSUPPORTED;
+      continue;
+    }
+    float *dst = th == 1 ? ref : c;
+    memcpy(dst, c0, csz * sizeof(float));
+    dt_sgemm(t->ta, t->tb, t->m, t->n, t->k, t->alpha, a, lda, b, ldb, t->beta, dst, ldc);
+    if (th > 1 && memcmp(ref, c, csz * sizeof(float)) != 0) {
+      fprintf(stderr, "gemm t%d%d %lldx%lldx%lld: %d threads differ from 1 (kernel %s)\n", t->ta, t->tb,
+              (long long)t->m, (long long)t->n, (long long)t->k, th, dt_sgemm_kernel());
+      bad++;
+    }
+  }
+  dt_set_threads(1);
+  free(a);
+  free(b);
+  free(c0);
+  free(ref);
+  free(c);
+  return bad;
+}
+
+/* Splits by rows and by columns, all transposes, odd sizes, padded leading
+ * dims, alpha/beta, the few-row blocking, and a product too small to split. */
+static void test_gemm_threads_bitwise(void) {
+  static const gemm_case cases[] = {
+      {0, 0, 97, 203, 77, 0, 1.0f, 0.0f},    {1, 0, 784, 256, 64, 0, 1.0f, 1.0f}, {0, 1, 64, 784, 256, 1, 1.0f, 0.0f},
+      {1, 1, 131, 67, 150, 2, -0.5f, 0.5f},  {0, 0, 5, 1000, 300, 0, 1.0f, 0.0f}, {0, 0, 2000, 7, 100, 1, 2.0f, 1.0f},
+      {0, 1, 64, 256, 784, 0, 1.0f, 1.0f},   {1, 0, 257, 193, 31, 0, 1.0f, 0.5f}, {0, 0, 13, 13, 13, 0, 1.0f, 0.0f},
+      {1, 1, 100, 401, 40, 3, 1.0f, 0.0f},   {0, 0, 50, 50, 600, 0, 1.0f, 1.0f},  {0, 0, 30, 333, 200, 0, 0.7f, 1.0f},
+      {1, 1, 20, 517, 150, 1, -0.3f, 0.6f},  {0, 1, 301, 40, 190, 2, 1.0f, 1.0f}, {1, 0, 333, 33, 111, 0, 1.5f, 0.5f},
+      /* few columns of A @ B^T: the unpacked dot-product kernel, split by rows */
+      {0, 1, 2001, 25, 100, 1, 0.7f, 1.0f},  {0, 1, 334, 7, 501, 0, 1.0f, 0.0f},  {0, 1, 1000, 31, 37, 2, -1.5f, 0.5f}};
+  th_seed(4242);
+  int failed = 0;
+  for (int portable = 0; portable < 2; portable++) {
+    dt_sgemm_use_portable(portable);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) failed += gemm_threads_case(&cases[i]) != 0;
+  }
+  dt_sgemm_use_portable(0);
+  CHECK_MSG(failed == 0, "%d gemm cases differ between thread counts", failed);
+}
+
+/* Two user threads multiply at once while a third changes the setting: one
+ * of them gets the pool, the other runs alone, and both get the 1-thread
+ * result (a TSan run checks the hand-over). */
+typedef struct gemm_race_arg {
+  const float *a, *b, *want;
+  int ok;
+} gemm_race_arg;
+
+static void *gemm_race_thread(void *p) {
+  gemm_race_arg *t = (gemm_race_arg *)p;
+  static const size_t sz = 64 * 256;
+  float *c = (float *)malloc(sz * sizeof(float));
+  t->ok = 1;
+  for (int it = 0; it < 12; it++) {
+    dt_sgemm(0, 0, 64, 256, 100, 1.0f, t->a, 100, t->b, 256, 0.0f, c, 256);
+    t->ok &= memcmp(c, t->want, sz * sizeof(float)) == 0;
+  }
+  free(c);
+  return NULL;
+}
+
+static void *threads_toggle(void *p) {
+  (void)p;
+  for (int it = 0; it < 6; it++) dt_set_threads(2 + it % 2);
+  return NULL;
+}
+
+static void test_gemm_threads_concurrent(void) {
+  static float a[64 * 100], b[100 * 256], want[64 * 256];
+  th_seed(99);
+  th_fill(a, 64 * 100, -1, 1);
+  th_fill(b, 100 * 256, -1, 1);
+  dt_set_threads(1);
+  dt_sgemm(0, 0, 64, 256, 100, 1.0f, a, 100, b, 256, 0.0f, want, 256);
+  if (!have_threads()) return;
+  dt_set_threads(2);
+  pthread_t th[3];
+  gemm_race_arg args[2];
+  for (int i = 0; i < 2; i++) {
+    args[i].a = a;
+    args[i].b = b;
+    args[i].want = want;
+    args[i].ok = 0;
+    CHECK(pthread_create(&th[i], NULL, gemm_race_thread, &args[i]) == 0);
+  }
+  CHECK(pthread_create(&th[2], NULL, threads_toggle, NULL) == 0);
+  for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < 2; i++) CHECK_MSG(args[i].ok, "thread %d: result differs from one thread", i);
+  dt_set_threads(1);
+}
+
+/* Adam over a buffer big enough to be split: the same bits at 1..4 threads. */
+static void test_adam_threads_bitwise(void) {
+  static const int64_t sizes[] = {70001, 5, 131072};
+  float *want[3] = {NULL, NULL, NULL};
+  int same = 1;
+  for (int th = 1; th <= 4; th++) {
+    if (dt_set_threads(th) != DTRAIN_OK) continue;
+    dt_params *P = dt_params_create(11);
+    for (int i = 0; i < 3; i++) {
+      char name[16];
+      snprintf(name, sizeof name, "p%d", i);
+      dt_params_add(P, name, 1, &sizes[i], dt_init_uniform(-1, 1));
+      dt_params_set_decay(P, i, 1);
+    }
+    dt_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = DTRAIN_OPTIM_ADAMW;
+    od.lr = 0.01f;
+    od.weight_decay = 0.05f;
+    dt_optim *o = dt_optim_create(P, &od);
+    CHECK(o != NULL);
+    if (!o) {
+      dt_params_destroy(P);
+      break;
+    }
+    size_t n = dt_params_size(P);
+    th_seed(5);
+    for (int step = 0; step < 3; step++) {
+      float *g = dt_params_grad(P);
+      for (size_t i = 0; i < n; i++) g[i] = th_uniform(-2, 2);
+      dt_optim_step(o);
+    }
+    const float *outs[3] = {dt_params_data(P), dt_optim_state(o, 0), dt_optim_state(o, 1)};
+    for (int k = 0; k < 3; k++) {
+      if (th == 1) {
+        want[k] = (float *)malloc(n * sizeof(float));
+        memcpy(want[k], outs[k], n * sizeof(float));
+      } else if (want[k]) {
+        same &= memcmp(want[k], outs[k], n * sizeof(float)) == 0;
+      }
+    }
+    dt_optim_destroy(o);
+    dt_params_destroy(P);
+  }
+  dt_set_threads(1);
+  CHECK_MSG(same, "%s", "Adam differs between thread counts");
+  for (int k = 0; k < 3; k++) free(want[k]);
+}
+
+/* A child of fork() after the pool started has none of its threads: its
+ * first parallel GEMM must start a pool of its own, not wait forever. */
+#if defined(__SANITIZE_THREAD__)
+#  define TSAN_BUILD 1
+#elif defined(__has_feature)
+#  if __has_feature(thread_sanitizer)
+#    define TSAN_BUILD 1
+#  endif
+#endif
+static void test_threads_after_fork(void) {
+  static float a[64 * 300], b[300 * 256], want[64 * 256], c[64 * 256];
+  if (!have_threads()) return;
+#ifdef TSAN_BUILD
+  printf("skip test_threads_after_fork: ThreadSanitizer cannot start threads in a child of a threaded fork\n");
+  return;
+#endif
+  th_seed(7);
+  th_fill(a, 64 * 300, -1, 1);
+  th_fill(b, 300 * 256, -1, 1);
+  dt_set_threads(1);
+  dt_sgemm(0, 0, 64, 256, 300, 1.0f, a, 300, b, 256, 0.0f, want, 256);
+  dt_set_threads(2);
+  dt_sgemm(0, 0, 64, 256, 300, 1.0f, a, 300, b, 256, 0.0f, c, 256); /* the pool runs now */
+  CHECK(memcmp(c, want, sizeof c) == 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    alarm(20); /* a hang is a failure, not a stuck test run */
+    memset(c, 0, sizeof c);
+    dt_sgemm(0, 0, 64, 256, 300, 1.0f, a, 300, b, 256, 0.0f, c, 256);
+    _exit(memcmp(c, want, sizeof c) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  if (pid > 0) CHECK(waitpid(pid, &status, 0) == pid);
+  CHECK_MSG(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+  dt_set_threads(1);
+}
+
 int main(void) {
   printf("%s\n", dt_build_info());
-  TH_RUN(test_gemm_env_override); /* first: before any other dt_sgemm call */
+  setenv("DTRAIN_THREADS", "3", 1); /* read once, at the first use: test_threads_env_and_api */
+  TH_RUN(test_threads_env_and_api);
+  TH_RUN(test_gemm_env_override); /* before any other dt_sgemm call */
   TH_RUN(test_gemm_use_portable_switch);
   TH_RUN(test_gemm_paths_agree);
   TH_RUN(test_gemm_beta0_ignores_c);
@@ -542,5 +802,10 @@ int main(void) {
   TH_RUN(test_max_pool_fast_path);
   TH_RUN(test_conv_span_paths);
   TH_RUN(test_memory_stats);
+  TH_RUN(test_par_run_parts);
+  TH_RUN(test_gemm_threads_bitwise);
+  TH_RUN(test_gemm_threads_concurrent);
+  TH_RUN(test_adam_threads_bitwise);
+  TH_RUN(test_threads_after_fork);
   return th_summary("speed");
 }
