@@ -14847,12 +14847,16 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
  * the processes and resume from the last checkpoint.
  *
  * Wire messages of this backend (docs/wire_protocol.md), all little-endian:
- *   0x40 CALL  72 bytes: u32 first_rank, u32 bad_rank (0xffffffff: none),
- *              then two 32-byte call records (the first rank's and a
+ *   0x40 CALL  88 bytes: u32 first_rank, u32 bad_rank (0xffffffff: none),
+ *              then two 40-byte call records (the first rank's and a
  *              differing one's), each u32 op, u32 root, u64 n, u64 seq,
- *              u32 chunk (floats per part), u32 small_bytes; ops: 1 allreduce,
- *              2 reduce_scatter, 3 allgather, 4 reduce, 5 broadcast, 6 barrier
- *   0x41 SUM   floats: partial sums (recursive doubling, ring reduce-scatter,
+ *              u32 chunk (floats per part), u32 small_bytes, 4 bytes: the
+ *              sender's in-memory bytes of the integer 0x01020304 (04 03 02
+ *              01 on little-endian hosts), u32 reserved (0); ops: 1
+ *              allreduce, 2 reduce_scatter, 3 allgather, 4 reduce,
+ *              5 broadcast, 6 barrier
+ *   0x41 SUM   IEEE-754 float32 in the sender's byte order (ranks of
+ *              another byte order are refused by the CALL round): partial sums (recursive doubling, ring reduce-scatter,
  *              reduce chain)
  *   0x42 COPY  floats: final values (fold-back, ring all-gather, broadcast)
  * BYE (0x08) is sent to every peer by destroy.
@@ -14898,7 +14902,7 @@ enum {
   DT__TCP_OP_BARRIER
 };
 
-#  define DT__TCP_CALL_BYTES 72
+#  define DT__TCP_CALL_BYTES 88
 #  define DT__TCP_NONE 0xFFFFFFFFu
 
 /* Per-peer state after a failure. */
@@ -14924,6 +14928,7 @@ typedef struct dt__tcp_call {
   uint32_t op, root;
   uint64_t n, seq;
   uint32_t chunk, small; /* the algorithm's options: chunk floats, small_bytes */
+  unsigned char order[4]; /* the sender's in-memory bytes of 0x01020304: floats travel in host order */
 } dt__tcp_call;
 
 static const char *dt__tcp_op_name(uint32_t op) {
@@ -15145,6 +15150,8 @@ static void dt__tcp_call_put(unsigned char *p, const dt__tcp_call *c) {
   dt__le64_put(p + 16, c->seq);
   dt__le32_put(p + 24, c->chunk);
   dt__le32_put(p + 28, c->small);
+  memcpy(p + 32, c->order, 4);
+  memset(p + 36, 0, 4);
 }
 
 static void dt__tcp_call_get(const unsigned char *p, dt__tcp_call *c) {
@@ -15154,11 +15161,12 @@ static void dt__tcp_call_get(const unsigned char *p, dt__tcp_call *c) {
   c->seq = dt__le64_get(p + 16);
   c->chunk = dt__le32_get(p + 24);
   c->small = dt__le32_get(p + 28);
+  memcpy(c->order, p + 32, 4);
 }
 
 static int dt__tcp_call_eq(const dt__tcp_call *a, const dt__tcp_call *b) {
   return a->op == b->op && a->root == b->root && a->n == b->n && a->seq == b->seq && a->chunk == b->chunk &&
-         a->small == b->small;
+         a->small == b->small && memcmp(a->order, b->order, 4) == 0;
 }
 
 /* State: the lowest rank seen with its call, and (if any) a rank whose call
@@ -15171,9 +15179,9 @@ static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
   uint32_t af = dt__le32_get(a), ab = dt__le32_get(a + 4), bf = dt__le32_get(b), bb = dt__le32_get(b + 4);
   dt__tcp_call acf, acb, bcf, bcb;
   dt__tcp_call_get(a + 8, &acf);
-  dt__tcp_call_get(a + 40, &acb);
+  dt__tcp_call_get(a + 48, &acb);
   dt__tcp_call_get(b + 8, &bcf);
-  dt__tcp_call_get(b + 40, &bcb);
+  dt__tcp_call_get(b + 48, &bcb);
   /* The new first: the lower of the two firsts. */
   uint32_t nf = af < bf ? af : bf, nb = DT__TCP_NONE;
   dt__tcp_call cf = af < bf ? acf : bcf, cb = cf;
@@ -15206,13 +15214,13 @@ static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
   dt__le32_put(a, nf);
   dt__le32_put(a + 4, nb);
   dt__tcp_call_put(a + 8, &cf);
-  dt__tcp_call_put(a + 40, &cb);
+  dt__tcp_call_put(a + 48, &cb);
 }
 
 static const char *dt__tcp_call_text(const dt__tcp_call *c, int options, char *buf, size_t cap) {
   if (options)
-    snprintf(buf, cap, "chunk_bytes %llu and small_bytes %u", (unsigned long long)c->chunk * sizeof(float),
-             (unsigned)c->small);
+    snprintf(buf, cap, "chunk_bytes %llu, small_bytes %u and %s-endian floats",
+             (unsigned long long)c->chunk * sizeof(float), (unsigned)c->small, c->order[0] == 4 ? "little" : "big");
   else
     snprintf(buf, cap, "%s n=%llu root %u (call #%llu)", dt__tcp_op_name(c->op), (unsigned long long)c->n,
              (unsigned)c->root, (unsigned long long)c->seq);
@@ -15236,11 +15244,15 @@ static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n,
   me.seq = t->seq;
   me.chunk = (uint32_t)t->chunk_floats;
   me.small = (uint32_t)t->small_bytes;
+  {
+    uint32_t probe = 0x01020304u;
+    memcpy(me.order, &probe, 4);
+  }
   memset(st, 0, sizeof st);
   dt__le32_put(st, (uint32_t)t->comm.rank);
   dt__le32_put(st + 4, DT__TCP_NONE);
   dt__tcp_call_put(st + 8, &me);
-  dt__tcp_call_put(st + 40, &me);
+  dt__tcp_call_put(st + 48, &me);
   dt_result rc = dt__tcp_rd(t, st, sizeof st, DT__TCP_MSG_CALL, DT__TCP_MSG_CALL, dt__tcp_agree_combine);
   if (rc != DTRAIN_OK) return dt__tcp_fail(t, rc);
   uint32_t fr = dt__le32_get(st), br = dt__le32_get(st + 4);
@@ -15248,7 +15260,7 @@ static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n,
     dt__tcp_call a, b;
     char ta[96], tb[96];
     dt__tcp_call_get(st + 8, &a);
-    dt__tcp_call_get(st + 40, &b);
+    dt__tcp_call_get(st + 48, &b);
     /* Options differ only when the calls agree otherwise. */
     int opts = a.op == b.op && a.root == b.root && a.n == b.n && a.seq == b.seq;
     return dt__error(DTRAIN_ERR_MISMATCH, "%s: the ranks disagree: worker %u %s %s, worker %u %s %s", t->op,
