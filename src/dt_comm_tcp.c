@@ -118,6 +118,8 @@ typedef struct dt__comm_tcp {
   dt__conn *conns; /* world entries; conns[rank].fd == -1 */
   size_t conns_bytes;
   unsigned char *peer_state; /* world entries, used by the failure path */
+  struct pollfd *pfd;        /* world entries, used by the failure path */
+  int *pidx;
   float *scratch;            /* receive buffer: max(chunk, small) bytes */
   size_t scratch_bytes;
   size_t chunk_floats, small_bytes;
@@ -178,11 +180,11 @@ static int dt__tcp_find_peer(const dt__comm_tcp *t, const char *text, const char
 static void dt__tcp_collect(dt__comm_tcp *t, double grace) {
   int world = t->comm.world;
   double end = dt__now() + grace;
-  struct pollfd pf[64];
-  int idx[64];
+  struct pollfd *pf = t->pfd;
+  int *idx = t->pidx;
   for (;;) {
     int np = 0;
-    for (int j = 0; j < world && np < 64; j++) {
+    for (int j = 0; j < world; j++) {
       if (j == t->comm.rank || t->conns[j].fd < 0 || t->peer_state[j] != DT__TCP_P_UNKNOWN) continue;
       pf[np].fd = t->conns[j].fd;
       pf[np].events = POLLIN;
@@ -646,6 +648,8 @@ static void dt__tcp_free(dt__comm_tcp *t) {
     for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
   dt__free(t->conns, t->conns_bytes);
   dt__free(t->peer_state, (size_t)t->comm.world);
+  dt__free(t->pfd, (size_t)t->comm.world * sizeof(struct pollfd));
+  dt__free(t->pidx, (size_t)t->comm.world * sizeof(int));
   dt__free(t->scratch, t->scratch_bytes);
   dt__free(t, sizeof *t);
 }
@@ -894,10 +898,13 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_option
   scratch = DT__MAX(scratch, (size_t)DT__TCP_CALL_BYTES) + 64;
   t->conns_bytes = world * sizeof(dt__conn);
   t->conns = (dt__conn *)dt__calloc(t->conns_bytes);
+  for (size_t j = 0; t->conns && j < world; j++) t->conns[j].fd = -1; /* before anything can free them */
   t->peer_state = (unsigned char *)dt__calloc(world);
+  t->pfd = (struct pollfd *)dt__calloc(world * sizeof(struct pollfd));
+  t->pidx = (int *)dt__calloc(world * sizeof(int));
   t->scratch = (float *)dt__alloc(scratch);
   t->scratch_bytes = t->scratch ? scratch : 0;
-  if (!t->conns || !t->peer_state || !t->scratch) {
+  if (!t->conns || !t->peer_state || !t->pfd || !t->pidx || !t->scratch) {
     dt__error(DTRAIN_ERR_NOMEM, "dt_comm_create_tcp: out of memory");
     dt__tcp_free(t);
     return NULL;
