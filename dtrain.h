@@ -16881,12 +16881,16 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
  * the processes and resume from the last checkpoint.
  *
  * Wire messages of this backend (docs/wire_protocol.md), all little-endian:
- *   0x40 CALL  72 bytes: u32 first_rank, u32 bad_rank (0xffffffff: none),
- *              then two 32-byte call records (the first rank's and a
+ *   0x40 CALL  88 bytes: u32 first_rank, u32 bad_rank (0xffffffff: none),
+ *              then two 40-byte call records (the first rank's and a
  *              differing one's), each u32 op, u32 root, u64 n, u64 seq,
- *              u32 chunk (floats per part), u32 small_bytes; ops: 1 allreduce,
- *              2 reduce_scatter, 3 allgather, 4 reduce, 5 broadcast, 6 barrier
- *   0x41 SUM   floats: partial sums (recursive doubling, ring reduce-scatter,
+ *              u32 chunk (floats per part), u32 small_bytes, 4 bytes: the
+ *              sender's in-memory bytes of the integer 0x01020304 (04 03 02
+ *              01 on little-endian hosts), u32 reserved (0); ops: 1
+ *              allreduce, 2 reduce_scatter, 3 allgather, 4 reduce,
+ *              5 broadcast, 6 barrier
+ *   0x41 SUM   IEEE-754 float32 in the sender's byte order (ranks of
+ *              another byte order are refused by the CALL round): partial sums (recursive doubling, ring reduce-scatter,
  *              reduce chain)
  *   0x42 COPY  floats: final values (fold-back, ring all-gather, broadcast)
  * BYE (0x08) is sent to every peer by destroy.
@@ -16932,7 +16936,7 @@ enum {
   DT__TCP_OP_BARRIER
 };
 
-#  define DT__TCP_CALL_BYTES 72
+#  define DT__TCP_CALL_BYTES 88
 #  define DT__TCP_NONE 0xFFFFFFFFu
 
 /* Per-peer state after a failure. */
@@ -16944,6 +16948,8 @@ typedef struct dt__comm_tcp {
   dt__conn *conns; /* world entries; conns[rank].fd == -1 */
   size_t conns_bytes;
   unsigned char *peer_state; /* world entries, used by the failure path */
+  struct pollfd *pfd;        /* world entries, used by the failure path */
+  int *pidx;
   float *scratch;            /* receive buffer: max(chunk, small) bytes */
   size_t scratch_bytes;
   size_t chunk_floats, small_bytes;
@@ -16958,6 +16964,7 @@ typedef struct dt__tcp_call {
   uint32_t op, root;
   uint64_t n, seq;
   uint32_t chunk, small; /* the algorithm's options: chunk floats, small_bytes */
+  unsigned char order[4]; /* the sender's in-memory bytes of 0x01020304: floats travel in host order */
 } dt__tcp_call;
 
 static const char *dt__tcp_op_name(uint32_t op) {
@@ -17003,11 +17010,11 @@ static int dt__tcp_find_peer(const dt__comm_tcp *t, const char *text, const char
 static void dt__tcp_collect(dt__comm_tcp *t, double grace) {
   int world = t->comm.world;
   double end = dt__now() + grace;
-  struct pollfd pf[64];
-  int idx[64];
+  struct pollfd *pf = t->pfd;
+  int *idx = t->pidx;
   for (;;) {
     int np = 0;
-    for (int j = 0; j < world && np < 64; j++) {
+    for (int j = 0; j < world; j++) {
       if (j == t->comm.rank || t->conns[j].fd < 0 || t->peer_state[j] != DT__TCP_P_UNKNOWN) continue;
       pf[np].fd = t->conns[j].fd;
       pf[np].events = POLLIN;
@@ -17179,6 +17186,8 @@ static void dt__tcp_call_put(unsigned char *p, const dt__tcp_call *c) {
   dt__le64_put(p + 16, c->seq);
   dt__le32_put(p + 24, c->chunk);
   dt__le32_put(p + 28, c->small);
+  memcpy(p + 32, c->order, 4);
+  memset(p + 36, 0, 4);
 }
 
 static void dt__tcp_call_get(const unsigned char *p, dt__tcp_call *c) {
@@ -17188,11 +17197,12 @@ static void dt__tcp_call_get(const unsigned char *p, dt__tcp_call *c) {
   c->seq = dt__le64_get(p + 16);
   c->chunk = dt__le32_get(p + 24);
   c->small = dt__le32_get(p + 28);
+  memcpy(c->order, p + 32, 4);
 }
 
 static int dt__tcp_call_eq(const dt__tcp_call *a, const dt__tcp_call *b) {
   return a->op == b->op && a->root == b->root && a->n == b->n && a->seq == b->seq && a->chunk == b->chunk &&
-         a->small == b->small;
+         a->small == b->small && memcmp(a->order, b->order, 4) == 0;
 }
 
 /* State: the lowest rank seen with its call, and (if any) a rank whose call
@@ -17205,9 +17215,9 @@ static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
   uint32_t af = dt__le32_get(a), ab = dt__le32_get(a + 4), bf = dt__le32_get(b), bb = dt__le32_get(b + 4);
   dt__tcp_call acf, acb, bcf, bcb;
   dt__tcp_call_get(a + 8, &acf);
-  dt__tcp_call_get(a + 40, &acb);
+  dt__tcp_call_get(a + 48, &acb);
   dt__tcp_call_get(b + 8, &bcf);
-  dt__tcp_call_get(b + 40, &bcb);
+  dt__tcp_call_get(b + 48, &bcb);
   /* The new first: the lower of the two firsts. */
   uint32_t nf = af < bf ? af : bf, nb = DT__TCP_NONE;
   dt__tcp_call cf = af < bf ? acf : bcf, cb = cf;
@@ -17240,13 +17250,13 @@ static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
   dt__le32_put(a, nf);
   dt__le32_put(a + 4, nb);
   dt__tcp_call_put(a + 8, &cf);
-  dt__tcp_call_put(a + 40, &cb);
+  dt__tcp_call_put(a + 48, &cb);
 }
 
 static const char *dt__tcp_call_text(const dt__tcp_call *c, int options, char *buf, size_t cap) {
   if (options)
-    snprintf(buf, cap, "chunk_bytes %llu and small_bytes %u", (unsigned long long)c->chunk * sizeof(float),
-             (unsigned)c->small);
+    snprintf(buf, cap, "chunk_bytes %llu, small_bytes %u and %s-endian floats",
+             (unsigned long long)c->chunk * sizeof(float), (unsigned)c->small, c->order[0] == 4 ? "little" : "big");
   else
     snprintf(buf, cap, "%s n=%llu root %u (call #%llu)", dt__tcp_op_name(c->op), (unsigned long long)c->n,
              (unsigned)c->root, (unsigned long long)c->seq);
@@ -17270,11 +17280,15 @@ static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n,
   me.seq = t->seq;
   me.chunk = (uint32_t)t->chunk_floats;
   me.small = (uint32_t)t->small_bytes;
+  {
+    uint32_t probe = 0x01020304u;
+    memcpy(me.order, &probe, 4);
+  }
   memset(st, 0, sizeof st);
   dt__le32_put(st, (uint32_t)t->comm.rank);
   dt__le32_put(st + 4, DT__TCP_NONE);
   dt__tcp_call_put(st + 8, &me);
-  dt__tcp_call_put(st + 40, &me);
+  dt__tcp_call_put(st + 48, &me);
   dt_result rc = dt__tcp_rd(t, st, sizeof st, DT__TCP_MSG_CALL, DT__TCP_MSG_CALL, dt__tcp_agree_combine);
   if (rc != DTRAIN_OK) return dt__tcp_fail(t, rc);
   uint32_t fr = dt__le32_get(st), br = dt__le32_get(st + 4);
@@ -17282,7 +17296,7 @@ static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n,
     dt__tcp_call a, b;
     char ta[96], tb[96];
     dt__tcp_call_get(st + 8, &a);
-    dt__tcp_call_get(st + 40, &b);
+    dt__tcp_call_get(st + 48, &b);
     /* Options differ only when the calls agree otherwise. */
     int opts = a.op == b.op && a.root == b.root && a.n == b.n && a.seq == b.seq;
     return dt__error(DTRAIN_ERR_MISMATCH, "%s: the ranks disagree: worker %u %s %s, worker %u %s %s", t->op,
@@ -17464,6 +17478,8 @@ static void dt__tcp_free(dt__comm_tcp *t) {
     for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
   dt__free(t->conns, t->conns_bytes);
   dt__free(t->peer_state, (size_t)t->comm.world);
+  dt__free(t->pfd, (size_t)t->comm.world * sizeof(struct pollfd));
+  dt__free(t->pidx, (size_t)t->comm.world * sizeof(int));
   dt__free(t->scratch, t->scratch_bytes);
   dt__free(t, sizeof *t);
 }
@@ -17712,10 +17728,13 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_option
   scratch = DT__MAX(scratch, (size_t)DT__TCP_CALL_BYTES) + 64;
   t->conns_bytes = world * sizeof(dt__conn);
   t->conns = (dt__conn *)dt__calloc(t->conns_bytes);
+  for (size_t j = 0; t->conns && j < world; j++) t->conns[j].fd = -1; /* before anything can free them */
   t->peer_state = (unsigned char *)dt__calloc(world);
+  t->pfd = (struct pollfd *)dt__calloc(world * sizeof(struct pollfd));
+  t->pidx = (int *)dt__calloc(world * sizeof(int));
   t->scratch = (float *)dt__alloc(scratch);
   t->scratch_bytes = t->scratch ? scratch : 0;
-  if (!t->conns || !t->peer_state || !t->scratch) {
+  if (!t->conns || !t->peer_state || !t->pfd || !t->pidx || !t->scratch) {
     dt__error(DTRAIN_ERR_NOMEM, "dt_comm_create_tcp: out of memory");
     dt__tcp_free(t);
     return NULL;
