@@ -18886,9 +18886,12 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
       if ((pf[j].revents & POLLOUT) && !dt__ps_flush(S, i)) continue;
       if (pf[j].revents & (POLLIN | POLLERR | POLLHUP)) dt__ps_on_readable(S, i);
     }
+    /* At most one handshake per round: each may block up to timeout/2 on a
+     * slow client, and the workers' heartbeats go out between rounds. */
     for (int j = n - 1; j > 0; j--) {
       if (who[j] > -2 || !(pf[j].revents & (POLLIN | POLLERR | POLLHUP))) continue;
       dt__ps_admit(S, -2 - who[j]);
+      break;
     }
     if (pf[0].revents & POLLIN) dt__ps_accept(S);
     rc = dt__ps_progress(S);
