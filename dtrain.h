@@ -2370,6 +2370,14 @@ DTRAIN_PRIVATE char *dt__strdup(const char *s, size_t *out_size);
 /* Record a thread-local error (and log it at `level`); returns code. */
 DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) DT__PRINTF(2, 3);
 DTRAIN_PRIVATE void dt__log(dt_log_level level, dt_result code, const char *fmt, ...) DT__PRINTF(3, 4);
+/* Layered code (the network backends) wraps an inner error in context
+ * several times ("worker 0: allreduce #7: receive from worker 1: ..."). Between
+ * dt__quiet_push() and dt__quiet_pop() (per thread, nestable) dt__error sets the
+ * message without logging it; the outermost pop logs the final message once
+ * when rc is an error (not DTRAIN_ERR_ABORTED, which has no message of its
+ * own), so one failure is one log line. dt__quiet_pop(DTRAIN_OK) logs nothing. */
+DTRAIN_PRIVATE void dt__quiet_push(void);
+DTRAIN_PRIVATE dt_result dt__quiet_pop(dt_result rc);
 
 /* a*b with overflow check into *out; returns 0 on overflow. */
 DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
@@ -2551,6 +2559,17 @@ DTRAIN_PRIVATE void dt__log(dt_log_level level, dt_result code, const char *fmt,
   va_end(ap);
 }
 
+static DT__TLS int dt__base_quiet;
+
+DTRAIN_PRIVATE void dt__quiet_push(void) { dt__base_quiet++; }
+
+DTRAIN_PRIVATE dt_result dt__quiet_pop(dt_result rc) {
+  if (dt__base_quiet > 0) dt__base_quiet--;
+  if (dt__base_quiet == 0 && rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && dt__base_errmsg[0])
+    dt__log(DTRAIN_LOG_ERROR, rc, "%s", dt__base_errmsg);
+  return rc;
+}
+
 DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) {
   /* Format into a local buffer first: callers often wrap the previous
    * message (an argument pointing into dt__base_errmsg itself). */
@@ -2561,7 +2580,7 @@ DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) {
   va_end(ap);
   memcpy(dt__base_errmsg, buf, sizeof buf);
   dt__base_errcode = code;
-  dt__log(DTRAIN_LOG_ERROR, code, "%s", dt__base_errmsg);
+  if (!dt__base_quiet) dt__log(DTRAIN_LOG_ERROR, code, "%s", dt__base_errmsg);
   return code;
 }
 
@@ -12901,37 +12920,51 @@ static dt_result dt__comm_check(dt_comm *c, const char *fn, int rank, const floa
 }
 
 DTRAIN_API void dt_comm_destroy(dt_comm *c) {
+  dt__quiet_push(); /* goodbyes to peers that are gone are not news */
   if (c && c->vtable && c->vtable->destroy) c->vtable->destroy(c);
+  dt__quiet_pop(DTRAIN_OK);
 }
 
 DTRAIN_API dt_result dt_comm_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_allreduce", rank, buf, n, 0);
-  return r != DTRAIN_OK ? r : c->vtable->allreduce(c, rank, buf, n);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->allreduce(c, rank, buf, n));
 }
 
 DTRAIN_API dt_result dt_comm_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", rank, buf, n, 0);
-  return r != DTRAIN_OK ? r : c->vtable->reduce_scatter(c, rank, buf, n);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->reduce_scatter(c, rank, buf, n));
 }
 
 DTRAIN_API dt_result dt_comm_allgather(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_allgather", rank, buf, n, 0);
-  return r != DTRAIN_OK ? r : c->vtable->allgather(c, rank, buf, n);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->allgather(c, rank, buf, n));
 }
 
 DTRAIN_API dt_result dt_comm_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
   dt_result r = dt__comm_check(c, "dt_comm_reduce", rank, buf, n, root);
-  return r != DTRAIN_OK ? r : c->vtable->reduce(c, rank, buf, n, root);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->reduce(c, rank, buf, n, root));
 }
 
 DTRAIN_API dt_result dt_comm_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
   dt_result r = dt__comm_check(c, "dt_comm_broadcast", rank, buf, n, root);
-  return r != DTRAIN_OK ? r : c->vtable->broadcast(c, rank, buf, n, root);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->broadcast(c, rank, buf, n, root));
 }
 
 DTRAIN_API dt_result dt_comm_barrier(dt_comm *c, int rank) {
   dt_result r = dt__comm_check(c, "dt_comm_barrier", rank, NULL, 0, 0);
-  return r != DTRAIN_OK ? r : c->vtable->barrier(c, rank);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->barrier(c, rank));
 }
 
 DTRAIN_API void dt_comm_abort(dt_comm *c, int rank) {
@@ -13212,7 +13245,9 @@ static dt_result dt__pstore_check(dt_pstore *ps, const char *fn, int worker, int
 }
 
 DTRAIN_API void dt_pstore_destroy(dt_pstore *ps) {
+  dt__quiet_push();
   if (ps && ps->vtable && ps->vtable->destroy) ps->vtable->destroy(ps);
+  dt__quiet_pop(DTRAIN_OK);
 }
 
 DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
@@ -13220,17 +13255,22 @@ DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, fl
   dt_result r = dt__pstore_check(ps, "dt_pstore_pull", worker, clock, n, tk);
   if (r != DTRAIN_OK) return r;
   if (!dst && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_pull: worker %d: dst is NULL", worker);
-  return ps->vtable->pull(ps, worker, clock, dst, n, tk);
+  dt__quiet_push();
+  return dt__quiet_pop(ps->vtable->pull(ps, worker, clock, dst, n, tk));
 }
 
 DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
                                     dt_pstore_ticket *tk) {
   dt_result r = dt__pstore_check(ps, "dt_pstore_push", worker, clock, n, tk);
-  return r != DTRAIN_OK ? r : ps->vtable->push(ps, worker, clock, delta, n, tk);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(ps->vtable->push(ps, worker, clock, delta, n, tk));
 }
 
 DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) {
+  dt__quiet_push();
   if (ps && ps->vtable && worker >= 0 && worker < ps->workers) ps->vtable->leave(ps, worker);
+  dt__quiet_pop(DTRAIN_OK);
 }
 
 DTRAIN_API void dt_pstore_abort(dt_pstore *ps) {
@@ -16764,8 +16804,8 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
   if (have != they) {
     /* The connector sees the same difference in our welcome and refuses; when
      * it has no token we refuse here too, so a peer without one never gets in. */
-    rc = dt__error(DTRAIN_ERR_AUTH, "handshake: %s %s a token, this process %s", c->peer,
-                   they ? "uses" : "has no", have ? "requires one" : "has none");
+    rc = dt__error(DTRAIN_ERR_AUTH, "handshake: %s %s, this process %s", c->peer,
+                   they ? "uses a token" : "has no token", have ? "requires one" : "has none");
     dt__net_refuse(c, DTRAIN_ERR_AUTH, "authentication required", deadline);
     goto refused;
   }
@@ -17689,7 +17729,7 @@ done:
   return rc;
 }
 
-DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_options *o) {
+static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   dt__comm_tcp *t = NULL;
   dt_result rc;
   size_t world, scratch;
@@ -17754,6 +17794,13 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_option
   t->self.cluster = NULL; /* the caller's; not needed after setup */
   t->self.opt.token = NULL;
   return &t->comm;
+}
+
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_options *o) {
+  dt__quiet_push(); /* one log line for a failure, with its whole context */
+  dt_comm *c = dt__tcp_create(cl, o);
+  dt__quiet_pop(c ? DTRAIN_OK : (dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_NET));
+  return c;
 }
 
 #  undef DT__TCP_PENDING
@@ -18909,7 +18956,7 @@ out:
   return rc;
 }
 
-DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
+static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
                                  const dt_ps_options *po) {
   const char *fn = "dt_ps_serve";
   if (!c || !params || !opt)
@@ -18987,6 +19034,12 @@ done:
     if (rc != DTRAIN_OK) dt__error(rc, "%s", keep);
   }
   return rc;
+}
+
+DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
+                                 const dt_ps_options *po) {
+  dt__quiet_push(); /* one log line for a failure, with its whole context (warnings are logged as they happen) */
+  return dt__quiet_pop(dt__ps_serve(c, params, opt, o, po));
 }
 
 /* ============================================================================================
@@ -19243,7 +19296,7 @@ static const dt_pstore_vtable dt__ps_client_vtable = {
   dt__ps_client_destroy
 };
 
-DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
+static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, const dt_net_options *o,
                                            int max_staleness) {
   const char *fn = "dt_pstore_create_tcp";
   if (!c || !params) {
@@ -19359,6 +19412,14 @@ fail: {
   dt__error(krc != DTRAIN_OK ? krc : DTRAIN_ERR_INTERNAL, "%s", keep);
 }
   return NULL;
+}
+
+DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
+                                           int max_staleness) {
+  dt__quiet_push();
+  dt_pstore *ps = dt__ps_store_create(c, params, o, max_staleness);
+  dt__quiet_pop(ps ? DTRAIN_OK : (dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_NET));
+  return ps;
 }
 
 #  undef DT__PS_SEND_FLAGS

@@ -75,6 +75,17 @@ DTRAIN_PRIVATE void dt__log(dt_log_level level, dt_result code, const char *fmt,
   va_end(ap);
 }
 
+static DT__TLS int dt__base_quiet;
+
+DTRAIN_PRIVATE void dt__quiet_push(void) { dt__base_quiet++; }
+
+DTRAIN_PRIVATE dt_result dt__quiet_pop(dt_result rc) {
+  if (dt__base_quiet > 0) dt__base_quiet--;
+  if (dt__base_quiet == 0 && rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && dt__base_errmsg[0])
+    dt__log(DTRAIN_LOG_ERROR, rc, "%s", dt__base_errmsg);
+  return rc;
+}
+
 DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) {
   /* Format into a local buffer first: callers often wrap the previous
    * message (an argument pointing into dt__base_errmsg itself). */
@@ -85,7 +96,7 @@ DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) {
   va_end(ap);
   memcpy(dt__base_errmsg, buf, sizeof buf);
   dt__base_errcode = code;
-  dt__log(DTRAIN_LOG_ERROR, code, "%s", dt__base_errmsg);
+  if (!dt__base_quiet) dt__log(DTRAIN_LOG_ERROR, code, "%s", dt__base_errmsg);
   return code;
 }
 

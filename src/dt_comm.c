@@ -313,37 +313,51 @@ static dt_result dt__comm_check(dt_comm *c, const char *fn, int rank, const floa
 }
 
 DTRAIN_API void dt_comm_destroy(dt_comm *c) {
+  dt__quiet_push(); /* goodbyes to peers that are gone are not news */
   if (c && c->vtable && c->vtable->destroy) c->vtable->destroy(c);
+  dt__quiet_pop(DTRAIN_OK);
 }
 
 DTRAIN_API dt_result dt_comm_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_allreduce", rank, buf, n, 0);
-  return r != DTRAIN_OK ? r : c->vtable->allreduce(c, rank, buf, n);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->allreduce(c, rank, buf, n));
 }
 
 DTRAIN_API dt_result dt_comm_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", rank, buf, n, 0);
-  return r != DTRAIN_OK ? r : c->vtable->reduce_scatter(c, rank, buf, n);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->reduce_scatter(c, rank, buf, n));
 }
 
 DTRAIN_API dt_result dt_comm_allgather(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_allgather", rank, buf, n, 0);
-  return r != DTRAIN_OK ? r : c->vtable->allgather(c, rank, buf, n);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->allgather(c, rank, buf, n));
 }
 
 DTRAIN_API dt_result dt_comm_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
   dt_result r = dt__comm_check(c, "dt_comm_reduce", rank, buf, n, root);
-  return r != DTRAIN_OK ? r : c->vtable->reduce(c, rank, buf, n, root);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->reduce(c, rank, buf, n, root));
 }
 
 DTRAIN_API dt_result dt_comm_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
   dt_result r = dt__comm_check(c, "dt_comm_broadcast", rank, buf, n, root);
-  return r != DTRAIN_OK ? r : c->vtable->broadcast(c, rank, buf, n, root);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->broadcast(c, rank, buf, n, root));
 }
 
 DTRAIN_API dt_result dt_comm_barrier(dt_comm *c, int rank) {
   dt_result r = dt__comm_check(c, "dt_comm_barrier", rank, NULL, 0, 0);
-  return r != DTRAIN_OK ? r : c->vtable->barrier(c, rank);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->vtable->barrier(c, rank));
 }
 
 DTRAIN_API void dt_comm_abort(dt_comm *c, int rank) {

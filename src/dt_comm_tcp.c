@@ -859,7 +859,7 @@ done:
   return rc;
 }
 
-DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_options *o) {
+static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   dt__comm_tcp *t = NULL;
   dt_result rc;
   size_t world, scratch;
@@ -924,6 +924,13 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_option
   t->self.cluster = NULL; /* the caller's; not needed after setup */
   t->self.opt.token = NULL;
   return &t->comm;
+}
+
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_options *o) {
+  dt__quiet_push(); /* one log line for a failure, with its whole context */
+  dt_comm *c = dt__tcp_create(cl, o);
+  dt__quiet_pop(c ? DTRAIN_OK : (dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_NET));
+  return c;
 }
 
 #  undef DT__TCP_PENDING

@@ -91,6 +91,14 @@ DTRAIN_PRIVATE char *dt__strdup(const char *s, size_t *out_size);
 /* Record a thread-local error (and log it at `level`); returns code. */
 DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) DT__PRINTF(2, 3);
 DTRAIN_PRIVATE void dt__log(dt_log_level level, dt_result code, const char *fmt, ...) DT__PRINTF(3, 4);
+/* Layered code (the network backends) wraps an inner error in context
+ * several times ("worker 0: allreduce #7: receive from worker 1: ..."). Between
+ * dt__quiet_push() and dt__quiet_pop() (per thread, nestable) dt__error sets the
+ * message without logging it; the outermost pop logs the final message once
+ * when rc is an error (not DTRAIN_ERR_ABORTED, which has no message of its
+ * own), so one failure is one log line. dt__quiet_pop(DTRAIN_OK) logs nothing. */
+DTRAIN_PRIVATE void dt__quiet_push(void);
+DTRAIN_PRIVATE dt_result dt__quiet_pop(dt_result rc);
 
 /* a*b with overflow check into *out; returns 0 on overflow. */
 DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);

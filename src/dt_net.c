@@ -1101,8 +1101,8 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
   if (have != they) {
     /* The connector sees the same difference in our welcome and refuses; when
      * it has no token we refuse here too, so a peer without one never gets in. */
-    rc = dt__error(DTRAIN_ERR_AUTH, "handshake: %s %s a token, this process %s", c->peer,
-                   they ? "uses" : "has no", have ? "requires one" : "has none");
+    rc = dt__error(DTRAIN_ERR_AUTH, "handshake: %s %s, this process %s", c->peer,
+                   they ? "uses a token" : "has no token", have ? "requires one" : "has none");
     dt__net_refuse(c, DTRAIN_ERR_AUTH, "authentication required", deadline);
     goto refused;
   }

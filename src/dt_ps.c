@@ -830,7 +830,7 @@ out:
   return rc;
 }
 
-DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
+static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
                                  const dt_ps_options *po) {
   const char *fn = "dt_ps_serve";
   if (!c || !params || !opt)
@@ -908,6 +908,12 @@ done:
     if (rc != DTRAIN_OK) dt__error(rc, "%s", keep);
   }
   return rc;
+}
+
+DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
+                                 const dt_ps_options *po) {
+  dt__quiet_push(); /* one log line for a failure, with its whole context (warnings are logged as they happen) */
+  return dt__quiet_pop(dt__ps_serve(c, params, opt, o, po));
 }
 
 /* ============================================================================================
@@ -1164,7 +1170,7 @@ static const dt_pstore_vtable dt__ps_client_vtable = {
   dt__ps_client_destroy
 };
 
-DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
+static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, const dt_net_options *o,
                                            int max_staleness) {
   const char *fn = "dt_pstore_create_tcp";
   if (!c || !params) {
@@ -1280,6 +1286,14 @@ fail: {
   dt__error(krc != DTRAIN_OK ? krc : DTRAIN_ERR_INTERNAL, "%s", keep);
 }
   return NULL;
+}
+
+DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
+                                           int max_staleness) {
+  dt__quiet_push();
+  dt_pstore *ps = dt__ps_store_create(c, params, o, max_staleness);
+  dt__quiet_pop(ps ? DTRAIN_OK : (dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_NET));
+  return ps;
 }
 
 #  undef DT__PS_SEND_FLAGS

@@ -243,7 +243,9 @@ static dt_result dt__pstore_check(dt_pstore *ps, const char *fn, int worker, int
 }
 
 DTRAIN_API void dt_pstore_destroy(dt_pstore *ps) {
+  dt__quiet_push();
   if (ps && ps->vtable && ps->vtable->destroy) ps->vtable->destroy(ps);
+  dt__quiet_pop(DTRAIN_OK);
 }
 
 DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
@@ -251,17 +253,22 @@ DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, fl
   dt_result r = dt__pstore_check(ps, "dt_pstore_pull", worker, clock, n, tk);
   if (r != DTRAIN_OK) return r;
   if (!dst && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_pull: worker %d: dst is NULL", worker);
-  return ps->vtable->pull(ps, worker, clock, dst, n, tk);
+  dt__quiet_push();
+  return dt__quiet_pop(ps->vtable->pull(ps, worker, clock, dst, n, tk));
 }
 
 DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
                                     dt_pstore_ticket *tk) {
   dt_result r = dt__pstore_check(ps, "dt_pstore_push", worker, clock, n, tk);
-  return r != DTRAIN_OK ? r : ps->vtable->push(ps, worker, clock, delta, n, tk);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(ps->vtable->push(ps, worker, clock, delta, n, tk));
 }
 
 DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) {
+  dt__quiet_push();
   if (ps && ps->vtable && worker >= 0 && worker < ps->workers) ps->vtable->leave(ps, worker);
+  dt__quiet_pop(DTRAIN_OK);
 }
 
 DTRAIN_API void dt_pstore_abort(dt_pstore *ps) {
