@@ -69,7 +69,7 @@ $(BUILD)/examples/%: examples/%.c dtrain.h
 
 # ---- running -----------------------------------------------------------------
 test: all
-	@BUILD=$(BUILD) CC="$(CC)" CXX="$(CXX)" SAN="$(SAN)" RUNNER="$(RUNNER)" SCRIPTS="$(SCRIPTS)" sh tools/run_tests.sh
+	@BUILD=$(BUILD) CC="$(CC)" CXX="$(CXX)" SAN="$(SAN)" RUNNER="$(RUNNER)" SCRIPTS="$(SCRIPTS)" TEST_JOBS="$(TEST_JOBS)" sh tools/run_tests.sh
 
 # The main demo: Fashion-MNIST for a few epochs (the full set when Debian's
 # dataset-fashion-mnist is installed, else the test split shipped in data/).
@@ -131,7 +131,7 @@ test-cross: dtrain.h
 	  triple=$${pair%%:*}; q=$${pair##*:}; \
 	  echo "== $$triple (qemu-$$q)"; \
 	  $(MAKE) --no-print-directory BUILD=build/cross-$$q CC=$$triple-gcc CXX=$$triple-g++ OPT="-O2" \
-	    RUNNER="qemu-$$q -L /usr/$$triple" test; \
+	    RUNNER="qemu-$$q -L /usr/$$triple" TEST_JOBS=2 test; \
 	done
 	@CROSS_ARCHS="$(CROSS_ARCHS)" sh tests/cross_compare.sh
 

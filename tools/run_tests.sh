@@ -8,10 +8,24 @@ BUILD=${BUILD:-build}
 RUNNER=${RUNNER:-}
 TIMEOUT=${TEST_TIMEOUT:-600}
 pass=0; fail=0
+# TEST_JOBS programs at a time (default 1; make test-cross uses 2: qemu runs
+# each program on one core). Outputs are read back in name order.
+JOBS=${TEST_JOBS:-1}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-tests.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+running=0
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
-  out=$(timeout "$TIMEOUT" $RUNNER "$t" 2>&1); rc=$?
+  ( timeout "$TIMEOUT" $RUNNER "$t" > "$tmp/$name.out" 2>&1; echo $? > "$tmp/$name.rc" ) &
+  running=$((running + 1))
+  if [ "$running" -ge "$JOBS" ]; then wait; running=0; fi
+done
+wait
+for t in "$BUILD"/tests/test_*; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  out=$(cat "$tmp/$name.out" 2>/dev/null); rc=$(cat "$tmp/$name.rc" 2>/dev/null || echo 1)
   line=$(printf '%s\n' "$out" | grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed' | tail -n 1)
   if [ -z "$line" ]; then
     printf '%s\n' "$out" | tail -n 30
