@@ -16978,6 +16978,9 @@ enum {
 
 #  define DT__TCP_CALL_BYTES 88
 #  define DT__TCP_NONE 0xFFFFFFFFu
+/* All-reduces of at most this many bytes (and at most small_bytes) travel
+ * inside the agreement round's CALL frames: one round of messages, not two. */
+#  define DT__TCP_FUSED_MAX 16384
 
 /* Per-peer state after a failure. */
 enum { DT__TCP_P_UNKNOWN = 0, DT__TCP_P_ALIVE, DT__TCP_P_DEAD, DT__TCP_P_SILENT };
@@ -16992,6 +16995,9 @@ typedef struct dt__comm_tcp {
   int *pidx;
   float *scratch;            /* receive buffer: max(chunk, small) bytes */
   size_t scratch_bytes;
+  unsigned char *fout, *fin; /* CALL frames with a fused all-reduce: CALL_BYTES + fused_max each */
+  float *fkeep;              /* the caller's buffer before a fused all-reduce (restored on mismatch) */
+  size_t fused_max;          /* bytes of data a CALL frame may carry */
   size_t chunk_floats, small_bytes;
   double timeout_s;
   uint64_t seq;
@@ -17303,8 +17309,71 @@ static const char *dt__tcp_call_text(const dt__tcp_call *c, int options, char *b
   return buf;
 }
 
-/* Start a call: checks, sequence number, the agreement round. */
-static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n, int root) {
+/* One step of the agreement round: send our frame (state + data) to `to`,
+ * receive one from `from` into t->fin; *len gets its length. Frames are at
+ * most CALL_BYTES + fused_max (16 KiB + 88): both sides send before they
+ * receive, which socket buffers always absorb. */
+static dt_result dt__tcp_agree_xfer(dt__comm_tcp *t, int to, size_t out_bytes, int from, uint32_t *len) {
+  double t0 = dt__now();
+  dt_result rc = DTRAIN_OK;
+  if (to >= 0) rc = dt__conn_send(&t->conns[to], DT__TCP_MSG_CALL, t->fout, (uint32_t)out_bytes, t0 + t->timeout_s, t->op);
+  if (rc == DTRAIN_OK && from >= 0)
+    rc = dt__conn_recv(&t->conns[from], DT__TCP_MSG_CALL, t->fin, (uint32_t)(DT__TCP_CALL_BYTES + t->fused_max), len,
+                       t0 + t->timeout_s, t->op);
+  if (rc == DTRAIN_OK && from >= 0 && *len < DT__TCP_CALL_BYTES)
+    rc = dt__error(DTRAIN_ERR_PROTOCOL, "%s: receive from %s: a CALL frame of %u bytes", t->op, t->conns[from].peer,
+                   (unsigned)*len);
+  t->st.wait_s += dt__now() - t0;
+  return rc;
+}
+
+/* Folds a received frame (t->fin, len bytes) into ours (t->fout): the
+ * agreement state always; the data (n floats) when the peer carried the same
+ * amount -- summed (partial) or copied (final). A peer with another amount made
+ * another call, which the state records, so the data are then not needed. */
+static void dt__tcp_agree_fold(dt__comm_tcp *t, uint32_t len, size_t n, int final) {
+  if (final) memcpy(t->fout, t->fin, DT__TCP_CALL_BYTES);
+  else dt__tcp_agree_combine(t->fout, t->fin, DT__TCP_CALL_BYTES);
+  if (n == 0 || len != DT__TCP_CALL_BYTES + n * sizeof(float)) return;
+  float *acc = (float *)(void *)(t->fout + DT__TCP_CALL_BYTES);
+  const float *in = (const float *)(const void *)(t->fin + DT__TCP_CALL_BYTES);
+  if (final) memcpy(acc, in, n * sizeof(float));
+  else
+    for (size_t i = 0; i < n; i++) acc[i] += in[i];
+}
+
+/* The agreement round by recursive doubling (the same tree as dt__tcp_rd),
+ * its frames carrying `n` floats of data (0: none) that are summed on the way. */
+static dt_result dt__tcp_agree_rd(dt__comm_tcp *t, size_t n) {
+  int world = t->comm.world, r = t->comm.rank, p2 = 1;
+  size_t bytes = DT__TCP_CALL_BYTES + n * sizeof(float);
+  uint32_t len = 0;
+  dt_result rc;
+  while (p2 * 2 <= world) p2 *= 2;
+  if (r >= p2) {
+    rc = dt__tcp_agree_xfer(t, r - p2, bytes, r - p2, &len);
+    if (rc == DTRAIN_OK) dt__tcp_agree_fold(t, len, n, 1);
+    return rc;
+  }
+  if (r + p2 < world) {
+    rc = dt__tcp_agree_xfer(t, -1, 0, r + p2, &len);
+    if (rc != DTRAIN_OK) return rc;
+    dt__tcp_agree_fold(t, len, n, 0);
+  }
+  for (int d = 1; d < p2; d *= 2) {
+    rc = dt__tcp_agree_xfer(t, r ^ d, bytes, r ^ d, &len);
+    if (rc != DTRAIN_OK) return rc;
+    dt__tcp_agree_fold(t, len, n, 0);
+  }
+  if (r + p2 < world) return dt__tcp_agree_xfer(t, r + p2, bytes, -1, &len);
+  return DTRAIN_OK;
+}
+
+/* Start a call: checks, sequence number, the agreement round. fused (n
+ * floats in buf, n * 4 <= fused_max): an all-reduce whose data ride in the
+ * agreement round's frames; on success buf holds the sum, on a mismatch it is
+ * restored. */
+static dt_result dt__tcp_enter_fused(dt__comm_tcp *t, int rank, uint32_t op, size_t n, int root, float *fused) {
   if (rank != t->comm.rank)
     return dt__error(DTRAIN_ERR_INDEX, "dt_comm_%s: called with rank %d, but this process is rank %d",
                      dt__tcp_op_name(op), rank, t->comm.rank);
@@ -17329,8 +17398,15 @@ static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n,
   dt__le32_put(st + 4, DT__TCP_NONE);
   dt__tcp_call_put(st + 8, &me);
   dt__tcp_call_put(st + 48, &me);
-  dt_result rc = dt__tcp_rd(t, st, sizeof st, DT__TCP_MSG_CALL, DT__TCP_MSG_CALL, dt__tcp_agree_combine);
+  size_t fn = fused ? n : 0;
+  memcpy(t->fout, st, sizeof st);
+  if (fn) {
+    memcpy(t->fkeep, fused, fn * sizeof(float));
+    memcpy(t->fout + DT__TCP_CALL_BYTES, fused, fn * sizeof(float));
+  }
+  dt_result rc = dt__tcp_agree_rd(t, fn);
   if (rc != DTRAIN_OK) return dt__tcp_fail(t, rc);
+  memcpy(st, t->fout, sizeof st);
   uint32_t fr = dt__le32_get(st), br = dt__le32_get(st + 4);
   if (br != DT__TCP_NONE) {
     dt__tcp_call a, b;
@@ -17343,7 +17419,12 @@ static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n,
                      (unsigned)fr, opts ? "uses" : "called", dt__tcp_call_text(&a, opts, ta, sizeof ta), (unsigned)br,
                      opts ? "uses" : "called", dt__tcp_call_text(&b, opts, tb, sizeof tb));
   }
+  if (fn) memcpy(fused, t->fout + DT__TCP_CALL_BYTES, fn * sizeof(float));
   return DTRAIN_OK;
+}
+
+static dt_result dt__tcp_enter(dt__comm_tcp *t, int rank, uint32_t op, size_t n, int root) {
+  return dt__tcp_enter_fused(t, rank, op, n, root, NULL);
 }
 
 static dt_result dt__tcp_leave(dt__comm_tcp *t, dt_result rc, size_t n) {
@@ -17411,6 +17492,15 @@ static dt_result dt__tcp_ring(dt__comm_tcp *t, float *buf, size_t n, int gather)
 
 static dt_result dt__tcp_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
   dt__comm_tcp *t = dt__tcp_of(c);
+  if (n > 0 && n * sizeof(float) <= t->fused_max) {
+    /* Small: the data ride in the agreement round (one round of messages). */
+    dt_result rf = dt__tcp_enter_fused(t, rank, DT__TCP_OP_ALLREDUCE, n, 0, buf);
+    if (rf != DTRAIN_OK) {
+      if (rf == DTRAIN_ERR_MISMATCH) memcpy(buf, t->fkeep, n * sizeof(float));
+      return rf;
+    }
+    return dt__tcp_leave(t, rf, n);
+  }
   dt_result rc = dt__tcp_enter(t, rank, DT__TCP_OP_ALLREDUCE, n, 0);
   if (rc != DTRAIN_OK || c->world == 1 || n == 0) return rc == DTRAIN_OK ? dt__tcp_leave(t, rc, n) : rc;
   if (n * sizeof(float) <= t->small_bytes) {
@@ -17521,6 +17611,9 @@ static void dt__tcp_free(dt__comm_tcp *t) {
   dt__free(t->pfd, (size_t)t->comm.world * sizeof(struct pollfd));
   dt__free(t->pidx, (size_t)t->comm.world * sizeof(int));
   dt__free(t->scratch, t->scratch_bytes);
+  dt__free(t->fout, DT__TCP_CALL_BYTES + t->fused_max);
+  dt__free(t->fin, DT__TCP_CALL_BYTES + t->fused_max);
+  dt__free(t->fkeep, t->fused_max + sizeof(float));
   dt__free(t, sizeof *t);
 }
 
@@ -17765,7 +17858,7 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   if (t->chunk_floats < 16) t->chunk_floats = 16;
   t->small_bytes = DT__MIN(t->self.opt.small_bytes, t->self.opt.max_payload);
   scratch = DT__MAX(t->chunk_floats * sizeof(float), t->small_bytes);
-  scratch = DT__MAX(scratch, (size_t)DT__TCP_CALL_BYTES) + 64;
+  scratch = DT__MAX(scratch, (size_t)DT__TCP_CALL_BYTES) + DT__TCP_CALL_BYTES + 64; /* + a fused CALL frame's header */
   t->conns_bytes = world * sizeof(dt__conn);
   t->conns = (dt__conn *)dt__calloc(t->conns_bytes);
   for (size_t j = 0; t->conns && j < world; j++) t->conns[j].fd = -1; /* before anything can free them */
@@ -17774,7 +17867,12 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   t->pidx = (int *)dt__calloc(world * sizeof(int));
   t->scratch = (float *)dt__alloc(scratch);
   t->scratch_bytes = t->scratch ? scratch : 0;
-  if (!t->conns || !t->peer_state || !t->pfd || !t->pidx || !t->scratch) {
+  t->fused_max = DT__MIN(t->small_bytes, (size_t)DT__TCP_FUSED_MAX) & ~(size_t)3;
+  if (t->fused_max + DT__TCP_CALL_BYTES > t->self.opt.max_payload) t->fused_max = 0;
+  t->fout = (unsigned char *)dt__alloc(DT__TCP_CALL_BYTES + t->fused_max);
+  t->fin = (unsigned char *)dt__alloc(DT__TCP_CALL_BYTES + t->fused_max);
+  t->fkeep = (float *)dt__alloc(t->fused_max + sizeof(float));
+  if (!t->conns || !t->peer_state || !t->pfd || !t->pidx || !t->scratch || !t->fout || !t->fin || !t->fkeep) {
     dt__error(DTRAIN_ERR_NOMEM, "dt_comm_create_tcp: out of memory");
     dt__tcp_free(t);
     return NULL;
@@ -17807,6 +17905,7 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_option
 #  undef DT__TCP_HELLO_FRAME
 #  undef DT__TCP_CALL_BYTES
 #  undef DT__TCP_NONE
+#  undef DT__TCP_FUSED_MAX
 
 #endif /* DTRAIN_NO_NET || DTRAIN_NO_THREADS */
 /* ======== end dt_comm_tcp.c ======== */

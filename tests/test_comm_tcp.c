@@ -326,6 +326,15 @@ static int child_mismatch(world *x, int rank, void *arg) {
   child_fail += th_cur_failed;
   th_cur_failed = 0;
   CK(strstr(dt_last_error(), "allreduce #1") != NULL);
+  /* A small all-reduce rides in the agreement round: on a mismatch the buffer is as it was. */
+  CK(b[0] == 1.0f && b[9] == 1.0f && b[11] == 1.0f);
+  {
+    /* a small (fused) call against a large (ring) one */
+    static float big[20000];
+    for (int i = 0; i < 20000; i++) big[i] = 2.0f;
+    CHECK_ERR(dt_comm_allreduce(comm, rank, big, rank == 0 ? 8 : 20000), DTRAIN_ERR_MISMATCH, "n=8");
+    CK(big[0] == 2.0f && big[7] == 2.0f && big[19999] == 2.0f);
+  }
   CHECK_ERR(dt_comm_broadcast(comm, rank, b, 8, rank == x->w - 1 ? 1 : 0), DTRAIN_ERR_MISMATCH, "root 1");
   CHECK_ERR(rank == 0 ? dt_comm_barrier(comm, rank) : dt_comm_allreduce(comm, rank, b, 8), DTRAIN_ERR_MISMATCH,
             "barrier");
