@@ -579,6 +579,29 @@ static int dt__strategy_clip(dt_strategy *s, int r, float *grad, size_t b, size_
   return 1;
 }
 
+/* Replica r's checks of its slice [lo, hi) of the reduced gradient before
+ * the update (mirrored, multi_worker_mirrored): clipping, then with
+ * check_numerics a NaN/Inf scan and a barrier, so that nobody updates before
+ * everybody checked. 0: the step stops (the failure is recorded). */
+static int dt__strategy_clip_check(dt_strategy *s, int r, float *grad, size_t lo, size_t hi) {
+  if (!dt__strategy_clip(s, r, grad, lo, hi)) return 0;
+  if (!s->desc.check_numerics) return 1;
+  size_t bad = dt__strategy_nonfinite(grad, lo, hi);
+  if (bad < hi) {
+    char what[DT__MSG_CAP];
+    snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
+             dt__strategy_param_at(s, bad), isnan(grad[bad]) ? "NaN" : "Inf", bad);
+    dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+    return 0;
+  }
+  dt_result rc = dt_comm_barrier(s->comm, r);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_comm_failed(s, r, rc);
+    return 0;
+  }
+  return 1;
+}
+
 /* Copies the non-trainable runs (buffers) of src within [b, e) to dst. */
 static void dt__strategy_copy_buffers(dt_strategy *s, float *dst, const float *src, size_t b, size_t e) {
   for (int i = 0; i < s->nbufr; i++) {
@@ -626,23 +649,7 @@ static void dt__strategy_sync_job(void *arg, int r) {
     dt__strategy_comm_failed(s, r, rc);
     goto done;
   }
-  if (!dt__strategy_clip(s, r, grad, lo, hi)) goto done;
-  if (s->desc.check_numerics) {
-    size_t bad = dt__strategy_nonfinite(grad, lo, hi);
-    if (bad < hi) {
-      char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
-               dt__strategy_param_at(s, bad), isnan(grad[bad]) ? "NaN" : "Inf", bad);
-      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-      goto done;
-    }
-    /* Nobody updates before everybody checked. */
-    rc = dt_comm_barrier(s->comm, r);
-    if (rc != DTRAIN_OK) {
-      dt__strategy_comm_failed(s, r, rc);
-      goto done;
-    }
-  }
+  if (!dt__strategy_clip_check(s, r, grad, lo, hi)) goto done;
   rc = dt_optim_update(s->opt, data, grad, lo, hi);
   if (rc != DTRAIN_OK) {
     dt__strategy_fail(s, r, rc, dt_last_error());
@@ -859,22 +866,7 @@ static void dt__strategy_mwm_job(void *arg, int r) {
   dt_comm_slice(s->size, s->n, r, &lo, &hi);
   if (s->desc.loss == DTRAIN_LOSS_MEAN && s->mwm_rows > 0.0)
     dt__strategy_scale(s, grad, lo, hi, (float)(1.0 / s->mwm_rows));
-  if (!dt__strategy_clip(s, r, grad, lo, hi)) goto done;
-  if (s->desc.check_numerics) {
-    size_t bad = dt__strategy_nonfinite(grad, lo, hi);
-    if (bad < hi) {
-      char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
-               dt__strategy_param_at(s, bad), isnan(grad[bad]) ? "NaN" : "Inf", bad);
-      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-      goto done;
-    }
-    rc = dt_comm_barrier(s->comm, r);
-    if (rc != DTRAIN_OK) {
-      dt__strategy_comm_failed(s, r, rc);
-      goto done;
-    }
-  }
+  if (!dt__strategy_clip_check(s, r, grad, lo, hi)) goto done;
   rc = dt_optim_update(s->opt, R->data, grad, lo, hi);
   if (rc != DTRAIN_OK) {
     dt__strategy_fail(s, r, rc, dt_last_error());
