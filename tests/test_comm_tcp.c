@@ -135,7 +135,7 @@ static float val_rand(int r, size_t i) {
 /* ---- all-reduce over sizes -------------------------------------------------------- */
 
 typedef struct sizes_arg {
-  size_t small_bytes, chunk_bytes;
+  size_t small_bytes, chunk_bytes, max_payload; /* 0: default */
   int big; /* 0: up to 65539, 1: plus 2^20, 2: plus 2^24 */
 } sizes_arg;
 
@@ -146,6 +146,7 @@ static int child_sizes(world *x, int rank, void *argp) {
   dt_net_options o = opts_of(x, rank);
   o.small_bytes = a->small_bytes;
   o.chunk_bytes = a->chunk_bytes;
+  if (a->max_payload) o.max_payload = a->max_payload;
   dt_comm *comm = dt_comm_create_tcp(&c, &o);
   CK(comm != NULL);
   if (!comm) return 2;
@@ -227,7 +228,8 @@ static void test_allreduce_sizes(void) {
       a.big = variant == 1 ? 0 : w == 2 ? 2 : w == 3 ? 1 : 0;
       if (variant == 1) {
         a.small_bytes = 4;
-        a.chunk_bytes = 4096;
+        a.chunk_bytes = 4096;     /* the sums stream through a 4 KiB window */
+        a.max_payload = 24 << 10; /* ring slices over 24 KiB go as several frames */
       }
       world_init(&x, w);
       run_world(&x, child_sizes, &a, st);
