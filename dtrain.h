@@ -15737,14 +15737,22 @@ DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n) {
 
 static uint16_t dt__net_le16_get(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
-/* ---- CRC-32C (Castagnoli), bitwise: it only covers headers and control frames ------- */
+/* ---- CRC-32C (Castagnoli), four bits at a time: it only covers headers and control frames ---- */
+
+/* dt__crc32c_nib[i]: the reflected polynomial 0x82F63B78 applied to the
+ * four bits i (the bitwise loop's four steps folded into one lookup). */
+static const uint32_t dt__crc32c_nib[16] = {0x00000000u, 0x105EC76Fu, 0x20BD8EDEu, 0x30E349B1u,
+                                            0x417B1DBCu, 0x5125DAD3u, 0x61C69362u, 0x7198540Du,
+                                            0x82F63B78u, 0x92A8FC17u, 0xA24BB5A6u, 0xB21572C9u,
+                                            0xC38D26C4u, 0xD3D3E1ABu, 0xE330A81Au, 0xF36E6F75u};
 
 DTRAIN_PRIVATE uint32_t dt__crc32c(uint32_t crc, const void *p, size_t n) {
   const unsigned char *b = (const unsigned char *)p;
   crc = ~crc;
   for (size_t i = 0; i < n; i++) {
     crc ^= b[i];
-    for (int k = 0; k < 8; k++) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+    crc = (crc >> 4) ^ dt__crc32c_nib[crc & 15u];
+    crc = (crc >> 4) ^ dt__crc32c_nib[crc & 15u];
   }
   return ~crc;
 }
@@ -17175,11 +17183,18 @@ static dt_result dt__tcp_recv(dt__comm_tcp *t, int from, uint16_t type, void *r,
 
 typedef void (*dt__tcp_combine_fn)(void *acc, const void *in, size_t bytes);
 
+/* d[i] = in[i] + d[i] (float addition commutes: the same bits as d + in).
+ * Blocks of 8 so that compilers vectorise it at -O2 too; the sums are
+ * memory-bound and otherwise a fifth of a large all-reduce's time. */
+static void dt__tcp_sum(float *DT__RESTRICT d, const float *DT__RESTRICT in, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) d[i + j] = in[i + j] + d[i + j];
+  for (; i < n; i++) d[i] = in[i] + d[i];
+}
+
 static void dt__tcp_add(void *acc, const void *in, size_t bytes) {
-  float *a = (float *)acc;
-  const float *b = (const float *)in;
-  size_t n = bytes / sizeof(float);
-  for (size_t i = 0; i < n; i++) a[i] += b[i];
+  dt__tcp_sum((float *)acc, (const float *)in, bytes / sizeof(float));
 }
 
 /* buf (bytes) becomes the combination over all ranks. Partial frames are
@@ -17330,8 +17345,7 @@ static void dt__tcp_agree_fold(dt__comm_tcp *t, uint32_t len, size_t n, int fina
   float *acc = (float *)(void *)(t->fout + DT__TCP_CALL_BYTES);
   const float *in = (const float *)(const void *)(t->fin + DT__TCP_CALL_BYTES);
   if (final) memcpy(acc, in, n * sizeof(float));
-  else
-    for (size_t i = 0; i < n; i++) acc[i] += in[i];
+  else dt__tcp_sum(acc, in, n);
 }
 
 /* The agreement round by recursive doubling (the same tree as dt__tcp_rd),
@@ -17469,9 +17483,7 @@ static dt_result dt__tcp_ring(dt__comm_tcp *t, float *buf, size_t n, int gather)
         rc = dt__tcp_exchange(t, next, DT__TCP_MSG_SUM, buf + sb + so, sm, prev, DT__TCP_MSG_SUM, t->scratch, rm);
         if (rc == DTRAIN_OK) {
           /* received partial (x[j+1] + ... ) + this rank's value */
-          float *d = buf + rb + ro;
-          const float *in = t->scratch;
-          for (size_t i = 0; i < rm; i++) d[i] = in[i] + d[i];
+          dt__tcp_sum(buf + rb + ro, t->scratch, rm);
         }
       }
       if (rc != DTRAIN_OK) return rc;
@@ -17534,13 +17546,11 @@ static dt_result dt__tcp_reduce(dt_comm *c, int rank, float *buf, size_t n, int 
     }
     rc = dt__tcp_recv(t, prev, DT__TCP_MSG_SUM, t->scratch, m * sizeof(float));
     if (rc != DTRAIN_OK) break;
-    float *acc = t->scratch;
-    const float *mine = buf + off;
     if (pos == world - 1) {
-      for (size_t i = 0; i < m; i++) buf[off + i] = acc[i] + mine[i];
+      dt__tcp_sum(buf + off, t->scratch, m); /* partial + this rank's value, into buf */
     } else {
-      for (size_t i = 0; i < m; i++) acc[i] = acc[i] + mine[i];
-      rc = dt__tcp_send(t, next, DT__TCP_MSG_SUM, acc, m * sizeof(float));
+      dt__tcp_sum(t->scratch, buf + off, m);
+      rc = dt__tcp_send(t, next, DT__TCP_MSG_SUM, t->scratch, m * sizeof(float));
     }
   }
   return dt__tcp_leave(t, rc, n);

@@ -313,11 +313,18 @@ static dt_result dt__tcp_recv(dt__comm_tcp *t, int from, uint16_t type, void *r,
 
 typedef void (*dt__tcp_combine_fn)(void *acc, const void *in, size_t bytes);
 
+/* d[i] = in[i] + d[i] (float addition commutes: the same bits as d + in).
+ * Blocks of 8 so that compilers vectorise it at -O2 too; the sums are
+ * memory-bound and otherwise a fifth of a large all-reduce's time. */
+static void dt__tcp_sum(float *DT__RESTRICT d, const float *DT__RESTRICT in, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) d[i + j] = in[i + j] + d[i + j];
+  for (; i < n; i++) d[i] = in[i] + d[i];
+}
+
 static void dt__tcp_add(void *acc, const void *in, size_t bytes) {
-  float *a = (float *)acc;
-  const float *b = (const float *)in;
-  size_t n = bytes / sizeof(float);
-  for (size_t i = 0; i < n; i++) a[i] += b[i];
+  dt__tcp_sum((float *)acc, (const float *)in, bytes / sizeof(float));
 }
 
 /* buf (bytes) becomes the combination over all ranks. Partial frames are
@@ -468,8 +475,7 @@ static void dt__tcp_agree_fold(dt__comm_tcp *t, uint32_t len, size_t n, int fina
   float *acc = (float *)(void *)(t->fout + DT__TCP_CALL_BYTES);
   const float *in = (const float *)(const void *)(t->fin + DT__TCP_CALL_BYTES);
   if (final) memcpy(acc, in, n * sizeof(float));
-  else
-    for (size_t i = 0; i < n; i++) acc[i] += in[i];
+  else dt__tcp_sum(acc, in, n);
 }
 
 /* The agreement round by recursive doubling (the same tree as dt__tcp_rd),
@@ -607,9 +613,7 @@ static dt_result dt__tcp_ring(dt__comm_tcp *t, float *buf, size_t n, int gather)
         rc = dt__tcp_exchange(t, next, DT__TCP_MSG_SUM, buf + sb + so, sm, prev, DT__TCP_MSG_SUM, t->scratch, rm);
         if (rc == DTRAIN_OK) {
           /* received partial (x[j+1] + ... ) + this rank's value */
-          float *d = buf + rb + ro;
-          const float *in = t->scratch;
-          for (size_t i = 0; i < rm; i++) d[i] = in[i] + d[i];
+          dt__tcp_sum(buf + rb + ro, t->scratch, rm);
         }
       }
       if (rc != DTRAIN_OK) return rc;
@@ -672,13 +676,11 @@ static dt_result dt__tcp_reduce(dt_comm *c, int rank, float *buf, size_t n, int 
     }
     rc = dt__tcp_recv(t, prev, DT__TCP_MSG_SUM, t->scratch, m * sizeof(float));
     if (rc != DTRAIN_OK) break;
-    float *acc = t->scratch;
-    const float *mine = buf + off;
     if (pos == world - 1) {
-      for (size_t i = 0; i < m; i++) buf[off + i] = acc[i] + mine[i];
+      dt__tcp_sum(buf + off, t->scratch, m); /* partial + this rank's value, into buf */
     } else {
-      for (size_t i = 0; i < m; i++) acc[i] = acc[i] + mine[i];
-      rc = dt__tcp_send(t, next, DT__TCP_MSG_SUM, acc, m * sizeof(float));
+      dt__tcp_sum(t->scratch, buf + off, m);
+      rc = dt__tcp_send(t, next, DT__TCP_MSG_SUM, t->scratch, m * sizeof(float));
     }
   }
   return dt__tcp_leave(t, rc, n);
