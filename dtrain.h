@@ -5819,6 +5819,8 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
  *   gcol [K,nb*P] = w^T @ gy,  then col2im accumulates gcol into gx
  *   gb [O]      += sum of gy over images and positions
  * A 1x1 kernel with stride 1, padding 0 and nb == 1 uses x itself as col.
+ * 5x5 kernels with stride 1 and at least 8 channels in and out use
+ * Winograd F(2x2, 5x5) instead (see below): 2.8x fewer multiplications.
  */
 /* #include "dt_internal.h" (amalgamated) */
 #if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
@@ -6047,7 +6049,8 @@ typedef int32_t dt__wvi __attribute__((vector_size(32)));
 #  define DT__WV_ST(p, v) (*(dt__wvu *)(void *)(p) = (v))
 #  define DT__WV_ADD(a, b) ((a) + (b))
 #  define DT__WV_SUB(a, b) ((a) - (b))
-#  define DT__WV_MUL(a, s) ((a) * (s))
+#  define DT__WV_MUL(a, s) ((a) * (s)) /* s: a positive float constant (see DT__WV_NEG) */
+#  define DT__WV_NEG(a) (-(a))
 /* A mask of the lanes below n; DT__WV_KEEP sets the other lanes to 0
  * (bitwise, so garbage lanes cannot leak NaN). */
 typedef dt__wvi dt__wvm;
@@ -6088,6 +6091,7 @@ static void dt__wv_keep(dt__wv *v, int64_t n) {
 #  define DT__WV_ADD(a, b) dt__wv_add(a, b)
 #  define DT__WV_SUB(a, b) dt__wv_sub(a, b)
 #  define DT__WV_MUL(a, s) dt__wv_mul(a, s)
+#  define DT__WV_NEG(a) dt__wv_mul(a, -1.0f)
 #endif
 
 typedef struct dt__wino {
@@ -6181,7 +6185,8 @@ static void dt__wino_in(const dt__conv_geom *q, const dt__wino *z, const float *
     G0 = DT__WV_MUL(a, 4.0f);                                                                                  \
     G1 = DT__WV_ADD(DT__WV_ADD(DT__WV_MUL(DT__WV_SUB(c, b), 4.0f), DT__WV_MUL(DT__WV_SUB(f, d), 2.0f)),        \
                     DT__WV_MUL(h, 4.0f));                                                                      \
-    G2 = DT__WV_SUB(DT__WV_SUB(DT__WV_MUL(a, -5.0f), DT__WV_MUL(DT__WV_ADD(b, c), 4.0f)), DT__WV_ADD(d, f));   \
+    G2 = DT__WV_NEG(DT__WV_ADD(DT__WV_ADD(DT__WV_MUL(a, 5.0f), DT__WV_MUL(DT__WV_ADD(b, c), 4.0f)),           \
+                               DT__WV_ADD(d, f)));                                                             \
     G3 = DT__WV_SUB(DT__WV_ADD(DT__WV_SUB(b, c), DT__WV_MUL(DT__WV_SUB(d, f), 2.0f)), DT__WV_MUL(h, 5.0f));    \
     G4 = DT__WV_ADD(DT__WV_ADD(DT__WV_ADD(a, b), DT__WV_ADD(c, d)), f);                                        \
     G5 = h;                                                                                                    \
@@ -6396,61 +6401,147 @@ static void dt__wino_kernels_adjoint(const dt__conv_geom *q, const float *du, fl
   }
 }
 
-static void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
-                             float *y) {
-  dt__wino z;
-  dt__wino_geometry(q, &z);
-  int64_t oc = q->o * q->c, chw = q->c * q->h * q->w, hw = q->h * q->w, op = q->o * q->pp;
-  int64_t ldmax = z.nb * z.tpi + DT__WINO_L;
-  float *u = dt__arena_floats(g, 36 * oc), *v = dt__arena_floats(g, 36 * q->c * ldmax);
-  float *m = dt__arena_floats(g, 36 * q->o * ldmax), *scr = dt__arena_floats(g, dt__wino_scratch(&z));
-  if (g->err != DTRAIN_OK) return;
-  dt__wino_kernels(q, w, u);
-  for (int64_t n0 = 0; n0 < q->n; n0 += z.nb) {
-    int64_t nbb = DT__MIN(z.nb, q->n - n0), tt = nbb * z.tpi, ld = tt + DT__WINO_L;
-    for (int64_t c = 0; c < q->c; c++)
-      for (int64_t j = 0; j < nbb; j++) /* in increasing j: see the spill note above */
-        dt__wino_in(q, &z, x + (n0 + j) * chw + c * hw, v + c * ld + j * z.tpi, q->c * ld, scr);
-    for (int64_t xi = 0; xi < 36; xi++)
-      dt_sgemm(0, 0, q->o, tt, q->c, 1.0f, u + xi * oc, q->c, v + xi * q->c * ld, ld, 0.0f, m + xi * q->o * ld, ld);
-    for (int64_t j = 0; j < nbb; j++)
-      for (int64_t o = 0; o < q->o; o++)
-        dt__wino_out(q, &z, m + o * ld + j * z.tpi, q->o * ld, y + (n0 + j) * op + o * q->pp, b ? b[o] : 0.0f, scr);
+/* The steps of a group of images, each split over the intra-op threads by
+ * planes (transforms) or by xi (GEMMs): every part writes its own planes or
+ * matrices, each computed exactly as on one thread, so results do not
+ * depend on the number of threads. */
+enum { DT__WINO_IN, DT__WINO_MUL, DT__WINO_OUT, DT__WINO_OUT_ADJ, DT__WINO_MUL_DU, DT__WINO_MUL_DV, DT__WINO_IN_ADJ };
+typedef struct dt__wino_job {
+  const dt__conv_geom *q;
+  const dt__wino *z;
+  int step;
+  int64_t n0, nbb, tt, ld, nscr;
+  const float *x, *b, *u, *gy;
+  float *v, *m, *y, *du, *dv, *gx, *scr;
+} dt__wino_job;
+
+static void dt__wino_part(void *arg, int part, int nparts) {
+  const dt__wino_job *jb = (const dt__wino_job *)arg;
+  const dt__conv_geom *q = jb->q;
+  const dt__wino *z = jb->z;
+  int64_t hw = q->h * q->w, chw = q->c * hw, op = q->o * q->pp, oc = q->o * q->c, ld = jb->ld, tt = jb->tt;
+  int64_t total = jb->step == DT__WINO_IN || jb->step == DT__WINO_IN_ADJ    ? q->c
+                  : jb->step == DT__WINO_OUT || jb->step == DT__WINO_OUT_ADJ ? q->o
+                                                                             : 36;
+  int64_t i0 = total * part / nparts, i1 = total * (part + 1) / nparts;
+  float *scr = jb->scr + part * jb->nscr;
+  const float *x = jb->x + jb->n0 * chw;
+  for (int64_t i = i0; i < i1; i++) {
+    switch (jb->step) {
+    case DT__WINO_IN: /* images in increasing order: see the spill note above */
+      for (int64_t j = 0; j < jb->nbb; j++)
+        dt__wino_in(q, z, x + j * chw + i * hw, jb->v + i * ld + j * z->tpi, q->c * ld, scr);
+      break;
+    case DT__WINO_MUL:
+      dt_sgemm(0, 0, q->o, tt, q->c, 1.0f, jb->u + i * oc, q->c, jb->v + i * q->c * ld, ld, 0.0f,
+               jb->m + i * q->o * ld, ld);
+      break;
+    case DT__WINO_OUT:
+      for (int64_t j = 0; j < jb->nbb; j++)
+        dt__wino_out(q, z, jb->m + i * ld + j * z->tpi, q->o * ld, jb->y + (jb->n0 + j) * op + i * q->pp,
+                     jb->b ? jb->b[i] : 0.0f, scr);
+      break;
+    case DT__WINO_OUT_ADJ:
+      for (int64_t j = 0; j < jb->nbb; j++)
+        dt__wino_out_adjoint(q, z, jb->gy + (jb->n0 + j) * op + i * q->pp, jb->m + i * ld + j * z->tpi, q->o * ld,
+                             scr);
+      break;
+    case DT__WINO_MUL_DU:
+      dt_sgemm(0, 1, q->o, q->c, tt, 1.0f, jb->m + i * q->o * ld, ld, jb->v + i * q->c * ld, ld,
+               jb->n0 == 0 ? 0.0f : 1.0f, jb->du + i * oc, q->c);
+      break;
+    case DT__WINO_MUL_DV:
+      dt_sgemm(1, 0, q->c, tt, q->o, 1.0f, jb->u + i * oc, q->c, jb->m + i * q->o * ld, ld, 0.0f,
+               jb->dv + i * q->c * ld, ld);
+      break;
+    default: /* DT__WINO_IN_ADJ */
+      for (int64_t j = 0; j < jb->nbb; j++)
+        dt__wino_in_adjoint(q, z, jb->dv + i * ld + j * z->tpi, q->c * ld, jb->gx + (jb->n0 + j) * chw + i * hw,
+                            scr);
+      break;
+    }
   }
 }
 
+static void dt__wino_run(dt__wino_job *jb, int step, int parts) {
+  jb->step = step;
+  dt__par_run(parts, dt__wino_part, jb);
+}
+
+/* Sets up a job: scratch per part, and the group buffers (v and dv only
+ * when asked). Returns the number of parts, 0 when the arena failed. */
+static int dt__wino_setup(dt_graph *g, dt__wino_job *jb, const dt__conv_geom *q, const dt__wino *z, int want_v,
+                          int want_dv) {
+  int parts = dt__par_threads();
+  if (parts < 1) parts = 1;
+  if (parts > 36) parts = 36;
+  int64_t ldmax = z->nb * z->tpi + DT__WINO_L;
+  memset(jb, 0, sizeof *jb);
+  jb->q = q;
+  jb->z = z;
+  jb->nscr = dt__wino_scratch(z);
+  jb->scr = dt__arena_floats(g, parts * jb->nscr);
+  jb->u = NULL;
+  jb->v = want_v ? dt__arena_floats(g, 36 * q->c * ldmax) : NULL;
+  jb->dv = want_dv ? dt__arena_floats(g, 36 * q->c * ldmax) : NULL;
+  jb->m = dt__arena_floats(g, 36 * q->o * ldmax);
+  return g->err == DTRAIN_OK ? parts : 0;
+}
+
+static void dt__wino_group(dt__wino_job *jb, int64_t n0) {
+  jb->n0 = n0;
+  jb->nbb = DT__MIN(jb->z->nb, jb->q->n - n0);
+  jb->tt = jb->nbb * jb->z->tpi;
+  jb->ld = jb->tt + DT__WINO_L;
+}
+
+static void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
+                             float *y) {
+  dt__wino z;
+  dt__wino_job jb;
+  dt__wino_geometry(q, &z);
+  float *u = dt__arena_floats(g, 36 * q->o * q->c);
+  int parts = dt__wino_setup(g, &jb, q, &z, 1, 0);
+  if (!parts || g->err != DTRAIN_OK) return;
+  dt__wino_kernels(q, w, u);
+  jb.u = u;
+  jb.x = x;
+  jb.b = b;
+  jb.y = y;
+  for (int64_t n0 = 0; n0 < q->n; n0 += z.nb) {
+    dt__wino_group(&jb, n0);
+    dt__wino_run(&jb, DT__WINO_IN, parts);
+    dt__wino_run(&jb, DT__WINO_MUL, parts);
+    dt__wino_run(&jb, DT__WINO_OUT, parts);
+  }
+}
+
+/* gy: the output gradient; m holds dM. */
 static void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *gy,
                               float *gx, float *gw) {
   dt__wino z;
+  dt__wino_job jb;
   dt__wino_geometry(q, &z);
-  int64_t oc = q->o * q->c, chw = q->c * q->h * q->w, hw = q->h * q->w, op = q->o * q->pp;
-  int64_t ldmax = z.nb * z.tpi + DT__WINO_L;
+  int64_t oc = q->o * q->c;
   float *u = gx ? dt__arena_floats(g, 36 * oc) : NULL, *du = gw ? dt__arena_floats(g, 36 * oc) : NULL;
-  float *v = gw ? dt__arena_floats(g, 36 * q->c * ldmax) : NULL;
-  float *dv = gx ? dt__arena_floats(g, 36 * q->c * ldmax) : NULL;
-  float *dm = dt__arena_floats(g, 36 * q->o * ldmax), *scr = dt__arena_floats(g, dt__wino_scratch(&z));
-  if (g->err != DTRAIN_OK) return;
+  int parts = dt__wino_setup(g, &jb, q, &z, gw != NULL, gx != NULL);
+  if (!parts || g->err != DTRAIN_OK) return;
   if (gx) dt__wino_kernels(q, w, u);
+  jb.u = u;
+  jb.du = du;
+  jb.x = x;
+  jb.gy = gy;
+  jb.gx = gx;
   for (int64_t n0 = 0; n0 < q->n; n0 += z.nb) {
-    int64_t nbb = DT__MIN(z.nb, q->n - n0), tt = nbb * z.tpi, ld = tt + DT__WINO_L;
-    for (int64_t o = 0; o < q->o; o++)
-      for (int64_t j = 0; j < nbb; j++)
-        dt__wino_out_adjoint(q, &z, gy + (n0 + j) * op + o * q->pp, dm + o * ld + j * z.tpi, q->o * ld, scr);
+    dt__wino_group(&jb, n0);
+    dt__wino_run(&jb, DT__WINO_OUT_ADJ, parts);
     if (gw) {
-      for (int64_t c = 0; c < q->c; c++)
-        for (int64_t j = 0; j < nbb; j++)
-          dt__wino_in(q, &z, x + (n0 + j) * chw + c * hw, v + c * ld + j * z.tpi, q->c * ld, scr);
-      for (int64_t xi = 0; xi < 36; xi++)
-        dt_sgemm(0, 1, q->o, q->c, tt, 1.0f, dm + xi * q->o * ld, ld, v + xi * q->c * ld, ld, n0 == 0 ? 0.0f : 1.0f,
-                 du + xi * oc, q->c);
+      dt__wino_run(&jb, DT__WINO_IN, parts);
+      dt__wino_run(&jb, DT__WINO_MUL_DU, parts);
     }
     if (gx) {
-      for (int64_t xi = 0; xi < 36; xi++)
-        dt_sgemm(1, 0, q->c, tt, q->o, 1.0f, u + xi * oc, q->c, dm + xi * q->o * ld, ld, 0.0f, dv + xi * q->c * ld,
-                 ld);
-      for (int64_t j = 0; j < nbb; j++)
-        for (int64_t c = 0; c < q->c; c++)
-          dt__wino_in_adjoint(q, &z, dv + c * ld + j * z.tpi, q->c * ld, gx + (n0 + j) * chw + c * hw, scr);
+      dt__wino_run(&jb, DT__WINO_MUL_DV, parts);
+      dt__wino_run(&jb, DT__WINO_IN_ADJ, parts);
     }
   }
   if (gw) dt__wino_kernels_adjoint(q, du, gw);
@@ -6825,6 +6916,7 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 #undef DT__WV_SUB
 #undef DT__WV_MUL
 #undef DT__WV_KEEP
+#undef DT__WV_NEG
 #undef DT__CONV_COLS
 #undef DT__CONV_CAP
 #ifdef DT__CONV_SSE
