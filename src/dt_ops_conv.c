@@ -230,6 +230,14 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
  * register), otherwise an array that the compiler may vectorise. */
 #define DT__WINO_L 8
 #define DT__WINO_COLS 192 /* tiles per GEMM: at least the B panel width */
+/* The transforms are inlined into two copies of the step function, one
+ * compiled for AVX2 (x86-64, picked at run time: one 8-lane register per
+ * vector instead of two SSE ones) and one for the build's target. */
+#if defined(__GNUC__) || defined(__clang__)
+#  define DT__WINO_INLINE __attribute__((always_inline)) inline
+#else
+#  define DT__WINO_INLINE
+#endif
 #if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__))
 /* Loads and stores through an unaligned, may-alias vector type; macros, as
  * passing a 32-byte vector by value to a function changes the ABI without
@@ -246,7 +254,7 @@ typedef int32_t dt__wvi __attribute__((vector_size(32)));
 /* A mask of the lanes below n; DT__WV_KEEP sets the other lanes to 0
  * (bitwise, so garbage lanes cannot leak NaN). */
 typedef dt__wvi dt__wvm;
-static void dt__wv_mask(dt__wvm *m, int64_t n) {
+static DT__WINO_INLINE void dt__wv_mask(dt__wvm *m, int64_t n) {
   for (int i = 0; i < DT__WINO_L; i++) (*m)[i] = i < n ? -1 : 0;
 }
 #  define DT__WV_KEEP(v, m) ((v) = (dt__wv)((dt__wvi)(v) & (m)))
@@ -324,7 +332,7 @@ static int64_t dt__wino_scratch(const dt__wino *z) {
  * plane is at [xi * xs + ti * tw + tj]. */
 
 /* Input transform of one plane [H, W]: v = B^T d B for every tile. */
-static void dt__wino_in(const dt__conv_geom *q, const dt__wino *z, const float *plane, float *v, int64_t xs,
+static DT__WINO_INLINE void dt__wino_in(const dt__conv_geom *q, const dt__wino *z, const float *plane, float *v, int64_t xs,
                         float *scr) {
   int64_t lw = z->lw, tw = z->tw;
   float *hb = scr, *e = hb + z->rows * 6 * lw, *od = e + lw + 8;
@@ -386,7 +394,7 @@ static void dt__wino_in(const dt__conv_geom *q, const dt__wino *z, const float *
 
 /* The adjoint of the input transform: gx [H, W] += the sum over the tiles
  * of B dv B^T, each at its tile's place. */
-static void dt__wino_in_adjoint(const dt__conv_geom *q, const dt__wino *z, const float *dv, int64_t xs, float *gx,
+static DT__WINO_INLINE void dt__wino_in_adjoint(const dt__conv_geom *q, const dt__wino *z, const float *dv, int64_t xs, float *gx,
                                 float *scr) {
   int64_t lw = z->lw, tw = z->tw, gp = lw + 16;
   float *hb = scr, *gb = hb + z->rows * 6 * lw, *e = gb + 6 * gp, *od = e + lw + 8;
@@ -450,7 +458,7 @@ static void dt__wino_in_adjoint(const dt__conv_geom *q, const dt__wino *z, const
 /* Output transform of one output plane [Ho, Wo]: y = A^T m A + bias per tile,
  * the parts of the last tiles past Ho, Wo dropped. A^T = [1 1 1 1 1 0;
  * 0 1 -1 2 -2 1]. */
-static void dt__wino_out(const dt__conv_geom *q, const dt__wino *z, const float *m, int64_t xs, float *y, float bias,
+static DT__WINO_INLINE void dt__wino_out(const dt__conv_geom *q, const dt__wino *z, const float *m, int64_t xs, float *y, float bias,
                          float *scr) {
   int64_t lw = z->lw, tw = z->tw, wo = q->wo;
   float *s = scr, *ev = s + 12 * lw, *od = ev + lw;
@@ -485,7 +493,7 @@ static void dt__wino_out(const dt__conv_geom *q, const dt__wino *z, const float 
 
 /* The adjoint of the output transform for one gradient plane gy [Ho, Wo]:
  * dm = A gy A^T per tile (entries past Ho, Wo count as 0). */
-static void dt__wino_out_adjoint(const dt__conv_geom *q, const dt__wino *z, const float *gy, float *dm, int64_t xs,
+static DT__WINO_INLINE void dt__wino_out_adjoint(const dt__conv_geom *q, const dt__wino *z, const float *gy, float *dm, int64_t xs,
                                  float *scr) {
   int64_t lw = z->lw, tw = z->tw, wo = q->wo;
   float *s = scr, *ev = s + 12 * lw, *od = ev + lw;
@@ -607,7 +615,7 @@ typedef struct dt__wino_job {
   float *v, *m, *y, *du, *dv, *gx, *scr;
 } dt__wino_job;
 
-static void dt__wino_part(void *arg, int part, int nparts) {
+static DT__WINO_INLINE void dt__wino_part_body(void *arg, int part, int nparts) {
   const dt__wino_job *jb = (const dt__wino_job *)arg;
   const dt__conv_geom *q = jb->q;
   const dt__wino *z = jb->z;
@@ -655,8 +663,21 @@ static void dt__wino_part(void *arg, int part, int nparts) {
   }
 }
 
+static void dt__wino_part(void *arg, int part, int nparts) { dt__wino_part_body(arg, part, nparts); }
+#ifdef DT__CONV_AVX
+__attribute__((target("avx2"))) static void dt__wino_part_avx2(void *arg, int part, int nparts) {
+  dt__wino_part_body(arg, part, nparts);
+}
+#endif
+
 static void dt__wino_run(dt__wino_job *jb, int step, int parts) {
   jb->step = step;
+#ifdef DT__CONV_AVX
+  if (__builtin_cpu_supports("avx2")) {
+    dt__par_run(parts, dt__wino_part_avx2, jb);
+    return;
+  }
+#endif
   dt__par_run(parts, dt__wino_part, jb);
 }
 
@@ -1102,6 +1123,7 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 
 #undef DT__WINO_L
 #undef DT__WINO_COLS
+#undef DT__WINO_INLINE
 #undef DT__WV_LD
 #undef DT__WV_ST
 #undef DT__WV_ADD
