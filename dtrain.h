@@ -6211,7 +6211,6 @@ static DT__WINO_INLINE void dt__wino_in_adjoint(const dt__conv_geom *q, const dt
                                 float *scr) {
   int64_t lw = z->lw, tw = z->tw, gp = lw + 16;
   float *hb = scr, *gb = hb + z->rows * 6 * lw, *e = gb + 6 * gp, *od = e + lw + 8;
-  memset(hb, 0, (size_t)(z->rows * 6 * lw) * sizeof(float));
   memset(gb, 0, (size_t)(6 * gp) * sizeof(float));
   dt__wvm last;
   dt__wv_mask(&last, tw - (lw - DT__WINO_L));
@@ -6232,9 +6231,10 @@ static DT__WINO_INLINE void dt__wino_in_adjoint(const dt__conv_geom *q, const dt
         }
         dt__wv g[6];
         DT__WINO_B(a, b, c, d, f, h, g[0], g[1], g[2], g[3], g[4], g[5]);
-        for (int i = 0; i < 6; i++) {
+        for (int i = 0; i < 6; i++) { /* rows past 2*ti + 3 are new in this tile row */
           float *t = h0 + i * 6 * lw + l;
-          DT__WV_ST(t, DT__WV_ADD(DT__WV_LD(t), g[i]));
+          if (ti > 0 && i < 4) DT__WV_ST(t, DT__WV_ADD(DT__WV_LD(t), g[i]));
+          else DT__WV_ST(t, g[i]);
         }
       }
     }
@@ -6309,12 +6309,13 @@ static DT__WINO_INLINE void dt__wino_out(const dt__conv_geom *q, const dt__wino 
 static DT__WINO_INLINE void dt__wino_out_adjoint(const dt__conv_geom *q, const dt__wino *z, const float *gy, float *dm, int64_t xs,
                                  float *scr) {
   int64_t lw = z->lw, tw = z->tw, wo = q->wo;
-  float *s = scr, *ev = s + 12 * lw, *od = ev + lw;
+  float *s = scr;
   for (int64_t ti = 0; ti < z->th; ti++) {
     dt__wv r[2][2];
-    for (int64_t i = 0; i < 2; i++) {
+    for (int64_t i = 0; i < 2; i++) { /* rows 2*ti + i deinterleaved into s[i][0] (even), s[i][1] (odd) */
       int64_t oh = 2 * ti + i;
       int64_t l = 0;
+      float *ev = s + i * 2 * lw, *od = ev + lw;
       if (oh < q->ho) { /* deinterleave the row */
         const float *gr = gy + oh * wo;
         for (; 2 * l + 1 < wo; l++) {
@@ -6328,9 +6329,6 @@ static DT__WINO_INLINE void dt__wino_out_adjoint(const dt__conv_geom *q, const d
         }
       }
       for (; l < lw; l++) ev[l] = od[l] = 0.0f;
-      float *s0 = s + i * 2 * lw;
-      memcpy(s0, ev, (size_t)lw * sizeof(float));
-      memcpy(s0 + lw, od, (size_t)lw * sizeof(float));
     }
     for (int64_t l = 0; l < lw; l += DT__WINO_L) {
       for (int i = 0; i < 2; i++) {
