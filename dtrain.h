@@ -6031,9 +6031,10 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
  * instead of 100. Backward runs the adjoints of the same linear maps:
  *   dM = A dY A^T;  dV_xi = U_xi^T @ dM_xi, dx += scatter of B dV B^T;
  *   dU_xi += dM_xi @ V_xi^T, dw += G^T dU G.
- * The transforms are separable: a 1-D transform along the rows, then along
- * the columns, written as loops over tj (the tile column) in blocks of 8 so
- * that compilers vectorise them. Every value is computed in one fixed order
+ * The transforms are separable: a 1-D transform along the rows (the input
+ * rows deinterleaved into even and odd columns, so that tile tj's columns
+ * are at tj + constant), then down the columns, on vectors of 8 tile
+ * columns. Every value is computed in one fixed order
  * (a function of the shapes only), so results are deterministic; they
  * differ from the im2col path by rounding (a few float ulps per term
  * magnitude). */
