@@ -115,6 +115,12 @@ static int run_gemm(double seconds, int threads) {
       {"cnn conv2 fwd", 0, 0, 64, 196, 800},    {"cnn conv2 dW", 0, 1, 64, 800, 196},
       {"cnn conv2 dcol", 1, 0, 800, 196, 64},   {"cnn fc1 fwd", 0, 1, 64, 1024, 3136},
       {"cnn fc1 dW", 1, 0, 1024, 3136, 64},     {"cnn fc1 dx", 0, 0, 64, 3136, 1024},
+      /* conv2 of the CNN step now runs as Winograd F(2x2,5x5) (the im2col rows above are
+       * its former shapes, still those of other convolutions): per group of 4 images
+       * (196 tiles) and per each of the 36 transformed positions, M = U [O,C] @ V [C,T],
+       * dU = dM @ V^T, dV = U^T @ dM */
+      {"cnn wino fwd", 0, 0, 64, 196, 32},      {"cnn wino dU", 0, 1, 64, 32, 196},
+      {"cnn wino dV", 1, 0, 32, 196, 64},
   };
   int ncases = (int)(sizeof cases / sizeof cases[0]);
   load_openblas(threads);

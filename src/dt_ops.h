@@ -102,7 +102,12 @@ DTRAIN_API dt_tensor *dt_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma,
 DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x);
 
 /* ---- convolution and pooling (NCHW) ------------------------------------------- */
-/* x [N,C,H,W], w [O,C,kh,kw], b [O] or NULL -> [N,O,Ho,Wo]. */
+/* x [N,C,H,W], w [O,C,kh,kw], b [O] or NULL -> [N,O,Ho,Wo].
+ * Ho = (H + 2*padding - kh)/stride + 1, likewise Wo. Computed as im2col +
+ * GEMM, except 5x5 kernels with stride 1 and at least 8 channels in and out,
+ * which use Winograd F(2x2,5x5) (2.8x fewer multiplications; results differ
+ * from a direct sum by a few float roundings per unit of term magnitude).
+ * Either way deterministic, and the same bits with any dt_set_threads. */
 DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b,
                                 int stride, int padding);
 DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride);

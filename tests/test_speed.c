@@ -749,6 +749,57 @@ static void test_adam_threads_bitwise(void) {
   for (int k = 0; k < 3; k++) free(want[k]);
 }
 
+/* The Winograd convolution (5x5, stride 1, >= 8 channels), forward and
+ * backward, split over 2 and 3 threads by planes and by transformed tile
+ * positions: the same bits as one thread. 19 images in groups of 8, 8, 3;
+ * odd output width (a partial last tile). */
+static void test_conv_winograd_threads_bitwise(void) {
+  int64_t xs[4] = {19, 9, 10, 9}, ws[4] = {12, 9, 5, 5}, bs[1] = {12};
+  int64_t nx = 19 * 9 * 10 * 9, nw = 12 * 9 * 25;
+  float *x = (float *)malloc((size_t)nx * sizeof(float)), *w = (float *)malloc((size_t)nw * sizeof(float));
+  float b[12];
+  th_seed(77);
+  th_fill(x, nx, -1, 1);
+  th_fill(w, nw, -1, 1);
+  th_fill(b, 12, -1, 1);
+  float *want = NULL;
+  size_t bytes = 0;
+  int same = 1, runs = 0;
+  for (int th = 1; th <= 3; th++) {
+    if (dt_set_threads(th) != DTRAIN_OK) continue;
+    dt_graph *g = dt_graph_create(NULL, NULL);
+    dt_tensor *tx = dt_tensor_from(g, 4, xs, x), *tw = dt_tensor_from(g, 4, ws, w), *tb = dt_tensor_from(g, 1, bs, b);
+    dt_tensor_set_requires_grad(tx, 1);
+    dt_tensor_set_requires_grad(tw, 1);
+    dt_tensor_set_requires_grad(tb, 1);
+    dt_tensor *y = dt_conv2d(g, tx, tw, tb, 1, 2);
+    CHECK(y && dt_backward_grad(g, y, y->data) == DTRAIN_OK); /* loss = sum(y^2)/2 */
+    if (y && tx->grad && tw->grad && tb->grad) {
+      size_t n = (size_t)(y->size + tx->size + tw->size + tb->size);
+      float *buf = (float *)malloc(n * sizeof(float)), *p = buf;
+      memcpy(p, y->data, (size_t)y->size * sizeof(float));
+      memcpy(p += y->size, tx->grad, (size_t)tx->size * sizeof(float));
+      memcpy(p += tx->size, tw->grad, (size_t)tw->size * sizeof(float));
+      memcpy(p + tw->size, tb->grad, (size_t)tb->size * sizeof(float));
+      runs++;
+      if (!want) {
+        want = buf;
+        bytes = n * sizeof(float);
+      } else {
+        same &= memcmp(want, buf, bytes) == 0;
+        free(buf);
+      }
+    }
+    dt_graph_destroy(g);
+  }
+  dt_set_threads(1);
+  CHECK(runs == (have_threads() ? 3 : 1));
+  CHECK_MSG(same, "%s", "Winograd convolution differs between thread counts");
+  free(want);
+  free(x);
+  free(w);
+}
+
 /* A child of fork() after the pool started has none of its threads: its
  * first parallel GEMM must start a pool of its own, not wait forever. */
 #if defined(__SANITIZE_THREAD__)
@@ -816,6 +867,7 @@ int main(void) {
   TH_RUN(test_gemm_threads_bitwise);
   TH_RUN(test_gemm_threads_concurrent);
   TH_RUN(test_adam_threads_bitwise);
+  TH_RUN(test_conv_winograd_threads_bitwise);
   TH_RUN(test_threads_after_fork);
   return th_summary("speed");
 }
