@@ -115,6 +115,11 @@ typedef struct dt_net_options {
   size_t chunk_bytes;        /* ring all-reduce pipelining chunk [256 KiB] */
   size_t small_bytes;        /* all-reduce of at most this many bytes uses recursive doubling [64 KiB] */
   int quiet;                 /* nonzero: no log lines for refused connections */
+  double spin_us;            /* a collective waiting for a peer's frame retries the socket
+                                (sched_yield() between tries) this long before sleeping in
+                                poll(), whose wake-up costs a few microseconds per message
+                                [env DTRAIN_SPIN_US, else 20; 0 here means the default,
+                                negative: never spin] */
 } dt_net_options;
 
 DTRAIN_API dt_net_options dt_net_defaults(void);

@@ -100,6 +100,9 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
 DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd, char *addr, size_t cap);
 DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double deadline);
 DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline);
+/* The same, but when nothing has arrived it polls the socket (yielding the
+ * CPU between tries) for up to spin_s seconds before sleeping in poll(). */
+DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double deadline, double spin_s);
 DTRAIN_PRIVATE void dt__net_close(int fd);
 /* Wait until fd is readable: 1 readable, 0 timed out (after `seconds`), -1 error. */
 DTRAIN_PRIVATE int dt__net_poll_in(int fd, double seconds);
@@ -110,6 +113,7 @@ typedef struct dt__conn {
   uint64_t job;
   uint32_t self_id;      /* our sender id */
   uint32_t max_payload;
+  double spin_s;         /* dt__conn_recv_header spins this long before sleeping (0: never) */
   uint64_t send_seq, recv_seq;
   int peer_role;         /* dt_role, -1 before the handshake */
   int peer_index;

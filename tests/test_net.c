@@ -12,6 +12,7 @@
 
 #ifndef DTRAIN_NO_NET
 #  include <dirent.h>
+#  include <fcntl.h>
 #  include <signal.h>
 #  include <sys/socket.h>
 #  include <sys/wait.h>
@@ -428,6 +429,31 @@ static void test_exchange_and_abort(void) {
   CHECK_MSG(strstr(r.msg, "allreduce #3") && strstr(r.msg, "worker 1") && strstr(r.msg, "loss is NaN"), "%s", r.msg);
 }
 
+/* DTRAIN_SPIN_US and the spinning read: data that arrives is read, and the
+ * deadline holds even when the spin asked for is longer. */
+static void test_spin_read(void) {
+  unsetenv("DTRAIN_SPIN_US");
+  CHECK(dt_net_defaults().spin_us == 20.0);
+  setenv("DTRAIN_SPIN_US", "-1", 1);
+  CHECK(dt_net_defaults().spin_us < 0);
+  setenv("DTRAIN_SPIN_US", "75", 1);
+  CHECK(dt_net_defaults().spin_us == 75.0);
+  unsetenv("DTRAIN_SPIN_US");
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+  unsigned char out[8] = {1, 2, 3, 4, 5, 6, 7, 8}, in[8] = {0};
+  CHECK(write(sv[1], out, 8) == 8);
+  CHECK(dt__net_read_spin(sv[0], in, 8, dt__now() + 2.0, 1e-3) == DTRAIN_OK && memcmp(in, out, 8) == 0);
+  /* Nothing comes: a 10 s spin still ends at the 0.2 s deadline. */
+  double t0 = dt__now();
+  CHECK(dt__net_read_spin(sv[0], in, 8, t0 + 0.2, 10.0) == DTRAIN_ERR_TIMEOUT);
+  double took = dt__now() - t0;
+  CHECK_MSG(took >= 0.19 && took < 5.0, "took %.3f s", took);
+  close(sv[0]);
+  close(sv[1]);
+}
+
 static void test_connect_deadline(void) {
   /* Nobody listens: retries with backoff, then a timeout within the deadline. */
   int lfd;
@@ -463,6 +489,7 @@ int main(void) {
   TH_RUN(test_bad_clients);
   TH_RUN(test_exchange_and_abort);
   TH_RUN(test_connect_deadline);
+  TH_RUN(test_spin_read);
 #endif
   return th_summary("test_net");
 }
