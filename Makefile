@@ -24,7 +24,7 @@ AMALG    := $(BUILD)/tools/amalgamate
 .PHONY: xor test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
 .PHONY: bench-strategy bench-net fuzz
 
-all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
+all: dtrain.h $(TESTS) $(CUDA_TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
 
 # The launcher (plain POSIX C, no dtrain.h): built for this machine with
 # HOSTCC, also in cross builds, since it is installed and run here.
@@ -66,6 +66,30 @@ $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump: $(BUILD)/tests/%: tests/%
 $(BUILD)/examples/%: examples/%.c dtrain.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -I. $< -o $@ $(LDLIBS)
+
+# ---- the CUDA backend (dtrain_cuda.h) ---------------------------------------------
+# test_cuda_emu: the CUDA kernels' math in host emulation against the CPU ops
+# (plain C++, built and run everywhere). test_cuda: the same checks on a real
+# GPU, built with nvcc where it exists (PATH or /usr/local/cuda/bin) for a
+# native, non-sanitizer build; elsewhere a stand-in that prints why it skips.
+# On a machine without a GPU the nvcc-built test_cuda skips at run time.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+NVCCFLAGS ?= -std=c++17 -O2 -Xcompiler -Wall,-Wextra,-Werror
+CUDA_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_cuda
+CUDA_NATIVE := $(if $(filter $(shell $(CC) -dumpmachine 2>/dev/null),$(shell $(HOSTCC) -dumpmachine 2>/dev/null)),yes,)
+CUDA_SKIP := $(if $(NVCC),$(if $(CUDA_NATIVE),$(if $(SAN),not built in sanitizer builds,),not built in cross builds),nvcc not found)
+
+$(BUILD)/tests/test_cuda_emu: tests/test_cuda_emu.cc tests/cuda_parity.h tests/harness.h dtrain.h dtrain_cuda.h
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) -I. -Itests $< -o $@ $(LDLIBS)
+
+$(BUILD)/tests/test_cuda: tests/test_cuda.cu tests/cuda_skip.c tests/cuda_parity.h tests/harness.h dtrain_cuda.h $(BUILD)/dtrain.o
+	@mkdir -p $(dir $@)
+ifeq ($(CUDA_SKIP),)
+	$(NVCC) $(NVCCFLAGS) $(EXTRA_CFLAGS) -I. -Itests $< $(BUILD)/dtrain.o -o $@ -lcublas $(LDLIBS)
+else
+	$(CC) $(CFLAGS_ALL) '-DCUDA_SKIP_REASON="$(CUDA_SKIP)"' tests/cuda_skip.c -o $@
+endif
 
 # ---- running -----------------------------------------------------------------
 test: all

@@ -284,6 +284,7 @@ DTRAIN_EXTERN_C_BEGIN
 typedef struct dt_tensor dt_tensor;
 typedef struct dt_graph dt_graph;
 typedef struct dt_params dt_params;
+typedef struct dt_device dt_device; /* dt_device.h */
 
 /* Tensor flags. */
 #define DTRAIN_TENSOR_REQUIRES_GRAD 0x01 /* gradient flows into this tensor */
@@ -333,6 +334,7 @@ typedef struct dt_graph_desc {
   size_t arena_bytes;   /* first arena block; 0 means 1 MiB */
   uint64_t seed;        /* seed of the graph's RNG (dropout); 0 means 1 */
   int check_numerics;   /* nonzero: every op checks its output for NaN/Inf */
+  dt_device *device;    /* NULL: the CPU; else run on this device (dt_device.h) */
 } dt_graph_desc;
 
 /* Create a graph bound to `params` (may be NULL): dt_param(g, i) returns views
@@ -763,6 +765,14 @@ DTRAIN_API dt_result dt_optim_step(dt_optim *o);
  * [begin,end), using this optimizer's state for that range, at the current
  * step (no clipping, does not advance). The range may cut parameters. */
 DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad, size_t begin, size_t end);
+/* One step over the parameter buffers a graph's dt_param views use
+ * (dt_graph_param_data/grad): on a CPU graph the same as dt_optim_step on
+ * those buffers; on a device graph (dt_device.h) the update runs on the
+ * device, with the optimizer's state in device memory (allocated at the
+ * first call and tied to that device; dt_optim_state then does not hold it).
+ * SGD, Adam, AdamW and clip_norm run on a device; RMSprop returns
+ * DTRAIN_ERR_UNSUPPORTED there. Clips (if set), updates, advances. */
+DTRAIN_API dt_result dt_optim_step_graph(dt_optim *o, dt_graph *g);
 /* Advance the step counter (after every range of a step was updated). */
 DTRAIN_API void dt_optim_advance(dt_optim *o);
 
@@ -2270,6 +2280,165 @@ DTRAIN_EXTERN_C_END
 #endif /* DTRAIN_NET_H */
 /* ======== end dt_net.h ======== */
 
+/* ======== begin dt_device.h ======== */
+/* ===========================================================================
+ * dt_device.h -- running a graph on an accelerator (the device hook)
+ * ===========================================================================
+ * A graph created with dt_graph_desc.device set runs on that device: the
+ * SAME model code (dt_linear, dt_relu, dt_cross_entropy, ... on the graph)
+ * works unchanged, but every tensor's `data` and `grad` point into device
+ * memory. Tensor headers (shape, flags, the tape) stay in host memory.
+ *
+ *   dt_device *dev = dt_cuda_device_create(0);     (dtrain_cuda.h)
+ *   dt_graph_desc gd = {0};
+ *   gd.device = dev;                                the one-line switch
+ *   dt_graph *g = dt_graph_create(params, &gd);     uploads the params
+ *   ... forward with the usual ops, dt_backward(g, loss) ...
+ *   dt_optim_step_graph(opt, g);                    update on the device
+ *   dt_graph_zero_grad(g);
+ *   dt_graph_params_download(g);                    device -> params (host)
+ *
+ * What moves, and what does not:
+ *   - dt_tensor_from() copies host data to the device; dt_tensor_new() and
+ *     gradients are zeroed on the device; dt_tensor_wrap() takes a DEVICE
+ *     pointer on a device graph. Read results with dt_tensor_to_host() /
+ *     dt_tensor_grad_to_host() (dt_item() copies the one float itself).
+ *     Never read t->data of a device tensor on the host.
+ *   - A device graph with params holds its own device copy of the params'
+ *     flat data and grad buffers (dt_graph_param_data/grad). The host params
+ *     are not updated until dt_graph_params_download(); after changing the
+ *     host params (dt_load, an initialiser) call dt_graph_params_upload().
+ *     dt_graph_bind() on a device graph takes device pointers.
+ *   - Label arrays (dt_cross_entropy) are host memory: they are checked on
+ *     the host and copied to the device.
+ *   - check_numerics on a device graph copies every op output to the host to
+ *     check it (slow: for debugging).
+ *
+ * Ops that run on a device (everything else fails on a device graph with
+ * DTRAIN_ERR_UNSUPPORTED naming the op and the device, before touching any
+ * data -- never a silent host read of device memory):
+ *   dt_add, dt_sub, dt_mul  (same shapes, or b broadcast over a's leading
+ *                            dims, e.g. [N,C] + [C]; other broadcasts are
+ *                            DTRAIN_ERR_UNSUPPORTED on a device)
+ *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean,
+ *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
+ *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
+ *   views), dt_nn_linear_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
+ *   dt_scalar, dt_item, dt_backward, dt_backward_grad.
+ * Optimizers on a device (dt_optim_step_graph): SGD (momentum, Nesterov,
+ * weight decay), Adam, AdamW, clip_norm. RMSprop: DTRAIN_ERR_UNSUPPORTED.
+ *
+ * ---- the backend interface --------------------------------------------------
+ * A device is a table of functions filled by a backend (dtrain_cuda.h is the
+ * one shipped). The core never calls a device API directly: it allocates,
+ * zeroes and copies through these functions and asks `run` for each kernel.
+ * Every function returns DTRAIN_OK or an error code after recording a message
+ * with dt_device_error() (e.g. "cuda:0: cudaMalloc of 4096 bytes: out of
+ * memory"); the core then fails the graph with that message.
+ */
+#ifndef DTRAIN_DEVICE_H
+#define DTRAIN_DEVICE_H
+
+/* #include "dt_tensor.h" (amalgamated) */
+
+DTRAIN_EXTERN_C_BEGIN
+
+typedef enum dt_copy_kind {
+  DTRAIN_COPY_H2D = 0, /* host -> device */
+  DTRAIN_COPY_D2H = 1, /* device -> host (returns when the data is on the host) */
+  DTRAIN_COPY_D2D = 2  /* device -> device */
+} dt_copy_kind;
+
+/* Kernels the core asks for, with their arguments in dt_kernel_args. p[] are
+ * device pointers, i64 counts, f scalars. "+=" kernels accumulate. A pointer
+ * named "scalar pointer" is a 1-float device buffer read by the kernel (so
+ * that the host never waits on a gradient). Row-major everywhere. */
+typedef enum dt_kernel {
+  /* p0[i] = p1[i] op p2[i % n1], i < n0 (n1 divides n0: b over a's leading dims) */
+  DTRAIN_K_ADD = 1, DTRAIN_K_SUB, DTRAIN_K_MUL,
+  DTRAIN_K_ACC,          /* p0[i] += f0 * p1[i], i < n0 */
+  DTRAIN_K_ACC_MUL,      /* p0[i] += p1[i] * p2[i % n1], i < n0 */
+  DTRAIN_K_ACC_ROWS,     /* p0[j] += f0 * sum_r p1[r*n1 + j], j < n1, r < n0/n1 */
+  DTRAIN_K_ACC_MUL_ROWS, /* p0[j] += sum_r p1[r*n1 + j] * p2[r*n1 + j] */
+  DTRAIN_K_ACC_SCALAR,   /* p0[i] += f0 * p1[0], i < n0 (p1 a scalar pointer) */
+  DTRAIN_K_ROWS_COPY,    /* p0[i] = p1[i % n1], i < n0 (bias rows) */
+  DTRAIN_K_RELU, DTRAIN_K_SIGMOID, DTRAIN_K_TANH,             /* p0[i] = f(p1[i]), i < n0 */
+  DTRAIN_K_RELU_BWD,     /* p0[i] += p1[i] * (p2[i] > 0): p0 gx, p1 gy, p2 x */
+  DTRAIN_K_SIGMOID_BWD,  /* p0[i] += p1[i] * p2[i] * (1 - p2[i]): p2 y */
+  DTRAIN_K_TANH_BWD,     /* p0[i] += p1[i] * (1 - p2[i]^2): p2 y */
+  DTRAIN_K_SUM,          /* p0[0] = f0 * sum p1[0..n0) (accumulated in double) */
+  DTRAIN_K_SUMSQ,        /* p0[0] = sum p1[i]^2 (double) */
+  DTRAIN_K_SCALE,        /* p0[i] *= f0, i < n0 */
+  DTRAIN_K_SQDIFF,       /* p0[i] = (p1[i] - p2[i])^2 */
+  DTRAIN_K_MSE_BWD,      /* d = 2*p4[0]/n0 * (p2[i]-p3[i]); p0 += d, p1 -= d (either NULL) */
+  /* C = alpha op(A) op(B) + beta C: p0 C [m,n], p1 A, p2 B; n0 m, n1 n, n2 k,
+   * n3 = trans_a | trans_b << 1; f0 alpha, f1 beta; packed (lda = cols). */
+  DTRAIN_K_GEMM,
+  /* Softmax over an axis: rows r < n0 (outer*inner), n1 = axis length,
+   * n2 = inner stride, n3 = 1 for log-softmax. Fwd: p0 y, p1 x. Bwd: p0 gx,
+   * p1 gy, p2 y. */
+  DTRAIN_K_SOFTMAX, DTRAIN_K_SOFTMAX_BWD,
+  /* Cross entropy, r < n0 rows of n1 classes, labels in `labels` (device):
+   * fwd p0 row loss, p1 logits, p2 row max, p3 row log-sum-exp(x - max);
+   * bwd (i < n0*n1) p0 gx += p4[0]*f0 * (softmax - onehot), p1 logits, p2, p3. */
+  DTRAIN_K_XENT, DTRAIN_K_XENT_BWD,
+  /* Optimizers over i < n0 elements: p0 param, p1 grad.
+   * SGD: p2 momentum buffer or NULL; f0 lr, f1 weight decay, f2 momentum,
+   *      n1 nesterov.
+   * ADAM: p2 m, p3 v; f0 step_size, f1 weight decay, f2 sqrt(bias corr. 2),
+   *      f3 eps, f4 1-beta1, f5 1-beta2, f6 beta2, f7 shrink (AdamW
+   *      1 - lr*wd); n1 decoupled (AdamW). Same float operations as the CPU. */
+  DTRAIN_K_SGD, DTRAIN_K_ADAM,
+  DTRAIN_K_COUNT
+} dt_kernel;
+
+typedef struct dt_kernel_args {
+  float *p[6];
+  const int32_t *labels;
+  int64_t n[4];
+  float f[8];
+} dt_kernel_args;
+
+typedef struct dt_device dt_device;
+struct dt_device {
+  const char *name;   /* "cuda:0": used in messages */
+  void *impl;         /* the backend's state */
+  dt_result (*alloc)(dt_device *d, size_t bytes, void **out);
+  void (*free)(dt_device *d, void *p, size_t bytes);
+  dt_result (*zero)(dt_device *d, void *p, size_t bytes);
+  dt_result (*copy)(dt_device *d, void *dst, const void *src, size_t bytes, dt_copy_kind kind);
+  dt_result (*sync)(dt_device *d);
+  /* DTRAIN_ERR_UNSUPPORTED for a kernel the backend lacks. */
+  dt_result (*run)(dt_device *d, dt_kernel k, const dt_kernel_args *a);
+};
+
+/* For backends: record `msg` as this thread's error (dt_last_error) and
+ * return code. */
+DTRAIN_API dt_result dt_device_error(dt_result code, const char *msg);
+
+/* The device of a graph (NULL: the CPU). */
+DTRAIN_API dt_device *dt_graph_device(const dt_graph *g);
+/* The flat parameter buffers the graph's dt_param views use (device memory
+ * on a device graph); NULL without params. */
+DTRAIN_API float *dt_graph_param_data(dt_graph *g);
+DTRAIN_API float *dt_graph_param_grad(dt_graph *g);
+/* Host params -> the graph's device copy, and back (data only; upload also
+ * zeroes the device gradient). DTRAIN_OK and nothing done on a CPU graph. */
+DTRAIN_API dt_result dt_graph_params_upload(dt_graph *g);
+DTRAIN_API dt_result dt_graph_params_download(dt_graph *g);
+/* Zero the gradient buffer bound to the graph (device or host). */
+DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g);
+
+/* Copy t->size floats of a tensor's data (or gradient: zeros when it has
+ * none) to host memory `dst`. Works for CPU tensors too (memcpy). */
+DTRAIN_API dt_result dt_tensor_to_host(const dt_tensor *t, float *dst);
+DTRAIN_API dt_result dt_tensor_grad_to_host(const dt_tensor *t, float *dst);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_DEVICE_H */
+/* ======== end dt_device.h ======== */
+
 #endif /* DTRAIN_H_INCLUDED */
 
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN__IMPLEMENTATION_DONE)
@@ -2306,6 +2475,7 @@ DTRAIN_EXTERN_C_END
 /* #include "dt_comm.h" (amalgamated) */
 /* #include "dt_strategy.h" (amalgamated) */
 /* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
 
 #include <float.h>
 #include <limits.h>
@@ -2400,6 +2570,7 @@ DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
  *   }
  */
 typedef struct dt__chunk dt__chunk;
+typedef struct dt__dchunk dt__dchunk;
 
 struct dt_graph {
   dt_params *params;
@@ -2419,6 +2590,13 @@ struct dt_graph {
   char msg[DT__MSG_CAP];
   int training, grad_enabled, check_numerics, backward_done;
   dt_rng rng;
+  /* device (dt_device.h): NULL on the CPU. Tensor data and gradients come
+   * from the device arena `dchunks`; headers from the host arena above. */
+  dt_device *device;
+  dt__dchunk *dchunks;
+  size_t dreserved;
+  float *dparam_data, *dparam_grad; /* the device copy of the params */
+  size_t dparam_n;
 };
 
 /* Checks the graph is usable and the n tensor arguments are non-NULL and
@@ -2447,6 +2625,32 @@ DTRAIN_PRIVATE int dt__axis(int axis, int ndim);
 DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *buf, size_t cap);
 /* Row-major strides of t into st (elements). */
 DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st);
+
+/* ---- device (dt_device.c) ----------------------------------------------------------
+ * Every op that has a device path calls its dt__dev_* twin right after
+ * dt__begin when g->device is set; dt__begin already refused (with
+ * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
+DTRAIN_PRIVATE int dt__dev_op_ok(const char *op);
+DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g);
+DTRAIN_PRIVATE void *dt__dev_arena(dt_graph *g, size_t bytes);
+DTRAIN_PRIVATE void dt__dev_reset(dt_graph *g);
+/* Runs kernel k; on failure fails g with op's name and the device message. */
+DTRAIN_PRIVATE int dt__dev_run(dt_graph *g, const char *op, dt_kernel k, const dt_kernel_args *a);
+DTRAIN_PRIVATE int dt__dev_copy(dt_graph *g, const char *op, void *dst, const void *src, size_t bytes, dt_copy_kind kind);
+DTRAIN_PRIVATE int dt__dev_zero(dt_graph *g, const char *op, void *p, size_t bytes);
+DTRAIN_PRIVATE dt_result dt__dev_graph_init(dt_graph *g);
+DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out);
+DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
+                                         int64_t in, int64_t out, int ndim, const int64_t *shape);
+DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c);
+DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
+/* gx += gy over n elements (the backward of no-copy views). */
+DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op);
 
 /* ---- params internals (dt_params.c) ------------------------------------------------ */
 /* Layout of parameter `index` (no checks: index must be valid). */
@@ -3014,11 +3218,13 @@ DTRAIN_PRIVATE float *dt__arena_floats(dt_graph *g, int64_t n) {
   size_t bytes;
   if (n < 0 || !dt__mul_size((size_t)n, sizeof(float), &bytes))
     return (float *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "arena: %lld floats overflow", (long long)n);
+  if (g->device) return (float *)dt__dev_arena(g, bytes); /* tensor data lives on the device */
   return (float *)dt__arena_alloc(g, bytes);
 }
 
 DTRAIN_PRIVATE float *dt__arena_zeros(dt_graph *g, int64_t n) {
   float *p = dt__arena_floats(g, n);
+  if (p && g->device) return dt__dev_zero(g, "arena", p, (size_t)n * sizeof(float)) ? p : NULL;
   if (p) memset(p, 0, (size_t)n * sizeof(float));
   return p;
 }
@@ -3038,11 +3244,19 @@ DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *des
   g->grad_enabled = 1;
   g->check_numerics = desc ? desc->check_numerics : 0;
   dt_rng_seed(&g->rng, (desc && desc->seed) ? desc->seed : 1);
+  if (desc && desc->device) {
+    g->device = desc->device;
+    if (dt__dev_graph_init(g) != DTRAIN_OK) {
+      dt_graph_destroy(g);
+      return NULL;
+    }
+  }
   return g;
 }
 
 DTRAIN_API void dt_graph_destroy(dt_graph *g) {
   if (!g) return;
+  if (g->device) dt__dev_free_chunks(g);
   dt__tensor_chunks_free(g->chunks);
   dt__free(g->tape, (size_t)g->tape_cap * sizeof(dt_tensor *));
   dt__free(g->pviews, g->pviews_bytes);
@@ -3067,6 +3281,7 @@ DTRAIN_API void dt_graph_reset(dt_graph *g) {
   /* If the merge failed, only the newest block is used again (older ones stay
    * reserved until the next successful merge or destroy): still correct. */
   for (dt__chunk *c = g->chunks; c; c = c->next) c->used = 0;
+  if (g->device) dt__dev_reset(g);
   g->used = 0;
   g->ntape = 0;
   g->err = DTRAIN_OK;
@@ -3136,6 +3351,11 @@ DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...) {
     return 0;
   }
   if (g->err != DTRAIN_OK) return 0;
+  if (g->device && !dt__dev_op_ok(op)) {
+    dt__fail(g, DTRAIN_ERR_UNSUPPORTED, "%s: not supported on device %s (no device kernel; see dt_device.h)", op,
+             g->device->name);
+    return 0;
+  }
   va_list ap;
   va_start(ap, n);
   int ok = 1;
@@ -3286,6 +3506,7 @@ DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_b
 
 DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out) {
   if (g->err != DTRAIN_OK) return NULL;
+  if (g->check_numerics && g->device) return dt__dev_check_numerics(g, out);
   if (g->check_numerics) {
     for (int64_t i = 0; i < out->size; i++) {
       if (!isfinite(out->data[i])) {
@@ -3310,6 +3531,8 @@ DTRAIN_PRIVATE float *dt__grad(dt_graph *g, dt_tensor *t) {
 DTRAIN_API dt_tensor *dt_tensor_new(dt_graph *g, int ndim, const int64_t *shape) {
   if (!dt__begin(g, "dt_tensor_new", 0)) return NULL;
   dt_tensor *t = dt__new(g, "dt_tensor_new", ndim, shape);
+  if (t && g->device)
+    return dt__dev_zero(g, "dt_tensor_new", t->data, (size_t)t->size * sizeof(float)) ? t : NULL;
   if (t) memset(t->data, 0, (size_t)t->size * sizeof(float));
   return t;
 }
@@ -3318,6 +3541,9 @@ DTRAIN_API dt_tensor *dt_tensor_from(dt_graph *g, int ndim, const int64_t *shape
   if (!dt__begin(g, "dt_tensor_from", 0)) return NULL;
   if (!data) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_tensor_from: data is NULL");
   dt_tensor *t = dt__new(g, "dt_tensor_from", ndim, shape);
+  if (t && g->device)
+    return dt__dev_copy(g, "dt_tensor_from", t->data, data, (size_t)t->size * sizeof(float), DTRAIN_COPY_H2D) ? t
+                                                                                                              : NULL;
   if (t) memcpy(t->data, data, (size_t)t->size * sizeof(float));
   return t;
 }
@@ -3346,6 +3572,7 @@ DTRAIN_API dt_tensor *dt_tensor_new4(dt_graph *g, int64_t d0, int64_t d1, int64_
 }
 
 DTRAIN_API dt_tensor *dt_scalar(dt_graph *g, float value) {
+  if (g && g->device) return dt_tensor_from(g, 0, NULL, &value);
   dt_tensor *t = dt_tensor_new(g, 0, NULL);
   if (t) t->data[0] = value;
   return t;
@@ -3360,12 +3587,19 @@ DTRAIN_API void dt_tensor_set_requires_grad(dt_tensor *t, int on) {
 DTRAIN_API dt_tensor *dt_detach(dt_graph *g, dt_tensor *t) {
   if (!dt__begin(g, "dt_detach", 1, t)) return NULL;
   dt_tensor *d = dt__new_like(g, "dt_detach", t);
+  if (d && g->device)
+    return dt__dev_copy(g, "dt_detach", d->data, t->data, (size_t)t->size * sizeof(float), DTRAIN_COPY_D2D) ? d : NULL;
   if (d) memcpy(d->data, t->data, (size_t)t->size * sizeof(float));
   return d;
 }
 
 DTRAIN_API float dt_item(const dt_tensor *t) {
   if (!t || t->size != 1) return NAN;
+  if (t->graph && t->graph->device) {
+    float v;
+    dt_device *d = t->graph->device;
+    return d->copy(d, &v, t->data, sizeof v, DTRAIN_COPY_D2H) == DTRAIN_OK ? v : NAN;
+  }
   return t->data[0];
 }
 
@@ -3390,6 +3624,14 @@ DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index) {
   dt__params_view(g->params, index, &off, &ndim, &shape, &trainable);
   float *data = g->bound_own ? dt_params_data(g->params) : g->bound_data;
   float *grad = g->bound_own ? dt_params_grad(g->params) : g->bound_grad;
+  if (g->device && g->bound_own && dt_params_size(g->params) != g->dparam_n)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE,
+                                 "dt_param: params grew since the graph was created on device %s; create it after "
+                                 "adding every parameter", g->device->name);
+  if (g->device && g->bound_own) { /* the graph's device copy of the params */
+    data = g->dparam_data;
+    grad = g->dparam_grad;
+  }
   dt_tensor *t = &g->pviews[index];
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i];
@@ -3414,8 +3656,9 @@ static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *s
       dt__fail(g, DTRAIN_ERR_SHAPE, "%s: loss must have one element, got %s", fn, dt_shape_str(out, sb, sizeof sb));
       return g->err;
     }
-    if (!isfinite(out->data[0])) {
-      dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: loss is %s", fn, isnan(out->data[0]) ? "NaN" : "Inf");
+    float v = g->device ? dt_item(out) : out->data[0];
+    if (!isfinite(v)) {
+      dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: loss is %s", fn, isnan(v) ? "NaN" : "Inf");
       return g->err;
     }
   }
@@ -3431,7 +3674,15 @@ static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *s
   g->backward_done = 1;
   float *go = dt__grad(g, out);
   if (!go) return g->err;
-  if (seed) {
+  if (g->device) {
+    /* The seed goes up to the device and is added there. */
+    float one = 1.0f;
+    float *tmp = dt__arena_floats(g, out->size);
+    if (!tmp || !dt__dev_copy(g, fn, tmp, seed ? seed : &one, (size_t)out->size * sizeof(float), DTRAIN_COPY_H2D))
+      return g->err;
+    dt__dev_acc(g, go, tmp, out->size, fn);
+    if (g->err != DTRAIN_OK) return g->err;
+  } else if (seed) {
     for (int64_t i = 0; i < out->size; i++) go[i] += seed[i];
   } else {
     go[0] += 1.0f;
@@ -3456,6 +3707,644 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
   return dt__tensor_backward(g, out, grad, "dt_backward_grad");
 }
 /* ======== end dt_tensor.c ======== */
+
+/* ======== begin dt_device.c ======== */
+/* ===========================================================================
+ * dt_device.c -- the device hook: device arena, transfers, and the device
+ * twins of the ops that have kernels (see dt_device.h for the list)
+ * ===========================================================================
+ * On a device graph tensor headers come from the host arena (dt__arena_alloc)
+ * and tensor data from the device arena below (dt__arena_floats switches on
+ * g->device). Each op with a device path calls its dt__dev_* twin here right
+ * after dt__begin; the twin checks what the device supports, allocates its
+ * output, asks the device to run the kernel(s) and records a device backward
+ * function. Every other op is refused by dt__begin (dt__dev_op_ok) with
+ * DTRAIN_ERR_UNSUPPORTED, so no CPU loop ever reads device memory.
+ * Nothing here runs on a CPU graph: the CPU ops only test `g->device`.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+struct dt__dchunk {
+  dt__dchunk *next;
+  void *base; /* device memory */
+  size_t cap, used;
+};
+
+/* Device allocations are 256-byte aligned (what cudaMalloc gives, and what
+ * coalesced loads like). */
+#define DT__DEV_ALIGN 256
+
+/* Ops with a device path (dt__begin refuses every other op on a device). */
+static const char *const dt__device_ops[] = {
+  "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
+  "dt_add", "dt_sub", "dt_mul", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_matmul", "dt_linear",
+  "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
+  "dt_nn_linear_forward", NULL
+};
+
+DTRAIN_PRIVATE int dt__dev_op_ok(const char *op) {
+  for (int i = 0; dt__device_ops[i]; i++)
+    if (strcmp(op, dt__device_ops[i]) == 0) return 1;
+  return 0;
+}
+
+DTRAIN_API dt_result dt_device_error(dt_result code, const char *msg) {
+  return dt__error(code == DTRAIN_OK ? DTRAIN_ERR_INTERNAL : code, "%s", msg ? msg : "device error");
+}
+
+/* ---- plumbing: every device call checked, failures fail the graph ------------------ */
+
+DTRAIN_PRIVATE int dt__dev_run(dt_graph *g, const char *op, dt_kernel k, const dt_kernel_args *a) {
+  dt_result r = g->device->run(g->device, k, a);
+  if (r == DTRAIN_OK) return 1;
+  dt__fail(g, r, "%s: device %s: %s", op, g->device->name, dt_last_error());
+  return 0;
+}
+
+DTRAIN_PRIVATE int dt__dev_copy(dt_graph *g, const char *op, void *dst, const void *src, size_t bytes,
+                                dt_copy_kind kind) {
+  if (bytes == 0) return 1;
+  dt_result r = g->device->copy(g->device, dst, src, bytes, kind);
+  if (r == DTRAIN_OK) return 1;
+  dt__fail(g, r, "%s: device %s: %s", op, g->device->name, dt_last_error());
+  return 0;
+}
+
+DTRAIN_PRIVATE int dt__dev_zero(dt_graph *g, const char *op, void *p, size_t bytes) {
+  if (bytes == 0) return 1;
+  dt_result r = g->device->zero(g->device, p, bytes);
+  if (r == DTRAIN_OK) return 1;
+  dt__fail(g, r, "%s: device %s: %s", op, g->device->name, dt_last_error());
+  return 0;
+}
+
+static void dt__device_args0(dt_kernel_args *a) { memset(a, 0, sizeof *a); }
+
+/* ---- device arena ----------------------------------------------------------------- */
+
+static dt__dchunk *dt__device_chunk_new(dt_graph *g, size_t cap) {
+  dt__dchunk *c = (dt__dchunk *)dt__alloc(sizeof *c);
+  if (!c) {
+    dt__fail(g, DTRAIN_ERR_NOMEM, "arena: out of host memory");
+    return NULL;
+  }
+  dt_result r = g->device->alloc(g->device, cap, &c->base);
+  if (r != DTRAIN_OK) {
+    dt__fail(g, r, "arena: device %s: %s", g->device->name, dt_last_error());
+    dt__free(c, sizeof *c);
+    return NULL;
+  }
+  c->next = NULL;
+  c->cap = cap;
+  c->used = 0;
+  return c;
+}
+
+static void dt__device_chunks_free(dt_device *d, dt__dchunk *c) {
+  while (c) {
+    dt__dchunk *n = c->next;
+    d->free(d, c->base, c->cap);
+    dt__free(c, sizeof *c);
+    c = n;
+  }
+}
+
+DTRAIN_PRIVATE void *dt__dev_arena(dt_graph *g, size_t bytes) {
+  size_t need = (bytes + DT__DEV_ALIGN - 1) & ~(size_t)(DT__DEV_ALIGN - 1);
+  if (need < bytes) return dt__fail(g, DTRAIN_ERR_OVERFLOW, "arena: request of %zu bytes overflows", bytes);
+  if (need == 0) need = DT__DEV_ALIGN;
+  dt__dchunk *c = g->dchunks;
+  if (!c || c->cap - c->used < need) {
+    size_t cap = c ? c->cap * 2 : g->first_block;
+    if (cap < need) cap = need;
+    dt__dchunk *n = dt__device_chunk_new(g, cap);
+    if (!n) return NULL;
+    n->next = c;
+    g->dchunks = n;
+    g->dreserved += cap;
+    c = n;
+  }
+  void *p = (unsigned char *)c->base + c->used;
+  c->used += need;
+  g->used += need;
+  if (g->used > g->peak) g->peak = g->used;
+  return p;
+}
+
+DTRAIN_PRIVATE void dt__dev_reset(dt_graph *g) {
+  if (g->dchunks && g->dchunks->next) { /* merge into one block, as the host arena does */
+    size_t total = 0;
+    for (dt__dchunk *c = g->dchunks; c; c = c->next) total += c->cap;
+    dt__dchunk *one = (dt__dchunk *)dt__alloc(sizeof *one);
+    if (one && g->device->alloc(g->device, total, &one->base) == DTRAIN_OK) {
+      dt__device_chunks_free(g->device, g->dchunks);
+      one->next = NULL;
+      one->cap = total;
+      g->dchunks = one;
+      g->dreserved = total;
+    } else {
+      dt__free(one, sizeof *one);
+      dt_clear_error();
+    }
+  }
+  for (dt__dchunk *c = g->dchunks; c; c = c->next) c->used = 0;
+}
+
+DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g) {
+  dt_device *d = g->device;
+  dt__device_chunks_free(d, g->dchunks);
+  g->dchunks = NULL;
+  if (g->dparam_data) d->free(d, g->dparam_data, g->dparam_n * sizeof(float));
+  if (g->dparam_grad) d->free(d, g->dparam_grad, g->dparam_n * sizeof(float));
+  g->dparam_data = g->dparam_grad = NULL;
+}
+
+/* ---- graph-level device API -------------------------------------------------------- */
+
+DTRAIN_PRIVATE dt_result dt__dev_graph_init(dt_graph *g) {
+  dt_device *d = g->device;
+  if (!d->alloc || !d->free || !d->zero || !d->copy || !d->sync || !d->run)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_graph_create: device %s has a NULL function", d->name ? d->name : "?");
+  size_t n = dt_params_size(g->params), bytes;
+  if (n == 0) return DTRAIN_OK;
+  if (!dt__mul_size(n, sizeof(float), &bytes))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "dt_graph_create: params too large");
+  void *pd = NULL, *pg = NULL;
+  dt_result r = d->alloc(d, bytes, &pd);
+  if (r == DTRAIN_OK) r = d->alloc(d, bytes, &pg);
+  if (r != DTRAIN_OK) {
+    if (pd) d->free(d, pd, bytes);
+    return dt__error(r, "dt_graph_create: device copy of the params (%zu bytes): %s", bytes, dt_last_error());
+  }
+  g->dparam_data = (float *)pd;
+  g->dparam_grad = (float *)pg;
+  g->dparam_n = n;
+  return dt_graph_params_upload(g);
+}
+
+DTRAIN_API dt_device *dt_graph_device(const dt_graph *g) { return g ? g->device : NULL; }
+
+DTRAIN_API float *dt_graph_param_data(dt_graph *g) {
+  if (!g || !g->params) return NULL;
+  if (!g->bound_own) return g->bound_data;
+  return g->device ? g->dparam_data : dt_params_data(g->params);
+}
+
+DTRAIN_API float *dt_graph_param_grad(dt_graph *g) {
+  if (!g || !g->params) return NULL;
+  if (!g->bound_own) return g->bound_grad;
+  return g->device ? g->dparam_grad : dt_params_grad(g->params);
+}
+
+DTRAIN_API dt_result dt_graph_params_upload(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_upload: graph is NULL");
+  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
+  dt_device *d = g->device;
+  if (dt_params_size(g->params) != g->dparam_n)
+    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_upload: params changed size since the graph was created");
+  size_t bytes = g->dparam_n * sizeof(float);
+  dt_result r = d->copy(d, g->dparam_data, dt_params_data(g->params), bytes, DTRAIN_COPY_H2D);
+  if (r == DTRAIN_OK) r = d->zero(d, g->dparam_grad, bytes);
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_upload: device %s: %s", d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_graph_params_download(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_download: graph is NULL");
+  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
+  dt_device *d = g->device;
+  if (dt_params_size(g->params) != g->dparam_n)
+    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_download: params changed size since the graph was created");
+  dt_result r = d->copy(d, dt_params_data(g->params), g->dparam_data, g->dparam_n * sizeof(float), DTRAIN_COPY_D2H);
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_download: device %s: %s", d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_zero_grad: graph is NULL");
+  float *grad = dt_graph_param_grad(g);
+  size_t n = dt_params_size(g->params);
+  if (!grad || n == 0) return DTRAIN_OK;
+  if (!g->device) {
+    memset(grad, 0, n * sizeof(float));
+    return DTRAIN_OK;
+  }
+  dt_result r = g->device->zero(g->device, grad, n * sizeof(float));
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_zero_grad: device %s: %s", g->device->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+static dt_result dt__device_to_host(const dt_tensor *t, const float *src, float *dst, const char *fn) {
+  if (!t || !dst) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: NULL argument", fn);
+  size_t bytes = (size_t)t->size * sizeof(float);
+  dt_device *d = t->graph ? t->graph->device : NULL;
+  if (!src) {
+    memset(dst, 0, bytes);
+    return DTRAIN_OK;
+  }
+  if (!d) {
+    memcpy(dst, src, bytes);
+    return DTRAIN_OK;
+  }
+  dt_result r = d->copy(d, dst, src, bytes, DTRAIN_COPY_D2H);
+  if (r != DTRAIN_OK) return dt__error(r, "%s: device %s: %s", fn, d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_tensor_to_host(const dt_tensor *t, float *dst) {
+  return dt__device_to_host(t, t ? t->data : NULL, dst, "dt_tensor_to_host");
+}
+
+DTRAIN_API dt_result dt_tensor_grad_to_host(const dt_tensor *t, float *dst) {
+  return dt__device_to_host(t, t ? t->grad : NULL, dst, "dt_tensor_grad_to_host");
+}
+
+/* check_numerics on a device: the output comes to the host to be checked. */
+DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out) {
+  size_t bytes = (size_t)out->size * sizeof(float);
+  float *h = (float *)dt__alloc(bytes);
+  if (!h) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "%s: check_numerics: out of host memory", out->op);
+  dt_tensor *res = out;
+  if (!dt__dev_copy(g, out->op, h, out->data, bytes, DTRAIN_COPY_D2H)) {
+    res = NULL;
+  } else {
+    for (int64_t i = 0; i < out->size; i++) {
+      if (!isfinite(h[i])) {
+        char sb[96];
+        dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: output %s has %s at element %lld", out->op,
+                 dt_shape_str(out, sb, sizeof sb), isnan(h[i]) ? "NaN" : "Inf", (long long)i);
+        res = NULL;
+        break;
+      }
+    }
+  }
+  dt__free(h, bytes);
+  return res;
+}
+
+DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op) {
+  dt_kernel_args a;
+  dt__device_args0(&a);
+  a.p[0] = gx;
+  a.p[1] = (float *)(uintptr_t)gy;
+  a.n[0] = n;
+  a.f[0] = 1.0f;
+  dt__dev_run(g, op, DTRAIN_K_ACC, &a);
+}
+
+/* ---- elementwise binary: same shapes, or b over a's leading dims ---------------------- */
+
+static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *a = y->src[0], *b = y->src[1];
+  float *ga = dt__grad(g, a), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  dt_kernel k = (dt_kernel)y->iaux[0];
+  dt_kernel_args r;
+  if (ga) {
+    dt__device_args0(&r);
+    r.p[0] = ga;
+    r.p[1] = y->grad;
+    r.p[2] = b->data;
+    r.n[0] = y->size;
+    r.n[1] = b->size;
+    r.f[0] = 1.0f;
+    if (!dt__dev_run(g, y->op, k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL : DTRAIN_K_ACC, &r)) return;
+  }
+  if (gb) { /* summed over the rows b was repeated over (one row when shapes agree) */
+    dt__device_args0(&r);
+    r.p[0] = gb;
+    r.p[1] = y->grad;
+    r.p[2] = a->data;
+    r.n[0] = y->size;
+    r.n[1] = b->size;
+    r.f[0] = k == DTRAIN_K_SUB ? -1.0f : 1.0f;
+    dt__dev_run(g, y->op, k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL_ROWS : DTRAIN_K_ACC_ROWS, &r);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op) {
+  /* b must match a's trailing dims; b's leading dims of 1 stretch. Then b's
+   * flat index is i % b->size. */
+  int lead = 0;
+  while (lead < b->ndim && b->shape[lead] == 1) lead++;
+  int ok = b->ndim <= a->ndim;
+  for (int d = 0; ok && d < b->ndim - lead; d++)
+    if (b->shape[b->ndim - 1 - d] != a->shape[a->ndim - 1 - d]) ok = 0;
+  if (!ok) {
+    char s1[96], s2[96];
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_UNSUPPORTED,
+                                 "%s: shapes %s and %s on device %s: only equal shapes or b over a's leading dims "
+                                 "(e.g. [N,C] and [C]) are supported on a device",
+                                 op, dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2), g->device->name);
+  }
+  dt_tensor *y = dt__new_like(g, op, a);
+  if (!y) return NULL;
+  dt_kernel k = (dt_kernel)kind;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = a->data;
+  r.p[2] = b->data;
+  r.n[0] = y->size;
+  r.n[1] = b->size;
+  if (!dt__dev_run(g, op, k, &r)) return NULL;
+  y->iaux[0] = k;
+  dt__record(g, y, op, dt__device_binary_backward, a, b, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- unary ------------------------------------------------------------------------------ */
+
+static void dt__device_unary_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  dt_kernel k = (dt_kernel)y->iaux[0];
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = k == DTRAIN_K_RELU ? x->data : y->data;
+  r.n[0] = y->size;
+  dt__dev_run(g, y->op,
+              k == DTRAIN_K_RELU ? DTRAIN_K_RELU_BWD : k == DTRAIN_K_SIGMOID ? DTRAIN_K_SIGMOID_BWD : DTRAIN_K_TANH_BWD,
+              &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op) {
+  dt_tensor *y = dt__new_like(g, op, x);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = y->size;
+  if (!dt__dev_run(g, op, fwd, &r)) return NULL;
+  y->iaux[0] = fwd;
+  dt__record(g, y, op, dt__device_unary_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- sum / mean ---------------------------------------------------------------------------- */
+
+static void dt__device_reduce_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.n[0] = x->size;
+  r.f[0] = y->faux[0];
+  dt__dev_run(g, y->op, DTRAIN_K_ACC_SCALAR, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op) {
+  dt_tensor *y = dt__new(g, op, 0, NULL);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = x->size;
+  r.f[0] = mean ? (float)(1.0 / (double)x->size) : 1.0f;
+  if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r)) return NULL;
+  y->faux[0] = r.f[0];
+  dt__record(g, y, op, dt__device_reduce_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- GEMM-based: matmul (2-D), linear --------------------------------------------------------- */
+
+/* C [m,n] (+)= op(A) op(B), packed row-major. */
+static int dt__device_gemm(dt_graph *g, const char *op, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                           const float *A, const float *B, float beta, float *C) {
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = C;
+  r.p[1] = (float *)(uintptr_t)A;
+  r.p[2] = (float *)(uintptr_t)B;
+  r.n[0] = m;
+  r.n[1] = n;
+  r.n[2] = k;
+  r.n[3] = ta | (tb << 1);
+  r.f[0] = 1.0f;
+  r.f[1] = beta;
+  return dt__dev_run(g, op, DTRAIN_K_GEMM, &r);
+}
+
+static void dt__device_matmul_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *a = y->src[0], *b = y->src[1];
+  float *ga = dt__grad(g, a), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  int64_t m = y->iaux[0], k = y->iaux[1], n = y->iaux[2];
+  if (ga && !dt__device_gemm(g, y->op, 0, 1, m, k, n, y->grad, b->data, 1.0f, ga)) return; /* dA += dC B^T */
+  if (gb) dt__device_gemm(g, y->op, 1, 0, k, n, m, a->data, y->grad, 1.0f, gb);            /* dB += A^T dC */
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op) {
+  int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
+  if (b->shape[0] != k) {
+    char s1[96], s2[96];
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: inner dims differ (%s @ %s)", op,
+                                 dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2));
+  }
+  int64_t shape[2];
+  shape[0] = m;
+  shape[1] = n;
+  dt_tensor *y = dt__new(g, op, 2, shape);
+  if (!y) return NULL;
+  if (!dt__device_gemm(g, op, 0, 0, m, n, k, a->data, b->data, 0.0f, y->data)) return NULL;
+  y->iaux[0] = m;
+  y->iaux[1] = k;
+  y->iaux[2] = n;
+  dt__record(g, y, op, dt__device_matmul_backward, a, b, NULL);
+  return dt__finish(g, y);
+}
+
+static void dt__device_linear_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
+  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  int64_t rows = y->iaux[0], in = y->iaux[1], out = y->iaux[2];
+  if (gx && !dt__device_gemm(g, y->op, 0, 0, rows, in, out, y->grad, w->data, 1.0f, gx)) return; /* dx += dy w */
+  if (gw && !dt__device_gemm(g, y->op, 1, 0, out, in, rows, y->grad, x->data, 1.0f, gw)) return; /* dw += dy^T x */
+  if (gb) {
+    dt_kernel_args r;
+    dt__device_args0(&r);
+    r.p[0] = gb;
+    r.p[1] = y->grad;
+    r.n[0] = rows * out;
+    r.n[1] = out;
+    r.f[0] = 1.0f;
+    dt__dev_run(g, y->op, DTRAIN_K_ACC_ROWS, &r);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
+                                         int64_t in, int64_t out, int ndim, const int64_t *shape) {
+  const char *op = "dt_linear";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  if (b) { /* rows of bias, then GEMM with beta = 1: the CPU's order */
+    dt_kernel_args r;
+    dt__device_args0(&r);
+    r.p[0] = y->data;
+    r.p[1] = b->data;
+    r.n[0] = rows * out;
+    r.n[1] = out;
+    if (!dt__dev_run(g, op, DTRAIN_K_ROWS_COPY, &r)) return NULL;
+  }
+  if (!dt__device_gemm(g, op, 0, 1, rows, out, in, x->data, w->data, b ? 1.0f : 0.0f, y->data)) return NULL;
+  y->iaux[0] = rows;
+  y->iaux[1] = in;
+  y->iaux[2] = out;
+  dt__record(g, y, op, dt__device_linear_backward, x, w, b);
+  return dt__finish(g, y);
+}
+
+/* ---- softmax / log_softmax over any axis ---------------------------------------------------- */
+
+static void dt__device_softmax_args(dt_kernel_args *r, const dt_tensor *y) {
+  dt__device_args0(r);
+  r->n[0] = y->iaux[0];
+  r->n[1] = y->iaux[1];
+  r->n[2] = y->iaux[2];
+  r->n[3] = y->iaux[3];
+}
+
+static void dt__device_softmax_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_softmax_args(&r, y);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = y->data;
+  dt__dev_run(g, y->op, DTRAIN_K_SOFTMAX_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op) {
+  dt_tensor *y = dt__new_like(g, op, x);
+  if (!y) return NULL;
+  int64_t outer = 1, inner = 1, n = x->shape[ax];
+  for (int d = 0; d < ax; d++) outer *= x->shape[d];
+  for (int d = ax + 1; d < x->ndim; d++) inner *= x->shape[d];
+  y->iaux[0] = outer * inner;
+  y->iaux[1] = n;
+  y->iaux[2] = inner;
+  y->iaux[3] = is_log;
+  dt_kernel_args r;
+  dt__device_softmax_args(&r, y);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  if (!dt__dev_run(g, op, DTRAIN_K_SOFTMAX, &r)) return NULL;
+  dt__record(g, y, op, dt__device_softmax_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- cross entropy ----------------------------------------------------------------------------
+ * aux (host arena): the device labels and the per-row max / log-sum-exp. */
+typedef struct dt__device_xent {
+  int32_t *labels;
+  float *rowloss, *mx, *ls;
+} dt__device_xent;
+
+static void dt__device_xent_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  const dt__device_xent *s = (const dt__device_xent *)y->aux;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = x->data;
+  r.p[2] = s->mx;
+  r.p[3] = s->ls;
+  r.p[4] = y->grad;
+  r.labels = s->labels;
+  r.n[0] = y->iaux[0];
+  r.n[1] = y->iaux[1];
+  dt__dev_run(g, y->op, DTRAIN_K_XENT_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c) {
+  const char *op = "dt_cross_entropy";
+  dt__device_xent *s = (dt__device_xent *)dt__arena_alloc(g, sizeof *s);
+  if (!s) return NULL;
+  s->labels = (int32_t *)dt__dev_arena(g, (size_t)rows * sizeof(int32_t));
+  s->rowloss = dt__arena_floats(g, 3 * rows);
+  if (!s->labels || !s->rowloss) return NULL;
+  s->mx = s->rowloss + rows;
+  s->ls = s->mx + rows;
+  if (!dt__dev_copy(g, op, s->labels, labels, (size_t)rows * sizeof(int32_t), DTRAIN_COPY_H2D)) return NULL;
+  dt_tensor *y = dt__new(g, op, 0, NULL);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = s->rowloss;
+  r.p[1] = x->data;
+  r.p[2] = s->mx;
+  r.p[3] = s->ls;
+  r.labels = s->labels;
+  r.n[0] = rows;
+  r.n[1] = c;
+  if (!dt__dev_run(g, op, DTRAIN_K_XENT, &r)) return NULL;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = s->rowloss;
+  r.n[0] = rows;
+  r.f[0] = (float)(1.0 / (double)rows);
+  if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r)) return NULL;
+  y->aux = s;
+  y->iaux[0] = rows;
+  y->iaux[1] = c;
+  dt__record(g, y, op, dt__device_xent_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- mean squared error ------------------------------------------------------------------------- */
+
+static void dt__device_mse_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *a = y->src[0], *b = y->src[1];
+  float *ga = dt__grad(g, a), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = ga;
+  r.p[1] = gb;
+  r.p[2] = a->data;
+  r.p[3] = b->data;
+  r.p[4] = y->grad;
+  r.n[0] = a->size;
+  dt__dev_run(g, y->op, DTRAIN_K_MSE_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b) {
+  const char *op = "dt_mse";
+  float *sq = dt__arena_floats(g, a->size);
+  dt_tensor *y = sq ? dt__new(g, op, 0, NULL) : NULL;
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = sq;
+  r.p[1] = a->data;
+  r.p[2] = b->data;
+  r.n[0] = a->size;
+  if (!dt__dev_run(g, op, DTRAIN_K_SQDIFF, &r)) return NULL;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = sq;
+  r.n[0] = a->size;
+  r.f[0] = (float)(1.0 / (double)a->size);
+  if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r)) return NULL;
+  dt__record(g, y, op, dt__device_mse_backward, a, b, NULL);
+  return dt__finish(g, y);
+}
+
+#undef DT__DEV_ALIGN
+/* ======== end dt_device.c ======== */
 
 /* ======== begin dt_gemm.c ======== */
 /* ===========================================================================
@@ -4369,6 +5258,8 @@ static void dt__binary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op) {
   if (!dt__begin(g, op, 2, a, b)) return NULL;
+  if (g->device) /* dt__begin let only add, sub and mul through */
+    return dt__dev_binary(g, a, b, kind == DT__ADD ? DTRAIN_K_ADD : kind == DT__SUB ? DTRAIN_K_SUB : DTRAIN_K_MUL, op);
   dt__bcast *bc = (dt__bcast *)dt__arena_alloc(g, sizeof(dt__bcast));
   if (!bc || !dt__elem_broadcast(g, op, a, b, bc)) return NULL;
   dt_tensor *y = dt__new(g, op, bc->ndim, bc->shape);
@@ -4475,6 +5366,9 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
+  if (g->device) /* dt__begin let only relu, sigmoid and tanh through */
+    return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
+                         op);
   const float *xd = x->data;
   int64_t n = x->size;
   if (kind == DT__U_LOG || kind == DT__U_SQRT) {
@@ -4575,6 +5469,7 @@ static void dt__reduce_all_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
+  if (g->device) return dt__dev_reduce_all(g, x, mean, op);
   dt_tensor *y = dt__new(g, op, 0, NULL);
   if (!y) return NULL;
   const float *xd = x->data;
@@ -4704,6 +5599,10 @@ static void dt__shape_same_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, y->src[0]);
   if (!gx) return;
   const float *go = y->grad;
+  if (g->device) {
+    dt__dev_acc(g, gx, go, y->size, y->op);
+    return;
+  }
   for (int64_t i = 0; i < y->size; i++) gx[i] += go[i];
 }
 
@@ -5170,6 +6069,7 @@ DTRAIN_API dt_tensor *dt_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b) {
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "dt_matmul: operands must be 2-D (%s @ %s); see dt_bmm",
                                  dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2));
   }
+  if (g->device) return dt__dev_matmul(g, a, b, "dt_matmul");
   return dt__matmul(g, "dt_matmul", a, b, 0);
 }
 
@@ -5217,9 +6117,10 @@ DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
   int64_t shape[DTRAIN_MAX_DIMS];
   for (int d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
   shape[x->ndim - 1] = out;
+  int64_t rows = x->size / in;
+  if (g->device) return dt__dev_linear(g, x, w, b, rows, in, out, x->ndim, shape);
   dt_tensor *y = dt__new(g, op, x->ndim, shape);
   if (!y) return NULL;
-  int64_t rows = x->size / in;
   if (b) {
     for (int64_t r = 0; r < rows; r++) memcpy(y->data + r * out, b->data, (size_t)out * sizeof(float));
   }
@@ -5318,6 +6219,7 @@ static dt_tensor *dt__nn_softmax(dt_graph *g, dt_tensor *x, int axis, int is_log
                                  "%s: axis %d out of range for input %s (%d dims)", op, axis,
                                  dt_shape_str(x, sb, sizeof sb), x->ndim);
   }
+  if (g->device) return dt__dev_softmax(g, x, ax, is_log, op);
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   int64_t outer = 1, inner = 1, n = x->shape[ax];
@@ -5399,6 +6301,7 @@ DTRAIN_API dt_tensor *dt_cross_entropy(dt_graph *g, dt_tensor *logits, const int
                                    op, (int)labels[r], (long long)r, (long long)c,
                                    dt_shape_str(logits, sb, sizeof sb));
   }
+  if (g->device) return dt__dev_xent(g, logits, labels, rows, c);
   int64_t lab_floats = (rows + 3) / 4 * 4;
   float *aux = dt__arena_floats(g, lab_floats + 2 * rows);
   if (!aux) return NULL;
@@ -5452,6 +6355,7 @@ DTRAIN_API dt_tensor *dt_mse(dt_graph *g, dt_tensor *a, dt_tensor *b) {
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: shapes %s and %s differ", op,
                                  dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2));
   }
+  if (g->device) return dt__dev_mse(g, a, b);
   dt_tensor *y = dt__new(g, op, 0, NULL);
   if (!y) return NULL;
   double s = 0.0;
@@ -6729,6 +7633,10 @@ struct dt_optim {
   int64_t steps;        /* completed steps */
   int nslots;
   float *state[2];      /* nslots buffers of `size` floats */
+  /* device state (dt_optim_step_graph on a device graph) */
+  dt_device *dev;
+  float *dstate[2];
+  float *dscratch;      /* one float: the sum of squares for clipping */
 };
 
 /* ---- learning-rate schedules ------------------------------------------------------ */
@@ -6887,6 +7795,11 @@ DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc) {
 DTRAIN_API void dt_optim_destroy(dt_optim *o) {
   if (!o) return;
   for (int s = 0; s < 2; s++) dt__free(o->state[s], o->size * sizeof(float));
+  if (o->dev) {
+    for (int s = 0; s < 2; s++)
+      if (o->dstate[s]) o->dev->free(o->dev, o->dstate[s], o->size * sizeof(float));
+    if (o->dscratch) o->dev->free(o->dev, o->dscratch, sizeof(float));
+  }
   dt__free(o, sizeof *o);
 }
 
@@ -7104,11 +8017,10 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_result dt_optim_step(dt_optim *o) {
-  if (!o) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_step: optimizer is NULL");
-  dt_result r = dt__optim_check_layout(o, "dt_optim_step");
+/* Clip (if set), update and advance over data/grad with the params' layout. */
+static dt_result dt__optim_step_host(dt_optim *o, float *data, float *grad, const char *fn) {
+  dt_result r = dt__optim_check_layout(o, fn);
   if (r != DTRAIN_OK) return r;
-  float *data = dt_params_data(o->params), *grad = dt_params_grad(o->params);
   size_t b, e;
   int trainable, decay;
   if (o->desc.clip_norm > 0.0f) {
@@ -7118,7 +8030,7 @@ DTRAIN_API dt_result dt_optim_step(dt_optim *o) {
       for (size_t j = b; trainable && j < e; j++) ss += (double)grad[j] * (double)grad[j];
     double norm = sqrt(ss);
     if (!isfinite(norm))
-      return dt__error(DTRAIN_ERR_NONFINITE, "dt_optim_step: gradient norm is %s; no update made",
+      return dt__error(DTRAIN_ERR_NONFINITE, "%s: gradient norm is %s; no update made", fn,
                        isnan(norm) ? "NaN" : "Inf");
     if (norm > (double)o->desc.clip_norm) {
       float coef = (float)((double)o->desc.clip_norm / (norm + 1e-6));
@@ -7130,6 +8042,131 @@ DTRAIN_API dt_result dt_optim_step(dt_optim *o) {
   if (r != DTRAIN_OK) return r;
   dt_optim_advance(o);
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_optim_step(dt_optim *o) {
+  if (!o) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_step: optimizer is NULL");
+  return dt__optim_step_host(o, dt_params_data(o->params), dt_params_grad(o->params), "dt_optim_step");
+}
+
+/* ---- on a device --------------------------------------------------------------------- */
+
+static dt_result dt__optim_dev_run(dt_optim *o, dt_kernel k, const dt_kernel_args *a) {
+  dt_result r = o->dev->run(o->dev, k, a);
+  if (r != DTRAIN_OK)
+    return dt__error(r, "dt_optim_step_graph: device %s: %s", o->dev->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+static dt_result dt__optim_dev_state(dt_optim *o, dt_device *d) {
+  const char *fn = "dt_optim_step_graph";
+  if (o->dev && o->dev != d)
+    return dt__error(DTRAIN_ERR_STATE, "%s: the optimizer's state lives on device %s, not %s", fn, o->dev->name,
+                     d->name);
+  if (o->dev) return DTRAIN_OK;
+  size_t bytes = o->size * sizeof(float);
+  o->dev = d;
+  void *p = NULL;
+  dt_result r = d->alloc(d, sizeof(float), &p);
+  o->dscratch = (float *)p;
+  for (int s = 0; r == DTRAIN_OK && s < o->nslots; s++) {
+    p = NULL;
+    r = d->alloc(d, bytes, &p);
+    o->dstate[s] = (float *)p;
+    if (r == DTRAIN_OK) r = d->zero(d, p, bytes);
+  }
+  if (r != DTRAIN_OK) return dt__error(r, "%s: optimizer state on device %s: %s", fn, d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, float *grad) {
+  const char *fn = "dt_optim_step_graph";
+  dt_result r = dt__optim_check_layout(o, fn);
+  if (r != DTRAIN_OK) return r;
+  if (o->desc.kind != DTRAIN_OPTIM_SGD && o->desc.kind != DTRAIN_OPTIM_ADAM && o->desc.kind != DTRAIN_OPTIM_ADAMW)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: this optimizer kind (%d) has no kernel on device %s", fn,
+                     (int)o->desc.kind, d->name);
+  r = dt__optim_dev_state(o, d);
+  if (r != DTRAIN_OK) return r;
+  size_t b, e;
+  int trainable, decay;
+  dt_kernel_args a;
+  if (o->desc.clip_norm > 0.0f) {
+    double ss = 0.0;
+    for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
+      if (!trainable || b == e) continue;
+      float part;
+      memset(&a, 0, sizeof a);
+      a.p[0] = o->dscratch;
+      a.p[1] = grad + b;
+      a.n[0] = (int64_t)(e - b);
+      if ((r = dt__optim_dev_run(o, DTRAIN_K_SUMSQ, &a)) != DTRAIN_OK) return r;
+      if ((r = d->copy(d, &part, o->dscratch, sizeof part, DTRAIN_COPY_D2H)) != DTRAIN_OK)
+        return dt__error(r, "%s: device %s: %s", fn, d->name, dt_last_error());
+      ss += (double)part;
+    }
+    double norm = sqrt(ss);
+    if (!isfinite(norm))
+      return dt__error(DTRAIN_ERR_NONFINITE, "%s: gradient norm is %s; no update made", fn,
+                       isnan(norm) ? "NaN" : "Inf");
+    if (norm > (double)o->desc.clip_norm) {
+      float coef = (float)((double)o->desc.clip_norm / (norm + 1e-6));
+      for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
+        if (!trainable || b == e) continue;
+        memset(&a, 0, sizeof a);
+        a.p[0] = grad + b;
+        a.n[0] = (int64_t)(e - b);
+        a.f[0] = coef;
+        if ((r = dt__optim_dev_run(o, DTRAIN_K_SCALE, &a)) != DTRAIN_OK) return r;
+      }
+    }
+  }
+  const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
+  /* The per-step scalars exactly as dt__optim_adam_run computes them. */
+  const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2, t = (double)(o->steps + 1);
+  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+  for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
+    if (!trainable || b == e) continue;
+    float wd = decay ? o->desc.weight_decay : 0.0f;
+    memset(&a, 0, sizeof a);
+    a.p[0] = data + b;
+    a.p[1] = grad + b;
+    a.p[2] = o->nslots > 0 ? o->dstate[0] + b : NULL;
+    a.p[3] = o->nslots > 1 ? o->dstate[1] + b : NULL;
+    a.n[0] = (int64_t)(e - b);
+    if (o->desc.kind == DTRAIN_OPTIM_SGD) {
+      a.f[0] = lr;
+      a.f[1] = wd;
+      a.f[2] = o->desc.momentum;
+      a.n[1] = o->desc.nesterov;
+      r = dt__optim_dev_run(o, DTRAIN_K_SGD, &a);
+    } else {
+      a.f[0] = (float)((double)lr / bc1);
+      a.f[1] = wd;
+      a.f[2] = (float)sqrt(bc2);
+      a.f[3] = o->desc.eps;
+      a.f[4] = (float)(1.0 - b1);
+      a.f[5] = (float)(1.0 - b2);
+      a.f[6] = o->desc.beta2;
+      a.f[7] = (float)(1.0 - (double)lr * (double)wd);
+      a.n[1] = o->desc.kind == DTRAIN_OPTIM_ADAMW;
+      r = dt__optim_dev_run(o, DTRAIN_K_ADAM, &a);
+    }
+    if (r != DTRAIN_OK) return r;
+  }
+  dt_optim_advance(o);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_optim_step_graph(dt_optim *o, dt_graph *g) {
+  const char *fn = "dt_optim_step_graph";
+  if (!o || !g) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !o ? "optimizer" : "graph");
+  if (g->params != o->params)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: the graph is bound to other params than the optimizer", fn);
+  float *data = dt_graph_param_data(g), *grad = dt_graph_param_grad(g);
+  if (!data || !grad) return dt__error(DTRAIN_ERR_STATE, "%s: the graph has no parameter gradient buffer", fn);
+  if (g->device) return dt__optim_step_device(o, g->device, data, grad);
+  return dt__optim_step_host(o, data, grad, fn);
 }
 
 DTRAIN_API void dt_optim_advance(dt_optim *o) {
