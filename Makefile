@@ -79,9 +79,15 @@ CUDA_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_cuda
 CUDA_NATIVE := $(if $(filter $(shell $(CC) -dumpmachine 2>/dev/null),$(shell $(HOSTCC) -dumpmachine 2>/dev/null)),yes,)
 CUDA_SKIP := $(if $(NVCC),$(if $(CUDA_NATIVE),$(if $(SAN),not built in sanitizer builds,),not built in cross builds),nvcc not found)
 
-$(BUILD)/tests/test_cuda_emu: tests/test_cuda_emu.cc tests/cuda_parity.h tests/harness.h dtrain.h dtrain_cuda.h
+CXX_FOUND := $(shell command -v $(CXX) >/dev/null 2>&1 && echo yes)
+
+$(BUILD)/tests/test_cuda_emu: tests/test_cuda_emu.cc tests/cuda_skip.c tests/cuda_parity.h tests/harness.h dtrain.h dtrain_cuda.h
 	@mkdir -p $(dir $@)
+ifeq ($(CXX_FOUND),yes)
 	$(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) -I. -Itests $< -o $@ $(LDLIBS)
+else
+	$(CC) $(CFLAGS_ALL) -DCUDA_SKIP_NAME='"test_cuda_emu"' '-DCUDA_SKIP_REASON="no C++ compiler ($(CXX))"' tests/cuda_skip.c -o $@
+endif
 
 $(BUILD)/tests/test_cuda: tests/test_cuda.cu tests/cuda_skip.c tests/cuda_parity.h tests/harness.h dtrain_cuda.h $(BUILD)/dtrain.o
 	@mkdir -p $(dir $@)
