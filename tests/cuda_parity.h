@@ -185,6 +185,64 @@ static void test_unsupported(void) {
   dt_graph_destroy(g);
 }
 
+/* Every op without a device path is refused by name, before it reads data
+ * (in the host emulation a host read would silently work, so the error code
+ * is what proves the op never ran its CPU loop). */
+static void test_unsupported_all(void) {
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = cp_dev;
+  dt_graph *g = dt_graph_create(NULL, &gd);
+  CHECK(g != NULL);
+  if (!g) return;
+  static const char *const names[] = {
+    "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_pow_scalar", "dt_rsub_scalar", "dt_neg", "dt_exp", "dt_log",
+    "dt_sqrt", "dt_leaky_relu", "dt_gelu", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_permute", "dt_concat",
+    "dt_slice", "dt_split", "dt_bmm", "dt_embedding", "dt_dropout", "dt_layer_norm", "dt_batch_norm",
+    "dt_causal_mask", "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d"};
+  const int n = (int)(sizeof names / sizeof names[0]);
+  static const int perm[4] = {0, 2, 1, 3};
+  static const int32_t ids[2] = {0, 1};
+  for (int i = 0; i < n; i++) {
+    dt_graph_reset(g);
+    dt_tensor *x = dt_tensor_new4(g, 2, 2, 4, 4), *w = dt_tensor_new4(g, 2, 2, 3, 3), *v = dt_tensor_new1(g, 2);
+    dt_tensor *xs[2] = {x, x}, *parts[2] = {NULL, NULL};
+    dt_tensor *y = NULL;
+    switch (i) {
+      case 0: y = dt_div(g, x, x); break;
+      case 1: y = dt_add_scalar(g, x, 1); break;
+      case 2: y = dt_mul_scalar(g, x, 2); break;
+      case 3: y = dt_pow_scalar(g, x, 2); break;
+      case 4: y = dt_rsub_scalar(g, x, 1); break;
+      case 5: y = dt_neg(g, x); break;
+      case 6: y = dt_exp(g, x); break;
+      case 7: y = dt_log(g, x); break;
+      case 8: y = dt_sqrt(g, x); break;
+      case 9: y = dt_leaky_relu(g, x, 0.1f); break;
+      case 10: y = dt_gelu(g, x); break;
+      case 11: y = dt_sum_axis(g, x, 1, 0); break;
+      case 12: y = dt_mean_axis(g, x, 1, 0); break;
+      case 13: y = dt_transpose(g, x); break;
+      case 14: y = dt_permute(g, x, perm); break;
+      case 15: y = dt_concat(g, xs, 2, 0); break;
+      case 16: y = dt_slice(g, x, 0, 0, 1); break;
+      case 17: y = dt_split(g, x, 0, 2, parts) == DTRAIN_OK ? x : NULL; break;
+      case 18: y = dt_bmm(g, x, x, 0); break;
+      case 19: y = dt_embedding(g, dt_tensor_new2(g, 4, 3), ids, 2); break;
+      case 20: y = dt_dropout(g, x, 0.5f); break;
+      case 21: y = dt_layer_norm(g, x, NULL, NULL, 1e-5f); break;
+      case 22: y = dt_batch_norm(g, x, NULL, NULL, NULL, NULL, 0.1f, 1e-5f); break;
+      case 23: y = dt_causal_mask(g, x); break;
+      case 24: y = dt_conv2d(g, x, w, v, 1, 1); break;
+      case 25: y = dt_max_pool2d(g, x, 2, 2); break;
+      default: y = dt_avg_pool2d(g, x, 2, 2); break;
+    }
+    CHECK_MSG(y == NULL && dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED && strstr(dt_graph_message(g), names[i]),
+              "%s on %s: %s", names[i], cp_dev->name, dt_graph_message(g));
+  }
+  dt_graph_destroy(g);
+}
+
 /* A 2-layer MLP, a few steps on the CPU and on the device from the same
  * start: the parameters must agree after every step. */
 static void cp_mlp_run(dt_device *dev, const dt_optim_desc *od, float *params_out, size_t *n_out) {
@@ -356,6 +414,7 @@ static void cp_run_all(void) {
   TH_RUN(test_step_graph_cpu_same);
   TH_RUN(test_ops_parity);
   TH_RUN(test_unsupported);
+  TH_RUN(test_unsupported_all);
   TH_RUN(test_mlp_parity);
   TH_RUN(test_optim_unsupported);
 }
