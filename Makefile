@@ -97,6 +97,23 @@ else
 	$(CC) $(CFLAGS_ALL) '-DCUDA_SKIP_REASON="$(CUDA_SKIP)"' tests/cuda_skip.c -o $@
 endif
 
+# The example on a GPU (02_fashion_mnist --device cuda), where nvcc builds
+# test_cuda; and the same program on the host emulation of the CUDA kernels
+# (02_fashion_mnist_emu, for tests/example_checks.sh), where a C++ compiler is.
+FMNIST_CUDA_BINS := $(if $(CUDA_SKIP),,$(BUILD)/examples/02_fashion_mnist_cuda) \
+                    $(if $(CXX_FOUND),$(BUILD)/examples/02_fashion_mnist_emu,)
+all: $(FMNIST_CUDA_BINS)
+
+$(BUILD)/examples/02_fashion_mnist_cuda.o: examples/02_fashion_mnist.c dtrain.h dtrain_cuda.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DFMNIST_CUDA -I. -c $< -o $@
+
+$(BUILD)/examples/02_fashion_mnist_cuda: $(BUILD)/examples/02_fashion_mnist_cuda.o examples/cuda_backend.cu dtrain_cuda.h
+	$(NVCC) $(NVCCFLAGS) $(EXTRA_CFLAGS) -I. examples/cuda_backend.cu $< -o $@ -lcublas $(LDLIBS)
+
+$(BUILD)/examples/02_fashion_mnist_emu: $(BUILD)/examples/02_fashion_mnist_cuda.o tests/cuda_emu_backend.cc dtrain_cuda.h
+	$(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) -I. tests/cuda_emu_backend.cc $< -o $@ $(LDLIBS)
+
 # ---- running -----------------------------------------------------------------
 test: all
 	@BUILD=$(BUILD) CC="$(CC)" CXX="$(CXX)" SAN="$(SAN)" RUNNER="$(RUNNER)" SCRIPTS="$(SCRIPTS)" TEST_JOBS="$(TEST_JOBS)" sh tools/run_tests.sh
