@@ -24,7 +24,7 @@ AMALG    := $(BUILD)/tools/amalgamate
 .PHONY: xor test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
 .PHONY: bench-strategy bench-net fuzz
 
-all: dtrain.h $(TESTS) $(CUDA_TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
+all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
 
 # The launcher (plain POSIX C, no dtrain.h): built for this machine with
 # HOSTCC, also in cross builds, since it is installed and run here.
@@ -78,6 +78,7 @@ NVCCFLAGS ?= -std=c++17 -O2 -Xcompiler -Wall,-Wextra,-Werror
 CUDA_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_cuda
 CUDA_NATIVE := $(if $(filter $(shell $(CC) -dumpmachine 2>/dev/null),$(shell $(HOSTCC) -dumpmachine 2>/dev/null)),yes,)
 CUDA_SKIP := $(if $(NVCC),$(if $(CUDA_NATIVE),$(if $(SAN),not built in sanitizer builds,),not built in cross builds),nvcc not found)
+all: $(CUDA_TESTS)
 
 CXX_FOUND := $(shell command -v $(CXX) >/dev/null 2>&1 && echo yes)
 
