@@ -3666,7 +3666,9 @@ static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *s
       dt__fail(g, DTRAIN_ERR_SHAPE, "%s: loss must have one element, got %s", fn, dt_shape_str(out, sb, sizeof sb));
       return g->err;
     }
-    float v = g->device ? dt_item(out) : out->data[0];
+    float v;
+    if (!g->device) v = out->data[0];
+    else if (!dt__dev_copy(g, fn, &v, out->data, sizeof v, DTRAIN_COPY_D2H)) return g->err; /* the device's error */
     if (!isfinite(v)) {
       dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: loss is %s", fn, isnan(v) ? "NaN" : "Inf");
       return g->err;

@@ -53,11 +53,79 @@ static void test_unknown_kernel(void) {
   CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_COUNT, &ka), DTRAIN_ERR_UNSUPPORTED, "no implementation");
 }
 
+/* A device that fails on demand: a kernel, or allocations above a size. The
+ * core must turn each failure into the graph's error, with the op's name,
+ * the device's name and the device's message, and NOMEM for memory. */
+static int fail_kernel = -1;
+static size_t fail_alloc_above = (size_t)-1;
+static dt_result failing_run(dt_device *d, dt_kernel k, const dt_kernel_args *a) {
+  if ((int)k == fail_kernel) return dt_device_error(DTRAIN_ERR_IO, "injected kernel failure");
+  return dt_cuda_emu_device()->run(d, k, a);
+}
+static dt_result failing_alloc(dt_device *d, size_t bytes, void **out) {
+  if (bytes > fail_alloc_above) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "alloc of %zu bytes: out of memory", bytes);
+    return dt_device_error(DTRAIN_ERR_NOMEM, msg);
+  }
+  return dt_cuda_emu_device()->alloc(d, bytes, out);
+}
+
+static void test_device_errors(void) {
+  dt_device dev = *dt_cuda_emu_device();
+  dev.name = "cuda-fail";
+  dev.run = failing_run;
+  dev.alloc = failing_alloc;
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = &dev;
+  gd.arena_bytes = 4096;
+  dt_graph *g = dt_graph_create(NULL, &gd);
+  CHECK(g != NULL);
+  if (!g) return;
+  fail_kernel = DTRAIN_K_RELU;
+  dt_tensor *x = dt_tensor_new2(g, 4, 4);
+  CHECK(x != NULL);
+  CHECK(dt_relu(g, x) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_IO);
+  CHECK_MSG(strstr(dt_graph_message(g), "dt_relu: device cuda-fail: injected kernel failure") != NULL, "%s",
+            dt_graph_message(g));
+  fail_kernel = -1;
+  dt_graph_reset(g);
+  fail_alloc_above = 1 << 20;
+  CHECK(dt_tensor_new2(g, 1024, 1024) == NULL); /* 4 MiB block */
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_NOMEM);
+  CHECK_MSG(strstr(dt_graph_message(g), "alloc of 4194304 bytes") != NULL, "%s", dt_graph_message(g));
+  dt_graph_reset(g);
+  CHECK(dt_tensor_new2(g, 16, 16) != NULL); /* still usable */
+  /* a failure in backward stops it with the same kind of message */
+  dt_tensor *a = dt_tensor_new2(g, 4, 4);
+  dt_tensor_set_requires_grad(a, 1);
+  dt_tensor *l = dt_sum(g, dt_tanh(g, a));
+  fail_kernel = DTRAIN_K_TANH_BWD;
+  CHECK(dt_backward(g, l) == DTRAIN_ERR_IO);
+  CHECK(strstr(dt_graph_message(g), "injected kernel failure") != NULL);
+  fail_kernel = -1;
+  fail_alloc_above = (size_t)-1;
+  dt_graph_destroy(g);
+  /* params that do not fit on the device: dt_graph_create fails cleanly */
+  dt_params *p = dt_params_create(1);
+  int64_t s[2] = {512, 512};
+  dt_params_add(p, "w", 2, s, dt_init_zeros());
+  fail_alloc_above = 4096;
+  CHECK(dt_graph_create(p, &gd) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_NOMEM);
+  CHECK(strstr(dt_last_error(), "1048576 bytes") != NULL);
+  fail_alloc_above = (size_t)-1;
+  dt_params_destroy(p);
+}
+
 int main(void) {
   cp_dev = dt_cuda_emu_device();
   cp_run_all();
   TH_RUN(test_gemm_mapping);
   TH_RUN(test_unknown_kernel);
+  TH_RUN(test_device_errors);
   printf("test_cuda_emu: %d floats compared between the CPU ops and the emulated CUDA kernels\n", cp_compared);
   return th_summary("test_cuda_emu");
 }
