@@ -29,9 +29,10 @@
  *
  * Kernels (dt_kernel in dt_device.h): add/sub/mul (+ row broadcast), relu,
  * sigmoid, tanh (forward and backward), sum/mean, softmax/log_softmax,
- * cross_entropy, mse, GEMM through cuBLAS (matmul, linear), SGD (momentum,
+ * cross_entropy, mse, GEMM through cuBLAS (matmul, linear), conv2d (im2col
+ * + cuBLAS per image, col2im gather), max/avg pooling, SGD (momentum,
  * Nesterov, weight decay), Adam/AdamW, clipping (sum of squares, scale).
- * Not yet: conv2d, pooling, layer/batch norm, dropout, embedding, attention,
+ * Not yet: layer/batch norm, dropout, embedding, attention,
  * bmm, concat/slice/permute/transpose, exp/log/div/... -- those ops fail on a
  * CUDA graph with DTRAIN_ERR_UNSUPPORTED naming the op and the device.
  * Not yet: multi-GPU (mirrored over NCCL / peer copies), GPU replicas in the
@@ -236,6 +237,106 @@ DT__CU_HD inline void dt__cu_adam_at(int64_t i, const dt_kernel_args &a) {
   p[i] = p[i] - step_size * (m[i] / denom);
 }
 
+/* Convolution (see dt_kernel): columns [N][K][P], one K x P matrix per image. */
+DT__CU_HD inline void dt__cu_im2col_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
+  const int64_t wo = a.n[9], P = a.n[8] * wo, K = C * kh * kw;
+  int64_t pcol = i % P, r = (i / P) % K, img = i / (P * K);
+  int64_t c = r / (kh * kw), ki = (r / kw) % kh, kj = r % kw;
+  int64_t ih = (pcol / wo) * s - pad + ki, iw = (pcol % wo) * s - pad + kj;
+  a.p[0][i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? a.p[1][((img * C + c) * H + ih) * W + iw] : 0.0f;
+}
+/* One input element gathers its column entries, kernel rows then columns
+ * ascending (the order the CPU's col2im adds them in). */
+DT__CU_HD inline void dt__cu_col2im_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
+  const int64_t ho = a.n[8], wo = a.n[9], P = ho * wo, K = C * kh * kw;
+  int64_t iw = i % W, ih = (i / W) % H, c = (i / (W * H)) % C, img = i / (W * H * C);
+  float acc = a.p[0][i];
+  for (int64_t ki = 0; ki < kh; ki++) {
+    int64_t t = ih + pad - ki;
+    if (t < 0 || t % s != 0 || t / s >= ho) continue;
+    for (int64_t kj = 0; kj < kw; kj++) {
+      int64_t u = iw + pad - kj;
+      if (u < 0 || u % s != 0 || u / s >= wo) continue;
+      acc += a.p[1][(img * K + (c * kh + ki) * kw + kj) * P + (t / s) * wo + u / s];
+    }
+  }
+  a.p[0][i] = acc;
+}
+DT__CU_HD inline void dt__cu_conv_bias_at(int64_t i, const dt_kernel_args &a) {
+  a.p[0][i] = a.p[1][(i / (a.n[8] * a.n[9])) % a.n[10]];
+}
+DT__CU_HD inline void dt__cu_conv_bias_bwd_at(int64_t o, const dt_kernel_args &a) {
+  const int64_t N = a.n[0], O = a.n[10], P = a.n[8] * a.n[9];
+  double s = 0.0;
+  for (int64_t img = 0; img < N; img++)
+    for (int64_t q = 0; q < P; q++) s += (double)a.p[1][(img * O + o) * P + q];
+  a.p[0][o] += (float)s;
+}
+/* Pooling: the CPU's rules (first maximum; a NaN wins), window order. */
+DT__CU_HD inline void dt__cu_maxpool_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t H = a.n[1], W = a.n[2], ho = a.n[3], wo = a.n[4], k = a.n[5], s = a.n[6];
+  int64_t ow = i % wo, oh = (i / wo) % ho, pl = i / (wo * ho);
+  const float *win = a.p[1] + pl * H * W + oh * s * W + ow * s;
+  float best = win[0];
+  for (int64_t r = 0; r < k; r++)
+    for (int64_t c = 0; c < k; c++) {
+      float v = win[r * W + c];
+      if (v > best || (v != v && best == best)) best = v;
+    }
+  a.p[0][i] = best;
+}
+DT__CU_HD inline void dt__cu_avgpool_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t H = a.n[1], W = a.n[2], ho = a.n[3], wo = a.n[4], k = a.n[5], s = a.n[6];
+  int64_t ow = i % wo, oh = (i / wo) % ho, pl = i / (wo * ho);
+  const float *win = a.p[1] + pl * H * W + oh * s * W + ow * s;
+  float sum = 0.0f;
+  for (int64_t r = 0; r < k; r++)
+    for (int64_t c = 0; c < k; c++) sum += win[r * W + c];
+  a.p[0][i] = sum / (float)(k * k);
+}
+/* The windows [lo,hi] along one axis that contain input position x. */
+DT__CU_HD inline void dt__cu_pool_span(int64_t x, int64_t k, int64_t s, int64_t n, int64_t *lo, int64_t *hi) {
+  int64_t first = x - k + 1;
+  *lo = first > 0 ? (first + s - 1) / s : 0;
+  *hi = x / s < n - 1 ? x / s : n - 1;
+}
+/* One input element: the gradient of every window whose (first) maximum it
+ * is, windows in row-major order (the order the CPU adds them in). */
+DT__CU_HD inline void dt__cu_maxpool_bwd_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t H = a.n[1], W = a.n[2], ho = a.n[3], wo = a.n[4], k = a.n[5], s = a.n[6];
+  int64_t iw = i % W, ih = (i / W) % H, pl = i / (W * H), hlo, hhi, wlo, whi;
+  dt__cu_pool_span(ih, k, s, ho, &hlo, &hhi);
+  dt__cu_pool_span(iw, k, s, wo, &wlo, &whi);
+  const float *xp = a.p[2] + pl * H * W;
+  float acc = a.p[0][i];
+  for (int64_t oh = hlo; oh <= hhi; oh++)
+    for (int64_t ow = wlo; ow <= whi; ow++) {
+      int64_t o = (pl * ho + oh) * wo + ow, at = -1;
+      float best = a.p[3][o];
+      int nan = best != best;
+      for (int64_t r = 0; r < k && at < 0; r++)
+        for (int64_t c = 0; c < k && at < 0; c++) {
+          float v = xp[(oh * s + r) * W + ow * s + c];
+          if (v == best || (nan && v != v)) at = (oh * s + r) * W + ow * s + c;
+        }
+      if (at == ih * W + iw) acc += a.p[1][o];
+    }
+  a.p[0][i] = acc;
+}
+DT__CU_HD inline void dt__cu_avgpool_bwd_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t H = a.n[1], W = a.n[2], ho = a.n[3], wo = a.n[4], k = a.n[5], s = a.n[6];
+  int64_t iw = i % W, ih = (i / W) % H, pl = i / (W * H), hlo, hhi, wlo, whi;
+  dt__cu_pool_span(ih, k, s, ho, &hlo, &hhi);
+  dt__cu_pool_span(iw, k, s, wo, &wlo, &whi);
+  const float kk = (float)(k * k);
+  float acc = a.p[0][i];
+  for (int64_t oh = hlo; oh <= hhi; oh++)
+    for (int64_t ow = wlo; ow <= whi; ow++) acc += a.p[1][(pl * ho + oh) * wo + ow] / kk;
+  a.p[0][i] = acc;
+}
+
 /* GEMM: dtrain is row-major, cuBLAS column-major. Row-major C = op(A) op(B)
  * is column-major C^T = op(B)^T op(A)^T: swap the operands and m/n, keep the
  * transpose flags. This mapping is the part the host emulation checks. */
@@ -300,6 +401,15 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_XENT_BWD: return l.template each<dt__cu_xent_bwd_at>(a.n[0] * a.n[1], a);
     case DTRAIN_K_SGD: return l.template each<dt__cu_sgd_at>(a.n[0], a);
     case DTRAIN_K_ADAM: return l.template each<dt__cu_adam_at>(a.n[0], a);
+    case DTRAIN_K_IM2COL:
+      return l.template each<dt__cu_im2col_at>(a.n[0] * a.n[1] * a.n[4] * a.n[5] * a.n[8] * a.n[9], a);
+    case DTRAIN_K_COL2IM_ACC: return l.template each<dt__cu_col2im_at>(a.n[0] * a.n[1] * a.n[2] * a.n[3], a);
+    case DTRAIN_K_CONV_BIAS: return l.template each<dt__cu_conv_bias_at>(a.n[0] * a.n[10] * a.n[8] * a.n[9], a);
+    case DTRAIN_K_CONV_BIAS_BWD: return l.template each<dt__cu_conv_bias_bwd_at>(a.n[10], a);
+    case DTRAIN_K_MAXPOOL: return l.template each<dt__cu_maxpool_at>(a.n[0] * a.n[3] * a.n[4], a);
+    case DTRAIN_K_AVGPOOL: return l.template each<dt__cu_avgpool_at>(a.n[0] * a.n[3] * a.n[4], a);
+    case DTRAIN_K_MAXPOOL_BWD: return l.template each<dt__cu_maxpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
+    case DTRAIN_K_AVGPOOL_BWD: return l.template each<dt__cu_avgpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_COUNT:
     default: break;
   }

@@ -13,9 +13,9 @@
  *        build/examples/02_fashion_mnist --resume cnn.safetensors --epochs 5
  *        build/examples/02_fashion_mnist --strategy mirrored --replicas 2
  *   On a GPU (build/examples/02_fashion_mnist_cuda, built where nvcc is;
- *   not yet run on a GPU; the MLP only -- the CNN's conv/pool ops have no
- *   CUDA kernels yet and stop with DTRAIN_ERR_UNSUPPORTED):
- *        build/examples/02_fashion_mnist_cuda --device cuda --model mlp
+ *   NOT YET RUN ON A GPU; one_device only, no checkpoints yet; evaluation
+ *   runs on the CPU on the parameters copied back):
+ *        build/examples/02_fashion_mnist_cuda --device cuda --model cnn
  *   Across processes (the cluster from DTRAIN_CONFIG or --rank/--world/--peers):
  *        tools/dtrain-launch -n 2 -- build/examples/02_fashion_mnist --strategy multi_worker_mirrored
  *        tools/dtrain-launch -n 2 --ps 1 -- build/examples/02_fashion_mnist --strategy parameter_server

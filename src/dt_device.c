@@ -28,7 +28,7 @@ static const char *const dt__device_ops[] = {
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
   "dt_add", "dt_sub", "dt_mul", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
-  "dt_nn_linear_forward", NULL
+  "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", NULL
 };
 
 DTRAIN_PRIVATE int dt__dev_op_ok(const char *op) {
@@ -629,6 +629,139 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b) {
   r.f[0] = (float)(1.0 / (double)a->size);
   if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r)) return NULL;
   dt__record(g, y, op, dt__device_mse_backward, a, b, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- convolution (im2col + GEMM per image) and pooling -------------------------------
+ * The forward keeps the column matrices of the whole batch ([N][K][P], in the
+ * device arena) for the backward, which also needs one gradient column
+ * buffer of the same size. */
+
+static void dt__device_conv_args(dt_kernel_args *r, const dt_tensor *x, const dt_tensor *w, const dt_tensor *y) {
+  dt__device_args0(r);
+  r->n[0] = x->shape[0];
+  r->n[1] = x->shape[1];
+  r->n[2] = x->shape[2];
+  r->n[3] = x->shape[3];
+  r->n[4] = w->shape[2];
+  r->n[5] = w->shape[3];
+  r->n[6] = y->iaux[0];
+  r->n[7] = y->iaux[1];
+  r->n[8] = y->shape[2];
+  r->n[9] = y->shape[3];
+  r->n[10] = w->shape[0];
+}
+
+static void dt__device_conv_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
+  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  const float *col = (const float *)y->aux;
+  int64_t n = x->shape[0], o = w->shape[0], k = w->shape[1] * w->shape[2] * w->shape[3];
+  int64_t pp = y->shape[2] * y->shape[3];
+  dt_kernel_args r;
+  if (gb) {
+    dt__device_conv_args(&r, x, w, y);
+    r.p[0] = gb;
+    r.p[1] = y->grad;
+    if (!dt__dev_run(g, y->op, DTRAIN_K_CONV_BIAS_BWD, &r)) return;
+  }
+  if (gw)
+    for (int64_t i = 0; i < n; i++) /* gw [O,K] += gy_i [O,P] @ col_i^T */
+      if (!dt__device_gemm(g, y->op, 0, 1, o, k, pp, y->grad + i * o * pp, col + i * k * pp, 1.0f, gw)) return;
+  if (gx) {
+    float *gcol = dt__arena_floats(g, n * k * pp);
+    if (!gcol) return;
+    for (int64_t i = 0; i < n; i++) /* gcol_i [K,P] = w^T @ gy_i */
+      if (!dt__device_gemm(g, y->op, 1, 0, k, pp, o, w->data, y->grad + i * o * pp, 0.0f, gcol + i * k * pp)) return;
+    dt__device_conv_args(&r, x, w, y);
+    r.p[0] = gx;
+    r.p[1] = gcol;
+    dt__dev_run(g, y->op, DTRAIN_K_COL2IM_ACC, &r);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
+  const char *op = "dt_conv2d";
+  int64_t n = x->shape[0], o = w->shape[0], k = w->shape[1] * w->shape[2] * w->shape[3];
+  int64_t ho = (x->shape[2] + 2 * (int64_t)padding - w->shape[2]) / stride + 1;
+  int64_t wo = (x->shape[3] + 2 * (int64_t)padding - w->shape[3]) / stride + 1, pp = ho * wo;
+  int64_t shape[4];
+  shape[0] = n;
+  shape[1] = o;
+  shape[2] = ho;
+  shape[3] = wo;
+  size_t cols;
+  if (!dt__mul_size((size_t)n, (size_t)k, &cols) || !dt__mul_size(cols, (size_t)pp, &cols) || dt__too_many(cols)) {
+    char sx[96], sw[96];
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: column matrices of x %s, w %s too large", op,
+                                 dt_shape_str(x, sx, sizeof sx), dt_shape_str(w, sw, sizeof sw));
+  }
+  dt_tensor *y = dt__new(g, op, 4, shape);
+  float *col = y ? dt__arena_floats(g, (int64_t)cols) : NULL;
+  if (!col) return NULL;
+  y->iaux[0] = stride;
+  y->iaux[1] = padding;
+  dt_kernel_args r;
+  dt__device_conv_args(&r, x, w, y);
+  r.p[0] = col;
+  r.p[1] = x->data;
+  if (!dt__dev_run(g, op, DTRAIN_K_IM2COL, &r)) return NULL;
+  if (b) {
+    dt__device_conv_args(&r, x, w, y);
+    r.p[0] = y->data;
+    r.p[1] = b->data;
+    if (!dt__dev_run(g, op, DTRAIN_K_CONV_BIAS, &r)) return NULL;
+  }
+  for (int64_t i = 0; i < n; i++) /* y_i [O,P] = w [O,K] @ col_i [K,P] (+ bias) */
+    if (!dt__device_gemm(g, op, 0, 0, o, pp, k, w->data, col + i * k * pp, b ? 1.0f : 0.0f, y->data + i * o * pp))
+      return NULL;
+  y->aux = col;
+  dt__record(g, y, op, dt__device_conv_backward, x, w, b);
+  return dt__finish(g, y);
+}
+
+static void dt__device_pool_args(dt_kernel_args *r, const dt_tensor *x, const dt_tensor *y) {
+  dt__device_args0(r);
+  r->n[0] = x->shape[0] * x->shape[1];
+  r->n[1] = x->shape[2];
+  r->n[2] = x->shape[3];
+  r->n[3] = y->shape[2];
+  r->n[4] = y->shape[3];
+  r->n[5] = y->iaux[0];
+  r->n[6] = y->iaux[1];
+}
+
+static void dt__device_pool_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_pool_args(&r, x, y);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = x->data;
+  r.p[3] = y->data;
+  dt__dev_run(g, y->op, y->iaux[2] ? DTRAIN_K_MAXPOOL_BWD : DTRAIN_K_AVGPOOL_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op) {
+  int64_t shape[4];
+  shape[0] = x->shape[0];
+  shape[1] = x->shape[1];
+  shape[2] = (x->shape[2] - kernel) / stride + 1;
+  shape[3] = (x->shape[3] - kernel) / stride + 1;
+  dt_tensor *y = dt__new(g, op, 4, shape);
+  if (!y) return NULL;
+  y->iaux[0] = kernel;
+  y->iaux[1] = stride;
+  y->iaux[2] = is_max;
+  dt_kernel_args r;
+  dt__device_pool_args(&r, x, y);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  if (!dt__dev_run(g, op, is_max ? DTRAIN_K_MAXPOOL : DTRAIN_K_AVGPOOL, &r)) return NULL;
+  dt__record(g, y, op, dt__device_pool_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 

@@ -40,7 +40,8 @@
  *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean,
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
- *   views), dt_nn_linear_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
+ *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
+ *   dt_nn_linear_forward, dt_nn_conv2d_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
  *   dt_scalar, dt_item, dt_backward, dt_backward_grad.
  * Optimizers on a device (dt_optim_step_graph): SGD (momentum, Nesterov,
  * weight decay), Adam, AdamW, clip_norm. RMSprop: DTRAIN_ERR_UNSUPPORTED.
@@ -106,13 +107,24 @@ typedef enum dt_kernel {
    *      f3 eps, f4 1-beta1, f5 1-beta2, f6 beta2, f7 shrink (AdamW
    *      1 - lr*wd); n1 decoupled (AdamW). Same float operations as the CPU. */
   DTRAIN_K_SGD, DTRAIN_K_ADAM,
+  /* Convolution, NCHW: n0 N, n1 C, n2 H, n3 W, n4 kh, n5 kw, n6 stride,
+   * n7 padding, n8 Ho, n9 Wo, n10 O. Columns are [N][K][P] (K = C*kh*kw,
+   * P = Ho*Wo), one K x P matrix per image.
+   * IM2COL: p0 col, p1 x. COL2IM_ACC: p0 gx += the columns p1 fold back.
+   * CONV_BIAS: p0 y [N,O,P] = p1 b[o]. CONV_BIAS_BWD: p0 gb[o] += sum of
+   * p1 gy over images and positions. */
+  DTRAIN_K_IM2COL, DTRAIN_K_COL2IM_ACC, DTRAIN_K_CONV_BIAS, DTRAIN_K_CONV_BIAS_BWD,
+  /* Pooling, no padding: n0 planes (N*C), n1 H, n2 W, n3 Ho, n4 Wo,
+   * n5 kernel, n6 stride. Fwd p0 y, p1 x. Bwd p0 gx, p1 gy, p2 x, p3 y (max:
+   * the gradient goes to the first maximum of each window, a NaN wins). */
+  DTRAIN_K_MAXPOOL, DTRAIN_K_MAXPOOL_BWD, DTRAIN_K_AVGPOOL, DTRAIN_K_AVGPOOL_BWD,
   DTRAIN_K_COUNT
 } dt_kernel;
 
 typedef struct dt_kernel_args {
   float *p[6];
   const int32_t *labels;
-  int64_t n[4];
+  int64_t n[12];
   float f[8];
 } dt_kernel_args;
 
