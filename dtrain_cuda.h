@@ -36,7 +36,12 @@
  * bmm, concat/slice/permute/transpose, exp/log/div/... -- those ops fail on a
  * CUDA graph with DTRAIN_ERR_UNSUPPORTED naming the op and the device.
  * Not yet: multi-GPU (mirrored over NCCL / peer copies), GPU replicas in the
- * TCP multi-worker strategy, --device cuda in the examples.
+ * TCP multi-worker strategy, devices in dt_strategy (examples/02_fashion_mnist
+ * --device cuda trains one_device with its own loop), optimizer state of a
+ * device run in checkpoints. Not tuned: sums are one-block reductions,
+ * softmax / cross entropy use one thread per row, conv runs one cuBLAS call
+ * per image; nvcc's default architecture is used (PTX JIT-compiled on newer
+ * GPUs; set NVCCFLAGS, e.g. -arch=sm_90).
  *
  * Errors: every CUDA runtime and cuBLAS call is checked; a failure becomes a
  * dt_result with a message naming the device, the call and cudaGetErrorString
