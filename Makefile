@@ -67,6 +67,54 @@ $(BUILD)/examples/%: examples/%.c dtrain.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -I. $< -o $@ $(LDLIBS)
 
+# ---- the CUDA backend (dtrain_cuda.h) ---------------------------------------------
+# test_cuda_emu: the CUDA kernels' math in host emulation against the CPU ops
+# (plain C++, built and run everywhere). test_cuda: the same checks on a real
+# GPU, built with nvcc where it exists (PATH or /usr/local/cuda/bin) for a
+# native, non-sanitizer build; elsewhere a stand-in that prints why it skips.
+# On a machine without a GPU the nvcc-built test_cuda skips at run time.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+NVCCFLAGS ?= -std=c++17 -O2 -Xcompiler -Wall,-Wextra,-Werror
+CUDA_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_cuda
+CUDA_NATIVE := $(if $(filter $(shell $(CC) -dumpmachine 2>/dev/null),$(shell $(HOSTCC) -dumpmachine 2>/dev/null)),yes,)
+CUDA_SKIP := $(if $(NVCC),$(if $(CUDA_NATIVE),$(if $(SAN),not built in sanitizer builds,),not built in cross builds),nvcc not found)
+all: $(CUDA_TESTS)
+
+CXX_FOUND := $(shell command -v $(CXX) >/dev/null 2>&1 && echo yes)
+
+$(BUILD)/tests/test_cuda_emu: tests/test_cuda_emu.cc tests/cuda_skip.c tests/cuda_parity.h tests/harness.h dtrain.h dtrain_cuda.h
+	@mkdir -p $(dir $@)
+ifeq ($(CXX_FOUND),yes)
+	$(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) -I. -Itests $< -o $@ $(LDLIBS)
+else
+	$(CC) $(CFLAGS_ALL) -DCUDA_SKIP_NAME='"test_cuda_emu"' '-DCUDA_SKIP_REASON="no C++ compiler ($(CXX))"' tests/cuda_skip.c -o $@
+endif
+
+$(BUILD)/tests/test_cuda: tests/test_cuda.cu tests/cuda_skip.c tests/cuda_parity.h tests/harness.h dtrain_cuda.h $(BUILD)/dtrain.o
+	@mkdir -p $(dir $@)
+ifeq ($(CUDA_SKIP),)
+	$(NVCC) $(NVCCFLAGS) $(EXTRA_CFLAGS) -I. -Itests $< $(BUILD)/dtrain.o -o $@ -lcublas $(LDLIBS)
+else
+	$(CC) $(CFLAGS_ALL) '-DCUDA_SKIP_REASON="$(CUDA_SKIP)"' tests/cuda_skip.c -o $@
+endif
+
+# The example on a GPU (02_fashion_mnist --device cuda), where nvcc builds
+# test_cuda; and the same program on the host emulation of the CUDA kernels
+# (02_fashion_mnist_emu, for tests/example_checks.sh), where a C++ compiler is.
+FMNIST_CUDA_BINS := $(if $(CUDA_SKIP),,$(BUILD)/examples/02_fashion_mnist_cuda) \
+                    $(if $(CXX_FOUND),$(BUILD)/examples/02_fashion_mnist_emu,)
+all: $(FMNIST_CUDA_BINS)
+
+$(BUILD)/examples/02_fashion_mnist_cuda.o: examples/02_fashion_mnist.c dtrain.h dtrain_cuda.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DFMNIST_CUDA -I. -c $< -o $@
+
+$(BUILD)/examples/02_fashion_mnist_cuda: $(BUILD)/examples/02_fashion_mnist_cuda.o examples/cuda_backend.cu dtrain_cuda.h
+	$(NVCC) $(NVCCFLAGS) $(EXTRA_CFLAGS) -I. examples/cuda_backend.cu $< -o $@ -lcublas $(LDLIBS)
+
+$(BUILD)/examples/02_fashion_mnist_emu: $(BUILD)/examples/02_fashion_mnist_cuda.o tests/cuda_emu_backend.cc dtrain_cuda.h
+	$(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) -I. tests/cuda_emu_backend.cc $< -o $@ $(LDLIBS)
+
 # ---- running -----------------------------------------------------------------
 test: all
 	@BUILD=$(BUILD) CC="$(CC)" CXX="$(CXX)" SAN="$(SAN)" RUNNER="$(RUNNER)" SCRIPTS="$(SCRIPTS)" TEST_JOBS="$(TEST_JOBS)" sh tools/run_tests.sh

@@ -12,6 +12,10 @@
  *        build/examples/02_fashion_mnist --model cnn --epochs 3 --checkpoint cnn.safetensors
  *        build/examples/02_fashion_mnist --resume cnn.safetensors --epochs 5
  *        build/examples/02_fashion_mnist --strategy mirrored --replicas 2
+ *   On a GPU (build/examples/02_fashion_mnist_cuda, built where nvcc is;
+ *   NOT YET RUN ON A GPU; one_device only, no checkpoints yet; evaluation
+ *   runs on the CPU on the parameters copied back):
+ *        build/examples/02_fashion_mnist_cuda --device cuda --model cnn
  *   Across processes (the cluster from DTRAIN_CONFIG or --rank/--world/--peers):
  *        tools/dtrain-launch -n 2 -- build/examples/02_fashion_mnist --strategy multi_worker_mirrored
  *        tools/dtrain-launch -n 2 --ps 1 -- build/examples/02_fashion_mnist --strategy parameter_server
@@ -25,12 +29,16 @@
  * and with --json one final line of JSON. */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+#ifdef FMNIST_CUDA /* the _cuda build: linked with the CUDA backend (dtrain_cuda.h) */
+#  include "dtrain_cuda.h"
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct options {
   const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule, *strategy, *checkpoint_dir;
+  const char *device; /* "cpu", "cuda", "cuda:N" */
   int epochs, batch, json, quiet, replicas, max_staleness;
   int64_t limit; /* train on the first `limit` samples only (0: all) */
   float lr;
@@ -74,16 +82,20 @@ static dt_tensor *model_forward(dt_graph *g, const model *m, dt_tensor *x) {
   return dt_nn_linear_forward(g, &m->fc3, h);
 }
 
-static int64_t count_correct(const dt_tensor *logits, const int32_t *y) {
-  int64_t ok = 0, n = logits->shape[0], c = logits->shape[1];
+static int64_t count_correct_rows(const float *rows, int64_t n, int64_t c, const int32_t *y) {
+  int64_t ok = 0;
   for (int64_t i = 0; i < n; i++) {
-    const float *row = logits->data + i * c;
+    const float *row = rows + i * c;
     int64_t best = 0;
     for (int64_t k = 1; k < c; k++)
       if (row[k] > row[best]) best = k;
     ok += best == y[i];
   }
   return ok;
+}
+
+static int64_t count_correct(const dt_tensor *logits, const int32_t *y) {
+  return count_correct_rows(logits->data, logits->shape[0], logits->shape[1], y);
 }
 
 /* ---- training state shared by the callbacks ----------------------------------------- */
@@ -94,6 +106,9 @@ typedef struct app {
   dt_optim *opt;
   dt_strategy *strategy;
   dt_graph *eval_g;
+  dt_device *dev;   /* --device: NULL on the CPU */
+  dt_graph *dev_g;  /* the training graph on the device (holds the params' device copy) */
+  float *logits_h;  /* a batch of logits copied back, for the accuracy */
   int64_t correct[DTRAIN_MAX_REPLICAS]; /* per replica: each writes only its own */
   dt_dataset *train, *test;
   dt_loader *loader;
@@ -131,6 +146,22 @@ static dt_result train_step(dt_fit_batch *fb, void *user) {
   mb.y = b.y;
   memset(a->correct, 0, sizeof a->correct);
   float loss = 0;
+  if (a->dev) { /* on a device: the same model code on a device graph, the update there too */
+    dt_graph *g = a->dev_g;
+    int64_t xs[2] = {b.size, 784};
+    dt_graph_reset(g);
+    dt_result r = dt_graph_zero_grad(g);
+    if (r != DTRAIN_OK) return r;
+    dt_tensor *logits = model_forward(g, &a->m, dt_tensor_from(g, 2, xs, b.x)); /* host -> device */
+    dt_tensor *l = dt_cross_entropy(g, logits, b.y);
+    if ((r = dt_backward(g, l)) != DTRAIN_OK) return r;
+    if ((r = dt_optim_step_graph(a->opt, g)) != DTRAIN_OK) return r;
+    if ((r = dt_tensor_to_host(logits, a->logits_h)) != DTRAIN_OK) return r;
+    fb->loss = a->last_train_loss = dt_item(l);
+    fb->samples = b.size;
+    fb->correct = count_correct_rows(a->logits_h, b.size, 10, b.y);
+    return DTRAIN_OK;
+  }
   dt_result r = dt_strategy_step(a->strategy, &mb, &loss);
   if (r != DTRAIN_OK) return r;
   fb->loss = loss;
@@ -148,6 +179,10 @@ static dt_result evaluate(dt_fit_eval *e, void *user) {
   const int64_t chunk = 500;
   double loss_sum = 0;
   int64_t correct = 0;
+  if (a->dev) { /* evaluation runs on the CPU, on the parameters brought back */
+    dt_result r = dt_graph_params_download(a->dev_g);
+    if (r != DTRAIN_OK) return r;
+  }
   for (int64_t s = 0; s < a->test->n; s += chunk) {
     int64_t n = a->test->n - s < chunk ? a->test->n - s : chunk;
     int64_t xs[2] = {n, 784};
@@ -172,7 +207,7 @@ static void usage(void) {
           "         [--strategy one_device|mirrored|central_storage|async|multi_worker_mirrored|parameter_server]\n"
           "         [--replicas N] [--max-staleness K] [--checkpoint-dir DIR (parameter servers)]\n"
           "         [--rank R --world W --peers host:port,... --ps host:port,... --role worker|ps]\n"
-          "         [--svg FILE] [--limit N] [--json] [--quiet]\n");
+          "         [--svg FILE] [--limit N] [--json] [--quiet] [--device cpu|cuda|cuda:N]\n");
 }
 
 static int parse(int argc, char **argv, options *o) {
@@ -186,6 +221,7 @@ static int parse(int argc, char **argv, options *o) {
   o->svg = "build/fashion_mnist.svg";
   o->schedule = "constant";
   o->strategy = "one_device";
+  o->device = "cpu";
   o->max_staleness = DTRAIN_STALENESS_UNBOUNDED;
   for (int i = 1; i < argc; i++) {
     const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -210,6 +246,7 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(k, "--replicas")) o->replicas = atoi(v);
     else if (!strcmp(k, "--max-staleness")) o->max_staleness = atoi(v);
     else if (!strcmp(k, "--checkpoint-dir")) o->checkpoint_dir = v;
+    else if (!strcmp(k, "--device")) o->device = v;
     else { fprintf(stderr, "error: unknown option %s\n", k); return 0; }
   }
   if (strcmp(o->model, "mlp") && strcmp(o->model, "cnn")) { fprintf(stderr, "error: --model is mlp or cnn\n"); return 0; }
@@ -221,7 +258,38 @@ static int parse(int argc, char **argv, options *o) {
     fprintf(stderr, "error: --epochs and --batch must be >= 1, --lr and --limit >= 0\n");
     return 0;
   }
+  if (strcmp(o->device, "cpu") && strcmp(o->strategy, "one_device")) {
+    fprintf(stderr, "error: --device %s trains with one_device only (multi-GPU is not there yet)\n", o->device);
+    return 0;
+  }
+  if (strcmp(o->device, "cpu") && (o->checkpoint || o->resume)) {
+    fprintf(stderr, "error: --checkpoint/--resume are not supported with --device yet (the optimizer state stays on the device)\n");
+    return 0;
+  }
   return 1;
+}
+
+/* --device: NULL for the CPU, else the device (NULL + *failed on failure). */
+static dt_device *open_device(const char *name, int *failed) {
+  *failed = 0;
+  if (!strcmp(name, "cpu")) return NULL;
+  if (!strncmp(name, "cuda", 4) && (name[4] == '\0' || name[4] == ':')) {
+#ifdef FMNIST_CUDA
+    dt_device *d = dt_cuda_device_create(name[4] ? atoi(name + 5) : 0);
+    if (!d) {
+      fprintf(stderr, "error: %s\n", dt_last_error());
+      *failed = 1;
+    }
+    return d;
+#else
+    fprintf(stderr, "error: this build has no CUDA backend; build build/examples/02_fashion_mnist_cuda (needs nvcc)\n");
+    *failed = 1;
+    return NULL;
+#endif
+  }
+  fprintf(stderr, "error: --device is cpu, cuda or cuda:N\n");
+  *failed = 1;
+  return NULL;
 }
 
 static int optimizer_kind(const char *s, dt_optim_kind *k) {
@@ -289,6 +357,19 @@ int main(int argc, char **argv) {
 
   a.P = dt_params_create(a.o.seed);
   if ((r = model_init(&a.m, a.P, !strcmp(a.o.model, "cnn"))) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+  int dev_failed = 0;
+  a.dev = open_device(a.o.device, &dev_failed);
+  if (dev_failed) return 2;
+  if (a.dev) { /* the one-line switch: a graph on the device (the params are copied there) */
+    dt_graph_desc gd;
+    memset(&gd, 0, sizeof gd);
+    gd.seed = a.o.seed;
+    gd.device = a.dev;
+    a.dev_g = dt_graph_create(a.P, &gd);
+    a.logits_h = (float *)malloc((size_t)a.o.batch * 10 * sizeof(float));
+    if (!a.dev_g || !a.logits_h) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+    if (!a.o.quiet) printf("device: %s\n", a.dev->name);
+  }
   a.eval_g = dt_graph_create(a.P, NULL);
   dt_graph_set_grad_enabled(a.eval_g, 0);
   dt_graph_set_training(a.eval_g, 0);
@@ -359,7 +440,7 @@ int main(int argc, char **argv) {
   fd.user = &a;
   fd.params = a.P;
   fd.optim = a.opt;
-  fd.graph = dt_strategy_graph(a.strategy, 0); /* its RNG goes into checkpoints */
+  fd.graph = a.dev ? a.dev_g : dt_strategy_graph(a.strategy, 0); /* its RNG goes into checkpoints */
   fd.progress = a.o.quiet ? DTRAIN_FIT_PROGRESS_QUIET : DTRAIN_FIT_PROGRESS_AUTO;
   fd.csv_path = a.o.csv;
   fd.svg_path = a.o.svg;
@@ -388,6 +469,7 @@ int main(int argc, char **argv) {
 
   dt_fit_result res;
   r = dt_fit(&fd, &res);
+  if (r == DTRAIN_OK && a.dev) r = dt_graph_params_download(a.dev_g); /* the trained params, on the host */
   if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   if (!a.o.quiet) {
     printf("test accuracy %.4f (loss %.4f) after %lld epochs, %.0f samples/s\n", a.last_test_acc, a.last_test_loss,
@@ -398,11 +480,11 @@ int main(int argc, char **argv) {
     printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"epochs\":%lld,\"batch\":%d,\"seed\":%llu,\"train_samples\":%lld,"
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
            "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
-           "\"replicas\":%d}\n",
+           "\"replicas\":%d,\"device\":\"%s\"}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
-           dt_strategy_replicas(a.strategy));
+           dt_strategy_replicas(a.strategy), a.dev ? a.dev->name : "cpu");
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);
@@ -410,6 +492,11 @@ int main(int argc, char **argv) {
   dt_pstore_destroy(store);
   dt_cluster_destroy(cl);
   dt_graph_destroy(a.eval_g);
+  dt_graph_destroy(a.dev_g);
+  free(a.logits_h);
+#ifdef FMNIST_CUDA
+  dt_cuda_device_destroy(a.dev);
+#endif
   dt_optim_destroy(a.opt);
   dt_params_destroy(a.P);
   dt_dataset_destroy(a.train);

@@ -27,6 +27,7 @@
 #include "dt_comm.h"
 #include "dt_strategy.h"
 #include "dt_net.h"
+#include "dt_device.h"
 
 #include <float.h>
 #include <limits.h>
@@ -121,6 +122,7 @@ DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
  *   }
  */
 typedef struct dt__chunk dt__chunk;
+typedef struct dt__dchunk dt__dchunk;
 
 struct dt_graph {
   dt_params *params;
@@ -140,6 +142,13 @@ struct dt_graph {
   char msg[DT__MSG_CAP];
   int training, grad_enabled, check_numerics, backward_done;
   dt_rng rng;
+  /* device (dt_device.h): NULL on the CPU. Tensor data and gradients come
+   * from the device arena `dchunks`; headers from the host arena above. */
+  dt_device *device;
+  dt__dchunk *dchunks;
+  size_t dreserved;
+  float *dparam_data, *dparam_grad; /* the device copy of the params */
+  size_t dparam_n;
 };
 
 /* Checks the graph is usable and the n tensor arguments are non-NULL and
@@ -168,6 +177,34 @@ DTRAIN_PRIVATE int dt__axis(int axis, int ndim);
 DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *buf, size_t cap);
 /* Row-major strides of t into st (elements). */
 DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st);
+
+/* ---- device (dt_device.c) ----------------------------------------------------------
+ * Every op that has a device path calls its dt__dev_* twin right after
+ * dt__begin when g->device is set; dt__begin already refused (with
+ * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
+DTRAIN_PRIVATE int dt__dev_op_ok(const char *op);
+DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g);
+DTRAIN_PRIVATE void *dt__dev_arena(dt_graph *g, size_t bytes);
+DTRAIN_PRIVATE void dt__dev_reset(dt_graph *g);
+/* Runs kernel k; on failure fails g with op's name and the device message. */
+DTRAIN_PRIVATE int dt__dev_run(dt_graph *g, const char *op, dt_kernel k, const dt_kernel_args *a);
+DTRAIN_PRIVATE int dt__dev_copy(dt_graph *g, const char *op, void *dst, const void *src, size_t bytes, dt_copy_kind kind);
+DTRAIN_PRIVATE int dt__dev_zero(dt_graph *g, const char *op, void *p, size_t bytes);
+DTRAIN_PRIVATE dt_result dt__dev_graph_init(dt_graph *g);
+DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out);
+DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
+                                         int64_t in, int64_t out, int ndim, const int64_t *shape);
+DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c);
+DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
+DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
+DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
+/* gx += gy over n elements (the backward of no-copy views). */
+DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op);
 
 /* ---- params internals (dt_params.c) ------------------------------------------------ */
 /* Layout of parameter `index` (no checks: index must be valid). */

@@ -871,6 +871,7 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
                                  "%s: kernel %lldx%lld larger than the padded input %lldx%lld (x %s, w %s, padding %d)",
                                  op, (long long)w->shape[2], (long long)w->shape[3], (long long)hp, (long long)wp, sx,
                                  sw, padding);
+  if (g->device) return dt__dev_conv2d(g, x, w, b, stride, padding);
   dt__conv_geom q;
   dt__conv_geometry(&q, x, w, stride, padding);
   int64_t shape[4] = {q.n, q.o, q.ho, q.wo};
@@ -1032,6 +1033,7 @@ static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
 DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride) {
   static const char *op = "dt_max_pool2d";
   if (!dt__pool_check(g, op, x, kernel, stride)) return NULL;
+  if (g->device) return dt__dev_pool(g, x, kernel, stride, 1, op);
   dt_tensor *y = dt__pool_new(g, op, x, kernel, stride);
   if (!y) return NULL;
   int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
@@ -1098,6 +1100,7 @@ static void dt__pool_avg_backward(dt_graph *g, dt_tensor *y) {
 DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride) {
   static const char *op = "dt_avg_pool2d";
   if (!dt__pool_check(g, op, x, kernel, stride)) return NULL;
+  if (g->device) return dt__dev_pool(g, x, kernel, stride, 0, op);
   dt_tensor *y = dt__pool_new(g, op, x, kernel, stride);
   if (!y) return NULL;
   int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];

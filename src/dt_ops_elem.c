@@ -89,6 +89,8 @@ static void dt__binary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op) {
   if (!dt__begin(g, op, 2, a, b)) return NULL;
+  if (g->device) /* dt__begin let only add, sub and mul through */
+    return dt__dev_binary(g, a, b, kind == DT__ADD ? DTRAIN_K_ADD : kind == DT__SUB ? DTRAIN_K_SUB : DTRAIN_K_MUL, op);
   dt__bcast *bc = (dt__bcast *)dt__arena_alloc(g, sizeof(dt__bcast));
   if (!bc || !dt__elem_broadcast(g, op, a, b, bc)) return NULL;
   dt_tensor *y = dt__new(g, op, bc->ndim, bc->shape);
@@ -195,6 +197,9 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
+  if (g->device) /* dt__begin let only relu, sigmoid and tanh through */
+    return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
+                         op);
   const float *xd = x->data;
   int64_t n = x->size;
   if (kind == DT__U_LOG || kind == DT__U_SQRT) {

@@ -101,6 +101,7 @@ DTRAIN_API dt_tensor *dt_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b) {
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "dt_matmul: operands must be 2-D (%s @ %s); see dt_bmm",
                                  dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2));
   }
+  if (g->device) return dt__dev_matmul(g, a, b, "dt_matmul");
   return dt__matmul(g, "dt_matmul", a, b, 0);
 }
 
@@ -148,9 +149,10 @@ DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
   int64_t shape[DTRAIN_MAX_DIMS];
   for (int d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
   shape[x->ndim - 1] = out;
+  int64_t rows = x->size / in;
+  if (g->device) return dt__dev_linear(g, x, w, b, rows, in, out, x->ndim, shape);
   dt_tensor *y = dt__new(g, op, x->ndim, shape);
   if (!y) return NULL;
-  int64_t rows = x->size / in;
   if (b) {
     for (int64_t r = 0; r < rows; r++) memcpy(y->data + r * out, b->data, (size_t)out * sizeof(float));
   }

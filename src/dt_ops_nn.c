@@ -83,6 +83,7 @@ static dt_tensor *dt__nn_softmax(dt_graph *g, dt_tensor *x, int axis, int is_log
                                  "%s: axis %d out of range for input %s (%d dims)", op, axis,
                                  dt_shape_str(x, sb, sizeof sb), x->ndim);
   }
+  if (g->device) return dt__dev_softmax(g, x, ax, is_log, op);
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   int64_t outer = 1, inner = 1, n = x->shape[ax];
@@ -164,6 +165,7 @@ DTRAIN_API dt_tensor *dt_cross_entropy(dt_graph *g, dt_tensor *logits, const int
                                    op, (int)labels[r], (long long)r, (long long)c,
                                    dt_shape_str(logits, sb, sizeof sb));
   }
+  if (g->device) return dt__dev_xent(g, logits, labels, rows, c);
   int64_t lab_floats = (rows + 3) / 4 * 4;
   float *aux = dt__arena_floats(g, lab_floats + 2 * rows);
   if (!aux) return NULL;
@@ -217,6 +219,7 @@ DTRAIN_API dt_tensor *dt_mse(dt_graph *g, dt_tensor *a, dt_tensor *b) {
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: shapes %s and %s differ", op,
                                  dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2));
   }
+  if (g->device) return dt__dev_mse(g, a, b);
   dt_tensor *y = dt__new(g, op, 0, NULL);
   if (!y) return NULL;
   double s = 0.0;

@@ -22,6 +22,7 @@ static void dt__reduce_all_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
+  if (g->device) return dt__dev_reduce_all(g, x, mean, op);
   dt_tensor *y = dt__new(g, op, 0, NULL);
   if (!y) return NULL;
   const float *xd = x->data;

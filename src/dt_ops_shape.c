@@ -34,6 +34,10 @@ static void dt__shape_same_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, y->src[0]);
   if (!gx) return;
   const float *go = y->grad;
+  if (g->device) {
+    dt__dev_acc(g, gx, go, y->size, y->op);
+    return;
+  }
   for (int64_t i = 0; i < y->size; i++) gx[i] += go[i];
 }
 

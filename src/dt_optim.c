@@ -34,6 +34,10 @@ struct dt_optim {
   int64_t steps;        /* completed steps */
   int nslots;
   float *state[2];      /* nslots buffers of `size` floats */
+  /* device state (dt_optim_step_graph on a device graph) */
+  dt_device *dev;
+  float *dstate[2];
+  float *dscratch;      /* one float: the sum of squares for clipping */
 };
 
 /* ---- learning-rate schedules ------------------------------------------------------ */
@@ -192,6 +196,11 @@ DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc) {
 DTRAIN_API void dt_optim_destroy(dt_optim *o) {
   if (!o) return;
   for (int s = 0; s < 2; s++) dt__free(o->state[s], o->size * sizeof(float));
+  if (o->dev) {
+    for (int s = 0; s < 2; s++)
+      if (o->dstate[s]) o->dev->free(o->dev, o->dstate[s], o->size * sizeof(float));
+    if (o->dscratch) o->dev->free(o->dev, o->dscratch, sizeof(float));
+  }
   dt__free(o, sizeof *o);
 }
 
@@ -409,11 +418,10 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_result dt_optim_step(dt_optim *o) {
-  if (!o) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_step: optimizer is NULL");
-  dt_result r = dt__optim_check_layout(o, "dt_optim_step");
+/* Clip (if set), update and advance over data/grad with the params' layout. */
+static dt_result dt__optim_step_host(dt_optim *o, float *data, float *grad, const char *fn) {
+  dt_result r = dt__optim_check_layout(o, fn);
   if (r != DTRAIN_OK) return r;
-  float *data = dt_params_data(o->params), *grad = dt_params_grad(o->params);
   size_t b, e;
   int trainable, decay;
   if (o->desc.clip_norm > 0.0f) {
@@ -423,7 +431,7 @@ DTRAIN_API dt_result dt_optim_step(dt_optim *o) {
       for (size_t j = b; trainable && j < e; j++) ss += (double)grad[j] * (double)grad[j];
     double norm = sqrt(ss);
     if (!isfinite(norm))
-      return dt__error(DTRAIN_ERR_NONFINITE, "dt_optim_step: gradient norm is %s; no update made",
+      return dt__error(DTRAIN_ERR_NONFINITE, "%s: gradient norm is %s; no update made", fn,
                        isnan(norm) ? "NaN" : "Inf");
     if (norm > (double)o->desc.clip_norm) {
       float coef = (float)((double)o->desc.clip_norm / (norm + 1e-6));
@@ -435,6 +443,131 @@ DTRAIN_API dt_result dt_optim_step(dt_optim *o) {
   if (r != DTRAIN_OK) return r;
   dt_optim_advance(o);
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_optim_step(dt_optim *o) {
+  if (!o) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_step: optimizer is NULL");
+  return dt__optim_step_host(o, dt_params_data(o->params), dt_params_grad(o->params), "dt_optim_step");
+}
+
+/* ---- on a device --------------------------------------------------------------------- */
+
+static dt_result dt__optim_dev_run(dt_optim *o, dt_kernel k, const dt_kernel_args *a) {
+  dt_result r = o->dev->run(o->dev, k, a);
+  if (r != DTRAIN_OK)
+    return dt__error(r, "dt_optim_step_graph: device %s: %s", o->dev->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+static dt_result dt__optim_dev_state(dt_optim *o, dt_device *d) {
+  const char *fn = "dt_optim_step_graph";
+  if (o->dev && o->dev != d)
+    return dt__error(DTRAIN_ERR_STATE, "%s: the optimizer's state lives on device %s, not %s", fn, o->dev->name,
+                     d->name);
+  if (o->dev) return DTRAIN_OK;
+  size_t bytes = o->size * sizeof(float);
+  o->dev = d;
+  void *p = NULL;
+  dt_result r = d->alloc(d, sizeof(float), &p);
+  o->dscratch = (float *)p;
+  for (int s = 0; r == DTRAIN_OK && s < o->nslots; s++) {
+    p = NULL;
+    r = d->alloc(d, bytes, &p);
+    o->dstate[s] = (float *)p;
+    if (r == DTRAIN_OK) r = d->zero(d, p, bytes);
+  }
+  if (r != DTRAIN_OK) return dt__error(r, "%s: optimizer state on device %s: %s", fn, d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, float *grad) {
+  const char *fn = "dt_optim_step_graph";
+  dt_result r = dt__optim_check_layout(o, fn);
+  if (r != DTRAIN_OK) return r;
+  if (o->desc.kind != DTRAIN_OPTIM_SGD && o->desc.kind != DTRAIN_OPTIM_ADAM && o->desc.kind != DTRAIN_OPTIM_ADAMW)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: this optimizer kind (%d) has no kernel on device %s", fn,
+                     (int)o->desc.kind, d->name);
+  r = dt__optim_dev_state(o, d);
+  if (r != DTRAIN_OK) return r;
+  size_t b, e;
+  int trainable, decay;
+  dt_kernel_args a;
+  if (o->desc.clip_norm > 0.0f) {
+    double ss = 0.0;
+    for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
+      if (!trainable || b == e) continue;
+      float part;
+      memset(&a, 0, sizeof a);
+      a.p[0] = o->dscratch;
+      a.p[1] = grad + b;
+      a.n[0] = (int64_t)(e - b);
+      if ((r = dt__optim_dev_run(o, DTRAIN_K_SUMSQ, &a)) != DTRAIN_OK) return r;
+      if ((r = d->copy(d, &part, o->dscratch, sizeof part, DTRAIN_COPY_D2H)) != DTRAIN_OK)
+        return dt__error(r, "%s: device %s: %s", fn, d->name, dt_last_error());
+      ss += (double)part;
+    }
+    double norm = sqrt(ss);
+    if (!isfinite(norm))
+      return dt__error(DTRAIN_ERR_NONFINITE, "%s: gradient norm is %s; no update made", fn,
+                       isnan(norm) ? "NaN" : "Inf");
+    if (norm > (double)o->desc.clip_norm) {
+      float coef = (float)((double)o->desc.clip_norm / (norm + 1e-6));
+      for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
+        if (!trainable || b == e) continue;
+        memset(&a, 0, sizeof a);
+        a.p[0] = grad + b;
+        a.n[0] = (int64_t)(e - b);
+        a.f[0] = coef;
+        if ((r = dt__optim_dev_run(o, DTRAIN_K_SCALE, &a)) != DTRAIN_OK) return r;
+      }
+    }
+  }
+  const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
+  /* The per-step scalars exactly as dt__optim_adam_run computes them. */
+  const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2, t = (double)(o->steps + 1);
+  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+  for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
+    if (!trainable || b == e) continue;
+    float wd = decay ? o->desc.weight_decay : 0.0f;
+    memset(&a, 0, sizeof a);
+    a.p[0] = data + b;
+    a.p[1] = grad + b;
+    a.p[2] = o->nslots > 0 ? o->dstate[0] + b : NULL;
+    a.p[3] = o->nslots > 1 ? o->dstate[1] + b : NULL;
+    a.n[0] = (int64_t)(e - b);
+    if (o->desc.kind == DTRAIN_OPTIM_SGD) {
+      a.f[0] = lr;
+      a.f[1] = wd;
+      a.f[2] = o->desc.momentum;
+      a.n[1] = o->desc.nesterov;
+      r = dt__optim_dev_run(o, DTRAIN_K_SGD, &a);
+    } else {
+      a.f[0] = (float)((double)lr / bc1);
+      a.f[1] = wd;
+      a.f[2] = (float)sqrt(bc2);
+      a.f[3] = o->desc.eps;
+      a.f[4] = (float)(1.0 - b1);
+      a.f[5] = (float)(1.0 - b2);
+      a.f[6] = o->desc.beta2;
+      a.f[7] = (float)(1.0 - (double)lr * (double)wd);
+      a.n[1] = o->desc.kind == DTRAIN_OPTIM_ADAMW;
+      r = dt__optim_dev_run(o, DTRAIN_K_ADAM, &a);
+    }
+    if (r != DTRAIN_OK) return r;
+  }
+  dt_optim_advance(o);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_optim_step_graph(dt_optim *o, dt_graph *g) {
+  const char *fn = "dt_optim_step_graph";
+  if (!o || !g) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !o ? "optimizer" : "graph");
+  if (g->params != o->params)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: the graph is bound to other params than the optimizer", fn);
+  float *data = dt_graph_param_data(g), *grad = dt_graph_param_grad(g);
+  if (!data || !grad) return dt__error(DTRAIN_ERR_STATE, "%s: the graph has no parameter gradient buffer", fn);
+  if (g->device) return dt__optim_step_device(o, g->device, data, grad);
+  return dt__optim_step_host(o, data, grad, fn);
 }
 
 DTRAIN_API void dt_optim_advance(dt_optim *o) {

@@ -69,6 +69,14 @@ DTRAIN_API dt_result dt_optim_step(dt_optim *o);
  * [begin,end), using this optimizer's state for that range, at the current
  * step (no clipping, does not advance). The range may cut parameters. */
 DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad, size_t begin, size_t end);
+/* One step over the parameter buffers a graph's dt_param views use
+ * (dt_graph_param_data/grad): on a CPU graph the same as dt_optim_step on
+ * those buffers; on a device graph (dt_device.h) the update runs on the
+ * device, with the optimizer's state in device memory (allocated at the
+ * first call and tied to that device; dt_optim_state then does not hold it).
+ * SGD, Adam, AdamW and clip_norm run on a device; RMSprop returns
+ * DTRAIN_ERR_UNSUPPORTED there. Clips (if set), updates, advances. */
+DTRAIN_API dt_result dt_optim_step_graph(dt_optim *o, dt_graph *g);
 /* Advance the step counter (after every range of a step was updated). */
 DTRAIN_API void dt_optim_advance(dt_optim *o);
 

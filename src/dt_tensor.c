@@ -55,11 +55,13 @@ DTRAIN_PRIVATE float *dt__arena_floats(dt_graph *g, int64_t n) {
   size_t bytes;
   if (n < 0 || !dt__mul_size((size_t)n, sizeof(float), &bytes))
     return (float *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "arena: %lld floats overflow", (long long)n);
+  if (g->device) return (float *)dt__dev_arena(g, bytes); /* tensor data lives on the device */
   return (float *)dt__arena_alloc(g, bytes);
 }
 
 DTRAIN_PRIVATE float *dt__arena_zeros(dt_graph *g, int64_t n) {
   float *p = dt__arena_floats(g, n);
+  if (p && g->device) return dt__dev_zero(g, "arena", p, (size_t)n * sizeof(float)) ? p : NULL;
   if (p) memset(p, 0, (size_t)n * sizeof(float));
   return p;
 }
@@ -79,11 +81,19 @@ DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *des
   g->grad_enabled = 1;
   g->check_numerics = desc ? desc->check_numerics : 0;
   dt_rng_seed(&g->rng, (desc && desc->seed) ? desc->seed : 1);
+  if (desc && desc->device) {
+    g->device = desc->device;
+    if (dt__dev_graph_init(g) != DTRAIN_OK) {
+      dt_graph_destroy(g);
+      return NULL;
+    }
+  }
   return g;
 }
 
 DTRAIN_API void dt_graph_destroy(dt_graph *g) {
   if (!g) return;
+  if (g->device) dt__dev_free_chunks(g);
   dt__tensor_chunks_free(g->chunks);
   dt__free(g->tape, (size_t)g->tape_cap * sizeof(dt_tensor *));
   dt__free(g->pviews, g->pviews_bytes);
@@ -108,6 +118,7 @@ DTRAIN_API void dt_graph_reset(dt_graph *g) {
   /* If the merge failed, only the newest block is used again (older ones stay
    * reserved until the next successful merge or destroy): still correct. */
   for (dt__chunk *c = g->chunks; c; c = c->next) c->used = 0;
+  if (g->device) dt__dev_reset(g);
   g->used = 0;
   g->ntape = 0;
   g->err = DTRAIN_OK;
@@ -177,6 +188,11 @@ DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...) {
     return 0;
   }
   if (g->err != DTRAIN_OK) return 0;
+  if (g->device && !dt__dev_op_ok(op)) {
+    dt__fail(g, DTRAIN_ERR_UNSUPPORTED, "%s: not supported on device %s (no device kernel; see dt_device.h)", op,
+             g->device->name);
+    return 0;
+  }
   va_list ap;
   va_start(ap, n);
   int ok = 1;
@@ -327,6 +343,7 @@ DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_b
 
 DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out) {
   if (g->err != DTRAIN_OK) return NULL;
+  if (g->check_numerics && g->device) return dt__dev_check_numerics(g, out);
   if (g->check_numerics) {
     for (int64_t i = 0; i < out->size; i++) {
       if (!isfinite(out->data[i])) {
@@ -351,6 +368,8 @@ DTRAIN_PRIVATE float *dt__grad(dt_graph *g, dt_tensor *t) {
 DTRAIN_API dt_tensor *dt_tensor_new(dt_graph *g, int ndim, const int64_t *shape) {
   if (!dt__begin(g, "dt_tensor_new", 0)) return NULL;
   dt_tensor *t = dt__new(g, "dt_tensor_new", ndim, shape);
+  if (t && g->device)
+    return dt__dev_zero(g, "dt_tensor_new", t->data, (size_t)t->size * sizeof(float)) ? t : NULL;
   if (t) memset(t->data, 0, (size_t)t->size * sizeof(float));
   return t;
 }
@@ -359,6 +378,9 @@ DTRAIN_API dt_tensor *dt_tensor_from(dt_graph *g, int ndim, const int64_t *shape
   if (!dt__begin(g, "dt_tensor_from", 0)) return NULL;
   if (!data) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_tensor_from: data is NULL");
   dt_tensor *t = dt__new(g, "dt_tensor_from", ndim, shape);
+  if (t && g->device)
+    return dt__dev_copy(g, "dt_tensor_from", t->data, data, (size_t)t->size * sizeof(float), DTRAIN_COPY_H2D) ? t
+                                                                                                              : NULL;
   if (t) memcpy(t->data, data, (size_t)t->size * sizeof(float));
   return t;
 }
@@ -387,6 +409,7 @@ DTRAIN_API dt_tensor *dt_tensor_new4(dt_graph *g, int64_t d0, int64_t d1, int64_
 }
 
 DTRAIN_API dt_tensor *dt_scalar(dt_graph *g, float value) {
+  if (g && g->device) return dt_tensor_from(g, 0, NULL, &value);
   dt_tensor *t = dt_tensor_new(g, 0, NULL);
   if (t) t->data[0] = value;
   return t;
@@ -401,12 +424,19 @@ DTRAIN_API void dt_tensor_set_requires_grad(dt_tensor *t, int on) {
 DTRAIN_API dt_tensor *dt_detach(dt_graph *g, dt_tensor *t) {
   if (!dt__begin(g, "dt_detach", 1, t)) return NULL;
   dt_tensor *d = dt__new_like(g, "dt_detach", t);
+  if (d && g->device)
+    return dt__dev_copy(g, "dt_detach", d->data, t->data, (size_t)t->size * sizeof(float), DTRAIN_COPY_D2D) ? d : NULL;
   if (d) memcpy(d->data, t->data, (size_t)t->size * sizeof(float));
   return d;
 }
 
 DTRAIN_API float dt_item(const dt_tensor *t) {
   if (!t || t->size != 1) return NAN;
+  if (t->graph && t->graph->device) {
+    float v;
+    dt_device *d = t->graph->device;
+    return d->copy(d, &v, t->data, sizeof v, DTRAIN_COPY_D2H) == DTRAIN_OK ? v : NAN;
+  }
   return t->data[0];
 }
 
@@ -431,6 +461,14 @@ DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index) {
   dt__params_view(g->params, index, &off, &ndim, &shape, &trainable);
   float *data = g->bound_own ? dt_params_data(g->params) : g->bound_data;
   float *grad = g->bound_own ? dt_params_grad(g->params) : g->bound_grad;
+  if (g->device && g->bound_own && dt_params_size(g->params) != g->dparam_n)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE,
+                                 "dt_param: params grew since the graph was created on device %s; create it after "
+                                 "adding every parameter", g->device->name);
+  if (g->device && g->bound_own) { /* the graph's device copy of the params */
+    data = g->dparam_data;
+    grad = g->dparam_grad;
+  }
   dt_tensor *t = &g->pviews[index];
   int64_t n = 1;
   for (int i = 0; i < ndim; i++) n *= shape[i];
@@ -455,8 +493,11 @@ static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *s
       dt__fail(g, DTRAIN_ERR_SHAPE, "%s: loss must have one element, got %s", fn, dt_shape_str(out, sb, sizeof sb));
       return g->err;
     }
-    if (!isfinite(out->data[0])) {
-      dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: loss is %s", fn, isnan(out->data[0]) ? "NaN" : "Inf");
+    float v;
+    if (!g->device) v = out->data[0];
+    else if (!dt__dev_copy(g, fn, &v, out->data, sizeof v, DTRAIN_COPY_D2H)) return g->err; /* the device's error */
+    if (!isfinite(v)) {
+      dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: loss is %s", fn, isnan(v) ? "NaN" : "Inf");
       return g->err;
     }
   }
@@ -472,7 +513,15 @@ static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *s
   g->backward_done = 1;
   float *go = dt__grad(g, out);
   if (!go) return g->err;
-  if (seed) {
+  if (g->device) {
+    /* The seed goes up to the device and is added there. */
+    float one = 1.0f;
+    float *tmp = dt__arena_floats(g, out->size);
+    if (!tmp || !dt__dev_copy(g, fn, tmp, seed ? seed : &one, (size_t)out->size * sizeof(float), DTRAIN_COPY_H2D))
+      return g->err;
+    dt__dev_acc(g, go, tmp, out->size, fn);
+    if (g->err != DTRAIN_OK) return g->err;
+  } else if (seed) {
     for (int64_t i = 0; i < out->size; i++) go[i] += seed[i];
   } else {
     go[0] += 1.0f;

@@ -14,6 +14,7 @@ DTRAIN_EXTERN_C_BEGIN
 typedef struct dt_tensor dt_tensor;
 typedef struct dt_graph dt_graph;
 typedef struct dt_params dt_params;
+typedef struct dt_device dt_device; /* dt_device.h */
 
 /* Tensor flags. */
 #define DTRAIN_TENSOR_REQUIRES_GRAD 0x01 /* gradient flows into this tensor */
@@ -63,6 +64,7 @@ typedef struct dt_graph_desc {
   size_t arena_bytes;   /* first arena block; 0 means 1 MiB */
   uint64_t seed;        /* seed of the graph's RNG (dropout); 0 means 1 */
   int check_numerics;   /* nonzero: every op checks its output for NaN/Inf */
+  dt_device *device;    /* NULL: the CPU; else run on this device (dt_device.h) */
 } dt_graph_desc;
 
 /* Create a graph bound to `params` (may be NULL): dt_param(g, i) returns views

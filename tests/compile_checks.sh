@@ -75,6 +75,22 @@ int main(void) {
 }
 EOF
 check "no-stdio-data-parsers" sh -c "gcc -std=c11 $W -I. $D/nostdio_data.c -o $D/nostdio_data -lm -lpthread && $D/nostdio_data"
+# dtrain_cuda.h: its public part is C (strict C11, -Wpedantic); its host
+# emulation compiles with clang++ too (g++ builds test_cuda_emu); with nvcc,
+# a .cu holding only DTRAIN_CUDA_IMPLEMENTATION compiles and links against
+# the C object, as users are told to build it.
+printf '#include "dtrain_cuda.h"\nint main(void){ dt_device *(*f)(int) = dt_cuda_device_create; (void)f; return 0; }\n' > "$D/cuda_public.c"
+check "cuda-header-public-c11" gcc -std=c11 $W -I. -c "$D/cuda_public.c" -o "$D/cuda_public.o"
+if command -v clang++ >/dev/null 2>&1; then
+  check "cuda-host-emulation-clang++" clang++ -std=c++17 $W -I. -Itests -fsyntax-only tests/test_cuda_emu.cc
+fi
+NVCC=$(command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+if [ -n "$NVCC" ]; then
+  printf '#define DTRAIN_CUDA_IMPLEMENTATION\n#include "dtrain_cuda.h"\nint main(void){ return dt_cuda_device_count() < -1; }\n' > "$D/cuda_impl.cu"
+  check "cuda-nvcc-impl-links" sh -c "gcc -std=c11 $W -O1 -I. -c tests/dtrain_impl.c -o $D/cuda_dtrain.o && $NVCC -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -I. $D/cuda_impl.cu $D/cuda_dtrain.o -o $D/cuda_impl -lcublas -lm -lpthread"
+else
+  echo "skip cuda-nvcc-impl-links: no nvcc"
+fi
 # Each source file compiles alone.
 for f in src/*.c; do
   check "alone-$(basename $f)" gcc -std=c11 $W -Isrc -c "$f" -o "$D/$(basename $f .c).o"

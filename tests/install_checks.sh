@@ -15,6 +15,10 @@ check() { # name, command...
 }
 C="$ROOT/tests/consumer"
 check "make-install" make -s install PREFIX="$T/prefix"
+# The optional CUDA backend header is installed next to dtrain.h.
+if [ -f dtrain_cuda.h ]; then
+  check "make-install-dtrain_cuda.h" cmp dtrain_cuda.h "$T/prefix/include/dtrain_cuda.h"
+fi
 # The launcher is installed with the header (make install builds it).
 if [ -f tools/dtrain_launch.c ]; then
   check "make-install-dtrain-launch" sh -c "test -x $T/prefix/bin/dtrain-launch && $T/prefix/bin/dtrain-launch -h | grep -q '^usage: dtrain-launch'"
@@ -43,6 +47,6 @@ if command -v cmake >/dev/null 2>&1; then
 else
   echo "skip cmake routes: cmake not installed"
 fi
-check "make-uninstall" sh -c "make -s uninstall PREFIX=$T/prefix && test ! -e $T/prefix/include/dtrain.h && test ! -e $T/prefix/lib/pkgconfig/dtrain.pc && test ! -e $T/prefix/bin/dtrain-launch"
+check "make-uninstall" sh -c "make -s uninstall PREFIX=$T/prefix && test ! -e $T/prefix/include/dtrain.h && test ! -e $T/prefix/include/dtrain_cuda.h && test ! -e $T/prefix/lib/pkgconfig/dtrain.pc && test ! -e $T/prefix/bin/dtrain-launch"
 echo "install_checks: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

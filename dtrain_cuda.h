@@ -1,0 +1,761 @@
+/* dtrain_cuda.h -- the optional CUDA backend of dtrain (a device for dt_graph).
+ * ===========================================================================
+ * Hand-kept single file (not generated from src/: it is one file already, and
+ * it needs nvcc, so it stays out of dtrain.h). Same stb pattern as dtrain.h:
+ *
+ *   // in exactly ONE .cu file, compiled with nvcc, linked with -lcublas:
+ *   #define DTRAIN_IMPLEMENTATION        (or in a separate .c file)
+ *   #define DTRAIN_CUDA_IMPLEMENTATION
+ *   #include "dtrain_cuda.h"
+ *
+ * Other files include "dtrain_cuda.h" (or only dtrain.h: the device hook is
+ * part of the core, see dt_device.h in dtrain.h) without the define.
+ *
+ * Use (the one-line switch is dt_graph_desc.device):
+ *
+ *   dt_device *dev = dt_cuda_device_create(0);   NULL + dt_last_error() on failure
+ *   dt_graph_desc gd = {0}; gd.device = dev;
+ *   dt_graph *g = dt_graph_create(params, &gd);  params copied to the GPU
+ *   ... the same model code ...; dt_backward(g, loss);
+ *   dt_optim_step_graph(opt, g); dt_graph_zero_grad(g);
+ *   dt_graph_params_download(g);                 GPU -> params (host)
+ *   dt_graph_destroy(g); dt_cuda_device_destroy(dev);
+ *
+ * STATUS: this backend has been compiled with nvcc (CUDA 13.0) but NOT YET RUN
+ * ON A GPU. The per-element math of every kernel is shared with a host
+ * emulation (DTRAIN_CUDA_HOST_EMULATION) that tests/test_cuda_emu.cc runs on
+ * the CPU against dtrain's CPU ops; tests/test_cuda.cu is the real GPU parity
+ * test (it skips where there is no GPU).
+ *
+ * Kernels (dt_kernel in dt_device.h): add/sub/mul (+ row broadcast), relu,
+ * sigmoid, tanh (forward and backward), sum/mean, softmax/log_softmax,
+ * cross_entropy, mse, GEMM through cuBLAS (matmul, linear), conv2d (im2col
+ * + cuBLAS per image, col2im gather), max/avg pooling, SGD (momentum,
+ * Nesterov, weight decay), Adam/AdamW, clipping (sum of squares, scale).
+ * Not yet: layer/batch norm, dropout, embedding, attention,
+ * bmm, concat/slice/permute/transpose, exp/log/div/... -- those ops fail on a
+ * CUDA graph with DTRAIN_ERR_UNSUPPORTED naming the op and the device.
+ * Not yet: multi-GPU (mirrored over NCCL / peer copies), GPU replicas in the
+ * TCP multi-worker strategy, devices in dt_strategy (examples/02_fashion_mnist
+ * --device cuda trains one_device with its own loop), optimizer state of a
+ * device run in checkpoints. Not tuned: sums are one-block reductions,
+ * softmax / cross entropy use one thread per row, conv runs one cuBLAS call
+ * per image; nvcc's default architecture is used (PTX JIT-compiled on newer
+ * GPUs; set NVCCFLAGS, e.g. -arch=sm_90).
+ *
+ * Errors: every CUDA runtime and cuBLAS call is checked; a failure becomes a
+ * dt_result with a message naming the device, the call and cudaGetErrorString
+ * (or the cuBLAS status name); cudaErrorMemoryAllocation becomes
+ * DTRAIN_ERR_NOMEM with the byte count. The graph then fails like any op.
+ *
+ * Streams: each device has one non-blocking stream; kernels, cuBLAS and
+ * copies run on it in order. Device -> host copies wait for the stream.
+ */
+#ifndef DTRAIN_CUDA_H
+#define DTRAIN_CUDA_H
+
+#include "dtrain.h"
+
+DTRAIN_EXTERN_C_BEGIN
+
+/* Number of CUDA devices: >= 0, or -1 with dt_last_error() set (no driver,
+ * e.g. "cudaGetDeviceCount: CUDA driver version is insufficient ..."). */
+DTRAIN_API int dt_cuda_device_count(void);
+/* A device for dt_graph_desc.device on GPU `index` (its own stream and cuBLAS
+ * handle). NULL on failure (dt_last_error()). Destroy after every graph and
+ * optimizer that uses it. */
+DTRAIN_API dt_device *dt_cuda_device_create(int index);
+DTRAIN_API void dt_cuda_device_destroy(dt_device *d);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_CUDA_H */
+
+/* ===========================================================================
+ * The kernels' math, shared by the GPU and the host emulation
+ * =========================================================================== */
+#if (defined(DTRAIN_CUDA_IMPLEMENTATION) || defined(DTRAIN_CUDA_HOST_EMULATION)) && !defined(DTRAIN_CUDA__MATH_DONE)
+#define DTRAIN_CUDA__MATH_DONE
+
+#ifndef __cplusplus
+#  error "dtrain_cuda.h implementation must be compiled as CUDA C++ (nvcc) or, for the host emulation, as C++"
+#endif
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#  define DT__CU_HD __host__ __device__
+#else
+#  define DT__CU_HD
+#endif
+
+/* Each function computes one output element (or one row) of a kernel; the
+ * __global__ kernels are grid-stride loops over them, the host emulation a
+ * plain loop. Arguments as documented with dt_kernel in dt_device.h. */
+typedef void (*dt__cu_fn)(int64_t i, const dt_kernel_args &a);
+
+DT__CU_HD inline void dt__cu_add_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] = a.p[1][i] + a.p[2][i % a.n[1]]; }
+DT__CU_HD inline void dt__cu_sub_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] = a.p[1][i] - a.p[2][i % a.n[1]]; }
+DT__CU_HD inline void dt__cu_mul_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] = a.p[1][i] * a.p[2][i % a.n[1]]; }
+DT__CU_HD inline void dt__cu_acc_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] += a.f[0] * a.p[1][i]; }
+DT__CU_HD inline void dt__cu_acc_mul_at(int64_t i, const dt_kernel_args &a) {
+  a.p[0][i] += a.p[1][i] * a.p[2][i % a.n[1]];
+}
+/* One column j of the row sums; rows in ascending order (deterministic). */
+DT__CU_HD inline void dt__cu_acc_rows_at(int64_t j, const dt_kernel_args &a) {
+  int64_t rows = a.n[0] / a.n[1];
+  float s = a.p[0][j];
+  for (int64_t r = 0; r < rows; r++) s += a.f[0] * a.p[1][r * a.n[1] + j];
+  a.p[0][j] = s;
+}
+DT__CU_HD inline void dt__cu_acc_mul_rows_at(int64_t j, const dt_kernel_args &a) {
+  int64_t rows = a.n[0] / a.n[1];
+  float s = a.p[0][j];
+  for (int64_t r = 0; r < rows; r++) s += a.p[1][r * a.n[1] + j] * a.p[2][r * a.n[1] + j];
+  a.p[0][j] = s;
+}
+DT__CU_HD inline void dt__cu_acc_scalar_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] += a.f[0] * a.p[1][0]; }
+DT__CU_HD inline void dt__cu_rows_copy_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] = a.p[1][i % a.n[1]]; }
+DT__CU_HD inline void dt__cu_relu_at(int64_t i, const dt_kernel_args &a) {
+  float x = a.p[1][i];
+  a.p[0][i] = x > 0.0f ? x : 0.0f;
+}
+DT__CU_HD inline void dt__cu_sigmoid_at(int64_t i, const dt_kernel_args &a) {
+  float v = a.p[1][i]; /* stable in both tails, as the CPU op */
+  if (v >= 0.0f) {
+    a.p[0][i] = 1.0f / (1.0f + expf(-v));
+  } else {
+    float e = expf(v);
+    a.p[0][i] = e / (1.0f + e);
+  }
+}
+DT__CU_HD inline void dt__cu_tanh_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] = tanhf(a.p[1][i]); }
+DT__CU_HD inline void dt__cu_relu_bwd_at(int64_t i, const dt_kernel_args &a) {
+  a.p[0][i] += a.p[2][i] > 0.0f ? a.p[1][i] : 0.0f;
+}
+DT__CU_HD inline void dt__cu_sigmoid_bwd_at(int64_t i, const dt_kernel_args &a) {
+  a.p[0][i] += a.p[1][i] * a.p[2][i] * (1.0f - a.p[2][i]);
+}
+DT__CU_HD inline void dt__cu_tanh_bwd_at(int64_t i, const dt_kernel_args &a) {
+  a.p[0][i] += a.p[1][i] * (1.0f - a.p[2][i] * a.p[2][i]);
+}
+DT__CU_HD inline void dt__cu_scale_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] *= a.f[0]; }
+DT__CU_HD inline void dt__cu_sqdiff_at(int64_t i, const dt_kernel_args &a) {
+  float d = a.p[1][i] - a.p[2][i];
+  a.p[0][i] = d * d;
+}
+DT__CU_HD inline void dt__cu_mse_bwd_at(int64_t i, const dt_kernel_args &a) {
+  float k = 2.0f * a.p[4][0] / (float)a.n[0];
+  float d = k * (a.p[2][i] - a.p[3][i]);
+  if (a.p[0]) a.p[0][i] += d;
+  if (a.p[1]) a.p[1][i] -= d;
+}
+/* Softmax: row r of n0 = outer*inner rows; elements base + k*inner. */
+DT__CU_HD inline void dt__cu_softmax_row(int64_t r, const dt_kernel_args &a) {
+  int64_t n = a.n[1], inner = a.n[2], base = (r / inner) * n * inner + r % inner;
+  const float *x = a.p[1];
+  float *y = a.p[0];
+  float m = x[base];
+  for (int64_t k = 1; k < n; k++) m = x[base + k * inner] > m ? x[base + k * inner] : m;
+  double s = 0.0;
+  if (a.n[3]) {
+    for (int64_t k = 0; k < n; k++) s += (double)expf(x[base + k * inner] - m);
+    float ls = (float)log(s);
+    for (int64_t k = 0; k < n; k++) y[base + k * inner] = (x[base + k * inner] - m) - ls;
+  } else {
+    for (int64_t k = 0; k < n; k++) {
+      float e = expf(x[base + k * inner] - m);
+      y[base + k * inner] = e;
+      s += (double)e;
+    }
+    float inv = (float)(1.0 / s);
+    for (int64_t k = 0; k < n; k++) y[base + k * inner] *= inv;
+  }
+}
+DT__CU_HD inline void dt__cu_softmax_bwd_row(int64_t r, const dt_kernel_args &a) {
+  int64_t n = a.n[1], inner = a.n[2], base = (r / inner) * n * inner + r % inner;
+  float *gx = a.p[0];
+  const float *go = a.p[1], *y = a.p[2];
+  double s = 0.0;
+  if (a.n[3]) {
+    for (int64_t k = 0; k < n; k++) s += (double)go[base + k * inner];
+    float fs = (float)s;
+    for (int64_t k = 0; k < n; k++) {
+      int64_t j = base + k * inner;
+      gx[j] += go[j] - expf(y[j]) * fs;
+    }
+  } else {
+    for (int64_t k = 0; k < n; k++) s += (double)go[base + k * inner] * (double)y[base + k * inner];
+    float fs = (float)s;
+    for (int64_t k = 0; k < n; k++) {
+      int64_t j = base + k * inner;
+      gx[j] += y[j] * (go[j] - fs);
+    }
+  }
+}
+/* Cross entropy, one row: loss = log-sum-exp - x[label]. */
+DT__CU_HD inline void dt__cu_xent_row(int64_t r, const dt_kernel_args &a) {
+  int64_t c = a.n[1];
+  const float *x = a.p[1] + r * c;
+  float m = x[0];
+  for (int64_t j = 1; j < c; j++) m = x[j] > m ? x[j] : m;
+  double s = 0.0;
+  for (int64_t j = 0; j < c; j++) s += (double)expf(x[j] - m);
+  double l = log(s);
+  a.p[2][r] = m;
+  a.p[3][r] = (float)l;
+  a.p[0][r] = (float)(l + ((double)m - (double)x[a.labels[r]]));
+}
+DT__CU_HD inline void dt__cu_xent_bwd_at(int64_t i, const dt_kernel_args &a) {
+  int64_t c = a.n[1], r = i / c, j = i % c;
+  float scale = a.p[4][0] / (float)a.n[0];
+  float v = a.p[0][i] + expf((a.p[1][i] - a.p[2][r]) - a.p[3][r]) * scale;
+  if (j == (int64_t)a.labels[r]) v -= scale;
+  a.p[0][i] = v;
+}
+/* The optimizers: the CPU's scalar loops (dt_optim.c), element by element. */
+DT__CU_HD inline void dt__cu_sgd_at(int64_t i, const dt_kernel_args &a) {
+  float *p = a.p[0], *buf = a.p[2];
+  const float lr = a.f[0], wd = a.f[1], mom = a.f[2];
+  float d = a.p[1][i];
+  if (wd != 0.0f) d = d + wd * p[i];
+  if (buf) {
+    buf[i] = mom * buf[i] + d;
+    d = a.n[1] ? d + mom * buf[i] : buf[i];
+  }
+  p[i] = p[i] - lr * d;
+}
+DT__CU_HD inline void dt__cu_adam_at(int64_t i, const dt_kernel_args &a) {
+  float *p = a.p[0], *m = a.p[2], *v = a.p[3];
+  const float step_size = a.f[0], wd = a.f[1], bc2_sqrt = a.f[2], eps = a.f[3];
+  const float w1 = a.f[4], w2 = a.f[5], fb2 = a.f[6], shrink = a.f[7];
+  float d = a.p[1][i];
+  if (wd != 0.0f) {
+    if (a.n[1]) p[i] = p[i] * shrink;
+    else d = d + wd * p[i];
+  }
+  m[i] = m[i] + w1 * (d - m[i]);
+  v[i] = v[i] * fb2 + w2 * d * d;
+  float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+  p[i] = p[i] - step_size * (m[i] / denom);
+}
+
+/* Convolution (see dt_kernel): columns [N][K][P], one K x P matrix per image. */
+DT__CU_HD inline void dt__cu_im2col_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
+  const int64_t wo = a.n[9], P = a.n[8] * wo, K = C * kh * kw;
+  int64_t pcol = i % P, r = (i / P) % K, img = i / (P * K);
+  int64_t c = r / (kh * kw), ki = (r / kw) % kh, kj = r % kw;
+  int64_t ih = (pcol / wo) * s - pad + ki, iw = (pcol % wo) * s - pad + kj;
+  a.p[0][i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? a.p[1][((img * C + c) * H + ih) * W + iw] : 0.0f;
+}
+/* One input element gathers its column entries, kernel rows then columns
+ * ascending (the order the CPU's col2im adds them in). */
+DT__CU_HD inline void dt__cu_col2im_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
+  const int64_t ho = a.n[8], wo = a.n[9], P = ho * wo, K = C * kh * kw;
+  int64_t iw = i % W, ih = (i / W) % H, c = (i / (W * H)) % C, img = i / (W * H * C);
+  float acc = a.p[0][i];
+  for (int64_t ki = 0; ki < kh; ki++) {
+    int64_t t = ih + pad - ki;
+    if (t < 0 || t % s != 0 || t / s >= ho) continue;
+    for (int64_t kj = 0; kj < kw; kj++) {
+      int64_t u = iw + pad - kj;
+      if (u < 0 || u % s != 0 || u / s >= wo) continue;
+      acc += a.p[1][(img * K + (c * kh + ki) * kw + kj) * P + (t / s) * wo + u / s];
+    }
+  }
+  a.p[0][i] = acc;
+}
+DT__CU_HD inline void dt__cu_conv_bias_at(int64_t i, const dt_kernel_args &a) {
+  a.p[0][i] = a.p[1][(i / (a.n[8] * a.n[9])) % a.n[10]];
+}
+DT__CU_HD inline void dt__cu_conv_bias_bwd_at(int64_t o, const dt_kernel_args &a) {
+  const int64_t N = a.n[0], O = a.n[10], P = a.n[8] * a.n[9];
+  double s = 0.0;
+  for (int64_t img = 0; img < N; img++)
+    for (int64_t q = 0; q < P; q++) s += (double)a.p[1][(img * O + o) * P + q];
+  a.p[0][o] += (float)s;
+}
+/* Pooling: the CPU's rules (first maximum; a NaN wins), window order. */
+DT__CU_HD inline void dt__cu_maxpool_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t H = a.n[1], W = a.n[2], ho = a.n[3], wo = a.n[4], k = a.n[5], s = a.n[6];
+  int64_t ow = i % wo, oh = (i / wo) % ho, pl = i / (wo * ho);
+  const float *win = a.p[1] + pl * H * W + oh * s * W + ow * s;
+  float best = win[0];
+  for (int64_t r = 0; r < k; r++)
+    for (int64_t c = 0; c < k; c++) {
+      float v = win[r * W + c];
+      if (v > best || (v != v && best == best)) best = v;
+    }
+  a.p[0][i] = best;
+}
+DT__CU_HD inline void dt__cu_avgpool_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t H = a.n[1], W = a.n[2], ho = a.n[3], wo = a.n[4], k = a.n[5], s = a.n[6];
+  int64_t ow = i % wo, oh = (i / wo) % ho, pl = i / (wo * ho);
+  const float *win = a.p[1] + pl * H * W + oh * s * W + ow * s;
+  float sum = 0.0f;
+  for (int64_t r = 0; r < k; r++)
+    for (int64_t c = 0; c < k; c++) sum += win[r * W + c];
+  a.p[0][i] = sum / (float)(k * k);
+}
+/* The windows [lo,hi] along one axis that contain input position x. */
+DT__CU_HD inline void dt__cu_pool_span(int64_t x, int64_t k, int64_t s, int64_t n, int64_t *lo, int64_t *hi) {
+  int64_t first = x - k + 1;
+  *lo = first > 0 ? (first + s - 1) / s : 0;
+  *hi = x / s < n - 1 ? x / s : n - 1;
+}
+/* One input element: the gradient of every window whose (first) maximum it
+ * is, windows in row-major order (the order the CPU adds them in). */
+DT__CU_HD inline void dt__cu_maxpool_bwd_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t H = a.n[1], W = a.n[2], ho = a.n[3], wo = a.n[4], k = a.n[5], s = a.n[6];
+  int64_t iw = i % W, ih = (i / W) % H, pl = i / (W * H), hlo, hhi, wlo, whi;
+  dt__cu_pool_span(ih, k, s, ho, &hlo, &hhi);
+  dt__cu_pool_span(iw, k, s, wo, &wlo, &whi);
+  const float *xp = a.p[2] + pl * H * W;
+  float acc = a.p[0][i];
+  for (int64_t oh = hlo; oh <= hhi; oh++)
+    for (int64_t ow = wlo; ow <= whi; ow++) {
+      int64_t o = (pl * ho + oh) * wo + ow, at = -1;
+      float best = a.p[3][o];
+      int nan = best != best;
+      for (int64_t r = 0; r < k && at < 0; r++)
+        for (int64_t c = 0; c < k && at < 0; c++) {
+          float v = xp[(oh * s + r) * W + ow * s + c];
+          if (v == best || (nan && v != v)) at = (oh * s + r) * W + ow * s + c;
+        }
+      if (at == ih * W + iw) acc += a.p[1][o];
+    }
+  a.p[0][i] = acc;
+}
+DT__CU_HD inline void dt__cu_avgpool_bwd_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t H = a.n[1], W = a.n[2], ho = a.n[3], wo = a.n[4], k = a.n[5], s = a.n[6];
+  int64_t iw = i % W, ih = (i / W) % H, pl = i / (W * H), hlo, hhi, wlo, whi;
+  dt__cu_pool_span(ih, k, s, ho, &hlo, &hhi);
+  dt__cu_pool_span(iw, k, s, wo, &wlo, &whi);
+  const float kk = (float)(k * k);
+  float acc = a.p[0][i];
+  for (int64_t oh = hlo; oh <= hhi; oh++)
+    for (int64_t ow = wlo; ow <= whi; ow++) acc += a.p[1][(pl * ho + oh) * wo + ow] / kk;
+  a.p[0][i] = acc;
+}
+
+/* GEMM: dtrain is row-major, cuBLAS column-major. Row-major C = op(A) op(B)
+ * is column-major C^T = op(B)^T op(A)^T: swap the operands and m/n, keep the
+ * transpose flags. This mapping is the part the host emulation checks. */
+typedef struct dt__cu_gemm {
+  int ta, tb;          /* column-major transposes of the first/second operand */
+  int64_t m, n, k;     /* column-major C is m x n */
+  float alpha, beta;
+  const float *A, *B;  /* first, second operand (column-major) */
+  int64_t lda, ldb, ldc;
+  float *C;
+} dt__cu_gemm;
+
+static inline dt__cu_gemm dt__cu_gemm_map(const dt_kernel_args &a) {
+  dt__cu_gemm g;
+  int row_ta = (int)(a.n[3] & 1), row_tb = (int)((a.n[3] >> 1) & 1);
+  int64_t M = a.n[0], N = a.n[1], K = a.n[2];
+  g.ta = row_tb;
+  g.tb = row_ta;
+  g.m = N;
+  g.n = M;
+  g.k = K;
+  g.alpha = a.f[0];
+  g.beta = a.f[1];
+  g.A = a.p[2];
+  g.lda = row_tb ? K : N;
+  g.B = a.p[1];
+  g.ldb = row_ta ? M : K;
+  g.C = a.p[0];
+  g.ldc = N;
+  return g;
+}
+
+/* The one switch from kernel id to launch, over a launcher L (GPU or host):
+ * L::each<F>(n, a) runs F for i in [0,n); L::sum(a, squares) a reduction;
+ * L::gemm(g) a column-major SGEMM. */
+template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_kernel_args &a) {
+  switch (k) {
+    case DTRAIN_K_ADD: return l.template each<dt__cu_add_at>(a.n[0], a);
+    case DTRAIN_K_SUB: return l.template each<dt__cu_sub_at>(a.n[0], a);
+    case DTRAIN_K_MUL: return l.template each<dt__cu_mul_at>(a.n[0], a);
+    case DTRAIN_K_ACC: return l.template each<dt__cu_acc_at>(a.n[0], a);
+    case DTRAIN_K_ACC_MUL: return l.template each<dt__cu_acc_mul_at>(a.n[0], a);
+    case DTRAIN_K_ACC_ROWS: return l.template each<dt__cu_acc_rows_at>(a.n[1], a);
+    case DTRAIN_K_ACC_MUL_ROWS: return l.template each<dt__cu_acc_mul_rows_at>(a.n[1], a);
+    case DTRAIN_K_ACC_SCALAR: return l.template each<dt__cu_acc_scalar_at>(a.n[0], a);
+    case DTRAIN_K_ROWS_COPY: return l.template each<dt__cu_rows_copy_at>(a.n[0], a);
+    case DTRAIN_K_RELU: return l.template each<dt__cu_relu_at>(a.n[0], a);
+    case DTRAIN_K_SIGMOID: return l.template each<dt__cu_sigmoid_at>(a.n[0], a);
+    case DTRAIN_K_TANH: return l.template each<dt__cu_tanh_at>(a.n[0], a);
+    case DTRAIN_K_RELU_BWD: return l.template each<dt__cu_relu_bwd_at>(a.n[0], a);
+    case DTRAIN_K_SIGMOID_BWD: return l.template each<dt__cu_sigmoid_bwd_at>(a.n[0], a);
+    case DTRAIN_K_TANH_BWD: return l.template each<dt__cu_tanh_bwd_at>(a.n[0], a);
+    case DTRAIN_K_SUM: return l.sum(a, 0);
+    case DTRAIN_K_SUMSQ: return l.sum(a, 1);
+    case DTRAIN_K_SCALE: return l.template each<dt__cu_scale_at>(a.n[0], a);
+    case DTRAIN_K_SQDIFF: return l.template each<dt__cu_sqdiff_at>(a.n[0], a);
+    case DTRAIN_K_MSE_BWD: return l.template each<dt__cu_mse_bwd_at>(a.n[0], a);
+    case DTRAIN_K_GEMM: return l.gemm(dt__cu_gemm_map(a));
+    case DTRAIN_K_SOFTMAX: return l.template each<dt__cu_softmax_row>(a.n[0], a);
+    case DTRAIN_K_SOFTMAX_BWD: return l.template each<dt__cu_softmax_bwd_row>(a.n[0], a);
+    case DTRAIN_K_XENT: return l.template each<dt__cu_xent_row>(a.n[0], a);
+    case DTRAIN_K_XENT_BWD: return l.template each<dt__cu_xent_bwd_at>(a.n[0] * a.n[1], a);
+    case DTRAIN_K_SGD: return l.template each<dt__cu_sgd_at>(a.n[0], a);
+    case DTRAIN_K_ADAM: return l.template each<dt__cu_adam_at>(a.n[0], a);
+    case DTRAIN_K_IM2COL:
+      return l.template each<dt__cu_im2col_at>(a.n[0] * a.n[1] * a.n[4] * a.n[5] * a.n[8] * a.n[9], a);
+    case DTRAIN_K_COL2IM_ACC: return l.template each<dt__cu_col2im_at>(a.n[0] * a.n[1] * a.n[2] * a.n[3], a);
+    case DTRAIN_K_CONV_BIAS: return l.template each<dt__cu_conv_bias_at>(a.n[0] * a.n[10] * a.n[8] * a.n[9], a);
+    case DTRAIN_K_CONV_BIAS_BWD: return l.template each<dt__cu_conv_bias_bwd_at>(a.n[10], a);
+    case DTRAIN_K_MAXPOOL: return l.template each<dt__cu_maxpool_at>(a.n[0] * a.n[3] * a.n[4], a);
+    case DTRAIN_K_AVGPOOL: return l.template each<dt__cu_avgpool_at>(a.n[0] * a.n[3] * a.n[4], a);
+    case DTRAIN_K_MAXPOOL_BWD: return l.template each<dt__cu_maxpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
+    case DTRAIN_K_AVGPOOL_BWD: return l.template each<dt__cu_avgpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
+    case DTRAIN_K_COUNT:
+    default: break;
+  }
+  char msg[96];
+  snprintf(msg, sizeof msg, "kernel %d has no implementation in this backend", (int)k);
+  return dt_device_error(DTRAIN_ERR_UNSUPPORTED, msg);
+}
+
+#endif /* math */
+
+/* ===========================================================================
+ * Host emulation: a dt_device whose "device memory" is host memory and whose
+ * kernels are the functions above run in plain loops. For tests without a
+ * GPU (tests/test_cuda_emu.cc): it runs the core's whole device path.
+ * =========================================================================== */
+#if defined(DTRAIN_CUDA_HOST_EMULATION) && !defined(DTRAIN_CUDA__EMU_DONE)
+#define DTRAIN_CUDA__EMU_DONE
+#include <stdlib.h>
+
+struct dt__cu_host_launcher {
+  template <dt__cu_fn F> dt_result each(int64_t n, const dt_kernel_args &a) {
+    for (int64_t i = 0; i < n; i++) F(i, a);
+    return DTRAIN_OK;
+  }
+  dt_result sum(const dt_kernel_args &a, int squares) {
+    double s = 0.0;
+    for (int64_t i = 0; i < a.n[0]; i++) s += squares ? (double)a.p[1][i] * (double)a.p[1][i] : (double)a.p[1][i];
+    a.p[0][0] = squares ? (float)s : (float)(s * (double)a.f[0]);
+    return DTRAIN_OK;
+  }
+  /* Reference column-major SGEMM with cuBLAS's semantics (beta 0: C is not read). */
+  dt_result gemm(const dt__cu_gemm &g) {
+    for (int64_t j = 0; j < g.n; j++)
+      for (int64_t i = 0; i < g.m; i++) {
+        double s = 0.0;
+        for (int64_t l = 0; l < g.k; l++) {
+          float x = g.ta ? g.A[l + i * g.lda] : g.A[i + l * g.lda];
+          float y = g.tb ? g.B[j + l * g.ldb] : g.B[l + j * g.ldb];
+          s += (double)x * (double)y;
+        }
+        float *c = &g.C[i + j * g.ldc];
+        *c = g.beta == 0.0f ? g.alpha * (float)s : g.alpha * (float)s + g.beta * *c;
+      }
+    return DTRAIN_OK;
+  }
+};
+
+static dt_result dt__cu_emu_alloc(dt_device *d, size_t bytes, void **out) {
+  (void)d;
+  *out = malloc(bytes ? bytes : 1);
+  if (!*out) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "emulated alloc of %zu bytes: out of memory", bytes);
+    return dt_device_error(DTRAIN_ERR_NOMEM, msg);
+  }
+  return DTRAIN_OK;
+}
+static void dt__cu_emu_free(dt_device *d, void *p, size_t bytes) {
+  (void)d;
+  (void)bytes;
+  free(p);
+}
+static dt_result dt__cu_emu_zero(dt_device *d, void *p, size_t bytes) {
+  (void)d;
+  memset(p, 0, bytes);
+  return DTRAIN_OK;
+}
+static dt_result dt__cu_emu_copy(dt_device *d, void *dst, const void *src, size_t bytes, dt_copy_kind kind) {
+  (void)d;
+  (void)kind;
+  memcpy(dst, src, bytes);
+  return DTRAIN_OK;
+}
+static dt_result dt__cu_emu_sync(dt_device *d) {
+  (void)d;
+  return DTRAIN_OK;
+}
+static dt_result dt__cu_emu_run(dt_device *d, dt_kernel k, const dt_kernel_args *a) {
+  (void)d;
+  dt__cu_host_launcher l;
+  return dt__cu_dispatch(l, k, *a);
+}
+
+/* A process-wide emulated device named "cuda-emu". */
+static dt_device *dt_cuda_emu_device(void) {
+  static dt_device dev = {"cuda-emu", NULL, dt__cu_emu_alloc, dt__cu_emu_free, dt__cu_emu_zero,
+                          dt__cu_emu_copy, dt__cu_emu_sync, dt__cu_emu_run};
+  return &dev;
+}
+#endif /* host emulation */
+
+/* ===========================================================================
+ * The CUDA implementation
+ * =========================================================================== */
+#if defined(DTRAIN_CUDA_IMPLEMENTATION) && !defined(DTRAIN_CUDA__IMPL_DONE)
+#define DTRAIN_CUDA__IMPL_DONE
+#ifndef __CUDACC__
+#  error "DTRAIN_CUDA_IMPLEMENTATION needs nvcc (compile this file as .cu)"
+#endif
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <stdlib.h>
+
+typedef struct dt__cuda {
+  int index;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  char name[32];
+} dt__cuda;
+
+static const char *dt__cuda_blas_str(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "cuBLAS error";
+  }
+}
+
+/* A CUDA runtime error as a dt_result: out of memory is DTRAIN_ERR_NOMEM,
+ * the rest DTRAIN_ERR_IO ("the device failed"), with the CUDA error string. */
+static dt_result dt__cuda_fail(const char *dev, const char *what, cudaError_t e) {
+  char msg[320];
+  snprintf(msg, sizeof msg, "%.31s: %.120s: %.90s (%.40s)", dev, what, cudaGetErrorString(e), cudaGetErrorName(e));
+  (void)cudaGetLastError(); /* clear a non-sticky error */
+  return dt_device_error(e == cudaErrorMemoryAllocation ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO, msg);
+}
+
+#define DT__CUDA_CHECK(dev, what, call)                              \
+  do {                                                               \
+    cudaError_t dt__e_ = (call);                                     \
+    if (dt__e_ != cudaSuccess) return dt__cuda_fail(dev, what, dt__e_); \
+  } while (0)
+
+#define DT__CU_THREADS 256
+
+template <dt__cu_fn F> __global__ void dt__cu_each_kernel(int64_t n, dt_kernel_args a) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)blockDim.x * gridDim.x)
+    F(i, a);
+}
+
+/* One block: each thread sums a strided part in double, then a tree in
+ * shared memory. (Fine for losses and norms; not a fast large reduction.) */
+__global__ void dt__cu_sum_kernel(dt_kernel_args a, int squares) {
+  __shared__ double part[DT__CU_THREADS];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < a.n[0]; i += blockDim.x) {
+    double v = (double)a.p[1][i];
+    s += squares ? v * v : v;
+  }
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = DT__CU_THREADS / 2; w > 0; w >>= 1) {
+    if ((int)threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) a.p[0][0] = squares ? (float)part[0] : (float)(part[0] * (double)a.f[0]);
+}
+
+struct dt__cu_gpu_launcher {
+  dt__cuda *c;
+  template <dt__cu_fn F> dt_result each(int64_t n, const dt_kernel_args &a) {
+    if (n <= 0) return DTRAIN_OK;
+    int64_t blocks = (n + DT__CU_THREADS - 1) / DT__CU_THREADS;
+    if (blocks > 65535) blocks = 65535; /* grid-stride loop covers the rest */
+    dt__cu_each_kernel<F><<<(unsigned)blocks, DT__CU_THREADS, 0, c->stream>>>(n, a);
+    DT__CUDA_CHECK(c->name, "kernel launch", cudaGetLastError());
+    return DTRAIN_OK;
+  }
+  dt_result sum(const dt_kernel_args &a, int squares) {
+    dt__cu_sum_kernel<<<1, DT__CU_THREADS, 0, c->stream>>>(a, squares);
+    DT__CUDA_CHECK(c->name, "reduction kernel launch", cudaGetLastError());
+    return DTRAIN_OK;
+  }
+  dt_result gemm(const dt__cu_gemm &g) {
+    if (g.m > INT_MAX || g.n > INT_MAX || g.k > INT_MAX || g.lda > INT_MAX || g.ldb > INT_MAX)
+      return dt_device_error(DTRAIN_ERR_UNSUPPORTED, "cublasSgemm: a dimension exceeds INT_MAX");
+    if (g.m == 0 || g.n == 0) return DTRAIN_OK;
+    cublasStatus_t s = cublasSgemm(c->blas, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   (int)g.m, (int)g.n, (int)g.k, &g.alpha, g.A, (int)(g.lda > 0 ? g.lda : 1), g.B,
+                                   (int)(g.ldb > 0 ? g.ldb : 1), &g.beta, g.C, (int)g.ldc);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "%.31s: cublasSgemm(%lld x %lld x %lld): %s", c->name, (long long)g.m,
+               (long long)g.n, (long long)g.k, dt__cuda_blas_str(s));
+      return dt_device_error(s == CUBLAS_STATUS_ALLOC_FAILED ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO, msg);
+    }
+    return DTRAIN_OK;
+  }
+};
+
+static dt_result dt__cuda_select(dt__cuda *c) {
+  DT__CUDA_CHECK(c->name, "cudaSetDevice", cudaSetDevice(c->index));
+  return DTRAIN_OK;
+}
+
+static dt_result dt__cuda_alloc(dt_device *d, size_t bytes, void **out) {
+  dt__cuda *c = (dt__cuda *)d->impl;
+  *out = NULL;
+  dt_result r = dt__cuda_select(c);
+  if (r != DTRAIN_OK) return r;
+  cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+  if (e != cudaSuccess) {
+    char what[80];
+    snprintf(what, sizeof what, "cudaMalloc of %zu bytes", bytes);
+    *out = NULL;
+    return dt__cuda_fail(c->name, what, e);
+  }
+  return DTRAIN_OK;
+}
+
+static void dt__cuda_free(dt_device *d, void *p, size_t bytes) {
+  dt__cuda *c = (dt__cuda *)d->impl;
+  (void)bytes;
+  if (!p) return;
+  /* Work queued on the stream may still use p. */
+  if (dt__cuda_select(c) == DTRAIN_OK) (void)cudaStreamSynchronize(c->stream);
+  (void)cudaFree(p);
+}
+
+static dt_result dt__cuda_zero(dt_device *d, void *p, size_t bytes) {
+  dt__cuda *c = (dt__cuda *)d->impl;
+  dt_result r = dt__cuda_select(c);
+  if (r != DTRAIN_OK) return r;
+  DT__CUDA_CHECK(c->name, "cudaMemsetAsync", cudaMemsetAsync(p, 0, bytes, c->stream));
+  return DTRAIN_OK;
+}
+
+static dt_result dt__cuda_copy(dt_device *d, void *dst, const void *src, size_t bytes, dt_copy_kind kind) {
+  dt__cuda *c = (dt__cuda *)d->impl;
+  dt_result r = dt__cuda_select(c);
+  if (r != DTRAIN_OK) return r;
+  cudaMemcpyKind k = kind == DTRAIN_COPY_H2D   ? cudaMemcpyHostToDevice
+                     : kind == DTRAIN_COPY_D2H ? cudaMemcpyDeviceToHost
+                                               : cudaMemcpyDeviceToDevice;
+  DT__CUDA_CHECK(c->name, "cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, k, c->stream));
+  /* The host may reuse or read its buffer as soon as we return. */
+  if (kind != DTRAIN_COPY_D2D) DT__CUDA_CHECK(c->name, "cudaStreamSynchronize", cudaStreamSynchronize(c->stream));
+  return DTRAIN_OK;
+}
+
+static dt_result dt__cuda_sync(dt_device *d) {
+  dt__cuda *c = (dt__cuda *)d->impl;
+  dt_result r = dt__cuda_select(c);
+  if (r != DTRAIN_OK) return r;
+  DT__CUDA_CHECK(c->name, "cudaStreamSynchronize", cudaStreamSynchronize(c->stream));
+  return DTRAIN_OK;
+}
+
+static dt_result dt__cuda_run(dt_device *d, dt_kernel k, const dt_kernel_args *a) {
+  dt__cuda *c = (dt__cuda *)d->impl;
+  dt_result r = dt__cuda_select(c);
+  if (r != DTRAIN_OK) return r;
+  dt__cu_gpu_launcher l;
+  l.c = c;
+  return dt__cu_dispatch(l, k, *a);
+}
+
+DTRAIN_API int dt_cuda_device_count(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "cudaGetDeviceCount: %.120s (%.40s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    (void)cudaGetLastError();
+    dt_device_error(e == cudaErrorMemoryAllocation ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO, msg);
+    return -1;
+  }
+  return n;
+}
+
+DTRAIN_API dt_device *dt_cuda_device_create(int index) {
+  int n = dt_cuda_device_count();
+  if (n < 0) return NULL;
+  if (index < 0 || index >= n) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "dt_cuda_device_create: device %d out of range (%d CUDA devices)", index, n);
+    dt_device_error(DTRAIN_ERR_INVALID_ARG, msg);
+    return NULL;
+  }
+  dt_device *d = (dt_device *)calloc(1, sizeof(dt_device));
+  dt__cuda *c = (dt__cuda *)calloc(1, sizeof(dt__cuda));
+  if (!d || !c) {
+    free(d);
+    free(c);
+    dt_device_error(DTRAIN_ERR_NOMEM, "dt_cuda_device_create: out of memory");
+    return NULL;
+  }
+  c->index = index;
+  snprintf(c->name, sizeof c->name, "cuda:%d", index);
+  cudaError_t e = cudaSetDevice(index);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    dt__cuda_fail(c->name, "cudaStreamCreate", e);
+    free(d);
+    free(c);
+    return NULL;
+  }
+  cublasStatus_t s = cublasCreate(&c->blas);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(c->blas, c->stream);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "%s: cublasCreate: %s", c->name, dt__cuda_blas_str(s));
+    dt_device_error(s == CUBLAS_STATUS_ALLOC_FAILED ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO, msg);
+    if (c->blas) cublasDestroy(c->blas);
+    cudaStreamDestroy(c->stream);
+    free(d);
+    free(c);
+    return NULL;
+  }
+  d->name = c->name;
+  d->impl = c;
+  d->alloc = dt__cuda_alloc;
+  d->free = dt__cuda_free;
+  d->zero = dt__cuda_zero;
+  d->copy = dt__cuda_copy;
+  d->sync = dt__cuda_sync;
+  d->run = dt__cuda_run;
+  return d;
+}
+
+DTRAIN_API void dt_cuda_device_destroy(dt_device *d) {
+  if (!d) return;
+  dt__cuda *c = (dt__cuda *)d->impl;
+  if (c) {
+    (void)cudaSetDevice(c->index);
+    (void)cudaStreamSynchronize(c->stream);
+    cublasDestroy(c->blas);
+    cudaStreamDestroy(c->stream);
+    free(c);
+  }
+  free(d);
+}
+
+#undef DT__CUDA_CHECK
+#undef DT__CU_THREADS
+#endif /* DTRAIN_CUDA_IMPLEMENTATION */

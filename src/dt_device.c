@@ -1,0 +1,768 @@
+/* ===========================================================================
+ * dt_device.c -- the device hook: device arena, transfers, and the device
+ * twins of the ops that have kernels (see dt_device.h for the list)
+ * ===========================================================================
+ * On a device graph tensor headers come from the host arena (dt__arena_alloc)
+ * and tensor data from the device arena below (dt__arena_floats switches on
+ * g->device). Each op with a device path calls its dt__dev_* twin here right
+ * after dt__begin; the twin checks what the device supports, allocates its
+ * output, asks the device to run the kernel(s) and records a device backward
+ * function. Every other op is refused by dt__begin (dt__dev_op_ok) with
+ * DTRAIN_ERR_UNSUPPORTED, so no CPU loop ever reads device memory.
+ * Nothing here runs on a CPU graph: the CPU ops only test `g->device`.
+ */
+#include "dt_internal.h"
+
+struct dt__dchunk {
+  dt__dchunk *next;
+  void *base; /* device memory */
+  size_t cap, used;
+};
+
+/* Device allocations are 256-byte aligned (what cudaMalloc gives, and what
+ * coalesced loads like). */
+#define DT__DEV_ALIGN 256
+
+/* Ops with a device path (dt__begin refuses every other op on a device). */
+static const char *const dt__device_ops[] = {
+  "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
+  "dt_add", "dt_sub", "dt_mul", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_matmul", "dt_linear",
+  "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
+  "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", NULL
+};
+
+DTRAIN_PRIVATE int dt__dev_op_ok(const char *op) {
+  for (int i = 0; dt__device_ops[i]; i++)
+    if (strcmp(op, dt__device_ops[i]) == 0) return 1;
+  return 0;
+}
+
+DTRAIN_API dt_result dt_device_error(dt_result code, const char *msg) {
+  return dt__error(code == DTRAIN_OK ? DTRAIN_ERR_INTERNAL : code, "%s", msg ? msg : "device error");
+}
+
+/* ---- plumbing: every device call checked, failures fail the graph ------------------ */
+
+DTRAIN_PRIVATE int dt__dev_run(dt_graph *g, const char *op, dt_kernel k, const dt_kernel_args *a) {
+  dt_result r = g->device->run(g->device, k, a);
+  if (r == DTRAIN_OK) return 1;
+  dt__fail(g, r, "%s: device %s: %s", op, g->device->name, dt_last_error());
+  return 0;
+}
+
+DTRAIN_PRIVATE int dt__dev_copy(dt_graph *g, const char *op, void *dst, const void *src, size_t bytes,
+                                dt_copy_kind kind) {
+  if (bytes == 0) return 1;
+  dt_result r = g->device->copy(g->device, dst, src, bytes, kind);
+  if (r == DTRAIN_OK) return 1;
+  dt__fail(g, r, "%s: device %s: %s", op, g->device->name, dt_last_error());
+  return 0;
+}
+
+DTRAIN_PRIVATE int dt__dev_zero(dt_graph *g, const char *op, void *p, size_t bytes) {
+  if (bytes == 0) return 1;
+  dt_result r = g->device->zero(g->device, p, bytes);
+  if (r == DTRAIN_OK) return 1;
+  dt__fail(g, r, "%s: device %s: %s", op, g->device->name, dt_last_error());
+  return 0;
+}
+
+static void dt__device_args0(dt_kernel_args *a) { memset(a, 0, sizeof *a); }
+
+/* ---- device arena ----------------------------------------------------------------- */
+
+static dt__dchunk *dt__device_chunk_new(dt_graph *g, size_t cap) {
+  dt__dchunk *c = (dt__dchunk *)dt__alloc(sizeof *c);
+  if (!c) {
+    dt__fail(g, DTRAIN_ERR_NOMEM, "arena: out of host memory");
+    return NULL;
+  }
+  dt_result r = g->device->alloc(g->device, cap, &c->base);
+  if (r != DTRAIN_OK) {
+    dt__fail(g, r, "arena: device %s: %s", g->device->name, dt_last_error());
+    dt__free(c, sizeof *c);
+    return NULL;
+  }
+  c->next = NULL;
+  c->cap = cap;
+  c->used = 0;
+  return c;
+}
+
+static void dt__device_chunks_free(dt_device *d, dt__dchunk *c) {
+  while (c) {
+    dt__dchunk *n = c->next;
+    d->free(d, c->base, c->cap);
+    dt__free(c, sizeof *c);
+    c = n;
+  }
+}
+
+DTRAIN_PRIVATE void *dt__dev_arena(dt_graph *g, size_t bytes) {
+  size_t need = (bytes + DT__DEV_ALIGN - 1) & ~(size_t)(DT__DEV_ALIGN - 1);
+  if (need < bytes) return dt__fail(g, DTRAIN_ERR_OVERFLOW, "arena: request of %zu bytes overflows", bytes);
+  if (need == 0) need = DT__DEV_ALIGN;
+  dt__dchunk *c = g->dchunks;
+  if (!c || c->cap - c->used < need) {
+    size_t cap = c ? c->cap * 2 : g->first_block;
+    if (cap < need) cap = need;
+    dt__dchunk *n = dt__device_chunk_new(g, cap);
+    if (!n) return NULL;
+    n->next = c;
+    g->dchunks = n;
+    g->dreserved += cap;
+    c = n;
+  }
+  void *p = (unsigned char *)c->base + c->used;
+  c->used += need;
+  g->used += need;
+  if (g->used > g->peak) g->peak = g->used;
+  return p;
+}
+
+DTRAIN_PRIVATE void dt__dev_reset(dt_graph *g) {
+  if (g->dchunks && g->dchunks->next) { /* merge into one block, as the host arena does */
+    size_t total = 0;
+    for (dt__dchunk *c = g->dchunks; c; c = c->next) total += c->cap;
+    dt__dchunk *one = (dt__dchunk *)dt__alloc(sizeof *one);
+    if (one && g->device->alloc(g->device, total, &one->base) == DTRAIN_OK) {
+      dt__device_chunks_free(g->device, g->dchunks);
+      one->next = NULL;
+      one->cap = total;
+      g->dchunks = one;
+      g->dreserved = total;
+    } else {
+      dt__free(one, sizeof *one);
+      dt_clear_error();
+    }
+  }
+  for (dt__dchunk *c = g->dchunks; c; c = c->next) c->used = 0;
+}
+
+DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g) {
+  dt_device *d = g->device;
+  dt__device_chunks_free(d, g->dchunks);
+  g->dchunks = NULL;
+  if (g->dparam_data) d->free(d, g->dparam_data, g->dparam_n * sizeof(float));
+  if (g->dparam_grad) d->free(d, g->dparam_grad, g->dparam_n * sizeof(float));
+  g->dparam_data = g->dparam_grad = NULL;
+}
+
+/* ---- graph-level device API -------------------------------------------------------- */
+
+DTRAIN_PRIVATE dt_result dt__dev_graph_init(dt_graph *g) {
+  dt_device *d = g->device;
+  if (!d->alloc || !d->free || !d->zero || !d->copy || !d->sync || !d->run)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_graph_create: device %s has a NULL function", d->name ? d->name : "?");
+  size_t n = dt_params_size(g->params), bytes;
+  if (n == 0) return DTRAIN_OK;
+  if (!dt__mul_size(n, sizeof(float), &bytes))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "dt_graph_create: params too large");
+  void *pd = NULL, *pg = NULL;
+  dt_result r = d->alloc(d, bytes, &pd);
+  if (r == DTRAIN_OK) r = d->alloc(d, bytes, &pg);
+  if (r != DTRAIN_OK) {
+    if (pd) d->free(d, pd, bytes);
+    return dt__error(r, "dt_graph_create: device copy of the params (%zu bytes): %s", bytes, dt_last_error());
+  }
+  g->dparam_data = (float *)pd;
+  g->dparam_grad = (float *)pg;
+  g->dparam_n = n;
+  return dt_graph_params_upload(g);
+}
+
+DTRAIN_API dt_device *dt_graph_device(const dt_graph *g) { return g ? g->device : NULL; }
+
+DTRAIN_API float *dt_graph_param_data(dt_graph *g) {
+  if (!g || !g->params) return NULL;
+  if (!g->bound_own) return g->bound_data;
+  return g->device ? g->dparam_data : dt_params_data(g->params);
+}
+
+DTRAIN_API float *dt_graph_param_grad(dt_graph *g) {
+  if (!g || !g->params) return NULL;
+  if (!g->bound_own) return g->bound_grad;
+  return g->device ? g->dparam_grad : dt_params_grad(g->params);
+}
+
+DTRAIN_API dt_result dt_graph_params_upload(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_upload: graph is NULL");
+  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
+  dt_device *d = g->device;
+  if (dt_params_size(g->params) != g->dparam_n)
+    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_upload: params changed size since the graph was created");
+  size_t bytes = g->dparam_n * sizeof(float);
+  dt_result r = d->copy(d, g->dparam_data, dt_params_data(g->params), bytes, DTRAIN_COPY_H2D);
+  if (r == DTRAIN_OK) r = d->zero(d, g->dparam_grad, bytes);
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_upload: device %s: %s", d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_graph_params_download(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_download: graph is NULL");
+  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
+  dt_device *d = g->device;
+  if (dt_params_size(g->params) != g->dparam_n)
+    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_download: params changed size since the graph was created");
+  dt_result r = d->copy(d, dt_params_data(g->params), g->dparam_data, g->dparam_n * sizeof(float), DTRAIN_COPY_D2H);
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_download: device %s: %s", d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_zero_grad: graph is NULL");
+  float *grad = dt_graph_param_grad(g);
+  size_t n = dt_params_size(g->params);
+  if (!grad || n == 0) return DTRAIN_OK;
+  if (!g->device) {
+    memset(grad, 0, n * sizeof(float));
+    return DTRAIN_OK;
+  }
+  dt_result r = g->device->zero(g->device, grad, n * sizeof(float));
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_zero_grad: device %s: %s", g->device->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+static dt_result dt__device_to_host(const dt_tensor *t, const float *src, float *dst, const char *fn) {
+  if (!t || !dst) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: NULL argument", fn);
+  size_t bytes = (size_t)t->size * sizeof(float);
+  dt_device *d = t->graph ? t->graph->device : NULL;
+  if (!src) {
+    memset(dst, 0, bytes);
+    return DTRAIN_OK;
+  }
+  if (!d) {
+    memcpy(dst, src, bytes);
+    return DTRAIN_OK;
+  }
+  dt_result r = d->copy(d, dst, src, bytes, DTRAIN_COPY_D2H);
+  if (r != DTRAIN_OK) return dt__error(r, "%s: device %s: %s", fn, d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_tensor_to_host(const dt_tensor *t, float *dst) {
+  return dt__device_to_host(t, t ? t->data : NULL, dst, "dt_tensor_to_host");
+}
+
+DTRAIN_API dt_result dt_tensor_grad_to_host(const dt_tensor *t, float *dst) {
+  return dt__device_to_host(t, t ? t->grad : NULL, dst, "dt_tensor_grad_to_host");
+}
+
+/* check_numerics on a device: the output comes to the host to be checked. */
+DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out) {
+  size_t bytes = (size_t)out->size * sizeof(float);
+  float *h = (float *)dt__alloc(bytes);
+  if (!h) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "%s: check_numerics: out of host memory", out->op);
+  dt_tensor *res = out;
+  if (!dt__dev_copy(g, out->op, h, out->data, bytes, DTRAIN_COPY_D2H)) {
+    res = NULL;
+  } else {
+    for (int64_t i = 0; i < out->size; i++) {
+      if (!isfinite(h[i])) {
+        char sb[96];
+        dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: output %s has %s at element %lld", out->op,
+                 dt_shape_str(out, sb, sizeof sb), isnan(h[i]) ? "NaN" : "Inf", (long long)i);
+        res = NULL;
+        break;
+      }
+    }
+  }
+  dt__free(h, bytes);
+  return res;
+}
+
+DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op) {
+  dt_kernel_args a;
+  dt__device_args0(&a);
+  a.p[0] = gx;
+  a.p[1] = (float *)(uintptr_t)gy;
+  a.n[0] = n;
+  a.f[0] = 1.0f;
+  dt__dev_run(g, op, DTRAIN_K_ACC, &a);
+}
+
+/* ---- elementwise binary: same shapes, or b over a's leading dims ---------------------- */
+
+static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *a = y->src[0], *b = y->src[1];
+  float *ga = dt__grad(g, a), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  dt_kernel k = (dt_kernel)y->iaux[0];
+  dt_kernel_args r;
+  if (ga) {
+    dt__device_args0(&r);
+    r.p[0] = ga;
+    r.p[1] = y->grad;
+    r.p[2] = b->data;
+    r.n[0] = y->size;
+    r.n[1] = b->size;
+    r.f[0] = 1.0f;
+    if (!dt__dev_run(g, y->op, k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL : DTRAIN_K_ACC, &r)) return;
+  }
+  if (gb) { /* summed over the rows b was repeated over (one row when shapes agree) */
+    dt__device_args0(&r);
+    r.p[0] = gb;
+    r.p[1] = y->grad;
+    r.p[2] = a->data;
+    r.n[0] = y->size;
+    r.n[1] = b->size;
+    r.f[0] = k == DTRAIN_K_SUB ? -1.0f : 1.0f;
+    dt__dev_run(g, y->op, k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL_ROWS : DTRAIN_K_ACC_ROWS, &r);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op) {
+  /* b must match a's trailing dims; b's leading dims of 1 stretch. Then b's
+   * flat index is i % b->size. */
+  int lead = 0;
+  while (lead < b->ndim && b->shape[lead] == 1) lead++;
+  int ok = b->ndim <= a->ndim;
+  for (int d = 0; ok && d < b->ndim - lead; d++)
+    if (b->shape[b->ndim - 1 - d] != a->shape[a->ndim - 1 - d]) ok = 0;
+  if (!ok) {
+    char s1[96], s2[96];
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_UNSUPPORTED,
+                                 "%s: shapes %s and %s on device %s: only equal shapes or b over a's leading dims "
+                                 "(e.g. [N,C] and [C]) are supported on a device",
+                                 op, dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2), g->device->name);
+  }
+  dt_tensor *y = dt__new_like(g, op, a);
+  if (!y) return NULL;
+  dt_kernel k = (dt_kernel)kind;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = a->data;
+  r.p[2] = b->data;
+  r.n[0] = y->size;
+  r.n[1] = b->size;
+  if (!dt__dev_run(g, op, k, &r)) return NULL;
+  y->iaux[0] = k;
+  dt__record(g, y, op, dt__device_binary_backward, a, b, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- unary ------------------------------------------------------------------------------ */
+
+static void dt__device_unary_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  dt_kernel k = (dt_kernel)y->iaux[0];
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = k == DTRAIN_K_RELU ? x->data : y->data;
+  r.n[0] = y->size;
+  dt__dev_run(g, y->op,
+              k == DTRAIN_K_RELU ? DTRAIN_K_RELU_BWD : k == DTRAIN_K_SIGMOID ? DTRAIN_K_SIGMOID_BWD : DTRAIN_K_TANH_BWD,
+              &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op) {
+  dt_tensor *y = dt__new_like(g, op, x);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = y->size;
+  if (!dt__dev_run(g, op, fwd, &r)) return NULL;
+  y->iaux[0] = fwd;
+  dt__record(g, y, op, dt__device_unary_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- sum / mean ---------------------------------------------------------------------------- */
+
+static void dt__device_reduce_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.n[0] = x->size;
+  r.f[0] = y->faux[0];
+  dt__dev_run(g, y->op, DTRAIN_K_ACC_SCALAR, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op) {
+  dt_tensor *y = dt__new(g, op, 0, NULL);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = x->size;
+  r.f[0] = mean ? (float)(1.0 / (double)x->size) : 1.0f;
+  if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r)) return NULL;
+  y->faux[0] = r.f[0];
+  dt__record(g, y, op, dt__device_reduce_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- GEMM-based: matmul (2-D), linear --------------------------------------------------------- */
+
+/* C [m,n] (+)= op(A) op(B), packed row-major. */
+static int dt__device_gemm(dt_graph *g, const char *op, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                           const float *A, const float *B, float beta, float *C) {
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = C;
+  r.p[1] = (float *)(uintptr_t)A;
+  r.p[2] = (float *)(uintptr_t)B;
+  r.n[0] = m;
+  r.n[1] = n;
+  r.n[2] = k;
+  r.n[3] = ta | (tb << 1);
+  r.f[0] = 1.0f;
+  r.f[1] = beta;
+  return dt__dev_run(g, op, DTRAIN_K_GEMM, &r);
+}
+
+static void dt__device_matmul_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *a = y->src[0], *b = y->src[1];
+  float *ga = dt__grad(g, a), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  int64_t m = y->iaux[0], k = y->iaux[1], n = y->iaux[2];
+  if (ga && !dt__device_gemm(g, y->op, 0, 1, m, k, n, y->grad, b->data, 1.0f, ga)) return; /* dA += dC B^T */
+  if (gb) dt__device_gemm(g, y->op, 1, 0, k, n, m, a->data, y->grad, 1.0f, gb);            /* dB += A^T dC */
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op) {
+  int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
+  if (b->shape[0] != k) {
+    char s1[96], s2[96];
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: inner dims differ (%s @ %s)", op,
+                                 dt_shape_str(a, s1, sizeof s1), dt_shape_str(b, s2, sizeof s2));
+  }
+  int64_t shape[2];
+  shape[0] = m;
+  shape[1] = n;
+  dt_tensor *y = dt__new(g, op, 2, shape);
+  if (!y) return NULL;
+  if (!dt__device_gemm(g, op, 0, 0, m, n, k, a->data, b->data, 0.0f, y->data)) return NULL;
+  y->iaux[0] = m;
+  y->iaux[1] = k;
+  y->iaux[2] = n;
+  dt__record(g, y, op, dt__device_matmul_backward, a, b, NULL);
+  return dt__finish(g, y);
+}
+
+static void dt__device_linear_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
+  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  int64_t rows = y->iaux[0], in = y->iaux[1], out = y->iaux[2];
+  if (gx && !dt__device_gemm(g, y->op, 0, 0, rows, in, out, y->grad, w->data, 1.0f, gx)) return; /* dx += dy w */
+  if (gw && !dt__device_gemm(g, y->op, 1, 0, out, in, rows, y->grad, x->data, 1.0f, gw)) return; /* dw += dy^T x */
+  if (gb) {
+    dt_kernel_args r;
+    dt__device_args0(&r);
+    r.p[0] = gb;
+    r.p[1] = y->grad;
+    r.n[0] = rows * out;
+    r.n[1] = out;
+    r.f[0] = 1.0f;
+    dt__dev_run(g, y->op, DTRAIN_K_ACC_ROWS, &r);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
+                                         int64_t in, int64_t out, int ndim, const int64_t *shape) {
+  const char *op = "dt_linear";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  if (b) { /* rows of bias, then GEMM with beta = 1: the CPU's order */
+    dt_kernel_args r;
+    dt__device_args0(&r);
+    r.p[0] = y->data;
+    r.p[1] = b->data;
+    r.n[0] = rows * out;
+    r.n[1] = out;
+    if (!dt__dev_run(g, op, DTRAIN_K_ROWS_COPY, &r)) return NULL;
+  }
+  if (!dt__device_gemm(g, op, 0, 1, rows, out, in, x->data, w->data, b ? 1.0f : 0.0f, y->data)) return NULL;
+  y->iaux[0] = rows;
+  y->iaux[1] = in;
+  y->iaux[2] = out;
+  dt__record(g, y, op, dt__device_linear_backward, x, w, b);
+  return dt__finish(g, y);
+}
+
+/* ---- softmax / log_softmax over any axis ---------------------------------------------------- */
+
+static void dt__device_softmax_args(dt_kernel_args *r, const dt_tensor *y) {
+  dt__device_args0(r);
+  r->n[0] = y->iaux[0];
+  r->n[1] = y->iaux[1];
+  r->n[2] = y->iaux[2];
+  r->n[3] = y->iaux[3];
+}
+
+static void dt__device_softmax_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_softmax_args(&r, y);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = y->data;
+  dt__dev_run(g, y->op, DTRAIN_K_SOFTMAX_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op) {
+  dt_tensor *y = dt__new_like(g, op, x);
+  if (!y) return NULL;
+  int64_t outer = 1, inner = 1, n = x->shape[ax];
+  for (int d = 0; d < ax; d++) outer *= x->shape[d];
+  for (int d = ax + 1; d < x->ndim; d++) inner *= x->shape[d];
+  y->iaux[0] = outer * inner;
+  y->iaux[1] = n;
+  y->iaux[2] = inner;
+  y->iaux[3] = is_log;
+  dt_kernel_args r;
+  dt__device_softmax_args(&r, y);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  if (!dt__dev_run(g, op, DTRAIN_K_SOFTMAX, &r)) return NULL;
+  dt__record(g, y, op, dt__device_softmax_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- cross entropy ----------------------------------------------------------------------------
+ * aux (host arena): the device labels and the per-row max / log-sum-exp. */
+typedef struct dt__device_xent {
+  int32_t *labels;
+  float *rowloss, *mx, *ls;
+} dt__device_xent;
+
+static void dt__device_xent_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  const dt__device_xent *s = (const dt__device_xent *)y->aux;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = x->data;
+  r.p[2] = s->mx;
+  r.p[3] = s->ls;
+  r.p[4] = y->grad;
+  r.labels = s->labels;
+  r.n[0] = y->iaux[0];
+  r.n[1] = y->iaux[1];
+  dt__dev_run(g, y->op, DTRAIN_K_XENT_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c) {
+  const char *op = "dt_cross_entropy";
+  dt__device_xent *s = (dt__device_xent *)dt__arena_alloc(g, sizeof *s);
+  if (!s) return NULL;
+  s->labels = (int32_t *)dt__dev_arena(g, (size_t)rows * sizeof(int32_t));
+  s->rowloss = dt__arena_floats(g, 3 * rows);
+  if (!s->labels || !s->rowloss) return NULL;
+  s->mx = s->rowloss + rows;
+  s->ls = s->mx + rows;
+  if (!dt__dev_copy(g, op, s->labels, labels, (size_t)rows * sizeof(int32_t), DTRAIN_COPY_H2D)) return NULL;
+  dt_tensor *y = dt__new(g, op, 0, NULL);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = s->rowloss;
+  r.p[1] = x->data;
+  r.p[2] = s->mx;
+  r.p[3] = s->ls;
+  r.labels = s->labels;
+  r.n[0] = rows;
+  r.n[1] = c;
+  if (!dt__dev_run(g, op, DTRAIN_K_XENT, &r)) return NULL;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = s->rowloss;
+  r.n[0] = rows;
+  r.f[0] = (float)(1.0 / (double)rows);
+  if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r)) return NULL;
+  y->aux = s;
+  y->iaux[0] = rows;
+  y->iaux[1] = c;
+  dt__record(g, y, op, dt__device_xent_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- mean squared error ------------------------------------------------------------------------- */
+
+static void dt__device_mse_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *a = y->src[0], *b = y->src[1];
+  float *ga = dt__grad(g, a), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = ga;
+  r.p[1] = gb;
+  r.p[2] = a->data;
+  r.p[3] = b->data;
+  r.p[4] = y->grad;
+  r.n[0] = a->size;
+  dt__dev_run(g, y->op, DTRAIN_K_MSE_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b) {
+  const char *op = "dt_mse";
+  float *sq = dt__arena_floats(g, a->size);
+  dt_tensor *y = sq ? dt__new(g, op, 0, NULL) : NULL;
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = sq;
+  r.p[1] = a->data;
+  r.p[2] = b->data;
+  r.n[0] = a->size;
+  if (!dt__dev_run(g, op, DTRAIN_K_SQDIFF, &r)) return NULL;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = sq;
+  r.n[0] = a->size;
+  r.f[0] = (float)(1.0 / (double)a->size);
+  if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r)) return NULL;
+  dt__record(g, y, op, dt__device_mse_backward, a, b, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- convolution (im2col + GEMM per image) and pooling -------------------------------
+ * The forward keeps the column matrices of the whole batch ([N][K][P], in the
+ * device arena) for the backward, which also needs one gradient column
+ * buffer of the same size. */
+
+static void dt__device_conv_args(dt_kernel_args *r, const dt_tensor *x, const dt_tensor *w, const dt_tensor *y) {
+  dt__device_args0(r);
+  r->n[0] = x->shape[0];
+  r->n[1] = x->shape[1];
+  r->n[2] = x->shape[2];
+  r->n[3] = x->shape[3];
+  r->n[4] = w->shape[2];
+  r->n[5] = w->shape[3];
+  r->n[6] = y->iaux[0];
+  r->n[7] = y->iaux[1];
+  r->n[8] = y->shape[2];
+  r->n[9] = y->shape[3];
+  r->n[10] = w->shape[0];
+}
+
+static void dt__device_conv_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
+  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  const float *col = (const float *)y->aux;
+  int64_t n = x->shape[0], o = w->shape[0], k = w->shape[1] * w->shape[2] * w->shape[3];
+  int64_t pp = y->shape[2] * y->shape[3];
+  dt_kernel_args r;
+  if (gb) {
+    dt__device_conv_args(&r, x, w, y);
+    r.p[0] = gb;
+    r.p[1] = y->grad;
+    if (!dt__dev_run(g, y->op, DTRAIN_K_CONV_BIAS_BWD, &r)) return;
+  }
+  if (gw)
+    for (int64_t i = 0; i < n; i++) /* gw [O,K] += gy_i [O,P] @ col_i^T */
+      if (!dt__device_gemm(g, y->op, 0, 1, o, k, pp, y->grad + i * o * pp, col + i * k * pp, 1.0f, gw)) return;
+  if (gx) {
+    float *gcol = dt__arena_floats(g, n * k * pp);
+    if (!gcol) return;
+    for (int64_t i = 0; i < n; i++) /* gcol_i [K,P] = w^T @ gy_i */
+      if (!dt__device_gemm(g, y->op, 1, 0, k, pp, o, w->data, y->grad + i * o * pp, 0.0f, gcol + i * k * pp)) return;
+    dt__device_conv_args(&r, x, w, y);
+    r.p[0] = gx;
+    r.p[1] = gcol;
+    dt__dev_run(g, y->op, DTRAIN_K_COL2IM_ACC, &r);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
+  const char *op = "dt_conv2d";
+  int64_t n = x->shape[0], o = w->shape[0], k = w->shape[1] * w->shape[2] * w->shape[3];
+  int64_t ho = (x->shape[2] + 2 * (int64_t)padding - w->shape[2]) / stride + 1;
+  int64_t wo = (x->shape[3] + 2 * (int64_t)padding - w->shape[3]) / stride + 1, pp = ho * wo;
+  int64_t shape[4];
+  shape[0] = n;
+  shape[1] = o;
+  shape[2] = ho;
+  shape[3] = wo;
+  size_t cols;
+  if (!dt__mul_size((size_t)n, (size_t)k, &cols) || !dt__mul_size(cols, (size_t)pp, &cols) || dt__too_many(cols)) {
+    char sx[96], sw[96];
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: column matrices of x %s, w %s too large", op,
+                                 dt_shape_str(x, sx, sizeof sx), dt_shape_str(w, sw, sizeof sw));
+  }
+  dt_tensor *y = dt__new(g, op, 4, shape);
+  float *col = y ? dt__arena_floats(g, (int64_t)cols) : NULL;
+  if (!col) return NULL;
+  y->iaux[0] = stride;
+  y->iaux[1] = padding;
+  dt_kernel_args r;
+  dt__device_conv_args(&r, x, w, y);
+  r.p[0] = col;
+  r.p[1] = x->data;
+  if (!dt__dev_run(g, op, DTRAIN_K_IM2COL, &r)) return NULL;
+  if (b) {
+    dt__device_conv_args(&r, x, w, y);
+    r.p[0] = y->data;
+    r.p[1] = b->data;
+    if (!dt__dev_run(g, op, DTRAIN_K_CONV_BIAS, &r)) return NULL;
+  }
+  for (int64_t i = 0; i < n; i++) /* y_i [O,P] = w [O,K] @ col_i [K,P] (+ bias) */
+    if (!dt__device_gemm(g, op, 0, 0, o, pp, k, w->data, col + i * k * pp, b ? 1.0f : 0.0f, y->data + i * o * pp))
+      return NULL;
+  y->aux = col;
+  dt__record(g, y, op, dt__device_conv_backward, x, w, b);
+  return dt__finish(g, y);
+}
+
+static void dt__device_pool_args(dt_kernel_args *r, const dt_tensor *x, const dt_tensor *y) {
+  dt__device_args0(r);
+  r->n[0] = x->shape[0] * x->shape[1];
+  r->n[1] = x->shape[2];
+  r->n[2] = x->shape[3];
+  r->n[3] = y->shape[2];
+  r->n[4] = y->shape[3];
+  r->n[5] = y->iaux[0];
+  r->n[6] = y->iaux[1];
+}
+
+static void dt__device_pool_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_pool_args(&r, x, y);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = x->data;
+  r.p[3] = y->data;
+  dt__dev_run(g, y->op, y->iaux[2] ? DTRAIN_K_MAXPOOL_BWD : DTRAIN_K_AVGPOOL_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op) {
+  int64_t shape[4];
+  shape[0] = x->shape[0];
+  shape[1] = x->shape[1];
+  shape[2] = (x->shape[2] - kernel) / stride + 1;
+  shape[3] = (x->shape[3] - kernel) / stride + 1;
+  dt_tensor *y = dt__new(g, op, 4, shape);
+  if (!y) return NULL;
+  y->iaux[0] = kernel;
+  y->iaux[1] = stride;
+  y->iaux[2] = is_max;
+  dt_kernel_args r;
+  dt__device_pool_args(&r, x, y);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  if (!dt__dev_run(g, op, is_max ? DTRAIN_K_MAXPOOL : DTRAIN_K_AVGPOOL, &r)) return NULL;
+  dt__record(g, y, op, dt__device_pool_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+#undef DT__DEV_ALIGN

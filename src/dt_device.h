@@ -1,0 +1,168 @@
+/* ===========================================================================
+ * dt_device.h -- running a graph on an accelerator (the device hook)
+ * ===========================================================================
+ * A graph created with dt_graph_desc.device set runs on that device: the
+ * SAME model code (dt_linear, dt_relu, dt_cross_entropy, ... on the graph)
+ * works unchanged, but every tensor's `data` and `grad` point into device
+ * memory. Tensor headers (shape, flags, the tape) stay in host memory.
+ *
+ *   dt_device *dev = dt_cuda_device_create(0);     (dtrain_cuda.h)
+ *   dt_graph_desc gd = {0};
+ *   gd.device = dev;                                the one-line switch
+ *   dt_graph *g = dt_graph_create(params, &gd);     uploads the params
+ *   ... forward with the usual ops, dt_backward(g, loss) ...
+ *   dt_optim_step_graph(opt, g);                    update on the device
+ *   dt_graph_zero_grad(g);
+ *   dt_graph_params_download(g);                    device -> params (host)
+ *
+ * What moves, and what does not:
+ *   - dt_tensor_from() copies host data to the device; dt_tensor_new() and
+ *     gradients are zeroed on the device; dt_tensor_wrap() takes a DEVICE
+ *     pointer on a device graph. Read results with dt_tensor_to_host() /
+ *     dt_tensor_grad_to_host() (dt_item() copies the one float itself).
+ *     Never read t->data of a device tensor on the host.
+ *   - A device graph with params holds its own device copy of the params'
+ *     flat data and grad buffers (dt_graph_param_data/grad). The host params
+ *     are not updated until dt_graph_params_download(); after changing the
+ *     host params (dt_load, an initialiser) call dt_graph_params_upload().
+ *     dt_graph_bind() on a device graph takes device pointers.
+ *   - Label arrays (dt_cross_entropy) are host memory: they are checked on
+ *     the host and copied to the device.
+ *   - check_numerics on a device graph copies every op output to the host to
+ *     check it (slow: for debugging).
+ *
+ * Ops that run on a device (everything else fails on a device graph with
+ * DTRAIN_ERR_UNSUPPORTED naming the op and the device, before touching any
+ * data -- never a silent host read of device memory):
+ *   dt_add, dt_sub, dt_mul  (same shapes, or b broadcast over a's leading
+ *                            dims, e.g. [N,C] + [C]; other broadcasts are
+ *                            DTRAIN_ERR_UNSUPPORTED on a device)
+ *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean,
+ *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
+ *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
+ *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
+ *   dt_nn_linear_forward, dt_nn_conv2d_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
+ *   dt_scalar, dt_item, dt_backward, dt_backward_grad.
+ * Optimizers on a device (dt_optim_step_graph): SGD (momentum, Nesterov,
+ * weight decay), Adam, AdamW, clip_norm. RMSprop: DTRAIN_ERR_UNSUPPORTED.
+ *
+ * ---- the backend interface --------------------------------------------------
+ * A device is a table of functions filled by a backend (dtrain_cuda.h is the
+ * one shipped). The core never calls a device API directly: it allocates,
+ * zeroes and copies through these functions and asks `run` for each kernel.
+ * Every function returns DTRAIN_OK or an error code after recording a message
+ * with dt_device_error() (e.g. "cuda:0: cudaMalloc of 4096 bytes: out of
+ * memory"); the core then fails the graph with that message.
+ */
+#ifndef DTRAIN_DEVICE_H
+#define DTRAIN_DEVICE_H
+
+#include "dt_tensor.h"
+
+DTRAIN_EXTERN_C_BEGIN
+
+typedef enum dt_copy_kind {
+  DTRAIN_COPY_H2D = 0, /* host -> device */
+  DTRAIN_COPY_D2H = 1, /* device -> host (returns when the data is on the host) */
+  DTRAIN_COPY_D2D = 2  /* device -> device */
+} dt_copy_kind;
+
+/* Kernels the core asks for, with their arguments in dt_kernel_args. p[] are
+ * device pointers, i64 counts, f scalars. "+=" kernels accumulate. A pointer
+ * named "scalar pointer" is a 1-float device buffer read by the kernel (so
+ * that the host never waits on a gradient). Row-major everywhere. */
+typedef enum dt_kernel {
+  /* p0[i] = p1[i] op p2[i % n1], i < n0 (n1 divides n0: b over a's leading dims) */
+  DTRAIN_K_ADD = 1, DTRAIN_K_SUB, DTRAIN_K_MUL,
+  DTRAIN_K_ACC,          /* p0[i] += f0 * p1[i], i < n0 */
+  DTRAIN_K_ACC_MUL,      /* p0[i] += p1[i] * p2[i % n1], i < n0 */
+  DTRAIN_K_ACC_ROWS,     /* p0[j] += f0 * sum_r p1[r*n1 + j], j < n1, r < n0/n1 */
+  DTRAIN_K_ACC_MUL_ROWS, /* p0[j] += sum_r p1[r*n1 + j] * p2[r*n1 + j] */
+  DTRAIN_K_ACC_SCALAR,   /* p0[i] += f0 * p1[0], i < n0 (p1 a scalar pointer) */
+  DTRAIN_K_ROWS_COPY,    /* p0[i] = p1[i % n1], i < n0 (bias rows) */
+  DTRAIN_K_RELU, DTRAIN_K_SIGMOID, DTRAIN_K_TANH,             /* p0[i] = f(p1[i]), i < n0 */
+  DTRAIN_K_RELU_BWD,     /* p0[i] += p1[i] * (p2[i] > 0): p0 gx, p1 gy, p2 x */
+  DTRAIN_K_SIGMOID_BWD,  /* p0[i] += p1[i] * p2[i] * (1 - p2[i]): p2 y */
+  DTRAIN_K_TANH_BWD,     /* p0[i] += p1[i] * (1 - p2[i]^2): p2 y */
+  DTRAIN_K_SUM,          /* p0[0] = f0 * sum p1[0..n0) (accumulated in double) */
+  DTRAIN_K_SUMSQ,        /* p0[0] = sum p1[i]^2 (double) */
+  DTRAIN_K_SCALE,        /* p0[i] *= f0, i < n0 */
+  DTRAIN_K_SQDIFF,       /* p0[i] = (p1[i] - p2[i])^2 */
+  DTRAIN_K_MSE_BWD,      /* d = 2*p4[0]/n0 * (p2[i]-p3[i]); p0 += d, p1 -= d (either NULL) */
+  /* C = alpha op(A) op(B) + beta C: p0 C [m,n], p1 A, p2 B; n0 m, n1 n, n2 k,
+   * n3 = trans_a | trans_b << 1; f0 alpha, f1 beta; packed (lda = cols). */
+  DTRAIN_K_GEMM,
+  /* Softmax over an axis: rows r < n0 (outer*inner), n1 = axis length,
+   * n2 = inner stride, n3 = 1 for log-softmax. Fwd: p0 y, p1 x. Bwd: p0 gx,
+   * p1 gy, p2 y. */
+  DTRAIN_K_SOFTMAX, DTRAIN_K_SOFTMAX_BWD,
+  /* Cross entropy, r < n0 rows of n1 classes, labels in `labels` (device):
+   * fwd p0 row loss, p1 logits, p2 row max, p3 row log-sum-exp(x - max);
+   * bwd (i < n0*n1) p0 gx += p4[0]*f0 * (softmax - onehot), p1 logits, p2, p3. */
+  DTRAIN_K_XENT, DTRAIN_K_XENT_BWD,
+  /* Optimizers over i < n0 elements: p0 param, p1 grad.
+   * SGD: p2 momentum buffer or NULL; f0 lr, f1 weight decay, f2 momentum,
+   *      n1 nesterov.
+   * ADAM: p2 m, p3 v; f0 step_size, f1 weight decay, f2 sqrt(bias corr. 2),
+   *      f3 eps, f4 1-beta1, f5 1-beta2, f6 beta2, f7 shrink (AdamW
+   *      1 - lr*wd); n1 decoupled (AdamW). Same float operations as the CPU. */
+  DTRAIN_K_SGD, DTRAIN_K_ADAM,
+  /* Convolution, NCHW: n0 N, n1 C, n2 H, n3 W, n4 kh, n5 kw, n6 stride,
+   * n7 padding, n8 Ho, n9 Wo, n10 O. Columns are [N][K][P] (K = C*kh*kw,
+   * P = Ho*Wo), one K x P matrix per image.
+   * IM2COL: p0 col, p1 x. COL2IM_ACC: p0 gx += the columns p1 fold back.
+   * CONV_BIAS: p0 y [N,O,P] = p1 b[o]. CONV_BIAS_BWD: p0 gb[o] += sum of
+   * p1 gy over images and positions. */
+  DTRAIN_K_IM2COL, DTRAIN_K_COL2IM_ACC, DTRAIN_K_CONV_BIAS, DTRAIN_K_CONV_BIAS_BWD,
+  /* Pooling, no padding: n0 planes (N*C), n1 H, n2 W, n3 Ho, n4 Wo,
+   * n5 kernel, n6 stride. Fwd p0 y, p1 x. Bwd p0 gx, p1 gy, p2 x, p3 y (max:
+   * the gradient goes to the first maximum of each window, a NaN wins). */
+  DTRAIN_K_MAXPOOL, DTRAIN_K_MAXPOOL_BWD, DTRAIN_K_AVGPOOL, DTRAIN_K_AVGPOOL_BWD,
+  DTRAIN_K_COUNT
+} dt_kernel;
+
+typedef struct dt_kernel_args {
+  float *p[6];
+  const int32_t *labels;
+  int64_t n[12];
+  float f[8];
+} dt_kernel_args;
+
+typedef struct dt_device dt_device;
+struct dt_device {
+  const char *name;   /* "cuda:0": used in messages */
+  void *impl;         /* the backend's state */
+  dt_result (*alloc)(dt_device *d, size_t bytes, void **out);
+  void (*free)(dt_device *d, void *p, size_t bytes);
+  dt_result (*zero)(dt_device *d, void *p, size_t bytes);
+  dt_result (*copy)(dt_device *d, void *dst, const void *src, size_t bytes, dt_copy_kind kind);
+  dt_result (*sync)(dt_device *d);
+  /* DTRAIN_ERR_UNSUPPORTED for a kernel the backend lacks. */
+  dt_result (*run)(dt_device *d, dt_kernel k, const dt_kernel_args *a);
+};
+
+/* For backends: record `msg` as this thread's error (dt_last_error) and
+ * return code. */
+DTRAIN_API dt_result dt_device_error(dt_result code, const char *msg);
+
+/* The device of a graph (NULL: the CPU). */
+DTRAIN_API dt_device *dt_graph_device(const dt_graph *g);
+/* The flat parameter buffers the graph's dt_param views use (device memory
+ * on a device graph); NULL without params. */
+DTRAIN_API float *dt_graph_param_data(dt_graph *g);
+DTRAIN_API float *dt_graph_param_grad(dt_graph *g);
+/* Host params -> the graph's device copy, and back (data only; upload also
+ * zeroes the device gradient). DTRAIN_OK and nothing done on a CPU graph. */
+DTRAIN_API dt_result dt_graph_params_upload(dt_graph *g);
+DTRAIN_API dt_result dt_graph_params_download(dt_graph *g);
+/* Zero the gradient buffer bound to the graph (device or host). */
+DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g);
+
+/* Copy t->size floats of a tensor's data (or gradient: zeros when it has
+ * none) to host memory `dst`. Works for CPU tensors too (memcpy). */
+DTRAIN_API dt_result dt_tensor_to_host(const dt_tensor *t, float *dst);
+DTRAIN_API dt_result dt_tensor_grad_to_host(const dt_tensor *t, float *dst);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_DEVICE_H */

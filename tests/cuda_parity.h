@@ -1,0 +1,434 @@
+/* tests/cuda_parity.h -- device-vs-CPU parity checks shared by
+ * tests/test_cuda_emu.cc (the host emulation of the CUDA kernels) and
+ * tests/test_cuda.cu (a real GPU). The including file sets cp_dev and calls
+ * cp_run_all(). Every op with a device path is run forward and backward on
+ * the CPU and on cp_dev from the same inputs and output gradient; outputs and
+ * input gradients must agree within float tolerance. Then a small MLP trains
+ * a few steps on both (SGD with momentum, Adam, AdamW with clipping) and the
+ * parameters must agree. Also: unsupported ops and broadcasts fail cleanly
+ * with DTRAIN_ERR_UNSUPPORTED naming the op and the device. */
+#ifndef DTRAIN_TEST_CUDA_PARITY_H
+#define DTRAIN_TEST_CUDA_PARITY_H
+
+#include "harness.h"
+
+static dt_device *cp_dev;
+static int cp_compared; /* floats compared, for the report */
+
+typedef dt_tensor *(*cp_op)(dt_graph *g, dt_tensor **in);
+
+typedef struct cp_case {
+  const char *name;
+  cp_op fn;
+  int nin;
+  int ndim[3];
+  int64_t shape[3][4];
+  float lo, hi;  /* input range */
+  int positive_tail; /* 0 */
+} cp_case;
+
+/* Runs c on device dev (NULL: CPU); out receives the output then every input
+ * gradient (host floats); returns the count written, -1 on failure. */
+static int64_t cp_eval(const cp_case *c, dt_device *dev, float *const *in_data, const float *seed, float *out,
+                       int64_t cap) {
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  dt_graph *g = dt_graph_create(NULL, &gd);
+  if (!g) return -1;
+  dt_tensor *in[3] = {NULL, NULL, NULL};
+  for (int i = 0; i < c->nin; i++) {
+    in[i] = dt_tensor_from(g, c->ndim[i], c->shape[i], in_data[i]);
+    dt_tensor_set_requires_grad(in[i], 1);
+  }
+  dt_tensor *y = c->fn(g, in);
+  int64_t n = -1;
+  if (y && dt_backward_grad(g, y, seed) == DTRAIN_OK) {
+    n = 0;
+    if (y->size <= cap && dt_tensor_to_host(y, out) == DTRAIN_OK) n = y->size;
+    for (int i = 0; i < c->nin && n >= 0; i++) {
+      if (n + in[i]->size > cap || dt_tensor_grad_to_host(in[i], out + n) != DTRAIN_OK) n = -1;
+      else n += in[i]->size;
+    }
+  } else {
+    fprintf(stderr, "cp_eval %s on %s: %s\n", c->name, dev ? dev->name : "cpu", dt_graph_message(g));
+  }
+  dt_graph_destroy(g);
+  return n;
+}
+
+static void cp_check_case(const cp_case *c) {
+  enum { CAP = 8192 };
+  static float data[3][CAP], cpu[4 * CAP], dev[4 * CAP], seed[CAP];
+  float *in[3] = {data[0], data[1], data[2]};
+  for (int i = 0; i < c->nin; i++) {
+    int64_t n = 1;
+    for (int d = 0; d < c->ndim[i]; d++) n *= c->shape[i][d];
+    th_fill(data[i], n, c->lo, c->hi);
+  }
+  th_fill(seed, CAP, -1.0f, 1.0f);
+  int64_t a = cp_eval(c, NULL, in, seed, cpu, 4 * CAP);
+  int64_t b = cp_eval(c, cp_dev, in, seed, dev, 4 * CAP);
+  CHECK_MSG(a > 0 && a == b, "%s: cpu gave %lld floats, device %lld", c->name, (long long)a, (long long)b);
+  if (a <= 0 || a != b) return;
+  double worst = 0.0;
+  int64_t at = 0;
+  for (int64_t i = 0; i < a; i++) {
+    double d = fabs((double)cpu[i] - (double)dev[i]) / (1.0 + fabs((double)cpu[i]));
+    if (!(d <= worst)) { worst = d; at = i; }
+  }
+  cp_compared += (int)a;
+  CHECK_MSG(worst <= 2e-5, "%s: element %lld cpu %.9g device %.9g", c->name, (long long)at, (double)cpu[at],
+            (double)dev[at]);
+}
+
+static const int32_t cp_labels[16] = {3, 0, 4, 1, 2, 4, 0, 3, 1, 1, 2, 0, 4, 3, 2, 0};
+
+static dt_tensor *cp_add(dt_graph *g, dt_tensor **x) { return dt_add(g, x[0], x[1]); }
+static dt_tensor *cp_sub(dt_graph *g, dt_tensor **x) { return dt_sub(g, x[0], x[1]); }
+static dt_tensor *cp_mul(dt_graph *g, dt_tensor **x) { return dt_mul(g, x[0], x[1]); }
+static dt_tensor *cp_relu(dt_graph *g, dt_tensor **x) { return dt_relu(g, x[0]); }
+static dt_tensor *cp_sigmoid(dt_graph *g, dt_tensor **x) { return dt_sigmoid(g, x[0]); }
+static dt_tensor *cp_tanh(dt_graph *g, dt_tensor **x) { return dt_tanh(g, x[0]); }
+static dt_tensor *cp_sum(dt_graph *g, dt_tensor **x) { return dt_sum(g, x[0]); }
+static dt_tensor *cp_mean(dt_graph *g, dt_tensor **x) { return dt_mean(g, x[0]); }
+static dt_tensor *cp_matmul(dt_graph *g, dt_tensor **x) { return dt_matmul(g, x[0], x[1]); }
+static dt_tensor *cp_linear(dt_graph *g, dt_tensor **x) { return dt_linear(g, x[0], x[1], x[2]); }
+static dt_tensor *cp_linear_nob(dt_graph *g, dt_tensor **x) { return dt_linear(g, x[0], x[1], NULL); }
+static dt_tensor *cp_softmax(dt_graph *g, dt_tensor **x) { return dt_softmax(g, x[0], -1); }
+static dt_tensor *cp_softmax0(dt_graph *g, dt_tensor **x) { return dt_softmax(g, x[0], 0); }
+static dt_tensor *cp_log_softmax(dt_graph *g, dt_tensor **x) { return dt_log_softmax(g, x[0], 1); }
+static dt_tensor *cp_xent(dt_graph *g, dt_tensor **x) { return dt_cross_entropy(g, x[0], cp_labels); }
+static dt_tensor *cp_mse(dt_graph *g, dt_tensor **x) { return dt_mse(g, x[0], x[1]); }
+static dt_tensor *cp_flatten(dt_graph *g, dt_tensor **x) { return dt_relu(g, dt_flatten(g, x[0])); }
+static dt_tensor *cp_reshape(dt_graph *g, dt_tensor **x) {
+  int64_t s[2] = {-1, 6};
+  return dt_mul(g, dt_reshape(g, x[0], 2, s), x[1]);
+}
+static dt_tensor *cp_conv(dt_graph *g, dt_tensor **x) { return dt_conv2d(g, x[0], x[1], x[2], 1, 1); }
+static dt_tensor *cp_conv_s2(dt_graph *g, dt_tensor **x) { return dt_conv2d(g, x[0], x[1], NULL, 2, 2); }
+static dt_tensor *cp_maxpool(dt_graph *g, dt_tensor **x) { return dt_max_pool2d(g, x[0], 2, 2); }
+static dt_tensor *cp_maxpool_overlap(dt_graph *g, dt_tensor **x) { return dt_max_pool2d(g, x[0], 3, 1); }
+static dt_tensor *cp_avgpool(dt_graph *g, dt_tensor **x) { return dt_avg_pool2d(g, x[0], 3, 2); }
+static dt_tensor *cp_cnn(dt_graph *g, dt_tensor **x) { /* conv -> relu -> pool -> flatten -> tanh */
+  dt_tensor *h = dt_max_pool2d(g, dt_relu(g, dt_conv2d(g, x[0], x[1], x[2], 1, 1)), 2, 2);
+  return dt_tanh(g, dt_flatten(g, h));
+}
+static dt_tensor *cp_chain(dt_graph *g, dt_tensor **x) { /* a view feeding two consumers, a scalar broadcast */
+  dt_tensor *h = dt_tanh(g, dt_linear(g, x[0], x[1], x[2]));
+  return dt_mean(g, dt_mul(g, dt_add(g, h, h), dt_scalar(g, 0.5f)));
+}
+
+static void test_ops_parity(void) {
+  static const cp_case cases[] = {
+    {"add", cp_add, 2, {2, 2, 0}, {{7, 5}, {7, 5}}, -2, 2, 0},
+    {"add_row_bcast", cp_add, 2, {2, 1, 0}, {{7, 5}, {5}}, -2, 2, 0},
+    {"add_lead1_bcast", cp_add, 2, {3, 2, 0}, {{2, 3, 4}, {1, 4}}, -2, 2, 0},
+    {"sub_bcast", cp_sub, 2, {3, 2, 0}, {{2, 3, 4}, {3, 4}}, -2, 2, 0},
+    {"sub", cp_sub, 2, {1, 1, 0}, {{33}, {33}}, -2, 2, 0},
+    {"mul", cp_mul, 2, {2, 2, 0}, {{6, 4}, {6, 4}}, -2, 2, 0},
+    {"mul_bcast", cp_mul, 2, {2, 1, 0}, {{6, 4}, {4}}, -2, 2, 0},
+    {"relu", cp_relu, 1, {2, 0, 0}, {{9, 13}}, -1, 1, 0},
+    {"sigmoid", cp_sigmoid, 1, {2, 0, 0}, {{9, 13}}, -12, 12, 0},
+    {"tanh", cp_tanh, 1, {1, 0, 0}, {{100}}, -4, 4, 0},
+    {"sum", cp_sum, 1, {2, 0, 0}, {{31, 7}}, -1, 1, 0},
+    {"mean", cp_mean, 1, {3, 0, 0}, {{3, 5, 7}}, -1, 1, 0},
+    {"matmul", cp_matmul, 2, {2, 2, 0}, {{7, 5}, {5, 3}}, -1, 1, 0},
+    {"linear", cp_linear, 3, {2, 2, 1}, {{6, 5}, {4, 5}, {4}}, -1, 1, 0},
+    {"linear_3d_nobias", cp_linear_nob, 2, {3, 2, 0}, {{2, 3, 5}, {4, 5}}, -1, 1, 0},
+    {"softmax", cp_softmax, 1, {2, 0, 0}, {{6, 9}}, -5, 5, 0},
+    {"softmax_axis0", cp_softmax0, 1, {2, 0, 0}, {{6, 9}}, -5, 5, 0},
+    {"log_softmax_mid", cp_log_softmax, 1, {3, 0, 0}, {{2, 5, 3}}, -5, 5, 0},
+    {"cross_entropy", cp_xent, 1, {2, 0, 0}, {{16, 5}}, -4, 4, 0},
+    {"mse", cp_mse, 2, {2, 2, 0}, {{8, 3}, {8, 3}}, -2, 2, 0},
+    {"flatten", cp_flatten, 1, {4, 0, 0}, {{2, 3, 2, 2}}, -1, 1, 0},
+    {"reshape", cp_reshape, 2, {3, 2, 0}, {{2, 3, 4}, {4, 6}}, -1, 1, 0},
+    {"chain", cp_chain, 3, {2, 2, 1}, {{5, 4}, {3, 4}, {3}}, -1, 1, 0},
+    {"conv2d_pad1_bias", cp_conv, 3, {4, 4, 1}, {{2, 3, 6, 5}, {4, 3, 3, 3}, {4}}, -1, 1, 0},
+    {"conv2d_stride2_pad2", cp_conv_s2, 2, {4, 4, 0}, {{2, 2, 7, 6}, {3, 2, 3, 2}}, -1, 1, 0},
+    {"max_pool2d", cp_maxpool, 1, {4, 0, 0}, {{2, 3, 6, 8}}, -1, 1, 0},
+    {"max_pool2d_overlap", cp_maxpool_overlap, 1, {4, 0, 0}, {{2, 2, 5, 6}}, -1, 1, 0},
+    {"avg_pool2d", cp_avgpool, 1, {4, 0, 0}, {{2, 2, 7, 6}}, -1, 1, 0},
+    {"cnn_chain", cp_cnn, 3, {4, 4, 1}, {{2, 3, 4, 4}, {2, 3, 3, 3}, {2}}, -1, 1, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    th_cur = cases[i].name;
+    cp_check_case(&cases[i]);
+  }
+  th_cur = "test_ops_parity";
+}
+
+/* Ops without a device path, and broadcasts the device does not do, fail
+ * with DTRAIN_ERR_UNSUPPORTED naming the op and the device. */
+static void test_unsupported(void) {
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = cp_dev;
+  dt_graph *g = dt_graph_create(NULL, &gd);
+  CHECK(g != NULL);
+  if (!g) return;
+  dt_tensor *x = dt_tensor_new2(g, 4, 3);
+  CHECK(x != NULL);
+  CHECK(dt_exp(g, x) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED);
+  CHECK(strstr(dt_graph_message(g), "dt_exp") != NULL);
+  CHECK(strstr(dt_graph_message(g), cp_dev->name) != NULL);
+  dt_graph_reset(g);
+  x = dt_tensor_new2(g, 4, 3);
+  dt_tensor *col = dt_tensor_new2(g, 4, 1);
+  CHECK(dt_add(g, x, col) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED);
+  CHECK(strstr(dt_graph_message(g), "dt_add") != NULL);
+  dt_graph_reset(g);
+  x = dt_tensor_new4(g, 1, 1, 4, 4);
+  CHECK(dt_layer_norm(g, x, NULL, NULL, 1e-5f) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED);
+  dt_graph_reset(g);
+  /* dt_item and dt_scalar move one float; a NaN is caught by check_numerics. */
+  dt_tensor *s = dt_scalar(g, 2.5f);
+  CHECK_NEAR(dt_item(s), 2.5, 0.0);
+  dt_graph_destroy(g);
+  gd.check_numerics = 1;
+  g = dt_graph_create(NULL, &gd);
+  CHECK(g != NULL);
+  if (!g) return;
+  float big[2] = {1e30f, -1e30f};
+  int64_t two = 2;
+  dt_tensor *b = dt_tensor_from(g, 1, &two, big);
+  CHECK(dt_mul(g, b, b) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_NONFINITE);
+  dt_graph_destroy(g);
+}
+
+/* Every op without a device path is refused by name, before it reads data
+ * (in the host emulation a host read would silently work, so the error code
+ * is what proves the op never ran its CPU loop). */
+static void test_unsupported_all(void) {
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = cp_dev;
+  dt_graph *g = dt_graph_create(NULL, &gd);
+  CHECK(g != NULL);
+  if (!g) return;
+  static const char *const names[] = {
+    "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_pow_scalar", "dt_rsub_scalar", "dt_neg", "dt_exp", "dt_log",
+    "dt_sqrt", "dt_leaky_relu", "dt_gelu", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_permute", "dt_concat",
+    "dt_slice", "dt_split", "dt_bmm", "dt_embedding", "dt_dropout", "dt_layer_norm", "dt_batch_norm",
+    "dt_causal_mask"};
+  const int n = (int)(sizeof names / sizeof names[0]);
+  static const int perm[4] = {0, 2, 1, 3};
+  static const int32_t ids[2] = {0, 1};
+  for (int i = 0; i < n; i++) {
+    dt_graph_reset(g);
+    dt_tensor *x = dt_tensor_new4(g, 2, 2, 4, 4);
+    dt_tensor *xs[2] = {x, x}, *parts[2] = {NULL, NULL};
+    dt_tensor *y = NULL;
+    switch (i) {
+      case 0: y = dt_div(g, x, x); break;
+      case 1: y = dt_add_scalar(g, x, 1); break;
+      case 2: y = dt_mul_scalar(g, x, 2); break;
+      case 3: y = dt_pow_scalar(g, x, 2); break;
+      case 4: y = dt_rsub_scalar(g, x, 1); break;
+      case 5: y = dt_neg(g, x); break;
+      case 6: y = dt_exp(g, x); break;
+      case 7: y = dt_log(g, x); break;
+      case 8: y = dt_sqrt(g, x); break;
+      case 9: y = dt_leaky_relu(g, x, 0.1f); break;
+      case 10: y = dt_gelu(g, x); break;
+      case 11: y = dt_sum_axis(g, x, 1, 0); break;
+      case 12: y = dt_mean_axis(g, x, 1, 0); break;
+      case 13: y = dt_transpose(g, x); break;
+      case 14: y = dt_permute(g, x, perm); break;
+      case 15: y = dt_concat(g, xs, 2, 0); break;
+      case 16: y = dt_slice(g, x, 0, 0, 1); break;
+      case 17: y = dt_split(g, x, 0, 2, parts) == DTRAIN_OK ? x : NULL; break;
+      case 18: y = dt_bmm(g, x, x, 0); break;
+      case 19: y = dt_embedding(g, dt_tensor_new2(g, 4, 3), ids, 2); break;
+      case 20: y = dt_dropout(g, x, 0.5f); break;
+      case 21: y = dt_layer_norm(g, x, NULL, NULL, 1e-5f); break;
+      case 22: y = dt_batch_norm(g, x, NULL, NULL, NULL, NULL, 0.1f, 1e-5f); break;
+      default: y = dt_causal_mask(g, x); break;
+    }
+    CHECK_MSG(y == NULL && dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED && strstr(dt_graph_message(g), names[i]),
+              "%s on %s: %s", names[i], cp_dev->name, dt_graph_message(g));
+  }
+  dt_graph_destroy(g);
+}
+
+/* A 2-layer MLP, a few steps on the CPU and on the device from the same
+ * start: the parameters must agree after every step. */
+static void cp_mlp_run(dt_device *dev, const dt_optim_desc *od, float *params_out, size_t *n_out) {
+  dt_params *p = dt_params_create(7);
+  dt_nn_linear l1, l2;
+  dt_nn_linear_init(&l1, p, "l1", 6, 16, 1);
+  dt_nn_linear_init(&l2, p, "l2", 16, 5, 1);
+  dt_optim *o = dt_optim_create(p, od);
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  gd.arena_bytes = 2048; /* several arena blocks in step 1, merged by the reset */
+  dt_graph *g = dt_graph_create(p, &gd);
+  CHECK(p && o && g);
+  if (!p || !o || !g) return;
+  float x[12 * 6];
+  th_seed(99);
+  th_fill(x, 12 * 6, -1.0f, 1.0f);
+  int64_t xs[2] = {12, 6};
+  for (int step = 0; step < 4; step++) {
+    dt_graph_reset(g);
+    CHECK(dt_graph_zero_grad(g) == DTRAIN_OK);
+    dt_tensor *in = dt_tensor_from(g, 2, xs, x);
+    dt_tensor *h = dt_relu(g, dt_nn_linear_forward(g, &l1, in));
+    dt_tensor *loss = dt_cross_entropy(g, dt_nn_linear_forward(g, &l2, h), cp_labels);
+    CHECK(dt_backward(g, loss) == DTRAIN_OK);
+    dt_result r = dt_optim_step_graph(o, g);
+    CHECK_MSG(r == DTRAIN_OK, "step %d: %s", step, dt_last_error());
+  }
+  CHECK(dt_graph_params_download(g) == DTRAIN_OK);
+  *n_out = dt_params_size(p);
+  memcpy(params_out, dt_params_data(p), *n_out * sizeof(float));
+  dt_graph_destroy(g);
+  dt_optim_destroy(o);
+  dt_params_destroy(p);
+}
+
+static void cp_mlp_case(const dt_optim_desc *od, const char *name) {
+  static float a[1024], b[1024];
+  size_t na = 0, nb = 0;
+  cp_mlp_run(NULL, od, a, &na);
+  cp_mlp_run(cp_dev, od, b, &nb);
+  CHECK_MSG(na == nb && na > 0, "%s: %zu vs %zu params", name, na, nb);
+  double worst = 0.0;
+  for (size_t i = 0; i < na && na == nb; i++) {
+    double d = fabs((double)a[i] - (double)b[i]);
+    if (d > worst) worst = d;
+  }
+  cp_compared += (int)na;
+  CHECK_MSG(worst <= 1e-5, "%s: params differ by %g after 4 steps", name, worst);
+}
+
+static void test_mlp_parity(void) {
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_SGD;
+  od.lr = 0.1f;
+  od.momentum = 0.9f;
+  od.weight_decay = 1e-3f;
+  cp_mlp_case(&od, "sgd_momentum");
+  od.nesterov = 1;
+  cp_mlp_case(&od, "sgd_nesterov");
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_ADAM;
+  od.lr = 0.01f;
+  cp_mlp_case(&od, "adam");
+  od.kind = DTRAIN_OPTIM_ADAMW;
+  od.weight_decay = 0.01f;
+  od.clip_norm = 0.05f;
+  cp_mlp_case(&od, "adamw_clip");
+}
+
+/* RMSprop has no device kernel: a clean error, no update. */
+static void test_optim_unsupported(void) {
+  dt_params *p = dt_params_create(1);
+  int64_t s[1] = {3};
+  dt_params_add(p, "w", 1, s, dt_init_constant(1.0f));
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_RMSPROP;
+  dt_optim *o = dt_optim_create(p, &od);
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = cp_dev;
+  dt_graph *g = dt_graph_create(p, &gd);
+  CHECK(o && g);
+  if (o && g) CHECK_ERR(dt_optim_step_graph(o, g), DTRAIN_ERR_UNSUPPORTED, cp_dev->name);
+  dt_graph_destroy(g);
+  dt_optim_destroy(o);
+  dt_params_destroy(p);
+}
+
+/* Parameters move between the host params and the graph's device copy;
+ * dt_graph_bind and dt_tensor_wrap take device memory on a device graph. */
+static void test_param_transfers(void) {
+  dt_params *p = dt_params_create(3);
+  int64_t s[2] = {2, 3};
+  int w = dt_params_add(p, "w", 2, s, dt_init_uniform(-1, 1));
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = cp_dev;
+  dt_graph *g = dt_graph_create(p, &gd);
+  CHECK(g != NULL);
+  if (!g) return;
+  float h[6], d[6];
+  CHECK(dt_graph_param_data(g) != dt_params_data(p));
+  CHECK(dt_tensor_to_host(dt_param(g, w), d) == DTRAIN_OK);
+  CHECK(memcmp(d, dt_params_data(p), sizeof d) == 0);
+  for (int i = 0; i < 6; i++) dt_params_data(p)[i] = (float)i; /* host change: invisible until upload */
+  dt_graph_reset(g);
+  CHECK(dt_tensor_to_host(dt_param(g, w), d) == DTRAIN_OK);
+  CHECK(d[5] != 5.0f);
+  CHECK(dt_graph_params_upload(g) == DTRAIN_OK);
+  dt_graph_reset(g);
+  CHECK(dt_tensor_to_host(dt_param(g, w), d) == DTRAIN_OK);
+  CHECK(d[5] == 5.0f && d[0] == 0.0f);
+  /* a gradient lands in the device grad buffer, and dt_graph_zero_grad clears it */
+  dt_tensor *loss = dt_sum(g, dt_mul(g, dt_param(g, w), dt_param(g, w)));
+  CHECK(dt_backward(g, loss) == DTRAIN_OK);
+  CHECK(dt_tensor_grad_to_host(dt_param(g, w), h) == DTRAIN_OK);
+  CHECK(h[5] == 10.0f && h[1] == 2.0f);
+  CHECK(dt_graph_zero_grad(g) == DTRAIN_OK);
+  CHECK(dt_tensor_grad_to_host(dt_param(g, w), h) == DTRAIN_OK);
+  CHECK(h[5] == 0.0f);
+  /* download: device -> host params */
+  for (int i = 0; i < 6; i++) dt_params_data(p)[i] = -1.0f;
+  CHECK(dt_graph_params_download(g) == DTRAIN_OK);
+  CHECK(dt_params_data(p)[5] == 5.0f);
+  /* wrap a device buffer: the graph's own parameter copy */
+  dt_graph_reset(g);
+  dt_tensor *t = dt_tensor_wrap(g, 2, s, dt_graph_param_data(g));
+  CHECK(t != NULL && dt_tensor_to_host(t, d) == DTRAIN_OK && d[4] == 4.0f);
+  /* params that grow after the graph was made are refused, not read past */
+  int64_t one = 1;
+  int b = dt_params_add(p, "b", 1, &one, dt_init_zeros());
+  dt_graph_reset(g);
+  CHECK(dt_param(g, b) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_STATE);
+  dt_graph_destroy(g);
+  dt_params_destroy(p);
+}
+
+/* On a CPU graph dt_optim_step_graph is dt_optim_step, bit for bit. */
+static void test_step_graph_cpu_same(void) {
+  float out[2][64];
+  for (int way = 0; way < 2; way++) {
+    dt_params *p = dt_params_create(5);
+    int64_t s[1] = {64};
+    dt_params_add(p, "w", 1, s, dt_init_uniform(-1, 1));
+    for (int i = 0; i < 64; i++) dt_params_grad(p)[i] = (float)(i % 7) * 0.1f - 0.3f;
+    dt_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = DTRAIN_OPTIM_ADAMW;
+    od.weight_decay = 0.1f;
+    od.clip_norm = 0.5f;
+    dt_optim *o = dt_optim_create(p, &od);
+    dt_graph *g = dt_graph_create(p, NULL);
+    for (int k = 0; k < 3; k++) CHECK((way ? dt_optim_step_graph(o, g) : dt_optim_step(o)) == DTRAIN_OK);
+    memcpy(out[way], dt_params_data(p), sizeof out[way]);
+    dt_graph_destroy(g);
+    dt_optim_destroy(o);
+    dt_params_destroy(p);
+  }
+  CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0);
+}
+
+static void cp_run_all(void) {
+  TH_RUN(test_param_transfers);
+  TH_RUN(test_step_graph_cpu_same);
+  TH_RUN(test_ops_parity);
+  TH_RUN(test_unsupported);
+  TH_RUN(test_unsupported_all);
+  TH_RUN(test_mlp_parity);
+  TH_RUN(test_optim_unsupported);
+}
+
+#endif /* DTRAIN_TEST_CUDA_PARITY_H */

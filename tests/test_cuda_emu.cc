@@ -1,0 +1,131 @@
+/* tests/test_cuda_emu.cc -- the CUDA backend's kernels without a GPU.
+ *
+ * dtrain_cuda.h writes every kernel's math as a function of the element
+ * index shared by the __global__ kernels and a host emulation
+ * (DTRAIN_CUDA_HOST_EMULATION): a dt_device whose memory is host memory and
+ * whose kernels run those same functions in loops. This test plugs it into
+ * dt_graph_desc.device, so the core's whole device path (device arena,
+ * transfers, device twins of the ops, device backward, the optimizers'
+ * device update) runs with the CUDA kernel bodies, and compares every op,
+ * forward and backward, and a few MLP training steps against the CPU ops.
+ * It also checks the row-major -> cuBLAS column-major GEMM mapping against
+ * dt_sgemm. Built with the C++ compiler (no nvcc needed); the real-GPU
+ * version of the same checks is tests/test_cuda.cu. */
+#define DTRAIN_IMPLEMENTATION
+#define DTRAIN_CUDA_HOST_EMULATION
+#include "dtrain_cuda.h"
+#include "cuda_parity.h"
+
+/* Every transpose combination and beta 0/1 through dt__cu_gemm_map and the
+ * column-major reference, against dt_sgemm. */
+static void test_gemm_mapping(void) {
+  const int64_t m = 5, n = 3, k = 4;
+  float a[20], b[12], c0[15], c1[15], ref[15];
+  th_fill(a, 20, -1, 1);
+  th_fill(b, 12, -1, 1);
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++)
+      for (int beta = 0; beta < 2; beta++) {
+        th_fill(c0, 15, -1, 1);
+        memcpy(c1, c0, sizeof c0);
+        memcpy(ref, c0, sizeof c0);
+        dt_sgemm(ta, tb, m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n, (float)beta, ref, n);
+        dt_kernel_args ka;
+        memset(&ka, 0, sizeof ka);
+        ka.p[0] = c1;
+        ka.p[1] = a;
+        ka.p[2] = b;
+        ka.n[0] = m;
+        ka.n[1] = n;
+        ka.n[2] = k;
+        ka.n[3] = ta | (tb << 1);
+        ka.f[0] = 1.0f;
+        ka.f[1] = (float)beta;
+        CHECK(cp_dev->run(cp_dev, DTRAIN_K_GEMM, &ka) == DTRAIN_OK);
+        for (int i = 0; i < 15; i++) CHECK_NEAR(c1[i], ref[i], 1e-5);
+      }
+}
+
+/* An unknown kernel id is refused, not ignored. */
+static void test_unknown_kernel(void) {
+  dt_kernel_args ka;
+  memset(&ka, 0, sizeof ka);
+  CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_COUNT, &ka), DTRAIN_ERR_UNSUPPORTED, "no implementation");
+}
+
+/* A device that fails on demand: a kernel, or allocations above a size. The
+ * core must turn each failure into the graph's error, with the op's name,
+ * the device's name and the device's message, and NOMEM for memory. */
+static int fail_kernel = -1;
+static size_t fail_alloc_above = (size_t)-1;
+static dt_result failing_run(dt_device *d, dt_kernel k, const dt_kernel_args *a) {
+  if ((int)k == fail_kernel) return dt_device_error(DTRAIN_ERR_IO, "injected kernel failure");
+  return dt_cuda_emu_device()->run(d, k, a);
+}
+static dt_result failing_alloc(dt_device *d, size_t bytes, void **out) {
+  if (bytes > fail_alloc_above) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "alloc of %zu bytes: out of memory", bytes);
+    return dt_device_error(DTRAIN_ERR_NOMEM, msg);
+  }
+  return dt_cuda_emu_device()->alloc(d, bytes, out);
+}
+
+static void test_device_errors(void) {
+  dt_device dev = *dt_cuda_emu_device();
+  dev.name = "cuda-fail";
+  dev.run = failing_run;
+  dev.alloc = failing_alloc;
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = &dev;
+  gd.arena_bytes = 4096;
+  dt_graph *g = dt_graph_create(NULL, &gd);
+  CHECK(g != NULL);
+  if (!g) return;
+  fail_kernel = DTRAIN_K_RELU;
+  dt_tensor *x = dt_tensor_new2(g, 4, 4);
+  CHECK(x != NULL);
+  CHECK(dt_relu(g, x) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_IO);
+  CHECK_MSG(strstr(dt_graph_message(g), "dt_relu: device cuda-fail: injected kernel failure") != NULL, "%s",
+            dt_graph_message(g));
+  fail_kernel = -1;
+  dt_graph_reset(g);
+  fail_alloc_above = 1 << 20;
+  CHECK(dt_tensor_new2(g, 1024, 1024) == NULL); /* 4 MiB block */
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_NOMEM);
+  CHECK_MSG(strstr(dt_graph_message(g), "alloc of 4194304 bytes") != NULL, "%s", dt_graph_message(g));
+  dt_graph_reset(g);
+  CHECK(dt_tensor_new2(g, 16, 16) != NULL); /* still usable */
+  /* a failure in backward stops it with the same kind of message */
+  dt_tensor *a = dt_tensor_new2(g, 4, 4);
+  dt_tensor_set_requires_grad(a, 1);
+  dt_tensor *l = dt_sum(g, dt_tanh(g, a));
+  fail_kernel = DTRAIN_K_TANH_BWD;
+  CHECK(dt_backward(g, l) == DTRAIN_ERR_IO);
+  CHECK(strstr(dt_graph_message(g), "injected kernel failure") != NULL);
+  fail_kernel = -1;
+  fail_alloc_above = (size_t)-1;
+  dt_graph_destroy(g);
+  /* params that do not fit on the device: dt_graph_create fails cleanly */
+  dt_params *p = dt_params_create(1);
+  int64_t s[2] = {512, 512};
+  dt_params_add(p, "w", 2, s, dt_init_zeros());
+  fail_alloc_above = 4096;
+  CHECK(dt_graph_create(p, &gd) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_NOMEM);
+  CHECK(strstr(dt_last_error(), "1048576 bytes") != NULL);
+  fail_alloc_above = (size_t)-1;
+  dt_params_destroy(p);
+}
+
+int main(void) {
+  cp_dev = dt_cuda_emu_device();
+  cp_run_all();
+  TH_RUN(test_gemm_mapping);
+  TH_RUN(test_unknown_kernel);
+  TH_RUN(test_device_errors);
+  printf("test_cuda_emu: %d floats compared between the CPU ops and the emulated CUDA kernels\n", cp_compared);
+  return th_summary("test_cuda_emu");
+}
