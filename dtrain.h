@@ -2120,7 +2120,7 @@ typedef struct dt_net_options {
                                 this process's address [env DTRAIN_LISTEN_FD; 0 means none:
                                 to pass fd 0 itself, use the environment] */
   size_t max_payload;        /* largest frame payload accepted [256 MiB] */
-  size_t chunk_bytes;        /* ring all-reduce pipelining chunk [256 KiB] */
+  size_t chunk_bytes;        /* ring all-reduce pipelining chunk [512 KiB] */
   size_t small_bytes;        /* all-reduce of at most this many bytes uses recursive doubling [64 KiB] */
   int quiet;                 /* nonzero: no log lines for refused connections */
   double spin_us;            /* a collective waiting for a peer's frame retries the socket
@@ -18657,7 +18657,7 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   o.timeout_s = 30.0;
   o.listen_fd = -1;
   o.max_payload = (size_t)256 << 20;
-  o.chunk_bytes = (size_t)256 << 10;
+  o.chunk_bytes = (size_t)512 << 10;
   o.small_bytes = (size_t)64 << 10;
   o.spin_us = 20.0;
 #ifndef DTRAIN_NO_STDIO

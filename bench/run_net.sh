@@ -48,10 +48,10 @@ if [ -x tools/dtrain-bench-mpi ] && command -v mpirun >/dev/null 2>&1; then have
 : > "$T/tcp.csv.all"; : > "$T/mpi.csv.all"
 r=0
 while [ $r -lt "$ROUNDS" ]; do
-  tools/dtrain-bench --backend tcp -n 2 -b 1M -e 64M -f 2 --iters 10 --warmup 3 --csv "$T/tcp.csv" >/dev/null && tail -n +2 "$T/tcp.csv" >> "$T/tcp.csv.all"
+  tools/dtrain-bench --backend tcp -n 2 -b 1M -e 64M -f 2 --iters 40 --warmup 5 --csv "$T/tcp.csv" >/dev/null && tail -n +2 "$T/tcp.csv" >> "$T/tcp.csv.all"
   tools/dtrain-bench --backend tcp -n 2 -b 4K -e 4K --iters 2000 --warmup 100 --csv "$T/tcp.csv" >/dev/null && tail -n +2 "$T/tcp.csv" >> "$T/tcp.csv.all"
   if [ $have_mpi = 1 ]; then
-    $MPIRUN tools/dtrain-bench-mpi -b 1M -e 64M -f 2 --iters 10 --warmup 3 --csv "$T/mpi.csv" >/dev/null 2>&1 && tail -n +2 "$T/mpi.csv" >> "$T/mpi.csv.all"
+    $MPIRUN tools/dtrain-bench-mpi -b 1M -e 64M -f 2 --iters 40 --warmup 5 --csv "$T/mpi.csv" >/dev/null 2>&1 && tail -n +2 "$T/mpi.csv" >> "$T/mpi.csv.all"
     $MPIRUN tools/dtrain-bench-mpi -b 4K -e 4K --iters 2000 --warmup 100 --csv "$T/mpi.csv" >/dev/null 2>&1 && tail -n +2 "$T/mpi.csv" >> "$T/mpi.csv.all"
   fi
   r=$((r + 1))

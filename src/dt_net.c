@@ -1172,7 +1172,7 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   o.timeout_s = 30.0;
   o.listen_fd = -1;
   o.max_payload = (size_t)256 << 20;
-  o.chunk_bytes = (size_t)256 << 10;
+  o.chunk_bytes = (size_t)512 << 10;
   o.small_bytes = (size_t)64 << 10;
   o.spin_us = 20.0;
 #ifndef DTRAIN_NO_STDIO

@@ -112,7 +112,7 @@ typedef struct dt_net_options {
                                 this process's address [env DTRAIN_LISTEN_FD; 0 means none:
                                 to pass fd 0 itself, use the environment] */
   size_t max_payload;        /* largest frame payload accepted [256 MiB] */
-  size_t chunk_bytes;        /* ring all-reduce pipelining chunk [256 KiB] */
+  size_t chunk_bytes;        /* ring all-reduce pipelining chunk [512 KiB] */
   size_t small_bytes;        /* all-reduce of at most this many bytes uses recursive doubling [64 KiB] */
   int quiet;                 /* nonzero: no log lines for refused connections */
   double spin_us;            /* a collective waiting for a peer's frame retries the socket
