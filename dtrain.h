@@ -2337,9 +2337,13 @@ DTRAIN_EXTERN_C_END
  * Ops that run on a device (everything else fails on a device graph with
  * DTRAIN_ERR_UNSUPPORTED naming the op and the device, before touching any
  * data -- never a silent host read of device memory):
- *   dt_add, dt_sub, dt_mul  (same shapes, or b broadcast over a's leading
- *                            dims, e.g. [N,C] + [C]; other broadcasts are
- *                            DTRAIN_ERR_UNSUPPORTED on a device)
+ *   dt_add, dt_sub, dt_mul, dt_div  (same shapes, or b broadcast over a's
+ *                            leading dims, e.g. [N,C] + [C]; other broadcasts
+ *                            are DTRAIN_ERR_UNSUPPORTED on a device)
+ *   dt_add_scalar, dt_mul_scalar, dt_rsub_scalar, dt_neg, dt_exp,
+ *   dt_leaky_relu, dt_gelu, dt_pow_scalar (integer powers only: a
+ *   non-integer power, whose domain x > 0 the CPU op checks on the host, is
+ *   DTRAIN_ERR_UNSUPPORTED on a device),
  *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean,
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
@@ -2421,8 +2425,24 @@ typedef enum dt_kernel {
    * n5 kernel, n6 stride. Fwd p0 y, p1 x. Bwd p0 gx, p1 gy, p2 x, p3 y (max:
    * the gradient goes to the first maximum of each window, a NaN wins). */
   DTRAIN_K_MAXPOOL, DTRAIN_K_MAXPOOL_BWD, DTRAIN_K_AVGPOOL, DTRAIN_K_AVGPOOL_BWD,
+  /* Division, b over a's leading dims as DTRAIN_K_ADD: DIV p0[i] = p1[i] /
+   * p2[i % n1]; ACC_DIV p0[i] += p1[i] / p2[i % n1] (ga += gy / b);
+   * DIV_BWD_ROWS p0[j] -= sum_r p1[r*n1+j] * p3[r*n1+j] / (p2[j] * p2[j]),
+   * j < n1, rows r < n0/n1 ascending (gb from gy p1, b p2, a p3). */
+  DTRAIN_K_DIV, DTRAIN_K_ACC_DIV, DTRAIN_K_DIV_BWD_ROWS,
+  /* Elementwise maps, i < n0, n1 a dt_map_fn, f0 its scalar: MAP p0[i] =
+   * f(p1[i]); MAP_BWD p0[i] += p1[i] * f'(...) with p2 x, p3 y. */
+  DTRAIN_K_MAP, DTRAIN_K_MAP_BWD,
   DTRAIN_K_COUNT
 } dt_kernel;
+
+/* The functions of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (s = f0): x + s, x * s,
+ * s - x, x^s (integer s only on a device), -x, exp(x), leaky ReLU with slope
+ * s, GELU (tanh form). Same float expressions as the CPU ops. */
+typedef enum dt_map_fn {
+  DTRAIN_MAP_ADD_SCALAR = 0, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_POW_SCALAR,
+  DTRAIN_MAP_NEG, DTRAIN_MAP_EXP, DTRAIN_MAP_LEAKY_RELU, DTRAIN_MAP_GELU
+} dt_map_fn;
 
 typedef struct dt_kernel_args {
   float *p[6];
@@ -2674,6 +2694,7 @@ DTRAIN_PRIVATE dt_result dt__dev_graph_init(dt_graph *g);
 DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out);
 DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
@@ -3773,7 +3794,8 @@ struct dt__dchunk {
 /* Ops with a device path (dt__begin refuses every other op on a device). */
 static const char *const dt__device_ops[] = {
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
-  "dt_add", "dt_sub", "dt_mul", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_matmul", "dt_linear",
+  "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
+  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", NULL
 };
@@ -4044,7 +4066,9 @@ static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
     r.n[0] = y->size;
     r.n[1] = b->size;
     r.f[0] = 1.0f;
-    if (!dt__dev_run(g, y->op, k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL : DTRAIN_K_ACC, &r)) return;
+    if (!dt__dev_run(g, y->op,
+                     k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL : k == DTRAIN_K_DIV ? DTRAIN_K_ACC_DIV : DTRAIN_K_ACC, &r))
+      return;
   }
   if (gb) { /* summed over the rows b was repeated over (one row when shapes agree) */
     dt__device_args0(&r);
@@ -4054,7 +4078,15 @@ static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
     r.n[0] = y->size;
     r.n[1] = b->size;
     r.f[0] = k == DTRAIN_K_SUB ? -1.0f : 1.0f;
-    dt__dev_run(g, y->op, k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL_ROWS : DTRAIN_K_ACC_ROWS, &r);
+    if (k == DTRAIN_K_DIV) { /* gb -= gy * a / b^2 */
+      r.p[2] = b->data;
+      r.p[3] = a->data;
+    }
+    dt__dev_run(g, y->op,
+                k == DTRAIN_K_MUL   ? DTRAIN_K_ACC_MUL_ROWS
+                : k == DTRAIN_K_DIV ? DTRAIN_K_DIV_BWD_ROWS
+                                    : DTRAIN_K_ACC_ROWS,
+                &r);
   }
 }
 
@@ -4118,6 +4150,46 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd
   if (!dt__dev_run(g, op, fwd, &r)) return NULL;
   y->iaux[0] = fwd;
   dt__record(g, y, op, dt__device_unary_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- elementwise maps (scalar ops, neg, exp, leaky ReLU, GELU) ---------------------------- */
+
+static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = x->data;
+  r.p[3] = y->data;
+  r.n[0] = y->size;
+  r.n[1] = y->iaux[0];
+  r.f[0] = y->faux[0];
+  dt__dev_run(g, y->op, DTRAIN_K_MAP_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op) {
+  if (fn == DTRAIN_MAP_POW_SCALAR && s != floorf(s)) /* the CPU checks x > 0 on the host: not done here */
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_UNSUPPORTED,
+                                 "%s: power %g on device %s: only integer powers are supported on a device (a "
+                                 "non-integer power needs x > 0, which the CPU op checks on the host)",
+                                 op, (double)s, g->device->name);
+  dt_tensor *y = dt__new_like(g, op, x);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = y->size;
+  r.n[1] = fn;
+  r.f[0] = s;
+  if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return NULL;
+  y->iaux[0] = fn;
+  y->faux[0] = s;
+  dt__record(g, y, op, dt__device_map_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
@@ -5427,8 +5499,13 @@ static void dt__binary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op) {
   if (!dt__begin(g, op, 2, a, b)) return NULL;
-  if (g->device) /* dt__begin let only add, sub and mul through */
-    return dt__dev_binary(g, a, b, kind == DT__ADD ? DTRAIN_K_ADD : kind == DT__SUB ? DTRAIN_K_SUB : DTRAIN_K_MUL, op);
+  if (g->device)
+    return dt__dev_binary(g, a, b,
+                          kind == DT__ADD   ? DTRAIN_K_ADD
+                          : kind == DT__SUB ? DTRAIN_K_SUB
+                          : kind == DT__MUL ? DTRAIN_K_MUL
+                                            : DTRAIN_K_DIV,
+                          op);
   dt__bcast *bc = (dt__bcast *)dt__arena_alloc(g, sizeof(dt__bcast));
   if (!bc || !dt__elem_broadcast(g, op, a, b, bc)) return NULL;
   dt_tensor *y = dt__new(g, op, bc->ndim, bc->shape);
@@ -5535,9 +5612,17 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
-  if (g->device) /* dt__begin let only relu, sigmoid and tanh through */
-    return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
-                         op);
+  if (g->device) { /* dt__begin refused log and sqrt (no device path) */
+    if (kind == DT__U_RELU || kind == DT__U_SIGMOID || kind == DT__U_TANH)
+      return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
+                           op);
+    static const int map_fn[] = {DTRAIN_MAP_ADD_SCALAR, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_POW_SCALAR,
+                                 DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_NEG, DTRAIN_MAP_EXP};
+    int fn = kind == DT__U_LRELU ? DTRAIN_MAP_LEAKY_RELU : kind == DT__U_GELU ? DTRAIN_MAP_GELU : -1;
+    if (kind >= DT__U_ADDS && kind <= DT__U_EXP) fn = map_fn[kind];
+    if (fn < 0) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: no device map for kind %d", op, kind);
+    return dt__dev_map(g, x, fn, s, op);
+  }
   const float *xd = x->data;
   int64_t n = x->size;
   if (kind == DT__U_LOG || kind == DT__U_SQRT) {

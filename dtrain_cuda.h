@@ -242,6 +242,58 @@ DT__CU_HD inline void dt__cu_adam_at(int64_t i, const dt_kernel_args &a) {
   p[i] = p[i] - step_size * (m[i] / denom);
 }
 
+/* Division (b over a's leading dims) and its backward, in the CPU's order. */
+DT__CU_HD inline void dt__cu_div_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] = a.p[1][i] / a.p[2][i % a.n[1]]; }
+DT__CU_HD inline void dt__cu_acc_div_at(int64_t i, const dt_kernel_args &a) {
+  a.p[0][i] += a.p[1][i] / a.p[2][i % a.n[1]];
+}
+DT__CU_HD inline void dt__cu_div_bwd_rows_at(int64_t j, const dt_kernel_args &a) {
+  int64_t rows = a.n[0] / a.n[1];
+  float b = a.p[2][j], s = a.p[0][j];
+  for (int64_t r = 0; r < rows; r++) s -= a.p[1][r * a.n[1] + j] * a.p[3][r * a.n[1] + j] / (b * b);
+  a.p[0][j] = s;
+}
+/* Elementwise maps (dt_map_fn in n1, scalar f0): the CPU's expressions. */
+#define DT__CU_GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+#define DT__CU_GELU_K 0.044715f
+DT__CU_HD inline void dt__cu_map_at(int64_t i, const dt_kernel_args &a) {
+  const float v = a.p[1][i], s = a.f[0];
+  float y;
+  switch ((int)a.n[1]) {
+    case DTRAIN_MAP_ADD_SCALAR: y = v + s; break;
+    case DTRAIN_MAP_MUL_SCALAR: y = v * s; break;
+    case DTRAIN_MAP_RSUB_SCALAR: y = s - v; break;
+    case DTRAIN_MAP_POW_SCALAR: y = powf(v, s); break;
+    case DTRAIN_MAP_NEG: y = -v; break;
+    case DTRAIN_MAP_EXP: y = expf(v); break;
+    case DTRAIN_MAP_LEAKY_RELU: y = v > 0.0f ? v : s * v; break;
+    default: y = 0.5f * v * (1.0f + tanhf(DT__CU_GELU_C * (v + DT__CU_GELU_K * v * v * v))); break;
+  }
+  a.p[0][i] = y;
+}
+DT__CU_HD inline void dt__cu_map_bwd_at(int64_t i, const dt_kernel_args &a) {
+  const float go = a.p[1][i], s = a.f[0];
+  float *gx = a.p[0] + i;
+  switch ((int)a.n[1]) {
+    case DTRAIN_MAP_ADD_SCALAR: *gx += go; break;
+    case DTRAIN_MAP_MUL_SCALAR: *gx += go * s; break;
+    case DTRAIN_MAP_RSUB_SCALAR:
+    case DTRAIN_MAP_NEG: *gx -= go; break;
+    case DTRAIN_MAP_POW_SCALAR: *gx += go * s * powf(a.p[2][i], s - 1.0f); break;
+    case DTRAIN_MAP_EXP: *gx += go * a.p[3][i]; break;
+    case DTRAIN_MAP_LEAKY_RELU: *gx += a.p[2][i] > 0.0f ? go : s * go; break;
+    default: {
+      float v = a.p[2][i], u = DT__CU_GELU_C * (v + DT__CU_GELU_K * v * v * v);
+      float t = tanhf(u);
+      float du = DT__CU_GELU_C * (1.0f + 3.0f * DT__CU_GELU_K * v * v);
+      *gx += go * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+      break;
+    }
+  }
+}
+#undef DT__CU_GELU_C
+#undef DT__CU_GELU_K
+
 /* Convolution (see dt_kernel): columns [N][K][P], one K x P matrix per image. */
 DT__CU_HD inline void dt__cu_im2col_at(int64_t i, const dt_kernel_args &a) {
   const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
@@ -415,6 +467,11 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_AVGPOOL: return l.template each<dt__cu_avgpool_at>(a.n[0] * a.n[3] * a.n[4], a);
     case DTRAIN_K_MAXPOOL_BWD: return l.template each<dt__cu_maxpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_AVGPOOL_BWD: return l.template each<dt__cu_avgpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
+    case DTRAIN_K_DIV: return l.template each<dt__cu_div_at>(a.n[0], a);
+    case DTRAIN_K_ACC_DIV: return l.template each<dt__cu_acc_div_at>(a.n[0], a);
+    case DTRAIN_K_DIV_BWD_ROWS: return l.template each<dt__cu_div_bwd_rows_at>(a.n[1], a);
+    case DTRAIN_K_MAP: return l.template each<dt__cu_map_at>(a.n[0], a);
+    case DTRAIN_K_MAP_BWD: return l.template each<dt__cu_map_bwd_at>(a.n[0], a);
     case DTRAIN_K_COUNT:
     default: break;
   }

@@ -26,7 +26,8 @@ struct dt__dchunk {
 /* Ops with a device path (dt__begin refuses every other op on a device). */
 static const char *const dt__device_ops[] = {
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
-  "dt_add", "dt_sub", "dt_mul", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_matmul", "dt_linear",
+  "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
+  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", NULL
 };
@@ -297,7 +298,9 @@ static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
     r.n[0] = y->size;
     r.n[1] = b->size;
     r.f[0] = 1.0f;
-    if (!dt__dev_run(g, y->op, k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL : DTRAIN_K_ACC, &r)) return;
+    if (!dt__dev_run(g, y->op,
+                     k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL : k == DTRAIN_K_DIV ? DTRAIN_K_ACC_DIV : DTRAIN_K_ACC, &r))
+      return;
   }
   if (gb) { /* summed over the rows b was repeated over (one row when shapes agree) */
     dt__device_args0(&r);
@@ -307,7 +310,15 @@ static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
     r.n[0] = y->size;
     r.n[1] = b->size;
     r.f[0] = k == DTRAIN_K_SUB ? -1.0f : 1.0f;
-    dt__dev_run(g, y->op, k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL_ROWS : DTRAIN_K_ACC_ROWS, &r);
+    if (k == DTRAIN_K_DIV) { /* gb -= gy * a / b^2 */
+      r.p[2] = b->data;
+      r.p[3] = a->data;
+    }
+    dt__dev_run(g, y->op,
+                k == DTRAIN_K_MUL   ? DTRAIN_K_ACC_MUL_ROWS
+                : k == DTRAIN_K_DIV ? DTRAIN_K_DIV_BWD_ROWS
+                                    : DTRAIN_K_ACC_ROWS,
+                &r);
   }
 }
 
@@ -371,6 +382,46 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd
   if (!dt__dev_run(g, op, fwd, &r)) return NULL;
   y->iaux[0] = fwd;
   dt__record(g, y, op, dt__device_unary_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- elementwise maps (scalar ops, neg, exp, leaky ReLU, GELU) ---------------------------- */
+
+static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = x->data;
+  r.p[3] = y->data;
+  r.n[0] = y->size;
+  r.n[1] = y->iaux[0];
+  r.f[0] = y->faux[0];
+  dt__dev_run(g, y->op, DTRAIN_K_MAP_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op) {
+  if (fn == DTRAIN_MAP_POW_SCALAR && s != floorf(s)) /* the CPU checks x > 0 on the host: not done here */
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_UNSUPPORTED,
+                                 "%s: power %g on device %s: only integer powers are supported on a device (a "
+                                 "non-integer power needs x > 0, which the CPU op checks on the host)",
+                                 op, (double)s, g->device->name);
+  dt_tensor *y = dt__new_like(g, op, x);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = y->size;
+  r.n[1] = fn;
+  r.f[0] = s;
+  if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return NULL;
+  y->iaux[0] = fn;
+  y->faux[0] = s;
+  dt__record(g, y, op, dt__device_map_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 

@@ -34,9 +34,13 @@
  * Ops that run on a device (everything else fails on a device graph with
  * DTRAIN_ERR_UNSUPPORTED naming the op and the device, before touching any
  * data -- never a silent host read of device memory):
- *   dt_add, dt_sub, dt_mul  (same shapes, or b broadcast over a's leading
- *                            dims, e.g. [N,C] + [C]; other broadcasts are
- *                            DTRAIN_ERR_UNSUPPORTED on a device)
+ *   dt_add, dt_sub, dt_mul, dt_div  (same shapes, or b broadcast over a's
+ *                            leading dims, e.g. [N,C] + [C]; other broadcasts
+ *                            are DTRAIN_ERR_UNSUPPORTED on a device)
+ *   dt_add_scalar, dt_mul_scalar, dt_rsub_scalar, dt_neg, dt_exp,
+ *   dt_leaky_relu, dt_gelu, dt_pow_scalar (integer powers only: a
+ *   non-integer power, whose domain x > 0 the CPU op checks on the host, is
+ *   DTRAIN_ERR_UNSUPPORTED on a device),
  *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean,
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
@@ -118,8 +122,24 @@ typedef enum dt_kernel {
    * n5 kernel, n6 stride. Fwd p0 y, p1 x. Bwd p0 gx, p1 gy, p2 x, p3 y (max:
    * the gradient goes to the first maximum of each window, a NaN wins). */
   DTRAIN_K_MAXPOOL, DTRAIN_K_MAXPOOL_BWD, DTRAIN_K_AVGPOOL, DTRAIN_K_AVGPOOL_BWD,
+  /* Division, b over a's leading dims as DTRAIN_K_ADD: DIV p0[i] = p1[i] /
+   * p2[i % n1]; ACC_DIV p0[i] += p1[i] / p2[i % n1] (ga += gy / b);
+   * DIV_BWD_ROWS p0[j] -= sum_r p1[r*n1+j] * p3[r*n1+j] / (p2[j] * p2[j]),
+   * j < n1, rows r < n0/n1 ascending (gb from gy p1, b p2, a p3). */
+  DTRAIN_K_DIV, DTRAIN_K_ACC_DIV, DTRAIN_K_DIV_BWD_ROWS,
+  /* Elementwise maps, i < n0, n1 a dt_map_fn, f0 its scalar: MAP p0[i] =
+   * f(p1[i]); MAP_BWD p0[i] += p1[i] * f'(...) with p2 x, p3 y. */
+  DTRAIN_K_MAP, DTRAIN_K_MAP_BWD,
   DTRAIN_K_COUNT
 } dt_kernel;
+
+/* The functions of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (s = f0): x + s, x * s,
+ * s - x, x^s (integer s only on a device), -x, exp(x), leaky ReLU with slope
+ * s, GELU (tanh form). Same float expressions as the CPU ops. */
+typedef enum dt_map_fn {
+  DTRAIN_MAP_ADD_SCALAR = 0, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_POW_SCALAR,
+  DTRAIN_MAP_NEG, DTRAIN_MAP_EXP, DTRAIN_MAP_LEAKY_RELU, DTRAIN_MAP_GELU
+} dt_map_fn;
 
 typedef struct dt_kernel_args {
   float *p[6];
