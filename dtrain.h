@@ -2344,7 +2344,7 @@ DTRAIN_EXTERN_C_END
  *   dt_leaky_relu, dt_gelu, dt_pow_scalar (integer powers only: a
  *   non-integer power, whose domain x > 0 the CPU op checks on the host, is
  *   DTRAIN_ERR_UNSUPPORTED on a device),
- *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean,
+ *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean, dt_sum_axis, dt_mean_axis,
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
@@ -2433,6 +2433,11 @@ typedef enum dt_kernel {
   /* Elementwise maps, i < n0, n1 a dt_map_fn, f0 its scalar: MAP p0[i] =
    * f(p1[i]); MAP_BWD p0[i] += p1[i] * f'(...) with p2 x, p3 y. */
   DTRAIN_K_MAP, DTRAIN_K_MAP_BWD,
+  /* Sum over one axis, x viewed as [outer n0, len n1, inner n2]: SUM_AXIS
+   * p0[o*n2 + i] = sum_k p1[(o*n1 + k)*n2 + i] (in double, k ascending;
+   * divided by n1 when n3 = 1: the mean); SUM_AXIS_BWD p0[(o*n1 + k)*n2 + i]
+   * += p1[o*n2 + i] * f0. */
+  DTRAIN_K_SUM_AXIS, DTRAIN_K_SUM_AXIS_BWD,
   DTRAIN_K_COUNT
 } dt_kernel;
 
@@ -2696,6 +2701,8 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b
 DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
+                                              int64_t len, int64_t inner, int mean, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
                                          int64_t in, int64_t out, int ndim, const int64_t *shape);
@@ -3795,7 +3802,7 @@ struct dt__dchunk {
 static const char *const dt__device_ops[] = {
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
   "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
-  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_matmul", "dt_linear",
+  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", NULL
 };
@@ -4220,6 +4227,44 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean
   if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r)) return NULL;
   y->faux[0] = r.f[0];
   dt__record(g, y, op, dt__device_reduce_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- sum / mean over one axis ---------------------------------------------------------------- */
+
+static void dt__device_reduce_axis_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.n[0] = y->iaux[0];
+  r.n[1] = y->iaux[1];
+  r.n[2] = y->iaux[2];
+  r.f[0] = y->faux[0];
+  dt__dev_run(g, y->op, DTRAIN_K_SUM_AXIS_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
+                                              int64_t len, int64_t inner, int mean, const char *op) {
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = outer;
+  r.n[1] = len;
+  r.n[2] = inner;
+  r.n[3] = mean;
+  if (!dt__dev_run(g, op, DTRAIN_K_SUM_AXIS, &r)) return NULL;
+  y->iaux[0] = outer;
+  y->iaux[1] = len;
+  y->iaux[2] = inner;
+  y->iaux[3] = mean;
+  y->faux[0] = mean ? (float)(1.0 / (double)len) : 1.0f;
+  dt__record(g, y, op, dt__device_reduce_axis_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
@@ -5777,6 +5822,7 @@ static dt_tensor *dt__reduce_axis(dt_graph *g, dt_tensor *x, int axis, int keepd
     if (d != ax) shape[nd++] = x->shape[d];
     else if (keepdim) shape[nd++] = 1;
   }
+  if (g->device) return dt__dev_reduce_axis(g, x, nd, shape, outer, len, inner, mean, op);
   dt_tensor *y = dt__new(g, op, nd, shape);
   if (!y) return NULL;
   const float *xd = x->data;

@@ -294,6 +294,19 @@ DT__CU_HD inline void dt__cu_map_bwd_at(int64_t i, const dt_kernel_args &a) {
 #undef DT__CU_GELU_C
 #undef DT__CU_GELU_K
 
+/* One output element of a one-axis sum (the CPU's double accumulation). */
+DT__CU_HD inline void dt__cu_sum_axis_at(int64_t j, const dt_kernel_args &a) {
+  const int64_t len = a.n[1], inner = a.n[2];
+  const float *x = a.p[1] + (j / inner) * len * inner + j % inner;
+  double s = 0.0;
+  for (int64_t k = 0; k < len; k++) s += (double)x[k * inner];
+  a.p[0][j] = (float)(a.n[3] ? s / (double)len : s);
+}
+DT__CU_HD inline void dt__cu_sum_axis_bwd_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t len = a.n[1], inner = a.n[2];
+  a.p[0][i] += a.p[1][(i / (len * inner)) * inner + i % inner] * a.f[0];
+}
+
 /* Convolution (see dt_kernel): columns [N][K][P], one K x P matrix per image. */
 DT__CU_HD inline void dt__cu_im2col_at(int64_t i, const dt_kernel_args &a) {
   const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
@@ -472,6 +485,8 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_DIV_BWD_ROWS: return l.template each<dt__cu_div_bwd_rows_at>(a.n[1], a);
     case DTRAIN_K_MAP: return l.template each<dt__cu_map_at>(a.n[0], a);
     case DTRAIN_K_MAP_BWD: return l.template each<dt__cu_map_bwd_at>(a.n[0], a);
+    case DTRAIN_K_SUM_AXIS: return l.template each<dt__cu_sum_axis_at>(a.n[0] * a.n[2], a);
+    case DTRAIN_K_SUM_AXIS_BWD: return l.template each<dt__cu_sum_axis_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_COUNT:
     default: break;
   }

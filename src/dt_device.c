@@ -27,7 +27,7 @@ struct dt__dchunk {
 static const char *const dt__device_ops[] = {
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
   "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
-  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_matmul", "dt_linear",
+  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", NULL
 };
@@ -452,6 +452,44 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean
   if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r)) return NULL;
   y->faux[0] = r.f[0];
   dt__record(g, y, op, dt__device_reduce_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- sum / mean over one axis ---------------------------------------------------------------- */
+
+static void dt__device_reduce_axis_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.n[0] = y->iaux[0];
+  r.n[1] = y->iaux[1];
+  r.n[2] = y->iaux[2];
+  r.f[0] = y->faux[0];
+  dt__dev_run(g, y->op, DTRAIN_K_SUM_AXIS_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
+                                              int64_t len, int64_t inner, int mean, const char *op) {
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = outer;
+  r.n[1] = len;
+  r.n[2] = inner;
+  r.n[3] = mean;
+  if (!dt__dev_run(g, op, DTRAIN_K_SUM_AXIS, &r)) return NULL;
+  y->iaux[0] = outer;
+  y->iaux[1] = len;
+  y->iaux[2] = inner;
+  y->iaux[3] = mean;
+  y->faux[0] = mean ? (float)(1.0 / (double)len) : 1.0f;
+  dt__record(g, y, op, dt__device_reduce_axis_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 

@@ -41,7 +41,7 @@
  *   dt_leaky_relu, dt_gelu, dt_pow_scalar (integer powers only: a
  *   non-integer power, whose domain x > 0 the CPU op checks on the host, is
  *   DTRAIN_ERR_UNSUPPORTED on a device),
- *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean,
+ *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean, dt_sum_axis, dt_mean_axis,
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
@@ -130,6 +130,11 @@ typedef enum dt_kernel {
   /* Elementwise maps, i < n0, n1 a dt_map_fn, f0 its scalar: MAP p0[i] =
    * f(p1[i]); MAP_BWD p0[i] += p1[i] * f'(...) with p2 x, p3 y. */
   DTRAIN_K_MAP, DTRAIN_K_MAP_BWD,
+  /* Sum over one axis, x viewed as [outer n0, len n1, inner n2]: SUM_AXIS
+   * p0[o*n2 + i] = sum_k p1[(o*n1 + k)*n2 + i] (in double, k ascending;
+   * divided by n1 when n3 = 1: the mean); SUM_AXIS_BWD p0[(o*n1 + k)*n2 + i]
+   * += p1[o*n2 + i] * f0. */
+  DTRAIN_K_SUM_AXIS, DTRAIN_K_SUM_AXIS_BWD,
   DTRAIN_K_COUNT
 } dt_kernel;
 

@@ -102,6 +102,10 @@ static dt_tensor *cp_sigmoid(dt_graph *g, dt_tensor **x) { return dt_sigmoid(g, 
 static dt_tensor *cp_tanh(dt_graph *g, dt_tensor **x) { return dt_tanh(g, x[0]); }
 static dt_tensor *cp_sum(dt_graph *g, dt_tensor **x) { return dt_sum(g, x[0]); }
 static dt_tensor *cp_mean(dt_graph *g, dt_tensor **x) { return dt_mean(g, x[0]); }
+static dt_tensor *cp_sum_axis1(dt_graph *g, dt_tensor **x) { return dt_sum_axis(g, x[0], 1, 0); }
+static dt_tensor *cp_sum_axis_last_keep(dt_graph *g, dt_tensor **x) { return dt_sum_axis(g, x[0], -1, 1); }
+static dt_tensor *cp_mean_axis0(dt_graph *g, dt_tensor **x) { return dt_mean_axis(g, x[0], 0, 0); }
+static dt_tensor *cp_mean_axis1_keep(dt_graph *g, dt_tensor **x) { return dt_mean_axis(g, x[0], 1, 1); }
 static dt_tensor *cp_matmul(dt_graph *g, dt_tensor **x) { return dt_matmul(g, x[0], x[1]); }
 static dt_tensor *cp_linear(dt_graph *g, dt_tensor **x) { return dt_linear(g, x[0], x[1], x[2]); }
 static dt_tensor *cp_linear_nob(dt_graph *g, dt_tensor **x) { return dt_linear(g, x[0], x[1], NULL); }
@@ -154,6 +158,10 @@ static void test_ops_parity(void) {
     {"tanh", cp_tanh, 1, {1, 0, 0}, {{100}}, -4, 4, 0},
     {"sum", cp_sum, 1, {2, 0, 0}, {{31, 7}}, -1, 1, 0},
     {"mean", cp_mean, 1, {3, 0, 0}, {{3, 5, 7}}, -1, 1, 0},
+    {"sum_axis_mid", cp_sum_axis1, 1, {3, 0, 0}, {{3, 5, 4}}, -1, 1, 0},
+    {"sum_axis_last_keepdim", cp_sum_axis_last_keep, 1, {3, 0, 0}, {{3, 5, 4}}, -1, 1, 0},
+    {"mean_axis0", cp_mean_axis0, 1, {2, 0, 0}, {{7, 6}}, -1, 1, 0},
+    {"mean_axis_mid_keepdim", cp_mean_axis1_keep, 1, {4, 0, 0}, {{2, 3, 2, 5}}, -1, 1, 0},
     {"matmul", cp_matmul, 2, {2, 2, 0}, {{7, 5}, {5, 3}}, -1, 1, 0},
     {"linear", cp_linear, 3, {2, 2, 1}, {{6, 5}, {4, 5}, {4}}, -1, 1, 0},
     {"linear_3d_nobias", cp_linear_nob, 2, {3, 2, 0}, {{2, 3, 5}, {4, 5}}, -1, 1, 0},
@@ -242,9 +250,10 @@ static void test_unsupported_all(void) {
   dt_graph *g = dt_graph_create(NULL, &gd);
   CHECK(g != NULL);
   if (!g) return;
-  static const char *const names[] = {"dt_log", "dt_sqrt", "dt_sum_axis", "dt_mean_axis", "dt_transpose",
-                                      "dt_permute", "dt_concat", "dt_slice", "dt_split", "dt_bmm", "dt_embedding",
-                                      "dt_dropout", "dt_layer_norm", "dt_batch_norm", "dt_causal_mask"};
+  static const char *const names[] = {"dt_log",       "dt_sqrt",    "dt_transpose",  "dt_permute",
+                                      "dt_concat",    "dt_slice",   "dt_split",      "dt_bmm",
+                                      "dt_embedding", "dt_dropout", "dt_layer_norm", "dt_batch_norm",
+                                      "dt_causal_mask"};
   const int n = (int)(sizeof names / sizeof names[0]);
   static const int perm[4] = {0, 2, 1, 3};
   static const int32_t ids[2] = {0, 1};
