@@ -2345,6 +2345,9 @@ DTRAIN_EXTERN_C_END
  *   non-integer power, whose domain x > 0 the CPU op checks on the host, is
  *   DTRAIN_ERR_UNSUPPORTED on a device),
  *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean, dt_sum_axis, dt_mean_axis,
+ *   dt_transpose (any rank >= 2: the last two dims),
+ *   dt_dropout (the mask is drawn on the host from the graph's RNG exactly as
+ *   the CPU op draws it, then copied to the device: same seed, same result),
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
@@ -2438,6 +2441,9 @@ typedef enum dt_kernel {
    * divided by n1 when n3 = 1: the mean); SUM_AXIS_BWD p0[(o*n1 + k)*n2 + i]
    * += p1[o*n2 + i] * f0. */
   DTRAIN_K_SUM_AXIS, DTRAIN_K_SUM_AXIS_BWD,
+  /* Batched transpose: p1 is n0 matrices of n1 rows x n2 cols; p0 gets
+   * their transposes (n2 x n1 each), p0 = when n3 = 0, p0 += when n3 = 1. */
+  DTRAIN_K_TRANSPOSE,
   DTRAIN_K_COUNT
 } dt_kernel;
 
@@ -2701,6 +2707,9 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b
 DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
+                                            int64_t m, int64_t n);
+DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
                                               int64_t len, int64_t inner, int mean, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
@@ -3802,7 +3811,7 @@ struct dt__dchunk {
 static const char *const dt__device_ops[] = {
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
   "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
-  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_matmul", "dt_linear",
+  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", NULL
 };
@@ -4265,6 +4274,85 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndi
   y->iaux[3] = mean;
   y->faux[0] = mean ? (float)(1.0 / (double)len) : 1.0f;
   dt__record(g, y, op, dt__device_reduce_axis_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- transpose (last two dims) ----------------------------------------------------------------- */
+
+static void dt__device_transpose_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r; /* gx [b, m, n] += (gy [b, n, m])^T */
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.n[0] = y->iaux[0];
+  r.n[1] = y->iaux[2];
+  r.n[2] = y->iaux[1];
+  r.n[3] = 1;
+  dt__dev_run(g, y->op, DTRAIN_K_TRANSPOSE, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
+                                            int64_t m, int64_t n) {
+  const char *op = "dt_transpose";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = batch;
+  r.n[1] = m;
+  r.n[2] = n;
+  if (!dt__dev_run(g, op, DTRAIN_K_TRANSPOSE, &r)) return NULL;
+  y->iaux[0] = batch;
+  y->iaux[1] = m;
+  y->iaux[2] = n;
+  dt__record(g, y, op, dt__device_transpose_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- dropout: the mask drawn on the host from the graph's RNG (the CPU op's
+ * draws, in the same order), copied to the device; y = x * mask, and the
+ * backward gx += gy * mask. ------------------------------------------------------------------ */
+
+static void dt__device_dropout_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = (float *)y->aux;
+  r.n[0] = y->size;
+  r.n[1] = y->size;
+  dt__dev_run(g, y->op, DTRAIN_K_ACC_MUL, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p) {
+  const char *op = "dt_dropout";
+  size_t bytes;
+  if (!dt__mul_size((size_t)x->size, sizeof(float), &bytes))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: mask of %lld floats overflows", op, (long long)x->size);
+  float *host = (float *)dt__arena_alloc(g, bytes); /* host arena: no allocation in steady state */
+  float *mask = host ? dt__arena_floats(g, x->size) : NULL;
+  dt_tensor *y = mask ? dt__new_like(g, op, x) : NULL;
+  if (!y) return NULL;
+  float scale = 1.0f / (1.0f - p);
+  for (int64_t i = 0; i < x->size; i++) host[i] = dt_rng_uniform(&g->rng) >= p ? scale : 0.0f;
+  if (!dt__dev_copy(g, op, mask, host, bytes, DTRAIN_COPY_H2D)) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.p[2] = mask;
+  r.n[0] = y->size;
+  r.n[1] = y->size;
+  if (!dt__dev_run(g, op, DTRAIN_K_MUL, &r)) return NULL;
+  y->aux = mask;
+  y->faux[0] = p;
+  dt__record(g, y, op, dt__device_dropout_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
@@ -6010,6 +6098,8 @@ DTRAIN_API dt_tensor *dt_transpose(dt_graph *g, dt_tensor *x) {
   for (int d = 0; d < nd; d++) s[d] = x->shape[d];
   s[nd - 2] = x->shape[nd - 1];
   s[nd - 1] = x->shape[nd - 2];
+  if (g->device)
+    return dt__dev_transpose(g, x, nd, s, dt__shape_prod(x->shape, 0, nd - 2), x->shape[nd - 2], x->shape[nd - 1]);
   dt_tensor *y = dt__new(g, "dt_transpose", nd, s);
   if (!y) return NULL;
   int64_t m = x->shape[nd - 2], n = x->shape[nd - 1], batch = dt__shape_prod(x->shape, 0, nd - 2);
@@ -6732,6 +6822,7 @@ DTRAIN_API dt_tensor *dt_dropout(dt_graph *g, dt_tensor *x, float p) {
   if (!(p >= 0.0f && p < 1.0f))
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: p is %g (must be in [0,1))", op, (double)p);
   if (!g->training || p == 0.0f) return x; /* identity */
+  if (g->device) return dt__dev_dropout(g, x, p);
   float *mask = dt__arena_floats(g, x->size);
   if (!mask) return NULL;
   dt_tensor *y = dt__new_like(g, op, x);

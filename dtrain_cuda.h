@@ -307,6 +307,15 @@ DT__CU_HD inline void dt__cu_sum_axis_bwd_at(int64_t i, const dt_kernel_args &a)
   a.p[0][i] += a.p[1][(i / (len * inner)) * inner + i % inner] * a.f[0];
 }
 
+/* One output element of a batched transpose (= or += by n3). */
+DT__CU_HD inline void dt__cu_transpose_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t rows = a.n[1], cols = a.n[2], mn = rows * cols;
+  int64_t b = i / mn, rem = i % mn, c = rem / rows, r = rem % rows;
+  float v = a.p[1][b * mn + r * cols + c];
+  if (a.n[3]) a.p[0][i] += v;
+  else a.p[0][i] = v;
+}
+
 /* Convolution (see dt_kernel): columns [N][K][P], one K x P matrix per image. */
 DT__CU_HD inline void dt__cu_im2col_at(int64_t i, const dt_kernel_args &a) {
   const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
@@ -487,6 +496,7 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_MAP_BWD: return l.template each<dt__cu_map_bwd_at>(a.n[0], a);
     case DTRAIN_K_SUM_AXIS: return l.template each<dt__cu_sum_axis_at>(a.n[0] * a.n[2], a);
     case DTRAIN_K_SUM_AXIS_BWD: return l.template each<dt__cu_sum_axis_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
+    case DTRAIN_K_TRANSPOSE: return l.template each<dt__cu_transpose_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_COUNT:
     default: break;
   }

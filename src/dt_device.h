@@ -42,6 +42,9 @@
  *   non-integer power, whose domain x > 0 the CPU op checks on the host, is
  *   DTRAIN_ERR_UNSUPPORTED on a device),
  *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean, dt_sum_axis, dt_mean_axis,
+ *   dt_transpose (any rank >= 2: the last two dims),
+ *   dt_dropout (the mask is drawn on the host from the graph's RNG exactly as
+ *   the CPU op draws it, then copied to the device: same seed, same result),
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
@@ -135,6 +138,9 @@ typedef enum dt_kernel {
    * divided by n1 when n3 = 1: the mean); SUM_AXIS_BWD p0[(o*n1 + k)*n2 + i]
    * += p1[o*n2 + i] * f0. */
   DTRAIN_K_SUM_AXIS, DTRAIN_K_SUM_AXIS_BWD,
+  /* Batched transpose: p1 is n0 matrices of n1 rows x n2 cols; p0 gets
+   * their transposes (n2 x n1 each), p0 = when n3 = 0, p0 += when n3 = 1. */
+  DTRAIN_K_TRANSPOSE,
   DTRAIN_K_COUNT
 } dt_kernel;
 

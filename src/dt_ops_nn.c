@@ -296,6 +296,7 @@ DTRAIN_API dt_tensor *dt_dropout(dt_graph *g, dt_tensor *x, float p) {
   if (!(p >= 0.0f && p < 1.0f))
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: p is %g (must be in [0,1))", op, (double)p);
   if (!g->training || p == 0.0f) return x; /* identity */
+  if (g->device) return dt__dev_dropout(g, x, p);
   float *mask = dt__arena_floats(g, x->size);
   if (!mask) return NULL;
   dt_tensor *y = dt__new_like(g, op, x);

@@ -106,6 +106,10 @@ static dt_tensor *cp_sum_axis1(dt_graph *g, dt_tensor **x) { return dt_sum_axis(
 static dt_tensor *cp_sum_axis_last_keep(dt_graph *g, dt_tensor **x) { return dt_sum_axis(g, x[0], -1, 1); }
 static dt_tensor *cp_mean_axis0(dt_graph *g, dt_tensor **x) { return dt_mean_axis(g, x[0], 0, 0); }
 static dt_tensor *cp_mean_axis1_keep(dt_graph *g, dt_tensor **x) { return dt_mean_axis(g, x[0], 1, 1); }
+static dt_tensor *cp_transpose(dt_graph *g, dt_tensor **x) { return dt_transpose(g, x[0]); }
+static dt_tensor *cp_dropout(dt_graph *g, dt_tensor **x) { /* two draws: the RNG advances between them */
+  return dt_dropout(g, dt_dropout(g, x[0], 0.3f), 0.5f);
+}
 static dt_tensor *cp_matmul(dt_graph *g, dt_tensor **x) { return dt_matmul(g, x[0], x[1]); }
 static dt_tensor *cp_linear(dt_graph *g, dt_tensor **x) { return dt_linear(g, x[0], x[1], x[2]); }
 static dt_tensor *cp_linear_nob(dt_graph *g, dt_tensor **x) { return dt_linear(g, x[0], x[1], NULL); }
@@ -162,6 +166,9 @@ static void test_ops_parity(void) {
     {"sum_axis_last_keepdim", cp_sum_axis_last_keep, 1, {3, 0, 0}, {{3, 5, 4}}, -1, 1, 0},
     {"mean_axis0", cp_mean_axis0, 1, {2, 0, 0}, {{7, 6}}, -1, 1, 0},
     {"mean_axis_mid_keepdim", cp_mean_axis1_keep, 1, {4, 0, 0}, {{2, 3, 2, 5}}, -1, 1, 0},
+    {"transpose", cp_transpose, 1, {2, 0, 0}, {{7, 5}}, -1, 1, 0},
+    {"transpose_batched", cp_transpose, 1, {4, 0, 0}, {{2, 3, 4, 5}}, -1, 1, 0},
+    {"dropout", cp_dropout, 1, {2, 0, 0}, {{16, 33}}, -1, 1, 0},
     {"matmul", cp_matmul, 2, {2, 2, 0}, {{7, 5}, {5, 3}}, -1, 1, 0},
     {"linear", cp_linear, 3, {2, 2, 1}, {{6, 5}, {4, 5}, {4}}, -1, 1, 0},
     {"linear_3d_nobias", cp_linear_nob, 2, {3, 2, 0}, {{2, 3, 5}, {4, 5}}, -1, 1, 0},
@@ -250,9 +257,8 @@ static void test_unsupported_all(void) {
   dt_graph *g = dt_graph_create(NULL, &gd);
   CHECK(g != NULL);
   if (!g) return;
-  static const char *const names[] = {"dt_log",       "dt_sqrt",    "dt_transpose",  "dt_permute",
-                                      "dt_concat",    "dt_slice",   "dt_split",      "dt_bmm",
-                                      "dt_embedding", "dt_dropout", "dt_layer_norm", "dt_batch_norm",
+  static const char *const names[] = {"dt_log",   "dt_sqrt", "dt_permute",   "dt_concat",     "dt_slice",
+                                      "dt_split", "dt_bmm",  "dt_embedding", "dt_layer_norm", "dt_batch_norm",
                                       "dt_causal_mask"};
   const int n = (int)(sizeof names / sizeof names[0]);
   static const int perm[4] = {0, 2, 1, 3};
@@ -285,6 +291,45 @@ static void test_unsupported_all(void) {
               "%s on %s: %s", names[i], cp_dev->name, dt_graph_message(g));
   }
   dt_graph_destroy(g);
+}
+
+/* Dropout on a device draws its mask on the host from the graph's RNG as
+ * the CPU op does: for a seed, the device output equals the CPU output bit
+ * for bit (the mask is 0 or 1/(1-p) times x, one float multiply each), the
+ * RNG ends in the same state, and another seed gives another mask. Off in
+ * eval mode, on a device too. */
+static int cp_dropout_run(dt_device *dev, uint64_t seed, int training, float *out, uint64_t rng[4]) {
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  gd.seed = seed;
+  dt_graph *g = dt_graph_create(NULL, &gd);
+  if (!g) return 0;
+  dt_graph_set_training(g, training);
+  float x[64];
+  for (int i = 0; i < 64; i++) x[i] = 0.25f + (float)i;
+  int64_t s[2] = {4, 16};
+  dt_tensor *y = dt_dropout(g, dt_dropout(g, dt_tensor_from(g, 2, s, x), 0.25f), 0.5f);
+  int ok = y && dt_tensor_to_host(y, out) == DTRAIN_OK;
+  dt_graph_rng_state(g, rng);
+  dt_graph_destroy(g);
+  return ok;
+}
+
+static void test_dropout_seed(void) {
+  float cpu[64], dev[64], other[64];
+  uint64_t rc[4], rd[4], ro[4];
+  CHECK(cp_dropout_run(NULL, 1234, 1, cpu, rc));
+  CHECK(cp_dropout_run(cp_dev, 1234, 1, dev, rd));
+  CHECK(memcmp(cpu, dev, sizeof cpu) == 0);
+  CHECK(memcmp(rc, rd, sizeof rc) == 0);
+  int zeros = 0;
+  for (int i = 0; i < 64; i++) zeros += dev[i] == 0.0f;
+  CHECK_MSG(zeros > 16 && zeros < 56, "%d of 64 dropped", zeros);
+  CHECK(cp_dropout_run(cp_dev, 99, 1, other, ro));
+  CHECK(memcmp(dev, other, sizeof dev) != 0);
+  CHECK(cp_dropout_run(cp_dev, 1234, 0, other, ro)); /* eval: identity */
+  for (int i = 0; i < 64; i++) CHECK_NEAR(other[i], 0.25f + (float)i, 0.0);
 }
 
 /* A 2-layer MLP, a few steps on the CPU and on the device from the same
@@ -459,6 +504,7 @@ static void cp_run_all(void) {
   TH_RUN(test_ops_parity);
   TH_RUN(test_unsupported);
   TH_RUN(test_unsupported_all);
+  TH_RUN(test_dropout_seed);
   TH_RUN(test_mlp_parity);
   TH_RUN(test_optim_unsupported);
 }
