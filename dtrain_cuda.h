@@ -316,6 +316,60 @@ DT__CU_HD inline void dt__cu_transpose_at(int64_t i, const dt_kernel_args &a) {
   else a.p[0][i] = v;
 }
 
+/* Layer norm, one row (or one column for the parameter gradients): the
+ * CPU's sums in double and its float expressions. */
+DT__CU_HD inline void dt__cu_layer_norm_row(int64_t r, const dt_kernel_args &a) {
+  const int64_t d = a.n[1];
+  const float *xr = a.p[1] + r * d, *gm = a.p[2], *bt = a.p[3];
+  float *yr = a.p[0] + r * d;
+  double s = 0.0, v = 0.0;
+  for (int64_t j = 0; j < d; j++) s += (double)xr[j];
+  double mu = s / (double)d;
+  for (int64_t j = 0; j < d; j++) {
+    double t = (double)xr[j] - mu;
+    v += t * t;
+  }
+  float fmu = (float)mu, rs = (float)(1.0 / sqrt(v / (double)d + (double)a.f[0]));
+  for (int64_t j = 0; j < d; j++) {
+    float h = (xr[j] - fmu) * rs;
+    if (gm) h *= gm[j];
+    if (bt) h += bt[j];
+    yr[j] = h;
+  }
+  a.p[4][r] = fmu;
+  a.p[4][a.n[0] + r] = rs;
+}
+DT__CU_HD inline void dt__cu_layer_norm_bwd_row(int64_t r, const dt_kernel_args &a) {
+  const int64_t d = a.n[1];
+  const float *gr = a.p[1] + r * d, *xr = a.p[2] + r * d, *gm = a.p[3];
+  const float mu = a.p[4][r], rs = a.p[4][a.n[0] + r];
+  double s1 = 0.0, s2 = 0.0;
+  for (int64_t j = 0; j < d; j++) {
+    double dxh = (double)gr[j] * (gm ? (double)gm[j] : 1.0);
+    s1 += dxh;
+    s2 += dxh * (double)((xr[j] - mu) * rs);
+  }
+  float m1 = (float)(s1 / (double)d), m2 = (float)(s2 / (double)d);
+  float *gxr = a.p[0] + r * d;
+  for (int64_t j = 0; j < d; j++) {
+    float dxh = gr[j] * (gm ? gm[j] : 1.0f);
+    gxr[j] += rs * (dxh - m1 - (xr[j] - mu) * rs * m2);
+  }
+}
+DT__CU_HD inline void dt__cu_layer_norm_bwd_params_at(int64_t j, const dt_kernel_args &a) {
+  const int64_t rows = a.n[0], d = a.n[1];
+  float *gg = a.p[0], *gb = a.p[1];
+  const float *go = a.p[2], *x = a.p[3], *mean = a.p[4], *rstd = a.p[4] + rows;
+  float sg = gg ? gg[j] : 0.0f, sb = gb ? gb[j] : 0.0f;
+  for (int64_t r = 0; r < rows; r++) {
+    float gr = go[r * d + j];
+    sg += gr * (x[r * d + j] - mean[r]) * rstd[r];
+    sb += gr;
+  }
+  if (gg) gg[j] = sg;
+  if (gb) gb[j] = sb;
+}
+
 /* Convolution (see dt_kernel): columns [N][K][P], one K x P matrix per image. */
 DT__CU_HD inline void dt__cu_im2col_at(int64_t i, const dt_kernel_args &a) {
   const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
@@ -497,6 +551,9 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_SUM_AXIS: return l.template each<dt__cu_sum_axis_at>(a.n[0] * a.n[2], a);
     case DTRAIN_K_SUM_AXIS_BWD: return l.template each<dt__cu_sum_axis_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_TRANSPOSE: return l.template each<dt__cu_transpose_at>(a.n[0] * a.n[1] * a.n[2], a);
+    case DTRAIN_K_LAYER_NORM: return l.template each<dt__cu_layer_norm_row>(a.n[0], a);
+    case DTRAIN_K_LAYER_NORM_BWD: return l.template each<dt__cu_layer_norm_bwd_row>(a.n[0], a);
+    case DTRAIN_K_LAYER_NORM_BWD_PARAMS: return l.template each<dt__cu_layer_norm_bwd_params_at>(a.n[1], a);
     case DTRAIN_K_COUNT:
     default: break;
   }

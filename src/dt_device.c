@@ -27,7 +27,7 @@ struct dt__dchunk {
 static const char *const dt__device_ops[] = {
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
   "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
-  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_matmul", "dt_linear",
+  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_layer_norm", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", NULL
 };
@@ -569,6 +569,62 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p) {
   y->aux = mask;
   y->faux[0] = p;
   dt__record(g, y, op, dt__device_dropout_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- layer norm over the last dim ------------------------------------------------------------
+ * aux: the device stats [mean[rows], rstd[rows]]; iaux 0 rows, 1 d. */
+
+static void dt__device_layer_norm_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *gamma = y->src[1], *beta = y->src[2];
+  float *gx = dt__grad(g, x), *gg = dt__grad(g, gamma), *gb = dt__grad(g, beta);
+  if (g->err != DTRAIN_OK) return;
+  dt_kernel_args r;
+  if (gg || gb) {
+    dt__device_args0(&r);
+    r.p[0] = gg;
+    r.p[1] = gb;
+    r.p[2] = y->grad;
+    r.p[3] = x->data;
+    r.p[4] = (float *)y->aux;
+    r.n[0] = y->iaux[0];
+    r.n[1] = y->iaux[1];
+    if (!dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD_PARAMS, &r)) return;
+  }
+  if (gx) {
+    dt__device_args0(&r);
+    r.p[0] = gx;
+    r.p[1] = y->grad;
+    r.p[2] = x->data;
+    r.p[3] = gamma ? gamma->data : NULL;
+    r.p[4] = (float *)y->aux;
+    r.n[0] = y->iaux[0];
+    r.n[1] = y->iaux[1];
+    dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD, &r);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                                             int64_t rows, int64_t d) {
+  const char *op = "dt_layer_norm";
+  float *stats = dt__arena_floats(g, 2 * rows);
+  dt_tensor *y = stats ? dt__new_like(g, op, x) : NULL;
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.p[2] = gamma ? gamma->data : NULL;
+  r.p[3] = beta ? beta->data : NULL;
+  r.p[4] = stats;
+  r.n[0] = rows;
+  r.n[1] = d;
+  r.f[0] = eps;
+  if (!dt__dev_run(g, op, DTRAIN_K_LAYER_NORM, &r)) return NULL;
+  y->aux = stats;
+  y->iaux[0] = rows;
+  y->iaux[1] = d;
+  dt__record(g, y, op, dt__device_layer_norm_backward, x, gamma, beta);
   return dt__finish(g, y);
 }
 

@@ -45,6 +45,7 @@
  *   dt_transpose (any rank >= 2: the last two dims),
  *   dt_dropout (the mask is drawn on the host from the graph's RNG exactly as
  *   the CPU op draws it, then copied to the device: same seed, same result),
+ *   dt_layer_norm,
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
@@ -141,6 +142,13 @@ typedef enum dt_kernel {
   /* Batched transpose: p1 is n0 matrices of n1 rows x n2 cols; p0 gets
    * their transposes (n2 x n1 each), p0 = when n3 = 0, p0 += when n3 = 1. */
   DTRAIN_K_TRANSPOSE,
+  /* Layer norm over rows r < n0 of n1 floats, f0 eps. p4 stats: mean[n0]
+   * then rstd[n0] (written by the forward, read by the backward).
+   * LAYER_NORM (per row): p0 y, p1 x, p2 gamma, p3 beta (either NULL).
+   * LAYER_NORM_BWD (per row): p0 gx +=, p1 gy, p2 x, p3 gamma (or NULL).
+   * LAYER_NORM_BWD_PARAMS (per column j < n1, rows ascending): p0 ggamma
+   * +=, p1 gbeta += (either NULL), p2 gy, p3 x. */
+  DTRAIN_K_LAYER_NORM, DTRAIN_K_LAYER_NORM_BWD, DTRAIN_K_LAYER_NORM_BWD_PARAMS,
   DTRAIN_K_COUNT
 } dt_kernel;
 

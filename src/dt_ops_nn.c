@@ -363,6 +363,7 @@ DTRAIN_API dt_tensor *dt_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma,
   if (!dt__nn_vec(g, op, "gamma", gamma, d, "last dim", x) || !dt__nn_vec(g, op, "beta", beta, d, "last dim", x) ||
       !dt__nn_eps(g, op, eps))
     return NULL;
+  if (g->device) return dt__dev_layer_norm(g, x, gamma, beta, eps, rows, d);
   float *stats = dt__arena_floats(g, 2 * rows);
   if (!stats) return NULL;
   dt_tensor *y = dt__new_like(g, op, x);
