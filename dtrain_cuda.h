@@ -27,14 +27,19 @@
  * the CPU against dtrain's CPU ops; tests/test_cuda.cu is the real GPU parity
  * test (it skips where there is no GPU).
  *
- * Kernels (dt_kernel in dt_device.h): add/sub/mul (+ row broadcast), relu,
- * sigmoid, tanh (forward and backward), sum/mean, softmax/log_softmax,
- * cross_entropy, mse, GEMM through cuBLAS (matmul, linear), conv2d (im2col
- * + cuBLAS per image, col2im gather), max/avg pooling, SGD (momentum,
- * Nesterov, weight decay), Adam/AdamW, clipping (sum of squares, scale).
- * Not yet: layer/batch norm, dropout, embedding, attention,
- * bmm, concat/slice/permute/transpose, exp/log/div/... -- those ops fail on a
- * CUDA graph with DTRAIN_ERR_UNSUPPORTED naming the op and the device.
+ * Kernels (dt_kernel in dt_device.h), all with forward and backward:
+ * add/sub/mul/div (+ row broadcast), the scalar ops (add/mul/rsub, pow with
+ * an integer power), neg, exp, relu, leaky_relu, gelu, sigmoid, tanh,
+ * sum/mean (all, or over one axis), transpose (last two dims), dropout (mask
+ * drawn on the host from the graph RNG, as the CPU op: same seed, same
+ * result), layer_norm, embedding, softmax/log_softmax, cross_entropy, mse,
+ * GEMM through cuBLAS (matmul, linear), conv2d (im2col + cuBLAS per image,
+ * col2im gather), max/avg pooling; SGD (momentum, Nesterov, weight decay),
+ * Adam/AdamW, clipping (sum of squares, scale).
+ * Not yet: log, sqrt, pow with a non-integer power (its domain check is on
+ * the host), batch norm, attention/causal_mask, bmm, concat/slice/split/
+ * permute, RMSprop -- those fail on a CUDA graph with DTRAIN_ERR_UNSUPPORTED
+ * naming the op and the device.
  * Not yet: multi-GPU (mirrored over NCCL / peer copies), GPU replicas in the
  * TCP multi-worker strategy, devices in dt_strategy (examples/02_fashion_mnist
  * --device cuda trains one_device with its own loop), optimizer state of a
@@ -370,6 +375,17 @@ DT__CU_HD inline void dt__cu_layer_norm_bwd_params_at(int64_t j, const dt_kernel
   if (gb) gb[j] = sb;
 }
 
+/* Embedding: a gather; the backward by column, ids in order (the CPU's
+ * order for repeated ids, and no two threads touch one element). */
+DT__CU_HD inline void dt__cu_embed_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t d = a.n[1];
+  a.p[0][i] = a.p[1][(int64_t)a.labels[i / d] * d + i % d];
+}
+DT__CU_HD inline void dt__cu_embed_bwd_at(int64_t j, const dt_kernel_args &a) {
+  const int64_t n = a.n[0], d = a.n[1];
+  for (int64_t i = 0; i < n; i++) a.p[0][(int64_t)a.labels[i] * d + j] += a.p[1][i * d + j];
+}
+
 /* Convolution (see dt_kernel): columns [N][K][P], one K x P matrix per image. */
 DT__CU_HD inline void dt__cu_im2col_at(int64_t i, const dt_kernel_args &a) {
   const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
@@ -546,14 +562,19 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_DIV: return l.template each<dt__cu_div_at>(a.n[0], a);
     case DTRAIN_K_ACC_DIV: return l.template each<dt__cu_acc_div_at>(a.n[0], a);
     case DTRAIN_K_DIV_BWD_ROWS: return l.template each<dt__cu_div_bwd_rows_at>(a.n[1], a);
-    case DTRAIN_K_MAP: return l.template each<dt__cu_map_at>(a.n[0], a);
-    case DTRAIN_K_MAP_BWD: return l.template each<dt__cu_map_bwd_at>(a.n[0], a);
+    case DTRAIN_K_MAP:
+    case DTRAIN_K_MAP_BWD:
+      if (a.n[1] < DTRAIN_MAP_ADD_SCALAR || a.n[1] > DTRAIN_MAP_GELU) break; /* an unknown map: refused below */
+      if (k == DTRAIN_K_MAP) return l.template each<dt__cu_map_at>(a.n[0], a);
+      return l.template each<dt__cu_map_bwd_at>(a.n[0], a);
     case DTRAIN_K_SUM_AXIS: return l.template each<dt__cu_sum_axis_at>(a.n[0] * a.n[2], a);
     case DTRAIN_K_SUM_AXIS_BWD: return l.template each<dt__cu_sum_axis_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_TRANSPOSE: return l.template each<dt__cu_transpose_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_LAYER_NORM: return l.template each<dt__cu_layer_norm_row>(a.n[0], a);
     case DTRAIN_K_LAYER_NORM_BWD: return l.template each<dt__cu_layer_norm_bwd_row>(a.n[0], a);
     case DTRAIN_K_LAYER_NORM_BWD_PARAMS: return l.template each<dt__cu_layer_norm_bwd_params_at>(a.n[1], a);
+    case DTRAIN_K_EMBED: return l.template each<dt__cu_embed_at>(a.n[0] * a.n[1], a);
+    case DTRAIN_K_EMBED_BWD: return l.template each<dt__cu_embed_bwd_at>(a.n[1], a);
     case DTRAIN_K_COUNT:
     default: break;
   }

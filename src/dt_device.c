@@ -27,7 +27,7 @@ struct dt__dchunk {
 static const char *const dt__device_ops[] = {
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
   "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
-  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_layer_norm", "dt_matmul", "dt_linear",
+  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", NULL
 };
@@ -625,6 +625,44 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tenso
   y->iaux[0] = rows;
   y->iaux[1] = d;
   dt__record(g, y, op, dt__device_layer_norm_backward, x, gamma, beta);
+  return dt__finish(g, y);
+}
+
+/* ---- embedding: ids checked on the host (by dt_embedding), copied to the device ------------
+ * aux: the device ids. */
+
+static void dt__device_embedding_backward(dt_graph *g, dt_tensor *y) {
+  float *gt = dt__grad(g, y->src[0]);
+  if (!gt) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gt;
+  r.p[1] = y->grad;
+  r.labels = (const int32_t *)y->aux;
+  r.n[0] = y->shape[0];
+  r.n[1] = y->shape[1];
+  dt__dev_run(g, y->op, DTRAIN_K_EMBED_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d) {
+  const char *op = "dt_embedding";
+  int64_t shape[2];
+  shape[0] = n;
+  shape[1] = d;
+  dt_tensor *y = dt__new(g, op, 2, shape); /* validates the size, so n * 4 bytes cannot overflow */
+  int32_t *dids = y ? (int32_t *)dt__dev_arena(g, (size_t)n * sizeof(int32_t)) : NULL;
+  if (!dids) return NULL;
+  if (!dt__dev_copy(g, op, dids, ids, (size_t)n * sizeof(int32_t), DTRAIN_COPY_H2D)) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = table->data;
+  r.labels = dids;
+  r.n[0] = n;
+  r.n[1] = d;
+  if (!dt__dev_run(g, op, DTRAIN_K_EMBED, &r)) return NULL;
+  y->aux = dids;
+  dt__record(g, y, op, dt__device_embedding_backward, table, NULL, NULL);
   return dt__finish(g, y);
 }
 

@@ -45,7 +45,8 @@
  *   dt_transpose (any rank >= 2: the last two dims),
  *   dt_dropout (the mask is drawn on the host from the graph's RNG exactly as
  *   the CPU op draws it, then copied to the device: same seed, same result),
- *   dt_layer_norm,
+ *   dt_layer_norm, dt_embedding (ids are host memory: checked on the host,
+ *   copied to the device),
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
@@ -149,6 +150,10 @@ typedef enum dt_kernel {
    * LAYER_NORM_BWD_PARAMS (per column j < n1, rows ascending): p0 ggamma
    * +=, p1 gbeta += (either NULL), p2 gy, p3 x. */
   DTRAIN_K_LAYER_NORM, DTRAIN_K_LAYER_NORM_BWD, DTRAIN_K_LAYER_NORM_BWD_PARAMS,
+  /* Embedding, n0 ids (in `labels`, device, already range-checked), rows of
+   * n1 floats: EMBED p0[i*n1 + j] = p1[ids[i]*n1 + j]; EMBED_BWD (one
+   * column j < n1, ids in order) p0[ids[i]*n1 + j] += p1[i*n1 + j]. */
+  DTRAIN_K_EMBED, DTRAIN_K_EMBED_BWD,
   DTRAIN_K_COUNT
 } dt_kernel;
 

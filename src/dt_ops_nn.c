@@ -265,6 +265,7 @@ DTRAIN_API dt_tensor *dt_embedding(dt_graph *g, dt_tensor *table, const int32_t 
       return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INDEX, "%s: id %d at position %lld is out of range [0,%lld) (table %s)",
                                    op, (int)ids[i], (long long)i, (long long)v, dt_shape_str(table, sb, sizeof sb));
   }
+  if (g->device) return dt__dev_embedding(g, table, ids, n, d);
   int64_t shape[2];
   shape[0] = n;
   shape[1] = d;

@@ -113,6 +113,8 @@ static dt_tensor *cp_dropout(dt_graph *g, dt_tensor **x) { /* two draws: the RNG
 static dt_tensor *cp_layer_norm(dt_graph *g, dt_tensor **x) { return dt_layer_norm(g, x[0], x[1], x[2], 1e-5f); }
 static dt_tensor *cp_layer_norm_gamma(dt_graph *g, dt_tensor **x) { return dt_layer_norm(g, x[0], x[1], NULL, 1e-3f); }
 static dt_tensor *cp_layer_norm_plain(dt_graph *g, dt_tensor **x) { return dt_layer_norm(g, x[0], NULL, NULL, 1e-5f); }
+static const int32_t cp_ids[9] = {2, 0, 5, 2, 2, 6, 0, 3, 2}; /* repeats: the backward adds them in order */
+static dt_tensor *cp_embedding(dt_graph *g, dt_tensor **x) { return dt_embedding(g, x[0], cp_ids, 9); }
 static dt_tensor *cp_matmul(dt_graph *g, dt_tensor **x) { return dt_matmul(g, x[0], x[1]); }
 static dt_tensor *cp_linear(dt_graph *g, dt_tensor **x) { return dt_linear(g, x[0], x[1], x[2]); }
 static dt_tensor *cp_linear_nob(dt_graph *g, dt_tensor **x) { return dt_linear(g, x[0], x[1], NULL); }
@@ -175,6 +177,7 @@ static void test_ops_parity(void) {
     {"layer_norm", cp_layer_norm, 3, {2, 1, 1}, {{6, 8}, {8}, {8}}, -2, 2, 0},
     {"layer_norm_gamma_3d", cp_layer_norm_gamma, 2, {3, 1, 0}, {{2, 3, 7}, {7}}, -2, 2, 0},
     {"layer_norm_plain", cp_layer_norm_plain, 1, {2, 0, 0}, {{5, 16}}, -2, 2, 0},
+    {"embedding", cp_embedding, 1, {2, 0, 0}, {{7, 5}}, -1, 1, 0},
     {"matmul", cp_matmul, 2, {2, 2, 0}, {{7, 5}, {5, 3}}, -1, 1, 0},
     {"linear", cp_linear, 3, {2, 2, 1}, {{6, 5}, {4, 5}, {4}}, -1, 1, 0},
     {"linear_3d_nobias", cp_linear_nob, 2, {3, 2, 0}, {{2, 3, 5}, {4, 5}}, -1, 1, 0},
@@ -237,6 +240,11 @@ static void test_unsupported(void) {
   CHECK(dt_batch_norm(g, x, NULL, NULL, NULL, NULL, 0.1f, 1e-5f) == NULL);
   CHECK(dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED);
   dt_graph_reset(g);
+  /* embedding ids are host memory, range-checked on the host as on the CPU */
+  static const int32_t bad_ids[3] = {0, 7, 1};
+  CHECK(dt_embedding(g, dt_tensor_new2(g, 4, 3), bad_ids, 3) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_INDEX);
+  dt_graph_reset(g);
   /* dt_item and dt_scalar move one float; a NaN is caught by check_numerics. */
   dt_tensor *s = dt_scalar(g, 2.5f);
   CHECK_NEAR(dt_item(s), 2.5, 0.0);
@@ -263,11 +271,11 @@ static void test_unsupported_all(void) {
   dt_graph *g = dt_graph_create(NULL, &gd);
   CHECK(g != NULL);
   if (!g) return;
-  static const char *const names[] = {"dt_log", "dt_sqrt",      "dt_permute",    "dt_concat",     "dt_slice", "dt_split",
-                                      "dt_bmm", "dt_embedding", "dt_batch_norm", "dt_causal_mask"};
+  static const char *const names[] = {"dt_log",   "dt_sqrt", "dt_permute",    "dt_concat",
+                                      "dt_slice", "dt_split", "dt_bmm",        "dt_batch_norm",
+                                      "dt_causal_mask"};
   const int n = (int)(sizeof names / sizeof names[0]);
   static const int perm[4] = {0, 2, 1, 3};
-  static const int32_t ids[2] = {0, 1};
   for (int i = 0; i < n; i++) {
     dt_graph_reset(g);
     dt_tensor *x = dt_tensor_new4(g, 2, 2, 4, 4);
@@ -282,7 +290,6 @@ static void test_unsupported_all(void) {
     else if (CP_IS("dt_slice")) y = dt_slice(g, x, 0, 0, 1);
     else if (CP_IS("dt_split")) y = dt_split(g, x, 0, 2, parts) == DTRAIN_OK ? x : NULL;
     else if (CP_IS("dt_bmm")) y = dt_bmm(g, x, x, 0);
-    else if (CP_IS("dt_embedding")) y = dt_embedding(g, dt_tensor_new2(g, 4, 3), ids, 2);
     else if (CP_IS("dt_batch_norm")) y = dt_batch_norm(g, x, NULL, NULL, NULL, NULL, 0.1f, 1e-5f);
     else if (CP_IS("dt_causal_mask")) y = dt_causal_mask(g, x);
     else CHECK_MSG(0, "no call for %s", nm);

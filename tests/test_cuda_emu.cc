@@ -51,6 +51,8 @@ static void test_unknown_kernel(void) {
   dt_kernel_args ka;
   memset(&ka, 0, sizeof ka);
   CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_COUNT, &ka), DTRAIN_ERR_UNSUPPORTED, "no implementation");
+  ka.n[1] = DTRAIN_MAP_GELU + 1; /* a map function the backend does not know */
+  CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_MAP, &ka), DTRAIN_ERR_UNSUPPORTED, "no implementation");
 }
 
 /* A device that fails on demand: a kernel, or allocations above a size. The
