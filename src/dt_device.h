@@ -50,7 +50,8 @@
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
- *   dt_nn_linear_forward, dt_nn_conv2d_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
+ *   dt_nn_linear_forward, dt_nn_conv2d_forward, dt_nn_embedding_forward,
+ *   dt_nn_layer_norm_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
  *   dt_scalar, dt_item, dt_backward, dt_backward_grad.
  * Optimizers on a device (dt_optim_step_graph): SGD (momentum, Nesterov,
  * weight decay), Adam, AdamW, clip_norm. RMSprop: DTRAIN_ERR_UNSUPPORTED.

@@ -339,6 +339,52 @@ static void test_dropout_seed(void) {
   for (int i = 0; i < 64; i++) CHECK_NEAR(other[i], 0.25f + (float)i, 0.0);
 }
 
+/* The embedding and layer-norm modules (compositions of the ops) on params:
+ * embedding -> layer norm -> gelu -> mean, forward and the whole parameter
+ * gradient, CPU vs device. */
+static int cp_modules_run(dt_device *dev, float *loss, float *grad, size_t *n) {
+  dt_params *p = dt_params_create(11);
+  dt_nn_embedding emb;
+  dt_nn_layer_norm ln;
+  int ok = p && dt_nn_embedding_init(&emb, p, "emb", 7, 8) == DTRAIN_OK &&
+           dt_nn_layer_norm_init(&ln, p, "ln", 8) == DTRAIN_OK;
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  dt_graph *g = ok ? dt_graph_create(p, &gd) : NULL;
+  ok = g != NULL;
+  if (ok) {
+    dt_tensor *h = dt_nn_layer_norm_forward(g, &ln, dt_nn_embedding_forward(g, &emb, cp_ids, 9));
+    dt_tensor *l = dt_mean(g, dt_gelu(g, dt_mul(g, h, h)));
+    ok = l && dt_backward(g, l) == DTRAIN_OK;
+    if (!ok) fprintf(stderr, "cp_modules_run on %s: %s\n", dev ? dev->name : "cpu", dt_graph_message(g));
+    *n = dt_params_size(p);
+    if (*n > 256) ok = 0; /* the callers' buffers */
+    if (ok) *loss = dt_item(l);
+    if (ok && dev) ok = dev->copy(dev, grad, dt_graph_param_grad(g), *n * sizeof(float), DTRAIN_COPY_D2H) == DTRAIN_OK;
+    else if (ok) memcpy(grad, dt_params_grad(p), *n * sizeof(float));
+  }
+  dt_graph_destroy(g);
+  dt_params_destroy(p);
+  return ok;
+}
+
+static void test_modules_parity(void) {
+  float lc = 0, ld = 1, gc[256], gdv[256];
+  size_t nc = 0, nd = 0;
+  CHECK(cp_modules_run(NULL, &lc, gc, &nc));
+  CHECK(cp_modules_run(cp_dev, &ld, gdv, &nd));
+  CHECK_MSG(nc == nd && nc >= 7 * 8 + 2 * 8 && nc <= 256, "%zu vs %zu params", nc, nd);
+  CHECK_NEAR(ld, lc, 1e-5);
+  double worst = 0.0;
+  for (size_t i = 0; i < nc && nc == nd; i++) {
+    double d = fabs((double)gc[i] - (double)gdv[i]);
+    if (d > worst) worst = d;
+  }
+  cp_compared += (int)nc;
+  CHECK_MSG(worst <= 1e-5, "module gradients differ by %g", worst);
+}
+
 /* A 2-layer MLP, a few steps on the CPU and on the device from the same
  * start: the parameters must agree after every step. */
 static void cp_mlp_run(dt_device *dev, const dt_optim_desc *od, float *params_out, size_t *n_out) {
@@ -512,6 +558,7 @@ static void cp_run_all(void) {
   TH_RUN(test_unsupported);
   TH_RUN(test_unsupported_all);
   TH_RUN(test_dropout_seed);
+  TH_RUN(test_modules_parity);
   TH_RUN(test_mlp_parity);
   TH_RUN(test_optim_unsupported);
 }
