@@ -2341,9 +2341,10 @@ DTRAIN_EXTERN_C_END
  *                            leading dims, e.g. [N,C] + [C]; other broadcasts
  *                            are DTRAIN_ERR_UNSUPPORTED on a device)
  *   dt_add_scalar, dt_mul_scalar, dt_rsub_scalar, dt_neg, dt_exp,
- *   dt_leaky_relu, dt_gelu, dt_pow_scalar (integer powers only: a
- *   non-integer power, whose domain x > 0 the CPU op checks on the host, is
- *   DTRAIN_ERR_UNSUPPORTED on a device),
+ *   dt_leaky_relu, dt_gelu, dt_pow_scalar, dt_log, dt_sqrt (log, sqrt and
+ *   non-integer powers check their domain on the device as the CPU op does,
+ *   failing with the same DTRAIN_ERR_INVALID_ARG message; the check waits
+ *   for one float from the device),
  *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean, dt_sum_axis, dt_mean_axis,
  *   dt_transpose (any rank >= 2: the last two dims),
  *   dt_dropout (the mask is drawn on the host from the graph's RNG exactly as
@@ -2462,11 +2463,14 @@ typedef enum dt_kernel {
 } dt_kernel;
 
 /* The functions of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (s = f0): x + s, x * s,
- * s - x, x^s (integer s only on a device), -x, exp(x), leaky ReLU with slope
- * s, GELU (tanh form). Same float expressions as the CPU ops. */
+ * s - x, x^s, -x, exp(x), leaky ReLU with slope s, GELU (tanh form), log(x),
+ * sqrt(x). Same float expressions as the CPU ops. The two DOMAIN maps (MAP
+ * only) write 1 where x is outside a domain, else 0: x > 0 (log, non-integer
+ * powers) and x >= 0 (sqrt). */
 typedef enum dt_map_fn {
   DTRAIN_MAP_ADD_SCALAR = 0, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_POW_SCALAR,
-  DTRAIN_MAP_NEG, DTRAIN_MAP_EXP, DTRAIN_MAP_LEAKY_RELU, DTRAIN_MAP_GELU
+  DTRAIN_MAP_NEG, DTRAIN_MAP_EXP, DTRAIN_MAP_LEAKY_RELU, DTRAIN_MAP_GELU, DTRAIN_MAP_LOG, DTRAIN_MAP_SQRT,
+  DTRAIN_MAP_DOMAIN_POS, DTRAIN_MAP_DOMAIN_NONNEG
 } dt_map_fn;
 
 typedef struct dt_kernel_args {
@@ -3828,7 +3832,7 @@ struct dt__dchunk {
 static const char *const dt__device_ops[] = {
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
   "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
-  "dt_neg", "dt_exp", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
+  "dt_neg", "dt_exp", "dt_log", "dt_sqrt", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", "dt_nn_embedding_forward",
   "dt_nn_layer_norm_forward", NULL
@@ -4205,12 +4209,54 @@ static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
   dt__dev_run(g, y->op, DTRAIN_K_MAP_BWD, &r);
 }
 
+/* The CPU op's domain check, on the device: a 0/1 map of the elements
+ * outside the domain, summed, one float read back. Only on failure does the
+ * map come to the host, to name the first bad element as the CPU op does. */
+static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char *op) {
+  float *bad = dt__arena_floats(g, x->size);
+  float *count = bad ? dt__arena_floats(g, 1) : NULL;
+  if (!count) return 0;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = bad;
+  r.p[1] = x->data;
+  r.n[0] = x->size;
+  r.n[1] = fn == DTRAIN_MAP_SQRT ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_DOMAIN_POS;
+  if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return 0;
+  dt__device_args0(&r);
+  r.p[0] = count;
+  r.p[1] = bad;
+  r.n[0] = x->size;
+  r.f[0] = 1.0f;
+  float h = 0.0f;
+  if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r) || !dt__dev_copy(g, op, &h, count, sizeof h, DTRAIN_COPY_D2H)) return 0;
+  if (h == 0.0f) return 1;
+  size_t bytes = (size_t)x->size * sizeof(float);
+  float *hb = (float *)dt__alloc(bytes);
+  if (!hb) {
+    dt__fail(g, DTRAIN_ERR_NOMEM, "%s: an input element is outside the op's domain (out of host memory to find it)", op);
+    return 0;
+  }
+  int64_t at = 0;
+  float v = 0.0f;
+  if (dt__dev_copy(g, op, hb, bad, bytes, DTRAIN_COPY_D2H)) {
+    while (at < x->size - 1 && hb[at] == 0.0f) at++;
+    if (dt__dev_copy(g, op, &v, x->data + at, sizeof v, DTRAIN_COPY_D2H)) {
+      if (fn == DTRAIN_MAP_POW_SCALAR)
+        dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g; a non-integer power needs x > 0", op,
+                 (long long)at, (double)v);
+      else
+        dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g (domain is x %s 0)", op, (long long)at,
+                 (double)v, fn == DTRAIN_MAP_LOG ? ">" : ">=");
+    }
+  }
+  dt__free(hb, bytes);
+  return 0;
+}
+
 DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op) {
-  if (fn == DTRAIN_MAP_POW_SCALAR && s != floorf(s)) /* the CPU checks x > 0 on the host: not done here */
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_UNSUPPORTED,
-                                 "%s: power %g on device %s: only integer powers are supported on a device (a "
-                                 "non-integer power needs x > 0, which the CPU op checks on the host)",
-                                 op, (double)s, g->device->name);
+  if ((fn == DTRAIN_MAP_POW_SCALAR && s != floorf(s)) || fn == DTRAIN_MAP_LOG || fn == DTRAIN_MAP_SQRT)
+    if (!dt__device_domain(g, x, fn, op)) return NULL;
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   dt_kernel_args r;
@@ -5857,13 +5903,17 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
-  if (g->device) { /* dt__begin refused log and sqrt (no device path) */
+  if (g->device) { /* the device checks the domain of log, sqrt and pow itself */
     if (kind == DT__U_RELU || kind == DT__U_SIGMOID || kind == DT__U_TANH)
       return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
                            op);
     static const int map_fn[] = {DTRAIN_MAP_ADD_SCALAR, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_POW_SCALAR,
                                  DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_NEG, DTRAIN_MAP_EXP};
-    int fn = kind == DT__U_LRELU ? DTRAIN_MAP_LEAKY_RELU : kind == DT__U_GELU ? DTRAIN_MAP_GELU : -1;
+    int fn = kind == DT__U_LRELU  ? DTRAIN_MAP_LEAKY_RELU
+             : kind == DT__U_GELU ? DTRAIN_MAP_GELU
+             : kind == DT__U_LOG  ? DTRAIN_MAP_LOG
+             : kind == DT__U_SQRT ? DTRAIN_MAP_SQRT
+                                  : -1;
     if (kind >= DT__U_ADDS && kind <= DT__U_EXP) fn = map_fn[kind];
     if (fn < 0) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: no device map for kind %d", op, kind);
     return dt__dev_map(g, x, fn, s, op);

@@ -28,16 +28,17 @@
  * test (it skips where there is no GPU).
  *
  * Kernels (dt_kernel in dt_device.h), all with forward and backward:
- * add/sub/mul/div (+ row broadcast), the scalar ops (add/mul/rsub, pow with
- * an integer power), neg, exp, relu, leaky_relu, gelu, sigmoid, tanh,
+ * add/sub/mul/div (+ row broadcast), the scalar ops (add/mul/rsub/pow),
+ * neg, exp, log, sqrt, relu, leaky_relu, gelu, sigmoid, tanh,
  * sum/mean (all, or over one axis), transpose (last two dims), dropout (mask
  * drawn on the host from the graph RNG, as the CPU op: same seed, same
  * result), layer_norm, embedding, softmax/log_softmax, cross_entropy, mse,
  * GEMM through cuBLAS (matmul, linear), conv2d (im2col + cuBLAS per image,
  * col2im gather), max/avg pooling; SGD (momentum, Nesterov, weight decay),
  * Adam/AdamW, clipping (sum of squares, scale).
- * Not yet: log, sqrt, pow with a non-integer power (its domain check is on
- * the host), batch norm, attention/causal_mask, bmm, concat/slice/split/
+ * log, sqrt and non-integer powers check their domain on the device (a 0/1
+ * map summed, one float read back), failing as the CPU op does.
+ * Not yet: batch norm, attention/causal_mask, bmm, concat/slice/split/
  * permute, RMSprop -- those fail on a CUDA graph with DTRAIN_ERR_UNSUPPORTED
  * naming the op and the device.
  * Not yet: multi-GPU (mirrored over NCCL / peer copies), GPU replicas in the
@@ -272,6 +273,10 @@ DT__CU_HD inline void dt__cu_map_at(int64_t i, const dt_kernel_args &a) {
     case DTRAIN_MAP_NEG: y = -v; break;
     case DTRAIN_MAP_EXP: y = expf(v); break;
     case DTRAIN_MAP_LEAKY_RELU: y = v > 0.0f ? v : s * v; break;
+    case DTRAIN_MAP_LOG: y = logf(v); break;
+    case DTRAIN_MAP_SQRT: y = sqrtf(v); break;
+    case DTRAIN_MAP_DOMAIN_POS: y = v > 0.0f ? 0.0f : 1.0f; break;
+    case DTRAIN_MAP_DOMAIN_NONNEG: y = v >= 0.0f ? 0.0f : 1.0f; break;
     default: y = 0.5f * v * (1.0f + tanhf(DT__CU_GELU_C * (v + DT__CU_GELU_K * v * v * v))); break;
   }
   a.p[0][i] = y;
@@ -287,6 +292,8 @@ DT__CU_HD inline void dt__cu_map_bwd_at(int64_t i, const dt_kernel_args &a) {
     case DTRAIN_MAP_POW_SCALAR: *gx += go * s * powf(a.p[2][i], s - 1.0f); break;
     case DTRAIN_MAP_EXP: *gx += go * a.p[3][i]; break;
     case DTRAIN_MAP_LEAKY_RELU: *gx += a.p[2][i] > 0.0f ? go : s * go; break;
+    case DTRAIN_MAP_LOG: *gx += go / a.p[2][i]; break;
+    case DTRAIN_MAP_SQRT: *gx += go * 0.5f / a.p[3][i]; break;
     default: {
       float v = a.p[2][i], u = DT__CU_GELU_C * (v + DT__CU_GELU_K * v * v * v);
       float t = tanhf(u);
@@ -564,7 +571,8 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_DIV_BWD_ROWS: return l.template each<dt__cu_div_bwd_rows_at>(a.n[1], a);
     case DTRAIN_K_MAP:
     case DTRAIN_K_MAP_BWD:
-      if (a.n[1] < DTRAIN_MAP_ADD_SCALAR || a.n[1] > DTRAIN_MAP_GELU) break; /* an unknown map: refused below */
+      if (a.n[1] < DTRAIN_MAP_ADD_SCALAR || a.n[1] > (k == DTRAIN_K_MAP ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_SQRT))
+        break; /* an unknown map: refused below */
       if (k == DTRAIN_K_MAP) return l.template each<dt__cu_map_at>(a.n[0], a);
       return l.template each<dt__cu_map_bwd_at>(a.n[0], a);
     case DTRAIN_K_SUM_AXIS: return l.template each<dt__cu_sum_axis_at>(a.n[0] * a.n[2], a);

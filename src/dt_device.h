@@ -38,9 +38,10 @@
  *                            leading dims, e.g. [N,C] + [C]; other broadcasts
  *                            are DTRAIN_ERR_UNSUPPORTED on a device)
  *   dt_add_scalar, dt_mul_scalar, dt_rsub_scalar, dt_neg, dt_exp,
- *   dt_leaky_relu, dt_gelu, dt_pow_scalar (integer powers only: a
- *   non-integer power, whose domain x > 0 the CPU op checks on the host, is
- *   DTRAIN_ERR_UNSUPPORTED on a device),
+ *   dt_leaky_relu, dt_gelu, dt_pow_scalar, dt_log, dt_sqrt (log, sqrt and
+ *   non-integer powers check their domain on the device as the CPU op does,
+ *   failing with the same DTRAIN_ERR_INVALID_ARG message; the check waits
+ *   for one float from the device),
  *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean, dt_sum_axis, dt_mean_axis,
  *   dt_transpose (any rank >= 2: the last two dims),
  *   dt_dropout (the mask is drawn on the host from the graph's RNG exactly as
@@ -159,11 +160,14 @@ typedef enum dt_kernel {
 } dt_kernel;
 
 /* The functions of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (s = f0): x + s, x * s,
- * s - x, x^s (integer s only on a device), -x, exp(x), leaky ReLU with slope
- * s, GELU (tanh form). Same float expressions as the CPU ops. */
+ * s - x, x^s, -x, exp(x), leaky ReLU with slope s, GELU (tanh form), log(x),
+ * sqrt(x). Same float expressions as the CPU ops. The two DOMAIN maps (MAP
+ * only) write 1 where x is outside a domain, else 0: x > 0 (log, non-integer
+ * powers) and x >= 0 (sqrt). */
 typedef enum dt_map_fn {
   DTRAIN_MAP_ADD_SCALAR = 0, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_POW_SCALAR,
-  DTRAIN_MAP_NEG, DTRAIN_MAP_EXP, DTRAIN_MAP_LEAKY_RELU, DTRAIN_MAP_GELU
+  DTRAIN_MAP_NEG, DTRAIN_MAP_EXP, DTRAIN_MAP_LEAKY_RELU, DTRAIN_MAP_GELU, DTRAIN_MAP_LOG, DTRAIN_MAP_SQRT,
+  DTRAIN_MAP_DOMAIN_POS, DTRAIN_MAP_DOMAIN_NONNEG
 } dt_map_fn;
 
 typedef struct dt_kernel_args {

@@ -202,13 +202,17 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
-  if (g->device) { /* dt__begin refused log and sqrt (no device path) */
+  if (g->device) { /* the device checks the domain of log, sqrt and pow itself */
     if (kind == DT__U_RELU || kind == DT__U_SIGMOID || kind == DT__U_TANH)
       return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
                            op);
     static const int map_fn[] = {DTRAIN_MAP_ADD_SCALAR, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_POW_SCALAR,
                                  DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_NEG, DTRAIN_MAP_EXP};
-    int fn = kind == DT__U_LRELU ? DTRAIN_MAP_LEAKY_RELU : kind == DT__U_GELU ? DTRAIN_MAP_GELU : -1;
+    int fn = kind == DT__U_LRELU  ? DTRAIN_MAP_LEAKY_RELU
+             : kind == DT__U_GELU ? DTRAIN_MAP_GELU
+             : kind == DT__U_LOG  ? DTRAIN_MAP_LOG
+             : kind == DT__U_SQRT ? DTRAIN_MAP_SQRT
+                                  : -1;
     if (kind >= DT__U_ADDS && kind <= DT__U_EXP) fn = map_fn[kind];
     if (fn < 0) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: no device map for kind %d", op, kind);
     return dt__dev_map(g, x, fn, s, op);

@@ -93,6 +93,10 @@ static dt_tensor *cp_mul_scalar(dt_graph *g, dt_tensor **x) { return dt_mul_scal
 static dt_tensor *cp_rsub_scalar(dt_graph *g, dt_tensor **x) { return dt_rsub_scalar(g, x[0], 2.0f); }
 static dt_tensor *cp_pow2(dt_graph *g, dt_tensor **x) { return dt_pow_scalar(g, x[0], 2.0f); }
 static dt_tensor *cp_pow3(dt_graph *g, dt_tensor **x) { return dt_pow_scalar(g, x[0], 3.0f); }
+static dt_tensor *cp_pow_half(dt_graph *g, dt_tensor **x) { return dt_pow_scalar(g, x[0], 0.5f); }
+static dt_tensor *cp_pow_m15(dt_graph *g, dt_tensor **x) { return dt_pow_scalar(g, x[0], -1.5f); }
+static dt_tensor *cp_log(dt_graph *g, dt_tensor **x) { return dt_log(g, x[0]); }
+static dt_tensor *cp_sqrt(dt_graph *g, dt_tensor **x) { return dt_sqrt(g, x[0]); }
 static dt_tensor *cp_neg(dt_graph *g, dt_tensor **x) { return dt_neg(g, x[0]); }
 static dt_tensor *cp_exp(dt_graph *g, dt_tensor **x) { return dt_exp(g, x[0]); }
 static dt_tensor *cp_leaky_relu(dt_graph *g, dt_tensor **x) { return dt_leaky_relu(g, x[0], 0.1f); }
@@ -158,6 +162,10 @@ static void test_ops_parity(void) {
     {"rsub_scalar", cp_rsub_scalar, 1, {1, 0, 0}, {{37}}, -2, 2, 0},
     {"pow_scalar_2", cp_pow2, 1, {2, 0, 0}, {{5, 7}}, -2, 2, 0},
     {"pow_scalar_3", cp_pow3, 1, {2, 0, 0}, {{5, 7}}, -2, 2, 0},
+    {"pow_scalar_half", cp_pow_half, 1, {2, 0, 0}, {{5, 7}}, 0.1f, 3, 0},
+    {"pow_scalar_neg_frac", cp_pow_m15, 1, {2, 0, 0}, {{5, 7}}, 0.5f, 3, 0},
+    {"log", cp_log, 1, {2, 0, 0}, {{9, 13}}, 0.05f, 4, 0},
+    {"sqrt", cp_sqrt, 1, {2, 0, 0}, {{9, 13}}, 0.05f, 4, 0},
     {"neg", cp_neg, 1, {3, 0, 0}, {{2, 3, 5}}, -2, 2, 0},
     {"exp", cp_exp, 1, {2, 0, 0}, {{9, 13}}, -3, 3, 0},
     {"leaky_relu", cp_leaky_relu, 1, {2, 0, 0}, {{9, 13}}, -1, 1, 0},
@@ -214,21 +222,11 @@ static void test_unsupported(void) {
   if (!g) return;
   dt_tensor *x = dt_tensor_new2(g, 4, 3);
   CHECK(x != NULL);
-  CHECK(dt_log(g, x) == NULL);
+  static const int swap2[2] = {1, 0};
+  CHECK(dt_permute(g, x, swap2) == NULL);
   CHECK(dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED);
-  CHECK(strstr(dt_graph_message(g), "dt_log") != NULL);
+  CHECK(strstr(dt_graph_message(g), "dt_permute") != NULL);
   CHECK(strstr(dt_graph_message(g), cp_dev->name) != NULL);
-  dt_graph_reset(g);
-  /* a non-integer power needs x > 0, which the CPU checks on the host: the
-   * device refuses it (an integer power runs: the parity cases) */
-  x = dt_tensor_new2(g, 4, 3);
-  CHECK(dt_pow_scalar(g, x, 0.5f) == NULL);
-  CHECK(dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED);
-  CHECK(strstr(dt_graph_message(g), "dt_pow_scalar") != NULL);
-  CHECK(strstr(dt_graph_message(g), cp_dev->name) != NULL);
-  dt_graph_reset(g);
-  x = dt_tensor_new2(g, 4, 3);
-  CHECK(dt_pow_scalar(g, x, 2.0f) != NULL);
   dt_graph_reset(g);
   x = dt_tensor_new2(g, 4, 3);
   dt_tensor *col = dt_tensor_new2(g, 4, 1);
@@ -271,9 +269,8 @@ static void test_unsupported_all(void) {
   dt_graph *g = dt_graph_create(NULL, &gd);
   CHECK(g != NULL);
   if (!g) return;
-  static const char *const names[] = {"dt_log",   "dt_sqrt", "dt_permute",    "dt_concat",
-                                      "dt_slice", "dt_split", "dt_bmm",        "dt_batch_norm",
-                                      "dt_causal_mask"};
+  static const char *const names[] = {"dt_permute", "dt_concat",     "dt_slice",      "dt_split",
+                                      "dt_bmm",     "dt_batch_norm", "dt_causal_mask"};
   const int n = (int)(sizeof names / sizeof names[0]);
   static const int perm[4] = {0, 2, 1, 3};
   for (int i = 0; i < n; i++) {
@@ -283,9 +280,7 @@ static void test_unsupported_all(void) {
     dt_tensor *y = NULL;
     const char *nm = names[i];
 #define CP_IS(s) (strcmp(nm, s) == 0)
-    if (CP_IS("dt_log")) y = dt_log(g, x);
-    else if (CP_IS("dt_sqrt")) y = dt_sqrt(g, x);
-    else if (CP_IS("dt_permute")) y = dt_permute(g, x, perm);
+    if (CP_IS("dt_permute")) y = dt_permute(g, x, perm);
     else if (CP_IS("dt_concat")) y = dt_concat(g, xs, 2, 0);
     else if (CP_IS("dt_slice")) y = dt_slice(g, x, 0, 0, 1);
     else if (CP_IS("dt_split")) y = dt_split(g, x, 0, 2, parts) == DTRAIN_OK ? x : NULL;
@@ -298,6 +293,48 @@ static void test_unsupported_all(void) {
               "%s on %s: %s", names[i], cp_dev->name, dt_graph_message(g));
   }
   dt_graph_destroy(g);
+}
+
+/* log, sqrt and non-integer powers check their domain on the device: the
+ * same error, with the same message (first bad element and its value), as
+ * the CPU op; zero and NaN are outside log's domain, zero inside sqrt's. */
+static void cp_domain_msg(dt_device *dev, int which, int64_t bad_at, float bad, char *msg, size_t cap,
+                          dt_result *code) {
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  dt_graph *g = dt_graph_create(NULL, &gd);
+  float x[40];
+  for (int i = 0; i < 40; i++) x[i] = 0.5f + (float)i;
+  if (bad_at >= 0) x[bad_at] = bad;
+  if (bad_at >= 0 && bad_at + 3 < 40) x[bad_at + 3] = -1.0f; /* a later one: not the one named */
+  int64_t s[2] = {5, 8};
+  dt_tensor *t = dt_tensor_from(g, 2, s, x);
+  dt_tensor *y = which == 0 ? dt_log(g, t) : which == 1 ? dt_sqrt(g, t) : dt_pow_scalar(g, t, 1.5f);
+  *code = dt_graph_error(g);
+  snprintf(msg, cap, "%.200s", y ? "ok" : dt_graph_message(g));
+  dt_graph_destroy(g);
+}
+
+static void test_domain_checks(void) {
+  static const struct { int which; int64_t at; float v; dt_result want; } cases[] = {
+    {0, 17, 0.0f, DTRAIN_ERR_INVALID_ARG}, {0, 0, -2.0f, DTRAIN_ERR_INVALID_ARG},
+    {0, 39, NAN, DTRAIN_ERR_INVALID_ARG},  {1, 17, 0.0f, DTRAIN_ERR_INVALID_ARG},
+    {1, 22, -0.25f, DTRAIN_ERR_INVALID_ARG}, {2, 5, 0.0f, DTRAIN_ERR_INVALID_ARG},
+    {0, -1, 0.0f, DTRAIN_OK}, {1, -1, 0.0f, DTRAIN_OK}, {2, -1, 0.0f, DTRAIN_OK}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char mc[256], md[256];
+    dt_result rc, rd;
+    int which = cases[i].which;
+    if (which == 1 && cases[i].at == 17) { /* sqrt(0) is fine: only the later -1 is outside */
+      cp_domain_msg(NULL, which, cases[i].at, cases[i].v, mc, sizeof mc, &rc);
+      CHECK(strstr(mc, "element 20 ") != NULL);
+    }
+    cp_domain_msg(NULL, which, cases[i].at, cases[i].v, mc, sizeof mc, &rc);
+    cp_domain_msg(cp_dev, which, cases[i].at, cases[i].v, md, sizeof md, &rd);
+    CHECK_MSG(rc == cases[i].want && rd == rc, "case %zu: cpu %d device %d", i, (int)rc, (int)rd);
+    CHECK_MSG(strcmp(mc, md) == 0, "case %zu: cpu '%s' device '%s'", i, mc, md);
+  }
 }
 
 /* Dropout on a device draws its mask on the host from the graph's RNG as
@@ -558,6 +595,7 @@ static void cp_run_all(void) {
   TH_RUN(test_unsupported);
   TH_RUN(test_unsupported_all);
   TH_RUN(test_dropout_seed);
+  TH_RUN(test_domain_checks);
   TH_RUN(test_modules_parity);
   TH_RUN(test_mlp_parity);
   TH_RUN(test_optim_unsupported);
