@@ -2337,14 +2337,25 @@ DTRAIN_EXTERN_C_END
  * Ops that run on a device (everything else fails on a device graph with
  * DTRAIN_ERR_UNSUPPORTED naming the op and the device, before touching any
  * data -- never a silent host read of device memory):
- *   dt_add, dt_sub, dt_mul  (same shapes, or b broadcast over a's leading
- *                            dims, e.g. [N,C] + [C]; other broadcasts are
- *                            DTRAIN_ERR_UNSUPPORTED on a device)
- *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean,
+ *   dt_add, dt_sub, dt_mul, dt_div  (same shapes, or b broadcast over a's
+ *                            leading dims, e.g. [N,C] + [C]; other broadcasts
+ *                            are DTRAIN_ERR_UNSUPPORTED on a device)
+ *   dt_add_scalar, dt_mul_scalar, dt_rsub_scalar, dt_neg, dt_exp,
+ *   dt_leaky_relu, dt_gelu, dt_pow_scalar, dt_log, dt_sqrt (log, sqrt and
+ *   non-integer powers check their domain on the device as the CPU op does,
+ *   failing with the same DTRAIN_ERR_INVALID_ARG message; the check waits
+ *   for one float from the device),
+ *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean, dt_sum_axis, dt_mean_axis,
+ *   dt_transpose (any rank >= 2: the last two dims),
+ *   dt_dropout (the mask is drawn on the host from the graph's RNG exactly as
+ *   the CPU op draws it, then copied to the device: same seed, same result),
+ *   dt_layer_norm, dt_embedding (ids are host memory: checked on the host,
+ *   copied to the device),
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
- *   dt_nn_linear_forward, dt_nn_conv2d_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
+ *   dt_nn_linear_forward, dt_nn_conv2d_forward, dt_nn_embedding_forward,
+ *   dt_nn_layer_norm_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
  *   dt_scalar, dt_item, dt_backward, dt_backward_grad.
  * Optimizers on a device (dt_optim_step_graph): SGD (momentum, Nesterov,
  * weight decay), Adam, AdamW, clip_norm. RMSprop: DTRAIN_ERR_UNSUPPORTED.
@@ -2421,8 +2432,46 @@ typedef enum dt_kernel {
    * n5 kernel, n6 stride. Fwd p0 y, p1 x. Bwd p0 gx, p1 gy, p2 x, p3 y (max:
    * the gradient goes to the first maximum of each window, a NaN wins). */
   DTRAIN_K_MAXPOOL, DTRAIN_K_MAXPOOL_BWD, DTRAIN_K_AVGPOOL, DTRAIN_K_AVGPOOL_BWD,
+  /* Division, b over a's leading dims as DTRAIN_K_ADD: DIV p0[i] = p1[i] /
+   * p2[i % n1]; ACC_DIV p0[i] += p1[i] / p2[i % n1] (ga += gy / b);
+   * DIV_BWD_ROWS p0[j] -= sum_r p1[r*n1+j] * p3[r*n1+j] / (p2[j] * p2[j]),
+   * j < n1, rows r < n0/n1 ascending (gb from gy p1, b p2, a p3). */
+  DTRAIN_K_DIV, DTRAIN_K_ACC_DIV, DTRAIN_K_DIV_BWD_ROWS,
+  /* Elementwise maps, i < n0, n1 a dt_map_fn, f0 its scalar: MAP p0[i] =
+   * f(p1[i]); MAP_BWD p0[i] += p1[i] * f'(...) with p2 x, p3 y. */
+  DTRAIN_K_MAP, DTRAIN_K_MAP_BWD,
+  /* Sum over one axis, x viewed as [outer n0, len n1, inner n2]: SUM_AXIS
+   * p0[o*n2 + i] = sum_k p1[(o*n1 + k)*n2 + i] (in double, k ascending;
+   * divided by n1 when n3 = 1: the mean); SUM_AXIS_BWD p0[(o*n1 + k)*n2 + i]
+   * += p1[o*n2 + i] * f0. */
+  DTRAIN_K_SUM_AXIS, DTRAIN_K_SUM_AXIS_BWD,
+  /* Batched transpose: p1 is n0 matrices of n1 rows x n2 cols; p0 gets
+   * their transposes (n2 x n1 each), p0 = when n3 = 0, p0 += when n3 = 1. */
+  DTRAIN_K_TRANSPOSE,
+  /* Layer norm over rows r < n0 of n1 floats, f0 eps. p4 stats: mean[n0]
+   * then rstd[n0] (written by the forward, read by the backward).
+   * LAYER_NORM (per row): p0 y, p1 x, p2 gamma, p3 beta (either NULL).
+   * LAYER_NORM_BWD (per row): p0 gx +=, p1 gy, p2 x, p3 gamma (or NULL).
+   * LAYER_NORM_BWD_PARAMS (per column j < n1, rows ascending): p0 ggamma
+   * +=, p1 gbeta += (either NULL), p2 gy, p3 x. */
+  DTRAIN_K_LAYER_NORM, DTRAIN_K_LAYER_NORM_BWD, DTRAIN_K_LAYER_NORM_BWD_PARAMS,
+  /* Embedding, n0 ids (in `labels`, device, already range-checked), rows of
+   * n1 floats: EMBED p0[i*n1 + j] = p1[ids[i]*n1 + j]; EMBED_BWD (one
+   * column j < n1, ids in order) p0[ids[i]*n1 + j] += p1[i*n1 + j]. */
+  DTRAIN_K_EMBED, DTRAIN_K_EMBED_BWD,
   DTRAIN_K_COUNT
 } dt_kernel;
+
+/* The functions of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (s = f0): x + s, x * s,
+ * s - x, x^s, -x, exp(x), leaky ReLU with slope s, GELU (tanh form), log(x),
+ * sqrt(x). Same float expressions as the CPU ops. The two DOMAIN maps (MAP
+ * only) write 1 where x is outside a domain, else 0: x > 0 (log, non-integer
+ * powers) and x >= 0 (sqrt). */
+typedef enum dt_map_fn {
+  DTRAIN_MAP_ADD_SCALAR = 0, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_POW_SCALAR,
+  DTRAIN_MAP_NEG, DTRAIN_MAP_EXP, DTRAIN_MAP_LEAKY_RELU, DTRAIN_MAP_GELU, DTRAIN_MAP_LOG, DTRAIN_MAP_SQRT,
+  DTRAIN_MAP_DOMAIN_POS, DTRAIN_MAP_DOMAIN_NONNEG
+} dt_map_fn;
 
 typedef struct dt_kernel_args {
   float *p[6];
@@ -2674,7 +2723,16 @@ DTRAIN_PRIVATE dt_result dt__dev_graph_init(dt_graph *g);
 DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out);
 DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
+                                            int64_t m, int64_t n);
+DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p);
+DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d);
+DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                                             int64_t rows, int64_t d);
+DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
+                                              int64_t len, int64_t inner, int mean, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
                                          int64_t in, int64_t out, int ndim, const int64_t *shape);
@@ -3773,9 +3831,11 @@ struct dt__dchunk {
 /* Ops with a device path (dt__begin refuses every other op on a device). */
 static const char *const dt__device_ops[] = {
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
-  "dt_add", "dt_sub", "dt_mul", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_matmul", "dt_linear",
+  "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
+  "dt_neg", "dt_exp", "dt_log", "dt_sqrt", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
-  "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", NULL
+  "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", "dt_nn_embedding_forward",
+  "dt_nn_layer_norm_forward", NULL
 };
 
 DTRAIN_PRIVATE int dt__dev_op_ok(const char *op) {
@@ -4044,7 +4104,9 @@ static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
     r.n[0] = y->size;
     r.n[1] = b->size;
     r.f[0] = 1.0f;
-    if (!dt__dev_run(g, y->op, k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL : DTRAIN_K_ACC, &r)) return;
+    if (!dt__dev_run(g, y->op,
+                     k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL : k == DTRAIN_K_DIV ? DTRAIN_K_ACC_DIV : DTRAIN_K_ACC, &r))
+      return;
   }
   if (gb) { /* summed over the rows b was repeated over (one row when shapes agree) */
     dt__device_args0(&r);
@@ -4054,7 +4116,15 @@ static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
     r.n[0] = y->size;
     r.n[1] = b->size;
     r.f[0] = k == DTRAIN_K_SUB ? -1.0f : 1.0f;
-    dt__dev_run(g, y->op, k == DTRAIN_K_MUL ? DTRAIN_K_ACC_MUL_ROWS : DTRAIN_K_ACC_ROWS, &r);
+    if (k == DTRAIN_K_DIV) { /* gb -= gy * a / b^2 */
+      r.p[2] = b->data;
+      r.p[3] = a->data;
+    }
+    dt__dev_run(g, y->op,
+                k == DTRAIN_K_MUL   ? DTRAIN_K_ACC_MUL_ROWS
+                : k == DTRAIN_K_DIV ? DTRAIN_K_DIV_BWD_ROWS
+                                    : DTRAIN_K_ACC_ROWS,
+                &r);
   }
 }
 
@@ -4121,6 +4191,88 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd
   return dt__finish(g, y);
 }
 
+/* ---- elementwise maps (scalar ops, neg, exp, leaky ReLU, GELU) ---------------------------- */
+
+static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = x->data;
+  r.p[3] = y->data;
+  r.n[0] = y->size;
+  r.n[1] = y->iaux[0];
+  r.f[0] = y->faux[0];
+  dt__dev_run(g, y->op, DTRAIN_K_MAP_BWD, &r);
+}
+
+/* The CPU op's domain check, on the device: a 0/1 map of the elements
+ * outside the domain, summed, one float read back. Only on failure does the
+ * map come to the host, to name the first bad element as the CPU op does. */
+static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char *op) {
+  float *bad = dt__arena_floats(g, x->size);
+  float *count = bad ? dt__arena_floats(g, 1) : NULL;
+  if (!count) return 0;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = bad;
+  r.p[1] = x->data;
+  r.n[0] = x->size;
+  r.n[1] = fn == DTRAIN_MAP_SQRT ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_DOMAIN_POS;
+  if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return 0;
+  dt__device_args0(&r);
+  r.p[0] = count;
+  r.p[1] = bad;
+  r.n[0] = x->size;
+  r.f[0] = 1.0f;
+  float h = 0.0f;
+  if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r) || !dt__dev_copy(g, op, &h, count, sizeof h, DTRAIN_COPY_D2H)) return 0;
+  if (h == 0.0f) return 1;
+  size_t bytes = (size_t)x->size * sizeof(float);
+  float *hb = (float *)dt__alloc(bytes);
+  if (!hb) {
+    dt__fail(g, DTRAIN_ERR_NOMEM, "%s: an input element is outside the op's domain (out of host memory to find it)", op);
+    return 0;
+  }
+  int64_t at = 0;
+  float v = 0.0f;
+  if (dt__dev_copy(g, op, hb, bad, bytes, DTRAIN_COPY_D2H)) {
+    while (at < x->size - 1 && hb[at] == 0.0f) at++;
+    if (dt__dev_copy(g, op, &v, x->data + at, sizeof v, DTRAIN_COPY_D2H)) {
+      if (fn == DTRAIN_MAP_POW_SCALAR)
+        dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g; a non-integer power needs x > 0", op,
+                 (long long)at, (double)v);
+      else
+        dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g (domain is x %s 0)", op, (long long)at,
+                 (double)v, fn == DTRAIN_MAP_LOG ? ">" : ">=");
+    }
+  }
+  dt__free(hb, bytes);
+  return 0;
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op) {
+  if ((fn == DTRAIN_MAP_POW_SCALAR && s != floorf(s)) || fn == DTRAIN_MAP_LOG || fn == DTRAIN_MAP_SQRT)
+    if (!dt__device_domain(g, x, fn, op)) return NULL;
+  dt_tensor *y = dt__new_like(g, op, x);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = y->size;
+  r.n[1] = fn;
+  r.f[0] = s;
+  if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return NULL;
+  y->iaux[0] = fn;
+  y->faux[0] = s;
+  dt__record(g, y, op, dt__device_map_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
 /* ---- sum / mean ---------------------------------------------------------------------------- */
 
 static void dt__device_reduce_backward(dt_graph *g, dt_tensor *y) {
@@ -4148,6 +4300,217 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean
   if (!dt__dev_run(g, op, DTRAIN_K_SUM, &r)) return NULL;
   y->faux[0] = r.f[0];
   dt__record(g, y, op, dt__device_reduce_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- sum / mean over one axis ---------------------------------------------------------------- */
+
+static void dt__device_reduce_axis_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.n[0] = y->iaux[0];
+  r.n[1] = y->iaux[1];
+  r.n[2] = y->iaux[2];
+  r.f[0] = y->faux[0];
+  dt__dev_run(g, y->op, DTRAIN_K_SUM_AXIS_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
+                                              int64_t len, int64_t inner, int mean, const char *op) {
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = outer;
+  r.n[1] = len;
+  r.n[2] = inner;
+  r.n[3] = mean;
+  if (!dt__dev_run(g, op, DTRAIN_K_SUM_AXIS, &r)) return NULL;
+  y->iaux[0] = outer;
+  y->iaux[1] = len;
+  y->iaux[2] = inner;
+  y->iaux[3] = mean;
+  y->faux[0] = mean ? (float)(1.0 / (double)len) : 1.0f;
+  dt__record(g, y, op, dt__device_reduce_axis_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- transpose (last two dims) ----------------------------------------------------------------- */
+
+static void dt__device_transpose_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r; /* gx [b, m, n] += (gy [b, n, m])^T */
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.n[0] = y->iaux[0];
+  r.n[1] = y->iaux[2];
+  r.n[2] = y->iaux[1];
+  r.n[3] = 1;
+  dt__dev_run(g, y->op, DTRAIN_K_TRANSPOSE, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
+                                            int64_t m, int64_t n) {
+  const char *op = "dt_transpose";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = batch;
+  r.n[1] = m;
+  r.n[2] = n;
+  if (!dt__dev_run(g, op, DTRAIN_K_TRANSPOSE, &r)) return NULL;
+  y->iaux[0] = batch;
+  y->iaux[1] = m;
+  y->iaux[2] = n;
+  dt__record(g, y, op, dt__device_transpose_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- dropout: the mask drawn on the host from the graph's RNG (the CPU op's
+ * draws, in the same order), copied to the device; y = x * mask, and the
+ * backward gx += gy * mask. ------------------------------------------------------------------ */
+
+static void dt__device_dropout_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = (float *)y->aux;
+  r.n[0] = y->size;
+  r.n[1] = y->size;
+  dt__dev_run(g, y->op, DTRAIN_K_ACC_MUL, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p) {
+  const char *op = "dt_dropout";
+  size_t bytes;
+  if (!dt__mul_size((size_t)x->size, sizeof(float), &bytes))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: mask of %lld floats overflows", op, (long long)x->size);
+  float *host = (float *)dt__arena_alloc(g, bytes); /* host arena: no allocation in steady state */
+  float *mask = host ? dt__arena_floats(g, x->size) : NULL;
+  dt_tensor *y = mask ? dt__new_like(g, op, x) : NULL;
+  if (!y) return NULL;
+  float scale = 1.0f / (1.0f - p);
+  for (int64_t i = 0; i < x->size; i++) host[i] = dt_rng_uniform(&g->rng) >= p ? scale : 0.0f;
+  if (!dt__dev_copy(g, op, mask, host, bytes, DTRAIN_COPY_H2D)) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.p[2] = mask;
+  r.n[0] = y->size;
+  r.n[1] = y->size;
+  if (!dt__dev_run(g, op, DTRAIN_K_MUL, &r)) return NULL;
+  y->aux = mask;
+  y->faux[0] = p;
+  dt__record(g, y, op, dt__device_dropout_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- layer norm over the last dim ------------------------------------------------------------
+ * aux: the device stats [mean[rows], rstd[rows]]; iaux 0 rows, 1 d. */
+
+static void dt__device_layer_norm_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *gamma = y->src[1], *beta = y->src[2];
+  float *gx = dt__grad(g, x), *gg = dt__grad(g, gamma), *gb = dt__grad(g, beta);
+  if (g->err != DTRAIN_OK) return;
+  dt_kernel_args r;
+  if (gg || gb) {
+    dt__device_args0(&r);
+    r.p[0] = gg;
+    r.p[1] = gb;
+    r.p[2] = y->grad;
+    r.p[3] = x->data;
+    r.p[4] = (float *)y->aux;
+    r.n[0] = y->iaux[0];
+    r.n[1] = y->iaux[1];
+    if (!dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD_PARAMS, &r)) return;
+  }
+  if (gx) {
+    dt__device_args0(&r);
+    r.p[0] = gx;
+    r.p[1] = y->grad;
+    r.p[2] = x->data;
+    r.p[3] = gamma ? gamma->data : NULL;
+    r.p[4] = (float *)y->aux;
+    r.n[0] = y->iaux[0];
+    r.n[1] = y->iaux[1];
+    dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD, &r);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                                             int64_t rows, int64_t d) {
+  const char *op = "dt_layer_norm";
+  float *stats = dt__arena_floats(g, 2 * rows);
+  dt_tensor *y = stats ? dt__new_like(g, op, x) : NULL;
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.p[2] = gamma ? gamma->data : NULL;
+  r.p[3] = beta ? beta->data : NULL;
+  r.p[4] = stats;
+  r.n[0] = rows;
+  r.n[1] = d;
+  r.f[0] = eps;
+  if (!dt__dev_run(g, op, DTRAIN_K_LAYER_NORM, &r)) return NULL;
+  y->aux = stats;
+  y->iaux[0] = rows;
+  y->iaux[1] = d;
+  dt__record(g, y, op, dt__device_layer_norm_backward, x, gamma, beta);
+  return dt__finish(g, y);
+}
+
+/* ---- embedding: ids checked on the host (by dt_embedding), copied to the device ------------
+ * aux: the device ids. */
+
+static void dt__device_embedding_backward(dt_graph *g, dt_tensor *y) {
+  float *gt = dt__grad(g, y->src[0]);
+  if (!gt) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gt;
+  r.p[1] = y->grad;
+  r.labels = (const int32_t *)y->aux;
+  r.n[0] = y->shape[0];
+  r.n[1] = y->shape[1];
+  dt__dev_run(g, y->op, DTRAIN_K_EMBED_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d) {
+  const char *op = "dt_embedding";
+  int64_t shape[2];
+  shape[0] = n;
+  shape[1] = d;
+  dt_tensor *y = dt__new(g, op, 2, shape); /* validates the size, so n * 4 bytes cannot overflow */
+  int32_t *dids = y ? (int32_t *)dt__dev_arena(g, (size_t)n * sizeof(int32_t)) : NULL;
+  if (!dids) return NULL;
+  if (!dt__dev_copy(g, op, dids, ids, (size_t)n * sizeof(int32_t), DTRAIN_COPY_H2D)) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = table->data;
+  r.labels = dids;
+  r.n[0] = n;
+  r.n[1] = d;
+  if (!dt__dev_run(g, op, DTRAIN_K_EMBED, &r)) return NULL;
+  y->aux = dids;
+  dt__record(g, y, op, dt__device_embedding_backward, table, NULL, NULL);
   return dt__finish(g, y);
 }
 
@@ -5427,8 +5790,13 @@ static void dt__binary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op) {
   if (!dt__begin(g, op, 2, a, b)) return NULL;
-  if (g->device) /* dt__begin let only add, sub and mul through */
-    return dt__dev_binary(g, a, b, kind == DT__ADD ? DTRAIN_K_ADD : kind == DT__SUB ? DTRAIN_K_SUB : DTRAIN_K_MUL, op);
+  if (g->device)
+    return dt__dev_binary(g, a, b,
+                          kind == DT__ADD   ? DTRAIN_K_ADD
+                          : kind == DT__SUB ? DTRAIN_K_SUB
+                          : kind == DT__MUL ? DTRAIN_K_MUL
+                                            : DTRAIN_K_DIV,
+                          op);
   dt__bcast *bc = (dt__bcast *)dt__arena_alloc(g, sizeof(dt__bcast));
   if (!bc || !dt__elem_broadcast(g, op, a, b, bc)) return NULL;
   dt_tensor *y = dt__new(g, op, bc->ndim, bc->shape);
@@ -5535,9 +5903,21 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
-  if (g->device) /* dt__begin let only relu, sigmoid and tanh through */
-    return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
-                         op);
+  if (g->device) { /* the device checks the domain of log, sqrt and pow itself */
+    if (kind == DT__U_RELU || kind == DT__U_SIGMOID || kind == DT__U_TANH)
+      return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
+                           op);
+    static const int map_fn[] = {DTRAIN_MAP_ADD_SCALAR, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_POW_SCALAR,
+                                 DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_NEG, DTRAIN_MAP_EXP};
+    int fn = kind == DT__U_LRELU  ? DTRAIN_MAP_LEAKY_RELU
+             : kind == DT__U_GELU ? DTRAIN_MAP_GELU
+             : kind == DT__U_LOG  ? DTRAIN_MAP_LOG
+             : kind == DT__U_SQRT ? DTRAIN_MAP_SQRT
+                                  : -1;
+    if (kind >= DT__U_ADDS && kind <= DT__U_EXP) fn = map_fn[kind];
+    if (fn < 0) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: no device map for kind %d", op, kind);
+    return dt__dev_map(g, x, fn, s, op);
+  }
   const float *xd = x->data;
   int64_t n = x->size;
   if (kind == DT__U_LOG || kind == DT__U_SQRT) {
@@ -5692,6 +6072,7 @@ static dt_tensor *dt__reduce_axis(dt_graph *g, dt_tensor *x, int axis, int keepd
     if (d != ax) shape[nd++] = x->shape[d];
     else if (keepdim) shape[nd++] = 1;
   }
+  if (g->device) return dt__dev_reduce_axis(g, x, nd, shape, outer, len, inner, mean, op);
   dt_tensor *y = dt__new(g, op, nd, shape);
   if (!y) return NULL;
   const float *xd = x->data;
@@ -5879,6 +6260,8 @@ DTRAIN_API dt_tensor *dt_transpose(dt_graph *g, dt_tensor *x) {
   for (int d = 0; d < nd; d++) s[d] = x->shape[d];
   s[nd - 2] = x->shape[nd - 1];
   s[nd - 1] = x->shape[nd - 2];
+  if (g->device)
+    return dt__dev_transpose(g, x, nd, s, dt__shape_prod(x->shape, 0, nd - 2), x->shape[nd - 2], x->shape[nd - 1]);
   dt_tensor *y = dt__new(g, "dt_transpose", nd, s);
   if (!y) return NULL;
   int64_t m = x->shape[nd - 2], n = x->shape[nd - 1], batch = dt__shape_prod(x->shape, 0, nd - 2);
@@ -6570,6 +6953,7 @@ DTRAIN_API dt_tensor *dt_embedding(dt_graph *g, dt_tensor *table, const int32_t 
       return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INDEX, "%s: id %d at position %lld is out of range [0,%lld) (table %s)",
                                    op, (int)ids[i], (long long)i, (long long)v, dt_shape_str(table, sb, sizeof sb));
   }
+  if (g->device) return dt__dev_embedding(g, table, ids, n, d);
   int64_t shape[2];
   shape[0] = n;
   shape[1] = d;
@@ -6601,6 +6985,7 @@ DTRAIN_API dt_tensor *dt_dropout(dt_graph *g, dt_tensor *x, float p) {
   if (!(p >= 0.0f && p < 1.0f))
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: p is %g (must be in [0,1))", op, (double)p);
   if (!g->training || p == 0.0f) return x; /* identity */
+  if (g->device) return dt__dev_dropout(g, x, p);
   float *mask = dt__arena_floats(g, x->size);
   if (!mask) return NULL;
   dt_tensor *y = dt__new_like(g, op, x);
@@ -6667,6 +7052,7 @@ DTRAIN_API dt_tensor *dt_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma,
   if (!dt__nn_vec(g, op, "gamma", gamma, d, "last dim", x) || !dt__nn_vec(g, op, "beta", beta, d, "last dim", x) ||
       !dt__nn_eps(g, op, eps))
     return NULL;
+  if (g->device) return dt__dev_layer_norm(g, x, gamma, beta, eps, rows, d);
   float *stats = dt__arena_floats(g, 2 * rows);
   if (!stats) return NULL;
   dt_tensor *y = dt__new_like(g, op, x);

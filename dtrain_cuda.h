@@ -27,14 +27,20 @@
  * the CPU against dtrain's CPU ops; tests/test_cuda.cu is the real GPU parity
  * test (it skips where there is no GPU).
  *
- * Kernels (dt_kernel in dt_device.h): add/sub/mul (+ row broadcast), relu,
- * sigmoid, tanh (forward and backward), sum/mean, softmax/log_softmax,
- * cross_entropy, mse, GEMM through cuBLAS (matmul, linear), conv2d (im2col
- * + cuBLAS per image, col2im gather), max/avg pooling, SGD (momentum,
- * Nesterov, weight decay), Adam/AdamW, clipping (sum of squares, scale).
- * Not yet: layer/batch norm, dropout, embedding, attention,
- * bmm, concat/slice/permute/transpose, exp/log/div/... -- those ops fail on a
- * CUDA graph with DTRAIN_ERR_UNSUPPORTED naming the op and the device.
+ * Kernels (dt_kernel in dt_device.h), all with forward and backward:
+ * add/sub/mul/div (+ row broadcast), the scalar ops (add/mul/rsub/pow),
+ * neg, exp, log, sqrt, relu, leaky_relu, gelu, sigmoid, tanh,
+ * sum/mean (all, or over one axis), transpose (last two dims), dropout (mask
+ * drawn on the host from the graph RNG, as the CPU op: same seed, same
+ * result), layer_norm, embedding, softmax/log_softmax, cross_entropy, mse,
+ * GEMM through cuBLAS (matmul, linear), conv2d (im2col + cuBLAS per image,
+ * col2im gather), max/avg pooling; SGD (momentum, Nesterov, weight decay),
+ * Adam/AdamW, clipping (sum of squares, scale).
+ * log, sqrt and non-integer powers check their domain on the device (a 0/1
+ * map summed, one float read back), failing as the CPU op does.
+ * Not yet: batch norm, attention/causal_mask, bmm, concat/slice/split/
+ * permute, RMSprop -- those fail on a CUDA graph with DTRAIN_ERR_UNSUPPORTED
+ * naming the op and the device.
  * Not yet: multi-GPU (mirrored over NCCL / peer copies), GPU replicas in the
  * TCP multi-worker strategy, devices in dt_strategy (examples/02_fashion_mnist
  * --device cuda trains one_device with its own loop), optimizer state of a
@@ -242,6 +248,151 @@ DT__CU_HD inline void dt__cu_adam_at(int64_t i, const dt_kernel_args &a) {
   p[i] = p[i] - step_size * (m[i] / denom);
 }
 
+/* Division (b over a's leading dims) and its backward, in the CPU's order. */
+DT__CU_HD inline void dt__cu_div_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] = a.p[1][i] / a.p[2][i % a.n[1]]; }
+DT__CU_HD inline void dt__cu_acc_div_at(int64_t i, const dt_kernel_args &a) {
+  a.p[0][i] += a.p[1][i] / a.p[2][i % a.n[1]];
+}
+DT__CU_HD inline void dt__cu_div_bwd_rows_at(int64_t j, const dt_kernel_args &a) {
+  int64_t rows = a.n[0] / a.n[1];
+  float b = a.p[2][j], s = a.p[0][j];
+  for (int64_t r = 0; r < rows; r++) s -= a.p[1][r * a.n[1] + j] * a.p[3][r * a.n[1] + j] / (b * b);
+  a.p[0][j] = s;
+}
+/* Elementwise maps (dt_map_fn in n1, scalar f0): the CPU's expressions. */
+#define DT__CU_GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+#define DT__CU_GELU_K 0.044715f
+DT__CU_HD inline void dt__cu_map_at(int64_t i, const dt_kernel_args &a) {
+  const float v = a.p[1][i], s = a.f[0];
+  float y;
+  switch ((int)a.n[1]) {
+    case DTRAIN_MAP_ADD_SCALAR: y = v + s; break;
+    case DTRAIN_MAP_MUL_SCALAR: y = v * s; break;
+    case DTRAIN_MAP_RSUB_SCALAR: y = s - v; break;
+    case DTRAIN_MAP_POW_SCALAR: y = powf(v, s); break;
+    case DTRAIN_MAP_NEG: y = -v; break;
+    case DTRAIN_MAP_EXP: y = expf(v); break;
+    case DTRAIN_MAP_LEAKY_RELU: y = v > 0.0f ? v : s * v; break;
+    case DTRAIN_MAP_LOG: y = logf(v); break;
+    case DTRAIN_MAP_SQRT: y = sqrtf(v); break;
+    case DTRAIN_MAP_DOMAIN_POS: y = v > 0.0f ? 0.0f : 1.0f; break;
+    case DTRAIN_MAP_DOMAIN_NONNEG: y = v >= 0.0f ? 0.0f : 1.0f; break;
+    default: y = 0.5f * v * (1.0f + tanhf(DT__CU_GELU_C * (v + DT__CU_GELU_K * v * v * v))); break;
+  }
+  a.p[0][i] = y;
+}
+DT__CU_HD inline void dt__cu_map_bwd_at(int64_t i, const dt_kernel_args &a) {
+  const float go = a.p[1][i], s = a.f[0];
+  float *gx = a.p[0] + i;
+  switch ((int)a.n[1]) {
+    case DTRAIN_MAP_ADD_SCALAR: *gx += go; break;
+    case DTRAIN_MAP_MUL_SCALAR: *gx += go * s; break;
+    case DTRAIN_MAP_RSUB_SCALAR:
+    case DTRAIN_MAP_NEG: *gx -= go; break;
+    case DTRAIN_MAP_POW_SCALAR: *gx += go * s * powf(a.p[2][i], s - 1.0f); break;
+    case DTRAIN_MAP_EXP: *gx += go * a.p[3][i]; break;
+    case DTRAIN_MAP_LEAKY_RELU: *gx += a.p[2][i] > 0.0f ? go : s * go; break;
+    case DTRAIN_MAP_LOG: *gx += go / a.p[2][i]; break;
+    case DTRAIN_MAP_SQRT: *gx += go * 0.5f / a.p[3][i]; break;
+    default: {
+      float v = a.p[2][i], u = DT__CU_GELU_C * (v + DT__CU_GELU_K * v * v * v);
+      float t = tanhf(u);
+      float du = DT__CU_GELU_C * (1.0f + 3.0f * DT__CU_GELU_K * v * v);
+      *gx += go * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+      break;
+    }
+  }
+}
+#undef DT__CU_GELU_C
+#undef DT__CU_GELU_K
+
+/* One output element of a one-axis sum (the CPU's double accumulation). */
+DT__CU_HD inline void dt__cu_sum_axis_at(int64_t j, const dt_kernel_args &a) {
+  const int64_t len = a.n[1], inner = a.n[2];
+  const float *x = a.p[1] + (j / inner) * len * inner + j % inner;
+  double s = 0.0;
+  for (int64_t k = 0; k < len; k++) s += (double)x[k * inner];
+  a.p[0][j] = (float)(a.n[3] ? s / (double)len : s);
+}
+DT__CU_HD inline void dt__cu_sum_axis_bwd_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t len = a.n[1], inner = a.n[2];
+  a.p[0][i] += a.p[1][(i / (len * inner)) * inner + i % inner] * a.f[0];
+}
+
+/* One output element of a batched transpose (= or += by n3). */
+DT__CU_HD inline void dt__cu_transpose_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t rows = a.n[1], cols = a.n[2], mn = rows * cols;
+  int64_t b = i / mn, rem = i % mn, c = rem / rows, r = rem % rows;
+  float v = a.p[1][b * mn + r * cols + c];
+  if (a.n[3]) a.p[0][i] += v;
+  else a.p[0][i] = v;
+}
+
+/* Layer norm, one row (or one column for the parameter gradients): the
+ * CPU's sums in double and its float expressions. */
+DT__CU_HD inline void dt__cu_layer_norm_row(int64_t r, const dt_kernel_args &a) {
+  const int64_t d = a.n[1];
+  const float *xr = a.p[1] + r * d, *gm = a.p[2], *bt = a.p[3];
+  float *yr = a.p[0] + r * d;
+  double s = 0.0, v = 0.0;
+  for (int64_t j = 0; j < d; j++) s += (double)xr[j];
+  double mu = s / (double)d;
+  for (int64_t j = 0; j < d; j++) {
+    double t = (double)xr[j] - mu;
+    v += t * t;
+  }
+  float fmu = (float)mu, rs = (float)(1.0 / sqrt(v / (double)d + (double)a.f[0]));
+  for (int64_t j = 0; j < d; j++) {
+    float h = (xr[j] - fmu) * rs;
+    if (gm) h *= gm[j];
+    if (bt) h += bt[j];
+    yr[j] = h;
+  }
+  a.p[4][r] = fmu;
+  a.p[4][a.n[0] + r] = rs;
+}
+DT__CU_HD inline void dt__cu_layer_norm_bwd_row(int64_t r, const dt_kernel_args &a) {
+  const int64_t d = a.n[1];
+  const float *gr = a.p[1] + r * d, *xr = a.p[2] + r * d, *gm = a.p[3];
+  const float mu = a.p[4][r], rs = a.p[4][a.n[0] + r];
+  double s1 = 0.0, s2 = 0.0;
+  for (int64_t j = 0; j < d; j++) {
+    double dxh = (double)gr[j] * (gm ? (double)gm[j] : 1.0);
+    s1 += dxh;
+    s2 += dxh * (double)((xr[j] - mu) * rs);
+  }
+  float m1 = (float)(s1 / (double)d), m2 = (float)(s2 / (double)d);
+  float *gxr = a.p[0] + r * d;
+  for (int64_t j = 0; j < d; j++) {
+    float dxh = gr[j] * (gm ? gm[j] : 1.0f);
+    gxr[j] += rs * (dxh - m1 - (xr[j] - mu) * rs * m2);
+  }
+}
+DT__CU_HD inline void dt__cu_layer_norm_bwd_params_at(int64_t j, const dt_kernel_args &a) {
+  const int64_t rows = a.n[0], d = a.n[1];
+  float *gg = a.p[0], *gb = a.p[1];
+  const float *go = a.p[2], *x = a.p[3], *mean = a.p[4], *rstd = a.p[4] + rows;
+  float sg = gg ? gg[j] : 0.0f, sb = gb ? gb[j] : 0.0f;
+  for (int64_t r = 0; r < rows; r++) {
+    float gr = go[r * d + j];
+    sg += gr * (x[r * d + j] - mean[r]) * rstd[r];
+    sb += gr;
+  }
+  if (gg) gg[j] = sg;
+  if (gb) gb[j] = sb;
+}
+
+/* Embedding: a gather; the backward by column, ids in order (the CPU's
+ * order for repeated ids, and no two threads touch one element). */
+DT__CU_HD inline void dt__cu_embed_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t d = a.n[1];
+  a.p[0][i] = a.p[1][(int64_t)a.labels[i / d] * d + i % d];
+}
+DT__CU_HD inline void dt__cu_embed_bwd_at(int64_t j, const dt_kernel_args &a) {
+  const int64_t n = a.n[0], d = a.n[1];
+  for (int64_t i = 0; i < n; i++) a.p[0][(int64_t)a.labels[i] * d + j] += a.p[1][i * d + j];
+}
+
 /* Convolution (see dt_kernel): columns [N][K][P], one K x P matrix per image. */
 DT__CU_HD inline void dt__cu_im2col_at(int64_t i, const dt_kernel_args &a) {
   const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
@@ -415,6 +566,23 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_AVGPOOL: return l.template each<dt__cu_avgpool_at>(a.n[0] * a.n[3] * a.n[4], a);
     case DTRAIN_K_MAXPOOL_BWD: return l.template each<dt__cu_maxpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_AVGPOOL_BWD: return l.template each<dt__cu_avgpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
+    case DTRAIN_K_DIV: return l.template each<dt__cu_div_at>(a.n[0], a);
+    case DTRAIN_K_ACC_DIV: return l.template each<dt__cu_acc_div_at>(a.n[0], a);
+    case DTRAIN_K_DIV_BWD_ROWS: return l.template each<dt__cu_div_bwd_rows_at>(a.n[1], a);
+    case DTRAIN_K_MAP:
+    case DTRAIN_K_MAP_BWD:
+      if (a.n[1] < DTRAIN_MAP_ADD_SCALAR || a.n[1] > (k == DTRAIN_K_MAP ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_SQRT))
+        break; /* an unknown map: refused below */
+      if (k == DTRAIN_K_MAP) return l.template each<dt__cu_map_at>(a.n[0], a);
+      return l.template each<dt__cu_map_bwd_at>(a.n[0], a);
+    case DTRAIN_K_SUM_AXIS: return l.template each<dt__cu_sum_axis_at>(a.n[0] * a.n[2], a);
+    case DTRAIN_K_SUM_AXIS_BWD: return l.template each<dt__cu_sum_axis_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
+    case DTRAIN_K_TRANSPOSE: return l.template each<dt__cu_transpose_at>(a.n[0] * a.n[1] * a.n[2], a);
+    case DTRAIN_K_LAYER_NORM: return l.template each<dt__cu_layer_norm_row>(a.n[0], a);
+    case DTRAIN_K_LAYER_NORM_BWD: return l.template each<dt__cu_layer_norm_bwd_row>(a.n[0], a);
+    case DTRAIN_K_LAYER_NORM_BWD_PARAMS: return l.template each<dt__cu_layer_norm_bwd_params_at>(a.n[1], a);
+    case DTRAIN_K_EMBED: return l.template each<dt__cu_embed_at>(a.n[0] * a.n[1], a);
+    case DTRAIN_K_EMBED_BWD: return l.template each<dt__cu_embed_bwd_at>(a.n[1], a);
     case DTRAIN_K_COUNT:
     default: break;
   }

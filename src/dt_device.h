@@ -34,14 +34,25 @@
  * Ops that run on a device (everything else fails on a device graph with
  * DTRAIN_ERR_UNSUPPORTED naming the op and the device, before touching any
  * data -- never a silent host read of device memory):
- *   dt_add, dt_sub, dt_mul  (same shapes, or b broadcast over a's leading
- *                            dims, e.g. [N,C] + [C]; other broadcasts are
- *                            DTRAIN_ERR_UNSUPPORTED on a device)
- *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean,
+ *   dt_add, dt_sub, dt_mul, dt_div  (same shapes, or b broadcast over a's
+ *                            leading dims, e.g. [N,C] + [C]; other broadcasts
+ *                            are DTRAIN_ERR_UNSUPPORTED on a device)
+ *   dt_add_scalar, dt_mul_scalar, dt_rsub_scalar, dt_neg, dt_exp,
+ *   dt_leaky_relu, dt_gelu, dt_pow_scalar, dt_log, dt_sqrt (log, sqrt and
+ *   non-integer powers check their domain on the device as the CPU op does,
+ *   failing with the same DTRAIN_ERR_INVALID_ARG message; the check waits
+ *   for one float from the device),
+ *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean, dt_sum_axis, dt_mean_axis,
+ *   dt_transpose (any rank >= 2: the last two dims),
+ *   dt_dropout (the mask is drawn on the host from the graph's RNG exactly as
+ *   the CPU op draws it, then copied to the device: same seed, same result),
+ *   dt_layer_norm, dt_embedding (ids are host memory: checked on the host,
+ *   copied to the device),
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
- *   dt_nn_linear_forward, dt_nn_conv2d_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
+ *   dt_nn_linear_forward, dt_nn_conv2d_forward, dt_nn_embedding_forward,
+ *   dt_nn_layer_norm_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
  *   dt_scalar, dt_item, dt_backward, dt_backward_grad.
  * Optimizers on a device (dt_optim_step_graph): SGD (momentum, Nesterov,
  * weight decay), Adam, AdamW, clip_norm. RMSprop: DTRAIN_ERR_UNSUPPORTED.
@@ -118,8 +129,46 @@ typedef enum dt_kernel {
    * n5 kernel, n6 stride. Fwd p0 y, p1 x. Bwd p0 gx, p1 gy, p2 x, p3 y (max:
    * the gradient goes to the first maximum of each window, a NaN wins). */
   DTRAIN_K_MAXPOOL, DTRAIN_K_MAXPOOL_BWD, DTRAIN_K_AVGPOOL, DTRAIN_K_AVGPOOL_BWD,
+  /* Division, b over a's leading dims as DTRAIN_K_ADD: DIV p0[i] = p1[i] /
+   * p2[i % n1]; ACC_DIV p0[i] += p1[i] / p2[i % n1] (ga += gy / b);
+   * DIV_BWD_ROWS p0[j] -= sum_r p1[r*n1+j] * p3[r*n1+j] / (p2[j] * p2[j]),
+   * j < n1, rows r < n0/n1 ascending (gb from gy p1, b p2, a p3). */
+  DTRAIN_K_DIV, DTRAIN_K_ACC_DIV, DTRAIN_K_DIV_BWD_ROWS,
+  /* Elementwise maps, i < n0, n1 a dt_map_fn, f0 its scalar: MAP p0[i] =
+   * f(p1[i]); MAP_BWD p0[i] += p1[i] * f'(...) with p2 x, p3 y. */
+  DTRAIN_K_MAP, DTRAIN_K_MAP_BWD,
+  /* Sum over one axis, x viewed as [outer n0, len n1, inner n2]: SUM_AXIS
+   * p0[o*n2 + i] = sum_k p1[(o*n1 + k)*n2 + i] (in double, k ascending;
+   * divided by n1 when n3 = 1: the mean); SUM_AXIS_BWD p0[(o*n1 + k)*n2 + i]
+   * += p1[o*n2 + i] * f0. */
+  DTRAIN_K_SUM_AXIS, DTRAIN_K_SUM_AXIS_BWD,
+  /* Batched transpose: p1 is n0 matrices of n1 rows x n2 cols; p0 gets
+   * their transposes (n2 x n1 each), p0 = when n3 = 0, p0 += when n3 = 1. */
+  DTRAIN_K_TRANSPOSE,
+  /* Layer norm over rows r < n0 of n1 floats, f0 eps. p4 stats: mean[n0]
+   * then rstd[n0] (written by the forward, read by the backward).
+   * LAYER_NORM (per row): p0 y, p1 x, p2 gamma, p3 beta (either NULL).
+   * LAYER_NORM_BWD (per row): p0 gx +=, p1 gy, p2 x, p3 gamma (or NULL).
+   * LAYER_NORM_BWD_PARAMS (per column j < n1, rows ascending): p0 ggamma
+   * +=, p1 gbeta += (either NULL), p2 gy, p3 x. */
+  DTRAIN_K_LAYER_NORM, DTRAIN_K_LAYER_NORM_BWD, DTRAIN_K_LAYER_NORM_BWD_PARAMS,
+  /* Embedding, n0 ids (in `labels`, device, already range-checked), rows of
+   * n1 floats: EMBED p0[i*n1 + j] = p1[ids[i]*n1 + j]; EMBED_BWD (one
+   * column j < n1, ids in order) p0[ids[i]*n1 + j] += p1[i*n1 + j]. */
+  DTRAIN_K_EMBED, DTRAIN_K_EMBED_BWD,
   DTRAIN_K_COUNT
 } dt_kernel;
+
+/* The functions of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (s = f0): x + s, x * s,
+ * s - x, x^s, -x, exp(x), leaky ReLU with slope s, GELU (tanh form), log(x),
+ * sqrt(x). Same float expressions as the CPU ops. The two DOMAIN maps (MAP
+ * only) write 1 where x is outside a domain, else 0: x > 0 (log, non-integer
+ * powers) and x >= 0 (sqrt). */
+typedef enum dt_map_fn {
+  DTRAIN_MAP_ADD_SCALAR = 0, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_POW_SCALAR,
+  DTRAIN_MAP_NEG, DTRAIN_MAP_EXP, DTRAIN_MAP_LEAKY_RELU, DTRAIN_MAP_GELU, DTRAIN_MAP_LOG, DTRAIN_MAP_SQRT,
+  DTRAIN_MAP_DOMAIN_POS, DTRAIN_MAP_DOMAIN_NONNEG
+} dt_map_fn;
 
 typedef struct dt_kernel_args {
   float *p[6];

@@ -89,8 +89,13 @@ static void dt__binary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op) {
   if (!dt__begin(g, op, 2, a, b)) return NULL;
-  if (g->device) /* dt__begin let only add, sub and mul through */
-    return dt__dev_binary(g, a, b, kind == DT__ADD ? DTRAIN_K_ADD : kind == DT__SUB ? DTRAIN_K_SUB : DTRAIN_K_MUL, op);
+  if (g->device)
+    return dt__dev_binary(g, a, b,
+                          kind == DT__ADD   ? DTRAIN_K_ADD
+                          : kind == DT__SUB ? DTRAIN_K_SUB
+                          : kind == DT__MUL ? DTRAIN_K_MUL
+                                            : DTRAIN_K_DIV,
+                          op);
   dt__bcast *bc = (dt__bcast *)dt__arena_alloc(g, sizeof(dt__bcast));
   if (!bc || !dt__elem_broadcast(g, op, a, b, bc)) return NULL;
   dt_tensor *y = dt__new(g, op, bc->ndim, bc->shape);
@@ -197,9 +202,21 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
 
 static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
-  if (g->device) /* dt__begin let only relu, sigmoid and tanh through */
-    return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
-                         op);
+  if (g->device) { /* the device checks the domain of log, sqrt and pow itself */
+    if (kind == DT__U_RELU || kind == DT__U_SIGMOID || kind == DT__U_TANH)
+      return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
+                           op);
+    static const int map_fn[] = {DTRAIN_MAP_ADD_SCALAR, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_POW_SCALAR,
+                                 DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_NEG, DTRAIN_MAP_EXP};
+    int fn = kind == DT__U_LRELU  ? DTRAIN_MAP_LEAKY_RELU
+             : kind == DT__U_GELU ? DTRAIN_MAP_GELU
+             : kind == DT__U_LOG  ? DTRAIN_MAP_LOG
+             : kind == DT__U_SQRT ? DTRAIN_MAP_SQRT
+                                  : -1;
+    if (kind >= DT__U_ADDS && kind <= DT__U_EXP) fn = map_fn[kind];
+    if (fn < 0) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: no device map for kind %d", op, kind);
+    return dt__dev_map(g, x, fn, s, op);
+  }
   const float *xd = x->data;
   int64_t n = x->size;
   if (kind == DT__U_LOG || kind == DT__U_SQRT) {

@@ -265,6 +265,7 @@ DTRAIN_API dt_tensor *dt_embedding(dt_graph *g, dt_tensor *table, const int32_t 
       return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INDEX, "%s: id %d at position %lld is out of range [0,%lld) (table %s)",
                                    op, (int)ids[i], (long long)i, (long long)v, dt_shape_str(table, sb, sizeof sb));
   }
+  if (g->device) return dt__dev_embedding(g, table, ids, n, d);
   int64_t shape[2];
   shape[0] = n;
   shape[1] = d;
@@ -296,6 +297,7 @@ DTRAIN_API dt_tensor *dt_dropout(dt_graph *g, dt_tensor *x, float p) {
   if (!(p >= 0.0f && p < 1.0f))
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: p is %g (must be in [0,1))", op, (double)p);
   if (!g->training || p == 0.0f) return x; /* identity */
+  if (g->device) return dt__dev_dropout(g, x, p);
   float *mask = dt__arena_floats(g, x->size);
   if (!mask) return NULL;
   dt_tensor *y = dt__new_like(g, op, x);
@@ -362,6 +364,7 @@ DTRAIN_API dt_tensor *dt_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma,
   if (!dt__nn_vec(g, op, "gamma", gamma, d, "last dim", x) || !dt__nn_vec(g, op, "beta", beta, d, "last dim", x) ||
       !dt__nn_eps(g, op, eps))
     return NULL;
+  if (g->device) return dt__dev_layer_norm(g, x, gamma, beta, eps, rows, d);
   float *stats = dt__arena_floats(g, 2 * rows);
   if (!stats) return NULL;
   dt_tensor *y = dt__new_like(g, op, x);

@@ -76,6 +76,7 @@ static dt_tensor *dt__reduce_axis(dt_graph *g, dt_tensor *x, int axis, int keepd
     if (d != ax) shape[nd++] = x->shape[d];
     else if (keepdim) shape[nd++] = 1;
   }
+  if (g->device) return dt__dev_reduce_axis(g, x, nd, shape, outer, len, inner, mean, op);
   dt_tensor *y = dt__new(g, op, nd, shape);
   if (!y) return NULL;
   const float *xd = x->data;

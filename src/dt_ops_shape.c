@@ -145,6 +145,8 @@ DTRAIN_API dt_tensor *dt_transpose(dt_graph *g, dt_tensor *x) {
   for (int d = 0; d < nd; d++) s[d] = x->shape[d];
   s[nd - 2] = x->shape[nd - 1];
   s[nd - 1] = x->shape[nd - 2];
+  if (g->device)
+    return dt__dev_transpose(g, x, nd, s, dt__shape_prod(x->shape, 0, nd - 2), x->shape[nd - 2], x->shape[nd - 1]);
   dt_tensor *y = dt__new(g, "dt_transpose", nd, s);
   if (!y) return NULL;
   int64_t m = x->shape[nd - 2], n = x->shape[nd - 1], batch = dt__shape_prod(x->shape, 0, nd - 2);

@@ -87,11 +87,38 @@ static const int32_t cp_labels[16] = {3, 0, 4, 1, 2, 4, 0, 3, 1, 1, 2, 0, 4, 3, 
 static dt_tensor *cp_add(dt_graph *g, dt_tensor **x) { return dt_add(g, x[0], x[1]); }
 static dt_tensor *cp_sub(dt_graph *g, dt_tensor **x) { return dt_sub(g, x[0], x[1]); }
 static dt_tensor *cp_mul(dt_graph *g, dt_tensor **x) { return dt_mul(g, x[0], x[1]); }
+static dt_tensor *cp_div(dt_graph *g, dt_tensor **x) { return dt_div(g, x[0], x[1]); }
+static dt_tensor *cp_add_scalar(dt_graph *g, dt_tensor **x) { return dt_add_scalar(g, x[0], 0.75f); }
+static dt_tensor *cp_mul_scalar(dt_graph *g, dt_tensor **x) { return dt_mul_scalar(g, x[0], -1.5f); }
+static dt_tensor *cp_rsub_scalar(dt_graph *g, dt_tensor **x) { return dt_rsub_scalar(g, x[0], 2.0f); }
+static dt_tensor *cp_pow2(dt_graph *g, dt_tensor **x) { return dt_pow_scalar(g, x[0], 2.0f); }
+static dt_tensor *cp_pow3(dt_graph *g, dt_tensor **x) { return dt_pow_scalar(g, x[0], 3.0f); }
+static dt_tensor *cp_pow_half(dt_graph *g, dt_tensor **x) { return dt_pow_scalar(g, x[0], 0.5f); }
+static dt_tensor *cp_pow_m15(dt_graph *g, dt_tensor **x) { return dt_pow_scalar(g, x[0], -1.5f); }
+static dt_tensor *cp_log(dt_graph *g, dt_tensor **x) { return dt_log(g, x[0]); }
+static dt_tensor *cp_sqrt(dt_graph *g, dt_tensor **x) { return dt_sqrt(g, x[0]); }
+static dt_tensor *cp_neg(dt_graph *g, dt_tensor **x) { return dt_neg(g, x[0]); }
+static dt_tensor *cp_exp(dt_graph *g, dt_tensor **x) { return dt_exp(g, x[0]); }
+static dt_tensor *cp_leaky_relu(dt_graph *g, dt_tensor **x) { return dt_leaky_relu(g, x[0], 0.1f); }
+static dt_tensor *cp_gelu(dt_graph *g, dt_tensor **x) { return dt_gelu(g, x[0]); }
 static dt_tensor *cp_relu(dt_graph *g, dt_tensor **x) { return dt_relu(g, x[0]); }
 static dt_tensor *cp_sigmoid(dt_graph *g, dt_tensor **x) { return dt_sigmoid(g, x[0]); }
 static dt_tensor *cp_tanh(dt_graph *g, dt_tensor **x) { return dt_tanh(g, x[0]); }
 static dt_tensor *cp_sum(dt_graph *g, dt_tensor **x) { return dt_sum(g, x[0]); }
 static dt_tensor *cp_mean(dt_graph *g, dt_tensor **x) { return dt_mean(g, x[0]); }
+static dt_tensor *cp_sum_axis1(dt_graph *g, dt_tensor **x) { return dt_sum_axis(g, x[0], 1, 0); }
+static dt_tensor *cp_sum_axis_last_keep(dt_graph *g, dt_tensor **x) { return dt_sum_axis(g, x[0], -1, 1); }
+static dt_tensor *cp_mean_axis0(dt_graph *g, dt_tensor **x) { return dt_mean_axis(g, x[0], 0, 0); }
+static dt_tensor *cp_mean_axis1_keep(dt_graph *g, dt_tensor **x) { return dt_mean_axis(g, x[0], 1, 1); }
+static dt_tensor *cp_transpose(dt_graph *g, dt_tensor **x) { return dt_transpose(g, x[0]); }
+static dt_tensor *cp_dropout(dt_graph *g, dt_tensor **x) { /* two draws: the RNG advances between them */
+  return dt_dropout(g, dt_dropout(g, x[0], 0.3f), 0.5f);
+}
+static dt_tensor *cp_layer_norm(dt_graph *g, dt_tensor **x) { return dt_layer_norm(g, x[0], x[1], x[2], 1e-5f); }
+static dt_tensor *cp_layer_norm_gamma(dt_graph *g, dt_tensor **x) { return dt_layer_norm(g, x[0], x[1], NULL, 1e-3f); }
+static dt_tensor *cp_layer_norm_plain(dt_graph *g, dt_tensor **x) { return dt_layer_norm(g, x[0], NULL, NULL, 1e-5f); }
+static const int32_t cp_ids[9] = {2, 0, 5, 2, 2, 6, 0, 3, 2}; /* repeats: the backward adds them in order */
+static dt_tensor *cp_embedding(dt_graph *g, dt_tensor **x) { return dt_embedding(g, x[0], cp_ids, 9); }
 static dt_tensor *cp_matmul(dt_graph *g, dt_tensor **x) { return dt_matmul(g, x[0], x[1]); }
 static dt_tensor *cp_linear(dt_graph *g, dt_tensor **x) { return dt_linear(g, x[0], x[1], x[2]); }
 static dt_tensor *cp_linear_nob(dt_graph *g, dt_tensor **x) { return dt_linear(g, x[0], x[1], NULL); }
@@ -128,11 +155,37 @@ static void test_ops_parity(void) {
     {"sub", cp_sub, 2, {1, 1, 0}, {{33}, {33}}, -2, 2, 0},
     {"mul", cp_mul, 2, {2, 2, 0}, {{6, 4}, {6, 4}}, -2, 2, 0},
     {"mul_bcast", cp_mul, 2, {2, 1, 0}, {{6, 4}, {4}}, -2, 2, 0},
+    {"div", cp_div, 2, {2, 2, 0}, {{6, 4}, {6, 4}}, 0.5f, 2, 0},
+    {"div_bcast", cp_div, 2, {3, 1, 0}, {{2, 3, 4}, {4}}, 0.5f, 2, 0},
+    {"add_scalar", cp_add_scalar, 1, {2, 0, 0}, {{5, 7}}, -2, 2, 0},
+    {"mul_scalar", cp_mul_scalar, 1, {2, 0, 0}, {{5, 7}}, -2, 2, 0},
+    {"rsub_scalar", cp_rsub_scalar, 1, {1, 0, 0}, {{37}}, -2, 2, 0},
+    {"pow_scalar_2", cp_pow2, 1, {2, 0, 0}, {{5, 7}}, -2, 2, 0},
+    {"pow_scalar_3", cp_pow3, 1, {2, 0, 0}, {{5, 7}}, -2, 2, 0},
+    {"pow_scalar_half", cp_pow_half, 1, {2, 0, 0}, {{5, 7}}, 0.1f, 3, 0},
+    {"pow_scalar_neg_frac", cp_pow_m15, 1, {2, 0, 0}, {{5, 7}}, 0.5f, 3, 0},
+    {"log", cp_log, 1, {2, 0, 0}, {{9, 13}}, 0.05f, 4, 0},
+    {"sqrt", cp_sqrt, 1, {2, 0, 0}, {{9, 13}}, 0.05f, 4, 0},
+    {"neg", cp_neg, 1, {3, 0, 0}, {{2, 3, 5}}, -2, 2, 0},
+    {"exp", cp_exp, 1, {2, 0, 0}, {{9, 13}}, -3, 3, 0},
+    {"leaky_relu", cp_leaky_relu, 1, {2, 0, 0}, {{9, 13}}, -1, 1, 0},
+    {"gelu", cp_gelu, 1, {2, 0, 0}, {{9, 13}}, -4, 4, 0},
     {"relu", cp_relu, 1, {2, 0, 0}, {{9, 13}}, -1, 1, 0},
     {"sigmoid", cp_sigmoid, 1, {2, 0, 0}, {{9, 13}}, -12, 12, 0},
     {"tanh", cp_tanh, 1, {1, 0, 0}, {{100}}, -4, 4, 0},
     {"sum", cp_sum, 1, {2, 0, 0}, {{31, 7}}, -1, 1, 0},
     {"mean", cp_mean, 1, {3, 0, 0}, {{3, 5, 7}}, -1, 1, 0},
+    {"sum_axis_mid", cp_sum_axis1, 1, {3, 0, 0}, {{3, 5, 4}}, -1, 1, 0},
+    {"sum_axis_last_keepdim", cp_sum_axis_last_keep, 1, {3, 0, 0}, {{3, 5, 4}}, -1, 1, 0},
+    {"mean_axis0", cp_mean_axis0, 1, {2, 0, 0}, {{7, 6}}, -1, 1, 0},
+    {"mean_axis_mid_keepdim", cp_mean_axis1_keep, 1, {4, 0, 0}, {{2, 3, 2, 5}}, -1, 1, 0},
+    {"transpose", cp_transpose, 1, {2, 0, 0}, {{7, 5}}, -1, 1, 0},
+    {"transpose_batched", cp_transpose, 1, {4, 0, 0}, {{2, 3, 4, 5}}, -1, 1, 0},
+    {"dropout", cp_dropout, 1, {2, 0, 0}, {{16, 33}}, -1, 1, 0},
+    {"layer_norm", cp_layer_norm, 3, {2, 1, 1}, {{6, 8}, {8}, {8}}, -2, 2, 0},
+    {"layer_norm_gamma_3d", cp_layer_norm_gamma, 2, {3, 1, 0}, {{2, 3, 7}, {7}}, -2, 2, 0},
+    {"layer_norm_plain", cp_layer_norm_plain, 1, {2, 0, 0}, {{5, 16}}, -2, 2, 0},
+    {"embedding", cp_embedding, 1, {2, 0, 0}, {{7, 5}}, -1, 1, 0},
     {"matmul", cp_matmul, 2, {2, 2, 0}, {{7, 5}, {5, 3}}, -1, 1, 0},
     {"linear", cp_linear, 3, {2, 2, 1}, {{6, 5}, {4, 5}, {4}}, -1, 1, 0},
     {"linear_3d_nobias", cp_linear_nob, 2, {3, 2, 0}, {{2, 3, 5}, {4, 5}}, -1, 1, 0},
@@ -169,9 +222,10 @@ static void test_unsupported(void) {
   if (!g) return;
   dt_tensor *x = dt_tensor_new2(g, 4, 3);
   CHECK(x != NULL);
-  CHECK(dt_exp(g, x) == NULL);
+  static const int swap2[2] = {1, 0};
+  CHECK(dt_permute(g, x, swap2) == NULL);
   CHECK(dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED);
-  CHECK(strstr(dt_graph_message(g), "dt_exp") != NULL);
+  CHECK(strstr(dt_graph_message(g), "dt_permute") != NULL);
   CHECK(strstr(dt_graph_message(g), cp_dev->name) != NULL);
   dt_graph_reset(g);
   x = dt_tensor_new2(g, 4, 3);
@@ -181,8 +235,13 @@ static void test_unsupported(void) {
   CHECK(strstr(dt_graph_message(g), "dt_add") != NULL);
   dt_graph_reset(g);
   x = dt_tensor_new4(g, 1, 1, 4, 4);
-  CHECK(dt_layer_norm(g, x, NULL, NULL, 1e-5f) == NULL);
+  CHECK(dt_batch_norm(g, x, NULL, NULL, NULL, NULL, 0.1f, 1e-5f) == NULL);
   CHECK(dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED);
+  dt_graph_reset(g);
+  /* embedding ids are host memory, range-checked on the host as on the CPU */
+  static const int32_t bad_ids[3] = {0, 7, 1};
+  CHECK(dt_embedding(g, dt_tensor_new2(g, 4, 3), bad_ids, 3) == NULL);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_INDEX);
   dt_graph_reset(g);
   /* dt_item and dt_scalar move one float; a NaN is caught by check_numerics. */
   dt_tensor *s = dt_scalar(g, 2.5f);
@@ -210,49 +269,157 @@ static void test_unsupported_all(void) {
   dt_graph *g = dt_graph_create(NULL, &gd);
   CHECK(g != NULL);
   if (!g) return;
-  static const char *const names[] = {
-    "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_pow_scalar", "dt_rsub_scalar", "dt_neg", "dt_exp", "dt_log",
-    "dt_sqrt", "dt_leaky_relu", "dt_gelu", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_permute", "dt_concat",
-    "dt_slice", "dt_split", "dt_bmm", "dt_embedding", "dt_dropout", "dt_layer_norm", "dt_batch_norm",
-    "dt_causal_mask"};
+  static const char *const names[] = {"dt_permute", "dt_concat",     "dt_slice",      "dt_split",
+                                      "dt_bmm",     "dt_batch_norm", "dt_causal_mask"};
   const int n = (int)(sizeof names / sizeof names[0]);
   static const int perm[4] = {0, 2, 1, 3};
-  static const int32_t ids[2] = {0, 1};
   for (int i = 0; i < n; i++) {
     dt_graph_reset(g);
     dt_tensor *x = dt_tensor_new4(g, 2, 2, 4, 4);
     dt_tensor *xs[2] = {x, x}, *parts[2] = {NULL, NULL};
     dt_tensor *y = NULL;
-    switch (i) {
-      case 0: y = dt_div(g, x, x); break;
-      case 1: y = dt_add_scalar(g, x, 1); break;
-      case 2: y = dt_mul_scalar(g, x, 2); break;
-      case 3: y = dt_pow_scalar(g, x, 2); break;
-      case 4: y = dt_rsub_scalar(g, x, 1); break;
-      case 5: y = dt_neg(g, x); break;
-      case 6: y = dt_exp(g, x); break;
-      case 7: y = dt_log(g, x); break;
-      case 8: y = dt_sqrt(g, x); break;
-      case 9: y = dt_leaky_relu(g, x, 0.1f); break;
-      case 10: y = dt_gelu(g, x); break;
-      case 11: y = dt_sum_axis(g, x, 1, 0); break;
-      case 12: y = dt_mean_axis(g, x, 1, 0); break;
-      case 13: y = dt_transpose(g, x); break;
-      case 14: y = dt_permute(g, x, perm); break;
-      case 15: y = dt_concat(g, xs, 2, 0); break;
-      case 16: y = dt_slice(g, x, 0, 0, 1); break;
-      case 17: y = dt_split(g, x, 0, 2, parts) == DTRAIN_OK ? x : NULL; break;
-      case 18: y = dt_bmm(g, x, x, 0); break;
-      case 19: y = dt_embedding(g, dt_tensor_new2(g, 4, 3), ids, 2); break;
-      case 20: y = dt_dropout(g, x, 0.5f); break;
-      case 21: y = dt_layer_norm(g, x, NULL, NULL, 1e-5f); break;
-      case 22: y = dt_batch_norm(g, x, NULL, NULL, NULL, NULL, 0.1f, 1e-5f); break;
-      default: y = dt_causal_mask(g, x); break;
-    }
+    const char *nm = names[i];
+#define CP_IS(s) (strcmp(nm, s) == 0)
+    if (CP_IS("dt_permute")) y = dt_permute(g, x, perm);
+    else if (CP_IS("dt_concat")) y = dt_concat(g, xs, 2, 0);
+    else if (CP_IS("dt_slice")) y = dt_slice(g, x, 0, 0, 1);
+    else if (CP_IS("dt_split")) y = dt_split(g, x, 0, 2, parts) == DTRAIN_OK ? x : NULL;
+    else if (CP_IS("dt_bmm")) y = dt_bmm(g, x, x, 0);
+    else if (CP_IS("dt_batch_norm")) y = dt_batch_norm(g, x, NULL, NULL, NULL, NULL, 0.1f, 1e-5f);
+    else if (CP_IS("dt_causal_mask")) y = dt_causal_mask(g, x);
+    else CHECK_MSG(0, "no call for %s", nm);
+#undef CP_IS
     CHECK_MSG(y == NULL && dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED && strstr(dt_graph_message(g), names[i]),
               "%s on %s: %s", names[i], cp_dev->name, dt_graph_message(g));
   }
   dt_graph_destroy(g);
+}
+
+/* log, sqrt and non-integer powers check their domain on the device: the
+ * same error, with the same message (first bad element and its value), as
+ * the CPU op; zero and NaN are outside log's domain, zero inside sqrt's. */
+static void cp_domain_msg(dt_device *dev, int which, int64_t bad_at, float bad, char *msg, size_t cap,
+                          dt_result *code) {
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  dt_graph *g = dt_graph_create(NULL, &gd);
+  float x[40];
+  for (int i = 0; i < 40; i++) x[i] = 0.5f + (float)i;
+  if (bad_at >= 0) x[bad_at] = bad;
+  if (bad_at >= 0 && bad_at + 3 < 40) x[bad_at + 3] = -1.0f; /* a later one: not the one named */
+  int64_t s[2] = {5, 8};
+  dt_tensor *t = dt_tensor_from(g, 2, s, x);
+  dt_tensor *y = which == 0 ? dt_log(g, t) : which == 1 ? dt_sqrt(g, t) : dt_pow_scalar(g, t, 1.5f);
+  *code = dt_graph_error(g);
+  snprintf(msg, cap, "%.200s", y ? "ok" : dt_graph_message(g));
+  dt_graph_destroy(g);
+}
+
+static void test_domain_checks(void) {
+  static const struct { int which; int64_t at; float v; dt_result want; } cases[] = {
+    {0, 17, 0.0f, DTRAIN_ERR_INVALID_ARG}, {0, 0, -2.0f, DTRAIN_ERR_INVALID_ARG},
+    {0, 39, NAN, DTRAIN_ERR_INVALID_ARG},  {1, 17, 0.0f, DTRAIN_ERR_INVALID_ARG},
+    {1, 22, -0.25f, DTRAIN_ERR_INVALID_ARG}, {2, 5, 0.0f, DTRAIN_ERR_INVALID_ARG},
+    {0, -1, 0.0f, DTRAIN_OK}, {1, -1, 0.0f, DTRAIN_OK}, {2, -1, 0.0f, DTRAIN_OK}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char mc[256], md[256];
+    dt_result rc, rd;
+    int which = cases[i].which;
+    if (which == 1 && cases[i].at == 17) { /* sqrt(0) is fine: only the later -1 is outside */
+      cp_domain_msg(NULL, which, cases[i].at, cases[i].v, mc, sizeof mc, &rc);
+      CHECK(strstr(mc, "element 20 ") != NULL);
+    }
+    cp_domain_msg(NULL, which, cases[i].at, cases[i].v, mc, sizeof mc, &rc);
+    cp_domain_msg(cp_dev, which, cases[i].at, cases[i].v, md, sizeof md, &rd);
+    CHECK_MSG(rc == cases[i].want && rd == rc, "case %zu: cpu %d device %d", i, (int)rc, (int)rd);
+    CHECK_MSG(strcmp(mc, md) == 0, "case %zu: cpu '%s' device '%s'", i, mc, md);
+  }
+}
+
+/* Dropout on a device draws its mask on the host from the graph's RNG as
+ * the CPU op does: for a seed, the device output equals the CPU output bit
+ * for bit (the mask is 0 or 1/(1-p) times x, one float multiply each), the
+ * RNG ends in the same state, and another seed gives another mask. Off in
+ * eval mode, on a device too. */
+static int cp_dropout_run(dt_device *dev, uint64_t seed, int training, float *out, uint64_t rng[4]) {
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  gd.seed = seed;
+  dt_graph *g = dt_graph_create(NULL, &gd);
+  if (!g) return 0;
+  dt_graph_set_training(g, training);
+  float x[64];
+  for (int i = 0; i < 64; i++) x[i] = 0.25f + (float)i;
+  int64_t s[2] = {4, 16};
+  dt_tensor *y = dt_dropout(g, dt_dropout(g, dt_tensor_from(g, 2, s, x), 0.25f), 0.5f);
+  int ok = y && dt_tensor_to_host(y, out) == DTRAIN_OK;
+  dt_graph_rng_state(g, rng);
+  dt_graph_destroy(g);
+  return ok;
+}
+
+static void test_dropout_seed(void) {
+  float cpu[64], dev[64], other[64];
+  uint64_t rc[4], rd[4], ro[4];
+  CHECK(cp_dropout_run(NULL, 1234, 1, cpu, rc));
+  CHECK(cp_dropout_run(cp_dev, 1234, 1, dev, rd));
+  CHECK(memcmp(cpu, dev, sizeof cpu) == 0);
+  CHECK(memcmp(rc, rd, sizeof rc) == 0);
+  int zeros = 0;
+  for (int i = 0; i < 64; i++) zeros += dev[i] == 0.0f;
+  CHECK_MSG(zeros > 16 && zeros < 56, "%d of 64 dropped", zeros);
+  CHECK(cp_dropout_run(cp_dev, 99, 1, other, ro));
+  CHECK(memcmp(dev, other, sizeof dev) != 0);
+  CHECK(cp_dropout_run(cp_dev, 1234, 0, other, ro)); /* eval: identity */
+  for (int i = 0; i < 64; i++) CHECK_NEAR(other[i], 0.25f + (float)i, 0.0);
+}
+
+/* The embedding and layer-norm modules (compositions of the ops) on params:
+ * embedding -> layer norm -> gelu -> mean, forward and the whole parameter
+ * gradient, CPU vs device. */
+static int cp_modules_run(dt_device *dev, float *loss, float *grad, size_t *n) {
+  dt_params *p = dt_params_create(11);
+  dt_nn_embedding emb;
+  dt_nn_layer_norm ln;
+  int ok = p && dt_nn_embedding_init(&emb, p, "emb", 7, 8) == DTRAIN_OK &&
+           dt_nn_layer_norm_init(&ln, p, "ln", 8) == DTRAIN_OK;
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  dt_graph *g = ok ? dt_graph_create(p, &gd) : NULL;
+  ok = g != NULL;
+  if (ok) {
+    dt_tensor *h = dt_nn_layer_norm_forward(g, &ln, dt_nn_embedding_forward(g, &emb, cp_ids, 9));
+    dt_tensor *l = dt_mean(g, dt_gelu(g, dt_mul(g, h, h)));
+    ok = l && dt_backward(g, l) == DTRAIN_OK;
+    if (!ok) fprintf(stderr, "cp_modules_run on %s: %s\n", dev ? dev->name : "cpu", dt_graph_message(g));
+    *n = dt_params_size(p);
+    if (*n > 256) ok = 0; /* the callers' buffers */
+    if (ok) *loss = dt_item(l);
+    if (ok && dev) ok = dev->copy(dev, grad, dt_graph_param_grad(g), *n * sizeof(float), DTRAIN_COPY_D2H) == DTRAIN_OK;
+    else if (ok) memcpy(grad, dt_params_grad(p), *n * sizeof(float));
+  }
+  dt_graph_destroy(g);
+  dt_params_destroy(p);
+  return ok;
+}
+
+static void test_modules_parity(void) {
+  float lc = 0, ld = 1, gc[256], gdv[256];
+  size_t nc = 0, nd = 0;
+  CHECK(cp_modules_run(NULL, &lc, gc, &nc));
+  CHECK(cp_modules_run(cp_dev, &ld, gdv, &nd));
+  CHECK_MSG(nc == nd && nc >= 7 * 8 + 2 * 8 && nc <= 256, "%zu vs %zu params", nc, nd);
+  CHECK_NEAR(ld, lc, 1e-5);
+  double worst = 0.0;
+  for (size_t i = 0; i < nc && nc == nd; i++) {
+    double d = fabs((double)gc[i] - (double)gdv[i]);
+    if (d > worst) worst = d;
+  }
+  cp_compared += (int)nc;
+  CHECK_MSG(worst <= 1e-5, "module gradients differ by %g", worst);
 }
 
 /* A 2-layer MLP, a few steps on the CPU and on the device from the same
@@ -427,6 +594,9 @@ static void cp_run_all(void) {
   TH_RUN(test_ops_parity);
   TH_RUN(test_unsupported);
   TH_RUN(test_unsupported_all);
+  TH_RUN(test_dropout_seed);
+  TH_RUN(test_domain_checks);
+  TH_RUN(test_modules_parity);
   TH_RUN(test_mlp_parity);
   TH_RUN(test_optim_unsupported);
 }
