@@ -75,7 +75,7 @@ $(BUILD)/examples/%: examples/%.c dtrain.h
 # On a machine without a GPU the nvcc-built test_cuda skips at run time.
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 NVCCFLAGS ?= -std=c++17 -O2 -Xcompiler -Wall,-Wextra,-Werror
-CUDA_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_cuda
+CUDA_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_cuda_strategy $(BUILD)/tests/test_cuda
 CUDA_NATIVE := $(if $(filter $(shell $(CC) -dumpmachine 2>/dev/null),$(shell $(HOSTCC) -dumpmachine 2>/dev/null)),yes,)
 CUDA_SKIP := $(if $(NVCC),$(if $(CUDA_NATIVE),$(if $(SAN),not built in sanitizer builds,),not built in cross builds),nvcc not found)
 all: $(CUDA_TESTS)
@@ -88,6 +88,16 @@ ifeq ($(CXX_FOUND),yes)
 	$(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) -I. -Itests $< -o $@ $(LDLIBS)
 else
 	$(CC) $(CFLAGS_ALL) -DCUDA_SKIP_NAME='"test_cuda_emu"' '-DCUDA_SKIP_REASON="no C++ compiler ($(CXX))"' tests/cuda_skip.c -o $@
+endif
+
+# test_cuda_strategy: mirrored / multi_worker_mirrored over several emulated
+# devices (the same host emulation), against the CPU strategies.
+$(BUILD)/tests/test_cuda_strategy: tests/test_cuda_strategy.cc tests/cuda_skip.c tests/harness.h dtrain.h dtrain_cuda.h
+	@mkdir -p $(dir $@)
+ifeq ($(CXX_FOUND),yes)
+	$(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) -I. -Itests $< -o $@ $(LDLIBS)
+else
+	$(CC) $(CFLAGS_ALL) -DCUDA_SKIP_NAME='"test_cuda_strategy"' '-DCUDA_SKIP_REASON="no C++ compiler ($(CXX))"' tests/cuda_skip.c -o $@
 endif
 
 $(BUILD)/tests/test_cuda: tests/test_cuda.cu tests/cuda_skip.c tests/cuda_parity.h tests/harness.h dtrain_cuda.h $(BUILD)/dtrain.o

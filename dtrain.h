@@ -1747,6 +1747,58 @@ DTRAIN_EXTERN_C_END
  *
  * Without threads (DTRAIN_NO_THREADS) only one_device works; the other
  * strategies return DTRAIN_ERR_UNSUPPORTED from dt_strategy_create.
+ *
+ * Devices (GPUs). desc.devices / desc.ndevices put the replicas on devices,
+ * one replica per device (dt_device.h; dtrain_cuda.h makes CUDA ones):
+ *
+ *   dt_device *gpu[2] = {dt_cuda_device_create(0), dt_cuda_device_create(1)};
+ *   dt_strategy_desc sd = dt_mirrored(0);   the replica count follows the devices
+ *   sd.devices = gpu; sd.ndevices = 2;      the one-line switch (one_device: 1 device)
+ *
+ * The step function is unchanged: replica r's graph is created with
+ * dt_graph_desc.device = devices[r], so dt_tensor_from() copies its shard of
+ * the host batch to that device and the ops run there (the ops a device
+ * lacks fail the step with DTRAIN_ERR_UNSUPPORTED; dt_tensor_wrap takes
+ * device pointers there, so wrap host data only on the CPU). A step: every
+ * replica zeroes its device gradient and runs forward/backward on its shard
+ * (the same loss weights as on the CPU: MEAN rows/B, SUM 1); the gradients
+ * are all-reduced ON THE DEVICES (dt_device_group in dt_device.h: NCCL
+ * where the backend has it, else a ring over peer copies; afterwards every
+ * replica's dt_graph_param_grad holds the reduced gradient); replica 0
+ * checks it on a host copy when asked (check_numerics: NaN/Inf; clip_norm:
+ * a finite norm), so a bad gradient stops the step before any update; then
+ * device 0 alone updates with dt_optim_step_graph and the optimizer given
+ * to dt_strategy_create (clipping the reduced gradient; the optimizer state
+ * lives on device 0 only) and broadcasts its parameters (buffers included:
+ * batch-norm statistics follow replica 0) to the other devices. Why not
+ * every device updating its own copy: one optimizer state instead of N, and
+ * the replicas can never drift apart (see Failures); the price is one
+ * broadcast of the parameters per step. Last, replica 0's parameters are
+ * copied to the params' data buffer (one device -> host copy per step), so
+ * dt_save / evaluation on the host see the trained values as with the CPU
+ * strategies; the params' grad buffer is NOT written with devices.
+ * mirrored(N) on N devices equals CPU mirrored(N) and one_device on the
+ * whole batch within float tolerance (the all-reduce sums in ring order),
+ * and repeats bitwise; one_device with one device is the same code without
+ * the all-reduce.
+ * Failures: as on the CPU ("replica 1: dt_relu: device cuda:1: ..."; a
+ * failing all-reduce, update or broadcast is reported by replica 0 and
+ * names the device); stats.failed_replica says who. A failed step leaves
+ * the params' values intact, and when it failed in the update or the
+ * broadcast the strategy uploads them to every device again, so the
+ * replicas stay equal; the optimizer's state and step count on device 0
+ * may then keep that step (as a failing dt_optim_step_graph would).
+ * multi_worker_mirrored with devices: each process's replicas run on its
+ * devices; the local gradients are all-reduced on the devices, replica 0's
+ * copy comes to the host (device -> host), joins the cross-process
+ * all-reduce on desc.comm as above, and goes back to every local device
+ * (host -> device), where each replica updates; W processes x N devices
+ * equal CPU mirrored(W*N) within float tolerance. (Each process's device 0
+ * updates; the processes stay equal as on the CPU: same sum, same update.)
+ * dt_strategy_sync uploads the params' values to every device (mwm: rank
+ * 0's, as above). central_storage, async and parameter_server keep their
+ * parameters in host memory and refuse devices (DTRAIN_ERR_UNSUPPORTED at
+ * dt_strategy_create).
  */
 #ifndef DTRAIN_STRATEGY_H
 #define DTRAIN_STRATEGY_H
@@ -1833,6 +1885,11 @@ typedef struct dt_strategy_desc {
   dt_comm *comm;                 /* multi_worker_mirrored: the cross-process communicator, one
                                     rank per process (dt_comm_create_tcp/_mpi); borrowed */
   dt_pstore *store;              /* parameter_server: the store (dt_pstore_create_tcp); borrowed */
+  dt_device **devices;           /* one_device, mirrored, multi_worker_mirrored: replica r runs on
+                                    devices[r] (dt_device.h, e.g. dt_cuda_device_create(r)); the
+                                    array and the devices are borrowed [NULL: the CPU] */
+  int ndevices;                  /* entries in devices; replicas 0 means ndevices, else it must
+                                    equal ndevices (one replica per device) */
 } dt_strategy_desc;
 
 /* The one-line choices. */
@@ -1899,6 +1956,9 @@ DTRAIN_API int dt_strategy_replicas(const dt_strategy *s);
 DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s);
 /* Replica r's graph (for inspection between steps: memory, RNG state). */
 DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica);
+
+/* The device of replica r (NULL: the CPU, or r out of range). */
+DTRAIN_API dt_device *dt_strategy_device(const dt_strategy *s, int replica);
 
 /* ---- statistics (since creation or dt_strategy_reset_stats) ---------------------- */
 typedef struct dt_replica_stats {
@@ -2491,6 +2551,24 @@ struct dt_device {
   dt_result (*sync)(dt_device *d);
   /* DTRAIN_ERR_UNSUPPORTED for a kernel the backend lacks. */
   dt_result (*run)(dt_device *d, dt_kernel k, const dt_kernel_args *a);
+  /* ---- several devices (dt_device_group, dt_strategy with desc.devices) ----
+   * All optional: a backend that leaves them NULL (zero-initialised) still
+   * works, through host memory.
+   * peer_copy: `bytes` from `src` (memory of device `from`) to `dst` (memory
+   * of d), ordered after the work already queued on both devices; it may
+   * return once the copy is queued on d (later work on d sees the data).
+   * NULL: the core stages the copy through host memory (D2H on `from`, then
+   * H2D on d). */
+  dt_result (*peer_copy)(dt_device *d, void *dst, dt_device *from, const void *src, size_t bytes);
+  /* A collective library (NCCL): group_create makes one communicator over
+   * devs[0..n) (called on devs[0]; every device of the group has the same
+   * hooks), group_allreduce sums bufs[i] (count floats on devs[i]) in place
+   * so that every device holds the same sum, queued on the devices' streams;
+   * group_destroy frees it. NULL group_create: dt_device_group uses a ring
+   * over peer_copy and the DTRAIN_K_ACC kernel instead. */
+  dt_result (*group_create)(dt_device *const *devs, int n, void **out);
+  dt_result (*group_allreduce)(void *group, float *const *bufs, size_t count);
+  void (*group_destroy)(void *group);
 };
 
 /* For backends: record `msg` as this thread's error (dt_last_error) and
@@ -2514,6 +2592,41 @@ DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g);
  * none) to host memory `dst`. Works for CPU tensors too (memcpy). */
 DTRAIN_API dt_result dt_tensor_to_host(const dt_tensor *t, float *dst);
 DTRAIN_API dt_result dt_tensor_grad_to_host(const dt_tensor *t, float *dst);
+
+/* ---- several devices: the all-reduce of data-parallel training ----------------
+ * A group of n devices, each holding a buffer of `count` floats (e.g. the
+ * parameter gradients of a replica's graph: dt_graph_param_grad). What
+ * dt_strategy uses for mirrored training over devices; usable directly.
+ *
+ *   dt_device_group *grp = dt_device_group_create(devs, n, count);
+ *   float *bufs[n] = {dt_graph_param_grad(g0), dt_graph_param_grad(g1), ...};
+ *   dt_device_group_allreduce(grp, bufs);      every buffer now holds the sum
+ *
+ * How: when the devices have group hooks (dtrain_cuda.h compiled with
+ * DTRAIN_USE_NCCL: ncclAllReduce), one collective call; otherwise a ring
+ * over peer copies: a reduce-scatter (n-1 rounds: device i sends chunk
+ * (i-k) mod n to device i+1, which adds it to its own with DTRAIN_K_ACC)
+ * then an all-gather (n-1 rounds of copies), chunks as dt_comm_slice. Each
+ * chunk's sum is made once, on one device, and copied to the others, so
+ * every device ends with the bitwise same values, and the same inputs give
+ * the bitwise same sum on every call. Devices without peer_copy go through
+ * host memory. Every device is synchronised at the end (the buffers may be
+ * read or reused at once). The group keeps one chunk of scratch per device
+ * (count/n floats, plus one). A failure returns the device's error code
+ * with a message naming the device and the round; the buffers are then
+ * undefined. n = 1 is a no-op. */
+typedef struct dt_device_group dt_device_group;
+/* NULL + dt_last_error() on failure. The devices are borrowed. */
+DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n, size_t count);
+DTRAIN_API void dt_device_group_destroy(dt_device_group *g);
+/* Sum bufs[i] (count floats on device i) in place on every device. */
+DTRAIN_API dt_result dt_device_group_allreduce(dt_device_group *g, float *const *bufs);
+/* bufs[root][begin, end) -> the same range of every other device's buffer. */
+DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const *bufs, size_t begin, size_t end,
+                                               int root);
+/* "nccl-style collective (group hooks)", "ring over peer copies" or "ring
+ * through host memory": what dt_device_group_allreduce uses. */
+DTRAIN_API const char *dt_device_group_method(const dt_device_group *g);
 
 DTRAIN_EXTERN_C_END
 
@@ -4877,6 +4990,242 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, in
 
 #undef DT__DEV_ALIGN
 /* ======== end dt_device.c ======== */
+
+/* ======== begin dt_devgroup.c ======== */
+/* ===========================================================================
+ * dt_devgroup.c -- collectives over several devices (dt_device_group): the
+ * all-reduce of mirrored training on devices
+ * ===========================================================================
+ * A ring over the devices' peer copies and their DTRAIN_K_ACC kernel, or the
+ * backend's own collective (group hooks: NCCL in dtrain_cuda.h). The core
+ * never calls a device API here either: everything goes through the
+ * dt_device function table. See dt_device.h for the contract.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+struct dt_device_group {
+  int n;
+  size_t count;
+  dt_device **devs;
+  float **scratch;   /* one chunk per device (device memory) */
+  size_t chunk;      /* floats in the largest chunk */
+  float *host;       /* staging for devices without peer_copy (chunk floats), or NULL */
+  void *coll;        /* the backend's collective (group hooks), or NULL */
+};
+
+DTRAIN_API const char *dt_device_group_method(const dt_device_group *g) {
+  if (!g) return "none";
+  if (g->coll) return "collective (group hooks)";
+  if (g->n == 1) return "none (one device)";
+  return g->host ? "ring through host memory" : "ring over peer copies";
+}
+
+DTRAIN_API void dt_device_group_destroy(dt_device_group *g) {
+  if (!g) return;
+  if (g->coll && g->devs[0]->group_destroy) g->devs[0]->group_destroy(g->coll);
+  if (g->scratch)
+    for (int i = 0; i < g->n; i++)
+      if (g->scratch[i]) g->devs[i]->free(g->devs[i], g->scratch[i], g->chunk * sizeof(float));
+  dt__free(g->host, g->chunk * sizeof(float));
+  dt__free(g->scratch, (size_t)g->n * sizeof(float *));
+  dt__free(g->devs, (size_t)g->n * sizeof(dt_device *));
+  dt__free(g, sizeof *g);
+}
+
+DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n, size_t count) {
+  const char *fn = "dt_device_group_create";
+  if (!devs) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "%s: devs is NULL", fn);
+    return NULL;
+  }
+  if (n < 1) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d devices (need >= 1)", fn, n);
+    return NULL;
+  }
+  for (int i = 0; i < n; i++) {
+    const dt_device *d = devs[i];
+    if (!d || !d->alloc || !d->free || !d->copy || !d->sync || !d->run) {
+      dt__error(DTRAIN_ERR_NULL_ARG, "%s: device %d is NULL or has a NULL function", fn, i);
+      return NULL;
+    }
+  }
+  int hooks = 0;
+  dt_device_group *g = (dt_device_group *)dt__calloc(sizeof *g);
+  if (!g) {
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    return NULL;
+  }
+  g->n = n;
+  g->count = count;
+  g->devs = (dt_device **)dt__calloc((size_t)n * sizeof(dt_device *));
+  g->scratch = (float **)dt__calloc((size_t)n * sizeof(float *));
+  if (!g->devs || !g->scratch) goto nomem;
+  for (int i = 0; i < n; i++) g->devs[i] = devs[i];
+  if (n == 1) return g;
+  for (int i = 0; i < n; i++) {
+    size_t b, e;
+    dt_comm_slice(count, n, i, &b, &e);
+    if (e - b > g->chunk) g->chunk = e - b;
+  }
+  if (g->chunk == 0) g->chunk = 1;
+  for (int i = 0; i < n; i++)
+    if (!devs[i]->peer_copy && !g->host && !(g->host = (float *)dt__alloc(g->chunk * sizeof(float)))) goto nomem;
+  /* The backend's collective, when every device has the same one. */
+  hooks = devs[0]->group_create && devs[0]->group_allreduce && devs[0]->group_destroy;
+  for (int i = 1; i < n && hooks; i++)
+    hooks = devs[i]->group_create == devs[0]->group_create && devs[i]->group_allreduce == devs[0]->group_allreduce;
+  if (hooks) {
+    dt_result r = devs[0]->group_create(g->devs, n, &g->coll);
+    if (r != DTRAIN_OK) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "%.300s", dt_last_error());
+      dt__error(r, "%s: collective over %d devices (%s, ...): %s", fn, n, devs[0]->name, what);
+      g->coll = NULL;
+      goto fail;
+    }
+    return g;
+  }
+  for (int i = 0; i < n; i++) {
+    void *p = NULL;
+    dt_result r = devs[i]->alloc(devs[i], g->chunk * sizeof(float), &p);
+    if (r != DTRAIN_OK) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "%.300s", dt_last_error());
+      dt__error(r, "%s: scratch of %zu bytes on device %s: %s", fn, g->chunk * sizeof(float), devs[i]->name, what);
+      goto fail;
+    }
+    g->scratch[i] = (float *)p;
+  }
+  return g;
+nomem:
+  dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+fail:
+  dt_device_group_destroy(g);
+  return NULL;
+}
+
+/* bytes from device `from` (src) to device `to` (dst). */
+static dt_result dt__devgroup_copy(dt_device_group *g, int to, float *dst, int from, const float *src, size_t bytes,
+                                   const char *what) {
+  dt_device *d = g->devs[to], *f = g->devs[from];
+  dt_result r;
+  const char *who = d->name;
+  if (bytes == 0) return DTRAIN_OK;
+  if (d->peer_copy) {
+    r = d->peer_copy(d, dst, f, src, bytes);
+  } else {
+    who = f->name;
+    r = f->copy(f, g->host, src, bytes, DTRAIN_COPY_D2H);
+    if (r == DTRAIN_OK) {
+      who = d->name;
+      r = d->copy(d, dst, g->host, bytes, DTRAIN_COPY_H2D);
+    }
+  }
+  if (r != DTRAIN_OK) {
+    char msg[DT__MSG_CAP];
+    snprintf(msg, sizeof msg, "%.300s", dt_last_error());
+    return dt__error(r, "%s: copy %s -> %s: device %s: %s", what, f->name, d->name, who, msg);
+  }
+  return DTRAIN_OK;
+}
+
+static dt_result dt__devgroup_sync_all(dt_device_group *g, const char *what) {
+  for (int i = 0; i < g->n; i++) {
+    dt_result r = g->devs[i]->sync(g->devs[i]);
+    if (r != DTRAIN_OK) {
+      char msg[DT__MSG_CAP];
+      snprintf(msg, sizeof msg, "%.300s", dt_last_error());
+      return dt__error(r, "%s: device %s: %s", what, g->devs[i]->name, msg);
+    }
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_device_group_allreduce(dt_device_group *g, float *const *bufs) {
+  const char *fn = "dt_device_group_allreduce";
+  if (!g || !bufs) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !g ? "group" : "bufs");
+  const int n = g->n;
+  if (n == 1 || g->count == 0) return DTRAIN_OK;
+  for (int i = 0; i < n; i++)
+    if (!bufs[i]) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: buffer %d is NULL", fn, i);
+  dt_result r;
+  char what[96];
+  if (g->coll) {
+    r = g->devs[0]->group_allreduce(g->coll, bufs, g->count);
+    if (r != DTRAIN_OK) {
+      char msg[DT__MSG_CAP];
+      snprintf(msg, sizeof msg, "%.300s", dt_last_error());
+      return dt__error(r, "%s: collective over %d devices: %s", fn, n, msg);
+    }
+    return dt__devgroup_sync_all(g, fn);
+  }
+  /* reduce-scatter: in round k device i sends chunk (i - k) mod n to device
+   * i + 1, which adds it to its own; after n - 1 rounds device i holds the
+   * whole sum of chunk (i + 1) mod n. */
+  for (int k = 0; k < n - 1; k++) {
+    snprintf(what, sizeof what, "%s: reduce-scatter round %d of %d", fn, k + 1, n - 1);
+    for (int i = 0; i < n; i++) {
+      int to = (i + 1) % n, c = ((i - k) % n + n) % n;
+      size_t b, e;
+      dt_comm_slice(g->count, n, c, &b, &e);
+      if (b == e) continue;
+      r = dt__devgroup_copy(g, to, g->scratch[to], i, bufs[i] + b, (e - b) * sizeof(float), what);
+      if (r != DTRAIN_OK) return r;
+      dt_kernel_args a;
+      memset(&a, 0, sizeof a);
+      a.p[0] = bufs[to] + b;
+      a.p[1] = g->scratch[to];
+      a.n[0] = (int64_t)(e - b);
+      a.f[0] = 1.0f;
+      dt_device *d = g->devs[to];
+      r = d->run(d, DTRAIN_K_ACC, &a);
+      if (r != DTRAIN_OK) {
+        char msg[DT__MSG_CAP];
+        snprintf(msg, sizeof msg, "%.300s", dt_last_error());
+        return dt__error(r, "%s: accumulate on device %s: %s", what, d->name, msg);
+      }
+    }
+    if ((r = dt__devgroup_sync_all(g, what)) != DTRAIN_OK) return r;
+  }
+  /* all-gather: in round k device i sends its finished chunk (i + 1 - k)
+   * mod n to device i + 1. */
+  for (int k = 0; k < n - 1; k++) {
+    snprintf(what, sizeof what, "%s: all-gather round %d of %d", fn, k + 1, n - 1);
+    for (int i = 0; i < n; i++) {
+      int to = (i + 1) % n, c = ((i + 1 - k) % n + n) % n;
+      size_t b, e;
+      dt_comm_slice(g->count, n, c, &b, &e);
+      r = dt__devgroup_copy(g, to, bufs[to] + b, i, bufs[i] + b, (e - b) * sizeof(float), what);
+      if (r != DTRAIN_OK) return r;
+    }
+    if ((r = dt__devgroup_sync_all(g, what)) != DTRAIN_OK) return r;
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const *bufs, size_t begin, size_t end,
+                                               int root) {
+  const char *fn = "dt_device_group_broadcast";
+  if (!g || !bufs) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !g ? "group" : "bufs");
+  if (root < 0 || root >= g->n) return dt__error(DTRAIN_ERR_INDEX, "%s: root %d outside [0, %d)", fn, root, g->n);
+  if (begin > end || end > g->count)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: range [%zu, %zu) outside the group's %zu floats", fn, begin, end, g->count);
+  if (g->n == 1 || begin == end) return DTRAIN_OK;
+  for (int i = 0; i < g->n; i++)
+    if (!bufs[i]) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: buffer %d is NULL", fn, i);
+  /* Host staging copies at most a chunk at a time. */
+  size_t step = g->host ? g->chunk : end - begin;
+  for (int i = 0; i < g->n; i++) {
+    if (i == root) continue;
+    for (size_t off = begin; off < end; off += step) {
+      size_t m = DT__MIN(step, end - off);
+      dt_result r = dt__devgroup_copy(g, i, bufs[i] + off, root, bufs[root] + off, m * sizeof(float), fn);
+      if (r != DTRAIN_OK) return r;
+    }
+  }
+  return dt__devgroup_sync_all(g, fn);
+}
+/* ======== end dt_devgroup.c ======== */
 
 /* ======== begin dt_gemm.c ======== */
 /* ===========================================================================
@@ -15465,6 +15814,7 @@ typedef struct dt__strategy_replica {
   float *data, *grad;      /* what the graph is bound to */
   float *own_data, *own_grad, *old; /* allocated here (NULL when borrowed) */
   dt_optim *opt;           /* async: this replica's optimizer */
+  int updating;            /* devices: this step reached the update */
   /* the current step */
   float loss;
   int64_t rows;
@@ -15520,6 +15870,12 @@ struct dt_strategy {
   size_t mwm_bytes;
   double mwm_rows;         /* the global batch's rows (this step) */
   double mwm_loss;         /* the global batch's loss (this step) */
+  /* devices (desc.devices) */
+  int dev;                 /* nonzero: replica r runs on desc.devices[r] */
+  dt_device_group *dgroup; /* the all-reduce over the replicas' devices */
+  float **dgrad, **ddata;  /* each replica's device gradient / parameters */
+  float *dhost;            /* host copy of replica 0's reduced gradient (checks) */
+  int64_t dev_opt_steps;   /* the optimizer's steps before the current step */
 };
 
 /* ---- small helpers -------------------------------------------------------------------------- */
@@ -15646,7 +16002,15 @@ static const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
 static int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
   dt__strategy_replica *R = &s->rep[r];
   char what[DT__MSG_CAP];
-  memset(R->grad, 0, s->fbytes);
+  if (s->dev) {
+    dt_result zr = dt_graph_zero_grad(R->g);
+    if (zr != DTRAIN_OK) {
+      dt__strategy_fail(s, r, zr, dt_last_error());
+      return 0;
+    }
+  } else {
+    memset(R->grad, 0, s->fbytes);
+  }
   R->rows = b->rows;
   R->loss = 0.0f;
   if (b->rows == 0) return 1;
@@ -15669,8 +16033,15 @@ static int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
     dt__strategy_fail(s, r, DTRAIN_ERR_SHAPE, what);
     return 0;
   }
-  if (!isfinite(L->data[0])) {
-    snprintf(what, sizeof what, "loss is %s", isnan(L->data[0]) ? "NaN" : "Inf");
+  float lv;
+  if (!s->dev) {
+    lv = L->data[0];
+  } else if ((rc = dt_tensor_to_host(L, &lv)) != DTRAIN_OK) { /* the loss comes from the device */
+    dt__strategy_fail(s, r, rc, dt_last_error());
+    return 0;
+  }
+  if (!isfinite(lv)) {
+    snprintf(what, sizeof what, "loss is %s", isnan(lv) ? "NaN" : "Inf");
     dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
     return 0;
   }
@@ -15680,14 +16051,26 @@ static int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
     dt__strategy_fail(s, r, rc, dt_graph_message(R->g));
     return 0;
   }
-  R->loss = L->data[0];
+  R->loss = lv;
   if (s->desc.check_numerics) {
     /* Before any reduction or optimizer state sees it, and where the
-     * culprit is still known. */
-    size_t bad = dt__strategy_nonfinite(R->grad, 0, s->size);
+     * culprit is still known. On a device: a host copy is scanned. */
+    const float *hg = R->grad;
+    if (s->dev) {
+      dt_device *d = s->desc.devices[r];
+      rc = d->copy(d, R->old, R->grad, s->fbytes, DTRAIN_COPY_D2H);
+      if (rc != DTRAIN_OK) {
+        snprintf(what, sizeof what, "check_numerics: gradient to the host: device %.40s: %.200s", d->name,
+                 dt_last_error());
+        dt__strategy_fail(s, r, rc, what);
+        return 0;
+      }
+      hg = R->old;
+    }
+    size_t bad = dt__strategy_nonfinite(hg, 0, s->size);
     if (bad < s->size) {
       snprintf(what, sizeof what, "gradient of '%s' is %s at flat index %zu", dt__strategy_param_at(s, bad),
-               isnan(R->grad[bad]) ? "NaN" : "Inf", bad);
+               isnan(hg[bad]) ? "NaN" : "Inf", bad);
       dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
       return 0;
     }
@@ -15931,6 +16314,13 @@ static dt_result dt__strategy_mwm_start(dt_strategy *s, const char *fn) {
   }
   rc = dt_comm_broadcast(x, rank, pdata, s->size, 0);
   if (rc != DTRAIN_OK) return dt__strategy_mwm_comm_error(s, fn, rc);
+  if (s->dev) {
+    for (int r = 0; r < s->n; r++) {
+      rc = dt_graph_params_upload(s->rep[r].g);
+      if (rc != DTRAIN_OK) return dt__error(rc, "%s: replica %d: %s", fn, r, dt_last_error());
+    }
+    return DTRAIN_OK;
+  }
   for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, pdata, s->fbytes);
   return DTRAIN_OK;
 }
@@ -15941,7 +16331,7 @@ static int dt__strategy_mwm_exchange(dt_strategy *s, int ok) {
   dt__strategy_replica *R = &s->rep[0];
   dt_comm *x = s->desc.comm;
   const int rank = dt_comm_rank(x);
-  float *buf = R->grad, *tail = buf + s->size;
+  float *buf = s->mwm_buf, *tail = buf + s->size; /* (replica 0's gradient on the CPU) */
   char what[DT__MSG_CAP];
   memset(tail, 0, DT__MWM_TAIL * sizeof(float));
   if (ok) {
@@ -15954,8 +16344,9 @@ static int dt__strategy_mwm_exchange(dt_strategy *s, int ok) {
     tail[1] = (float)(rows - (double)tail[0]);
     tail[2] = (float)lsum;
     tail[3] = (float)(lsum - (double)tail[2]);
-    /* Buffers follow rank 0: its values plus zeros from the others. */
-    for (int i = 0; i < s->nbufr; i++) {
+    /* Buffers follow rank 0: its values plus zeros from the others (with
+     * devices the caller put them in buf). */
+    for (int i = 0; i < s->nbufr && !s->dev; i++) {
       size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
       if (rank == 0) memcpy(buf + b, R->data + b, (e - b) * sizeof(float));
       else memset(buf + b, 0, (e - b) * sizeof(float));
@@ -16059,6 +16450,165 @@ done:
 
 #undef DT__MWM_TAIL
 /* ==== end of multi_worker_mirrored ============================================================ */
+
+/* ==== replicas on devices (desc.devices) ======================================================
+ * One replica per device; the same thread pool and in-process communicator
+ * (a barrier) as on the CPU. A step (dt__strategy_dev_job, every replica):
+ *
+ *   shard r -> zero the device gradient -> step fn + backward on the device
+ *   -> barrier -> replica 0 alone: dt_device_group_allreduce of the device
+ *   gradients, [mwm: device 0's sum -> host -> the cross-process all-reduce
+ *   -> scaled by 1/global rows -> device 0], the checks on a host copy
+ *   (check_numerics, a finite clipping norm), dt_optim_step_graph on device
+ *   0 with the strategy's optimizer (its state lives on device 0 only), and
+ *   a broadcast of device 0's parameters (buffers included) to the others.
+ * Updating on one device and broadcasting (rather than every device
+ * updating its copy with its own optimizer state) keeps ONE optimizer state
+ * (the given dt_optim's, so that checkpoints and dt_optim_* see it) and
+ * makes a failure easy to undo: the replicas can never drift apart, because
+ * whatever fails, every device gets the params' values again. The price is
+ * one broadcast of the parameters per step on top of the all-reduce.
+ * The caller then copies replica 0's parameters to the params (host). */
+
+/* Replica 0's checks of a host copy of the reduced gradient: NaN/Inf
+ * (check_numerics) and a finite clipping norm. 0: the step stops. */
+static int dt__strategy_dev_checks(dt_strategy *s, const float *g) {
+  char what[DT__MSG_CAP];
+  if (s->desc.check_numerics) {
+    size_t bad = dt__strategy_nonfinite(g, 0, s->size);
+    if (bad < s->size) {
+      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
+               dt__strategy_param_at(s, bad), isnan(g[bad]) ? "NaN" : "Inf", bad);
+      dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
+      return 0;
+    }
+  }
+  if (dt_optim_get_desc(s->opt)->clip_norm > 0.0f) {
+    double norm = sqrt(dt__strategy_sumsq(s, g, 0, s->size));
+    if (!isfinite(norm)) {
+      snprintf(what, sizeof what, "gradient norm is %s; no update made", isnan(norm) ? "NaN" : "Inf");
+      dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* A failed device call of replica 0's reduce phase. */
+static int dt__strategy_dev_failed(dt_strategy *s, dt_result rc, const char *what) {
+  char msg[DT__MSG_CAP];
+  snprintf(msg, sizeof msg, "%.60s: %.250s", what, dt_last_error());
+  dt__strategy_fail(s, 0, rc, msg);
+  return 0;
+}
+
+/* Replica 0's host <-> device copy of [b, e) of replica r's buffer p. */
+static dt_result dt__strategy_dev_copy(dt_strategy *s, int r, float *dst, const float *src, size_t b, size_t e,
+                                       dt_copy_kind kind) {
+  dt_device *d = s->desc.devices[r];
+  if (e <= b) return DTRAIN_OK;
+  dt_result rc = d->copy(d, dst + b, src + b, (e - b) * sizeof(float), kind);
+  if (rc != DTRAIN_OK) {
+    char msg[DT__MSG_CAP];
+    snprintf(msg, sizeof msg, "%.250s", dt_last_error());
+    return dt__error(rc, "device %s: %s", d->name, msg);
+  }
+  return DTRAIN_OK;
+}
+
+/* Replica 0's part after the barrier. ok: the local part succeeded
+ * (multi_worker_mirrored: replica 0 always joins the exchange). */
+static int dt__strategy_dev_reduce(dt_strategy *s, int ok) {
+  const int mwm = s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED;
+  dt_result rc;
+  if (ok && s->n > 1) {
+    rc = dt_device_group_allreduce(s->dgroup, s->dgrad);
+    if (rc != DTRAIN_OK) ok = dt__strategy_dev_failed(s, rc, "all-reduce of the gradients over the devices");
+  }
+  if (!mwm) {
+    if (!ok) return 0;
+    if (!s->desc.check_numerics && !(dt_optim_get_desc(s->opt)->clip_norm > 0.0f)) return 1;
+    rc = dt__strategy_dev_copy(s, 0, s->dhost, s->dgrad[0], 0, s->size, DTRAIN_COPY_D2H);
+    if (rc != DTRAIN_OK) return dt__strategy_dev_failed(s, rc, "reduced gradient to the host");
+    return dt__strategy_dev_checks(s, s->dhost);
+  }
+  /* multi_worker_mirrored: device 0 -> host -> across processes -> device 0 */
+  float *buf = s->mwm_buf;
+  if (ok) {
+    rc = dt__strategy_dev_copy(s, 0, buf, s->dgrad[0], 0, s->size, DTRAIN_COPY_D2H);
+    for (int i = 0; i < s->nbufr && rc == DTRAIN_OK; i++) {
+      size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
+      if (dt_comm_rank(s->desc.comm) == 0) rc = dt__strategy_dev_copy(s, 0, buf, s->ddata[0], b, e, DTRAIN_COPY_D2H);
+      else memset(buf + b, 0, (e - b) * sizeof(float));
+    }
+    if (rc != DTRAIN_OK) ok = dt__strategy_dev_failed(s, rc, "local gradient to the host");
+  }
+  if (!dt__strategy_mwm_exchange(s, ok)) return 0;
+  if (s->desc.loss == DTRAIN_LOSS_MEAN && s->mwm_rows > 0.0)
+    dt__strategy_scale(s, buf, 0, s->size, (float)(1.0 / s->mwm_rows));
+  if (!dt__strategy_dev_checks(s, buf)) return 0;
+  rc = dt__strategy_dev_copy(s, 0, s->dgrad[0], buf, 0, s->size, DTRAIN_COPY_H2D);
+  for (int i = 0; i < s->nbufr && rc == DTRAIN_OK; i++) /* rank 0 replica 0's buffers */
+    rc = dt__strategy_dev_copy(s, 0, s->ddata[0], buf, s->bufr[2 * i], s->bufr[2 * i + 1], DTRAIN_COPY_H2D);
+  if (rc != DTRAIN_OK) return dt__strategy_dev_failed(s, rc, "reduced gradient to the device");
+  return 1;
+}
+
+static void dt__strategy_dev_job(void *arg, int r) {
+  dt_strategy *s = (dt_strategy *)arg;
+  dt__strategy_replica *R = &s->rep[r];
+  const int mwm = s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED;
+  R->result = DTRAIN_OK;
+  R->updating = 0;
+  dt_minibatch b;
+  dt__strategy_shard(s->batch, s->n, r, &b);
+  if (mwm) b.weight = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0f : (float)b.rows; /* row sums, as on the CPU */
+  else b.weight = (s->desc.loss == DTRAIN_LOSS_SUM || b.global_rows == 0)
+                      ? 1.0f
+                      : (float)((double)b.rows / (double)b.global_rows);
+  b.replica_step = 0;
+  dt_comm_stats cs;
+  dt_comm_stats_get(s->comm, r, &cs);
+  double w0 = cs.wait_s;
+  int ok = dt__strategy_compute(s, r, &b);
+  dt_result rc;
+  if (ok && s->n > 1) {
+    rc = dt_comm_barrier(s->comm, r); /* every gradient is done */
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      ok = 0;
+    }
+  }
+  dt_comm_stats_get(s->comm, r, &cs);
+  R->wait_s += cs.wait_s - w0;
+  if (r > 0) return;
+  if (!dt__strategy_dev_reduce(s, ok)) return;
+  R->updating = 1;
+  rc = dt_optim_step_graph(s->opt, R->g);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_fail(s, 0, rc, dt_last_error());
+    return;
+  }
+  if (s->n > 1) {
+    rc = dt_device_group_broadcast(s->dgroup, s->ddata, 0, s->size, 0);
+    if (rc != DTRAIN_OK) dt__strategy_dev_failed(s, rc, "parameters of replica 0 to the devices");
+  }
+}
+
+/* After a failed step: when some replica reached the update, put the
+ * params' (pre-step) values back on every device so the replicas stay
+ * equal. */
+static void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps) {
+  int any = 0;
+  for (int r = 0; r < s->n; r++) any |= s->rep[r].updating;
+  if (!any) return;
+  dt__quiet_push();
+  for (int r = 0; r < s->n; r++) (void)dt_graph_params_upload(s->rep[r].g);
+  dt__quiet_pop(DTRAIN_OK);
+  dt_optim_set_steps(s->opt, opt_steps);
+}
+
+/* ==== end of devices ======================================================================= */
 
 /* ==== parameter_server (worker side) ==========================================================
  * The async replica's loop against a store that takes gradients (dt_pstore_create_tcp): no
@@ -16203,7 +16753,8 @@ static void dt__strategy_async_job(void *arg, int r) {
 static void dt__strategy_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
   int was = dt__par_set_replica(s->n > 1); /* replicas fill the cores: kernels inside use one thread */
-  if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) dt__strategy_mwm_job(arg, r);
+  if (s->dev) dt__strategy_dev_job(arg, r);
+  else if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) dt__strategy_mwm_job(arg, r);
   else if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
   else dt__strategy_async_job(arg, r);
   dt__par_set_replica(was);
@@ -16221,6 +16772,7 @@ static dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
   s->last_failed = f;
   if (f < 0) return DTRAIN_OK;
   if (s->comm) dt_comm_recover(s->comm);
+  if (s->dev) dt__strategy_dev_restore(s, s->dev_opt_steps);
   return dt__error(s->err, "%s: %s", fn, s->msg);
 }
 
@@ -16238,8 +16790,14 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   s->ticket_base = s->tickets;
   int64_t before = 0;
   for (int r = 0; r < s->n; r++) before += s->rep[r].steps;
+  if (s->dev) s->dev_opt_steps = dt_optim_steps(s->opt);
   rc = dt__strategy_launch(s, fn);
   s->batch = NULL;
+  if (rc == DTRAIN_OK && s->dev) {
+    /* dt_optim_step_graph advanced the optimizer; the params get replica 0's values */
+    rc = dt_graph_params_download(s->rep[0].g);
+    if (rc != DTRAIN_OK) rc = dt__error(rc, "%s: replica 0's parameters to the host: %s", fn, dt_last_error());
+  }
   s->seconds += dt__now() - t0;
   if (rc != DTRAIN_OK) return rc;
   /* The batch's loss: shard losses weighted by their share, in rank order
@@ -16251,7 +16809,7 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
     L += w * (double)s->rep[r].loss;
   }
   if (dt__strategy_sync(s)) {
-    dt_optim_advance(s->opt);
+    if (!s->dev) dt_optim_advance(s->opt);
     for (int r = 0; r < s->n; r++) {
       s->rep[r].steps++;
       s->rep[r].samples += s->rep[r].rows;
@@ -16364,6 +16922,7 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: %s needs threads (built with DTRAIN_NO_THREADS); use one_device",
                      fn, name);
 #endif
+  if (d->devices && d->replicas == 0) d->replicas = d->ndevices;
   if (d->kind == DTRAIN_STRATEGY_ONE_DEVICE) {
     if (d->replicas > 1)
       return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: one_device has 1 replica, not %d", fn, d->replicas);
@@ -16389,6 +16948,26 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
   if (d->kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) {
     dt_result rc = dt__strategy_mwm_check(d);
     if (rc != DTRAIN_OK) return rc;
+  }
+  if (d->devices || d->ndevices) {
+    if (d->kind != DTRAIN_STRATEGY_ONE_DEVICE && d->kind != DTRAIN_STRATEGY_MIRRORED &&
+        d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                       "%s: %s cannot run on devices (its parameters live in host memory); use one_device, "
+                       "mirrored or multi_worker_mirrored with desc.devices", fn, name);
+    if (!d->devices) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: desc.ndevices is %d but desc.devices is NULL", fn,
+                                      d->ndevices);
+    if (d->ndevices < 1 || d->ndevices > DTRAIN_MAX_REPLICAS)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: desc.ndevices %d (need 1..%d with desc.devices)", fn, d->ndevices,
+                       DTRAIN_MAX_REPLICAS);
+    if (d->replicas != d->ndevices)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %s with %d replicas on %d devices (one replica per device; "
+                       "replicas 0 takes the device count)", fn, name, d->replicas, d->ndevices);
+    for (int i = 0; i < d->ndevices; i++) {
+      const dt_device *dv = d->devices[i];
+      if (!dv || !dv->alloc || !dv->free || !dv->zero || !dv->copy || !dv->sync || !dv->run)
+        return dt__error(DTRAIN_ERR_NULL_ARG, "%s: desc.devices[%d] is NULL or has a NULL function", fn, i);
+    }
   }
   if (d->seed == 0) d->seed = 1;
   return DTRAIN_OK;
@@ -16466,6 +17045,13 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
   s->rep_bytes = (size_t)s->n * sizeof(dt__strategy_replica);
   s->rep = (dt__strategy_replica *)dt__calloc(s->rep_bytes);
   if (!s->rep) goto nomem;
+  if (d.devices) {
+    s->dev = 1;
+    s->dgrad = (float **)dt__calloc((size_t)s->n * sizeof(float *));
+    s->ddata = (float **)dt__calloc((size_t)s->n * sizeof(float *));
+    if (!s->dgrad || !s->ddata || !(s->dhost = dt__strategy_floats(s, NULL))) goto nomem;
+    if (kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && dt__strategy_mwm_alloc(s) != DTRAIN_OK) goto nomem;
+  }
   for (int r = 0; r < s->n; r++) {
     dt__strategy_replica *R = &s->rep[r];
     dt_graph_desc gd;
@@ -16473,9 +17059,23 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     gd.arena_bytes = d.arena_bytes;
     gd.seed = d.seed + (uint64_t)r;
     gd.check_numerics = d.check_numerics;
+    if (s->dev) gd.device = d.devices[r]; /* the graph holds its own device copy of the params */
     R->g = dt_graph_create(params, &gd);
-    if (!R->g) goto fail;
+    if (!R->g) {
+      if (s->dev) {
+        char what[DT__MSG_CAP];
+        snprintf(what, sizeof what, "%.300s", dt_last_error());
+        dt__error(dt_last_result(), "%s: replica %d on device %s: %s", fn, r, d.devices[r]->name, what);
+      }
+      goto fail;
+    }
     R->result = DTRAIN_OK;
+    if (s->dev) {
+      R->data = s->ddata[r] = dt_graph_param_data(R->g);
+      R->grad = s->dgrad[r] = dt_graph_param_grad(R->g);
+      if (d.check_numerics && !(R->old = dt__strategy_floats(s, NULL))) goto nomem;
+      continue;
+    }
     const int mwm = kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED;
     int own_data = ((kind == DTRAIN_STRATEGY_MIRRORED || mwm) && r > 0) || kind == DTRAIN_STRATEGY_ASYNC ||
                    (kind == DTRAIN_STRATEGY_CENTRAL_STORAGE && s->nbufr > 0);
@@ -16510,6 +17110,10 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     s->comm = dt_comm_create_threads(s->n, d.spin_us);
     if (!s->comm) goto fail;
   }
+  if (s->dev && s->n > 1) {
+    s->dgroup = dt_device_group_create(d.devices, s->n, s->size);
+    if (!s->dgroup) goto fail;
+  }
   s->pool = dt__pool_create(s->n, dt__spin_seconds(d.spin_us, s->n));
   if (!s->pool) goto fail;
   if (kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && dt__strategy_mwm_start(s, fn) != DTRAIN_OK) goto fail;
@@ -16525,6 +17129,10 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
   if (!s) return;
   dt__pool_destroy(s->pool);
   dt_comm_destroy(s->comm);
+  dt_device_group_destroy(s->dgroup);
+  dt__free(s->dgrad, (size_t)s->n * sizeof(float *));
+  dt__free(s->ddata, (size_t)s->n * sizeof(float *));
+  dt__free(s->dhost, s->fbytes ? s->fbytes : sizeof(float));
   if (s->desc.kind != DTRAIN_STRATEGY_PARAMETER_SERVER) dt_pstore_destroy(s->pstore);
   if (s->rep) {
     for (int r = 0; r < s->n; r++) {
@@ -16545,6 +17153,13 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
   if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_sync: strategy is NULL");
   if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) return dt__strategy_mwm_start(s, "dt_strategy_sync");
+  if (s->dev) {
+    for (int r = 0; r < s->n; r++) {
+      dt_result rc = dt_graph_params_upload(s->rep[r].g);
+      if (rc != DTRAIN_OK) return dt__error(rc, "dt_strategy_sync: replica %d: %s", r, dt_last_error());
+    }
+    return DTRAIN_OK;
+  }
   if (s->desc.kind == DTRAIN_STRATEGY_MIRRORED) {
     const float *src = dt_params_data(s->params);
     for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, src, s->fbytes);
@@ -16554,6 +17169,11 @@ DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s) { return s ? s->n : 0; }
 DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s) { return s ? &s->desc : NULL; }
+
+DTRAIN_API dt_device *dt_strategy_device(const dt_strategy *s, int replica) {
+  if (!s || !s->dev || replica < 0 || replica >= s->n) return NULL;
+  return s->desc.devices[replica];
+}
 
 DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica) {
   if (!s) return NULL;

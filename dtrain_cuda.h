@@ -41,10 +41,22 @@
  * Not yet: batch norm, attention/causal_mask, bmm, concat/slice/split/
  * permute, RMSprop -- those fail on a CUDA graph with DTRAIN_ERR_UNSUPPORTED
  * naming the op and the device.
- * Not yet: multi-GPU (mirrored over NCCL / peer copies), GPU replicas in the
- * TCP multi-worker strategy, devices in dt_strategy (examples/02_fashion_mnist
- * --device cuda trains one_device with its own loop), optimizer state of a
- * device run in checkpoints. Not tuned: sums are one-block reductions,
+ * Several GPUs: dt_strategy_desc.devices puts one replica on each GPU
+ * (one_device, mirrored, multi_worker_mirrored: see "Devices" in
+ * dt_strategy.h); the gradients are all-reduced on the GPUs by
+ * dt_device_group (dt_device.h): a ring of cudaMemcpyPeerAsync copies (peer
+ * access enabled at dt_cuda_device_create where the GPUs allow it) and the
+ * accumulate kernel, or, compiled with -DDTRAIN_USE_NCCL (link -lnccl),
+ * ncclAllReduce in a group call over communicators from ncclCommInitAll;
+ * NCCL errors carry ncclGetErrorString. GPU replicas join the TCP/MPI
+ * multi-worker all-reduce through host memory (device -> host -> the
+ * cross-process ring -> device). Like the rest of this backend, the
+ * multi-GPU path is NOT YET RUN ON GPUs: it is tested on the host emulation
+ * (several emulated devices, tests/test_cuda_strategy.cc) and compiled with
+ * nvcc (with and without NCCL); tests/test_cuda.cu checks mirrored over
+ * every GPU against the CPU where there are two or more.
+ * Not yet: examples/02_fashion_mnist --device cuda trains one_device with
+ * its own loop; optimizer state of a device run in checkpoints. Not tuned: sums are one-block reductions,
  * softmax / cross entropy use one thread per row, conv runs one cuBLAS call
  * per image; nvcc's default architecture is used (PTX JIT-compiled on newer
  * GPUs; set NVCCFLAGS, e.g. -arch=sm_90).
@@ -666,11 +678,44 @@ static dt_result dt__cu_emu_run(dt_device *d, dt_kernel k, const dt_kernel_args 
   return dt__cu_dispatch(l, k, *a);
 }
 
+/* Peer copies between emulated devices: their memory is all host memory. */
+static dt_result dt__cu_emu_peer_copy(dt_device *d, void *dst, dt_device *from, const void *src, size_t bytes) {
+  (void)d;
+  (void)from;
+  memcpy(dst, src, bytes);
+  return DTRAIN_OK;
+}
+
 /* A process-wide emulated device named "cuda-emu". */
 static dt_device *dt_cuda_emu_device(void) {
   static dt_device dev = {"cuda-emu", NULL, dt__cu_emu_alloc, dt__cu_emu_free, dt__cu_emu_zero,
-                          dt__cu_emu_copy, dt__cu_emu_sync, dt__cu_emu_run};
+                          dt__cu_emu_copy, dt__cu_emu_sync, dt__cu_emu_run, dt__cu_emu_peer_copy,
+                          NULL, NULL, NULL};
   return &dev;
+}
+
+/* Several emulated devices (multi-device tests: mirrored over devices): a
+ * new one named "cuda-emu:<index>" with the same functions (peer copies,
+ * no group hooks: the core's ring runs). NULL when out of memory. Free with
+ * dt_cuda_emu_device_free. */
+struct dt__cu_emu_dev {
+  dt_device d;
+  char name[32];
+};
+static inline dt_device *dt_cuda_emu_device_create(int index) {
+  dt__cu_emu_dev *e = (dt__cu_emu_dev *)calloc(1, sizeof(dt__cu_emu_dev));
+  if (!e) {
+    dt_device_error(DTRAIN_ERR_NOMEM, "dt_cuda_emu_device_create: out of memory");
+    return NULL;
+  }
+  e->d = *dt_cuda_emu_device();
+  snprintf(e->name, sizeof e->name, "cuda-emu:%d", index);
+  e->d.name = e->name;
+  e->d.impl = e;
+  return &e->d;
+}
+static inline void dt_cuda_emu_device_free(dt_device *d) {
+  if (d && d != dt_cuda_emu_device()) free(d->impl);
 }
 #endif /* host emulation */
 
@@ -686,6 +731,9 @@ static dt_device *dt_cuda_emu_device(void) {
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <stdlib.h>
+#ifdef DTRAIN_USE_NCCL
+#  include <nccl.h>
+#endif
 
 typedef struct dt__cuda {
   int index;
@@ -848,6 +896,143 @@ static dt_result dt__cuda_run(dt_device *d, dt_kernel k, const dt_kernel_args *a
   return dt__cu_dispatch(l, k, *a);
 }
 
+/* ---- several GPUs: peer copies and (DTRAIN_USE_NCCL) the NCCL group ---------------- */
+
+static dt_result dt__cuda_peer_copy(dt_device *d, void *dst, dt_device *from, const void *src, size_t bytes);
+
+/* `from` must be a device of this backend (it has our peer_copy). */
+static dt__cuda *dt__cuda_of(dt_device *d) { return d && d->peer_copy == dt__cuda_peer_copy ? (dt__cuda *)d->impl : NULL; }
+
+static dt_result dt__cuda_peer_copy(dt_device *d, void *dst, dt_device *from, const void *src, size_t bytes) {
+  dt__cuda *c = (dt__cuda *)d->impl, *f = dt__cuda_of(from);
+  if (!f) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "%.31s: peer copy from %.60s: not a device of the CUDA backend", c->name,
+             from && from->name ? from->name : "?");
+    return dt_device_error(DTRAIN_ERR_UNSUPPORTED, msg);
+  }
+  if (bytes == 0) return DTRAIN_OK;
+  /* The source's queued work (the kernels that wrote src) first. */
+  DT__CUDA_CHECK(f->name, "cudaSetDevice", cudaSetDevice(f->index));
+  DT__CUDA_CHECK(f->name, "cudaStreamSynchronize (before a peer copy)", cudaStreamSynchronize(f->stream));
+  dt_result r = dt__cuda_select(c);
+  if (r != DTRAIN_OK) return r;
+  /* Queued on d's stream: later kernels on d see the data. Direct over
+   * NVLink/PCIe where peer access is enabled, else staged by the driver. */
+  DT__CUDA_CHECK(c->name, "cudaMemcpyPeerAsync",
+                 cudaMemcpyPeerAsync(dst, c->index, src, f->index, bytes, c->stream));
+  return DTRAIN_OK;
+}
+
+/* Peer access from GPU `index` to every other GPU that allows it (current
+ * device: index). Already enabled / too many peers are fine (the copies
+ * then go through the driver's staging); other errors fail. */
+static dt_result dt__cuda_enable_peers(dt__cuda *c, int count) {
+  for (int j = 0; j < count; j++) {
+    if (j == c->index) continue;
+    int can = 0;
+    DT__CUDA_CHECK(c->name, "cudaDeviceCanAccessPeer", cudaDeviceCanAccessPeer(&can, c->index, j));
+    if (!can) continue;
+    cudaError_t e = cudaDeviceEnablePeerAccess(j, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled || e == cudaErrorTooManyPeers) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (e != cudaSuccess) {
+      char what[64];
+      snprintf(what, sizeof what, "cudaDeviceEnablePeerAccess(%d)", j);
+      return dt__cuda_fail(c->name, what, e);
+    }
+  }
+  return DTRAIN_OK;
+}
+
+#ifdef DTRAIN_USE_NCCL
+/* One NCCL communicator per device of the group (ncclCommInitAll: one
+ * process drives them all); the all-reduce is a group call queued on each
+ * device's stream. */
+typedef struct dt__nccl {
+  int n;
+  ncclComm_t *comms;
+  dt__cuda **devs;
+} dt__nccl;
+
+static dt_result dt__nccl_fail(const char *what, ncclResult_t r) {
+  char msg[256];
+  snprintf(msg, sizeof msg, "%.100s: %.120s (ncclResult %d)", what, ncclGetErrorString(r), (int)r);
+  return dt_device_error(r == ncclInvalidArgument || r == ncclInvalidUsage ? DTRAIN_ERR_INVALID_ARG : DTRAIN_ERR_IO,
+                         msg);
+}
+
+static void dt__nccl_destroy(void *group) {
+  dt__nccl *g = (dt__nccl *)group;
+  if (!g) return;
+  if (g->comms)
+    for (int i = 0; i < g->n; i++)
+      if (g->comms[i]) (void)ncclCommDestroy(g->comms[i]);
+  free(g->comms);
+  free(g->devs);
+  free(g);
+}
+
+static dt_result dt__nccl_create(dt_device *const *devs, int n, void **out) {
+  *out = NULL;
+  dt__nccl *g = (dt__nccl *)calloc(1, sizeof(dt__nccl));
+  int *list = (int *)calloc((size_t)(n > 0 ? n : 1), sizeof(int));
+  if (g) {
+    g->n = n;
+    g->comms = (ncclComm_t *)calloc((size_t)(n > 0 ? n : 1), sizeof(ncclComm_t));
+    g->devs = (dt__cuda **)calloc((size_t)(n > 0 ? n : 1), sizeof(dt__cuda *));
+  }
+  if (!g || !list || !g->comms || !g->devs) {
+    free(list);
+    dt__nccl_destroy(g);
+    return dt_device_error(DTRAIN_ERR_NOMEM, "ncclCommInitAll: out of memory");
+  }
+  for (int i = 0; i < n; i++) {
+    g->devs[i] = dt__cuda_of(devs[i]);
+    if (!g->devs[i]) {
+      free(list);
+      dt__nccl_destroy(g);
+      return dt_device_error(DTRAIN_ERR_UNSUPPORTED, "ncclCommInitAll: a device of the group is not a CUDA device");
+    }
+    list[i] = g->devs[i]->index;
+  }
+  ncclResult_t r = ncclCommInitAll(g->comms, n, list);
+  free(list);
+  if (r != ncclSuccess) {
+    memset(g->comms, 0, (size_t)n * sizeof(ncclComm_t));
+    dt__nccl_destroy(g);
+    return dt__nccl_fail("ncclCommInitAll", r);
+  }
+  *out = g;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__nccl_allreduce(void *group, float *const *bufs, size_t count) {
+  dt__nccl *g = (dt__nccl *)group;
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return dt__nccl_fail("ncclGroupStart", r);
+  for (int i = 0; i < g->n; i++) {
+    cudaError_t e = cudaSetDevice(g->devs[i]->index);
+    if (e != cudaSuccess) {
+      (void)ncclGroupEnd();
+      return dt__cuda_fail(g->devs[i]->name, "cudaSetDevice (ncclAllReduce)", e);
+    }
+    r = ncclAllReduce(bufs[i], bufs[i], count, ncclFloat, ncclSum, g->comms[i], g->devs[i]->stream);
+    if (r != ncclSuccess) {
+      (void)ncclGroupEnd();
+      char what[64];
+      snprintf(what, sizeof what, "ncclAllReduce on %.31s", g->devs[i]->name);
+      return dt__nccl_fail(what, r);
+    }
+  }
+  r = ncclGroupEnd();
+  if (r != ncclSuccess) return dt__nccl_fail("ncclGroupEnd (ncclAllReduce)", r);
+  return DTRAIN_OK;
+}
+#endif /* DTRAIN_USE_NCCL */
+
 DTRAIN_API int dt_cuda_device_count(void) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -900,6 +1085,13 @@ DTRAIN_API dt_device *dt_cuda_device_create(int index) {
     free(c);
     return NULL;
   }
+  if (dt__cuda_enable_peers(c, n) != DTRAIN_OK) {
+    cublasDestroy(c->blas);
+    cudaStreamDestroy(c->stream);
+    free(d);
+    free(c);
+    return NULL;
+  }
   d->name = c->name;
   d->impl = c;
   d->alloc = dt__cuda_alloc;
@@ -908,6 +1100,12 @@ DTRAIN_API dt_device *dt_cuda_device_create(int index) {
   d->copy = dt__cuda_copy;
   d->sync = dt__cuda_sync;
   d->run = dt__cuda_run;
+  d->peer_copy = dt__cuda_peer_copy;
+#ifdef DTRAIN_USE_NCCL
+  d->group_create = dt__nccl_create;
+  d->group_allreduce = dt__nccl_allreduce;
+  d->group_destroy = dt__nccl_destroy;
+#endif
   return d;
 }
 

@@ -188,6 +188,24 @@ struct dt_device {
   dt_result (*sync)(dt_device *d);
   /* DTRAIN_ERR_UNSUPPORTED for a kernel the backend lacks. */
   dt_result (*run)(dt_device *d, dt_kernel k, const dt_kernel_args *a);
+  /* ---- several devices (dt_device_group, dt_strategy with desc.devices) ----
+   * All optional: a backend that leaves them NULL (zero-initialised) still
+   * works, through host memory.
+   * peer_copy: `bytes` from `src` (memory of device `from`) to `dst` (memory
+   * of d), ordered after the work already queued on both devices; it may
+   * return once the copy is queued on d (later work on d sees the data).
+   * NULL: the core stages the copy through host memory (D2H on `from`, then
+   * H2D on d). */
+  dt_result (*peer_copy)(dt_device *d, void *dst, dt_device *from, const void *src, size_t bytes);
+  /* A collective library (NCCL): group_create makes one communicator over
+   * devs[0..n) (called on devs[0]; every device of the group has the same
+   * hooks), group_allreduce sums bufs[i] (count floats on devs[i]) in place
+   * so that every device holds the same sum, queued on the devices' streams;
+   * group_destroy frees it. NULL group_create: dt_device_group uses a ring
+   * over peer_copy and the DTRAIN_K_ACC kernel instead. */
+  dt_result (*group_create)(dt_device *const *devs, int n, void **out);
+  dt_result (*group_allreduce)(void *group, float *const *bufs, size_t count);
+  void (*group_destroy)(void *group);
 };
 
 /* For backends: record `msg` as this thread's error (dt_last_error) and
@@ -211,6 +229,41 @@ DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g);
  * none) to host memory `dst`. Works for CPU tensors too (memcpy). */
 DTRAIN_API dt_result dt_tensor_to_host(const dt_tensor *t, float *dst);
 DTRAIN_API dt_result dt_tensor_grad_to_host(const dt_tensor *t, float *dst);
+
+/* ---- several devices: the all-reduce of data-parallel training ----------------
+ * A group of n devices, each holding a buffer of `count` floats (e.g. the
+ * parameter gradients of a replica's graph: dt_graph_param_grad). What
+ * dt_strategy uses for mirrored training over devices; usable directly.
+ *
+ *   dt_device_group *grp = dt_device_group_create(devs, n, count);
+ *   float *bufs[n] = {dt_graph_param_grad(g0), dt_graph_param_grad(g1), ...};
+ *   dt_device_group_allreduce(grp, bufs);      every buffer now holds the sum
+ *
+ * How: when the devices have group hooks (dtrain_cuda.h compiled with
+ * DTRAIN_USE_NCCL: ncclAllReduce), one collective call; otherwise a ring
+ * over peer copies: a reduce-scatter (n-1 rounds: device i sends chunk
+ * (i-k) mod n to device i+1, which adds it to its own with DTRAIN_K_ACC)
+ * then an all-gather (n-1 rounds of copies), chunks as dt_comm_slice. Each
+ * chunk's sum is made once, on one device, and copied to the others, so
+ * every device ends with the bitwise same values, and the same inputs give
+ * the bitwise same sum on every call. Devices without peer_copy go through
+ * host memory. Every device is synchronised at the end (the buffers may be
+ * read or reused at once). The group keeps one chunk of scratch per device
+ * (count/n floats, plus one). A failure returns the device's error code
+ * with a message naming the device and the round; the buffers are then
+ * undefined. n = 1 is a no-op. */
+typedef struct dt_device_group dt_device_group;
+/* NULL + dt_last_error() on failure. The devices are borrowed. */
+DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n, size_t count);
+DTRAIN_API void dt_device_group_destroy(dt_device_group *g);
+/* Sum bufs[i] (count floats on device i) in place on every device. */
+DTRAIN_API dt_result dt_device_group_allreduce(dt_device_group *g, float *const *bufs);
+/* bufs[root][begin, end) -> the same range of every other device's buffer. */
+DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const *bufs, size_t begin, size_t end,
+                                               int root);
+/* "nccl-style collective (group hooks)", "ring over peer copies" or "ring
+ * through host memory": what dt_device_group_allreduce uses. */
+DTRAIN_API const char *dt_device_group_method(const dt_device_group *g);
 
 DTRAIN_EXTERN_C_END
 

@@ -291,6 +291,7 @@ typedef struct dt__strategy_replica {
   float *data, *grad;      /* what the graph is bound to */
   float *own_data, *own_grad, *old; /* allocated here (NULL when borrowed) */
   dt_optim *opt;           /* async: this replica's optimizer */
+  int updating;            /* devices: this step reached the update */
   /* the current step */
   float loss;
   int64_t rows;
@@ -346,6 +347,12 @@ struct dt_strategy {
   size_t mwm_bytes;
   double mwm_rows;         /* the global batch's rows (this step) */
   double mwm_loss;         /* the global batch's loss (this step) */
+  /* devices (desc.devices) */
+  int dev;                 /* nonzero: replica r runs on desc.devices[r] */
+  dt_device_group *dgroup; /* the all-reduce over the replicas' devices */
+  float **dgrad, **ddata;  /* each replica's device gradient / parameters */
+  float *dhost;            /* host copy of replica 0's reduced gradient (checks) */
+  int64_t dev_opt_steps;   /* the optimizer's steps before the current step */
 };
 
 /* ---- small helpers -------------------------------------------------------------------------- */
@@ -472,7 +479,15 @@ static const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
 static int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
   dt__strategy_replica *R = &s->rep[r];
   char what[DT__MSG_CAP];
-  memset(R->grad, 0, s->fbytes);
+  if (s->dev) {
+    dt_result zr = dt_graph_zero_grad(R->g);
+    if (zr != DTRAIN_OK) {
+      dt__strategy_fail(s, r, zr, dt_last_error());
+      return 0;
+    }
+  } else {
+    memset(R->grad, 0, s->fbytes);
+  }
   R->rows = b->rows;
   R->loss = 0.0f;
   if (b->rows == 0) return 1;
@@ -495,8 +510,15 @@ static int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
     dt__strategy_fail(s, r, DTRAIN_ERR_SHAPE, what);
     return 0;
   }
-  if (!isfinite(L->data[0])) {
-    snprintf(what, sizeof what, "loss is %s", isnan(L->data[0]) ? "NaN" : "Inf");
+  float lv;
+  if (!s->dev) {
+    lv = L->data[0];
+  } else if ((rc = dt_tensor_to_host(L, &lv)) != DTRAIN_OK) { /* the loss comes from the device */
+    dt__strategy_fail(s, r, rc, dt_last_error());
+    return 0;
+  }
+  if (!isfinite(lv)) {
+    snprintf(what, sizeof what, "loss is %s", isnan(lv) ? "NaN" : "Inf");
     dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
     return 0;
   }
@@ -506,14 +528,26 @@ static int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
     dt__strategy_fail(s, r, rc, dt_graph_message(R->g));
     return 0;
   }
-  R->loss = L->data[0];
+  R->loss = lv;
   if (s->desc.check_numerics) {
     /* Before any reduction or optimizer state sees it, and where the
-     * culprit is still known. */
-    size_t bad = dt__strategy_nonfinite(R->grad, 0, s->size);
+     * culprit is still known. On a device: a host copy is scanned. */
+    const float *hg = R->grad;
+    if (s->dev) {
+      dt_device *d = s->desc.devices[r];
+      rc = d->copy(d, R->old, R->grad, s->fbytes, DTRAIN_COPY_D2H);
+      if (rc != DTRAIN_OK) {
+        snprintf(what, sizeof what, "check_numerics: gradient to the host: device %.40s: %.200s", d->name,
+                 dt_last_error());
+        dt__strategy_fail(s, r, rc, what);
+        return 0;
+      }
+      hg = R->old;
+    }
+    size_t bad = dt__strategy_nonfinite(hg, 0, s->size);
     if (bad < s->size) {
       snprintf(what, sizeof what, "gradient of '%s' is %s at flat index %zu", dt__strategy_param_at(s, bad),
-               isnan(R->grad[bad]) ? "NaN" : "Inf", bad);
+               isnan(hg[bad]) ? "NaN" : "Inf", bad);
       dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
       return 0;
     }
@@ -757,6 +791,13 @@ static dt_result dt__strategy_mwm_start(dt_strategy *s, const char *fn) {
   }
   rc = dt_comm_broadcast(x, rank, pdata, s->size, 0);
   if (rc != DTRAIN_OK) return dt__strategy_mwm_comm_error(s, fn, rc);
+  if (s->dev) {
+    for (int r = 0; r < s->n; r++) {
+      rc = dt_graph_params_upload(s->rep[r].g);
+      if (rc != DTRAIN_OK) return dt__error(rc, "%s: replica %d: %s", fn, r, dt_last_error());
+    }
+    return DTRAIN_OK;
+  }
   for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, pdata, s->fbytes);
   return DTRAIN_OK;
 }
@@ -767,7 +808,7 @@ static int dt__strategy_mwm_exchange(dt_strategy *s, int ok) {
   dt__strategy_replica *R = &s->rep[0];
   dt_comm *x = s->desc.comm;
   const int rank = dt_comm_rank(x);
-  float *buf = R->grad, *tail = buf + s->size;
+  float *buf = s->mwm_buf, *tail = buf + s->size; /* (replica 0's gradient on the CPU) */
   char what[DT__MSG_CAP];
   memset(tail, 0, DT__MWM_TAIL * sizeof(float));
   if (ok) {
@@ -780,8 +821,9 @@ static int dt__strategy_mwm_exchange(dt_strategy *s, int ok) {
     tail[1] = (float)(rows - (double)tail[0]);
     tail[2] = (float)lsum;
     tail[3] = (float)(lsum - (double)tail[2]);
-    /* Buffers follow rank 0: its values plus zeros from the others. */
-    for (int i = 0; i < s->nbufr; i++) {
+    /* Buffers follow rank 0: its values plus zeros from the others (with
+     * devices the caller put them in buf). */
+    for (int i = 0; i < s->nbufr && !s->dev; i++) {
       size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
       if (rank == 0) memcpy(buf + b, R->data + b, (e - b) * sizeof(float));
       else memset(buf + b, 0, (e - b) * sizeof(float));
@@ -885,6 +927,165 @@ done:
 
 #undef DT__MWM_TAIL
 /* ==== end of multi_worker_mirrored ============================================================ */
+
+/* ==== replicas on devices (desc.devices) ======================================================
+ * One replica per device; the same thread pool and in-process communicator
+ * (a barrier) as on the CPU. A step (dt__strategy_dev_job, every replica):
+ *
+ *   shard r -> zero the device gradient -> step fn + backward on the device
+ *   -> barrier -> replica 0 alone: dt_device_group_allreduce of the device
+ *   gradients, [mwm: device 0's sum -> host -> the cross-process all-reduce
+ *   -> scaled by 1/global rows -> device 0], the checks on a host copy
+ *   (check_numerics, a finite clipping norm), dt_optim_step_graph on device
+ *   0 with the strategy's optimizer (its state lives on device 0 only), and
+ *   a broadcast of device 0's parameters (buffers included) to the others.
+ * Updating on one device and broadcasting (rather than every device
+ * updating its copy with its own optimizer state) keeps ONE optimizer state
+ * (the given dt_optim's, so that checkpoints and dt_optim_* see it) and
+ * makes a failure easy to undo: the replicas can never drift apart, because
+ * whatever fails, every device gets the params' values again. The price is
+ * one broadcast of the parameters per step on top of the all-reduce.
+ * The caller then copies replica 0's parameters to the params (host). */
+
+/* Replica 0's checks of a host copy of the reduced gradient: NaN/Inf
+ * (check_numerics) and a finite clipping norm. 0: the step stops. */
+static int dt__strategy_dev_checks(dt_strategy *s, const float *g) {
+  char what[DT__MSG_CAP];
+  if (s->desc.check_numerics) {
+    size_t bad = dt__strategy_nonfinite(g, 0, s->size);
+    if (bad < s->size) {
+      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
+               dt__strategy_param_at(s, bad), isnan(g[bad]) ? "NaN" : "Inf", bad);
+      dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
+      return 0;
+    }
+  }
+  if (dt_optim_get_desc(s->opt)->clip_norm > 0.0f) {
+    double norm = sqrt(dt__strategy_sumsq(s, g, 0, s->size));
+    if (!isfinite(norm)) {
+      snprintf(what, sizeof what, "gradient norm is %s; no update made", isnan(norm) ? "NaN" : "Inf");
+      dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* A failed device call of replica 0's reduce phase. */
+static int dt__strategy_dev_failed(dt_strategy *s, dt_result rc, const char *what) {
+  char msg[DT__MSG_CAP];
+  snprintf(msg, sizeof msg, "%.60s: %.250s", what, dt_last_error());
+  dt__strategy_fail(s, 0, rc, msg);
+  return 0;
+}
+
+/* Replica 0's host <-> device copy of [b, e) of replica r's buffer p. */
+static dt_result dt__strategy_dev_copy(dt_strategy *s, int r, float *dst, const float *src, size_t b, size_t e,
+                                       dt_copy_kind kind) {
+  dt_device *d = s->desc.devices[r];
+  if (e <= b) return DTRAIN_OK;
+  dt_result rc = d->copy(d, dst + b, src + b, (e - b) * sizeof(float), kind);
+  if (rc != DTRAIN_OK) {
+    char msg[DT__MSG_CAP];
+    snprintf(msg, sizeof msg, "%.250s", dt_last_error());
+    return dt__error(rc, "device %s: %s", d->name, msg);
+  }
+  return DTRAIN_OK;
+}
+
+/* Replica 0's part after the barrier. ok: the local part succeeded
+ * (multi_worker_mirrored: replica 0 always joins the exchange). */
+static int dt__strategy_dev_reduce(dt_strategy *s, int ok) {
+  const int mwm = s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED;
+  dt_result rc;
+  if (ok && s->n > 1) {
+    rc = dt_device_group_allreduce(s->dgroup, s->dgrad);
+    if (rc != DTRAIN_OK) ok = dt__strategy_dev_failed(s, rc, "all-reduce of the gradients over the devices");
+  }
+  if (!mwm) {
+    if (!ok) return 0;
+    if (!s->desc.check_numerics && !(dt_optim_get_desc(s->opt)->clip_norm > 0.0f)) return 1;
+    rc = dt__strategy_dev_copy(s, 0, s->dhost, s->dgrad[0], 0, s->size, DTRAIN_COPY_D2H);
+    if (rc != DTRAIN_OK) return dt__strategy_dev_failed(s, rc, "reduced gradient to the host");
+    return dt__strategy_dev_checks(s, s->dhost);
+  }
+  /* multi_worker_mirrored: device 0 -> host -> across processes -> device 0 */
+  float *buf = s->mwm_buf;
+  if (ok) {
+    rc = dt__strategy_dev_copy(s, 0, buf, s->dgrad[0], 0, s->size, DTRAIN_COPY_D2H);
+    for (int i = 0; i < s->nbufr && rc == DTRAIN_OK; i++) {
+      size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
+      if (dt_comm_rank(s->desc.comm) == 0) rc = dt__strategy_dev_copy(s, 0, buf, s->ddata[0], b, e, DTRAIN_COPY_D2H);
+      else memset(buf + b, 0, (e - b) * sizeof(float));
+    }
+    if (rc != DTRAIN_OK) ok = dt__strategy_dev_failed(s, rc, "local gradient to the host");
+  }
+  if (!dt__strategy_mwm_exchange(s, ok)) return 0;
+  if (s->desc.loss == DTRAIN_LOSS_MEAN && s->mwm_rows > 0.0)
+    dt__strategy_scale(s, buf, 0, s->size, (float)(1.0 / s->mwm_rows));
+  if (!dt__strategy_dev_checks(s, buf)) return 0;
+  rc = dt__strategy_dev_copy(s, 0, s->dgrad[0], buf, 0, s->size, DTRAIN_COPY_H2D);
+  for (int i = 0; i < s->nbufr && rc == DTRAIN_OK; i++) /* rank 0 replica 0's buffers */
+    rc = dt__strategy_dev_copy(s, 0, s->ddata[0], buf, s->bufr[2 * i], s->bufr[2 * i + 1], DTRAIN_COPY_H2D);
+  if (rc != DTRAIN_OK) return dt__strategy_dev_failed(s, rc, "reduced gradient to the device");
+  return 1;
+}
+
+static void dt__strategy_dev_job(void *arg, int r) {
+  dt_strategy *s = (dt_strategy *)arg;
+  dt__strategy_replica *R = &s->rep[r];
+  const int mwm = s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED;
+  R->result = DTRAIN_OK;
+  R->updating = 0;
+  dt_minibatch b;
+  dt__strategy_shard(s->batch, s->n, r, &b);
+  if (mwm) b.weight = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0f : (float)b.rows; /* row sums, as on the CPU */
+  else b.weight = (s->desc.loss == DTRAIN_LOSS_SUM || b.global_rows == 0)
+                      ? 1.0f
+                      : (float)((double)b.rows / (double)b.global_rows);
+  b.replica_step = 0;
+  dt_comm_stats cs;
+  dt_comm_stats_get(s->comm, r, &cs);
+  double w0 = cs.wait_s;
+  int ok = dt__strategy_compute(s, r, &b);
+  dt_result rc;
+  if (ok && s->n > 1) {
+    rc = dt_comm_barrier(s->comm, r); /* every gradient is done */
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      ok = 0;
+    }
+  }
+  dt_comm_stats_get(s->comm, r, &cs);
+  R->wait_s += cs.wait_s - w0;
+  if (r > 0) return;
+  if (!dt__strategy_dev_reduce(s, ok)) return;
+  R->updating = 1;
+  rc = dt_optim_step_graph(s->opt, R->g);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_fail(s, 0, rc, dt_last_error());
+    return;
+  }
+  if (s->n > 1) {
+    rc = dt_device_group_broadcast(s->dgroup, s->ddata, 0, s->size, 0);
+    if (rc != DTRAIN_OK) dt__strategy_dev_failed(s, rc, "parameters of replica 0 to the devices");
+  }
+}
+
+/* After a failed step: when some replica reached the update, put the
+ * params' (pre-step) values back on every device so the replicas stay
+ * equal. */
+static void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps) {
+  int any = 0;
+  for (int r = 0; r < s->n; r++) any |= s->rep[r].updating;
+  if (!any) return;
+  dt__quiet_push();
+  for (int r = 0; r < s->n; r++) (void)dt_graph_params_upload(s->rep[r].g);
+  dt__quiet_pop(DTRAIN_OK);
+  dt_optim_set_steps(s->opt, opt_steps);
+}
+
+/* ==== end of devices ======================================================================= */
 
 /* ==== parameter_server (worker side) ==========================================================
  * The async replica's loop against a store that takes gradients (dt_pstore_create_tcp): no
@@ -1029,7 +1230,8 @@ static void dt__strategy_async_job(void *arg, int r) {
 static void dt__strategy_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
   int was = dt__par_set_replica(s->n > 1); /* replicas fill the cores: kernels inside use one thread */
-  if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) dt__strategy_mwm_job(arg, r);
+  if (s->dev) dt__strategy_dev_job(arg, r);
+  else if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) dt__strategy_mwm_job(arg, r);
   else if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
   else dt__strategy_async_job(arg, r);
   dt__par_set_replica(was);
@@ -1047,6 +1249,7 @@ static dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
   s->last_failed = f;
   if (f < 0) return DTRAIN_OK;
   if (s->comm) dt_comm_recover(s->comm);
+  if (s->dev) dt__strategy_dev_restore(s, s->dev_opt_steps);
   return dt__error(s->err, "%s: %s", fn, s->msg);
 }
 
@@ -1064,8 +1267,14 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   s->ticket_base = s->tickets;
   int64_t before = 0;
   for (int r = 0; r < s->n; r++) before += s->rep[r].steps;
+  if (s->dev) s->dev_opt_steps = dt_optim_steps(s->opt);
   rc = dt__strategy_launch(s, fn);
   s->batch = NULL;
+  if (rc == DTRAIN_OK && s->dev) {
+    /* dt_optim_step_graph advanced the optimizer; the params get replica 0's values */
+    rc = dt_graph_params_download(s->rep[0].g);
+    if (rc != DTRAIN_OK) rc = dt__error(rc, "%s: replica 0's parameters to the host: %s", fn, dt_last_error());
+  }
   s->seconds += dt__now() - t0;
   if (rc != DTRAIN_OK) return rc;
   /* The batch's loss: shard losses weighted by their share, in rank order
@@ -1077,7 +1286,7 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
     L += w * (double)s->rep[r].loss;
   }
   if (dt__strategy_sync(s)) {
-    dt_optim_advance(s->opt);
+    if (!s->dev) dt_optim_advance(s->opt);
     for (int r = 0; r < s->n; r++) {
       s->rep[r].steps++;
       s->rep[r].samples += s->rep[r].rows;
@@ -1190,6 +1399,7 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: %s needs threads (built with DTRAIN_NO_THREADS); use one_device",
                      fn, name);
 #endif
+  if (d->devices && d->replicas == 0) d->replicas = d->ndevices;
   if (d->kind == DTRAIN_STRATEGY_ONE_DEVICE) {
     if (d->replicas > 1)
       return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: one_device has 1 replica, not %d", fn, d->replicas);
@@ -1215,6 +1425,26 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
   if (d->kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) {
     dt_result rc = dt__strategy_mwm_check(d);
     if (rc != DTRAIN_OK) return rc;
+  }
+  if (d->devices || d->ndevices) {
+    if (d->kind != DTRAIN_STRATEGY_ONE_DEVICE && d->kind != DTRAIN_STRATEGY_MIRRORED &&
+        d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                       "%s: %s cannot run on devices (its parameters live in host memory); use one_device, "
+                       "mirrored or multi_worker_mirrored with desc.devices", fn, name);
+    if (!d->devices) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: desc.ndevices is %d but desc.devices is NULL", fn,
+                                      d->ndevices);
+    if (d->ndevices < 1 || d->ndevices > DTRAIN_MAX_REPLICAS)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: desc.ndevices %d (need 1..%d with desc.devices)", fn, d->ndevices,
+                       DTRAIN_MAX_REPLICAS);
+    if (d->replicas != d->ndevices)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %s with %d replicas on %d devices (one replica per device; "
+                       "replicas 0 takes the device count)", fn, name, d->replicas, d->ndevices);
+    for (int i = 0; i < d->ndevices; i++) {
+      const dt_device *dv = d->devices[i];
+      if (!dv || !dv->alloc || !dv->free || !dv->zero || !dv->copy || !dv->sync || !dv->run)
+        return dt__error(DTRAIN_ERR_NULL_ARG, "%s: desc.devices[%d] is NULL or has a NULL function", fn, i);
+    }
   }
   if (d->seed == 0) d->seed = 1;
   return DTRAIN_OK;
@@ -1292,6 +1522,13 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
   s->rep_bytes = (size_t)s->n * sizeof(dt__strategy_replica);
   s->rep = (dt__strategy_replica *)dt__calloc(s->rep_bytes);
   if (!s->rep) goto nomem;
+  if (d.devices) {
+    s->dev = 1;
+    s->dgrad = (float **)dt__calloc((size_t)s->n * sizeof(float *));
+    s->ddata = (float **)dt__calloc((size_t)s->n * sizeof(float *));
+    if (!s->dgrad || !s->ddata || !(s->dhost = dt__strategy_floats(s, NULL))) goto nomem;
+    if (kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && dt__strategy_mwm_alloc(s) != DTRAIN_OK) goto nomem;
+  }
   for (int r = 0; r < s->n; r++) {
     dt__strategy_replica *R = &s->rep[r];
     dt_graph_desc gd;
@@ -1299,9 +1536,23 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     gd.arena_bytes = d.arena_bytes;
     gd.seed = d.seed + (uint64_t)r;
     gd.check_numerics = d.check_numerics;
+    if (s->dev) gd.device = d.devices[r]; /* the graph holds its own device copy of the params */
     R->g = dt_graph_create(params, &gd);
-    if (!R->g) goto fail;
+    if (!R->g) {
+      if (s->dev) {
+        char what[DT__MSG_CAP];
+        snprintf(what, sizeof what, "%.300s", dt_last_error());
+        dt__error(dt_last_result(), "%s: replica %d on device %s: %s", fn, r, d.devices[r]->name, what);
+      }
+      goto fail;
+    }
     R->result = DTRAIN_OK;
+    if (s->dev) {
+      R->data = s->ddata[r] = dt_graph_param_data(R->g);
+      R->grad = s->dgrad[r] = dt_graph_param_grad(R->g);
+      if (d.check_numerics && !(R->old = dt__strategy_floats(s, NULL))) goto nomem;
+      continue;
+    }
     const int mwm = kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED;
     int own_data = ((kind == DTRAIN_STRATEGY_MIRRORED || mwm) && r > 0) || kind == DTRAIN_STRATEGY_ASYNC ||
                    (kind == DTRAIN_STRATEGY_CENTRAL_STORAGE && s->nbufr > 0);
@@ -1336,6 +1587,10 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     s->comm = dt_comm_create_threads(s->n, d.spin_us);
     if (!s->comm) goto fail;
   }
+  if (s->dev && s->n > 1) {
+    s->dgroup = dt_device_group_create(d.devices, s->n, s->size);
+    if (!s->dgroup) goto fail;
+  }
   s->pool = dt__pool_create(s->n, dt__spin_seconds(d.spin_us, s->n));
   if (!s->pool) goto fail;
   if (kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && dt__strategy_mwm_start(s, fn) != DTRAIN_OK) goto fail;
@@ -1351,6 +1606,10 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
   if (!s) return;
   dt__pool_destroy(s->pool);
   dt_comm_destroy(s->comm);
+  dt_device_group_destroy(s->dgroup);
+  dt__free(s->dgrad, (size_t)s->n * sizeof(float *));
+  dt__free(s->ddata, (size_t)s->n * sizeof(float *));
+  dt__free(s->dhost, s->fbytes ? s->fbytes : sizeof(float));
   if (s->desc.kind != DTRAIN_STRATEGY_PARAMETER_SERVER) dt_pstore_destroy(s->pstore);
   if (s->rep) {
     for (int r = 0; r < s->n; r++) {
@@ -1371,6 +1630,13 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
   if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_sync: strategy is NULL");
   if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) return dt__strategy_mwm_start(s, "dt_strategy_sync");
+  if (s->dev) {
+    for (int r = 0; r < s->n; r++) {
+      dt_result rc = dt_graph_params_upload(s->rep[r].g);
+      if (rc != DTRAIN_OK) return dt__error(rc, "dt_strategy_sync: replica %d: %s", r, dt_last_error());
+    }
+    return DTRAIN_OK;
+  }
   if (s->desc.kind == DTRAIN_STRATEGY_MIRRORED) {
     const float *src = dt_params_data(s->params);
     for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, src, s->fbytes);
@@ -1380,6 +1646,11 @@ DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s) { return s ? s->n : 0; }
 DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s) { return s ? &s->desc : NULL; }
+
+DTRAIN_API dt_device *dt_strategy_device(const dt_strategy *s, int replica) {
+  if (!s || !s->dev || replica < 0 || replica >= s->n) return NULL;
+  return s->desc.devices[replica];
+}
 
 DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica) {
   if (!s) return NULL;

@@ -147,6 +147,58 @@
  *
  * Without threads (DTRAIN_NO_THREADS) only one_device works; the other
  * strategies return DTRAIN_ERR_UNSUPPORTED from dt_strategy_create.
+ *
+ * Devices (GPUs). desc.devices / desc.ndevices put the replicas on devices,
+ * one replica per device (dt_device.h; dtrain_cuda.h makes CUDA ones):
+ *
+ *   dt_device *gpu[2] = {dt_cuda_device_create(0), dt_cuda_device_create(1)};
+ *   dt_strategy_desc sd = dt_mirrored(0);   the replica count follows the devices
+ *   sd.devices = gpu; sd.ndevices = 2;      the one-line switch (one_device: 1 device)
+ *
+ * The step function is unchanged: replica r's graph is created with
+ * dt_graph_desc.device = devices[r], so dt_tensor_from() copies its shard of
+ * the host batch to that device and the ops run there (the ops a device
+ * lacks fail the step with DTRAIN_ERR_UNSUPPORTED; dt_tensor_wrap takes
+ * device pointers there, so wrap host data only on the CPU). A step: every
+ * replica zeroes its device gradient and runs forward/backward on its shard
+ * (the same loss weights as on the CPU: MEAN rows/B, SUM 1); the gradients
+ * are all-reduced ON THE DEVICES (dt_device_group in dt_device.h: NCCL
+ * where the backend has it, else a ring over peer copies; afterwards every
+ * replica's dt_graph_param_grad holds the reduced gradient); replica 0
+ * checks it on a host copy when asked (check_numerics: NaN/Inf; clip_norm:
+ * a finite norm), so a bad gradient stops the step before any update; then
+ * device 0 alone updates with dt_optim_step_graph and the optimizer given
+ * to dt_strategy_create (clipping the reduced gradient; the optimizer state
+ * lives on device 0 only) and broadcasts its parameters (buffers included:
+ * batch-norm statistics follow replica 0) to the other devices. Why not
+ * every device updating its own copy: one optimizer state instead of N, and
+ * the replicas can never drift apart (see Failures); the price is one
+ * broadcast of the parameters per step. Last, replica 0's parameters are
+ * copied to the params' data buffer (one device -> host copy per step), so
+ * dt_save / evaluation on the host see the trained values as with the CPU
+ * strategies; the params' grad buffer is NOT written with devices.
+ * mirrored(N) on N devices equals CPU mirrored(N) and one_device on the
+ * whole batch within float tolerance (the all-reduce sums in ring order),
+ * and repeats bitwise; one_device with one device is the same code without
+ * the all-reduce.
+ * Failures: as on the CPU ("replica 1: dt_relu: device cuda:1: ..."; a
+ * failing all-reduce, update or broadcast is reported by replica 0 and
+ * names the device); stats.failed_replica says who. A failed step leaves
+ * the params' values intact, and when it failed in the update or the
+ * broadcast the strategy uploads them to every device again, so the
+ * replicas stay equal; the optimizer's state and step count on device 0
+ * may then keep that step (as a failing dt_optim_step_graph would).
+ * multi_worker_mirrored with devices: each process's replicas run on its
+ * devices; the local gradients are all-reduced on the devices, replica 0's
+ * copy comes to the host (device -> host), joins the cross-process
+ * all-reduce on desc.comm as above, and goes back to every local device
+ * (host -> device), where each replica updates; W processes x N devices
+ * equal CPU mirrored(W*N) within float tolerance. (Each process's device 0
+ * updates; the processes stay equal as on the CPU: same sum, same update.)
+ * dt_strategy_sync uploads the params' values to every device (mwm: rank
+ * 0's, as above). central_storage, async and parameter_server keep their
+ * parameters in host memory and refuse devices (DTRAIN_ERR_UNSUPPORTED at
+ * dt_strategy_create).
  */
 #ifndef DTRAIN_STRATEGY_H
 #define DTRAIN_STRATEGY_H
@@ -233,6 +285,11 @@ typedef struct dt_strategy_desc {
   dt_comm *comm;                 /* multi_worker_mirrored: the cross-process communicator, one
                                     rank per process (dt_comm_create_tcp/_mpi); borrowed */
   dt_pstore *store;              /* parameter_server: the store (dt_pstore_create_tcp); borrowed */
+  dt_device **devices;           /* one_device, mirrored, multi_worker_mirrored: replica r runs on
+                                    devices[r] (dt_device.h, e.g. dt_cuda_device_create(r)); the
+                                    array and the devices are borrowed [NULL: the CPU] */
+  int ndevices;                  /* entries in devices; replicas 0 means ndevices, else it must
+                                    equal ndevices (one replica per device) */
 } dt_strategy_desc;
 
 /* The one-line choices. */
@@ -299,6 +356,9 @@ DTRAIN_API int dt_strategy_replicas(const dt_strategy *s);
 DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s);
 /* Replica r's graph (for inspection between steps: memory, RNG state). */
 DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica);
+
+/* The device of replica r (NULL: the CPU, or r out of range). */
+DTRAIN_API dt_device *dt_strategy_device(const dt_strategy *s, int replica);
 
 /* ---- statistics (since creation or dt_strategy_reset_stats) ---------------------- */
 typedef struct dt_replica_stats {
