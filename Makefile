@@ -75,12 +75,18 @@ $(BUILD)/examples/%: examples/%.c dtrain.h
 # On a machine without a GPU the nvcc-built test_cuda skips at run time.
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 NVCCFLAGS ?= -std=c++17 -O2 -Xcompiler -Wall,-Wextra,-Werror
-CUDA_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_cuda_strategy $(BUILD)/tests/test_cuda
+CUDA_TESTS := $(BUILD)/tests/test_cuda_emu $(BUILD)/tests/test_cuda_strategy $(BUILD)/tests/test_cuda \
+              $(BUILD)/tests/test_cuda_nccl
 CUDA_NATIVE := $(if $(filter $(shell $(CC) -dumpmachine 2>/dev/null),$(shell $(HOSTCC) -dumpmachine 2>/dev/null)),yes,)
 CUDA_SKIP := $(if $(NVCC),$(if $(CUDA_NATIVE),$(if $(SAN),not built in sanitizer builds,),not built in cross builds),nvcc not found)
 all: $(CUDA_TESTS)
 
 CXX_FOUND := $(shell command -v $(CXX) >/dev/null 2>&1 && echo yes)
+# NCCL next to nvcc (CUDA_HOME/include/nccl.h, CUDA_HOME/lib64/libnccl.so):
+# test_cuda_nccl is test_cuda with -DDTRAIN_USE_NCCL (the all-reduce over
+# several GPUs through ncclAllReduce).
+CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(NVCC)))
+NCCL_SKIP := $(if $(CUDA_SKIP),$(CUDA_SKIP),$(if $(wildcard $(CUDA_HOME)/include/nccl.h),$(if $(wildcard $(CUDA_HOME)/lib64/libnccl.so),,no libnccl.so in $(CUDA_HOME)/lib64),no nccl.h in $(CUDA_HOME)/include))
 
 $(BUILD)/tests/test_cuda_emu: tests/test_cuda_emu.cc tests/cuda_skip.c tests/cuda_parity.h tests/harness.h dtrain.h dtrain_cuda.h
 	@mkdir -p $(dir $@)
@@ -106,6 +112,14 @@ ifeq ($(CUDA_SKIP),)
 	$(NVCC) $(NVCCFLAGS) $(EXTRA_CFLAGS) -I. -Itests $< $(BUILD)/dtrain.o -o $@ -lcublas $(LDLIBS)
 else
 	$(CC) $(CFLAGS_ALL) '-DCUDA_SKIP_REASON="$(CUDA_SKIP)"' tests/cuda_skip.c -o $@
+endif
+
+$(BUILD)/tests/test_cuda_nccl: tests/test_cuda.cu tests/cuda_skip.c tests/cuda_parity.h tests/harness.h dtrain_cuda.h $(BUILD)/dtrain.o
+	@mkdir -p $(dir $@)
+ifeq ($(NCCL_SKIP),)
+	$(NVCC) $(NVCCFLAGS) $(EXTRA_CFLAGS) -DDTRAIN_USE_NCCL -I. -Itests $< $(BUILD)/dtrain.o -o $@ -lcublas -L$(CUDA_HOME)/lib64 -lnccl $(LDLIBS)
+else
+	$(CC) $(CFLAGS_ALL) -DCUDA_SKIP_NAME='"test_cuda_nccl"' '-DCUDA_SKIP_REASON="$(NCCL_SKIP)"' tests/cuda_skip.c -o $@
 endif
 
 # The example on a GPU (02_fashion_mnist --device cuda), where nvcc builds
