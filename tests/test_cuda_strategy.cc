@@ -575,8 +575,8 @@ static void mwm_child(int W, int N, int rank, const config *c, const float *ref,
     CK(memcmp(p0, dt_params_data(m.P), n * sizeof(float)) == 0); /* bitwise equal to rank 0 */
   }
   dt_strategy_destroy(s);
+  dt_optim_destroy(opt); /* its state lives on device 0: before the devices */
   for (int i = 0; i < N; i++) dt_cuda_emu_device_free(mine[i]);
-  dt_optim_destroy(opt);
   dt_params_destroy(m.P);
   dt_comm_destroy(comm);
 }
