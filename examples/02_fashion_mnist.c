@@ -12,10 +12,13 @@
  *        build/examples/02_fashion_mnist --model cnn --epochs 3 --checkpoint cnn.safetensors
  *        build/examples/02_fashion_mnist --resume cnn.safetensors --epochs 5
  *        build/examples/02_fashion_mnist --strategy mirrored --replicas 2
- *   On a GPU (build/examples/02_fashion_mnist_cuda, built where nvcc is;
- *   NOT YET RUN ON A GPU; one_device only, no checkpoints yet; evaluation
- *   runs on the CPU on the parameters copied back):
+ *   On GPUs (build/examples/02_fashion_mnist_cuda, built where nvcc is;
+ *   NOT YET RUN ON A GPU; no checkpoints yet; evaluation runs on the CPU on
+ *   the parameters the strategy copies back after each step):
  *        build/examples/02_fashion_mnist_cuda --device cuda --model cnn
+ *        build/examples/02_fashion_mnist_cuda --device cuda --strategy mirrored   (every GPU)
+ *        build/examples/02_fashion_mnist_cuda --device cuda --strategy mirrored --replicas 2
+ *   (the same strategy code: desc.devices puts one replica on each GPU)
  *   Across processes (the cluster from DTRAIN_CONFIG or --rank/--world/--peers):
  *        tools/dtrain-launch -n 2 -- build/examples/02_fashion_mnist --strategy multi_worker_mirrored
  *        tools/dtrain-launch -n 2 --ps 1 -- build/examples/02_fashion_mnist --strategy parameter_server
@@ -106,9 +109,9 @@ typedef struct app {
   dt_optim *opt;
   dt_strategy *strategy;
   dt_graph *eval_g;
-  dt_device *dev;   /* --device: NULL on the CPU */
-  dt_graph *dev_g;  /* the training graph on the device (holds the params' device copy) */
-  float *logits_h;  /* a batch of logits copied back, for the accuracy */
+  dt_device *devs[DTRAIN_MAX_REPLICAS]; /* --device: the replicas' devices (none on the CPU) */
+  int ndev;
+  float *logits_h[DTRAIN_MAX_REPLICAS]; /* per replica on a device: its logits copied back, for the accuracy */
   int64_t correct[DTRAIN_MAX_REPLICAS]; /* per replica: each writes only its own */
   dt_dataset *train, *test;
   dt_loader *loader;
@@ -120,9 +123,13 @@ typedef struct app {
 static dt_tensor *replica_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
   app *a = (app *)user;
   int64_t xs[2] = {b->rows, 784};
-  dt_tensor *logits = model_forward(g, &a->m, dt_tensor_wrap(g, 2, xs, (float *)b->x));
+  const int on_device = dt_graph_device(g) != NULL; /* the shard goes to the replica's device */
+  dt_tensor *x = on_device ? dt_tensor_from(g, 2, xs, b->x) : dt_tensor_wrap(g, 2, xs, (float *)b->x);
+  dt_tensor *logits = model_forward(g, &a->m, x);
   dt_tensor *loss = dt_cross_entropy(g, logits, b->y);
-  if (loss) a->correct[replica] = count_correct(logits, b->y);
+  if (loss && !on_device) a->correct[replica] = count_correct(logits, b->y);
+  if (loss && on_device && dt_tensor_to_host(logits, a->logits_h[replica]) == DTRAIN_OK)
+    a->correct[replica] = count_correct_rows(a->logits_h[replica], b->rows, 10, b->y);
   return loss;
 }
 
@@ -146,22 +153,6 @@ static dt_result train_step(dt_fit_batch *fb, void *user) {
   mb.y = b.y;
   memset(a->correct, 0, sizeof a->correct);
   float loss = 0;
-  if (a->dev) { /* on a device: the same model code on a device graph, the update there too */
-    dt_graph *g = a->dev_g;
-    int64_t xs[2] = {b.size, 784};
-    dt_graph_reset(g);
-    dt_result r = dt_graph_zero_grad(g);
-    if (r != DTRAIN_OK) return r;
-    dt_tensor *logits = model_forward(g, &a->m, dt_tensor_from(g, 2, xs, b.x)); /* host -> device */
-    dt_tensor *l = dt_cross_entropy(g, logits, b.y);
-    if ((r = dt_backward(g, l)) != DTRAIN_OK) return r;
-    if ((r = dt_optim_step_graph(a->opt, g)) != DTRAIN_OK) return r;
-    if ((r = dt_tensor_to_host(logits, a->logits_h)) != DTRAIN_OK) return r;
-    fb->loss = a->last_train_loss = dt_item(l);
-    fb->samples = b.size;
-    fb->correct = count_correct_rows(a->logits_h, b.size, 10, b.y);
-    return DTRAIN_OK;
-  }
   dt_result r = dt_strategy_step(a->strategy, &mb, &loss);
   if (r != DTRAIN_OK) return r;
   fb->loss = loss;
@@ -179,10 +170,6 @@ static dt_result evaluate(dt_fit_eval *e, void *user) {
   const int64_t chunk = 500;
   double loss_sum = 0;
   int64_t correct = 0;
-  if (a->dev) { /* evaluation runs on the CPU, on the parameters brought back */
-    dt_result r = dt_graph_params_download(a->dev_g);
-    if (r != DTRAIN_OK) return r;
-  }
   for (int64_t s = 0; s < a->test->n; s += chunk) {
     int64_t n = a->test->n - s < chunk ? a->test->n - s : chunk;
     int64_t xs[2] = {n, 784};
@@ -258,8 +245,14 @@ static int parse(int argc, char **argv, options *o) {
     fprintf(stderr, "error: --epochs and --batch must be >= 1, --lr and --limit >= 0\n");
     return 0;
   }
-  if (strcmp(o->device, "cpu") && strcmp(o->strategy, "one_device")) {
-    fprintf(stderr, "error: --device %s trains with one_device only (multi-GPU is not there yet)\n", o->device);
+  if (strcmp(o->device, "cpu") && strcmp(o->strategy, "one_device") && strcmp(o->strategy, "mirrored") &&
+      strcmp(o->strategy, "multi_worker_mirrored")) {
+    fprintf(stderr, "error: --device %s trains with one_device, mirrored or multi_worker_mirrored (%s keeps the parameters in host memory)\n",
+            o->device, o->strategy);
+    return 0;
+  }
+  if (!strncmp(o->device, "cuda:", 5) && o->replicas > 1) {
+    fprintf(stderr, "error: --device %s is one GPU; use --device cuda for one replica per GPU\n", o->device);
     return 0;
   }
   if (strcmp(o->device, "cpu") && (o->checkpoint || o->resume)) {
@@ -269,27 +262,38 @@ static int parse(int argc, char **argv, options *o) {
   return 1;
 }
 
-/* --device: NULL for the CPU, else the device (NULL + *failed on failure). */
-static dt_device *open_device(const char *name, int *failed) {
-  *failed = 0;
-  if (!strcmp(name, "cpu")) return NULL;
+/* --device: no device for the CPU; "cuda:N" GPU N; "cuda" GPU 0 for one
+ * replica, else one GPU per replica (`replicas` of them, 0: every GPU).
+ * Returns the device count, -1 on failure (printed). */
+static int open_devices(const char *name, int one, int replicas, dt_device **out) {
+  if (!strcmp(name, "cpu")) return 0;
   if (!strncmp(name, "cuda", 4) && (name[4] == '\0' || name[4] == ':')) {
 #ifdef FMNIST_CUDA
-    dt_device *d = dt_cuda_device_create(name[4] ? atoi(name + 5) : 0);
-    if (!d) {
-      fprintf(stderr, "error: %s\n", dt_last_error());
-      *failed = 1;
+    int first = name[4] ? atoi(name + 5) : 0, n = 1;
+    if (!name[4] && !one) {
+      int have = dt_cuda_device_count();
+      if (have < 0) { fprintf(stderr, "error: %s\n", dt_last_error()); return -1; }
+      n = replicas > 0 ? replicas : have;
+      if (n > DTRAIN_MAX_REPLICAS) n = DTRAIN_MAX_REPLICAS;
     }
-    return d;
+    for (int i = 0; i < n; i++) {
+      if (!(out[i] = dt_cuda_device_create(first + i))) {
+        fprintf(stderr, "error: %s\n", dt_last_error());
+        for (int j = 0; j < i; j++) dt_cuda_device_destroy(out[j]);
+        return -1;
+      }
+    }
+    return n;
 #else
+    (void)one;
+    (void)replicas;
+    (void)out;
     fprintf(stderr, "error: this build has no CUDA backend; build build/examples/02_fashion_mnist_cuda (needs nvcc)\n");
-    *failed = 1;
-    return NULL;
+    return -1;
 #endif
   }
   fprintf(stderr, "error: --device is cpu, cuda or cuda:N\n");
-  *failed = 1;
-  return NULL;
+  return -1;
 }
 
 static int optimizer_kind(const char *s, dt_optim_kind *k) {
@@ -357,19 +361,13 @@ int main(int argc, char **argv) {
 
   a.P = dt_params_create(a.o.seed);
   if ((r = model_init(&a.m, a.P, !strcmp(a.o.model, "cnn"))) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-  int dev_failed = 0;
-  a.dev = open_device(a.o.device, &dev_failed);
-  if (dev_failed) return 2;
-  if (a.dev) { /* the one-line switch: a graph on the device (the params are copied there) */
-    dt_graph_desc gd;
-    memset(&gd, 0, sizeof gd);
-    gd.seed = a.o.seed;
-    gd.device = a.dev;
-    a.dev_g = dt_graph_create(a.P, &gd);
-    a.logits_h = (float *)malloc((size_t)a.o.batch * 10 * sizeof(float));
-    if (!a.dev_g || !a.logits_h) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-    if (!a.o.quiet) printf("device: %s\n", a.dev->name);
+  a.ndev = open_devices(a.o.device, !strcmp(a.o.strategy, "one_device"), a.o.replicas, a.devs);
+  if (a.ndev < 0) return 2;
+  for (int i = 0; i < a.ndev; i++) {
+    a.logits_h[i] = (float *)malloc((size_t)a.o.batch * 10 * sizeof(float));
+    if (!a.logits_h[i]) { fprintf(stderr, "error: out of memory\n"); return 1; }
   }
+  if (!a.o.quiet && a.ndev > 0) printf("device: %s%s\n", a.devs[0]->name, a.ndev > 1 ? " and more, one replica each" : "");
   a.eval_g = dt_graph_create(a.P, NULL);
   dt_graph_set_grad_enabled(a.eval_g, 0);
   dt_graph_set_training(a.eval_g, 0);
@@ -415,13 +413,18 @@ int main(int argc, char **argv) {
   }
   if (mwm) {
     if (!(comm = dt_comm_create_tcp(cl, &no))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-    sd = dt_multi_worker_mirrored(comm, a.o.replicas > 0 ? a.o.replicas : 1);
+    sd = dt_multi_worker_mirrored(comm, a.ndev > 0 ? a.ndev : a.o.replicas > 0 ? a.o.replicas : 1);
   } else if (ps) {
     int k = a.o.max_staleness == DTRAIN_STALENESS_UNBOUNDED ? 2 : a.o.max_staleness;
     if (!(store = dt_pstore_create_tcp(cl, a.P, &no, k))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
     sd = dt_parameter_server(store, k);
   }
   sd.seed = a.o.seed;
+  if (a.ndev > 0) { /* the one-line switch: one replica per device */
+    sd.devices = a.devs;
+    sd.ndevices = a.ndev;
+    sd.replicas = a.ndev;
+  }
   if (a.opt) a.strategy = dt_strategy_create(a.P, a.opt, replica_step, &a, &sd);
   if (!a.opt || !a.strategy || !a.eval_g) {
     fprintf(stderr, "error: %s\n", dt_last_error());
@@ -440,7 +443,7 @@ int main(int argc, char **argv) {
   fd.user = &a;
   fd.params = a.P;
   fd.optim = a.opt;
-  fd.graph = a.dev ? a.dev_g : dt_strategy_graph(a.strategy, 0); /* its RNG goes into checkpoints */
+  fd.graph = dt_strategy_graph(a.strategy, 0); /* its RNG goes into checkpoints */
   fd.progress = a.o.quiet ? DTRAIN_FIT_PROGRESS_QUIET : DTRAIN_FIT_PROGRESS_AUTO;
   fd.csv_path = a.o.csv;
   fd.svg_path = a.o.svg;
@@ -469,7 +472,6 @@ int main(int argc, char **argv) {
 
   dt_fit_result res;
   r = dt_fit(&fd, &res);
-  if (r == DTRAIN_OK && a.dev) r = dt_graph_params_download(a.dev_g); /* the trained params, on the host */
   if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   if (!a.o.quiet) {
     printf("test accuracy %.4f (loss %.4f) after %lld epochs, %.0f samples/s\n", a.last_test_acc, a.last_test_loss,
@@ -484,7 +486,7 @@ int main(int argc, char **argv) {
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
-           dt_strategy_replicas(a.strategy), a.dev ? a.dev->name : "cpu");
+           dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu");
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);
@@ -492,11 +494,14 @@ int main(int argc, char **argv) {
   dt_pstore_destroy(store);
   dt_cluster_destroy(cl);
   dt_graph_destroy(a.eval_g);
-  dt_graph_destroy(a.dev_g);
-  free(a.logits_h);
+  dt_optim_destroy(a.opt); /* its state may live on device 0: before the devices */
+  a.opt = NULL;
+  for (int i = 0; i < a.ndev; i++) {
+    free(a.logits_h[i]);
 #ifdef FMNIST_CUDA
-  dt_cuda_device_destroy(a.dev);
+    dt_cuda_device_destroy(a.devs[i]);
 #endif
+  }
   dt_optim_destroy(a.opt);
   dt_params_destroy(a.P);
   dt_dataset_destroy(a.train);

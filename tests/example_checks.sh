@@ -29,13 +29,15 @@ check "fmnist-corrupt-checkpoint" sh -c "head -c 100 $T/ck.safetensors > $T/bad.
 check "fmnist-cnn-checkpoint-into-mlp" sh -c "$E $common --model cnn --epochs 1 --limit 256 --checkpoint $T/cnn.safetensors > /dev/null && ! $E $common --epochs 2 --resume $T/cnn.safetensors > $T/bad4.txt 2>&1 && grep -qi 'mismatch\|does not match\|missing\|unknown' $T/bad4.txt"
 # --device: the same training loop on the host emulation of the CUDA kernels
 # (02_fashion_mnist_emu: built where a C++ compiler is) must reach the CPU
-# run's accuracy and loss (the MLP, and a short CNN run); the plain build
-# says it has no CUDA backend.
+# run's accuracy and loss (the MLP, and a short CNN run; mirrored over 2
+# emulated devices against CPU mirrored(2)); async refuses devices; the
+# plain build says it has no CUDA backend.
 EMU="$BUILD/examples/02_fashion_mnist_emu"
 if [ -x "$EMU" ]; then
   check "fmnist-device-emulated-matches-cpu" sh -c "$E $common --epochs 1 --limit 2048 > $T/dcpu.json && $EMU $common --epochs 1 --limit 2048 --device cuda > $T/demu.json && grep -q '\"device\":\"cuda-emu\"' $T/demu.json && awk -v a=\$(grep -o '\"test_accuracy\":[0-9.]*' $T/dcpu.json | cut -d: -f2) -v b=\$(grep -o '\"test_accuracy\":[0-9.]*' $T/demu.json | cut -d: -f2) -v c=\$(grep -o '\"final_loss\":[0-9.]*' $T/dcpu.json | cut -d: -f2) -v d=\$(grep -o '\"final_loss\":[0-9.]*' $T/demu.json | cut -d: -f2) 'BEGIN { x = a - b; y = c - d; if (x < 0) x = -x; if (y < 0) y = -y; exit !(a > 0.5 && x <= 0.005 && y <= 1e-3 * c) }'"
   check "fmnist-device-emulated-cnn-matches-cpu" sh -c "$E $common --model cnn --epochs 1 --limit 64 --batch 32 > $T/dcnn_cpu.json && $EMU $common --model cnn --epochs 1 --limit 64 --batch 32 --device cuda > $T/dcnn_emu.json && awk -v a=\$(grep -o '\"test_loss\":[0-9.]*' $T/dcnn_cpu.json | cut -d: -f2) -v b=\$(grep -o '\"test_loss\":[0-9.]*' $T/dcnn_emu.json | cut -d: -f2) 'BEGIN { x = a - b; if (x < 0) x = -x; exit !(a > 0 && x <= 1e-3 * a) }'"
-  check "fmnist-device-needs-one-device" sh -c "! $EMU --device cuda --strategy mirrored > $T/dmir.txt 2>&1 && grep -q 'one_device only' $T/dmir.txt"
+  check "fmnist-device-emulated-mirrored-matches-cpu" sh -c "$E $common --epochs 1 --limit 1024 --strategy mirrored --replicas 2 > $T/dmcpu.json && DTRAIN_CUDA_EMU_DEVICES=2 $EMU $common --epochs 1 --limit 1024 --device cuda --strategy mirrored --replicas 2 > $T/dmemu.json && grep -q '\"device\":\"cuda-emu:0\"' $T/dmemu.json && grep -q '\"replicas\":2' $T/dmemu.json && awk -v a=\$(grep -o '\"test_loss\":[0-9.]*' $T/dmcpu.json | cut -d: -f2) -v b=\$(grep -o '\"test_loss\":[0-9.]*' $T/dmemu.json | cut -d: -f2) 'BEGIN { x = a - b; if (x < 0) x = -x; exit !(a > 0 && x <= 1e-3 * a) }'"
+  check "fmnist-device-refuses-async" sh -c "! $EMU --device cuda --strategy async > $T/dasync.txt 2>&1 && grep -q 'keeps the parameters in host memory' $T/dasync.txt"
 else
   echo "skip fmnist-device-*: no $EMU (no C++ compiler)"
 fi
