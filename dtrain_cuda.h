@@ -21,6 +21,15 @@
  *   dt_graph_params_download(g);                 GPU -> params (host)
  *   dt_graph_destroy(g); dt_cuda_device_destroy(dev);
  *
+ * Several GPUs, one replica each (see "Devices" in dt_strategy.h):
+ *
+ *   dt_device *gpu[2] = {dt_cuda_device_create(0), dt_cuda_device_create(1)};
+ *   dt_strategy_desc sd = dt_mirrored(0); sd.devices = gpu; sd.ndevices = 2;
+ *   dt_strategy *s = dt_strategy_create(params, opt, step, user, &sd);
+ *   ... dt_strategy_step(s, &batch, &loss) ...   params (host) updated each step
+ *   dt_strategy_destroy(s); dt_optim_destroy(opt); then destroy the devices
+ *   (the optimizer's state lives on gpu[0]).
+ *
  * STATUS: this backend has been compiled with nvcc (CUDA 13.0) but NOT YET RUN
  * ON A GPU. The per-element math of every kernel is shared with a host
  * emulation (DTRAIN_CUDA_HOST_EMULATION) that tests/test_cuda_emu.cc runs on
@@ -55,8 +64,9 @@
  * (several emulated devices, tests/test_cuda_strategy.cc) and compiled with
  * nvcc (with and without NCCL); tests/test_cuda.cu checks mirrored over
  * every GPU against the CPU where there are two or more.
- * Not yet: examples/02_fashion_mnist --device cuda trains one_device with
- * its own loop; optimizer state of a device run in checkpoints. Not tuned: sums are one-block reductions,
+ * examples/02_fashion_mnist --device cuda trains through the strategy
+ * (one_device, mirrored over every GPU or --replicas N, multi_worker_mirrored).
+ * Not yet: optimizer state of a device run in checkpoints. Not tuned: sums are one-block reductions,
  * softmax / cross entropy use one thread per row, conv runs one cuBLAS call
  * per image; nvcc's default architecture is used (PTX JIT-compiled on newer
  * GPUs; set NVCCFLAGS, e.g. -arch=sm_90).

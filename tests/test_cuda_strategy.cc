@@ -13,6 +13,7 @@
  *   - a kernel failing on one device (in the forward pass, and in the
  *     update) fails the step naming the replica and the device, leaves the
  *     params (and every device copy) as before, and the strategy goes on.
+ *   - dt_fit around mirrored on 2 devices = around CPU mirrored(2).
  *   - check_numerics, refusals (async, central_storage, parameter_server
  *     with devices; bad device lists).
  *   - multi_worker_mirrored: 2 forked processes x 1 and 2 devices over TCP
@@ -503,6 +504,74 @@ static void test_refusals(void) {
   dt_params_destroy(m.P);
 }
 
+/* ---- dt_fit around a strategy on devices ---- */
+typedef struct fit_ctx {
+  dt_strategy *s;
+} fit_ctx;
+
+static dt_result fit_step(dt_fit_batch *fb, void *user) {
+  fit_ctx *c = (fit_ctx *)user;
+  dt_minibatch b = rows_at((fb->epoch * 4 + fb->index) * 8 % (NS - 24), 24);
+  float loss = 0.0f;
+  dt_result r = dt_strategy_step(c->s, &b, &loss);
+  fb->loss = loss;
+  fb->samples = b.rows;
+  return r;
+}
+
+/* 2 epochs x 4 steps; the final params and the last epoch's train loss. */
+static int fit_run(int ndev, float *params, double *last_loss) {
+  model m;
+  model_init(&m, 5);
+  config c;
+  memset(&c, 0, sizeof c);
+  c.opt = DTRAIN_OPTIM_ADAM;
+  dt_optim *opt = make_opt(m.P, &c);
+  dt_strategy_desc sd = dt_mirrored(2);
+  sd.spin_us = -1;
+  if (ndev) {
+    sd.replicas = 0;
+    sd.devices = devs;
+    sd.ndevices = ndev;
+  }
+  fit_ctx ctx;
+  ctx.s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
+  CHECK_MSG(ctx.s != NULL, "%s", dt_last_error());
+  int ok = 0;
+  if (ctx.s) {
+    dt_fit_desc fd;
+    memset(&fd, 0, sizeof fd);
+    fd.epochs = 2;
+    fd.steps_per_epoch = 4;
+    fd.train_step = fit_step;
+    fd.user = &ctx;
+    fd.params = m.P;
+    fd.optim = opt;
+    fd.graph = dt_strategy_graph(ctx.s, 0);
+    fd.progress = DTRAIN_FIT_PROGRESS_QUIET;
+    dt_fit_result res;
+    dt_result r = dt_fit(&fd, &res);
+    CHECK_MSG(r == DTRAIN_OK, "%s", dt_last_error());
+    ok = r == DTRAIN_OK;
+    *last_loss = res.last.train_loss;
+    CHECK(dt_optim_steps(opt) == 8);
+  }
+  memcpy(params, dt_params_data(m.P), dt_params_size(m.P) * sizeof(float));
+  dt_strategy_destroy(ctx.s);
+  dt_optim_destroy(opt);
+  dt_params_destroy(m.P);
+  return ok;
+}
+
+static void test_fit(void) {
+  static float p_cpu[PMAX], p_dev[PMAX];
+  double l_cpu = 0.0, l_dev = 0.0;
+  if (!fit_run(0, p_cpu, &l_cpu) || !fit_run(2, p_dev, &l_dev)) return;
+  CHECK_MSG(rel_diff(p_dev, p_cpu, model_size()) <= 1e-4, "%.3g", rel_diff(p_dev, p_cpu, model_size()));
+  CHECK_NEAR(l_dev, l_cpu, 1e-5 * (1.0 + fabs(l_cpu)));
+  CHECK(l_cpu > 0.0);
+}
+
 /* ---- multi_worker_mirrored: forked processes, each with its devices ---- */
 #if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
 static void test_mwm(void) { printf("test_cuda_strategy: networking or threads not compiled in, skipping the multi-process test\n"); }
@@ -642,6 +711,7 @@ int main(void) {
   TH_RUN(test_failures);
   TH_RUN(test_numerics);
   TH_RUN(test_refusals);
+  TH_RUN(test_fit);
   TH_RUN(test_mwm);
 #endif
   for (int i = 0; i < MAXD; i++) dt_cuda_device_destroy(devs[i]);
