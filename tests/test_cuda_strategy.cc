@@ -17,8 +17,10 @@
  *   - check_numerics, refusals (async, central_storage, parameter_server
  *     with devices; bad device lists).
  *   - multi_worker_mirrored: 2 forked processes x 1 and 2 devices over TCP
- *     on 127.0.0.1 equal CPU mirrored(2) / mirrored(4) in one process, and
- *     the ranks end bitwise equal. */
+ *     on 127.0.0.1 equal CPU mirrored(2) / mirrored(4) in one process (MEAN
+ *     with clipping, and SUM), and the ranks end bitwise equal; a NaN on
+ *     one rank fails the step on both (NONFINITE there, PEER naming it on
+ *     the other) with no parameter changed, and training goes on. */
 #define DTRAIN_STATIC
 #define DTRAIN_IMPLEMENTATION
 #define DTRAIN_CUDA_HOST_EMULATION
@@ -593,7 +595,11 @@ static int child_fail;
       }                                                                                                     \
     } while (0)
 
-static void mwm_child(int W, int N, int rank, const config *c, const float *ref, const float *ref_loss) {
+/* fail_step >= 0: at that step rank 1 feeds a NaN (its own error is
+ * NONFINITE, rank 0's PEER naming rank 1; nobody updates), and the parity
+ * is not checked (that step is missing). */
+static void mwm_child(int W, int N, int rank, const config *c, const float *ref, const float *ref_loss,
+                      int fail_step) {
   dt_cluster cl;
   memset(&cl, 0, sizeof cl);
   cl.workers = W;
@@ -610,6 +616,7 @@ static void mwm_child(int W, int N, int rank, const config *c, const float *ref,
   if (!comm) return;
   model m;
   model_init(&m, 5 + 1000 * (uint64_t)rank); /* rank 0's values win */
+  m.sum_loss = c->sum_loss;
   dt_optim *opt = make_opt(m.P, c);
   dt_device *mine[2];
   for (int i = 0; i < N; i++) mine[i] = dt_cuda_emu_device_create(10 * rank + i);
@@ -617,6 +624,7 @@ static void mwm_child(int W, int N, int rank, const config *c, const float *ref,
   sd.devices = mine;
   sd.ndevices = N;
   sd.spin_us = -1;
+  if (c->sum_loss) sd.loss = DTRAIN_LOSS_SUM;
   dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
   CK(s != NULL);
   size_t n = dt_params_size(m.P);
@@ -628,16 +636,34 @@ static void mwm_child(int W, int N, int rank, const config *c, const float *ref,
     else rows += r;
   }
   float loss[K];
+  static float bad_x[NS * NF], before[PMAX];
   for (int k = 0; s && k < K; k++) {
     dt_minibatch b = rows_at(batch_first(k, c->B) + first, rows);
+    if (k == fail_step) {
+      memcpy(before, dt_params_data(m.P), n * sizeof(float));
+      if (rank == 1) {
+        memcpy(bad_x, b.x, (size_t)rows * NF * sizeof(float));
+        bad_x[1] = NAN;
+        b.x = bad_x;
+      }
+    }
     dt_result rc = dt_strategy_step(s, &b, &loss[k]);
+    if (k == fail_step) {
+      CK(rc == (rank == 1 ? DTRAIN_ERR_NONFINITE : DTRAIN_ERR_PEER));
+      if (rank == 0) CK(strstr(dt_last_error(), "rank 1 failed its part of step") != NULL);
+      CK(memcmp(before, dt_params_data(m.P), n * sizeof(float)) == 0);
+      CK(replicas_equal_params(s, before, n));
+      continue;
+    }
     CK(rc == DTRAIN_OK);
     if (rc != DTRAIN_OK) break;
     CK(replicas_equal_params(s, dt_params_data(m.P), n));
   }
-  if (s) {
+  if (s && fail_step < 0) {
     CK(rel_diff(dt_params_data(m.P), ref, n) <= 2e-5);
     for (int k = 0; k < K; k++) CK(fabs((double)loss[k] - (double)ref_loss[k]) <= 2e-5 * (1.0 + fabs((double)ref_loss[k])));
+  }
+  if (s) {
     float p0[PMAX];
     memcpy(p0, dt_params_data(m.P), n * sizeof(float));
     CK(dt_comm_broadcast(comm, rank, p0, n, 0) == DTRAIN_OK);
@@ -650,47 +676,55 @@ static void mwm_child(int W, int N, int rank, const config *c, const float *ref,
   dt_comm_destroy(comm);
 }
 
-static void test_mwm(void) {
+static void mwm_world(int W, int N, const config *c, int fail_step) {
   static float ref[PMAX];
   float ref_loss[K];
+  if (fail_step < 0 && !train(c, dt_mirrored(W * N), 0, ref, ref_loss)) return;
+  for (int r = 0; r < W; r++) {
+    if (dt__net_listen("127.0.0.1:0", &lfd[r]) != DTRAIN_OK) {
+      CHECK_MSG(0, "listen: %s", dt_last_error());
+      return;
+    }
+    snprintf(addr[r], sizeof addr[r], "127.0.0.1:%d", dt__net_port(lfd[r]));
+    addrs[r] = addr[r];
+  }
+  pid_t pid[MAXW];
+  fflush(NULL);
+  for (int r = 0; r < W; r++) {
+    pid[r] = fork();
+    if (pid[r] == 0) {
+      alarm(60);
+      for (int j = 0; j < W; j++)
+        if (j != r) close(lfd[j]);
+      child_fail = 0;
+      mwm_child(W, N, r, c, ref, ref_loss, fail_step);
+      fflush(NULL);
+      _exit(child_fail ? 1 : 0);
+    }
+  }
+  for (int r = 0; r < W; r++) {
+    int st = 0;
+    if (pid[r] > 0) waitpid(pid[r], &st, 0);
+    CHECK_MSG(pid[r] > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "%d x %d devices (sum %d, failing step %d): rank %d ended with status %d", W, N, c->sum_loss, fail_step,
+              r, st);
+  }
+  for (int r = 0; r < W; r++) close(lfd[r]);
+}
+
+static void test_mwm(void) {
   config c;
   memset(&c, 0, sizeof c);
   c.opt = DTRAIN_OPTIM_SGD;
   c.clip = 0.5f;
   c.B = 29;
-  const int W = 2;
-  for (int N = 1; N <= 2; N++) {
-    if (!train(&c, dt_mirrored(W * N), 0, ref, ref_loss)) return;
-    for (int r = 0; r < W; r++) {
-      if (dt__net_listen("127.0.0.1:0", &lfd[r]) != DTRAIN_OK) {
-        CHECK_MSG(0, "listen: %s", dt_last_error());
-        return;
-      }
-      snprintf(addr[r], sizeof addr[r], "127.0.0.1:%d", dt__net_port(lfd[r]));
-      addrs[r] = addr[r];
-    }
-    pid_t pid[MAXW];
-    fflush(NULL);
-    for (int r = 0; r < W; r++) {
-      pid[r] = fork();
-      if (pid[r] == 0) {
-        alarm(60);
-        for (int j = 0; j < W; j++)
-          if (j != r) close(lfd[j]);
-        child_fail = 0;
-        mwm_child(W, N, r, &c, ref, ref_loss);
-        fflush(NULL);
-        _exit(child_fail ? 1 : 0);
-      }
-    }
-    for (int r = 0; r < W; r++) {
-      int st = 0;
-      if (pid[r] > 0) waitpid(pid[r], &st, 0);
-      CHECK_MSG(pid[r] > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "%d x %d devices: rank %d ended with status %d", W,
-                N, r, st);
-    }
-    for (int r = 0; r < W; r++) close(lfd[r]);
-  }
+  mwm_world(2, 1, &c, -1); /* = mirrored(2) */
+  mwm_world(2, 2, &c, -1); /* = mirrored(4) */
+  c.clip = 0.0f;
+  c.sum_loss = 1;
+  mwm_world(2, 2, &c, -1);
+  c.sum_loss = 0;
+  mwm_world(2, 2, &c, 2); /* rank 1 fails step 2: nobody updates, then it goes on */
 }
 #endif
 
