@@ -30,13 +30,15 @@ check "fmnist-cnn-checkpoint-into-mlp" sh -c "$E $common --model cnn --epochs 1 
 # --device: the same training loop on the host emulation of the CUDA kernels
 # (02_fashion_mnist_emu: built where a C++ compiler is) must reach the CPU
 # run's accuracy and loss (the MLP, and a short CNN run; mirrored over 2
-# emulated devices against CPU mirrored(2)); async refuses devices; the
+# emulated devices against CPU mirrored(2); 2 processes x 2 emulated devices
+# under tools/dtrain-launch against 2 x 2 threads); async refuses devices; the
 # plain build says it has no CUDA backend.
 EMU="$BUILD/examples/02_fashion_mnist_emu"
 if [ -x "$EMU" ]; then
   check "fmnist-device-emulated-matches-cpu" sh -c "$E $common --epochs 1 --limit 2048 > $T/dcpu.json && $EMU $common --epochs 1 --limit 2048 --device cuda > $T/demu.json && grep -q '\"device\":\"cuda-emu\"' $T/demu.json && awk -v a=\$(grep -o '\"test_accuracy\":[0-9.]*' $T/dcpu.json | cut -d: -f2) -v b=\$(grep -o '\"test_accuracy\":[0-9.]*' $T/demu.json | cut -d: -f2) -v c=\$(grep -o '\"final_loss\":[0-9.]*' $T/dcpu.json | cut -d: -f2) -v d=\$(grep -o '\"final_loss\":[0-9.]*' $T/demu.json | cut -d: -f2) 'BEGIN { x = a - b; y = c - d; if (x < 0) x = -x; if (y < 0) y = -y; exit !(a > 0.5 && x <= 0.005 && y <= 1e-3 * c) }'"
   check "fmnist-device-emulated-cnn-matches-cpu" sh -c "$E $common --model cnn --epochs 1 --limit 64 --batch 32 > $T/dcnn_cpu.json && $EMU $common --model cnn --epochs 1 --limit 64 --batch 32 --device cuda > $T/dcnn_emu.json && awk -v a=\$(grep -o '\"test_loss\":[0-9.]*' $T/dcnn_cpu.json | cut -d: -f2) -v b=\$(grep -o '\"test_loss\":[0-9.]*' $T/dcnn_emu.json | cut -d: -f2) 'BEGIN { x = a - b; if (x < 0) x = -x; exit !(a > 0 && x <= 1e-3 * a) }'"
   check "fmnist-device-emulated-mirrored-matches-cpu" sh -c "$E $common --epochs 1 --limit 1024 --strategy mirrored --replicas 2 > $T/dmcpu.json && DTRAIN_CUDA_EMU_DEVICES=2 $EMU $common --epochs 1 --limit 1024 --device cuda --strategy mirrored --replicas 2 > $T/dmemu.json && grep -q '\"device\":\"cuda-emu:0\"' $T/dmemu.json && grep -q '\"replicas\":2' $T/dmemu.json && awk -v a=\$(grep -o '\"test_loss\":[0-9.]*' $T/dmcpu.json | cut -d: -f2) -v b=\$(grep -o '\"test_loss\":[0-9.]*' $T/dmemu.json | cut -d: -f2) 'BEGIN { x = a - b; if (x < 0) x = -x; exit !(a > 0 && x <= 1e-3 * a) }'"
+  check "fmnist-device-emulated-mwm-matches-cpu" sh -c "timeout 120 tools/dtrain-launch -n 2 -- $E $common --epochs 1 --limit 1024 --strategy multi_worker_mirrored --replicas 2 > $T/dwcpu.json 2>&1 && DTRAIN_CUDA_EMU_DEVICES=2 timeout 120 tools/dtrain-launch -n 2 -- $EMU $common --epochs 1 --limit 1024 --strategy multi_worker_mirrored --replicas 2 --device cuda > $T/dwemu.json 2>&1 && grep -q '\"device\":\"cuda-emu:0\"' $T/dwemu.json && awk -v a=\$(grep -o '\"test_loss\":[0-9.]*' $T/dwcpu.json | cut -d: -f2) -v b=\$(grep -o '\"test_loss\":[0-9.]*' $T/dwemu.json | cut -d: -f2) 'BEGIN { x = a - b; if (x < 0) x = -x; exit !(a > 0 && x <= 1e-3 * a) }'"
   check "fmnist-device-refuses-async" sh -c "! $EMU --device cuda --strategy async > $T/dasync.txt 2>&1 && grep -q 'keeps the parameters in host memory' $T/dasync.txt"
 else
   echo "skip fmnist-device-*: no $EMU (no C++ compiler)"
