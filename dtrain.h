@@ -1770,7 +1770,8 @@ DTRAIN_EXTERN_C_END
  * device 0 alone updates with dt_optim_step_graph and the optimizer given
  * to dt_strategy_create (clipping the reduced gradient; the optimizer state
  * lives on device 0 only) and broadcasts its parameters (buffers included:
- * batch-norm statistics follow replica 0) to the other devices. Why not
+ * batch-norm statistics follow replica 0) to the other devices (ncclBroadcast
+ * with NCCL, else peer copies). Why not
  * every device updating its own copy: one optimizer state instead of N, and
  * the replicas can never drift apart (see Failures); the price is one
  * broadcast of the parameters per step. Last, replica 0's parameters are
@@ -2569,6 +2570,9 @@ struct dt_device {
   dt_result (*group_create)(dt_device *const *devs, int n, void **out);
   dt_result (*group_allreduce)(void *group, float *const *bufs, size_t count);
   void (*group_destroy)(void *group);
+  /* Optional with the group hooks: bufs[root] (count floats) to every
+   * other bufs[i] (ncclBroadcast). NULL: peer copies from the root. */
+  dt_result (*group_broadcast)(void *group, float *const *bufs, size_t count, int root);
 };
 
 /* For backends: record `msg` as this thread's error (dt_last_error) and
@@ -2621,7 +2625,9 @@ DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n
 DTRAIN_API void dt_device_group_destroy(dt_device_group *g);
 /* Sum bufs[i] (count floats on device i) in place on every device. */
 DTRAIN_API dt_result dt_device_group_allreduce(dt_device_group *g, float *const *bufs);
-/* bufs[root][begin, end) -> the same range of every other device's buffer. */
+/* bufs[root][begin, end) -> the same range of every other device's buffer
+ * (the group_broadcast hook where the devices have one, else peer copies
+ * from the root). */
 DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const *bufs, size_t begin, size_t end,
                                                int root);
 /* "nccl-style collective (group hooks)", "ring over peer copies" or "ring
@@ -5011,6 +5017,7 @@ struct dt_device_group {
   size_t chunk;      /* floats in the largest chunk */
   float *host;       /* staging for devices without peer_copy (chunk floats), or NULL */
   void *coll;        /* the backend's collective (group hooks), or NULL */
+  float **view;      /* n pointers: buffers offset for a ranged collective */
 };
 
 DTRAIN_API const char *dt_device_group_method(const dt_device_group *g) {
@@ -5028,6 +5035,7 @@ DTRAIN_API void dt_device_group_destroy(dt_device_group *g) {
       if (g->scratch[i]) g->devs[i]->free(g->devs[i], g->scratch[i], g->chunk * sizeof(float));
   dt__free(g->host, g->chunk * sizeof(float));
   dt__free(g->scratch, (size_t)g->n * sizeof(float *));
+  dt__free(g->view, (size_t)g->n * sizeof(float *));
   dt__free(g->devs, (size_t)g->n * sizeof(dt_device *));
   dt__free(g, sizeof *g);
 }
@@ -5059,7 +5067,8 @@ DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n
   g->count = count;
   g->devs = (dt_device **)dt__calloc((size_t)n * sizeof(dt_device *));
   g->scratch = (float **)dt__calloc((size_t)n * sizeof(float *));
-  if (!g->devs || !g->scratch) goto nomem;
+  g->view = (float **)dt__calloc((size_t)n * sizeof(float *));
+  if (!g->devs || !g->scratch || !g->view) goto nomem;
   for (int i = 0; i < n; i++) g->devs[i] = devs[i];
   if (n == 1) return g;
   for (int i = 0; i < n; i++) {
@@ -5213,13 +5222,24 @@ DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const 
   if (g->n == 1 || begin == end) return DTRAIN_OK;
   for (int i = 0; i < g->n; i++)
     if (!bufs[i]) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: buffer %d is NULL", fn, i);
+  dt_result r;
+  if (g->coll && g->devs[0]->group_broadcast) {
+    for (int i = 0; i < g->n; i++) g->view[i] = bufs[i] + begin;
+    r = g->devs[0]->group_broadcast(g->coll, g->view, end - begin, root);
+    if (r != DTRAIN_OK) {
+      char msg[DT__MSG_CAP];
+      snprintf(msg, sizeof msg, "%.300s", dt_last_error());
+      return dt__error(r, "%s: collective over %d devices: %s", fn, g->n, msg);
+    }
+    return dt__devgroup_sync_all(g, fn);
+  }
   /* Host staging copies at most a chunk at a time. */
   size_t step = g->host ? g->chunk : end - begin;
   for (int i = 0; i < g->n; i++) {
     if (i == root) continue;
     for (size_t off = begin; off < end; off += step) {
       size_t m = DT__MIN(step, end - off);
-      dt_result r = dt__devgroup_copy(g, i, bufs[i] + off, root, bufs[root] + off, m * sizeof(float), fn);
+      r = dt__devgroup_copy(g, i, bufs[i] + off, root, bufs[root] + off, m * sizeof(float), fn);
       if (r != DTRAIN_OK) return r;
     }
   }

@@ -56,8 +56,8 @@
  * dt_device_group (dt_device.h): a ring of cudaMemcpyPeerAsync copies (peer
  * access enabled at dt_cuda_device_create where the GPUs allow it) and the
  * accumulate kernel, or, compiled with -DDTRAIN_USE_NCCL (link -lnccl),
- * ncclAllReduce in a group call over communicators from ncclCommInitAll;
- * NCCL errors carry ncclGetErrorString. GPU replicas join the TCP/MPI
+ * ncclAllReduce (and ncclBroadcast for the parameters) in group calls over
+ * communicators from ncclCommInitAll; NCCL errors carry ncclGetErrorString. GPU replicas join the TCP/MPI
  * multi-worker all-reduce through host memory (device -> host -> the
  * cross-process ring -> device). Like the rest of this backend, the
  * multi-GPU path is NOT YET RUN ON GPUs: it is tested on the host emulation
@@ -700,7 +700,7 @@ static dt_result dt__cu_emu_peer_copy(dt_device *d, void *dst, dt_device *from, 
 static dt_device *dt_cuda_emu_device(void) {
   static dt_device dev = {"cuda-emu", NULL, dt__cu_emu_alloc, dt__cu_emu_free, dt__cu_emu_zero,
                           dt__cu_emu_copy, dt__cu_emu_sync, dt__cu_emu_run, dt__cu_emu_peer_copy,
-                          NULL, NULL, NULL};
+                          NULL, NULL, NULL, NULL};
   return &dev;
 }
 
@@ -1041,6 +1041,29 @@ static dt_result dt__nccl_allreduce(void *group, float *const *bufs, size_t coun
   if (r != ncclSuccess) return dt__nccl_fail("ncclGroupEnd (ncclAllReduce)", r);
   return DTRAIN_OK;
 }
+
+static dt_result dt__nccl_broadcast(void *group, float *const *bufs, size_t count, int root) {
+  dt__nccl *g = (dt__nccl *)group;
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return dt__nccl_fail("ncclGroupStart", r);
+  for (int i = 0; i < g->n; i++) {
+    cudaError_t e = cudaSetDevice(g->devs[i]->index);
+    if (e != cudaSuccess) {
+      (void)ncclGroupEnd();
+      return dt__cuda_fail(g->devs[i]->name, "cudaSetDevice (ncclBroadcast)", e);
+    }
+    r = ncclBroadcast(bufs[i], bufs[i], count, ncclFloat, root, g->comms[i], g->devs[i]->stream);
+    if (r != ncclSuccess) {
+      (void)ncclGroupEnd();
+      char what[64];
+      snprintf(what, sizeof what, "ncclBroadcast on %.31s", g->devs[i]->name);
+      return dt__nccl_fail(what, r);
+    }
+  }
+  r = ncclGroupEnd();
+  if (r != ncclSuccess) return dt__nccl_fail("ncclGroupEnd (ncclBroadcast)", r);
+  return DTRAIN_OK;
+}
 #endif /* DTRAIN_USE_NCCL */
 
 DTRAIN_API int dt_cuda_device_count(void) {
@@ -1115,6 +1138,7 @@ DTRAIN_API dt_device *dt_cuda_device_create(int index) {
   d->group_create = dt__nccl_create;
   d->group_allreduce = dt__nccl_allreduce;
   d->group_destroy = dt__nccl_destroy;
+  d->group_broadcast = dt__nccl_broadcast;
 #endif
   return d;
 }

@@ -17,6 +17,7 @@ struct dt_device_group {
   size_t chunk;      /* floats in the largest chunk */
   float *host;       /* staging for devices without peer_copy (chunk floats), or NULL */
   void *coll;        /* the backend's collective (group hooks), or NULL */
+  float **view;      /* n pointers: buffers offset for a ranged collective */
 };
 
 DTRAIN_API const char *dt_device_group_method(const dt_device_group *g) {
@@ -34,6 +35,7 @@ DTRAIN_API void dt_device_group_destroy(dt_device_group *g) {
       if (g->scratch[i]) g->devs[i]->free(g->devs[i], g->scratch[i], g->chunk * sizeof(float));
   dt__free(g->host, g->chunk * sizeof(float));
   dt__free(g->scratch, (size_t)g->n * sizeof(float *));
+  dt__free(g->view, (size_t)g->n * sizeof(float *));
   dt__free(g->devs, (size_t)g->n * sizeof(dt_device *));
   dt__free(g, sizeof *g);
 }
@@ -65,7 +67,8 @@ DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n
   g->count = count;
   g->devs = (dt_device **)dt__calloc((size_t)n * sizeof(dt_device *));
   g->scratch = (float **)dt__calloc((size_t)n * sizeof(float *));
-  if (!g->devs || !g->scratch) goto nomem;
+  g->view = (float **)dt__calloc((size_t)n * sizeof(float *));
+  if (!g->devs || !g->scratch || !g->view) goto nomem;
   for (int i = 0; i < n; i++) g->devs[i] = devs[i];
   if (n == 1) return g;
   for (int i = 0; i < n; i++) {
@@ -219,13 +222,24 @@ DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const 
   if (g->n == 1 || begin == end) return DTRAIN_OK;
   for (int i = 0; i < g->n; i++)
     if (!bufs[i]) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: buffer %d is NULL", fn, i);
+  dt_result r;
+  if (g->coll && g->devs[0]->group_broadcast) {
+    for (int i = 0; i < g->n; i++) g->view[i] = bufs[i] + begin;
+    r = g->devs[0]->group_broadcast(g->coll, g->view, end - begin, root);
+    if (r != DTRAIN_OK) {
+      char msg[DT__MSG_CAP];
+      snprintf(msg, sizeof msg, "%.300s", dt_last_error());
+      return dt__error(r, "%s: collective over %d devices: %s", fn, g->n, msg);
+    }
+    return dt__devgroup_sync_all(g, fn);
+  }
   /* Host staging copies at most a chunk at a time. */
   size_t step = g->host ? g->chunk : end - begin;
   for (int i = 0; i < g->n; i++) {
     if (i == root) continue;
     for (size_t off = begin; off < end; off += step) {
       size_t m = DT__MIN(step, end - off);
-      dt_result r = dt__devgroup_copy(g, i, bufs[i] + off, root, bufs[root] + off, m * sizeof(float), fn);
+      r = dt__devgroup_copy(g, i, bufs[i] + off, root, bufs[root] + off, m * sizeof(float), fn);
       if (r != DTRAIN_OK) return r;
     }
   }

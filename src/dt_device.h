@@ -206,6 +206,9 @@ struct dt_device {
   dt_result (*group_create)(dt_device *const *devs, int n, void **out);
   dt_result (*group_allreduce)(void *group, float *const *bufs, size_t count);
   void (*group_destroy)(void *group);
+  /* Optional with the group hooks: bufs[root] (count floats) to every
+   * other bufs[i] (ncclBroadcast). NULL: peer copies from the root. */
+  dt_result (*group_broadcast)(void *group, float *const *bufs, size_t count, int root);
 };
 
 /* For backends: record `msg` as this thread's error (dt_last_error) and
@@ -258,7 +261,9 @@ DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n
 DTRAIN_API void dt_device_group_destroy(dt_device_group *g);
 /* Sum bufs[i] (count floats on device i) in place on every device. */
 DTRAIN_API dt_result dt_device_group_allreduce(dt_device_group *g, float *const *bufs);
-/* bufs[root][begin, end) -> the same range of every other device's buffer. */
+/* bufs[root][begin, end) -> the same range of every other device's buffer
+ * (the group_broadcast hook where the devices have one, else peer copies
+ * from the root). */
 DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const *bufs, size_t begin, size_t end,
                                                int root);
 /* "nccl-style collective (group hooks)", "ring over peer copies" or "ring

@@ -170,7 +170,8 @@
  * device 0 alone updates with dt_optim_step_graph and the optimizer given
  * to dt_strategy_create (clipping the reduced gradient; the optimizer state
  * lives on device 0 only) and broadcasts its parameters (buffers included:
- * batch-norm statistics follow replica 0) to the other devices. Why not
+ * batch-norm statistics follow replica 0) to the other devices (ncclBroadcast
+ * with NCCL, else peer copies). Why not
  * every device updating its own copy: one optimizer state instead of N, and
  * the replicas can never drift apart (see Failures); the price is one
  * broadcast of the parameters per step. Last, replica 0's parameters are

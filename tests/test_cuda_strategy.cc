@@ -254,6 +254,14 @@ static dt_result fake_group_allreduce(void *grp, float *const *bufs, size_t coun
   return DTRAIN_OK;
 }
 static void fake_group_destroy(void *grp) { free(grp); }
+static int bcast_calls;
+static dt_result fake_group_broadcast(void *grp, float *const *bufs, size_t count, int root) {
+  int n = *(int *)grp;
+  bcast_calls++;
+  for (int r = 0; r < n; r++)
+    if (r != root) memcpy(bufs[r], bufs[root], count * sizeof(float));
+  return DTRAIN_OK;
+}
 
 static void test_group(void) {
   static const size_t counts[] = {1, 37, 1000};
@@ -267,6 +275,7 @@ static void test_group(void) {
         dv[i].group_create = fake_group_create;
         dv[i].group_allreduce = fake_group_allreduce;
         dv[i].group_destroy = fake_group_destroy;
+        dv[i].group_broadcast = fake_group_broadcast;
       }
       dp[i] = &dv[i];
     }
@@ -302,7 +311,9 @@ static void test_group(void) {
         float h[1000];
         for (size_t i = 0; i < cnt; i++) h[i] = (float)i;
         CHECK(dp[2]->copy(dp[2], buf[2], h, cnt * sizeof(float), DTRAIN_COPY_H2D) == DTRAIN_OK);
+        int bc = bcast_calls;
         CHECK(dt_device_group_broadcast(g, buf, 5, 30, 2) == DTRAIN_OK);
+        CHECK((bcast_calls > bc) == (mode == 2));
         CHECK(dp[0]->copy(dp[0], got, buf[0], cnt * sizeof(float), DTRAIN_COPY_D2H) == DTRAIN_OK);
         CHECK(got[5] == 5.0f && got[29] == 29.0f && got[4] == first[4] && got[30] == first[30]);
         CHECK_ERR(dt_device_group_broadcast(g, buf, 5, cnt + 1, 0), DTRAIN_ERR_INDEX, "outside");
@@ -329,11 +340,13 @@ static void test_hooks_in_strategy(void) {
     dv[i].group_create = fake_group_create;
     dv[i].group_allreduce = fake_group_allreduce;
     dv[i].group_destroy = fake_group_destroy;
+    dv[i].group_broadcast = fake_group_broadcast;
     devs[i] = &dv[i];
   }
-  int before = hook_calls;
+  int before = hook_calls, bc = bcast_calls;
   int ok = train(&c, dt_mirrored(0), 2, p_hook, l);
   CHECK(hook_calls - before == K);
+  CHECK(bcast_calls - bc == K); /* the parameters from device 0 */
   devs[0] = saved[0];
   devs[1] = saved[1];
   if (ok && train(&c, dt_mirrored(0), 2, p_ring, l))
