@@ -944,6 +944,13 @@ DTRAIN_EXTERN_C_END
  * Resuming: save with the params, the optimizer and the graph (dropout RNG)
  * and the data position; load them into a model built the same way (any seed)
  * and training continues bitwise as if it had never stopped.
+ * A device run (dt_device.h) checkpoints the same way: give the device graph
+ * as `graph`; save first copies its params from the device to the host
+ * params (dt_graph_params_download) and the optimizer's device state to its
+ * host copy (dt_optim_state); load writes the host params and state, then
+ * uploads the params to the graph (dt_graph_params_upload), and the next
+ * dt_optim_step_graph takes the state to the device. A device checkpoint
+ * resumes on the CPU too (and a CPU one on a device).
  *
  * Ownership: dt_checkpoint (from dt_checkpoint_open) owns the file's bytes and
  * every string it returns, until dt_checkpoint_close.
@@ -966,7 +973,8 @@ DTRAIN_EXTERN_C_BEGIN
 typedef struct dt_train_state {
   dt_params *params;   /* required: every parameter and buffer */
   dt_optim *optim;     /* optional: state slots and step count */
-  dt_graph *graph;     /* optional: the graph's RNG (dropout) */
+  dt_graph *graph;     /* optional: the graph's RNG (dropout); a device graph on
+                          `params` also has its params moved (see above) */
   int64_t step;        /* save: written when optim is NULL (else dt_optim_steps); load: set */
   int64_t epoch;       /* save: written; load: set */
   int64_t data_epoch;  /* data loader position (epoch, index): save: written; load: set */
@@ -11297,6 +11305,21 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
     r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory");
     goto done;
   }
+  /* A device run: the device's params and optimizer state come to the host
+   * first (dt_optim_state copies a device slot to its host copy). */
+  if (st->graph && st->graph->device && st->graph->params == p) {
+    r = dt_graph_params_download(st->graph);
+    if (r != DTRAIN_OK) {
+      r = dt__io_err(&ctx, r, "%s", dt_last_error());
+      goto done;
+    }
+  }
+  for (int s = 0; s < nslots; s++) {
+    if (!dt_optim_state(o, s)) {
+      r = dt__io_err(&ctx, dt_last_result(), "%s", dt_last_error());
+      goto done;
+    }
+  }
   /* Tensors: parameters and buffers, then optimizer slots. */
   for (int s = -1; s < nslots; s++) {
     const float *base = s < 0 ? data : dt_optim_state(o, s);
@@ -11654,8 +11677,17 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
   }
   r = dt__io_match(c, &ctx, p, o, entry_of, slot_entry);
   if (r != DTRAIN_OK) goto done;
+  /* An optimizer stepped on a device: its host copies, fetched now (the one
+   * step that can fail), are what the commit overwrites; the next
+   * dt_optim_step_graph takes them back to the device. */
+  for (int s = 0; s < nslots; s++) {
+    if (!dt_optim_state(o, s)) {
+      r = dt__io_err(&ctx, dt_last_result(), "%s", dt_last_error());
+      goto done;
+    }
+  }
 
-  /* Commit: nothing below can fail. */
+  /* Commit: nothing below can fail (but the upload to a device graph after it). */
   {
     float *data = dt_params_data(p);
     for (int i = 0; i < np; i++) {
@@ -11683,6 +11715,11 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
       st->data_epoch = data_epoch;
       st->data_index = data_index;
     }
+  }
+  /* A device graph on these params gets the loaded values (its gradient zeroed). */
+  if (full && st->graph && st->graph->device && st->graph->params == p) {
+    r = dt_graph_params_upload(st->graph);
+    if (r != DTRAIN_OK) r = dt__io_err(&ctx, r, "the params were loaded on the host: %s", dt_last_error());
   }
 done:
   dt__free(entry_of, nent * sizeof(int));

@@ -12,6 +12,9 @@
 #ifndef DTRAIN_TEST_CUDA_PARITY_H
 #define DTRAIN_TEST_CUDA_PARITY_H
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "harness.h"
 
 static dt_device *cp_dev;
@@ -701,6 +704,116 @@ static void test_mlp_parity(void) {
   cp_mlp_case(&od, "rmsprop_momentum_wd");
 }
 
+/* Checkpoints of a device run: train 3 steps on the device, save (the
+ * device graph in the state: params and the optimizer's device state come
+ * to the host), then resume from the file into a model built from another
+ * seed, on the device and on the CPU, 3 more steps: the same parameters as
+ * 6 uninterrupted steps on the device (bit for bit on the device: the same
+ * kernels in the same order; within float tolerance on the CPU). AdamW with
+ * dropout: the moments, the step count and the graph RNG all matter. */
+static int cp_ck_steps(dt_graph *g, dt_optim *o, const dt_nn_linear *l1, const dt_nn_linear *l2, int steps) {
+  float x[12 * 6];
+  th_seed(99);
+  th_fill(x, 12 * 6, -1.0f, 1.0f);
+  int64_t xs[2] = {12, 6};
+  int ok = 1;
+  for (int step = 0; ok && step < steps; step++) {
+    dt_graph_reset(g);
+    ok = dt_graph_zero_grad(g) == DTRAIN_OK;
+    dt_tensor *h = dt_dropout(g, dt_relu(g, dt_nn_linear_forward(g, l1, dt_tensor_from(g, 2, xs, x))), 0.25f);
+    dt_tensor *loss = dt_cross_entropy(g, dt_nn_linear_forward(g, l2, h), cp_labels);
+    ok = ok && loss && dt_backward(g, loss) == DTRAIN_OK && dt_optim_step_graph(o, g) == DTRAIN_OK;
+    if (!ok) fprintf(stderr, "cp_ck_run step %d: %s / %s\n", step, dt_graph_message(g), dt_last_error());
+  }
+  return ok;
+}
+
+/* pre steps, load `load` (if given), `steps` steps, save to `save` (if
+ * given), `post` steps; out: the params and Adam's first moment. */
+static int cp_ck_run(dt_device *dev, uint64_t seed, int pre, const char *load, int steps, const char *save, int post,
+                     float *out, size_t *n, float *m_out) {
+  dt_params *p = dt_params_create(seed);
+  dt_nn_linear l1, l2;
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_ADAMW;
+  od.lr = 0.02f;
+  od.weight_decay = 0.01f;
+  int ok = p && dt_nn_linear_init(&l1, p, "l1", 6, 16, 1) == DTRAIN_OK &&
+           dt_nn_linear_init(&l2, p, "l2", 16, 5, 1) == DTRAIN_OK;
+  dt_optim *o = ok ? dt_optim_create(p, &od) : NULL;
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  gd.seed = seed * 3 + 1;
+  dt_graph *g = o ? dt_graph_create(p, &gd) : NULL;
+  ok = g != NULL;
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = p;
+  st.optim = o;
+  st.graph = g;
+  ok = ok && cp_ck_steps(g, o, &l1, &l2, pre);
+  if (ok && load) {
+    ok = dt_checkpoint_load(load, &st) == DTRAIN_OK;
+    if (!ok) fprintf(stderr, "cp_ck_run: load: %s\n", dt_last_error());
+    if (ok) ok = dt_optim_steps(o) == 3;
+  }
+  ok = ok && cp_ck_steps(g, o, &l1, &l2, steps);
+  if (ok && save) {
+    ok = dt_checkpoint_save(save, &st) == DTRAIN_OK;
+    if (!ok) fprintf(stderr, "cp_ck_run: save: %s\n", dt_last_error());
+  }
+  ok = ok && cp_ck_steps(g, o, &l1, &l2, post);
+  if (ok) {
+    *n = dt_params_size(p);
+    ok = *n <= 1024 && dt_graph_params_download(g) == DTRAIN_OK;
+    const float *m = ok ? dt_optim_state(o, 0) : NULL; /* on a device: copied from there */
+    ok = m != NULL;
+    if (ok) {
+      memcpy(out, dt_params_data(p), *n * sizeof(float));
+      memcpy(m_out, m, *n * sizeof(float));
+    }
+  }
+  dt_graph_destroy(g);
+  dt_optim_destroy(o);
+  dt_params_destroy(p);
+  return ok;
+}
+
+static void test_device_checkpoint(void) {
+  static float full[1024], dres[1024], cres[1024], m_full[1024], m_dev[1024], m_cpu[1024], m_mid[1024], mid[1024];
+  static float cont[1024], m_cont[1024], late[1024], m_late[1024];
+  size_t n0 = 0, n1 = 0, n2 = 0, n3 = 0, n4 = 0, n5 = 0;
+  char path[] = "/tmp/dtrain_cuda_ckpt_XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  if (fd < 0) return;
+  close(fd);
+  CHECK(cp_ck_run(cp_dev, 5, 0, NULL, 6, NULL, 0, full, &n0, m_full));
+  CHECK(cp_ck_run(cp_dev, 5, 0, NULL, 3, path, 0, mid, &n1, m_mid));
+  CHECK(cp_ck_run(cp_dev, 5, 0, NULL, 3, path, 3, cont, &n4, m_cont));  /* saving changes nothing */
+  CHECK(cp_ck_run(cp_dev, 77, 0, path, 3, NULL, 0, dres, &n2, m_dev));  /* a fresh optimizer */
+  CHECK(cp_ck_run(cp_dev, 77, 2, path, 3, NULL, 0, late, &n5, m_late)); /* state already on the device */
+  CHECK(cp_ck_run(NULL, 77, 0, path, 3, NULL, 0, cres, &n3, m_cpu));
+  CHECK_MSG(n0 > 0 && n0 == n1 && n0 == n2 && n0 == n3 && n0 == n4 && n0 == n5, "%zu %zu %zu %zu %zu %zu params", n0,
+            n1, n2, n3, n4, n5);
+  double dd = 0.0, dc = 0.0, mm = 0.0, moved = 0.0;
+  for (size_t i = 0; i < n0 && n0 == n2 && n0 == n3 && n0 == n4 && n0 == n5; i++) {
+    dd = fmax(dd, fabs((double)full[i] - (double)dres[i]) + fabs((double)m_full[i] - (double)m_dev[i]));
+    dd = fmax(dd, fabs((double)full[i] - (double)cont[i]) + fabs((double)m_full[i] - (double)m_cont[i]));
+    dd = fmax(dd, fabs((double)full[i] - (double)late[i]) + fabs((double)m_full[i] - (double)m_late[i]));
+    dc = fmax(dc, fabs((double)full[i] - (double)cres[i]));
+    mm = fmax(mm, fabs((double)m_mid[i]));
+    moved = fmax(moved, fabs((double)full[i] - (double)mid[i]));
+  }
+  cp_compared += 3 * (int)n0;
+  CHECK_MSG(mm > 1e-4 && moved > 1e-3, "the optimizer state (%g) or the params (%g) did not move", mm, moved);
+  CHECK_MSG(dd <= 1e-6, "resumed on the device: differs from the uninterrupted run by %g", dd);
+  CHECK_MSG(dc <= 2e-5, "resumed on the CPU: differs from the uninterrupted device run by %g", dc);
+  remove(path);
+}
+
 /* Parameters move between the host params and the graph's device copy;
  * dt_graph_bind and dt_tensor_wrap take device memory on a device graph. */
 static void test_param_transfers(void) {
@@ -786,6 +899,7 @@ static void cp_run_all(void) {
   TH_RUN(test_modules_parity);
   TH_RUN(test_seq_modules_parity);
   TH_RUN(test_mlp_parity);
+  TH_RUN(test_device_checkpoint);
 }
 
 #endif /* DTRAIN_TEST_CUDA_PARITY_H */
