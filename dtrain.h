@@ -2350,9 +2350,10 @@ DTRAIN_EXTERN_C_END
  *   - check_numerics on a device graph copies every op output to the host to
  *     check it (slow: for debugging).
  *
- * Ops that run on a device (everything else fails on a device graph with
- * DTRAIN_ERR_UNSUPPORTED naming the op and the device, before touching any
- * data -- never a silent host read of device memory):
+ * Ops that run on a device (an op without a device path would fail on a
+ * device graph with DTRAIN_ERR_UNSUPPORTED naming the op and the device,
+ * before touching any data -- never a silent host read of device memory;
+ * today every op of dtrain has one):
  *   dt_add, dt_sub, dt_mul, dt_div  (same shapes, or b broadcast over a's
  *                            leading dims, e.g. [N,C] + [C]; other broadcasts
  *                            are DTRAIN_ERR_UNSUPPORTED on a device)
@@ -2370,11 +2371,23 @@ DTRAIN_EXTERN_C_END
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
+ *   dt_permute (any rank), dt_concat, dt_slice, dt_split (strided copies),
+ *   dt_bmm (one strided-batched GEMM; b batched or 2-D shared, trans_b),
+ *   dt_causal_mask (check_numerics checks the kept entries on the host),
+ *   dt_batch_norm (training: batch statistics, the running mean/var updated
+ *   in place on the device as the CPU op does; eval: the running stats --
+ *   the running_var + eps > 0 check copies C floats to the host),
  *   dt_nn_linear_forward, dt_nn_conv2d_forward, dt_nn_embedding_forward,
- *   dt_nn_layer_norm_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
- *   dt_scalar, dt_item, dt_backward, dt_backward_grad.
+ *   dt_nn_layer_norm_forward, dt_nn_batch_norm_forward,
+ *   dt_nn_attention_forward, dt_nn_lstm_cell_forward, dt_nn_gru_cell_forward,
+ *   dt_detach, dt_param, dt_tensor_new/from/wrap, dt_scalar, dt_item,
+ *   dt_backward, dt_backward_grad.
  * Optimizers on a device (dt_optim_step_graph): SGD (momentum, Nesterov,
- * weight decay), Adam, AdamW, clip_norm. RMSprop: DTRAIN_ERR_UNSUPPORTED.
+ * weight decay), Adam, AdamW, RMSprop (momentum, weight decay), clip_norm.
+ * Their state lives on the device; dt_optim_state copies it to the host for
+ * checkpoints and dt_checkpoint_save/load with the device graph in the
+ * dt_train_state move the params too (see dt_io.h): a device run saves and
+ * resumes (on the device or on the CPU) without losing anything.
  *
  * ---- the backend interface --------------------------------------------------
  * A device is a table of functions filled by a backend (dtrain_cuda.h is the

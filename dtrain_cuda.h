@@ -30,24 +30,26 @@
  * Kernels (dt_kernel in dt_device.h), all with forward and backward:
  * add/sub/mul/div (+ row broadcast), the scalar ops (add/mul/rsub/pow),
  * neg, exp, log, sqrt, relu, leaky_relu, gelu, sigmoid, tanh,
- * sum/mean (all, or over one axis), transpose (last two dims), dropout (mask
+ * sum/mean (all, or over one axis), transpose (last two dims), permute (a
+ * gather, any rank), concat/slice/split (strided row copies), dropout (mask
  * drawn on the host from the graph RNG, as the CPU op: same seed, same
- * result), layer_norm, embedding, softmax/log_softmax, cross_entropy, mse,
- * GEMM through cuBLAS (matmul, linear), conv2d (im2col + cuBLAS per image,
- * col2im gather), max/avg pooling; SGD (momentum, Nesterov, weight decay),
- * Adam/AdamW, clipping (sum of squares, scale).
+ * result), layer_norm, batch_norm (batch or running statistics; running
+ * mean/var updated on the device), causal_mask, embedding,
+ * softmax/log_softmax, cross_entropy, mse, GEMM through cuBLAS (matmul,
+ * linear; bmm as one cublasSgemmStridedBatched), conv2d (im2col + cuBLAS per
+ * image, col2im gather), max/avg pooling; so also the attention, LSTM-cell
+ * and GRU-cell modules; SGD (momentum, Nesterov, weight decay), Adam/AdamW,
+ * RMSprop, clipping (sum of squares, scale). Checkpoints of a device run
+ * hold the optimizer's device state (see dt_optim_state, dt_io.h).
  * log, sqrt and non-integer powers check their domain on the device (a 0/1
  * map summed, one float read back), failing as the CPU op does.
- * Not yet: batch norm, attention/causal_mask, bmm, concat/slice/split/
- * permute, RMSprop -- those fail on a CUDA graph with DTRAIN_ERR_UNSUPPORTED
- * naming the op and the device.
  * Not yet: multi-GPU (mirrored over NCCL / peer copies), GPU replicas in the
  * TCP multi-worker strategy, devices in dt_strategy (examples/02_fashion_mnist
- * --device cuda trains one_device with its own loop), optimizer state of a
- * device run in checkpoints. Not tuned: sums are one-block reductions,
- * softmax / cross entropy use one thread per row, conv runs one cuBLAS call
- * per image; nvcc's default architecture is used (PTX JIT-compiled on newer
- * GPUs; set NVCCFLAGS, e.g. -arch=sm_90).
+ * --device cuda trains one_device with its own loop). Not tuned: sums are
+ * one-block reductions, softmax / cross entropy / layer and batch norm use
+ * one thread per row or channel, conv runs one cuBLAS call per image;
+ * nvcc's default architecture is used (PTX JIT-compiled on newer GPUs; set
+ * NVCCFLAGS, e.g. -arch=sm_90).
  *
  * Errors: every CUDA runtime and cuBLAS call is checked; a failure becomes a
  * dt_result with a message naming the device, the call and cudaGetErrorString
