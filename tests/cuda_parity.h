@@ -341,6 +341,35 @@ static void test_unsupported(void) {
   dt_graph_destroy(g);
 }
 
+/* check_numerics with a causal mask: the -inf it writes above the diagonal
+ * is intended and passes; a NaN in a kept entry fails with the CPU op's
+ * message (a NaN above the diagonal is masked away). */
+static void cp_causal_numerics(dt_device *dev, int nan_at, char *msg, size_t cap) {
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  gd.check_numerics = 1;
+  dt_graph *g = dt_graph_create(NULL, &gd);
+  float x[2 * 4 * 4];
+  for (int i = 0; i < 32; i++) x[i] = 0.1f * (float)i;
+  if (nan_at >= 0) x[nan_at] = NAN;
+  int64_t s[3] = {2, 4, 4};
+  dt_tensor *y = g ? dt_causal_mask(g, dt_tensor_from(g, 3, s, x)) : NULL;
+  snprintf(msg, cap, "%d %.200s", (int)(g ? dt_graph_error(g) : DTRAIN_ERR_NOMEM), y ? "ok" : dt_graph_message(g));
+  dt_graph_destroy(g);
+}
+
+static void test_causal_numerics(void) {
+  static const int at[3] = {-1, 16 + 2 * 4 + 3, 16 + 2 * 4 + 1}; /* none; above the diagonal; kept */
+  for (int i = 0; i < 3; i++) {
+    char mc[256], md[256];
+    cp_causal_numerics(NULL, at[i], mc, sizeof mc);
+    cp_causal_numerics(cp_dev, at[i], md, sizeof md);
+    CHECK_MSG(strcmp(mc, md) == 0, "cpu '%s' device '%s'", mc, md);
+    CHECK_MSG(i < 2 ? strcmp(md, "0 ok") == 0 : strstr(md, "NaN at element 25") != NULL, "case %d: %s", i, md);
+  }
+}
+
 /* Batch norm with running statistics (dt_nn_batch_norm): training steps
  * update the running mean and variance on the device as the CPU op does
  * (they are params: compared after dt_graph_params_download), then eval mode
@@ -894,6 +923,7 @@ static void cp_run_all(void) {
   TH_RUN(test_ops_parity);
   TH_RUN(test_unsupported);
   TH_RUN(test_batch_norm_running);
+  TH_RUN(test_causal_numerics);
   TH_RUN(test_dropout_seed);
   TH_RUN(test_domain_checks);
   TH_RUN(test_modules_parity);
