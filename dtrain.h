@@ -784,9 +784,9 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
  * (dt_graph_param_data/grad): on a CPU graph the same as dt_optim_step on
  * those buffers; on a device graph (dt_device.h) the update runs on the
  * device, with the optimizer's state in device memory (allocated at the
- * first call and tied to that device; dt_optim_state then does not hold it).
- * SGD, Adam, AdamW and clip_norm run on a device; RMSprop returns
- * DTRAIN_ERR_UNSUPPORTED there. Clips (if set), updates, advances. */
+ * first call and tied to that device; it starts from the host state, so a
+ * state loaded from a checkpoint carries over). SGD, Adam, AdamW, RMSprop
+ * and clip_norm all run on a device. Clips (if set), updates, advances. */
 DTRAIN_API dt_result dt_optim_step_graph(dt_optim *o, dt_graph *g);
 /* Advance the step counter (after every range of a step was updated). */
 DTRAIN_API void dt_optim_advance(dt_optim *o);
@@ -796,7 +796,15 @@ DTRAIN_API void dt_optim_set_steps(dt_optim *o, int64_t steps);
 /* Learning rate the next update will use. */
 DTRAIN_API float dt_optim_lr(const dt_optim *o);
 DTRAIN_API const dt_optim_desc *dt_optim_get_desc(const dt_optim *o);
-/* State buffers for checkpoints: n_slots (0..2) buffers of dt_params_size floats. */
+/* State buffers for checkpoints: n_slots (0..2) buffers of dt_params_size floats.
+ * After dt_optim_step_graph on a device the state lives on the device:
+ * dt_optim_state then copies the slot to the host (a device -> host copy;
+ * NULL and dt_last_error() if that fails) and returns the host copy, which
+ * the caller may read (save) or overwrite (load); the next
+ * dt_optim_step_graph uploads the slots handed out before it updates. So a
+ * checkpoint (dt_checkpoint_save / dt_checkpoint_load) of a device run holds
+ * and restores the whole state. Do not mix dt_optim_step (host) into a
+ * device run: the host copy is not kept current between calls. */
 DTRAIN_API int dt_optim_state_slots(const dt_optim *o);
 DTRAIN_API float *dt_optim_state(dt_optim *o, int slot);
 
@@ -936,6 +944,13 @@ DTRAIN_EXTERN_C_END
  * Resuming: save with the params, the optimizer and the graph (dropout RNG)
  * and the data position; load them into a model built the same way (any seed)
  * and training continues bitwise as if it had never stopped.
+ * A device run (dt_device.h) checkpoints the same way: give the device graph
+ * as `graph`; save first copies its params from the device to the host
+ * params (dt_graph_params_download) and the optimizer's device state to its
+ * host copy (dt_optim_state); load writes the host params and state, then
+ * uploads the params to the graph (dt_graph_params_upload), and the next
+ * dt_optim_step_graph takes the state to the device. A device checkpoint
+ * resumes on the CPU too (and a CPU one on a device).
  *
  * Ownership: dt_checkpoint (from dt_checkpoint_open) owns the file's bytes and
  * every string it returns, until dt_checkpoint_close.
@@ -958,7 +973,8 @@ DTRAIN_EXTERN_C_BEGIN
 typedef struct dt_train_state {
   dt_params *params;   /* required: every parameter and buffer */
   dt_optim *optim;     /* optional: state slots and step count */
-  dt_graph *graph;     /* optional: the graph's RNG (dropout) */
+  dt_graph *graph;     /* optional: the graph's RNG (dropout); a device graph on
+                          `params` also has its params moved (see above) */
   int64_t step;        /* save: written when optim is NULL (else dt_optim_steps); load: set */
   int64_t epoch;       /* save: written; load: set */
   int64_t data_epoch;  /* data loader position (epoch, index): save: written; load: set */
@@ -2395,9 +2411,10 @@ DTRAIN_EXTERN_C_END
  *   - check_numerics on a device graph copies every op output to the host to
  *     check it (slow: for debugging).
  *
- * Ops that run on a device (everything else fails on a device graph with
- * DTRAIN_ERR_UNSUPPORTED naming the op and the device, before touching any
- * data -- never a silent host read of device memory):
+ * Ops that run on a device (an op without a device path would fail on a
+ * device graph with DTRAIN_ERR_UNSUPPORTED naming the op and the device,
+ * before touching any data -- never a silent host read of device memory;
+ * today every op of dtrain has one):
  *   dt_add, dt_sub, dt_mul, dt_div  (same shapes, or b broadcast over a's
  *                            leading dims, e.g. [N,C] + [C]; other broadcasts
  *                            are DTRAIN_ERR_UNSUPPORTED on a device)
@@ -2415,11 +2432,23 @@ DTRAIN_EXTERN_C_END
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
+ *   dt_permute (any rank), dt_concat, dt_slice, dt_split (strided copies),
+ *   dt_bmm (one strided-batched GEMM; b batched or 2-D shared, trans_b),
+ *   dt_causal_mask (check_numerics checks the kept entries on the host),
+ *   dt_batch_norm (training: batch statistics, the running mean/var updated
+ *   in place on the device as the CPU op does; eval: the running stats --
+ *   the running_var + eps > 0 check copies C floats to the host),
  *   dt_nn_linear_forward, dt_nn_conv2d_forward, dt_nn_embedding_forward,
- *   dt_nn_layer_norm_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
- *   dt_scalar, dt_item, dt_backward, dt_backward_grad.
+ *   dt_nn_layer_norm_forward, dt_nn_batch_norm_forward,
+ *   dt_nn_attention_forward, dt_nn_lstm_cell_forward, dt_nn_gru_cell_forward,
+ *   dt_detach, dt_param, dt_tensor_new/from/wrap, dt_scalar, dt_item,
+ *   dt_backward, dt_backward_grad.
  * Optimizers on a device (dt_optim_step_graph): SGD (momentum, Nesterov,
- * weight decay), Adam, AdamW, clip_norm. RMSprop: DTRAIN_ERR_UNSUPPORTED.
+ * weight decay), Adam, AdamW, RMSprop (momentum, weight decay), clip_norm.
+ * Their state lives on the device; dt_optim_state copies it to the host for
+ * checkpoints and dt_checkpoint_save/load with the device graph in the
+ * dt_train_state move the params too (see dt_io.h): a device run saves and
+ * resumes (on the device or on the CPU) without losing anything.
  *
  * ---- the backend interface --------------------------------------------------
  * A device is a table of functions filled by a backend (dtrain_cuda.h is the
@@ -2465,7 +2494,9 @@ typedef enum dt_kernel {
   DTRAIN_K_SQDIFF,       /* p0[i] = (p1[i] - p2[i])^2 */
   DTRAIN_K_MSE_BWD,      /* d = 2*p4[0]/n0 * (p2[i]-p3[i]); p0 += d, p1 -= d (either NULL) */
   /* C = alpha op(A) op(B) + beta C: p0 C [m,n], p1 A, p2 B; n0 m, n1 n, n2 k,
-   * n3 = trans_a | trans_b << 1; f0 alpha, f1 beta; packed (lda = cols). */
+   * n3 = trans_a | trans_b << 1; f0 alpha, f1 beta; packed (lda = cols).
+   * Batched when n4 > 1: n4 products, the i-th at p1 + i*n5, p2 + i*n6,
+   * p0 + i*n7 (strides in floats; n6 = 0 shares B). n4 0 or 1: one. */
   DTRAIN_K_GEMM,
   /* Softmax over an axis: rows r < n0 (outer*inner), n1 = axis length,
    * n2 = inner stride, n3 = 1 for log-softmax. Fwd: p0 y, p1 x. Bwd: p0 gx,
@@ -2520,6 +2551,34 @@ typedef enum dt_kernel {
    * n1 floats: EMBED p0[i*n1 + j] = p1[ids[i]*n1 + j]; EMBED_BWD (one
    * column j < n1, ids in order) p0[ids[i]*n1 + j] += p1[i*n1 + j]. */
   DTRAIN_K_EMBED, DTRAIN_K_EMBED_BWD,
+  /* Permute, i < n0 (the output's size): n1 rank (<= 6), n2..n7 the output
+   * shape, n8 the permutation packed 4 bits a dim (perm[d] at bits 4d: the
+   * output's dim d is the input's dim perm[d]). n9 = 0: p0 y[i] = p1
+   * x[off(i)]; n9 = 1 (backward): p0 gx[off(i)] += p1 gy[i]. */
+  DTRAIN_K_PERMUTE,
+  /* Strided rows (slice, split, concat): i < n0*n1, row o = i / n1, column
+   * c = i % n1: p0[o*n2 + c] = p1[o*n3 + c] (+= when n4 = 1); p0 and p1
+   * already offset to the first row's block. */
+  DTRAIN_K_COPY_ROWS,
+  /* Causal mask over n0 elements of [..., T, T] matrices, n1 T. n2 = 0: p0
+   * y[i] = col <= row ? p1 x[i] : -inf; n2 = 1: p0 gx[i] += p1 gy[i] where
+   * col <= row. */
+  DTRAIN_K_CAUSAL_MASK,
+  /* RMSprop over i < n0: p0 param, p1 grad, p2 square average, p3 momentum
+   * buffer or NULL; f0 lr, f1 weight decay, f2 alpha, f3 1 - alpha, f4
+   * momentum, f5 eps. Same float operations as the CPU. */
+  DTRAIN_K_RMSPROP,
+  /* Batch norm, x [n0 N, n1 C, n2 HW], p-stats = mean[C] then rstd[C].
+   * BN_STATS (per channel): p0 stats, p1 x, p2 running mean, p3 running var
+   * (both NULL: none); n3 = 1 batch statistics (the CPU's double sums; the
+   * running stats updated with f1 momentum, unbiased variance), n3 = 0 from
+   * the running stats; f0 eps.
+   * BN (per element): p0 y, p1 x, p2 stats, p3 gamma, p4 beta (either NULL).
+   * BN_BWD_CH (per channel): p0 ggamma +=, p1 gbeta += (either NULL), p2 gy,
+   * p3 x, p4 stats, p5 red: writes mean(gy)[C] then mean(gy * xhat)[C].
+   * BN_BWD (per element): p0 gx +=, p1 gy, p2 x, p3 stats, p4 gamma (or
+   * NULL), p5 red; n3 as in BN_STATS (0: gx += gy * gamma * rstd). */
+  DTRAIN_K_BN_STATS, DTRAIN_K_BN, DTRAIN_K_BN_BWD_CH, DTRAIN_K_BN_BWD,
   DTRAIN_K_COUNT
 } dt_kernel;
 
@@ -2861,6 +2920,16 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
 DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
 DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
 /* gx += gy over n elements (the backward of no-copy views). */
+DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm);
+DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
+                                        int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len);
+DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
+                                         const int64_t *shape, int64_t outer, int64_t inner, int ax);
+DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t);
+DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                                             dt_tensor *running_mean, dt_tensor *running_var, float momentum,
+                                             float eps, int64_t nb, int64_t c, int64_t hw, int batch);
 DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op);
 
 /* ---- params internals (dt_params.c) ------------------------------------------------ */
@@ -3954,7 +4023,9 @@ static const char *const dt__device_ops[] = {
   "dt_neg", "dt_exp", "dt_log", "dt_sqrt", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", "dt_nn_embedding_forward",
-  "dt_nn_layer_norm_forward", NULL
+  "dt_nn_layer_norm_forward", "dt_permute", "dt_concat", "dt_slice", "dt_split", "dt_bmm", "dt_causal_mask",
+  "dt_batch_norm", "dt_nn_batch_norm_forward", "dt_nn_attention_forward", "dt_nn_lstm_cell_forward",
+  "dt_nn_gru_cell_forward", NULL
 };
 
 DTRAIN_PRIVATE int dt__dev_op_ok(const char *op) {
@@ -4635,9 +4706,11 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const
 
 /* ---- GEMM-based: matmul (2-D), linear --------------------------------------------------------- */
 
-/* C [m,n] (+)= op(A) op(B), packed row-major. */
-static int dt__device_gemm(dt_graph *g, const char *op, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                           const float *A, const float *B, float beta, float *C) {
+/* `batch` products C_i [m,n] (+)= op(A_i) op(B_i), packed row-major, the
+ * i-th at A + i*sa, B + i*sb, C + i*sc. */
+static int dt__device_gemm_batched(dt_graph *g, const char *op, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                                   const float *A, int64_t sa, const float *B, int64_t sb, float beta, float *C,
+                                   int64_t sc, int64_t batch) {
   dt_kernel_args r;
   dt__device_args0(&r);
   r.p[0] = C;
@@ -4647,9 +4720,19 @@ static int dt__device_gemm(dt_graph *g, const char *op, int ta, int tb, int64_t 
   r.n[1] = n;
   r.n[2] = k;
   r.n[3] = ta | (tb << 1);
+  r.n[4] = batch;
+  r.n[5] = sa;
+  r.n[6] = sb;
+  r.n[7] = sc;
   r.f[0] = 1.0f;
   r.f[1] = beta;
   return dt__dev_run(g, op, DTRAIN_K_GEMM, &r);
+}
+
+/* C [m,n] (+)= op(A) op(B), packed row-major. */
+static int dt__device_gemm(dt_graph *g, const char *op, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                           const float *A, const float *B, float beta, float *C) {
+  return dt__device_gemm_batched(g, op, ta, tb, m, n, k, A, 0, B, 0, beta, C, 0, 1);
 }
 
 static void dt__device_matmul_backward(dt_graph *g, dt_tensor *y) {
@@ -4991,6 +5074,290 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, in
   r.p[1] = x->data;
   if (!dt__dev_run(g, op, is_max ? DTRAIN_K_MAXPOOL : DTRAIN_K_AVGPOOL, &r)) return NULL;
   dt__record(g, y, op, dt__device_pool_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- batched matmul: one strided-batched GEMM per product --------------------------------
+ * y's iaux is dt_ops_matmul.c's layout: 0 batch, 1 M, 2 K, 3 N, 4 trans_b,
+ * 5 shared (b 2-D: the batch folds into the rows, one GEMM). The products
+ * and their backward are the CPU's, with the batch as one GEMM call. */
+
+static void dt__device_bmm_dims(const dt_tensor *y, int64_t *nb, int64_t *m) {
+  int shared = (int)y->iaux[5];
+  *nb = shared ? 1 : y->iaux[0];
+  *m = shared ? y->iaux[0] * y->iaux[1] : y->iaux[1];
+}
+
+static void dt__device_bmm_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *a = y->src[0], *b = y->src[1];
+  float *ga = dt__grad(g, a), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  int64_t nb, m, k = y->iaux[2], n = y->iaux[3];
+  int trans_b = (int)y->iaux[4], shared = (int)y->iaux[5];
+  dt__device_bmm_dims(y, &nb, &m);
+  int64_t sa = m * k, sb = shared ? 0 : k * n, sc = m * n;
+  if (ga) { /* dA += dC @ op(B)^T */
+    if (!dt__device_gemm_batched(g, y->op, 0, trans_b ? 0 : 1, m, k, n, y->grad, sc, b->data, sb, 1.0f, ga, sa, nb))
+      return;
+  }
+  if (gb) { /* dB += A^T @ dC, or dB^T += dC^T @ A when B is used transposed */
+    if (trans_b) dt__device_gemm_batched(g, y->op, 1, 0, n, k, m, y->grad, sc, a->data, sa, 1.0f, gb, sb, nb);
+    else dt__device_gemm_batched(g, y->op, 1, 0, k, n, m, a->data, sa, y->grad, sc, 1.0f, gb, sb, nb);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, dt_tensor *b, const char *op) {
+  int64_t nb, m, k = y->iaux[2], n = y->iaux[3];
+  int trans_b = (int)y->iaux[4], shared = (int)y->iaux[5];
+  dt__device_bmm_dims(y, &nb, &m);
+  if (!dt__device_gemm_batched(g, op, 0, trans_b, m, n, k, a->data, m * k, b->data, shared ? 0 : k * n, 0.0f, y->data,
+                               m * n, nb))
+    return NULL;
+  dt__record(g, y, op, dt__device_bmm_backward, a, b, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- permute: one gather kernel (and its scatter-add backward) --------------------------------
+ * iaux[0..ndim): the permutation, as the CPU op keeps it. */
+
+static void dt__device_permute_args(dt_kernel_args *r, const dt_tensor *y) {
+  dt__device_args0(r);
+  r->n[0] = y->size;
+  r->n[1] = y->ndim;
+  int64_t packed = 0;
+  for (int d = 0; d < y->ndim; d++) {
+    r->n[2 + d] = y->shape[d];
+    packed |= y->iaux[d] << (4 * d);
+  }
+  r->n[8] = packed;
+}
+
+static void dt__device_permute_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_permute_args(&r, y);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.n[9] = 1;
+  dt__dev_run(g, y->op, DTRAIN_K_PERMUTE, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm) {
+  const char *op = "dt_permute";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  for (int d = 0; d < ndim; d++) y->iaux[d] = perm[d];
+  dt_kernel_args r;
+  dt__device_permute_args(&r, y);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  if (!dt__dev_run(g, op, DTRAIN_K_PERMUTE, &r)) return NULL;
+  dt__record(g, y, op, dt__device_permute_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- slice / split / concat: strided row copies --------------------------------------------- */
+
+static int dt__device_copy_rows(dt_graph *g, const char *op, float *dst, const float *src, int64_t rows, int64_t chunk,
+                                int64_t dst_stride, int64_t src_stride, int acc) {
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = dst;
+  r.p[1] = (float *)(uintptr_t)src;
+  r.n[0] = rows;
+  r.n[1] = chunk;
+  r.n[2] = dst_stride;
+  r.n[3] = src_stride;
+  r.n[4] = acc;
+  return dt__dev_run(g, op, DTRAIN_K_COPY_ROWS, &r);
+}
+
+/* iaux as the CPU op: 0 outer, 1 dim, 2 inner, 3 start, 4 len. */
+static void dt__device_slice_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  int64_t outer = y->iaux[0], dim = y->iaux[1], inner = y->iaux[2], start = y->iaux[3], len = y->iaux[4];
+  dt__device_copy_rows(g, y->op, gx + start * inner, y->grad, outer, len * inner, dim * inner, len * inner, 1);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
+                                        int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len) {
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  if (!dt__device_copy_rows(g, op, y->data, x->data + start * inner, outer, len * inner, len * inner, dim * inner, 0))
+    return NULL;
+  y->iaux[0] = outer;
+  y->iaux[1] = dim;
+  y->iaux[2] = inner;
+  y->iaux[3] = start;
+  y->iaux[4] = len;
+  dt__record(g, y, op, dt__device_slice_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* aux: the n inputs (host arena); iaux 0 n, 1 outer, 2 inner (the CPU op's layout). */
+static void dt__device_concat_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *const *xs = (dt_tensor *const *)y->aux;
+  int n = (int)y->iaux[0];
+  int64_t outer = y->iaux[1], row = y->size / outer, base = 0;
+  for (int j = 0; j < n; j++) {
+    dt_tensor *x = xs[j];
+    int64_t chunk = x->size / outer;
+    float *gx = dt__grad(g, x);
+    if (g->err != DTRAIN_OK) return;
+    if (gx && !dt__device_copy_rows(g, y->op, gx, y->grad + base, outer, chunk, chunk, row, 1)) return;
+    base += chunk;
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
+                                         const int64_t *shape, int64_t outer, int64_t inner, int ax) {
+  const char *op = "dt_concat";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  int64_t row = shape[ax] * inner, base = 0;
+  dt_tensor *first_rg = NULL;
+  for (int j = 0; j < n; j++) {
+    dt_tensor *x = xs[j];
+    int64_t chunk = x->shape[ax] * inner;
+    if (!dt__device_copy_rows(g, op, y->data + base, x->data, outer, chunk, row, chunk, 0)) return NULL;
+    base += chunk;
+    list[j] = x;
+    if (!first_rg && (x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) first_rg = x;
+  }
+  y->aux = list;
+  y->iaux[0] = n;
+  y->iaux[1] = outer;
+  y->iaux[2] = inner;
+  dt__record(g, y, op, dt__device_concat_backward, first_rg ? first_rg : list[0], NULL, NULL);
+  for (int j = 0; j < 4; j++) y->src[j] = j < n ? list[j] : NULL;
+  return dt__finish(g, y);
+}
+
+/* ---- causal mask ---------------------------------------------------------------------------- */
+
+static void dt__device_causal_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.n[0] = y->size;
+  r.n[1] = y->shape[y->ndim - 1];
+  r.n[2] = 1;
+  dt__dev_run(g, y->op, DTRAIN_K_CAUSAL_MASK, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t) {
+  const char *op = "dt_causal_mask";
+  dt_tensor *y = dt__new_like(g, op, x);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = y->size;
+  r.n[1] = t;
+  if (!dt__dev_run(g, op, DTRAIN_K_CAUSAL_MASK, &r)) return NULL;
+  dt__record(g, y, op, dt__device_causal_backward, x, NULL, NULL);
+  if (g->err != DTRAIN_OK) return NULL;
+  if (!g->check_numerics) return y;
+  /* The -inf entries are intended: check only the kept ones, on the host. */
+  size_t bytes = (size_t)y->size * sizeof(float);
+  float *h = (float *)dt__alloc(bytes);
+  if (!h) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "%s: check_numerics: out of host memory", op);
+  dt_tensor *res = y;
+  if (!dt__dev_copy(g, op, h, y->data, bytes, DTRAIN_COPY_D2H)) {
+    res = NULL;
+  } else {
+    for (int64_t i = 0; i < y->size && res; i++) {
+      if (i % t > (i / t) % t || isfinite(h[i])) continue;
+      char sb[96];
+      dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: output %s has %s at element %lld", op, dt_shape_str(y, sb, sizeof sb),
+               isnan(h[i]) ? "NaN" : "Inf", (long long)i);
+      res = NULL;
+    }
+  }
+  dt__free(h, bytes);
+  return res;
+}
+
+/* ---- batch norm ------------------------------------------------------------------------------
+ * aux: the device stats [mean[C], rstd[C]]; iaux as the CPU op: 0 N, 1 C, 2 hw,
+ * 3 batch statistics used. */
+
+static void dt__device_bn_args(dt_kernel_args *r, const dt_tensor *y) {
+  dt__device_args0(r);
+  r->n[0] = y->iaux[0];
+  r->n[1] = y->iaux[1];
+  r->n[2] = y->iaux[2];
+  r->n[3] = y->iaux[3];
+}
+
+static void dt__device_bn_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *gamma = y->src[1], *beta = y->src[2];
+  float *gx = dt__grad(g, x), *gg = dt__grad(g, gamma), *gb = dt__grad(g, beta);
+  if (g->err != DTRAIN_OK) return;
+  float *red = dt__arena_floats(g, 2 * y->iaux[1]);
+  if (!red) return;
+  dt_kernel_args r;
+  dt__device_bn_args(&r, y);
+  r.p[0] = gg;
+  r.p[1] = gb;
+  r.p[2] = y->grad;
+  r.p[3] = x->data;
+  r.p[4] = (float *)y->aux;
+  r.p[5] = red;
+  if (!dt__dev_run(g, y->op, DTRAIN_K_BN_BWD_CH, &r) || !gx) return;
+  dt__device_bn_args(&r, y);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = x->data;
+  r.p[3] = (float *)y->aux;
+  r.p[4] = gamma ? gamma->data : NULL;
+  r.p[5] = red;
+  dt__dev_run(g, y->op, DTRAIN_K_BN_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                                             dt_tensor *running_mean, dt_tensor *running_var, float momentum,
+                                             float eps, int64_t nb, int64_t c, int64_t hw, int batch) {
+  const char *op = "dt_batch_norm";
+  if (!batch) { /* the CPU op's check of the running variance: c floats come to the host */
+    float *h = (float *)dt__arena_alloc(g, (size_t)c * sizeof(float));
+    if (!h || !dt__dev_copy(g, op, h, running_var->data, (size_t)c * sizeof(float), DTRAIN_COPY_D2H)) return NULL;
+    for (int64_t ch = 0; ch < c; ch++)
+      if (!(h[ch] + eps > 0.0f))
+        return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: running_var[%lld] + eps is %g (must be > 0)", op,
+                                     (long long)ch, (double)(h[ch] + eps));
+  }
+  float *stats = dt__arena_floats(g, 2 * c);
+  dt_tensor *y = stats ? dt__new_like(g, op, x) : NULL;
+  if (!y) return NULL;
+  y->aux = stats;
+  y->iaux[0] = nb;
+  y->iaux[1] = c;
+  y->iaux[2] = hw;
+  y->iaux[3] = batch;
+  dt_kernel_args r;
+  dt__device_bn_args(&r, y);
+  r.p[0] = stats;
+  r.p[1] = x->data;
+  r.p[2] = running_mean ? running_mean->data : NULL;
+  r.p[3] = running_var ? running_var->data : NULL;
+  r.f[0] = eps;
+  r.f[1] = momentum;
+  if (!dt__dev_run(g, op, DTRAIN_K_BN_STATS, &r)) return NULL;
+  dt__device_bn_args(&r, y);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.p[2] = stats;
+  r.p[3] = gamma ? gamma->data : NULL;
+  r.p[4] = beta ? beta->data : NULL;
+  if (!dt__dev_run(g, op, DTRAIN_K_BN, &r)) return NULL;
+  dt__record(g, y, op, dt__device_bn_backward, x, gamma, beta);
   return dt__finish(g, y);
 }
 
@@ -6704,6 +7071,7 @@ DTRAIN_API dt_tensor *dt_permute(dt_graph *g, dt_tensor *x, const int *perm) {
                                  pb, nd, dt_shape_str(x, sb, sizeof sb));
   }
   for (int d = 0; d < nd; d++) s[d] = x->shape[p[d]];
+  if (g->device) return dt__dev_permute(g, x, nd, s, p);
   dt_tensor *y = dt__new(g, "dt_permute", nd, s);
   if (!y) return NULL;
   for (int d = 0; d < nd; d++) y->iaux[d] = p[d];
@@ -6772,9 +7140,10 @@ DTRAIN_API dt_tensor *dt_concat(dt_graph *g, dt_tensor *const *xs, int n, int ax
   s[ax] = cat;
   dt_tensor **list = (dt_tensor **)dt__arena_alloc(g, (size_t)n * sizeof(dt_tensor *));
   if (!list) return NULL;
+  int64_t outer = dt__shape_prod(s, 0, ax), inner = dt__shape_prod(s, ax + 1, nd);
+  if (g->device) return dt__dev_concat(g, xs, n, list, nd, s, outer, inner, ax);
   dt_tensor *y = dt__new(g, "dt_concat", nd, s);
   if (!y) return NULL;
-  int64_t outer = dt__shape_prod(s, 0, ax), inner = dt__shape_prod(s, ax + 1, nd);
   int64_t row = cat * inner, base = 0;
   dt_tensor *first_rg = NULL;
   for (int j = 0; j < n; j++) {
@@ -6828,9 +7197,10 @@ static dt_tensor *dt__shape_slice(dt_graph *g, dt_tensor *x, int axis, int64_t s
   int64_t s[DTRAIN_MAX_DIMS] = {0};
   for (int d = 0; d < x->ndim; d++) s[d] = x->shape[d];
   s[ax] = len;
+  int64_t outer = dt__shape_prod(x->shape, 0, ax), inner = dt__shape_prod(x->shape, ax + 1, x->ndim);
+  if (g->device) return dt__dev_slice(g, x, op, x->ndim, s, outer, dim, inner, start, len);
   dt_tensor *y = dt__new(g, op, x->ndim, s);
   if (!y) return NULL;
-  int64_t outer = dt__shape_prod(x->shape, 0, ax), inner = dt__shape_prod(x->shape, ax + 1, x->ndim);
   int64_t chunk = len * inner;
   for (int64_t o = 0; o < outer; o++)
     memcpy(y->data + o * chunk, x->data + (o * dim + start) * inner, (size_t)chunk * sizeof(float));
@@ -6973,6 +7343,7 @@ static dt_tensor *dt__matmul(dt_graph *g, const char *op, dt_tensor *a, dt_tenso
   y->iaux[DT__MM_N] = n;
   y->iaux[DT__MM_TRANS_B] = trans_b;
   y->iaux[DT__MM_SHARED] = shared;
+  if (g->device) return dt__dev_bmm(g, y, a, b, op);
   int64_t gemms, rows;
   dt__matmul_dims(y, &gemms, &rows);
   int64_t sa = rows * k, sb = shared ? 0 : k * n, sc = rows * n;
@@ -7527,6 +7898,8 @@ DTRAIN_API dt_tensor *dt_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma,
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG,
                                  "%s: batch statistics need more than 1 value per channel (input %s)", op,
                                  dt_shape_str(x, sb, sizeof sb));
+  if (g->device)
+    return dt__dev_batch_norm(g, x, gamma, beta, running_mean, running_var, momentum, eps, nb, c, hw, batch);
   if (!batch) {
     for (int64_t ch = 0; ch < c; ch++)
       if (!(running_var->data[ch] + eps > 0.0f))
@@ -7607,6 +7980,7 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
   if (x->shape[x->ndim - 2] != t)
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: last two dims must be equal [...,T,T], got %s", op,
                                  dt_shape_str(x, sb, sizeof sb));
+  if (g->device) return dt__dev_causal_mask(g, x, t);
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   int64_t mats = x->size / (t * t);
@@ -9141,6 +9515,8 @@ struct dt_optim {
   dt_device *dev;
   float *dstate[2];
   float *dscratch;      /* one float: the sum of squares for clipping */
+  unsigned host_mirror; /* bit s: dt_optim_state(s) handed out the host copy of a
+                           device slot; it goes back up before the next device step */
 };
 
 /* ---- learning-rate schedules ------------------------------------------------------ */
@@ -9567,19 +9943,29 @@ static dt_result dt__optim_dev_state(dt_optim *o, dt_device *d) {
   if (o->dev && o->dev != d)
     return dt__error(DTRAIN_ERR_STATE, "%s: the optimizer's state lives on device %s, not %s", fn, o->dev->name,
                      d->name);
-  if (o->dev) return DTRAIN_OK;
   size_t bytes = o->size * sizeof(float);
+  dt_result r = DTRAIN_OK;
+  if (o->dev) { /* the host copies dt_optim_state handed out (a checkpoint saved or loaded) go back up */
+    for (int s = 0; r == DTRAIN_OK && s < o->nslots; s++)
+      if (o->host_mirror & (1u << s)) r = d->copy(d, o->dstate[s], o->state[s], bytes, DTRAIN_COPY_H2D);
+    if (r != DTRAIN_OK) return dt__error(r, "%s: optimizer state to device %s: %s", fn, d->name, dt_last_error());
+    o->host_mirror = 0;
+    return DTRAIN_OK;
+  }
+  /* First step on a device: the state starts as the host state (zeros, or
+   * what a checkpoint loaded through dt_optim_state). */
   o->dev = d;
   void *p = NULL;
-  dt_result r = d->alloc(d, sizeof(float), &p);
+  r = d->alloc(d, sizeof(float), &p);
   o->dscratch = (float *)p;
   for (int s = 0; r == DTRAIN_OK && s < o->nslots; s++) {
     p = NULL;
     r = d->alloc(d, bytes, &p);
     o->dstate[s] = (float *)p;
-    if (r == DTRAIN_OK) r = d->zero(d, p, bytes);
+    if (r == DTRAIN_OK) r = d->copy(d, p, o->state[s], bytes, DTRAIN_COPY_H2D);
   }
   if (r != DTRAIN_OK) return dt__error(r, "%s: optimizer state on device %s: %s", fn, d->name, dt_last_error());
+  o->host_mirror = 0;
   return DTRAIN_OK;
 }
 
@@ -9587,7 +9973,8 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
   const char *fn = "dt_optim_step_graph";
   dt_result r = dt__optim_check_layout(o, fn);
   if (r != DTRAIN_OK) return r;
-  if (o->desc.kind != DTRAIN_OPTIM_SGD && o->desc.kind != DTRAIN_OPTIM_ADAM && o->desc.kind != DTRAIN_OPTIM_ADAMW)
+  if (o->desc.kind != DTRAIN_OPTIM_SGD && o->desc.kind != DTRAIN_OPTIM_ADAM && o->desc.kind != DTRAIN_OPTIM_ADAMW &&
+      o->desc.kind != DTRAIN_OPTIM_RMSPROP)
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: this optimizer kind (%d) has no kernel on device %s", fn,
                      (int)o->desc.kind, d->name);
   r = dt__optim_dev_state(o, d);
@@ -9644,6 +10031,14 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
       a.f[2] = o->desc.momentum;
       a.n[1] = o->desc.nesterov;
       r = dt__optim_dev_run(o, DTRAIN_K_SGD, &a);
+    } else if (o->desc.kind == DTRAIN_OPTIM_RMSPROP) { /* the scalars as dt__optim_rmsprop has them */
+      a.f[0] = lr;
+      a.f[1] = wd;
+      a.f[2] = o->desc.alpha;
+      a.f[3] = (float)(1.0 - (double)o->desc.alpha);
+      a.f[4] = o->desc.momentum;
+      a.f[5] = o->desc.eps;
+      r = dt__optim_dev_run(o, DTRAIN_K_RMSPROP, &a);
     } else {
       a.f[0] = (float)((double)lr / bc1);
       a.f[1] = wd;
@@ -9703,6 +10098,14 @@ DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
   if (slot < 0 || slot >= o->nslots) {
     dt__error(DTRAIN_ERR_INDEX, "dt_optim_state: slot %d out of range (%d slots)", slot, o->nslots);
     return NULL;
+  }
+  if (o->dev && !(o->host_mirror & (1u << slot))) { /* the state lives on a device: bring it to the host copy */
+    dt_result r = o->dev->copy(o->dev, o->state[slot], o->dstate[slot], o->size * sizeof(float), DTRAIN_COPY_D2H);
+    if (r != DTRAIN_OK) {
+      dt__error(r, "dt_optim_state: slot %d from device %s: %s", slot, o->dev->name, dt_last_error());
+      return NULL;
+    }
+    o->host_mirror |= 1u << slot;
   }
   return o->state[slot];
 }
@@ -11284,6 +11687,21 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
     r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory");
     goto done;
   }
+  /* A device run: the device's params and optimizer state come to the host
+   * first (dt_optim_state copies a device slot to its host copy). */
+  if (st->graph && st->graph->device && st->graph->params == p) {
+    r = dt_graph_params_download(st->graph);
+    if (r != DTRAIN_OK) {
+      r = dt__io_err(&ctx, r, "%s", dt_last_error());
+      goto done;
+    }
+  }
+  for (int s = 0; s < nslots; s++) {
+    if (!dt_optim_state(o, s)) {
+      r = dt__io_err(&ctx, dt_last_result(), "%s", dt_last_error());
+      goto done;
+    }
+  }
   /* Tensors: parameters and buffers, then optimizer slots. */
   for (int s = -1; s < nslots; s++) {
     const float *base = s < 0 ? data : dt_optim_state(o, s);
@@ -11641,8 +12059,17 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
   }
   r = dt__io_match(c, &ctx, p, o, entry_of, slot_entry);
   if (r != DTRAIN_OK) goto done;
+  /* An optimizer stepped on a device: its host copies, fetched now (the one
+   * step that can fail), are what the commit overwrites; the next
+   * dt_optim_step_graph takes them back to the device. */
+  for (int s = 0; s < nslots; s++) {
+    if (!dt_optim_state(o, s)) {
+      r = dt__io_err(&ctx, dt_last_result(), "%s", dt_last_error());
+      goto done;
+    }
+  }
 
-  /* Commit: nothing below can fail. */
+  /* Commit: nothing below can fail (but the upload to a device graph after it). */
   {
     float *data = dt_params_data(p);
     for (int i = 0; i < np; i++) {
@@ -11670,6 +12097,11 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
       st->data_epoch = data_epoch;
       st->data_index = data_index;
     }
+  }
+  /* A device graph on these params gets the loaded values (its gradient zeroed). */
+  if (full && st->graph && st->graph->device && st->graph->params == p) {
+    r = dt_graph_params_upload(st->graph);
+    if (r != DTRAIN_OK) r = dt__io_err(&ctx, r, "the params were loaded on the host: %s", dt_last_error());
   }
 done:
   dt__free(entry_of, nent * sizeof(int));

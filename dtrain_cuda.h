@@ -39,17 +39,19 @@
  * Kernels (dt_kernel in dt_device.h), all with forward and backward:
  * add/sub/mul/div (+ row broadcast), the scalar ops (add/mul/rsub/pow),
  * neg, exp, log, sqrt, relu, leaky_relu, gelu, sigmoid, tanh,
- * sum/mean (all, or over one axis), transpose (last two dims), dropout (mask
+ * sum/mean (all, or over one axis), transpose (last two dims), permute (a
+ * gather, any rank), concat/slice/split (strided row copies), dropout (mask
  * drawn on the host from the graph RNG, as the CPU op: same seed, same
- * result), layer_norm, embedding, softmax/log_softmax, cross_entropy, mse,
- * GEMM through cuBLAS (matmul, linear), conv2d (im2col + cuBLAS per image,
- * col2im gather), max/avg pooling; SGD (momentum, Nesterov, weight decay),
- * Adam/AdamW, clipping (sum of squares, scale).
+ * result), layer_norm, batch_norm (batch or running statistics; running
+ * mean/var updated on the device), causal_mask, embedding,
+ * softmax/log_softmax, cross_entropy, mse, GEMM through cuBLAS (matmul,
+ * linear; bmm as one cublasSgemmStridedBatched), conv2d (im2col + cuBLAS per
+ * image, col2im gather), max/avg pooling; so also the attention, LSTM-cell
+ * and GRU-cell modules; SGD (momentum, Nesterov, weight decay), Adam/AdamW,
+ * RMSprop, clipping (sum of squares, scale). Checkpoints of a device run
+ * hold the optimizer's device state (see dt_optim_state, dt_io.h).
  * log, sqrt and non-integer powers check their domain on the device (a 0/1
  * map summed, one float read back), failing as the CPU op does.
- * Not yet: batch norm, attention/causal_mask, bmm, concat/slice/split/
- * permute, RMSprop -- those fail on a CUDA graph with DTRAIN_ERR_UNSUPPORTED
- * naming the op and the device.
  * Several GPUs: dt_strategy_desc.devices puts one replica on each GPU
  * (one_device, mirrored, multi_worker_mirrored: see "Devices" in
  * dt_strategy.h); the gradients are all-reduced on the GPUs by
@@ -57,17 +59,17 @@
  * access enabled at dt_cuda_device_create where the GPUs allow it) and the
  * accumulate kernel, or, compiled with -DDTRAIN_USE_NCCL (link -lnccl),
  * ncclAllReduce (and ncclBroadcast for the parameters) in group calls over
- * communicators from ncclCommInitAll; NCCL errors carry ncclGetErrorString. GPU replicas join the TCP/MPI
- * multi-worker all-reduce through host memory (device -> host -> the
- * cross-process ring -> device). Like the rest of this backend, the
- * multi-GPU path is NOT YET RUN ON GPUs: it is tested on the host emulation
- * (several emulated devices, tests/test_cuda_strategy.cc) and compiled with
- * nvcc (with and without NCCL); tests/test_cuda.cu checks mirrored over
- * every GPU against the CPU where there are two or more.
+ * communicators from ncclCommInitAll; NCCL errors carry ncclGetErrorString.
+ * GPU replicas join the TCP/MPI multi-worker all-reduce through host memory
+ * (device -> host -> the cross-process ring -> device). Like the rest of
+ * this backend, the multi-GPU path is NOT YET RUN ON GPUs: it is tested on
+ * the host emulation (several emulated devices, tests/test_cuda_strategy.cc)
+ * and compiled with nvcc (with and without NCCL); tests/test_cuda.cu checks
+ * mirrored over every GPU against the CPU where there are two or more.
  * examples/02_fashion_mnist --device cuda trains through the strategy
  * (one_device, mirrored over every GPU or --replicas N, multi_worker_mirrored).
- * Not yet: optimizer state of a device run in checkpoints. Not tuned: sums are one-block reductions,
- * softmax / cross entropy use one thread per row, conv runs one cuBLAS call
+ * Not tuned: sums are one-block reductions, softmax / cross entropy / layer
+ * and batch norm use one thread per row or channel, conv runs one cuBLAS call
  * per image; nvcc's default architecture is used (PTX JIT-compiled on newer
  * GPUs; set NVCCFLAGS, e.g. -arch=sm_90).
  *
@@ -515,6 +517,131 @@ DT__CU_HD inline void dt__cu_avgpool_bwd_at(int64_t i, const dt_kernel_args &a) 
   a.p[0][i] = acc;
 }
 
+/* Permute: one output element; the input's shape and strides rebuilt from
+ * the output shape and the packed permutation (n1 <= 6 dims). */
+DT__CU_HD inline void dt__cu_permute_at(int64_t i, const dt_kernel_args &a) {
+  const int nd = (int)a.n[1];
+  int64_t xs[6], st[6];
+  int pm[6];
+  for (int d = 0; d < nd; d++) {
+    pm[d] = (int)((a.n[8] >> (4 * d)) & 15);
+    xs[pm[d]] = a.n[2 + d];
+  }
+  int64_t s = 1;
+  for (int d = nd - 1; d >= 0; d--) {
+    st[d] = s;
+    s *= xs[d];
+  }
+  int64_t rem = i, off = 0;
+  for (int d = nd - 1; d >= 0; d--) {
+    const int64_t yd = a.n[2 + d];
+    off += (rem % yd) * st[pm[d]];
+    rem /= yd;
+  }
+  if (a.n[9]) a.p[0][off] += a.p[1][i];
+  else a.p[0][i] = a.p[1][off];
+}
+/* Strided rows: slice / split / concat forward (=) and backward (+=). */
+DT__CU_HD inline void dt__cu_copy_rows_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t o = i / a.n[1], c = i % a.n[1];
+  if (a.n[4]) a.p[0][o * a.n[2] + c] += a.p[1][o * a.n[3] + c];
+  else a.p[0][o * a.n[2] + c] = a.p[1][o * a.n[3] + c];
+}
+DT__CU_HD inline void dt__cu_causal_mask_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t t = a.n[1], col = i % t, row = (i / t) % t;
+  if (a.n[2]) {
+    if (col <= row) a.p[0][i] += a.p[1][i];
+  } else {
+    a.p[0][i] = col <= row ? a.p[1][i] : -INFINITY;
+  }
+}
+DT__CU_HD inline void dt__cu_rmsprop_at(int64_t i, const dt_kernel_args &a) {
+  float *p = a.p[0], *sq = a.p[2], *buf = a.p[3];
+  const float lr = a.f[0], wd = a.f[1], alpha = a.f[2], w = a.f[3], mom = a.f[4], eps = a.f[5];
+  float d = a.p[1][i];
+  if (wd != 0.0f) d = d + wd * p[i];
+  sq[i] = sq[i] * alpha + w * d * d;
+  float avg = sqrtf(sq[i]) + eps;
+  if (buf) {
+    buf[i] = buf[i] * mom + d / avg;
+    p[i] = p[i] - lr * buf[i];
+  } else {
+    p[i] = p[i] - lr * (d / avg);
+  }
+}
+/* Batch norm (x [N, C, HW]): per channel statistics and gradient sums in
+ * the CPU's order (double sums over images then positions), per element
+ * normalisation and input gradient with the CPU's float expressions. */
+DT__CU_HD inline void dt__cu_bn_stats_at(int64_t ch, const dt_kernel_args &a) {
+  const int64_t nb = a.n[0], c = a.n[1], hw = a.n[2], m = nb * hw;
+  const float *xd = a.p[1];
+  float *rm = a.p[2], *rv = a.p[3];
+  float mu, rs;
+  if (a.n[3]) {
+    double s = 0.0, v = 0.0;
+    for (int64_t n = 0; n < nb; n++) {
+      const float *p = xd + (n * c + ch) * hw;
+      for (int64_t t = 0; t < hw; t++) s += (double)p[t];
+    }
+    double dmu = s / (double)m;
+    for (int64_t n = 0; n < nb; n++) {
+      const float *p = xd + (n * c + ch) * hw;
+      for (int64_t t = 0; t < hw; t++) {
+        double e = (double)p[t] - dmu;
+        v += e * e;
+      }
+    }
+    mu = (float)dmu;
+    rs = (float)(1.0 / sqrt(v / (double)m + (double)a.f[0]));
+    if (rm && rv) {
+      double mom = (double)a.f[1];
+      rm[ch] = (float)((1.0 - mom) * (double)rm[ch] + mom * dmu);
+      rv[ch] = (float)((1.0 - mom) * (double)rv[ch] + mom * v / (double)(m - 1));
+    }
+  } else {
+    mu = rm[ch];
+    rs = (float)(1.0 / sqrt((double)rv[ch] + (double)a.f[0]));
+  }
+  a.p[0][ch] = mu;
+  a.p[0][c + ch] = rs;
+}
+DT__CU_HD inline void dt__cu_bn_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t c = a.n[1], hw = a.n[2], ch = (i / hw) % c;
+  const float mu = a.p[2][ch], rs = a.p[2][c + ch];
+  const float gam = a.p[3] ? a.p[3][ch] : 1.0f, bet = a.p[4] ? a.p[4][ch] : 0.0f;
+  a.p[0][i] = (a.p[1][i] - mu) * rs * gam + bet;
+}
+DT__CU_HD inline void dt__cu_bn_bwd_ch_at(int64_t ch, const dt_kernel_args &a) {
+  const int64_t nb = a.n[0], c = a.n[1], hw = a.n[2];
+  const double m = (double)(nb * hw);
+  const float *go = a.p[2], *xd = a.p[3];
+  const float mu = a.p[4][ch], rs = a.p[4][c + ch];
+  double sg = 0.0, sgx = 0.0;
+  for (int64_t n = 0; n < nb; n++) {
+    const int64_t base = (n * c + ch) * hw;
+    for (int64_t s = 0; s < hw; s++) {
+      sg += (double)go[base + s];
+      sgx += (double)go[base + s] * (double)((xd[base + s] - mu) * rs);
+    }
+  }
+  if (a.p[0]) a.p[0][ch] += (float)sgx;
+  if (a.p[1]) a.p[1][ch] += (float)sg;
+  a.p[5][ch] = (float)(sg / m);
+  a.p[5][c + ch] = (float)(sgx / m);
+}
+DT__CU_HD inline void dt__cu_bn_bwd_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t c = a.n[1], hw = a.n[2], ch = (i / hw) % c;
+  const float mu = a.p[3][ch], rs = a.p[3][c + ch], gam = a.p[4] ? a.p[4][ch] : 1.0f;
+  const float k = gam * rs, go = a.p[1][i];
+  if (!a.n[3]) {
+    a.p[0][i] += go * k;
+    return;
+  }
+  const float m1 = a.p[5][ch], m2 = a.p[5][c + ch];
+  float xh = (a.p[2][i] - mu) * rs;
+  a.p[0][i] += k * (go - m1 - xh * m2);
+}
+
 /* GEMM: dtrain is row-major, cuBLAS column-major. Row-major C = op(A) op(B)
  * is column-major C^T = op(B)^T op(A)^T: swap the operands and m/n, keep the
  * transpose flags. This mapping is the part the host emulation checks. */
@@ -525,6 +652,8 @@ typedef struct dt__cu_gemm {
   const float *A, *B;  /* first, second operand (column-major) */
   int64_t lda, ldb, ldc;
   float *C;
+  int64_t batch;                  /* >= 1 products */
+  int64_t stride_a, stride_b, stride_c; /* between products, in floats */
 } dt__cu_gemm;
 
 static inline dt__cu_gemm dt__cu_gemm_map(const dt_kernel_args &a) {
@@ -544,6 +673,10 @@ static inline dt__cu_gemm dt__cu_gemm_map(const dt_kernel_args &a) {
   g.ldb = row_ta ? M : K;
   g.C = a.p[0];
   g.ldc = N;
+  g.batch = a.n[4] > 1 ? a.n[4] : 1;
+  g.stride_a = a.n[6]; /* the first column-major operand is row-major B */
+  g.stride_b = a.n[5];
+  g.stride_c = a.n[7];
   return g;
 }
 
@@ -605,6 +738,16 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_LAYER_NORM_BWD_PARAMS: return l.template each<dt__cu_layer_norm_bwd_params_at>(a.n[1], a);
     case DTRAIN_K_EMBED: return l.template each<dt__cu_embed_at>(a.n[0] * a.n[1], a);
     case DTRAIN_K_EMBED_BWD: return l.template each<dt__cu_embed_bwd_at>(a.n[1], a);
+    case DTRAIN_K_PERMUTE:
+      if (a.n[1] < 0 || a.n[1] > 6) break; /* more dims than the kernel holds: refused below */
+      return l.template each<dt__cu_permute_at>(a.n[0], a);
+    case DTRAIN_K_COPY_ROWS: return l.template each<dt__cu_copy_rows_at>(a.n[0] * a.n[1], a);
+    case DTRAIN_K_CAUSAL_MASK: return l.template each<dt__cu_causal_mask_at>(a.n[0], a);
+    case DTRAIN_K_RMSPROP: return l.template each<dt__cu_rmsprop_at>(a.n[0], a);
+    case DTRAIN_K_BN_STATS: return l.template each<dt__cu_bn_stats_at>(a.n[1], a);
+    case DTRAIN_K_BN: return l.template each<dt__cu_bn_at>(a.n[0] * a.n[1] * a.n[2], a);
+    case DTRAIN_K_BN_BWD_CH: return l.template each<dt__cu_bn_bwd_ch_at>(a.n[1], a);
+    case DTRAIN_K_BN_BWD: return l.template each<dt__cu_bn_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_COUNT:
     default: break;
   }
@@ -637,17 +780,21 @@ struct dt__cu_host_launcher {
   }
   /* Reference column-major SGEMM with cuBLAS's semantics (beta 0: C is not read). */
   dt_result gemm(const dt__cu_gemm &g) {
-    for (int64_t j = 0; j < g.n; j++)
-      for (int64_t i = 0; i < g.m; i++) {
-        double s = 0.0;
-        for (int64_t l = 0; l < g.k; l++) {
-          float x = g.ta ? g.A[l + i * g.lda] : g.A[i + l * g.lda];
-          float y = g.tb ? g.B[j + l * g.ldb] : g.B[l + j * g.ldb];
-          s += (double)x * (double)y;
+    for (int64_t b = 0; b < g.batch; b++) { /* cublasSgemmStridedBatched: one product after another */
+      const float *A = g.A + b * g.stride_a, *B = g.B + b * g.stride_b;
+      float *C = g.C + b * g.stride_c;
+      for (int64_t j = 0; j < g.n; j++)
+        for (int64_t i = 0; i < g.m; i++) {
+          double s = 0.0;
+          for (int64_t l = 0; l < g.k; l++) {
+            float x = g.ta ? A[l + i * g.lda] : A[i + l * g.lda];
+            float y = g.tb ? B[j + l * g.ldb] : B[l + j * g.ldb];
+            s += (double)x * (double)y;
+          }
+          float *c = &C[i + j * g.ldc];
+          *c = g.beta == 0.0f ? g.alpha * (float)s : g.alpha * (float)s + g.beta * *c;
         }
-        float *c = &g.C[i + j * g.ldc];
-        *c = g.beta == 0.0f ? g.alpha * (float)s : g.alpha * (float)s + g.beta * *c;
-      }
+    }
     return DTRAIN_OK;
   }
 };
@@ -825,14 +972,22 @@ struct dt__cu_gpu_launcher {
   dt_result gemm(const dt__cu_gemm &g) {
     if (g.m > INT_MAX || g.n > INT_MAX || g.k > INT_MAX || g.lda > INT_MAX || g.ldb > INT_MAX)
       return dt_device_error(DTRAIN_ERR_UNSUPPORTED, "cublasSgemm: a dimension exceeds INT_MAX");
+    if (g.batch > INT_MAX)
+      return dt_device_error(DTRAIN_ERR_UNSUPPORTED, "cublasSgemmStridedBatched: the batch exceeds INT_MAX");
     if (g.m == 0 || g.n == 0) return DTRAIN_OK;
-    cublasStatus_t s = cublasSgemm(c->blas, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                   (int)g.m, (int)g.n, (int)g.k, &g.alpha, g.A, (int)(g.lda > 0 ? g.lda : 1), g.B,
-                                   (int)(g.ldb > 0 ? g.ldb : 1), &g.beta, g.C, (int)g.ldc);
+    cublasOperation_t ta = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int lda = (int)(g.lda > 0 ? g.lda : 1), ldb = (int)(g.ldb > 0 ? g.ldb : 1);
+    cublasStatus_t s =
+        g.batch > 1 ? cublasSgemmStridedBatched(c->blas, ta, tb, (int)g.m, (int)g.n, (int)g.k, &g.alpha, g.A, lda,
+                                                (long long)g.stride_a, g.B, ldb, (long long)g.stride_b, &g.beta, g.C,
+                                                (int)g.ldc, (long long)g.stride_c, (int)g.batch)
+                    : cublasSgemm(c->blas, ta, tb, (int)g.m, (int)g.n, (int)g.k, &g.alpha, g.A, lda, g.B, ldb,
+                                  &g.beta, g.C, (int)g.ldc);
     if (s != CUBLAS_STATUS_SUCCESS) {
       char msg[160];
-      snprintf(msg, sizeof msg, "%.31s: cublasSgemm(%lld x %lld x %lld): %s", c->name, (long long)g.m,
-               (long long)g.n, (long long)g.k, dt__cuda_blas_str(s));
+      snprintf(msg, sizeof msg, "%.31s: cublasSgemm%s(%lld x %lld x %lld): %s", c->name,
+               g.batch > 1 ? "StridedBatched" : "", (long long)g.m, (long long)g.n, (long long)g.k,
+               dt__cuda_blas_str(s));
       return dt_device_error(s == CUBLAS_STATUS_ALLOC_FAILED ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO, msg);
     }
     return DTRAIN_OK;

@@ -13,8 +13,10 @@
  *        build/examples/02_fashion_mnist --resume cnn.safetensors --epochs 5
  *        build/examples/02_fashion_mnist --strategy mirrored --replicas 2
  *   On GPUs (build/examples/02_fashion_mnist_cuda, built where nvcc is;
- *   NOT YET RUN ON A GPU; no checkpoints yet; evaluation runs on the CPU on
- *   the parameters the strategy copies back after each step):
+ *   NOT YET RUN ON A GPU; evaluation runs on the CPU on the parameters the
+ *   strategy copies back after each step; --checkpoint/--resume work as on
+ *   the CPU, and a checkpoint of a GPU run resumes on the CPU and the other
+ *   way round):
  *        build/examples/02_fashion_mnist_cuda --device cuda --model cnn
  *        build/examples/02_fashion_mnist_cuda --device cuda --strategy mirrored   (every GPU)
  *        build/examples/02_fashion_mnist_cuda --device cuda --strategy mirrored --replicas 2
@@ -253,10 +255,6 @@ static int parse(int argc, char **argv, options *o) {
   }
   if (!strncmp(o->device, "cuda:", 5) && o->replicas > 1) {
     fprintf(stderr, "error: --device %s is one GPU; use --device cuda for one replica per GPU\n", o->device);
-    return 0;
-  }
-  if (strcmp(o->device, "cpu") && (o->checkpoint || o->resume)) {
-    fprintf(stderr, "error: --checkpoint/--resume are not supported with --device yet (the optimizer state stays on the device)\n");
     return 0;
   }
   return 1;

@@ -30,7 +30,9 @@ static const char *const dt__device_ops[] = {
   "dt_neg", "dt_exp", "dt_log", "dt_sqrt", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", "dt_nn_embedding_forward",
-  "dt_nn_layer_norm_forward", NULL
+  "dt_nn_layer_norm_forward", "dt_permute", "dt_concat", "dt_slice", "dt_split", "dt_bmm", "dt_causal_mask",
+  "dt_batch_norm", "dt_nn_batch_norm_forward", "dt_nn_attention_forward", "dt_nn_lstm_cell_forward",
+  "dt_nn_gru_cell_forward", NULL
 };
 
 DTRAIN_PRIVATE int dt__dev_op_ok(const char *op) {
@@ -711,9 +713,11 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const
 
 /* ---- GEMM-based: matmul (2-D), linear --------------------------------------------------------- */
 
-/* C [m,n] (+)= op(A) op(B), packed row-major. */
-static int dt__device_gemm(dt_graph *g, const char *op, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                           const float *A, const float *B, float beta, float *C) {
+/* `batch` products C_i [m,n] (+)= op(A_i) op(B_i), packed row-major, the
+ * i-th at A + i*sa, B + i*sb, C + i*sc. */
+static int dt__device_gemm_batched(dt_graph *g, const char *op, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                                   const float *A, int64_t sa, const float *B, int64_t sb, float beta, float *C,
+                                   int64_t sc, int64_t batch) {
   dt_kernel_args r;
   dt__device_args0(&r);
   r.p[0] = C;
@@ -723,9 +727,19 @@ static int dt__device_gemm(dt_graph *g, const char *op, int ta, int tb, int64_t 
   r.n[1] = n;
   r.n[2] = k;
   r.n[3] = ta | (tb << 1);
+  r.n[4] = batch;
+  r.n[5] = sa;
+  r.n[6] = sb;
+  r.n[7] = sc;
   r.f[0] = 1.0f;
   r.f[1] = beta;
   return dt__dev_run(g, op, DTRAIN_K_GEMM, &r);
+}
+
+/* C [m,n] (+)= op(A) op(B), packed row-major. */
+static int dt__device_gemm(dt_graph *g, const char *op, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                           const float *A, const float *B, float beta, float *C) {
+  return dt__device_gemm_batched(g, op, ta, tb, m, n, k, A, 0, B, 0, beta, C, 0, 1);
 }
 
 static void dt__device_matmul_backward(dt_graph *g, dt_tensor *y) {
@@ -1067,6 +1081,290 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, in
   r.p[1] = x->data;
   if (!dt__dev_run(g, op, is_max ? DTRAIN_K_MAXPOOL : DTRAIN_K_AVGPOOL, &r)) return NULL;
   dt__record(g, y, op, dt__device_pool_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- batched matmul: one strided-batched GEMM per product --------------------------------
+ * y's iaux is dt_ops_matmul.c's layout: 0 batch, 1 M, 2 K, 3 N, 4 trans_b,
+ * 5 shared (b 2-D: the batch folds into the rows, one GEMM). The products
+ * and their backward are the CPU's, with the batch as one GEMM call. */
+
+static void dt__device_bmm_dims(const dt_tensor *y, int64_t *nb, int64_t *m) {
+  int shared = (int)y->iaux[5];
+  *nb = shared ? 1 : y->iaux[0];
+  *m = shared ? y->iaux[0] * y->iaux[1] : y->iaux[1];
+}
+
+static void dt__device_bmm_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *a = y->src[0], *b = y->src[1];
+  float *ga = dt__grad(g, a), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  int64_t nb, m, k = y->iaux[2], n = y->iaux[3];
+  int trans_b = (int)y->iaux[4], shared = (int)y->iaux[5];
+  dt__device_bmm_dims(y, &nb, &m);
+  int64_t sa = m * k, sb = shared ? 0 : k * n, sc = m * n;
+  if (ga) { /* dA += dC @ op(B)^T */
+    if (!dt__device_gemm_batched(g, y->op, 0, trans_b ? 0 : 1, m, k, n, y->grad, sc, b->data, sb, 1.0f, ga, sa, nb))
+      return;
+  }
+  if (gb) { /* dB += A^T @ dC, or dB^T += dC^T @ A when B is used transposed */
+    if (trans_b) dt__device_gemm_batched(g, y->op, 1, 0, n, k, m, y->grad, sc, a->data, sa, 1.0f, gb, sb, nb);
+    else dt__device_gemm_batched(g, y->op, 1, 0, k, n, m, a->data, sa, y->grad, sc, 1.0f, gb, sb, nb);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, dt_tensor *b, const char *op) {
+  int64_t nb, m, k = y->iaux[2], n = y->iaux[3];
+  int trans_b = (int)y->iaux[4], shared = (int)y->iaux[5];
+  dt__device_bmm_dims(y, &nb, &m);
+  if (!dt__device_gemm_batched(g, op, 0, trans_b, m, n, k, a->data, m * k, b->data, shared ? 0 : k * n, 0.0f, y->data,
+                               m * n, nb))
+    return NULL;
+  dt__record(g, y, op, dt__device_bmm_backward, a, b, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- permute: one gather kernel (and its scatter-add backward) --------------------------------
+ * iaux[0..ndim): the permutation, as the CPU op keeps it. */
+
+static void dt__device_permute_args(dt_kernel_args *r, const dt_tensor *y) {
+  dt__device_args0(r);
+  r->n[0] = y->size;
+  r->n[1] = y->ndim;
+  int64_t packed = 0;
+  for (int d = 0; d < y->ndim; d++) {
+    r->n[2 + d] = y->shape[d];
+    packed |= y->iaux[d] << (4 * d);
+  }
+  r->n[8] = packed;
+}
+
+static void dt__device_permute_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_permute_args(&r, y);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.n[9] = 1;
+  dt__dev_run(g, y->op, DTRAIN_K_PERMUTE, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm) {
+  const char *op = "dt_permute";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  for (int d = 0; d < ndim; d++) y->iaux[d] = perm[d];
+  dt_kernel_args r;
+  dt__device_permute_args(&r, y);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  if (!dt__dev_run(g, op, DTRAIN_K_PERMUTE, &r)) return NULL;
+  dt__record(g, y, op, dt__device_permute_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* ---- slice / split / concat: strided row copies --------------------------------------------- */
+
+static int dt__device_copy_rows(dt_graph *g, const char *op, float *dst, const float *src, int64_t rows, int64_t chunk,
+                                int64_t dst_stride, int64_t src_stride, int acc) {
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = dst;
+  r.p[1] = (float *)(uintptr_t)src;
+  r.n[0] = rows;
+  r.n[1] = chunk;
+  r.n[2] = dst_stride;
+  r.n[3] = src_stride;
+  r.n[4] = acc;
+  return dt__dev_run(g, op, DTRAIN_K_COPY_ROWS, &r);
+}
+
+/* iaux as the CPU op: 0 outer, 1 dim, 2 inner, 3 start, 4 len. */
+static void dt__device_slice_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  int64_t outer = y->iaux[0], dim = y->iaux[1], inner = y->iaux[2], start = y->iaux[3], len = y->iaux[4];
+  dt__device_copy_rows(g, y->op, gx + start * inner, y->grad, outer, len * inner, dim * inner, len * inner, 1);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
+                                        int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len) {
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  if (!dt__device_copy_rows(g, op, y->data, x->data + start * inner, outer, len * inner, len * inner, dim * inner, 0))
+    return NULL;
+  y->iaux[0] = outer;
+  y->iaux[1] = dim;
+  y->iaux[2] = inner;
+  y->iaux[3] = start;
+  y->iaux[4] = len;
+  dt__record(g, y, op, dt__device_slice_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+/* aux: the n inputs (host arena); iaux 0 n, 1 outer, 2 inner (the CPU op's layout). */
+static void dt__device_concat_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *const *xs = (dt_tensor *const *)y->aux;
+  int n = (int)y->iaux[0];
+  int64_t outer = y->iaux[1], row = y->size / outer, base = 0;
+  for (int j = 0; j < n; j++) {
+    dt_tensor *x = xs[j];
+    int64_t chunk = x->size / outer;
+    float *gx = dt__grad(g, x);
+    if (g->err != DTRAIN_OK) return;
+    if (gx && !dt__device_copy_rows(g, y->op, gx, y->grad + base, outer, chunk, chunk, row, 1)) return;
+    base += chunk;
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
+                                         const int64_t *shape, int64_t outer, int64_t inner, int ax) {
+  const char *op = "dt_concat";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  int64_t row = shape[ax] * inner, base = 0;
+  dt_tensor *first_rg = NULL;
+  for (int j = 0; j < n; j++) {
+    dt_tensor *x = xs[j];
+    int64_t chunk = x->shape[ax] * inner;
+    if (!dt__device_copy_rows(g, op, y->data + base, x->data, outer, chunk, row, chunk, 0)) return NULL;
+    base += chunk;
+    list[j] = x;
+    if (!first_rg && (x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) first_rg = x;
+  }
+  y->aux = list;
+  y->iaux[0] = n;
+  y->iaux[1] = outer;
+  y->iaux[2] = inner;
+  dt__record(g, y, op, dt__device_concat_backward, first_rg ? first_rg : list[0], NULL, NULL);
+  for (int j = 0; j < 4; j++) y->src[j] = j < n ? list[j] : NULL;
+  return dt__finish(g, y);
+}
+
+/* ---- causal mask ---------------------------------------------------------------------------- */
+
+static void dt__device_causal_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.n[0] = y->size;
+  r.n[1] = y->shape[y->ndim - 1];
+  r.n[2] = 1;
+  dt__dev_run(g, y->op, DTRAIN_K_CAUSAL_MASK, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t) {
+  const char *op = "dt_causal_mask";
+  dt_tensor *y = dt__new_like(g, op, x);
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__device_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.n[0] = y->size;
+  r.n[1] = t;
+  if (!dt__dev_run(g, op, DTRAIN_K_CAUSAL_MASK, &r)) return NULL;
+  dt__record(g, y, op, dt__device_causal_backward, x, NULL, NULL);
+  if (g->err != DTRAIN_OK) return NULL;
+  if (!g->check_numerics) return y;
+  /* The -inf entries are intended: check only the kept ones, on the host. */
+  size_t bytes = (size_t)y->size * sizeof(float);
+  float *h = (float *)dt__alloc(bytes);
+  if (!h) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "%s: check_numerics: out of host memory", op);
+  dt_tensor *res = y;
+  if (!dt__dev_copy(g, op, h, y->data, bytes, DTRAIN_COPY_D2H)) {
+    res = NULL;
+  } else {
+    for (int64_t i = 0; i < y->size && res; i++) {
+      if (i % t > (i / t) % t || isfinite(h[i])) continue;
+      char sb[96];
+      dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: output %s has %s at element %lld", op, dt_shape_str(y, sb, sizeof sb),
+               isnan(h[i]) ? "NaN" : "Inf", (long long)i);
+      res = NULL;
+    }
+  }
+  dt__free(h, bytes);
+  return res;
+}
+
+/* ---- batch norm ------------------------------------------------------------------------------
+ * aux: the device stats [mean[C], rstd[C]]; iaux as the CPU op: 0 N, 1 C, 2 hw,
+ * 3 batch statistics used. */
+
+static void dt__device_bn_args(dt_kernel_args *r, const dt_tensor *y) {
+  dt__device_args0(r);
+  r->n[0] = y->iaux[0];
+  r->n[1] = y->iaux[1];
+  r->n[2] = y->iaux[2];
+  r->n[3] = y->iaux[3];
+}
+
+static void dt__device_bn_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *gamma = y->src[1], *beta = y->src[2];
+  float *gx = dt__grad(g, x), *gg = dt__grad(g, gamma), *gb = dt__grad(g, beta);
+  if (g->err != DTRAIN_OK) return;
+  float *red = dt__arena_floats(g, 2 * y->iaux[1]);
+  if (!red) return;
+  dt_kernel_args r;
+  dt__device_bn_args(&r, y);
+  r.p[0] = gg;
+  r.p[1] = gb;
+  r.p[2] = y->grad;
+  r.p[3] = x->data;
+  r.p[4] = (float *)y->aux;
+  r.p[5] = red;
+  if (!dt__dev_run(g, y->op, DTRAIN_K_BN_BWD_CH, &r) || !gx) return;
+  dt__device_bn_args(&r, y);
+  r.p[0] = gx;
+  r.p[1] = y->grad;
+  r.p[2] = x->data;
+  r.p[3] = (float *)y->aux;
+  r.p[4] = gamma ? gamma->data : NULL;
+  r.p[5] = red;
+  dt__dev_run(g, y->op, DTRAIN_K_BN_BWD, &r);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                                             dt_tensor *running_mean, dt_tensor *running_var, float momentum,
+                                             float eps, int64_t nb, int64_t c, int64_t hw, int batch) {
+  const char *op = "dt_batch_norm";
+  if (!batch) { /* the CPU op's check of the running variance: c floats come to the host */
+    float *h = (float *)dt__arena_alloc(g, (size_t)c * sizeof(float));
+    if (!h || !dt__dev_copy(g, op, h, running_var->data, (size_t)c * sizeof(float), DTRAIN_COPY_D2H)) return NULL;
+    for (int64_t ch = 0; ch < c; ch++)
+      if (!(h[ch] + eps > 0.0f))
+        return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: running_var[%lld] + eps is %g (must be > 0)", op,
+                                     (long long)ch, (double)(h[ch] + eps));
+  }
+  float *stats = dt__arena_floats(g, 2 * c);
+  dt_tensor *y = stats ? dt__new_like(g, op, x) : NULL;
+  if (!y) return NULL;
+  y->aux = stats;
+  y->iaux[0] = nb;
+  y->iaux[1] = c;
+  y->iaux[2] = hw;
+  y->iaux[3] = batch;
+  dt_kernel_args r;
+  dt__device_bn_args(&r, y);
+  r.p[0] = stats;
+  r.p[1] = x->data;
+  r.p[2] = running_mean ? running_mean->data : NULL;
+  r.p[3] = running_var ? running_var->data : NULL;
+  r.f[0] = eps;
+  r.f[1] = momentum;
+  if (!dt__dev_run(g, op, DTRAIN_K_BN_STATS, &r)) return NULL;
+  dt__device_bn_args(&r, y);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.p[2] = stats;
+  r.p[3] = gamma ? gamma->data : NULL;
+  r.p[4] = beta ? beta->data : NULL;
+  if (!dt__dev_run(g, op, DTRAIN_K_BN, &r)) return NULL;
+  dt__record(g, y, op, dt__device_bn_backward, x, gamma, beta);
   return dt__finish(g, y);
 }
 

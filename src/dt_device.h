@@ -31,9 +31,10 @@
  *   - check_numerics on a device graph copies every op output to the host to
  *     check it (slow: for debugging).
  *
- * Ops that run on a device (everything else fails on a device graph with
- * DTRAIN_ERR_UNSUPPORTED naming the op and the device, before touching any
- * data -- never a silent host read of device memory):
+ * Ops that run on a device (an op without a device path would fail on a
+ * device graph with DTRAIN_ERR_UNSUPPORTED naming the op and the device,
+ * before touching any data -- never a silent host read of device memory;
+ * today every op of dtrain has one):
  *   dt_add, dt_sub, dt_mul, dt_div  (same shapes, or b broadcast over a's
  *                            leading dims, e.g. [N,C] + [C]; other broadcasts
  *                            are DTRAIN_ERR_UNSUPPORTED on a device)
@@ -51,11 +52,23 @@
  *   dt_matmul (2-D), dt_linear, dt_softmax, dt_log_softmax,
  *   dt_cross_entropy, dt_mse, dt_reshape, dt_reshape2, dt_flatten (no-copy
  *   views), dt_conv2d (im2col + GEMM), dt_max_pool2d, dt_avg_pool2d,
+ *   dt_permute (any rank), dt_concat, dt_slice, dt_split (strided copies),
+ *   dt_bmm (one strided-batched GEMM; b batched or 2-D shared, trans_b),
+ *   dt_causal_mask (check_numerics checks the kept entries on the host),
+ *   dt_batch_norm (training: batch statistics, the running mean/var updated
+ *   in place on the device as the CPU op does; eval: the running stats --
+ *   the running_var + eps > 0 check copies C floats to the host),
  *   dt_nn_linear_forward, dt_nn_conv2d_forward, dt_nn_embedding_forward,
- *   dt_nn_layer_norm_forward, dt_detach, dt_param, dt_tensor_new/from/wrap,
- *   dt_scalar, dt_item, dt_backward, dt_backward_grad.
+ *   dt_nn_layer_norm_forward, dt_nn_batch_norm_forward,
+ *   dt_nn_attention_forward, dt_nn_lstm_cell_forward, dt_nn_gru_cell_forward,
+ *   dt_detach, dt_param, dt_tensor_new/from/wrap, dt_scalar, dt_item,
+ *   dt_backward, dt_backward_grad.
  * Optimizers on a device (dt_optim_step_graph): SGD (momentum, Nesterov,
- * weight decay), Adam, AdamW, clip_norm. RMSprop: DTRAIN_ERR_UNSUPPORTED.
+ * weight decay), Adam, AdamW, RMSprop (momentum, weight decay), clip_norm.
+ * Their state lives on the device; dt_optim_state copies it to the host for
+ * checkpoints and dt_checkpoint_save/load with the device graph in the
+ * dt_train_state move the params too (see dt_io.h): a device run saves and
+ * resumes (on the device or on the CPU) without losing anything.
  *
  * ---- the backend interface --------------------------------------------------
  * A device is a table of functions filled by a backend (dtrain_cuda.h is the
@@ -101,7 +114,9 @@ typedef enum dt_kernel {
   DTRAIN_K_SQDIFF,       /* p0[i] = (p1[i] - p2[i])^2 */
   DTRAIN_K_MSE_BWD,      /* d = 2*p4[0]/n0 * (p2[i]-p3[i]); p0 += d, p1 -= d (either NULL) */
   /* C = alpha op(A) op(B) + beta C: p0 C [m,n], p1 A, p2 B; n0 m, n1 n, n2 k,
-   * n3 = trans_a | trans_b << 1; f0 alpha, f1 beta; packed (lda = cols). */
+   * n3 = trans_a | trans_b << 1; f0 alpha, f1 beta; packed (lda = cols).
+   * Batched when n4 > 1: n4 products, the i-th at p1 + i*n5, p2 + i*n6,
+   * p0 + i*n7 (strides in floats; n6 = 0 shares B). n4 0 or 1: one. */
   DTRAIN_K_GEMM,
   /* Softmax over an axis: rows r < n0 (outer*inner), n1 = axis length,
    * n2 = inner stride, n3 = 1 for log-softmax. Fwd: p0 y, p1 x. Bwd: p0 gx,
@@ -156,6 +171,34 @@ typedef enum dt_kernel {
    * n1 floats: EMBED p0[i*n1 + j] = p1[ids[i]*n1 + j]; EMBED_BWD (one
    * column j < n1, ids in order) p0[ids[i]*n1 + j] += p1[i*n1 + j]. */
   DTRAIN_K_EMBED, DTRAIN_K_EMBED_BWD,
+  /* Permute, i < n0 (the output's size): n1 rank (<= 6), n2..n7 the output
+   * shape, n8 the permutation packed 4 bits a dim (perm[d] at bits 4d: the
+   * output's dim d is the input's dim perm[d]). n9 = 0: p0 y[i] = p1
+   * x[off(i)]; n9 = 1 (backward): p0 gx[off(i)] += p1 gy[i]. */
+  DTRAIN_K_PERMUTE,
+  /* Strided rows (slice, split, concat): i < n0*n1, row o = i / n1, column
+   * c = i % n1: p0[o*n2 + c] = p1[o*n3 + c] (+= when n4 = 1); p0 and p1
+   * already offset to the first row's block. */
+  DTRAIN_K_COPY_ROWS,
+  /* Causal mask over n0 elements of [..., T, T] matrices, n1 T. n2 = 0: p0
+   * y[i] = col <= row ? p1 x[i] : -inf; n2 = 1: p0 gx[i] += p1 gy[i] where
+   * col <= row. */
+  DTRAIN_K_CAUSAL_MASK,
+  /* RMSprop over i < n0: p0 param, p1 grad, p2 square average, p3 momentum
+   * buffer or NULL; f0 lr, f1 weight decay, f2 alpha, f3 1 - alpha, f4
+   * momentum, f5 eps. Same float operations as the CPU. */
+  DTRAIN_K_RMSPROP,
+  /* Batch norm, x [n0 N, n1 C, n2 HW], p-stats = mean[C] then rstd[C].
+   * BN_STATS (per channel): p0 stats, p1 x, p2 running mean, p3 running var
+   * (both NULL: none); n3 = 1 batch statistics (the CPU's double sums; the
+   * running stats updated with f1 momentum, unbiased variance), n3 = 0 from
+   * the running stats; f0 eps.
+   * BN (per element): p0 y, p1 x, p2 stats, p3 gamma, p4 beta (either NULL).
+   * BN_BWD_CH (per channel): p0 ggamma +=, p1 gbeta += (either NULL), p2 gy,
+   * p3 x, p4 stats, p5 red: writes mean(gy)[C] then mean(gy * xhat)[C].
+   * BN_BWD (per element): p0 gx +=, p1 gy, p2 x, p3 stats, p4 gamma (or
+   * NULL), p5 red; n3 as in BN_STATS (0: gx += gy * gamma * rstd). */
+  DTRAIN_K_BN_STATS, DTRAIN_K_BN, DTRAIN_K_BN_BWD_CH, DTRAIN_K_BN_BWD,
   DTRAIN_K_COUNT
 } dt_kernel;
 

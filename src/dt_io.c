@@ -1272,6 +1272,21 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
     r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory");
     goto done;
   }
+  /* A device run: the device's params and optimizer state come to the host
+   * first (dt_optim_state copies a device slot to its host copy). */
+  if (st->graph && st->graph->device && st->graph->params == p) {
+    r = dt_graph_params_download(st->graph);
+    if (r != DTRAIN_OK) {
+      r = dt__io_err(&ctx, r, "%s", dt_last_error());
+      goto done;
+    }
+  }
+  for (int s = 0; s < nslots; s++) {
+    if (!dt_optim_state(o, s)) {
+      r = dt__io_err(&ctx, dt_last_result(), "%s", dt_last_error());
+      goto done;
+    }
+  }
   /* Tensors: parameters and buffers, then optimizer slots. */
   for (int s = -1; s < nslots; s++) {
     const float *base = s < 0 ? data : dt_optim_state(o, s);
@@ -1629,8 +1644,17 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
   }
   r = dt__io_match(c, &ctx, p, o, entry_of, slot_entry);
   if (r != DTRAIN_OK) goto done;
+  /* An optimizer stepped on a device: its host copies, fetched now (the one
+   * step that can fail), are what the commit overwrites; the next
+   * dt_optim_step_graph takes them back to the device. */
+  for (int s = 0; s < nslots; s++) {
+    if (!dt_optim_state(o, s)) {
+      r = dt__io_err(&ctx, dt_last_result(), "%s", dt_last_error());
+      goto done;
+    }
+  }
 
-  /* Commit: nothing below can fail. */
+  /* Commit: nothing below can fail (but the upload to a device graph after it). */
   {
     float *data = dt_params_data(p);
     for (int i = 0; i < np; i++) {
@@ -1658,6 +1682,11 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
       st->data_epoch = data_epoch;
       st->data_index = data_index;
     }
+  }
+  /* A device graph on these params gets the loaded values (its gradient zeroed). */
+  if (full && st->graph && st->graph->device && st->graph->params == p) {
+    r = dt_graph_params_upload(st->graph);
+    if (r != DTRAIN_OK) r = dt__io_err(&ctx, r, "the params were loaded on the host: %s", dt_last_error());
   }
 done:
   dt__free(entry_of, nent * sizeof(int));

@@ -51,6 +51,13 @@
  * Resuming: save with the params, the optimizer and the graph (dropout RNG)
  * and the data position; load them into a model built the same way (any seed)
  * and training continues bitwise as if it had never stopped.
+ * A device run (dt_device.h) checkpoints the same way: give the device graph
+ * as `graph`; save first copies its params from the device to the host
+ * params (dt_graph_params_download) and the optimizer's device state to its
+ * host copy (dt_optim_state); load writes the host params and state, then
+ * uploads the params to the graph (dt_graph_params_upload), and the next
+ * dt_optim_step_graph takes the state to the device. A device checkpoint
+ * resumes on the CPU too (and a CPU one on a device).
  *
  * Ownership: dt_checkpoint (from dt_checkpoint_open) owns the file's bytes and
  * every string it returns, until dt_checkpoint_close.
@@ -73,7 +80,8 @@ DTRAIN_EXTERN_C_BEGIN
 typedef struct dt_train_state {
   dt_params *params;   /* required: every parameter and buffer */
   dt_optim *optim;     /* optional: state slots and step count */
-  dt_graph *graph;     /* optional: the graph's RNG (dropout) */
+  dt_graph *graph;     /* optional: the graph's RNG (dropout); a device graph on
+                          `params` also has its params moved (see above) */
   int64_t step;        /* save: written when optim is NULL (else dt_optim_steps); load: set */
   int64_t epoch;       /* save: written; load: set */
   int64_t data_epoch;  /* data loader position (epoch, index): save: written; load: set */

@@ -84,6 +84,7 @@ static dt_tensor *dt__matmul(dt_graph *g, const char *op, dt_tensor *a, dt_tenso
   y->iaux[DT__MM_N] = n;
   y->iaux[DT__MM_TRANS_B] = trans_b;
   y->iaux[DT__MM_SHARED] = shared;
+  if (g->device) return dt__dev_bmm(g, y, a, b, op);
   int64_t gemms, rows;
   dt__matmul_dims(y, &gemms, &rows);
   int64_t sa = rows * k, sb = shared ? 0 : k * n, sc = rows * n;

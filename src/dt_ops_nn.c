@@ -470,6 +470,8 @@ DTRAIN_API dt_tensor *dt_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma,
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG,
                                  "%s: batch statistics need more than 1 value per channel (input %s)", op,
                                  dt_shape_str(x, sb, sizeof sb));
+  if (g->device)
+    return dt__dev_batch_norm(g, x, gamma, beta, running_mean, running_var, momentum, eps, nb, c, hw, batch);
   if (!batch) {
     for (int64_t ch = 0; ch < c; ch++)
       if (!(running_var->data[ch] + eps > 0.0f))
@@ -550,6 +552,7 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
   if (x->shape[x->ndim - 2] != t)
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: last two dims must be equal [...,T,T], got %s", op,
                                  dt_shape_str(x, sb, sizeof sb));
+  if (g->device) return dt__dev_causal_mask(g, x, t);
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   int64_t mats = x->size / (t * t);

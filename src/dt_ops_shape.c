@@ -220,6 +220,7 @@ DTRAIN_API dt_tensor *dt_permute(dt_graph *g, dt_tensor *x, const int *perm) {
                                  pb, nd, dt_shape_str(x, sb, sizeof sb));
   }
   for (int d = 0; d < nd; d++) s[d] = x->shape[p[d]];
+  if (g->device) return dt__dev_permute(g, x, nd, s, p);
   dt_tensor *y = dt__new(g, "dt_permute", nd, s);
   if (!y) return NULL;
   for (int d = 0; d < nd; d++) y->iaux[d] = p[d];
@@ -288,9 +289,10 @@ DTRAIN_API dt_tensor *dt_concat(dt_graph *g, dt_tensor *const *xs, int n, int ax
   s[ax] = cat;
   dt_tensor **list = (dt_tensor **)dt__arena_alloc(g, (size_t)n * sizeof(dt_tensor *));
   if (!list) return NULL;
+  int64_t outer = dt__shape_prod(s, 0, ax), inner = dt__shape_prod(s, ax + 1, nd);
+  if (g->device) return dt__dev_concat(g, xs, n, list, nd, s, outer, inner, ax);
   dt_tensor *y = dt__new(g, "dt_concat", nd, s);
   if (!y) return NULL;
-  int64_t outer = dt__shape_prod(s, 0, ax), inner = dt__shape_prod(s, ax + 1, nd);
   int64_t row = cat * inner, base = 0;
   dt_tensor *first_rg = NULL;
   for (int j = 0; j < n; j++) {
@@ -344,9 +346,10 @@ static dt_tensor *dt__shape_slice(dt_graph *g, dt_tensor *x, int axis, int64_t s
   int64_t s[DTRAIN_MAX_DIMS] = {0};
   for (int d = 0; d < x->ndim; d++) s[d] = x->shape[d];
   s[ax] = len;
+  int64_t outer = dt__shape_prod(x->shape, 0, ax), inner = dt__shape_prod(x->shape, ax + 1, x->ndim);
+  if (g->device) return dt__dev_slice(g, x, op, x->ndim, s, outer, dim, inner, start, len);
   dt_tensor *y = dt__new(g, op, x->ndim, s);
   if (!y) return NULL;
-  int64_t outer = dt__shape_prod(x->shape, 0, ax), inner = dt__shape_prod(x->shape, ax + 1, x->ndim);
   int64_t chunk = len * inner;
   for (int64_t o = 0; o < outer; o++)
     memcpy(y->data + o * chunk, x->data + (o * dim + start) * inner, (size_t)chunk * sizeof(float));

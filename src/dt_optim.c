@@ -38,6 +38,8 @@ struct dt_optim {
   dt_device *dev;
   float *dstate[2];
   float *dscratch;      /* one float: the sum of squares for clipping */
+  unsigned host_mirror; /* bit s: dt_optim_state(s) handed out the host copy of a
+                           device slot; it goes back up before the next device step */
 };
 
 /* ---- learning-rate schedules ------------------------------------------------------ */
@@ -464,19 +466,29 @@ static dt_result dt__optim_dev_state(dt_optim *o, dt_device *d) {
   if (o->dev && o->dev != d)
     return dt__error(DTRAIN_ERR_STATE, "%s: the optimizer's state lives on device %s, not %s", fn, o->dev->name,
                      d->name);
-  if (o->dev) return DTRAIN_OK;
   size_t bytes = o->size * sizeof(float);
+  dt_result r = DTRAIN_OK;
+  if (o->dev) { /* the host copies dt_optim_state handed out (a checkpoint saved or loaded) go back up */
+    for (int s = 0; r == DTRAIN_OK && s < o->nslots; s++)
+      if (o->host_mirror & (1u << s)) r = d->copy(d, o->dstate[s], o->state[s], bytes, DTRAIN_COPY_H2D);
+    if (r != DTRAIN_OK) return dt__error(r, "%s: optimizer state to device %s: %s", fn, d->name, dt_last_error());
+    o->host_mirror = 0;
+    return DTRAIN_OK;
+  }
+  /* First step on a device: the state starts as the host state (zeros, or
+   * what a checkpoint loaded through dt_optim_state). */
   o->dev = d;
   void *p = NULL;
-  dt_result r = d->alloc(d, sizeof(float), &p);
+  r = d->alloc(d, sizeof(float), &p);
   o->dscratch = (float *)p;
   for (int s = 0; r == DTRAIN_OK && s < o->nslots; s++) {
     p = NULL;
     r = d->alloc(d, bytes, &p);
     o->dstate[s] = (float *)p;
-    if (r == DTRAIN_OK) r = d->zero(d, p, bytes);
+    if (r == DTRAIN_OK) r = d->copy(d, p, o->state[s], bytes, DTRAIN_COPY_H2D);
   }
   if (r != DTRAIN_OK) return dt__error(r, "%s: optimizer state on device %s: %s", fn, d->name, dt_last_error());
+  o->host_mirror = 0;
   return DTRAIN_OK;
 }
 
@@ -484,7 +496,8 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
   const char *fn = "dt_optim_step_graph";
   dt_result r = dt__optim_check_layout(o, fn);
   if (r != DTRAIN_OK) return r;
-  if (o->desc.kind != DTRAIN_OPTIM_SGD && o->desc.kind != DTRAIN_OPTIM_ADAM && o->desc.kind != DTRAIN_OPTIM_ADAMW)
+  if (o->desc.kind != DTRAIN_OPTIM_SGD && o->desc.kind != DTRAIN_OPTIM_ADAM && o->desc.kind != DTRAIN_OPTIM_ADAMW &&
+      o->desc.kind != DTRAIN_OPTIM_RMSPROP)
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: this optimizer kind (%d) has no kernel on device %s", fn,
                      (int)o->desc.kind, d->name);
   r = dt__optim_dev_state(o, d);
@@ -541,6 +554,14 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
       a.f[2] = o->desc.momentum;
       a.n[1] = o->desc.nesterov;
       r = dt__optim_dev_run(o, DTRAIN_K_SGD, &a);
+    } else if (o->desc.kind == DTRAIN_OPTIM_RMSPROP) { /* the scalars as dt__optim_rmsprop has them */
+      a.f[0] = lr;
+      a.f[1] = wd;
+      a.f[2] = o->desc.alpha;
+      a.f[3] = (float)(1.0 - (double)o->desc.alpha);
+      a.f[4] = o->desc.momentum;
+      a.f[5] = o->desc.eps;
+      r = dt__optim_dev_run(o, DTRAIN_K_RMSPROP, &a);
     } else {
       a.f[0] = (float)((double)lr / bc1);
       a.f[1] = wd;
@@ -600,6 +621,14 @@ DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
   if (slot < 0 || slot >= o->nslots) {
     dt__error(DTRAIN_ERR_INDEX, "dt_optim_state: slot %d out of range (%d slots)", slot, o->nslots);
     return NULL;
+  }
+  if (o->dev && !(o->host_mirror & (1u << slot))) { /* the state lives on a device: bring it to the host copy */
+    dt_result r = o->dev->copy(o->dev, o->state[slot], o->dstate[slot], o->size * sizeof(float), DTRAIN_COPY_D2H);
+    if (r != DTRAIN_OK) {
+      dt__error(r, "dt_optim_state: slot %d from device %s: %s", slot, o->dev->name, dt_last_error());
+      return NULL;
+    }
+    o->host_mirror |= 1u << slot;
   }
   return o->state[slot];
 }

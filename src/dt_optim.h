@@ -73,9 +73,9 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
  * (dt_graph_param_data/grad): on a CPU graph the same as dt_optim_step on
  * those buffers; on a device graph (dt_device.h) the update runs on the
  * device, with the optimizer's state in device memory (allocated at the
- * first call and tied to that device; dt_optim_state then does not hold it).
- * SGD, Adam, AdamW and clip_norm run on a device; RMSprop returns
- * DTRAIN_ERR_UNSUPPORTED there. Clips (if set), updates, advances. */
+ * first call and tied to that device; it starts from the host state, so a
+ * state loaded from a checkpoint carries over). SGD, Adam, AdamW, RMSprop
+ * and clip_norm all run on a device. Clips (if set), updates, advances. */
 DTRAIN_API dt_result dt_optim_step_graph(dt_optim *o, dt_graph *g);
 /* Advance the step counter (after every range of a step was updated). */
 DTRAIN_API void dt_optim_advance(dt_optim *o);
@@ -85,7 +85,15 @@ DTRAIN_API void dt_optim_set_steps(dt_optim *o, int64_t steps);
 /* Learning rate the next update will use. */
 DTRAIN_API float dt_optim_lr(const dt_optim *o);
 DTRAIN_API const dt_optim_desc *dt_optim_get_desc(const dt_optim *o);
-/* State buffers for checkpoints: n_slots (0..2) buffers of dt_params_size floats. */
+/* State buffers for checkpoints: n_slots (0..2) buffers of dt_params_size floats.
+ * After dt_optim_step_graph on a device the state lives on the device:
+ * dt_optim_state then copies the slot to the host (a device -> host copy;
+ * NULL and dt_last_error() if that fails) and returns the host copy, which
+ * the caller may read (save) or overwrite (load); the next
+ * dt_optim_step_graph uploads the slots handed out before it updates. So a
+ * checkpoint (dt_checkpoint_save / dt_checkpoint_load) of a device run holds
+ * and restores the whole state. Do not mix dt_optim_step (host) into a
+ * device run: the host copy is not kept current between calls. */
 DTRAIN_API int dt_optim_state_slots(const dt_optim *o);
 DTRAIN_API float *dt_optim_state(dt_optim *o, int slot);
 

@@ -4,11 +4,16 @@
  * cp_run_all(). Every op with a device path is run forward and backward on
  * the CPU and on cp_dev from the same inputs and output gradient; outputs and
  * input gradients must agree within float tolerance. Then a small MLP trains
- * a few steps on both (SGD with momentum, Adam, AdamW with clipping) and the
- * parameters must agree. Also: unsupported ops and broadcasts fail cleanly
- * with DTRAIN_ERR_UNSUPPORTED naming the op and the device. */
+ * a few steps on both (SGD with momentum, Adam, AdamW with clipping,
+ * RMSprop) and the parameters must agree; the attention / LSTM / GRU / batch
+ * norm modules agree in loss and parameter gradients. Also: broadcasts the
+ * device does not do fail cleanly with DTRAIN_ERR_UNSUPPORTED naming the op
+ * and the device. */
 #ifndef DTRAIN_TEST_CUDA_PARITY_H
 #define DTRAIN_TEST_CUDA_PARITY_H
+
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -146,6 +151,64 @@ static dt_tensor *cp_chain(dt_graph *g, dt_tensor **x) { /* a view feeding two c
   return dt_mean(g, dt_mul(g, dt_add(g, h, h), dt_scalar(g, 0.5f)));
 }
 
+static dt_tensor *cp_permute_3d(dt_graph *g, dt_tensor **x) {
+  static const int p[3] = {2, 0, 1};
+  return dt_permute(g, x[0], p);
+}
+static dt_tensor *cp_permute_heads(dt_graph *g, dt_tensor **x) {
+  static const int p[4] = {0, 2, 1, 3};
+  return dt_permute(g, x[0], p);
+}
+static dt_tensor *cp_permute_2d(dt_graph *g, dt_tensor **x) {
+  static const int p[2] = {-1, 0};
+  return dt_permute(g, x[0], p);
+}
+static dt_tensor *cp_permute_4d(dt_graph *g, dt_tensor **x) {
+  static const int p[4] = {3, 1, 0, 2};
+  return dt_permute(g, x[0], p);
+}
+static dt_tensor *cp_permute_5d(dt_graph *g, dt_tensor **x) { /* two permutes: a 5-D gather of a gather */
+  static const int p[5] = {4, 2, 0, 3, 1}, q[5] = {1, 0, 4, 2, 3};
+  int64_t s[5] = {2, 3, 1, 5, 2};
+  return dt_permute(g, dt_permute(g, dt_reshape(g, x[0], 5, s), p), q);
+}
+static dt_tensor *cp_concat2_mid(dt_graph *g, dt_tensor **x) { return dt_concat(g, x, 2, 1); }
+static dt_tensor *cp_concat3_first(dt_graph *g, dt_tensor **x) { return dt_concat(g, x, 3, 0); }
+static dt_tensor *cp_concat3_last(dt_graph *g, dt_tensor **x) { /* one input twice: its gradient from both places */
+  dt_tensor *xs[3] = {x[0], x[1], x[0]};
+  return dt_concat(g, xs, 3, -1);
+}
+static dt_tensor *cp_slice_mid(dt_graph *g, dt_tensor **x) { return dt_slice(g, x[0], 1, 2, 3); }
+static dt_tensor *cp_slice_first(dt_graph *g, dt_tensor **x) { return dt_slice(g, x[0], 0, 1, 4); }
+static dt_tensor *cp_slice_last_twice(dt_graph *g, dt_tensor **x) { /* overlapping slices of one input */
+  return dt_mul(g, dt_slice(g, x[0], -1, 0, 5), dt_slice(g, x[0], -1, 2, 5));
+}
+static dt_tensor *cp_split3(dt_graph *g, dt_tensor **x) {
+  dt_tensor *p[3] = {NULL, NULL, NULL};
+  if (dt_split(g, x[0], 1, 3, p) != DTRAIN_OK) return NULL;
+  return dt_add(g, dt_mul(g, p[0], p[2]), dt_tanh(g, p[1]));
+}
+static dt_tensor *cp_split_axis0(dt_graph *g, dt_tensor **x) {
+  dt_tensor *p[2] = {NULL, NULL};
+  if (dt_split(g, x[0], 0, 2, p) != DTRAIN_OK) return NULL;
+  return dt_sub(g, p[1], dt_sigmoid(g, p[0]));
+}
+static dt_tensor *cp_bmm(dt_graph *g, dt_tensor **x) { return dt_bmm(g, x[0], x[1], 0); }
+static dt_tensor *cp_bmm_tb(dt_graph *g, dt_tensor **x) { return dt_bmm(g, x[0], x[1], 1); }
+static dt_tensor *cp_causal(dt_graph *g, dt_tensor **x) { return dt_softmax(g, dt_causal_mask(g, x[0]), -1); }
+static dt_tensor *cp_causal_raw(dt_graph *g, dt_tensor **x) { /* -inf masked out again: finite output */
+  return dt_mul(g, dt_exp(g, dt_causal_mask(g, x[0])), x[0]);
+}
+static dt_tensor *cp_batch_norm(dt_graph *g, dt_tensor **x) {
+  return dt_batch_norm(g, x[0], x[1], x[2], NULL, NULL, 0.1f, 1e-5f);
+}
+static dt_tensor *cp_batch_norm_plain(dt_graph *g, dt_tensor **x) {
+  return dt_batch_norm(g, x[0], NULL, NULL, NULL, NULL, 0.1f, 1e-3f);
+}
+static dt_tensor *cp_batch_norm_gamma(dt_graph *g, dt_tensor **x) {
+  return dt_batch_norm(g, x[0], x[1], NULL, NULL, NULL, 0.1f, 1e-5f);
+}
+
 static void test_ops_parity(void) {
   static const cp_case cases[] = {
     {"add", cp_add, 2, {2, 2, 0}, {{7, 5}, {7, 5}}, -2, 2, 0},
@@ -203,6 +266,31 @@ static void test_ops_parity(void) {
     {"max_pool2d_overlap", cp_maxpool_overlap, 1, {4, 0, 0}, {{2, 2, 5, 6}}, -1, 1, 0},
     {"avg_pool2d", cp_avgpool, 1, {4, 0, 0}, {{2, 2, 7, 6}}, -1, 1, 0},
     {"cnn_chain", cp_cnn, 3, {4, 4, 1}, {{2, 3, 4, 4}, {2, 3, 3, 3}, {2}}, -1, 1, 0},
+    {"permute_3d", cp_permute_3d, 1, {3, 0, 0}, {{3, 4, 5}}, -1, 1, 0},
+    {"permute_heads", cp_permute_heads, 1, {4, 0, 0}, {{2, 3, 5, 4}}, -1, 1, 0},
+    {"permute_2d", cp_permute_2d, 1, {2, 0, 0}, {{7, 3}}, -1, 1, 0},
+    {"permute_4d_odd", cp_permute_4d, 1, {4, 0, 0}, {{3, 2, 5, 7}}, -1, 1, 0},
+    {"permute_5d", cp_permute_5d, 1, {2, 0, 0}, {{6, 10}}, -1, 1, 0},
+    {"concat2_mid", cp_concat2_mid, 2, {3, 3, 0}, {{3, 4, 5}, {3, 2, 5}}, -1, 1, 0},
+    {"concat3_first", cp_concat3_first, 3, {2, 2, 2}, {{2, 3}, {1, 3}, {4, 3}}, -1, 1, 0},
+    {"concat3_last_repeat", cp_concat3_last, 2, {3, 3, 0}, {{2, 3, 5}, {2, 3, 1}}, -1, 1, 0},
+    {"slice_mid", cp_slice_mid, 1, {3, 0, 0}, {{3, 7, 5}}, -1, 1, 0},
+    {"slice_first", cp_slice_first, 1, {2, 0, 0}, {{6, 5}}, -1, 1, 0},
+    {"slice_last_overlap", cp_slice_last_twice, 1, {3, 0, 0}, {{2, 3, 7}}, -1, 1, 0},
+    {"split3", cp_split3, 1, {3, 0, 0}, {{2, 9, 3}}, -1, 1, 0},
+    {"split_axis0", cp_split_axis0, 1, {2, 0, 0}, {{6, 5}}, -1, 1, 0},
+    {"bmm", cp_bmm, 2, {4, 4, 0}, {{2, 3, 5, 4}, {2, 3, 4, 6}}, -1, 1, 0},
+    {"bmm_trans_b", cp_bmm_tb, 2, {3, 3, 0}, {{3, 5, 4}, {3, 7, 4}}, -1, 1, 0},
+    {"bmm_shared_b", cp_bmm, 2, {3, 2, 0}, {{2, 5, 4}, {4, 3}}, -1, 1, 0},
+    {"bmm_shared_b_trans", cp_bmm_tb, 2, {3, 2, 0}, {{3, 5, 4}, {6, 4}}, -1, 1, 0},
+    {"bmm_one", cp_bmm, 2, {2, 2, 0}, {{1, 7}, {7, 1}}, -1, 1, 0},
+    {"causal_mask_softmax", cp_causal, 1, {4, 0, 0}, {{2, 3, 5, 5}}, -2, 2, 0},
+    {"causal_mask_2d", cp_causal_raw, 1, {2, 0, 0}, {{7, 7}}, -2, 2, 0},
+    {"causal_mask_1x1", cp_causal, 1, {3, 0, 0}, {{3, 1, 1}}, -2, 2, 0},
+    {"batch_norm_2d", cp_batch_norm, 3, {2, 1, 1}, {{7, 5}, {5}, {5}}, -2, 2, 0},
+    {"batch_norm_4d", cp_batch_norm, 3, {4, 1, 1}, {{3, 4, 3, 5}, {4}, {4}}, -2, 2, 0},
+    {"batch_norm_plain", cp_batch_norm_plain, 1, {4, 0, 0}, {{2, 3, 2, 3}}, -2, 2, 0},
+    {"batch_norm_gamma", cp_batch_norm_gamma, 2, {2, 1, 0}, {{9, 3}, {3}}, -2, 2, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     th_cur = cases[i].name;
@@ -211,8 +299,8 @@ static void test_ops_parity(void) {
   th_cur = "test_ops_parity";
 }
 
-/* Ops without a device path, and broadcasts the device does not do, fail
- * with DTRAIN_ERR_UNSUPPORTED naming the op and the device. */
+/* Broadcasts the device does not do fail with DTRAIN_ERR_UNSUPPORTED naming
+ * the op and the device; argument errors are the CPU op's. */
 static void test_unsupported(void) {
   dt_graph_desc gd;
   memset(&gd, 0, sizeof gd);
@@ -220,23 +308,17 @@ static void test_unsupported(void) {
   dt_graph *g = dt_graph_create(NULL, &gd);
   CHECK(g != NULL);
   if (!g) return;
-  dt_tensor *x = dt_tensor_new2(g, 4, 3);
-  CHECK(x != NULL);
-  static const int swap2[2] = {1, 0};
-  CHECK(dt_permute(g, x, swap2) == NULL);
-  CHECK(dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED);
-  CHECK(strstr(dt_graph_message(g), "dt_permute") != NULL);
-  CHECK(strstr(dt_graph_message(g), cp_dev->name) != NULL);
-  dt_graph_reset(g);
+  dt_tensor *x = NULL;
   x = dt_tensor_new2(g, 4, 3);
   dt_tensor *col = dt_tensor_new2(g, 4, 1);
   CHECK(dt_add(g, x, col) == NULL);
   CHECK(dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED);
   CHECK(strstr(dt_graph_message(g), "dt_add") != NULL);
   dt_graph_reset(g);
-  x = dt_tensor_new4(g, 1, 1, 4, 4);
+  /* batch statistics of one value per channel: the CPU op's argument error, on a device too */
+  x = dt_tensor_new4(g, 1, 2, 1, 1);
   CHECK(dt_batch_norm(g, x, NULL, NULL, NULL, NULL, 0.1f, 1e-5f) == NULL);
-  CHECK(dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED);
+  CHECK(dt_graph_error(g) == DTRAIN_ERR_INVALID_ARG);
   dt_graph_reset(g);
   /* embedding ids are host memory, range-checked on the host as on the CPU */
   static const int32_t bad_ids[3] = {0, 7, 1};
@@ -259,40 +341,109 @@ static void test_unsupported(void) {
   dt_graph_destroy(g);
 }
 
-/* Every op without a device path is refused by name, before it reads data
- * (in the host emulation a host read would silently work, so the error code
- * is what proves the op never ran its CPU loop). */
-static void test_unsupported_all(void) {
+/* check_numerics with a causal mask: the -inf it writes above the diagonal
+ * is intended and passes; a NaN in a kept entry fails with the CPU op's
+ * message (a NaN above the diagonal is masked away). */
+static void cp_causal_numerics(dt_device *dev, int nan_at, char *msg, size_t cap) {
   dt_graph_desc gd;
   memset(&gd, 0, sizeof gd);
-  gd.device = cp_dev;
+  gd.device = dev;
+  gd.check_numerics = 1;
   dt_graph *g = dt_graph_create(NULL, &gd);
-  CHECK(g != NULL);
-  if (!g) return;
-  static const char *const names[] = {"dt_permute", "dt_concat",     "dt_slice",      "dt_split",
-                                      "dt_bmm",     "dt_batch_norm", "dt_causal_mask"};
-  const int n = (int)(sizeof names / sizeof names[0]);
-  static const int perm[4] = {0, 2, 1, 3};
-  for (int i = 0; i < n; i++) {
-    dt_graph_reset(g);
-    dt_tensor *x = dt_tensor_new4(g, 2, 2, 4, 4);
-    dt_tensor *xs[2] = {x, x}, *parts[2] = {NULL, NULL};
-    dt_tensor *y = NULL;
-    const char *nm = names[i];
-#define CP_IS(s) (strcmp(nm, s) == 0)
-    if (CP_IS("dt_permute")) y = dt_permute(g, x, perm);
-    else if (CP_IS("dt_concat")) y = dt_concat(g, xs, 2, 0);
-    else if (CP_IS("dt_slice")) y = dt_slice(g, x, 0, 0, 1);
-    else if (CP_IS("dt_split")) y = dt_split(g, x, 0, 2, parts) == DTRAIN_OK ? x : NULL;
-    else if (CP_IS("dt_bmm")) y = dt_bmm(g, x, x, 0);
-    else if (CP_IS("dt_batch_norm")) y = dt_batch_norm(g, x, NULL, NULL, NULL, NULL, 0.1f, 1e-5f);
-    else if (CP_IS("dt_causal_mask")) y = dt_causal_mask(g, x);
-    else CHECK_MSG(0, "no call for %s", nm);
-#undef CP_IS
-    CHECK_MSG(y == NULL && dt_graph_error(g) == DTRAIN_ERR_UNSUPPORTED && strstr(dt_graph_message(g), names[i]),
-              "%s on %s: %s", names[i], cp_dev->name, dt_graph_message(g));
-  }
+  float x[2 * 4 * 4];
+  for (int i = 0; i < 32; i++) x[i] = 0.1f * (float)i;
+  if (nan_at >= 0) x[nan_at] = NAN;
+  int64_t s[3] = {2, 4, 4};
+  dt_tensor *y = g ? dt_causal_mask(g, dt_tensor_from(g, 3, s, x)) : NULL;
+  snprintf(msg, cap, "%d %.200s", (int)(g ? dt_graph_error(g) : DTRAIN_ERR_NOMEM), y ? "ok" : dt_graph_message(g));
   dt_graph_destroy(g);
+}
+
+static void test_causal_numerics(void) {
+  static const int at[3] = {-1, 16 + 2 * 4 + 3, 16 + 2 * 4 + 1}; /* none; above the diagonal; kept */
+  for (int i = 0; i < 3; i++) {
+    char mc[256], md[256];
+    cp_causal_numerics(NULL, at[i], mc, sizeof mc);
+    cp_causal_numerics(cp_dev, at[i], md, sizeof md);
+    CHECK_MSG(strcmp(mc, md) == 0, "cpu '%s' device '%s'", mc, md);
+    CHECK_MSG(i < 2 ? strcmp(md, "0 ok") == 0 : strstr(md, "NaN at element 25") != NULL, "case %d: %s", i, md);
+  }
+}
+
+/* Batch norm with running statistics (dt_nn_batch_norm): training steps
+ * update the running mean and variance on the device as the CPU op does
+ * (they are params: compared after dt_graph_params_download), then eval mode
+ * normalises with them; forward and parameter gradients vs the CPU. A
+ * running variance that makes var + eps <= 0 fails in eval mode with the
+ * CPU op's error. */
+static int cp_bn_run(dt_device *dev, float *out, float *params, size_t *np, size_t *stat_off, char *err,
+                     size_t errcap) {
+  dt_params *p = dt_params_create(3);
+  dt_nn_batch_norm bn;
+  int ok = p && dt_nn_batch_norm_init(&bn, p, "bn", 3) == DTRAIN_OK;
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  dt_graph *g = ok ? dt_graph_create(p, &gd) : NULL;
+  ok = g != NULL;
+  float x[2 * 3 * 4 * 5];
+  th_seed(7);
+  th_fill(x, 120, -2.0f, 3.0f);
+  int64_t xs[4] = {2, 3, 4, 5};
+  for (int step = 0; ok && step < 3; step++) { /* training: batch stats, running stats updated */
+    dt_graph_reset(g);
+    dt_tensor *in = dt_tensor_from(g, 4, xs, x);
+    dt_tensor *y = dt_nn_batch_norm_forward(g, &bn, in);
+    dt_tensor *l = dt_mean(g, dt_mul(g, y, dt_tanh(g, in)));
+    ok = l && dt_backward(g, l) == DTRAIN_OK;
+    for (int i = 0; i < 120; i++) x[i] = x[i] * 0.9f + 0.3f; /* another batch */
+  }
+  if (ok) { /* eval: the running stats */
+    dt_graph_reset(g);
+    dt_graph_set_training(g, 0);
+    dt_tensor *y = dt_nn_batch_norm_forward(g, &bn, dt_tensor_from(g, 4, xs, x));
+    ok = y && dt_tensor_to_host(y, out) == DTRAIN_OK;
+  }
+  if (ok) {
+    dt_param_info mi, vi;
+    memset(&mi, 0, sizeof mi);
+    memset(&vi, 0, sizeof vi);
+    *np = dt_params_size(p);
+    ok = *np <= 64 && dt_params_info(p, bn.mean, &mi) == DTRAIN_OK && dt_params_info(p, bn.var, &vi) == DTRAIN_OK &&
+         dt_graph_params_download(g) == DTRAIN_OK;
+    stat_off[0] = mi.offset;
+    stat_off[1] = vi.offset;
+    if (ok) memcpy(params, dt_params_data(p), *np * sizeof(float));
+  }
+  if (ok) { /* a bad running variance */
+    dt_param_info info;
+    ok = dt_params_info(p, bn.var, &info) == DTRAIN_OK;
+    if (ok) dt_params_data(p)[info.offset + 1] = -1.0f;
+    ok = ok && dt_graph_params_upload(g) == DTRAIN_OK;
+    dt_graph_reset(g);
+    if (ok) ok = dt_nn_batch_norm_forward(g, &bn, dt_tensor_from(g, 4, xs, x)) == NULL;
+    snprintf(err, errcap, "%d %.200s", (int)dt_graph_error(g), dt_graph_message(g));
+  }
+  if (!ok && g) fprintf(stderr, "cp_bn_run on %s: %s\n", dev ? dev->name : "cpu", dt_graph_message(g));
+  dt_graph_destroy(g);
+  dt_params_destroy(p);
+  return ok;
+}
+
+static void test_batch_norm_running(void) {
+  float yc[120], yd[120], pc[64], pd[64];
+  size_t nc = 0, nd = 0, off[2] = {0, 0};
+  char ec[256] = "", ed[256] = "";
+  CHECK(cp_bn_run(NULL, yc, pc, &nc, off, ec, sizeof ec));
+  CHECK(cp_bn_run(cp_dev, yd, pd, &nd, off, ed, sizeof ed));
+  CHECK_MSG(nc >= 12 && nc == nd && nc <= 64, "%zu vs %zu params", nc, nd);
+  double worst = 0.0;
+  for (int i = 0; i < 120; i++) worst = fmax(worst, fabs((double)yc[i] - (double)yd[i]));
+  for (size_t i = 0; i < nc && nc == nd; i++) worst = fmax(worst, fabs((double)pc[i] - (double)pd[i]));
+  cp_compared += 120 + (int)nc;
+  CHECK_MSG(worst <= 1e-5, "batch norm (running stats, eval) differs by %g", worst);
+  CHECK(pc[off[0]] != 0.0f && pc[off[1]] != 1.0f); /* the running stats did move */
+  CHECK_MSG(strcmp(ec, ed) == 0 && strstr(ec, "running_var[1]") != NULL, "cpu '%s' device '%s'", ec, ed);
 }
 
 /* log, sqrt and non-integer powers check their domain on the device: the
@@ -422,6 +573,86 @@ static void test_modules_parity(void) {
   CHECK_MSG(worst <= 1e-5, "module gradients differ by %g", worst);
 }
 
+/* The attention, LSTM-cell and GRU-cell modules (compositions of linear,
+ * split, permute, bmm, causal mask, softmax and the elementwise ops): two
+ * steps of a small sequence model, the loss and the whole parameter
+ * gradient, CPU vs device. */
+static int cp_seq_run(dt_device *dev, int which, float *loss, float *grad, size_t *n) {
+  dt_params *p = dt_params_create(17);
+  dt_nn_attention att;
+  dt_nn_lstm_cell lstm;
+  dt_nn_gru_cell gru;
+  const int64_t B = 2, T = 5, C = 6, H = 7;
+  dt_result r = !p ? DTRAIN_ERR_NOMEM
+                : which == 0 ? dt_nn_attention_init(&att, p, "att", C, 2)
+                : which == 1 ? dt_nn_lstm_cell_init(&lstm, p, "lstm", C, H)
+                             : dt_nn_gru_cell_init(&gru, p, "gru", C, H);
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.device = dev;
+  dt_graph *g = r == DTRAIN_OK ? dt_graph_create(p, &gd) : NULL;
+  int ok = g != NULL;
+  float x[2 * 5 * 6];
+  th_seed(31 + which);
+  th_fill(x, B * T * C, -1.0f, 1.0f);
+  if (ok) {
+    dt_tensor *l = NULL;
+    if (which == 0) {
+      int64_t s[3] = {B, T, C};
+      dt_tensor *y = dt_nn_attention_forward(g, &att, dt_tensor_from(g, 3, s, x));
+      l = dt_mean(g, dt_mul(g, y, y));
+    } else { /* T steps of the cell over x [T, B, C] */
+      int64_t s[2] = {B, C};
+      dt_tensor *h = NULL, *c = NULL;
+      for (int64_t t = 0; t < T; t++) {
+        dt_tensor *xt = dt_tensor_from(g, 2, s, x + t * B * C);
+        if (which == 1) {
+          dt_tensor *hn = NULL, *cn = NULL;
+          if (dt_nn_lstm_cell_forward(g, &lstm, xt, h, c, &hn, &cn) != DTRAIN_OK) break;
+          h = hn;
+          c = cn;
+        } else {
+          h = dt_nn_gru_cell_forward(g, &gru, xt, h);
+        }
+      }
+      l = dt_mean(g, dt_mul(g, h, h));
+    }
+    ok = l && dt_backward(g, l) == DTRAIN_OK;
+    if (!ok) fprintf(stderr, "cp_seq_run %d on %s: %s\n", which, dev ? dev->name : "cpu", dt_graph_message(g));
+    *n = dt_params_size(p);
+    if (*n > 1024) ok = 0; /* the callers' buffers */
+    if (ok) *loss = dt_item(l);
+    if (ok && dev) ok = dev->copy(dev, grad, dt_graph_param_grad(g), *n * sizeof(float), DTRAIN_COPY_D2H) == DTRAIN_OK;
+    else if (ok) memcpy(grad, dt_params_grad(p), *n * sizeof(float));
+  }
+  dt_graph_destroy(g);
+  dt_params_destroy(p);
+  return ok;
+}
+
+static void test_seq_modules_parity(void) {
+  static const char *const names[3] = {"attention", "lstm_cell", "gru_cell"};
+  for (int which = 0; which < 3; which++) {
+    static float gc[1024], gdv[1024];
+    float lc = 0, ld = 1;
+    size_t nc = 0, nd = 0;
+    th_cur = names[which];
+    CHECK(cp_seq_run(NULL, which, &lc, gc, &nc));
+    CHECK(cp_seq_run(cp_dev, which, &ld, gdv, &nd));
+    CHECK_MSG(nc == nd && nc > 100, "%zu vs %zu params", nc, nd);
+    CHECK_NEAR(ld, lc, 1e-5);
+    double worst = 0.0, big = 0.0;
+    for (size_t i = 0; i < nc && nc == nd; i++) {
+      worst = fmax(worst, fabs((double)gc[i] - (double)gdv[i]));
+      big = fmax(big, fabs((double)gc[i]));
+    }
+    cp_compared += (int)nc;
+    CHECK_MSG(big > 1e-4, "%s: the gradient is all zeros", names[which]);
+    CHECK_MSG(worst <= 1e-5, "%s: parameter gradients differ by %g", names[which], worst);
+  }
+  th_cur = "test_seq_modules_parity";
+}
+
 /* A 2-layer MLP, a few steps on the CPU and on the device from the same
  * start: the parameters must agree after every step. */
 static void cp_mlp_run(dt_device *dev, const dt_optim_desc *od, float *params_out, size_t *n_out) {
@@ -492,26 +723,124 @@ static void test_mlp_parity(void) {
   od.weight_decay = 0.01f;
   od.clip_norm = 0.05f;
   cp_mlp_case(&od, "adamw_clip");
-}
-
-/* RMSprop has no device kernel: a clean error, no update. */
-static void test_optim_unsupported(void) {
-  dt_params *p = dt_params_create(1);
-  int64_t s[1] = {3};
-  dt_params_add(p, "w", 1, s, dt_init_constant(1.0f));
-  dt_optim_desc od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_RMSPROP;
-  dt_optim *o = dt_optim_create(p, &od);
+  od.lr = 0.01f;
+  cp_mlp_case(&od, "rmsprop");
+  od.momentum = 0.8f;
+  od.weight_decay = 1e-2f;
+  od.alpha = 0.9f;
+  cp_mlp_case(&od, "rmsprop_momentum_wd");
+}
+
+/* Checkpoints of a device run: train 3 steps on the device, save (the
+ * device graph in the state: params and the optimizer's device state come
+ * to the host), then resume from the file into a model built from another
+ * seed, on the device and on the CPU, 3 more steps: the same parameters as
+ * 6 uninterrupted steps on the device (bit for bit on the device: the same
+ * kernels in the same order; within float tolerance on the CPU). AdamW with
+ * dropout: the moments, the step count and the graph RNG all matter. */
+static int cp_ck_steps(dt_graph *g, dt_optim *o, const dt_nn_linear *l1, const dt_nn_linear *l2, int steps) {
+  float x[12 * 6];
+  th_seed(99);
+  th_fill(x, 12 * 6, -1.0f, 1.0f);
+  int64_t xs[2] = {12, 6};
+  int ok = 1;
+  for (int step = 0; ok && step < steps; step++) {
+    dt_graph_reset(g);
+    ok = dt_graph_zero_grad(g) == DTRAIN_OK;
+    dt_tensor *h = dt_dropout(g, dt_relu(g, dt_nn_linear_forward(g, l1, dt_tensor_from(g, 2, xs, x))), 0.25f);
+    dt_tensor *loss = dt_cross_entropy(g, dt_nn_linear_forward(g, l2, h), cp_labels);
+    ok = ok && loss && dt_backward(g, loss) == DTRAIN_OK && dt_optim_step_graph(o, g) == DTRAIN_OK;
+    if (!ok) fprintf(stderr, "cp_ck_run step %d: %s / %s\n", step, dt_graph_message(g), dt_last_error());
+  }
+  return ok;
+}
+
+/* pre steps, load `load` (if given), `steps` steps, save to `save` (if
+ * given), `post` steps; out: the params and Adam's first moment. */
+static int cp_ck_run(dt_device *dev, uint64_t seed, int pre, const char *load, int steps, const char *save, int post,
+                     float *out, size_t *n, float *m_out) {
+  dt_params *p = dt_params_create(seed);
+  dt_nn_linear l1, l2;
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_ADAMW;
+  od.lr = 0.02f;
+  od.weight_decay = 0.01f;
+  int ok = p && dt_nn_linear_init(&l1, p, "l1", 6, 16, 1) == DTRAIN_OK &&
+           dt_nn_linear_init(&l2, p, "l2", 16, 5, 1) == DTRAIN_OK;
+  dt_optim *o = ok ? dt_optim_create(p, &od) : NULL;
   dt_graph_desc gd;
   memset(&gd, 0, sizeof gd);
-  gd.device = cp_dev;
-  dt_graph *g = dt_graph_create(p, &gd);
-  CHECK(o && g);
-  if (o && g) CHECK_ERR(dt_optim_step_graph(o, g), DTRAIN_ERR_UNSUPPORTED, cp_dev->name);
+  gd.device = dev;
+  gd.seed = seed * 3 + 1;
+  dt_graph *g = o ? dt_graph_create(p, &gd) : NULL;
+  ok = g != NULL;
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = p;
+  st.optim = o;
+  st.graph = g;
+  ok = ok && cp_ck_steps(g, o, &l1, &l2, pre);
+  if (ok && load) {
+    ok = dt_checkpoint_load(load, &st) == DTRAIN_OK;
+    if (!ok) fprintf(stderr, "cp_ck_run: load: %s\n", dt_last_error());
+    if (ok) ok = dt_optim_steps(o) == 3;
+  }
+  ok = ok && cp_ck_steps(g, o, &l1, &l2, steps);
+  if (ok && save) {
+    ok = dt_checkpoint_save(save, &st) == DTRAIN_OK;
+    if (!ok) fprintf(stderr, "cp_ck_run: save: %s\n", dt_last_error());
+  }
+  ok = ok && cp_ck_steps(g, o, &l1, &l2, post);
+  if (ok) {
+    *n = dt_params_size(p);
+    ok = *n <= 1024 && dt_graph_params_download(g) == DTRAIN_OK;
+    const float *m = ok ? dt_optim_state(o, 0) : NULL; /* on a device: copied from there */
+    ok = m != NULL;
+    if (ok) {
+      memcpy(out, dt_params_data(p), *n * sizeof(float));
+      memcpy(m_out, m, *n * sizeof(float));
+    }
+  }
   dt_graph_destroy(g);
   dt_optim_destroy(o);
   dt_params_destroy(p);
+  return ok;
+}
+
+static void test_device_checkpoint(void) {
+  static float full[1024], dres[1024], cres[1024], m_full[1024], m_dev[1024], m_cpu[1024], m_mid[1024], mid[1024];
+  static float cont[1024], m_cont[1024], late[1024], m_late[1024];
+  size_t n0 = 0, n1 = 0, n2 = 0, n3 = 0, n4 = 0, n5 = 0;
+  char path[] = "/tmp/dtrain_cuda_ckpt_XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  if (fd < 0) return;
+  close(fd);
+  CHECK(cp_ck_run(cp_dev, 5, 0, NULL, 6, NULL, 0, full, &n0, m_full));
+  CHECK(cp_ck_run(cp_dev, 5, 0, NULL, 3, path, 0, mid, &n1, m_mid));
+  CHECK(cp_ck_run(cp_dev, 5, 0, NULL, 3, path, 3, cont, &n4, m_cont));  /* saving changes nothing */
+  CHECK(cp_ck_run(cp_dev, 77, 0, path, 3, NULL, 0, dres, &n2, m_dev));  /* a fresh optimizer */
+  CHECK(cp_ck_run(cp_dev, 77, 2, path, 3, NULL, 0, late, &n5, m_late)); /* state already on the device */
+  CHECK(cp_ck_run(NULL, 77, 0, path, 3, NULL, 0, cres, &n3, m_cpu));
+  CHECK_MSG(n0 > 0 && n0 == n1 && n0 == n2 && n0 == n3 && n0 == n4 && n0 == n5, "%zu %zu %zu %zu %zu %zu params", n0,
+            n1, n2, n3, n4, n5);
+  double dd = 0.0, dc = 0.0, mm = 0.0, moved = 0.0;
+  for (size_t i = 0; i < n0 && n0 == n2 && n0 == n3 && n0 == n4 && n0 == n5; i++) {
+    dd = fmax(dd, fabs((double)full[i] - (double)dres[i]) + fabs((double)m_full[i] - (double)m_dev[i]));
+    dd = fmax(dd, fabs((double)full[i] - (double)cont[i]) + fabs((double)m_full[i] - (double)m_cont[i]));
+    dd = fmax(dd, fabs((double)full[i] - (double)late[i]) + fabs((double)m_full[i] - (double)m_late[i]));
+    dc = fmax(dc, fabs((double)full[i] - (double)cres[i]));
+    mm = fmax(mm, fabs((double)m_mid[i]));
+    moved = fmax(moved, fabs((double)full[i] - (double)mid[i]));
+  }
+  cp_compared += 3 * (int)n0;
+  CHECK_MSG(mm > 1e-4 && moved > 1e-3, "the optimizer state (%g) or the params (%g) did not move", mm, moved);
+  CHECK_MSG(dd <= 1e-6, "resumed on the device: differs from the uninterrupted run by %g", dd);
+  CHECK_MSG(dc <= 2e-5, "resumed on the CPU: differs from the uninterrupted device run by %g", dc);
+  remove(path);
 }
 
 /* Parameters move between the host params and the graph's device copy;
@@ -593,12 +922,14 @@ static void cp_run_all(void) {
   TH_RUN(test_step_graph_cpu_same);
   TH_RUN(test_ops_parity);
   TH_RUN(test_unsupported);
-  TH_RUN(test_unsupported_all);
+  TH_RUN(test_batch_norm_running);
+  TH_RUN(test_causal_numerics);
   TH_RUN(test_dropout_seed);
   TH_RUN(test_domain_checks);
   TH_RUN(test_modules_parity);
+  TH_RUN(test_seq_modules_parity);
   TH_RUN(test_mlp_parity);
-  TH_RUN(test_optim_unsupported);
+  TH_RUN(test_device_checkpoint);
 }
 
 #endif /* DTRAIN_TEST_CUDA_PARITY_H */

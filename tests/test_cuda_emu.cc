@@ -46,6 +46,52 @@ static void test_gemm_mapping(void) {
       }
 }
 
+/* The batched form (n4 products at strides n5/n6/n7, B shared when n6 = 0),
+ * every transpose combination, against dt_sgemm product by product. */
+static void test_gemm_batched(void) {
+  const int64_t m = 3, n = 5, k = 4, nb = 3;
+  float a[3 * 12], b[3 * 20], c[3 * 15], ref[3 * 15];
+  th_fill(a, 36, -1, 1);
+  th_fill(b, 60, -1, 1);
+  for (int shared = 0; shared < 2; shared++)
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++) {
+        th_fill(c, 45, -1, 1);
+        memcpy(ref, c, sizeof c);
+        int64_t sb = shared ? 0 : k * n;
+        for (int64_t i = 0; i < nb; i++)
+          dt_sgemm(ta, tb, m, n, k, 1.0f, a + i * m * k, ta ? m : k, b + i * sb, tb ? k : n, 1.0f, ref + i * m * n, n);
+        dt_kernel_args ka;
+        memset(&ka, 0, sizeof ka);
+        ka.p[0] = c;
+        ka.p[1] = a;
+        ka.p[2] = b;
+        ka.n[0] = m;
+        ka.n[1] = n;
+        ka.n[2] = k;
+        ka.n[3] = ta | (tb << 1);
+        ka.n[4] = nb;
+        ka.n[5] = m * k;
+        ka.n[6] = sb;
+        ka.n[7] = m * n;
+        ka.f[0] = 1.0f;
+        ka.f[1] = 1.0f;
+        CHECK(cp_dev->run(cp_dev, DTRAIN_K_GEMM, &ka) == DTRAIN_OK);
+        for (int i = 0; i < 45; i++) CHECK_NEAR(c[i], ref[i], 1e-5);
+      }
+}
+
+/* Every op of the library has a device path today; an op that had none
+ * (a name not in the list) would be refused by dt__begin. */
+static void test_device_op_list(void) {
+  static const char *const ops[] = {"dt_permute", "dt_concat", "dt_slice", "dt_split", "dt_bmm", "dt_causal_mask",
+                                    "dt_batch_norm", "dt_nn_attention_forward", "dt_nn_lstm_cell_forward",
+                                    "dt_nn_gru_cell_forward", "dt_nn_batch_norm_forward"};
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) CHECK_MSG(dt__dev_op_ok(ops[i]), "%s", ops[i]);
+  CHECK(!dt__dev_op_ok("dt_no_such_op"));
+  CHECK(!dt__dev_op_ok("dt_permut"));
+}
+
 /* An unknown kernel id is refused, not ignored. */
 static void test_unknown_kernel(void) {
   dt_kernel_args ka;
@@ -57,6 +103,9 @@ static void test_unknown_kernel(void) {
   CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_MAP_BWD, &ka), DTRAIN_ERR_UNSUPPORTED, "no implementation");
   ka.n[1] = DTRAIN_MAP_SQRT;
   CHECK(cp_dev->run(cp_dev, DTRAIN_K_MAP_BWD, &ka) == DTRAIN_OK);
+  memset(&ka, 0, sizeof ka);
+  ka.n[1] = 7; /* a permute of more dims than the kernel holds */
+  CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_PERMUTE, &ka), DTRAIN_ERR_UNSUPPORTED, "no implementation");
 }
 
 /* A device that fails on demand: a kernel, or allocations above a size. The
@@ -130,6 +179,8 @@ int main(void) {
   cp_dev = dt_cuda_emu_device();
   cp_run_all();
   TH_RUN(test_gemm_mapping);
+  TH_RUN(test_gemm_batched);
+  TH_RUN(test_device_op_list);
   TH_RUN(test_unknown_kernel);
   TH_RUN(test_device_errors);
   printf("test_cuda_emu: %d floats compared between the CPU ops and the emulated CUDA kernels\n", cp_compared);
