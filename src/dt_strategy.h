@@ -192,10 +192,11 @@
  * multi_worker_mirrored with devices: each process's replicas run on its
  * devices; the local gradients are all-reduced on the devices, replica 0's
  * copy comes to the host (device -> host), joins the cross-process
- * all-reduce on desc.comm as above, and goes back to every local device
- * (host -> device), where each replica updates; W processes x N devices
- * equal CPU mirrored(W*N) within float tolerance. (Each process's device 0
- * updates; the processes stay equal as on the CPU: same sum, same update.)
+ * all-reduce on desc.comm as above, and goes back to device 0 (host ->
+ * device), which updates and broadcasts to the other local devices as in
+ * mirrored; W processes x N devices equal CPU mirrored(W*N) within float
+ * tolerance (every process's device 0 updates; the processes stay equal as
+ * on the CPU: same sum, same update).
  * dt_strategy_sync uploads the params' values to every device (mwm: rank
  * 0's, as above). central_storage, async and parameter_server keep their
  * parameters in host memory and refuse devices (DTRAIN_ERR_UNSUPPORTED at
