@@ -2206,6 +2206,13 @@ typedef struct dt_net_options {
                                 poll(), whose wake-up costs a few microseconds per message
                                 [env DTRAIN_SPIN_US, else 20; 0 here means the default,
                                 negative: never spin] */
+  int64_t sock_buf_bytes;    /* SO_SNDBUF and SO_RCVBUF of every collective connection: large
+                                buffers let a peer send the next ring part while this rank
+                                sums the last one (on loopback, 4 MiB ran 1-4 MiB all-reduces
+                                about 20-50% faster than autotuning). The kernel caps it
+                                (net.core.wmem_max / rmem_max) [env DTRAIN_SOCKBUF, else
+                                4 MiB; 0 here means the default; negative (or 0 in the
+                                environment): the kernel's own sizes and autotuning] */
 } dt_net_options;
 
 DTRAIN_API dt_net_options dt_net_defaults(void);
@@ -18845,6 +18852,7 @@ DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline
 /* The same, but when nothing has arrived it polls the socket (yielding the
  * CPU between tries) for up to spin_s seconds before sleeping in poll(). */
 DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double deadline, double spin_s);
+DTRAIN_PRIVATE void dt__net_set_bufs(int fd, int64_t bytes); /* SO_SNDBUF/SO_RCVBUF; <= 0: the kernel's */
 DTRAIN_PRIVATE void dt__net_close(int fd);
 /* Wait until fd is readable: 1 readable, 0 timed out (after `seconds`), -1 error. */
 DTRAIN_PRIVATE int dt__net_poll_in(int fd, double seconds);
@@ -19268,6 +19276,15 @@ static void dt__net_tune(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
 #  endif
   dt__net_nonblock(fd);
+}
+
+/* SO_SNDBUF/SO_RCVBUF of a connected socket (bytes <= 0: left to the kernel).
+ * Best effort: the kernel caps the sizes, and a refusal changes nothing. */
+DTRAIN_PRIVATE void dt__net_set_bufs(int fd, int64_t bytes) {
+  if (fd < 0 || bytes <= 0) return;
+  int b = bytes > (int64_t)(1 << 30) ? (1 << 30) : (int)bytes;
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
+  (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b);
 }
 
 static dt_result dt__net_resolve(const char *hostport, int passive, struct addrinfo **res) {
@@ -19928,6 +19945,7 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
     if (o->max_payload) d.max_payload = o->max_payload;
     if (o->chunk_bytes) d.chunk_bytes = o->chunk_bytes;
     if (o->spin_us != 0) d.spin_us = o->spin_us;
+    if (o->sock_buf_bytes != 0) d.sock_buf_bytes = o->sock_buf_bytes;
     if (o->small_bytes) d.small_bytes = o->small_bytes;
     d.quiet = o->quiet;
   }
@@ -20119,6 +20137,7 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   o.chunk_bytes = (size_t)512 << 10;
   o.small_bytes = (size_t)64 << 10;
   o.spin_us = 20.0;
+  o.sock_buf_bytes = (int64_t)4 << 20;
 #ifndef DTRAIN_NO_STDIO
   const char *e = getenv("DTRAIN_TIMEOUT");
   if (e && atof(e) > 0) o.timeout_s = atof(e);
@@ -20128,6 +20147,8 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   if (e && *e) o.job_id = (uint64_t)strtoull(e, NULL, 0);
   e = getenv("DTRAIN_SPIN_US");
   if (e && *e) o.spin_us = atof(e);
+  e = getenv("DTRAIN_SOCKBUF");
+  if (e && *e) o.sock_buf_bytes = atoll(e) > 0 ? (int64_t)atoll(e) : -1;
   e = getenv("DTRAIN_LISTEN_FD");
   if (e && *e) o.listen_fd = atoi(e);
 #endif
@@ -21160,8 +21181,10 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
     dt__tcp_free(t);
     return NULL;
   }
-  for (int j = 0; j < t->comm.world; j++)
+  for (int j = 0; j < t->comm.world; j++) {
     t->conns[j].spin_s = t->self.opt.spin_us > 0 ? t->self.opt.spin_us * 1e-6 : 0.0;
+    dt__net_set_bufs(t->conns[j].fd, t->self.opt.sock_buf_bytes);
+  }
   t->self.cluster = NULL; /* the caller's; not needed after setup */
   t->self.opt.token = NULL;
   return &t->comm;

@@ -1021,8 +1021,10 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
     dt__tcp_free(t);
     return NULL;
   }
-  for (int j = 0; j < t->comm.world; j++)
+  for (int j = 0; j < t->comm.world; j++) {
     t->conns[j].spin_s = t->self.opt.spin_us > 0 ? t->self.opt.spin_us * 1e-6 : 0.0;
+    dt__net_set_bufs(t->conns[j].fd, t->self.opt.sock_buf_bytes);
+  }
   t->self.cluster = NULL; /* the caller's; not needed after setup */
   t->self.opt.token = NULL;
   return &t->comm;

@@ -326,6 +326,15 @@ static void dt__net_tune(int fd) {
   dt__net_nonblock(fd);
 }
 
+/* SO_SNDBUF/SO_RCVBUF of a connected socket (bytes <= 0: left to the kernel).
+ * Best effort: the kernel caps the sizes, and a refusal changes nothing. */
+DTRAIN_PRIVATE void dt__net_set_bufs(int fd, int64_t bytes) {
+  if (fd < 0 || bytes <= 0) return;
+  int b = bytes > (int64_t)(1 << 30) ? (1 << 30) : (int)bytes;
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
+  (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b);
+}
+
 static dt_result dt__net_resolve(const char *hostport, int passive, struct addrinfo **res) {
   char host[256], port[16];
   dt_result rc = dt__net_split(hostport, host, sizeof host, port, sizeof port);
@@ -984,6 +993,7 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
     if (o->max_payload) d.max_payload = o->max_payload;
     if (o->chunk_bytes) d.chunk_bytes = o->chunk_bytes;
     if (o->spin_us != 0) d.spin_us = o->spin_us;
+    if (o->sock_buf_bytes != 0) d.sock_buf_bytes = o->sock_buf_bytes;
     if (o->small_bytes) d.small_bytes = o->small_bytes;
     d.quiet = o->quiet;
   }
@@ -1175,6 +1185,7 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   o.chunk_bytes = (size_t)512 << 10;
   o.small_bytes = (size_t)64 << 10;
   o.spin_us = 20.0;
+  o.sock_buf_bytes = (int64_t)4 << 20;
 #ifndef DTRAIN_NO_STDIO
   const char *e = getenv("DTRAIN_TIMEOUT");
   if (e && atof(e) > 0) o.timeout_s = atof(e);
@@ -1184,6 +1195,8 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   if (e && *e) o.job_id = (uint64_t)strtoull(e, NULL, 0);
   e = getenv("DTRAIN_SPIN_US");
   if (e && *e) o.spin_us = atof(e);
+  e = getenv("DTRAIN_SOCKBUF");
+  if (e && *e) o.sock_buf_bytes = atoll(e) > 0 ? (int64_t)atoll(e) : -1;
   e = getenv("DTRAIN_LISTEN_FD");
   if (e && *e) o.listen_fd = atoi(e);
 #endif

@@ -103,6 +103,7 @@ DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline
 /* The same, but when nothing has arrived it polls the socket (yielding the
  * CPU between tries) for up to spin_s seconds before sleeping in poll(). */
 DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double deadline, double spin_s);
+DTRAIN_PRIVATE void dt__net_set_bufs(int fd, int64_t bytes); /* SO_SNDBUF/SO_RCVBUF; <= 0: the kernel's */
 DTRAIN_PRIVATE void dt__net_close(int fd);
 /* Wait until fd is readable: 1 readable, 0 timed out (after `seconds`), -1 error. */
 DTRAIN_PRIVATE int dt__net_poll_in(int fd, double seconds);

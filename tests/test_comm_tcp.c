@@ -247,10 +247,27 @@ static int child_collectives(world *x, int rank, void *arg) {
   dt_net_options o = opts_of(x, rank);
   o.chunk_bytes = 1024; /* several chunks per slice */
   o.spin_us = rank % 2 ? -1.0 : 200.0; /* never spin / spin long: a local choice, results the same */
+  o.sock_buf_bytes = rank % 2 ? -1 : 3 << 20; /* the kernel's buffers / large ones: the same results */
   dt_comm *comm = dt_comm_create_tcp(&c, &o);
   CK(comm != NULL);
   if (!comm) return 2;
   int w = x->w;
+  if (rank % 2 == 0) {
+    /* The setting reached every connection: each reports what the kernel
+     * makes of 3 MiB on a fresh TCP socket (capped by rmem_max, doubled). */
+    int probe = socket(AF_INET, SOCK_STREAM, 0), want = 0, plain = 0;
+    socklen_t l = sizeof plain;
+    CK(probe >= 0 && getsockopt(probe, SOL_SOCKET, SO_RCVBUF, &plain, &l) == 0);
+    dt__net_set_bufs(probe, 3 << 20);
+    l = sizeof want;
+    CK(getsockopt(probe, SOL_SOCKET, SO_RCVBUF, &want, &l) == 0 && want != plain);
+    close(probe);
+    for (int j = 0; j < w; j++) {
+      int fd = dt__tcp_of(comm)->conns[j].fd, got = 0;
+      l = sizeof got;
+      if (j != rank) CK(fd >= 0 && getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &got, &l) == 0 && got == want);
+    }
+  }
   size_t sizes[] = {1, 3, 17, 100, 1000, 5003};
   for (int k = 0; k < 6; k++) {
     size_t n = sizes[k];

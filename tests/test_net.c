@@ -440,7 +440,36 @@ static void test_spin_read(void) {
   setenv("DTRAIN_SPIN_US", "75", 1);
   CHECK(dt_net_defaults().spin_us == 75.0);
   unsetenv("DTRAIN_SPIN_US");
+  setenv("DTRAIN_SOCKBUF", "0", 1); /* 0 in the environment: the kernel's sizes */
+  CHECK(dt_net_defaults().sock_buf_bytes < 0);
+  setenv("DTRAIN_SOCKBUF", "1048576", 1);
+  CHECK(dt_net_defaults().sock_buf_bytes == 1048576);
+  unsetenv("DTRAIN_SOCKBUF");
 #  endif
+  CHECK(dt_net_defaults().sock_buf_bytes == (int64_t)4 << 20);
+  {
+    /* dt__net_set_bufs reaches the socket (Linux reports twice what was set;
+     * stay below the usual rmem_max/wmem_max caps) and leaves it alone for <= 0. */
+    int sp[2];
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sp) == 0);
+    int before = 0, after = 0, same = 0;
+    socklen_t l = sizeof before;
+    getsockopt(sp[0], SOL_SOCKET, SO_RCVBUF, &before, &l);
+    dt__net_set_bufs(sp[0], -1);
+    l = sizeof same;
+    getsockopt(sp[0], SOL_SOCKET, SO_RCVBUF, &same, &l);
+    CHECK(same == before);
+    int want = before > 20000 ? before / 4 : 8192; /* a size the kernel surely takes */
+    dt__net_set_bufs(sp[0], want);
+    l = sizeof after;
+    getsockopt(sp[0], SOL_SOCKET, SO_RCVBUF, &after, &l);
+    CHECK_MSG(after >= want && after != before, "SO_RCVBUF %d after asking for %d (was %d)", after, want, before);
+    l = sizeof after;
+    getsockopt(sp[0], SOL_SOCKET, SO_SNDBUF, &after, &l);
+    CHECK_MSG(after >= want, "SO_SNDBUF %d after asking for %d", after, want);
+    close(sp[0]);
+    close(sp[1]);
+  }
   int sv[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
   fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
