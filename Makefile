@@ -22,7 +22,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal all test demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
-.PHONY: bench-strategy bench-net fuzz
+.PHONY: bench-strategy bench-net bench-gpu fuzz
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
 
@@ -139,6 +139,21 @@ $(BUILD)/examples/02_fashion_mnist_cuda: $(BUILD)/examples/02_fashion_mnist_cuda
 $(BUILD)/examples/02_fashion_mnist_emu: $(BUILD)/examples/02_fashion_mnist_cuda.o tests/cuda_emu_backend.cc dtrain_cuda.h
 	$(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) -I. tests/cuda_emu_backend.cc $< -o $@ $(LDLIBS)
 
+# The GPU benchmark (bench/bench_gpu.c): bench_gpu on the CUDA backend (make
+# bench-gpu, where nvcc is), bench_gpu_emu on the host emulation (built with
+# everything, run for a few steps by tests/example_checks.sh).
+$(BUILD)/bench/bench_gpu.o: bench/bench_gpu.c dtrain.h dtrain_cuda.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -I. -c $< -o $@
+
+$(BUILD)/bench/bench_gpu: $(BUILD)/bench/bench_gpu.o examples/cuda_backend.cu dtrain_cuda.h
+	$(NVCC) $(NVCCFLAGS) $(EXTRA_CFLAGS) -I. examples/cuda_backend.cu $< -o $@ -lcublas $(LDLIBS)
+
+$(BUILD)/bench/bench_gpu_emu: $(BUILD)/bench/bench_gpu.o tests/cuda_emu_backend.cc dtrain_cuda.h
+	$(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) -I. tests/cuda_emu_backend.cc $< -o $@ $(LDLIBS)
+
+all: $(if $(CXX_FOUND),$(BUILD)/bench/bench_gpu_emu,)
+
 # ---- running -----------------------------------------------------------------
 test: all
 	@BUILD=$(BUILD) CC="$(CC)" CXX="$(CXX)" SAN="$(SAN)" RUNNER="$(RUNNER)" SCRIPTS="$(SCRIPTS)" TEST_JOBS="$(TEST_JOBS)" sh tools/run_tests.sh
@@ -181,6 +196,11 @@ bench-net: tools/dtrain-bench tools/dtrain-launch $(BUILD)/bench/bench_multiwork
 	@if command -v mpicc >/dev/null 2>&1; then \
 	  mpicc -std=c11 -O2 -DDTRAIN_USE_MPI -I. tools/dtrain_bench.c -o tools/dtrain-bench-mpi -lm -lpthread; fi
 	BUILD=$(BUILD) sh bench/run_net.sh
+# The MLP and CNN on one GPU against PyTorch on the same GPU (skips without
+# nvcc, a GPU or torch.cuda); not part of `make bench` (no GPU on most machines).
+bench-gpu:
+	@if [ -n "$(CUDA_SKIP)" ]; then echo "bench-gpu: skipped ($(CUDA_SKIP))"; \
+	else $(MAKE) --no-print-directory $(BUILD)/bench/bench_gpu && BUILD=$(BUILD) sh bench/run_gpu.sh; fi
 bench-strategy: $(BUILD)/bench/bench_allreduce $(BUILD)/bench/bench_strategy
 	$(BUILD)/bench/bench_allreduce
 	$(BUILD)/bench/bench_strategy

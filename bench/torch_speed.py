@@ -1,7 +1,12 @@
 """torch_speed.py -- the PyTorch side of `make bench` (bench/run_speed.sh runs it).
 
-    python3 torch_speed.py mlp BATCH [seconds] [threads]
-    python3 torch_speed.py cnn BATCH [seconds] [threads]
+    python3 torch_speed.py mlp BATCH [seconds] [threads] [device]
+    python3 torch_speed.py cnn BATCH [seconds] [threads] [device]
+
+device: cpu (default) or cuda (bench/run_gpu.sh): the model and the whole
+synthetic data set on the GPU, each window ending with torch.cuda.synchronize()
+as bench_gpu.c ends its windows with the device synchronised; exits 3 with
+"skipped: ..." when torch has no CUDA device.
 
 The same models, optimizer (Adam, lr 1e-3; here the multi-tensor foreach=True
 variant, PyTorch's fastest on the CPU), synthetic data set (4096 samples of
@@ -19,6 +24,7 @@ mode = sys.argv[1] if len(sys.argv) > 1 else "mlp"
 batch = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 3.0
 threads = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+device = sys.argv[5] if len(sys.argv) > 5 else "cpu"
 for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[var] = str(threads)
 
@@ -34,6 +40,14 @@ try:
 except RuntimeError:
     pass
 torch.manual_seed(1)
+if device != "cpu" and not torch.cuda.is_available():
+    print("skipped: torch.cuda.is_available() is False (torch %s)" % torch.__version__)
+    sys.exit(3)
+
+
+def sync():
+    if device != "cpu":
+        torch.cuda.synchronize()
 
 NSAMPLES = 4096
 
@@ -56,6 +70,9 @@ else:
         nn.Flatten(), nn.Linear(64 * 7 * 7, 1024), nn.ReLU(), nn.Linear(1024, 10))
     xs = torch.rand(NSAMPLES, 1, 28, 28)
 ys = torch.randint(0, 10, (NSAMPLES,))
+model = model.to(device)
+xs = xs.to(device)
+ys = ys.to(device)
 # foreach=True (multi-tensor Adam) and zero_grad(set_to_none=True) are PyTorch's
 # fastest stock CPU settings here (foreach: ~1.7x the 1.13 default at batch 64).
 opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
@@ -72,6 +89,7 @@ s = 0
 loss = None
 while True:
     if s == 3:
+        sync()
         t_first = time.perf_counter()
         c_first = time.process_time()
         t_end = t_first + seconds
@@ -87,6 +105,7 @@ while True:
         steps += 1
         window += 1
         if window == per_window:
+            sync()
             now = time.perf_counter()
             rates.append(window * batch / (now - tw))
             window = 0

@@ -1,0 +1,49 @@
+#!/bin/sh
+# run_gpu.sh -- `make bench-gpu`: the MLP and the CNN trained on one GPU by
+# dtrain (build/bench/bench_gpu, the CUDA backend) and by PyTorch
+# (bench/torch_speed.py ... cuda) on the same GPU, alternating, best of
+# BENCH_ROUNDS (default 3) per side, printed as ratios. Skips cleanly where
+# there is no GPU (bench_gpu exits 3) or no CUDA-enabled torch (the PyTorch
+# column says "skipped"). Timings only: nothing is asserted.
+#
+#   BUILD=build sh bench/run_gpu.sh
+ROUNDS=${BENCH_ROUNDS:-3}
+PY=${PYTHON:-/usr/bin/python3}
+DIR=$(dirname "$0")
+B=${BUILD:-build}/bench/bench_gpu
+SECONDS_EACH=${BENCH_SECONDS:-3}
+
+if [ ! -x "$B" ]; then
+  echo "bench-gpu: skipped (no $B: needs nvcc)"
+  exit 0
+fi
+probe=$("$B" mlp 64 0.2 2>/dev/null)
+if [ $? -eq 3 ]; then
+  echo "bench-gpu: skipped (${probe#skipped: })"
+  exit 0
+fi
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+have_torch=1
+tprobe=$("$PY" "$DIR/torch_speed.py" mlp 64 0.2 1 cuda 2>&1 | tail -1)
+case "$tprobe" in result*) ;; *) have_torch=0; echo "(PyTorch side skipped: ${tprobe:-no output})" ;; esac
+
+best() { # best samples/s of the result lines on stdin
+  sed -n 's/^result samples_per_s=\([0-9.]*\).*/\1/p' | awk 'BEGIN { b = 0 } { if ($1 > b) b = $1 } END { print b }'
+}
+
+echo "== one GPU, Adam, synthetic data on the device: samples/s (best of $ROUNDS), ratio = dtrain / PyTorch"
+printf "%-14s %14s %14s %8s\n" "workload" "dtrain" "PyTorch" "ratio"
+for w in "mlp 64" "mlp 256" "cnn 64" "cnn 256"; do
+  d=0; t=0; r=0
+  while [ $r -lt "$ROUNDS" ]; do
+    v=$("$B" $w "$SECONDS_EACH" 2>/dev/null | best)
+    d=$(awk -v a="$d" -v b="${v:-0}" 'BEGIN { print (b > a) ? b : a }')
+    if [ $have_torch = 1 ]; then
+      v=$("$PY" "$DIR/torch_speed.py" $w "$SECONDS_EACH" 1 cuda 2>/dev/null | best)
+      t=$(awk -v a="$t" -v b="${v:-0}" 'BEGIN { print (b > a) ? b : a }')
+    fi
+    r=$((r + 1))
+  done
+  awk -v w="$w" -v d="$d" -v t="$t" 'BEGIN { printf "%-14s %14.0f %14s %8s\n", w, d, (t > 0) ? sprintf("%.0f", t) : "-", (t > 0) ? sprintf("%.2fx", d / t) : "-" }'
+done
