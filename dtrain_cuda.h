@@ -1190,6 +1190,15 @@ static dt_result dt__nccl_create(dt_device *const *devs, int n, void **out) {
       return dt_device_error(DTRAIN_ERR_UNSUPPORTED, "ncclCommInitAll: a device of the group is not a CUDA device");
     }
     list[i] = g->devs[i]->index;
+    for (int j = 0; j < i; j++)
+      if (list[j] == list[i]) { /* NCCL: one rank per GPU ("may lead to hangs" otherwise) */
+        char msg[160];
+        snprintf(msg, sizeof msg, "ncclCommInitAll: GPU %d is in the group twice (%.31s and %.31s); NCCL needs one rank "
+                 "per GPU", list[i], g->devs[j]->name, g->devs[i]->name);
+        free(list);
+        dt__nccl_destroy(g);
+        return dt_device_error(DTRAIN_ERR_UNSUPPORTED, msg);
+      }
   }
   ncclResult_t r = ncclCommInitAll(g->comms, n, list);
   free(list);

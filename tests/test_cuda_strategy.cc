@@ -326,6 +326,58 @@ static void test_group(void) {
   CHECK(dt_device_group_create(devs, 0, 4) == NULL && dt_last_result() == DTRAIN_ERR_INVALID_ARG);
 }
 
+/* A collective that refuses these devices (DTRAIN_ERR_UNSUPPORTED, as the
+ * NCCL hooks do for a GPU given twice): the group falls back to the ring,
+ * which still sums; any other group_create failure fails the group. */
+static int refuse_code = DTRAIN_ERR_UNSUPPORTED;
+static dt_result refusing_group_create(dt_device *const *d, int n, void **out) {
+  (void)d;
+  (void)n;
+  *out = NULL;
+  return dt_device_error((dt_result)refuse_code, "fake collective: refused");
+}
+
+static void test_group_refused(void) {
+  dt_device dv[2], *dp[2];
+  for (int i = 0; i < 2; i++) {
+    dv[i] = *devs[i];
+    dv[i].group_create = refusing_group_create;
+    dv[i].group_allreduce = fake_group_allreduce;
+    dv[i].group_destroy = fake_group_destroy;
+    dp[i] = &dv[i];
+  }
+  refuse_code = DTRAIN_ERR_UNSUPPORTED;
+  dt_device_group *g = dt_device_group_create(dp, 2, 5);
+  CHECK_MSG(g != NULL, "%s", dt_last_error());
+  if (g) {
+    CHECK(strstr(dt_device_group_method(g), "peer") != NULL);
+    float *buf[2], h[5], got[5];
+    for (int r = 0; r < 2; r++) {
+      void *p = NULL;
+      CHECK(dp[r]->alloc(dp[r], sizeof h, &p) == DTRAIN_OK);
+      buf[r] = (float *)p;
+      for (int i = 0; i < 5; i++) h[i] = (float)(i + 10 * r);
+      CHECK(dp[r]->copy(dp[r], buf[r], h, sizeof h, DTRAIN_COPY_H2D) == DTRAIN_OK);
+    }
+    int before = hook_calls;
+    CHECK_MSG(dt_device_group_allreduce(g, buf) == DTRAIN_OK, "%s", dt_last_error());
+    CHECK(hook_calls == before);
+    for (int r = 0; r < 2; r++) {
+      CHECK(dp[r]->copy(dp[r], got, buf[r], sizeof got, DTRAIN_COPY_D2H) == DTRAIN_OK);
+      for (int i = 0; i < 5; i++) CHECK(got[i] == (float)(2 * i + 10));
+      dp[r]->free(dp[r], buf[r], sizeof h);
+    }
+    dt_device_group_destroy(g);
+  }
+  refuse_code = DTRAIN_ERR_IO;
+  dt__quiet_push(); /* the expected failure is not an error */
+  g = dt_device_group_create(dp, 2, 5);
+  dt__quiet_pop(DTRAIN_OK);
+  CHECK(g == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_IO && strstr(dt_last_error(), "fake collective: refused") != NULL);
+  dt_device_group_destroy(g);
+}
+
 /* The strategy over devices with group hooks: they carry the all-reduce. */
 static void test_hooks_in_strategy(void) {
   static float p_hook[PMAX], p_ring[PMAX];
@@ -753,6 +805,7 @@ int main(void) {
   TH_RUN(test_one_device_only);
 #else
   TH_RUN(test_group);
+  TH_RUN(test_group_refused);
   TH_RUN(test_parity);
   TH_RUN(test_hooks_in_strategy);
   TH_RUN(test_failures);
