@@ -901,6 +901,67 @@ static inline dt_device *dt_cuda_emu_device_create(int index) {
 static inline void dt_cuda_emu_device_free(dt_device *d) {
   if (d && d != dt_cuda_emu_device()) free(d->impl);
 }
+
+/* A guarded emulated device, "cuda-emu-guarded" (tests): the same kernels,
+ * but its memory is handed out with bit 55 of the address set, where no
+ * host load or store can go on a 64-bit host (non-canonical on x86-64,
+ * kernel half on aarch64): the core reading or writing device memory on the
+ * host -- which the plain emulation, whose memory is host memory, lets pass
+ * and a GPU would not -- crashes (SIGSEGV / ASan) instead of passing. Its
+ * functions take the bit off the pointers they are given (kernel arguments
+ * too) before touching memory. On 32-bit hosts it is the plain emulation. */
+static inline void *dt__cu_guard_off(const void *p) {
+#if UINTPTR_MAX > 0xFFFFFFFFu
+  return (void *)((uintptr_t)p & ~((uintptr_t)1 << 55));
+#else
+  return (void *)(uintptr_t)p;
+#endif
+}
+static dt_result dt__cu_guard_alloc(dt_device *d, size_t bytes, void **out) {
+  dt_result r = dt__cu_emu_alloc(d, bytes, out);
+#if UINTPTR_MAX > 0xFFFFFFFFu
+  if (r == DTRAIN_OK) *out = (void *)((uintptr_t)*out | ((uintptr_t)1 << 55));
+#endif
+  return r;
+}
+static void dt__cu_guard_free(dt_device *d, void *p, size_t bytes) { dt__cu_emu_free(d, dt__cu_guard_off(p), bytes); }
+static dt_result dt__cu_guard_zero(dt_device *d, void *p, size_t bytes) {
+  return dt__cu_emu_zero(d, dt__cu_guard_off(p), bytes);
+}
+static dt_result dt__cu_guard_copy(dt_device *d, void *dst, const void *src, size_t bytes, dt_copy_kind kind) {
+  return dt__cu_emu_copy(d, dt__cu_guard_off(dst), dt__cu_guard_off(src), bytes, kind);
+}
+static dt_result dt__cu_guard_run(dt_device *d, dt_kernel k, const dt_kernel_args *a) {
+  dt_kernel_args b = *a;
+  for (int i = 0; i < 6; i++)
+    if (b.p[i]) b.p[i] = (float *)dt__cu_guard_off(b.p[i]);
+  if (b.labels) b.labels = (const int32_t *)dt__cu_guard_off(b.labels);
+  return dt__cu_emu_run(d, k, &b);
+}
+static dt_result dt__cu_guard_peer_copy(dt_device *d, void *dst, dt_device *from, const void *src, size_t bytes) {
+  return dt__cu_emu_peer_copy(d, dt__cu_guard_off(dst), from, dt__cu_guard_off(src), bytes);
+}
+/* Makes a device of dt_cuda_emu_device_create guarded (before it allocates
+ * anything); returns it. */
+static inline dt_device *dt_cuda_emu_guard(dt_device *d) {
+  if (!d || d == dt_cuda_emu_device()) return d;
+  d->alloc = dt__cu_guard_alloc;
+  d->free = dt__cu_guard_free;
+  d->zero = dt__cu_guard_zero;
+  d->copy = dt__cu_guard_copy;
+  d->run = dt__cu_guard_run;
+  d->peer_copy = dt__cu_guard_peer_copy;
+  return d;
+}
+/* A new guarded device "cuda-emu-guarded:<index>"; NULL when out of
+ * memory. Free with dt_cuda_emu_device_free. */
+static inline dt_device *dt_cuda_emu_guarded_device_create(int index) {
+  dt_device *d = dt_cuda_emu_device_create(index);
+  if (!d) return NULL;
+  dt__cu_emu_dev *e = (dt__cu_emu_dev *)d->impl;
+  snprintf(e->name, sizeof e->name, "cuda-emu-guarded:%d", index);
+  return dt_cuda_emu_guard(d);
+}
 #endif /* host emulation */
 
 /* ===========================================================================

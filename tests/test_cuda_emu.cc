@@ -224,6 +224,17 @@ static void test_device_errors(void) {
 int main(void) {
   cp_dev = dt_cuda_emu_device();
   cp_run_all();
+  /* The same parity checks on the guarded emulation: device memory the
+   * host cannot touch, as on a GPU (a host read of device memory in the
+   * core would crash here). */
+  dt_device *guarded = dt_cuda_emu_guarded_device_create(0);
+  CHECK(guarded != NULL);
+  if (guarded) {
+    cp_dev = guarded;
+    cp_run_all();
+    cp_dev = dt_cuda_emu_device();
+    dt_cuda_emu_device_free(guarded);
+  }
   TH_RUN(test_gemm_mapping);
   TH_RUN(test_gemm_batched);
   TH_RUN(test_gemm_refused);
