@@ -33,8 +33,10 @@
  * STATUS: this backend has been compiled with nvcc (CUDA 13.0) but NOT YET RUN
  * ON A GPU. The per-element math of every kernel is shared with a host
  * emulation (DTRAIN_CUDA_HOST_EMULATION) that tests/test_cuda_emu.cc runs on
- * the CPU against dtrain's CPU ops; tests/test_cuda.cu is the real GPU parity
- * test (it skips where there is no GPU).
+ * the CPU against dtrain's CPU ops, also on a guarded emulation whose memory
+ * the host cannot read or write (as on a GPU: a host read of device memory
+ * crashes there); tests/test_cuda.cu is the real GPU parity test (it skips
+ * where there is no GPU).
  *
  * Kernels (dt_kernel in dt_device.h), all with forward and backward:
  * add/sub/mul/div (+ row broadcast), the scalar ops (add/mul/rsub/pow),
