@@ -2625,6 +2625,9 @@ struct dt_device {
    * peer_copy: `bytes` from `src` (memory of device `from`) to `dst` (memory
    * of d), ordered after the work already queued on both devices; it may
    * return once the copy is queued on d (later work on d sees the data).
+   * It may still be reading src then: the caller queues no work on `from`
+   * that writes src before d->sync (dt_device_group syncs every device at
+   * the end of each round).
    * NULL: the core stages the copy through host memory (D2H on `from`, then
    * H2D on d). */
   dt_result (*peer_copy)(dt_device *d, void *dst, dt_device *from, const void *src, size_t bytes);
@@ -2632,8 +2635,10 @@ struct dt_device {
    * devs[0..n) (called on devs[0]; every device of the group has the same
    * hooks), group_allreduce sums bufs[i] (count floats on devs[i]) in place
    * so that every device holds the same sum, queued on the devices' streams;
-   * group_destroy frees it. NULL group_create: dt_device_group uses a ring
-   * over peer_copy and the DTRAIN_K_ACC kernel instead. */
+   * group_destroy frees it. NULL group_create, or group_create returning
+   * DTRAIN_ERR_UNSUPPORTED (not for these devices, e.g. NCCL given one GPU
+   * twice): dt_device_group uses a ring over peer_copy and the DTRAIN_K_ACC
+   * kernel instead. */
   dt_result (*group_create)(dt_device *const *devs, int n, void **out);
   dt_result (*group_allreduce)(void *group, float *const *bufs, size_t count);
   void (*group_destroy)(void *group);
@@ -5459,15 +5464,23 @@ DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n
   for (int i = 1; i < n && hooks; i++)
     hooks = devs[i]->group_create == devs[0]->group_create && devs[i]->group_allreduce == devs[0]->group_allreduce;
   if (hooks) {
+    dt__quiet_push(); /* a failure is logged once, below, with the group's context */
     dt_result r = devs[0]->group_create(g->devs, n, &g->coll);
-    if (r != DTRAIN_OK) {
+    dt__quiet_pop(DTRAIN_OK);
+    if (r == DTRAIN_ERR_UNSUPPORTED) { /* not for these devices (NCCL: a GPU twice): the ring below */
+      dt__log(DTRAIN_LOG_DEBUG, DTRAIN_OK, "%s: the backend's collective refused %d devices (%.300s); using the ring",
+              fn, n, dt_last_error());
+      g->coll = NULL;
+      hooks = 0;
+    } else if (r != DTRAIN_OK) {
       char what[DT__MSG_CAP];
       snprintf(what, sizeof what, "%.300s", dt_last_error());
       dt__error(r, "%s: collective over %d devices (%s, ...): %s", fn, n, devs[0]->name, what);
       g->coll = NULL;
       goto fail;
+    } else {
+      return g;
     }
-    return g;
   }
   for (int i = 0; i < n; i++) {
     void *p = NULL;

@@ -33,8 +33,10 @@
  * STATUS: this backend has been compiled with nvcc (CUDA 13.0) but NOT YET RUN
  * ON A GPU. The per-element math of every kernel is shared with a host
  * emulation (DTRAIN_CUDA_HOST_EMULATION) that tests/test_cuda_emu.cc runs on
- * the CPU against dtrain's CPU ops; tests/test_cuda.cu is the real GPU parity
- * test (it skips where there is no GPU).
+ * the CPU against dtrain's CPU ops, also on a guarded emulation whose memory
+ * the host cannot read or write (as on a GPU: a host read of device memory
+ * crashes there); tests/test_cuda.cu is the real GPU parity test (it skips
+ * where there is no GPU).
  *
  * Kernels (dt_kernel in dt_device.h), all with forward and backward:
  * add/sub/mul/div (+ row broadcast), the scalar ops (add/mul/rsub/pow),
@@ -56,7 +58,7 @@
  * (one_device, mirrored, multi_worker_mirrored: see "Devices" in
  * dt_strategy.h); the gradients are all-reduced on the GPUs by
  * dt_device_group (dt_device.h): a ring of cudaMemcpyPeerAsync copies (peer
- * access enabled at dt_cuda_device_create where the GPUs allow it) and the
+ * access enabled at a pair's first copy where the GPUs allow it) and the
  * accumulate kernel, or, compiled with -DDTRAIN_USE_NCCL (link -lnccl),
  * ncclAllReduce (and ncclBroadcast for the parameters) in group calls over
  * communicators from ncclCommInitAll; NCCL errors carry ncclGetErrorString.
@@ -673,11 +675,30 @@ static inline dt__cu_gemm dt__cu_gemm_map(const dt_kernel_args &a) {
   g.ldb = row_ta ? M : K;
   g.C = a.p[0];
   g.ldc = N;
+  /* cuBLAS wants every leading dimension >= 1, even where a dimension is 0. */
+  if (g.lda < 1) g.lda = 1;
+  if (g.ldb < 1) g.ldb = 1;
+  if (g.ldc < 1) g.ldc = 1;
   g.batch = a.n[4] > 1 ? a.n[4] : 1;
   g.stride_a = a.n[6]; /* the first column-major operand is row-major B */
   g.stride_b = a.n[5];
   g.stride_c = a.n[7];
   return g;
+}
+
+/* What cuBLAS would refuse (CUBLAS_STATUS_INVALID_VALUE: a leading
+ * dimension below the rows of its column-major operand) or leave undefined
+ * (products of one strided batch writing overlapping outputs: they run
+ * concurrently on a GPU, one after another in the host emulation), checked
+ * the same way on both so that the emulation cannot pass what the GPU does
+ * not do. NULL: fine. Nothing to check where C is empty (no call is made). */
+static inline const char *dt__cu_gemm_invalid(const dt__cu_gemm &g) {
+  if (g.m < 0 || g.n < 0 || g.k < 0) return "a negative dimension";
+  if (g.m == 0 || g.n == 0) return NULL;
+  const int64_t arows = g.ta ? g.k : g.m, brows = g.tb ? g.n : g.k;
+  if (g.lda < arows || g.ldb < brows || g.ldc < g.m) return "a leading dimension below its operand's rows";
+  if (g.batch > 1 && g.stride_c < g.ldc * g.n) return "the products of the batch write overlapping outputs";
+  return NULL;
 }
 
 /* The one switch from kernel id to launch, over a launcher L (GPU or host):
@@ -705,7 +726,15 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_SCALE: return l.template each<dt__cu_scale_at>(a.n[0], a);
     case DTRAIN_K_SQDIFF: return l.template each<dt__cu_sqdiff_at>(a.n[0], a);
     case DTRAIN_K_MSE_BWD: return l.template each<dt__cu_mse_bwd_at>(a.n[0], a);
-    case DTRAIN_K_GEMM: return l.gemm(dt__cu_gemm_map(a));
+    case DTRAIN_K_GEMM: {
+      const dt__cu_gemm g = dt__cu_gemm_map(a);
+      const char *why = dt__cu_gemm_invalid(g);
+      if (!why) return l.gemm(g);
+      char msg[160];
+      snprintf(msg, sizeof msg, "GEMM (%lld x %lld x %lld, batch %lld): %s", (long long)a.n[0], (long long)a.n[1],
+               (long long)a.n[2], (long long)g.batch, why);
+      return dt_device_error(DTRAIN_ERR_INVALID_ARG, msg);
+    }
     case DTRAIN_K_SOFTMAX: return l.template each<dt__cu_softmax_row>(a.n[0], a);
     case DTRAIN_K_SOFTMAX_BWD: return l.template each<dt__cu_softmax_bwd_row>(a.n[0], a);
     case DTRAIN_K_XENT: return l.template each<dt__cu_xent_row>(a.n[0], a);
@@ -874,6 +903,67 @@ static inline dt_device *dt_cuda_emu_device_create(int index) {
 static inline void dt_cuda_emu_device_free(dt_device *d) {
   if (d && d != dt_cuda_emu_device()) free(d->impl);
 }
+
+/* A guarded emulated device, "cuda-emu-guarded" (tests): the same kernels,
+ * but its memory is handed out with bit 55 of the address set, where no
+ * host load or store can go on a 64-bit host (non-canonical on x86-64,
+ * kernel half on aarch64): the core reading or writing device memory on the
+ * host -- which the plain emulation, whose memory is host memory, lets pass
+ * and a GPU would not -- crashes (SIGSEGV / ASan) instead of passing. Its
+ * functions take the bit off the pointers they are given (kernel arguments
+ * too) before touching memory. On 32-bit hosts it is the plain emulation. */
+static inline void *dt__cu_guard_off(const void *p) {
+#if UINTPTR_MAX > 0xFFFFFFFFu
+  return (void *)((uintptr_t)p & ~((uintptr_t)1 << 55));
+#else
+  return (void *)(uintptr_t)p;
+#endif
+}
+static dt_result dt__cu_guard_alloc(dt_device *d, size_t bytes, void **out) {
+  dt_result r = dt__cu_emu_alloc(d, bytes, out);
+#if UINTPTR_MAX > 0xFFFFFFFFu
+  if (r == DTRAIN_OK) *out = (void *)((uintptr_t)*out | ((uintptr_t)1 << 55));
+#endif
+  return r;
+}
+static void dt__cu_guard_free(dt_device *d, void *p, size_t bytes) { dt__cu_emu_free(d, dt__cu_guard_off(p), bytes); }
+static dt_result dt__cu_guard_zero(dt_device *d, void *p, size_t bytes) {
+  return dt__cu_emu_zero(d, dt__cu_guard_off(p), bytes);
+}
+static dt_result dt__cu_guard_copy(dt_device *d, void *dst, const void *src, size_t bytes, dt_copy_kind kind) {
+  return dt__cu_emu_copy(d, dt__cu_guard_off(dst), dt__cu_guard_off(src), bytes, kind);
+}
+static dt_result dt__cu_guard_run(dt_device *d, dt_kernel k, const dt_kernel_args *a) {
+  dt_kernel_args b = *a;
+  for (int i = 0; i < 6; i++)
+    if (b.p[i]) b.p[i] = (float *)dt__cu_guard_off(b.p[i]);
+  if (b.labels) b.labels = (const int32_t *)dt__cu_guard_off(b.labels);
+  return dt__cu_emu_run(d, k, &b);
+}
+static dt_result dt__cu_guard_peer_copy(dt_device *d, void *dst, dt_device *from, const void *src, size_t bytes) {
+  return dt__cu_emu_peer_copy(d, dt__cu_guard_off(dst), from, dt__cu_guard_off(src), bytes);
+}
+/* Makes a device of dt_cuda_emu_device_create guarded (before it allocates
+ * anything); returns it. */
+static inline dt_device *dt_cuda_emu_guard(dt_device *d) {
+  if (!d || d == dt_cuda_emu_device()) return d;
+  d->alloc = dt__cu_guard_alloc;
+  d->free = dt__cu_guard_free;
+  d->zero = dt__cu_guard_zero;
+  d->copy = dt__cu_guard_copy;
+  d->run = dt__cu_guard_run;
+  d->peer_copy = dt__cu_guard_peer_copy;
+  return d;
+}
+/* A new guarded device "cuda-emu-guarded:<index>"; NULL when out of
+ * memory. Free with dt_cuda_emu_device_free. */
+static inline dt_device *dt_cuda_emu_guarded_device_create(int index) {
+  dt_device *d = dt_cuda_emu_device_create(index);
+  if (!d) return NULL;
+  dt__cu_emu_dev *e = (dt__cu_emu_dev *)d->impl;
+  snprintf(e->name, sizeof e->name, "cuda-emu-guarded:%d", index);
+  return dt_cuda_emu_guard(d);
+}
 #endif /* host emulation */
 
 /* ===========================================================================
@@ -892,11 +982,16 @@ static inline void dt_cuda_emu_device_free(dt_device *d) {
 #  include <nccl.h>
 #endif
 
+#define DT__CUDA_MAX_PEERS 64
+
 typedef struct dt__cuda {
   int index;
   cudaStream_t stream;
   cublasHandle_t blas;
   char name[32];
+  /* peer[j]: peer access from this GPU to GPU j was tried (at the first
+   * peer copy from j; only the thread that runs the copies touches it). */
+  unsigned char peer[DT__CUDA_MAX_PEERS];
 } dt__cuda;
 
 static const char *dt__cuda_blas_str(cublasStatus_t s) {
@@ -1068,6 +1163,24 @@ static dt_result dt__cuda_peer_copy(dt_device *d, void *dst, dt_device *from, co
 /* `from` must be a device of this backend (it has our peer_copy). */
 static dt__cuda *dt__cuda_of(dt_device *d) { return d && d->peer_copy == dt__cuda_peer_copy ? (dt__cuda *)d->impl : NULL; }
 
+/* Peer access from GPU c (the current device) to GPU j, tried once per
+ * pair, at the pair's first peer copy: not at dt_cuda_device_create, which
+ * would create a context (and take memory) on every GPU of the machine and
+ * fail where some unrelated GPU is busy (exclusive-process mode). Without
+ * peer access (not possible, too many peers, any other refusal) the copies
+ * still work, staged by the driver, so nothing here fails; the error the
+ * runtime records is cleared so that a later check does not see it. */
+static void dt__cuda_enable_peer(dt__cuda *c, int j) {
+  if (j == c->index || j < 0 || j >= DT__CUDA_MAX_PEERS || c->peer[j]) return;
+  c->peer[j] = 1;
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, c->index, j) != cudaSuccess || !can) {
+    (void)cudaGetLastError();
+    return;
+  }
+  if (cudaDeviceEnablePeerAccess(j, 0) != cudaSuccess) (void)cudaGetLastError(); /* e.g. already enabled */
+}
+
 static dt_result dt__cuda_peer_copy(dt_device *d, void *dst, dt_device *from, const void *src, size_t bytes) {
   dt__cuda *c = (dt__cuda *)d->impl, *f = dt__cuda_of(from);
   if (!f) {
@@ -1082,33 +1195,11 @@ static dt_result dt__cuda_peer_copy(dt_device *d, void *dst, dt_device *from, co
   DT__CUDA_CHECK(f->name, "cudaStreamSynchronize (before a peer copy)", cudaStreamSynchronize(f->stream));
   dt_result r = dt__cuda_select(c);
   if (r != DTRAIN_OK) return r;
+  dt__cuda_enable_peer(c, f->index);
   /* Queued on d's stream: later kernels on d see the data. Direct over
    * NVLink/PCIe where peer access is enabled, else staged by the driver. */
   DT__CUDA_CHECK(c->name, "cudaMemcpyPeerAsync",
                  cudaMemcpyPeerAsync(dst, c->index, src, f->index, bytes, c->stream));
-  return DTRAIN_OK;
-}
-
-/* Peer access from GPU `index` to every other GPU that allows it (current
- * device: index). Already enabled / too many peers are fine (the copies
- * then go through the driver's staging); other errors fail. */
-static dt_result dt__cuda_enable_peers(dt__cuda *c, int count) {
-  for (int j = 0; j < count; j++) {
-    if (j == c->index) continue;
-    int can = 0;
-    DT__CUDA_CHECK(c->name, "cudaDeviceCanAccessPeer", cudaDeviceCanAccessPeer(&can, c->index, j));
-    if (!can) continue;
-    cudaError_t e = cudaDeviceEnablePeerAccess(j, 0);
-    if (e == cudaErrorPeerAccessAlreadyEnabled || e == cudaErrorTooManyPeers) {
-      (void)cudaGetLastError();
-      continue;
-    }
-    if (e != cudaSuccess) {
-      char what[64];
-      snprintf(what, sizeof what, "cudaDeviceEnablePeerAccess(%d)", j);
-      return dt__cuda_fail(c->name, what, e);
-    }
-  }
   return DTRAIN_OK;
 }
 
@@ -1162,6 +1253,15 @@ static dt_result dt__nccl_create(dt_device *const *devs, int n, void **out) {
       return dt_device_error(DTRAIN_ERR_UNSUPPORTED, "ncclCommInitAll: a device of the group is not a CUDA device");
     }
     list[i] = g->devs[i]->index;
+    for (int j = 0; j < i; j++)
+      if (list[j] == list[i]) { /* NCCL: one rank per GPU ("may lead to hangs" otherwise) */
+        char msg[160];
+        snprintf(msg, sizeof msg, "ncclCommInitAll: GPU %d is in the group twice (%.31s and %.31s); NCCL needs one rank "
+                 "per GPU", list[i], g->devs[j]->name, g->devs[i]->name);
+        free(list);
+        dt__nccl_destroy(g);
+        return dt_device_error(DTRAIN_ERR_UNSUPPORTED, msg);
+      }
   }
   ncclResult_t r = ncclCommInitAll(g->comms, n, list);
   free(list);
@@ -1254,9 +1354,13 @@ DTRAIN_API dt_device *dt_cuda_device_create(int index) {
   c->index = index;
   snprintf(c->name, sizeof c->name, "cuda:%d", index);
   cudaError_t e = cudaSetDevice(index);
-  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+  const char *what = "cudaSetDevice";
+  if (e == cudaSuccess) {
+    what = "cudaStreamCreateWithFlags";
+    e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+  }
   if (e != cudaSuccess) {
-    dt__cuda_fail(c->name, "cudaStreamCreate", e);
+    dt__cuda_fail(c->name, what, e);
     free(d);
     free(c);
     return NULL;
@@ -1268,13 +1372,6 @@ DTRAIN_API dt_device *dt_cuda_device_create(int index) {
     snprintf(msg, sizeof msg, "%s: cublasCreate: %s", c->name, dt__cuda_blas_str(s));
     dt_device_error(s == CUBLAS_STATUS_ALLOC_FAILED ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO, msg);
     if (c->blas) cublasDestroy(c->blas);
-    cudaStreamDestroy(c->stream);
-    free(d);
-    free(c);
-    return NULL;
-  }
-  if (dt__cuda_enable_peers(c, n) != DTRAIN_OK) {
-    cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
     free(d);
     free(c);
@@ -1313,4 +1410,5 @@ DTRAIN_API void dt_cuda_device_destroy(dt_device *d) {
 
 #undef DT__CUDA_CHECK
 #undef DT__CU_THREADS
+#undef DT__CUDA_MAX_PEERS
 #endif /* DTRAIN_CUDA_IMPLEMENTATION */

@@ -84,15 +84,23 @@ DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n
   for (int i = 1; i < n && hooks; i++)
     hooks = devs[i]->group_create == devs[0]->group_create && devs[i]->group_allreduce == devs[0]->group_allreduce;
   if (hooks) {
+    dt__quiet_push(); /* a failure is logged once, below, with the group's context */
     dt_result r = devs[0]->group_create(g->devs, n, &g->coll);
-    if (r != DTRAIN_OK) {
+    dt__quiet_pop(DTRAIN_OK);
+    if (r == DTRAIN_ERR_UNSUPPORTED) { /* not for these devices (NCCL: a GPU twice): the ring below */
+      dt__log(DTRAIN_LOG_DEBUG, DTRAIN_OK, "%s: the backend's collective refused %d devices (%.300s); using the ring",
+              fn, n, dt_last_error());
+      g->coll = NULL;
+      hooks = 0;
+    } else if (r != DTRAIN_OK) {
       char what[DT__MSG_CAP];
       snprintf(what, sizeof what, "%.300s", dt_last_error());
       dt__error(r, "%s: collective over %d devices (%s, ...): %s", fn, n, devs[0]->name, what);
       g->coll = NULL;
       goto fail;
+    } else {
+      return g;
     }
-    return g;
   }
   for (int i = 0; i < n; i++) {
     void *p = NULL;

@@ -237,6 +237,9 @@ struct dt_device {
    * peer_copy: `bytes` from `src` (memory of device `from`) to `dst` (memory
    * of d), ordered after the work already queued on both devices; it may
    * return once the copy is queued on d (later work on d sees the data).
+   * It may still be reading src then: the caller queues no work on `from`
+   * that writes src before d->sync (dt_device_group syncs every device at
+   * the end of each round).
    * NULL: the core stages the copy through host memory (D2H on `from`, then
    * H2D on d). */
   dt_result (*peer_copy)(dt_device *d, void *dst, dt_device *from, const void *src, size_t bytes);
@@ -244,8 +247,10 @@ struct dt_device {
    * devs[0..n) (called on devs[0]; every device of the group has the same
    * hooks), group_allreduce sums bufs[i] (count floats on devs[i]) in place
    * so that every device holds the same sum, queued on the devices' streams;
-   * group_destroy frees it. NULL group_create: dt_device_group uses a ring
-   * over peer_copy and the DTRAIN_K_ACC kernel instead. */
+   * group_destroy frees it. NULL group_create, or group_create returning
+   * DTRAIN_ERR_UNSUPPORTED (not for these devices, e.g. NCCL given one GPU
+   * twice): dt_device_group uses a ring over peer_copy and the DTRAIN_K_ACC
+   * kernel instead. */
   dt_result (*group_create)(dt_device *const *devs, int n, void **out);
   dt_result (*group_allreduce)(void *group, float *const *bufs, size_t count);
   void (*group_destroy)(void *group);

@@ -5,7 +5,9 @@
  * compares with the CPU run. One device ("cuda-emu") unless the environment
  * variable DTRAIN_CUDA_EMU_DEVICES says how many (1..64; then each is a
  * device of its own named "cuda-emu:<index>", for multi-device runs).
- * Test use only. */
+ * The devices are guarded (dt_cuda_emu_guard): their memory cannot be
+ * touched from the host, as on a GPU, so a host read of device memory in
+ * the program or the library crashes here instead of passing. Test use only. */
 #define DTRAIN_CUDA_HOST_EMULATION
 #include "dtrain_cuda.h"
 #include <stdlib.h>
@@ -24,8 +26,10 @@ DTRAIN_API dt_device *dt_cuda_device_create(int index) {
     dt_device_error(DTRAIN_ERR_INVALID_ARG, msg);
     return NULL;
   }
-  if (!getenv("DTRAIN_CUDA_EMU_DEVICES")) return dt_cuda_emu_device();
-  return dt_cuda_emu_device_create(index);
+  dt_device *d = dt_cuda_emu_device_create(index);
+  if (d && !getenv("DTRAIN_CUDA_EMU_DEVICES"))
+    snprintf(((dt__cu_emu_dev *)d->impl)->name, sizeof ((dt__cu_emu_dev *)d->impl)->name, "cuda-emu");
+  return dt_cuda_emu_guard(d);
 }
 
 DTRAIN_API void dt_cuda_device_destroy(dt_device *d) { dt_cuda_emu_device_free(d); }

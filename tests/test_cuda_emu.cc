@@ -81,6 +81,52 @@ static void test_gemm_batched(void) {
       }
 }
 
+/* What cuBLAS would refuse or leave undefined is refused by the shared
+ * dispatch, so the emulation cannot pass it: products of one strided batch
+ * writing overlapping outputs (concurrent on a GPU, sequential here), and a
+ * leading dimension below its operand's rows. An empty C or k = 0 is fine. */
+static void test_gemm_refused(void) {
+  float a[24], b[24], c[24];
+  th_fill(a, 24, -1, 1);
+  th_fill(b, 24, -1, 1);
+  th_fill(c, 24, -1, 1);
+  dt_kernel_args ka;
+  memset(&ka, 0, sizeof ka);
+  ka.p[0] = c;
+  ka.p[1] = a;
+  ka.p[2] = b;
+  ka.n[0] = 2; /* m */
+  ka.n[1] = 3; /* n */
+  ka.n[2] = 2; /* k */
+  ka.n[4] = 2; /* two products */
+  ka.n[5] = 4;
+  ka.n[6] = 6;
+  ka.n[7] = 0; /* both into the same C: a race on the GPU */
+  ka.f[0] = 1.0f;
+  ka.f[1] = 1.0f;
+  CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_GEMM, &ka), DTRAIN_ERR_INVALID_ARG, "overlapping outputs");
+  ka.n[7] = 5; /* C_1 starts inside C_0 (6 floats) */
+  CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_GEMM, &ka), DTRAIN_ERR_INVALID_ARG, "overlapping outputs");
+  float before = c[0];
+  ka.n[7] = 6; /* adjacent: fine */
+  CHECK(cp_dev->run(cp_dev, DTRAIN_K_GEMM, &ka) == DTRAIN_OK);
+  CHECK(c[0] != before);
+  ka.n[2] = -1;
+  CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_GEMM, &ka), DTRAIN_ERR_INVALID_ARG, "negative dimension");
+  /* k = 0: C = beta C (no operand read), leading dimensions clamped to 1 */
+  ka.n[2] = 0;
+  ka.n[4] = 0;
+  ka.f[1] = 0.5f;
+  for (int i = 0; i < 6; i++) c[i] = 2.0f;
+  CHECK(cp_dev->run(cp_dev, DTRAIN_K_GEMM, &ka) == DTRAIN_OK);
+  for (int i = 0; i < 6; i++) CHECK_NEAR(c[i], 1.0f, 0.0);
+  /* an empty C: nothing done, nothing refused */
+  ka.n[0] = 0;
+  ka.n[4] = 2;
+  ka.n[7] = 0;
+  CHECK(cp_dev->run(cp_dev, DTRAIN_K_GEMM, &ka) == DTRAIN_OK);
+}
+
 /* Every op of the library has a device path today; an op that had none
  * (a name not in the list) would be refused by dt__begin. */
 static void test_device_op_list(void) {
@@ -178,8 +224,20 @@ static void test_device_errors(void) {
 int main(void) {
   cp_dev = dt_cuda_emu_device();
   cp_run_all();
+  /* The same parity checks on the guarded emulation: device memory the
+   * host cannot touch, as on a GPU (a host read of device memory in the
+   * core would crash here). */
+  dt_device *guarded = dt_cuda_emu_guarded_device_create(0);
+  CHECK(guarded != NULL);
+  if (guarded) {
+    cp_dev = guarded;
+    cp_run_all();
+    cp_dev = dt_cuda_emu_device();
+    dt_cuda_emu_device_free(guarded);
+  }
   TH_RUN(test_gemm_mapping);
   TH_RUN(test_gemm_batched);
+  TH_RUN(test_gemm_refused);
   TH_RUN(test_device_op_list);
   TH_RUN(test_unknown_kernel);
   TH_RUN(test_device_errors);

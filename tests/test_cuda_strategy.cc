@@ -30,7 +30,10 @@
 /* The CUDA backend's entry points, on emulated devices (DTRAIN_STATIC: they
  * are this file's own). */
 DTRAIN_API int dt_cuda_device_count(void) { return 4; }
-DTRAIN_API dt_device *dt_cuda_device_create(int index) { return dt_cuda_emu_device_create(index); }
+static int guarded; /* the second pass: device memory the host cannot touch (as on a GPU) */
+DTRAIN_API dt_device *dt_cuda_device_create(int index) {
+  return guarded ? dt_cuda_emu_guarded_device_create(index) : dt_cuda_emu_device_create(index);
+}
 DTRAIN_API void dt_cuda_device_destroy(dt_device *d) { dt_cuda_emu_device_free(d); }
 
 #define NS 128
@@ -246,10 +249,10 @@ static dt_result fake_group_create(dt_device *const *d, int n, void **out) {
 static dt_result fake_group_allreduce(void *grp, float *const *bufs, size_t count) {
   int n = *(int *)grp;
   hook_calls++;
-  for (size_t i = 0; i < count; i++) {
+  for (size_t i = 0; i < count; i++) { /* "device" memory: the guarded devices' pointers made host pointers */
     float s = 0.0f;
-    for (int r = 0; r < n; r++) s += bufs[r][i];
-    for (int r = 0; r < n; r++) bufs[r][i] = s;
+    for (int r = 0; r < n; r++) s += ((float *)dt__cu_guard_off(bufs[r]))[i];
+    for (int r = 0; r < n; r++) ((float *)dt__cu_guard_off(bufs[r]))[i] = s;
   }
   return DTRAIN_OK;
 }
@@ -259,7 +262,7 @@ static dt_result fake_group_broadcast(void *grp, float *const *bufs, size_t coun
   int n = *(int *)grp;
   bcast_calls++;
   for (int r = 0; r < n; r++)
-    if (r != root) memcpy(bufs[r], bufs[root], count * sizeof(float));
+    if (r != root) memcpy(dt__cu_guard_off(bufs[r]), dt__cu_guard_off(bufs[root]), count * sizeof(float));
   return DTRAIN_OK;
 }
 
@@ -324,6 +327,58 @@ static void test_group(void) {
   }
   CHECK(dt_device_group_create(NULL, 2, 4) == NULL && dt_last_result() == DTRAIN_ERR_NULL_ARG);
   CHECK(dt_device_group_create(devs, 0, 4) == NULL && dt_last_result() == DTRAIN_ERR_INVALID_ARG);
+}
+
+/* A collective that refuses these devices (DTRAIN_ERR_UNSUPPORTED, as the
+ * NCCL hooks do for a GPU given twice): the group falls back to the ring,
+ * which still sums; any other group_create failure fails the group. */
+static int refuse_code = DTRAIN_ERR_UNSUPPORTED;
+static dt_result refusing_group_create(dt_device *const *d, int n, void **out) {
+  (void)d;
+  (void)n;
+  *out = NULL;
+  return dt_device_error((dt_result)refuse_code, "fake collective: refused");
+}
+
+static void test_group_refused(void) {
+  dt_device dv[2], *dp[2];
+  for (int i = 0; i < 2; i++) {
+    dv[i] = *devs[i];
+    dv[i].group_create = refusing_group_create;
+    dv[i].group_allreduce = fake_group_allreduce;
+    dv[i].group_destroy = fake_group_destroy;
+    dp[i] = &dv[i];
+  }
+  refuse_code = DTRAIN_ERR_UNSUPPORTED;
+  dt_device_group *g = dt_device_group_create(dp, 2, 5);
+  CHECK_MSG(g != NULL, "%s", dt_last_error());
+  if (g) {
+    CHECK(strstr(dt_device_group_method(g), "peer") != NULL);
+    float *buf[2], h[5], got[5];
+    for (int r = 0; r < 2; r++) {
+      void *p = NULL;
+      CHECK(dp[r]->alloc(dp[r], sizeof h, &p) == DTRAIN_OK);
+      buf[r] = (float *)p;
+      for (int i = 0; i < 5; i++) h[i] = (float)(i + 10 * r);
+      CHECK(dp[r]->copy(dp[r], buf[r], h, sizeof h, DTRAIN_COPY_H2D) == DTRAIN_OK);
+    }
+    int before = hook_calls;
+    CHECK_MSG(dt_device_group_allreduce(g, buf) == DTRAIN_OK, "%s", dt_last_error());
+    CHECK(hook_calls == before);
+    for (int r = 0; r < 2; r++) {
+      CHECK(dp[r]->copy(dp[r], got, buf[r], sizeof got, DTRAIN_COPY_D2H) == DTRAIN_OK);
+      for (int i = 0; i < 5; i++) CHECK(got[i] == (float)(2 * i + 10));
+      dp[r]->free(dp[r], buf[r], sizeof h);
+    }
+    dt_device_group_destroy(g);
+  }
+  refuse_code = DTRAIN_ERR_IO;
+  dt__quiet_push(); /* the expected failure is not an error */
+  g = dt_device_group_create(dp, 2, 5);
+  dt__quiet_pop(DTRAIN_OK);
+  CHECK(g == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_IO && strstr(dt_last_error(), "fake collective: refused") != NULL);
+  dt_device_group_destroy(g);
 }
 
 /* The strategy over devices with group hooks: they carry the all-reduce. */
@@ -632,7 +687,7 @@ static void mwm_child(int W, int N, int rank, const config *c, const float *ref,
   m.sum_loss = c->sum_loss;
   dt_optim *opt = make_opt(m.P, c);
   dt_device *mine[2];
-  for (int i = 0; i < N; i++) mine[i] = dt_cuda_emu_device_create(10 * rank + i);
+  for (int i = 0; i < N; i++) mine[i] = dt_cuda_device_create(10 * rank + i);
   dt_strategy_desc sd = dt_multi_worker_mirrored(comm, 0);
   sd.devices = mine;
   sd.ndevices = N;
@@ -684,7 +739,7 @@ static void mwm_child(int W, int N, int rank, const config *c, const float *ref,
   }
   dt_strategy_destroy(s);
   dt_optim_destroy(opt); /* its state lives on device 0: before the devices */
-  for (int i = 0; i < N; i++) dt_cuda_emu_device_free(mine[i]);
+  for (int i = 0; i < N; i++) dt_cuda_device_destroy(mine[i]);
   dt_params_destroy(m.P);
   dt_comm_destroy(comm);
 }
@@ -753,11 +808,23 @@ int main(void) {
   TH_RUN(test_one_device_only);
 #else
   TH_RUN(test_group);
+  TH_RUN(test_group_refused);
   TH_RUN(test_parity);
   TH_RUN(test_hooks_in_strategy);
   TH_RUN(test_failures);
   TH_RUN(test_numerics);
   TH_RUN(test_refusals);
+  TH_RUN(test_fit);
+  TH_RUN(test_mwm);
+  /* Again on guarded emulated devices (dt_cuda_emu_guarded_device_create):
+   * a host read of device memory in the strategy, the device group or the
+   * optimizer would crash here instead of passing. */
+  for (int i = 0; i < MAXD; i++) dt_cuda_device_destroy(devs[i]);
+  guarded = 1;
+  for (int i = 0; i < MAXD; i++) devs[i] = dt_cuda_device_create(i);
+  TH_RUN(test_group);
+  TH_RUN(test_parity);
+  TH_RUN(test_numerics);
   TH_RUN(test_fit);
   TH_RUN(test_mwm);
 #endif
