@@ -599,6 +599,7 @@ DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t se
   c->max_payload = max_payload;
   c->peer_role = -1;
   c->peer_index = -1;
+  c->lane = 0;
   snprintf(c->peer, sizeof c->peer, "an unidentified peer");
 }
 
@@ -862,7 +863,9 @@ DTRAIN_PRIVATE void dt__conn_close(dt__conn *c) {
  * ============================================================================================
  * hello payload (little-endian, 128 bytes):
  *   0 u32 role   4 u32 index   8 u32 workers   12 u32 servers
- *  16 u64 model hash   24 u32 flags (bit 0: I have a token)   28 u32 reserved
+ *  16 u64 model hash   24 u32 flags (bit 0: I have a token)
+ *  28 u32 lane (0; 1: the second connection between the two workers of a
+ *         2-worker collective, which carries one direction of the ring)
  *  32 nonce[32]   64 addr[64] (NUL-padded: the address the sender believes it has)
  * The proof (AUTH) is HMAC-SHA256(token, "dtrain-auth-1" | side byte ('C' or 'A') |
  * job (8) | connector hello (128) | acceptor hello (128)): it binds both nonces
@@ -874,6 +877,7 @@ typedef struct dt__hello {
   uint32_t role, index, workers, servers;
   uint64_t model_hash;
   uint32_t flags;
+  uint32_t lane;
   unsigned char nonce[DT__NET_NONCE];
   char addr[64];
 } dt__hello;
@@ -886,6 +890,7 @@ static void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]) {
   dt__le32_put(b + 12, h->servers);
   dt__le64_put(b + 16, h->model_hash);
   dt__le32_put(b + 24, h->flags);
+  dt__le32_put(b + 28, h->lane);
   memcpy(b + 32, h->nonce, DT__NET_NONCE);
   size_t al = strlen(h->addr);
   memcpy(b + 64, h->addr, al < 63 ? al : 63);
@@ -898,6 +903,7 @@ static void dt__hello_unpack(const unsigned char b[DT__HELLO], dt__hello *h) {
   h->servers = dt__le32_get(b + 12);
   h->model_hash = dt__le64_get(b + 16);
   h->flags = dt__le32_get(b + 24);
+  h->lane = dt__le32_get(b + 28);
   memcpy(h->nonce, b + 32, DT__NET_NONCE);
   memcpy(h->addr, b + 64, 63);
   h->addr[63] = '\0';
@@ -1026,6 +1032,10 @@ DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd) 
 }
 
 DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, int index, dt__conn *c) {
+  return dt__net_dial_lane(self, role, index, 0, c);
+}
+
+DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role role, int index, int lane, dt__conn *c) {
   const dt_cluster *cl = self->cluster;
   const char *addr = role == DTRAIN_ROLE_PS ? cl->server_addr[index] : cl->worker_addr[index];
   double start = dt__now(), deadline = start + self->opt.connect_timeout_s;
@@ -1040,6 +1050,7 @@ DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, in
   dt__hello me, peer;
   unsigned char mine[DT__HELLO], theirs[DT__HELLO], proof[32], expect[32];
   dt__hello_self(self, &me);
+  me.lane = (uint32_t)lane;
   dt__hello_pack(&me, mine);
   uint32_t len = 0;
   int have, they;
@@ -1062,6 +1073,7 @@ DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, in
   }
   c->peer_role = (int)role;
   c->peer_index = index;
+  c->lane = lane;
   have = (me.flags & DT__HELLO_F_TOKEN) != 0;
   they = (peer.flags & DT__HELLO_F_TOKEN) != 0;
   if (have != they) {
@@ -1116,10 +1128,16 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
   dt__hello_self(self, &me);
   dt__hello_pack(&me, mine);
   dt__net_compare(self, &me, &peer, why, sizeof why);
-  if (!why[0] && seen && peer.role == DTRAIN_ROLE_WORKER && seen[peer.index]) {
+  if (!why[0] && peer.lane > 1) {
+    snprintf(why, sizeof why, "lane %u in the hello (only 0 and 1 exist)", (unsigned)peer.lane);
+  } else if (!why[0] && peer.lane == 1 &&
+             (peer.role != DTRAIN_ROLE_WORKER || me.role != DTRAIN_ROLE_WORKER || me.workers != 2)) {
+    snprintf(why, sizeof why, "a second connection (lane 1) is only for the two workers of a 2-worker job");
+  }
+  if (!why[0] && seen && peer.role == DTRAIN_ROLE_WORKER && (seen[peer.index] & (1u << peer.lane))) {
     char b[128];
     dt__net_describe(&peer, b, sizeof b);
-    snprintf(why, sizeof why, "%s is already connected (duplicate rank)", b);
+    snprintf(why, sizeof why, "%s is already connected (duplicate rank%s)", b, peer.lane ? ", lane 1" : "");
   }
   if (why[0]) {
     rc = dt__error(DTRAIN_ERR_MISMATCH, "handshake: %s", why);
@@ -1129,6 +1147,7 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
   dt__net_describe(&peer, c->peer, sizeof c->peer);
   c->peer_role = (int)peer.role;
   c->peer_index = (int)peer.index;
+  c->lane = (int)peer.lane;
   rc = dt__conn_send(c, DT__MSG_WELCOME, mine, DT__HELLO, deadline, "handshake");
   if (rc != DTRAIN_OK) goto refused;
   have = (me.flags & DT__HELLO_F_TOKEN) != 0;
@@ -1156,7 +1175,7 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
   }
   rc = dt__conn_send(c, DT__MSG_READY, NULL, 0, deadline, "handshake");
   if (rc != DTRAIN_OK) goto refused;
-  if (seen && peer.role == DTRAIN_ROLE_WORKER) seen[peer.index] = 1;
+  if (seen && peer.role == DTRAIN_ROLE_WORKER) seen[peer.index] |= (unsigned char)(1u << peer.lane);
   return DTRAIN_OK;
 refused:
   if (!self->opt.quiet) dt__log(DTRAIN_LOG_WARN, rc, "refused a connection: %s", dt_last_error());

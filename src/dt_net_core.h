@@ -118,6 +118,7 @@ typedef struct dt__conn {
   uint64_t send_seq, recv_seq;
   int peer_role;         /* dt_role, -1 before the handshake */
   int peer_index;
+  int lane;              /* 0, or 1: a 2-worker collective's second connection (hello offset 28) */
   char peer[DT__NET_ADDR]; /* "worker 1 (127.0.0.1:7001)" */
 } dt__conn;
 
@@ -169,6 +170,8 @@ DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd);
 /* Connector side: connect to (role, index) with retries until connect_timeout,
  * handshake; on success *c is ready. */
 DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, int index, dt__conn *c);
+/* The same, announcing `lane` in the hello (1: the second connection of a 2-worker collective). */
+DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role role, int index, int lane, dt__conn *c);
 /* Acceptor side on a fresh connection fd (ownership passes to *c or the fd
  * is closed): check the peer's hello (version, job, world, servers, model
  * hash, a valid and -- unless allow_dup -- not yet `seen` id), authenticate,

@@ -462,6 +462,55 @@ typedef struct fault_arg {
   int sig; /* SIGKILL or SIGSTOP, raised by the victim before call #4 */
 } fault_arg;
 
+/* ---- lanes: 2 workers get a second connection, each carrying one direction of the ring ---- */
+
+static int child_lanes(world *x, int rank, void *arg) {
+  (void)arg;
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  dt__comm_tcp *t = dt__tcp_of(comm);
+  uint64_t s0 = t->lane2.send_seq, r0 = t->lane2.recv_seq; /* after the handshake's frames */
+  size_t n = (size_t)1 << 18; /* 1 MiB: the ring */
+  float *b = (float *)malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) b[i] = val_int(rank, i);
+  CK(dt_comm_allreduce(comm, rank, b, n) == DTRAIN_OK);
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    float want = 0;
+    for (int r = 0; r < x->w; r++) want += val_int(r, i);
+    bad |= b[i] != want;
+  }
+  CK(!bad);
+  if (x->w == 2) {
+    CK(t->lanes == 2 && t->lane2.fd >= 0 && t->lane2.lane == 1);
+    /* worker 1 sends its ring parts on lane 1, worker 0 receives them there;
+     * lane 0 carries worker 0's parts the other way */
+    uint64_t ds = t->lane2.send_seq - s0, dr = t->lane2.recv_seq - r0;
+    CK(rank == 1 ? (ds > 0 && dr == 0) : (dr > 0 && ds == 0));
+    const dt__conn *l0 = &t->conns[1 - rank];
+    CK(l0->fd >= 0 && l0->lane == 0);
+  } else {
+    CK(t->lanes == 1 && t->lane2.fd < 0);
+  }
+  free(b);
+  dt_comm_destroy(comm);
+  return 0;
+}
+
+static void test_lanes(void) {
+  for (int w = 2; w <= 3; w++) {
+    world x;
+    int st[MAXW];
+    world_init(&x, w);
+    run_world(&x, child_lanes, NULL, st);
+    world_close(&x);
+    check_world(&x, st, NULL);
+  }
+}
+
 static int child_fault(world *x, int rank, void *argp) {
   const fault_arg *a = (const fault_arg *)argp;
   dt_cluster c = cluster_of(x, rank);
@@ -633,6 +682,7 @@ int main(void) {
   TH_RUN(test_mismatch);
   TH_RUN(test_token);
   TH_RUN(test_stranger);
+  TH_RUN(test_lanes);
   TH_RUN(test_abort);
   TH_RUN(test_kill);
   TH_RUN(test_stop);

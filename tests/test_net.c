@@ -224,7 +224,7 @@ static int open_fds(void) {
 
 /* What the forked client does. */
 enum { C_GOOD, C_NOTOKEN, C_BADTOKEN, C_WORLD3, C_MODEL, C_DUPRANK, C_HTTP, C_TRUNC, C_STALL, C_BIGLEN, C_EXCHANGE,
-       C_ABORT };
+       C_ABORT, C_LANE1, C_LANE5 };
 
 static int run_client(int kind, int port) {
   alarm(20);
@@ -265,7 +265,7 @@ static int run_client(int kind, int port) {
   if (dt__net_self_init(&self, &x.c, &o) != DTRAIN_OK) return 3;
   self.job = 77; /* both sides agree on the job */
   dt__conn c;
-  dt_result rc = dt__net_dial(&self, DTRAIN_ROLE_WORKER, 0, &c);
+  dt_result rc = dt__net_dial_lane(&self, DTRAIN_ROLE_WORKER, 0, kind == C_LANE1 ? 1 : kind == C_LANE5 ? 5 : 0, &c);
   if (rc != DTRAIN_OK) {
     /* Report the code and message through the exit status and stdout. */
     printf("client: %s\n", dt_last_error());
@@ -332,7 +332,7 @@ static serve_result serve_one(int kind, const char *token, double timeout) {
   if (out.rc == DTRAIN_OK) out.rc = dt__net_admit(&self, fd, addr, dt__now() + timeout, seen, &c);
   snprintf(out.msg, sizeof out.msg, "%s", dt_last_error());
   if (out.rc == DTRAIN_OK) {
-    CHECK(seen[1] == 1 && c.peer_index == 1);
+    CHECK(seen[1] == (kind == C_LANE1 ? 2 : 1) && c.peer_index == 1 && c.lane == (kind == C_LANE1 ? 1 : 0));
     if (kind == C_EXCHANGE) {
       size_t n = 4u << 20;
       unsigned char *s = (unsigned char *)malloc(n), *r = (unsigned char *)malloc(n);
@@ -395,6 +395,14 @@ static void test_handshake_refusals(void) {
   r = serve_one(C_DUPRANK, "sesame", 5);
   CHECK(r.rc == DTRAIN_ERR_MISMATCH);
   CHECK_MSG(strstr(r.msg, "duplicate rank"), "%s", r.msg);
+
+  /* Lanes: 1 (a 2-worker job's second connection) is admitted and marked; 5 does not exist. */
+  r = serve_one(C_LANE1, "sesame", 5);
+  CHECK_MSG(r.rc == DTRAIN_OK && r.client_status == 0, "%s", r.msg);
+  r = serve_one(C_LANE5, "sesame", 5);
+  CHECK(r.rc == DTRAIN_ERR_MISMATCH);
+  CHECK_MSG(strstr(r.msg, "lane 5"), "%s", r.msg);
+  CHECK(r.client_status == 10 + 403 % 100);
   int after = open_fds();
   CHECK_MSG(before == after, "descriptors before %d, after %d", before, after);
 }

@@ -87,6 +87,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *d, size_t n) {
     if (with_token) FZ_FAIL("admitted a client with a token-protected process without a proof");
     if (c.peer_role != DTRAIN_ROLE_WORKER || c.peer_index < 1 || c.peer_index > 2) FZ_FAIL("admitted an impossible peer");
     if (!seen[c.peer_index]) FZ_FAIL("admitted peer not marked as seen");
+    if (c.lane != 0) FZ_FAIL("admitted a second connection (lane 1) outside a 2-worker job");
     dt__conn_close(&c);
   } else if (!dt_last_error()[0]) {
     FZ_FAIL("refused without a message");
