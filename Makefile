@@ -142,7 +142,7 @@ $(BUILD)/examples/02_fashion_mnist_emu: $(BUILD)/examples/02_fashion_mnist_cuda.
 # The GPU benchmark (bench/bench_gpu.c): bench_gpu on the CUDA backend (make
 # bench-gpu, where nvcc is), bench_gpu_emu on the host emulation (built with
 # everything, run for a few steps by tests/example_checks.sh).
-$(BUILD)/bench/bench_gpu.o: bench/bench_gpu.c dtrain.h dtrain_cuda.h
+$(BUILD)/bench/bench_gpu.o: bench/bench_gpu.c bench/bench_models.h dtrain.h dtrain_cuda.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -I. -c $< -o $@
 
@@ -173,13 +173,13 @@ $(BUILD)/bench/%: bench/%.c dtrain.h
 
 # The comparison bench is built like users build (-O2, no -march): the GEMM
 # kernel is the one dtrain picks at run time.
-$(BUILD)/bench/bench_speed: bench/bench_speed.c dtrain.h
+$(BUILD)/bench/bench_speed: bench/bench_speed.c bench/bench_models.h dtrain.h
 	@mkdir -p $(dir $@)
 	$(CC) $(STD) $(WARN) -O2 -g $(EXTRA_CFLAGS) -I. $< -o $@ $(LDLIBS) -ldl
 
 # The same bench built with DTRAIN_USE_CBLAS (needs libopenblas-dev): the
 # DTRAIN_USE_CBLAS row of run_speed.sh. make bench goes on without it.
-$(BUILD)/bench/bench_speed_cblas: bench/bench_speed.c dtrain.h
+$(BUILD)/bench/bench_speed_cblas: bench/bench_speed.c bench/bench_models.h dtrain.h
 	@mkdir -p $(dir $@)
 	$(CC) $(STD) $(WARN) -O2 -g -DDTRAIN_USE_CBLAS $(EXTRA_CFLAGS) -I. $< -o $@ -lopenblas $(LDLIBS) -ldl
 

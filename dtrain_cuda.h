@@ -1274,50 +1274,41 @@ static dt_result dt__nccl_create(dt_device *const *devs, int n, void **out) {
   return DTRAIN_OK;
 }
 
-static dt_result dt__nccl_allreduce(void *group, float *const *bufs, size_t count) {
-  dt__nccl *g = (dt__nccl *)group;
+/* One NCCL collective over the group, in place: root < 0 an all-reduce (sum),
+ * else a broadcast from device `root`. One call per device, each with its
+ * device current and on its stream, inside a group. */
+static dt_result dt__nccl_collective(dt__nccl *g, float *const *bufs, size_t count, int root) {
+  const char *name = root < 0 ? "ncclAllReduce" : "ncclBroadcast";
+  char what[64];
   ncclResult_t r = ncclGroupStart();
   if (r != ncclSuccess) return dt__nccl_fail("ncclGroupStart", r);
   for (int i = 0; i < g->n; i++) {
     cudaError_t e = cudaSetDevice(g->devs[i]->index);
     if (e != cudaSuccess) {
       (void)ncclGroupEnd();
-      return dt__cuda_fail(g->devs[i]->name, "cudaSetDevice (ncclAllReduce)", e);
+      snprintf(what, sizeof what, "cudaSetDevice (%s)", name);
+      return dt__cuda_fail(g->devs[i]->name, what, e);
     }
-    r = ncclAllReduce(bufs[i], bufs[i], count, ncclFloat, ncclSum, g->comms[i], g->devs[i]->stream);
+    r = root < 0 ? ncclAllReduce(bufs[i], bufs[i], count, ncclFloat, ncclSum, g->comms[i], g->devs[i]->stream)
+                 : ncclBroadcast(bufs[i], bufs[i], count, ncclFloat, root, g->comms[i], g->devs[i]->stream);
     if (r != ncclSuccess) {
       (void)ncclGroupEnd();
-      char what[64];
-      snprintf(what, sizeof what, "ncclAllReduce on %.31s", g->devs[i]->name);
+      snprintf(what, sizeof what, "%s on %.31s", name, g->devs[i]->name);
       return dt__nccl_fail(what, r);
     }
   }
   r = ncclGroupEnd();
-  if (r != ncclSuccess) return dt__nccl_fail("ncclGroupEnd (ncclAllReduce)", r);
-  return DTRAIN_OK;
+  snprintf(what, sizeof what, "ncclGroupEnd (%s)", name);
+  return r == ncclSuccess ? DTRAIN_OK : dt__nccl_fail(what, r);
+}
+
+static dt_result dt__nccl_allreduce(void *group, float *const *bufs, size_t count) {
+  return dt__nccl_collective((dt__nccl *)group, bufs, count, -1);
 }
 
 static dt_result dt__nccl_broadcast(void *group, float *const *bufs, size_t count, int root) {
-  dt__nccl *g = (dt__nccl *)group;
-  ncclResult_t r = ncclGroupStart();
-  if (r != ncclSuccess) return dt__nccl_fail("ncclGroupStart", r);
-  for (int i = 0; i < g->n; i++) {
-    cudaError_t e = cudaSetDevice(g->devs[i]->index);
-    if (e != cudaSuccess) {
-      (void)ncclGroupEnd();
-      return dt__cuda_fail(g->devs[i]->name, "cudaSetDevice (ncclBroadcast)", e);
-    }
-    r = ncclBroadcast(bufs[i], bufs[i], count, ncclFloat, root, g->comms[i], g->devs[i]->stream);
-    if (r != ncclSuccess) {
-      (void)ncclGroupEnd();
-      char what[64];
-      snprintf(what, sizeof what, "ncclBroadcast on %.31s", g->devs[i]->name);
-      return dt__nccl_fail(what, r);
-    }
-  }
-  r = ncclGroupEnd();
-  if (r != ncclSuccess) return dt__nccl_fail("ncclGroupEnd (ncclBroadcast)", r);
-  return DTRAIN_OK;
+  if (root < 0) return dt_device_error(DTRAIN_ERR_INVALID_ARG, "ncclBroadcast: negative root");
+  return dt__nccl_collective((dt__nccl *)group, bufs, count, root);
 }
 #endif /* DTRAIN_USE_NCCL */
 

@@ -27,25 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NSAMPLES 4096
 
-typedef struct model {
-  int cnn;
-  dt_nn_linear fc1, fc2, fc3;
-  dt_nn_conv2d c1, c2;
-} model;
-
-static dt_tensor *forward(dt_graph *g, const model *md, dt_tensor *x) {
-  if (!md->cnn) {
-    dt_tensor *h = dt_relu(g, dt_nn_linear_forward(g, &md->fc1, x));
-    h = dt_relu(g, dt_nn_linear_forward(g, &md->fc2, h));
-    return dt_nn_linear_forward(g, &md->fc3, h);
-  }
-  dt_tensor *h = dt_max_pool2d(g, dt_relu(g, dt_nn_conv2d_forward(g, &md->c1, x)), 2, 2);
-  h = dt_max_pool2d(g, dt_relu(g, dt_nn_conv2d_forward(g, &md->c2, h)), 2, 2);
-  h = dt_relu(g, dt_nn_linear_forward(g, &md->fc1, dt_flatten(g, h)));
-  return dt_nn_linear_forward(g, &md->fc2, h);
-}
+#include "bench_models.h"
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -65,18 +48,7 @@ static int run(int cnn, int batch, double seconds) {
   }
   dt_params *P = dt_params_create(1);
   model md;
-  memset(&md, 0, sizeof md);
-  md.cnn = cnn;
-  if (!cnn) {
-    dt_nn_linear_init(&md.fc1, P, "fc1", 784, 256, 1);
-    dt_nn_linear_init(&md.fc2, P, "fc2", 256, 128, 1);
-    dt_nn_linear_init(&md.fc3, P, "fc3", 128, 10, 1);
-  } else {
-    dt_nn_conv2d_init(&md.c1, P, "conv1", 1, 32, 5, 1, 2, 1);
-    dt_nn_conv2d_init(&md.c2, P, "conv2", 32, 64, 5, 1, 2, 1);
-    dt_nn_linear_init(&md.fc1, P, "fc1", 64 * 7 * 7, 1024, 1);
-    dt_nn_linear_init(&md.fc2, P, "fc2", 1024, 10, 1);
-  }
+  model_init(&md, P, cnn);
   dt_optim_desc od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
@@ -93,10 +65,7 @@ static int run(int cnn, int batch, double seconds) {
     fprintf(stderr, "bench_gpu: set-up failed: %s\n", dt_last_error());
     return 1;
   }
-  dt_rng rng;
-  dt_rng_seed(&rng, 7);
-  for (int i = 0; i < NSAMPLES * 784; i++) xs[i] = dt_rng_uniform(&rng);
-  for (int i = 0; i < NSAMPLES; i++) ys[i] = (int32_t)dt_rng_below(&rng, 10);
+  synthetic_data(xs, ys);
   const size_t xbytes = sizeof(float) * NSAMPLES * 784;
   if (dev->alloc(dev, xbytes, &dxs) != DTRAIN_OK || dev->copy(dev, dxs, xs, xbytes, DTRAIN_COPY_H2D) != DTRAIN_OK) {
     fprintf(stderr, "bench_gpu: the data set to %s: %s\n", dev->name, dt_last_error());

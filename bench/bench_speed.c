@@ -170,25 +170,8 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-#define NSAMPLES 4096 /* synthetic data set, cycled through */
 
-typedef struct model {
-  int cnn;
-  dt_nn_linear fc1, fc2, fc3;
-  dt_nn_conv2d c1, c2;
-} model;
-
-static dt_tensor *forward(dt_graph *g, const model *md, dt_tensor *x) {
-  if (!md->cnn) {
-    dt_tensor *h = dt_relu(g, dt_nn_linear_forward(g, &md->fc1, x));
-    h = dt_relu(g, dt_nn_linear_forward(g, &md->fc2, h));
-    return dt_nn_linear_forward(g, &md->fc3, h);
-  }
-  dt_tensor *h = dt_max_pool2d(g, dt_relu(g, dt_nn_conv2d_forward(g, &md->c1, x)), 2, 2);
-  h = dt_max_pool2d(g, dt_relu(g, dt_nn_conv2d_forward(g, &md->c2, h)), 2, 2);
-  h = dt_relu(g, dt_nn_linear_forward(g, &md->fc1, dt_flatten(g, h)));
-  return dt_nn_linear_forward(g, &md->fc2, h);
-}
+#include "bench_models.h"
 
 static int run_train(int cnn, int batch, double seconds, int threads) {
   if (dt_set_threads(threads) != DTRAIN_OK) {
@@ -197,18 +180,7 @@ static int run_train(int cnn, int batch, double seconds, int threads) {
   }
   dt_params *P = dt_params_create(1);
   model md;
-  memset(&md, 0, sizeof md);
-  md.cnn = cnn;
-  if (!cnn) {
-    dt_nn_linear_init(&md.fc1, P, "fc1", 784, 256, 1);
-    dt_nn_linear_init(&md.fc2, P, "fc2", 256, 128, 1);
-    dt_nn_linear_init(&md.fc3, P, "fc3", 128, 10, 1);
-  } else {
-    dt_nn_conv2d_init(&md.c1, P, "conv1", 1, 32, 5, 1, 2, 1);
-    dt_nn_conv2d_init(&md.c2, P, "conv2", 32, 64, 5, 1, 2, 1);
-    dt_nn_linear_init(&md.fc1, P, "fc1", 64 * 7 * 7, 1024, 1);
-    dt_nn_linear_init(&md.fc2, P, "fc2", 1024, 10, 1);
-  }
+  model_init(&md, P, cnn);
   dt_optim_desc od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
@@ -221,10 +193,7 @@ static int run_train(int cnn, int batch, double seconds, int threads) {
   }
   float *xs = (float *)malloc(sizeof(float) * NSAMPLES * 784);
   int32_t *ys = (int32_t *)malloc(sizeof(int32_t) * NSAMPLES);
-  dt_rng rng;
-  dt_rng_seed(&rng, 7);
-  for (int i = 0; i < NSAMPLES * 784; i++) xs[i] = dt_rng_uniform(&rng);
-  for (int i = 0; i < NSAMPLES; i++) ys[i] = (int32_t)dt_rng_below(&rng, 10);
+  synthetic_data(xs, ys);
   int64_t shape_mlp[2] = {batch, 784}, shape_cnn[4] = {batch, 1, 28, 28};
   int nbatches = NSAMPLES / batch, steps = 0, window = 0, nrates = 0;
   /* Windows of a few steps (~10 ms for the MLP, one step for the CNN): the
