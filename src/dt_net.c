@@ -726,114 +726,174 @@ DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, ui
   return rc;
 }
 
-DTRAIN_PRIVATE dt_result dt__conn_exchange(dt__conn *to, uint16_t stype, const void *sbuf, uint32_t sn, dt__conn *from,
-                                           uint16_t rtype, void *rbuf, uint32_t rn, double deadline, const char *op) {
-  unsigned char sh[DT__NET_HDR], rh[DT__NET_HDR];
-  dt__frame_pack(sh, stype, to->job, to->self_id, to->send_seq, sbuf, sn);
-  size_t s_total = DT__NET_HDR + (size_t)sn, s_done = 0;
-  size_t r_total = DT__NET_HDR + (size_t)rn, r_done = 0;
-  int header_checked = 0;
+/* ---- frames moved piecewise on non-blocking sockets ------------------------------------ */
+
+DTRAIN_PRIVATE void dt__xfer_send(dt__xfer *x, dt__conn *c, uint16_t type, const void *p, uint32_t n) {
+  x->c = c;
+  x->recv = 0;
+  x->buf = (unsigned char *)(uintptr_t)p;
+  x->n = n;
+  x->type = type;
+  x->done = 0;
+  x->active = 1;
+  x->checked = 0;
+  dt__frame_pack(x->h, type, c->job, c->self_id, c->send_seq, p, n);
+}
+
+DTRAIN_PRIVATE void dt__xfer_recv(dt__xfer *x, dt__conn *c, uint16_t type, void *p, uint32_t n) {
+  x->c = c;
+  x->recv = 1;
+  x->buf = (unsigned char *)p;
+  x->n = n;
+  x->type = type;
+  x->done = 0;
+  x->active = 1;
+  x->checked = 0;
+}
+
+/* The header of a frame being received, checked before a byte of payload is read. */
+static dt_result dt__xfer_check(dt__xfer *x, double deadline, const char *op) {
+  dt__conn *c = x->c;
   dt__frame f;
-  while (s_done < s_total || r_done < r_total) {
-    /* Progress without blocking, then poll for whichever side is stuck. */
-    int progressed = 0;
-    if (s_done < s_total) {
-      struct iovec iov[2];
-      int cnt = 0;
-      if (s_done < DT__NET_HDR) {
-        iov[cnt].iov_base = sh + s_done;
-        iov[cnt].iov_len = DT__NET_HDR - s_done;
-        cnt++;
-        if (sn) {
-          iov[cnt].iov_base = (void *)(uintptr_t)sbuf;
-          iov[cnt].iov_len = sn;
-          cnt++;
-        }
-      } else {
-        iov[0].iov_base = (unsigned char *)(uintptr_t)sbuf + (s_done - DT__NET_HDR);
-        iov[0].iov_len = s_total - s_done;
-        cnt = 1;
-      }
-      struct msghdr mh;
-      memset(&mh, 0, sizeof mh);
-      mh.msg_iov = iov;
-      mh.msg_iovlen = (size_t)cnt;
-      ssize_t k = sendmsg(to->fd, &mh, DT__NET_SEND_FLAGS);
-      if (k > 0) {
-        s_done += (size_t)k;
-        progressed = 1;
-      } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        dt__error(DTRAIN_ERR_PEER, "send failed: %s", strerror(errno));
-        return dt__conn_fail(to, DTRAIN_ERR_PEER, op, "send to");
-      }
+  char why[160];
+  dt_result rc = dt__frame_unpack(x->h, c->job, c->max_payload, &f, why, sizeof why);
+  if (rc != DTRAIN_OK) {
+    dt__error(rc, "%s", why);
+    return dt__conn_fail(c, rc, op, "receive from");
+  }
+  if (f.seq != c->recv_seq) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "sequence number %llu, expected %llu", (unsigned long long)f.seq,
+              (unsigned long long)c->recv_seq);
+    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
+  }
+  if (c->peer_role >= 0 && f.sender != dt__net_id((dt_role)c->peer_role, c->peer_index)) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "frame claims sender %u", (unsigned)f.sender);
+    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
+  }
+  if (f.type == DT__MSG_ABORT || f.type == DT__MSG_REFUSE) return dt__conn_read_notice(c, &f, x->h, deadline, op);
+  if (f.type != x->type || f.length != x->n) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "frame of type %u and %u bytes, expected type %u and %u bytes", (unsigned)f.type,
+              (unsigned)f.length, (unsigned)x->type, (unsigned)x->n);
+    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
+  }
+  x->checked = 1;
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int *moved) {
+  if (!x->active) return DTRAIN_OK;
+  size_t total = DT__NET_HDR + (size_t)x->n;
+  ssize_t k;
+  if (!x->recv) {
+    struct iovec iov[2];
+    int cnt = 0;
+    if (x->done < DT__NET_HDR) {
+      iov[cnt].iov_base = x->h + x->done;
+      iov[cnt].iov_len = DT__NET_HDR - x->done;
+      cnt++;
     }
-    if (r_done < r_total) {
-      unsigned char *dst = r_done < DT__NET_HDR ? rh + r_done : (unsigned char *)rbuf + (r_done - DT__NET_HDR);
-      size_t want = r_done < DT__NET_HDR ? DT__NET_HDR - r_done : r_total - r_done;
-      ssize_t k = recv(from->fd, dst, want, 0);
-      if (k > 0) {
-        r_done += (size_t)k;
-        progressed = 1;
-        if (!header_checked && r_done >= DT__NET_HDR) {
-          /* Check the header before reading a byte of payload. */
-          char why[160];
-          dt_result rc = dt__frame_unpack(rh, from->job, from->max_payload, &f, why, sizeof why);
-          if (rc != DTRAIN_OK) {
-            dt__error(rc, "%s", why);
-            return dt__conn_fail(from, rc, op, "receive from");
-          }
-          if (f.seq != from->recv_seq) {
-            dt__error(DTRAIN_ERR_PROTOCOL, "sequence number %llu, expected %llu", (unsigned long long)f.seq,
-                      (unsigned long long)from->recv_seq);
-            return dt__conn_fail(from, DTRAIN_ERR_PROTOCOL, op, "receive from");
-          }
-          if (f.type == DT__MSG_ABORT || f.type == DT__MSG_REFUSE) return dt__conn_read_notice(from, &f, rh, deadline, op);
-          if (f.type != rtype || f.length != rn) {
-            dt__error(DTRAIN_ERR_PROTOCOL, "frame of type %u and %u bytes, expected type %u and %u bytes",
-                      (unsigned)f.type, (unsigned)f.length, (unsigned)rtype, (unsigned)rn);
-            return dt__conn_fail(from, DTRAIN_ERR_PROTOCOL, op, "receive from");
-          }
-          header_checked = 1;
-        }
-      } else if (k == 0) {
-        dt__error(DTRAIN_ERR_PEER, "connection closed by the peer");
-        return dt__conn_fail(from, DTRAIN_ERR_PEER, op, "receive from");
-      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        dt__error(DTRAIN_ERR_PEER, "receive failed: %s", strerror(errno));
-        return dt__conn_fail(from, DTRAIN_ERR_PEER, op, "receive from");
-      }
+    if (x->n) {
+      size_t po = x->done > DT__NET_HDR ? x->done - DT__NET_HDR : 0;
+      iov[cnt].iov_base = x->buf + po;
+      iov[cnt].iov_len = x->n - po;
+      cnt++;
     }
-    if (progressed) continue;
-    double left = deadline - dt__now();
-    if (left <= 0) {
-      int recv_stuck = r_done < r_total;
-      dt__error(DTRAIN_ERR_TIMEOUT, "%s", recv_stuck ? "nothing received before the deadline (the peer stalled?)"
-                                                     : "send did not complete before the deadline");
-      return dt__conn_fail(recv_stuck ? from : to, DTRAIN_ERR_TIMEOUT, op, recv_stuck ? "receive from" : "send to");
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = iov;
+    mh.msg_iovlen = (size_t)cnt;
+    k = sendmsg(x->c->fd, &mh, DT__NET_SEND_FLAGS);
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      dt__error(DTRAIN_ERR_PEER, "send failed: %s", strerror(errno));
+      return dt__conn_fail(x->c, DTRAIN_ERR_PEER, op, "send to");
     }
-    struct pollfd p[2];
-    int np = 0;
-    if (s_done < s_total) {
-      p[np].fd = to->fd;
-      p[np].events = POLLOUT;
-      p[np].revents = 0;
-      np++;
+  } else {
+    unsigned char *dst = x->done < DT__NET_HDR ? x->h + x->done : x->buf + (x->done - DT__NET_HDR);
+    size_t want = x->done < DT__NET_HDR ? DT__NET_HDR - x->done : total - x->done;
+    k = recv(x->c->fd, dst, want, 0);
+    if (k == 0) {
+      dt__error(DTRAIN_ERR_PEER, "connection closed by the peer");
+      return dt__conn_fail(x->c, DTRAIN_ERR_PEER, op, "receive from");
     }
-    if (r_done < r_total) {
-      p[np].fd = from->fd;
-      p[np].events = POLLIN;
-      p[np].revents = 0;
-      np++;
-    }
-    int ms = left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
-    if (poll(p, (nfds_t)np, ms) < 0 && errno != EINTR) {
-      dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
-      return dt__conn_fail(from, DTRAIN_ERR_NET, op, "exchange with");
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      dt__error(DTRAIN_ERR_PEER, "receive failed: %s", strerror(errno));
+      return dt__conn_fail(x->c, DTRAIN_ERR_PEER, op, "receive from");
     }
   }
-  to->send_seq++;
-  from->recv_seq++;
+  if (k <= 0) return DTRAIN_OK;
+  x->done += (size_t)k;
+  *moved = 1;
+  if (x->recv && !x->checked && x->done >= DT__NET_HDR) {
+    dt_result rc = dt__xfer_check(x, deadline, op);
+    if (rc != DTRAIN_OK) return rc;
+  }
+  if (x->done == total) {
+    x->active = 0;
+    if (x->recv) x->c->recv_seq++;
+    else x->c->send_seq++;
+  }
   return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__xfer_wait(dt__xfer *s, dt__xfer *r, double deadline, double *spin_until, const char *op) {
+  double now = dt__now();
+  double spin = r && r->active ? r->c->spin_s : s && s->active ? s->c->spin_s : 0.0;
+  if (spin > 0) {
+    /* As in dt__net_read_spin: the peer's next bytes are usually microseconds
+     * away, and waking from poll() (on a VM, an idle vCPU that halted) costs
+     * far more. spin_until is reset by the caller whenever data moved. */
+    if (*spin_until < 0) *spin_until = DT__MIN(now + spin, deadline);
+    if (now < *spin_until) {
+      sched_yield();
+      return DTRAIN_OK;
+    }
+  }
+  double left = deadline - now;
+  if (left <= 0) {
+    int recv_stuck = r && r->active;
+    dt__xfer *x = recv_stuck ? r : s;
+    dt__error(DTRAIN_ERR_TIMEOUT, "%s", recv_stuck ? "nothing received before the deadline (the peer stalled?)"
+                                                   : "send did not complete before the deadline");
+    return dt__conn_fail(x->c, DTRAIN_ERR_TIMEOUT, op, recv_stuck ? "receive from" : "send to");
+  }
+  struct pollfd p[2];
+  nfds_t np = 0;
+  if (s && s->active) {
+    p[np].fd = s->c->fd;
+    p[np].events = POLLOUT;
+    p[np].revents = 0;
+    np++;
+  }
+  if (r && r->active) {
+    p[np].fd = r->c->fd;
+    p[np].events = POLLIN;
+    p[np].revents = 0;
+    np++;
+  }
+  int ms = left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
+  if (poll(p, np, ms) < 0 && errno != EINTR) {
+    dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+    return dt__conn_fail(r && r->active ? r->c : s->c, DTRAIN_ERR_NET, op, "exchange with");
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__conn_exchange(dt__conn *to, uint16_t stype, const void *sbuf, uint32_t sn, dt__conn *from,
+                                           uint16_t rtype, void *rbuf, uint32_t rn, double deadline, const char *op) {
+  dt__xfer s, r;
+  dt__xfer_send(&s, to, stype, sbuf, sn);
+  dt__xfer_recv(&r, from, rtype, rbuf, rn);
+  double spin_until = -1.0;
+  dt_result rc = DTRAIN_OK;
+  while (rc == DTRAIN_OK && (s.active || r.active)) {
+    /* Progress without blocking, then wait for whichever side is stuck. */
+    int moved = 0;
+    rc = dt__xfer_step(&s, deadline, op, &moved);
+    if (rc == DTRAIN_OK) rc = dt__xfer_step(&r, deadline, op, &moved);
+    if (rc == DTRAIN_OK && !moved) rc = dt__xfer_wait(&s, &r, deadline, &spin_until, op);
+    if (moved) spin_until = -1.0;
+  }
+  return rc;
 }
 
 DTRAIN_PRIVATE void dt__conn_abort(dt__conn *c, dt_result code, const char *reason) {

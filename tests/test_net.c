@@ -493,6 +493,72 @@ static void test_spin_read(void) {
   close(sv[1]);
 }
 
+/* dt__conn_exchange over a socketpair, the peer played by hand: a long spin
+ * neither delays a frame that comes nor outlives the deadline when none
+ * does, and a frame that claims another sender, has the wrong length or
+ * breaks off is refused with a message naming the peer. */
+static void exch_pair(int sv[2], dt__conn *c, double spin_s) {
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+  dt__conn_init(c, sv[0], 77, 0, 1u << 20);
+  c->peer_role = DTRAIN_ROLE_WORKER;
+  c->peer_index = 1;
+  c->spin_s = spin_s;
+  snprintf(c->peer, sizeof c->peer, "worker 1 (pair)");
+}
+
+static void exch_put(int fd, uint32_t sender, uint64_t seq, const void *p, uint32_t n, uint32_t claimed) {
+  unsigned char h[DT__NET_HDR];
+  dt__frame_pack(h, DT__MSG_DATA0, 77, sender, seq, p, claimed);
+  CHECK(write(fd, h, sizeof h) == (ssize_t)sizeof h);
+  if (n) CHECK(write(fd, p, n) == (ssize_t)n);
+}
+
+static void test_exchange_pair(void) {
+  int sv[2];
+  dt__conn c;
+  float out[4] = {1, 2, 3, 4}, in[4] = {0}, peer[4] = {5, 6, 7, 8};
+  /* The frame is there: done, and the spin (10 s) is never waited out. */
+  exch_pair(sv, &c, 10.0);
+  exch_put(sv[1], 1, 0, peer, sizeof peer, sizeof peer);
+  double t0 = dt__now();
+  CHECK(dt__conn_exchange(&c, DT__MSG_DATA0, out, sizeof out, &c, DT__MSG_DATA0, in, sizeof in, t0 + 5, "x") ==
+        DTRAIN_OK);
+  CHECK(memcmp(in, peer, sizeof in) == 0 && c.send_seq == 1 && c.recv_seq == 1);
+  CHECK_MSG(dt__now() - t0 < 2.0, "took %.3f s", dt__now() - t0);
+  /* Nothing comes: the 10 s spin ends at the 0.2 s deadline. */
+  t0 = dt__now();
+  CHECK_ERR(dt__conn_exchange(&c, DT__MSG_DATA0, out, sizeof out, &c, DT__MSG_DATA0, in, sizeof in, t0 + 0.2,
+                              "allreduce #9"),
+            DTRAIN_ERR_TIMEOUT, "allreduce #9: receive from worker 1 (pair): nothing received");
+  double took = dt__now() - t0;
+  CHECK_MSG(took >= 0.19 && took < 3.0, "took %.3f s", took);
+  close(sv[0]);
+  close(sv[1]);
+  /* Another sender's id, a wrong length, a frame cut short. */
+  exch_pair(sv, &c, 0.0);
+  exch_put(sv[1], 2, 0, peer, sizeof peer, sizeof peer);
+  CHECK_ERR(dt__conn_exchange(&c, DT__MSG_DATA0, out, sizeof out, &c, DT__MSG_DATA0, in, sizeof in, dt__now() + 5,
+                              "x"),
+            DTRAIN_ERR_PROTOCOL, "claims sender 2");
+  close(sv[0]);
+  close(sv[1]);
+  exch_pair(sv, &c, 0.0);
+  exch_put(sv[1], 1, 0, peer, 8, 8);
+  CHECK_ERR(dt__conn_exchange(&c, DT__MSG_DATA0, out, sizeof out, &c, DT__MSG_DATA0, in, sizeof in, dt__now() + 5,
+                              "x"),
+            DTRAIN_ERR_PROTOCOL, "8 bytes, expected type 64 and 16 bytes");
+  close(sv[0]);
+  close(sv[1]);
+  exch_pair(sv, &c, 0.0);
+  exch_put(sv[1], 1, 0, peer, 8, sizeof peer); /* 8 of 16 payload bytes, then the peer goes */
+  close(sv[1]);
+  CHECK_ERR(dt__conn_exchange(&c, DT__MSG_DATA0, out, sizeof out, &c, DT__MSG_DATA0, in, sizeof in, dt__now() + 5,
+                              "x"),
+            DTRAIN_ERR_PEER, "worker 1 (pair)");
+  close(sv[0]);
+}
+
 static void test_connect_deadline(void) {
   /* Nobody listens: retries with backoff, then a timeout within the deadline. */
   int lfd;
@@ -529,6 +595,7 @@ int main(void) {
   TH_RUN(test_exchange_and_abort);
   TH_RUN(test_connect_deadline);
   TH_RUN(test_spin_read);
+  TH_RUN(test_exchange_pair);
 #endif
   return th_summary("test_net");
 }
