@@ -8,7 +8,12 @@
 # 1. the ceiling: single-stream loopback TCP throughput (iperf3, 3 s);
 # 2. all-reduce busbw, 2 processes, 1..64 MiB: tools/dtrain-bench (tcp) against
 #    OpenMPI's MPI_Allreduce restricted to TCP (mpirun --mca btl tcp,self, via
-#    tools/dtrain-bench-mpi), alternating, best of BENCH_ROUNDS per size;
+#    tools/dtrain-bench-mpi), alternating, best and median of BENCH_ROUNDS per
+#    size. Both sides bind their 2 ranks to cores (dtrain-launch --bind-to
+#    core; mpirun --bind-to core, its own default for 2 ranks): unbound, the
+#    scheduler often stacks both busy ranks on one core (a socket wake-up
+#    puts the woken task on the waker's CPU) and a whole run goes at half
+#    speed, so unbound runs measure the scheduler more than the transport;
 # 3. 4 KiB all-reduce latency, same two;
 # 4. the MLP with 2 workers (batch 64 per rank): build/bench/bench_multiworker
 #    against bench/torch_ddp.py, alternating, best of BENCH_ROUNDS.
@@ -20,7 +25,8 @@ T=${BUILD:-build}/bench/net
 mkdir -p "$T"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-MPIRUN="mpirun -n 2 --oversubscribe --bind-to none --mca btl tcp,self"
+MPIRUN="mpirun -n 2 --bind-to core --mca btl tcp,self"
+DTB="tools/dtrain-launch -n 2 --bind-to core -- tools/dtrain-bench --backend tcp"
 
 echo "== machine"
 echo "cpus: $(getconf _NPROCESSORS_ONLN), load average: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -48,29 +54,39 @@ if [ -x tools/dtrain-bench-mpi ] && command -v mpirun >/dev/null 2>&1; then have
 : > "$T/tcp.csv.all"; : > "$T/mpi.csv.all"
 r=0
 while [ $r -lt "$ROUNDS" ]; do
-  tools/dtrain-bench --backend tcp -n 2 -b 1M -e 64M -f 2 --iters 40 --warmup 5 --csv "$T/tcp.csv" >/dev/null && tail -n +2 "$T/tcp.csv" >> "$T/tcp.csv.all"
-  tools/dtrain-bench --backend tcp -n 2 -b 4K -e 4K --iters 2000 --warmup 100 --csv "$T/tcp.csv" >/dev/null && tail -n +2 "$T/tcp.csv" >> "$T/tcp.csv.all"
+  $DTB -b 1M -e 64M -f 2 --iters 40 --warmup 5 --csv "$T/tcp.csv" >/dev/null && tail -n +2 "$T/tcp.csv" >> "$T/tcp.csv.all"
+  $DTB -b 4K -e 4K --iters 2000 --warmup 100 --csv "$T/tcp.csv" >/dev/null && tail -n +2 "$T/tcp.csv" >> "$T/tcp.csv.all"
   if [ $have_mpi = 1 ]; then
     $MPIRUN tools/dtrain-bench-mpi -b 1M -e 64M -f 2 --iters 40 --warmup 5 --csv "$T/mpi.csv" >/dev/null 2>&1 && tail -n +2 "$T/mpi.csv" >> "$T/mpi.csv.all"
     $MPIRUN tools/dtrain-bench-mpi -b 4K -e 4K --iters 2000 --warmup 100 --csv "$T/mpi.csv" >/dev/null 2>&1 && tail -n +2 "$T/mpi.csv" >> "$T/mpi.csv.all"
   fi
   r=$((r + 1))
 done
-echo "== all-reduce, 2 processes over loopback TCP: busbw GB/s (best of $ROUNDS), ratio = dtrain / OpenMPI (goal >= 1.5)"
+echo "== all-reduce, 2 processes (bound to cores) over loopback TCP: busbw GB/s, best and median of $ROUNDS rounds;"
+echo "   ratio = dtrain / OpenMPI (goal >= 1.5)"
 awk -F, -v ceil="${ceiling:-0}" '
+  function median(s,   v, n, i, j, x) {
+    n = split(s, v, " ")
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] + 0 < v[i] + 0) { x = v[i]; v[i] = v[j]; v[j] = x }
+    return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+  }
+  function ratio(a, b) { return b > 0 ? sprintf("%.2fx", a / b) : "-" }
   FNR == 1 { side++ }
   { b = $4; bw = $8; t = $6
-    if (side == 1) { if (!(b in d) || bw > d[b]) d[b] = bw; if (!(b in dt) || t < dt[b]) dt[b] = t }
-    else { if (!(b in m) || bw > m[b]) m[b] = bw; if (!(b in mt) || t < mt[b]) mt[b] = t } }
+    if (side == 1) { if (!(b in d) || bw > d[b]) d[b] = bw; if (!(b in dt) || t < dt[b]) dt[b] = t; dl[b] = dl[b] " " bw; tl[b] = tl[b] " " t }
+    else { if (!(b in m) || bw > m[b]) m[b] = bw; if (!(b in mt) || t < mt[b]) mt[b] = t; ml[b] = ml[b] " " bw; mtl[b] = mtl[b] " " t } }
   END {
-    printf "%10s %12s %12s %8s %14s\n", "bytes", "dtrain", "OpenMPI", "ratio", "dtrain/iperf3"
+    printf "%10s %9s %9s %8s %9s %9s %8s %14s\n", "bytes", "dtrain", "OpenMPI", "best", "dtrain", "OpenMPI", "median", "dtrain/iperf3"
+    printf "%10s %9s %9s %8s %9s %9s %8s %14s\n", "", "best", "best", "ratio", "median", "median", "ratio", "(best)"
     n = 0; for (b in d) keys[++n] = b + 0
     for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (keys[j] < keys[i]) { x = keys[i]; keys[i] = keys[j]; keys[j] = x }
     for (i = 1; i <= n; i++) { b = keys[i]; if (b == 4096) continue
-      printf "%10d %12.3f %12s %8s %14s\n", b, d[b], (b in m) ? sprintf("%.3f", m[b]) : "-",
-             (b in m && m[b] > 0) ? sprintf("%.2fx", d[b] / m[b]) : "-", (ceil > 0) ? sprintf("%.2f", d[b] / ceil) : "-" }
-    printf "4 KiB all-reduce latency: dtrain %.1f us, OpenMPI %s us (goal <= 25 us)\n", dt[4096],
-           (4096 in mt) ? sprintf("%.1f", mt[4096]) : "-"
+      dm = median(dl[b]); mm = (b in ml) ? median(ml[b]) : 0
+      printf "%10d %9.3f %9s %8s %9.3f %9s %8s %14s\n", b, d[b], (b in m) ? sprintf("%.3f", m[b]) : "-",
+             (b in m) ? ratio(d[b], m[b]) : "-", dm, (b in ml) ? sprintf("%.3f", mm) : "-", (b in ml) ? ratio(dm, mm) : "-",
+             (ceil > 0) ? sprintf("%.2f", d[b] / ceil) : "-" }
+    printf "4 KiB all-reduce latency (best / median): dtrain %.1f / %.1f us, OpenMPI %s us (goal <= 25 us)\n", dt[4096],
+           median(tl[4096]), (4096 in mt) ? sprintf("%.1f / %.1f", mt[4096], median(mtl[4096])) : "-"
   }' "$T/tcp.csv.all" "$T/mpi.csv.all"
 echo
 

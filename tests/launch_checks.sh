@@ -3,7 +3,8 @@
 # DTRAIN_LISTEN_FD per process, output prefixes (stdout and stderr, partial
 # and long lines), exit codes and signals of failing processes, the others
 # stopped after a failure (SIGTERM, then SIGKILL), signals passed on,
-# parameter servers stopped after the workers, --timeout, --token-env, usage.
+# parameter servers stopped after the workers, --timeout, --token-env,
+# --bind-to, usage.
 # Prints "launch_checks: N passed, N failed".
 BUILD=${BUILD:-build}
 L=${LAUNCH:-tools/dtrain-launch}
@@ -145,6 +146,48 @@ grep -qx '\[worker 0\] token=mine' "$T/token2.out" && ok "--token-env keeps DTRA
 run noexec -n 1 -- "$T/does-not-exist"
 [ "$(rc_of noexec)" = 127 ] && has noexec.err "^\[worker 0\] dtrain-launch: cannot run '.*does-not-exist'" \
   && ok "missing program" || bad "missing program" "$T/noexec.err"
+
+# -- --bind-to core: each process confined to one core (a subset of the launcher's CPUs), the
+#    first two on different cores when there are two; taskset to one CPU: all share it, and
+#    the launcher says so; none (the default): the launcher's CPUs as they are
+run badbind -n 2 --bind-to socket -- true
+[ "$(rc_of badbind)" = 2 ] && has badbind.err "\-\-bind-to 'socket': expected core or none" && ok "usage: bad --bind-to" \
+  || bad "usage: bad --bind-to" "$T/badbind.err"
+if [ -r /proc/self/status ] && [ "$(uname -s)" = Linux ]; then
+  mine=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+  show='sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status'
+  cpus_of() { sed -n "s/^\[$2\] //p" "$T/$1.out"; }
+  # "0-3,5" -> one CPU number a line
+  expand() { echo "$1" | tr ',' '\n' | awk -F- '{ e = NF > 1 ? $2 : $1; for (c = $1; c <= e; c++) print c }'; }
+  run bindnone -n 2 -- sh -c "$show"
+  [ "$(rc_of bindnone)" = 0 ] && [ "$(cpus_of bindnone 'worker 0')" = "$mine" ] && [ "$(cpus_of bindnone 'worker 1')" = "$mine" ] \
+    && ok "--bind-to none leaves the CPUs alone" || bad "--bind-to none leaves the CPUs alone" "$T/bindnone.out" "$T/bindnone.err"
+  run bindcore -n 3 --bind-to core -- sh -c "$show"
+  good=1
+  for w in 0 1 2; do
+    l=$(cpus_of bindcore "worker $w")
+    [ -n "$l" ] || { echo "worker $w: no CPU list"; good=0; continue; }
+    for c in $(expand "$l"); do expand "$mine" | grep -qx "$c" || { echo "worker $w: CPU $c is not the launcher's"; good=0; }; done
+  done
+  w0=$(cpus_of bindcore 'worker 0'); w1=$(cpus_of bindcore 'worker 1')
+  if [ "$(expand "$mine" | wc -l)" -ge 2 ]; then
+    [ "$w0" != "$mine" ] || { echo "worker 0 not confined"; good=0; }
+    for c in $(expand "$w0"); do expand "$w1" | grep -qx "$c" && { echo "workers 0 and 1 share CPU $c"; good=0; }; done
+  fi
+  [ "$(rc_of bindcore)" = 0 ] && [ $good = 1 ] && ok "--bind-to core: one core each" || bad "--bind-to core: one core each" "$T/bindcore.out" "$T/bindcore.err"
+  if command -v taskset >/dev/null 2>&1; then
+    one=$(expand "$mine" | head -n 1)
+    rm -rf "$T/sync"; mkdir -p "$T/sync"
+    timeout 60 taskset -c "$one" "$L" -n 2 --bind-to core -- sh -c "$show" >"$T/bindone.out" 2>"$T/bindone.err"; echo $? >"$T/bindone.rc"
+    [ "$(rc_of bindone)" = 0 ] && [ "$(cpus_of bindone 'worker 0')" = "$one" ] && [ "$(cpus_of bindone 'worker 1')" = "$one" ] \
+      && has bindone.err '2 processes on 1 core: some share a core' && ok "--bind-to core within the launcher's CPUs" \
+      || bad "--bind-to core within the launcher's CPUs" "$T/bindone.out" "$T/bindone.err"
+  else
+    echo "skip --bind-to core under taskset: no taskset"
+  fi
+else
+  echo "skip --bind-to core: not Linux"
+fi
 
 echo "launch_checks: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -2,7 +2,8 @@
  * servers) of a dtrain program on this machine, like torchrun or mpirun do
  * for one machine.
  *
- *   dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env] -- PROGRAM ARGS...
+ *   dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env]
+ *                 [--bind-to core|none] -- PROGRAM ARGS...
  *
  * For each process it binds a listening socket (port 0, so the kernel picks a
  * free one, unless --port), then starts the program with:
@@ -10,6 +11,12 @@
  *   DTRAIN_LISTEN_FD  the already bound, listening socket (no race for ports)
  *   DTRAIN_RANK, DTRAIN_WORLD, DTRAIN_ROLE   the same, for convenience
  *   DTRAIN_TOKEN      a fresh random secret, with --token-env (kept if already set)
+ * With --bind-to core (Linux), process k (workers, then servers) may run only
+ * on core k mod C of the C cores this launcher may use (all of a core's
+ * hardware threads), as mpirun binds ranks: otherwise the scheduler, which
+ * puts a task woken by a socket on the waker's CPU, often stacks two busy
+ * workers on one core for milliseconds at a time (a 2-worker 1 MiB
+ * all-reduce then runs at half speed).
  * Servers start first, then workers. Every line a process writes is prefixed
  * with "[worker 0] " or "[ps 1] " (stdout to stdout, stderr to stderr).
  * SIGINT, SIGTERM and SIGHUP are passed on to every process (a second one
@@ -22,6 +29,9 @@
  *
  * Plain POSIX C; does not need dtrain.h. Build: cc -std=c11 -O2 tools/dtrain_launch.c -o tools/dtrain-launch
  */
+#ifdef __linux__
+#  define _GNU_SOURCE /* sched_setaffinity, cpu_set_t */
+#endif
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
 #include <errno.h>
@@ -40,6 +50,7 @@
 #include <time.h>
 #include <unistd.h>
 #ifdef __linux__
+#  include <sched.h>
 #  include <sys/prctl.h>
 #endif
 
@@ -66,6 +77,7 @@ typedef struct proc {
   pid_t pid;         /* 0 before start and after it was reaped */
   int running;
   int stopped_by_us; /* we sent it SIGTERM/SIGKILL */
+  int core;          /* --bind-to core: index into the cores, else -1 */
   int status;        /* wait status once reaped */
   stream out[2];
 } proc;
@@ -76,7 +88,7 @@ static int g_sigpipe[2] = {-1, -1};
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env]\n"
-          "                     -- PROGRAM [ARGS...]\n"
+          "                     [--bind-to core|none] -- PROGRAM [ARGS...]\n"
           "Starts N workers (and M parameter servers) of PROGRAM on this machine.\n"
           "  -n N          worker processes (1..%d)\n"
           "  --ps M        parameter-server processes (0..%d) [0]\n"
@@ -86,6 +98,8 @@ static void usage(FILE *f) {
           "                before terminating the rest: SIGTERM, then SIGKILL [10]\n"
           "  --timeout S   stop everything after S s of running and exit 124 [none]\n"
           "  --token-env   put a fresh random secret in DTRAIN_TOKEN (unless set) so peers authenticate\n"
+          "  --bind-to W   core: process k (workers, then servers) runs only on core k mod C of the\n"
+          "                C cores this launcher may use (Linux); none: wherever the kernel puts it [none]\n"
           "  -h, --help    this text\n"
           "Each process gets DTRAIN_CONFIG (the cluster and its task), DTRAIN_LISTEN_FD (its bound\n"
           "listening socket), DTRAIN_RANK, DTRAIN_WORLD and DTRAIN_ROLE; its output lines are\n"
@@ -157,11 +171,11 @@ static int parse_secs(const char *s, double *out) {
   return 1;
 }
 
-#define NOPTS 6
-static const char *const k_opts[NOPTS] = {"-n", "--ps", "--port", "--host", "--grace", "--timeout"};
+#define NOPTS 7
+static const char *const k_opts[NOPTS] = {"-n", "--ps", "--port", "--host", "--grace", "--timeout", "--bind-to"};
 static const char *const k_what[NOPTS] = {"a number of workers in 1..1024", "a number of servers in 0..1024",
                                           "a port in 1..65535", "a host name or address", "seconds (>= 0)",
-                                          "seconds (> 0)"};
+                                          "seconds (> 0)", "core or none"};
 
 /* "--name value" or "--name=value" at argv[*k]: 1 when it is this option
  * (*value: the value, NULL when missing; *k advanced past it), else 0. */
@@ -278,6 +292,53 @@ static void drain(const proc *p, stream *s) {
   }
 }
 
+/* ---- binding (--bind-to core) ------------------------------------------------------------------ */
+
+#ifdef __linux__
+typedef struct core_cpus {
+  int pkg, id;    /* topology: physical_package_id, core_id (-1: unknown, the CPU is its own core) */
+  cpu_set_t cpus; /* its hardware threads that this launcher may use */
+} core_cpus;
+
+static int topology_id(int cpu, const char *what) {
+  char path[128], buf[32];
+  snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/%s", cpu, what);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  ssize_t k = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  long v;
+  if (k <= 0) return -1;
+  buf[k] = '\0';
+  if (buf[k - 1] == '\n') buf[k - 1] = '\0';
+  return parse_long(buf, 0, 1L << 20, &v) ? (int)v : -1;
+}
+
+/* The cores this process may run on, in CPU order; their count, or -1 (errno). */
+static int allowed_cores(core_cpus *out, int cap) {
+  cpu_set_t mine;
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) return -1;
+  int n = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (!CPU_ISSET(cpu, &mine)) continue;
+    int pkg = topology_id(cpu, "physical_package_id"), id = topology_id(cpu, "core_id"), k = 0;
+    if (pkg < 0 || id < 0) pkg = id = -1;
+    while (k < n && !(pkg >= 0 && out[k].pkg == pkg && out[k].id == id)) k++;
+    if (k == n) {
+      if (n == cap) break;
+      out[n].pkg = pkg;
+      out[n].id = id;
+      CPU_ZERO(&out[n].cpus);
+      n++;
+    }
+    CPU_SET(cpu, &out[k].cpus);
+  }
+  return n;
+}
+
+static core_cpus g_cores[CPU_SETSIZE];
+#endif
+
 /* ---- processes ------------------------------------------------------------------------------------ */
 
 static void signal_all(proc *ps, int np, int sig, int by_us) {
@@ -319,6 +380,12 @@ static void child_exec(proc *p, int out_w, int err_w, char **prog, const char *c
   dup2(err_w, 2);
   if (out_w > 2) close(out_w);
   if (err_w > 2) close(err_w);
+#ifdef __linux__
+  if (p->core >= 0 && sched_setaffinity(0, sizeof g_cores[p->core].cpus, &g_cores[p->core].cpus) != 0) {
+    fprintf(stderr, "%s: cannot bind %s to a core: sched_setaffinity: %s\n", g_self, p->name, strerror(errno));
+    _exit(127);
+  }
+#endif
   fcntl(p->lfd, F_SETFD, 0); /* this one survives exec */
   setenv("DTRAIN_CONFIG", config, 1);
   snprintf(num, sizeof num, "%d", p->lfd);
@@ -375,7 +442,7 @@ int main(int argc, char **argv) {
   long n = 0, m = 0, port = 0;
   double grace = 10.0, timeout = 0.0;
   const char *host = "127.0.0.1";
-  int token_env = 0, k, prog_at = -1;
+  int token_env = 0, k, prog_at = -1, bind = 0;
 
   for (k = 1; k < argc; k++) {
     const char *a = argv[k], *v = NULL;
@@ -416,7 +483,11 @@ int main(int argc, char **argv) {
       case 2: ok = parse_long(v, 1, 65535, &port); break;
       case 3: ok = *v != '\0'; host = v; break;
       case 4: ok = parse_secs(v, &grace); break;
-      default: ok = parse_secs(v, &timeout) && timeout > 0; break;
+      case 5: ok = parse_secs(v, &timeout) && timeout > 0; break;
+      default:
+        ok = strcmp(v, "core") == 0 || strcmp(v, "none") == 0;
+        bind = strcmp(v, "core") == 0;
+        break;
     }
     if (!ok) {
       say("%s '%s': expected %s (see -h)", k_opts[o], v, k_what[o]);
@@ -454,7 +525,24 @@ int main(int argc, char **argv) {
     say("out of memory");
     return 1;
   }
-  for (k = 0; k < np; k++) ps[k].lfd = ps[k].out[0].fd = ps[k].out[1].fd = -1;
+  for (k = 0; k < np; k++) {
+    ps[k].lfd = ps[k].out[0].fd = ps[k].out[1].fd = -1;
+    ps[k].core = -1;
+  }
+  if (bind) {
+#ifdef __linux__
+    int nc = allowed_cores(g_cores, CPU_SETSIZE);
+    if (nc <= 0) {
+      say("--bind-to core: cannot read this process's CPUs: %s", nc < 0 ? strerror(errno) : "none allowed");
+      goto done;
+    }
+    for (k = 0; k < np; k++) ps[k].core = k % nc;
+    if (np > nc) say("--bind-to core: %d processes on %d core%s: some share a core", np, nc, nc > 1 ? "s" : "");
+#else
+    say("--bind-to core: not supported on this system (Linux only)");
+    goto done;
+#endif
+  }
   if (token_env) {
     const char *e = getenv("DTRAIN_TOKEN");
     if (e && *e) {
