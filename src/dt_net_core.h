@@ -114,7 +114,8 @@ typedef struct dt__conn {
   uint64_t job;
   uint32_t self_id;      /* our sender id */
   uint32_t max_payload;
-  double spin_s;         /* dt__conn_recv_header spins this long before sleeping (0: never) */
+  double spin_s;         /* receiving here (dt__conn_recv_header, exchanges), spin this long
+                            before sleeping in poll() (0: never) */
   uint64_t send_seq, recv_seq;
   int peer_role;         /* dt_role, -1 before the handshake */
   int peer_index;
@@ -143,7 +144,8 @@ DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, ui
 /* Send a frame to `to` while receiving one of `type` from `from` (possibly
  * the same connection), progressing both as the sockets allow, so two peers
  * exchanging in a ring never deadlock on full socket buffers. The received
- * payload must be exactly rn bytes. */
+ * payload must be exactly rn bytes, from the peer the connection belongs to.
+ * When neither side can move it spins for from->spin_s, then polls. */
 DTRAIN_PRIVATE dt_result dt__conn_exchange(dt__conn *to, uint16_t stype, const void *sbuf, uint32_t sn, dt__conn *from,
                                            uint16_t rtype, void *rbuf, uint32_t rn, double deadline, const char *op);
 /* One frame in flight on a connection, moved piecewise as the socket allows:
