@@ -5,7 +5,8 @@
 # deadline with an error naming it; restarting from the last checkpoint after
 # the failure ends bit for bit where the uninterrupted run ends. Parameter
 # servers (examples/06): 2 workers x 2 servers learn; a killed worker is
-# dropped and the other finishes.
+# dropped and the other finishes. examples/02 across processes equals mirrored;
+# tools/dtrain-bench reports right results.
 # Prints "multiworker_checks: N passed, N failed".
 BUILD=${BUILD:-build}
 EX=$BUILD/examples/05_multi_worker
@@ -83,6 +84,65 @@ if [ $rc -ne 0 ] && grep -q 'worker 0: test accuracy' "$T/pskill.out" && grep -q
    grep -q 'worker 1 killed by signal 9' "$T/pskill.out"; then
   ok "parameter servers: a killed worker is dropped (logged), the other finishes; the launcher reports the failure"
 else bad "ps worker kill: exit $rc: $(grep -v 'dtrain error' "$T/pskill.out" | tail -n 8)"; fi
+
+# 9. by hand, as across machines: --rank/--world/--peers, each process binding its own
+#    address (no launcher), worker 1 started first, so that it retries dialling worker 0
+#    until worker 0 is up a second later; ends where the launcher's run ends, bit for bit
+ports=$(python3 -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(" ".join(str(x.getsockname()[1]) for x in s))' 2>/dev/null)
+if [ -n "$ports" ]; then
+  peers="127.0.0.1:${ports% *},127.0.0.1:${ports#* }"
+  timeout 120 $EX $ARGS --rank 1 --world 2 --peers "$peers" > "$T/hand1.out" 2>&1 &
+  p1=$!
+  sleep 1
+  timeout 120 $EX $ARGS --rank 0 --world 2 --peers "$peers" > "$T/hand0.out" 2>&1; rc0=$?
+  wait $p1; rc1=$?
+  cat "$T/hand0.out" "$T/hand1.out" > "$T/hand.out"
+  if [ $rc0 = 0 ] && [ $rc1 = 0 ] && [ "$(sums "$T/hand.out")" = "$ref" ] && [ -n "$ref" ] &&
+     [ "$(grep -c 'final params_checksum' "$T/hand.out")" = 2 ]; then
+    ok "by hand (--rank/--peers, worker 0 a second late): the same parameters as under the launcher"
+  else bad "by hand: exit $rc0/$rc1: $(tail -n 3 "$T/hand0.out" "$T/hand1.out")"; fi
+else echo "skip by-hand start: no python3 to find free ports"; fi
+
+# 9b. examples/02 across processes: multi_worker_mirrored, 2 workers x batch 64 each, equals
+#    mirrored over 2 replicas with the global batch of 128 (the same samples per step),
+#    and 2 workers x 2 threads equals mirrored(4), within float rounding (the TCP ring
+#    sums in another order than the threads); parameter_server with 2 workers x 1 server learns
+F=$BUILD/examples/02_fashion_mnist
+FA="--data data/fashion-mnist --quiet --json --epochs 1 --limit 2048"
+val() { grep -o "\"$2\":[0-9.]*" "$1" | head -n 1 | cut -d: -f2; }
+close_to() { awk -v a="$1" -v b="$2" 'BEGIN { x = a - b; if (x < 0) x = -x; exit !(a > 0 && b > 0 && x <= 1e-4 * a) }'; }
+for cfg in "1 2" "2 4"; do
+  thr=${cfg% *}; reps=${cfg#* }
+  if $F $FA --batch 128 --strategy mirrored --replicas $reps > "$T/f_mir$reps.json" 2>&1 &&
+     timeout 120 $L -n 2 -- $F $FA --batch 64 --strategy multi_worker_mirrored --replicas $thr > "$T/f_mwm$reps.json" 2>&1 &&
+     close_to "$(val "$T/f_mir$reps.json" test_loss)" "$(val "$T/f_mwm$reps.json" test_loss)" &&
+     close_to "$(val "$T/f_mir$reps.json" final_loss)" "$(val "$T/f_mwm$reps.json" final_loss)"; then
+    ok "02 multi_worker_mirrored 2 x $thr equals mirrored($reps) (test loss $(val "$T/f_mwm$reps.json" test_loss))"
+  else bad "02 mwm 2 x $thr vs mirrored($reps): $(val "$T/f_mwm$reps.json" test_loss) vs $(val "$T/f_mir$reps.json" test_loss): $(tail -n 3 "$T/f_mwm$reps.json")"; fi
+done
+if timeout 120 $L -n 2 --ps 1 -- $F $FA --strategy parameter_server > "$T/f_ps.json" 2>&1 &&
+   grep -q '"strategy":"parameter_server"' "$T/f_ps.json" && acc=$(val "$T/f_ps.json" test_accuracy) &&
+   awk -v a="$acc" 'BEGIN { exit !(a > 0.5) }'; then
+  ok "02 parameter_server, 2 workers x 1 server, learns (test accuracy $acc)"
+else bad "02 parameter_server: $(tail -n 4 "$T/f_ps.json")"; fi
+
+# 10. tools/dtrain-bench: nccl-tests columns, every element right, for threads, forked tcp
+#     ranks and tcp ranks under the launcher (sizes below the world, odd and ring-sized)
+B=tools/dtrain-bench
+benchok() { grep -q '^# *size *count *type *time *algbw *busbw *#wrong' "$1" &&
+  [ "$(grep -cE '^ *[0-9]+ +[0-9]+ +float +[0-9.]+ +[0-9.]+ +[0-9.]+ +0$' "$1")" = "$2" ] &&
+  ! grep -qE '^ *[0-9]+ +[0-9]+ +float .* [1-9][0-9]*$' "$1"; }
+if [ -x "$B" ]; then
+  if timeout 60 $B --backend threads -n 3 -b 8 -e 1M -f 16 --iters 3 --warmup 1 > "$T/b_thr.out" 2>&1 && benchok "$T/b_thr.out" 6 &&
+     timeout 60 $B --backend tcp -n 3 -b 8 -e 1M -f 16 --iters 3 --warmup 1 > "$T/b_tcp.out" 2>&1 && benchok "$T/b_tcp.out" 6 &&
+     timeout 60 $L -n 2 -- $B --backend tcp -b 4 -e 300K -f 9 --iters 3 --warmup 1 > "$T/b_launch.out" 2>&1 &&
+     sed 's/^\[worker 0\] //' "$T/b_launch.out" > "$T/b_launch.txt" && benchok "$T/b_launch.txt" 7; then
+    ok "dtrain-bench: threads, tcp and tcp under the launcher report every size with 0 wrong"
+  else bad "dtrain-bench: $(tail -n 4 "$T/b_thr.out" "$T/b_tcp.out" "$T/b_launch.out" 2>/dev/null)"; fi
+else bad "dtrain-bench: $B not built"; fi
 
 echo "multiworker_checks: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
