@@ -406,6 +406,28 @@ DTRAIN_PRIVATE int dt__net_poll_in(int fd, double seconds) {
   return r;
 }
 
+/* 1 when a connected socket's two ends are the same address: nobody listened
+ * on the port and the kernel happened to pick that very port for our end, so
+ * TCP's simultaneous open connected the socket to itself (possible whenever a
+ * peer's port lies in the ephemeral range and we dial before it listens). */
+static int dt__net_self_connected(int fd) {
+  struct sockaddr_storage a, b;
+  socklen_t la = sizeof a, lb = sizeof b;
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  if (getsockname(fd, (struct sockaddr *)&a, &la) != 0 || getpeername(fd, (struct sockaddr *)&b, &lb) != 0) return 0;
+  if (la != lb || a.ss_family != b.ss_family) return 0;
+  if (a.ss_family == AF_INET) {
+    const struct sockaddr_in *x = (const struct sockaddr_in *)&a, *y = (const struct sockaddr_in *)&b;
+    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    const struct sockaddr_in6 *x = (const struct sockaddr_in6 *)&a, *y = (const struct sockaddr_in6 *)&b;
+    return x->sin6_port == y->sin6_port && memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr) == 0;
+  }
+  return 0;
+}
+
 DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, int *fd_out) {
   double backoff = 0.01;
   int err = 0;
@@ -433,6 +455,10 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
         } else if (w == 0) {
           errno = ETIMEDOUT;
         }
+      }
+      if (r == 0 && dt__net_self_connected(fd)) {
+        r = -1; /* talking to ourselves: as good as refused, retry */
+        errno = ECONNREFUSED;
       }
       if (r == 0) {
         freeaddrinfo(res);

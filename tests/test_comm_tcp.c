@@ -5,7 +5,9 @@
  * token, a stranger sending garbage during setup, kill -9 and SIGSTOP of a
  * rank mid-run (the others fail naming it within the deadline), descriptor
  * leaks. The parent binds every rank's listening socket (port 0) before
- * forking, so there is no port race; children report through exit codes. */
+ * forking, so there is no port race; children report through exit codes.
+ * One test starts up as users do by hand: no sockets passed in (each rank
+ * binds its configured address) and the rank that is dialled starts late. */
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  define DTRAIN_STATIC
 #  define DTRAIN_IMPLEMENTATION
@@ -420,6 +422,104 @@ static void test_token(void) {
   check_world(&x, st, NULL);
 }
 
+/* ---- start-up by hand: no sockets passed in, and one rank starts late ---------------------------
+ * As across machines: each process binds the address the cluster gives it
+ * (dt_net_options.listen_fd stays -1) and the ranks start when they start.
+ * Rank 1 dials rank 0; rank 0 comes up 0.5 s late, so rank 1's connects are
+ * refused until then and it must retry (with backoff) instead of failing. */
+
+typedef struct late_arg {
+  int late;        /* the rank that starts late */
+  double delay_s;
+  int report_fd;   /* each rank writes a late_msg here */
+} late_arg;
+
+typedef struct late_msg {
+  int rank;
+  double create_s; /* how long its dt_comm_create_tcp took */
+} late_msg;
+
+/* Addresses with free ports (bound to port 0 together, read, closed: another
+ * process could take one in between, which a test accepts), no sockets kept. */
+static void world_free_ports(world *x, int w) {
+  int fd[MAXW];
+  memset(x, 0, sizeof *x);
+  x->w = w;
+  for (int i = 0; i < w; i++) {
+    if (dt__net_listen("127.0.0.1:0", &fd[i]) != DTRAIN_OK) {
+      fprintf(stderr, "listen: %s\n", dt_last_error());
+      exit(1);
+    }
+    snprintf(x->addr[i], sizeof x->addr[i], "127.0.0.1:%d", dt__net_port(fd[i]));
+    x->addrs[i] = x->addr[i];
+  }
+  for (int i = 0; i < w; i++) {
+    close(fd[i]);
+    x->lfd[i] = -1; /* opts_of passes -1: bind your own */
+  }
+}
+
+static int child_late(world *x, int rank, void *argp) {
+  const late_arg *a = (const late_arg *)argp;
+#  ifndef DTRAIN_NO_STDIO
+  unsetenv("DTRAIN_LISTEN_FD"); /* it would stand in for listen_fd -1 */
+#  endif
+  int fds0 = open_fds();
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  CK(o.listen_fd == -1);
+  if (rank == a->late) dt__sleep(a->delay_s);
+  double t0 = dt__now();
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  late_msg m;
+  m.rank = rank;
+  m.create_s = dt__now() - t0;
+  CK(write(a->report_fd, &m, sizeof m) == (ssize_t)sizeof m);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  /* A small all-reduce (recursive doubling) and a large one (the ring, on both lanes). */
+  size_t sizes[2] = {1000, 65536 + 3};
+  for (int k = 0; k < 2; k++) {
+    size_t n = sizes[k];
+    float *b = (float *)malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) b[i] = val_int(rank, i);
+    CK(dt_comm_allreduce(comm, rank, b, n) == DTRAIN_OK);
+    int bad = 0;
+    for (size_t i = 0; i < n && !bad; i++) {
+      float want = 0;
+      for (int r = 0; r < x->w; r++) want += val_int(r, i);
+      bad = b[i] != want;
+    }
+    CK(!bad);
+    free(b);
+  }
+  dt_comm_destroy(comm);
+  CK(open_fds() == fds0); /* the listening socket it bound itself is closed too */
+  return 0;
+}
+
+static void test_late_start_own_bind(void) {
+  world x;
+  int st[MAXW], p[2];
+  world_free_ports(&x, 2);
+  CHECK(pipe(p) == 0);
+  late_arg a;
+  a.late = 0; /* the one that is dialled: rank r dials ranks 0..r-1 */
+  a.delay_s = 0.5;
+  a.report_fd = p[1];
+  run_world(&x, child_late, &a, st);
+  close(p[1]);
+  double took[2] = {-1.0, -1.0};
+  late_msg m;
+  while (read(p[0], &m, sizeof m) == (ssize_t)sizeof m)
+    if (m.rank >= 0 && m.rank < 2) took[m.rank] = m.create_s;
+  close(p[0]);
+  check_world(&x, st, NULL);
+  /* Rank 1, on time, waited in its create for rank 0 (and got in); the late rank 0 did not wait long. */
+  CHECK_MSG(took[1] >= 0.4 && took[1] < 10.0, "rank 1's create took %.3f s", took[1]);
+  CHECK_MSG(took[0] >= 0.0 && took[0] < 10.0, "rank 0's create took %.3f s", took[0]);
+}
+
 /* ---- strangers during setup ------------------------------------------------------------------ */
 
 static int child_stranger(world *x, int rank, void *arg) {
@@ -681,6 +781,7 @@ int main(void) {
   TH_RUN(test_collectives);
   TH_RUN(test_mismatch);
   TH_RUN(test_token);
+  TH_RUN(test_late_start_own_bind);
   TH_RUN(test_stranger);
   TH_RUN(test_lanes);
   TH_RUN(test_abort);

@@ -1,9 +1,12 @@
 /* tests/test_ps.c -- parameter servers over loopback with forked processes:
  * shard assignment; 1 worker x 1 server with max_staleness 0 equals
- * one_device; 2 workers x 2 servers converge; kill -9 and SIGSTOP of a
+ * one_device; 2 workers x 2 servers converge; max_staleness 2 with a slow
+ * worker stays within the bound; workers asking for another max_staleness
+ * are refused; kill -9 and SIGSTOP of a
  * worker (training goes on, the server logs it); heartbeats keep idle and
  * waiting workers alive; kill -9 and SIGSTOP of a server
- * (workers stop with an error naming it); restart from a shard checkpoint;
+ * (workers stop with an error naming it, also two workers at once);
+ * restart from a shard checkpoint;
  * bad bytes and bad tokens against a server. */
 /* Private transport functions (bad-bytes clients) are static in the
  * amalgamation: compile it into this test. */
@@ -107,9 +110,14 @@ static void model_free(model *m) {
   dt_params_destroy(m->P);
 }
 
+/* Seconds every training step sleeps inside its compute (between its pull and its push):
+ * set in a slowed-down worker's process only. */
+static double step_sleep_s;
+
 static dt_tensor *step_fn(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
   model *m = (model *)user;
   (void)replica;
+  if (step_sleep_s > 0) dt_sleep(step_sleep_s);
   int64_t xs[2] = {b->rows, NF}, ts[2] = {b->rows, 1};
   dt_tensor *x = dt_tensor_wrap(g, 2, xs, (float *)b->x);
   dt_tensor *h = dt_nn_linear_forward(g, &m->l1, x);
@@ -326,6 +334,7 @@ typedef struct worker_cfg {
   int die_at, stop_at, progress_at; /* after this many steps: SIGKILL / SIGSTOP itself, or write "P" */
   int sleep_at;                      /* ... or sleep sleep_s seconds (idle: only heartbeats go out) */
   double sleep_s;
+  double step_sleep_s;               /* every step computes this much longer (between pull and push) */
   float target;                      /* the final loss must be below target * the initial loss */
 } worker_cfg;
 
@@ -348,6 +357,7 @@ static int worker_main(const worker_cfg *wc) {
   }
   float initial = full_loss(&m);
   int code = 0;
+  step_sleep_s = wc->step_sleep_s;
   for (int t = 0; t < wc->steps; t++) {
     if (t == wc->die_at) raise(SIGKILL);
     if (t == wc->stop_at) raise(SIGSTOP);
@@ -362,7 +372,16 @@ static int worker_main(const worker_cfg *wc) {
       break;
     }
   }
+  step_sleep_s = 0;
   if (code == 0) {
+    /* What the strategy recorded, for the parent to check (see test_staleness_bound). */
+    dt_replica_stats rs;
+    if (dt_strategy_replica_stats(s, 0, &rs) == DTRAIN_OK) {
+      char b[160];
+      snprintf(b, sizeof b, "steps %lld gap %lld stale %lld wait %.4f", (long long)rs.steps,
+               (long long)rs.clock_gap_max, (long long)rs.staleness_max, rs.wait_s);
+      child_say("stats %s\n", b);
+    }
     dt_pstore_ticket tk;
     memset(&tk, 0, sizeof tk);
     dt_result rc = dt_pstore_begin(ps);
@@ -568,6 +587,146 @@ static void test_converge_2x2(void) {
   alarm(0);
 }
 
+/* Bounded staleness over TCP, k = 2: worker 1 computes 40 ms longer per step,
+ * worker 0 would run ahead. The library's definitions (dt_strategy.h,
+ * "Staleness"; dt_ps.c, the SSP rule): k bounds the step clocks -- a pull of
+ * clock t waits until every live worker pushed clock t-k-1 -- so the clock gap
+ * a worker sees at a pull (dt_replica_stats.clock_gap_max) is at most k; the
+ * staleness of a push (staleness_max) counts the updates others pushed to a
+ * shard between its pull and its push (in shard versions, the most over the
+ * servers), which that rule bounds by (W-1)(2k+1), not by k. */
+static int parse_stats(const char *out, long long *steps, long long *gap, long long *stale, double *wait) {
+  const char *p = strstr(out, "stats steps ");
+  return p && sscanf(p, "stats steps %lld gap %lld stale %lld wait %lf", steps, gap, stale, wait) == 4;
+}
+
+static void test_staleness_bound(void) {
+  alarm(40);
+  enum { W = 2, M = 2, K = 2, STEPS = 16 };
+  const double slow = 0.04;
+  int lfd[M], ports[M];
+  CHECK(listen_fds(M, lfd, ports));
+  child srv[M], wk[W];
+  for (int i = 0; i < M; i++) {
+    server_cfg sc = server_defaults(W, M, i, ports, lfd[i]);
+    sc.lr = 0.02f;
+    srv[i] = spawn_server(&sc, lfd);
+  }
+  for (int i = 0; i < W; i++) {
+    worker_cfg wc = worker_defaults(W, M, i, ports);
+    wc.k = K;
+    wc.steps = STEPS;
+    wc.target = 0.5f;
+    if (i == 1) wc.step_sleep_s = slow;
+    wk[i] = spawn_worker(&wc, lfd, M);
+  }
+  for (int i = 0; i < M; i++) close(lfd[i]);
+  long long steps[W], gap[W], stale[W];
+  double wait[W];
+  for (int i = 0; i < W; i++) {
+    child_wait(&wk[i]);
+    CHECK_MSG(wk[i].status == 0, "worker %d status %d: %s", i, wk[i].status, wk[i].out);
+    /* Training made progress: the final loss is below half the initial one. */
+    CHECK_MSG(strstr(wk[i].out, "loss "), "%s", wk[i].out);
+    int ok = parse_stats(wk[i].out, &steps[i], &gap[i], &stale[i], &wait[i]);
+    CHECK_MSG(ok, "worker %d: no stats: %s", i, wk[i].out);
+    if (!ok) steps[i] = gap[i] = stale[i] = -1, wait[i] = -1;
+    CHECK_MSG(steps[i] == STEPS, "worker %d: %lld steps", i, steps[i]);
+    /* Never beyond the bound: at most k clocks ahead of the slowest at a pull, and
+     * at most (W-1)(2k+1) updates by others between a pull and its push. */
+    CHECK_MSG(gap[i] >= 0 && gap[i] <= K, "worker %d: clock gap %lld > k = %d", i, gap[i], K);
+    CHECK_MSG(stale[i] >= 0 && stale[i] <= (W - 1) * (2 * K + 1), "worker %d: staleness %lld > %d", i, stale[i],
+              (W - 1) * (2 * K + 1));
+  }
+  /* Not vacuous: the fast worker ran ahead right up to the bound and then waited
+   * (it cannot finish before the slow one did STEPS-K-1 steps of 40 ms) ... */
+  CHECK_MSG(gap[0] == K, "the fast worker's largest clock gap is %lld, not k = %d", gap[0], K);
+  CHECK_MSG(wait[0] >= 0.5 * (STEPS - K - 1) * slow, "the fast worker waited only %.3f s", wait[0]);
+  /* ... and the slow one computed on parameters that the fast one updated meanwhile. */
+  CHECK_MSG(stale[1] >= 1, "the slow worker's staleness_max is %lld", stale[1]);
+  for (int i = 0; i < M; i++) {
+    child_wait(&srv[i]);
+    CHECK_MSG(srv[i].status == 0, "server %d status %d: %s", i, srv[i].status, srv[i].out);
+    CHECK_MSG(strstr(srv[i].out, "joined (max_staleness 2)"), "%s", srv[i].out);
+    CHECK_MSG(strstr(srv[i].out, "lost") == NULL, "%s", srv[i].out);
+  }
+  alarm(0);
+}
+
+/* Workers of one job must ask for the same max_staleness: the first to join
+ * sets it on each server, a worker asking for another one is refused (with
+ * the setting named on both sides), and a correct worker can still take its
+ * place. */
+static void test_staleness_mismatch(void) {
+  alarm(40);
+  int lfd[2], ports[2];
+  CHECK(listen_fds(2, lfd, ports));
+  child srv[2];
+  for (int i = 0; i < 2; i++) {
+    server_cfg sc = server_defaults(2, 2, i, ports, lfd[i]);
+    sc.lr = 0.02f;
+    srv[i] = spawn_server(&sc, lfd);
+  }
+  close(lfd[0]);
+  close(lfd[1]);
+  model m0, m1;
+  model_init(&m0, DTRAIN_OPTIM_SGD, 0.05f);
+  model_init(&m1, DTRAIN_OPTIM_SGD, 0.05f);
+  pc x0, x1;
+  pc_make(&x0, 2, 2, ports, DTRAIN_ROLE_WORKER, 0);
+  pc_make(&x1, 2, 2, ports, DTRAIN_ROLE_WORKER, 1);
+  dt_net_options o = net_opts(2.0, NULL);
+  o.quiet = 1;
+  dt_pstore *ps0 = dt_pstore_create_tcp(&x0.c, m0.P, &o, 2);
+  CHECK_MSG(ps0 != NULL, "%s", dt_last_error());
+  /* Worker 1 asks for 1 (then for unbounded): refused by ps 0, never gets to ps 1. */
+  dt_pstore *bad = dt_pstore_create_tcp(&x1.c, m1.P, &o, 1);
+  CHECK(bad == NULL);
+  CHECK_ERR(dt_last_result(), DTRAIN_ERR_MISMATCH, "it asks for max_staleness 1, the other workers for 2");
+  CHECK_MSG(strstr(dt_last_error(), "worker 1: join: refused by ps 0 (127.0.0.1:"), "%s", dt_last_error());
+  dt_pstore_destroy(bad);
+  bad = dt_pstore_create_tcp(&x1.c, m1.P, &o, DTRAIN_STALENESS_UNBOUNDED);
+  CHECK(bad == NULL);
+  CHECK_ERR(dt_last_result(), DTRAIN_ERR_MISMATCH, "max_staleness -1, the other workers for 2");
+  dt_pstore_destroy(bad);
+  /* The right one is admitted in its place, and both train a few steps. */
+  dt_pstore *ps1 = dt_pstore_create_tcp(&x1.c, m1.P, &o, 2);
+  CHECK_MSG(ps1 != NULL, "%s", dt_last_error());
+  if (ps0 && ps1) {
+    CHECK(ps0->max_staleness == 2 && ps1->max_staleness == 2);
+    dt_strategy_desc sd0 = dt_parameter_server(ps0, 2), sd1 = dt_parameter_server(ps1, 2);
+    dt_strategy *s0 = dt_strategy_create(m0.P, m0.opt, step_fn, &m0, &sd0);
+    dt_strategy *s1 = dt_strategy_create(m1.P, m1.opt, step_fn, &m1, &sd1);
+    CHECK(s0 && s1);
+    /* One thread, two workers: alternating steps never wait for the bound. */
+    for (int t = 0; s0 && s1 && t < 4; t++) {
+      dt_minibatch b = batch_at(2 * t, 16);
+      CHECK_MSG(dt_strategy_step(s0, &b, NULL) == DTRAIN_OK, "%s", dt_last_error());
+      b = batch_at(2 * t + 1, 16);
+      CHECK_MSG(dt_strategy_step(s1, &b, NULL) == DTRAIN_OK, "%s", dt_last_error());
+    }
+    dt_pstore_leave(ps0, 0);
+    dt_pstore_leave(ps1, 1);
+    dt_strategy_destroy(s0);
+    dt_strategy_destroy(s1);
+  }
+  dt_pstore_destroy(ps0);
+  dt_pstore_destroy(ps1);
+  model_free(&m0);
+  model_free(&m1);
+  for (int i = 0; i < 2; i++) {
+    child_wait(&srv[i]);
+    CHECK_MSG(srv[i].status == 0, "server %d status %d: %s", i, srv[i].status, srv[i].out);
+    CHECK_MSG(strstr(srv[i].out, "lost") == NULL, "%s", srv[i].out);
+  }
+  /* ps 0 logged the refusals with the reason; ps 1 never saw the bad worker. */
+  CHECK_MSG(strstr(srv[0].out, "ps 0: refused worker 1 (127.0.0.1:2): it asks for max_staleness 1, the other workers "
+                   "for 2"),
+            "%s", srv[0].out);
+  CHECK_MSG(strstr(srv[1].out, "refused") == NULL, "%s", srv[1].out);
+  alarm(0);
+}
+
 /* kill -9 (how = 0) or SIGSTOP (how = 1) of worker 1 after 5 steps. */
 static void worker_fault(int how) {
   alarm(40);
@@ -670,6 +829,60 @@ static void server_fault(int how) {
   child_wait(&srv[0]);
   CHECK_MSG(srv[0].status == 10 + 502 % 100, "server 0 status %d: %s", srv[0].status, srv[0].out);
   CHECK_MSG(strstr(srv[0].out, "worker 0 (") && strstr(srv[0].out, "lost"), "%s", srv[0].out);
+  alarm(0);
+}
+
+/* kill -9 of server 1 while two workers train against two servers: both
+ * workers stop with an error naming the lost server, well within a few
+ * deadlines, and the surviving server logs both of them lost. Worker 1
+ * computes 50 ms longer per step, so worker 0 is usually waiting for the
+ * bound on the surviving server when the other one dies. */
+static void test_server_killed_two_workers(void) {
+  alarm(40);
+  int lfd[2], ports[2];
+  CHECK(listen_fds(2, lfd, ports));
+  child srv[2], wk[2];
+  for (int i = 0; i < 2; i++) {
+    server_cfg sc = server_defaults(2, 2, i, ports, lfd[i]);
+    srv[i] = spawn_server(&sc, lfd);
+  }
+  for (int i = 0; i < 2; i++) {
+    worker_cfg wc = worker_defaults(2, 2, i, ports);
+    wc.steps = 1000000;
+    wc.progress_at = 5;
+    if (i == 1) wc.step_sleep_s = 0.05;
+    wk[i] = spawn_worker(&wc, lfd, 2);
+  }
+  close(lfd[0]);
+  close(lfd[1]);
+  for (int i = 0; i < 2; i++) {
+    char c = 0;
+    while (read(wk[i].rfd, &c, 1) == 1 && c != 'P') {
+    }
+    CHECK_MSG(c == 'P', "worker %d never reached step 5", i);
+  }
+  double t0 = dt__now();
+  kill(srv[1].pid, SIGKILL);
+  double took[2];
+  for (int i = 0; i < 2; i++) {
+    child_wait(&wk[i]);
+    took[i] = dt__now() - t0;
+  }
+  for (int i = 0; i < 2; i++) {
+    char who[32];
+    snprintf(who, sizeof who, "worker %d: p", i);
+    CHECK_MSG(took[i] < 3 * 2.0, "worker %d took %.2f s to stop", i, took[i]);
+    CHECK_MSG(wk[i].status == 6, "worker %d status %d: %s", i, wk[i].status, wk[i].out);
+    CHECK_MSG(strstr(wk[i].out, "E ") && strstr(wk[i].out, "ps 1 (127.0.0.1:") && strstr(wk[i].out, who), "%s",
+              wk[i].out);
+  }
+  child_wait(&srv[1]);
+  CHECK(srv[1].status == 128 + SIGKILL);
+  child_wait(&srv[0]);
+  CHECK_MSG(srv[0].status == 10 + 502 % 100, "server 0 status %d: %s", srv[0].status, srv[0].out);
+  CHECK_MSG(strstr(srv[0].out, "ps 0: worker 0 (127.0.0.1:1) lost") && strstr(srv[0].out, "ps 0: worker 1 (127.0.0.1:2) lost"),
+            "%s", srv[0].out);
+  CHECK_MSG(strstr(srv[0].out, "finished (BYE)") == NULL, "%s", srv[0].out);
   alarm(0);
 }
 
@@ -940,11 +1153,14 @@ int main(void) {
   TH_RUN(test_strategy_desc);
   TH_RUN(test_equals_one_device);
   TH_RUN(test_converge_2x2);
+  TH_RUN(test_staleness_bound);
+  TH_RUN(test_staleness_mismatch);
   TH_RUN(test_heartbeats);
   TH_RUN(test_worker_killed);
   TH_RUN(test_worker_stopped);
   TH_RUN(test_server_killed);
   TH_RUN(test_server_stopped);
+  TH_RUN(test_server_killed_two_workers);
 #  ifndef DTRAIN_NO_STDIO
   TH_RUN(test_checkpoint_restart);
 #  else
