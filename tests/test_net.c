@@ -788,20 +788,28 @@ static int relay_run(int rlfd, int server_port, int report_fd) {
 
 static const char relay_ping[] = "ping through the relay", relay_pong[] = "pong back through the relay";
 
-/* Worker 1 dials "worker 0" -- which is the relay -- and, once in, sends a
- * frame and expects the answer. Exit 0, or 10 + the error code as run_client. */
-static int relay_client(int relay_port, const char *token) {
-  alarm(20);
-  cl x;
-  cl_make(&x, 2, relay_port, 1);
+/* Who the relay's two ends are: worker `index` of a 2-worker cluster whose
+ * worker 0 is at `port`, with the token, the model hash and the job the
+ * handshake tests use (self points at the cluster in *x: keep x alive). */
+static dt_result relay_self(cl *x, int port, int index, const char *token, dt__net_self *self) {
+  cl_make(x, 2, port, index);
   dt_net_options o = dt_net_defaults();
   o.timeout_s = 5;
   o.token = token;
   o.model_hash = 1234;
   o.quiet = 1;
+  dt_result rc = dt__net_self_init(self, &x->c, &o);
+  self->job = 77;
+  return rc;
+}
+
+/* Worker 1 dials "worker 0" -- which is the relay -- and, once in, sends a
+ * frame and expects the answer. Exit 0, or 10 + the error code as run_client. */
+static int relay_client(int relay_port, const char *token) {
+  alarm(20);
+  cl x;
   dt__net_self self;
-  if (dt__net_self_init(&self, &x.c, &o) != DTRAIN_OK) return 3;
-  self.job = 77;
+  if (relay_self(&x, relay_port, 1, token, &self) != DTRAIN_OK) return 3;
   dt__conn c;
   dt_result rc = dt__net_dial_lane(&self, DTRAIN_ROLE_WORKER, 0, 0, &c);
   if (rc != DTRAIN_OK) return 10 + (-(int)rc) % 100;
@@ -850,15 +858,8 @@ static relay_result relay_session(const char *server_token, const char *client_t
     _exit(relay_client(rport, client_token));
   }
   cl x;
-  cl_make(&x, 2, sport, 0);
-  dt_net_options o = dt_net_defaults();
-  o.timeout_s = 5;
-  o.token = server_token;
-  o.model_hash = 1234;
-  o.quiet = 1;
   dt__net_self self;
-  dt__net_self_init(&self, &x.c, &o);
-  self.job = 77;
+  relay_self(&x, sport, 0, server_token, &self);
   int fd;
   char addr[96];
   dt__conn c;
