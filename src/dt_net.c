@@ -701,12 +701,14 @@ static dt_result dt__conn_read_notice(dt__conn *c, const dt__frame *f, const uns
   return dt__error(their, "%s: refused by %s: %s", op ? op : "tcp", c->peer, text);
 }
 
-DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigned char h[DT__NET_HDR], double deadline,
-                                              const char *op) {
-  dt_result rc = dt__net_read_spin(c->fd, h, DT__NET_HDR, deadline, c->spin_s);
-  if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
+/* A received header, decoded into *f and checked against the connection:
+ * magic/version/checksum/job/length (dt__frame_unpack), the next sequence
+ * number, the sender the handshake established; an ABORT or REFUSE frame is
+ * read whole and becomes the peer's error. */
+static dt_result dt__conn_header_ok(dt__conn *c, const unsigned char h[DT__NET_HDR], dt__frame *f, double deadline,
+                                    const char *op) {
   char why[160];
-  rc = dt__frame_unpack(h, c->job, c->max_payload, f, why, sizeof why);
+  dt_result rc = dt__frame_unpack(h, c->job, c->max_payload, f, why, sizeof why);
   if (rc != DTRAIN_OK) {
     dt__error(rc, "%s", why);
     return dt__conn_fail(c, rc, op, "receive from");
@@ -722,6 +724,13 @@ DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigne
   }
   if (f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE) return dt__conn_read_notice(c, f, h, deadline, op);
   return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigned char h[DT__NET_HDR], double deadline,
+                                              const char *op) {
+  dt_result rc = dt__net_read_spin(c->fd, h, DT__NET_HDR, deadline, c->spin_s);
+  if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
+  return dt__conn_header_ok(c, h, f, deadline, op);
 }
 
 DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
@@ -752,9 +761,29 @@ DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, ui
   return rc;
 }
 
-/* ---- frames moved piecewise on non-blocking sockets ------------------------------------ */
+/* ---- frames moved piecewise on non-blocking sockets ------------------------------------
+ * One frame in flight on a connection, moved as the socket allows: how
+ * dt__conn_exchange keeps a send and a receive going at once. Start it with
+ * dt__xfer_send / dt__xfer_recv (the buffers stay the caller's until it is
+ * done); dt__xfer_step sends or receives what the socket takes without
+ * blocking, sets *moved when bytes moved, checks a received header (as
+ * dt__conn_recv_header, plus exactly the type and length expected) before any
+ * payload, and bumps the connection's sequence number when the frame is
+ * complete (active drops to 0). When nothing moved, dt__xfer_wait spins (the
+ * receiving connection's spin_s, from *spin_until, which the caller resets to
+ * -1 whenever bytes moved), then polls the active ones; past the deadline it
+ * returns DTRAIN_ERR_TIMEOUT naming the stuck peer. */
+typedef struct dt__xfer {
+  dt__conn *c;
+  unsigned char h[DT__NET_HDR];
+  unsigned char *buf;
+  uint32_t n;    /* payload bytes */
+  uint16_t type; /* sent, or expected */
+  int recv, active, checked;
+  size_t done;   /* header + payload bytes moved */
+} dt__xfer;
 
-DTRAIN_PRIVATE void dt__xfer_send(dt__xfer *x, dt__conn *c, uint16_t type, const void *p, uint32_t n) {
+static void dt__xfer_send(dt__xfer *x, dt__conn *c, uint16_t type, const void *p, uint32_t n) {
   x->c = c;
   x->recv = 0;
   x->buf = (unsigned char *)(uintptr_t)p;
@@ -766,7 +795,7 @@ DTRAIN_PRIVATE void dt__xfer_send(dt__xfer *x, dt__conn *c, uint16_t type, const
   dt__frame_pack(x->h, type, c->job, c->self_id, c->send_seq, p, n);
 }
 
-DTRAIN_PRIVATE void dt__xfer_recv(dt__xfer *x, dt__conn *c, uint16_t type, void *p, uint32_t n) {
+static void dt__xfer_recv(dt__xfer *x, dt__conn *c, uint16_t type, void *p, uint32_t n) {
   x->c = c;
   x->recv = 1;
   x->buf = (unsigned char *)p;
@@ -779,34 +808,19 @@ DTRAIN_PRIVATE void dt__xfer_recv(dt__xfer *x, dt__conn *c, uint16_t type, void 
 
 /* The header of a frame being received, checked before a byte of payload is read. */
 static dt_result dt__xfer_check(dt__xfer *x, double deadline, const char *op) {
-  dt__conn *c = x->c;
   dt__frame f;
-  char why[160];
-  dt_result rc = dt__frame_unpack(x->h, c->job, c->max_payload, &f, why, sizeof why);
-  if (rc != DTRAIN_OK) {
-    dt__error(rc, "%s", why);
-    return dt__conn_fail(c, rc, op, "receive from");
-  }
-  if (f.seq != c->recv_seq) {
-    dt__error(DTRAIN_ERR_PROTOCOL, "sequence number %llu, expected %llu", (unsigned long long)f.seq,
-              (unsigned long long)c->recv_seq);
-    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
-  }
-  if (c->peer_role >= 0 && f.sender != dt__net_id((dt_role)c->peer_role, c->peer_index)) {
-    dt__error(DTRAIN_ERR_PROTOCOL, "frame claims sender %u", (unsigned)f.sender);
-    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
-  }
-  if (f.type == DT__MSG_ABORT || f.type == DT__MSG_REFUSE) return dt__conn_read_notice(c, &f, x->h, deadline, op);
+  dt_result rc = dt__conn_header_ok(x->c, x->h, &f, deadline, op);
+  if (rc != DTRAIN_OK) return rc;
   if (f.type != x->type || f.length != x->n) {
     dt__error(DTRAIN_ERR_PROTOCOL, "frame of type %u and %u bytes, expected type %u and %u bytes", (unsigned)f.type,
               (unsigned)f.length, (unsigned)x->type, (unsigned)x->n);
-    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
+    return dt__conn_fail(x->c, DTRAIN_ERR_PROTOCOL, op, "receive from");
   }
   x->checked = 1;
   return DTRAIN_OK;
 }
 
-DTRAIN_PRIVATE dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int *moved) {
+static dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int *moved) {
   if (!x->active) return DTRAIN_OK;
   size_t total = DT__NET_HDR + (size_t)x->n;
   ssize_t k;
@@ -861,7 +875,7 @@ DTRAIN_PRIVATE dt_result dt__xfer_step(dt__xfer *x, double deadline, const char 
   return DTRAIN_OK;
 }
 
-DTRAIN_PRIVATE dt_result dt__xfer_wait(dt__xfer *s, dt__xfer *r, double deadline, double *spin_until, const char *op) {
+static dt_result dt__xfer_wait(dt__xfer *s, dt__xfer *r, double deadline, double *spin_until, const char *op) {
   double now = dt__now();
   double spin = r && r->active ? r->c->spin_s : s && s->active ? s->c->spin_s : 0.0;
   if (spin > 0) {

@@ -148,32 +148,6 @@ DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, ui
  * When neither side can move it spins for from->spin_s, then polls. */
 DTRAIN_PRIVATE dt_result dt__conn_exchange(dt__conn *to, uint16_t stype, const void *sbuf, uint32_t sn, dt__conn *from,
                                            uint16_t rtype, void *rbuf, uint32_t rn, double deadline, const char *op);
-/* One frame in flight on a connection, moved piecewise as the socket allows:
- * how dt__conn_exchange and the pipelined ring (dt_comm_tcp.c) keep sends
- * and receives going at once. Start it with dt__xfer_send / dt__xfer_recv
- * (buffers stay the caller's and must stay valid until it is done); call
- * dt__xfer_step until active is 0: it sends or receives what the socket takes
- * without blocking, sets *moved when bytes moved, checks a received header
- * (sequence, type, exactly n payload bytes; ABORT/REFUSE become the peer's
- * error) before any payload, and bumps the connection's sequence number when
- * the frame is complete. When nothing moved, dt__xfer_wait spins (the
- * receiving connection's spin_s, from *spin_until, which the caller resets
- * to -1 whenever bytes moved) and then polls the active ones; past the
- * deadline it returns DTRAIN_ERR_TIMEOUT naming the stuck peer. Either
- * argument of dt__xfer_wait may be NULL or inactive. */
-typedef struct dt__xfer {
-  dt__conn *c;
-  unsigned char h[DT__NET_HDR];
-  unsigned char *buf;
-  uint32_t n;      /* payload bytes */
-  uint16_t type;   /* sent, or expected */
-  int recv, active, checked;
-  size_t done;     /* header + payload bytes moved */
-} dt__xfer;
-DTRAIN_PRIVATE void dt__xfer_send(dt__xfer *x, dt__conn *c, uint16_t type, const void *p, uint32_t n);
-DTRAIN_PRIVATE void dt__xfer_recv(dt__xfer *x, dt__conn *c, uint16_t type, void *p, uint32_t n);
-DTRAIN_PRIVATE dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int *moved);
-DTRAIN_PRIVATE dt_result dt__xfer_wait(dt__xfer *s, dt__xfer *r, double deadline, double *spin_until, const char *op);
 /* Best effort, short deadline: tell the peer our run failed (code + text). */
 DTRAIN_PRIVATE void dt__conn_abort(dt__conn *c, dt_result code, const char *reason);
 DTRAIN_PRIVATE void dt__conn_close(dt__conn *c);
