@@ -439,6 +439,15 @@ static server_cfg server_defaults(int W, int M, int index, const int *ports, int
   return sc;
 }
 
+/* M servers of a W-worker job on the pre-bound lfd/ports, each with learning rate lr. */
+static void spawn_servers(int W, int M, const int *ports, const int *lfd, float lr, child *srv) {
+  for (int i = 0; i < M; i++) {
+    server_cfg sc = server_defaults(W, M, i, ports, lfd[i]);
+    sc.lr = lr;
+    srv[i] = spawn_server(&sc, lfd);
+  }
+}
+
 static worker_cfg worker_defaults(int W, int M, int index, const int *ports) {
   worker_cfg wc;
   memset(&wc, 0, sizeof wc);
@@ -561,11 +570,7 @@ static void test_converge_2x2(void) {
   int lfd[2], ports[2];
   CHECK(listen_fds(2, lfd, ports));
   child srv[2], wk[2];
-  for (int i = 0; i < 2; i++) {
-    server_cfg sc = server_defaults(2, 2, i, ports, lfd[i]);
-    sc.lr = 0.02f;
-    srv[i] = spawn_server(&sc, lfd);
-  }
+  spawn_servers(2, 2, ports, lfd, 0.02f, srv);
   for (int i = 0; i < 2; i++) {
     worker_cfg wc = worker_defaults(2, 2, i, ports);
     wc.steps = 60;
@@ -607,11 +612,7 @@ static void test_staleness_bound(void) {
   int lfd[M], ports[M];
   CHECK(listen_fds(M, lfd, ports));
   child srv[M], wk[W];
-  for (int i = 0; i < M; i++) {
-    server_cfg sc = server_defaults(W, M, i, ports, lfd[i]);
-    sc.lr = 0.02f;
-    srv[i] = spawn_server(&sc, lfd);
-  }
+  spawn_servers(W, M, ports, lfd, 0.02f, srv);
   for (int i = 0; i < W; i++) {
     worker_cfg wc = worker_defaults(W, M, i, ports);
     wc.k = K;
@@ -662,11 +663,7 @@ static void test_staleness_mismatch(void) {
   int lfd[2], ports[2];
   CHECK(listen_fds(2, lfd, ports));
   child srv[2];
-  for (int i = 0; i < 2; i++) {
-    server_cfg sc = server_defaults(2, 2, i, ports, lfd[i]);
-    sc.lr = 0.02f;
-    srv[i] = spawn_server(&sc, lfd);
-  }
+  spawn_servers(2, 2, ports, lfd, 0.02f, srv);
   close(lfd[0]);
   close(lfd[1]);
   model m0, m1;
@@ -798,10 +795,7 @@ static void server_fault(int how) {
   int lfd[2], ports[2];
   CHECK(listen_fds(2, lfd, ports));
   child srv[2];
-  for (int i = 0; i < 2; i++) {
-    server_cfg sc = server_defaults(1, 2, i, ports, lfd[i]);
-    srv[i] = spawn_server(&sc, lfd);
-  }
+  spawn_servers(1, 2, ports, lfd, 0.05f, srv);
   worker_cfg wc = worker_defaults(1, 2, 0, ports);
   wc.steps = 1000000;
   wc.progress_at = 5;
@@ -842,10 +836,7 @@ static void test_server_killed_two_workers(void) {
   int lfd[2], ports[2];
   CHECK(listen_fds(2, lfd, ports));
   child srv[2], wk[2];
-  for (int i = 0; i < 2; i++) {
-    server_cfg sc = server_defaults(2, 2, i, ports, lfd[i]);
-    srv[i] = spawn_server(&sc, lfd);
-  }
+  spawn_servers(2, 2, ports, lfd, 0.05f, srv);
   for (int i = 0; i < 2; i++) {
     worker_cfg wc = worker_defaults(2, 2, i, ports);
     wc.steps = 1000000;
