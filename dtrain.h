@@ -84,6 +84,21 @@
  *   The CUDA backend has not yet run on a GPU: its kernels' math is checked
  *   against the CPU ops in a host emulation (tests/test_cuda_emu.cc).
  *
+ * LAYERS (the files of src/, lowest first: a file includes and calls only
+ * its own layer and those below; tools/check_house.sh fails CI otherwise.
+ * An upper layer reaches down through hooks it installs, never the reverse.)
+ *   1  base      dt_base dt_internal dt_platform dt_rng dt_json dt_bytes
+ *   2  tensor    dt_tensor dt_graph* dt_device
+ *   3  ops       dt_ops* dt_gemm dt_device_ops*
+ *   4  autograd  dt_autograd
+ *   5  params    dt_params dt_nn
+ *   6  optim     dt_optim dt_memory
+ *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint*
+ *   8  comm      dt_comm dt_comm_mpi dt_devgroup
+ *   9  net       dt_net* dt_hash dt_frame dt_socket dt_handshake dt_comm_tcp* dt_cluster dt_ps*
+ *   10 strategy  dt_strategy* dt_pstore*
+ *   11 fit       dt_fit*
+ *
  * WHAT IT DOES NOT DO (yet)
  *   No strided (non-contiguous) tensors: transpose/permute copy. No float16.
  *   CUDA: one GPU, kernels only for the ops dt_device.h lists, not yet run
