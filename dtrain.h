@@ -8028,9 +8028,47 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
 }
 /* ======== end dt_ops_nn.c ======== */
 
+/* ======== begin dt_ops_conv.h ======== */
+/* ===========================================================================
+ * dt_ops_conv.h -- what the convolution files share (private)
+ * ===========================================================================
+ * dt_ops_conv.c (im2col + GEMM, and dt_conv2d itself) picks Winograd for
+ * 5x5 kernels (dt__wino_use) and calls dt_ops_wino.c for them; both read the
+ * geometry of the convolution from one dt__conv_geom, filled by
+ * dt_ops_conv.c. Listed as an impl file: nothing here is public.
+ */
+#ifndef DTRAIN_OPS_CONV_H
+#define DTRAIN_OPS_CONV_H
+
+/* #include "dt_internal.h" (amalgamated) */
+
+/* Geometry of one convolution, from the tensors and the saved parameters. */
+typedef struct dt__conv_geom {
+  int64_t n, c, h, w;      /* input */
+  int64_t o, kh, kw;       /* weight */
+  int64_t ho, wo;          /* output */
+  int64_t s, p;            /* stride, padding */
+  int64_t k, pp, nb;       /* K = c*kh*kw, P = ho*wo, images per GEMM */
+  int direct;              /* 1x1, stride 1, padding 0, nb == 1: col is x */
+} dt__conv_geom;
+
+/* Winograd F(2x2, 5x5) (dt_ops_wino.c): 5x5 kernels, stride 1, at least 8
+ * channels in and out. The forward writes y [N,O,Ho,Wo] (plus the bias b
+ * when not NULL); the backward adds to gx and gw (either NULL: not wanted)
+ * from the output gradient gy. Scratch comes from g's arena; an arena
+ * failure is left on g. */
+DTRAIN_PRIVATE int dt__wino_use(const dt__conv_geom *q);
+DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
+                                     float *y);
+DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w,
+                                      const float *gy, float *gx, float *gw);
+
+#endif /* DTRAIN_OPS_CONV_H */
+/* ======== end dt_ops_conv.h ======== */
+
 /* ======== begin dt_ops_conv.c ======== */
 /* ===========================================================================
- * dt_ops_conv.c -- 2-D convolution (im2col + GEMM) and max/average pooling, NCHW
+ * dt_ops_conv.c -- 2-D convolution, NCHW: im2col + GEMM, and dt_conv2d
  * ===========================================================================
  * Convolution: for a group of nb images the column matrix col [K, nb*P]
  * (K = C*kh*kw rows, P = Ho*Wo output positions per image, images side by
@@ -8043,9 +8081,11 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
  *   gb [O]      += sum of gy over images and positions
  * A 1x1 kernel with stride 1, padding 0 and nb == 1 uses x itself as col.
  * 5x5 kernels with stride 1 and at least 8 channels in and out use
- * Winograd F(2x2, 5x5) instead (see below): 2.8x fewer multiplications.
+ * Winograd F(2x2, 5x5) instead (dt_ops_wino.c): 2.8x fewer multiplications.
+ * Pooling is in dt_ops_pool.c.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_ops_conv.h" (amalgamated) */
 #if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
 #  define DT__CONV_SSE 1
 #  include <emmintrin.h>
@@ -8065,16 +8105,8 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
 #define DT__CONV_COLS 192
 #define DT__CONV_CAP (1 << 18)
 
-/* Geometry of one convolution, from the tensors and the saved parameters. */
-typedef struct dt__conv_geom {
-  int64_t n, c, h, w;      /* input */
-  int64_t o, kh, kw;       /* weight */
-  int64_t ho, wo;          /* output */
-  int64_t s, p;            /* stride, padding */
-  int64_t k, pp, nb;       /* K = c*kh*kw, P = ho*wo, images per GEMM */
-  int direct;              /* 1x1, stride 1, padding 0, nb == 1: col is x */
-} dt__conv_geom;
-
+/* The geometry (dt__conv_geom, dt_ops_conv.h) from the tensors and the saved
+ * stride and padding. */
 static void dt__conv_geometry(dt__conv_geom *q, const dt_tensor *x, const dt_tensor *w, int64_t s, int64_t p) {
   q->n = x->shape[0];
   q->c = x->shape[1];
@@ -8237,7 +8269,178 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
   }
 }
 
-/* ---- Winograd F(2x2, 5x5) ---------------------------------------------------------------
+static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
+  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  dt__conv_geom q;
+  dt__conv_geometry(&q, x, w, y->iaux[0], y->iaux[1]);
+  const float *go = y->grad;
+  int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
+  if (gb) {
+    /* In double, in four interleaved partial sums (a fixed order): one
+     * dependent chain of double adds would take most of this function. */
+    for (int64_t o = 0; o < q.o; o++) {
+      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+#ifdef DT__CONV_SSE
+      /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
+      __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
+      for (int64_t n = 0; n < q.n; n++) {
+        const float *r = go + n * op + o * q.pp;
+        int64_t i = 0;
+        for (; i + 4 <= q.pp; i += 4) {
+          __m128 v = _mm_loadu_ps(r + i);
+          a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
+          a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
+        }
+        for (; i < q.pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
+      }
+      s0 = _mm_cvtsd_f64(a01);
+      s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
+      s2 = _mm_cvtsd_f64(a23);
+      s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
+#else
+      for (int64_t n = 0; n < q.n; n++) {
+        const float *r = go + n * op + o * q.pp;
+        int64_t i = 0;
+        for (; i + 4 <= q.pp; i += 4) {
+          s0 += (double)r[i];
+          s1 += (double)r[i + 1];
+          s2 += (double)r[i + 2];
+          s3 += (double)r[i + 3];
+        }
+        for (; i < q.pp; i++) s0 += (double)r[i];
+      }
+#endif
+      gb[o] += (float)((s0 + s1) + (s2 + s3));
+    }
+  }
+  if (!gx && !gw) return;
+  if (dt__wino_use(&q)) {
+    dt__wino_backward(g, &q, x->data, w->data, go, gx, gw);
+    return;
+  }
+  float *col = NULL, *gcol = NULL, *gyt = NULL;
+  if (gw && !q.direct) col = dt__arena_floats(g, q.k * cols);
+  if (gx && !q.direct) gcol = dt__arena_floats(g, q.k * cols);
+  if (q.nb > 1) gyt = dt__arena_floats(g, q.o * cols);
+  if (g->err != DTRAIN_OK) return;
+  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
+    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
+    const float *gy = go + n0 * op;
+    if (q.nb > 1) {
+      for (int64_t j = 0; j < nbb; j++)
+        for (int64_t o = 0; o < q.o; o++)
+          memcpy(gyt + o * ld + j * q.pp, go + (n0 + j) * op + o * q.pp, (size_t)q.pp * sizeof(float));
+      gy = gyt;
+    }
+    if (gw) {
+      const float *cp = x->data + n0 * chw;
+      if (!q.direct) {
+        for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
+        cp = col;
+      }
+      dt_sgemm(0, 1, q.o, q.k, ld, 1.0f, gy, ld, cp, ld, 1.0f, gw, q.k);
+    }
+    if (gx) {
+      if (q.direct) {
+        dt_sgemm(1, 0, q.k, ld, q.o, 1.0f, w->data, q.k, gy, ld, 1.0f, gx + n0 * chw, ld);
+      } else {
+        dt_sgemm(1, 0, q.k, ld, q.o, 1.0f, w->data, q.k, gy, ld, 0.0f, gcol, ld);
+        for (int64_t j = 0; j < nbb; j++) dt__conv_col2im(&q, gcol + j * q.pp, ld, gx + (n0 + j) * chw);
+      }
+    }
+  }
+}
+
+DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
+  static const char *op = "dt_conv2d";
+  if (b ? !dt__begin(g, op, 3, x, w, b) : !dt__begin(g, op, 2, x, w)) return NULL;
+  char sx[96], sw[96], sb[96];
+  dt_shape_str(x, sx, sizeof sx);
+  dt_shape_str(w, sw, sizeof sw);
+  if (x->ndim != 4)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "%s: x %s must have rank 4 [N,C,H,W]", op, sx);
+  if (w->ndim != 4)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "%s: w %s must have rank 4 [O,C,kh,kw]", op, sw);
+  if (w->shape[1] != x->shape[1])
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: channels differ (x %s has %lld, w %s has %lld)", op, sx,
+                                 (long long)x->shape[1], sw, (long long)w->shape[1]);
+  if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: bias %s must be [%lld] for w %s", op,
+                                 dt_shape_str(b, sb, sizeof sb), (long long)w->shape[0], sw);
+  if (stride < 1)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: stride %d (must be >= 1), x %s, w %s", op, stride,
+                                 sx, sw);
+  if (padding < 0)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: padding %d (must be >= 0), x %s, w %s", op,
+                                 padding, sx, sw);
+  int64_t hp = x->shape[2] + 2 * (int64_t)padding, wp = x->shape[3] + 2 * (int64_t)padding;
+  if (w->shape[2] > hp || w->shape[3] > wp)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE,
+                                 "%s: kernel %lldx%lld larger than the padded input %lldx%lld (x %s, w %s, padding %d)",
+                                 op, (long long)w->shape[2], (long long)w->shape[3], (long long)hp, (long long)wp, sx,
+                                 sw, padding);
+  if (g->device) return dt__dev_conv2d(g, x, w, b, stride, padding);
+  dt__conv_geom q;
+  dt__conv_geometry(&q, x, w, stride, padding);
+  int64_t shape[4] = {q.n, q.o, q.ho, q.wo};
+  dt_tensor *y = dt__new(g, op, 4, shape);
+  if (!y) return NULL;
+  size_t kp;
+  if (!dt__mul_size((size_t)q.k, (size_t)q.pp, &kp) || dt__too_many(kp))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: column matrix of x %s, w %s too large", op, sx, sw);
+  if (dt__wino_use(&q)) {
+    dt__wino_forward(g, &q, x->data, w->data, b ? b->data : NULL, y->data);
+    if (g->err != DTRAIN_OK) return NULL;
+    y->iaux[0] = stride;
+    y->iaux[1] = padding;
+    dt__record(g, y, op, dt__conv_backward, x, w, b);
+    return dt__finish(g, y);
+  }
+  int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
+  float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
+  float *tmp = q.nb > 1 ? dt__arena_floats(g, q.o * cols) : NULL;
+  if (g->err != DTRAIN_OK) return NULL;
+  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
+    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
+    const float *cp = x->data + n0 * chw;
+    if (!q.direct) {
+      for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
+      cp = col;
+    }
+    float *out = q.nb > 1 ? tmp : y->data + n0 * op_;
+    if (b) {
+      for (int64_t o = 0; o < q.o; o++)
+        for (int64_t i = 0; i < ld; i++) out[o * ld + i] = b->data[o];
+    }
+    dt_sgemm(0, 0, q.o, ld, q.k, 1.0f, w->data, q.k, cp, ld, b ? 1.0f : 0.0f, out, ld);
+    if (q.nb > 1) {
+      for (int64_t j = 0; j < nbb; j++)
+        for (int64_t o = 0; o < q.o; o++)
+          memcpy(y->data + (n0 + j) * op_ + o * q.pp, tmp + o * ld + j * q.pp, (size_t)q.pp * sizeof(float));
+    }
+  }
+  y->iaux[0] = stride;
+  y->iaux[1] = padding;
+  dt__record(g, y, op, dt__conv_backward, x, w, b);
+  return dt__finish(g, y);
+}
+
+#undef DT__CONV_COLS
+#undef DT__CONV_CAP
+#ifdef DT__CONV_SSE
+#  undef DT__CONV_SSE
+#endif
+#ifdef DT__CONV_AVX
+#  undef DT__CONV_AVX
+#endif
+/* ======== end dt_ops_conv.c ======== */
+
+/* ======== begin dt_ops_wino.c ======== */
+/* ===========================================================================
+ * dt_ops_wino.c -- Winograd F(2x2, 5x5) convolution (called by dt_conv2d)
+ * ===========================================================================
  * 5x5 kernels with stride 1 and enough channels (conv2 of a LeNet-style
  * CNN) run as Winograd minimal filtering: each 2x2 block of outputs (a
  * "tile") is computed from the 6x6 input patch under it as
@@ -8256,6 +8459,15 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
  * (a function of the shapes only), so results are deterministic; they
  * differ from the im2col path by rounding (a few float ulps per term
  * magnitude). */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_ops_conv.h" (amalgamated) */
+
+/* The steps run in an AVX2 copy where the CPU has it (x86-64 with GCC or
+ * clang, picked at run time); the same condition dt_ops_conv.c uses for its
+ * AVX paths. */
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__WINO_AVX2 1
+#endif
 
 /* Tiles are processed along a tile row in vectors of DT__WINO_L lanes: with
  * GCC and clang a vector type (two SSE or NEON registers, or one AVX
@@ -8333,7 +8545,7 @@ typedef struct dt__wino {
   int64_t nb;          /* images per group */
 } dt__wino;
 
-static int dt__wino_use(const dt__conv_geom *q) {
+DTRAIN_PRIVATE int dt__wino_use(const dt__conv_geom *q) {
   return q->kh == 5 && q->kw == 5 && q->s == 1 && q->c >= 8 && q->o >= 8;
 }
 
@@ -8694,7 +8906,7 @@ static DT__WINO_INLINE void dt__wino_part_body(void *arg, int part, int nparts) 
 }
 
 static void dt__wino_part(void *arg, int part, int nparts) { dt__wino_part_body(arg, part, nparts); }
-#ifdef DT__CONV_AVX
+#ifdef DT__WINO_AVX2
 __attribute__((target("avx2"))) static void dt__wino_part_avx2(void *arg, int part, int nparts) {
   dt__wino_part_body(arg, part, nparts);
 }
@@ -8702,7 +8914,7 @@ __attribute__((target("avx2"))) static void dt__wino_part_avx2(void *arg, int pa
 
 static void dt__wino_run(dt__wino_job *jb, int step, int parts) {
   jb->step = step;
-#ifdef DT__CONV_AVX
+#ifdef DT__WINO_AVX2
   if (__builtin_cpu_supports("avx2")) {
     dt__par_run(parts, dt__wino_part_avx2, jb);
     return;
@@ -8738,7 +8950,7 @@ static void dt__wino_group(dt__wino_job *jb, int64_t n0) {
   jb->ld = jb->tt + DT__WINO_L;
 }
 
-static void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
+DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
                              float *y) {
   dt__wino z;
   dt__wino_job jb;
@@ -8760,7 +8972,7 @@ static void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x
 }
 
 /* gy: the output gradient; m holds dM. */
-static void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *gy,
+DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *gy,
                               float *gx, float *gw) {
   dt__wino z;
   dt__wino_job jb;
@@ -8790,168 +9002,35 @@ static void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const float *
   if (gw) dt__wino_kernels_adjoint(q, du, gw);
 }
 
-static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
-  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
-  if (g->err != DTRAIN_OK) return;
-  dt__conv_geom q;
-  dt__conv_geometry(&q, x, w, y->iaux[0], y->iaux[1]);
-  const float *go = y->grad;
-  int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
-  if (gb) {
-    /* In double, in four interleaved partial sums (a fixed order): one
-     * dependent chain of double adds would take most of this function. */
-    for (int64_t o = 0; o < q.o; o++) {
-      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-#ifdef DT__CONV_SSE
-      /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
-      __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
-      for (int64_t n = 0; n < q.n; n++) {
-        const float *r = go + n * op + o * q.pp;
-        int64_t i = 0;
-        for (; i + 4 <= q.pp; i += 4) {
-          __m128 v = _mm_loadu_ps(r + i);
-          a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
-          a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
-        }
-        for (; i < q.pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
-      }
-      s0 = _mm_cvtsd_f64(a01);
-      s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
-      s2 = _mm_cvtsd_f64(a23);
-      s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
-#else
-      for (int64_t n = 0; n < q.n; n++) {
-        const float *r = go + n * op + o * q.pp;
-        int64_t i = 0;
-        for (; i + 4 <= q.pp; i += 4) {
-          s0 += (double)r[i];
-          s1 += (double)r[i + 1];
-          s2 += (double)r[i + 2];
-          s3 += (double)r[i + 3];
-        }
-        for (; i < q.pp; i++) s0 += (double)r[i];
-      }
+#undef DT__WINO_L
+#undef DT__WINO_COLS
+#undef DT__WINO_INLINE
+#undef DT__WV_LD
+#undef DT__WV_ST
+#undef DT__WV_ADD
+#undef DT__WV_SUB
+#undef DT__WV_MUL
+#undef DT__WV_KEEP
+#undef DT__WV_NEG
+#ifdef DT__WINO_AVX2
+#  undef DT__WINO_AVX2
 #endif
-      gb[o] += (float)((s0 + s1) + (s2 + s3));
-    }
-  }
-  if (!gx && !gw) return;
-  if (dt__wino_use(&q)) {
-    dt__wino_backward(g, &q, x->data, w->data, go, gx, gw);
-    return;
-  }
-  float *col = NULL, *gcol = NULL, *gyt = NULL;
-  if (gw && !q.direct) col = dt__arena_floats(g, q.k * cols);
-  if (gx && !q.direct) gcol = dt__arena_floats(g, q.k * cols);
-  if (q.nb > 1) gyt = dt__arena_floats(g, q.o * cols);
-  if (g->err != DTRAIN_OK) return;
-  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
-    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
-    const float *gy = go + n0 * op;
-    if (q.nb > 1) {
-      for (int64_t j = 0; j < nbb; j++)
-        for (int64_t o = 0; o < q.o; o++)
-          memcpy(gyt + o * ld + j * q.pp, go + (n0 + j) * op + o * q.pp, (size_t)q.pp * sizeof(float));
-      gy = gyt;
-    }
-    if (gw) {
-      const float *cp = x->data + n0 * chw;
-      if (!q.direct) {
-        for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
-        cp = col;
-      }
-      dt_sgemm(0, 1, q.o, q.k, ld, 1.0f, gy, ld, cp, ld, 1.0f, gw, q.k);
-    }
-    if (gx) {
-      if (q.direct) {
-        dt_sgemm(1, 0, q.k, ld, q.o, 1.0f, w->data, q.k, gy, ld, 1.0f, gx + n0 * chw, ld);
-      } else {
-        dt_sgemm(1, 0, q.k, ld, q.o, 1.0f, w->data, q.k, gy, ld, 0.0f, gcol, ld);
-        for (int64_t j = 0; j < nbb; j++) dt__conv_col2im(&q, gcol + j * q.pp, ld, gx + (n0 + j) * chw);
-      }
-    }
-  }
-}
+/* ======== end dt_ops_wino.c ======== */
 
-DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
-  static const char *op = "dt_conv2d";
-  if (b ? !dt__begin(g, op, 3, x, w, b) : !dt__begin(g, op, 2, x, w)) return NULL;
-  char sx[96], sw[96], sb[96];
-  dt_shape_str(x, sx, sizeof sx);
-  dt_shape_str(w, sw, sizeof sw);
-  if (x->ndim != 4)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "%s: x %s must have rank 4 [N,C,H,W]", op, sx);
-  if (w->ndim != 4)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "%s: w %s must have rank 4 [O,C,kh,kw]", op, sw);
-  if (w->shape[1] != x->shape[1])
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: channels differ (x %s has %lld, w %s has %lld)", op, sx,
-                                 (long long)x->shape[1], sw, (long long)w->shape[1]);
-  if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: bias %s must be [%lld] for w %s", op,
-                                 dt_shape_str(b, sb, sizeof sb), (long long)w->shape[0], sw);
-  if (stride < 1)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: stride %d (must be >= 1), x %s, w %s", op, stride,
-                                 sx, sw);
-  if (padding < 0)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: padding %d (must be >= 0), x %s, w %s", op,
-                                 padding, sx, sw);
-  int64_t hp = x->shape[2] + 2 * (int64_t)padding, wp = x->shape[3] + 2 * (int64_t)padding;
-  if (w->shape[2] > hp || w->shape[3] > wp)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE,
-                                 "%s: kernel %lldx%lld larger than the padded input %lldx%lld (x %s, w %s, padding %d)",
-                                 op, (long long)w->shape[2], (long long)w->shape[3], (long long)hp, (long long)wp, sx,
-                                 sw, padding);
-  if (g->device) return dt__dev_conv2d(g, x, w, b, stride, padding);
-  dt__conv_geom q;
-  dt__conv_geometry(&q, x, w, stride, padding);
-  int64_t shape[4] = {q.n, q.o, q.ho, q.wo};
-  dt_tensor *y = dt__new(g, op, 4, shape);
-  if (!y) return NULL;
-  size_t kp;
-  if (!dt__mul_size((size_t)q.k, (size_t)q.pp, &kp) || dt__too_many(kp))
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: column matrix of x %s, w %s too large", op, sx, sw);
-  if (dt__wino_use(&q)) {
-    dt__wino_forward(g, &q, x->data, w->data, b ? b->data : NULL, y->data);
-    if (g->err != DTRAIN_OK) return NULL;
-    y->iaux[0] = stride;
-    y->iaux[1] = padding;
-    dt__record(g, y, op, dt__conv_backward, x, w, b);
-    return dt__finish(g, y);
-  }
-  int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
-  float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
-  float *tmp = q.nb > 1 ? dt__arena_floats(g, q.o * cols) : NULL;
-  if (g->err != DTRAIN_OK) return NULL;
-  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
-    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
-    const float *cp = x->data + n0 * chw;
-    if (!q.direct) {
-      for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
-      cp = col;
-    }
-    float *out = q.nb > 1 ? tmp : y->data + n0 * op_;
-    if (b) {
-      for (int64_t o = 0; o < q.o; o++)
-        for (int64_t i = 0; i < ld; i++) out[o * ld + i] = b->data[o];
-    }
-    dt_sgemm(0, 0, q.o, ld, q.k, 1.0f, w->data, q.k, cp, ld, b ? 1.0f : 0.0f, out, ld);
-    if (q.nb > 1) {
-      for (int64_t j = 0; j < nbb; j++)
-        for (int64_t o = 0; o < q.o; o++)
-          memcpy(y->data + (n0 + j) * op_ + o * q.pp, tmp + o * ld + j * q.pp, (size_t)q.pp * sizeof(float));
-    }
-  }
-  y->iaux[0] = stride;
-  y->iaux[1] = padding;
-  dt__record(g, y, op, dt__conv_backward, x, w, b);
-  return dt__finish(g, y);
-}
-
-/* ---- pooling --------------------------------------------------------------------------
+/* ======== begin dt_ops_pool.c ======== */
+/* ===========================================================================
+ * dt_ops_pool.c -- max and average pooling, NCHW
+ * ===========================================================================
  * No padding; Ho = (H - k)/s + 1. iaux: kernel, stride. Max pooling routes
- * the gradient to the first maximum of each window (a NaN wins). */
+ * the gradient to the first maximum of each window (a NaN wins).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
+#  define DT__POOL_SSE 1
+#  include <emmintrin.h>
+#endif
 
+/* Checks the arguments (dt__begin included); 0 when g has failed. */
 static int dt__pool_check(dt_graph *g, const char *op, dt_tensor *x, int kernel, int stride) {
   if (!dt__begin(g, op, 1, x)) return 0;
   char sx[96];
@@ -8989,7 +9068,7 @@ static dt_tensor *dt__pool_new(dt_graph *g, const char *op, dt_tensor *x, int ke
 /* The window of output (oh, ow) starts at input offset oh*s*w + ow*s. Its
  * maximum is the first element that is greater than all before it, or the
  * first NaN: v replaces best when v > best, or v is NaN and best is not. */
-#ifdef DT__CONV_SSE
+#ifdef DT__POOL_SSE
 static __m128 dt__pool_max4(__m128 best, __m128 v) {
   __m128 take = _mm_or_ps(_mm_cmpgt_ps(v, best), _mm_and_ps(_mm_cmpunord_ps(v, v), _mm_cmpord_ps(best, best)));
   return _mm_or_ps(_mm_and_ps(take, v), _mm_andnot_ps(take, best));
@@ -9013,7 +9092,7 @@ static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
     float *gp = gx + pl * h * w;
     for (int64_t oh = 0; oh < ho; oh++) {
       int64_t ow = 0;
-#ifdef DT__CONV_SSE
+#ifdef DT__POOL_SSE
       if (k == 2 && s == 2) { /* 4 windows at a time: masks of the winners, no branches */
         const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
         float *g0 = gp + 2 * oh * w, *g1 = g0 + w;
@@ -9074,7 +9153,7 @@ DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
     for (int64_t oh = 0; oh < ho; oh++) {
       float *yo = y->data + (pl * ho + oh) * wo;
       int64_t ow = 0;
-#ifdef DT__CONV_SSE
+#ifdef DT__POOL_SSE
       if (k == 2 && s == 2) { /* the common 2x2 pooling: 4 outputs from 2 x 8 inputs */
         const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
         for (; ow + 4 <= wo; ow += 4) {
@@ -9154,25 +9233,10 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
   return dt__finish(g, y);
 }
 
-#undef DT__WINO_L
-#undef DT__WINO_COLS
-#undef DT__WINO_INLINE
-#undef DT__WV_LD
-#undef DT__WV_ST
-#undef DT__WV_ADD
-#undef DT__WV_SUB
-#undef DT__WV_MUL
-#undef DT__WV_KEEP
-#undef DT__WV_NEG
-#undef DT__CONV_COLS
-#undef DT__CONV_CAP
-#ifdef DT__CONV_SSE
-#  undef DT__CONV_SSE
+#ifdef DT__POOL_SSE
+#  undef DT__POOL_SSE
 #endif
-#ifdef DT__CONV_AVX
-#  undef DT__CONV_AVX
-#endif
-/* ======== end dt_ops_conv.c ======== */
+/* ======== end dt_ops_pool.c ======== */
 
 /* ======== begin dt_params.c ======== */
 /* ===========================================================================
