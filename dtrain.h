@@ -2898,52 +2898,62 @@ DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *
 /* Row-major strides of t into st (elements). */
 DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st);
 
-/* ---- device (dt_device.c) ----------------------------------------------------------
- * Every op that has a device path calls its dt__dev_* twin right after
- * dt__begin when g->device is set; dt__begin already refused (with
- * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
+/* ---- device: the graph's side (dt_device.c, tensor layer) ---------------------------
+ * What the graph layer itself needs on a device graph: the device arena, the
+ * checked transfers and kernel runs (a failure fails g with op's name and
+ * the device's message) and the list of ops that have a device path. Calls
+ * only the dt_device function table, never up into the ops or the params. */
 DTRAIN_PRIVATE int dt__dev_op_ok(const char *op);
-DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g);
+/* The device's function table is complete (dt_graph_create refuses it
+ * otherwise, before allocating anything). */
+DTRAIN_PRIVATE dt_result dt__dev_graph_check(dt_graph *g);
+DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g); /* the device arena and the params' device copy */
 DTRAIN_PRIVATE void *dt__dev_arena(dt_graph *g, size_t bytes);
 DTRAIN_PRIVATE void dt__dev_reset(dt_graph *g);
-/* Runs kernel k; on failure fails g with op's name and the device message. */
 DTRAIN_PRIVATE int dt__dev_run(dt_graph *g, const char *op, dt_kernel k, const dt_kernel_args *a);
 DTRAIN_PRIVATE int dt__dev_copy(dt_graph *g, const char *op, void *dst, const void *src, size_t bytes, dt_copy_kind kind);
 DTRAIN_PRIVATE int dt__dev_zero(dt_graph *g, const char *op, void *p, size_t bytes);
-DTRAIN_PRIVATE dt_result dt__dev_graph_init(dt_graph *g);
+DTRAIN_PRIVATE void dt__dev_args0(dt_kernel_args *a); /* all fields zero */
 DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out);
+/* gx += gy over n elements (the backward of no-copy views, the loss seed). */
+DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op);
+
+/* ---- device twins of the ops (dt_device_ops.c, dt_device_nn.c: ops layer) -----------
+ * Every op that has a device path calls its dt__dev_* twin right after
+ * dt__begin when g->device is set; dt__begin already refused (with
+ * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
+/* dt_device_ops.c: elementwise, reductions, shapes */
 DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
-                                            int64_t m, int64_t n);
-DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p);
-DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d);
-DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
-                                             int64_t rows, int64_t d);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
                                               int64_t len, int64_t inner, int mean, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
-                                         int64_t in, int64_t out, int ndim, const int64_t *shape);
-DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c);
-DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
-DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
-DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
-/* gx += gy over n elements (the backward of no-copy views). */
-DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
+                                            int64_t m, int64_t n);
 DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm);
 DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
                                         int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len);
 DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
                                          const int64_t *shape, int64_t outer, int64_t inner, int ax);
 DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t);
+/* dt_device_nn.c: GEMM-based, losses, norms, conv, pooling */
+DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
+                                         int64_t in, int64_t out, int ndim, const int64_t *shape);
+DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c);
+DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
+DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p);
+DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                                             int64_t rows, int64_t d);
+DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d);
 DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
                                              dt_tensor *running_mean, dt_tensor *running_var, float momentum,
                                              float eps, int64_t nb, int64_t c, int64_t hw, int batch);
-DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
+DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
 
 /* ---- params internals (dt_params.c) ------------------------------------------------ */
 /* Layout of parameter `index` (no checks: index must be valid). */
@@ -3539,7 +3549,7 @@ DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *des
   dt_rng_seed(&g->rng, (desc && desc->seed) ? desc->seed : 1);
   if (desc && desc->device) {
     g->device = desc->device;
-    if (dt__dev_graph_init(g) != DTRAIN_OK) {
+    if (dt__dev_graph_check(g) != DTRAIN_OK) {
       dt_graph_destroy(g);
       return NULL;
     }
@@ -4005,15 +4015,14 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
 
 /* ======== begin dt_device.c ======== */
 /* ===========================================================================
- * dt_device.c -- the device hook: device arena, transfers, and the device
- * twins of the ops that have kernels (see dt_device.h for the list)
+ * dt_device.c -- the device hook, graph side: device arena, checked
+ * transfers and kernel runs, the list of ops with device paths
  * ===========================================================================
  * On a device graph tensor headers come from the host arena (dt__arena_alloc)
  * and tensor data from the device arena below (dt__arena_floats switches on
- * g->device). Each op with a device path calls its dt__dev_* twin here right
- * after dt__begin; the twin checks what the device supports, allocates its
- * output, asks the device to run the kernel(s) and records a device backward
- * function. Every other op is refused by dt__begin (dt__dev_op_ok) with
+ * g->device). The device twins of the ops (dt__dev_binary, dt__dev_conv2d,
+ * ...) are in dt_device_ops.c and dt_device_nn.c. Each op with a device path calls its dt__dev_* twin right after
+ * dt__begin; every other op is refused by dt__begin (dt__dev_op_ok) with
  * DTRAIN_ERR_UNSUPPORTED, so no CPU loop ever reads device memory.
  * Nothing here runs on a CPU graph: the CPU ops only test `g->device`.
  */
@@ -4077,7 +4086,7 @@ DTRAIN_PRIVATE int dt__dev_zero(dt_graph *g, const char *op, void *p, size_t byt
   return 0;
 }
 
-static void dt__device_args0(dt_kernel_args *a) { memset(a, 0, sizeof *a); }
+DTRAIN_PRIVATE void dt__dev_args0(dt_kernel_args *a) { memset(a, 0, sizeof *a); }
 
 /* ---- device arena ----------------------------------------------------------------- */
 
@@ -4160,7 +4169,7 @@ DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g) {
 
 /* ---- graph-level device API -------------------------------------------------------- */
 
-DTRAIN_PRIVATE dt_result dt__dev_graph_init(dt_graph *g) {
+DTRAIN_PRIVATE dt_result dt__dev_graph_check(dt_graph *g) {
   dt_device *d = g->device;
   if (!d->alloc || !d->free || !d->zero || !d->copy || !d->sync || !d->run)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_graph_create: device %s has a NULL function", d->name ? d->name : "?");
@@ -4283,13 +4292,30 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out) {
 
 DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op) {
   dt_kernel_args a;
-  dt__device_args0(&a);
+  dt__dev_args0(&a);
   a.p[0] = gx;
   a.p[1] = (float *)(uintptr_t)gy;
   a.n[0] = n;
   a.f[0] = 1.0f;
   dt__dev_run(g, op, DTRAIN_K_ACC, &a);
 }
+
+#undef DT__DEV_ALIGN
+/* ======== end dt_device.c ======== */
+
+/* ======== begin dt_device_ops.c ======== */
+/* ===========================================================================
+ * dt_device_ops.c -- device twins of the elementwise, reduction and shape
+ * ops (see dt_device.h for the list)
+ * ===========================================================================
+ * Ops layer. An op with a device path (dt_ops_elem.c, dt_ops_reduce.c,
+ * dt_ops_shape.c) calls its twin here right after dt__begin when g->device
+ * is set; the twin checks what the device supports, allocates its output
+ * from the device arena, asks the device to run the kernel(s) through
+ * dt__dev_run (dt_device.c) and records a device backward function. The
+ * GEMM-based and nn twins are in dt_device_nn.c.
+ */
+/* #include "dt_internal.h" (amalgamated) */
 
 /* ---- elementwise binary: same shapes, or b over a's leading dims ---------------------- */
 
@@ -4300,7 +4326,7 @@ static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
   dt_kernel k = (dt_kernel)y->iaux[0];
   dt_kernel_args r;
   if (ga) {
-    dt__device_args0(&r);
+    dt__dev_args0(&r);
     r.p[0] = ga;
     r.p[1] = y->grad;
     r.p[2] = b->data;
@@ -4312,7 +4338,7 @@ static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
       return;
   }
   if (gb) { /* summed over the rows b was repeated over (one row when shapes agree) */
-    dt__device_args0(&r);
+    dt__dev_args0(&r);
     r.p[0] = gb;
     r.p[1] = y->grad;
     r.p[2] = a->data;
@@ -4350,7 +4376,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b
   if (!y) return NULL;
   dt_kernel k = (dt_kernel)kind;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = a->data;
   r.p[2] = b->data;
@@ -4370,7 +4396,7 @@ static void dt__device_unary_backward(dt_graph *g, dt_tensor *y) {
   if (!gx) return;
   dt_kernel k = (dt_kernel)y->iaux[0];
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
   r.p[2] = k == DTRAIN_K_RELU ? x->data : y->data;
@@ -4384,7 +4410,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = y->size;
@@ -4401,7 +4427,7 @@ static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, x);
   if (!gx) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
   r.p[2] = x->data;
@@ -4420,13 +4446,13 @@ static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char
   float *count = bad ? dt__arena_floats(g, 1) : NULL;
   if (!count) return 0;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = bad;
   r.p[1] = x->data;
   r.n[0] = x->size;
   r.n[1] = fn == DTRAIN_MAP_SQRT ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_DOMAIN_POS;
   if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return 0;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = count;
   r.p[1] = bad;
   r.n[0] = x->size;
@@ -4463,7 +4489,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = y->size;
@@ -4483,7 +4509,7 @@ static void dt__device_reduce_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, x);
   if (!gx) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
   r.n[0] = x->size;
@@ -4495,7 +4521,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean
   dt_tensor *y = dt__new(g, op, 0, NULL);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = x->size;
@@ -4512,7 +4538,7 @@ static void dt__device_reduce_axis_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, y->src[0]);
   if (!gx) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
   r.n[0] = y->iaux[0];
@@ -4527,7 +4553,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndi
   dt_tensor *y = dt__new(g, op, ndim, shape);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = outer;
@@ -4550,7 +4576,7 @@ static void dt__device_transpose_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, y->src[0]);
   if (!gx) return;
   dt_kernel_args r; /* gx [b, m, n] += (gy [b, n, m])^T */
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
   r.n[0] = y->iaux[0];
@@ -4566,7 +4592,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim,
   dt_tensor *y = dt__new(g, op, ndim, shape);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = batch;
@@ -4580,142 +4606,184 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim,
   return dt__finish(g, y);
 }
 
-/* ---- dropout: the mask drawn on the host from the graph's RNG (the CPU op's
- * draws, in the same order), copied to the device; y = x * mask, and the
- * backward gx += gy * mask. ------------------------------------------------------------------ */
+/* ---- permute: one gather kernel (and its scatter-add backward) --------------------------------
+ * iaux[0..ndim): the permutation, as the CPU op keeps it. */
 
-static void dt__device_dropout_backward(dt_graph *g, dt_tensor *y) {
+static void dt__device_permute_args(dt_kernel_args *r, const dt_tensor *y) {
+  dt__dev_args0(r);
+  r->n[0] = y->size;
+  r->n[1] = y->ndim;
+  int64_t packed = 0;
+  for (int d = 0; d < y->ndim; d++) {
+    r->n[2 + d] = y->shape[d];
+    packed |= y->iaux[d] << (4 * d);
+  }
+  r->n[8] = packed;
+}
+
+static void dt__device_permute_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, y->src[0]);
   if (!gx) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__device_permute_args(&r, y);
   r.p[0] = gx;
   r.p[1] = y->grad;
-  r.p[2] = (float *)y->aux;
-  r.n[0] = y->size;
-  r.n[1] = y->size;
-  dt__dev_run(g, y->op, DTRAIN_K_ACC_MUL, &r);
+  r.n[9] = 1;
+  dt__dev_run(g, y->op, DTRAIN_K_PERMUTE, &r);
 }
 
-DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p) {
-  const char *op = "dt_dropout";
-  size_t bytes;
-  if (!dt__mul_size((size_t)x->size, sizeof(float), &bytes))
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: mask of %lld floats overflows", op, (long long)x->size);
-  float *host = (float *)dt__arena_alloc(g, bytes); /* host arena: no allocation in steady state */
-  float *mask = host ? dt__arena_floats(g, x->size) : NULL;
-  dt_tensor *y = mask ? dt__new_like(g, op, x) : NULL;
+DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm) {
+  const char *op = "dt_permute";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
   if (!y) return NULL;
-  float scale = 1.0f / (1.0f - p);
-  for (int64_t i = 0; i < x->size; i++) host[i] = dt_rng_uniform(&g->rng) >= p ? scale : 0.0f;
-  if (!dt__dev_copy(g, op, mask, host, bytes, DTRAIN_COPY_H2D)) return NULL;
+  for (int d = 0; d < ndim; d++) y->iaux[d] = perm[d];
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__device_permute_args(&r, y);
   r.p[0] = y->data;
   r.p[1] = x->data;
-  r.p[2] = mask;
-  r.n[0] = y->size;
-  r.n[1] = y->size;
-  if (!dt__dev_run(g, op, DTRAIN_K_MUL, &r)) return NULL;
-  y->aux = mask;
-  y->faux[0] = p;
-  dt__record(g, y, op, dt__device_dropout_backward, x, NULL, NULL);
+  if (!dt__dev_run(g, op, DTRAIN_K_PERMUTE, &r)) return NULL;
+  dt__record(g, y, op, dt__device_permute_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
-/* ---- layer norm over the last dim ------------------------------------------------------------
- * aux: the device stats [mean[rows], rstd[rows]]; iaux 0 rows, 1 d. */
+/* ---- slice / split / concat: strided row copies --------------------------------------------- */
 
-static void dt__device_layer_norm_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *x = y->src[0], *gamma = y->src[1], *beta = y->src[2];
-  float *gx = dt__grad(g, x), *gg = dt__grad(g, gamma), *gb = dt__grad(g, beta);
-  if (g->err != DTRAIN_OK) return;
+static int dt__device_copy_rows(dt_graph *g, const char *op, float *dst, const float *src, int64_t rows, int64_t chunk,
+                                int64_t dst_stride, int64_t src_stride, int acc) {
   dt_kernel_args r;
-  if (gg || gb) {
-    dt__device_args0(&r);
-    r.p[0] = gg;
-    r.p[1] = gb;
-    r.p[2] = y->grad;
-    r.p[3] = x->data;
-    r.p[4] = (float *)y->aux;
-    r.n[0] = y->iaux[0];
-    r.n[1] = y->iaux[1];
-    if (!dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD_PARAMS, &r)) return;
-  }
-  if (gx) {
-    dt__device_args0(&r);
-    r.p[0] = gx;
-    r.p[1] = y->grad;
-    r.p[2] = x->data;
-    r.p[3] = gamma ? gamma->data : NULL;
-    r.p[4] = (float *)y->aux;
-    r.n[0] = y->iaux[0];
-    r.n[1] = y->iaux[1];
-    dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD, &r);
-  }
-}
-
-DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
-                                             int64_t rows, int64_t d) {
-  const char *op = "dt_layer_norm";
-  float *stats = dt__arena_floats(g, 2 * rows);
-  dt_tensor *y = stats ? dt__new_like(g, op, x) : NULL;
-  if (!y) return NULL;
-  dt_kernel_args r;
-  dt__device_args0(&r);
-  r.p[0] = y->data;
-  r.p[1] = x->data;
-  r.p[2] = gamma ? gamma->data : NULL;
-  r.p[3] = beta ? beta->data : NULL;
-  r.p[4] = stats;
+  dt__dev_args0(&r);
+  r.p[0] = dst;
+  r.p[1] = (float *)(uintptr_t)src;
   r.n[0] = rows;
-  r.n[1] = d;
-  r.f[0] = eps;
-  if (!dt__dev_run(g, op, DTRAIN_K_LAYER_NORM, &r)) return NULL;
-  y->aux = stats;
-  y->iaux[0] = rows;
-  y->iaux[1] = d;
-  dt__record(g, y, op, dt__device_layer_norm_backward, x, gamma, beta);
+  r.n[1] = chunk;
+  r.n[2] = dst_stride;
+  r.n[3] = src_stride;
+  r.n[4] = acc;
+  return dt__dev_run(g, op, DTRAIN_K_COPY_ROWS, &r);
+}
+
+/* iaux as the CPU op: 0 outer, 1 dim, 2 inner, 3 start, 4 len. */
+static void dt__device_slice_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  int64_t outer = y->iaux[0], dim = y->iaux[1], inner = y->iaux[2], start = y->iaux[3], len = y->iaux[4];
+  dt__device_copy_rows(g, y->op, gx + start * inner, y->grad, outer, len * inner, dim * inner, len * inner, 1);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
+                                        int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len) {
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  if (!dt__device_copy_rows(g, op, y->data, x->data + start * inner, outer, len * inner, len * inner, dim * inner, 0))
+    return NULL;
+  y->iaux[0] = outer;
+  y->iaux[1] = dim;
+  y->iaux[2] = inner;
+  y->iaux[3] = start;
+  y->iaux[4] = len;
+  dt__record(g, y, op, dt__device_slice_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
-/* ---- embedding: ids checked on the host (by dt_embedding), copied to the device ------------
- * aux: the device ids. */
+/* aux: the n inputs (host arena); iaux 0 n, 1 outer, 2 inner (the CPU op's layout). */
+static void dt__device_concat_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *const *xs = (dt_tensor *const *)y->aux;
+  int n = (int)y->iaux[0];
+  int64_t outer = y->iaux[1], row = y->size / outer, base = 0;
+  for (int j = 0; j < n; j++) {
+    dt_tensor *x = xs[j];
+    int64_t chunk = x->size / outer;
+    float *gx = dt__grad(g, x);
+    if (g->err != DTRAIN_OK) return;
+    if (gx && !dt__device_copy_rows(g, y->op, gx, y->grad + base, outer, chunk, chunk, row, 1)) return;
+    base += chunk;
+  }
+}
 
-static void dt__device_embedding_backward(dt_graph *g, dt_tensor *y) {
-  float *gt = dt__grad(g, y->src[0]);
-  if (!gt) return;
+DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
+                                         const int64_t *shape, int64_t outer, int64_t inner, int ax) {
+  const char *op = "dt_concat";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  int64_t row = shape[ax] * inner, base = 0;
+  dt_tensor *first_rg = NULL;
+  for (int j = 0; j < n; j++) {
+    dt_tensor *x = xs[j];
+    int64_t chunk = x->shape[ax] * inner;
+    if (!dt__device_copy_rows(g, op, y->data + base, x->data, outer, chunk, row, chunk, 0)) return NULL;
+    base += chunk;
+    list[j] = x;
+    if (!first_rg && (x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) first_rg = x;
+  }
+  y->aux = list;
+  y->iaux[0] = n;
+  y->iaux[1] = outer;
+  y->iaux[2] = inner;
+  dt__record(g, y, op, dt__device_concat_backward, first_rg ? first_rg : list[0], NULL, NULL);
+  for (int j = 0; j < 4; j++) y->src[j] = j < n ? list[j] : NULL;
+  return dt__finish(g, y);
+}
+
+/* ---- causal mask ---------------------------------------------------------------------------- */
+
+static void dt__device_causal_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
-  r.p[0] = gt;
+  dt__dev_args0(&r);
+  r.p[0] = gx;
   r.p[1] = y->grad;
-  r.labels = (const int32_t *)y->aux;
-  r.n[0] = y->shape[0];
-  r.n[1] = y->shape[1];
-  dt__dev_run(g, y->op, DTRAIN_K_EMBED_BWD, &r);
+  r.n[0] = y->size;
+  r.n[1] = y->shape[y->ndim - 1];
+  r.n[2] = 1;
+  dt__dev_run(g, y->op, DTRAIN_K_CAUSAL_MASK, &r);
 }
 
-DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d) {
-  const char *op = "dt_embedding";
-  int64_t shape[2];
-  shape[0] = n;
-  shape[1] = d;
-  dt_tensor *y = dt__new(g, op, 2, shape); /* validates the size, so n * 4 bytes cannot overflow */
-  int32_t *dids = y ? (int32_t *)dt__dev_arena(g, (size_t)n * sizeof(int32_t)) : NULL;
-  if (!dids) return NULL;
-  if (!dt__dev_copy(g, op, dids, ids, (size_t)n * sizeof(int32_t), DTRAIN_COPY_H2D)) return NULL;
+DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t) {
+  const char *op = "dt_causal_mask";
+  dt_tensor *y = dt__new_like(g, op, x);
+  if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
-  r.p[1] = table->data;
-  r.labels = dids;
-  r.n[0] = n;
-  r.n[1] = d;
-  if (!dt__dev_run(g, op, DTRAIN_K_EMBED, &r)) return NULL;
-  y->aux = dids;
-  dt__record(g, y, op, dt__device_embedding_backward, table, NULL, NULL);
-  return dt__finish(g, y);
+  r.p[1] = x->data;
+  r.n[0] = y->size;
+  r.n[1] = t;
+  if (!dt__dev_run(g, op, DTRAIN_K_CAUSAL_MASK, &r)) return NULL;
+  dt__record(g, y, op, dt__device_causal_backward, x, NULL, NULL);
+  if (g->err != DTRAIN_OK) return NULL;
+  if (!g->check_numerics) return y;
+  /* The -inf entries are intended: check only the kept ones, on the host. */
+  size_t bytes = (size_t)y->size * sizeof(float);
+  float *h = (float *)dt__alloc(bytes);
+  if (!h) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "%s: check_numerics: out of host memory", op);
+  dt_tensor *res = y;
+  if (!dt__dev_copy(g, op, h, y->data, bytes, DTRAIN_COPY_D2H)) {
+    res = NULL;
+  } else {
+    for (int64_t i = 0; i < y->size && res; i++) {
+      if (i % t > (i / t) % t || isfinite(h[i])) continue;
+      char sb[96];
+      dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: output %s has %s at element %lld", op, dt_shape_str(y, sb, sizeof sb),
+               isnan(h[i]) ? "NaN" : "Inf", (long long)i);
+      res = NULL;
+    }
+  }
+  dt__free(h, bytes);
+  return res;
 }
+/* ======== end dt_device_ops.c ======== */
+
+/* ======== begin dt_device_nn.c ======== */
+/* ===========================================================================
+ * dt_device_nn.c -- device twins of the GEMM-based and nn ops: matmul,
+ * linear, bmm, softmax, losses, dropout, norms, embedding, conv, pooling
+ * ===========================================================================
+ * Ops layer, as dt_device_ops.c (which explains the pattern): an op with a
+ * device path (dt_ops_matmul.c, dt_ops_nn.c, dt_ops_conv.c, dt_ops_pool.c)
+ * calls its twin here right after dt__begin when g->device is set.
+ */
+/* #include "dt_internal.h" (amalgamated) */
 
 /* ---- GEMM-based: matmul (2-D), linear --------------------------------------------------------- */
 
@@ -4725,7 +4793,7 @@ static int dt__device_gemm_batched(dt_graph *g, const char *op, int ta, int tb, 
                                    const float *A, int64_t sa, const float *B, int64_t sb, float beta, float *C,
                                    int64_t sc, int64_t batch) {
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = C;
   r.p[1] = (float *)(uintptr_t)A;
   r.p[2] = (float *)(uintptr_t)B;
@@ -4786,7 +4854,7 @@ static void dt__device_linear_backward(dt_graph *g, dt_tensor *y) {
   if (gw && !dt__device_gemm(g, y->op, 1, 0, out, in, rows, y->grad, x->data, 1.0f, gw)) return; /* dw += dy^T x */
   if (gb) {
     dt_kernel_args r;
-    dt__device_args0(&r);
+    dt__dev_args0(&r);
     r.p[0] = gb;
     r.p[1] = y->grad;
     r.n[0] = rows * out;
@@ -4803,7 +4871,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w
   if (!y) return NULL;
   if (b) { /* rows of bias, then GEMM with beta = 1: the CPU's order */
     dt_kernel_args r;
-    dt__device_args0(&r);
+    dt__dev_args0(&r);
     r.p[0] = y->data;
     r.p[1] = b->data;
     r.n[0] = rows * out;
@@ -4821,7 +4889,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w
 /* ---- softmax / log_softmax over any axis ---------------------------------------------------- */
 
 static void dt__device_softmax_args(dt_kernel_args *r, const dt_tensor *y) {
-  dt__device_args0(r);
+  dt__dev_args0(r);
   r->n[0] = y->iaux[0];
   r->n[1] = y->iaux[1];
   r->n[2] = y->iaux[2];
@@ -4871,7 +4939,7 @@ static void dt__device_xent_backward(dt_graph *g, dt_tensor *y) {
   if (!gx) return;
   const dt__device_xent *s = (const dt__device_xent *)y->aux;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = x->data;
   r.p[2] = s->mx;
@@ -4896,7 +4964,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t 
   dt_tensor *y = dt__new(g, op, 0, NULL);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = s->rowloss;
   r.p[1] = x->data;
   r.p[2] = s->mx;
@@ -4905,7 +4973,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t 
   r.n[0] = rows;
   r.n[1] = c;
   if (!dt__dev_run(g, op, DTRAIN_K_XENT, &r)) return NULL;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = s->rowloss;
   r.n[0] = rows;
@@ -4925,7 +4993,7 @@ static void dt__device_mse_backward(dt_graph *g, dt_tensor *y) {
   float *ga = dt__grad(g, a), *gb = dt__grad(g, b);
   if (g->err != DTRAIN_OK) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = ga;
   r.p[1] = gb;
   r.p[2] = a->data;
@@ -4941,13 +5009,13 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b) {
   dt_tensor *y = sq ? dt__new(g, op, 0, NULL) : NULL;
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = sq;
   r.p[1] = a->data;
   r.p[2] = b->data;
   r.n[0] = a->size;
   if (!dt__dev_run(g, op, DTRAIN_K_SQDIFF, &r)) return NULL;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = sq;
   r.n[0] = a->size;
@@ -4963,7 +5031,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b) {
  * buffer of the same size. */
 
 static void dt__device_conv_args(dt_kernel_args *r, const dt_tensor *x, const dt_tensor *w, const dt_tensor *y) {
-  dt__device_args0(r);
+  dt__dev_args0(r);
   r->n[0] = x->shape[0];
   r->n[1] = x->shape[1];
   r->n[2] = x->shape[2];
@@ -5047,7 +5115,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w
 }
 
 static void dt__device_pool_args(dt_kernel_args *r, const dt_tensor *x, const dt_tensor *y) {
-  dt__device_args0(r);
+  dt__dev_args0(r);
   r->n[0] = x->shape[0] * x->shape[1];
   r->n[1] = x->shape[2];
   r->n[2] = x->shape[3];
@@ -5130,171 +5198,141 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, d
   return dt__finish(g, y);
 }
 
-/* ---- permute: one gather kernel (and its scatter-add backward) --------------------------------
- * iaux[0..ndim): the permutation, as the CPU op keeps it. */
+/* ---- dropout: the mask drawn on the host from the graph's RNG (the CPU op's
+ * draws, in the same order), copied to the device; y = x * mask, and the
+ * backward gx += gy * mask. ------------------------------------------------------------------ */
 
-static void dt__device_permute_args(dt_kernel_args *r, const dt_tensor *y) {
-  dt__device_args0(r);
-  r->n[0] = y->size;
-  r->n[1] = y->ndim;
-  int64_t packed = 0;
-  for (int d = 0; d < y->ndim; d++) {
-    r->n[2 + d] = y->shape[d];
-    packed |= y->iaux[d] << (4 * d);
-  }
-  r->n[8] = packed;
-}
-
-static void dt__device_permute_backward(dt_graph *g, dt_tensor *y) {
+static void dt__device_dropout_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, y->src[0]);
   if (!gx) return;
   dt_kernel_args r;
-  dt__device_permute_args(&r, y);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
-  r.n[9] = 1;
-  dt__dev_run(g, y->op, DTRAIN_K_PERMUTE, &r);
+  r.p[2] = (float *)y->aux;
+  r.n[0] = y->size;
+  r.n[1] = y->size;
+  dt__dev_run(g, y->op, DTRAIN_K_ACC_MUL, &r);
 }
 
-DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm) {
-  const char *op = "dt_permute";
-  dt_tensor *y = dt__new(g, op, ndim, shape);
+DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p) {
+  const char *op = "dt_dropout";
+  size_t bytes;
+  if (!dt__mul_size((size_t)x->size, sizeof(float), &bytes))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: mask of %lld floats overflows", op, (long long)x->size);
+  float *host = (float *)dt__arena_alloc(g, bytes); /* host arena: no allocation in steady state */
+  float *mask = host ? dt__arena_floats(g, x->size) : NULL;
+  dt_tensor *y = mask ? dt__new_like(g, op, x) : NULL;
   if (!y) return NULL;
-  for (int d = 0; d < ndim; d++) y->iaux[d] = perm[d];
+  float scale = 1.0f / (1.0f - p);
+  for (int64_t i = 0; i < x->size; i++) host[i] = dt_rng_uniform(&g->rng) >= p ? scale : 0.0f;
+  if (!dt__dev_copy(g, op, mask, host, bytes, DTRAIN_COPY_H2D)) return NULL;
   dt_kernel_args r;
-  dt__device_permute_args(&r, y);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
-  if (!dt__dev_run(g, op, DTRAIN_K_PERMUTE, &r)) return NULL;
-  dt__record(g, y, op, dt__device_permute_backward, x, NULL, NULL);
+  r.p[2] = mask;
+  r.n[0] = y->size;
+  r.n[1] = y->size;
+  if (!dt__dev_run(g, op, DTRAIN_K_MUL, &r)) return NULL;
+  y->aux = mask;
+  y->faux[0] = p;
+  dt__record(g, y, op, dt__device_dropout_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
-/* ---- slice / split / concat: strided row copies --------------------------------------------- */
+/* ---- layer norm over the last dim ------------------------------------------------------------
+ * aux: the device stats [mean[rows], rstd[rows]]; iaux 0 rows, 1 d. */
 
-static int dt__device_copy_rows(dt_graph *g, const char *op, float *dst, const float *src, int64_t rows, int64_t chunk,
-                                int64_t dst_stride, int64_t src_stride, int acc) {
+static void dt__device_layer_norm_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *gamma = y->src[1], *beta = y->src[2];
+  float *gx = dt__grad(g, x), *gg = dt__grad(g, gamma), *gb = dt__grad(g, beta);
+  if (g->err != DTRAIN_OK) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
-  r.p[0] = dst;
-  r.p[1] = (float *)(uintptr_t)src;
+  if (gg || gb) {
+    dt__dev_args0(&r);
+    r.p[0] = gg;
+    r.p[1] = gb;
+    r.p[2] = y->grad;
+    r.p[3] = x->data;
+    r.p[4] = (float *)y->aux;
+    r.n[0] = y->iaux[0];
+    r.n[1] = y->iaux[1];
+    if (!dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD_PARAMS, &r)) return;
+  }
+  if (gx) {
+    dt__dev_args0(&r);
+    r.p[0] = gx;
+    r.p[1] = y->grad;
+    r.p[2] = x->data;
+    r.p[3] = gamma ? gamma->data : NULL;
+    r.p[4] = (float *)y->aux;
+    r.n[0] = y->iaux[0];
+    r.n[1] = y->iaux[1];
+    dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD, &r);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                                             int64_t rows, int64_t d) {
+  const char *op = "dt_layer_norm";
+  float *stats = dt__arena_floats(g, 2 * rows);
+  dt_tensor *y = stats ? dt__new_like(g, op, x) : NULL;
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__dev_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.p[2] = gamma ? gamma->data : NULL;
+  r.p[3] = beta ? beta->data : NULL;
+  r.p[4] = stats;
   r.n[0] = rows;
-  r.n[1] = chunk;
-  r.n[2] = dst_stride;
-  r.n[3] = src_stride;
-  r.n[4] = acc;
-  return dt__dev_run(g, op, DTRAIN_K_COPY_ROWS, &r);
-}
-
-/* iaux as the CPU op: 0 outer, 1 dim, 2 inner, 3 start, 4 len. */
-static void dt__device_slice_backward(dt_graph *g, dt_tensor *y) {
-  float *gx = dt__grad(g, y->src[0]);
-  if (!gx) return;
-  int64_t outer = y->iaux[0], dim = y->iaux[1], inner = y->iaux[2], start = y->iaux[3], len = y->iaux[4];
-  dt__device_copy_rows(g, y->op, gx + start * inner, y->grad, outer, len * inner, dim * inner, len * inner, 1);
-}
-
-DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
-                                        int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len) {
-  dt_tensor *y = dt__new(g, op, ndim, shape);
-  if (!y) return NULL;
-  if (!dt__device_copy_rows(g, op, y->data, x->data + start * inner, outer, len * inner, len * inner, dim * inner, 0))
-    return NULL;
-  y->iaux[0] = outer;
-  y->iaux[1] = dim;
-  y->iaux[2] = inner;
-  y->iaux[3] = start;
-  y->iaux[4] = len;
-  dt__record(g, y, op, dt__device_slice_backward, x, NULL, NULL);
+  r.n[1] = d;
+  r.f[0] = eps;
+  if (!dt__dev_run(g, op, DTRAIN_K_LAYER_NORM, &r)) return NULL;
+  y->aux = stats;
+  y->iaux[0] = rows;
+  y->iaux[1] = d;
+  dt__record(g, y, op, dt__device_layer_norm_backward, x, gamma, beta);
   return dt__finish(g, y);
 }
 
-/* aux: the n inputs (host arena); iaux 0 n, 1 outer, 2 inner (the CPU op's layout). */
-static void dt__device_concat_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *const *xs = (dt_tensor *const *)y->aux;
-  int n = (int)y->iaux[0];
-  int64_t outer = y->iaux[1], row = y->size / outer, base = 0;
-  for (int j = 0; j < n; j++) {
-    dt_tensor *x = xs[j];
-    int64_t chunk = x->size / outer;
-    float *gx = dt__grad(g, x);
-    if (g->err != DTRAIN_OK) return;
-    if (gx && !dt__device_copy_rows(g, y->op, gx, y->grad + base, outer, chunk, chunk, row, 1)) return;
-    base += chunk;
-  }
-}
+/* ---- embedding: ids checked on the host (by dt_embedding), copied to the device ------------
+ * aux: the device ids. */
 
-DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
-                                         const int64_t *shape, int64_t outer, int64_t inner, int ax) {
-  const char *op = "dt_concat";
-  dt_tensor *y = dt__new(g, op, ndim, shape);
-  if (!y) return NULL;
-  int64_t row = shape[ax] * inner, base = 0;
-  dt_tensor *first_rg = NULL;
-  for (int j = 0; j < n; j++) {
-    dt_tensor *x = xs[j];
-    int64_t chunk = x->shape[ax] * inner;
-    if (!dt__device_copy_rows(g, op, y->data + base, x->data, outer, chunk, row, chunk, 0)) return NULL;
-    base += chunk;
-    list[j] = x;
-    if (!first_rg && (x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) first_rg = x;
-  }
-  y->aux = list;
-  y->iaux[0] = n;
-  y->iaux[1] = outer;
-  y->iaux[2] = inner;
-  dt__record(g, y, op, dt__device_concat_backward, first_rg ? first_rg : list[0], NULL, NULL);
-  for (int j = 0; j < 4; j++) y->src[j] = j < n ? list[j] : NULL;
-  return dt__finish(g, y);
-}
-
-/* ---- causal mask ---------------------------------------------------------------------------- */
-
-static void dt__device_causal_backward(dt_graph *g, dt_tensor *y) {
-  float *gx = dt__grad(g, y->src[0]);
-  if (!gx) return;
+static void dt__device_embedding_backward(dt_graph *g, dt_tensor *y) {
+  float *gt = dt__grad(g, y->src[0]);
+  if (!gt) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
-  r.p[0] = gx;
+  dt__dev_args0(&r);
+  r.p[0] = gt;
   r.p[1] = y->grad;
-  r.n[0] = y->size;
-  r.n[1] = y->shape[y->ndim - 1];
-  r.n[2] = 1;
-  dt__dev_run(g, y->op, DTRAIN_K_CAUSAL_MASK, &r);
+  r.labels = (const int32_t *)y->aux;
+  r.n[0] = y->shape[0];
+  r.n[1] = y->shape[1];
+  dt__dev_run(g, y->op, DTRAIN_K_EMBED_BWD, &r);
 }
 
-DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t) {
-  const char *op = "dt_causal_mask";
-  dt_tensor *y = dt__new_like(g, op, x);
-  if (!y) return NULL;
+DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d) {
+  const char *op = "dt_embedding";
+  int64_t shape[2];
+  shape[0] = n;
+  shape[1] = d;
+  dt_tensor *y = dt__new(g, op, 2, shape); /* validates the size, so n * 4 bytes cannot overflow */
+  int32_t *dids = y ? (int32_t *)dt__dev_arena(g, (size_t)n * sizeof(int32_t)) : NULL;
+  if (!dids) return NULL;
+  if (!dt__dev_copy(g, op, dids, ids, (size_t)n * sizeof(int32_t), DTRAIN_COPY_H2D)) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
-  r.p[1] = x->data;
-  r.n[0] = y->size;
-  r.n[1] = t;
-  if (!dt__dev_run(g, op, DTRAIN_K_CAUSAL_MASK, &r)) return NULL;
-  dt__record(g, y, op, dt__device_causal_backward, x, NULL, NULL);
-  if (g->err != DTRAIN_OK) return NULL;
-  if (!g->check_numerics) return y;
-  /* The -inf entries are intended: check only the kept ones, on the host. */
-  size_t bytes = (size_t)y->size * sizeof(float);
-  float *h = (float *)dt__alloc(bytes);
-  if (!h) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "%s: check_numerics: out of host memory", op);
-  dt_tensor *res = y;
-  if (!dt__dev_copy(g, op, h, y->data, bytes, DTRAIN_COPY_D2H)) {
-    res = NULL;
-  } else {
-    for (int64_t i = 0; i < y->size && res; i++) {
-      if (i % t > (i / t) % t || isfinite(h[i])) continue;
-      char sb[96];
-      dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: output %s has %s at element %lld", op, dt_shape_str(y, sb, sizeof sb),
-               isnan(h[i]) ? "NaN" : "Inf", (long long)i);
-      res = NULL;
-    }
-  }
-  dt__free(h, bytes);
-  return res;
+  r.p[1] = table->data;
+  r.labels = dids;
+  r.n[0] = n;
+  r.n[1] = d;
+  if (!dt__dev_run(g, op, DTRAIN_K_EMBED, &r)) return NULL;
+  y->aux = dids;
+  dt__record(g, y, op, dt__device_embedding_backward, table, NULL, NULL);
+  return dt__finish(g, y);
 }
 
 /* ---- batch norm ------------------------------------------------------------------------------
@@ -5302,7 +5340,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t
  * 3 batch statistics used. */
 
 static void dt__device_bn_args(dt_kernel_args *r, const dt_tensor *y) {
-  dt__device_args0(r);
+  dt__dev_args0(r);
   r->n[0] = y->iaux[0];
   r->n[1] = y->iaux[1];
   r->n[2] = y->iaux[2];
@@ -5373,9 +5411,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
   dt__record(g, y, op, dt__device_bn_backward, x, gamma, beta);
   return dt__finish(g, y);
 }
-
-#undef DT__DEV_ALIGN
-/* ======== end dt_device.c ======== */
+/* ======== end dt_device_nn.c ======== */
 
 /* ======== begin dt_devgroup.c ======== */
 /* ===========================================================================

@@ -83,7 +83,7 @@ DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *des
   dt_rng_seed(&g->rng, (desc && desc->seed) ? desc->seed : 1);
   if (desc && desc->device) {
     g->device = desc->device;
-    if (dt__dev_graph_init(g) != DTRAIN_OK) {
+    if (dt__dev_graph_check(g) != DTRAIN_OK) {
       dt_graph_destroy(g);
       return NULL;
     }
