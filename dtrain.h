@@ -2828,6 +2828,8 @@ DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
 DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
 
 /* ---- graph internals (dt_tensor.c) --------------------------------------------
+ * The tensor layer: calls only the base and the graph's device side
+ * (dt_device.c), never the ops, the params or anything above them.
  * Op pattern:
  *   dt_tensor *dt_relu(dt_graph *g, dt_tensor *x) {
  *     if (!dt__begin(g, "dt_relu", 1, x)) return NULL;
@@ -2871,6 +2873,12 @@ struct dt_graph {
   size_t dparam_n;
 };
 
+/* A graph without params (dt_tensor.c): dt_graph_create (dt_graph_params.c)
+ * builds on it, so that the tensor layer never calls into the params.
+ * NULL with the thread's error set on failure. */
+DTRAIN_PRIVATE dt_graph *dt__graph_new(const dt_graph_desc *desc);
+/* Fills a tensor header of g (no data; param_index -1, no flags). */
+DTRAIN_PRIVATE void dt__header_init(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size);
 /* Checks the graph is usable and the n tensor arguments are non-NULL and
  * belong to g. Returns 0 (and records an error if none yet) otherwise. */
 DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...);
@@ -3467,6 +3475,10 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
 /* ===========================================================================
  * dt_tensor.c -- the graph: arena, tape, sticky errors, tensors, backward
  * ===========================================================================
+ * The tensor layer: it calls the base and, on a device graph, the graph's
+ * device side (dt_device.c: device arena, checked copies), nothing above.
+ * What needs the params (dt_graph_create, dt_param, the device copy of the
+ * params) is in dt_graph_params.c.
  */
 /* #include "dt_internal.h" (amalgamated) */
 
@@ -3534,13 +3546,15 @@ DTRAIN_PRIVATE float *dt__arena_zeros(dt_graph *g, int64_t n) {
 
 /* ---- graph ------------------------------------------------------------------------ */
 
-DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *desc) {
+/* The graph without its params: dt_graph_create (dt_graph_params.c, the
+ * params layer) sets g->params and makes the params' device copy, so that
+ * nothing here calls into the params. */
+DTRAIN_PRIVATE dt_graph *dt__graph_new(const dt_graph_desc *desc) {
   dt_graph *g = (dt_graph *)dt__calloc(sizeof *g);
   if (!g) {
     dt__error(DTRAIN_ERR_NOMEM, "dt_graph_create: out of memory");
     return NULL;
   }
-  g->params = params;
   g->bound_own = 1;
   g->first_block = (desc && desc->arena_bytes) ? desc->arena_bytes : ((size_t)1 << 20);
   g->training = 1;
@@ -3716,7 +3730,7 @@ DTRAIN_API int dt_same_shape(const dt_tensor *a, const dt_tensor *b) {
   return 1;
 }
 
-static void dt__tensor_init_header(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size) {
+DTRAIN_PRIVATE void dt__header_init(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size) {
   memset(t, 0, sizeof *t);
   t->graph = g;
   t->ndim = ndim;
@@ -3756,7 +3770,7 @@ DTRAIN_PRIVATE dt_tensor *dt__new_view(dt_graph *g, const char *op, int ndim, co
   if (n < 0) return NULL;
   dt_tensor *t = (dt_tensor *)dt__arena_alloc(g, sizeof(dt_tensor));
   if (!t) return NULL;
-  dt__tensor_init_header(t, g, ndim, shape, n);
+  dt__header_init(t, g, ndim, shape, n);
   t->data = data;
   t->flags = DTRAIN_TENSOR_VIEW;
   t->op = op;
@@ -3770,7 +3784,7 @@ DTRAIN_PRIVATE dt_tensor *dt__new(dt_graph *g, const char *op, int ndim, const i
   if (!t) return NULL;
   float *d = dt__arena_floats(g, n);
   if (!d) return NULL;
-  dt__tensor_init_header(t, g, ndim, shape, n);
+  dt__header_init(t, g, ndim, shape, n);
   t->data = d;
   t->op = op;
   return t;
@@ -3906,47 +3920,6 @@ DTRAIN_API float dt_item(const dt_tensor *t) {
   return t->data[0];
 }
 
-DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index) {
-  if (!dt__begin(g, "dt_param", 0)) return NULL;
-  if (!g->params) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE, "dt_param: graph was created without params");
-  int count = dt_params_count(g->params);
-  if (index < 0 || index >= count)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INDEX, "dt_param: index %d out of range (params has %d)", index, count);
-  if (g->npviews < count) {
-    /* Parameters were added since the views were built: grow (setup only). */
-    size_t bytes = (size_t)count * sizeof(dt_tensor);
-    dt_tensor *nv = (dt_tensor *)dt__realloc(g->pviews, g->pviews_bytes, bytes);
-    if (!nv) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "dt_param: out of memory");
-    g->pviews = nv;
-    g->pviews_bytes = bytes;
-    g->npviews = count;
-  }
-  size_t off;
-  int ndim, trainable;
-  const int64_t *shape;
-  dt__params_view(g->params, index, &off, &ndim, &shape, &trainable);
-  float *data = g->bound_own ? dt_params_data(g->params) : g->bound_data;
-  float *grad = g->bound_own ? dt_params_grad(g->params) : g->bound_grad;
-  if (g->device && g->bound_own && dt_params_size(g->params) != g->dparam_n)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE,
-                                 "dt_param: params grew since the graph was created on device %s; create it after "
-                                 "adding every parameter", g->device->name);
-  if (g->device && g->bound_own) { /* the graph's device copy of the params */
-    data = g->dparam_data;
-    grad = g->dparam_grad;
-  }
-  dt_tensor *t = &g->pviews[index];
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
-  dt__tensor_init_header(t, g, ndim, shape, n);
-  t->data = data + off;
-  t->grad = (grad && trainable) ? grad + off : NULL;
-  t->flags = DTRAIN_TENSOR_PARAM | (t->grad ? DTRAIN_TENSOR_REQUIRES_GRAD : 0);
-  t->op = "param";
-  t->param_index = index;
-  return t;
-}
-
 /* ---- backward --------------------------------------------------------------------------- */
 
 static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *seed, const char *fn) {
@@ -4020,8 +3993,13 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
  * ===========================================================================
  * On a device graph tensor headers come from the host arena (dt__arena_alloc)
  * and tensor data from the device arena below (dt__arena_floats switches on
- * g->device). The device twins of the ops (dt__dev_binary, dt__dev_conv2d,
- * ...) are in dt_device_ops.c and dt_device_nn.c. Each op with a device path calls its dt__dev_* twin right after
+ * g->device). This file is the tensor layer's use of a dt_device: it calls
+ * only the device's function table (dt_device.h) and the graph internals,
+ * never an op, so dt_tensor.c can call it without calling up a layer.
+ * The device twins of the ops (dt__dev_binary, dt__dev_conv2d, ...) are in
+ * dt_device_ops.c and dt_device_nn.c (ops layer); the device copy of the
+ * params (dt_graph_params_upload, ...) is in dt_graph_params.c (params
+ * layer). Each op with a device path calls its dt__dev_* twin right after
  * dt__begin; every other op is refused by dt__begin (dt__dev_op_ok) with
  * DTRAIN_ERR_UNSUPPORTED, so no CPU loop ever reads device memory.
  * Nothing here runs on a CPU graph: the CPU ops only test `g->device`.
@@ -4173,74 +4151,10 @@ DTRAIN_PRIVATE dt_result dt__dev_graph_check(dt_graph *g) {
   dt_device *d = g->device;
   if (!d->alloc || !d->free || !d->zero || !d->copy || !d->sync || !d->run)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_graph_create: device %s has a NULL function", d->name ? d->name : "?");
-  size_t n = dt_params_size(g->params), bytes;
-  if (n == 0) return DTRAIN_OK;
-  if (!dt__mul_size(n, sizeof(float), &bytes))
-    return dt__error(DTRAIN_ERR_OVERFLOW, "dt_graph_create: params too large");
-  void *pd = NULL, *pg = NULL;
-  dt_result r = d->alloc(d, bytes, &pd);
-  if (r == DTRAIN_OK) r = d->alloc(d, bytes, &pg);
-  if (r != DTRAIN_OK) {
-    if (pd) d->free(d, pd, bytes);
-    return dt__error(r, "dt_graph_create: device copy of the params (%zu bytes): %s", bytes, dt_last_error());
-  }
-  g->dparam_data = (float *)pd;
-  g->dparam_grad = (float *)pg;
-  g->dparam_n = n;
-  return dt_graph_params_upload(g);
+  return DTRAIN_OK;
 }
 
 DTRAIN_API dt_device *dt_graph_device(const dt_graph *g) { return g ? g->device : NULL; }
-
-DTRAIN_API float *dt_graph_param_data(dt_graph *g) {
-  if (!g || !g->params) return NULL;
-  if (!g->bound_own) return g->bound_data;
-  return g->device ? g->dparam_data : dt_params_data(g->params);
-}
-
-DTRAIN_API float *dt_graph_param_grad(dt_graph *g) {
-  if (!g || !g->params) return NULL;
-  if (!g->bound_own) return g->bound_grad;
-  return g->device ? g->dparam_grad : dt_params_grad(g->params);
-}
-
-DTRAIN_API dt_result dt_graph_params_upload(dt_graph *g) {
-  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_upload: graph is NULL");
-  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
-  dt_device *d = g->device;
-  if (dt_params_size(g->params) != g->dparam_n)
-    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_upload: params changed size since the graph was created");
-  size_t bytes = g->dparam_n * sizeof(float);
-  dt_result r = d->copy(d, g->dparam_data, dt_params_data(g->params), bytes, DTRAIN_COPY_H2D);
-  if (r == DTRAIN_OK) r = d->zero(d, g->dparam_grad, bytes);
-  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_upload: device %s: %s", d->name, dt_last_error());
-  return DTRAIN_OK;
-}
-
-DTRAIN_API dt_result dt_graph_params_download(dt_graph *g) {
-  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_download: graph is NULL");
-  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
-  dt_device *d = g->device;
-  if (dt_params_size(g->params) != g->dparam_n)
-    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_download: params changed size since the graph was created");
-  dt_result r = d->copy(d, dt_params_data(g->params), g->dparam_data, g->dparam_n * sizeof(float), DTRAIN_COPY_D2H);
-  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_download: device %s: %s", d->name, dt_last_error());
-  return DTRAIN_OK;
-}
-
-DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
-  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_zero_grad: graph is NULL");
-  float *grad = dt_graph_param_grad(g);
-  size_t n = dt_params_size(g->params);
-  if (!grad || n == 0) return DTRAIN_OK;
-  if (!g->device) {
-    memset(grad, 0, n * sizeof(float));
-    return DTRAIN_OK;
-  }
-  dt_result r = g->device->zero(g->device, grad, n * sizeof(float));
-  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_zero_grad: device %s: %s", g->device->name, dt_last_error());
-  return DTRAIN_OK;
-}
 
 static dt_result dt__device_to_host(const dt_tensor *t, const float *src, float *dst, const char *fn) {
   if (!t || !dst) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: NULL argument", fn);
@@ -9594,6 +9508,144 @@ DTRAIN_API double dt_l2_norm(const float *x, size_t n) {
   return sqrt(s);
 }
 /* ======== end dt_params.c ======== */
+
+/* ======== begin dt_graph_params.c ======== */
+/* ===========================================================================
+ * dt_graph_params.c -- a graph and its params: dt_graph_create, the
+ * dt_param views, the device copy of the params
+ * ===========================================================================
+ * Params layer. The graph itself (arena, tape, tensors: dt_tensor.c) knows
+ * its params only as a pointer; whatever reads the params' layout or
+ * buffers lives here, so that the tensor layer never calls up into
+ * dt_params. On a device graph (dt_device.h) the graph holds its own device
+ * copy of the params' flat data and grad buffers (g->dparam_*), made by
+ * dt_graph_create and freed with the graph's device arena (dt_device.c).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+/* The device copy of the params: two device buffers of dt_params_size
+ * floats, the data uploaded and the gradient zeroed. Nothing without params. */
+static dt_result dt__gparams_device_copy(dt_graph *g) {
+  dt_device *d = g->device;
+  size_t n = dt_params_size(g->params), bytes;
+  if (n == 0) return DTRAIN_OK;
+  if (!dt__mul_size(n, sizeof(float), &bytes))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "dt_graph_create: params too large");
+  void *pd = NULL, *pg = NULL;
+  dt_result r = d->alloc(d, bytes, &pd);
+  if (r == DTRAIN_OK) r = d->alloc(d, bytes, &pg);
+  if (r != DTRAIN_OK) {
+    if (pd) d->free(d, pd, bytes);
+    return dt__error(r, "dt_graph_create: device copy of the params (%zu bytes): %s", bytes, dt_last_error());
+  }
+  g->dparam_data = (float *)pd;
+  g->dparam_grad = (float *)pg;
+  g->dparam_n = n;
+  return dt_graph_params_upload(g);
+}
+
+DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *desc) {
+  dt_graph *g = dt__graph_new(desc); /* checks the device's function table first */
+  if (!g) return NULL;
+  g->params = params;
+  if (g->device && dt__gparams_device_copy(g) != DTRAIN_OK) {
+    dt_graph_destroy(g);
+    return NULL;
+  }
+  return g;
+}
+
+DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index) {
+  if (!dt__begin(g, "dt_param", 0)) return NULL;
+  if (!g->params) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE, "dt_param: graph was created without params");
+  int count = dt_params_count(g->params);
+  if (index < 0 || index >= count)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INDEX, "dt_param: index %d out of range (params has %d)", index, count);
+  if (g->npviews < count) {
+    /* Parameters were added since the views were built: grow (setup only). */
+    size_t bytes = (size_t)count * sizeof(dt_tensor);
+    dt_tensor *nv = (dt_tensor *)dt__realloc(g->pviews, g->pviews_bytes, bytes);
+    if (!nv) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "dt_param: out of memory");
+    g->pviews = nv;
+    g->pviews_bytes = bytes;
+    g->npviews = count;
+  }
+  size_t off;
+  int ndim, trainable;
+  const int64_t *shape;
+  dt__params_view(g->params, index, &off, &ndim, &shape, &trainable);
+  float *data = g->bound_own ? dt_params_data(g->params) : g->bound_data;
+  float *grad = g->bound_own ? dt_params_grad(g->params) : g->bound_grad;
+  if (g->device && g->bound_own && dt_params_size(g->params) != g->dparam_n)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE,
+                                 "dt_param: params grew since the graph was created on device %s; create it after "
+                                 "adding every parameter", g->device->name);
+  if (g->device && g->bound_own) { /* the graph's device copy of the params */
+    data = g->dparam_data;
+    grad = g->dparam_grad;
+  }
+  dt_tensor *t = &g->pviews[index];
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  dt__header_init(t, g, ndim, shape, n);
+  t->data = data + off;
+  t->grad = (grad && trainable) ? grad + off : NULL;
+  t->flags = DTRAIN_TENSOR_PARAM | (t->grad ? DTRAIN_TENSOR_REQUIRES_GRAD : 0);
+  t->op = "param";
+  t->param_index = index;
+  return t;
+}
+
+DTRAIN_API float *dt_graph_param_data(dt_graph *g) {
+  if (!g || !g->params) return NULL;
+  if (!g->bound_own) return g->bound_data;
+  return g->device ? g->dparam_data : dt_params_data(g->params);
+}
+
+DTRAIN_API float *dt_graph_param_grad(dt_graph *g) {
+  if (!g || !g->params) return NULL;
+  if (!g->bound_own) return g->bound_grad;
+  return g->device ? g->dparam_grad : dt_params_grad(g->params);
+}
+
+DTRAIN_API dt_result dt_graph_params_upload(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_upload: graph is NULL");
+  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
+  dt_device *d = g->device;
+  if (dt_params_size(g->params) != g->dparam_n)
+    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_upload: params changed size since the graph was created");
+  size_t bytes = g->dparam_n * sizeof(float);
+  dt_result r = d->copy(d, g->dparam_data, dt_params_data(g->params), bytes, DTRAIN_COPY_H2D);
+  if (r == DTRAIN_OK) r = d->zero(d, g->dparam_grad, bytes);
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_upload: device %s: %s", d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_graph_params_download(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_download: graph is NULL");
+  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
+  dt_device *d = g->device;
+  if (dt_params_size(g->params) != g->dparam_n)
+    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_download: params changed size since the graph was created");
+  dt_result r = d->copy(d, dt_params_data(g->params), g->dparam_data, g->dparam_n * sizeof(float), DTRAIN_COPY_D2H);
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_download: device %s: %s", d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_zero_grad: graph is NULL");
+  float *grad = dt_graph_param_grad(g);
+  size_t n = dt_params_size(g->params);
+  if (!grad || n == 0) return DTRAIN_OK;
+  if (!g->device) {
+    memset(grad, 0, n * sizeof(float));
+    return DTRAIN_OK;
+  }
+  dt_result r = g->device->zero(g->device, grad, n * sizeof(float));
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_zero_grad: device %s: %s", g->device->name, dt_last_error());
+  return DTRAIN_OK;
+}
+/* ======== end dt_graph_params.c ======== */
 
 /* ======== begin dt_optim.c ======== */
 /* ===========================================================================

@@ -4,8 +4,13 @@
  * ===========================================================================
  * On a device graph tensor headers come from the host arena (dt__arena_alloc)
  * and tensor data from the device arena below (dt__arena_floats switches on
- * g->device). The device twins of the ops (dt__dev_binary, dt__dev_conv2d,
- * ...) are in dt_device_ops.c and dt_device_nn.c. Each op with a device path calls its dt__dev_* twin right after
+ * g->device). This file is the tensor layer's use of a dt_device: it calls
+ * only the device's function table (dt_device.h) and the graph internals,
+ * never an op, so dt_tensor.c can call it without calling up a layer.
+ * The device twins of the ops (dt__dev_binary, dt__dev_conv2d, ...) are in
+ * dt_device_ops.c and dt_device_nn.c (ops layer); the device copy of the
+ * params (dt_graph_params_upload, ...) is in dt_graph_params.c (params
+ * layer). Each op with a device path calls its dt__dev_* twin right after
  * dt__begin; every other op is refused by dt__begin (dt__dev_op_ok) with
  * DTRAIN_ERR_UNSUPPORTED, so no CPU loop ever reads device memory.
  * Nothing here runs on a CPU graph: the CPU ops only test `g->device`.
@@ -157,74 +162,10 @@ DTRAIN_PRIVATE dt_result dt__dev_graph_check(dt_graph *g) {
   dt_device *d = g->device;
   if (!d->alloc || !d->free || !d->zero || !d->copy || !d->sync || !d->run)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_graph_create: device %s has a NULL function", d->name ? d->name : "?");
-  size_t n = dt_params_size(g->params), bytes;
-  if (n == 0) return DTRAIN_OK;
-  if (!dt__mul_size(n, sizeof(float), &bytes))
-    return dt__error(DTRAIN_ERR_OVERFLOW, "dt_graph_create: params too large");
-  void *pd = NULL, *pg = NULL;
-  dt_result r = d->alloc(d, bytes, &pd);
-  if (r == DTRAIN_OK) r = d->alloc(d, bytes, &pg);
-  if (r != DTRAIN_OK) {
-    if (pd) d->free(d, pd, bytes);
-    return dt__error(r, "dt_graph_create: device copy of the params (%zu bytes): %s", bytes, dt_last_error());
-  }
-  g->dparam_data = (float *)pd;
-  g->dparam_grad = (float *)pg;
-  g->dparam_n = n;
-  return dt_graph_params_upload(g);
+  return DTRAIN_OK;
 }
 
 DTRAIN_API dt_device *dt_graph_device(const dt_graph *g) { return g ? g->device : NULL; }
-
-DTRAIN_API float *dt_graph_param_data(dt_graph *g) {
-  if (!g || !g->params) return NULL;
-  if (!g->bound_own) return g->bound_data;
-  return g->device ? g->dparam_data : dt_params_data(g->params);
-}
-
-DTRAIN_API float *dt_graph_param_grad(dt_graph *g) {
-  if (!g || !g->params) return NULL;
-  if (!g->bound_own) return g->bound_grad;
-  return g->device ? g->dparam_grad : dt_params_grad(g->params);
-}
-
-DTRAIN_API dt_result dt_graph_params_upload(dt_graph *g) {
-  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_upload: graph is NULL");
-  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
-  dt_device *d = g->device;
-  if (dt_params_size(g->params) != g->dparam_n)
-    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_upload: params changed size since the graph was created");
-  size_t bytes = g->dparam_n * sizeof(float);
-  dt_result r = d->copy(d, g->dparam_data, dt_params_data(g->params), bytes, DTRAIN_COPY_H2D);
-  if (r == DTRAIN_OK) r = d->zero(d, g->dparam_grad, bytes);
-  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_upload: device %s: %s", d->name, dt_last_error());
-  return DTRAIN_OK;
-}
-
-DTRAIN_API dt_result dt_graph_params_download(dt_graph *g) {
-  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_download: graph is NULL");
-  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
-  dt_device *d = g->device;
-  if (dt_params_size(g->params) != g->dparam_n)
-    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_download: params changed size since the graph was created");
-  dt_result r = d->copy(d, dt_params_data(g->params), g->dparam_data, g->dparam_n * sizeof(float), DTRAIN_COPY_D2H);
-  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_download: device %s: %s", d->name, dt_last_error());
-  return DTRAIN_OK;
-}
-
-DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
-  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_zero_grad: graph is NULL");
-  float *grad = dt_graph_param_grad(g);
-  size_t n = dt_params_size(g->params);
-  if (!grad || n == 0) return DTRAIN_OK;
-  if (!g->device) {
-    memset(grad, 0, n * sizeof(float));
-    return DTRAIN_OK;
-  }
-  dt_result r = g->device->zero(g->device, grad, n * sizeof(float));
-  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_zero_grad: device %s: %s", g->device->name, dt_last_error());
-  return DTRAIN_OK;
-}
 
 static dt_result dt__device_to_host(const dt_tensor *t, const float *src, float *dst, const char *fn) {
   if (!t || !dst) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: NULL argument", fn);

@@ -108,6 +108,8 @@ DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
 DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
 
 /* ---- graph internals (dt_tensor.c) --------------------------------------------
+ * The tensor layer: calls only the base and the graph's device side
+ * (dt_device.c), never the ops, the params or anything above them.
  * Op pattern:
  *   dt_tensor *dt_relu(dt_graph *g, dt_tensor *x) {
  *     if (!dt__begin(g, "dt_relu", 1, x)) return NULL;
@@ -151,6 +153,12 @@ struct dt_graph {
   size_t dparam_n;
 };
 
+/* A graph without params (dt_tensor.c): dt_graph_create (dt_graph_params.c)
+ * builds on it, so that the tensor layer never calls into the params.
+ * NULL with the thread's error set on failure. */
+DTRAIN_PRIVATE dt_graph *dt__graph_new(const dt_graph_desc *desc);
+/* Fills a tensor header of g (no data; param_index -1, no flags). */
+DTRAIN_PRIVATE void dt__header_init(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size);
 /* Checks the graph is usable and the n tensor arguments are non-NULL and
  * belong to g. Returns 0 (and records an error if none yet) otherwise. */
 DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...);
