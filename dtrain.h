@@ -2843,6 +2843,8 @@ DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
 DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
 
 /* ---- graph internals (dt_tensor.c) --------------------------------------------
+ * The tensor layer: calls only the base and the graph's device side
+ * (dt_device.c), never the ops, the params or anything above them.
  * Op pattern:
  *   dt_tensor *dt_relu(dt_graph *g, dt_tensor *x) {
  *     if (!dt__begin(g, "dt_relu", 1, x)) return NULL;
@@ -2886,6 +2888,12 @@ struct dt_graph {
   size_t dparam_n;
 };
 
+/* A graph without params (dt_tensor.c): dt_graph_create (dt_graph_params.c)
+ * builds on it, so that the tensor layer never calls into the params.
+ * NULL with the thread's error set on failure. */
+DTRAIN_PRIVATE dt_graph *dt__graph_new(const dt_graph_desc *desc);
+/* Fills a tensor header of g (no data; param_index -1, no flags). */
+DTRAIN_PRIVATE void dt__header_init(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size);
 /* Checks the graph is usable and the n tensor arguments are non-NULL and
  * belong to g. Returns 0 (and records an error if none yet) otherwise. */
 DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...);
@@ -2913,52 +2921,62 @@ DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *
 /* Row-major strides of t into st (elements). */
 DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st);
 
-/* ---- device (dt_device.c) ----------------------------------------------------------
- * Every op that has a device path calls its dt__dev_* twin right after
- * dt__begin when g->device is set; dt__begin already refused (with
- * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
+/* ---- device: the graph's side (dt_device.c, tensor layer) ---------------------------
+ * What the graph layer itself needs on a device graph: the device arena, the
+ * checked transfers and kernel runs (a failure fails g with op's name and
+ * the device's message) and the list of ops that have a device path. Calls
+ * only the dt_device function table, never up into the ops or the params. */
 DTRAIN_PRIVATE int dt__dev_op_ok(const char *op);
-DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g);
+/* The device's function table is complete (dt_graph_create refuses it
+ * otherwise, before allocating anything). */
+DTRAIN_PRIVATE dt_result dt__dev_graph_check(dt_graph *g);
+DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g); /* the device arena and the params' device copy */
 DTRAIN_PRIVATE void *dt__dev_arena(dt_graph *g, size_t bytes);
 DTRAIN_PRIVATE void dt__dev_reset(dt_graph *g);
-/* Runs kernel k; on failure fails g with op's name and the device message. */
 DTRAIN_PRIVATE int dt__dev_run(dt_graph *g, const char *op, dt_kernel k, const dt_kernel_args *a);
 DTRAIN_PRIVATE int dt__dev_copy(dt_graph *g, const char *op, void *dst, const void *src, size_t bytes, dt_copy_kind kind);
 DTRAIN_PRIVATE int dt__dev_zero(dt_graph *g, const char *op, void *p, size_t bytes);
-DTRAIN_PRIVATE dt_result dt__dev_graph_init(dt_graph *g);
+DTRAIN_PRIVATE void dt__dev_args0(dt_kernel_args *a); /* all fields zero */
 DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out);
+/* gx += gy over n elements (the backward of no-copy views, the loss seed). */
+DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op);
+
+/* ---- device twins of the ops (dt_device_ops.c, dt_device_nn.c: ops layer) -----------
+ * Every op that has a device path calls its dt__dev_* twin right after
+ * dt__begin when g->device is set; dt__begin already refused (with
+ * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
+/* dt_device_ops.c: elementwise, reductions, shapes */
 DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
-                                            int64_t m, int64_t n);
-DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p);
-DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d);
-DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
-                                             int64_t rows, int64_t d);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
                                               int64_t len, int64_t inner, int mean, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
-                                         int64_t in, int64_t out, int ndim, const int64_t *shape);
-DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c);
-DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
-DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
-DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
-/* gx += gy over n elements (the backward of no-copy views). */
-DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
+                                            int64_t m, int64_t n);
 DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm);
 DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
                                         int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len);
 DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
                                          const int64_t *shape, int64_t outer, int64_t inner, int ax);
 DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t);
+/* dt_device_nn.c: GEMM-based, losses, norms, conv, pooling */
+DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
+                                         int64_t in, int64_t out, int ndim, const int64_t *shape);
+DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c);
+DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
+DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p);
+DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                                             int64_t rows, int64_t d);
+DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d);
 DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
                                              dt_tensor *running_mean, dt_tensor *running_var, float momentum,
                                              float eps, int64_t nb, int64_t c, int64_t hw, int batch);
-DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
+DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
 
 /* ---- params internals (dt_params.c) ------------------------------------------------ */
 /* Layout of parameter `index` (no checks: index must be valid). */
@@ -3472,6 +3490,10 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
 /* ===========================================================================
  * dt_tensor.c -- the graph: arena, tape, sticky errors, tensors, backward
  * ===========================================================================
+ * The tensor layer: it calls the base and, on a device graph, the graph's
+ * device side (dt_device.c: device arena, checked copies), nothing above.
+ * What needs the params (dt_graph_create, dt_param, the device copy of the
+ * params) is in dt_graph_params.c.
  */
 /* #include "dt_internal.h" (amalgamated) */
 
@@ -3539,13 +3561,15 @@ DTRAIN_PRIVATE float *dt__arena_zeros(dt_graph *g, int64_t n) {
 
 /* ---- graph ------------------------------------------------------------------------ */
 
-DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *desc) {
+/* The graph without its params: dt_graph_create (dt_graph_params.c, the
+ * params layer) sets g->params and makes the params' device copy, so that
+ * nothing here calls into the params. */
+DTRAIN_PRIVATE dt_graph *dt__graph_new(const dt_graph_desc *desc) {
   dt_graph *g = (dt_graph *)dt__calloc(sizeof *g);
   if (!g) {
     dt__error(DTRAIN_ERR_NOMEM, "dt_graph_create: out of memory");
     return NULL;
   }
-  g->params = params;
   g->bound_own = 1;
   g->first_block = (desc && desc->arena_bytes) ? desc->arena_bytes : ((size_t)1 << 20);
   g->training = 1;
@@ -3554,7 +3578,7 @@ DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *des
   dt_rng_seed(&g->rng, (desc && desc->seed) ? desc->seed : 1);
   if (desc && desc->device) {
     g->device = desc->device;
-    if (dt__dev_graph_init(g) != DTRAIN_OK) {
+    if (dt__dev_graph_check(g) != DTRAIN_OK) {
       dt_graph_destroy(g);
       return NULL;
     }
@@ -3721,7 +3745,7 @@ DTRAIN_API int dt_same_shape(const dt_tensor *a, const dt_tensor *b) {
   return 1;
 }
 
-static void dt__tensor_init_header(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size) {
+DTRAIN_PRIVATE void dt__header_init(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size) {
   memset(t, 0, sizeof *t);
   t->graph = g;
   t->ndim = ndim;
@@ -3761,7 +3785,7 @@ DTRAIN_PRIVATE dt_tensor *dt__new_view(dt_graph *g, const char *op, int ndim, co
   if (n < 0) return NULL;
   dt_tensor *t = (dt_tensor *)dt__arena_alloc(g, sizeof(dt_tensor));
   if (!t) return NULL;
-  dt__tensor_init_header(t, g, ndim, shape, n);
+  dt__header_init(t, g, ndim, shape, n);
   t->data = data;
   t->flags = DTRAIN_TENSOR_VIEW;
   t->op = op;
@@ -3775,7 +3799,7 @@ DTRAIN_PRIVATE dt_tensor *dt__new(dt_graph *g, const char *op, int ndim, const i
   if (!t) return NULL;
   float *d = dt__arena_floats(g, n);
   if (!d) return NULL;
-  dt__tensor_init_header(t, g, ndim, shape, n);
+  dt__header_init(t, g, ndim, shape, n);
   t->data = d;
   t->op = op;
   return t;
@@ -3911,47 +3935,6 @@ DTRAIN_API float dt_item(const dt_tensor *t) {
   return t->data[0];
 }
 
-DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index) {
-  if (!dt__begin(g, "dt_param", 0)) return NULL;
-  if (!g->params) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE, "dt_param: graph was created without params");
-  int count = dt_params_count(g->params);
-  if (index < 0 || index >= count)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INDEX, "dt_param: index %d out of range (params has %d)", index, count);
-  if (g->npviews < count) {
-    /* Parameters were added since the views were built: grow (setup only). */
-    size_t bytes = (size_t)count * sizeof(dt_tensor);
-    dt_tensor *nv = (dt_tensor *)dt__realloc(g->pviews, g->pviews_bytes, bytes);
-    if (!nv) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "dt_param: out of memory");
-    g->pviews = nv;
-    g->pviews_bytes = bytes;
-    g->npviews = count;
-  }
-  size_t off;
-  int ndim, trainable;
-  const int64_t *shape;
-  dt__params_view(g->params, index, &off, &ndim, &shape, &trainable);
-  float *data = g->bound_own ? dt_params_data(g->params) : g->bound_data;
-  float *grad = g->bound_own ? dt_params_grad(g->params) : g->bound_grad;
-  if (g->device && g->bound_own && dt_params_size(g->params) != g->dparam_n)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE,
-                                 "dt_param: params grew since the graph was created on device %s; create it after "
-                                 "adding every parameter", g->device->name);
-  if (g->device && g->bound_own) { /* the graph's device copy of the params */
-    data = g->dparam_data;
-    grad = g->dparam_grad;
-  }
-  dt_tensor *t = &g->pviews[index];
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
-  dt__tensor_init_header(t, g, ndim, shape, n);
-  t->data = data + off;
-  t->grad = (grad && trainable) ? grad + off : NULL;
-  t->flags = DTRAIN_TENSOR_PARAM | (t->grad ? DTRAIN_TENSOR_REQUIRES_GRAD : 0);
-  t->op = "param";
-  t->param_index = index;
-  return t;
-}
-
 /* ---- backward --------------------------------------------------------------------------- */
 
 static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *seed, const char *fn) {
@@ -4020,15 +4003,19 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
 
 /* ======== begin dt_device.c ======== */
 /* ===========================================================================
- * dt_device.c -- the device hook: device arena, transfers, and the device
- * twins of the ops that have kernels (see dt_device.h for the list)
+ * dt_device.c -- the device hook, graph side: device arena, checked
+ * transfers and kernel runs, the list of ops with device paths
  * ===========================================================================
  * On a device graph tensor headers come from the host arena (dt__arena_alloc)
  * and tensor data from the device arena below (dt__arena_floats switches on
- * g->device). Each op with a device path calls its dt__dev_* twin here right
- * after dt__begin; the twin checks what the device supports, allocates its
- * output, asks the device to run the kernel(s) and records a device backward
- * function. Every other op is refused by dt__begin (dt__dev_op_ok) with
+ * g->device). This file is the tensor layer's use of a dt_device: it calls
+ * only the device's function table (dt_device.h) and the graph internals,
+ * never an op, so dt_tensor.c can call it without calling up a layer.
+ * The device twins of the ops (dt__dev_binary, dt__dev_conv2d, ...) are in
+ * dt_device_ops.c and dt_device_nn.c (ops layer); the device copy of the
+ * params (dt_graph_params_upload, ...) is in dt_graph_params.c (params
+ * layer). Each op with a device path calls its dt__dev_* twin right after
+ * dt__begin; every other op is refused by dt__begin (dt__dev_op_ok) with
  * DTRAIN_ERR_UNSUPPORTED, so no CPU loop ever reads device memory.
  * Nothing here runs on a CPU graph: the CPU ops only test `g->device`.
  */
@@ -4092,7 +4079,7 @@ DTRAIN_PRIVATE int dt__dev_zero(dt_graph *g, const char *op, void *p, size_t byt
   return 0;
 }
 
-static void dt__device_args0(dt_kernel_args *a) { memset(a, 0, sizeof *a); }
+DTRAIN_PRIVATE void dt__dev_args0(dt_kernel_args *a) { memset(a, 0, sizeof *a); }
 
 /* ---- device arena ----------------------------------------------------------------- */
 
@@ -4175,78 +4162,14 @@ DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g) {
 
 /* ---- graph-level device API -------------------------------------------------------- */
 
-DTRAIN_PRIVATE dt_result dt__dev_graph_init(dt_graph *g) {
+DTRAIN_PRIVATE dt_result dt__dev_graph_check(dt_graph *g) {
   dt_device *d = g->device;
   if (!d->alloc || !d->free || !d->zero || !d->copy || !d->sync || !d->run)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_graph_create: device %s has a NULL function", d->name ? d->name : "?");
-  size_t n = dt_params_size(g->params), bytes;
-  if (n == 0) return DTRAIN_OK;
-  if (!dt__mul_size(n, sizeof(float), &bytes))
-    return dt__error(DTRAIN_ERR_OVERFLOW, "dt_graph_create: params too large");
-  void *pd = NULL, *pg = NULL;
-  dt_result r = d->alloc(d, bytes, &pd);
-  if (r == DTRAIN_OK) r = d->alloc(d, bytes, &pg);
-  if (r != DTRAIN_OK) {
-    if (pd) d->free(d, pd, bytes);
-    return dt__error(r, "dt_graph_create: device copy of the params (%zu bytes): %s", bytes, dt_last_error());
-  }
-  g->dparam_data = (float *)pd;
-  g->dparam_grad = (float *)pg;
-  g->dparam_n = n;
-  return dt_graph_params_upload(g);
+  return DTRAIN_OK;
 }
 
 DTRAIN_API dt_device *dt_graph_device(const dt_graph *g) { return g ? g->device : NULL; }
-
-DTRAIN_API float *dt_graph_param_data(dt_graph *g) {
-  if (!g || !g->params) return NULL;
-  if (!g->bound_own) return g->bound_data;
-  return g->device ? g->dparam_data : dt_params_data(g->params);
-}
-
-DTRAIN_API float *dt_graph_param_grad(dt_graph *g) {
-  if (!g || !g->params) return NULL;
-  if (!g->bound_own) return g->bound_grad;
-  return g->device ? g->dparam_grad : dt_params_grad(g->params);
-}
-
-DTRAIN_API dt_result dt_graph_params_upload(dt_graph *g) {
-  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_upload: graph is NULL");
-  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
-  dt_device *d = g->device;
-  if (dt_params_size(g->params) != g->dparam_n)
-    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_upload: params changed size since the graph was created");
-  size_t bytes = g->dparam_n * sizeof(float);
-  dt_result r = d->copy(d, g->dparam_data, dt_params_data(g->params), bytes, DTRAIN_COPY_H2D);
-  if (r == DTRAIN_OK) r = d->zero(d, g->dparam_grad, bytes);
-  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_upload: device %s: %s", d->name, dt_last_error());
-  return DTRAIN_OK;
-}
-
-DTRAIN_API dt_result dt_graph_params_download(dt_graph *g) {
-  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_download: graph is NULL");
-  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
-  dt_device *d = g->device;
-  if (dt_params_size(g->params) != g->dparam_n)
-    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_download: params changed size since the graph was created");
-  dt_result r = d->copy(d, dt_params_data(g->params), g->dparam_data, g->dparam_n * sizeof(float), DTRAIN_COPY_D2H);
-  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_download: device %s: %s", d->name, dt_last_error());
-  return DTRAIN_OK;
-}
-
-DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
-  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_zero_grad: graph is NULL");
-  float *grad = dt_graph_param_grad(g);
-  size_t n = dt_params_size(g->params);
-  if (!grad || n == 0) return DTRAIN_OK;
-  if (!g->device) {
-    memset(grad, 0, n * sizeof(float));
-    return DTRAIN_OK;
-  }
-  dt_result r = g->device->zero(g->device, grad, n * sizeof(float));
-  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_zero_grad: device %s: %s", g->device->name, dt_last_error());
-  return DTRAIN_OK;
-}
 
 static dt_result dt__device_to_host(const dt_tensor *t, const float *src, float *dst, const char *fn) {
   if (!t || !dst) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: NULL argument", fn);
@@ -4298,13 +4221,30 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out) {
 
 DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op) {
   dt_kernel_args a;
-  dt__device_args0(&a);
+  dt__dev_args0(&a);
   a.p[0] = gx;
   a.p[1] = (float *)(uintptr_t)gy;
   a.n[0] = n;
   a.f[0] = 1.0f;
   dt__dev_run(g, op, DTRAIN_K_ACC, &a);
 }
+
+#undef DT__DEV_ALIGN
+/* ======== end dt_device.c ======== */
+
+/* ======== begin dt_device_ops.c ======== */
+/* ===========================================================================
+ * dt_device_ops.c -- device twins of the elementwise, reduction and shape
+ * ops (see dt_device.h for the list)
+ * ===========================================================================
+ * Ops layer. An op with a device path (dt_ops_elem.c, dt_ops_reduce.c,
+ * dt_ops_shape.c) calls its twin here right after dt__begin when g->device
+ * is set; the twin checks what the device supports, allocates its output
+ * from the device arena, asks the device to run the kernel(s) through
+ * dt__dev_run (dt_device.c) and records a device backward function. The
+ * GEMM-based and nn twins are in dt_device_nn.c.
+ */
+/* #include "dt_internal.h" (amalgamated) */
 
 /* ---- elementwise binary: same shapes, or b over a's leading dims ---------------------- */
 
@@ -4315,7 +4255,7 @@ static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
   dt_kernel k = (dt_kernel)y->iaux[0];
   dt_kernel_args r;
   if (ga) {
-    dt__device_args0(&r);
+    dt__dev_args0(&r);
     r.p[0] = ga;
     r.p[1] = y->grad;
     r.p[2] = b->data;
@@ -4327,7 +4267,7 @@ static void dt__device_binary_backward(dt_graph *g, dt_tensor *y) {
       return;
   }
   if (gb) { /* summed over the rows b was repeated over (one row when shapes agree) */
-    dt__device_args0(&r);
+    dt__dev_args0(&r);
     r.p[0] = gb;
     r.p[1] = y->grad;
     r.p[2] = a->data;
@@ -4365,7 +4305,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b
   if (!y) return NULL;
   dt_kernel k = (dt_kernel)kind;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = a->data;
   r.p[2] = b->data;
@@ -4385,7 +4325,7 @@ static void dt__device_unary_backward(dt_graph *g, dt_tensor *y) {
   if (!gx) return;
   dt_kernel k = (dt_kernel)y->iaux[0];
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
   r.p[2] = k == DTRAIN_K_RELU ? x->data : y->data;
@@ -4399,7 +4339,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = y->size;
@@ -4416,7 +4356,7 @@ static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, x);
   if (!gx) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
   r.p[2] = x->data;
@@ -4435,13 +4375,13 @@ static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char
   float *count = bad ? dt__arena_floats(g, 1) : NULL;
   if (!count) return 0;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = bad;
   r.p[1] = x->data;
   r.n[0] = x->size;
   r.n[1] = fn == DTRAIN_MAP_SQRT ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_DOMAIN_POS;
   if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return 0;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = count;
   r.p[1] = bad;
   r.n[0] = x->size;
@@ -4478,7 +4418,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = y->size;
@@ -4498,7 +4438,7 @@ static void dt__device_reduce_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, x);
   if (!gx) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
   r.n[0] = x->size;
@@ -4510,7 +4450,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean
   dt_tensor *y = dt__new(g, op, 0, NULL);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = x->size;
@@ -4527,7 +4467,7 @@ static void dt__device_reduce_axis_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, y->src[0]);
   if (!gx) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
   r.n[0] = y->iaux[0];
@@ -4542,7 +4482,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndi
   dt_tensor *y = dt__new(g, op, ndim, shape);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = outer;
@@ -4565,7 +4505,7 @@ static void dt__device_transpose_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, y->src[0]);
   if (!gx) return;
   dt_kernel_args r; /* gx [b, m, n] += (gy [b, n, m])^T */
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
   r.n[0] = y->iaux[0];
@@ -4581,7 +4521,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim,
   dt_tensor *y = dt__new(g, op, ndim, shape);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = batch;
@@ -4595,142 +4535,184 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim,
   return dt__finish(g, y);
 }
 
-/* ---- dropout: the mask drawn on the host from the graph's RNG (the CPU op's
- * draws, in the same order), copied to the device; y = x * mask, and the
- * backward gx += gy * mask. ------------------------------------------------------------------ */
+/* ---- permute: one gather kernel (and its scatter-add backward) --------------------------------
+ * iaux[0..ndim): the permutation, as the CPU op keeps it. */
 
-static void dt__device_dropout_backward(dt_graph *g, dt_tensor *y) {
+static void dt__device_permute_args(dt_kernel_args *r, const dt_tensor *y) {
+  dt__dev_args0(r);
+  r->n[0] = y->size;
+  r->n[1] = y->ndim;
+  int64_t packed = 0;
+  for (int d = 0; d < y->ndim; d++) {
+    r->n[2 + d] = y->shape[d];
+    packed |= y->iaux[d] << (4 * d);
+  }
+  r->n[8] = packed;
+}
+
+static void dt__device_permute_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, y->src[0]);
   if (!gx) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__device_permute_args(&r, y);
   r.p[0] = gx;
   r.p[1] = y->grad;
-  r.p[2] = (float *)y->aux;
-  r.n[0] = y->size;
-  r.n[1] = y->size;
-  dt__dev_run(g, y->op, DTRAIN_K_ACC_MUL, &r);
+  r.n[9] = 1;
+  dt__dev_run(g, y->op, DTRAIN_K_PERMUTE, &r);
 }
 
-DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p) {
-  const char *op = "dt_dropout";
-  size_t bytes;
-  if (!dt__mul_size((size_t)x->size, sizeof(float), &bytes))
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: mask of %lld floats overflows", op, (long long)x->size);
-  float *host = (float *)dt__arena_alloc(g, bytes); /* host arena: no allocation in steady state */
-  float *mask = host ? dt__arena_floats(g, x->size) : NULL;
-  dt_tensor *y = mask ? dt__new_like(g, op, x) : NULL;
+DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm) {
+  const char *op = "dt_permute";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
   if (!y) return NULL;
-  float scale = 1.0f / (1.0f - p);
-  for (int64_t i = 0; i < x->size; i++) host[i] = dt_rng_uniform(&g->rng) >= p ? scale : 0.0f;
-  if (!dt__dev_copy(g, op, mask, host, bytes, DTRAIN_COPY_H2D)) return NULL;
+  for (int d = 0; d < ndim; d++) y->iaux[d] = perm[d];
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__device_permute_args(&r, y);
   r.p[0] = y->data;
   r.p[1] = x->data;
-  r.p[2] = mask;
-  r.n[0] = y->size;
-  r.n[1] = y->size;
-  if (!dt__dev_run(g, op, DTRAIN_K_MUL, &r)) return NULL;
-  y->aux = mask;
-  y->faux[0] = p;
-  dt__record(g, y, op, dt__device_dropout_backward, x, NULL, NULL);
+  if (!dt__dev_run(g, op, DTRAIN_K_PERMUTE, &r)) return NULL;
+  dt__record(g, y, op, dt__device_permute_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
-/* ---- layer norm over the last dim ------------------------------------------------------------
- * aux: the device stats [mean[rows], rstd[rows]]; iaux 0 rows, 1 d. */
+/* ---- slice / split / concat: strided row copies --------------------------------------------- */
 
-static void dt__device_layer_norm_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *x = y->src[0], *gamma = y->src[1], *beta = y->src[2];
-  float *gx = dt__grad(g, x), *gg = dt__grad(g, gamma), *gb = dt__grad(g, beta);
-  if (g->err != DTRAIN_OK) return;
+static int dt__device_copy_rows(dt_graph *g, const char *op, float *dst, const float *src, int64_t rows, int64_t chunk,
+                                int64_t dst_stride, int64_t src_stride, int acc) {
   dt_kernel_args r;
-  if (gg || gb) {
-    dt__device_args0(&r);
-    r.p[0] = gg;
-    r.p[1] = gb;
-    r.p[2] = y->grad;
-    r.p[3] = x->data;
-    r.p[4] = (float *)y->aux;
-    r.n[0] = y->iaux[0];
-    r.n[1] = y->iaux[1];
-    if (!dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD_PARAMS, &r)) return;
-  }
-  if (gx) {
-    dt__device_args0(&r);
-    r.p[0] = gx;
-    r.p[1] = y->grad;
-    r.p[2] = x->data;
-    r.p[3] = gamma ? gamma->data : NULL;
-    r.p[4] = (float *)y->aux;
-    r.n[0] = y->iaux[0];
-    r.n[1] = y->iaux[1];
-    dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD, &r);
-  }
-}
-
-DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
-                                             int64_t rows, int64_t d) {
-  const char *op = "dt_layer_norm";
-  float *stats = dt__arena_floats(g, 2 * rows);
-  dt_tensor *y = stats ? dt__new_like(g, op, x) : NULL;
-  if (!y) return NULL;
-  dt_kernel_args r;
-  dt__device_args0(&r);
-  r.p[0] = y->data;
-  r.p[1] = x->data;
-  r.p[2] = gamma ? gamma->data : NULL;
-  r.p[3] = beta ? beta->data : NULL;
-  r.p[4] = stats;
+  dt__dev_args0(&r);
+  r.p[0] = dst;
+  r.p[1] = (float *)(uintptr_t)src;
   r.n[0] = rows;
-  r.n[1] = d;
-  r.f[0] = eps;
-  if (!dt__dev_run(g, op, DTRAIN_K_LAYER_NORM, &r)) return NULL;
-  y->aux = stats;
-  y->iaux[0] = rows;
-  y->iaux[1] = d;
-  dt__record(g, y, op, dt__device_layer_norm_backward, x, gamma, beta);
+  r.n[1] = chunk;
+  r.n[2] = dst_stride;
+  r.n[3] = src_stride;
+  r.n[4] = acc;
+  return dt__dev_run(g, op, DTRAIN_K_COPY_ROWS, &r);
+}
+
+/* iaux as the CPU op: 0 outer, 1 dim, 2 inner, 3 start, 4 len. */
+static void dt__device_slice_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
+  int64_t outer = y->iaux[0], dim = y->iaux[1], inner = y->iaux[2], start = y->iaux[3], len = y->iaux[4];
+  dt__device_copy_rows(g, y->op, gx + start * inner, y->grad, outer, len * inner, dim * inner, len * inner, 1);
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
+                                        int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len) {
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  if (!dt__device_copy_rows(g, op, y->data, x->data + start * inner, outer, len * inner, len * inner, dim * inner, 0))
+    return NULL;
+  y->iaux[0] = outer;
+  y->iaux[1] = dim;
+  y->iaux[2] = inner;
+  y->iaux[3] = start;
+  y->iaux[4] = len;
+  dt__record(g, y, op, dt__device_slice_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
-/* ---- embedding: ids checked on the host (by dt_embedding), copied to the device ------------
- * aux: the device ids. */
+/* aux: the n inputs (host arena); iaux 0 n, 1 outer, 2 inner (the CPU op's layout). */
+static void dt__device_concat_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *const *xs = (dt_tensor *const *)y->aux;
+  int n = (int)y->iaux[0];
+  int64_t outer = y->iaux[1], row = y->size / outer, base = 0;
+  for (int j = 0; j < n; j++) {
+    dt_tensor *x = xs[j];
+    int64_t chunk = x->size / outer;
+    float *gx = dt__grad(g, x);
+    if (g->err != DTRAIN_OK) return;
+    if (gx && !dt__device_copy_rows(g, y->op, gx, y->grad + base, outer, chunk, chunk, row, 1)) return;
+    base += chunk;
+  }
+}
 
-static void dt__device_embedding_backward(dt_graph *g, dt_tensor *y) {
-  float *gt = dt__grad(g, y->src[0]);
-  if (!gt) return;
+DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
+                                         const int64_t *shape, int64_t outer, int64_t inner, int ax) {
+  const char *op = "dt_concat";
+  dt_tensor *y = dt__new(g, op, ndim, shape);
+  if (!y) return NULL;
+  int64_t row = shape[ax] * inner, base = 0;
+  dt_tensor *first_rg = NULL;
+  for (int j = 0; j < n; j++) {
+    dt_tensor *x = xs[j];
+    int64_t chunk = x->shape[ax] * inner;
+    if (!dt__device_copy_rows(g, op, y->data + base, x->data, outer, chunk, row, chunk, 0)) return NULL;
+    base += chunk;
+    list[j] = x;
+    if (!first_rg && (x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) first_rg = x;
+  }
+  y->aux = list;
+  y->iaux[0] = n;
+  y->iaux[1] = outer;
+  y->iaux[2] = inner;
+  dt__record(g, y, op, dt__device_concat_backward, first_rg ? first_rg : list[0], NULL, NULL);
+  for (int j = 0; j < 4; j++) y->src[j] = j < n ? list[j] : NULL;
+  return dt__finish(g, y);
+}
+
+/* ---- causal mask ---------------------------------------------------------------------------- */
+
+static void dt__device_causal_backward(dt_graph *g, dt_tensor *y) {
+  float *gx = dt__grad(g, y->src[0]);
+  if (!gx) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
-  r.p[0] = gt;
+  dt__dev_args0(&r);
+  r.p[0] = gx;
   r.p[1] = y->grad;
-  r.labels = (const int32_t *)y->aux;
-  r.n[0] = y->shape[0];
-  r.n[1] = y->shape[1];
-  dt__dev_run(g, y->op, DTRAIN_K_EMBED_BWD, &r);
+  r.n[0] = y->size;
+  r.n[1] = y->shape[y->ndim - 1];
+  r.n[2] = 1;
+  dt__dev_run(g, y->op, DTRAIN_K_CAUSAL_MASK, &r);
 }
 
-DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d) {
-  const char *op = "dt_embedding";
-  int64_t shape[2];
-  shape[0] = n;
-  shape[1] = d;
-  dt_tensor *y = dt__new(g, op, 2, shape); /* validates the size, so n * 4 bytes cannot overflow */
-  int32_t *dids = y ? (int32_t *)dt__dev_arena(g, (size_t)n * sizeof(int32_t)) : NULL;
-  if (!dids) return NULL;
-  if (!dt__dev_copy(g, op, dids, ids, (size_t)n * sizeof(int32_t), DTRAIN_COPY_H2D)) return NULL;
+DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t) {
+  const char *op = "dt_causal_mask";
+  dt_tensor *y = dt__new_like(g, op, x);
+  if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
-  r.p[1] = table->data;
-  r.labels = dids;
-  r.n[0] = n;
-  r.n[1] = d;
-  if (!dt__dev_run(g, op, DTRAIN_K_EMBED, &r)) return NULL;
-  y->aux = dids;
-  dt__record(g, y, op, dt__device_embedding_backward, table, NULL, NULL);
-  return dt__finish(g, y);
+  r.p[1] = x->data;
+  r.n[0] = y->size;
+  r.n[1] = t;
+  if (!dt__dev_run(g, op, DTRAIN_K_CAUSAL_MASK, &r)) return NULL;
+  dt__record(g, y, op, dt__device_causal_backward, x, NULL, NULL);
+  if (g->err != DTRAIN_OK) return NULL;
+  if (!g->check_numerics) return y;
+  /* The -inf entries are intended: check only the kept ones, on the host. */
+  size_t bytes = (size_t)y->size * sizeof(float);
+  float *h = (float *)dt__alloc(bytes);
+  if (!h) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "%s: check_numerics: out of host memory", op);
+  dt_tensor *res = y;
+  if (!dt__dev_copy(g, op, h, y->data, bytes, DTRAIN_COPY_D2H)) {
+    res = NULL;
+  } else {
+    for (int64_t i = 0; i < y->size && res; i++) {
+      if (i % t > (i / t) % t || isfinite(h[i])) continue;
+      char sb[96];
+      dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: output %s has %s at element %lld", op, dt_shape_str(y, sb, sizeof sb),
+               isnan(h[i]) ? "NaN" : "Inf", (long long)i);
+      res = NULL;
+    }
+  }
+  dt__free(h, bytes);
+  return res;
 }
+/* ======== end dt_device_ops.c ======== */
+
+/* ======== begin dt_device_nn.c ======== */
+/* ===========================================================================
+ * dt_device_nn.c -- device twins of the GEMM-based and nn ops: matmul,
+ * linear, bmm, softmax, losses, dropout, norms, embedding, conv, pooling
+ * ===========================================================================
+ * Ops layer, as dt_device_ops.c (which explains the pattern): an op with a
+ * device path (dt_ops_matmul.c, dt_ops_nn.c, dt_ops_conv.c, dt_ops_pool.c)
+ * calls its twin here right after dt__begin when g->device is set.
+ */
+/* #include "dt_internal.h" (amalgamated) */
 
 /* ---- GEMM-based: matmul (2-D), linear --------------------------------------------------------- */
 
@@ -4740,7 +4722,7 @@ static int dt__device_gemm_batched(dt_graph *g, const char *op, int ta, int tb, 
                                    const float *A, int64_t sa, const float *B, int64_t sb, float beta, float *C,
                                    int64_t sc, int64_t batch) {
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = C;
   r.p[1] = (float *)(uintptr_t)A;
   r.p[2] = (float *)(uintptr_t)B;
@@ -4801,7 +4783,7 @@ static void dt__device_linear_backward(dt_graph *g, dt_tensor *y) {
   if (gw && !dt__device_gemm(g, y->op, 1, 0, out, in, rows, y->grad, x->data, 1.0f, gw)) return; /* dw += dy^T x */
   if (gb) {
     dt_kernel_args r;
-    dt__device_args0(&r);
+    dt__dev_args0(&r);
     r.p[0] = gb;
     r.p[1] = y->grad;
     r.n[0] = rows * out;
@@ -4818,7 +4800,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w
   if (!y) return NULL;
   if (b) { /* rows of bias, then GEMM with beta = 1: the CPU's order */
     dt_kernel_args r;
-    dt__device_args0(&r);
+    dt__dev_args0(&r);
     r.p[0] = y->data;
     r.p[1] = b->data;
     r.n[0] = rows * out;
@@ -4836,7 +4818,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w
 /* ---- softmax / log_softmax over any axis ---------------------------------------------------- */
 
 static void dt__device_softmax_args(dt_kernel_args *r, const dt_tensor *y) {
-  dt__device_args0(r);
+  dt__dev_args0(r);
   r->n[0] = y->iaux[0];
   r->n[1] = y->iaux[1];
   r->n[2] = y->iaux[2];
@@ -4886,7 +4868,7 @@ static void dt__device_xent_backward(dt_graph *g, dt_tensor *y) {
   if (!gx) return;
   const dt__device_xent *s = (const dt__device_xent *)y->aux;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = x->data;
   r.p[2] = s->mx;
@@ -4911,7 +4893,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t 
   dt_tensor *y = dt__new(g, op, 0, NULL);
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = s->rowloss;
   r.p[1] = x->data;
   r.p[2] = s->mx;
@@ -4920,7 +4902,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t 
   r.n[0] = rows;
   r.n[1] = c;
   if (!dt__dev_run(g, op, DTRAIN_K_XENT, &r)) return NULL;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = s->rowloss;
   r.n[0] = rows;
@@ -4940,7 +4922,7 @@ static void dt__device_mse_backward(dt_graph *g, dt_tensor *y) {
   float *ga = dt__grad(g, a), *gb = dt__grad(g, b);
   if (g->err != DTRAIN_OK) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = ga;
   r.p[1] = gb;
   r.p[2] = a->data;
@@ -4956,13 +4938,13 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b) {
   dt_tensor *y = sq ? dt__new(g, op, 0, NULL) : NULL;
   if (!y) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = sq;
   r.p[1] = a->data;
   r.p[2] = b->data;
   r.n[0] = a->size;
   if (!dt__dev_run(g, op, DTRAIN_K_SQDIFF, &r)) return NULL;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = sq;
   r.n[0] = a->size;
@@ -4978,7 +4960,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b) {
  * buffer of the same size. */
 
 static void dt__device_conv_args(dt_kernel_args *r, const dt_tensor *x, const dt_tensor *w, const dt_tensor *y) {
-  dt__device_args0(r);
+  dt__dev_args0(r);
   r->n[0] = x->shape[0];
   r->n[1] = x->shape[1];
   r->n[2] = x->shape[2];
@@ -5062,7 +5044,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w
 }
 
 static void dt__device_pool_args(dt_kernel_args *r, const dt_tensor *x, const dt_tensor *y) {
-  dt__device_args0(r);
+  dt__dev_args0(r);
   r->n[0] = x->shape[0] * x->shape[1];
   r->n[1] = x->shape[2];
   r->n[2] = x->shape[3];
@@ -5145,171 +5127,141 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, d
   return dt__finish(g, y);
 }
 
-/* ---- permute: one gather kernel (and its scatter-add backward) --------------------------------
- * iaux[0..ndim): the permutation, as the CPU op keeps it. */
+/* ---- dropout: the mask drawn on the host from the graph's RNG (the CPU op's
+ * draws, in the same order), copied to the device; y = x * mask, and the
+ * backward gx += gy * mask. ------------------------------------------------------------------ */
 
-static void dt__device_permute_args(dt_kernel_args *r, const dt_tensor *y) {
-  dt__device_args0(r);
-  r->n[0] = y->size;
-  r->n[1] = y->ndim;
-  int64_t packed = 0;
-  for (int d = 0; d < y->ndim; d++) {
-    r->n[2 + d] = y->shape[d];
-    packed |= y->iaux[d] << (4 * d);
-  }
-  r->n[8] = packed;
-}
-
-static void dt__device_permute_backward(dt_graph *g, dt_tensor *y) {
+static void dt__device_dropout_backward(dt_graph *g, dt_tensor *y) {
   float *gx = dt__grad(g, y->src[0]);
   if (!gx) return;
   dt_kernel_args r;
-  dt__device_permute_args(&r, y);
+  dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
-  r.n[9] = 1;
-  dt__dev_run(g, y->op, DTRAIN_K_PERMUTE, &r);
+  r.p[2] = (float *)y->aux;
+  r.n[0] = y->size;
+  r.n[1] = y->size;
+  dt__dev_run(g, y->op, DTRAIN_K_ACC_MUL, &r);
 }
 
-DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm) {
-  const char *op = "dt_permute";
-  dt_tensor *y = dt__new(g, op, ndim, shape);
+DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p) {
+  const char *op = "dt_dropout";
+  size_t bytes;
+  if (!dt__mul_size((size_t)x->size, sizeof(float), &bytes))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: mask of %lld floats overflows", op, (long long)x->size);
+  float *host = (float *)dt__arena_alloc(g, bytes); /* host arena: no allocation in steady state */
+  float *mask = host ? dt__arena_floats(g, x->size) : NULL;
+  dt_tensor *y = mask ? dt__new_like(g, op, x) : NULL;
   if (!y) return NULL;
-  for (int d = 0; d < ndim; d++) y->iaux[d] = perm[d];
+  float scale = 1.0f / (1.0f - p);
+  for (int64_t i = 0; i < x->size; i++) host[i] = dt_rng_uniform(&g->rng) >= p ? scale : 0.0f;
+  if (!dt__dev_copy(g, op, mask, host, bytes, DTRAIN_COPY_H2D)) return NULL;
   dt_kernel_args r;
-  dt__device_permute_args(&r, y);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
-  if (!dt__dev_run(g, op, DTRAIN_K_PERMUTE, &r)) return NULL;
-  dt__record(g, y, op, dt__device_permute_backward, x, NULL, NULL);
+  r.p[2] = mask;
+  r.n[0] = y->size;
+  r.n[1] = y->size;
+  if (!dt__dev_run(g, op, DTRAIN_K_MUL, &r)) return NULL;
+  y->aux = mask;
+  y->faux[0] = p;
+  dt__record(g, y, op, dt__device_dropout_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
-/* ---- slice / split / concat: strided row copies --------------------------------------------- */
+/* ---- layer norm over the last dim ------------------------------------------------------------
+ * aux: the device stats [mean[rows], rstd[rows]]; iaux 0 rows, 1 d. */
 
-static int dt__device_copy_rows(dt_graph *g, const char *op, float *dst, const float *src, int64_t rows, int64_t chunk,
-                                int64_t dst_stride, int64_t src_stride, int acc) {
+static void dt__device_layer_norm_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *gamma = y->src[1], *beta = y->src[2];
+  float *gx = dt__grad(g, x), *gg = dt__grad(g, gamma), *gb = dt__grad(g, beta);
+  if (g->err != DTRAIN_OK) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
-  r.p[0] = dst;
-  r.p[1] = (float *)(uintptr_t)src;
+  if (gg || gb) {
+    dt__dev_args0(&r);
+    r.p[0] = gg;
+    r.p[1] = gb;
+    r.p[2] = y->grad;
+    r.p[3] = x->data;
+    r.p[4] = (float *)y->aux;
+    r.n[0] = y->iaux[0];
+    r.n[1] = y->iaux[1];
+    if (!dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD_PARAMS, &r)) return;
+  }
+  if (gx) {
+    dt__dev_args0(&r);
+    r.p[0] = gx;
+    r.p[1] = y->grad;
+    r.p[2] = x->data;
+    r.p[3] = gamma ? gamma->data : NULL;
+    r.p[4] = (float *)y->aux;
+    r.n[0] = y->iaux[0];
+    r.n[1] = y->iaux[1];
+    dt__dev_run(g, y->op, DTRAIN_K_LAYER_NORM_BWD, &r);
+  }
+}
+
+DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                                             int64_t rows, int64_t d) {
+  const char *op = "dt_layer_norm";
+  float *stats = dt__arena_floats(g, 2 * rows);
+  dt_tensor *y = stats ? dt__new_like(g, op, x) : NULL;
+  if (!y) return NULL;
+  dt_kernel_args r;
+  dt__dev_args0(&r);
+  r.p[0] = y->data;
+  r.p[1] = x->data;
+  r.p[2] = gamma ? gamma->data : NULL;
+  r.p[3] = beta ? beta->data : NULL;
+  r.p[4] = stats;
   r.n[0] = rows;
-  r.n[1] = chunk;
-  r.n[2] = dst_stride;
-  r.n[3] = src_stride;
-  r.n[4] = acc;
-  return dt__dev_run(g, op, DTRAIN_K_COPY_ROWS, &r);
-}
-
-/* iaux as the CPU op: 0 outer, 1 dim, 2 inner, 3 start, 4 len. */
-static void dt__device_slice_backward(dt_graph *g, dt_tensor *y) {
-  float *gx = dt__grad(g, y->src[0]);
-  if (!gx) return;
-  int64_t outer = y->iaux[0], dim = y->iaux[1], inner = y->iaux[2], start = y->iaux[3], len = y->iaux[4];
-  dt__device_copy_rows(g, y->op, gx + start * inner, y->grad, outer, len * inner, dim * inner, len * inner, 1);
-}
-
-DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
-                                        int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len) {
-  dt_tensor *y = dt__new(g, op, ndim, shape);
-  if (!y) return NULL;
-  if (!dt__device_copy_rows(g, op, y->data, x->data + start * inner, outer, len * inner, len * inner, dim * inner, 0))
-    return NULL;
-  y->iaux[0] = outer;
-  y->iaux[1] = dim;
-  y->iaux[2] = inner;
-  y->iaux[3] = start;
-  y->iaux[4] = len;
-  dt__record(g, y, op, dt__device_slice_backward, x, NULL, NULL);
+  r.n[1] = d;
+  r.f[0] = eps;
+  if (!dt__dev_run(g, op, DTRAIN_K_LAYER_NORM, &r)) return NULL;
+  y->aux = stats;
+  y->iaux[0] = rows;
+  y->iaux[1] = d;
+  dt__record(g, y, op, dt__device_layer_norm_backward, x, gamma, beta);
   return dt__finish(g, y);
 }
 
-/* aux: the n inputs (host arena); iaux 0 n, 1 outer, 2 inner (the CPU op's layout). */
-static void dt__device_concat_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *const *xs = (dt_tensor *const *)y->aux;
-  int n = (int)y->iaux[0];
-  int64_t outer = y->iaux[1], row = y->size / outer, base = 0;
-  for (int j = 0; j < n; j++) {
-    dt_tensor *x = xs[j];
-    int64_t chunk = x->size / outer;
-    float *gx = dt__grad(g, x);
-    if (g->err != DTRAIN_OK) return;
-    if (gx && !dt__device_copy_rows(g, y->op, gx, y->grad + base, outer, chunk, chunk, row, 1)) return;
-    base += chunk;
-  }
-}
+/* ---- embedding: ids checked on the host (by dt_embedding), copied to the device ------------
+ * aux: the device ids. */
 
-DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
-                                         const int64_t *shape, int64_t outer, int64_t inner, int ax) {
-  const char *op = "dt_concat";
-  dt_tensor *y = dt__new(g, op, ndim, shape);
-  if (!y) return NULL;
-  int64_t row = shape[ax] * inner, base = 0;
-  dt_tensor *first_rg = NULL;
-  for (int j = 0; j < n; j++) {
-    dt_tensor *x = xs[j];
-    int64_t chunk = x->shape[ax] * inner;
-    if (!dt__device_copy_rows(g, op, y->data + base, x->data, outer, chunk, row, chunk, 0)) return NULL;
-    base += chunk;
-    list[j] = x;
-    if (!first_rg && (x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) first_rg = x;
-  }
-  y->aux = list;
-  y->iaux[0] = n;
-  y->iaux[1] = outer;
-  y->iaux[2] = inner;
-  dt__record(g, y, op, dt__device_concat_backward, first_rg ? first_rg : list[0], NULL, NULL);
-  for (int j = 0; j < 4; j++) y->src[j] = j < n ? list[j] : NULL;
-  return dt__finish(g, y);
-}
-
-/* ---- causal mask ---------------------------------------------------------------------------- */
-
-static void dt__device_causal_backward(dt_graph *g, dt_tensor *y) {
-  float *gx = dt__grad(g, y->src[0]);
-  if (!gx) return;
+static void dt__device_embedding_backward(dt_graph *g, dt_tensor *y) {
+  float *gt = dt__grad(g, y->src[0]);
+  if (!gt) return;
   dt_kernel_args r;
-  dt__device_args0(&r);
-  r.p[0] = gx;
+  dt__dev_args0(&r);
+  r.p[0] = gt;
   r.p[1] = y->grad;
-  r.n[0] = y->size;
-  r.n[1] = y->shape[y->ndim - 1];
-  r.n[2] = 1;
-  dt__dev_run(g, y->op, DTRAIN_K_CAUSAL_MASK, &r);
+  r.labels = (const int32_t *)y->aux;
+  r.n[0] = y->shape[0];
+  r.n[1] = y->shape[1];
+  dt__dev_run(g, y->op, DTRAIN_K_EMBED_BWD, &r);
 }
 
-DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t) {
-  const char *op = "dt_causal_mask";
-  dt_tensor *y = dt__new_like(g, op, x);
-  if (!y) return NULL;
+DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d) {
+  const char *op = "dt_embedding";
+  int64_t shape[2];
+  shape[0] = n;
+  shape[1] = d;
+  dt_tensor *y = dt__new(g, op, 2, shape); /* validates the size, so n * 4 bytes cannot overflow */
+  int32_t *dids = y ? (int32_t *)dt__dev_arena(g, (size_t)n * sizeof(int32_t)) : NULL;
+  if (!dids) return NULL;
+  if (!dt__dev_copy(g, op, dids, ids, (size_t)n * sizeof(int32_t), DTRAIN_COPY_H2D)) return NULL;
   dt_kernel_args r;
-  dt__device_args0(&r);
+  dt__dev_args0(&r);
   r.p[0] = y->data;
-  r.p[1] = x->data;
-  r.n[0] = y->size;
-  r.n[1] = t;
-  if (!dt__dev_run(g, op, DTRAIN_K_CAUSAL_MASK, &r)) return NULL;
-  dt__record(g, y, op, dt__device_causal_backward, x, NULL, NULL);
-  if (g->err != DTRAIN_OK) return NULL;
-  if (!g->check_numerics) return y;
-  /* The -inf entries are intended: check only the kept ones, on the host. */
-  size_t bytes = (size_t)y->size * sizeof(float);
-  float *h = (float *)dt__alloc(bytes);
-  if (!h) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "%s: check_numerics: out of host memory", op);
-  dt_tensor *res = y;
-  if (!dt__dev_copy(g, op, h, y->data, bytes, DTRAIN_COPY_D2H)) {
-    res = NULL;
-  } else {
-    for (int64_t i = 0; i < y->size && res; i++) {
-      if (i % t > (i / t) % t || isfinite(h[i])) continue;
-      char sb[96];
-      dt__fail(g, DTRAIN_ERR_NONFINITE, "%s: output %s has %s at element %lld", op, dt_shape_str(y, sb, sizeof sb),
-               isnan(h[i]) ? "NaN" : "Inf", (long long)i);
-      res = NULL;
-    }
-  }
-  dt__free(h, bytes);
-  return res;
+  r.p[1] = table->data;
+  r.labels = dids;
+  r.n[0] = n;
+  r.n[1] = d;
+  if (!dt__dev_run(g, op, DTRAIN_K_EMBED, &r)) return NULL;
+  y->aux = dids;
+  dt__record(g, y, op, dt__device_embedding_backward, table, NULL, NULL);
+  return dt__finish(g, y);
 }
 
 /* ---- batch norm ------------------------------------------------------------------------------
@@ -5317,7 +5269,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t
  * 3 batch statistics used. */
 
 static void dt__device_bn_args(dt_kernel_args *r, const dt_tensor *y) {
-  dt__device_args0(r);
+  dt__dev_args0(r);
   r->n[0] = y->iaux[0];
   r->n[1] = y->iaux[1];
   r->n[2] = y->iaux[2];
@@ -5388,267 +5340,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
   dt__record(g, y, op, dt__device_bn_backward, x, gamma, beta);
   return dt__finish(g, y);
 }
-
-#undef DT__DEV_ALIGN
-/* ======== end dt_device.c ======== */
-
-/* ======== begin dt_devgroup.c ======== */
-/* ===========================================================================
- * dt_devgroup.c -- collectives over several devices (dt_device_group): the
- * all-reduce of mirrored training on devices
- * ===========================================================================
- * A ring over the devices' peer copies and their DTRAIN_K_ACC kernel, or the
- * backend's own collective (group hooks: NCCL in dtrain_cuda.h). The core
- * never calls a device API here either: everything goes through the
- * dt_device function table. See dt_device.h for the contract.
- */
-/* #include "dt_internal.h" (amalgamated) */
-
-struct dt_device_group {
-  int n;
-  size_t count;
-  dt_device **devs;
-  float **scratch;   /* one chunk per device (device memory) */
-  size_t chunk;      /* floats in the largest chunk */
-  float *host;       /* staging for devices without peer_copy (chunk floats), or NULL */
-  void *coll;        /* the backend's collective (group hooks), or NULL */
-  float **view;      /* n pointers: buffers offset for a ranged collective */
-};
-
-DTRAIN_API const char *dt_device_group_method(const dt_device_group *g) {
-  if (!g) return "none";
-  if (g->coll) return "collective (group hooks)";
-  if (g->n == 1) return "none (one device)";
-  return g->host ? "ring through host memory" : "ring over peer copies";
-}
-
-DTRAIN_API void dt_device_group_destroy(dt_device_group *g) {
-  if (!g) return;
-  if (g->coll && g->devs[0]->group_destroy) g->devs[0]->group_destroy(g->coll);
-  if (g->scratch)
-    for (int i = 0; i < g->n; i++)
-      if (g->scratch[i]) g->devs[i]->free(g->devs[i], g->scratch[i], g->chunk * sizeof(float));
-  dt__free(g->host, g->chunk * sizeof(float));
-  dt__free(g->scratch, (size_t)g->n * sizeof(float *));
-  dt__free(g->view, (size_t)g->n * sizeof(float *));
-  dt__free(g->devs, (size_t)g->n * sizeof(dt_device *));
-  dt__free(g, sizeof *g);
-}
-
-DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n, size_t count) {
-  const char *fn = "dt_device_group_create";
-  if (!devs) {
-    dt__error(DTRAIN_ERR_NULL_ARG, "%s: devs is NULL", fn);
-    return NULL;
-  }
-  if (n < 1) {
-    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d devices (need >= 1)", fn, n);
-    return NULL;
-  }
-  for (int i = 0; i < n; i++) {
-    const dt_device *d = devs[i];
-    if (!d || !d->alloc || !d->free || !d->copy || !d->sync || !d->run) {
-      dt__error(DTRAIN_ERR_NULL_ARG, "%s: device %d is NULL or has a NULL function", fn, i);
-      return NULL;
-    }
-  }
-  int hooks = 0;
-  dt_device_group *g = (dt_device_group *)dt__calloc(sizeof *g);
-  if (!g) {
-    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
-    return NULL;
-  }
-  g->n = n;
-  g->count = count;
-  g->devs = (dt_device **)dt__calloc((size_t)n * sizeof(dt_device *));
-  g->scratch = (float **)dt__calloc((size_t)n * sizeof(float *));
-  g->view = (float **)dt__calloc((size_t)n * sizeof(float *));
-  if (!g->devs || !g->scratch || !g->view) goto nomem;
-  for (int i = 0; i < n; i++) g->devs[i] = devs[i];
-  if (n == 1) return g;
-  for (int i = 0; i < n; i++) {
-    size_t b, e;
-    dt_comm_slice(count, n, i, &b, &e);
-    if (e - b > g->chunk) g->chunk = e - b;
-  }
-  if (g->chunk == 0) g->chunk = 1;
-  for (int i = 0; i < n; i++)
-    if (!devs[i]->peer_copy && !g->host && !(g->host = (float *)dt__alloc(g->chunk * sizeof(float)))) goto nomem;
-  /* The backend's collective, when every device has the same one. */
-  hooks = devs[0]->group_create && devs[0]->group_allreduce && devs[0]->group_destroy;
-  for (int i = 1; i < n && hooks; i++)
-    hooks = devs[i]->group_create == devs[0]->group_create && devs[i]->group_allreduce == devs[0]->group_allreduce;
-  if (hooks) {
-    dt__quiet_push(); /* a failure is logged once, below, with the group's context */
-    dt_result r = devs[0]->group_create(g->devs, n, &g->coll);
-    dt__quiet_pop(DTRAIN_OK);
-    if (r == DTRAIN_ERR_UNSUPPORTED) { /* not for these devices (NCCL: a GPU twice): the ring below */
-      dt__log(DTRAIN_LOG_DEBUG, DTRAIN_OK, "%s: the backend's collective refused %d devices (%.300s); using the ring",
-              fn, n, dt_last_error());
-      g->coll = NULL;
-      hooks = 0;
-    } else if (r != DTRAIN_OK) {
-      char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "%.300s", dt_last_error());
-      dt__error(r, "%s: collective over %d devices (%s, ...): %s", fn, n, devs[0]->name, what);
-      g->coll = NULL;
-      goto fail;
-    } else {
-      return g;
-    }
-  }
-  for (int i = 0; i < n; i++) {
-    void *p = NULL;
-    dt_result r = devs[i]->alloc(devs[i], g->chunk * sizeof(float), &p);
-    if (r != DTRAIN_OK) {
-      char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "%.300s", dt_last_error());
-      dt__error(r, "%s: scratch of %zu bytes on device %s: %s", fn, g->chunk * sizeof(float), devs[i]->name, what);
-      goto fail;
-    }
-    g->scratch[i] = (float *)p;
-  }
-  return g;
-nomem:
-  dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
-fail:
-  dt_device_group_destroy(g);
-  return NULL;
-}
-
-/* bytes from device `from` (src) to device `to` (dst). */
-static dt_result dt__devgroup_copy(dt_device_group *g, int to, float *dst, int from, const float *src, size_t bytes,
-                                   const char *what) {
-  dt_device *d = g->devs[to], *f = g->devs[from];
-  dt_result r;
-  const char *who = d->name;
-  if (bytes == 0) return DTRAIN_OK;
-  if (d->peer_copy) {
-    r = d->peer_copy(d, dst, f, src, bytes);
-  } else {
-    who = f->name;
-    r = f->copy(f, g->host, src, bytes, DTRAIN_COPY_D2H);
-    if (r == DTRAIN_OK) {
-      who = d->name;
-      r = d->copy(d, dst, g->host, bytes, DTRAIN_COPY_H2D);
-    }
-  }
-  if (r != DTRAIN_OK) {
-    char msg[DT__MSG_CAP];
-    snprintf(msg, sizeof msg, "%.300s", dt_last_error());
-    return dt__error(r, "%s: copy %s -> %s: device %s: %s", what, f->name, d->name, who, msg);
-  }
-  return DTRAIN_OK;
-}
-
-static dt_result dt__devgroup_sync_all(dt_device_group *g, const char *what) {
-  for (int i = 0; i < g->n; i++) {
-    dt_result r = g->devs[i]->sync(g->devs[i]);
-    if (r != DTRAIN_OK) {
-      char msg[DT__MSG_CAP];
-      snprintf(msg, sizeof msg, "%.300s", dt_last_error());
-      return dt__error(r, "%s: device %s: %s", what, g->devs[i]->name, msg);
-    }
-  }
-  return DTRAIN_OK;
-}
-
-DTRAIN_API dt_result dt_device_group_allreduce(dt_device_group *g, float *const *bufs) {
-  const char *fn = "dt_device_group_allreduce";
-  if (!g || !bufs) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !g ? "group" : "bufs");
-  const int n = g->n;
-  if (n == 1 || g->count == 0) return DTRAIN_OK;
-  for (int i = 0; i < n; i++)
-    if (!bufs[i]) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: buffer %d is NULL", fn, i);
-  dt_result r;
-  char what[96];
-  if (g->coll) {
-    r = g->devs[0]->group_allreduce(g->coll, bufs, g->count);
-    if (r != DTRAIN_OK) {
-      char msg[DT__MSG_CAP];
-      snprintf(msg, sizeof msg, "%.300s", dt_last_error());
-      return dt__error(r, "%s: collective over %d devices: %s", fn, n, msg);
-    }
-    return dt__devgroup_sync_all(g, fn);
-  }
-  /* reduce-scatter: in round k device i sends chunk (i - k) mod n to device
-   * i + 1, which adds it to its own; after n - 1 rounds device i holds the
-   * whole sum of chunk (i + 1) mod n. */
-  for (int k = 0; k < n - 1; k++) {
-    snprintf(what, sizeof what, "%s: reduce-scatter round %d of %d", fn, k + 1, n - 1);
-    for (int i = 0; i < n; i++) {
-      int to = (i + 1) % n, c = ((i - k) % n + n) % n;
-      size_t b, e;
-      dt_comm_slice(g->count, n, c, &b, &e);
-      if (b == e) continue;
-      r = dt__devgroup_copy(g, to, g->scratch[to], i, bufs[i] + b, (e - b) * sizeof(float), what);
-      if (r != DTRAIN_OK) return r;
-      dt_kernel_args a;
-      memset(&a, 0, sizeof a);
-      a.p[0] = bufs[to] + b;
-      a.p[1] = g->scratch[to];
-      a.n[0] = (int64_t)(e - b);
-      a.f[0] = 1.0f;
-      dt_device *d = g->devs[to];
-      r = d->run(d, DTRAIN_K_ACC, &a);
-      if (r != DTRAIN_OK) {
-        char msg[DT__MSG_CAP];
-        snprintf(msg, sizeof msg, "%.300s", dt_last_error());
-        return dt__error(r, "%s: accumulate on device %s: %s", what, d->name, msg);
-      }
-    }
-    if ((r = dt__devgroup_sync_all(g, what)) != DTRAIN_OK) return r;
-  }
-  /* all-gather: in round k device i sends its finished chunk (i + 1 - k)
-   * mod n to device i + 1. */
-  for (int k = 0; k < n - 1; k++) {
-    snprintf(what, sizeof what, "%s: all-gather round %d of %d", fn, k + 1, n - 1);
-    for (int i = 0; i < n; i++) {
-      int to = (i + 1) % n, c = ((i + 1 - k) % n + n) % n;
-      size_t b, e;
-      dt_comm_slice(g->count, n, c, &b, &e);
-      r = dt__devgroup_copy(g, to, bufs[to] + b, i, bufs[i] + b, (e - b) * sizeof(float), what);
-      if (r != DTRAIN_OK) return r;
-    }
-    if ((r = dt__devgroup_sync_all(g, what)) != DTRAIN_OK) return r;
-  }
-  return DTRAIN_OK;
-}
-
-DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const *bufs, size_t begin, size_t end,
-                                               int root) {
-  const char *fn = "dt_device_group_broadcast";
-  if (!g || !bufs) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !g ? "group" : "bufs");
-  if (root < 0 || root >= g->n) return dt__error(DTRAIN_ERR_INDEX, "%s: root %d outside [0, %d)", fn, root, g->n);
-  if (begin > end || end > g->count)
-    return dt__error(DTRAIN_ERR_INDEX, "%s: range [%zu, %zu) outside the group's %zu floats", fn, begin, end, g->count);
-  if (g->n == 1 || begin == end) return DTRAIN_OK;
-  for (int i = 0; i < g->n; i++)
-    if (!bufs[i]) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: buffer %d is NULL", fn, i);
-  dt_result r;
-  if (g->coll && g->devs[0]->group_broadcast) {
-    for (int i = 0; i < g->n; i++) g->view[i] = bufs[i] + begin;
-    r = g->devs[0]->group_broadcast(g->coll, g->view, end - begin, root);
-    if (r != DTRAIN_OK) {
-      char msg[DT__MSG_CAP];
-      snprintf(msg, sizeof msg, "%.300s", dt_last_error());
-      return dt__error(r, "%s: collective over %d devices: %s", fn, g->n, msg);
-    }
-    return dt__devgroup_sync_all(g, fn);
-  }
-  /* Host staging copies at most a chunk at a time. */
-  size_t step = g->host ? g->chunk : end - begin;
-  for (int i = 0; i < g->n; i++) {
-    if (i == root) continue;
-    for (size_t off = begin; off < end; off += step) {
-      size_t m = DT__MIN(step, end - off);
-      r = dt__devgroup_copy(g, i, bufs[i] + off, root, bufs[root] + off, m * sizeof(float), fn);
-      if (r != DTRAIN_OK) return r;
-    }
-  }
-  return dt__devgroup_sync_all(g, fn);
-}
-/* ======== end dt_devgroup.c ======== */
+/* ======== end dt_device_nn.c ======== */
 
 /* ======== begin dt_gemm.c ======== */
 /* ===========================================================================
@@ -8043,9 +7735,47 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
 }
 /* ======== end dt_ops_nn.c ======== */
 
+/* ======== begin dt_ops_conv.h ======== */
+/* ===========================================================================
+ * dt_ops_conv.h -- what the convolution files share (private)
+ * ===========================================================================
+ * dt_ops_conv.c (im2col + GEMM, and dt_conv2d itself) picks Winograd for
+ * 5x5 kernels (dt__wino_use) and calls dt_ops_wino.c for them; both read the
+ * geometry of the convolution from one dt__conv_geom, filled by
+ * dt_ops_conv.c. Listed as an impl file: nothing here is public.
+ */
+#ifndef DTRAIN_OPS_CONV_H
+#define DTRAIN_OPS_CONV_H
+
+/* #include "dt_internal.h" (amalgamated) */
+
+/* Geometry of one convolution, from the tensors and the saved parameters. */
+typedef struct dt__conv_geom {
+  int64_t n, c, h, w;      /* input */
+  int64_t o, kh, kw;       /* weight */
+  int64_t ho, wo;          /* output */
+  int64_t s, p;            /* stride, padding */
+  int64_t k, pp, nb;       /* K = c*kh*kw, P = ho*wo, images per GEMM */
+  int direct;              /* 1x1, stride 1, padding 0, nb == 1: col is x */
+} dt__conv_geom;
+
+/* Winograd F(2x2, 5x5) (dt_ops_wino.c): 5x5 kernels, stride 1, at least 8
+ * channels in and out. The forward writes y [N,O,Ho,Wo] (plus the bias b
+ * when not NULL); the backward adds to gx and gw (either NULL: not wanted)
+ * from the output gradient gy. Scratch comes from g's arena; an arena
+ * failure is left on g. */
+DTRAIN_PRIVATE int dt__wino_use(const dt__conv_geom *q);
+DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
+                                     float *y);
+DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w,
+                                      const float *gy, float *gx, float *gw);
+
+#endif /* DTRAIN_OPS_CONV_H */
+/* ======== end dt_ops_conv.h ======== */
+
 /* ======== begin dt_ops_conv.c ======== */
 /* ===========================================================================
- * dt_ops_conv.c -- 2-D convolution (im2col + GEMM) and max/average pooling, NCHW
+ * dt_ops_conv.c -- 2-D convolution, NCHW: im2col + GEMM, and dt_conv2d
  * ===========================================================================
  * Convolution: for a group of nb images the column matrix col [K, nb*P]
  * (K = C*kh*kw rows, P = Ho*Wo output positions per image, images side by
@@ -8058,9 +7788,11 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
  *   gb [O]      += sum of gy over images and positions
  * A 1x1 kernel with stride 1, padding 0 and nb == 1 uses x itself as col.
  * 5x5 kernels with stride 1 and at least 8 channels in and out use
- * Winograd F(2x2, 5x5) instead (see below): 2.8x fewer multiplications.
+ * Winograd F(2x2, 5x5) instead (dt_ops_wino.c): 2.8x fewer multiplications.
+ * Pooling is in dt_ops_pool.c.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_ops_conv.h" (amalgamated) */
 #if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
 #  define DT__CONV_SSE 1
 #  include <emmintrin.h>
@@ -8080,16 +7812,8 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
 #define DT__CONV_COLS 192
 #define DT__CONV_CAP (1 << 18)
 
-/* Geometry of one convolution, from the tensors and the saved parameters. */
-typedef struct dt__conv_geom {
-  int64_t n, c, h, w;      /* input */
-  int64_t o, kh, kw;       /* weight */
-  int64_t ho, wo;          /* output */
-  int64_t s, p;            /* stride, padding */
-  int64_t k, pp, nb;       /* K = c*kh*kw, P = ho*wo, images per GEMM */
-  int direct;              /* 1x1, stride 1, padding 0, nb == 1: col is x */
-} dt__conv_geom;
-
+/* The geometry (dt__conv_geom, dt_ops_conv.h) from the tensors and the saved
+ * stride and padding. */
 static void dt__conv_geometry(dt__conv_geom *q, const dt_tensor *x, const dt_tensor *w, int64_t s, int64_t p) {
   q->n = x->shape[0];
   q->c = x->shape[1];
@@ -8252,7 +7976,178 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
   }
 }
 
-/* ---- Winograd F(2x2, 5x5) ---------------------------------------------------------------
+static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
+  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  dt__conv_geom q;
+  dt__conv_geometry(&q, x, w, y->iaux[0], y->iaux[1]);
+  const float *go = y->grad;
+  int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
+  if (gb) {
+    /* In double, in four interleaved partial sums (a fixed order): one
+     * dependent chain of double adds would take most of this function. */
+    for (int64_t o = 0; o < q.o; o++) {
+      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+#ifdef DT__CONV_SSE
+      /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
+      __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
+      for (int64_t n = 0; n < q.n; n++) {
+        const float *r = go + n * op + o * q.pp;
+        int64_t i = 0;
+        for (; i + 4 <= q.pp; i += 4) {
+          __m128 v = _mm_loadu_ps(r + i);
+          a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
+          a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
+        }
+        for (; i < q.pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
+      }
+      s0 = _mm_cvtsd_f64(a01);
+      s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
+      s2 = _mm_cvtsd_f64(a23);
+      s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
+#else
+      for (int64_t n = 0; n < q.n; n++) {
+        const float *r = go + n * op + o * q.pp;
+        int64_t i = 0;
+        for (; i + 4 <= q.pp; i += 4) {
+          s0 += (double)r[i];
+          s1 += (double)r[i + 1];
+          s2 += (double)r[i + 2];
+          s3 += (double)r[i + 3];
+        }
+        for (; i < q.pp; i++) s0 += (double)r[i];
+      }
+#endif
+      gb[o] += (float)((s0 + s1) + (s2 + s3));
+    }
+  }
+  if (!gx && !gw) return;
+  if (dt__wino_use(&q)) {
+    dt__wino_backward(g, &q, x->data, w->data, go, gx, gw);
+    return;
+  }
+  float *col = NULL, *gcol = NULL, *gyt = NULL;
+  if (gw && !q.direct) col = dt__arena_floats(g, q.k * cols);
+  if (gx && !q.direct) gcol = dt__arena_floats(g, q.k * cols);
+  if (q.nb > 1) gyt = dt__arena_floats(g, q.o * cols);
+  if (g->err != DTRAIN_OK) return;
+  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
+    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
+    const float *gy = go + n0 * op;
+    if (q.nb > 1) {
+      for (int64_t j = 0; j < nbb; j++)
+        for (int64_t o = 0; o < q.o; o++)
+          memcpy(gyt + o * ld + j * q.pp, go + (n0 + j) * op + o * q.pp, (size_t)q.pp * sizeof(float));
+      gy = gyt;
+    }
+    if (gw) {
+      const float *cp = x->data + n0 * chw;
+      if (!q.direct) {
+        for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
+        cp = col;
+      }
+      dt_sgemm(0, 1, q.o, q.k, ld, 1.0f, gy, ld, cp, ld, 1.0f, gw, q.k);
+    }
+    if (gx) {
+      if (q.direct) {
+        dt_sgemm(1, 0, q.k, ld, q.o, 1.0f, w->data, q.k, gy, ld, 1.0f, gx + n0 * chw, ld);
+      } else {
+        dt_sgemm(1, 0, q.k, ld, q.o, 1.0f, w->data, q.k, gy, ld, 0.0f, gcol, ld);
+        for (int64_t j = 0; j < nbb; j++) dt__conv_col2im(&q, gcol + j * q.pp, ld, gx + (n0 + j) * chw);
+      }
+    }
+  }
+}
+
+DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
+  static const char *op = "dt_conv2d";
+  if (b ? !dt__begin(g, op, 3, x, w, b) : !dt__begin(g, op, 2, x, w)) return NULL;
+  char sx[96], sw[96], sb[96];
+  dt_shape_str(x, sx, sizeof sx);
+  dt_shape_str(w, sw, sizeof sw);
+  if (x->ndim != 4)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "%s: x %s must have rank 4 [N,C,H,W]", op, sx);
+  if (w->ndim != 4)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "%s: w %s must have rank 4 [O,C,kh,kw]", op, sw);
+  if (w->shape[1] != x->shape[1])
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: channels differ (x %s has %lld, w %s has %lld)", op, sx,
+                                 (long long)x->shape[1], sw, (long long)w->shape[1]);
+  if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: bias %s must be [%lld] for w %s", op,
+                                 dt_shape_str(b, sb, sizeof sb), (long long)w->shape[0], sw);
+  if (stride < 1)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: stride %d (must be >= 1), x %s, w %s", op, stride,
+                                 sx, sw);
+  if (padding < 0)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: padding %d (must be >= 0), x %s, w %s", op,
+                                 padding, sx, sw);
+  int64_t hp = x->shape[2] + 2 * (int64_t)padding, wp = x->shape[3] + 2 * (int64_t)padding;
+  if (w->shape[2] > hp || w->shape[3] > wp)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE,
+                                 "%s: kernel %lldx%lld larger than the padded input %lldx%lld (x %s, w %s, padding %d)",
+                                 op, (long long)w->shape[2], (long long)w->shape[3], (long long)hp, (long long)wp, sx,
+                                 sw, padding);
+  if (g->device) return dt__dev_conv2d(g, x, w, b, stride, padding);
+  dt__conv_geom q;
+  dt__conv_geometry(&q, x, w, stride, padding);
+  int64_t shape[4] = {q.n, q.o, q.ho, q.wo};
+  dt_tensor *y = dt__new(g, op, 4, shape);
+  if (!y) return NULL;
+  size_t kp;
+  if (!dt__mul_size((size_t)q.k, (size_t)q.pp, &kp) || dt__too_many(kp))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: column matrix of x %s, w %s too large", op, sx, sw);
+  if (dt__wino_use(&q)) {
+    dt__wino_forward(g, &q, x->data, w->data, b ? b->data : NULL, y->data);
+    if (g->err != DTRAIN_OK) return NULL;
+    y->iaux[0] = stride;
+    y->iaux[1] = padding;
+    dt__record(g, y, op, dt__conv_backward, x, w, b);
+    return dt__finish(g, y);
+  }
+  int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
+  float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
+  float *tmp = q.nb > 1 ? dt__arena_floats(g, q.o * cols) : NULL;
+  if (g->err != DTRAIN_OK) return NULL;
+  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
+    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
+    const float *cp = x->data + n0 * chw;
+    if (!q.direct) {
+      for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
+      cp = col;
+    }
+    float *out = q.nb > 1 ? tmp : y->data + n0 * op_;
+    if (b) {
+      for (int64_t o = 0; o < q.o; o++)
+        for (int64_t i = 0; i < ld; i++) out[o * ld + i] = b->data[o];
+    }
+    dt_sgemm(0, 0, q.o, ld, q.k, 1.0f, w->data, q.k, cp, ld, b ? 1.0f : 0.0f, out, ld);
+    if (q.nb > 1) {
+      for (int64_t j = 0; j < nbb; j++)
+        for (int64_t o = 0; o < q.o; o++)
+          memcpy(y->data + (n0 + j) * op_ + o * q.pp, tmp + o * ld + j * q.pp, (size_t)q.pp * sizeof(float));
+    }
+  }
+  y->iaux[0] = stride;
+  y->iaux[1] = padding;
+  dt__record(g, y, op, dt__conv_backward, x, w, b);
+  return dt__finish(g, y);
+}
+
+#undef DT__CONV_COLS
+#undef DT__CONV_CAP
+#ifdef DT__CONV_SSE
+#  undef DT__CONV_SSE
+#endif
+#ifdef DT__CONV_AVX
+#  undef DT__CONV_AVX
+#endif
+/* ======== end dt_ops_conv.c ======== */
+
+/* ======== begin dt_ops_wino.c ======== */
+/* ===========================================================================
+ * dt_ops_wino.c -- Winograd F(2x2, 5x5) convolution (called by dt_conv2d)
+ * ===========================================================================
  * 5x5 kernels with stride 1 and enough channels (conv2 of a LeNet-style
  * CNN) run as Winograd minimal filtering: each 2x2 block of outputs (a
  * "tile") is computed from the 6x6 input patch under it as
@@ -8271,6 +8166,15 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
  * (a function of the shapes only), so results are deterministic; they
  * differ from the im2col path by rounding (a few float ulps per term
  * magnitude). */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_ops_conv.h" (amalgamated) */
+
+/* The steps run in an AVX2 copy where the CPU has it (x86-64 with GCC or
+ * clang, picked at run time); the same condition dt_ops_conv.c uses for its
+ * AVX paths. */
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__WINO_AVX2 1
+#endif
 
 /* Tiles are processed along a tile row in vectors of DT__WINO_L lanes: with
  * GCC and clang a vector type (two SSE or NEON registers, or one AVX
@@ -8348,7 +8252,7 @@ typedef struct dt__wino {
   int64_t nb;          /* images per group */
 } dt__wino;
 
-static int dt__wino_use(const dt__conv_geom *q) {
+DTRAIN_PRIVATE int dt__wino_use(const dt__conv_geom *q) {
   return q->kh == 5 && q->kw == 5 && q->s == 1 && q->c >= 8 && q->o >= 8;
 }
 
@@ -8709,7 +8613,7 @@ static DT__WINO_INLINE void dt__wino_part_body(void *arg, int part, int nparts) 
 }
 
 static void dt__wino_part(void *arg, int part, int nparts) { dt__wino_part_body(arg, part, nparts); }
-#ifdef DT__CONV_AVX
+#ifdef DT__WINO_AVX2
 __attribute__((target("avx2"))) static void dt__wino_part_avx2(void *arg, int part, int nparts) {
   dt__wino_part_body(arg, part, nparts);
 }
@@ -8717,7 +8621,7 @@ __attribute__((target("avx2"))) static void dt__wino_part_avx2(void *arg, int pa
 
 static void dt__wino_run(dt__wino_job *jb, int step, int parts) {
   jb->step = step;
-#ifdef DT__CONV_AVX
+#ifdef DT__WINO_AVX2
   if (__builtin_cpu_supports("avx2")) {
     dt__par_run(parts, dt__wino_part_avx2, jb);
     return;
@@ -8753,7 +8657,7 @@ static void dt__wino_group(dt__wino_job *jb, int64_t n0) {
   jb->ld = jb->tt + DT__WINO_L;
 }
 
-static void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
+DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
                              float *y) {
   dt__wino z;
   dt__wino_job jb;
@@ -8775,7 +8679,7 @@ static void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x
 }
 
 /* gy: the output gradient; m holds dM. */
-static void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *gy,
+DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *gy,
                               float *gx, float *gw) {
   dt__wino z;
   dt__wino_job jb;
@@ -8805,168 +8709,35 @@ static void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const float *
   if (gw) dt__wino_kernels_adjoint(q, du, gw);
 }
 
-static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
-  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
-  if (g->err != DTRAIN_OK) return;
-  dt__conv_geom q;
-  dt__conv_geometry(&q, x, w, y->iaux[0], y->iaux[1]);
-  const float *go = y->grad;
-  int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
-  if (gb) {
-    /* In double, in four interleaved partial sums (a fixed order): one
-     * dependent chain of double adds would take most of this function. */
-    for (int64_t o = 0; o < q.o; o++) {
-      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-#ifdef DT__CONV_SSE
-      /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
-      __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
-      for (int64_t n = 0; n < q.n; n++) {
-        const float *r = go + n * op + o * q.pp;
-        int64_t i = 0;
-        for (; i + 4 <= q.pp; i += 4) {
-          __m128 v = _mm_loadu_ps(r + i);
-          a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
-          a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
-        }
-        for (; i < q.pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
-      }
-      s0 = _mm_cvtsd_f64(a01);
-      s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
-      s2 = _mm_cvtsd_f64(a23);
-      s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
-#else
-      for (int64_t n = 0; n < q.n; n++) {
-        const float *r = go + n * op + o * q.pp;
-        int64_t i = 0;
-        for (; i + 4 <= q.pp; i += 4) {
-          s0 += (double)r[i];
-          s1 += (double)r[i + 1];
-          s2 += (double)r[i + 2];
-          s3 += (double)r[i + 3];
-        }
-        for (; i < q.pp; i++) s0 += (double)r[i];
-      }
+#undef DT__WINO_L
+#undef DT__WINO_COLS
+#undef DT__WINO_INLINE
+#undef DT__WV_LD
+#undef DT__WV_ST
+#undef DT__WV_ADD
+#undef DT__WV_SUB
+#undef DT__WV_MUL
+#undef DT__WV_KEEP
+#undef DT__WV_NEG
+#ifdef DT__WINO_AVX2
+#  undef DT__WINO_AVX2
 #endif
-      gb[o] += (float)((s0 + s1) + (s2 + s3));
-    }
-  }
-  if (!gx && !gw) return;
-  if (dt__wino_use(&q)) {
-    dt__wino_backward(g, &q, x->data, w->data, go, gx, gw);
-    return;
-  }
-  float *col = NULL, *gcol = NULL, *gyt = NULL;
-  if (gw && !q.direct) col = dt__arena_floats(g, q.k * cols);
-  if (gx && !q.direct) gcol = dt__arena_floats(g, q.k * cols);
-  if (q.nb > 1) gyt = dt__arena_floats(g, q.o * cols);
-  if (g->err != DTRAIN_OK) return;
-  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
-    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
-    const float *gy = go + n0 * op;
-    if (q.nb > 1) {
-      for (int64_t j = 0; j < nbb; j++)
-        for (int64_t o = 0; o < q.o; o++)
-          memcpy(gyt + o * ld + j * q.pp, go + (n0 + j) * op + o * q.pp, (size_t)q.pp * sizeof(float));
-      gy = gyt;
-    }
-    if (gw) {
-      const float *cp = x->data + n0 * chw;
-      if (!q.direct) {
-        for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
-        cp = col;
-      }
-      dt_sgemm(0, 1, q.o, q.k, ld, 1.0f, gy, ld, cp, ld, 1.0f, gw, q.k);
-    }
-    if (gx) {
-      if (q.direct) {
-        dt_sgemm(1, 0, q.k, ld, q.o, 1.0f, w->data, q.k, gy, ld, 1.0f, gx + n0 * chw, ld);
-      } else {
-        dt_sgemm(1, 0, q.k, ld, q.o, 1.0f, w->data, q.k, gy, ld, 0.0f, gcol, ld);
-        for (int64_t j = 0; j < nbb; j++) dt__conv_col2im(&q, gcol + j * q.pp, ld, gx + (n0 + j) * chw);
-      }
-    }
-  }
-}
+/* ======== end dt_ops_wino.c ======== */
 
-DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
-  static const char *op = "dt_conv2d";
-  if (b ? !dt__begin(g, op, 3, x, w, b) : !dt__begin(g, op, 2, x, w)) return NULL;
-  char sx[96], sw[96], sb[96];
-  dt_shape_str(x, sx, sizeof sx);
-  dt_shape_str(w, sw, sizeof sw);
-  if (x->ndim != 4)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "%s: x %s must have rank 4 [N,C,H,W]", op, sx);
-  if (w->ndim != 4)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_RANK, "%s: w %s must have rank 4 [O,C,kh,kw]", op, sw);
-  if (w->shape[1] != x->shape[1])
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: channels differ (x %s has %lld, w %s has %lld)", op, sx,
-                                 (long long)x->shape[1], sw, (long long)w->shape[1]);
-  if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE, "%s: bias %s must be [%lld] for w %s", op,
-                                 dt_shape_str(b, sb, sizeof sb), (long long)w->shape[0], sw);
-  if (stride < 1)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: stride %d (must be >= 1), x %s, w %s", op, stride,
-                                 sx, sw);
-  if (padding < 0)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: padding %d (must be >= 0), x %s, w %s", op,
-                                 padding, sx, sw);
-  int64_t hp = x->shape[2] + 2 * (int64_t)padding, wp = x->shape[3] + 2 * (int64_t)padding;
-  if (w->shape[2] > hp || w->shape[3] > wp)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_SHAPE,
-                                 "%s: kernel %lldx%lld larger than the padded input %lldx%lld (x %s, w %s, padding %d)",
-                                 op, (long long)w->shape[2], (long long)w->shape[3], (long long)hp, (long long)wp, sx,
-                                 sw, padding);
-  if (g->device) return dt__dev_conv2d(g, x, w, b, stride, padding);
-  dt__conv_geom q;
-  dt__conv_geometry(&q, x, w, stride, padding);
-  int64_t shape[4] = {q.n, q.o, q.ho, q.wo};
-  dt_tensor *y = dt__new(g, op, 4, shape);
-  if (!y) return NULL;
-  size_t kp;
-  if (!dt__mul_size((size_t)q.k, (size_t)q.pp, &kp) || dt__too_many(kp))
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: column matrix of x %s, w %s too large", op, sx, sw);
-  if (dt__wino_use(&q)) {
-    dt__wino_forward(g, &q, x->data, w->data, b ? b->data : NULL, y->data);
-    if (g->err != DTRAIN_OK) return NULL;
-    y->iaux[0] = stride;
-    y->iaux[1] = padding;
-    dt__record(g, y, op, dt__conv_backward, x, w, b);
-    return dt__finish(g, y);
-  }
-  int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
-  float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
-  float *tmp = q.nb > 1 ? dt__arena_floats(g, q.o * cols) : NULL;
-  if (g->err != DTRAIN_OK) return NULL;
-  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
-    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
-    const float *cp = x->data + n0 * chw;
-    if (!q.direct) {
-      for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
-      cp = col;
-    }
-    float *out = q.nb > 1 ? tmp : y->data + n0 * op_;
-    if (b) {
-      for (int64_t o = 0; o < q.o; o++)
-        for (int64_t i = 0; i < ld; i++) out[o * ld + i] = b->data[o];
-    }
-    dt_sgemm(0, 0, q.o, ld, q.k, 1.0f, w->data, q.k, cp, ld, b ? 1.0f : 0.0f, out, ld);
-    if (q.nb > 1) {
-      for (int64_t j = 0; j < nbb; j++)
-        for (int64_t o = 0; o < q.o; o++)
-          memcpy(y->data + (n0 + j) * op_ + o * q.pp, tmp + o * ld + j * q.pp, (size_t)q.pp * sizeof(float));
-    }
-  }
-  y->iaux[0] = stride;
-  y->iaux[1] = padding;
-  dt__record(g, y, op, dt__conv_backward, x, w, b);
-  return dt__finish(g, y);
-}
-
-/* ---- pooling --------------------------------------------------------------------------
+/* ======== begin dt_ops_pool.c ======== */
+/* ===========================================================================
+ * dt_ops_pool.c -- max and average pooling, NCHW
+ * ===========================================================================
  * No padding; Ho = (H - k)/s + 1. iaux: kernel, stride. Max pooling routes
- * the gradient to the first maximum of each window (a NaN wins). */
+ * the gradient to the first maximum of each window (a NaN wins).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
+#  define DT__POOL_SSE 1
+#  include <emmintrin.h>
+#endif
 
+/* Checks the arguments (dt__begin included); 0 when g has failed. */
 static int dt__pool_check(dt_graph *g, const char *op, dt_tensor *x, int kernel, int stride) {
   if (!dt__begin(g, op, 1, x)) return 0;
   char sx[96];
@@ -9004,7 +8775,7 @@ static dt_tensor *dt__pool_new(dt_graph *g, const char *op, dt_tensor *x, int ke
 /* The window of output (oh, ow) starts at input offset oh*s*w + ow*s. Its
  * maximum is the first element that is greater than all before it, or the
  * first NaN: v replaces best when v > best, or v is NaN and best is not. */
-#ifdef DT__CONV_SSE
+#ifdef DT__POOL_SSE
 static __m128 dt__pool_max4(__m128 best, __m128 v) {
   __m128 take = _mm_or_ps(_mm_cmpgt_ps(v, best), _mm_and_ps(_mm_cmpunord_ps(v, v), _mm_cmpord_ps(best, best)));
   return _mm_or_ps(_mm_and_ps(take, v), _mm_andnot_ps(take, best));
@@ -9028,7 +8799,7 @@ static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
     float *gp = gx + pl * h * w;
     for (int64_t oh = 0; oh < ho; oh++) {
       int64_t ow = 0;
-#ifdef DT__CONV_SSE
+#ifdef DT__POOL_SSE
       if (k == 2 && s == 2) { /* 4 windows at a time: masks of the winners, no branches */
         const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
         float *g0 = gp + 2 * oh * w, *g1 = g0 + w;
@@ -9089,7 +8860,7 @@ DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
     for (int64_t oh = 0; oh < ho; oh++) {
       float *yo = y->data + (pl * ho + oh) * wo;
       int64_t ow = 0;
-#ifdef DT__CONV_SSE
+#ifdef DT__POOL_SSE
       if (k == 2 && s == 2) { /* the common 2x2 pooling: 4 outputs from 2 x 8 inputs */
         const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
         for (; ow + 4 <= wo; ow += 4) {
@@ -9169,25 +8940,10 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
   return dt__finish(g, y);
 }
 
-#undef DT__WINO_L
-#undef DT__WINO_COLS
-#undef DT__WINO_INLINE
-#undef DT__WV_LD
-#undef DT__WV_ST
-#undef DT__WV_ADD
-#undef DT__WV_SUB
-#undef DT__WV_MUL
-#undef DT__WV_KEEP
-#undef DT__WV_NEG
-#undef DT__CONV_COLS
-#undef DT__CONV_CAP
-#ifdef DT__CONV_SSE
-#  undef DT__CONV_SSE
+#ifdef DT__POOL_SSE
+#  undef DT__POOL_SSE
 #endif
-#ifdef DT__CONV_AVX
-#  undef DT__CONV_AVX
-#endif
-/* ======== end dt_ops_conv.c ======== */
+/* ======== end dt_ops_pool.c ======== */
 
 /* ======== begin dt_params.c ======== */
 /* ===========================================================================
@@ -9509,6 +9265,144 @@ DTRAIN_API double dt_l2_norm(const float *x, size_t n) {
   return sqrt(s);
 }
 /* ======== end dt_params.c ======== */
+
+/* ======== begin dt_graph_params.c ======== */
+/* ===========================================================================
+ * dt_graph_params.c -- a graph and its params: dt_graph_create, the
+ * dt_param views, the device copy of the params
+ * ===========================================================================
+ * Params layer. The graph itself (arena, tape, tensors: dt_tensor.c) knows
+ * its params only as a pointer; whatever reads the params' layout or
+ * buffers lives here, so that the tensor layer never calls up into
+ * dt_params. On a device graph (dt_device.h) the graph holds its own device
+ * copy of the params' flat data and grad buffers (g->dparam_*), made by
+ * dt_graph_create and freed with the graph's device arena (dt_device.c).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+/* The device copy of the params: two device buffers of dt_params_size
+ * floats, the data uploaded and the gradient zeroed. Nothing without params. */
+static dt_result dt__gparams_device_copy(dt_graph *g) {
+  dt_device *d = g->device;
+  size_t n = dt_params_size(g->params), bytes;
+  if (n == 0) return DTRAIN_OK;
+  if (!dt__mul_size(n, sizeof(float), &bytes))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "dt_graph_create: params too large");
+  void *pd = NULL, *pg = NULL;
+  dt_result r = d->alloc(d, bytes, &pd);
+  if (r == DTRAIN_OK) r = d->alloc(d, bytes, &pg);
+  if (r != DTRAIN_OK) {
+    if (pd) d->free(d, pd, bytes);
+    return dt__error(r, "dt_graph_create: device copy of the params (%zu bytes): %s", bytes, dt_last_error());
+  }
+  g->dparam_data = (float *)pd;
+  g->dparam_grad = (float *)pg;
+  g->dparam_n = n;
+  return dt_graph_params_upload(g);
+}
+
+DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *desc) {
+  dt_graph *g = dt__graph_new(desc); /* checks the device's function table first */
+  if (!g) return NULL;
+  g->params = params;
+  if (g->device && dt__gparams_device_copy(g) != DTRAIN_OK) {
+    dt_graph_destroy(g);
+    return NULL;
+  }
+  return g;
+}
+
+DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index) {
+  if (!dt__begin(g, "dt_param", 0)) return NULL;
+  if (!g->params) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE, "dt_param: graph was created without params");
+  int count = dt_params_count(g->params);
+  if (index < 0 || index >= count)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INDEX, "dt_param: index %d out of range (params has %d)", index, count);
+  if (g->npviews < count) {
+    /* Parameters were added since the views were built: grow (setup only). */
+    size_t bytes = (size_t)count * sizeof(dt_tensor);
+    dt_tensor *nv = (dt_tensor *)dt__realloc(g->pviews, g->pviews_bytes, bytes);
+    if (!nv) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "dt_param: out of memory");
+    g->pviews = nv;
+    g->pviews_bytes = bytes;
+    g->npviews = count;
+  }
+  size_t off;
+  int ndim, trainable;
+  const int64_t *shape;
+  dt__params_view(g->params, index, &off, &ndim, &shape, &trainable);
+  float *data = g->bound_own ? dt_params_data(g->params) : g->bound_data;
+  float *grad = g->bound_own ? dt_params_grad(g->params) : g->bound_grad;
+  if (g->device && g->bound_own && dt_params_size(g->params) != g->dparam_n)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE,
+                                 "dt_param: params grew since the graph was created on device %s; create it after "
+                                 "adding every parameter", g->device->name);
+  if (g->device && g->bound_own) { /* the graph's device copy of the params */
+    data = g->dparam_data;
+    grad = g->dparam_grad;
+  }
+  dt_tensor *t = &g->pviews[index];
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  dt__header_init(t, g, ndim, shape, n);
+  t->data = data + off;
+  t->grad = (grad && trainable) ? grad + off : NULL;
+  t->flags = DTRAIN_TENSOR_PARAM | (t->grad ? DTRAIN_TENSOR_REQUIRES_GRAD : 0);
+  t->op = "param";
+  t->param_index = index;
+  return t;
+}
+
+DTRAIN_API float *dt_graph_param_data(dt_graph *g) {
+  if (!g || !g->params) return NULL;
+  if (!g->bound_own) return g->bound_data;
+  return g->device ? g->dparam_data : dt_params_data(g->params);
+}
+
+DTRAIN_API float *dt_graph_param_grad(dt_graph *g) {
+  if (!g || !g->params) return NULL;
+  if (!g->bound_own) return g->bound_grad;
+  return g->device ? g->dparam_grad : dt_params_grad(g->params);
+}
+
+DTRAIN_API dt_result dt_graph_params_upload(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_upload: graph is NULL");
+  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
+  dt_device *d = g->device;
+  if (dt_params_size(g->params) != g->dparam_n)
+    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_upload: params changed size since the graph was created");
+  size_t bytes = g->dparam_n * sizeof(float);
+  dt_result r = d->copy(d, g->dparam_data, dt_params_data(g->params), bytes, DTRAIN_COPY_H2D);
+  if (r == DTRAIN_OK) r = d->zero(d, g->dparam_grad, bytes);
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_upload: device %s: %s", d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_graph_params_download(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_params_download: graph is NULL");
+  if (!g->device || g->dparam_n == 0) return DTRAIN_OK;
+  dt_device *d = g->device;
+  if (dt_params_size(g->params) != g->dparam_n)
+    return dt__error(DTRAIN_ERR_STATE, "dt_graph_params_download: params changed size since the graph was created");
+  dt_result r = d->copy(d, dt_params_data(g->params), g->dparam_data, g->dparam_n * sizeof(float), DTRAIN_COPY_D2H);
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_params_download: device %s: %s", d->name, dt_last_error());
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
+  if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_zero_grad: graph is NULL");
+  float *grad = dt_graph_param_grad(g);
+  size_t n = dt_params_size(g->params);
+  if (!grad || n == 0) return DTRAIN_OK;
+  if (!g->device) {
+    memset(grad, 0, n * sizeof(float));
+    return DTRAIN_OK;
+  }
+  dt_result r = g->device->zero(g->device, grad, n * sizeof(float));
+  if (r != DTRAIN_OK) return dt__error(r, "dt_graph_zero_grad: device %s: %s", g->device->name, dt_last_error());
+  return DTRAIN_OK;
+}
+/* ======== end dt_graph_params.c ======== */
 
 /* ======== begin dt_optim.c ======== */
 /* ===========================================================================
@@ -16007,6 +15901,268 @@ DTRAIN_API void dt_comm_reset_stats(dt_comm *c) {
 
 #undef DT__COMM_BLOCK
 /* ======== end dt_comm.c ======== */
+
+/* ======== begin dt_devgroup.c ======== */
+/* ===========================================================================
+ * dt_devgroup.c -- collectives over several devices (dt_device_group): the
+ * all-reduce of mirrored training on devices
+ * ===========================================================================
+ * A ring over the devices' peer copies and their DTRAIN_K_ACC kernel, or the
+ * backend's own collective (group hooks: NCCL in dtrain_cuda.h). The core
+ * never calls a device API here either: everything goes through the
+ * dt_device function table. See dt_device.h for the contract.
+ * Layer: comm (a collective, like dt_comm.c; its user is dt_strategy). It
+ * cuts the buffers with dt_comm_slice, so that a chunk here is the slice the
+ * host all-reduce uses: one rule for both. Below it, it calls only the
+ * base and the devices' function tables, nothing of the graph.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+
+struct dt_device_group {
+  int n;
+  size_t count;
+  dt_device **devs;
+  float **scratch;   /* one chunk per device (device memory) */
+  size_t chunk;      /* floats in the largest chunk */
+  float *host;       /* staging for devices without peer_copy (chunk floats), or NULL */
+  void *coll;        /* the backend's collective (group hooks), or NULL */
+  float **view;      /* n pointers: buffers offset for a ranged collective */
+};
+
+DTRAIN_API const char *dt_device_group_method(const dt_device_group *g) {
+  if (!g) return "none";
+  if (g->coll) return "collective (group hooks)";
+  if (g->n == 1) return "none (one device)";
+  return g->host ? "ring through host memory" : "ring over peer copies";
+}
+
+DTRAIN_API void dt_device_group_destroy(dt_device_group *g) {
+  if (!g) return;
+  if (g->coll && g->devs[0]->group_destroy) g->devs[0]->group_destroy(g->coll);
+  if (g->scratch)
+    for (int i = 0; i < g->n; i++)
+      if (g->scratch[i]) g->devs[i]->free(g->devs[i], g->scratch[i], g->chunk * sizeof(float));
+  dt__free(g->host, g->chunk * sizeof(float));
+  dt__free(g->scratch, (size_t)g->n * sizeof(float *));
+  dt__free(g->view, (size_t)g->n * sizeof(float *));
+  dt__free(g->devs, (size_t)g->n * sizeof(dt_device *));
+  dt__free(g, sizeof *g);
+}
+
+DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n, size_t count) {
+  const char *fn = "dt_device_group_create";
+  if (!devs) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "%s: devs is NULL", fn);
+    return NULL;
+  }
+  if (n < 1) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d devices (need >= 1)", fn, n);
+    return NULL;
+  }
+  for (int i = 0; i < n; i++) {
+    const dt_device *d = devs[i];
+    if (!d || !d->alloc || !d->free || !d->copy || !d->sync || !d->run) {
+      dt__error(DTRAIN_ERR_NULL_ARG, "%s: device %d is NULL or has a NULL function", fn, i);
+      return NULL;
+    }
+  }
+  int hooks = 0;
+  dt_device_group *g = (dt_device_group *)dt__calloc(sizeof *g);
+  if (!g) {
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    return NULL;
+  }
+  g->n = n;
+  g->count = count;
+  g->devs = (dt_device **)dt__calloc((size_t)n * sizeof(dt_device *));
+  g->scratch = (float **)dt__calloc((size_t)n * sizeof(float *));
+  g->view = (float **)dt__calloc((size_t)n * sizeof(float *));
+  if (!g->devs || !g->scratch || !g->view) goto nomem;
+  for (int i = 0; i < n; i++) g->devs[i] = devs[i];
+  if (n == 1) return g;
+  for (int i = 0; i < n; i++) {
+    size_t b, e;
+    dt_comm_slice(count, n, i, &b, &e);
+    if (e - b > g->chunk) g->chunk = e - b;
+  }
+  if (g->chunk == 0) g->chunk = 1;
+  for (int i = 0; i < n; i++)
+    if (!devs[i]->peer_copy && !g->host && !(g->host = (float *)dt__alloc(g->chunk * sizeof(float)))) goto nomem;
+  /* The backend's collective, when every device has the same one. */
+  hooks = devs[0]->group_create && devs[0]->group_allreduce && devs[0]->group_destroy;
+  for (int i = 1; i < n && hooks; i++)
+    hooks = devs[i]->group_create == devs[0]->group_create && devs[i]->group_allreduce == devs[0]->group_allreduce;
+  if (hooks) {
+    dt__quiet_push(); /* a failure is logged once, below, with the group's context */
+    dt_result r = devs[0]->group_create(g->devs, n, &g->coll);
+    dt__quiet_pop(DTRAIN_OK);
+    if (r == DTRAIN_ERR_UNSUPPORTED) { /* not for these devices (NCCL: a GPU twice): the ring below */
+      dt__log(DTRAIN_LOG_DEBUG, DTRAIN_OK, "%s: the backend's collective refused %d devices (%.300s); using the ring",
+              fn, n, dt_last_error());
+      g->coll = NULL;
+      hooks = 0;
+    } else if (r != DTRAIN_OK) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "%.300s", dt_last_error());
+      dt__error(r, "%s: collective over %d devices (%s, ...): %s", fn, n, devs[0]->name, what);
+      g->coll = NULL;
+      goto fail;
+    } else {
+      return g;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    void *p = NULL;
+    dt_result r = devs[i]->alloc(devs[i], g->chunk * sizeof(float), &p);
+    if (r != DTRAIN_OK) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "%.300s", dt_last_error());
+      dt__error(r, "%s: scratch of %zu bytes on device %s: %s", fn, g->chunk * sizeof(float), devs[i]->name, what);
+      goto fail;
+    }
+    g->scratch[i] = (float *)p;
+  }
+  return g;
+nomem:
+  dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+fail:
+  dt_device_group_destroy(g);
+  return NULL;
+}
+
+/* bytes from device `from` (src) to device `to` (dst). */
+static dt_result dt__devgroup_copy(dt_device_group *g, int to, float *dst, int from, const float *src, size_t bytes,
+                                   const char *what) {
+  dt_device *d = g->devs[to], *f = g->devs[from];
+  dt_result r;
+  const char *who = d->name;
+  if (bytes == 0) return DTRAIN_OK;
+  if (d->peer_copy) {
+    r = d->peer_copy(d, dst, f, src, bytes);
+  } else {
+    who = f->name;
+    r = f->copy(f, g->host, src, bytes, DTRAIN_COPY_D2H);
+    if (r == DTRAIN_OK) {
+      who = d->name;
+      r = d->copy(d, dst, g->host, bytes, DTRAIN_COPY_H2D);
+    }
+  }
+  if (r != DTRAIN_OK) {
+    char msg[DT__MSG_CAP];
+    snprintf(msg, sizeof msg, "%.300s", dt_last_error());
+    return dt__error(r, "%s: copy %s -> %s: device %s: %s", what, f->name, d->name, who, msg);
+  }
+  return DTRAIN_OK;
+}
+
+static dt_result dt__devgroup_sync_all(dt_device_group *g, const char *what) {
+  for (int i = 0; i < g->n; i++) {
+    dt_result r = g->devs[i]->sync(g->devs[i]);
+    if (r != DTRAIN_OK) {
+      char msg[DT__MSG_CAP];
+      snprintf(msg, sizeof msg, "%.300s", dt_last_error());
+      return dt__error(r, "%s: device %s: %s", what, g->devs[i]->name, msg);
+    }
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_device_group_allreduce(dt_device_group *g, float *const *bufs) {
+  const char *fn = "dt_device_group_allreduce";
+  if (!g || !bufs) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !g ? "group" : "bufs");
+  const int n = g->n;
+  if (n == 1 || g->count == 0) return DTRAIN_OK;
+  for (int i = 0; i < n; i++)
+    if (!bufs[i]) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: buffer %d is NULL", fn, i);
+  dt_result r;
+  char what[96];
+  if (g->coll) {
+    r = g->devs[0]->group_allreduce(g->coll, bufs, g->count);
+    if (r != DTRAIN_OK) {
+      char msg[DT__MSG_CAP];
+      snprintf(msg, sizeof msg, "%.300s", dt_last_error());
+      return dt__error(r, "%s: collective over %d devices: %s", fn, n, msg);
+    }
+    return dt__devgroup_sync_all(g, fn);
+  }
+  /* reduce-scatter: in round k device i sends chunk (i - k) mod n to device
+   * i + 1, which adds it to its own; after n - 1 rounds device i holds the
+   * whole sum of chunk (i + 1) mod n. */
+  for (int k = 0; k < n - 1; k++) {
+    snprintf(what, sizeof what, "%s: reduce-scatter round %d of %d", fn, k + 1, n - 1);
+    for (int i = 0; i < n; i++) {
+      int to = (i + 1) % n, c = ((i - k) % n + n) % n;
+      size_t b, e;
+      dt_comm_slice(g->count, n, c, &b, &e);
+      if (b == e) continue;
+      r = dt__devgroup_copy(g, to, g->scratch[to], i, bufs[i] + b, (e - b) * sizeof(float), what);
+      if (r != DTRAIN_OK) return r;
+      dt_kernel_args a;
+      memset(&a, 0, sizeof a);
+      a.p[0] = bufs[to] + b;
+      a.p[1] = g->scratch[to];
+      a.n[0] = (int64_t)(e - b);
+      a.f[0] = 1.0f;
+      dt_device *d = g->devs[to];
+      r = d->run(d, DTRAIN_K_ACC, &a);
+      if (r != DTRAIN_OK) {
+        char msg[DT__MSG_CAP];
+        snprintf(msg, sizeof msg, "%.300s", dt_last_error());
+        return dt__error(r, "%s: accumulate on device %s: %s", what, d->name, msg);
+      }
+    }
+    if ((r = dt__devgroup_sync_all(g, what)) != DTRAIN_OK) return r;
+  }
+  /* all-gather: in round k device i sends its finished chunk (i + 1 - k)
+   * mod n to device i + 1. */
+  for (int k = 0; k < n - 1; k++) {
+    snprintf(what, sizeof what, "%s: all-gather round %d of %d", fn, k + 1, n - 1);
+    for (int i = 0; i < n; i++) {
+      int to = (i + 1) % n, c = ((i + 1 - k) % n + n) % n;
+      size_t b, e;
+      dt_comm_slice(g->count, n, c, &b, &e);
+      r = dt__devgroup_copy(g, to, bufs[to] + b, i, bufs[i] + b, (e - b) * sizeof(float), what);
+      if (r != DTRAIN_OK) return r;
+    }
+    if ((r = dt__devgroup_sync_all(g, what)) != DTRAIN_OK) return r;
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const *bufs, size_t begin, size_t end,
+                                               int root) {
+  const char *fn = "dt_device_group_broadcast";
+  if (!g || !bufs) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !g ? "group" : "bufs");
+  if (root < 0 || root >= g->n) return dt__error(DTRAIN_ERR_INDEX, "%s: root %d outside [0, %d)", fn, root, g->n);
+  if (begin > end || end > g->count)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: range [%zu, %zu) outside the group's %zu floats", fn, begin, end, g->count);
+  if (g->n == 1 || begin == end) return DTRAIN_OK;
+  for (int i = 0; i < g->n; i++)
+    if (!bufs[i]) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: buffer %d is NULL", fn, i);
+  dt_result r;
+  if (g->coll && g->devs[0]->group_broadcast) {
+    for (int i = 0; i < g->n; i++) g->view[i] = bufs[i] + begin;
+    r = g->devs[0]->group_broadcast(g->coll, g->view, end - begin, root);
+    if (r != DTRAIN_OK) {
+      char msg[DT__MSG_CAP];
+      snprintf(msg, sizeof msg, "%.300s", dt_last_error());
+      return dt__error(r, "%s: collective over %d devices: %s", fn, g->n, msg);
+    }
+    return dt__devgroup_sync_all(g, fn);
+  }
+  /* Host staging copies at most a chunk at a time. */
+  size_t step = g->host ? g->chunk : end - begin;
+  for (int i = 0; i < g->n; i++) {
+    if (i == root) continue;
+    for (size_t off = begin; off < end; off += step) {
+      size_t m = DT__MIN(step, end - off);
+      r = dt__devgroup_copy(g, i, bufs[i] + off, root, bufs[root] + off, m * sizeof(float), fn);
+      if (r != DTRAIN_OK) return r;
+    }
+  }
+  return dt__devgroup_sync_all(g, fn);
+}
+/* ======== end dt_devgroup.c ======== */
 
 /* ======== begin dt_strategy.c ======== */
 /* ===========================================================================

@@ -6,6 +6,10 @@
  * backend's own collective (group hooks: NCCL in dtrain_cuda.h). The core
  * never calls a device API here either: everything goes through the
  * dt_device function table. See dt_device.h for the contract.
+ * Layer: comm (a collective, like dt_comm.c; its user is dt_strategy). It
+ * cuts the buffers with dt_comm_slice, so that a chunk here is the slice the
+ * host all-reduce uses: one rule for both. Below it, it calls only the
+ * base and the devices' function tables, nothing of the graph.
  */
 #include "dt_internal.h"
 

@@ -108,6 +108,8 @@ DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
 DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
 
 /* ---- graph internals (dt_tensor.c) --------------------------------------------
+ * The tensor layer: calls only the base and the graph's device side
+ * (dt_device.c), never the ops, the params or anything above them.
  * Op pattern:
  *   dt_tensor *dt_relu(dt_graph *g, dt_tensor *x) {
  *     if (!dt__begin(g, "dt_relu", 1, x)) return NULL;
@@ -151,6 +153,12 @@ struct dt_graph {
   size_t dparam_n;
 };
 
+/* A graph without params (dt_tensor.c): dt_graph_create (dt_graph_params.c)
+ * builds on it, so that the tensor layer never calls into the params.
+ * NULL with the thread's error set on failure. */
+DTRAIN_PRIVATE dt_graph *dt__graph_new(const dt_graph_desc *desc);
+/* Fills a tensor header of g (no data; param_index -1, no flags). */
+DTRAIN_PRIVATE void dt__header_init(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size);
 /* Checks the graph is usable and the n tensor arguments are non-NULL and
  * belong to g. Returns 0 (and records an error if none yet) otherwise. */
 DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...);
@@ -178,52 +186,62 @@ DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *
 /* Row-major strides of t into st (elements). */
 DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st);
 
-/* ---- device (dt_device.c) ----------------------------------------------------------
- * Every op that has a device path calls its dt__dev_* twin right after
- * dt__begin when g->device is set; dt__begin already refused (with
- * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
+/* ---- device: the graph's side (dt_device.c, tensor layer) ---------------------------
+ * What the graph layer itself needs on a device graph: the device arena, the
+ * checked transfers and kernel runs (a failure fails g with op's name and
+ * the device's message) and the list of ops that have a device path. Calls
+ * only the dt_device function table, never up into the ops or the params. */
 DTRAIN_PRIVATE int dt__dev_op_ok(const char *op);
-DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g);
+/* The device's function table is complete (dt_graph_create refuses it
+ * otherwise, before allocating anything). */
+DTRAIN_PRIVATE dt_result dt__dev_graph_check(dt_graph *g);
+DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g); /* the device arena and the params' device copy */
 DTRAIN_PRIVATE void *dt__dev_arena(dt_graph *g, size_t bytes);
 DTRAIN_PRIVATE void dt__dev_reset(dt_graph *g);
-/* Runs kernel k; on failure fails g with op's name and the device message. */
 DTRAIN_PRIVATE int dt__dev_run(dt_graph *g, const char *op, dt_kernel k, const dt_kernel_args *a);
 DTRAIN_PRIVATE int dt__dev_copy(dt_graph *g, const char *op, void *dst, const void *src, size_t bytes, dt_copy_kind kind);
 DTRAIN_PRIVATE int dt__dev_zero(dt_graph *g, const char *op, void *p, size_t bytes);
-DTRAIN_PRIVATE dt_result dt__dev_graph_init(dt_graph *g);
+DTRAIN_PRIVATE void dt__dev_args0(dt_kernel_args *a); /* all fields zero */
 DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out);
+/* gx += gy over n elements (the backward of no-copy views, the loss seed). */
+DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op);
+
+/* ---- device twins of the ops (dt_device_ops.c, dt_device_nn.c: ops layer) -----------
+ * Every op that has a device path calls its dt__dev_* twin right after
+ * dt__begin when g->device is set; dt__begin already refused (with
+ * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
+/* dt_device_ops.c: elementwise, reductions, shapes */
 DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
-                                            int64_t m, int64_t n);
-DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p);
-DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d);
-DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
-                                             int64_t rows, int64_t d);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
                                               int64_t len, int64_t inner, int mean, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
-                                         int64_t in, int64_t out, int ndim, const int64_t *shape);
-DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c);
-DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
-DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
-DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
-/* gx += gy over n elements (the backward of no-copy views). */
-DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
+                                            int64_t m, int64_t n);
 DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm);
 DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
                                         int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len);
 DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
                                          const int64_t *shape, int64_t outer, int64_t inner, int ax);
 DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t);
+/* dt_device_nn.c: GEMM-based, losses, norms, conv, pooling */
+DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
+                                         int64_t in, int64_t out, int ndim, const int64_t *shape);
+DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c);
+DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
+DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p);
+DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                                             int64_t rows, int64_t d);
+DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d);
 DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
                                              dt_tensor *running_mean, dt_tensor *running_var, float momentum,
                                              float eps, int64_t nb, int64_t c, int64_t hw, int batch);
-DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
+DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
 
 /* ---- params internals (dt_params.c) ------------------------------------------------ */
 /* Layout of parameter `index` (no checks: index must be valid). */

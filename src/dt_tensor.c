@@ -1,6 +1,10 @@
 /* ===========================================================================
  * dt_tensor.c -- the graph: arena, tape, sticky errors, tensors, backward
  * ===========================================================================
+ * The tensor layer: it calls the base and, on a device graph, the graph's
+ * device side (dt_device.c: device arena, checked copies), nothing above.
+ * What needs the params (dt_graph_create, dt_param, the device copy of the
+ * params) is in dt_graph_params.c.
  */
 #include "dt_internal.h"
 
@@ -68,13 +72,15 @@ DTRAIN_PRIVATE float *dt__arena_zeros(dt_graph *g, int64_t n) {
 
 /* ---- graph ------------------------------------------------------------------------ */
 
-DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *desc) {
+/* The graph without its params: dt_graph_create (dt_graph_params.c, the
+ * params layer) sets g->params and makes the params' device copy, so that
+ * nothing here calls into the params. */
+DTRAIN_PRIVATE dt_graph *dt__graph_new(const dt_graph_desc *desc) {
   dt_graph *g = (dt_graph *)dt__calloc(sizeof *g);
   if (!g) {
     dt__error(DTRAIN_ERR_NOMEM, "dt_graph_create: out of memory");
     return NULL;
   }
-  g->params = params;
   g->bound_own = 1;
   g->first_block = (desc && desc->arena_bytes) ? desc->arena_bytes : ((size_t)1 << 20);
   g->training = 1;
@@ -83,7 +89,7 @@ DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *des
   dt_rng_seed(&g->rng, (desc && desc->seed) ? desc->seed : 1);
   if (desc && desc->device) {
     g->device = desc->device;
-    if (dt__dev_graph_init(g) != DTRAIN_OK) {
+    if (dt__dev_graph_check(g) != DTRAIN_OK) {
       dt_graph_destroy(g);
       return NULL;
     }
@@ -250,7 +256,7 @@ DTRAIN_API int dt_same_shape(const dt_tensor *a, const dt_tensor *b) {
   return 1;
 }
 
-static void dt__tensor_init_header(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size) {
+DTRAIN_PRIVATE void dt__header_init(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size) {
   memset(t, 0, sizeof *t);
   t->graph = g;
   t->ndim = ndim;
@@ -290,7 +296,7 @@ DTRAIN_PRIVATE dt_tensor *dt__new_view(dt_graph *g, const char *op, int ndim, co
   if (n < 0) return NULL;
   dt_tensor *t = (dt_tensor *)dt__arena_alloc(g, sizeof(dt_tensor));
   if (!t) return NULL;
-  dt__tensor_init_header(t, g, ndim, shape, n);
+  dt__header_init(t, g, ndim, shape, n);
   t->data = data;
   t->flags = DTRAIN_TENSOR_VIEW;
   t->op = op;
@@ -304,7 +310,7 @@ DTRAIN_PRIVATE dt_tensor *dt__new(dt_graph *g, const char *op, int ndim, const i
   if (!t) return NULL;
   float *d = dt__arena_floats(g, n);
   if (!d) return NULL;
-  dt__tensor_init_header(t, g, ndim, shape, n);
+  dt__header_init(t, g, ndim, shape, n);
   t->data = d;
   t->op = op;
   return t;
@@ -438,47 +444,6 @@ DTRAIN_API float dt_item(const dt_tensor *t) {
     return d->copy(d, &v, t->data, sizeof v, DTRAIN_COPY_D2H) == DTRAIN_OK ? v : NAN;
   }
   return t->data[0];
-}
-
-DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index) {
-  if (!dt__begin(g, "dt_param", 0)) return NULL;
-  if (!g->params) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE, "dt_param: graph was created without params");
-  int count = dt_params_count(g->params);
-  if (index < 0 || index >= count)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INDEX, "dt_param: index %d out of range (params has %d)", index, count);
-  if (g->npviews < count) {
-    /* Parameters were added since the views were built: grow (setup only). */
-    size_t bytes = (size_t)count * sizeof(dt_tensor);
-    dt_tensor *nv = (dt_tensor *)dt__realloc(g->pviews, g->pviews_bytes, bytes);
-    if (!nv) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NOMEM, "dt_param: out of memory");
-    g->pviews = nv;
-    g->pviews_bytes = bytes;
-    g->npviews = count;
-  }
-  size_t off;
-  int ndim, trainable;
-  const int64_t *shape;
-  dt__params_view(g->params, index, &off, &ndim, &shape, &trainable);
-  float *data = g->bound_own ? dt_params_data(g->params) : g->bound_data;
-  float *grad = g->bound_own ? dt_params_grad(g->params) : g->bound_grad;
-  if (g->device && g->bound_own && dt_params_size(g->params) != g->dparam_n)
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE,
-                                 "dt_param: params grew since the graph was created on device %s; create it after "
-                                 "adding every parameter", g->device->name);
-  if (g->device && g->bound_own) { /* the graph's device copy of the params */
-    data = g->dparam_data;
-    grad = g->dparam_grad;
-  }
-  dt_tensor *t = &g->pviews[index];
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
-  dt__tensor_init_header(t, g, ndim, shape, n);
-  t->data = data + off;
-  t->grad = (grad && trainable) ? grad + off : NULL;
-  t->flags = DTRAIN_TENSOR_PARAM | (t->grad ? DTRAIN_TENSOR_REQUIRES_GRAD : 0);
-  t->op = "param";
-  t->param_index = index;
-  return t;
 }
 
 /* ---- backward --------------------------------------------------------------------------- */

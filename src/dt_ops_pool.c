@@ -1,0 +1,218 @@
+/* ===========================================================================
+ * dt_ops_pool.c -- max and average pooling, NCHW
+ * ===========================================================================
+ * No padding; Ho = (H - k)/s + 1. iaux: kernel, stride. Max pooling routes
+ * the gradient to the first maximum of each window (a NaN wins).
+ */
+#include "dt_internal.h"
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
+#  define DT__POOL_SSE 1
+#  include <emmintrin.h>
+#endif
+
+/* Checks the arguments (dt__begin included); 0 when g has failed. */
+static int dt__pool_check(dt_graph *g, const char *op, dt_tensor *x, int kernel, int stride) {
+  if (!dt__begin(g, op, 1, x)) return 0;
+  char sx[96];
+  dt_shape_str(x, sx, sizeof sx);
+  if (x->ndim != 4) {
+    dt__fail(g, DTRAIN_ERR_RANK, "%s: x %s must have rank 4 [N,C,H,W]", op, sx);
+    return 0;
+  }
+  if (kernel < 1) {
+    dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: kernel %d (must be >= 1), x %s", op, kernel, sx);
+    return 0;
+  }
+  if (stride < 1) {
+    dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: stride %d (must be >= 1), x %s", op, stride, sx);
+    return 0;
+  }
+  if (kernel > x->shape[2] || kernel > x->shape[3]) {
+    dt__fail(g, DTRAIN_ERR_SHAPE, "%s: kernel %d larger than the input %lldx%lld (x %s)", op, kernel,
+             (long long)x->shape[2], (long long)x->shape[3], sx);
+    return 0;
+  }
+  return 1;
+}
+
+static dt_tensor *dt__pool_new(dt_graph *g, const char *op, dt_tensor *x, int kernel, int stride) {
+  int64_t shape[4] = {x->shape[0], x->shape[1], (x->shape[2] - kernel) / stride + 1,
+                      (x->shape[3] - kernel) / stride + 1};
+  dt_tensor *y = dt__new(g, op, 4, shape);
+  if (!y) return NULL;
+  y->iaux[0] = kernel;
+  y->iaux[1] = stride;
+  return y;
+}
+
+/* The window of output (oh, ow) starts at input offset oh*s*w + ow*s. Its
+ * maximum is the first element that is greater than all before it, or the
+ * first NaN: v replaces best when v > best, or v is NaN and best is not. */
+#ifdef DT__POOL_SSE
+static __m128 dt__pool_max4(__m128 best, __m128 v) {
+  __m128 take = _mm_or_ps(_mm_cmpgt_ps(v, best), _mm_and_ps(_mm_cmpunord_ps(v, v), _mm_cmpord_ps(best, best)));
+  return _mm_or_ps(_mm_and_ps(take, v), _mm_andnot_ps(take, best));
+}
+#endif
+
+/* Backward finds the winner again instead of keeping an index per output
+ * from the forward pass: the first element of the window equal to the
+ * output (the first NaN when the output is NaN) is the element the forward
+ * pass picked, since the maximum is the first occurrence of its value. */
+static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  int64_t k = y->iaux[0], s = y->iaux[1];
+  int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
+  int64_t ho = y->shape[2], wo = y->shape[3];
+  const float *go = y->grad, *yd = y->data;
+  for (int64_t pl = 0; pl < planes; pl++) {
+    const float *xp = x->data + pl * h * w;
+    float *gp = gx + pl * h * w;
+    for (int64_t oh = 0; oh < ho; oh++) {
+      int64_t ow = 0;
+#ifdef DT__POOL_SSE
+      if (k == 2 && s == 2) { /* 4 windows at a time: masks of the winners, no branches */
+        const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
+        float *g0 = gp + 2 * oh * w, *g1 = g0 + w;
+        for (; ow + 4 <= wo; ow += 4) {
+          int64_t o = (pl * ho + oh) * wo + ow;
+          __m128 best = _mm_loadu_ps(yd + o), gv = _mm_loadu_ps(go + o);
+          __m128 bnan = _mm_cmpunord_ps(best, best);
+          __m128 a0 = _mm_loadu_ps(r0 + 2 * ow), a1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+          __m128 b0 = _mm_loadu_ps(r1 + 2 * ow), b1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+          __m128 v[4], e[4];
+          v[0] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+          v[1] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1));
+          v[2] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0));
+          v[3] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1));
+          __m128 taken = _mm_setzero_ps();
+          for (int t = 0; t < 4; t++) {
+            __m128 eq = _mm_or_ps(_mm_cmpeq_ps(v[t], best), _mm_and_ps(bnan, _mm_cmpunord_ps(v[t], v[t])));
+            eq = _mm_andnot_ps(taken, eq); /* the first match only */
+            taken = _mm_or_ps(taken, eq);
+            e[t] = _mm_and_ps(eq, gv);
+          }
+          _mm_storeu_ps(g0 + 2 * ow, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow), _mm_unpacklo_ps(e[0], e[1])));
+          _mm_storeu_ps(g0 + 2 * ow + 4, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow + 4), _mm_unpackhi_ps(e[0], e[1])));
+          _mm_storeu_ps(g1 + 2 * ow, _mm_add_ps(_mm_loadu_ps(g1 + 2 * ow), _mm_unpacklo_ps(e[2], e[3])));
+          _mm_storeu_ps(g1 + 2 * ow + 4, _mm_add_ps(_mm_loadu_ps(g1 + 2 * ow + 4), _mm_unpackhi_ps(e[2], e[3])));
+        }
+      }
+#endif
+      for (; ow < wo; ow++) {
+        int64_t o = (pl * ho + oh) * wo + ow, at = oh * s * w + ow * s, t0 = at;
+        float best = yd[o];
+        int nan = best != best;
+        /* Scan backwards so that the first match is the one that stays;
+         * no early exit, so the compiler can use conditional moves. */
+        for (int64_t i = k - 1; i >= 0; i--) {
+          for (int64_t j = k - 1; j >= 0; j--) {
+            int64_t t = t0 + i * w + j;
+            float v = xp[t];
+            if (v == best || (nan && v != v)) at = t;
+          }
+        }
+        gp[at] += go[o];
+      }
+    }
+  }
+}
+
+DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride) {
+  static const char *op = "dt_max_pool2d";
+  if (!dt__pool_check(g, op, x, kernel, stride)) return NULL;
+  if (g->device) return dt__dev_pool(g, x, kernel, stride, 1, op);
+  dt_tensor *y = dt__pool_new(g, op, x, kernel, stride);
+  if (!y) return NULL;
+  int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
+  int64_t ho = y->shape[2], wo = y->shape[3], k = kernel, s = stride;
+  for (int64_t pl = 0; pl < planes; pl++) {
+    const float *xp = x->data + pl * h * w;
+    for (int64_t oh = 0; oh < ho; oh++) {
+      float *yo = y->data + (pl * ho + oh) * wo;
+      int64_t ow = 0;
+#ifdef DT__POOL_SSE
+      if (k == 2 && s == 2) { /* the common 2x2 pooling: 4 outputs from 2 x 8 inputs */
+        const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
+        for (; ow + 4 <= wo; ow += 4) {
+          __m128 a0 = _mm_loadu_ps(r0 + 2 * ow), a1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+          __m128 b0 = _mm_loadu_ps(r1 + 2 * ow), b1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+          __m128 best = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+          best = dt__pool_max4(best, _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)));
+          best = dt__pool_max4(best, _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)));
+          best = dt__pool_max4(best, _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)));
+          _mm_storeu_ps(yo + ow, best);
+        }
+      }
+#endif
+      for (; ow < wo; ow++) {
+        const float *win = xp + oh * s * w + ow * s;
+        float best = win[0];
+        for (int64_t i = 0; i < k; i++) {
+          for (int64_t j = 0; j < k; j++) {
+            float v = win[i * w + j];
+            if (v > best || (v != v && best == best)) best = v;
+          }
+        }
+        yo[ow] = best;
+      }
+    }
+  }
+  dt__record(g, y, op, dt__pool_max_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+static void dt__pool_avg_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  int64_t k = y->iaux[0], s = y->iaux[1];
+  int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
+  int64_t ho = y->shape[2], wo = y->shape[3];
+  float kk = (float)(k * k);
+  const float *go = y->grad;
+  for (int64_t pl = 0; pl < planes; pl++) {
+    float *gp = gx + pl * h * w;
+    for (int64_t oh = 0; oh < ho; oh++) {
+      for (int64_t ow = 0; ow < wo; ow++) {
+        float d = go[(pl * ho + oh) * wo + ow] / kk;
+        for (int64_t i = 0; i < k; i++) {
+          float *r = gp + (oh * s + i) * w + ow * s;
+          for (int64_t j = 0; j < k; j++) r[j] += d;
+        }
+      }
+    }
+  }
+}
+
+DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride) {
+  static const char *op = "dt_avg_pool2d";
+  if (!dt__pool_check(g, op, x, kernel, stride)) return NULL;
+  if (g->device) return dt__dev_pool(g, x, kernel, stride, 0, op);
+  dt_tensor *y = dt__pool_new(g, op, x, kernel, stride);
+  if (!y) return NULL;
+  int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
+  int64_t ho = y->shape[2], wo = y->shape[3], k = kernel, s = stride;
+  float kk = (float)(k * k);
+  for (int64_t pl = 0; pl < planes; pl++) {
+    const float *xp = x->data + pl * h * w;
+    for (int64_t oh = 0; oh < ho; oh++) {
+      for (int64_t ow = 0; ow < wo; ow++) {
+        float sum = 0.0f;
+        for (int64_t i = 0; i < k; i++) {
+          const float *r = xp + (oh * s + i) * w + ow * s;
+          for (int64_t j = 0; j < k; j++) sum += r[j];
+        }
+        y->data[(pl * ho + oh) * wo + ow] = sum / kk;
+      }
+    }
+  }
+  dt__record(g, y, op, dt__pool_avg_backward, x, NULL, NULL);
+  return dt__finish(g, y);
+}
+
+#ifdef DT__POOL_SSE
+#  undef DT__POOL_SSE
+#endif
