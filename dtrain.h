@@ -88,10 +88,10 @@
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
  * An upper layer reaches down through hooks it installs, never the reverse.)
  *   1  base      dt_base dt_internal dt_platform dt_rng dt_json dt_bytes
- *   2  tensor    dt_tensor dt_graph* dt_device
- *   3  ops       dt_ops* dt_gemm dt_device_ops*
+ *   2  tensor    dt_tensor dt_device
+ *   3  ops       dt_ops* dt_gemm dt_device_ops dt_device_nn
  *   4  autograd  dt_autograd
- *   5  params    dt_params dt_nn
+ *   5  params    dt_params dt_graph_params dt_nn
  *   6  optim     dt_optim dt_memory
  *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint*
  *   8  comm      dt_comm dt_comm_mpi dt_devgroup
