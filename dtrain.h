@@ -1,16 +1,20 @@
-/* dtrain.h -- train neural networks from plain C.             MIT license
+/* dtrain.h -- train neural networks from plain C.       v0.1, MIT license (end)
  *
  * One stb-style header: float32 tensors, reverse-mode autograd, the ops for
  * MLPs, CNNs, recurrent nets and small transformers, optimizers, data loaders
  * (IDX/gzip, CSV, NPY, text), safetensors checkpoints, a training loop with
- * progress, metrics CSV and SVG charts, and data-parallel training on threads
- * (mirrored, central storage, asynchronous Hogwild). C11 + libm + pthreads.
+ * progress, metrics CSV and SVG charts; data-parallel training on threads
+ * (mirrored, central storage, asynchronous with bounded staleness) and across
+ * processes and machines over TCP or MPI (multi-worker all-reduce, parameter
+ * servers). C11 + libm; pthreads and sockets unless compiled out. This comment
+ * is the user reference; README.md is the tour, docs/ the wire protocol.
  *
  * INCLUDING
  *   In exactly one C file, before the include (ideally as its first include):
  *     #define DTRAIN_IMPLEMENTATION
  *     #include "dtrain.h"
  *   Everywhere else just #include "dtrain.h". Link with -lm -lpthread.
+ *   The header also compiles as C++ (extern "C").
  *
  * EXAMPLE (a 2-8-1 network learning XOR; examples/01_xor.c is the full program)
  *   dt_params *P = dt_params_create(42);
@@ -32,57 +36,80 @@
  *   }
  *   dt_graph_destroy(g); dt_optim_destroy(opt); dt_params_destroy(P);
  *
+ * WHAT IS IN IT (the public sections below, in order)
+ *   base       results and messages, allocator and logger hooks, version and
+ *              build features, time                                  (dt_base.h)
+ *   tensor     dt_graph (one replica's arena and autograd tape), dt_tensor:
+ *              float32, up to 6 dims, contiguous row-major           (dt_tensor.h)
+ *   ops        elementwise with broadcasting, reductions, shapes, matmul and
+ *              dt_sgemm, softmax and losses, norms, dropout, embedding,
+ *              conv2d and pooling; each with its backward            (dt_ops.h)
+ *   params     one flat parameter buffer and one flat gradient buffer; named
+ *              ranges; initialisers                                  (dt_params.h)
+ *   optim      SGD (momentum, Nesterov), Adam, AdamW, RMSprop; schedules;
+ *              global-norm clipping                                  (dt_optim.h)
+ *   nn         layers as plain structs: linear, conv2d, embedding, layer and
+ *              batch norm, LSTM and GRU cells, causal self-attention (dt_nn.h)
+ *   io         safetensors checkpoints (full training state, bitwise resume),
+ *              metrics CSV, SVG charts                               (dt_io.h)
+ *   fit        dt_fit: epochs, evaluation, progress bar, checkpoints (dt_fit.h)
+ *   data       datasets, loaders (seeded shuffle, sharding), IDX/gzip, CSV,
+ *              NPY, text, Fashion-MNIST                              (dt_data.h)
+ *   memory     where the bytes of a training set-up go               (dt_memory.h)
+ *   comm       communicators: all-reduce, broadcast, all-gather, barrier over
+ *              threads (and TCP, MPI below)                          (dt_comm.h)
+ *   strategy   one_device, mirrored, central_storage, async (Hogwild, bounded
+ *              staleness), multi_worker_mirrored, parameter_server: the same
+ *              step function under each                              (dt_strategy.h)
+ *   net        clusters (flags or DTRAIN_CONFIG), TCP communicator, parameter
+ *              servers and their store                               (dt_net.h)
+ *   device     the device interface that dtrain_cuda.h implements   (dt_device.h)
+ *
  * CONFIGURATION (define before the include; the same in every TU)
- *   DTRAIN_IMPLEMENTATION   emit the implementation here
- *   DTRAIN_STATIC           all functions static (private copy per TU)
+ *   DTRAIN_IMPLEMENTATION   emit the implementation in this translation unit
+ *   DTRAIN_STATIC           every function static (a private copy per TU)
  *   DTRAIN_USE_CBLAS        GEMM through cblas_sgemm (link -lopenblas or similar)
- *   DTRAIN_NO_THREADS       no pthreads; threaded APIs give DTRAIN_ERR_UNSUPPORTED
- *   DTRAIN_NO_NET           no sockets
- *   DTRAIN_NO_STDIO         no FILE* or stderr use
- *   DTRAIN_MALLOC/REALLOC/FREE   compile-time allocator: all three or none
- *   DTRAIN_NO_MALLOC        no libc allocator: call dt_use_fixed_memory(buf, n)
+ *   DTRAIN_USE_MPI          dt_comm_create_mpi() over MPI_COMM_WORLD (build
+ *                           with mpicc; needs threads and the network)
+ *   DTRAIN_USE_ZLIB         gzip through zlib (-lz) instead of the built-in inflate
+ *   DTRAIN_NO_THREADS       no pthreads: one_device only; threaded APIs return
+ *                           DTRAIN_ERR_UNSUPPORTED
+ *   DTRAIN_NO_NET           no sockets: the TCP communicator and parameter
+ *                           servers return DTRAIN_ERR_UNSUPPORTED (the cluster
+ *                           parser still works)
+ *   DTRAIN_NO_STDIO         no FILE* or stderr: file readers and writers return
+ *                           DTRAIN_ERR_UNSUPPORTED, parsers work from memory, the
+ *                           default logger prints nothing
+ *   DTRAIN_NO_SIMD          portable C only: no run-time AVX2/FMA or NEON GEMM
+ *                           kernel, no SSE/AVX loops
+ *   DTRAIN_MALLOC(size) DTRAIN_REALLOC(ptr, size) DTRAIN_FREE(ptr)
+ *                           a compile-time allocator: all three or none
+ *   DTRAIN_NO_MALLOC        no libc allocator at all: call dt_use_fixed_memory()
+ *                           (or dt_set_allocator()) before anything else
+ *   DTRAIN_DEBUG            reported by dt_build_info() ("debug=yes") and
+ *                           DTRAIN_FEATURE_DEBUG; it changes nothing else yet
  *   Contradictory settings stop the build with an #error naming the fix.
  *   dt_build_info() / dt_build_features() report what was compiled in.
+ *   In dtrain_cuda.h (compiled by nvcc in one .cu file):
+ *   DTRAIN_CUDA_IMPLEMENTATION  emit the CUDA backend (link -lcublas)
+ *   DTRAIN_USE_NCCL         multi-GPU all-reduce and broadcast by NCCL (-lnccl)
+ *   DTRAIN_CUDA_HOST_EMULATION  the same kernels on the host (plain C++): how
+ *                           the tests check the CUDA math without a GPU
  *
- * MEMORY AND OWNERSHIP
- *   dt_params owns the flat parameter and gradient buffers (one float array
- *   each; every named parameter is a range). dt_graph owns every tensor it
- *   returns (op results, dt_tensor_new/from/wrap, dt_param views) until
- *   dt_graph_reset() or dt_graph_destroy(): never free a tensor. dt_optim owns
- *   its state buffers. destroy(NULL) is a no-op everywhere. After the first
- *   step a training step allocates nothing (the arena is kept and merged).
- *   All allocation goes through dt_set_allocator() hooks (size + alignment).
- *
- * ERRORS
- *   dt_result: 0 = DTRAIN_OK, negative codes grouped by area (DTRAIN_RESULT_LIST).
- *   Every failure also leaves a message: dt_last_error() (per thread) and, for
- *   graph building, dt_graph_message(). Ops keep the first error on the graph
- *   (sticky) and return NULL; later ops are no-ops, dt_backward returns the
- *   error: check once per step. Nothing calls exit() or abort() on bad input.
- *
- * THREADS
- *   object        may be used by
- *   dt_graph      one thread at a time (each replica has its own)
- *   dt_params     one writer at a time; readers of data concurrently with
- *                 graphs that bind their own gradient buffers
- *   dt_optim      one thread at a time (dt_optim_update on disjoint ranges may
- *                 run concurrently)
- *   logger        called from any thread, never with a lock held
- *   dt_set_allocator / dt_set_logger: at set-up, before other threads use dtrain
- *   Intra-op threads: dt_set_threads(n) (or DTRAIN_THREADS=n|auto in the
- *   environment; default 1) splits big GEMMs and Adam updates over a
- *   persistent pool of n threads, bit for bit the one-thread results. Kernels
- *   inside the replicas of a multi-replica strategy use one thread.
- *
- * DEVICES (dt_device.h; the CUDA backend is dtrain_cuda.h, built with nvcc)
- *   dt_graph_desc.device runs the same model code on a device: tensor data and
- *   gradients in device memory, headers and the tape on the host. The graph
- *   keeps a device copy of its params (dt_graph_params_upload/download);
- *   dt_optim_step_graph updates it there; dt_tensor_to_host reads results.
- *   Ops without a device kernel fail with DTRAIN_ERR_UNSUPPORTED (never a
- *   host read of device memory); dt_device.h lists the ones that run.
- *   The CUDA backend has not yet run on a GPU: its kernels' math is checked
- *   against the CPU ops in a host emulation (tests/test_cuda_emu.cc).
+ * ENVIRONMENT (read at run time; a program's flags or options win)
+ *   DTRAIN_THREADS=n|auto   intra-op threads (default 1; dt_set_threads)
+ *   DTRAIN_GEMM=portable    force the portable GEMM kernel (dt_sgemm_use_portable)
+ *   DTRAIN_CONFIG=JSON      the cluster and this process's task, TF_CONFIG style
+ *                           (dt_cluster_discover)
+ *   DTRAIN_TOKEN=secret     peers must prove they know it (HMAC-SHA256
+ *                           challenge-response; it never crosses the wire)
+ *   DTRAIN_TIMEOUT=seconds  the deadline of every blocking network call (30)
+ *   DTRAIN_SPIN_US=us       how long a receive spins before it sleeps in poll()
+ *   DTRAIN_SOCKBUF=bytes    socket buffer size of collective connections
+ *                           (4 MiB; 0: the kernel's autotuning)
+ *   DTRAIN_JOB_ID, DTRAIN_LISTEN_FD   set by tools/dtrain-launch: the job every
+ *                           peer must belong to, and an already bound listening
+ *                           socket handed to the child
  *
  * LAYERS (the files of src/, lowest first: a file includes and calls only
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
@@ -99,10 +126,94 @@
  *   10 strategy  dt_strategy* dt_pstore*
  *   11 fit       dt_fit*
  *
+ * MEMORY AND OWNERSHIP
+ *   dt_params owns the flat parameter and gradient buffers (one float array
+ *   each; every named parameter is a range). dt_graph owns every tensor it
+ *   returns (op results, dt_tensor_new/from/wrap, dt_param views) until
+ *   dt_graph_reset() or dt_graph_destroy(): never free a tensor. dt_optim owns
+ *   its state buffers. Objects returned by *_create are the caller's: one
+ *   *_destroy each; destroy(NULL) is a no-op everywhere. After the first step
+ *   a training step allocates nothing (the arena is kept and merged).
+ *   All allocation goes through dt_set_allocator() hooks (size + alignment),
+ *   DTRAIN_MALLOC/REALLOC/FREE, or the fixed buffer of dt_use_fixed_memory().
+ *
+ * ERRORS
+ *   dt_result: 0 = DTRAIN_OK, negative codes grouped by area in hundreds
+ *   (DTRAIN_RESULT_LIST: -1xx arguments and state, -2xx shapes and values,
+ *   -3xx memory, -4xx files and formats, -5xx network, -6xx threads);
+ *   dt_result_str() and dt_result_name() name them. Every failure also leaves
+ *   a message naming the function and the values involved: dt_last_error()
+ *   (per thread) and, for graph building, dt_graph_message(). Functions that
+ *   return a pointer return NULL on failure, with the same message. Ops keep
+ *   the first error on the graph (sticky) and return NULL; later ops are
+ *   no-ops and dt_backward returns the error: check once per step. Network
+ *   errors name this rank, the peer, the operation and the sequence number;
+ *   every blocking call has a deadline. Messages also go to the logger
+ *   (dt_set_logger; by default errors and warnings to stderr), once per
+ *   failure. Nothing calls exit() or abort() on bad input.
+ *
+ * THREADS
+ *   object        may be used by
+ *   dt_graph      one thread at a time (each replica has its own)
+ *   dt_params     one writer at a time; readers of data concurrently with
+ *                 graphs that bind their own gradient buffers
+ *   dt_optim      one thread at a time (dt_optim_update on disjoint ranges may
+ *                 run concurrently)
+ *   dt_strategy   one thread (the one that calls step/run); it runs its own
+ *                 replica threads inside
+ *   dt_comm       one thread per rank (each rank of a thread communicator is
+ *                 driven by its own thread)
+ *   dt_pstore     any worker thread, each with its own worker index
+ *   logger        called from any thread, never with a lock held
+ *   dt_set_allocator / dt_set_logger: at set-up, before other threads use dtrain
+ *   Intra-op threads: dt_set_threads(n) (or DTRAIN_THREADS=n|auto; default 1)
+ *   splits big GEMMs and Adam updates over a persistent pool of n threads, bit
+ *   for bit the one-thread results. Kernels inside the replicas of a
+ *   multi-replica strategy use one thread. Results never depend on thread
+ *   timing: reductions run in a fixed order, so a repeat is bitwise equal.
+ *
+ * DEVICES (dt_device.h; the CUDA backend is dtrain_cuda.h, built with nvcc)
+ *   dt_graph_desc.device runs the same model code on a device: tensor data and
+ *   gradients in device memory, headers and the tape on the host. The graph
+ *   keeps a device copy of its params (dt_graph_params_upload/download);
+ *   dt_optim_step_graph updates it there; dt_tensor_to_host reads results.
+ *   Ops without a device kernel fail with DTRAIN_ERR_UNSUPPORTED (never a
+ *   host read of device memory). Several GPUs: the mirrored and
+ *   multi_worker_mirrored strategies take one device per replica
+ *   (dt_strategy_desc.devices) and all-reduce over a dt_device_group (peer
+ *   copies, or NCCL with DTRAIN_USE_NCCL). The CUDA backend has not yet run
+ *   on a GPU: its kernels' math is checked against the CPU ops in a host
+ *   emulation (tests/test_cuda_emu.cc).
+ *
  * WHAT IT DOES NOT DO (yet)
  *   No strided (non-contiguous) tensors: transpose/permute copy. No float16.
- *   CUDA: one GPU, kernels only for the ops dt_device.h lists, not yet run
- *   on a GPU; no multi-GPU: later milestones (see README.md and CHANGELOG.md).
+ *   No model parallelism (pipeline, tensor-parallel layers) yet. Network
+ *   traffic is authenticated (DTRAIN_TOKEN) but not encrypted. The CUDA
+ *   backend is untested on real GPUs (see DEVICES).
+ *
+ * LICENSE
+ *   MIT License
+ *
+ *   Copyright (c) 2026 the dtrain authors
+ *
+ *   Permission is hereby granted, free of charge, to any person obtaining a
+ *   copy of this software and associated documentation files (the
+ *   "Software"), to deal in the Software without restriction, including
+ *   without limitation the rights to use, copy, modify, merge, publish,
+ *   distribute, sublicense, and/or sell copies of the Software, and to permit
+ *   persons to whom the Software is furnished to do so, subject to the
+ *   following conditions:
+ *
+ *   The above copyright notice and this permission notice shall be included
+ *   in all copies or substantial portions of the Software.
+ *
+ *   THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS
+ *   OR IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF
+ *   MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN
+ *   NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+ *   DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR
+ *   OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE
+ *   USE OR OTHER DEALINGS IN THE SOFTWARE.
  */
 
 /* This file is generated by tools/amalgamate from src/ (see src/MANIFEST).
