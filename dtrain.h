@@ -115,10 +115,10 @@
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
  * An upper layer reaches down through hooks it installs, never the reverse.)
  *   1  base      dt_base dt_internal dt_platform dt_rng dt_json dt_bytes
- *   2  tensor    dt_tensor dt_device
+ *   2  tensor    dt_tensor dt_tensor_internal dt_device
  *   3  ops       dt_ops* dt_gemm dt_device_ops dt_device_nn
  *   4  autograd  dt_autograd
- *   5  params    dt_params dt_graph_params dt_nn
+ *   5  params    dt_params dt_params_internal dt_graph_params dt_nn
  *   6  optim     dt_optim dt_memory
  *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint*
  *   8  comm      dt_comm dt_comm_mpi dt_devgroup
@@ -394,6 +394,20 @@ DTRAIN_API unsigned dt_build_features(void);
 /* One line: version, compiler and features, e.g.
  * "dtrain 0.1.0 (gcc 12.2) threads=yes net=yes stdio=yes cblas=no ...". Static storage. */
 DTRAIN_API const char *dt_build_info(void);
+
+/* ---- RNG: xoshiro256** seeded by splitmix64; same numbers on every platform. */
+typedef struct dt_rng { uint64_t s[4]; } dt_rng;
+
+DTRAIN_API void dt_rng_seed(dt_rng *r, uint64_t seed);
+DTRAIN_API uint64_t dt_rng_u64(dt_rng *r);
+/* Uniform integer in [0, n), n > 0, without modulo bias. */
+DTRAIN_API uint64_t dt_rng_below(dt_rng *r, uint64_t n);
+/* Uniform float in [0, 1) with 24 random bits. */
+DTRAIN_API float dt_rng_uniform(dt_rng *r);
+/* Standard normal (Box-Muller computed in double, rounded to float). */
+DTRAIN_API float dt_rng_normal(dt_rng *r);
+/* Fisher-Yates shuffle of n int32 indices. */
+DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n);
 
 /* Monotonic wall clock in seconds (for timing and progress). */
 DTRAIN_API double dt_time_now(void);
@@ -738,20 +752,6 @@ DTRAIN_EXTERN_C_END
 /* #include "dt_tensor.h" (amalgamated) */
 
 DTRAIN_EXTERN_C_BEGIN
-
-/* ---- RNG: xoshiro256** seeded by splitmix64; same numbers on every platform. */
-typedef struct dt_rng { uint64_t s[4]; } dt_rng;
-
-DTRAIN_API void dt_rng_seed(dt_rng *r, uint64_t seed);
-DTRAIN_API uint64_t dt_rng_u64(dt_rng *r);
-/* Uniform integer in [0, n), n > 0, without modulo bias. */
-DTRAIN_API uint64_t dt_rng_below(dt_rng *r, uint64_t n);
-/* Uniform float in [0, 1) with 24 random bits. */
-DTRAIN_API float dt_rng_uniform(dt_rng *r);
-/* Standard normal (Box-Muller computed in double, rounded to float). */
-DTRAIN_API float dt_rng_normal(dt_rng *r);
-/* Fisher-Yates shuffle of n int32 indices. */
-DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n);
 
 /* ---- initializers --------------------------------------------------------------
  * fan_in / fan_out follow PyTorch: for shape [out, in, k...] fan_in = in*prod(k),
@@ -2851,6 +2851,15 @@ DTRAIN_EXTERN_C_END
  * file-scope statics. DTRAIN_PRIVATE marks cross-file internal functions: they
  * are static in the amalgamated dtrain.h and extern when src/ is compiled
  * file by file.
+ *
+ * This is the base layer's private header: it includes only dt_base.h. The
+ * private declarations of the layers above live in their own headers, each
+ * including the ones below it (see LAYERS in the manual):
+ *   dt_tensor_internal.h   the graph, its arena and tape, the device arena
+ *   dt_ops_internal.h      the device twins of the ops
+ *   dt_params_internal.h   parameter layouts
+ * A source file includes dt_internal.h, the public headers of its layer and
+ * below, and the private headers it needs.
  */
 #ifndef DTRAIN_INTERNAL_H
 #define DTRAIN_INTERNAL_H
@@ -2861,19 +2870,6 @@ DTRAIN_EXTERN_C_END
 #endif
 
 /* #include "dt_base.h" (amalgamated) */
-/* #include "dt_tensor.h" (amalgamated) */
-/* #include "dt_ops.h" (amalgamated) */
-/* #include "dt_params.h" (amalgamated) */
-/* #include "dt_optim.h" (amalgamated) */
-/* #include "dt_nn.h" (amalgamated) */
-/* #include "dt_io.h" (amalgamated) */
-/* #include "dt_fit.h" (amalgamated) */
-/* #include "dt_data.h" (amalgamated) */
-/* #include "dt_memory.h" (amalgamated) */
-/* #include "dt_comm.h" (amalgamated) */
-/* #include "dt_strategy.h" (amalgamated) */
-/* #include "dt_net.h" (amalgamated) */
-/* #include "dt_device.h" (amalgamated) */
 
 #include <float.h>
 #include <limits.h>
@@ -2952,6 +2948,41 @@ DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
 
 /* ---- RNG (dt_rng.c) ---------------------------------------------------------- */
 DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
+
+/* ---- intra-op threads (dt_platform.c) -------------------------------------------
+ * One process-wide persistent pool (dt_set_threads / DTRAIN_THREADS) that
+ * kernels split their work over:
+ *   int t = dt__par_threads();           threads this thread may use now
+ *   if (t > 1 && work is big) dt__par_run(parts, fn, arg);
+ * dt__par_run calls fn(arg, part, nparts) once for each part in [0, nparts),
+ * on the pool's threads and the caller, and returns when all have returned.
+ * When the pool is busy (another thread is using it) or cannot be created,
+ * the caller runs every part itself, so a kernel whose parts write disjoint
+ * outputs gives the same result either way. A thread that runs a replica of
+ * a multi-replica strategy is marked (dt__par_set_replica) and gets 1, so
+ * replicas and intra-op threads never oversubscribe the cores. */
+typedef void (*dt__par_fn)(void *arg, int part, int nparts);
+DTRAIN_PRIVATE int dt__par_threads(void);
+DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg);
+/* Marks (1) or unmarks (0) the calling thread as a strategy replica; returns
+ * the previous mark. */
+DTRAIN_PRIVATE int dt__par_set_replica(int on);
+
+#endif /* DTRAIN_INTERNAL_H */
+/* ======== end dt_internal.h ======== */
+
+/* ======== begin dt_tensor_internal.h ======== */
+/* ===========================================================================
+ * dt_tensor_internal.h -- the graph, its arena and tape, the device arena (tensor layer)
+ * ===========================================================================
+ * Private: part of the implementation, not of the API. See dt_internal.h.
+ */
+#ifndef DTRAIN_TENSOR_INTERNAL_H
+#define DTRAIN_TENSOR_INTERNAL_H
+
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
 
 /* ---- graph internals (dt_tensor.c) --------------------------------------------
  * The tensor layer: calls only the base and the graph's device side
@@ -3052,6 +3083,21 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out);
 /* gx += gy over n elements (the backward of no-copy views, the loss seed). */
 DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op);
 
+#endif /* DTRAIN_TENSOR_INTERNAL_H */
+/* ======== end dt_tensor_internal.h ======== */
+
+/* ======== begin dt_ops_internal.h ======== */
+/* ===========================================================================
+ * dt_ops_internal.h -- the device twins of the ops (ops layer)
+ * ===========================================================================
+ * Private: part of the implementation, not of the API. See dt_internal.h.
+ */
+#ifndef DTRAIN_OPS_INTERNAL_H
+#define DTRAIN_OPS_INTERNAL_H
+
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+
 /* ---- device twins of the ops (dt_device_ops.c, dt_device_nn.c: ops layer) -----------
  * Every op that has a device path calls its dt__dev_* twin right after
  * dt__begin when g->device is set; dt__begin already refused (with
@@ -3089,6 +3135,24 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
 DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
 DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
 
+/* ---- GEMM (dt_gemm.c) ---------------------------------------------------------
+ * dt_sgemm is the public entry; ops call it directly. */
+
+#endif /* DTRAIN_OPS_INTERNAL_H */
+/* ======== end dt_ops_internal.h ======== */
+
+/* ======== begin dt_params_internal.h ======== */
+/* ===========================================================================
+ * dt_params_internal.h -- parameter layouts (params layer)
+ * ===========================================================================
+ * Private: part of the implementation, not of the API. See dt_internal.h.
+ */
+#ifndef DTRAIN_PARAMS_INTERNAL_H
+#define DTRAIN_PARAMS_INTERNAL_H
+
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+
 /* ---- params internals (dt_params.c) ------------------------------------------------ */
 /* Layout of parameter `index` (no checks: index must be valid). */
 DTRAIN_PRIVATE int dt__params_view(const dt_params *p, int index, size_t *offset, int *ndim,
@@ -3097,30 +3161,8 @@ DTRAIN_PRIVATE int dt__params_view(const dt_params *p, int index, size_t *offset
 DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin, size_t *end,
                                     int *trainable, int *decay);
 
-/* ---- GEMM (dt_gemm.c) ---------------------------------------------------------
- * dt_sgemm is the public entry; ops call it directly. */
-
-/* ---- intra-op threads (dt_platform.c) -------------------------------------------
- * One process-wide persistent pool (dt_set_threads / DTRAIN_THREADS) that
- * kernels split their work over:
- *   int t = dt__par_threads();           threads this thread may use now
- *   if (t > 1 && work is big) dt__par_run(parts, fn, arg);
- * dt__par_run calls fn(arg, part, nparts) once for each part in [0, nparts),
- * on the pool's threads and the caller, and returns when all have returned.
- * When the pool is busy (another thread is using it) or cannot be created,
- * the caller runs every part itself, so a kernel whose parts write disjoint
- * outputs gives the same result either way. A thread that runs a replica of
- * a multi-replica strategy is marked (dt__par_set_replica) and gets 1, so
- * replicas and intra-op threads never oversubscribe the cores. */
-typedef void (*dt__par_fn)(void *arg, int part, int nparts);
-DTRAIN_PRIVATE int dt__par_threads(void);
-DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg);
-/* Marks (1) or unmarks (0) the calling thread as a strategy replica; returns
- * the previous mark. */
-DTRAIN_PRIVATE int dt__par_set_replica(int on);
-
-#endif /* DTRAIN_INTERNAL_H */
-/* ======== end dt_internal.h ======== */
+#endif /* DTRAIN_PARAMS_INTERNAL_H */
+/* ======== end dt_params_internal.h ======== */
 
 /* ======== begin dt_base.c ======== */
 /* ===========================================================================
@@ -3607,6 +3649,9 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
  * params) is in dt_graph_params.c.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
 
 /* ---- arena ---------------------------------------------------------------------- */
 
@@ -4131,6 +4176,9 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
  * Nothing here runs on a CPU graph: the CPU ops only test `g->device`.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
 
 struct dt__dchunk {
   dt__dchunk *next;
@@ -4356,6 +4404,11 @@ DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t
  * GEMM-based and nn twins are in dt_device_nn.c.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 
 /* ---- elementwise binary: same shapes, or b over a's leading dims ---------------------- */
 
@@ -4824,6 +4877,11 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t
  * calls its twin here right after dt__begin when g->device is set.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 
 /* ---- GEMM-based: matmul (2-D), linear --------------------------------------------------------- */
 
@@ -5500,6 +5558,11 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
  * paths only to rounding.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 #ifdef DTRAIN_USE_CBLAS
 #include <cblas.h>
 #endif
@@ -6279,6 +6342,11 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
  * ===========================================================================
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 #if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
 #  define DT__ELEM_SSE 1
 #  include <emmintrin.h>
@@ -6576,6 +6644,11 @@ DTRAIN_API dt_tensor *dt_gelu(dt_graph *g, dt_tensor *x) { return dt__unary(g, x
  * along the reduced elements), so results are accurate and deterministic.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 
 /* Doubles accumulated at once by the axis reduction (stack buffer). */
 #define DT__REDUCE_BLOCK 256
@@ -6697,6 +6770,11 @@ DTRAIN_API dt_tensor *dt_mean_axis(dt_graph *g, dt_tensor *x, int axis, int keep
  * into the input's gradient. Every other op here copies.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 
 /* Tile edge of the blocked 2-D transpose. */
 #define DT__SHAPE_TILE 32
@@ -7108,6 +7186,11 @@ DTRAIN_API dt_result dt_split(dt_graph *g, dt_tensor *x, int axis, int n, dt_ten
  * so are both backward products (the one for B sums over the batch).
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 
 /* iaux layout of a matmul/bmm output. */
 enum { DT__MM_NB, DT__MM_M, DT__MM_K, DT__MM_N, DT__MM_TRANS_B, DT__MM_SHARED };
@@ -7274,6 +7357,11 @@ DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
  * (row log-sum-exp, mean and 1/std) live in the arena, pointed to by y->aux.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 
 /* Checks an optional tensor argument (NULL is fine) belongs to g. */
 static int dt__nn_opt(dt_graph *g, const char *op, const char *name, const dt_tensor *t) {
@@ -7903,6 +7991,11 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
  * Pooling is in dt_ops_pool.c.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_ops_conv.h" (amalgamated) */
 #if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
 #  define DT__CONV_SSE 1
@@ -8278,6 +8371,11 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
  * differ from the im2col path by rounding (a few float ulps per term
  * magnitude). */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_ops_conv.h" (amalgamated) */
 
 /* The steps run in an AVX2 copy where the CPU has it (x86-64 with GCC or
@@ -8843,6 +8941,11 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
  * the gradient to the first maximum of each window (a NaN wins).
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 #if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
 #  define DT__POOL_SSE 1
 #  include <emmintrin.h>
@@ -9062,6 +9165,14 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
  * ===========================================================================
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 
 #define DT__NAME_MAX 127
 #define DT__PARAM_ALIGN_FLOATS 16 /* 64 bytes */
@@ -9390,6 +9501,14 @@ DTRAIN_API double dt_l2_norm(const float *x, size_t n) {
  * dt_graph_create and freed with the graph's device arena (dt_device.c).
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 
 /* The device copy of the params: two device buffers of dt_params_size
  * floats, the data uploaded and the gradient zeroed. Nothing without params. */
@@ -9531,6 +9650,16 @@ DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
  * buffers uses the same range of each slot.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 
 /* The Adam update in SIMD: the same float operations in the same order as
  * the scalar loop (no FMA), so the results are the same bit for bit, and
@@ -10169,6 +10298,14 @@ DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
  * serves every replica.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 
 /* "<name>.<suffix>" into buf; error if it does not fit. */
 static dt_result dt__nn_name(char *buf, size_t cap, const char *fn, const char *name, const char *suffix) {
@@ -10467,6 +10604,18 @@ DTRAIN_API dt_tensor *dt_nn_attention_forward(dt_graph *g, const dt_nn_attention
  * and the RNGs (a step that cannot fail).
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
@@ -12229,6 +12378,22 @@ DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { (void)c;
  * and only does arithmetic and (throttled) printing in between.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_fit.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
@@ -12938,6 +13103,18 @@ done:
  * the gzip wrapper (header, CRC-32, ISIZE, members) is the same code.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 
 #ifdef DTRAIN_USE_ZLIB
 #  include <zlib.h>
@@ -13497,6 +13674,18 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
  * before anything is allocated for it.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 
 #ifndef DTRAIN_NO_STDIO
 #  include <errno.h>
@@ -14842,6 +15031,16 @@ DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
  * ===========================================================================
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 
 DTRAIN_API dt_result dt_memory_stats(const dt_params *p, const dt_optim *o, const dt_graph *g, dt_memory_info *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_memory_stats: out is NULL");
@@ -15637,6 +15836,19 @@ DTRAIN_API int dt_get_threads(void) { return dt__platform_par_want_get(); }
  * thread came first.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 
 enum {
@@ -16028,6 +16240,19 @@ DTRAIN_API void dt_comm_reset_stats(dt_comm *c) {
  * base and the devices' function tables, nothing of the graph.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 
 struct dt_device_group {
   int n;
@@ -16302,6 +16527,21 @@ DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const 
  * optimizer step, push the difference. See dt_strategy.h for the rules.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 
 /* ---- the in-process parameter store --------------------------------------------------- */
@@ -18022,6 +18262,20 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
  * file needs no networking: the parser works under DTRAIN_NO_NET too.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 
 #define DT__CLUSTER_MAX_DEPTH 32  /* nesting of arrays/objects in DTRAIN_CONFIG */
 #define DT__CLUSTER_ADDR_MAX 255  /* longest "host:port" */
@@ -19257,6 +19511,20 @@ DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p);
  * ===========================================================================
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_net_core.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 
@@ -20645,6 +20913,20 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
  * BYE (0x08) is sent to every peer by destroy.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_net_core.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 
@@ -21689,6 +21971,19 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_option
  * otherwise dt_comm_create_mpi fails with DTRAIN_ERR_UNSUPPORTED.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 
 #if defined(DTRAIN_USE_MPI)
@@ -22007,6 +22302,20 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
  * The shard's floats are its parameters' elements in parameter order.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_net_core.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 

@@ -170,6 +170,20 @@ DTRAIN_API unsigned dt_build_features(void);
  * "dtrain 0.1.0 (gcc 12.2) threads=yes net=yes stdio=yes cblas=no ...". Static storage. */
 DTRAIN_API const char *dt_build_info(void);
 
+/* ---- RNG: xoshiro256** seeded by splitmix64; same numbers on every platform. */
+typedef struct dt_rng { uint64_t s[4]; } dt_rng;
+
+DTRAIN_API void dt_rng_seed(dt_rng *r, uint64_t seed);
+DTRAIN_API uint64_t dt_rng_u64(dt_rng *r);
+/* Uniform integer in [0, n), n > 0, without modulo bias. */
+DTRAIN_API uint64_t dt_rng_below(dt_rng *r, uint64_t n);
+/* Uniform float in [0, 1) with 24 random bits. */
+DTRAIN_API float dt_rng_uniform(dt_rng *r);
+/* Standard normal (Box-Muller computed in double, rounded to float). */
+DTRAIN_API float dt_rng_normal(dt_rng *r);
+/* Fisher-Yates shuffle of n int32 indices. */
+DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n);
+
 /* Monotonic wall clock in seconds (for timing and progress). */
 DTRAIN_API double dt_time_now(void);
 

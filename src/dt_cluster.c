@@ -14,6 +14,20 @@
  * file needs no networking: the parser works under DTRAIN_NO_NET too.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_io.h"
+#include "dt_data.h"
+#include "dt_memory.h"
+#include "dt_comm.h"
+#include "dt_net.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
 
 #define DT__CLUSTER_MAX_DEPTH 32  /* nesting of arrays/objects in DTRAIN_CONFIG */
 #define DT__CLUSTER_ADDR_MAX 255  /* longest "host:port" */

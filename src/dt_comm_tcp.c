@@ -66,6 +66,20 @@
  * BYE (0x08) is sent to every peer by destroy.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_io.h"
+#include "dt_data.h"
+#include "dt_memory.h"
+#include "dt_comm.h"
+#include "dt_net.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
 #include "dt_net_core.h"
 #include "dt_platform.h"
 

@@ -7,6 +7,18 @@
  * before anything is allocated for it.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_io.h"
+#include "dt_data.h"
+#include "dt_memory.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
 
 #ifndef DTRAIN_NO_STDIO
 #  include <errno.h>

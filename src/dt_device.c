@@ -16,6 +16,9 @@
  * Nothing here runs on a CPU graph: the CPU ops only test `g->device`.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
 
 struct dt__dchunk {
   dt__dchunk *next;

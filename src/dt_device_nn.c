@@ -7,6 +7,11 @@
  * calls its twin here right after dt__begin when g->device is set.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
 
 /* ---- GEMM-based: matmul (2-D), linear --------------------------------------------------------- */
 

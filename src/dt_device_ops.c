@@ -10,6 +10,11 @@
  * GEMM-based and nn twins are in dt_device_nn.c.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
 
 /* ---- elementwise binary: same shapes, or b over a's leading dims ---------------------- */
 

@@ -44,6 +44,11 @@
  * paths only to rounding.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
 #ifdef DTRAIN_USE_CBLAS
 #include <cblas.h>
 #endif

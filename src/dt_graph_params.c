@@ -10,6 +10,14 @@
  * dt_graph_create and freed with the graph's device arena (dt_device.c).
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_nn.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
 
 /* The device copy of the params: two device buffers of dt_params_size
  * floats, the data uploaded and the gradient zeroed. Nothing without params. */

@@ -14,6 +14,18 @@
  * the gzip wrapper (header, CRC-32, ISIZE, members) is the same code.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_io.h"
+#include "dt_data.h"
+#include "dt_memory.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
 
 #ifdef DTRAIN_USE_ZLIB
 #  include <zlib.h>

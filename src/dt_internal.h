@@ -5,6 +5,15 @@
  * file-scope statics. DTRAIN_PRIVATE marks cross-file internal functions: they
  * are static in the amalgamated dtrain.h and extern when src/ is compiled
  * file by file.
+ *
+ * This is the base layer's private header: it includes only dt_base.h. The
+ * private declarations of the layers above live in their own headers, each
+ * including the ones below it (see LAYERS in the manual):
+ *   dt_tensor_internal.h   the graph, its arena and tape, the device arena
+ *   dt_ops_internal.h      the device twins of the ops
+ *   dt_params_internal.h   parameter layouts
+ * A source file includes dt_internal.h, the public headers of its layer and
+ * below, and the private headers it needs.
  */
 #ifndef DTRAIN_INTERNAL_H
 #define DTRAIN_INTERNAL_H
@@ -15,19 +24,6 @@
 #endif
 
 #include "dt_base.h"
-#include "dt_tensor.h"
-#include "dt_ops.h"
-#include "dt_params.h"
-#include "dt_optim.h"
-#include "dt_nn.h"
-#include "dt_io.h"
-#include "dt_fit.h"
-#include "dt_data.h"
-#include "dt_memory.h"
-#include "dt_comm.h"
-#include "dt_strategy.h"
-#include "dt_net.h"
-#include "dt_device.h"
 
 #include <float.h>
 #include <limits.h>
@@ -106,153 +102,6 @@ DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
 
 /* ---- RNG (dt_rng.c) ---------------------------------------------------------- */
 DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
-
-/* ---- graph internals (dt_tensor.c) --------------------------------------------
- * The tensor layer: calls only the base and the graph's device side
- * (dt_device.c), never the ops, the params or anything above them.
- * Op pattern:
- *   dt_tensor *dt_relu(dt_graph *g, dt_tensor *x) {
- *     if (!dt__begin(g, "dt_relu", 1, x)) return NULL;
- *     dt_tensor *y = dt__new_like(g, x); if (!y) return NULL;
- *     ...forward...
- *     dt__record(g, y, "relu", dt__relu_backward, x, NULL, NULL);
- *     return dt__finish(g, y);
- *   }
- *   static void dt__relu_backward(dt_graph *g, dt_tensor *y) {
- *     float *gx = dt__grad(g, y->src[0]);   // NULL: input needs no gradient
- *     if (gx) ... gx[i] += y->grad[i] * ...;  // always accumulate
- *   }
- */
-typedef struct dt__chunk dt__chunk;
-typedef struct dt__dchunk dt__dchunk;
-
-struct dt_graph {
-  dt_params *params;
-  float *bound_data, *bound_grad; /* NULL data: the params' own buffers */
-  int bound_own;                  /* 1: use params' own buffers */
-  dt_tensor *pviews;              /* one view per parameter */
-  int npviews;
-  size_t pviews_bytes;
-  /* arena */
-  dt__chunk *chunks;              /* newest first */
-  size_t used, peak, reserved, first_block;
-  /* tape */
-  dt_tensor **tape;
-  int64_t ntape, tape_cap;
-  /* state */
-  dt_result err;
-  char msg[DT__MSG_CAP];
-  int training, grad_enabled, check_numerics, backward_done;
-  dt_rng rng;
-  /* device (dt_device.h): NULL on the CPU. Tensor data and gradients come
-   * from the device arena `dchunks`; headers from the host arena above. */
-  dt_device *device;
-  dt__dchunk *dchunks;
-  size_t dreserved;
-  float *dparam_data, *dparam_grad; /* the device copy of the params */
-  size_t dparam_n;
-};
-
-/* A graph without params (dt_tensor.c): dt_graph_create (dt_graph_params.c)
- * builds on it, so that the tensor layer never calls into the params.
- * NULL with the thread's error set on failure. */
-DTRAIN_PRIVATE dt_graph *dt__graph_new(const dt_graph_desc *desc);
-/* Fills a tensor header of g (no data; param_index -1, no flags). */
-DTRAIN_PRIVATE void dt__header_init(dt_tensor *t, dt_graph *g, int ndim, const int64_t *shape, int64_t size);
-/* Checks the graph is usable and the n tensor arguments are non-NULL and
- * belong to g. Returns 0 (and records an error if none yet) otherwise. */
-DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...);
-/* Record the first error on g (also as the thread's error). Returns NULL. */
-DTRAIN_PRIVATE void *dt__fail(dt_graph *g, dt_result code, const char *fmt, ...) DT__PRINTF(3, 4);
-/* Arena memory, 64-byte aligned; NULL and NOMEM error on failure. */
-DTRAIN_PRIVATE void *dt__arena_alloc(dt_graph *g, size_t bytes);
-DTRAIN_PRIVATE float *dt__arena_floats(dt_graph *g, int64_t n);     /* uninitialised */
-DTRAIN_PRIVATE float *dt__arena_zeros(dt_graph *g, int64_t n);
-/* New tensor with uninitialised data; validates shape (dims >= 1). */
-DTRAIN_PRIVATE dt_tensor *dt__new(dt_graph *g, const char *op, int ndim, const int64_t *shape);
-DTRAIN_PRIVATE dt_tensor *dt__new_like(dt_graph *g, const char *op, const dt_tensor *x);
-/* Tensor header aliasing `data` (views). */
-DTRAIN_PRIVATE dt_tensor *dt__new_view(dt_graph *g, const char *op, int ndim, const int64_t *shape, float *data);
-/* Connect out to its inputs and put it on the tape when a gradient can flow. */
-DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_backward_fn fn,
-                               dt_tensor *a, dt_tensor *b, dt_tensor *c);
-DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out);
-/* Gradient buffer of t (allocated zeroed on first use) or NULL if t needs none. */
-DTRAIN_PRIVATE float *dt__grad(dt_graph *g, dt_tensor *t);
-/* Normalise a possibly negative axis; -1 if out of range. */
-DTRAIN_PRIVATE int dt__axis(int axis, int ndim);
-/* A shape as text, e.g. "[64,10]", into buf (cap bytes); returns buf. */
-DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *buf, size_t cap);
-/* Row-major strides of t into st (elements). */
-DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st);
-
-/* ---- device: the graph's side (dt_device.c, tensor layer) ---------------------------
- * What the graph layer itself needs on a device graph: the device arena, the
- * checked transfers and kernel runs (a failure fails g with op's name and
- * the device's message) and the list of ops that have a device path. Calls
- * only the dt_device function table, never up into the ops or the params. */
-DTRAIN_PRIVATE int dt__dev_op_ok(const char *op);
-/* The device's function table is complete (dt_graph_create refuses it
- * otherwise, before allocating anything). */
-DTRAIN_PRIVATE dt_result dt__dev_graph_check(dt_graph *g);
-DTRAIN_PRIVATE void dt__dev_free_chunks(dt_graph *g); /* the device arena and the params' device copy */
-DTRAIN_PRIVATE void *dt__dev_arena(dt_graph *g, size_t bytes);
-DTRAIN_PRIVATE void dt__dev_reset(dt_graph *g);
-DTRAIN_PRIVATE int dt__dev_run(dt_graph *g, const char *op, dt_kernel k, const dt_kernel_args *a);
-DTRAIN_PRIVATE int dt__dev_copy(dt_graph *g, const char *op, void *dst, const void *src, size_t bytes, dt_copy_kind kind);
-DTRAIN_PRIVATE int dt__dev_zero(dt_graph *g, const char *op, void *p, size_t bytes);
-DTRAIN_PRIVATE void dt__dev_args0(dt_kernel_args *a); /* all fields zero */
-DTRAIN_PRIVATE dt_tensor *dt__dev_check_numerics(dt_graph *g, dt_tensor *out);
-/* gx += gy over n elements (the backward of no-copy views, the loss seed). */
-DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t n, const char *op);
-
-/* ---- device twins of the ops (dt_device_ops.c, dt_device_nn.c: ops layer) -----------
- * Every op that has a device path calls its dt__dev_* twin right after
- * dt__begin when g->device is set; dt__begin already refused (with
- * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
-/* dt_device_ops.c: elementwise, reductions, shapes */
-DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
-                                              int64_t len, int64_t inner, int mean, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
-                                            int64_t m, int64_t n);
-DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm);
-DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
-                                        int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len);
-DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
-                                         const int64_t *shape, int64_t outer, int64_t inner, int ax);
-DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t);
-/* dt_device_nn.c: GEMM-based, losses, norms, conv, pooling */
-DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
-                                         int64_t in, int64_t out, int ndim, const int64_t *shape);
-DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, dt_tensor *b, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c);
-DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
-DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p);
-DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
-                                             int64_t rows, int64_t d);
-DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d);
-DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
-                                             dt_tensor *running_mean, dt_tensor *running_var, float momentum,
-                                             float eps, int64_t nb, int64_t c, int64_t hw, int batch);
-DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
-DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
-
-/* ---- params internals (dt_params.c) ------------------------------------------------ */
-/* Layout of parameter `index` (no checks: index must be valid). */
-DTRAIN_PRIVATE int dt__params_view(const dt_params *p, int index, size_t *offset, int *ndim,
-                                   const int64_t **shape, int *trainable);
-/* Range [begin,end) of parameter `index` in the flat buffers; 0 past the end. */
-DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin, size_t *end,
-                                    int *trainable, int *decay);
-
-/* ---- GEMM (dt_gemm.c) ---------------------------------------------------------
- * dt_sgemm is the public entry; ops call it directly. */
 
 /* ---- intra-op threads (dt_platform.c) -------------------------------------------
  * One process-wide persistent pool (dt_set_threads / DTRAIN_THREADS) that

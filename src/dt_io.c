@@ -11,6 +11,18 @@
  * and the RNGs (a step that cannot fail).
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_io.h"
+#include "dt_data.h"
+#include "dt_memory.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
 
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>

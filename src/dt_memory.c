@@ -4,6 +4,16 @@
  * ===========================================================================
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_memory.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
 
 DTRAIN_API dt_result dt_memory_stats(const dt_params *p, const dt_optim *o, const dt_graph *g, dt_memory_info *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_memory_stats: out is NULL");

@@ -7,6 +7,14 @@
  * serves every replica.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_nn.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
 
 /* "<name>.<suffix>" into buf; error if it does not fit. */
 static dt_result dt__nn_name(char *buf, size_t cap, const char *fn, const char *name, const char *suffix) {

@@ -16,6 +16,11 @@
  * Pooling is in dt_ops_pool.c.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
 #include "dt_ops_conv.h"
 #if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
 #  define DT__CONV_SSE 1

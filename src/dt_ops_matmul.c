@@ -10,6 +10,11 @@
  * so are both backward products (the one for B sums over the batch).
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
 
 /* iaux layout of a matmul/bmm output. */
 enum { DT__MM_NB, DT__MM_M, DT__MM_K, DT__MM_N, DT__MM_TRANS_B, DT__MM_SHARED };

@@ -7,6 +7,11 @@
  * (row log-sum-exp, mean and 1/std) live in the arena, pointed to by y->aux.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
 
 /* Checks an optional tensor argument (NULL is fine) belongs to g. */
 static int dt__nn_opt(dt_graph *g, const char *op, const char *name, const dt_tensor *t) {

@@ -5,6 +5,11 @@
  * the gradient to the first maximum of each window (a NaN wins).
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
 #if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
 #  define DT__POOL_SSE 1
 #  include <emmintrin.h>

@@ -5,6 +5,11 @@
  * along the reduced elements), so results are accurate and deterministic.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
 
 /* Doubles accumulated at once by the axis reduction (stack buffer). */
 #define DT__REDUCE_BLOCK 256

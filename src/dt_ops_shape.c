@@ -7,6 +7,11 @@
  * into the input's gradient. Every other op here copies.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
 
 /* Tile edge of the blocked 2-D transpose. */
 #define DT__SHAPE_TILE 32

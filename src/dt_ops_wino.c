@@ -20,6 +20,11 @@
  * differ from the im2col path by rounding (a few float ulps per term
  * magnitude). */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
 #include "dt_ops_conv.h"
 
 /* The steps run in an AVX2 copy where the CPU has it (x86-64 with GCC or

@@ -13,6 +13,16 @@
  * buffers uses the same range of each slot.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_memory.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
 
 /* The Adam update in SIMD: the same float operations in the same order as
  * the scalar loop (no FMA), so the results are the same bit for bit, and

@@ -3,6 +3,14 @@
  * ===========================================================================
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_nn.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
 
 #define DT__NAME_MAX 127
 #define DT__PARAM_ALIGN_FLOATS 16 /* 64 bytes */

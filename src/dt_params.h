@@ -16,20 +16,6 @@
 
 DTRAIN_EXTERN_C_BEGIN
 
-/* ---- RNG: xoshiro256** seeded by splitmix64; same numbers on every platform. */
-typedef struct dt_rng { uint64_t s[4]; } dt_rng;
-
-DTRAIN_API void dt_rng_seed(dt_rng *r, uint64_t seed);
-DTRAIN_API uint64_t dt_rng_u64(dt_rng *r);
-/* Uniform integer in [0, n), n > 0, without modulo bias. */
-DTRAIN_API uint64_t dt_rng_below(dt_rng *r, uint64_t n);
-/* Uniform float in [0, 1) with 24 random bits. */
-DTRAIN_API float dt_rng_uniform(dt_rng *r);
-/* Standard normal (Box-Muller computed in double, rounded to float). */
-DTRAIN_API float dt_rng_normal(dt_rng *r);
-/* Fisher-Yates shuffle of n int32 indices. */
-DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n);
-
 /* ---- initializers --------------------------------------------------------------
  * fan_in / fan_out follow PyTorch: for shape [out, in, k...] fan_in = in*prod(k),
  * fan_out = out*prod(k); a 1-D shape has fan_in = fan_out = its size. */

@@ -7,6 +7,9 @@
  * params) is in dt_graph_params.c.
  */
 #include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
 
 /* ---- arena ---------------------------------------------------------------------- */
 

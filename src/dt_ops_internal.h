@@ -1,0 +1,52 @@
+/* ===========================================================================
+ * dt_ops_internal.h -- the device twins of the ops (ops layer)
+ * ===========================================================================
+ * Private: part of the implementation, not of the API. See dt_internal.h.
+ */
+#ifndef DTRAIN_OPS_INTERNAL_H
+#define DTRAIN_OPS_INTERNAL_H
+
+#include "dt_tensor_internal.h"
+#include "dt_ops.h"
+
+/* ---- device twins of the ops (dt_device_ops.c, dt_device_nn.c: ops layer) -----------
+ * Every op that has a device path calls its dt__dev_* twin right after
+ * dt__begin when g->device is set; dt__begin already refused (with
+ * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
+/* dt_device_ops.c: elementwise, reductions, shapes */
+DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
+                                              int64_t len, int64_t inner, int mean, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_transpose(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t batch,
+                                            int64_t m, int64_t n);
+DTRAIN_PRIVATE dt_tensor *dt__dev_permute(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, const int64_t *perm);
+DTRAIN_PRIVATE dt_tensor *dt__dev_slice(dt_graph *g, dt_tensor *x, const char *op, int ndim, const int64_t *shape,
+                                        int64_t outer, int64_t dim, int64_t inner, int64_t start, int64_t len);
+DTRAIN_PRIVATE dt_tensor *dt__dev_concat(dt_graph *g, dt_tensor *const *xs, int n, dt_tensor **list, int ndim,
+                                         const int64_t *shape, int64_t outer, int64_t inner, int ax);
+DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t t);
+/* dt_device_nn.c: GEMM-based, losses, norms, conv, pooling */
+DTRAIN_PRIVATE dt_tensor *dt__dev_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int64_t rows,
+                                         int64_t in, int64_t out, int ndim, const int64_t *shape);
+DTRAIN_PRIVATE dt_tensor *dt__dev_bmm(dt_graph *g, dt_tensor *y, dt_tensor *a, dt_tensor *b, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_softmax(dt_graph *g, dt_tensor *x, int ax, int is_log, const char *op);
+DTRAIN_PRIVATE dt_tensor *dt__dev_xent(dt_graph *g, dt_tensor *x, const int32_t *labels, int64_t rows, int64_t c);
+DTRAIN_PRIVATE dt_tensor *dt__dev_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
+DTRAIN_PRIVATE dt_tensor *dt__dev_dropout(dt_graph *g, dt_tensor *x, float p);
+DTRAIN_PRIVATE dt_tensor *dt__dev_layer_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta, float eps,
+                                             int64_t rows, int64_t d);
+DTRAIN_PRIVATE dt_tensor *dt__dev_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, int64_t d);
+DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tensor *gamma, dt_tensor *beta,
+                                             dt_tensor *running_mean, dt_tensor *running_var, float momentum,
+                                             float eps, int64_t nb, int64_t c, int64_t hw, int batch);
+DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
+DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
+
+/* ---- GEMM (dt_gemm.c) ---------------------------------------------------------
+ * dt_sgemm is the public entry; ops call it directly. */
+
+#endif /* DTRAIN_OPS_INTERNAL_H */
