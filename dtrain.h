@@ -18759,13 +18759,18 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
 #undef DT__CLUSTER_DEFAULT_PORT
 /* ======== end dt_cluster.c ======== */
 
-/* ======== begin dt_net_core.h ======== */
+/* ======== begin dt_wire.h ======== */
 /* ===========================================================================
- * dt_net_core.h -- private: the TCP transport shared by the communicator and
- * the parameter servers (frames, sockets with deadlines, handshake, HMAC)
+ * dt_wire.h -- private: the bytes on the wire, below any socket: byte order
+ * (dt_net_bytes.c), checksums and hashes (dt_hash.c) and the frame header
+ * (dt_frame.c)
  * ===========================================================================
  * The wire format is written down in docs/wire_protocol.md; this is its one
- * implementation. Everything here is DTRAIN_PRIVATE.
+ * implementation. Everything here is DTRAIN_PRIVATE and exists also without
+ * networking (DTRAIN_NO_NET). It is the bottom of the transport: it uses no
+ * sockets, connections, handshake, communicator or strategy, so that the
+ * code above (dt_net_core.h, the TCP communicator, the parameter servers)
+ * can change without touching what goes on the wire.
  *
  * Frame: a 40-byte little-endian header, then `length` payload bytes.
  *
@@ -18784,18 +18789,14 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
  * frames (0x40 and up) leave payload integrity to TCP, as checksumming
  * gigabytes per second would cost more than the transfer.
  */
-#ifndef DTRAIN_NET_CORE_H
-#define DTRAIN_NET_CORE_H
+#ifndef DTRAIN_WIRE_H
+#define DTRAIN_WIRE_H
 
 /* #include "dt_internal.h" (amalgamated) */
-/* #include "dt_net.h" (amalgamated) */
 
 #define DT__NET_MAGIC 0x4E525444u
 #define DT__NET_HDR 40
 #define DT__NET_F_PAYLOAD_CRC 1u
-#define DT__NET_SERVER_ID0 0x10000u /* sender id of server 0 */
-#define DT__NET_NONCE 32
-#define DT__NET_ADDR 96
 
 /* Message types. 0x01..0x3f: control (the transport's own); 0x40..: data,
  * owned by the backends (0x40..0x4f the communicator, 0x50..0x6f the
@@ -18821,7 +18822,21 @@ typedef struct dt__frame {
   uint32_t length, checksum;
 } dt__frame;
 
-/* ---- checksums and authentication --------------------------------------------------- */
+/* ---- byte order (dt_net_bytes.c) ---------------------------------------------------------- */
+DTRAIN_PRIVATE uint16_t dt__net_le16_get(const unsigned char *p);
+DTRAIN_PRIVATE void dt__le32_put(unsigned char *p, uint32_t v);
+DTRAIN_PRIVATE void dt__le64_put(unsigned char *p, uint64_t v);
+DTRAIN_PRIVATE uint32_t dt__le32_get(const unsigned char *p);
+DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p);
+/* Floats travel little-endian. On a little-endian host this is a no-op
+ * (buffers go out as they are, no copy); on a big-endian one it swaps the
+ * bytes of each float in place (the same call converts back). */
+DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n);
+/* n floats to 4n little-endian bytes, and back (a plain copy on a little-endian host). */
+DTRAIN_PRIVATE void dt__net_f32_put(unsigned char *dst, const float *src, size_t n);
+DTRAIN_PRIVATE void dt__net_f32_get(float *dst, const unsigned char *src, size_t n);
+
+/* ---- checksums, hashes and authentication (dt_hash.c) ---------------------------------------- */
 DTRAIN_PRIVATE uint32_t dt__crc32c(uint32_t crc, const void *p, size_t n);
 typedef struct dt__sha256 {
   uint32_t h[8];
@@ -18835,8 +18850,12 @@ DTRAIN_PRIVATE void dt__sha256_final(dt__sha256 *s, unsigned char out[32]);
 DTRAIN_PRIVATE void dt__hmac_sha256(const void *key, size_t klen, const void *msg, size_t mlen, unsigned char out[32]);
 /* Constant-time comparison: 1 when equal. */
 DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char *b, size_t n);
+/* FNV-1a (64-bit) of n bytes, continuing from h (start with DT__NET_FNV_BASIS):
+ * the job id from the cluster's addresses, a parameter server's shard layout. */
+#define DT__NET_FNV_BASIS 1469598103934665603ULL
+DTRAIN_PRIVATE uint64_t dt__net_fnv1a(uint64_t h, const void *p, size_t n);
 
-/* ---- frames ----------------------------------------------------------------------------- */
+/* ---- frames (dt_frame.c) ---------------------------------------------------------------------- */
 DTRAIN_PRIVATE void dt__frame_pack(unsigned char h[DT__NET_HDR], uint16_t type, uint64_t job, uint32_t sender,
                                    uint64_t seq, const void *payload, uint32_t length);
 /* Decode and check a header: magic, version, header checksum, job (unless
@@ -18847,139 +18866,32 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
 /* 1 when the payload matches the checksum (or the frame does not cover it). */
 DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], const dt__frame *f, const void *payload);
 
-#ifndef DTRAIN_NO_NET /* the socket layer exists only with networking */
-/* ---- sockets ------------------------------------------------------------------------------
- * Every socket is non-blocking; every call takes an absolute deadline
- * (dt__now() seconds) and returns DTRAIN_ERR_TIMEOUT past it. EINTR is
- * retried; SIGPIPE never raised. Messages are set with dt__error. */
-/* "host:port" or "[v6]:port" -> host and port strings. */
-DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap);
-DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd);
-DTRAIN_PRIVATE int dt__net_port(int fd); /* the bound port, -1 on error */
-/* Connect, retrying refused/unreachable with backoff (10 ms doubling to 0.5 s) until the deadline. */
-DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, int *fd);
-/* Wait for one connection; *fd gets it, addr (may be NULL) the peer's "host:port". */
-DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd, char *addr, size_t cap);
-DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double deadline);
-DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline);
-/* The same, but when nothing has arrived it polls the socket (yielding the
- * CPU between tries) for up to spin_s seconds before sleeping in poll(). */
-DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double deadline, double spin_s);
-DTRAIN_PRIVATE void dt__net_set_bufs(int fd, int64_t bytes); /* SO_SNDBUF/SO_RCVBUF; <= 0: the kernel's */
-DTRAIN_PRIVATE void dt__net_close(int fd);
-/* Wait until fd is readable: 1 readable, 0 timed out (after `seconds`), -1 error. */
-DTRAIN_PRIVATE int dt__net_poll_in(int fd, double seconds);
+#endif /* DTRAIN_WIRE_H */
+/* ======== end dt_wire.h ======== */
 
-/* ---- connections: a socket plus both directions' sequence numbers ---------------------- */
-typedef struct dt__conn {
-  int fd;
-  uint64_t job;
-  uint32_t self_id;      /* our sender id */
-  uint32_t max_payload;
-  double spin_s;         /* receiving here (dt__conn_recv_header, exchanges), spin this long
-                            before sleeping in poll() (0: never) */
-  uint64_t send_seq, recv_seq;
-  int peer_role;         /* dt_role, -1 before the handshake */
-  int peer_index;
-  int lane;              /* 0, or 1: a 2-worker collective's second connection (hello offset 28) */
-  char peer[DT__NET_ADDR]; /* "worker 1 (127.0.0.1:7001)" */
-} dt__conn;
-
-DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t self_id, uint32_t max_payload);
-/* Send one frame (header + payload, gathered). op names the operation for
- * errors: "worker 0: allreduce #12: send to worker 1 (127.0.0.1:7001): connection reset". */
-DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *payload, uint32_t n, double deadline,
-                                       const char *op);
-/* Receive one frame's header (checked: sequence number, sender when known)
- * into *f. ABORT and REFUSE frames are read whole and turned into
- * DTRAIN_ERR_PEER / the refusal's code with the peer's reason. Then the
- * caller reads f->length payload bytes with dt__conn_recv_payload (which
- * checks the payload checksum when the frame carries one). */
-DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigned char h[DT__NET_HDR], double deadline,
-                                              const char *op);
-DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
-                                               void *buf, double deadline, const char *op);
-/* Header + payload into buf (cap bytes); a frame of another type or longer
- * than cap is DTRAIN_ERR_PROTOCOL. *len (may be NULL) gets the length. */
-DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, uint32_t cap, uint32_t *len,
-                                       double deadline, const char *op);
-/* Send a frame to `to` while receiving one of `type` from `from` (possibly
- * the same connection), progressing both as the sockets allow, so two peers
- * exchanging in a ring never deadlock on full socket buffers. The received
- * payload must be exactly rn bytes, from the peer the connection belongs to.
- * When neither side can move it spins for from->spin_s, then polls. */
-DTRAIN_PRIVATE dt_result dt__conn_exchange(dt__conn *to, uint16_t stype, const void *sbuf, uint32_t sn, dt__conn *from,
-                                           uint16_t rtype, void *rbuf, uint32_t rn, double deadline, const char *op);
-/* Best effort, short deadline: tell the peer our run failed (code + text). */
-DTRAIN_PRIVATE void dt__conn_abort(dt__conn *c, dt_result code, const char *reason);
-DTRAIN_PRIVATE void dt__conn_close(dt__conn *c);
-
-#endif /* DTRAIN_NO_NET */
-
-/* ---- who we are, and the handshake ----------------------------------------------------- */
-typedef struct dt__net_self {
-  const dt_cluster *cluster;
-  dt_net_options opt;    /* with defaults filled */
-  uint64_t job;
-  uint32_t id;           /* dt__net_id(role, index) */
-} dt__net_self;
-
-DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index);
-/* Fill self from the cluster and options (NULL: defaults); job id from the
- * options or a hash of the cluster's addresses. */
-DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o);
-#ifndef DTRAIN_NO_NET
-/* This process's listening socket: options.listen_fd, or bind its own address from the cluster. */
-DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd);
-/* Connector side: connect to (role, index) with retries until connect_timeout,
- * handshake; on success *c is ready. */
-DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, int index, dt__conn *c);
-/* The same, announcing `lane` in the hello (1: the second connection of a 2-worker collective). */
-DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role role, int index, int lane, dt__conn *c);
-/* Acceptor side on a fresh connection fd (ownership passes to *c or the fd
- * is closed): check the peer's hello (version, job, world, servers, model
- * hash, a valid and -- unless allow_dup -- not yet `seen` id), authenticate,
- * and send READY. On refusal the peer gets a REFUSE frame naming both sides,
- * the reason is logged (unless opt.quiet) and returned; the caller keeps
- * serving others. `seen` (may be NULL): per-worker flags set on success. */
-DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const char *addr, double deadline,
-                                       unsigned char *seen, dt__conn *c);
-/* Read 32 bytes of randomness (/dev/urandom, else a hash of time and pid). */
-DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n);
-#endif /* DTRAIN_NO_NET */
-
-/* Floats travel little-endian. On a little-endian host this is a no-op
- * (buffers go out as they are, no copy); on a big-endian one it swaps the
- * bytes of each float in place (the same call converts back). */
-#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-#  define DT__NET_HOST_LE 0
-#else
-#  define DT__NET_HOST_LE 1
-#endif
-DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n);
-
-/* Little-endian helpers. */
-DTRAIN_PRIVATE void dt__le32_put(unsigned char *p, uint32_t v);
-DTRAIN_PRIVATE void dt__le64_put(unsigned char *p, uint64_t v);
-DTRAIN_PRIVATE uint32_t dt__le32_get(const unsigned char *p);
-DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p);
-
-#endif /* DTRAIN_NET_CORE_H */
-/* ======== end dt_net_core.h ======== */
-
-/* ======== begin dt_net.c ======== */
+/* ======== begin dt_net_bytes.c ======== */
 /* ===========================================================================
- * dt_net.c -- the TCP transport: CRC-32C, SHA-256/HMAC, frames, sockets with
- * deadlines, connections, the handshake (see dt_net_core.h and
- * docs/wire_protocol.md)
+ * dt_net_bytes.c -- the wire's byte order: little-endian integers and floats
+ * (see dt_wire.h)
  * ===========================================================================
+ * Every multi-byte field on the wire and in a shard checkpoint is
+ * little-endian, written byte by byte (never a struct copied), so the code
+ * is the same on every host. Floats go out as they are on a little-endian
+ * host (no copy, no loop) and are swapped on a big-endian one.
  */
 /* #include "dt_internal.h" (amalgamated) */
-/* #include "dt_net_core.h" (amalgamated) */
-/* #include "dt_platform.h" (amalgamated) */
+/* #include "dt_wire.h" (amalgamated) */
 
-/* ---- little-endian helpers (used by the frame code, also without networking) -------- */
+/* 1 on a little-endian host. A run-time test rather than __BYTE_ORDER__,
+ * which not every compiler defines; compilers fold it to a constant. */
+static int dt__net_bytes_host_le(void) {
+  const uint16_t one = 1;
+  unsigned char c;
+  memcpy(&c, &one, 1);
+  return c == 1;
+}
 
+DTRAIN_PRIVATE uint16_t dt__net_le16_get(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 DTRAIN_PRIVATE void dt__le32_put(unsigned char *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
@@ -18996,21 +18908,53 @@ DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p) {
   for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
   return v;
 }
+
 DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n) {
-#if DT__NET_HOST_LE
-  (void)p;
-  (void)n;
-#else
+  if (dt__net_bytes_host_le()) return;
   for (size_t i = 0; i < n; i++) {
     uint32_t u;
     memcpy(&u, &p[i], 4);
     u = (u >> 24) | ((u >> 8) & 0xFF00u) | ((u << 8) & 0xFF0000u) | (u << 24);
     memcpy(&p[i], &u, 4);
   }
-#endif
 }
 
-static uint16_t dt__net_le16_get(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+DTRAIN_PRIVATE void dt__net_f32_put(unsigned char *dst, const float *src, size_t n) {
+  if (dt__net_bytes_host_le()) {
+    if (n) memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, src + i, 4);
+    dt__le32_put(dst + 4 * i, u);
+  }
+}
+
+DTRAIN_PRIVATE void dt__net_f32_get(float *dst, const unsigned char *src, size_t n) {
+  if (dt__net_bytes_host_le()) {
+    if (n) memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u = dt__le32_get(src + 4 * i);
+    memcpy(dst + i, &u, 4);
+  }
+}
+/* ======== end dt_net_bytes.c ======== */
+
+/* ======== begin dt_hash.c ======== */
+/* ===========================================================================
+ * dt_hash.c -- checksums and hashes of the wire: CRC-32C, SHA-256, HMAC-SHA256,
+ * a constant-time comparison, FNV-1a (see dt_wire.h)
+ * ===========================================================================
+ * Written here rather than taken from a library so that the single header
+ * needs nothing beyond libc. None of this is used for secrecy: the CRC guards
+ * headers and control frames against corruption, SHA-256/HMAC prove that a
+ * peer knows the shared token, FNV-1a names a job or a shard layout.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_wire.h" (amalgamated) */
 
 /* ---- CRC-32C (Castagnoli), four bits at a time: it only covers headers and control frames ---- */
 
@@ -19138,7 +19082,26 @@ DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char 
   return d == 0;
 }
 
-/* ---- frames -------------------------------------------------------------------------------- */
+/* ---- FNV-1a (64-bit) ----------------------------------------------------------------------- */
+
+DTRAIN_PRIVATE uint64_t dt__net_fnv1a(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+  return h;
+}
+/* ======== end dt_hash.c ======== */
+
+/* ======== begin dt_frame.c ======== */
+/* ===========================================================================
+ * dt_frame.c -- the frame header: encode, decode and check (see dt_wire.h and
+ * docs/wire_protocol.md)
+ * ===========================================================================
+ * Pure functions over byte buffers, also built without networking: the
+ * sockets and connections that move frames are in dt_socket.c and
+ * dt_conn.c.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_wire.h" (amalgamated) */
 
 DTRAIN_PRIVATE void dt__frame_pack(unsigned char h[DT__NET_HDR], uint16_t type, uint64_t job, uint32_t sender,
                                    uint64_t seq, const void *payload, uint32_t length) {
@@ -19227,15 +19190,267 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
   }
   return crc == f->checksum;
 }
+/* ======== end dt_frame.c ======== */
+
+/* ======== begin dt_net_core.h ======== */
+/* ===========================================================================
+ * dt_net_core.h -- private: the TCP transport shared by the communicator and
+ * the parameter servers (sockets with deadlines, connections, handshake)
+ * ===========================================================================
+ * Built on the wire format of dt_wire.h (byte order, checksums, frames);
+ * docs/wire_protocol.md describes both. Everything here is DTRAIN_PRIVATE.
+ */
+#ifndef DTRAIN_NET_CORE_H
+#define DTRAIN_NET_CORE_H
+
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_wire.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+
+#define DT__NET_SERVER_ID0 0x10000u /* sender id of server 0 */
+#define DT__NET_NONCE 32
+#define DT__NET_ADDR 96
+
+#ifndef DTRAIN_NO_NET /* the socket layer exists only with networking */
+#  include <sys/socket.h>
+#  ifdef MSG_NOSIGNAL /* send flags of every send(): a closed peer is an error, not a SIGPIPE */
+#    define DT__NET_SEND_FLAGS MSG_NOSIGNAL
+#  else
+#    define DT__NET_SEND_FLAGS 0 /* the socket has SO_NOSIGPIPE instead (dt_socket.c) */
+#  endif
+
+/* ---- sockets (dt_socket.c) ------------------------------------------------------------------
+ * Every socket is non-blocking; every call takes an absolute deadline
+ * (dt__now() seconds) and returns DTRAIN_ERR_TIMEOUT past it. EINTR is
+ * retried; SIGPIPE never raised. Messages are set with dt__error. */
+/* "host:port" or "[v6]:port" -> host and port strings. */
+DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap);
+DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd);
+DTRAIN_PRIVATE int dt__net_port(int fd); /* the bound port, -1 on error */
+/* Connect, retrying refused/unreachable with backoff (10 ms doubling to 0.5 s) until the deadline. */
+DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, int *fd);
+/* Wait for one connection; *fd gets it, addr (may be NULL) the peer's "host:port". */
+DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd, char *addr, size_t cap);
+DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double deadline);
+DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline);
+/* The same, but when nothing has arrived it polls the socket (yielding the
+ * CPU between tries) for up to spin_s seconds before sleeping in poll(). */
+DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double deadline, double spin_s);
+DTRAIN_PRIVATE void dt__net_set_bufs(int fd, int64_t bytes); /* SO_SNDBUF/SO_RCVBUF; <= 0: the kernel's */
+DTRAIN_PRIVATE void dt__net_close(int fd);
+/* Non-blocking and close-on-exec (every socket we hold is both). */
+DTRAIN_PRIVATE void dt__net_nonblock(int fd);
+/* Wait until fd is readable: 1 readable, 0 timed out (after `seconds`), -1 error. */
+DTRAIN_PRIVATE int dt__net_poll_in(int fd, double seconds);
+
+/* ---- connections (dt_conn.c): a socket plus both directions' sequence numbers ------------ */
+typedef struct dt__conn {
+  int fd;
+  uint64_t job;
+  uint32_t self_id;      /* our sender id */
+  uint32_t max_payload;
+  double spin_s;         /* receiving here (dt__conn_recv_header, exchanges), spin this long
+                            before sleeping in poll() (0: never) */
+  uint64_t send_seq, recv_seq;
+  int peer_role;         /* dt_role, -1 before the handshake */
+  int peer_index;
+  int lane;              /* 0, or 1: a 2-worker collective's second connection (hello offset 28) */
+  char peer[DT__NET_ADDR]; /* "worker 1 (127.0.0.1:7001)" */
+} dt__conn;
+
+DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t self_id, uint32_t max_payload);
+/* Send one frame (header + payload, gathered). op names the operation for
+ * errors: "worker 0: allreduce #12: send to worker 1 (127.0.0.1:7001): connection reset". */
+DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *payload, uint32_t n, double deadline,
+                                       const char *op);
+/* Receive one frame's header (checked: sequence number, sender when known)
+ * into *f. ABORT and REFUSE frames are read whole and turned into
+ * DTRAIN_ERR_PEER / the refusal's code with the peer's reason. Then the
+ * caller reads f->length payload bytes with dt__conn_recv_payload (which
+ * checks the payload checksum when the frame carries one). */
+DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigned char h[DT__NET_HDR], double deadline,
+                                              const char *op);
+DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                               void *buf, double deadline, const char *op);
+/* Header + payload into buf (cap bytes); a frame of another type or longer
+ * than cap is DTRAIN_ERR_PROTOCOL. *len (may be NULL) gets the length. */
+DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, uint32_t cap, uint32_t *len,
+                                       double deadline, const char *op);
+/* Send a frame to `to` while receiving one of `type` from `from` (possibly
+ * the same connection), progressing both as the sockets allow, so two peers
+ * exchanging in a ring never deadlock on full socket buffers. The received
+ * payload must be exactly rn bytes, from the peer the connection belongs to.
+ * When neither side can move it spins for from->spin_s, then polls. */
+DTRAIN_PRIVATE dt_result dt__conn_exchange(dt__conn *to, uint16_t stype, const void *sbuf, uint32_t sn, dt__conn *from,
+                                           uint16_t rtype, void *rbuf, uint32_t rn, double deadline, const char *op);
+/* Best effort, short deadline: tell the peer our run failed (code + text). */
+DTRAIN_PRIVATE void dt__conn_abort(dt__conn *c, dt_result code, const char *reason);
+DTRAIN_PRIVATE void dt__conn_close(dt__conn *c);
+
+#endif /* DTRAIN_NO_NET */
+
+/* ---- who we are (dt_net.c), and the handshake (dt_handshake.c) --------------------------- */
+typedef struct dt__net_self {
+  const dt_cluster *cluster;
+  dt_net_options opt;    /* with defaults filled */
+  uint64_t job;
+  uint32_t id;           /* dt__net_id(role, index) */
+} dt__net_self;
+
+DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index);
+/* Fill self from the cluster and options (NULL: defaults); job id from the
+ * options or a hash of the cluster's addresses. */
+DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o);
+#ifndef DTRAIN_NO_NET
+/* This process's listening socket: options.listen_fd, or bind its own address from the cluster. */
+DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd);
+/* Connector side: connect to (role, index) with retries until connect_timeout,
+ * handshake; on success *c is ready. */
+DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, int index, dt__conn *c);
+/* The same, announcing `lane` in the hello (1: the second connection of a 2-worker collective). */
+DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role role, int index, int lane, dt__conn *c);
+/* Acceptor side on a fresh connection fd (ownership passes to *c or the fd
+ * is closed): check the peer's hello (version, job, world, servers, model
+ * hash, a valid and -- unless allow_dup -- not yet `seen` id), authenticate,
+ * and send READY. On refusal the peer gets a REFUSE frame naming both sides,
+ * the reason is logged (unless opt.quiet) and returned; the caller keeps
+ * serving others. `seen` (may be NULL): per-worker flags set on success. */
+DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const char *addr, double deadline,
+                                       unsigned char *seen, dt__conn *c);
+/* Read 32 bytes of randomness (/dev/urandom, else a hash of time and pid). */
+DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n);
+#endif /* DTRAIN_NO_NET */
+
+#endif /* DTRAIN_NET_CORE_H */
+/* ======== end dt_net_core.h ======== */
+
+/* ======== begin dt_net.c ======== */
+/* ===========================================================================
+ * dt_net.c -- the TCP transport's options and this process's identity in the
+ * cluster: dt_net_defaults, the resolved options, the job id, sender ids
+ * (see dt_net_core.h)
+ * ===========================================================================
+ * The transport itself is in dt_net_bytes.c, dt_hash.c and dt_frame.c (the
+ * bytes on the wire), dt_socket.c, dt_conn.c and dt_handshake.c.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_net_core.h" (amalgamated) */
 
 DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index) {
   return role == DTRAIN_ROLE_PS ? DT__NET_SERVER_ID0 + (uint32_t)index : (uint32_t)index;
 }
 
 #ifndef DTRAIN_NO_NET
-/* ============================================================================================
- * Sockets (POSIX)
- * ============================================================================================ */
+
+DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o) {
+  memset(self, 0, sizeof *self);
+  if (!c) return dt__error(DTRAIN_ERR_NULL_ARG, "cluster is NULL");
+  if (c->workers < 1 || c->servers < 0 || c->workers + c->servers > DTRAIN_MAX_PEERS)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster of %d workers and %d servers", c->workers, c->servers);
+  if (c->index < 0 || c->index >= (c->role == DTRAIN_ROLE_PS ? c->servers : c->workers))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "this process's index %d is out of range for its role", c->index);
+  self->cluster = c;
+  dt_net_options d = dt_net_defaults();
+  if (o) {
+    if (o->timeout_s > 0) d.timeout_s = o->timeout_s;
+    if (o->connect_timeout_s > 0) d.connect_timeout_s = o->connect_timeout_s;
+    else if (o->timeout_s > 0) d.connect_timeout_s = o->timeout_s;
+    if (o->token) d.token = o->token;
+    if (o->job_id) d.job_id = o->job_id;
+    d.model_hash = o->model_hash;
+    if (o->listen_fd > 0) d.listen_fd = o->listen_fd;
+    if (o->max_payload) d.max_payload = o->max_payload;
+    if (o->chunk_bytes) d.chunk_bytes = o->chunk_bytes;
+    if (o->spin_us != 0) d.spin_us = o->spin_us;
+    if (o->sock_buf_bytes != 0) d.sock_buf_bytes = o->sock_buf_bytes;
+    if (o->small_bytes) d.small_bytes = o->small_bytes;
+    d.quiet = o->quiet;
+  }
+  if (d.max_payload > 0xFFFFFFF0u) d.max_payload = 0xFFFFFFF0u;
+  self->opt = d;
+  if (d.job_id) {
+    self->job = d.job_id;
+  } else {
+    /* FNV-1a over every address, each followed by a 0xFF byte: processes of
+     * the same cluster agree. */
+    static const unsigned char end = 0xFF;
+    uint64_t h = DT__NET_FNV_BASIS;
+    for (int r = 0; r < c->workers + c->servers; r++) {
+      const char *a = r < c->workers ? c->worker_addr[r] : c->server_addr[r - c->workers];
+      if (a) h = dt__net_fnv1a(h, a, strlen(a));
+      h = dt__net_fnv1a(h, &end, 1);
+    }
+    self->job = h ? h : 1;
+  }
+  self->id = dt__net_id(c->role, c->index);
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd) {
+  if (self->opt.listen_fd >= 0) {
+    *fd = self->opt.listen_fd;
+    dt__net_nonblock(*fd);
+    return DTRAIN_OK;
+  }
+  const dt_cluster *c = self->cluster;
+  return dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
+}
+
+#else /* DTRAIN_NO_NET */
+
+DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o) {
+  (void)self;
+  (void)c;
+  (void)o;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "networking is not compiled in (DTRAIN_NO_NET)");
+}
+
+#endif /* DTRAIN_NO_NET */
+
+/* ---- defaults ------------------------------------------------------------------------------ */
+DTRAIN_API dt_net_options dt_net_defaults(void) {
+  dt_net_options o;
+  memset(&o, 0, sizeof o);
+  o.timeout_s = 30.0;
+  o.listen_fd = -1;
+  o.max_payload = (size_t)256 << 20;
+  o.chunk_bytes = (size_t)512 << 10;
+  o.small_bytes = (size_t)64 << 10;
+  o.spin_us = 20.0;
+  o.sock_buf_bytes = (int64_t)4 << 20;
+#ifndef DTRAIN_NO_STDIO
+  const char *e = getenv("DTRAIN_TIMEOUT");
+  if (e && atof(e) > 0) o.timeout_s = atof(e);
+  e = getenv("DTRAIN_TOKEN");
+  if (e && *e) o.token = e;
+  e = getenv("DTRAIN_JOB_ID");
+  if (e && *e) o.job_id = (uint64_t)strtoull(e, NULL, 0);
+  e = getenv("DTRAIN_SPIN_US");
+  if (e && *e) o.spin_us = atof(e);
+  e = getenv("DTRAIN_SOCKBUF");
+  if (e && *e) o.sock_buf_bytes = atoll(e) > 0 ? (int64_t)atoll(e) : -1;
+  e = getenv("DTRAIN_LISTEN_FD");
+  if (e && *e) o.listen_fd = atoi(e);
+#endif
+  o.connect_timeout_s = o.timeout_s;
+  return o;
+}
+/* ======== end dt_net.c ======== */
+
+/* ======== begin dt_socket.c ======== */
+/* ===========================================================================
+ * dt_socket.c -- POSIX sockets with deadlines: addresses, listen, connect
+ * (with retries), accept, read, write (see dt_net_core.h)
+ * ===========================================================================
+ * Every socket is non-blocking and every call takes an absolute deadline;
+ * EINTR is retried and SIGPIPE never raised (MSG_NOSIGNAL, or SO_NOSIGPIPE
+ * where that is what the system has).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_net_core.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+#ifndef DTRAIN_NO_NET
 #  include <errno.h>
 #  include <fcntl.h>
 #  include <netdb.h>
@@ -19245,15 +19460,8 @@ DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index) {
 #  include <sched.h>
 #  include <sys/socket.h>
 #  include <sys/types.h>
-#  include <sys/uio.h>
 #  include <unistd.h>
 #  include <arpa/inet.h>
-
-#  ifdef MSG_NOSIGNAL
-#    define DT__NET_SEND_FLAGS MSG_NOSIGNAL
-#  else
-#    define DT__NET_SEND_FLAGS 0
-#  endif
 
 DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap) {
   if (!hostport || !*hostport) return dt__error(DTRAIN_ERR_INVALID_ARG, "address is empty");
@@ -19281,7 +19489,7 @@ DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t 
   return DTRAIN_OK;
 }
 
-static void dt__net_nonblock(int fd) {
+DTRAIN_PRIVATE void dt__net_nonblock(int fd) {
   int fl = fcntl(fd, F_GETFL, 0);
   if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   fcntl(fd, F_SETFD, FD_CLOEXEC);
@@ -19549,43 +19757,27 @@ DTRAIN_PRIVATE void dt__net_close(int fd) {
   if (fd >= 0) close(fd);
 }
 
-DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
-  size_t got = 0;
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    while (got < n) {
-      ssize_t k = read(fd, out + got, n - got);
-      if (k > 0) got += (size_t)k;
-      else if (k < 0 && errno == EINTR) continue;
-      else break;
-    }
-    close(fd);
-  }
-  if (got < n) {
-    /* No /dev/urandom: a hash of the time, the pid and a counter (weaker, documented). */
-    static DT__ATOMIC(uint64_t) counter;
-    unsigned char seed[32];
-    double t = dt__now();
-    uint64_t pid = (uint64_t)getpid(), c = DT__AFETCH_ADD(&counter, (uint64_t)1, DT__MO_RELAXED);
-    memcpy(seed, &t, sizeof t);
-    memcpy(seed + 8, &pid, 8);
-    memcpy(seed + 16, &c, 8);
-    memset(seed + 24, 0x5a, 8);
-    for (size_t off = got; off < n; off += 32) {
-      unsigned char h[32];
-      dt__sha256 s;
-      dt__sha256_init(&s);
-      dt__sha256_update(&s, seed, sizeof seed);
-      dt__sha256_update(&s, &off, sizeof off);
-      dt__sha256_final(&s, h);
-      memcpy(out + off, h, n - off < 32 ? n - off : 32);
-    }
-  }
-}
+#endif /* DTRAIN_NO_NET */
+/* ======== end dt_socket.c ======== */
 
-/* ============================================================================================
- * Connections
- * ============================================================================================ */
+/* ======== begin dt_conn.c ======== */
+/* ===========================================================================
+ * dt_conn.c -- connections: a socket that carries frames, with both
+ * directions' sequence numbers, errors that name the peer and the operation,
+ * and the two-way exchange of the ring collectives (see dt_net_core.h)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_net_core.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+#ifndef DTRAIN_NO_NET
+#  include <errno.h>
+#  include <poll.h>
+#  include <sched.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+#  include <sys/uio.h>
 
 DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t self_id, uint32_t max_payload) {
   memset(c, 0, sizeof *c);
@@ -19928,9 +20120,26 @@ DTRAIN_PRIVATE void dt__conn_close(dt__conn *c) {
   c->fd = -1;
 }
 
-/* ============================================================================================
- * The handshake
- * ============================================================================================
+#endif /* DTRAIN_NO_NET */
+/* ======== end dt_conn.c ======== */
+
+/* ======== begin dt_handshake.c ======== */
+/* ===========================================================================
+ * dt_handshake.c -- the handshake: hello, checks that name both sides,
+ * token authentication (HMAC-SHA256 challenge-response), dial and admit
+ * (see dt_net_core.h and docs/wire_protocol.md)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_net_core.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+#ifndef DTRAIN_NO_NET
+#  include <errno.h>
+#  include <fcntl.h>
+#  include <unistd.h>
+
+/* ---- the hello and the proof ------------------------------------------------------------------
  * hello payload (little-endian, 128 bytes):
  *   0 u32 role   4 u32 index   8 u32 workers   12 u32 servers
  *  16 u64 model hash   24 u32 flags (bit 0: I have a token)
@@ -19951,6 +20160,44 @@ typedef struct dt__hello {
   unsigned char nonce[DT__NET_NONCE];
   char addr[64];
 } dt__hello;
+
+/* ---- nonces ----------------------------------------------------------------------------------- */
+
+DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
+  size_t got = 0;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    while (got < n) {
+      ssize_t k = read(fd, out + got, n - got);
+      if (k > 0) got += (size_t)k;
+      else if (k < 0 && errno == EINTR) continue;
+      else break;
+    }
+    close(fd);
+  }
+  if (got < n) {
+    /* No /dev/urandom: a hash of the time, the pid and a counter (weaker, documented). */
+    static DT__ATOMIC(uint64_t) counter;
+    unsigned char seed[32];
+    double t = dt__now();
+    uint64_t pid = (uint64_t)getpid(), c = DT__AFETCH_ADD(&counter, (uint64_t)1, DT__MO_RELAXED);
+    memcpy(seed, &t, sizeof t);
+    memcpy(seed + 8, &pid, 8);
+    memcpy(seed + 16, &c, 8);
+    memset(seed + 24, 0x5a, 8);
+    for (size_t off = got; off < n; off += 32) {
+      unsigned char h[32];
+      dt__sha256 s;
+      dt__sha256_init(&s);
+      dt__sha256_update(&s, seed, sizeof seed);
+      dt__sha256_update(&s, &off, sizeof off);
+      dt__sha256_final(&s, h);
+      memcpy(out + off, h, n - off < 32 ? n - off : 32);
+    }
+  }
+}
+
+/* ---- hellos ----------------------------------------------------------------------------------- */
 
 static void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]) {
   memset(b, 0, DT__HELLO);
@@ -20047,58 +20294,6 @@ static void dt__net_refuse(dt__conn *c, dt_result code, const char *why, double 
   snprintf(keep, sizeof keep, "%s", dt_last_error());
   dt__conn_send(c, DT__MSG_REFUSE, buf, (uint32_t)(4 + tl), deadline, "refuse");
   dt__error(code, "%s", keep);
-}
-
-DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o) {
-  memset(self, 0, sizeof *self);
-  if (!c) return dt__error(DTRAIN_ERR_NULL_ARG, "cluster is NULL");
-  if (c->workers < 1 || c->servers < 0 || c->workers + c->servers > DTRAIN_MAX_PEERS)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster of %d workers and %d servers", c->workers, c->servers);
-  if (c->index < 0 || c->index >= (c->role == DTRAIN_ROLE_PS ? c->servers : c->workers))
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "this process's index %d is out of range for its role", c->index);
-  self->cluster = c;
-  dt_net_options d = dt_net_defaults();
-  if (o) {
-    if (o->timeout_s > 0) d.timeout_s = o->timeout_s;
-    if (o->connect_timeout_s > 0) d.connect_timeout_s = o->connect_timeout_s;
-    else if (o->timeout_s > 0) d.connect_timeout_s = o->timeout_s;
-    if (o->token) d.token = o->token;
-    if (o->job_id) d.job_id = o->job_id;
-    d.model_hash = o->model_hash;
-    if (o->listen_fd > 0) d.listen_fd = o->listen_fd;
-    if (o->max_payload) d.max_payload = o->max_payload;
-    if (o->chunk_bytes) d.chunk_bytes = o->chunk_bytes;
-    if (o->spin_us != 0) d.spin_us = o->spin_us;
-    if (o->sock_buf_bytes != 0) d.sock_buf_bytes = o->sock_buf_bytes;
-    if (o->small_bytes) d.small_bytes = o->small_bytes;
-    d.quiet = o->quiet;
-  }
-  if (d.max_payload > 0xFFFFFFF0u) d.max_payload = 0xFFFFFFF0u;
-  self->opt = d;
-  if (d.job_id) {
-    self->job = d.job_id;
-  } else {
-    /* FNV-1a over every address: processes of the same cluster agree. */
-    uint64_t h = 1469598103934665603ULL;
-    for (int r = 0; r < c->workers + c->servers; r++) {
-      const char *a = r < c->workers ? c->worker_addr[r] : c->server_addr[r - c->workers];
-      for (const char *p = a; p && *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-      h = (h ^ 0xFF) * 1099511628211ULL;
-    }
-    self->job = h ? h : 1;
-  }
-  self->id = dt__net_id(c->role, c->index);
-  return DTRAIN_OK;
-}
-
-DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd) {
-  if (self->opt.listen_fd >= 0) {
-    *fd = self->opt.listen_fd;
-    dt__net_nonblock(*fd);
-    return DTRAIN_OK;
-  }
-  const dt_cluster *c = self->cluster;
-  return dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
 }
 
 DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, int index, dt__conn *c) {
@@ -20253,46 +20448,9 @@ refused:
   return rc;
 }
 
-#else /* DTRAIN_NO_NET */
-
-DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o) {
-  (void)self;
-  (void)c;
-  (void)o;
-  return dt__error(DTRAIN_ERR_UNSUPPORTED, "networking is not compiled in (DTRAIN_NO_NET)");
-}
 
 #endif /* DTRAIN_NO_NET */
-
-/* ---- defaults ------------------------------------------------------------------------------ */
-DTRAIN_API dt_net_options dt_net_defaults(void) {
-  dt_net_options o;
-  memset(&o, 0, sizeof o);
-  o.timeout_s = 30.0;
-  o.listen_fd = -1;
-  o.max_payload = (size_t)256 << 20;
-  o.chunk_bytes = (size_t)512 << 10;
-  o.small_bytes = (size_t)64 << 10;
-  o.spin_us = 20.0;
-  o.sock_buf_bytes = (int64_t)4 << 20;
-#ifndef DTRAIN_NO_STDIO
-  const char *e = getenv("DTRAIN_TIMEOUT");
-  if (e && atof(e) > 0) o.timeout_s = atof(e);
-  e = getenv("DTRAIN_TOKEN");
-  if (e && *e) o.token = e;
-  e = getenv("DTRAIN_JOB_ID");
-  if (e && *e) o.job_id = (uint64_t)strtoull(e, NULL, 0);
-  e = getenv("DTRAIN_SPIN_US");
-  if (e && *e) o.spin_us = atof(e);
-  e = getenv("DTRAIN_SOCKBUF");
-  if (e && *e) o.sock_buf_bytes = atoll(e) > 0 ? (int64_t)atoll(e) : -1;
-  e = getenv("DTRAIN_LISTEN_FD");
-  if (e && *e) o.listen_fd = atoi(e);
-#endif
-  o.connect_timeout_s = o.timeout_s;
-  return o;
-}
-/* ======== end dt_net.c ======== */
+/* ======== end dt_handshake.c ======== */
 
 /* ======== begin dt_comm_tcp.c ======== */
 /* ===========================================================================
