@@ -21848,10 +21848,11 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
 #endif /* DTRAIN_USE_MPI */
 /* ======== end dt_comm_mpi.c ======== */
 
-/* ======== begin dt_ps.c ======== */
+/* ======== begin dt_ps_core.h ======== */
 /* ===========================================================================
- * dt_ps.c -- parameter servers: shard assignment, the server loop
- * (dt_ps_serve) and the worker's TCP parameter store (dt_pstore_create_tcp)
+ * dt_ps_core.h -- private: the parameter servers' shared parts: message
+ * types, the shard's layout and bytes (dt_ps_shard.c), the server's state
+ * (dt_ps_server.c, dt_ps_ckpt.c); the worker's store is dt_ps_client.c
  * ===========================================================================
  * The server is one thread running a poll loop over its listening socket,
  * connections still in the handshake and one connection per worker. It
@@ -21882,6 +21883,9 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
  *   HEARTBEAT (0x07) both ways, BYE (0x08) w->s, REFUSE (0x05) s->w.
  * The shard's floats are its parameters' elements in parameter order.
  */
+#ifndef DTRAIN_PS_CORE_H
+#define DTRAIN_PS_CORE_H
+
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_net_core.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
@@ -21896,8 +21900,6 @@ enum {
 };
 #define DT__PS_FIX 16   /* fixed part of PULL, PARAMS, PUSH, PUSHED */
 #define DT__PS_JOINLEN 32
-#define DT__PS_CKPT_MAGIC 0x53505444u /* "DTPS" */
-#define DT__PS_CKPT_HDR 64
 
 /* Prefix the thread's last error (copied first: dt__error writes the buffer dt_last_error reads). */
 static DT__UNUSED dt_result dt__ps_prefix(dt_result rc, const char *a, const char *b) {
@@ -21907,152 +21909,17 @@ static DT__UNUSED dt_result dt__ps_prefix(dt_result rc, const char *a, const cha
   return dt__error(rc, "%s: %s", a, keep);
 }
 
-/* ---- shard assignment (also without networking) ----------------------------------------- */
-
-DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of) {
-  const char *fn = "dt_ps_shard";
-  if (!p || !server_of) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !p ? "params" : "server_of");
-  if (servers < 1 || servers > DTRAIN_MAX_PEERS)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d servers (need 1..%d)", fn, servers, DTRAIN_MAX_PEERS);
-  int n = dt_params_count(p);
-  if (n <= 0) return DTRAIN_OK;
-  int *order = (int *)dt__alloc((size_t)n * sizeof(int));
-  uint64_t *load = (uint64_t *)dt__calloc((size_t)servers * sizeof(uint64_t));
-  if (!order || !load) {
-    dt__free(order, (size_t)n * sizeof(int));
-    dt__free(load, (size_t)servers * sizeof(uint64_t));
-    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
-  }
-  size_t b = 0, e = 0;
-  int tr, dec;
-  /* Largest first, ties by index: insertion sort (parameter counts are small). */
-  for (int i = 0; i < n; i++) {
-    dt__params_range(p, i, &b, &e, &tr, &dec);
-    size_t si = e - b;
-    int j = i;
-    while (j > 0) {
-      size_t b2 = 0, e2 = 0;
-      dt__params_range(p, order[j - 1], &b2, &e2, &tr, &dec);
-      if (e2 - b2 >= si) break;
-      order[j] = order[j - 1];
-      j--;
-    }
-    order[j] = i;
-  }
-  for (int k = 0; k < n; k++) {
-    int i = order[k], best = 0;
-    for (int s = 1; s < servers; s++)
-      if (load[s] < load[best]) best = s;
-    dt__params_range(p, i, &b, &e, &tr, &dec);
-    load[best] += (uint64_t)(e - b);
-    server_of[i] = best;
-  }
-  dt__free(order, (size_t)n * sizeof(int));
-  dt__free(load, (size_t)servers * sizeof(uint64_t));
-  return DTRAIN_OK;
-}
-
-/* Floats of server s's shard. */
-static DT__UNUSED size_t dt__ps_shard_floats(const dt_params *p, const int *owner, int s) {
-  size_t n = 0, b, e;
-  int tr, dec;
-  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-    if (owner[i] == s) n += e - b;
-  return n;
-}
-
+/* ---- the shard (dt_ps_shard.c; also without networking) ----------------------------------- */
+/* Floats of server s's shard (owner: dt_ps_shard's assignment). */
+DTRAIN_PRIVATE size_t dt__ps_shard_floats(const dt_params *p, const int *owner, int s);
 /* FNV-1a over the shard's parameter ranges, the params' size and the server count. */
-static DT__UNUSED uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner, int s, int servers) {
-  uint64_t h = 1469598103934665603ULL;
-  uint64_t v[4];
-  size_t b, e;
-  int tr, dec;
-  v[0] = (uint64_t)dt_params_size(p);
-  v[1] = (uint64_t)servers;
-  v[2] = (uint64_t)s;
-  v[3] = (uint64_t)dt_params_count(p);
-  for (int k = 0; k < 4; k++)
-    for (int j = 0; j < 8; j++) h = (h ^ ((v[k] >> (8 * j)) & 0xFF)) * 1099511628211ULL;
-  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
-    if (owner[i] != s) continue;
-    v[0] = (uint64_t)i;
-    v[1] = (uint64_t)b;
-    v[2] = (uint64_t)e;
-    v[3] = (uint64_t)tr;
-    for (int k = 0; k < 4; k++)
-      for (int j = 0; j < 8; j++) h = (h ^ ((v[k] >> (8 * j)) & 0xFF)) * 1099511628211ULL;
-  }
-  return h;
-}
-
-static DT__UNUSED int dt__ps_little_endian(void) {
-  const uint16_t one = 1;
-  unsigned char c;
-  memcpy(&c, &one, 1);
-  return c == 1;
-}
-
-/* Floats to little-endian bytes and back. */
-static DT__UNUSED void dt__ps_put_floats(unsigned char *dst, const float *src, size_t n) {
-  if (dt__ps_little_endian()) {
-    if (n) memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, src + i, 4);
-    dt__le32_put(dst + 4 * i, u);
-  }
-}
-
-static DT__UNUSED void dt__ps_get_floats(float *dst, const unsigned char *src, size_t n) {
-  if (dt__ps_little_endian()) {
-    if (n) memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u = dt__le32_get(src + 4 * i);
-    memcpy(dst + i, &u, 4);
-  }
-}
-
-/* The shard of a full-layout buffer to bytes, and back (trainable_to, when
- * not NULL, receives the trainable parameters' floats instead of full). */
-static DT__UNUSED void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out) {
-  size_t off = 0, b, e;
-  int tr, dec;
-  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
-    if (owner[i] != s) continue;
-    dt__ps_put_floats(out + 4 * off, full + b, e - b);
-    off += e - b;
-  }
-}
-
-static DT__UNUSED void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full) {
-  size_t off = 0, b, e;
-  int tr, dec;
-  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
-    if (owner[i] != s) continue;
-    dt__ps_get_floats(full + b, in + 4 * off, e - b);
-    off += e - b;
-  }
-}
+DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner, int s, int servers);
+/* The shard of a full-layout buffer to little-endian bytes, and back. */
+DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out);
+DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full);
 
 #if !defined(DTRAIN_NO_NET)
-#  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <unistd.h>
-#  ifdef MSG_NOSIGNAL
-#    define DT__PS_SEND_FLAGS MSG_NOSIGNAL
-#  else
-#    define DT__PS_SEND_FLAGS 0
-#  endif
-
-/* ============================================================================================
- * The server
- * ============================================================================================ */
+/* ---- the server's state (dt_ps_server.c) ----------------------------------------------------- */
 
 enum { DT__PSW_NEW = 0, DT__PSW_LIVE, DT__PSW_DONE, DT__PSW_LOST };
 enum { DT__PSP_NONE = 0, DT__PSP_PULL, DT__PSP_PUSH };
@@ -22101,92 +21968,168 @@ typedef struct dt__ps_server {
   int done;
 } dt__ps_server;
 
-static int dt__ps_live_count(const dt__ps_server *S) {
-  int n = 0;
-  for (int i = 0; i < S->W; i++)
-    if (S->w[i].state == DT__PSW_NEW || S->w[i].state == DT__PSW_LIVE) n++;
+/* ---- shard checkpoints (dt_ps_ckpt.c) -------------------------------------------------------- */
+/* Bytes of S's checkpoint file (and of S->ckpt, the buffer it is built in). */
+DTRAIN_PRIVATE size_t dt__ps_ckpt_size(const dt__ps_server *S);
+/* Write S's shard, version and optimizer state to S->ckpt_path (through a temporary file). */
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S);
+/* Resume from the checkpoint when it exists: DTRAIN_OK (also when there is none). */
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S);
+/* Write one when checkpoint_every / checkpoint_seconds says it is due (a failure is logged, not returned). */
+DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S);
+
+#endif /* DTRAIN_NO_NET */
+
+#endif /* DTRAIN_PS_CORE_H */
+/* ======== end dt_ps_core.h ======== */
+
+/* ======== begin dt_ps_shard.c ======== */
+/* ===========================================================================
+ * dt_ps_shard.c -- parameter servers: which server owns which parameter
+ * (dt_ps_shard), and a shard's size, layout hash and bytes (see dt_ps_core.h)
+ * ===========================================================================
+ * Every process computes the same assignment from the params alone, so the
+ * servers and the workers agree without asking each other; the layout hash
+ * checks that they did.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_ps_core.h" (amalgamated) */
+
+DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of) {
+  const char *fn = "dt_ps_shard";
+  if (!p || !server_of) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !p ? "params" : "server_of");
+  if (servers < 1 || servers > DTRAIN_MAX_PEERS)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d servers (need 1..%d)", fn, servers, DTRAIN_MAX_PEERS);
+  int n = dt_params_count(p);
+  if (n <= 0) return DTRAIN_OK;
+  int *order = (int *)dt__alloc((size_t)n * sizeof(int));
+  uint64_t *load = (uint64_t *)dt__calloc((size_t)servers * sizeof(uint64_t));
+  if (!order || !load) {
+    dt__free(order, (size_t)n * sizeof(int));
+    dt__free(load, (size_t)servers * sizeof(uint64_t));
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+  }
+  size_t b = 0, e = 0;
+  int tr, dec;
+  /* Largest first, ties by index: insertion sort (parameter counts are small). */
+  for (int i = 0; i < n; i++) {
+    dt__params_range(p, i, &b, &e, &tr, &dec);
+    size_t si = e - b;
+    int j = i;
+    while (j > 0) {
+      size_t b2 = 0, e2 = 0;
+      dt__params_range(p, order[j - 1], &b2, &e2, &tr, &dec);
+      if (e2 - b2 >= si) break;
+      order[j] = order[j - 1];
+      j--;
+    }
+    order[j] = i;
+  }
+  for (int k = 0; k < n; k++) {
+    int i = order[k], best = 0;
+    for (int s = 1; s < servers; s++)
+      if (load[s] < load[best]) best = s;
+    dt__params_range(p, i, &b, &e, &tr, &dec);
+    load[best] += (uint64_t)(e - b);
+    server_of[i] = best;
+  }
+  dt__free(order, (size_t)n * sizeof(int));
+  dt__free(load, (size_t)servers * sizeof(uint64_t));
+  return DTRAIN_OK;
+}
+
+/* Floats of server s's shard. */
+DTRAIN_PRIVATE size_t dt__ps_shard_floats(const dt_params *p, const int *owner, int s) {
+  size_t n = 0, b, e;
+  int tr, dec;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
+    if (owner[i] == s) n += e - b;
   return n;
 }
 
-static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
-  (void)S;
-  dt__conn_close(&w->conn);
-  dt__free(w->rx, w->rx_cap);
-  dt__free(w->tx, w->tx_cap);
-  w->rx = w->tx = NULL;
-  w->rx_cap = w->tx_cap = w->tx_len = w->tx_off = 0;
-  w->pend = DT__PSP_NONE;
+/* FNV-1a over the shard's parameter ranges, the params' size and the server
+ * count, each number as 8 little-endian bytes. */
+static uint64_t dt__ps_shard_hash4(uint64_t h, const uint64_t v[4]) {
+  unsigned char b[32];
+  for (int k = 0; k < 4; k++) dt__le64_put(b + 8 * k, v[k]);
+  return dt__net_fnv1a(h, b, sizeof b);
 }
 
-static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t cap) {
-  const dt__ps_worker *w = &S->w[i];
-  if (w->conn.peer_role >= 0) snprintf(buf, cap, "%.95s", w->conn.peer);
-  else snprintf(buf, cap, "worker %d (%.80s)", i, S->c->worker_addr[i] ? S->c->worker_addr[i] : "?");
-}
-
-/* Drop worker i from training: logged, out of the clocks. */
-static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
-  dt__ps_worker *w = &S->w[i];
-  char name[DT__NET_ADDR];
-  dt__ps_worker_name(S, i, name, sizeof name);
-  dt__ps_worker_free(S, w);
-  w->state = DT__PSW_LOST;
-  int left = dt__ps_live_count(S);
-  dt__log(DTRAIN_LOG_WARN, code, "ps %d: %s lost: %s; going on with %d worker%s", S->me, name, why, left,
-          left == 1 ? "" : "s");
-}
-
-/* Write as much of worker i's output as the socket takes. 0 when the worker was lost. */
-static int dt__ps_flush(dt__ps_server *S, int i) {
-  dt__ps_worker *w = &S->w[i];
-  while (w->tx_off < w->tx_len) {
-    ssize_t k = send(w->conn.fd, w->tx + w->tx_off, w->tx_len - w->tx_off, DT__PS_SEND_FLAGS);
-    if (k > 0) {
-      w->tx_off += (size_t)k;
-      continue;
-    }
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 1;
-    char why[160];
-    snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? strerror(errno) : "connection closed");
-    dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
-    return 0;
+DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner, int s, int servers) {
+  uint64_t h = DT__NET_FNV_BASIS;
+  uint64_t v[4];
+  size_t b, e;
+  int tr, dec;
+  v[0] = (uint64_t)dt_params_size(p);
+  v[1] = (uint64_t)servers;
+  v[2] = (uint64_t)s;
+  v[3] = (uint64_t)dt_params_count(p);
+  h = dt__ps_shard_hash4(h, v);
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+    if (owner[i] != s) continue;
+    v[0] = (uint64_t)i;
+    v[1] = (uint64_t)b;
+    v[2] = (uint64_t)e;
+    v[3] = (uint64_t)tr;
+    h = dt__ps_shard_hash4(h, v);
   }
-  w->tx_off = w->tx_len = 0;
-  return 1;
+  return h;
 }
 
-/* Queue one frame for worker i: the fixed part, then n floats of the shard gathered from full (if any). */
-static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
-                        const float *full) {
-  dt__ps_worker *w = &S->w[i];
-  uint32_t len = fixn + (full ? (uint32_t)(S->shard * 4) : 0u);
-  if (w->tx_off == w->tx_len) w->tx_off = w->tx_len = 0;
-  if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
-    memmove(w->tx, w->tx + w->tx_off, w->tx_len - w->tx_off);
-    w->tx_len -= w->tx_off;
-    w->tx_off = 0;
+/* The shard of a full-layout buffer to bytes, and back (trainable_to, when
+ * not NULL, receives the trainable parameters' floats instead of full). */
+DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out) {
+  size_t off = 0, b, e;
+  int tr, dec;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+    if (owner[i] != s) continue;
+    dt__net_f32_put(out + 4 * off, full + b, e - b);
+    off += e - b;
   }
-  if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
-    dt__ps_lose(S, i, DTRAIN_ERR_INTERNAL, "output buffer overflow");
-    return 0;
-  }
-  unsigned char *h = w->tx + w->tx_len, *pl = h + DT__NET_HDR;
-  if (fixn) memcpy(pl, fix, fixn);
-  if (full) dt__ps_gather(S->params, S->owner, S->me, full, pl + fixn);
-  dt__frame_pack(h, type, w->conn.job, w->conn.self_id, w->conn.send_seq, pl, len);
-  w->conn.send_seq++;
-  w->tx_len += DT__NET_HDR + len;
-  w->last_sent = dt__now();
-  return dt__ps_flush(S, i);
 }
 
-/* ---- checkpoints ------------------------------------------------------------------------ */
+DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full) {
+  size_t off = 0, b, e;
+  int tr, dec;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+    if (owner[i] != s) continue;
+    dt__net_f32_get(full + b, in + 4 * off, e - b);
+    off += e - b;
+  }
+}
+/* ======== end dt_ps_shard.c ======== */
+
+/* ======== begin dt_ps_ckpt.c ======== */
+/* ===========================================================================
+ * dt_ps_ckpt.c -- parameter servers: shard checkpoints, DIR/ps-<i>-of-<M>.ckpt
+ * (see dt_ps_core.h)
+ * ===========================================================================
+ * Layout (little-endian): a 64-byte header -- u32 magic "DTPS", u32 version 1,
+ * u32 shard index, u32 servers, u64 params floats, u64 shard floats, u64
+ * layout hash, u64 updates applied, u64 optimizer steps, u32 optimizer slots
+ * -- then the shard's values, then each optimizer slot's shard, then the
+ * CRC-32C of everything before it. Written to a temporary file, synced and
+ * renamed, so a crash leaves the old checkpoint or the new one.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_ps_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET)
+#  include <errno.h>
+#  include <unistd.h>
+
+#define DT__PS_CKPT_MAGIC 0x53505444u /* "DTPS" */
+#define DT__PS_CKPT_HDR 64
 
 static int dt__ps_slots(const dt__ps_server *S) { return dt_optim_state_slots(S->opt); }
 
+/* Header, the shard's values, one shard per optimizer slot, CRC-32C. */
+DTRAIN_PRIVATE size_t dt__ps_ckpt_size(const dt__ps_server *S) {
+  return DT__PS_CKPT_HDR + (size_t)(1 + dt__ps_slots(S)) * S->shard * 4 + 4;
+}
+
 #  ifndef DTRAIN_NO_STDIO
-static dt_result dt__ps_ckpt_write(dt__ps_server *S) {
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   unsigned char *b = S->ckpt;
   int slots = dt__ps_slots(S);
   memset(b, 0, DT__PS_CKPT_HDR);
@@ -22230,8 +22173,7 @@ static dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   return DTRAIN_OK;
 }
 
-/* Resume from the checkpoint when it exists: DTRAIN_OK (also when there is none). */
-static dt_result dt__ps_ckpt_read(dt__ps_server *S) {
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
   FILE *f = fopen(S->ckpt_path, "rb");
   if (!f) return DTRAIN_OK;
   unsigned char *b = S->ckpt;
@@ -22266,13 +22208,13 @@ static dt_result dt__ps_ckpt_read(dt__ps_server *S) {
   return DTRAIN_OK;
 }
 #  else
-static dt_result dt__ps_ckpt_write(dt__ps_server *S) {
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "ps %d: checkpoints need stdio (built with DTRAIN_NO_STDIO)", S->me);
 }
-static dt_result dt__ps_ckpt_read(dt__ps_server *S) { return dt__ps_ckpt_write(S); }
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) { return dt__ps_ckpt_write(S); }
 #  endif
 
-static void dt__ps_maybe_ckpt(dt__ps_server *S) {
+DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
   if (!S->ckpt) return;
   int due = (S->po.checkpoint_every > 0 && S->since_ckpt >= S->po.checkpoint_every) ||
             (S->po.checkpoint_seconds > 0 && dt__now() - S->last_ckpt >= S->po.checkpoint_seconds);
@@ -22281,6 +22223,109 @@ static void dt__ps_maybe_ckpt(dt__ps_server *S) {
     S->since_ckpt = 0;
     S->last_ckpt = dt__now();
   }
+}
+
+#  undef DT__PS_CKPT_MAGIC
+#  undef DT__PS_CKPT_HDR
+
+#endif /* DTRAIN_NO_NET */
+/* ======== end dt_ps_ckpt.c ======== */
+
+/* ======== begin dt_ps_server.c ======== */
+/* ===========================================================================
+ * dt_ps_server.c -- parameter servers: the server (dt_ps_serve): its poll
+ * loop, the staleness rule, the workers' frames (see dt_ps_core.h for the
+ * design and the messages)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_ps_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+#  include <unistd.h>
+
+static int dt__ps_live_count(const dt__ps_server *S) {
+  int n = 0;
+  for (int i = 0; i < S->W; i++)
+    if (S->w[i].state == DT__PSW_NEW || S->w[i].state == DT__PSW_LIVE) n++;
+  return n;
+}
+
+static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
+  (void)S;
+  dt__conn_close(&w->conn);
+  dt__free(w->rx, w->rx_cap);
+  dt__free(w->tx, w->tx_cap);
+  w->rx = w->tx = NULL;
+  w->rx_cap = w->tx_cap = w->tx_len = w->tx_off = 0;
+  w->pend = DT__PSP_NONE;
+}
+
+static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t cap) {
+  const dt__ps_worker *w = &S->w[i];
+  if (w->conn.peer_role >= 0) snprintf(buf, cap, "%.95s", w->conn.peer);
+  else snprintf(buf, cap, "worker %d (%.80s)", i, S->c->worker_addr[i] ? S->c->worker_addr[i] : "?");
+}
+
+/* Drop worker i from training: logged, out of the clocks. */
+static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
+  dt__ps_worker *w = &S->w[i];
+  char name[DT__NET_ADDR];
+  dt__ps_worker_name(S, i, name, sizeof name);
+  dt__ps_worker_free(S, w);
+  w->state = DT__PSW_LOST;
+  int left = dt__ps_live_count(S);
+  dt__log(DTRAIN_LOG_WARN, code, "ps %d: %s lost: %s; going on with %d worker%s", S->me, name, why, left,
+          left == 1 ? "" : "s");
+}
+
+/* Write as much of worker i's output as the socket takes. 0 when the worker was lost. */
+static int dt__ps_flush(dt__ps_server *S, int i) {
+  dt__ps_worker *w = &S->w[i];
+  while (w->tx_off < w->tx_len) {
+    ssize_t k = send(w->conn.fd, w->tx + w->tx_off, w->tx_len - w->tx_off, DT__NET_SEND_FLAGS);
+    if (k > 0) {
+      w->tx_off += (size_t)k;
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 1;
+    char why[160];
+    snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? strerror(errno) : "connection closed");
+    dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
+    return 0;
+  }
+  w->tx_off = w->tx_len = 0;
+  return 1;
+}
+
+/* Queue one frame for worker i: the fixed part, then n floats of the shard gathered from full (if any). */
+static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
+                        const float *full) {
+  dt__ps_worker *w = &S->w[i];
+  uint32_t len = fixn + (full ? (uint32_t)(S->shard * 4) : 0u);
+  if (w->tx_off == w->tx_len) w->tx_off = w->tx_len = 0;
+  if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
+    memmove(w->tx, w->tx + w->tx_off, w->tx_len - w->tx_off);
+    w->tx_len -= w->tx_off;
+    w->tx_off = 0;
+  }
+  if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
+    dt__ps_lose(S, i, DTRAIN_ERR_INTERNAL, "output buffer overflow");
+    return 0;
+  }
+  unsigned char *h = w->tx + w->tx_len, *pl = h + DT__NET_HDR;
+  if (fixn) memcpy(pl, fix, fixn);
+  if (full) dt__ps_gather(S->params, S->owner, S->me, full, pl + fixn);
+  dt__frame_pack(h, type, w->conn.job, w->conn.self_id, w->conn.send_seq, pl, len);
+  w->conn.send_seq++;
+  w->tx_len += DT__NET_HDR + len;
+  w->last_sent = dt__now();
+  return dt__ps_flush(S, i);
 }
 
 /* ---- the staleness rule ------------------------------------------------------------------- */
@@ -22335,10 +22380,10 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
       if (S->owner[p] != S->me) continue;
       if (tr) {
-        dt__ps_get_floats(grad + b, in + 4 * off, e - b);
+        dt__net_f32_get(grad + b, in + 4 * off, e - b);
         if (dt_optim_update(S->opt, data, grad, b, e) != DTRAIN_OK) return -1;
       } else {
-        dt__ps_get_floats(data + b, in + 4 * off, e - b);
+        dt__net_f32_get(data + b, in + 4 * off, e - b);
       }
       off += e - b;
     }
@@ -22722,7 +22767,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
     goto done;
   }
   if (S.po.checkpoint_dir && S.po.checkpoint_dir[0]) {
-    S.ckpt_bytes = DT__PS_CKPT_HDR + (size_t)(1 + dt__ps_slots(&S)) * S.shard * 4 + 4;
+    S.ckpt_bytes = dt__ps_ckpt_size(&S);
     S.ckpt = (unsigned char *)dt__alloc(S.ckpt_bytes);
     if (!S.ckpt) {
       rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory for the checkpoint buffer", fn, S.me);
@@ -22767,9 +22812,39 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
   return dt__quiet_pop(dt__ps_serve(c, params, opt, o, po));
 }
 
-/* ============================================================================================
- * The worker's store
- * ============================================================================================ */
+#else /* DTRAIN_NO_NET */
+
+DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
+                                 const dt_ps_options *po) {
+  (void)c;
+  (void)params;
+  (void)opt;
+  (void)o;
+  (void)po;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_ps_serve: networking is not compiled in (DTRAIN_NO_NET)");
+}
+
+#endif /* DTRAIN_NO_NET */
+/* ======== end dt_ps_server.c ======== */
+
+/* ======== begin dt_ps_client.c ======== */
+/* ===========================================================================
+ * dt_ps_client.c -- parameter servers: the worker's side, a dt_pstore
+ * (dt_strategy.h) backed by the cluster's servers (dt_pstore_create_tcp;
+ * see dt_ps_core.h for the messages)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* dt_strategy.h: dt_pstore, the interface this store implements. */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_ps_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+#  include <unistd.h>
 
 typedef struct dt__ps_client {
   dt_pstore ps;
@@ -23147,20 +23222,7 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
   return ps;
 }
 
-#  undef DT__PS_SEND_FLAGS
-#  undef DT__PS_PENDING
-
 #else /* DTRAIN_NO_NET */
-
-DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
-                                 const dt_ps_options *po) {
-  (void)c;
-  (void)params;
-  (void)opt;
-  (void)o;
-  (void)po;
-  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_ps_serve: networking is not compiled in (DTRAIN_NO_NET)");
-}
 
 DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
                                            int max_staleness) {
@@ -23173,11 +23235,6 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
 }
 
 #endif /* DTRAIN_NO_NET */
-
-#undef DT__PS_FIX
-#undef DT__PS_JOINLEN
-#undef DT__PS_CKPT_MAGIC
-#undef DT__PS_CKPT_HDR
-/* ======== end dt_ps.c ======== */
+/* ======== end dt_ps_client.c ======== */
 
 #endif /* DTRAIN_IMPLEMENTATION */
