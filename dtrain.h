@@ -20452,10 +20452,12 @@ refused:
 #endif /* DTRAIN_NO_NET */
 /* ======== end dt_handshake.c ======== */
 
-/* ======== begin dt_comm_tcp.c ======== */
+/* ======== begin dt_comm_tcp_core.h ======== */
 /* ===========================================================================
- * dt_comm_tcp.c -- the TCP communicator: one rank per process, a full mesh
- * of framed TCP connections among the workers (dt_net_core.h)
+ * dt_comm_tcp_core.h -- private: the TCP communicator's state, shared by its
+ * start-up (dt_comm_tcp_setup.c) and its calls (dt_comm_tcp.c): one rank per
+ * process, a full mesh of framed TCP connections among the workers
+ * (dt_net_core.h)
  * ===========================================================================
  * Setup. Rank r dials every lower rank (0..r-1, in order) and then accepts
  * the higher ones on its listening socket until each has connected or the
@@ -20520,31 +20522,15 @@ refused:
  *   0x42 COPY  floats: final values (fold-back, ring all-gather, broadcast)
  * BYE (0x08) is sent to every peer by destroy.
  */
+#ifndef DTRAIN_COMM_TCP_CORE_H
+#define DTRAIN_COMM_TCP_CORE_H
+
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_net_core.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 
-#if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
-
-DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o) {
-  (void)c;
-  (void)o;
-  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_tcp: networking is not compiled in (%s)",
-#  if defined(DTRAIN_NO_NET)
-            "DTRAIN_NO_NET"
-#  else
-            "DTRAIN_NO_THREADS"
-#  endif
-  );
-  return NULL;
-}
-
-#else
-
-#  include <errno.h>
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
 
 enum {
   DT__TCP_MSG_CALL = DT__MSG_DATA0,
@@ -20604,6 +20590,33 @@ typedef struct dt__tcp_call {
   uint32_t chunk, small; /* the algorithm's options: chunk floats, small_bytes */
   unsigned char order[4]; /* the sender's in-memory bytes of 0x01020304: floats travel in host order */
 } dt__tcp_call;
+
+/* The communicator's function table (dt_comm_tcp.c). */
+DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void);
+/* Close every connection and free t and everything it holds (dt_comm_tcp_setup.c). */
+DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t);
+
+#endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
+
+#endif /* DTRAIN_COMM_TCP_CORE_H */
+/* ======== end dt_comm_tcp_core.h ======== */
+
+/* ======== begin dt_comm_tcp.c ======== */
+/* ===========================================================================
+ * dt_comm_tcp.c -- the TCP communicator's calls: the agreement round,
+ * recursive doubling, the ring, reduce and broadcast chains, the failure
+ * path, the vtable (see dt_comm_tcp_core.h for the design and the messages;
+ * start-up is dt_comm_tcp_setup.c)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_comm_tcp_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
 
 static const char *dt__tcp_op_name(uint32_t op) {
   switch (op) {
@@ -21210,21 +21223,6 @@ static void dt__tcp_stats(dt_comm *c, int rank, dt_comm_stats *out) {
 
 static void dt__tcp_reset_stats(dt_comm *c) { memset(&dt__tcp_of(c)->st, 0, sizeof(dt_comm_stats)); }
 
-static void dt__tcp_free(dt__comm_tcp *t) {
-  if (t->conns)
-    for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
-  dt__conn_close(&t->lane2);
-  dt__free(t->conns, t->conns_bytes);
-  dt__free(t->peer_state, (size_t)t->comm.world);
-  dt__free(t->pfd, (size_t)t->comm.world * sizeof(struct pollfd));
-  dt__free(t->pidx, (size_t)t->comm.world * sizeof(int));
-  dt__free(t->scratch, t->scratch_bytes);
-  dt__free(t->fout, DT__TCP_CALL_BYTES + t->fused_max);
-  dt__free(t->fin, DT__TCP_CALL_BYTES + t->fused_max);
-  dt__free(t->fkeep, t->fused_max + sizeof(float));
-  dt__free(t, sizeof *t);
-}
-
 static void dt__tcp_destroy(dt_comm *c) {
   dt__comm_tcp *t = dt__tcp_of(c);
   char keep[DT__MSG_CAP];
@@ -21253,7 +21251,26 @@ static const dt_comm_vtable dt__comm_tcp_vtable = {
   dt__tcp_destroy
 };
 
-/* ---- setup ------------------------------------------------------------------------------------ */
+DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void) { return &dt__comm_tcp_vtable; }
+
+#endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
+/* ======== end dt_comm_tcp.c ======== */
+
+/* ======== begin dt_comm_tcp_setup.c ======== */
+/* ===========================================================================
+ * dt_comm_tcp_setup.c -- the TCP communicator's start-up: the rendezvous of
+ * the workers (dial the lower ranks, admit the higher ones), create and free
+ * (dt_comm_create_tcp; see dt_comm_tcp_core.h)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_comm_tcp_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
 
 /* Accepted connections whose first frame has not fully arrived: strangers
  * that send a few bytes (or none) and stall must not hold up the real peers,
@@ -21438,6 +21455,22 @@ done:
   return rc;
 }
 
+
+DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t) {
+  if (t->conns)
+    for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
+  dt__conn_close(&t->lane2);
+  dt__free(t->conns, t->conns_bytes);
+  dt__free(t->peer_state, (size_t)t->comm.world);
+  dt__free(t->pfd, (size_t)t->comm.world * sizeof(struct pollfd));
+  dt__free(t->pidx, (size_t)t->comm.world * sizeof(int));
+  dt__free(t->scratch, t->scratch_bytes);
+  dt__free(t->fout, DT__TCP_CALL_BYTES + t->fused_max);
+  dt__free(t->fin, DT__TCP_CALL_BYTES + t->fused_max);
+  dt__free(t->fkeep, t->fused_max + sizeof(float));
+  dt__free(t, sizeof *t);
+}
+
 static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   dt__comm_tcp *t = NULL;
   dt_result rc;
@@ -21465,7 +21498,7 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
     return NULL;
   }
   world = (size_t)cl->workers;
-  t->comm.vtable = &dt__comm_tcp_vtable;
+  t->comm.vtable = dt__tcp_vtable();
   t->comm.world = cl->workers;
   t->comm.rank = cl->index;
   t->comm.impl = t;
@@ -21529,12 +21562,24 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_option
 
 #  undef DT__TCP_PENDING
 #  undef DT__TCP_HELLO_FRAME
-#  undef DT__TCP_CALL_BYTES
-#  undef DT__TCP_NONE
-#  undef DT__TCP_FUSED_MAX
+
+#else
+
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o) {
+  (void)c;
+  (void)o;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_tcp: networking is not compiled in (%s)",
+#  if defined(DTRAIN_NO_NET)
+            "DTRAIN_NO_NET"
+#  else
+            "DTRAIN_NO_THREADS"
+#  endif
+  );
+  return NULL;
+}
 
 #endif /* DTRAIN_NO_NET || DTRAIN_NO_THREADS */
-/* ======== end dt_comm_tcp.c ======== */
+/* ======== end dt_comm_tcp_setup.c ======== */
 
 /* ======== begin dt_comm_mpi.c ======== */
 /* ===========================================================================
