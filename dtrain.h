@@ -22100,14 +22100,14 @@ DTRAIN_PRIVATE size_t dt__ps_shard_floats(const dt_params *p, const int *owner, 
   return n;
 }
 
-/* FNV-1a over the shard's parameter ranges, the params' size and the server
- * count, each number as 8 little-endian bytes. */
+/* Four numbers into the hash, each as 8 little-endian bytes. */
 static uint64_t dt__ps_shard_hash4(uint64_t h, const uint64_t v[4]) {
   unsigned char b[32];
   for (int k = 0; k < 4; k++) dt__le64_put(b + 8 * k, v[k]);
   return dt__net_fnv1a(h, b, sizeof b);
 }
 
+/* FNV-1a over the shard's parameter ranges, the params' size and the server count. */
 DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner, int s, int servers) {
   uint64_t h = DT__NET_FNV_BASIS;
   uint64_t v[4];
@@ -22129,8 +22129,8 @@ DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner,
   return h;
 }
 
-/* The shard of a full-layout buffer to bytes, and back (trainable_to, when
- * not NULL, receives the trainable parameters' floats instead of full). */
+/* The shard of a full-layout buffer to little-endian bytes (its parameters'
+ * ranges in order), and back. */
 DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out) {
   size_t off = 0, b, e;
   int tr, dec;
