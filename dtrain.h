@@ -122,8 +122,8 @@
  *   6  optim     dt_optim dt_memory
  *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint*
  *   8  comm      dt_comm dt_comm_mpi dt_devgroup
- *   9  net       dt_net* dt_hash dt_frame dt_socket dt_handshake dt_comm_tcp* dt_cluster dt_ps*
- *   10 strategy  dt_strategy* dt_pstore*
+ *   9  net       dt_net* dt_wire dt_hash dt_frame dt_socket dt_conn dt_handshake dt_comm_tcp* dt_cluster
+ *   10 strategy  dt_strategy* dt_pstore* dt_ps*  (the parameter servers: the store, its shards and clients)
  *   11 fit       dt_fit*
  *
  * MEMORY AND OWNERSHIP
@@ -2240,7 +2240,15 @@ DTRAIN_EXTERN_C_END
 #ifndef DTRAIN_NET_H
 #define DTRAIN_NET_H
 
-/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+
+/* The parameter store (dt_pstore, dt_strategy.h) is the one type this header
+ * takes from the strategy layer above it: dt_pstore_create_tcp returns one.
+ * It is named by its struct tag (the same type as the typedef), so the
+ * transport's options and the communicators here do not pull in the
+ * strategies. */
+struct dt_pstore;
 
 DTRAIN_EXTERN_C_BEGIN
 
@@ -2503,8 +2511,8 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
  * dt_pstore_destroy says it too when leave was not called. A heartbeat
  * thread (not with DTRAIN_NO_THREADS) keeps idle connections alive. NULL on
  * failure (dt_last_error()). */
-DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
-                                           int max_staleness);
+DTRAIN_API struct dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
+                                                  int max_staleness);
 
 DTRAIN_EXTERN_C_END
 
@@ -19295,13 +19303,18 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
 #undef DT__CLUSTER_DEFAULT_PORT
 /* ======== end dt_cluster.c ======== */
 
-/* ======== begin dt_net_core.h ======== */
+/* ======== begin dt_wire.h ======== */
 /* ===========================================================================
- * dt_net_core.h -- private: the TCP transport shared by the communicator and
- * the parameter servers (frames, sockets with deadlines, handshake, HMAC)
+ * dt_wire.h -- private: the bytes on the wire, below any socket: byte order
+ * (dt_net_bytes.c), checksums and hashes (dt_hash.c) and the frame header
+ * (dt_frame.c)
  * ===========================================================================
  * The wire format is written down in docs/wire_protocol.md; this is its one
- * implementation. Everything here is DTRAIN_PRIVATE.
+ * implementation. Everything here is DTRAIN_PRIVATE and exists also without
+ * networking (DTRAIN_NO_NET). It is the bottom of the transport: it uses no
+ * sockets, connections, handshake, communicator or strategy, so that the
+ * code above (dt_net_core.h, the TCP communicator, the parameter servers)
+ * can change without touching what goes on the wire.
  *
  * Frame: a 40-byte little-endian header, then `length` payload bytes.
  *
@@ -19320,18 +19333,14 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
  * frames (0x40 and up) leave payload integrity to TCP, as checksumming
  * gigabytes per second would cost more than the transfer.
  */
-#ifndef DTRAIN_NET_CORE_H
-#define DTRAIN_NET_CORE_H
+#ifndef DTRAIN_WIRE_H
+#define DTRAIN_WIRE_H
 
 /* #include "dt_internal.h" (amalgamated) */
-/* #include "dt_net.h" (amalgamated) */
 
 #define DT__NET_MAGIC 0x4E525444u
 #define DT__NET_HDR 40
 #define DT__NET_F_PAYLOAD_CRC 1u
-#define DT__NET_SERVER_ID0 0x10000u /* sender id of server 0 */
-#define DT__NET_NONCE 32
-#define DT__NET_ADDR 96
 
 /* Message types. 0x01..0x3f: control (the transport's own); 0x40..: data,
  * owned by the backends (0x40..0x4f the communicator, 0x50..0x6f the
@@ -19357,7 +19366,21 @@ typedef struct dt__frame {
   uint32_t length, checksum;
 } dt__frame;
 
-/* ---- checksums and authentication --------------------------------------------------- */
+/* ---- byte order (dt_net_bytes.c) ---------------------------------------------------------- */
+DTRAIN_PRIVATE uint16_t dt__net_le16_get(const unsigned char *p);
+DTRAIN_PRIVATE void dt__le32_put(unsigned char *p, uint32_t v);
+DTRAIN_PRIVATE void dt__le64_put(unsigned char *p, uint64_t v);
+DTRAIN_PRIVATE uint32_t dt__le32_get(const unsigned char *p);
+DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p);
+/* Floats travel little-endian. On a little-endian host this is a no-op
+ * (buffers go out as they are, no copy); on a big-endian one it swaps the
+ * bytes of each float in place (the same call converts back). */
+DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n);
+/* n floats to 4n little-endian bytes, and back (a plain copy on a little-endian host). */
+DTRAIN_PRIVATE void dt__net_f32_put(unsigned char *dst, const float *src, size_t n);
+DTRAIN_PRIVATE void dt__net_f32_get(float *dst, const unsigned char *src, size_t n);
+
+/* ---- checksums, hashes and authentication (dt_hash.c) ---------------------------------------- */
 DTRAIN_PRIVATE uint32_t dt__crc32c(uint32_t crc, const void *p, size_t n);
 typedef struct dt__sha256 {
   uint32_t h[8];
@@ -19371,8 +19394,12 @@ DTRAIN_PRIVATE void dt__sha256_final(dt__sha256 *s, unsigned char out[32]);
 DTRAIN_PRIVATE void dt__hmac_sha256(const void *key, size_t klen, const void *msg, size_t mlen, unsigned char out[32]);
 /* Constant-time comparison: 1 when equal. */
 DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char *b, size_t n);
+/* FNV-1a (64-bit) of n bytes, continuing from h (start with DT__NET_FNV_BASIS):
+ * the job id from the cluster's addresses, a parameter server's shard layout. */
+#define DT__NET_FNV_BASIS 1469598103934665603ULL
+DTRAIN_PRIVATE uint64_t dt__net_fnv1a(uint64_t h, const void *p, size_t n);
 
-/* ---- frames ----------------------------------------------------------------------------- */
+/* ---- frames (dt_frame.c) ---------------------------------------------------------------------- */
 DTRAIN_PRIVATE void dt__frame_pack(unsigned char h[DT__NET_HDR], uint16_t type, uint64_t job, uint32_t sender,
                                    uint64_t seq, const void *payload, uint32_t length);
 /* Decode and check a header: magic, version, header checksum, job (unless
@@ -19383,132 +19410,18 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
 /* 1 when the payload matches the checksum (or the frame does not cover it). */
 DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], const dt__frame *f, const void *payload);
 
-#ifndef DTRAIN_NO_NET /* the socket layer exists only with networking */
-/* ---- sockets ------------------------------------------------------------------------------
- * Every socket is non-blocking; every call takes an absolute deadline
- * (dt__now() seconds) and returns DTRAIN_ERR_TIMEOUT past it. EINTR is
- * retried; SIGPIPE never raised. Messages are set with dt__error. */
-/* "host:port" or "[v6]:port" -> host and port strings. */
-DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap);
-DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd);
-DTRAIN_PRIVATE int dt__net_port(int fd); /* the bound port, -1 on error */
-/* Connect, retrying refused/unreachable with backoff (10 ms doubling to 0.5 s) until the deadline. */
-DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, int *fd);
-/* Wait for one connection; *fd gets it, addr (may be NULL) the peer's "host:port". */
-DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd, char *addr, size_t cap);
-DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double deadline);
-DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline);
-/* The same, but when nothing has arrived it polls the socket (yielding the
- * CPU between tries) for up to spin_s seconds before sleeping in poll(). */
-DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double deadline, double spin_s);
-DTRAIN_PRIVATE void dt__net_set_bufs(int fd, int64_t bytes); /* SO_SNDBUF/SO_RCVBUF; <= 0: the kernel's */
-DTRAIN_PRIVATE void dt__net_close(int fd);
-/* Wait until fd is readable: 1 readable, 0 timed out (after `seconds`), -1 error. */
-DTRAIN_PRIVATE int dt__net_poll_in(int fd, double seconds);
+#endif /* DTRAIN_WIRE_H */
+/* ======== end dt_wire.h ======== */
 
-/* ---- connections: a socket plus both directions' sequence numbers ---------------------- */
-typedef struct dt__conn {
-  int fd;
-  uint64_t job;
-  uint32_t self_id;      /* our sender id */
-  uint32_t max_payload;
-  double spin_s;         /* receiving here (dt__conn_recv_header, exchanges), spin this long
-                            before sleeping in poll() (0: never) */
-  uint64_t send_seq, recv_seq;
-  int peer_role;         /* dt_role, -1 before the handshake */
-  int peer_index;
-  int lane;              /* 0, or 1: a 2-worker collective's second connection (hello offset 28) */
-  char peer[DT__NET_ADDR]; /* "worker 1 (127.0.0.1:7001)" */
-} dt__conn;
-
-DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t self_id, uint32_t max_payload);
-/* Send one frame (header + payload, gathered). op names the operation for
- * errors: "worker 0: allreduce #12: send to worker 1 (127.0.0.1:7001): connection reset". */
-DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *payload, uint32_t n, double deadline,
-                                       const char *op);
-/* Receive one frame's header (checked: sequence number, sender when known)
- * into *f. ABORT and REFUSE frames are read whole and turned into
- * DTRAIN_ERR_PEER / the refusal's code with the peer's reason. Then the
- * caller reads f->length payload bytes with dt__conn_recv_payload (which
- * checks the payload checksum when the frame carries one). */
-DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigned char h[DT__NET_HDR], double deadline,
-                                              const char *op);
-DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
-                                               void *buf, double deadline, const char *op);
-/* Header + payload into buf (cap bytes); a frame of another type or longer
- * than cap is DTRAIN_ERR_PROTOCOL. *len (may be NULL) gets the length. */
-DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, uint32_t cap, uint32_t *len,
-                                       double deadline, const char *op);
-/* Send a frame to `to` while receiving one of `type` from `from` (possibly
- * the same connection), progressing both as the sockets allow, so two peers
- * exchanging in a ring never deadlock on full socket buffers. The received
- * payload must be exactly rn bytes, from the peer the connection belongs to.
- * When neither side can move it spins for from->spin_s, then polls. */
-DTRAIN_PRIVATE dt_result dt__conn_exchange(dt__conn *to, uint16_t stype, const void *sbuf, uint32_t sn, dt__conn *from,
-                                           uint16_t rtype, void *rbuf, uint32_t rn, double deadline, const char *op);
-/* Best effort, short deadline: tell the peer our run failed (code + text). */
-DTRAIN_PRIVATE void dt__conn_abort(dt__conn *c, dt_result code, const char *reason);
-DTRAIN_PRIVATE void dt__conn_close(dt__conn *c);
-
-#endif /* DTRAIN_NO_NET */
-
-/* ---- who we are, and the handshake ----------------------------------------------------- */
-typedef struct dt__net_self {
-  const dt_cluster *cluster;
-  dt_net_options opt;    /* with defaults filled */
-  uint64_t job;
-  uint32_t id;           /* dt__net_id(role, index) */
-} dt__net_self;
-
-DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index);
-/* Fill self from the cluster and options (NULL: defaults); job id from the
- * options or a hash of the cluster's addresses. */
-DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o);
-#ifndef DTRAIN_NO_NET
-/* This process's listening socket: options.listen_fd, or bind its own address from the cluster. */
-DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd);
-/* Connector side: connect to (role, index) with retries until connect_timeout,
- * handshake; on success *c is ready. */
-DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, int index, dt__conn *c);
-/* The same, announcing `lane` in the hello (1: the second connection of a 2-worker collective). */
-DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role role, int index, int lane, dt__conn *c);
-/* Acceptor side on a fresh connection fd (ownership passes to *c or the fd
- * is closed): check the peer's hello (version, job, world, servers, model
- * hash, a valid and -- unless allow_dup -- not yet `seen` id), authenticate,
- * and send READY. On refusal the peer gets a REFUSE frame naming both sides,
- * the reason is logged (unless opt.quiet) and returned; the caller keeps
- * serving others. `seen` (may be NULL): per-worker flags set on success. */
-DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const char *addr, double deadline,
-                                       unsigned char *seen, dt__conn *c);
-/* Read 32 bytes of randomness (/dev/urandom, else a hash of time and pid). */
-DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n);
-#endif /* DTRAIN_NO_NET */
-
-/* Floats travel little-endian. On a little-endian host this is a no-op
- * (buffers go out as they are, no copy); on a big-endian one it swaps the
- * bytes of each float in place (the same call converts back). */
-#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-#  define DT__NET_HOST_LE 0
-#else
-#  define DT__NET_HOST_LE 1
-#endif
-DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n);
-
-/* Little-endian helpers. */
-DTRAIN_PRIVATE void dt__le32_put(unsigned char *p, uint32_t v);
-DTRAIN_PRIVATE void dt__le64_put(unsigned char *p, uint64_t v);
-DTRAIN_PRIVATE uint32_t dt__le32_get(const unsigned char *p);
-DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p);
-
-#endif /* DTRAIN_NET_CORE_H */
-/* ======== end dt_net_core.h ======== */
-
-/* ======== begin dt_net.c ======== */
+/* ======== begin dt_net_bytes.c ======== */
 /* ===========================================================================
- * dt_net.c -- the TCP transport: CRC-32C, SHA-256/HMAC, frames, sockets with
- * deadlines, connections, the handshake (see dt_net_core.h and
- * docs/wire_protocol.md)
+ * dt_net_bytes.c -- the wire's byte order: little-endian integers and floats
+ * (see dt_wire.h)
  * ===========================================================================
+ * Every multi-byte field on the wire and in a shard checkpoint is
+ * little-endian, written byte by byte (never a struct copied), so the code
+ * is the same on every host. Floats go out as they are on a little-endian
+ * host (no copy, no loop) and are swapped on a big-endian one.
  */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
@@ -19525,11 +19438,18 @@ DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p);
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
-/* #include "dt_net_core.h" (amalgamated) */
-/* #include "dt_platform.h" (amalgamated) */
+/* #include "dt_wire.h" (amalgamated) */
 
-/* ---- little-endian helpers (used by the frame code, also without networking) -------- */
+/* 1 on a little-endian host. A run-time test rather than __BYTE_ORDER__,
+ * which not every compiler defines; compilers fold it to a constant. */
+static int dt__net_bytes_host_le(void) {
+  const uint16_t one = 1;
+  unsigned char c;
+  memcpy(&c, &one, 1);
+  return c == 1;
+}
 
+DTRAIN_PRIVATE uint16_t dt__net_le16_get(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 DTRAIN_PRIVATE void dt__le32_put(unsigned char *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
@@ -19546,21 +19466,67 @@ DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p) {
   for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
   return v;
 }
+
 DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n) {
-#if DT__NET_HOST_LE
-  (void)p;
-  (void)n;
-#else
+  if (dt__net_bytes_host_le()) return;
   for (size_t i = 0; i < n; i++) {
     uint32_t u;
     memcpy(&u, &p[i], 4);
     u = (u >> 24) | ((u >> 8) & 0xFF00u) | ((u << 8) & 0xFF0000u) | (u << 24);
     memcpy(&p[i], &u, 4);
   }
-#endif
 }
 
-static uint16_t dt__net_le16_get(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+DTRAIN_PRIVATE void dt__net_f32_put(unsigned char *dst, const float *src, size_t n) {
+  if (dt__net_bytes_host_le()) {
+    if (n) memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, src + i, 4);
+    dt__le32_put(dst + 4 * i, u);
+  }
+}
+
+DTRAIN_PRIVATE void dt__net_f32_get(float *dst, const unsigned char *src, size_t n) {
+  if (dt__net_bytes_host_le()) {
+    if (n) memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u = dt__le32_get(src + 4 * i);
+    memcpy(dst + i, &u, 4);
+  }
+}
+/* ======== end dt_net_bytes.c ======== */
+
+/* ======== begin dt_hash.c ======== */
+/* ===========================================================================
+ * dt_hash.c -- checksums and hashes of the wire: CRC-32C, SHA-256, HMAC-SHA256,
+ * a constant-time comparison, FNV-1a (see dt_wire.h)
+ * ===========================================================================
+ * Written here rather than taken from a library so that the single header
+ * needs nothing beyond libc. None of this is used for secrecy: the CRC guards
+ * headers and control frames against corruption, SHA-256/HMAC prove that a
+ * peer knows the shared token, FNV-1a names a job or a shard layout.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_wire.h" (amalgamated) */
 
 /* ---- CRC-32C (Castagnoli), four bits at a time: it only covers headers and control frames ---- */
 
@@ -19688,7 +19654,40 @@ DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char 
   return d == 0;
 }
 
-/* ---- frames -------------------------------------------------------------------------------- */
+/* ---- FNV-1a (64-bit) ----------------------------------------------------------------------- */
+
+DTRAIN_PRIVATE uint64_t dt__net_fnv1a(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+  return h;
+}
+/* ======== end dt_hash.c ======== */
+
+/* ======== begin dt_frame.c ======== */
+/* ===========================================================================
+ * dt_frame.c -- the frame header: encode, decode and check (see dt_wire.h and
+ * docs/wire_protocol.md)
+ * ===========================================================================
+ * Pure functions over byte buffers, also built without networking: the
+ * sockets and connections that move frames are in dt_socket.c and
+ * dt_conn.c.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_wire.h" (amalgamated) */
 
 DTRAIN_PRIVATE void dt__frame_pack(unsigned char h[DT__NET_HDR], uint16_t type, uint64_t job, uint32_t sender,
                                    uint64_t seq, const void *payload, uint32_t length) {
@@ -19777,15 +19776,295 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
   }
   return crc == f->checksum;
 }
+/* ======== end dt_frame.c ======== */
+
+/* ======== begin dt_net_core.h ======== */
+/* ===========================================================================
+ * dt_net_core.h -- private: the TCP transport shared by the communicator and
+ * the parameter servers (sockets with deadlines, connections, handshake)
+ * ===========================================================================
+ * Built on the wire format of dt_wire.h (byte order, checksums, frames);
+ * docs/wire_protocol.md describes both. Everything here is DTRAIN_PRIVATE.
+ */
+#ifndef DTRAIN_NET_CORE_H
+#define DTRAIN_NET_CORE_H
+
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_wire.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+
+#define DT__NET_SERVER_ID0 0x10000u /* sender id of server 0 */
+#define DT__NET_NONCE 32
+#define DT__NET_ADDR 96
+
+#ifndef DTRAIN_NO_NET /* the socket layer exists only with networking */
+#  include <sys/socket.h>
+#  ifdef MSG_NOSIGNAL /* send flags of every send(): a closed peer is an error, not a SIGPIPE */
+#    define DT__NET_SEND_FLAGS MSG_NOSIGNAL
+#  else
+#    define DT__NET_SEND_FLAGS 0 /* the socket has SO_NOSIGPIPE instead (dt_socket.c) */
+#  endif
+
+/* ---- sockets (dt_socket.c) ------------------------------------------------------------------
+ * Every socket is non-blocking; every call takes an absolute deadline
+ * (dt__now() seconds) and returns DTRAIN_ERR_TIMEOUT past it. EINTR is
+ * retried; SIGPIPE never raised. Messages are set with dt__error. */
+/* "host:port" or "[v6]:port" -> host and port strings. */
+DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap);
+DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd);
+DTRAIN_PRIVATE int dt__net_port(int fd); /* the bound port, -1 on error */
+/* Connect, retrying refused/unreachable with backoff (10 ms doubling to 0.5 s) until the deadline. */
+DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, int *fd);
+/* Wait for one connection; *fd gets it, addr (may be NULL) the peer's "host:port". */
+DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd, char *addr, size_t cap);
+DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double deadline);
+DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline);
+/* The same, but when nothing has arrived it polls the socket (yielding the
+ * CPU between tries) for up to spin_s seconds before sleeping in poll(). */
+DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double deadline, double spin_s);
+DTRAIN_PRIVATE void dt__net_set_bufs(int fd, int64_t bytes); /* SO_SNDBUF/SO_RCVBUF; <= 0: the kernel's */
+DTRAIN_PRIVATE void dt__net_close(int fd);
+/* Non-blocking and close-on-exec (every socket we hold is both). */
+DTRAIN_PRIVATE void dt__net_nonblock(int fd);
+/* Wait until fd is readable: 1 readable, 0 timed out (after `seconds`), -1 error. */
+DTRAIN_PRIVATE int dt__net_poll_in(int fd, double seconds);
+
+/* ---- connections (dt_conn.c): a socket plus both directions' sequence numbers ------------ */
+typedef struct dt__conn {
+  int fd;
+  uint64_t job;
+  uint32_t self_id;      /* our sender id */
+  uint32_t max_payload;
+  double spin_s;         /* receiving here (dt__conn_recv_header, exchanges), spin this long
+                            before sleeping in poll() (0: never) */
+  uint64_t send_seq, recv_seq;
+  int peer_role;         /* dt_role, -1 before the handshake */
+  int peer_index;
+  int lane;              /* 0, or 1: a 2-worker collective's second connection (hello offset 28) */
+  char peer[DT__NET_ADDR]; /* "worker 1 (127.0.0.1:7001)" */
+} dt__conn;
+
+DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t self_id, uint32_t max_payload);
+/* Send one frame (header + payload, gathered). op names the operation for
+ * errors: "worker 0: allreduce #12: send to worker 1 (127.0.0.1:7001): connection reset". */
+DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *payload, uint32_t n, double deadline,
+                                       const char *op);
+/* Receive one frame's header (checked: sequence number, sender when known)
+ * into *f. ABORT and REFUSE frames are read whole and turned into
+ * DTRAIN_ERR_PEER / the refusal's code with the peer's reason. Then the
+ * caller reads f->length payload bytes with dt__conn_recv_payload (which
+ * checks the payload checksum when the frame carries one). */
+DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigned char h[DT__NET_HDR], double deadline,
+                                              const char *op);
+DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                               void *buf, double deadline, const char *op);
+/* Header + payload into buf (cap bytes); a frame of another type or longer
+ * than cap is DTRAIN_ERR_PROTOCOL. *len (may be NULL) gets the length. */
+DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, uint32_t cap, uint32_t *len,
+                                       double deadline, const char *op);
+/* Send a frame to `to` while receiving one of `type` from `from` (possibly
+ * the same connection), progressing both as the sockets allow, so two peers
+ * exchanging in a ring never deadlock on full socket buffers. The received
+ * payload must be exactly rn bytes, from the peer the connection belongs to.
+ * When neither side can move it spins for from->spin_s, then polls. */
+DTRAIN_PRIVATE dt_result dt__conn_exchange(dt__conn *to, uint16_t stype, const void *sbuf, uint32_t sn, dt__conn *from,
+                                           uint16_t rtype, void *rbuf, uint32_t rn, double deadline, const char *op);
+/* Best effort, short deadline: tell the peer our run failed (code + text). */
+DTRAIN_PRIVATE void dt__conn_abort(dt__conn *c, dt_result code, const char *reason);
+DTRAIN_PRIVATE void dt__conn_close(dt__conn *c);
+
+#endif /* DTRAIN_NO_NET */
+
+/* ---- who we are (dt_net.c), and the handshake (dt_handshake.c) --------------------------- */
+typedef struct dt__net_self {
+  const dt_cluster *cluster;
+  dt_net_options opt;    /* with defaults filled */
+  uint64_t job;
+  uint32_t id;           /* dt__net_id(role, index) */
+} dt__net_self;
+
+DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index);
+/* Fill self from the cluster and options (NULL: defaults); job id from the
+ * options or a hash of the cluster's addresses. */
+DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o);
+#ifndef DTRAIN_NO_NET
+/* This process's listening socket: options.listen_fd, or bind its own address from the cluster. */
+DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd);
+/* Connector side: connect to (role, index) with retries until connect_timeout,
+ * handshake; on success *c is ready. */
+DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, int index, dt__conn *c);
+/* The same, announcing `lane` in the hello (1: the second connection of a 2-worker collective). */
+DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role role, int index, int lane, dt__conn *c);
+/* Acceptor side on a fresh connection fd (ownership passes to *c or the fd
+ * is closed): check the peer's hello (version, job, world, servers, model
+ * hash, a valid and -- unless allow_dup -- not yet `seen` id), authenticate,
+ * and send READY. On refusal the peer gets a REFUSE frame naming both sides,
+ * the reason is logged (unless opt.quiet) and returned; the caller keeps
+ * serving others. `seen` (may be NULL): per-worker flags set on success. */
+DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const char *addr, double deadline,
+                                       unsigned char *seen, dt__conn *c);
+/* Read 32 bytes of randomness (/dev/urandom, else a hash of time and pid). */
+DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n);
+#endif /* DTRAIN_NO_NET */
+
+#endif /* DTRAIN_NET_CORE_H */
+/* ======== end dt_net_core.h ======== */
+
+/* ======== begin dt_net.c ======== */
+/* ===========================================================================
+ * dt_net.c -- the TCP transport's options and this process's identity in the
+ * cluster: dt_net_defaults, the resolved options, the job id, sender ids
+ * (see dt_net_core.h)
+ * ===========================================================================
+ * The transport itself is in dt_net_bytes.c, dt_hash.c and dt_frame.c (the
+ * bytes on the wire), dt_socket.c, dt_conn.c and dt_handshake.c.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_net_core.h" (amalgamated) */
 
 DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index) {
   return role == DTRAIN_ROLE_PS ? DT__NET_SERVER_ID0 + (uint32_t)index : (uint32_t)index;
 }
 
 #ifndef DTRAIN_NO_NET
-/* ============================================================================================
- * Sockets (POSIX)
- * ============================================================================================ */
+
+DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o) {
+  memset(self, 0, sizeof *self);
+  if (!c) return dt__error(DTRAIN_ERR_NULL_ARG, "cluster is NULL");
+  if (c->workers < 1 || c->servers < 0 || c->workers + c->servers > DTRAIN_MAX_PEERS)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster of %d workers and %d servers", c->workers, c->servers);
+  if (c->index < 0 || c->index >= (c->role == DTRAIN_ROLE_PS ? c->servers : c->workers))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "this process's index %d is out of range for its role", c->index);
+  self->cluster = c;
+  dt_net_options d = dt_net_defaults();
+  if (o) {
+    if (o->timeout_s > 0) d.timeout_s = o->timeout_s;
+    if (o->connect_timeout_s > 0) d.connect_timeout_s = o->connect_timeout_s;
+    else if (o->timeout_s > 0) d.connect_timeout_s = o->timeout_s;
+    if (o->token) d.token = o->token;
+    if (o->job_id) d.job_id = o->job_id;
+    d.model_hash = o->model_hash;
+    if (o->listen_fd > 0) d.listen_fd = o->listen_fd;
+    if (o->max_payload) d.max_payload = o->max_payload;
+    if (o->chunk_bytes) d.chunk_bytes = o->chunk_bytes;
+    if (o->spin_us != 0) d.spin_us = o->spin_us;
+    if (o->sock_buf_bytes != 0) d.sock_buf_bytes = o->sock_buf_bytes;
+    if (o->small_bytes) d.small_bytes = o->small_bytes;
+    d.quiet = o->quiet;
+  }
+  if (d.max_payload > 0xFFFFFFF0u) d.max_payload = 0xFFFFFFF0u;
+  self->opt = d;
+  if (d.job_id) {
+    self->job = d.job_id;
+  } else {
+    /* FNV-1a over every address, each followed by a 0xFF byte: processes of
+     * the same cluster agree. */
+    static const unsigned char end = 0xFF;
+    uint64_t h = DT__NET_FNV_BASIS;
+    for (int r = 0; r < c->workers + c->servers; r++) {
+      const char *a = r < c->workers ? c->worker_addr[r] : c->server_addr[r - c->workers];
+      if (a) h = dt__net_fnv1a(h, a, strlen(a));
+      h = dt__net_fnv1a(h, &end, 1);
+    }
+    self->job = h ? h : 1;
+  }
+  self->id = dt__net_id(c->role, c->index);
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd) {
+  if (self->opt.listen_fd >= 0) {
+    *fd = self->opt.listen_fd;
+    dt__net_nonblock(*fd);
+    return DTRAIN_OK;
+  }
+  const dt_cluster *c = self->cluster;
+  return dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
+}
+
+#else /* DTRAIN_NO_NET */
+
+DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o) {
+  (void)self;
+  (void)c;
+  (void)o;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "networking is not compiled in (DTRAIN_NO_NET)");
+}
+
+#endif /* DTRAIN_NO_NET */
+
+/* ---- defaults ------------------------------------------------------------------------------ */
+DTRAIN_API dt_net_options dt_net_defaults(void) {
+  dt_net_options o;
+  memset(&o, 0, sizeof o);
+  o.timeout_s = 30.0;
+  o.listen_fd = -1;
+  o.max_payload = (size_t)256 << 20;
+  o.chunk_bytes = (size_t)512 << 10;
+  o.small_bytes = (size_t)64 << 10;
+  o.spin_us = 20.0;
+  o.sock_buf_bytes = (int64_t)4 << 20;
+#ifndef DTRAIN_NO_STDIO
+  const char *e = getenv("DTRAIN_TIMEOUT");
+  if (e && atof(e) > 0) o.timeout_s = atof(e);
+  e = getenv("DTRAIN_TOKEN");
+  if (e && *e) o.token = e;
+  e = getenv("DTRAIN_JOB_ID");
+  if (e && *e) o.job_id = (uint64_t)strtoull(e, NULL, 0);
+  e = getenv("DTRAIN_SPIN_US");
+  if (e && *e) o.spin_us = atof(e);
+  e = getenv("DTRAIN_SOCKBUF");
+  if (e && *e) o.sock_buf_bytes = atoll(e) > 0 ? (int64_t)atoll(e) : -1;
+  e = getenv("DTRAIN_LISTEN_FD");
+  if (e && *e) o.listen_fd = atoi(e);
+#endif
+  o.connect_timeout_s = o.timeout_s;
+  return o;
+}
+/* ======== end dt_net.c ======== */
+
+/* ======== begin dt_socket.c ======== */
+/* ===========================================================================
+ * dt_socket.c -- POSIX sockets with deadlines: addresses, listen, connect
+ * (with retries), accept, read, write (see dt_net_core.h)
+ * ===========================================================================
+ * Every socket is non-blocking and every call takes an absolute deadline;
+ * EINTR is retried and SIGPIPE never raised (MSG_NOSIGNAL, or SO_NOSIGPIPE
+ * where that is what the system has).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_net_core.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+#ifndef DTRAIN_NO_NET
 #  include <errno.h>
 #  include <fcntl.h>
 #  include <netdb.h>
@@ -19795,15 +20074,8 @@ DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index) {
 #  include <sched.h>
 #  include <sys/socket.h>
 #  include <sys/types.h>
-#  include <sys/uio.h>
 #  include <unistd.h>
 #  include <arpa/inet.h>
-
-#  ifdef MSG_NOSIGNAL
-#    define DT__NET_SEND_FLAGS MSG_NOSIGNAL
-#  else
-#    define DT__NET_SEND_FLAGS 0
-#  endif
 
 DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap) {
   if (!hostport || !*hostport) return dt__error(DTRAIN_ERR_INVALID_ARG, "address is empty");
@@ -19831,7 +20103,7 @@ DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t 
   return DTRAIN_OK;
 }
 
-static void dt__net_nonblock(int fd) {
+DTRAIN_PRIVATE void dt__net_nonblock(int fd) {
   int fl = fcntl(fd, F_GETFL, 0);
   if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   fcntl(fd, F_SETFD, FD_CLOEXEC);
@@ -20099,43 +20371,41 @@ DTRAIN_PRIVATE void dt__net_close(int fd) {
   if (fd >= 0) close(fd);
 }
 
-DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
-  size_t got = 0;
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    while (got < n) {
-      ssize_t k = read(fd, out + got, n - got);
-      if (k > 0) got += (size_t)k;
-      else if (k < 0 && errno == EINTR) continue;
-      else break;
-    }
-    close(fd);
-  }
-  if (got < n) {
-    /* No /dev/urandom: a hash of the time, the pid and a counter (weaker, documented). */
-    static DT__ATOMIC(uint64_t) counter;
-    unsigned char seed[32];
-    double t = dt__now();
-    uint64_t pid = (uint64_t)getpid(), c = DT__AFETCH_ADD(&counter, (uint64_t)1, DT__MO_RELAXED);
-    memcpy(seed, &t, sizeof t);
-    memcpy(seed + 8, &pid, 8);
-    memcpy(seed + 16, &c, 8);
-    memset(seed + 24, 0x5a, 8);
-    for (size_t off = got; off < n; off += 32) {
-      unsigned char h[32];
-      dt__sha256 s;
-      dt__sha256_init(&s);
-      dt__sha256_update(&s, seed, sizeof seed);
-      dt__sha256_update(&s, &off, sizeof off);
-      dt__sha256_final(&s, h);
-      memcpy(out + off, h, n - off < 32 ? n - off : 32);
-    }
-  }
-}
+#endif /* DTRAIN_NO_NET */
+/* ======== end dt_socket.c ======== */
 
-/* ============================================================================================
- * Connections
- * ============================================================================================ */
+/* ======== begin dt_conn.c ======== */
+/* ===========================================================================
+ * dt_conn.c -- connections: a socket that carries frames, with both
+ * directions' sequence numbers, errors that name the peer and the operation,
+ * and the two-way exchange of the ring collectives (see dt_net_core.h)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_net_core.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+#ifndef DTRAIN_NO_NET
+#  include <errno.h>
+#  include <poll.h>
+#  include <sched.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+#  include <sys/uio.h>
 
 DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t self_id, uint32_t max_payload) {
   memset(c, 0, sizeof *c);
@@ -20478,9 +20748,40 @@ DTRAIN_PRIVATE void dt__conn_close(dt__conn *c) {
   c->fd = -1;
 }
 
-/* ============================================================================================
- * The handshake
- * ============================================================================================
+#endif /* DTRAIN_NO_NET */
+/* ======== end dt_conn.c ======== */
+
+/* ======== begin dt_handshake.c ======== */
+/* ===========================================================================
+ * dt_handshake.c -- the handshake: hello, checks that name both sides,
+ * token authentication (HMAC-SHA256 challenge-response), dial and admit
+ * (see dt_net_core.h and docs/wire_protocol.md)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_net_core.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+#ifndef DTRAIN_NO_NET
+#  include <errno.h>
+#  include <fcntl.h>
+#  include <unistd.h>
+
+/* ---- the hello and the proof ------------------------------------------------------------------
  * hello payload (little-endian, 128 bytes):
  *   0 u32 role   4 u32 index   8 u32 workers   12 u32 servers
  *  16 u64 model hash   24 u32 flags (bit 0: I have a token)
@@ -20501,6 +20802,44 @@ typedef struct dt__hello {
   unsigned char nonce[DT__NET_NONCE];
   char addr[64];
 } dt__hello;
+
+/* ---- nonces ----------------------------------------------------------------------------------- */
+
+DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
+  size_t got = 0;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    while (got < n) {
+      ssize_t k = read(fd, out + got, n - got);
+      if (k > 0) got += (size_t)k;
+      else if (k < 0 && errno == EINTR) continue;
+      else break;
+    }
+    close(fd);
+  }
+  if (got < n) {
+    /* No /dev/urandom: a hash of the time, the pid and a counter (weaker, documented). */
+    static DT__ATOMIC(uint64_t) counter;
+    unsigned char seed[32];
+    double t = dt__now();
+    uint64_t pid = (uint64_t)getpid(), c = DT__AFETCH_ADD(&counter, (uint64_t)1, DT__MO_RELAXED);
+    memcpy(seed, &t, sizeof t);
+    memcpy(seed + 8, &pid, 8);
+    memcpy(seed + 16, &c, 8);
+    memset(seed + 24, 0x5a, 8);
+    for (size_t off = got; off < n; off += 32) {
+      unsigned char h[32];
+      dt__sha256 s;
+      dt__sha256_init(&s);
+      dt__sha256_update(&s, seed, sizeof seed);
+      dt__sha256_update(&s, &off, sizeof off);
+      dt__sha256_final(&s, h);
+      memcpy(out + off, h, n - off < 32 ? n - off : 32);
+    }
+  }
+}
+
+/* ---- hellos ----------------------------------------------------------------------------------- */
 
 static void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]) {
   memset(b, 0, DT__HELLO);
@@ -20597,58 +20936,6 @@ static void dt__net_refuse(dt__conn *c, dt_result code, const char *why, double 
   snprintf(keep, sizeof keep, "%s", dt_last_error());
   dt__conn_send(c, DT__MSG_REFUSE, buf, (uint32_t)(4 + tl), deadline, "refuse");
   dt__error(code, "%s", keep);
-}
-
-DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o) {
-  memset(self, 0, sizeof *self);
-  if (!c) return dt__error(DTRAIN_ERR_NULL_ARG, "cluster is NULL");
-  if (c->workers < 1 || c->servers < 0 || c->workers + c->servers > DTRAIN_MAX_PEERS)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "cluster of %d workers and %d servers", c->workers, c->servers);
-  if (c->index < 0 || c->index >= (c->role == DTRAIN_ROLE_PS ? c->servers : c->workers))
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "this process's index %d is out of range for its role", c->index);
-  self->cluster = c;
-  dt_net_options d = dt_net_defaults();
-  if (o) {
-    if (o->timeout_s > 0) d.timeout_s = o->timeout_s;
-    if (o->connect_timeout_s > 0) d.connect_timeout_s = o->connect_timeout_s;
-    else if (o->timeout_s > 0) d.connect_timeout_s = o->timeout_s;
-    if (o->token) d.token = o->token;
-    if (o->job_id) d.job_id = o->job_id;
-    d.model_hash = o->model_hash;
-    if (o->listen_fd > 0) d.listen_fd = o->listen_fd;
-    if (o->max_payload) d.max_payload = o->max_payload;
-    if (o->chunk_bytes) d.chunk_bytes = o->chunk_bytes;
-    if (o->spin_us != 0) d.spin_us = o->spin_us;
-    if (o->sock_buf_bytes != 0) d.sock_buf_bytes = o->sock_buf_bytes;
-    if (o->small_bytes) d.small_bytes = o->small_bytes;
-    d.quiet = o->quiet;
-  }
-  if (d.max_payload > 0xFFFFFFF0u) d.max_payload = 0xFFFFFFF0u;
-  self->opt = d;
-  if (d.job_id) {
-    self->job = d.job_id;
-  } else {
-    /* FNV-1a over every address: processes of the same cluster agree. */
-    uint64_t h = 1469598103934665603ULL;
-    for (int r = 0; r < c->workers + c->servers; r++) {
-      const char *a = r < c->workers ? c->worker_addr[r] : c->server_addr[r - c->workers];
-      for (const char *p = a; p && *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-      h = (h ^ 0xFF) * 1099511628211ULL;
-    }
-    self->job = h ? h : 1;
-  }
-  self->id = dt__net_id(c->role, c->index);
-  return DTRAIN_OK;
-}
-
-DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd) {
-  if (self->opt.listen_fd >= 0) {
-    *fd = self->opt.listen_fd;
-    dt__net_nonblock(*fd);
-    return DTRAIN_OK;
-  }
-  const dt_cluster *c = self->cluster;
-  return dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
 }
 
 DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, int index, dt__conn *c) {
@@ -20803,51 +21090,16 @@ refused:
   return rc;
 }
 
-#else /* DTRAIN_NO_NET */
-
-DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o) {
-  (void)self;
-  (void)c;
-  (void)o;
-  return dt__error(DTRAIN_ERR_UNSUPPORTED, "networking is not compiled in (DTRAIN_NO_NET)");
-}
 
 #endif /* DTRAIN_NO_NET */
+/* ======== end dt_handshake.c ======== */
 
-/* ---- defaults ------------------------------------------------------------------------------ */
-DTRAIN_API dt_net_options dt_net_defaults(void) {
-  dt_net_options o;
-  memset(&o, 0, sizeof o);
-  o.timeout_s = 30.0;
-  o.listen_fd = -1;
-  o.max_payload = (size_t)256 << 20;
-  o.chunk_bytes = (size_t)512 << 10;
-  o.small_bytes = (size_t)64 << 10;
-  o.spin_us = 20.0;
-  o.sock_buf_bytes = (int64_t)4 << 20;
-#ifndef DTRAIN_NO_STDIO
-  const char *e = getenv("DTRAIN_TIMEOUT");
-  if (e && atof(e) > 0) o.timeout_s = atof(e);
-  e = getenv("DTRAIN_TOKEN");
-  if (e && *e) o.token = e;
-  e = getenv("DTRAIN_JOB_ID");
-  if (e && *e) o.job_id = (uint64_t)strtoull(e, NULL, 0);
-  e = getenv("DTRAIN_SPIN_US");
-  if (e && *e) o.spin_us = atof(e);
-  e = getenv("DTRAIN_SOCKBUF");
-  if (e && *e) o.sock_buf_bytes = atoll(e) > 0 ? (int64_t)atoll(e) : -1;
-  e = getenv("DTRAIN_LISTEN_FD");
-  if (e && *e) o.listen_fd = atoi(e);
-#endif
-  o.connect_timeout_s = o.timeout_s;
-  return o;
-}
-/* ======== end dt_net.c ======== */
-
-/* ======== begin dt_comm_tcp.c ======== */
+/* ======== begin dt_comm_tcp_core.h ======== */
 /* ===========================================================================
- * dt_comm_tcp.c -- the TCP communicator: one rank per process, a full mesh
- * of framed TCP connections among the workers (dt_net_core.h)
+ * dt_comm_tcp_core.h -- private: the TCP communicator's state, shared by its
+ * start-up (dt_comm_tcp_setup.c) and its calls (dt_comm_tcp.c): one rank per
+ * process, a full mesh of framed TCP connections among the workers
+ * (dt_net_core.h)
  * ===========================================================================
  * Setup. Rank r dials every lower rank (0..r-1, in order) and then accepts
  * the higher ones on its listening socket until each has connected or the
@@ -20912,45 +21164,15 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
  *   0x42 COPY  floats: final values (fold-back, ring all-gather, broadcast)
  * BYE (0x08) is sent to every peer by destroy.
  */
+#ifndef DTRAIN_COMM_TCP_CORE_H
+#define DTRAIN_COMM_TCP_CORE_H
+
 /* #include "dt_internal.h" (amalgamated) */
-/* #include "dt_tensor.h" (amalgamated) */
-/* #include "dt_ops.h" (amalgamated) */
-/* #include "dt_params.h" (amalgamated) */
-/* #include "dt_optim.h" (amalgamated) */
-/* #include "dt_nn.h" (amalgamated) */
-/* #include "dt_io.h" (amalgamated) */
-/* #include "dt_data.h" (amalgamated) */
-/* #include "dt_memory.h" (amalgamated) */
-/* #include "dt_comm.h" (amalgamated) */
-/* #include "dt_net.h" (amalgamated) */
-/* #include "dt_device.h" (amalgamated) */
-/* #include "dt_tensor_internal.h" (amalgamated) */
-/* #include "dt_ops_internal.h" (amalgamated) */
-/* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_net_core.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 
-#if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
-
-DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o) {
-  (void)c;
-  (void)o;
-  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_tcp: networking is not compiled in (%s)",
-#  if defined(DTRAIN_NO_NET)
-            "DTRAIN_NO_NET"
-#  else
-            "DTRAIN_NO_THREADS"
-#  endif
-  );
-  return NULL;
-}
-
-#else
-
-#  include <errno.h>
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
 
 enum {
   DT__TCP_MSG_CALL = DT__MSG_DATA0,
@@ -21010,6 +21232,47 @@ typedef struct dt__tcp_call {
   uint32_t chunk, small; /* the algorithm's options: chunk floats, small_bytes */
   unsigned char order[4]; /* the sender's in-memory bytes of 0x01020304: floats travel in host order */
 } dt__tcp_call;
+
+/* The communicator's function table (dt_comm_tcp.c). */
+DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void);
+/* Close every connection and free t and everything it holds (dt_comm_tcp_setup.c). */
+DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t);
+
+#endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
+
+#endif /* DTRAIN_COMM_TCP_CORE_H */
+/* ======== end dt_comm_tcp_core.h ======== */
+
+/* ======== begin dt_comm_tcp.c ======== */
+/* ===========================================================================
+ * dt_comm_tcp.c -- the TCP communicator's calls: the agreement round,
+ * recursive doubling, the ring, reduce and broadcast chains, the failure
+ * path, the vtable (see dt_comm_tcp_core.h for the design and the messages;
+ * start-up is dt_comm_tcp_setup.c)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_comm_tcp_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
 
 static const char *dt__tcp_op_name(uint32_t op) {
   switch (op) {
@@ -21616,21 +21879,6 @@ static void dt__tcp_stats(dt_comm *c, int rank, dt_comm_stats *out) {
 
 static void dt__tcp_reset_stats(dt_comm *c) { memset(&dt__tcp_of(c)->st, 0, sizeof(dt_comm_stats)); }
 
-static void dt__tcp_free(dt__comm_tcp *t) {
-  if (t->conns)
-    for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
-  dt__conn_close(&t->lane2);
-  dt__free(t->conns, t->conns_bytes);
-  dt__free(t->peer_state, (size_t)t->comm.world);
-  dt__free(t->pfd, (size_t)t->comm.world * sizeof(struct pollfd));
-  dt__free(t->pidx, (size_t)t->comm.world * sizeof(int));
-  dt__free(t->scratch, t->scratch_bytes);
-  dt__free(t->fout, DT__TCP_CALL_BYTES + t->fused_max);
-  dt__free(t->fin, DT__TCP_CALL_BYTES + t->fused_max);
-  dt__free(t->fkeep, t->fused_max + sizeof(float));
-  dt__free(t, sizeof *t);
-}
-
 static void dt__tcp_destroy(dt_comm *c) {
   dt__comm_tcp *t = dt__tcp_of(c);
   char keep[DT__MSG_CAP];
@@ -21659,7 +21907,40 @@ static const dt_comm_vtable dt__comm_tcp_vtable = {
   dt__tcp_destroy
 };
 
-/* ---- setup ------------------------------------------------------------------------------------ */
+DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void) { return &dt__comm_tcp_vtable; }
+
+#endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
+/* ======== end dt_comm_tcp.c ======== */
+
+/* ======== begin dt_comm_tcp_setup.c ======== */
+/* ===========================================================================
+ * dt_comm_tcp_setup.c -- the TCP communicator's start-up: the rendezvous of
+ * the workers (dial the lower ranks, admit the higher ones), create and free
+ * (dt_comm_create_tcp; see dt_comm_tcp_core.h)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_comm_tcp_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
 
 /* Accepted connections whose first frame has not fully arrived: strangers
  * that send a few bytes (or none) and stall must not hold up the real peers,
@@ -21844,6 +22125,22 @@ done:
   return rc;
 }
 
+
+DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t) {
+  if (t->conns)
+    for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
+  dt__conn_close(&t->lane2);
+  dt__free(t->conns, t->conns_bytes);
+  dt__free(t->peer_state, (size_t)t->comm.world);
+  dt__free(t->pfd, (size_t)t->comm.world * sizeof(struct pollfd));
+  dt__free(t->pidx, (size_t)t->comm.world * sizeof(int));
+  dt__free(t->scratch, t->scratch_bytes);
+  dt__free(t->fout, DT__TCP_CALL_BYTES + t->fused_max);
+  dt__free(t->fin, DT__TCP_CALL_BYTES + t->fused_max);
+  dt__free(t->fkeep, t->fused_max + sizeof(float));
+  dt__free(t, sizeof *t);
+}
+
 static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   dt__comm_tcp *t = NULL;
   dt_result rc;
@@ -21871,7 +22168,7 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
     return NULL;
   }
   world = (size_t)cl->workers;
-  t->comm.vtable = &dt__comm_tcp_vtable;
+  t->comm.vtable = dt__tcp_vtable();
   t->comm.world = cl->workers;
   t->comm.rank = cl->index;
   t->comm.impl = t;
@@ -21935,12 +22232,24 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_option
 
 #  undef DT__TCP_PENDING
 #  undef DT__TCP_HELLO_FRAME
-#  undef DT__TCP_CALL_BYTES
-#  undef DT__TCP_NONE
-#  undef DT__TCP_FUSED_MAX
+
+#else
+
+DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options *o) {
+  (void)c;
+  (void)o;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_tcp: networking is not compiled in (%s)",
+#  if defined(DTRAIN_NO_NET)
+            "DTRAIN_NO_NET"
+#  else
+            "DTRAIN_NO_THREADS"
+#  endif
+  );
+  return NULL;
+}
 
 #endif /* DTRAIN_NO_NET || DTRAIN_NO_THREADS */
-/* ======== end dt_comm_tcp.c ======== */
+/* ======== end dt_comm_tcp_setup.c ======== */
 
 /* ======== begin dt_comm_mpi.c ======== */
 /* ===========================================================================
@@ -22267,10 +22576,11 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
 #endif /* DTRAIN_USE_MPI */
 /* ======== end dt_comm_mpi.c ======== */
 
-/* ======== begin dt_ps.c ======== */
+/* ======== begin dt_ps_core.h ======== */
 /* ===========================================================================
- * dt_ps.c -- parameter servers: shard assignment, the server loop
- * (dt_ps_serve) and the worker's TCP parameter store (dt_pstore_create_tcp)
+ * dt_ps_core.h -- private: the parameter servers' shared parts: message
+ * types, the shard's layout and bytes (dt_ps_shard.c), the server's state
+ * (dt_ps_server.c, dt_ps_ckpt.c); the worker's store is dt_ps_client.c
  * ===========================================================================
  * The server is one thread running a poll loop over its listening socket,
  * connections still in the handshake and one connection per worker. It
@@ -22301,21 +22611,10 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
  *   HEARTBEAT (0x07) both ways, BYE (0x08) w->s, REFUSE (0x05) s->w.
  * The shard's floats are its parameters' elements in parameter order.
  */
+#ifndef DTRAIN_PS_CORE_H
+#define DTRAIN_PS_CORE_H
+
 /* #include "dt_internal.h" (amalgamated) */
-/* #include "dt_tensor.h" (amalgamated) */
-/* #include "dt_ops.h" (amalgamated) */
-/* #include "dt_params.h" (amalgamated) */
-/* #include "dt_optim.h" (amalgamated) */
-/* #include "dt_nn.h" (amalgamated) */
-/* #include "dt_io.h" (amalgamated) */
-/* #include "dt_data.h" (amalgamated) */
-/* #include "dt_memory.h" (amalgamated) */
-/* #include "dt_comm.h" (amalgamated) */
-/* #include "dt_net.h" (amalgamated) */
-/* #include "dt_device.h" (amalgamated) */
-/* #include "dt_tensor_internal.h" (amalgamated) */
-/* #include "dt_ops_internal.h" (amalgamated) */
-/* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_net_core.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 
@@ -22329,8 +22628,6 @@ enum {
 };
 #define DT__PS_FIX 16   /* fixed part of PULL, PARAMS, PUSH, PUSHED */
 #define DT__PS_JOINLEN 32
-#define DT__PS_CKPT_MAGIC 0x53505444u /* "DTPS" */
-#define DT__PS_CKPT_HDR 64
 
 /* Prefix the thread's last error (copied first: dt__error writes the buffer dt_last_error reads). */
 static DT__UNUSED dt_result dt__ps_prefix(dt_result rc, const char *a, const char *b) {
@@ -22340,152 +22637,17 @@ static DT__UNUSED dt_result dt__ps_prefix(dt_result rc, const char *a, const cha
   return dt__error(rc, "%s: %s", a, keep);
 }
 
-/* ---- shard assignment (also without networking) ----------------------------------------- */
-
-DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of) {
-  const char *fn = "dt_ps_shard";
-  if (!p || !server_of) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !p ? "params" : "server_of");
-  if (servers < 1 || servers > DTRAIN_MAX_PEERS)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d servers (need 1..%d)", fn, servers, DTRAIN_MAX_PEERS);
-  int n = dt_params_count(p);
-  if (n <= 0) return DTRAIN_OK;
-  int *order = (int *)dt__alloc((size_t)n * sizeof(int));
-  uint64_t *load = (uint64_t *)dt__calloc((size_t)servers * sizeof(uint64_t));
-  if (!order || !load) {
-    dt__free(order, (size_t)n * sizeof(int));
-    dt__free(load, (size_t)servers * sizeof(uint64_t));
-    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
-  }
-  size_t b = 0, e = 0;
-  int tr, dec;
-  /* Largest first, ties by index: insertion sort (parameter counts are small). */
-  for (int i = 0; i < n; i++) {
-    dt__params_range(p, i, &b, &e, &tr, &dec);
-    size_t si = e - b;
-    int j = i;
-    while (j > 0) {
-      size_t b2 = 0, e2 = 0;
-      dt__params_range(p, order[j - 1], &b2, &e2, &tr, &dec);
-      if (e2 - b2 >= si) break;
-      order[j] = order[j - 1];
-      j--;
-    }
-    order[j] = i;
-  }
-  for (int k = 0; k < n; k++) {
-    int i = order[k], best = 0;
-    for (int s = 1; s < servers; s++)
-      if (load[s] < load[best]) best = s;
-    dt__params_range(p, i, &b, &e, &tr, &dec);
-    load[best] += (uint64_t)(e - b);
-    server_of[i] = best;
-  }
-  dt__free(order, (size_t)n * sizeof(int));
-  dt__free(load, (size_t)servers * sizeof(uint64_t));
-  return DTRAIN_OK;
-}
-
-/* Floats of server s's shard. */
-static DT__UNUSED size_t dt__ps_shard_floats(const dt_params *p, const int *owner, int s) {
-  size_t n = 0, b, e;
-  int tr, dec;
-  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-    if (owner[i] == s) n += e - b;
-  return n;
-}
-
+/* ---- the shard (dt_ps_shard.c; also without networking) ----------------------------------- */
+/* Floats of server s's shard (owner: dt_ps_shard's assignment). */
+DTRAIN_PRIVATE size_t dt__ps_shard_floats(const dt_params *p, const int *owner, int s);
 /* FNV-1a over the shard's parameter ranges, the params' size and the server count. */
-static DT__UNUSED uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner, int s, int servers) {
-  uint64_t h = 1469598103934665603ULL;
-  uint64_t v[4];
-  size_t b, e;
-  int tr, dec;
-  v[0] = (uint64_t)dt_params_size(p);
-  v[1] = (uint64_t)servers;
-  v[2] = (uint64_t)s;
-  v[3] = (uint64_t)dt_params_count(p);
-  for (int k = 0; k < 4; k++)
-    for (int j = 0; j < 8; j++) h = (h ^ ((v[k] >> (8 * j)) & 0xFF)) * 1099511628211ULL;
-  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
-    if (owner[i] != s) continue;
-    v[0] = (uint64_t)i;
-    v[1] = (uint64_t)b;
-    v[2] = (uint64_t)e;
-    v[3] = (uint64_t)tr;
-    for (int k = 0; k < 4; k++)
-      for (int j = 0; j < 8; j++) h = (h ^ ((v[k] >> (8 * j)) & 0xFF)) * 1099511628211ULL;
-  }
-  return h;
-}
-
-static DT__UNUSED int dt__ps_little_endian(void) {
-  const uint16_t one = 1;
-  unsigned char c;
-  memcpy(&c, &one, 1);
-  return c == 1;
-}
-
-/* Floats to little-endian bytes and back. */
-static DT__UNUSED void dt__ps_put_floats(unsigned char *dst, const float *src, size_t n) {
-  if (dt__ps_little_endian()) {
-    if (n) memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, src + i, 4);
-    dt__le32_put(dst + 4 * i, u);
-  }
-}
-
-static DT__UNUSED void dt__ps_get_floats(float *dst, const unsigned char *src, size_t n) {
-  if (dt__ps_little_endian()) {
-    if (n) memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u = dt__le32_get(src + 4 * i);
-    memcpy(dst + i, &u, 4);
-  }
-}
-
-/* The shard of a full-layout buffer to bytes, and back (trainable_to, when
- * not NULL, receives the trainable parameters' floats instead of full). */
-static DT__UNUSED void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out) {
-  size_t off = 0, b, e;
-  int tr, dec;
-  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
-    if (owner[i] != s) continue;
-    dt__ps_put_floats(out + 4 * off, full + b, e - b);
-    off += e - b;
-  }
-}
-
-static DT__UNUSED void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full) {
-  size_t off = 0, b, e;
-  int tr, dec;
-  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
-    if (owner[i] != s) continue;
-    dt__ps_get_floats(full + b, in + 4 * off, e - b);
-    off += e - b;
-  }
-}
+DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner, int s, int servers);
+/* The shard of a full-layout buffer to little-endian bytes, and back. */
+DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out);
+DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full);
 
 #if !defined(DTRAIN_NO_NET)
-#  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <unistd.h>
-#  ifdef MSG_NOSIGNAL
-#    define DT__PS_SEND_FLAGS MSG_NOSIGNAL
-#  else
-#    define DT__PS_SEND_FLAGS 0
-#  endif
-
-/* ============================================================================================
- * The server
- * ============================================================================================ */
+/* ---- the server's state (dt_ps_server.c) ----------------------------------------------------- */
 
 enum { DT__PSW_NEW = 0, DT__PSW_LIVE, DT__PSW_DONE, DT__PSW_LOST };
 enum { DT__PSP_NONE = 0, DT__PSP_PULL, DT__PSP_PUSH };
@@ -22534,92 +22696,198 @@ typedef struct dt__ps_server {
   int done;
 } dt__ps_server;
 
-static int dt__ps_live_count(const dt__ps_server *S) {
-  int n = 0;
-  for (int i = 0; i < S->W; i++)
-    if (S->w[i].state == DT__PSW_NEW || S->w[i].state == DT__PSW_LIVE) n++;
+/* ---- shard checkpoints (dt_ps_ckpt.c) -------------------------------------------------------- */
+/* Bytes of S's checkpoint file (and of S->ckpt, the buffer it is built in). */
+DTRAIN_PRIVATE size_t dt__ps_ckpt_size(const dt__ps_server *S);
+/* Write S's shard, version and optimizer state to S->ckpt_path (through a temporary file). */
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S);
+/* Resume from the checkpoint when it exists: DTRAIN_OK (also when there is none). */
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S);
+/* Write one when checkpoint_every / checkpoint_seconds says it is due (a failure is logged, not returned). */
+DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S);
+
+#endif /* DTRAIN_NO_NET */
+
+#endif /* DTRAIN_PS_CORE_H */
+/* ======== end dt_ps_core.h ======== */
+
+/* ======== begin dt_ps_shard.c ======== */
+/* ===========================================================================
+ * dt_ps_shard.c -- parameter servers: which server owns which parameter
+ * (dt_ps_shard), and a shard's size, layout hash and bytes (see dt_ps_core.h)
+ * ===========================================================================
+ * Every process computes the same assignment from the params alone, so the
+ * servers and the workers agree without asking each other; the layout hash
+ * checks that they did.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_ps_core.h" (amalgamated) */
+
+DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of) {
+  const char *fn = "dt_ps_shard";
+  if (!p || !server_of) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !p ? "params" : "server_of");
+  if (servers < 1 || servers > DTRAIN_MAX_PEERS)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d servers (need 1..%d)", fn, servers, DTRAIN_MAX_PEERS);
+  int n = dt_params_count(p);
+  if (n <= 0) return DTRAIN_OK;
+  int *order = (int *)dt__alloc((size_t)n * sizeof(int));
+  uint64_t *load = (uint64_t *)dt__calloc((size_t)servers * sizeof(uint64_t));
+  if (!order || !load) {
+    dt__free(order, (size_t)n * sizeof(int));
+    dt__free(load, (size_t)servers * sizeof(uint64_t));
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+  }
+  size_t b = 0, e = 0;
+  int tr, dec;
+  /* Largest first, ties by index: insertion sort (parameter counts are small). */
+  for (int i = 0; i < n; i++) {
+    dt__params_range(p, i, &b, &e, &tr, &dec);
+    size_t si = e - b;
+    int j = i;
+    while (j > 0) {
+      size_t b2 = 0, e2 = 0;
+      dt__params_range(p, order[j - 1], &b2, &e2, &tr, &dec);
+      if (e2 - b2 >= si) break;
+      order[j] = order[j - 1];
+      j--;
+    }
+    order[j] = i;
+  }
+  for (int k = 0; k < n; k++) {
+    int i = order[k], best = 0;
+    for (int s = 1; s < servers; s++)
+      if (load[s] < load[best]) best = s;
+    dt__params_range(p, i, &b, &e, &tr, &dec);
+    load[best] += (uint64_t)(e - b);
+    server_of[i] = best;
+  }
+  dt__free(order, (size_t)n * sizeof(int));
+  dt__free(load, (size_t)servers * sizeof(uint64_t));
+  return DTRAIN_OK;
+}
+
+/* Floats of server s's shard. */
+DTRAIN_PRIVATE size_t dt__ps_shard_floats(const dt_params *p, const int *owner, int s) {
+  size_t n = 0, b, e;
+  int tr, dec;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
+    if (owner[i] == s) n += e - b;
   return n;
 }
 
-static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
-  (void)S;
-  dt__conn_close(&w->conn);
-  dt__free(w->rx, w->rx_cap);
-  dt__free(w->tx, w->tx_cap);
-  w->rx = w->tx = NULL;
-  w->rx_cap = w->tx_cap = w->tx_len = w->tx_off = 0;
-  w->pend = DT__PSP_NONE;
+/* Four numbers into the hash, each as 8 little-endian bytes. */
+static uint64_t dt__ps_shard_hash4(uint64_t h, const uint64_t v[4]) {
+  unsigned char b[32];
+  for (int k = 0; k < 4; k++) dt__le64_put(b + 8 * k, v[k]);
+  return dt__net_fnv1a(h, b, sizeof b);
 }
 
-static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t cap) {
-  const dt__ps_worker *w = &S->w[i];
-  if (w->conn.peer_role >= 0) snprintf(buf, cap, "%.95s", w->conn.peer);
-  else snprintf(buf, cap, "worker %d (%.80s)", i, S->c->worker_addr[i] ? S->c->worker_addr[i] : "?");
-}
-
-/* Drop worker i from training: logged, out of the clocks. */
-static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
-  dt__ps_worker *w = &S->w[i];
-  char name[DT__NET_ADDR];
-  dt__ps_worker_name(S, i, name, sizeof name);
-  dt__ps_worker_free(S, w);
-  w->state = DT__PSW_LOST;
-  int left = dt__ps_live_count(S);
-  dt__log(DTRAIN_LOG_WARN, code, "ps %d: %s lost: %s; going on with %d worker%s", S->me, name, why, left,
-          left == 1 ? "" : "s");
-}
-
-/* Write as much of worker i's output as the socket takes. 0 when the worker was lost. */
-static int dt__ps_flush(dt__ps_server *S, int i) {
-  dt__ps_worker *w = &S->w[i];
-  while (w->tx_off < w->tx_len) {
-    ssize_t k = send(w->conn.fd, w->tx + w->tx_off, w->tx_len - w->tx_off, DT__PS_SEND_FLAGS);
-    if (k > 0) {
-      w->tx_off += (size_t)k;
-      continue;
-    }
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 1;
-    char why[160];
-    snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? strerror(errno) : "connection closed");
-    dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
-    return 0;
+/* FNV-1a over the shard's parameter ranges, the params' size and the server count. */
+DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner, int s, int servers) {
+  uint64_t h = DT__NET_FNV_BASIS;
+  uint64_t v[4];
+  size_t b, e;
+  int tr, dec;
+  v[0] = (uint64_t)dt_params_size(p);
+  v[1] = (uint64_t)servers;
+  v[2] = (uint64_t)s;
+  v[3] = (uint64_t)dt_params_count(p);
+  h = dt__ps_shard_hash4(h, v);
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+    if (owner[i] != s) continue;
+    v[0] = (uint64_t)i;
+    v[1] = (uint64_t)b;
+    v[2] = (uint64_t)e;
+    v[3] = (uint64_t)tr;
+    h = dt__ps_shard_hash4(h, v);
   }
-  w->tx_off = w->tx_len = 0;
-  return 1;
+  return h;
 }
 
-/* Queue one frame for worker i: the fixed part, then n floats of the shard gathered from full (if any). */
-static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
-                        const float *full) {
-  dt__ps_worker *w = &S->w[i];
-  uint32_t len = fixn + (full ? (uint32_t)(S->shard * 4) : 0u);
-  if (w->tx_off == w->tx_len) w->tx_off = w->tx_len = 0;
-  if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
-    memmove(w->tx, w->tx + w->tx_off, w->tx_len - w->tx_off);
-    w->tx_len -= w->tx_off;
-    w->tx_off = 0;
+/* The shard of a full-layout buffer to little-endian bytes (its parameters'
+ * ranges in order), and back. */
+DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out) {
+  size_t off = 0, b, e;
+  int tr, dec;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+    if (owner[i] != s) continue;
+    dt__net_f32_put(out + 4 * off, full + b, e - b);
+    off += e - b;
   }
-  if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
-    dt__ps_lose(S, i, DTRAIN_ERR_INTERNAL, "output buffer overflow");
-    return 0;
-  }
-  unsigned char *h = w->tx + w->tx_len, *pl = h + DT__NET_HDR;
-  if (fixn) memcpy(pl, fix, fixn);
-  if (full) dt__ps_gather(S->params, S->owner, S->me, full, pl + fixn);
-  dt__frame_pack(h, type, w->conn.job, w->conn.self_id, w->conn.send_seq, pl, len);
-  w->conn.send_seq++;
-  w->tx_len += DT__NET_HDR + len;
-  w->last_sent = dt__now();
-  return dt__ps_flush(S, i);
 }
 
-/* ---- checkpoints ------------------------------------------------------------------------ */
+DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full) {
+  size_t off = 0, b, e;
+  int tr, dec;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+    if (owner[i] != s) continue;
+    dt__net_f32_get(full + b, in + 4 * off, e - b);
+    off += e - b;
+  }
+}
+/* ======== end dt_ps_shard.c ======== */
+
+/* ======== begin dt_ps_ckpt.c ======== */
+/* ===========================================================================
+ * dt_ps_ckpt.c -- parameter servers: shard checkpoints, DIR/ps-<i>-of-<M>.ckpt
+ * (see dt_ps_core.h)
+ * ===========================================================================
+ * Layout (little-endian): a 64-byte header -- u32 magic "DTPS", u32 version 1,
+ * u32 shard index, u32 servers, u64 params floats, u64 shard floats, u64
+ * layout hash, u64 updates applied, u64 optimizer steps, u32 optimizer slots
+ * -- then the shard's values, then each optimizer slot's shard, then the
+ * CRC-32C of everything before it. Written to a temporary file, synced and
+ * renamed, so a crash leaves the old checkpoint or the new one.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_ps_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET)
+#  include <errno.h>
+#  include <unistd.h>
+
+#define DT__PS_CKPT_MAGIC 0x53505444u /* "DTPS" */
+#define DT__PS_CKPT_HDR 64
 
 static int dt__ps_slots(const dt__ps_server *S) { return dt_optim_state_slots(S->opt); }
 
+/* Header, the shard's values, one shard per optimizer slot, CRC-32C. */
+DTRAIN_PRIVATE size_t dt__ps_ckpt_size(const dt__ps_server *S) {
+  return DT__PS_CKPT_HDR + (size_t)(1 + dt__ps_slots(S)) * S->shard * 4 + 4;
+}
+
 #  ifndef DTRAIN_NO_STDIO
-static dt_result dt__ps_ckpt_write(dt__ps_server *S) {
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   unsigned char *b = S->ckpt;
   int slots = dt__ps_slots(S);
   memset(b, 0, DT__PS_CKPT_HDR);
@@ -22663,8 +22931,7 @@ static dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   return DTRAIN_OK;
 }
 
-/* Resume from the checkpoint when it exists: DTRAIN_OK (also when there is none). */
-static dt_result dt__ps_ckpt_read(dt__ps_server *S) {
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
   FILE *f = fopen(S->ckpt_path, "rb");
   if (!f) return DTRAIN_OK;
   unsigned char *b = S->ckpt;
@@ -22699,13 +22966,13 @@ static dt_result dt__ps_ckpt_read(dt__ps_server *S) {
   return DTRAIN_OK;
 }
 #  else
-static dt_result dt__ps_ckpt_write(dt__ps_server *S) {
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "ps %d: checkpoints need stdio (built with DTRAIN_NO_STDIO)", S->me);
 }
-static dt_result dt__ps_ckpt_read(dt__ps_server *S) { return dt__ps_ckpt_write(S); }
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) { return dt__ps_ckpt_write(S); }
 #  endif
 
-static void dt__ps_maybe_ckpt(dt__ps_server *S) {
+DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
   if (!S->ckpt) return;
   int due = (S->po.checkpoint_every > 0 && S->since_ckpt >= S->po.checkpoint_every) ||
             (S->po.checkpoint_seconds > 0 && dt__now() - S->last_ckpt >= S->po.checkpoint_seconds);
@@ -22714,6 +22981,124 @@ static void dt__ps_maybe_ckpt(dt__ps_server *S) {
     S->since_ckpt = 0;
     S->last_ckpt = dt__now();
   }
+}
+
+#  undef DT__PS_CKPT_MAGIC
+#  undef DT__PS_CKPT_HDR
+
+#endif /* DTRAIN_NO_NET */
+/* ======== end dt_ps_ckpt.c ======== */
+
+/* ======== begin dt_ps_server.c ======== */
+/* ===========================================================================
+ * dt_ps_server.c -- parameter servers: the server (dt_ps_serve): its poll
+ * loop, the staleness rule, the workers' frames (see dt_ps_core.h for the
+ * design and the messages)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_ps_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+#  include <unistd.h>
+
+static int dt__ps_live_count(const dt__ps_server *S) {
+  int n = 0;
+  for (int i = 0; i < S->W; i++)
+    if (S->w[i].state == DT__PSW_NEW || S->w[i].state == DT__PSW_LIVE) n++;
+  return n;
+}
+
+static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
+  (void)S;
+  dt__conn_close(&w->conn);
+  dt__free(w->rx, w->rx_cap);
+  dt__free(w->tx, w->tx_cap);
+  w->rx = w->tx = NULL;
+  w->rx_cap = w->tx_cap = w->tx_len = w->tx_off = 0;
+  w->pend = DT__PSP_NONE;
+}
+
+static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t cap) {
+  const dt__ps_worker *w = &S->w[i];
+  if (w->conn.peer_role >= 0) snprintf(buf, cap, "%.95s", w->conn.peer);
+  else snprintf(buf, cap, "worker %d (%.80s)", i, S->c->worker_addr[i] ? S->c->worker_addr[i] : "?");
+}
+
+/* Drop worker i from training: logged, out of the clocks. */
+static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
+  dt__ps_worker *w = &S->w[i];
+  char name[DT__NET_ADDR];
+  dt__ps_worker_name(S, i, name, sizeof name);
+  dt__ps_worker_free(S, w);
+  w->state = DT__PSW_LOST;
+  int left = dt__ps_live_count(S);
+  dt__log(DTRAIN_LOG_WARN, code, "ps %d: %s lost: %s; going on with %d worker%s", S->me, name, why, left,
+          left == 1 ? "" : "s");
+}
+
+/* Write as much of worker i's output as the socket takes. 0 when the worker was lost. */
+static int dt__ps_flush(dt__ps_server *S, int i) {
+  dt__ps_worker *w = &S->w[i];
+  while (w->tx_off < w->tx_len) {
+    ssize_t k = send(w->conn.fd, w->tx + w->tx_off, w->tx_len - w->tx_off, DT__NET_SEND_FLAGS);
+    if (k > 0) {
+      w->tx_off += (size_t)k;
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 1;
+    char why[160];
+    snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? strerror(errno) : "connection closed");
+    dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
+    return 0;
+  }
+  w->tx_off = w->tx_len = 0;
+  return 1;
+}
+
+/* Queue one frame for worker i: the fixed part, then n floats of the shard gathered from full (if any). */
+static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
+                        const float *full) {
+  dt__ps_worker *w = &S->w[i];
+  uint32_t len = fixn + (full ? (uint32_t)(S->shard * 4) : 0u);
+  if (w->tx_off == w->tx_len) w->tx_off = w->tx_len = 0;
+  if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
+    memmove(w->tx, w->tx + w->tx_off, w->tx_len - w->tx_off);
+    w->tx_len -= w->tx_off;
+    w->tx_off = 0;
+  }
+  if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
+    dt__ps_lose(S, i, DTRAIN_ERR_INTERNAL, "output buffer overflow");
+    return 0;
+  }
+  unsigned char *h = w->tx + w->tx_len, *pl = h + DT__NET_HDR;
+  if (fixn) memcpy(pl, fix, fixn);
+  if (full) dt__ps_gather(S->params, S->owner, S->me, full, pl + fixn);
+  dt__frame_pack(h, type, w->conn.job, w->conn.self_id, w->conn.send_seq, pl, len);
+  w->conn.send_seq++;
+  w->tx_len += DT__NET_HDR + len;
+  w->last_sent = dt__now();
+  return dt__ps_flush(S, i);
 }
 
 /* ---- the staleness rule ------------------------------------------------------------------- */
@@ -22768,10 +23153,10 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
       if (S->owner[p] != S->me) continue;
       if (tr) {
-        dt__ps_get_floats(grad + b, in + 4 * off, e - b);
+        dt__net_f32_get(grad + b, in + 4 * off, e - b);
         if (dt_optim_update(S->opt, data, grad, b, e) != DTRAIN_OK) return -1;
       } else {
-        dt__ps_get_floats(data + b, in + 4 * off, e - b);
+        dt__net_f32_get(data + b, in + 4 * off, e - b);
       }
       off += e - b;
     }
@@ -23155,7 +23540,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
     goto done;
   }
   if (S.po.checkpoint_dir && S.po.checkpoint_dir[0]) {
-    S.ckpt_bytes = DT__PS_CKPT_HDR + (size_t)(1 + dt__ps_slots(&S)) * S.shard * 4 + 4;
+    S.ckpt_bytes = dt__ps_ckpt_size(&S);
     S.ckpt = (unsigned char *)dt__alloc(S.ckpt_bytes);
     if (!S.ckpt) {
       rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory for the checkpoint buffer", fn, S.me);
@@ -23200,9 +23585,53 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
   return dt__quiet_pop(dt__ps_serve(c, params, opt, o, po));
 }
 
-/* ============================================================================================
- * The worker's store
- * ============================================================================================ */
+#else /* DTRAIN_NO_NET */
+
+DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
+                                 const dt_ps_options *po) {
+  (void)c;
+  (void)params;
+  (void)opt;
+  (void)o;
+  (void)po;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_ps_serve: networking is not compiled in (DTRAIN_NO_NET)");
+}
+
+#endif /* DTRAIN_NO_NET */
+/* ======== end dt_ps_server.c ======== */
+
+/* ======== begin dt_ps_client.c ======== */
+/* ===========================================================================
+ * dt_ps_client.c -- parameter servers: the worker's side, a dt_pstore
+ * (dt_strategy.h) backed by the cluster's servers (dt_pstore_create_tcp;
+ * see dt_ps_core.h for the messages)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* dt_strategy.h: dt_pstore, the interface this store implements. */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_ps_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+#  include <unistd.h>
 
 typedef struct dt__ps_client {
   dt_pstore ps;
@@ -23580,20 +24009,7 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
   return ps;
 }
 
-#  undef DT__PS_SEND_FLAGS
-#  undef DT__PS_PENDING
-
 #else /* DTRAIN_NO_NET */
-
-DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
-                                 const dt_ps_options *po) {
-  (void)c;
-  (void)params;
-  (void)opt;
-  (void)o;
-  (void)po;
-  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_ps_serve: networking is not compiled in (DTRAIN_NO_NET)");
-}
 
 DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
                                            int max_staleness) {
@@ -23606,11 +24022,6 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
 }
 
 #endif /* DTRAIN_NO_NET */
-
-#undef DT__PS_FIX
-#undef DT__PS_JOINLEN
-#undef DT__PS_CKPT_MAGIC
-#undef DT__PS_CKPT_HDR
-/* ======== end dt_ps.c ======== */
+/* ======== end dt_ps_client.c ======== */
 
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -28,7 +28,15 @@
 #ifndef DTRAIN_NET_H
 #define DTRAIN_NET_H
 
-#include "dt_strategy.h"
+#include "dt_comm.h"
+#include "dt_optim.h"
+
+/* The parameter store (dt_pstore, dt_strategy.h) is the one type this header
+ * takes from the strategy layer above it: dt_pstore_create_tcp returns one.
+ * It is named by its struct tag (the same type as the typedef), so the
+ * transport's options and the communicators here do not pull in the
+ * strategies. */
+struct dt_pstore;
 
 DTRAIN_EXTERN_C_BEGIN
 
@@ -291,8 +299,8 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
  * dt_pstore_destroy says it too when leave was not called. A heartbeat
  * thread (not with DTRAIN_NO_THREADS) keeps idle connections alive. NULL on
  * failure (dt_last_error()). */
-DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
-                                           int max_staleness);
+DTRAIN_API struct dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
+                                                  int max_staleness);
 
 DTRAIN_EXTERN_C_END
 

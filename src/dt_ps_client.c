@@ -1,0 +1,421 @@
+/* ===========================================================================
+ * dt_ps_client.c -- parameter servers: the worker's side, a dt_pstore
+ * (dt_strategy.h) backed by the cluster's servers (dt_pstore_create_tcp;
+ * see dt_ps_core.h for the messages)
+ * ===========================================================================
+ */
+#include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_io.h"
+#include "dt_data.h"
+#include "dt_memory.h"
+#include "dt_comm.h"
+#include "dt_net.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
+/* dt_strategy.h: dt_pstore, the interface this store implements. */
+#include "dt_strategy.h"
+#include "dt_ps_core.h"
+
+#if !defined(DTRAIN_NO_NET)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+#  include <unistd.h>
+
+typedef struct dt__ps_client {
+  dt_pstore ps;
+  dt_params *params;
+  int M, me;
+  double timeout;
+  int *owner;
+  int np;
+  dt__conn *conn;
+  size_t *shard;
+  unsigned char **buf;
+  size_t *buf_cap;
+  double *last_send;
+  uint64_t *pulled_version;
+  uint64_t version;
+  int64_t base, next;
+  int left;
+  dt_result err;
+  char msg[DT__MSG_CAP];
+  DT__ATOMIC(int) aborted;
+  DT__ATOMIC(int) stop;
+  dt__mutex mu;
+  dt__thread hb;
+} dt__ps_client;
+
+static dt__ps_client *dt__ps_client_of(dt_pstore *ps) { return (dt__ps_client *)ps->impl; }
+
+/* Record the first failure: the other servers are told (ABORT) and every connection closed. */
+static dt_result dt__ps_client_fail(dt__ps_client *C, dt_result rc) {
+  if (C->err == DTRAIN_OK) {
+    C->err = rc;
+    snprintf(C->msg, sizeof C->msg, "%s", dt_last_error());
+    for (int s = 0; s < C->M; s++) {
+      dt__conn_abort(&C->conn[s], rc, C->msg);
+      dt__conn_close(&C->conn[s]);
+    }
+  }
+  return dt__error(C->err, "%s", C->msg);
+}
+
+static dt_result dt__ps_client_check(dt__ps_client *C, const char *op) {
+  if (C->err != DTRAIN_OK) return dt__error(C->err, "%s", C->msg);
+  if (C->left) return dt__error(DTRAIN_ERR_STATE, "%s: this worker already left (dt_pstore_leave)", op);
+  if (DT__ALOAD(&C->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
+  return DTRAIN_OK;
+}
+
+/* Receive server s's answer of `type` with exactly len payload bytes into C->buf[s],
+ * skipping heartbeats (each renews the deadline). */
+static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, uint32_t len, const char *op) {
+  for (;;) {
+    dt__frame f;
+    unsigned char h[DT__NET_HDR];
+    double deadline = dt__now() + C->timeout;
+    dt_result rc = dt__conn_recv_header(&C->conn[s], &f, h, deadline, op);
+    if (rc != DTRAIN_OK) return rc;
+    if (f.type == DT__MSG_HEARTBEAT && f.length == 0) {
+      rc = dt__conn_recv_payload(&C->conn[s], &f, h, NULL, deadline, op);
+      if (rc != DTRAIN_OK) return rc;
+      continue;
+    }
+    if (f.type != type || f.length != len)
+      return dt__error(DTRAIN_ERR_PROTOCOL, "%s: %s sent a frame of type 0x%02x and %u bytes, expected type 0x%02x "
+                       "and %u bytes", op, C->conn[s].peer, (unsigned)f.type, (unsigned)f.length, (unsigned)type,
+                       (unsigned)len);
+    return dt__conn_recv_payload(&C->conn[s], &f, h, C->buf[s], deadline, op);
+  }
+}
+
+static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                    dt_pstore_ticket *tk) {
+  dt__ps_client *C = dt__ps_client_of(ps);
+  (void)worker;
+  (void)n;
+  char op[80];
+  double t0 = dt__now();
+  int64_t T = C->base + clock;
+  snprintf(op, sizeof op, "worker %d: pull #%lld", C->me, (long long)T);
+  dt__mutex_lock(&C->mu);
+  dt_result rc = dt__ps_client_check(C, op);
+  unsigned char req[DT__PS_FIX];
+  dt__le64_put(req, (uint64_t)T);
+  dt__le64_put(req + 8, 0);
+  for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
+    rc = dt__conn_send(&C->conn[s], DT__PS_PULL, req, DT__PS_FIX, dt__now() + C->timeout, op);
+    C->last_send[s] = dt__now();
+  }
+  tk->version = 0;
+  tk->clock_gap = 0;
+  for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
+    rc = dt__ps_client_answer(C, s, DT__PS_PARAMS, (uint32_t)(DT__PS_FIX + C->shard[s] * 4), op);
+    if (rc != DTRAIN_OK) break;
+    uint64_t v = dt__le64_get(C->buf[s]);
+    int64_t gap = (int64_t)dt__le64_get(C->buf[s] + 8);
+    C->pulled_version[s] = v;
+    if (v > tk->version) tk->version = v;
+    if (v > C->version) C->version = v;
+    if (gap > tk->clock_gap) tk->clock_gap = gap;
+    dt__ps_scatter(C->params, C->owner, s, C->buf[s] + DT__PS_FIX, dst);
+  }
+  if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
+  dt__mutex_unlock(&C->mu);
+  tk->wait_s = dt__now() - t0;
+  return rc;
+}
+
+static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                    dt_pstore_ticket *tk) {
+  dt__ps_client *C = dt__ps_client_of(ps);
+  (void)worker;
+  (void)n;
+  char op[80];
+  double t0 = dt__now();
+  int64_t T = C->base + clock;
+  snprintf(op, sizeof op, "worker %d: push #%lld", C->me, (long long)T);
+  dt__mutex_lock(&C->mu);
+  dt_result rc = dt__ps_client_check(C, op);
+  for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
+    unsigned char *b = C->buf[s];
+    dt__le64_put(b, (uint64_t)T);
+    dt__le64_put(b + 8, C->pulled_version[s]);
+    size_t len = DT__PS_FIX;
+    if (delta) {
+      dt__ps_gather(C->params, C->owner, s, delta, b + DT__PS_FIX);
+      len += C->shard[s] * 4;
+    }
+    rc = dt__conn_send(&C->conn[s], DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
+    C->last_send[s] = dt__now();
+  }
+  tk->staleness = 0;
+  for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
+    rc = dt__ps_client_answer(C, s, DT__PS_PUSHED, DT__PS_FIX, op);
+    if (rc != DTRAIN_OK) break;
+    uint64_t v = dt__le64_get(C->buf[s]);
+    int64_t st = (int64_t)dt__le64_get(C->buf[s] + 8);
+    if (v > C->version) C->version = v;
+    if (st > tk->staleness) tk->staleness = st;
+  }
+  if (rc == DTRAIN_OK && T + 1 > C->next) C->next = T + 1;
+  if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
+  dt__mutex_unlock(&C->mu);
+  tk->wait_s = dt__now() - t0;
+  return rc;
+}
+
+static void dt__ps_client_bye(dt__ps_client *C) {
+  if (C->left) return;
+  C->left = 1;
+  if (C->err != DTRAIN_OK) return;
+  char keep[DT__MSG_CAP];
+  dt_result keep_rc = dt_last_result();
+  snprintf(keep, sizeof keep, "%s", dt_last_error());
+  for (int s = 0; s < C->M; s++) {
+    dt__conn_send(&C->conn[s], DT__MSG_BYE, NULL, 0, dt__now() + DT__MIN(C->timeout, 1.0), "bye");
+    dt__conn_close(&C->conn[s]);
+  }
+  if (keep_rc != DTRAIN_OK) dt__error(keep_rc, "%s", keep);
+  else dt_clear_error();
+}
+
+static void dt__ps_client_leave(dt_pstore *ps, int worker) {
+  dt__ps_client *C = dt__ps_client_of(ps);
+  (void)worker;
+  dt__mutex_lock(&C->mu);
+  dt__ps_client_bye(C);
+  dt__mutex_unlock(&C->mu);
+}
+
+static void dt__ps_client_abort(dt_pstore *ps) {
+  DT__ASTORE(&dt__ps_client_of(ps)->aborted, 1, DT__MO_SEQ_CST);
+}
+
+static dt_result dt__ps_client_begin(dt_pstore *ps) {
+  dt__ps_client *C = dt__ps_client_of(ps);
+  dt__mutex_lock(&C->mu);
+  DT__ASTORE(&C->aborted, 0, DT__MO_SEQ_CST);
+  C->base = C->next;
+  dt_result rc = C->err != DTRAIN_OK ? dt__error(C->err, "%s", C->msg) : DTRAIN_OK;
+  dt__mutex_unlock(&C->mu);
+  return rc;
+}
+
+static uint64_t dt__ps_client_version(dt_pstore *ps) {
+  dt__ps_client *C = dt__ps_client_of(ps);
+  dt__mutex_lock(&C->mu);
+  uint64_t v = C->version;
+  dt__mutex_unlock(&C->mu);
+  return v;
+}
+
+#  if !defined(DTRAIN_NO_THREADS)
+/* The heartbeat thread: every timeout/3, a heartbeat on each connection idle that long. */
+static void dt__ps_client_heartbeat(void *arg) {
+  dt__ps_client *C = (dt__ps_client *)arg;
+  double period = C->timeout / 3;
+  while (!DT__ALOAD(&C->stop, DT__MO_ACQUIRE)) {
+    dt__sleep(DT__MIN(period / 4, 0.02));
+    dt__mutex_lock(&C->mu);
+    if (C->err == DTRAIN_OK && !C->left) {
+      double now = dt__now();
+      for (int s = 0; s < C->M; s++) {
+        if (now - C->last_send[s] < period) continue;
+        if (dt__conn_send(&C->conn[s], DT__MSG_HEARTBEAT, NULL, 0, now + C->timeout / 4, "heartbeat") != DTRAIN_OK) {
+          /* The next call finds the broken connection and reports it. */
+          C->last_send[s] = now + 1e9;
+        } else {
+          C->last_send[s] = now;
+        }
+      }
+    }
+    dt__mutex_unlock(&C->mu);
+  }
+}
+#  endif
+
+static void dt__ps_client_free(dt__ps_client *C) {
+  if (C->hb.started) {
+    DT__ASTORE(&C->stop, 1, DT__MO_SEQ_CST);
+    dt__thread_join(&C->hb);
+  }
+  if (C->conn) {
+    dt__ps_client_bye(C);
+    for (int s = 0; s < C->M; s++) dt__conn_close(&C->conn[s]);
+  }
+  size_t M = (size_t)C->M;
+  if (C->buf)
+    for (int s = 0; s < C->M; s++) dt__free(C->buf[s], C->buf_cap[s]);
+  dt__free(C->buf, M * sizeof(unsigned char *));
+  dt__free(C->buf_cap, M * sizeof(size_t));
+  dt__free(C->conn, M * sizeof(dt__conn));
+  dt__free(C->shard, M * sizeof(size_t));
+  dt__free(C->last_send, M * sizeof(double));
+  dt__free(C->pulled_version, M * sizeof(uint64_t));
+  dt__free(C->owner, (size_t)(C->np > 0 ? C->np : 1) * sizeof(int));
+  dt__mutex_destroy(&C->mu);
+  dt__free(C, sizeof *C);
+}
+
+static void dt__ps_client_destroy(dt_pstore *ps) { dt__ps_client_free(dt__ps_client_of(ps)); }
+
+static const dt_pstore_vtable dt__ps_client_vtable = {
+  "tcp",
+  dt__ps_client_pull,
+  dt__ps_client_push,
+  dt__ps_client_leave,
+  dt__ps_client_abort,
+  dt__ps_client_begin,
+  dt__ps_client_version,
+  dt__ps_client_destroy
+};
+
+static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, const dt_net_options *o,
+                                           int max_staleness) {
+  const char *fn = "dt_pstore_create_tcp";
+  if (!c || !params) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !c ? "cluster" : "params");
+    return NULL;
+  }
+  if (c->role != DTRAIN_ROLE_WORKER || c->servers < 1) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: this process is not a worker of a cluster with servers (role %s, %d "
+              "servers)", fn, c->role == DTRAIN_ROLE_PS ? "ps" : "worker", c->servers);
+    return NULL;
+  }
+  if (max_staleness < DTRAIN_STALENESS_UNBOUNDED) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: max_staleness %d (use >= 0, or DTRAIN_STALENESS_UNBOUNDED)", fn,
+              max_staleness);
+    return NULL;
+  }
+  dt__net_self self;
+  if (dt__net_self_init(&self, c, o) != DTRAIN_OK) {
+    dt__ps_prefix(dt_last_result(), fn, NULL);
+    return NULL;
+  }
+  dt__ps_client *C = (dt__ps_client *)dt__calloc(sizeof *C);
+  if (!C) {
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    return NULL;
+  }
+  dt_result rc = dt__mutex_init(&C->mu);
+  size_t M = (size_t)c->servers;
+  C->M = c->servers;
+  C->me = c->index;
+  C->params = params;
+  C->timeout = self.opt.timeout_s;
+  C->np = dt_params_count(params);
+  C->err = DTRAIN_OK;
+  DT__ASTORE(&C->aborted, 0, DT__MO_RELAXED);
+  DT__ASTORE(&C->stop, 0, DT__MO_RELAXED);
+  C->owner = (int *)dt__alloc((size_t)(C->np > 0 ? C->np : 1) * sizeof(int));
+  C->conn = (dt__conn *)dt__calloc(M * sizeof(dt__conn));
+  C->shard = (size_t *)dt__calloc(M * sizeof(size_t));
+  C->buf = (unsigned char **)dt__calloc(M * sizeof(unsigned char *));
+  C->buf_cap = (size_t *)dt__calloc(M * sizeof(size_t));
+  C->last_send = (double *)dt__calloc(M * sizeof(double));
+  C->pulled_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
+  if (C->conn)
+    for (int s = 0; s < C->M; s++) C->conn[s].fd = -1;
+  if (rc != DTRAIN_OK || !C->owner || !C->conn || !C->shard || !C->buf || !C->buf_cap || !C->last_send ||
+      !C->pulled_version) {
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    goto fail;
+  }
+  if (dt_ps_shard(params, C->M, C->owner) != DTRAIN_OK) goto fail;
+  for (int s = 0; s < C->M; s++) {
+    C->shard[s] = dt__ps_shard_floats(params, C->owner, s);
+    C->buf_cap[s] = DT__PS_FIX + C->shard[s] * 4;
+    C->buf[s] = (unsigned char *)dt__alloc(C->buf_cap[s]);
+    if (!C->buf[s]) {
+      dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+      goto fail;
+    }
+  }
+  /* Connect and join, server by server. */
+  for (int s = 0; s < C->M; s++) {
+    char op[64];
+    snprintf(op, sizeof op, "worker %d: join", C->me);
+    if (dt__net_dial(&self, DTRAIN_ROLE_PS, s, &C->conn[s]) != DTRAIN_OK) {
+      C->conn[s].fd = -1;
+      dt__ps_prefix(dt_last_result(), op, NULL);
+      goto fail;
+    }
+    unsigned char j[DT__PS_JOINLEN];
+    memset(j, 0, sizeof j);
+    dt__le32_put(j, (uint32_t)(int32_t)max_staleness);
+    dt__le64_put(j + 8, (uint64_t)dt_params_size(params));
+    dt__le64_put(j + 16, (uint64_t)C->shard[s]);
+    dt__le64_put(j + 24, dt__ps_layout_hash(params, C->owner, s, C->M));
+    rc = dt__conn_send(&C->conn[s], DT__PS_JOIN, j, DT__PS_JOINLEN, dt__now() + C->timeout, op);
+    if (rc == DTRAIN_OK && C->buf_cap[s] < DT__PS_JOINLEN) {
+      unsigned char *nb = (unsigned char *)dt__alloc(DT__PS_JOINLEN);
+      if (!nb) {
+        dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+        goto fail;
+      }
+      dt__free(C->buf[s], C->buf_cap[s]);
+      C->buf[s] = nb;
+      C->buf_cap[s] = DT__PS_JOINLEN;
+    }
+    if (rc == DTRAIN_OK) rc = dt__ps_client_answer(C, s, DT__PS_JOINED, DT__PS_JOINLEN, op);
+    if (rc != DTRAIN_OK) goto fail;
+    uint64_t v = dt__le64_get(C->buf[s]);
+    C->pulled_version[s] = v;
+    if (v > C->version) C->version = v;
+    C->last_send[s] = dt__now();
+  }
+  C->ps.vtable = &dt__ps_client_vtable;
+  C->ps.workers = c->workers;
+  C->ps.max_staleness = max_staleness;
+  C->ps.size = dt_params_size(params);
+  C->ps.gradients = 1;
+  C->ps.impl = C;
+#  if !defined(DTRAIN_NO_THREADS)
+  if (dt__thread_start(&C->hb, dt__ps_client_heartbeat, C) != DTRAIN_OK) {
+    dt__ps_prefix(dt_last_result(), fn, "cannot start the heartbeat thread");
+    goto fail;
+  }
+#  endif
+  return &C->ps;
+fail: {
+  char keep[DT__MSG_CAP];
+  dt_result krc = dt_last_result();
+  snprintf(keep, sizeof keep, "%s", dt_last_error());
+  C->left = 1; /* no BYE: we never joined them all */
+  dt__ps_client_free(C);
+  dt__error(krc != DTRAIN_OK ? krc : DTRAIN_ERR_INTERNAL, "%s", keep);
+}
+  return NULL;
+}
+
+DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
+                                           int max_staleness) {
+  dt__quiet_push();
+  dt_pstore *ps = dt__ps_store_create(c, params, o, max_staleness);
+  dt__quiet_pop(ps ? DTRAIN_OK : (dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_NET));
+  return ps;
+}
+
+#else /* DTRAIN_NO_NET */
+
+DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
+                                           int max_staleness) {
+  (void)c;
+  (void)params;
+  (void)o;
+  (void)max_staleness;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_create_tcp: networking is not compiled in (DTRAIN_NO_NET)");
+  return NULL;
+}
+
+#endif /* DTRAIN_NO_NET */

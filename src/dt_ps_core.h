@@ -1,0 +1,132 @@
+/* ===========================================================================
+ * dt_ps_core.h -- private: the parameter servers' shared parts: message
+ * types, the shard's layout and bytes (dt_ps_shard.c), the server's state
+ * (dt_ps_server.c, dt_ps_ckpt.c); the worker's store is dt_ps_client.c
+ * ===========================================================================
+ * The server is one thread running a poll loop over its listening socket,
+ * connections still in the handshake and one connection per worker. It
+ * reads a worker's frame whole when the socket is readable (deadline
+ * timeout_s/2), never blocks on a send (each worker has an output buffer
+ * flushed as its socket takes it), and answers requests when the staleness
+ * bound allows: a request that must wait stays pending, and the server
+ * sends that worker a heartbeat every timeout_s/4 so it knows the server
+ * lives. The SSP rule is the one of the in-process store (dt_strategy.c):
+ *
+ *   pull for clock t:  every live worker pushed clock t-k-1 (pushed >= t-k)
+ *   push of clock t:   every live worker pulled clock t-k   (pulled >= t-k+1)
+ *                      and, when k = 0, every live worker j < w pushed t
+ *
+ * where "live" means not yet gone (BYE) or lost; a worker not yet connected
+ * counts with clocks 0 (others wait for it, within the bound).
+ *
+ * Messages (after the transport handshake; little-endian):
+ *   JOIN   0x50 w->s  32 B: i32 max_staleness, u32 0, u64 params floats,
+ *                            u64 shard floats, u64 layout hash
+ *   JOINED 0x51 s->w  32 B: u64 version, i64 optimizer steps, i32 max_staleness,
+ *                            u32 live workers, u64 layout hash
+ *   PULL   0x52 w->s  16 B: u64 clock, u64 0
+ *   PARAMS 0x53 s->w  16 B + 4*shard: u64 version, i64 clock gap, f32[shard]
+ *   PUSH   0x54 w->s  16 B (+ 4*shard): u64 clock, u64 version pulled, f32[shard]
+ *                            (no floats: an empty push that only advances the clock)
+ *   PUSHED 0x55 s->w  16 B: u64 version after, i64 staleness
+ *   HEARTBEAT (0x07) both ways, BYE (0x08) w->s, REFUSE (0x05) s->w.
+ * The shard's floats are its parameters' elements in parameter order.
+ */
+#ifndef DTRAIN_PS_CORE_H
+#define DTRAIN_PS_CORE_H
+
+#include "dt_internal.h"
+#include "dt_net_core.h"
+#include "dt_platform.h"
+
+enum {
+  DT__PS_JOIN = 0x50,
+  DT__PS_JOINED = 0x51,
+  DT__PS_PULL = 0x52,
+  DT__PS_PARAMS = 0x53,
+  DT__PS_PUSH = 0x54,
+  DT__PS_PUSHED = 0x55
+};
+#define DT__PS_FIX 16   /* fixed part of PULL, PARAMS, PUSH, PUSHED */
+#define DT__PS_JOINLEN 32
+
+/* Prefix the thread's last error (copied first: dt__error writes the buffer dt_last_error reads). */
+static DT__UNUSED dt_result dt__ps_prefix(dt_result rc, const char *a, const char *b) {
+  char keep[DT__MSG_CAP];
+  snprintf(keep, sizeof keep, "%s", dt_last_error());
+  if (b) return dt__error(rc, "%s: %s: %s", a, b, keep);
+  return dt__error(rc, "%s: %s", a, keep);
+}
+
+/* ---- the shard (dt_ps_shard.c; also without networking) ----------------------------------- */
+/* Floats of server s's shard (owner: dt_ps_shard's assignment). */
+DTRAIN_PRIVATE size_t dt__ps_shard_floats(const dt_params *p, const int *owner, int s);
+/* FNV-1a over the shard's parameter ranges, the params' size and the server count. */
+DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner, int s, int servers);
+/* The shard of a full-layout buffer to little-endian bytes, and back. */
+DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out);
+DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full);
+
+#if !defined(DTRAIN_NO_NET)
+/* ---- the server's state (dt_ps_server.c) ----------------------------------------------------- */
+
+enum { DT__PSW_NEW = 0, DT__PSW_LIVE, DT__PSW_DONE, DT__PSW_LOST };
+enum { DT__PSP_NONE = 0, DT__PSP_PULL, DT__PSP_PUSH };
+#  define DT__PS_PENDING 16 /* connections in the handshake at a time */
+
+typedef struct dt__ps_worker {
+  int state;
+  int joined;
+  dt__conn conn;
+  int64_t pulled, pushed;   /* clocks: pulls / pushes made */
+  int pend;                 /* DT__PSP_* */
+  int64_t pend_clock;
+  uint64_t pend_version;
+  int pend_empty;
+  double pend_since;
+  double last_heard;        /* last frame from it, or our last answer */
+  double last_sent;
+  unsigned char *rx, *tx;
+  size_t rx_cap, tx_cap, tx_len, tx_off;
+} dt__ps_worker;
+
+typedef struct dt__ps_server {
+  dt__net_self self;
+  const dt_cluster *c;
+  dt_params *params;
+  dt_optim *opt;
+  dt_ps_options po;
+  int *owner;
+  int np, W, me;
+  size_t shard;
+  uint64_t layout;
+  dt__ps_worker *w;
+  unsigned char *seen;
+  int lfd, own_lfd;
+  int k, k_set;
+  uint64_t version;
+  int64_t since_ckpt;
+  double last_ckpt;
+  unsigned char *ckpt;
+  size_t ckpt_bytes;
+  char ckpt_path[1024];
+  int pfd[DT__PS_PENDING];
+  double pt[DT__PS_PENDING];
+  char paddr[DT__PS_PENDING][DT__NET_ADDR];
+  int npend;
+  int done;
+} dt__ps_server;
+
+/* ---- shard checkpoints (dt_ps_ckpt.c) -------------------------------------------------------- */
+/* Bytes of S's checkpoint file (and of S->ckpt, the buffer it is built in). */
+DTRAIN_PRIVATE size_t dt__ps_ckpt_size(const dt__ps_server *S);
+/* Write S's shard, version and optimizer state to S->ckpt_path (through a temporary file). */
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S);
+/* Resume from the checkpoint when it exists: DTRAIN_OK (also when there is none). */
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S);
+/* Write one when checkpoint_every / checkpoint_seconds says it is due (a failure is logged, not returned). */
+DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S);
+
+#endif /* DTRAIN_NO_NET */
+
+#endif /* DTRAIN_PS_CORE_H */

@@ -1,0 +1,608 @@
+/* ===========================================================================
+ * dt_ps_server.c -- parameter servers: the server (dt_ps_serve): its poll
+ * loop, the staleness rule, the workers' frames (see dt_ps_core.h for the
+ * design and the messages)
+ * ===========================================================================
+ */
+#include "dt_internal.h"
+#include "dt_strategy.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_io.h"
+#include "dt_data.h"
+#include "dt_memory.h"
+#include "dt_comm.h"
+#include "dt_net.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
+#include "dt_ps_core.h"
+
+#if !defined(DTRAIN_NO_NET)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+#  include <unistd.h>
+
+static int dt__ps_live_count(const dt__ps_server *S) {
+  int n = 0;
+  for (int i = 0; i < S->W; i++)
+    if (S->w[i].state == DT__PSW_NEW || S->w[i].state == DT__PSW_LIVE) n++;
+  return n;
+}
+
+static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
+  (void)S;
+  dt__conn_close(&w->conn);
+  dt__free(w->rx, w->rx_cap);
+  dt__free(w->tx, w->tx_cap);
+  w->rx = w->tx = NULL;
+  w->rx_cap = w->tx_cap = w->tx_len = w->tx_off = 0;
+  w->pend = DT__PSP_NONE;
+}
+
+static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t cap) {
+  const dt__ps_worker *w = &S->w[i];
+  if (w->conn.peer_role >= 0) snprintf(buf, cap, "%.95s", w->conn.peer);
+  else snprintf(buf, cap, "worker %d (%.80s)", i, S->c->worker_addr[i] ? S->c->worker_addr[i] : "?");
+}
+
+/* Drop worker i from training: logged, out of the clocks. */
+static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
+  dt__ps_worker *w = &S->w[i];
+  char name[DT__NET_ADDR];
+  dt__ps_worker_name(S, i, name, sizeof name);
+  dt__ps_worker_free(S, w);
+  w->state = DT__PSW_LOST;
+  int left = dt__ps_live_count(S);
+  dt__log(DTRAIN_LOG_WARN, code, "ps %d: %s lost: %s; going on with %d worker%s", S->me, name, why, left,
+          left == 1 ? "" : "s");
+}
+
+/* Write as much of worker i's output as the socket takes. 0 when the worker was lost. */
+static int dt__ps_flush(dt__ps_server *S, int i) {
+  dt__ps_worker *w = &S->w[i];
+  while (w->tx_off < w->tx_len) {
+    ssize_t k = send(w->conn.fd, w->tx + w->tx_off, w->tx_len - w->tx_off, DT__NET_SEND_FLAGS);
+    if (k > 0) {
+      w->tx_off += (size_t)k;
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 1;
+    char why[160];
+    snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? strerror(errno) : "connection closed");
+    dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
+    return 0;
+  }
+  w->tx_off = w->tx_len = 0;
+  return 1;
+}
+
+/* Queue one frame for worker i: the fixed part, then n floats of the shard gathered from full (if any). */
+static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
+                        const float *full) {
+  dt__ps_worker *w = &S->w[i];
+  uint32_t len = fixn + (full ? (uint32_t)(S->shard * 4) : 0u);
+  if (w->tx_off == w->tx_len) w->tx_off = w->tx_len = 0;
+  if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
+    memmove(w->tx, w->tx + w->tx_off, w->tx_len - w->tx_off);
+    w->tx_len -= w->tx_off;
+    w->tx_off = 0;
+  }
+  if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
+    dt__ps_lose(S, i, DTRAIN_ERR_INTERNAL, "output buffer overflow");
+    return 0;
+  }
+  unsigned char *h = w->tx + w->tx_len, *pl = h + DT__NET_HDR;
+  if (fixn) memcpy(pl, fix, fixn);
+  if (full) dt__ps_gather(S->params, S->owner, S->me, full, pl + fixn);
+  dt__frame_pack(h, type, w->conn.job, w->conn.self_id, w->conn.send_seq, pl, len);
+  w->conn.send_seq++;
+  w->tx_len += DT__NET_HDR + len;
+  w->last_sent = dt__now();
+  return dt__ps_flush(S, i);
+}
+
+/* ---- the staleness rule ------------------------------------------------------------------- */
+
+static int64_t dt__ps_min_clock(const dt__ps_server *S, int pushed) {
+  int64_t m = INT64_MAX;
+  for (int j = 0; j < S->W; j++) {
+    const dt__ps_worker *w = &S->w[j];
+    if (w->state != DT__PSW_NEW && w->state != DT__PSW_LIVE) continue;
+    int64_t v = pushed ? w->pushed : w->pulled;
+    if (v < m) m = v;
+  }
+  return m;
+}
+
+static int dt__ps_can_serve(const dt__ps_server *S, int i) {
+  const dt__ps_worker *w = &S->w[i];
+  int64_t t = w->pend_clock, k = S->k;
+  if (k < 0) return 1;
+  if (w->pend == DT__PSP_PULL) return dt__ps_min_clock(S, 1) >= t - k;
+  if (dt__ps_min_clock(S, 0) < t - k + 1) return 0;
+  if (k == 0)
+    for (int j = 0; j < i; j++) {
+      const dt__ps_worker *o = &S->w[j];
+      if ((o->state == DT__PSW_NEW || o->state == DT__PSW_LIVE) && o->pushed < t + 1) return 0;
+    }
+  return 1;
+}
+
+/* Answer worker i's pending request. 0 when the worker was lost; -1 on a fatal error. */
+static int dt__ps_serve_one(dt__ps_server *S, int i) {
+  dt__ps_worker *w = &S->w[i];
+  unsigned char fix[DT__PS_FIX];
+  int64_t t = w->pend_clock;
+  double now = dt__now();
+  if (w->pend == DT__PSP_PULL) {
+    int64_t slowest = dt__ps_min_clock(S, 1);
+    int64_t gap = slowest == INT64_MAX ? 0 : DT__MAX(t - slowest, (int64_t)0);
+    dt__le64_put(fix, S->version);
+    dt__le64_put(fix + 8, (uint64_t)gap);
+    if (w->pulled < t + 1) w->pulled = t + 1;
+    w->pend = DT__PSP_NONE;
+    w->last_heard = now;
+    return dt__ps_queue(S, i, DT__PS_PARAMS, fix, DT__PS_FIX, dt_params_data(S->params));
+  }
+  uint64_t before = S->version;
+  if (!w->pend_empty) {
+    float *data = dt_params_data(S->params), *grad = dt_params_grad(S->params);
+    const unsigned char *in = w->rx + DT__PS_FIX;
+    size_t off = 0, b, e;
+    int tr, dec;
+    for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
+      if (S->owner[p] != S->me) continue;
+      if (tr) {
+        dt__net_f32_get(grad + b, in + 4 * off, e - b);
+        if (dt_optim_update(S->opt, data, grad, b, e) != DTRAIN_OK) return -1;
+      } else {
+        dt__net_f32_get(data + b, in + 4 * off, e - b);
+      }
+      off += e - b;
+    }
+    dt_optim_advance(S->opt);
+  }
+  S->version++;
+  S->since_ckpt++;
+  int64_t stale = w->pend_version <= before ? (int64_t)(before - w->pend_version) : 0;
+  if (w->pulled < t + 1) w->pulled = t + 1;
+  w->pushed = t + 1;
+  w->pend = DT__PSP_NONE;
+  w->last_heard = now;
+  dt__ps_maybe_ckpt(S); /* before the answer: an acknowledged update is in the checkpoint when every == 1 */
+  dt__le64_put(fix, S->version);
+  dt__le64_put(fix + 8, (uint64_t)stale);
+  return dt__ps_queue(S, i, DT__PS_PUSHED, fix, DT__PS_FIX, NULL);
+}
+
+/* Answer every request the bound allows, until none can be answered. */
+static dt_result dt__ps_progress(dt__ps_server *S) {
+  for (int again = 1; again;) {
+    again = 0;
+    for (int i = 0; i < S->W; i++) {
+      dt__ps_worker *w = &S->w[i];
+      if (w->state != DT__PSW_LIVE || w->pend == DT__PSP_NONE || !dt__ps_can_serve(S, i)) continue;
+      int r = dt__ps_serve_one(S, i);
+      if (r < 0) return dt_last_result();
+      again = 1;
+    }
+  }
+  return DTRAIN_OK;
+}
+
+/* ---- frames from workers ------------------------------------------------------------------- */
+
+/* Refuse worker i at JOIN: the connection is closed and logged, and the
+ * worker's slot is free again (a correct worker may still come). */
+static void dt__ps_refuse(dt__ps_server *S, int i, dt_result code, const char *why) {
+  dt__ps_worker *w = &S->w[i];
+  unsigned char buf[4 + 256];
+  size_t tl = strlen(why);
+  if (tl > 256) tl = 256;
+  dt__le32_put(buf, (uint32_t)(-(int32_t)code));
+  memcpy(buf + 4, why, tl);
+  dt__conn_send(&w->conn, DT__MSG_REFUSE, buf, (uint32_t)(4 + tl), dt__now() + 0.2, "refuse");
+  if (!S->self.opt.quiet) dt__log(DTRAIN_LOG_WARN, code, "ps %d: refused %s: %s", S->me, w->conn.peer, why);
+  dt__ps_worker_free(S, w);
+  dt__conn_init(&w->conn, -1, S->self.job, S->self.id, (uint32_t)S->self.opt.max_payload);
+  w->state = DT__PSW_NEW;
+  w->joined = 0;
+  w->pulled = w->pushed = 0;
+  S->seen[i] = 0;
+}
+
+static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
+  dt__ps_worker *w = &S->w[i];
+  char why[DT__MSG_CAP];
+  int k = (int)(int32_t)dt__le32_get(b);
+  uint64_t total = dt__le64_get(b + 8), shard = dt__le64_get(b + 16), layout = dt__le64_get(b + 24);
+  if (total != (uint64_t)dt_params_size(S->params) || shard != (uint64_t)S->shard || layout != S->layout) {
+    snprintf(why, sizeof why,
+             "its model has %llu floats and a shard of %llu for ps %d, this server's has %zu and %zu (different "
+             "models or layouts)",
+             (unsigned long long)total, (unsigned long long)shard, S->me, dt_params_size(S->params), S->shard);
+    dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
+    return;
+  }
+  if (k < DTRAIN_STALENESS_UNBOUNDED) {
+    snprintf(why, sizeof why, "it asks for max_staleness %d", k);
+    dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
+    return;
+  }
+  if (S->k_set && k != S->k) {
+    snprintf(why, sizeof why, "it asks for max_staleness %d, the other workers for %d", k, S->k);
+    dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
+    return;
+  }
+  S->k = k;
+  S->k_set = 1;
+  w->rx_cap = DT__PS_FIX + S->shard * 4;
+  w->tx_cap = 4 * DT__NET_HDR + 2 * DT__PS_FIX + DT__PS_JOINLEN + S->shard * 4;
+  w->rx = (unsigned char *)dt__alloc(w->rx_cap);
+  w->tx = (unsigned char *)dt__alloc(w->tx_cap);
+  if (!w->rx || !w->tx) {
+    dt__ps_refuse(S, i, DTRAIN_ERR_NOMEM, "the server is out of memory");
+    return;
+  }
+  w->joined = 1;
+  unsigned char out[DT__PS_JOINLEN];
+  memset(out, 0, sizeof out);
+  dt__le64_put(out, S->version);
+  dt__le64_put(out + 8, (uint64_t)dt_optim_steps(S->opt));
+  dt__le32_put(out + 16, (uint32_t)(int32_t)S->k);
+  dt__le32_put(out + 20, (uint32_t)dt__ps_live_count(S));
+  dt__le64_put(out + 24, S->layout);
+  dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s joined (max_staleness %d)", S->me, w->conn.peer, S->k);
+  dt__ps_queue(S, i, DT__PS_JOINED, out, DT__PS_JOINLEN, NULL);
+}
+
+/* Read one frame from worker i (its socket is readable). */
+static void dt__ps_on_readable(dt__ps_server *S, int i) {
+  dt__ps_worker *w = &S->w[i];
+  dt__frame f;
+  unsigned char h[DT__NET_HDR];
+  char op[64], why[DT__MSG_CAP];
+  double deadline = dt__now() + S->self.opt.timeout_s / 2;
+  snprintf(op, sizeof op, "ps %d", S->me);
+  dt_result rc = dt__conn_recv_header(&w->conn, &f, h, deadline, op);
+  if (rc != DTRAIN_OK) {
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__ps_lose(S, i, rc, why);
+    return;
+  }
+  uint32_t want_max = 0;
+  int ok_type = 1;
+  switch (f.type) {
+    case DT__MSG_HEARTBEAT:
+    case DT__MSG_BYE: want_max = 0; break;
+    case DT__PS_JOIN: want_max = DT__PS_JOINLEN; ok_type = !w->joined; break;
+    case DT__PS_PULL: want_max = DT__PS_FIX; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
+    case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
+    default: ok_type = 0;
+  }
+  int exact = f.type == DT__PS_JOIN || f.type == DT__PS_PULL;
+  int bad_len = f.length > want_max || (exact && f.length != want_max) ||
+                (f.type == DT__PS_PUSH && f.length != DT__PS_FIX && f.length != want_max);
+  if (!ok_type || bad_len) {
+    snprintf(why, sizeof why, "%s: protocol violation: a frame of type 0x%02x and %u bytes %s", op, (unsigned)f.type,
+             (unsigned)f.length, ok_type ? "(wrong length)" : (w->joined ? "out of turn" : "before joining"));
+    dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+    return;
+  }
+  unsigned char small[DT__PS_JOINLEN];
+  unsigned char *dst = f.type == DT__PS_PUSH ? w->rx : small;
+  rc = dt__conn_recv_payload(&w->conn, &f, h, dst, deadline, op);
+  if (rc != DTRAIN_OK) {
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__ps_lose(S, i, rc, why);
+    return;
+  }
+  w->last_heard = dt__now();
+  switch (f.type) {
+    case DT__MSG_BYE: {
+      char name[DT__NET_ADDR];
+      dt__ps_worker_name(S, i, name, sizeof name);
+      dt__ps_worker_free(S, w);
+      w->state = DT__PSW_DONE;
+      S->done++;
+      dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s finished (BYE)", S->me, name);
+      break;
+    }
+    case DT__PS_JOIN: dt__ps_on_join(S, i, small); break;
+    case DT__PS_PULL:
+    case DT__PS_PUSH: {
+      int64_t t = (int64_t)dt__le64_get(dst);
+      if (t < 0 || (f.type == DT__PS_PUSH && t < w->pushed)) {
+        snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld after a push of clock %lld", op,
+                 f.type == DT__PS_PUSH ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
+        dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+        return;
+      }
+      w->pend = f.type == DT__PS_PULL ? DT__PSP_PULL : DT__PSP_PUSH;
+      w->pend_clock = t;
+      w->pend_version = dt__le64_get(dst + 8);
+      w->pend_empty = f.length == DT__PS_FIX && S->shard > 0;
+      if (f.type == DT__PS_PUSH && S->shard == 0) w->pend_empty = 1;
+      w->pend_since = w->last_heard;
+      break;
+    }
+    default: break; /* heartbeat */
+  }
+}
+
+/* ---- connections ------------------------------------------------------------------------------ */
+
+static void dt__ps_drop_pending(dt__ps_server *S, int j) {
+  S->pfd[j] = S->pfd[S->npend - 1];
+  S->pt[j] = S->pt[S->npend - 1];
+  memcpy(S->paddr[j], S->paddr[S->npend - 1], DT__NET_ADDR);
+  S->npend--;
+}
+
+static void dt__ps_accept(dt__ps_server *S) {
+  int fd;
+  char addr[DT__NET_ADDR];
+  if (dt__net_accept(S->lfd, dt__now() + 0.01, &fd, addr, sizeof addr) != DTRAIN_OK) return;
+  if (S->npend == DT__PS_PENDING) {
+    /* Too many silent clients: the oldest goes. */
+    int old = 0;
+    for (int j = 1; j < S->npend; j++)
+      if (S->pt[j] < S->pt[old]) old = j;
+    if (!S->self.opt.quiet)
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "ps %d: refused a connection from %s: too many connections in "
+              "the handshake", S->me, S->paddr[old]);
+    dt__net_close(S->pfd[old]);
+    dt__ps_drop_pending(S, old);
+  }
+  S->pfd[S->npend] = fd;
+  S->pt[S->npend] = dt__now();
+  snprintf(S->paddr[S->npend], DT__NET_ADDR, "%s", addr);
+  S->npend++;
+}
+
+static void dt__ps_admit(dt__ps_server *S, int j) {
+  int fd = S->pfd[j];
+  char addr[DT__NET_ADDR];
+  snprintf(addr, sizeof addr, "%s", S->paddr[j]);
+  dt__ps_drop_pending(S, j);
+  dt__conn c;
+  if (dt__net_admit(&S->self, fd, addr, dt__now() + S->self.opt.timeout_s / 2, S->seen, &c) != DTRAIN_OK) return;
+  if (c.peer_role != DTRAIN_ROLE_WORKER || S->w[c.peer_index].state != DT__PSW_NEW) {
+    if (!S->self.opt.quiet)
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "ps %d: refused %s: %s", S->me, c.peer,
+              c.peer_role != DTRAIN_ROLE_WORKER ? "only workers talk to a server" : "that worker already left");
+    dt__conn_close(&c);
+    return;
+  }
+  dt__ps_worker *w = &S->w[c.peer_index];
+  w->conn = c;
+  w->state = DT__PSW_LIVE;
+  w->joined = 0;
+  w->last_heard = w->last_sent = dt__now();
+}
+
+/* ---- the loop ----------------------------------------------------------------------------------- */
+
+static void dt__ps_server_free(dt__ps_server *S) {
+  if (S->w) {
+    for (int i = 0; i < S->W; i++) dt__ps_worker_free(S, &S->w[i]);
+    dt__free(S->w, (size_t)S->W * sizeof(dt__ps_worker));
+  }
+  for (int j = 0; j < S->npend; j++) dt__net_close(S->pfd[j]);
+  S->npend = 0;
+  if (S->own_lfd) dt__net_close(S->lfd);
+  dt__free(S->seen, (size_t)S->W);
+  dt__free(S->owner, (size_t)(S->np > 0 ? S->np : 1) * sizeof(int));
+  dt__free(S->ckpt, S->ckpt_bytes);
+}
+
+static dt_result dt__ps_loop(dt__ps_server *S) {
+  const double T = S->self.opt.timeout_s;
+  const double start = dt__now();
+  double tick = T / 8 < 0.25 ? T / 8 : 0.25;
+  if (tick < 0.005) tick = 0.005;
+  size_t cap = 1 + (size_t)DT__PS_PENDING + (size_t)S->W;
+  struct pollfd *pf = (struct pollfd *)dt__alloc(cap * sizeof(struct pollfd));
+  int *who = (int *)dt__alloc(cap * sizeof(int));
+  dt_result rc = DTRAIN_OK;
+  if (!pf || !who) {
+    rc = dt__error(DTRAIN_ERR_NOMEM, "dt_ps_serve: ps %d: out of memory", S->me);
+    goto out;
+  }
+  while (dt__ps_live_count(S) > 0) {
+    double now = dt__now();
+    /* Deadlines: workers that never came, went silent, or stopped reading. */
+    for (int i = 0; i < S->W; i++) {
+      dt__ps_worker *w = &S->w[i];
+      char why[160];
+      if (w->state == DT__PSW_NEW && now - start > S->self.opt.connect_timeout_s) {
+        snprintf(why, sizeof why, "it did not connect within %.1f s", S->self.opt.connect_timeout_s);
+        dt__ps_lose(S, i, DTRAIN_ERR_TIMEOUT, why);
+      } else if (w->state == DT__PSW_LIVE) {
+        if (w->tx_off < w->tx_len && now - w->last_sent > T) {
+          snprintf(why, sizeof why, "it read nothing for %.1f s (deadline)", now - w->last_sent);
+          dt__ps_lose(S, i, DTRAIN_ERR_TIMEOUT, why);
+        } else if (w->pend == DT__PSP_NONE && now - w->last_heard > T) {
+          snprintf(why, sizeof why, "nothing heard for %.1f s (deadline %.1f s)", now - w->last_heard, T);
+          dt__ps_lose(S, i, DTRAIN_ERR_TIMEOUT, why);
+        } else if (w->pend != DT__PSP_NONE && w->tx_off == w->tx_len && now - w->last_sent > T / 4) {
+          dt__ps_queue(S, i, DT__MSG_HEARTBEAT, NULL, 0, NULL);
+        }
+      }
+    }
+    for (int j = 0; j < S->npend;) {
+      if (now - S->pt[j] > T) {
+        if (!S->self.opt.quiet)
+          dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_TIMEOUT, "ps %d: refused a connection from %s: it sent nothing for "
+                  "%.1f s", S->me, S->paddr[j], now - S->pt[j]);
+        dt__net_close(S->pfd[j]);
+        dt__ps_drop_pending(S, j);
+      } else {
+        j++;
+      }
+    }
+    /* Losing a worker may let others go on. */
+    rc = dt__ps_progress(S);
+    if (rc != DTRAIN_OK || dt__ps_live_count(S) == 0) break;
+    int n = 0;
+    pf[n].fd = S->lfd;
+    pf[n].events = POLLIN;
+    who[n++] = -1;
+    for (int j = 0; j < S->npend; j++) {
+      pf[n].fd = S->pfd[j];
+      pf[n].events = POLLIN;
+      who[n++] = -2 - j;
+    }
+    for (int i = 0; i < S->W; i++) {
+      dt__ps_worker *w = &S->w[i];
+      if (w->state != DT__PSW_LIVE) continue;
+      pf[n].fd = w->conn.fd;
+      pf[n].events = (short)(POLLIN | (w->tx_off < w->tx_len ? POLLOUT : 0));
+      who[n++] = i;
+    }
+    for (int j = 0; j < n; j++) pf[j].revents = 0;
+    int pr = poll(pf, (nfds_t)n, (int)(tick * 1000.0) + 1);
+    if (pr < 0 && errno != EINTR) {
+      rc = dt__error(DTRAIN_ERR_NET, "dt_ps_serve: ps %d: poll: %s", S->me, strerror(errno));
+      break;
+    }
+    if (pr <= 0) continue;
+    /* Workers first (their pending-fd indices do not move), then handshakes, then new connections. */
+    for (int j = 0; j < n; j++) {
+      int i = who[j];
+      if (i < 0 || S->w[i].state != DT__PSW_LIVE) continue;
+      if ((pf[j].revents & POLLOUT) && !dt__ps_flush(S, i)) continue;
+      if (pf[j].revents & (POLLIN | POLLERR | POLLHUP)) dt__ps_on_readable(S, i);
+    }
+    /* At most one handshake per round: each may block up to timeout/2 on a
+     * slow client, and the workers' heartbeats go out between rounds. */
+    for (int j = n - 1; j > 0; j--) {
+      if (who[j] > -2 || !(pf[j].revents & (POLLIN | POLLERR | POLLHUP))) continue;
+      dt__ps_admit(S, -2 - who[j]);
+      break;
+    }
+    if (pf[0].revents & POLLIN) dt__ps_accept(S);
+    rc = dt__ps_progress(S);
+    if (rc != DTRAIN_OK) break;
+  }
+  /* Flush the last answers (best effort, briefly). */
+  for (int i = 0; i < S->W; i++) {
+    dt__ps_worker *w = &S->w[i];
+    if (w->state == DT__PSW_LIVE && w->tx_off < w->tx_len)
+      dt__net_write(w->conn.fd, w->tx + w->tx_off, w->tx_len - w->tx_off, dt__now() + 0.2);
+  }
+out:
+  dt__free(pf, cap * sizeof(struct pollfd));
+  dt__free(who, cap * sizeof(int));
+  return rc;
+}
+
+static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
+                                 const dt_ps_options *po) {
+  const char *fn = "dt_ps_serve";
+  if (!c || !params || !opt)
+    return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !c ? "cluster" : !params ? "params" : "opt");
+  if (c->role != DTRAIN_ROLE_PS || c->servers < 1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: this process is not a server of the cluster (role %s, %d servers)",
+                     fn, c->role == DTRAIN_ROLE_PS ? "ps" : "worker", c->servers);
+  dt__ps_server S;
+  memset(&S, 0, sizeof S);
+  S.lfd = -1;
+  dt_result rc = dt__net_self_init(&S.self, c, o);
+  if (rc != DTRAIN_OK) return dt__ps_prefix(rc, fn, NULL);
+  S.c = c;
+  S.params = params;
+  S.opt = opt;
+  if (po) S.po = *po;
+  S.me = c->index;
+  S.W = c->workers;
+  S.np = dt_params_count(params);
+  S.k = 0;
+  S.owner = (int *)dt__alloc((size_t)(S.np > 0 ? S.np : 1) * sizeof(int));
+  S.w = (dt__ps_worker *)dt__calloc((size_t)S.W * sizeof(dt__ps_worker));
+  S.seen = (unsigned char *)dt__calloc((size_t)S.W);
+  if (!S.owner || !S.w || !S.seen) {
+    rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory", fn, S.me);
+    goto done;
+  }
+  for (int i = 0; i < S.W; i++) {
+    dt__conn_init(&S.w[i].conn, -1, S.self.job, S.self.id, (uint32_t)S.self.opt.max_payload);
+  }
+  rc = dt_ps_shard(params, c->servers, S.owner);
+  if (rc != DTRAIN_OK) goto done;
+  S.shard = dt__ps_shard_floats(params, S.owner, S.me);
+  S.layout = dt__ps_layout_hash(params, S.owner, S.me, c->servers);
+  if (DT__PS_FIX + S.shard * 4 > S.self.opt.max_payload) {
+    rc = dt__error(DTRAIN_ERR_OVERFLOW, "%s: ps %d: a shard of %zu floats exceeds max_payload (%zu bytes); use more "
+                   "servers or raise it", fn, S.me, S.shard, S.self.opt.max_payload);
+    goto done;
+  }
+  if (S.po.checkpoint_dir && S.po.checkpoint_dir[0]) {
+    S.ckpt_bytes = dt__ps_ckpt_size(&S);
+    S.ckpt = (unsigned char *)dt__alloc(S.ckpt_bytes);
+    if (!S.ckpt) {
+      rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory for the checkpoint buffer", fn, S.me);
+      goto done;
+    }
+    snprintf(S.ckpt_path, sizeof S.ckpt_path, "%.900s/ps-%d-of-%d.ckpt", S.po.checkpoint_dir, S.me, c->servers);
+    if (!S.po.no_resume) {
+      rc = dt__ps_ckpt_read(&S);
+      if (rc != DTRAIN_OK) goto done;
+    }
+    S.last_ckpt = dt__now();
+  }
+  rc = dt__net_self_listen(&S.self, &S.lfd);
+  if (rc != DTRAIN_OK) {
+    char who[32];
+    snprintf(who, sizeof who, "ps %d", S.me);
+    rc = dt__ps_prefix(rc, fn, who);
+    goto done;
+  }
+  S.own_lfd = S.self.opt.listen_fd < 0;
+  dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: serving %zu floats of %d parameters to %d workers", S.me, S.shard,
+          S.np, S.W);
+  rc = dt__ps_loop(&S);
+  if (rc == DTRAIN_OK && S.ckpt) {
+    rc = dt__ps_ckpt_write(&S);
+  }
+  if (rc == DTRAIN_OK && S.done == 0)
+    rc = dt__error(DTRAIN_ERR_PEER, "%s: ps %d: every worker was lost (none finished with BYE)", fn, S.me);
+done:
+  {
+    char keep[DT__MSG_CAP];
+    snprintf(keep, sizeof keep, "%s", dt_last_error());
+    dt__ps_server_free(&S);
+    if (rc != DTRAIN_OK) dt__error(rc, "%s", keep);
+  }
+  return rc;
+}
+
+DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
+                                 const dt_ps_options *po) {
+  dt__quiet_push(); /* one log line for a failure, with its whole context (warnings are logged as they happen) */
+  return dt__quiet_pop(dt__ps_serve(c, params, opt, o, po));
+}
+
+#else /* DTRAIN_NO_NET */
+
+DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
+                                 const dt_ps_options *po) {
+  (void)c;
+  (void)params;
+  (void)opt;
+  (void)o;
+  (void)po;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_ps_serve: networking is not compiled in (DTRAIN_NO_NET)");
+}
+
+#endif /* DTRAIN_NO_NET */
