@@ -2807,7 +2807,6 @@ DTRAIN_PRIVATE void *dt__calloc(size_t size);
 DTRAIN_PRIVATE void dt__free(void *ptr, size_t size);
 /* Grow a block: copies min(old,new) bytes; frees the old on success only. */
 DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size);
-DTRAIN_PRIVATE char *dt__strdup(const char *s, size_t *out_size);
 
 /* Record a thread-local error (and log it at `level`); returns code. */
 DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) DT__PRINTF(2, 3);
@@ -2823,6 +2822,53 @@ DTRAIN_PRIVATE dt_result dt__quiet_pop(dt_result rc);
 
 /* a*b with overflow check into *out; returns 0 on overflow. */
 DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
+
+/* ---- bytes: fixed byte order and FNV-1a ----------------------------------------------
+ * Files and the wire are little-endian whatever the host is, so fields are
+ * read and written a byte at a time (IDX, the one big-endian format, has
+ * dt__get_be32). dt__fnv1a64 is 64-bit FNV-1a: start from DT__FNV64_OFFSET,
+ * feed bytes; a hash of several pieces chains h through the calls. */
+#define DT__FNV64_OFFSET 0xcbf29ce484222325ULL
+#define DT__FNV64_PRIME 0x100000001b3ULL
+static DT__UNUSED uint16_t dt__get_le16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static DT__UNUSED uint32_t dt__get_le32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static DT__UNUSED uint64_t dt__get_le64(const unsigned char *p) {
+  return (uint64_t)dt__get_le32(p) | (uint64_t)dt__get_le32(p + 4) << 32;
+}
+static DT__UNUSED uint32_t dt__get_be32(const unsigned char *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+static DT__UNUSED void dt__put_le16(unsigned char *p, uint16_t v) {
+  p[0] = (unsigned char)v;
+  p[1] = (unsigned char)(v >> 8);
+}
+static DT__UNUSED void dt__put_le32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static DT__UNUSED void dt__put_le64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+/* n floats to/from their little-endian IEEE-754 bytes (4 per float). */
+static DT__UNUSED void dt__put_f32le(unsigned char *dst, const float *src, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &src[i], 4);
+    dt__put_le32(dst + 4 * i, u);
+  }
+}
+static DT__UNUSED void dt__get_f32le(float *dst, const unsigned char *src, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u = dt__get_le32(src + 4 * i);
+    memcpy(&dst[i], &u, 4);
+  }
+}
+static DT__UNUSED uint64_t dt__fnv1a64(uint64_t h, const void *data, size_t n) {
+  const unsigned char *b = (const unsigned char *)data;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * DT__FNV64_PRIME;
+  return h;
+}
 
 /* ---- RNG (dt_rng.c) ---------------------------------------------------------- */
 DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
@@ -3251,14 +3297,6 @@ DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size) {
     dt__free(ptr, old_size);
   }
   return n;
-}
-
-DTRAIN_PRIVATE char *dt__strdup(const char *s, size_t *out_size) {
-  size_t n = strlen(s) + 1;
-  char *d = (char *)dt__alloc(n);
-  if (d) memcpy(d, s, n);
-  if (out_size) *out_size = n;
-  return d;
 }
 
 DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out) {
@@ -10437,7 +10475,7 @@ DTRAIN_API dt_tensor *dt_nn_attention_forward(dt_graph *g, const dt_nn_attention
 /* ===========================================================================
  * dt_io.c -- safetensors checkpoints: strict JSON, atomic save, validated load
  * ===========================================================================
- * Sections: little-endian helpers, the checksum, a strict JSON reader (into a
+ * Sections: the checksum, a strict JSON reader (into a
  * flat node array) and writer, the safetensors index (dt_checkpoint_open),
  * save, load.
  *
@@ -10465,37 +10503,6 @@ DTRAIN_API dt_tensor *dt_nn_attention_forward(dt_graph *g, const dt_nn_attention
 #define DT__IO_JSON_DEPTH 64
 #define DT__IO_HEX_RNG 64 /* hex digits of a 4 x 64-bit RNG state */
 
-/* ---- little-endian helpers ------------------------------------------------------ */
-
-static void dt__io_put_u64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t dt__io_get_u64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-
-static void dt__io_encode_f32(unsigned char *dst, const float *src, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, &src[i], 4);
-    dst[4 * i] = (unsigned char)u;
-    dst[4 * i + 1] = (unsigned char)(u >> 8);
-    dst[4 * i + 2] = (unsigned char)(u >> 16);
-    dst[4 * i + 3] = (unsigned char)(u >> 24);
-  }
-}
-
-static void dt__io_decode_f32(float *dst, const unsigned char *src, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    const unsigned char *b = src + 4 * i;
-    uint32_t u = (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
-    memcpy(&dst[i], &u, 4);
-  }
-}
-
 /* ---- checksum ----------------------------------------------------------------------
  * A streaming 64-bit hash for corruption detection (not security): FNV-1a
  * style over little-endian 64-bit words, h = (h ^ w) * P; h ^= h >> 32, then
@@ -10514,12 +10521,12 @@ typedef struct dt__io_hasher {
 } dt__io_hasher;
 
 static void dt__io_hash_init(dt__io_hasher *s) {
-  s->h = 0xcbf29ce484222325ULL;
+  s->h = DT__FNV64_OFFSET;
   s->nc = 0;
 }
 
 static void dt__io_hash_word(dt__io_hasher *s, uint64_t w) {
-  s->h = (s->h ^ w) * 0x100000001b3ULL;
+  s->h = (s->h ^ w) * DT__FNV64_PRIME;
   s->h ^= s->h >> 32;
 }
 
@@ -10529,12 +10536,12 @@ static void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
     s->carry[s->nc++] = *p++;
     n--;
     if (s->nc == 8) {
-      dt__io_hash_word(s, dt__io_get_u64(s->carry));
+      dt__io_hash_word(s, dt__get_le64(s->carry));
       s->nc = 0;
     }
   }
   while (n >= 8) {
-    dt__io_hash_word(s, dt__io_get_u64(p));
+    dt__io_hash_word(s, dt__get_le64(p));
     p += 8;
     n -= 8;
   }
@@ -10546,15 +10553,12 @@ static void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
 
 static void dt__io_hash_u64(dt__io_hasher *s, uint64_t v) {
   unsigned char le[8];
-  dt__io_put_u64(le, v);
+  dt__put_le64(le, v);
   dt__io_hash(s, le, 8);
 }
 
 static uint64_t dt__io_hash_final(dt__io_hasher *s) {
-  for (int i = 0; i < s->nc; i++) {
-    s->h ^= s->carry[i];
-    s->h *= 0x100000001b3ULL;
-  }
+  s->h = dt__fnv1a64(s->h, s->carry, (size_t)s->nc); /* the tail bytes one by one */
   s->nc = 0;
   return s->h;
 }
@@ -11129,7 +11133,7 @@ static int dt__io_parse_hex64(const char *s, uint64_t *out) {
 static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_f32) {
   if (c->file_size < 8)
     return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "truncated: %zu bytes, a safetensors file has at least 8", c->file_size);
-  uint64_t n = dt__io_get_u64(c->file);
+  uint64_t n = dt__get_le64(c->file);
   if (n > (uint64_t)(c->file_size - 8))
     return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "header length %llu exceeds the file (%zu bytes: at most %zu)",
                       (unsigned long long)n, c->file_size, c->file_size - 8);
@@ -11403,7 +11407,7 @@ DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, f
   if ((uint64_t)n != e->nelem)
     return dt__error(DTRAIN_ERR_SHAPE, "dt_checkpoint_read_f32: tensor '%s' has %llu elements, not %zu", e->name,
                      (unsigned long long)e->nelem, n);
-  dt__io_decode_f32(dst, c->data + e->begin, n);
+  dt__get_f32le(dst, c->data + e->begin, n);
   return DTRAIN_OK;
 }
 
@@ -11494,7 +11498,7 @@ static int dt__io_stream_data(FILE *f, dt__io_hasher *h, const dt__io_out *outs,
   for (int t = 0; t < nout; t++) {
     for (size_t i = 0; i < outs[t].n; i += per) {
       size_t k = DT__MIN(per, outs[t].n - i);
-      dt__io_encode_f32(stage, outs[t].src + i, k);
+      dt__put_f32le(stage, outs[t].src + i, k);
       if (f) {
         if (fwrite(stage, 1, 4 * k, f) != 4 * k) return 0;
       } else {
@@ -11568,7 +11572,7 @@ static dt_result dt__io_write_atomic(const dt__io_ctx *ctx, const dt__io_buf *he
     dt__free(tmp, tcap);
     return r;
   }
-  dt__io_put_u64(len8, (uint64_t)header->len);
+  dt__put_le64(len8, (uint64_t)header->len);
   if (fwrite(len8, 1, 8, f) != 8 || fwrite(header->p, 1, header->len, f) != header->len ||
       !dt__io_stream_data(f, NULL, outs, nout)) {
     saved = errno;
@@ -12096,7 +12100,7 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
     for (int i = 0; i < np; i++) {
       dt_param_info info;
       dt_params_info(p, i, &info);
-      dt__io_decode_f32(data + info.offset, c->data + c->entries[entry_of[i]].begin, info.size);
+      dt__get_f32le(data + info.offset, c->data + c->entries[entry_of[i]].begin, info.size);
     }
     for (int s = 0; s < nslots; s++) {
       float *buf = dt_optim_state(o, s);
@@ -12106,7 +12110,7 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
         dt_params_info(p, i, &info);
         if (!info.trainable) continue;
         int e = slot_entry[(size_t)s * (size_t)np + (size_t)i];
-        dt__io_decode_f32(buf + info.offset, c->data + c->entries[e].begin, info.size);
+        dt__get_f32le(buf + info.offset, c->data + c->entries[e].begin, info.size);
       }
     }
     if (full) {
@@ -13113,8 +13117,7 @@ static int dt__inflate_decode(dt__inflater *s, const dt__huff *h) {
 static int dt__inflate_stored(dt__inflater *s) {
   dt__inflate_align(s);
   if (s->len - s->pos < 4) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block header");
-  unsigned n = (unsigned)s->in[s->pos] | (unsigned)s->in[s->pos + 1] << 8;
-  unsigned nc = (unsigned)s->in[s->pos + 2] | (unsigned)s->in[s->pos + 3] << 8;
+  unsigned n = dt__get_le16(s->in + s->pos), nc = dt__get_le16(s->in + s->pos + 2);
   if ((n ^ 0xFFFFu) != nc) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "stored block length check (LEN/NLEN) fails");
   s->pos += 4;
   if (s->len - s->pos < n) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block");
@@ -13360,10 +13363,6 @@ DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_b
 #define DT__GZ_FNAME 0x08
 #define DT__GZ_FCOMMENT 0x10
 
-static uint32_t dt__inflate_le32(const unsigned char *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* ctx prefixes every message ("dt_idx_read: 'f.gz'"). Appends to out. */
 DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
                                         dt_bytes *out);
@@ -13377,7 +13376,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
    * (at most 258 bytes per 2 bits, about 1032:1), so a forged value cannot
    * make us allocate much. */
   if (len >= 18 && out->cap == 0) {
-    size_t hint = dt__inflate_le32(in + len - 4);
+    size_t hint = dt__get_le32(in + len - 4);
     size_t bound = len > (SIZE_MAX - 1024) / 1032 ? SIZE_MAX - 1024 : len * 1032 + 1024;
     hint = DT__MIN(DT__MIN(hint, bound), limit);
     if (!dt__inflate_reserve(out, hint, limit)) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, hint);
@@ -13398,7 +13397,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
     pos += 10;
     if (flg & DT__GZ_FEXTRA) {
       if (len - pos < 2) goto truncated_header;
-      size_t xlen = (size_t)in[pos] | (size_t)in[pos + 1] << 8;
+      size_t xlen = dt__get_le16(in + pos);
       pos += 2;
       if (len - pos < xlen) goto truncated_header;
       pos += xlen;
@@ -13411,7 +13410,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
     }
     if (flg & DT__GZ_FHCRC) {
       if (len - pos < 2) goto truncated_header;
-      uint32_t want = (uint32_t)in[pos] | (uint32_t)in[pos + 1] << 8;
+      uint32_t want = dt__get_le16(in + pos);
       uint32_t got = dt__inflate_crc(&crc, 0, in + start, pos - start) & 0xFFFFu;
       if (want != got)
         return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: header CRC mismatch (stored 0x%04x, computed 0x%04x)",
@@ -13429,7 +13428,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
     pos += used;
     if (len - pos < 8)
       return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated (the CRC-32/ISIZE trailer is missing)", ctx);
-    uint32_t want_crc = dt__inflate_le32(in + pos), want_size = dt__inflate_le32(in + pos + 4);
+    uint32_t want_crc = dt__get_le32(in + pos), want_size = dt__get_le32(in + pos + 4);
     uint32_t got_crc = dt__inflate_crc(&crc, 0, out->data + before, out->size - before);
     uint32_t got_size = (uint32_t)((out->size - before) & 0xFFFFFFFFu);
     if (want_crc != got_crc)
@@ -13620,8 +13619,7 @@ static dt_result dt__data_idx_header(const char *ctx, const unsigned char *p, si
   size_t total = 1;
   int overflow = 0;
   for (int d = 0; d < nd; d++) {
-    const unsigned char *q = p + 4 + 4 * d;
-    uint32_t v = (uint32_t)q[0] << 24 | (uint32_t)q[1] << 16 | (uint32_t)q[2] << 8 | (uint32_t)q[3];
+    uint32_t v = dt__get_be32(p + 4 + 4 * d);
     shape[d] = (int64_t)v;
     if (v == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX dimension %d is 0", ctx, d);
     if (!dt__mul_size(total, (size_t)v, &total)) overflow = 1;
@@ -14321,11 +14319,11 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   unsigned major = p[6], minor = p[7];
   size_t hlen, hstart;
   if (major == 1) {
-    hlen = (size_t)p[8] | (size_t)p[9] << 8;
+    hlen = dt__get_le16(p + 8);
     hstart = 10;
   } else if (major == 2 || major == 3) {
     if (len < 12) return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated NPY file (%zu bytes)", ctx, len);
-    hlen = (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 | (size_t)p[11] << 24;
+    hlen = dt__get_le32(p + 8);
     hstart = 12;
   } else {
     return dt__error(DTRAIN_ERR_FORMAT, "%s: NPY format version %u.%u is not supported (1.0, 2.0, 3.0)", ctx, major, minor);
@@ -14454,8 +14452,7 @@ static dt_result dt__data_npy_encode(const char *who, unsigned char *buf, size_t
   if (cap < total)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: buffer of %zu bytes is too small (%zu needed)", who, cap, total);
   memcpy(buf, "\x93NUMPY\x01\x00", 8);
-  buf[8] = (unsigned char)(hl & 0xFF);
-  buf[9] = (unsigned char)(hl >> 8);
+  dt__put_le16(buf + 8, (uint16_t)hl);
   memcpy(buf + 10, h, hl);
   if (bytes) memcpy(buf + 10 + hl, data, bytes);
   if (w > 1 && !dt__data_host_le()) dt__data_swap(buf + 10 + hl, count, w);

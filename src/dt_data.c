@@ -150,8 +150,7 @@ static dt_result dt__data_idx_header(const char *ctx, const unsigned char *p, si
   size_t total = 1;
   int overflow = 0;
   for (int d = 0; d < nd; d++) {
-    const unsigned char *q = p + 4 + 4 * d;
-    uint32_t v = (uint32_t)q[0] << 24 | (uint32_t)q[1] << 16 | (uint32_t)q[2] << 8 | (uint32_t)q[3];
+    uint32_t v = dt__get_be32(p + 4 + 4 * d);
     shape[d] = (int64_t)v;
     if (v == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX dimension %d is 0", ctx, d);
     if (!dt__mul_size(total, (size_t)v, &total)) overflow = 1;
@@ -851,11 +850,11 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   unsigned major = p[6], minor = p[7];
   size_t hlen, hstart;
   if (major == 1) {
-    hlen = (size_t)p[8] | (size_t)p[9] << 8;
+    hlen = dt__get_le16(p + 8);
     hstart = 10;
   } else if (major == 2 || major == 3) {
     if (len < 12) return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated NPY file (%zu bytes)", ctx, len);
-    hlen = (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 | (size_t)p[11] << 24;
+    hlen = dt__get_le32(p + 8);
     hstart = 12;
   } else {
     return dt__error(DTRAIN_ERR_FORMAT, "%s: NPY format version %u.%u is not supported (1.0, 2.0, 3.0)", ctx, major, minor);
@@ -984,8 +983,7 @@ static dt_result dt__data_npy_encode(const char *who, unsigned char *buf, size_t
   if (cap < total)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: buffer of %zu bytes is too small (%zu needed)", who, cap, total);
   memcpy(buf, "\x93NUMPY\x01\x00", 8);
-  buf[8] = (unsigned char)(hl & 0xFF);
-  buf[9] = (unsigned char)(hl >> 8);
+  dt__put_le16(buf + 8, (uint16_t)hl);
   memcpy(buf + 10, h, hl);
   if (bytes) memcpy(buf + 10 + hl, data, bytes);
   if (w > 1 && !dt__data_host_le()) dt__data_swap(buf + 10 + hl, count, w);

@@ -1,7 +1,7 @@
 /* ===========================================================================
  * dt_io.c -- safetensors checkpoints: strict JSON, atomic save, validated load
  * ===========================================================================
- * Sections: little-endian helpers, the checksum, a strict JSON reader (into a
+ * Sections: the checksum, a strict JSON reader (into a
  * flat node array) and writer, the safetensors index (dt_checkpoint_open),
  * save, load.
  *
@@ -29,37 +29,6 @@
 #define DT__IO_JSON_DEPTH 64
 #define DT__IO_HEX_RNG 64 /* hex digits of a 4 x 64-bit RNG state */
 
-/* ---- little-endian helpers ------------------------------------------------------ */
-
-static void dt__io_put_u64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t dt__io_get_u64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-
-static void dt__io_encode_f32(unsigned char *dst, const float *src, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, &src[i], 4);
-    dst[4 * i] = (unsigned char)u;
-    dst[4 * i + 1] = (unsigned char)(u >> 8);
-    dst[4 * i + 2] = (unsigned char)(u >> 16);
-    dst[4 * i + 3] = (unsigned char)(u >> 24);
-  }
-}
-
-static void dt__io_decode_f32(float *dst, const unsigned char *src, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    const unsigned char *b = src + 4 * i;
-    uint32_t u = (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
-    memcpy(&dst[i], &u, 4);
-  }
-}
-
 /* ---- checksum ----------------------------------------------------------------------
  * A streaming 64-bit hash for corruption detection (not security): FNV-1a
  * style over little-endian 64-bit words, h = (h ^ w) * P; h ^= h >> 32, then
@@ -78,12 +47,12 @@ typedef struct dt__io_hasher {
 } dt__io_hasher;
 
 static void dt__io_hash_init(dt__io_hasher *s) {
-  s->h = 0xcbf29ce484222325ULL;
+  s->h = DT__FNV64_OFFSET;
   s->nc = 0;
 }
 
 static void dt__io_hash_word(dt__io_hasher *s, uint64_t w) {
-  s->h = (s->h ^ w) * 0x100000001b3ULL;
+  s->h = (s->h ^ w) * DT__FNV64_PRIME;
   s->h ^= s->h >> 32;
 }
 
@@ -93,12 +62,12 @@ static void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
     s->carry[s->nc++] = *p++;
     n--;
     if (s->nc == 8) {
-      dt__io_hash_word(s, dt__io_get_u64(s->carry));
+      dt__io_hash_word(s, dt__get_le64(s->carry));
       s->nc = 0;
     }
   }
   while (n >= 8) {
-    dt__io_hash_word(s, dt__io_get_u64(p));
+    dt__io_hash_word(s, dt__get_le64(p));
     p += 8;
     n -= 8;
   }
@@ -110,15 +79,12 @@ static void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
 
 static void dt__io_hash_u64(dt__io_hasher *s, uint64_t v) {
   unsigned char le[8];
-  dt__io_put_u64(le, v);
+  dt__put_le64(le, v);
   dt__io_hash(s, le, 8);
 }
 
 static uint64_t dt__io_hash_final(dt__io_hasher *s) {
-  for (int i = 0; i < s->nc; i++) {
-    s->h ^= s->carry[i];
-    s->h *= 0x100000001b3ULL;
-  }
+  s->h = dt__fnv1a64(s->h, s->carry, (size_t)s->nc); /* the tail bytes one by one */
   s->nc = 0;
   return s->h;
 }
@@ -693,7 +659,7 @@ static int dt__io_parse_hex64(const char *s, uint64_t *out) {
 static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_f32) {
   if (c->file_size < 8)
     return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "truncated: %zu bytes, a safetensors file has at least 8", c->file_size);
-  uint64_t n = dt__io_get_u64(c->file);
+  uint64_t n = dt__get_le64(c->file);
   if (n > (uint64_t)(c->file_size - 8))
     return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "header length %llu exceeds the file (%zu bytes: at most %zu)",
                       (unsigned long long)n, c->file_size, c->file_size - 8);
@@ -967,7 +933,7 @@ DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, f
   if ((uint64_t)n != e->nelem)
     return dt__error(DTRAIN_ERR_SHAPE, "dt_checkpoint_read_f32: tensor '%s' has %llu elements, not %zu", e->name,
                      (unsigned long long)e->nelem, n);
-  dt__io_decode_f32(dst, c->data + e->begin, n);
+  dt__get_f32le(dst, c->data + e->begin, n);
   return DTRAIN_OK;
 }
 
@@ -1058,7 +1024,7 @@ static int dt__io_stream_data(FILE *f, dt__io_hasher *h, const dt__io_out *outs,
   for (int t = 0; t < nout; t++) {
     for (size_t i = 0; i < outs[t].n; i += per) {
       size_t k = DT__MIN(per, outs[t].n - i);
-      dt__io_encode_f32(stage, outs[t].src + i, k);
+      dt__put_f32le(stage, outs[t].src + i, k);
       if (f) {
         if (fwrite(stage, 1, 4 * k, f) != 4 * k) return 0;
       } else {
@@ -1132,7 +1098,7 @@ static dt_result dt__io_write_atomic(const dt__io_ctx *ctx, const dt__io_buf *he
     dt__free(tmp, tcap);
     return r;
   }
-  dt__io_put_u64(len8, (uint64_t)header->len);
+  dt__put_le64(len8, (uint64_t)header->len);
   if (fwrite(len8, 1, 8, f) != 8 || fwrite(header->p, 1, header->len, f) != header->len ||
       !dt__io_stream_data(f, NULL, outs, nout)) {
     saved = errno;
@@ -1660,7 +1626,7 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
     for (int i = 0; i < np; i++) {
       dt_param_info info;
       dt_params_info(p, i, &info);
-      dt__io_decode_f32(data + info.offset, c->data + c->entries[entry_of[i]].begin, info.size);
+      dt__get_f32le(data + info.offset, c->data + c->entries[entry_of[i]].begin, info.size);
     }
     for (int s = 0; s < nslots; s++) {
       float *buf = dt_optim_state(o, s);
@@ -1670,7 +1636,7 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
         dt_params_info(p, i, &info);
         if (!info.trainable) continue;
         int e = slot_entry[(size_t)s * (size_t)np + (size_t)i];
-        dt__io_decode_f32(buf + info.offset, c->data + c->entries[e].begin, info.size);
+        dt__get_f32le(buf + info.offset, c->data + c->entries[e].begin, info.size);
       }
     }
     if (full) {
