@@ -10471,12 +10471,474 @@ DTRAIN_API dt_tensor *dt_nn_attention_forward(dt_graph *g, const dt_nn_attention
 #undef DT__NN_TRY
 /* ======== end dt_nn.c ======== */
 
+/* ======== begin dt_json.h ======== */
+/* ===========================================================================
+ * dt_json.h -- the strict JSON reader shared by checkpoints (the safetensors
+ * header, its "optimizer" metadata) and the cluster description (DTRAIN_CONFIG)
+ * ===========================================================================
+ * dt__json_parse reads a whole text into a flat array of values (node 0 is
+ * the top value) and a pool of decoded strings, or fails with one message
+ * naming the byte: "byte 29: expected ',' or '}', found end of text". Callers
+ * put their own context in front ("header JSON: ...", "DTRAIN_CONFIG: ...")
+ * and report their own checks on the values with dt__json_found, so a
+ * config's missing key reads like a syntax error.
+ *
+ * Strict RFC 8259: objects, arrays, strings (escapes checked, \u surrogate
+ * pairs paired, raw bytes valid UTF-8, no raw control characters), numbers in
+ * the JSON grammar (no leading zeros), true/false/null; whitespace is space,
+ * tab, CR, LF; no trailing commas, comments, NaN or data after the value.
+ * Nesting is limited (max_depth containers). Duplicate keys are the caller's
+ * business: objects keep every member in order. The value of an object
+ * member always directly follows its key in v (value id = key id + 1).
+ */
+#ifndef DTRAIN_JSON_H
+#define DTRAIN_JSON_H
+
+/* #include "dt_internal.h" (amalgamated) */
+
+enum { DT__JSON_OBJ = 1, DT__JSON_ARR, DT__JSON_STR, DT__JSON_NUM, DT__JSON_TRUE, DT__JSON_FALSE, DT__JSON_NULL };
+
+typedef struct dt__json_val {
+  int type;            /* DT__JSON_* */
+  int32_t child, next; /* first child, next sibling (-1: none); an object's children alternate key, value */
+  int32_t parent;      /* the enclosing object or array (-1: the top value) */
+  int32_t count;       /* children (objects: 2 per member) */
+  size_t pos;          /* where the value starts in the text (for messages) */
+  size_t off, len;     /* STR: pool offset and decoded length; NUM: text offset and length */
+} dt__json_val;
+
+typedef struct dt__json {
+  const unsigned char *s; /* the text (not copied: it must outlive the reader's use of numbers) */
+  size_t n, pos;
+  int max_depth, allow_nul;
+  dt__json_val *v;        /* the values; v[0] is the top one */
+  size_t nv, cap;
+  char *pool;             /* decoded strings, each NUL-terminated */
+  size_t pool_used, pool_cap;
+  int32_t open;           /* while parsing: the innermost open object or array (-1: none) */
+  /* After a failure: why (err), where (err_pos), inside which object or
+   * array (err_in, -1: none; its values so far are in v), and err_value
+   * when no value started there at all ("expected a value"): then, inside
+   * an object, the last value in v is the key whose value is missing. */
+  int nomem;              /* the failure was out of memory */
+  int err_value;
+  int32_t err_in;
+  size_t err_pos;
+  char err[160];
+} dt__json;
+
+/* Parses text[0..n) as one JSON value. allow_nul: strings may hold U+0000
+ * (written \u0000; their len counts it); otherwise that is an error. Returns
+ * 1, or 0 with j->err set (and j->nomem when memory ran out). Either way
+ * dt__json_free(j) releases what it holds. */
+DTRAIN_PRIVATE int dt__json_parse(dt__json *j, const void *text, size_t n, int max_depth, int allow_nul);
+DTRAIN_PRIVATE void dt__json_free(dt__json *j);
+/* The decoded string of STR value id (NUL-terminated; see allow_nul). */
+DTRAIN_PRIVATE const char *dt__json_str(const dt__json *j, int32_t id);
+/* Whether STR value id is exactly word (an embedded U+0000 never matches). */
+DTRAIN_PRIVATE int dt__json_eq(const dt__json *j, int32_t id, const char *word);
+/* A non-negative JSON integer (digits only: no sign, fraction or exponent)
+ * that fits in 64 bits into *out; 0 otherwise. */
+DTRAIN_PRIVATE int dt__json_uint(const dt__json *j, int32_t id, uint64_t *out);
+/* What stands at byte pos of the text, for messages: "'x'", "byte 0x01" or
+ * "end of text". buf: at least 16 bytes. */
+DTRAIN_PRIVATE const char *dt__json_found(const unsigned char *s, size_t n, size_t pos, char *buf, size_t cap);
+/* The UTF-8 sequence at p (avail bytes, p[0] >= 0x80): its length when
+ * valid; 0: p[0] cannot start one; -1: byte p[*bad] is not a continuation
+ * byte; -2: overlong, a UTF-16 surrogate, or above U+10FFFF. */
+DTRAIN_PRIVATE int dt__json_utf8(const unsigned char *p, size_t avail, size_t *bad);
+
+#endif /* DTRAIN_JSON_H */
+/* ======== end dt_json.h ======== */
+
+/* ======== begin dt_json.c ======== */
+/* ===========================================================================
+ * dt_json.c -- the strict JSON reader (see dt_json.h)
+ * ===========================================================================
+ * Recursive descent over the text, one function per grammar rule. Every
+ * failure goes through dt__json_fail, which keeps the first message: "byte N:
+ * <what was expected>, found <what is there>". The depth limit bounds the
+ * recursion, so no input can overflow the stack.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_json.h" (amalgamated) */
+
+static int dt__json_isdigit(int c) { return c >= '0' && c <= '9'; }
+
+DTRAIN_PRIVATE const char *dt__json_found(const unsigned char *s, size_t n, size_t pos, char *buf, size_t cap) {
+  if (pos >= n) return "end of text";
+  unsigned ch = s[pos];
+  if (ch >= 0x20 && ch < 0x7f)
+    snprintf(buf, cap, "'%c'", (char)ch);
+  else
+    snprintf(buf, cap, "byte 0x%02x", ch);
+  return buf;
+}
+
+/* Records "byte <at>: <what>[, found ...]" unless a failure is already
+ * recorded. Returns -1 (the failed node id) for the callers' convenience. */
+static int dt__json_fail_at(dt__json *j, size_t at, const char *what, int found) {
+  if (!j->err[0]) {
+    char f[16];
+    j->err_pos = at;
+    j->err_in = j->open;
+    if (found)
+      snprintf(j->err, sizeof j->err, "byte %zu: %s, found %s", at, what, dt__json_found(j->s, j->n, at, f, sizeof f));
+    else
+      snprintf(j->err, sizeof j->err, "byte %zu: %s", at, what);
+  }
+  return -1;
+}
+
+static int dt__json_fail(dt__json *j, const char *what) { return dt__json_fail_at(j, j->pos, what, 1); }
+
+static int32_t dt__json_node(dt__json *j, int type, size_t pos) {
+  if (j->nv == j->cap) {
+    size_t ncap = j->cap ? j->cap * 2 : 64;
+    if (ncap > (size_t)INT32_MAX) return dt__json_fail_at(j, pos, "too many JSON values", 0);
+    dt__json_val *nv = (dt__json_val *)dt__realloc(j->v, j->cap * sizeof(dt__json_val), ncap * sizeof(dt__json_val));
+    if (!nv) {
+      j->nomem = 1;
+      return dt__json_fail_at(j, pos, "out of memory", 0);
+    }
+    j->v = nv;
+    j->cap = ncap;
+  }
+  dt__json_val *x = &j->v[j->nv];
+  memset(x, 0, sizeof *x);
+  x->type = type;
+  x->child = x->next = -1;
+  x->parent = j->open;
+  x->pos = pos;
+  return (int32_t)j->nv++;
+}
+
+static void dt__json_ws(dt__json *j) {
+  while (j->pos < j->n) {
+    unsigned char c = j->s[j->pos];
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
+    j->pos++;
+  }
+}
+
+DTRAIN_PRIVATE int dt__json_utf8(const unsigned char *p, size_t avail, size_t *bad) {
+  unsigned c = p[0];
+  int k;
+  uint32_t cp, min;
+  if (c >= 0xc2 && c <= 0xdf) {
+    k = 1, cp = c & 0x1f, min = 0x80;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    k = 2, cp = c & 0x0f, min = 0x800;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    k = 3, cp = c & 0x07, min = 0x10000;
+  } else {
+    return 0;
+  }
+  for (int i = 1; i <= k; i++) {
+    if ((size_t)i >= avail || (p[i] & 0xc0) != 0x80) {
+      *bad = (size_t)i;
+      return -1;
+    }
+    cp = (cp << 6) | (p[i] & 0x3fu);
+  }
+  /* Each code point has one encoding, UTF-16's surrogates are no characters. */
+  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return -2;
+  return k + 1;
+}
+
+/* The pool holds at most n + 1 bytes of strings: a string's decoded bytes
+ * and its NUL never outnumber its source bytes with the quotes. */
+static void dt__json_put(dt__json *j, unsigned char c) { j->pool[j->pool_used++] = (char)c; }
+
+static void dt__json_put_cp(dt__json *j, uint32_t cp) {
+  if (cp < 0x80) {
+    dt__json_put(j, (unsigned char)cp);
+  } else if (cp < 0x800) {
+    dt__json_put(j, (unsigned char)(0xc0 | (cp >> 6)));
+    dt__json_put(j, (unsigned char)(0x80 | (cp & 0x3f)));
+  } else if (cp < 0x10000) {
+    dt__json_put(j, (unsigned char)(0xe0 | (cp >> 12)));
+    dt__json_put(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
+    dt__json_put(j, (unsigned char)(0x80 | (cp & 0x3f)));
+  } else {
+    dt__json_put(j, (unsigned char)(0xf0 | (cp >> 18)));
+    dt__json_put(j, (unsigned char)(0x80 | ((cp >> 12) & 0x3f)));
+    dt__json_put(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
+    dt__json_put(j, (unsigned char)(0x80 | (cp & 0x3f)));
+  }
+}
+
+/* Four hex digits at j->pos into *out (advanced past them); -1 at a non-digit. */
+static int dt__json_hex4(dt__json *j, uint32_t *out) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) {
+    int c = j->pos < j->n ? j->s[j->pos] : -1;
+    int d = dt__json_isdigit(c) ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+    if (d < 0) return dt__json_fail(j, "expected a hex digit in \\u escape");
+    v = (v << 4) | (uint32_t)d;
+    j->pos++;
+  }
+  *out = v;
+  return 0;
+}
+
+/* The \u escape whose 'u' is at j->pos - 1; esc: where its '\' is. */
+static int dt__json_unicode(dt__json *j, size_t esc) {
+  uint32_t cp, lo;
+  if (dt__json_hex4(j, &cp) < 0) return -1;
+  if (cp >= 0xdc00 && cp <= 0xdfff) {
+    j->pos -= 4;
+    return dt__json_fail(j, "expected a \\u escape that is not a lone low surrogate");
+  }
+  if (cp >= 0xd800 && cp <= 0xdbff) {
+    if (j->n - j->pos < 2 || j->s[j->pos] != '\\' || j->s[j->pos + 1] != 'u')
+      return dt__json_fail(j, "expected '\\u' with the low half of a surrogate pair");
+    j->pos += 2;
+    if (dt__json_hex4(j, &lo) < 0) return -1;
+    if (lo < 0xdc00 || lo > 0xdfff) {
+      j->pos -= 4;
+      return dt__json_fail(j, "expected a low surrogate (DC00..DFFF)");
+    }
+    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+  }
+  if (cp == 0 && !j->allow_nul) return dt__json_fail_at(j, esc, "\\u0000 in a string is not supported", 0);
+  dt__json_put_cp(j, cp);
+  return 0;
+}
+
+static int32_t dt__json_string(dt__json *j) {
+  int32_t id = dt__json_node(j, DT__JSON_STR, j->pos);
+  if (id < 0) return -1;
+  j->pos++; /* the opening quote */
+  size_t start = j->pool_used;
+  for (;;) {
+    if (j->pos >= j->n) return dt__json_fail(j, "expected '\"' to close the string (unterminated string)");
+    unsigned char c = j->s[j->pos];
+    if (c == '"') {
+      j->pos++;
+      break;
+    }
+    if (c < 0x20) return dt__json_fail(j, "expected a string character (control characters must be escaped)");
+    if (c == '\\') {
+      size_t esc = j->pos++;
+      int e = j->pos < j->n ? j->s[j->pos] : -1;
+      static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+      const char *k = e > 0 ? strchr(from, e) : NULL;
+      j->pos++;
+      if (k) {
+        dt__json_put(j, (unsigned char)to[k - from]);
+      } else if (e == 'u') {
+        if (dt__json_unicode(j, esc) < 0) return -1;
+      } else {
+        j->pos--;
+        return dt__json_fail(j, "bad escape: expected an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
+      }
+      continue;
+    }
+    if (c < 0x80) {
+      dt__json_put(j, c);
+      j->pos++;
+      continue;
+    }
+    size_t bad = 0;
+    int len = dt__json_utf8(j->s + j->pos, j->n - j->pos, &bad);
+    if (len == 0) return dt__json_fail(j, "expected valid UTF-8 in a string");
+    if (len == -1) return dt__json_fail_at(j, j->pos + bad, "expected a UTF-8 continuation byte", 1);
+    if (len < 0) return dt__json_fail(j, "expected valid UTF-8 in a string (overlong, surrogate or too large)");
+    for (int i = 0; i < len; i++) dt__json_put(j, j->s[j->pos + (size_t)i]);
+    j->pos += (size_t)len;
+  }
+  j->pool[j->pool_used++] = '\0';
+  j->v[id].off = start;
+  j->v[id].len = j->pool_used - 1 - start;
+  return id;
+}
+
+static int dt__json_digits(dt__json *j, const char *what) {
+  if (j->pos >= j->n || !dt__json_isdigit(j->s[j->pos])) return dt__json_fail(j, what);
+  while (j->pos < j->n && dt__json_isdigit(j->s[j->pos])) j->pos++;
+  return 0;
+}
+
+static int32_t dt__json_number(dt__json *j) {
+  size_t start = j->pos;
+  if (j->s[j->pos] == '-') j->pos++;
+  if (j->pos < j->n && j->s[j->pos] == '0') {
+    j->pos++; /* "0" followed by a digit: the caller refuses what follows */
+  } else if (dt__json_digits(j, "expected a digit") < 0) {
+    return -1;
+  }
+  if (j->pos < j->n && j->s[j->pos] == '.') {
+    j->pos++;
+    if (dt__json_digits(j, "expected a digit after '.'") < 0) return -1;
+  }
+  if (j->pos < j->n && (j->s[j->pos] == 'e' || j->s[j->pos] == 'E')) {
+    j->pos++;
+    if (j->pos < j->n && (j->s[j->pos] == '+' || j->s[j->pos] == '-')) j->pos++;
+    if (dt__json_digits(j, "expected a digit in the exponent") < 0) return -1;
+  }
+  int32_t id = dt__json_node(j, DT__JSON_NUM, start);
+  if (id < 0) return -1;
+  j->v[id].off = start;
+  j->v[id].len = j->pos - start;
+  return id;
+}
+
+/* true, false, null: the message names the word and points at the first byte that differs. */
+static int32_t dt__json_literal(dt__json *j, const char *word, int type) {
+  size_t start = j->pos;
+  for (const char *w = word; *w; w++, j->pos++) {
+    if (j->pos >= j->n || j->s[j->pos] != (unsigned char)*w) {
+      char what[24];
+      snprintf(what, sizeof what, "expected '%s'", word);
+      return dt__json_fail(j, what);
+    }
+  }
+  return dt__json_node(j, type, start);
+}
+
+static int32_t dt__json_value(dt__json *j, int depth);
+
+/* Whether value id is the number 0 (or -0) with a digit right after it. */
+static int dt__json_lone_zero(const dt__json *j, int32_t id) {
+  const dt__json_val *x = &j->v[id];
+  size_t end = x->off + x->len;
+  return x->type == DT__JSON_NUM && x->len <= 2 && j->s[end - 1] == '0' && end < j->n && dt__json_isdigit(j->s[end]);
+}
+
+/* An object or an array at j->pos; children linked in order. */
+static int32_t dt__json_container(dt__json *j, int depth, int is_obj) {
+  if (depth >= j->max_depth) {
+    char what[64];
+    snprintf(what, sizeof what, "nested too deeply: nesting deeper than %d levels", j->max_depth);
+    return dt__json_fail_at(j, j->pos, what, 0);
+  }
+  int32_t id = dt__json_node(j, is_obj ? DT__JSON_OBJ : DT__JSON_ARR, j->pos);
+  if (id < 0) return -1;
+  unsigned char close = is_obj ? '}' : ']';
+  int32_t last = -1, outer = j->open;
+  j->open = id;
+  j->pos++;
+  dt__json_ws(j);
+  if (j->pos < j->n && j->s[j->pos] == close) {
+    j->pos++;
+    j->open = outer;
+    return id;
+  }
+  for (;;) {
+    int32_t k = -1, val;
+    dt__json_ws(j);
+    if (is_obj) {
+      if (j->pos >= j->n || j->s[j->pos] != '"')
+        return dt__json_fail(j, last < 0 ? "expected a string (object key) or '}'" : "expected a string (object key)");
+      k = dt__json_string(j);
+      if (k < 0) return -1;
+      dt__json_ws(j);
+      if (j->pos >= j->n || j->s[j->pos] != ':') return dt__json_fail(j, "expected ':' after the object key");
+      j->pos++;
+    }
+    val = dt__json_value(j, depth + 1);
+    if (val < 0) return -1;
+    if (k >= 0) j->v[k].next = val;
+    if (last < 0) j->v[id].child = k >= 0 ? k : val;
+    else j->v[last].next = k >= 0 ? k : val;
+    j->v[id].count += k >= 0 ? 2 : 1;
+    last = val;
+    dt__json_ws(j);
+    if (j->pos < j->n && j->s[j->pos] == ',') {
+      j->pos++;
+      continue;
+    }
+    if (j->pos < j->n && j->s[j->pos] == close) {
+      j->pos++;
+      j->open = outer;
+      return id;
+    }
+    /* The grammar's own way to refuse "01": a number ends after a lone 0. */
+    if (dt__json_lone_zero(j, val))
+      return dt__json_fail(j, is_obj ? "expected ',' or '}' (no leading zeros in a number)"
+                                     : "expected ',' or ']' (no leading zeros in a number)");
+    return dt__json_fail(j, is_obj ? "expected ',' or '}'" : "expected ',' or ']'");
+  }
+}
+
+static int32_t dt__json_value(dt__json *j, int depth) {
+  dt__json_ws(j);
+  int c = j->pos < j->n ? j->s[j->pos] : -1;
+  switch (c) {
+    case '{': return dt__json_container(j, depth, 1);
+    case '[': return dt__json_container(j, depth, 0);
+    case '"': return dt__json_string(j);
+    case 't': return dt__json_literal(j, "true", DT__JSON_TRUE);
+    case 'f': return dt__json_literal(j, "false", DT__JSON_FALSE);
+    case 'n': return dt__json_literal(j, "null", DT__JSON_NULL);
+    default:
+      if (c == '-' || dt__json_isdigit(c)) return dt__json_number(j);
+      j->err_value = !j->err[0];
+      return dt__json_fail(j, "expected a value (object, array, string, number, true, false or null)");
+  }
+}
+
+DTRAIN_PRIVATE void dt__json_free(dt__json *j) {
+  dt__free(j->v, j->cap * sizeof(dt__json_val));
+  dt__free(j->pool, j->pool_cap);
+  j->v = NULL;
+  j->pool = NULL;
+  j->cap = j->pool_cap = j->nv = 0;
+}
+
+DTRAIN_PRIVATE int dt__json_parse(dt__json *j, const void *text, size_t n, int max_depth, int allow_nul) {
+  memset(j, 0, sizeof *j);
+  j->s = (const unsigned char *)text;
+  j->n = n;
+  j->max_depth = max_depth;
+  j->allow_nul = allow_nul;
+  j->open = j->err_in = -1;
+  j->pool_cap = n + 1;
+  j->pool = (char *)dt__alloc(j->pool_cap);
+  if (!j->pool) {
+    j->pool_cap = 0;
+    j->nomem = 1;
+    snprintf(j->err, sizeof j->err, "out of memory for %zu bytes of JSON", n);
+    return 0;
+  }
+  if (dt__json_value(j, 0) < 0) return 0;
+  dt__json_ws(j);
+  if (j->pos != n) {
+    dt__json_fail(j, dt__json_lone_zero(j, 0) ? "expected end of text after the JSON value (no leading zeros in a number)"
+                                              : "expected end of text after the JSON value");
+    return 0;
+  }
+  return 1;
+}
+
+DTRAIN_PRIVATE const char *dt__json_str(const dt__json *j, int32_t id) { return j->pool + j->v[id].off; }
+
+DTRAIN_PRIVATE int dt__json_eq(const dt__json *j, int32_t id, const char *word) {
+  const dt__json_val *x = &j->v[id];
+  return x->type == DT__JSON_STR && x->len == strlen(word) && memcmp(j->pool + x->off, word, x->len) == 0;
+}
+
+DTRAIN_PRIVATE int dt__json_uint(const dt__json *j, int32_t id, uint64_t *out) {
+  const dt__json_val *x = &j->v[id];
+  if (x->type != DT__JSON_NUM) return 0;
+  uint64_t v = 0;
+  for (size_t i = 0; i < x->len; i++) {
+    unsigned char c = j->s[x->off + i];
+    if (!dt__json_isdigit(c)) return 0;
+    if (v > (UINT64_MAX - (uint64_t)(c - '0')) / 10) return 0;
+    v = v * 10 + (uint64_t)(c - '0');
+  }
+  *out = v;
+  return x->len > 0;
+}
+/* ======== end dt_json.c ======== */
+
 /* ======== begin dt_io.c ======== */
 /* ===========================================================================
  * dt_io.c -- safetensors checkpoints: strict JSON, atomic save, validated load
  * ===========================================================================
- * Sections: the checksum, a strict JSON reader (into a
- * flat node array) and writer, the safetensors index (dt_checkpoint_open),
+ * Sections: the checksum, a JSON writer (the reader is dt_json.c), the safetensors index (dt_checkpoint_open),
  * save, load.
  *
  * Load never changes the model until everything is checked: the whole file is
@@ -10485,6 +10947,7 @@ DTRAIN_API dt_tensor *dt_nn_attention_forward(dt_graph *g, const dt_nn_attention
  * and the RNGs (a step that cannot fail).
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_json.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
@@ -10580,350 +11043,6 @@ static dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt
   return dt__error(code, "%s: '%s': %s", c->fn, c->path, buf);
 }
 
-/* ---- strict JSON reader -------------------------------------------------------------
- * RFC 8259 exactly: objects, arrays, strings (escapes checked, \u surrogate
- * pairs paired, raw bytes valid UTF-8, no control characters), numbers in
- * the JSON grammar, true/false/null; whitespace is space, tab, CR, LF; no
- * trailing commas, comments, NaN or trailing garbage. Depth is limited to
- * DT__IO_JSON_DEPTH. Values go into a flat node array; an object's children
- * alternate key (a string node) and value. Strings are decoded into a pool
- * (NUL-terminated; a string containing U+0000 is refused). Numbers keep
- * their source text. */
-enum { DT__IO_JOBJ = 1, DT__IO_JARR, DT__IO_JSTR, DT__IO_JNUM, DT__IO_JTRUE, DT__IO_JFALSE, DT__IO_JNULL };
-
-typedef struct dt__io_jv {
-  int type;
-  int32_t child, next; /* first child, next sibling (-1: none) */
-  int32_t count;       /* children (objects: 2 per member) */
-  size_t off, len;     /* STR: pool offset and length; NUM: source offset and length */
-} dt__io_jv;
-
-typedef struct dt__io_json {
-  const unsigned char *s;
-  size_t n, pos;
-  dt__io_jv *v;
-  size_t nv, cap;
-  char *pool;
-  size_t pool_used, pool_cap;
-  int nomem;
-  char err[160];
-} dt__io_json;
-
-static int dt__io_jfail(dt__io_json *j, const char *what) {
-  if (!j->err[0]) {
-    if (j->pos < j->n) {
-      unsigned char ch = j->s[j->pos];
-      if (ch >= 0x20 && ch < 0x7f)
-        snprintf(j->err, sizeof j->err, "%s at byte %zu (found '%c')", what, j->pos, (char)ch);
-      else
-        snprintf(j->err, sizeof j->err, "%s at byte %zu (found byte 0x%02x)", what, j->pos, (unsigned)ch);
-    } else {
-      snprintf(j->err, sizeof j->err, "%s at byte %zu (end of header)", what, j->pos);
-    }
-  }
-  return -1;
-}
-
-static int32_t dt__io_jnode(dt__io_json *j, int type) {
-  if (j->nv == j->cap) {
-    size_t ncap = j->cap ? j->cap * 2 : 64;
-    if (ncap > (size_t)INT32_MAX) return dt__io_jfail(j, "too many JSON values");
-    dt__io_jv *nv = (dt__io_jv *)dt__realloc(j->v, j->cap * sizeof(dt__io_jv), ncap * sizeof(dt__io_jv));
-    if (!nv) {
-      j->nomem = 1;
-      return dt__io_jfail(j, "out of memory");
-    }
-    j->v = nv;
-    j->cap = ncap;
-  }
-  dt__io_jv *x = &j->v[j->nv];
-  memset(x, 0, sizeof *x);
-  x->type = type;
-  x->child = x->next = -1;
-  return (int32_t)j->nv++;
-}
-
-static void dt__io_jws(dt__io_json *j) {
-  while (j->pos < j->n) {
-    unsigned char c = j->s[j->pos];
-    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
-    j->pos++;
-  }
-}
-
-static int dt__io_jhex4(dt__io_json *j, uint32_t *out) {
-  uint32_t v = 0;
-  if (j->n - j->pos < 4) return 0;
-  for (int i = 0; i < 4; i++) {
-    unsigned char c = j->s[j->pos + (size_t)i];
-    int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10
-          : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
-    if (d < 0) return 0;
-    v = (v << 4) | (uint32_t)d;
-  }
-  j->pos += 4;
-  *out = v;
-  return 1;
-}
-
-static void dt__io_jput(dt__io_json *j, unsigned char c) {
-  j->pool[j->pool_used++] = (char)c; /* pool_cap >= n + 1 bounds every string */
-}
-
-/* Length of a valid UTF-8 sequence starting at p (lead >= 0x80), 0 if invalid. */
-static int dt__io_utf8_len(const unsigned char *p, size_t avail) {
-  unsigned char c = p[0];
-  int len;
-  unsigned char lo = 0x80, hi = 0xbf;
-  if (c >= 0xc2 && c <= 0xdf) len = 2;
-  else if (c >= 0xe0 && c <= 0xef) {
-    len = 3;
-    if (c == 0xe0) lo = 0xa0;      /* no overlong forms */
-    else if (c == 0xed) hi = 0x9f; /* no UTF-16 surrogates */
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4;
-    if (c == 0xf0) lo = 0x90;
-    else if (c == 0xf4) hi = 0x8f; /* at most U+10FFFF */
-  } else {
-    return 0;
-  }
-  if (avail < (size_t)len) return 0;
-  if (p[1] < lo || p[1] > hi) return 0;
-  for (int i = 2; i < len; i++)
-    if (p[i] < 0x80 || p[i] > 0xbf) return 0;
-  return len;
-}
-
-static int32_t dt__io_jstring(dt__io_json *j) {
-  int32_t id = dt__io_jnode(j, DT__IO_JSTR);
-  if (id < 0) return -1;
-  j->pos++; /* opening quote */
-  size_t start = j->pool_used;
-  for (;;) {
-    if (j->pos >= j->n) return dt__io_jfail(j, "unterminated string");
-    unsigned char c = j->s[j->pos];
-    if (c == '"') {
-      j->pos++;
-      break;
-    }
-    if (c < 0x20) return dt__io_jfail(j, "control character in a string");
-    if (c == '\\') {
-      j->pos++;
-      if (j->pos >= j->n) return dt__io_jfail(j, "unterminated escape");
-      unsigned char e = j->s[j->pos++];
-      switch (e) {
-        case '"': dt__io_jput(j, '"'); break;
-        case '\\': dt__io_jput(j, '\\'); break;
-        case '/': dt__io_jput(j, '/'); break;
-        case 'b': dt__io_jput(j, '\b'); break;
-        case 'f': dt__io_jput(j, '\f'); break;
-        case 'n': dt__io_jput(j, '\n'); break;
-        case 'r': dt__io_jput(j, '\r'); break;
-        case 't': dt__io_jput(j, '\t'); break;
-        case 'u': {
-          uint32_t cp, lo;
-          if (!dt__io_jhex4(j, &cp)) return dt__io_jfail(j, "bad \\u escape");
-          if (cp >= 0xdc00 && cp <= 0xdfff) return dt__io_jfail(j, "unpaired low surrogate");
-          if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (j->n - j->pos < 2 || j->s[j->pos] != '\\' || j->s[j->pos + 1] != 'u')
-              return dt__io_jfail(j, "unpaired high surrogate");
-            j->pos += 2;
-            if (!dt__io_jhex4(j, &lo) || lo < 0xdc00 || lo > 0xdfff)
-              return dt__io_jfail(j, "bad low surrogate");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          }
-          if (cp == 0) return dt__io_jfail(j, "\\u0000 in a string is not supported");
-          if (cp < 0x80) {
-            dt__io_jput(j, (unsigned char)cp);
-          } else if (cp < 0x800) {
-            dt__io_jput(j, (unsigned char)(0xc0 | (cp >> 6)));
-            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
-          } else if (cp < 0x10000) {
-            dt__io_jput(j, (unsigned char)(0xe0 | (cp >> 12)));
-            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
-            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
-          } else {
-            dt__io_jput(j, (unsigned char)(0xf0 | (cp >> 18)));
-            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 12) & 0x3f)));
-            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
-            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
-          }
-          break;
-        }
-        default: j->pos--; return dt__io_jfail(j, "bad escape");
-      }
-      continue;
-    }
-    if (c < 0x80) {
-      dt__io_jput(j, c);
-      j->pos++;
-      continue;
-    }
-    int len = dt__io_utf8_len(j->s + j->pos, j->n - j->pos);
-    if (!len) return dt__io_jfail(j, "invalid UTF-8 in a string");
-    for (int i = 0; i < len; i++) dt__io_jput(j, j->s[j->pos + (size_t)i]);
-    j->pos += (size_t)len;
-  }
-  j->pool[j->pool_used++] = '\0';
-  j->v[id].off = start;
-  j->v[id].len = j->pool_used - 1 - start;
-  return id;
-}
-
-static int dt__io_isdigit(unsigned char c) { return c >= '0' && c <= '9'; }
-
-static int32_t dt__io_jnumber(dt__io_json *j) {
-  size_t start = j->pos;
-  if (j->s[j->pos] == '-') j->pos++;
-  if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad number");
-  if (j->s[j->pos] == '0') {
-    j->pos++;
-    if (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "leading zero in a number");
-  } else {
-    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
-  }
-  if (j->pos < j->n && j->s[j->pos] == '.') {
-    j->pos++;
-    if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad fraction in a number");
-    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
-  }
-  if (j->pos < j->n && (j->s[j->pos] == 'e' || j->s[j->pos] == 'E')) {
-    j->pos++;
-    if (j->pos < j->n && (j->s[j->pos] == '+' || j->s[j->pos] == '-')) j->pos++;
-    if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad exponent in a number");
-    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
-  }
-  int32_t id = dt__io_jnode(j, DT__IO_JNUM);
-  if (id < 0) return -1;
-  j->v[id].off = start;
-  j->v[id].len = j->pos - start;
-  return id;
-}
-
-static int32_t dt__io_jvalue(dt__io_json *j, int depth);
-
-/* Object or array: children linked in order. */
-static int32_t dt__io_jcontainer(dt__io_json *j, int depth, int is_obj) {
-  if (depth >= DT__IO_JSON_DEPTH) return dt__io_jfail(j, "JSON nested too deeply");
-  int32_t id = dt__io_jnode(j, is_obj ? DT__IO_JOBJ : DT__IO_JARR);
-  if (id < 0) return -1;
-  unsigned char close = is_obj ? '}' : ']';
-  int32_t last = -1;
-  j->pos++;
-  dt__io_jws(j);
-  if (j->pos < j->n && j->s[j->pos] == close) {
-    j->pos++;
-    return id;
-  }
-  for (;;) {
-    int32_t k = -1, val;
-    dt__io_jws(j);
-    if (is_obj) {
-      if (j->pos >= j->n || j->s[j->pos] != '"') return dt__io_jfail(j, "expected a string key");
-      k = dt__io_jstring(j);
-      if (k < 0) return -1;
-      dt__io_jws(j);
-      if (j->pos >= j->n || j->s[j->pos] != ':') return dt__io_jfail(j, "expected ':'");
-      j->pos++;
-    }
-    val = dt__io_jvalue(j, depth + 1);
-    if (val < 0) return -1;
-    if (k >= 0) {
-      j->v[k].next = val;
-      if (last < 0) j->v[id].child = k;
-      else j->v[last].next = k;
-      j->v[id].count += 2;
-    } else {
-      if (last < 0) j->v[id].child = val;
-      else j->v[last].next = val;
-      j->v[id].count += 1;
-    }
-    last = val;
-    dt__io_jws(j);
-    if (j->pos >= j->n) return dt__io_jfail(j, is_obj ? "unterminated object" : "unterminated array");
-    if (j->s[j->pos] == ',') {
-      j->pos++;
-      continue;
-    }
-    if (j->s[j->pos] == close) {
-      j->pos++;
-      return id;
-    }
-    return dt__io_jfail(j, is_obj ? "expected ',' or '}'" : "expected ',' or ']'");
-  }
-}
-
-static int32_t dt__io_jliteral(dt__io_json *j, const char *word, int type) {
-  size_t len = strlen(word);
-  if (j->n - j->pos < len || memcmp(j->s + j->pos, word, len) != 0) return dt__io_jfail(j, "expected a value");
-  j->pos += len;
-  return dt__io_jnode(j, type);
-}
-
-static int32_t dt__io_jvalue(dt__io_json *j, int depth) {
-  dt__io_jws(j);
-  if (j->pos >= j->n) return dt__io_jfail(j, "expected a value");
-  unsigned char c = j->s[j->pos];
-  switch (c) {
-    case '{': return dt__io_jcontainer(j, depth, 1);
-    case '[': return dt__io_jcontainer(j, depth, 0);
-    case '"': return dt__io_jstring(j);
-    case 't': return dt__io_jliteral(j, "true", DT__IO_JTRUE);
-    case 'f': return dt__io_jliteral(j, "false", DT__IO_JFALSE);
-    case 'n': return dt__io_jliteral(j, "null", DT__IO_JNULL);
-    default:
-      if (c == '-' || dt__io_isdigit(c)) return dt__io_jnumber(j);
-      return dt__io_jfail(j, "expected a value");
-  }
-}
-
-static void dt__io_json_free(dt__io_json *j) {
-  dt__free(j->v, j->cap * sizeof(dt__io_jv));
-  dt__free(j->pool, j->pool_cap);
-  j->v = NULL;
-  j->pool = NULL;
-  j->cap = j->pool_cap = 0;
-}
-
-/* Parse s[0..n) as one JSON value. Returns 1, or 0 with j->err set. */
-static int dt__io_json_parse(dt__io_json *j, const unsigned char *s, size_t n) {
-  memset(j, 0, sizeof *j);
-  j->s = s;
-  j->n = n;
-  j->pool_cap = n + 1;
-  j->pool = (char *)dt__alloc(j->pool_cap);
-  if (!j->pool) {
-    j->pool_cap = 0;
-    j->nomem = 1;
-    snprintf(j->err, sizeof j->err, "out of memory for a %zu-byte header", n);
-    return 0;
-  }
-  if (dt__io_jvalue(j, 0) < 0) return 0;
-  dt__io_jws(j);
-  if (j->pos != n) {
-    dt__io_jfail(j, "unexpected data after the JSON value");
-    return 0;
-  }
-  return 1;
-}
-
-static const char *dt__io_jstr(const dt__io_json *j, int32_t id) { return j->pool + j->v[id].off; }
-
-/* Non-negative JSON integer (no sign, fraction or exponent) into *out. */
-static int dt__io_juint(const dt__io_json *j, int32_t id, uint64_t *out) {
-  const dt__io_jv *x = &j->v[id];
-  if (x->type != DT__IO_JNUM) return 0;
-  uint64_t v = 0;
-  for (size_t i = 0; i < x->len; i++) {
-    unsigned char c = j->s[x->off + i];
-    if (!dt__io_isdigit(c)) return 0;
-    if (v > (UINT64_MAX - (uint64_t)(c - '0')) / 10) return 0;
-    v = v * 10 + (uint64_t)(c - '0');
-  }
-  *out = v;
-  return x->len > 0;
-}
-
 /* ---- JSON writer: a growable byte buffer -------------------------------------------- */
 
 typedef struct dt__io_buf {
@@ -10997,8 +11116,9 @@ static int dt__io_valid_utf8(const char *s) {
       i++;
       continue;
     }
-    int len = dt__io_utf8_len(p + i, n - i);
-    if (!len) return 0;
+    size_t bad;
+    int len = dt__json_utf8(p + i, n - i, &bad);
+    if (len <= 0) return 0;
     i += (size_t)len;
   }
   return 1;
@@ -11030,7 +11150,7 @@ struct dt_checkpoint {
   size_t header_len;
   const unsigned char *data;
   size_t data_size;
-  dt__io_json json;
+  dt__json json;
   dt__io_entry *entries; /* sorted by data offset */
   int nentries;
   int *by_name;          /* entry indices sorted by name */
@@ -11066,7 +11186,7 @@ static int *dt__io_sorted_index(const char *const *names, int n) {
 DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) {
   if (!c) return;
   dt__free(c->file, c->file_cap);
-  dt__io_json_free(&c->json);
+  dt__json_free(&c->json);
   dt__free(c->entries, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(dt__io_entry));
   dt__free(c->by_name, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(int));
   dt__free((void *)c->mkeys, (size_t)(c->nmeta > 0 ? c->nmeta : 1) * sizeof(char *));
@@ -11145,19 +11265,19 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
   c->header_len = (size_t)n;
   c->data = c->file + 8 + c->header_len;
   c->data_size = c->file_size - 8 - c->header_len;
-  dt__io_json *j = &c->json;
-  if (!dt__io_json_parse(j, c->file + 8, c->header_len))
+  dt__json *j = &c->json;
+  if (!dt__json_parse(j, c->file + 8, c->header_len, DT__IO_JSON_DEPTH, 0))
     return dt__io_err(ctx, j->nomem ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_FORMAT, "header JSON: %s", j->err);
-  const dt__io_jv *top = &j->v[0];
-  if (top->type != DT__IO_JOBJ) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "header is not a JSON object");
+  const dt__json_val *top = &j->v[0];
+  if (top->type != DT__JSON_OBJ) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "header is not a JSON object");
 
   /* Count members. */
   int nent = 0, nmeta = 0, seen_meta = 0;
   for (int32_t k = top->child; k >= 0; k = j->v[j->v[k].next].next) {
     int32_t val = j->v[k].next;
-    if (strcmp(dt__io_jstr(j, k), "__metadata__") == 0) {
+    if (strcmp(dt__json_str(j, k), "__metadata__") == 0) {
       if (seen_meta++) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "duplicate key '__metadata__'");
-      if (j->v[val].type != DT__IO_JOBJ)
+      if (j->v[val].type != DT__JSON_OBJ)
         return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "'__metadata__' is not an object of strings");
       nmeta = j->v[val].count / 2;
     } else {
@@ -11173,27 +11293,27 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
 
   int ie = 0;
   for (int32_t k = top->child; k >= 0; k = j->v[j->v[k].next].next) {
-    const char *key = dt__io_jstr(j, k);
+    const char *key = dt__json_str(j, k);
     int32_t val = j->v[k].next;
     if (strcmp(key, "__metadata__") == 0) {
       int im = 0;
       for (int32_t mk = j->v[val].child; mk >= 0; mk = j->v[j->v[mk].next].next) {
         int32_t mv = j->v[mk].next;
-        if (j->v[mv].type != DT__IO_JSTR)
-          return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata '%s' is not a string", dt__io_jstr(j, mk));
-        c->mkeys[im] = dt__io_jstr(j, mk);
-        c->mvals[im] = dt__io_jstr(j, mv);
+        if (j->v[mv].type != DT__JSON_STR)
+          return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata '%s' is not a string", dt__json_str(j, mk));
+        c->mkeys[im] = dt__json_str(j, mk);
+        c->mvals[im] = dt__json_str(j, mv);
         im++;
       }
       continue;
     }
     dt__io_entry *e = &c->entries[ie++];
     e->name = key;
-    if (j->v[val].type != DT__IO_JOBJ)
+    if (j->v[val].type != DT__JSON_OBJ)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': entry is not an object", key);
     int32_t fdtype = -1, fshape = -1, foffs = -1;
     for (int32_t fk = j->v[val].child; fk >= 0; fk = j->v[j->v[fk].next].next) {
-      const char *f = dt__io_jstr(j, fk);
+      const char *f = dt__json_str(j, fk);
       int32_t *slot = strcmp(f, "dtype") == 0 ? &fdtype : strcmp(f, "shape") == 0 ? &fshape
                     : strcmp(f, "data_offsets") == 0 ? &foffs : NULL;
       if (!slot) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': unknown field '%s'", key, f);
@@ -11204,9 +11324,9 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': missing field '%s'", key,
                         fdtype < 0 ? "dtype" : fshape < 0 ? "shape" : "data_offsets");
     /* dtype */
-    if (j->v[fdtype].type != DT__IO_JSTR)
+    if (j->v[fdtype].type != DT__JSON_STR)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': dtype is not a string", key);
-    const char *dt = dt__io_jstr(j, fdtype);
+    const char *dt = dt__json_str(j, fdtype);
     e->dtype = NULL;
     for (size_t t = 0; t < sizeof dt__io_dtypes / sizeof dt__io_dtypes[0]; t++)
       if (strcmp(dt, dt__io_dtypes[t].name) == 0) {
@@ -11217,7 +11337,7 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
     if (need_f32 && strcmp(e->dtype, "F32") != 0)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s' has dtype %s; dtrain loads F32 only", key, e->dtype);
     /* shape */
-    if (j->v[fshape].type != DT__IO_JARR)
+    if (j->v[fshape].type != DT__JSON_ARR)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': shape is not an array", key);
     if (j->v[fshape].count > DTRAIN_MAX_DIMS)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s' has %d dimensions (dtrain reads at most %d)", key,
@@ -11227,7 +11347,7 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
     int overflow = 0, d = 0;
     for (int32_t sv = j->v[fshape].child; sv >= 0; sv = j->v[sv].next, d++) {
       uint64_t dim;
-      if (!dt__io_juint(j, sv, &dim) || dim > (uint64_t)INT64_MAX)
+      if (!dt__json_uint(j, sv, &dim) || dim > (uint64_t)INT64_MAX)
         return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': shape holds a value that is not a size", key);
       e->shape[d] = (int64_t)dim;
       if (dim != 0 && nel > UINT64_MAX / dim) overflow = 1;
@@ -11235,10 +11355,10 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
     }
     for (; d < DTRAIN_MAX_DIMS; d++) e->shape[d] = 1;
     /* offsets */
-    if (j->v[foffs].type != DT__IO_JARR || j->v[foffs].count != 2)
+    if (j->v[foffs].type != DT__JSON_ARR || j->v[foffs].count != 2)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': data_offsets is not [begin, end]", key);
     int32_t b0 = j->v[foffs].child, b1 = j->v[b0].next;
-    if (!dt__io_juint(j, b0, &e->begin) || !dt__io_juint(j, b1, &e->end))
+    if (!dt__json_uint(j, b0, &e->begin) || !dt__json_uint(j, b1, &e->end))
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': data_offsets hold a value that is not an offset", key);
     if (e->begin > e->end)
       return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "tensor '%s': data_offsets [%llu, %llu] end before they begin", key,
@@ -12058,26 +12178,26 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
     }
     if (o) {
       const char *kind = dt__io_kind_name(dt_optim_get_desc(o)->kind);
-      dt__io_json oj;
+      dt__json oj;
       int ok = 0;
       v = dt__io_meta_get(c, "optimizer");
       if (!v) {
         r = dt__io_err(&ctx, DTRAIN_ERR_MISMATCH, "the checkpoint has no optimizer state (saved without one); load with optim = NULL");
         goto done;
       }
-      if (dt__io_json_parse(&oj, (const unsigned char *)v, strlen(v)) && oj.v[0].type == DT__IO_JOBJ) {
+      if (dt__json_parse(&oj, v, strlen(v), DT__IO_JSON_DEPTH, 0) && oj.v[0].type == DT__JSON_OBJ) {
         for (int32_t k = oj.v[0].child; k >= 0; k = oj.v[oj.v[k].next].next) {
           int32_t val = oj.v[k].next;
-          if (strcmp(dt__io_jstr(&oj, k), "kind") == 0 && oj.v[val].type == DT__IO_JSTR) {
+          if (strcmp(dt__json_str(&oj, k), "kind") == 0 && oj.v[val].type == DT__JSON_STR) {
             ok = 1;
-            if (strcmp(dt__io_jstr(&oj, val), kind) != 0) ok = 2;
+            if (strcmp(dt__json_str(&oj, val), kind) != 0) ok = 2;
             if (ok == 2)
               r = dt__io_err(&ctx, DTRAIN_ERR_MISMATCH, "the checkpoint holds %s optimizer state; this optimizer is %s",
-                             dt__io_jstr(&oj, val), kind);
+                             dt__json_str(&oj, val), kind);
           }
         }
       }
-      dt__io_json_free(&oj);
+      dt__json_free(&oj);
       if (ok == 0) r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'optimizer' is not a JSON object with a \"kind\"");
       if (r != DTRAIN_OK) goto done;
     }
@@ -17725,18 +17845,19 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
  * dt_cluster.c -- the cluster description: DTRAIN_CONFIG (JSON in the style
  * of TF_CONFIG), command-line flags, and back to JSON (see dt_net.h)
  * ===========================================================================
- * The JSON parser is small and strict (RFC 8259): it checks the whole text,
- * including keys it ignores, decodes string escapes (\uXXXX with surrogate
- * pairs), checks UTF-8, and limits nesting, so a bad DTRAIN_CONFIG fails
- * loudly with the byte offset and what was expected instead of being half
- * read. It runs twice over the text: the first pass checks everything and
- * counts the bytes, the second (which cannot fail) fills one allocation.
+ * The text is read by the strict JSON reader that checkpoints use too
+ * (dt_json.c, RFC 8259): it checks the whole text, including keys this file
+ * ignores, decodes string escapes, checks UTF-8 and limits nesting, so a bad
+ * DTRAIN_CONFIG fails loudly with the byte offset and what was expected
+ * instead of being half read. The values are then walked once to check and
+ * count the addresses, and copied into one allocation.
  *
  * A dt_cluster made here is one block: the struct, the two address arrays and
  * the strings, so destroy needs no bookkeeping beyond the block's size. This
  * file needs no networking: the parser works under DTRAIN_NO_NET too.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_json.h" (amalgamated) */
 
 #define DT__CLUSTER_MAX_DEPTH 32  /* nesting of arrays/objects in DTRAIN_CONFIG */
 #define DT__CLUSTER_ADDR_MAX 255  /* longest "host:port" */
@@ -17931,508 +18052,208 @@ static dt_result dt__cluster_check(const dt_cluster *c, const char *src) {
 
 /* ---- JSON ----------------------------------------------------------------------------------- */
 
-typedef struct dt__cluster_json {
-  const unsigned char *s;
-  size_t n, i;         /* length, position */
-  const char *src;     /* origin for messages */
-  dt_cluster *fill;    /* second pass: the cluster being filled; NULL in the first */
-  char *strs;          /* second pass: next free string byte */
-  int count[2];        /* addresses seen per role */
-  size_t str_bytes;    /* first pass: string bytes needed */
-  int have_cluster, have_task, have_list[2], have_type, have_index;
+/* What the walk over the parsed text found (node ids into the reader's values). */
+typedef struct dt__cluster_doc {
+  const dt__json *j;
+  const char *src;      /* origin for messages */
+  int32_t list[2];      /* the "worker" and "ps" arrays (-1: absent) */
+  int count[2];         /* addresses per role */
+  size_t str_bytes;     /* string bytes the addresses need */
+  int have_cluster, have_task, have_type, have_index;
   dt_role role;
   int index;
-} dt__cluster_json;
+} dt__cluster_doc;
 
-/* What stands at the current position, for messages. */
-static const char *dt__cluster_found(const dt__cluster_json *p, char *buf, size_t cap) {
-  if (p->i >= p->n) return "end of text";
-  int ch = p->s[p->i];
-  if (ch >= 0x20 && ch < 0x7f)
-    snprintf(buf, cap, "'%c'", ch);
-  else
-    snprintf(buf, cap, "byte 0x%02x", (unsigned)ch);
-  return buf;
+/* What this file expects as the value of member `key` (a key's id) of
+ * object `in`, or as an element of array `in` (key -1); NULL: any value.
+ * The walk's type checks and a value the reader found missing or malformed
+ * there both say it ("expected an address string ..."). A container's own
+ * key is the value just before it (dt_json.h). */
+static const char *dt__cluster_want(const dt__json *j, int32_t in, int32_t key) {
+  int32_t up = j->v[in].parent;
+  if (in == 0) {
+    if (dt__json_eq(j, key, "cluster")) return "'{' (the \"cluster\" object)";
+    if (dt__json_eq(j, key, "task")) return "'{' (the \"task\" object)";
+  } else if (up == 0 && j->v[in].type == DT__JSON_OBJ && dt__json_eq(j, in - 1, "cluster")) {
+    if (dt__json_eq(j, key, "worker") || dt__json_eq(j, key, "ps")) return "'['";
+  } else if (up == 0 && j->v[in].type == DT__JSON_OBJ && dt__json_eq(j, in - 1, "task")) {
+    if (dt__json_eq(j, key, "type")) return "a string (task type \"worker\" or \"ps\")";
+    if (dt__json_eq(j, key, "index")) return "a number (task index)";
+  } else if (up > 0 && j->v[in].type == DT__JSON_ARR && j->v[up].parent == 0 && dt__json_eq(j, up - 1, "cluster") &&
+             (dt__json_eq(j, in - 1, "worker") || dt__json_eq(j, in - 1, "ps"))) {
+    return "an address string \"host:port\"";
+  }
+  return NULL;
 }
 
-static dt_result dt__cluster_expected(const dt__cluster_json *p, const char *what) {
+/* "<src>: byte N: expected <what>, found <what is there>", the reader's style. */
+static dt_result dt__cluster_expected_at(const dt__json *j, const char *src, size_t pos, const char *what) {
   char f[16];
-  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: expected %s, found %s", p->src, p->i, what,
-                   dt__cluster_found(p, f, sizeof f));
+  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: expected %s, found %s", src, pos, what,
+                   dt__json_found(j->s, j->n, pos, f, sizeof f));
 }
 
-static int dt__cluster_peek(const dt__cluster_json *p) { return p->i < p->n ? p->s[p->i] : -1; }
-
-static void dt__cluster_ws(dt__cluster_json *p) {
-  while (p->i < p->n) {
-    int ch = p->s[p->i];
-    if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') break;
-    p->i++;
-  }
+/* Value val (member key of object in, or an element of array in when key is -1) is not what dt__cluster_want says. */
+static dt_result dt__cluster_expected(const dt__cluster_doc *d, int32_t in, int32_t key, int32_t val) {
+  return dt__cluster_expected_at(d->j, d->src, d->j->v[val].pos, dt__cluster_want(d->j, in, key));
 }
 
-static int dt__cluster_hexval(int ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
+static dt_result dt__cluster_dup_key(const dt__cluster_doc *d, int32_t key) {
+  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: duplicate key \"%s\"", d->src, d->j->v[key].pos,
+                   dt__json_str(d->j, key));
 }
 
-/* Four hex digits at p->i (advanced past them), or -1 and an error. */
-static long dt__cluster_u4(dt__cluster_json *p) {
-  long v = 0;
-  for (int k = 0; k < 4; k++) {
-    int h = p->i < p->n ? dt__cluster_hexval(p->s[p->i]) : -1;
-    if (h < 0) {
-      dt__cluster_expected(p, "a hex digit in \\u escape");
-      return -1;
-    }
-    v = v * 16 + h;
-    p->i++;
-  }
-  return v;
-}
-
-/* Append code point cp as UTF-8 to out (only the bytes that fit in cap-1). */
-static void dt__cluster_emit(char *out, size_t cap, size_t *len, unsigned long cp) {
-  unsigned char u[4];
-  int k;
-  if (cp < 0x80) {
-    u[0] = (unsigned char)cp;
-    k = 1;
-  } else if (cp < 0x800) {
-    u[0] = (unsigned char)(0xC0 | (cp >> 6));
-    u[1] = (unsigned char)(0x80 | (cp & 0x3F));
-    k = 2;
-  } else if (cp < 0x10000) {
-    u[0] = (unsigned char)(0xE0 | (cp >> 12));
-    u[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    u[2] = (unsigned char)(0x80 | (cp & 0x3F));
-    k = 3;
-  } else {
-    u[0] = (unsigned char)(0xF0 | (cp >> 18));
-    u[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    u[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    u[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    k = 4;
-  }
-  for (int j = 0; j < k; j++) {
-    if (out && *len + 1 < cap) out[*len] = (char)u[j];
-    (*len)++;
-  }
-}
-
-/* A string at p->i (which must be '"'): decoded into out (cap bytes, NUL
- * terminated, truncated if longer; out may be NULL); *len gets the whole
- * decoded length. */
-static dt_result dt__cluster_string(dt__cluster_json *p, char *out, size_t cap, size_t *len) {
-  *len = 0;
-  if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "'\"'");
-  p->i++;
-  for (;;) {
-    if (p->i >= p->n) return dt__cluster_expected(p, "'\"' to close the string");
-    int ch = p->s[p->i];
-    if (ch == '"') {
-      p->i++;
-      break;
-    }
-    if (ch < 0x20) return dt__cluster_expected(p, "a string character (control characters must be escaped)");
-    if (ch == '\\') {
-      p->i++;
-      int e = dt__cluster_peek(p);
-      unsigned long cp;
-      switch (e) {
-        case '"': cp = '"'; break;
-        case '\\': cp = '\\'; break;
-        case '/': cp = '/'; break;
-        case 'b': cp = '\b'; break;
-        case 'f': cp = '\f'; break;
-        case 'n': cp = '\n'; break;
-        case 'r': cp = '\r'; break;
-        case 't': cp = '\t'; break;
-        case 'u': {
-          p->i++;
-          long hi = dt__cluster_u4(p);
-          if (hi < 0) return DTRAIN_ERR_FORMAT;
-          if (hi >= 0xDC00 && hi <= 0xDFFF) {
-            p->i -= 4;
-            return dt__cluster_expected(p, "a \\u escape that is not a lone low surrogate");
-          }
-          if (hi >= 0xD800 && hi <= 0xDBFF) {
-            if (p->i + 1 >= p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u')
-              return dt__cluster_expected(p, "'\\u' with the low half of a surrogate pair");
-            p->i += 2;
-            long lo = dt__cluster_u4(p);
-            if (lo < 0) return DTRAIN_ERR_FORMAT;
-            if (lo < 0xDC00 || lo > 0xDFFF) {
-              p->i -= 4;
-              return dt__cluster_expected(p, "a low surrogate (DC00..DFFF)");
-            }
-            cp = 0x10000ul + (((unsigned long)hi - 0xD800ul) << 10) + ((unsigned long)lo - 0xDC00ul);
-          } else {
-            cp = (unsigned long)hi;
-          }
-          dt__cluster_emit(out, cap, len, cp);
-          continue;
-        }
-        default: return dt__cluster_expected(p, "an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
-      }
-      p->i++;
-      dt__cluster_emit(out, cap, len, cp);
-      continue;
-    }
-    if (ch < 0x80) {
-      dt__cluster_emit(out, cap, len, (unsigned long)ch);
-      p->i++;
-      continue;
-    }
-    /* UTF-8: the sequence's length from the lead byte; no overlong forms,
-     * no surrogates, nothing above U+10FFFF. */
-    int k;
-    unsigned long cp, min;
-    if (ch >= 0xC2 && ch <= 0xDF) {
-      k = 1;
-      cp = (unsigned long)(ch & 0x1F);
-      min = 0x80;
-    } else if (ch >= 0xE0 && ch <= 0xEF) {
-      k = 2;
-      cp = (unsigned long)(ch & 0x0F);
-      min = 0x800;
-    } else if (ch >= 0xF0 && ch <= 0xF4) {
-      k = 3;
-      cp = (unsigned long)(ch & 0x07);
-      min = 0x10000;
-    } else {
-      return dt__cluster_expected(p, "valid UTF-8 in a string");
-    }
-    size_t start = p->i;
-    p->i++;
-    for (int j = 0; j < k; j++) {
-      if (p->i >= p->n || (p->s[p->i] & 0xC0) != 0x80) return dt__cluster_expected(p, "a UTF-8 continuation byte");
-      cp = (cp << 6) | (p->s[p->i] & 0x3Fu);
-      p->i++;
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      p->i = start;
-      return dt__cluster_expected(p, "valid UTF-8 in a string (overlong, surrogate or too large)");
-    }
-    dt__cluster_emit(out, cap, len, cp);
-  }
-  if (out && cap > 0) out[*len < cap ? *len : cap - 1] = '\0';
-  return DTRAIN_OK;
-}
-
-/* A number (RFC 8259 grammar). *ival gets its value when it is an integer
- * in 0..INT_MAX (no fraction or exponent), else -1. */
-static dt_result dt__cluster_number(dt__cluster_json *p, long *ival) {
-  int neg = 0, integral = 1;
-  int64_t v = 0; /* saturates just above INT_MAX */
-  if (dt__cluster_peek(p) == '-') {
-    neg = 1;
-    p->i++;
-  }
-  int ch = dt__cluster_peek(p);
-  if (ch == '0') {
-    p->i++;
-  } else if (ch >= '1' && ch <= '9') {
-    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') {
-      v = v * 10 + (ch - '0');
-      if (v > INT_MAX) v = (int64_t)INT_MAX + 1;
-      p->i++;
-    }
-  } else {
-    return dt__cluster_expected(p, "a digit");
-  }
-  if (dt__cluster_peek(p) == '.') {
-    integral = 0;
-    p->i++;
-    if ((ch = dt__cluster_peek(p)) < '0' || ch > '9') return dt__cluster_expected(p, "a digit after '.'");
-    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') p->i++;
-  }
-  ch = dt__cluster_peek(p);
-  if (ch == 'e' || ch == 'E') {
-    integral = 0;
-    p->i++;
-    ch = dt__cluster_peek(p);
-    if (ch == '+' || ch == '-') p->i++;
-    if ((ch = dt__cluster_peek(p)) < '0' || ch > '9') return dt__cluster_expected(p, "a digit in the exponent");
-    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') p->i++;
-  }
-  *ival = (integral && !(neg && v != 0) && v <= INT_MAX) ? (long)v : -1;
-  return DTRAIN_OK;
-}
-
-static dt_result dt__cluster_value(dt__cluster_json *p, int depth);
-
-static dt_result dt__cluster_open(dt__cluster_json *p, int depth, int ch) {
-  if (depth >= DT__CLUSTER_MAX_DEPTH)
-    return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: nesting deeper than %d levels", p->src, p->i,
-                     DT__CLUSTER_MAX_DEPTH);
-  if (dt__cluster_peek(p) != ch) return dt__cluster_expected(p, ch == '{' ? "'{'" : "'['");
-  p->i++;
-  return DTRAIN_OK;
-}
-
-/* The next member of an object whose '{' was consumed: *more = 0 at its '}'
- * (consumed); otherwise the key is decoded into key (cap bytes; *klen its
- * whole length), the ':' consumed and the position is at the value. */
-static dt_result dt__cluster_member(dt__cluster_json *p, int *members, char *key, size_t cap, size_t *klen,
-                                    int *more) {
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) == '}' ) {
-    p->i++;
-    *more = 0;
-    return DTRAIN_OK;
-  }
-  if (*members > 0) {
-    if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or '}'");
-    p->i++;
-    dt__cluster_ws(p);
-  }
-  if (dt__cluster_peek(p) != '"')
-    return dt__cluster_expected(p, *members > 0 ? "a string (object key)" : "a string (object key) or '}'");
-  dt_result rc = dt__cluster_string(p, key, cap, klen);
-  if (rc != DTRAIN_OK) return rc;
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) != ':') return dt__cluster_expected(p, "':' after the object key");
-  p->i++;
-  dt__cluster_ws(p);
-  (*members)++;
-  *more = 1;
-  return DTRAIN_OK;
-}
-
-static int dt__cluster_key_is(const char *key, size_t klen, const char *name) {
-  return klen == strlen(name) && memcmp(key, name, klen) == 0;
-}
-
-static dt_result dt__cluster_literal(dt__cluster_json *p, const char *word) {
-  size_t n = strlen(word);
-  for (size_t k = 0; k < n; k++) {
-    if (p->i >= p->n || p->s[p->i] != (unsigned char)word[k]) {
-      char what[16];
-      snprintf(what, sizeof what, "'%s'", word);
-      return dt__cluster_expected(p, what);
-    }
-    p->i++;
-  }
-  return DTRAIN_OK;
-}
-
-/* Any value, checked and skipped. */
-static dt_result dt__cluster_value(dt__cluster_json *p, int depth) {
-  dt_result rc;
-  char key[8];
-  size_t klen;
-  long iv;
-  int ch = dt__cluster_peek(p), n = 0, more = 1;
-  switch (ch) {
-    case '{':
-      if ((rc = dt__cluster_open(p, depth, '{')) != DTRAIN_OK) return rc;
-      for (;;) {
-        if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK) return rc;
-        if (!more) return DTRAIN_OK;
-        if ((rc = dt__cluster_value(p, depth + 1)) != DTRAIN_OK) return rc;
-      }
-    case '[':
-      if ((rc = dt__cluster_open(p, depth, '[')) != DTRAIN_OK) return rc;
-      dt__cluster_ws(p);
-      if (dt__cluster_peek(p) == ']') {
-        p->i++;
-        return DTRAIN_OK;
-      }
-      for (;;) {
-        dt__cluster_ws(p);
-        if ((rc = dt__cluster_value(p, depth + 1)) != DTRAIN_OK) return rc;
-        dt__cluster_ws(p);
-        if (dt__cluster_peek(p) == ']') {
-          p->i++;
-          return DTRAIN_OK;
-        }
-        if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or ']'");
-        p->i++;
-      }
-    case '"': return dt__cluster_string(p, NULL, 0, &klen);
-    case 't': return dt__cluster_literal(p, "true");
-    case 'f': return dt__cluster_literal(p, "false");
-    case 'n': return dt__cluster_literal(p, "null");
-    default:
-      if (ch == '-' || (ch >= '0' && ch <= '9')) return dt__cluster_number(p, &iv);
-      return dt__cluster_expected(p, "a value (object, array, string, number, true, false or null)");
-  }
-}
-
-/* "worker": [...] or "ps": [...] at depth 2. */
-static dt_result dt__cluster_list(dt__cluster_json *p, dt_role role) {
+/* "worker": [...] or "ps": [...]: every address checked and counted. */
+static dt_result dt__cluster_list(dt__cluster_doc *d, int32_t arr, dt_role role) {
+  const dt__json *j = d->j;
   int r = (int)role;
-  dt_result rc = dt__cluster_open(p, 2, '[');
-  if (rc != DTRAIN_OK) return rc;
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) == ']') {
-    p->i++;
-    return DTRAIN_OK;
-  }
-  for (;;) {
-    char a[DT__CLUSTER_ADDR_MAX + 2], why[96];
-    size_t len, at;
-    dt__cluster_ws(p);
-    at = p->i;
-    if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "an address string \"host:port\"");
-    if ((rc = dt__cluster_string(p, a, sizeof a, &len)) != DTRAIN_OK) return rc;
-    if (p->count[r] >= DTRAIN_MAX_PEERS)
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: more than %d %s addresses", p->src, at,
+  if (j->v[arr].type != DT__JSON_ARR) return dt__cluster_expected(d, j->v[arr].parent, arr - 1, arr);
+  d->list[r] = arr;
+  for (int32_t e = j->v[arr].child; e >= 0; e = j->v[e].next) {
+    char why[96];
+    if (j->v[e].type != DT__JSON_STR) return dt__cluster_expected(d, arr, -1, e);
+    const char *a = dt__json_str(j, e);
+    size_t len = j->v[e].len;
+    if (d->count[r] >= DTRAIN_MAX_PEERS)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: more than %d %s addresses", d->src, j->v[e].pos,
                        DTRAIN_MAX_PEERS, dt__cluster_role_name(role));
     if (!dt__cluster_addr_ok(a, len, why, sizeof why))
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: %s %d address '%.*s' %s", p->src, at,
-                       dt__cluster_role_name(role), p->count[r], 64, a, why);
-    if (p->fill) {
-      char **slots = role == DTRAIN_ROLE_PS ? p->fill->server_addr : p->fill->worker_addr;
-      dt__cluster_put(&slots[p->count[r]], &p->strs, a, len);
-    } else {
-      p->str_bytes += len + 1;
-    }
-    p->count[r]++;
-    dt__cluster_ws(p);
-    if (dt__cluster_peek(p) == ']') {
-      p->i++;
-      return DTRAIN_OK;
-    }
-    if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or ']'");
-    p->i++;
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: %s %d address '%.*s' %s", d->src, j->v[e].pos,
+                       dt__cluster_role_name(role), d->count[r], 64, a, why);
+    d->str_bytes += len + 1;
+    d->count[r]++;
   }
+  return DTRAIN_OK;
 }
 
-static dt_result dt__cluster_dup_key(const dt__cluster_json *p, size_t at, const char *key) {
-  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: duplicate key \"%s\"", p->src, at, key);
-}
+/* The members of object obj, key and value, in order. */
+#define DT__CLUSTER_MEMBERS(j, obj, k, val) \
+  for (int32_t k = (j)->v[obj].child, val = k >= 0 ? (j)->v[k].next : -1; k >= 0; \
+       k = (j)->v[val].next, val = k >= 0 ? (j)->v[k].next : -1)
 
-static dt_result dt__cluster_cluster_obj(dt__cluster_json *p) {
-  dt_result rc = dt__cluster_open(p, 1, '{');
-  int n = 0, more = 1;
-  char key[16];
-  size_t klen;
-  while (rc == DTRAIN_OK) {
-    size_t at = p->i;
-    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK || !more) break;
-    int which = dt__cluster_key_is(key, klen, "worker") ? 0 : dt__cluster_key_is(key, klen, "ps") ? 1 : -1;
-    if (which < 0) {
-      rc = dt__cluster_value(p, 2);
-    } else if (p->have_list[which]) {
-      rc = dt__cluster_dup_key(p, at, key);
-    } else {
-      p->have_list[which] = 1;
-      rc = dt__cluster_list(p, which ? DTRAIN_ROLE_PS : DTRAIN_ROLE_WORKER);
-    }
+static dt_result dt__cluster_cluster_obj(dt__cluster_doc *d, int32_t obj) {
+  dt_result rc = DTRAIN_OK;
+  int have[2] = {0, 0};
+  DT__CLUSTER_MEMBERS(d->j, obj, k, val) {
+    int which = dt__json_eq(d->j, k, "worker") ? 0 : dt__json_eq(d->j, k, "ps") ? 1 : -1;
+    if (which < 0) continue; /* other jobs ("chief", ...) are not ours */
+    if (have[which]) return dt__cluster_dup_key(d, k);
+    have[which] = 1;
+    if ((rc = dt__cluster_list(d, val, which ? DTRAIN_ROLE_PS : DTRAIN_ROLE_WORKER)) != DTRAIN_OK) return rc;
   }
   return rc;
 }
 
-static dt_result dt__cluster_task_obj(dt__cluster_json *p) {
-  dt_result rc = dt__cluster_open(p, 1, '{');
-  int n = 0, more = 1;
-  char key[16], type[16];
-  size_t klen, tlen;
-  long iv;
-  while (rc == DTRAIN_OK) {
-    size_t at = p->i;
-    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK || !more) break;
-    if (dt__cluster_key_is(key, klen, "type")) {
-      if (p->have_type) return dt__cluster_dup_key(p, at, key);
-      p->have_type = 1;
-      at = p->i;
-      if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "a string (task type \"worker\" or \"ps\")");
-      if ((rc = dt__cluster_string(p, type, sizeof type, &tlen)) != DTRAIN_OK) return rc;
-      if (dt__cluster_key_is(type, tlen, "worker")) {
-        p->role = DTRAIN_ROLE_WORKER;
-      } else if (dt__cluster_key_is(type, tlen, "ps")) {
-        p->role = DTRAIN_ROLE_PS;
+static dt_result dt__cluster_task_obj(dt__cluster_doc *d, int32_t obj) {
+  const dt__json *j = d->j;
+  DT__CLUSTER_MEMBERS(j, obj, k, val) {
+    if (dt__json_eq(j, k, "type")) {
+      if (d->have_type) return dt__cluster_dup_key(d, k);
+      d->have_type = 1;
+      if (j->v[val].type != DT__JSON_STR) return dt__cluster_expected(d, obj, k, val);
+      if (dt__json_eq(j, val, "worker")) {
+        d->role = DTRAIN_ROLE_WORKER;
+      } else if (dt__json_eq(j, val, "ps")) {
+        d->role = DTRAIN_ROLE_PS;
       } else {
         return dt__error(DTRAIN_ERR_INVALID_ARG,
-                         "%s: byte %zu: task type \"%.*s\" is not supported (expected \"worker\" or \"ps\")", p->src,
-                         at, 15, type);
+                         "%s: byte %zu: task type \"%.*s\" is not supported (expected \"worker\" or \"ps\")", d->src,
+                         j->v[val].pos, 15, dt__json_str(j, val));
       }
-    } else if (dt__cluster_key_is(key, klen, "index")) {
-      if (p->have_index) return dt__cluster_dup_key(p, at, key);
-      p->have_index = 1;
-      at = p->i;
-      int ch = dt__cluster_peek(p);
-      if (ch != '-' && (ch < '0' || ch > '9')) return dt__cluster_expected(p, "a number (task index)");
-      if ((rc = dt__cluster_number(p, &iv)) != DTRAIN_OK) return rc;
-      if (iv < 0) {
-        p->i = at;
-        return dt__cluster_expected(p, "a non-negative integer (task index)");
-      }
-      p->index = (int)iv;
-    } else {
-      rc = dt__cluster_value(p, 2);
+    } else if (dt__json_eq(j, k, "index")) {
+      if (d->have_index) return dt__cluster_dup_key(d, k);
+      d->have_index = 1;
+      if (j->v[val].type != DT__JSON_NUM) return dt__cluster_expected(d, obj, k, val);
+      /* An integer in 0..INT_MAX; "-0" is 0 (the JSON grammar allows it). */
+      uint64_t v = 0;
+      const dt__json_val *x = &j->v[val];
+      int minus_zero = x->len == 2 && memcmp(j->s + x->off, "-0", 2) == 0;
+      if (!minus_zero && (!dt__json_uint(j, val, &v) || v > (uint64_t)INT_MAX))
+        return dt__cluster_expected_at(j, d->src, x->pos, "a non-negative integer (task index)");
+      d->index = (int)v;
     }
   }
-  return rc;
+  return DTRAIN_OK;
 }
 
-static dt_result dt__cluster_top(dt__cluster_json *p) {
-  dt_result rc;
-  int n = 0, more = 1;
-  char key[16];
-  size_t klen;
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (a JSON object)");
-  if ((rc = dt__cluster_open(p, 0, '{')) != DTRAIN_OK) return rc;
-  for (;;) {
-    size_t at = p->i;
-    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK) return rc;
-    if (!more) break;
-    if (dt__cluster_key_is(key, klen, "cluster")) {
-      if (p->have_cluster) return dt__cluster_dup_key(p, at, key);
-      p->have_cluster = 1;
-      if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (the \"cluster\" object)");
-      rc = dt__cluster_cluster_obj(p);
-    } else if (dt__cluster_key_is(key, klen, "task")) {
-      if (p->have_task) return dt__cluster_dup_key(p, at, key);
-      p->have_task = 1;
-      if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (the \"task\" object)");
-      rc = dt__cluster_task_obj(p);
-    } else {
-      rc = dt__cluster_value(p, 1);
+static dt_result dt__cluster_top(dt__cluster_doc *d) {
+  const dt__json *j = d->j;
+  dt_result rc = DTRAIN_OK;
+  DT__CLUSTER_MEMBERS(j, 0, k, val) {
+    if (dt__json_eq(j, k, "cluster")) {
+      if (d->have_cluster) return dt__cluster_dup_key(d, k);
+      d->have_cluster = 1;
+      if (j->v[val].type != DT__JSON_OBJ) return dt__cluster_expected(d, 0, k, val);
+      rc = dt__cluster_cluster_obj(d, val);
+    } else if (dt__json_eq(j, k, "task")) {
+      if (d->have_task) return dt__cluster_dup_key(d, k);
+      d->have_task = 1;
+      if (j->v[val].type != DT__JSON_OBJ) return dt__cluster_expected(d, 0, k, val);
+      rc = dt__cluster_task_obj(d, val);
     }
     if (rc != DTRAIN_OK) return rc;
   }
-  dt__cluster_ws(p);
-  if (p->i < p->n) return dt__cluster_expected(p, "end of text after the JSON object");
-  if (!p->have_cluster) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"cluster\"", p->src);
-  if (!p->have_task) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"task\"", p->src);
-  if (!p->have_type) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"type\" in \"task\"", p->src);
-  if (!p->have_index) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"index\" in \"task\"", p->src);
-  if (p->count[0] == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: \"cluster\" lists no \"worker\" addresses", p->src);
+  if (!d->have_cluster) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"cluster\"", d->src);
+  if (!d->have_task) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"task\"", d->src);
+  if (!d->have_type) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"type\" in \"task\"", d->src);
+  if (!d->have_index) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"index\" in \"task\"", d->src);
+  if (d->count[0] == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: \"cluster\" lists no \"worker\" addresses", d->src);
   return DTRAIN_OK;
 }
 
+/* The whole text is checked by the shared reader first (dt_json.c), then
+ * the values are walked for the keys this file knows. */
 static dt_result dt__cluster_parse(const char *json, const char *src, dt_cluster **out) {
-  dt__cluster_json p;
-  memset(&p, 0, sizeof p);
-  p.s = (const unsigned char *)json;
-  p.n = strlen(json);
-  p.src = src;
-  dt_result rc = dt__cluster_top(&p);
-  if (rc != DTRAIN_OK) return rc;
-  dt__cluster_json q;
-  memset(&q, 0, sizeof q);
-  q.s = p.s;
-  q.n = p.n;
-  q.src = src;
-  q.fill = dt__cluster_new(p.count[0], p.count[1], p.str_bytes, &q.strs);
-  if (!q.fill) return DTRAIN_ERR_NOMEM;
-  rc = dt__cluster_top(&q); /* the text passed once: this pass only fills */
-  if (rc == DTRAIN_OK) {
-    q.fill->role = q.role;
-    q.fill->index = q.index;
-    rc = dt__cluster_check(q.fill, src);
-  }
-  if (rc != DTRAIN_OK) {
-    dt_cluster_destroy(q.fill);
+  const unsigned char *s = (const unsigned char *)json;
+  size_t n = strlen(json), i = 0;
+  char f[16];
+  while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++;
+  if (i >= n || s[i] != '{')
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: expected '{' (a JSON object), found %s", src, i,
+                     dt__json_found(s, n, i, f, sizeof f));
+  dt__json j;
+  dt_result rc;
+  if (!dt__json_parse(&j, json, n, DT__CLUSTER_MAX_DEPTH, 1)) {
+    /* No value where this file wants a particular one: say which. */
+    const char *want = NULL;
+    if (j.err_value && j.err_in >= 0)
+      want = dt__cluster_want(&j, j.err_in, j.v[j.err_in].type == DT__JSON_OBJ ? (int32_t)j.nv - 1 : -1);
+    if (want)
+      rc = dt__cluster_expected_at(&j, src, j.err_pos, want);
+    else
+      rc = dt__error(j.nomem ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_FORMAT, "%s: %s", src, j.err);
+    dt__json_free(&j);
     return rc;
   }
-  *out = q.fill;
+  dt__cluster_doc d;
+  memset(&d, 0, sizeof d);
+  d.j = &j;
+  d.src = src;
+  d.list[0] = d.list[1] = -1;
+  rc = dt__cluster_top(&d);
+  dt_cluster *c = NULL;
+  if (rc == DTRAIN_OK) {
+    char *strs;
+    c = dt__cluster_new(d.count[0], d.count[1], d.str_bytes, &strs);
+    if (!c) rc = DTRAIN_ERR_NOMEM;
+    for (int r = 0; c && r < 2; r++) {
+      char **slots = r ? c->server_addr : c->worker_addr;
+      int k = 0;
+      for (int32_t e = d.list[r] >= 0 ? j.v[d.list[r]].child : -1; e >= 0; e = j.v[e].next)
+        dt__cluster_put(&slots[k++], &strs, dt__json_str(&j, e), j.v[e].len);
+    }
+  }
+  if (c) {
+    c->role = d.role;
+    c->index = d.index;
+    rc = dt__cluster_check(c, src);
+  }
+  dt__json_free(&j);
+  if (rc != DTRAIN_OK) {
+    dt_cluster_destroy(c);
+    return rc;
+  }
+  *out = c;
   return DTRAIN_OK;
 }
 
@@ -18752,6 +18573,7 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
 }
 
 #undef DT__CLUSTER_MAX_DEPTH
+#undef DT__CLUSTER_MEMBERS
 #undef DT__CLUSTER_ADDR_MAX
 #undef DT__CLUSTER_DEFAULT_PORT
 /* ======== end dt_cluster.c ======== */

@@ -1,8 +1,7 @@
 /* ===========================================================================
  * dt_io.c -- safetensors checkpoints: strict JSON, atomic save, validated load
  * ===========================================================================
- * Sections: the checksum, a strict JSON reader (into a
- * flat node array) and writer, the safetensors index (dt_checkpoint_open),
+ * Sections: the checksum, a JSON writer (the reader is dt_json.c), the safetensors index (dt_checkpoint_open),
  * save, load.
  *
  * Load never changes the model until everything is checked: the whole file is
@@ -11,6 +10,7 @@
  * and the RNGs (a step that cannot fail).
  */
 #include "dt_internal.h"
+#include "dt_json.h"
 
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
@@ -106,350 +106,6 @@ static dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt
   return dt__error(code, "%s: '%s': %s", c->fn, c->path, buf);
 }
 
-/* ---- strict JSON reader -------------------------------------------------------------
- * RFC 8259 exactly: objects, arrays, strings (escapes checked, \u surrogate
- * pairs paired, raw bytes valid UTF-8, no control characters), numbers in
- * the JSON grammar, true/false/null; whitespace is space, tab, CR, LF; no
- * trailing commas, comments, NaN or trailing garbage. Depth is limited to
- * DT__IO_JSON_DEPTH. Values go into a flat node array; an object's children
- * alternate key (a string node) and value. Strings are decoded into a pool
- * (NUL-terminated; a string containing U+0000 is refused). Numbers keep
- * their source text. */
-enum { DT__IO_JOBJ = 1, DT__IO_JARR, DT__IO_JSTR, DT__IO_JNUM, DT__IO_JTRUE, DT__IO_JFALSE, DT__IO_JNULL };
-
-typedef struct dt__io_jv {
-  int type;
-  int32_t child, next; /* first child, next sibling (-1: none) */
-  int32_t count;       /* children (objects: 2 per member) */
-  size_t off, len;     /* STR: pool offset and length; NUM: source offset and length */
-} dt__io_jv;
-
-typedef struct dt__io_json {
-  const unsigned char *s;
-  size_t n, pos;
-  dt__io_jv *v;
-  size_t nv, cap;
-  char *pool;
-  size_t pool_used, pool_cap;
-  int nomem;
-  char err[160];
-} dt__io_json;
-
-static int dt__io_jfail(dt__io_json *j, const char *what) {
-  if (!j->err[0]) {
-    if (j->pos < j->n) {
-      unsigned char ch = j->s[j->pos];
-      if (ch >= 0x20 && ch < 0x7f)
-        snprintf(j->err, sizeof j->err, "%s at byte %zu (found '%c')", what, j->pos, (char)ch);
-      else
-        snprintf(j->err, sizeof j->err, "%s at byte %zu (found byte 0x%02x)", what, j->pos, (unsigned)ch);
-    } else {
-      snprintf(j->err, sizeof j->err, "%s at byte %zu (end of header)", what, j->pos);
-    }
-  }
-  return -1;
-}
-
-static int32_t dt__io_jnode(dt__io_json *j, int type) {
-  if (j->nv == j->cap) {
-    size_t ncap = j->cap ? j->cap * 2 : 64;
-    if (ncap > (size_t)INT32_MAX) return dt__io_jfail(j, "too many JSON values");
-    dt__io_jv *nv = (dt__io_jv *)dt__realloc(j->v, j->cap * sizeof(dt__io_jv), ncap * sizeof(dt__io_jv));
-    if (!nv) {
-      j->nomem = 1;
-      return dt__io_jfail(j, "out of memory");
-    }
-    j->v = nv;
-    j->cap = ncap;
-  }
-  dt__io_jv *x = &j->v[j->nv];
-  memset(x, 0, sizeof *x);
-  x->type = type;
-  x->child = x->next = -1;
-  return (int32_t)j->nv++;
-}
-
-static void dt__io_jws(dt__io_json *j) {
-  while (j->pos < j->n) {
-    unsigned char c = j->s[j->pos];
-    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
-    j->pos++;
-  }
-}
-
-static int dt__io_jhex4(dt__io_json *j, uint32_t *out) {
-  uint32_t v = 0;
-  if (j->n - j->pos < 4) return 0;
-  for (int i = 0; i < 4; i++) {
-    unsigned char c = j->s[j->pos + (size_t)i];
-    int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10
-          : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
-    if (d < 0) return 0;
-    v = (v << 4) | (uint32_t)d;
-  }
-  j->pos += 4;
-  *out = v;
-  return 1;
-}
-
-static void dt__io_jput(dt__io_json *j, unsigned char c) {
-  j->pool[j->pool_used++] = (char)c; /* pool_cap >= n + 1 bounds every string */
-}
-
-/* Length of a valid UTF-8 sequence starting at p (lead >= 0x80), 0 if invalid. */
-static int dt__io_utf8_len(const unsigned char *p, size_t avail) {
-  unsigned char c = p[0];
-  int len;
-  unsigned char lo = 0x80, hi = 0xbf;
-  if (c >= 0xc2 && c <= 0xdf) len = 2;
-  else if (c >= 0xe0 && c <= 0xef) {
-    len = 3;
-    if (c == 0xe0) lo = 0xa0;      /* no overlong forms */
-    else if (c == 0xed) hi = 0x9f; /* no UTF-16 surrogates */
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4;
-    if (c == 0xf0) lo = 0x90;
-    else if (c == 0xf4) hi = 0x8f; /* at most U+10FFFF */
-  } else {
-    return 0;
-  }
-  if (avail < (size_t)len) return 0;
-  if (p[1] < lo || p[1] > hi) return 0;
-  for (int i = 2; i < len; i++)
-    if (p[i] < 0x80 || p[i] > 0xbf) return 0;
-  return len;
-}
-
-static int32_t dt__io_jstring(dt__io_json *j) {
-  int32_t id = dt__io_jnode(j, DT__IO_JSTR);
-  if (id < 0) return -1;
-  j->pos++; /* opening quote */
-  size_t start = j->pool_used;
-  for (;;) {
-    if (j->pos >= j->n) return dt__io_jfail(j, "unterminated string");
-    unsigned char c = j->s[j->pos];
-    if (c == '"') {
-      j->pos++;
-      break;
-    }
-    if (c < 0x20) return dt__io_jfail(j, "control character in a string");
-    if (c == '\\') {
-      j->pos++;
-      if (j->pos >= j->n) return dt__io_jfail(j, "unterminated escape");
-      unsigned char e = j->s[j->pos++];
-      switch (e) {
-        case '"': dt__io_jput(j, '"'); break;
-        case '\\': dt__io_jput(j, '\\'); break;
-        case '/': dt__io_jput(j, '/'); break;
-        case 'b': dt__io_jput(j, '\b'); break;
-        case 'f': dt__io_jput(j, '\f'); break;
-        case 'n': dt__io_jput(j, '\n'); break;
-        case 'r': dt__io_jput(j, '\r'); break;
-        case 't': dt__io_jput(j, '\t'); break;
-        case 'u': {
-          uint32_t cp, lo;
-          if (!dt__io_jhex4(j, &cp)) return dt__io_jfail(j, "bad \\u escape");
-          if (cp >= 0xdc00 && cp <= 0xdfff) return dt__io_jfail(j, "unpaired low surrogate");
-          if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (j->n - j->pos < 2 || j->s[j->pos] != '\\' || j->s[j->pos + 1] != 'u')
-              return dt__io_jfail(j, "unpaired high surrogate");
-            j->pos += 2;
-            if (!dt__io_jhex4(j, &lo) || lo < 0xdc00 || lo > 0xdfff)
-              return dt__io_jfail(j, "bad low surrogate");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          }
-          if (cp == 0) return dt__io_jfail(j, "\\u0000 in a string is not supported");
-          if (cp < 0x80) {
-            dt__io_jput(j, (unsigned char)cp);
-          } else if (cp < 0x800) {
-            dt__io_jput(j, (unsigned char)(0xc0 | (cp >> 6)));
-            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
-          } else if (cp < 0x10000) {
-            dt__io_jput(j, (unsigned char)(0xe0 | (cp >> 12)));
-            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
-            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
-          } else {
-            dt__io_jput(j, (unsigned char)(0xf0 | (cp >> 18)));
-            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 12) & 0x3f)));
-            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
-            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
-          }
-          break;
-        }
-        default: j->pos--; return dt__io_jfail(j, "bad escape");
-      }
-      continue;
-    }
-    if (c < 0x80) {
-      dt__io_jput(j, c);
-      j->pos++;
-      continue;
-    }
-    int len = dt__io_utf8_len(j->s + j->pos, j->n - j->pos);
-    if (!len) return dt__io_jfail(j, "invalid UTF-8 in a string");
-    for (int i = 0; i < len; i++) dt__io_jput(j, j->s[j->pos + (size_t)i]);
-    j->pos += (size_t)len;
-  }
-  j->pool[j->pool_used++] = '\0';
-  j->v[id].off = start;
-  j->v[id].len = j->pool_used - 1 - start;
-  return id;
-}
-
-static int dt__io_isdigit(unsigned char c) { return c >= '0' && c <= '9'; }
-
-static int32_t dt__io_jnumber(dt__io_json *j) {
-  size_t start = j->pos;
-  if (j->s[j->pos] == '-') j->pos++;
-  if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad number");
-  if (j->s[j->pos] == '0') {
-    j->pos++;
-    if (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "leading zero in a number");
-  } else {
-    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
-  }
-  if (j->pos < j->n && j->s[j->pos] == '.') {
-    j->pos++;
-    if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad fraction in a number");
-    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
-  }
-  if (j->pos < j->n && (j->s[j->pos] == 'e' || j->s[j->pos] == 'E')) {
-    j->pos++;
-    if (j->pos < j->n && (j->s[j->pos] == '+' || j->s[j->pos] == '-')) j->pos++;
-    if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad exponent in a number");
-    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
-  }
-  int32_t id = dt__io_jnode(j, DT__IO_JNUM);
-  if (id < 0) return -1;
-  j->v[id].off = start;
-  j->v[id].len = j->pos - start;
-  return id;
-}
-
-static int32_t dt__io_jvalue(dt__io_json *j, int depth);
-
-/* Object or array: children linked in order. */
-static int32_t dt__io_jcontainer(dt__io_json *j, int depth, int is_obj) {
-  if (depth >= DT__IO_JSON_DEPTH) return dt__io_jfail(j, "JSON nested too deeply");
-  int32_t id = dt__io_jnode(j, is_obj ? DT__IO_JOBJ : DT__IO_JARR);
-  if (id < 0) return -1;
-  unsigned char close = is_obj ? '}' : ']';
-  int32_t last = -1;
-  j->pos++;
-  dt__io_jws(j);
-  if (j->pos < j->n && j->s[j->pos] == close) {
-    j->pos++;
-    return id;
-  }
-  for (;;) {
-    int32_t k = -1, val;
-    dt__io_jws(j);
-    if (is_obj) {
-      if (j->pos >= j->n || j->s[j->pos] != '"') return dt__io_jfail(j, "expected a string key");
-      k = dt__io_jstring(j);
-      if (k < 0) return -1;
-      dt__io_jws(j);
-      if (j->pos >= j->n || j->s[j->pos] != ':') return dt__io_jfail(j, "expected ':'");
-      j->pos++;
-    }
-    val = dt__io_jvalue(j, depth + 1);
-    if (val < 0) return -1;
-    if (k >= 0) {
-      j->v[k].next = val;
-      if (last < 0) j->v[id].child = k;
-      else j->v[last].next = k;
-      j->v[id].count += 2;
-    } else {
-      if (last < 0) j->v[id].child = val;
-      else j->v[last].next = val;
-      j->v[id].count += 1;
-    }
-    last = val;
-    dt__io_jws(j);
-    if (j->pos >= j->n) return dt__io_jfail(j, is_obj ? "unterminated object" : "unterminated array");
-    if (j->s[j->pos] == ',') {
-      j->pos++;
-      continue;
-    }
-    if (j->s[j->pos] == close) {
-      j->pos++;
-      return id;
-    }
-    return dt__io_jfail(j, is_obj ? "expected ',' or '}'" : "expected ',' or ']'");
-  }
-}
-
-static int32_t dt__io_jliteral(dt__io_json *j, const char *word, int type) {
-  size_t len = strlen(word);
-  if (j->n - j->pos < len || memcmp(j->s + j->pos, word, len) != 0) return dt__io_jfail(j, "expected a value");
-  j->pos += len;
-  return dt__io_jnode(j, type);
-}
-
-static int32_t dt__io_jvalue(dt__io_json *j, int depth) {
-  dt__io_jws(j);
-  if (j->pos >= j->n) return dt__io_jfail(j, "expected a value");
-  unsigned char c = j->s[j->pos];
-  switch (c) {
-    case '{': return dt__io_jcontainer(j, depth, 1);
-    case '[': return dt__io_jcontainer(j, depth, 0);
-    case '"': return dt__io_jstring(j);
-    case 't': return dt__io_jliteral(j, "true", DT__IO_JTRUE);
-    case 'f': return dt__io_jliteral(j, "false", DT__IO_JFALSE);
-    case 'n': return dt__io_jliteral(j, "null", DT__IO_JNULL);
-    default:
-      if (c == '-' || dt__io_isdigit(c)) return dt__io_jnumber(j);
-      return dt__io_jfail(j, "expected a value");
-  }
-}
-
-static void dt__io_json_free(dt__io_json *j) {
-  dt__free(j->v, j->cap * sizeof(dt__io_jv));
-  dt__free(j->pool, j->pool_cap);
-  j->v = NULL;
-  j->pool = NULL;
-  j->cap = j->pool_cap = 0;
-}
-
-/* Parse s[0..n) as one JSON value. Returns 1, or 0 with j->err set. */
-static int dt__io_json_parse(dt__io_json *j, const unsigned char *s, size_t n) {
-  memset(j, 0, sizeof *j);
-  j->s = s;
-  j->n = n;
-  j->pool_cap = n + 1;
-  j->pool = (char *)dt__alloc(j->pool_cap);
-  if (!j->pool) {
-    j->pool_cap = 0;
-    j->nomem = 1;
-    snprintf(j->err, sizeof j->err, "out of memory for a %zu-byte header", n);
-    return 0;
-  }
-  if (dt__io_jvalue(j, 0) < 0) return 0;
-  dt__io_jws(j);
-  if (j->pos != n) {
-    dt__io_jfail(j, "unexpected data after the JSON value");
-    return 0;
-  }
-  return 1;
-}
-
-static const char *dt__io_jstr(const dt__io_json *j, int32_t id) { return j->pool + j->v[id].off; }
-
-/* Non-negative JSON integer (no sign, fraction or exponent) into *out. */
-static int dt__io_juint(const dt__io_json *j, int32_t id, uint64_t *out) {
-  const dt__io_jv *x = &j->v[id];
-  if (x->type != DT__IO_JNUM) return 0;
-  uint64_t v = 0;
-  for (size_t i = 0; i < x->len; i++) {
-    unsigned char c = j->s[x->off + i];
-    if (!dt__io_isdigit(c)) return 0;
-    if (v > (UINT64_MAX - (uint64_t)(c - '0')) / 10) return 0;
-    v = v * 10 + (uint64_t)(c - '0');
-  }
-  *out = v;
-  return x->len > 0;
-}
-
 /* ---- JSON writer: a growable byte buffer -------------------------------------------- */
 
 typedef struct dt__io_buf {
@@ -523,8 +179,9 @@ static int dt__io_valid_utf8(const char *s) {
       i++;
       continue;
     }
-    int len = dt__io_utf8_len(p + i, n - i);
-    if (!len) return 0;
+    size_t bad;
+    int len = dt__json_utf8(p + i, n - i, &bad);
+    if (len <= 0) return 0;
     i += (size_t)len;
   }
   return 1;
@@ -556,7 +213,7 @@ struct dt_checkpoint {
   size_t header_len;
   const unsigned char *data;
   size_t data_size;
-  dt__io_json json;
+  dt__json json;
   dt__io_entry *entries; /* sorted by data offset */
   int nentries;
   int *by_name;          /* entry indices sorted by name */
@@ -592,7 +249,7 @@ static int *dt__io_sorted_index(const char *const *names, int n) {
 DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) {
   if (!c) return;
   dt__free(c->file, c->file_cap);
-  dt__io_json_free(&c->json);
+  dt__json_free(&c->json);
   dt__free(c->entries, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(dt__io_entry));
   dt__free(c->by_name, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(int));
   dt__free((void *)c->mkeys, (size_t)(c->nmeta > 0 ? c->nmeta : 1) * sizeof(char *));
@@ -671,19 +328,19 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
   c->header_len = (size_t)n;
   c->data = c->file + 8 + c->header_len;
   c->data_size = c->file_size - 8 - c->header_len;
-  dt__io_json *j = &c->json;
-  if (!dt__io_json_parse(j, c->file + 8, c->header_len))
+  dt__json *j = &c->json;
+  if (!dt__json_parse(j, c->file + 8, c->header_len, DT__IO_JSON_DEPTH, 0))
     return dt__io_err(ctx, j->nomem ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_FORMAT, "header JSON: %s", j->err);
-  const dt__io_jv *top = &j->v[0];
-  if (top->type != DT__IO_JOBJ) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "header is not a JSON object");
+  const dt__json_val *top = &j->v[0];
+  if (top->type != DT__JSON_OBJ) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "header is not a JSON object");
 
   /* Count members. */
   int nent = 0, nmeta = 0, seen_meta = 0;
   for (int32_t k = top->child; k >= 0; k = j->v[j->v[k].next].next) {
     int32_t val = j->v[k].next;
-    if (strcmp(dt__io_jstr(j, k), "__metadata__") == 0) {
+    if (strcmp(dt__json_str(j, k), "__metadata__") == 0) {
       if (seen_meta++) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "duplicate key '__metadata__'");
-      if (j->v[val].type != DT__IO_JOBJ)
+      if (j->v[val].type != DT__JSON_OBJ)
         return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "'__metadata__' is not an object of strings");
       nmeta = j->v[val].count / 2;
     } else {
@@ -699,27 +356,27 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
 
   int ie = 0;
   for (int32_t k = top->child; k >= 0; k = j->v[j->v[k].next].next) {
-    const char *key = dt__io_jstr(j, k);
+    const char *key = dt__json_str(j, k);
     int32_t val = j->v[k].next;
     if (strcmp(key, "__metadata__") == 0) {
       int im = 0;
       for (int32_t mk = j->v[val].child; mk >= 0; mk = j->v[j->v[mk].next].next) {
         int32_t mv = j->v[mk].next;
-        if (j->v[mv].type != DT__IO_JSTR)
-          return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata '%s' is not a string", dt__io_jstr(j, mk));
-        c->mkeys[im] = dt__io_jstr(j, mk);
-        c->mvals[im] = dt__io_jstr(j, mv);
+        if (j->v[mv].type != DT__JSON_STR)
+          return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata '%s' is not a string", dt__json_str(j, mk));
+        c->mkeys[im] = dt__json_str(j, mk);
+        c->mvals[im] = dt__json_str(j, mv);
         im++;
       }
       continue;
     }
     dt__io_entry *e = &c->entries[ie++];
     e->name = key;
-    if (j->v[val].type != DT__IO_JOBJ)
+    if (j->v[val].type != DT__JSON_OBJ)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': entry is not an object", key);
     int32_t fdtype = -1, fshape = -1, foffs = -1;
     for (int32_t fk = j->v[val].child; fk >= 0; fk = j->v[j->v[fk].next].next) {
-      const char *f = dt__io_jstr(j, fk);
+      const char *f = dt__json_str(j, fk);
       int32_t *slot = strcmp(f, "dtype") == 0 ? &fdtype : strcmp(f, "shape") == 0 ? &fshape
                     : strcmp(f, "data_offsets") == 0 ? &foffs : NULL;
       if (!slot) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': unknown field '%s'", key, f);
@@ -730,9 +387,9 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': missing field '%s'", key,
                         fdtype < 0 ? "dtype" : fshape < 0 ? "shape" : "data_offsets");
     /* dtype */
-    if (j->v[fdtype].type != DT__IO_JSTR)
+    if (j->v[fdtype].type != DT__JSON_STR)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': dtype is not a string", key);
-    const char *dt = dt__io_jstr(j, fdtype);
+    const char *dt = dt__json_str(j, fdtype);
     e->dtype = NULL;
     for (size_t t = 0; t < sizeof dt__io_dtypes / sizeof dt__io_dtypes[0]; t++)
       if (strcmp(dt, dt__io_dtypes[t].name) == 0) {
@@ -743,7 +400,7 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
     if (need_f32 && strcmp(e->dtype, "F32") != 0)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s' has dtype %s; dtrain loads F32 only", key, e->dtype);
     /* shape */
-    if (j->v[fshape].type != DT__IO_JARR)
+    if (j->v[fshape].type != DT__JSON_ARR)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': shape is not an array", key);
     if (j->v[fshape].count > DTRAIN_MAX_DIMS)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s' has %d dimensions (dtrain reads at most %d)", key,
@@ -753,7 +410,7 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
     int overflow = 0, d = 0;
     for (int32_t sv = j->v[fshape].child; sv >= 0; sv = j->v[sv].next, d++) {
       uint64_t dim;
-      if (!dt__io_juint(j, sv, &dim) || dim > (uint64_t)INT64_MAX)
+      if (!dt__json_uint(j, sv, &dim) || dim > (uint64_t)INT64_MAX)
         return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': shape holds a value that is not a size", key);
       e->shape[d] = (int64_t)dim;
       if (dim != 0 && nel > UINT64_MAX / dim) overflow = 1;
@@ -761,10 +418,10 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
     }
     for (; d < DTRAIN_MAX_DIMS; d++) e->shape[d] = 1;
     /* offsets */
-    if (j->v[foffs].type != DT__IO_JARR || j->v[foffs].count != 2)
+    if (j->v[foffs].type != DT__JSON_ARR || j->v[foffs].count != 2)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': data_offsets is not [begin, end]", key);
     int32_t b0 = j->v[foffs].child, b1 = j->v[b0].next;
-    if (!dt__io_juint(j, b0, &e->begin) || !dt__io_juint(j, b1, &e->end))
+    if (!dt__json_uint(j, b0, &e->begin) || !dt__json_uint(j, b1, &e->end))
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': data_offsets hold a value that is not an offset", key);
     if (e->begin > e->end)
       return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "tensor '%s': data_offsets [%llu, %llu] end before they begin", key,
@@ -1584,26 +1241,26 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
     }
     if (o) {
       const char *kind = dt__io_kind_name(dt_optim_get_desc(o)->kind);
-      dt__io_json oj;
+      dt__json oj;
       int ok = 0;
       v = dt__io_meta_get(c, "optimizer");
       if (!v) {
         r = dt__io_err(&ctx, DTRAIN_ERR_MISMATCH, "the checkpoint has no optimizer state (saved without one); load with optim = NULL");
         goto done;
       }
-      if (dt__io_json_parse(&oj, (const unsigned char *)v, strlen(v)) && oj.v[0].type == DT__IO_JOBJ) {
+      if (dt__json_parse(&oj, v, strlen(v), DT__IO_JSON_DEPTH, 0) && oj.v[0].type == DT__JSON_OBJ) {
         for (int32_t k = oj.v[0].child; k >= 0; k = oj.v[oj.v[k].next].next) {
           int32_t val = oj.v[k].next;
-          if (strcmp(dt__io_jstr(&oj, k), "kind") == 0 && oj.v[val].type == DT__IO_JSTR) {
+          if (strcmp(dt__json_str(&oj, k), "kind") == 0 && oj.v[val].type == DT__JSON_STR) {
             ok = 1;
-            if (strcmp(dt__io_jstr(&oj, val), kind) != 0) ok = 2;
+            if (strcmp(dt__json_str(&oj, val), kind) != 0) ok = 2;
             if (ok == 2)
               r = dt__io_err(&ctx, DTRAIN_ERR_MISMATCH, "the checkpoint holds %s optimizer state; this optimizer is %s",
-                             dt__io_jstr(&oj, val), kind);
+                             dt__json_str(&oj, val), kind);
           }
         }
       }
-      dt__io_json_free(&oj);
+      dt__json_free(&oj);
       if (ok == 0) r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'optimizer' is not a JSON object with a \"kind\"");
       if (r != DTRAIN_OK) goto done;
     }
