@@ -10934,39 +10934,23 @@ DTRAIN_PRIVATE int dt__json_uint(const dt__json *j, int32_t id, uint64_t *out) {
 }
 /* ======== end dt_json.c ======== */
 
-/* ======== begin dt_io.c ======== */
+/* ======== begin dt_safetensors.h ======== */
 /* ===========================================================================
- * dt_io.c -- safetensors checkpoints: strict JSON, atomic save, validated load
+ * dt_safetensors.h -- what the safetensors reader (dt_safetensors.c) shares
+ * with checkpoint save and load (dt_checkpoint.c)
  * ===========================================================================
- * Sections: the checksum, a JSON writer (the reader is dt_json.c), the safetensors index (dt_checkpoint_open),
- * save, load.
- *
- * Load never changes the model until everything is checked: the whole file is
- * read into memory (the scratch copy), parsed and validated against the model,
- * and only then are the floats decoded into the params, the optimizer state
- * and the RNGs (a step that cannot fail).
  */
+#ifndef DTRAIN_SAFETENSORS_H
+#define DTRAIN_SAFETENSORS_H
+
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_json.h" (amalgamated) */
 
-#if !defined(DTRAIN_NO_STDIO)
-#  include <errno.h>
-#  if defined(_WIN32)
-#    include <process.h>
-#  else
-#    include <fcntl.h>
-#    include <sys/stat.h>
-#    include <sys/types.h>
-#    include <unistd.h>
-#  endif
-#endif
-
 #ifndef DTRAIN_NO_STDIO
 
-#define DT__IO_JSON_DEPTH 64
-#define DT__IO_HEX_RNG 64 /* hex digits of a 4 x 64-bit RNG state */
+#define DT__IO_JSON_DEPTH 64 /* nesting allowed in a header (and its "optimizer" metadata) */
 
-/* ---- checksum ----------------------------------------------------------------------
+/* ---- the checksum ----------------------------------------------------------------------
  * A streaming 64-bit hash for corruption detection (not security): FNV-1a
  * style over little-endian 64-bit words, h = (h ^ w) * P; h ^= h >> 32, then
  * the tail bytes one by one. Each step is a bijection of h, so changing any
@@ -10983,158 +10967,21 @@ typedef struct dt__io_hasher {
   int nc;
 } dt__io_hasher;
 
-static void dt__io_hash_init(dt__io_hasher *s) {
-  s->h = DT__FNV64_OFFSET;
-  s->nc = 0;
-}
+DTRAIN_PRIVATE void dt__io_hash_init(dt__io_hasher *s);
+DTRAIN_PRIVATE void dt__io_hash(dt__io_hasher *s, const void *data, size_t n);
+DTRAIN_PRIVATE void dt__io_hash_u64(dt__io_hasher *s, uint64_t v);
+DTRAIN_PRIVATE uint64_t dt__io_hash_final(dt__io_hasher *s);
 
-static void dt__io_hash_word(dt__io_hasher *s, uint64_t w) {
-  s->h = (s->h ^ w) * DT__FNV64_PRIME;
-  s->h ^= s->h >> 32;
-}
-
-static void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
-  const unsigned char *p = (const unsigned char *)data;
-  while (n > 0 && s->nc > 0) {
-    s->carry[s->nc++] = *p++;
-    n--;
-    if (s->nc == 8) {
-      dt__io_hash_word(s, dt__get_le64(s->carry));
-      s->nc = 0;
-    }
-  }
-  while (n >= 8) {
-    dt__io_hash_word(s, dt__get_le64(p));
-    p += 8;
-    n -= 8;
-  }
-  while (n > 0) {
-    s->carry[s->nc++] = *p++;
-    n--;
-  }
-}
-
-static void dt__io_hash_u64(dt__io_hasher *s, uint64_t v) {
-  unsigned char le[8];
-  dt__put_le64(le, v);
-  dt__io_hash(s, le, 8);
-}
-
-static uint64_t dt__io_hash_final(dt__io_hasher *s) {
-  s->h = dt__fnv1a64(s->h, s->carry, (size_t)s->nc); /* the tail bytes one by one */
-  s->nc = 0;
-  return s->h;
-}
-
-/* ---- error context ----------------------------------------------------------------- */
+/* ---- error context: "<fn>: '<path>': <message>" --------------------------------------- */
 
 typedef struct dt__io_ctx {
   const char *fn;   /* public function name */
   const char *path;
 } dt__io_ctx;
 
-static dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt, ...) DT__PRINTF(3, 4);
-static dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt, ...) {
-  char buf[DT__MSG_CAP];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return dt__error(code, "%s: '%s': %s", c->fn, c->path, buf);
-}
+DTRAIN_PRIVATE dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt, ...) DT__PRINTF(3, 4);
 
-/* ---- JSON writer: a growable byte buffer -------------------------------------------- */
-
-typedef struct dt__io_buf {
-  char *p;
-  size_t len, cap;
-  int nomem;
-} dt__io_buf;
-
-static void dt__io_buf_put(dt__io_buf *b, const void *s, size_t n) {
-  if (b->nomem) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t ncap = b->cap ? b->cap : 256;
-    while (ncap < b->len + n + 1) ncap *= 2;
-    char *np = (char *)dt__realloc(b->p, b->cap, ncap);
-    if (!np) {
-      b->nomem = 1;
-      return;
-    }
-    b->p = np;
-    b->cap = ncap;
-  }
-  memcpy(b->p + b->len, s, n);
-  b->len += n;
-  b->p[b->len] = '\0';
-}
-
-static void dt__io_buf_str(dt__io_buf *b, const char *s) { dt__io_buf_put(b, s, strlen(s)); }
-
-static void dt__io_buf_u64(dt__io_buf *b, uint64_t v) {
-  char tmp[24];
-  snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
-  dt__io_buf_str(b, tmp);
-}
-
-/* Quoted JSON string; s must be valid UTF-8 (checked by the caller). */
-static void dt__io_buf_jstr(dt__io_buf *b, const char *s) {
-  static const char hex[] = "0123456789abcdef";
-  dt__io_buf_put(b, "\"", 1);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    char esc[7];
-    switch (*p) {
-      case '"': dt__io_buf_put(b, "\\\"", 2); break;
-      case '\\': dt__io_buf_put(b, "\\\\", 2); break;
-      case '\n': dt__io_buf_put(b, "\\n", 2); break;
-      case '\r': dt__io_buf_put(b, "\\r", 2); break;
-      case '\t': dt__io_buf_put(b, "\\t", 2); break;
-      default:
-        if (*p < 0x20) {
-          esc[0] = '\\'; esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
-          esc[4] = hex[*p >> 4]; esc[5] = hex[*p & 15]; esc[6] = '\0';
-          dt__io_buf_put(b, esc, 6);
-        } else {
-          dt__io_buf_put(b, p, 1);
-        }
-    }
-  }
-  dt__io_buf_put(b, "\"", 1);
-}
-
-static void dt__io_buf_free(dt__io_buf *b) {
-  dt__free(b->p, b->cap);
-  b->p = NULL;
-  b->len = b->cap = 0;
-}
-
-static int dt__io_valid_utf8(const char *s) {
-  const unsigned char *p = (const unsigned char *)s;
-  size_t n = strlen(s);
-  for (size_t i = 0; i < n;) {
-    if (p[i] < 0x80) {
-      i++;
-      continue;
-    }
-    size_t bad;
-    int len = dt__json_utf8(p + i, n - i, &bad);
-    if (len <= 0) return 0;
-    i += (size_t)len;
-  }
-  return 1;
-}
-
-/* ---- the safetensors index ----------------------------------------------------------- */
-
-typedef struct dt__io_dtype {
-  const char *name;
-  int size;
-} dt__io_dtype;
-
-static const dt__io_dtype dt__io_dtypes[] = {
-  {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I8", 1}, {"U8", 1}, {"I16", 2}, {"U16", 2},
-  {"I32", 4}, {"U32", 4}, {"I64", 8}, {"U64", 8}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
-};
+/* ---- an opened file's index ------------------------------------------------------------ */
 
 typedef struct dt__io_entry {
   const char *name;  /* in the JSON pool */
@@ -11159,6 +11006,117 @@ struct dt_checkpoint {
   int is_dtrain;         /* metadata "format" is "dtrain" */
 };
 
+/* Hashes c's entries (in by_name order) and metadata (in meta_order, without
+ * "checksum"): the checksum's first part, the data bytes follow. */
+DTRAIN_PRIVATE void dt__io_hash_index(dt__io_hasher *h, const dt_checkpoint *c, const int *meta_order);
+/* Indices 0..n-1 sorted by names[i]; NULL when out of memory. */
+DTRAIN_PRIVATE int *dt__io_sorted_index(const char *const *names, int n);
+DTRAIN_PRIVATE const char *dt__io_meta_get(const dt_checkpoint *c, const char *key);
+/* Entry index of the tensor called name, -1 when there is none. */
+DTRAIN_PRIVATE int dt__io_find(const dt_checkpoint *c, const char *name);
+/* Exactly 16 lowercase hex digits into *out. */
+DTRAIN_PRIVATE int dt__io_parse_hex64(const char *s, uint64_t *out);
+/* Reads and indexes the file ctx->path (need_f32: refuse other dtypes at
+ * once). NULL and *res set (with a message) on failure. */
+DTRAIN_PRIVATE dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, dt_result *res);
+
+#endif /* DTRAIN_NO_STDIO */
+#endif /* DTRAIN_SAFETENSORS_H */
+/* ======== end dt_safetensors.h ======== */
+
+/* ======== begin dt_safetensors.c ======== */
+/* ===========================================================================
+ * dt_safetensors.c -- reading safetensors files: the checksum, the strict
+ * index (dt_checkpoint_open and friends)
+ * ===========================================================================
+ * A file is read whole, its header parsed by the strict JSON reader
+ * (dt_json.c) and every entry checked: known dtype, a shape that matches its
+ * byte range, ranges that tile the data exactly, unique names, and for a
+ * dtrain checkpoint the checksum. Checkpoint save and load (dt_checkpoint.c)
+ * build on this index.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_json.h" (amalgamated) */
+/* #include "dt_safetensors.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_STDIO)
+#  include <errno.h>
+#  if !defined(_WIN32)
+#    include <sys/stat.h>
+#    include <sys/types.h>
+#  endif
+#endif
+
+#ifndef DTRAIN_NO_STDIO
+
+/* ---- checksum (the format is described in dt_safetensors.h) --------------------------------- */
+
+DTRAIN_PRIVATE void dt__io_hash_init(dt__io_hasher *s) {
+  s->h = DT__FNV64_OFFSET;
+  s->nc = 0;
+}
+
+static void dt__io_hash_word(dt__io_hasher *s, uint64_t w) {
+  s->h = (s->h ^ w) * DT__FNV64_PRIME;
+  s->h ^= s->h >> 32;
+}
+
+DTRAIN_PRIVATE void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
+  const unsigned char *p = (const unsigned char *)data;
+  while (n > 0 && s->nc > 0) {
+    s->carry[s->nc++] = *p++;
+    n--;
+    if (s->nc == 8) {
+      dt__io_hash_word(s, dt__get_le64(s->carry));
+      s->nc = 0;
+    }
+  }
+  while (n >= 8) {
+    dt__io_hash_word(s, dt__get_le64(p));
+    p += 8;
+    n -= 8;
+  }
+  while (n > 0) {
+    s->carry[s->nc++] = *p++;
+    n--;
+  }
+}
+
+DTRAIN_PRIVATE void dt__io_hash_u64(dt__io_hasher *s, uint64_t v) {
+  unsigned char le[8];
+  dt__put_le64(le, v);
+  dt__io_hash(s, le, 8);
+}
+
+DTRAIN_PRIVATE uint64_t dt__io_hash_final(dt__io_hasher *s) {
+  s->h = dt__fnv1a64(s->h, s->carry, (size_t)s->nc); /* the tail bytes one by one */
+  s->nc = 0;
+  return s->h;
+}
+
+/* ---- error context ----------------------------------------------------------------- */
+
+DTRAIN_PRIVATE dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt, ...) {
+  char buf[DT__MSG_CAP];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return dt__error(code, "%s: '%s': %s", c->fn, c->path, buf);
+}
+
+/* ---- the safetensors index ----------------------------------------------------------- */
+
+typedef struct dt__io_dtype {
+  const char *name;
+  int size;
+} dt__io_dtype;
+
+static const dt__io_dtype dt__io_dtypes[] = {
+  {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I8", 1}, {"U8", 1}, {"I16", 2}, {"U16", 2},
+  {"I32", 4}, {"U32", 4}, {"I64", 8}, {"U64", 8}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+};
+
 static int dt__io_cmp_entry_off(const void *a, const void *b) {
   const dt__io_entry *x = (const dt__io_entry *)a, *y = (const dt__io_entry *)b;
   if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
@@ -11173,7 +11131,7 @@ static int dt__io_cmp_idx_name(const void *a, const void *b) {
 }
 
 /* Indices 0..n-1 sorted by names[i]; NULL when out of memory. */
-static int *dt__io_sorted_index(const char *const *names, int n) {
+DTRAIN_PRIVATE int *dt__io_sorted_index(const char *const *names, int n) {
   int *idx = (int *)dt__alloc((size_t)(n > 0 ? n : 1) * sizeof(int));
   if (!idx) return NULL;
   for (int i = 0; i < n; i++) idx[i] = i;
@@ -11194,13 +11152,13 @@ DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) {
   dt__free(c, sizeof *c);
 }
 
-static const char *dt__io_meta_get(const dt_checkpoint *c, const char *key) {
+DTRAIN_PRIVATE const char *dt__io_meta_get(const dt_checkpoint *c, const char *key) {
   for (int i = 0; i < c->nmeta; i++)
     if (strcmp(c->mkeys[i], key) == 0) return c->mvals[i];
   return NULL;
 }
 
-static int dt__io_find(const dt_checkpoint *c, const char *name) {
+DTRAIN_PRIVATE int dt__io_find(const dt_checkpoint *c, const char *name) {
   int lo = 0, hi = c->nentries - 1;
   while (lo <= hi) {
     int mid = lo + (hi - lo) / 2;
@@ -11212,30 +11170,34 @@ static int dt__io_find(const dt_checkpoint *c, const char *name) {
   return -1;
 }
 
-/* Checksum of an index (entries, metadata) and data, as described above. */
-static uint64_t dt__io_checksum(const dt_checkpoint *c, const int *meta_order) {
-  dt__io_hasher h;
-  dt__io_hash_init(&h);
+DTRAIN_PRIVATE void dt__io_hash_index(dt__io_hasher *h, const dt_checkpoint *c, const int *meta_order) {
   for (int k = 0; k < c->nentries; k++) {
     const dt__io_entry *e = &c->entries[c->by_name[k]];
-    dt__io_hash(&h, e->name, strlen(e->name) + 1);
-    dt__io_hash(&h, e->dtype, strlen(e->dtype) + 1);
-    dt__io_hash_u64(&h, (uint64_t)e->ndim);
-    for (int d = 0; d < e->ndim; d++) dt__io_hash_u64(&h, (uint64_t)e->shape[d]);
-    dt__io_hash_u64(&h, e->begin);
-    dt__io_hash_u64(&h, e->end);
+    dt__io_hash(h, e->name, strlen(e->name) + 1);
+    dt__io_hash(h, e->dtype, strlen(e->dtype) + 1);
+    dt__io_hash_u64(h, (uint64_t)e->ndim);
+    for (int d = 0; d < e->ndim; d++) dt__io_hash_u64(h, (uint64_t)e->shape[d]);
+    dt__io_hash_u64(h, e->begin);
+    dt__io_hash_u64(h, e->end);
   }
   for (int k = 0; k < c->nmeta; k++) {
     int i = meta_order[k];
     if (strcmp(c->mkeys[i], "checksum") == 0) continue;
-    dt__io_hash(&h, c->mkeys[i], strlen(c->mkeys[i]) + 1);
-    dt__io_hash(&h, c->mvals[i], strlen(c->mvals[i]) + 1);
+    dt__io_hash(h, c->mkeys[i], strlen(c->mkeys[i]) + 1);
+    dt__io_hash(h, c->mvals[i], strlen(c->mvals[i]) + 1);
   }
+}
+
+/* Checksum of an opened file: its index, then its data. */
+static uint64_t dt__io_checksum(const dt_checkpoint *c, const int *meta_order) {
+  dt__io_hasher h;
+  dt__io_hash_init(&h);
+  dt__io_hash_index(&h, c, meta_order);
   dt__io_hash(&h, c->data, c->data_size);
   return dt__io_hash_final(&h);
 }
 
-static int dt__io_parse_hex64(const char *s, uint64_t *out) {
+DTRAIN_PRIVATE int dt__io_parse_hex64(const char *s, uint64_t *out) {
   uint64_t v = 0;
   if (strlen(s) != 16) return 0;
   for (int i = 0; i < 16; i++) {
@@ -11465,7 +11427,7 @@ static dt_result dt__io_read_file(dt_checkpoint *c, const dt__io_ctx *ctx) {
   return r;
 }
 
-static dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, dt_result *res) {
+DTRAIN_PRIVATE dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, dt_result *res) {
   dt_checkpoint *c = (dt_checkpoint *)dt__calloc(sizeof *c);
   if (!c) {
     *res = dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory");
@@ -11548,6 +11510,164 @@ DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *ke
 
 DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { return c ? (uint64_t)c->file_size : 0; }
 DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { return c ? (uint64_t)c->header_len : 0; }
+
+#else /* DTRAIN_NO_STDIO: no file I/O, every entry point says so */
+
+struct dt_checkpoint {
+  int unused;
+};
+
+static dt_result dt__io_unsupported(const char *fn) {
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: built with DTRAIN_NO_STDIO (no file I/O)", fn);
+}
+
+DTRAIN_API dt_checkpoint *dt_checkpoint_open(const char *path) {
+  (void)path;
+  dt__io_unsupported("dt_checkpoint_open");
+  return NULL;
+}
+DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) { (void)c; }
+DTRAIN_API int dt_checkpoint_count(const dt_checkpoint *c) { (void)c; return 0; }
+DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, dt_checkpoint_entry *out) {
+  (void)c; (void)index; (void)out;
+  return dt__io_unsupported("dt_checkpoint_entry_at");
+}
+DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
+  (void)c; (void)name;
+  return DTRAIN_ERR_UNSUPPORTED;
+}
+DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n) {
+  (void)c; (void)index; (void)dst; (void)n;
+  return dt__io_unsupported("dt_checkpoint_read_f32");
+}
+DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c) { (void)c; return 0; }
+DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value) {
+  (void)c; (void)index; (void)key; (void)value;
+  return dt__io_unsupported("dt_checkpoint_meta_at");
+}
+DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
+  (void)c; (void)key;
+  return NULL;
+}
+DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { (void)c; return 0; }
+DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { (void)c; return 0; }
+
+#endif /* DTRAIN_NO_STDIO */
+/* ======== end dt_safetensors.c ======== */
+
+/* ======== begin dt_checkpoint.c ======== */
+/* ===========================================================================
+ * dt_checkpoint.c -- training checkpoints as safetensors: atomic save,
+ * validated load
+ * ===========================================================================
+ * Sections: a JSON writer, optimizer state names, save, load. Reading the
+ * file and its index is dt_safetensors.c's part.
+ *
+ * Load never changes the model until everything is checked: the whole file is
+ * read into memory (the scratch copy), parsed and validated against the model,
+ * and only then are the floats decoded into the params, the optimizer state
+ * and the RNGs (a step that cannot fail).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_json.h" (amalgamated) */
+/* #include "dt_safetensors.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_STDIO)
+#  include <errno.h>
+#  if defined(_WIN32)
+#    include <process.h>
+#  else
+#    include <fcntl.h>
+#    include <sys/stat.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
+#endif
+
+#ifndef DTRAIN_NO_STDIO
+
+#define DT__IO_HEX_RNG 64 /* hex digits of a 4 x 64-bit RNG state */
+
+/* ---- JSON writer: a growable byte buffer -------------------------------------------- */
+
+typedef struct dt__io_buf {
+  char *p;
+  size_t len, cap;
+  int nomem;
+} dt__io_buf;
+
+static void dt__io_buf_put(dt__io_buf *b, const void *s, size_t n) {
+  if (b->nomem) return;
+  if (b->len + n + 1 > b->cap) {
+    size_t ncap = b->cap ? b->cap : 256;
+    while (ncap < b->len + n + 1) ncap *= 2;
+    char *np = (char *)dt__realloc(b->p, b->cap, ncap);
+    if (!np) {
+      b->nomem = 1;
+      return;
+    }
+    b->p = np;
+    b->cap = ncap;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = '\0';
+}
+
+static void dt__io_buf_str(dt__io_buf *b, const char *s) { dt__io_buf_put(b, s, strlen(s)); }
+
+static void dt__io_buf_u64(dt__io_buf *b, uint64_t v) {
+  char tmp[24];
+  snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
+  dt__io_buf_str(b, tmp);
+}
+
+/* Quoted JSON string; s must be valid UTF-8 (checked by the caller). */
+static void dt__io_buf_jstr(dt__io_buf *b, const char *s) {
+  static const char hex[] = "0123456789abcdef";
+  dt__io_buf_put(b, "\"", 1);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    char esc[7];
+    switch (*p) {
+      case '"': dt__io_buf_put(b, "\\\"", 2); break;
+      case '\\': dt__io_buf_put(b, "\\\\", 2); break;
+      case '\n': dt__io_buf_put(b, "\\n", 2); break;
+      case '\r': dt__io_buf_put(b, "\\r", 2); break;
+      case '\t': dt__io_buf_put(b, "\\t", 2); break;
+      default:
+        if (*p < 0x20) {
+          esc[0] = '\\'; esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
+          esc[4] = hex[*p >> 4]; esc[5] = hex[*p & 15]; esc[6] = '\0';
+          dt__io_buf_put(b, esc, 6);
+        } else {
+          dt__io_buf_put(b, p, 1);
+        }
+    }
+  }
+  dt__io_buf_put(b, "\"", 1);
+}
+
+static void dt__io_buf_free(dt__io_buf *b) {
+  dt__free(b->p, b->cap);
+  b->p = NULL;
+  b->len = b->cap = 0;
+}
+
+static int dt__io_valid_utf8(const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t n = strlen(s);
+  for (size_t i = 0; i < n;) {
+    if (p[i] < 0x80) {
+      i++;
+      continue;
+    }
+    size_t bad;
+    int len = dt__json_utf8(p + i, n - i, &bad);
+    if (len <= 0) return 0;
+    i += (size_t)len;
+  }
+  return 1;
+}
 
 /* ---- optimizer slots --------------------------------------------------------------------- */
 
@@ -11952,23 +12072,12 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
     goto done;
   }
   {
-    /* Same hash as dt__io_checksum, with the data streamed from memory. */
+    /* The checksum a reader computes (dt__io_checksum), with the data
+     * streamed from memory; mk has no "checksum" key yet. */
     dt__io_hasher h;
     char sum[17];
     dt__io_hash_init(&h);
-    for (int k = 0; k < nout; k++) {
-      const dt__io_entry *e = &view.entries[view.by_name[k]];
-      dt__io_hash(&h, e->name, strlen(e->name) + 1);
-      dt__io_hash(&h, e->dtype, strlen(e->dtype) + 1);
-      dt__io_hash_u64(&h, (uint64_t)e->ndim);
-      for (int d = 0; d < e->ndim; d++) dt__io_hash_u64(&h, (uint64_t)e->shape[d]);
-      dt__io_hash_u64(&h, e->begin);
-      dt__io_hash_u64(&h, e->end);
-    }
-    for (int k = 0; k < nm; k++) {
-      dt__io_hash(&h, mk[order[k]], strlen(mk[order[k]]) + 1);
-      dt__io_hash(&h, mv[order[k]], strlen(mv[order[k]]) + 1);
-    }
+    dt__io_hash_index(&h, &view, order);
     dt__io_stream_data(NULL, &h, outs, nout);
     snprintf(sum, sizeof sum, "%016llx", (unsigned long long)dt__io_hash_final(&h));
 
@@ -12264,15 +12373,10 @@ DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) 
   return dt__io_load(path, "dt_checkpoint_load_weights", NULL, p, 0);
 }
 
-#undef DT__IO_JSON_DEPTH
 #undef DT__IO_HEX_RNG
 #undef DT__IO_NMETA
 
 #else /* DTRAIN_NO_STDIO: no file I/O, every entry point says so */
-
-struct dt_checkpoint {
-  int unused;
-};
 
 static dt_result dt__io_unsupported(const char *fn) {
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: built with DTRAIN_NO_STDIO (no file I/O)", fn);
@@ -12290,39 +12394,8 @@ DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) 
   (void)path; (void)p;
   return dt__io_unsupported("dt_checkpoint_load_weights");
 }
-DTRAIN_API dt_checkpoint *dt_checkpoint_open(const char *path) {
-  (void)path;
-  dt__io_unsupported("dt_checkpoint_open");
-  return NULL;
-}
-DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) { (void)c; }
-DTRAIN_API int dt_checkpoint_count(const dt_checkpoint *c) { (void)c; return 0; }
-DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, dt_checkpoint_entry *out) {
-  (void)c; (void)index; (void)out;
-  return dt__io_unsupported("dt_checkpoint_entry_at");
-}
-DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
-  (void)c; (void)name;
-  return DTRAIN_ERR_UNSUPPORTED;
-}
-DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n) {
-  (void)c; (void)index; (void)dst; (void)n;
-  return dt__io_unsupported("dt_checkpoint_read_f32");
-}
-DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c) { (void)c; return 0; }
-DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value) {
-  (void)c; (void)index; (void)key; (void)value;
-  return dt__io_unsupported("dt_checkpoint_meta_at");
-}
-DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
-  (void)c; (void)key;
-  return NULL;
-}
-DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { (void)c; return 0; }
-DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { (void)c; return 0; }
-
 #endif /* DTRAIN_NO_STDIO */
-/* ======== end dt_io.c ======== */
+/* ======== end dt_checkpoint.c ======== */
 
 /* ======== begin dt_fit.c ======== */
 /* ===========================================================================
