@@ -13098,6 +13098,42 @@ done:
 #undef DT__FIT_REDRAW_SECONDS
 /* ======== end dt_fit.c ======== */
 
+/* ======== begin dt_data_core.h ======== */
+/* ===========================================================================
+ * dt_data_core.h -- what the data files share: whole files (gunzipped when
+ * they are gzip data) and new datasets
+ * ===========================================================================
+ * dt_data.c: files, datasets, the loader; dt_data_idx.c: IDX and
+ * Fashion-MNIST; dt_data_npy.c: NPY; dt_data_text.c: CSV and text corpora;
+ * dt_inflate.c: gzip.
+ */
+#ifndef DTRAIN_DATA_CORE_H
+#define DTRAIN_DATA_CORE_H
+
+/* #include "dt_internal.h" (amalgamated) */
+
+#define DT__DATA_CTX 384 /* a message prefix: "<function>: '<path>'" */
+
+/* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
+DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
+                                        dt_bytes *out);
+/* The whole file at path into *out (who: the public function, for messages);
+ * gunzipped when gz and the data has the gzip magic. UNSUPPORTED with
+ * DTRAIN_NO_STDIO. */
+DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out);
+/* Bytes of a parse_* input, gunzipped into tmp when they are gzip data
+ * (*p and *len then point at tmp's bytes; free tmp after use). */
+DTRAIN_PRIVATE dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p, size_t *len, dt_bytes *tmp);
+/* A zeroed dataset of n samples of the given shape (and n labels when
+ * with_labels), all sizes checked; who names the caller in messages. */
+DTRAIN_PRIVATE dt_result dt__data_ds_new(const char *who, dt_dataset **out, int64_t n, int ndim, const int64_t *shape,
+                                         int with_labels);
+/* Labels must be >= 0; sets num_classes to max + 1. */
+DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds);
+
+#endif /* DTRAIN_DATA_CORE_H */
+/* ======== end dt_data_core.h ======== */
+
 /* ======== begin dt_inflate.c ======== */
 /* ===========================================================================
  * dt_inflate.c -- gzip (RFC 1952) and a small inflater (RFC 1951), CRC-32
@@ -13115,6 +13151,7 @@ done:
  * the gzip wrapper (header, CRC-32, ISIZE, members) is the same code.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_data_core.h" (amalgamated) */
 
 #ifdef DTRAIN_USE_ZLIB
 #  include <zlib.h>
@@ -13558,8 +13595,6 @@ DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_b
 
 /* ctx prefixes every message ("dt_idx_read: 'f.gz'"). Appends to out. */
 DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
-                                        dt_bytes *out);
-DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
                                         dt_bytes *out) {
   dt__crc_table crc;
   size_t pos = 0, limit = dt__inflate_limit(max_out);
@@ -13661,24 +13696,20 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 
 /* ======== begin dt_data.c ======== */
 /* ===========================================================================
- * dt_data.c -- files, IDX, datasets, Fashion-MNIST, CSV, NPY, text, loader
+ * dt_data.c -- files, datasets, the batch loader
  * ===========================================================================
- * Parsers work on bytes in memory; the file functions read the whole file
- * (decompressing gzip with dt_inflate.c) and hand the bytes to them. Every
- * size a header claims is checked against the bytes that are really there
- * before anything is allocated for it.
+ * The parsers (dt_data_idx.c, dt_data_npy.c, dt_data_text.c) work on bytes
+ * in memory; the file functions here read the whole file (decompressing
+ * gzip with dt_inflate.c) and hand the bytes to them. Every size a header
+ * claims is checked against the bytes that are really there before anything
+ * is allocated for it.
  */
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_data_core.h" (amalgamated) */
 
 #ifndef DTRAIN_NO_STDIO
 #  include <errno.h>
 #endif
-
-/* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
-DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
-                                        dt_bytes *out);
-
-#define DT__DATA_CTX 384
 
 static int dt__data_is_gzip(const unsigned char *p, size_t len) { return len >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
 
@@ -13743,7 +13774,7 @@ static dt_result dt__data_read_raw(const char *who, const char *path, dt_bytes *
 #endif
 
 /* Whole file; gunzipped when gz and the data has the gzip magic. */
-static dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out) {
+DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out) {
   memset(out, 0, sizeof *out);
   if (!path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: path is NULL", who);
 #ifdef DTRAIN_NO_STDIO
@@ -13777,7 +13808,7 @@ DTRAIN_API dt_result dt_read_file_gz(const char *path, dt_bytes *out) {
 }
 
 /* Bytes of a parse_* input, gunzipped into tmp when they are gzip data. */
-static dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p, size_t *len, dt_bytes *tmp) {
+DTRAIN_PRIVATE dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p, size_t *len, dt_bytes *tmp) {
   memset(tmp, 0, sizeof *tmp);
   if (!dt__data_is_gzip(*p, *len)) return DTRAIN_OK;
   dt_result r = dt__gunzip_ctx(ctx, *p, *len, 0, tmp);
@@ -13788,91 +13819,6 @@ static dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p,
   *p = tmp->data;
   *len = tmp->size;
   return DTRAIN_OK;
-}
-
-/* ---- IDX -------------------------------------------------------------------------------- */
-
-/* Validate an IDX image; fills ndim/shape/size and the data offset. */
-static dt_result dt__data_idx_header(const char *ctx, const unsigned char *p, size_t len, int *ndim, int64_t *shape,
-                                     int64_t *size, size_t *offset) {
-  if (len < 4)
-    return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated IDX file (%zu bytes; the header alone needs at least 4)", ctx, len);
-  if (p[0] != 0 || p[1] != 0)
-    return dt__error(DTRAIN_ERR_FORMAT, "%s: bad magic %02x %02x %02x %02x: not an IDX file (expected 00 00 08 NDIM)", ctx,
-                     p[0], p[1], p[2], p[3]);
-  if (p[2] != 0x08)
-    return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX data type 0x%02x is not supported (only 0x08, unsigned byte)", ctx, p[2]);
-  int nd = p[3];
-  if (nd < 1 || nd > DTRAIN_MAX_DIMS)
-    return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX file has %d dimensions (supported: 1 to %d)", ctx, nd, DTRAIN_MAX_DIMS);
-  size_t hdr = 4 + 4 * (size_t)nd;
-  if (len < hdr)
-    return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated IDX header (%zu bytes, %zu needed for %d dimensions)", ctx, len, hdr,
-                     nd);
-  size_t total = 1;
-  int overflow = 0;
-  for (int d = 0; d < nd; d++) {
-    uint32_t v = dt__get_be32(p + 4 + 4 * d);
-    shape[d] = (int64_t)v;
-    if (v == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX dimension %d is 0", ctx, d);
-    if (!dt__mul_size(total, (size_t)v, &total)) overflow = 1;
-  }
-  char sh[160];
-  dt__shape_text(nd, shape, sh, sizeof sh);
-  size_t avail = len - hdr;
-  if (overflow || total > avail || total > (size_t)INT64_MAX)
-    return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX header claims shape %s but only %zu data bytes follow (truncated or corrupt)",
-                     ctx, sh, avail);
-  if (total < avail)
-    return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX file has %zu bytes after the data of shape %s", ctx, avail - total, sh);
-  for (int d = nd; d < DTRAIN_MAX_DIMS; d++) shape[d] = 1;
-  *ndim = nd;
-  *size = (int64_t)total;
-  *offset = hdr;
-  return DTRAIN_OK;
-}
-
-static dt_result dt__data_idx_parse(const char *ctx, const unsigned char *p, size_t len, dt_idx *out) {
-  dt_bytes tmp;
-  dt_result r = dt__data_maybe_gunzip(ctx, &p, &len, &tmp);
-  if (r != DTRAIN_OK) return r;
-  size_t off = 0;
-  r = dt__data_idx_header(ctx, p, len, &out->ndim, out->shape, &out->size, &off);
-  if (r == DTRAIN_OK) {
-    out->bytes_ = (size_t)out->size;
-    out->data = (unsigned char *)dt__alloc(out->bytes_);
-    if (!out->data) r = dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, out->bytes_);
-    else memcpy(out->data, p + off, out->bytes_);
-  }
-  dt_bytes_free(&tmp);
-  if (r != DTRAIN_OK) dt_idx_free(out);
-  return r;
-}
-
-DTRAIN_API void dt_idx_free(dt_idx *a) {
-  if (!a) return;
-  dt__free(a->data, a->bytes_);
-  memset(a, 0, sizeof *a);
-}
-
-DTRAIN_API dt_result dt_idx_parse(const void *buf, size_t len, dt_idx *out) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_parse: out is NULL");
-  memset(out, 0, sizeof *out);
-  if (!buf && len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_parse: buf is NULL");
-  return dt__data_idx_parse("dt_idx_parse", (const unsigned char *)buf, len, out);
-}
-
-DTRAIN_API dt_result dt_idx_read(const char *path, dt_idx *out) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_read: out is NULL");
-  memset(out, 0, sizeof *out);
-  dt_bytes b;
-  dt_result r = dt__data_load("dt_idx_read", path, 1, &b);
-  if (r != DTRAIN_OK) return r;
-  char ctx[DT__DATA_CTX];
-  snprintf(ctx, sizeof ctx, "dt_idx_read: '%s'", path);
-  r = dt__data_idx_parse(ctx, b.data, b.size, out);
-  dt_bytes_free(&b);
-  return r;
 }
 
 /* ---- datasets -------------------------------------------------------------------------------
@@ -13891,7 +13837,7 @@ DTRAIN_API void dt_dataset_destroy(dt_dataset *ds) {
   dt__free(d, sizeof *d);
 }
 
-static dt_result dt__data_ds_new(const char *who, dt_dataset **out, int64_t n, int ndim, const int64_t *shape,
+DTRAIN_PRIVATE dt_result dt__data_ds_new(const char *who, dt_dataset **out, int64_t n, int ndim, const int64_t *shape,
                                  int with_labels) {
   *out = NULL;
   if (n < 1) return dt__error(DTRAIN_ERR_EMPTY, "%s: a dataset needs at least 1 sample (got %lld)", who, (long long)n);
@@ -13932,7 +13878,7 @@ DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, co
 }
 
 /* Labels must be >= 0; sets num_classes to max + 1. */
-static dt_result dt__data_set_classes(const char *who, dt_dataset *ds) {
+DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds) {
   int32_t mx = -1;
   for (int64_t i = 0; i < ds->n; i++) {
     if (ds->y[i] < 0)
@@ -14038,6 +13984,262 @@ DTRAIN_API dt_result dt_dataset_reshape(dt_dataset *ds, int ndim, const int64_t 
   return DTRAIN_OK;
 }
 
+/* ---- loader ----------------------------------------------------------------------------------------------- */
+
+struct dt_loader {
+  const dt_dataset *ds;
+  int64_t batch_size;
+  uint64_t seed;
+  int shuffle, drop_last, shard, shards;
+  int64_t shard_n;            /* samples of this shard per epoch */
+  int64_t epoch, index;       /* the position */
+  int64_t *perm;              /* the permutation of perm_epoch (shuffle only) */
+  int64_t perm_epoch;
+  size_t perm_bytes;
+  float *bx;                  /* batch buffers, allocated once */
+  int32_t *by;
+  int64_t *bidx;
+  size_t bx_bytes, by_bytes, bidx_bytes;
+};
+
+DTRAIN_API void dt_loader_destroy(dt_loader *l) {
+  if (!l) return;
+  dt__free(l->perm, l->perm_bytes);
+  dt__free(l->bx, l->bx_bytes);
+  dt__free(l->by, l->by_bytes);
+  dt__free(l->bidx, l->bidx_bytes);
+  dt__free(l, sizeof *l);
+}
+
+DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
+  const char *who = "dt_loader_create";
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
+  *out = NULL;
+  if (!ds || !desc) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", who, ds ? "desc" : "ds");
+  if (!ds->x || ds->n < 1 || ds->sample_size < 1 || ds->ndim < 1 || ds->ndim > DTRAIN_MAX_DIMS - 1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: the dataset is empty or malformed", who);
+  int shards = desc->shard_count ? desc->shard_count : 1;
+  if (desc->batch_size < 1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: batch_size %lld must be >= 1", who, (long long)desc->batch_size);
+  if (shards < 1 || desc->shard_index < 0 || desc->shard_index >= shards)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: shard %d of %d is not valid (need 0 <= shard_index < shard_count)", who,
+                     desc->shard_index, shards);
+  if ((int64_t)shards > ds->n)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d shards of %lld samples would leave shard(s) empty", who, shards,
+                     (long long)ds->n);
+  size_t bs = (size_t)desc->batch_size, row = (size_t)ds->sample_size, bx_bytes;
+  if ((uint64_t)desc->batch_size > SIZE_MAX / sizeof(int64_t) || !dt__mul_size(bs, row, &bx_bytes) ||
+      !dt__mul_size(bx_bytes, sizeof(float), &bx_bytes))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: batch of %lld samples overflows", who, (long long)desc->batch_size);
+  dt_loader *l = (dt_loader *)dt__calloc(sizeof *l);
+  if (!l) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", who);
+  l->ds = ds;
+  l->batch_size = desc->batch_size;
+  l->seed = desc->seed;
+  l->shuffle = desc->shuffle != 0;
+  l->drop_last = desc->drop_last != 0;
+  l->shard = desc->shard_index;
+  l->shards = shards;
+  l->shard_n = ds->n / shards + (desc->shard_index < ds->n % shards ? 1 : 0);
+  l->perm_epoch = -1;
+  l->bx_bytes = bx_bytes;
+  l->by_bytes = ds->y ? bs * sizeof(int32_t) : 0;
+  l->bidx_bytes = bs * sizeof(int64_t);
+  l->perm_bytes = l->shuffle ? (size_t)ds->n * sizeof(int64_t) : 0;
+  l->bx = (float *)dt__alloc(l->bx_bytes);
+  l->by = ds->y ? (int32_t *)dt__alloc(l->by_bytes) : NULL;
+  l->bidx = (int64_t *)dt__alloc(l->bidx_bytes);
+  l->perm = l->shuffle ? (int64_t *)dt__alloc(l->perm_bytes) : NULL;
+  if (!l->bx || (ds->y && !l->by) || !l->bidx || (l->shuffle && !l->perm)) {
+    dt_loader_destroy(l);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory for batch buffers", who);
+  }
+  *out = l;
+  return DTRAIN_OK;
+}
+
+/* The permutation of epoch e depends on (seed, e) only: the RNG is seeded
+ * from a hash of both, then Fisher-Yates runs over 0..n-1. */
+static void dt__data_loader_perm(dt_loader *l, int64_t epoch) {
+  if (!l->shuffle || l->perm_epoch == epoch) return;
+  uint64_t st = l->seed;
+  uint64_t k = dt__splitmix64(&st);
+  st = k ^ ((uint64_t)epoch * 0xD1B54A32D192ED03ULL);
+  dt_rng rng;
+  dt_rng_seed(&rng, dt__splitmix64(&st));
+  int64_t n = l->ds->n;
+  for (int64_t i = 0; i < n; i++) l->perm[i] = i;
+  for (int64_t i = n - 1; i > 0; i--) {
+    int64_t j = (int64_t)dt_rng_below(&rng, (uint64_t)i + 1);
+    int64_t t = l->perm[i];
+    l->perm[i] = l->perm[j];
+    l->perm[j] = t;
+  }
+  l->perm_epoch = epoch;
+}
+
+DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index) {
+  if (!l || epoch < 0 || index < 0 || index >= l->shard_n) return -1;
+  int64_t g = (int64_t)l->shard + index * (int64_t)l->shards; /* position in the epoch's order */
+  if (!l->shuffle) return g;
+  dt__data_loader_perm(l, epoch);
+  return l->perm[g];
+}
+
+DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
+  if (!l || !b) return (int)dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_next: %s is NULL", l ? "b" : "l");
+  int64_t left = l->shard_n - l->index;
+  if (left <= 0 || (l->drop_last && left < l->batch_size)) {
+    l->epoch++;
+    l->index = 0;
+    return 0;
+  }
+  const dt_dataset *ds = l->ds;
+  int64_t cnt = DT__MIN(left, l->batch_size);
+  size_t row = (size_t)ds->sample_size;
+  dt__data_loader_perm(l, l->epoch);
+  for (int64_t j = 0; j < cnt; j++) {
+    int64_t g = (int64_t)l->shard + (l->index + j) * (int64_t)l->shards;
+    int64_t s = l->shuffle ? l->perm[g] : g;
+    memcpy(l->bx + (size_t)j * row, ds->x + (size_t)s * row, row * sizeof(float));
+    if (l->by) l->by[j] = ds->y[s];
+    l->bidx[j] = s;
+  }
+  b->x = l->bx;
+  b->y = l->by;
+  b->index = l->bidx;
+  b->size = cnt;
+  b->ndim = 1 + ds->ndim;
+  b->shape[0] = cnt;
+  for (int d = 1; d < DTRAIN_MAX_DIMS; d++) b->shape[d] = d - 1 < ds->ndim ? ds->shape[d - 1] : 1;
+  b->epoch = l->epoch;
+  b->start = l->index;
+  l->index += cnt;
+  return 1;
+}
+
+DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index) {
+  if (epoch) *epoch = l ? l->epoch : 0;
+  if (index) *index = l ? l->index : 0;
+}
+
+DTRAIN_API dt_result dt_loader_set_position(dt_loader *l, int64_t epoch, int64_t index) {
+  if (!l) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_set_position: l is NULL");
+  if (epoch < 0 || index < 0 || index > l->shard_n)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_loader_set_position: (epoch %lld, index %lld) is out of range (index 0..%lld)",
+                     (long long)epoch, (long long)index, (long long)l->shard_n);
+  l->epoch = epoch;
+  l->index = index;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API int64_t dt_loader_num_samples(const dt_loader *l) { return l ? l->shard_n : 0; }
+
+DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
+  if (!l) return 0;
+  return l->drop_last ? l->shard_n / l->batch_size : (l->shard_n + l->batch_size - 1) / l->batch_size;
+}
+/* ======== end dt_data.c ======== */
+
+/* ======== begin dt_data_idx.c ======== */
+/* ===========================================================================
+ * dt_data_idx.c -- IDX files and Fashion-MNIST
+ * ===========================================================================
+ * IDX (the MNIST format): magic 00 00 08 NDIM, NDIM big-endian u32 sizes,
+ * then the unsigned bytes. Datasets from an image file and a label file;
+ * Fashion-MNIST found in the usual places.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_data_core.h" (amalgamated) */
+
+#define DT__DATA_FM_SYSTEM "/usr/share/datasets/fashion-mnist"
+#define DT__DATA_FM_SHIPPED "data/fashion-mnist"
+
+/* ---- IDX -------------------------------------------------------------------------------- */
+
+/* Validate an IDX image; fills ndim/shape/size and the data offset. */
+static dt_result dt__data_idx_header(const char *ctx, const unsigned char *p, size_t len, int *ndim, int64_t *shape,
+                                     int64_t *size, size_t *offset) {
+  if (len < 4)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated IDX file (%zu bytes; the header alone needs at least 4)", ctx, len);
+  if (p[0] != 0 || p[1] != 0)
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: bad magic %02x %02x %02x %02x: not an IDX file (expected 00 00 08 NDIM)", ctx,
+                     p[0], p[1], p[2], p[3]);
+  if (p[2] != 0x08)
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX data type 0x%02x is not supported (only 0x08, unsigned byte)", ctx, p[2]);
+  int nd = p[3];
+  if (nd < 1 || nd > DTRAIN_MAX_DIMS)
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX file has %d dimensions (supported: 1 to %d)", ctx, nd, DTRAIN_MAX_DIMS);
+  size_t hdr = 4 + 4 * (size_t)nd;
+  if (len < hdr)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated IDX header (%zu bytes, %zu needed for %d dimensions)", ctx, len, hdr,
+                     nd);
+  size_t total = 1;
+  int overflow = 0;
+  for (int d = 0; d < nd; d++) {
+    uint32_t v = dt__get_be32(p + 4 + 4 * d);
+    shape[d] = (int64_t)v;
+    if (v == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX dimension %d is 0", ctx, d);
+    if (!dt__mul_size(total, (size_t)v, &total)) overflow = 1;
+  }
+  char sh[160];
+  dt__shape_text(nd, shape, sh, sizeof sh);
+  size_t avail = len - hdr;
+  if (overflow || total > avail || total > (size_t)INT64_MAX)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX header claims shape %s but only %zu data bytes follow (truncated or corrupt)",
+                     ctx, sh, avail);
+  if (total < avail)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX file has %zu bytes after the data of shape %s", ctx, avail - total, sh);
+  for (int d = nd; d < DTRAIN_MAX_DIMS; d++) shape[d] = 1;
+  *ndim = nd;
+  *size = (int64_t)total;
+  *offset = hdr;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__data_idx_parse(const char *ctx, const unsigned char *p, size_t len, dt_idx *out) {
+  dt_bytes tmp;
+  dt_result r = dt__data_maybe_gunzip(ctx, &p, &len, &tmp);
+  if (r != DTRAIN_OK) return r;
+  size_t off = 0;
+  r = dt__data_idx_header(ctx, p, len, &out->ndim, out->shape, &out->size, &off);
+  if (r == DTRAIN_OK) {
+    out->bytes_ = (size_t)out->size;
+    out->data = (unsigned char *)dt__alloc(out->bytes_);
+    if (!out->data) r = dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, out->bytes_);
+    else memcpy(out->data, p + off, out->bytes_);
+  }
+  dt_bytes_free(&tmp);
+  if (r != DTRAIN_OK) dt_idx_free(out);
+  return r;
+}
+
+DTRAIN_API void dt_idx_free(dt_idx *a) {
+  if (!a) return;
+  dt__free(a->data, a->bytes_);
+  memset(a, 0, sizeof *a);
+}
+
+DTRAIN_API dt_result dt_idx_parse(const void *buf, size_t len, dt_idx *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_parse: out is NULL");
+  memset(out, 0, sizeof *out);
+  if (!buf && len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_parse: buf is NULL");
+  return dt__data_idx_parse("dt_idx_parse", (const unsigned char *)buf, len, out);
+}
+
+DTRAIN_API dt_result dt_idx_read(const char *path, dt_idx *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_read: out is NULL");
+  memset(out, 0, sizeof *out);
+  dt_bytes b;
+  dt_result r = dt__data_load("dt_idx_read", path, 1, &b);
+  if (r != DTRAIN_OK) return r;
+  char ctx[DT__DATA_CTX];
+  snprintf(ctx, sizeof ctx, "dt_idx_read: '%s'", path);
+  r = dt__data_idx_parse(ctx, b.data, b.size, out);
+  dt_bytes_free(&b);
+  return r;
+}
+
 /* ---- datasets from IDX ------------------------------------------------------------------------ */
 
 static dt_result dt__data_from_idx(const char *ictx, const char *lctx, dt_dataset **out, const unsigned char *ip,
@@ -14115,9 +14317,6 @@ DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_pa
 }
 
 /* ---- Fashion-MNIST ------------------------------------------------------------------------------ */
-
-#define DT__DATA_FM_SYSTEM "/usr/share/datasets/fashion-mnist"
-#define DT__DATA_FM_SHIPPED "data/fashion-mnist"
 
 #ifndef DTRAIN_NO_STDIO
 /* Path of dir/base.gz or dir/base, whichever exists (gz first); 0 if neither. */
@@ -14205,150 +14404,21 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
 #endif
 }
 
-/* ---- CSV ------------------------------------------------------------------------------------------ */
+#undef DT__DATA_FM_SYSTEM
+#undef DT__DATA_FM_SHIPPED
+/* ======== end dt_data_idx.c ======== */
 
-typedef struct dt__data_csv {
-  const char *ctx;
-  const char *p, *end, *next;
-  char delim;
-  int header, has_labels;
-  int64_t label_col; /* resolved once the column count is known */
-  int64_t rows, cols;
-} dt__data_csv;
+/* ======== begin dt_data_npy.c ======== */
+/* ===========================================================================
+ * dt_data_npy.c -- NumPy .npy arrays: parse, encode, read, write, datasets
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_data_core.h" (amalgamated) */
 
-/* One pass over the text. With ds NULL it validates and counts rows and
- * columns; with ds it stores the values (the first pass succeeded, so every
- * row has c->cols fields). */
-static dt_result dt__data_csv_pass(dt__data_csv *c, dt_dataset *ds) {
-  const char *p = c->p;
-  int64_t line = 0, row = 0, first_line = 0;
-  int skipped_header = 0;
-  if (c->end - p >= 3 && (unsigned char)p[0] == 0xEF && (unsigned char)p[1] == 0xBB && (unsigned char)p[2] == 0xBF)
-    p += 3; /* UTF-8 byte order mark */
-  for (; p < c->end; p = c->next) {
-    const char *eol = (const char *)memchr(p, '\n', (size_t)(c->end - p));
-    const char *le = eol ? eol : c->end;
-    c->next = eol ? eol + 1 : c->end;
-    line++;
-    if (le > p && le[-1] == '\r') le--;
-    const char *q = p;
-    while (q < le && (*q == ' ' || *q == '\t')) q++;
-    if (q == le) continue; /* blank line */
-    if (c->header && !skipped_header) {
-      skipped_header = 1;
-      continue;
-    }
-    /* Same number of fields as the first row? */
-    int64_t nfields = 1;
-    for (q = p; q < le; q++) nfields += *q == c->delim;
-    if (row == 0 && !ds) {
-      c->cols = nfields;
-      first_line = line;
-    } else if (nfields != c->cols) {
-      return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld has %lld fields, expected %lld (as on line %lld)", c->ctx,
-                       (long long)line, (long long)nfields, (long long)c->cols, (long long)first_line);
-    }
-    const char *hint = (row == 0 && !c->header) ? " (is it a header? set dt_csv_desc.header)" : "";
-    const char *f = p;
-    for (int64_t col = 0; col < nfields; col++) {
-      const char *fe = f;
-      while (fe < le && *fe != c->delim) fe++;
-      const char *a = f, *b = fe;
-      f = fe + 1;
-      while (a < b && (*a == ' ' || *a == '\t')) a++;
-      while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
-      char buf[72];
-      size_t flen = (size_t)(b - a);
-      if (flen == 0)
-        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: empty field%s", c->ctx, (long long)line,
-                         (long long)col + 1, hint);
-      if (flen >= sizeof buf)
-        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: a field of %zu characters is not a number",
-                         c->ctx, (long long)line, (long long)col + 1, flen);
-      memcpy(buf, a, flen);
-      buf[flen] = '\0';
-      char *stop = NULL;
-      double v = strtod(buf, &stop);
-      if (stop != buf + flen || !isfinite(v))
-        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: '%s' is not a finite number%s", c->ctx,
-                         (long long)line, (long long)col + 1, buf, hint);
-      if (!ds) continue;
-      if (c->has_labels && col == c->label_col) {
-        if (v < 0 || v > (double)INT32_MAX || v != floor(v))
-          return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: label '%s' is not an integer in [0, %d]",
-                           c->ctx, (long long)line, (long long)col + 1, buf, INT32_MAX);
-        ds->y[row] = (int32_t)v;
-      } else {
-        int64_t fi = (c->has_labels && col > c->label_col) ? col - 1 : col;
-        ds->x[row * ds->sample_size + fi] = (float)v;
-      }
-    }
-    row++;
-  }
-  c->rows = row;
-  return DTRAIN_OK;
-}
-
-static dt_result dt__data_csv_parse(const char *ctx, dt_dataset **out, const char *text, size_t len,
-                                    const dt_csv_desc *desc) {
-  dt__data_csv c;
-  dt_csv_desc zero;
-  memset(&zero, 0, sizeof zero);
-  if (!desc) desc = &zero;
-  memset(&c, 0, sizeof c);
-  c.ctx = ctx;
-  c.p = text;
-  c.end = text + len;
-  c.delim = desc->delimiter ? desc->delimiter : ',';
-  c.header = desc->header != 0;
-  c.has_labels = desc->has_labels != 0;
-  if (c.delim == '\n' || c.delim == '\r' || c.delim == ' ' || c.delim == '"' || c.delim == '.' || c.delim == '-' ||
-      c.delim == '+' || (c.delim >= '0' && c.delim <= '9'))
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: delimiter 0x%02x is not usable", ctx, (unsigned)(unsigned char)c.delim);
-  dt_result r = dt__data_csv_pass(&c, NULL);
-  if (r != DTRAIN_OK) return r;
-  if (c.rows == 0) return dt__error(DTRAIN_ERR_EMPTY, "%s: no data rows", ctx);
-  if (c.has_labels) {
-    int64_t lc = desc->label_column < 0 ? c.cols + desc->label_column : desc->label_column;
-    if (lc < 0 || lc >= c.cols)
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: label_column %d is out of range for %lld columns", ctx,
-                       desc->label_column, (long long)c.cols);
-    if (c.cols < 2) return dt__error(DTRAIN_ERR_FORMAT, "%s: 1 column holds the labels, none is left for features", ctx);
-    c.label_col = lc;
-  }
-  int64_t nf = c.cols - (c.has_labels ? 1 : 0);
-  dt_dataset *ds;
-  r = dt__data_ds_new(ctx, &ds, c.rows, 1, &nf, c.has_labels);
-  if (r != DTRAIN_OK) return r;
-  r = dt__data_csv_pass(&c, ds);
-  if (r == DTRAIN_OK && c.has_labels) r = dt__data_set_classes(ctx, ds);
-  if (r != DTRAIN_OK) {
-    dt_dataset_destroy(ds);
-    return r;
-  }
-  *out = ds;
-  return DTRAIN_OK;
-}
-
-DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: out is NULL");
-  *out = NULL;
-  if (!text) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: text is NULL");
-  return dt__data_csv_parse("dt_dataset_parse_csv", out, text, len, desc);
-}
-
-DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_csv: out is NULL");
-  *out = NULL;
-  dt_bytes b;
-  dt_result r = dt__data_load("dt_dataset_read_csv", path, 1, &b);
-  if (r != DTRAIN_OK) return r;
-  char ctx[DT__DATA_CTX];
-  snprintf(ctx, sizeof ctx, "dt_dataset_read_csv: '%s'", path);
-  r = dt__data_csv_parse(ctx, out, (const char *)b.data, b.size, desc);
-  dt_bytes_free(&b);
-  return r;
-}
+#ifndef DTRAIN_NO_STDIO
+#  include <errno.h>
+#endif
 
 /* ---- NPY ---------------------------------------------------------------------------------------------
  *   "\x93NUMPY" major minor HEADER_LEN (u16 LE in 1.0, u32 LE in 2.0/3.0)
@@ -14739,6 +14809,160 @@ DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, cons
   *out = ds;
   return DTRAIN_OK;
 }
+/* ======== end dt_data_npy.c ======== */
+
+/* ======== begin dt_data_text.c ======== */
+/* ===========================================================================
+ * dt_data_text.c -- text formats: CSV tables and character corpora
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_data_core.h" (amalgamated) */
+
+/* ---- CSV ------------------------------------------------------------------------------------------ */
+
+typedef struct dt__data_csv {
+  const char *ctx;
+  const char *p, *end, *next;
+  char delim;
+  int header, has_labels;
+  int64_t label_col; /* resolved once the column count is known */
+  int64_t rows, cols;
+} dt__data_csv;
+
+/* One pass over the text. With ds NULL it validates and counts rows and
+ * columns; with ds it stores the values (the first pass succeeded, so every
+ * row has c->cols fields). */
+static dt_result dt__data_csv_pass(dt__data_csv *c, dt_dataset *ds) {
+  const char *p = c->p;
+  int64_t line = 0, row = 0, first_line = 0;
+  int skipped_header = 0;
+  if (c->end - p >= 3 && (unsigned char)p[0] == 0xEF && (unsigned char)p[1] == 0xBB && (unsigned char)p[2] == 0xBF)
+    p += 3; /* UTF-8 byte order mark */
+  for (; p < c->end; p = c->next) {
+    const char *eol = (const char *)memchr(p, '\n', (size_t)(c->end - p));
+    const char *le = eol ? eol : c->end;
+    c->next = eol ? eol + 1 : c->end;
+    line++;
+    if (le > p && le[-1] == '\r') le--;
+    const char *q = p;
+    while (q < le && (*q == ' ' || *q == '\t')) q++;
+    if (q == le) continue; /* blank line */
+    if (c->header && !skipped_header) {
+      skipped_header = 1;
+      continue;
+    }
+    /* Same number of fields as the first row? */
+    int64_t nfields = 1;
+    for (q = p; q < le; q++) nfields += *q == c->delim;
+    if (row == 0 && !ds) {
+      c->cols = nfields;
+      first_line = line;
+    } else if (nfields != c->cols) {
+      return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld has %lld fields, expected %lld (as on line %lld)", c->ctx,
+                       (long long)line, (long long)nfields, (long long)c->cols, (long long)first_line);
+    }
+    const char *hint = (row == 0 && !c->header) ? " (is it a header? set dt_csv_desc.header)" : "";
+    const char *f = p;
+    for (int64_t col = 0; col < nfields; col++) {
+      const char *fe = f;
+      while (fe < le && *fe != c->delim) fe++;
+      const char *a = f, *b = fe;
+      f = fe + 1;
+      while (a < b && (*a == ' ' || *a == '\t')) a++;
+      while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
+      char buf[72];
+      size_t flen = (size_t)(b - a);
+      if (flen == 0)
+        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: empty field%s", c->ctx, (long long)line,
+                         (long long)col + 1, hint);
+      if (flen >= sizeof buf)
+        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: a field of %zu characters is not a number",
+                         c->ctx, (long long)line, (long long)col + 1, flen);
+      memcpy(buf, a, flen);
+      buf[flen] = '\0';
+      char *stop = NULL;
+      double v = strtod(buf, &stop);
+      if (stop != buf + flen || !isfinite(v))
+        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: '%s' is not a finite number%s", c->ctx,
+                         (long long)line, (long long)col + 1, buf, hint);
+      if (!ds) continue;
+      if (c->has_labels && col == c->label_col) {
+        if (v < 0 || v > (double)INT32_MAX || v != floor(v))
+          return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: label '%s' is not an integer in [0, %d]",
+                           c->ctx, (long long)line, (long long)col + 1, buf, INT32_MAX);
+        ds->y[row] = (int32_t)v;
+      } else {
+        int64_t fi = (c->has_labels && col > c->label_col) ? col - 1 : col;
+        ds->x[row * ds->sample_size + fi] = (float)v;
+      }
+    }
+    row++;
+  }
+  c->rows = row;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__data_csv_parse(const char *ctx, dt_dataset **out, const char *text, size_t len,
+                                    const dt_csv_desc *desc) {
+  dt__data_csv c;
+  dt_csv_desc zero;
+  memset(&zero, 0, sizeof zero);
+  if (!desc) desc = &zero;
+  memset(&c, 0, sizeof c);
+  c.ctx = ctx;
+  c.p = text;
+  c.end = text + len;
+  c.delim = desc->delimiter ? desc->delimiter : ',';
+  c.header = desc->header != 0;
+  c.has_labels = desc->has_labels != 0;
+  if (c.delim == '\n' || c.delim == '\r' || c.delim == ' ' || c.delim == '"' || c.delim == '.' || c.delim == '-' ||
+      c.delim == '+' || (c.delim >= '0' && c.delim <= '9'))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: delimiter 0x%02x is not usable", ctx, (unsigned)(unsigned char)c.delim);
+  dt_result r = dt__data_csv_pass(&c, NULL);
+  if (r != DTRAIN_OK) return r;
+  if (c.rows == 0) return dt__error(DTRAIN_ERR_EMPTY, "%s: no data rows", ctx);
+  if (c.has_labels) {
+    int64_t lc = desc->label_column < 0 ? c.cols + desc->label_column : desc->label_column;
+    if (lc < 0 || lc >= c.cols)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: label_column %d is out of range for %lld columns", ctx,
+                       desc->label_column, (long long)c.cols);
+    if (c.cols < 2) return dt__error(DTRAIN_ERR_FORMAT, "%s: 1 column holds the labels, none is left for features", ctx);
+    c.label_col = lc;
+  }
+  int64_t nf = c.cols - (c.has_labels ? 1 : 0);
+  dt_dataset *ds;
+  r = dt__data_ds_new(ctx, &ds, c.rows, 1, &nf, c.has_labels);
+  if (r != DTRAIN_OK) return r;
+  r = dt__data_csv_pass(&c, ds);
+  if (r == DTRAIN_OK && c.has_labels) r = dt__data_set_classes(ctx, ds);
+  if (r != DTRAIN_OK) {
+    dt_dataset_destroy(ds);
+    return r;
+  }
+  *out = ds;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: out is NULL");
+  *out = NULL;
+  if (!text) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: text is NULL");
+  return dt__data_csv_parse("dt_dataset_parse_csv", out, text, len, desc);
+}
+
+DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_csv: out is NULL");
+  *out = NULL;
+  dt_bytes b;
+  dt_result r = dt__data_load("dt_dataset_read_csv", path, 1, &b);
+  if (r != DTRAIN_OK) return r;
+  char ctx[DT__DATA_CTX];
+  snprintf(ctx, sizeof ctx, "dt_dataset_read_csv: '%s'", path);
+  r = dt__data_csv_parse(ctx, out, (const char *)b.data, b.size, desc);
+  dt_bytes_free(&b);
+  return r;
+}
 
 /* ---- text corpora -------------------------------------------------------------------------------------- */
 
@@ -14843,167 +15067,7 @@ DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end
   }
   return DTRAIN_OK;
 }
-
-/* ---- loader ----------------------------------------------------------------------------------------------- */
-
-struct dt_loader {
-  const dt_dataset *ds;
-  int64_t batch_size;
-  uint64_t seed;
-  int shuffle, drop_last, shard, shards;
-  int64_t shard_n;            /* samples of this shard per epoch */
-  int64_t epoch, index;       /* the position */
-  int64_t *perm;              /* the permutation of perm_epoch (shuffle only) */
-  int64_t perm_epoch;
-  size_t perm_bytes;
-  float *bx;                  /* batch buffers, allocated once */
-  int32_t *by;
-  int64_t *bidx;
-  size_t bx_bytes, by_bytes, bidx_bytes;
-};
-
-DTRAIN_API void dt_loader_destroy(dt_loader *l) {
-  if (!l) return;
-  dt__free(l->perm, l->perm_bytes);
-  dt__free(l->bx, l->bx_bytes);
-  dt__free(l->by, l->by_bytes);
-  dt__free(l->bidx, l->bidx_bytes);
-  dt__free(l, sizeof *l);
-}
-
-DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
-  const char *who = "dt_loader_create";
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
-  *out = NULL;
-  if (!ds || !desc) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", who, ds ? "desc" : "ds");
-  if (!ds->x || ds->n < 1 || ds->sample_size < 1 || ds->ndim < 1 || ds->ndim > DTRAIN_MAX_DIMS - 1)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: the dataset is empty or malformed", who);
-  int shards = desc->shard_count ? desc->shard_count : 1;
-  if (desc->batch_size < 1)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: batch_size %lld must be >= 1", who, (long long)desc->batch_size);
-  if (shards < 1 || desc->shard_index < 0 || desc->shard_index >= shards)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: shard %d of %d is not valid (need 0 <= shard_index < shard_count)", who,
-                     desc->shard_index, shards);
-  if ((int64_t)shards > ds->n)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d shards of %lld samples would leave shard(s) empty", who, shards,
-                     (long long)ds->n);
-  size_t bs = (size_t)desc->batch_size, row = (size_t)ds->sample_size, bx_bytes;
-  if ((uint64_t)desc->batch_size > SIZE_MAX / sizeof(int64_t) || !dt__mul_size(bs, row, &bx_bytes) ||
-      !dt__mul_size(bx_bytes, sizeof(float), &bx_bytes))
-    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: batch of %lld samples overflows", who, (long long)desc->batch_size);
-  dt_loader *l = (dt_loader *)dt__calloc(sizeof *l);
-  if (!l) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", who);
-  l->ds = ds;
-  l->batch_size = desc->batch_size;
-  l->seed = desc->seed;
-  l->shuffle = desc->shuffle != 0;
-  l->drop_last = desc->drop_last != 0;
-  l->shard = desc->shard_index;
-  l->shards = shards;
-  l->shard_n = ds->n / shards + (desc->shard_index < ds->n % shards ? 1 : 0);
-  l->perm_epoch = -1;
-  l->bx_bytes = bx_bytes;
-  l->by_bytes = ds->y ? bs * sizeof(int32_t) : 0;
-  l->bidx_bytes = bs * sizeof(int64_t);
-  l->perm_bytes = l->shuffle ? (size_t)ds->n * sizeof(int64_t) : 0;
-  l->bx = (float *)dt__alloc(l->bx_bytes);
-  l->by = ds->y ? (int32_t *)dt__alloc(l->by_bytes) : NULL;
-  l->bidx = (int64_t *)dt__alloc(l->bidx_bytes);
-  l->perm = l->shuffle ? (int64_t *)dt__alloc(l->perm_bytes) : NULL;
-  if (!l->bx || (ds->y && !l->by) || !l->bidx || (l->shuffle && !l->perm)) {
-    dt_loader_destroy(l);
-    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory for batch buffers", who);
-  }
-  *out = l;
-  return DTRAIN_OK;
-}
-
-/* The permutation of epoch e depends on (seed, e) only: the RNG is seeded
- * from a hash of both, then Fisher-Yates runs over 0..n-1. */
-static void dt__data_loader_perm(dt_loader *l, int64_t epoch) {
-  if (!l->shuffle || l->perm_epoch == epoch) return;
-  uint64_t st = l->seed;
-  uint64_t k = dt__splitmix64(&st);
-  st = k ^ ((uint64_t)epoch * 0xD1B54A32D192ED03ULL);
-  dt_rng rng;
-  dt_rng_seed(&rng, dt__splitmix64(&st));
-  int64_t n = l->ds->n;
-  for (int64_t i = 0; i < n; i++) l->perm[i] = i;
-  for (int64_t i = n - 1; i > 0; i--) {
-    int64_t j = (int64_t)dt_rng_below(&rng, (uint64_t)i + 1);
-    int64_t t = l->perm[i];
-    l->perm[i] = l->perm[j];
-    l->perm[j] = t;
-  }
-  l->perm_epoch = epoch;
-}
-
-DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index) {
-  if (!l || epoch < 0 || index < 0 || index >= l->shard_n) return -1;
-  int64_t g = (int64_t)l->shard + index * (int64_t)l->shards; /* position in the epoch's order */
-  if (!l->shuffle) return g;
-  dt__data_loader_perm(l, epoch);
-  return l->perm[g];
-}
-
-DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
-  if (!l || !b) return (int)dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_next: %s is NULL", l ? "b" : "l");
-  int64_t left = l->shard_n - l->index;
-  if (left <= 0 || (l->drop_last && left < l->batch_size)) {
-    l->epoch++;
-    l->index = 0;
-    return 0;
-  }
-  const dt_dataset *ds = l->ds;
-  int64_t cnt = DT__MIN(left, l->batch_size);
-  size_t row = (size_t)ds->sample_size;
-  dt__data_loader_perm(l, l->epoch);
-  for (int64_t j = 0; j < cnt; j++) {
-    int64_t g = (int64_t)l->shard + (l->index + j) * (int64_t)l->shards;
-    int64_t s = l->shuffle ? l->perm[g] : g;
-    memcpy(l->bx + (size_t)j * row, ds->x + (size_t)s * row, row * sizeof(float));
-    if (l->by) l->by[j] = ds->y[s];
-    l->bidx[j] = s;
-  }
-  b->x = l->bx;
-  b->y = l->by;
-  b->index = l->bidx;
-  b->size = cnt;
-  b->ndim = 1 + ds->ndim;
-  b->shape[0] = cnt;
-  for (int d = 1; d < DTRAIN_MAX_DIMS; d++) b->shape[d] = d - 1 < ds->ndim ? ds->shape[d - 1] : 1;
-  b->epoch = l->epoch;
-  b->start = l->index;
-  l->index += cnt;
-  return 1;
-}
-
-DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index) {
-  if (epoch) *epoch = l ? l->epoch : 0;
-  if (index) *index = l ? l->index : 0;
-}
-
-DTRAIN_API dt_result dt_loader_set_position(dt_loader *l, int64_t epoch, int64_t index) {
-  if (!l) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_set_position: l is NULL");
-  if (epoch < 0 || index < 0 || index > l->shard_n)
-    return dt__error(DTRAIN_ERR_INDEX, "dt_loader_set_position: (epoch %lld, index %lld) is out of range (index 0..%lld)",
-                     (long long)epoch, (long long)index, (long long)l->shard_n);
-  l->epoch = epoch;
-  l->index = index;
-  return DTRAIN_OK;
-}
-
-DTRAIN_API int64_t dt_loader_num_samples(const dt_loader *l) { return l ? l->shard_n : 0; }
-
-DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
-  if (!l) return 0;
-  return l->drop_last ? l->shard_n / l->batch_size : (l->shard_n + l->batch_size - 1) / l->batch_size;
-}
-
-#undef DT__DATA_CTX
-#undef DT__DATA_FM_SYSTEM
-#undef DT__DATA_FM_SHIPPED
-/* ======== end dt_data.c ======== */
+/* ======== end dt_data_text.c ======== */
 
 /* ======== begin dt_memory.c ======== */
 /* ===========================================================================

@@ -14,6 +14,7 @@
  * the gzip wrapper (header, CRC-32, ISIZE, members) is the same code.
  */
 #include "dt_internal.h"
+#include "dt_data_core.h"
 
 #ifdef DTRAIN_USE_ZLIB
 #  include <zlib.h>
@@ -456,8 +457,6 @@ DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_b
 #define DT__GZ_FCOMMENT 0x10
 
 /* ctx prefixes every message ("dt_idx_read: 'f.gz'"). Appends to out. */
-DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
-                                        dt_bytes *out);
 DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
                                         dt_bytes *out) {
   dt__crc_table crc;
