@@ -11517,20 +11517,20 @@ struct dt_checkpoint {
   int unused;
 };
 
-static dt_result dt__io_unsupported(const char *fn) {
+static dt_result dt__safetensors_unsupported(const char *fn) {
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: built with DTRAIN_NO_STDIO (no file I/O)", fn);
 }
 
 DTRAIN_API dt_checkpoint *dt_checkpoint_open(const char *path) {
   (void)path;
-  dt__io_unsupported("dt_checkpoint_open");
+  dt__safetensors_unsupported("dt_checkpoint_open");
   return NULL;
 }
 DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) { (void)c; }
 DTRAIN_API int dt_checkpoint_count(const dt_checkpoint *c) { (void)c; return 0; }
 DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, dt_checkpoint_entry *out) {
   (void)c; (void)index; (void)out;
-  return dt__io_unsupported("dt_checkpoint_entry_at");
+  return dt__safetensors_unsupported("dt_checkpoint_entry_at");
 }
 DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
   (void)c; (void)name;
@@ -11538,12 +11538,12 @@ DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
 }
 DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n) {
   (void)c; (void)index; (void)dst; (void)n;
-  return dt__io_unsupported("dt_checkpoint_read_f32");
+  return dt__safetensors_unsupported("dt_checkpoint_read_f32");
 }
 DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c) { (void)c; return 0; }
 DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value) {
   (void)c; (void)index; (void)key; (void)value;
-  return dt__io_unsupported("dt_checkpoint_meta_at");
+  return dt__safetensors_unsupported("dt_checkpoint_meta_at");
 }
 DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
   (void)c; (void)key;
@@ -12378,21 +12378,21 @@ DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) 
 
 #else /* DTRAIN_NO_STDIO: no file I/O, every entry point says so */
 
-static dt_result dt__io_unsupported(const char *fn) {
+static dt_result dt__checkpoint_unsupported(const char *fn) {
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: built with DTRAIN_NO_STDIO (no file I/O)", fn);
 }
 
 DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *st) {
   (void)path; (void)st;
-  return dt__io_unsupported("dt_checkpoint_save");
+  return dt__checkpoint_unsupported("dt_checkpoint_save");
 }
 DTRAIN_API dt_result dt_checkpoint_load(const char *path, dt_train_state *st) {
   (void)path; (void)st;
-  return dt__io_unsupported("dt_checkpoint_load");
+  return dt__checkpoint_unsupported("dt_checkpoint_load");
 }
 DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) {
   (void)path; (void)p;
-  return dt__io_unsupported("dt_checkpoint_load_weights");
+  return dt__checkpoint_unsupported("dt_checkpoint_load_weights");
 }
 #endif /* DTRAIN_NO_STDIO */
 /* ======== end dt_checkpoint.c ======== */

@@ -820,20 +820,20 @@ DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) 
 
 #else /* DTRAIN_NO_STDIO: no file I/O, every entry point says so */
 
-static dt_result dt__io_unsupported(const char *fn) {
+static dt_result dt__checkpoint_unsupported(const char *fn) {
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: built with DTRAIN_NO_STDIO (no file I/O)", fn);
 }
 
 DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *st) {
   (void)path; (void)st;
-  return dt__io_unsupported("dt_checkpoint_save");
+  return dt__checkpoint_unsupported("dt_checkpoint_save");
 }
 DTRAIN_API dt_result dt_checkpoint_load(const char *path, dt_train_state *st) {
   (void)path; (void)st;
-  return dt__io_unsupported("dt_checkpoint_load");
+  return dt__checkpoint_unsupported("dt_checkpoint_load");
 }
 DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) {
   (void)path; (void)p;
-  return dt__io_unsupported("dt_checkpoint_load_weights");
+  return dt__checkpoint_unsupported("dt_checkpoint_load_weights");
 }
 #endif /* DTRAIN_NO_STDIO */
