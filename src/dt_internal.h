@@ -130,8 +130,18 @@ static DT__UNUSED void dt__put_le32(unsigned char *p, uint32_t v) {
 static DT__UNUSED void dt__put_le64(unsigned char *p, uint64_t v) {
   for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
-/* n floats to/from their little-endian IEEE-754 bytes (4 per float). */
+/* n floats to/from their little-endian IEEE-754 bytes (4 per float); a
+ * plain copy on a host known to be little-endian. */
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#  define DT__HOST_LE 1
+#else
+#  define DT__HOST_LE 0
+#endif
 static DT__UNUSED void dt__put_f32le(unsigned char *dst, const float *src, size_t n) {
+  if (DT__HOST_LE) {
+    if (n) memcpy(dst, src, 4 * n);
+    return;
+  }
   for (size_t i = 0; i < n; i++) {
     uint32_t u;
     memcpy(&u, &src[i], 4);
@@ -139,6 +149,10 @@ static DT__UNUSED void dt__put_f32le(unsigned char *dst, const float *src, size_
   }
 }
 static DT__UNUSED void dt__get_f32le(float *dst, const unsigned char *src, size_t n) {
+  if (DT__HOST_LE) {
+    if (n) memcpy(dst, src, 4 * n);
+    return;
+  }
   for (size_t i = 0; i < n; i++) {
     uint32_t u = dt__get_le32(src + 4 * i);
     memcpy(&dst[i], &u, 4);
