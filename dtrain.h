@@ -2937,7 +2937,6 @@ DTRAIN_PRIVATE void *dt__calloc(size_t size);
 DTRAIN_PRIVATE void dt__free(void *ptr, size_t size);
 /* Grow a block: copies min(old,new) bytes; frees the old on success only. */
 DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size);
-DTRAIN_PRIVATE char *dt__strdup(const char *s, size_t *out_size);
 
 /* Record a thread-local error (and log it at `level`); returns code. */
 DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) DT__PRINTF(2, 3);
@@ -2953,6 +2952,67 @@ DTRAIN_PRIVATE dt_result dt__quiet_pop(dt_result rc);
 
 /* a*b with overflow check into *out; returns 0 on overflow. */
 DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
+
+/* ---- bytes: fixed byte order and FNV-1a ----------------------------------------------
+ * Files and the wire are little-endian whatever the host is, so fields are
+ * read and written a byte at a time (IDX, the one big-endian format, has
+ * dt__get_be32). dt__fnv1a64 is 64-bit FNV-1a: start from DT__FNV64_OFFSET,
+ * feed bytes; a hash of several pieces chains h through the calls. */
+#define DT__FNV64_OFFSET 0xcbf29ce484222325ULL
+#define DT__FNV64_PRIME 0x100000001b3ULL
+static DT__UNUSED uint16_t dt__get_le16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static DT__UNUSED uint32_t dt__get_le32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static DT__UNUSED uint64_t dt__get_le64(const unsigned char *p) {
+  return (uint64_t)dt__get_le32(p) | (uint64_t)dt__get_le32(p + 4) << 32;
+}
+static DT__UNUSED uint32_t dt__get_be32(const unsigned char *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+static DT__UNUSED void dt__put_le16(unsigned char *p, uint16_t v) {
+  p[0] = (unsigned char)v;
+  p[1] = (unsigned char)(v >> 8);
+}
+static DT__UNUSED void dt__put_le32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static DT__UNUSED void dt__put_le64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+/* n floats to/from their little-endian IEEE-754 bytes (4 per float); a
+ * plain copy on a host known to be little-endian. */
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#  define DT__HOST_LE 1
+#else
+#  define DT__HOST_LE 0
+#endif
+static DT__UNUSED void dt__put_f32le(unsigned char *dst, const float *src, size_t n) {
+  if (DT__HOST_LE) {
+    if (n) memcpy(dst, src, 4 * n);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &src[i], 4);
+    dt__put_le32(dst + 4 * i, u);
+  }
+}
+static DT__UNUSED void dt__get_f32le(float *dst, const unsigned char *src, size_t n) {
+  if (DT__HOST_LE) {
+    if (n) memcpy(dst, src, 4 * n);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u = dt__get_le32(src + 4 * i);
+    memcpy(&dst[i], &u, 4);
+  }
+}
+static DT__UNUSED uint64_t dt__fnv1a64(uint64_t h, const void *data, size_t n) {
+  const unsigned char *b = (const unsigned char *)data;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * DT__FNV64_PRIME;
+  return h;
+}
 
 /* ---- RNG (dt_rng.c) ---------------------------------------------------------- */
 DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
@@ -3445,14 +3505,6 @@ DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size) {
     dt__free(ptr, old_size);
   }
   return n;
-}
-
-DTRAIN_PRIVATE char *dt__strdup(const char *s, size_t *out_size) {
-  size_t n = strlen(s) + 1;
-  char *d = (char *)dt__alloc(n);
-  if (d) memcpy(d, s, n);
-  if (out_size) *out_size = n;
-  return d;
 }
 
 DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out) {
@@ -10598,82 +10650,486 @@ DTRAIN_API dt_tensor *dt_nn_attention_forward(dt_graph *g, const dt_nn_attention
 #undef DT__NN_TRY
 /* ======== end dt_nn.c ======== */
 
-/* ======== begin dt_io.c ======== */
+/* ======== begin dt_json.h ======== */
 /* ===========================================================================
- * dt_io.c -- safetensors checkpoints: strict JSON, atomic save, validated load
+ * dt_json.h -- the strict JSON reader shared by checkpoints (the safetensors
+ * header, its "optimizer" metadata) and the cluster description (DTRAIN_CONFIG)
  * ===========================================================================
- * Sections: little-endian helpers, the checksum, a strict JSON reader (into a
- * flat node array) and writer, the safetensors index (dt_checkpoint_open),
- * save, load.
+ * dt__json_parse reads a whole text into a flat array of values (node 0 is
+ * the top value) and a pool of decoded strings, or fails with one message
+ * naming the byte: "byte 29: expected ',' or '}', found end of text". Callers
+ * put their own context in front ("header JSON: ...", "DTRAIN_CONFIG: ...")
+ * and report their own checks on the values with dt__json_found, so a
+ * config's missing key reads like a syntax error.
  *
- * Load never changes the model until everything is checked: the whole file is
- * read into memory (the scratch copy), parsed and validated against the model,
- * and only then are the floats decoded into the params, the optimizer state
- * and the RNGs (a step that cannot fail).
+ * Strict RFC 8259: objects, arrays, strings (escapes checked, \u surrogate
+ * pairs paired, raw bytes valid UTF-8, no raw control characters), numbers in
+ * the JSON grammar (no leading zeros), true/false/null; whitespace is space,
+ * tab, CR, LF; no trailing commas, comments, NaN or data after the value.
+ * Nesting is limited (max_depth containers). Duplicate keys are the caller's
+ * business: objects keep every member in order. The value of an object
+ * member always directly follows its key in v (value id = key id + 1).
+ */
+#ifndef DTRAIN_JSON_H
+#define DTRAIN_JSON_H
+
+/* #include "dt_internal.h" (amalgamated) */
+
+enum { DT__JSON_OBJ = 1, DT__JSON_ARR, DT__JSON_STR, DT__JSON_NUM, DT__JSON_TRUE, DT__JSON_FALSE, DT__JSON_NULL };
+
+typedef struct dt__json_val {
+  int type;            /* DT__JSON_* */
+  int32_t child, next; /* first child, next sibling (-1: none); an object's children alternate key, value */
+  int32_t parent;      /* the enclosing object or array (-1: the top value) */
+  int32_t count;       /* children (objects: 2 per member) */
+  size_t pos;          /* where the value starts in the text (for messages) */
+  size_t off, len;     /* STR: pool offset and decoded length; NUM: text offset and length */
+} dt__json_val;
+
+typedef struct dt__json {
+  const unsigned char *s; /* the text (not copied: it must outlive the reader's use of numbers) */
+  size_t n, pos;
+  int max_depth, allow_nul;
+  dt__json_val *v;        /* the values; v[0] is the top one */
+  size_t nv, cap;
+  char *pool;             /* decoded strings, each NUL-terminated */
+  size_t pool_used, pool_cap;
+  int32_t open;           /* while parsing: the innermost open object or array (-1: none) */
+  /* After a failure: why (err), where (err_pos), inside which object or
+   * array (err_in, -1: none; its values so far are in v), and err_value
+   * when no value started there at all ("expected a value"): then, inside
+   * an object, the last value in v is the key whose value is missing. */
+  int nomem;              /* the failure was out of memory */
+  int err_value;
+  int32_t err_in;
+  size_t err_pos;
+  char err[160];
+} dt__json;
+
+/* Parses text[0..n) as one JSON value. allow_nul: strings may hold U+0000
+ * (written \u0000; their len counts it); otherwise that is an error. Returns
+ * 1, or 0 with j->err set (and j->nomem when memory ran out). Either way
+ * dt__json_free(j) releases what it holds. */
+DTRAIN_PRIVATE int dt__json_parse(dt__json *j, const void *text, size_t n, int max_depth, int allow_nul);
+DTRAIN_PRIVATE void dt__json_free(dt__json *j);
+/* The decoded string of STR value id (NUL-terminated; see allow_nul). */
+DTRAIN_PRIVATE const char *dt__json_str(const dt__json *j, int32_t id);
+/* Whether STR value id is exactly word (an embedded U+0000 never matches). */
+DTRAIN_PRIVATE int dt__json_eq(const dt__json *j, int32_t id, const char *word);
+/* A non-negative JSON integer (digits only: no sign, fraction or exponent)
+ * that fits in 64 bits into *out; 0 otherwise. */
+DTRAIN_PRIVATE int dt__json_uint(const dt__json *j, int32_t id, uint64_t *out);
+/* What stands at byte pos of the text, for messages: "'x'", "byte 0x01" or
+ * "end of text". buf: at least 16 bytes. */
+DTRAIN_PRIVATE const char *dt__json_found(const unsigned char *s, size_t n, size_t pos, char *buf, size_t cap);
+/* The UTF-8 sequence at p (avail bytes, p[0] >= 0x80): its length when
+ * valid; 0: p[0] cannot start one; -1: byte p[*bad] is not a continuation
+ * byte; -2: overlong, a UTF-16 surrogate, or above U+10FFFF. */
+DTRAIN_PRIVATE int dt__json_utf8(const unsigned char *p, size_t avail, size_t *bad);
+
+#endif /* DTRAIN_JSON_H */
+/* ======== end dt_json.h ======== */
+
+/* ======== begin dt_json.c ======== */
+/* ===========================================================================
+ * dt_json.c -- the strict JSON reader (see dt_json.h)
+ * ===========================================================================
+ * Recursive descent over the text, one function per grammar rule. Every
+ * failure goes through dt__json_fail, which keeps the first message: "byte N:
+ * <what was expected>, found <what is there>". The depth limit bounds the
+ * recursion, so no input can overflow the stack.
  */
 /* #include "dt_internal.h" (amalgamated) */
-/* #include "dt_tensor.h" (amalgamated) */
-/* #include "dt_ops.h" (amalgamated) */
-/* #include "dt_params.h" (amalgamated) */
-/* #include "dt_optim.h" (amalgamated) */
-/* #include "dt_nn.h" (amalgamated) */
-/* #include "dt_io.h" (amalgamated) */
-/* #include "dt_data.h" (amalgamated) */
-/* #include "dt_memory.h" (amalgamated) */
-/* #include "dt_device.h" (amalgamated) */
-/* #include "dt_tensor_internal.h" (amalgamated) */
-/* #include "dt_ops_internal.h" (amalgamated) */
-/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_json.h" (amalgamated) */
 
-#if !defined(DTRAIN_NO_STDIO)
-#  include <errno.h>
-#  if defined(_WIN32)
-#    include <process.h>
-#  else
-#    include <fcntl.h>
-#    include <sys/stat.h>
-#    include <sys/types.h>
-#    include <unistd.h>
-#  endif
-#endif
+static int dt__json_isdigit(int c) { return c >= '0' && c <= '9'; }
+
+DTRAIN_PRIVATE const char *dt__json_found(const unsigned char *s, size_t n, size_t pos, char *buf, size_t cap) {
+  if (pos >= n) return "end of text";
+  unsigned ch = s[pos];
+  if (ch >= 0x20 && ch < 0x7f)
+    snprintf(buf, cap, "'%c'", (char)ch);
+  else
+    snprintf(buf, cap, "byte 0x%02x", ch);
+  return buf;
+}
+
+/* Records "byte <at>: <what>[, found ...]" unless a failure is already
+ * recorded. Returns -1 (the failed node id) for the callers' convenience. */
+static int dt__json_fail_at(dt__json *j, size_t at, const char *what, int found) {
+  if (!j->err[0]) {
+    char f[16];
+    j->err_pos = at;
+    j->err_in = j->open;
+    if (found)
+      snprintf(j->err, sizeof j->err, "byte %zu: %s, found %s", at, what, dt__json_found(j->s, j->n, at, f, sizeof f));
+    else
+      snprintf(j->err, sizeof j->err, "byte %zu: %s", at, what);
+  }
+  return -1;
+}
+
+static int dt__json_fail(dt__json *j, const char *what) { return dt__json_fail_at(j, j->pos, what, 1); }
+
+static int32_t dt__json_node(dt__json *j, int type, size_t pos) {
+  if (j->nv == j->cap) {
+    size_t ncap = j->cap ? j->cap * 2 : 64;
+    if (ncap > (size_t)INT32_MAX) return dt__json_fail_at(j, pos, "too many JSON values", 0);
+    dt__json_val *nv = (dt__json_val *)dt__realloc(j->v, j->cap * sizeof(dt__json_val), ncap * sizeof(dt__json_val));
+    if (!nv) {
+      j->nomem = 1;
+      return dt__json_fail_at(j, pos, "out of memory", 0);
+    }
+    j->v = nv;
+    j->cap = ncap;
+  }
+  dt__json_val *x = &j->v[j->nv];
+  memset(x, 0, sizeof *x);
+  x->type = type;
+  x->child = x->next = -1;
+  x->parent = j->open;
+  x->pos = pos;
+  return (int32_t)j->nv++;
+}
+
+static void dt__json_ws(dt__json *j) {
+  while (j->pos < j->n) {
+    unsigned char c = j->s[j->pos];
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
+    j->pos++;
+  }
+}
+
+DTRAIN_PRIVATE int dt__json_utf8(const unsigned char *p, size_t avail, size_t *bad) {
+  unsigned c = p[0];
+  int k;
+  uint32_t cp, min;
+  if (c >= 0xc2 && c <= 0xdf) {
+    k = 1, cp = c & 0x1f, min = 0x80;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    k = 2, cp = c & 0x0f, min = 0x800;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    k = 3, cp = c & 0x07, min = 0x10000;
+  } else {
+    return 0;
+  }
+  for (int i = 1; i <= k; i++) {
+    if ((size_t)i >= avail || (p[i] & 0xc0) != 0x80) {
+      *bad = (size_t)i;
+      return -1;
+    }
+    cp = (cp << 6) | (p[i] & 0x3fu);
+  }
+  /* Each code point has one encoding, UTF-16's surrogates are no characters. */
+  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return -2;
+  return k + 1;
+}
+
+/* The pool holds at most n + 1 bytes of strings: a string's decoded bytes
+ * and its NUL never outnumber its source bytes with the quotes. */
+static void dt__json_put(dt__json *j, unsigned char c) { j->pool[j->pool_used++] = (char)c; }
+
+static void dt__json_put_cp(dt__json *j, uint32_t cp) {
+  if (cp < 0x80) {
+    dt__json_put(j, (unsigned char)cp);
+  } else if (cp < 0x800) {
+    dt__json_put(j, (unsigned char)(0xc0 | (cp >> 6)));
+    dt__json_put(j, (unsigned char)(0x80 | (cp & 0x3f)));
+  } else if (cp < 0x10000) {
+    dt__json_put(j, (unsigned char)(0xe0 | (cp >> 12)));
+    dt__json_put(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
+    dt__json_put(j, (unsigned char)(0x80 | (cp & 0x3f)));
+  } else {
+    dt__json_put(j, (unsigned char)(0xf0 | (cp >> 18)));
+    dt__json_put(j, (unsigned char)(0x80 | ((cp >> 12) & 0x3f)));
+    dt__json_put(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
+    dt__json_put(j, (unsigned char)(0x80 | (cp & 0x3f)));
+  }
+}
+
+/* Four hex digits at j->pos into *out (advanced past them); -1 at a non-digit. */
+static int dt__json_hex4(dt__json *j, uint32_t *out) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) {
+    int c = j->pos < j->n ? j->s[j->pos] : -1;
+    int d = dt__json_isdigit(c) ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+    if (d < 0) return dt__json_fail(j, "expected a hex digit in \\u escape");
+    v = (v << 4) | (uint32_t)d;
+    j->pos++;
+  }
+  *out = v;
+  return 0;
+}
+
+/* The \u escape whose 'u' is at j->pos - 1; esc: where its '\' is. */
+static int dt__json_unicode(dt__json *j, size_t esc) {
+  uint32_t cp, lo;
+  if (dt__json_hex4(j, &cp) < 0) return -1;
+  if (cp >= 0xdc00 && cp <= 0xdfff) {
+    j->pos -= 4;
+    return dt__json_fail(j, "expected a \\u escape that is not a lone low surrogate");
+  }
+  if (cp >= 0xd800 && cp <= 0xdbff) {
+    if (j->n - j->pos < 2 || j->s[j->pos] != '\\' || j->s[j->pos + 1] != 'u')
+      return dt__json_fail(j, "expected '\\u' with the low half of a surrogate pair");
+    j->pos += 2;
+    if (dt__json_hex4(j, &lo) < 0) return -1;
+    if (lo < 0xdc00 || lo > 0xdfff) {
+      j->pos -= 4;
+      return dt__json_fail(j, "expected a low surrogate (DC00..DFFF)");
+    }
+    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+  }
+  if (cp == 0 && !j->allow_nul) return dt__json_fail_at(j, esc, "\\u0000 in a string is not supported", 0);
+  dt__json_put_cp(j, cp);
+  return 0;
+}
+
+static int32_t dt__json_string(dt__json *j) {
+  int32_t id = dt__json_node(j, DT__JSON_STR, j->pos);
+  if (id < 0) return -1;
+  j->pos++; /* the opening quote */
+  size_t start = j->pool_used;
+  for (;;) {
+    if (j->pos >= j->n) return dt__json_fail(j, "expected '\"' to close the string (unterminated string)");
+    unsigned char c = j->s[j->pos];
+    if (c == '"') {
+      j->pos++;
+      break;
+    }
+    if (c < 0x20) return dt__json_fail(j, "expected a string character (control characters must be escaped)");
+    if (c == '\\') {
+      size_t esc = j->pos++;
+      int e = j->pos < j->n ? j->s[j->pos] : -1;
+      static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+      const char *k = e > 0 ? strchr(from, e) : NULL;
+      j->pos++;
+      if (k) {
+        dt__json_put(j, (unsigned char)to[k - from]);
+      } else if (e == 'u') {
+        if (dt__json_unicode(j, esc) < 0) return -1;
+      } else {
+        j->pos--;
+        return dt__json_fail(j, "bad escape: expected an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
+      }
+      continue;
+    }
+    if (c < 0x80) {
+      dt__json_put(j, c);
+      j->pos++;
+      continue;
+    }
+    size_t bad = 0;
+    int len = dt__json_utf8(j->s + j->pos, j->n - j->pos, &bad);
+    if (len == 0) return dt__json_fail(j, "expected valid UTF-8 in a string");
+    if (len == -1) return dt__json_fail_at(j, j->pos + bad, "expected a UTF-8 continuation byte", 1);
+    if (len < 0) return dt__json_fail(j, "expected valid UTF-8 in a string (overlong, surrogate or too large)");
+    for (int i = 0; i < len; i++) dt__json_put(j, j->s[j->pos + (size_t)i]);
+    j->pos += (size_t)len;
+  }
+  j->pool[j->pool_used++] = '\0';
+  j->v[id].off = start;
+  j->v[id].len = j->pool_used - 1 - start;
+  return id;
+}
+
+static int dt__json_digits(dt__json *j, const char *what) {
+  if (j->pos >= j->n || !dt__json_isdigit(j->s[j->pos])) return dt__json_fail(j, what);
+  while (j->pos < j->n && dt__json_isdigit(j->s[j->pos])) j->pos++;
+  return 0;
+}
+
+static int32_t dt__json_number(dt__json *j) {
+  size_t start = j->pos;
+  if (j->s[j->pos] == '-') j->pos++;
+  if (j->pos < j->n && j->s[j->pos] == '0') {
+    j->pos++; /* "0" followed by a digit: the caller refuses what follows */
+  } else if (dt__json_digits(j, "expected a digit") < 0) {
+    return -1;
+  }
+  if (j->pos < j->n && j->s[j->pos] == '.') {
+    j->pos++;
+    if (dt__json_digits(j, "expected a digit after '.'") < 0) return -1;
+  }
+  if (j->pos < j->n && (j->s[j->pos] == 'e' || j->s[j->pos] == 'E')) {
+    j->pos++;
+    if (j->pos < j->n && (j->s[j->pos] == '+' || j->s[j->pos] == '-')) j->pos++;
+    if (dt__json_digits(j, "expected a digit in the exponent") < 0) return -1;
+  }
+  int32_t id = dt__json_node(j, DT__JSON_NUM, start);
+  if (id < 0) return -1;
+  j->v[id].off = start;
+  j->v[id].len = j->pos - start;
+  return id;
+}
+
+/* true, false, null: the message names the word and points at the first byte that differs. */
+static int32_t dt__json_literal(dt__json *j, const char *word, int type) {
+  size_t start = j->pos;
+  for (const char *w = word; *w; w++, j->pos++) {
+    if (j->pos >= j->n || j->s[j->pos] != (unsigned char)*w) {
+      char what[24];
+      snprintf(what, sizeof what, "expected '%s'", word);
+      return dt__json_fail(j, what);
+    }
+  }
+  return dt__json_node(j, type, start);
+}
+
+static int32_t dt__json_value(dt__json *j, int depth);
+
+/* Whether value id is the number 0 (or -0) with a digit right after it. */
+static int dt__json_lone_zero(const dt__json *j, int32_t id) {
+  const dt__json_val *x = &j->v[id];
+  size_t end = x->off + x->len;
+  return x->type == DT__JSON_NUM && x->len <= 2 && j->s[end - 1] == '0' && end < j->n && dt__json_isdigit(j->s[end]);
+}
+
+/* An object or an array at j->pos; children linked in order. */
+static int32_t dt__json_container(dt__json *j, int depth, int is_obj) {
+  if (depth >= j->max_depth) {
+    char what[64];
+    snprintf(what, sizeof what, "nested too deeply: nesting deeper than %d levels", j->max_depth);
+    return dt__json_fail_at(j, j->pos, what, 0);
+  }
+  int32_t id = dt__json_node(j, is_obj ? DT__JSON_OBJ : DT__JSON_ARR, j->pos);
+  if (id < 0) return -1;
+  unsigned char close = is_obj ? '}' : ']';
+  int32_t last = -1, outer = j->open;
+  j->open = id;
+  j->pos++;
+  dt__json_ws(j);
+  if (j->pos < j->n && j->s[j->pos] == close) {
+    j->pos++;
+    j->open = outer;
+    return id;
+  }
+  for (;;) {
+    int32_t k = -1, val;
+    dt__json_ws(j);
+    if (is_obj) {
+      if (j->pos >= j->n || j->s[j->pos] != '"')
+        return dt__json_fail(j, last < 0 ? "expected a string (object key) or '}'" : "expected a string (object key)");
+      k = dt__json_string(j);
+      if (k < 0) return -1;
+      dt__json_ws(j);
+      if (j->pos >= j->n || j->s[j->pos] != ':') return dt__json_fail(j, "expected ':' after the object key");
+      j->pos++;
+    }
+    val = dt__json_value(j, depth + 1);
+    if (val < 0) return -1;
+    if (k >= 0) j->v[k].next = val;
+    if (last < 0) j->v[id].child = k >= 0 ? k : val;
+    else j->v[last].next = k >= 0 ? k : val;
+    j->v[id].count += k >= 0 ? 2 : 1;
+    last = val;
+    dt__json_ws(j);
+    if (j->pos < j->n && j->s[j->pos] == ',') {
+      j->pos++;
+      continue;
+    }
+    if (j->pos < j->n && j->s[j->pos] == close) {
+      j->pos++;
+      j->open = outer;
+      return id;
+    }
+    /* The grammar's own way to refuse "01": a number ends after a lone 0. */
+    if (dt__json_lone_zero(j, val))
+      return dt__json_fail(j, is_obj ? "expected ',' or '}' (no leading zeros in a number)"
+                                     : "expected ',' or ']' (no leading zeros in a number)");
+    return dt__json_fail(j, is_obj ? "expected ',' or '}'" : "expected ',' or ']'");
+  }
+}
+
+static int32_t dt__json_value(dt__json *j, int depth) {
+  dt__json_ws(j);
+  int c = j->pos < j->n ? j->s[j->pos] : -1;
+  switch (c) {
+    case '{': return dt__json_container(j, depth, 1);
+    case '[': return dt__json_container(j, depth, 0);
+    case '"': return dt__json_string(j);
+    case 't': return dt__json_literal(j, "true", DT__JSON_TRUE);
+    case 'f': return dt__json_literal(j, "false", DT__JSON_FALSE);
+    case 'n': return dt__json_literal(j, "null", DT__JSON_NULL);
+    default:
+      if (c == '-' || dt__json_isdigit(c)) return dt__json_number(j);
+      j->err_value = !j->err[0];
+      return dt__json_fail(j, "expected a value (object, array, string, number, true, false or null)");
+  }
+}
+
+DTRAIN_PRIVATE void dt__json_free(dt__json *j) {
+  dt__free(j->v, j->cap * sizeof(dt__json_val));
+  dt__free(j->pool, j->pool_cap);
+  j->v = NULL;
+  j->pool = NULL;
+  j->cap = j->pool_cap = j->nv = 0;
+}
+
+DTRAIN_PRIVATE int dt__json_parse(dt__json *j, const void *text, size_t n, int max_depth, int allow_nul) {
+  memset(j, 0, sizeof *j);
+  j->s = (const unsigned char *)text;
+  j->n = n;
+  j->max_depth = max_depth;
+  j->allow_nul = allow_nul;
+  j->open = j->err_in = -1;
+  j->pool_cap = n + 1;
+  j->pool = (char *)dt__alloc(j->pool_cap);
+  if (!j->pool) {
+    j->pool_cap = 0;
+    j->nomem = 1;
+    snprintf(j->err, sizeof j->err, "out of memory for %zu bytes of JSON", n);
+    return 0;
+  }
+  if (dt__json_value(j, 0) < 0) return 0;
+  dt__json_ws(j);
+  if (j->pos != n) {
+    dt__json_fail(j, dt__json_lone_zero(j, 0) ? "expected end of text after the JSON value (no leading zeros in a number)"
+                                              : "expected end of text after the JSON value");
+    return 0;
+  }
+  return 1;
+}
+
+DTRAIN_PRIVATE const char *dt__json_str(const dt__json *j, int32_t id) { return j->pool + j->v[id].off; }
+
+DTRAIN_PRIVATE int dt__json_eq(const dt__json *j, int32_t id, const char *word) {
+  const dt__json_val *x = &j->v[id];
+  return x->type == DT__JSON_STR && x->len == strlen(word) && memcmp(j->pool + x->off, word, x->len) == 0;
+}
+
+DTRAIN_PRIVATE int dt__json_uint(const dt__json *j, int32_t id, uint64_t *out) {
+  const dt__json_val *x = &j->v[id];
+  if (x->type != DT__JSON_NUM) return 0;
+  uint64_t v = 0;
+  for (size_t i = 0; i < x->len; i++) {
+    unsigned char c = j->s[x->off + i];
+    if (!dt__json_isdigit(c)) return 0;
+    if (v > (UINT64_MAX - (uint64_t)(c - '0')) / 10) return 0;
+    v = v * 10 + (uint64_t)(c - '0');
+  }
+  *out = v;
+  return x->len > 0;
+}
+/* ======== end dt_json.c ======== */
+
+/* ======== begin dt_safetensors.h ======== */
+/* ===========================================================================
+ * dt_safetensors.h -- what the safetensors reader (dt_safetensors.c) shares
+ * with checkpoint save and load (dt_checkpoint.c)
+ * ===========================================================================
+ */
+#ifndef DTRAIN_SAFETENSORS_H
+#define DTRAIN_SAFETENSORS_H
+
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_json.h" (amalgamated) */
 
 #ifndef DTRAIN_NO_STDIO
 
-#define DT__IO_JSON_DEPTH 64
-#define DT__IO_HEX_RNG 64 /* hex digits of a 4 x 64-bit RNG state */
+#define DT__IO_JSON_DEPTH 64 /* nesting allowed in a header (and its "optimizer" metadata) */
 
-/* ---- little-endian helpers ------------------------------------------------------ */
-
-static void dt__io_put_u64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t dt__io_get_u64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-
-static void dt__io_encode_f32(unsigned char *dst, const float *src, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, &src[i], 4);
-    dst[4 * i] = (unsigned char)u;
-    dst[4 * i + 1] = (unsigned char)(u >> 8);
-    dst[4 * i + 2] = (unsigned char)(u >> 16);
-    dst[4 * i + 3] = (unsigned char)(u >> 24);
-  }
-}
-
-static void dt__io_decode_f32(float *dst, const unsigned char *src, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    const unsigned char *b = src + 4 * i;
-    uint32_t u = (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
-    memcpy(&dst[i], &u, 4);
-  }
-}
-
-/* ---- checksum ----------------------------------------------------------------------
+/* ---- the checksum ----------------------------------------------------------------------
  * A streaming 64-bit hash for corruption detection (not security): FNV-1a
  * style over little-endian 64-bit words, h = (h ^ w) * P; h ^= h >> 32, then
  * the tail bytes one by one. Each step is a bijection of h, so changing any
@@ -10690,504 +11146,21 @@ typedef struct dt__io_hasher {
   int nc;
 } dt__io_hasher;
 
-static void dt__io_hash_init(dt__io_hasher *s) {
-  s->h = 0xcbf29ce484222325ULL;
-  s->nc = 0;
-}
+DTRAIN_PRIVATE void dt__io_hash_init(dt__io_hasher *s);
+DTRAIN_PRIVATE void dt__io_hash(dt__io_hasher *s, const void *data, size_t n);
+DTRAIN_PRIVATE void dt__io_hash_u64(dt__io_hasher *s, uint64_t v);
+DTRAIN_PRIVATE uint64_t dt__io_hash_final(dt__io_hasher *s);
 
-static void dt__io_hash_word(dt__io_hasher *s, uint64_t w) {
-  s->h = (s->h ^ w) * 0x100000001b3ULL;
-  s->h ^= s->h >> 32;
-}
-
-static void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
-  const unsigned char *p = (const unsigned char *)data;
-  while (n > 0 && s->nc > 0) {
-    s->carry[s->nc++] = *p++;
-    n--;
-    if (s->nc == 8) {
-      dt__io_hash_word(s, dt__io_get_u64(s->carry));
-      s->nc = 0;
-    }
-  }
-  while (n >= 8) {
-    dt__io_hash_word(s, dt__io_get_u64(p));
-    p += 8;
-    n -= 8;
-  }
-  while (n > 0) {
-    s->carry[s->nc++] = *p++;
-    n--;
-  }
-}
-
-static void dt__io_hash_u64(dt__io_hasher *s, uint64_t v) {
-  unsigned char le[8];
-  dt__io_put_u64(le, v);
-  dt__io_hash(s, le, 8);
-}
-
-static uint64_t dt__io_hash_final(dt__io_hasher *s) {
-  for (int i = 0; i < s->nc; i++) {
-    s->h ^= s->carry[i];
-    s->h *= 0x100000001b3ULL;
-  }
-  s->nc = 0;
-  return s->h;
-}
-
-/* ---- error context ----------------------------------------------------------------- */
+/* ---- error context: "<fn>: '<path>': <message>" --------------------------------------- */
 
 typedef struct dt__io_ctx {
   const char *fn;   /* public function name */
   const char *path;
 } dt__io_ctx;
 
-static dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt, ...) DT__PRINTF(3, 4);
-static dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt, ...) {
-  char buf[DT__MSG_CAP];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return dt__error(code, "%s: '%s': %s", c->fn, c->path, buf);
-}
+DTRAIN_PRIVATE dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt, ...) DT__PRINTF(3, 4);
 
-/* ---- strict JSON reader -------------------------------------------------------------
- * RFC 8259 exactly: objects, arrays, strings (escapes checked, \u surrogate
- * pairs paired, raw bytes valid UTF-8, no control characters), numbers in
- * the JSON grammar, true/false/null; whitespace is space, tab, CR, LF; no
- * trailing commas, comments, NaN or trailing garbage. Depth is limited to
- * DT__IO_JSON_DEPTH. Values go into a flat node array; an object's children
- * alternate key (a string node) and value. Strings are decoded into a pool
- * (NUL-terminated; a string containing U+0000 is refused). Numbers keep
- * their source text. */
-enum { DT__IO_JOBJ = 1, DT__IO_JARR, DT__IO_JSTR, DT__IO_JNUM, DT__IO_JTRUE, DT__IO_JFALSE, DT__IO_JNULL };
-
-typedef struct dt__io_jv {
-  int type;
-  int32_t child, next; /* first child, next sibling (-1: none) */
-  int32_t count;       /* children (objects: 2 per member) */
-  size_t off, len;     /* STR: pool offset and length; NUM: source offset and length */
-} dt__io_jv;
-
-typedef struct dt__io_json {
-  const unsigned char *s;
-  size_t n, pos;
-  dt__io_jv *v;
-  size_t nv, cap;
-  char *pool;
-  size_t pool_used, pool_cap;
-  int nomem;
-  char err[160];
-} dt__io_json;
-
-static int dt__io_jfail(dt__io_json *j, const char *what) {
-  if (!j->err[0]) {
-    if (j->pos < j->n) {
-      unsigned char ch = j->s[j->pos];
-      if (ch >= 0x20 && ch < 0x7f)
-        snprintf(j->err, sizeof j->err, "%s at byte %zu (found '%c')", what, j->pos, (char)ch);
-      else
-        snprintf(j->err, sizeof j->err, "%s at byte %zu (found byte 0x%02x)", what, j->pos, (unsigned)ch);
-    } else {
-      snprintf(j->err, sizeof j->err, "%s at byte %zu (end of header)", what, j->pos);
-    }
-  }
-  return -1;
-}
-
-static int32_t dt__io_jnode(dt__io_json *j, int type) {
-  if (j->nv == j->cap) {
-    size_t ncap = j->cap ? j->cap * 2 : 64;
-    if (ncap > (size_t)INT32_MAX) return dt__io_jfail(j, "too many JSON values");
-    dt__io_jv *nv = (dt__io_jv *)dt__realloc(j->v, j->cap * sizeof(dt__io_jv), ncap * sizeof(dt__io_jv));
-    if (!nv) {
-      j->nomem = 1;
-      return dt__io_jfail(j, "out of memory");
-    }
-    j->v = nv;
-    j->cap = ncap;
-  }
-  dt__io_jv *x = &j->v[j->nv];
-  memset(x, 0, sizeof *x);
-  x->type = type;
-  x->child = x->next = -1;
-  return (int32_t)j->nv++;
-}
-
-static void dt__io_jws(dt__io_json *j) {
-  while (j->pos < j->n) {
-    unsigned char c = j->s[j->pos];
-    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
-    j->pos++;
-  }
-}
-
-static int dt__io_jhex4(dt__io_json *j, uint32_t *out) {
-  uint32_t v = 0;
-  if (j->n - j->pos < 4) return 0;
-  for (int i = 0; i < 4; i++) {
-    unsigned char c = j->s[j->pos + (size_t)i];
-    int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10
-          : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
-    if (d < 0) return 0;
-    v = (v << 4) | (uint32_t)d;
-  }
-  j->pos += 4;
-  *out = v;
-  return 1;
-}
-
-static void dt__io_jput(dt__io_json *j, unsigned char c) {
-  j->pool[j->pool_used++] = (char)c; /* pool_cap >= n + 1 bounds every string */
-}
-
-/* Length of a valid UTF-8 sequence starting at p (lead >= 0x80), 0 if invalid. */
-static int dt__io_utf8_len(const unsigned char *p, size_t avail) {
-  unsigned char c = p[0];
-  int len;
-  unsigned char lo = 0x80, hi = 0xbf;
-  if (c >= 0xc2 && c <= 0xdf) len = 2;
-  else if (c >= 0xe0 && c <= 0xef) {
-    len = 3;
-    if (c == 0xe0) lo = 0xa0;      /* no overlong forms */
-    else if (c == 0xed) hi = 0x9f; /* no UTF-16 surrogates */
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4;
-    if (c == 0xf0) lo = 0x90;
-    else if (c == 0xf4) hi = 0x8f; /* at most U+10FFFF */
-  } else {
-    return 0;
-  }
-  if (avail < (size_t)len) return 0;
-  if (p[1] < lo || p[1] > hi) return 0;
-  for (int i = 2; i < len; i++)
-    if (p[i] < 0x80 || p[i] > 0xbf) return 0;
-  return len;
-}
-
-static int32_t dt__io_jstring(dt__io_json *j) {
-  int32_t id = dt__io_jnode(j, DT__IO_JSTR);
-  if (id < 0) return -1;
-  j->pos++; /* opening quote */
-  size_t start = j->pool_used;
-  for (;;) {
-    if (j->pos >= j->n) return dt__io_jfail(j, "unterminated string");
-    unsigned char c = j->s[j->pos];
-    if (c == '"') {
-      j->pos++;
-      break;
-    }
-    if (c < 0x20) return dt__io_jfail(j, "control character in a string");
-    if (c == '\\') {
-      j->pos++;
-      if (j->pos >= j->n) return dt__io_jfail(j, "unterminated escape");
-      unsigned char e = j->s[j->pos++];
-      switch (e) {
-        case '"': dt__io_jput(j, '"'); break;
-        case '\\': dt__io_jput(j, '\\'); break;
-        case '/': dt__io_jput(j, '/'); break;
-        case 'b': dt__io_jput(j, '\b'); break;
-        case 'f': dt__io_jput(j, '\f'); break;
-        case 'n': dt__io_jput(j, '\n'); break;
-        case 'r': dt__io_jput(j, '\r'); break;
-        case 't': dt__io_jput(j, '\t'); break;
-        case 'u': {
-          uint32_t cp, lo;
-          if (!dt__io_jhex4(j, &cp)) return dt__io_jfail(j, "bad \\u escape");
-          if (cp >= 0xdc00 && cp <= 0xdfff) return dt__io_jfail(j, "unpaired low surrogate");
-          if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (j->n - j->pos < 2 || j->s[j->pos] != '\\' || j->s[j->pos + 1] != 'u')
-              return dt__io_jfail(j, "unpaired high surrogate");
-            j->pos += 2;
-            if (!dt__io_jhex4(j, &lo) || lo < 0xdc00 || lo > 0xdfff)
-              return dt__io_jfail(j, "bad low surrogate");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          }
-          if (cp == 0) return dt__io_jfail(j, "\\u0000 in a string is not supported");
-          if (cp < 0x80) {
-            dt__io_jput(j, (unsigned char)cp);
-          } else if (cp < 0x800) {
-            dt__io_jput(j, (unsigned char)(0xc0 | (cp >> 6)));
-            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
-          } else if (cp < 0x10000) {
-            dt__io_jput(j, (unsigned char)(0xe0 | (cp >> 12)));
-            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
-            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
-          } else {
-            dt__io_jput(j, (unsigned char)(0xf0 | (cp >> 18)));
-            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 12) & 0x3f)));
-            dt__io_jput(j, (unsigned char)(0x80 | ((cp >> 6) & 0x3f)));
-            dt__io_jput(j, (unsigned char)(0x80 | (cp & 0x3f)));
-          }
-          break;
-        }
-        default: j->pos--; return dt__io_jfail(j, "bad escape");
-      }
-      continue;
-    }
-    if (c < 0x80) {
-      dt__io_jput(j, c);
-      j->pos++;
-      continue;
-    }
-    int len = dt__io_utf8_len(j->s + j->pos, j->n - j->pos);
-    if (!len) return dt__io_jfail(j, "invalid UTF-8 in a string");
-    for (int i = 0; i < len; i++) dt__io_jput(j, j->s[j->pos + (size_t)i]);
-    j->pos += (size_t)len;
-  }
-  j->pool[j->pool_used++] = '\0';
-  j->v[id].off = start;
-  j->v[id].len = j->pool_used - 1 - start;
-  return id;
-}
-
-static int dt__io_isdigit(unsigned char c) { return c >= '0' && c <= '9'; }
-
-static int32_t dt__io_jnumber(dt__io_json *j) {
-  size_t start = j->pos;
-  if (j->s[j->pos] == '-') j->pos++;
-  if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad number");
-  if (j->s[j->pos] == '0') {
-    j->pos++;
-    if (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "leading zero in a number");
-  } else {
-    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
-  }
-  if (j->pos < j->n && j->s[j->pos] == '.') {
-    j->pos++;
-    if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad fraction in a number");
-    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
-  }
-  if (j->pos < j->n && (j->s[j->pos] == 'e' || j->s[j->pos] == 'E')) {
-    j->pos++;
-    if (j->pos < j->n && (j->s[j->pos] == '+' || j->s[j->pos] == '-')) j->pos++;
-    if (j->pos >= j->n || !dt__io_isdigit(j->s[j->pos])) return dt__io_jfail(j, "bad exponent in a number");
-    while (j->pos < j->n && dt__io_isdigit(j->s[j->pos])) j->pos++;
-  }
-  int32_t id = dt__io_jnode(j, DT__IO_JNUM);
-  if (id < 0) return -1;
-  j->v[id].off = start;
-  j->v[id].len = j->pos - start;
-  return id;
-}
-
-static int32_t dt__io_jvalue(dt__io_json *j, int depth);
-
-/* Object or array: children linked in order. */
-static int32_t dt__io_jcontainer(dt__io_json *j, int depth, int is_obj) {
-  if (depth >= DT__IO_JSON_DEPTH) return dt__io_jfail(j, "JSON nested too deeply");
-  int32_t id = dt__io_jnode(j, is_obj ? DT__IO_JOBJ : DT__IO_JARR);
-  if (id < 0) return -1;
-  unsigned char close = is_obj ? '}' : ']';
-  int32_t last = -1;
-  j->pos++;
-  dt__io_jws(j);
-  if (j->pos < j->n && j->s[j->pos] == close) {
-    j->pos++;
-    return id;
-  }
-  for (;;) {
-    int32_t k = -1, val;
-    dt__io_jws(j);
-    if (is_obj) {
-      if (j->pos >= j->n || j->s[j->pos] != '"') return dt__io_jfail(j, "expected a string key");
-      k = dt__io_jstring(j);
-      if (k < 0) return -1;
-      dt__io_jws(j);
-      if (j->pos >= j->n || j->s[j->pos] != ':') return dt__io_jfail(j, "expected ':'");
-      j->pos++;
-    }
-    val = dt__io_jvalue(j, depth + 1);
-    if (val < 0) return -1;
-    if (k >= 0) {
-      j->v[k].next = val;
-      if (last < 0) j->v[id].child = k;
-      else j->v[last].next = k;
-      j->v[id].count += 2;
-    } else {
-      if (last < 0) j->v[id].child = val;
-      else j->v[last].next = val;
-      j->v[id].count += 1;
-    }
-    last = val;
-    dt__io_jws(j);
-    if (j->pos >= j->n) return dt__io_jfail(j, is_obj ? "unterminated object" : "unterminated array");
-    if (j->s[j->pos] == ',') {
-      j->pos++;
-      continue;
-    }
-    if (j->s[j->pos] == close) {
-      j->pos++;
-      return id;
-    }
-    return dt__io_jfail(j, is_obj ? "expected ',' or '}'" : "expected ',' or ']'");
-  }
-}
-
-static int32_t dt__io_jliteral(dt__io_json *j, const char *word, int type) {
-  size_t len = strlen(word);
-  if (j->n - j->pos < len || memcmp(j->s + j->pos, word, len) != 0) return dt__io_jfail(j, "expected a value");
-  j->pos += len;
-  return dt__io_jnode(j, type);
-}
-
-static int32_t dt__io_jvalue(dt__io_json *j, int depth) {
-  dt__io_jws(j);
-  if (j->pos >= j->n) return dt__io_jfail(j, "expected a value");
-  unsigned char c = j->s[j->pos];
-  switch (c) {
-    case '{': return dt__io_jcontainer(j, depth, 1);
-    case '[': return dt__io_jcontainer(j, depth, 0);
-    case '"': return dt__io_jstring(j);
-    case 't': return dt__io_jliteral(j, "true", DT__IO_JTRUE);
-    case 'f': return dt__io_jliteral(j, "false", DT__IO_JFALSE);
-    case 'n': return dt__io_jliteral(j, "null", DT__IO_JNULL);
-    default:
-      if (c == '-' || dt__io_isdigit(c)) return dt__io_jnumber(j);
-      return dt__io_jfail(j, "expected a value");
-  }
-}
-
-static void dt__io_json_free(dt__io_json *j) {
-  dt__free(j->v, j->cap * sizeof(dt__io_jv));
-  dt__free(j->pool, j->pool_cap);
-  j->v = NULL;
-  j->pool = NULL;
-  j->cap = j->pool_cap = 0;
-}
-
-/* Parse s[0..n) as one JSON value. Returns 1, or 0 with j->err set. */
-static int dt__io_json_parse(dt__io_json *j, const unsigned char *s, size_t n) {
-  memset(j, 0, sizeof *j);
-  j->s = s;
-  j->n = n;
-  j->pool_cap = n + 1;
-  j->pool = (char *)dt__alloc(j->pool_cap);
-  if (!j->pool) {
-    j->pool_cap = 0;
-    j->nomem = 1;
-    snprintf(j->err, sizeof j->err, "out of memory for a %zu-byte header", n);
-    return 0;
-  }
-  if (dt__io_jvalue(j, 0) < 0) return 0;
-  dt__io_jws(j);
-  if (j->pos != n) {
-    dt__io_jfail(j, "unexpected data after the JSON value");
-    return 0;
-  }
-  return 1;
-}
-
-static const char *dt__io_jstr(const dt__io_json *j, int32_t id) { return j->pool + j->v[id].off; }
-
-/* Non-negative JSON integer (no sign, fraction or exponent) into *out. */
-static int dt__io_juint(const dt__io_json *j, int32_t id, uint64_t *out) {
-  const dt__io_jv *x = &j->v[id];
-  if (x->type != DT__IO_JNUM) return 0;
-  uint64_t v = 0;
-  for (size_t i = 0; i < x->len; i++) {
-    unsigned char c = j->s[x->off + i];
-    if (!dt__io_isdigit(c)) return 0;
-    if (v > (UINT64_MAX - (uint64_t)(c - '0')) / 10) return 0;
-    v = v * 10 + (uint64_t)(c - '0');
-  }
-  *out = v;
-  return x->len > 0;
-}
-
-/* ---- JSON writer: a growable byte buffer -------------------------------------------- */
-
-typedef struct dt__io_buf {
-  char *p;
-  size_t len, cap;
-  int nomem;
-} dt__io_buf;
-
-static void dt__io_buf_put(dt__io_buf *b, const void *s, size_t n) {
-  if (b->nomem) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t ncap = b->cap ? b->cap : 256;
-    while (ncap < b->len + n + 1) ncap *= 2;
-    char *np = (char *)dt__realloc(b->p, b->cap, ncap);
-    if (!np) {
-      b->nomem = 1;
-      return;
-    }
-    b->p = np;
-    b->cap = ncap;
-  }
-  memcpy(b->p + b->len, s, n);
-  b->len += n;
-  b->p[b->len] = '\0';
-}
-
-static void dt__io_buf_str(dt__io_buf *b, const char *s) { dt__io_buf_put(b, s, strlen(s)); }
-
-static void dt__io_buf_u64(dt__io_buf *b, uint64_t v) {
-  char tmp[24];
-  snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
-  dt__io_buf_str(b, tmp);
-}
-
-/* Quoted JSON string; s must be valid UTF-8 (checked by the caller). */
-static void dt__io_buf_jstr(dt__io_buf *b, const char *s) {
-  static const char hex[] = "0123456789abcdef";
-  dt__io_buf_put(b, "\"", 1);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    char esc[7];
-    switch (*p) {
-      case '"': dt__io_buf_put(b, "\\\"", 2); break;
-      case '\\': dt__io_buf_put(b, "\\\\", 2); break;
-      case '\n': dt__io_buf_put(b, "\\n", 2); break;
-      case '\r': dt__io_buf_put(b, "\\r", 2); break;
-      case '\t': dt__io_buf_put(b, "\\t", 2); break;
-      default:
-        if (*p < 0x20) {
-          esc[0] = '\\'; esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
-          esc[4] = hex[*p >> 4]; esc[5] = hex[*p & 15]; esc[6] = '\0';
-          dt__io_buf_put(b, esc, 6);
-        } else {
-          dt__io_buf_put(b, p, 1);
-        }
-    }
-  }
-  dt__io_buf_put(b, "\"", 1);
-}
-
-static void dt__io_buf_free(dt__io_buf *b) {
-  dt__free(b->p, b->cap);
-  b->p = NULL;
-  b->len = b->cap = 0;
-}
-
-static int dt__io_valid_utf8(const char *s) {
-  const unsigned char *p = (const unsigned char *)s;
-  size_t n = strlen(s);
-  for (size_t i = 0; i < n;) {
-    if (p[i] < 0x80) {
-      i++;
-      continue;
-    }
-    int len = dt__io_utf8_len(p + i, n - i);
-    if (!len) return 0;
-    i += (size_t)len;
-  }
-  return 1;
-}
-
-/* ---- the safetensors index ----------------------------------------------------------- */
-
-typedef struct dt__io_dtype {
-  const char *name;
-  int size;
-} dt__io_dtype;
-
-static const dt__io_dtype dt__io_dtypes[] = {
-  {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I8", 1}, {"U8", 1}, {"I16", 2}, {"U16", 2},
-  {"I32", 4}, {"U32", 4}, {"I64", 8}, {"U64", 8}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
-};
+/* ---- an opened file's index ------------------------------------------------------------ */
 
 typedef struct dt__io_entry {
   const char *name;  /* in the JSON pool */
@@ -11203,13 +11176,136 @@ struct dt_checkpoint {
   size_t header_len;
   const unsigned char *data;
   size_t data_size;
-  dt__io_json json;
+  dt__json json;
   dt__io_entry *entries; /* sorted by data offset */
   int nentries;
   int *by_name;          /* entry indices sorted by name */
   const char **mkeys, **mvals;
   int nmeta;
   int is_dtrain;         /* metadata "format" is "dtrain" */
+};
+
+/* Hashes c's entries (in by_name order) and metadata (in meta_order, without
+ * "checksum"): the checksum's first part, the data bytes follow. */
+DTRAIN_PRIVATE void dt__io_hash_index(dt__io_hasher *h, const dt_checkpoint *c, const int *meta_order);
+/* Indices 0..n-1 sorted by names[i]; NULL when out of memory. */
+DTRAIN_PRIVATE int *dt__io_sorted_index(const char *const *names, int n);
+DTRAIN_PRIVATE const char *dt__io_meta_get(const dt_checkpoint *c, const char *key);
+/* Entry index of the tensor called name, -1 when there is none. */
+DTRAIN_PRIVATE int dt__io_find(const dt_checkpoint *c, const char *name);
+/* Exactly 16 lowercase hex digits into *out. */
+DTRAIN_PRIVATE int dt__io_parse_hex64(const char *s, uint64_t *out);
+/* Reads and indexes the file ctx->path (need_f32: refuse other dtypes at
+ * once). NULL and *res set (with a message) on failure. */
+DTRAIN_PRIVATE dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, dt_result *res);
+
+#endif /* DTRAIN_NO_STDIO */
+#endif /* DTRAIN_SAFETENSORS_H */
+/* ======== end dt_safetensors.h ======== */
+
+/* ======== begin dt_safetensors.c ======== */
+/* ===========================================================================
+ * dt_safetensors.c -- reading safetensors files: the checksum, the strict
+ * index (dt_checkpoint_open and friends)
+ * ===========================================================================
+ * A file is read whole, its header parsed by the strict JSON reader
+ * (dt_json.c) and every entry checked: known dtype, a shape that matches its
+ * byte range, ranges that tile the data exactly, unique names, and for a
+ * dtrain checkpoint the checksum. Checkpoint save and load (dt_checkpoint.c)
+ * build on this index.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_json.h" (amalgamated) */
+/* #include "dt_safetensors.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_STDIO)
+#  include <errno.h>
+#  if !defined(_WIN32)
+#    include <sys/stat.h>
+#    include <sys/types.h>
+#  endif
+#endif
+
+#ifndef DTRAIN_NO_STDIO
+
+/* ---- checksum (the format is described in dt_safetensors.h) --------------------------------- */
+
+DTRAIN_PRIVATE void dt__io_hash_init(dt__io_hasher *s) {
+  s->h = DT__FNV64_OFFSET;
+  s->nc = 0;
+}
+
+static void dt__io_hash_word(dt__io_hasher *s, uint64_t w) {
+  s->h = (s->h ^ w) * DT__FNV64_PRIME;
+  s->h ^= s->h >> 32;
+}
+
+DTRAIN_PRIVATE void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
+  const unsigned char *p = (const unsigned char *)data;
+  while (n > 0 && s->nc > 0) {
+    s->carry[s->nc++] = *p++;
+    n--;
+    if (s->nc == 8) {
+      dt__io_hash_word(s, dt__get_le64(s->carry));
+      s->nc = 0;
+    }
+  }
+  while (n >= 8) {
+    dt__io_hash_word(s, dt__get_le64(p));
+    p += 8;
+    n -= 8;
+  }
+  while (n > 0) {
+    s->carry[s->nc++] = *p++;
+    n--;
+  }
+}
+
+DTRAIN_PRIVATE void dt__io_hash_u64(dt__io_hasher *s, uint64_t v) {
+  unsigned char le[8];
+  dt__put_le64(le, v);
+  dt__io_hash(s, le, 8);
+}
+
+DTRAIN_PRIVATE uint64_t dt__io_hash_final(dt__io_hasher *s) {
+  s->h = dt__fnv1a64(s->h, s->carry, (size_t)s->nc); /* the tail bytes one by one */
+  s->nc = 0;
+  return s->h;
+}
+
+/* ---- error context ----------------------------------------------------------------- */
+
+DTRAIN_PRIVATE dt_result dt__io_err(const dt__io_ctx *c, dt_result code, const char *fmt, ...) {
+  char buf[DT__MSG_CAP];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return dt__error(code, "%s: '%s': %s", c->fn, c->path, buf);
+}
+
+/* ---- the safetensors index ----------------------------------------------------------- */
+
+typedef struct dt__io_dtype {
+  const char *name;
+  int size;
+} dt__io_dtype;
+
+static const dt__io_dtype dt__io_dtypes[] = {
+  {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F64", 8}, {"I8", 1}, {"U8", 1}, {"I16", 2}, {"U16", 2},
+  {"I32", 4}, {"U32", 4}, {"I64", 8}, {"U64", 8}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
 };
 
 static int dt__io_cmp_entry_off(const void *a, const void *b) {
@@ -11226,7 +11322,7 @@ static int dt__io_cmp_idx_name(const void *a, const void *b) {
 }
 
 /* Indices 0..n-1 sorted by names[i]; NULL when out of memory. */
-static int *dt__io_sorted_index(const char *const *names, int n) {
+DTRAIN_PRIVATE int *dt__io_sorted_index(const char *const *names, int n) {
   int *idx = (int *)dt__alloc((size_t)(n > 0 ? n : 1) * sizeof(int));
   if (!idx) return NULL;
   for (int i = 0; i < n; i++) idx[i] = i;
@@ -11239,7 +11335,7 @@ static int *dt__io_sorted_index(const char *const *names, int n) {
 DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) {
   if (!c) return;
   dt__free(c->file, c->file_cap);
-  dt__io_json_free(&c->json);
+  dt__json_free(&c->json);
   dt__free(c->entries, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(dt__io_entry));
   dt__free(c->by_name, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(int));
   dt__free((void *)c->mkeys, (size_t)(c->nmeta > 0 ? c->nmeta : 1) * sizeof(char *));
@@ -11247,13 +11343,13 @@ DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) {
   dt__free(c, sizeof *c);
 }
 
-static const char *dt__io_meta_get(const dt_checkpoint *c, const char *key) {
+DTRAIN_PRIVATE const char *dt__io_meta_get(const dt_checkpoint *c, const char *key) {
   for (int i = 0; i < c->nmeta; i++)
     if (strcmp(c->mkeys[i], key) == 0) return c->mvals[i];
   return NULL;
 }
 
-static int dt__io_find(const dt_checkpoint *c, const char *name) {
+DTRAIN_PRIVATE int dt__io_find(const dt_checkpoint *c, const char *name) {
   int lo = 0, hi = c->nentries - 1;
   while (lo <= hi) {
     int mid = lo + (hi - lo) / 2;
@@ -11265,30 +11361,34 @@ static int dt__io_find(const dt_checkpoint *c, const char *name) {
   return -1;
 }
 
-/* Checksum of an index (entries, metadata) and data, as described above. */
-static uint64_t dt__io_checksum(const dt_checkpoint *c, const int *meta_order) {
-  dt__io_hasher h;
-  dt__io_hash_init(&h);
+DTRAIN_PRIVATE void dt__io_hash_index(dt__io_hasher *h, const dt_checkpoint *c, const int *meta_order) {
   for (int k = 0; k < c->nentries; k++) {
     const dt__io_entry *e = &c->entries[c->by_name[k]];
-    dt__io_hash(&h, e->name, strlen(e->name) + 1);
-    dt__io_hash(&h, e->dtype, strlen(e->dtype) + 1);
-    dt__io_hash_u64(&h, (uint64_t)e->ndim);
-    for (int d = 0; d < e->ndim; d++) dt__io_hash_u64(&h, (uint64_t)e->shape[d]);
-    dt__io_hash_u64(&h, e->begin);
-    dt__io_hash_u64(&h, e->end);
+    dt__io_hash(h, e->name, strlen(e->name) + 1);
+    dt__io_hash(h, e->dtype, strlen(e->dtype) + 1);
+    dt__io_hash_u64(h, (uint64_t)e->ndim);
+    for (int d = 0; d < e->ndim; d++) dt__io_hash_u64(h, (uint64_t)e->shape[d]);
+    dt__io_hash_u64(h, e->begin);
+    dt__io_hash_u64(h, e->end);
   }
   for (int k = 0; k < c->nmeta; k++) {
     int i = meta_order[k];
     if (strcmp(c->mkeys[i], "checksum") == 0) continue;
-    dt__io_hash(&h, c->mkeys[i], strlen(c->mkeys[i]) + 1);
-    dt__io_hash(&h, c->mvals[i], strlen(c->mvals[i]) + 1);
+    dt__io_hash(h, c->mkeys[i], strlen(c->mkeys[i]) + 1);
+    dt__io_hash(h, c->mvals[i], strlen(c->mvals[i]) + 1);
   }
+}
+
+/* Checksum of an opened file: its index, then its data. */
+static uint64_t dt__io_checksum(const dt_checkpoint *c, const int *meta_order) {
+  dt__io_hasher h;
+  dt__io_hash_init(&h);
+  dt__io_hash_index(&h, c, meta_order);
   dt__io_hash(&h, c->data, c->data_size);
   return dt__io_hash_final(&h);
 }
 
-static int dt__io_parse_hex64(const char *s, uint64_t *out) {
+DTRAIN_PRIVATE int dt__io_parse_hex64(const char *s, uint64_t *out) {
   uint64_t v = 0;
   if (strlen(s) != 16) return 0;
   for (int i = 0; i < 16; i++) {
@@ -11306,7 +11406,7 @@ static int dt__io_parse_hex64(const char *s, uint64_t *out) {
 static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_f32) {
   if (c->file_size < 8)
     return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "truncated: %zu bytes, a safetensors file has at least 8", c->file_size);
-  uint64_t n = dt__io_get_u64(c->file);
+  uint64_t n = dt__get_le64(c->file);
   if (n > (uint64_t)(c->file_size - 8))
     return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "header length %llu exceeds the file (%zu bytes: at most %zu)",
                       (unsigned long long)n, c->file_size, c->file_size - 8);
@@ -11318,19 +11418,19 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
   c->header_len = (size_t)n;
   c->data = c->file + 8 + c->header_len;
   c->data_size = c->file_size - 8 - c->header_len;
-  dt__io_json *j = &c->json;
-  if (!dt__io_json_parse(j, c->file + 8, c->header_len))
+  dt__json *j = &c->json;
+  if (!dt__json_parse(j, c->file + 8, c->header_len, DT__IO_JSON_DEPTH, 0))
     return dt__io_err(ctx, j->nomem ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_FORMAT, "header JSON: %s", j->err);
-  const dt__io_jv *top = &j->v[0];
-  if (top->type != DT__IO_JOBJ) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "header is not a JSON object");
+  const dt__json_val *top = &j->v[0];
+  if (top->type != DT__JSON_OBJ) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "header is not a JSON object");
 
   /* Count members. */
   int nent = 0, nmeta = 0, seen_meta = 0;
   for (int32_t k = top->child; k >= 0; k = j->v[j->v[k].next].next) {
     int32_t val = j->v[k].next;
-    if (strcmp(dt__io_jstr(j, k), "__metadata__") == 0) {
+    if (strcmp(dt__json_str(j, k), "__metadata__") == 0) {
       if (seen_meta++) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "duplicate key '__metadata__'");
-      if (j->v[val].type != DT__IO_JOBJ)
+      if (j->v[val].type != DT__JSON_OBJ)
         return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "'__metadata__' is not an object of strings");
       nmeta = j->v[val].count / 2;
     } else {
@@ -11346,27 +11446,27 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
 
   int ie = 0;
   for (int32_t k = top->child; k >= 0; k = j->v[j->v[k].next].next) {
-    const char *key = dt__io_jstr(j, k);
+    const char *key = dt__json_str(j, k);
     int32_t val = j->v[k].next;
     if (strcmp(key, "__metadata__") == 0) {
       int im = 0;
       for (int32_t mk = j->v[val].child; mk >= 0; mk = j->v[j->v[mk].next].next) {
         int32_t mv = j->v[mk].next;
-        if (j->v[mv].type != DT__IO_JSTR)
-          return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata '%s' is not a string", dt__io_jstr(j, mk));
-        c->mkeys[im] = dt__io_jstr(j, mk);
-        c->mvals[im] = dt__io_jstr(j, mv);
+        if (j->v[mv].type != DT__JSON_STR)
+          return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata '%s' is not a string", dt__json_str(j, mk));
+        c->mkeys[im] = dt__json_str(j, mk);
+        c->mvals[im] = dt__json_str(j, mv);
         im++;
       }
       continue;
     }
     dt__io_entry *e = &c->entries[ie++];
     e->name = key;
-    if (j->v[val].type != DT__IO_JOBJ)
+    if (j->v[val].type != DT__JSON_OBJ)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': entry is not an object", key);
     int32_t fdtype = -1, fshape = -1, foffs = -1;
     for (int32_t fk = j->v[val].child; fk >= 0; fk = j->v[j->v[fk].next].next) {
-      const char *f = dt__io_jstr(j, fk);
+      const char *f = dt__json_str(j, fk);
       int32_t *slot = strcmp(f, "dtype") == 0 ? &fdtype : strcmp(f, "shape") == 0 ? &fshape
                     : strcmp(f, "data_offsets") == 0 ? &foffs : NULL;
       if (!slot) return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': unknown field '%s'", key, f);
@@ -11377,9 +11477,9 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': missing field '%s'", key,
                         fdtype < 0 ? "dtype" : fshape < 0 ? "shape" : "data_offsets");
     /* dtype */
-    if (j->v[fdtype].type != DT__IO_JSTR)
+    if (j->v[fdtype].type != DT__JSON_STR)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': dtype is not a string", key);
-    const char *dt = dt__io_jstr(j, fdtype);
+    const char *dt = dt__json_str(j, fdtype);
     e->dtype = NULL;
     for (size_t t = 0; t < sizeof dt__io_dtypes / sizeof dt__io_dtypes[0]; t++)
       if (strcmp(dt, dt__io_dtypes[t].name) == 0) {
@@ -11390,7 +11490,7 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
     if (need_f32 && strcmp(e->dtype, "F32") != 0)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s' has dtype %s; dtrain loads F32 only", key, e->dtype);
     /* shape */
-    if (j->v[fshape].type != DT__IO_JARR)
+    if (j->v[fshape].type != DT__JSON_ARR)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': shape is not an array", key);
     if (j->v[fshape].count > DTRAIN_MAX_DIMS)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s' has %d dimensions (dtrain reads at most %d)", key,
@@ -11400,7 +11500,7 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
     int overflow = 0, d = 0;
     for (int32_t sv = j->v[fshape].child; sv >= 0; sv = j->v[sv].next, d++) {
       uint64_t dim;
-      if (!dt__io_juint(j, sv, &dim) || dim > (uint64_t)INT64_MAX)
+      if (!dt__json_uint(j, sv, &dim) || dim > (uint64_t)INT64_MAX)
         return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': shape holds a value that is not a size", key);
       e->shape[d] = (int64_t)dim;
       if (dim != 0 && nel > UINT64_MAX / dim) overflow = 1;
@@ -11408,10 +11508,10 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
     }
     for (; d < DTRAIN_MAX_DIMS; d++) e->shape[d] = 1;
     /* offsets */
-    if (j->v[foffs].type != DT__IO_JARR || j->v[foffs].count != 2)
+    if (j->v[foffs].type != DT__JSON_ARR || j->v[foffs].count != 2)
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': data_offsets is not [begin, end]", key);
     int32_t b0 = j->v[foffs].child, b1 = j->v[b0].next;
-    if (!dt__io_juint(j, b0, &e->begin) || !dt__io_juint(j, b1, &e->end))
+    if (!dt__json_uint(j, b0, &e->begin) || !dt__json_uint(j, b1, &e->end))
       return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "tensor '%s': data_offsets hold a value that is not an offset", key);
     if (e->begin > e->end)
       return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "tensor '%s': data_offsets [%llu, %llu] end before they begin", key,
@@ -11518,7 +11618,7 @@ static dt_result dt__io_read_file(dt_checkpoint *c, const dt__io_ctx *ctx) {
   return r;
 }
 
-static dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, dt_result *res) {
+DTRAIN_PRIVATE dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, dt_result *res) {
   dt_checkpoint *c = (dt_checkpoint *)dt__calloc(sizeof *c);
   if (!c) {
     *res = dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory");
@@ -11580,7 +11680,7 @@ DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, f
   if ((uint64_t)n != e->nelem)
     return dt__error(DTRAIN_ERR_SHAPE, "dt_checkpoint_read_f32: tensor '%s' has %llu elements, not %zu", e->name,
                      (unsigned long long)e->nelem, n);
-  dt__io_decode_f32(dst, c->data + e->begin, n);
+  dt__get_f32le(dst, c->data + e->begin, n);
   return DTRAIN_OK;
 }
 
@@ -11601,6 +11701,176 @@ DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *ke
 
 DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { return c ? (uint64_t)c->file_size : 0; }
 DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { return c ? (uint64_t)c->header_len : 0; }
+
+#else /* DTRAIN_NO_STDIO: no file I/O, every entry point says so */
+
+struct dt_checkpoint {
+  int unused;
+};
+
+static dt_result dt__safetensors_unsupported(const char *fn) {
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: built with DTRAIN_NO_STDIO (no file I/O)", fn);
+}
+
+DTRAIN_API dt_checkpoint *dt_checkpoint_open(const char *path) {
+  (void)path;
+  dt__safetensors_unsupported("dt_checkpoint_open");
+  return NULL;
+}
+DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) { (void)c; }
+DTRAIN_API int dt_checkpoint_count(const dt_checkpoint *c) { (void)c; return 0; }
+DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, dt_checkpoint_entry *out) {
+  (void)c; (void)index; (void)out;
+  return dt__safetensors_unsupported("dt_checkpoint_entry_at");
+}
+DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
+  (void)c; (void)name;
+  return DTRAIN_ERR_UNSUPPORTED;
+}
+DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n) {
+  (void)c; (void)index; (void)dst; (void)n;
+  return dt__safetensors_unsupported("dt_checkpoint_read_f32");
+}
+DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c) { (void)c; return 0; }
+DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value) {
+  (void)c; (void)index; (void)key; (void)value;
+  return dt__safetensors_unsupported("dt_checkpoint_meta_at");
+}
+DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
+  (void)c; (void)key;
+  return NULL;
+}
+DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { (void)c; return 0; }
+DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { (void)c; return 0; }
+
+#endif /* DTRAIN_NO_STDIO */
+/* ======== end dt_safetensors.c ======== */
+
+/* ======== begin dt_checkpoint.c ======== */
+/* ===========================================================================
+ * dt_checkpoint.c -- training checkpoints as safetensors: atomic save,
+ * validated load
+ * ===========================================================================
+ * Sections: a JSON writer, optimizer state names, save, load. Reading the
+ * file and its index is dt_safetensors.c's part.
+ *
+ * Load never changes the model until everything is checked: the whole file is
+ * read into memory (the scratch copy), parsed and validated against the model,
+ * and only then are the floats decoded into the params, the optimizer state
+ * and the RNGs (a step that cannot fail).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_json.h" (amalgamated) */
+/* #include "dt_safetensors.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_STDIO)
+#  include <errno.h>
+#  if defined(_WIN32)
+#    include <process.h>
+#  else
+#    include <fcntl.h>
+#    include <sys/stat.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
+#endif
+
+#ifndef DTRAIN_NO_STDIO
+
+#define DT__IO_HEX_RNG 64 /* hex digits of a 4 x 64-bit RNG state */
+
+/* ---- JSON writer: a growable byte buffer -------------------------------------------- */
+
+typedef struct dt__io_buf {
+  char *p;
+  size_t len, cap;
+  int nomem;
+} dt__io_buf;
+
+static void dt__io_buf_put(dt__io_buf *b, const void *s, size_t n) {
+  if (b->nomem) return;
+  if (b->len + n + 1 > b->cap) {
+    size_t ncap = b->cap ? b->cap : 256;
+    while (ncap < b->len + n + 1) ncap *= 2;
+    char *np = (char *)dt__realloc(b->p, b->cap, ncap);
+    if (!np) {
+      b->nomem = 1;
+      return;
+    }
+    b->p = np;
+    b->cap = ncap;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  b->p[b->len] = '\0';
+}
+
+static void dt__io_buf_str(dt__io_buf *b, const char *s) { dt__io_buf_put(b, s, strlen(s)); }
+
+static void dt__io_buf_u64(dt__io_buf *b, uint64_t v) {
+  char tmp[24];
+  snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
+  dt__io_buf_str(b, tmp);
+}
+
+/* Quoted JSON string; s must be valid UTF-8 (checked by the caller). */
+static void dt__io_buf_jstr(dt__io_buf *b, const char *s) {
+  static const char hex[] = "0123456789abcdef";
+  dt__io_buf_put(b, "\"", 1);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    char esc[7];
+    switch (*p) {
+      case '"': dt__io_buf_put(b, "\\\"", 2); break;
+      case '\\': dt__io_buf_put(b, "\\\\", 2); break;
+      case '\n': dt__io_buf_put(b, "\\n", 2); break;
+      case '\r': dt__io_buf_put(b, "\\r", 2); break;
+      case '\t': dt__io_buf_put(b, "\\t", 2); break;
+      default:
+        if (*p < 0x20) {
+          esc[0] = '\\'; esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
+          esc[4] = hex[*p >> 4]; esc[5] = hex[*p & 15]; esc[6] = '\0';
+          dt__io_buf_put(b, esc, 6);
+        } else {
+          dt__io_buf_put(b, p, 1);
+        }
+    }
+  }
+  dt__io_buf_put(b, "\"", 1);
+}
+
+static void dt__io_buf_free(dt__io_buf *b) {
+  dt__free(b->p, b->cap);
+  b->p = NULL;
+  b->len = b->cap = 0;
+}
+
+static int dt__io_valid_utf8(const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t n = strlen(s);
+  for (size_t i = 0; i < n;) {
+    if (p[i] < 0x80) {
+      i++;
+      continue;
+    }
+    size_t bad;
+    int len = dt__json_utf8(p + i, n - i, &bad);
+    if (len <= 0) return 0;
+    i += (size_t)len;
+  }
+  return 1;
+}
 
 /* ---- optimizer slots --------------------------------------------------------------------- */
 
@@ -11671,7 +11941,7 @@ static int dt__io_stream_data(FILE *f, dt__io_hasher *h, const dt__io_out *outs,
   for (int t = 0; t < nout; t++) {
     for (size_t i = 0; i < outs[t].n; i += per) {
       size_t k = DT__MIN(per, outs[t].n - i);
-      dt__io_encode_f32(stage, outs[t].src + i, k);
+      dt__put_f32le(stage, outs[t].src + i, k);
       if (f) {
         if (fwrite(stage, 1, 4 * k, f) != 4 * k) return 0;
       } else {
@@ -11745,7 +12015,7 @@ static dt_result dt__io_write_atomic(const dt__io_ctx *ctx, const dt__io_buf *he
     dt__free(tmp, tcap);
     return r;
   }
-  dt__io_put_u64(len8, (uint64_t)header->len);
+  dt__put_le64(len8, (uint64_t)header->len);
   if (fwrite(len8, 1, 8, f) != 8 || fwrite(header->p, 1, header->len, f) != header->len ||
       !dt__io_stream_data(f, NULL, outs, nout)) {
     saved = errno;
@@ -12005,23 +12275,12 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
     goto done;
   }
   {
-    /* Same hash as dt__io_checksum, with the data streamed from memory. */
+    /* The checksum a reader computes (dt__io_checksum), with the data
+     * streamed from memory; mk has no "checksum" key yet. */
     dt__io_hasher h;
     char sum[17];
     dt__io_hash_init(&h);
-    for (int k = 0; k < nout; k++) {
-      const dt__io_entry *e = &view.entries[view.by_name[k]];
-      dt__io_hash(&h, e->name, strlen(e->name) + 1);
-      dt__io_hash(&h, e->dtype, strlen(e->dtype) + 1);
-      dt__io_hash_u64(&h, (uint64_t)e->ndim);
-      for (int d = 0; d < e->ndim; d++) dt__io_hash_u64(&h, (uint64_t)e->shape[d]);
-      dt__io_hash_u64(&h, e->begin);
-      dt__io_hash_u64(&h, e->end);
-    }
-    for (int k = 0; k < nm; k++) {
-      dt__io_hash(&h, mk[order[k]], strlen(mk[order[k]]) + 1);
-      dt__io_hash(&h, mv[order[k]], strlen(mv[order[k]]) + 1);
-    }
+    dt__io_hash_index(&h, &view, order);
     dt__io_stream_data(NULL, &h, outs, nout);
     snprintf(sum, sizeof sum, "%016llx", (unsigned long long)dt__io_hash_final(&h));
 
@@ -12231,26 +12490,26 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
     }
     if (o) {
       const char *kind = dt__io_kind_name(dt_optim_get_desc(o)->kind);
-      dt__io_json oj;
+      dt__json oj;
       int ok = 0;
       v = dt__io_meta_get(c, "optimizer");
       if (!v) {
         r = dt__io_err(&ctx, DTRAIN_ERR_MISMATCH, "the checkpoint has no optimizer state (saved without one); load with optim = NULL");
         goto done;
       }
-      if (dt__io_json_parse(&oj, (const unsigned char *)v, strlen(v)) && oj.v[0].type == DT__IO_JOBJ) {
+      if (dt__json_parse(&oj, v, strlen(v), DT__IO_JSON_DEPTH, 0) && oj.v[0].type == DT__JSON_OBJ) {
         for (int32_t k = oj.v[0].child; k >= 0; k = oj.v[oj.v[k].next].next) {
           int32_t val = oj.v[k].next;
-          if (strcmp(dt__io_jstr(&oj, k), "kind") == 0 && oj.v[val].type == DT__IO_JSTR) {
+          if (strcmp(dt__json_str(&oj, k), "kind") == 0 && oj.v[val].type == DT__JSON_STR) {
             ok = 1;
-            if (strcmp(dt__io_jstr(&oj, val), kind) != 0) ok = 2;
+            if (strcmp(dt__json_str(&oj, val), kind) != 0) ok = 2;
             if (ok == 2)
               r = dt__io_err(&ctx, DTRAIN_ERR_MISMATCH, "the checkpoint holds %s optimizer state; this optimizer is %s",
-                             dt__io_jstr(&oj, val), kind);
+                             dt__json_str(&oj, val), kind);
           }
         }
       }
-      dt__io_json_free(&oj);
+      dt__json_free(&oj);
       if (ok == 0) r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'optimizer' is not a JSON object with a \"kind\"");
       if (r != DTRAIN_OK) goto done;
     }
@@ -12273,7 +12532,7 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
     for (int i = 0; i < np; i++) {
       dt_param_info info;
       dt_params_info(p, i, &info);
-      dt__io_decode_f32(data + info.offset, c->data + c->entries[entry_of[i]].begin, info.size);
+      dt__get_f32le(data + info.offset, c->data + c->entries[entry_of[i]].begin, info.size);
     }
     for (int s = 0; s < nslots; s++) {
       float *buf = dt_optim_state(o, s);
@@ -12283,7 +12542,7 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
         dt_params_info(p, i, &info);
         if (!info.trainable) continue;
         int e = slot_entry[(size_t)s * (size_t)np + (size_t)i];
-        dt__io_decode_f32(buf + info.offset, c->data + c->entries[e].begin, info.size);
+        dt__get_f32le(buf + info.offset, c->data + c->entries[e].begin, info.size);
       }
     }
     if (full) {
@@ -12317,65 +12576,29 @@ DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) 
   return dt__io_load(path, "dt_checkpoint_load_weights", NULL, p, 0);
 }
 
-#undef DT__IO_JSON_DEPTH
 #undef DT__IO_HEX_RNG
 #undef DT__IO_NMETA
 
 #else /* DTRAIN_NO_STDIO: no file I/O, every entry point says so */
 
-struct dt_checkpoint {
-  int unused;
-};
-
-static dt_result dt__io_unsupported(const char *fn) {
+static dt_result dt__checkpoint_unsupported(const char *fn) {
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: built with DTRAIN_NO_STDIO (no file I/O)", fn);
 }
 
 DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *st) {
   (void)path; (void)st;
-  return dt__io_unsupported("dt_checkpoint_save");
+  return dt__checkpoint_unsupported("dt_checkpoint_save");
 }
 DTRAIN_API dt_result dt_checkpoint_load(const char *path, dt_train_state *st) {
   (void)path; (void)st;
-  return dt__io_unsupported("dt_checkpoint_load");
+  return dt__checkpoint_unsupported("dt_checkpoint_load");
 }
 DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) {
   (void)path; (void)p;
-  return dt__io_unsupported("dt_checkpoint_load_weights");
+  return dt__checkpoint_unsupported("dt_checkpoint_load_weights");
 }
-DTRAIN_API dt_checkpoint *dt_checkpoint_open(const char *path) {
-  (void)path;
-  dt__io_unsupported("dt_checkpoint_open");
-  return NULL;
-}
-DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) { (void)c; }
-DTRAIN_API int dt_checkpoint_count(const dt_checkpoint *c) { (void)c; return 0; }
-DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, dt_checkpoint_entry *out) {
-  (void)c; (void)index; (void)out;
-  return dt__io_unsupported("dt_checkpoint_entry_at");
-}
-DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
-  (void)c; (void)name;
-  return DTRAIN_ERR_UNSUPPORTED;
-}
-DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n) {
-  (void)c; (void)index; (void)dst; (void)n;
-  return dt__io_unsupported("dt_checkpoint_read_f32");
-}
-DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c) { (void)c; return 0; }
-DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value) {
-  (void)c; (void)index; (void)key; (void)value;
-  return dt__io_unsupported("dt_checkpoint_meta_at");
-}
-DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
-  (void)c; (void)key;
-  return NULL;
-}
-DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { (void)c; return 0; }
-DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { (void)c; return 0; }
-
 #endif /* DTRAIN_NO_STDIO */
-/* ======== end dt_io.c ======== */
+/* ======== end dt_checkpoint.c ======== */
 
 /* ======== begin dt_fit.c ======== */
 /* ===========================================================================
@@ -13094,6 +13317,42 @@ done:
 #undef DT__FIT_REDRAW_SECONDS
 /* ======== end dt_fit.c ======== */
 
+/* ======== begin dt_data_core.h ======== */
+/* ===========================================================================
+ * dt_data_core.h -- what the data files share: whole files (gunzipped when
+ * they are gzip data) and new datasets
+ * ===========================================================================
+ * dt_data.c: files, datasets, the loader; dt_data_idx.c: IDX and
+ * Fashion-MNIST; dt_data_npy.c: NPY; dt_data_text.c: CSV and text corpora;
+ * dt_inflate.c: gzip.
+ */
+#ifndef DTRAIN_DATA_CORE_H
+#define DTRAIN_DATA_CORE_H
+
+/* #include "dt_internal.h" (amalgamated) */
+
+#define DT__DATA_CTX 384 /* a message prefix: "<function>: '<path>'" */
+
+/* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
+DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
+                                        dt_bytes *out);
+/* The whole file at path into *out (who: the public function, for messages);
+ * gunzipped when gz and the data has the gzip magic. UNSUPPORTED with
+ * DTRAIN_NO_STDIO. */
+DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out);
+/* Bytes of a parse_* input, gunzipped into tmp when they are gzip data
+ * (*p and *len then point at tmp's bytes; free tmp after use). */
+DTRAIN_PRIVATE dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p, size_t *len, dt_bytes *tmp);
+/* A zeroed dataset of n samples of the given shape (and n labels when
+ * with_labels), all sizes checked; who names the caller in messages. */
+DTRAIN_PRIVATE dt_result dt__data_ds_new(const char *who, dt_dataset **out, int64_t n, int ndim, const int64_t *shape,
+                                         int with_labels);
+/* Labels must be >= 0; sets num_classes to max + 1. */
+DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds);
+
+#endif /* DTRAIN_DATA_CORE_H */
+/* ======== end dt_data_core.h ======== */
+
 /* ======== begin dt_inflate.c ======== */
 /* ===========================================================================
  * dt_inflate.c -- gzip (RFC 1952) and a small inflater (RFC 1951), CRC-32
@@ -13123,6 +13382,7 @@ done:
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_data_core.h" (amalgamated) */
 
 #ifdef DTRAIN_USE_ZLIB
 #  include <zlib.h>
@@ -13318,8 +13578,7 @@ static int dt__inflate_decode(dt__inflater *s, const dt__huff *h) {
 static int dt__inflate_stored(dt__inflater *s) {
   dt__inflate_align(s);
   if (s->len - s->pos < 4) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block header");
-  unsigned n = (unsigned)s->in[s->pos] | (unsigned)s->in[s->pos + 1] << 8;
-  unsigned nc = (unsigned)s->in[s->pos + 2] | (unsigned)s->in[s->pos + 3] << 8;
+  unsigned n = dt__get_le16(s->in + s->pos), nc = dt__get_le16(s->in + s->pos + 2);
   if ((n ^ 0xFFFFu) != nc) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "stored block length check (LEN/NLEN) fails");
   s->pos += 4;
   if (s->len - s->pos < n) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block");
@@ -13565,13 +13824,7 @@ DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_b
 #define DT__GZ_FNAME 0x08
 #define DT__GZ_FCOMMENT 0x10
 
-static uint32_t dt__inflate_le32(const unsigned char *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* ctx prefixes every message ("dt_idx_read: 'f.gz'"). Appends to out. */
-DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
-                                        dt_bytes *out);
 DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
                                         dt_bytes *out) {
   dt__crc_table crc;
@@ -13582,7 +13835,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
    * (at most 258 bytes per 2 bits, about 1032:1), so a forged value cannot
    * make us allocate much. */
   if (len >= 18 && out->cap == 0) {
-    size_t hint = dt__inflate_le32(in + len - 4);
+    size_t hint = dt__get_le32(in + len - 4);
     size_t bound = len > (SIZE_MAX - 1024) / 1032 ? SIZE_MAX - 1024 : len * 1032 + 1024;
     hint = DT__MIN(DT__MIN(hint, bound), limit);
     if (!dt__inflate_reserve(out, hint, limit)) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, hint);
@@ -13603,7 +13856,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
     pos += 10;
     if (flg & DT__GZ_FEXTRA) {
       if (len - pos < 2) goto truncated_header;
-      size_t xlen = (size_t)in[pos] | (size_t)in[pos + 1] << 8;
+      size_t xlen = dt__get_le16(in + pos);
       pos += 2;
       if (len - pos < xlen) goto truncated_header;
       pos += xlen;
@@ -13616,7 +13869,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
     }
     if (flg & DT__GZ_FHCRC) {
       if (len - pos < 2) goto truncated_header;
-      uint32_t want = (uint32_t)in[pos] | (uint32_t)in[pos + 1] << 8;
+      uint32_t want = dt__get_le16(in + pos);
       uint32_t got = dt__inflate_crc(&crc, 0, in + start, pos - start) & 0xFFFFu;
       if (want != got)
         return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: header CRC mismatch (stored 0x%04x, computed 0x%04x)",
@@ -13634,7 +13887,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
     pos += used;
     if (len - pos < 8)
       return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated (the CRC-32/ISIZE trailer is missing)", ctx);
-    uint32_t want_crc = dt__inflate_le32(in + pos), want_size = dt__inflate_le32(in + pos + 4);
+    uint32_t want_crc = dt__get_le32(in + pos), want_size = dt__get_le32(in + pos + 4);
     uint32_t got_crc = dt__inflate_crc(&crc, 0, out->data + before, out->size - before);
     uint32_t got_size = (uint32_t)((out->size - before) & 0xFFFFFFFFu);
     if (want_crc != got_crc)
@@ -13674,12 +13927,13 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 
 /* ======== begin dt_data.c ======== */
 /* ===========================================================================
- * dt_data.c -- files, IDX, datasets, Fashion-MNIST, CSV, NPY, text, loader
+ * dt_data.c -- files, datasets, the batch loader
  * ===========================================================================
- * Parsers work on bytes in memory; the file functions read the whole file
- * (decompressing gzip with dt_inflate.c) and hand the bytes to them. Every
- * size a header claims is checked against the bytes that are really there
- * before anything is allocated for it.
+ * The parsers (dt_data_idx.c, dt_data_npy.c, dt_data_text.c) work on bytes
+ * in memory; the file functions here read the whole file (decompressing
+ * gzip with dt_inflate.c) and hand the bytes to them. Every size a header
+ * claims is checked against the bytes that are really there before anything
+ * is allocated for it.
  */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
@@ -13694,16 +13948,11 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_data_core.h" (amalgamated) */
 
 #ifndef DTRAIN_NO_STDIO
 #  include <errno.h>
 #endif
-
-/* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
-DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
-                                        dt_bytes *out);
-
-#define DT__DATA_CTX 384
 
 static int dt__data_is_gzip(const unsigned char *p, size_t len) { return len >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
 
@@ -13768,7 +14017,7 @@ static dt_result dt__data_read_raw(const char *who, const char *path, dt_bytes *
 #endif
 
 /* Whole file; gunzipped when gz and the data has the gzip magic. */
-static dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out) {
+DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out) {
   memset(out, 0, sizeof *out);
   if (!path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: path is NULL", who);
 #ifdef DTRAIN_NO_STDIO
@@ -13802,7 +14051,7 @@ DTRAIN_API dt_result dt_read_file_gz(const char *path, dt_bytes *out) {
 }
 
 /* Bytes of a parse_* input, gunzipped into tmp when they are gzip data. */
-static dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p, size_t *len, dt_bytes *tmp) {
+DTRAIN_PRIVATE dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p, size_t *len, dt_bytes *tmp) {
   memset(tmp, 0, sizeof *tmp);
   if (!dt__data_is_gzip(*p, *len)) return DTRAIN_OK;
   dt_result r = dt__gunzip_ctx(ctx, *p, *len, 0, tmp);
@@ -13813,92 +14062,6 @@ static dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p,
   *p = tmp->data;
   *len = tmp->size;
   return DTRAIN_OK;
-}
-
-/* ---- IDX -------------------------------------------------------------------------------- */
-
-/* Validate an IDX image; fills ndim/shape/size and the data offset. */
-static dt_result dt__data_idx_header(const char *ctx, const unsigned char *p, size_t len, int *ndim, int64_t *shape,
-                                     int64_t *size, size_t *offset) {
-  if (len < 4)
-    return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated IDX file (%zu bytes; the header alone needs at least 4)", ctx, len);
-  if (p[0] != 0 || p[1] != 0)
-    return dt__error(DTRAIN_ERR_FORMAT, "%s: bad magic %02x %02x %02x %02x: not an IDX file (expected 00 00 08 NDIM)", ctx,
-                     p[0], p[1], p[2], p[3]);
-  if (p[2] != 0x08)
-    return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX data type 0x%02x is not supported (only 0x08, unsigned byte)", ctx, p[2]);
-  int nd = p[3];
-  if (nd < 1 || nd > DTRAIN_MAX_DIMS)
-    return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX file has %d dimensions (supported: 1 to %d)", ctx, nd, DTRAIN_MAX_DIMS);
-  size_t hdr = 4 + 4 * (size_t)nd;
-  if (len < hdr)
-    return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated IDX header (%zu bytes, %zu needed for %d dimensions)", ctx, len, hdr,
-                     nd);
-  size_t total = 1;
-  int overflow = 0;
-  for (int d = 0; d < nd; d++) {
-    const unsigned char *q = p + 4 + 4 * d;
-    uint32_t v = (uint32_t)q[0] << 24 | (uint32_t)q[1] << 16 | (uint32_t)q[2] << 8 | (uint32_t)q[3];
-    shape[d] = (int64_t)v;
-    if (v == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX dimension %d is 0", ctx, d);
-    if (!dt__mul_size(total, (size_t)v, &total)) overflow = 1;
-  }
-  char sh[160];
-  dt__shape_text(nd, shape, sh, sizeof sh);
-  size_t avail = len - hdr;
-  if (overflow || total > avail || total > (size_t)INT64_MAX)
-    return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX header claims shape %s but only %zu data bytes follow (truncated or corrupt)",
-                     ctx, sh, avail);
-  if (total < avail)
-    return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX file has %zu bytes after the data of shape %s", ctx, avail - total, sh);
-  for (int d = nd; d < DTRAIN_MAX_DIMS; d++) shape[d] = 1;
-  *ndim = nd;
-  *size = (int64_t)total;
-  *offset = hdr;
-  return DTRAIN_OK;
-}
-
-static dt_result dt__data_idx_parse(const char *ctx, const unsigned char *p, size_t len, dt_idx *out) {
-  dt_bytes tmp;
-  dt_result r = dt__data_maybe_gunzip(ctx, &p, &len, &tmp);
-  if (r != DTRAIN_OK) return r;
-  size_t off = 0;
-  r = dt__data_idx_header(ctx, p, len, &out->ndim, out->shape, &out->size, &off);
-  if (r == DTRAIN_OK) {
-    out->bytes_ = (size_t)out->size;
-    out->data = (unsigned char *)dt__alloc(out->bytes_);
-    if (!out->data) r = dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, out->bytes_);
-    else memcpy(out->data, p + off, out->bytes_);
-  }
-  dt_bytes_free(&tmp);
-  if (r != DTRAIN_OK) dt_idx_free(out);
-  return r;
-}
-
-DTRAIN_API void dt_idx_free(dt_idx *a) {
-  if (!a) return;
-  dt__free(a->data, a->bytes_);
-  memset(a, 0, sizeof *a);
-}
-
-DTRAIN_API dt_result dt_idx_parse(const void *buf, size_t len, dt_idx *out) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_parse: out is NULL");
-  memset(out, 0, sizeof *out);
-  if (!buf && len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_parse: buf is NULL");
-  return dt__data_idx_parse("dt_idx_parse", (const unsigned char *)buf, len, out);
-}
-
-DTRAIN_API dt_result dt_idx_read(const char *path, dt_idx *out) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_read: out is NULL");
-  memset(out, 0, sizeof *out);
-  dt_bytes b;
-  dt_result r = dt__data_load("dt_idx_read", path, 1, &b);
-  if (r != DTRAIN_OK) return r;
-  char ctx[DT__DATA_CTX];
-  snprintf(ctx, sizeof ctx, "dt_idx_read: '%s'", path);
-  r = dt__data_idx_parse(ctx, b.data, b.size, out);
-  dt_bytes_free(&b);
-  return r;
 }
 
 /* ---- datasets -------------------------------------------------------------------------------
@@ -13917,7 +14080,7 @@ DTRAIN_API void dt_dataset_destroy(dt_dataset *ds) {
   dt__free(d, sizeof *d);
 }
 
-static dt_result dt__data_ds_new(const char *who, dt_dataset **out, int64_t n, int ndim, const int64_t *shape,
+DTRAIN_PRIVATE dt_result dt__data_ds_new(const char *who, dt_dataset **out, int64_t n, int ndim, const int64_t *shape,
                                  int with_labels) {
   *out = NULL;
   if (n < 1) return dt__error(DTRAIN_ERR_EMPTY, "%s: a dataset needs at least 1 sample (got %lld)", who, (long long)n);
@@ -13958,7 +14121,7 @@ DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, co
 }
 
 /* Labels must be >= 0; sets num_classes to max + 1. */
-static dt_result dt__data_set_classes(const char *who, dt_dataset *ds) {
+DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds) {
   int32_t mx = -1;
   for (int64_t i = 0; i < ds->n; i++) {
     if (ds->y[i] < 0)
@@ -14064,6 +14227,274 @@ DTRAIN_API dt_result dt_dataset_reshape(dt_dataset *ds, int ndim, const int64_t 
   return DTRAIN_OK;
 }
 
+/* ---- loader ----------------------------------------------------------------------------------------------- */
+
+struct dt_loader {
+  const dt_dataset *ds;
+  int64_t batch_size;
+  uint64_t seed;
+  int shuffle, drop_last, shard, shards;
+  int64_t shard_n;            /* samples of this shard per epoch */
+  int64_t epoch, index;       /* the position */
+  int64_t *perm;              /* the permutation of perm_epoch (shuffle only) */
+  int64_t perm_epoch;
+  size_t perm_bytes;
+  float *bx;                  /* batch buffers, allocated once */
+  int32_t *by;
+  int64_t *bidx;
+  size_t bx_bytes, by_bytes, bidx_bytes;
+};
+
+DTRAIN_API void dt_loader_destroy(dt_loader *l) {
+  if (!l) return;
+  dt__free(l->perm, l->perm_bytes);
+  dt__free(l->bx, l->bx_bytes);
+  dt__free(l->by, l->by_bytes);
+  dt__free(l->bidx, l->bidx_bytes);
+  dt__free(l, sizeof *l);
+}
+
+DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
+  const char *who = "dt_loader_create";
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
+  *out = NULL;
+  if (!ds || !desc) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", who, ds ? "desc" : "ds");
+  if (!ds->x || ds->n < 1 || ds->sample_size < 1 || ds->ndim < 1 || ds->ndim > DTRAIN_MAX_DIMS - 1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: the dataset is empty or malformed", who);
+  int shards = desc->shard_count ? desc->shard_count : 1;
+  if (desc->batch_size < 1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: batch_size %lld must be >= 1", who, (long long)desc->batch_size);
+  if (shards < 1 || desc->shard_index < 0 || desc->shard_index >= shards)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: shard %d of %d is not valid (need 0 <= shard_index < shard_count)", who,
+                     desc->shard_index, shards);
+  if ((int64_t)shards > ds->n)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d shards of %lld samples would leave shard(s) empty", who, shards,
+                     (long long)ds->n);
+  size_t bs = (size_t)desc->batch_size, row = (size_t)ds->sample_size, bx_bytes;
+  if ((uint64_t)desc->batch_size > SIZE_MAX / sizeof(int64_t) || !dt__mul_size(bs, row, &bx_bytes) ||
+      !dt__mul_size(bx_bytes, sizeof(float), &bx_bytes))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: batch of %lld samples overflows", who, (long long)desc->batch_size);
+  dt_loader *l = (dt_loader *)dt__calloc(sizeof *l);
+  if (!l) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", who);
+  l->ds = ds;
+  l->batch_size = desc->batch_size;
+  l->seed = desc->seed;
+  l->shuffle = desc->shuffle != 0;
+  l->drop_last = desc->drop_last != 0;
+  l->shard = desc->shard_index;
+  l->shards = shards;
+  l->shard_n = ds->n / shards + (desc->shard_index < ds->n % shards ? 1 : 0);
+  l->perm_epoch = -1;
+  l->bx_bytes = bx_bytes;
+  l->by_bytes = ds->y ? bs * sizeof(int32_t) : 0;
+  l->bidx_bytes = bs * sizeof(int64_t);
+  l->perm_bytes = l->shuffle ? (size_t)ds->n * sizeof(int64_t) : 0;
+  l->bx = (float *)dt__alloc(l->bx_bytes);
+  l->by = ds->y ? (int32_t *)dt__alloc(l->by_bytes) : NULL;
+  l->bidx = (int64_t *)dt__alloc(l->bidx_bytes);
+  l->perm = l->shuffle ? (int64_t *)dt__alloc(l->perm_bytes) : NULL;
+  if (!l->bx || (ds->y && !l->by) || !l->bidx || (l->shuffle && !l->perm)) {
+    dt_loader_destroy(l);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory for batch buffers", who);
+  }
+  *out = l;
+  return DTRAIN_OK;
+}
+
+/* The permutation of epoch e depends on (seed, e) only: the RNG is seeded
+ * from a hash of both, then Fisher-Yates runs over 0..n-1. */
+static void dt__data_loader_perm(dt_loader *l, int64_t epoch) {
+  if (!l->shuffle || l->perm_epoch == epoch) return;
+  uint64_t st = l->seed;
+  uint64_t k = dt__splitmix64(&st);
+  st = k ^ ((uint64_t)epoch * 0xD1B54A32D192ED03ULL);
+  dt_rng rng;
+  dt_rng_seed(&rng, dt__splitmix64(&st));
+  int64_t n = l->ds->n;
+  for (int64_t i = 0; i < n; i++) l->perm[i] = i;
+  for (int64_t i = n - 1; i > 0; i--) {
+    int64_t j = (int64_t)dt_rng_below(&rng, (uint64_t)i + 1);
+    int64_t t = l->perm[i];
+    l->perm[i] = l->perm[j];
+    l->perm[j] = t;
+  }
+  l->perm_epoch = epoch;
+}
+
+DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index) {
+  if (!l || epoch < 0 || index < 0 || index >= l->shard_n) return -1;
+  int64_t g = (int64_t)l->shard + index * (int64_t)l->shards; /* position in the epoch's order */
+  if (!l->shuffle) return g;
+  dt__data_loader_perm(l, epoch);
+  return l->perm[g];
+}
+
+DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
+  if (!l || !b) return (int)dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_next: %s is NULL", l ? "b" : "l");
+  int64_t left = l->shard_n - l->index;
+  if (left <= 0 || (l->drop_last && left < l->batch_size)) {
+    l->epoch++;
+    l->index = 0;
+    return 0;
+  }
+  const dt_dataset *ds = l->ds;
+  int64_t cnt = DT__MIN(left, l->batch_size);
+  size_t row = (size_t)ds->sample_size;
+  dt__data_loader_perm(l, l->epoch);
+  for (int64_t j = 0; j < cnt; j++) {
+    int64_t g = (int64_t)l->shard + (l->index + j) * (int64_t)l->shards;
+    int64_t s = l->shuffle ? l->perm[g] : g;
+    memcpy(l->bx + (size_t)j * row, ds->x + (size_t)s * row, row * sizeof(float));
+    if (l->by) l->by[j] = ds->y[s];
+    l->bidx[j] = s;
+  }
+  b->x = l->bx;
+  b->y = l->by;
+  b->index = l->bidx;
+  b->size = cnt;
+  b->ndim = 1 + ds->ndim;
+  b->shape[0] = cnt;
+  for (int d = 1; d < DTRAIN_MAX_DIMS; d++) b->shape[d] = d - 1 < ds->ndim ? ds->shape[d - 1] : 1;
+  b->epoch = l->epoch;
+  b->start = l->index;
+  l->index += cnt;
+  return 1;
+}
+
+DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index) {
+  if (epoch) *epoch = l ? l->epoch : 0;
+  if (index) *index = l ? l->index : 0;
+}
+
+DTRAIN_API dt_result dt_loader_set_position(dt_loader *l, int64_t epoch, int64_t index) {
+  if (!l) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_set_position: l is NULL");
+  if (epoch < 0 || index < 0 || index > l->shard_n)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_loader_set_position: (epoch %lld, index %lld) is out of range (index 0..%lld)",
+                     (long long)epoch, (long long)index, (long long)l->shard_n);
+  l->epoch = epoch;
+  l->index = index;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API int64_t dt_loader_num_samples(const dt_loader *l) { return l ? l->shard_n : 0; }
+
+DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
+  if (!l) return 0;
+  return l->drop_last ? l->shard_n / l->batch_size : (l->shard_n + l->batch_size - 1) / l->batch_size;
+}
+/* ======== end dt_data.c ======== */
+
+/* ======== begin dt_data_idx.c ======== */
+/* ===========================================================================
+ * dt_data_idx.c -- IDX files and Fashion-MNIST
+ * ===========================================================================
+ * IDX (the MNIST format): magic 00 00 08 NDIM, NDIM big-endian u32 sizes,
+ * then the unsigned bytes. Datasets from an image file and a label file;
+ * Fashion-MNIST found in the usual places.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_data_core.h" (amalgamated) */
+
+#define DT__DATA_FM_SYSTEM "/usr/share/datasets/fashion-mnist"
+#define DT__DATA_FM_SHIPPED "data/fashion-mnist"
+
+/* ---- IDX -------------------------------------------------------------------------------- */
+
+/* Validate an IDX image; fills ndim/shape/size and the data offset. */
+static dt_result dt__data_idx_header(const char *ctx, const unsigned char *p, size_t len, int *ndim, int64_t *shape,
+                                     int64_t *size, size_t *offset) {
+  if (len < 4)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated IDX file (%zu bytes; the header alone needs at least 4)", ctx, len);
+  if (p[0] != 0 || p[1] != 0)
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: bad magic %02x %02x %02x %02x: not an IDX file (expected 00 00 08 NDIM)", ctx,
+                     p[0], p[1], p[2], p[3]);
+  if (p[2] != 0x08)
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX data type 0x%02x is not supported (only 0x08, unsigned byte)", ctx, p[2]);
+  int nd = p[3];
+  if (nd < 1 || nd > DTRAIN_MAX_DIMS)
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX file has %d dimensions (supported: 1 to %d)", ctx, nd, DTRAIN_MAX_DIMS);
+  size_t hdr = 4 + 4 * (size_t)nd;
+  if (len < hdr)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated IDX header (%zu bytes, %zu needed for %d dimensions)", ctx, len, hdr,
+                     nd);
+  size_t total = 1;
+  int overflow = 0;
+  for (int d = 0; d < nd; d++) {
+    uint32_t v = dt__get_be32(p + 4 + 4 * d);
+    shape[d] = (int64_t)v;
+    if (v == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX dimension %d is 0", ctx, d);
+    if (!dt__mul_size(total, (size_t)v, &total)) overflow = 1;
+  }
+  char sh[160];
+  dt__shape_text(nd, shape, sh, sizeof sh);
+  size_t avail = len - hdr;
+  if (overflow || total > avail || total > (size_t)INT64_MAX)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX header claims shape %s but only %zu data bytes follow (truncated or corrupt)",
+                     ctx, sh, avail);
+  if (total < avail)
+    return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX file has %zu bytes after the data of shape %s", ctx, avail - total, sh);
+  for (int d = nd; d < DTRAIN_MAX_DIMS; d++) shape[d] = 1;
+  *ndim = nd;
+  *size = (int64_t)total;
+  *offset = hdr;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__data_idx_parse(const char *ctx, const unsigned char *p, size_t len, dt_idx *out) {
+  dt_bytes tmp;
+  dt_result r = dt__data_maybe_gunzip(ctx, &p, &len, &tmp);
+  if (r != DTRAIN_OK) return r;
+  size_t off = 0;
+  r = dt__data_idx_header(ctx, p, len, &out->ndim, out->shape, &out->size, &off);
+  if (r == DTRAIN_OK) {
+    out->bytes_ = (size_t)out->size;
+    out->data = (unsigned char *)dt__alloc(out->bytes_);
+    if (!out->data) r = dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, out->bytes_);
+    else memcpy(out->data, p + off, out->bytes_);
+  }
+  dt_bytes_free(&tmp);
+  if (r != DTRAIN_OK) dt_idx_free(out);
+  return r;
+}
+
+DTRAIN_API void dt_idx_free(dt_idx *a) {
+  if (!a) return;
+  dt__free(a->data, a->bytes_);
+  memset(a, 0, sizeof *a);
+}
+
+DTRAIN_API dt_result dt_idx_parse(const void *buf, size_t len, dt_idx *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_parse: out is NULL");
+  memset(out, 0, sizeof *out);
+  if (!buf && len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_parse: buf is NULL");
+  return dt__data_idx_parse("dt_idx_parse", (const unsigned char *)buf, len, out);
+}
+
+DTRAIN_API dt_result dt_idx_read(const char *path, dt_idx *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_read: out is NULL");
+  memset(out, 0, sizeof *out);
+  dt_bytes b;
+  dt_result r = dt__data_load("dt_idx_read", path, 1, &b);
+  if (r != DTRAIN_OK) return r;
+  char ctx[DT__DATA_CTX];
+  snprintf(ctx, sizeof ctx, "dt_idx_read: '%s'", path);
+  r = dt__data_idx_parse(ctx, b.data, b.size, out);
+  dt_bytes_free(&b);
+  return r;
+}
+
 /* ---- datasets from IDX ------------------------------------------------------------------------ */
 
 static dt_result dt__data_from_idx(const char *ictx, const char *lctx, dt_dataset **out, const unsigned char *ip,
@@ -14141,9 +14572,6 @@ DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_pa
 }
 
 /* ---- Fashion-MNIST ------------------------------------------------------------------------------ */
-
-#define DT__DATA_FM_SYSTEM "/usr/share/datasets/fashion-mnist"
-#define DT__DATA_FM_SHIPPED "data/fashion-mnist"
 
 #ifndef DTRAIN_NO_STDIO
 /* Path of dir/base.gz or dir/base, whichever exists (gz first); 0 if neither. */
@@ -14231,150 +14659,33 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
 #endif
 }
 
-/* ---- CSV ------------------------------------------------------------------------------------------ */
+#undef DT__DATA_FM_SYSTEM
+#undef DT__DATA_FM_SHIPPED
+/* ======== end dt_data_idx.c ======== */
 
-typedef struct dt__data_csv {
-  const char *ctx;
-  const char *p, *end, *next;
-  char delim;
-  int header, has_labels;
-  int64_t label_col; /* resolved once the column count is known */
-  int64_t rows, cols;
-} dt__data_csv;
+/* ======== begin dt_data_npy.c ======== */
+/* ===========================================================================
+ * dt_data_npy.c -- NumPy .npy arrays: parse, encode, read, write, datasets
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_data_core.h" (amalgamated) */
 
-/* One pass over the text. With ds NULL it validates and counts rows and
- * columns; with ds it stores the values (the first pass succeeded, so every
- * row has c->cols fields). */
-static dt_result dt__data_csv_pass(dt__data_csv *c, dt_dataset *ds) {
-  const char *p = c->p;
-  int64_t line = 0, row = 0, first_line = 0;
-  int skipped_header = 0;
-  if (c->end - p >= 3 && (unsigned char)p[0] == 0xEF && (unsigned char)p[1] == 0xBB && (unsigned char)p[2] == 0xBF)
-    p += 3; /* UTF-8 byte order mark */
-  for (; p < c->end; p = c->next) {
-    const char *eol = (const char *)memchr(p, '\n', (size_t)(c->end - p));
-    const char *le = eol ? eol : c->end;
-    c->next = eol ? eol + 1 : c->end;
-    line++;
-    if (le > p && le[-1] == '\r') le--;
-    const char *q = p;
-    while (q < le && (*q == ' ' || *q == '\t')) q++;
-    if (q == le) continue; /* blank line */
-    if (c->header && !skipped_header) {
-      skipped_header = 1;
-      continue;
-    }
-    /* Same number of fields as the first row? */
-    int64_t nfields = 1;
-    for (q = p; q < le; q++) nfields += *q == c->delim;
-    if (row == 0 && !ds) {
-      c->cols = nfields;
-      first_line = line;
-    } else if (nfields != c->cols) {
-      return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld has %lld fields, expected %lld (as on line %lld)", c->ctx,
-                       (long long)line, (long long)nfields, (long long)c->cols, (long long)first_line);
-    }
-    const char *hint = (row == 0 && !c->header) ? " (is it a header? set dt_csv_desc.header)" : "";
-    const char *f = p;
-    for (int64_t col = 0; col < nfields; col++) {
-      const char *fe = f;
-      while (fe < le && *fe != c->delim) fe++;
-      const char *a = f, *b = fe;
-      f = fe + 1;
-      while (a < b && (*a == ' ' || *a == '\t')) a++;
-      while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
-      char buf[72];
-      size_t flen = (size_t)(b - a);
-      if (flen == 0)
-        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: empty field%s", c->ctx, (long long)line,
-                         (long long)col + 1, hint);
-      if (flen >= sizeof buf)
-        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: a field of %zu characters is not a number",
-                         c->ctx, (long long)line, (long long)col + 1, flen);
-      memcpy(buf, a, flen);
-      buf[flen] = '\0';
-      char *stop = NULL;
-      double v = strtod(buf, &stop);
-      if (stop != buf + flen || !isfinite(v))
-        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: '%s' is not a finite number%s", c->ctx,
-                         (long long)line, (long long)col + 1, buf, hint);
-      if (!ds) continue;
-      if (c->has_labels && col == c->label_col) {
-        if (v < 0 || v > (double)INT32_MAX || v != floor(v))
-          return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: label '%s' is not an integer in [0, %d]",
-                           c->ctx, (long long)line, (long long)col + 1, buf, INT32_MAX);
-        ds->y[row] = (int32_t)v;
-      } else {
-        int64_t fi = (c->has_labels && col > c->label_col) ? col - 1 : col;
-        ds->x[row * ds->sample_size + fi] = (float)v;
-      }
-    }
-    row++;
-  }
-  c->rows = row;
-  return DTRAIN_OK;
-}
-
-static dt_result dt__data_csv_parse(const char *ctx, dt_dataset **out, const char *text, size_t len,
-                                    const dt_csv_desc *desc) {
-  dt__data_csv c;
-  dt_csv_desc zero;
-  memset(&zero, 0, sizeof zero);
-  if (!desc) desc = &zero;
-  memset(&c, 0, sizeof c);
-  c.ctx = ctx;
-  c.p = text;
-  c.end = text + len;
-  c.delim = desc->delimiter ? desc->delimiter : ',';
-  c.header = desc->header != 0;
-  c.has_labels = desc->has_labels != 0;
-  if (c.delim == '\n' || c.delim == '\r' || c.delim == ' ' || c.delim == '"' || c.delim == '.' || c.delim == '-' ||
-      c.delim == '+' || (c.delim >= '0' && c.delim <= '9'))
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: delimiter 0x%02x is not usable", ctx, (unsigned)(unsigned char)c.delim);
-  dt_result r = dt__data_csv_pass(&c, NULL);
-  if (r != DTRAIN_OK) return r;
-  if (c.rows == 0) return dt__error(DTRAIN_ERR_EMPTY, "%s: no data rows", ctx);
-  if (c.has_labels) {
-    int64_t lc = desc->label_column < 0 ? c.cols + desc->label_column : desc->label_column;
-    if (lc < 0 || lc >= c.cols)
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: label_column %d is out of range for %lld columns", ctx,
-                       desc->label_column, (long long)c.cols);
-    if (c.cols < 2) return dt__error(DTRAIN_ERR_FORMAT, "%s: 1 column holds the labels, none is left for features", ctx);
-    c.label_col = lc;
-  }
-  int64_t nf = c.cols - (c.has_labels ? 1 : 0);
-  dt_dataset *ds;
-  r = dt__data_ds_new(ctx, &ds, c.rows, 1, &nf, c.has_labels);
-  if (r != DTRAIN_OK) return r;
-  r = dt__data_csv_pass(&c, ds);
-  if (r == DTRAIN_OK && c.has_labels) r = dt__data_set_classes(ctx, ds);
-  if (r != DTRAIN_OK) {
-    dt_dataset_destroy(ds);
-    return r;
-  }
-  *out = ds;
-  return DTRAIN_OK;
-}
-
-DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: out is NULL");
-  *out = NULL;
-  if (!text) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: text is NULL");
-  return dt__data_csv_parse("dt_dataset_parse_csv", out, text, len, desc);
-}
-
-DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_csv: out is NULL");
-  *out = NULL;
-  dt_bytes b;
-  dt_result r = dt__data_load("dt_dataset_read_csv", path, 1, &b);
-  if (r != DTRAIN_OK) return r;
-  char ctx[DT__DATA_CTX];
-  snprintf(ctx, sizeof ctx, "dt_dataset_read_csv: '%s'", path);
-  r = dt__data_csv_parse(ctx, out, (const char *)b.data, b.size, desc);
-  dt_bytes_free(&b);
-  return r;
-}
+#ifndef DTRAIN_NO_STDIO
+#  include <errno.h>
+#endif
 
 /* ---- NPY ---------------------------------------------------------------------------------------------
  *   "\x93NUMPY" major minor HEADER_LEN (u16 LE in 1.0, u32 LE in 2.0/3.0)
@@ -14538,11 +14849,11 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   unsigned major = p[6], minor = p[7];
   size_t hlen, hstart;
   if (major == 1) {
-    hlen = (size_t)p[8] | (size_t)p[9] << 8;
+    hlen = dt__get_le16(p + 8);
     hstart = 10;
   } else if (major == 2 || major == 3) {
     if (len < 12) return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated NPY file (%zu bytes)", ctx, len);
-    hlen = (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 | (size_t)p[11] << 24;
+    hlen = dt__get_le32(p + 8);
     hstart = 12;
   } else {
     return dt__error(DTRAIN_ERR_FORMAT, "%s: NPY format version %u.%u is not supported (1.0, 2.0, 3.0)", ctx, major, minor);
@@ -14671,8 +14982,7 @@ static dt_result dt__data_npy_encode(const char *who, unsigned char *buf, size_t
   if (cap < total)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: buffer of %zu bytes is too small (%zu needed)", who, cap, total);
   memcpy(buf, "\x93NUMPY\x01\x00", 8);
-  buf[8] = (unsigned char)(hl & 0xFF);
-  buf[9] = (unsigned char)(hl >> 8);
+  dt__put_le16(buf + 8, (uint16_t)hl);
   memcpy(buf + 10, h, hl);
   if (bytes) memcpy(buf + 10 + hl, data, bytes);
   if (w > 1 && !dt__data_host_le()) dt__data_swap(buf + 10 + hl, count, w);
@@ -14765,6 +15075,172 @@ DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, cons
   }
   *out = ds;
   return DTRAIN_OK;
+}
+/* ======== end dt_data_npy.c ======== */
+
+/* ======== begin dt_data_text.c ======== */
+/* ===========================================================================
+ * dt_data_text.c -- text formats: CSV tables and character corpora
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_data_core.h" (amalgamated) */
+
+/* ---- CSV ------------------------------------------------------------------------------------------ */
+
+typedef struct dt__data_csv {
+  const char *ctx;
+  const char *p, *end, *next;
+  char delim;
+  int header, has_labels;
+  int64_t label_col; /* resolved once the column count is known */
+  int64_t rows, cols;
+} dt__data_csv;
+
+/* One pass over the text. With ds NULL it validates and counts rows and
+ * columns; with ds it stores the values (the first pass succeeded, so every
+ * row has c->cols fields). */
+static dt_result dt__data_csv_pass(dt__data_csv *c, dt_dataset *ds) {
+  const char *p = c->p;
+  int64_t line = 0, row = 0, first_line = 0;
+  int skipped_header = 0;
+  if (c->end - p >= 3 && (unsigned char)p[0] == 0xEF && (unsigned char)p[1] == 0xBB && (unsigned char)p[2] == 0xBF)
+    p += 3; /* UTF-8 byte order mark */
+  for (; p < c->end; p = c->next) {
+    const char *eol = (const char *)memchr(p, '\n', (size_t)(c->end - p));
+    const char *le = eol ? eol : c->end;
+    c->next = eol ? eol + 1 : c->end;
+    line++;
+    if (le > p && le[-1] == '\r') le--;
+    const char *q = p;
+    while (q < le && (*q == ' ' || *q == '\t')) q++;
+    if (q == le) continue; /* blank line */
+    if (c->header && !skipped_header) {
+      skipped_header = 1;
+      continue;
+    }
+    /* Same number of fields as the first row? */
+    int64_t nfields = 1;
+    for (q = p; q < le; q++) nfields += *q == c->delim;
+    if (row == 0 && !ds) {
+      c->cols = nfields;
+      first_line = line;
+    } else if (nfields != c->cols) {
+      return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld has %lld fields, expected %lld (as on line %lld)", c->ctx,
+                       (long long)line, (long long)nfields, (long long)c->cols, (long long)first_line);
+    }
+    const char *hint = (row == 0 && !c->header) ? " (is it a header? set dt_csv_desc.header)" : "";
+    const char *f = p;
+    for (int64_t col = 0; col < nfields; col++) {
+      const char *fe = f;
+      while (fe < le && *fe != c->delim) fe++;
+      const char *a = f, *b = fe;
+      f = fe + 1;
+      while (a < b && (*a == ' ' || *a == '\t')) a++;
+      while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
+      char buf[72];
+      size_t flen = (size_t)(b - a);
+      if (flen == 0)
+        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: empty field%s", c->ctx, (long long)line,
+                         (long long)col + 1, hint);
+      if (flen >= sizeof buf)
+        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: a field of %zu characters is not a number",
+                         c->ctx, (long long)line, (long long)col + 1, flen);
+      memcpy(buf, a, flen);
+      buf[flen] = '\0';
+      char *stop = NULL;
+      double v = strtod(buf, &stop);
+      if (stop != buf + flen || !isfinite(v))
+        return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: '%s' is not a finite number%s", c->ctx,
+                         (long long)line, (long long)col + 1, buf, hint);
+      if (!ds) continue;
+      if (c->has_labels && col == c->label_col) {
+        if (v < 0 || v > (double)INT32_MAX || v != floor(v))
+          return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld, column %lld: label '%s' is not an integer in [0, %d]",
+                           c->ctx, (long long)line, (long long)col + 1, buf, INT32_MAX);
+        ds->y[row] = (int32_t)v;
+      } else {
+        int64_t fi = (c->has_labels && col > c->label_col) ? col - 1 : col;
+        ds->x[row * ds->sample_size + fi] = (float)v;
+      }
+    }
+    row++;
+  }
+  c->rows = row;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__data_csv_parse(const char *ctx, dt_dataset **out, const char *text, size_t len,
+                                    const dt_csv_desc *desc) {
+  dt__data_csv c;
+  dt_csv_desc zero;
+  memset(&zero, 0, sizeof zero);
+  if (!desc) desc = &zero;
+  memset(&c, 0, sizeof c);
+  c.ctx = ctx;
+  c.p = text;
+  c.end = text + len;
+  c.delim = desc->delimiter ? desc->delimiter : ',';
+  c.header = desc->header != 0;
+  c.has_labels = desc->has_labels != 0;
+  if (c.delim == '\n' || c.delim == '\r' || c.delim == ' ' || c.delim == '"' || c.delim == '.' || c.delim == '-' ||
+      c.delim == '+' || (c.delim >= '0' && c.delim <= '9'))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: delimiter 0x%02x is not usable", ctx, (unsigned)(unsigned char)c.delim);
+  dt_result r = dt__data_csv_pass(&c, NULL);
+  if (r != DTRAIN_OK) return r;
+  if (c.rows == 0) return dt__error(DTRAIN_ERR_EMPTY, "%s: no data rows", ctx);
+  if (c.has_labels) {
+    int64_t lc = desc->label_column < 0 ? c.cols + desc->label_column : desc->label_column;
+    if (lc < 0 || lc >= c.cols)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: label_column %d is out of range for %lld columns", ctx,
+                       desc->label_column, (long long)c.cols);
+    if (c.cols < 2) return dt__error(DTRAIN_ERR_FORMAT, "%s: 1 column holds the labels, none is left for features", ctx);
+    c.label_col = lc;
+  }
+  int64_t nf = c.cols - (c.has_labels ? 1 : 0);
+  dt_dataset *ds;
+  r = dt__data_ds_new(ctx, &ds, c.rows, 1, &nf, c.has_labels);
+  if (r != DTRAIN_OK) return r;
+  r = dt__data_csv_pass(&c, ds);
+  if (r == DTRAIN_OK && c.has_labels) r = dt__data_set_classes(ctx, ds);
+  if (r != DTRAIN_OK) {
+    dt_dataset_destroy(ds);
+    return r;
+  }
+  *out = ds;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: out is NULL");
+  *out = NULL;
+  if (!text) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: text is NULL");
+  return dt__data_csv_parse("dt_dataset_parse_csv", out, text, len, desc);
+}
+
+DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_csv: out is NULL");
+  *out = NULL;
+  dt_bytes b;
+  dt_result r = dt__data_load("dt_dataset_read_csv", path, 1, &b);
+  if (r != DTRAIN_OK) return r;
+  char ctx[DT__DATA_CTX];
+  snprintf(ctx, sizeof ctx, "dt_dataset_read_csv: '%s'", path);
+  r = dt__data_csv_parse(ctx, out, (const char *)b.data, b.size, desc);
+  dt_bytes_free(&b);
+  return r;
 }
 
 /* ---- text corpora -------------------------------------------------------------------------------------- */
@@ -14870,167 +15346,7 @@ DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end
   }
   return DTRAIN_OK;
 }
-
-/* ---- loader ----------------------------------------------------------------------------------------------- */
-
-struct dt_loader {
-  const dt_dataset *ds;
-  int64_t batch_size;
-  uint64_t seed;
-  int shuffle, drop_last, shard, shards;
-  int64_t shard_n;            /* samples of this shard per epoch */
-  int64_t epoch, index;       /* the position */
-  int64_t *perm;              /* the permutation of perm_epoch (shuffle only) */
-  int64_t perm_epoch;
-  size_t perm_bytes;
-  float *bx;                  /* batch buffers, allocated once */
-  int32_t *by;
-  int64_t *bidx;
-  size_t bx_bytes, by_bytes, bidx_bytes;
-};
-
-DTRAIN_API void dt_loader_destroy(dt_loader *l) {
-  if (!l) return;
-  dt__free(l->perm, l->perm_bytes);
-  dt__free(l->bx, l->bx_bytes);
-  dt__free(l->by, l->by_bytes);
-  dt__free(l->bidx, l->bidx_bytes);
-  dt__free(l, sizeof *l);
-}
-
-DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
-  const char *who = "dt_loader_create";
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
-  *out = NULL;
-  if (!ds || !desc) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", who, ds ? "desc" : "ds");
-  if (!ds->x || ds->n < 1 || ds->sample_size < 1 || ds->ndim < 1 || ds->ndim > DTRAIN_MAX_DIMS - 1)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: the dataset is empty or malformed", who);
-  int shards = desc->shard_count ? desc->shard_count : 1;
-  if (desc->batch_size < 1)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: batch_size %lld must be >= 1", who, (long long)desc->batch_size);
-  if (shards < 1 || desc->shard_index < 0 || desc->shard_index >= shards)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: shard %d of %d is not valid (need 0 <= shard_index < shard_count)", who,
-                     desc->shard_index, shards);
-  if ((int64_t)shards > ds->n)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d shards of %lld samples would leave shard(s) empty", who, shards,
-                     (long long)ds->n);
-  size_t bs = (size_t)desc->batch_size, row = (size_t)ds->sample_size, bx_bytes;
-  if ((uint64_t)desc->batch_size > SIZE_MAX / sizeof(int64_t) || !dt__mul_size(bs, row, &bx_bytes) ||
-      !dt__mul_size(bx_bytes, sizeof(float), &bx_bytes))
-    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: batch of %lld samples overflows", who, (long long)desc->batch_size);
-  dt_loader *l = (dt_loader *)dt__calloc(sizeof *l);
-  if (!l) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", who);
-  l->ds = ds;
-  l->batch_size = desc->batch_size;
-  l->seed = desc->seed;
-  l->shuffle = desc->shuffle != 0;
-  l->drop_last = desc->drop_last != 0;
-  l->shard = desc->shard_index;
-  l->shards = shards;
-  l->shard_n = ds->n / shards + (desc->shard_index < ds->n % shards ? 1 : 0);
-  l->perm_epoch = -1;
-  l->bx_bytes = bx_bytes;
-  l->by_bytes = ds->y ? bs * sizeof(int32_t) : 0;
-  l->bidx_bytes = bs * sizeof(int64_t);
-  l->perm_bytes = l->shuffle ? (size_t)ds->n * sizeof(int64_t) : 0;
-  l->bx = (float *)dt__alloc(l->bx_bytes);
-  l->by = ds->y ? (int32_t *)dt__alloc(l->by_bytes) : NULL;
-  l->bidx = (int64_t *)dt__alloc(l->bidx_bytes);
-  l->perm = l->shuffle ? (int64_t *)dt__alloc(l->perm_bytes) : NULL;
-  if (!l->bx || (ds->y && !l->by) || !l->bidx || (l->shuffle && !l->perm)) {
-    dt_loader_destroy(l);
-    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory for batch buffers", who);
-  }
-  *out = l;
-  return DTRAIN_OK;
-}
-
-/* The permutation of epoch e depends on (seed, e) only: the RNG is seeded
- * from a hash of both, then Fisher-Yates runs over 0..n-1. */
-static void dt__data_loader_perm(dt_loader *l, int64_t epoch) {
-  if (!l->shuffle || l->perm_epoch == epoch) return;
-  uint64_t st = l->seed;
-  uint64_t k = dt__splitmix64(&st);
-  st = k ^ ((uint64_t)epoch * 0xD1B54A32D192ED03ULL);
-  dt_rng rng;
-  dt_rng_seed(&rng, dt__splitmix64(&st));
-  int64_t n = l->ds->n;
-  for (int64_t i = 0; i < n; i++) l->perm[i] = i;
-  for (int64_t i = n - 1; i > 0; i--) {
-    int64_t j = (int64_t)dt_rng_below(&rng, (uint64_t)i + 1);
-    int64_t t = l->perm[i];
-    l->perm[i] = l->perm[j];
-    l->perm[j] = t;
-  }
-  l->perm_epoch = epoch;
-}
-
-DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index) {
-  if (!l || epoch < 0 || index < 0 || index >= l->shard_n) return -1;
-  int64_t g = (int64_t)l->shard + index * (int64_t)l->shards; /* position in the epoch's order */
-  if (!l->shuffle) return g;
-  dt__data_loader_perm(l, epoch);
-  return l->perm[g];
-}
-
-DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
-  if (!l || !b) return (int)dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_next: %s is NULL", l ? "b" : "l");
-  int64_t left = l->shard_n - l->index;
-  if (left <= 0 || (l->drop_last && left < l->batch_size)) {
-    l->epoch++;
-    l->index = 0;
-    return 0;
-  }
-  const dt_dataset *ds = l->ds;
-  int64_t cnt = DT__MIN(left, l->batch_size);
-  size_t row = (size_t)ds->sample_size;
-  dt__data_loader_perm(l, l->epoch);
-  for (int64_t j = 0; j < cnt; j++) {
-    int64_t g = (int64_t)l->shard + (l->index + j) * (int64_t)l->shards;
-    int64_t s = l->shuffle ? l->perm[g] : g;
-    memcpy(l->bx + (size_t)j * row, ds->x + (size_t)s * row, row * sizeof(float));
-    if (l->by) l->by[j] = ds->y[s];
-    l->bidx[j] = s;
-  }
-  b->x = l->bx;
-  b->y = l->by;
-  b->index = l->bidx;
-  b->size = cnt;
-  b->ndim = 1 + ds->ndim;
-  b->shape[0] = cnt;
-  for (int d = 1; d < DTRAIN_MAX_DIMS; d++) b->shape[d] = d - 1 < ds->ndim ? ds->shape[d - 1] : 1;
-  b->epoch = l->epoch;
-  b->start = l->index;
-  l->index += cnt;
-  return 1;
-}
-
-DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index) {
-  if (epoch) *epoch = l ? l->epoch : 0;
-  if (index) *index = l ? l->index : 0;
-}
-
-DTRAIN_API dt_result dt_loader_set_position(dt_loader *l, int64_t epoch, int64_t index) {
-  if (!l) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_set_position: l is NULL");
-  if (epoch < 0 || index < 0 || index > l->shard_n)
-    return dt__error(DTRAIN_ERR_INDEX, "dt_loader_set_position: (epoch %lld, index %lld) is out of range (index 0..%lld)",
-                     (long long)epoch, (long long)index, (long long)l->shard_n);
-  l->epoch = epoch;
-  l->index = index;
-  return DTRAIN_OK;
-}
-
-DTRAIN_API int64_t dt_loader_num_samples(const dt_loader *l) { return l ? l->shard_n : 0; }
-
-DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
-  if (!l) return 0;
-  return l->drop_last ? l->shard_n / l->batch_size : (l->shard_n + l->batch_size - 1) / l->batch_size;
-}
-
-#undef DT__DATA_CTX
-#undef DT__DATA_FM_SYSTEM
-#undef DT__DATA_FM_SHIPPED
-/* ======== end dt_data.c ======== */
+/* ======== end dt_data_text.c ======== */
 
 /* ======== begin dt_memory.c ======== */
 /* ===========================================================================
@@ -18258,12 +18574,12 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
  * dt_cluster.c -- the cluster description: DTRAIN_CONFIG (JSON in the style
  * of TF_CONFIG), command-line flags, and back to JSON (see dt_net.h)
  * ===========================================================================
- * The JSON parser is small and strict (RFC 8259): it checks the whole text,
- * including keys it ignores, decodes string escapes (\uXXXX with surrogate
- * pairs), checks UTF-8, and limits nesting, so a bad DTRAIN_CONFIG fails
- * loudly with the byte offset and what was expected instead of being half
- * read. It runs twice over the text: the first pass checks everything and
- * counts the bytes, the second (which cannot fail) fills one allocation.
+ * The text is read by the strict JSON reader that checkpoints use too
+ * (dt_json.c, RFC 8259): it checks the whole text, including keys this file
+ * ignores, decodes string escapes, checks UTF-8 and limits nesting, so a bad
+ * DTRAIN_CONFIG fails loudly with the byte offset and what was expected
+ * instead of being half read. The values are then walked once to check and
+ * count the addresses, and copied into one allocation.
  *
  * A dt_cluster made here is one block: the struct, the two address arrays and
  * the strings, so destroy needs no bookkeeping beyond the block's size. This
@@ -18284,6 +18600,7 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_json.h" (amalgamated) */
 
 #define DT__CLUSTER_MAX_DEPTH 32  /* nesting of arrays/objects in DTRAIN_CONFIG */
 #define DT__CLUSTER_ADDR_MAX 255  /* longest "host:port" */
@@ -18478,508 +18795,208 @@ static dt_result dt__cluster_check(const dt_cluster *c, const char *src) {
 
 /* ---- JSON ----------------------------------------------------------------------------------- */
 
-typedef struct dt__cluster_json {
-  const unsigned char *s;
-  size_t n, i;         /* length, position */
-  const char *src;     /* origin for messages */
-  dt_cluster *fill;    /* second pass: the cluster being filled; NULL in the first */
-  char *strs;          /* second pass: next free string byte */
-  int count[2];        /* addresses seen per role */
-  size_t str_bytes;    /* first pass: string bytes needed */
-  int have_cluster, have_task, have_list[2], have_type, have_index;
+/* What the walk over the parsed text found (node ids into the reader's values). */
+typedef struct dt__cluster_doc {
+  const dt__json *j;
+  const char *src;      /* origin for messages */
+  int32_t list[2];      /* the "worker" and "ps" arrays (-1: absent) */
+  int count[2];         /* addresses per role */
+  size_t str_bytes;     /* string bytes the addresses need */
+  int have_cluster, have_task, have_type, have_index;
   dt_role role;
   int index;
-} dt__cluster_json;
+} dt__cluster_doc;
 
-/* What stands at the current position, for messages. */
-static const char *dt__cluster_found(const dt__cluster_json *p, char *buf, size_t cap) {
-  if (p->i >= p->n) return "end of text";
-  int ch = p->s[p->i];
-  if (ch >= 0x20 && ch < 0x7f)
-    snprintf(buf, cap, "'%c'", ch);
-  else
-    snprintf(buf, cap, "byte 0x%02x", (unsigned)ch);
-  return buf;
+/* What this file expects as the value of member `key` (a key's id) of
+ * object `in`, or as an element of array `in` (key -1); NULL: any value.
+ * The walk's type checks and a value the reader found missing or malformed
+ * there both say it ("expected an address string ..."). A container's own
+ * key is the value just before it (dt_json.h). */
+static const char *dt__cluster_want(const dt__json *j, int32_t in, int32_t key) {
+  int32_t up = j->v[in].parent;
+  if (in == 0) {
+    if (dt__json_eq(j, key, "cluster")) return "'{' (the \"cluster\" object)";
+    if (dt__json_eq(j, key, "task")) return "'{' (the \"task\" object)";
+  } else if (up == 0 && j->v[in].type == DT__JSON_OBJ && dt__json_eq(j, in - 1, "cluster")) {
+    if (dt__json_eq(j, key, "worker") || dt__json_eq(j, key, "ps")) return "'['";
+  } else if (up == 0 && j->v[in].type == DT__JSON_OBJ && dt__json_eq(j, in - 1, "task")) {
+    if (dt__json_eq(j, key, "type")) return "a string (task type \"worker\" or \"ps\")";
+    if (dt__json_eq(j, key, "index")) return "a number (task index)";
+  } else if (up > 0 && j->v[in].type == DT__JSON_ARR && j->v[up].parent == 0 && dt__json_eq(j, up - 1, "cluster") &&
+             (dt__json_eq(j, in - 1, "worker") || dt__json_eq(j, in - 1, "ps"))) {
+    return "an address string \"host:port\"";
+  }
+  return NULL;
 }
 
-static dt_result dt__cluster_expected(const dt__cluster_json *p, const char *what) {
+/* "<src>: byte N: expected <what>, found <what is there>", the reader's style. */
+static dt_result dt__cluster_expected_at(const dt__json *j, const char *src, size_t pos, const char *what) {
   char f[16];
-  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: expected %s, found %s", p->src, p->i, what,
-                   dt__cluster_found(p, f, sizeof f));
+  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: expected %s, found %s", src, pos, what,
+                   dt__json_found(j->s, j->n, pos, f, sizeof f));
 }
 
-static int dt__cluster_peek(const dt__cluster_json *p) { return p->i < p->n ? p->s[p->i] : -1; }
-
-static void dt__cluster_ws(dt__cluster_json *p) {
-  while (p->i < p->n) {
-    int ch = p->s[p->i];
-    if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') break;
-    p->i++;
-  }
+/* Value val (member key of object in, or an element of array in when key is -1) is not what dt__cluster_want says. */
+static dt_result dt__cluster_expected(const dt__cluster_doc *d, int32_t in, int32_t key, int32_t val) {
+  return dt__cluster_expected_at(d->j, d->src, d->j->v[val].pos, dt__cluster_want(d->j, in, key));
 }
 
-static int dt__cluster_hexval(int ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
+static dt_result dt__cluster_dup_key(const dt__cluster_doc *d, int32_t key) {
+  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: duplicate key \"%s\"", d->src, d->j->v[key].pos,
+                   dt__json_str(d->j, key));
 }
 
-/* Four hex digits at p->i (advanced past them), or -1 and an error. */
-static long dt__cluster_u4(dt__cluster_json *p) {
-  long v = 0;
-  for (int k = 0; k < 4; k++) {
-    int h = p->i < p->n ? dt__cluster_hexval(p->s[p->i]) : -1;
-    if (h < 0) {
-      dt__cluster_expected(p, "a hex digit in \\u escape");
-      return -1;
-    }
-    v = v * 16 + h;
-    p->i++;
-  }
-  return v;
-}
-
-/* Append code point cp as UTF-8 to out (only the bytes that fit in cap-1). */
-static void dt__cluster_emit(char *out, size_t cap, size_t *len, unsigned long cp) {
-  unsigned char u[4];
-  int k;
-  if (cp < 0x80) {
-    u[0] = (unsigned char)cp;
-    k = 1;
-  } else if (cp < 0x800) {
-    u[0] = (unsigned char)(0xC0 | (cp >> 6));
-    u[1] = (unsigned char)(0x80 | (cp & 0x3F));
-    k = 2;
-  } else if (cp < 0x10000) {
-    u[0] = (unsigned char)(0xE0 | (cp >> 12));
-    u[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    u[2] = (unsigned char)(0x80 | (cp & 0x3F));
-    k = 3;
-  } else {
-    u[0] = (unsigned char)(0xF0 | (cp >> 18));
-    u[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    u[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    u[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    k = 4;
-  }
-  for (int j = 0; j < k; j++) {
-    if (out && *len + 1 < cap) out[*len] = (char)u[j];
-    (*len)++;
-  }
-}
-
-/* A string at p->i (which must be '"'): decoded into out (cap bytes, NUL
- * terminated, truncated if longer; out may be NULL); *len gets the whole
- * decoded length. */
-static dt_result dt__cluster_string(dt__cluster_json *p, char *out, size_t cap, size_t *len) {
-  *len = 0;
-  if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "'\"'");
-  p->i++;
-  for (;;) {
-    if (p->i >= p->n) return dt__cluster_expected(p, "'\"' to close the string");
-    int ch = p->s[p->i];
-    if (ch == '"') {
-      p->i++;
-      break;
-    }
-    if (ch < 0x20) return dt__cluster_expected(p, "a string character (control characters must be escaped)");
-    if (ch == '\\') {
-      p->i++;
-      int e = dt__cluster_peek(p);
-      unsigned long cp;
-      switch (e) {
-        case '"': cp = '"'; break;
-        case '\\': cp = '\\'; break;
-        case '/': cp = '/'; break;
-        case 'b': cp = '\b'; break;
-        case 'f': cp = '\f'; break;
-        case 'n': cp = '\n'; break;
-        case 'r': cp = '\r'; break;
-        case 't': cp = '\t'; break;
-        case 'u': {
-          p->i++;
-          long hi = dt__cluster_u4(p);
-          if (hi < 0) return DTRAIN_ERR_FORMAT;
-          if (hi >= 0xDC00 && hi <= 0xDFFF) {
-            p->i -= 4;
-            return dt__cluster_expected(p, "a \\u escape that is not a lone low surrogate");
-          }
-          if (hi >= 0xD800 && hi <= 0xDBFF) {
-            if (p->i + 1 >= p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u')
-              return dt__cluster_expected(p, "'\\u' with the low half of a surrogate pair");
-            p->i += 2;
-            long lo = dt__cluster_u4(p);
-            if (lo < 0) return DTRAIN_ERR_FORMAT;
-            if (lo < 0xDC00 || lo > 0xDFFF) {
-              p->i -= 4;
-              return dt__cluster_expected(p, "a low surrogate (DC00..DFFF)");
-            }
-            cp = 0x10000ul + (((unsigned long)hi - 0xD800ul) << 10) + ((unsigned long)lo - 0xDC00ul);
-          } else {
-            cp = (unsigned long)hi;
-          }
-          dt__cluster_emit(out, cap, len, cp);
-          continue;
-        }
-        default: return dt__cluster_expected(p, "an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
-      }
-      p->i++;
-      dt__cluster_emit(out, cap, len, cp);
-      continue;
-    }
-    if (ch < 0x80) {
-      dt__cluster_emit(out, cap, len, (unsigned long)ch);
-      p->i++;
-      continue;
-    }
-    /* UTF-8: the sequence's length from the lead byte; no overlong forms,
-     * no surrogates, nothing above U+10FFFF. */
-    int k;
-    unsigned long cp, min;
-    if (ch >= 0xC2 && ch <= 0xDF) {
-      k = 1;
-      cp = (unsigned long)(ch & 0x1F);
-      min = 0x80;
-    } else if (ch >= 0xE0 && ch <= 0xEF) {
-      k = 2;
-      cp = (unsigned long)(ch & 0x0F);
-      min = 0x800;
-    } else if (ch >= 0xF0 && ch <= 0xF4) {
-      k = 3;
-      cp = (unsigned long)(ch & 0x07);
-      min = 0x10000;
-    } else {
-      return dt__cluster_expected(p, "valid UTF-8 in a string");
-    }
-    size_t start = p->i;
-    p->i++;
-    for (int j = 0; j < k; j++) {
-      if (p->i >= p->n || (p->s[p->i] & 0xC0) != 0x80) return dt__cluster_expected(p, "a UTF-8 continuation byte");
-      cp = (cp << 6) | (p->s[p->i] & 0x3Fu);
-      p->i++;
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      p->i = start;
-      return dt__cluster_expected(p, "valid UTF-8 in a string (overlong, surrogate or too large)");
-    }
-    dt__cluster_emit(out, cap, len, cp);
-  }
-  if (out && cap > 0) out[*len < cap ? *len : cap - 1] = '\0';
-  return DTRAIN_OK;
-}
-
-/* A number (RFC 8259 grammar). *ival gets its value when it is an integer
- * in 0..INT_MAX (no fraction or exponent), else -1. */
-static dt_result dt__cluster_number(dt__cluster_json *p, long *ival) {
-  int neg = 0, integral = 1;
-  int64_t v = 0; /* saturates just above INT_MAX */
-  if (dt__cluster_peek(p) == '-') {
-    neg = 1;
-    p->i++;
-  }
-  int ch = dt__cluster_peek(p);
-  if (ch == '0') {
-    p->i++;
-  } else if (ch >= '1' && ch <= '9') {
-    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') {
-      v = v * 10 + (ch - '0');
-      if (v > INT_MAX) v = (int64_t)INT_MAX + 1;
-      p->i++;
-    }
-  } else {
-    return dt__cluster_expected(p, "a digit");
-  }
-  if (dt__cluster_peek(p) == '.') {
-    integral = 0;
-    p->i++;
-    if ((ch = dt__cluster_peek(p)) < '0' || ch > '9') return dt__cluster_expected(p, "a digit after '.'");
-    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') p->i++;
-  }
-  ch = dt__cluster_peek(p);
-  if (ch == 'e' || ch == 'E') {
-    integral = 0;
-    p->i++;
-    ch = dt__cluster_peek(p);
-    if (ch == '+' || ch == '-') p->i++;
-    if ((ch = dt__cluster_peek(p)) < '0' || ch > '9') return dt__cluster_expected(p, "a digit in the exponent");
-    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') p->i++;
-  }
-  *ival = (integral && !(neg && v != 0) && v <= INT_MAX) ? (long)v : -1;
-  return DTRAIN_OK;
-}
-
-static dt_result dt__cluster_value(dt__cluster_json *p, int depth);
-
-static dt_result dt__cluster_open(dt__cluster_json *p, int depth, int ch) {
-  if (depth >= DT__CLUSTER_MAX_DEPTH)
-    return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: nesting deeper than %d levels", p->src, p->i,
-                     DT__CLUSTER_MAX_DEPTH);
-  if (dt__cluster_peek(p) != ch) return dt__cluster_expected(p, ch == '{' ? "'{'" : "'['");
-  p->i++;
-  return DTRAIN_OK;
-}
-
-/* The next member of an object whose '{' was consumed: *more = 0 at its '}'
- * (consumed); otherwise the key is decoded into key (cap bytes; *klen its
- * whole length), the ':' consumed and the position is at the value. */
-static dt_result dt__cluster_member(dt__cluster_json *p, int *members, char *key, size_t cap, size_t *klen,
-                                    int *more) {
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) == '}' ) {
-    p->i++;
-    *more = 0;
-    return DTRAIN_OK;
-  }
-  if (*members > 0) {
-    if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or '}'");
-    p->i++;
-    dt__cluster_ws(p);
-  }
-  if (dt__cluster_peek(p) != '"')
-    return dt__cluster_expected(p, *members > 0 ? "a string (object key)" : "a string (object key) or '}'");
-  dt_result rc = dt__cluster_string(p, key, cap, klen);
-  if (rc != DTRAIN_OK) return rc;
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) != ':') return dt__cluster_expected(p, "':' after the object key");
-  p->i++;
-  dt__cluster_ws(p);
-  (*members)++;
-  *more = 1;
-  return DTRAIN_OK;
-}
-
-static int dt__cluster_key_is(const char *key, size_t klen, const char *name) {
-  return klen == strlen(name) && memcmp(key, name, klen) == 0;
-}
-
-static dt_result dt__cluster_literal(dt__cluster_json *p, const char *word) {
-  size_t n = strlen(word);
-  for (size_t k = 0; k < n; k++) {
-    if (p->i >= p->n || p->s[p->i] != (unsigned char)word[k]) {
-      char what[16];
-      snprintf(what, sizeof what, "'%s'", word);
-      return dt__cluster_expected(p, what);
-    }
-    p->i++;
-  }
-  return DTRAIN_OK;
-}
-
-/* Any value, checked and skipped. */
-static dt_result dt__cluster_value(dt__cluster_json *p, int depth) {
-  dt_result rc;
-  char key[8];
-  size_t klen;
-  long iv;
-  int ch = dt__cluster_peek(p), n = 0, more = 1;
-  switch (ch) {
-    case '{':
-      if ((rc = dt__cluster_open(p, depth, '{')) != DTRAIN_OK) return rc;
-      for (;;) {
-        if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK) return rc;
-        if (!more) return DTRAIN_OK;
-        if ((rc = dt__cluster_value(p, depth + 1)) != DTRAIN_OK) return rc;
-      }
-    case '[':
-      if ((rc = dt__cluster_open(p, depth, '[')) != DTRAIN_OK) return rc;
-      dt__cluster_ws(p);
-      if (dt__cluster_peek(p) == ']') {
-        p->i++;
-        return DTRAIN_OK;
-      }
-      for (;;) {
-        dt__cluster_ws(p);
-        if ((rc = dt__cluster_value(p, depth + 1)) != DTRAIN_OK) return rc;
-        dt__cluster_ws(p);
-        if (dt__cluster_peek(p) == ']') {
-          p->i++;
-          return DTRAIN_OK;
-        }
-        if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or ']'");
-        p->i++;
-      }
-    case '"': return dt__cluster_string(p, NULL, 0, &klen);
-    case 't': return dt__cluster_literal(p, "true");
-    case 'f': return dt__cluster_literal(p, "false");
-    case 'n': return dt__cluster_literal(p, "null");
-    default:
-      if (ch == '-' || (ch >= '0' && ch <= '9')) return dt__cluster_number(p, &iv);
-      return dt__cluster_expected(p, "a value (object, array, string, number, true, false or null)");
-  }
-}
-
-/* "worker": [...] or "ps": [...] at depth 2. */
-static dt_result dt__cluster_list(dt__cluster_json *p, dt_role role) {
+/* "worker": [...] or "ps": [...]: every address checked and counted. */
+static dt_result dt__cluster_list(dt__cluster_doc *d, int32_t arr, dt_role role) {
+  const dt__json *j = d->j;
   int r = (int)role;
-  dt_result rc = dt__cluster_open(p, 2, '[');
-  if (rc != DTRAIN_OK) return rc;
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) == ']') {
-    p->i++;
-    return DTRAIN_OK;
-  }
-  for (;;) {
-    char a[DT__CLUSTER_ADDR_MAX + 2], why[96];
-    size_t len, at;
-    dt__cluster_ws(p);
-    at = p->i;
-    if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "an address string \"host:port\"");
-    if ((rc = dt__cluster_string(p, a, sizeof a, &len)) != DTRAIN_OK) return rc;
-    if (p->count[r] >= DTRAIN_MAX_PEERS)
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: more than %d %s addresses", p->src, at,
+  if (j->v[arr].type != DT__JSON_ARR) return dt__cluster_expected(d, j->v[arr].parent, arr - 1, arr);
+  d->list[r] = arr;
+  for (int32_t e = j->v[arr].child; e >= 0; e = j->v[e].next) {
+    char why[96];
+    if (j->v[e].type != DT__JSON_STR) return dt__cluster_expected(d, arr, -1, e);
+    const char *a = dt__json_str(j, e);
+    size_t len = j->v[e].len;
+    if (d->count[r] >= DTRAIN_MAX_PEERS)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: more than %d %s addresses", d->src, j->v[e].pos,
                        DTRAIN_MAX_PEERS, dt__cluster_role_name(role));
     if (!dt__cluster_addr_ok(a, len, why, sizeof why))
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: %s %d address '%.*s' %s", p->src, at,
-                       dt__cluster_role_name(role), p->count[r], 64, a, why);
-    if (p->fill) {
-      char **slots = role == DTRAIN_ROLE_PS ? p->fill->server_addr : p->fill->worker_addr;
-      dt__cluster_put(&slots[p->count[r]], &p->strs, a, len);
-    } else {
-      p->str_bytes += len + 1;
-    }
-    p->count[r]++;
-    dt__cluster_ws(p);
-    if (dt__cluster_peek(p) == ']') {
-      p->i++;
-      return DTRAIN_OK;
-    }
-    if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or ']'");
-    p->i++;
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: %s %d address '%.*s' %s", d->src, j->v[e].pos,
+                       dt__cluster_role_name(role), d->count[r], 64, a, why);
+    d->str_bytes += len + 1;
+    d->count[r]++;
   }
+  return DTRAIN_OK;
 }
 
-static dt_result dt__cluster_dup_key(const dt__cluster_json *p, size_t at, const char *key) {
-  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: duplicate key \"%s\"", p->src, at, key);
-}
+/* The members of object obj, key and value, in order. */
+#define DT__CLUSTER_MEMBERS(j, obj, k, val) \
+  for (int32_t k = (j)->v[obj].child, val = k >= 0 ? (j)->v[k].next : -1; k >= 0; \
+       k = (j)->v[val].next, val = k >= 0 ? (j)->v[k].next : -1)
 
-static dt_result dt__cluster_cluster_obj(dt__cluster_json *p) {
-  dt_result rc = dt__cluster_open(p, 1, '{');
-  int n = 0, more = 1;
-  char key[16];
-  size_t klen;
-  while (rc == DTRAIN_OK) {
-    size_t at = p->i;
-    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK || !more) break;
-    int which = dt__cluster_key_is(key, klen, "worker") ? 0 : dt__cluster_key_is(key, klen, "ps") ? 1 : -1;
-    if (which < 0) {
-      rc = dt__cluster_value(p, 2);
-    } else if (p->have_list[which]) {
-      rc = dt__cluster_dup_key(p, at, key);
-    } else {
-      p->have_list[which] = 1;
-      rc = dt__cluster_list(p, which ? DTRAIN_ROLE_PS : DTRAIN_ROLE_WORKER);
-    }
+static dt_result dt__cluster_cluster_obj(dt__cluster_doc *d, int32_t obj) {
+  dt_result rc = DTRAIN_OK;
+  int have[2] = {0, 0};
+  DT__CLUSTER_MEMBERS(d->j, obj, k, val) {
+    int which = dt__json_eq(d->j, k, "worker") ? 0 : dt__json_eq(d->j, k, "ps") ? 1 : -1;
+    if (which < 0) continue; /* other jobs ("chief", ...) are not ours */
+    if (have[which]) return dt__cluster_dup_key(d, k);
+    have[which] = 1;
+    if ((rc = dt__cluster_list(d, val, which ? DTRAIN_ROLE_PS : DTRAIN_ROLE_WORKER)) != DTRAIN_OK) return rc;
   }
   return rc;
 }
 
-static dt_result dt__cluster_task_obj(dt__cluster_json *p) {
-  dt_result rc = dt__cluster_open(p, 1, '{');
-  int n = 0, more = 1;
-  char key[16], type[16];
-  size_t klen, tlen;
-  long iv;
-  while (rc == DTRAIN_OK) {
-    size_t at = p->i;
-    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK || !more) break;
-    if (dt__cluster_key_is(key, klen, "type")) {
-      if (p->have_type) return dt__cluster_dup_key(p, at, key);
-      p->have_type = 1;
-      at = p->i;
-      if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "a string (task type \"worker\" or \"ps\")");
-      if ((rc = dt__cluster_string(p, type, sizeof type, &tlen)) != DTRAIN_OK) return rc;
-      if (dt__cluster_key_is(type, tlen, "worker")) {
-        p->role = DTRAIN_ROLE_WORKER;
-      } else if (dt__cluster_key_is(type, tlen, "ps")) {
-        p->role = DTRAIN_ROLE_PS;
+static dt_result dt__cluster_task_obj(dt__cluster_doc *d, int32_t obj) {
+  const dt__json *j = d->j;
+  DT__CLUSTER_MEMBERS(j, obj, k, val) {
+    if (dt__json_eq(j, k, "type")) {
+      if (d->have_type) return dt__cluster_dup_key(d, k);
+      d->have_type = 1;
+      if (j->v[val].type != DT__JSON_STR) return dt__cluster_expected(d, obj, k, val);
+      if (dt__json_eq(j, val, "worker")) {
+        d->role = DTRAIN_ROLE_WORKER;
+      } else if (dt__json_eq(j, val, "ps")) {
+        d->role = DTRAIN_ROLE_PS;
       } else {
         return dt__error(DTRAIN_ERR_INVALID_ARG,
-                         "%s: byte %zu: task type \"%.*s\" is not supported (expected \"worker\" or \"ps\")", p->src,
-                         at, 15, type);
+                         "%s: byte %zu: task type \"%.*s\" is not supported (expected \"worker\" or \"ps\")", d->src,
+                         j->v[val].pos, 15, dt__json_str(j, val));
       }
-    } else if (dt__cluster_key_is(key, klen, "index")) {
-      if (p->have_index) return dt__cluster_dup_key(p, at, key);
-      p->have_index = 1;
-      at = p->i;
-      int ch = dt__cluster_peek(p);
-      if (ch != '-' && (ch < '0' || ch > '9')) return dt__cluster_expected(p, "a number (task index)");
-      if ((rc = dt__cluster_number(p, &iv)) != DTRAIN_OK) return rc;
-      if (iv < 0) {
-        p->i = at;
-        return dt__cluster_expected(p, "a non-negative integer (task index)");
-      }
-      p->index = (int)iv;
-    } else {
-      rc = dt__cluster_value(p, 2);
+    } else if (dt__json_eq(j, k, "index")) {
+      if (d->have_index) return dt__cluster_dup_key(d, k);
+      d->have_index = 1;
+      if (j->v[val].type != DT__JSON_NUM) return dt__cluster_expected(d, obj, k, val);
+      /* An integer in 0..INT_MAX; "-0" is 0 (the JSON grammar allows it). */
+      uint64_t v = 0;
+      const dt__json_val *x = &j->v[val];
+      int minus_zero = x->len == 2 && memcmp(j->s + x->off, "-0", 2) == 0;
+      if (!minus_zero && (!dt__json_uint(j, val, &v) || v > (uint64_t)INT_MAX))
+        return dt__cluster_expected_at(j, d->src, x->pos, "a non-negative integer (task index)");
+      d->index = (int)v;
     }
   }
-  return rc;
+  return DTRAIN_OK;
 }
 
-static dt_result dt__cluster_top(dt__cluster_json *p) {
-  dt_result rc;
-  int n = 0, more = 1;
-  char key[16];
-  size_t klen;
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (a JSON object)");
-  if ((rc = dt__cluster_open(p, 0, '{')) != DTRAIN_OK) return rc;
-  for (;;) {
-    size_t at = p->i;
-    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK) return rc;
-    if (!more) break;
-    if (dt__cluster_key_is(key, klen, "cluster")) {
-      if (p->have_cluster) return dt__cluster_dup_key(p, at, key);
-      p->have_cluster = 1;
-      if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (the \"cluster\" object)");
-      rc = dt__cluster_cluster_obj(p);
-    } else if (dt__cluster_key_is(key, klen, "task")) {
-      if (p->have_task) return dt__cluster_dup_key(p, at, key);
-      p->have_task = 1;
-      if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (the \"task\" object)");
-      rc = dt__cluster_task_obj(p);
-    } else {
-      rc = dt__cluster_value(p, 1);
+static dt_result dt__cluster_top(dt__cluster_doc *d) {
+  const dt__json *j = d->j;
+  dt_result rc = DTRAIN_OK;
+  DT__CLUSTER_MEMBERS(j, 0, k, val) {
+    if (dt__json_eq(j, k, "cluster")) {
+      if (d->have_cluster) return dt__cluster_dup_key(d, k);
+      d->have_cluster = 1;
+      if (j->v[val].type != DT__JSON_OBJ) return dt__cluster_expected(d, 0, k, val);
+      rc = dt__cluster_cluster_obj(d, val);
+    } else if (dt__json_eq(j, k, "task")) {
+      if (d->have_task) return dt__cluster_dup_key(d, k);
+      d->have_task = 1;
+      if (j->v[val].type != DT__JSON_OBJ) return dt__cluster_expected(d, 0, k, val);
+      rc = dt__cluster_task_obj(d, val);
     }
     if (rc != DTRAIN_OK) return rc;
   }
-  dt__cluster_ws(p);
-  if (p->i < p->n) return dt__cluster_expected(p, "end of text after the JSON object");
-  if (!p->have_cluster) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"cluster\"", p->src);
-  if (!p->have_task) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"task\"", p->src);
-  if (!p->have_type) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"type\" in \"task\"", p->src);
-  if (!p->have_index) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"index\" in \"task\"", p->src);
-  if (p->count[0] == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: \"cluster\" lists no \"worker\" addresses", p->src);
+  if (!d->have_cluster) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"cluster\"", d->src);
+  if (!d->have_task) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"task\"", d->src);
+  if (!d->have_type) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"type\" in \"task\"", d->src);
+  if (!d->have_index) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"index\" in \"task\"", d->src);
+  if (d->count[0] == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: \"cluster\" lists no \"worker\" addresses", d->src);
   return DTRAIN_OK;
 }
 
+/* The whole text is checked by the shared reader first (dt_json.c), then
+ * the values are walked for the keys this file knows. */
 static dt_result dt__cluster_parse(const char *json, const char *src, dt_cluster **out) {
-  dt__cluster_json p;
-  memset(&p, 0, sizeof p);
-  p.s = (const unsigned char *)json;
-  p.n = strlen(json);
-  p.src = src;
-  dt_result rc = dt__cluster_top(&p);
-  if (rc != DTRAIN_OK) return rc;
-  dt__cluster_json q;
-  memset(&q, 0, sizeof q);
-  q.s = p.s;
-  q.n = p.n;
-  q.src = src;
-  q.fill = dt__cluster_new(p.count[0], p.count[1], p.str_bytes, &q.strs);
-  if (!q.fill) return DTRAIN_ERR_NOMEM;
-  rc = dt__cluster_top(&q); /* the text passed once: this pass only fills */
-  if (rc == DTRAIN_OK) {
-    q.fill->role = q.role;
-    q.fill->index = q.index;
-    rc = dt__cluster_check(q.fill, src);
-  }
-  if (rc != DTRAIN_OK) {
-    dt_cluster_destroy(q.fill);
+  const unsigned char *s = (const unsigned char *)json;
+  size_t n = strlen(json), i = 0;
+  char f[16];
+  while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++;
+  if (i >= n || s[i] != '{')
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: expected '{' (a JSON object), found %s", src, i,
+                     dt__json_found(s, n, i, f, sizeof f));
+  dt__json j;
+  dt_result rc;
+  if (!dt__json_parse(&j, json, n, DT__CLUSTER_MAX_DEPTH, 1)) {
+    /* No value where this file wants a particular one: say which. */
+    const char *want = NULL;
+    if (j.err_value && j.err_in >= 0)
+      want = dt__cluster_want(&j, j.err_in, j.v[j.err_in].type == DT__JSON_OBJ ? (int32_t)j.nv - 1 : -1);
+    if (want)
+      rc = dt__cluster_expected_at(&j, src, j.err_pos, want);
+    else
+      rc = dt__error(j.nomem ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_FORMAT, "%s: %s", src, j.err);
+    dt__json_free(&j);
     return rc;
   }
-  *out = q.fill;
+  dt__cluster_doc d;
+  memset(&d, 0, sizeof d);
+  d.j = &j;
+  d.src = src;
+  d.list[0] = d.list[1] = -1;
+  rc = dt__cluster_top(&d);
+  dt_cluster *c = NULL;
+  if (rc == DTRAIN_OK) {
+    char *strs;
+    c = dt__cluster_new(d.count[0], d.count[1], d.str_bytes, &strs);
+    if (!c) rc = DTRAIN_ERR_NOMEM;
+    for (int r = 0; c && r < 2; r++) {
+      char **slots = r ? c->server_addr : c->worker_addr;
+      int k = 0;
+      for (int32_t e = d.list[r] >= 0 ? j.v[d.list[r]].child : -1; e >= 0; e = j.v[e].next)
+        dt__cluster_put(&slots[k++], &strs, dt__json_str(&j, e), j.v[e].len);
+    }
+  }
+  if (c) {
+    c->role = d.role;
+    c->index = d.index;
+    rc = dt__cluster_check(c, src);
+  }
+  dt__json_free(&j);
+  if (rc != DTRAIN_OK) {
+    dt_cluster_destroy(c);
+    return rc;
+  }
+  *out = c;
   return DTRAIN_OK;
 }
 
@@ -19299,6 +19316,7 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
 }
 
 #undef DT__CLUSTER_MAX_DEPTH
+#undef DT__CLUSTER_MEMBERS
 #undef DT__CLUSTER_ADDR_MAX
 #undef DT__CLUSTER_DEFAULT_PORT
 /* ======== end dt_cluster.c ======== */

@@ -272,14 +272,6 @@ DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size) {
   return n;
 }
 
-DTRAIN_PRIVATE char *dt__strdup(const char *s, size_t *out_size) {
-  size_t n = strlen(s) + 1;
-  char *d = (char *)dt__alloc(n);
-  if (d) memcpy(d, s, n);
-  if (out_size) *out_size = n;
-  return d;
-}
-
 DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out) {
   if (a != 0 && b > SIZE_MAX / a) return 0;
   *out = a * b;

@@ -2,12 +2,12 @@
  * dt_cluster.c -- the cluster description: DTRAIN_CONFIG (JSON in the style
  * of TF_CONFIG), command-line flags, and back to JSON (see dt_net.h)
  * ===========================================================================
- * The JSON parser is small and strict (RFC 8259): it checks the whole text,
- * including keys it ignores, decodes string escapes (\uXXXX with surrogate
- * pairs), checks UTF-8, and limits nesting, so a bad DTRAIN_CONFIG fails
- * loudly with the byte offset and what was expected instead of being half
- * read. It runs twice over the text: the first pass checks everything and
- * counts the bytes, the second (which cannot fail) fills one allocation.
+ * The text is read by the strict JSON reader that checkpoints use too
+ * (dt_json.c, RFC 8259): it checks the whole text, including keys this file
+ * ignores, decodes string escapes, checks UTF-8 and limits nesting, so a bad
+ * DTRAIN_CONFIG fails loudly with the byte offset and what was expected
+ * instead of being half read. The values are then walked once to check and
+ * count the addresses, and copied into one allocation.
  *
  * A dt_cluster made here is one block: the struct, the two address arrays and
  * the strings, so destroy needs no bookkeeping beyond the block's size. This
@@ -28,6 +28,7 @@
 #include "dt_tensor_internal.h"
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
+#include "dt_json.h"
 
 #define DT__CLUSTER_MAX_DEPTH 32  /* nesting of arrays/objects in DTRAIN_CONFIG */
 #define DT__CLUSTER_ADDR_MAX 255  /* longest "host:port" */
@@ -222,508 +223,208 @@ static dt_result dt__cluster_check(const dt_cluster *c, const char *src) {
 
 /* ---- JSON ----------------------------------------------------------------------------------- */
 
-typedef struct dt__cluster_json {
-  const unsigned char *s;
-  size_t n, i;         /* length, position */
-  const char *src;     /* origin for messages */
-  dt_cluster *fill;    /* second pass: the cluster being filled; NULL in the first */
-  char *strs;          /* second pass: next free string byte */
-  int count[2];        /* addresses seen per role */
-  size_t str_bytes;    /* first pass: string bytes needed */
-  int have_cluster, have_task, have_list[2], have_type, have_index;
+/* What the walk over the parsed text found (node ids into the reader's values). */
+typedef struct dt__cluster_doc {
+  const dt__json *j;
+  const char *src;      /* origin for messages */
+  int32_t list[2];      /* the "worker" and "ps" arrays (-1: absent) */
+  int count[2];         /* addresses per role */
+  size_t str_bytes;     /* string bytes the addresses need */
+  int have_cluster, have_task, have_type, have_index;
   dt_role role;
   int index;
-} dt__cluster_json;
+} dt__cluster_doc;
 
-/* What stands at the current position, for messages. */
-static const char *dt__cluster_found(const dt__cluster_json *p, char *buf, size_t cap) {
-  if (p->i >= p->n) return "end of text";
-  int ch = p->s[p->i];
-  if (ch >= 0x20 && ch < 0x7f)
-    snprintf(buf, cap, "'%c'", ch);
-  else
-    snprintf(buf, cap, "byte 0x%02x", (unsigned)ch);
-  return buf;
+/* What this file expects as the value of member `key` (a key's id) of
+ * object `in`, or as an element of array `in` (key -1); NULL: any value.
+ * The walk's type checks and a value the reader found missing or malformed
+ * there both say it ("expected an address string ..."). A container's own
+ * key is the value just before it (dt_json.h). */
+static const char *dt__cluster_want(const dt__json *j, int32_t in, int32_t key) {
+  int32_t up = j->v[in].parent;
+  if (in == 0) {
+    if (dt__json_eq(j, key, "cluster")) return "'{' (the \"cluster\" object)";
+    if (dt__json_eq(j, key, "task")) return "'{' (the \"task\" object)";
+  } else if (up == 0 && j->v[in].type == DT__JSON_OBJ && dt__json_eq(j, in - 1, "cluster")) {
+    if (dt__json_eq(j, key, "worker") || dt__json_eq(j, key, "ps")) return "'['";
+  } else if (up == 0 && j->v[in].type == DT__JSON_OBJ && dt__json_eq(j, in - 1, "task")) {
+    if (dt__json_eq(j, key, "type")) return "a string (task type \"worker\" or \"ps\")";
+    if (dt__json_eq(j, key, "index")) return "a number (task index)";
+  } else if (up > 0 && j->v[in].type == DT__JSON_ARR && j->v[up].parent == 0 && dt__json_eq(j, up - 1, "cluster") &&
+             (dt__json_eq(j, in - 1, "worker") || dt__json_eq(j, in - 1, "ps"))) {
+    return "an address string \"host:port\"";
+  }
+  return NULL;
 }
 
-static dt_result dt__cluster_expected(const dt__cluster_json *p, const char *what) {
+/* "<src>: byte N: expected <what>, found <what is there>", the reader's style. */
+static dt_result dt__cluster_expected_at(const dt__json *j, const char *src, size_t pos, const char *what) {
   char f[16];
-  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: expected %s, found %s", p->src, p->i, what,
-                   dt__cluster_found(p, f, sizeof f));
+  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: expected %s, found %s", src, pos, what,
+                   dt__json_found(j->s, j->n, pos, f, sizeof f));
 }
 
-static int dt__cluster_peek(const dt__cluster_json *p) { return p->i < p->n ? p->s[p->i] : -1; }
-
-static void dt__cluster_ws(dt__cluster_json *p) {
-  while (p->i < p->n) {
-    int ch = p->s[p->i];
-    if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') break;
-    p->i++;
-  }
+/* Value val (member key of object in, or an element of array in when key is -1) is not what dt__cluster_want says. */
+static dt_result dt__cluster_expected(const dt__cluster_doc *d, int32_t in, int32_t key, int32_t val) {
+  return dt__cluster_expected_at(d->j, d->src, d->j->v[val].pos, dt__cluster_want(d->j, in, key));
 }
 
-static int dt__cluster_hexval(int ch) {
-  if (ch >= '0' && ch <= '9') return ch - '0';
-  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-  return -1;
+static dt_result dt__cluster_dup_key(const dt__cluster_doc *d, int32_t key) {
+  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: duplicate key \"%s\"", d->src, d->j->v[key].pos,
+                   dt__json_str(d->j, key));
 }
 
-/* Four hex digits at p->i (advanced past them), or -1 and an error. */
-static long dt__cluster_u4(dt__cluster_json *p) {
-  long v = 0;
-  for (int k = 0; k < 4; k++) {
-    int h = p->i < p->n ? dt__cluster_hexval(p->s[p->i]) : -1;
-    if (h < 0) {
-      dt__cluster_expected(p, "a hex digit in \\u escape");
-      return -1;
-    }
-    v = v * 16 + h;
-    p->i++;
-  }
-  return v;
-}
-
-/* Append code point cp as UTF-8 to out (only the bytes that fit in cap-1). */
-static void dt__cluster_emit(char *out, size_t cap, size_t *len, unsigned long cp) {
-  unsigned char u[4];
-  int k;
-  if (cp < 0x80) {
-    u[0] = (unsigned char)cp;
-    k = 1;
-  } else if (cp < 0x800) {
-    u[0] = (unsigned char)(0xC0 | (cp >> 6));
-    u[1] = (unsigned char)(0x80 | (cp & 0x3F));
-    k = 2;
-  } else if (cp < 0x10000) {
-    u[0] = (unsigned char)(0xE0 | (cp >> 12));
-    u[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    u[2] = (unsigned char)(0x80 | (cp & 0x3F));
-    k = 3;
-  } else {
-    u[0] = (unsigned char)(0xF0 | (cp >> 18));
-    u[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    u[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    u[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    k = 4;
-  }
-  for (int j = 0; j < k; j++) {
-    if (out && *len + 1 < cap) out[*len] = (char)u[j];
-    (*len)++;
-  }
-}
-
-/* A string at p->i (which must be '"'): decoded into out (cap bytes, NUL
- * terminated, truncated if longer; out may be NULL); *len gets the whole
- * decoded length. */
-static dt_result dt__cluster_string(dt__cluster_json *p, char *out, size_t cap, size_t *len) {
-  *len = 0;
-  if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "'\"'");
-  p->i++;
-  for (;;) {
-    if (p->i >= p->n) return dt__cluster_expected(p, "'\"' to close the string");
-    int ch = p->s[p->i];
-    if (ch == '"') {
-      p->i++;
-      break;
-    }
-    if (ch < 0x20) return dt__cluster_expected(p, "a string character (control characters must be escaped)");
-    if (ch == '\\') {
-      p->i++;
-      int e = dt__cluster_peek(p);
-      unsigned long cp;
-      switch (e) {
-        case '"': cp = '"'; break;
-        case '\\': cp = '\\'; break;
-        case '/': cp = '/'; break;
-        case 'b': cp = '\b'; break;
-        case 'f': cp = '\f'; break;
-        case 'n': cp = '\n'; break;
-        case 'r': cp = '\r'; break;
-        case 't': cp = '\t'; break;
-        case 'u': {
-          p->i++;
-          long hi = dt__cluster_u4(p);
-          if (hi < 0) return DTRAIN_ERR_FORMAT;
-          if (hi >= 0xDC00 && hi <= 0xDFFF) {
-            p->i -= 4;
-            return dt__cluster_expected(p, "a \\u escape that is not a lone low surrogate");
-          }
-          if (hi >= 0xD800 && hi <= 0xDBFF) {
-            if (p->i + 1 >= p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u')
-              return dt__cluster_expected(p, "'\\u' with the low half of a surrogate pair");
-            p->i += 2;
-            long lo = dt__cluster_u4(p);
-            if (lo < 0) return DTRAIN_ERR_FORMAT;
-            if (lo < 0xDC00 || lo > 0xDFFF) {
-              p->i -= 4;
-              return dt__cluster_expected(p, "a low surrogate (DC00..DFFF)");
-            }
-            cp = 0x10000ul + (((unsigned long)hi - 0xD800ul) << 10) + ((unsigned long)lo - 0xDC00ul);
-          } else {
-            cp = (unsigned long)hi;
-          }
-          dt__cluster_emit(out, cap, len, cp);
-          continue;
-        }
-        default: return dt__cluster_expected(p, "an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
-      }
-      p->i++;
-      dt__cluster_emit(out, cap, len, cp);
-      continue;
-    }
-    if (ch < 0x80) {
-      dt__cluster_emit(out, cap, len, (unsigned long)ch);
-      p->i++;
-      continue;
-    }
-    /* UTF-8: the sequence's length from the lead byte; no overlong forms,
-     * no surrogates, nothing above U+10FFFF. */
-    int k;
-    unsigned long cp, min;
-    if (ch >= 0xC2 && ch <= 0xDF) {
-      k = 1;
-      cp = (unsigned long)(ch & 0x1F);
-      min = 0x80;
-    } else if (ch >= 0xE0 && ch <= 0xEF) {
-      k = 2;
-      cp = (unsigned long)(ch & 0x0F);
-      min = 0x800;
-    } else if (ch >= 0xF0 && ch <= 0xF4) {
-      k = 3;
-      cp = (unsigned long)(ch & 0x07);
-      min = 0x10000;
-    } else {
-      return dt__cluster_expected(p, "valid UTF-8 in a string");
-    }
-    size_t start = p->i;
-    p->i++;
-    for (int j = 0; j < k; j++) {
-      if (p->i >= p->n || (p->s[p->i] & 0xC0) != 0x80) return dt__cluster_expected(p, "a UTF-8 continuation byte");
-      cp = (cp << 6) | (p->s[p->i] & 0x3Fu);
-      p->i++;
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      p->i = start;
-      return dt__cluster_expected(p, "valid UTF-8 in a string (overlong, surrogate or too large)");
-    }
-    dt__cluster_emit(out, cap, len, cp);
-  }
-  if (out && cap > 0) out[*len < cap ? *len : cap - 1] = '\0';
-  return DTRAIN_OK;
-}
-
-/* A number (RFC 8259 grammar). *ival gets its value when it is an integer
- * in 0..INT_MAX (no fraction or exponent), else -1. */
-static dt_result dt__cluster_number(dt__cluster_json *p, long *ival) {
-  int neg = 0, integral = 1;
-  int64_t v = 0; /* saturates just above INT_MAX */
-  if (dt__cluster_peek(p) == '-') {
-    neg = 1;
-    p->i++;
-  }
-  int ch = dt__cluster_peek(p);
-  if (ch == '0') {
-    p->i++;
-  } else if (ch >= '1' && ch <= '9') {
-    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') {
-      v = v * 10 + (ch - '0');
-      if (v > INT_MAX) v = (int64_t)INT_MAX + 1;
-      p->i++;
-    }
-  } else {
-    return dt__cluster_expected(p, "a digit");
-  }
-  if (dt__cluster_peek(p) == '.') {
-    integral = 0;
-    p->i++;
-    if ((ch = dt__cluster_peek(p)) < '0' || ch > '9') return dt__cluster_expected(p, "a digit after '.'");
-    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') p->i++;
-  }
-  ch = dt__cluster_peek(p);
-  if (ch == 'e' || ch == 'E') {
-    integral = 0;
-    p->i++;
-    ch = dt__cluster_peek(p);
-    if (ch == '+' || ch == '-') p->i++;
-    if ((ch = dt__cluster_peek(p)) < '0' || ch > '9') return dt__cluster_expected(p, "a digit in the exponent");
-    while ((ch = dt__cluster_peek(p)) >= '0' && ch <= '9') p->i++;
-  }
-  *ival = (integral && !(neg && v != 0) && v <= INT_MAX) ? (long)v : -1;
-  return DTRAIN_OK;
-}
-
-static dt_result dt__cluster_value(dt__cluster_json *p, int depth);
-
-static dt_result dt__cluster_open(dt__cluster_json *p, int depth, int ch) {
-  if (depth >= DT__CLUSTER_MAX_DEPTH)
-    return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: nesting deeper than %d levels", p->src, p->i,
-                     DT__CLUSTER_MAX_DEPTH);
-  if (dt__cluster_peek(p) != ch) return dt__cluster_expected(p, ch == '{' ? "'{'" : "'['");
-  p->i++;
-  return DTRAIN_OK;
-}
-
-/* The next member of an object whose '{' was consumed: *more = 0 at its '}'
- * (consumed); otherwise the key is decoded into key (cap bytes; *klen its
- * whole length), the ':' consumed and the position is at the value. */
-static dt_result dt__cluster_member(dt__cluster_json *p, int *members, char *key, size_t cap, size_t *klen,
-                                    int *more) {
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) == '}' ) {
-    p->i++;
-    *more = 0;
-    return DTRAIN_OK;
-  }
-  if (*members > 0) {
-    if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or '}'");
-    p->i++;
-    dt__cluster_ws(p);
-  }
-  if (dt__cluster_peek(p) != '"')
-    return dt__cluster_expected(p, *members > 0 ? "a string (object key)" : "a string (object key) or '}'");
-  dt_result rc = dt__cluster_string(p, key, cap, klen);
-  if (rc != DTRAIN_OK) return rc;
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) != ':') return dt__cluster_expected(p, "':' after the object key");
-  p->i++;
-  dt__cluster_ws(p);
-  (*members)++;
-  *more = 1;
-  return DTRAIN_OK;
-}
-
-static int dt__cluster_key_is(const char *key, size_t klen, const char *name) {
-  return klen == strlen(name) && memcmp(key, name, klen) == 0;
-}
-
-static dt_result dt__cluster_literal(dt__cluster_json *p, const char *word) {
-  size_t n = strlen(word);
-  for (size_t k = 0; k < n; k++) {
-    if (p->i >= p->n || p->s[p->i] != (unsigned char)word[k]) {
-      char what[16];
-      snprintf(what, sizeof what, "'%s'", word);
-      return dt__cluster_expected(p, what);
-    }
-    p->i++;
-  }
-  return DTRAIN_OK;
-}
-
-/* Any value, checked and skipped. */
-static dt_result dt__cluster_value(dt__cluster_json *p, int depth) {
-  dt_result rc;
-  char key[8];
-  size_t klen;
-  long iv;
-  int ch = dt__cluster_peek(p), n = 0, more = 1;
-  switch (ch) {
-    case '{':
-      if ((rc = dt__cluster_open(p, depth, '{')) != DTRAIN_OK) return rc;
-      for (;;) {
-        if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK) return rc;
-        if (!more) return DTRAIN_OK;
-        if ((rc = dt__cluster_value(p, depth + 1)) != DTRAIN_OK) return rc;
-      }
-    case '[':
-      if ((rc = dt__cluster_open(p, depth, '[')) != DTRAIN_OK) return rc;
-      dt__cluster_ws(p);
-      if (dt__cluster_peek(p) == ']') {
-        p->i++;
-        return DTRAIN_OK;
-      }
-      for (;;) {
-        dt__cluster_ws(p);
-        if ((rc = dt__cluster_value(p, depth + 1)) != DTRAIN_OK) return rc;
-        dt__cluster_ws(p);
-        if (dt__cluster_peek(p) == ']') {
-          p->i++;
-          return DTRAIN_OK;
-        }
-        if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or ']'");
-        p->i++;
-      }
-    case '"': return dt__cluster_string(p, NULL, 0, &klen);
-    case 't': return dt__cluster_literal(p, "true");
-    case 'f': return dt__cluster_literal(p, "false");
-    case 'n': return dt__cluster_literal(p, "null");
-    default:
-      if (ch == '-' || (ch >= '0' && ch <= '9')) return dt__cluster_number(p, &iv);
-      return dt__cluster_expected(p, "a value (object, array, string, number, true, false or null)");
-  }
-}
-
-/* "worker": [...] or "ps": [...] at depth 2. */
-static dt_result dt__cluster_list(dt__cluster_json *p, dt_role role) {
+/* "worker": [...] or "ps": [...]: every address checked and counted. */
+static dt_result dt__cluster_list(dt__cluster_doc *d, int32_t arr, dt_role role) {
+  const dt__json *j = d->j;
   int r = (int)role;
-  dt_result rc = dt__cluster_open(p, 2, '[');
-  if (rc != DTRAIN_OK) return rc;
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) == ']') {
-    p->i++;
-    return DTRAIN_OK;
-  }
-  for (;;) {
-    char a[DT__CLUSTER_ADDR_MAX + 2], why[96];
-    size_t len, at;
-    dt__cluster_ws(p);
-    at = p->i;
-    if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "an address string \"host:port\"");
-    if ((rc = dt__cluster_string(p, a, sizeof a, &len)) != DTRAIN_OK) return rc;
-    if (p->count[r] >= DTRAIN_MAX_PEERS)
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: more than %d %s addresses", p->src, at,
+  if (j->v[arr].type != DT__JSON_ARR) return dt__cluster_expected(d, j->v[arr].parent, arr - 1, arr);
+  d->list[r] = arr;
+  for (int32_t e = j->v[arr].child; e >= 0; e = j->v[e].next) {
+    char why[96];
+    if (j->v[e].type != DT__JSON_STR) return dt__cluster_expected(d, arr, -1, e);
+    const char *a = dt__json_str(j, e);
+    size_t len = j->v[e].len;
+    if (d->count[r] >= DTRAIN_MAX_PEERS)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: more than %d %s addresses", d->src, j->v[e].pos,
                        DTRAIN_MAX_PEERS, dt__cluster_role_name(role));
     if (!dt__cluster_addr_ok(a, len, why, sizeof why))
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: %s %d address '%.*s' %s", p->src, at,
-                       dt__cluster_role_name(role), p->count[r], 64, a, why);
-    if (p->fill) {
-      char **slots = role == DTRAIN_ROLE_PS ? p->fill->server_addr : p->fill->worker_addr;
-      dt__cluster_put(&slots[p->count[r]], &p->strs, a, len);
-    } else {
-      p->str_bytes += len + 1;
-    }
-    p->count[r]++;
-    dt__cluster_ws(p);
-    if (dt__cluster_peek(p) == ']') {
-      p->i++;
-      return DTRAIN_OK;
-    }
-    if (dt__cluster_peek(p) != ',') return dt__cluster_expected(p, "',' or ']'");
-    p->i++;
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: byte %zu: %s %d address '%.*s' %s", d->src, j->v[e].pos,
+                       dt__cluster_role_name(role), d->count[r], 64, a, why);
+    d->str_bytes += len + 1;
+    d->count[r]++;
   }
+  return DTRAIN_OK;
 }
 
-static dt_result dt__cluster_dup_key(const dt__cluster_json *p, size_t at, const char *key) {
-  return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: duplicate key \"%s\"", p->src, at, key);
-}
+/* The members of object obj, key and value, in order. */
+#define DT__CLUSTER_MEMBERS(j, obj, k, val) \
+  for (int32_t k = (j)->v[obj].child, val = k >= 0 ? (j)->v[k].next : -1; k >= 0; \
+       k = (j)->v[val].next, val = k >= 0 ? (j)->v[k].next : -1)
 
-static dt_result dt__cluster_cluster_obj(dt__cluster_json *p) {
-  dt_result rc = dt__cluster_open(p, 1, '{');
-  int n = 0, more = 1;
-  char key[16];
-  size_t klen;
-  while (rc == DTRAIN_OK) {
-    size_t at = p->i;
-    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK || !more) break;
-    int which = dt__cluster_key_is(key, klen, "worker") ? 0 : dt__cluster_key_is(key, klen, "ps") ? 1 : -1;
-    if (which < 0) {
-      rc = dt__cluster_value(p, 2);
-    } else if (p->have_list[which]) {
-      rc = dt__cluster_dup_key(p, at, key);
-    } else {
-      p->have_list[which] = 1;
-      rc = dt__cluster_list(p, which ? DTRAIN_ROLE_PS : DTRAIN_ROLE_WORKER);
-    }
+static dt_result dt__cluster_cluster_obj(dt__cluster_doc *d, int32_t obj) {
+  dt_result rc = DTRAIN_OK;
+  int have[2] = {0, 0};
+  DT__CLUSTER_MEMBERS(d->j, obj, k, val) {
+    int which = dt__json_eq(d->j, k, "worker") ? 0 : dt__json_eq(d->j, k, "ps") ? 1 : -1;
+    if (which < 0) continue; /* other jobs ("chief", ...) are not ours */
+    if (have[which]) return dt__cluster_dup_key(d, k);
+    have[which] = 1;
+    if ((rc = dt__cluster_list(d, val, which ? DTRAIN_ROLE_PS : DTRAIN_ROLE_WORKER)) != DTRAIN_OK) return rc;
   }
   return rc;
 }
 
-static dt_result dt__cluster_task_obj(dt__cluster_json *p) {
-  dt_result rc = dt__cluster_open(p, 1, '{');
-  int n = 0, more = 1;
-  char key[16], type[16];
-  size_t klen, tlen;
-  long iv;
-  while (rc == DTRAIN_OK) {
-    size_t at = p->i;
-    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK || !more) break;
-    if (dt__cluster_key_is(key, klen, "type")) {
-      if (p->have_type) return dt__cluster_dup_key(p, at, key);
-      p->have_type = 1;
-      at = p->i;
-      if (dt__cluster_peek(p) != '"') return dt__cluster_expected(p, "a string (task type \"worker\" or \"ps\")");
-      if ((rc = dt__cluster_string(p, type, sizeof type, &tlen)) != DTRAIN_OK) return rc;
-      if (dt__cluster_key_is(type, tlen, "worker")) {
-        p->role = DTRAIN_ROLE_WORKER;
-      } else if (dt__cluster_key_is(type, tlen, "ps")) {
-        p->role = DTRAIN_ROLE_PS;
+static dt_result dt__cluster_task_obj(dt__cluster_doc *d, int32_t obj) {
+  const dt__json *j = d->j;
+  DT__CLUSTER_MEMBERS(j, obj, k, val) {
+    if (dt__json_eq(j, k, "type")) {
+      if (d->have_type) return dt__cluster_dup_key(d, k);
+      d->have_type = 1;
+      if (j->v[val].type != DT__JSON_STR) return dt__cluster_expected(d, obj, k, val);
+      if (dt__json_eq(j, val, "worker")) {
+        d->role = DTRAIN_ROLE_WORKER;
+      } else if (dt__json_eq(j, val, "ps")) {
+        d->role = DTRAIN_ROLE_PS;
       } else {
         return dt__error(DTRAIN_ERR_INVALID_ARG,
-                         "%s: byte %zu: task type \"%.*s\" is not supported (expected \"worker\" or \"ps\")", p->src,
-                         at, 15, type);
+                         "%s: byte %zu: task type \"%.*s\" is not supported (expected \"worker\" or \"ps\")", d->src,
+                         j->v[val].pos, 15, dt__json_str(j, val));
       }
-    } else if (dt__cluster_key_is(key, klen, "index")) {
-      if (p->have_index) return dt__cluster_dup_key(p, at, key);
-      p->have_index = 1;
-      at = p->i;
-      int ch = dt__cluster_peek(p);
-      if (ch != '-' && (ch < '0' || ch > '9')) return dt__cluster_expected(p, "a number (task index)");
-      if ((rc = dt__cluster_number(p, &iv)) != DTRAIN_OK) return rc;
-      if (iv < 0) {
-        p->i = at;
-        return dt__cluster_expected(p, "a non-negative integer (task index)");
-      }
-      p->index = (int)iv;
-    } else {
-      rc = dt__cluster_value(p, 2);
+    } else if (dt__json_eq(j, k, "index")) {
+      if (d->have_index) return dt__cluster_dup_key(d, k);
+      d->have_index = 1;
+      if (j->v[val].type != DT__JSON_NUM) return dt__cluster_expected(d, obj, k, val);
+      /* An integer in 0..INT_MAX; "-0" is 0 (the JSON grammar allows it). */
+      uint64_t v = 0;
+      const dt__json_val *x = &j->v[val];
+      int minus_zero = x->len == 2 && memcmp(j->s + x->off, "-0", 2) == 0;
+      if (!minus_zero && (!dt__json_uint(j, val, &v) || v > (uint64_t)INT_MAX))
+        return dt__cluster_expected_at(j, d->src, x->pos, "a non-negative integer (task index)");
+      d->index = (int)v;
     }
   }
-  return rc;
+  return DTRAIN_OK;
 }
 
-static dt_result dt__cluster_top(dt__cluster_json *p) {
-  dt_result rc;
-  int n = 0, more = 1;
-  char key[16];
-  size_t klen;
-  dt__cluster_ws(p);
-  if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (a JSON object)");
-  if ((rc = dt__cluster_open(p, 0, '{')) != DTRAIN_OK) return rc;
-  for (;;) {
-    size_t at = p->i;
-    if ((rc = dt__cluster_member(p, &n, key, sizeof key, &klen, &more)) != DTRAIN_OK) return rc;
-    if (!more) break;
-    if (dt__cluster_key_is(key, klen, "cluster")) {
-      if (p->have_cluster) return dt__cluster_dup_key(p, at, key);
-      p->have_cluster = 1;
-      if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (the \"cluster\" object)");
-      rc = dt__cluster_cluster_obj(p);
-    } else if (dt__cluster_key_is(key, klen, "task")) {
-      if (p->have_task) return dt__cluster_dup_key(p, at, key);
-      p->have_task = 1;
-      if (dt__cluster_peek(p) != '{') return dt__cluster_expected(p, "'{' (the \"task\" object)");
-      rc = dt__cluster_task_obj(p);
-    } else {
-      rc = dt__cluster_value(p, 1);
+static dt_result dt__cluster_top(dt__cluster_doc *d) {
+  const dt__json *j = d->j;
+  dt_result rc = DTRAIN_OK;
+  DT__CLUSTER_MEMBERS(j, 0, k, val) {
+    if (dt__json_eq(j, k, "cluster")) {
+      if (d->have_cluster) return dt__cluster_dup_key(d, k);
+      d->have_cluster = 1;
+      if (j->v[val].type != DT__JSON_OBJ) return dt__cluster_expected(d, 0, k, val);
+      rc = dt__cluster_cluster_obj(d, val);
+    } else if (dt__json_eq(j, k, "task")) {
+      if (d->have_task) return dt__cluster_dup_key(d, k);
+      d->have_task = 1;
+      if (j->v[val].type != DT__JSON_OBJ) return dt__cluster_expected(d, 0, k, val);
+      rc = dt__cluster_task_obj(d, val);
     }
     if (rc != DTRAIN_OK) return rc;
   }
-  dt__cluster_ws(p);
-  if (p->i < p->n) return dt__cluster_expected(p, "end of text after the JSON object");
-  if (!p->have_cluster) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"cluster\"", p->src);
-  if (!p->have_task) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"task\"", p->src);
-  if (!p->have_type) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"type\" in \"task\"", p->src);
-  if (!p->have_index) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"index\" in \"task\"", p->src);
-  if (p->count[0] == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: \"cluster\" lists no \"worker\" addresses", p->src);
+  if (!d->have_cluster) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"cluster\"", d->src);
+  if (!d->have_task) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"task\"", d->src);
+  if (!d->have_type) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"type\" in \"task\"", d->src);
+  if (!d->have_index) return dt__error(DTRAIN_ERR_FORMAT, "%s: missing key \"index\" in \"task\"", d->src);
+  if (d->count[0] == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: \"cluster\" lists no \"worker\" addresses", d->src);
   return DTRAIN_OK;
 }
 
+/* The whole text is checked by the shared reader first (dt_json.c), then
+ * the values are walked for the keys this file knows. */
 static dt_result dt__cluster_parse(const char *json, const char *src, dt_cluster **out) {
-  dt__cluster_json p;
-  memset(&p, 0, sizeof p);
-  p.s = (const unsigned char *)json;
-  p.n = strlen(json);
-  p.src = src;
-  dt_result rc = dt__cluster_top(&p);
-  if (rc != DTRAIN_OK) return rc;
-  dt__cluster_json q;
-  memset(&q, 0, sizeof q);
-  q.s = p.s;
-  q.n = p.n;
-  q.src = src;
-  q.fill = dt__cluster_new(p.count[0], p.count[1], p.str_bytes, &q.strs);
-  if (!q.fill) return DTRAIN_ERR_NOMEM;
-  rc = dt__cluster_top(&q); /* the text passed once: this pass only fills */
-  if (rc == DTRAIN_OK) {
-    q.fill->role = q.role;
-    q.fill->index = q.index;
-    rc = dt__cluster_check(q.fill, src);
-  }
-  if (rc != DTRAIN_OK) {
-    dt_cluster_destroy(q.fill);
+  const unsigned char *s = (const unsigned char *)json;
+  size_t n = strlen(json), i = 0;
+  char f[16];
+  while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++;
+  if (i >= n || s[i] != '{')
+    return dt__error(DTRAIN_ERR_FORMAT, "%s: byte %zu: expected '{' (a JSON object), found %s", src, i,
+                     dt__json_found(s, n, i, f, sizeof f));
+  dt__json j;
+  dt_result rc;
+  if (!dt__json_parse(&j, json, n, DT__CLUSTER_MAX_DEPTH, 1)) {
+    /* No value where this file wants a particular one: say which. */
+    const char *want = NULL;
+    if (j.err_value && j.err_in >= 0)
+      want = dt__cluster_want(&j, j.err_in, j.v[j.err_in].type == DT__JSON_OBJ ? (int32_t)j.nv - 1 : -1);
+    if (want)
+      rc = dt__cluster_expected_at(&j, src, j.err_pos, want);
+    else
+      rc = dt__error(j.nomem ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_FORMAT, "%s: %s", src, j.err);
+    dt__json_free(&j);
     return rc;
   }
-  *out = q.fill;
+  dt__cluster_doc d;
+  memset(&d, 0, sizeof d);
+  d.j = &j;
+  d.src = src;
+  d.list[0] = d.list[1] = -1;
+  rc = dt__cluster_top(&d);
+  dt_cluster *c = NULL;
+  if (rc == DTRAIN_OK) {
+    char *strs;
+    c = dt__cluster_new(d.count[0], d.count[1], d.str_bytes, &strs);
+    if (!c) rc = DTRAIN_ERR_NOMEM;
+    for (int r = 0; c && r < 2; r++) {
+      char **slots = r ? c->server_addr : c->worker_addr;
+      int k = 0;
+      for (int32_t e = d.list[r] >= 0 ? j.v[d.list[r]].child : -1; e >= 0; e = j.v[e].next)
+        dt__cluster_put(&slots[k++], &strs, dt__json_str(&j, e), j.v[e].len);
+    }
+  }
+  if (c) {
+    c->role = d.role;
+    c->index = d.index;
+    rc = dt__cluster_check(c, src);
+  }
+  dt__json_free(&j);
+  if (rc != DTRAIN_OK) {
+    dt_cluster_destroy(c);
+    return rc;
+  }
+  *out = c;
   return DTRAIN_OK;
 }
 
@@ -1043,5 +744,6 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
 }
 
 #undef DT__CLUSTER_MAX_DEPTH
+#undef DT__CLUSTER_MEMBERS
 #undef DT__CLUSTER_ADDR_MAX
 #undef DT__CLUSTER_DEFAULT_PORT

@@ -26,6 +26,7 @@
 #include "dt_tensor_internal.h"
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
+#include "dt_data_core.h"
 
 #ifdef DTRAIN_USE_ZLIB
 #  include <zlib.h>
@@ -221,8 +222,7 @@ static int dt__inflate_decode(dt__inflater *s, const dt__huff *h) {
 static int dt__inflate_stored(dt__inflater *s) {
   dt__inflate_align(s);
   if (s->len - s->pos < 4) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block header");
-  unsigned n = (unsigned)s->in[s->pos] | (unsigned)s->in[s->pos + 1] << 8;
-  unsigned nc = (unsigned)s->in[s->pos + 2] | (unsigned)s->in[s->pos + 3] << 8;
+  unsigned n = dt__get_le16(s->in + s->pos), nc = dt__get_le16(s->in + s->pos + 2);
   if ((n ^ 0xFFFFu) != nc) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "stored block length check (LEN/NLEN) fails");
   s->pos += 4;
   if (s->len - s->pos < n) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block");
@@ -468,13 +468,7 @@ DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_b
 #define DT__GZ_FNAME 0x08
 #define DT__GZ_FCOMMENT 0x10
 
-static uint32_t dt__inflate_le32(const unsigned char *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* ctx prefixes every message ("dt_idx_read: 'f.gz'"). Appends to out. */
-DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
-                                        dt_bytes *out);
 DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
                                         dt_bytes *out) {
   dt__crc_table crc;
@@ -485,7 +479,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
    * (at most 258 bytes per 2 bits, about 1032:1), so a forged value cannot
    * make us allocate much. */
   if (len >= 18 && out->cap == 0) {
-    size_t hint = dt__inflate_le32(in + len - 4);
+    size_t hint = dt__get_le32(in + len - 4);
     size_t bound = len > (SIZE_MAX - 1024) / 1032 ? SIZE_MAX - 1024 : len * 1032 + 1024;
     hint = DT__MIN(DT__MIN(hint, bound), limit);
     if (!dt__inflate_reserve(out, hint, limit)) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, hint);
@@ -506,7 +500,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
     pos += 10;
     if (flg & DT__GZ_FEXTRA) {
       if (len - pos < 2) goto truncated_header;
-      size_t xlen = (size_t)in[pos] | (size_t)in[pos + 1] << 8;
+      size_t xlen = dt__get_le16(in + pos);
       pos += 2;
       if (len - pos < xlen) goto truncated_header;
       pos += xlen;
@@ -519,7 +513,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
     }
     if (flg & DT__GZ_FHCRC) {
       if (len - pos < 2) goto truncated_header;
-      uint32_t want = (uint32_t)in[pos] | (uint32_t)in[pos + 1] << 8;
+      uint32_t want = dt__get_le16(in + pos);
       uint32_t got = dt__inflate_crc(&crc, 0, in + start, pos - start) & 0xFFFFu;
       if (want != got)
         return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: header CRC mismatch (stored 0x%04x, computed 0x%04x)",
@@ -537,7 +531,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
     pos += used;
     if (len - pos < 8)
       return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated (the CRC-32/ISIZE trailer is missing)", ctx);
-    uint32_t want_crc = dt__inflate_le32(in + pos), want_size = dt__inflate_le32(in + pos + 4);
+    uint32_t want_crc = dt__get_le32(in + pos), want_size = dt__get_le32(in + pos + 4);
     uint32_t got_crc = dt__inflate_crc(&crc, 0, out->data + before, out->size - before);
     uint32_t got_size = (uint32_t)((out->size - before) & 0xFFFFFFFFu);
     if (want_crc != got_crc)

@@ -83,7 +83,6 @@ DTRAIN_PRIVATE void *dt__calloc(size_t size);
 DTRAIN_PRIVATE void dt__free(void *ptr, size_t size);
 /* Grow a block: copies min(old,new) bytes; frees the old on success only. */
 DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size);
-DTRAIN_PRIVATE char *dt__strdup(const char *s, size_t *out_size);
 
 /* Record a thread-local error (and log it at `level`); returns code. */
 DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) DT__PRINTF(2, 3);
@@ -99,6 +98,67 @@ DTRAIN_PRIVATE dt_result dt__quiet_pop(dt_result rc);
 
 /* a*b with overflow check into *out; returns 0 on overflow. */
 DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
+
+/* ---- bytes: fixed byte order and FNV-1a ----------------------------------------------
+ * Files and the wire are little-endian whatever the host is, so fields are
+ * read and written a byte at a time (IDX, the one big-endian format, has
+ * dt__get_be32). dt__fnv1a64 is 64-bit FNV-1a: start from DT__FNV64_OFFSET,
+ * feed bytes; a hash of several pieces chains h through the calls. */
+#define DT__FNV64_OFFSET 0xcbf29ce484222325ULL
+#define DT__FNV64_PRIME 0x100000001b3ULL
+static DT__UNUSED uint16_t dt__get_le16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static DT__UNUSED uint32_t dt__get_le32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static DT__UNUSED uint64_t dt__get_le64(const unsigned char *p) {
+  return (uint64_t)dt__get_le32(p) | (uint64_t)dt__get_le32(p + 4) << 32;
+}
+static DT__UNUSED uint32_t dt__get_be32(const unsigned char *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+static DT__UNUSED void dt__put_le16(unsigned char *p, uint16_t v) {
+  p[0] = (unsigned char)v;
+  p[1] = (unsigned char)(v >> 8);
+}
+static DT__UNUSED void dt__put_le32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static DT__UNUSED void dt__put_le64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+/* n floats to/from their little-endian IEEE-754 bytes (4 per float); a
+ * plain copy on a host known to be little-endian. */
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#  define DT__HOST_LE 1
+#else
+#  define DT__HOST_LE 0
+#endif
+static DT__UNUSED void dt__put_f32le(unsigned char *dst, const float *src, size_t n) {
+  if (DT__HOST_LE) {
+    if (n) memcpy(dst, src, 4 * n);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &src[i], 4);
+    dt__put_le32(dst + 4 * i, u);
+  }
+}
+static DT__UNUSED void dt__get_f32le(float *dst, const unsigned char *src, size_t n) {
+  if (DT__HOST_LE) {
+    if (n) memcpy(dst, src, 4 * n);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u = dt__get_le32(src + 4 * i);
+    memcpy(&dst[i], &u, 4);
+  }
+}
+static DT__UNUSED uint64_t dt__fnv1a64(uint64_t h, const void *data, size_t n) {
+  const unsigned char *b = (const unsigned char *)data;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * DT__FNV64_PRIME;
+  return h;
+}
 
 /* ---- RNG (dt_rng.c) ---------------------------------------------------------- */
 DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);

@@ -1,0 +1,33 @@
+/* ===========================================================================
+ * dt_data_core.h -- what the data files share: whole files (gunzipped when
+ * they are gzip data) and new datasets
+ * ===========================================================================
+ * dt_data.c: files, datasets, the loader; dt_data_idx.c: IDX and
+ * Fashion-MNIST; dt_data_npy.c: NPY; dt_data_text.c: CSV and text corpora;
+ * dt_inflate.c: gzip.
+ */
+#ifndef DTRAIN_DATA_CORE_H
+#define DTRAIN_DATA_CORE_H
+
+#include "dt_internal.h"
+
+#define DT__DATA_CTX 384 /* a message prefix: "<function>: '<path>'" */
+
+/* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
+DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
+                                        dt_bytes *out);
+/* The whole file at path into *out (who: the public function, for messages);
+ * gunzipped when gz and the data has the gzip magic. UNSUPPORTED with
+ * DTRAIN_NO_STDIO. */
+DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out);
+/* Bytes of a parse_* input, gunzipped into tmp when they are gzip data
+ * (*p and *len then point at tmp's bytes; free tmp after use). */
+DTRAIN_PRIVATE dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p, size_t *len, dt_bytes *tmp);
+/* A zeroed dataset of n samples of the given shape (and n labels when
+ * with_labels), all sizes checked; who names the caller in messages. */
+DTRAIN_PRIVATE dt_result dt__data_ds_new(const char *who, dt_dataset **out, int64_t n, int ndim, const int64_t *shape,
+                                         int with_labels);
+/* Labels must be >= 0; sets num_classes to max + 1. */
+DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds);
+
+#endif /* DTRAIN_DATA_CORE_H */
