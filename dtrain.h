@@ -16275,12 +16275,12 @@ DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
  * strategy kind (module) fills, and the helpers the modules share
  * ===========================================================================
  * Every strategy kind is a module: one file (dt_strategy_<kind>.c) that
- * fills one dt__strategy_module table, returned by its getter and listed in
- * dt__strategy_modules (dt_strategy.c) at the index of its dt_strategy_kind.
+ * fills one dt__strategy_module table, returned by its getter, which is
+ * listed in DT__STRATEGY_MODULES below at the place of its dt_strategy_kind.
  * dt_strategy.c is the front door: it checks the arguments, builds what
  * every kind needs (replica graphs, the thread pool, statistics) and calls
- * the table. Adding a kind is one new file, one getter declared below and
- * one table entry. Everything here is DTRAIN_PRIVATE.
+ * the table. Adding a kind is one new file (listed in src/MANIFEST) and one
+ * line in that list. Everything here is DTRAIN_PRIVATE.
  *
  *   file                          what
  *   dt_strategy.c                 front door; the helpers below
@@ -16430,14 +16430,21 @@ struct dt__strategy_module {
   void (*destroy)(dt_strategy *s);
 };
 
-/* The modules' getters (a function, not an object: C++ has no forward
- * declaration of a static const object). */
-DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_one_device_module(void);
-DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mirrored_module(void);
-DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_central_module(void);
-DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_async_module(void);
-DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mwm_module(void);
-DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_ps_module(void);
+/* The modules, in dt_strategy_kind order: X(getter) each, where the module's
+ * file defines `const dt__strategy_module *getter(void)` (a function, not
+ * an object: C++ has no forward declaration of a static const object). This
+ * list yields both the declarations below and dt_strategy.c's table. */
+#define DT__STRATEGY_MODULES(X)                                   \
+  X(dt__strategy_one_device_module) /* ONE_DEVICE */              \
+  X(dt__strategy_mirrored_module)   /* MIRRORED */                \
+  X(dt__strategy_central_module)    /* CENTRAL_STORAGE */         \
+  X(dt__strategy_async_module)      /* ASYNC */                   \
+  X(dt__strategy_mwm_module)        /* MULTI_WORKER_MIRRORED */   \
+  X(dt__strategy_ps_module)         /* PARAMETER_SERVER */
+
+#define DT__STRATEGY_DECLARE(getter) DTRAIN_PRIVATE const dt__strategy_module *getter(void);
+DT__STRATEGY_MODULES(DT__STRATEGY_DECLARE)
+#undef DT__STRATEGY_DECLARE
 
 /* ---- shared helpers (dt_strategy.c) ------------------------------------------------------ */
 
@@ -16561,15 +16568,10 @@ DTRAIN_PRIVATE dt_result dt__strategy_dev_copy(dt_strategy *s, int r, float *dst
 
 /* ---- the modules ------------------------------------------------------------------------ */
 
-/* Indexed by dt_strategy_kind: a new kind is one more line (and its file). */
-static const dt__strategy_module *(*const dt__strategy_modules[])(void) = {
-  dt__strategy_one_device_module, /* DTRAIN_STRATEGY_ONE_DEVICE */
-  dt__strategy_mirrored_module,   /* DTRAIN_STRATEGY_MIRRORED */
-  dt__strategy_central_module,    /* DTRAIN_STRATEGY_CENTRAL_STORAGE */
-  dt__strategy_async_module,      /* DTRAIN_STRATEGY_ASYNC */
-  dt__strategy_mwm_module,        /* DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED */
-  dt__strategy_ps_module          /* DTRAIN_STRATEGY_PARAMETER_SERVER */
-};
+/* Indexed by dt_strategy_kind (DT__STRATEGY_MODULES in dt_strategy_impl.h). */
+#define DT__STRATEGY_ENTRY(getter) getter,
+static const dt__strategy_module *(*const dt__strategy_modules[])(void) = {DT__STRATEGY_MODULES(DT__STRATEGY_ENTRY)};
+#undef DT__STRATEGY_ENTRY
 #define DT__STRATEGY_KINDS ((int)(sizeof dt__strategy_modules / sizeof dt__strategy_modules[0]))
 
 /* The module of `kind`, or NULL for an unknown kind. */

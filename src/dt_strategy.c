@@ -29,15 +29,10 @@
 
 /* ---- the modules ------------------------------------------------------------------------ */
 
-/* Indexed by dt_strategy_kind: a new kind is one more line (and its file). */
-static const dt__strategy_module *(*const dt__strategy_modules[])(void) = {
-  dt__strategy_one_device_module, /* DTRAIN_STRATEGY_ONE_DEVICE */
-  dt__strategy_mirrored_module,   /* DTRAIN_STRATEGY_MIRRORED */
-  dt__strategy_central_module,    /* DTRAIN_STRATEGY_CENTRAL_STORAGE */
-  dt__strategy_async_module,      /* DTRAIN_STRATEGY_ASYNC */
-  dt__strategy_mwm_module,        /* DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED */
-  dt__strategy_ps_module          /* DTRAIN_STRATEGY_PARAMETER_SERVER */
-};
+/* Indexed by dt_strategy_kind (DT__STRATEGY_MODULES in dt_strategy_impl.h). */
+#define DT__STRATEGY_ENTRY(getter) getter,
+static const dt__strategy_module *(*const dt__strategy_modules[])(void) = {DT__STRATEGY_MODULES(DT__STRATEGY_ENTRY)};
+#undef DT__STRATEGY_ENTRY
 #define DT__STRATEGY_KINDS ((int)(sizeof dt__strategy_modules / sizeof dt__strategy_modules[0]))
 
 /* The module of `kind`, or NULL for an unknown kind. */
