@@ -123,7 +123,7 @@
  *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint*
  *   8  comm      dt_comm dt_comm_mpi dt_devgroup
  *   9  net       dt_net* dt_wire dt_hash dt_frame dt_socket dt_conn dt_handshake dt_comm_tcp* dt_cluster
- *   10 strategy  dt_strategy* dt_pstore* dt_ps*  (the parameter servers: the store, its shards and clients)
+ *   10 strategy  dt_strategy* dt_pstore dt_ps*  (the parameter servers: the store, its shards and clients)
  *   11 fit       dt_fit*
  *
  * MEMORY AND OWNERSHIP
@@ -16824,31 +16824,14 @@ DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const 
 }
 /* ======== end dt_devgroup.c ======== */
 
-/* ======== begin dt_strategy.c ======== */
+/* ======== begin dt_pstore.c ======== */
 /* ===========================================================================
- * dt_strategy.c -- one_device, mirrored, central_storage, async; the
- * in-process lock-free parameter store
+ * dt_pstore.c -- the parameter store's front door (dt_pstore_*) and its
+ * in-process, lock-free backend (dt_pstore_create_local)
  * ===========================================================================
- * A synchronous step (dt__strategy_sync_job, run by every replica's thread):
- *
- *   shard r of the batch -> zero own gradient -> step fn + backward (the
- *   loss gradient weighted by the shard's share) -> [mirrored]
- *   reduce-scatter of the gradients: replica r owns slice r of the sum ->
- *   [central] reduce into the centre's gradient, replica r summing slice r ->
- *   (clip: partial norms, a barrier, the total in rank order) -> (numerics
- *   check, a barrier, so that a bad gradient stops every replica before any
- *   update) -> dt_optim_update on slice r (one optimizer, disjoint ranges:
- *   its state is sharded by slice) -> [mirrored] each replica copies
- *   replica 0's buffers (batch-norm statistics) within its slice, then the
- *   all-gather of the parameters.
- *
- * The caller advances the optimizer once per step after the pool joins.
- * one_device is the same code with one replica and no threads, so mirrored(1)
- * equals it bitwise.
- *
- * An async replica (dt__strategy_async_job) loops: take a ticket, get a
- * batch, pull from the store, forward/backward on its own copy, its own
- * optimizer step, push the difference. See dt_strategy.h for the rules.
+ * The async strategy's replicas train against a local store; a networked
+ * store (dt_ps.c, parameter-server shards) implements the same table. See
+ * "Staleness" and "the parameter store" in dt_strategy.h for the rules.
  */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
@@ -16867,6 +16850,7 @@ DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const 
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
+
 
 /* ---- the in-process parameter store --------------------------------------------------- */
 
@@ -17072,6 +17056,8 @@ DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers,
   return &l->ps;
 }
 
+/* ---- the front door: argument checks, then the backend's table ------------------------------ */
+
 static dt_result dt__pstore_check(dt_pstore *ps, const char *fn, int worker, int64_t clock, size_t n,
                                   const dt_pstore_ticket *tk) {
   if (!ps || !ps->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: store is NULL", fn);
@@ -17126,7 +17112,53 @@ DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
   return (ps && ps->vtable) ? ps->vtable->version(ps) : 0;
 }
 
-/* ---- strategy state ---------------------------------------------------------------------- */
+#undef DT__PSTORE_DONE
+/* ======== end dt_pstore.c ======== */
+
+/* ======== begin dt_strategy_impl.h ======== */
+/* ===========================================================================
+ * dt_strategy_impl.h -- private: the strategy object, the table each
+ * strategy kind (module) fills, and the helpers the modules share
+ * ===========================================================================
+ * Every strategy kind is a module: one file (dt_strategy_<kind>.c) that
+ * fills one dt__strategy_module table, returned by its getter, which is
+ * listed in DT__STRATEGY_MODULES below at the place of its dt_strategy_kind.
+ * dt_strategy.c is the front door: it checks the arguments, builds what
+ * every kind needs (replica graphs, the thread pool, statistics) and calls
+ * the table. Adding a kind is one new file (listed in src/MANIFEST) and one
+ * line in that list. Everything here is DTRAIN_PRIVATE.
+ *
+ *   file                          what
+ *   dt_strategy.c                 front door; the helpers below
+ *   dt_strategy_one_device.c      one replica; central_storage's step
+ *   dt_strategy_mirrored.c        reduce-scatter, slice updates, all-gather
+ *   dt_strategy_central.c         reduce into the centre, slice updates
+ *   dt_strategy_async.c           the async replica loop (also parameter_server's), run()
+ *   dt_strategy_ps.c              parameter_server: the push of (clipped) gradients
+ *   dt_strategy_mwm.c             multi_worker_mirrored: the cross-process all-reduce
+ *   dt_strategy_device.c          replicas on devices: a mode of the kinds with
+ *                                 DT__STRATEGY_DEVICES, not a kind
+ */
+#ifndef DTRAIN_STRATEGY_IMPL_H
+#define DTRAIN_STRATEGY_IMPL_H
+
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
 
 typedef struct dt__strategy_replica {
   dt_graph *g;
@@ -17150,10 +17182,13 @@ typedef struct dt__strategy_replica {
   char pad[DT__ALIGN];     /* keeps the next replica's hot fields off these cache lines */
 } dt__strategy_replica;
 
-enum { DT__STRATEGY_JOB_SYNC = 0, DT__STRATEGY_JOB_ASYNC };
+typedef struct dt__strategy_module dt__strategy_module;
 
 struct dt_strategy {
   dt_strategy_desc desc;
+  const dt__strategy_module *mod; /* the kind's table */
+  void (*job)(dt_strategy *s, int r); /* replica r's part of the current job: mod->job, or
+                                         dt__strategy_dev_job on devices */
   dt_params *params;
   dt_optim *opt;
   dt_step_fn step;
@@ -17166,6 +17201,9 @@ struct dt_strategy {
   dt__pool *pool;
   dt_comm *comm;           /* sync strategies */
   dt_pstore *pstore;       /* async */
+  int own_pstore;          /* the strategy made the store (async's local one): its replicas leave it
+                              after a job and destroy frees it; a borrowed one is the user's */
+  void *kind_state;        /* the module's own state (its create allocates it, its destroy frees it) */
   size_t *bufr;            /* non-trainable runs [begin, end) pairs */
   int nbufr;
   /* the current job */
@@ -17184,12 +17222,7 @@ struct dt_strategy {
   int64_t loss_count;
   float last_loss;
   int last_failed;
-  /* multi_worker_mirrored (see its section) */
-  float *mwm_buf;          /* replica 0's gradient + DT__MWM_TAIL floats: what crosses processes */
-  size_t mwm_bytes;
-  double mwm_rows;         /* the global batch's rows (this step) */
-  double mwm_loss;         /* the global batch's loss (this step) */
-  /* devices (desc.devices) */
+  /* devices (desc.devices; dt_strategy_device.c) */
   int dev;                 /* nonzero: replica r runs on desc.devices[r] */
   dt_device_group *dgroup; /* the all-reduce over the replicas' devices */
   float **dgrad, **ddata;  /* each replica's device gradient / parameters */
@@ -17197,24 +17230,227 @@ struct dt_strategy {
   int64_t dev_opt_steps;   /* the optimizer's steps before the current step */
 };
 
-/* ---- small helpers -------------------------------------------------------------------------- */
+/* ---- the module table ------------------------------------------------------------------ */
+
+/* Flags: what the front door needs to know about a kind, as data. */
+enum {
+  /* Lock-step: a step is one global step over shards of one batch, on the
+   * in-process communicator s->comm (barriers, reductions). Without it the
+   * kind is of the async family: replicas push to s->pstore, steps count
+   * pushes, max_staleness applies. */
+  DT__STRATEGY_SYNC = 1 << 0,
+  /* Exactly one replica: desc.replicas 0 or 1 becomes 1 (parse and create)
+   * and the kind runs on the calling thread alone, so it is the kind that
+   * works without threads (DTRAIN_NO_THREADS). */
+  DT__STRATEGY_ONE_REPLICA = 1 << 1,
+  /* May put its replicas on devices (desc.devices): dt_strategy_device.c. */
+  DT__STRATEGY_DEVICES = 1 << 2,
+  /* Loss gradients are weighted by the shard's rows (row sums, MEAN) and
+   * divided by the global rows only after a cross-process reduction. */
+  DT__STRATEGY_ROW_SUMS = 1 << 3
+};
+
+struct dt__strategy_module {
+  const char *name;        /* dt_strategy_kind_name, dt_strategy_parse */
+  unsigned flags;          /* DT__STRATEGY_* */
+  /* Optional. First of the checks of dt_strategy_create: settles the desc
+   * fields the kind decides itself (e.g. from desc.store). */
+  dt_result (*prepare)(dt_strategy_desc *d);
+  /* Optional. After the common checks of the desc, before the device ones. */
+  dt_result (*check)(const dt_strategy_desc *d);
+  /* Optional. Before the replicas are made: the kind's own state and
+   * resources (kind_state, the store). Errors recorded; destroy cleans up. */
+  dt_result (*create)(dt_strategy *s);
+  /* Replica r on the CPU: its buffers (dt__strategy_bind and more). Not
+   * called on devices (dt__strategy_dev_bind). */
+  dt_result (*replica)(dt_strategy *s, int r);
+  /* Optional. The last step of dt_strategy_create (a collective for
+   * multi_worker_mirrored). fn names the caller for messages. */
+  dt_result (*start)(dt_strategy *s, const char *fn);
+  /* Replica r's part of a step (sync) or its loop of steps (async), on its
+   * own thread; failures go through dt__strategy_fail. */
+  void (*job)(dt_strategy *s, int r);
+  /* Optional. dt_strategy_run after the argument checks; NULL: `steps`
+   * calls of dt_strategy_step on next(user, -1, step). */
+  dt_result (*run)(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user, float *mean_loss);
+  /* Optional. dt_strategy_sync: the params' values into every replica. */
+  dt_result (*sync)(dt_strategy *s, const char *fn);
+  /* Optional. The loss of the global batch after a good synchronous step;
+   * NULL: the shard losses weighted by their share, in rank order. */
+  double (*loss)(dt_strategy *s, const dt_minibatch *gb);
+  /* Async family: replica r's own step after its pull (R->data holds the
+   * pulled parameters): forward/backward on b and the vector to push in
+   * *push (NULL: an empty push). 0: failed (recorded). */
+  int (*local_step)(dt_strategy *s, int r, const dt_minibatch *b, const float **push);
+  /* Devices: replica 0's part after the all-reduce over the devices
+   * (multi_worker_mirrored: the exchange across processes). ok: the local
+   * part succeeded. 1: the update goes on. NULL: only the checks of the
+   * reduced gradient (dt__strategy_dev_checks on a host copy, when asked). */
+  int (*dev_exchange)(dt_strategy *s, int ok);
+  /* Optional. Frees what create made (after the replicas are gone). */
+  void (*destroy)(dt_strategy *s);
+};
+
+/* The modules, in dt_strategy_kind order: X(getter) each, where the module's
+ * file defines `const dt__strategy_module *getter(void)` (a function, not
+ * an object: C++ has no forward declaration of a static const object). This
+ * list yields both the declarations below and dt_strategy.c's table. */
+#define DT__STRATEGY_MODULES(X)                                   \
+  X(dt__strategy_one_device_module) /* ONE_DEVICE */              \
+  X(dt__strategy_mirrored_module)   /* MIRRORED */                \
+  X(dt__strategy_central_module)    /* CENTRAL_STORAGE */         \
+  X(dt__strategy_async_module)      /* ASYNC */                   \
+  X(dt__strategy_mwm_module)        /* MULTI_WORKER_MIRRORED */   \
+  X(dt__strategy_ps_module)         /* PARAMETER_SERVER */
+
+#define DT__STRATEGY_DECLARE(getter) DTRAIN_PRIVATE const dt__strategy_module *getter(void);
+DT__STRATEGY_MODULES(DT__STRATEGY_DECLARE)
+#undef DT__STRATEGY_DECLARE
+
+/* ---- shared helpers (dt_strategy.c) ------------------------------------------------------ */
+
+/* A desc with only kind, replicas and max_staleness set (the one-line choices). */
+DTRAIN_PRIVATE dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int replicas, int max_staleness);
+/* Records replica r's failure; the first one wins. Breaks the barrier or the
+ * store so that nobody waits for r. */
+DTRAIN_PRIVATE void dt__strategy_fail(dt_strategy *s, int r, dt_result code, const char *what);
+DTRAIN_PRIVATE int dt__strategy_failed(dt_strategy *s);
+/* A collective or the store returned rc: aborted by someone else, or a
+ * failure of replica r's own. */
+DTRAIN_PRIVATE void dt__strategy_comm_failed(dt_strategy *s, int r, dt_result rc);
+/* Shard r of n of the global batch gb (see "Batches" in dt_strategy.h). */
+DTRAIN_PRIVATE void dt__strategy_shard(const dt_minibatch *gb, int n, int r, dt_minibatch *out);
+/* Replica r's shard of s->batch for a synchronous step, with its loss
+ * weight (DT__STRATEGY_ROW_SUMS: rows; else rows / global rows; SUM: 1). */
+DTRAIN_PRIVATE void dt__strategy_sync_shard(dt_strategy *s, int r, dt_minibatch *b);
+DTRAIN_PRIVATE dt_result dt__strategy_check_batch(const dt_minibatch *b, const char *fn);
+/* Index of the first non-finite value in x[b, e), or e. */
+DTRAIN_PRIVATE size_t dt__strategy_nonfinite(const float *x, size_t b, size_t e);
+/* Name of the parameter holding flat index i (for messages). */
+DTRAIN_PRIVATE const char *dt__strategy_param_at(dt_strategy *s, size_t i);
+/* Forward + backward of replica r on b. 0 on failure (recorded). */
+DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b);
+/* Sum of squares of the trainable elements of grad in [b, e), in index order. */
+DTRAIN_PRIVATE double dt__strategy_sumsq(dt_strategy *s, const float *grad, size_t b, size_t e);
+/* grad[j] *= coef for the trainable j in [b, e). */
+DTRAIN_PRIVATE void dt__strategy_scale(dt_strategy *s, float *grad, size_t b, size_t e, float coef);
+/* The clipping rule: given the global L2 norm of the gradient, scales the
+ * trainable elements of grad[b, e) when the norm exceeds clip. 0: the norm
+ * is not finite (nothing scaled; the caller fails the step). */
+DTRAIN_PRIVATE int dt__strategy_clip_scale(dt_strategy *s, float *grad, size_t b, size_t e, double norm, float clip);
+/* Clipping of replica r's whole gradient R->grad with `clip` (async,
+ * parameter_server); a non-finite norm fails r with "gradient norm is not
+ * finite; <what_not>". 0: failed. */
+DTRAIN_PRIVATE int dt__strategy_clip_own(dt_strategy *s, int r, float clip, const char *what_not);
+/* Replica r's checks of its slice [lo, hi) of the reduced gradient, then
+ * dt_optim_update of data on that slice (synchronous kinds). 0: the step
+ * stops (the failure is recorded). */
+DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi);
+/* Copies the non-trainable runs (buffers) of src within [b, e) to dst. */
+DTRAIN_PRIVATE void dt__strategy_copy_buffers(dt_strategy *s, float *dst, const float *src, size_t b, size_t e);
+/* Seconds replica r has waited in s->comm so far. */
+DTRAIN_PRIVATE double dt__strategy_comm_wait(dt_strategy *s, int r);
+/* size floats (at least one), a copy of init or zeros; NULL when out of memory. */
+DTRAIN_PRIVATE float *dt__strategy_floats(dt_strategy *s, const float *init);
+/* dt_strategy_create's out-of-memory error. */
+DTRAIN_PRIVATE dt_result dt__strategy_nomem(dt_strategy *s);
+/* Replica r's host buffers: private copies of the params' data / a private
+ * gradient when asked (else the params' own), grad0 (if not NULL) as its
+ * gradient, bound to its graph. */
+DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, int own_grad, float *grad0);
+
+/* Runs the current job (s->batch or s->next, s->job_steps) on every
+ * replica's thread; returns the first failure, with the thread's error set
+ * on the calling thread. */
+DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
+
+/* ---- the async family (dt_strategy_async.c) ----------------------------------------------- */
+DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
+DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                                float *mean_loss);
+
+/* ---- the synchronous step through a centre (dt_strategy_central.c; also one_device's) ------- */
+DTRAIN_PRIVATE void dt__strategy_central_job(dt_strategy *s, int r);
+
+/* ---- devices (dt_strategy_device.c) --------------------------------------------------------- */
+DTRAIN_PRIVATE dt_result dt__strategy_dev_create(dt_strategy *s);
+DTRAIN_PRIVATE void dt__strategy_dev_destroy(dt_strategy *s);
+/* Replica r's buffers are its graph's device copies. */
+DTRAIN_PRIVATE dt_result dt__strategy_dev_bind(dt_strategy *s, int r);
+/* After the replicas and the pool: the group that all-reduces over the devices. */
+DTRAIN_PRIVATE dt_result dt__strategy_dev_start(dt_strategy *s);
+DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r);
+/* After a failed step: when some replica reached the update, the params'
+ * (pre-step) values go back to every device. */
+DTRAIN_PRIVATE void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps);
+/* The params' values to every replica's device ("fn: replica r: ..." on failure). */
+DTRAIN_PRIVATE dt_result dt__strategy_dev_upload(dt_strategy *s, const char *fn);
+/* Replica 0's checks of a host copy of the reduced gradient: NaN/Inf
+ * (check_numerics) and a finite clipping norm. 0: the step stops. */
+DTRAIN_PRIVATE int dt__strategy_dev_checks(dt_strategy *s, const float *g);
+/* A failed device call of replica 0's reduce phase (recorded); returns 0. */
+DTRAIN_PRIVATE int dt__strategy_dev_failed(dt_strategy *s, dt_result rc, const char *what);
+/* Host <-> device copy of [b, e) between dst and src on replica r's device. */
+DTRAIN_PRIVATE dt_result dt__strategy_dev_copy(dt_strategy *s, int r, float *dst, const float *src, size_t b, size_t e,
+                                               dt_copy_kind kind);
+
+#endif /* DTRAIN_STRATEGY_IMPL_H */
+/* ======== end dt_strategy_impl.h ======== */
+
+/* ======== begin dt_strategy.c ======== */
+/* ===========================================================================
+ * dt_strategy.c -- the strategies' front door: the table of modules, the
+ * public functions (check, then dispatch), and the helpers that several
+ * kinds share (shards, forward/backward, clipping, failures, statistics)
+ * ===========================================================================
+ * Each strategy kind is a module with its own file and table (see
+ * dt_strategy_impl.h). What every kind shares lives here:
+ *
+ *   create   check the desc (common rules + the table's flags and hooks);
+ *            non-trainable runs; one graph per replica (bound by the
+ *            module's replica hook, or to device copies); the in-process
+ *            communicator for the lock-step kinds; the thread pool
+ *   step     one job on the pool: each replica thread runs s->job
+ *            (mod->job, or the device job); the first failure wins and
+ *            breaks the barrier or store so that nobody waits; then the
+ *            totals (global steps for lock-step kinds, pushes for async)
+ *   run      the module's run, or `steps` steps from the batch function
+ *
+ * A synchronous replica's job, whatever the kind: its shard of the batch ->
+ * zero own gradient -> step fn + backward (the loss gradient weighted by the
+ * shard's share) -> the kind's reduction -> (clip: partial norms, a barrier,
+ * the total in rank order) -> (numerics check, a barrier, so that a bad
+ * gradient stops every replica before any update) -> dt_optim_update on the
+ * replica's slice (one optimizer, disjoint ranges: its state is sharded by
+ * slice) -> the kind's spreading of the result. The caller advances the
+ * optimizer once per step after the pool joins.
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+/* ---- the modules ------------------------------------------------------------------------ */
+
+/* Indexed by dt_strategy_kind (DT__STRATEGY_MODULES in dt_strategy_impl.h). */
+#define DT__STRATEGY_ENTRY(getter) getter,
+static const dt__strategy_module *(*const dt__strategy_modules[])(void) = {DT__STRATEGY_MODULES(DT__STRATEGY_ENTRY)};
+#undef DT__STRATEGY_ENTRY
+#define DT__STRATEGY_KINDS ((int)(sizeof dt__strategy_modules / sizeof dt__strategy_modules[0]))
+
+/* The module of `kind`, or NULL for an unknown kind. */
+static const dt__strategy_module *dt__strategy_module_of(int kind) {
+  return kind >= 0 && kind < DT__STRATEGY_KINDS ? dt__strategy_modules[kind]() : NULL;
+}
+
+/* ---- small utilities, names, descs ----------------------------------------------------------- */
 
 DTRAIN_API void dt_sleep(double seconds) { dt__sleep(seconds); }
 DTRAIN_API int dt_cpu_count(void) { return dt__cpu_count(); }
 
 DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind) {
-  switch (kind) {
-    case DTRAIN_STRATEGY_ONE_DEVICE: return "one_device";
-    case DTRAIN_STRATEGY_MIRRORED: return "mirrored";
-    case DTRAIN_STRATEGY_CENTRAL_STORAGE: return "central_storage";
-    case DTRAIN_STRATEGY_ASYNC: return "async";
-    case DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED: return "multi_worker_mirrored";
-    case DTRAIN_STRATEGY_PARAMETER_SERVER: return "parameter_server";
-    default: return "unknown";
-  }
+  const dt__strategy_module *m = dt__strategy_module_of((int)kind);
+  return m ? m->name : "unknown";
 }
 
-static dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int replicas, int max_staleness) {
+DTRAIN_PRIVATE dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int replicas, int max_staleness) {
   dt_strategy_desc d;
   memset(&d, 0, sizeof d);
   d.kind = kind;
@@ -17223,27 +17459,13 @@ static dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int replicas, i
   return d;
 }
 
-DTRAIN_API dt_strategy_desc dt_one_device(void) { return dt__strategy_desc(DTRAIN_STRATEGY_ONE_DEVICE, 1, 0); }
-DTRAIN_API dt_strategy_desc dt_mirrored(int replicas) {
-  return dt__strategy_desc(DTRAIN_STRATEGY_MIRRORED, replicas, 0);
-}
-DTRAIN_API dt_strategy_desc dt_central_storage(int replicas) {
-  return dt__strategy_desc(DTRAIN_STRATEGY_CENTRAL_STORAGE, replicas, 0);
-}
-DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness) {
-  return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
-}
-DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
-  dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED, replicas, 0);
-  d.comm = comm;
-  return d;
-}
-
 DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out) {
   if (!name || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_parse: %s is NULL", !name ? "name" : "out");
-  for (int k = DTRAIN_STRATEGY_ONE_DEVICE; k <= DTRAIN_STRATEGY_PARAMETER_SERVER; k++) {
-    if (strcmp(name, dt_strategy_kind_name((dt_strategy_kind)k)) == 0) {
-      *out = dt__strategy_desc((dt_strategy_kind)k, k == DTRAIN_STRATEGY_ONE_DEVICE ? 1 : replicas, max_staleness);
+  for (int k = 0; k < DT__STRATEGY_KINDS; k++) {
+    const dt__strategy_module *m = dt__strategy_module_of(k);
+    if (strcmp(name, m->name) == 0) {
+      *out = dt__strategy_desc((dt_strategy_kind)k, (m->flags & DT__STRATEGY_ONE_REPLICA) ? 1 : replicas,
+                               max_staleness);
       return DTRAIN_OK;
     }
   }
@@ -17252,13 +17474,9 @@ DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_s
                    "multi_worker_mirrored, parameter_server)", name);
 }
 
-static int dt__strategy_sync(const dt_strategy *s) {
-  return s->desc.kind != DTRAIN_STRATEGY_ASYNC && s->desc.kind != DTRAIN_STRATEGY_PARAMETER_SERVER;
-}
+/* ---- failures -------------------------------------------------------------------------------- */
 
-/* Record replica r's failure; the first one wins. Breaks the barrier or the
- * store so that nobody waits for r. */
-static void dt__strategy_fail(dt_strategy *s, int r, dt_result code, const char *what) {
+DTRAIN_PRIVATE void dt__strategy_fail(dt_strategy *s, int r, dt_result code, const char *what) {
   int expected = -1;
   s->rep[r].result = code;
   if (DT__ACAS(&s->failed, &expected, r, DT__MO_SEQ_CST)) {
@@ -17269,17 +17487,16 @@ static void dt__strategy_fail(dt_strategy *s, int r, dt_result code, const char 
   if (s->pstore) dt_pstore_abort(s->pstore);
 }
 
-static int dt__strategy_failed(dt_strategy *s) { return DT__ALOAD(&s->failed, DT__MO_ACQUIRE) >= 0; }
+DTRAIN_PRIVATE int dt__strategy_failed(dt_strategy *s) { return DT__ALOAD(&s->failed, DT__MO_ACQUIRE) >= 0; }
 
-/* A collective or the store returned rc: aborted by someone else, or a
- * failure of this replica's own. */
-static void dt__strategy_comm_failed(dt_strategy *s, int r, dt_result rc) {
+DTRAIN_PRIVATE void dt__strategy_comm_failed(dt_strategy *s, int r, dt_result rc) {
   if (rc == DTRAIN_ERR_ABORTED) s->rep[r].result = DTRAIN_ERR_ABORTED;
   else dt__strategy_fail(s, r, rc, dt_last_error());
 }
 
-/* Shard r of the global batch (see "Batches" in dt_strategy.h). */
-static void dt__strategy_shard(const dt_minibatch *gb, int n, int r, dt_minibatch *out) {
+/* ---- batches ---------------------------------------------------------------------------------- */
+
+DTRAIN_PRIVATE void dt__strategy_shard(const dt_minibatch *gb, int n, int r, dt_minibatch *out) {
   int64_t base = gb->rows / n, extra = gb->rows % n;
   int64_t first = base * r + DT__MIN((int64_t)r, extra);
   int64_t rows = base + (r < extra ? 1 : 0);
@@ -17292,7 +17509,18 @@ static void dt__strategy_shard(const dt_minibatch *gb, int n, int r, dt_minibatc
   out->t = gb->t ? gb->t + first * gb->t_cols : NULL;
 }
 
-static dt_result dt__strategy_check_batch(const dt_minibatch *b, const char *fn) {
+DTRAIN_PRIVATE void dt__strategy_sync_shard(dt_strategy *s, int r, dt_minibatch *b) {
+  dt__strategy_shard(s->batch, s->n, r, b);
+  if (s->mod->flags & DT__STRATEGY_ROW_SUMS) /* the division by the global rows comes later */
+    b->weight = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0f : (float)b->rows;
+  else
+    b->weight = (s->desc.loss == DTRAIN_LOSS_SUM || b->global_rows == 0)
+                    ? 1.0f
+                    : (float)((double)b->rows / (double)b->global_rows);
+  b->replica_step = 0;
+}
+
+DTRAIN_PRIVATE dt_result dt__strategy_check_batch(const dt_minibatch *b, const char *fn) {
   if (!b) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: batch is NULL", fn);
   if (b->rows < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: batch has %lld rows", fn, (long long)b->rows);
   if (b->x_cols < 0 || b->y_cols < 0 || b->t_cols < 0)
@@ -17301,15 +17529,15 @@ static dt_result dt__strategy_check_batch(const dt_minibatch *b, const char *fn)
   return DTRAIN_OK;
 }
 
-/* Index of the first non-finite value in x[b, e), or e. */
-static size_t dt__strategy_nonfinite(const float *x, size_t b, size_t e) {
+/* ---- forward / backward ------------------------------------------------------------------------ */
+
+DTRAIN_PRIVATE size_t dt__strategy_nonfinite(const float *x, size_t b, size_t e) {
   for (size_t i = b; i < e; i++)
     if (!isfinite(x[i])) return i;
   return e;
 }
 
-/* Name of the parameter holding flat index i (for messages). */
-static const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
+DTRAIN_PRIVATE const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
   dt_param_info info;
   for (int p = 0; p < dt_params_count(s->params); p++)
     if (dt_params_info(s->params, p, &info) == DTRAIN_OK && i >= info.offset && i < info.offset + info.size)
@@ -17317,8 +17545,7 @@ static const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
   return "(padding)";
 }
 
-/* Forward + backward of replica r on its shard. Returns 0 on failure (recorded). */
-static int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
+DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
   dt__strategy_replica *R = &s->rep[r];
   char what[DT__MSG_CAP];
   if (s->dev) {
@@ -17404,8 +17631,9 @@ static int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
   return 1;
 }
 
-/* Sum of squares of the trainable elements of grad in [b, e), in index order. */
-static double dt__strategy_sumsq(dt_strategy *s, const float *grad, size_t b, size_t e) {
+/* ---- clipping and the update of a slice --------------------------------------------------------- */
+
+DTRAIN_PRIVATE double dt__strategy_sumsq(dt_strategy *s, const float *grad, size_t b, size_t e) {
   double ss = 0.0;
   size_t pb, pe;
   int tr, dec;
@@ -17417,7 +17645,7 @@ static double dt__strategy_sumsq(dt_strategy *s, const float *grad, size_t b, si
   return ss;
 }
 
-static void dt__strategy_scale(dt_strategy *s, float *grad, size_t b, size_t e, float coef) {
+DTRAIN_PRIVATE void dt__strategy_scale(dt_strategy *s, float *grad, size_t b, size_t e, float coef) {
   size_t pb, pe;
   int tr, dec;
   for (int i = 0; dt__params_range(s->params, i, &pb, &pe, &tr, &dec); i++) {
@@ -17427,8 +17655,30 @@ static void dt__strategy_scale(dt_strategy *s, float *grad, size_t b, size_t e, 
   }
 }
 
-/* Replica r's part of gradient clipping over the slice [b, e) of grad. */
-static int dt__strategy_clip(dt_strategy *s, int r, float *grad, size_t b, size_t e) {
+/* The one copy of the rule in the strategies: PyTorch's clip_grad_norm_,
+ * coef = clip / (norm + 1e-6), as in dt_optim.c (dt_clip_grad_norm and the
+ * optimizer's own step), so that a strategy clips exactly as one_device's
+ * optimizer would. */
+DTRAIN_PRIVATE int dt__strategy_clip_scale(dt_strategy *s, float *grad, size_t b, size_t e, double norm, float clip) {
+  if (!isfinite(norm)) return 0;
+  if (norm > (double)clip) dt__strategy_scale(s, grad, b, e, (float)((double)clip / (norm + 1e-6)));
+  return 1;
+}
+
+DTRAIN_PRIVATE int dt__strategy_clip_own(dt_strategy *s, int r, float clip, const char *what_not) {
+  if (!(clip > 0.0f)) return 1;
+  dt__strategy_replica *R = &s->rep[r];
+  if (dt__strategy_clip_scale(s, R->grad, 0, s->size, sqrt(dt__strategy_sumsq(s, R->grad, 0, s->size)), clip))
+    return 1;
+  char what[DT__MSG_CAP];
+  snprintf(what, sizeof what, "gradient norm is not finite; %s", what_not);
+  dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+  return 0;
+}
+
+/* Replica r's part of gradient clipping over the slice [b, e) of grad: the
+ * global norm from every replica's partial sum (a barrier between). */
+static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b, size_t e) {
   float clip = dt_optim_get_desc(s->opt)->clip_norm;
   if (!(clip > 0.0f)) return 1;
   s->rep[r].ss_part = dt__strategy_sumsq(s, grad, b, e);
@@ -17440,631 +17690,56 @@ static int dt__strategy_clip(dt_strategy *s, int r, float *grad, size_t b, size_
   double ss = 0.0;
   for (int j = 0; j < s->n; j++) ss += s->rep[j].ss_part; /* rank order: the same total everywhere */
   double norm = sqrt(ss);
-  if (!isfinite(norm)) {
-    /* Every replica sees the same total; let replica 0 report it. */
-    if (r == 0) {
-      char what[96];
-      snprintf(what, sizeof what, "gradient norm is %s; no update made", isnan(norm) ? "NaN" : "Inf");
-      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-    } else {
-      s->rep[r].result = DTRAIN_ERR_ABORTED;
-    }
-    return 0;
-  }
-  if (norm > (double)clip) dt__strategy_scale(s, grad, b, e, (float)((double)clip / (norm + 1e-6)));
-  return 1;
-}
-
-/* Replica r's checks of its slice [lo, hi) of the reduced gradient before
- * the update (mirrored, multi_worker_mirrored): clipping, then with
- * check_numerics a NaN/Inf scan and a barrier, so that nobody updates before
- * everybody checked. 0: the step stops (the failure is recorded). */
-static int dt__strategy_clip_check(dt_strategy *s, int r, float *grad, size_t lo, size_t hi) {
-  if (!dt__strategy_clip(s, r, grad, lo, hi)) return 0;
-  if (!s->desc.check_numerics) return 1;
-  size_t bad = dt__strategy_nonfinite(grad, lo, hi);
-  if (bad < hi) {
-    char what[DT__MSG_CAP];
-    snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
-             dt__strategy_param_at(s, bad), isnan(grad[bad]) ? "NaN" : "Inf", bad);
+  if (dt__strategy_clip_scale(s, grad, b, e, norm, clip)) return 1;
+  /* Every replica sees the same total; let replica 0 report it. */
+  if (r == 0) {
+    char what[96];
+    snprintf(what, sizeof what, "gradient norm is %s; no update made", isnan(norm) ? "NaN" : "Inf");
     dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-    return 0;
+  } else {
+    s->rep[r].result = DTRAIN_ERR_ABORTED;
   }
-  dt_result rc = dt_comm_barrier(s->comm, r);
+  return 0;
+}
+
+DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi) {
+  if (!dt__strategy_clip_slice(s, r, grad, lo, hi)) return 0;
+  dt_result rc;
+  if (s->desc.check_numerics) {
+    size_t bad = dt__strategy_nonfinite(grad, lo, hi);
+    if (bad < hi) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
+               dt__strategy_param_at(s, bad), isnan(grad[bad]) ? "NaN" : "Inf", bad);
+      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+      return 0;
+    }
+    /* nobody updates before everybody checked */
+    rc = dt_comm_barrier(s->comm, r);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      return 0;
+    }
+  }
+  rc = dt_optim_update(s->opt, data, grad, lo, hi);
   if (rc != DTRAIN_OK) {
-    dt__strategy_comm_failed(s, r, rc);
+    dt__strategy_fail(s, r, rc, dt_last_error());
     return 0;
   }
   return 1;
 }
 
-/* Copies the non-trainable runs (buffers) of src within [b, e) to dst. */
-static void dt__strategy_copy_buffers(dt_strategy *s, float *dst, const float *src, size_t b, size_t e) {
+DTRAIN_PRIVATE void dt__strategy_copy_buffers(dt_strategy *s, float *dst, const float *src, size_t b, size_t e) {
   for (int i = 0; i < s->nbufr; i++) {
     size_t lo = DT__MAX(s->bufr[2 * i], b), hi = DT__MIN(s->bufr[2 * i + 1], e);
     if (lo < hi) memcpy(dst + lo, src + lo, (hi - lo) * sizeof(float));
   }
 }
 
-/* ---- the synchronous step ------------------------------------------------------------------ */
-
-static void dt__strategy_sync_job(void *arg, int r) {
-  dt_strategy *s = (dt_strategy *)arg;
-  dt__strategy_replica *R = &s->rep[r];
-  const int mirrored = s->desc.kind == DTRAIN_STRATEGY_MIRRORED;
-  R->result = DTRAIN_OK;
-  dt_minibatch b;
-  dt__strategy_shard(s->batch, s->n, r, &b);
-  b.weight = (s->desc.loss == DTRAIN_LOSS_SUM || b.global_rows == 0) ? 1.0f
-                                                                    : (float)((double)b.rows / (double)b.global_rows);
-  b.replica_step = 0;
-  /* central storage with buffers: every replica reads a private copy of
-   * the centre, so that forward passes writing batch-norm statistics do not
-   * race; replica 0's statistics go back to the centre after the reduce. */
-  if (R->own_data && !mirrored) memcpy(R->own_data, dt_params_data(s->params), s->fbytes);
-  if (!dt__strategy_compute(s, r, &b)) return;
-
-  size_t lo, hi;
-  dt_comm_slice(s->size, s->n, r, &lo, &hi);
-  float *grad, *data;
-  dt_result rc;
-  double w0 = 0.0;
+DTRAIN_PRIVATE double dt__strategy_comm_wait(dt_strategy *s, int r) {
   dt_comm_stats cs;
   dt_comm_stats_get(s->comm, r, &cs);
-  w0 = cs.wait_s;
-  if (mirrored) {
-    rc = dt_comm_reduce_scatter(s->comm, r, R->grad, s->size);
-    grad = R->grad;
-    data = R->data;
-  } else {
-    rc = dt_comm_reduce(s->comm, r, R->grad, s->size, 0);
-    grad = s->rep[0].grad;
-    data = dt_params_data(s->params);
-  }
-  if (rc != DTRAIN_OK) {
-    dt__strategy_comm_failed(s, r, rc);
-    goto done;
-  }
-  if (!dt__strategy_clip_check(s, r, grad, lo, hi)) goto done;
-  rc = dt_optim_update(s->opt, data, grad, lo, hi);
-  if (rc != DTRAIN_OK) {
-    dt__strategy_fail(s, r, rc, dt_last_error());
-    goto done;
-  }
-  /* The optimizer never touches the buffer ranges: replica 0 may write them
-   * while the others update their slices. */
-  if (!mirrored && r == 0 && R->own_data)
-    for (int i = 0; i < s->nbufr; i++)
-      memcpy(data + s->bufr[2 * i], R->own_data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
-  if (mirrored) {
-    /* Buffers follow replica 0: each replica puts replica 0's values into
-     * its own slice before the all-gather spreads the slices (the optimizer
-     * never writes the buffer ranges, so replica 0's stay still meanwhile). */
-    if (r > 0) dt__strategy_copy_buffers(s, R->data, s->rep[0].data, lo, hi);
-    rc = dt_comm_allgather(s->comm, r, R->data, s->size);
-    if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
-  }
-done:
-  dt_comm_stats_get(s->comm, r, &cs);
-  R->wait_s += cs.wait_s - w0;
-}
-
-/* ==== multi_worker_mirrored ============================================================
- * Lock-step data parallelism across processes, hierarchical inside each:
- * desc.comm connects the processes (one rank each: TCP, MPI); the process's
- * own replicas (threads) use the in-process communicator s->comm. A step
- * (dt__strategy_mwm_job, run by every local replica):
- *
- *   shard r of this process's batch -> forward/backward with the loss
- *   gradient weighted by the shard's rows (MEAN; 1 for SUM), so gradients
- *   are row sums -> reduce to replica 0 (threads, rank order) -> replica 0
- *   appends a tail (rows, loss sum, failure flags) and writes rank 0's
- *   buffers (batch-norm statistics; zeros elsewhere) into their ranges of the
- *   gradient -> ONE all-reduce of the whole buffer on desc.comm -> a barrier
- *   (replica 0's result is everybody's) -> each replica scales its slice by
- *   1/global rows, then clipping / numerics / the optimizer on its slice as
- *   in mirrored, and the slice of the buffers from the all-reduce (= rank 0
- *   replica 0's) into its copy -> all-gather of the parameters.
- *
- * Replica 0 always joins the cross-process all-reduce, even after a local
- * failure (it then sends zeros with the failure flag set), so that no other
- * process waits for it: every rank sees the flag and fails the step too.
- * After the all-reduce every rank holds the same numbers, so clipping and
- * numerics checks decide the same everywhere without further messages.
- */
-
-/* Floats after the gradient in the cross-process buffer:
- * [0, 1] global rows (hi + lo), [2, 3] loss sum (hi + lo),
- * [4] ranks that failed locally, [5] sum of (failed rank + 1). */
-#define DT__MWM_TAIL 8
-
-static dt_result dt__strategy_mwm_check(const dt_strategy_desc *d) {
-  const char *fn = "dt_strategy_create";
-  dt_comm *c = d->comm;
-  if (!c || !c->vtable)
-    return dt__error(DTRAIN_ERR_NULL_ARG,
-                     "%s: multi_worker_mirrored needs desc.comm (dt_comm_create_tcp or dt_comm_create_mpi)", fn);
-  if (c->world < 1 || c->rank < 0 || c->rank >= c->world)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: multi_worker_mirrored: communicator '%s' has rank %d of world %d",
-                     fn, dt_comm_name(c), c->rank, c->world);
-  return DTRAIN_OK;
-}
-
-static dt_result dt__strategy_mwm_alloc(dt_strategy *s) {
-  s->mwm_bytes = (s->size + DT__MWM_TAIL) * sizeof(float);
-  s->mwm_buf = (float *)dt__calloc(s->mwm_bytes);
-  return s->mwm_buf ? DTRAIN_OK : DTRAIN_ERR_NOMEM;
-}
-
-static dt_result dt__strategy_mwm_comm_error(dt_strategy *s, const char *fn, dt_result rc) {
-  char what[DT__MSG_CAP];
-  snprintf(what, sizeof what, "%.300s", dt_last_error());
-  return dt__error(rc, "%s: multi_worker_mirrored: initial broadcast from rank 0 (rank %d of %d): %s", fn,
-                   dt_comm_rank(s->desc.comm), dt_comm_world(s->desc.comm), what);
-}
-
-/* Rank 0's parameters and buffers to every process (after checking that all
- * built the same model), then into every local replica. Collective: every
- * process calls it (dt_strategy_create, dt_strategy_sync). */
-static dt_result dt__strategy_mwm_start(dt_strategy *s, const char *fn) {
-  dt_comm *x = s->desc.comm;
-  const int rank = dt_comm_rank(x);
-  float *pdata = dt_params_data(s->params);
-  /* The model hash in 16-bit pieces (exact in floats), from rank 0. */
-  uint64_t h = dt_params_hash(s->params), h0 = 0;
-  float hb[4], flag[2];
-  for (int i = 0; i < 4; i++) hb[i] = (float)((h >> (16 * i)) & 0xffffu);
-  dt_result rc = dt_comm_broadcast(x, rank, hb, 4, 0);
-  if (rc != DTRAIN_OK) return dt__strategy_mwm_comm_error(s, fn, rc);
-  for (int i = 0; i < 4; i++) h0 |= (uint64_t)hb[i] << (16 * i);
-  /* Everybody learns whether somebody differs (so that all fail alike). */
-  flag[0] = h0 != h ? 1.0f : 0.0f;
-  flag[1] = h0 != h ? (float)(rank + 1) : 0.0f;
-  rc = dt_comm_allreduce(x, rank, flag, 2);
-  if (rc != DTRAIN_OK) return dt__strategy_mwm_comm_error(s, fn, rc);
-  if (flag[0] > 0.5f) {
-    if (flag[0] < 1.5f)
-      return dt__error(DTRAIN_ERR_MISMATCH,
-                       "%s: multi_worker_mirrored: rank %d built a different model than rank 0 (dt_params_hash "
-                       "differs: names, shapes or order of the parameters)", fn, (int)flag[1] - 1);
-    return dt__error(DTRAIN_ERR_MISMATCH,
-                     "%s: multi_worker_mirrored: %d ranks built a different model than rank 0 (dt_params_hash differs)",
-                     fn, (int)(flag[0] + 0.5f));
-  }
-  rc = dt_comm_broadcast(x, rank, pdata, s->size, 0);
-  if (rc != DTRAIN_OK) return dt__strategy_mwm_comm_error(s, fn, rc);
-  if (s->dev) {
-    for (int r = 0; r < s->n; r++) {
-      rc = dt_graph_params_upload(s->rep[r].g);
-      if (rc != DTRAIN_OK) return dt__error(rc, "%s: replica %d: %s", fn, r, dt_last_error());
-    }
-    return DTRAIN_OK;
-  }
-  for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, pdata, s->fbytes);
-  return DTRAIN_OK;
-}
-
-/* Replica 0's part: the one cross-process all-reduce. ok: the local part
- * succeeded. Returns 1 when the step goes on (s->mwm_rows/mwm_loss set). */
-static int dt__strategy_mwm_exchange(dt_strategy *s, int ok) {
-  dt__strategy_replica *R = &s->rep[0];
-  dt_comm *x = s->desc.comm;
-  const int rank = dt_comm_rank(x);
-  float *buf = s->mwm_buf, *tail = buf + s->size; /* (replica 0's gradient on the CPU) */
-  char what[DT__MSG_CAP];
-  memset(tail, 0, DT__MWM_TAIL * sizeof(float));
-  if (ok) {
-    double rows = 0.0, lsum = 0.0;
-    for (int r = 0; r < s->n; r++) {
-      rows += (double)s->rep[r].rows;
-      lsum += (s->desc.loss == DTRAIN_LOSS_SUM ? 1.0 : (double)s->rep[r].rows) * (double)s->rep[r].loss;
-    }
-    tail[0] = (float)rows;
-    tail[1] = (float)(rows - (double)tail[0]);
-    tail[2] = (float)lsum;
-    tail[3] = (float)(lsum - (double)tail[2]);
-    /* Buffers follow rank 0: its values plus zeros from the others (with
-     * devices the caller put them in buf). */
-    for (int i = 0; i < s->nbufr && !s->dev; i++) {
-      size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
-      if (rank == 0) memcpy(buf + b, R->data + b, (e - b) * sizeof(float));
-      else memset(buf + b, 0, (e - b) * sizeof(float));
-    }
-  } else {
-    memset(buf, 0, s->fbytes);
-    tail[4] = 1.0f;
-    tail[5] = (float)(rank + 1);
-  }
-  double t0 = dt__now();
-  dt_result rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
-  R->wait_s += dt__now() - t0;
-  if (rc != DTRAIN_OK) {
-    if (ok) {
-      /* ABORTED carries no message of its own: an earlier failure broke the communicator. */
-      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d): %.250s", rank, x->world,
-               rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
-                                          "recreate it (and the strategy) to go on"
-                                        : dt_last_error());
-      dt__strategy_fail(s, 0, rc, what);
-    }
-    return 0;
-  }
-  if (!ok) return 0; /* the local failure is already recorded */
-  if (tail[4] > 0.5f) {
-    if (tail[4] < 1.5f)
-      snprintf(what, sizeof what, "rank %d failed its part of step %lld (its own error says why); no update made",
-               (int)tail[5] - 1, (long long)s->batch->step);
-    else
-      snprintf(what, sizeof what, "%d ranks failed their part of step %lld; no update made", (int)(tail[4] + 0.5f),
-               (long long)s->batch->step);
-    dt__strategy_fail(s, 0, DTRAIN_ERR_PEER, what);
-    return 0;
-  }
-  s->mwm_rows = (double)tail[0] + (double)tail[1];
-  double L = (double)tail[2] + (double)tail[3];
-  s->mwm_loss = s->desc.loss == DTRAIN_LOSS_SUM ? L : (s->mwm_rows > 0.0 ? L / s->mwm_rows : 0.0);
-  return 1;
-}
-
-/* Copies the trainable elements of grad in [b, e) to dst (the params' grad). */
-static void dt__strategy_mwm_copy_grad(dt_strategy *s, float *dst, const float *grad, size_t b, size_t e) {
-  size_t pb, pe;
-  int tr, dec;
-  for (int i = 0; dt__params_range(s->params, i, &pb, &pe, &tr, &dec); i++) {
-    if (!tr) continue;
-    size_t lo = DT__MAX(pb, b), hi = DT__MIN(pe, e);
-    if (lo < hi) memcpy(dst + lo, grad + lo, (hi - lo) * sizeof(float));
-  }
-}
-
-static void dt__strategy_mwm_job(void *arg, int r) {
-  dt_strategy *s = (dt_strategy *)arg;
-  dt__strategy_replica *R = &s->rep[r];
-  R->result = DTRAIN_OK;
-  dt_minibatch b;
-  dt__strategy_shard(s->batch, s->n, r, &b);
-  /* Row sums now; the division by the global rows comes after the all-reduce. */
-  b.weight = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0f : (float)b.rows;
-  b.replica_step = 0;
-  dt_comm_stats cs;
-  dt_comm_stats_get(s->comm, r, &cs);
-  double w0 = cs.wait_s;
-  int ok = dt__strategy_compute(s, r, &b);
-  dt_result rc;
-  float *grad = s->rep[0].grad;
-  size_t lo, hi;
-  if (ok) {
-    rc = dt_comm_reduce(s->comm, r, R->grad, s->size, 0);
-    if (rc != DTRAIN_OK) {
-      dt__strategy_comm_failed(s, r, rc);
-      ok = 0;
-    }
-  }
-  if (r == 0) ok = dt__strategy_mwm_exchange(s, ok);
-  if (!ok) goto done;
-  rc = dt_comm_barrier(s->comm, r); /* replica 0's all-reduce is done */
-  if (rc != DTRAIN_OK) {
-    dt__strategy_comm_failed(s, r, rc);
-    goto done;
-  }
-  dt_comm_slice(s->size, s->n, r, &lo, &hi);
-  if (s->desc.loss == DTRAIN_LOSS_MEAN && s->mwm_rows > 0.0)
-    dt__strategy_scale(s, grad, lo, hi, (float)(1.0 / s->mwm_rows));
-  if (!dt__strategy_clip_check(s, r, grad, lo, hi)) goto done;
-  rc = dt_optim_update(s->opt, R->data, grad, lo, hi);
-  if (rc != DTRAIN_OK) {
-    dt__strategy_fail(s, r, rc, dt_last_error());
-    goto done;
-  }
-  dt__strategy_mwm_copy_grad(s, dt_params_grad(s->params), grad, lo, hi);
-  /* The buffers: rank 0 replica 0's, carried by the all-reduce; each replica
-   * puts its slice of them into its copy, the all-gather spreads them. */
-  dt__strategy_copy_buffers(s, R->data, grad, lo, hi);
-  rc = dt_comm_allgather(s->comm, r, R->data, s->size);
-  if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
-done:
-  dt_comm_stats_get(s->comm, r, &cs);
-  R->wait_s += cs.wait_s - w0;
-}
-
-#undef DT__MWM_TAIL
-/* ==== end of multi_worker_mirrored ============================================================ */
-
-/* ==== replicas on devices (desc.devices) ======================================================
- * One replica per device; the same thread pool and in-process communicator
- * (a barrier) as on the CPU. A step (dt__strategy_dev_job, every replica):
- *
- *   shard r -> zero the device gradient -> step fn + backward on the device
- *   -> barrier -> replica 0 alone: dt_device_group_allreduce of the device
- *   gradients, [mwm: device 0's sum -> host -> the cross-process all-reduce
- *   -> scaled by 1/global rows -> device 0], the checks on a host copy
- *   (check_numerics, a finite clipping norm), dt_optim_step_graph on device
- *   0 with the strategy's optimizer (its state lives on device 0 only), and
- *   a broadcast of device 0's parameters (buffers included) to the others.
- * Updating on one device and broadcasting (rather than every device
- * updating its copy with its own optimizer state) keeps ONE optimizer state
- * (the given dt_optim's, so that checkpoints and dt_optim_* see it) and
- * makes a failure easy to undo: the replicas can never drift apart, because
- * whatever fails, every device gets the params' values again. The price is
- * one broadcast of the parameters per step on top of the all-reduce.
- * The caller then copies replica 0's parameters to the params (host). */
-
-/* Replica 0's checks of a host copy of the reduced gradient: NaN/Inf
- * (check_numerics) and a finite clipping norm. 0: the step stops. */
-static int dt__strategy_dev_checks(dt_strategy *s, const float *g) {
-  char what[DT__MSG_CAP];
-  if (s->desc.check_numerics) {
-    size_t bad = dt__strategy_nonfinite(g, 0, s->size);
-    if (bad < s->size) {
-      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
-               dt__strategy_param_at(s, bad), isnan(g[bad]) ? "NaN" : "Inf", bad);
-      dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
-      return 0;
-    }
-  }
-  if (dt_optim_get_desc(s->opt)->clip_norm > 0.0f) {
-    double norm = sqrt(dt__strategy_sumsq(s, g, 0, s->size));
-    if (!isfinite(norm)) {
-      snprintf(what, sizeof what, "gradient norm is %s; no update made", isnan(norm) ? "NaN" : "Inf");
-      dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
-      return 0;
-    }
-  }
-  return 1;
-}
-
-/* A failed device call of replica 0's reduce phase. */
-static int dt__strategy_dev_failed(dt_strategy *s, dt_result rc, const char *what) {
-  char msg[DT__MSG_CAP];
-  snprintf(msg, sizeof msg, "%.60s: %.250s", what, dt_last_error());
-  dt__strategy_fail(s, 0, rc, msg);
-  return 0;
-}
-
-/* Replica 0's host <-> device copy of [b, e) of replica r's buffer p. */
-static dt_result dt__strategy_dev_copy(dt_strategy *s, int r, float *dst, const float *src, size_t b, size_t e,
-                                       dt_copy_kind kind) {
-  dt_device *d = s->desc.devices[r];
-  if (e <= b) return DTRAIN_OK;
-  dt_result rc = d->copy(d, dst + b, src + b, (e - b) * sizeof(float), kind);
-  if (rc != DTRAIN_OK) {
-    char msg[DT__MSG_CAP];
-    snprintf(msg, sizeof msg, "%.250s", dt_last_error());
-    return dt__error(rc, "device %s: %s", d->name, msg);
-  }
-  return DTRAIN_OK;
-}
-
-/* Replica 0's part after the barrier. ok: the local part succeeded
- * (multi_worker_mirrored: replica 0 always joins the exchange). */
-static int dt__strategy_dev_reduce(dt_strategy *s, int ok) {
-  const int mwm = s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED;
-  dt_result rc;
-  if (ok && s->n > 1) {
-    rc = dt_device_group_allreduce(s->dgroup, s->dgrad);
-    if (rc != DTRAIN_OK) ok = dt__strategy_dev_failed(s, rc, "all-reduce of the gradients over the devices");
-  }
-  if (!mwm) {
-    if (!ok) return 0;
-    if (!s->desc.check_numerics && !(dt_optim_get_desc(s->opt)->clip_norm > 0.0f)) return 1;
-    rc = dt__strategy_dev_copy(s, 0, s->dhost, s->dgrad[0], 0, s->size, DTRAIN_COPY_D2H);
-    if (rc != DTRAIN_OK) return dt__strategy_dev_failed(s, rc, "reduced gradient to the host");
-    return dt__strategy_dev_checks(s, s->dhost);
-  }
-  /* multi_worker_mirrored: device 0 -> host -> across processes -> device 0 */
-  float *buf = s->mwm_buf;
-  if (ok) {
-    rc = dt__strategy_dev_copy(s, 0, buf, s->dgrad[0], 0, s->size, DTRAIN_COPY_D2H);
-    for (int i = 0; i < s->nbufr && rc == DTRAIN_OK; i++) {
-      size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
-      if (dt_comm_rank(s->desc.comm) == 0) rc = dt__strategy_dev_copy(s, 0, buf, s->ddata[0], b, e, DTRAIN_COPY_D2H);
-      else memset(buf + b, 0, (e - b) * sizeof(float));
-    }
-    if (rc != DTRAIN_OK) ok = dt__strategy_dev_failed(s, rc, "local gradient to the host");
-  }
-  if (!dt__strategy_mwm_exchange(s, ok)) return 0;
-  if (s->desc.loss == DTRAIN_LOSS_MEAN && s->mwm_rows > 0.0)
-    dt__strategy_scale(s, buf, 0, s->size, (float)(1.0 / s->mwm_rows));
-  if (!dt__strategy_dev_checks(s, buf)) return 0;
-  rc = dt__strategy_dev_copy(s, 0, s->dgrad[0], buf, 0, s->size, DTRAIN_COPY_H2D);
-  for (int i = 0; i < s->nbufr && rc == DTRAIN_OK; i++) /* rank 0 replica 0's buffers */
-    rc = dt__strategy_dev_copy(s, 0, s->ddata[0], buf, s->bufr[2 * i], s->bufr[2 * i + 1], DTRAIN_COPY_H2D);
-  if (rc != DTRAIN_OK) return dt__strategy_dev_failed(s, rc, "reduced gradient to the device");
-  return 1;
-}
-
-static void dt__strategy_dev_job(void *arg, int r) {
-  dt_strategy *s = (dt_strategy *)arg;
-  dt__strategy_replica *R = &s->rep[r];
-  const int mwm = s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED;
-  R->result = DTRAIN_OK;
-  R->updating = 0;
-  dt_minibatch b;
-  dt__strategy_shard(s->batch, s->n, r, &b);
-  if (mwm) b.weight = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0f : (float)b.rows; /* row sums, as on the CPU */
-  else b.weight = (s->desc.loss == DTRAIN_LOSS_SUM || b.global_rows == 0)
-                      ? 1.0f
-                      : (float)((double)b.rows / (double)b.global_rows);
-  b.replica_step = 0;
-  dt_comm_stats cs;
-  dt_comm_stats_get(s->comm, r, &cs);
-  double w0 = cs.wait_s;
-  int ok = dt__strategy_compute(s, r, &b);
-  dt_result rc;
-  if (ok && s->n > 1) {
-    rc = dt_comm_barrier(s->comm, r); /* every gradient is done */
-    if (rc != DTRAIN_OK) {
-      dt__strategy_comm_failed(s, r, rc);
-      ok = 0;
-    }
-  }
-  dt_comm_stats_get(s->comm, r, &cs);
-  R->wait_s += cs.wait_s - w0;
-  if (r > 0) return;
-  if (!dt__strategy_dev_reduce(s, ok)) return;
-  R->updating = 1;
-  rc = dt_optim_step_graph(s->opt, R->g);
-  if (rc != DTRAIN_OK) {
-    dt__strategy_fail(s, 0, rc, dt_last_error());
-    return;
-  }
-  if (s->n > 1) {
-    rc = dt_device_group_broadcast(s->dgroup, s->ddata, 0, s->size, 0);
-    if (rc != DTRAIN_OK) dt__strategy_dev_failed(s, rc, "parameters of replica 0 to the devices");
-  }
-}
-
-/* After a failed step: when some replica reached the update, put the
- * params' (pre-step) values back on every device so the replicas stay
- * equal. */
-static void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps) {
-  int any = 0;
-  for (int r = 0; r < s->n; r++) any |= s->rep[r].updating;
-  if (!any) return;
-  dt__quiet_push();
-  for (int r = 0; r < s->n; r++) (void)dt_graph_params_upload(s->rep[r].g);
-  dt__quiet_pop(DTRAIN_OK);
-  dt_optim_set_steps(s->opt, opt_steps);
-}
-
-/* ==== end of devices ======================================================================= */
-
-/* ==== parameter_server (worker side) ==========================================================
- * The async replica's loop against a store that takes gradients (dt_pstore_create_tcp): no
- * local optimizer step; the vector pushed holds the (clipped) gradient for trainable
- * parameters and the current values of buffers. One replica per process: the replica is this
- * process's worker of the store. */
-
-/* Replica r's push vector in R->old, or NULL after a recorded failure. */
-static const float *dt__strategy_ps_gradient(dt_strategy *s, int r) {
-  dt__strategy_replica *R = &s->rep[r];
-  float clip = dt_optim_get_desc(s->opt)->clip_norm;
-  if (clip > 0.0f) {
-    double norm = sqrt(dt__strategy_sumsq(s, R->grad, 0, s->size));
-    if (!isfinite(norm)) {
-      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, "gradient norm is not finite; nothing pushed");
-      return NULL;
-    }
-    if (norm > (double)clip) dt__strategy_scale(s, R->grad, 0, s->size, (float)((double)clip / (norm + 1e-6)));
-  }
-  memcpy(R->old, R->grad, s->fbytes);
-  for (int i = 0; i < s->nbufr; i++)
-    memcpy(R->old + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
-  return R->old;
-}
-
-DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness) {
-  dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_PARAMETER_SERVER, 1, max_staleness);
-  d.store = store;
-  return d;
-}
-
-/* ==== end of parameter_server ================================================================= */
-
-/* ---- the asynchronous replica -------------------------------------------------------------- */
-
-static void dt__strategy_async_job(void *arg, int r) {
-  dt_strategy *s = (dt_strategy *)arg;
-  dt__strategy_replica *R = &s->rep[r];
-  const int lockstep = s->desc.max_staleness == 0 || s->batch != NULL;
-  const int ps_kind = s->desc.kind == DTRAIN_STRATEGY_PARAMETER_SERVER;
-  R->result = DTRAIN_OK;
-  char what[DT__MSG_CAP];
-  for (int64_t t = 0;; t++) {
-    if (dt__strategy_failed(s)) {
-      if (R->result == DTRAIN_OK) R->result = DTRAIN_ERR_ABORTED;
-      break;
-    }
-    int64_t ticket;
-    if (lockstep) {
-      if (t >= s->job_steps) break;
-      ticket = t * s->n + r;
-    } else {
-      ticket = DT__AFETCH_ADD(&s->ticket, (int64_t)1, DT__MO_RELAXED);
-      if (ticket >= s->job_steps) break;
-    }
-    dt_minibatch b;
-    if (s->batch) {
-      dt__strategy_shard(s->batch, s->n, r, &b);
-    } else {
-      memset(&b, 0, sizeof b);
-      dt_result rc = s->next(s->next_user, r, s->ticket_base + ticket, &b);
-      if (rc == DTRAIN_OK) rc = dt__strategy_check_batch(&b, "dt_strategy_run");
-      if (rc != DTRAIN_OK) {
-        snprintf(what, sizeof what, "the batch function failed for step %lld (%s)",
-                 (long long)(s->ticket_base + ticket), dt_result_name(rc));
-        dt__strategy_fail(s, r, rc, what);
-        break;
-      }
-      b.first = 0;
-      b.global_rows = b.rows;
-    }
-    b.step = s->ticket_base + ticket;
-    b.replica_step = t;
-    b.weight = 1.0f;
-    dt_pstore_ticket tk;
-    memset(&tk, 0, sizeof tk);
-    dt_result rc = dt_pstore_pull(s->pstore, r, t, R->data, s->size, &tk);
-    R->wait_s += tk.wait_s;
-    if (rc != DTRAIN_OK) {
-      dt__strategy_comm_failed(s, r, rc);
-      break;
-    }
-    if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
-    if (!ps_kind) memcpy(R->old, R->data, s->fbytes);
-    if (!dt__strategy_compute(s, r, &b)) break;
-    const float *delta = NULL;
-    if (b.rows > 0 && ps_kind) {
-      if (!(delta = dt__strategy_ps_gradient(s, r))) break;
-    } else if (b.rows > 0) {
-      float clip = dt_optim_get_desc(R->opt)->clip_norm;
-      if (clip > 0.0f) {
-        double norm = sqrt(dt__strategy_sumsq(s, R->grad, 0, s->size));
-        if (!isfinite(norm)) {
-          dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, "gradient norm is not finite; no update made");
-          break;
-        }
-        if (norm > (double)clip) dt__strategy_scale(s, R->grad, 0, s->size, (float)((double)clip / (norm + 1e-6)));
-      }
-      rc = dt_optim_update(R->opt, R->data, R->grad, 0, s->size);
-      if (rc != DTRAIN_OK) {
-        dt__strategy_fail(s, r, rc, dt_last_error());
-        break;
-      }
-      dt_optim_advance(R->opt);
-      float *d = R->old;
-      for (size_t i = 0; i < s->size; i++) d[i] = R->data[i] - d[i];
-      if (s->desc.check_numerics) {
-        size_t bad = dt__strategy_nonfinite(d, 0, s->size);
-        if (bad < s->size) {
-          snprintf(what, sizeof what, "update of '%s' is %s at flat index %zu; not pushed",
-                   dt__strategy_param_at(s, bad), isnan(d[bad]) ? "NaN" : "Inf", bad);
-          dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-          break;
-        }
-      }
-      delta = d;
-    }
-    rc = dt_pstore_push(s->pstore, r, t, delta, s->size, &tk);
-    R->wait_s += tk.wait_s;
-    if (rc != DTRAIN_OK) {
-      dt__strategy_comm_failed(s, r, rc);
-      break;
-    }
-    int64_t st = tk.staleness < 0 ? 0 : tk.staleness;
-    R->hist[DT__MIN(st, (int64_t)DTRAIN_STALENESS_BINS - 1)]++;
-    R->stale_sum += st;
-    if (st > R->stale_max) R->stale_max = st;
-    R->steps++;
-    R->samples += b.rows;
-    if (b.rows > 0) {
-      R->loss_sum += R->loss;
-      R->loss_count++;
-      R->last_loss = R->loss;
-      R->last_time = dt__now();
-    }
-  }
-  if (!ps_kind) dt_pstore_leave(s->pstore, r); /* a server store is left with dt_pstore_leave by the user */
+  return cs.wait_s;
 }
 
 /* ---- running jobs ------------------------------------------------------------------------------ */
@@ -18072,16 +17747,11 @@ static void dt__strategy_async_job(void *arg, int r) {
 static void dt__strategy_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
   int was = dt__par_set_replica(s->n > 1); /* replicas fill the cores: kernels inside use one thread */
-  if (s->dev) dt__strategy_dev_job(arg, r);
-  else if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) dt__strategy_mwm_job(arg, r);
-  else if (dt__strategy_sync(s)) dt__strategy_sync_job(arg, r);
-  else dt__strategy_async_job(arg, r);
+  s->job(s, r);
   dt__par_set_replica(was);
 }
 
-/* Runs the current job on every replica; returns the first failure, with
- * the thread's error set on the calling thread. */
-static dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
+DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
   DT__ASTORE(&s->failed, -1, DT__MO_RELAXED);
   s->err = DTRAIN_OK;
   s->msg[0] = '\0';
@@ -18100,12 +17770,13 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: strategy is NULL", fn);
   dt_result rc = dt__strategy_check_batch(batch, fn);
   if (rc != DTRAIN_OK) return rc;
+  const int sync = (s->mod->flags & DT__STRATEGY_SYNC) != 0;
   double t0 = dt__now();
   dt_minibatch gb = *batch;
-  gb.step = dt__strategy_sync(s) ? s->steps : s->tickets;
+  gb.step = sync ? s->steps : s->tickets;
   s->batch = &gb;
   s->next = NULL;
-  s->job_steps = 1;
+  s->job_steps = 1; /* async: one round, one step per replica */
   s->ticket_base = s->tickets;
   int64_t before = 0;
   for (int r = 0; r < s->n; r++) before += s->rep[r].steps;
@@ -18120,14 +17791,17 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   s->seconds += dt__now() - t0;
   if (rc != DTRAIN_OK) return rc;
   /* The batch's loss: shard losses weighted by their share, in rank order
-   * (multi_worker_mirrored: the global batch's, from the all-reduce). */
+   * (or the module's: multi_worker_mirrored's comes from the all-reduce). */
   double L = 0.0;
-  if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) L = s->mwm_loss;
-  for (int r = 0; r < s->n && s->desc.kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED; r++) {
-    double w = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0 : (gb.rows ? (double)s->rep[r].rows / (double)gb.rows : 0.0);
-    L += w * (double)s->rep[r].loss;
+  if (s->mod->loss) {
+    L = s->mod->loss(s, &gb);
+  } else {
+    for (int r = 0; r < s->n; r++) {
+      double w = s->desc.loss == DTRAIN_LOSS_SUM ? 1.0 : (gb.rows ? (double)s->rep[r].rows / (double)gb.rows : 0.0);
+      L += w * (double)s->rep[r].loss;
+    }
   }
-  if (dt__strategy_sync(s)) {
+  if (sync) {
     if (!s->dev) dt_optim_advance(s->opt);
     for (int r = 0; r < s->n; r++) {
       s->rep[r].steps++;
@@ -18154,67 +17828,27 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
   if (mean_loss) *mean_loss = NAN;
   if (!s || !next) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !s ? "strategy" : "next");
   if (steps < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: steps %lld < 0", fn, (long long)steps);
-  if (dt__strategy_sync(s)) {
-    double sum = 0.0;
-    for (int64_t t = 0; t < steps; t++) {
-      dt_minibatch b;
-      memset(&b, 0, sizeof b);
-      int64_t id = s->steps;
-      dt_result rc = next(next_user, -1, id, &b);
-      if (rc != DTRAIN_OK)
-        return dt__error(rc, "%s: the batch function failed for step %lld (%s)", fn, (long long)id, dt_result_name(rc));
-      float L;
-      rc = dt_strategy_step(s, &b, &L);
-      if (rc != DTRAIN_OK) return rc;
-      sum += L;
-    }
-    if (mean_loss && steps > 0) *mean_loss = (float)(sum / (double)steps);
-    return DTRAIN_OK;
+  if (s->mod->run) return s->mod->run(s, steps, next, next_user, mean_loss);
+  double sum = 0.0;
+  for (int64_t t = 0; t < steps; t++) {
+    dt_minibatch b;
+    memset(&b, 0, sizeof b);
+    int64_t id = s->steps;
+    dt_result rc = next(next_user, -1, id, &b);
+    if (rc != DTRAIN_OK)
+      return dt__error(rc, "%s: the batch function failed for step %lld (%s)", fn, (long long)id, dt_result_name(rc));
+    float L;
+    rc = dt_strategy_step(s, &b, &L);
+    if (rc != DTRAIN_OK) return rc;
+    sum += L;
   }
-  /* async: one job in which the replicas run free */
-  if (s->desc.max_staleness != 0 && steps > INT64_MAX / DTRAIN_MAX_REPLICAS)
-    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: %lld steps is too many", fn, (long long)steps);
-  double t0 = dt__now();
-  s->batch = NULL;
-  s->next = next;
-  s->next_user = next_user;
-  s->job_steps = s->desc.max_staleness == 0 ? steps : steps * s->n;
-  s->ticket_base = s->tickets;
-  DT__ASTORE(&s->ticket, (int64_t)0, DT__MO_RELAXED);
-  double lsum = 0.0;
-  int64_t lcount = 0, before = 0, sbefore = 0;
-  for (int r = 0; r < s->n; r++) {
-    lsum -= s->rep[r].loss_sum;
-    lcount -= s->rep[r].loss_count;
-    before += s->rep[r].steps;
-    sbefore += s->rep[r].samples;
-  }
-  dt_result rc = dt__strategy_launch(s, fn);
-  s->seconds += dt__now() - t0;
-  int64_t after = 0, safter = 0;
-  double last_time = -1.0;
-  for (int r = 0; r < s->n; r++) {
-    lsum += s->rep[r].loss_sum;
-    lcount += s->rep[r].loss_count;
-    after += s->rep[r].steps;
-    safter += s->rep[r].samples;
-    if (s->rep[r].loss_count > 0 && s->rep[r].last_time > last_time) {
-      last_time = s->rep[r].last_time;
-      s->last_loss = s->rep[r].last_loss;
-    }
-  }
-  s->steps += after - before;
-  s->samples += safter - sbefore;
-  s->tickets += s->job_steps;
-  s->loss_sum += lsum;
-  s->loss_count += lcount;
-  if (mean_loss && lcount > 0) *mean_loss = (float)(lsum / (double)lcount);
-  return rc;
+  if (mean_loss && steps > 0) *mean_loss = (float)(sum / (double)steps);
+  return DTRAIN_OK;
 }
 
 /* ---- create / destroy -------------------------------------------------------------------------- */
 
-static float *dt__strategy_floats(dt_strategy *s, const float *init) {
+DTRAIN_PRIVATE float *dt__strategy_floats(dt_strategy *s, const float *init) {
   float *p = (float *)dt__alloc(s->fbytes ? s->fbytes : sizeof(float));
   if (p) {
     if (init) memcpy(p, init, s->fbytes);
@@ -18223,36 +17857,46 @@ static float *dt__strategy_floats(dt_strategy *s, const float *init) {
   return p;
 }
 
-static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
+DTRAIN_PRIVATE dt_result dt__strategy_nomem(dt_strategy *s) {
+  return dt__error(DTRAIN_ERR_NOMEM, "dt_strategy_create: out of memory for %d replicas of %zu floats", s->n, s->size);
+}
+
+DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, int own_grad, float *grad0) {
+  dt__strategy_replica *R = &s->rep[r];
+  float *pdata = dt_params_data(s->params);
+  if (own_data && !(R->own_data = dt__strategy_floats(s, pdata))) return dt__strategy_nomem(s);
+  if (own_grad && !(R->own_grad = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
+  R->data = own_data ? R->own_data : pdata;
+  R->grad = grad0 ? grad0 : own_grad ? R->own_grad : dt_params_grad(s->params);
+  return dt_graph_bind(R->g, R->data, R->grad);
+}
+
+/* The common rules of a desc, and the kind's (its flags and hooks), in an
+ * order that decides which error a desc with several gets. Fills defaults. */
+static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy_module **out) {
   const char *fn = "dt_strategy_create";
-  if ((int)d->kind < (int)DTRAIN_STRATEGY_ONE_DEVICE || (int)d->kind > (int)DTRAIN_STRATEGY_PARAMETER_SERVER)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown strategy kind %d", fn, (int)d->kind);
-  if (d->kind == DTRAIN_STRATEGY_PARAMETER_SERVER) {
-    if (!d->store) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: parameter_server needs desc.store (dt_pstore_create_tcp)", fn);
-    if (d->replicas > 1)
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: parameter_server runs 1 replica per process (the process is "
-                       "one worker of the store), not %d", fn, d->replicas);
-    d->replicas = 1;
-    d->max_staleness = d->store->max_staleness;
-  }
-  const char *name = dt_strategy_kind_name(d->kind);
+  const dt__strategy_module *m = dt__strategy_module_of((int)d->kind);
+  if (!m) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown strategy kind %d", fn, (int)d->kind);
+  *out = m;
+  dt_result rc;
+  if (m->prepare && (rc = m->prepare(d)) != DTRAIN_OK) return rc;
+  const char *name = m->name;
 #if defined(DTRAIN_NO_THREADS)
-  if (d->kind != DTRAIN_STRATEGY_ONE_DEVICE)
+  if (!(m->flags & DT__STRATEGY_ONE_REPLICA))
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: %s needs threads (built with DTRAIN_NO_THREADS); use one_device",
                      fn, name);
 #endif
   if (d->devices && d->replicas == 0) d->replicas = d->ndevices;
-  if (d->kind == DTRAIN_STRATEGY_ONE_DEVICE) {
+  if (m->flags & DT__STRATEGY_ONE_REPLICA) {
     if (d->replicas > 1)
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: one_device has 1 replica, not %d", fn, d->replicas);
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %s has 1 replica, not %d", fn, name, d->replicas);
     d->replicas = 1;
   }
   if (d->replicas == 0) d->replicas = DT__MIN(dt__cpu_count(), DTRAIN_MAX_REPLICAS);
   if (d->replicas < 1 || d->replicas > DTRAIN_MAX_REPLICAS)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %s with %d replicas (need 1..%d)", fn, name, d->replicas,
                      DTRAIN_MAX_REPLICAS);
-  if ((d->kind == DTRAIN_STRATEGY_ASYNC || d->kind == DTRAIN_STRATEGY_PARAMETER_SERVER) &&
-      d->max_staleness < DTRAIN_STALENESS_UNBOUNDED)
+  if (!(m->flags & DT__STRATEGY_SYNC) && d->max_staleness < DTRAIN_STALENESS_UNBOUNDED)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: max_staleness %d (use >= 0, or DTRAIN_STALENESS_UNBOUNDED)", fn,
                      d->max_staleness);
   if (d->async_update != DTRAIN_ASYNC_HOGWILD && d->async_update != DTRAIN_ASYNC_ATOMIC)
@@ -18264,13 +17908,9 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
                      (double)d->straggler_factor);
   if (d->straggler_factor > 1.0f && (d->straggler < 0 || d->straggler >= d->replicas))
     return dt__error(DTRAIN_ERR_INDEX, "%s: straggler replica %d outside [0, %d)", fn, d->straggler, d->replicas);
-  if (d->kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) {
-    dt_result rc = dt__strategy_mwm_check(d);
-    if (rc != DTRAIN_OK) return rc;
-  }
+  if (m->check && (rc = m->check(d)) != DTRAIN_OK) return rc;
   if (d->devices || d->ndevices) {
-    if (d->kind != DTRAIN_STRATEGY_ONE_DEVICE && d->kind != DTRAIN_STRATEGY_MIRRORED &&
-        d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
+    if (!(m->flags & DT__STRATEGY_DEVICES))
       return dt__error(DTRAIN_ERR_UNSUPPORTED,
                        "%s: %s cannot run on devices (its parameters live in host memory); use one_device, "
                        "mirrored or multi_worker_mirrored with desc.devices", fn, name);
@@ -18292,40 +17932,10 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d) {
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_step_fn step, void *user,
-                                           const dt_strategy_desc *desc) {
-  const char *fn = "dt_strategy_create";
-  if (!params || !opt || !step) {
-    dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !params ? "params" : !opt ? "opt" : "step");
-    return NULL;
-  }
-  dt_strategy_desc d = desc ? *desc : dt_one_device();
-  if (dt__strategy_check_desc(&d) != DTRAIN_OK) return NULL;
-  if (dt_params_trainable_size(params) == 0) {
-    dt__error(DTRAIN_ERR_STATE, "%s: the params have no trainable parameter", fn);
-    return NULL;
-  }
-  dt_strategy *s = (dt_strategy *)dt__calloc(sizeof *s);
-  if (!s) {
-    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
-    return NULL;
-  }
-  s->desc = d;
-  s->params = params;
-  s->opt = opt;
-  s->step = step;
-  s->user = user;
-  s->n = d.replicas;
-  s->size = dt_params_size(params);
-  s->fbytes = s->size * sizeof(float);
-  s->last_failed = -1;
-  DT__ASTORE(&s->failed, -1, DT__MO_RELAXED);
-  DT__ASTORE(&s->ticket, (int64_t)0, DT__MO_RELAXED);
-  const int kind = d.kind;
-  float *pdata = dt_params_data(params), *pgrad = dt_params_grad(params);
-
-  /* Non-trainable runs (batch-norm statistics), adjacent ones merged. */
-  int count = dt_params_count(params);
+/* The non-trainable runs (batch-norm statistics) into s->bufr, adjacent
+ * ones (up to 16-float alignment padding apart) merged. */
+static dt_result dt__strategy_find_buffers(dt_strategy *s) {
+  int count = dt_params_count(s->params);
   size_t pb, pe;
   int tr, dec;
   for (int pass = 0; pass < 2; pass++) {
@@ -18333,7 +17943,7 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     size_t cur_b = 0, cur_e = 0;
     int open = 0;
     for (int i = 0; i <= count; i++) {
-      int have = i < count && dt__params_range(params, i, &pb, &pe, &tr, &dec);
+      int have = i < count && dt__params_range(s->params, i, &pb, &pe, &tr, &dec);
       if (have && !tr) {
         if (open && pb <= ((cur_e + 15) / 16) * 16) {
           cur_e = pe;
@@ -18356,21 +17966,54 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
       s->nbufr = nr;
       if (nr > 0) {
         s->bufr = (size_t *)dt__alloc((size_t)nr * 2 * sizeof(size_t));
-        if (!s->bufr) goto nomem;
+        if (!s->bufr) return dt__strategy_nomem(s);
       }
     }
   }
+  return DTRAIN_OK;
+}
 
+DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_step_fn step, void *user,
+                                           const dt_strategy_desc *desc) {
+  const char *fn = "dt_strategy_create";
+  if (!params || !opt || !step) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !params ? "params" : !opt ? "opt" : "step");
+    return NULL;
+  }
+  dt_strategy_desc d = desc ? *desc : dt_one_device();
+  const dt__strategy_module *m = NULL;
+  if (dt__strategy_check_desc(&d, &m) != DTRAIN_OK) return NULL;
+  if (dt_params_trainable_size(params) == 0) {
+    dt__error(DTRAIN_ERR_STATE, "%s: the params have no trainable parameter", fn);
+    return NULL;
+  }
+  dt_strategy *s = (dt_strategy *)dt__calloc(sizeof *s);
+  if (!s) {
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    return NULL;
+  }
+  s->desc = d;
+  s->mod = m;
+  s->job = d.devices ? dt__strategy_dev_job : m->job; /* devices: one job for every kind that allows them */
+  s->params = params;
+  s->opt = opt;
+  s->step = step;
+  s->user = user;
+  s->n = d.replicas;
+  s->size = dt_params_size(params);
+  s->fbytes = s->size * sizeof(float);
+  s->last_failed = -1;
+  DT__ASTORE(&s->failed, -1, DT__MO_RELAXED);
+  DT__ASTORE(&s->ticket, (int64_t)0, DT__MO_RELAXED);
+  if (dt__strategy_find_buffers(s) != DTRAIN_OK) goto fail;
   s->rep_bytes = (size_t)s->n * sizeof(dt__strategy_replica);
   s->rep = (dt__strategy_replica *)dt__calloc(s->rep_bytes);
-  if (!s->rep) goto nomem;
-  if (d.devices) {
-    s->dev = 1;
-    s->dgrad = (float **)dt__calloc((size_t)s->n * sizeof(float *));
-    s->ddata = (float **)dt__calloc((size_t)s->n * sizeof(float *));
-    if (!s->dgrad || !s->ddata || !(s->dhost = dt__strategy_floats(s, NULL))) goto nomem;
-    if (kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && dt__strategy_mwm_alloc(s) != DTRAIN_OK) goto nomem;
+  if (!s->rep) {
+    dt__strategy_nomem(s);
+    goto fail;
   }
+  if (d.devices && dt__strategy_dev_create(s) != DTRAIN_OK) goto fail;
+  if (m->create && m->create(s) != DTRAIN_OK) goto fail;
   for (int r = 0; r < s->n; r++) {
     dt__strategy_replica *R = &s->rep[r];
     dt_graph_desc gd;
@@ -18389,56 +18032,15 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
       goto fail;
     }
     R->result = DTRAIN_OK;
-    if (s->dev) {
-      R->data = s->ddata[r] = dt_graph_param_data(R->g);
-      R->grad = s->dgrad[r] = dt_graph_param_grad(R->g);
-      if (d.check_numerics && !(R->old = dt__strategy_floats(s, NULL))) goto nomem;
-      continue;
-    }
-    const int mwm = kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED;
-    int own_data = ((kind == DTRAIN_STRATEGY_MIRRORED || mwm) && r > 0) || kind == DTRAIN_STRATEGY_ASYNC ||
-                   (kind == DTRAIN_STRATEGY_CENTRAL_STORAGE && s->nbufr > 0);
-    int own_grad = r > 0 || kind == DTRAIN_STRATEGY_ASYNC;
-    if (own_data && !(R->own_data = dt__strategy_floats(s, pdata))) goto nomem;
-    if (own_grad && !(R->own_grad = dt__strategy_floats(s, NULL))) goto nomem;
-    R->data = own_data ? R->own_data : pdata;
-    R->grad = own_grad ? R->own_grad : pgrad;
-    if (mwm && r == 0) {
-      if (dt__strategy_mwm_alloc(s) != DTRAIN_OK) goto nomem;
-      R->grad = s->mwm_buf;
-    }
-    if (dt_graph_bind(R->g, R->data, R->grad) != DTRAIN_OK) goto fail;
-    if (kind == DTRAIN_STRATEGY_PARAMETER_SERVER && !(R->old = dt__strategy_floats(s, NULL))) goto nomem;
-    if (kind == DTRAIN_STRATEGY_ASYNC) {
-      if (!(R->old = dt__strategy_floats(s, NULL))) goto nomem;
-      R->opt = dt_optim_create(params, dt_optim_get_desc(opt));
-      if (!R->opt) goto fail;
-      dt_optim_set_steps(R->opt, dt_optim_steps(opt));
-    }
+    if ((s->dev ? dt__strategy_dev_bind(s, r) : m->replica(s, r)) != DTRAIN_OK) goto fail;
   }
-  if (kind == DTRAIN_STRATEGY_ASYNC) {
-    s->pstore = dt_pstore_create_local(pdata, s->size, s->n, d.max_staleness, d.async_update, d.spin_us);
-    if (!s->pstore) goto fail;
-  } else if (kind == DTRAIN_STRATEGY_PARAMETER_SERVER) {
-    if (d.store->size != s->size) {
-      dt__error(DTRAIN_ERR_SHAPE, "%s: the store holds %zu floats, the params %zu", fn, d.store->size, s->size);
-      goto fail;
-    }
-    s->pstore = d.store; /* borrowed */
-  } else {
-    s->comm = dt_comm_create_threads(s->n, d.spin_us);
-    if (!s->comm) goto fail;
-  }
-  if (s->dev && s->n > 1) {
-    s->dgroup = dt_device_group_create(d.devices, s->n, s->size);
-    if (!s->dgroup) goto fail;
-  }
+  /* The lock-step kinds meet their replicas on an in-process communicator. */
+  if ((m->flags & DT__STRATEGY_SYNC) && !(s->comm = dt_comm_create_threads(s->n, d.spin_us))) goto fail;
+  if (s->dev && dt__strategy_dev_start(s) != DTRAIN_OK) goto fail;
   s->pool = dt__pool_create(s->n, dt__spin_seconds(d.spin_us, s->n));
   if (!s->pool) goto fail;
-  if (kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && dt__strategy_mwm_start(s, fn) != DTRAIN_OK) goto fail;
+  if (m->start && m->start(s, fn) != DTRAIN_OK) goto fail;
   return s;
-nomem:
-  dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory for %d replicas of %zu floats", fn, s->n, s->size);
 fail:
   dt_strategy_destroy(s);
   return NULL;
@@ -18448,11 +18050,8 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
   if (!s) return;
   dt__pool_destroy(s->pool);
   dt_comm_destroy(s->comm);
-  dt_device_group_destroy(s->dgroup);
-  dt__free(s->dgrad, (size_t)s->n * sizeof(float *));
-  dt__free(s->ddata, (size_t)s->n * sizeof(float *));
-  dt__free(s->dhost, s->fbytes ? s->fbytes : sizeof(float));
-  if (s->desc.kind != DTRAIN_STRATEGY_PARAMETER_SERVER) dt_pstore_destroy(s->pstore);
+  dt__strategy_dev_destroy(s);
+  if (s->own_pstore) dt_pstore_destroy(s->pstore);
   if (s->rep) {
     for (int r = 0; r < s->n; r++) {
       dt__strategy_replica *R = &s->rep[r];
@@ -18465,25 +18064,13 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
     dt__free(s->rep, s->rep_bytes);
   }
   dt__free(s->bufr, (size_t)s->nbufr * 2 * sizeof(size_t));
-  dt__free(s->mwm_buf, s->mwm_bytes);
+  if (s->mod && s->mod->destroy) s->mod->destroy(s);
   dt__free(s, sizeof *s);
 }
 
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
   if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_sync: strategy is NULL");
-  if (s->desc.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED) return dt__strategy_mwm_start(s, "dt_strategy_sync");
-  if (s->dev) {
-    for (int r = 0; r < s->n; r++) {
-      dt_result rc = dt_graph_params_upload(s->rep[r].g);
-      if (rc != DTRAIN_OK) return dt__error(rc, "dt_strategy_sync: replica %d: %s", r, dt_last_error());
-    }
-    return DTRAIN_OK;
-  }
-  if (s->desc.kind == DTRAIN_STRATEGY_MIRRORED) {
-    const float *src = dt_params_data(s->params);
-    for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, src, s->fbytes);
-  }
-  return DTRAIN_OK;
+  return s->mod->sync ? s->mod->sync(s, "dt_strategy_sync") : DTRAIN_OK;
 }
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s) { return s ? s->n : 0; }
@@ -18543,7 +18130,7 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
     if (R->stale_max > out->staleness_max) out->staleness_max = R->stale_max;
     if (R->gap_max > out->clock_gap_max) out->clock_gap_max = R->gap_max;
     stale_sum += R->stale_sum;
-    if (!dt__strategy_sync(s)) pushes += R->steps;
+    if (!(s->mod->flags & DT__STRATEGY_SYNC)) pushes += R->steps; /* async: a step is a push */
   }
   out->staleness_mean = pushes ? (double)stale_sum / (double)pushes : 0.0;
   out->last_loss = s->last_loss;
@@ -18566,8 +18153,945 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
   if (s->comm) dt_comm_reset_stats(s->comm);
 }
 
-#undef DT__PSTORE_DONE
+#undef DT__STRATEGY_KINDS
 /* ======== end dt_strategy.c ======== */
+
+/* ======== begin dt_strategy_one_device.c ======== */
+/* ===========================================================================
+ * dt_strategy_one_device.c -- one_device: one replica on the calling thread
+ * (or on one device)
+ * ===========================================================================
+ * The replica trains the params' own buffers. Its step is central_storage's
+ * with one replica (the reduction and barriers of one are no-ops), so that
+ * one_device, mirrored(1) and central_storage(1) run the same arithmetic and
+ * agree bitwise. It is the one kind that works without threads.
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+DTRAIN_API dt_strategy_desc dt_one_device(void) { return dt__strategy_desc(DTRAIN_STRATEGY_ONE_DEVICE, 1, 0); }
+
+/* The params' own data and gradient. */
+static dt_result dt__one_device_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, 0, 0, NULL); }
+
+static dt_result dt__one_device_sync(dt_strategy *s, const char *fn) {
+  /* On the CPU the replica is the params; a device holds a copy. */
+  return s->dev ? dt__strategy_dev_upload(s, fn) : DTRAIN_OK;
+}
+
+static const dt__strategy_module dt__one_device_module = {
+  "one_device",
+  DT__STRATEGY_SYNC | DT__STRATEGY_ONE_REPLICA | DT__STRATEGY_DEVICES,
+  NULL,                     /* prepare */
+  NULL,                     /* check */
+  NULL,                     /* create */
+  dt__one_device_replica,   /* replica */
+  NULL,                     /* start */
+  dt__strategy_central_job, /* job */
+  NULL,                     /* run: steps */
+  dt__one_device_sync,      /* sync */
+  NULL,                     /* loss: the shards' */
+  NULL,                     /* local_step */
+  NULL,                     /* dev_exchange */
+  NULL                      /* destroy */
+};
+
+DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_one_device_module(void) { return &dt__one_device_module; }
+/* ======== end dt_strategy_one_device.c ======== */
+
+/* ======== begin dt_strategy_mirrored.c ======== */
+/* ===========================================================================
+ * dt_strategy_mirrored.c -- mirrored: one copy of the parameters per replica
+ * (replica 0's is the params' own), kept equal by collectives
+ * ===========================================================================
+ * A step (dt__mirrored_job, every replica): its shard -> forward/backward
+ * into its own gradient -> reduce-scatter: replica r owns slice r of the sum
+ * -> clipping / numerics on that slice -> dt_optim_update of slice r of its
+ * own copy -> replica 0's buffers (batch-norm statistics) into slice r ->
+ * all-gather of the parameters. Buffers follow replica 0, like PyTorch
+ * DDP's broadcast_buffers. On devices see dt_strategy_device.c.
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+DTRAIN_API dt_strategy_desc dt_mirrored(int replicas) {
+  return dt__strategy_desc(DTRAIN_STRATEGY_MIRRORED, replicas, 0);
+}
+
+/* Replica 0 trains the params' buffers; the others their own copies. */
+static dt_result dt__mirrored_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, r > 0, r > 0, NULL); }
+
+static void dt__mirrored_job(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  R->result = DTRAIN_OK;
+  dt_minibatch b;
+  dt__strategy_sync_shard(s, r, &b);
+  if (!dt__strategy_compute(s, r, &b)) return;
+  size_t lo, hi;
+  dt_comm_slice(s->size, s->n, r, &lo, &hi);
+  double w0 = dt__strategy_comm_wait(s, r);
+  dt_result rc = dt_comm_reduce_scatter(s->comm, r, R->grad, s->size);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_comm_failed(s, r, rc);
+    goto done;
+  }
+  if (!dt__strategy_update_slice(s, r, R->data, R->grad, lo, hi)) goto done;
+  /* Buffers follow replica 0: each replica puts replica 0's values into its
+   * own slice before the all-gather spreads the slices (the optimizer never
+   * writes the buffer ranges, so replica 0's stay still meanwhile). */
+  if (r > 0) dt__strategy_copy_buffers(s, R->data, s->rep[0].data, lo, hi);
+  rc = dt_comm_allgather(s->comm, r, R->data, s->size);
+  if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
+done:
+  R->wait_s += dt__strategy_comm_wait(s, r) - w0;
+}
+
+static dt_result dt__mirrored_sync(dt_strategy *s, const char *fn) {
+  if (s->dev) return dt__strategy_dev_upload(s, fn);
+  const float *src = dt_params_data(s->params);
+  for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, src, s->fbytes);
+  return DTRAIN_OK;
+}
+
+static const dt__strategy_module dt__mirrored_module = {
+  "mirrored",
+  DT__STRATEGY_SYNC | DT__STRATEGY_DEVICES,
+  NULL,                 /* prepare */
+  NULL,                 /* check */
+  NULL,                 /* create */
+  dt__mirrored_replica, /* replica */
+  NULL,                 /* start: the copies were made from the params */
+  dt__mirrored_job,     /* job */
+  NULL,                 /* run: steps */
+  dt__mirrored_sync,    /* sync */
+  NULL,                 /* loss: the shards' */
+  NULL,                 /* local_step */
+  NULL,                 /* dev_exchange: the checks */
+  NULL                  /* destroy */
+};
+
+DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mirrored_module(void) { return &dt__mirrored_module; }
+/* ======== end dt_strategy_mirrored.c ======== */
+
+/* ======== begin dt_strategy_central.c ======== */
+/* ===========================================================================
+ * dt_strategy_central.c -- central_storage: one copy of the parameters (the
+ * params' own), read by every replica; the gradients reduced into the centre
+ * ===========================================================================
+ * A step (dt__strategy_central_job, every replica): its shard ->
+ * forward/backward into its own gradient -> reduce to replica 0's gradient
+ * (the params' grad, rank order) -> clipping / numerics on slice r of the
+ * sum -> dt_optim_update of slice r of the centre. No all-gather: there is
+ * one copy.
+ *
+ * Buffers (batch-norm statistics) are written by the forward pass, so with
+ * such a model each replica works on a private copy of the centre,
+ * refreshed at the start of every step, and replica 0's statistics go back
+ * to the centre after the update (buffers follow replica 0).
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+DTRAIN_API dt_strategy_desc dt_central_storage(int replicas) {
+  return dt__strategy_desc(DTRAIN_STRATEGY_CENTRAL_STORAGE, replicas, 0);
+}
+
+/* A private copy of the centre only when buffers need one; replicas
+ * other than 0 sum into their own gradient. */
+static dt_result dt__central_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, s->nbufr > 0, r > 0, NULL); }
+
+DTRAIN_PRIVATE void dt__strategy_central_job(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  R->result = DTRAIN_OK;
+  dt_minibatch b;
+  dt__strategy_sync_shard(s, r, &b);
+  /* Forward passes writing batch-norm statistics must not race on the centre. */
+  if (R->own_data) memcpy(R->own_data, dt_params_data(s->params), s->fbytes);
+  if (!dt__strategy_compute(s, r, &b)) return;
+  size_t lo, hi;
+  dt_comm_slice(s->size, s->n, r, &lo, &hi);
+  double w0 = dt__strategy_comm_wait(s, r);
+  float *grad = s->rep[0].grad, *data = dt_params_data(s->params);
+  dt_result rc = dt_comm_reduce(s->comm, r, R->grad, s->size, 0);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_comm_failed(s, r, rc);
+    goto done;
+  }
+  if (!dt__strategy_update_slice(s, r, data, grad, lo, hi)) goto done;
+  /* The optimizer never touches the buffer ranges: replica 0 may write them
+   * while the others update their slices. */
+  if (r == 0 && R->own_data)
+    for (int i = 0; i < s->nbufr; i++)
+      memcpy(data + s->bufr[2 * i], R->own_data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
+done:
+  R->wait_s += dt__strategy_comm_wait(s, r) - w0;
+}
+
+static const dt__strategy_module dt__central_module = {
+  "central_storage",
+  DT__STRATEGY_SYNC,
+  NULL,                     /* prepare */
+  NULL,                     /* check */
+  NULL,                     /* create */
+  dt__central_replica,      /* replica */
+  NULL,                     /* start */
+  dt__strategy_central_job, /* job */
+  NULL,                     /* run: steps */
+  NULL,                     /* sync: the replicas read the centre */
+  NULL,                     /* loss: the shards' */
+  NULL,                     /* local_step */
+  NULL,                     /* dev_exchange */
+  NULL                      /* destroy */
+};
+
+DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_central_module(void) { return &dt__central_module; }
+/* ======== end dt_strategy_central.c ======== */
+
+/* ======== begin dt_strategy_async.c ======== */
+/* ===========================================================================
+ * dt_strategy_async.c -- async (Hogwild with bounded staleness) against the
+ * in-process parameter store; the replica loop and dt_strategy_run of the
+ * async family (parameter_server uses them too)
+ * ===========================================================================
+ * A replica (dt__strategy_async_job) loops: take a ticket, get a batch, pull
+ * from the store into its own copy, its own step (the module's local_step:
+ * here forward/backward, its own optimizer step, the difference new - pulled
+ * as the update), push. See "Async update rule" and "Staleness" in
+ * dt_strategy.h for the rules.
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness) {
+  return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
+}
+
+/* The store over the params' data: replicas pull from it and push to it. */
+static dt_result dt__async_create(dt_strategy *s) {
+  const dt_strategy_desc *d = &s->desc;
+  s->pstore = dt_pstore_create_local(dt_params_data(s->params), s->size, s->n, d->max_staleness, d->async_update,
+                                     d->spin_us);
+  if (!s->pstore) return dt_last_result();
+  s->own_pstore = 1;
+  return DTRAIN_OK;
+}
+
+/* Every replica: its own copy, gradient, pulled copy and optimizer (a clone
+ * of the given one, at its step count). */
+static dt_result dt__async_replica(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  dt_result rc = dt__strategy_bind(s, r, 1, 1, NULL);
+  if (rc != DTRAIN_OK) return rc;
+  if (!(R->old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
+  R->opt = dt_optim_create(s->params, dt_optim_get_desc(s->opt));
+  if (!R->opt) return dt_last_result();
+  dt_optim_set_steps(R->opt, dt_optim_steps(s->opt));
+  return DTRAIN_OK;
+}
+
+/* Forward/backward on the pulled copy, the replica's own optimizer step,
+ * and the difference to push. */
+static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
+  dt__strategy_replica *R = &s->rep[r];
+  memcpy(R->old, R->data, s->fbytes);
+  if (!dt__strategy_compute(s, r, b)) return 0;
+  *push = NULL;
+  if (b->rows == 0) return 1; /* an empty push: only the clock moves */
+  if (!dt__strategy_clip_own(s, r, dt_optim_get_desc(R->opt)->clip_norm, "no update made")) return 0;
+  dt_result rc = dt_optim_update(R->opt, R->data, R->grad, 0, s->size);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_fail(s, r, rc, dt_last_error());
+    return 0;
+  }
+  dt_optim_advance(R->opt);
+  float *d = R->old;
+  for (size_t i = 0; i < s->size; i++) d[i] = R->data[i] - d[i];
+  if (s->desc.check_numerics) {
+    size_t bad = dt__strategy_nonfinite(d, 0, s->size);
+    if (bad < s->size) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "update of '%s' is %s at flat index %zu; not pushed", dt__strategy_param_at(s, bad),
+               isnan(d[bad]) ? "NaN" : "Inf", bad);
+      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+      return 0;
+    }
+  }
+  *push = d;
+  return 1;
+}
+
+DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  const int lockstep = s->desc.max_staleness == 0 || s->batch != NULL;
+  R->result = DTRAIN_OK;
+  char what[DT__MSG_CAP];
+  for (int64_t t = 0;; t++) {
+    if (dt__strategy_failed(s)) {
+      if (R->result == DTRAIN_OK) R->result = DTRAIN_ERR_ABORTED;
+      break;
+    }
+    int64_t ticket;
+    if (lockstep) {
+      if (t >= s->job_steps) break;
+      ticket = t * s->n + r;
+    } else {
+      ticket = DT__AFETCH_ADD(&s->ticket, (int64_t)1, DT__MO_RELAXED);
+      if (ticket >= s->job_steps) break;
+    }
+    dt_minibatch b;
+    if (s->batch) {
+      dt__strategy_shard(s->batch, s->n, r, &b);
+    } else {
+      memset(&b, 0, sizeof b);
+      dt_result rc = s->next(s->next_user, r, s->ticket_base + ticket, &b);
+      if (rc == DTRAIN_OK) rc = dt__strategy_check_batch(&b, "dt_strategy_run");
+      if (rc != DTRAIN_OK) {
+        snprintf(what, sizeof what, "the batch function failed for step %lld (%s)",
+                 (long long)(s->ticket_base + ticket), dt_result_name(rc));
+        dt__strategy_fail(s, r, rc, what);
+        break;
+      }
+      b.first = 0;
+      b.global_rows = b.rows;
+    }
+    b.step = s->ticket_base + ticket;
+    b.replica_step = t;
+    b.weight = 1.0f;
+    dt_pstore_ticket tk;
+    memset(&tk, 0, sizeof tk);
+    dt_result rc = dt_pstore_pull(s->pstore, r, t, R->data, s->size, &tk);
+    R->wait_s += tk.wait_s;
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      break;
+    }
+    if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
+    const float *push = NULL;
+    if (!s->mod->local_step(s, r, &b, &push)) break;
+    rc = dt_pstore_push(s->pstore, r, t, push, s->size, &tk);
+    R->wait_s += tk.wait_s;
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      break;
+    }
+    int64_t st = tk.staleness < 0 ? 0 : tk.staleness;
+    R->hist[DT__MIN(st, (int64_t)DTRAIN_STALENESS_BINS - 1)]++;
+    R->stale_sum += st;
+    if (st > R->stale_max) R->stale_max = st;
+    R->steps++;
+    R->samples += b.rows;
+    if (b.rows > 0) {
+      R->loss_sum += R->loss;
+      R->loss_count++;
+      R->last_loss = R->loss;
+      R->last_time = dt__now();
+    }
+  }
+  if (s->own_pstore) dt_pstore_leave(s->pstore, r); /* a borrowed store is left by its user (dt_pstore_leave) */
+}
+
+/* One job in which the replicas run free: steps * N pushes in all (steps
+ * each in lock-step), batches from next(user, r, ticket). */
+DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                                float *mean_loss) {
+  const char *fn = "dt_strategy_run";
+  if (s->desc.max_staleness != 0 && steps > INT64_MAX / DTRAIN_MAX_REPLICAS)
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: %lld steps is too many", fn, (long long)steps);
+  double t0 = dt__now();
+  s->batch = NULL;
+  s->next = next;
+  s->next_user = next_user;
+  s->job_steps = s->desc.max_staleness == 0 ? steps : steps * s->n;
+  s->ticket_base = s->tickets;
+  DT__ASTORE(&s->ticket, (int64_t)0, DT__MO_RELAXED);
+  double lsum = 0.0;
+  int64_t lcount = 0, before = 0, sbefore = 0;
+  for (int r = 0; r < s->n; r++) {
+    lsum -= s->rep[r].loss_sum;
+    lcount -= s->rep[r].loss_count;
+    before += s->rep[r].steps;
+    sbefore += s->rep[r].samples;
+  }
+  dt_result rc = dt__strategy_launch(s, fn);
+  s->seconds += dt__now() - t0;
+  int64_t after = 0, safter = 0;
+  double last_time = -1.0;
+  for (int r = 0; r < s->n; r++) {
+    lsum += s->rep[r].loss_sum;
+    lcount += s->rep[r].loss_count;
+    after += s->rep[r].steps;
+    safter += s->rep[r].samples;
+    if (s->rep[r].loss_count > 0 && s->rep[r].last_time > last_time) {
+      last_time = s->rep[r].last_time;
+      s->last_loss = s->rep[r].last_loss;
+    }
+  }
+  s->steps += after - before;
+  s->samples += safter - sbefore;
+  s->tickets += s->job_steps;
+  s->loss_sum += lsum;
+  s->loss_count += lcount;
+  if (mean_loss && lcount > 0) *mean_loss = (float)(lsum / (double)lcount);
+  return rc;
+}
+
+static const dt__strategy_module dt__async_module = {
+  "async",
+  0,                      /* flags: the async family */
+  NULL,                   /* prepare */
+  NULL,                   /* check */
+  dt__async_create,       /* create: the local store */
+  dt__async_replica,      /* replica */
+  NULL,                   /* start */
+  dt__strategy_async_job, /* job */
+  dt__strategy_async_run, /* run */
+  NULL,                   /* sync: the replicas pull from the params' buffer */
+  NULL,                   /* loss: the shards' */
+  dt__async_local_step,   /* local_step */
+  NULL,                   /* dev_exchange: no devices */
+  NULL                    /* destroy: the store goes with own_pstore */
+};
+
+DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_async_module(void) { return &dt__async_module; }
+/* ======== end dt_strategy_async.c ======== */
+
+/* ======== begin dt_strategy_ps.c ======== */
+/* ===========================================================================
+ * dt_strategy_ps.c -- parameter_server, the worker side: the async replica
+ * loop (dt_strategy_async.c) against a store that takes gradients
+ * (dt_pstore_create_tcp, dt_ps.c)
+ * ===========================================================================
+ * No local optimizer step: the vector pushed holds the (clipped) gradient
+ * for trainable parameters and the current values of buffers; the servers
+ * apply their optimizer to their shard. One replica per process: the
+ * replica is this process's worker of the store, which is borrowed.
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness) {
+  dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_PARAMETER_SERVER, 1, max_staleness);
+  d.store = store;
+  return d;
+}
+
+/* The store decides: one replica (this worker), its max_staleness. */
+static dt_result dt__ps_prepare(dt_strategy_desc *d) {
+  const char *fn = "dt_strategy_create";
+  if (!d->store) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: parameter_server needs desc.store (dt_pstore_create_tcp)", fn);
+  if (d->replicas > 1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: parameter_server runs 1 replica per process (the process is "
+                     "one worker of the store), not %d", fn, d->replicas);
+  d->replicas = 1;
+  d->max_staleness = d->store->max_staleness;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__ps_create(dt_strategy *s) {
+  dt_pstore *st = s->desc.store;
+  if (st->size != s->size)
+    return dt__error(DTRAIN_ERR_SHAPE, "dt_strategy_create: the store holds %zu floats, the params %zu", st->size,
+                     s->size);
+  s->pstore = st; /* borrowed */
+  return DTRAIN_OK;
+}
+
+/* Pulls go into the params' data; R->old holds the vector to push. */
+static dt_result dt__ps_replica(dt_strategy *s, int r) {
+  dt_result rc = dt__strategy_bind(s, r, 0, r > 0, NULL);
+  if (rc != DTRAIN_OK) return rc;
+  if (!(s->rep[r].old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
+  return DTRAIN_OK;
+}
+
+/* Forward/backward, then the push vector in R->old: the clipped gradient
+ * (clip_norm of the optimizer given to dt_strategy_create), buffers' values. */
+static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
+  dt__strategy_replica *R = &s->rep[r];
+  if (!dt__strategy_compute(s, r, b)) return 0;
+  *push = NULL;
+  if (b->rows == 0) return 1; /* an empty push: only the clock moves */
+  if (!dt__strategy_clip_own(s, r, dt_optim_get_desc(s->opt)->clip_norm, "nothing pushed")) return 0;
+  memcpy(R->old, R->grad, s->fbytes);
+  for (int i = 0; i < s->nbufr; i++)
+    memcpy(R->old + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
+  *push = R->old;
+  return 1;
+}
+
+static const dt__strategy_module dt__ps_module = {
+  "parameter_server",
+  0,                      /* flags: the async family */
+  dt__ps_prepare,         /* prepare */
+  NULL,                   /* check */
+  dt__ps_create,          /* create: borrow the store */
+  dt__ps_replica,         /* replica */
+  NULL,                   /* start */
+  dt__strategy_async_job, /* job */
+  dt__strategy_async_run, /* run */
+  NULL,                   /* sync: the next pull brings the servers' values */
+  NULL,                   /* loss: the shard's */
+  dt__ps_local_step,      /* local_step */
+  NULL,                   /* dev_exchange: no devices */
+  NULL                    /* destroy: the store is the user's */
+};
+
+DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_ps_module(void) { return &dt__ps_module; }
+/* ======== end dt_strategy_ps.c ======== */
+
+/* ======== begin dt_strategy_mwm.c ======== */
+/* ===========================================================================
+ * dt_strategy_mwm.c -- multi_worker_mirrored: lock-step data parallelism
+ * across processes, hierarchical inside each
+ * ===========================================================================
+ * desc.comm connects the processes (one rank each: TCP, MPI); the process's
+ * own replicas (threads) use the in-process communicator s->comm. A step
+ * (dt__mwm_job, run by every local replica):
+ *
+ *   shard r of this process's batch -> forward/backward with the loss
+ *   gradient weighted by the shard's rows (MEAN; 1 for SUM), so gradients
+ *   are row sums -> reduce to replica 0 (threads, rank order) -> replica 0
+ *   appends a tail (rows, loss sum, failure flags) and writes rank 0's
+ *   buffers (batch-norm statistics; zeros elsewhere) into their ranges of the
+ *   gradient -> ONE all-reduce of the whole buffer on desc.comm -> a barrier
+ *   (replica 0's result is everybody's) -> each replica scales its slice by
+ *   1/global rows, then clipping / numerics / the optimizer on its slice as
+ *   in mirrored, and the slice of the buffers from the all-reduce (= rank 0
+ *   replica 0's) into its copy -> all-gather of the parameters.
+ *
+ * Replica 0 always joins the cross-process all-reduce, even after a local
+ * failure (it then sends zeros with the failure flag set), so that no other
+ * process waits for it: every rank sees the flag and fails the step too.
+ * After the all-reduce every rank holds the same numbers, so clipping and
+ * numerics checks decide the same everywhere without further messages.
+ * On devices (dt_strategy_device.c) the same exchange runs between the
+ * all-reduce over the local devices and device 0's update (dt__mwm_dev_exchange).
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+/* Floats after the gradient in the cross-process buffer:
+ * [0, 1] global rows (hi + lo), [2, 3] loss sum (hi + lo),
+ * [4] ranks that failed locally, [5] sum of (failed rank + 1). */
+#define DT__MWM_TAIL 8
+
+/* The module's state (s->kind_state). */
+typedef struct dt__mwm {
+  float *buf;              /* replica 0's gradient + DT__MWM_TAIL floats: what crosses processes */
+  size_t bytes;
+  double rows;             /* the global batch's rows (this step) */
+  double loss;             /* the global batch's loss (this step) */
+} dt__mwm;
+
+static dt__mwm *dt__mwm_of(dt_strategy *s) { return (dt__mwm *)s->kind_state; }
+
+DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
+  dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED, replicas, 0);
+  d.comm = comm;
+  return d;
+}
+
+static dt_result dt__mwm_check(const dt_strategy_desc *d) {
+  const char *fn = "dt_strategy_create";
+  dt_comm *c = d->comm;
+  if (!c || !c->vtable)
+    return dt__error(DTRAIN_ERR_NULL_ARG,
+                     "%s: multi_worker_mirrored needs desc.comm (dt_comm_create_tcp or dt_comm_create_mpi)", fn);
+  if (c->world < 1 || c->rank < 0 || c->rank >= c->world)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: multi_worker_mirrored: communicator '%s' has rank %d of world %d",
+                     fn, dt_comm_name(c), c->rank, c->world);
+  return DTRAIN_OK;
+}
+
+static dt_result dt__mwm_create(dt_strategy *s) {
+  dt__mwm *st = (dt__mwm *)dt__calloc(sizeof *st);
+  if (!st) return dt__strategy_nomem(s);
+  s->kind_state = st;
+  st->bytes = (s->size + DT__MWM_TAIL) * sizeof(float);
+  st->buf = (float *)dt__calloc(st->bytes);
+  return st->buf ? DTRAIN_OK : dt__strategy_nomem(s);
+}
+
+static void dt__mwm_destroy(dt_strategy *s) {
+  dt__mwm *st = dt__mwm_of(s);
+  if (!st) return;
+  dt__free(st->buf, st->bytes);
+  dt__free(st, sizeof *st);
+  s->kind_state = NULL;
+}
+
+/* As mirrored; replica 0's gradient is the head of the cross-process buffer. */
+static dt_result dt__mwm_replica(dt_strategy *s, int r) {
+  return dt__strategy_bind(s, r, r > 0, r > 0, r == 0 ? dt__mwm_of(s)->buf : NULL);
+}
+
+static dt_result dt__mwm_comm_error(dt_strategy *s, const char *fn, dt_result rc) {
+  char what[DT__MSG_CAP];
+  snprintf(what, sizeof what, "%.300s", dt_last_error());
+  return dt__error(rc, "%s: multi_worker_mirrored: initial broadcast from rank 0 (rank %d of %d): %s", fn,
+                   dt_comm_rank(s->desc.comm), dt_comm_world(s->desc.comm), what);
+}
+
+/* Rank 0's parameters and buffers to every process (after checking that all
+ * built the same model), then into every local replica. Collective: every
+ * process calls it (dt_strategy_create, dt_strategy_sync). */
+static dt_result dt__mwm_start(dt_strategy *s, const char *fn) {
+  dt_comm *x = s->desc.comm;
+  const int rank = dt_comm_rank(x);
+  float *pdata = dt_params_data(s->params);
+  /* The model hash in 16-bit pieces (exact in floats), from rank 0. */
+  uint64_t h = dt_params_hash(s->params), h0 = 0;
+  float hb[4], flag[2];
+  for (int i = 0; i < 4; i++) hb[i] = (float)((h >> (16 * i)) & 0xffffu);
+  dt_result rc = dt_comm_broadcast(x, rank, hb, 4, 0);
+  if (rc != DTRAIN_OK) return dt__mwm_comm_error(s, fn, rc);
+  for (int i = 0; i < 4; i++) h0 |= (uint64_t)hb[i] << (16 * i);
+  /* Everybody learns whether somebody differs (so that all fail alike). */
+  flag[0] = h0 != h ? 1.0f : 0.0f;
+  flag[1] = h0 != h ? (float)(rank + 1) : 0.0f;
+  rc = dt_comm_allreduce(x, rank, flag, 2);
+  if (rc != DTRAIN_OK) return dt__mwm_comm_error(s, fn, rc);
+  if (flag[0] > 0.5f) {
+    if (flag[0] < 1.5f)
+      return dt__error(DTRAIN_ERR_MISMATCH,
+                       "%s: multi_worker_mirrored: rank %d built a different model than rank 0 (dt_params_hash "
+                       "differs: names, shapes or order of the parameters)", fn, (int)flag[1] - 1);
+    return dt__error(DTRAIN_ERR_MISMATCH,
+                     "%s: multi_worker_mirrored: %d ranks built a different model than rank 0 (dt_params_hash differs)",
+                     fn, (int)(flag[0] + 0.5f));
+  }
+  rc = dt_comm_broadcast(x, rank, pdata, s->size, 0);
+  if (rc != DTRAIN_OK) return dt__mwm_comm_error(s, fn, rc);
+  if (s->dev) return dt__strategy_dev_upload(s, fn);
+  for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, pdata, s->fbytes);
+  return DTRAIN_OK;
+}
+
+/* Replica 0's part: the one cross-process all-reduce of the buffer. ok: the
+ * local part succeeded. Returns 1 when the step goes on (rows, loss set). */
+static int dt__mwm_exchange(dt_strategy *s, int ok) {
+  dt__mwm *st = dt__mwm_of(s);
+  dt__strategy_replica *R = &s->rep[0];
+  dt_comm *x = s->desc.comm;
+  const int rank = dt_comm_rank(x);
+  float *buf = st->buf, *tail = buf + s->size; /* (replica 0's gradient on the CPU) */
+  char what[DT__MSG_CAP];
+  memset(tail, 0, DT__MWM_TAIL * sizeof(float));
+  if (ok) {
+    double rows = 0.0, lsum = 0.0;
+    for (int r = 0; r < s->n; r++) {
+      rows += (double)s->rep[r].rows;
+      lsum += (s->desc.loss == DTRAIN_LOSS_SUM ? 1.0 : (double)s->rep[r].rows) * (double)s->rep[r].loss;
+    }
+    tail[0] = (float)rows;
+    tail[1] = (float)(rows - (double)tail[0]);
+    tail[2] = (float)lsum;
+    tail[3] = (float)(lsum - (double)tail[2]);
+    /* Buffers follow rank 0: its values plus zeros from the others (with
+     * devices the caller put them in buf). */
+    for (int i = 0; i < s->nbufr && !s->dev; i++) {
+      size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
+      if (rank == 0) memcpy(buf + b, R->data + b, (e - b) * sizeof(float));
+      else memset(buf + b, 0, (e - b) * sizeof(float));
+    }
+  } else {
+    memset(buf, 0, s->fbytes);
+    tail[4] = 1.0f;
+    tail[5] = (float)(rank + 1);
+  }
+  double t0 = dt__now();
+  dt_result rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
+  R->wait_s += dt__now() - t0;
+  if (rc != DTRAIN_OK) {
+    if (ok) {
+      /* ABORTED carries no message of its own: an earlier failure broke the communicator. */
+      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d): %.250s", rank, x->world,
+               rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
+                                          "recreate it (and the strategy) to go on"
+                                        : dt_last_error());
+      dt__strategy_fail(s, 0, rc, what);
+    }
+    return 0;
+  }
+  if (!ok) return 0; /* the local failure is already recorded */
+  if (tail[4] > 0.5f) {
+    if (tail[4] < 1.5f)
+      snprintf(what, sizeof what, "rank %d failed its part of step %lld (its own error says why); no update made",
+               (int)tail[5] - 1, (long long)s->batch->step);
+    else
+      snprintf(what, sizeof what, "%d ranks failed their part of step %lld; no update made", (int)(tail[4] + 0.5f),
+               (long long)s->batch->step);
+    dt__strategy_fail(s, 0, DTRAIN_ERR_PEER, what);
+    return 0;
+  }
+  st->rows = (double)tail[0] + (double)tail[1];
+  double L = (double)tail[2] + (double)tail[3];
+  st->loss = s->desc.loss == DTRAIN_LOSS_SUM ? L : (st->rows > 0.0 ? L / st->rows : 0.0);
+  return 1;
+}
+
+/* The global batch's loss, from the all-reduce (the same on every rank). */
+static double dt__mwm_loss(dt_strategy *s, const dt_minibatch *gb) {
+  (void)gb;
+  return dt__mwm_of(s)->loss;
+}
+
+/* Copies the trainable elements of grad in [b, e) to dst (the params' grad). */
+static void dt__mwm_copy_grad(dt_strategy *s, float *dst, const float *grad, size_t b, size_t e) {
+  size_t pb, pe;
+  int tr, dec;
+  for (int i = 0; dt__params_range(s->params, i, &pb, &pe, &tr, &dec); i++) {
+    if (!tr) continue;
+    size_t lo = DT__MAX(pb, b), hi = DT__MIN(pe, e);
+    if (lo < hi) memcpy(dst + lo, grad + lo, (hi - lo) * sizeof(float));
+  }
+}
+
+static void dt__mwm_job(dt_strategy *s, int r) {
+  dt__mwm *st = dt__mwm_of(s);
+  dt__strategy_replica *R = &s->rep[r];
+  R->result = DTRAIN_OK;
+  dt_minibatch b;
+  dt__strategy_sync_shard(s, r, &b); /* row sums now; the division by the global rows comes after the all-reduce */
+  double w0 = dt__strategy_comm_wait(s, r);
+  int ok = dt__strategy_compute(s, r, &b);
+  dt_result rc;
+  float *grad = s->rep[0].grad;
+  size_t lo, hi;
+  if (ok) {
+    rc = dt_comm_reduce(s->comm, r, R->grad, s->size, 0);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      ok = 0;
+    }
+  }
+  if (r == 0) ok = dt__mwm_exchange(s, ok);
+  if (!ok) goto done;
+  rc = dt_comm_barrier(s->comm, r); /* replica 0's all-reduce is done */
+  if (rc != DTRAIN_OK) {
+    dt__strategy_comm_failed(s, r, rc);
+    goto done;
+  }
+  dt_comm_slice(s->size, s->n, r, &lo, &hi);
+  if (s->desc.loss == DTRAIN_LOSS_MEAN && st->rows > 0.0) dt__strategy_scale(s, grad, lo, hi, (float)(1.0 / st->rows));
+  if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi)) goto done;
+  dt__mwm_copy_grad(s, dt_params_grad(s->params), grad, lo, hi);
+  /* The buffers: rank 0 replica 0's, carried by the all-reduce; each replica
+   * puts its slice of them into its copy, the all-gather spreads them. */
+  dt__strategy_copy_buffers(s, R->data, grad, lo, hi);
+  rc = dt_comm_allgather(s->comm, r, R->data, s->size);
+  if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
+done:
+  R->wait_s += dt__strategy_comm_wait(s, r) - w0;
+}
+
+/* Devices, replica 0 after the all-reduce over the local devices: device 0's
+ * sum (and rank 0's buffers) -> host -> the exchange across processes ->
+ * scaled by 1/global rows, checked -> device 0, which then updates. */
+static int dt__mwm_dev_exchange(dt_strategy *s, int ok) {
+  float *buf = dt__mwm_of(s)->buf;
+  dt_result rc;
+  if (ok) {
+    rc = dt__strategy_dev_copy(s, 0, buf, s->dgrad[0], 0, s->size, DTRAIN_COPY_D2H);
+    for (int i = 0; i < s->nbufr && rc == DTRAIN_OK; i++) {
+      size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
+      if (dt_comm_rank(s->desc.comm) == 0) rc = dt__strategy_dev_copy(s, 0, buf, s->ddata[0], b, e, DTRAIN_COPY_D2H);
+      else memset(buf + b, 0, (e - b) * sizeof(float));
+    }
+    if (rc != DTRAIN_OK) ok = dt__strategy_dev_failed(s, rc, "local gradient to the host");
+  }
+  if (!dt__mwm_exchange(s, ok)) return 0;
+  double rows = dt__mwm_of(s)->rows;
+  if (s->desc.loss == DTRAIN_LOSS_MEAN && rows > 0.0) dt__strategy_scale(s, buf, 0, s->size, (float)(1.0 / rows));
+  if (!dt__strategy_dev_checks(s, buf)) return 0;
+  rc = dt__strategy_dev_copy(s, 0, s->dgrad[0], buf, 0, s->size, DTRAIN_COPY_H2D);
+  for (int i = 0; i < s->nbufr && rc == DTRAIN_OK; i++) /* rank 0 replica 0's buffers */
+    rc = dt__strategy_dev_copy(s, 0, s->ddata[0], buf, s->bufr[2 * i], s->bufr[2 * i + 1], DTRAIN_COPY_H2D);
+  if (rc != DTRAIN_OK) return dt__strategy_dev_failed(s, rc, "reduced gradient to the device");
+  return 1;
+}
+
+static const dt__strategy_module dt__mwm_module = {
+  "multi_worker_mirrored",
+  DT__STRATEGY_SYNC | DT__STRATEGY_DEVICES | DT__STRATEGY_ROW_SUMS,
+  NULL,                 /* prepare */
+  dt__mwm_check,        /* check: desc.comm */
+  dt__mwm_create,       /* create: the cross-process buffer */
+  dt__mwm_replica,      /* replica */
+  dt__mwm_start,        /* start: rank 0's parameters everywhere */
+  dt__mwm_job,          /* job */
+  NULL,                 /* run: steps */
+  dt__mwm_start,        /* sync: the same collective */
+  dt__mwm_loss,         /* loss: the global batch's */
+  NULL,                 /* local_step */
+  dt__mwm_dev_exchange, /* dev_exchange */
+  dt__mwm_destroy       /* destroy */
+};
+
+DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mwm_module(void) { return &dt__mwm_module; }
+
+#undef DT__MWM_TAIL
+/* ======== end dt_strategy_mwm.c ======== */
+
+/* ======== begin dt_strategy_device.c ======== */
+/* ===========================================================================
+ * dt_strategy_device.c -- replicas on devices (desc.devices): a mode of the
+ * kinds with DT__STRATEGY_DEVICES (one_device, mirrored,
+ * multi_worker_mirrored), one job for all of them
+ * ===========================================================================
+ * One replica per device; the same thread pool and in-process communicator
+ * (a barrier) as on the CPU. A step (dt__strategy_dev_job, every replica):
+ *
+ *   shard r -> zero the device gradient -> step fn + backward on the device
+ *   -> barrier -> replica 0 alone: dt_device_group_allreduce of the device
+ *   gradients, the module's dev_exchange [mwm: device 0's sum -> host -> the
+ *   cross-process all-reduce -> scaled by 1/global rows -> device 0], the
+ *   checks on a host copy (check_numerics, a finite clipping norm),
+ *   dt_optim_step_graph on device 0 with the strategy's optimizer (its state
+ *   lives on device 0 only), and a broadcast of device 0's parameters
+ *   (buffers included) to the others.
+ * Updating on one device and broadcasting (rather than every device
+ * updating its copy with its own optimizer state) keeps ONE optimizer state
+ * (the given dt_optim's, so that checkpoints and dt_optim_* see it) and
+ * makes a failure easy to undo: the replicas can never drift apart, because
+ * whatever fails, every device gets the params' values again. The price is
+ * one broadcast of the parameters per step on top of the all-reduce.
+ * dt_strategy_step then copies replica 0's parameters to the params (host).
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+DTRAIN_PRIVATE dt_result dt__strategy_dev_create(dt_strategy *s) {
+  s->dev = 1;
+  s->dgrad = (float **)dt__calloc((size_t)s->n * sizeof(float *));
+  s->ddata = (float **)dt__calloc((size_t)s->n * sizeof(float *));
+  if (!s->dgrad || !s->ddata || !(s->dhost = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__strategy_dev_destroy(dt_strategy *s) {
+  dt_device_group_destroy(s->dgroup);
+  dt__free(s->dgrad, (size_t)s->n * sizeof(float *));
+  dt__free(s->ddata, (size_t)s->n * sizeof(float *));
+  dt__free(s->dhost, s->fbytes ? s->fbytes : sizeof(float));
+}
+
+DTRAIN_PRIVATE dt_result dt__strategy_dev_bind(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  R->data = s->ddata[r] = dt_graph_param_data(R->g);
+  R->grad = s->dgrad[r] = dt_graph_param_grad(R->g);
+  /* check_numerics scans a host copy of the gradient */
+  if (s->desc.check_numerics && !(R->old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__strategy_dev_start(dt_strategy *s) {
+  if (s->n > 1 && !(s->dgroup = dt_device_group_create(s->desc.devices, s->n, s->size))) return dt_last_result();
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__strategy_dev_upload(dt_strategy *s, const char *fn) {
+  for (int r = 0; r < s->n; r++) {
+    dt_result rc = dt_graph_params_upload(s->rep[r].g);
+    if (rc != DTRAIN_OK) return dt__error(rc, "%s: replica %d: %s", fn, r, dt_last_error());
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE int dt__strategy_dev_checks(dt_strategy *s, const float *g) {
+  char what[DT__MSG_CAP];
+  if (s->desc.check_numerics) {
+    size_t bad = dt__strategy_nonfinite(g, 0, s->size);
+    if (bad < s->size) {
+      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
+               dt__strategy_param_at(s, bad), isnan(g[bad]) ? "NaN" : "Inf", bad);
+      dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
+      return 0;
+    }
+  }
+  if (dt_optim_get_desc(s->opt)->clip_norm > 0.0f) {
+    /* dt_optim_step_graph clips on the device; a non-finite norm must stop
+     * the step here, before any update. */
+    double norm = sqrt(dt__strategy_sumsq(s, g, 0, s->size));
+    if (!isfinite(norm)) {
+      snprintf(what, sizeof what, "gradient norm is %s; no update made", isnan(norm) ? "NaN" : "Inf");
+      dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+DTRAIN_PRIVATE int dt__strategy_dev_failed(dt_strategy *s, dt_result rc, const char *what) {
+  char msg[DT__MSG_CAP];
+  snprintf(msg, sizeof msg, "%.60s: %.250s", what, dt_last_error());
+  dt__strategy_fail(s, 0, rc, msg);
+  return 0;
+}
+
+DTRAIN_PRIVATE dt_result dt__strategy_dev_copy(dt_strategy *s, int r, float *dst, const float *src, size_t b, size_t e,
+                                               dt_copy_kind kind) {
+  dt_device *d = s->desc.devices[r];
+  if (e <= b) return DTRAIN_OK;
+  dt_result rc = d->copy(d, dst + b, src + b, (e - b) * sizeof(float), kind);
+  if (rc != DTRAIN_OK) {
+    char msg[DT__MSG_CAP];
+    snprintf(msg, sizeof msg, "%.250s", dt_last_error());
+    return dt__error(rc, "device %s: %s", d->name, msg);
+  }
+  return DTRAIN_OK;
+}
+
+/* Replica 0's part after the barrier. ok: the local part succeeded (the
+ * module's exchange may need replica 0 even then). 1: the update goes on. */
+static int dt__strategy_dev_reduce(dt_strategy *s, int ok) {
+  dt_result rc;
+  if (ok && s->n > 1) {
+    rc = dt_device_group_allreduce(s->dgroup, s->dgrad);
+    if (rc != DTRAIN_OK) ok = dt__strategy_dev_failed(s, rc, "all-reduce of the gradients over the devices");
+  }
+  if (s->mod->dev_exchange) return s->mod->dev_exchange(s, ok);
+  if (!ok) return 0;
+  if (!s->desc.check_numerics && !(dt_optim_get_desc(s->opt)->clip_norm > 0.0f)) return 1;
+  rc = dt__strategy_dev_copy(s, 0, s->dhost, s->dgrad[0], 0, s->size, DTRAIN_COPY_D2H);
+  if (rc != DTRAIN_OK) return dt__strategy_dev_failed(s, rc, "reduced gradient to the host");
+  return dt__strategy_dev_checks(s, s->dhost);
+}
+
+DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  R->result = DTRAIN_OK;
+  R->updating = 0;
+  dt_minibatch b;
+  dt__strategy_sync_shard(s, r, &b); /* the same loss weights as on the CPU */
+  double w0 = dt__strategy_comm_wait(s, r);
+  int ok = dt__strategy_compute(s, r, &b);
+  dt_result rc;
+  if (ok && s->n > 1) {
+    rc = dt_comm_barrier(s->comm, r); /* every gradient is done */
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      ok = 0;
+    }
+  }
+  R->wait_s += dt__strategy_comm_wait(s, r) - w0;
+  if (r > 0) return;
+  if (!dt__strategy_dev_reduce(s, ok)) return;
+  R->updating = 1;
+  rc = dt_optim_step_graph(s->opt, R->g);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_fail(s, 0, rc, dt_last_error());
+    return;
+  }
+  if (s->n > 1) {
+    rc = dt_device_group_broadcast(s->dgroup, s->ddata, 0, s->size, 0);
+    if (rc != DTRAIN_OK) dt__strategy_dev_failed(s, rc, "parameters of replica 0 to the devices");
+  }
+}
+
+DTRAIN_PRIVATE void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps) {
+  int any = 0;
+  for (int r = 0; r < s->n; r++) any |= s->rep[r].updating;
+  if (!any) return;
+  dt__quiet_push();
+  for (int r = 0; r < s->n; r++) (void)dt_graph_params_upload(s->rep[r].g);
+  dt__quiet_pop(DTRAIN_OK);
+  dt_optim_set_steps(s->opt, opt_steps);
+}
+/* ======== end dt_strategy_device.c ======== */
 
 /* ======== begin dt_cluster.c ======== */
 /* ===========================================================================

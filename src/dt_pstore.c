@@ -1,0 +1,288 @@
+/* ===========================================================================
+ * dt_pstore.c -- the parameter store's front door (dt_pstore_*) and its
+ * in-process, lock-free backend (dt_pstore_create_local)
+ * ===========================================================================
+ * The async strategy's replicas train against a local store; a networked
+ * store (dt_ps.c, parameter-server shards) implements the same table. See
+ * "Staleness" and "the parameter store" in dt_strategy.h for the rules.
+ */
+#include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_io.h"
+#include "dt_data.h"
+#include "dt_memory.h"
+#include "dt_comm.h"
+#include "dt_strategy.h"
+#include "dt_net.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
+#include "dt_platform.h"
+
+
+/* ---- the in-process parameter store --------------------------------------------------- */
+
+#define DT__PSTORE_DONE ((int64_t)1 << 60) /* the clock of a worker that left */
+
+typedef union dt__pstore_clock {
+  struct {
+    DT__ATOMIC(int64_t) pulled; /* pulls made (steps started) */
+    DT__ATOMIC(int64_t) pushed; /* pushes made (steps finished) */
+  } c;
+  char align[2 * DT__ALIGN];
+} dt__pstore_clock;
+
+typedef struct dt__pstore_local {
+  dt_pstore ps;
+  float *data;
+  dt_async_update update;
+  double spin_s;
+  DT__ATOMIC(uint64_t) version;
+  uint64_t base;           /* version at dt_pstore_begin (lock-step turns count from it) */
+  DT__ATOMIC(int) aborted;
+  dt__pstore_clock *clocks;
+  dt__event ev;
+} dt__pstore_local;
+
+static dt__pstore_local *dt__pstore_of(dt_pstore *ps) { return (dt__pstore_local *)ps->impl; }
+
+static int64_t dt__pstore_min(dt__pstore_local *l, int pushed) {
+  int64_t m = DT__PSTORE_DONE;
+  for (int j = 0; j < l->ps.workers; j++) {
+    int64_t v = pushed ? DT__ALOAD(&l->clocks[j].c.pushed, DT__MO_SEQ_CST)
+                       : DT__ALOAD(&l->clocks[j].c.pulled, DT__MO_SEQ_CST);
+    if (v < m) m = v;
+  }
+  return m;
+}
+
+typedef struct dt__pstore_wait {
+  dt__pstore_local *l;
+  int kind;         /* 0: pull rule, 1: push rule, 2: lock-step turn */
+  int64_t need;     /* pull: min pushed >= need; push: min pulled >= need */
+  uint64_t turn;    /* lock-step: version == turn */
+} dt__pstore_wait;
+
+static int dt__pstore_ready(void *arg) {
+  dt__pstore_wait *w = (dt__pstore_wait *)arg;
+  if (DT__ALOAD(&w->l->aborted, DT__MO_SEQ_CST)) return 1;
+  switch (w->kind) {
+    case 0: return dt__pstore_min(w->l, 1) >= w->need;
+    case 1: return dt__pstore_min(w->l, 0) >= w->need;
+    default: return DT__ALOAD(&w->l->version, DT__MO_SEQ_CST) == w->turn;
+  }
+}
+
+static double dt__pstore_wait_for(dt__pstore_local *l, int kind, int64_t need, uint64_t turn) {
+  dt__pstore_wait w;
+  w.l = l;
+  w.kind = kind;
+  w.need = need;
+  w.turn = turn;
+  return dt__event_wait(&l->ev, dt__pstore_ready, &w, l->spin_s);
+}
+
+static dt_result dt__pstore_local_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                       dt_pstore_ticket *tk) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  int k = ps->max_staleness;
+  tk->wait_s = 0.0;
+  if (k >= 0) tk->wait_s = dt__pstore_wait_for(l, 0, clock - k, 0);
+  if (DT__ALOAD(&l->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
+  int64_t slowest = dt__pstore_min(l, 1);
+  tk->clock_gap = slowest >= DT__PSTORE_DONE ? 0 : DT__MAX(clock - slowest, (int64_t)0);
+  /* Acquire: every update counted in the version is visible to the loads. */
+  tk->version = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
+  dt__afloat *src = (dt__afloat *)l->data;
+  for (size_t i = 0; i < n; i++) dst[i] = dt__afloat_load(src + i);
+  DT__ASTORE(&l->clocks[worker].c.pulled, clock + 1, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+  return DTRAIN_OK;
+}
+
+static dt_result dt__pstore_local_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                       dt_pstore_ticket *tk) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  int k = ps->max_staleness;
+  tk->wait_s = 0.0;
+  if (k >= 0) tk->wait_s = dt__pstore_wait_for(l, 1, clock - k + 1, 0);
+  /* Lock-step: the pushes of a round go in worker order (deterministic sums). */
+  if (k == 0)
+    tk->wait_s += dt__pstore_wait_for(l, 2, 0, l->base + (uint64_t)clock * (uint64_t)ps->workers + (uint64_t)worker);
+  if (DT__ALOAD(&l->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
+  dt__afloat *dst = (dt__afloat *)l->data;
+  if (delta) {
+    if (l->update == DTRAIN_ASYNC_ATOMIC) {
+      for (size_t i = 0; i < n; i++)
+        if (delta[i] != 0.0f) dt__afloat_add(dst + i, delta[i]);
+    } else {
+      for (size_t i = 0; i < n; i++)
+        if (delta[i] != 0.0f) dt__afloat_store(dst + i, dt__afloat_load(dst + i) + delta[i]);
+    }
+  }
+  /* Release: a puller that sees this version sees these stores. */
+  uint64_t before = DT__AFETCH_ADD(&l->version, (uint64_t)1, DT__MO_SEQ_CST);
+  tk->staleness = (int64_t)(before - tk->version);
+  DT__ASTORE(&l->clocks[worker].c.pushed, clock + 1, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+  return DTRAIN_OK;
+}
+
+static void dt__pstore_local_leave(dt_pstore *ps, int worker) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  DT__ASTORE(&l->clocks[worker].c.pulled, DT__PSTORE_DONE, DT__MO_SEQ_CST);
+  DT__ASTORE(&l->clocks[worker].c.pushed, DT__PSTORE_DONE, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+}
+
+static void dt__pstore_local_abort(dt_pstore *ps) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  DT__ASTORE(&l->aborted, 1, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+}
+
+static dt_result dt__pstore_local_begin(dt_pstore *ps) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  for (int j = 0; j < ps->workers; j++) {
+    DT__ASTORE(&l->clocks[j].c.pulled, (int64_t)0, DT__MO_RELAXED);
+    DT__ASTORE(&l->clocks[j].c.pushed, (int64_t)0, DT__MO_RELAXED);
+  }
+  l->base = DT__ALOAD(&l->version, DT__MO_RELAXED);
+  DT__ASTORE(&l->aborted, 0, DT__MO_SEQ_CST);
+  return DTRAIN_OK;
+}
+
+static uint64_t dt__pstore_local_version(dt_pstore *ps) {
+  return DT__ALOAD(&dt__pstore_of(ps)->version, DT__MO_ACQUIRE);
+}
+
+static void dt__pstore_local_destroy(dt_pstore *ps) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  dt__event_destroy(&l->ev);
+  dt__free(l->clocks, (size_t)ps->workers * sizeof(dt__pstore_clock));
+  dt__free(l, sizeof *l);
+}
+
+static const dt_pstore_vtable dt__pstore_local_vtable = {
+  "local",
+  dt__pstore_local_pull,
+  dt__pstore_local_push,
+  dt__pstore_local_leave,
+  dt__pstore_local_abort,
+  dt__pstore_local_begin,
+  dt__pstore_local_version,
+  dt__pstore_local_destroy
+};
+
+DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
+                                             dt_async_update update, int spin_us) {
+  const char *fn = "dt_pstore_create_local";
+  if (!data && n > 0) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "%s: data is NULL", fn);
+    return NULL;
+  }
+  if (workers < 1 || workers > DTRAIN_MAX_REPLICAS) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: workers %d outside [1, %d]", fn, workers, DTRAIN_MAX_REPLICAS);
+    return NULL;
+  }
+  if (max_staleness < DTRAIN_STALENESS_UNBOUNDED) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: max_staleness %d (use >= 0, or DTRAIN_STALENESS_UNBOUNDED)", fn,
+              max_staleness);
+    return NULL;
+  }
+  if (update != DTRAIN_ASYNC_HOGWILD && update != DTRAIN_ASYNC_ATOMIC) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown update rule %d", fn, (int)update);
+    return NULL;
+  }
+#if defined(DTRAIN_NO_THREADS)
+  if (workers > 1) {
+    dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: %d workers need threads (built with DTRAIN_NO_THREADS)", fn, workers);
+    return NULL;
+  }
+#endif
+  dt__pstore_local *l = (dt__pstore_local *)dt__calloc(sizeof *l);
+  if (!l) {
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    return NULL;
+  }
+  l->clocks = (dt__pstore_clock *)dt__calloc((size_t)workers * sizeof(dt__pstore_clock));
+  if (!l->clocks || dt__event_init(&l->ev) != DTRAIN_OK) {
+    if (l->clocks) dt__free(l->clocks, (size_t)workers * sizeof(dt__pstore_clock));
+    dt__free(l, sizeof *l);
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    return NULL;
+  }
+  l->data = data;
+  l->update = update;
+  l->spin_s = dt__spin_seconds(spin_us, workers);
+  l->ps.vtable = &dt__pstore_local_vtable;
+  l->ps.workers = workers;
+  l->ps.max_staleness = max_staleness;
+  l->ps.size = n;
+  l->ps.impl = l;
+  dt__pstore_local_begin(&l->ps);
+  return &l->ps;
+}
+
+/* ---- the front door: argument checks, then the backend's table ------------------------------ */
+
+static dt_result dt__pstore_check(dt_pstore *ps, const char *fn, int worker, int64_t clock, size_t n,
+                                  const dt_pstore_ticket *tk) {
+  if (!ps || !ps->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: store is NULL", fn);
+  if (!tk) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: ticket is NULL", fn);
+  if (worker < 0 || worker >= ps->workers)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: worker %d outside [0, %d)", fn, worker, ps->workers);
+  if (clock < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: worker %d: clock %lld < 0", fn, worker, (long long)clock);
+  if (n != ps->size)
+    return dt__error(DTRAIN_ERR_SHAPE, "%s: worker %d: n=%zu but the store holds %zu floats", fn, worker, n, ps->size);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API void dt_pstore_destroy(dt_pstore *ps) {
+  dt__quiet_push();
+  if (ps && ps->vtable && ps->vtable->destroy) ps->vtable->destroy(ps);
+  dt__quiet_pop(DTRAIN_OK);
+}
+
+DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                    dt_pstore_ticket *tk) {
+  dt_result r = dt__pstore_check(ps, "dt_pstore_pull", worker, clock, n, tk);
+  if (r != DTRAIN_OK) return r;
+  if (!dst && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_pull: worker %d: dst is NULL", worker);
+  dt__quiet_push();
+  return dt__quiet_pop(ps->vtable->pull(ps, worker, clock, dst, n, tk));
+}
+
+DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                    dt_pstore_ticket *tk) {
+  dt_result r = dt__pstore_check(ps, "dt_pstore_push", worker, clock, n, tk);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(ps->vtable->push(ps, worker, clock, delta, n, tk));
+}
+
+DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) {
+  dt__quiet_push();
+  if (ps && ps->vtable && worker >= 0 && worker < ps->workers) ps->vtable->leave(ps, worker);
+  dt__quiet_pop(DTRAIN_OK);
+}
+
+DTRAIN_API void dt_pstore_abort(dt_pstore *ps) {
+  if (ps && ps->vtable) ps->vtable->abort(ps);
+}
+
+DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps) {
+  if (!ps || !ps->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_begin: store is NULL");
+  return ps->vtable->begin(ps);
+}
+
+DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
+  return (ps && ps->vtable) ? ps->vtable->version(ps) : 0;
+}
+
+#undef DT__PSTORE_DONE

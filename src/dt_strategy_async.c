@@ -1,0 +1,204 @@
+/* ===========================================================================
+ * dt_strategy_async.c -- async (Hogwild with bounded staleness) against the
+ * in-process parameter store; the replica loop and dt_strategy_run of the
+ * async family (parameter_server uses them too)
+ * ===========================================================================
+ * A replica (dt__strategy_async_job) loops: take a ticket, get a batch, pull
+ * from the store into its own copy, its own step (the module's local_step:
+ * here forward/backward, its own optimizer step, the difference new - pulled
+ * as the update), push. See "Async update rule" and "Staleness" in
+ * dt_strategy.h for the rules.
+ */
+#include "dt_strategy_impl.h"
+
+DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness) {
+  return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
+}
+
+/* The store over the params' data: replicas pull from it and push to it. */
+static dt_result dt__async_create(dt_strategy *s) {
+  const dt_strategy_desc *d = &s->desc;
+  s->pstore = dt_pstore_create_local(dt_params_data(s->params), s->size, s->n, d->max_staleness, d->async_update,
+                                     d->spin_us);
+  if (!s->pstore) return dt_last_result();
+  s->own_pstore = 1;
+  return DTRAIN_OK;
+}
+
+/* Every replica: its own copy, gradient, pulled copy and optimizer (a clone
+ * of the given one, at its step count). */
+static dt_result dt__async_replica(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  dt_result rc = dt__strategy_bind(s, r, 1, 1, NULL);
+  if (rc != DTRAIN_OK) return rc;
+  if (!(R->old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
+  R->opt = dt_optim_create(s->params, dt_optim_get_desc(s->opt));
+  if (!R->opt) return dt_last_result();
+  dt_optim_set_steps(R->opt, dt_optim_steps(s->opt));
+  return DTRAIN_OK;
+}
+
+/* Forward/backward on the pulled copy, the replica's own optimizer step,
+ * and the difference to push. */
+static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
+  dt__strategy_replica *R = &s->rep[r];
+  memcpy(R->old, R->data, s->fbytes);
+  if (!dt__strategy_compute(s, r, b)) return 0;
+  *push = NULL;
+  if (b->rows == 0) return 1; /* an empty push: only the clock moves */
+  if (!dt__strategy_clip_own(s, r, dt_optim_get_desc(R->opt)->clip_norm, "no update made")) return 0;
+  dt_result rc = dt_optim_update(R->opt, R->data, R->grad, 0, s->size);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_fail(s, r, rc, dt_last_error());
+    return 0;
+  }
+  dt_optim_advance(R->opt);
+  float *d = R->old;
+  for (size_t i = 0; i < s->size; i++) d[i] = R->data[i] - d[i];
+  if (s->desc.check_numerics) {
+    size_t bad = dt__strategy_nonfinite(d, 0, s->size);
+    if (bad < s->size) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "update of '%s' is %s at flat index %zu; not pushed", dt__strategy_param_at(s, bad),
+               isnan(d[bad]) ? "NaN" : "Inf", bad);
+      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+      return 0;
+    }
+  }
+  *push = d;
+  return 1;
+}
+
+DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  const int lockstep = s->desc.max_staleness == 0 || s->batch != NULL;
+  R->result = DTRAIN_OK;
+  char what[DT__MSG_CAP];
+  for (int64_t t = 0;; t++) {
+    if (dt__strategy_failed(s)) {
+      if (R->result == DTRAIN_OK) R->result = DTRAIN_ERR_ABORTED;
+      break;
+    }
+    int64_t ticket;
+    if (lockstep) {
+      if (t >= s->job_steps) break;
+      ticket = t * s->n + r;
+    } else {
+      ticket = DT__AFETCH_ADD(&s->ticket, (int64_t)1, DT__MO_RELAXED);
+      if (ticket >= s->job_steps) break;
+    }
+    dt_minibatch b;
+    if (s->batch) {
+      dt__strategy_shard(s->batch, s->n, r, &b);
+    } else {
+      memset(&b, 0, sizeof b);
+      dt_result rc = s->next(s->next_user, r, s->ticket_base + ticket, &b);
+      if (rc == DTRAIN_OK) rc = dt__strategy_check_batch(&b, "dt_strategy_run");
+      if (rc != DTRAIN_OK) {
+        snprintf(what, sizeof what, "the batch function failed for step %lld (%s)",
+                 (long long)(s->ticket_base + ticket), dt_result_name(rc));
+        dt__strategy_fail(s, r, rc, what);
+        break;
+      }
+      b.first = 0;
+      b.global_rows = b.rows;
+    }
+    b.step = s->ticket_base + ticket;
+    b.replica_step = t;
+    b.weight = 1.0f;
+    dt_pstore_ticket tk;
+    memset(&tk, 0, sizeof tk);
+    dt_result rc = dt_pstore_pull(s->pstore, r, t, R->data, s->size, &tk);
+    R->wait_s += tk.wait_s;
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      break;
+    }
+    if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
+    const float *push = NULL;
+    if (!s->mod->local_step(s, r, &b, &push)) break;
+    rc = dt_pstore_push(s->pstore, r, t, push, s->size, &tk);
+    R->wait_s += tk.wait_s;
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      break;
+    }
+    int64_t st = tk.staleness < 0 ? 0 : tk.staleness;
+    R->hist[DT__MIN(st, (int64_t)DTRAIN_STALENESS_BINS - 1)]++;
+    R->stale_sum += st;
+    if (st > R->stale_max) R->stale_max = st;
+    R->steps++;
+    R->samples += b.rows;
+    if (b.rows > 0) {
+      R->loss_sum += R->loss;
+      R->loss_count++;
+      R->last_loss = R->loss;
+      R->last_time = dt__now();
+    }
+  }
+  if (s->own_pstore) dt_pstore_leave(s->pstore, r); /* a borrowed store is left by its user (dt_pstore_leave) */
+}
+
+/* One job in which the replicas run free: steps * N pushes in all (steps
+ * each in lock-step), batches from next(user, r, ticket). */
+DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                                float *mean_loss) {
+  const char *fn = "dt_strategy_run";
+  if (s->desc.max_staleness != 0 && steps > INT64_MAX / DTRAIN_MAX_REPLICAS)
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: %lld steps is too many", fn, (long long)steps);
+  double t0 = dt__now();
+  s->batch = NULL;
+  s->next = next;
+  s->next_user = next_user;
+  s->job_steps = s->desc.max_staleness == 0 ? steps : steps * s->n;
+  s->ticket_base = s->tickets;
+  DT__ASTORE(&s->ticket, (int64_t)0, DT__MO_RELAXED);
+  double lsum = 0.0;
+  int64_t lcount = 0, before = 0, sbefore = 0;
+  for (int r = 0; r < s->n; r++) {
+    lsum -= s->rep[r].loss_sum;
+    lcount -= s->rep[r].loss_count;
+    before += s->rep[r].steps;
+    sbefore += s->rep[r].samples;
+  }
+  dt_result rc = dt__strategy_launch(s, fn);
+  s->seconds += dt__now() - t0;
+  int64_t after = 0, safter = 0;
+  double last_time = -1.0;
+  for (int r = 0; r < s->n; r++) {
+    lsum += s->rep[r].loss_sum;
+    lcount += s->rep[r].loss_count;
+    after += s->rep[r].steps;
+    safter += s->rep[r].samples;
+    if (s->rep[r].loss_count > 0 && s->rep[r].last_time > last_time) {
+      last_time = s->rep[r].last_time;
+      s->last_loss = s->rep[r].last_loss;
+    }
+  }
+  s->steps += after - before;
+  s->samples += safter - sbefore;
+  s->tickets += s->job_steps;
+  s->loss_sum += lsum;
+  s->loss_count += lcount;
+  if (mean_loss && lcount > 0) *mean_loss = (float)(lsum / (double)lcount);
+  return rc;
+}
+
+static const dt__strategy_module dt__async_module = {
+  "async",
+  0,                      /* flags: the async family */
+  NULL,                   /* prepare */
+  NULL,                   /* check */
+  dt__async_create,       /* create: the local store */
+  dt__async_replica,      /* replica */
+  NULL,                   /* start */
+  dt__strategy_async_job, /* job */
+  dt__strategy_async_run, /* run */
+  NULL,                   /* sync: the replicas pull from the params' buffer */
+  NULL,                   /* loss: the shards' */
+  dt__async_local_step,   /* local_step */
+  NULL,                   /* dev_exchange: no devices */
+  NULL                    /* destroy: the store goes with own_pstore */
+};
+
+DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_async_module(void) { return &dt__async_module; }

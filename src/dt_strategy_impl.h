@@ -1,0 +1,279 @@
+/* ===========================================================================
+ * dt_strategy_impl.h -- private: the strategy object, the table each
+ * strategy kind (module) fills, and the helpers the modules share
+ * ===========================================================================
+ * Every strategy kind is a module: one file (dt_strategy_<kind>.c) that
+ * fills one dt__strategy_module table, returned by its getter, which is
+ * listed in DT__STRATEGY_MODULES below at the place of its dt_strategy_kind.
+ * dt_strategy.c is the front door: it checks the arguments, builds what
+ * every kind needs (replica graphs, the thread pool, statistics) and calls
+ * the table. Adding a kind is one new file (listed in src/MANIFEST) and one
+ * line in that list. Everything here is DTRAIN_PRIVATE.
+ *
+ *   file                          what
+ *   dt_strategy.c                 front door; the helpers below
+ *   dt_strategy_one_device.c      one replica; central_storage's step
+ *   dt_strategy_mirrored.c        reduce-scatter, slice updates, all-gather
+ *   dt_strategy_central.c         reduce into the centre, slice updates
+ *   dt_strategy_async.c           the async replica loop (also parameter_server's), run()
+ *   dt_strategy_ps.c              parameter_server: the push of (clipped) gradients
+ *   dt_strategy_mwm.c             multi_worker_mirrored: the cross-process all-reduce
+ *   dt_strategy_device.c          replicas on devices: a mode of the kinds with
+ *                                 DT__STRATEGY_DEVICES, not a kind
+ */
+#ifndef DTRAIN_STRATEGY_IMPL_H
+#define DTRAIN_STRATEGY_IMPL_H
+
+#include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_io.h"
+#include "dt_data.h"
+#include "dt_memory.h"
+#include "dt_comm.h"
+#include "dt_strategy.h"
+#include "dt_net.h"
+#include "dt_device.h"
+#include "dt_tensor_internal.h"
+#include "dt_ops_internal.h"
+#include "dt_params_internal.h"
+#include "dt_platform.h"
+
+typedef struct dt__strategy_replica {
+  dt_graph *g;
+  float *data, *grad;      /* what the graph is bound to */
+  float *own_data, *own_grad, *old; /* allocated here (NULL when borrowed) */
+  dt_optim *opt;           /* async: this replica's optimizer */
+  int updating;            /* devices: this step reached the update */
+  /* the current step */
+  float loss;
+  int64_t rows;
+  double ss_part;          /* clipping: sum of squares of this replica's slice */
+  dt_result result;
+  /* statistics */
+  int64_t steps, samples;
+  double compute_s, wait_s, loss_sum;
+  int64_t loss_count;
+  float last_loss;
+  double last_time;        /* async: when the last push finished */
+  int64_t hist[DTRAIN_STALENESS_BINS];
+  int64_t stale_max, stale_sum, gap_max;
+  char pad[DT__ALIGN];     /* keeps the next replica's hot fields off these cache lines */
+} dt__strategy_replica;
+
+typedef struct dt__strategy_module dt__strategy_module;
+
+struct dt_strategy {
+  dt_strategy_desc desc;
+  const dt__strategy_module *mod; /* the kind's table */
+  void (*job)(dt_strategy *s, int r); /* replica r's part of the current job: mod->job, or
+                                         dt__strategy_dev_job on devices */
+  dt_params *params;
+  dt_optim *opt;
+  dt_step_fn step;
+  void *user;
+  int n;
+  size_t size;             /* floats in the flat buffers */
+  size_t fbytes;           /* size * sizeof(float) */
+  dt__strategy_replica *rep;
+  size_t rep_bytes;
+  dt__pool *pool;
+  dt_comm *comm;           /* sync strategies */
+  dt_pstore *pstore;       /* async */
+  int own_pstore;          /* the strategy made the store (async's local one): its replicas leave it
+                              after a job and destroy frees it; a borrowed one is the user's */
+  void *kind_state;        /* the module's own state (its create allocates it, its destroy frees it) */
+  size_t *bufr;            /* non-trainable runs [begin, end) pairs */
+  int nbufr;
+  /* the current job */
+  const dt_minibatch *batch;   /* step(): the global batch */
+  dt_minibatch_fn next;        /* run(): the batch source (async) */
+  void *next_user;
+  int64_t job_steps;       /* async: steps per replica (lock-step) or total pushes */
+  int64_t ticket_base;
+  DT__ATOMIC(int64_t) ticket;
+  DT__ATOMIC(int) failed;  /* -1, or the first replica that failed */
+  dt_result err;
+  char msg[DT__MSG_CAP];
+  /* totals */
+  int64_t steps, samples, tickets;
+  double seconds, loss_sum;
+  int64_t loss_count;
+  float last_loss;
+  int last_failed;
+  /* devices (desc.devices; dt_strategy_device.c) */
+  int dev;                 /* nonzero: replica r runs on desc.devices[r] */
+  dt_device_group *dgroup; /* the all-reduce over the replicas' devices */
+  float **dgrad, **ddata;  /* each replica's device gradient / parameters */
+  float *dhost;            /* host copy of replica 0's reduced gradient (checks) */
+  int64_t dev_opt_steps;   /* the optimizer's steps before the current step */
+};
+
+/* ---- the module table ------------------------------------------------------------------ */
+
+/* Flags: what the front door needs to know about a kind, as data. */
+enum {
+  /* Lock-step: a step is one global step over shards of one batch, on the
+   * in-process communicator s->comm (barriers, reductions). Without it the
+   * kind is of the async family: replicas push to s->pstore, steps count
+   * pushes, max_staleness applies. */
+  DT__STRATEGY_SYNC = 1 << 0,
+  /* Exactly one replica: desc.replicas 0 or 1 becomes 1 (parse and create)
+   * and the kind runs on the calling thread alone, so it is the kind that
+   * works without threads (DTRAIN_NO_THREADS). */
+  DT__STRATEGY_ONE_REPLICA = 1 << 1,
+  /* May put its replicas on devices (desc.devices): dt_strategy_device.c. */
+  DT__STRATEGY_DEVICES = 1 << 2,
+  /* Loss gradients are weighted by the shard's rows (row sums, MEAN) and
+   * divided by the global rows only after a cross-process reduction. */
+  DT__STRATEGY_ROW_SUMS = 1 << 3
+};
+
+struct dt__strategy_module {
+  const char *name;        /* dt_strategy_kind_name, dt_strategy_parse */
+  unsigned flags;          /* DT__STRATEGY_* */
+  /* Optional. First of the checks of dt_strategy_create: settles the desc
+   * fields the kind decides itself (e.g. from desc.store). */
+  dt_result (*prepare)(dt_strategy_desc *d);
+  /* Optional. After the common checks of the desc, before the device ones. */
+  dt_result (*check)(const dt_strategy_desc *d);
+  /* Optional. Before the replicas are made: the kind's own state and
+   * resources (kind_state, the store). Errors recorded; destroy cleans up. */
+  dt_result (*create)(dt_strategy *s);
+  /* Replica r on the CPU: its buffers (dt__strategy_bind and more). Not
+   * called on devices (dt__strategy_dev_bind). */
+  dt_result (*replica)(dt_strategy *s, int r);
+  /* Optional. The last step of dt_strategy_create (a collective for
+   * multi_worker_mirrored). fn names the caller for messages. */
+  dt_result (*start)(dt_strategy *s, const char *fn);
+  /* Replica r's part of a step (sync) or its loop of steps (async), on its
+   * own thread; failures go through dt__strategy_fail. */
+  void (*job)(dt_strategy *s, int r);
+  /* Optional. dt_strategy_run after the argument checks; NULL: `steps`
+   * calls of dt_strategy_step on next(user, -1, step). */
+  dt_result (*run)(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user, float *mean_loss);
+  /* Optional. dt_strategy_sync: the params' values into every replica. */
+  dt_result (*sync)(dt_strategy *s, const char *fn);
+  /* Optional. The loss of the global batch after a good synchronous step;
+   * NULL: the shard losses weighted by their share, in rank order. */
+  double (*loss)(dt_strategy *s, const dt_minibatch *gb);
+  /* Async family: replica r's own step after its pull (R->data holds the
+   * pulled parameters): forward/backward on b and the vector to push in
+   * *push (NULL: an empty push). 0: failed (recorded). */
+  int (*local_step)(dt_strategy *s, int r, const dt_minibatch *b, const float **push);
+  /* Devices: replica 0's part after the all-reduce over the devices
+   * (multi_worker_mirrored: the exchange across processes). ok: the local
+   * part succeeded. 1: the update goes on. NULL: only the checks of the
+   * reduced gradient (dt__strategy_dev_checks on a host copy, when asked). */
+  int (*dev_exchange)(dt_strategy *s, int ok);
+  /* Optional. Frees what create made (after the replicas are gone). */
+  void (*destroy)(dt_strategy *s);
+};
+
+/* The modules, in dt_strategy_kind order: X(getter) each, where the module's
+ * file defines `const dt__strategy_module *getter(void)` (a function, not
+ * an object: C++ has no forward declaration of a static const object). This
+ * list yields both the declarations below and dt_strategy.c's table. */
+#define DT__STRATEGY_MODULES(X)                                   \
+  X(dt__strategy_one_device_module) /* ONE_DEVICE */              \
+  X(dt__strategy_mirrored_module)   /* MIRRORED */                \
+  X(dt__strategy_central_module)    /* CENTRAL_STORAGE */         \
+  X(dt__strategy_async_module)      /* ASYNC */                   \
+  X(dt__strategy_mwm_module)        /* MULTI_WORKER_MIRRORED */   \
+  X(dt__strategy_ps_module)         /* PARAMETER_SERVER */
+
+#define DT__STRATEGY_DECLARE(getter) DTRAIN_PRIVATE const dt__strategy_module *getter(void);
+DT__STRATEGY_MODULES(DT__STRATEGY_DECLARE)
+#undef DT__STRATEGY_DECLARE
+
+/* ---- shared helpers (dt_strategy.c) ------------------------------------------------------ */
+
+/* A desc with only kind, replicas and max_staleness set (the one-line choices). */
+DTRAIN_PRIVATE dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int replicas, int max_staleness);
+/* Records replica r's failure; the first one wins. Breaks the barrier or the
+ * store so that nobody waits for r. */
+DTRAIN_PRIVATE void dt__strategy_fail(dt_strategy *s, int r, dt_result code, const char *what);
+DTRAIN_PRIVATE int dt__strategy_failed(dt_strategy *s);
+/* A collective or the store returned rc: aborted by someone else, or a
+ * failure of replica r's own. */
+DTRAIN_PRIVATE void dt__strategy_comm_failed(dt_strategy *s, int r, dt_result rc);
+/* Shard r of n of the global batch gb (see "Batches" in dt_strategy.h). */
+DTRAIN_PRIVATE void dt__strategy_shard(const dt_minibatch *gb, int n, int r, dt_minibatch *out);
+/* Replica r's shard of s->batch for a synchronous step, with its loss
+ * weight (DT__STRATEGY_ROW_SUMS: rows; else rows / global rows; SUM: 1). */
+DTRAIN_PRIVATE void dt__strategy_sync_shard(dt_strategy *s, int r, dt_minibatch *b);
+DTRAIN_PRIVATE dt_result dt__strategy_check_batch(const dt_minibatch *b, const char *fn);
+/* Index of the first non-finite value in x[b, e), or e. */
+DTRAIN_PRIVATE size_t dt__strategy_nonfinite(const float *x, size_t b, size_t e);
+/* Name of the parameter holding flat index i (for messages). */
+DTRAIN_PRIVATE const char *dt__strategy_param_at(dt_strategy *s, size_t i);
+/* Forward + backward of replica r on b. 0 on failure (recorded). */
+DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b);
+/* Sum of squares of the trainable elements of grad in [b, e), in index order. */
+DTRAIN_PRIVATE double dt__strategy_sumsq(dt_strategy *s, const float *grad, size_t b, size_t e);
+/* grad[j] *= coef for the trainable j in [b, e). */
+DTRAIN_PRIVATE void dt__strategy_scale(dt_strategy *s, float *grad, size_t b, size_t e, float coef);
+/* The clipping rule: given the global L2 norm of the gradient, scales the
+ * trainable elements of grad[b, e) when the norm exceeds clip. 0: the norm
+ * is not finite (nothing scaled; the caller fails the step). */
+DTRAIN_PRIVATE int dt__strategy_clip_scale(dt_strategy *s, float *grad, size_t b, size_t e, double norm, float clip);
+/* Clipping of replica r's whole gradient R->grad with `clip` (async,
+ * parameter_server); a non-finite norm fails r with "gradient norm is not
+ * finite; <what_not>". 0: failed. */
+DTRAIN_PRIVATE int dt__strategy_clip_own(dt_strategy *s, int r, float clip, const char *what_not);
+/* Replica r's checks of its slice [lo, hi) of the reduced gradient, then
+ * dt_optim_update of data on that slice (synchronous kinds). 0: the step
+ * stops (the failure is recorded). */
+DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi);
+/* Copies the non-trainable runs (buffers) of src within [b, e) to dst. */
+DTRAIN_PRIVATE void dt__strategy_copy_buffers(dt_strategy *s, float *dst, const float *src, size_t b, size_t e);
+/* Seconds replica r has waited in s->comm so far. */
+DTRAIN_PRIVATE double dt__strategy_comm_wait(dt_strategy *s, int r);
+/* size floats (at least one), a copy of init or zeros; NULL when out of memory. */
+DTRAIN_PRIVATE float *dt__strategy_floats(dt_strategy *s, const float *init);
+/* dt_strategy_create's out-of-memory error. */
+DTRAIN_PRIVATE dt_result dt__strategy_nomem(dt_strategy *s);
+/* Replica r's host buffers: private copies of the params' data / a private
+ * gradient when asked (else the params' own), grad0 (if not NULL) as its
+ * gradient, bound to its graph. */
+DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, int own_grad, float *grad0);
+
+/* Runs the current job (s->batch or s->next, s->job_steps) on every
+ * replica's thread; returns the first failure, with the thread's error set
+ * on the calling thread. */
+DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
+
+/* ---- the async family (dt_strategy_async.c) ----------------------------------------------- */
+DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
+DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                                float *mean_loss);
+
+/* ---- the synchronous step through a centre (dt_strategy_central.c; also one_device's) ------- */
+DTRAIN_PRIVATE void dt__strategy_central_job(dt_strategy *s, int r);
+
+/* ---- devices (dt_strategy_device.c) --------------------------------------------------------- */
+DTRAIN_PRIVATE dt_result dt__strategy_dev_create(dt_strategy *s);
+DTRAIN_PRIVATE void dt__strategy_dev_destroy(dt_strategy *s);
+/* Replica r's buffers are its graph's device copies. */
+DTRAIN_PRIVATE dt_result dt__strategy_dev_bind(dt_strategy *s, int r);
+/* After the replicas and the pool: the group that all-reduces over the devices. */
+DTRAIN_PRIVATE dt_result dt__strategy_dev_start(dt_strategy *s);
+DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r);
+/* After a failed step: when some replica reached the update, the params'
+ * (pre-step) values go back to every device. */
+DTRAIN_PRIVATE void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps);
+/* The params' values to every replica's device ("fn: replica r: ..." on failure). */
+DTRAIN_PRIVATE dt_result dt__strategy_dev_upload(dt_strategy *s, const char *fn);
+/* Replica 0's checks of a host copy of the reduced gradient: NaN/Inf
+ * (check_numerics) and a finite clipping norm. 0: the step stops. */
+DTRAIN_PRIVATE int dt__strategy_dev_checks(dt_strategy *s, const float *g);
+/* A failed device call of replica 0's reduce phase (recorded); returns 0. */
+DTRAIN_PRIVATE int dt__strategy_dev_failed(dt_strategy *s, dt_result rc, const char *what);
+/* Host <-> device copy of [b, e) between dst and src on replica r's device. */
+DTRAIN_PRIVATE dt_result dt__strategy_dev_copy(dt_strategy *s, int r, float *dst, const float *src, size_t b, size_t e,
+                                               dt_copy_kind kind);
+
+#endif /* DTRAIN_STRATEGY_IMPL_H */

@@ -1,0 +1,70 @@
+/* ===========================================================================
+ * dt_strategy_mirrored.c -- mirrored: one copy of the parameters per replica
+ * (replica 0's is the params' own), kept equal by collectives
+ * ===========================================================================
+ * A step (dt__mirrored_job, every replica): its shard -> forward/backward
+ * into its own gradient -> reduce-scatter: replica r owns slice r of the sum
+ * -> clipping / numerics on that slice -> dt_optim_update of slice r of its
+ * own copy -> replica 0's buffers (batch-norm statistics) into slice r ->
+ * all-gather of the parameters. Buffers follow replica 0, like PyTorch
+ * DDP's broadcast_buffers. On devices see dt_strategy_device.c.
+ */
+#include "dt_strategy_impl.h"
+
+DTRAIN_API dt_strategy_desc dt_mirrored(int replicas) {
+  return dt__strategy_desc(DTRAIN_STRATEGY_MIRRORED, replicas, 0);
+}
+
+/* Replica 0 trains the params' buffers; the others their own copies. */
+static dt_result dt__mirrored_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, r > 0, r > 0, NULL); }
+
+static void dt__mirrored_job(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  R->result = DTRAIN_OK;
+  dt_minibatch b;
+  dt__strategy_sync_shard(s, r, &b);
+  if (!dt__strategy_compute(s, r, &b)) return;
+  size_t lo, hi;
+  dt_comm_slice(s->size, s->n, r, &lo, &hi);
+  double w0 = dt__strategy_comm_wait(s, r);
+  dt_result rc = dt_comm_reduce_scatter(s->comm, r, R->grad, s->size);
+  if (rc != DTRAIN_OK) {
+    dt__strategy_comm_failed(s, r, rc);
+    goto done;
+  }
+  if (!dt__strategy_update_slice(s, r, R->data, R->grad, lo, hi)) goto done;
+  /* Buffers follow replica 0: each replica puts replica 0's values into its
+   * own slice before the all-gather spreads the slices (the optimizer never
+   * writes the buffer ranges, so replica 0's stay still meanwhile). */
+  if (r > 0) dt__strategy_copy_buffers(s, R->data, s->rep[0].data, lo, hi);
+  rc = dt_comm_allgather(s->comm, r, R->data, s->size);
+  if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
+done:
+  R->wait_s += dt__strategy_comm_wait(s, r) - w0;
+}
+
+static dt_result dt__mirrored_sync(dt_strategy *s, const char *fn) {
+  if (s->dev) return dt__strategy_dev_upload(s, fn);
+  const float *src = dt_params_data(s->params);
+  for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, src, s->fbytes);
+  return DTRAIN_OK;
+}
+
+static const dt__strategy_module dt__mirrored_module = {
+  "mirrored",
+  DT__STRATEGY_SYNC | DT__STRATEGY_DEVICES,
+  NULL,                 /* prepare */
+  NULL,                 /* check */
+  NULL,                 /* create */
+  dt__mirrored_replica, /* replica */
+  NULL,                 /* start: the copies were made from the params */
+  dt__mirrored_job,     /* job */
+  NULL,                 /* run: steps */
+  dt__mirrored_sync,    /* sync */
+  NULL,                 /* loss: the shards' */
+  NULL,                 /* local_step */
+  NULL,                 /* dev_exchange: the checks */
+  NULL                  /* destroy */
+};
+
+DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mirrored_module(void) { return &dt__mirrored_module; }

@@ -1,0 +1,80 @@
+/* ===========================================================================
+ * dt_strategy_ps.c -- parameter_server, the worker side: the async replica
+ * loop (dt_strategy_async.c) against a store that takes gradients
+ * (dt_pstore_create_tcp, dt_ps.c)
+ * ===========================================================================
+ * No local optimizer step: the vector pushed holds the (clipped) gradient
+ * for trainable parameters and the current values of buffers; the servers
+ * apply their optimizer to their shard. One replica per process: the
+ * replica is this process's worker of the store, which is borrowed.
+ */
+#include "dt_strategy_impl.h"
+
+DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness) {
+  dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_PARAMETER_SERVER, 1, max_staleness);
+  d.store = store;
+  return d;
+}
+
+/* The store decides: one replica (this worker), its max_staleness. */
+static dt_result dt__ps_prepare(dt_strategy_desc *d) {
+  const char *fn = "dt_strategy_create";
+  if (!d->store) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: parameter_server needs desc.store (dt_pstore_create_tcp)", fn);
+  if (d->replicas > 1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: parameter_server runs 1 replica per process (the process is "
+                     "one worker of the store), not %d", fn, d->replicas);
+  d->replicas = 1;
+  d->max_staleness = d->store->max_staleness;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__ps_create(dt_strategy *s) {
+  dt_pstore *st = s->desc.store;
+  if (st->size != s->size)
+    return dt__error(DTRAIN_ERR_SHAPE, "dt_strategy_create: the store holds %zu floats, the params %zu", st->size,
+                     s->size);
+  s->pstore = st; /* borrowed */
+  return DTRAIN_OK;
+}
+
+/* Pulls go into the params' data; R->old holds the vector to push. */
+static dt_result dt__ps_replica(dt_strategy *s, int r) {
+  dt_result rc = dt__strategy_bind(s, r, 0, r > 0, NULL);
+  if (rc != DTRAIN_OK) return rc;
+  if (!(s->rep[r].old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
+  return DTRAIN_OK;
+}
+
+/* Forward/backward, then the push vector in R->old: the clipped gradient
+ * (clip_norm of the optimizer given to dt_strategy_create), buffers' values. */
+static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
+  dt__strategy_replica *R = &s->rep[r];
+  if (!dt__strategy_compute(s, r, b)) return 0;
+  *push = NULL;
+  if (b->rows == 0) return 1; /* an empty push: only the clock moves */
+  if (!dt__strategy_clip_own(s, r, dt_optim_get_desc(s->opt)->clip_norm, "nothing pushed")) return 0;
+  memcpy(R->old, R->grad, s->fbytes);
+  for (int i = 0; i < s->nbufr; i++)
+    memcpy(R->old + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
+  *push = R->old;
+  return 1;
+}
+
+static const dt__strategy_module dt__ps_module = {
+  "parameter_server",
+  0,                      /* flags: the async family */
+  dt__ps_prepare,         /* prepare */
+  NULL,                   /* check */
+  dt__ps_create,          /* create: borrow the store */
+  dt__ps_replica,         /* replica */
+  NULL,                   /* start */
+  dt__strategy_async_job, /* job */
+  dt__strategy_async_run, /* run */
+  NULL,                   /* sync: the next pull brings the servers' values */
+  NULL,                   /* loss: the shard's */
+  dt__ps_local_step,      /* local_step */
+  NULL,                   /* dev_exchange: no devices */
+  NULL                    /* destroy: the store is the user's */
+};
+
+DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_ps_module(void) { return &dt__ps_module; }
