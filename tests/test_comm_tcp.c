@@ -25,7 +25,7 @@ static void test_unsupported(void) {
 
 int main(void) {
   TH_RUN(test_unsupported);
-  printf("test_comm_tcp: networking not compiled in, skipping the multi-process tests\n");
+  th_skip_item("test_comm_tcp multi-process tests", "networking or threads not compiled in");
   return th_summary("test_comm_tcp");
 }
 #else

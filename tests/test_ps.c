@@ -1137,7 +1137,7 @@ static void test_bad_bytes(void) {
 int main(void) {
   TH_RUN(test_shard);
 #if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
-  printf("test_ps: networked tests skipped (built without networking or threads)\n");
+  th_skip_item("test_ps networked tests", "built without networking or threads");
 #else
   signal(SIGPIPE, SIG_DFL); /* the library must not need SIGPIPE ignored */
   make_data();
@@ -1155,7 +1155,7 @@ int main(void) {
 #  ifndef DTRAIN_NO_STDIO
   TH_RUN(test_checkpoint_restart);
 #  else
-  printf("test_checkpoint_restart: skipped (shard checkpoints need stdio)\n");
+  th_skip_item("test_checkpoint_restart", "shard checkpoints need stdio (DTRAIN_NO_STDIO build)");
 #  endif
   TH_RUN(test_bad_bytes);
 #endif

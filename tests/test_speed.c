@@ -683,7 +683,7 @@ static void test_gemm_threads_concurrent(void) {
   th_fill(b, 100 * 256, -1, 1);
   dt_set_threads(1);
   dt_sgemm(0, 0, 64, 256, 100, 1.0f, a, 100, b, 256, 0.0f, want, 256);
-  if (!have_threads()) return;
+  if (!have_threads()) TH_SKIP("built without threads");
   dt_set_threads(2);
   pthread_t th[3];
   gemm_race_arg args[2];
@@ -811,10 +811,9 @@ static void test_conv_winograd_threads_bitwise(void) {
 #endif
 static void test_threads_after_fork(void) {
   static float a[64 * 300], b[300 * 256], want[64 * 256], c[64 * 256];
-  if (!have_threads()) return;
+  if (!have_threads()) TH_SKIP("built without threads");
 #ifdef TSAN_BUILD
-  printf("skip test_threads_after_fork: ThreadSanitizer cannot start threads in a child of a threaded fork\n");
-  return;
+  TH_SKIP("ThreadSanitizer cannot start threads in a child of a threaded fork");
 #endif
   {
     /* qemu-user itself asserts (cpu_exec: cpu == current_cpu) when the child
@@ -822,8 +821,7 @@ static void test_threads_after_fork(void) {
      * RUNNER="qemu-<arch> ..." in the environment. */
     const char *runner = getenv("RUNNER");
     if (runner && strstr(runner, "qemu")) {
-      printf("skip test_threads_after_fork: qemu-user cannot start threads in a child of a threaded fork\n");
-      return;
+      TH_SKIP("qemu-user cannot start threads in a child of a threaded fork");
     }
   }
   th_seed(7);
