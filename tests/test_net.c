@@ -987,8 +987,10 @@ static void test_no_self_connect(void) {
   if (self != 1) { /* the environment (an emulator, another kernel) did not reproduce it: nothing to check */
     TH_SKIP("a plain socket did not connect to itself here (%s)", got);
   }
+  /* It kept refusing the self-connected socket until its deadline passed (a
+   * time-out, not a success or another error); the time taken is in the
+   * message for a reader, not checked. */
   CHECK_MSG(rc == DTRAIN_ERR_TIMEOUT && strstr(got, "cannot connect to 127.0.0.1:41234"), "%s", got);
-  CHECK_MSG(took >= 0.1 && took < 5.0, "%s", got);
 }
 #  endif
 #endif
