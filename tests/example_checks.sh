@@ -1,7 +1,8 @@
 #!/bin/sh
-# The examples as a user runs them: 01_xor learns; 02_fashion_mnist trains on
-# the shipped test split, prints its JSON line, resumes from a checkpoint
-# bitwise, and refuses bad flags and bad files with a clear message.
+# The examples as a user runs them: 01_xor and 01b_fashion_mnist_loop learn;
+# 02_fashion_mnist trains on the shipped test split, prints its JSON line,
+# resumes from a checkpoint bitwise, and refuses bad flags and bad files with
+# a clear message.
 # Prints "example_checks: N passed, N failed, N skipped".
 BUILD=${BUILD:-build}
 T="$BUILD/example_checks"
@@ -15,6 +16,11 @@ check() { name=$1; shift
   if out=$("$@" 2>&1); then echo "ok $name"; pass=$((pass + 1)); else echo "FAIL $name"; printf '%s\n' "$out" | tail -n 15; fail=$((fail + 1)); fi; }
 sum() { grep -o '"params_checksum":"[0-9a-f]*"' "$1"; }
 check "xor-learns" sh -c "$BUILD/examples/01_xor | tail -n 4 | grep -q '1 xor 1 -> 0.0'"
+# 01b, the hand-written loop: 2000 images, 2 epochs, far above chance (0.1;
+# it reaches about 0.75), exit 0; a bad number is refused with the usage.
+LOOP="$BUILD/examples/01b_fashion_mnist_loop"
+check "loop-learns" sh -c "$LOOP --limit 2000 --epochs 2 > $T/loop.txt && awk '/^test accuracy / { a = \$3 } END { exit !(a > 0.6) }' $T/loop.txt"
+check "loop-bad-flag" sh -c "! $LOOP --epochs 2x > $T/loop_bad.txt 2>&1 && grep -q '^usage: 01b_fashion_mnist_loop' $T/loop_bad.txt"
 common="--data $D --quiet --json --csv $T/m.csv --svg $T/m.svg"
 check "fmnist-json-line" sh -c "$E $common --epochs 1 > $T/one.json && grep -q '\"model\":\"mlp\"' $T/one.json && grep -q '\"test_accuracy\":0\.[5-9]' $T/one.json && grep -q '\"samples_per_sec\"' $T/one.json"
 check "fmnist-svg-and-csv" sh -c "grep -q '<svg' $T/m.svg && grep -q '</svg>' $T/m.svg && head -n 1 $T/m.csv | grep -q 'epoch' && test \$(wc -l < $T/m.csv) -ge 2"
