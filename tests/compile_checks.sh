@@ -1,11 +1,14 @@
 #!/bin/sh
 # Build-configuration checks: the shipped header compiles cleanly with gcc and
 # clang in strict C11, as C++17, with DTRAIN_STATIC in two translation units,
-# and each src/*.c compiles alone. Prints "compile_checks: N passed, N failed".
+# and each src/*.c compiles alone. Prints "compile_checks: N passed, N failed,
+# N skipped" (a skip: a compiler or library this machine lacks).
 BUILD=${BUILD:-build}
 D="$BUILD/compile_checks"
 mkdir -p "$D"
-pass=0; fail=0
+pass=0; fail=0; skipped=0
+# skip WHAT: why -- a check that cannot run here, counted and named in the summary.
+skip() { echo "skip $1"; skipped=$((skipped + 1)); }
 W="-Wall -Wextra -Wpedantic -Werror"
 check() { # name, command...
   name=$1; shift
@@ -15,13 +18,13 @@ check() { # name, command...
 printf '#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\nint main(void){ return dt_build_features() == 0; }\n' > "$D/impl.c"
 cp "$D/impl.c" "$D/impl.cpp"
 for cc in gcc clang; do
-  command -v $cc >/dev/null 2>&1 || continue
+  command -v $cc >/dev/null 2>&1 || { skip "$cc-c11*: no $cc"; continue; }
   check "$cc-c11" $cc -std=c11 $W -O2 -I. "$D/impl.c" -o "$D/impl_$cc" -lm -lpthread
   check "$cc-c11-no-threads" $cc -std=c11 $W -DDTRAIN_NO_THREADS -DDTRAIN_NO_NET -I. -c "$D/impl.c" -o "$D/impl_nt_$cc.o"
   check "$cc-c11-no-stdio" $cc -std=c11 $W -DDTRAIN_NO_STDIO -I. -c "$D/impl.c" -o "$D/impl_ns_$cc.o"
 done
 for cxx in g++ clang++; do
-  command -v $cxx >/dev/null 2>&1 || continue
+  command -v $cxx >/dev/null 2>&1 || { skip "$cxx-c++17: no $cxx"; continue; }
   check "$cxx-c++17" $cxx -std=c++17 $W -O1 -I. "$D/impl.cpp" -o "$D/impl_$cxx" -lm -lpthread
 done
 # Two translation units, each with its own static copy of the implementation.
@@ -34,7 +37,7 @@ check "contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_THREADS -DDTRAIN_
 if [ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ] || [ -f /usr/include/openblas/cblas.h ]; then
   check "cblas-build-and-matmul-tests" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_USE_CBLAS -I. -I/usr/include/openblas -c tests/dtrain_impl.c -o $D/impl_cblas.o && gcc -std=c11 $W -O2 -I. -Itests tests/test_ops_matmul.c $D/impl_cblas.o -o $D/test_matmul_cblas -lopenblas -lm -lpthread && $D/test_matmul_cblas | grep -q ' 0 failed' && $D/test_matmul_cblas | grep -q 'cblas=yes'"
 else
-  echo "skip cblas-build-and-matmul-tests: no cblas.h (apt-get install libopenblas-dev)"
+  skip "cblas-build-and-matmul-tests: no cblas.h (apt-get install libopenblas-dev)"
 fi
 # DTRAIN_NO_MALLOC: the library object references no allocator of libc at all,
 # and the fixed-memory tests pass against it.
@@ -45,7 +48,7 @@ check "no-malloc-contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_MALLOC 
 if [ -f /usr/include/zlib.h ]; then
   check "zlib-build-and-data-tests" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_USE_ZLIB -I. -c tests/dtrain_impl.c -o $D/impl_zlib.o && gcc -std=c11 $W -O2 -I. -Itests tests/test_data.c $D/impl_zlib.o -o $D/test_data_zlib -lz -lm -lpthread && $D/test_data_zlib > $D/test_data_zlib.txt 2>&1 && grep -q ' 0 failed' $D/test_data_zlib.txt && grep -q 'zlib=yes' $D/test_data_zlib.txt"
 else
-  echo "skip zlib-build-and-data-tests: no zlib.h (apt-get install zlib1g-dev)"
+  skip "zlib-build-and-data-tests: no zlib.h (apt-get install zlib1g-dev)"
 fi
 # DTRAIN_NO_STDIO: the file readers say UNSUPPORTED, the from-memory parsers still work.
 cat > "$D/nostdio_data.c" <<'EOF'
@@ -83,17 +86,19 @@ printf '#include "dtrain_cuda.h"\nint main(void){ dt_device *(*f)(int) = dt_cuda
 check "cuda-header-public-c11" gcc -std=c11 $W -I. -c "$D/cuda_public.c" -o "$D/cuda_public.o"
 if command -v clang++ >/dev/null 2>&1; then
   check "cuda-host-emulation-clang++" clang++ -std=c++17 $W -I. -Itests -fsyntax-only tests/test_cuda_emu.cc
+else
+  skip "cuda-host-emulation-clang++: no clang++"
 fi
 NVCC=$(command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 if [ -n "$NVCC" ]; then
   printf '#define DTRAIN_CUDA_IMPLEMENTATION\n#include "dtrain_cuda.h"\nint main(void){ return dt_cuda_device_count() < -1; }\n' > "$D/cuda_impl.cu"
   check "cuda-nvcc-impl-links" sh -c "gcc -std=c11 $W -O1 -I. -c tests/dtrain_impl.c -o $D/cuda_dtrain.o && $NVCC -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -I. $D/cuda_impl.cu $D/cuda_dtrain.o -o $D/cuda_impl -lcublas -lm -lpthread"
 else
-  echo "skip cuda-nvcc-impl-links: no nvcc"
+  skip "cuda-nvcc-impl-links: no nvcc"
 fi
 # Each source file compiles alone.
 for f in src/*.c; do
   check "alone-$(basename $f)" gcc -std=c11 $W -Isrc -c "$f" -o "$D/$(basename $f .c).o"
 done
-echo "compile_checks: $pass passed, $fail failed"
+echo "compile_checks: $pass passed, $fail failed, $skipped skipped"
 [ "$fail" -eq 0 ]

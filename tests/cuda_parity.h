@@ -814,7 +814,7 @@ static int cp_ck_run(dt_device *dev, uint64_t seed, int pre, const char *load, i
 /* No file I/O in this build (checkpoints refuse with DTRAIN_ERR_UNSUPPORTED,
  * which test_checkpoint checks): nothing to save or resume here. */
 static void test_device_checkpoint(void) {
-  printf("test_device_checkpoint: skipped (DTRAIN_NO_STDIO: no file I/O)\n");
+  TH_SKIP("DTRAIN_NO_STDIO build has no file I/O");
 }
 #else
 static void test_device_checkpoint(void) {

@@ -3,8 +3,15 @@
  *   static void test_something(void) { CHECK(x == 1); CHECK_NEAR(a, b, 1e-6); }
  *   int main(void) { TH_RUN(test_something); return th_summary("suite_name"); }
  *
- * A test passes when none of its checks fail. th_summary prints
- * "suite_name: N passed, N failed" and returns the exit code.
+ * A test passes when none of its checks fail. A test that cannot run here
+ * (no python3, no pseudo-terminal, a build without threads, ...) says so:
+ *   TH_SKIP("no gzip command");        marks the test skipped and returns
+ *   th_skip("no %s", what);            marks it skipped and goes on (a part)
+ *   th_skip_item("name", "why");       outside a test: a group not run
+ * A failed check always wins over a skip: a skip never hides a failure.
+ * th_summary prints one "skip NAME: reason" line per skip, then
+ * "suite_name: N passed, N failed, N skipped", and returns the exit code
+ * (tools/run_tests.sh reads both).
  * Logging from dtrain is captured (th_last_log) instead of printed, unless
  * DTRAIN_TEST_VERBOSE is set in the environment.
  */
@@ -18,13 +25,60 @@
 #endif
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int th_passed, th_failed, th_cur_failed;
+static int th_passed, th_failed, th_skipped, th_cur_failed, th_cur_skipped;
 static const char *th_cur = "";
 static char th_last_log[512];
+
+/* The reasons, kept for th_summary (printed at the end, not when they happen:
+ * a test that forks would otherwise print them again from a child's copy of
+ * the stdio buffer). Past TH_MAX_SKIPS reasons only the count goes on. */
+#define TH_MAX_SKIPS 64
+static char th_skip_why[TH_MAX_SKIPS][240];
+static int th_skip_n;
+
+static void th_skip_vnote(const char *name, const char *fmt, va_list ap) {
+  if (th_skip_n < TH_MAX_SKIPS) {
+    char why[200];
+    vsnprintf(why, sizeof why, fmt, ap);
+    snprintf(th_skip_why[th_skip_n++], sizeof th_skip_why[0], "skip %s: %s", name, why);
+    if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "%s\n", th_skip_why[th_skip_n - 1]);
+  }
+}
+
+/* Marks the running test skipped (once: its first reason is the one kept). */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 1, 2)))
+#endif
+static void th_skip(const char *fmt, ...) {
+  va_list ap;
+  if (th_cur_skipped++) return;
+  va_start(ap, fmt);
+  th_skip_vnote(th_cur, fmt, ap);
+  va_end(ap);
+}
+
+/* Counts one skipped item outside any test: tests this build leaves out. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void th_skip_item(const char *name, const char *fmt, ...) {
+  va_list ap;
+  th_skipped++;
+  va_start(ap, fmt);
+  th_skip_vnote(name, fmt, ap);
+  va_end(ap);
+}
+
+#define TH_SKIP(...)                                                                  \
+  do {                                                                                \
+    th_skip(__VA_ARGS__);                                                             \
+    return;                                                                           \
+  } while (0)
 
 #define CHECK(cond)                                                                   \
   do {                                                                                \
@@ -79,15 +133,18 @@ static void th_log(dt_log_level level, dt_result code, const char *msg, void *us
   do {                                                                                \
     th_cur = #fn;                                                                     \
     th_cur_failed = 0;                                                                \
+    th_cur_skipped = 0;                                                               \
     dt_set_logger(th_log, NULL, DTRAIN_LOG_DEBUG);                                    \
     dt_clear_error();                                                                 \
     fn();                                                                             \
-    if (th_cur_failed) th_failed++; else th_passed++;                                 \
-    if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "%s %s\n", th_cur_failed ? "FAILED" : "ok", #fn); \
+    if (th_cur_failed) th_failed++; else if (th_cur_skipped) th_skipped++; else th_passed++; \
+    if (getenv("DTRAIN_TEST_VERBOSE"))                                                \
+      fprintf(stderr, "%s %s\n", th_cur_failed ? "FAILED" : th_cur_skipped ? "skipped" : "ok", #fn); \
   } while (0)
 
 static int th_summary(const char *suite) {
-  printf("%s: %d passed, %d failed\n", suite, th_passed, th_failed);
+  for (int i = 0; i < th_skip_n; i++) printf("%s\n", th_skip_why[i]);
+  printf("%s: %d passed, %d failed, %d skipped\n", suite, th_passed, th_failed, th_skipped);
   return th_failed ? 1 : 0;
 }
 

@@ -5,13 +5,15 @@
 # stopped after a failure (SIGTERM, then SIGKILL), signals passed on,
 # parameter servers stopped after the workers, --timeout, --token-env,
 # --bind-to, usage.
-# Prints "launch_checks: N passed, N failed".
+# Prints "launch_checks: N passed, N failed, N skipped".
 BUILD=${BUILD:-build}
 L=${LAUNCH:-tools/dtrain-launch}
 P=${PROBE:-$BUILD/tests/launch_probe}
 T=$BUILD/launch_checks
 rm -rf "$T"; mkdir -p "$T"
-pass=0; fail=0
+pass=0; fail=0; skipped=0
+# skip WHAT: why -- a check that cannot run here, counted and named in the summary.
+skip() { echo "skip $1"; skipped=$((skipped + 1)); }
 ok() { echo "ok $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; shift; for f in "$@"; do echo "--- $f"; tail -n 20 "$f"; done; fail=$((fail + 1)); }
 if [ ! -x "$L" ] || [ ! -x "$P" ]; then
@@ -52,7 +54,7 @@ done
 # -- IPv6 loopback (skipped where ::1 cannot be bound)
 run v6 -n 2 --host ::1 -- "$P" info
 if [ "$(rc_of v6)" = 1 ] && has v6.err "cannot listen"; then
-  echo "skip ipv6: cannot bind ::1"
+  skip "ipv6: cannot bind ::1"
 else
   [ "$(rc_of v6)" = 0 ] && [ "$(grep -c 'self=\[::1\]:[0-9]* rank=[01] world=2 envrole=worker listen=ok leaked=-1$' "$T/v6.out")" = 2 ] \
     && ok "--host ::1" || bad "--host ::1" "$T/v6.out" "$T/v6.err"
@@ -183,11 +185,11 @@ if [ -r /proc/self/status ] && [ "$(uname -s)" = Linux ]; then
       && has bindone.err '2 processes on 1 core: some share a core' && ok "--bind-to core within the launcher's CPUs" \
       || bad "--bind-to core within the launcher's CPUs" "$T/bindone.out" "$T/bindone.err"
   else
-    echo "skip --bind-to core under taskset: no taskset"
+    skip "--bind-to core under taskset: no taskset"
   fi
 else
-  echo "skip --bind-to core: not Linux"
+  skip "--bind-to core: not Linux"
 fi
 
-echo "launch_checks: $pass passed, $fail failed"
+echo "launch_checks: $pass passed, $fail failed, $skipped skipped"
 [ "$fail" -eq 0 ]

@@ -3,17 +3,17 @@
 # tests/mpi_check.c with mpicc (C) and the implementation with mpicxx (C++),
 # then runs it under mpirun with 2 and 3 processes over TCP (collectives
 # against local references; multi_worker_mirrored on MPI == mirrored(W*N)).
-# Skips (0 passed, 0 failed) when mpicc or mpirun is missing:
+# Skips (0 passed, 0 failed, 1 skipped) when mpicc or mpirun is missing:
 #   apt-get install libopenmpi-dev openmpi-bin
-# Prints "mpi_checks: N passed, N failed".
+# Prints "mpi_checks: N passed, N failed, N skipped".
 BUILD=${BUILD:-build}
 name=mpi_checks
 if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpirun >/dev/null 2>&1; then
-  echo "$name: skipped: mpicc/mpirun not found (apt-get install libopenmpi-dev openmpi-bin)"
-  echo "$name: 0 passed, 0 failed"
+  echo "skip $name: mpicc/mpirun not found (apt-get install libopenmpi-dev openmpi-bin)"
+  echo "$name: 0 passed, 0 failed, 1 skipped"
   exit 0
 fi
-pass=0; fail=0
+pass=0; fail=0; skipped=0
 ok() { pass=$((pass + 1)); echo "ok $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL $1"; }
 out=$BUILD/mpi
@@ -37,6 +37,8 @@ if command -v mpicxx >/dev/null 2>&1; then
   else
     cat "$out/cxx.log"; bad "mpicxx -DDTRAIN_USE_MPI compiles the implementation as C++17"
   fi
+else
+  echo "skip mpicxx-c++17: no mpicxx"; skipped=$((skipped + 1))
 fi
 
 # mpirun as root in a container needs these; harmless otherwise.
@@ -54,5 +56,5 @@ if [ -x "$out/mpi_check" ]; then
     fi
   done
 fi
-echo "$name: $pass passed, $fail failed"
+echo "$name: $pass passed, $fail failed, $skipped skipped"
 [ "$fail" -eq 0 ]

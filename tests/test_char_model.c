@@ -140,7 +140,7 @@ static void test_missing_data(void) {
 }
 
 static void test_bad_prompt_and_resume(void) {
-  if (!has_stdio()) return;
+  if (!has_stdio()) TH_SKIP("DTRAIN_NO_STDIO build has no file I/O");
   const char *const prompt[] = {"--steps", "0", "--prompt", "\xc3\xa9", TINY, NULL};
   CHECK(run(prompt) == 1);
   CHECK_MSG(strstr(err_text, "--prompt") && strstr(err_text, "not in the vocabulary"), "%s", err_text);
@@ -154,7 +154,7 @@ static void test_bad_prompt_and_resume(void) {
 /* A short run learns: the validation loss falls far below the untrained one,
  * and every sample point prints a sample. */
 static void test_short_run_learns(void) {
-  if (!has_stdio()) return;
+  if (!has_stdio()) TH_SKIP("DTRAIN_NO_STDIO build has no file I/O");
   const char *const args[] = {"--steps", "80", "--sample-every", "40", "--sample-len", "50", TINY, NULL};
   CHECK(run(args) == 0);
   double first = number_after(out_text, "step     0  validation loss ");
@@ -171,7 +171,7 @@ static void test_short_run_learns(void) {
 /* The same command line prints the same text (loss values, samples, checksum),
  * and --temperature 0 (greedy) differs from sampling. */
 static void test_repeatable(void) {
-  if (!has_stdio()) return;
+  if (!has_stdio()) TH_SKIP("DTRAIN_NO_STDIO build has no file I/O");
   const char *const args[] = {"--steps", "20", "--sample-every", "10", "--sample-len", "40", TINY, NULL};
   static char first[sizeof out_text], second[sizeof out_text];
   CHECK(run(args) == 0);
@@ -217,7 +217,7 @@ static int same_tensors(const char *pa, const char *pb, int verbose) {
 /* 30 steps in one go == 30 steps stopped at 12, then --resume: same weights, same
  * optimizer state, same final loss and checksum. */
 static void test_resume_is_bitwise(void) {
-  if (!has_stdio()) return;
+  if (!has_stdio()) TH_SKIP("DTRAIN_NO_STDIO build has no file I/O");
   char full[300], half[300], resumed[300];
   snprintf(full, sizeof full, "%s/full.safetensors", tmpdir);
   snprintf(half, sizeof half, "%s/half.safetensors", tmpdir);

@@ -1061,8 +1061,7 @@ static void test_atomic(void) {
 static void test_python(void) {
   const char *py = "/usr/bin/python3", *script = "tests/safetensors_check.py";
   if (access(py, X_OK) != 0 || access(script, R_OK) != 0) {
-    printf("test_python: skipped (%s or %s not found)\n", py, script);
-    return;
+    TH_SKIP("%s or %s not found", py, script);
   }
   char p[512], ex[512], cmd[1400];
   path_of(p, sizeof p, "py.safetensors");
@@ -1091,7 +1090,7 @@ static void test_python(void) {
   snprintf(cmd, sizeof cmd, "%s %s %s %s", py, script, p, ex);
   int rc = system(cmd);
   int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  if (code == 77) printf("test_python: skipped (numpy not importable)\n");
+  if (code == 77) th_skip("numpy not importable by %s (apt-get install python3-numpy)", py);
   else CHECK_MSG(code == 0, "python cross-check exit code %d", code);
   model_free(&a);
 }
@@ -1126,6 +1125,7 @@ static void test_no_stdio_build(void) {
 int main(void) {
   if (!(dt_build_features() & DTRAIN_FEATURE_STDIO)) {
     TH_RUN(test_no_stdio_build);
+    th_skip_item("checkpoint file tests", "DTRAIN_NO_STDIO build has no file I/O");
     return th_summary("checkpoint");
   }
   snprintf(tmpdir, sizeof tmpdir, "/tmp/dtrain_ckpt_XXXXXX");

@@ -25,7 +25,7 @@ static void test_unsupported(void) {
 
 int main(void) {
   TH_RUN(test_unsupported);
-  printf("test_comm_tcp: networking not compiled in, skipping the multi-process tests\n");
+  th_skip_item("test_comm_tcp multi-process tests", "networking or threads not compiled in");
   return th_summary("test_comm_tcp");
 }
 #else
@@ -434,9 +434,12 @@ typedef struct late_arg {
   int report_fd;   /* each rank writes a late_msg here */
 } late_arg;
 
+/* Each rank reports when it calls dt_comm_create_tcp (event 0) and when that
+ * returned (event 1), on one pipe: the parent reads the four in the order
+ * they happened (writes this small are never interleaved). */
 typedef struct late_msg {
   int rank;
-  double create_s; /* how long its dt_comm_create_tcp took */
+  int event;
 } late_msg;
 
 /* Addresses with free ports (bound to port 0 together, read, closed: another
@@ -469,11 +472,12 @@ static int child_late(world *x, int rank, void *argp) {
   dt_net_options o = opts_of(x, rank);
   CK(o.listen_fd == -1);
   if (rank == a->late) dt__sleep(a->delay_s);
-  double t0 = dt__now();
-  dt_comm *comm = dt_comm_create_tcp(&c, &o);
   late_msg m;
   m.rank = rank;
-  m.create_s = dt__now() - t0;
+  m.event = 0;
+  CK(write(a->report_fd, &m, sizeof m) == (ssize_t)sizeof m);
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  m.event = 1;
   CK(write(a->report_fd, &m, sizeof m) == (ssize_t)sizeof m);
   CK(comm != NULL);
   if (!comm) return 2;
@@ -509,15 +513,19 @@ static void test_late_start_own_bind(void) {
   a.report_fd = p[1];
   run_world(&x, child_late, &a, st);
   close(p[1]);
-  double took[2] = {-1.0, -1.0};
+  int at[2][2] = {{-1, -1}, {-1, -1}}, n = 0; /* at[rank][event]: its place in the order */
   late_msg m;
-  while (read(p[0], &m, sizeof m) == (ssize_t)sizeof m)
-    if (m.rank >= 0 && m.rank < 2) took[m.rank] = m.create_s;
+  while (read(p[0], &m, sizeof m) == (ssize_t)sizeof m) {
+    if (m.rank >= 0 && m.rank < 2 && m.event >= 0 && m.event < 2) at[m.rank][m.event] = n;
+    n++;
+  }
   close(p[0]);
   check_world(&x, st, NULL);
-  /* Rank 1, on time, waited in its create for rank 0 (and got in); the late rank 0 did not wait long. */
-  CHECK_MSG(took[1] >= 0.4 && took[1] < 10.0, "rank 1's create took %.3f s", took[1]);
-  CHECK_MSG(took[0] >= 0.0 && took[0] < 10.0, "rank 0's create took %.3f s", took[0]);
+  /* Rank 1, on time, was in its create when the late rank 0 called its own,
+   * and got in: its create returned only after rank 0 had started. */
+  CHECK_MSG(n == 4 && at[1][0] >= 0 && at[0][0] > at[1][0] && at[1][1] > at[0][0] && at[0][1] > at[0][0],
+            "%d events: rank 1 called create at %d, returned at %d; rank 0 called at %d, returned at %d", n,
+            at[1][0], at[1][1], at[0][0], at[0][1]);
 }
 
 /* ---- strangers during setup ------------------------------------------------------------------ */

@@ -8,7 +8,8 @@
  * mirrored (built once more with -DDTRAIN_USE_NCCL as test_cuda_nccl where
  * NCCL links: the same checks through ncclAllReduce). Built with nvcc by `make test` where nvcc
  * exists; on a machine without a GPU (or driver) it prints
- * "test_cuda: no CUDA device (...), skipping" and an all-zero summary. */
+ * "skip test_cuda: no CUDA device (...)" and "test_cuda: 0 passed, 0 failed,
+ * 1 skipped". */
 /* dtrain itself comes from build/dtrain.o (the C compiler); this file holds
  * only the CUDA backend, the way users are meant to split it. */
 #define DTRAIN_CUDA_IMPLEMENTATION
@@ -170,7 +171,7 @@ int main(void) {
   dt_set_logger(th_log, NULL, DTRAIN_LOG_DEBUG); /* the expected failure below is not an error */
   int n = dt_cuda_device_count();
   if (n <= 0) {
-    printf(TEST_NAME ": no CUDA device (%s), skipping\n", n < 0 ? dt_last_error() : "cudaGetDeviceCount: 0 devices");
+    th_skip_item(TEST_NAME, "no CUDA device (%s)", n < 0 ? dt_last_error() : "cudaGetDeviceCount: 0 devices");
     return th_summary(TEST_NAME);
   }
   cp_dev = dt_cuda_device_create(0);
@@ -186,7 +187,7 @@ int main(void) {
     mg_gpus = n > 8 ? 8 : n;
     TH_RUN(test_multi_gpu);
   } else {
-    printf(TEST_NAME ": 1 CUDA device: the multi-GPU check (mirrored over every GPU) needs 2 or more, skipping it\n");
+    th_skip_item("test_multi_gpu", "1 CUDA device: the multi-GPU check (mirrored over every GPU) needs 2 or more");
   }
   printf(TEST_NAME ": %d floats compared between the CPU ops and %s\n", cp_compared, cp_dev->name);
   dt_cuda_device_destroy(cp_dev);

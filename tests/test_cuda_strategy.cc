@@ -644,7 +644,7 @@ static void test_fit(void) {
 
 /* ---- multi_worker_mirrored: forked processes, each with its devices ---- */
 #if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
-static void test_mwm(void) { printf("test_cuda_strategy: networking or threads not compiled in, skipping the multi-process test\n"); }
+static void test_mwm(void) { TH_SKIP("networking or threads not compiled in"); }
 #else
 #  include <signal.h>
 #  include <sys/wait.h>
@@ -804,7 +804,7 @@ int main(void) {
   make_data();
   for (int i = 0; i < MAXD; i++) devs[i] = dt_cuda_device_create(i);
 #if defined(DTRAIN_NO_THREADS)
-  printf("test_cuda_strategy: threads not compiled in, only one_device on a device\n");
+  th_skip_item("test_cuda_strategy strategy tests", "threads not compiled in: only one_device on a device ran");
   TH_RUN(test_one_device_only);
 #else
   TH_RUN(test_group);

@@ -343,10 +343,7 @@ static void check_gunzip_file(const char *gzpath, const unsigned char *want, siz
 }
 
 static void test_gunzip_system_gzip(void) {
-  if (!have_gzip()) {
-    printf("test_gunzip_system_gzip: skipped (no gzip command)\n");
-    return;
-  }
+  if (!have_gzip()) TH_SKIP("no gzip command");
   char raw[512], gz[512], cmd[2048];
   const size_t n = 700000;
   unsigned char *d = make_sample(n);
@@ -581,10 +578,7 @@ static void test_system_fashion_mnist_train(void) {
   snprintf(ip, sizeof ip, "%s/train-images-idx3-ubyte.gz", dir);
   snprintf(lp, sizeof lp, "%s/train-labels-idx1-ubyte.gz", dir);
   FILE *f = fopen(ip, "rb");
-  if (!f) {
-    printf("test_system_fashion_mnist_train: skipped (no %s; apt-get install dataset-fashion-mnist)\n", ip);
-    return;
-  }
+  if (!f) TH_SKIP("no %s (apt-get install dataset-fashion-mnist)", ip);
   fclose(f);
   dt_dataset *tr = NULL, *te = NULL;
   double t0 = dt_time_now();
@@ -1009,10 +1003,7 @@ static void test_npy_headers(void) {
 static int have_numpy(void) { return system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") == 0; }
 
 static void test_npy_numpy_crosscheck(void) {
-  if (!have_numpy()) {
-    printf("test_npy_numpy_crosscheck: skipped (no /usr/bin/python3 with numpy; apt-get install python3-numpy)\n");
-    return;
-  }
+  if (!have_numpy()) TH_SKIP("no /usr/bin/python3 with numpy (apt-get install python3-numpy)");
   /* Files written here load in NumPy with the right dtype, shape and values. */
   float f[6] = {0.5f, -1.25f, 3, 4, 5e-3f, 6e6f};
   unsigned char u[6] = {0, 1, 2, 127, 128, 255};
@@ -1497,7 +1488,7 @@ static void test_no_leaks_on_errors(void) {
 #define TH_RUN_FILES(fn)                                                         \
   do {                                                                           \
     if (dt_build_features() & DTRAIN_FEATURE_STDIO) TH_RUN(fn);                  \
-    else printf("%s: skipped (DTRAIN_NO_STDIO build has no file I/O)\n", #fn);  \
+    else th_skip_item(#fn, "DTRAIN_NO_STDIO build has no file I/O");             \
   } while (0)
 
 int main(void) {

@@ -471,7 +471,7 @@ static void test_svg(void) {
     free(svg);
   }
   int rc = python_xml_check(p, "loss|accuracy|epoch|train|validation|tiny <task>");
-  if (rc == 77) printf("test_svg: python3 not found, XML parse check skipped\n");
+  if (rc == 77) th_skip("python3 not found: the XML parse check did not run");
   else CHECK_MSG(rc == 0, "python xml check exit %d", rc);
 
   /* Edge cases: no epochs, one epoch, accuracy never reported, NaN gaps. */
@@ -580,9 +580,8 @@ static void test_progress(void) {
   /* A pseudo-terminal: AUTO picks the bar. */
   int master = posix_openpt(O_RDWR | O_NOCTTY);
   if (master < 0 || grantpt(master) != 0 || unlockpt(master) != 0) {
-    printf("test_progress: no pseudo-terminal, TTY check skipped\n");
     if (master >= 0) close(master);
-    return;
+    TH_SKIP("no pseudo-terminal: the TTY check did not run");
   }
   int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
   FILE *tty = slave >= 0 ? fdopen(slave, "w") : NULL;
@@ -714,6 +713,7 @@ static void test_no_stdio_build(void) {
 int main(void) {
   if (!(dt_build_features() & DTRAIN_FEATURE_STDIO)) {
     TH_RUN(test_no_stdio_build);
+    th_skip_item("fit file tests", "DTRAIN_NO_STDIO build has no file I/O");
     return th_summary("fit");
   }
   snprintf(tmpdir, sizeof tmpdir, "/tmp/dtrain_fit_XXXXXX");

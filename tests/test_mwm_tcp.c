@@ -21,7 +21,7 @@ static void test_unsupported(void) {
 }
 
 int main(void) {
-  printf("test_mwm_tcp: networking or threads not compiled in, skipping the multi-process tests\n");
+  th_skip_item("test_mwm_tcp multi-process tests", "networking or threads not compiled in");
   TH_RUN(test_unsupported);
   return th_summary("mwm_tcp");
 }

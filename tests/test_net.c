@@ -679,8 +679,8 @@ static void test_listen_binds_configured(void) {
   int e_any = dt__net_listen("0.0.0.0:0", &any) == DTRAIN_OK ? raw_connect("127.0.0.2", dt__net_port(any)) : -1;
   if (any >= 0) close(any);
   if (e_any != 0) {
-    printf("test_listen_binds_configured: 127.0.0.2 is not reachable here (%s), skipping that part\n",
-           e_any > 0 ? strerror(e_any) : "no wildcard listener");
+    th_skip("127.0.0.2 is not reachable here (%s): the refusal there was not checked",
+            e_any > 0 ? strerror(e_any) : "no wildcard listener");
   } else {
     int e = raw_connect("127.0.0.2", port);
     CHECK_MSG(e == ECONNREFUSED, "connect to 127.0.0.2:%d: %s", port, e ? strerror(e) : "connected");
@@ -980,19 +980,17 @@ static void test_no_self_connect(void) {
   int st = 0;
   waitpid(pid, &st, 0);
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  if (strncmp(got, "skip", 4) == 0) {
-    printf("test_no_self_connect: %s\n", got);
-    return;
-  }
+  if (strncmp(got, "skip: ", 6) == 0) TH_SKIP("%s", got + 6);
   int self = -1, rc = 0;
   double took = -1;
   CHECK_MSG(sscanf(got, "ran self=%d rc=%d took=%lf", &self, &rc, &took) == 3, "%s", got);
   if (self != 1) { /* the environment (an emulator, another kernel) did not reproduce it: nothing to check */
-    printf("test_no_self_connect: skip: a plain socket did not connect to itself here (%s)\n", got);
-    return;
+    TH_SKIP("a plain socket did not connect to itself here (%s)", got);
   }
+  /* It kept refusing the self-connected socket until its deadline passed (a
+   * time-out, not a success or another error); the time taken is in the
+   * message for a reader, not checked. */
   CHECK_MSG(rc == DTRAIN_ERR_TIMEOUT && strstr(got, "cannot connect to 127.0.0.1:41234"), "%s", got);
-  CHECK_MSG(took >= 0.1 && took < 5.0, "%s", got);
 }
 #  endif
 #endif

@@ -38,9 +38,10 @@ static const char *expected_kernel(void) {
 
 static int is_cblas(void) { return (dt_build_features() & DTRAIN_FEATURE_CBLAS) != 0; }
 
-/* Runs first, before anything calls dt_sgemm: DTRAIN_GEMM=portable in the
- * environment selects the portable kernel; dt_sgemm_use_portable(0) goes
- * back to the best one and reports that the override was on. */
+/* In a fresh process (FRESH_RUN: nothing called dt_sgemm there yet):
+ * DTRAIN_GEMM=portable in the environment selects the portable kernel;
+ * dt_sgemm_use_portable(0) goes back to the best one and reports that the
+ * override was on. */
 static void test_gemm_env_override(void) {
   setenv("DTRAIN_GEMM", "portable", 1);
   CHECK_MSG(strcmp(dt_sgemm_kernel(), is_cblas() ? "cblas" : "portable") == 0, "kernel %s", dt_sgemm_kernel());
@@ -52,6 +53,7 @@ static void test_gemm_env_override(void) {
 }
 
 static void test_gemm_use_portable_switch(void) {
+  dt_sgemm_use_portable(0); /* from the best kernel, whatever ran before */
   CHECK(dt_sgemm_use_portable(1) == 0);
   CHECK(strcmp(dt_sgemm_kernel(), is_cblas() ? "cblas" : "portable") == 0);
   CHECK(dt_sgemm_use_portable(1) == 1);
@@ -547,8 +549,9 @@ static void test_memory_stats(void) {
 
 static int have_threads(void) { return (dt_build_features() & DTRAIN_FEATURE_THREADS) != 0; }
 
-/* Runs first: main() set DTRAIN_THREADS=3 before anything read it. */
+/* In a fresh process (FRESH_RUN), where nothing has read DTRAIN_THREADS yet. */
 static void test_threads_env_and_api(void) {
+  setenv("DTRAIN_THREADS", "3", 1); /* read once, at the first use */
   CHECK_MSG(dt_get_threads() == (have_threads() ? 3 : 1), "dt_get_threads %d", dt_get_threads());
   CHECK_ERR(dt_set_threads(-1), DTRAIN_ERR_INVALID_ARG, "need >= 0");
   CHECK(dt_set_threads(0) == DTRAIN_OK); /* one per CPU */
@@ -683,7 +686,7 @@ static void test_gemm_threads_concurrent(void) {
   th_fill(b, 100 * 256, -1, 1);
   dt_set_threads(1);
   dt_sgemm(0, 0, 64, 256, 100, 1.0f, a, 100, b, 256, 0.0f, want, 256);
-  if (!have_threads()) return;
+  if (!have_threads()) TH_SKIP("built without threads");
   dt_set_threads(2);
   pthread_t th[3];
   gemm_race_arg args[2];
@@ -811,10 +814,9 @@ static void test_conv_winograd_threads_bitwise(void) {
 #endif
 static void test_threads_after_fork(void) {
   static float a[64 * 300], b[300 * 256], want[64 * 256], c[64 * 256];
-  if (!have_threads()) return;
+  if (!have_threads()) TH_SKIP("built without threads");
 #ifdef TSAN_BUILD
-  printf("skip test_threads_after_fork: ThreadSanitizer cannot start threads in a child of a threaded fork\n");
-  return;
+  TH_SKIP("ThreadSanitizer cannot start threads in a child of a threaded fork");
 #endif
   {
     /* qemu-user itself asserts (cpu_exec: cpu == current_cpu) when the child
@@ -822,8 +824,7 @@ static void test_threads_after_fork(void) {
      * RUNNER="qemu-<arch> ..." in the environment. */
     const char *runner = getenv("RUNNER");
     if (runner && strstr(runner, "qemu")) {
-      printf("skip test_threads_after_fork: qemu-user cannot start threads in a child of a threaded fork\n");
-      return;
+      TH_SKIP("qemu-user cannot start threads in a child of a threaded fork");
     }
   }
   th_seed(7);
@@ -849,25 +850,124 @@ static void test_threads_after_fork(void) {
   dt_set_threads(1);
 }
 
+/* ---- tests that need a process of their own -------------------------------------------
+ * DTRAIN_THREADS and DTRAIN_GEMM are read once, at their first use in a
+ * process, so their tests need a process where nothing used them yet,
+ * wherever they stand in main(). main() forks a "fresh" process first thing,
+ * before it calls the library; for each such test the fresh process forks
+ * once more, the grandchild runs the test and says 'P' or 'F' on a pipe (its
+ * FAIL lines go to stderr as usual), and the fresh process waits for it
+ * (a crash is an 'F'). fork only: no exec, so it works under qemu-user too. */
+typedef void (*test_fn)(void);
+static const struct fresh_test {
+  const char *name;
+  test_fn fn;
+} fresh_tests[] = {{"test_threads_env_and_api", test_threads_env_and_api},
+                   {"test_gemm_env_override", test_gemm_env_override}};
+static int fresh_req = -1, fresh_resp = -1;
+static pid_t fresh_pid = -1;
+
+static void fresh_serve(int req, int resp) {
+  int i;
+  while (read(req, &i, sizeof i) == (ssize_t)sizeof i) {
+    char verdict = 'F';
+    int p[2];
+    if (i < 0 || i >= (int)(sizeof fresh_tests / sizeof fresh_tests[0]) || pipe(p) != 0) {
+      if (write(resp, &verdict, 1) != 1) break;
+      continue;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(p[0]);
+      TH_RUN(fresh_tests[i].fn);
+      verdict = th_failed ? 'F' : 'P';
+      fflush(NULL);
+      _exit(write(p[1], &verdict, 1) == 1 ? 0 : 1);
+    }
+    close(p[1]);
+    char got = 'F';
+    if (pid < 0 || read(p[0], &got, 1) != 1) got = 'F';
+    close(p[0]);
+    int st = 0;
+    if (pid > 0 && (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)) got = 'F';
+    if (write(resp, &got, 1) != 1) break;
+  }
+  _exit(0);
+}
+
+static void fresh_start(void) {
+  int req[2], resp[2];
+  if (pipe(req) != 0 || pipe(resp) != 0) return;
+  fflush(NULL);
+  fresh_pid = fork();
+  if (fresh_pid == 0) {
+    close(req[1]);
+    close(resp[0]);
+    fresh_serve(req[0], resp[1]);
+  }
+  close(req[0]);
+  close(resp[1]);
+  if (fresh_pid < 0) {
+    close(req[1]);
+    close(resp[0]);
+    return;
+  }
+  fresh_req = req[1];
+  fresh_resp = resp[0];
+}
+
+static void fresh_run(const char *name) {
+  int i = 0, n = (int)(sizeof fresh_tests / sizeof fresh_tests[0]);
+  while (i < n && strcmp(fresh_tests[i].name, name) != 0) i++;
+  char got = 'F';
+  fflush(NULL); /* our output so far comes before the test's */
+  if (fresh_req >= 0 && write(fresh_req, &i, sizeof i) == (ssize_t)sizeof i && read(fresh_resp, &got, 1) != 1)
+    got = 'F';
+  if (got == 'P') th_passed++;
+  else {
+    th_failed++;
+    fprintf(stderr, "FAIL %s (in a fresh process)%s\n", name, fresh_req < 0 ? ": could not fork one" : "");
+  }
+}
+
+static void fresh_stop(void) {
+  if (fresh_req < 0) return;
+  close(fresh_req);
+  close(fresh_resp);
+  waitpid(fresh_pid, NULL, 0);
+}
+
+/* Every test starts from the same state: one intra-op thread, the best GEMM
+ * kernel (tests that change either put it back, but none relies on that). */
+#define RUN(fn)                                                                       \
+  do {                                                                                \
+    dt_set_threads(1);                                                                \
+    dt_sgemm_use_portable(0);                                                         \
+    TH_RUN(fn);                                                                       \
+  } while (0)
+#define FRESH_RUN(fn) fresh_run(#fn)
+
 int main(void) {
+  fresh_start(); /* before anything touches the library */
   printf("%s\n", dt_build_info());
-  setenv("DTRAIN_THREADS", "3", 1); /* read once, at the first use: test_threads_env_and_api */
-  TH_RUN(test_threads_env_and_api);
-  TH_RUN(test_gemm_env_override); /* before any other dt_sgemm call */
-  TH_RUN(test_gemm_use_portable_switch);
-  TH_RUN(test_gemm_paths_agree);
-  TH_RUN(test_gemm_beta0_ignores_c);
-  TH_RUN(test_gemm_first_call_threads);
-  TH_RUN(test_adam_simd_matches_scalar);
-  TH_RUN(test_relu_exact);
-  TH_RUN(test_max_pool_fast_path);
-  TH_RUN(test_conv_span_paths);
-  TH_RUN(test_memory_stats);
-  TH_RUN(test_par_run_parts);
-  TH_RUN(test_gemm_threads_bitwise);
-  TH_RUN(test_gemm_threads_concurrent);
-  TH_RUN(test_adam_threads_bitwise);
-  TH_RUN(test_conv_winograd_threads_bitwise);
-  TH_RUN(test_threads_after_fork);
+  FRESH_RUN(test_threads_env_and_api);
+  FRESH_RUN(test_gemm_env_override);
+  RUN(test_gemm_use_portable_switch);
+  RUN(test_gemm_paths_agree);
+  RUN(test_gemm_beta0_ignores_c);
+  RUN(test_gemm_first_call_threads);
+  RUN(test_adam_simd_matches_scalar);
+  RUN(test_relu_exact);
+  RUN(test_max_pool_fast_path);
+  RUN(test_conv_span_paths);
+  RUN(test_memory_stats);
+  RUN(test_par_run_parts);
+  RUN(test_gemm_threads_bitwise);
+  RUN(test_gemm_threads_concurrent);
+  RUN(test_adam_threads_bitwise);
+  RUN(test_conv_winograd_threads_bitwise);
+  RUN(test_threads_after_fork);
+  fresh_stop();
   return th_summary("speed");
 }

@@ -1174,6 +1174,7 @@ int main(void) {
   make_data();
   if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
     TH_RUN(test_no_threads_build);
+    th_skip_item("strategy threaded tests", "built without threads (DTRAIN_NO_THREADS)");
     return th_summary("strategy");
   }
   TH_RUN(test_utilities);

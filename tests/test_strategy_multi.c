@@ -725,7 +725,7 @@ int main(void) {
   TH_RUN(test_params_hash);
   TH_RUN(test_names_and_args);
   if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
-    printf("test_strategy_multi: skipped the multi-process tests (built without threads)\n");
+    th_skip_item("strategy_multi multi-process tests", "built without threads");
     return th_summary("strategy_multi");
   }
   TH_RUN(test_equals_mirrored);

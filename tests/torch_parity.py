@@ -3,8 +3,9 @@
 the same weights and the same batch (files written by tests/torch_dump.c).
 
 usage: torch_parity.py DIR [DIR ...]
-Prints one line per check and "torch_parity: N passed, N failed" (or a skip
-note with "0 passed, 0 failed" when torch is not installed). A check passes
+Prints one line per check and "torch_parity: N passed, N failed, 0 skipped"
+(or "skip torch_parity: why" and "0 passed, 0 failed, 1 skipped" when torch
+is not installed). A check passes
 when |loss - loss_torch| <= 1e-4 |loss_torch| and, for every parameter,
 ||grad - grad_torch|| <= 1e-4 ||grad_torch|| (relative error of the whole
 gradient, which is well defined where single elements are near zero)."""
@@ -16,8 +17,8 @@ try:
     import torch
     import torch.nn.functional as F
 except ImportError as e:  # pragma: no cover
-    print(f"skip: PyTorch/numpy not available ({e}); apt-get install python3-torch")
-    print("torch_parity: 0 passed, 0 failed")
+    print(f"skip torch_parity: PyTorch/numpy not available ({e}); apt-get install python3-torch")
+    print("torch_parity: 0 passed, 0 failed, 1 skipped")
     sys.exit(0)
 
 torch.set_num_threads(1)
@@ -73,7 +74,7 @@ def main():
             print(f"{'ok' if ok else 'FAIL'} {what}: relative error {rel:.2e} ({info})")
             passed += ok
             failed += not ok
-    print(f"torch_parity: {passed} passed, {failed} failed")
+    print(f"torch_parity: {passed} passed, {failed} failed, 0 skipped")
     sys.exit(1 if failed else 0)
 
 
