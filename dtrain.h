@@ -9476,41 +9476,30 @@ DTRAIN_API dt_result dt_params_copy(dt_params *dst, const dt_params *src) {
   return DTRAIN_OK;
 }
 
-static uint64_t dt__params_fnv(uint64_t h, const void *data, size_t n) {
-  const unsigned char *b = (const unsigned char *)data;
-  for (size_t i = 0; i < n; i++) {
-    h ^= b[i];
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
 DTRAIN_API uint64_t dt_params_checksum(const dt_params *p) {
-  uint64_t h = 0xcbf29ce484222325ULL;
+  uint64_t h = DT__FNV64_OFFSET;
   if (!p) return h;
   /* Hash values in little-endian byte order so the checksum is portable. */
   for (size_t i = 0; i < p->size; i++) {
-    uint32_t u;
     unsigned char le[4];
-    memcpy(&u, &p->data[i], 4);
-    le[0] = (unsigned char)u; le[1] = (unsigned char)(u >> 8); le[2] = (unsigned char)(u >> 16); le[3] = (unsigned char)(u >> 24);
-    h = dt__params_fnv(h, le, 4);
+    dt__put_f32le(le, &p->data[i], 1);
+    h = dt__fnv1a64(h, le, 4);
   }
   return h;
 }
 
 DTRAIN_API uint64_t dt_params_layout_hash(const dt_params *p) {
-  uint64_t h = 0xcbf29ce484222325ULL;
+  uint64_t h = DT__FNV64_OFFSET;
   for (int i = 0; p && i < p->count; i++) {
     const dt__param *it = &p->items[i];
-    h = dt__params_fnv(h, it->name, strlen(it->name) + 1);
+    h = dt__fnv1a64(h, it->name, strlen(it->name) + 1);
     for (int d = 0; d < it->ndim; d++) {
       unsigned char le[8];
       uint64_t v = (uint64_t)it->shape[d];
-      for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
-      h = dt__params_fnv(h, le, 8);
+      dt__put_le64(le, v);
+      h = dt__fnv1a64(h, le, 8);
     }
-    h = dt__params_fnv(h, it->trainable ? "T" : "B", 1);
+    h = dt__fnv1a64(h, it->trainable ? "T" : "B", 1);
   }
   return h;
 }
@@ -9519,22 +9508,22 @@ DTRAIN_API uint64_t dt_params_layout_hash(const dt_params *p) {
  * version tag, the count, and per parameter its name, rank, shape (64-bit
  * little-endian) and trainable flag, in order. */
 DTRAIN_API uint64_t dt_params_hash(const dt_params *p) {
-  uint64_t h = dt__params_fnv(0xcbf29ce484222325ULL, "dtrain-model-1", 14);
+  uint64_t h = dt__fnv1a64(DT__FNV64_OFFSET, "dtrain-model-1", 14);
   unsigned char le[8];
   uint64_t v = p ? (uint64_t)p->count : 0;
-  for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
-  h = dt__params_fnv(h, le, 8);
+  dt__put_le64(le, v);
+  h = dt__fnv1a64(h, le, 8);
   for (int i = 0; p && i < p->count; i++) {
     const dt__param *it = &p->items[i];
-    h = dt__params_fnv(h, it->name, strlen(it->name) + 1);
+    h = dt__fnv1a64(h, it->name, strlen(it->name) + 1);
     le[0] = (unsigned char)it->ndim;
-    h = dt__params_fnv(h, le, 1);
+    h = dt__fnv1a64(h, le, 1);
     for (int d = 0; d < it->ndim; d++) {
       v = (uint64_t)it->shape[d];
-      for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
-      h = dt__params_fnv(h, le, 8);
+      dt__put_le64(le, v);
+      h = dt__fnv1a64(h, le, 8);
     }
-    h = dt__params_fnv(h, it->trainable ? "T" : "B", 1);
+    h = dt__fnv1a64(h, it->trainable ? "T" : "B", 1);
   }
   return h;
 }
@@ -15586,7 +15575,6 @@ DTRAIN_PRIVATE void dt__barrier_destroy(dt__barrier *b);
  * *waited (may be NULL) gets the seconds this thread waited. */
 DTRAIN_PRIVATE dt_result dt__barrier_wait(dt__barrier *b, double *waited);
 DTRAIN_PRIVATE void dt__barrier_break(dt__barrier *b);
-DTRAIN_PRIVATE int dt__barrier_broken(dt__barrier *b);
 DTRAIN_PRIVATE void dt__barrier_reset(dt__barrier *b);
 
 /* ---- persistent thread pool ---------------------------------------------------------
@@ -15856,7 +15844,6 @@ DTRAIN_PRIVATE void dt__barrier_break(dt__barrier *b) {
   dt__event_notify(&b->ev);
 }
 
-DTRAIN_PRIVATE int dt__barrier_broken(dt__barrier *b) { return DT__ALOAD(&b->broken, DT__MO_ACQUIRE) != 0; }
 
 DTRAIN_PRIVATE void dt__barrier_reset(dt__barrier *b) {
   DT__ASTORE(&b->count, 0, DT__MO_RELAXED);
@@ -19908,19 +19895,10 @@ typedef struct dt__frame {
   uint32_t length, checksum;
 } dt__frame;
 
-/* ---- byte order (dt_net_bytes.c) ---------------------------------------------------------- */
-DTRAIN_PRIVATE uint16_t dt__net_le16_get(const unsigned char *p);
-DTRAIN_PRIVATE void dt__le32_put(unsigned char *p, uint32_t v);
-DTRAIN_PRIVATE void dt__le64_put(unsigned char *p, uint64_t v);
-DTRAIN_PRIVATE uint32_t dt__le32_get(const unsigned char *p);
-DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p);
-/* Floats travel little-endian. On a little-endian host this is a no-op
- * (buffers go out as they are, no copy); on a big-endian one it swaps the
- * bytes of each float in place (the same call converts back). */
-DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n);
-/* n floats to 4n little-endian bytes, and back (a plain copy on a little-endian host). */
-DTRAIN_PRIVATE void dt__net_f32_put(unsigned char *dst, const float *src, size_t n);
-DTRAIN_PRIVATE void dt__net_f32_get(float *dst, const unsigned char *src, size_t n);
+/* ---- byte order: the shared helpers of dt_internal.h -------------------------------------------
+ * Every multi-byte field on the wire and in a shard checkpoint is
+ * little-endian, written byte by byte (never a struct copied): dt__put_le32,
+ * dt__get_le64, dt__put_f32le (a plain copy on a little-endian host), ... */
 
 /* ---- checksums, hashes and authentication (dt_hash.c) ---------------------------------------- */
 DTRAIN_PRIVATE uint32_t dt__crc32c(uint32_t crc, const void *p, size_t n);
@@ -19936,10 +19914,7 @@ DTRAIN_PRIVATE void dt__sha256_final(dt__sha256 *s, unsigned char out[32]);
 DTRAIN_PRIVATE void dt__hmac_sha256(const void *key, size_t klen, const void *msg, size_t mlen, unsigned char out[32]);
 /* Constant-time comparison: 1 when equal. */
 DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char *b, size_t n);
-/* FNV-1a (64-bit) of n bytes, continuing from h (start with DT__NET_FNV_BASIS):
- * the job id from the cluster's addresses, a parameter server's shard layout. */
-#define DT__NET_FNV_BASIS 1469598103934665603ULL
-DTRAIN_PRIVATE uint64_t dt__net_fnv1a(uint64_t h, const void *p, size_t n);
+/* FNV-1a: dt__fnv1a64 of dt_internal.h (the job id, a server's shard layout). */
 
 /* ---- frames (dt_frame.c) ---------------------------------------------------------------------- */
 DTRAIN_PRIVATE void dt__frame_pack(unsigned char h[DT__NET_HDR], uint16_t type, uint64_t job, uint32_t sender,
@@ -19954,94 +19929,6 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
 
 #endif /* DTRAIN_WIRE_H */
 /* ======== end dt_wire.h ======== */
-
-/* ======== begin dt_net_bytes.c ======== */
-/* ===========================================================================
- * dt_net_bytes.c -- the wire's byte order: little-endian integers and floats
- * (see dt_wire.h)
- * ===========================================================================
- * Every multi-byte field on the wire and in a shard checkpoint is
- * little-endian, written byte by byte (never a struct copied), so the code
- * is the same on every host. Floats go out as they are on a little-endian
- * host (no copy, no loop) and are swapped on a big-endian one.
- */
-/* #include "dt_internal.h" (amalgamated) */
-/* #include "dt_tensor.h" (amalgamated) */
-/* #include "dt_ops.h" (amalgamated) */
-/* #include "dt_params.h" (amalgamated) */
-/* #include "dt_optim.h" (amalgamated) */
-/* #include "dt_nn.h" (amalgamated) */
-/* #include "dt_io.h" (amalgamated) */
-/* #include "dt_data.h" (amalgamated) */
-/* #include "dt_memory.h" (amalgamated) */
-/* #include "dt_comm.h" (amalgamated) */
-/* #include "dt_net.h" (amalgamated) */
-/* #include "dt_device.h" (amalgamated) */
-/* #include "dt_tensor_internal.h" (amalgamated) */
-/* #include "dt_ops_internal.h" (amalgamated) */
-/* #include "dt_params_internal.h" (amalgamated) */
-/* #include "dt_wire.h" (amalgamated) */
-
-/* 1 on a little-endian host. A run-time test rather than __BYTE_ORDER__,
- * which not every compiler defines; compilers fold it to a constant. */
-static int dt__net_bytes_host_le(void) {
-  const uint16_t one = 1;
-  unsigned char c;
-  memcpy(&c, &one, 1);
-  return c == 1;
-}
-
-DTRAIN_PRIVATE uint16_t dt__net_le16_get(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-DTRAIN_PRIVATE void dt__le32_put(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-DTRAIN_PRIVATE void dt__le64_put(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-DTRAIN_PRIVATE uint32_t dt__le32_get(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-
-DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n) {
-  if (dt__net_bytes_host_le()) return;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, &p[i], 4);
-    u = (u >> 24) | ((u >> 8) & 0xFF00u) | ((u << 8) & 0xFF0000u) | (u << 24);
-    memcpy(&p[i], &u, 4);
-  }
-}
-
-DTRAIN_PRIVATE void dt__net_f32_put(unsigned char *dst, const float *src, size_t n) {
-  if (dt__net_bytes_host_le()) {
-    if (n) memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, src + i, 4);
-    dt__le32_put(dst + 4 * i, u);
-  }
-}
-
-DTRAIN_PRIVATE void dt__net_f32_get(float *dst, const unsigned char *src, size_t n) {
-  if (dt__net_bytes_host_le()) {
-    if (n) memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u = dt__le32_get(src + 4 * i);
-    memcpy(dst + i, &u, 4);
-  }
-}
-/* ======== end dt_net_bytes.c ======== */
 
 /* ======== begin dt_hash.c ======== */
 /* ===========================================================================
@@ -20195,14 +20082,6 @@ DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char 
   for (size_t i = 0; i < n; i++) d |= (unsigned)(a[i] ^ b[i]);
   return d == 0;
 }
-
-/* ---- FNV-1a (64-bit) ----------------------------------------------------------------------- */
-
-DTRAIN_PRIVATE uint64_t dt__net_fnv1a(uint64_t h, const void *p, size_t n) {
-  const unsigned char *b = (const unsigned char *)p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
-  return h;
-}
 /* ======== end dt_hash.c ======== */
 
 /* ======== begin dt_frame.c ======== */
@@ -20234,26 +20113,26 @@ DTRAIN_PRIVATE uint64_t dt__net_fnv1a(uint64_t h, const void *p, size_t n) {
 DTRAIN_PRIVATE void dt__frame_pack(unsigned char h[DT__NET_HDR], uint16_t type, uint64_t job, uint32_t sender,
                                    uint64_t seq, const void *payload, uint32_t length) {
   uint32_t flags = type < DT__MSG_DATA0 ? DT__NET_F_PAYLOAD_CRC : 0u;
-  dt__le32_put(h, DT__NET_MAGIC);
+  dt__put_le32(h, DT__NET_MAGIC);
   h[4] = (unsigned char)(DTRAIN_NET_VERSION & 0xFF);
   h[5] = (unsigned char)(DTRAIN_NET_VERSION >> 8);
   h[6] = (unsigned char)(type & 0xFF);
   h[7] = (unsigned char)(type >> 8);
-  dt__le64_put(h + 8, job);
-  dt__le32_put(h + 16, sender);
-  dt__le32_put(h + 20, flags);
-  dt__le64_put(h + 24, seq);
-  dt__le32_put(h + 32, length);
+  dt__put_le64(h + 8, job);
+  dt__put_le32(h + 16, sender);
+  dt__put_le32(h + 20, flags);
+  dt__put_le64(h + 24, seq);
+  dt__put_le32(h + 32, length);
   uint32_t crc = dt__crc32c(0, h, 36);
   if ((flags & DT__NET_F_PAYLOAD_CRC) && length > 0 && payload) crc = dt__crc32c(crc, payload, length);
-  dt__le32_put(h + 36, crc);
+  dt__put_le32(h + 36, crc);
 }
 
 DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], uint64_t job, uint32_t max_payload,
                                           dt__frame *f, char *why, size_t cap) {
   memset(f, 0, sizeof *f);
   why[0] = '\0';
-  f->magic = dt__le32_get(h);
+  f->magic = dt__get_le32(h);
   if (f->magic != DT__NET_MAGIC) {
     /* Say what it looks like: a stray HTTP client or TLS is common. */
     const char *kind = (memcmp(h, "GET ", 4) == 0 || memcmp(h, "POST", 4) == 0 || memcmp(h, "HEAD", 4) == 0 ||
@@ -20264,14 +20143,14 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
     snprintf(why, cap, "bad magic 0x%08x, not a dtrain frame%s", (unsigned)f->magic, kind);
     return DTRAIN_ERR_PROTOCOL;
   }
-  f->version = dt__net_le16_get(h + 4);
-  f->type = dt__net_le16_get(h + 6);
-  f->job = dt__le64_get(h + 8);
-  f->sender = dt__le32_get(h + 16);
-  f->flags = dt__le32_get(h + 20);
-  f->seq = dt__le64_get(h + 24);
-  f->length = dt__le32_get(h + 32);
-  f->checksum = dt__le32_get(h + 36);
+  f->version = dt__get_le16(h + 4);
+  f->type = dt__get_le16(h + 6);
+  f->job = dt__get_le64(h + 8);
+  f->sender = dt__get_le32(h + 16);
+  f->flags = dt__get_le32(h + 20);
+  f->seq = dt__get_le64(h + 24);
+  f->length = dt__get_le32(h + 32);
+  f->checksum = dt__get_le32(h + 36);
   uint32_t crc = dt__crc32c(0, h, 36);
   int covers = (f->flags & DT__NET_F_PAYLOAD_CRC) != 0;
   if (!covers && crc != f->checksum) {
@@ -20516,11 +20395,11 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
     /* FNV-1a over every address, each followed by a 0xFF byte: processes of
      * the same cluster agree. */
     static const unsigned char end = 0xFF;
-    uint64_t h = DT__NET_FNV_BASIS;
+    uint64_t h = DT__FNV64_OFFSET;
     for (int r = 0; r < c->workers + c->servers; r++) {
       const char *a = r < c->workers ? c->worker_addr[r] : c->server_addr[r - c->workers];
-      if (a) h = dt__net_fnv1a(h, a, strlen(a));
-      h = dt__net_fnv1a(h, &end, 1);
+      if (a) h = dt__fnv1a64(h, a, strlen(a));
+      h = dt__fnv1a64(h, &end, 1);
     }
     self->job = h ? h : 1;
   }
@@ -21019,7 +20898,7 @@ static dt_result dt__conn_read_notice(dt__conn *c, const dt__frame *f, const uns
     dt__error(DTRAIN_ERR_PROTOCOL, "corrupt %s frame", f->type == DT__MSG_ABORT ? "abort" : "refusal");
     return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
   }
-  uint32_t code = dt__le32_get(buf);
+  uint32_t code = dt__get_le32(buf);
   size_t tl = n - 4 < sizeof text - 1 ? n - 4 : sizeof text - 1;
   memcpy(text, buf + 4, tl);
   text[tl] = '\0';
@@ -21273,7 +21152,7 @@ DTRAIN_PRIVATE void dt__conn_abort(dt__conn *c, dt_result code, const char *reas
   unsigned char buf[4 + 256];
   size_t tl = reason ? strlen(reason) : 0;
   if (tl > 256) tl = 256;
-  dt__le32_put(buf, (uint32_t)(-(int32_t)code));
+  dt__put_le32(buf, (uint32_t)(-(int32_t)code));
   if (tl) memcpy(buf + 4, reason, tl);
   /* Best effort within 0.2 s; the error it may raise is not this thread's news. */
   char keep[DT__MSG_CAP];
@@ -21385,26 +21264,26 @@ DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
 
 static void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]) {
   memset(b, 0, DT__HELLO);
-  dt__le32_put(b, h->role);
-  dt__le32_put(b + 4, h->index);
-  dt__le32_put(b + 8, h->workers);
-  dt__le32_put(b + 12, h->servers);
-  dt__le64_put(b + 16, h->model_hash);
-  dt__le32_put(b + 24, h->flags);
-  dt__le32_put(b + 28, h->lane);
+  dt__put_le32(b, h->role);
+  dt__put_le32(b + 4, h->index);
+  dt__put_le32(b + 8, h->workers);
+  dt__put_le32(b + 12, h->servers);
+  dt__put_le64(b + 16, h->model_hash);
+  dt__put_le32(b + 24, h->flags);
+  dt__put_le32(b + 28, h->lane);
   memcpy(b + 32, h->nonce, DT__NET_NONCE);
   size_t al = strlen(h->addr);
   memcpy(b + 64, h->addr, al < 63 ? al : 63);
 }
 
 static void dt__hello_unpack(const unsigned char b[DT__HELLO], dt__hello *h) {
-  h->role = dt__le32_get(b);
-  h->index = dt__le32_get(b + 4);
-  h->workers = dt__le32_get(b + 8);
-  h->servers = dt__le32_get(b + 12);
-  h->model_hash = dt__le64_get(b + 16);
-  h->flags = dt__le32_get(b + 24);
-  h->lane = dt__le32_get(b + 28);
+  h->role = dt__get_le32(b);
+  h->index = dt__get_le32(b + 4);
+  h->workers = dt__get_le32(b + 8);
+  h->servers = dt__get_le32(b + 12);
+  h->model_hash = dt__get_le64(b + 16);
+  h->flags = dt__get_le32(b + 24);
+  h->lane = dt__get_le32(b + 28);
   memcpy(h->nonce, b + 32, DT__NET_NONCE);
   memcpy(h->addr, b + 64, 63);
   h->addr[63] = '\0';
@@ -21434,7 +21313,7 @@ static void dt__net_proof(const dt__net_self *self, char side, const unsigned ch
   memcpy(msg, "dtrain-auth-1", 13);
   msg[13] = 0;
   msg[14] = (unsigned char)side;
-  dt__le64_put(msg + 15, self->job);
+  dt__put_le64(msg + 15, self->job);
   memcpy(msg + 23, conn_hello, DT__HELLO);
   memcpy(msg + 23 + DT__HELLO, acc_hello, DT__HELLO);
   dt__hmac_sha256(self->opt.token, strlen(self->opt.token), msg, sizeof msg, out);
@@ -21472,7 +21351,7 @@ static void dt__net_refuse(dt__conn *c, dt_result code, const char *why, double 
   unsigned char buf[4 + 256];
   size_t tl = strlen(why);
   if (tl > 256) tl = 256;
-  dt__le32_put(buf, (uint32_t)(-(int32_t)code));
+  dt__put_le32(buf, (uint32_t)(-(int32_t)code));
   memcpy(buf + 4, why, tl);
   char keep[DT__MSG_CAP];
   snprintf(keep, sizeof keep, "%s", dt_last_error());
@@ -22048,23 +21927,23 @@ static dt_result dt__tcp_rd(dt__comm_tcp *t, void *buf, size_t bytes, uint16_t p
 /* ---- the agreement round ----------------------------------------------------------------- */
 
 static void dt__tcp_call_put(unsigned char *p, const dt__tcp_call *c) {
-  dt__le32_put(p, c->op);
-  dt__le32_put(p + 4, c->root);
-  dt__le64_put(p + 8, c->n);
-  dt__le64_put(p + 16, c->seq);
-  dt__le32_put(p + 24, c->chunk);
-  dt__le32_put(p + 28, c->small);
+  dt__put_le32(p, c->op);
+  dt__put_le32(p + 4, c->root);
+  dt__put_le64(p + 8, c->n);
+  dt__put_le64(p + 16, c->seq);
+  dt__put_le32(p + 24, c->chunk);
+  dt__put_le32(p + 28, c->small);
   memcpy(p + 32, c->order, 4);
   memset(p + 36, 0, 4);
 }
 
 static void dt__tcp_call_get(const unsigned char *p, dt__tcp_call *c) {
-  c->op = dt__le32_get(p);
-  c->root = dt__le32_get(p + 4);
-  c->n = dt__le64_get(p + 8);
-  c->seq = dt__le64_get(p + 16);
-  c->chunk = dt__le32_get(p + 24);
-  c->small = dt__le32_get(p + 28);
+  c->op = dt__get_le32(p);
+  c->root = dt__get_le32(p + 4);
+  c->n = dt__get_le64(p + 8);
+  c->seq = dt__get_le64(p + 16);
+  c->chunk = dt__get_le32(p + 24);
+  c->small = dt__get_le32(p + 28);
   memcpy(c->order, p + 32, 4);
 }
 
@@ -22080,7 +21959,7 @@ static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
   unsigned char *a = (unsigned char *)acc;
   const unsigned char *b = (const unsigned char *)in;
   (void)bytes;
-  uint32_t af = dt__le32_get(a), ab = dt__le32_get(a + 4), bf = dt__le32_get(b), bb = dt__le32_get(b + 4);
+  uint32_t af = dt__get_le32(a), ab = dt__get_le32(a + 4), bf = dt__get_le32(b), bb = dt__get_le32(b + 4);
   dt__tcp_call acf, acb, bcf, bcb;
   dt__tcp_call_get(a + 8, &acf);
   dt__tcp_call_get(a + 48, &acb);
@@ -22115,8 +21994,8 @@ static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
       nb = cand[i].rank;
       cb = cand[i].call;
     }
-  dt__le32_put(a, nf);
-  dt__le32_put(a + 4, nb);
+  dt__put_le32(a, nf);
+  dt__put_le32(a + 4, nb);
   dt__tcp_call_put(a + 8, &cf);
   dt__tcp_call_put(a + 48, &cb);
 }
@@ -22215,8 +22094,8 @@ static dt_result dt__tcp_enter_fused(dt__comm_tcp *t, int rank, uint32_t op, siz
     memcpy(me.order, &probe, 4);
   }
   memset(st, 0, sizeof st);
-  dt__le32_put(st, (uint32_t)t->comm.rank);
-  dt__le32_put(st + 4, DT__TCP_NONE);
+  dt__put_le32(st, (uint32_t)t->comm.rank);
+  dt__put_le32(st + 4, DT__TCP_NONE);
   dt__tcp_call_put(st + 8, &me);
   dt__tcp_call_put(st + 48, &me);
   size_t fn = fused ? n : 0;
@@ -22228,7 +22107,7 @@ static dt_result dt__tcp_enter_fused(dt__comm_tcp *t, int rank, uint32_t op, siz
   dt_result rc = dt__tcp_agree_rd(t, fn);
   if (rc != DTRAIN_OK) return dt__tcp_fail(t, rc);
   memcpy(st, t->fout, sizeof st);
-  uint32_t fr = dt__le32_get(st), br = dt__le32_get(st + 4);
+  uint32_t fr = dt__get_le32(st), br = dt__get_le32(st + 4);
   if (br != DT__TCP_NONE) {
     dt__tcp_call a, b;
     char ta[96], tb[96];
@@ -22508,7 +22387,7 @@ static int dt__tcp_pending_ready(int fd, int *partial, char *why, size_t cap) {
   if (k == 0) return -1;
   if (k < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
   if ((size_t)k >= sizeof peek) return 1;
-  if (k >= 4 && dt__le32_get(peek) != DT__NET_MAGIC) {
+  if (k >= 4 && dt__get_le32(peek) != DT__NET_MAGIC) {
     if (k >= DT__NET_HDR) return 1; /* the handshake reads the header and refuses it */
     dt__frame f;
     memset(peek + k, 0, sizeof peek - (size_t)k);
@@ -23335,13 +23214,13 @@ DTRAIN_PRIVATE size_t dt__ps_shard_floats(const dt_params *p, const int *owner, 
 /* Four numbers into the hash, each as 8 little-endian bytes. */
 static uint64_t dt__ps_shard_hash4(uint64_t h, const uint64_t v[4]) {
   unsigned char b[32];
-  for (int k = 0; k < 4; k++) dt__le64_put(b + 8 * k, v[k]);
-  return dt__net_fnv1a(h, b, sizeof b);
+  for (int k = 0; k < 4; k++) dt__put_le64(b + 8 * k, v[k]);
+  return dt__fnv1a64(h, b, sizeof b);
 }
 
 /* FNV-1a over the shard's parameter ranges, the params' size and the server count. */
 DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner, int s, int servers) {
-  uint64_t h = DT__NET_FNV_BASIS;
+  uint64_t h = DT__FNV64_OFFSET;
   uint64_t v[4];
   size_t b, e;
   int tr, dec;
@@ -23368,7 +23247,7 @@ DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, c
   int tr, dec;
   for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
     if (owner[i] != s) continue;
-    dt__net_f32_put(out + 4 * off, full + b, e - b);
+    dt__put_f32le(out + 4 * off, full + b, e - b);
     off += e - b;
   }
 }
@@ -23378,7 +23257,7 @@ DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, 
   int tr, dec;
   for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
     if (owner[i] != s) continue;
-    dt__net_f32_get(full + b, in + 4 * off, e - b);
+    dt__get_f32le(full + b, in + 4 * off, e - b);
     off += e - b;
   }
 }
@@ -23433,16 +23312,16 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   unsigned char *b = S->ckpt;
   int slots = dt__ps_slots(S);
   memset(b, 0, DT__PS_CKPT_HDR);
-  dt__le32_put(b, DT__PS_CKPT_MAGIC);
-  dt__le32_put(b + 4, 1);
-  dt__le32_put(b + 8, (uint32_t)S->me);
-  dt__le32_put(b + 12, (uint32_t)S->c->servers);
-  dt__le64_put(b + 16, (uint64_t)dt_params_size(S->params));
-  dt__le64_put(b + 24, (uint64_t)S->shard);
-  dt__le64_put(b + 32, S->layout);
-  dt__le64_put(b + 40, S->version);
-  dt__le64_put(b + 48, (uint64_t)dt_optim_steps(S->opt));
-  dt__le32_put(b + 56, (uint32_t)slots);
+  dt__put_le32(b, DT__PS_CKPT_MAGIC);
+  dt__put_le32(b + 4, 1);
+  dt__put_le32(b + 8, (uint32_t)S->me);
+  dt__put_le32(b + 12, (uint32_t)S->c->servers);
+  dt__put_le64(b + 16, (uint64_t)dt_params_size(S->params));
+  dt__put_le64(b + 24, (uint64_t)S->shard);
+  dt__put_le64(b + 32, S->layout);
+  dt__put_le64(b + 40, S->version);
+  dt__put_le64(b + 48, (uint64_t)dt_optim_steps(S->opt));
+  dt__put_le32(b + 56, (uint32_t)slots);
   size_t off = DT__PS_CKPT_HDR;
   dt__ps_gather(S->params, S->owner, S->me, dt_params_data(S->params), b + off);
   off += S->shard * 4;
@@ -23450,7 +23329,7 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
     dt__ps_gather(S->params, S->owner, S->me, dt_optim_state(S->opt, k), b + off);
     off += S->shard * 4;
   }
-  dt__le32_put(b + off, dt__crc32c(0, b, off));
+  dt__put_le32(b + off, dt__crc32c(0, b, off));
   off += 4;
   char tmp[1100];
   snprintf(tmp, sizeof tmp, "%.1024s.tmp", S->ckpt_path);
@@ -23481,21 +23360,21 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
   int extra = fgetc(f) != EOF;
   fclose(f);
   const char *p = S->ckpt_path;
-  if (got < DT__PS_CKPT_HDR + 4 || dt__le32_get(b) != DT__PS_CKPT_MAGIC || dt__le32_get(b + 4) != 1)
+  if (got < DT__PS_CKPT_HDR + 4 || dt__get_le32(b) != DT__PS_CKPT_MAGIC || dt__get_le32(b + 4) != 1)
     return dt__error(DTRAIN_ERR_FORMAT, "ps %d: '%s' is not a dtrain parameter-server checkpoint", S->me, p);
-  if (dt__le32_get(b + 8) != (uint32_t)S->me || dt__le32_get(b + 12) != (uint32_t)S->c->servers ||
-      dt__le64_get(b + 16) != (uint64_t)dt_params_size(S->params) || dt__le64_get(b + 24) != (uint64_t)S->shard ||
-      dt__le64_get(b + 32) != S->layout || dt__le32_get(b + 56) != (uint32_t)dt__ps_slots(S))
+  if (dt__get_le32(b + 8) != (uint32_t)S->me || dt__get_le32(b + 12) != (uint32_t)S->c->servers ||
+      dt__get_le64(b + 16) != (uint64_t)dt_params_size(S->params) || dt__get_le64(b + 24) != (uint64_t)S->shard ||
+      dt__get_le64(b + 32) != S->layout || dt__get_le32(b + 56) != (uint32_t)dt__ps_slots(S))
     return dt__error(DTRAIN_ERR_MISMATCH,
                      "ps %d: checkpoint '%s' is shard %u of %u servers with %llu floats (%u optimizer slots); this "
                      "server is shard %d of %d with %zu floats (%d slots) of another layout or model",
-                     S->me, p, (unsigned)dt__le32_get(b + 8), (unsigned)dt__le32_get(b + 12),
-                     (unsigned long long)dt__le64_get(b + 24), (unsigned)dt__le32_get(b + 56), S->me, S->c->servers,
+                     S->me, p, (unsigned)dt__get_le32(b + 8), (unsigned)dt__get_le32(b + 12),
+                     (unsigned long long)dt__get_le64(b + 24), (unsigned)dt__get_le32(b + 56), S->me, S->c->servers,
                      S->shard, dt__ps_slots(S));
-  if (got != S->ckpt_bytes || extra || dt__le32_get(b + got - 4) != dt__crc32c(0, b, got - 4))
+  if (got != S->ckpt_bytes || extra || dt__get_le32(b + got - 4) != dt__crc32c(0, b, got - 4))
     return dt__error(DTRAIN_ERR_CORRUPT, "ps %d: checkpoint '%s' is truncated or corrupt (checksum)", S->me, p);
-  S->version = dt__le64_get(b + 40);
-  dt_optim_set_steps(S->opt, (int64_t)dt__le64_get(b + 48));
+  S->version = dt__get_le64(b + 40);
+  dt_optim_set_steps(S->opt, (int64_t)dt__get_le64(b + 48));
   size_t off = DT__PS_CKPT_HDR;
   dt__ps_scatter(S->params, S->owner, S->me, b + off, dt_params_data(S->params));
   off += S->shard * 4;
@@ -23679,8 +23558,8 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   if (w->pend == DT__PSP_PULL) {
     int64_t slowest = dt__ps_min_clock(S, 1);
     int64_t gap = slowest == INT64_MAX ? 0 : DT__MAX(t - slowest, (int64_t)0);
-    dt__le64_put(fix, S->version);
-    dt__le64_put(fix + 8, (uint64_t)gap);
+    dt__put_le64(fix, S->version);
+    dt__put_le64(fix + 8, (uint64_t)gap);
     if (w->pulled < t + 1) w->pulled = t + 1;
     w->pend = DT__PSP_NONE;
     w->last_heard = now;
@@ -23695,10 +23574,10 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
       if (S->owner[p] != S->me) continue;
       if (tr) {
-        dt__net_f32_get(grad + b, in + 4 * off, e - b);
+        dt__get_f32le(grad + b, in + 4 * off, e - b);
         if (dt_optim_update(S->opt, data, grad, b, e) != DTRAIN_OK) return -1;
       } else {
-        dt__net_f32_get(data + b, in + 4 * off, e - b);
+        dt__get_f32le(data + b, in + 4 * off, e - b);
       }
       off += e - b;
     }
@@ -23712,8 +23591,8 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   w->pend = DT__PSP_NONE;
   w->last_heard = now;
   dt__ps_maybe_ckpt(S); /* before the answer: an acknowledged update is in the checkpoint when every == 1 */
-  dt__le64_put(fix, S->version);
-  dt__le64_put(fix + 8, (uint64_t)stale);
+  dt__put_le64(fix, S->version);
+  dt__put_le64(fix + 8, (uint64_t)stale);
   return dt__ps_queue(S, i, DT__PS_PUSHED, fix, DT__PS_FIX, NULL);
 }
 
@@ -23741,7 +23620,7 @@ static void dt__ps_refuse(dt__ps_server *S, int i, dt_result code, const char *w
   unsigned char buf[4 + 256];
   size_t tl = strlen(why);
   if (tl > 256) tl = 256;
-  dt__le32_put(buf, (uint32_t)(-(int32_t)code));
+  dt__put_le32(buf, (uint32_t)(-(int32_t)code));
   memcpy(buf + 4, why, tl);
   dt__conn_send(&w->conn, DT__MSG_REFUSE, buf, (uint32_t)(4 + tl), dt__now() + 0.2, "refuse");
   if (!S->self.opt.quiet) dt__log(DTRAIN_LOG_WARN, code, "ps %d: refused %s: %s", S->me, w->conn.peer, why);
@@ -23756,8 +23635,8 @@ static void dt__ps_refuse(dt__ps_server *S, int i, dt_result code, const char *w
 static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
   dt__ps_worker *w = &S->w[i];
   char why[DT__MSG_CAP];
-  int k = (int)(int32_t)dt__le32_get(b);
-  uint64_t total = dt__le64_get(b + 8), shard = dt__le64_get(b + 16), layout = dt__le64_get(b + 24);
+  int k = (int)(int32_t)dt__get_le32(b);
+  uint64_t total = dt__get_le64(b + 8), shard = dt__get_le64(b + 16), layout = dt__get_le64(b + 24);
   if (total != (uint64_t)dt_params_size(S->params) || shard != (uint64_t)S->shard || layout != S->layout) {
     snprintf(why, sizeof why,
              "its model has %llu floats and a shard of %llu for ps %d, this server's has %zu and %zu (different "
@@ -23789,11 +23668,11 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
   w->joined = 1;
   unsigned char out[DT__PS_JOINLEN];
   memset(out, 0, sizeof out);
-  dt__le64_put(out, S->version);
-  dt__le64_put(out + 8, (uint64_t)dt_optim_steps(S->opt));
-  dt__le32_put(out + 16, (uint32_t)(int32_t)S->k);
-  dt__le32_put(out + 20, (uint32_t)dt__ps_live_count(S));
-  dt__le64_put(out + 24, S->layout);
+  dt__put_le64(out, S->version);
+  dt__put_le64(out + 8, (uint64_t)dt_optim_steps(S->opt));
+  dt__put_le32(out + 16, (uint32_t)(int32_t)S->k);
+  dt__put_le32(out + 20, (uint32_t)dt__ps_live_count(S));
+  dt__put_le64(out + 24, S->layout);
   dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s joined (max_staleness %d)", S->me, w->conn.peer, S->k);
   dt__ps_queue(S, i, DT__PS_JOINED, out, DT__PS_JOINLEN, NULL);
 }
@@ -23855,7 +23734,7 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
     case DT__PS_JOIN: dt__ps_on_join(S, i, small); break;
     case DT__PS_PULL:
     case DT__PS_PUSH: {
-      int64_t t = (int64_t)dt__le64_get(dst);
+      int64_t t = (int64_t)dt__get_le64(dst);
       if (t < 0 || (f.type == DT__PS_PUSH && t < w->pushed)) {
         snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld after a push of clock %lld", op,
                  f.type == DT__PS_PUSH ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
@@ -23864,7 +23743,7 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
       }
       w->pend = f.type == DT__PS_PULL ? DT__PSP_PULL : DT__PSP_PUSH;
       w->pend_clock = t;
-      w->pend_version = dt__le64_get(dst + 8);
+      w->pend_version = dt__get_le64(dst + 8);
       w->pend_empty = f.length == DT__PS_FIX && S->shard > 0;
       if (f.type == DT__PS_PUSH && S->shard == 0) w->pend_empty = 1;
       w->pend_since = w->last_heard;
@@ -24255,8 +24134,8 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   dt__mutex_lock(&C->mu);
   dt_result rc = dt__ps_client_check(C, op);
   unsigned char req[DT__PS_FIX];
-  dt__le64_put(req, (uint64_t)T);
-  dt__le64_put(req + 8, 0);
+  dt__put_le64(req, (uint64_t)T);
+  dt__put_le64(req + 8, 0);
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__conn_send(&C->conn[s], DT__PS_PULL, req, DT__PS_FIX, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
@@ -24266,8 +24145,8 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PARAMS, (uint32_t)(DT__PS_FIX + C->shard[s] * 4), op);
     if (rc != DTRAIN_OK) break;
-    uint64_t v = dt__le64_get(C->buf[s]);
-    int64_t gap = (int64_t)dt__le64_get(C->buf[s] + 8);
+    uint64_t v = dt__get_le64(C->buf[s]);
+    int64_t gap = (int64_t)dt__get_le64(C->buf[s] + 8);
     C->pulled_version[s] = v;
     if (v > tk->version) tk->version = v;
     if (v > C->version) C->version = v;
@@ -24293,8 +24172,8 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   dt_result rc = dt__ps_client_check(C, op);
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     unsigned char *b = C->buf[s];
-    dt__le64_put(b, (uint64_t)T);
-    dt__le64_put(b + 8, C->pulled_version[s]);
+    dt__put_le64(b, (uint64_t)T);
+    dt__put_le64(b + 8, C->pulled_version[s]);
     size_t len = DT__PS_FIX;
     if (delta) {
       dt__ps_gather(C->params, C->owner, s, delta, b + DT__PS_FIX);
@@ -24307,8 +24186,8 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PUSHED, DT__PS_FIX, op);
     if (rc != DTRAIN_OK) break;
-    uint64_t v = dt__le64_get(C->buf[s]);
-    int64_t st = (int64_t)dt__le64_get(C->buf[s] + 8);
+    uint64_t v = dt__get_le64(C->buf[s]);
+    int64_t st = (int64_t)dt__get_le64(C->buf[s] + 8);
     if (v > C->version) C->version = v;
     if (st > tk->staleness) tk->staleness = st;
   }
@@ -24497,10 +24376,10 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
     }
     unsigned char j[DT__PS_JOINLEN];
     memset(j, 0, sizeof j);
-    dt__le32_put(j, (uint32_t)(int32_t)max_staleness);
-    dt__le64_put(j + 8, (uint64_t)dt_params_size(params));
-    dt__le64_put(j + 16, (uint64_t)C->shard[s]);
-    dt__le64_put(j + 24, dt__ps_layout_hash(params, C->owner, s, C->M));
+    dt__put_le32(j, (uint32_t)(int32_t)max_staleness);
+    dt__put_le64(j + 8, (uint64_t)dt_params_size(params));
+    dt__put_le64(j + 16, (uint64_t)C->shard[s]);
+    dt__put_le64(j + 24, dt__ps_layout_hash(params, C->owner, s, C->M));
     rc = dt__conn_send(&C->conn[s], DT__PS_JOIN, j, DT__PS_JOINLEN, dt__now() + C->timeout, op);
     if (rc == DTRAIN_OK && C->buf_cap[s] < DT__PS_JOINLEN) {
       unsigned char *nb = (unsigned char *)dt__alloc(DT__PS_JOINLEN);
@@ -24514,7 +24393,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
     }
     if (rc == DTRAIN_OK) rc = dt__ps_client_answer(C, s, DT__PS_JOINED, DT__PS_JOINLEN, op);
     if (rc != DTRAIN_OK) goto fail;
-    uint64_t v = dt__le64_get(C->buf[s]);
+    uint64_t v = dt__get_le64(C->buf[s]);
     C->pulled_version[s] = v;
     if (v > C->version) C->version = v;
     C->last_send[s] = dt__now();

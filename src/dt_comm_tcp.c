@@ -260,23 +260,23 @@ static dt_result dt__tcp_rd(dt__comm_tcp *t, void *buf, size_t bytes, uint16_t p
 /* ---- the agreement round ----------------------------------------------------------------- */
 
 static void dt__tcp_call_put(unsigned char *p, const dt__tcp_call *c) {
-  dt__le32_put(p, c->op);
-  dt__le32_put(p + 4, c->root);
-  dt__le64_put(p + 8, c->n);
-  dt__le64_put(p + 16, c->seq);
-  dt__le32_put(p + 24, c->chunk);
-  dt__le32_put(p + 28, c->small);
+  dt__put_le32(p, c->op);
+  dt__put_le32(p + 4, c->root);
+  dt__put_le64(p + 8, c->n);
+  dt__put_le64(p + 16, c->seq);
+  dt__put_le32(p + 24, c->chunk);
+  dt__put_le32(p + 28, c->small);
   memcpy(p + 32, c->order, 4);
   memset(p + 36, 0, 4);
 }
 
 static void dt__tcp_call_get(const unsigned char *p, dt__tcp_call *c) {
-  c->op = dt__le32_get(p);
-  c->root = dt__le32_get(p + 4);
-  c->n = dt__le64_get(p + 8);
-  c->seq = dt__le64_get(p + 16);
-  c->chunk = dt__le32_get(p + 24);
-  c->small = dt__le32_get(p + 28);
+  c->op = dt__get_le32(p);
+  c->root = dt__get_le32(p + 4);
+  c->n = dt__get_le64(p + 8);
+  c->seq = dt__get_le64(p + 16);
+  c->chunk = dt__get_le32(p + 24);
+  c->small = dt__get_le32(p + 28);
   memcpy(c->order, p + 32, 4);
 }
 
@@ -292,7 +292,7 @@ static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
   unsigned char *a = (unsigned char *)acc;
   const unsigned char *b = (const unsigned char *)in;
   (void)bytes;
-  uint32_t af = dt__le32_get(a), ab = dt__le32_get(a + 4), bf = dt__le32_get(b), bb = dt__le32_get(b + 4);
+  uint32_t af = dt__get_le32(a), ab = dt__get_le32(a + 4), bf = dt__get_le32(b), bb = dt__get_le32(b + 4);
   dt__tcp_call acf, acb, bcf, bcb;
   dt__tcp_call_get(a + 8, &acf);
   dt__tcp_call_get(a + 48, &acb);
@@ -327,8 +327,8 @@ static void dt__tcp_agree_combine(void *acc, const void *in, size_t bytes) {
       nb = cand[i].rank;
       cb = cand[i].call;
     }
-  dt__le32_put(a, nf);
-  dt__le32_put(a + 4, nb);
+  dt__put_le32(a, nf);
+  dt__put_le32(a + 4, nb);
   dt__tcp_call_put(a + 8, &cf);
   dt__tcp_call_put(a + 48, &cb);
 }
@@ -427,8 +427,8 @@ static dt_result dt__tcp_enter_fused(dt__comm_tcp *t, int rank, uint32_t op, siz
     memcpy(me.order, &probe, 4);
   }
   memset(st, 0, sizeof st);
-  dt__le32_put(st, (uint32_t)t->comm.rank);
-  dt__le32_put(st + 4, DT__TCP_NONE);
+  dt__put_le32(st, (uint32_t)t->comm.rank);
+  dt__put_le32(st + 4, DT__TCP_NONE);
   dt__tcp_call_put(st + 8, &me);
   dt__tcp_call_put(st + 48, &me);
   size_t fn = fused ? n : 0;
@@ -440,7 +440,7 @@ static dt_result dt__tcp_enter_fused(dt__comm_tcp *t, int rank, uint32_t op, siz
   dt_result rc = dt__tcp_agree_rd(t, fn);
   if (rc != DTRAIN_OK) return dt__tcp_fail(t, rc);
   memcpy(st, t->fout, sizeof st);
-  uint32_t fr = dt__le32_get(st), br = dt__le32_get(st + 4);
+  uint32_t fr = dt__get_le32(st), br = dt__get_le32(st + 4);
   if (br != DT__TCP_NONE) {
     dt__tcp_call a, b;
     char ta[96], tb[96];

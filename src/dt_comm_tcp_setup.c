@@ -51,7 +51,7 @@ static int dt__tcp_pending_ready(int fd, int *partial, char *why, size_t cap) {
   if (k == 0) return -1;
   if (k < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
   if ((size_t)k >= sizeof peek) return 1;
-  if (k >= 4 && dt__le32_get(peek) != DT__NET_MAGIC) {
+  if (k >= 4 && dt__get_le32(peek) != DT__NET_MAGIC) {
     if (k >= DT__NET_HDR) return 1; /* the handshake reads the header and refuses it */
     dt__frame f;
     memset(peek + k, 0, sizeof peek - (size_t)k);

@@ -100,7 +100,7 @@ static dt_result dt__conn_read_notice(dt__conn *c, const dt__frame *f, const uns
     dt__error(DTRAIN_ERR_PROTOCOL, "corrupt %s frame", f->type == DT__MSG_ABORT ? "abort" : "refusal");
     return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
   }
-  uint32_t code = dt__le32_get(buf);
+  uint32_t code = dt__get_le32(buf);
   size_t tl = n - 4 < sizeof text - 1 ? n - 4 : sizeof text - 1;
   memcpy(text, buf + 4, tl);
   text[tl] = '\0';
@@ -354,7 +354,7 @@ DTRAIN_PRIVATE void dt__conn_abort(dt__conn *c, dt_result code, const char *reas
   unsigned char buf[4 + 256];
   size_t tl = reason ? strlen(reason) : 0;
   if (tl > 256) tl = 256;
-  dt__le32_put(buf, (uint32_t)(-(int32_t)code));
+  dt__put_le32(buf, (uint32_t)(-(int32_t)code));
   if (tl) memcpy(buf + 4, reason, tl);
   /* Best effort within 0.2 s; the error it may raise is not this thread's news. */
   char keep[DT__MSG_CAP];

@@ -26,26 +26,26 @@
 DTRAIN_PRIVATE void dt__frame_pack(unsigned char h[DT__NET_HDR], uint16_t type, uint64_t job, uint32_t sender,
                                    uint64_t seq, const void *payload, uint32_t length) {
   uint32_t flags = type < DT__MSG_DATA0 ? DT__NET_F_PAYLOAD_CRC : 0u;
-  dt__le32_put(h, DT__NET_MAGIC);
+  dt__put_le32(h, DT__NET_MAGIC);
   h[4] = (unsigned char)(DTRAIN_NET_VERSION & 0xFF);
   h[5] = (unsigned char)(DTRAIN_NET_VERSION >> 8);
   h[6] = (unsigned char)(type & 0xFF);
   h[7] = (unsigned char)(type >> 8);
-  dt__le64_put(h + 8, job);
-  dt__le32_put(h + 16, sender);
-  dt__le32_put(h + 20, flags);
-  dt__le64_put(h + 24, seq);
-  dt__le32_put(h + 32, length);
+  dt__put_le64(h + 8, job);
+  dt__put_le32(h + 16, sender);
+  dt__put_le32(h + 20, flags);
+  dt__put_le64(h + 24, seq);
+  dt__put_le32(h + 32, length);
   uint32_t crc = dt__crc32c(0, h, 36);
   if ((flags & DT__NET_F_PAYLOAD_CRC) && length > 0 && payload) crc = dt__crc32c(crc, payload, length);
-  dt__le32_put(h + 36, crc);
+  dt__put_le32(h + 36, crc);
 }
 
 DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], uint64_t job, uint32_t max_payload,
                                           dt__frame *f, char *why, size_t cap) {
   memset(f, 0, sizeof *f);
   why[0] = '\0';
-  f->magic = dt__le32_get(h);
+  f->magic = dt__get_le32(h);
   if (f->magic != DT__NET_MAGIC) {
     /* Say what it looks like: a stray HTTP client or TLS is common. */
     const char *kind = (memcmp(h, "GET ", 4) == 0 || memcmp(h, "POST", 4) == 0 || memcmp(h, "HEAD", 4) == 0 ||
@@ -56,14 +56,14 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
     snprintf(why, cap, "bad magic 0x%08x, not a dtrain frame%s", (unsigned)f->magic, kind);
     return DTRAIN_ERR_PROTOCOL;
   }
-  f->version = dt__net_le16_get(h + 4);
-  f->type = dt__net_le16_get(h + 6);
-  f->job = dt__le64_get(h + 8);
-  f->sender = dt__le32_get(h + 16);
-  f->flags = dt__le32_get(h + 20);
-  f->seq = dt__le64_get(h + 24);
-  f->length = dt__le32_get(h + 32);
-  f->checksum = dt__le32_get(h + 36);
+  f->version = dt__get_le16(h + 4);
+  f->type = dt__get_le16(h + 6);
+  f->job = dt__get_le64(h + 8);
+  f->sender = dt__get_le32(h + 16);
+  f->flags = dt__get_le32(h + 20);
+  f->seq = dt__get_le64(h + 24);
+  f->length = dt__get_le32(h + 32);
+  f->checksum = dt__get_le32(h + 36);
   uint32_t crc = dt__crc32c(0, h, 36);
   int covers = (f->flags & DT__NET_F_PAYLOAD_CRC) != 0;
   if (!covers && crc != f->checksum) {

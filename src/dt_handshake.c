@@ -89,26 +89,26 @@ DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
 
 static void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]) {
   memset(b, 0, DT__HELLO);
-  dt__le32_put(b, h->role);
-  dt__le32_put(b + 4, h->index);
-  dt__le32_put(b + 8, h->workers);
-  dt__le32_put(b + 12, h->servers);
-  dt__le64_put(b + 16, h->model_hash);
-  dt__le32_put(b + 24, h->flags);
-  dt__le32_put(b + 28, h->lane);
+  dt__put_le32(b, h->role);
+  dt__put_le32(b + 4, h->index);
+  dt__put_le32(b + 8, h->workers);
+  dt__put_le32(b + 12, h->servers);
+  dt__put_le64(b + 16, h->model_hash);
+  dt__put_le32(b + 24, h->flags);
+  dt__put_le32(b + 28, h->lane);
   memcpy(b + 32, h->nonce, DT__NET_NONCE);
   size_t al = strlen(h->addr);
   memcpy(b + 64, h->addr, al < 63 ? al : 63);
 }
 
 static void dt__hello_unpack(const unsigned char b[DT__HELLO], dt__hello *h) {
-  h->role = dt__le32_get(b);
-  h->index = dt__le32_get(b + 4);
-  h->workers = dt__le32_get(b + 8);
-  h->servers = dt__le32_get(b + 12);
-  h->model_hash = dt__le64_get(b + 16);
-  h->flags = dt__le32_get(b + 24);
-  h->lane = dt__le32_get(b + 28);
+  h->role = dt__get_le32(b);
+  h->index = dt__get_le32(b + 4);
+  h->workers = dt__get_le32(b + 8);
+  h->servers = dt__get_le32(b + 12);
+  h->model_hash = dt__get_le64(b + 16);
+  h->flags = dt__get_le32(b + 24);
+  h->lane = dt__get_le32(b + 28);
   memcpy(h->nonce, b + 32, DT__NET_NONCE);
   memcpy(h->addr, b + 64, 63);
   h->addr[63] = '\0';
@@ -138,7 +138,7 @@ static void dt__net_proof(const dt__net_self *self, char side, const unsigned ch
   memcpy(msg, "dtrain-auth-1", 13);
   msg[13] = 0;
   msg[14] = (unsigned char)side;
-  dt__le64_put(msg + 15, self->job);
+  dt__put_le64(msg + 15, self->job);
   memcpy(msg + 23, conn_hello, DT__HELLO);
   memcpy(msg + 23 + DT__HELLO, acc_hello, DT__HELLO);
   dt__hmac_sha256(self->opt.token, strlen(self->opt.token), msg, sizeof msg, out);
@@ -176,7 +176,7 @@ static void dt__net_refuse(dt__conn *c, dt_result code, const char *why, double 
   unsigned char buf[4 + 256];
   size_t tl = strlen(why);
   if (tl > 256) tl = 256;
-  dt__le32_put(buf, (uint32_t)(-(int32_t)code));
+  dt__put_le32(buf, (uint32_t)(-(int32_t)code));
   memcpy(buf + 4, why, tl);
   char keep[DT__MSG_CAP];
   snprintf(keep, sizeof keep, "%s", dt_last_error());

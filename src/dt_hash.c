@@ -149,11 +149,3 @@ DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char 
   for (size_t i = 0; i < n; i++) d |= (unsigned)(a[i] ^ b[i]);
   return d == 0;
 }
-
-/* ---- FNV-1a (64-bit) ----------------------------------------------------------------------- */
-
-DTRAIN_PRIVATE uint64_t dt__net_fnv1a(uint64_t h, const void *p, size_t n) {
-  const unsigned char *b = (const unsigned char *)p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
-  return h;
-}

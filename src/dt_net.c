@@ -61,11 +61,11 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
     /* FNV-1a over every address, each followed by a 0xFF byte: processes of
      * the same cluster agree. */
     static const unsigned char end = 0xFF;
-    uint64_t h = DT__NET_FNV_BASIS;
+    uint64_t h = DT__FNV64_OFFSET;
     for (int r = 0; r < c->workers + c->servers; r++) {
       const char *a = r < c->workers ? c->worker_addr[r] : c->server_addr[r - c->workers];
-      if (a) h = dt__net_fnv1a(h, a, strlen(a));
-      h = dt__net_fnv1a(h, &end, 1);
+      if (a) h = dt__fnv1a64(h, a, strlen(a));
+      h = dt__fnv1a64(h, &end, 1);
     }
     self->job = h ? h : 1;
   }

@@ -254,41 +254,30 @@ DTRAIN_API dt_result dt_params_copy(dt_params *dst, const dt_params *src) {
   return DTRAIN_OK;
 }
 
-static uint64_t dt__params_fnv(uint64_t h, const void *data, size_t n) {
-  const unsigned char *b = (const unsigned char *)data;
-  for (size_t i = 0; i < n; i++) {
-    h ^= b[i];
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
 DTRAIN_API uint64_t dt_params_checksum(const dt_params *p) {
-  uint64_t h = 0xcbf29ce484222325ULL;
+  uint64_t h = DT__FNV64_OFFSET;
   if (!p) return h;
   /* Hash values in little-endian byte order so the checksum is portable. */
   for (size_t i = 0; i < p->size; i++) {
-    uint32_t u;
     unsigned char le[4];
-    memcpy(&u, &p->data[i], 4);
-    le[0] = (unsigned char)u; le[1] = (unsigned char)(u >> 8); le[2] = (unsigned char)(u >> 16); le[3] = (unsigned char)(u >> 24);
-    h = dt__params_fnv(h, le, 4);
+    dt__put_f32le(le, &p->data[i], 1);
+    h = dt__fnv1a64(h, le, 4);
   }
   return h;
 }
 
 DTRAIN_API uint64_t dt_params_layout_hash(const dt_params *p) {
-  uint64_t h = 0xcbf29ce484222325ULL;
+  uint64_t h = DT__FNV64_OFFSET;
   for (int i = 0; p && i < p->count; i++) {
     const dt__param *it = &p->items[i];
-    h = dt__params_fnv(h, it->name, strlen(it->name) + 1);
+    h = dt__fnv1a64(h, it->name, strlen(it->name) + 1);
     for (int d = 0; d < it->ndim; d++) {
       unsigned char le[8];
       uint64_t v = (uint64_t)it->shape[d];
-      for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
-      h = dt__params_fnv(h, le, 8);
+      dt__put_le64(le, v);
+      h = dt__fnv1a64(h, le, 8);
     }
-    h = dt__params_fnv(h, it->trainable ? "T" : "B", 1);
+    h = dt__fnv1a64(h, it->trainable ? "T" : "B", 1);
   }
   return h;
 }
@@ -297,22 +286,22 @@ DTRAIN_API uint64_t dt_params_layout_hash(const dt_params *p) {
  * version tag, the count, and per parameter its name, rank, shape (64-bit
  * little-endian) and trainable flag, in order. */
 DTRAIN_API uint64_t dt_params_hash(const dt_params *p) {
-  uint64_t h = dt__params_fnv(0xcbf29ce484222325ULL, "dtrain-model-1", 14);
+  uint64_t h = dt__fnv1a64(DT__FNV64_OFFSET, "dtrain-model-1", 14);
   unsigned char le[8];
   uint64_t v = p ? (uint64_t)p->count : 0;
-  for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
-  h = dt__params_fnv(h, le, 8);
+  dt__put_le64(le, v);
+  h = dt__fnv1a64(h, le, 8);
   for (int i = 0; p && i < p->count; i++) {
     const dt__param *it = &p->items[i];
-    h = dt__params_fnv(h, it->name, strlen(it->name) + 1);
+    h = dt__fnv1a64(h, it->name, strlen(it->name) + 1);
     le[0] = (unsigned char)it->ndim;
-    h = dt__params_fnv(h, le, 1);
+    h = dt__fnv1a64(h, le, 1);
     for (int d = 0; d < it->ndim; d++) {
       v = (uint64_t)it->shape[d];
-      for (int k = 0; k < 8; k++) le[k] = (unsigned char)(v >> (8 * k));
-      h = dt__params_fnv(h, le, 8);
+      dt__put_le64(le, v);
+      h = dt__fnv1a64(h, le, 8);
     }
-    h = dt__params_fnv(h, it->trainable ? "T" : "B", 1);
+    h = dt__fnv1a64(h, it->trainable ? "T" : "B", 1);
   }
   return h;
 }

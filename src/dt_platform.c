@@ -242,7 +242,6 @@ DTRAIN_PRIVATE void dt__barrier_break(dt__barrier *b) {
   dt__event_notify(&b->ev);
 }
 
-DTRAIN_PRIVATE int dt__barrier_broken(dt__barrier *b) { return DT__ALOAD(&b->broken, DT__MO_ACQUIRE) != 0; }
 
 DTRAIN_PRIVATE void dt__barrier_reset(dt__barrier *b) {
   DT__ASTORE(&b->count, 0, DT__MO_RELAXED);

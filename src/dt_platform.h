@@ -196,7 +196,6 @@ DTRAIN_PRIVATE void dt__barrier_destroy(dt__barrier *b);
  * *waited (may be NULL) gets the seconds this thread waited. */
 DTRAIN_PRIVATE dt_result dt__barrier_wait(dt__barrier *b, double *waited);
 DTRAIN_PRIVATE void dt__barrier_break(dt__barrier *b);
-DTRAIN_PRIVATE int dt__barrier_broken(dt__barrier *b);
 DTRAIN_PRIVATE void dt__barrier_reset(dt__barrier *b);
 
 /* ---- persistent thread pool ---------------------------------------------------------

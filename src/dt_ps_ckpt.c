@@ -46,16 +46,16 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   unsigned char *b = S->ckpt;
   int slots = dt__ps_slots(S);
   memset(b, 0, DT__PS_CKPT_HDR);
-  dt__le32_put(b, DT__PS_CKPT_MAGIC);
-  dt__le32_put(b + 4, 1);
-  dt__le32_put(b + 8, (uint32_t)S->me);
-  dt__le32_put(b + 12, (uint32_t)S->c->servers);
-  dt__le64_put(b + 16, (uint64_t)dt_params_size(S->params));
-  dt__le64_put(b + 24, (uint64_t)S->shard);
-  dt__le64_put(b + 32, S->layout);
-  dt__le64_put(b + 40, S->version);
-  dt__le64_put(b + 48, (uint64_t)dt_optim_steps(S->opt));
-  dt__le32_put(b + 56, (uint32_t)slots);
+  dt__put_le32(b, DT__PS_CKPT_MAGIC);
+  dt__put_le32(b + 4, 1);
+  dt__put_le32(b + 8, (uint32_t)S->me);
+  dt__put_le32(b + 12, (uint32_t)S->c->servers);
+  dt__put_le64(b + 16, (uint64_t)dt_params_size(S->params));
+  dt__put_le64(b + 24, (uint64_t)S->shard);
+  dt__put_le64(b + 32, S->layout);
+  dt__put_le64(b + 40, S->version);
+  dt__put_le64(b + 48, (uint64_t)dt_optim_steps(S->opt));
+  dt__put_le32(b + 56, (uint32_t)slots);
   size_t off = DT__PS_CKPT_HDR;
   dt__ps_gather(S->params, S->owner, S->me, dt_params_data(S->params), b + off);
   off += S->shard * 4;
@@ -63,7 +63,7 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
     dt__ps_gather(S->params, S->owner, S->me, dt_optim_state(S->opt, k), b + off);
     off += S->shard * 4;
   }
-  dt__le32_put(b + off, dt__crc32c(0, b, off));
+  dt__put_le32(b + off, dt__crc32c(0, b, off));
   off += 4;
   char tmp[1100];
   snprintf(tmp, sizeof tmp, "%.1024s.tmp", S->ckpt_path);
@@ -94,21 +94,21 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
   int extra = fgetc(f) != EOF;
   fclose(f);
   const char *p = S->ckpt_path;
-  if (got < DT__PS_CKPT_HDR + 4 || dt__le32_get(b) != DT__PS_CKPT_MAGIC || dt__le32_get(b + 4) != 1)
+  if (got < DT__PS_CKPT_HDR + 4 || dt__get_le32(b) != DT__PS_CKPT_MAGIC || dt__get_le32(b + 4) != 1)
     return dt__error(DTRAIN_ERR_FORMAT, "ps %d: '%s' is not a dtrain parameter-server checkpoint", S->me, p);
-  if (dt__le32_get(b + 8) != (uint32_t)S->me || dt__le32_get(b + 12) != (uint32_t)S->c->servers ||
-      dt__le64_get(b + 16) != (uint64_t)dt_params_size(S->params) || dt__le64_get(b + 24) != (uint64_t)S->shard ||
-      dt__le64_get(b + 32) != S->layout || dt__le32_get(b + 56) != (uint32_t)dt__ps_slots(S))
+  if (dt__get_le32(b + 8) != (uint32_t)S->me || dt__get_le32(b + 12) != (uint32_t)S->c->servers ||
+      dt__get_le64(b + 16) != (uint64_t)dt_params_size(S->params) || dt__get_le64(b + 24) != (uint64_t)S->shard ||
+      dt__get_le64(b + 32) != S->layout || dt__get_le32(b + 56) != (uint32_t)dt__ps_slots(S))
     return dt__error(DTRAIN_ERR_MISMATCH,
                      "ps %d: checkpoint '%s' is shard %u of %u servers with %llu floats (%u optimizer slots); this "
                      "server is shard %d of %d with %zu floats (%d slots) of another layout or model",
-                     S->me, p, (unsigned)dt__le32_get(b + 8), (unsigned)dt__le32_get(b + 12),
-                     (unsigned long long)dt__le64_get(b + 24), (unsigned)dt__le32_get(b + 56), S->me, S->c->servers,
+                     S->me, p, (unsigned)dt__get_le32(b + 8), (unsigned)dt__get_le32(b + 12),
+                     (unsigned long long)dt__get_le64(b + 24), (unsigned)dt__get_le32(b + 56), S->me, S->c->servers,
                      S->shard, dt__ps_slots(S));
-  if (got != S->ckpt_bytes || extra || dt__le32_get(b + got - 4) != dt__crc32c(0, b, got - 4))
+  if (got != S->ckpt_bytes || extra || dt__get_le32(b + got - 4) != dt__crc32c(0, b, got - 4))
     return dt__error(DTRAIN_ERR_CORRUPT, "ps %d: checkpoint '%s' is truncated or corrupt (checksum)", S->me, p);
-  S->version = dt__le64_get(b + 40);
-  dt_optim_set_steps(S->opt, (int64_t)dt__le64_get(b + 48));
+  S->version = dt__get_le64(b + 40);
+  dt_optim_set_steps(S->opt, (int64_t)dt__get_le64(b + 48));
   size_t off = DT__PS_CKPT_HDR;
   dt__ps_scatter(S->params, S->owner, S->me, b + off, dt_params_data(S->params));
   off += S->shard * 4;

@@ -110,8 +110,8 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   dt__mutex_lock(&C->mu);
   dt_result rc = dt__ps_client_check(C, op);
   unsigned char req[DT__PS_FIX];
-  dt__le64_put(req, (uint64_t)T);
-  dt__le64_put(req + 8, 0);
+  dt__put_le64(req, (uint64_t)T);
+  dt__put_le64(req + 8, 0);
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__conn_send(&C->conn[s], DT__PS_PULL, req, DT__PS_FIX, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
@@ -121,8 +121,8 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PARAMS, (uint32_t)(DT__PS_FIX + C->shard[s] * 4), op);
     if (rc != DTRAIN_OK) break;
-    uint64_t v = dt__le64_get(C->buf[s]);
-    int64_t gap = (int64_t)dt__le64_get(C->buf[s] + 8);
+    uint64_t v = dt__get_le64(C->buf[s]);
+    int64_t gap = (int64_t)dt__get_le64(C->buf[s] + 8);
     C->pulled_version[s] = v;
     if (v > tk->version) tk->version = v;
     if (v > C->version) C->version = v;
@@ -148,8 +148,8 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   dt_result rc = dt__ps_client_check(C, op);
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     unsigned char *b = C->buf[s];
-    dt__le64_put(b, (uint64_t)T);
-    dt__le64_put(b + 8, C->pulled_version[s]);
+    dt__put_le64(b, (uint64_t)T);
+    dt__put_le64(b + 8, C->pulled_version[s]);
     size_t len = DT__PS_FIX;
     if (delta) {
       dt__ps_gather(C->params, C->owner, s, delta, b + DT__PS_FIX);
@@ -162,8 +162,8 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PUSHED, DT__PS_FIX, op);
     if (rc != DTRAIN_OK) break;
-    uint64_t v = dt__le64_get(C->buf[s]);
-    int64_t st = (int64_t)dt__le64_get(C->buf[s] + 8);
+    uint64_t v = dt__get_le64(C->buf[s]);
+    int64_t st = (int64_t)dt__get_le64(C->buf[s] + 8);
     if (v > C->version) C->version = v;
     if (st > tk->staleness) tk->staleness = st;
   }
@@ -352,10 +352,10 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
     }
     unsigned char j[DT__PS_JOINLEN];
     memset(j, 0, sizeof j);
-    dt__le32_put(j, (uint32_t)(int32_t)max_staleness);
-    dt__le64_put(j + 8, (uint64_t)dt_params_size(params));
-    dt__le64_put(j + 16, (uint64_t)C->shard[s]);
-    dt__le64_put(j + 24, dt__ps_layout_hash(params, C->owner, s, C->M));
+    dt__put_le32(j, (uint32_t)(int32_t)max_staleness);
+    dt__put_le64(j + 8, (uint64_t)dt_params_size(params));
+    dt__put_le64(j + 16, (uint64_t)C->shard[s]);
+    dt__put_le64(j + 24, dt__ps_layout_hash(params, C->owner, s, C->M));
     rc = dt__conn_send(&C->conn[s], DT__PS_JOIN, j, DT__PS_JOINLEN, dt__now() + C->timeout, op);
     if (rc == DTRAIN_OK && C->buf_cap[s] < DT__PS_JOINLEN) {
       unsigned char *nb = (unsigned char *)dt__alloc(DT__PS_JOINLEN);
@@ -369,7 +369,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
     }
     if (rc == DTRAIN_OK) rc = dt__ps_client_answer(C, s, DT__PS_JOINED, DT__PS_JOINLEN, op);
     if (rc != DTRAIN_OK) goto fail;
-    uint64_t v = dt__le64_get(C->buf[s]);
+    uint64_t v = dt__get_le64(C->buf[s]);
     C->pulled_version[s] = v;
     if (v > C->version) C->version = v;
     C->last_send[s] = dt__now();

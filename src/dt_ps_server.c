@@ -145,8 +145,8 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   if (w->pend == DT__PSP_PULL) {
     int64_t slowest = dt__ps_min_clock(S, 1);
     int64_t gap = slowest == INT64_MAX ? 0 : DT__MAX(t - slowest, (int64_t)0);
-    dt__le64_put(fix, S->version);
-    dt__le64_put(fix + 8, (uint64_t)gap);
+    dt__put_le64(fix, S->version);
+    dt__put_le64(fix + 8, (uint64_t)gap);
     if (w->pulled < t + 1) w->pulled = t + 1;
     w->pend = DT__PSP_NONE;
     w->last_heard = now;
@@ -161,10 +161,10 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
       if (S->owner[p] != S->me) continue;
       if (tr) {
-        dt__net_f32_get(grad + b, in + 4 * off, e - b);
+        dt__get_f32le(grad + b, in + 4 * off, e - b);
         if (dt_optim_update(S->opt, data, grad, b, e) != DTRAIN_OK) return -1;
       } else {
-        dt__net_f32_get(data + b, in + 4 * off, e - b);
+        dt__get_f32le(data + b, in + 4 * off, e - b);
       }
       off += e - b;
     }
@@ -178,8 +178,8 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   w->pend = DT__PSP_NONE;
   w->last_heard = now;
   dt__ps_maybe_ckpt(S); /* before the answer: an acknowledged update is in the checkpoint when every == 1 */
-  dt__le64_put(fix, S->version);
-  dt__le64_put(fix + 8, (uint64_t)stale);
+  dt__put_le64(fix, S->version);
+  dt__put_le64(fix + 8, (uint64_t)stale);
   return dt__ps_queue(S, i, DT__PS_PUSHED, fix, DT__PS_FIX, NULL);
 }
 
@@ -207,7 +207,7 @@ static void dt__ps_refuse(dt__ps_server *S, int i, dt_result code, const char *w
   unsigned char buf[4 + 256];
   size_t tl = strlen(why);
   if (tl > 256) tl = 256;
-  dt__le32_put(buf, (uint32_t)(-(int32_t)code));
+  dt__put_le32(buf, (uint32_t)(-(int32_t)code));
   memcpy(buf + 4, why, tl);
   dt__conn_send(&w->conn, DT__MSG_REFUSE, buf, (uint32_t)(4 + tl), dt__now() + 0.2, "refuse");
   if (!S->self.opt.quiet) dt__log(DTRAIN_LOG_WARN, code, "ps %d: refused %s: %s", S->me, w->conn.peer, why);
@@ -222,8 +222,8 @@ static void dt__ps_refuse(dt__ps_server *S, int i, dt_result code, const char *w
 static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
   dt__ps_worker *w = &S->w[i];
   char why[DT__MSG_CAP];
-  int k = (int)(int32_t)dt__le32_get(b);
-  uint64_t total = dt__le64_get(b + 8), shard = dt__le64_get(b + 16), layout = dt__le64_get(b + 24);
+  int k = (int)(int32_t)dt__get_le32(b);
+  uint64_t total = dt__get_le64(b + 8), shard = dt__get_le64(b + 16), layout = dt__get_le64(b + 24);
   if (total != (uint64_t)dt_params_size(S->params) || shard != (uint64_t)S->shard || layout != S->layout) {
     snprintf(why, sizeof why,
              "its model has %llu floats and a shard of %llu for ps %d, this server's has %zu and %zu (different "
@@ -255,11 +255,11 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
   w->joined = 1;
   unsigned char out[DT__PS_JOINLEN];
   memset(out, 0, sizeof out);
-  dt__le64_put(out, S->version);
-  dt__le64_put(out + 8, (uint64_t)dt_optim_steps(S->opt));
-  dt__le32_put(out + 16, (uint32_t)(int32_t)S->k);
-  dt__le32_put(out + 20, (uint32_t)dt__ps_live_count(S));
-  dt__le64_put(out + 24, S->layout);
+  dt__put_le64(out, S->version);
+  dt__put_le64(out + 8, (uint64_t)dt_optim_steps(S->opt));
+  dt__put_le32(out + 16, (uint32_t)(int32_t)S->k);
+  dt__put_le32(out + 20, (uint32_t)dt__ps_live_count(S));
+  dt__put_le64(out + 24, S->layout);
   dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s joined (max_staleness %d)", S->me, w->conn.peer, S->k);
   dt__ps_queue(S, i, DT__PS_JOINED, out, DT__PS_JOINLEN, NULL);
 }
@@ -321,7 +321,7 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
     case DT__PS_JOIN: dt__ps_on_join(S, i, small); break;
     case DT__PS_PULL:
     case DT__PS_PUSH: {
-      int64_t t = (int64_t)dt__le64_get(dst);
+      int64_t t = (int64_t)dt__get_le64(dst);
       if (t < 0 || (f.type == DT__PS_PUSH && t < w->pushed)) {
         snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld after a push of clock %lld", op,
                  f.type == DT__PS_PUSH ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
@@ -330,7 +330,7 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
       }
       w->pend = f.type == DT__PS_PULL ? DT__PSP_PULL : DT__PSP_PUSH;
       w->pend_clock = t;
-      w->pend_version = dt__le64_get(dst + 8);
+      w->pend_version = dt__get_le64(dst + 8);
       w->pend_empty = f.length == DT__PS_FIX && S->shard > 0;
       if (f.type == DT__PS_PUSH && S->shard == 0) w->pend_empty = 1;
       w->pend_since = w->last_heard;

@@ -79,13 +79,13 @@ DTRAIN_PRIVATE size_t dt__ps_shard_floats(const dt_params *p, const int *owner, 
 /* Four numbers into the hash, each as 8 little-endian bytes. */
 static uint64_t dt__ps_shard_hash4(uint64_t h, const uint64_t v[4]) {
   unsigned char b[32];
-  for (int k = 0; k < 4; k++) dt__le64_put(b + 8 * k, v[k]);
-  return dt__net_fnv1a(h, b, sizeof b);
+  for (int k = 0; k < 4; k++) dt__put_le64(b + 8 * k, v[k]);
+  return dt__fnv1a64(h, b, sizeof b);
 }
 
 /* FNV-1a over the shard's parameter ranges, the params' size and the server count. */
 DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner, int s, int servers) {
-  uint64_t h = DT__NET_FNV_BASIS;
+  uint64_t h = DT__FNV64_OFFSET;
   uint64_t v[4];
   size_t b, e;
   int tr, dec;
@@ -112,7 +112,7 @@ DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, c
   int tr, dec;
   for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
     if (owner[i] != s) continue;
-    dt__net_f32_put(out + 4 * off, full + b, e - b);
+    dt__put_f32le(out + 4 * off, full + b, e - b);
     off += e - b;
   }
 }
@@ -122,7 +122,7 @@ DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, 
   int tr, dec;
   for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
     if (owner[i] != s) continue;
-    dt__net_f32_get(full + b, in + 4 * off, e - b);
+    dt__get_f32le(full + b, in + 4 * off, e - b);
     off += e - b;
   }
 }

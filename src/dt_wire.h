@@ -60,19 +60,10 @@ typedef struct dt__frame {
   uint32_t length, checksum;
 } dt__frame;
 
-/* ---- byte order (dt_net_bytes.c) ---------------------------------------------------------- */
-DTRAIN_PRIVATE uint16_t dt__net_le16_get(const unsigned char *p);
-DTRAIN_PRIVATE void dt__le32_put(unsigned char *p, uint32_t v);
-DTRAIN_PRIVATE void dt__le64_put(unsigned char *p, uint64_t v);
-DTRAIN_PRIVATE uint32_t dt__le32_get(const unsigned char *p);
-DTRAIN_PRIVATE uint64_t dt__le64_get(const unsigned char *p);
-/* Floats travel little-endian. On a little-endian host this is a no-op
- * (buffers go out as they are, no copy); on a big-endian one it swaps the
- * bytes of each float in place (the same call converts back). */
-DTRAIN_PRIVATE void dt__net_f32_le(float *p, size_t n);
-/* n floats to 4n little-endian bytes, and back (a plain copy on a little-endian host). */
-DTRAIN_PRIVATE void dt__net_f32_put(unsigned char *dst, const float *src, size_t n);
-DTRAIN_PRIVATE void dt__net_f32_get(float *dst, const unsigned char *src, size_t n);
+/* ---- byte order: the shared helpers of dt_internal.h -------------------------------------------
+ * Every multi-byte field on the wire and in a shard checkpoint is
+ * little-endian, written byte by byte (never a struct copied): dt__put_le32,
+ * dt__get_le64, dt__put_f32le (a plain copy on a little-endian host), ... */
 
 /* ---- checksums, hashes and authentication (dt_hash.c) ---------------------------------------- */
 DTRAIN_PRIVATE uint32_t dt__crc32c(uint32_t crc, const void *p, size_t n);
@@ -88,10 +79,7 @@ DTRAIN_PRIVATE void dt__sha256_final(dt__sha256 *s, unsigned char out[32]);
 DTRAIN_PRIVATE void dt__hmac_sha256(const void *key, size_t klen, const void *msg, size_t mlen, unsigned char out[32]);
 /* Constant-time comparison: 1 when equal. */
 DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char *b, size_t n);
-/* FNV-1a (64-bit) of n bytes, continuing from h (start with DT__NET_FNV_BASIS):
- * the job id from the cluster's addresses, a parameter server's shard layout. */
-#define DT__NET_FNV_BASIS 1469598103934665603ULL
-DTRAIN_PRIVATE uint64_t dt__net_fnv1a(uint64_t h, const void *p, size_t n);
+/* FNV-1a: dt__fnv1a64 of dt_internal.h (the job id, a server's shard layout). */
 
 /* ---- frames (dt_frame.c) ---------------------------------------------------------------------- */
 DTRAIN_PRIVATE void dt__frame_pack(unsigned char h[DT__NET_HDR], uint16_t type, uint64_t job, uint32_t sender,

@@ -42,11 +42,11 @@ static uint64_t wire_digest_values(const uint32_t *fields, size_t nf, const floa
  * a data frame carrying floats. Returns the bytes used. */
 static size_t wire_write(unsigned char *buf) {
   unsigned char rec[24];
-  dt__le32_put(rec, 1u);
-  dt__le32_put(rec + 4, 7u);
-  dt__le64_put(rec + 8, 0xFEDCBA9876543210ull);
-  dt__le32_put(rec + 16, 0x80000001u);
-  dt__le32_put(rec + 20, 42u);
+  dt__put_le32(rec, 1u);
+  dt__put_le32(rec + 4, 7u);
+  dt__put_le64(rec + 8, 0xFEDCBA9876543210ull);
+  dt__put_le32(rec + 16, 0x80000001u);
+  dt__put_le32(rec + 20, 42u);
   dt__frame_pack(buf, 0x01, WIRE_JOB, 0x10003u, 0, rec, sizeof rec);
   memcpy(buf + DT__NET_HDR, rec, sizeof rec);
   size_t off = DT__NET_HDR + sizeof rec;
@@ -75,9 +75,9 @@ static uint64_t wire_read(const unsigned char *buf, size_t n) {
       !dt__frame_payload_ok(buf, &fr, buf + DT__NET_HDR))
     return 0;
   const unsigned char *rec = buf + DT__NET_HDR;
-  uint64_t u64 = dt__le64_get(rec + 8);
-  uint32_t a[] = {fr.type, fr.sender, (uint32_t)fr.seq, fr.length, dt__le32_get(rec), dt__le32_get(rec + 4),
-                  (uint32_t)u64, (uint32_t)(u64 >> 32), dt__le32_get(rec + 16), dt__le32_get(rec + 20)};
+  uint64_t u64 = dt__get_le64(rec + 8);
+  uint32_t a[] = {fr.type, fr.sender, (uint32_t)fr.seq, fr.length, dt__get_le32(rec), dt__get_le32(rec + 4),
+                  (uint32_t)u64, (uint32_t)(u64 >> 32), dt__get_le32(rec + 16), dt__get_le32(rec + 20)};
   memcpy(fields, a, sizeof a);
   const unsigned char *b = buf + DT__NET_HDR + 24;
   if (dt__frame_unpack(b, WIRE_JOB, 4096, &fr, why, sizeof why) != DTRAIN_OK || fr.length != 24 ||

@@ -162,7 +162,7 @@ static void test_frame_bad_bytes(void) {
   int accepted = 0;
   for (int i = 0; i < 20000; i++) {
     for (int j = 0; j < DT__NET_HDR; j++) h[j] = (unsigned char)(th_rand() * 256);
-    if (i % 2) dt__le32_put(h, DT__NET_MAGIC); /* half of them with the right magic */
+    if (i % 2) dt__put_le32(h, DT__NET_MAGIC); /* half of them with the right magic */
     if (dt__frame_unpack(h, 0, 1 << 20, &f, why, sizeof why) == DTRAIN_OK && dt__frame_payload_ok(h, &f, h)) accepted++;
   }
   CHECK_MSG(accepted == 0, "%d random headers accepted", accepted);
@@ -176,7 +176,7 @@ static void test_frame_bad_bytes(void) {
   /* Wrong version (re-checksummed so only the version is wrong). */
   dt__frame_pack(h, DT__MSG_DATA0, 1, 0, 0, NULL, 0);
   h[4] = 9;
-  dt__le32_put(h + 36, dt__crc32c(0, h, 36));
+  dt__put_le32(h + 36, dt__crc32c(0, h, 36));
   CHECK(dt__frame_unpack(h, 1, 1024, &f, why, sizeof why) == DTRAIN_ERR_MISMATCH);
   CHECK_MSG(strstr(why, "version 9") != NULL, "%s", why);
   /* Another job. */

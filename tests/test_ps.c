@@ -1162,7 +1162,7 @@ static void bad_client(int kind, int port) {
   } else {
     dt__frame_pack(h, DT__MSG_HELLO, 99, 0, 0, NULL, 0);
     h[4] = 9; /* version 9, with a valid header checksum */
-    dt__le32_put(h + 36, dt__crc32c(0, h, 36));
+    dt__put_le32(h + 36, dt__crc32c(0, h, 36));
     dt__net_write(fd, h, sizeof h, dt__now() + 5);
   }
   /* Read until the server closes. */

@@ -39,7 +39,7 @@ static void fz_raw(const unsigned char *d, size_t n) {
   dt__frame_pack(again, f.type, f.job, f.sender, f.seq, (f.flags & DT__NET_F_PAYLOAD_CRC) ? payload : NULL,
                  f.length);
   /* pack sets the payload flag only for control types; compare what it must agree on */
-  if ((f.flags & DT__NET_F_PAYLOAD_CRC) == ((uint32_t)dt__le32_get(again + 20) & DT__NET_F_PAYLOAD_CRC) &&
+  if ((f.flags & DT__NET_F_PAYLOAD_CRC) == ((uint32_t)dt__get_le32(again + 20) & DT__NET_F_PAYLOAD_CRC) &&
       memcmp(h, again, DT__NET_HDR) != 0)
     FZ_FAIL("accepted header is not the canonical encoding of its fields");
 }
@@ -48,7 +48,7 @@ static void fz_flip(const unsigned char *d, size_t n) {
   if (n < 12) return;
   /* a valid type: a control type 1..8 or a data type 0x40.. */
   uint16_t type = (d[0] & 1) ? (uint16_t)(1 + (d[0] >> 1) % 8) : (uint16_t)(0x40 + (d[0] >> 1 | d[1] << 7) % 0xFFC0);
-  uint64_t job = dt__le64_get(d + 2);
+  uint64_t job = dt__get_le64(d + 2);
   uint32_t plen = d[10] % 64u;
   if (n < 11 + plen) return;
   const unsigned char *payload = d + 11;
