@@ -262,13 +262,18 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c dtrain.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -std=c11 -g -O1 -Wall -Wextra -Werror -fsanitize=fuzzer,address,undefined \
 	  -fno-sanitize-recover=all -I. $< -o $@ -lm -lpthread
-fuzz: $(FUZZ_TARGETS)
-	@set -e; for t in $(FUZZ_TARGETS); do n=$$(basename $$t); mkdir -p $(BUILD)/fuzz/corpus-$$n; \
-	  echo "== $$n: $(FUZZ_SECONDS) s"; \
-	  $$t -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 -print_final_stats=1 \
+# One run per target, so that `make -j2 fuzz` runs two at a time (each
+# libFuzzer process uses one core).
+FUZZ_RUNS := $(patsubst %,%.run,$(FUZZ_TARGETS))
+.PHONY: $(FUZZ_RUNS)
+fuzz: $(FUZZ_RUNS)
+$(FUZZ_RUNS): $(BUILD)/fuzz/%.run: $(BUILD)/fuzz/%
+	@n=$*; mkdir -p $(BUILD)/fuzz/corpus-$$n; \
+	  $< -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 -print_final_stats=1 \
 	    -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus-$$n tests/fuzz/seeds/$$n > $(BUILD)/fuzz/$$n.log 2>&1 \
 	    || { tail -n 60 $(BUILD)/fuzz/$$n.log; echo "$$n: FAILED (the input is in $(BUILD)/fuzz/)"; exit 1; }; \
-	  grep -E '^Done|stat::number_of_executed_units|stat::peak_rss' $(BUILD)/fuzz/$$n.log; done
+	  echo "== $$n: $(FUZZ_SECONDS) s: $$(grep -E '^Done' $(BUILD)/fuzz/$$n.log)"; \
+	  grep -E 'stat::number_of_executed_units|stat::peak_rss' $(BUILD)/fuzz/$$n.log
 
 # ---- install ------------------------------------------------------------------
 # make install PREFIX=/opt/dtrain [DESTDIR=...]: the header(s), a pkg-config

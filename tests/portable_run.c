@@ -8,7 +8,7 @@
  * "exact" or "float". */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
-/* The private wire helpers (dt__frame_pack, dt__net_f32_le, ...) are static
+/* The private wire helpers (dt__frame_pack, dt__put_f32le, ...) are static
  * in the amalgamation and visible here because the implementation is. */
 #include <stdio.h>
 #include <string.h>
@@ -50,9 +50,8 @@ static size_t wire_write(unsigned char *buf) {
   dt__frame_pack(buf, 0x01, WIRE_JOB, 0x10003u, 0, rec, sizeof rec);
   memcpy(buf + DT__NET_HDR, rec, sizeof rec);
   size_t off = DT__NET_HDR + sizeof rec;
-  float f[6];
-  memcpy(f, wire_floats, sizeof f);
-  dt__net_f32_le(f, 6);
+  unsigned char f[6 * 4];
+  dt__put_f32le(f, wire_floats, 6);
   dt__frame_pack(buf + off, 0x41, WIRE_JOB, 2u, 1, f, sizeof f);
   memcpy(buf + off + DT__NET_HDR, f, sizeof f);
   return off + DT__NET_HDR + sizeof f;
@@ -87,8 +86,7 @@ static uint64_t wire_read(const unsigned char *buf, size_t n) {
   fields[11] = fr.sender;
   fields[12] = (uint32_t)fr.seq;
   fields[13] = fr.length;
-  memcpy(f, b + DT__NET_HDR, sizeof f);
-  dt__net_f32_le(f, 6);
+  dt__get_f32le(f, b + DT__NET_HDR, 6);
   return wire_digest_values(fields, 14, f, 6);
 }
 

@@ -14,21 +14,38 @@ BUILD=${BUILD:-build}
 RUNNER=${RUNNER:-}
 TIMEOUT=${TEST_TIMEOUT:-600}
 pass=0; fail=0; skip=0
-# TEST_JOBS programs at a time (default 1; make test-cross uses 2: qemu runs
-# each program on one core). Outputs are read back in name order.
-JOBS=${TEST_JOBS:-1}
+# TEST_JOBS programs and scripts at a time (default 2: most of the suite's
+# time is spent waiting on sockets, deadlines and child processes, not on a
+# core; qemu runs each program on one core). A pool, not batches: a slow
+# program does not hold the others back. The script checks (host builds
+# only) go first, being the longest. Outputs are read back in name order,
+# and each item's seconds are kept for the closing "slowest" line.
+JOBS=${TEST_JOBS:-2}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-tests.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 : > "$tmp/skips"
-running=0
-for t in "$BUILD"/tests/test_*; do
-  [ -x "$t" ] || continue
-  name=$(basename "$t")
-  ( timeout "$TIMEOUT" $RUNNER "$t" > "$tmp/$name.out" 2>&1; echo $? > "$tmp/$name.rc" ) &
-  running=$((running + 1))
-  if [ "$running" -ge "$JOBS" ]; then wait; running=0; fi
-done
-wait
+SCRIPT_LIST="tests/compile_checks.sh tests/multiworker_checks.sh tests/example_checks.sh tests/install_checks.sh
+             tests/torch_parity.sh tests/launch_checks.sh tests/mpi_checks.sh"
+run_scripts=0
+if [ -z "$SAN" ] && [ -z "$RUNNER" ] && [ "${SCRIPTS:-1}" = 1 ]; then run_scripts=1; fi
+{
+  if [ "$run_scripts" = 1 ]; then for script in $SCRIPT_LIST; do echo "script $script"; done; fi
+  for t in "$BUILD"/tests/test_*; do [ -x "$t" ] && echo "prog $t"; done
+} > "$tmp/items"
+export BUILD RUNNER TIMEOUT CC CXX tmp
+# one item: its output, exit code and seconds in $tmp/NAME.{out,rc,secs}
+xargs -P "$JOBS" -L 1 sh -c '
+  kind=$0; item=$1
+  case $kind in
+    script) name=$(basename "$item" .sh)
+            start=$(date +%s.%N)
+            CC="$CC" CXX="$CXX" BUILD="$BUILD" sh "$item" > "$tmp/$name.out" 2>&1; echo $? > "$tmp/$name.rc" ;;
+    *)      name=$(basename "$item")
+            start=$(date +%s.%N)
+            timeout "$TIMEOUT" $RUNNER "$item" > "$tmp/$name.out" 2>&1; echo $? > "$tmp/$name.rc" ;;
+  esac
+  echo "$start $(date +%s.%N)" | awk "{ printf \"%.1f\n\", \$2 - \$1 }" > "$tmp/$name.secs"
+' < "$tmp/items"
 
 # tally NAME OUTPUT RC SUMMARY-REGEX SHOW: reads the summary line and the
 # skip reasons out of one program's (or script's) output and adds them up;
@@ -70,16 +87,19 @@ for t in "$BUILD"/tests/test_*; do
   out=$(cat "$tmp/$name.out" 2>/dev/null); rc=$(cat "$tmp/$name.rc" 2>/dev/null || echo 1)
   tally "$name" "$out" "$rc" '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed' 1
 done
-# Host-only script checks (build configurations, install routes).
-if [ -z "$SAN" ] && [ -z "$RUNNER" ] && [ "${SCRIPTS:-1}" = 1 ]; then
-  for script in tests/compile_checks.sh tests/install_checks.sh tests/torch_parity.sh tests/example_checks.sh \
-                tests/launch_checks.sh tests/mpi_checks.sh tests/multiworker_checks.sh; do
+# Host-only script checks (build configurations, install routes, examples,
+# launcher, MPI, multi-worker runs).
+if [ "$run_scripts" = 1 ]; then
+  for script in $SCRIPT_LIST; do
     name=$(basename "$script" .sh)
-    out=$(CC="$CC" CXX="$CXX" BUILD="$BUILD" sh "$script" 2>&1); rc=$?
+    out=$(cat "$tmp/$name.out" 2>/dev/null); rc=$(cat "$tmp/$name.rc" 2>/dev/null || echo 1)
     [ "$rc" -ne 0 ] && printf '%s\n' "$out" | grep -v '^ok' | head -n 60
     tally "$name" "$out" "$rc" "^$name: [0-9]+ passed, [0-9]+ failed" 0
   done
 fi
+# The slowest items, to see where the suite's time goes (never a verdict).
+for f in "$tmp"/*.secs; do [ -f "$f" ] && echo "$(cat "$f") $(basename "$f" .secs)"; done | sort -rn | head -n 6 |
+  awk '{ s = s sep $2 " " $1 " s"; sep = ", " } END { if (s != "") print "slowest: " s }'
 cat "$tmp/skips"
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
