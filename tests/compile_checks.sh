@@ -10,10 +10,31 @@ pass=0; fail=0; skipped=0
 # skip WHAT: why -- a check that cannot run here, counted and named in the summary.
 skip() { echo "skip $1"; skipped=$((skipped + 1)); }
 W="-Wall -Wextra -Wpedantic -Werror"
+# check NAME COMMAND...: runs in the background, CHECK_JOBS at a time (default
+# 2: most checks are one compiler run on one core); its verdict goes to a
+# numbered file, read back in order by check_sync. A check that needs another
+# one's output comes after a check_sync.
+JOBS=${CHECK_JOBS:-2}
+nchk=0; pids=""
 check() { # name, command...
   name=$1; shift
-  if out=$("$@" 2>&1); then echo "ok $name"; pass=$((pass + 1));
-  else echo "FAIL $name: $*"; printf '%s\n' "$out" | head -n 20; fail=$((fail + 1)); fi
+  nchk=$((nchk + 1))
+  ( if out=$("$@" 2>&1); then echo "ok $name"
+    else echo "FAIL $name: $*"; printf '%s\n' "$out" | head -n 20; fi ) > "$D/check.$nchk" 2>&1 &
+  pids="$pids $!"
+  set -- $pids
+  if [ $# -ge "$JOBS" ]; then wait "$1"; shift; pids="$*"; fi
+}
+# Waits for every check started so far and counts their verdicts.
+nread=0
+check_sync() {
+  wait
+  pids=""
+  while [ "$nread" -lt "$nchk" ]; do
+    nread=$((nread + 1))
+    cat "$D/check.$nread"
+    if head -n 1 "$D/check.$nread" | grep -q '^ok '; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+  done
 }
 printf '#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\nint main(void){ return dt_build_features() == 0; }\n' > "$D/impl.c"
 cp "$D/impl.c" "$D/impl.cpp"
@@ -42,6 +63,7 @@ fi
 # DTRAIN_NO_MALLOC: the library object references no allocator of libc at all,
 # and the fixed-memory tests pass against it.
 check "no-malloc-object-has-no-malloc" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_NO_MALLOC -I. -c tests/dtrain_impl.c -o $D/impl_nomalloc.o && nm -u $D/impl_nomalloc.o > $D/nomalloc.syms && ! grep -wE 'malloc|calloc|realloc|free|aligned_alloc|posix_memalign|strdup' $D/nomalloc.syms"
+check_sync  # the next check links the object the previous one built
 check "no-malloc-fixed-memory-tests" sh -c "gcc -std=c11 $W -O2 -I. -Itests tests/test_fixed_memory.c $D/impl_nomalloc.o -o $D/test_fixed_nomalloc -lm -lpthread && $D/test_fixed_nomalloc > $D/nomalloc.out && grep -q 'fixed_memory: [0-9]* passed, 0 failed' $D/nomalloc.out"
 check "no-malloc-contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_MALLOC '-DDTRAIN_MALLOC(s)=0' '-DDTRAIN_REALLOC(p,s)=0' '-DDTRAIN_FREE(p)=0' -I. -c $D/impl.c -o $D/bad2.o 2>$D/bad2.txt && grep -q 'DTRAIN_NO_MALLOC contradicts' $D/bad2.txt"
 # DTRAIN_USE_ZLIB: gzip data is inflated by zlib; the data tests must pass through it.
@@ -100,5 +122,6 @@ fi
 for f in src/*.c; do
   check "alone-$(basename $f)" gcc -std=c11 $W -Isrc -c "$f" -o "$D/$(basename $f .c).o"
 done
+check_sync
 echo "compile_checks: $pass passed, $fail failed, $skipped skipped"
 [ "$fail" -eq 0 ]
