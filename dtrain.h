@@ -17456,9 +17456,16 @@ DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_s
       return DTRAIN_OK;
     }
   }
-  return dt__error(DTRAIN_ERR_INVALID_ARG,
-                   "dt_strategy_parse: unknown strategy '%s' (one_device, mirrored, central_storage, async, "
-                   "multi_worker_mirrored, parameter_server)", name);
+  /* The names come from the table, so a new module is listed here too. */
+  char known[256];
+  size_t used = 0;
+  known[0] = '\0';
+  for (int k = 0; k < DT__STRATEGY_KINDS && used < sizeof known; k++) {
+    int w = snprintf(known + used, sizeof known - used, "%s%s", k ? ", " : "", dt__strategy_module_of(k)->name);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+  return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_strategy_parse: unknown strategy '%s' (%s)", name, known);
 }
 
 /* ---- failures -------------------------------------------------------------------------------- */

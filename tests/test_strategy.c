@@ -979,6 +979,7 @@ static void test_desc_and_args(void) {
         sd.max_staleness == 2);
   CHECK(dt_strategy_parse("one_device", 3, 2, &sd) == DTRAIN_OK && sd.replicas == 1);
   CHECK_ERR(dt_strategy_parse("ring", 3, 0, &sd), DTRAIN_ERR_INVALID_ARG, "unknown strategy 'ring'");
+  CHECK(strstr(dt_last_error(), "(one_device, mirrored, central_storage, async, multi_worker_mirrored, parameter_server)") != NULL);
   CHECK(strcmp(dt_strategy_kind_name(DTRAIN_STRATEGY_CENTRAL_STORAGE), "central_storage") == 0);
   CHECK(dt_strategy_create(NULL, opt, model_step, &m, NULL) == NULL && dt_last_result() == DTRAIN_ERR_NULL_ARG);
   CHECK(dt_strategy_create(m.P, NULL, model_step, &m, NULL) == NULL && strstr(dt_last_error(), "opt"));
