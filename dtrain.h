@@ -115,7 +115,7 @@
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
  * An upper layer reaches down through hooks it installs, never the reverse.)
  *   1  base      dt_base dt_internal dt_platform dt_rng dt_json dt_bytes
- *   2  tensor    dt_tensor dt_tensor_internal dt_device
+ *   2  tensor    dt_tensor dt_tensor_internal dt_device dt_maps
  *   3  ops       dt_ops* dt_gemm dt_device_ops dt_device_nn
  *   4  autograd  dt_autograd
  *   5  params    dt_params dt_params_internal dt_graph_params dt_nn
@@ -2519,6 +2519,204 @@ DTRAIN_EXTERN_C_END
 #endif /* DTRAIN_NET_H */
 /* ======== end dt_net.h ======== */
 
+/* ======== begin dt_maps.h ======== */
+/* ===========================================================================
+ * dt_maps.h -- the elementwise maps: the one list of unary elementwise ops
+ * ===========================================================================
+ * Every unary elementwise op (dt_relu, dt_gelu, dt_add_scalar, ...) is one
+ * line of DT__MAP_LIST below plus its two formulas. That line alone gives
+ * the op its dt_map_fn id (DTRAIN_MAP_<NAME>, the map of the device's
+ * DTRAIN_K_MAP kernel), its public function (defined in dt_ops_elem.c), its
+ * CPU forward and backward loops (dt_ops_elem.c), its device path
+ * (dt_device_ops.c, and its place in the device's list of ops), its CUDA
+ * kernel (dtrain_cuda.h runs the same formulas), its gradcheck
+ * (tests/test_ops_elem.c) and its PyTorch parity check (tests/torch_dump.c;
+ * tests/torch_parity.py then needs the torch expression).
+ *
+ * The formulas are the one definition of each op's math: the CPU loops and
+ * the CUDA kernels (DT__HD: host and device code under nvcc) call the same
+ * functions, so the two compute the same float expressions.
+ *   dt__map_<name>(x, s)             -> y, the forward value of one element
+ *   dt__map_<name>_grad(x, y, go, s) -> what the backward adds to dL/dx,
+ *                                      given the input x, the output y and
+ *                                      the output's gradient go
+ * s is the op's scalar (0 for the ops that take none).
+ *
+ * Private to dtrain (names dt__*); public only so that a backend compiled
+ * apart from the implementation (dtrain_cuda.h) sees the same formulas.
+ *
+ * Adding an op (e.g. softplus): one line in DT__MAP_LIST, its two formulas
+ * below, its declaration in dt_ops.h; then its torch expression in
+ * tests/torch_parity.py. See CONTRIBUTING.md.
+ */
+#ifndef DTRAIN_MAPS_H
+#define DTRAIN_MAPS_H
+
+#include <math.h>
+
+/* X(name, NAME, args, domain), one line per op:
+ *   name    the op is dt_<name>, its formulas dt__map_<name>[_grad]
+ *   NAME    its id is DTRAIN_MAP_<NAME>
+ *   args    UNARY: dt_<name>(g, x); SCALAR: dt_<name>(g, x, float s)
+ *   domain  the inputs it accepts, checked before it runs (on the CPU and on
+ *           a device, with the same message): ANY; POS (x > 0); NONNEG
+ *           (x >= 0); POW (x > 0 when s is not an integer)
+ * The order is the order of the DTRAIN_MAP_* ids: append new ops at the end. */
+#define DT__MAP_LIST(X)                     \
+  X(add_scalar, ADD_SCALAR, SCALAR, ANY)    \
+  X(mul_scalar, MUL_SCALAR, SCALAR, ANY)    \
+  X(rsub_scalar, RSUB_SCALAR, SCALAR, ANY)  \
+  X(pow_scalar, POW_SCALAR, SCALAR, POW)    \
+  X(neg, NEG, UNARY, ANY)                   \
+  X(exp, EXP, UNARY, ANY)                   \
+  X(leaky_relu, LEAKY_RELU, SCALAR, ANY)    \
+  X(gelu, GELU, UNARY, ANY)                 \
+  X(log, LOG, UNARY, POS)                   \
+  X(sqrt, SQRT, UNARY, NONNEG)              \
+  X(relu, RELU, UNARY, ANY)                 \
+  X(sigmoid, SIGMOID, UNARY, ANY)           \
+  X(tanh, TANH, UNARY, ANY)
+
+/* The maps of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (dt_device.h), one per op of
+ * the list, then two maps of DTRAIN_K_MAP only that write 1 where x is
+ * outside a domain, else 0: x > 0 (log, non-integer powers) and x >= 0
+ * (sqrt). DTRAIN_MAP_COUNT: the number of maps. */
+typedef enum dt_map_fn {
+#define DT__MAP_ENUM(name, NAME, args, domain) DTRAIN_MAP_##NAME,
+  DT__MAP_LIST(DT__MAP_ENUM)
+#undef DT__MAP_ENUM
+  DTRAIN_MAP_DOMAIN_POS,
+  DTRAIN_MAP_DOMAIN_NONNEG,
+  DTRAIN_MAP_COUNT
+} dt_map_fn;
+
+/* The domains of the list (see domain above). */
+#define DT__MAP_DOMAIN_ANY 0
+#define DT__MAP_DOMAIN_POS 1
+#define DT__MAP_DOMAIN_NONNEG 2
+#define DT__MAP_DOMAIN_POW 3
+
+/* The domain of map fn; -1 for an id not in the list. */
+static inline int dt__map_domain(int fn) {
+  switch (fn) {
+#define DT__MAP_DOMAIN_CASE(name, NAME, args, domain) \
+    case DTRAIN_MAP_##NAME: return DT__MAP_DOMAIN_##domain;
+    DT__MAP_LIST(DT__MAP_DOMAIN_CASE)
+#undef DT__MAP_DOMAIN_CASE
+    default: return -1;
+  }
+}
+
+#if defined(__CUDACC__)
+#  define DT__HD __host__ __device__
+#else
+#  define DT__HD
+#endif
+
+/* ---- the formulas, in the order of the list ------------------------------------------ */
+
+DT__HD static inline float dt__map_add_scalar(float x, float s) { return x + s; }
+DT__HD static inline float dt__map_add_scalar_grad(float x, float y, float go, float s) {
+  (void)x, (void)y, (void)s;
+  return go;
+}
+DT__HD static inline float dt__map_mul_scalar(float x, float s) { return x * s; }
+DT__HD static inline float dt__map_mul_scalar_grad(float x, float y, float go, float s) {
+  (void)x, (void)y;
+  return go * s;
+}
+DT__HD static inline float dt__map_rsub_scalar(float x, float s) { return s - x; }
+/* gx += -go is gx -= go bit for bit (IEEE subtraction adds the negation). */
+DT__HD static inline float dt__map_rsub_scalar_grad(float x, float y, float go, float s) {
+  (void)x, (void)y, (void)s;
+  return -go;
+}
+DT__HD static inline float dt__map_pow_scalar(float x, float s) { return powf(x, s); }
+DT__HD static inline float dt__map_pow_scalar_grad(float x, float y, float go, float s) {
+  (void)y;
+  return go * s * powf(x, s - 1.0f);
+}
+DT__HD static inline float dt__map_neg(float x, float s) {
+  (void)s;
+  return -x;
+}
+DT__HD static inline float dt__map_neg_grad(float x, float y, float go, float s) {
+  (void)x, (void)y, (void)s;
+  return -go;
+}
+DT__HD static inline float dt__map_exp(float x, float s) {
+  (void)s;
+  return expf(x);
+}
+DT__HD static inline float dt__map_exp_grad(float x, float y, float go, float s) {
+  (void)x, (void)s;
+  return go * y;
+}
+DT__HD static inline float dt__map_leaky_relu(float x, float s) { return x > 0.0f ? x : s * x; }
+DT__HD static inline float dt__map_leaky_relu_grad(float x, float y, float go, float s) {
+  (void)y;
+  return x > 0.0f ? go : s * go;
+}
+/* GELU, tanh form: 0.5 x (1 + tanh(c (x + k x^3))), c = sqrt(2/pi), k = 0.044715. */
+DT__HD static inline float dt__map_gelu(float x, float s) {
+  (void)s;
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+DT__HD static inline float dt__map_gelu_grad(float x, float y, float go, float s) {
+  (void)y, (void)s;
+  float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  float t = tanhf(u);
+  float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+  return go * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+}
+DT__HD static inline float dt__map_log(float x, float s) {
+  (void)s;
+  return logf(x);
+}
+DT__HD static inline float dt__map_log_grad(float x, float y, float go, float s) {
+  (void)y, (void)s;
+  return go / x;
+}
+DT__HD static inline float dt__map_sqrt(float x, float s) {
+  (void)s;
+  return sqrtf(x);
+}
+DT__HD static inline float dt__map_sqrt_grad(float x, float y, float go, float s) {
+  (void)x, (void)s;
+  return go * 0.5f / y;
+}
+/* max(x, 0) as x > 0 ? x : 0 (a NaN gives 0); the gradient adds +0 where x <= 0. */
+DT__HD static inline float dt__map_relu(float x, float s) {
+  (void)s;
+  return x > 0.0f ? x : 0.0f;
+}
+DT__HD static inline float dt__map_relu_grad(float x, float y, float go, float s) {
+  (void)y, (void)s;
+  return x > 0.0f ? go : 0.0f;
+}
+/* Stable in both tails: exp of a non-positive number only. */
+DT__HD static inline float dt__map_sigmoid(float x, float s) {
+  (void)s;
+  if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+  float e = expf(x);
+  return e / (1.0f + e);
+}
+DT__HD static inline float dt__map_sigmoid_grad(float x, float y, float go, float s) {
+  (void)x, (void)s;
+  return go * y * (1.0f - y);
+}
+DT__HD static inline float dt__map_tanh(float x, float s) {
+  (void)s;
+  return tanhf(x);
+}
+DT__HD static inline float dt__map_tanh_grad(float x, float y, float go, float s) {
+  (void)x, (void)s;
+  return go * (1.0f - y * y);
+}
+
+#endif /* DTRAIN_MAPS_H */
+/* ======== end dt_maps.h ======== */
+
 /* ======== begin dt_device.h ======== */
 /* ===========================================================================
  * dt_device.h -- running a graph on an accelerator (the device hook)
@@ -2604,6 +2802,7 @@ DTRAIN_EXTERN_C_END
 #define DTRAIN_DEVICE_H
 
 /* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_maps.h" (amalgamated) */
 
 DTRAIN_EXTERN_C_BEGIN
 
@@ -2724,16 +2923,10 @@ typedef enum dt_kernel {
   DTRAIN_K_COUNT
 } dt_kernel;
 
-/* The functions of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (s = f0): x + s, x * s,
- * s - x, x^s, -x, exp(x), leaky ReLU with slope s, GELU (tanh form), log(x),
- * sqrt(x). Same float expressions as the CPU ops. The two DOMAIN maps (MAP
- * only) write 1 where x is outside a domain, else 0: x > 0 (log, non-integer
- * powers) and x >= 0 (sqrt). */
-typedef enum dt_map_fn {
-  DTRAIN_MAP_ADD_SCALAR = 0, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_POW_SCALAR,
-  DTRAIN_MAP_NEG, DTRAIN_MAP_EXP, DTRAIN_MAP_LEAKY_RELU, DTRAIN_MAP_GELU, DTRAIN_MAP_LOG, DTRAIN_MAP_SQRT,
-  DTRAIN_MAP_DOMAIN_POS, DTRAIN_MAP_DOMAIN_NONNEG
-} dt_map_fn;
+/* The maps of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (dt_map_fn: x + s, x * s, s - x,
+ * x^s, -x, exp(x), leaky ReLU with slope s, GELU (tanh form), log(x),
+ * sqrt(x), ReLU, sigmoid, tanh, and the two domain maps) are listed once,
+ * with the formulas the CPU ops and a backend share, in dt_maps.h. */
 
 typedef struct dt_kernel_args {
   float *p[6];
@@ -3172,7 +3365,7 @@ DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t
  * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
 /* dt_device_ops.c: elementwise, reductions, shapes */
 DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
+/* fn: a dt_map_fn of DT__MAP_LIST (dt_maps.h); checks the op's domain as the CPU op does */
 DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
@@ -4237,6 +4430,7 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
  */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_maps.h" (amalgamated) */
 /* #include "dt_device.h" (amalgamated) */
 /* #include "dt_tensor_internal.h" (amalgamated) */
 
@@ -4250,17 +4444,21 @@ struct dt__dchunk {
  * coalesced loads like). */
 #define DT__DEV_ALIGN 256
 
-/* Ops with a device path (dt__begin refuses every other op on a device). */
+/* Ops with a device path (dt__begin refuses every other op on a device):
+ * every elementwise map of DT__MAP_LIST (dt_maps.h), and these. */
+#define DT__DEVICE_MAP_OP(name, NAME, args, domain) "dt_" #name,
 static const char *const dt__device_ops[] = {
+  DT__MAP_LIST(DT__DEVICE_MAP_OP)
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
-  "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
-  "dt_neg", "dt_exp", "dt_log", "dt_sqrt", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
+  "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose",
+  "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", "dt_nn_embedding_forward",
   "dt_nn_layer_norm_forward", "dt_permute", "dt_concat", "dt_slice", "dt_split", "dt_bmm", "dt_causal_mask",
   "dt_batch_norm", "dt_nn_batch_norm_forward", "dt_nn_attention_forward", "dt_nn_lstm_cell_forward",
   "dt_nn_gru_cell_forward", NULL
 };
+#undef DT__DEVICE_MAP_OP
 
 DTRAIN_PRIVATE int dt__dev_op_ok(const char *op) {
   for (int i = 0; dt__device_ops[i]; i++)
@@ -4466,6 +4664,7 @@ DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
 /* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_maps.h" (amalgamated) */
 /* #include "dt_device.h" (amalgamated) */
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
@@ -4541,52 +4740,42 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b
   return dt__finish(g, y);
 }
 
-/* ---- unary ------------------------------------------------------------------------------ */
+/* ---- elementwise maps (every op of DT__MAP_LIST in dt_maps.h) ------------------------------
+ * All run the DTRAIN_K_MAP kernel with their dt_map_fn, except ReLU, sigmoid
+ * and tanh, which keep their own kernels (DTRAIN_K_RELU, ...: part of the
+ * device interface, which a backend may implement faster). */
 
-static void dt__device_unary_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *x = y->src[0];
-  float *gx = dt__grad(g, x);
-  if (!gx) return;
-  dt_kernel k = (dt_kernel)y->iaux[0];
-  dt_kernel_args r;
-  dt__dev_args0(&r);
-  r.p[0] = gx;
-  r.p[1] = y->grad;
-  r.p[2] = k == DTRAIN_K_RELU ? x->data : y->data;
-  r.n[0] = y->size;
-  dt__dev_run(g, y->op,
-              k == DTRAIN_K_RELU ? DTRAIN_K_RELU_BWD : k == DTRAIN_K_SIGMOID ? DTRAIN_K_SIGMOID_BWD : DTRAIN_K_TANH_BWD,
-              &r);
+/* The own forward kernel of map fn, or DTRAIN_K_MAP. */
+static dt_kernel dt__device_map_kernel(int fn) {
+  switch (fn) {
+    case DTRAIN_MAP_RELU: return DTRAIN_K_RELU;
+    case DTRAIN_MAP_SIGMOID: return DTRAIN_K_SIGMOID;
+    case DTRAIN_MAP_TANH: return DTRAIN_K_TANH;
+    default: return DTRAIN_K_MAP;
+  }
 }
-
-DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op) {
-  dt_tensor *y = dt__new_like(g, op, x);
-  if (!y) return NULL;
-  dt_kernel_args r;
-  dt__dev_args0(&r);
-  r.p[0] = y->data;
-  r.p[1] = x->data;
-  r.n[0] = y->size;
-  if (!dt__dev_run(g, op, fwd, &r)) return NULL;
-  y->iaux[0] = fwd;
-  dt__record(g, y, op, dt__device_unary_backward, x, NULL, NULL);
-  return dt__finish(g, y);
-}
-
-/* ---- elementwise maps (scalar ops, neg, exp, leaky ReLU, GELU) ---------------------------- */
 
 static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0];
   float *gx = dt__grad(g, x);
   if (!gx) return;
+  int fn = (int)y->iaux[0];
+  dt_kernel k = dt__device_map_kernel(fn);
   dt_kernel_args r;
   dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
+  r.n[0] = y->size;
+  if (k != DTRAIN_K_MAP) { /* the own kernels read x (ReLU) or y (sigmoid, tanh) as p2 */
+    r.p[2] = k == DTRAIN_K_RELU ? x->data : y->data;
+    dt__dev_run(g, y->op,
+                k == DTRAIN_K_RELU ? DTRAIN_K_RELU_BWD : k == DTRAIN_K_SIGMOID ? DTRAIN_K_SIGMOID_BWD : DTRAIN_K_TANH_BWD,
+                &r);
+    return;
+  }
   r.p[2] = x->data;
   r.p[3] = y->data;
-  r.n[0] = y->size;
-  r.n[1] = y->iaux[0];
+  r.n[1] = fn;
   r.f[0] = y->faux[0];
   dt__dev_run(g, y->op, DTRAIN_K_MAP_BWD, &r);
 }
@@ -4594,7 +4783,7 @@ static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
 /* The CPU op's domain check, on the device: a 0/1 map of the elements
  * outside the domain, summed, one float read back. Only on failure does the
  * map come to the host, to name the first bad element as the CPU op does. */
-static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char *op) {
+static int dt__device_domain(dt_graph *g, const dt_tensor *x, int domain, const char *op) {
   float *bad = dt__arena_floats(g, x->size);
   float *count = bad ? dt__arena_floats(g, 1) : NULL;
   if (!count) return 0;
@@ -4603,7 +4792,7 @@ static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char
   r.p[0] = bad;
   r.p[1] = x->data;
   r.n[0] = x->size;
-  r.n[1] = fn == DTRAIN_MAP_SQRT ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_DOMAIN_POS;
+  r.n[1] = domain == DT__MAP_DOMAIN_NONNEG ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_DOMAIN_POS;
   if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return 0;
   dt__dev_args0(&r);
   r.p[0] = count;
@@ -4624,12 +4813,12 @@ static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char
   if (dt__dev_copy(g, op, hb, bad, bytes, DTRAIN_COPY_D2H)) {
     while (at < x->size - 1 && hb[at] == 0.0f) at++;
     if (dt__dev_copy(g, op, &v, x->data + at, sizeof v, DTRAIN_COPY_D2H)) {
-      if (fn == DTRAIN_MAP_POW_SCALAR)
+      if (domain == DT__MAP_DOMAIN_POW)
         dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g; a non-integer power needs x > 0", op,
                  (long long)at, (double)v);
       else
         dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g (domain is x %s 0)", op, (long long)at,
-                 (double)v, fn == DTRAIN_MAP_LOG ? ">" : ">=");
+                 (double)v, domain == DT__MAP_DOMAIN_POS ? ">" : ">=");
     }
   }
   dt__free(hb, bytes);
@@ -4637,18 +4826,23 @@ static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char
 }
 
 DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op) {
-  if ((fn == DTRAIN_MAP_POW_SCALAR && s != floorf(s)) || fn == DTRAIN_MAP_LOG || fn == DTRAIN_MAP_SQRT)
-    if (!dt__device_domain(g, x, fn, op)) return NULL;
+  int domain = dt__map_domain(fn);
+  if (domain == DT__MAP_DOMAIN_POS || domain == DT__MAP_DOMAIN_NONNEG ||
+      (domain == DT__MAP_DOMAIN_POW && s != floorf(s)))
+    if (!dt__device_domain(g, x, domain, op)) return NULL;
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
+  dt_kernel k = dt__device_map_kernel(fn);
   dt_kernel_args r;
   dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = y->size;
-  r.n[1] = fn;
-  r.f[0] = s;
-  if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return NULL;
+  if (k == DTRAIN_K_MAP) {
+    r.n[1] = fn;
+    r.f[0] = s;
+  }
+  if (!dt__dev_run(g, op, k, &r)) return NULL;
   y->iaux[0] = fn;
   y->faux[0] = s;
   dt__record(g, y, op, dt__device_map_backward, x, NULL, NULL);
@@ -6404,6 +6598,7 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
 /* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_maps.h" (amalgamated) */
 /* #include "dt_device.h" (amalgamated) */
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
@@ -6536,27 +6731,22 @@ DTRAIN_API dt_tensor *dt_sub(dt_graph *g, dt_tensor *a, dt_tensor *b) { return d
 DTRAIN_API dt_tensor *dt_mul(dt_graph *g, dt_tensor *a, dt_tensor *b) { return dt__binary(g, a, b, DT__MUL, "dt_mul"); }
 DTRAIN_API dt_tensor *dt_div(dt_graph *g, dt_tensor *a, dt_tensor *b) { return dt__binary(g, a, b, DT__DIV, "dt_div"); }
 
-/* ---- unary and scalar ops -------------------------------------------------------------
- * One forward/backward pair, switched on the kind; faux[0] holds the scalar. */
-enum {
-  DT__U_ADDS, DT__U_MULS, DT__U_POWS, DT__U_RSUBS, DT__U_NEG, DT__U_EXP, DT__U_LOG, DT__U_SQRT,
-  DT__U_RELU, DT__U_LRELU, DT__U_SIGMOID, DT__U_TANH, DT__U_GELU
-};
-
-#define DT__GELU_C 0.7978845608028654f /* sqrt(2/pi) */
-#define DT__GELU_K 0.044715f
+/* ---- unary and scalar ops: the maps of dt_maps.h ----------------------------------------
+ * One forward/backward pair for every op of DT__MAP_LIST, switched on its
+ * dt_map_fn (iaux[0]); faux[0] holds the scalar. Each case is a plain loop
+ * over the op's formula, which the compiler inlines. */
 
 /* ReLU forward and backward without branches (a mispredicted branch per
- * element costs more than the whole SSE loop). Same values as the scalar
- * forms: max(x, 0) is x > 0 ? x : 0 (NaN gives 0), and adding the masked
- * gradient adds +0 where x <= 0. */
+ * element costs more than the whole SSE loop). Same values as the formulas
+ * dt__map_relu[_grad]: max(x, 0) is x > 0 ? x : 0 (NaN gives 0), and adding
+ * the masked gradient adds +0 where x <= 0. */
 static void dt__elem_relu(const float *DT__RESTRICT x, float *DT__RESTRICT y, int64_t n) {
   int64_t i = 0;
 #ifdef DT__ELEM_SSE
   const __m128 z = _mm_setzero_ps();
   for (; i + 4 <= n; i += 4) _mm_storeu_ps(y + i, _mm_max_ps(_mm_loadu_ps(x + i), z));
 #endif
-  for (; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  for (; i < n; i++) y[i] = dt__map_relu(x[i], 0.0f);
 }
 
 static void dt__elem_relu_backward(const float *DT__RESTRICT x, const float *DT__RESTRICT go, float *DT__RESTRICT gx,
@@ -6569,7 +6759,7 @@ static void dt__elem_relu_backward(const float *DT__RESTRICT x, const float *DT_
     _mm_storeu_ps(gx + i, _mm_add_ps(_mm_loadu_ps(gx + i), _mm_and_ps(keep, _mm_loadu_ps(go + i))));
   }
 #endif
-  for (; i < n; i++) gx[i] += x[i] > 0.0f ? go[i] : 0.0f;
+  for (; i < n; i++) gx[i] += dt__map_relu_grad(x[i], 0.0f, go[i], 0.0f);
 }
 
 static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
@@ -6579,58 +6769,33 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
   const float *go = y->grad, *xd = x->data, *yd = y->data;
   float s = y->faux[0];
   int64_t n = y->size;
+  if (y->iaux[0] == DTRAIN_MAP_RELU) { /* the SIMD fast path */
+    dt__elem_relu_backward(xd, go, gx, n);
+    return;
+  }
   switch ((int)y->iaux[0]) {
-    case DT__U_ADDS: for (int64_t i = 0; i < n; i++) gx[i] += go[i]; break;
-    case DT__U_MULS: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * s; break;
-    case DT__U_POWS: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * s * powf(xd[i], s - 1.0f); break;
-    case DT__U_RSUBS:
-    case DT__U_NEG: for (int64_t i = 0; i < n; i++) gx[i] -= go[i]; break;
-    case DT__U_EXP: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * yd[i]; break;
-    case DT__U_LOG: for (int64_t i = 0; i < n; i++) gx[i] += go[i] / xd[i]; break;
-    case DT__U_SQRT: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * 0.5f / yd[i]; break;
-    case DT__U_RELU: dt__elem_relu_backward(xd, go, gx, n); break;
-    case DT__U_LRELU: for (int64_t i = 0; i < n; i++) gx[i] += xd[i] > 0.0f ? go[i] : s * go[i]; break;
-    case DT__U_SIGMOID: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * yd[i] * (1.0f - yd[i]); break;
-    case DT__U_TANH: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * (1.0f - yd[i] * yd[i]); break;
-    case DT__U_GELU:
-      for (int64_t i = 0; i < n; i++) {
-        float v = xd[i], u = DT__GELU_C * (v + DT__GELU_K * v * v * v);
-        float t = tanhf(u);
-        float du = DT__GELU_C * (1.0f + 3.0f * DT__GELU_K * v * v);
-        gx[i] += go[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-      }
-      break;
-    default: dt__fail(g, DTRAIN_ERR_INTERNAL, "unary backward: unknown kind %lld", (long long)y->iaux[0]); break;
+#define DT__MAP_BWD_CASE(name, NAME, args, domain) \
+    case DTRAIN_MAP_##NAME: for (int64_t i = 0; i < n; i++) gx[i] += dt__map_##name##_grad(xd[i], yd[i], go[i], s); break;
+    DT__MAP_LIST(DT__MAP_BWD_CASE)
+#undef DT__MAP_BWD_CASE
+    default: dt__fail(g, DTRAIN_ERR_INTERNAL, "unary backward: unknown map %lld", (long long)y->iaux[0]); break;
   }
 }
 
-static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const char *op) {
+static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int fn, float s, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
-  if (g->device) { /* the device checks the domain of log, sqrt and pow itself */
-    if (kind == DT__U_RELU || kind == DT__U_SIGMOID || kind == DT__U_TANH)
-      return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
-                           op);
-    static const int map_fn[] = {DTRAIN_MAP_ADD_SCALAR, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_POW_SCALAR,
-                                 DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_NEG, DTRAIN_MAP_EXP};
-    int fn = kind == DT__U_LRELU  ? DTRAIN_MAP_LEAKY_RELU
-             : kind == DT__U_GELU ? DTRAIN_MAP_GELU
-             : kind == DT__U_LOG  ? DTRAIN_MAP_LOG
-             : kind == DT__U_SQRT ? DTRAIN_MAP_SQRT
-                                  : -1;
-    if (kind >= DT__U_ADDS && kind <= DT__U_EXP) fn = map_fn[kind];
-    if (fn < 0) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: no device map for kind %d", op, kind);
-    return dt__dev_map(g, x, fn, s, op);
-  }
+  if (g->device) return dt__dev_map(g, x, fn, s, op); /* the device checks the domain itself */
   const float *xd = x->data;
   int64_t n = x->size;
-  if (kind == DT__U_LOG || kind == DT__U_SQRT) {
+  int domain = dt__map_domain(fn);
+  if (domain == DT__MAP_DOMAIN_POS || domain == DT__MAP_DOMAIN_NONNEG) {
     for (int64_t i = 0; i < n; i++) {
-      if (kind == DT__U_LOG ? !(xd[i] > 0.0f) : !(xd[i] >= 0.0f))
+      if (domain == DT__MAP_DOMAIN_POS ? !(xd[i] > 0.0f) : !(xd[i] >= 0.0f))
         return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g (domain is x %s 0)", op,
-                                     (long long)i, (double)xd[i], kind == DT__U_LOG ? ">" : ">=");
+                                     (long long)i, (double)xd[i], domain == DT__MAP_DOMAIN_POS ? ">" : ">=");
     }
   }
-  if (kind == DT__U_POWS && s != floorf(s)) {
+  if (domain == DT__MAP_DOMAIN_POW && s != floorf(s)) {
     for (int64_t i = 0; i < n; i++)
       if (!(xd[i] > 0.0f))
         return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG,
@@ -6640,57 +6805,38 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const 
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   float *yd = y->data;
-  switch (kind) {
-    case DT__U_ADDS: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] + s; break;
-    case DT__U_MULS: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] * s; break;
-    case DT__U_POWS: for (int64_t i = 0; i < n; i++) yd[i] = powf(xd[i], s); break;
-    case DT__U_RSUBS: for (int64_t i = 0; i < n; i++) yd[i] = s - xd[i]; break;
-    case DT__U_NEG: for (int64_t i = 0; i < n; i++) yd[i] = -xd[i]; break;
-    case DT__U_EXP: for (int64_t i = 0; i < n; i++) yd[i] = expf(xd[i]); break;
-    case DT__U_LOG: for (int64_t i = 0; i < n; i++) yd[i] = logf(xd[i]); break;
-    case DT__U_SQRT: for (int64_t i = 0; i < n; i++) yd[i] = sqrtf(xd[i]); break;
-    case DT__U_RELU: dt__elem_relu(xd, yd, n); break;
-    case DT__U_LRELU: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] > 0.0f ? xd[i] : s * xd[i]; break;
-    case DT__U_SIGMOID:
-      /* Stable in both tails: exp of a non-positive number only. */
-      for (int64_t i = 0; i < n; i++) {
-        float v = xd[i];
-        if (v >= 0.0f) yd[i] = 1.0f / (1.0f + expf(-v));
-        else { float e = expf(v); yd[i] = e / (1.0f + e); }
-      }
-      break;
-    case DT__U_TANH: for (int64_t i = 0; i < n; i++) yd[i] = tanhf(xd[i]); break;
-    case DT__U_GELU:
-      for (int64_t i = 0; i < n; i++) {
-        float v = xd[i];
-        yd[i] = 0.5f * v * (1.0f + tanhf(DT__GELU_C * (v + DT__GELU_K * v * v * v)));
-      }
-      break;
-    default: return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: unknown kind %d", op, kind);
+  if (fn == DTRAIN_MAP_RELU) {
+    dt__elem_relu(xd, yd, n); /* the SIMD fast path */
+  } else {
+    switch (fn) {
+#define DT__MAP_FWD_CASE(name, NAME, args, domain) \
+      case DTRAIN_MAP_##NAME: for (int64_t i = 0; i < n; i++) yd[i] = dt__map_##name(xd[i], s); break;
+      DT__MAP_LIST(DT__MAP_FWD_CASE)
+#undef DT__MAP_FWD_CASE
+      default: return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: unknown map %d", op, fn);
+    }
   }
-  y->iaux[0] = kind;
+  y->iaux[0] = fn;
   y->faux[0] = s;
   dt__record(g, y, op, dt__unary_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
-DTRAIN_API dt_tensor *dt_add_scalar(dt_graph *g, dt_tensor *x, float s) { return dt__unary(g, x, DT__U_ADDS, s, "dt_add_scalar"); }
-DTRAIN_API dt_tensor *dt_mul_scalar(dt_graph *g, dt_tensor *x, float s) { return dt__unary(g, x, DT__U_MULS, s, "dt_mul_scalar"); }
-DTRAIN_API dt_tensor *dt_pow_scalar(dt_graph *g, dt_tensor *x, float p) { return dt__unary(g, x, DT__U_POWS, p, "dt_pow_scalar"); }
-DTRAIN_API dt_tensor *dt_rsub_scalar(dt_graph *g, dt_tensor *x, float s) { return dt__unary(g, x, DT__U_RSUBS, s, "dt_rsub_scalar"); }
-DTRAIN_API dt_tensor *dt_neg(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_NEG, 0.0f, "dt_neg"); }
-DTRAIN_API dt_tensor *dt_exp(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_EXP, 0.0f, "dt_exp"); }
-DTRAIN_API dt_tensor *dt_log(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_LOG, 0.0f, "dt_log"); }
-DTRAIN_API dt_tensor *dt_sqrt(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_SQRT, 0.0f, "dt_sqrt"); }
-DTRAIN_API dt_tensor *dt_relu(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_RELU, 0.0f, "dt_relu"); }
-DTRAIN_API dt_tensor *dt_leaky_relu(dt_graph *g, dt_tensor *x, float slope) { return dt__unary(g, x, DT__U_LRELU, slope, "dt_leaky_relu"); }
-DTRAIN_API dt_tensor *dt_sigmoid(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_SIGMOID, 0.0f, "dt_sigmoid"); }
-DTRAIN_API dt_tensor *dt_tanh(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_TANH, 0.0f, "dt_tanh"); }
-DTRAIN_API dt_tensor *dt_gelu(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_GELU, 0.0f, "dt_gelu"); }
+/* The public functions, one per line of DT__MAP_LIST (declared in dt_ops.h):
+ * args UNARY gives dt_<name>(g, x), SCALAR gives dt_<name>(g, x, s). */
+#define DT__MAP_API_UNARY(name, NAME) \
+  DTRAIN_API dt_tensor *dt_##name(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DTRAIN_MAP_##NAME, 0.0f, "dt_" #name); }
+#define DT__MAP_API_SCALAR(name, NAME)                                \
+  DTRAIN_API dt_tensor *dt_##name(dt_graph *g, dt_tensor *x, float s) { \
+    return dt__unary(g, x, DTRAIN_MAP_##NAME, s, "dt_" #name);   \
+  }
+#define DT__MAP_API(name, NAME, args, domain) DT__MAP_API_##args(name, NAME)
+DT__MAP_LIST(DT__MAP_API)
+#undef DT__MAP_API
+#undef DT__MAP_API_UNARY
+#undef DT__MAP_API_SCALAR
 
 #undef DT__BCAST_LOOP
-#undef DT__GELU_C
-#undef DT__GELU_K
 #ifdef DT__ELEM_SSE
 #  undef DT__ELEM_SSE
 #endif
