@@ -115,11 +115,11 @@
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
  * An upper layer reaches down through hooks it installs, never the reverse.)
  *   1  base      dt_base dt_internal dt_platform dt_rng dt_json dt_bytes
- *   2  tensor    dt_tensor dt_tensor_internal dt_device
+ *   2  tensor    dt_tensor dt_tensor_internal dt_device dt_maps
  *   3  ops       dt_ops* dt_gemm dt_device_ops dt_device_nn
  *   4  autograd  dt_autograd
  *   5  params    dt_params dt_params_internal dt_graph_params dt_nn
- *   6  optim     dt_optim dt_memory
+ *   6  optim     dt_optim dt_optim_internal dt_memory
  *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint*
  *   8  comm      dt_comm dt_comm_mpi dt_devgroup
  *   9  net       dt_net* dt_wire dt_hash dt_frame dt_socket dt_conn dt_handshake dt_comm_tcp* dt_cluster
@@ -2519,6 +2519,204 @@ DTRAIN_EXTERN_C_END
 #endif /* DTRAIN_NET_H */
 /* ======== end dt_net.h ======== */
 
+/* ======== begin dt_maps.h ======== */
+/* ===========================================================================
+ * dt_maps.h -- the elementwise maps: the one list of unary elementwise ops
+ * ===========================================================================
+ * Every unary elementwise op (dt_relu, dt_gelu, dt_add_scalar, ...) is one
+ * line of DT__MAP_LIST below plus its two formulas. That line alone gives
+ * the op its dt_map_fn id (DTRAIN_MAP_<NAME>, the map of the device's
+ * DTRAIN_K_MAP kernel), its public function (defined in dt_ops_elem.c), its
+ * CPU forward and backward loops (dt_ops_elem.c), its device path
+ * (dt_device_ops.c, and its place in the device's list of ops), its CUDA
+ * kernel (dtrain_cuda.h runs the same formulas), its gradcheck
+ * (tests/test_ops_elem.c) and its PyTorch parity check (tests/torch_dump.c;
+ * tests/torch_parity.py then needs the torch expression).
+ *
+ * The formulas are the one definition of each op's math: the CPU loops and
+ * the CUDA kernels (DT__HD: host and device code under nvcc) call the same
+ * functions, so the two compute the same float expressions.
+ *   dt__map_<name>(x, s)             -> y, the forward value of one element
+ *   dt__map_<name>_grad(x, y, go, s) -> what the backward adds to dL/dx,
+ *                                      given the input x, the output y and
+ *                                      the output's gradient go
+ * s is the op's scalar (0 for the ops that take none).
+ *
+ * Private to dtrain (names dt__*); public only so that a backend compiled
+ * apart from the implementation (dtrain_cuda.h) sees the same formulas.
+ *
+ * Adding an op (e.g. softplus): one line in DT__MAP_LIST, its two formulas
+ * below, its declaration in dt_ops.h; then its torch expression in
+ * tests/torch_parity.py. See CONTRIBUTING.md.
+ */
+#ifndef DTRAIN_MAPS_H
+#define DTRAIN_MAPS_H
+
+#include <math.h>
+
+/* X(name, NAME, args, domain), one line per op:
+ *   name    the op is dt_<name>, its formulas dt__map_<name>[_grad]
+ *   NAME    its id is DTRAIN_MAP_<NAME>
+ *   args    UNARY: dt_<name>(g, x); SCALAR: dt_<name>(g, x, float s)
+ *   domain  the inputs it accepts, checked before it runs (on the CPU and on
+ *           a device, with the same message): ANY; POS (x > 0); NONNEG
+ *           (x >= 0); POW (x > 0 when s is not an integer)
+ * The order is the order of the DTRAIN_MAP_* ids: append new ops at the end. */
+#define DT__MAP_LIST(X)                     \
+  X(add_scalar, ADD_SCALAR, SCALAR, ANY)    \
+  X(mul_scalar, MUL_SCALAR, SCALAR, ANY)    \
+  X(rsub_scalar, RSUB_SCALAR, SCALAR, ANY)  \
+  X(pow_scalar, POW_SCALAR, SCALAR, POW)    \
+  X(neg, NEG, UNARY, ANY)                   \
+  X(exp, EXP, UNARY, ANY)                   \
+  X(leaky_relu, LEAKY_RELU, SCALAR, ANY)    \
+  X(gelu, GELU, UNARY, ANY)                 \
+  X(log, LOG, UNARY, POS)                   \
+  X(sqrt, SQRT, UNARY, NONNEG)              \
+  X(relu, RELU, UNARY, ANY)                 \
+  X(sigmoid, SIGMOID, UNARY, ANY)           \
+  X(tanh, TANH, UNARY, ANY)
+
+/* The maps of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (dt_device.h), one per op of
+ * the list, then two maps of DTRAIN_K_MAP only that write 1 where x is
+ * outside a domain, else 0: x > 0 (log, non-integer powers) and x >= 0
+ * (sqrt). DTRAIN_MAP_COUNT: the number of maps. */
+typedef enum dt_map_fn {
+#define DT__MAP_ENUM(name, NAME, args, domain) DTRAIN_MAP_##NAME,
+  DT__MAP_LIST(DT__MAP_ENUM)
+#undef DT__MAP_ENUM
+  DTRAIN_MAP_DOMAIN_POS,
+  DTRAIN_MAP_DOMAIN_NONNEG,
+  DTRAIN_MAP_COUNT
+} dt_map_fn;
+
+/* The domains of the list (see domain above). */
+#define DT__MAP_DOMAIN_ANY 0
+#define DT__MAP_DOMAIN_POS 1
+#define DT__MAP_DOMAIN_NONNEG 2
+#define DT__MAP_DOMAIN_POW 3
+
+/* The domain of map fn; -1 for an id not in the list. */
+static inline int dt__map_domain(int fn) {
+  switch (fn) {
+#define DT__MAP_DOMAIN_CASE(name, NAME, args, domain) \
+    case DTRAIN_MAP_##NAME: return DT__MAP_DOMAIN_##domain;
+    DT__MAP_LIST(DT__MAP_DOMAIN_CASE)
+#undef DT__MAP_DOMAIN_CASE
+    default: return -1;
+  }
+}
+
+#if defined(__CUDACC__)
+#  define DT__HD __host__ __device__
+#else
+#  define DT__HD
+#endif
+
+/* ---- the formulas, in the order of the list ------------------------------------------ */
+
+DT__HD static inline float dt__map_add_scalar(float x, float s) { return x + s; }
+DT__HD static inline float dt__map_add_scalar_grad(float x, float y, float go, float s) {
+  (void)x, (void)y, (void)s;
+  return go;
+}
+DT__HD static inline float dt__map_mul_scalar(float x, float s) { return x * s; }
+DT__HD static inline float dt__map_mul_scalar_grad(float x, float y, float go, float s) {
+  (void)x, (void)y;
+  return go * s;
+}
+DT__HD static inline float dt__map_rsub_scalar(float x, float s) { return s - x; }
+/* gx += -go is gx -= go bit for bit (IEEE subtraction adds the negation). */
+DT__HD static inline float dt__map_rsub_scalar_grad(float x, float y, float go, float s) {
+  (void)x, (void)y, (void)s;
+  return -go;
+}
+DT__HD static inline float dt__map_pow_scalar(float x, float s) { return powf(x, s); }
+DT__HD static inline float dt__map_pow_scalar_grad(float x, float y, float go, float s) {
+  (void)y;
+  return go * s * powf(x, s - 1.0f);
+}
+DT__HD static inline float dt__map_neg(float x, float s) {
+  (void)s;
+  return -x;
+}
+DT__HD static inline float dt__map_neg_grad(float x, float y, float go, float s) {
+  (void)x, (void)y, (void)s;
+  return -go;
+}
+DT__HD static inline float dt__map_exp(float x, float s) {
+  (void)s;
+  return expf(x);
+}
+DT__HD static inline float dt__map_exp_grad(float x, float y, float go, float s) {
+  (void)x, (void)s;
+  return go * y;
+}
+DT__HD static inline float dt__map_leaky_relu(float x, float s) { return x > 0.0f ? x : s * x; }
+DT__HD static inline float dt__map_leaky_relu_grad(float x, float y, float go, float s) {
+  (void)y;
+  return x > 0.0f ? go : s * go;
+}
+/* GELU, tanh form: 0.5 x (1 + tanh(c (x + k x^3))), c = sqrt(2/pi), k = 0.044715. */
+DT__HD static inline float dt__map_gelu(float x, float s) {
+  (void)s;
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+DT__HD static inline float dt__map_gelu_grad(float x, float y, float go, float s) {
+  (void)y, (void)s;
+  float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  float t = tanhf(u);
+  float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+  return go * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+}
+DT__HD static inline float dt__map_log(float x, float s) {
+  (void)s;
+  return logf(x);
+}
+DT__HD static inline float dt__map_log_grad(float x, float y, float go, float s) {
+  (void)y, (void)s;
+  return go / x;
+}
+DT__HD static inline float dt__map_sqrt(float x, float s) {
+  (void)s;
+  return sqrtf(x);
+}
+DT__HD static inline float dt__map_sqrt_grad(float x, float y, float go, float s) {
+  (void)x, (void)s;
+  return go * 0.5f / y;
+}
+/* max(x, 0) as x > 0 ? x : 0 (a NaN gives 0); the gradient adds +0 where x <= 0. */
+DT__HD static inline float dt__map_relu(float x, float s) {
+  (void)s;
+  return x > 0.0f ? x : 0.0f;
+}
+DT__HD static inline float dt__map_relu_grad(float x, float y, float go, float s) {
+  (void)y, (void)s;
+  return x > 0.0f ? go : 0.0f;
+}
+/* Stable in both tails: exp of a non-positive number only. */
+DT__HD static inline float dt__map_sigmoid(float x, float s) {
+  (void)s;
+  if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+  float e = expf(x);
+  return e / (1.0f + e);
+}
+DT__HD static inline float dt__map_sigmoid_grad(float x, float y, float go, float s) {
+  (void)x, (void)s;
+  return go * y * (1.0f - y);
+}
+DT__HD static inline float dt__map_tanh(float x, float s) {
+  (void)s;
+  return tanhf(x);
+}
+DT__HD static inline float dt__map_tanh_grad(float x, float y, float go, float s) {
+  (void)x, (void)s;
+  return go * (1.0f - y * y);
+}
+
+#endif /* DTRAIN_MAPS_H */
+/* ======== end dt_maps.h ======== */
+
 /* ======== begin dt_device.h ======== */
 /* ===========================================================================
  * dt_device.h -- running a graph on an accelerator (the device hook)
@@ -2604,6 +2802,7 @@ DTRAIN_EXTERN_C_END
 #define DTRAIN_DEVICE_H
 
 /* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_maps.h" (amalgamated) */
 
 DTRAIN_EXTERN_C_BEGIN
 
@@ -2724,16 +2923,10 @@ typedef enum dt_kernel {
   DTRAIN_K_COUNT
 } dt_kernel;
 
-/* The functions of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (s = f0): x + s, x * s,
- * s - x, x^s, -x, exp(x), leaky ReLU with slope s, GELU (tanh form), log(x),
- * sqrt(x). Same float expressions as the CPU ops. The two DOMAIN maps (MAP
- * only) write 1 where x is outside a domain, else 0: x > 0 (log, non-integer
- * powers) and x >= 0 (sqrt). */
-typedef enum dt_map_fn {
-  DTRAIN_MAP_ADD_SCALAR = 0, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_POW_SCALAR,
-  DTRAIN_MAP_NEG, DTRAIN_MAP_EXP, DTRAIN_MAP_LEAKY_RELU, DTRAIN_MAP_GELU, DTRAIN_MAP_LOG, DTRAIN_MAP_SQRT,
-  DTRAIN_MAP_DOMAIN_POS, DTRAIN_MAP_DOMAIN_NONNEG
-} dt_map_fn;
+/* The maps of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (dt_map_fn: x + s, x * s, s - x,
+ * x^s, -x, exp(x), leaky ReLU with slope s, GELU (tanh form), log(x),
+ * sqrt(x), ReLU, sigmoid, tanh, and the two domain maps) are listed once,
+ * with the formulas the CPU ops and a backend share, in dt_maps.h. */
 
 typedef struct dt_kernel_args {
   float *p[6];
@@ -2952,6 +3145,16 @@ DTRAIN_PRIVATE dt_result dt__quiet_pop(dt_result rc);
 
 /* a*b with overflow check into *out; returns 0 on overflow. */
 DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
+
+/* Gradient clipping by the global L2 norm, as PyTorch's clip_grad_norm_: a
+ * gradient whose norm is above clip is scaled by clip / (norm + 1e-6).
+ * Returns that factor, or 1 when norm <= clip (nothing to scale: callers skip
+ * the pass). norm must be finite (callers refuse or skip a non-finite norm
+ * first). The one formula of dt_clip_grad_norm, the optimizers' steps on the
+ * host and on a device (dt_optim.c) and the strategies' clipping. */
+static DT__UNUSED float dt__clip_scale(double norm, float clip) {
+  return norm > (double)clip ? (float)((double)clip / (norm + 1e-6)) : 1.0f;
+}
 
 /* ---- bytes: fixed byte order and FNV-1a ----------------------------------------------
  * Files and the wire are little-endian whatever the host is, so fields are
@@ -3172,7 +3375,7 @@ DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t
  * DTRAIN_ERR_UNSUPPORTED) every op that has none. */
 /* dt_device_ops.c: elementwise, reductions, shapes */
 DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b, int kind, const char *op);
-DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op);
+/* fn: a dt_map_fn of DT__MAP_LIST (dt_maps.h); checks the op's domain as the CPU op does */
 DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_all(dt_graph *g, dt_tensor *x, int mean, const char *op);
 DTRAIN_PRIVATE dt_tensor *dt__dev_reduce_axis(dt_graph *g, dt_tensor *x, int ndim, const int64_t *shape, int64_t outer,
@@ -3231,6 +3434,32 @@ DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin
 
 #endif /* DTRAIN_PARAMS_INTERNAL_H */
 /* ======== end dt_params_internal.h ======== */
+
+/* ======== begin dt_optim_internal.h ======== */
+/* ===========================================================================
+ * dt_optim_internal.h -- the optimizers' names, for the layers above (optim layer)
+ * ===========================================================================
+ * Private: part of the implementation, not of the API. See dt_internal.h.
+ * The optimizers are listed once, in dt__optim_rules (dt_optim.c); what the
+ * layers above need to know of each is asked here, so that a new optimizer
+ * is not also a new case in their files.
+ */
+#ifndef DTRAIN_OPTIM_INTERNAL_H
+#define DTRAIN_OPTIM_INTERNAL_H
+
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+
+/* "sgd", "adam", "adamw", "rmsprop": the name of an optimizer kind (as the
+ * checkpoints write it); NULL for a kind that is not one. */
+DTRAIN_PRIVATE const char *dt__optim_kind_name(dt_optim_kind kind);
+/* PyTorch's name of state slot `slot` (0 or 1, as dt_optim_state) of an
+ * optimizer of this kind ("momentum_buffer", "exp_avg", "exp_avg_sq",
+ * "square_avg"); NULL where the kind has no such slot. */
+DTRAIN_PRIVATE const char *dt__optim_slot_name(dt_optim_kind kind, int slot);
+
+#endif /* DTRAIN_OPTIM_INTERNAL_H */
+/* ======== end dt_optim_internal.h ======== */
 
 /* ======== begin dt_base.c ======== */
 /* ===========================================================================
@@ -4237,6 +4466,7 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
  */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_maps.h" (amalgamated) */
 /* #include "dt_device.h" (amalgamated) */
 /* #include "dt_tensor_internal.h" (amalgamated) */
 
@@ -4250,17 +4480,21 @@ struct dt__dchunk {
  * coalesced loads like). */
 #define DT__DEV_ALIGN 256
 
-/* Ops with a device path (dt__begin refuses every other op on a device). */
+/* Ops with a device path (dt__begin refuses every other op on a device):
+ * every elementwise map of DT__MAP_LIST (dt_maps.h), and these. */
+#define DT__DEVICE_MAP_OP(name, NAME, args, domain) "dt_" #name,
 static const char *const dt__device_ops[] = {
+  DT__MAP_LIST(DT__DEVICE_MAP_OP)
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
-  "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
-  "dt_neg", "dt_exp", "dt_log", "dt_sqrt", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
+  "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose",
+  "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", "dt_nn_embedding_forward",
   "dt_nn_layer_norm_forward", "dt_permute", "dt_concat", "dt_slice", "dt_split", "dt_bmm", "dt_causal_mask",
   "dt_batch_norm", "dt_nn_batch_norm_forward", "dt_nn_attention_forward", "dt_nn_lstm_cell_forward",
   "dt_nn_gru_cell_forward", NULL
 };
+#undef DT__DEVICE_MAP_OP
 
 DTRAIN_PRIVATE int dt__dev_op_ok(const char *op) {
   for (int i = 0; dt__device_ops[i]; i++)
@@ -4466,6 +4700,7 @@ DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
 /* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_maps.h" (amalgamated) */
 /* #include "dt_device.h" (amalgamated) */
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
@@ -4541,52 +4776,42 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b
   return dt__finish(g, y);
 }
 
-/* ---- unary ------------------------------------------------------------------------------ */
+/* ---- elementwise maps (every op of DT__MAP_LIST in dt_maps.h) ------------------------------
+ * All run the DTRAIN_K_MAP kernel with their dt_map_fn, except ReLU, sigmoid
+ * and tanh, which keep their own kernels (DTRAIN_K_RELU, ...: part of the
+ * device interface, which a backend may implement faster). */
 
-static void dt__device_unary_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *x = y->src[0];
-  float *gx = dt__grad(g, x);
-  if (!gx) return;
-  dt_kernel k = (dt_kernel)y->iaux[0];
-  dt_kernel_args r;
-  dt__dev_args0(&r);
-  r.p[0] = gx;
-  r.p[1] = y->grad;
-  r.p[2] = k == DTRAIN_K_RELU ? x->data : y->data;
-  r.n[0] = y->size;
-  dt__dev_run(g, y->op,
-              k == DTRAIN_K_RELU ? DTRAIN_K_RELU_BWD : k == DTRAIN_K_SIGMOID ? DTRAIN_K_SIGMOID_BWD : DTRAIN_K_TANH_BWD,
-              &r);
+/* The own forward kernel of map fn, or DTRAIN_K_MAP. */
+static dt_kernel dt__device_map_kernel(int fn) {
+  switch (fn) {
+    case DTRAIN_MAP_RELU: return DTRAIN_K_RELU;
+    case DTRAIN_MAP_SIGMOID: return DTRAIN_K_SIGMOID;
+    case DTRAIN_MAP_TANH: return DTRAIN_K_TANH;
+    default: return DTRAIN_K_MAP;
+  }
 }
-
-DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op) {
-  dt_tensor *y = dt__new_like(g, op, x);
-  if (!y) return NULL;
-  dt_kernel_args r;
-  dt__dev_args0(&r);
-  r.p[0] = y->data;
-  r.p[1] = x->data;
-  r.n[0] = y->size;
-  if (!dt__dev_run(g, op, fwd, &r)) return NULL;
-  y->iaux[0] = fwd;
-  dt__record(g, y, op, dt__device_unary_backward, x, NULL, NULL);
-  return dt__finish(g, y);
-}
-
-/* ---- elementwise maps (scalar ops, neg, exp, leaky ReLU, GELU) ---------------------------- */
 
 static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0];
   float *gx = dt__grad(g, x);
   if (!gx) return;
+  int fn = (int)y->iaux[0];
+  dt_kernel k = dt__device_map_kernel(fn);
   dt_kernel_args r;
   dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
+  r.n[0] = y->size;
+  if (k != DTRAIN_K_MAP) { /* the own kernels read x (ReLU) or y (sigmoid, tanh) as p2 */
+    r.p[2] = k == DTRAIN_K_RELU ? x->data : y->data;
+    dt__dev_run(g, y->op,
+                k == DTRAIN_K_RELU ? DTRAIN_K_RELU_BWD : k == DTRAIN_K_SIGMOID ? DTRAIN_K_SIGMOID_BWD : DTRAIN_K_TANH_BWD,
+                &r);
+    return;
+  }
   r.p[2] = x->data;
   r.p[3] = y->data;
-  r.n[0] = y->size;
-  r.n[1] = y->iaux[0];
+  r.n[1] = fn;
   r.f[0] = y->faux[0];
   dt__dev_run(g, y->op, DTRAIN_K_MAP_BWD, &r);
 }
@@ -4594,7 +4819,7 @@ static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
 /* The CPU op's domain check, on the device: a 0/1 map of the elements
  * outside the domain, summed, one float read back. Only on failure does the
  * map come to the host, to name the first bad element as the CPU op does. */
-static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char *op) {
+static int dt__device_domain(dt_graph *g, const dt_tensor *x, int domain, const char *op) {
   float *bad = dt__arena_floats(g, x->size);
   float *count = bad ? dt__arena_floats(g, 1) : NULL;
   if (!count) return 0;
@@ -4603,7 +4828,7 @@ static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char
   r.p[0] = bad;
   r.p[1] = x->data;
   r.n[0] = x->size;
-  r.n[1] = fn == DTRAIN_MAP_SQRT ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_DOMAIN_POS;
+  r.n[1] = domain == DT__MAP_DOMAIN_NONNEG ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_DOMAIN_POS;
   if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return 0;
   dt__dev_args0(&r);
   r.p[0] = count;
@@ -4624,12 +4849,12 @@ static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char
   if (dt__dev_copy(g, op, hb, bad, bytes, DTRAIN_COPY_D2H)) {
     while (at < x->size - 1 && hb[at] == 0.0f) at++;
     if (dt__dev_copy(g, op, &v, x->data + at, sizeof v, DTRAIN_COPY_D2H)) {
-      if (fn == DTRAIN_MAP_POW_SCALAR)
+      if (domain == DT__MAP_DOMAIN_POW)
         dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g; a non-integer power needs x > 0", op,
                  (long long)at, (double)v);
       else
         dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g (domain is x %s 0)", op, (long long)at,
-                 (double)v, fn == DTRAIN_MAP_LOG ? ">" : ">=");
+                 (double)v, domain == DT__MAP_DOMAIN_POS ? ">" : ">=");
     }
   }
   dt__free(hb, bytes);
@@ -4637,18 +4862,23 @@ static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char
 }
 
 DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op) {
-  if ((fn == DTRAIN_MAP_POW_SCALAR && s != floorf(s)) || fn == DTRAIN_MAP_LOG || fn == DTRAIN_MAP_SQRT)
-    if (!dt__device_domain(g, x, fn, op)) return NULL;
+  int domain = dt__map_domain(fn);
+  if (domain == DT__MAP_DOMAIN_POS || domain == DT__MAP_DOMAIN_NONNEG ||
+      (domain == DT__MAP_DOMAIN_POW && s != floorf(s)))
+    if (!dt__device_domain(g, x, domain, op)) return NULL;
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
+  dt_kernel k = dt__device_map_kernel(fn);
   dt_kernel_args r;
   dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = y->size;
-  r.n[1] = fn;
-  r.f[0] = s;
-  if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return NULL;
+  if (k == DTRAIN_K_MAP) {
+    r.n[1] = fn;
+    r.f[0] = s;
+  }
+  if (!dt__dev_run(g, op, k, &r)) return NULL;
   y->iaux[0] = fn;
   y->faux[0] = s;
   dt__record(g, y, op, dt__device_map_backward, x, NULL, NULL);
@@ -6404,6 +6634,7 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
 /* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_maps.h" (amalgamated) */
 /* #include "dt_device.h" (amalgamated) */
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
@@ -6536,27 +6767,22 @@ DTRAIN_API dt_tensor *dt_sub(dt_graph *g, dt_tensor *a, dt_tensor *b) { return d
 DTRAIN_API dt_tensor *dt_mul(dt_graph *g, dt_tensor *a, dt_tensor *b) { return dt__binary(g, a, b, DT__MUL, "dt_mul"); }
 DTRAIN_API dt_tensor *dt_div(dt_graph *g, dt_tensor *a, dt_tensor *b) { return dt__binary(g, a, b, DT__DIV, "dt_div"); }
 
-/* ---- unary and scalar ops -------------------------------------------------------------
- * One forward/backward pair, switched on the kind; faux[0] holds the scalar. */
-enum {
-  DT__U_ADDS, DT__U_MULS, DT__U_POWS, DT__U_RSUBS, DT__U_NEG, DT__U_EXP, DT__U_LOG, DT__U_SQRT,
-  DT__U_RELU, DT__U_LRELU, DT__U_SIGMOID, DT__U_TANH, DT__U_GELU
-};
-
-#define DT__GELU_C 0.7978845608028654f /* sqrt(2/pi) */
-#define DT__GELU_K 0.044715f
+/* ---- unary and scalar ops: the maps of dt_maps.h ----------------------------------------
+ * One forward/backward pair for every op of DT__MAP_LIST, switched on its
+ * dt_map_fn (iaux[0]); faux[0] holds the scalar. Each case is a plain loop
+ * over the op's formula, which the compiler inlines. */
 
 /* ReLU forward and backward without branches (a mispredicted branch per
- * element costs more than the whole SSE loop). Same values as the scalar
- * forms: max(x, 0) is x > 0 ? x : 0 (NaN gives 0), and adding the masked
- * gradient adds +0 where x <= 0. */
+ * element costs more than the whole SSE loop). Same values as the formulas
+ * dt__map_relu[_grad]: max(x, 0) is x > 0 ? x : 0 (NaN gives 0), and adding
+ * the masked gradient adds +0 where x <= 0. */
 static void dt__elem_relu(const float *DT__RESTRICT x, float *DT__RESTRICT y, int64_t n) {
   int64_t i = 0;
 #ifdef DT__ELEM_SSE
   const __m128 z = _mm_setzero_ps();
   for (; i + 4 <= n; i += 4) _mm_storeu_ps(y + i, _mm_max_ps(_mm_loadu_ps(x + i), z));
 #endif
-  for (; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  for (; i < n; i++) y[i] = dt__map_relu(x[i], 0.0f);
 }
 
 static void dt__elem_relu_backward(const float *DT__RESTRICT x, const float *DT__RESTRICT go, float *DT__RESTRICT gx,
@@ -6569,7 +6795,7 @@ static void dt__elem_relu_backward(const float *DT__RESTRICT x, const float *DT_
     _mm_storeu_ps(gx + i, _mm_add_ps(_mm_loadu_ps(gx + i), _mm_and_ps(keep, _mm_loadu_ps(go + i))));
   }
 #endif
-  for (; i < n; i++) gx[i] += x[i] > 0.0f ? go[i] : 0.0f;
+  for (; i < n; i++) gx[i] += dt__map_relu_grad(x[i], 0.0f, go[i], 0.0f);
 }
 
 static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
@@ -6579,58 +6805,33 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
   const float *go = y->grad, *xd = x->data, *yd = y->data;
   float s = y->faux[0];
   int64_t n = y->size;
+  if (y->iaux[0] == DTRAIN_MAP_RELU) { /* the SIMD fast path */
+    dt__elem_relu_backward(xd, go, gx, n);
+    return;
+  }
   switch ((int)y->iaux[0]) {
-    case DT__U_ADDS: for (int64_t i = 0; i < n; i++) gx[i] += go[i]; break;
-    case DT__U_MULS: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * s; break;
-    case DT__U_POWS: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * s * powf(xd[i], s - 1.0f); break;
-    case DT__U_RSUBS:
-    case DT__U_NEG: for (int64_t i = 0; i < n; i++) gx[i] -= go[i]; break;
-    case DT__U_EXP: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * yd[i]; break;
-    case DT__U_LOG: for (int64_t i = 0; i < n; i++) gx[i] += go[i] / xd[i]; break;
-    case DT__U_SQRT: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * 0.5f / yd[i]; break;
-    case DT__U_RELU: dt__elem_relu_backward(xd, go, gx, n); break;
-    case DT__U_LRELU: for (int64_t i = 0; i < n; i++) gx[i] += xd[i] > 0.0f ? go[i] : s * go[i]; break;
-    case DT__U_SIGMOID: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * yd[i] * (1.0f - yd[i]); break;
-    case DT__U_TANH: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * (1.0f - yd[i] * yd[i]); break;
-    case DT__U_GELU:
-      for (int64_t i = 0; i < n; i++) {
-        float v = xd[i], u = DT__GELU_C * (v + DT__GELU_K * v * v * v);
-        float t = tanhf(u);
-        float du = DT__GELU_C * (1.0f + 3.0f * DT__GELU_K * v * v);
-        gx[i] += go[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-      }
-      break;
-    default: dt__fail(g, DTRAIN_ERR_INTERNAL, "unary backward: unknown kind %lld", (long long)y->iaux[0]); break;
+#define DT__MAP_BWD_CASE(name, NAME, args, domain) \
+    case DTRAIN_MAP_##NAME: for (int64_t i = 0; i < n; i++) gx[i] += dt__map_##name##_grad(xd[i], yd[i], go[i], s); break;
+    DT__MAP_LIST(DT__MAP_BWD_CASE)
+#undef DT__MAP_BWD_CASE
+    default: dt__fail(g, DTRAIN_ERR_INTERNAL, "unary backward: unknown map %lld", (long long)y->iaux[0]); break;
   }
 }
 
-static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const char *op) {
+static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int fn, float s, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
-  if (g->device) { /* the device checks the domain of log, sqrt and pow itself */
-    if (kind == DT__U_RELU || kind == DT__U_SIGMOID || kind == DT__U_TANH)
-      return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
-                           op);
-    static const int map_fn[] = {DTRAIN_MAP_ADD_SCALAR, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_POW_SCALAR,
-                                 DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_NEG, DTRAIN_MAP_EXP};
-    int fn = kind == DT__U_LRELU  ? DTRAIN_MAP_LEAKY_RELU
-             : kind == DT__U_GELU ? DTRAIN_MAP_GELU
-             : kind == DT__U_LOG  ? DTRAIN_MAP_LOG
-             : kind == DT__U_SQRT ? DTRAIN_MAP_SQRT
-                                  : -1;
-    if (kind >= DT__U_ADDS && kind <= DT__U_EXP) fn = map_fn[kind];
-    if (fn < 0) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: no device map for kind %d", op, kind);
-    return dt__dev_map(g, x, fn, s, op);
-  }
+  if (g->device) return dt__dev_map(g, x, fn, s, op); /* the device checks the domain itself */
   const float *xd = x->data;
   int64_t n = x->size;
-  if (kind == DT__U_LOG || kind == DT__U_SQRT) {
+  int domain = dt__map_domain(fn);
+  if (domain == DT__MAP_DOMAIN_POS || domain == DT__MAP_DOMAIN_NONNEG) {
     for (int64_t i = 0; i < n; i++) {
-      if (kind == DT__U_LOG ? !(xd[i] > 0.0f) : !(xd[i] >= 0.0f))
+      if (domain == DT__MAP_DOMAIN_POS ? !(xd[i] > 0.0f) : !(xd[i] >= 0.0f))
         return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g (domain is x %s 0)", op,
-                                     (long long)i, (double)xd[i], kind == DT__U_LOG ? ">" : ">=");
+                                     (long long)i, (double)xd[i], domain == DT__MAP_DOMAIN_POS ? ">" : ">=");
     }
   }
-  if (kind == DT__U_POWS && s != floorf(s)) {
+  if (domain == DT__MAP_DOMAIN_POW && s != floorf(s)) {
     for (int64_t i = 0; i < n; i++)
       if (!(xd[i] > 0.0f))
         return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG,
@@ -6640,57 +6841,38 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const 
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   float *yd = y->data;
-  switch (kind) {
-    case DT__U_ADDS: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] + s; break;
-    case DT__U_MULS: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] * s; break;
-    case DT__U_POWS: for (int64_t i = 0; i < n; i++) yd[i] = powf(xd[i], s); break;
-    case DT__U_RSUBS: for (int64_t i = 0; i < n; i++) yd[i] = s - xd[i]; break;
-    case DT__U_NEG: for (int64_t i = 0; i < n; i++) yd[i] = -xd[i]; break;
-    case DT__U_EXP: for (int64_t i = 0; i < n; i++) yd[i] = expf(xd[i]); break;
-    case DT__U_LOG: for (int64_t i = 0; i < n; i++) yd[i] = logf(xd[i]); break;
-    case DT__U_SQRT: for (int64_t i = 0; i < n; i++) yd[i] = sqrtf(xd[i]); break;
-    case DT__U_RELU: dt__elem_relu(xd, yd, n); break;
-    case DT__U_LRELU: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] > 0.0f ? xd[i] : s * xd[i]; break;
-    case DT__U_SIGMOID:
-      /* Stable in both tails: exp of a non-positive number only. */
-      for (int64_t i = 0; i < n; i++) {
-        float v = xd[i];
-        if (v >= 0.0f) yd[i] = 1.0f / (1.0f + expf(-v));
-        else { float e = expf(v); yd[i] = e / (1.0f + e); }
-      }
-      break;
-    case DT__U_TANH: for (int64_t i = 0; i < n; i++) yd[i] = tanhf(xd[i]); break;
-    case DT__U_GELU:
-      for (int64_t i = 0; i < n; i++) {
-        float v = xd[i];
-        yd[i] = 0.5f * v * (1.0f + tanhf(DT__GELU_C * (v + DT__GELU_K * v * v * v)));
-      }
-      break;
-    default: return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: unknown kind %d", op, kind);
+  if (fn == DTRAIN_MAP_RELU) {
+    dt__elem_relu(xd, yd, n); /* the SIMD fast path */
+  } else {
+    switch (fn) {
+#define DT__MAP_FWD_CASE(name, NAME, args, domain) \
+      case DTRAIN_MAP_##NAME: for (int64_t i = 0; i < n; i++) yd[i] = dt__map_##name(xd[i], s); break;
+      DT__MAP_LIST(DT__MAP_FWD_CASE)
+#undef DT__MAP_FWD_CASE
+      default: return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: unknown map %d", op, fn);
+    }
   }
-  y->iaux[0] = kind;
+  y->iaux[0] = fn;
   y->faux[0] = s;
   dt__record(g, y, op, dt__unary_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
-DTRAIN_API dt_tensor *dt_add_scalar(dt_graph *g, dt_tensor *x, float s) { return dt__unary(g, x, DT__U_ADDS, s, "dt_add_scalar"); }
-DTRAIN_API dt_tensor *dt_mul_scalar(dt_graph *g, dt_tensor *x, float s) { return dt__unary(g, x, DT__U_MULS, s, "dt_mul_scalar"); }
-DTRAIN_API dt_tensor *dt_pow_scalar(dt_graph *g, dt_tensor *x, float p) { return dt__unary(g, x, DT__U_POWS, p, "dt_pow_scalar"); }
-DTRAIN_API dt_tensor *dt_rsub_scalar(dt_graph *g, dt_tensor *x, float s) { return dt__unary(g, x, DT__U_RSUBS, s, "dt_rsub_scalar"); }
-DTRAIN_API dt_tensor *dt_neg(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_NEG, 0.0f, "dt_neg"); }
-DTRAIN_API dt_tensor *dt_exp(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_EXP, 0.0f, "dt_exp"); }
-DTRAIN_API dt_tensor *dt_log(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_LOG, 0.0f, "dt_log"); }
-DTRAIN_API dt_tensor *dt_sqrt(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_SQRT, 0.0f, "dt_sqrt"); }
-DTRAIN_API dt_tensor *dt_relu(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_RELU, 0.0f, "dt_relu"); }
-DTRAIN_API dt_tensor *dt_leaky_relu(dt_graph *g, dt_tensor *x, float slope) { return dt__unary(g, x, DT__U_LRELU, slope, "dt_leaky_relu"); }
-DTRAIN_API dt_tensor *dt_sigmoid(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_SIGMOID, 0.0f, "dt_sigmoid"); }
-DTRAIN_API dt_tensor *dt_tanh(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_TANH, 0.0f, "dt_tanh"); }
-DTRAIN_API dt_tensor *dt_gelu(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_GELU, 0.0f, "dt_gelu"); }
+/* The public functions, one per line of DT__MAP_LIST (declared in dt_ops.h):
+ * args UNARY gives dt_<name>(g, x), SCALAR gives dt_<name>(g, x, s). */
+#define DT__MAP_API_UNARY(name, NAME) \
+  DTRAIN_API dt_tensor *dt_##name(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DTRAIN_MAP_##NAME, 0.0f, "dt_" #name); }
+#define DT__MAP_API_SCALAR(name, NAME)                                \
+  DTRAIN_API dt_tensor *dt_##name(dt_graph *g, dt_tensor *x, float s) { \
+    return dt__unary(g, x, DTRAIN_MAP_##NAME, s, "dt_" #name);   \
+  }
+#define DT__MAP_API(name, NAME, args, domain) DT__MAP_API_##args(name, NAME)
+DT__MAP_LIST(DT__MAP_API)
+#undef DT__MAP_API
+#undef DT__MAP_API_UNARY
+#undef DT__MAP_API_SCALAR
 
 #undef DT__BCAST_LOOP
-#undef DT__GELU_C
-#undef DT__GELU_K
 #ifdef DT__ELEM_SSE
 #  undef DT__ELEM_SSE
 #endif
@@ -9709,6 +9891,7 @@ DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_optim_internal.h" (amalgamated) */
 
 /* The Adam update in SIMD: the same float operations in the same order as
  * the scalar loop (no FMA), so the results are the same bit for bit, and
@@ -9737,6 +9920,25 @@ struct dt_optim {
   unsigned host_mirror; /* bit s: dt_optim_state(s) handed out the host copy of a
                            device slot; it goes back up before the next device step */
 };
+
+/* An optimizer: its row of dt__optim_rules (below, after the update functions). */
+typedef struct dt__optim_rule {
+  dt_optim_kind kind;
+  const char *name;              /* "adamw": checkpoints (dt__optim_kind_name) */
+  const char *slot_names[2];     /* PyTorch's names of the state slots */
+  float default_lr;              /* for desc.lr == 0 */
+  int slots;                     /* state slots it always has ... */
+  int momentum_slot;             /* ... plus one when momentum > 0 (1) or not (0) */
+  /* Updates n elements: p (data), g (grad), s0/s1 (the state slots, NULL
+   * beyond nslots) already offset to the range; wd is the weight decay of
+   * this parameter (0 where decay is off). */
+  void (*update)(const dt_optim *o, float lr, float wd, float *p, const float *g, float *s0, float *s1, size_t n);
+  dt_kernel kernel;              /* the device kernel (0: none) ... */
+  void (*kernel_args)(const dt_optim *o, float lr, float wd, dt_kernel_args *a); /* ... and its scalars */
+} dt__optim_rule;
+/* The row for kind; NULL for a kind without one. */
+static const dt__optim_rule *dt__optim_rule_of(dt_optim_kind kind);
+static int dt__optim_nslots(const dt__optim_rule *rule, const dt_optim_desc *d);
 
 /* ---- learning-rate schedules ------------------------------------------------------ */
 
@@ -9775,11 +9977,9 @@ DTRAIN_API float dt_clip_grad_norm(float *grad, size_t n, float max_norm) {
     return -1.0f;
   }
   double norm = dt_l2_norm(grad, n);
-  if (norm > (double)max_norm && isfinite(norm)) {
-    /* PyTorch: clip_coef = max_norm / (total_norm + 1e-6). */
-    float coef = (float)((double)max_norm / (norm + 1e-6));
+  float coef = isfinite(norm) ? dt__clip_scale(norm, max_norm) : 1.0f;
+  if (coef != 1.0f)
     for (size_t i = 0; i < n; i++) grad[i] *= coef;
-  }
   return (float)norm;
 }
 
@@ -9815,8 +10015,8 @@ static dt_result dt__optim_check_schedule(const dt_schedule *s) {
 /* Fills defaults into d and validates it. */
 static dt_result dt__optim_fill(dt_optim_desc *d) {
   const char *fn = "dt_optim_create";
-  if ((int)d->kind < (int)DTRAIN_OPTIM_SGD || (int)d->kind > (int)DTRAIN_OPTIM_RMSPROP)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown optimizer kind %d", fn, (int)d->kind);
+  const dt__optim_rule *rule = dt__optim_rule_of(d->kind);
+  if (!rule) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown optimizer kind %d", fn, (int)d->kind);
   if (!(d->lr >= 0.0f) || !isfinite(d->lr))
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: lr %g must be finite and >= 0", fn, (double)d->lr);
   if (!(d->momentum >= 0.0f) || !isfinite(d->momentum))
@@ -9840,23 +10040,13 @@ static dt_result dt__optim_fill(dt_optim_desc *d) {
                      (double)d->clip_norm);
   dt_result r = dt__optim_check_schedule(&d->schedule);
   if (r != DTRAIN_OK) return r;
-  if (d->lr == 0.0f) d->lr = d->kind == DTRAIN_OPTIM_SGD ? 0.01f : 0.001f;
+  if (d->lr == 0.0f) d->lr = rule->default_lr;
   if (d->beta1 == 0.0f) d->beta1 = 0.9f;
   if (d->beta2 == 0.0f) d->beta2 = 0.999f;
   if (d->eps == 0.0f) d->eps = 1e-8f;
   if (d->alpha == 0.0f) d->alpha = 0.99f;
   if (d->schedule.kind == DTRAIN_SCHED_STEP && d->schedule.gamma == 0.0f) d->schedule.gamma = 0.1f;
   return DTRAIN_OK;
-}
-
-static int dt__optim_slots(const dt_optim_desc *d) {
-  switch (d->kind) {
-    case DTRAIN_OPTIM_SGD: return d->momentum > 0.0f ? 1 : 0;
-    case DTRAIN_OPTIM_ADAM:
-    case DTRAIN_OPTIM_ADAMW: return 2;
-    case DTRAIN_OPTIM_RMSPROP: return d->momentum > 0.0f ? 2 : 1;
-    default: return 0;
-  }
 }
 
 DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc) {
@@ -9879,7 +10069,7 @@ DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc) {
   o->desc = d;
   o->params = p;
   o->size = n;
-  o->nslots = dt__optim_slots(&d);
+  o->nslots = dt__optim_nslots(dt__optim_rule_of(d.kind), &d);
   for (int s = 0; s < o->nslots; s++) {
     o->state[s] = (float *)dt__calloc(bytes);
     if (!o->state[s]) {
@@ -9907,7 +10097,8 @@ DTRAIN_API void dt_optim_destroy(dt_optim *o) {
  * the range. wd is the weight decay of this parameter (0 where decay is off). */
 
 static void dt__optim_sgd(const dt_optim *o, float lr, float wd, float *DT__RESTRICT p,
-                          const float *DT__RESTRICT g, float *DT__RESTRICT buf, size_t n) {
+                          const float *DT__RESTRICT g, float *DT__RESTRICT buf, float *unused, size_t n) {
+  (void)unused;
   const float mom = o->desc.momentum;
   const int nesterov = o->desc.nesterov;
   for (size_t i = 0; i < n; i++) {
@@ -10075,6 +10266,85 @@ static void dt__optim_rmsprop(const dt_optim *o, float lr, float wd, float *DT__
   }
 }
 
+static void dt__optim_adam_l2(const dt_optim *o, float lr, float wd, float *p, const float *g, float *m, float *v,
+                              size_t n) {
+  dt__optim_adam(o, lr, wd, 0, p, g, m, v, n);
+}
+
+static void dt__optim_adamw(const dt_optim *o, float lr, float wd, float *p, const float *g, float *m, float *v,
+                            size_t n) {
+  dt__optim_adam(o, lr, wd, 1, p, g, m, v, n);
+}
+
+/* ---- device kernels' arguments (dt_kernel in dt_device.h): the scalars as the host update has them ---- */
+
+static void dt__optim_sgd_args(const dt_optim *o, float lr, float wd, dt_kernel_args *a) {
+  a->f[0] = lr;
+  a->f[1] = wd;
+  a->f[2] = o->desc.momentum;
+  a->n[1] = o->desc.nesterov;
+}
+
+/* The per-step scalars exactly as dt__optim_adam_run computes them. */
+static void dt__optim_adam_args(const dt_optim *o, float lr, float wd, dt_kernel_args *a) {
+  const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2, t = (double)(o->steps + 1);
+  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+  a->f[0] = (float)((double)lr / bc1);
+  a->f[1] = wd;
+  a->f[2] = (float)sqrt(bc2);
+  a->f[3] = o->desc.eps;
+  a->f[4] = (float)(1.0 - b1);
+  a->f[5] = (float)(1.0 - b2);
+  a->f[6] = o->desc.beta2;
+  a->f[7] = (float)(1.0 - (double)lr * (double)wd);
+  a->n[1] = o->desc.kind == DTRAIN_OPTIM_ADAMW;
+}
+
+static void dt__optim_rmsprop_args(const dt_optim *o, float lr, float wd, dt_kernel_args *a) {
+  a->f[0] = lr;
+  a->f[1] = wd;
+  a->f[2] = o->desc.alpha;
+  a->f[3] = (float)(1.0 - (double)o->desc.alpha);
+  a->f[4] = o->desc.momentum;
+  a->f[5] = o->desc.eps;
+}
+
+/* ---- the optimizers: one row each -------------------------------------------------------
+ * What differs between the optimizers is in their rows; every other function
+ * of this file serves them all. A new optimizer is its dt_optim_kind
+ * (dt_optim.h), its update function and its row here (see CONTRIBUTING.md);
+ * a device kernel is optional (without one, dt_optim_step_graph on a device
+ * graph fails with DTRAIN_ERR_UNSUPPORTED). */
+static const dt__optim_rule dt__optim_rules[] = {
+  {DTRAIN_OPTIM_SGD, "sgd", {"momentum_buffer", NULL}, 0.01f, 0, 1, dt__optim_sgd, DTRAIN_K_SGD, dt__optim_sgd_args},
+  {DTRAIN_OPTIM_ADAM, "adam", {"exp_avg", "exp_avg_sq"}, 0.001f, 2, 0, dt__optim_adam_l2, DTRAIN_K_ADAM,
+   dt__optim_adam_args},
+  {DTRAIN_OPTIM_ADAMW, "adamw", {"exp_avg", "exp_avg_sq"}, 0.001f, 2, 0, dt__optim_adamw, DTRAIN_K_ADAM,
+   dt__optim_adam_args},
+  {DTRAIN_OPTIM_RMSPROP, "rmsprop", {"square_avg", "momentum_buffer"}, 0.001f, 1, 1, dt__optim_rmsprop,
+   DTRAIN_K_RMSPROP, dt__optim_rmsprop_args},
+};
+
+static const dt__optim_rule *dt__optim_rule_of(dt_optim_kind kind) {
+  for (size_t i = 0; i < sizeof dt__optim_rules / sizeof dt__optim_rules[0]; i++)
+    if (dt__optim_rules[i].kind == kind) return &dt__optim_rules[i];
+  return NULL;
+}
+
+static int dt__optim_nslots(const dt__optim_rule *rule, const dt_optim_desc *d) {
+  return rule->slots + (rule->momentum_slot && d->momentum > 0.0f ? 1 : 0);
+}
+
+DTRAIN_PRIVATE const char *dt__optim_kind_name(dt_optim_kind kind) {
+  const dt__optim_rule *rule = dt__optim_rule_of(kind);
+  return rule ? rule->name : NULL;
+}
+
+DTRAIN_PRIVATE const char *dt__optim_slot_name(dt_optim_kind kind, int slot) {
+  const dt__optim_rule *rule = dt__optim_rule_of(kind);
+  return rule && slot >= 0 && slot < 2 ? rule->slot_names[slot] : NULL;
+}
+
 /* ---- steps ---------------------------------------------------------------------------- */
 
 static dt_result dt__optim_check_layout(const dt_optim *o, const char *fn) {
@@ -10094,6 +10364,9 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
   if (begin == end) return DTRAIN_OK;
   if (!data || !grad)
     return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_update: %s is NULL", !data ? "data" : "grad");
+  const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
+  if (!rule)
+    return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
   const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
   size_t b, e;
   int trainable, decay;
@@ -10105,13 +10378,7 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
     float wd = decay ? o->desc.weight_decay : 0.0f;
     float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
     float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
-    switch (o->desc.kind) {
-      case DTRAIN_OPTIM_SGD: dt__optim_sgd(o, lr, wd, data + lo, grad + lo, s0, n); break;
-      case DTRAIN_OPTIM_ADAM: dt__optim_adam(o, lr, wd, 0, data + lo, grad + lo, s0, s1, n); break;
-      case DTRAIN_OPTIM_ADAMW: dt__optim_adam(o, lr, wd, 1, data + lo, grad + lo, s0, s1, n); break;
-      case DTRAIN_OPTIM_RMSPROP: dt__optim_rmsprop(o, lr, wd, data + lo, grad + lo, s0, s1, n); break;
-      default: return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
-    }
+    rule->update(o, lr, wd, data + lo, grad + lo, s0, s1, n);
   }
   return DTRAIN_OK;
 }
@@ -10131,8 +10398,8 @@ static dt_result dt__optim_step_host(dt_optim *o, float *data, float *grad, cons
     if (!isfinite(norm))
       return dt__error(DTRAIN_ERR_NONFINITE, "%s: gradient norm is %s; no update made", fn,
                        isnan(norm) ? "NaN" : "Inf");
-    if (norm > (double)o->desc.clip_norm) {
-      float coef = (float)((double)o->desc.clip_norm / (norm + 1e-6));
+    float coef = dt__clip_scale(norm, o->desc.clip_norm);
+    if (coef != 1.0f) {
       for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++)
         for (size_t j = b; trainable && j < e; j++) grad[j] *= coef;
     }
@@ -10192,8 +10459,8 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
   const char *fn = "dt_optim_step_graph";
   dt_result r = dt__optim_check_layout(o, fn);
   if (r != DTRAIN_OK) return r;
-  if (o->desc.kind != DTRAIN_OPTIM_SGD && o->desc.kind != DTRAIN_OPTIM_ADAM && o->desc.kind != DTRAIN_OPTIM_ADAMW &&
-      o->desc.kind != DTRAIN_OPTIM_RMSPROP)
+  const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
+  if (!rule || !rule->kernel)
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: this optimizer kind (%d) has no kernel on device %s", fn,
                      (int)o->desc.kind, d->name);
   r = dt__optim_dev_state(o, d);
@@ -10219,8 +10486,8 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
     if (!isfinite(norm))
       return dt__error(DTRAIN_ERR_NONFINITE, "%s: gradient norm is %s; no update made", fn,
                        isnan(norm) ? "NaN" : "Inf");
-    if (norm > (double)o->desc.clip_norm) {
-      float coef = (float)((double)o->desc.clip_norm / (norm + 1e-6));
+    float coef = dt__clip_scale(norm, o->desc.clip_norm);
+    if (coef != 1.0f) {
       for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
         if (!trainable || b == e) continue;
         memset(&a, 0, sizeof a);
@@ -10232,9 +10499,6 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
     }
   }
   const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
-  /* The per-step scalars exactly as dt__optim_adam_run computes them. */
-  const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2, t = (double)(o->steps + 1);
-  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
   for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
     if (!trainable || b == e) continue;
     float wd = decay ? o->desc.weight_decay : 0.0f;
@@ -10244,32 +10508,8 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
     a.p[2] = o->nslots > 0 ? o->dstate[0] + b : NULL;
     a.p[3] = o->nslots > 1 ? o->dstate[1] + b : NULL;
     a.n[0] = (int64_t)(e - b);
-    if (o->desc.kind == DTRAIN_OPTIM_SGD) {
-      a.f[0] = lr;
-      a.f[1] = wd;
-      a.f[2] = o->desc.momentum;
-      a.n[1] = o->desc.nesterov;
-      r = dt__optim_dev_run(o, DTRAIN_K_SGD, &a);
-    } else if (o->desc.kind == DTRAIN_OPTIM_RMSPROP) { /* the scalars as dt__optim_rmsprop has them */
-      a.f[0] = lr;
-      a.f[1] = wd;
-      a.f[2] = o->desc.alpha;
-      a.f[3] = (float)(1.0 - (double)o->desc.alpha);
-      a.f[4] = o->desc.momentum;
-      a.f[5] = o->desc.eps;
-      r = dt__optim_dev_run(o, DTRAIN_K_RMSPROP, &a);
-    } else {
-      a.f[0] = (float)((double)lr / bc1);
-      a.f[1] = wd;
-      a.f[2] = (float)sqrt(bc2);
-      a.f[3] = o->desc.eps;
-      a.f[4] = (float)(1.0 - b1);
-      a.f[5] = (float)(1.0 - b2);
-      a.f[6] = o->desc.beta2;
-      a.f[7] = (float)(1.0 - (double)lr * (double)wd);
-      a.n[1] = o->desc.kind == DTRAIN_OPTIM_ADAMW;
-      r = dt__optim_dev_run(o, DTRAIN_K_ADAM, &a);
-    }
+    rule->kernel_args(o, lr, wd, &a);
+    r = dt__optim_dev_run(o, rule->kernel, &a);
     if (r != DTRAIN_OK) return r;
   }
   dt_optim_advance(o);

@@ -150,28 +150,22 @@ DT__CU_HD inline void dt__cu_acc_mul_rows_at(int64_t j, const dt_kernel_args &a)
 }
 DT__CU_HD inline void dt__cu_acc_scalar_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] += a.f[0] * a.p[1][0]; }
 DT__CU_HD inline void dt__cu_rows_copy_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] = a.p[1][i % a.n[1]]; }
-DT__CU_HD inline void dt__cu_relu_at(int64_t i, const dt_kernel_args &a) {
-  float x = a.p[1][i];
-  a.p[0][i] = x > 0.0f ? x : 0.0f;
-}
+/* ReLU, sigmoid, tanh: their own kernels, the formulas of dt_maps.h (the
+ * CPU ops' own). The backward kernels get x (ReLU) or y (sigmoid, tanh) as p2
+ * and the output's gradient as p1; the formula ignores the other input. */
+DT__CU_HD inline void dt__cu_relu_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] = dt__map_relu(a.p[1][i], 0.0f); }
 DT__CU_HD inline void dt__cu_sigmoid_at(int64_t i, const dt_kernel_args &a) {
-  float v = a.p[1][i]; /* stable in both tails, as the CPU op */
-  if (v >= 0.0f) {
-    a.p[0][i] = 1.0f / (1.0f + expf(-v));
-  } else {
-    float e = expf(v);
-    a.p[0][i] = e / (1.0f + e);
-  }
+  a.p[0][i] = dt__map_sigmoid(a.p[1][i], 0.0f);
 }
-DT__CU_HD inline void dt__cu_tanh_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] = tanhf(a.p[1][i]); }
+DT__CU_HD inline void dt__cu_tanh_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] = dt__map_tanh(a.p[1][i], 0.0f); }
 DT__CU_HD inline void dt__cu_relu_bwd_at(int64_t i, const dt_kernel_args &a) {
-  a.p[0][i] += a.p[2][i] > 0.0f ? a.p[1][i] : 0.0f;
+  a.p[0][i] += dt__map_relu_grad(a.p[2][i], 0.0f, a.p[1][i], 0.0f);
 }
 DT__CU_HD inline void dt__cu_sigmoid_bwd_at(int64_t i, const dt_kernel_args &a) {
-  a.p[0][i] += a.p[1][i] * a.p[2][i] * (1.0f - a.p[2][i]);
+  a.p[0][i] += dt__map_sigmoid_grad(0.0f, a.p[2][i], a.p[1][i], 0.0f);
 }
 DT__CU_HD inline void dt__cu_tanh_bwd_at(int64_t i, const dt_kernel_args &a) {
-  a.p[0][i] += a.p[1][i] * (1.0f - a.p[2][i] * a.p[2][i]);
+  a.p[0][i] += dt__map_tanh_grad(0.0f, a.p[2][i], a.p[1][i], 0.0f);
 }
 DT__CU_HD inline void dt__cu_scale_at(int64_t i, const dt_kernel_args &a) { a.p[0][i] *= a.f[0]; }
 DT__CU_HD inline void dt__cu_sqdiff_at(int64_t i, const dt_kernel_args &a) {
@@ -285,25 +279,21 @@ DT__CU_HD inline void dt__cu_div_bwd_rows_at(int64_t j, const dt_kernel_args &a)
   for (int64_t r = 0; r < rows; r++) s -= a.p[1][r * a.n[1] + j] * a.p[3][r * a.n[1] + j] / (b * b);
   a.p[0][j] = s;
 }
-/* Elementwise maps (dt_map_fn in n1, scalar f0): the CPU's expressions. */
-#define DT__CU_GELU_C 0.7978845608028654f /* sqrt(2/pi) */
-#define DT__CU_GELU_K 0.044715f
+/* Elementwise maps (dt_map_fn in n1, scalar f0): one case per op of
+ * DT__MAP_LIST, generated from the list, each the formula of dt_maps.h that
+ * the CPU op runs. So an op of the list always has its kernel; an id outside
+ * the list is refused by dt__cu_dispatch before it gets here. */
 DT__CU_HD inline void dt__cu_map_at(int64_t i, const dt_kernel_args &a) {
   const float v = a.p[1][i], s = a.f[0];
-  float y;
+  float y = 0.0f;
   switch ((int)a.n[1]) {
-    case DTRAIN_MAP_ADD_SCALAR: y = v + s; break;
-    case DTRAIN_MAP_MUL_SCALAR: y = v * s; break;
-    case DTRAIN_MAP_RSUB_SCALAR: y = s - v; break;
-    case DTRAIN_MAP_POW_SCALAR: y = powf(v, s); break;
-    case DTRAIN_MAP_NEG: y = -v; break;
-    case DTRAIN_MAP_EXP: y = expf(v); break;
-    case DTRAIN_MAP_LEAKY_RELU: y = v > 0.0f ? v : s * v; break;
-    case DTRAIN_MAP_LOG: y = logf(v); break;
-    case DTRAIN_MAP_SQRT: y = sqrtf(v); break;
+#define DT__CU_MAP_CASE(name, NAME, args, domain) \
+    case DTRAIN_MAP_##NAME: y = dt__map_##name(v, s); break;
+    DT__MAP_LIST(DT__CU_MAP_CASE)
+#undef DT__CU_MAP_CASE
     case DTRAIN_MAP_DOMAIN_POS: y = v > 0.0f ? 0.0f : 1.0f; break;
     case DTRAIN_MAP_DOMAIN_NONNEG: y = v >= 0.0f ? 0.0f : 1.0f; break;
-    default: y = 0.5f * v * (1.0f + tanhf(DT__CU_GELU_C * (v + DT__CU_GELU_K * v * v * v))); break;
+    default: break;
   }
   a.p[0][i] = y;
 }
@@ -311,26 +301,13 @@ DT__CU_HD inline void dt__cu_map_bwd_at(int64_t i, const dt_kernel_args &a) {
   const float go = a.p[1][i], s = a.f[0];
   float *gx = a.p[0] + i;
   switch ((int)a.n[1]) {
-    case DTRAIN_MAP_ADD_SCALAR: *gx += go; break;
-    case DTRAIN_MAP_MUL_SCALAR: *gx += go * s; break;
-    case DTRAIN_MAP_RSUB_SCALAR:
-    case DTRAIN_MAP_NEG: *gx -= go; break;
-    case DTRAIN_MAP_POW_SCALAR: *gx += go * s * powf(a.p[2][i], s - 1.0f); break;
-    case DTRAIN_MAP_EXP: *gx += go * a.p[3][i]; break;
-    case DTRAIN_MAP_LEAKY_RELU: *gx += a.p[2][i] > 0.0f ? go : s * go; break;
-    case DTRAIN_MAP_LOG: *gx += go / a.p[2][i]; break;
-    case DTRAIN_MAP_SQRT: *gx += go * 0.5f / a.p[3][i]; break;
-    default: {
-      float v = a.p[2][i], u = DT__CU_GELU_C * (v + DT__CU_GELU_K * v * v * v);
-      float t = tanhf(u);
-      float du = DT__CU_GELU_C * (1.0f + 3.0f * DT__CU_GELU_K * v * v);
-      *gx += go * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-      break;
-    }
+#define DT__CU_MAP_BWD_CASE(name, NAME, args, domain) \
+    case DTRAIN_MAP_##NAME: *gx += dt__map_##name##_grad(a.p[2][i], a.p[3][i], go, s); break;
+    DT__MAP_LIST(DT__CU_MAP_BWD_CASE)
+#undef DT__CU_MAP_BWD_CASE
+    default: break;
   }
 }
-#undef DT__CU_GELU_C
-#undef DT__CU_GELU_K
 
 /* One output element of a one-axis sum (the CPU's double accumulation). */
 DT__CU_HD inline void dt__cu_sum_axis_at(int64_t j, const dt_kernel_args &a) {
@@ -701,6 +678,11 @@ static inline const char *dt__cu_gemm_invalid(const dt__cu_gemm &g) {
   return NULL;
 }
 
+/* Every kernel of dt_kernel (dt_device.h) needs its case in the switch
+ * below, or a caller gets DTRAIN_ERR_UNSUPPORTED at run time: a kernel added
+ * to dt_device.h stops this build here until it has one (then count it). */
+static_assert(DTRAIN_K_COUNT == 57, "a new dt_kernel needs its case in dt__cu_dispatch (then update this count)");
+
 /* The one switch from kernel id to launch, over a launcher L (GPU or host):
  * L::each<F>(n, a) runs F for i in [0,n); L::sum(a, squares) a reduction;
  * L::gemm(g) a column-major SGEMM. */
@@ -755,8 +737,8 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_DIV_BWD_ROWS: return l.template each<dt__cu_div_bwd_rows_at>(a.n[1], a);
     case DTRAIN_K_MAP:
     case DTRAIN_K_MAP_BWD:
-      if (a.n[1] < DTRAIN_MAP_ADD_SCALAR || a.n[1] > (k == DTRAIN_K_MAP ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_SQRT))
-        break; /* an unknown map: refused below */
+      /* an unknown map (the domain maps have no backward): refused below */
+      if (a.n[1] < 0 || a.n[1] >= (k == DTRAIN_K_MAP ? DTRAIN_MAP_COUNT : DTRAIN_MAP_DOMAIN_POS)) break;
       if (k == DTRAIN_K_MAP) return l.template each<dt__cu_map_at>(a.n[0], a);
       return l.template each<dt__cu_map_bwd_at>(a.n[0], a);
     case DTRAIN_K_SUM_AXIS: return l.template each<dt__cu_sum_axis_at>(a.n[0] * a.n[2], a);

@@ -17,6 +17,7 @@
  */
 #include "dt_internal.h"
 #include "dt_tensor.h"
+#include "dt_maps.h"
 #include "dt_device.h"
 #include "dt_tensor_internal.h"
 
@@ -30,17 +31,21 @@ struct dt__dchunk {
  * coalesced loads like). */
 #define DT__DEV_ALIGN 256
 
-/* Ops with a device path (dt__begin refuses every other op on a device). */
+/* Ops with a device path (dt__begin refuses every other op on a device):
+ * every elementwise map of DT__MAP_LIST (dt_maps.h), and these. */
+#define DT__DEVICE_MAP_OP(name, NAME, args, domain) "dt_" #name,
 static const char *const dt__device_ops[] = {
+  DT__MAP_LIST(DT__DEVICE_MAP_OP)
   "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
-  "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_add_scalar", "dt_mul_scalar", "dt_rsub_scalar", "dt_pow_scalar",
-  "dt_neg", "dt_exp", "dt_log", "dt_sqrt", "dt_leaky_relu", "dt_gelu", "dt_relu", "dt_sigmoid", "dt_tanh", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose", "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
+  "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose",
+  "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
   "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", "dt_nn_embedding_forward",
   "dt_nn_layer_norm_forward", "dt_permute", "dt_concat", "dt_slice", "dt_split", "dt_bmm", "dt_causal_mask",
   "dt_batch_norm", "dt_nn_batch_norm_forward", "dt_nn_attention_forward", "dt_nn_lstm_cell_forward",
   "dt_nn_gru_cell_forward", NULL
 };
+#undef DT__DEVICE_MAP_OP
 
 DTRAIN_PRIVATE int dt__dev_op_ok(const char *op) {
   for (int i = 0; dt__device_ops[i]; i++)

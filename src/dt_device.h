@@ -82,6 +82,7 @@
 #define DTRAIN_DEVICE_H
 
 #include "dt_tensor.h"
+#include "dt_maps.h"
 
 DTRAIN_EXTERN_C_BEGIN
 
@@ -202,16 +203,10 @@ typedef enum dt_kernel {
   DTRAIN_K_COUNT
 } dt_kernel;
 
-/* The functions of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (s = f0): x + s, x * s,
- * s - x, x^s, -x, exp(x), leaky ReLU with slope s, GELU (tanh form), log(x),
- * sqrt(x). Same float expressions as the CPU ops. The two DOMAIN maps (MAP
- * only) write 1 where x is outside a domain, else 0: x > 0 (log, non-integer
- * powers) and x >= 0 (sqrt). */
-typedef enum dt_map_fn {
-  DTRAIN_MAP_ADD_SCALAR = 0, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_POW_SCALAR,
-  DTRAIN_MAP_NEG, DTRAIN_MAP_EXP, DTRAIN_MAP_LEAKY_RELU, DTRAIN_MAP_GELU, DTRAIN_MAP_LOG, DTRAIN_MAP_SQRT,
-  DTRAIN_MAP_DOMAIN_POS, DTRAIN_MAP_DOMAIN_NONNEG
-} dt_map_fn;
+/* The maps of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (dt_map_fn: x + s, x * s, s - x,
+ * x^s, -x, exp(x), leaky ReLU with slope s, GELU (tanh form), log(x),
+ * sqrt(x), ReLU, sigmoid, tanh, and the two domain maps) are listed once,
+ * with the formulas the CPU ops and a backend share, in dt_maps.h. */
 
 typedef struct dt_kernel_args {
   float *p[6];

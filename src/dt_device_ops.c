@@ -12,6 +12,7 @@
 #include "dt_internal.h"
 #include "dt_tensor.h"
 #include "dt_ops.h"
+#include "dt_maps.h"
 #include "dt_device.h"
 #include "dt_tensor_internal.h"
 #include "dt_ops_internal.h"
@@ -87,52 +88,42 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_binary(dt_graph *g, dt_tensor *a, dt_tensor *b
   return dt__finish(g, y);
 }
 
-/* ---- unary ------------------------------------------------------------------------------ */
+/* ---- elementwise maps (every op of DT__MAP_LIST in dt_maps.h) ------------------------------
+ * All run the DTRAIN_K_MAP kernel with their dt_map_fn, except ReLU, sigmoid
+ * and tanh, which keep their own kernels (DTRAIN_K_RELU, ...: part of the
+ * device interface, which a backend may implement faster). */
 
-static void dt__device_unary_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *x = y->src[0];
-  float *gx = dt__grad(g, x);
-  if (!gx) return;
-  dt_kernel k = (dt_kernel)y->iaux[0];
-  dt_kernel_args r;
-  dt__dev_args0(&r);
-  r.p[0] = gx;
-  r.p[1] = y->grad;
-  r.p[2] = k == DTRAIN_K_RELU ? x->data : y->data;
-  r.n[0] = y->size;
-  dt__dev_run(g, y->op,
-              k == DTRAIN_K_RELU ? DTRAIN_K_RELU_BWD : k == DTRAIN_K_SIGMOID ? DTRAIN_K_SIGMOID_BWD : DTRAIN_K_TANH_BWD,
-              &r);
+/* The own forward kernel of map fn, or DTRAIN_K_MAP. */
+static dt_kernel dt__device_map_kernel(int fn) {
+  switch (fn) {
+    case DTRAIN_MAP_RELU: return DTRAIN_K_RELU;
+    case DTRAIN_MAP_SIGMOID: return DTRAIN_K_SIGMOID;
+    case DTRAIN_MAP_TANH: return DTRAIN_K_TANH;
+    default: return DTRAIN_K_MAP;
+  }
 }
-
-DTRAIN_PRIVATE dt_tensor *dt__dev_unary(dt_graph *g, dt_tensor *x, dt_kernel fwd, const char *op) {
-  dt_tensor *y = dt__new_like(g, op, x);
-  if (!y) return NULL;
-  dt_kernel_args r;
-  dt__dev_args0(&r);
-  r.p[0] = y->data;
-  r.p[1] = x->data;
-  r.n[0] = y->size;
-  if (!dt__dev_run(g, op, fwd, &r)) return NULL;
-  y->iaux[0] = fwd;
-  dt__record(g, y, op, dt__device_unary_backward, x, NULL, NULL);
-  return dt__finish(g, y);
-}
-
-/* ---- elementwise maps (scalar ops, neg, exp, leaky ReLU, GELU) ---------------------------- */
 
 static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0];
   float *gx = dt__grad(g, x);
   if (!gx) return;
+  int fn = (int)y->iaux[0];
+  dt_kernel k = dt__device_map_kernel(fn);
   dt_kernel_args r;
   dt__dev_args0(&r);
   r.p[0] = gx;
   r.p[1] = y->grad;
+  r.n[0] = y->size;
+  if (k != DTRAIN_K_MAP) { /* the own kernels read x (ReLU) or y (sigmoid, tanh) as p2 */
+    r.p[2] = k == DTRAIN_K_RELU ? x->data : y->data;
+    dt__dev_run(g, y->op,
+                k == DTRAIN_K_RELU ? DTRAIN_K_RELU_BWD : k == DTRAIN_K_SIGMOID ? DTRAIN_K_SIGMOID_BWD : DTRAIN_K_TANH_BWD,
+                &r);
+    return;
+  }
   r.p[2] = x->data;
   r.p[3] = y->data;
-  r.n[0] = y->size;
-  r.n[1] = y->iaux[0];
+  r.n[1] = fn;
   r.f[0] = y->faux[0];
   dt__dev_run(g, y->op, DTRAIN_K_MAP_BWD, &r);
 }
@@ -140,7 +131,7 @@ static void dt__device_map_backward(dt_graph *g, dt_tensor *y) {
 /* The CPU op's domain check, on the device: a 0/1 map of the elements
  * outside the domain, summed, one float read back. Only on failure does the
  * map come to the host, to name the first bad element as the CPU op does. */
-static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char *op) {
+static int dt__device_domain(dt_graph *g, const dt_tensor *x, int domain, const char *op) {
   float *bad = dt__arena_floats(g, x->size);
   float *count = bad ? dt__arena_floats(g, 1) : NULL;
   if (!count) return 0;
@@ -149,7 +140,7 @@ static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char
   r.p[0] = bad;
   r.p[1] = x->data;
   r.n[0] = x->size;
-  r.n[1] = fn == DTRAIN_MAP_SQRT ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_DOMAIN_POS;
+  r.n[1] = domain == DT__MAP_DOMAIN_NONNEG ? DTRAIN_MAP_DOMAIN_NONNEG : DTRAIN_MAP_DOMAIN_POS;
   if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return 0;
   dt__dev_args0(&r);
   r.p[0] = count;
@@ -170,12 +161,12 @@ static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char
   if (dt__dev_copy(g, op, hb, bad, bytes, DTRAIN_COPY_D2H)) {
     while (at < x->size - 1 && hb[at] == 0.0f) at++;
     if (dt__dev_copy(g, op, &v, x->data + at, sizeof v, DTRAIN_COPY_D2H)) {
-      if (fn == DTRAIN_MAP_POW_SCALAR)
+      if (domain == DT__MAP_DOMAIN_POW)
         dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g; a non-integer power needs x > 0", op,
                  (long long)at, (double)v);
       else
         dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g (domain is x %s 0)", op, (long long)at,
-                 (double)v, fn == DTRAIN_MAP_LOG ? ">" : ">=");
+                 (double)v, domain == DT__MAP_DOMAIN_POS ? ">" : ">=");
     }
   }
   dt__free(hb, bytes);
@@ -183,18 +174,23 @@ static int dt__device_domain(dt_graph *g, const dt_tensor *x, int fn, const char
 }
 
 DTRAIN_PRIVATE dt_tensor *dt__dev_map(dt_graph *g, dt_tensor *x, int fn, float s, const char *op) {
-  if ((fn == DTRAIN_MAP_POW_SCALAR && s != floorf(s)) || fn == DTRAIN_MAP_LOG || fn == DTRAIN_MAP_SQRT)
-    if (!dt__device_domain(g, x, fn, op)) return NULL;
+  int domain = dt__map_domain(fn);
+  if (domain == DT__MAP_DOMAIN_POS || domain == DT__MAP_DOMAIN_NONNEG ||
+      (domain == DT__MAP_DOMAIN_POW && s != floorf(s)))
+    if (!dt__device_domain(g, x, domain, op)) return NULL;
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
+  dt_kernel k = dt__device_map_kernel(fn);
   dt_kernel_args r;
   dt__dev_args0(&r);
   r.p[0] = y->data;
   r.p[1] = x->data;
   r.n[0] = y->size;
-  r.n[1] = fn;
-  r.f[0] = s;
-  if (!dt__dev_run(g, op, DTRAIN_K_MAP, &r)) return NULL;
+  if (k == DTRAIN_K_MAP) {
+    r.n[1] = fn;
+    r.f[0] = s;
+  }
+  if (!dt__dev_run(g, op, k, &r)) return NULL;
   y->iaux[0] = fn;
   y->faux[0] = s;
   dt__record(g, y, op, dt__device_map_backward, x, NULL, NULL);

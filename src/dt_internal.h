@@ -99,6 +99,16 @@ DTRAIN_PRIVATE dt_result dt__quiet_pop(dt_result rc);
 /* a*b with overflow check into *out; returns 0 on overflow. */
 DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out);
 
+/* Gradient clipping by the global L2 norm, as PyTorch's clip_grad_norm_: a
+ * gradient whose norm is above clip is scaled by clip / (norm + 1e-6).
+ * Returns that factor, or 1 when norm <= clip (nothing to scale: callers skip
+ * the pass). norm must be finite (callers refuse or skip a non-finite norm
+ * first). The one formula of dt_clip_grad_norm, the optimizers' steps on the
+ * host and on a device (dt_optim.c) and the strategies' clipping. */
+static DT__UNUSED float dt__clip_scale(double norm, float clip) {
+  return norm > (double)clip ? (float)((double)clip / (norm + 1e-6)) : 1.0f;
+}
+
 /* ---- bytes: fixed byte order and FNV-1a ----------------------------------------------
  * Files and the wire are little-endian whatever the host is, so fields are
  * read and written a byte at a time (IDX, the one big-endian format, has

@@ -5,6 +5,7 @@
 #include "dt_internal.h"
 #include "dt_tensor.h"
 #include "dt_ops.h"
+#include "dt_maps.h"
 #include "dt_device.h"
 #include "dt_tensor_internal.h"
 #include "dt_ops_internal.h"
@@ -137,27 +138,22 @@ DTRAIN_API dt_tensor *dt_sub(dt_graph *g, dt_tensor *a, dt_tensor *b) { return d
 DTRAIN_API dt_tensor *dt_mul(dt_graph *g, dt_tensor *a, dt_tensor *b) { return dt__binary(g, a, b, DT__MUL, "dt_mul"); }
 DTRAIN_API dt_tensor *dt_div(dt_graph *g, dt_tensor *a, dt_tensor *b) { return dt__binary(g, a, b, DT__DIV, "dt_div"); }
 
-/* ---- unary and scalar ops -------------------------------------------------------------
- * One forward/backward pair, switched on the kind; faux[0] holds the scalar. */
-enum {
-  DT__U_ADDS, DT__U_MULS, DT__U_POWS, DT__U_RSUBS, DT__U_NEG, DT__U_EXP, DT__U_LOG, DT__U_SQRT,
-  DT__U_RELU, DT__U_LRELU, DT__U_SIGMOID, DT__U_TANH, DT__U_GELU
-};
-
-#define DT__GELU_C 0.7978845608028654f /* sqrt(2/pi) */
-#define DT__GELU_K 0.044715f
+/* ---- unary and scalar ops: the maps of dt_maps.h ----------------------------------------
+ * One forward/backward pair for every op of DT__MAP_LIST, switched on its
+ * dt_map_fn (iaux[0]); faux[0] holds the scalar. Each case is a plain loop
+ * over the op's formula, which the compiler inlines. */
 
 /* ReLU forward and backward without branches (a mispredicted branch per
- * element costs more than the whole SSE loop). Same values as the scalar
- * forms: max(x, 0) is x > 0 ? x : 0 (NaN gives 0), and adding the masked
- * gradient adds +0 where x <= 0. */
+ * element costs more than the whole SSE loop). Same values as the formulas
+ * dt__map_relu[_grad]: max(x, 0) is x > 0 ? x : 0 (NaN gives 0), and adding
+ * the masked gradient adds +0 where x <= 0. */
 static void dt__elem_relu(const float *DT__RESTRICT x, float *DT__RESTRICT y, int64_t n) {
   int64_t i = 0;
 #ifdef DT__ELEM_SSE
   const __m128 z = _mm_setzero_ps();
   for (; i + 4 <= n; i += 4) _mm_storeu_ps(y + i, _mm_max_ps(_mm_loadu_ps(x + i), z));
 #endif
-  for (; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  for (; i < n; i++) y[i] = dt__map_relu(x[i], 0.0f);
 }
 
 static void dt__elem_relu_backward(const float *DT__RESTRICT x, const float *DT__RESTRICT go, float *DT__RESTRICT gx,
@@ -170,7 +166,7 @@ static void dt__elem_relu_backward(const float *DT__RESTRICT x, const float *DT_
     _mm_storeu_ps(gx + i, _mm_add_ps(_mm_loadu_ps(gx + i), _mm_and_ps(keep, _mm_loadu_ps(go + i))));
   }
 #endif
-  for (; i < n; i++) gx[i] += x[i] > 0.0f ? go[i] : 0.0f;
+  for (; i < n; i++) gx[i] += dt__map_relu_grad(x[i], 0.0f, go[i], 0.0f);
 }
 
 static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
@@ -180,58 +176,33 @@ static void dt__unary_backward(dt_graph *g, dt_tensor *y) {
   const float *go = y->grad, *xd = x->data, *yd = y->data;
   float s = y->faux[0];
   int64_t n = y->size;
+  if (y->iaux[0] == DTRAIN_MAP_RELU) { /* the SIMD fast path */
+    dt__elem_relu_backward(xd, go, gx, n);
+    return;
+  }
   switch ((int)y->iaux[0]) {
-    case DT__U_ADDS: for (int64_t i = 0; i < n; i++) gx[i] += go[i]; break;
-    case DT__U_MULS: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * s; break;
-    case DT__U_POWS: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * s * powf(xd[i], s - 1.0f); break;
-    case DT__U_RSUBS:
-    case DT__U_NEG: for (int64_t i = 0; i < n; i++) gx[i] -= go[i]; break;
-    case DT__U_EXP: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * yd[i]; break;
-    case DT__U_LOG: for (int64_t i = 0; i < n; i++) gx[i] += go[i] / xd[i]; break;
-    case DT__U_SQRT: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * 0.5f / yd[i]; break;
-    case DT__U_RELU: dt__elem_relu_backward(xd, go, gx, n); break;
-    case DT__U_LRELU: for (int64_t i = 0; i < n; i++) gx[i] += xd[i] > 0.0f ? go[i] : s * go[i]; break;
-    case DT__U_SIGMOID: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * yd[i] * (1.0f - yd[i]); break;
-    case DT__U_TANH: for (int64_t i = 0; i < n; i++) gx[i] += go[i] * (1.0f - yd[i] * yd[i]); break;
-    case DT__U_GELU:
-      for (int64_t i = 0; i < n; i++) {
-        float v = xd[i], u = DT__GELU_C * (v + DT__GELU_K * v * v * v);
-        float t = tanhf(u);
-        float du = DT__GELU_C * (1.0f + 3.0f * DT__GELU_K * v * v);
-        gx[i] += go[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-      }
-      break;
-    default: dt__fail(g, DTRAIN_ERR_INTERNAL, "unary backward: unknown kind %lld", (long long)y->iaux[0]); break;
+#define DT__MAP_BWD_CASE(name, NAME, args, domain) \
+    case DTRAIN_MAP_##NAME: for (int64_t i = 0; i < n; i++) gx[i] += dt__map_##name##_grad(xd[i], yd[i], go[i], s); break;
+    DT__MAP_LIST(DT__MAP_BWD_CASE)
+#undef DT__MAP_BWD_CASE
+    default: dt__fail(g, DTRAIN_ERR_INTERNAL, "unary backward: unknown map %lld", (long long)y->iaux[0]); break;
   }
 }
 
-static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const char *op) {
+static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int fn, float s, const char *op) {
   if (!dt__begin(g, op, 1, x)) return NULL;
-  if (g->device) { /* the device checks the domain of log, sqrt and pow itself */
-    if (kind == DT__U_RELU || kind == DT__U_SIGMOID || kind == DT__U_TANH)
-      return dt__dev_unary(g, x, kind == DT__U_RELU ? DTRAIN_K_RELU : kind == DT__U_SIGMOID ? DTRAIN_K_SIGMOID : DTRAIN_K_TANH,
-                           op);
-    static const int map_fn[] = {DTRAIN_MAP_ADD_SCALAR, DTRAIN_MAP_MUL_SCALAR, DTRAIN_MAP_POW_SCALAR,
-                                 DTRAIN_MAP_RSUB_SCALAR, DTRAIN_MAP_NEG, DTRAIN_MAP_EXP};
-    int fn = kind == DT__U_LRELU  ? DTRAIN_MAP_LEAKY_RELU
-             : kind == DT__U_GELU ? DTRAIN_MAP_GELU
-             : kind == DT__U_LOG  ? DTRAIN_MAP_LOG
-             : kind == DT__U_SQRT ? DTRAIN_MAP_SQRT
-                                  : -1;
-    if (kind >= DT__U_ADDS && kind <= DT__U_EXP) fn = map_fn[kind];
-    if (fn < 0) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: no device map for kind %d", op, kind);
-    return dt__dev_map(g, x, fn, s, op);
-  }
+  if (g->device) return dt__dev_map(g, x, fn, s, op); /* the device checks the domain itself */
   const float *xd = x->data;
   int64_t n = x->size;
-  if (kind == DT__U_LOG || kind == DT__U_SQRT) {
+  int domain = dt__map_domain(fn);
+  if (domain == DT__MAP_DOMAIN_POS || domain == DT__MAP_DOMAIN_NONNEG) {
     for (int64_t i = 0; i < n; i++) {
-      if (kind == DT__U_LOG ? !(xd[i] > 0.0f) : !(xd[i] >= 0.0f))
+      if (domain == DT__MAP_DOMAIN_POS ? !(xd[i] > 0.0f) : !(xd[i] >= 0.0f))
         return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g (domain is x %s 0)", op,
-                                     (long long)i, (double)xd[i], kind == DT__U_LOG ? ">" : ">=");
+                                     (long long)i, (double)xd[i], domain == DT__MAP_DOMAIN_POS ? ">" : ">=");
     }
   }
-  if (kind == DT__U_POWS && s != floorf(s)) {
+  if (domain == DT__MAP_DOMAIN_POW && s != floorf(s)) {
     for (int64_t i = 0; i < n; i++)
       if (!(xd[i] > 0.0f))
         return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG,
@@ -241,57 +212,38 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int kind, float s, const 
   dt_tensor *y = dt__new_like(g, op, x);
   if (!y) return NULL;
   float *yd = y->data;
-  switch (kind) {
-    case DT__U_ADDS: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] + s; break;
-    case DT__U_MULS: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] * s; break;
-    case DT__U_POWS: for (int64_t i = 0; i < n; i++) yd[i] = powf(xd[i], s); break;
-    case DT__U_RSUBS: for (int64_t i = 0; i < n; i++) yd[i] = s - xd[i]; break;
-    case DT__U_NEG: for (int64_t i = 0; i < n; i++) yd[i] = -xd[i]; break;
-    case DT__U_EXP: for (int64_t i = 0; i < n; i++) yd[i] = expf(xd[i]); break;
-    case DT__U_LOG: for (int64_t i = 0; i < n; i++) yd[i] = logf(xd[i]); break;
-    case DT__U_SQRT: for (int64_t i = 0; i < n; i++) yd[i] = sqrtf(xd[i]); break;
-    case DT__U_RELU: dt__elem_relu(xd, yd, n); break;
-    case DT__U_LRELU: for (int64_t i = 0; i < n; i++) yd[i] = xd[i] > 0.0f ? xd[i] : s * xd[i]; break;
-    case DT__U_SIGMOID:
-      /* Stable in both tails: exp of a non-positive number only. */
-      for (int64_t i = 0; i < n; i++) {
-        float v = xd[i];
-        if (v >= 0.0f) yd[i] = 1.0f / (1.0f + expf(-v));
-        else { float e = expf(v); yd[i] = e / (1.0f + e); }
-      }
-      break;
-    case DT__U_TANH: for (int64_t i = 0; i < n; i++) yd[i] = tanhf(xd[i]); break;
-    case DT__U_GELU:
-      for (int64_t i = 0; i < n; i++) {
-        float v = xd[i];
-        yd[i] = 0.5f * v * (1.0f + tanhf(DT__GELU_C * (v + DT__GELU_K * v * v * v)));
-      }
-      break;
-    default: return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: unknown kind %d", op, kind);
+  if (fn == DTRAIN_MAP_RELU) {
+    dt__elem_relu(xd, yd, n); /* the SIMD fast path */
+  } else {
+    switch (fn) {
+#define DT__MAP_FWD_CASE(name, NAME, args, domain) \
+      case DTRAIN_MAP_##NAME: for (int64_t i = 0; i < n; i++) yd[i] = dt__map_##name(xd[i], s); break;
+      DT__MAP_LIST(DT__MAP_FWD_CASE)
+#undef DT__MAP_FWD_CASE
+      default: return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INTERNAL, "%s: unknown map %d", op, fn);
+    }
   }
-  y->iaux[0] = kind;
+  y->iaux[0] = fn;
   y->faux[0] = s;
   dt__record(g, y, op, dt__unary_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
 
-DTRAIN_API dt_tensor *dt_add_scalar(dt_graph *g, dt_tensor *x, float s) { return dt__unary(g, x, DT__U_ADDS, s, "dt_add_scalar"); }
-DTRAIN_API dt_tensor *dt_mul_scalar(dt_graph *g, dt_tensor *x, float s) { return dt__unary(g, x, DT__U_MULS, s, "dt_mul_scalar"); }
-DTRAIN_API dt_tensor *dt_pow_scalar(dt_graph *g, dt_tensor *x, float p) { return dt__unary(g, x, DT__U_POWS, p, "dt_pow_scalar"); }
-DTRAIN_API dt_tensor *dt_rsub_scalar(dt_graph *g, dt_tensor *x, float s) { return dt__unary(g, x, DT__U_RSUBS, s, "dt_rsub_scalar"); }
-DTRAIN_API dt_tensor *dt_neg(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_NEG, 0.0f, "dt_neg"); }
-DTRAIN_API dt_tensor *dt_exp(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_EXP, 0.0f, "dt_exp"); }
-DTRAIN_API dt_tensor *dt_log(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_LOG, 0.0f, "dt_log"); }
-DTRAIN_API dt_tensor *dt_sqrt(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_SQRT, 0.0f, "dt_sqrt"); }
-DTRAIN_API dt_tensor *dt_relu(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_RELU, 0.0f, "dt_relu"); }
-DTRAIN_API dt_tensor *dt_leaky_relu(dt_graph *g, dt_tensor *x, float slope) { return dt__unary(g, x, DT__U_LRELU, slope, "dt_leaky_relu"); }
-DTRAIN_API dt_tensor *dt_sigmoid(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_SIGMOID, 0.0f, "dt_sigmoid"); }
-DTRAIN_API dt_tensor *dt_tanh(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_TANH, 0.0f, "dt_tanh"); }
-DTRAIN_API dt_tensor *dt_gelu(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DT__U_GELU, 0.0f, "dt_gelu"); }
+/* The public functions, one per line of DT__MAP_LIST (declared in dt_ops.h):
+ * args UNARY gives dt_<name>(g, x), SCALAR gives dt_<name>(g, x, s). */
+#define DT__MAP_API_UNARY(name, NAME) \
+  DTRAIN_API dt_tensor *dt_##name(dt_graph *g, dt_tensor *x) { return dt__unary(g, x, DTRAIN_MAP_##NAME, 0.0f, "dt_" #name); }
+#define DT__MAP_API_SCALAR(name, NAME)                                \
+  DTRAIN_API dt_tensor *dt_##name(dt_graph *g, dt_tensor *x, float s) { \
+    return dt__unary(g, x, DTRAIN_MAP_##NAME, s, "dt_" #name);   \
+  }
+#define DT__MAP_API(name, NAME, args, domain) DT__MAP_API_##args(name, NAME)
+DT__MAP_LIST(DT__MAP_API)
+#undef DT__MAP_API
+#undef DT__MAP_API_UNARY
+#undef DT__MAP_API_SCALAR
 
 #undef DT__BCAST_LOOP
-#undef DT__GELU_C
-#undef DT__GELU_K
 #ifdef DT__ELEM_SSE
 #  undef DT__ELEM_SSE
 #endif

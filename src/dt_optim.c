@@ -23,6 +23,7 @@
 #include "dt_tensor_internal.h"
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
+#include "dt_optim_internal.h"
 
 /* The Adam update in SIMD: the same float operations in the same order as
  * the scalar loop (no FMA), so the results are the same bit for bit, and
@@ -51,6 +52,25 @@ struct dt_optim {
   unsigned host_mirror; /* bit s: dt_optim_state(s) handed out the host copy of a
                            device slot; it goes back up before the next device step */
 };
+
+/* An optimizer: its row of dt__optim_rules (below, after the update functions). */
+typedef struct dt__optim_rule {
+  dt_optim_kind kind;
+  const char *name;              /* "adamw": checkpoints (dt__optim_kind_name) */
+  const char *slot_names[2];     /* PyTorch's names of the state slots */
+  float default_lr;              /* for desc.lr == 0 */
+  int slots;                     /* state slots it always has ... */
+  int momentum_slot;             /* ... plus one when momentum > 0 (1) or not (0) */
+  /* Updates n elements: p (data), g (grad), s0/s1 (the state slots, NULL
+   * beyond nslots) already offset to the range; wd is the weight decay of
+   * this parameter (0 where decay is off). */
+  void (*update)(const dt_optim *o, float lr, float wd, float *p, const float *g, float *s0, float *s1, size_t n);
+  dt_kernel kernel;              /* the device kernel (0: none) ... */
+  void (*kernel_args)(const dt_optim *o, float lr, float wd, dt_kernel_args *a); /* ... and its scalars */
+} dt__optim_rule;
+/* The row for kind; NULL for a kind without one. */
+static const dt__optim_rule *dt__optim_rule_of(dt_optim_kind kind);
+static int dt__optim_nslots(const dt__optim_rule *rule, const dt_optim_desc *d);
 
 /* ---- learning-rate schedules ------------------------------------------------------ */
 
@@ -89,11 +109,9 @@ DTRAIN_API float dt_clip_grad_norm(float *grad, size_t n, float max_norm) {
     return -1.0f;
   }
   double norm = dt_l2_norm(grad, n);
-  if (norm > (double)max_norm && isfinite(norm)) {
-    /* PyTorch: clip_coef = max_norm / (total_norm + 1e-6). */
-    float coef = (float)((double)max_norm / (norm + 1e-6));
+  float coef = isfinite(norm) ? dt__clip_scale(norm, max_norm) : 1.0f;
+  if (coef != 1.0f)
     for (size_t i = 0; i < n; i++) grad[i] *= coef;
-  }
   return (float)norm;
 }
 
@@ -129,8 +147,8 @@ static dt_result dt__optim_check_schedule(const dt_schedule *s) {
 /* Fills defaults into d and validates it. */
 static dt_result dt__optim_fill(dt_optim_desc *d) {
   const char *fn = "dt_optim_create";
-  if ((int)d->kind < (int)DTRAIN_OPTIM_SGD || (int)d->kind > (int)DTRAIN_OPTIM_RMSPROP)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown optimizer kind %d", fn, (int)d->kind);
+  const dt__optim_rule *rule = dt__optim_rule_of(d->kind);
+  if (!rule) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown optimizer kind %d", fn, (int)d->kind);
   if (!(d->lr >= 0.0f) || !isfinite(d->lr))
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: lr %g must be finite and >= 0", fn, (double)d->lr);
   if (!(d->momentum >= 0.0f) || !isfinite(d->momentum))
@@ -154,23 +172,13 @@ static dt_result dt__optim_fill(dt_optim_desc *d) {
                      (double)d->clip_norm);
   dt_result r = dt__optim_check_schedule(&d->schedule);
   if (r != DTRAIN_OK) return r;
-  if (d->lr == 0.0f) d->lr = d->kind == DTRAIN_OPTIM_SGD ? 0.01f : 0.001f;
+  if (d->lr == 0.0f) d->lr = rule->default_lr;
   if (d->beta1 == 0.0f) d->beta1 = 0.9f;
   if (d->beta2 == 0.0f) d->beta2 = 0.999f;
   if (d->eps == 0.0f) d->eps = 1e-8f;
   if (d->alpha == 0.0f) d->alpha = 0.99f;
   if (d->schedule.kind == DTRAIN_SCHED_STEP && d->schedule.gamma == 0.0f) d->schedule.gamma = 0.1f;
   return DTRAIN_OK;
-}
-
-static int dt__optim_slots(const dt_optim_desc *d) {
-  switch (d->kind) {
-    case DTRAIN_OPTIM_SGD: return d->momentum > 0.0f ? 1 : 0;
-    case DTRAIN_OPTIM_ADAM:
-    case DTRAIN_OPTIM_ADAMW: return 2;
-    case DTRAIN_OPTIM_RMSPROP: return d->momentum > 0.0f ? 2 : 1;
-    default: return 0;
-  }
 }
 
 DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc) {
@@ -193,7 +201,7 @@ DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc) {
   o->desc = d;
   o->params = p;
   o->size = n;
-  o->nslots = dt__optim_slots(&d);
+  o->nslots = dt__optim_nslots(dt__optim_rule_of(d.kind), &d);
   for (int s = 0; s < o->nslots; s++) {
     o->state[s] = (float *)dt__calloc(bytes);
     if (!o->state[s]) {
@@ -221,7 +229,8 @@ DTRAIN_API void dt_optim_destroy(dt_optim *o) {
  * the range. wd is the weight decay of this parameter (0 where decay is off). */
 
 static void dt__optim_sgd(const dt_optim *o, float lr, float wd, float *DT__RESTRICT p,
-                          const float *DT__RESTRICT g, float *DT__RESTRICT buf, size_t n) {
+                          const float *DT__RESTRICT g, float *DT__RESTRICT buf, float *unused, size_t n) {
+  (void)unused;
   const float mom = o->desc.momentum;
   const int nesterov = o->desc.nesterov;
   for (size_t i = 0; i < n; i++) {
@@ -389,6 +398,85 @@ static void dt__optim_rmsprop(const dt_optim *o, float lr, float wd, float *DT__
   }
 }
 
+static void dt__optim_adam_l2(const dt_optim *o, float lr, float wd, float *p, const float *g, float *m, float *v,
+                              size_t n) {
+  dt__optim_adam(o, lr, wd, 0, p, g, m, v, n);
+}
+
+static void dt__optim_adamw(const dt_optim *o, float lr, float wd, float *p, const float *g, float *m, float *v,
+                            size_t n) {
+  dt__optim_adam(o, lr, wd, 1, p, g, m, v, n);
+}
+
+/* ---- device kernels' arguments (dt_kernel in dt_device.h): the scalars as the host update has them ---- */
+
+static void dt__optim_sgd_args(const dt_optim *o, float lr, float wd, dt_kernel_args *a) {
+  a->f[0] = lr;
+  a->f[1] = wd;
+  a->f[2] = o->desc.momentum;
+  a->n[1] = o->desc.nesterov;
+}
+
+/* The per-step scalars exactly as dt__optim_adam_run computes them. */
+static void dt__optim_adam_args(const dt_optim *o, float lr, float wd, dt_kernel_args *a) {
+  const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2, t = (double)(o->steps + 1);
+  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+  a->f[0] = (float)((double)lr / bc1);
+  a->f[1] = wd;
+  a->f[2] = (float)sqrt(bc2);
+  a->f[3] = o->desc.eps;
+  a->f[4] = (float)(1.0 - b1);
+  a->f[5] = (float)(1.0 - b2);
+  a->f[6] = o->desc.beta2;
+  a->f[7] = (float)(1.0 - (double)lr * (double)wd);
+  a->n[1] = o->desc.kind == DTRAIN_OPTIM_ADAMW;
+}
+
+static void dt__optim_rmsprop_args(const dt_optim *o, float lr, float wd, dt_kernel_args *a) {
+  a->f[0] = lr;
+  a->f[1] = wd;
+  a->f[2] = o->desc.alpha;
+  a->f[3] = (float)(1.0 - (double)o->desc.alpha);
+  a->f[4] = o->desc.momentum;
+  a->f[5] = o->desc.eps;
+}
+
+/* ---- the optimizers: one row each -------------------------------------------------------
+ * What differs between the optimizers is in their rows; every other function
+ * of this file serves them all. A new optimizer is its dt_optim_kind
+ * (dt_optim.h), its update function and its row here (see CONTRIBUTING.md);
+ * a device kernel is optional (without one, dt_optim_step_graph on a device
+ * graph fails with DTRAIN_ERR_UNSUPPORTED). */
+static const dt__optim_rule dt__optim_rules[] = {
+  {DTRAIN_OPTIM_SGD, "sgd", {"momentum_buffer", NULL}, 0.01f, 0, 1, dt__optim_sgd, DTRAIN_K_SGD, dt__optim_sgd_args},
+  {DTRAIN_OPTIM_ADAM, "adam", {"exp_avg", "exp_avg_sq"}, 0.001f, 2, 0, dt__optim_adam_l2, DTRAIN_K_ADAM,
+   dt__optim_adam_args},
+  {DTRAIN_OPTIM_ADAMW, "adamw", {"exp_avg", "exp_avg_sq"}, 0.001f, 2, 0, dt__optim_adamw, DTRAIN_K_ADAM,
+   dt__optim_adam_args},
+  {DTRAIN_OPTIM_RMSPROP, "rmsprop", {"square_avg", "momentum_buffer"}, 0.001f, 1, 1, dt__optim_rmsprop,
+   DTRAIN_K_RMSPROP, dt__optim_rmsprop_args},
+};
+
+static const dt__optim_rule *dt__optim_rule_of(dt_optim_kind kind) {
+  for (size_t i = 0; i < sizeof dt__optim_rules / sizeof dt__optim_rules[0]; i++)
+    if (dt__optim_rules[i].kind == kind) return &dt__optim_rules[i];
+  return NULL;
+}
+
+static int dt__optim_nslots(const dt__optim_rule *rule, const dt_optim_desc *d) {
+  return rule->slots + (rule->momentum_slot && d->momentum > 0.0f ? 1 : 0);
+}
+
+DTRAIN_PRIVATE const char *dt__optim_kind_name(dt_optim_kind kind) {
+  const dt__optim_rule *rule = dt__optim_rule_of(kind);
+  return rule ? rule->name : NULL;
+}
+
+DTRAIN_PRIVATE const char *dt__optim_slot_name(dt_optim_kind kind, int slot) {
+  const dt__optim_rule *rule = dt__optim_rule_of(kind);
+  return rule && slot >= 0 && slot < 2 ? rule->slot_names[slot] : NULL;
+}
+
 /* ---- steps ---------------------------------------------------------------------------- */
 
 static dt_result dt__optim_check_layout(const dt_optim *o, const char *fn) {
@@ -408,6 +496,9 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
   if (begin == end) return DTRAIN_OK;
   if (!data || !grad)
     return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_update: %s is NULL", !data ? "data" : "grad");
+  const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
+  if (!rule)
+    return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
   const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
   size_t b, e;
   int trainable, decay;
@@ -419,13 +510,7 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
     float wd = decay ? o->desc.weight_decay : 0.0f;
     float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
     float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
-    switch (o->desc.kind) {
-      case DTRAIN_OPTIM_SGD: dt__optim_sgd(o, lr, wd, data + lo, grad + lo, s0, n); break;
-      case DTRAIN_OPTIM_ADAM: dt__optim_adam(o, lr, wd, 0, data + lo, grad + lo, s0, s1, n); break;
-      case DTRAIN_OPTIM_ADAMW: dt__optim_adam(o, lr, wd, 1, data + lo, grad + lo, s0, s1, n); break;
-      case DTRAIN_OPTIM_RMSPROP: dt__optim_rmsprop(o, lr, wd, data + lo, grad + lo, s0, s1, n); break;
-      default: return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
-    }
+    rule->update(o, lr, wd, data + lo, grad + lo, s0, s1, n);
   }
   return DTRAIN_OK;
 }
@@ -445,8 +530,8 @@ static dt_result dt__optim_step_host(dt_optim *o, float *data, float *grad, cons
     if (!isfinite(norm))
       return dt__error(DTRAIN_ERR_NONFINITE, "%s: gradient norm is %s; no update made", fn,
                        isnan(norm) ? "NaN" : "Inf");
-    if (norm > (double)o->desc.clip_norm) {
-      float coef = (float)((double)o->desc.clip_norm / (norm + 1e-6));
+    float coef = dt__clip_scale(norm, o->desc.clip_norm);
+    if (coef != 1.0f) {
       for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++)
         for (size_t j = b; trainable && j < e; j++) grad[j] *= coef;
     }
@@ -506,8 +591,8 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
   const char *fn = "dt_optim_step_graph";
   dt_result r = dt__optim_check_layout(o, fn);
   if (r != DTRAIN_OK) return r;
-  if (o->desc.kind != DTRAIN_OPTIM_SGD && o->desc.kind != DTRAIN_OPTIM_ADAM && o->desc.kind != DTRAIN_OPTIM_ADAMW &&
-      o->desc.kind != DTRAIN_OPTIM_RMSPROP)
+  const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
+  if (!rule || !rule->kernel)
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: this optimizer kind (%d) has no kernel on device %s", fn,
                      (int)o->desc.kind, d->name);
   r = dt__optim_dev_state(o, d);
@@ -533,8 +618,8 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
     if (!isfinite(norm))
       return dt__error(DTRAIN_ERR_NONFINITE, "%s: gradient norm is %s; no update made", fn,
                        isnan(norm) ? "NaN" : "Inf");
-    if (norm > (double)o->desc.clip_norm) {
-      float coef = (float)((double)o->desc.clip_norm / (norm + 1e-6));
+    float coef = dt__clip_scale(norm, o->desc.clip_norm);
+    if (coef != 1.0f) {
       for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
         if (!trainable || b == e) continue;
         memset(&a, 0, sizeof a);
@@ -546,9 +631,6 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
     }
   }
   const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
-  /* The per-step scalars exactly as dt__optim_adam_run computes them. */
-  const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2, t = (double)(o->steps + 1);
-  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
   for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
     if (!trainable || b == e) continue;
     float wd = decay ? o->desc.weight_decay : 0.0f;
@@ -558,32 +640,8 @@ static dt_result dt__optim_step_device(dt_optim *o, dt_device *d, float *data, f
     a.p[2] = o->nslots > 0 ? o->dstate[0] + b : NULL;
     a.p[3] = o->nslots > 1 ? o->dstate[1] + b : NULL;
     a.n[0] = (int64_t)(e - b);
-    if (o->desc.kind == DTRAIN_OPTIM_SGD) {
-      a.f[0] = lr;
-      a.f[1] = wd;
-      a.f[2] = o->desc.momentum;
-      a.n[1] = o->desc.nesterov;
-      r = dt__optim_dev_run(o, DTRAIN_K_SGD, &a);
-    } else if (o->desc.kind == DTRAIN_OPTIM_RMSPROP) { /* the scalars as dt__optim_rmsprop has them */
-      a.f[0] = lr;
-      a.f[1] = wd;
-      a.f[2] = o->desc.alpha;
-      a.f[3] = (float)(1.0 - (double)o->desc.alpha);
-      a.f[4] = o->desc.momentum;
-      a.f[5] = o->desc.eps;
-      r = dt__optim_dev_run(o, DTRAIN_K_RMSPROP, &a);
-    } else {
-      a.f[0] = (float)((double)lr / bc1);
-      a.f[1] = wd;
-      a.f[2] = (float)sqrt(bc2);
-      a.f[3] = o->desc.eps;
-      a.f[4] = (float)(1.0 - b1);
-      a.f[5] = (float)(1.0 - b2);
-      a.f[6] = o->desc.beta2;
-      a.f[7] = (float)(1.0 - (double)lr * (double)wd);
-      a.n[1] = o->desc.kind == DTRAIN_OPTIM_ADAMW;
-      r = dt__optim_dev_run(o, DTRAIN_K_ADAM, &a);
-    }
+    rule->kernel_args(o, lr, wd, &a);
+    r = dt__optim_dev_run(o, rule->kernel, &a);
     if (r != DTRAIN_OK) return r;
   }
   dt_optim_advance(o);

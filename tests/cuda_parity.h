@@ -299,6 +299,24 @@ static void test_ops_parity(void) {
   th_cur = "test_ops_parity";
 }
 
+/* Every op of DT__MAP_LIST (dt_maps.h, through th_map_ops): an op added to
+ * the list is compared here, forward and backward, without an edit. */
+static const th_map_op *cp_map_cur;
+static dt_tensor *cp_map(dt_graph *g, dt_tensor **x) { return th_map_apply(g, cp_map_cur, x[0]); }
+
+static void test_maps_parity(void) {
+  int n;
+  const th_map_op *ops = th_map_ops(&n);
+  for (int i = 0; i < n; i++) {
+    cp_map_cur = &ops[i];
+    int any = ops[i].domain == DT__MAP_DOMAIN_ANY;
+    cp_case c = {ops[i].name, cp_map, 1, {2, 0, 0}, {{9, 13}}, any ? -4.0f : 0.05f, 4.0f, 0};
+    th_cur = ops[i].name;
+    cp_check_case(&c);
+  }
+  th_cur = "test_maps_parity";
+}
+
 /* Broadcasts the device does not do fail with DTRAIN_ERR_UNSUPPORTED naming
  * the op and the device; argument errors are the CPU op's. */
 static void test_unsupported(void) {
@@ -929,6 +947,7 @@ static void cp_run_all(void) {
   TH_RUN(test_param_transfers);
   TH_RUN(test_step_graph_cpu_same);
   TH_RUN(test_ops_parity);
+  TH_RUN(test_maps_parity);
   TH_RUN(test_unsupported);
   TH_RUN(test_batch_norm_running);
   TH_RUN(test_causal_numerics);

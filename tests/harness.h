@@ -285,4 +285,39 @@ static th_input th_in(float *data, int ndim, const int64_t *shape, int grad) {
   return t;
 }
 
+/* ---- the elementwise maps, as a table for gradchecks and parity tests --------------------
+ * One row per op of DT__MAP_LIST (dt_maps.h), generated from the list: a
+ * test that iterates th_map_ops() checks an op added to the list without an
+ * edit of its own. */
+typedef struct th_map_op {
+  const char *name;                                        /* "gelu": the op is dt_gelu */
+  dt_tensor *(*unary)(dt_graph *g, dt_tensor *x);          /* args UNARY, else NULL */
+  dt_tensor *(*scalar)(dt_graph *g, dt_tensor *x, float s); /* args SCALAR, else NULL */
+  int domain;                                              /* DT__MAP_DOMAIN_* */
+} th_map_op;
+
+#define TH_MAP_FNS_UNARY(name) dt_##name, NULL
+#define TH_MAP_FNS_SCALAR(name) NULL, dt_##name
+#define TH_MAP_ROW(name, NAME, args, domain) {#name, TH_MAP_FNS_##args(name), DT__MAP_DOMAIN_##domain},
+static const th_map_op *th_map_ops(int *n) {
+  static const th_map_op ops[] = {DT__MAP_LIST(TH_MAP_ROW)};
+  *n = (int)(sizeof ops / sizeof ops[0]);
+  return ops;
+}
+#undef TH_MAP_ROW
+
+/* The scalar the tests give an op that takes one: a non-integer power. */
+static float th_map_scalar(const th_map_op *m) { return m->domain == DT__MAP_DOMAIN_POW ? 1.7f : 0.75f; }
+
+static dt_tensor *th_map_apply(dt_graph *g, const th_map_op *m, dt_tensor *x) {
+  return m->unary ? m->unary(g, x) : m->scalar(g, x, th_map_scalar(m));
+}
+
+/* n inputs inside the op's domain (positive where it has one), else in
+ * [-3, 3] but at least 0.05 from 0 (the kink of ReLU and its kin). */
+static void th_map_fill(const th_map_op *m, float *x, int64_t n) {
+  if (m->domain != DT__MAP_DOMAIN_ANY) th_fill(x, n, 0.3f, 3.0f);
+  else th_fill_away0(x, n, -3.0f, 3.0f, 0.05f);
+}
+
 #endif /* DTRAIN_TEST_HARNESS_H */

@@ -143,7 +143,9 @@ static void test_unknown_kernel(void) {
   dt_kernel_args ka;
   memset(&ka, 0, sizeof ka);
   CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_COUNT, &ka), DTRAIN_ERR_UNSUPPORTED, "no implementation");
-  ka.n[1] = DTRAIN_MAP_DOMAIN_NONNEG + 1; /* a map function the backend does not know */
+  ka.n[1] = DTRAIN_MAP_COUNT; /* a map function the backend does not know */
+  CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_MAP, &ka), DTRAIN_ERR_UNSUPPORTED, "no implementation");
+  ka.n[1] = -1;
   CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_MAP, &ka), DTRAIN_ERR_UNSUPPORTED, "no implementation");
   ka.n[1] = DTRAIN_MAP_DOMAIN_POS; /* the domain maps have no backward */
   CHECK_ERR(cp_dev->run(cp_dev, DTRAIN_K_MAP_BWD, &ka), DTRAIN_ERR_UNSUPPORTED, "no implementation");

@@ -51,39 +51,34 @@ static void test_binary_values(void) {
   dt_graph_destroy(g);
 }
 
-typedef struct { int op; float s; } un_ctx;
-static dt_tensor *f_unary(dt_graph *g, dt_tensor **in, void *ctx) {
-  un_ctx *u = (un_ctx *)ctx;
-  switch (u->op) {
-    case 0: return dt_add_scalar(g, in[0], u->s);
-    case 1: return dt_mul_scalar(g, in[0], u->s);
-    case 2: return dt_pow_scalar(g, in[0], u->s);
-    case 3: return dt_rsub_scalar(g, in[0], u->s);
-    case 4: return dt_neg(g, in[0]);
-    case 5: return dt_exp(g, in[0]);
-    case 6: return dt_log(g, in[0]);
-    case 7: return dt_sqrt(g, in[0]);
-    case 8: return dt_relu(g, in[0]);
-    case 9: return dt_leaky_relu(g, in[0], u->s);
-    case 10: return dt_sigmoid(g, in[0]);
-    case 11: return dt_tanh(g, in[0]);
-    default: return dt_gelu(g, in[0]);
-  }
+/* Every op of DT__MAP_LIST (dt_maps.h), through th_map_ops: an op added to
+ * the list is gradchecked here without an edit. */
+static dt_tensor *f_map(dt_graph *g, dt_tensor **in, void *ctx) {
+  return th_map_apply(g, (const th_map_op *)ctx, in[0]);
 }
 
 static void test_unary_grads(void) {
-  static const char *names[] = {"add_scalar", "mul_scalar", "pow_scalar", "rsub_scalar", "neg", "exp", "log",
-                                "sqrt", "relu", "leaky_relu", "sigmoid", "tanh", "gelu"};
+  int n;
+  const th_map_op *ops = th_map_ops(&n);
   float x[2 * 3 * 5];
   int64_t shape[3] = {2, 3, 5};
-  for (int op = 0; op <= 12; op++) {
-    if (op == 2 || op == 6 || op == 7) th_fill(x, 30, 0.3f, 3.0f); /* positive domain */
-    else th_fill_away0(x, 30, -3.0f, 3.0f, 0.05f);
-    un_ctx u = {op, op == 2 ? 1.7f : op == 9 ? 0.1f : 0.75f};
+  CHECK(n >= 13);
+  for (int op = 0; op < n; op++) {
+    th_map_fill(&ops[op], x, 30);
     th_input in = th_in(x, 3, shape, 1);
-    int bad = th_gradcheck(names[op], f_unary, &u, &in, 1);
-    CHECK_MSG(bad == 0, "%s: %d mismatches", names[op], bad);
+    int bad = th_gradcheck(ops[op].name, f_map, (void *)&ops[op], &in, 1);
+    CHECK_MSG(bad == 0, "%s: %d mismatches", ops[op].name, bad);
   }
+}
+
+/* The list's ids are the dt_map_fn values, in order, with the domain maps after. */
+static void test_map_list(void) {
+  int n;
+  const th_map_op *ops = th_map_ops(&n);
+  CHECK(n == DTRAIN_MAP_DOMAIN_POS && DTRAIN_MAP_COUNT == n + 2);
+  CHECK(strcmp(ops[DTRAIN_MAP_GELU].name, "gelu") == 0 && strcmp(ops[DTRAIN_MAP_SQRT].name, "sqrt") == 0);
+  CHECK(ops[DTRAIN_MAP_LOG].domain == DT__MAP_DOMAIN_POS && ops[DTRAIN_MAP_SQRT].domain == DT__MAP_DOMAIN_NONNEG);
+  CHECK(ops[DTRAIN_MAP_LEAKY_RELU].scalar == dt_leaky_relu && ops[DTRAIN_MAP_RELU].unary == dt_relu);
 }
 
 static void test_unary_values(void) {
@@ -174,6 +169,7 @@ int main(void) {
   TH_RUN(test_binary_broadcast_grads);
   TH_RUN(test_unary_values);
   TH_RUN(test_unary_grads);
+  TH_RUN(test_map_list);
   TH_RUN(test_errors);
   TH_RUN(test_tensors_from_other_graph);
   return th_summary("ops_elem");

@@ -5,7 +5,13 @@
  *
  * Files (raw little-endian float32 / int32): <name>.weight etc. per parameter
  * (PyTorch layout), x.f32, y.i32, loss.f32, grad.<param>.f32, and index.txt
- * listing "param <name> <dims...>". */
+ * listing "param <name> <dims...>".
+ *
+ * The mlp run also writes every elementwise map of DT__MAP_LIST (dt_maps.h):
+ * for each, map.<name>.{x,go,y,gx}.f32 (input, output gradient, dtrain's
+ * output and input gradient) and a line "map <name> <scalar> <count>" in
+ * maps.txt, so that an op added to the list is compared with PyTorch
+ * without an edit here (torch_parity.py needs its torch expression). */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
 #include <stdio.h>
@@ -24,6 +30,64 @@ static int write_le(const char *dir, const char *name, const void *data, size_t 
     fwrite(le, 1, 4, f);
   }
   return fclose(f) != 0;
+}
+
+/* The ops of DT__MAP_LIST: name, function, domain (as in tests/harness.h). */
+typedef struct map_op {
+  const char *name;
+  dt_tensor *(*unary)(dt_graph *g, dt_tensor *x);
+  dt_tensor *(*scalar)(dt_graph *g, dt_tensor *x, float s);
+  int domain;
+} map_op;
+#define MAP_FNS_UNARY(name) dt_##name, NULL
+#define MAP_FNS_SCALAR(name) NULL, dt_##name
+#define MAP_ROW(name, NAME, args, domain) {#name, MAP_FNS_##args(name), DT__MAP_DOMAIN_##domain},
+static const map_op map_ops[] = {DT__MAP_LIST(MAP_ROW)};
+
+/* Each map on n inputs (positive where the op has a domain, else in [-3, 3]
+ * at least 0.05 from 0), backward from a random output gradient. */
+static int dump_maps(const char *dir) {
+  enum { N = 256 };
+  float x[N], go[N], y[N], gx[N];
+  char path[512], name[256];
+  snprintf(path, sizeof path, "%s/maps.txt", dir);
+  FILE *idx = fopen(path, "w");
+  if (!idx) {
+    perror(path);
+    return 1;
+  }
+  dt_rng r;
+  dt_rng_seed(&r, 11);
+  int bad = 0;
+  for (size_t k = 0; k < sizeof map_ops / sizeof map_ops[0] && !bad; k++) {
+    const map_op *m = &map_ops[k];
+    float s = m->unary ? 0.0f : m->domain == DT__MAP_DOMAIN_POW ? 1.7f : 0.75f; /* 0: the op takes none */
+    for (int i = 0; i < N; i++) {
+      float u = dt_rng_uniform(&r);
+      if (m->domain != DT__MAP_DOMAIN_ANY) x[i] = 0.3f + 2.7f * u;
+      else x[i] = (u < 0.5f ? -1.0f : 1.0f) * (0.05f + 2.95f * (u < 0.5f ? 2.0f * u : 2.0f * u - 1.0f));
+      go[i] = dt_rng_uniform(&r) - 0.5f;
+    }
+    dt_graph *g = dt_graph_create(NULL, NULL);
+    int64_t shape[1] = {N};
+    dt_tensor *t = dt_tensor_from(g, 1, shape, x);
+    dt_tensor_set_requires_grad(t, 1);
+    dt_tensor *o = m->unary ? m->unary(g, t) : m->scalar(g, t, s);
+    if (!o || dt_backward_grad(g, o, go) != DTRAIN_OK || dt_tensor_to_host(o, y) != DTRAIN_OK ||
+        dt_tensor_grad_to_host(t, gx) != DTRAIN_OK) {
+      fprintf(stderr, "torch_dump: map %s: %s\n", m->name, dt_graph_message(g));
+      bad = 1;
+    }
+    dt_graph_destroy(g);
+    fprintf(idx, "map %s %.9g %d\n", m->name, (double)s, N);
+    const char *part[4] = {"x", "go", "y", "gx"};
+    const float *data[4] = {x, go, y, gx};
+    for (int p = 0; p < 4 && !bad; p++) {
+      snprintf(name, sizeof name, "map.%s.%s.f32", m->name, part[p]);
+      bad |= write_le(dir, name, data[p], N);
+    }
+  }
+  return (fclose(idx) != 0) | bad;
 }
 
 int main(int argc, char **argv) {
@@ -110,5 +174,6 @@ int main(int argc, char **argv) {
   bad |= write_le(dir, "loss.f32", &lv, 1);
   dt_graph_destroy(g);
   dt_params_destroy(P);
+  if (!cnn) bad |= dump_maps(dir);
   return bad;
 }

@@ -8,7 +8,12 @@ Prints one line per check and "torch_parity: N passed, N failed, 0 skipped"
 is not installed). A check passes
 when |loss - loss_torch| <= 1e-4 |loss_torch| and, for every parameter,
 ||grad - grad_torch|| <= 1e-4 ||grad_torch|| (relative error of the whole
-gradient, which is well defined where single elements are near zero)."""
+gradient, which is well defined where single elements are near zero).
+
+A directory with maps.txt (the mlp one) also holds every elementwise map of
+dtrain's DT__MAP_LIST (src/dt_maps.h): each is recomputed with its torch
+expression in MAPS below, forward and backward, with the same tolerance. A
+map without an entry in MAPS fails: add its expression there."""
 import os
 import sys
 
@@ -23,6 +28,25 @@ except ImportError as e:  # pragma: no cover
 
 torch.set_num_threads(1)
 TOL = 1e-4
+
+
+# The torch expression of each map of DT__MAP_LIST, x a tensor, s the scalar
+# (ignored by the ops that take none).
+MAPS = {
+    "add_scalar": lambda x, s: x + s,
+    "mul_scalar": lambda x, s: x * s,
+    "rsub_scalar": lambda x, s: s - x,
+    "pow_scalar": lambda x, s: torch.pow(x, s),
+    "neg": lambda x, s: -x,
+    "exp": lambda x, s: torch.exp(x),
+    "leaky_relu": lambda x, s: F.leaky_relu(x, s),
+    "gelu": lambda x, s: F.gelu(x, approximate="tanh"),
+    "log": lambda x, s: torch.log(x),
+    "sqrt": lambda x, s: torch.sqrt(x),
+    "relu": lambda x, s: F.relu(x),
+    "sigmoid": lambda x, s: torch.sigmoid(x),
+    "tanh": lambda x, s: torch.tanh(x),
+}
 
 
 def load(d, name, dtype="<f4"):
@@ -66,10 +90,35 @@ def run(d):
     return results
 
 
+def rel_err(ours, ref):
+    ref = ref.astype(np.float64)
+    return np.linalg.norm(ours.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def run_maps(d):
+    path = os.path.join(d, "maps.txt")
+    if not os.path.exists(path):
+        return []
+    results = []
+    for line in open(path):
+        _, name, s, _n = line.split()
+        s = float(s)
+        if name not in MAPS:
+            results.append((f"map {name}", float("inf"), "no torch expression: add it to MAPS in tests/torch_parity.py"))
+            continue
+        x = torch.tensor(load(d, f"map.{name}.x.f32"), requires_grad=True)
+        go = torch.tensor(load(d, f"map.{name}.go.f32"))
+        y = MAPS[name](x, s)
+        y.backward(go)
+        results.append((f"map {name} forward", rel_err(load(d, f"map.{name}.y.f32"), y.detach().numpy()), f"s {s:g}"))
+        results.append((f"map {name} backward", rel_err(load(d, f"map.{name}.gx.f32"), x.grad.numpy()), f"s {s:g}"))
+    return results
+
+
 def main():
     passed = failed = 0
     for d in sys.argv[1:]:
-        for what, rel, info in run(d):
+        for what, rel, info in run(d) + run_maps(d):
             ok = rel <= TOL
             print(f"{'ok' if ok else 'FAIL'} {what}: relative error {rel:.2e} ({info})")
             passed += ok
