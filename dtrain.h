@@ -12001,6 +12001,7 @@ DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { (void)c;
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_optim_internal.h" (amalgamated) */
 /* #include "dt_json.h" (amalgamated) */
 /* #include "dt_safetensors.h" (amalgamated) */
 
@@ -12103,41 +12104,37 @@ static int dt__io_valid_utf8(const char *s) {
 
 /* ---- optimizer slots --------------------------------------------------------------------- */
 
-static const char *const dt__io_all_slots[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "square_avg"};
-
+/* The optimizers' names come from their table (dt_optim.c, asked through
+ * dt_optim_internal.h), so a new optimizer needs no case here. */
 static const char *dt__io_kind_name(dt_optim_kind k) {
-  switch (k) {
-    case DTRAIN_OPTIM_SGD: return "sgd";
-    case DTRAIN_OPTIM_ADAM: return "adam";
-    case DTRAIN_OPTIM_ADAMW: return "adamw";
-    case DTRAIN_OPTIM_RMSPROP: return "rmsprop";
-    default: return "unknown";
-  }
+  const char *n = dt__optim_kind_name(k);
+  return n ? n : "unknown";
 }
 
 /* PyTorch's name of state slot s of an optimizer of this kind. */
 static const char *dt__io_slot_name(dt_optim_kind k, int s) {
-  switch (k) {
-    case DTRAIN_OPTIM_SGD: return "momentum_buffer";
-    case DTRAIN_OPTIM_ADAM:
-    case DTRAIN_OPTIM_ADAMW: return s == 0 ? "exp_avg" : "exp_avg_sq";
-    case DTRAIN_OPTIM_RMSPROP: return s == 0 ? "square_avg" : "momentum_buffer";
-    default: return "unknown";
-  }
+  const char *n = dt__optim_slot_name(k, s);
+  return n ? n : "unknown";
 }
 
-/* "optim.<slot>.<param>": returns the param part and the slot number in
- * dt__io_all_slots, or NULL when name is not of that form. */
-static const char *dt__io_split_optim(const char *name, int *slot) {
+/* The slot name of some optimizer that s[0, len) spells, or NULL. */
+static const char *dt__io_known_slot(const char *s, size_t len) {
+  for (int k = 0; dt__optim_kind_name((dt_optim_kind)k); k++)
+    for (int i = 0; i < 2; i++) {
+      const char *n = dt__optim_slot_name((dt_optim_kind)k, i);
+      if (n && strlen(n) == len && strncmp(s, n, len) == 0) return n;
+    }
+  return NULL;
+}
+
+/* "optim.<slot>.<param>": returns the param part and the slot's name (one
+ * that some optimizer has), or NULL when name is not of that form. */
+static const char *dt__io_split_optim(const char *name, const char **slot) {
   if (strncmp(name, "optim.", 6) != 0) return NULL;
   const char *s = name + 6, *dot = strchr(s, '.');
   if (!dot) return NULL;
-  for (int i = 0; i < (int)(sizeof dt__io_all_slots / sizeof dt__io_all_slots[0]); i++)
-    if ((size_t)(dot - s) == strlen(dt__io_all_slots[i]) && strncmp(s, dt__io_all_slots[i], (size_t)(dot - s)) == 0) {
-      *slot = i;
-      return dot + 1;
-    }
-  return NULL;
+  *slot = dt__io_known_slot(s, (size_t)(dot - s));
+  return *slot ? dot + 1 : NULL;
 }
 
 /* The optimizer's state must cover the params' layout (it was created for
@@ -12624,14 +12621,15 @@ static dt_result dt__io_match(const dt_checkpoint *c, const dt__io_ctx *ctx, dt_
    * parameter (of this optimizer's kind when one is given). */
   for (int e = 0; e < c->nentries; e++) {
     const char *name = c->entries[e].name;
-    int slot = -1, pi;
+    const char *slot = NULL;
+    int pi;
     if (dt_params_find(p, name) >= 0) continue;
     const char *pname = dt__io_split_optim(name, &slot);
     if (!pname || (pi = dt_params_find(p, pname)) < 0)
       return dt__io_err(ctx, DTRAIN_ERR_MISMATCH, "unknown tensor '%s' (not a parameter of this model)", name);
     if (o) {
       int ok = 0;
-      for (int s = 0; s < nslots; s++) ok |= strcmp(dt__io_all_slots[slot], dt__io_slot_name(od->kind, s)) == 0;
+      for (int s = 0; s < nslots; s++) ok |= strcmp(slot, dt__io_slot_name(od->kind, s)) == 0;
       if (!ok)
         return dt__io_err(ctx, DTRAIN_ERR_MISMATCH, "tensor '%s' is state of another optimizer (this one is %s with %d slots)",
                           name, dt__io_kind_name(od->kind), nslots);
@@ -17889,13 +17887,13 @@ DTRAIN_PRIVATE void dt__strategy_scale(dt_strategy *s, float *grad, size_t b, si
   }
 }
 
-/* The one copy of the rule in the strategies: PyTorch's clip_grad_norm_,
- * coef = clip / (norm + 1e-6), as in dt_optim.c (dt_clip_grad_norm and the
- * optimizer's own step), so that a strategy clips exactly as one_device's
- * optimizer would. */
+/* PyTorch's clip_grad_norm_ through dt__clip_scale, the formula dt_optim.c
+ * uses too, so that a strategy clips exactly as one_device's optimizer
+ * would. 0: the norm is not finite (nothing scaled). */
 DTRAIN_PRIVATE int dt__strategy_clip_scale(dt_strategy *s, float *grad, size_t b, size_t e, double norm, float clip) {
   if (!isfinite(norm)) return 0;
-  if (norm > (double)clip) dt__strategy_scale(s, grad, b, e, (float)((double)clip / (norm + 1e-6)));
+  float coef = dt__clip_scale(norm, clip);
+  if (coef != 1.0f) dt__strategy_scale(s, grad, b, e, coef);
   return 1;
 }
 

@@ -262,13 +262,13 @@ DTRAIN_PRIVATE void dt__strategy_scale(dt_strategy *s, float *grad, size_t b, si
   }
 }
 
-/* The one copy of the rule in the strategies: PyTorch's clip_grad_norm_,
- * coef = clip / (norm + 1e-6), as in dt_optim.c (dt_clip_grad_norm and the
- * optimizer's own step), so that a strategy clips exactly as one_device's
- * optimizer would. */
+/* PyTorch's clip_grad_norm_ through dt__clip_scale, the formula dt_optim.c
+ * uses too, so that a strategy clips exactly as one_device's optimizer
+ * would. 0: the norm is not finite (nothing scaled). */
 DTRAIN_PRIVATE int dt__strategy_clip_scale(dt_strategy *s, float *grad, size_t b, size_t e, double norm, float clip) {
   if (!isfinite(norm)) return 0;
-  if (norm > (double)clip) dt__strategy_scale(s, grad, b, e, (float)((double)clip / (norm + 1e-6)));
+  float coef = dt__clip_scale(norm, clip);
+  if (coef != 1.0f) dt__strategy_scale(s, grad, b, e, coef);
   return 1;
 }
 
