@@ -273,6 +273,19 @@
 #  define DTRAIN_API extern
 #endif
 
+/* Marks a public name kept for one release after its rename: calling it
+ * still works, the compiler warns and the message names the replacement.
+ * Only functions carry it (the old type names are plain typedefs: the
+ * library's own sources still spell some of them); -Wno-deprecated-declarations
+ * silences it. */
+#if defined(__GNUC__) || defined(__clang__)
+#  define DTRAIN_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#elif defined(_MSC_VER)
+#  define DTRAIN_DEPRECATED(msg) __declspec(deprecated(msg))
+#else
+#  define DTRAIN_DEPRECATED(msg)
+#endif
+
 #ifdef __cplusplus
 #  define DTRAIN_EXTERN_C_BEGIN extern "C" {
 #  define DTRAIN_EXTERN_C_END }
@@ -409,7 +422,9 @@ DTRAIN_API float dt_rng_normal(dt_rng *r);
 /* Fisher-Yates shuffle of n int32 indices. */
 DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n);
 
-/* Monotonic wall clock in seconds (for timing and progress). */
+/* Seconds on a monotonic clock (CLOCK_MONOTONIC: never jumps when the
+ * system time is set), for timing and progress; only differences mean
+ * anything. Without a monotonic clock (no POSIX), the C11 calendar clock. */
 DTRAIN_API double dt_time_now(void);
 
 DTRAIN_EXTERN_C_END
@@ -3620,8 +3635,13 @@ DTRAIN_API const char *dt_build_info(void) {
 #undef DT__B_ZLIB
 #undef DT__B_DEBUG
 
+/* Timings subtract two readings, so the clock must not step when NTP or an
+ * administrator sets the time: CLOCK_MONOTONIC where POSIX has it. */
 DTRAIN_API double dt_time_now(void) {
   struct timespec ts;
+#if defined(CLOCK_MONOTONIC) && !defined(_WIN32)
+  if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#endif
   if (timespec_get(&ts, TIME_UTC) != TIME_UTC) return (double)clock() / CLOCKS_PER_SEC;
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
@@ -15629,13 +15649,9 @@ DTRAIN_PRIVATE double dt__spin_seconds(int spin_us, int nthreads);
 
 /* ---- time ------------------------------------------------------------------------ */
 
-DTRAIN_PRIVATE double dt__now(void) {
-#if defined(CLOCK_MONOTONIC) && !defined(_WIN32)
-  struct timespec ts;
-  if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-#endif
-  return dt_time_now();
-}
+/* The library's deadlines and the public dt_time_now read one clock, so a
+ * time a user measured can be compared with the library's. */
+DTRAIN_PRIVATE double dt__now(void) { return dt_time_now(); }
 
 DTRAIN_PRIVATE void dt__sleep(double seconds) {
   if (!(seconds > 0.0)) return;
