@@ -21,7 +21,7 @@
  *   dt_nn_linear hid, out;
  *   dt_nn_linear_init(&hid, P, "hidden", 2, 8, 1);
  *   dt_nn_linear_init(&out, P, "out", 8, 1, 1);
- *   dt_optim_desc od = {0};  od.kind = DTRAIN_OPTIM_ADAM;  od.lr = 0.05f;
+ *   dt_optim_options od = {0};  od.kind = DTRAIN_OPTIM_ADAM;  od.lr = 0.05f;
  *   dt_optim *opt = dt_optim_create(P, &od);
  *   dt_graph *g = dt_graph_create(P, NULL);
  *   for (int step = 0; step < 2000; step++) {
@@ -173,14 +173,14 @@
  *   timing: reductions run in a fixed order, so a repeat is bitwise equal.
  *
  * DEVICES (dt_device.h; the CUDA backend is dtrain_cuda.h, built with nvcc)
- *   dt_graph_desc.device runs the same model code on a device: tensor data and
+ *   dt_graph_options.device runs the same model code on a device: tensor data and
  *   gradients in device memory, headers and the tape on the host. The graph
  *   keeps a device copy of its params (dt_graph_params_upload/download);
  *   dt_optim_step_graph updates it there; dt_tensor_to_host reads results.
  *   Ops without a device kernel fail with DTRAIN_ERR_UNSUPPORTED (never a
  *   host read of device memory). Several GPUs: the mirrored and
  *   multi_worker_mirrored strategies take one device per replica
- *   (dt_strategy_desc.devices) and all-reduce over a dt_device_group (peer
+ *   (dt_strategy_options.devices) and all-reduce over a dt_device_group (peer
  *   copies, or NCCL with DTRAIN_USE_NCCL). The CUDA backend has not yet run
  *   on a GPU: its kernels' math is checked against the CPU ops in a host
  *   emulation (tests/test_cuda_emu.cc).
@@ -495,17 +495,19 @@ struct dt_tensor {
  * graph and returns NULL; every later op on the graph (and dt_backward) returns
  * NULL / that error without doing anything. Check once at the end.
  */
-typedef struct dt_graph_desc {
+typedef struct dt_graph_options {
   size_t arena_bytes;   /* first arena block; 0 means 1 MiB */
   uint64_t seed;        /* seed of the graph's RNG (dropout); 0 means 1 */
   int check_numerics;   /* nonzero: every op checks its output for NaN/Inf */
   dt_device *device;    /* NULL: the CPU; else run on this device (dt_device.h) */
-} dt_graph_desc;
+} dt_graph_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_graph_options dt_graph_desc;
 
 /* Create a graph bound to `params` (may be NULL): dt_param(g, i) returns views
  * of the params' data and grad buffers. desc may be NULL for defaults.
  * Returns NULL on failure (see dt_last_error()). */
-DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *desc);
+DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_options *desc);
 DTRAIN_API void dt_graph_destroy(dt_graph *g);
 
 /* Forget every tensor of the step and clear the tape and the sticky error.
@@ -893,7 +895,7 @@ typedef struct dt_schedule {
 DTRAIN_API float dt_schedule_lr(const dt_schedule *s, float lr, int64_t step);
 
 /* Zero fields take the defaults in brackets. */
-typedef struct dt_optim_desc {
+typedef struct dt_optim_options {
   dt_optim_kind kind;
   float lr;             /* [0.01 for SGD, 0.001 otherwise] */
   float momentum;       /* SGD, RMSprop [0] */
@@ -904,12 +906,14 @@ typedef struct dt_optim_desc {
   float alpha;          /* RMSprop smoothing [0.99] */
   float clip_norm;      /* > 0: clip the global gradient norm in dt_optim_step */
   dt_schedule schedule;
-} dt_optim_desc;
+} dt_optim_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_optim_options dt_optim_desc;
 
 typedef struct dt_optim dt_optim;
 
 /* NULL on failure (dt_last_error()). The params must not gain parameters later. */
-DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc);
+DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_options *desc);
 DTRAIN_API void dt_optim_destroy(dt_optim *o);
 
 /* One update of the params' own data from their own grad: clip (if set),
@@ -936,7 +940,10 @@ DTRAIN_API int64_t dt_optim_steps(const dt_optim *o);
 DTRAIN_API void dt_optim_set_steps(dt_optim *o, int64_t steps);
 /* Learning rate the next update will use. */
 DTRAIN_API float dt_optim_lr(const dt_optim *o);
-DTRAIN_API const dt_optim_desc *dt_optim_get_desc(const dt_optim *o);
+/* The options the optimizer was created with (defaults filled in). */
+DTRAIN_API const dt_optim_options *dt_optim_get_options(const dt_optim *o);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_optim_get_options")
+const dt_optim_options *dt_optim_get_desc(const dt_optim *o);
 /* State buffers for checkpoints: n_slots (0..2) buffers of dt_params_size floats.
  * After dt_optim_step_graph on a device the state lives on the device:
  * dt_optim_state then copies the slot to the host (a device -> host copy;
@@ -1192,7 +1199,7 @@ DTRAIN_EXTERN_C_END
  *     b->loss = dt_item(loss);  b->samples = n;  b->correct = hits;  // correct optional
  *     return DTRAIN_OK;
  *   }
- *   dt_fit_desc fd = {0};                  // zero fields take defaults
+ *   dt_fit_options fd = {0};               // zero fields take defaults
  *   fd.epochs = 10;  fd.steps_per_epoch = n_train / batch;
  *   fd.train_step = step;  fd.evaluate = eval;  fd.user = &model;
  *   fd.params = P;  fd.optim = opt;  fd.graph = g;
@@ -1280,7 +1287,7 @@ typedef enum dt_fit_progress {
 } dt_fit_progress;
 
 /* Zero fields take the defaults in brackets. */
-typedef struct dt_fit_desc {
+typedef struct dt_fit_options {
   int64_t epochs;             /* train epochs [start_epoch, epochs) [1] */
   int64_t steps_per_epoch;    /* batches per epoch (required) */
   int64_t batch_size;         /* samples per batch when a step does not report them [1] */
@@ -1316,7 +1323,9 @@ typedef struct dt_fit_desc {
   /* Resume. */
   int64_t start_epoch;        /* 0-based epoch to start in [0] */
   int64_t start_batch;        /* batch to start at within start_epoch [0] */
-} dt_fit_desc;
+} dt_fit_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_fit_options dt_fit_desc;
 
 typedef struct dt_fit_result {
   int64_t epochs_run;         /* epochs completed by this call */
@@ -1335,7 +1344,7 @@ typedef struct dt_fit_result {
 
 /* Run the loop. result may be NULL. Returns the first error of a callback,
  * a checkpoint, the CSV or the chart (training stops there), else DTRAIN_OK. */
-DTRAIN_API dt_result dt_fit(const dt_fit_desc *desc, dt_fit_result *result);
+DTRAIN_API dt_result dt_fit(const dt_fit_options *desc, dt_fit_result *result);
 
 /* Write a standalone SVG chart (no dependency) of n epochs' metrics: loss
  * (train and validation) in the left panel, accuracy in the right one, with
@@ -1470,15 +1479,17 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
  * Numeric CSV: every field a finite number (C locale: '.' decimal point);
  * blank lines are skipped; "\r\n" line ends are fine; every row must have the
  * same number of fields. A zeroed desc means: no header, no labels, ','. */
-typedef struct dt_csv_desc {
+typedef struct dt_csv_options {
   int header;          /* nonzero: the first line is a header and is skipped */
   int has_labels;      /* nonzero: one column holds integer labels >= 0 */
   int label_column;    /* 0-based; negative counts from the end (-1 = last) */
   char delimiter;      /* 0 means ',' */
-} dt_csv_desc;
+} dt_csv_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_csv_options dt_csv_desc;
 
-DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc);
-DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc);
+DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_options *desc);
+DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_options *desc);
 
 /* ---- NPY ----------------------------------------------------------------------------
  * NumPy .npy, format versions 1.0 and 2.0 (read), 1.0 (written). dtypes
@@ -1561,14 +1572,16 @@ DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end
  */
 typedef struct dt_loader dt_loader;
 
-typedef struct dt_loader_desc {
+typedef struct dt_loader_options {
   int64_t batch_size;    /* required, >= 1 */
   uint64_t seed;         /* shuffle seed */
   int shuffle;           /* nonzero: a fresh permutation every epoch */
   int drop_last;         /* nonzero: skip the last partial batch of an epoch */
   int shard_index;       /* k in 0..shard_count-1 */
   int shard_count;       /* K; 0 means 1 (the whole set) */
-} dt_loader_desc;
+} dt_loader_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_loader_options dt_loader_desc;
 
 typedef struct dt_batch {
   float *x;                        /* size * sample_size floats (loader's buffer) */
@@ -1581,7 +1594,7 @@ typedef struct dt_batch {
   int64_t start;                   /* index of its first sample in the epoch's shard order */
 } dt_batch;
 
-DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc);
+DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_options *desc);
 DTRAIN_API void dt_loader_destroy(dt_loader *l);
 /* Next batch: returns 1 and fills *b; at the end of the epoch returns 0
  * (b untouched) and moves to (epoch + 1, 0); a negative dt_result on error.
@@ -1769,7 +1782,7 @@ DTRAIN_EXTERN_C_END
  *     return dt_cross_entropy(g, model_forward(g, m, x), b->y);   // mean over the shard
  *   }
  *   ...
- *   dt_strategy_desc sd = dt_mirrored(4);    // or dt_one_device(), dt_central_storage(4), dt_async(4, 2)
+ *   dt_strategy_options sd = dt_mirrored(4);    // or dt_one_device(), dt_central_storage(4), dt_async(4, 2)
  *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
  *   for (...) { dt_minibatch b = {...}; dt_strategy_step(s, &b, &loss); }
  *
@@ -1909,11 +1922,11 @@ DTRAIN_EXTERN_C_END
  * one replica per device (dt_device.h; dtrain_cuda.h makes CUDA ones):
  *
  *   dt_device *gpu[2] = {dt_cuda_device_create(0), dt_cuda_device_create(1)};
- *   dt_strategy_desc sd = dt_mirrored(0);   the replica count follows the devices
+ *   dt_strategy_options sd = dt_mirrored(0);   the replica count follows the devices
  *   sd.devices = gpu; sd.ndevices = 2;      the one-line switch (one_device: 1 device)
  *
  * The step function is unchanged: replica r's graph is created with
- * dt_graph_desc.device = devices[r], so dt_tensor_from() copies its shard of
+ * dt_graph_options.device = devices[r], so dt_tensor_from() copies its shard of
  * the host batch to that device and the ops run there (the ops a device
  * lacks fail the step with DTRAIN_ERR_UNSUPPORTED; dt_tensor_wrap takes
  * device pointers there, so wrap host data only on the CPU). A step: every
@@ -2026,7 +2039,7 @@ typedef dt_result (*dt_minibatch_fn)(void *user, int replica, int64_t step, dt_m
 typedef struct dt_pstore dt_pstore; /* the parameter store (below) */
 
 /* Zero fields take the defaults in brackets. */
-typedef struct dt_strategy_desc {
+typedef struct dt_strategy_options {
   dt_strategy_kind kind;         /* [one_device] */
   int replicas;                  /* N [one_device: 1; others: the number of CPUs] */
   int max_staleness;             /* async: 0 lock-step, k > 0 bounded, DTRAIN_STALENESS_UNBOUNDED */
@@ -2049,16 +2062,18 @@ typedef struct dt_strategy_desc {
                                     array and the devices are borrowed [NULL: the CPU] */
   int ndevices;                  /* entries in devices; replicas 0 means ndevices, else it must
                                     equal ndevices (one replica per device) */
-} dt_strategy_desc;
+} dt_strategy_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_strategy_options dt_strategy_desc;
 
 /* The one-line choices. */
-DTRAIN_API dt_strategy_desc dt_one_device(void);
-DTRAIN_API dt_strategy_desc dt_mirrored(int replicas);
-DTRAIN_API dt_strategy_desc dt_central_storage(int replicas);
-DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness);
+DTRAIN_API dt_strategy_options dt_one_device(void);
+DTRAIN_API dt_strategy_options dt_mirrored(int replicas);
+DTRAIN_API dt_strategy_options dt_central_storage(int replicas);
+DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness);
 /* Across processes: comm has one rank per process (borrowed), `replicas`
  * threads in each (0: the number of CPUs). */
-DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+DTRAIN_API dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas);
 /* Parameter-server training (dt_net.h): the store from dt_pstore_create_tcp
  * (borrowed: destroy it after the strategy; call dt_pstore_leave when this
  * worker is done). One replica per process; max_staleness is the store's
@@ -2067,12 +2082,12 @@ DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas
  * the push); the servers run theirs. After a step the params' data holds
  * the parameters this step pulled (the last push is applied on the servers;
  * pull again to see it). */
-DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness);
+DTRAIN_API dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness);
 /* From a name ("one_device", "mirrored", "central_storage", "async",
  * "multi_worker_mirrored", "parameter_server"), e.g. for a --strategy flag;
  * set desc.comm / desc.store yourself for the last two.
  * DTRAIN_ERR_INVALID_ARG for an unknown name. */
-DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out);
+DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_options *out);
 DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind);
 
 typedef struct dt_strategy dt_strategy;
@@ -2085,7 +2100,7 @@ typedef struct dt_strategy dt_strategy;
  * if you change them yourself later (loading a checkpoint), call
  * dt_strategy_sync(). NULL on failure (dt_last_error()). */
 DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_step_fn step, void *user,
-                                           const dt_strategy_desc *desc);
+                                           const dt_strategy_options *desc);
 /* Joins the threads and frees everything the strategy owns; NULL is a no-op. */
 DTRAIN_API void dt_strategy_destroy(dt_strategy *s);
 
@@ -2112,7 +2127,9 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s);
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s);
-DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s);
+DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_get_options")
+const dt_strategy_options *dt_strategy_get_desc(const dt_strategy *s);
 /* Replica r's graph (for inspection between steps: memory, RNG state). */
 DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica);
 
@@ -2435,7 +2452,7 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options
  *   mpirun -n 4 ./prog                      (or the cluster's scheduler: srun, ...)
  *
  *   dt_comm *c = dt_comm_create_mpi();
- *   dt_strategy_desc sd = dt_multi_worker_mirrored(c, 2);   // 4 processes x 2 threads
+ *   dt_strategy_options sd = dt_multi_worker_mirrored(c, 2);   // 4 processes x 2 threads
  */
 DTRAIN_API dt_comm *dt_comm_create_mpi(void);
 
@@ -2450,7 +2467,7 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void);
  *   ... build params P and optimizer opt ...
  *   if (c->role == DTRAIN_ROLE_PS) return dt_ps_serve(c, P, opt, NULL, &po) == DTRAIN_OK ? 0 : 1;
  *   dt_pstore *ps = dt_pstore_create_tcp(c, P, NULL, 2);    // max_staleness 2
- *   dt_strategy_desc sd = dt_parameter_server(ps, 2);
+ *   dt_strategy_options sd = dt_parameter_server(ps, 2);
  *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
  *   dt_strategy_run(s, steps, next_batch, &data, &loss);
  *   dt_pstore_leave(ps, c->index);                        // BYE: the servers stop waiting for us
@@ -2538,13 +2555,13 @@ DTRAIN_EXTERN_C_END
 /* ===========================================================================
  * dt_device.h -- running a graph on an accelerator (the device hook)
  * ===========================================================================
- * A graph created with dt_graph_desc.device set runs on that device: the
+ * A graph created with dt_graph_options.device set runs on that device: the
  * SAME model code (dt_linear, dt_relu, dt_cross_entropy, ... on the graph)
  * works unchanged, but every tensor's `data` and `grad` point into device
  * memory. Tensor headers (shape, flags, the tape) stay in host memory.
  *
  *   dt_device *dev = dt_cuda_device_create(0);     (dtrain_cuda.h)
- *   dt_graph_desc gd = {0};
+ *   dt_graph_options gd = {0};
  *   gd.device = dev;                                the one-line switch
  *   dt_graph *g = dt_graph_create(params, &gd);     uploads the params
  *   ... forward with the usual ops, dt_backward(g, loss) ...
@@ -10339,7 +10356,9 @@ DTRAIN_API float dt_optim_lr(const dt_optim *o) {
   return o ? dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps) : 0.0f;
 }
 
-DTRAIN_API const dt_optim_desc *dt_optim_get_desc(const dt_optim *o) { return o ? &o->desc : NULL; }
+DTRAIN_API const dt_optim_options *dt_optim_get_options(const dt_optim *o) { return o ? &o->desc : NULL; }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API const dt_optim_options *dt_optim_get_desc(const dt_optim *o) { return dt_optim_get_options(o); }
 
 DTRAIN_API int dt_optim_state_slots(const dt_optim *o) { return o ? o->nslots : 0; }
 
@@ -12135,7 +12154,7 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
   dt_optim *o = st->optim;
   const int np = dt_params_count(p);
   const int nslots = o ? dt_optim_state_slots(o) : 0;
-  const dt_optim_desc *od = o ? dt_optim_get_desc(o) : NULL;
+  const dt_optim_desc *od = o ? dt_optim_get_options(o) : NULL;
   float *data = dt_params_data(p);
   dt__io_buf names, header, optjson;
   dt__io_out *outs = NULL;
@@ -12386,7 +12405,7 @@ static dt_result dt__io_match(const dt_checkpoint *c, const dt__io_ctx *ctx, dt_
                               int *entry_of, int *slot_entry) {
   const int np = dt_params_count(p);
   const int nslots = o ? dt_optim_state_slots(o) : 0;
-  const dt_optim_desc *od = o ? dt_optim_get_desc(o) : NULL;
+  const dt_optim_desc *od = o ? dt_optim_get_options(o) : NULL;
   char s1[96], s2[96];
   for (int i = 0; i < np; i++) {
     dt_param_info info;
@@ -12509,7 +12528,7 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
       }
     }
     if (o) {
-      const char *kind = dt__io_kind_name(dt_optim_get_desc(o)->kind);
+      const char *kind = dt__io_kind_name(dt_optim_get_options(o)->kind);
       dt__json oj;
       int ok = 0;
       v = dt__io_meta_get(c, "optimizer");
@@ -17695,7 +17714,7 @@ DTRAIN_PRIVATE int dt__strategy_clip_own(dt_strategy *s, int r, float clip, cons
 /* Replica r's part of gradient clipping over the slice [b, e) of grad: the
  * global norm from every replica's partial sum (a barrier between). */
 static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b, size_t e) {
-  float clip = dt_optim_get_desc(s->opt)->clip_norm;
+  float clip = dt_optim_get_options(s->opt)->clip_norm;
   if (!(clip > 0.0f)) return 1;
   s->rep[r].ss_part = dt__strategy_sumsq(s, grad, b, e);
   dt_result rc = dt_comm_barrier(s->comm, r);
@@ -18090,7 +18109,9 @@ DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
 }
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s) { return s ? s->n : 0; }
-DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s) { return s ? &s->desc : NULL; }
+DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s) { return s ? &s->desc : NULL; }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API const dt_strategy_options *dt_strategy_get_desc(const dt_strategy *s) { return dt_strategy_get_options(s); }
 
 DTRAIN_API dt_device *dt_strategy_device(const dt_strategy *s, int replica) {
   if (!s || !s->dev || replica < 0 || replica >= s->n) return NULL;
@@ -18395,7 +18416,7 @@ static dt_result dt__async_replica(dt_strategy *s, int r) {
   dt_result rc = dt__strategy_bind(s, r, 1, 1, NULL);
   if (rc != DTRAIN_OK) return rc;
   if (!(R->old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
-  R->opt = dt_optim_create(s->params, dt_optim_get_desc(s->opt));
+  R->opt = dt_optim_create(s->params, dt_optim_get_options(s->opt));
   if (!R->opt) return dt_last_result();
   dt_optim_set_steps(R->opt, dt_optim_steps(s->opt));
   return DTRAIN_OK;
@@ -18409,7 +18430,7 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
   if (b->rows == 0) return 1; /* an empty push: only the clock moves */
-  if (!dt__strategy_clip_own(s, r, dt_optim_get_desc(R->opt)->clip_norm, "no update made")) return 0;
+  if (!dt__strategy_clip_own(s, r, dt_optim_get_options(R->opt)->clip_norm, "no update made")) return 0;
   dt_result rc = dt_optim_update(R->opt, R->data, R->grad, 0, s->size);
   if (rc != DTRAIN_OK) {
     dt__strategy_fail(s, r, rc, dt_last_error());
@@ -18622,7 +18643,7 @@ static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
   if (b->rows == 0) return 1; /* an empty push: only the clock moves */
-  if (!dt__strategy_clip_own(s, r, dt_optim_get_desc(s->opt)->clip_norm, "nothing pushed")) return 0;
+  if (!dt__strategy_clip_own(s, r, dt_optim_get_options(s->opt)->clip_norm, "nothing pushed")) return 0;
   memcpy(R->old, R->grad, s->fbytes);
   for (int i = 0; i < s->nbufr; i++)
     memcpy(R->old + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
@@ -19018,7 +19039,7 @@ DTRAIN_PRIVATE int dt__strategy_dev_checks(dt_strategy *s, const float *g) {
       return 0;
     }
   }
-  if (dt_optim_get_desc(s->opt)->clip_norm > 0.0f) {
+  if (dt_optim_get_options(s->opt)->clip_norm > 0.0f) {
     /* dt_optim_step_graph clips on the device; a non-finite norm must stop
      * the step here, before any update. */
     double norm = sqrt(dt__strategy_sumsq(s, g, 0, s->size));
@@ -19061,7 +19082,7 @@ static int dt__strategy_dev_reduce(dt_strategy *s, int ok) {
   }
   if (s->mod->dev_exchange) return s->mod->dev_exchange(s, ok);
   if (!ok) return 0;
-  if (!s->desc.check_numerics && !(dt_optim_get_desc(s->opt)->clip_norm > 0.0f)) return 1;
+  if (!s->desc.check_numerics && !(dt_optim_get_options(s->opt)->clip_norm > 0.0f)) return 1;
   rc = dt__strategy_dev_copy(s, 0, s->dhost, s->dgrad[0], 0, s->size, DTRAIN_COPY_D2H);
   if (rc != DTRAIN_OK) return dt__strategy_dev_failed(s, rc, "reduced gradient to the host");
   return dt__strategy_dev_checks(s, s->dhost);

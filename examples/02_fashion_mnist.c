@@ -369,7 +369,7 @@ int main(int argc, char **argv) {
   a.eval_g = dt_graph_create(a.P, NULL);
   dt_graph_set_grad_enabled(a.eval_g, 0);
   dt_graph_set_training(a.eval_g, 0);
-  dt_loader_desc ld;
+  dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
   ld.batch_size = a.o.batch;
   ld.seed = a.o.seed;
@@ -380,7 +380,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 1;
   }
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = kind;
   od.lr = a.o.lr;                              /* 0: the optimizer's default */
@@ -391,7 +391,7 @@ int main(int argc, char **argv) {
   }
   a.opt = dt_optim_create(a.P, &od);
   /* The one line that picks how training runs: */
-  dt_strategy_desc sd;
+  dt_strategy_options sd;
   if (dt_strategy_parse(a.o.strategy, a.o.replicas, a.o.max_staleness, &sd) != DTRAIN_OK) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 2;
@@ -429,7 +429,7 @@ int main(int argc, char **argv) {
     return 1;
   }
 
-  dt_fit_desc fd;
+  dt_fit_options fd;
   memset(&fd, 0, sizeof fd);
   fd.epochs = a.o.epochs;
   fd.steps_per_epoch = dt_loader_num_batches(a.loader);

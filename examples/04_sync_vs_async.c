@@ -179,7 +179,7 @@ int main(int argc, char **argv) {
   make_data(1234);
   int N = o.replicas;
   enum { NSTRAT = 5 };
-  dt_strategy_desc sds[NSTRAT];
+  dt_strategy_options sds[NSTRAT];
   char names[NSTRAT][48];
   sds[0] = dt_one_device();
   sds[1] = dt_mirrored(N);
@@ -202,7 +202,7 @@ int main(int argc, char **argv) {
     printf("; replica %d is %gx slower (one_device, a single replica, is not slowed)", o.straggler, (double)o.factor);
   printf("\n\n%-22s %11s %11s %9s %10s %s\n", "strategy", "samples/s", "train loss", "test acc", "wait", "staleness (mean / max)");
   for (int k = 0; k < NSTRAT; k++) {
-    dt_strategy_desc sd = sds[k]; /* <- the one line that picks the strategy */
+    dt_strategy_options sd = sds[k]; /* <- the one line that picks the strategy */
     if (k == 4 && o.max_staleness < 0) continue; /* already shown */
     if (o.straggler >= 0 && sd.replicas > 1) {
       sd.straggler = o.straggler;
@@ -213,7 +213,7 @@ int main(int argc, char **argv) {
     dt_nn_linear_init(&m.l1, P, "l1", NIN, WIDTH, 1);
     dt_nn_linear_init(&m.l2, P, "l2", WIDTH, WIDTH, 1);
     dt_nn_linear_init(&m.l3, P, "l3", WIDTH, NCLS, 1);
-    dt_optim_desc od;
+    dt_optim_options od;
     memset(&od, 0, sizeof od);
     od.kind = DTRAIN_OPTIM_ADAM;
     od.lr = o.lr;

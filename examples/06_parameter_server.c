@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
   dt_nn_linear_init(&m.fc1, P, "fc1", 784, 256, 1);
   dt_nn_linear_init(&m.fc2, P, "fc2", 256, 128, 1);
   dt_nn_linear_init(&m.fc3, P, "fc3", 128, 10, 1);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   od.lr = o.lr;
@@ -207,7 +207,7 @@ int main(int argc, char **argv) {
     r = dt_dataset_subset(train, idx, n_train, &part);
     free(idx);
   }
-  dt_loader_desc ld;
+  dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
   ld.batch_size = o.batch;
   ld.shuffle = 1;
@@ -221,7 +221,7 @@ int main(int argc, char **argv) {
     return 1;
   }
 
-  dt_strategy_desc sd = dt_parameter_server(store, o.max_staleness);
+  dt_strategy_options sd = dt_parameter_server(store, o.max_staleness);
   if (rank == o.slow_rank) {
     sd.straggler = 0; /* this process's replica 0 */
     sd.straggler_factor = o.slow_factor;

@@ -119,15 +119,17 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
  * Numeric CSV: every field a finite number (C locale: '.' decimal point);
  * blank lines are skipped; "\r\n" line ends are fine; every row must have the
  * same number of fields. A zeroed desc means: no header, no labels, ','. */
-typedef struct dt_csv_desc {
+typedef struct dt_csv_options {
   int header;          /* nonzero: the first line is a header and is skipped */
   int has_labels;      /* nonzero: one column holds integer labels >= 0 */
   int label_column;    /* 0-based; negative counts from the end (-1 = last) */
   char delimiter;      /* 0 means ',' */
-} dt_csv_desc;
+} dt_csv_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_csv_options dt_csv_desc;
 
-DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc);
-DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc);
+DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_options *desc);
+DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_options *desc);
 
 /* ---- NPY ----------------------------------------------------------------------------
  * NumPy .npy, format versions 1.0 and 2.0 (read), 1.0 (written). dtypes
@@ -210,14 +212,16 @@ DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end
  */
 typedef struct dt_loader dt_loader;
 
-typedef struct dt_loader_desc {
+typedef struct dt_loader_options {
   int64_t batch_size;    /* required, >= 1 */
   uint64_t seed;         /* shuffle seed */
   int shuffle;           /* nonzero: a fresh permutation every epoch */
   int drop_last;         /* nonzero: skip the last partial batch of an epoch */
   int shard_index;       /* k in 0..shard_count-1 */
   int shard_count;       /* K; 0 means 1 (the whole set) */
-} dt_loader_desc;
+} dt_loader_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_loader_options dt_loader_desc;
 
 typedef struct dt_batch {
   float *x;                        /* size * sample_size floats (loader's buffer) */
@@ -230,7 +234,7 @@ typedef struct dt_batch {
   int64_t start;                   /* index of its first sample in the epoch's shard order */
 } dt_batch;
 
-DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc);
+DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_options *desc);
 DTRAIN_API void dt_loader_destroy(dt_loader *l);
 /* Next batch: returns 1 and fills *b; at the end of the epoch returns 0
  * (b untouched) and moves to (epoch + 1, 0); a negative dt_result on error.

@@ -752,7 +752,7 @@ static void test_csv_good(void) {
                   "\r\n"
                   "  4,5,6,0\r\n"
                   "7,8,9,3\n\n";
-  dt_csv_desc d;
+  dt_csv_options d;
   memset(&d, 0, sizeof d);
   d.header = 1;
   d.has_labels = 1;
@@ -793,14 +793,14 @@ static void test_csv_good(void) {
 
 static void test_csv_bad(void) {
   dt_dataset *ds = NULL;
-  dt_csv_desc d;
+  dt_csv_options d;
   memset(&d, 0, sizeof d);
   const char *t1 = "1,2,3\n4,5,6\n7,abc,9\n";
   CHECK_ERR(dt_dataset_parse_csv(&ds, t1, strlen(t1), &d), DTRAIN_ERR_FORMAT, "line 3, column 2: 'abc' is not a");
   const char *t2 = "1,2,3\n\n4,5,6\n7,8\n";
   CHECK_ERR(dt_dataset_parse_csv(&ds, t2, strlen(t2), &d), DTRAIN_ERR_FORMAT, "line 4 has 2 fields, expected 3 (as on line 1)");
   const char *t3 = "x,y\n1,2\n";
-  CHECK_ERR(dt_dataset_parse_csv(&ds, t3, strlen(t3), &d), DTRAIN_ERR_FORMAT, "set dt_csv_desc.header");
+  CHECK_ERR(dt_dataset_parse_csv(&ds, t3, strlen(t3), &d), DTRAIN_ERR_FORMAT, "set dt_csv_options.header");
   const char *t4 = "1,,3\n";
   CHECK_ERR(dt_dataset_parse_csv(&ds, t4, strlen(t4), &d), DTRAIN_ERR_FORMAT, "column 2: empty field");
   const char *t5 = "1,nan\n";
@@ -1198,8 +1198,8 @@ static dt_dataset *make_ds(int64_t n) {
   return ds;
 }
 
-static dt_loader_desc ldesc(int64_t bs, uint64_t seed, int shuffle, int drop_last, int shard, int shards) {
-  dt_loader_desc d;
+static dt_loader_options ldesc(int64_t bs, uint64_t seed, int shuffle, int drop_last, int shard, int shards) {
+  dt_loader_options d;
   memset(&d, 0, sizeof d);
   d.batch_size = bs;
   d.seed = seed;
@@ -1231,7 +1231,7 @@ static int64_t epoch_order(dt_loader *l, int64_t *out, int64_t cap, int64_t *nba
 static void test_loader_order(void) {
   dt_dataset *ds = make_ds(103);
   dt_loader *a = NULL, *b = NULL, *c = NULL;
-  dt_loader_desc d = ldesc(10, 5, 1, 0, 0, 0);
+  dt_loader_options d = ldesc(10, 5, 1, 0, 0, 0);
   CHECK(dt_loader_create(&a, ds, &d) == DTRAIN_OK);
   CHECK(dt_loader_create(&b, ds, &d) == DTRAIN_OK);
   d.seed = 6;
@@ -1304,7 +1304,7 @@ static void test_loader_resume(void) {
   dt_dataset *ds = make_ds(57);
   for (int shards = 1; shards <= 3; shards += 2) {
     for (int drop = 0; drop <= 1; drop++) {
-      dt_loader_desc d = ldesc(8, 123, 1, drop, shards - 1, shards);
+      dt_loader_options d = ldesc(8, 123, 1, drop, shards - 1, shards);
       dt_loader *ref = NULL;
       CHECK(dt_loader_create(&ref, ds, &d) == DTRAIN_OK);
       /* The uninterrupted stream of 3 epochs, with the position and the
@@ -1344,7 +1344,7 @@ static void test_loader_resume(void) {
     }
   }
   /* A position at the very end of an epoch resumes into the next epoch. */
-  dt_loader_desc d = ldesc(10, 1, 1, 0, 0, 0);
+  dt_loader_options d = ldesc(10, 1, 1, 0, 0, 0);
   dt_loader *l = NULL;
   CHECK(dt_loader_create(&l, ds, &d) == DTRAIN_OK);
   CHECK(dt_loader_set_position(l, 4, 57) == DTRAIN_OK);
@@ -1366,7 +1366,7 @@ static void test_loader_shards(void) {
           int seen[103] = {0};
           int64_t total = 0;
           for (int k = 0; k < K; k++) {
-            dt_loader_desc d = ldesc(4, 77, shuffle, 0, k, K);
+            dt_loader_options d = ldesc(4, 77, shuffle, 0, k, K);
             dt_loader *l = NULL;
             CHECK(dt_loader_create(&l, ds, &d) == DTRAIN_OK);
             if (!l) continue;
@@ -1434,7 +1434,7 @@ static void test_split(void) {
 static void test_loader_no_allocation(void) {
   counting_on();
   dt_dataset *ds = make_ds(1000);
-  dt_loader_desc d = ldesc(32, 3, 1, 0, 1, 2);
+  dt_loader_options d = ldesc(32, 3, 1, 0, 1, 2);
   dt_loader *l = NULL;
   CHECK(dt_loader_create(&l, ds, &d) == DTRAIN_OK);
   CHECK(alloc_calls > 0); /* the hook really is in use */
