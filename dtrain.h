@@ -1782,7 +1782,7 @@ DTRAIN_EXTERN_C_END
  *     return dt_cross_entropy(g, model_forward(g, m, x), b->y);   // mean over the shard
  *   }
  *   ...
- *   dt_strategy_options sd = dt_mirrored(4);    // or dt_one_device(), dt_central_storage(4), dt_async(4, 2)
+ *   dt_strategy_options sd = dt_strategy_mirrored(4);    // or dt_strategy_one_device(), dt_strategy_central_storage(4), dt_strategy_async(4, 2)
  *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
  *   for (...) { dt_minibatch b = {...}; dt_strategy_step(s, &b, &loss); }
  *
@@ -1922,7 +1922,7 @@ DTRAIN_EXTERN_C_END
  * one replica per device (dt_device.h; dtrain_cuda.h makes CUDA ones):
  *
  *   dt_device *gpu[2] = {dt_cuda_device_create(0), dt_cuda_device_create(1)};
- *   dt_strategy_options sd = dt_mirrored(0);   the replica count follows the devices
+ *   dt_strategy_options sd = dt_strategy_mirrored(0);   the replica count follows the devices
  *   sd.devices = gpu; sd.ndevices = 2;      the one-line switch (one_device: 1 device)
  *
  * The step function is unchanged: replica r's graph is created with
@@ -2066,14 +2066,15 @@ typedef struct dt_strategy_options {
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;
 
-/* The one-line choices. */
-DTRAIN_API dt_strategy_options dt_one_device(void);
-DTRAIN_API dt_strategy_options dt_mirrored(int replicas);
-DTRAIN_API dt_strategy_options dt_central_storage(int replicas);
-DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness);
+/* The one-line choices: dt_strategy_<kind>() gives the options of that kind
+ * with every other field at its default (as dt_init_<kind>() for dt_init). */
+DTRAIN_API dt_strategy_options dt_strategy_one_device(void);
+DTRAIN_API dt_strategy_options dt_strategy_mirrored(int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_central_storage(int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness);
 /* Across processes: comm has one rank per process (borrowed), `replicas`
  * threads in each (0: the number of CPUs). */
-DTRAIN_API dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, int replicas);
 /* Parameter-server training (dt_net.h): the store from dt_pstore_create_tcp
  * (borrowed: destroy it after the strategy; call dt_pstore_leave when this
  * worker is done). One replica per process; max_staleness is the store's
@@ -2082,7 +2083,18 @@ DTRAIN_API dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int repli
  * the push); the servers run theirs. After a step the params' data holds
  * the parameters this step pulled (the last push is applied on the servers;
  * pull again to see it). */
-DTRAIN_API dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness);
+DTRAIN_API dt_strategy_options dt_strategy_parameter_server(dt_pstore *store, int max_staleness);
+/* Deprecated: the old names, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_one_device") dt_strategy_options dt_one_device(void);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_mirrored") dt_strategy_options dt_mirrored(int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_central_storage")
+dt_strategy_options dt_central_storage(int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_async")
+dt_strategy_options dt_async(int replicas, int max_staleness);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_multi_worker_mirrored")
+dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_parameter_server")
+dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness);
 /* From a name ("one_device", "mirrored", "central_storage", "async",
  * "multi_worker_mirrored", "parameter_server"), e.g. for a --strategy flag;
  * set desc.comm / desc.store yourself for the last two.
@@ -2452,7 +2464,7 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options
  *   mpirun -n 4 ./prog                      (or the cluster's scheduler: srun, ...)
  *
  *   dt_comm *c = dt_comm_create_mpi();
- *   dt_strategy_options sd = dt_multi_worker_mirrored(c, 2);   // 4 processes x 2 threads
+ *   dt_strategy_options sd = dt_strategy_multi_worker_mirrored(c, 2);   // 4 processes x 2 threads
  */
 DTRAIN_API dt_comm *dt_comm_create_mpi(void);
 
@@ -2467,7 +2479,7 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void);
  *   ... build params P and optimizer opt ...
  *   if (c->role == DTRAIN_ROLE_PS) return dt_ps_serve(c, P, opt, NULL, &po) == DTRAIN_OK ? 0 : 1;
  *   dt_pstore *ps = dt_pstore_create_tcp(c, P, NULL, 2);    // max_staleness 2
- *   dt_strategy_options sd = dt_parameter_server(ps, 2);
+ *   dt_strategy_options sd = dt_strategy_parameter_server(ps, 2);
  *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
  *   dt_strategy_run(s, steps, next_batch, &data, &loss);
  *   dt_pstore_leave(ps, c->index);                        // BYE: the servers stop waiting for us
@@ -18015,7 +18027,7 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !params ? "params" : !opt ? "opt" : "step");
     return NULL;
   }
-  dt_strategy_desc d = desc ? *desc : dt_one_device();
+  dt_strategy_desc d = desc ? *desc : dt_strategy_one_device();
   const dt__strategy_module *m = NULL;
   if (dt__strategy_check_desc(&d, &m) != DTRAIN_OK) return NULL;
   if (dt_params_trainable_size(params) == 0) {
@@ -18205,7 +18217,9 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
-DTRAIN_API dt_strategy_desc dt_one_device(void) { return dt__strategy_desc(DTRAIN_STRATEGY_ONE_DEVICE, 1, 0); }
+DTRAIN_API dt_strategy_options dt_strategy_one_device(void) { return dt__strategy_desc(DTRAIN_STRATEGY_ONE_DEVICE, 1, 0); }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_one_device(void) { return dt_strategy_one_device(); }
 
 /* The params' own data and gradient. */
 static dt_result dt__one_device_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, 0, 0, NULL); }
@@ -18249,9 +18263,11 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_one_device_module(void) {
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
-DTRAIN_API dt_strategy_desc dt_mirrored(int replicas) {
+DTRAIN_API dt_strategy_options dt_strategy_mirrored(int replicas) {
   return dt__strategy_desc(DTRAIN_STRATEGY_MIRRORED, replicas, 0);
 }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_mirrored(int replicas) { return dt_strategy_mirrored(replicas); }
 
 /* Replica 0 trains the params' buffers; the others their own copies. */
 static dt_result dt__mirrored_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, r > 0, r > 0, NULL); }
@@ -18326,9 +18342,11 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mirrored_module(void) { r
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
-DTRAIN_API dt_strategy_desc dt_central_storage(int replicas) {
+DTRAIN_API dt_strategy_options dt_strategy_central_storage(int replicas) {
   return dt__strategy_desc(DTRAIN_STRATEGY_CENTRAL_STORAGE, replicas, 0);
 }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_central_storage(int replicas) { return dt_strategy_central_storage(replicas); }
 
 /* A private copy of the centre only when buffers need one; replicas
  * other than 0 sum into their own gradient. */
@@ -18395,8 +18413,12 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_central_module(void) { re
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
-DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness) {
+DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness) {
   return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
+}
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
+  return dt_strategy_async(replicas, max_staleness);
 }
 
 /* The store over the params' data: replicas pull from it and push to it. */
@@ -18601,10 +18623,14 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_async_module(void) { retu
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
-DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness) {
+DTRAIN_API dt_strategy_options dt_strategy_parameter_server(dt_pstore *store, int max_staleness) {
   dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_PARAMETER_SERVER, 1, max_staleness);
   d.store = store;
   return d;
+}
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness) {
+  return dt_strategy_parameter_server(store, max_staleness);
 }
 
 /* The store decides: one replica (this worker), its max_staleness. */
@@ -18716,10 +18742,14 @@ typedef struct dt__mwm {
 
 static dt__mwm *dt__mwm_of(dt_strategy *s) { return (dt__mwm *)s->kind_state; }
 
-DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
+DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, int replicas) {
   dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED, replicas, 0);
   d.comm = comm;
   return d;
+}
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
+  return dt_strategy_multi_worker_mirrored(comm, replicas);
 }
 
 static dt_result dt__mwm_check(const dt_strategy_desc *d) {

@@ -24,7 +24,7 @@
  * Several GPUs, one replica each (see "Devices" in dt_strategy.h):
  *
  *   dt_device *gpu[2] = {dt_cuda_device_create(0), dt_cuda_device_create(1)};
- *   dt_strategy_options sd = dt_mirrored(0); sd.devices = gpu; sd.ndevices = 2;
+ *   dt_strategy_options sd = dt_strategy_mirrored(0); sd.devices = gpu; sd.ndevices = 2;
  *   dt_strategy *s = dt_strategy_create(params, opt, step, user, &sd);
  *   ... dt_strategy_step(s, &batch, &loss) ...   params (host) updated each step
  *   dt_strategy_destroy(s); dt_optim_destroy(opt); then destroy the devices

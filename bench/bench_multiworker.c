@@ -59,7 +59,7 @@ static int run_rank(dt_cluster *cl, int fd, int64_t batch, double seconds, int o
     fprintf(stderr, "bench_multiworker: %s\n", dt_last_error());
     return 1;
   }
-  dt_strategy_options sd = dt_multi_worker_mirrored(c, 1);
+  dt_strategy_options sd = dt_strategy_multi_worker_mirrored(c, 1);
   dt_strategy *s = dt_strategy_create(P, opt, mlp_step, &m, &sd);
   if (!s) {
     fprintf(stderr, "bench_multiworker: %s\n", dt_last_error());

@@ -100,10 +100,10 @@ int main(void) {
   enum { NS = 4 };
   dt_strategy_options sds[NS];
   const char *names[NS] = {"one_device", "mirrored(2)", "central_storage(2)", "async(2,unbounded)"};
-  sds[0] = dt_one_device();
-  sds[1] = dt_mirrored(2);
-  sds[2] = dt_central_storage(2);
-  sds[3] = dt_async(2, DTRAIN_STALENESS_UNBOUNDED);
+  sds[0] = dt_strategy_one_device();
+  sds[1] = dt_strategy_mirrored(2);
+  sds[2] = dt_strategy_central_storage(2);
+  sds[3] = dt_strategy_async(2, DTRAIN_STALENESS_UNBOUNDED);
   const int64_t batches[3] = {64, 128, 256};
   printf("MLP 784-256-128-10, Adam, samples/s (best of %d rounds of 0.5 s); wait = mean share of time at barriers\n",
          ROUNDS);

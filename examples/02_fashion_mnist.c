@@ -411,11 +411,11 @@ int main(int argc, char **argv) {
   }
   if (mwm) {
     if (!(comm = dt_comm_create_tcp(cl, &no))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-    sd = dt_multi_worker_mirrored(comm, a.ndev > 0 ? a.ndev : a.o.replicas > 0 ? a.o.replicas : 1);
+    sd = dt_strategy_multi_worker_mirrored(comm, a.ndev > 0 ? a.ndev : a.o.replicas > 0 ? a.o.replicas : 1);
   } else if (ps) {
     int k = a.o.max_staleness == DTRAIN_STALENESS_UNBOUNDED ? 2 : a.o.max_staleness;
     if (!(store = dt_pstore_create_tcp(cl, a.P, &no, k))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-    sd = dt_parameter_server(store, k);
+    sd = dt_strategy_parameter_server(store, k);
   }
   sd.seed = a.o.seed;
   if (a.ndev > 0) { /* the one-line switch: one replica per device */

@@ -2,7 +2,7 @@
  * data-parallel strategy, side by side: synchronous or asynchronous?
  *
  * Shows: writing the step once and changing the strategy in one line
- * (dt_one_device, dt_mirrored, dt_central_storage, dt_async), dt_strategy_run
+ * (dt_strategy_one_device, dt_strategy_mirrored, dt_strategy_central_storage, dt_strategy_async), dt_strategy_run
  * with a batch function, the statistics (samples/s, barrier wait, staleness).
  *
  * Build: cc -std=c11 -O2 -I. examples/04_sync_vs_async.c -o sync_vs_async -lm -lpthread   (or: make)
@@ -181,11 +181,11 @@ int main(int argc, char **argv) {
   enum { NSTRAT = 5 };
   dt_strategy_options sds[NSTRAT];
   char names[NSTRAT][48];
-  sds[0] = dt_one_device();
-  sds[1] = dt_mirrored(N);
-  sds[2] = dt_central_storage(N);
-  sds[3] = dt_async(N, o.max_staleness);
-  sds[4] = dt_async(N, DTRAIN_STALENESS_UNBOUNDED);
+  sds[0] = dt_strategy_one_device();
+  sds[1] = dt_strategy_mirrored(N);
+  sds[2] = dt_strategy_central_storage(N);
+  sds[3] = dt_strategy_async(N, o.max_staleness);
+  sds[4] = dt_strategy_async(N, DTRAIN_STALENESS_UNBOUNDED);
   snprintf(names[0], sizeof names[0], "one_device");
   snprintf(names[1], sizeof names[1], "mirrored(%d)", N);
   snprintf(names[2], sizeof names[2], "central_storage(%d)", N);

@@ -201,7 +201,7 @@ int main(int argc, char **argv) {
 
   /* 5. The strategy: lock-step across processes, o.threads replicas in each.
    *    Creating it checks the model hash and broadcasts rank 0's parameters. */
-  dt_strategy_options sd = dt_multi_worker_mirrored(comm, o.threads);
+  dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, o.threads);
   dt_strategy *s = dt_strategy_create(P, opt, step_fn, &m, &sd);
   if (!s) {
     fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());

@@ -221,7 +221,7 @@ int main(int argc, char **argv) {
     return 1;
   }
 
-  dt_strategy_options sd = dt_parameter_server(store, o.max_staleness);
+  dt_strategy_options sd = dt_strategy_parameter_server(store, o.max_staleness);
   if (rank == o.slow_rank) {
     sd.straggler = 0; /* this process's replica 0 */
     sd.straggler_factor = o.slow_factor;

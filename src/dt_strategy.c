@@ -580,7 +580,7 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !params ? "params" : !opt ? "opt" : "step");
     return NULL;
   }
-  dt_strategy_desc d = desc ? *desc : dt_one_device();
+  dt_strategy_desc d = desc ? *desc : dt_strategy_one_device();
   const dt__strategy_module *m = NULL;
   if (dt__strategy_check_desc(&d, &m) != DTRAIN_OK) return NULL;
   if (dt_params_trainable_size(params) == 0) {

@@ -12,7 +12,7 @@
  *     return dt_cross_entropy(g, model_forward(g, m, x), b->y);   // mean over the shard
  *   }
  *   ...
- *   dt_strategy_options sd = dt_mirrored(4);    // or dt_one_device(), dt_central_storage(4), dt_async(4, 2)
+ *   dt_strategy_options sd = dt_strategy_mirrored(4);    // or dt_strategy_one_device(), dt_strategy_central_storage(4), dt_strategy_async(4, 2)
  *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
  *   for (...) { dt_minibatch b = {...}; dt_strategy_step(s, &b, &loss); }
  *
@@ -152,7 +152,7 @@
  * one replica per device (dt_device.h; dtrain_cuda.h makes CUDA ones):
  *
  *   dt_device *gpu[2] = {dt_cuda_device_create(0), dt_cuda_device_create(1)};
- *   dt_strategy_options sd = dt_mirrored(0);   the replica count follows the devices
+ *   dt_strategy_options sd = dt_strategy_mirrored(0);   the replica count follows the devices
  *   sd.devices = gpu; sd.ndevices = 2;      the one-line switch (one_device: 1 device)
  *
  * The step function is unchanged: replica r's graph is created with
@@ -296,14 +296,15 @@ typedef struct dt_strategy_options {
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;
 
-/* The one-line choices. */
-DTRAIN_API dt_strategy_options dt_one_device(void);
-DTRAIN_API dt_strategy_options dt_mirrored(int replicas);
-DTRAIN_API dt_strategy_options dt_central_storage(int replicas);
-DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness);
+/* The one-line choices: dt_strategy_<kind>() gives the options of that kind
+ * with every other field at its default (as dt_init_<kind>() for dt_init). */
+DTRAIN_API dt_strategy_options dt_strategy_one_device(void);
+DTRAIN_API dt_strategy_options dt_strategy_mirrored(int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_central_storage(int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness);
 /* Across processes: comm has one rank per process (borrowed), `replicas`
  * threads in each (0: the number of CPUs). */
-DTRAIN_API dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, int replicas);
 /* Parameter-server training (dt_net.h): the store from dt_pstore_create_tcp
  * (borrowed: destroy it after the strategy; call dt_pstore_leave when this
  * worker is done). One replica per process; max_staleness is the store's
@@ -312,7 +313,18 @@ DTRAIN_API dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int repli
  * the push); the servers run theirs. After a step the params' data holds
  * the parameters this step pulled (the last push is applied on the servers;
  * pull again to see it). */
-DTRAIN_API dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness);
+DTRAIN_API dt_strategy_options dt_strategy_parameter_server(dt_pstore *store, int max_staleness);
+/* Deprecated: the old names, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_one_device") dt_strategy_options dt_one_device(void);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_mirrored") dt_strategy_options dt_mirrored(int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_central_storage")
+dt_strategy_options dt_central_storage(int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_async")
+dt_strategy_options dt_async(int replicas, int max_staleness);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_multi_worker_mirrored")
+dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_parameter_server")
+dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness);
 /* From a name ("one_device", "mirrored", "central_storage", "async",
  * "multi_worker_mirrored", "parameter_server"), e.g. for a --strategy flag;
  * set desc.comm / desc.store yourself for the last two.

@@ -11,8 +11,12 @@
  */
 #include "dt_strategy_impl.h"
 
-DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness) {
+DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness) {
   return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
+}
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
+  return dt_strategy_async(replicas, max_staleness);
 }
 
 /* The store over the params' data: replicas pull from it and push to it. */

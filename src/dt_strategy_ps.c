@@ -10,10 +10,14 @@
  */
 #include "dt_strategy_impl.h"
 
-DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness) {
+DTRAIN_API dt_strategy_options dt_strategy_parameter_server(dt_pstore *store, int max_staleness) {
   dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_PARAMETER_SERVER, 1, max_staleness);
   d.store = store;
   return d;
+}
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness) {
+  return dt_strategy_parameter_server(store, max_staleness);
 }
 
 /* The store decides: one replica (this worker), its max_staleness. */

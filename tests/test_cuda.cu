@@ -73,7 +73,7 @@ static int mg_train(int ndev, float *out, size_t *n) {
   od.momentum = 0.9f;
   od.clip_norm = 0.5f;
   dt_optim *opt = dt_optim_create(m.P, &od);
-  dt_strategy_options sd = dt_mirrored(mg_gpus);
+  dt_strategy_options sd = dt_strategy_mirrored(mg_gpus);
   if (ndev) {
     sd.replicas = 0;
     sd.devices = mg_dev;

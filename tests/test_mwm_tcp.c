@@ -150,7 +150,7 @@ static void child(const run *R, int rank) {
   model m;
   model_init(&m, 5 + 1000 * (uint64_t)rank); /* differently initialised: rank 0's values win */
   dt_optim *opt = make_opt(m.P);
-  dt_strategy_options sd = dt_multi_worker_mirrored(comm, R->N);
+  dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, R->N);
   sd.spin_us = -1;
   dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
   CK(s != NULL);
@@ -265,7 +265,7 @@ static void test_equals_mirrored(void) {
     R.B = 31;
     R.victim = -1;
     set_mirrored_split(&R);
-    dt_strategy_options md = dt_mirrored(R.W * R.N);
+    dt_strategy_options md = dt_strategy_mirrored(R.W * R.N);
     reference(&R, &md);
     run_world(&R);
   }
@@ -280,7 +280,7 @@ static void test_uneven_equals_one_device(void) {
   R.split[2] = 20;
   R.B = 25;
   R.victim = -1;
-  dt_strategy_options od = dt_one_device();
+  dt_strategy_options od = dt_strategy_one_device();
   reference(&R, &od);
   run_world(&R);
 }

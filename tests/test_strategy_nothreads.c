@@ -54,7 +54,7 @@ static void test_no_threads(void) {
   CHECK(c != NULL && dt_comm_allreduce(c, 0, st, 4) == DTRAIN_OK && dt_comm_barrier(c, 0) == DTRAIN_OK);
   dt_comm_destroy(c);
   /* one_device trains */
-  dt_strategy_options sd = dt_one_device();
+  dt_strategy_options sd = dt_strategy_one_device();
   dt_strategy *s = dt_strategy_create(P, opt, xor_step, &n, &sd);
   CHECK(s != NULL);
   dt_minibatch b;
