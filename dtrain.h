@@ -1363,7 +1363,9 @@ DTRAIN_EXTERN_C_END
  *              the batch loader (shuffle, batches, split, shards)
  * ===========================================================================
  * Readers come in two forms: dt_*_read(path, ...) reads a file and
- * dt_*_parse(buf, len, ...) parses bytes already in memory. With
+ * dt_*_parse(buf, len, ...) parses bytes already in memory; for datasets,
+ * which are returned as new objects, dt_dataset_load_*(path, ...) and
+ * dt_dataset_from_*(buf, len, ...). With
  * DTRAIN_NO_STDIO the file forms return DTRAIN_ERR_UNSUPPORTED; the parse
  * forms always work. Every reader checks sizes claimed by a header against
  * the bytes actually there BEFORE allocating, and reports malformed input as
@@ -1378,7 +1380,9 @@ DTRAIN_EXTERN_C_END
  *
  * Ownership: every struct filled by a reader owns its memory until the
  * matching *_free / *_destroy (which zero the struct; freeing a zeroed
- * struct or NULL is a no-op). A loader borrows its dataset: the dataset must
+ * struct or NULL is a no-op). Functions that return a new dataset or loader
+ * return NULL on failure, with the reason in dt_last_error() and
+ * dt_last_result(). A loader borrows its dataset: the dataset must
  * outlive the loader.
  */
 #ifndef DTRAIN_DATA_H
@@ -1444,11 +1448,15 @@ typedef struct dt_dataset {
 
 /* New zero-filled dataset of n samples of the given shape, with labels if
  * with_labels (num_classes then 0: set it). */
-DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, const int64_t *sample_shape,
-                                       int with_labels);
+DTRAIN_API dt_dataset *dt_dataset_new(int64_t n, int ndim, const int64_t *sample_shape, int with_labels);
 DTRAIN_API void dt_dataset_destroy(dt_dataset *ds);
 /* Copy samples idx[0..count) into a new dataset (same shape, labels, classes). */
-DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out);
+DTRAIN_API dt_dataset *dt_dataset_select(const dt_dataset *ds, const int64_t *idx, int64_t count);
+/* Deprecated: the out-parameter forms, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_new, which returns the dataset")
+dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, const int64_t *sample_shape, int with_labels);
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_select, which returns the dataset")
+dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out);
 /* Seeded disjoint split: round(n * val_fraction) samples (at least 1, at most
  * n-1) go to *val, the rest to *train; both keep the original order. */
 DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction, uint64_t seed,
@@ -1459,10 +1467,15 @@ DTRAIN_API dt_result dt_dataset_reshape(dt_dataset *ds, int ndim, const int64_t 
 /* IDX images (n, dims...) + IDX labels (n): pixels / 255 (or raw with
  * DTRAIN_DATA_RAW), labels as int32, num_classes = max label + 1. Either
  * file may be gzipped. labels_path NULL (or labels NULL / 0 bytes): no labels. */
-DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
-                                         unsigned flags);
-DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len,
-                                          const void *labels, size_t labels_len, unsigned flags);
+DTRAIN_API dt_dataset *dt_dataset_load_idx(const char *images_path, const char *labels_path, unsigned flags);
+DTRAIN_API dt_dataset *dt_dataset_from_idx(const void *images, size_t images_len, const void *labels,
+                                           size_t labels_len, unsigned flags);
+/* Deprecated: the out-parameter forms, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_load_idx, which returns the dataset")
+dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path, unsigned flags);
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_from_idx, which returns the dataset")
+dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
+                               size_t labels_len, unsigned flags);
 
 /* Fashion-MNIST: find the directory holding its IDX files (.gz or not).
  * Looks at `dir` if non-NULL (which must hold at least the test split), else
@@ -1478,7 +1491,7 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
 /* ---- CSV ----------------------------------------------------------------------------
  * Numeric CSV: every field a finite number (C locale: '.' decimal point);
  * blank lines are skipped; "\r\n" line ends are fine; every row must have the
- * same number of fields. A zeroed desc means: no header, no labels, ','. */
+ * same number of fields. Zeroed options (or NULL) mean: no header, no labels, ','. */
 typedef struct dt_csv_options {
   int header;          /* nonzero: the first line is a header and is skipped */
   int has_labels;      /* nonzero: one column holds integer labels >= 0 */
@@ -1488,8 +1501,13 @@ typedef struct dt_csv_options {
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_csv_options dt_csv_desc;
 
-DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_options *desc);
-DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_options *desc);
+DTRAIN_API dt_dataset *dt_dataset_load_csv(const char *path, const dt_csv_options *opts);
+DTRAIN_API dt_dataset *dt_dataset_from_csv(const char *text, size_t len, const dt_csv_options *opts);
+/* Deprecated: the out-parameter forms, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_load_csv, which returns the dataset")
+dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_options *desc);
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_from_csv, which returns the dataset")
+dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_options *desc);
 
 /* ---- NPY ----------------------------------------------------------------------------
  * NumPy .npy, format versions 1.0 and 2.0 (read), 1.0 (written). dtypes
@@ -1525,7 +1543,10 @@ DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim
                                   const void *data);
 /* Dataset from arrays: x [n, ...] of any dtype (uint8 scaled to [0,1] unless
  * DTRAIN_DATA_RAW), y [n] integer labels >= 0 (or NULL). */
-DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags);
+DTRAIN_API dt_dataset *dt_dataset_from_arrays(const dt_npy *x, const dt_npy *y, unsigned flags);
+/* Deprecated: the out-parameter form, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_from_arrays, which returns the dataset")
+dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags);
 
 /* ---- text corpora (character models) ----------------------------------------------
  * The vocabulary is the set of distinct bytes of the text, in byte order:
@@ -1594,7 +1615,11 @@ typedef struct dt_batch {
   int64_t start;                   /* index of its first sample in the epoch's shard order */
 } dt_batch;
 
-DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_options *desc);
+/* A loader over ds (borrowed: it must outlive the loader); NULL on failure. */
+DTRAIN_API dt_loader *dt_loader_new(const dt_dataset *ds, const dt_loader_options *opts);
+/* Deprecated: the out-parameter form, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_loader_new, which returns the loader")
+dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_options *desc);
 DTRAIN_API void dt_loader_destroy(dt_loader *l);
 /* Next batch: returns 1 and fills *b; at the end of the epoch returns 0
  * (b untouched) and moves to (epoch + 1, 0); a negative dt_result on error.
@@ -14171,6 +14196,11 @@ DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, co
   return dt__data_ds_new("dt_dataset_create", out, n, ndim, sample_shape, with_labels);
 }
 
+DTRAIN_API dt_dataset *dt_dataset_new(int64_t n, int ndim, const int64_t *sample_shape, int with_labels) {
+  dt_dataset *ds;
+  return dt__data_ds_new("dt_dataset_new", &ds, n, ndim, sample_shape, with_labels) == DTRAIN_OK ? ds : NULL;
+}
+
 /* Labels must be >= 0; sets num_classes to max + 1. */
 DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds) {
   int32_t mx = -1;
@@ -14183,16 +14213,18 @@ DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds) {
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_subset: out is NULL");
+/* who: the public function called, for the messages. */
+static dt_result dt__data_subset(const char *who, const dt_dataset *ds, const int64_t *idx, int64_t count,
+                                 dt_dataset **out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!ds || !idx) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_subset: %s is NULL", ds ? "idx" : "ds");
+  if (!ds || !idx) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", who, ds ? "idx" : "ds");
   for (int64_t i = 0; i < count; i++)
     if (idx[i] < 0 || idx[i] >= ds->n)
-      return dt__error(DTRAIN_ERR_INDEX, "dt_dataset_subset: idx[%lld] = %lld is out of range [0, %lld)", (long long)i,
+      return dt__error(DTRAIN_ERR_INDEX, "%s: idx[%lld] = %lld is out of range [0, %lld)", who, (long long)i,
                        (long long)idx[i], (long long)ds->n);
   dt_dataset *s;
-  dt_result r = dt__data_ds_new("dt_dataset_subset", &s, count, ds->ndim, ds->shape, ds->y != NULL);
+  dt_result r = dt__data_ds_new(who, &s, count, ds->ndim, ds->shape, ds->y != NULL);
   if (r != DTRAIN_OK) return r;
   size_t row = (size_t)ds->sample_size;
   for (int64_t i = 0; i < count; i++) {
@@ -14202,6 +14234,16 @@ DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx,
   s->num_classes = ds->num_classes;
   *out = s;
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_select(const dt_dataset *ds, const int64_t *idx, int64_t count) {
+  dt_dataset *s;
+  return dt__data_subset("dt_dataset_select", ds, idx, count, &s) == DTRAIN_OK ? s : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out) {
+  return dt__data_subset("dt_dataset_subset", ds, idx, count, out);
 }
 
 DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction, uint64_t seed, dt_dataset **train,
@@ -14242,8 +14284,8 @@ DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction,
       if (is_val[i]) perm[nv++] = (int64_t)i; /* perm is free for reuse: nv <= i */
       else tr[nt++] = (int64_t)i;
     }
-    r = dt_dataset_subset(ds, tr, nt, train);
-    if (r == DTRAIN_OK) r = dt_dataset_subset(ds, perm, nv, val);
+    r = dt__data_subset("dt_dataset_split", ds, tr, nt, train);
+    if (r == DTRAIN_OK) r = dt__data_subset("dt_dataset_split", ds, perm, nv, val);
     if (r != DTRAIN_OK) {
       dt_dataset_destroy(*train);
       *train = NULL;
@@ -14305,8 +14347,9 @@ DTRAIN_API void dt_loader_destroy(dt_loader *l) {
   dt__free(l, sizeof *l);
 }
 
-DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
-  const char *who = "dt_loader_create";
+/* who: the public function called, for the messages. */
+static dt_result dt__data_loader_create(const char *who, dt_loader **out, const dt_dataset *ds,
+                                        const dt_loader_desc *desc) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   if (!ds || !desc) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", who, ds ? "desc" : "ds");
@@ -14350,6 +14393,16 @@ DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, con
   }
   *out = l;
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_loader *dt_loader_new(const dt_dataset *ds, const dt_loader_options *opts) {
+  dt_loader *l;
+  return dt__data_loader_create("dt_loader_new", &l, ds, opts) == DTRAIN_OK ? l : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
+  return dt__data_loader_create("dt_loader_create", out, ds, desc);
 }
 
 /* The permutation of epoch e depends on (seed, e) only: the RNG is seeded
@@ -14590,36 +14643,66 @@ static dt_result dt__data_from_idx(const char *ictx, const char *lctx, dt_datase
   return r;
 }
 
-DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
-                                          size_t labels_len, unsigned flags) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: out is NULL");
+/* who: the public function called, for the messages. */
+static dt_result dt__data_parse_idx(const char *who, dt_dataset **out, const void *images, size_t images_len,
+                                    const void *labels, size_t labels_len, unsigned flags) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!images) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: images is NULL");
-  if (!labels && labels_len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: labels is NULL");
-  return dt__data_from_idx("dt_dataset_parse_idx: images", "dt_dataset_parse_idx: labels", out,
+  if (!images) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: images is NULL", who);
+  if (!labels && labels_len) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: labels is NULL", who);
+  char ictx[DT__DATA_CTX], lctx[DT__DATA_CTX];
+  snprintf(ictx, sizeof ictx, "%s: images", who);
+  snprintf(lctx, sizeof lctx, "%s: labels", who);
+  return dt__data_from_idx(ictx, lctx, out,
                            (const unsigned char *)images, images_len, (const unsigned char *)labels, labels_len,
                            labels != NULL && labels_len > 0, flags);
 }
 
-DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
-                                         unsigned flags) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_idx: out is NULL");
+DTRAIN_API dt_dataset *dt_dataset_from_idx(const void *images, size_t images_len, const void *labels,
+                                           size_t labels_len, unsigned flags) {
+  dt_dataset *ds;
+  return dt__data_parse_idx("dt_dataset_from_idx", &ds, images, images_len, labels, labels_len, flags) == DTRAIN_OK
+             ? ds
+             : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
+                                          size_t labels_len, unsigned flags) {
+  return dt__data_parse_idx("dt_dataset_parse_idx", out, images, images_len, labels, labels_len, flags);
+}
+
+/* who: the public function called, for the messages. */
+static dt_result dt__data_read_idx(const char *who, dt_dataset **out, const char *images_path,
+                                   const char *labels_path, unsigned flags) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!images_path) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_idx: images_path is NULL");
+  if (!images_path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: images_path is NULL", who);
   dt_bytes ib, lb;
   memset(&lb, 0, sizeof lb);
-  dt_result r = dt__data_load("dt_dataset_read_idx", images_path, 0, &ib); /* gunzipped by the parser */
+  dt_result r = dt__data_load(who, images_path, 0, &ib); /* gunzipped by the parser */
   if (r != DTRAIN_OK) return r;
-  if (labels_path) r = dt__data_load("dt_dataset_read_idx", labels_path, 0, &lb);
+  if (labels_path) r = dt__data_load(who, labels_path, 0, &lb);
   if (r == DTRAIN_OK) {
     char ictx[DT__DATA_CTX], lctx[DT__DATA_CTX];
-    snprintf(ictx, sizeof ictx, "dt_dataset_read_idx: '%s'", images_path);
-    snprintf(lctx, sizeof lctx, "dt_dataset_read_idx: '%s'", labels_path ? labels_path : "");
+    snprintf(ictx, sizeof ictx, "%s: '%s'", who, images_path);
+    snprintf(lctx, sizeof lctx, "%s: '%s'", who, labels_path ? labels_path : "");
     r = dt__data_from_idx(ictx, lctx, out, ib.data, ib.size, lb.data, lb.size, labels_path != NULL, flags);
   }
   dt_bytes_free(&ib);
   dt_bytes_free(&lb);
   return r;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_load_idx(const char *images_path, const char *labels_path, unsigned flags) {
+  dt_dataset *ds;
+  return dt__data_read_idx("dt_dataset_load_idx", &ds, images_path, labels_path, flags) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
+                                         unsigned flags) {
+  return dt__data_read_idx("dt_dataset_read_idx", out, images_path, labels_path, flags);
 }
 
 /* ---- Fashion-MNIST ------------------------------------------------------------------------------ */
@@ -14696,11 +14779,11 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
   if (r != DTRAIN_OK) return r;
   dt__data_fm_file(d, "t10k-images-idx3-ubyte", ip, sizeof ip);
   dt__data_fm_file(d, "t10k-labels-idx1-ubyte", lp, sizeof lp);
-  r = dt_dataset_read_idx(test, ip, lp, 0);
+  r = dt__data_read_idx("dt_fashion_mnist_load", test, ip, lp, 0);
   if (r == DTRAIN_OK && train && has_train) {
     dt__data_fm_file(d, "train-images-idx3-ubyte", ip, sizeof ip);
     dt__data_fm_file(d, "train-labels-idx1-ubyte", lp, sizeof lp);
-    r = dt_dataset_read_idx(train, ip, lp, 0);
+    r = dt__data_read_idx("dt_fashion_mnist_load", train, ip, lp, 0);
     if (r != DTRAIN_OK) {
       dt_dataset_destroy(*test);
       *test = NULL;
@@ -15079,8 +15162,9 @@ DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim
 #endif
 }
 
-DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags) {
-  const char *who = "dt_dataset_from_npy";
+/* who: the public function called, for the messages. */
+static dt_result dt__data_from_arrays(const char *who, dt_dataset **out, const dt_npy *x, const dt_npy *y,
+                                      unsigned flags) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   if (!x || !x->data) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: x is NULL or empty", who);
@@ -15126,6 +15210,16 @@ DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, cons
   }
   *out = ds;
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_from_arrays(const dt_npy *x, const dt_npy *y, unsigned flags) {
+  dt_dataset *ds;
+  return dt__data_from_arrays("dt_dataset_from_arrays", &ds, x, y, flags) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags) {
+  return dt__data_from_arrays("dt_dataset_from_npy", out, x, y, flags);
 }
 /* ======== end dt_data_npy.c ======== */
 
@@ -15192,7 +15286,7 @@ static dt_result dt__data_csv_pass(dt__data_csv *c, dt_dataset *ds) {
       return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld has %lld fields, expected %lld (as on line %lld)", c->ctx,
                        (long long)line, (long long)nfields, (long long)c->cols, (long long)first_line);
     }
-    const char *hint = (row == 0 && !c->header) ? " (is it a header? set dt_csv_desc.header)" : "";
+    const char *hint = (row == 0 && !c->header) ? " (is it a header? set dt_csv_options.header)" : "";
     const char *f = p;
     for (int64_t col = 0; col < nfields; col++) {
       const char *fe = f;
@@ -15274,24 +15368,47 @@ static dt_result dt__data_csv_parse(const char *ctx, dt_dataset **out, const cha
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: out is NULL");
+/* who: the public function called, for the messages. */
+static dt_result dt__data_parse_csv(const char *who, dt_dataset **out, const char *text, size_t len,
+                                    const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!text) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: text is NULL");
-  return dt__data_csv_parse("dt_dataset_parse_csv", out, text, len, desc);
+  if (!text) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: text is NULL", who);
+  return dt__data_csv_parse(who, out, text, len, desc);
 }
 
-DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_csv: out is NULL");
+DTRAIN_API dt_dataset *dt_dataset_from_csv(const char *text, size_t len, const dt_csv_options *opts) {
+  dt_dataset *ds;
+  return dt__data_parse_csv("dt_dataset_from_csv", &ds, text, len, opts) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
+  return dt__data_parse_csv("dt_dataset_parse_csv", out, text, len, desc);
+}
+
+/* who: the public function called, for the messages. */
+static dt_result dt__data_read_csv(const char *who, dt_dataset **out, const char *path, const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   dt_bytes b;
-  dt_result r = dt__data_load("dt_dataset_read_csv", path, 1, &b);
+  dt_result r = dt__data_load(who, path, 1, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
-  snprintf(ctx, sizeof ctx, "dt_dataset_read_csv: '%s'", path);
+  snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
   r = dt__data_csv_parse(ctx, out, (const char *)b.data, b.size, desc);
   dt_bytes_free(&b);
   return r;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_load_csv(const char *path, const dt_csv_options *opts) {
+  dt_dataset *ds;
+  return dt__data_read_csv("dt_dataset_load_csv", &ds, path, opts) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
+  return dt__data_read_csv("dt_dataset_read_csv", out, path, desc);
 }
 
 /* ---- text corpora -------------------------------------------------------------------------------------- */

@@ -69,7 +69,8 @@ int main(int argc, char **argv) {
     int64_t *idx = (int64_t *)malloc((size_t)limit * sizeof(int64_t));
     dt_dataset *part = NULL;
     for (long i = 0; idx && i < limit; i++) idx[i] = i;
-    r = idx ? dt_dataset_subset(train, idx, limit, &part) : DTRAIN_ERR_NOMEM;
+    part = idx ? dt_dataset_select(train, idx, limit) : NULL;
+    if (!part) r = idx ? dt_last_result() : DTRAIN_ERR_NOMEM;
     free(idx);
     dt_dataset_destroy(train);
     train = part;
@@ -98,8 +99,8 @@ int main(int argc, char **argv) {
   ld.batch_size = 64;
   ld.shuffle = 1; /* a new order every epoch, the same for the same seed */
   ld.seed = 1;
-  dt_loader *loader = NULL;
-  if (!opt || !g || !eval || dt_loader_create(&loader, train, &ld) != DTRAIN_OK) {
+  dt_loader *loader = dt_loader_new(train, &ld);
+  if (!opt || !g || !eval || !loader) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 1;
   }

@@ -320,10 +320,10 @@ static dt_result load_data(app *a, char *dir, size_t cap) {
     dt_dataset *part = NULL;
     if (!idx) return DTRAIN_ERR_NOMEM;
     for (int64_t i = 0; i < a->o.limit; i++) idx[i] = i;
-    r = dt_dataset_subset(train, idx, a->o.limit, &part);
+    part = dt_dataset_select(train, idx, a->o.limit);
     free(idx);
     dt_dataset_destroy(train);
-    if (r != DTRAIN_OK) { dt_dataset_destroy(test); return r; }
+    if (!part) { dt_dataset_destroy(test); return dt_last_result(); }
     train = part;
   }
   /* Images come as [28,28] samples; the model takes rows of 784 pixels. */
@@ -376,7 +376,8 @@ int main(int argc, char **argv) {
   ld.shuffle = 1;
   ld.shard_index = rank; /* across processes, each worker reads its own shard */
   ld.shard_count = world;
-  if (dt_loader_create(&a.loader, a.train, &ld) != DTRAIN_OK) {
+  a.loader = dt_loader_new(a.train, &ld);
+  if (!a.loader) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 1;
   }

@@ -180,9 +180,9 @@ int main(int argc, char **argv) {
   if (n_train < train->n) {
     int64_t *idx = (int64_t *)malloc((size_t)n_train * sizeof(int64_t));
     for (int64_t i = 0; i < n_train; i++) idx[i] = i;
-    r = dt_dataset_subset(train, idx, n_train, &part);
+    part = dt_dataset_select(train, idx, n_train);
     free(idx);
-    if (r != DTRAIN_OK) return 1;
+    if (!part) return 1;
   }
   dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
@@ -191,8 +191,8 @@ int main(int argc, char **argv) {
   ld.seed = o.seed; /* the same seed everywhere: one permutation per epoch, cut into disjoint shards */
   ld.shard_index = rank;
   ld.shard_count = world;
-  dt_loader *loader = NULL;
-  if (dt_loader_create(&loader, part ? part : train, &ld) != DTRAIN_OK) {
+  dt_loader *loader = dt_loader_new(part ? part : train, &ld);
+  if (!loader) {
     fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
     return 1;
   }

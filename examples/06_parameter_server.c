@@ -204,7 +204,8 @@ int main(int argc, char **argv) {
   if (r == DTRAIN_OK && n_train < train->n) {
     int64_t *idx = (int64_t *)malloc((size_t)n_train * sizeof(int64_t));
     for (int64_t i = 0; i < n_train; i++) idx[i] = i;
-    r = dt_dataset_subset(train, idx, n_train, &part);
+    part = dt_dataset_select(train, idx, n_train);
+    if (!part) r = dt_last_result();
     free(idx);
   }
   dt_loader_options ld;
@@ -214,9 +215,8 @@ int main(int argc, char **argv) {
   ld.seed = o.seed + (uint64_t)rank;
   ld.shard_index = rank;
   ld.shard_count = world;
-  dt_loader *loader = NULL;
-  if (r == DTRAIN_OK) r = dt_loader_create(&loader, part ? part : train, &ld);
-  if (r != DTRAIN_OK) {
+  dt_loader *loader = r == DTRAIN_OK ? dt_loader_new(part ? part : train, &ld) : NULL;
+  if (!loader) {
     fprintf(stderr, "worker %d: error: %s\n", rank, dt_last_error());
     return 1;
   }
