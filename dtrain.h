@@ -21,7 +21,7 @@
  *   dt_nn_linear hid, out;
  *   dt_nn_linear_init(&hid, P, "hidden", 2, 8, 1);
  *   dt_nn_linear_init(&out, P, "out", 8, 1, 1);
- *   dt_optim_desc od = {0};  od.kind = DTRAIN_OPTIM_ADAM;  od.lr = 0.05f;
+ *   dt_optim_options od = {0};  od.kind = DTRAIN_OPTIM_ADAM;  od.lr = 0.05f;
  *   dt_optim *opt = dt_optim_create(P, &od);
  *   dt_graph *g = dt_graph_create(P, NULL);
  *   for (int step = 0; step < 2000; step++) {
@@ -173,14 +173,14 @@
  *   timing: reductions run in a fixed order, so a repeat is bitwise equal.
  *
  * DEVICES (dt_device.h; the CUDA backend is dtrain_cuda.h, built with nvcc)
- *   dt_graph_desc.device runs the same model code on a device: tensor data and
+ *   dt_graph_options.device runs the same model code on a device: tensor data and
  *   gradients in device memory, headers and the tape on the host. The graph
  *   keeps a device copy of its params (dt_graph_params_upload/download);
  *   dt_optim_step_graph updates it there; dt_tensor_to_host reads results.
  *   Ops without a device kernel fail with DTRAIN_ERR_UNSUPPORTED (never a
  *   host read of device memory). Several GPUs: the mirrored and
  *   multi_worker_mirrored strategies take one device per replica
- *   (dt_strategy_desc.devices) and all-reduce over a dt_device_group (peer
+ *   (dt_strategy_options.devices) and all-reduce over a dt_device_group (peer
  *   copies, or NCCL with DTRAIN_USE_NCCL). The CUDA backend has not yet run
  *   on a GPU: its kernels' math is checked against the CPU ops in a host
  *   emulation (tests/test_cuda_emu.cc).
@@ -271,6 +271,19 @@
 #  endif
 #else
 #  define DTRAIN_API extern
+#endif
+
+/* Marks a public name kept for one release after its rename: calling it
+ * still works, the compiler warns and the message names the replacement.
+ * Only functions carry it (the old type names are plain typedefs: the
+ * library's own sources still spell some of them); -Wno-deprecated-declarations
+ * silences it. */
+#if defined(__GNUC__) || defined(__clang__)
+#  define DTRAIN_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#elif defined(_MSC_VER)
+#  define DTRAIN_DEPRECATED(msg) __declspec(deprecated(msg))
+#else
+#  define DTRAIN_DEPRECATED(msg)
 #endif
 
 #ifdef __cplusplus
@@ -409,7 +422,9 @@ DTRAIN_API float dt_rng_normal(dt_rng *r);
 /* Fisher-Yates shuffle of n int32 indices. */
 DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n);
 
-/* Monotonic wall clock in seconds (for timing and progress). */
+/* Seconds on a monotonic clock (CLOCK_MONOTONIC: never jumps when the
+ * system time is set), for timing and progress; only differences mean
+ * anything. Without a monotonic clock (no POSIX), the C11 calendar clock. */
 DTRAIN_API double dt_time_now(void);
 
 DTRAIN_EXTERN_C_END
@@ -480,17 +495,19 @@ struct dt_tensor {
  * graph and returns NULL; every later op on the graph (and dt_backward) returns
  * NULL / that error without doing anything. Check once at the end.
  */
-typedef struct dt_graph_desc {
+typedef struct dt_graph_options {
   size_t arena_bytes;   /* first arena block; 0 means 1 MiB */
   uint64_t seed;        /* seed of the graph's RNG (dropout); 0 means 1 */
   int check_numerics;   /* nonzero: every op checks its output for NaN/Inf */
   dt_device *device;    /* NULL: the CPU; else run on this device (dt_device.h) */
-} dt_graph_desc;
+} dt_graph_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_graph_options dt_graph_desc;
 
 /* Create a graph bound to `params` (may be NULL): dt_param(g, i) returns views
  * of the params' data and grad buffers. desc may be NULL for defaults.
  * Returns NULL on failure (see dt_last_error()). */
-DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *desc);
+DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_options *desc);
 DTRAIN_API void dt_graph_destroy(dt_graph *g);
 
 /* Forget every tensor of the step and clear the tape and the sticky error.
@@ -878,7 +895,7 @@ typedef struct dt_schedule {
 DTRAIN_API float dt_schedule_lr(const dt_schedule *s, float lr, int64_t step);
 
 /* Zero fields take the defaults in brackets. */
-typedef struct dt_optim_desc {
+typedef struct dt_optim_options {
   dt_optim_kind kind;
   float lr;             /* [0.01 for SGD, 0.001 otherwise] */
   float momentum;       /* SGD, RMSprop [0] */
@@ -889,12 +906,14 @@ typedef struct dt_optim_desc {
   float alpha;          /* RMSprop smoothing [0.99] */
   float clip_norm;      /* > 0: clip the global gradient norm in dt_optim_step */
   dt_schedule schedule;
-} dt_optim_desc;
+} dt_optim_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_optim_options dt_optim_desc;
 
 typedef struct dt_optim dt_optim;
 
 /* NULL on failure (dt_last_error()). The params must not gain parameters later. */
-DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc);
+DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_options *desc);
 DTRAIN_API void dt_optim_destroy(dt_optim *o);
 
 /* One update of the params' own data from their own grad: clip (if set),
@@ -921,7 +940,10 @@ DTRAIN_API int64_t dt_optim_steps(const dt_optim *o);
 DTRAIN_API void dt_optim_set_steps(dt_optim *o, int64_t steps);
 /* Learning rate the next update will use. */
 DTRAIN_API float dt_optim_lr(const dt_optim *o);
-DTRAIN_API const dt_optim_desc *dt_optim_get_desc(const dt_optim *o);
+/* The options the optimizer was created with (defaults filled in). */
+DTRAIN_API const dt_optim_options *dt_optim_get_options(const dt_optim *o);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_optim_get_options")
+const dt_optim_options *dt_optim_get_desc(const dt_optim *o);
 /* State buffers for checkpoints: n_slots (0..2) buffers of dt_params_size floats.
  * After dt_optim_step_graph on a device the state lives on the device:
  * dt_optim_state then copies the slot to the host (a device -> host copy;
@@ -1177,7 +1199,7 @@ DTRAIN_EXTERN_C_END
  *     b->loss = dt_item(loss);  b->samples = n;  b->correct = hits;  // correct optional
  *     return DTRAIN_OK;
  *   }
- *   dt_fit_desc fd = {0};                  // zero fields take defaults
+ *   dt_fit_options fd = {0};               // zero fields take defaults
  *   fd.epochs = 10;  fd.steps_per_epoch = n_train / batch;
  *   fd.train_step = step;  fd.evaluate = eval;  fd.user = &model;
  *   fd.params = P;  fd.optim = opt;  fd.graph = g;
@@ -1265,7 +1287,7 @@ typedef enum dt_fit_progress {
 } dt_fit_progress;
 
 /* Zero fields take the defaults in brackets. */
-typedef struct dt_fit_desc {
+typedef struct dt_fit_options {
   int64_t epochs;             /* train epochs [start_epoch, epochs) [1] */
   int64_t steps_per_epoch;    /* batches per epoch (required) */
   int64_t batch_size;         /* samples per batch when a step does not report them [1] */
@@ -1301,7 +1323,9 @@ typedef struct dt_fit_desc {
   /* Resume. */
   int64_t start_epoch;        /* 0-based epoch to start in [0] */
   int64_t start_batch;        /* batch to start at within start_epoch [0] */
-} dt_fit_desc;
+} dt_fit_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_fit_options dt_fit_desc;
 
 typedef struct dt_fit_result {
   int64_t epochs_run;         /* epochs completed by this call */
@@ -1320,7 +1344,7 @@ typedef struct dt_fit_result {
 
 /* Run the loop. result may be NULL. Returns the first error of a callback,
  * a checkpoint, the CSV or the chart (training stops there), else DTRAIN_OK. */
-DTRAIN_API dt_result dt_fit(const dt_fit_desc *desc, dt_fit_result *result);
+DTRAIN_API dt_result dt_fit(const dt_fit_options *desc, dt_fit_result *result);
 
 /* Write a standalone SVG chart (no dependency) of n epochs' metrics: loss
  * (train and validation) in the left panel, accuracy in the right one, with
@@ -1339,7 +1363,9 @@ DTRAIN_EXTERN_C_END
  *              the batch loader (shuffle, batches, split, shards)
  * ===========================================================================
  * Readers come in two forms: dt_*_read(path, ...) reads a file and
- * dt_*_parse(buf, len, ...) parses bytes already in memory. With
+ * dt_*_parse(buf, len, ...) parses bytes already in memory; for datasets,
+ * which are returned as new objects, dt_dataset_load_*(path, ...) and
+ * dt_dataset_from_*(buf, len, ...). With
  * DTRAIN_NO_STDIO the file forms return DTRAIN_ERR_UNSUPPORTED; the parse
  * forms always work. Every reader checks sizes claimed by a header against
  * the bytes actually there BEFORE allocating, and reports malformed input as
@@ -1354,7 +1380,9 @@ DTRAIN_EXTERN_C_END
  *
  * Ownership: every struct filled by a reader owns its memory until the
  * matching *_free / *_destroy (which zero the struct; freeing a zeroed
- * struct or NULL is a no-op). A loader borrows its dataset: the dataset must
+ * struct or NULL is a no-op). Functions that return a new dataset or loader
+ * return NULL on failure, with the reason in dt_last_error() and
+ * dt_last_result(). A loader borrows its dataset: the dataset must
  * outlive the loader.
  */
 #ifndef DTRAIN_DATA_H
@@ -1420,11 +1448,15 @@ typedef struct dt_dataset {
 
 /* New zero-filled dataset of n samples of the given shape, with labels if
  * with_labels (num_classes then 0: set it). */
-DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, const int64_t *sample_shape,
-                                       int with_labels);
+DTRAIN_API dt_dataset *dt_dataset_new(int64_t n, int ndim, const int64_t *sample_shape, int with_labels);
 DTRAIN_API void dt_dataset_destroy(dt_dataset *ds);
 /* Copy samples idx[0..count) into a new dataset (same shape, labels, classes). */
-DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out);
+DTRAIN_API dt_dataset *dt_dataset_select(const dt_dataset *ds, const int64_t *idx, int64_t count);
+/* Deprecated: the out-parameter forms, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_new, which returns the dataset")
+dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, const int64_t *sample_shape, int with_labels);
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_select, which returns the dataset")
+dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out);
 /* Seeded disjoint split: round(n * val_fraction) samples (at least 1, at most
  * n-1) go to *val, the rest to *train; both keep the original order. */
 DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction, uint64_t seed,
@@ -1435,10 +1467,15 @@ DTRAIN_API dt_result dt_dataset_reshape(dt_dataset *ds, int ndim, const int64_t 
 /* IDX images (n, dims...) + IDX labels (n): pixels / 255 (or raw with
  * DTRAIN_DATA_RAW), labels as int32, num_classes = max label + 1. Either
  * file may be gzipped. labels_path NULL (or labels NULL / 0 bytes): no labels. */
-DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
-                                         unsigned flags);
-DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len,
-                                          const void *labels, size_t labels_len, unsigned flags);
+DTRAIN_API dt_dataset *dt_dataset_load_idx(const char *images_path, const char *labels_path, unsigned flags);
+DTRAIN_API dt_dataset *dt_dataset_from_idx(const void *images, size_t images_len, const void *labels,
+                                           size_t labels_len, unsigned flags);
+/* Deprecated: the out-parameter forms, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_load_idx, which returns the dataset")
+dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path, unsigned flags);
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_from_idx, which returns the dataset")
+dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
+                               size_t labels_len, unsigned flags);
 
 /* Fashion-MNIST: find the directory holding its IDX files (.gz or not).
  * Looks at `dir` if non-NULL (which must hold at least the test split), else
@@ -1454,16 +1491,23 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
 /* ---- CSV ----------------------------------------------------------------------------
  * Numeric CSV: every field a finite number (C locale: '.' decimal point);
  * blank lines are skipped; "\r\n" line ends are fine; every row must have the
- * same number of fields. A zeroed desc means: no header, no labels, ','. */
-typedef struct dt_csv_desc {
+ * same number of fields. Zeroed options (or NULL) mean: no header, no labels, ','. */
+typedef struct dt_csv_options {
   int header;          /* nonzero: the first line is a header and is skipped */
   int has_labels;      /* nonzero: one column holds integer labels >= 0 */
   int label_column;    /* 0-based; negative counts from the end (-1 = last) */
   char delimiter;      /* 0 means ',' */
-} dt_csv_desc;
+} dt_csv_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_csv_options dt_csv_desc;
 
-DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc);
-DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc);
+DTRAIN_API dt_dataset *dt_dataset_load_csv(const char *path, const dt_csv_options *opts);
+DTRAIN_API dt_dataset *dt_dataset_from_csv(const char *text, size_t len, const dt_csv_options *opts);
+/* Deprecated: the out-parameter forms, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_load_csv, which returns the dataset")
+dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_options *desc);
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_from_csv, which returns the dataset")
+dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_options *desc);
 
 /* ---- NPY ----------------------------------------------------------------------------
  * NumPy .npy, format versions 1.0 and 2.0 (read), 1.0 (written). dtypes
@@ -1499,7 +1543,10 @@ DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim
                                   const void *data);
 /* Dataset from arrays: x [n, ...] of any dtype (uint8 scaled to [0,1] unless
  * DTRAIN_DATA_RAW), y [n] integer labels >= 0 (or NULL). */
-DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags);
+DTRAIN_API dt_dataset *dt_dataset_from_arrays(const dt_npy *x, const dt_npy *y, unsigned flags);
+/* Deprecated: the out-parameter form, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_from_arrays, which returns the dataset")
+dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags);
 
 /* ---- text corpora (character models) ----------------------------------------------
  * The vocabulary is the set of distinct bytes of the text, in byte order:
@@ -1546,14 +1593,16 @@ DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end
  */
 typedef struct dt_loader dt_loader;
 
-typedef struct dt_loader_desc {
+typedef struct dt_loader_options {
   int64_t batch_size;    /* required, >= 1 */
   uint64_t seed;         /* shuffle seed */
   int shuffle;           /* nonzero: a fresh permutation every epoch */
   int drop_last;         /* nonzero: skip the last partial batch of an epoch */
   int shard_index;       /* k in 0..shard_count-1 */
   int shard_count;       /* K; 0 means 1 (the whole set) */
-} dt_loader_desc;
+} dt_loader_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_loader_options dt_loader_desc;
 
 typedef struct dt_batch {
   float *x;                        /* size * sample_size floats (loader's buffer) */
@@ -1566,7 +1615,11 @@ typedef struct dt_batch {
   int64_t start;                   /* index of its first sample in the epoch's shard order */
 } dt_batch;
 
-DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc);
+/* A loader over ds (borrowed: it must outlive the loader); NULL on failure. */
+DTRAIN_API dt_loader *dt_loader_new(const dt_dataset *ds, const dt_loader_options *opts);
+/* Deprecated: the out-parameter form, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_loader_new, which returns the loader")
+dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_options *desc);
 DTRAIN_API void dt_loader_destroy(dt_loader *l);
 /* Next batch: returns 1 and fills *b; at the end of the epoch returns 0
  * (b untouched) and moves to (epoch + 1, 0); a negative dt_result on error.
@@ -1754,7 +1807,7 @@ DTRAIN_EXTERN_C_END
  *     return dt_cross_entropy(g, model_forward(g, m, x), b->y);   // mean over the shard
  *   }
  *   ...
- *   dt_strategy_desc sd = dt_mirrored(4);    // or dt_one_device(), dt_central_storage(4), dt_async(4, 2)
+ *   dt_strategy_options sd = dt_strategy_mirrored(4);    // or dt_strategy_one_device(), dt_strategy_central_storage(4), dt_strategy_async(4, 2)
  *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
  *   for (...) { dt_minibatch b = {...}; dt_strategy_step(s, &b, &loss); }
  *
@@ -1894,11 +1947,11 @@ DTRAIN_EXTERN_C_END
  * one replica per device (dt_device.h; dtrain_cuda.h makes CUDA ones):
  *
  *   dt_device *gpu[2] = {dt_cuda_device_create(0), dt_cuda_device_create(1)};
- *   dt_strategy_desc sd = dt_mirrored(0);   the replica count follows the devices
+ *   dt_strategy_options sd = dt_strategy_mirrored(0);   the replica count follows the devices
  *   sd.devices = gpu; sd.ndevices = 2;      the one-line switch (one_device: 1 device)
  *
  * The step function is unchanged: replica r's graph is created with
- * dt_graph_desc.device = devices[r], so dt_tensor_from() copies its shard of
+ * dt_graph_options.device = devices[r], so dt_tensor_from() copies its shard of
  * the host batch to that device and the ops run there (the ops a device
  * lacks fail the step with DTRAIN_ERR_UNSUPPORTED; dt_tensor_wrap takes
  * device pointers there, so wrap host data only on the CPU). A step: every
@@ -2011,7 +2064,7 @@ typedef dt_result (*dt_minibatch_fn)(void *user, int replica, int64_t step, dt_m
 typedef struct dt_pstore dt_pstore; /* the parameter store (below) */
 
 /* Zero fields take the defaults in brackets. */
-typedef struct dt_strategy_desc {
+typedef struct dt_strategy_options {
   dt_strategy_kind kind;         /* [one_device] */
   int replicas;                  /* N [one_device: 1; others: the number of CPUs] */
   int max_staleness;             /* async: 0 lock-step, k > 0 bounded, DTRAIN_STALENESS_UNBOUNDED */
@@ -2034,16 +2087,19 @@ typedef struct dt_strategy_desc {
                                     array and the devices are borrowed [NULL: the CPU] */
   int ndevices;                  /* entries in devices; replicas 0 means ndevices, else it must
                                     equal ndevices (one replica per device) */
-} dt_strategy_desc;
+} dt_strategy_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_strategy_options dt_strategy_desc;
 
-/* The one-line choices. */
-DTRAIN_API dt_strategy_desc dt_one_device(void);
-DTRAIN_API dt_strategy_desc dt_mirrored(int replicas);
-DTRAIN_API dt_strategy_desc dt_central_storage(int replicas);
-DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness);
+/* The one-line choices: dt_strategy_<kind>() gives the options of that kind
+ * with every other field at its default (as dt_init_<kind>() for dt_init). */
+DTRAIN_API dt_strategy_options dt_strategy_one_device(void);
+DTRAIN_API dt_strategy_options dt_strategy_mirrored(int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_central_storage(int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness);
 /* Across processes: comm has one rank per process (borrowed), `replicas`
  * threads in each (0: the number of CPUs). */
-DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, int replicas);
 /* Parameter-server training (dt_net.h): the store from dt_pstore_create_tcp
  * (borrowed: destroy it after the strategy; call dt_pstore_leave when this
  * worker is done). One replica per process; max_staleness is the store's
@@ -2052,12 +2108,23 @@ DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas
  * the push); the servers run theirs. After a step the params' data holds
  * the parameters this step pulled (the last push is applied on the servers;
  * pull again to see it). */
-DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness);
+DTRAIN_API dt_strategy_options dt_strategy_parameter_server(dt_pstore *store, int max_staleness);
+/* Deprecated: the old names, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_one_device") dt_strategy_options dt_one_device(void);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_mirrored") dt_strategy_options dt_mirrored(int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_central_storage")
+dt_strategy_options dt_central_storage(int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_async")
+dt_strategy_options dt_async(int replicas, int max_staleness);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_multi_worker_mirrored")
+dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_parameter_server")
+dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness);
 /* From a name ("one_device", "mirrored", "central_storage", "async",
  * "multi_worker_mirrored", "parameter_server"), e.g. for a --strategy flag;
  * set desc.comm / desc.store yourself for the last two.
  * DTRAIN_ERR_INVALID_ARG for an unknown name. */
-DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out);
+DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_options *out);
 DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind);
 
 typedef struct dt_strategy dt_strategy;
@@ -2070,7 +2137,7 @@ typedef struct dt_strategy dt_strategy;
  * if you change them yourself later (loading a checkpoint), call
  * dt_strategy_sync(). NULL on failure (dt_last_error()). */
 DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_step_fn step, void *user,
-                                           const dt_strategy_desc *desc);
+                                           const dt_strategy_options *desc);
 /* Joins the threads and frees everything the strategy owns; NULL is a no-op. */
 DTRAIN_API void dt_strategy_destroy(dt_strategy *s);
 
@@ -2097,7 +2164,9 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s);
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s);
-DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s);
+DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_get_options")
+const dt_strategy_options *dt_strategy_get_desc(const dt_strategy *s);
 /* Replica r's graph (for inspection between steps: memory, RNG state). */
 DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica);
 
@@ -2420,7 +2489,7 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options
  *   mpirun -n 4 ./prog                      (or the cluster's scheduler: srun, ...)
  *
  *   dt_comm *c = dt_comm_create_mpi();
- *   dt_strategy_desc sd = dt_multi_worker_mirrored(c, 2);   // 4 processes x 2 threads
+ *   dt_strategy_options sd = dt_strategy_multi_worker_mirrored(c, 2);   // 4 processes x 2 threads
  */
 DTRAIN_API dt_comm *dt_comm_create_mpi(void);
 
@@ -2435,7 +2504,7 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void);
  *   ... build params P and optimizer opt ...
  *   if (c->role == DTRAIN_ROLE_PS) return dt_ps_serve(c, P, opt, NULL, &po) == DTRAIN_OK ? 0 : 1;
  *   dt_pstore *ps = dt_pstore_create_tcp(c, P, NULL, 2);    // max_staleness 2
- *   dt_strategy_desc sd = dt_parameter_server(ps, 2);
+ *   dt_strategy_options sd = dt_strategy_parameter_server(ps, 2);
  *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
  *   dt_strategy_run(s, steps, next_batch, &data, &loss);
  *   dt_pstore_leave(ps, c->index);                        // BYE: the servers stop waiting for us
@@ -2721,13 +2790,13 @@ DT__HD static inline float dt__map_tanh_grad(float x, float y, float go, float s
 /* ===========================================================================
  * dt_device.h -- running a graph on an accelerator (the device hook)
  * ===========================================================================
- * A graph created with dt_graph_desc.device set runs on that device: the
+ * A graph created with dt_graph_options.device set runs on that device: the
  * SAME model code (dt_linear, dt_relu, dt_cross_entropy, ... on the graph)
  * works unchanged, but every tensor's `data` and `grad` point into device
  * memory. Tensor headers (shape, flags, the tape) stay in host memory.
  *
  *   dt_device *dev = dt_cuda_device_create(0);     (dtrain_cuda.h)
- *   dt_graph_desc gd = {0};
+ *   dt_graph_options gd = {0};
  *   gd.device = dev;                                the one-line switch
  *   dt_graph *g = dt_graph_create(params, &gd);     uploads the params
  *   ... forward with the usual ops, dt_backward(g, loss) ...
@@ -3849,8 +3918,13 @@ DTRAIN_API const char *dt_build_info(void) {
 #undef DT__B_ZLIB
 #undef DT__B_DEBUG
 
+/* Timings subtract two readings, so the clock must not step when NTP or an
+ * administrator sets the time: CLOCK_MONOTONIC where POSIX has it. */
 DTRAIN_API double dt_time_now(void) {
   struct timespec ts;
+#if defined(CLOCK_MONOTONIC) && !defined(_WIN32)
+  if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#endif
   if (timespec_get(&ts, TIME_UTC) != TIME_UTC) return (double)clock() / CLOCKS_PER_SEC;
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
@@ -10548,7 +10622,9 @@ DTRAIN_API float dt_optim_lr(const dt_optim *o) {
   return o ? dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps) : 0.0f;
 }
 
-DTRAIN_API const dt_optim_desc *dt_optim_get_desc(const dt_optim *o) { return o ? &o->desc : NULL; }
+DTRAIN_API const dt_optim_options *dt_optim_get_options(const dt_optim *o) { return o ? &o->desc : NULL; }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API const dt_optim_options *dt_optim_get_desc(const dt_optim *o) { return dt_optim_get_options(o); }
 
 DTRAIN_API int dt_optim_state_slots(const dt_optim *o) { return o ? o->nslots : 0; }
 
@@ -12341,7 +12417,7 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
   dt_optim *o = st->optim;
   const int np = dt_params_count(p);
   const int nslots = o ? dt_optim_state_slots(o) : 0;
-  const dt_optim_desc *od = o ? dt_optim_get_desc(o) : NULL;
+  const dt_optim_desc *od = o ? dt_optim_get_options(o) : NULL;
   float *data = dt_params_data(p);
   dt__io_buf names, header, optjson;
   dt__io_out *outs = NULL;
@@ -12592,7 +12668,7 @@ static dt_result dt__io_match(const dt_checkpoint *c, const dt__io_ctx *ctx, dt_
                               int *entry_of, int *slot_entry) {
   const int np = dt_params_count(p);
   const int nslots = o ? dt_optim_state_slots(o) : 0;
-  const dt_optim_desc *od = o ? dt_optim_get_desc(o) : NULL;
+  const dt_optim_desc *od = o ? dt_optim_get_options(o) : NULL;
   char s1[96], s2[96];
   for (int i = 0; i < np; i++) {
     dt_param_info info;
@@ -12716,7 +12792,7 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
       }
     }
     if (o) {
-      const char *kind = dt__io_kind_name(dt_optim_get_desc(o)->kind);
+      const char *kind = dt__io_kind_name(dt_optim_get_options(o)->kind);
       dt__json oj;
       int ok = 0;
       v = dt__io_meta_get(c, "optimizer");
@@ -14347,6 +14423,11 @@ DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, co
   return dt__data_ds_new("dt_dataset_create", out, n, ndim, sample_shape, with_labels);
 }
 
+DTRAIN_API dt_dataset *dt_dataset_new(int64_t n, int ndim, const int64_t *sample_shape, int with_labels) {
+  dt_dataset *ds;
+  return dt__data_ds_new("dt_dataset_new", &ds, n, ndim, sample_shape, with_labels) == DTRAIN_OK ? ds : NULL;
+}
+
 /* Labels must be >= 0; sets num_classes to max + 1. */
 DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds) {
   int32_t mx = -1;
@@ -14359,16 +14440,18 @@ DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds) {
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_subset: out is NULL");
+/* who: the public function called, for the messages. */
+static dt_result dt__data_subset(const char *who, const dt_dataset *ds, const int64_t *idx, int64_t count,
+                                 dt_dataset **out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!ds || !idx) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_subset: %s is NULL", ds ? "idx" : "ds");
+  if (!ds || !idx) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", who, ds ? "idx" : "ds");
   for (int64_t i = 0; i < count; i++)
     if (idx[i] < 0 || idx[i] >= ds->n)
-      return dt__error(DTRAIN_ERR_INDEX, "dt_dataset_subset: idx[%lld] = %lld is out of range [0, %lld)", (long long)i,
+      return dt__error(DTRAIN_ERR_INDEX, "%s: idx[%lld] = %lld is out of range [0, %lld)", who, (long long)i,
                        (long long)idx[i], (long long)ds->n);
   dt_dataset *s;
-  dt_result r = dt__data_ds_new("dt_dataset_subset", &s, count, ds->ndim, ds->shape, ds->y != NULL);
+  dt_result r = dt__data_ds_new(who, &s, count, ds->ndim, ds->shape, ds->y != NULL);
   if (r != DTRAIN_OK) return r;
   size_t row = (size_t)ds->sample_size;
   for (int64_t i = 0; i < count; i++) {
@@ -14378,6 +14461,16 @@ DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx,
   s->num_classes = ds->num_classes;
   *out = s;
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_select(const dt_dataset *ds, const int64_t *idx, int64_t count) {
+  dt_dataset *s;
+  return dt__data_subset("dt_dataset_select", ds, idx, count, &s) == DTRAIN_OK ? s : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out) {
+  return dt__data_subset("dt_dataset_subset", ds, idx, count, out);
 }
 
 DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction, uint64_t seed, dt_dataset **train,
@@ -14418,8 +14511,8 @@ DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction,
       if (is_val[i]) perm[nv++] = (int64_t)i; /* perm is free for reuse: nv <= i */
       else tr[nt++] = (int64_t)i;
     }
-    r = dt_dataset_subset(ds, tr, nt, train);
-    if (r == DTRAIN_OK) r = dt_dataset_subset(ds, perm, nv, val);
+    r = dt__data_subset("dt_dataset_split", ds, tr, nt, train);
+    if (r == DTRAIN_OK) r = dt__data_subset("dt_dataset_split", ds, perm, nv, val);
     if (r != DTRAIN_OK) {
       dt_dataset_destroy(*train);
       *train = NULL;
@@ -14481,8 +14574,9 @@ DTRAIN_API void dt_loader_destroy(dt_loader *l) {
   dt__free(l, sizeof *l);
 }
 
-DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
-  const char *who = "dt_loader_create";
+/* who: the public function called, for the messages. */
+static dt_result dt__data_loader_create(const char *who, dt_loader **out, const dt_dataset *ds,
+                                        const dt_loader_desc *desc) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   if (!ds || !desc) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", who, ds ? "desc" : "ds");
@@ -14526,6 +14620,16 @@ DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, con
   }
   *out = l;
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_loader *dt_loader_new(const dt_dataset *ds, const dt_loader_options *opts) {
+  dt_loader *l;
+  return dt__data_loader_create("dt_loader_new", &l, ds, opts) == DTRAIN_OK ? l : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
+  return dt__data_loader_create("dt_loader_create", out, ds, desc);
 }
 
 /* The permutation of epoch e depends on (seed, e) only: the RNG is seeded
@@ -14766,36 +14870,66 @@ static dt_result dt__data_from_idx(const char *ictx, const char *lctx, dt_datase
   return r;
 }
 
-DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
-                                          size_t labels_len, unsigned flags) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: out is NULL");
+/* who: the public function called, for the messages. */
+static dt_result dt__data_parse_idx(const char *who, dt_dataset **out, const void *images, size_t images_len,
+                                    const void *labels, size_t labels_len, unsigned flags) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!images) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: images is NULL");
-  if (!labels && labels_len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: labels is NULL");
-  return dt__data_from_idx("dt_dataset_parse_idx: images", "dt_dataset_parse_idx: labels", out,
+  if (!images) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: images is NULL", who);
+  if (!labels && labels_len) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: labels is NULL", who);
+  char ictx[DT__DATA_CTX], lctx[DT__DATA_CTX];
+  snprintf(ictx, sizeof ictx, "%s: images", who);
+  snprintf(lctx, sizeof lctx, "%s: labels", who);
+  return dt__data_from_idx(ictx, lctx, out,
                            (const unsigned char *)images, images_len, (const unsigned char *)labels, labels_len,
                            labels != NULL && labels_len > 0, flags);
 }
 
-DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
-                                         unsigned flags) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_idx: out is NULL");
+DTRAIN_API dt_dataset *dt_dataset_from_idx(const void *images, size_t images_len, const void *labels,
+                                           size_t labels_len, unsigned flags) {
+  dt_dataset *ds;
+  return dt__data_parse_idx("dt_dataset_from_idx", &ds, images, images_len, labels, labels_len, flags) == DTRAIN_OK
+             ? ds
+             : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
+                                          size_t labels_len, unsigned flags) {
+  return dt__data_parse_idx("dt_dataset_parse_idx", out, images, images_len, labels, labels_len, flags);
+}
+
+/* who: the public function called, for the messages. */
+static dt_result dt__data_read_idx(const char *who, dt_dataset **out, const char *images_path,
+                                   const char *labels_path, unsigned flags) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!images_path) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_idx: images_path is NULL");
+  if (!images_path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: images_path is NULL", who);
   dt_bytes ib, lb;
   memset(&lb, 0, sizeof lb);
-  dt_result r = dt__data_load("dt_dataset_read_idx", images_path, 0, &ib); /* gunzipped by the parser */
+  dt_result r = dt__data_load(who, images_path, 0, &ib); /* gunzipped by the parser */
   if (r != DTRAIN_OK) return r;
-  if (labels_path) r = dt__data_load("dt_dataset_read_idx", labels_path, 0, &lb);
+  if (labels_path) r = dt__data_load(who, labels_path, 0, &lb);
   if (r == DTRAIN_OK) {
     char ictx[DT__DATA_CTX], lctx[DT__DATA_CTX];
-    snprintf(ictx, sizeof ictx, "dt_dataset_read_idx: '%s'", images_path);
-    snprintf(lctx, sizeof lctx, "dt_dataset_read_idx: '%s'", labels_path ? labels_path : "");
+    snprintf(ictx, sizeof ictx, "%s: '%s'", who, images_path);
+    snprintf(lctx, sizeof lctx, "%s: '%s'", who, labels_path ? labels_path : "");
     r = dt__data_from_idx(ictx, lctx, out, ib.data, ib.size, lb.data, lb.size, labels_path != NULL, flags);
   }
   dt_bytes_free(&ib);
   dt_bytes_free(&lb);
   return r;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_load_idx(const char *images_path, const char *labels_path, unsigned flags) {
+  dt_dataset *ds;
+  return dt__data_read_idx("dt_dataset_load_idx", &ds, images_path, labels_path, flags) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
+                                         unsigned flags) {
+  return dt__data_read_idx("dt_dataset_read_idx", out, images_path, labels_path, flags);
 }
 
 /* ---- Fashion-MNIST ------------------------------------------------------------------------------ */
@@ -14872,11 +15006,11 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
   if (r != DTRAIN_OK) return r;
   dt__data_fm_file(d, "t10k-images-idx3-ubyte", ip, sizeof ip);
   dt__data_fm_file(d, "t10k-labels-idx1-ubyte", lp, sizeof lp);
-  r = dt_dataset_read_idx(test, ip, lp, 0);
+  r = dt__data_read_idx("dt_fashion_mnist_load", test, ip, lp, 0);
   if (r == DTRAIN_OK && train && has_train) {
     dt__data_fm_file(d, "train-images-idx3-ubyte", ip, sizeof ip);
     dt__data_fm_file(d, "train-labels-idx1-ubyte", lp, sizeof lp);
-    r = dt_dataset_read_idx(train, ip, lp, 0);
+    r = dt__data_read_idx("dt_fashion_mnist_load", train, ip, lp, 0);
     if (r != DTRAIN_OK) {
       dt_dataset_destroy(*test);
       *test = NULL;
@@ -15255,8 +15389,9 @@ DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim
 #endif
 }
 
-DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags) {
-  const char *who = "dt_dataset_from_npy";
+/* who: the public function called, for the messages. */
+static dt_result dt__data_from_arrays(const char *who, dt_dataset **out, const dt_npy *x, const dt_npy *y,
+                                      unsigned flags) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   if (!x || !x->data) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: x is NULL or empty", who);
@@ -15302,6 +15437,16 @@ DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, cons
   }
   *out = ds;
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_from_arrays(const dt_npy *x, const dt_npy *y, unsigned flags) {
+  dt_dataset *ds;
+  return dt__data_from_arrays("dt_dataset_from_arrays", &ds, x, y, flags) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags) {
+  return dt__data_from_arrays("dt_dataset_from_npy", out, x, y, flags);
 }
 /* ======== end dt_data_npy.c ======== */
 
@@ -15368,7 +15513,7 @@ static dt_result dt__data_csv_pass(dt__data_csv *c, dt_dataset *ds) {
       return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld has %lld fields, expected %lld (as on line %lld)", c->ctx,
                        (long long)line, (long long)nfields, (long long)c->cols, (long long)first_line);
     }
-    const char *hint = (row == 0 && !c->header) ? " (is it a header? set dt_csv_desc.header)" : "";
+    const char *hint = (row == 0 && !c->header) ? " (is it a header? set dt_csv_options.header)" : "";
     const char *f = p;
     for (int64_t col = 0; col < nfields; col++) {
       const char *fe = f;
@@ -15450,24 +15595,47 @@ static dt_result dt__data_csv_parse(const char *ctx, dt_dataset **out, const cha
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: out is NULL");
+/* who: the public function called, for the messages. */
+static dt_result dt__data_parse_csv(const char *who, dt_dataset **out, const char *text, size_t len,
+                                    const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!text) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: text is NULL");
-  return dt__data_csv_parse("dt_dataset_parse_csv", out, text, len, desc);
+  if (!text) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: text is NULL", who);
+  return dt__data_csv_parse(who, out, text, len, desc);
 }
 
-DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_csv: out is NULL");
+DTRAIN_API dt_dataset *dt_dataset_from_csv(const char *text, size_t len, const dt_csv_options *opts) {
+  dt_dataset *ds;
+  return dt__data_parse_csv("dt_dataset_from_csv", &ds, text, len, opts) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
+  return dt__data_parse_csv("dt_dataset_parse_csv", out, text, len, desc);
+}
+
+/* who: the public function called, for the messages. */
+static dt_result dt__data_read_csv(const char *who, dt_dataset **out, const char *path, const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   dt_bytes b;
-  dt_result r = dt__data_load("dt_dataset_read_csv", path, 1, &b);
+  dt_result r = dt__data_load(who, path, 1, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
-  snprintf(ctx, sizeof ctx, "dt_dataset_read_csv: '%s'", path);
+  snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
   r = dt__data_csv_parse(ctx, out, (const char *)b.data, b.size, desc);
   dt_bytes_free(&b);
   return r;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_load_csv(const char *path, const dt_csv_options *opts) {
+  dt_dataset *ds;
+  return dt__data_read_csv("dt_dataset_load_csv", &ds, path, opts) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
+  return dt__data_read_csv("dt_dataset_read_csv", out, path, desc);
 }
 
 /* ---- text corpora -------------------------------------------------------------------------------------- */
@@ -15855,13 +16023,9 @@ DTRAIN_PRIVATE double dt__spin_seconds(int spin_us, int nthreads);
 
 /* ---- time ------------------------------------------------------------------------ */
 
-DTRAIN_PRIVATE double dt__now(void) {
-#if defined(CLOCK_MONOTONIC) && !defined(_WIN32)
-  struct timespec ts;
-  if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-#endif
-  return dt_time_now();
-}
+/* The library's deadlines and the public dt_time_now read one clock, so a
+ * time a user measured can be compared with the library's. */
+DTRAIN_PRIVATE double dt__now(void) { return dt_time_now(); }
 
 DTRAIN_PRIVATE void dt__sleep(double seconds) {
   if (!(seconds > 0.0)) return;
@@ -17911,7 +18075,7 @@ DTRAIN_PRIVATE int dt__strategy_clip_own(dt_strategy *s, int r, float clip, cons
 /* Replica r's part of gradient clipping over the slice [b, e) of grad: the
  * global norm from every replica's partial sum (a barrier between). */
 static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b, size_t e) {
-  float clip = dt_optim_get_desc(s->opt)->clip_norm;
+  float clip = dt_optim_get_options(s->opt)->clip_norm;
   if (!(clip > 0.0f)) return 1;
   s->rep[r].ss_part = dt__strategy_sumsq(s, grad, b, e);
   dt_result rc = dt_comm_barrier(s->comm, r);
@@ -18212,7 +18376,7 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !params ? "params" : !opt ? "opt" : "step");
     return NULL;
   }
-  dt_strategy_desc d = desc ? *desc : dt_one_device();
+  dt_strategy_desc d = desc ? *desc : dt_strategy_one_device();
   const dt__strategy_module *m = NULL;
   if (dt__strategy_check_desc(&d, &m) != DTRAIN_OK) return NULL;
   if (dt_params_trainable_size(params) == 0) {
@@ -18306,7 +18470,9 @@ DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
 }
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s) { return s ? s->n : 0; }
-DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s) { return s ? &s->desc : NULL; }
+DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s) { return s ? &s->desc : NULL; }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API const dt_strategy_options *dt_strategy_get_desc(const dt_strategy *s) { return dt_strategy_get_options(s); }
 
 DTRAIN_API dt_device *dt_strategy_device(const dt_strategy *s, int replica) {
   if (!s || !s->dev || replica < 0 || replica >= s->n) return NULL;
@@ -18400,7 +18566,9 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
-DTRAIN_API dt_strategy_desc dt_one_device(void) { return dt__strategy_desc(DTRAIN_STRATEGY_ONE_DEVICE, 1, 0); }
+DTRAIN_API dt_strategy_options dt_strategy_one_device(void) { return dt__strategy_desc(DTRAIN_STRATEGY_ONE_DEVICE, 1, 0); }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_one_device(void) { return dt_strategy_one_device(); }
 
 /* The params' own data and gradient. */
 static dt_result dt__one_device_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, 0, 0, NULL); }
@@ -18444,9 +18612,11 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_one_device_module(void) {
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
-DTRAIN_API dt_strategy_desc dt_mirrored(int replicas) {
+DTRAIN_API dt_strategy_options dt_strategy_mirrored(int replicas) {
   return dt__strategy_desc(DTRAIN_STRATEGY_MIRRORED, replicas, 0);
 }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_mirrored(int replicas) { return dt_strategy_mirrored(replicas); }
 
 /* Replica 0 trains the params' buffers; the others their own copies. */
 static dt_result dt__mirrored_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, r > 0, r > 0, NULL); }
@@ -18521,9 +18691,11 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mirrored_module(void) { r
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
-DTRAIN_API dt_strategy_desc dt_central_storage(int replicas) {
+DTRAIN_API dt_strategy_options dt_strategy_central_storage(int replicas) {
   return dt__strategy_desc(DTRAIN_STRATEGY_CENTRAL_STORAGE, replicas, 0);
 }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_central_storage(int replicas) { return dt_strategy_central_storage(replicas); }
 
 /* A private copy of the centre only when buffers need one; replicas
  * other than 0 sum into their own gradient. */
@@ -18590,8 +18762,12 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_central_module(void) { re
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
-DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness) {
+DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness) {
   return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
+}
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
+  return dt_strategy_async(replicas, max_staleness);
 }
 
 /* The store over the params' data: replicas pull from it and push to it. */
@@ -18611,7 +18787,7 @@ static dt_result dt__async_replica(dt_strategy *s, int r) {
   dt_result rc = dt__strategy_bind(s, r, 1, 1, NULL);
   if (rc != DTRAIN_OK) return rc;
   if (!(R->old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
-  R->opt = dt_optim_create(s->params, dt_optim_get_desc(s->opt));
+  R->opt = dt_optim_create(s->params, dt_optim_get_options(s->opt));
   if (!R->opt) return dt_last_result();
   dt_optim_set_steps(R->opt, dt_optim_steps(s->opt));
   return DTRAIN_OK;
@@ -18625,7 +18801,7 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
   if (b->rows == 0) return 1; /* an empty push: only the clock moves */
-  if (!dt__strategy_clip_own(s, r, dt_optim_get_desc(R->opt)->clip_norm, "no update made")) return 0;
+  if (!dt__strategy_clip_own(s, r, dt_optim_get_options(R->opt)->clip_norm, "no update made")) return 0;
   dt_result rc = dt_optim_update(R->opt, R->data, R->grad, 0, s->size);
   if (rc != DTRAIN_OK) {
     dt__strategy_fail(s, r, rc, dt_last_error());
@@ -18796,10 +18972,14 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_async_module(void) { retu
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
-DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness) {
+DTRAIN_API dt_strategy_options dt_strategy_parameter_server(dt_pstore *store, int max_staleness) {
   dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_PARAMETER_SERVER, 1, max_staleness);
   d.store = store;
   return d;
+}
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness) {
+  return dt_strategy_parameter_server(store, max_staleness);
 }
 
 /* The store decides: one replica (this worker), its max_staleness. */
@@ -18838,7 +19018,7 @@ static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
   if (b->rows == 0) return 1; /* an empty push: only the clock moves */
-  if (!dt__strategy_clip_own(s, r, dt_optim_get_desc(s->opt)->clip_norm, "nothing pushed")) return 0;
+  if (!dt__strategy_clip_own(s, r, dt_optim_get_options(s->opt)->clip_norm, "nothing pushed")) return 0;
   memcpy(R->old, R->grad, s->fbytes);
   for (int i = 0; i < s->nbufr; i++)
     memcpy(R->old + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
@@ -18911,10 +19091,14 @@ typedef struct dt__mwm {
 
 static dt__mwm *dt__mwm_of(dt_strategy *s) { return (dt__mwm *)s->kind_state; }
 
-DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
+DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, int replicas) {
   dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED, replicas, 0);
   d.comm = comm;
   return d;
+}
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
+  return dt_strategy_multi_worker_mirrored(comm, replicas);
 }
 
 static dt_result dt__mwm_check(const dt_strategy_desc *d) {
@@ -19234,7 +19418,7 @@ DTRAIN_PRIVATE int dt__strategy_dev_checks(dt_strategy *s, const float *g) {
       return 0;
     }
   }
-  if (dt_optim_get_desc(s->opt)->clip_norm > 0.0f) {
+  if (dt_optim_get_options(s->opt)->clip_norm > 0.0f) {
     /* dt_optim_step_graph clips on the device; a non-finite norm must stop
      * the step here, before any update. */
     double norm = sqrt(dt__strategy_sumsq(s, g, 0, s->size));
@@ -19277,7 +19461,7 @@ static int dt__strategy_dev_reduce(dt_strategy *s, int ok) {
   }
   if (s->mod->dev_exchange) return s->mod->dev_exchange(s, ok);
   if (!ok) return 0;
-  if (!s->desc.check_numerics && !(dt_optim_get_desc(s->opt)->clip_norm > 0.0f)) return 1;
+  if (!s->desc.check_numerics && !(dt_optim_get_options(s->opt)->clip_norm > 0.0f)) return 1;
   rc = dt__strategy_dev_copy(s, 0, s->dhost, s->dgrad[0], 0, s->size, DTRAIN_COPY_D2H);
   if (rc != DTRAIN_OK) return dt__strategy_dev_failed(s, rc, "reduced gradient to the host");
   return dt__strategy_dev_checks(s, s->dhost);

@@ -11,10 +11,10 @@
  * Other files include "dtrain_cuda.h" (or only dtrain.h: the device hook is
  * part of the core, see dt_device.h in dtrain.h) without the define.
  *
- * Use (the one-line switch is dt_graph_desc.device):
+ * Use (the one-line switch is dt_graph_options.device):
  *
  *   dt_device *dev = dt_cuda_device_create(0);   NULL + dt_last_error() on failure
- *   dt_graph_desc gd = {0}; gd.device = dev;
+ *   dt_graph_options gd = {0}; gd.device = dev;
  *   dt_graph *g = dt_graph_create(params, &gd);  params copied to the GPU
  *   ... the same model code ...; dt_backward(g, loss);
  *   dt_optim_step_graph(opt, g); dt_graph_zero_grad(g);
@@ -24,7 +24,7 @@
  * Several GPUs, one replica each (see "Devices" in dt_strategy.h):
  *
  *   dt_device *gpu[2] = {dt_cuda_device_create(0), dt_cuda_device_create(1)};
- *   dt_strategy_desc sd = dt_mirrored(0); sd.devices = gpu; sd.ndevices = 2;
+ *   dt_strategy_options sd = dt_strategy_mirrored(0); sd.devices = gpu; sd.ndevices = 2;
  *   dt_strategy *s = dt_strategy_create(params, opt, step, user, &sd);
  *   ... dt_strategy_step(s, &batch, &loss) ...   params (host) updated each step
  *   dt_strategy_destroy(s); dt_optim_destroy(opt); then destroy the devices
@@ -54,7 +54,7 @@
  * hold the optimizer's device state (see dt_optim_state, dt_io.h).
  * log, sqrt and non-integer powers check their domain on the device (a 0/1
  * map summed, one float read back), failing as the CPU op does.
- * Several GPUs: dt_strategy_desc.devices puts one replica on each GPU
+ * Several GPUs: dt_strategy_options.devices puts one replica on each GPU
  * (one_device, mirrored, multi_worker_mirrored: see "Devices" in
  * dt_strategy.h); the gradients are all-reduced on the GPUs by
  * dt_device_group (dt_device.h): a ring of cudaMemcpyPeerAsync copies (peer
@@ -93,7 +93,7 @@ DTRAIN_EXTERN_C_BEGIN
 /* Number of CUDA devices: >= 0, or -1 with dt_last_error() set (no driver,
  * e.g. "cudaGetDeviceCount: CUDA driver version is insufficient ..."). */
 DTRAIN_API int dt_cuda_device_count(void);
-/* A device for dt_graph_desc.device on GPU `index` (its own stream and cuBLAS
+/* A device for dt_graph_options.device on GPU `index` (its own stream and cuBLAS
  * handle). NULL on failure (dt_last_error()). Destroy after every graph and
  * optimizer that uses it. */
 DTRAIN_API dt_device *dt_cuda_device_create(int index);

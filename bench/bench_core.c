@@ -34,7 +34,7 @@ static void mlp_bench(int batch) {
   dt_nn_linear_init(&l1, P, "fc1", 784, 256, 1);
   dt_nn_linear_init(&l2, P, "fc2", 256, 128, 1);
   dt_nn_linear_init(&l3, P, "fc3", 128, 10, 1);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   dt_optim *opt = dt_optim_create(P, &od);

@@ -49,12 +49,12 @@ static int run(int cnn, int batch, double seconds) {
   dt_params *P = dt_params_create(1);
   model md;
   model_init(&md, P, cnn);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   od.lr = 1e-3f;
   dt_optim *opt = dt_optim_create(P, &od);
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = dev; /* the one-line switch */
   dt_graph *g = dt_graph_create(P, &gd);

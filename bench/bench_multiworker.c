@@ -46,7 +46,7 @@ static int run_rank(dt_cluster *cl, int fd, int64_t batch, double seconds, int o
   dt_nn_linear_init(&m.l1, P, "fc1", 784, 256, 1);
   dt_nn_linear_init(&m.l2, P, "fc2", 256, 128, 1);
   dt_nn_linear_init(&m.l3, P, "fc3", 128, 10, 1);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   od.lr = 1e-3f;
@@ -59,7 +59,7 @@ static int run_rank(dt_cluster *cl, int fd, int64_t batch, double seconds, int o
     fprintf(stderr, "bench_multiworker: %s\n", dt_last_error());
     return 1;
   }
-  dt_strategy_desc sd = dt_multi_worker_mirrored(c, 1);
+  dt_strategy_options sd = dt_strategy_multi_worker_mirrored(c, 1);
   dt_strategy *s = dt_strategy_create(P, opt, mlp_step, &m, &sd);
   if (!s) {
     fprintf(stderr, "bench_multiworker: %s\n", dt_last_error());

@@ -181,7 +181,7 @@ static int run_train(int cnn, int batch, double seconds, int threads) {
   dt_params *P = dt_params_create(1);
   model md;
   model_init(&md, P, cnn);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   od.lr = 1e-3f;

@@ -53,13 +53,13 @@ static dt_result feed_next(void *user, int replica, int64_t step, dt_minibatch *
 }
 
 /* samples/s of one timed round (after `warm` untimed steps). */
-static double measure(const dt_strategy_desc *sd, int64_t batch, double seconds, double *wait_frac) {
+static double measure(const dt_strategy_options *sd, int64_t batch, double seconds, double *wait_frac) {
   dt_params *P = dt_params_create(1);
   mlp m;
   dt_nn_linear_init(&m.l1, P, "fc1", 784, 256, 1);
   dt_nn_linear_init(&m.l2, P, "fc2", 256, 128, 1);
   dt_nn_linear_init(&m.l3, P, "fc3", 128, 10, 1);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   dt_optim *opt = dt_optim_create(P, &od);
@@ -98,12 +98,12 @@ int main(void) {
   for (int64_t i = 0; i < (int64_t)NSAMPLES * 784; i++) X[i] = (float)((i * 37) % 255) / 255.0f;
   for (int i = 0; i < NSAMPLES; i++) Y[i] = i % 10;
   enum { NS = 4 };
-  dt_strategy_desc sds[NS];
+  dt_strategy_options sds[NS];
   const char *names[NS] = {"one_device", "mirrored(2)", "central_storage(2)", "async(2,unbounded)"};
-  sds[0] = dt_one_device();
-  sds[1] = dt_mirrored(2);
-  sds[2] = dt_central_storage(2);
-  sds[3] = dt_async(2, DTRAIN_STALENESS_UNBOUNDED);
+  sds[0] = dt_strategy_one_device();
+  sds[1] = dt_strategy_mirrored(2);
+  sds[2] = dt_strategy_central_storage(2);
+  sds[3] = dt_strategy_async(2, DTRAIN_STALENESS_UNBOUNDED);
   const int64_t batches[3] = {64, 128, 256};
   printf("MLP 784-256-128-10, Adam, samples/s (best of %d rounds of 0.5 s); wait = mean share of time at barriers\n",
          ROUNDS);

@@ -69,7 +69,8 @@ int main(int argc, char **argv) {
     int64_t *idx = (int64_t *)malloc((size_t)limit * sizeof(int64_t));
     dt_dataset *part = NULL;
     for (long i = 0; idx && i < limit; i++) idx[i] = i;
-    r = idx ? dt_dataset_subset(train, idx, limit, &part) : DTRAIN_ERR_NOMEM;
+    part = idx ? dt_dataset_select(train, idx, limit) : NULL;
+    if (!part) r = idx ? dt_last_result() : DTRAIN_ERR_NOMEM;
     free(idx);
     dt_dataset_destroy(train);
     train = part;
@@ -88,18 +89,18 @@ int main(int argc, char **argv) {
   dt_nn_linear l1, l2;
   dt_nn_linear_init(&l1, P, "fc1", 784, 128, 1);
   dt_nn_linear_init(&l2, P, "fc2", 128, 10, 1);
-  dt_optim_desc od = {0};
+  dt_optim_options od = {0};
   od.kind = DTRAIN_OPTIM_ADAM;
   od.lr = 1e-3f;
   dt_optim *opt = dt_optim_create(P, &od);
   dt_graph *g = dt_graph_create(P, NULL), *eval = dt_graph_create(P, NULL);
   dt_graph_set_grad_enabled(eval, 0); /* testing records no tape */
-  dt_loader_desc ld = {0};
+  dt_loader_options ld = {0};
   ld.batch_size = 64;
   ld.shuffle = 1; /* a new order every epoch, the same for the same seed */
   ld.seed = 1;
-  dt_loader *loader = NULL;
-  if (!opt || !g || !eval || dt_loader_create(&loader, train, &ld) != DTRAIN_OK) {
+  dt_loader *loader = dt_loader_new(train, &ld);
+  if (!opt || !g || !eval || !loader) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 1;
   }

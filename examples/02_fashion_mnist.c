@@ -320,10 +320,10 @@ static dt_result load_data(app *a, char *dir, size_t cap) {
     dt_dataset *part = NULL;
     if (!idx) return DTRAIN_ERR_NOMEM;
     for (int64_t i = 0; i < a->o.limit; i++) idx[i] = i;
-    r = dt_dataset_subset(train, idx, a->o.limit, &part);
+    part = dt_dataset_select(train, idx, a->o.limit);
     free(idx);
     dt_dataset_destroy(train);
-    if (r != DTRAIN_OK) { dt_dataset_destroy(test); return r; }
+    if (!part) { dt_dataset_destroy(test); return dt_last_result(); }
     train = part;
   }
   /* Images come as [28,28] samples; the model takes rows of 784 pixels. */
@@ -369,18 +369,19 @@ int main(int argc, char **argv) {
   a.eval_g = dt_graph_create(a.P, NULL);
   dt_graph_set_grad_enabled(a.eval_g, 0);
   dt_graph_set_training(a.eval_g, 0);
-  dt_loader_desc ld;
+  dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
   ld.batch_size = a.o.batch;
   ld.seed = a.o.seed;
   ld.shuffle = 1;
   ld.shard_index = rank; /* across processes, each worker reads its own shard */
   ld.shard_count = world;
-  if (dt_loader_create(&a.loader, a.train, &ld) != DTRAIN_OK) {
+  a.loader = dt_loader_new(a.train, &ld);
+  if (!a.loader) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 1;
   }
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = kind;
   od.lr = a.o.lr;                              /* 0: the optimizer's default */
@@ -391,7 +392,7 @@ int main(int argc, char **argv) {
   }
   a.opt = dt_optim_create(a.P, &od);
   /* The one line that picks how training runs: */
-  dt_strategy_desc sd;
+  dt_strategy_options sd;
   if (dt_strategy_parse(a.o.strategy, a.o.replicas, a.o.max_staleness, &sd) != DTRAIN_OK) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 2;
@@ -411,11 +412,11 @@ int main(int argc, char **argv) {
   }
   if (mwm) {
     if (!(comm = dt_comm_create_tcp(cl, &no))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-    sd = dt_multi_worker_mirrored(comm, a.ndev > 0 ? a.ndev : a.o.replicas > 0 ? a.o.replicas : 1);
+    sd = dt_strategy_multi_worker_mirrored(comm, a.ndev > 0 ? a.ndev : a.o.replicas > 0 ? a.o.replicas : 1);
   } else if (ps) {
     int k = a.o.max_staleness == DTRAIN_STALENESS_UNBOUNDED ? 2 : a.o.max_staleness;
     if (!(store = dt_pstore_create_tcp(cl, a.P, &no, k))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-    sd = dt_parameter_server(store, k);
+    sd = dt_strategy_parameter_server(store, k);
   }
   sd.seed = a.o.seed;
   if (a.ndev > 0) { /* the one-line switch: one replica per device */
@@ -429,7 +430,7 @@ int main(int argc, char **argv) {
     return 1;
   }
 
-  dt_fit_desc fd;
+  dt_fit_options fd;
   memset(&fd, 0, sizeof fd);
   fd.epochs = a.o.epochs;
   fd.steps_per_epoch = dt_loader_num_batches(a.loader);

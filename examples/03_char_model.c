@@ -299,7 +299,7 @@ int main(int argc, char **argv) {
   dt_optim *opt = NULL;
   dt_graph *g = NULL, *eval = NULL;
   model m;
-  dt_optim_desc od;
+  dt_optim_options od;
   dt_train_state st;
   char config[256];
   dt_rng rng;

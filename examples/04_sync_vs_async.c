@@ -2,7 +2,7 @@
  * data-parallel strategy, side by side: synchronous or asynchronous?
  *
  * Shows: writing the step once and changing the strategy in one line
- * (dt_one_device, dt_mirrored, dt_central_storage, dt_async), dt_strategy_run
+ * (dt_strategy_one_device, dt_strategy_mirrored, dt_strategy_central_storage, dt_strategy_async), dt_strategy_run
  * with a batch function, the statistics (samples/s, barrier wait, staleness).
  *
  * Build: cc -std=c11 -O2 -I. examples/04_sync_vs_async.c -o sync_vs_async -lm -lpthread   (or: make)
@@ -179,13 +179,13 @@ int main(int argc, char **argv) {
   make_data(1234);
   int N = o.replicas;
   enum { NSTRAT = 5 };
-  dt_strategy_desc sds[NSTRAT];
+  dt_strategy_options sds[NSTRAT];
   char names[NSTRAT][48];
-  sds[0] = dt_one_device();
-  sds[1] = dt_mirrored(N);
-  sds[2] = dt_central_storage(N);
-  sds[3] = dt_async(N, o.max_staleness);
-  sds[4] = dt_async(N, DTRAIN_STALENESS_UNBOUNDED);
+  sds[0] = dt_strategy_one_device();
+  sds[1] = dt_strategy_mirrored(N);
+  sds[2] = dt_strategy_central_storage(N);
+  sds[3] = dt_strategy_async(N, o.max_staleness);
+  sds[4] = dt_strategy_async(N, DTRAIN_STALENESS_UNBOUNDED);
   snprintf(names[0], sizeof names[0], "one_device");
   snprintf(names[1], sizeof names[1], "mirrored(%d)", N);
   snprintf(names[2], sizeof names[2], "central_storage(%d)", N);
@@ -202,7 +202,7 @@ int main(int argc, char **argv) {
     printf("; replica %d is %gx slower (one_device, a single replica, is not slowed)", o.straggler, (double)o.factor);
   printf("\n\n%-22s %11s %11s %9s %10s %s\n", "strategy", "samples/s", "train loss", "test acc", "wait", "staleness (mean / max)");
   for (int k = 0; k < NSTRAT; k++) {
-    dt_strategy_desc sd = sds[k]; /* <- the one line that picks the strategy */
+    dt_strategy_options sd = sds[k]; /* <- the one line that picks the strategy */
     if (k == 4 && o.max_staleness < 0) continue; /* already shown */
     if (o.straggler >= 0 && sd.replicas > 1) {
       sd.straggler = o.straggler;
@@ -213,7 +213,7 @@ int main(int argc, char **argv) {
     dt_nn_linear_init(&m.l1, P, "l1", NIN, WIDTH, 1);
     dt_nn_linear_init(&m.l2, P, "l2", WIDTH, WIDTH, 1);
     dt_nn_linear_init(&m.l3, P, "l3", WIDTH, NCLS, 1);
-    dt_optim_desc od;
+    dt_optim_options od;
     memset(&od, 0, sizeof od);
     od.kind = DTRAIN_OPTIM_ADAM;
     od.lr = o.lr;

@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
   dt_nn_linear_init(&m.fc1, P, "fc1", 784, 256, 1);
   dt_nn_linear_init(&m.fc2, P, "fc2", 256, 128, 1);
   dt_nn_linear_init(&m.fc3, P, "fc3", 128, 10, 1);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   od.lr = o.lr;
@@ -180,19 +180,19 @@ int main(int argc, char **argv) {
   if (n_train < train->n) {
     int64_t *idx = (int64_t *)malloc((size_t)n_train * sizeof(int64_t));
     for (int64_t i = 0; i < n_train; i++) idx[i] = i;
-    r = dt_dataset_subset(train, idx, n_train, &part);
+    part = dt_dataset_select(train, idx, n_train);
     free(idx);
-    if (r != DTRAIN_OK) return 1;
+    if (!part) return 1;
   }
-  dt_loader_desc ld;
+  dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
   ld.batch_size = o.batch;
   ld.shuffle = 1;
   ld.seed = o.seed; /* the same seed everywhere: one permutation per epoch, cut into disjoint shards */
   ld.shard_index = rank;
   ld.shard_count = world;
-  dt_loader *loader = NULL;
-  if (dt_loader_create(&loader, part ? part : train, &ld) != DTRAIN_OK) {
+  dt_loader *loader = dt_loader_new(part ? part : train, &ld);
+  if (!loader) {
     fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
     return 1;
   }
@@ -201,7 +201,7 @@ int main(int argc, char **argv) {
 
   /* 5. The strategy: lock-step across processes, o.threads replicas in each.
    *    Creating it checks the model hash and broadcasts rank 0's parameters. */
-  dt_strategy_desc sd = dt_multi_worker_mirrored(comm, o.threads);
+  dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, o.threads);
   dt_strategy *s = dt_strategy_create(P, opt, step_fn, &m, &sd);
   if (!s) {
     fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());

@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
   dt_nn_linear_init(&m.fc1, P, "fc1", 784, 256, 1);
   dt_nn_linear_init(&m.fc2, P, "fc2", 256, 128, 1);
   dt_nn_linear_init(&m.fc3, P, "fc3", 128, 10, 1);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   od.lr = o.lr;
@@ -204,24 +204,24 @@ int main(int argc, char **argv) {
   if (r == DTRAIN_OK && n_train < train->n) {
     int64_t *idx = (int64_t *)malloc((size_t)n_train * sizeof(int64_t));
     for (int64_t i = 0; i < n_train; i++) idx[i] = i;
-    r = dt_dataset_subset(train, idx, n_train, &part);
+    part = dt_dataset_select(train, idx, n_train);
+    if (!part) r = dt_last_result();
     free(idx);
   }
-  dt_loader_desc ld;
+  dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
   ld.batch_size = o.batch;
   ld.shuffle = 1;
   ld.seed = o.seed + (uint64_t)rank;
   ld.shard_index = rank;
   ld.shard_count = world;
-  dt_loader *loader = NULL;
-  if (r == DTRAIN_OK) r = dt_loader_create(&loader, part ? part : train, &ld);
-  if (r != DTRAIN_OK) {
+  dt_loader *loader = r == DTRAIN_OK ? dt_loader_new(part ? part : train, &ld) : NULL;
+  if (!loader) {
     fprintf(stderr, "worker %d: error: %s\n", rank, dt_last_error());
     return 1;
   }
 
-  dt_strategy_desc sd = dt_parameter_server(store, o.max_staleness);
+  dt_strategy_options sd = dt_strategy_parameter_server(store, o.max_staleness);
   if (rank == o.slow_rank) {
     sd.straggler = 0; /* this process's replica 0 */
     sd.straggler_factor = o.slow_factor;

@@ -48,6 +48,19 @@
 #  define DTRAIN_API extern
 #endif
 
+/* Marks a public name kept for one release after its rename: calling it
+ * still works, the compiler warns and the message names the replacement.
+ * Only functions carry it (the old type names are plain typedefs: the
+ * library's own sources still spell some of them); -Wno-deprecated-declarations
+ * silences it. */
+#if defined(__GNUC__) || defined(__clang__)
+#  define DTRAIN_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#elif defined(_MSC_VER)
+#  define DTRAIN_DEPRECATED(msg) __declspec(deprecated(msg))
+#else
+#  define DTRAIN_DEPRECATED(msg)
+#endif
+
 #ifdef __cplusplus
 #  define DTRAIN_EXTERN_C_BEGIN extern "C" {
 #  define DTRAIN_EXTERN_C_END }
@@ -184,7 +197,9 @@ DTRAIN_API float dt_rng_normal(dt_rng *r);
 /* Fisher-Yates shuffle of n int32 indices. */
 DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n);
 
-/* Monotonic wall clock in seconds (for timing and progress). */
+/* Seconds on a monotonic clock (CLOCK_MONOTONIC: never jumps when the
+ * system time is set), for timing and progress; only differences mean
+ * anything. Without a monotonic clock (no POSIX), the C11 calendar clock. */
 DTRAIN_API double dt_time_now(void);
 
 DTRAIN_EXTERN_C_END

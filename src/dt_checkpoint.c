@@ -363,7 +363,7 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
   dt_optim *o = st->optim;
   const int np = dt_params_count(p);
   const int nslots = o ? dt_optim_state_slots(o) : 0;
-  const dt_optim_desc *od = o ? dt_optim_get_desc(o) : NULL;
+  const dt_optim_desc *od = o ? dt_optim_get_options(o) : NULL;
   float *data = dt_params_data(p);
   dt__io_buf names, header, optjson;
   dt__io_out *outs = NULL;
@@ -614,7 +614,7 @@ static dt_result dt__io_match(const dt_checkpoint *c, const dt__io_ctx *ctx, dt_
                               int *entry_of, int *slot_entry) {
   const int np = dt_params_count(p);
   const int nslots = o ? dt_optim_state_slots(o) : 0;
-  const dt_optim_desc *od = o ? dt_optim_get_desc(o) : NULL;
+  const dt_optim_desc *od = o ? dt_optim_get_options(o) : NULL;
   char s1[96], s2[96];
   for (int i = 0; i < np; i++) {
     dt_param_info info;
@@ -738,7 +738,7 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
       }
     }
     if (o) {
-      const char *kind = dt__io_kind_name(dt_optim_get_desc(o)->kind);
+      const char *kind = dt__io_kind_name(dt_optim_get_options(o)->kind);
       dt__json oj;
       int ok = 0;
       v = dt__io_meta_get(c, "optimizer");

@@ -192,6 +192,11 @@ DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, co
   return dt__data_ds_new("dt_dataset_create", out, n, ndim, sample_shape, with_labels);
 }
 
+DTRAIN_API dt_dataset *dt_dataset_new(int64_t n, int ndim, const int64_t *sample_shape, int with_labels) {
+  dt_dataset *ds;
+  return dt__data_ds_new("dt_dataset_new", &ds, n, ndim, sample_shape, with_labels) == DTRAIN_OK ? ds : NULL;
+}
+
 /* Labels must be >= 0; sets num_classes to max + 1. */
 DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds) {
   int32_t mx = -1;
@@ -204,16 +209,18 @@ DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds) {
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_subset: out is NULL");
+/* who: the public function called, for the messages. */
+static dt_result dt__data_subset(const char *who, const dt_dataset *ds, const int64_t *idx, int64_t count,
+                                 dt_dataset **out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!ds || !idx) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_subset: %s is NULL", ds ? "idx" : "ds");
+  if (!ds || !idx) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", who, ds ? "idx" : "ds");
   for (int64_t i = 0; i < count; i++)
     if (idx[i] < 0 || idx[i] >= ds->n)
-      return dt__error(DTRAIN_ERR_INDEX, "dt_dataset_subset: idx[%lld] = %lld is out of range [0, %lld)", (long long)i,
+      return dt__error(DTRAIN_ERR_INDEX, "%s: idx[%lld] = %lld is out of range [0, %lld)", who, (long long)i,
                        (long long)idx[i], (long long)ds->n);
   dt_dataset *s;
-  dt_result r = dt__data_ds_new("dt_dataset_subset", &s, count, ds->ndim, ds->shape, ds->y != NULL);
+  dt_result r = dt__data_ds_new(who, &s, count, ds->ndim, ds->shape, ds->y != NULL);
   if (r != DTRAIN_OK) return r;
   size_t row = (size_t)ds->sample_size;
   for (int64_t i = 0; i < count; i++) {
@@ -223,6 +230,16 @@ DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx,
   s->num_classes = ds->num_classes;
   *out = s;
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_select(const dt_dataset *ds, const int64_t *idx, int64_t count) {
+  dt_dataset *s;
+  return dt__data_subset("dt_dataset_select", ds, idx, count, &s) == DTRAIN_OK ? s : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out) {
+  return dt__data_subset("dt_dataset_subset", ds, idx, count, out);
 }
 
 DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction, uint64_t seed, dt_dataset **train,
@@ -263,8 +280,8 @@ DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction,
       if (is_val[i]) perm[nv++] = (int64_t)i; /* perm is free for reuse: nv <= i */
       else tr[nt++] = (int64_t)i;
     }
-    r = dt_dataset_subset(ds, tr, nt, train);
-    if (r == DTRAIN_OK) r = dt_dataset_subset(ds, perm, nv, val);
+    r = dt__data_subset("dt_dataset_split", ds, tr, nt, train);
+    if (r == DTRAIN_OK) r = dt__data_subset("dt_dataset_split", ds, perm, nv, val);
     if (r != DTRAIN_OK) {
       dt_dataset_destroy(*train);
       *train = NULL;
@@ -326,8 +343,9 @@ DTRAIN_API void dt_loader_destroy(dt_loader *l) {
   dt__free(l, sizeof *l);
 }
 
-DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
-  const char *who = "dt_loader_create";
+/* who: the public function called, for the messages. */
+static dt_result dt__data_loader_create(const char *who, dt_loader **out, const dt_dataset *ds,
+                                        const dt_loader_desc *desc) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   if (!ds || !desc) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", who, ds ? "desc" : "ds");
@@ -371,6 +389,16 @@ DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, con
   }
   *out = l;
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_loader *dt_loader_new(const dt_dataset *ds, const dt_loader_options *opts) {
+  dt_loader *l;
+  return dt__data_loader_create("dt_loader_new", &l, ds, opts) == DTRAIN_OK ? l : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
+  return dt__data_loader_create("dt_loader_create", out, ds, desc);
 }
 
 /* The permutation of epoch e depends on (seed, e) only: the RNG is seeded

@@ -3,7 +3,9 @@
  *              the batch loader (shuffle, batches, split, shards)
  * ===========================================================================
  * Readers come in two forms: dt_*_read(path, ...) reads a file and
- * dt_*_parse(buf, len, ...) parses bytes already in memory. With
+ * dt_*_parse(buf, len, ...) parses bytes already in memory; for datasets,
+ * which are returned as new objects, dt_dataset_load_*(path, ...) and
+ * dt_dataset_from_*(buf, len, ...). With
  * DTRAIN_NO_STDIO the file forms return DTRAIN_ERR_UNSUPPORTED; the parse
  * forms always work. Every reader checks sizes claimed by a header against
  * the bytes actually there BEFORE allocating, and reports malformed input as
@@ -18,7 +20,9 @@
  *
  * Ownership: every struct filled by a reader owns its memory until the
  * matching *_free / *_destroy (which zero the struct; freeing a zeroed
- * struct or NULL is a no-op). A loader borrows its dataset: the dataset must
+ * struct or NULL is a no-op). Functions that return a new dataset or loader
+ * return NULL on failure, with the reason in dt_last_error() and
+ * dt_last_result(). A loader borrows its dataset: the dataset must
  * outlive the loader.
  */
 #ifndef DTRAIN_DATA_H
@@ -84,11 +88,15 @@ typedef struct dt_dataset {
 
 /* New zero-filled dataset of n samples of the given shape, with labels if
  * with_labels (num_classes then 0: set it). */
-DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, const int64_t *sample_shape,
-                                       int with_labels);
+DTRAIN_API dt_dataset *dt_dataset_new(int64_t n, int ndim, const int64_t *sample_shape, int with_labels);
 DTRAIN_API void dt_dataset_destroy(dt_dataset *ds);
 /* Copy samples idx[0..count) into a new dataset (same shape, labels, classes). */
-DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out);
+DTRAIN_API dt_dataset *dt_dataset_select(const dt_dataset *ds, const int64_t *idx, int64_t count);
+/* Deprecated: the out-parameter forms, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_new, which returns the dataset")
+dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, const int64_t *sample_shape, int with_labels);
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_select, which returns the dataset")
+dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out);
 /* Seeded disjoint split: round(n * val_fraction) samples (at least 1, at most
  * n-1) go to *val, the rest to *train; both keep the original order. */
 DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction, uint64_t seed,
@@ -99,10 +107,15 @@ DTRAIN_API dt_result dt_dataset_reshape(dt_dataset *ds, int ndim, const int64_t 
 /* IDX images (n, dims...) + IDX labels (n): pixels / 255 (or raw with
  * DTRAIN_DATA_RAW), labels as int32, num_classes = max label + 1. Either
  * file may be gzipped. labels_path NULL (or labels NULL / 0 bytes): no labels. */
-DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
-                                         unsigned flags);
-DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len,
-                                          const void *labels, size_t labels_len, unsigned flags);
+DTRAIN_API dt_dataset *dt_dataset_load_idx(const char *images_path, const char *labels_path, unsigned flags);
+DTRAIN_API dt_dataset *dt_dataset_from_idx(const void *images, size_t images_len, const void *labels,
+                                           size_t labels_len, unsigned flags);
+/* Deprecated: the out-parameter forms, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_load_idx, which returns the dataset")
+dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path, unsigned flags);
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_from_idx, which returns the dataset")
+dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
+                               size_t labels_len, unsigned flags);
 
 /* Fashion-MNIST: find the directory holding its IDX files (.gz or not).
  * Looks at `dir` if non-NULL (which must hold at least the test split), else
@@ -118,16 +131,23 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
 /* ---- CSV ----------------------------------------------------------------------------
  * Numeric CSV: every field a finite number (C locale: '.' decimal point);
  * blank lines are skipped; "\r\n" line ends are fine; every row must have the
- * same number of fields. A zeroed desc means: no header, no labels, ','. */
-typedef struct dt_csv_desc {
+ * same number of fields. Zeroed options (or NULL) mean: no header, no labels, ','. */
+typedef struct dt_csv_options {
   int header;          /* nonzero: the first line is a header and is skipped */
   int has_labels;      /* nonzero: one column holds integer labels >= 0 */
   int label_column;    /* 0-based; negative counts from the end (-1 = last) */
   char delimiter;      /* 0 means ',' */
-} dt_csv_desc;
+} dt_csv_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_csv_options dt_csv_desc;
 
-DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc);
-DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc);
+DTRAIN_API dt_dataset *dt_dataset_load_csv(const char *path, const dt_csv_options *opts);
+DTRAIN_API dt_dataset *dt_dataset_from_csv(const char *text, size_t len, const dt_csv_options *opts);
+/* Deprecated: the out-parameter forms, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_load_csv, which returns the dataset")
+dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_options *desc);
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_from_csv, which returns the dataset")
+dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_options *desc);
 
 /* ---- NPY ----------------------------------------------------------------------------
  * NumPy .npy, format versions 1.0 and 2.0 (read), 1.0 (written). dtypes
@@ -163,7 +183,10 @@ DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim
                                   const void *data);
 /* Dataset from arrays: x [n, ...] of any dtype (uint8 scaled to [0,1] unless
  * DTRAIN_DATA_RAW), y [n] integer labels >= 0 (or NULL). */
-DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags);
+DTRAIN_API dt_dataset *dt_dataset_from_arrays(const dt_npy *x, const dt_npy *y, unsigned flags);
+/* Deprecated: the out-parameter form, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_dataset_from_arrays, which returns the dataset")
+dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags);
 
 /* ---- text corpora (character models) ----------------------------------------------
  * The vocabulary is the set of distinct bytes of the text, in byte order:
@@ -210,14 +233,16 @@ DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end
  */
 typedef struct dt_loader dt_loader;
 
-typedef struct dt_loader_desc {
+typedef struct dt_loader_options {
   int64_t batch_size;    /* required, >= 1 */
   uint64_t seed;         /* shuffle seed */
   int shuffle;           /* nonzero: a fresh permutation every epoch */
   int drop_last;         /* nonzero: skip the last partial batch of an epoch */
   int shard_index;       /* k in 0..shard_count-1 */
   int shard_count;       /* K; 0 means 1 (the whole set) */
-} dt_loader_desc;
+} dt_loader_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_loader_options dt_loader_desc;
 
 typedef struct dt_batch {
   float *x;                        /* size * sample_size floats (loader's buffer) */
@@ -230,7 +255,11 @@ typedef struct dt_batch {
   int64_t start;                   /* index of its first sample in the epoch's shard order */
 } dt_batch;
 
-DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc);
+/* A loader over ds (borrowed: it must outlive the loader); NULL on failure. */
+DTRAIN_API dt_loader *dt_loader_new(const dt_dataset *ds, const dt_loader_options *opts);
+/* Deprecated: the out-parameter form, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("use dt_loader_new, which returns the loader")
+dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_options *desc);
 DTRAIN_API void dt_loader_destroy(dt_loader *l);
 /* Next batch: returns 1 and fills *b; at the end of the epoch returns 0
  * (b untouched) and moves to (epoch + 1, 0); a negative dt_result on error.

@@ -152,36 +152,66 @@ static dt_result dt__data_from_idx(const char *ictx, const char *lctx, dt_datase
   return r;
 }
 
-DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
-                                          size_t labels_len, unsigned flags) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: out is NULL");
+/* who: the public function called, for the messages. */
+static dt_result dt__data_parse_idx(const char *who, dt_dataset **out, const void *images, size_t images_len,
+                                    const void *labels, size_t labels_len, unsigned flags) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!images) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: images is NULL");
-  if (!labels && labels_len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_idx: labels is NULL");
-  return dt__data_from_idx("dt_dataset_parse_idx: images", "dt_dataset_parse_idx: labels", out,
+  if (!images) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: images is NULL", who);
+  if (!labels && labels_len) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: labels is NULL", who);
+  char ictx[DT__DATA_CTX], lctx[DT__DATA_CTX];
+  snprintf(ictx, sizeof ictx, "%s: images", who);
+  snprintf(lctx, sizeof lctx, "%s: labels", who);
+  return dt__data_from_idx(ictx, lctx, out,
                            (const unsigned char *)images, images_len, (const unsigned char *)labels, labels_len,
                            labels != NULL && labels_len > 0, flags);
 }
 
-DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
-                                         unsigned flags) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_idx: out is NULL");
+DTRAIN_API dt_dataset *dt_dataset_from_idx(const void *images, size_t images_len, const void *labels,
+                                           size_t labels_len, unsigned flags) {
+  dt_dataset *ds;
+  return dt__data_parse_idx("dt_dataset_from_idx", &ds, images, images_len, labels, labels_len, flags) == DTRAIN_OK
+             ? ds
+             : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
+                                          size_t labels_len, unsigned flags) {
+  return dt__data_parse_idx("dt_dataset_parse_idx", out, images, images_len, labels, labels_len, flags);
+}
+
+/* who: the public function called, for the messages. */
+static dt_result dt__data_read_idx(const char *who, dt_dataset **out, const char *images_path,
+                                   const char *labels_path, unsigned flags) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!images_path) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_idx: images_path is NULL");
+  if (!images_path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: images_path is NULL", who);
   dt_bytes ib, lb;
   memset(&lb, 0, sizeof lb);
-  dt_result r = dt__data_load("dt_dataset_read_idx", images_path, 0, &ib); /* gunzipped by the parser */
+  dt_result r = dt__data_load(who, images_path, 0, &ib); /* gunzipped by the parser */
   if (r != DTRAIN_OK) return r;
-  if (labels_path) r = dt__data_load("dt_dataset_read_idx", labels_path, 0, &lb);
+  if (labels_path) r = dt__data_load(who, labels_path, 0, &lb);
   if (r == DTRAIN_OK) {
     char ictx[DT__DATA_CTX], lctx[DT__DATA_CTX];
-    snprintf(ictx, sizeof ictx, "dt_dataset_read_idx: '%s'", images_path);
-    snprintf(lctx, sizeof lctx, "dt_dataset_read_idx: '%s'", labels_path ? labels_path : "");
+    snprintf(ictx, sizeof ictx, "%s: '%s'", who, images_path);
+    snprintf(lctx, sizeof lctx, "%s: '%s'", who, labels_path ? labels_path : "");
     r = dt__data_from_idx(ictx, lctx, out, ib.data, ib.size, lb.data, lb.size, labels_path != NULL, flags);
   }
   dt_bytes_free(&ib);
   dt_bytes_free(&lb);
   return r;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_load_idx(const char *images_path, const char *labels_path, unsigned flags) {
+  dt_dataset *ds;
+  return dt__data_read_idx("dt_dataset_load_idx", &ds, images_path, labels_path, flags) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
+                                         unsigned flags) {
+  return dt__data_read_idx("dt_dataset_read_idx", out, images_path, labels_path, flags);
 }
 
 /* ---- Fashion-MNIST ------------------------------------------------------------------------------ */
@@ -258,11 +288,11 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
   if (r != DTRAIN_OK) return r;
   dt__data_fm_file(d, "t10k-images-idx3-ubyte", ip, sizeof ip);
   dt__data_fm_file(d, "t10k-labels-idx1-ubyte", lp, sizeof lp);
-  r = dt_dataset_read_idx(test, ip, lp, 0);
+  r = dt__data_read_idx("dt_fashion_mnist_load", test, ip, lp, 0);
   if (r == DTRAIN_OK && train && has_train) {
     dt__data_fm_file(d, "train-images-idx3-ubyte", ip, sizeof ip);
     dt__data_fm_file(d, "train-labels-idx1-ubyte", lp, sizeof lp);
-    r = dt_dataset_read_idx(train, ip, lp, 0);
+    r = dt__data_read_idx("dt_fashion_mnist_load", train, ip, lp, 0);
     if (r != DTRAIN_OK) {
       dt_dataset_destroy(*test);
       *test = NULL;

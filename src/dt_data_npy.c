@@ -362,8 +362,9 @@ DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim
 #endif
 }
 
-DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags) {
-  const char *who = "dt_dataset_from_npy";
+/* who: the public function called, for the messages. */
+static dt_result dt__data_from_arrays(const char *who, dt_dataset **out, const dt_npy *x, const dt_npy *y,
+                                      unsigned flags) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   if (!x || !x->data) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: x is NULL or empty", who);
@@ -409,4 +410,14 @@ DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, cons
   }
   *out = ds;
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_from_arrays(const dt_npy *x, const dt_npy *y, unsigned flags) {
+  dt_dataset *ds;
+  return dt__data_from_arrays("dt_dataset_from_arrays", &ds, x, y, flags) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags) {
+  return dt__data_from_arrays("dt_dataset_from_npy", out, x, y, flags);
 }

@@ -60,7 +60,7 @@ static dt_result dt__data_csv_pass(dt__data_csv *c, dt_dataset *ds) {
       return dt__error(DTRAIN_ERR_FORMAT, "%s: line %lld has %lld fields, expected %lld (as on line %lld)", c->ctx,
                        (long long)line, (long long)nfields, (long long)c->cols, (long long)first_line);
     }
-    const char *hint = (row == 0 && !c->header) ? " (is it a header? set dt_csv_desc.header)" : "";
+    const char *hint = (row == 0 && !c->header) ? " (is it a header? set dt_csv_options.header)" : "";
     const char *f = p;
     for (int64_t col = 0; col < nfields; col++) {
       const char *fe = f;
@@ -142,24 +142,47 @@ static dt_result dt__data_csv_parse(const char *ctx, dt_dataset **out, const cha
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: out is NULL");
+/* who: the public function called, for the messages. */
+static dt_result dt__data_parse_csv(const char *who, dt_dataset **out, const char *text, size_t len,
+                                    const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
-  if (!text) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_parse_csv: text is NULL");
-  return dt__data_csv_parse("dt_dataset_parse_csv", out, text, len, desc);
+  if (!text) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: text is NULL", who);
+  return dt__data_csv_parse(who, out, text, len, desc);
 }
 
-DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
-  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_dataset_read_csv: out is NULL");
+DTRAIN_API dt_dataset *dt_dataset_from_csv(const char *text, size_t len, const dt_csv_options *opts) {
+  dt_dataset *ds;
+  return dt__data_parse_csv("dt_dataset_from_csv", &ds, text, len, opts) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
+  return dt__data_parse_csv("dt_dataset_parse_csv", out, text, len, desc);
+}
+
+/* who: the public function called, for the messages. */
+static dt_result dt__data_read_csv(const char *who, dt_dataset **out, const char *path, const dt_csv_desc *desc) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   dt_bytes b;
-  dt_result r = dt__data_load("dt_dataset_read_csv", path, 1, &b);
+  dt_result r = dt__data_load(who, path, 1, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
-  snprintf(ctx, sizeof ctx, "dt_dataset_read_csv: '%s'", path);
+  snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
   r = dt__data_csv_parse(ctx, out, (const char *)b.data, b.size, desc);
   dt_bytes_free(&b);
   return r;
+}
+
+DTRAIN_API dt_dataset *dt_dataset_load_csv(const char *path, const dt_csv_options *opts) {
+  dt_dataset *ds;
+  return dt__data_read_csv("dt_dataset_load_csv", &ds, path, opts) == DTRAIN_OK ? ds : NULL;
+}
+
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
+  return dt__data_read_csv("dt_dataset_read_csv", out, path, desc);
 }
 
 /* ---- text corpora -------------------------------------------------------------------------------------- */

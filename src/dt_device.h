@@ -1,13 +1,13 @@
 /* ===========================================================================
  * dt_device.h -- running a graph on an accelerator (the device hook)
  * ===========================================================================
- * A graph created with dt_graph_desc.device set runs on that device: the
+ * A graph created with dt_graph_options.device set runs on that device: the
  * SAME model code (dt_linear, dt_relu, dt_cross_entropy, ... on the graph)
  * works unchanged, but every tensor's `data` and `grad` point into device
  * memory. Tensor headers (shape, flags, the tape) stay in host memory.
  *
  *   dt_device *dev = dt_cuda_device_create(0);     (dtrain_cuda.h)
- *   dt_graph_desc gd = {0};
+ *   dt_graph_options gd = {0};
  *   gd.device = dev;                                the one-line switch
  *   dt_graph *g = dt_graph_create(params, &gd);     uploads the params
  *   ... forward with the usual ops, dt_backward(g, loss) ...

@@ -12,7 +12,7 @@
  *     b->loss = dt_item(loss);  b->samples = n;  b->correct = hits;  // correct optional
  *     return DTRAIN_OK;
  *   }
- *   dt_fit_desc fd = {0};                  // zero fields take defaults
+ *   dt_fit_options fd = {0};               // zero fields take defaults
  *   fd.epochs = 10;  fd.steps_per_epoch = n_train / batch;
  *   fd.train_step = step;  fd.evaluate = eval;  fd.user = &model;
  *   fd.params = P;  fd.optim = opt;  fd.graph = g;
@@ -100,7 +100,7 @@ typedef enum dt_fit_progress {
 } dt_fit_progress;
 
 /* Zero fields take the defaults in brackets. */
-typedef struct dt_fit_desc {
+typedef struct dt_fit_options {
   int64_t epochs;             /* train epochs [start_epoch, epochs) [1] */
   int64_t steps_per_epoch;    /* batches per epoch (required) */
   int64_t batch_size;         /* samples per batch when a step does not report them [1] */
@@ -136,7 +136,9 @@ typedef struct dt_fit_desc {
   /* Resume. */
   int64_t start_epoch;        /* 0-based epoch to start in [0] */
   int64_t start_batch;        /* batch to start at within start_epoch [0] */
-} dt_fit_desc;
+} dt_fit_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_fit_options dt_fit_desc;
 
 typedef struct dt_fit_result {
   int64_t epochs_run;         /* epochs completed by this call */
@@ -155,7 +157,7 @@ typedef struct dt_fit_result {
 
 /* Run the loop. result may be NULL. Returns the first error of a callback,
  * a checkpoint, the CSV or the chart (training stops there), else DTRAIN_OK. */
-DTRAIN_API dt_result dt_fit(const dt_fit_desc *desc, dt_fit_result *result);
+DTRAIN_API dt_result dt_fit(const dt_fit_options *desc, dt_fit_result *result);
 
 /* Write a standalone SVG chart (no dependency) of n epochs' metrics: loss
  * (train and validation) in the left panel, accuracy in the right one, with

@@ -208,7 +208,7 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options
  *   mpirun -n 4 ./prog                      (or the cluster's scheduler: srun, ...)
  *
  *   dt_comm *c = dt_comm_create_mpi();
- *   dt_strategy_desc sd = dt_multi_worker_mirrored(c, 2);   // 4 processes x 2 threads
+ *   dt_strategy_options sd = dt_strategy_multi_worker_mirrored(c, 2);   // 4 processes x 2 threads
  */
 DTRAIN_API dt_comm *dt_comm_create_mpi(void);
 
@@ -223,7 +223,7 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void);
  *   ... build params P and optimizer opt ...
  *   if (c->role == DTRAIN_ROLE_PS) return dt_ps_serve(c, P, opt, NULL, &po) == DTRAIN_OK ? 0 : 1;
  *   dt_pstore *ps = dt_pstore_create_tcp(c, P, NULL, 2);    // max_staleness 2
- *   dt_strategy_desc sd = dt_parameter_server(ps, 2);
+ *   dt_strategy_options sd = dt_strategy_parameter_server(ps, 2);
  *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
  *   dt_strategy_run(s, steps, next_batch, &data, &loss);
  *   dt_pstore_leave(ps, c->index);                        // BYE: the servers stop waiting for us

@@ -680,7 +680,9 @@ DTRAIN_API float dt_optim_lr(const dt_optim *o) {
   return o ? dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps) : 0.0f;
 }
 
-DTRAIN_API const dt_optim_desc *dt_optim_get_desc(const dt_optim *o) { return o ? &o->desc : NULL; }
+DTRAIN_API const dt_optim_options *dt_optim_get_options(const dt_optim *o) { return o ? &o->desc : NULL; }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API const dt_optim_options *dt_optim_get_desc(const dt_optim *o) { return dt_optim_get_options(o); }
 
 DTRAIN_API int dt_optim_state_slots(const dt_optim *o) { return o ? o->nslots : 0; }
 

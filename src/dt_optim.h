@@ -41,7 +41,7 @@ typedef struct dt_schedule {
 DTRAIN_API float dt_schedule_lr(const dt_schedule *s, float lr, int64_t step);
 
 /* Zero fields take the defaults in brackets. */
-typedef struct dt_optim_desc {
+typedef struct dt_optim_options {
   dt_optim_kind kind;
   float lr;             /* [0.01 for SGD, 0.001 otherwise] */
   float momentum;       /* SGD, RMSprop [0] */
@@ -52,12 +52,14 @@ typedef struct dt_optim_desc {
   float alpha;          /* RMSprop smoothing [0.99] */
   float clip_norm;      /* > 0: clip the global gradient norm in dt_optim_step */
   dt_schedule schedule;
-} dt_optim_desc;
+} dt_optim_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_optim_options dt_optim_desc;
 
 typedef struct dt_optim dt_optim;
 
 /* NULL on failure (dt_last_error()). The params must not gain parameters later. */
-DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc);
+DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_options *desc);
 DTRAIN_API void dt_optim_destroy(dt_optim *o);
 
 /* One update of the params' own data from their own grad: clip (if set),
@@ -84,7 +86,10 @@ DTRAIN_API int64_t dt_optim_steps(const dt_optim *o);
 DTRAIN_API void dt_optim_set_steps(dt_optim *o, int64_t steps);
 /* Learning rate the next update will use. */
 DTRAIN_API float dt_optim_lr(const dt_optim *o);
-DTRAIN_API const dt_optim_desc *dt_optim_get_desc(const dt_optim *o);
+/* The options the optimizer was created with (defaults filled in). */
+DTRAIN_API const dt_optim_options *dt_optim_get_options(const dt_optim *o);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_optim_get_options")
+const dt_optim_options *dt_optim_get_desc(const dt_optim *o);
 /* State buffers for checkpoints: n_slots (0..2) buffers of dt_params_size floats.
  * After dt_optim_step_graph on a device the state lives on the device:
  * dt_optim_state then copies the slot to the host (a device -> host copy;

@@ -286,7 +286,7 @@ DTRAIN_PRIVATE int dt__strategy_clip_own(dt_strategy *s, int r, float clip, cons
 /* Replica r's part of gradient clipping over the slice [b, e) of grad: the
  * global norm from every replica's partial sum (a barrier between). */
 static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b, size_t e) {
-  float clip = dt_optim_get_desc(s->opt)->clip_norm;
+  float clip = dt_optim_get_options(s->opt)->clip_norm;
   if (!(clip > 0.0f)) return 1;
   s->rep[r].ss_part = dt__strategy_sumsq(s, grad, b, e);
   dt_result rc = dt_comm_barrier(s->comm, r);
@@ -587,7 +587,7 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !params ? "params" : !opt ? "opt" : "step");
     return NULL;
   }
-  dt_strategy_desc d = desc ? *desc : dt_one_device();
+  dt_strategy_desc d = desc ? *desc : dt_strategy_one_device();
   const dt__strategy_module *m = NULL;
   if (dt__strategy_check_desc(&d, &m) != DTRAIN_OK) return NULL;
   if (dt_params_trainable_size(params) == 0) {
@@ -681,7 +681,9 @@ DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
 }
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s) { return s ? s->n : 0; }
-DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s) { return s ? &s->desc : NULL; }
+DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s) { return s ? &s->desc : NULL; }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API const dt_strategy_options *dt_strategy_get_desc(const dt_strategy *s) { return dt_strategy_get_options(s); }
 
 DTRAIN_API dt_device *dt_strategy_device(const dt_strategy *s, int replica) {
   if (!s || !s->dev || replica < 0 || replica >= s->n) return NULL;

@@ -12,7 +12,7 @@
  *     return dt_cross_entropy(g, model_forward(g, m, x), b->y);   // mean over the shard
  *   }
  *   ...
- *   dt_strategy_desc sd = dt_mirrored(4);    // or dt_one_device(), dt_central_storage(4), dt_async(4, 2)
+ *   dt_strategy_options sd = dt_strategy_mirrored(4);    // or dt_strategy_one_device(), dt_strategy_central_storage(4), dt_strategy_async(4, 2)
  *   dt_strategy *s = dt_strategy_create(P, opt, step, &m, &sd);
  *   for (...) { dt_minibatch b = {...}; dt_strategy_step(s, &b, &loss); }
  *
@@ -152,11 +152,11 @@
  * one replica per device (dt_device.h; dtrain_cuda.h makes CUDA ones):
  *
  *   dt_device *gpu[2] = {dt_cuda_device_create(0), dt_cuda_device_create(1)};
- *   dt_strategy_desc sd = dt_mirrored(0);   the replica count follows the devices
+ *   dt_strategy_options sd = dt_strategy_mirrored(0);   the replica count follows the devices
  *   sd.devices = gpu; sd.ndevices = 2;      the one-line switch (one_device: 1 device)
  *
  * The step function is unchanged: replica r's graph is created with
- * dt_graph_desc.device = devices[r], so dt_tensor_from() copies its shard of
+ * dt_graph_options.device = devices[r], so dt_tensor_from() copies its shard of
  * the host batch to that device and the ops run there (the ops a device
  * lacks fail the step with DTRAIN_ERR_UNSUPPORTED; dt_tensor_wrap takes
  * device pointers there, so wrap host data only on the CPU). A step: every
@@ -269,7 +269,7 @@ typedef dt_result (*dt_minibatch_fn)(void *user, int replica, int64_t step, dt_m
 typedef struct dt_pstore dt_pstore; /* the parameter store (below) */
 
 /* Zero fields take the defaults in brackets. */
-typedef struct dt_strategy_desc {
+typedef struct dt_strategy_options {
   dt_strategy_kind kind;         /* [one_device] */
   int replicas;                  /* N [one_device: 1; others: the number of CPUs] */
   int max_staleness;             /* async: 0 lock-step, k > 0 bounded, DTRAIN_STALENESS_UNBOUNDED */
@@ -292,16 +292,19 @@ typedef struct dt_strategy_desc {
                                     array and the devices are borrowed [NULL: the CPU] */
   int ndevices;                  /* entries in devices; replicas 0 means ndevices, else it must
                                     equal ndevices (one replica per device) */
-} dt_strategy_desc;
+} dt_strategy_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_strategy_options dt_strategy_desc;
 
-/* The one-line choices. */
-DTRAIN_API dt_strategy_desc dt_one_device(void);
-DTRAIN_API dt_strategy_desc dt_mirrored(int replicas);
-DTRAIN_API dt_strategy_desc dt_central_storage(int replicas);
-DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness);
+/* The one-line choices: dt_strategy_<kind>() gives the options of that kind
+ * with every other field at its default (as dt_init_<kind>() for dt_init). */
+DTRAIN_API dt_strategy_options dt_strategy_one_device(void);
+DTRAIN_API dt_strategy_options dt_strategy_mirrored(int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_central_storage(int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness);
 /* Across processes: comm has one rank per process (borrowed), `replicas`
  * threads in each (0: the number of CPUs). */
-DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, int replicas);
 /* Parameter-server training (dt_net.h): the store from dt_pstore_create_tcp
  * (borrowed: destroy it after the strategy; call dt_pstore_leave when this
  * worker is done). One replica per process; max_staleness is the store's
@@ -310,12 +313,23 @@ DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas
  * the push); the servers run theirs. After a step the params' data holds
  * the parameters this step pulled (the last push is applied on the servers;
  * pull again to see it). */
-DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness);
+DTRAIN_API dt_strategy_options dt_strategy_parameter_server(dt_pstore *store, int max_staleness);
+/* Deprecated: the old names, removed in the next release. */
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_one_device") dt_strategy_options dt_one_device(void);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_mirrored") dt_strategy_options dt_mirrored(int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_central_storage")
+dt_strategy_options dt_central_storage(int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_async")
+dt_strategy_options dt_async(int replicas, int max_staleness);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_multi_worker_mirrored")
+dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_parameter_server")
+dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness);
 /* From a name ("one_device", "mirrored", "central_storage", "async",
  * "multi_worker_mirrored", "parameter_server"), e.g. for a --strategy flag;
  * set desc.comm / desc.store yourself for the last two.
  * DTRAIN_ERR_INVALID_ARG for an unknown name. */
-DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out);
+DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_options *out);
 DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind);
 
 typedef struct dt_strategy dt_strategy;
@@ -328,7 +342,7 @@ typedef struct dt_strategy dt_strategy;
  * if you change them yourself later (loading a checkpoint), call
  * dt_strategy_sync(). NULL on failure (dt_last_error()). */
 DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_step_fn step, void *user,
-                                           const dt_strategy_desc *desc);
+                                           const dt_strategy_options *desc);
 /* Joins the threads and frees everything the strategy owns; NULL is a no-op. */
 DTRAIN_API void dt_strategy_destroy(dt_strategy *s);
 
@@ -355,7 +369,9 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s);
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s);
-DTRAIN_API const dt_strategy_desc *dt_strategy_get_desc(const dt_strategy *s);
+DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s);
+DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_get_options")
+const dt_strategy_options *dt_strategy_get_desc(const dt_strategy *s);
 /* Replica r's graph (for inspection between steps: memory, RNG state). */
 DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica);
 

@@ -11,8 +11,12 @@
  */
 #include "dt_strategy_impl.h"
 
-DTRAIN_API dt_strategy_desc dt_async(int replicas, int max_staleness) {
+DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness) {
   return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
+}
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
+  return dt_strategy_async(replicas, max_staleness);
 }
 
 /* The store over the params' data: replicas pull from it and push to it. */
@@ -32,7 +36,7 @@ static dt_result dt__async_replica(dt_strategy *s, int r) {
   dt_result rc = dt__strategy_bind(s, r, 1, 1, NULL);
   if (rc != DTRAIN_OK) return rc;
   if (!(R->old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
-  R->opt = dt_optim_create(s->params, dt_optim_get_desc(s->opt));
+  R->opt = dt_optim_create(s->params, dt_optim_get_options(s->opt));
   if (!R->opt) return dt_last_result();
   dt_optim_set_steps(R->opt, dt_optim_steps(s->opt));
   return DTRAIN_OK;
@@ -46,7 +50,7 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
   if (b->rows == 0) return 1; /* an empty push: only the clock moves */
-  if (!dt__strategy_clip_own(s, r, dt_optim_get_desc(R->opt)->clip_norm, "no update made")) return 0;
+  if (!dt__strategy_clip_own(s, r, dt_optim_get_options(R->opt)->clip_norm, "no update made")) return 0;
   dt_result rc = dt_optim_update(R->opt, R->data, R->grad, 0, s->size);
   if (rc != DTRAIN_OK) {
     dt__strategy_fail(s, r, rc, dt_last_error());

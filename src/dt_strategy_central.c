@@ -15,9 +15,11 @@
  */
 #include "dt_strategy_impl.h"
 
-DTRAIN_API dt_strategy_desc dt_central_storage(int replicas) {
+DTRAIN_API dt_strategy_options dt_strategy_central_storage(int replicas) {
   return dt__strategy_desc(DTRAIN_STRATEGY_CENTRAL_STORAGE, replicas, 0);
 }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_central_storage(int replicas) { return dt_strategy_central_storage(replicas); }
 
 /* A private copy of the centre only when buffers need one; replicas
  * other than 0 sum into their own gradient. */

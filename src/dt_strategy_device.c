@@ -72,7 +72,7 @@ DTRAIN_PRIVATE int dt__strategy_dev_checks(dt_strategy *s, const float *g) {
       return 0;
     }
   }
-  if (dt_optim_get_desc(s->opt)->clip_norm > 0.0f) {
+  if (dt_optim_get_options(s->opt)->clip_norm > 0.0f) {
     /* dt_optim_step_graph clips on the device; a non-finite norm must stop
      * the step here, before any update. */
     double norm = sqrt(dt__strategy_sumsq(s, g, 0, s->size));
@@ -115,7 +115,7 @@ static int dt__strategy_dev_reduce(dt_strategy *s, int ok) {
   }
   if (s->mod->dev_exchange) return s->mod->dev_exchange(s, ok);
   if (!ok) return 0;
-  if (!s->desc.check_numerics && !(dt_optim_get_desc(s->opt)->clip_norm > 0.0f)) return 1;
+  if (!s->desc.check_numerics && !(dt_optim_get_options(s->opt)->clip_norm > 0.0f)) return 1;
   rc = dt__strategy_dev_copy(s, 0, s->dhost, s->dgrad[0], 0, s->size, DTRAIN_COPY_D2H);
   if (rc != DTRAIN_OK) return dt__strategy_dev_failed(s, rc, "reduced gradient to the host");
   return dt__strategy_dev_checks(s, s->dhost);

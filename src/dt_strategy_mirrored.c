@@ -11,9 +11,11 @@
  */
 #include "dt_strategy_impl.h"
 
-DTRAIN_API dt_strategy_desc dt_mirrored(int replicas) {
+DTRAIN_API dt_strategy_options dt_strategy_mirrored(int replicas) {
   return dt__strategy_desc(DTRAIN_STRATEGY_MIRRORED, replicas, 0);
 }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_mirrored(int replicas) { return dt_strategy_mirrored(replicas); }
 
 /* Replica 0 trains the params' buffers; the others their own copies. */
 static dt_result dt__mirrored_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, r > 0, r > 0, NULL); }

@@ -42,10 +42,14 @@ typedef struct dt__mwm {
 
 static dt__mwm *dt__mwm_of(dt_strategy *s) { return (dt__mwm *)s->kind_state; }
 
-DTRAIN_API dt_strategy_desc dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
+DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, int replicas) {
   dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED, replicas, 0);
   d.comm = comm;
   return d;
+}
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
+  return dt_strategy_multi_worker_mirrored(comm, replicas);
 }
 
 static dt_result dt__mwm_check(const dt_strategy_desc *d) {

@@ -9,7 +9,9 @@
  */
 #include "dt_strategy_impl.h"
 
-DTRAIN_API dt_strategy_desc dt_one_device(void) { return dt__strategy_desc(DTRAIN_STRATEGY_ONE_DEVICE, 1, 0); }
+DTRAIN_API dt_strategy_options dt_strategy_one_device(void) { return dt__strategy_desc(DTRAIN_STRATEGY_ONE_DEVICE, 1, 0); }
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_one_device(void) { return dt_strategy_one_device(); }
 
 /* The params' own data and gradient. */
 static dt_result dt__one_device_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, 0, 0, NULL); }

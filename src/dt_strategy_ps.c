@@ -10,10 +10,14 @@
  */
 #include "dt_strategy_impl.h"
 
-DTRAIN_API dt_strategy_desc dt_parameter_server(dt_pstore *store, int max_staleness) {
+DTRAIN_API dt_strategy_options dt_strategy_parameter_server(dt_pstore *store, int max_staleness) {
   dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_PARAMETER_SERVER, 1, max_staleness);
   d.store = store;
   return d;
+}
+/* Deprecated name, removed in the next release. */
+DTRAIN_API dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness) {
+  return dt_strategy_parameter_server(store, max_staleness);
 }
 
 /* The store decides: one replica (this worker), its max_staleness. */
@@ -52,7 +56,7 @@ static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
   if (b->rows == 0) return 1; /* an empty push: only the clock moves */
-  if (!dt__strategy_clip_own(s, r, dt_optim_get_desc(s->opt)->clip_norm, "nothing pushed")) return 0;
+  if (!dt__strategy_clip_own(s, r, dt_optim_get_options(s->opt)->clip_norm, "nothing pushed")) return 0;
   memcpy(R->old, R->grad, s->fbytes);
   for (int i = 0; i < s->nbufr; i++)
     memcpy(R->old + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));

@@ -60,17 +60,19 @@ struct dt_tensor {
  * graph and returns NULL; every later op on the graph (and dt_backward) returns
  * NULL / that error without doing anything. Check once at the end.
  */
-typedef struct dt_graph_desc {
+typedef struct dt_graph_options {
   size_t arena_bytes;   /* first arena block; 0 means 1 MiB */
   uint64_t seed;        /* seed of the graph's RNG (dropout); 0 means 1 */
   int check_numerics;   /* nonzero: every op checks its output for NaN/Inf */
   dt_device *device;    /* NULL: the CPU; else run on this device (dt_device.h) */
-} dt_graph_desc;
+} dt_graph_options;
+/* Deprecated: the old name, removed in the next release. */
+typedef dt_graph_options dt_graph_desc;
 
 /* Create a graph bound to `params` (may be NULL): dt_param(g, i) returns views
  * of the params' data and grad buffers. desc may be NULL for defaults.
  * Returns NULL on failure (see dt_last_error()). */
-DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *desc);
+DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_options *desc);
 DTRAIN_API void dt_graph_destroy(dt_graph *g);
 
 /* Forget every tensor of the step and clear the tape and the sticky error.

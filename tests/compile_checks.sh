@@ -89,8 +89,8 @@ int main(void) {
   if (dt_idx_read("x.idx", &a) != DTRAIN_ERR_UNSUPPORTED) return 1;
   if (dt_idx_parse(idx, sizeof idx, &a) != DTRAIN_OK || a.size != 2 || a.data[1] != 9) return 2;
   dt_idx_free(&a);
-  if (dt_dataset_read_csv(&ds, "x.csv", 0) != DTRAIN_ERR_UNSUPPORTED) return 3;
-  if (dt_dataset_parse_csv(&ds, "1,2\n", 4, 0) != DTRAIN_OK || ds->n != 1 || ds->x[1] != 2.0f) return 4;
+  if ((ds = dt_dataset_load_csv("x.csv", 0)) != 0 || dt_last_result() != DTRAIN_ERR_UNSUPPORTED) return 3;
+  if (!(ds = dt_dataset_from_csv("1,2\n", 4, 0)) || ds->n != 1 || ds->x[1] != 2.0f) return 4;
   dt_dataset_destroy(ds);
   if (dt_npy_write("x.npy", DTRAIN_NPY_U8, 1, &one, idx) != DTRAIN_ERR_UNSUPPORTED) return 5;
   if (dt_fashion_mnist_find(0, dir, sizeof dir, 0) != DTRAIN_ERR_UNSUPPORTED) return 6;

@@ -36,7 +36,7 @@ typedef struct cp_case {
  * gradient (host floats); returns the count written, -1 on failure. */
 static int64_t cp_eval(const cp_case *c, dt_device *dev, float *const *in_data, const float *seed, float *out,
                        int64_t cap) {
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = dev;
   dt_graph *g = dt_graph_create(NULL, &gd);
@@ -320,7 +320,7 @@ static void test_maps_parity(void) {
 /* Broadcasts the device does not do fail with DTRAIN_ERR_UNSUPPORTED naming
  * the op and the device; argument errors are the CPU op's. */
 static void test_unsupported(void) {
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = cp_dev;
   dt_graph *g = dt_graph_create(NULL, &gd);
@@ -363,7 +363,7 @@ static void test_unsupported(void) {
  * is intended and passes; a NaN in a kept entry fails with the CPU op's
  * message (a NaN above the diagonal is masked away). */
 static void cp_causal_numerics(dt_device *dev, int nan_at, char *msg, size_t cap) {
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = dev;
   gd.check_numerics = 1;
@@ -399,7 +399,7 @@ static int cp_bn_run(dt_device *dev, float *out, float *params, size_t *np, size
   dt_params *p = dt_params_create(3);
   dt_nn_batch_norm bn;
   int ok = p && dt_nn_batch_norm_init(&bn, p, "bn", 3) == DTRAIN_OK;
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = dev;
   dt_graph *g = ok ? dt_graph_create(p, &gd) : NULL;
@@ -469,7 +469,7 @@ static void test_batch_norm_running(void) {
  * the CPU op; zero and NaN are outside log's domain, zero inside sqrt's. */
 static void cp_domain_msg(dt_device *dev, int which, int64_t bad_at, float bad, char *msg, size_t cap,
                           dt_result *code) {
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = dev;
   dt_graph *g = dt_graph_create(NULL, &gd);
@@ -512,7 +512,7 @@ static void test_domain_checks(void) {
  * RNG ends in the same state, and another seed gives another mask. Off in
  * eval mode, on a device too. */
 static int cp_dropout_run(dt_device *dev, uint64_t seed, int training, float *out, uint64_t rng[4]) {
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = dev;
   gd.seed = seed;
@@ -554,7 +554,7 @@ static int cp_modules_run(dt_device *dev, float *loss, float *grad, size_t *n) {
   dt_nn_layer_norm ln;
   int ok = p && dt_nn_embedding_init(&emb, p, "emb", 7, 8) == DTRAIN_OK &&
            dt_nn_layer_norm_init(&ln, p, "ln", 8) == DTRAIN_OK;
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = dev;
   dt_graph *g = ok ? dt_graph_create(p, &gd) : NULL;
@@ -605,7 +605,7 @@ static int cp_seq_run(dt_device *dev, int which, float *loss, float *grad, size_
                 : which == 0 ? dt_nn_attention_init(&att, p, "att", C, 2)
                 : which == 1 ? dt_nn_lstm_cell_init(&lstm, p, "lstm", C, H)
                              : dt_nn_gru_cell_init(&gru, p, "gru", C, H);
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = dev;
   dt_graph *g = r == DTRAIN_OK ? dt_graph_create(p, &gd) : NULL;
@@ -673,13 +673,13 @@ static void test_seq_modules_parity(void) {
 
 /* A 2-layer MLP, a few steps on the CPU and on the device from the same
  * start: the parameters must agree after every step. */
-static void cp_mlp_run(dt_device *dev, const dt_optim_desc *od, float *params_out, size_t *n_out) {
+static void cp_mlp_run(dt_device *dev, const dt_optim_options *od, float *params_out, size_t *n_out) {
   dt_params *p = dt_params_create(7);
   dt_nn_linear l1, l2;
   dt_nn_linear_init(&l1, p, "l1", 6, 16, 1);
   dt_nn_linear_init(&l2, p, "l2", 16, 5, 1);
   dt_optim *o = dt_optim_create(p, od);
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = dev;
   gd.arena_bytes = 2048; /* several arena blocks in step 1, merged by the reset */
@@ -708,7 +708,7 @@ static void cp_mlp_run(dt_device *dev, const dt_optim_desc *od, float *params_ou
   dt_params_destroy(p);
 }
 
-static void cp_mlp_case(const dt_optim_desc *od, const char *name) {
+static void cp_mlp_case(const dt_optim_options *od, const char *name) {
   static float a[1024], b[1024];
   size_t na = 0, nb = 0;
   cp_mlp_run(NULL, od, a, &na);
@@ -724,7 +724,7 @@ static void cp_mlp_case(const dt_optim_desc *od, const char *name) {
 }
 
 static void test_mlp_parity(void) {
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_SGD;
   od.lr = 0.1f;
@@ -781,7 +781,7 @@ static int cp_ck_run(dt_device *dev, uint64_t seed, int pre, const char *load, i
                      float *out, size_t *n, float *m_out) {
   dt_params *p = dt_params_create(seed);
   dt_nn_linear l1, l2;
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAMW;
   od.lr = 0.02f;
@@ -789,7 +789,7 @@ static int cp_ck_run(dt_device *dev, uint64_t seed, int pre, const char *load, i
   int ok = p && dt_nn_linear_init(&l1, p, "l1", 6, 16, 1) == DTRAIN_OK &&
            dt_nn_linear_init(&l2, p, "l2", 16, 5, 1) == DTRAIN_OK;
   dt_optim *o = ok ? dt_optim_create(p, &od) : NULL;
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = dev;
   gd.seed = seed * 3 + 1;
@@ -875,7 +875,7 @@ static void test_param_transfers(void) {
   dt_params *p = dt_params_create(3);
   int64_t s[2] = {2, 3};
   int w = dt_params_add(p, "w", 2, s, dt_init_uniform(-1, 1));
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = cp_dev;
   dt_graph *g = dt_graph_create(p, &gd);
@@ -927,7 +927,7 @@ static void test_step_graph_cpu_same(void) {
     int64_t s[1] = {64};
     dt_params_add(p, "w", 1, s, dt_init_uniform(-1, 1));
     for (int i = 0; i < 64; i++) dt_params_grad(p)[i] = (float)(i % 7) * 0.1f - 0.3f;
-    dt_optim_desc od;
+    dt_optim_options od;
     memset(&od, 0, sizeof od);
     od.kind = DTRAIN_OPTIM_ADAMW;
     od.weight_decay = 0.1f;

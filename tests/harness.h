@@ -108,6 +108,10 @@ static void th_skip_item(const char *name, const char *fmt, ...) {
     }                                                                                 \
   } while (0)
 
+/* The dt_result of a call that returns a new object: DTRAIN_OK when p is not
+ * NULL, else the code the failure left (for CHECK_ERR). */
+#define TH_RESULT(p) ((p) != NULL ? DTRAIN_OK : dt_last_result())
+
 /* Expect a dt_result code, and a non-empty message containing `needle`. */
 #define CHECK_ERR(expr, code, needle)                                                 \
   do {                                                                                \

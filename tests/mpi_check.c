@@ -136,12 +136,12 @@ static void train(dt_comm *c, int mwm, int N, uint64_t seed, float *out, float *
   const int W = dt_comm_world(c), me = dt_comm_rank(c);
   model m;
   model_init(&m, seed);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   od.lr = 0.01f;
   dt_optim *opt = dt_optim_create(m.P, &od);
-  dt_strategy_desc sd = mwm ? dt_multi_worker_mirrored(c, N) : dt_mirrored(W * N);
+  dt_strategy_options sd = mwm ? dt_strategy_multi_worker_mirrored(c, N) : dt_strategy_mirrored(W * N);
   sd.spin_us = -1;
   dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
   CHECK(s != NULL);

@@ -152,7 +152,7 @@ int main(int argc, char **argv) {
   dt_params *P = make_model(&conv, &fc1, &fc2);
   exact_u64("init.layout", dt_params_layout_hash(P));
   exact_u64("init.checksum.uniform_layers", dt_params_checksum(P));
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   od.lr = 0.01f;

@@ -363,7 +363,7 @@ static void test_no_allocation_per_step(void) {
   dt_set_allocator(&al);
   tiny t;
   CHECK(tiny_make(&t, 16));
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAMW;
   od.clip_norm = 1.0f;

@@ -83,8 +83,8 @@ typedef struct {
   dt_graph *g;
 } model;
 
-static dt_optim_desc optim_desc(dt_optim_kind kind) {
-  dt_optim_desc d;
+static dt_optim_options optim_desc(dt_optim_kind kind) {
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = kind;
   switch (kind) {
@@ -105,9 +105,9 @@ static void model_init(model *m, uint64_t seed, dt_optim_kind kind, uint64_t gra
   dt_nn_batch_norm_init(&m->bn, m->P, "bn", 16);
   dt_nn_linear_init(&m->l2, m->P, "l2", 16, NC, 1);
   m->temp = dt_params_add(m->P, "temperature", 0, NULL, dt_init_constant(1.0f));
-  dt_optim_desc d = optim_desc(kind);
+  dt_optim_options d = optim_desc(kind);
   m->opt = dt_optim_create(m->P, &d);
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.seed = graph_seed;
   m->g = dt_graph_create(m->P, &gd);
@@ -780,7 +780,7 @@ static void test_mismatch(void) {
     dt_nn_batch_norm_init(&m.bn, m.P, "bn", 17);
     dt_nn_linear_init(&m.l2, m.P, "l2", 17, NC, 1);
     m.temp = dt_params_add(m.P, "temperature", 0, NULL, dt_init_constant(1.0f));
-    dt_optim_desc d = optim_desc(DTRAIN_OPTIM_ADAM);
+    dt_optim_options d = optim_desc(DTRAIN_OPTIM_ADAM);
     m.opt = dt_optim_create(m.P, &d);
     m.g = dt_graph_create(m.P, NULL);
     CHECK(load_unchanged(&m, p, &same) == DTRAIN_ERR_MISMATCH && same);
@@ -796,7 +796,7 @@ static void test_mismatch(void) {
     dt_nn_linear_init(&m.l1, m.P, "l1", NF, 16, 1);
     dt_nn_batch_norm_init(&m.bn, m.P, "bn", 16);
     dt_nn_linear_init(&m.l2, m.P, "l2", 16, NC, 1);
-    dt_optim_desc d = optim_desc(DTRAIN_OPTIM_ADAM);
+    dt_optim_options d = optim_desc(DTRAIN_OPTIM_ADAM);
     m.opt = dt_optim_create(m.P, &d);
     m.g = dt_graph_create(m.P, NULL);
     CHECK(load_unchanged(&m, p, &same) == DTRAIN_ERR_MISMATCH && same);
@@ -813,7 +813,7 @@ static void test_mismatch(void) {
     dt_nn_linear_init(&m.l1, m.P, "l1", NF, 16, 1);
     dt_nn_batch_norm_init(&m.bn, m.P, "bn", 16);
     dt_nn_linear_init(&m.l2, m.P, "l2", 16, NC, 1);
-    dt_optim_desc d = optim_desc(DTRAIN_OPTIM_ADAM);
+    dt_optim_options d = optim_desc(DTRAIN_OPTIM_ADAM);
     m.opt = dt_optim_create(m.P, &d);
     m.g = dt_graph_create(m.P, NULL);
     CHECK(load_unchanged(&m, p, &same) == DTRAIN_ERR_MISMATCH && same);
@@ -860,7 +860,7 @@ static void test_save_errors(void) {
   int64_t s[1] = {4};
   dt_params_add(P, "x", 1, s, dt_init_zeros());
   dt_params_add(P, "optim.exp_avg.x", 1, s, dt_init_zeros());
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = DTRAIN_OPTIM_ADAM;
   dt_optim *o = dt_optim_create(P, &d);

@@ -24,7 +24,7 @@
 /* An arena block larger than any GPU: DTRAIN_ERR_NOMEM naming cudaMalloc and
  * the byte count; the graph stays usable after a reset. */
 static void test_out_of_memory(void) {
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = cp_dev;
   gd.arena_bytes = (size_t)1 << 50;
@@ -66,14 +66,14 @@ static int mg_train(int ndev, float *out, size_t *n) {
   m.P = dt_params_create(9);
   dt_nn_linear_init(&m.l1, m.P, "l1", MG_NF, 16, 1);
   dt_nn_linear_init(&m.l2, m.P, "l2", 16, MG_NC, 1);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_SGD;
   od.lr = 0.1f;
   od.momentum = 0.9f;
   od.clip_norm = 0.5f;
   dt_optim *opt = dt_optim_create(m.P, &od);
-  dt_strategy_desc sd = dt_mirrored(mg_gpus);
+  dt_strategy_options sd = dt_strategy_mirrored(mg_gpus);
   if (ndev) {
     sd.replicas = 0;
     sd.devices = mg_dev;

@@ -4,7 +4,7 @@
  * index shared by the __global__ kernels and a host emulation
  * (DTRAIN_CUDA_HOST_EMULATION): a dt_device whose memory is host memory and
  * whose kernels run those same functions in loops. This test plugs it into
- * dt_graph_desc.device, so the core's whole device path (device arena,
+ * dt_graph_options.device, so the core's whole device path (device arena,
  * transfers, device twins of the ops, device backward, the optimizers'
  * device update) runs with the CUDA kernel bodies, and compares every op,
  * forward and backward, and a few MLP training steps against the CPU ops.
@@ -179,7 +179,7 @@ static void test_device_errors(void) {
   dev.name = "cuda-fail";
   dev.run = failing_run;
   dev.alloc = failing_alloc;
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.device = &dev;
   gd.arena_bytes = 4096;

@@ -101,7 +101,7 @@ typedef struct config {
 } config;
 
 static dt_optim *make_opt(dt_params *P, const config *c) {
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = c->opt;
   d.lr = c->opt == DTRAIN_OPTIM_SGD ? 0.1f : 0.01f;
@@ -126,7 +126,7 @@ static int replicas_equal_params(dt_strategy *s, const float *params, size_t n) 
 
 /* K steps of `sd` (ndev > 0: on devs[0..ndev)); the final params and the
  * losses. Returns 0 on a failure (checked). */
-static int train(const config *c, dt_strategy_desc sd, int ndev, float *params, float *loss) {
+static int train(const config *c, dt_strategy_options sd, int ndev, float *params, float *loss) {
   model m;
   model_init(&m, 5);
   m.sum_loss = c->sum_loss;
@@ -183,10 +183,10 @@ static void check_parity(const config *c, int ndev, double tol) {
   static float p_dev[PMAX], p_dev2[PMAX], p_mir[PMAX], p_one[PMAX];
   float l_dev[K], l_dev2[K], l_mir[K], l_one[K];
   size_t n = model_size();
-  dt_strategy_desc mir = ndev == 1 ? dt_one_device() : dt_mirrored(0);
-  dt_strategy_desc cpu_mir = ndev == 1 ? dt_one_device() : dt_mirrored(ndev);
+  dt_strategy_options mir = ndev == 1 ? dt_strategy_one_device() : dt_strategy_mirrored(0);
+  dt_strategy_options cpu_mir = ndev == 1 ? dt_strategy_one_device() : dt_strategy_mirrored(ndev);
   if (!train(c, mir, ndev, p_dev, l_dev) || !train(c, mir, ndev, p_dev2, l_dev2) ||
-      !train(c, cpu_mir, 0, p_mir, l_mir) || !train(c, dt_one_device(), 0, p_one, l_one))
+      !train(c, cpu_mir, 0, p_mir, l_mir) || !train(c, dt_strategy_one_device(), 0, p_one, l_one))
     return;
   /* repeats bitwise */
   CHECK_MSG(memcmp(p_dev, p_dev2, n * sizeof(float)) == 0, "%d devices: second run differs", ndev);
@@ -399,12 +399,12 @@ static void test_hooks_in_strategy(void) {
     devs[i] = &dv[i];
   }
   int before = hook_calls, bc = bcast_calls;
-  int ok = train(&c, dt_mirrored(0), 2, p_hook, l);
+  int ok = train(&c, dt_strategy_mirrored(0), 2, p_hook, l);
   CHECK(hook_calls - before == K);
   CHECK(bcast_calls - bc == K); /* the parameters from device 0 */
   devs[0] = saved[0];
   devs[1] = saved[1];
-  if (ok && train(&c, dt_mirrored(0), 2, p_ring, l))
+  if (ok && train(&c, dt_strategy_mirrored(0), 2, p_ring, l))
     CHECK(rel_diff(p_hook, p_ring, model_size()) <= 1e-6);
 }
 
@@ -448,7 +448,7 @@ static void test_failures(void) {
     memset(&c, 0, sizeof c);
     c.opt = DTRAIN_OPTIM_SGD;
     dt_optim *opt = make_opt(m.P, &c);
-    dt_strategy_desc sd = dt_mirrored(0);
+    dt_strategy_options sd = dt_strategy_mirrored(0);
     sd.devices = dp;
     sd.ndevices = 3;
     sd.spin_us = -1;
@@ -501,7 +501,7 @@ static void test_numerics(void) {
   memset(&c, 0, sizeof c);
   c.opt = DTRAIN_OPTIM_SGD;
   dt_optim *opt = make_opt(m.P, &c);
-  dt_strategy_desc sd = dt_mirrored(0);
+  dt_strategy_options sd = dt_strategy_mirrored(0);
   sd.devices = devs;
   sd.ndevices = 2;
   sd.spin_us = -1;
@@ -542,10 +542,10 @@ static void test_refusals(void) {
   float store_data[PMAX];
   memset(store_data, 0, sizeof store_data);
   dt_pstore *ps = dt_pstore_create_local(store_data, dt_params_size(m.P), 1, 0, DTRAIN_ASYNC_HOGWILD, -1);
-  dt_strategy_desc cases[3] = {dt_async(2, 0), dt_central_storage(2), dt_parameter_server(ps, 0)};
+  dt_strategy_options cases[3] = {dt_strategy_async(2, 0), dt_strategy_central_storage(2), dt_strategy_parameter_server(ps, 0)};
   const char *names[3] = {"async", "central_storage", "parameter_server"};
   for (int i = 0; i < 3; i++) {
-    dt_strategy_desc sd = cases[i];
+    dt_strategy_options sd = cases[i];
     sd.devices = devs;
     sd.ndevices = i == 2 ? 1 : 2;
     if (i == 2) sd.replicas = 0;
@@ -554,16 +554,16 @@ static void test_refusals(void) {
     CHECK_MSG(strstr(dt_last_error(), names[i]) != NULL && strstr(dt_last_error(), "devices") != NULL, "%s",
               dt_last_error());
   }
-  dt_strategy_desc sd = dt_mirrored(3); /* 3 replicas on 2 devices */
+  dt_strategy_options sd = dt_strategy_mirrored(3); /* 3 replicas on 2 devices */
   sd.devices = devs;
   sd.ndevices = 2;
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &sd) == NULL && dt_last_result() == DTRAIN_ERR_INVALID_ARG);
-  sd = dt_one_device();
+  sd = dt_strategy_one_device();
   sd.devices = devs;
   sd.ndevices = 2;
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &sd) == NULL && dt_last_result() == DTRAIN_ERR_INVALID_ARG);
   dt_device *holes[2] = {devs[0], NULL};
-  sd = dt_mirrored(0);
+  sd = dt_strategy_mirrored(0);
   sd.devices = holes;
   sd.ndevices = 2;
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &sd) == NULL && dt_last_result() == DTRAIN_ERR_NULL_ARG);
@@ -597,7 +597,7 @@ static int fit_run(int ndev, float *params, double *last_loss) {
   memset(&c, 0, sizeof c);
   c.opt = DTRAIN_OPTIM_ADAM;
   dt_optim *opt = make_opt(m.P, &c);
-  dt_strategy_desc sd = dt_mirrored(2);
+  dt_strategy_options sd = dt_strategy_mirrored(2);
   sd.spin_us = -1;
   if (ndev) {
     sd.replicas = 0;
@@ -609,7 +609,7 @@ static int fit_run(int ndev, float *params, double *last_loss) {
   CHECK_MSG(ctx.s != NULL, "%s", dt_last_error());
   int ok = 0;
   if (ctx.s) {
-    dt_fit_desc fd;
+    dt_fit_options fd;
     memset(&fd, 0, sizeof fd);
     fd.epochs = 2;
     fd.steps_per_epoch = 4;
@@ -688,7 +688,7 @@ static void mwm_child(int W, int N, int rank, const config *c, const float *ref,
   dt_optim *opt = make_opt(m.P, c);
   dt_device *mine[2];
   for (int i = 0; i < N; i++) mine[i] = dt_cuda_device_create(10 * rank + i);
-  dt_strategy_desc sd = dt_multi_worker_mirrored(comm, 0);
+  dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, 0);
   sd.devices = mine;
   sd.ndevices = N;
   sd.spin_us = -1;
@@ -747,7 +747,7 @@ static void mwm_child(int W, int N, int rank, const config *c, const float *ref,
 static void mwm_world(int W, int N, const config *c, int fail_step) {
   static float ref[PMAX];
   float ref_loss[K];
-  if (fail_step < 0 && !train(c, dt_mirrored(W * N), 0, ref, ref_loss)) return;
+  if (fail_step < 0 && !train(c, dt_strategy_mirrored(W * N), 0, ref, ref_loss)) return;
   for (int r = 0; r < W; r++) {
     if (dt__net_listen("127.0.0.1:0", &lfd[r]) != DTRAIN_OK) {
       CHECK_MSG(0, "listen: %s", dt_last_error());

@@ -533,7 +533,7 @@ static void test_shipped_fashion_mnist(void) {
   root_path(ip, sizeof ip, "data/fashion-mnist/t10k-images-idx3-ubyte.gz");
   root_path(lp, sizeof lp, "data/fashion-mnist/t10k-labels-idx1-ubyte.gz");
   dt_dataset *ds = NULL;
-  dt_result r = dt_dataset_read_idx(&ds, ip, lp, 0);
+  dt_result r = TH_RESULT(ds = dt_dataset_load_idx(ip, lp, 0));
   CHECK_MSG(r == DTRAIN_OK, "%s", dt_last_error());
   if (r != DTRAIN_OK) return;
   CHECK(ds->n == 10000);
@@ -562,7 +562,7 @@ static void test_shipped_fashion_mnist(void) {
   dt_idx a;
   CHECK(dt_idx_read(ip, &a) == DTRAIN_OK);
   CHECK(a.ndim == 3 && a.shape[0] == 10000 && a.shape[1] == 28 && a.shape[2] == 28 && a.size == 7840000);
-  CHECK(dt_dataset_read_idx(&ds, ip, NULL, DTRAIN_DATA_RAW) == DTRAIN_OK);
+  CHECK((ds = dt_dataset_load_idx(ip, NULL, DTRAIN_DATA_RAW)) != NULL);
   CHECK(ds && ds->y == NULL && ds->num_classes == 0);
   int same = 1;
   for (int64_t i = 0; ds && i < a.size; i += 997) same &= ds->x[i] == (float)a.data[i];
@@ -649,15 +649,15 @@ static void test_idx_errors(void) {
   lb[9] = 0;
   lb[10] = 5;
   dt_dataset *ds = NULL;
-  CHECK(dt_dataset_parse_idx(&ds, im, in, lb, ln, 0) == DTRAIN_OK);
+  CHECK((ds = dt_dataset_from_idx(im, in, lb, ln, 0)) != NULL);
   CHECK(ds && ds->n == 3 && ds->ndim == 2 && ds->shape[0] == 2 && ds->shape[1] == 2);
   CHECK(ds && ds->y[0] == 2 && ds->y[1] == 0 && ds->y[2] == 5 && ds->num_classes == 6);
   CHECK(ds && fabsf(ds->x[1] - 37.0f / 255.0f) < 1e-7f);
   dt_dataset_destroy(ds);
-  CHECK(dt_dataset_parse_idx(&ds, im, in, lb, ln, DTRAIN_DATA_RAW) == DTRAIN_OK);
+  CHECK((ds = dt_dataset_from_idx(im, in, lb, ln, DTRAIN_DATA_RAW)) != NULL);
   CHECK(ds && ds->x[1] == 37.0f);
   dt_dataset_destroy(ds);
-  CHECK(dt_dataset_parse_idx(&ds, im, in, lb, 0, 0) == DTRAIN_OK && ds && ds->y == NULL); /* 0 label bytes: none */
+  CHECK((ds = dt_dataset_from_idx(im, in, lb, 0, 0)) != NULL && ds && ds->y == NULL); /* 0 label bytes: none */
   dt_dataset_destroy(ds);
   dt_idx a0;
   CHECK(dt_idx_parse(im, in, &a0) == DTRAIN_OK && a0.ndim == 3 && a0.shape[2] == 2 && a0.shape[3] == 1 &&
@@ -666,10 +666,10 @@ static void test_idx_errors(void) {
   /* The same from gzip data in memory. */
   size_t gn = 0;
   unsigned char *g = gzip_stored(im, in, &gn);
-  CHECK(dt_dataset_parse_idx(&ds, g, gn, lb, ln, 0) == DTRAIN_OK && ds && ds->n == 3);
+  CHECK((ds = dt_dataset_from_idx(g, gn, lb, ln, 0)) != NULL && ds && ds->n == 3);
   dt_dataset_destroy(ds);
   g[gn - 5] ^= 1; /* CRC */
-  CHECK_ERR(dt_dataset_parse_idx(&ds, g, gn, lb, ln, 0), DTRAIN_ERR_CORRUPT, "dt_dataset_parse_idx: images");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_idx(g, gn, lb, ln, 0)), DTRAIN_ERR_CORRUPT, "dt_dataset_from_idx: images");
   free(g);
 
   dt_idx a;
@@ -700,7 +700,7 @@ static void test_idx_errors(void) {
   size_t hn = make_idx(bad, 8, 3, huge, 100);
   counting_on();
   CHECK_ERR(dt_idx_parse(bad, hn, &a), DTRAIN_ERR_CORRUPT, "[1048576,1024,1024]");
-  CHECK_ERR(dt_dataset_parse_idx(&ds, bad, hn, lb, ln, 0), DTRAIN_ERR_CORRUPT, "only 100 data bytes");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_idx(bad, hn, lb, ln, 0)), DTRAIN_ERR_CORRUPT, "only 100 data bytes");
   uint32_t huge4[4] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu}; /* product overflows */
   hn = make_idx(bad, 8, 4, huge4, 10);
   CHECK_ERR(dt_idx_parse(bad, hn, &a), DTRAIN_ERR_CORRUPT, "IDX header claims");
@@ -710,16 +710,16 @@ static void test_idx_errors(void) {
   /* Images and labels that do not match. */
   uint32_t l4[1] = {4};
   size_t l4n = make_idx(lb, 8, 1, l4, 4);
-  CHECK_ERR(dt_dataset_parse_idx(&ds, im, in, lb, l4n, 0), DTRAIN_ERR_MISMATCH, "3 images but 4 labels");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_idx(im, in, lb, l4n, 0)), DTRAIN_ERR_MISMATCH, "3 images but 4 labels");
   CHECK(ds == NULL);
   uint32_t l2d[2] = {3, 1};
   size_t l2n = make_idx(lb, 8, 2, l2d, 3);
-  CHECK_ERR(dt_dataset_parse_idx(&ds, im, in, lb, l2n, 0), DTRAIN_ERR_FORMAT, "must be 1-D");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_idx(im, in, lb, l2n, 0)), DTRAIN_ERR_FORMAT, "must be 1-D");
   ln = make_idx(lb, 8, 1, ldims, 3);
-  CHECK_ERR(dt_dataset_parse_idx(&ds, lb, ln, NULL, 0, 0), DTRAIN_ERR_FORMAT, "at least 2 dimensions");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_idx(lb, ln, NULL, 0, 0)), DTRAIN_ERR_FORMAT, "at least 2 dimensions");
   /* Files: missing, with the path and the system's reason. */
   CHECK_ERR(dt_idx_read("/nonexistent/dir/x.idx", &a), DTRAIN_ERR_IO, "'/nonexistent/dir/x.idx': No such file");
-  CHECK_ERR(dt_dataset_read_idx(&ds, "/nonexistent/i.gz", "/nonexistent/l.gz", 0), DTRAIN_ERR_IO, "/nonexistent/i.gz");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_load_idx("/nonexistent/i.gz", "/nonexistent/l.gz", 0)), DTRAIN_ERR_IO, "/nonexistent/i.gz");
   /* A truncated .gz file on disk. */
   char ip[1024], tp[512];
   root_path(ip, sizeof ip, "data/fashion-mnist/t10k-labels-idx1-ubyte.gz");
@@ -738,8 +738,7 @@ static void test_idx_errors(void) {
   CHECK_ERR(dt_idx_parse(NULL, 5, &a), DTRAIN_ERR_NULL_ARG, "buf");
   CHECK_ERR(dt_idx_parse(im, in, NULL), DTRAIN_ERR_NULL_ARG, "out");
   CHECK_ERR(dt_idx_read(NULL, &a), DTRAIN_ERR_NULL_ARG, "path");
-  CHECK_ERR(dt_dataset_parse_idx(NULL, im, in, NULL, 0, 0), DTRAIN_ERR_NULL_ARG, "out");
-  CHECK_ERR(dt_dataset_parse_idx(&ds, NULL, 0, NULL, 0, 0), DTRAIN_ERR_NULL_ARG, "images");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_idx(NULL, 0, NULL, 0, 0)), DTRAIN_ERR_NULL_ARG, "images");
   dt_idx_free(NULL);
   dt_idx_free(&a);
 }
@@ -752,13 +751,13 @@ static void test_csv_good(void) {
                   "\r\n"
                   "  4,5,6,0\r\n"
                   "7,8,9,3\n\n";
-  dt_csv_desc d;
+  dt_csv_options d;
   memset(&d, 0, sizeof d);
   d.header = 1;
   d.has_labels = 1;
   d.label_column = -1;
   dt_dataset *ds = NULL;
-  CHECK_MSG(dt_dataset_parse_csv(&ds, t, strlen(t), &d) == DTRAIN_OK, "%s", dt_last_error());
+  CHECK_MSG((ds = dt_dataset_from_csv(t, strlen(t), &d)) != NULL, "%s", dt_last_error());
   if (!ds) return;
   CHECK(ds->n == 3 && ds->ndim == 1 && ds->shape[0] == 3 && ds->num_classes == 4);
   const float want[9] = {1.5f, 2, -300, 4, 5, 6, 7, 8, 9};
@@ -770,67 +769,66 @@ static void test_csv_good(void) {
   d.header = 0;
   d.label_column = 0;
   d.delimiter = '\t';
-  CHECK(dt_dataset_parse_csv(&ds, t2, strlen(t2), &d) == DTRAIN_OK);
+  CHECK((ds = dt_dataset_from_csv(t2, strlen(t2), &d)) != NULL);
   CHECK(ds && ds->n == 2 && ds->shape[0] == 2 && ds->y[0] == 2 && ds->y[1] == 0 && ds->x[1] == 0.5f && ds->x[3] == 2.0f);
   dt_dataset_destroy(ds);
   /* A middle label column; no labels at all (NULL desc). */
   const char *t3 = "1,7,2\n3,8,4\n";
   d.delimiter = 0;
   d.label_column = 1;
-  CHECK(dt_dataset_parse_csv(&ds, t3, strlen(t3), &d) == DTRAIN_OK);
+  CHECK((ds = dt_dataset_from_csv(t3, strlen(t3), &d)) != NULL);
   CHECK(ds && ds->x[0] == 1 && ds->x[1] == 2 && ds->x[2] == 3 && ds->x[3] == 4 && ds->y[0] == 7 && ds->y[1] == 8);
   dt_dataset_destroy(ds);
-  CHECK(dt_dataset_parse_csv(&ds, t3, strlen(t3), NULL) == DTRAIN_OK);
+  CHECK((ds = dt_dataset_from_csv(t3, strlen(t3), NULL)) != NULL);
   CHECK(ds && ds->y == NULL && ds->shape[0] == 3 && ds->num_classes == 0);
   dt_dataset_destroy(ds);
   /* From a file. */
   char p[512];
   tmp_path(p, sizeof p, "d.csv");
   CHECK(write_file(p, t3, strlen(t3)));
-  CHECK(dt_dataset_read_csv(&ds, p, NULL) == DTRAIN_OK && ds && ds->n == 2);
+  CHECK((ds = dt_dataset_load_csv(p, NULL)) != NULL && ds && ds->n == 2);
   dt_dataset_destroy(ds);
 }
 
 static void test_csv_bad(void) {
   dt_dataset *ds = NULL;
-  dt_csv_desc d;
+  dt_csv_options d;
   memset(&d, 0, sizeof d);
   const char *t1 = "1,2,3\n4,5,6\n7,abc,9\n";
-  CHECK_ERR(dt_dataset_parse_csv(&ds, t1, strlen(t1), &d), DTRAIN_ERR_FORMAT, "line 3, column 2: 'abc' is not a");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv(t1, strlen(t1), &d)), DTRAIN_ERR_FORMAT, "line 3, column 2: 'abc' is not a");
   const char *t2 = "1,2,3\n\n4,5,6\n7,8\n";
-  CHECK_ERR(dt_dataset_parse_csv(&ds, t2, strlen(t2), &d), DTRAIN_ERR_FORMAT, "line 4 has 2 fields, expected 3 (as on line 1)");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv(t2, strlen(t2), &d)), DTRAIN_ERR_FORMAT, "line 4 has 2 fields, expected 3 (as on line 1)");
   const char *t3 = "x,y\n1,2\n";
-  CHECK_ERR(dt_dataset_parse_csv(&ds, t3, strlen(t3), &d), DTRAIN_ERR_FORMAT, "set dt_csv_desc.header");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv(t3, strlen(t3), &d)), DTRAIN_ERR_FORMAT, "set dt_csv_options.header");
   const char *t4 = "1,,3\n";
-  CHECK_ERR(dt_dataset_parse_csv(&ds, t4, strlen(t4), &d), DTRAIN_ERR_FORMAT, "column 2: empty field");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv(t4, strlen(t4), &d)), DTRAIN_ERR_FORMAT, "column 2: empty field");
   const char *t5 = "1,nan\n";
-  CHECK_ERR(dt_dataset_parse_csv(&ds, t5, strlen(t5), &d), DTRAIN_ERR_FORMAT, "'nan' is not a finite number");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv(t5, strlen(t5), &d)), DTRAIN_ERR_FORMAT, "'nan' is not a finite number");
   const char *t6 = "1,2.5\n";
   d.has_labels = 1;
   d.label_column = 1;
-  CHECK_ERR(dt_dataset_parse_csv(&ds, t6, strlen(t6), &d), DTRAIN_ERR_FORMAT, "label '2.5' is not an integer");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv(t6, strlen(t6), &d)), DTRAIN_ERR_FORMAT, "label '2.5' is not an integer");
   const char *t7 = "1,-1\n";
-  CHECK_ERR(dt_dataset_parse_csv(&ds, t7, strlen(t7), &d), DTRAIN_ERR_FORMAT, "label '-1'");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv(t7, strlen(t7), &d)), DTRAIN_ERR_FORMAT, "label '-1'");
   d.label_column = 5;
-  CHECK_ERR(dt_dataset_parse_csv(&ds, t6, strlen(t6), &d), DTRAIN_ERR_INVALID_ARG, "label_column 5");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv(t6, strlen(t6), &d)), DTRAIN_ERR_INVALID_ARG, "label_column 5");
   d.label_column = 0;
   const char *t8 = "1\n2\n";
-  CHECK_ERR(dt_dataset_parse_csv(&ds, t8, strlen(t8), &d), DTRAIN_ERR_FORMAT, "none is left for features");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv(t8, strlen(t8), &d)), DTRAIN_ERR_FORMAT, "none is left for features");
   d.has_labels = 0;
   d.header = 1;
-  CHECK_ERR(dt_dataset_parse_csv(&ds, "a,b\n\n", 5, &d), DTRAIN_ERR_EMPTY, "no data rows");
-  CHECK_ERR(dt_dataset_parse_csv(&ds, "", 0, NULL), DTRAIN_ERR_EMPTY, "no data rows");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv("a,b\n\n", 5, &d)), DTRAIN_ERR_EMPTY, "no data rows");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv("", 0, NULL)), DTRAIN_ERR_EMPTY, "no data rows");
   d.header = 0;
   d.delimiter = '.';
-  CHECK_ERR(dt_dataset_parse_csv(&ds, "1.5", 3, &d), DTRAIN_ERR_INVALID_ARG, "delimiter");
-  CHECK_ERR(dt_dataset_parse_csv(NULL, "1", 1, NULL), DTRAIN_ERR_NULL_ARG, "out");
-  CHECK_ERR(dt_dataset_parse_csv(&ds, NULL, 1, NULL), DTRAIN_ERR_NULL_ARG, "text");
-  CHECK_ERR(dt_dataset_read_csv(&ds, "/nonexistent.csv", NULL), DTRAIN_ERR_IO, "'/nonexistent.csv'");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv("1.5", 3, &d)), DTRAIN_ERR_INVALID_ARG, "delimiter");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_csv(NULL, 1, NULL)), DTRAIN_ERR_NULL_ARG, "text");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_load_csv("/nonexistent.csv", NULL)), DTRAIN_ERR_IO, "'/nonexistent.csv'");
   /* The file name is in the message. */
   char p[512];
   tmp_path(p, sizeof p, "bad.csv");
   CHECK(write_file(p, t1, strlen(t1)));
-  CHECK_ERR(dt_dataset_read_csv(&ds, p, NULL), DTRAIN_ERR_FORMAT, "bad.csv': line 3, column 2");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_load_csv(p, NULL)), DTRAIN_ERR_FORMAT, "bad.csv': line 3, column 2");
   CHECK(ds == NULL);
 }
 
@@ -1056,7 +1054,7 @@ static void test_npy_numpy_crosscheck(void) {
         ((unsigned char *)a.data)[200] == 200);
   /* ... and become a dataset. */
   dt_dataset *ds = NULL;
-  CHECK(dt_dataset_from_npy(&ds, &a, NULL, 0) == DTRAIN_OK && ds && ds->n == 2 && ds->ndim == 2 && ds->shape[1] == 16);
+  CHECK((ds = dt_dataset_from_arrays(&a, NULL, 0)) != NULL && ds && ds->n == 2 && ds->ndim == 2 && ds->shape[1] == 16);
   CHECK(ds && fabsf(ds->x[255] - 1.0f) < 1e-7f);
   dt_dataset_destroy(ds);
   dt_npy_free(&a);
@@ -1071,7 +1069,7 @@ static void test_npy_numpy_crosscheck(void) {
 static void test_dataset_basics(void) {
   dt_dataset *ds = NULL;
   int64_t sh[2] = {2, 3};
-  CHECK(dt_dataset_create(&ds, 4, 2, sh, 1) == DTRAIN_OK);
+  CHECK((ds = dt_dataset_new(4, 2, sh, 1)) != NULL);
   CHECK(ds && ds->n == 4 && ds->sample_size == 6 && ds->y && ds->x[23] == 0.0f && ds->shape[2] == 1);
   int64_t r3[3] = {1, 3, 2};
   CHECK(dt_dataset_reshape(ds, 3, r3) == DTRAIN_OK && ds->ndim == 3 && ds->shape[1] == 3);
@@ -1084,20 +1082,19 @@ static void test_dataset_basics(void) {
   ds->num_classes = 4;
   int64_t idx[3] = {3, 0, 3};
   dt_dataset *s = NULL;
-  CHECK(dt_dataset_subset(ds, idx, 3, &s) == DTRAIN_OK);
+  CHECK((s = dt_dataset_select(ds, idx, 3)) != NULL);
   CHECK(s && s->n == 3 && s->x[0] == 3 && s->x[6] == 0 && s->y[2] == 3 && s->num_classes == 4 && s->ndim == 3);
   dt_dataset_destroy(s);
   int64_t oob[1] = {4};
-  CHECK_ERR(dt_dataset_subset(ds, oob, 1, &s), DTRAIN_ERR_INDEX, "idx[0] = 4 is out of range [0, 4)");
+  CHECK_ERR(TH_RESULT(s = dt_dataset_select(ds, oob, 1)), DTRAIN_ERR_INDEX, "idx[0] = 4 is out of range [0, 4)");
   dt_dataset_destroy(ds);
-  CHECK_ERR(dt_dataset_create(&ds, 0, 2, sh, 0), DTRAIN_ERR_EMPTY, "at least 1 sample");
-  CHECK_ERR(dt_dataset_create(&ds, 3, 0, sh, 0), DTRAIN_ERR_RANK, "0 dims");
-  CHECK_ERR(dt_dataset_create(&ds, 3, 6, sh, 0), DTRAIN_ERR_RANK, "6 dims");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_new(0, 2, sh, 0)), DTRAIN_ERR_EMPTY, "at least 1 sample");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_new(3, 0, sh, 0)), DTRAIN_ERR_RANK, "0 dims");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_new(3, 6, sh, 0)), DTRAIN_ERR_RANK, "6 dims");
   int64_t z[2] = {2, 0};
-  CHECK_ERR(dt_dataset_create(&ds, 3, 2, z, 0), DTRAIN_ERR_SHAPE, "dim 1 is 0");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_new(3, 2, z, 0)), DTRAIN_ERR_SHAPE, "dim 1 is 0");
   int64_t big[2] = {INT64_MAX / 2, 4};
-  CHECK_ERR(dt_dataset_create(&ds, 3, 2, big, 0), DTRAIN_ERR_OVERFLOW, "overflow");
-  CHECK_ERR(dt_dataset_create(NULL, 3, 2, sh, 0), DTRAIN_ERR_NULL_ARG, "out");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_new(3, 2, big, 0)), DTRAIN_ERR_OVERFLOW, "overflow");
   dt_dataset_destroy(NULL);
   /* From NPY arrays: uint8 scaled (or raw), int64 labels. */
   unsigned char px[6] = {0, 51, 255, 10, 20, 30};
@@ -1107,18 +1104,18 @@ static void test_dataset_basics(void) {
   memset(&y, 0, sizeof y);
   x.data = px; x.dtype = DTRAIN_NPY_U8; x.ndim = 2; x.shape[0] = 2; x.shape[1] = 3; x.size = 6;
   y.data = lab; y.dtype = DTRAIN_NPY_I64; y.ndim = 1; y.shape[0] = 2; y.size = 2;
-  CHECK(dt_dataset_from_npy(&ds, &x, &y, 0) == DTRAIN_OK);
+  CHECK((ds = dt_dataset_from_arrays(&x, &y, 0)) != NULL);
   CHECK(ds && fabsf(ds->x[1] - 0.2f) < 1e-7f && ds->x[2] == 1.0f && ds->y[1] == 4 && ds->num_classes == 5);
   dt_dataset_destroy(ds);
-  CHECK(dt_dataset_from_npy(&ds, &x, NULL, DTRAIN_DATA_RAW) == DTRAIN_OK && ds && ds->x[2] == 255.0f);
+  CHECK((ds = dt_dataset_from_arrays(&x, NULL, DTRAIN_DATA_RAW)) != NULL && ds && ds->x[2] == 255.0f);
   dt_dataset_destroy(ds);
   lab[1] = -3;
-  CHECK_ERR(dt_dataset_from_npy(&ds, &x, &y, 0), DTRAIN_ERR_INDEX, "label -3 of sample 1");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_arrays(&x, &y, 0)), DTRAIN_ERR_INDEX, "label -3 of sample 1");
   y.shape[0] = 3;
-  CHECK_ERR(dt_dataset_from_npy(&ds, &x, &y, 0), DTRAIN_ERR_MISMATCH, "do not match");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_arrays(&x, &y, 0)), DTRAIN_ERR_MISMATCH, "do not match");
   y.shape[0] = 2;
   y.dtype = DTRAIN_NPY_F32;
-  CHECK_ERR(dt_dataset_from_npy(&ds, &x, &y, 0), DTRAIN_ERR_FORMAT, "must be integers");
+  CHECK_ERR(TH_RESULT(ds = dt_dataset_from_arrays(&x, &y, 0)), DTRAIN_ERR_FORMAT, "must be integers");
   CHECK(ds == NULL);
 }
 
@@ -1188,7 +1185,7 @@ static void test_text(void) {
 static dt_dataset *make_ds(int64_t n) {
   dt_dataset *ds = NULL;
   int64_t sh[1] = {2};
-  if (dt_dataset_create(&ds, n, 1, sh, 1) != DTRAIN_OK) return NULL;
+  if (!(ds = dt_dataset_new(n, 1, sh, 1))) return NULL;
   for (int64_t i = 0; i < n; i++) {
     ds->x[2 * i] = (float)i;
     ds->x[2 * i + 1] = (float)-i;
@@ -1198,8 +1195,8 @@ static dt_dataset *make_ds(int64_t n) {
   return ds;
 }
 
-static dt_loader_desc ldesc(int64_t bs, uint64_t seed, int shuffle, int drop_last, int shard, int shards) {
-  dt_loader_desc d;
+static dt_loader_options ldesc(int64_t bs, uint64_t seed, int shuffle, int drop_last, int shard, int shards) {
+  dt_loader_options d;
   memset(&d, 0, sizeof d);
   d.batch_size = bs;
   d.seed = seed;
@@ -1231,11 +1228,11 @@ static int64_t epoch_order(dt_loader *l, int64_t *out, int64_t cap, int64_t *nba
 static void test_loader_order(void) {
   dt_dataset *ds = make_ds(103);
   dt_loader *a = NULL, *b = NULL, *c = NULL;
-  dt_loader_desc d = ldesc(10, 5, 1, 0, 0, 0);
-  CHECK(dt_loader_create(&a, ds, &d) == DTRAIN_OK);
-  CHECK(dt_loader_create(&b, ds, &d) == DTRAIN_OK);
+  dt_loader_options d = ldesc(10, 5, 1, 0, 0, 0);
+  CHECK((a = dt_loader_new(ds, &d)) != NULL);
+  CHECK((b = dt_loader_new(ds, &d)) != NULL);
   d.seed = 6;
-  CHECK(dt_loader_create(&c, ds, &d) == DTRAIN_OK);
+  CHECK((c = dt_loader_new(ds, &d)) != NULL);
   CHECK(dt_loader_num_samples(a) == 103 && dt_loader_num_batches(a) == 11);
   int64_t oa[3][103], ob[103], oc[103], nb = 0;
   for (int e = 0; e < 3; e++) {
@@ -1255,7 +1252,7 @@ static void test_loader_order(void) {
   /* The order of an epoch depends on (seed, epoch) only: jump straight to epoch 2. */
   dt_loader_destroy(b);
   d.seed = 5;
-  CHECK(dt_loader_create(&b, ds, &d) == DTRAIN_OK);
+  CHECK((b = dt_loader_new(ds, &d)) != NULL);
   CHECK(dt_loader_set_position(b, 2, 0) == DTRAIN_OK);
   CHECK(epoch_order(b, ob, 103, NULL) == 103 && memcmp(ob, oa[2], sizeof ob) == 0);
   for (int i = 0; i < 103; i += 17) CHECK(dt_loader_sample_at(b, 1, i) == oa[1][i]);
@@ -1263,7 +1260,7 @@ static void test_loader_order(void) {
   /* No shuffle: identity; drop_last: 10 full batches. */
   dt_loader_destroy(c);
   d = ldesc(10, 5, 0, 1, 0, 0);
-  CHECK(dt_loader_create(&c, ds, &d) == DTRAIN_OK);
+  CHECK((c = dt_loader_new(ds, &d)) != NULL);
   CHECK(dt_loader_num_batches(c) == 10);
   CHECK(epoch_order(c, oc, 103, &nb) == 100 && nb == 10);
   int ident = 1;
@@ -1272,7 +1269,7 @@ static void test_loader_order(void) {
   /* The last partial batch without drop_last. */
   dt_loader_destroy(c);
   d.drop_last = 0;
-  CHECK(dt_loader_create(&c, ds, &d) == DTRAIN_OK);
+  CHECK((c = dt_loader_new(ds, &d)) != NULL);
   dt_batch bt;
   int64_t last = 0;
   while (dt_loader_next(c, &bt) > 0) last = bt.size;
@@ -1280,15 +1277,15 @@ static void test_loader_order(void) {
   /* Errors. */
   dt_loader *x = NULL;
   d.batch_size = 0;
-  CHECK_ERR(dt_loader_create(&x, ds, &d), DTRAIN_ERR_INVALID_ARG, "batch_size 0");
+  CHECK_ERR(TH_RESULT(x = dt_loader_new(ds, &d)), DTRAIN_ERR_INVALID_ARG, "batch_size 0");
   d.batch_size = 4;
   d.shard_count = 3;
   d.shard_index = 3;
-  CHECK_ERR(dt_loader_create(&x, ds, &d), DTRAIN_ERR_INVALID_ARG, "shard 3 of 3");
+  CHECK_ERR(TH_RESULT(x = dt_loader_new(ds, &d)), DTRAIN_ERR_INVALID_ARG, "shard 3 of 3");
   d.shard_count = 104;
   d.shard_index = 0;
-  CHECK_ERR(dt_loader_create(&x, ds, &d), DTRAIN_ERR_INVALID_ARG, "104 shards of 103 samples");
-  CHECK_ERR(dt_loader_create(&x, NULL, &d), DTRAIN_ERR_NULL_ARG, "ds");
+  CHECK_ERR(TH_RESULT(x = dt_loader_new(ds, &d)), DTRAIN_ERR_INVALID_ARG, "104 shards of 103 samples");
+  CHECK_ERR(TH_RESULT(x = dt_loader_new(NULL, &d)), DTRAIN_ERR_NULL_ARG, "ds");
   CHECK_ERR(dt_loader_set_position(a, 0, 104), DTRAIN_ERR_INDEX, "out of range");
   CHECK_ERR(dt_loader_set_position(a, -1, 0), DTRAIN_ERR_INDEX, "out of range");
   CHECK(dt_loader_next(NULL, &bt) == DTRAIN_ERR_NULL_ARG);
@@ -1304,9 +1301,9 @@ static void test_loader_resume(void) {
   dt_dataset *ds = make_ds(57);
   for (int shards = 1; shards <= 3; shards += 2) {
     for (int drop = 0; drop <= 1; drop++) {
-      dt_loader_desc d = ldesc(8, 123, 1, drop, shards - 1, shards);
+      dt_loader_options d = ldesc(8, 123, 1, drop, shards - 1, shards);
       dt_loader *ref = NULL;
-      CHECK(dt_loader_create(&ref, ds, &d) == DTRAIN_OK);
+      CHECK((ref = dt_loader_new(ds, &d)) != NULL);
       /* The uninterrupted stream of 3 epochs, with the position and the
        * stream offset before each batch. */
       int64_t stream[400], pe[100], pi[100], poff[100];
@@ -1325,7 +1322,7 @@ static void test_loader_resume(void) {
       int bad = 0;
       for (int64_t k = 0; k < nbat; k += 2) {
         dt_loader *l = NULL;
-        CHECK(dt_loader_create(&l, ds, &d) == DTRAIN_OK);
+        CHECK((l = dt_loader_new(ds, &d)) != NULL);
         CHECK(dt_loader_set_position(l, pe[k], pi[k]) == DTRAIN_OK);
         int64_t got = poff[k];
         while (got < ns) {
@@ -1344,9 +1341,9 @@ static void test_loader_resume(void) {
     }
   }
   /* A position at the very end of an epoch resumes into the next epoch. */
-  dt_loader_desc d = ldesc(10, 1, 1, 0, 0, 0);
+  dt_loader_options d = ldesc(10, 1, 1, 0, 0, 0);
   dt_loader *l = NULL;
-  CHECK(dt_loader_create(&l, ds, &d) == DTRAIN_OK);
+  CHECK((l = dt_loader_new(ds, &d)) != NULL);
   CHECK(dt_loader_set_position(l, 4, 57) == DTRAIN_OK);
   dt_batch b;
   CHECK(dt_loader_next(l, &b) == 0);
@@ -1366,9 +1363,9 @@ static void test_loader_shards(void) {
           int seen[103] = {0};
           int64_t total = 0;
           for (int k = 0; k < K; k++) {
-            dt_loader_desc d = ldesc(4, 77, shuffle, 0, k, K);
+            dt_loader_options d = ldesc(4, 77, shuffle, 0, k, K);
             dt_loader *l = NULL;
-            CHECK(dt_loader_create(&l, ds, &d) == DTRAIN_OK);
+            CHECK((l = dt_loader_new(ds, &d)) != NULL);
             if (!l) continue;
             int64_t want = n / K + (k < n % K ? 1 : 0);
             CHECK(dt_loader_num_samples(l) == want);
@@ -1434,9 +1431,9 @@ static void test_split(void) {
 static void test_loader_no_allocation(void) {
   counting_on();
   dt_dataset *ds = make_ds(1000);
-  dt_loader_desc d = ldesc(32, 3, 1, 0, 1, 2);
+  dt_loader_options d = ldesc(32, 3, 1, 0, 1, 2);
   dt_loader *l = NULL;
-  CHECK(dt_loader_create(&l, ds, &d) == DTRAIN_OK);
+  CHECK((l = dt_loader_new(ds, &d)) != NULL);
   CHECK(alloc_calls > 0); /* the hook really is in use */
   long before = alloc_calls;
   dt_batch b;
@@ -1462,11 +1459,11 @@ static void test_no_leaks_on_errors(void) {
   dt_text t;
   dt_bytes o;
   const char *csv = "1,2\n3,x\n";
-  dt_dataset_parse_csv(&ds, csv, strlen(csv), NULL);
-  dt_dataset_read_csv(&ds, "/nonexistent", NULL);
+  ds = dt_dataset_from_csv(csv, strlen(csv), NULL);
+  ds = dt_dataset_load_csv("/nonexistent", NULL);
   char p[1024];
   root_path(p, sizeof p, "data/fashion-mnist/t10k-labels-idx1-ubyte.gz");
-  dt_dataset_read_idx(&ds, p, p, 0); /* labels as images: 1-D, refused */
+  ds = dt_dataset_load_idx(p, p, 0); /* labels as images: 1-D, refused */
   CHECK(dt_last_result() == DTRAIN_ERR_FORMAT);
   dt_idx_read(tmpdir, &x);
   dt_npy_parse("\x93NUMPY\x01\x00\x05\x00{'a'}", 15, &a);

@@ -66,12 +66,12 @@ static void net_init(net *m, uint64_t seed, float dropout) {
   m->P = dt_params_create(seed);
   dt_nn_linear_init(&m->l1, m->P, "l1", NF, 24, 1);
   dt_nn_linear_init(&m->l2, m->P, "l2", 24, NC, 1);
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = DTRAIN_OPTIM_ADAM;
   d.lr = 0.02f;
   m->opt = dt_optim_create(m->P, &d);
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.seed = seed + 1;
   m->g = dt_graph_create(m->P, &gd);
@@ -147,8 +147,8 @@ static dt_result net_eval(dt_fit_eval *e, void *user) {
   return DTRAIN_OK;
 }
 
-static dt_fit_desc net_desc(net *m, int64_t epochs) {
-  dt_fit_desc d;
+static dt_fit_options net_desc(net *m, int64_t epochs) {
+  dt_fit_options d;
   memset(&d, 0, sizeof d);
   d.epochs = epochs;
   d.steps_per_epoch = NS / BATCH;
@@ -166,7 +166,7 @@ static dt_fit_desc net_desc(net *m, int64_t epochs) {
 static void test_fit_learns(void) {
   net m;
   net_init(&m, 3, 0.0f);
-  dt_fit_desc d = net_desc(&m, 12);
+  dt_fit_options d = net_desc(&m, 12);
   dt_fit_result res;
   CHECK_MSG(dt_fit(&d, &res) == DTRAIN_OK, "%s", dt_last_error());
   CHECK(res.epochs_run == 12 && !res.stopped_early && !res.stopped_by_callback);
@@ -220,8 +220,8 @@ static int seq_batch_end(const dt_fit_batch *b, void *user) {
   return s->stop_batch >= 0 && b->step + 1 >= s->stop_batch;
 }
 
-static dt_fit_desc seq_desc(seq *s, int64_t epochs) {
-  dt_fit_desc d;
+static dt_fit_options seq_desc(seq *s, int64_t epochs) {
+  dt_fit_options d;
   memset(&d, 0, sizeof d);
   d.epochs = epochs;
   d.steps_per_epoch = 4;
@@ -246,7 +246,7 @@ static void test_early_stopping(void) {
   memset(&s, 0, sizeof s);
   s.loss = l1;
   s.n = 10;
-  dt_fit_desc d = seq_desc(&s, 10);
+  dt_fit_options d = seq_desc(&s, 10);
   d.patience = 2;
   CHECK(dt_fit(&d, &res) == DTRAIN_OK);
   CHECK_MSG(res.epochs_run == 5 && res.stopped_early && res.best_epoch == 3, "ran %lld, best %lld",
@@ -316,7 +316,7 @@ static void test_callbacks(void) {
   memset(&s, 0, sizeof s);
   s.loss = l;
   s.n = 6;
-  dt_fit_desc d = seq_desc(&s, 6);
+  dt_fit_options d = seq_desc(&s, 6);
   s.stop_epoch = 3;
   CHECK(dt_fit(&d, &res) == DTRAIN_OK);
   CHECK(res.epochs_run == 3 && res.stopped_by_callback && !res.stopped_early);
@@ -343,7 +343,7 @@ static void test_callbacks(void) {
 static void test_bad_desc(void) {
   seq s;
   memset(&s, 0, sizeof s);
-  dt_fit_desc d = seq_desc(&s, 3);
+  dt_fit_options d = seq_desc(&s, 3);
   dt_fit_result res;
   CHECK_ERR(dt_fit(NULL, &res), DTRAIN_ERR_NULL_ARG, "desc");
   d.train_step = NULL;
@@ -387,7 +387,7 @@ static void test_csv(void) {
   remove(p);
   net m;
   net_init(&m, 5, 0.0f);
-  dt_fit_desc d = net_desc(&m, 3);
+  dt_fit_options d = net_desc(&m, 3);
   d.csv_path = p;
   CHECK(dt_fit(&d, NULL) == DTRAIN_OK);
   /* A resumed run appends, without a second header. */
@@ -422,7 +422,7 @@ static void test_csv(void) {
   seq s;
   memset(&s, 0, sizeof s);
   remove(p);
-  dt_fit_desc sd = seq_desc(&s, 2);
+  dt_fit_options sd = seq_desc(&s, 2);
   sd.evaluate = NULL;
   sd.csv_path = p;
   CHECK(dt_fit(&sd, NULL) == DTRAIN_OK);
@@ -457,7 +457,7 @@ static void test_svg(void) {
   path_of(p, sizeof p, "curves.svg");
   net m;
   net_init(&m, 7, 0.0f);
-  dt_fit_desc d = net_desc(&m, 4);
+  dt_fit_options d = net_desc(&m, 4);
   d.svg_path = p;
   d.title = "tiny <task> & \"quotes\"";
   CHECK(dt_fit(&d, NULL) == DTRAIN_OK);
@@ -513,7 +513,7 @@ static void test_progress(void) {
 
   /* Not a terminal (AUTO): plain lines, one per epoch, no bar. */
   FILE *f = fopen(p, "w");
-  dt_fit_desc d = seq_desc(&s, 3);
+  dt_fit_options d = seq_desc(&s, 3);
   d.progress = DTRAIN_FIT_PROGRESS_AUTO;
   d.out = f;
   CHECK(dt_fit(&d, NULL) == DTRAIN_OK);
@@ -633,7 +633,7 @@ static void test_resume(void) {
   /* Uninterrupted. */
   net a;
   net_init(&a, 9, 0.3f);
-  dt_fit_desc d = net_desc(&a, E);
+  dt_fit_options d = net_desc(&a, E);
   dt_fit_result ra;
   CHECK(dt_fit(&d, &ra) == DTRAIN_OK);
   uint64_t want = dt_params_checksum(a.P);

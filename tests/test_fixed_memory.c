@@ -35,7 +35,7 @@ static void test_train_inside_buffer(void) {
   dt_nn_linear l1, l2;
   dt_nn_linear_init(&l1, P, "l1", 8, 32, 1);
   dt_nn_linear_init(&l2, P, "l2", 32, 4, 1);
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = DTRAIN_OPTIM_ADAM;
   d.lr = 0.01f;
@@ -67,7 +67,7 @@ static void test_full_buffer_fails_cleanly(void) {
   CHECK(strstr(dt_last_error(), "out of memory") != NULL);
   int64_t ok[2] = {16, 16};
   CHECK(dt_params_add(P, "w", 2, ok, dt_init_zeros()) >= 0); /* the failed add left no trace */
-  dt_graph_desc gd;
+  dt_graph_options gd;
   memset(&gd, 0, sizeof gd);
   gd.arena_bytes = 4096;
   dt_graph *g = dt_graph_create(P, &gd);

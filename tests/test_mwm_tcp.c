@@ -80,7 +80,7 @@ static dt_minibatch rows_at(int64_t first, int64_t rows) {
 }
 
 static dt_optim *make_opt(dt_params *P) {
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = DTRAIN_OPTIM_ADAM;
   d.lr = 0.01f;
@@ -100,11 +100,11 @@ typedef struct run {
 static int64_t batch_first(int k, int64_t B) { return ((int64_t)k * B) % (NS - B); }
 
 /* The single-process reference on the global batches. */
-static void reference(run *R, const dt_strategy_desc *sd0) {
+static void reference(run *R, const dt_strategy_options *sd0) {
   model m;
   model_init(&m, 5);
   dt_optim *opt = make_opt(m.P);
-  dt_strategy_desc sd = *sd0;
+  dt_strategy_options sd = *sd0;
   sd.spin_us = -1;
   dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
   CHECK(s != NULL);
@@ -150,7 +150,7 @@ static void child(const run *R, int rank) {
   model m;
   model_init(&m, 5 + 1000 * (uint64_t)rank); /* differently initialised: rank 0's values win */
   dt_optim *opt = make_opt(m.P);
-  dt_strategy_desc sd = dt_multi_worker_mirrored(comm, R->N);
+  dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, R->N);
   sd.spin_us = -1;
   dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
   CK(s != NULL);
@@ -265,7 +265,7 @@ static void test_equals_mirrored(void) {
     R.B = 31;
     R.victim = -1;
     set_mirrored_split(&R);
-    dt_strategy_desc md = dt_mirrored(R.W * R.N);
+    dt_strategy_options md = dt_strategy_mirrored(R.W * R.N);
     reference(&R, &md);
     run_world(&R);
   }
@@ -280,7 +280,7 @@ static void test_uneven_equals_one_device(void) {
   R.split[2] = 20;
   R.B = 25;
   R.victim = -1;
-  dt_strategy_desc od = dt_one_device();
+  dt_strategy_options od = dt_strategy_one_device();
   reference(&R, &od);
   run_world(&R);
 }

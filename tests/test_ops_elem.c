@@ -135,7 +135,7 @@ static void test_errors(void) {
   dt_graph_reset(g);
   /* NaN input with numeric checks on */
   dt_graph_destroy(g);
-  dt_graph_desc d;
+  dt_graph_options d;
   memset(&d, 0, sizeof d);
   d.check_numerics = 1;
   g = dt_graph_create(NULL, &d);

@@ -243,7 +243,7 @@ static dt_tensor *f_dropout(dt_graph *g, dt_tensor **in, void *ctx) {
 }
 
 static void test_dropout_grad(void) {
-  dt_graph_desc d;
+  dt_graph_options d;
   memset(&d, 0, sizeof d);
   d.seed = 1234;
   dt_graph *g = dt_graph_create(NULL, &d);
@@ -269,7 +269,7 @@ static void test_dropout_values(void) {
   float *xv = (float *)malloc(N * sizeof(float));
   for (int i = 0; i < N; i++) xv[i] = 1.0f + (float)(i % 7);
   int64_t s[1] = {N};
-  dt_graph_desc d;
+  dt_graph_options d;
   memset(&d, 0, sizeof d);
   d.seed = 99;
   dt_graph *g = dt_graph_create(NULL, &d), *g2 = dt_graph_create(NULL, &d);
@@ -497,7 +497,7 @@ static void test_causal_mask(void) {
   th_input in2 = th_in(x, 2, s2, 1);
   CHECK(th_gradcheck("causal_mask+softmax 2-D", f_causal_softmax, NULL, &in2, 1) == 0);
 
-  dt_graph_desc d;
+  dt_graph_options d;
   memset(&d, 0, sizeof d);
   d.check_numerics = 1; /* the -inf entries are intended, not a numeric error */
   dt_graph *g = dt_graph_create(NULL, &d);

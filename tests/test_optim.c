@@ -100,8 +100,8 @@ static void ref_step(const ref_cfg *c, ref_state *st, int t /* 1-based */, const
   }
 }
 
-static dt_optim_desc desc_from(const ref_cfg *c) {
-  dt_optim_desc d;
+static dt_optim_options desc_from(const ref_cfg *c) {
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = c->kind == 0 ? DTRAIN_OPTIM_SGD : c->kind == 1 ? DTRAIN_OPTIM_ADAM : c->kind == 2 ? DTRAIN_OPTIM_ADAMW
                                                                                         : DTRAIN_OPTIM_RMSPROP;
@@ -130,7 +130,7 @@ static void run_three(const char *name, ref_cfg c, const int *decay_override) {
   c.b2 = (double)(float)c.b2;
   c.eps = (double)(float)c.eps;
   c.alpha = (double)(float)c.alpha;
-  dt_optim_desc d = desc_from(&c);
+  dt_optim_options d = desc_from(&c);
   dt_optim *o = dt_optim_create(t.p, &d);
   CHECK_MSG(o != NULL, "%s: %s", name, dt_last_error());
   if (!o) {
@@ -205,7 +205,7 @@ static void test_adamw(void) {
   run_three("adamw eps", c, NULL);
   /* AdamW must differ from Adam with the same weight decay. */
   tiny a = tiny_make(), w = tiny_make();
-  dt_optim_desc da, dw;
+  dt_optim_options da, dw;
   memset(&da, 0, sizeof da);
   da.kind = DTRAIN_OPTIM_ADAM;
   da.lr = 0.05f;
@@ -241,7 +241,7 @@ static void test_rmsprop(void) {
 static void test_reference_sanity(void) {
   /* SGD, lr 0.1, no momentum: w0 = 0.5 - 0.1 * 0.2 = 0.48 exactly in decimal. */
   tiny t = tiny_make();
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = DTRAIN_OPTIM_SGD;
   d.lr = 0.1f;
@@ -273,7 +273,7 @@ static void test_decay_flag(void) {
   CHECK(dt_params_info(t.p, t.iw, &info) == DTRAIN_OK && info.decay == 1);
   CHECK(dt_params_info(t.p, t.ib, &info) == DTRAIN_OK && info.decay == 0);
   CHECK(dt_params_info(t.p, t.irm, &info) == DTRAIN_OK && info.decay == 0);
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = DTRAIN_OPTIM_SGD;
   d.lr = 0.1f;
@@ -318,7 +318,7 @@ static void test_decay_flag(void) {
     c.b1 = (double)(float)c.b1;
     c.b2 = (double)(float)c.b2;
     c.eps = (double)(float)c.eps;
-    dt_optim_desc dd = desc_from(&c);
+    dt_optim_options dd = desc_from(&c);
     dt_optim *oo = dt_optim_create(u.p, &dd);
     ref_state st;
     memset(&st, 0, sizeof st);
@@ -354,7 +354,7 @@ static void range_grads(dt_params *p, int step) {
   for (size_t i = 0; i < n; i++) g[i] = th_uniform(-1.0f, 1.0f);
 }
 
-static void range_case(const char *name, dt_optim_desc d) {
+static void range_case(const char *name, dt_optim_options d) {
   dt_params *p1 = range_params(), *p2 = range_params(), *p3 = range_params();
   size_t n = dt_params_size(p1);
   CHECK(dt_params_checksum(p1) == dt_params_checksum(p2));
@@ -406,7 +406,7 @@ static void range_case(const char *name, dt_optim_desc d) {
 }
 
 static void test_range_updates(void) {
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = DTRAIN_OPTIM_SGD;
   d.lr = 0.1f;
@@ -428,7 +428,7 @@ static void test_range_updates(void) {
 
 static void test_state_slots(void) {
   dt_params *p = range_params();
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = DTRAIN_OPTIM_SGD;
   dt_optim *o = dt_optim_create(p, &d);
@@ -468,23 +468,23 @@ static void test_state_slots(void) {
 
 static void test_defaults(void) {
   dt_params *p = range_params();
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   dt_optim *o = dt_optim_create(p, &d);
-  const dt_optim_desc *f = dt_optim_get_desc(o);
+  const dt_optim_options *f = dt_optim_get_options(o);
   CHECK(f && f->kind == DTRAIN_OPTIM_SGD && f->lr == (float)0.01f && f->momentum == (float)0.0f);
   CHECK(dt_optim_lr(o) == (float)0.01f);
   dt_optim_destroy(o);
   d.kind = DTRAIN_OPTIM_ADAM;
   o = dt_optim_create(p, &d);
-  f = dt_optim_get_desc(o);
+  f = dt_optim_get_options(o);
   CHECK(f && f->lr == (float)0.001f && f->beta1 == (float)0.9f && f->beta2 == (float)0.999f && f->eps == (float)1e-8f);
   dt_optim_destroy(o);
   d.kind = DTRAIN_OPTIM_RMSPROP;
   d.schedule.kind = DTRAIN_SCHED_STEP;
   d.schedule.step_size = 3;
   o = dt_optim_create(p, &d);
-  f = dt_optim_get_desc(o);
+  f = dt_optim_get_options(o);
   CHECK(f && f->lr == (float)0.001f && f->alpha == (float)0.99f && f->eps == (float)1e-8f && f->schedule.gamma == (float)0.1f);
   /* The descriptor passed in is not modified. */
   CHECK(d.lr == (float)0.0f && d.alpha == (float)0.0f);
@@ -510,7 +510,7 @@ static void test_defaults(void) {
   dt_optim_destroy(o);
   dt_params_destroy(e);
   dt_optim_destroy(NULL);
-  CHECK(dt_optim_steps(NULL) == 0 && dt_optim_get_desc(NULL) == NULL && dt_optim_state_slots(NULL) == 0);
+  CHECK(dt_optim_steps(NULL) == 0 && dt_optim_get_options(NULL) == NULL && dt_optim_state_slots(NULL) == 0);
 }
 
 /* ---- schedules ---------------------------------------------------------------------- */
@@ -563,7 +563,7 @@ static void test_schedules(void) {
   dt_params *p = dt_params_create(3);
   int64_t s1[1] = {1};
   dt_params_add(p, "x", 1, s1, dt_init_zeros());
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.lr = 1.0f;
   d.schedule.kind = DTRAIN_SCHED_STEP;
@@ -614,7 +614,7 @@ static void test_clip(void) {
 
   /* Inside dt_optim_step: the norm covers trainable ranges only. */
   tiny t = tiny_make();
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = DTRAIN_OPTIM_SGD;
   d.lr = 1.0f;
@@ -690,7 +690,7 @@ static void test_grad_accumulation(void) {
     CHECK_NEAR(gacc[i], want, 1e-5);
   }
   /* one optimizer step on each gives the same parameters */
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = DTRAIN_OPTIM_SGD;
   d.lr = 0.1f;
@@ -708,7 +708,7 @@ static void test_grad_accumulation(void) {
 
 /* ---- errors ----------------------------------------------------------------------------- */
 
-static void expect_create_error(dt_params *p, dt_optim_desc d, dt_result code, const char *needle) {
+static void expect_create_error(dt_params *p, dt_optim_options d, dt_result code, const char *needle) {
   dt_clear_error();
   dt_optim *o = dt_optim_create(p, &d);
   CHECK(o == NULL);
@@ -720,7 +720,7 @@ static void expect_create_error(dt_params *p, dt_optim_desc d, dt_result code, c
 
 static void test_errors(void) {
   dt_params *p = range_params();
-  dt_optim_desc d, z;
+  dt_optim_options d, z;
   memset(&z, 0, sizeof z);
   dt_clear_error();
   CHECK(dt_optim_create(NULL, &z) == NULL && dt_last_result() == DTRAIN_ERR_NULL_ARG);

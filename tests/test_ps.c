@@ -97,7 +97,7 @@ static void model_init(model *m, dt_optim_kind kind, float lr) {
   m->P = dt_params_create(7);
   dt_nn_linear_init(&m->l1, m->P, "l1", NF, 4, 1);
   dt_nn_linear_init(&m->l2, m->P, "l2", 4, 1, 1);
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = kind;
   d.lr = lr;
@@ -370,7 +370,7 @@ static int worker_main(const worker_cfg *wc) {
     child_say("create: %s\n", dt_last_error());
     return 4;
   }
-  dt_strategy_desc sd = dt_parameter_server(ps, wc->k);
+  dt_strategy_options sd = dt_strategy_parameter_server(ps, wc->k);
   dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
   if (!s) {
     child_say("strategy: %s\n", dt_last_error());
@@ -503,12 +503,12 @@ static void test_strategy_desc(void) {
   model m;
   model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
   CHECK(strcmp(dt_strategy_kind_name(DTRAIN_STRATEGY_PARAMETER_SERVER), "parameter_server") == 0);
-  dt_strategy_desc sd = dt_parameter_server(NULL, 0);
+  dt_strategy_options sd = dt_strategy_parameter_server(NULL, 0);
   CHECK(sd.kind == DTRAIN_STRATEGY_PARAMETER_SERVER && sd.replicas == 1);
   CHECK(dt_strategy_create(m.P, m.opt, step_fn, &m, &sd) == NULL);
   CHECK(dt_last_result() == DTRAIN_ERR_NULL_ARG && strstr(dt_last_error(), "desc.store"));
   dt_pstore *local = dt_pstore_create_local(dt_params_data(m.P), dt_params_size(m.P), 2, 0, DTRAIN_ASYNC_HOGWILD, 0);
-  sd = dt_parameter_server(local, 0);
+  sd = dt_strategy_parameter_server(local, 0);
   sd.replicas = 2;
   CHECK(dt_strategy_create(m.P, m.opt, step_fn, &m, &sd) == NULL);
   CHECK(dt_last_result() == DTRAIN_ERR_INVALID_ARG && strstr(dt_last_error(), "1 replica per process"));
@@ -532,7 +532,7 @@ static void test_equals_one_device(void) {
   /* The reference: one_device, SGD with momentum. */
   model r;
   model_init(&r, DTRAIN_OPTIM_SGD, 0.05f);
-  dt_strategy_desc od = dt_one_device();
+  dt_strategy_options od = dt_strategy_one_device();
   dt_strategy *rs = dt_strategy_create(r.P, r.opt, step_fn, &r, &od);
   CHECK(rs != NULL);
   for (int t = 0; rs && t < steps; t++) {
@@ -556,7 +556,7 @@ static void test_equals_one_device(void) {
   CHECK_MSG(ps != NULL, "%s", dt_last_error());
   if (ps) {
     CHECK(ps->gradients == 1 && ps->size == dt_params_size(m.P));
-    dt_strategy_desc sd = dt_parameter_server(ps, 0);
+    dt_strategy_options sd = dt_strategy_parameter_server(ps, 0);
     dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
     CHECK_MSG(s != NULL, "%s", dt_last_error());
     for (int t = 0; s && t < steps; t++) {
@@ -778,7 +778,7 @@ static void test_staleness_mismatch(void) {
   CHECK_MSG(ps1 != NULL, "%s", dt_last_error());
   if (ps0 && ps1) {
     CHECK(ps0->max_staleness == 2 && ps1->max_staleness == 2);
-    dt_strategy_desc sd0 = dt_parameter_server(ps0, 2), sd1 = dt_parameter_server(ps1, 2);
+    dt_strategy_options sd0 = dt_strategy_parameter_server(ps0, 2), sd1 = dt_strategy_parameter_server(ps1, 2);
     dt_strategy *s0 = dt_strategy_create(m0.P, m0.opt, step_fn, &m0, &sd0);
     dt_strategy *s1 = dt_strategy_create(m1.P, m1.opt, step_fn, &m1, &sd1);
     CHECK(s0 && s1);
@@ -1019,7 +1019,7 @@ static void test_checkpoint_restart(void) {
     dt_net_options o = net_opts(2.0, NULL);
     dt_pstore *ps = dt_pstore_create_tcp(&x.c, m.P, &o, 0);
     CHECK_MSG(ps != NULL, "%s", dt_last_error());
-    dt_strategy_desc sd = dt_parameter_server(ps, 0);
+    dt_strategy_options sd = dt_strategy_parameter_server(ps, 0);
     dt_strategy *s = ps ? dt_strategy_create(m.P, m.opt, step_fn, &m, &sd) : NULL;
     for (int t = 0; s && t < steps; t++) {
       dt_minibatch b = batch_at(t, 24);
@@ -1078,7 +1078,7 @@ static void test_checkpoint_restart(void) {
       CHECK(dt_pstore_pull(ps, 0, 0, dt_params_data(m.P), n, &tk) == DTRAIN_OK);
       CHECK(memcmp(saved, dt_params_data(m.P), n * sizeof(float)) == 0);
       /* Training goes on from there. */
-      dt_strategy_desc sd = dt_parameter_server(ps, 0);
+      dt_strategy_options sd = dt_strategy_parameter_server(ps, 0);
       dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
       dt_minibatch b = batch_at(steps, 24);
       CHECK(s && dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
@@ -1106,7 +1106,7 @@ static void test_checkpoint_restart(void) {
     dt_params *P = dt_params_create(1);
     int64_t shp[2] = {3, 5};
     dt_params_add(P, "other", 2, shp, dt_init_zeros());
-    dt_optim_desc od;
+    dt_optim_options od;
     memset(&od, 0, sizeof od);
     od.kind = DTRAIN_OPTIM_ADAM;
     dt_optim *opt = dt_optim_create(P, &od);
@@ -1217,7 +1217,7 @@ static void test_bad_bytes(void) {
   ps = dt_pstore_create_tcp(&x.c, m.P, &o, 0);
   CHECK_MSG(ps != NULL, "%s", dt_last_error());
   if (ps) {
-    dt_strategy_desc sd = dt_parameter_server(ps, 0);
+    dt_strategy_options sd = dt_strategy_parameter_server(ps, 0);
     dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
     for (int t = 0; s && t < 5; t++) {
       dt_minibatch b = batch_at(t, 16);

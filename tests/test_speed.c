@@ -279,7 +279,7 @@ static void test_adam_simd_matches_scalar(void) {
       int idx = dt_params_add(P, name, 1, &sizes[i], dt_init_uniform(-1, 1));
       dt_params_set_decay(P, idx, i % 2); /* weight decay on some of them */
     }
-    dt_optim_desc od;
+    dt_optim_options od;
     memset(&od, 0, sizeof od);
     od.kind = kind == 2 ? DTRAIN_OPTIM_ADAMW : DTRAIN_OPTIM_ADAM;
     od.lr = 0.01f;
@@ -489,7 +489,7 @@ static void test_memory_stats(void) {
   dt_nn_linear_init(&l2, P, "fc2", 16, 3, 1);
   size_t floats = 20 * 16 + 16 + 16 * 3 + 3;
   CHECK(dt_params_size(P) == floats);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   dt_optim *adam = dt_optim_create(P, &od);
@@ -717,7 +717,7 @@ static void test_adam_threads_bitwise(void) {
       dt_params_add(P, name, 1, &sizes[i], dt_init_uniform(-1, 1));
       dt_params_set_decay(P, i, 1);
     }
-    dt_optim_desc od;
+    dt_optim_options od;
     memset(&od, 0, sizeof od);
     od.kind = DTRAIN_OPTIM_ADAMW;
     od.lr = 0.01f;

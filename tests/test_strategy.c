@@ -79,7 +79,7 @@ static void model_init(model *m, uint64_t seed) {
 }
 
 static dt_optim *make_opt(dt_params *P, dt_optim_kind kind, float lr, float momentum, float clip) {
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = kind;
   d.lr = lr;
@@ -151,7 +151,7 @@ static double rel_err(const float *a, const float *b, size_t n) {
 
 /* Train a fresh model K steps with `sd` and global batch B; copies the
  * final parameters into out (dt_params_size floats). Returns the last loss. */
-static float train_with(const dt_strategy_desc *sd, dt_optim_kind kind, float lr, float mom, float clip, int K,
+static float train_with(const dt_strategy_options *sd, dt_optim_kind kind, float lr, float mom, float clip, int K,
                         int64_t B, float *out, size_t *n) {
   model m;
   model_init(&m, 5);
@@ -412,13 +412,13 @@ static void test_one_device_equals_hand_loop(void) {
     for (int clip = 0; clip < 2; clip++) {
       float lr = k == 0 ? 0.05f : 0.01f, cl = clip ? 0.5f : 0.0f;
       size_t n;
-      dt_strategy_desc sd = dt_one_device();
+      dt_strategy_options sd = dt_strategy_one_device();
       train_with(&sd, kinds[k], lr, 0.9f, cl, 12, 30, got, &n);
       train_by_hand(kinds[k], lr, 0.9f, cl, 12, 30, ref);
       CHECK_MSG(memcmp(got, ref, n * sizeof(float)) == 0, "one_device differs from the hand loop (opt %d clip %d)",
                 k, clip);
       /* mirrored(1) is the same code: bitwise equal too */
-      sd = dt_mirrored(1);
+      sd = dt_strategy_mirrored(1);
       train_with(&sd, kinds[k], lr, 0.9f, cl, 12, 30, got2, &n);
       CHECK_MSG(memcmp(got2, ref, n * sizeof(float)) == 0, "mirrored(1) differs from one_device");
     }
@@ -434,11 +434,11 @@ static void test_mirrored_equals_one_device(void) {
     for (int bi = 0; bi < 2; bi++) {
       float lr = kinds[k] == DTRAIN_OPTIM_SGD ? 0.05f : 0.01f;
       size_t n;
-      dt_strategy_desc sd = dt_one_device();
+      dt_strategy_options sd = dt_strategy_one_device();
       float l1 = train_with(&sd, kinds[k], lr, 0.9f, clips[k], 10, Bs[bi], ref, &n);
       CHECK(n <= PMAX && isfinite(l1));
       for (int N = 1; N <= 4; N++) {
-        sd = dt_mirrored(N);
+        sd = dt_strategy_mirrored(N);
         float lN = train_with(&sd, kinds[k], lr, 0.9f, clips[k], 10, Bs[bi], got, &n);
         double e = rel_err(got, ref, n);
         CHECK_MSG(e <= 1e-5, "mirrored(%d) opt %d clip %g B %lld: relative error %g", N, k, (double)clips[k],
@@ -461,9 +461,9 @@ static void test_central_storage_equals_mirrored(void) {
     float lr = k ? 0.01f : 0.05f;
     for (int N = 1; N <= 4; N++) {
       size_t n;
-      dt_strategy_desc sd = dt_mirrored(N);
+      dt_strategy_options sd = dt_strategy_mirrored(N);
       train_with(&sd, kind, lr, 0.9f, 0.0f, 10, 30, ref, &n);
-      sd = dt_central_storage(N);
+      sd = dt_strategy_central_storage(N);
       train_with(&sd, kind, lr, 0.9f, 0.0f, 10, 30, got, &n);
       double e = rel_err(got, ref, n);
       CHECK_MSG(e <= 1e-5, "central_storage(%d) vs mirrored: relative error %g", N, e);
@@ -479,13 +479,13 @@ static void test_central_storage_equals_mirrored(void) {
 /* Batches smaller than the replica count, and SUM reduction. */
 static void test_uneven_and_empty_shards(void) {
   size_t n;
-  dt_strategy_desc sd = dt_one_device();
+  dt_strategy_options sd = dt_strategy_one_device();
   train_with(&sd, DTRAIN_OPTIM_SGD, 0.05f, 0.0f, 0.0f, 6, 3, ref, &n);
-  sd = dt_mirrored(4); /* 3 rows over 4 replicas: replica 3 has nothing */
+  sd = dt_strategy_mirrored(4); /* 3 rows over 4 replicas: replica 3 has nothing */
   train_with(&sd, DTRAIN_OPTIM_SGD, 0.05f, 0.0f, 0.0f, 6, 3, got, &n);
   CHECK_MSG(rel_err(got, ref, n) <= 1e-5, "B=3 over 4 replicas: %g", rel_err(got, ref, n));
   /* LOSS_SUM: the weights are 1, so mirrored(N) with SUM is N times... the sum of shard means */
-  sd = dt_mirrored(2);
+  sd = dt_strategy_mirrored(2);
   sd.loss = DTRAIN_LOSS_SUM;
   model m;
   model_init(&m, 5);
@@ -521,10 +521,10 @@ static void test_async_lockstep_equals_sync(void) {
   for (int N = 1; N <= 4; N++) {
     for (int upd = 0; upd < 2; upd++) {
       size_t n;
-      dt_strategy_desc sd = dt_mirrored(N);
+      dt_strategy_options sd = dt_strategy_mirrored(N);
       sd.loss = DTRAIN_LOSS_SUM;
       train_with(&sd, DTRAIN_OPTIM_SGD, 0.02f, 0.9f, 0.0f, 10, 8 * N, ref, &n);
-      sd = dt_async(N, 0);
+      sd = dt_strategy_async(N, 0);
       sd.async_update = upd ? DTRAIN_ASYNC_ATOMIC : DTRAIN_ASYNC_HOGWILD;
       train_with(&sd, DTRAIN_OPTIM_SGD, 0.02f, 0.9f, 0.0f, 10, 8 * N, got, &n);
       double e = rel_err(got, ref, n);
@@ -564,7 +564,7 @@ static void test_async_run_lockstep(void) {
     model m;
     model_init(&m, 5);
     dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.02f, 0.9f, 0.0f);
-    dt_strategy_desc sd = which ? dt_async(N, 0) : dt_mirrored(N);
+    dt_strategy_options sd = which ? dt_strategy_async(N, 0) : dt_strategy_mirrored(N);
     if (!which) sd.loss = DTRAIN_LOSS_SUM;
     dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
     feed f;
@@ -683,7 +683,7 @@ static void test_async_converges(void) {
     m.P = dt_params_create(3);
     dt_nn_linear_init(&m.lin, m.P, "lin", LF, 2, 1);
     double start = logreg_full_loss(&m);
-    dt_optim_desc od;
+    dt_optim_options od;
     memset(&od, 0, sizeof od);
     od.kind = DTRAIN_OPTIM_SGD;
     od.lr = 0.05f;
@@ -691,7 +691,7 @@ static void test_async_converges(void) {
     od.schedule.total_steps = 600;
     od.schedule.min_lr = 0.002f;
     dt_optim *opt = dt_optim_create(m.P, &od);
-    dt_strategy_desc sd = dt_async(4, DTRAIN_STALENESS_UNBOUNDED);
+    dt_strategy_options sd = dt_strategy_async(4, DTRAIN_STALENESS_UNBOUNDED);
     sd.async_update = upd ? DTRAIN_ASYNC_ATOMIC : DTRAIN_ASYNC_HOGWILD;
     dt_strategy *s = dt_strategy_create(m.P, opt, logreg_step, &m, &sd);
     CHECK(dt_strategy_run(s, 600, logreg_next, NULL, NULL) == DTRAIN_OK);
@@ -815,7 +815,7 @@ static void test_async_strategy_staleness(void) {
     model_init(&m, 5);
     m.sleep_max = 300e-6f;
     dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.01f, 0.0f, 0.0f);
-    dt_strategy_desc sd = dt_async(4, k);
+    dt_strategy_options sd = dt_strategy_async(4, k);
     sd.straggler = 2;
     sd.straggler_factor = 3.0f;
     dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
@@ -852,7 +852,7 @@ static void test_errors_reach_every_replica(void) {
         model m;
         model_init(&m, 5);
         dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.05f, 0.9f, 0.0f);
-        dt_strategy_desc sd;
+        dt_strategy_options sd;
         memset(&sd, 0, sizeof sd);
         sd.kind = kinds[ki];
         sd.replicas = 3;
@@ -919,7 +919,7 @@ static void test_async_run_error(void) {
     model m;
     model_init(&m, 5);
     dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.05f, 0.0f, 0.0f);
-    dt_strategy_desc sd = dt_async(4, stal == 2 ? DTRAIN_STALENESS_UNBOUNDED : stal);
+    dt_strategy_options sd = dt_strategy_async(4, stal == 2 ? DTRAIN_STALENESS_UNBOUNDED : stal);
     dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
     m.fail_replica = 2;
     m.fail_kind = 0;
@@ -956,7 +956,7 @@ static void test_batch_fn_errors(void) {
     model m;
     model_init(&m, 5);
     dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.05f, 0.0f, 0.0f);
-    dt_strategy_desc sd = a ? dt_async(2, DTRAIN_STALENESS_UNBOUNDED) : dt_mirrored(2);
+    dt_strategy_options sd = a ? dt_strategy_async(2, DTRAIN_STALENESS_UNBOUNDED) : dt_strategy_mirrored(2);
     dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
     CHECK_MSG(dt_strategy_run(s, 100, failing_next, NULL, NULL) == DTRAIN_ERR_IO, "a=%d", a);
     CHECK_MSG(strstr(dt_last_error(), "batch function") != NULL, "'%s'", dt_last_error());
@@ -974,7 +974,7 @@ static void test_desc_and_args(void) {
   model m;
   model_init(&m, 5);
   dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.05f, 0.0f, 0.0f);
-  dt_strategy_desc sd;
+  dt_strategy_options sd;
   CHECK(dt_strategy_parse("async", 3, 2, &sd) == DTRAIN_OK && sd.kind == DTRAIN_STRATEGY_ASYNC && sd.replicas == 3 &&
         sd.max_staleness == 2);
   CHECK(dt_strategy_parse("one_device", 3, 2, &sd) == DTRAIN_OK && sd.replicas == 1);
@@ -984,25 +984,25 @@ static void test_desc_and_args(void) {
   CHECK(dt_strategy_create(NULL, opt, model_step, &m, NULL) == NULL && dt_last_result() == DTRAIN_ERR_NULL_ARG);
   CHECK(dt_strategy_create(m.P, NULL, model_step, &m, NULL) == NULL && strstr(dt_last_error(), "opt"));
   CHECK(dt_strategy_create(m.P, opt, NULL, &m, NULL) == NULL && strstr(dt_last_error(), "step"));
-  sd = dt_mirrored(65);
+  sd = dt_strategy_mirrored(65);
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &sd) == NULL && strstr(dt_last_error(), "65 replicas"));
-  sd = dt_one_device();
+  sd = dt_strategy_one_device();
   sd.replicas = 2;
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &sd) == NULL && strstr(dt_last_error(), "one_device"));
-  sd = dt_async(2, -2);
+  sd = dt_strategy_async(2, -2);
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &sd) == NULL && strstr(dt_last_error(), "max_staleness -2"));
-  sd = dt_mirrored(2);
+  sd = dt_strategy_mirrored(2);
   sd.straggler = 5;
   sd.straggler_factor = 2.0f;
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &sd) == NULL && strstr(dt_last_error(), "straggler replica 5"));
-  sd = dt_mirrored(2);
+  sd = dt_strategy_mirrored(2);
   sd.kind = (dt_strategy_kind)9;
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &sd) == NULL && strstr(dt_last_error(), "unknown strategy"));
   /* replicas 0: as many as CPUs */
-  sd = dt_mirrored(0);
+  sd = dt_strategy_mirrored(0);
   dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
   CHECK(s && dt_strategy_replicas(s) == (dt_cpu_count() < 64 ? dt_cpu_count() : 64));
-  CHECK(dt_strategy_get_desc(s)->replicas == dt_strategy_replicas(s));
+  CHECK(dt_strategy_get_options(s)->replicas == dt_strategy_replicas(s));
   CHECK(dt_strategy_graph(s, 0) != NULL && dt_strategy_graph(s, 99) == NULL);
   CHECK_ERR(dt_strategy_step(s, NULL, NULL), DTRAIN_ERR_NULL_ARG, "batch");
   dt_minibatch b = batch_at(0, 8);
@@ -1055,7 +1055,7 @@ static void test_loss_must_be_scalar(void) {
   model m;
   model_init(&m, 5);
   dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.05f, 0.0f, 0.0f);
-  dt_strategy_desc sd = dt_mirrored(2);
+  dt_strategy_options sd = dt_strategy_mirrored(2);
   dt_strategy *s = dt_strategy_create(m.P, opt, wide_loss_step, &m, &sd);
   dt_minibatch b = batch_at(0, 8);
   CHECK_ERR(dt_strategy_step(s, &b, NULL), DTRAIN_ERR_SHAPE, "one element");
@@ -1092,7 +1092,7 @@ static void test_batch_norm_buffers(void) {
     dt_nn_batch_norm_init(&m.bn, m.P, "bn", 16);
     dt_nn_linear_init(&m.l2, m.P, "l2", 16, NC, 1);
     dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.05f, 0.0f, 0.0f);
-    dt_strategy_desc sd;
+    dt_strategy_options sd;
     memset(&sd, 0, sizeof sd);
     sd.kind = kinds[ki];
     sd.replicas = 3;
@@ -1129,7 +1129,7 @@ static void test_sync_after_manual_change(void) {
   model m;
   model_init(&m, 5);
   dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.05f, 0.0f, 0.0f);
-  dt_strategy_desc sd = dt_mirrored(2);
+  dt_strategy_options sd = dt_strategy_mirrored(2);
   dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
   size_t n = dt_params_size(m.P);
   for (size_t i = 0; i < n; i++) dt_params_data(m.P)[i] *= 0.5f;
@@ -1156,14 +1156,14 @@ static void test_utilities(void) {
 
 /* A DTRAIN_NO_THREADS build: only one_device exists; the rest say so. */
 static void test_no_threads_build(void) {
-  dt_strategy_desc sd = dt_mirrored(2);
+  dt_strategy_options sd = dt_strategy_mirrored(2);
   model m;
   model_init(&m, 1);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   dt_optim *opt = dt_optim_create(m.P, &od);
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &sd) == NULL && dt_last_result() == DTRAIN_ERR_UNSUPPORTED);
-  sd = dt_one_device();
+  sd = dt_strategy_one_device();
   dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
   CHECK(s != NULL);
   dt_strategy_destroy(s);

@@ -189,7 +189,7 @@ static dt_tensor *model_step(dt_graph *g, int replica, const dt_minibatch *b, vo
 }
 
 static dt_optim *make_opt(dt_params *P, dt_optim_kind kind, float lr, float clip) {
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = kind;
   d.lr = lr;
@@ -284,7 +284,7 @@ static void *proc_main(void *arg) {
   model_init(&m, cf->seeds_differ ? 5 + 100 * (uint64_t)pr->rank : 5, cf->use_bn, pr->rank == cf->variant_rank);
   if (pr->rank == cf->nan_rank) m.nan_step = cf->nan_step;
   dt_optim *opt = make_opt(m.P, cf->opt, cf->lr, cf->clip);
-  dt_strategy_desc sd = dt_multi_worker_mirrored(pr->comm, cf->N);
+  dt_strategy_options sd = dt_strategy_multi_worker_mirrored(pr->comm, cf->N);
   sd.loss = cf->loss;
   sd.spin_us = -1;
   pr->fail_step = -1;
@@ -356,11 +356,11 @@ static void run_multi(const config *cf) {
 }
 
 /* A single-process reference: `sd` on the global batches. */
-static void run_single(const config *cf, const dt_strategy_desc *sd0, float *out, float *losses, float *grad) {
+static void run_single(const config *cf, const dt_strategy_options *sd0, float *out, float *losses, float *grad) {
   model m;
   model_init(&m, 5, cf->use_bn, 0);
   dt_optim *opt = make_opt(m.P, cf->opt, cf->lr, cf->clip);
-  dt_strategy_desc sd = *sd0;
+  dt_strategy_options sd = *sd0;
   sd.loss = cf->loss;
   sd.spin_us = -1;
   dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
@@ -431,7 +431,7 @@ static void test_equals_mirrored(void) {
       if (v == 2) cf.clip = 0.3f;
       if (v == 3) { cf.loss = DTRAIN_LOSS_SUM; cf.lr = 0.01f; }
       if (v == 0) cf.B = 31; /* odd */
-      dt_strategy_desc md = dt_mirrored(cf.W * cf.N);
+      dt_strategy_options md = dt_strategy_mirrored(cf.W * cf.N);
       run_single(&cf, &md, ref, ref_loss, ref_grad);
       run_multi(&cf);
       check_ranks_agree(&cf);
@@ -444,7 +444,7 @@ static void test_equals_mirrored(void) {
                   (double)ref_loss[k]);
       /* the params' grad: the reduced gradient of the last global batch */
       if (cf.clip == 0.0f && cf.loss == DTRAIN_LOSS_MEAN) {
-        dt_strategy_desc od = dt_one_device();
+        dt_strategy_options od = dt_strategy_one_device();
         float g1[PMAX], l1[64];
         run_single(&cf, &od, g1, l1, ref_grad);
         CHECK_MSG(rel_err(procs[0].grad, ref_grad, n) <= 1e-4, "%d x %d: grad buffer differs from one_device's: %g",
@@ -485,7 +485,7 @@ static void test_uneven_local_batches(void) {
         cf.split[p] = splits[si][p];
         cf.B += splits[si][p];
       }
-      dt_strategy_desc od = dt_one_device();
+      dt_strategy_options od = dt_strategy_one_device();
       run_single(&cf, &od, ref, ref_loss, NULL);
       run_multi(&cf);
       check_ranks_agree(&cf);
@@ -523,7 +523,7 @@ static void test_batch_norm_buffers(void) {
   watchdog(60);
   config cf = base_config(2, 2);
   cf.use_bn = 1;
-  dt_strategy_desc md = dt_mirrored(4);
+  dt_strategy_options md = dt_strategy_mirrored(4);
   run_single(&cf, &md, ref, ref_loss, NULL);
   run_multi(&cf);
   check_ranks_agree(&cf);
@@ -541,11 +541,11 @@ static void test_mirrored_buffers_follow_replica0(void) {
   cf.use_bn = 1;
   cf.K = 1;
   cf.B = 64; /* shards of 16 */
-  dt_strategy_desc md = dt_mirrored(4);
+  dt_strategy_options md = dt_strategy_mirrored(4);
   run_single(&cf, &md, ref, ref_loss, NULL);
   config c1 = cf;
   c1.B = 16; /* one_device on shard 0 (batch_first(0, B) is 0 for both) */
-  dt_strategy_desc od = dt_one_device();
+  dt_strategy_options od = dt_strategy_one_device();
   run_single(&c1, &od, keep, ref_loss, NULL);
   model m;
   model_init(&m, 5, 1, 0);
@@ -665,7 +665,7 @@ static void test_params_hash(void) {
 }
 
 static void test_names_and_args(void) {
-  dt_strategy_desc d;
+  dt_strategy_options d;
   /* this build has no DTRAIN_USE_MPI (tests/mpi_checks.sh covers the backend) */
   CHECK(dt_comm_create_mpi() == NULL);
   CHECK(dt_last_result() == DTRAIN_ERR_UNSUPPORTED && strstr(dt_last_error(), "DTRAIN_USE_MPI"));
@@ -680,13 +680,13 @@ static void test_names_and_args(void) {
   dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.1f, 0.0f);
   if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
     /* like the other strategies but one_device: unsupported without threads */
-    d = dt_multi_worker_mirrored(NULL, 1);
+    d = dt_strategy_multi_worker_mirrored(NULL, 1);
     CHECK(dt_strategy_create(m.P, opt, model_step, &m, &d) == NULL && dt_last_result() == DTRAIN_ERR_UNSUPPORTED);
     dt_optim_destroy(opt);
     dt_params_destroy(m.P);
     return;
   }
-  d = dt_multi_worker_mirrored(NULL, 1);
+  d = dt_strategy_multi_worker_mirrored(NULL, 1);
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &d) == NULL);
   CHECK(dt_last_result() == DTRAIN_ERR_NULL_ARG && strstr(dt_last_error(), "desc.comm"));
   /* a communicator whose rank is outside its world */
@@ -695,14 +695,14 @@ static void test_names_and_args(void) {
   sh.fail_at = 0;
   sh.sticky = 0;
   dt_comm *bad = wrap_create(&sh, 2, 2);
-  d = dt_multi_worker_mirrored(bad, 1);
+  d = dt_strategy_multi_worker_mirrored(bad, 1);
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &d) == NULL);
   CHECK(dt_last_result() == DTRAIN_ERR_INVALID_ARG && strstr(dt_last_error(), "rank 2 of world 2"));
   dt_comm_destroy(bad);
   /* world 1: a single process works like mirrored(N) */
   sh.inner = dt_comm_create_threads(1, -1);
   dt_comm *one = wrap_create(&sh, 0, 1);
-  d = dt_multi_worker_mirrored(one, 2);
+  d = dt_strategy_multi_worker_mirrored(one, 2);
   dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &d);
   CHECK(s != NULL);
   dt_minibatch b = rows_at(0, 10);

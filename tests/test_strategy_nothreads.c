@@ -30,7 +30,7 @@ static void test_no_threads(void) {
   net n;
   dt_nn_linear_init(&n.a, P, "a", 2, 8, 1);
   dt_nn_linear_init(&n.b, P, "b", 8, 1, 1);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
   od.lr = 0.05f;
@@ -38,7 +38,7 @@ static void test_no_threads(void) {
   const dt_strategy_kind others[3] = {DTRAIN_STRATEGY_MIRRORED, DTRAIN_STRATEGY_CENTRAL_STORAGE,
                                       DTRAIN_STRATEGY_ASYNC};
   for (int k = 0; k < 3; k++) {
-    dt_strategy_desc sd;
+    dt_strategy_options sd;
     memset(&sd, 0, sizeof sd);
     sd.kind = others[k];
     sd.replicas = 1;
@@ -54,7 +54,7 @@ static void test_no_threads(void) {
   CHECK(c != NULL && dt_comm_allreduce(c, 0, st, 4) == DTRAIN_OK && dt_comm_barrier(c, 0) == DTRAIN_OK);
   dt_comm_destroy(c);
   /* one_device trains */
-  dt_strategy_desc sd = dt_one_device();
+  dt_strategy_options sd = dt_strategy_one_device();
   dt_strategy *s = dt_strategy_create(P, opt, xor_step, &n, &sd);
   CHECK(s != NULL);
   dt_minibatch b;

@@ -48,7 +48,7 @@ static void mlp_init(mlp *m, uint64_t seed, dt_optim_kind kind, float lr) {
   dt_nn_linear_init(&m->l1, m->P, "l1", NF, 32, 1);
   dt_nn_linear_init(&m->l2, m->P, "l2", 32, 16, 1);
   dt_nn_linear_init(&m->l3, m->P, "l3", 16, NC, 1);
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = kind;
   d.lr = lr;
@@ -207,7 +207,7 @@ static void test_no_allocation_after_first_step(void) {
     dt_nn_lstm_cell_init(&m.lstm, m.P, "lstm", 8, 6);
     dt_nn_attention_init(&m.att, m.P, "att", 8, 2);
     dt_nn_layer_norm_init(&m.ln, m.P, "ln", 8);
-    dt_optim_desc d;
+    dt_optim_options d;
     memset(&d, 0, sizeof d);
     d.kind = DTRAIN_OPTIM_ADAMW;
     d.weight_decay = 0.01f;
@@ -281,7 +281,7 @@ static void test_xor(void) {
   dt_nn_linear h, o;
   dt_nn_linear_init(&h, P, "hidden", 2, 8, 1);
   dt_nn_linear_init(&o, P, "out", 8, 1, 1);
-  dt_optim_desc d;
+  dt_optim_options d;
   memset(&d, 0, sizeof d);
   d.kind = DTRAIN_OPTIM_ADAM;
   d.lr = 0.05f;

@@ -11,7 +11,7 @@ int main(void) {
   dt_params *P = dt_params_create(1);
   dt_nn_linear l;
   dt_nn_linear_init(&l, P, "lin", 1, 1, 1);
-  dt_optim_desc od;
+  dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_SGD;
   od.lr = 0.5f;
