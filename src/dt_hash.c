@@ -24,6 +24,8 @@
 #include "dt_params_internal.h"
 #include "dt_wire.h"
 
+#if !defined(DTRAIN_NO_DIST) /* the whole file: only the network layer uses it */
+
 /* ---- CRC-32C (Castagnoli), four bits at a time: it only covers headers and control frames ---- */
 
 /* dt__crc32c_nib[i]: the reflected polynomial 0x82F63B78 applied to the
@@ -157,3 +159,5 @@ DTRAIN_PRIVATE uint64_t dt__net_fnv1a(uint64_t h, const void *p, size_t n) {
   for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
   return h;
 }
+
+#endif /* DTRAIN_NO_DIST */

@@ -24,6 +24,8 @@
 #include "dt_params_internal.h"
 #include "dt_wire.h"
 
+#if !defined(DTRAIN_NO_DIST) /* the whole file: only the network layer uses it */
+
 /* 1 on a little-endian host. A run-time test rather than __BYTE_ORDER__,
  * which not every compiler defines; compilers fold it to a constant. */
 static int dt__net_bytes_host_le(void) {
@@ -83,3 +85,5 @@ DTRAIN_PRIVATE void dt__net_f32_get(float *dst, const unsigned char *src, size_t
     memcpy(dst + i, &u, 4);
   }
 }
+
+#endif /* DTRAIN_NO_DIST */
