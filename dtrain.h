@@ -13381,7 +13381,7 @@ done:
 
 DTRAIN_API dt_result dt_fit(const dt_fit_desc *desc, dt_fit_result *result) {
   (void)desc;
-  (void)result;
+  if (result) memset(result, 0, sizeof *result); /* as dt_fit does: the result is set on failure too */
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_fit: the training loop is compiled out (DTRAIN_NO_FIT)");
 }
 
@@ -15629,7 +15629,8 @@ DTRAIN_API dt_result dt_text_encode(const dt_text *t, const char *s, size_t len,
   return dt__data_compiled_out("dt_text_encode");
 }
 DTRAIN_API dt_result dt_text_decode(const dt_text *t, const int32_t *ids, int64_t n, char *out, size_t cap) {
-  (void)t; (void)ids; (void)n; (void)out; (void)cap;
+  (void)t; (void)ids; (void)n;
+  if (out && cap) out[0] = 0;
   return dt__data_compiled_out("dt_text_decode");
 }
 DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end, dt_rng *rng, int64_t batch,
