@@ -416,7 +416,7 @@ DTRAIN_API void dt_set_logger(dt_log_fn fn, void *user, dt_log_level max_level);
 #define DTRAIN_FEATURE_ZLIB    0x40u
 #define DTRAIN_FEATURE_DEBUG   0x80u
 #define DTRAIN_FEATURE_MALLOC  0x100u /* the built-in allocator may call malloc (not DTRAIN_NO_MALLOC) */
-#define DTRAIN_FEATURE_DIST    0x200u /* communicators, strategies beyond one_device, parameter servers (not DTRAIN_NO_DIST) */
+#define DTRAIN_FEATURE_DIST    0x200u /* strategies beyond one_device, communicators, networking (not DTRAIN_NO_DIST) */
 #define DTRAIN_FEATURE_DATA    0x400u /* the data loaders: IDX/gzip, CSV, NPY, text, datasets (not DTRAIN_NO_DATA) */
 #define DTRAIN_FEATURE_FIT     0x800u /* dt_fit, its progress output, CSV and SVG chart (not DTRAIN_NO_FIT) */
 

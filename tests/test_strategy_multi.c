@@ -724,9 +724,10 @@ int main(void) {
   make_data();
   TH_RUN(test_params_hash);
   TH_RUN(test_names_and_args);
-  if (!(dt_build_features() & DTRAIN_FEATURE_THREADS) || !(dt_build_features() & DTRAIN_FEATURE_DIST)) {
+  unsigned f = dt_build_features();
+  if (!(f & DTRAIN_FEATURE_THREADS) || !(f & DTRAIN_FEATURE_DIST)) {
     th_skip_item("multi-process tests", "%s",
-                 (dt_build_features() & DTRAIN_FEATURE_THREADS) ? "compiled out (DTRAIN_NO_DIST)" : "built without threads");
+                 (f & DTRAIN_FEATURE_THREADS) ? "compiled out (DTRAIN_NO_DIST)" : "built without threads");
     return th_summary("strategy_multi");
   }
   TH_RUN(test_equals_mirrored);
