@@ -241,11 +241,14 @@ test-cross: dtrain.h
 	done
 	@CROSS_ARCHS="$(CROSS_ARCHS)" sh tests/cross_compare.sh
 
-# The suite against minimal builds: no threads and no sockets; no stdio.
+# The suite against minimal builds: no threads and no sockets; no stdio; the
+# edge build without the distributed parts, the data loaders and dt_fit (tests
+# of a compiled-out part skip, naming the switch).
 # (Fixed memory with DTRAIN_NO_MALLOC is covered by tests/compile_checks.sh.)
 test-minimal: dtrain.h
 	$(MAKE) --no-print-directory BUILD=build/min-nothreads EXTRA_CFLAGS="-DDTRAIN_NO_THREADS -DDTRAIN_NO_NET" test-suite
 	$(MAKE) --no-print-directory BUILD=build/min-nostdio EXTRA_CFLAGS="-DDTRAIN_NO_STDIO" test-suite
+	$(MAKE) --no-print-directory BUILD=build/min-edge EXTRA_CFLAGS="-DDTRAIN_NO_DIST -DDTRAIN_NO_DATA -DDTRAIN_NO_FIT" test-suite
 
 # The house rules (layers only point down, no src/ file over 1,000 lines, the
 # manual names every configuration macro): tools/check_house.sh.

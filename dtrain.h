@@ -82,6 +82,20 @@
  *                           default logger prints nothing
  *   DTRAIN_NO_SIMD          portable C only: no run-time AVX2/FMA or NEON GEMM
  *                           kernel, no SSE/AVX loops
+ *   DTRAIN_NO_DIST          one_device only (edge builds): the other strategies,
+ *                           the communicators (but one_device's of one rank),
+ *                           device groups, parameter stores and servers, the
+ *                           cluster parser and the network layer are compiled
+ *                           out; implies DTRAIN_NO_NET. Their functions return
+ *                           DTRAIN_ERR_UNSUPPORTED ("... compiled out
+ *                           (DTRAIN_NO_DIST)"), constructors NULL with that
+ *                           error; the desc builders (dt_mirrored, ...) stay
+ *   DTRAIN_NO_DATA          the data loaders compiled out (IDX, gzip, CSV, NPY,
+ *                           text, Fashion-MNIST, datasets, dt_loader): the same
+ *                           rule. dt_fit does not need them (its steps get the
+ *                           batches), so DTRAIN_NO_FIT stays a separate choice
+ *   DTRAIN_NO_FIT           dt_fit, its progress bar, metrics CSV and SVG chart
+ *                           compiled out: the same rule. Checkpoints stay
  *   DTRAIN_MALLOC(size) DTRAIN_REALLOC(ptr, size) DTRAIN_FREE(ptr)
  *                           a compile-time allocator: all three or none
  *   DTRAIN_NO_MALLOC        no libc allocator at all: call dt_use_fixed_memory()
@@ -258,6 +272,20 @@
 #if defined(DTRAIN_NO_THREADS) && defined(DTRAIN_USE_MPI)
 #  error "dtrain: DTRAIN_USE_MPI needs threads; remove DTRAIN_NO_THREADS or DTRAIN_USE_MPI"
 #endif
+#if defined(DTRAIN_NO_DIST) && defined(DTRAIN_USE_MPI)
+#  error "dtrain: DTRAIN_USE_MPI is a distributed backend; remove DTRAIN_NO_DIST or DTRAIN_USE_MPI"
+#endif
+#if defined(DTRAIN_NO_DATA) && defined(DTRAIN_USE_ZLIB)
+#  error "dtrain: DTRAIN_USE_ZLIB serves the data loaders; remove DTRAIN_NO_DATA or DTRAIN_USE_ZLIB"
+#endif
+/* Edge builds: DTRAIN_NO_DIST leaves out every distributed part (the
+ * communicators but one_device's in-process one of world 1, the strategies
+ * but one_device, the parameter stores and servers, the cluster parser and
+ * the whole network layer), so it implies DTRAIN_NO_NET: the sockets' own
+ * guards then apply and dt_build_features() reports no network. */
+#if defined(DTRAIN_NO_DIST) && !defined(DTRAIN_NO_NET)
+#  define DTRAIN_NO_NET
+#endif
 #if defined(DTRAIN_NO_NET) && defined(DTRAIN_USE_MPI)
 #  error "dtrain: DTRAIN_USE_MPI is a network backend; remove DTRAIN_NO_NET or DTRAIN_USE_MPI"
 #endif
@@ -401,11 +429,15 @@ DTRAIN_API void dt_set_logger(dt_log_fn fn, void *user, dt_log_level max_level);
 #define DTRAIN_FEATURE_ZLIB    0x40u
 #define DTRAIN_FEATURE_DEBUG   0x80u
 #define DTRAIN_FEATURE_MALLOC  0x100u /* the built-in allocator may call malloc (not DTRAIN_NO_MALLOC) */
+#define DTRAIN_FEATURE_DIST    0x200u /* strategies beyond one_device, communicators, networking (not DTRAIN_NO_DIST) */
+#define DTRAIN_FEATURE_DATA    0x400u /* the data loaders: IDX/gzip, CSV, NPY, text, datasets (not DTRAIN_NO_DATA) */
+#define DTRAIN_FEATURE_FIT     0x800u /* dt_fit, its progress output, CSV and SVG chart (not DTRAIN_NO_FIT) */
 
 /* Bit set of DTRAIN_FEATURE_* compiled into the implementation. */
 DTRAIN_API unsigned dt_build_features(void);
 /* One line: version, compiler and features, e.g.
- * "dtrain 0.1.0 (gcc 12.2) threads=yes net=yes stdio=yes cblas=no ...". Static storage. */
+ * "dtrain 0.1.0 (gcc 12.2) threads=yes net=yes stdio=yes cblas=no ... dist=yes data=yes fit=yes".
+ * Static storage. */
 DTRAIN_API const char *dt_build_info(void);
 
 /* ---- RNG: xoshiro256** seeded by splitmix64; same numbers on every platform. */
@@ -3842,6 +3874,15 @@ DTRAIN_API unsigned dt_build_features(void) {
 #ifndef DTRAIN_NO_MALLOC
   f |= DTRAIN_FEATURE_MALLOC;
 #endif
+#ifndef DTRAIN_NO_DIST
+  f |= DTRAIN_FEATURE_DIST;
+#endif
+#ifndef DTRAIN_NO_DATA
+  f |= DTRAIN_FEATURE_DATA;
+#endif
+#ifndef DTRAIN_NO_FIT
+  f |= DTRAIN_FEATURE_FIT;
+#endif
   return f;
 }
 
@@ -3901,11 +3942,26 @@ DTRAIN_API unsigned dt_build_features(void) {
 #else
 #  define DT__B_DEBUG "no"
 #endif
+#ifndef DTRAIN_NO_DIST
+#  define DT__B_DIST "yes"
+#else
+#  define DT__B_DIST "no"
+#endif
+#ifndef DTRAIN_NO_DATA
+#  define DT__B_DATA "yes"
+#else
+#  define DT__B_DATA "no"
+#endif
+#ifndef DTRAIN_NO_FIT
+#  define DT__B_FIT "yes"
+#else
+#  define DT__B_FIT "no"
+#endif
 
 DTRAIN_API const char *dt_build_info(void) {
   return "dtrain " DTRAIN_VERSION_STRING " (" DT__COMPILER DT__LANG ") threads=" DT__B_THREADS " net=" DT__B_NET
          " stdio=" DT__B_STDIO " cblas=" DT__B_CBLAS " simd=" DT__B_SIMD " mpi=" DT__B_MPI " zlib=" DT__B_ZLIB
-         " debug=" DT__B_DEBUG;
+         " debug=" DT__B_DEBUG " dist=" DT__B_DIST " data=" DT__B_DATA " fit=" DT__B_FIT;
 }
 #undef DT__COMPILER
 #undef DT__LANG
@@ -3917,6 +3973,9 @@ DTRAIN_API const char *dt_build_info(void) {
 #undef DT__B_MPI
 #undef DT__B_ZLIB
 #undef DT__B_DEBUG
+#undef DT__B_DIST
+#undef DT__B_DATA
+#undef DT__B_FIT
 
 /* Timings subtract two readings, so the clock must not step when NTP or an
  * administrator sets the time: CLOCK_MONOTONIC where POSIX has it. */
@@ -12929,6 +12988,8 @@ DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) 
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 
+#if !defined(DTRAIN_NO_FIT) /* the whole file; the stubs at the end stand in without it */
+
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
 #  if defined(_WIN32)
@@ -13618,6 +13679,24 @@ done:
 
 #undef DT__FIT_BAR_WIDTH
 #undef DT__FIT_REDRAW_SECONDS
+
+#else /* DTRAIN_NO_FIT: the loop, its progress output and its files are compiled out */
+
+DTRAIN_API dt_result dt_fit(const dt_fit_desc *desc, dt_fit_result *result) {
+  (void)desc;
+  if (result) memset(result, 0, sizeof *result); /* as dt_fit does: the result is set on failure too */
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_fit: the training loop is compiled out (DTRAIN_NO_FIT)");
+}
+
+DTRAIN_API dt_result dt_fit_write_svg(const char *path, const dt_fit_epoch *rows, int64_t n, const char *title) {
+  (void)path;
+  (void)rows;
+  (void)n;
+  (void)title;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_fit_write_svg: the training loop is compiled out (DTRAIN_NO_FIT)");
+}
+
+#endif /* DTRAIN_NO_FIT */
 /* ======== end dt_fit.c ======== */
 
 /* ======== begin dt_data_core.h ======== */
@@ -13636,6 +13715,7 @@ done:
 
 #define DT__DATA_CTX 384 /* a message prefix: "<function>: '<path>'" */
 
+#if !defined(DTRAIN_NO_DATA) /* declared only where defined: gcc warns of a static never defined */
 /* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
 DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
                                         dt_bytes *out);
@@ -13652,6 +13732,11 @@ DTRAIN_PRIVATE dt_result dt__data_ds_new(const char *who, dt_dataset **out, int6
                                          int with_labels);
 /* Labels must be >= 0; sets num_classes to max + 1. */
 DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds);
+
+#else
+/* "fn: the data loaders are compiled out (DTRAIN_NO_DATA)" as the error (dt_data.c's stubs). */
+DTRAIN_PRIVATE dt_result dt__data_compiled_out(const char *fn);
+#endif
 
 #endif /* DTRAIN_DATA_CORE_H */
 /* ======== end dt_data_core.h ======== */
@@ -13686,6 +13771,8 @@ DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds);
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_data_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
 #ifdef DTRAIN_USE_ZLIB
 #  include <zlib.h>
@@ -14226,6 +14313,25 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 #undef DT__GZ_FEXTRA
 #undef DT__GZ_FNAME
 #undef DT__GZ_FCOMMENT
+
+#else /* DTRAIN_NO_DATA: every entry point says so */
+
+DTRAIN_API void dt_bytes_free(dt_bytes *b) { (void)b; }
+/* No error channel: 0, like an empty message's CRC. */
+DTRAIN_API uint32_t dt_crc32(uint32_t crc, const void *data, size_t len) {
+  (void)crc; (void)data; (void)len;
+  return 0;
+}
+DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_bytes *out) {
+  (void)in; (void)len; (void)max_out; (void)out;
+  return dt__data_compiled_out("dt_inflate");
+}
+DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_bytes *out) {
+  (void)in; (void)len; (void)max_out; (void)out;
+  return dt__data_compiled_out("dt_gunzip");
+}
+
+#endif /* DTRAIN_NO_DATA */
 /* ======== end dt_inflate.c ======== */
 
 /* ======== begin dt_data.c ======== */
@@ -14252,6 +14358,8 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_data_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
 #ifndef DTRAIN_NO_STDIO
 #  include <errno.h>
@@ -14713,6 +14821,94 @@ DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
   if (!l) return 0;
   return l->drop_last ? l->shard_n / l->batch_size : (l->shard_n + l->batch_size - 1) / l->batch_size;
 }
+
+#else /* DTRAIN_NO_DATA: every entry point says so */
+
+/* One message for every entry point of the compiled-out loaders (declared in dt_data_core.h). */
+DTRAIN_PRIVATE dt_result dt__data_compiled_out(const char *fn) {
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the data loaders are compiled out (DTRAIN_NO_DATA)", fn);
+}
+
+DTRAIN_API dt_result dt_read_file(const char *path, dt_bytes *out) {
+  (void)path; (void)out;
+  return dt__data_compiled_out("dt_read_file");
+}
+DTRAIN_API dt_result dt_read_file_gz(const char *path, dt_bytes *out) {
+  (void)path; (void)out;
+  return dt__data_compiled_out("dt_read_file_gz");
+}
+/* Nothing can have made a dataset or a loader: destroying one is a no-op. */
+DTRAIN_API void dt_dataset_destroy(dt_dataset *ds) { (void)ds; }
+DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, const int64_t *sample_shape,
+                                       int with_labels) {
+  (void)n; (void)ndim; (void)sample_shape; (void)with_labels;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_create");
+}
+DTRAIN_API dt_dataset *dt_dataset_new(int64_t n, int ndim, const int64_t *sample_shape, int with_labels) {
+  (void)n; (void)ndim; (void)sample_shape; (void)with_labels;
+  dt__data_compiled_out("dt_dataset_new");
+  return NULL;
+}
+DTRAIN_API dt_dataset *dt_dataset_select(const dt_dataset *ds, const int64_t *idx, int64_t count) {
+  (void)ds; (void)idx; (void)count;
+  dt__data_compiled_out("dt_dataset_select");
+  return NULL;
+}
+DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out) {
+  (void)ds; (void)idx; (void)count;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_subset");
+}
+DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction, uint64_t seed, dt_dataset **train,
+                                      dt_dataset **val) {
+  (void)ds; (void)val_fraction; (void)seed;
+  if (train) *train = NULL;
+  if (val) *val = NULL;
+  return dt__data_compiled_out("dt_dataset_split");
+}
+DTRAIN_API dt_result dt_dataset_reshape(dt_dataset *ds, int ndim, const int64_t *sample_shape) {
+  (void)ds; (void)ndim; (void)sample_shape;
+  return dt__data_compiled_out("dt_dataset_reshape");
+}
+DTRAIN_API void dt_loader_destroy(dt_loader *l) { (void)l; }
+DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
+  (void)ds; (void)desc;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_loader_create");
+}
+DTRAIN_API dt_loader *dt_loader_new(const dt_dataset *ds, const dt_loader_options *opts) {
+  (void)ds; (void)opts;
+  dt__data_compiled_out("dt_loader_new");
+  return NULL;
+}
+DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index) {
+  (void)l; (void)epoch; (void)index;
+  return -1;
+}
+DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
+  (void)l; (void)b;
+  return (int)dt__data_compiled_out("dt_loader_next");
+}
+DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index) {
+  (void)l;
+  if (epoch) *epoch = 0;
+  if (index) *index = 0;
+}
+DTRAIN_API dt_result dt_loader_set_position(dt_loader *l, int64_t epoch, int64_t index) {
+  (void)l; (void)epoch; (void)index;
+  return dt__data_compiled_out("dt_loader_set_position");
+}
+DTRAIN_API int64_t dt_loader_num_samples(const dt_loader *l) {
+  (void)l;
+  return 0;
+}
+DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
+  (void)l;
+  return 0;
+}
+
+#endif /* DTRAIN_NO_DATA */
 /* ======== end dt_data.c ======== */
 
 /* ======== begin dt_data_idx.c ======== */
@@ -14737,6 +14933,8 @@ DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_data_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
 #define DT__DATA_FM_SYSTEM "/usr/share/datasets/fashion-mnist"
 #define DT__DATA_FM_SHIPPED "data/fashion-mnist"
@@ -15022,6 +15220,53 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
 
 #undef DT__DATA_FM_SYSTEM
 #undef DT__DATA_FM_SHIPPED
+
+#else /* DTRAIN_NO_DATA: every entry point says so */
+
+DTRAIN_API void dt_idx_free(dt_idx *a) { (void)a; }
+DTRAIN_API dt_result dt_idx_parse(const void *buf, size_t len, dt_idx *out) {
+  (void)buf; (void)len; (void)out;
+  return dt__data_compiled_out("dt_idx_parse");
+}
+DTRAIN_API dt_result dt_idx_read(const char *path, dt_idx *out) {
+  (void)path; (void)out;
+  return dt__data_compiled_out("dt_idx_read");
+}
+DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
+                                          size_t labels_len, unsigned flags) {
+  (void)images; (void)images_len; (void)labels; (void)labels_len; (void)flags;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_parse_idx");
+}
+DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
+                                         unsigned flags) {
+  (void)images_path; (void)labels_path; (void)flags;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_read_idx");
+}
+DTRAIN_API dt_dataset *dt_dataset_from_idx(const void *images, size_t images_len, const void *labels,
+                                           size_t labels_len, unsigned flags) {
+  (void)images; (void)images_len; (void)labels; (void)labels_len; (void)flags;
+  dt__data_compiled_out("dt_dataset_from_idx");
+  return NULL;
+}
+DTRAIN_API dt_dataset *dt_dataset_load_idx(const char *images_path, const char *labels_path, unsigned flags) {
+  (void)images_path; (void)labels_path; (void)flags;
+  dt__data_compiled_out("dt_dataset_load_idx");
+  return NULL;
+}
+DTRAIN_API dt_result dt_fashion_mnist_find(const char *dir, char *out, size_t cap, int *has_train) {
+  (void)dir; (void)out; (void)cap; (void)has_train;
+  return dt__data_compiled_out("dt_fashion_mnist_find");
+}
+DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, dt_dataset **test) {
+  (void)dir;
+  if (train) *train = NULL;
+  if (test) *test = NULL;
+  return dt__data_compiled_out("dt_fashion_mnist_load");
+}
+
+#endif /* DTRAIN_NO_DATA */
 /* ======== end dt_data_idx.c ======== */
 
 /* ======== begin dt_data_npy.c ======== */
@@ -15043,6 +15288,8 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_data_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
 #ifndef DTRAIN_NO_STDIO
 #  include <errno.h>
@@ -15448,6 +15695,43 @@ DTRAIN_API dt_dataset *dt_dataset_from_arrays(const dt_npy *x, const dt_npy *y, 
 DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags) {
   return dt__data_from_arrays("dt_dataset_from_npy", out, x, y, flags);
 }
+#else /* DTRAIN_NO_DATA: every entry point says so */
+
+DTRAIN_API size_t dt_npy_dtype_size(dt_npy_dtype dtype) {
+  (void)dtype;
+  return 0;
+}
+DTRAIN_API void dt_npy_free(dt_npy *a) { (void)a; }
+DTRAIN_API dt_result dt_npy_parse(const void *buf, size_t len, dt_npy *out) {
+  (void)buf; (void)len; (void)out;
+  return dt__data_compiled_out("dt_npy_parse");
+}
+DTRAIN_API dt_result dt_npy_read(const char *path, dt_npy *out) {
+  (void)path; (void)out;
+  return dt__data_compiled_out("dt_npy_read");
+}
+DTRAIN_API dt_result dt_npy_encode(void *buf, size_t cap, size_t *len, dt_npy_dtype dtype, int ndim,
+                                   const int64_t *shape, const void *data) {
+  (void)buf; (void)cap; (void)len; (void)dtype; (void)ndim; (void)shape; (void)data;
+  return dt__data_compiled_out("dt_npy_encode");
+}
+DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim, const int64_t *shape,
+                                  const void *data) {
+  (void)path; (void)dtype; (void)ndim; (void)shape; (void)data;
+  return dt__data_compiled_out("dt_npy_write");
+}
+DTRAIN_API dt_dataset *dt_dataset_from_arrays(const dt_npy *x, const dt_npy *y, unsigned flags) {
+  (void)x; (void)y; (void)flags;
+  dt__data_compiled_out("dt_dataset_from_arrays");
+  return NULL;
+}
+DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags) {
+  (void)x; (void)y; (void)flags;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_from_npy");
+}
+
+#endif /* DTRAIN_NO_DATA */
 /* ======== end dt_data_npy.c ======== */
 
 /* ======== begin dt_data_text.c ======== */
@@ -15469,6 +15753,8 @@ DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, cons
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_data_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
 /* ---- CSV ------------------------------------------------------------------------------------------ */
 
@@ -15741,6 +16027,54 @@ DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end
   }
   return DTRAIN_OK;
 }
+
+#else /* DTRAIN_NO_DATA: every entry point says so */
+
+DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
+  (void)text; (void)len; (void)desc;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_parse_csv");
+}
+DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
+  (void)path; (void)desc;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_read_csv");
+}
+DTRAIN_API dt_dataset *dt_dataset_from_csv(const char *text, size_t len, const dt_csv_options *opts) {
+  (void)text; (void)len; (void)opts;
+  dt__data_compiled_out("dt_dataset_from_csv");
+  return NULL;
+}
+DTRAIN_API dt_dataset *dt_dataset_load_csv(const char *path, const dt_csv_options *opts) {
+  (void)path; (void)opts;
+  dt__data_compiled_out("dt_dataset_load_csv");
+  return NULL;
+}
+DTRAIN_API void dt_text_free(dt_text *t) { (void)t; }
+DTRAIN_API dt_result dt_text_parse(const void *buf, size_t len, dt_text *out) {
+  (void)buf; (void)len; (void)out;
+  return dt__data_compiled_out("dt_text_parse");
+}
+DTRAIN_API dt_result dt_text_read(const char *path, dt_text *out) {
+  (void)path; (void)out;
+  return dt__data_compiled_out("dt_text_read");
+}
+DTRAIN_API dt_result dt_text_encode(const dt_text *t, const char *s, size_t len, int32_t *ids) {
+  (void)t; (void)s; (void)len; (void)ids;
+  return dt__data_compiled_out("dt_text_encode");
+}
+DTRAIN_API dt_result dt_text_decode(const dt_text *t, const int32_t *ids, int64_t n, char *out, size_t cap) {
+  (void)t; (void)ids; (void)n;
+  if (out && cap) out[0] = 0;
+  return dt__data_compiled_out("dt_text_decode");
+}
+DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end, dt_rng *rng, int64_t batch,
+                                    int64_t seq_len, int32_t *x, int32_t *y) {
+  (void)t; (void)begin; (void)end; (void)rng; (void)batch; (void)seq_len; (void)x; (void)y;
+  return dt__data_compiled_out("dt_text_sample");
+}
+
+#endif /* DTRAIN_NO_DATA */
 /* ======== end dt_data_text.c ======== */
 
 /* ======== begin dt_memory.c ======== */
@@ -16816,6 +17150,15 @@ DTRAIN_API dt_comm *dt_comm_create_threads(int world, int spin_us) {
     dt__error(DTRAIN_ERR_INVALID_ARG, "dt_comm_create_threads: world %d outside [1, 256]", world);
     return NULL;
   }
+#if defined(DTRAIN_NO_DIST)
+  /* Only the communicator of one rank stays: one_device's step runs on it,
+   * where every collective is a no-op. */
+  if (world > 1) {
+    dt__error(DTRAIN_ERR_UNSUPPORTED,
+              "dt_comm_create_threads: world %d: communicators are compiled out (DTRAIN_NO_DIST)", world);
+    return NULL;
+  }
+#endif
 #if defined(DTRAIN_NO_THREADS)
   if (world > 1) {
     dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_threads: world %d needs threads (built with DTRAIN_NO_THREADS)",
@@ -16966,6 +17309,8 @@ DTRAIN_API void dt_comm_reset_stats(dt_comm *c) {
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST) /* the whole file; the stubs at the end stand in without it */
 
 struct dt_device_group {
   int n;
@@ -17211,6 +17556,30 @@ DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const 
   }
   return dt__devgroup_sync_all(g, fn);
 }
+
+#else /* DTRAIN_NO_DIST: every entry point says so */
+
+DTRAIN_API const char *dt_device_group_method(const dt_device_group *g) {
+  (void)g;
+  return "none";
+}
+DTRAIN_API void dt_device_group_destroy(dt_device_group *g) { (void)g; }
+DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n, size_t count) {
+  (void)devs; (void)n; (void)count;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_device_group_create: compiled out (DTRAIN_NO_DIST)");
+  return NULL;
+}
+DTRAIN_API dt_result dt_device_group_allreduce(dt_device_group *g, float *const *bufs) {
+  (void)g; (void)bufs;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_device_group_allreduce: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const *bufs, size_t begin, size_t end,
+                                               int root) {
+  (void)g; (void)bufs; (void)begin; (void)end; (void)root;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_device_group_broadcast: compiled out (DTRAIN_NO_DIST)");
+}
+
+#endif /* DTRAIN_NO_DIST */
 /* ======== end dt_devgroup.c ======== */
 
 /* ======== begin dt_pstore.c ======== */
@@ -17239,6 +17608,8 @@ DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const 
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST) /* the whole file; the stubs at the end stand in without it */
 
 
 /* ---- the in-process parameter store --------------------------------------------------- */
@@ -17502,6 +17873,39 @@ DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
 }
 
 #undef DT__PSTORE_DONE
+
+#else /* DTRAIN_NO_DIST: every entry point says so */
+
+DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
+                                             dt_async_update update, int spin_us) {
+  (void)data; (void)n; (void)workers; (void)max_staleness; (void)update; (void)spin_us;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_create_local: compiled out (DTRAIN_NO_DIST)");
+  return NULL;
+}
+/* Nothing can have made a store: the calls without a result do nothing. */
+DTRAIN_API void dt_pstore_destroy(dt_pstore *ps) { (void)ps; }
+DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                    dt_pstore_ticket *tk) {
+  (void)ps; (void)worker; (void)clock; (void)dst; (void)n; (void)tk;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_pull: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                    dt_pstore_ticket *tk) {
+  (void)ps; (void)worker; (void)clock; (void)delta; (void)n; (void)tk;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_push: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) { (void)ps; (void)worker; }
+DTRAIN_API void dt_pstore_abort(dt_pstore *ps) { (void)ps; }
+DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps) {
+  (void)ps;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_begin: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
+  (void)ps;
+  return 0;
+}
+
+#endif /* DTRAIN_NO_DIST */
 /* ======== end dt_pstore.c ======== */
 
 /* ======== begin dt_strategy_impl.h ======== */
@@ -17696,6 +18100,17 @@ struct dt__strategy_module {
 DT__STRATEGY_MODULES(DT__STRATEGY_DECLARE)
 #undef DT__STRATEGY_DECLARE
 
+#if defined(DTRAIN_NO_DIST)
+/* DTRAIN_NO_DIST: every kind but one_device is compiled out. Its module
+ * keeps its name and flags (dt_strategy_parse, dt_strategy_kind_name and the
+ * messages still know it) and only a prepare hook, which fails: the first
+ * check of dt_strategy_create says the kind is compiled out. */
+DTRAIN_PRIVATE dt_result dt__strategy_compiled_out(dt_strategy_desc *d);
+#  define DT__STRATEGY_COMPILED_OUT(var, name, flags)                                                   \
+    static const dt__strategy_module var = {name, flags, dt__strategy_compiled_out, NULL, NULL, NULL, NULL, \
+                                            NULL, NULL, NULL, NULL, NULL, NULL, NULL}
+#endif
+
 /* ---- shared helpers (dt_strategy.c) ------------------------------------------------------ */
 
 /* A desc with only kind, replicas and max_staleness set (the one-line choices). */
@@ -17754,9 +18169,11 @@ DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, 
 DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
 
 /* ---- the async family (dt_strategy_async.c) ----------------------------------------------- */
+#if !defined(DTRAIN_NO_DIST) /* compiled out with the kinds that use it */
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);
+#endif
 
 /* ---- the synchronous step through a centre (dt_strategy_central.c; also one_device's) ------- */
 DTRAIN_PRIVATE void dt__strategy_central_job(dt_strategy *s, int r);
@@ -18267,6 +18684,13 @@ DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, 
   return dt_graph_bind(R->g, R->data, R->grad);
 }
 
+#if defined(DTRAIN_NO_DIST)
+DTRAIN_PRIVATE dt_result dt__strategy_compiled_out(dt_strategy_desc *d) {
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_strategy_create: %s is compiled out (DTRAIN_NO_DIST); use one_device",
+                   dt_strategy_kind_name(d->kind));
+}
+#endif
+
 /* The common rules of a desc, and the kind's (its flags and hooks), in an
  * order that decides which error a desc with several gets. Fills defaults. */
 static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy_module **out) {
@@ -18618,6 +19042,8 @@ DTRAIN_API dt_strategy_options dt_strategy_mirrored(int replicas) {
 /* Deprecated name, removed in the next release. */
 DTRAIN_API dt_strategy_options dt_mirrored(int replicas) { return dt_strategy_mirrored(replicas); }
 
+#if !defined(DTRAIN_NO_DIST)
+
 /* Replica 0 trains the params' buffers; the others their own copies. */
 static dt_result dt__mirrored_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, r > 0, r > 0, NULL); }
 
@@ -18670,6 +19096,10 @@ static const dt__strategy_module dt__mirrored_module = {
   NULL                  /* destroy */
 };
 
+#else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
+DT__STRATEGY_COMPILED_OUT(dt__mirrored_module, "mirrored", DT__STRATEGY_SYNC | DT__STRATEGY_DEVICES);
+#endif /* DTRAIN_NO_DIST */
+
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mirrored_module(void) { return &dt__mirrored_module; }
 /* ======== end dt_strategy_mirrored.c ======== */
 
@@ -18697,9 +19127,11 @@ DTRAIN_API dt_strategy_options dt_strategy_central_storage(int replicas) {
 /* Deprecated name, removed in the next release. */
 DTRAIN_API dt_strategy_options dt_central_storage(int replicas) { return dt_strategy_central_storage(replicas); }
 
+#if !defined(DTRAIN_NO_DIST)
 /* A private copy of the centre only when buffers need one; replicas
  * other than 0 sum into their own gradient. */
 static dt_result dt__central_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, s->nbufr > 0, r > 0, NULL); }
+#endif
 
 DTRAIN_PRIVATE void dt__strategy_central_job(dt_strategy *s, int r) {
   dt__strategy_replica *R = &s->rep[r];
@@ -18728,6 +19160,7 @@ done:
   R->wait_s += dt__strategy_comm_wait(s, r) - w0;
 }
 
+#if !defined(DTRAIN_NO_DIST) /* the job above stays: one_device runs it */
 static const dt__strategy_module dt__central_module = {
   "central_storage",
   DT__STRATEGY_SYNC,
@@ -18744,6 +19177,10 @@ static const dt__strategy_module dt__central_module = {
   NULL,                     /* dev_exchange */
   NULL                      /* destroy */
 };
+
+#else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
+DT__STRATEGY_COMPILED_OUT(dt__central_module, "central_storage", DT__STRATEGY_SYNC);
+#endif /* DTRAIN_NO_DIST */
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_central_module(void) { return &dt__central_module; }
 /* ======== end dt_strategy_central.c ======== */
@@ -18769,6 +19206,8 @@ DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness
 DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
   return dt_strategy_async(replicas, max_staleness);
 }
+
+#if !defined(DTRAIN_NO_DIST) /* the module and the async family's replica loop */
 
 /* The store over the params' data: replicas pull from it and push to it. */
 static dt_result dt__async_create(dt_strategy *s) {
@@ -18956,6 +19395,10 @@ static const dt__strategy_module dt__async_module = {
   NULL                    /* destroy: the store goes with own_pstore */
 };
 
+#else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
+DT__STRATEGY_COMPILED_OUT(dt__async_module, "async", 0);
+#endif /* DTRAIN_NO_DIST */
+
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_async_module(void) { return &dt__async_module; }
 /* ======== end dt_strategy_async.c ======== */
 
@@ -18981,6 +19424,8 @@ DTRAIN_API dt_strategy_options dt_strategy_parameter_server(dt_pstore *store, in
 DTRAIN_API dt_strategy_options dt_parameter_server(dt_pstore *store, int max_staleness) {
   return dt_strategy_parameter_server(store, max_staleness);
 }
+
+#if !defined(DTRAIN_NO_DIST)
 
 /* The store decides: one replica (this worker), its max_staleness. */
 static dt_result dt__ps_prepare(dt_strategy_desc *d) {
@@ -19043,6 +19488,10 @@ static const dt__strategy_module dt__ps_module = {
   NULL                    /* destroy: the store is the user's */
 };
 
+#else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
+DT__STRATEGY_COMPILED_OUT(dt__ps_module, "parameter_server", 0);
+#endif /* DTRAIN_NO_DIST */
+
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_ps_module(void) { return &dt__ps_module; }
 /* ======== end dt_strategy_ps.c ======== */
 
@@ -19076,6 +19525,8 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_ps_module(void) { return 
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
+#if !defined(DTRAIN_NO_DIST)
+
 /* Floats after the gradient in the cross-process buffer:
  * [0, 1] global rows (hi + lo), [2, 3] loss sum (hi + lo),
  * [4] ranks that failed locally, [5] sum of (failed rank + 1). */
@@ -19091,6 +19542,9 @@ typedef struct dt__mwm {
 
 static dt__mwm *dt__mwm_of(dt_strategy *s) { return (dt__mwm *)s->kind_state; }
 
+#endif /* DTRAIN_NO_DIST */
+
+/* An options struct is plain data: it stays in every build. */
 DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, int replicas) {
   dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED, replicas, 0);
   d.comm = comm;
@@ -19100,6 +19554,8 @@ DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, 
 DTRAIN_API dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
   return dt_strategy_multi_worker_mirrored(comm, replicas);
 }
+
+#if !defined(DTRAIN_NO_DIST)
 
 static dt_result dt__mwm_check(const dt_strategy_desc *d) {
   const char *fn = "dt_strategy_create";
@@ -19338,6 +19794,11 @@ static const dt__strategy_module dt__mwm_module = {
   dt__mwm_destroy       /* destroy */
 };
 
+#else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
+DT__STRATEGY_COMPILED_OUT(dt__mwm_module, "multi_worker_mirrored",
+                          DT__STRATEGY_SYNC | DT__STRATEGY_DEVICES | DT__STRATEGY_ROW_SUMS);
+#endif /* DTRAIN_NO_DIST */
+
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mwm_module(void) { return &dt__mwm_module; }
 
 #undef DT__MWM_TAIL
@@ -19541,6 +20002,8 @@ DTRAIN_PRIVATE void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps) 
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_json.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST) /* the whole file; the stubs at the end stand in without it */
 
 #define DT__CLUSTER_MAX_DEPTH 32  /* nesting of arrays/objects in DTRAIN_CONFIG */
 #define DT__CLUSTER_ADDR_MAX 255  /* longest "host:port" */
@@ -20259,6 +20722,46 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
 #undef DT__CLUSTER_MEMBERS
 #undef DT__CLUSTER_ADDR_MAX
 #undef DT__CLUSTER_DEFAULT_PORT
+
+#else /* DTRAIN_NO_DIST: every entry point says so */
+
+DTRAIN_API void dt_cluster_destroy(dt_cluster *c) { (void)c; }
+DTRAIN_API dt_result dt_cluster_parse_json(const char *json, dt_cluster **out) {
+  (void)json;
+  if (out) *out = NULL;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_parse_json: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_result dt_cluster_from_env(dt_cluster **out) {
+  if (out) *out = NULL;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_from_env: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_result dt_cluster_from_args(int *argc, char **argv, dt_cluster **out) {
+  (void)argc; (void)argv;
+  if (out) *out = NULL;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_from_args: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_result dt_cluster_discover(int *argc, char **argv, dt_cluster **out) {
+  (void)argc; (void)argv;
+  if (out) *out = NULL;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_discover: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c) {
+  (void)c;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_clone: compiled out (DTRAIN_NO_DIST)");
+  return NULL;
+}
+DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap) {
+  (void)c; (void)role; (void)index;
+  if (buf && cap) buf[0] = 0;
+  return buf;
+}
+DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t cap) {
+  (void)c;
+  if (buf && cap) buf[0] = 0;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_to_json: compiled out (DTRAIN_NO_DIST)");
+}
+
+#endif /* DTRAIN_NO_DIST */
 /* ======== end dt_cluster.c ======== */
 
 /* ======== begin dt_wire.h ======== */
@@ -20324,6 +20827,9 @@ typedef struct dt__frame {
   uint32_t length, checksum;
 } dt__frame;
 
+/* DTRAIN_NO_DIST compiles these functions out with the network layer, and
+ * their declarations too: gcc warns of a static declared but never defined. */
+#if !defined(DTRAIN_NO_DIST)
 /* ---- byte order: the shared helpers of dt_internal.h -------------------------------------------
  * Every multi-byte field on the wire and in a shard checkpoint is
  * little-endian, written byte by byte (never a struct copied): dt__put_le32,
@@ -20356,6 +20862,8 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
 /* 1 when the payload matches the checksum (or the frame does not cover it). */
 DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], const dt__frame *f, const void *payload);
 
+#endif /* DTRAIN_NO_DIST */
+
 #endif /* DTRAIN_WIRE_H */
 /* ======== end dt_wire.h ======== */
 
@@ -20385,6 +20893,8 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_wire.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST) /* the whole file: only the network layer uses it */
 
 /* ---- CRC-32C (Castagnoli), four bits at a time: it only covers headers and control frames ---- */
 
@@ -20511,6 +21021,8 @@ DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char 
   for (size_t i = 0; i < n; i++) d |= (unsigned)(a[i] ^ b[i]);
   return d == 0;
 }
+
+#endif /* DTRAIN_NO_DIST */
 /* ======== end dt_hash.c ======== */
 
 /* ======== begin dt_frame.c ======== */
@@ -20538,6 +21050,8 @@ DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char 
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_wire.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST) /* the whole file: only the network layer uses it */
 
 DTRAIN_PRIVATE void dt__frame_pack(unsigned char h[DT__NET_HDR], uint16_t type, uint64_t job, uint32_t sender,
                                    uint64_t seq, const void *payload, uint32_t length) {
@@ -20626,6 +21140,8 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
   }
   return crc == f->checksum;
 }
+
+#endif /* DTRAIN_NO_DIST */
 /* ======== end dt_frame.c ======== */
 
 /* ======== begin dt_net_core.h ======== */
@@ -20733,10 +21249,12 @@ typedef struct dt__net_self {
   uint32_t id;           /* dt__net_id(role, index) */
 } dt__net_self;
 
+#if !defined(DTRAIN_NO_DIST)
 DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index);
 /* Fill self from the cluster and options (NULL: defaults); job id from the
  * options or a hash of the cluster's addresses. */
 DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o);
+#endif /* DTRAIN_NO_DIST */
 #ifndef DTRAIN_NO_NET
 /* This process's listening socket: options.listen_fd, or bind its own address from the cluster. */
 DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd);
@@ -20785,6 +21303,8 @@ DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n);
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_net_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST) /* the peers' identity and set-up; only dt_net_defaults stays (plain values) */
 
 DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index) {
   return role == DTRAIN_ROLE_PS ? DT__NET_SERVER_ID0 + (uint32_t)index : (uint32_t)index;
@@ -20856,6 +21376,8 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
 }
 
 #endif /* DTRAIN_NO_NET */
+
+#endif /* DTRAIN_NO_DIST */
 
 /* ---- defaults ------------------------------------------------------------------------------ */
 DTRAIN_API dt_net_options dt_net_defaults(void) {
@@ -23089,7 +23611,9 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options
   (void)c;
   (void)o;
   dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_tcp: networking is not compiled in (%s)",
-#  if defined(DTRAIN_NO_NET)
+#  if defined(DTRAIN_NO_DIST)
+            "DTRAIN_NO_DIST"
+#  elif defined(DTRAIN_NO_NET)
             "DTRAIN_NO_NET"
 #  else
             "DTRAIN_NO_THREADS"
@@ -23488,6 +24012,7 @@ static DT__UNUSED dt_result dt__ps_prefix(dt_result rc, const char *a, const cha
 }
 
 /* ---- the shard (dt_ps_shard.c; also without networking) ----------------------------------- */
+#if !defined(DTRAIN_NO_DIST)
 /* Floats of server s's shard (owner: dt_ps_shard's assignment). */
 DTRAIN_PRIVATE size_t dt__ps_shard_floats(const dt_params *p, const int *owner, int s);
 /* FNV-1a over the shard's parameter ranges, the params' size and the server count. */
@@ -23495,6 +24020,7 @@ DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner,
 /* The shard of a full-layout buffer to little-endian bytes, and back. */
 DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out);
 DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full);
+#endif /* DTRAIN_NO_DIST */
 
 #if !defined(DTRAIN_NO_NET)
 /* ---- the server's state (dt_ps_server.c) ----------------------------------------------------- */
@@ -23587,6 +24113,8 @@ DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S);
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_ps_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST) /* the whole file; the stubs at the end stand in without it */
 
 DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of) {
   const char *fn = "dt_ps_shard";
@@ -23690,6 +24218,15 @@ DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, 
     off += e - b;
   }
 }
+
+#else /* DTRAIN_NO_DIST: every entry point says so */
+
+DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of) {
+  (void)p; (void)servers; (void)server_of;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_ps_shard: compiled out (DTRAIN_NO_DIST)");
+}
+
+#endif /* DTRAIN_NO_DIST */
 /* ======== end dt_ps_shard.c ======== */
 
 /* ======== begin dt_ps_ckpt.c ======== */
@@ -24444,7 +24981,11 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
   (void)opt;
   (void)o;
   (void)po;
+#  if defined(DTRAIN_NO_DIST)
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_ps_serve: compiled out (DTRAIN_NO_DIST)");
+#  else
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_ps_serve: networking is not compiled in (DTRAIN_NO_NET)");
+#  endif
 }
 
 #endif /* DTRAIN_NO_NET */
@@ -24867,7 +25408,11 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
   (void)params;
   (void)o;
   (void)max_staleness;
+#  if defined(DTRAIN_NO_DIST)
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_create_tcp: compiled out (DTRAIN_NO_DIST)");
+#  else
   dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_create_tcp: networking is not compiled in (DTRAIN_NO_NET)");
+#  endif
   return NULL;
 }
 

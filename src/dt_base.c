@@ -309,6 +309,15 @@ DTRAIN_API unsigned dt_build_features(void) {
 #ifndef DTRAIN_NO_MALLOC
   f |= DTRAIN_FEATURE_MALLOC;
 #endif
+#ifndef DTRAIN_NO_DIST
+  f |= DTRAIN_FEATURE_DIST;
+#endif
+#ifndef DTRAIN_NO_DATA
+  f |= DTRAIN_FEATURE_DATA;
+#endif
+#ifndef DTRAIN_NO_FIT
+  f |= DTRAIN_FEATURE_FIT;
+#endif
   return f;
 }
 
@@ -368,11 +377,26 @@ DTRAIN_API unsigned dt_build_features(void) {
 #else
 #  define DT__B_DEBUG "no"
 #endif
+#ifndef DTRAIN_NO_DIST
+#  define DT__B_DIST "yes"
+#else
+#  define DT__B_DIST "no"
+#endif
+#ifndef DTRAIN_NO_DATA
+#  define DT__B_DATA "yes"
+#else
+#  define DT__B_DATA "no"
+#endif
+#ifndef DTRAIN_NO_FIT
+#  define DT__B_FIT "yes"
+#else
+#  define DT__B_FIT "no"
+#endif
 
 DTRAIN_API const char *dt_build_info(void) {
   return "dtrain " DTRAIN_VERSION_STRING " (" DT__COMPILER DT__LANG ") threads=" DT__B_THREADS " net=" DT__B_NET
          " stdio=" DT__B_STDIO " cblas=" DT__B_CBLAS " simd=" DT__B_SIMD " mpi=" DT__B_MPI " zlib=" DT__B_ZLIB
-         " debug=" DT__B_DEBUG;
+         " debug=" DT__B_DEBUG " dist=" DT__B_DIST " data=" DT__B_DATA " fit=" DT__B_FIT;
 }
 #undef DT__COMPILER
 #undef DT__LANG
@@ -384,6 +408,9 @@ DTRAIN_API const char *dt_build_info(void) {
 #undef DT__B_MPI
 #undef DT__B_ZLIB
 #undef DT__B_DEBUG
+#undef DT__B_DIST
+#undef DT__B_DATA
+#undef DT__B_FIT
 
 /* Timings subtract two readings, so the clock must not step when NTP or an
  * administrator sets the time: CLOCK_MONOTONIC where POSIX has it. */

@@ -33,6 +33,20 @@
 #if defined(DTRAIN_NO_THREADS) && defined(DTRAIN_USE_MPI)
 #  error "dtrain: DTRAIN_USE_MPI needs threads; remove DTRAIN_NO_THREADS or DTRAIN_USE_MPI"
 #endif
+#if defined(DTRAIN_NO_DIST) && defined(DTRAIN_USE_MPI)
+#  error "dtrain: DTRAIN_USE_MPI is a distributed backend; remove DTRAIN_NO_DIST or DTRAIN_USE_MPI"
+#endif
+#if defined(DTRAIN_NO_DATA) && defined(DTRAIN_USE_ZLIB)
+#  error "dtrain: DTRAIN_USE_ZLIB serves the data loaders; remove DTRAIN_NO_DATA or DTRAIN_USE_ZLIB"
+#endif
+/* Edge builds: DTRAIN_NO_DIST leaves out every distributed part (the
+ * communicators but one_device's in-process one of world 1, the strategies
+ * but one_device, the parameter stores and servers, the cluster parser and
+ * the whole network layer), so it implies DTRAIN_NO_NET: the sockets' own
+ * guards then apply and dt_build_features() reports no network. */
+#if defined(DTRAIN_NO_DIST) && !defined(DTRAIN_NO_NET)
+#  define DTRAIN_NO_NET
+#endif
 #if defined(DTRAIN_NO_NET) && defined(DTRAIN_USE_MPI)
 #  error "dtrain: DTRAIN_USE_MPI is a network backend; remove DTRAIN_NO_NET or DTRAIN_USE_MPI"
 #endif
@@ -176,11 +190,15 @@ DTRAIN_API void dt_set_logger(dt_log_fn fn, void *user, dt_log_level max_level);
 #define DTRAIN_FEATURE_ZLIB    0x40u
 #define DTRAIN_FEATURE_DEBUG   0x80u
 #define DTRAIN_FEATURE_MALLOC  0x100u /* the built-in allocator may call malloc (not DTRAIN_NO_MALLOC) */
+#define DTRAIN_FEATURE_DIST    0x200u /* strategies beyond one_device, communicators, networking (not DTRAIN_NO_DIST) */
+#define DTRAIN_FEATURE_DATA    0x400u /* the data loaders: IDX/gzip, CSV, NPY, text, datasets (not DTRAIN_NO_DATA) */
+#define DTRAIN_FEATURE_FIT     0x800u /* dt_fit, its progress output, CSV and SVG chart (not DTRAIN_NO_FIT) */
 
 /* Bit set of DTRAIN_FEATURE_* compiled into the implementation. */
 DTRAIN_API unsigned dt_build_features(void);
 /* One line: version, compiler and features, e.g.
- * "dtrain 0.1.0 (gcc 12.2) threads=yes net=yes stdio=yes cblas=no ...". Static storage. */
+ * "dtrain 0.1.0 (gcc 12.2) threads=yes net=yes stdio=yes cblas=no ... dist=yes data=yes fit=yes".
+ * Static storage. */
 DTRAIN_API const char *dt_build_info(void);
 
 /* ---- RNG: xoshiro256** seeded by splitmix64; same numbers on every platform. */

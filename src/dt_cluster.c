@@ -30,6 +30,8 @@
 #include "dt_params_internal.h"
 #include "dt_json.h"
 
+#if !defined(DTRAIN_NO_DIST) /* the whole file; the stubs at the end stand in without it */
+
 #define DT__CLUSTER_MAX_DEPTH 32  /* nesting of arrays/objects in DTRAIN_CONFIG */
 #define DT__CLUSTER_ADDR_MAX 255  /* longest "host:port" */
 #define DT__CLUSTER_DEFAULT_PORT 29500
@@ -747,3 +749,43 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
 #undef DT__CLUSTER_MEMBERS
 #undef DT__CLUSTER_ADDR_MAX
 #undef DT__CLUSTER_DEFAULT_PORT
+
+#else /* DTRAIN_NO_DIST: every entry point says so */
+
+DTRAIN_API void dt_cluster_destroy(dt_cluster *c) { (void)c; }
+DTRAIN_API dt_result dt_cluster_parse_json(const char *json, dt_cluster **out) {
+  (void)json;
+  if (out) *out = NULL;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_parse_json: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_result dt_cluster_from_env(dt_cluster **out) {
+  if (out) *out = NULL;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_from_env: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_result dt_cluster_from_args(int *argc, char **argv, dt_cluster **out) {
+  (void)argc; (void)argv;
+  if (out) *out = NULL;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_from_args: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_result dt_cluster_discover(int *argc, char **argv, dt_cluster **out) {
+  (void)argc; (void)argv;
+  if (out) *out = NULL;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_discover: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c) {
+  (void)c;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_clone: compiled out (DTRAIN_NO_DIST)");
+  return NULL;
+}
+DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap) {
+  (void)c; (void)role; (void)index;
+  if (buf && cap) buf[0] = 0;
+  return buf;
+}
+DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t cap) {
+  (void)c;
+  if (buf && cap) buf[0] = 0;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_cluster_to_json: compiled out (DTRAIN_NO_DIST)");
+}
+
+#endif /* DTRAIN_NO_DIST */

@@ -283,6 +283,15 @@ DTRAIN_API dt_comm *dt_comm_create_threads(int world, int spin_us) {
     dt__error(DTRAIN_ERR_INVALID_ARG, "dt_comm_create_threads: world %d outside [1, 256]", world);
     return NULL;
   }
+#if defined(DTRAIN_NO_DIST)
+  /* Only the communicator of one rank stays: one_device's step runs on it,
+   * where every collective is a no-op. */
+  if (world > 1) {
+    dt__error(DTRAIN_ERR_UNSUPPORTED,
+              "dt_comm_create_threads: world %d: communicators are compiled out (DTRAIN_NO_DIST)", world);
+    return NULL;
+  }
+#endif
 #if defined(DTRAIN_NO_THREADS)
   if (world > 1) {
     dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_threads: world %d needs threads (built with DTRAIN_NO_THREADS)",

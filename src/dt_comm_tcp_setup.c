@@ -324,7 +324,9 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options
   (void)c;
   (void)o;
   dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_create_tcp: networking is not compiled in (%s)",
-#  if defined(DTRAIN_NO_NET)
+#  if defined(DTRAIN_NO_DIST)
+            "DTRAIN_NO_DIST"
+#  elif defined(DTRAIN_NO_NET)
             "DTRAIN_NO_NET"
 #  else
             "DTRAIN_NO_THREADS"

@@ -22,6 +22,8 @@
 #include "dt_params_internal.h"
 #include "dt_data_core.h"
 
+#if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
+
 #ifndef DTRAIN_NO_STDIO
 #  include <errno.h>
 #endif
@@ -482,3 +484,91 @@ DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
   if (!l) return 0;
   return l->drop_last ? l->shard_n / l->batch_size : (l->shard_n + l->batch_size - 1) / l->batch_size;
 }
+
+#else /* DTRAIN_NO_DATA: every entry point says so */
+
+/* One message for every entry point of the compiled-out loaders (declared in dt_data_core.h). */
+DTRAIN_PRIVATE dt_result dt__data_compiled_out(const char *fn) {
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the data loaders are compiled out (DTRAIN_NO_DATA)", fn);
+}
+
+DTRAIN_API dt_result dt_read_file(const char *path, dt_bytes *out) {
+  (void)path; (void)out;
+  return dt__data_compiled_out("dt_read_file");
+}
+DTRAIN_API dt_result dt_read_file_gz(const char *path, dt_bytes *out) {
+  (void)path; (void)out;
+  return dt__data_compiled_out("dt_read_file_gz");
+}
+/* Nothing can have made a dataset or a loader: destroying one is a no-op. */
+DTRAIN_API void dt_dataset_destroy(dt_dataset *ds) { (void)ds; }
+DTRAIN_API dt_result dt_dataset_create(dt_dataset **out, int64_t n, int ndim, const int64_t *sample_shape,
+                                       int with_labels) {
+  (void)n; (void)ndim; (void)sample_shape; (void)with_labels;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_create");
+}
+DTRAIN_API dt_dataset *dt_dataset_new(int64_t n, int ndim, const int64_t *sample_shape, int with_labels) {
+  (void)n; (void)ndim; (void)sample_shape; (void)with_labels;
+  dt__data_compiled_out("dt_dataset_new");
+  return NULL;
+}
+DTRAIN_API dt_dataset *dt_dataset_select(const dt_dataset *ds, const int64_t *idx, int64_t count) {
+  (void)ds; (void)idx; (void)count;
+  dt__data_compiled_out("dt_dataset_select");
+  return NULL;
+}
+DTRAIN_API dt_result dt_dataset_subset(const dt_dataset *ds, const int64_t *idx, int64_t count, dt_dataset **out) {
+  (void)ds; (void)idx; (void)count;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_subset");
+}
+DTRAIN_API dt_result dt_dataset_split(const dt_dataset *ds, double val_fraction, uint64_t seed, dt_dataset **train,
+                                      dt_dataset **val) {
+  (void)ds; (void)val_fraction; (void)seed;
+  if (train) *train = NULL;
+  if (val) *val = NULL;
+  return dt__data_compiled_out("dt_dataset_split");
+}
+DTRAIN_API dt_result dt_dataset_reshape(dt_dataset *ds, int ndim, const int64_t *sample_shape) {
+  (void)ds; (void)ndim; (void)sample_shape;
+  return dt__data_compiled_out("dt_dataset_reshape");
+}
+DTRAIN_API void dt_loader_destroy(dt_loader *l) { (void)l; }
+DTRAIN_API dt_result dt_loader_create(dt_loader **out, const dt_dataset *ds, const dt_loader_desc *desc) {
+  (void)ds; (void)desc;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_loader_create");
+}
+DTRAIN_API dt_loader *dt_loader_new(const dt_dataset *ds, const dt_loader_options *opts) {
+  (void)ds; (void)opts;
+  dt__data_compiled_out("dt_loader_new");
+  return NULL;
+}
+DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index) {
+  (void)l; (void)epoch; (void)index;
+  return -1;
+}
+DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
+  (void)l; (void)b;
+  return (int)dt__data_compiled_out("dt_loader_next");
+}
+DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index) {
+  (void)l;
+  if (epoch) *epoch = 0;
+  if (index) *index = 0;
+}
+DTRAIN_API dt_result dt_loader_set_position(dt_loader *l, int64_t epoch, int64_t index) {
+  (void)l; (void)epoch; (void)index;
+  return dt__data_compiled_out("dt_loader_set_position");
+}
+DTRAIN_API int64_t dt_loader_num_samples(const dt_loader *l) {
+  (void)l;
+  return 0;
+}
+DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
+  (void)l;
+  return 0;
+}
+
+#endif /* DTRAIN_NO_DATA */

@@ -13,6 +13,7 @@
 
 #define DT__DATA_CTX 384 /* a message prefix: "<function>: '<path>'" */
 
+#if !defined(DTRAIN_NO_DATA) /* declared only where defined: gcc warns of a static never defined */
 /* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
 DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
                                         dt_bytes *out);
@@ -29,5 +30,10 @@ DTRAIN_PRIVATE dt_result dt__data_ds_new(const char *who, dt_dataset **out, int6
                                          int with_labels);
 /* Labels must be >= 0; sets num_classes to max + 1. */
 DTRAIN_PRIVATE dt_result dt__data_set_classes(const char *who, dt_dataset *ds);
+
+#else
+/* "fn: the data loaders are compiled out (DTRAIN_NO_DATA)" as the error (dt_data.c's stubs). */
+DTRAIN_PRIVATE dt_result dt__data_compiled_out(const char *fn);
+#endif
 
 #endif /* DTRAIN_DATA_CORE_H */

@@ -20,6 +20,8 @@
 #include "dt_params_internal.h"
 #include "dt_data_core.h"
 
+#if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
+
 #define DT__DATA_FM_SYSTEM "/usr/share/datasets/fashion-mnist"
 #define DT__DATA_FM_SHIPPED "data/fashion-mnist"
 
@@ -304,3 +306,50 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
 
 #undef DT__DATA_FM_SYSTEM
 #undef DT__DATA_FM_SHIPPED
+
+#else /* DTRAIN_NO_DATA: every entry point says so */
+
+DTRAIN_API void dt_idx_free(dt_idx *a) { (void)a; }
+DTRAIN_API dt_result dt_idx_parse(const void *buf, size_t len, dt_idx *out) {
+  (void)buf; (void)len; (void)out;
+  return dt__data_compiled_out("dt_idx_parse");
+}
+DTRAIN_API dt_result dt_idx_read(const char *path, dt_idx *out) {
+  (void)path; (void)out;
+  return dt__data_compiled_out("dt_idx_read");
+}
+DTRAIN_API dt_result dt_dataset_parse_idx(dt_dataset **out, const void *images, size_t images_len, const void *labels,
+                                          size_t labels_len, unsigned flags) {
+  (void)images; (void)images_len; (void)labels; (void)labels_len; (void)flags;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_parse_idx");
+}
+DTRAIN_API dt_result dt_dataset_read_idx(dt_dataset **out, const char *images_path, const char *labels_path,
+                                         unsigned flags) {
+  (void)images_path; (void)labels_path; (void)flags;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_read_idx");
+}
+DTRAIN_API dt_dataset *dt_dataset_from_idx(const void *images, size_t images_len, const void *labels,
+                                           size_t labels_len, unsigned flags) {
+  (void)images; (void)images_len; (void)labels; (void)labels_len; (void)flags;
+  dt__data_compiled_out("dt_dataset_from_idx");
+  return NULL;
+}
+DTRAIN_API dt_dataset *dt_dataset_load_idx(const char *images_path, const char *labels_path, unsigned flags) {
+  (void)images_path; (void)labels_path; (void)flags;
+  dt__data_compiled_out("dt_dataset_load_idx");
+  return NULL;
+}
+DTRAIN_API dt_result dt_fashion_mnist_find(const char *dir, char *out, size_t cap, int *has_train) {
+  (void)dir; (void)out; (void)cap; (void)has_train;
+  return dt__data_compiled_out("dt_fashion_mnist_find");
+}
+DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, dt_dataset **test) {
+  (void)dir;
+  if (train) *train = NULL;
+  if (test) *test = NULL;
+  return dt__data_compiled_out("dt_fashion_mnist_load");
+}
+
+#endif /* DTRAIN_NO_DATA */

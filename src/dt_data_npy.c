@@ -17,6 +17,8 @@
 #include "dt_params_internal.h"
 #include "dt_data_core.h"
 
+#if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
+
 #ifndef DTRAIN_NO_STDIO
 #  include <errno.h>
 #endif
@@ -421,3 +423,40 @@ DTRAIN_API dt_dataset *dt_dataset_from_arrays(const dt_npy *x, const dt_npy *y, 
 DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags) {
   return dt__data_from_arrays("dt_dataset_from_npy", out, x, y, flags);
 }
+#else /* DTRAIN_NO_DATA: every entry point says so */
+
+DTRAIN_API size_t dt_npy_dtype_size(dt_npy_dtype dtype) {
+  (void)dtype;
+  return 0;
+}
+DTRAIN_API void dt_npy_free(dt_npy *a) { (void)a; }
+DTRAIN_API dt_result dt_npy_parse(const void *buf, size_t len, dt_npy *out) {
+  (void)buf; (void)len; (void)out;
+  return dt__data_compiled_out("dt_npy_parse");
+}
+DTRAIN_API dt_result dt_npy_read(const char *path, dt_npy *out) {
+  (void)path; (void)out;
+  return dt__data_compiled_out("dt_npy_read");
+}
+DTRAIN_API dt_result dt_npy_encode(void *buf, size_t cap, size_t *len, dt_npy_dtype dtype, int ndim,
+                                   const int64_t *shape, const void *data) {
+  (void)buf; (void)cap; (void)len; (void)dtype; (void)ndim; (void)shape; (void)data;
+  return dt__data_compiled_out("dt_npy_encode");
+}
+DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim, const int64_t *shape,
+                                  const void *data) {
+  (void)path; (void)dtype; (void)ndim; (void)shape; (void)data;
+  return dt__data_compiled_out("dt_npy_write");
+}
+DTRAIN_API dt_dataset *dt_dataset_from_arrays(const dt_npy *x, const dt_npy *y, unsigned flags) {
+  (void)x; (void)y; (void)flags;
+  dt__data_compiled_out("dt_dataset_from_arrays");
+  return NULL;
+}
+DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, const dt_npy *y, unsigned flags) {
+  (void)x; (void)y; (void)flags;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_from_npy");
+}
+
+#endif /* DTRAIN_NO_DATA */

@@ -17,6 +17,8 @@
 #include "dt_params_internal.h"
 #include "dt_data_core.h"
 
+#if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
+
 /* ---- CSV ------------------------------------------------------------------------------------------ */
 
 typedef struct dt__data_csv {
@@ -288,3 +290,51 @@ DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end
   }
   return DTRAIN_OK;
 }
+
+#else /* DTRAIN_NO_DATA: every entry point says so */
+
+DTRAIN_API dt_result dt_dataset_parse_csv(dt_dataset **out, const char *text, size_t len, const dt_csv_desc *desc) {
+  (void)text; (void)len; (void)desc;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_parse_csv");
+}
+DTRAIN_API dt_result dt_dataset_read_csv(dt_dataset **out, const char *path, const dt_csv_desc *desc) {
+  (void)path; (void)desc;
+  if (out) *out = NULL;
+  return dt__data_compiled_out("dt_dataset_read_csv");
+}
+DTRAIN_API dt_dataset *dt_dataset_from_csv(const char *text, size_t len, const dt_csv_options *opts) {
+  (void)text; (void)len; (void)opts;
+  dt__data_compiled_out("dt_dataset_from_csv");
+  return NULL;
+}
+DTRAIN_API dt_dataset *dt_dataset_load_csv(const char *path, const dt_csv_options *opts) {
+  (void)path; (void)opts;
+  dt__data_compiled_out("dt_dataset_load_csv");
+  return NULL;
+}
+DTRAIN_API void dt_text_free(dt_text *t) { (void)t; }
+DTRAIN_API dt_result dt_text_parse(const void *buf, size_t len, dt_text *out) {
+  (void)buf; (void)len; (void)out;
+  return dt__data_compiled_out("dt_text_parse");
+}
+DTRAIN_API dt_result dt_text_read(const char *path, dt_text *out) {
+  (void)path; (void)out;
+  return dt__data_compiled_out("dt_text_read");
+}
+DTRAIN_API dt_result dt_text_encode(const dt_text *t, const char *s, size_t len, int32_t *ids) {
+  (void)t; (void)s; (void)len; (void)ids;
+  return dt__data_compiled_out("dt_text_encode");
+}
+DTRAIN_API dt_result dt_text_decode(const dt_text *t, const int32_t *ids, int64_t n, char *out, size_t cap) {
+  (void)t; (void)ids; (void)n;
+  if (out && cap) out[0] = 0;
+  return dt__data_compiled_out("dt_text_decode");
+}
+DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end, dt_rng *rng, int64_t batch,
+                                    int64_t seq_len, int32_t *x, int32_t *y) {
+  (void)t; (void)begin; (void)end; (void)rng; (void)batch; (void)seq_len; (void)x; (void)y;
+  return dt__data_compiled_out("dt_text_sample");
+}
+
+#endif /* DTRAIN_NO_DATA */

@@ -26,6 +26,8 @@
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 
+#if !defined(DTRAIN_NO_DIST) /* the whole file; the stubs at the end stand in without it */
+
 struct dt_device_group {
   int n;
   size_t count;
@@ -270,3 +272,27 @@ DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const 
   }
   return dt__devgroup_sync_all(g, fn);
 }
+
+#else /* DTRAIN_NO_DIST: every entry point says so */
+
+DTRAIN_API const char *dt_device_group_method(const dt_device_group *g) {
+  (void)g;
+  return "none";
+}
+DTRAIN_API void dt_device_group_destroy(dt_device_group *g) { (void)g; }
+DTRAIN_API dt_device_group *dt_device_group_create(dt_device *const *devs, int n, size_t count) {
+  (void)devs; (void)n; (void)count;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_device_group_create: compiled out (DTRAIN_NO_DIST)");
+  return NULL;
+}
+DTRAIN_API dt_result dt_device_group_allreduce(dt_device_group *g, float *const *bufs) {
+  (void)g; (void)bufs;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_device_group_allreduce: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const *bufs, size_t begin, size_t end,
+                                               int root) {
+  (void)g; (void)bufs; (void)begin; (void)end; (void)root;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_device_group_broadcast: compiled out (DTRAIN_NO_DIST)");
+}
+
+#endif /* DTRAIN_NO_DIST */

@@ -23,6 +23,8 @@
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 
+#if !defined(DTRAIN_NO_FIT) /* the whole file; the stubs at the end stand in without it */
+
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
 #  if defined(_WIN32)
@@ -712,3 +714,21 @@ done:
 
 #undef DT__FIT_BAR_WIDTH
 #undef DT__FIT_REDRAW_SECONDS
+
+#else /* DTRAIN_NO_FIT: the loop, its progress output and its files are compiled out */
+
+DTRAIN_API dt_result dt_fit(const dt_fit_desc *desc, dt_fit_result *result) {
+  (void)desc;
+  if (result) memset(result, 0, sizeof *result); /* as dt_fit does: the result is set on failure too */
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_fit: the training loop is compiled out (DTRAIN_NO_FIT)");
+}
+
+DTRAIN_API dt_result dt_fit_write_svg(const char *path, const dt_fit_epoch *rows, int64_t n, const char *title) {
+  (void)path;
+  (void)rows;
+  (void)n;
+  (void)title;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_fit_write_svg: the training loop is compiled out (DTRAIN_NO_FIT)");
+}
+
+#endif /* DTRAIN_NO_FIT */

@@ -23,6 +23,8 @@
 #include "dt_params_internal.h"
 #include "dt_wire.h"
 
+#if !defined(DTRAIN_NO_DIST) /* the whole file: only the network layer uses it */
+
 DTRAIN_PRIVATE void dt__frame_pack(unsigned char h[DT__NET_HDR], uint16_t type, uint64_t job, uint32_t sender,
                                    uint64_t seq, const void *payload, uint32_t length) {
   uint32_t flags = type < DT__MSG_DATA0 ? DT__NET_F_PAYLOAD_CRC : 0u;
@@ -110,3 +112,5 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
   }
   return crc == f->checksum;
 }
+
+#endif /* DTRAIN_NO_DIST */

@@ -24,6 +24,8 @@
 #include "dt_params_internal.h"
 #include "dt_wire.h"
 
+#if !defined(DTRAIN_NO_DIST) /* the whole file: only the network layer uses it */
+
 /* ---- CRC-32C (Castagnoli), four bits at a time: it only covers headers and control frames ---- */
 
 /* dt__crc32c_nib[i]: the reflected polynomial 0x82F63B78 applied to the
@@ -149,3 +151,5 @@ DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char 
   for (size_t i = 0; i < n; i++) d |= (unsigned)(a[i] ^ b[i]);
   return d == 0;
 }
+
+#endif /* DTRAIN_NO_DIST */

@@ -28,6 +28,8 @@
 #include "dt_params_internal.h"
 #include "dt_data_core.h"
 
+#if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
+
 #ifdef DTRAIN_USE_ZLIB
 #  include <zlib.h>
 #endif
@@ -567,3 +569,22 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 #undef DT__GZ_FEXTRA
 #undef DT__GZ_FNAME
 #undef DT__GZ_FCOMMENT
+
+#else /* DTRAIN_NO_DATA: every entry point says so */
+
+DTRAIN_API void dt_bytes_free(dt_bytes *b) { (void)b; }
+/* No error channel: 0, like an empty message's CRC. */
+DTRAIN_API uint32_t dt_crc32(uint32_t crc, const void *data, size_t len) {
+  (void)crc; (void)data; (void)len;
+  return 0;
+}
+DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_bytes *out) {
+  (void)in; (void)len; (void)max_out; (void)out;
+  return dt__data_compiled_out("dt_inflate");
+}
+DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_bytes *out) {
+  (void)in; (void)len; (void)max_out; (void)out;
+  return dt__data_compiled_out("dt_gunzip");
+}
+
+#endif /* DTRAIN_NO_DATA */

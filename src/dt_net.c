@@ -23,6 +23,8 @@
 #include "dt_params_internal.h"
 #include "dt_net_core.h"
 
+#if !defined(DTRAIN_NO_DIST) /* the peers' identity and set-up; only dt_net_defaults stays (plain values) */
+
 DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index) {
   return role == DTRAIN_ROLE_PS ? DT__NET_SERVER_ID0 + (uint32_t)index : (uint32_t)index;
 }
@@ -93,6 +95,8 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
 }
 
 #endif /* DTRAIN_NO_NET */
+
+#endif /* DTRAIN_NO_DIST */
 
 /* ---- defaults ------------------------------------------------------------------------------ */
 DTRAIN_API dt_net_options dt_net_defaults(void) {

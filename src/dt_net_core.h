@@ -102,10 +102,12 @@ typedef struct dt__net_self {
   uint32_t id;           /* dt__net_id(role, index) */
 } dt__net_self;
 
+#if !defined(DTRAIN_NO_DIST)
 DTRAIN_PRIVATE uint32_t dt__net_id(dt_role role, int index);
 /* Fill self from the cluster and options (NULL: defaults); job id from the
  * options or a hash of the cluster's addresses. */
 DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster *c, const dt_net_options *o);
+#endif /* DTRAIN_NO_DIST */
 #ifndef DTRAIN_NO_NET
 /* This process's listening socket: options.listen_fd, or bind its own address from the cluster. */
 DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd);

@@ -414,7 +414,11 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
   (void)params;
   (void)o;
   (void)max_staleness;
+#  if defined(DTRAIN_NO_DIST)
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_create_tcp: compiled out (DTRAIN_NO_DIST)");
+#  else
   dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_create_tcp: networking is not compiled in (DTRAIN_NO_NET)");
+#  endif
   return NULL;
 }
 

@@ -59,6 +59,7 @@ static DT__UNUSED dt_result dt__ps_prefix(dt_result rc, const char *a, const cha
 }
 
 /* ---- the shard (dt_ps_shard.c; also without networking) ----------------------------------- */
+#if !defined(DTRAIN_NO_DIST)
 /* Floats of server s's shard (owner: dt_ps_shard's assignment). */
 DTRAIN_PRIVATE size_t dt__ps_shard_floats(const dt_params *p, const int *owner, int s);
 /* FNV-1a over the shard's parameter ranges, the params' size and the server count. */
@@ -66,6 +67,7 @@ DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner,
 /* The shard of a full-layout buffer to little-endian bytes, and back. */
 DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out);
 DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full);
+#endif /* DTRAIN_NO_DIST */
 
 #if !defined(DTRAIN_NO_NET)
 /* ---- the server's state (dt_ps_server.c) ----------------------------------------------------- */

@@ -602,7 +602,11 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
   (void)opt;
   (void)o;
   (void)po;
+#  if defined(DTRAIN_NO_DIST)
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_ps_serve: compiled out (DTRAIN_NO_DIST)");
+#  else
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_ps_serve: networking is not compiled in (DTRAIN_NO_NET)");
+#  endif
 }
 
 #endif /* DTRAIN_NO_NET */

@@ -24,6 +24,8 @@
 #include "dt_params_internal.h"
 #include "dt_ps_core.h"
 
+#if !defined(DTRAIN_NO_DIST) /* the whole file; the stubs at the end stand in without it */
+
 DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of) {
   const char *fn = "dt_ps_shard";
   if (!p || !server_of) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !p ? "params" : "server_of");
@@ -126,3 +128,12 @@ DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, 
     off += e - b;
   }
 }
+
+#else /* DTRAIN_NO_DIST: every entry point says so */
+
+DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of) {
+  (void)p; (void)servers; (void)server_of;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_ps_shard: compiled out (DTRAIN_NO_DIST)");
+}
+
+#endif /* DTRAIN_NO_DIST */

@@ -24,6 +24,8 @@
 #include "dt_params_internal.h"
 #include "dt_platform.h"
 
+#if !defined(DTRAIN_NO_DIST) /* the whole file; the stubs at the end stand in without it */
+
 
 /* ---- the in-process parameter store --------------------------------------------------- */
 
@@ -286,3 +288,36 @@ DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
 }
 
 #undef DT__PSTORE_DONE
+
+#else /* DTRAIN_NO_DIST: every entry point says so */
+
+DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
+                                             dt_async_update update, int spin_us) {
+  (void)data; (void)n; (void)workers; (void)max_staleness; (void)update; (void)spin_us;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_create_local: compiled out (DTRAIN_NO_DIST)");
+  return NULL;
+}
+/* Nothing can have made a store: the calls without a result do nothing. */
+DTRAIN_API void dt_pstore_destroy(dt_pstore *ps) { (void)ps; }
+DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                    dt_pstore_ticket *tk) {
+  (void)ps; (void)worker; (void)clock; (void)dst; (void)n; (void)tk;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_pull: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                    dt_pstore_ticket *tk) {
+  (void)ps; (void)worker; (void)clock; (void)delta; (void)n; (void)tk;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_push: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) { (void)ps; (void)worker; }
+DTRAIN_API void dt_pstore_abort(dt_pstore *ps) { (void)ps; }
+DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps) {
+  (void)ps;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_begin: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
+  (void)ps;
+  return 0;
+}
+
+#endif /* DTRAIN_NO_DIST */

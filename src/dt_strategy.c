@@ -478,6 +478,13 @@ DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, 
   return dt_graph_bind(R->g, R->data, R->grad);
 }
 
+#if defined(DTRAIN_NO_DIST)
+DTRAIN_PRIVATE dt_result dt__strategy_compiled_out(dt_strategy_desc *d) {
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_strategy_create: %s is compiled out (DTRAIN_NO_DIST); use one_device",
+                   dt_strategy_kind_name(d->kind));
+}
+#endif
+
 /* The common rules of a desc, and the kind's (its flags and hooks), in an
  * order that decides which error a desc with several gets. Fills defaults. */
 static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy_module **out) {

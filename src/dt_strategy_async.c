@@ -19,6 +19,8 @@ DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
   return dt_strategy_async(replicas, max_staleness);
 }
 
+#if !defined(DTRAIN_NO_DIST) /* the module and the async family's replica loop */
+
 /* The store over the params' data: replicas pull from it and push to it. */
 static dt_result dt__async_create(dt_strategy *s) {
   const dt_strategy_desc *d = &s->desc;
@@ -204,5 +206,9 @@ static const dt__strategy_module dt__async_module = {
   NULL,                   /* dev_exchange: no devices */
   NULL                    /* destroy: the store goes with own_pstore */
 };
+
+#else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
+DT__STRATEGY_COMPILED_OUT(dt__async_module, "async", 0);
+#endif /* DTRAIN_NO_DIST */
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_async_module(void) { return &dt__async_module; }

@@ -21,9 +21,11 @@ DTRAIN_API dt_strategy_options dt_strategy_central_storage(int replicas) {
 /* Deprecated name, removed in the next release. */
 DTRAIN_API dt_strategy_options dt_central_storage(int replicas) { return dt_strategy_central_storage(replicas); }
 
+#if !defined(DTRAIN_NO_DIST)
 /* A private copy of the centre only when buffers need one; replicas
  * other than 0 sum into their own gradient. */
 static dt_result dt__central_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, s->nbufr > 0, r > 0, NULL); }
+#endif
 
 DTRAIN_PRIVATE void dt__strategy_central_job(dt_strategy *s, int r) {
   dt__strategy_replica *R = &s->rep[r];
@@ -52,6 +54,7 @@ done:
   R->wait_s += dt__strategy_comm_wait(s, r) - w0;
 }
 
+#if !defined(DTRAIN_NO_DIST) /* the job above stays: one_device runs it */
 static const dt__strategy_module dt__central_module = {
   "central_storage",
   DT__STRATEGY_SYNC,
@@ -68,5 +71,9 @@ static const dt__strategy_module dt__central_module = {
   NULL,                     /* dev_exchange */
   NULL                      /* destroy */
 };
+
+#else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
+DT__STRATEGY_COMPILED_OUT(dt__central_module, "central_storage", DT__STRATEGY_SYNC);
+#endif /* DTRAIN_NO_DIST */
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_central_module(void) { return &dt__central_module; }

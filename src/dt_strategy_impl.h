@@ -189,6 +189,17 @@ struct dt__strategy_module {
 DT__STRATEGY_MODULES(DT__STRATEGY_DECLARE)
 #undef DT__STRATEGY_DECLARE
 
+#if defined(DTRAIN_NO_DIST)
+/* DTRAIN_NO_DIST: every kind but one_device is compiled out. Its module
+ * keeps its name and flags (dt_strategy_parse, dt_strategy_kind_name and the
+ * messages still know it) and only a prepare hook, which fails: the first
+ * check of dt_strategy_create says the kind is compiled out. */
+DTRAIN_PRIVATE dt_result dt__strategy_compiled_out(dt_strategy_desc *d);
+#  define DT__STRATEGY_COMPILED_OUT(var, name, flags)                                                   \
+    static const dt__strategy_module var = {name, flags, dt__strategy_compiled_out, NULL, NULL, NULL, NULL, \
+                                            NULL, NULL, NULL, NULL, NULL, NULL, NULL}
+#endif
+
 /* ---- shared helpers (dt_strategy.c) ------------------------------------------------------ */
 
 /* A desc with only kind, replicas and max_staleness set (the one-line choices). */
@@ -247,9 +258,11 @@ DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, 
 DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
 
 /* ---- the async family (dt_strategy_async.c) ----------------------------------------------- */
+#if !defined(DTRAIN_NO_DIST) /* compiled out with the kinds that use it */
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);
+#endif
 
 /* ---- the synchronous step through a centre (dt_strategy_central.c; also one_device's) ------- */
 DTRAIN_PRIVATE void dt__strategy_central_job(dt_strategy *s, int r);

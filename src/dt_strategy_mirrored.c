@@ -17,6 +17,8 @@ DTRAIN_API dt_strategy_options dt_strategy_mirrored(int replicas) {
 /* Deprecated name, removed in the next release. */
 DTRAIN_API dt_strategy_options dt_mirrored(int replicas) { return dt_strategy_mirrored(replicas); }
 
+#if !defined(DTRAIN_NO_DIST)
+
 /* Replica 0 trains the params' buffers; the others their own copies. */
 static dt_result dt__mirrored_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, r > 0, r > 0, NULL); }
 
@@ -68,5 +70,9 @@ static const dt__strategy_module dt__mirrored_module = {
   NULL,                 /* dev_exchange: the checks */
   NULL                  /* destroy */
 };
+
+#else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
+DT__STRATEGY_COMPILED_OUT(dt__mirrored_module, "mirrored", DT__STRATEGY_SYNC | DT__STRATEGY_DEVICES);
+#endif /* DTRAIN_NO_DIST */
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mirrored_module(void) { return &dt__mirrored_module; }

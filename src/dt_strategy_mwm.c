@@ -27,6 +27,8 @@
  */
 #include "dt_strategy_impl.h"
 
+#if !defined(DTRAIN_NO_DIST)
+
 /* Floats after the gradient in the cross-process buffer:
  * [0, 1] global rows (hi + lo), [2, 3] loss sum (hi + lo),
  * [4] ranks that failed locally, [5] sum of (failed rank + 1). */
@@ -42,6 +44,9 @@ typedef struct dt__mwm {
 
 static dt__mwm *dt__mwm_of(dt_strategy *s) { return (dt__mwm *)s->kind_state; }
 
+#endif /* DTRAIN_NO_DIST */
+
+/* An options struct is plain data: it stays in every build. */
 DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, int replicas) {
   dt_strategy_desc d = dt__strategy_desc(DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED, replicas, 0);
   d.comm = comm;
@@ -51,6 +56,8 @@ DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, 
 DTRAIN_API dt_strategy_options dt_multi_worker_mirrored(dt_comm *comm, int replicas) {
   return dt_strategy_multi_worker_mirrored(comm, replicas);
 }
+
+#if !defined(DTRAIN_NO_DIST)
 
 static dt_result dt__mwm_check(const dt_strategy_desc *d) {
   const char *fn = "dt_strategy_create";
@@ -288,6 +295,11 @@ static const dt__strategy_module dt__mwm_module = {
   dt__mwm_dev_exchange, /* dev_exchange */
   dt__mwm_destroy       /* destroy */
 };
+
+#else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
+DT__STRATEGY_COMPILED_OUT(dt__mwm_module, "multi_worker_mirrored",
+                          DT__STRATEGY_SYNC | DT__STRATEGY_DEVICES | DT__STRATEGY_ROW_SUMS);
+#endif /* DTRAIN_NO_DIST */
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mwm_module(void) { return &dt__mwm_module; }
 

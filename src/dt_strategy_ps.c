@@ -20,6 +20,8 @@ DTRAIN_API dt_strategy_options dt_parameter_server(dt_pstore *store, int max_sta
   return dt_strategy_parameter_server(store, max_staleness);
 }
 
+#if !defined(DTRAIN_NO_DIST)
+
 /* The store decides: one replica (this worker), its max_staleness. */
 static dt_result dt__ps_prepare(dt_strategy_desc *d) {
   const char *fn = "dt_strategy_create";
@@ -80,5 +82,9 @@ static const dt__strategy_module dt__ps_module = {
   NULL,                   /* dev_exchange: no devices */
   NULL                    /* destroy: the store is the user's */
 };
+
+#else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
+DT__STRATEGY_COMPILED_OUT(dt__ps_module, "parameter_server", 0);
+#endif /* DTRAIN_NO_DIST */
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_ps_module(void) { return &dt__ps_module; }

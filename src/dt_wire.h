@@ -60,6 +60,9 @@ typedef struct dt__frame {
   uint32_t length, checksum;
 } dt__frame;
 
+/* DTRAIN_NO_DIST compiles these functions out with the network layer, and
+ * their declarations too: gcc warns of a static declared but never defined. */
+#if !defined(DTRAIN_NO_DIST)
 /* ---- byte order: the shared helpers of dt_internal.h -------------------------------------------
  * Every multi-byte field on the wire and in a shard checkpoint is
  * little-endian, written byte by byte (never a struct copied): dt__put_le32,
@@ -91,5 +94,7 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
                                           dt__frame *f, char *why, size_t cap);
 /* 1 when the payload matches the checksum (or the frame does not cover it). */
 DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], const dt__frame *f, const void *payload);
+
+#endif /* DTRAIN_NO_DIST */
 
 #endif /* DTRAIN_WIRE_H */

@@ -43,10 +43,19 @@ for cc in gcc clang; do
   check "$cc-c11" $cc -std=c11 $W -O2 -I. "$D/impl.c" -o "$D/impl_$cc" -lm -lpthread
   check "$cc-c11-no-threads" $cc -std=c11 $W -DDTRAIN_NO_THREADS -DDTRAIN_NO_NET -I. -c "$D/impl.c" -o "$D/impl_nt_$cc.o"
   check "$cc-c11-no-stdio" $cc -std=c11 $W -DDTRAIN_NO_STDIO -I. -c "$D/impl.c" -o "$D/impl_ns_$cc.o"
+  # The edge switches, each alone, and the smallest build with all of them.
+  for sw in DIST DATA FIT; do
+    check "$cc-c11-no-$sw" $cc -std=c11 $W -O2 -DDTRAIN_NO_$sw -I. -c "$D/impl.c" -o "$D/impl_no${sw}_$cc.o"
+  done
+  check "$cc-c11-edge" $cc -std=c11 $W -O2 -DDTRAIN_NO_THREADS -DDTRAIN_NO_DIST -DDTRAIN_NO_DATA -DDTRAIN_NO_FIT \
+    -DDTRAIN_NO_STDIO -I. -c "$D/impl.c" -o "$D/impl_edge_$cc.o"
 done
 for cxx in g++ clang++; do
   command -v $cxx >/dev/null 2>&1 || { skip "$cxx-c++17: no $cxx"; continue; }
   check "$cxx-c++17" $cxx -std=c++17 $W -O1 -I. "$D/impl.cpp" -o "$D/impl_$cxx" -lm -lpthread
+  for sw in DIST DATA FIT; do
+    check "$cxx-c++17-no-$sw" $cxx -std=c++17 $W -O1 -DDTRAIN_NO_$sw -I. -c "$D/impl.cpp" -o "$D/impl_no${sw}_$cxx.o"
+  done
 done
 # Two translation units, each with its own static copy of the implementation.
 printf '#define DTRAIN_STATIC\n#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\nint tu_a(void){ return (int)dt_build_features(); }\n' > "$D/tu_a.c"
@@ -54,6 +63,70 @@ printf '#define DTRAIN_STATIC\n#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h
 check "static-two-tu" sh -c "gcc -std=c11 $W -I. -c $D/tu_a.c -o $D/tu_a.o && gcc -std=c11 $W -I. -c $D/tu_b.c -o $D/tu_b.o && gcc $D/tu_a.o $D/tu_b.o -o $D/tu -lm -lpthread && $D/tu"
 # A contradictory configuration must stop the build with a message.
 check "contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_THREADS -DDTRAIN_USE_MPI -I. -c $D/impl.c -o $D/bad.o 2>$D/bad.txt && grep -q 'DTRAIN_USE_MPI needs threads' $D/bad.txt"
+check "no-dist-mpi-contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_DIST -DDTRAIN_USE_MPI -I. -c $D/impl.c -o $D/bad3.o 2>$D/bad3.txt && grep -q 'remove DTRAIN_NO_DIST or DTRAIN_USE_MPI' $D/bad3.txt"
+check "no-data-zlib-contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_DATA -DDTRAIN_USE_ZLIB -I. -c $D/impl.c -o $D/bad4.o 2>$D/bad4.txt && grep -q 'remove DTRAIN_NO_DATA or DTRAIN_USE_ZLIB' $D/bad4.txt"
+# DTRAIN_NO_DIST: the object calls no socket function (the network layer is
+# gone with the rest). pthread_create stays unless DTRAIN_NO_THREADS: the
+# intra-op thread pool (dt_set_threads) is not a distributed part.
+check "no-dist-object-has-no-sockets" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_NO_DIST -I. -c tests/dtrain_impl.c -o $D/impl_nodist.o && nm -u $D/impl_nodist.o > $D/nodist.syms && ! grep -wE 'socket|connect|bind|listen|accept|getaddrinfo|setsockopt|send|sendmsg|recv|poll' $D/nodist.syms"
+check "edge-object-has-no-threads-sockets-files" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_NO_THREADS -DDTRAIN_NO_DIST -DDTRAIN_NO_DATA -DDTRAIN_NO_FIT -DDTRAIN_NO_STDIO -I. -c tests/dtrain_impl.c -o $D/impl_edge.o && nm -u $D/impl_edge.o > $D/edge.syms && ! grep -wE 'pthread_create|socket|connect|bind|listen|accept|fopen' $D/edge.syms"
+# The compiled-out parts say so (UNSUPPORTED, a message naming the switch,
+# NULL from constructors), dt_build_features() knows, one_device still trains.
+cat > "$D/edge_stubs.c" <<'EOF'
+#define DTRAIN_NO_DIST
+#define DTRAIN_NO_DATA
+#define DTRAIN_NO_FIT
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+#include <string.h>
+static int says(dt_result r, const char *macro) {
+  return r == DTRAIN_ERR_UNSUPPORTED && dt_last_result() == r && strstr(dt_last_error(), macro) != NULL;
+}
+static dt_tensor *step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  int64_t s[2] = {b->rows, 1};
+  (void)replica;
+  return dt_mse(g, dt_nn_linear_forward(g, (dt_nn_linear *)user, dt_tensor_wrap(g, 2, s, (float *)b->x)),
+                dt_tensor_wrap(g, 2, s, (float *)b->t));
+}
+int main(void) {
+  unsigned f = dt_build_features();
+  dt_dataset *ds = (dt_dataset *)&f;
+  dt_cluster *cl = (dt_cluster *)&f;
+  dt_fit_desc fd;
+  float x[4] = {0, 1, 2, 3}, t[4] = {1, 3, 5, 7}, loss = 1;
+  if (f & (DTRAIN_FEATURE_DIST | DTRAIN_FEATURE_DATA | DTRAIN_FEATURE_FIT | DTRAIN_FEATURE_NET)) return 1;
+  if (!strstr(dt_build_info(), "dist=no data=no fit=no")) return 2;
+  if (!says(dt_dataset_parse_csv(&ds, "1,2\n", 4, 0), "DTRAIN_NO_DATA") || ds) return 3;
+  if (!says(dt_loader_next(0, 0), "DTRAIN_NO_DATA")) return 4;
+  memset(&fd, 0, sizeof fd);
+  if (!says(dt_fit(&fd, 0), "DTRAIN_NO_FIT")) return 5;
+  if (!says(dt_cluster_parse_json("{}", &cl), "DTRAIN_NO_DIST") || cl) return 6;
+  if (dt_comm_create_threads(2, 0) || !says(dt_last_result(), "DTRAIN_NO_DIST")) return 7;
+  if (dt_pstore_create_local(x, 4, 1, 0, DTRAIN_ASYNC_HOGWILD, 0) || !says(dt_last_result(), "DTRAIN_NO_DIST")) return 8;
+  dt_params *P = dt_params_create(1);
+  dt_nn_linear lin;
+  dt_nn_linear_init(&lin, P, "lin", 1, 1, 1);
+  dt_optim_desc od;
+  memset(&od, 0, sizeof od);
+  od.lr = 0.05f;
+  dt_optim *opt = dt_optim_create(P, &od);
+  dt_strategy_desc sd = dt_mirrored(2);
+  if (dt_strategy_create(P, opt, step, &lin, &sd) || !says(dt_last_result(), "DTRAIN_NO_DIST")) return 9;
+  sd = dt_one_device();
+  dt_strategy *s = dt_strategy_create(P, opt, step, &lin, &sd);
+  dt_minibatch b;
+  memset(&b, 0, sizeof b);
+  b.rows = 4; b.x = x; b.x_cols = 1; b.t = t; b.t_cols = 1;
+  for (int i = 0; i < 2000 && s; i++)
+    if (dt_strategy_step(s, &b, &loss) != DTRAIN_OK) return 10;
+  if (!s || !(loss < 0.01f)) return 11;
+  dt_strategy_destroy(s);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+  return 0;
+}
+EOF
+check "edge-stubs-say-so-one-device-trains" sh -c "gcc -std=c11 $W -I. $D/edge_stubs.c -o $D/edge_stubs -lm -lpthread && $D/edge_stubs"
 # DTRAIN_USE_CBLAS routes GEMM to OpenBLAS: the matmul tests must pass through it.
 if [ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ] || [ -f /usr/include/openblas/cblas.h ]; then
   check "cblas-build-and-matmul-tests" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_USE_CBLAS -I. -I/usr/include/openblas -c tests/dtrain_impl.c -o $D/impl_cblas.o && gcc -std=c11 $W -O2 -I. -Itests tests/test_ops_matmul.c $D/impl_cblas.o -o $D/test_matmul_cblas -lopenblas -lm -lpthread && $D/test_matmul_cblas | grep -q ' 0 failed' && $D/test_matmul_cblas | grep -q 'cblas=yes'"
@@ -122,6 +195,18 @@ fi
 for f in src/*.c; do
   check "alone-$(basename $f)" gcc -std=c11 $W -Isrc -c "$f" -o "$D/$(basename $f .c).o"
 done
+# Struct layouts and the API never depend on a switch: each compile-out
+# build exports every public function of the full build (the parts it
+# leaves out answer DTRAIN_ERR_UNSUPPORTED naming the switch).
+check "compile-out-switches-keep-the-api" sh -c "gcc -std=c11 -O0 -I. -c tests/dtrain_impl.c -o $D/api_full.o &&
+  nm $D/api_full.o | awk '\$2 == \"T\" && \$3 ~ /^dt_/ { print \$3 }' | sort > $D/api_full.txt &&
+  test -s $D/api_full.txt &&
+  for sw in DTRAIN_NO_DIST DTRAIN_NO_DATA DTRAIN_NO_FIT; do
+    gcc -std=c11 -O0 -D\$sw -I. -c tests/dtrain_impl.c -o $D/api_\$sw.o &&
+    nm $D/api_\$sw.o | awk '\$2 == \"T\" && \$3 ~ /^dt_/ { print \$3 }' | sort > $D/api_\$sw.txt &&
+    { comm -23 $D/api_full.txt $D/api_\$sw.txt > $D/api_missing_\$sw.txt; test ! -s $D/api_missing_\$sw.txt ||
+      { echo \"\$sw leaves out:\"; cat $D/api_missing_\$sw.txt; exit 1; }; } || exit 1
+  done"
 check_sync
 echo "compile_checks: $pass passed, $fail failed, $skipped skipped"
 [ "$fail" -eq 0 ]

@@ -570,6 +570,10 @@ static void test_env_and_discover(void) {
 }
 
 int main(void) {
+  if (!(dt_build_features() & DTRAIN_FEATURE_DIST)) {
+    th_skip_item("test_cluster", "the cluster parser is compiled out (DTRAIN_NO_DIST)");
+    return th_summary("test_cluster");
+  }
   TH_RUN(test_parse_valid);
   TH_RUN(test_parse_errors);
   TH_RUN(test_truncated);

@@ -636,6 +636,7 @@ static int fit_run(int ndev, float *params, double *last_loss) {
 static void test_fit(void) {
   static float p_cpu[PMAX], p_dev[PMAX];
   double l_cpu = 0.0, l_dev = 0.0;
+  if (!(dt_build_features() & DTRAIN_FEATURE_FIT)) TH_SKIP("dt_fit is compiled out (DTRAIN_NO_FIT)");
   if (!fit_run(0, p_cpu, &l_cpu) || !fit_run(2, p_dev, &l_dev)) return;
   CHECK_MSG(rel_diff(p_dev, p_cpu, model_size()) <= 1e-4, "%.3g", rel_diff(p_dev, p_cpu, model_size()));
   CHECK_NEAR(l_dev, l_cpu, 1e-5 * (1.0 + fabs(l_cpu)));
@@ -803,7 +804,10 @@ int main(void) {
 #endif
   make_data();
   for (int i = 0; i < MAXD; i++) devs[i] = dt_cuda_device_create(i);
-#if defined(DTRAIN_NO_THREADS)
+#if defined(DTRAIN_NO_DIST)
+  th_skip_item("test_cuda_strategy strategy tests", "compiled out (DTRAIN_NO_DIST): only one_device on a device ran");
+  TH_RUN(test_one_device_only);
+#elif defined(DTRAIN_NO_THREADS)
   th_skip_item("test_cuda_strategy strategy tests", "threads not compiled in: only one_device on a device ran");
   TH_RUN(test_one_device_only);
 #else

@@ -1490,6 +1490,10 @@ static void test_no_leaks_on_errors(void) {
 
 int main(void) {
   printf("%s\n", dt_build_info()); /* compile_checks.sh looks for zlib=yes in the zlib build */
+  if (!(dt_build_features() & DTRAIN_FEATURE_DATA)) {
+    th_skip_item("test_data", "the data loaders are compiled out (DTRAIN_NO_DATA)");
+    return th_summary("test_data");
+  }
   find_root();
   make_tmpdir();
   TH_RUN(test_crc32);

@@ -711,6 +711,10 @@ static void test_no_stdio_build(void) {
 }
 
 int main(void) {
+  if (!(dt_build_features() & DTRAIN_FEATURE_FIT)) {
+    th_skip_item("test_fit", "dt_fit is compiled out (DTRAIN_NO_FIT)");
+    return th_summary("fit");
+  }
   if (!(dt_build_features() & DTRAIN_FEATURE_STDIO)) {
     TH_RUN(test_no_stdio_build);
     th_skip_item("fit file tests", "DTRAIN_NO_STDIO build has no file I/O");

@@ -15,7 +15,16 @@
 #include "dtrain.h"
 #include "harness.h"
 
-/* Shard assignment works in every build. */
+#ifdef DTRAIN_NO_DIST
+/* The entry points say what is missing. */
+static void test_compiled_out(void) {
+  int own[1];
+  CHECK_ERR(dt_ps_shard(NULL, 1, own), DTRAIN_ERR_UNSUPPORTED, "DTRAIN_NO_DIST");
+  CHECK_ERR(dt_ps_serve(NULL, NULL, NULL, NULL, NULL), DTRAIN_ERR_UNSUPPORTED, "DTRAIN_NO_DIST");
+  CHECK(dt_pstore_create_tcp(NULL, NULL, NULL, 0) == NULL && strstr(dt_last_error(), "DTRAIN_NO_DIST"));
+}
+#else
+/* Shard assignment works in every build with the distributed parts. */
 static void test_shard(void) {
   dt_params *P = dt_params_create(1);
   int64_t s10[1] = {10}, s100[1] = {100}, s40[1] = {40}, s60[1] = {60}, s50[1] = {50};
@@ -48,6 +57,7 @@ static void test_shard(void) {
   CHECK_ERR(dt_ps_shard(NULL, 2, own), DTRAIN_ERR_NULL_ARG, "params");
   dt_params_destroy(P);
 }
+#endif /* DTRAIN_NO_DIST */
 
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <dirent.h>
@@ -1247,10 +1257,14 @@ static void test_bad_bytes(void) {
 #endif
 
 int main(void) {
+#if defined(DTRAIN_NO_DIST)
+  TH_RUN(test_compiled_out);
+  th_skip_item("test_ps", "parameter servers are compiled out (DTRAIN_NO_DIST)");
+#elif defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
   TH_RUN(test_shard);
-#if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
   th_skip_item("test_ps networked tests", "built without networking or threads");
 #else
+  TH_RUN(test_shard);
   signal(SIGPIPE, SIG_DFL); /* the library must not need SIGPIPE ignored */
   make_data();
   TH_RUN(test_strategy_desc);

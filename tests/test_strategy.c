@@ -418,6 +418,10 @@ static void test_one_device_equals_hand_loop(void) {
       CHECK_MSG(memcmp(got, ref, n * sizeof(float)) == 0, "one_device differs from the hand loop (opt %d clip %d)",
                 k, clip);
       /* mirrored(1) is the same code: bitwise equal too */
+      if (!(dt_build_features() & DTRAIN_FEATURE_DIST)) {
+        th_skip("mirrored(1) is compiled out (DTRAIN_NO_DIST); one_device was checked");
+        continue;
+      }
       sd = dt_strategy_mirrored(1);
       train_with(&sd, kinds[k], lr, 0.9f, cl, 12, 30, got2, &n);
       CHECK_MSG(memcmp(got2, ref, n * sizeof(float)) == 0, "mirrored(1) differs from one_device");
@@ -1176,6 +1180,14 @@ int main(void) {
   if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
     TH_RUN(test_no_threads_build);
     th_skip_item("strategy threaded tests", "built without threads (DTRAIN_NO_THREADS)");
+    return th_summary("strategy");
+  }
+  if (!(dt_build_features() & DTRAIN_FEATURE_DIST)) {
+    TH_RUN(test_no_threads_build); /* the same rule: one_device works, the other kinds say so */
+    TH_RUN(test_utilities);
+    TH_RUN(test_comm_slices);
+    TH_RUN(test_one_device_equals_hand_loop);
+    th_skip_item("strategy tests of the other kinds and communicators", "compiled out (DTRAIN_NO_DIST)");
     return th_summary("strategy");
   }
   TH_RUN(test_utilities);

@@ -678,8 +678,8 @@ static void test_names_and_args(void) {
   model m;
   model_init(&m, 1, 0, 0);
   dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.1f, 0.0f);
-  if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
-    /* like the other strategies but one_device: unsupported without threads */
+  if (!(dt_build_features() & DTRAIN_FEATURE_THREADS) || !(dt_build_features() & DTRAIN_FEATURE_DIST)) {
+    /* like the other strategies but one_device: unsupported without threads or DTRAIN_NO_DIST */
     d = dt_strategy_multi_worker_mirrored(NULL, 1);
     CHECK(dt_strategy_create(m.P, opt, model_step, &m, &d) == NULL && dt_last_result() == DTRAIN_ERR_UNSUPPORTED);
     dt_optim_destroy(opt);
@@ -724,8 +724,10 @@ int main(void) {
   make_data();
   TH_RUN(test_params_hash);
   TH_RUN(test_names_and_args);
-  if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
-    th_skip_item("strategy_multi multi-process tests", "built without threads");
+  unsigned f = dt_build_features();
+  if (!(f & DTRAIN_FEATURE_THREADS) || !(f & DTRAIN_FEATURE_DIST)) {
+    th_skip_item("multi-process tests", "%s",
+                 (f & DTRAIN_FEATURE_THREADS) ? "compiled out (DTRAIN_NO_DIST)" : "built without threads");
     return th_summary("strategy_multi");
   }
   TH_RUN(test_equals_mirrored);
