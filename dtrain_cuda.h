@@ -241,31 +241,13 @@ DT__CU_HD inline void dt__cu_xent_bwd_at(int64_t i, const dt_kernel_args &a) {
   if (j == (int64_t)a.labels[r]) v -= scale;
   a.p[0][i] = v;
 }
-/* The optimizers: the CPU's scalar loops (dt_optim.c), element by element. */
+/* The optimizers: the per-element formulas of dt_optim_math.h that the
+ * CPU loops (dt_optim.c) run, with the scalars the core packed. */
 DT__CU_HD inline void dt__cu_sgd_at(int64_t i, const dt_kernel_args &a) {
-  float *p = a.p[0], *buf = a.p[2];
-  const float lr = a.f[0], wd = a.f[1], mom = a.f[2];
-  float d = a.p[1][i];
-  if (wd != 0.0f) d = d + wd * p[i];
-  if (buf) {
-    buf[i] = mom * buf[i] + d;
-    d = a.n[1] ? d + mom * buf[i] : buf[i];
-  }
-  p[i] = p[i] - lr * d;
+  dt__optim_sgd_at(dt__optim_sgd_unpack(a.f, a.n[1]), a.p[0], a.p[1], a.p[2], (size_t)i);
 }
 DT__CU_HD inline void dt__cu_adam_at(int64_t i, const dt_kernel_args &a) {
-  float *p = a.p[0], *m = a.p[2], *v = a.p[3];
-  const float step_size = a.f[0], wd = a.f[1], bc2_sqrt = a.f[2], eps = a.f[3];
-  const float w1 = a.f[4], w2 = a.f[5], fb2 = a.f[6], shrink = a.f[7];
-  float d = a.p[1][i];
-  if (wd != 0.0f) {
-    if (a.n[1]) p[i] = p[i] * shrink;
-    else d = d + wd * p[i];
-  }
-  m[i] = m[i] + w1 * (d - m[i]);
-  v[i] = v[i] * fb2 + w2 * d * d;
-  float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-  p[i] = p[i] - step_size * (m[i] / denom);
+  dt__optim_adam_at(dt__optim_adam_unpack(a.f, a.n[1]), a.p[0], a.p[1], a.p[2], a.p[3], (size_t)i);
 }
 
 /* Division (b over a's leading dims) and its backward, in the CPU's order. */
@@ -535,18 +517,7 @@ DT__CU_HD inline void dt__cu_causal_mask_at(int64_t i, const dt_kernel_args &a) 
   }
 }
 DT__CU_HD inline void dt__cu_rmsprop_at(int64_t i, const dt_kernel_args &a) {
-  float *p = a.p[0], *sq = a.p[2], *buf = a.p[3];
-  const float lr = a.f[0], wd = a.f[1], alpha = a.f[2], w = a.f[3], mom = a.f[4], eps = a.f[5];
-  float d = a.p[1][i];
-  if (wd != 0.0f) d = d + wd * p[i];
-  sq[i] = sq[i] * alpha + w * d * d;
-  float avg = sqrtf(sq[i]) + eps;
-  if (buf) {
-    buf[i] = buf[i] * mom + d / avg;
-    p[i] = p[i] - lr * buf[i];
-  } else {
-    p[i] = p[i] - lr * (d / avg);
-  }
+  dt__optim_rmsprop_at(dt__optim_rmsprop_unpack(a.f), a.p[0], a.p[1], a.p[2], a.p[3], (size_t)i);
 }
 /* Batch norm (x [N, C, HW]): per channel statistics and gradient sums in
  * the CPU's order (double sums over images then positions), per element

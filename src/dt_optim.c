@@ -20,14 +20,17 @@
 #include "dt_nn.h"
 #include "dt_memory.h"
 #include "dt_device.h"
+#include "dt_optim_math.h"
 #include "dt_tensor_internal.h"
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 #include "dt_optim_internal.h"
 
 /* The Adam update in SIMD: the same float operations in the same order as
- * the scalar loop (no FMA), so the results are the same bit for bit, and
- * sqrt/div do not go through libm. SSE is baseline on x86-64; an AVX version
+ * the shared formula dt__optim_adam_at (dt_optim_math.h; no FMA), so the
+ * results are the same bit for bit, and sqrt/div do not go through libm.
+ * A change to the formula must be made here too: tests/test_optim.c
+ * compares the two bit for bit. SSE is baseline on x86-64; an AVX version
  * (8 floats, twice as fast) is picked at run time with GCC or clang. */
 #if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
 #  define DT__OPTIM_SSE 1
@@ -226,28 +229,59 @@ DTRAIN_API void dt_optim_destroy(dt_optim *o) {
 
 /* ---- update kernels ------------------------------------------------------------------
  * Each updates n elements: p (data), g (grad), s0/s1 (state) already offset to
- * the range. wd is the weight decay of this parameter (0 where decay is off). */
+ * the range. wd is the weight decay of this parameter (0 where decay is off).
+ * The math of one element is dt_optim_math.h's, shared with the CUDA kernels. */
+
+/* The per-step scalars of each optimizer (dt_optim_math.h), computed once
+ * here for the CPU loops and for the device kernels' arguments alike. */
+static dt__optim_sgd_k dt__optim_sgd_scalars(const dt_optim *o, float lr, float wd) {
+  dt__optim_sgd_k k;
+  k.lr = lr;
+  k.wd = wd;
+  k.mom = o->desc.momentum;
+  k.nesterov = o->desc.nesterov;
+  return k;
+}
+
+/* Python's arithmetic: the bias corrections and lr * wd in double. */
+static dt__optim_adam_k dt__optim_adam_scalars(const dt_optim *o, float lr, float wd, int decoupled) {
+  const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2;
+  const double t = (double)(o->steps + 1);
+  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+  dt__optim_adam_k k;
+  k.step_size = (float)((double)lr / bc1);
+  k.wd = wd;
+  k.bc2_sqrt = (float)sqrt(bc2);
+  k.eps = o->desc.eps;
+  k.w1 = (float)(1.0 - b1);
+  k.w2 = (float)(1.0 - b2);
+  k.beta2 = o->desc.beta2;
+  k.shrink = (float)(1.0 - (double)lr * (double)wd); /* AdamW */
+  k.decoupled = decoupled;
+  return k;
+}
+
+static dt__optim_rmsprop_k dt__optim_rmsprop_scalars(const dt_optim *o, float lr, float wd) {
+  dt__optim_rmsprop_k k;
+  k.lr = lr;
+  k.wd = wd;
+  k.alpha = o->desc.alpha;
+  k.w = (float)(1.0 - (double)o->desc.alpha);
+  k.mom = o->desc.momentum;
+  k.eps = o->desc.eps;
+  return k;
+}
 
 static void dt__optim_sgd(const dt_optim *o, float lr, float wd, float *DT__RESTRICT p,
                           const float *DT__RESTRICT g, float *DT__RESTRICT buf, float *unused, size_t n) {
   (void)unused;
-  const float mom = o->desc.momentum;
-  const int nesterov = o->desc.nesterov;
-  for (size_t i = 0; i < n; i++) {
-    float d = g[i];
-    if (wd != 0.0f) d = d + wd * p[i];
-    if (buf) {
-      /* PyTorch starts buf at d on step 1; with dampening 0, mom*0 + d == d. */
-      buf[i] = mom * buf[i] + d;
-      d = nesterov ? d + mom * buf[i] : buf[i];
-    }
-    p[i] = p[i] - lr * d;
-  }
+  const dt__optim_sgd_k k = dt__optim_sgd_scalars(o, lr, wd);
+  for (size_t i = 0; i < n; i++) dt__optim_sgd_at(k, p, g, buf, i);
 }
 
 #ifdef DT__OPTIM_SSE
-/* Elements [0, n - n%4) of the Adam update (see the scalar loop); returns
- * how many it did. */
+/* Elements [0, n - n%4) of the Adam update: dt__optim_adam_at four at a
+ * time, operation by operation; returns how many it did. */
 static size_t dt__optim_adam_sse(float w1, float w2, float fb2, float eps, float bc2_sqrt, float step_size, float wd,
                                  int decoupled, float shrink, float *DT__RESTRICT p, const float *DT__RESTRICT g,
                                  float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
@@ -305,34 +339,19 @@ __attribute__((target("avx"))) static size_t dt__optim_adam_avx(float w1, float 
 
 static void dt__optim_adam_run(const dt_optim *o, float lr, float wd, int decoupled, float *DT__RESTRICT p,
                                const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
-  const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2;
-  const double t = (double)(o->steps + 1);
-  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
-  const float step_size = (float)((double)lr / bc1);
-  const float bc2_sqrt = (float)sqrt(bc2);
-  const float w1 = (float)(1.0 - b1), w2 = (float)(1.0 - b2);
-  const float fb2 = o->desc.beta2, eps = o->desc.eps;
-  /* AdamW: param.mul_(1 - lr * weight_decay) before the Adam step. */
-  const float shrink = (float)(1.0 - (double)lr * (double)wd);
+  const dt__optim_adam_k k = dt__optim_adam_scalars(o, lr, wd, decoupled);
   size_t i = 0;
 #ifdef DT__OPTIM_AVX
   if (__builtin_cpu_supports("avx"))
-    i = dt__optim_adam_avx(w1, w2, fb2, eps, bc2_sqrt, step_size, wd, decoupled, shrink, p, g, m, v, n);
+    i = dt__optim_adam_avx(k.w1, k.w2, k.beta2, k.eps, k.bc2_sqrt, k.step_size, wd, decoupled, k.shrink, p, g, m, v,
+                           n);
 #endif
 #ifdef DT__OPTIM_SSE
-  if (i == 0) i = dt__optim_adam_sse(w1, w2, fb2, eps, bc2_sqrt, step_size, wd, decoupled, shrink, p, g, m, v, n);
+  if (i == 0)
+    i = dt__optim_adam_sse(k.w1, k.w2, k.beta2, k.eps, k.bc2_sqrt, k.step_size, wd, decoupled, k.shrink, p, g, m, v,
+                           n);
 #endif
-  for (; i < n; i++) {
-    float d = g[i];
-    if (wd != 0.0f) {
-      if (decoupled) p[i] = p[i] * shrink;
-      else d = d + wd * p[i];
-    }
-    m[i] = m[i] + w1 * (d - m[i]);          /* exp_avg.lerp_(grad, 1 - beta1) */
-    v[i] = v[i] * fb2 + w2 * d * d;         /* exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2) */
-    float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-    p[i] = p[i] - step_size * (m[i] / denom);
-  }
+  for (; i < n; i++) dt__optim_adam_at(k, p, g, m, v, i); /* the tail, or all without SIMD */
 }
 
 /* Intra-op threads (dt_set_threads): a large buffer is cut into runs of
@@ -382,20 +401,8 @@ static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled,
 static void dt__optim_rmsprop(const dt_optim *o, float lr, float wd, float *DT__RESTRICT p,
                               const float *DT__RESTRICT g, float *DT__RESTRICT sq, float *DT__RESTRICT buf,
                               size_t n) {
-  const float alpha = o->desc.alpha, w = (float)(1.0 - (double)o->desc.alpha);
-  const float mom = o->desc.momentum, eps = o->desc.eps;
-  for (size_t i = 0; i < n; i++) {
-    float d = g[i];
-    if (wd != 0.0f) d = d + wd * p[i];
-    sq[i] = sq[i] * alpha + w * d * d;
-    float avg = sqrtf(sq[i]) + eps;
-    if (buf) {
-      buf[i] = buf[i] * mom + d / avg;
-      p[i] = p[i] - lr * buf[i];
-    } else {
-      p[i] = p[i] - lr * (d / avg);
-    }
-  }
+  const dt__optim_rmsprop_k k = dt__optim_rmsprop_scalars(o, lr, wd);
+  for (size_t i = 0; i < n; i++) dt__optim_rmsprop_at(k, p, g, sq, buf, i);
 }
 
 static void dt__optim_adam_l2(const dt_optim *o, float lr, float wd, float *p, const float *g, float *m, float *v,
@@ -408,43 +415,25 @@ static void dt__optim_adamw(const dt_optim *o, float lr, float wd, float *p, con
   dt__optim_adam(o, lr, wd, 1, p, g, m, v, n);
 }
 
-/* ---- device kernels' arguments (dt_kernel in dt_device.h): the scalars as the host update has them ---- */
+/* ---- device kernels' arguments (dt_kernel in dt_device.h): the scalars the host update uses, packed ---- */
 
 static void dt__optim_sgd_args(const dt_optim *o, float lr, float wd, dt_kernel_args *a) {
-  a->f[0] = lr;
-  a->f[1] = wd;
-  a->f[2] = o->desc.momentum;
-  a->n[1] = o->desc.nesterov;
+  dt__optim_sgd_pack(dt__optim_sgd_scalars(o, lr, wd), a->f, &a->n[1]);
 }
 
-/* The per-step scalars exactly as dt__optim_adam_run computes them. */
 static void dt__optim_adam_args(const dt_optim *o, float lr, float wd, dt_kernel_args *a) {
-  const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2, t = (double)(o->steps + 1);
-  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
-  a->f[0] = (float)((double)lr / bc1);
-  a->f[1] = wd;
-  a->f[2] = (float)sqrt(bc2);
-  a->f[3] = o->desc.eps;
-  a->f[4] = (float)(1.0 - b1);
-  a->f[5] = (float)(1.0 - b2);
-  a->f[6] = o->desc.beta2;
-  a->f[7] = (float)(1.0 - (double)lr * (double)wd);
-  a->n[1] = o->desc.kind == DTRAIN_OPTIM_ADAMW;
+  dt__optim_adam_pack(dt__optim_adam_scalars(o, lr, wd, o->desc.kind == DTRAIN_OPTIM_ADAMW), a->f, &a->n[1]);
 }
 
 static void dt__optim_rmsprop_args(const dt_optim *o, float lr, float wd, dt_kernel_args *a) {
-  a->f[0] = lr;
-  a->f[1] = wd;
-  a->f[2] = o->desc.alpha;
-  a->f[3] = (float)(1.0 - (double)o->desc.alpha);
-  a->f[4] = o->desc.momentum;
-  a->f[5] = o->desc.eps;
+  dt__optim_rmsprop_pack(dt__optim_rmsprop_scalars(o, lr, wd), a->f);
 }
 
 /* ---- the optimizers: one row each -------------------------------------------------------
  * What differs between the optimizers is in their rows; every other function
  * of this file serves them all. A new optimizer is its dt_optim_kind
- * (dt_optim.h), its update function and its row here (see CONTRIBUTING.md);
+ * (dt_optim.h), its per-element formula (dt_optim_math.h, shared with the
+ * CUDA kernel), its update function and its row here (see CONTRIBUTING.md);
  * a device kernel is optional (without one, dt_optim_step_graph on a device
  * graph fails with DTRAIN_ERR_UNSUPPORTED). */
 static const dt__optim_rule dt__optim_rules[] = {
