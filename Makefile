@@ -21,7 +21,7 @@ EX_SRC   := $(wildcard examples/*.c)
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
-.PHONY: xor test-minimal all test test-suite suite-bins check-house demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
+.PHONY: xor test-minimal test-minimal-nothreads test-minimal-nostdio test-minimal-edge all test test-suite suite-bins check-house demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
 .PHONY: bench-strategy bench-net bench-gpu fuzz
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
@@ -245,10 +245,15 @@ test-cross: dtrain.h
 # edge build without the distributed parts, the data loaders and dt_fit (tests
 # of a compiled-out part skip, naming the switch).
 # (Fixed memory with DTRAIN_NO_MALLOC is covered by tests/compile_checks.sh.)
-test-minimal: dtrain.h
-	$(MAKE) --no-print-directory BUILD=build/min-nothreads EXTRA_CFLAGS="-DDTRAIN_NO_THREADS -DDTRAIN_NO_NET" test-suite
-	$(MAKE) --no-print-directory BUILD=build/min-nostdio EXTRA_CFLAGS="-DDTRAIN_NO_STDIO" test-suite
-	$(MAKE) --no-print-directory BUILD=build/min-edge EXTRA_CFLAGS="-DDTRAIN_NO_DIST -DDTRAIN_NO_DATA -DDTRAIN_NO_FIT" test-suite
+MIN_CONFIGS := nothreads nostdio edge
+MIN_FLAGS_nothreads := -DDTRAIN_NO_THREADS -DDTRAIN_NO_NET
+MIN_FLAGS_nostdio := -DDTRAIN_NO_STDIO
+MIN_FLAGS_edge := -DDTRAIN_NO_DIST -DDTRAIN_NO_DATA -DDTRAIN_NO_FIT
+MIN_TARGETS := $(patsubst %,test-minimal-%,$(MIN_CONFIGS))
+test-minimal: $(MIN_TARGETS)
+# One configuration (CI runs them in different lanes): make test-minimal-edge
+$(MIN_TARGETS): test-minimal-%: dtrain.h
+	$(MAKE) --no-print-directory BUILD=build/min-$* EXTRA_CFLAGS="$(MIN_FLAGS_$*)" test-suite
 
 # The house rules (layers only point down, no src/ file over 1,000 lines, the
 # manual names every configuration macro): tools/check_house.sh.

@@ -8,14 +8,18 @@
 # decodes the other's frames to the values that were written.
 # Prints "cross_compare: N passed, N failed".
 CROSS_ARCHS=${CROSS_ARCHS:-"aarch64-linux-gnu:aarch64 arm-linux-gnueabihf:arm s390x-linux-gnu:s390x"}
-build/tests/portable_run save build/portable.native.safetensors wsave build/portable.native.wire > build/portable.native.txt || { echo "cross_compare: 0 passed, 1 failed"; exit 1; }
+# The host's files in a directory of this run's own: CI compares several
+# architectures at once, each lane with its own run of this script.
+NAT=$(mktemp -d build/portable.native.XXXXXX) || exit 1
+trap 'rm -rf "$NAT"' EXIT
+build/tests/portable_run save $NAT/native.safetensors wsave $NAT/native.wire > $NAT/native.txt || { echo "cross_compare: 0 passed, 1 failed"; exit 1; }
 info() { grep "^$1 info " "$2" | cut -d' ' -f3; }
 pass=0; fail=0
 for pair in $CROSS_ARCHS; do
   triple=${pair%%:*}; q=${pair##*:}
   bin=build/cross-$q/tests/portable_run
-  if ! qemu-$q -L /usr/$triple $bin save build/portable.$q.safetensors load build/portable.native.safetensors \
-      wsave build/portable.$q.wire wload build/portable.native.wire > build/portable.$q.txt 2>&1; then
+  if ! qemu-$q -L /usr/$triple $bin save build/portable.$q.safetensors load $NAT/native.safetensors \
+      wsave build/portable.$q.wire wload $NAT/native.wire > build/portable.$q.txt 2>&1; then
     echo "FAIL $triple: portable_run did not run"; fail=$((fail + 1)); continue
   fi
   if awk -v arch="$triple" '
@@ -31,12 +35,12 @@ for pair in $CROSS_ARCHS; do
         if (d > 1e-4 * m + 1e-6) { printf "FAIL %s: %s = %s, native %s\n", arch, $1, $3, val[$1]; bad++ }
       }
     }
-    END { if (n == 0) { print "FAIL " arch ": no output"; bad++ } exit bad > 0 }' build/portable.native.txt build/portable.$q.txt
+    END { if (n == 0) { print "FAIL " arch ": no output"; bad++ } exit bad > 0 }' $NAT/native.txt build/portable.$q.txt
   then echo "ok $triple agrees with the native run ($(wc -l < build/portable.$q.txt) values)"; pass=$((pass + 1))
   else fail=$((fail + 1)); fi
   # Checkpoints: the host's, read there; theirs, read here.
-  if [ -n "$(info train.checksum build/portable.native.txt)" ] && \
-     [ "$(info load.checksum build/portable.$q.txt)" = "$(info train.checksum build/portable.native.txt)" ]; then
+  if [ -n "$(info train.checksum $NAT/native.txt)" ] && \
+     [ "$(info load.checksum build/portable.$q.txt)" = "$(info train.checksum $NAT/native.txt)" ]; then
     echo "ok $triple reads the host's checkpoint bit for bit"; pass=$((pass + 1))
   else echo "FAIL $triple: the host's checkpoint loaded as $(info load.checksum build/portable.$q.txt)"; fail=$((fail + 1)); fi
   mine=$(build/tests/portable_run load build/portable.$q.safetensors | grep '^load.checksum info ' | cut -d' ' -f3)
@@ -44,8 +48,8 @@ for pair in $CROSS_ARCHS; do
     echo "ok the host reads the $triple checkpoint bit for bit"; pass=$((pass + 1))
   else echo "FAIL host: the $triple checkpoint loaded as $mine"; fail=$((fail + 1)); fi
   # Wire frames: theirs decode here and ours there to the values written.
-  if [ -n "$(info wire.digest build/portable.native.txt)" ] && \
-     [ "$(info wireload.digest build/portable.$q.txt)" = "$(info wire.digest build/portable.native.txt)" ]; then
+  if [ -n "$(info wire.digest $NAT/native.txt)" ] && \
+     [ "$(info wireload.digest build/portable.$q.txt)" = "$(info wire.digest $NAT/native.txt)" ]; then
     echo "ok $triple decodes the host's wire frames"; pass=$((pass + 1))
   else echo "FAIL $triple: the host's wire frames decoded as $(info wireload.digest build/portable.$q.txt)"; fail=$((fail + 1)); fi
   mine=$(build/tests/portable_run wload build/portable.$q.wire | grep '^wireload.digest info ' | cut -d' ' -f3)
