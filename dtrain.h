@@ -3530,7 +3530,7 @@ DTRAIN_PRIVATE int dt__par_set_replica(int on);
 
 /* ---- graph internals (dt_tensor.c) --------------------------------------------
  * The tensor layer: calls only the base and the graph's device side
- * (dt_device.c), never the ops, the params or anything above them.
+ * (its last section), never the ops, the params or anything above them.
  * Op pattern:
  *   dt_tensor *dt_relu(dt_graph *g, dt_tensor *x) {
  *     if (!dt__begin(g, "dt_relu", 1, x)) return NULL;
@@ -3607,7 +3607,7 @@ DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *
 /* Row-major strides of t into st (elements). */
 DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st);
 
-/* ---- device: the graph's side (dt_device.c, tensor layer) ---------------------------
+/* ---- device: the graph's side (dt_tensor.c, tensor layer) ---------------------------
  * What the graph layer itself needs on a device graph: the device arena, the
  * checked transfers and kernel runs (a failure fails g with op's name and
  * the device's message) and the list of ops that have a device path. Calls
@@ -4235,15 +4235,29 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
 
 /* ======== begin dt_tensor.c ======== */
 /* ===========================================================================
- * dt_tensor.c -- the graph: arena, tape, sticky errors, tensors, backward
+ * dt_tensor.c -- the graph: arena (host and device), tape, sticky errors,
+ * tensors, backward
  * ===========================================================================
- * The tensor layer: it calls the base and, on a device graph, the graph's
- * device side (dt_device.c: device arena, checked copies), nothing above.
- * What needs the params (dt_graph_create, dt_param, the device copy of the
- * params) is in dt_graph_params.c.
+ * The tensor layer: it calls the base and a dt_device's function table
+ * (dt_device.h), nothing above. What needs the params (dt_graph_create,
+ * dt_param, the device copy of the params) is in dt_graph_params.c.
+ *
+ * On a device graph tensor headers come from the host arena (dt__arena_alloc)
+ * and tensor data from the device arena (the last section here:
+ * dt__arena_floats switches on g->device), with checked transfers and
+ * kernel runs that fail the graph with the op's name. The device twins of
+ * the ops (dt__dev_binary, dt__dev_conv2d, ...) are in dt_device_ops.c and
+ * dt_device_nn.c (ops layer). Each op with a device path calls its dt__dev_*
+ * twin right after dt__begin; every other op is refused by dt__begin
+ * (dt__dev_op_ok) with DTRAIN_ERR_UNSUPPORTED, so no CPU loop ever reads
+ * device memory. Nothing of that section runs on a CPU graph.
+ * (The device side was a file of its own, dt_device.c, which called back
+ * into the graph for its errors: one concept, the graph's memory, in two
+ * files that called each other.)
  */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_maps.h" (amalgamated) */
 /* #include "dt_device.h" (amalgamated) */
 /* #include "dt_tensor_internal.h" (amalgamated) */
 
@@ -4749,31 +4763,8 @@ DTRAIN_API dt_result dt_backward_grad(dt_graph *g, dt_tensor *out, const float *
   }
   return dt__tensor_backward(g, out, grad, "dt_backward_grad");
 }
-/* ======== end dt_tensor.c ======== */
 
-/* ======== begin dt_device.c ======== */
-/* ===========================================================================
- * dt_device.c -- the device hook, graph side: device arena, checked
- * transfers and kernel runs, the list of ops with device paths
- * ===========================================================================
- * On a device graph tensor headers come from the host arena (dt__arena_alloc)
- * and tensor data from the device arena below (dt__arena_floats switches on
- * g->device). This file is the tensor layer's use of a dt_device: it calls
- * only the device's function table (dt_device.h) and the graph internals,
- * never an op, so dt_tensor.c can call it without calling up a layer.
- * The device twins of the ops (dt__dev_binary, dt__dev_conv2d, ...) are in
- * dt_device_ops.c and dt_device_nn.c (ops layer); the device copy of the
- * params (dt_graph_params_upload, ...) is in dt_graph_params.c (params
- * layer). Each op with a device path calls its dt__dev_* twin right after
- * dt__begin; every other op is refused by dt__begin (dt__dev_op_ok) with
- * DTRAIN_ERR_UNSUPPORTED, so no CPU loop ever reads device memory.
- * Nothing here runs on a CPU graph: the CPU ops only test `g->device`.
- */
-/* #include "dt_internal.h" (amalgamated) */
-/* #include "dt_tensor.h" (amalgamated) */
-/* #include "dt_maps.h" (amalgamated) */
-/* #include "dt_device.h" (amalgamated) */
-/* #include "dt_tensor_internal.h" (amalgamated) */
+/* ---- the graph on a device ----------------------------------------------------------------- */
 
 struct dt__dchunk {
   dt__dchunk *next;
@@ -4988,7 +4979,7 @@ DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t
 }
 
 #undef DT__DEV_ALIGN
-/* ======== end dt_device.c ======== */
+/* ======== end dt_tensor.c ======== */
 
 /* ======== begin dt_device_ops.c ======== */
 /* ===========================================================================
@@ -4999,7 +4990,7 @@ DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t
  * dt_ops_shape.c) calls its twin here right after dt__begin when g->device
  * is set; the twin checks what the device supports, allocates its output
  * from the device arena, asks the device to run the kernel(s) through
- * dt__dev_run (dt_device.c) and records a device backward function. The
+ * dt__dev_run (dt_tensor.c) and records a device backward function. The
  * GEMM-based and nn twins are in dt_device_nn.c.
  */
 /* #include "dt_internal.h" (amalgamated) */
@@ -10034,7 +10025,7 @@ DTRAIN_API double dt_l2_norm(const float *x, size_t n) {
  * buffers lives here, so that the tensor layer never calls up into
  * dt_params. On a device graph (dt_device.h) the graph holds its own device
  * copy of the params' flat data and grad buffers (g->dparam_*), made by
- * dt_graph_create and freed with the graph's device arena (dt_device.c).
+ * dt_graph_create and freed with the graph's device arena (dt_tensor.c).
  */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
@@ -14477,6 +14468,11 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 
 #else /* DTRAIN_NO_DATA: every entry point says so */
 
+/* One message for every entry point of the compiled-out loaders (declared in dt_data_core.h; here, in the lowest file of the data layer). */
+DTRAIN_PRIVATE dt_result dt__data_compiled_out(const char *fn) {
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the data loaders are compiled out (DTRAIN_NO_DATA)", fn);
+}
+
 DTRAIN_API void dt_bytes_free(dt_bytes *b) { (void)b; }
 /* No error channel: 0, like an empty message's CRC. */
 DTRAIN_API uint32_t dt_crc32(uint32_t crc, const void *data, size_t len) {
@@ -14984,11 +14980,6 @@ DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
 }
 
 #else /* DTRAIN_NO_DATA: every entry point says so */
-
-/* One message for every entry point of the compiled-out loaders (declared in dt_data_core.h). */
-DTRAIN_PRIVATE dt_result dt__data_compiled_out(const char *fn) {
-  return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the data loaders are compiled out (DTRAIN_NO_DATA)", fn);
-}
 
 DTRAIN_API dt_result dt_read_file(const char *path, dt_bytes *out) {
   (void)path; (void)out;
@@ -18349,7 +18340,7 @@ DTRAIN_PRIVATE dt_result dt__strategy_dev_start(dt_strategy *s);
 DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r);
 /* After a failed step: when some replica reached the update, the params'
  * (pre-step) values go back to every device. */
-DTRAIN_PRIVATE void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps);
+DTRAIN_PRIVATE void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps); /* dt_strategy_common.c */
 /* The params' values to every replica's device ("fn: replica r: ..." on failure). */
 DTRAIN_PRIVATE dt_result dt__strategy_dev_upload(dt_strategy *s, const char *fn);
 /* Replica 0's checks of a host copy of the reduced gradient: NaN/Inf
@@ -18364,58 +18355,18 @@ DTRAIN_PRIVATE dt_result dt__strategy_dev_copy(dt_strategy *s, int r, float *dst
 #endif /* DTRAIN_STRATEGY_IMPL_H */
 /* ======== end dt_strategy_impl.h ======== */
 
-/* ======== begin dt_strategy.c ======== */
+/* ======== begin dt_strategy_common.c ======== */
 /* ===========================================================================
- * dt_strategy.c -- the strategies' front door: the table of modules, the
- * public functions (check, then dispatch), and the helpers that several
- * kinds share (shards, forward/backward, clipping, failures, statistics)
+ * dt_strategy_common.c -- what the strategy modules share: failures,
+ * shards of a batch, forward/backward of a replica, clipping and the update
+ * of a slice, running a job on the replicas' threads, replica buffers
  * ===========================================================================
- * Each strategy kind is a module with its own file and table (see
- * dt_strategy_impl.h). What every kind shares lives here:
- *
- *   create   check the desc (common rules + the table's flags and hooks);
- *            non-trainable runs; one graph per replica (bound by the
- *            module's replica hook, or to device copies); the in-process
- *            communicator for the lock-step kinds; the thread pool
- *   step     one job on the pool: each replica thread runs s->job
- *            (mod->job, or the device job); the first failure wins and
- *            breaks the barrier or store so that nobody waits; then the
- *            totals (global steps for lock-step kinds, pushes for async)
- *   run      the module's run, or `steps` steps from the batch function
- *
- * A synchronous replica's job, whatever the kind: its shard of the batch ->
- * zero own gradient -> step fn + backward (the loss gradient weighted by the
- * shard's share) -> the kind's reduction -> (clip: partial norms, a barrier,
- * the total in rank order) -> (numerics check, a barrier, so that a bad
- * gradient stops every replica before any update) -> dt_optim_update on the
- * replica's slice (one optimizer, disjoint ranges: its state is sharded by
- * slice) -> the kind's spreading of the result. The caller advances the
- * optimizer once per step after the pool joins.
+ * The modules (dt_strategy_<kind>.c) and the front door (dt_strategy.c)
+ * call these; these call neither (a module is reached only through its
+ * table), so the strategy files form no loop. Declared in
+ * dt_strategy_impl.h.
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
-
-/* ---- the modules ------------------------------------------------------------------------ */
-
-/* Indexed by dt_strategy_kind (DT__STRATEGY_MODULES in dt_strategy_impl.h). */
-#define DT__STRATEGY_ENTRY(getter) getter,
-static const dt__strategy_module *(*const dt__strategy_modules[])(void) = {DT__STRATEGY_MODULES(DT__STRATEGY_ENTRY)};
-#undef DT__STRATEGY_ENTRY
-#define DT__STRATEGY_KINDS ((int)(sizeof dt__strategy_modules / sizeof dt__strategy_modules[0]))
-
-/* The module of `kind`, or NULL for an unknown kind. */
-static const dt__strategy_module *dt__strategy_module_of(int kind) {
-  return kind >= 0 && kind < DT__STRATEGY_KINDS ? dt__strategy_modules[kind]() : NULL;
-}
-
-/* ---- small utilities, names, descs ----------------------------------------------------------- */
-
-DTRAIN_API void dt_sleep(double seconds) { dt__sleep(seconds); }
-DTRAIN_API int dt_cpu_count(void) { return dt__cpu_count(); }
-
-DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind) {
-  const dt__strategy_module *m = dt__strategy_module_of((int)kind);
-  return m ? m->name : "unknown";
-}
 
 DTRAIN_PRIVATE dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int replicas, int max_staleness) {
   dt_strategy_desc d;
@@ -18424,28 +18375,6 @@ DTRAIN_PRIVATE dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int rep
   d.replicas = replicas;
   d.max_staleness = max_staleness;
   return d;
-}
-
-DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out) {
-  if (!name || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_parse: %s is NULL", !name ? "name" : "out");
-  for (int k = 0; k < DT__STRATEGY_KINDS; k++) {
-    const dt__strategy_module *m = dt__strategy_module_of(k);
-    if (strcmp(name, m->name) == 0) {
-      *out = dt__strategy_desc((dt_strategy_kind)k, (m->flags & DT__STRATEGY_ONE_REPLICA) ? 1 : replicas,
-                               max_staleness);
-      return DTRAIN_OK;
-    }
-  }
-  /* The names come from the table, so a new module is listed here too. */
-  char known[256];
-  size_t used = 0;
-  known[0] = '\0';
-  for (int k = 0; k < DT__STRATEGY_KINDS && used < sizeof known; k++) {
-    int w = snprintf(known + used, sizeof known - used, "%s%s", k ? ", " : "", dt__strategy_module_of(k)->name);
-    if (w < 0) break;
-    used += (size_t)w;
-  }
-  return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_strategy_parse: unknown strategy '%s' (%s)", name, known);
 }
 
 /* ---- failures -------------------------------------------------------------------------------- */
@@ -18725,6 +18654,16 @@ static void dt__strategy_job(void *arg, int r) {
   dt__par_set_replica(was);
 }
 
+DTRAIN_PRIVATE void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps) {
+  int any = 0;
+  for (int r = 0; r < s->n; r++) any |= s->rep[r].updating;
+  if (!any) return;
+  dt__quiet_push();
+  for (int r = 0; r < s->n; r++) (void)dt_graph_params_upload(s->rep[r].g);
+  dt__quiet_pop(DTRAIN_OK);
+  dt_optim_set_steps(s->opt, opt_steps);
+}
+
 DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
   DT__ASTORE(&s->failed, -1, DT__MO_RELAXED);
   s->err = DTRAIN_OK;
@@ -18738,6 +18677,108 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
   if (s->dev) dt__strategy_dev_restore(s, s->dev_opt_steps);
   return dt__error(s->err, "%s: %s", fn, s->msg);
 }
+
+DTRAIN_PRIVATE float *dt__strategy_floats(dt_strategy *s, const float *init) {
+  float *p = (float *)dt__alloc(s->fbytes ? s->fbytes : sizeof(float));
+  if (p) {
+    if (init) memcpy(p, init, s->fbytes);
+    else memset(p, 0, s->fbytes);
+  }
+  return p;
+}
+
+DTRAIN_PRIVATE dt_result dt__strategy_nomem(dt_strategy *s) {
+  return dt__error(DTRAIN_ERR_NOMEM, "dt_strategy_create: out of memory for %d replicas of %zu floats", s->n, s->size);
+}
+
+DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, int own_grad, float *grad0) {
+  dt__strategy_replica *R = &s->rep[r];
+  float *pdata = dt_params_data(s->params);
+  if (own_data && !(R->own_data = dt__strategy_floats(s, pdata))) return dt__strategy_nomem(s);
+  if (own_grad && !(R->own_grad = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
+  R->data = own_data ? R->own_data : pdata;
+  R->grad = grad0 ? grad0 : own_grad ? R->own_grad : dt_params_grad(s->params);
+  return dt_graph_bind(R->g, R->data, R->grad);
+}
+
+/* ======== end dt_strategy_common.c ======== */
+
+/* ======== begin dt_strategy.c ======== */
+/* ===========================================================================
+ * dt_strategy.c -- the strategies' front door: the table of modules, the
+ * public functions (check, then dispatch), and the helpers that several
+ * kinds share (shards, forward/backward, clipping, failures, statistics)
+ * ===========================================================================
+ * Each strategy kind is a module with its own file and table (see
+ * dt_strategy_impl.h). What every kind shares lives here:
+ *
+ *   create   check the desc (common rules + the table's flags and hooks);
+ *            non-trainable runs; one graph per replica (bound by the
+ *            module's replica hook, or to device copies); the in-process
+ *            communicator for the lock-step kinds; the thread pool
+ *   step     one job on the pool: each replica thread runs s->job
+ *            (mod->job, or the device job); the first failure wins and
+ *            breaks the barrier or store so that nobody waits; then the
+ *            totals (global steps for lock-step kinds, pushes for async)
+ *   run      the module's run, or `steps` steps from the batch function
+ *
+ * A synchronous replica's job, whatever the kind: its shard of the batch ->
+ * zero own gradient -> step fn + backward (the loss gradient weighted by the
+ * shard's share) -> the kind's reduction -> (clip: partial norms, a barrier,
+ * the total in rank order) -> (numerics check, a barrier, so that a bad
+ * gradient stops every replica before any update) -> dt_optim_update on the
+ * replica's slice (one optimizer, disjoint ranges: its state is sharded by
+ * slice) -> the kind's spreading of the result. The caller advances the
+ * optimizer once per step after the pool joins.
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+/* ---- the modules ------------------------------------------------------------------------ */
+
+/* Indexed by dt_strategy_kind (DT__STRATEGY_MODULES in dt_strategy_impl.h). */
+#define DT__STRATEGY_ENTRY(getter) getter,
+static const dt__strategy_module *(*const dt__strategy_modules[])(void) = {DT__STRATEGY_MODULES(DT__STRATEGY_ENTRY)};
+#undef DT__STRATEGY_ENTRY
+#define DT__STRATEGY_KINDS ((int)(sizeof dt__strategy_modules / sizeof dt__strategy_modules[0]))
+
+/* The module of `kind`, or NULL for an unknown kind. */
+static const dt__strategy_module *dt__strategy_module_of(int kind) {
+  return kind >= 0 && kind < DT__STRATEGY_KINDS ? dt__strategy_modules[kind]() : NULL;
+}
+
+/* ---- small utilities, names, descs ----------------------------------------------------------- */
+
+DTRAIN_API void dt_sleep(double seconds) { dt__sleep(seconds); }
+DTRAIN_API int dt_cpu_count(void) { return dt__cpu_count(); }
+
+DTRAIN_API const char *dt_strategy_kind_name(dt_strategy_kind kind) {
+  const dt__strategy_module *m = dt__strategy_module_of((int)kind);
+  return m ? m->name : "unknown";
+}
+
+DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_staleness, dt_strategy_desc *out) {
+  if (!name || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_parse: %s is NULL", !name ? "name" : "out");
+  for (int k = 0; k < DT__STRATEGY_KINDS; k++) {
+    const dt__strategy_module *m = dt__strategy_module_of(k);
+    if (strcmp(name, m->name) == 0) {
+      *out = dt__strategy_desc((dt_strategy_kind)k, (m->flags & DT__STRATEGY_ONE_REPLICA) ? 1 : replicas,
+                               max_staleness);
+      return DTRAIN_OK;
+    }
+  }
+  /* The names come from the table, so a new module is listed here too. */
+  char known[256];
+  size_t used = 0;
+  known[0] = '\0';
+  for (int k = 0; k < DT__STRATEGY_KINDS && used < sizeof known; k++) {
+    int w = snprintf(known + used, sizeof known - used, "%s%s", k ? ", " : "", dt__strategy_module_of(k)->name);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+  return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_strategy_parse: unknown strategy '%s' (%s)", name, known);
+}
+
+/* ---- running jobs ------------------------------------------------------------------------------ */
 
 DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss) {
   const char *fn = "dt_strategy_step";
@@ -18821,29 +18862,6 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
 }
 
 /* ---- create / destroy -------------------------------------------------------------------------- */
-
-DTRAIN_PRIVATE float *dt__strategy_floats(dt_strategy *s, const float *init) {
-  float *p = (float *)dt__alloc(s->fbytes ? s->fbytes : sizeof(float));
-  if (p) {
-    if (init) memcpy(p, init, s->fbytes);
-    else memset(p, 0, s->fbytes);
-  }
-  return p;
-}
-
-DTRAIN_PRIVATE dt_result dt__strategy_nomem(dt_strategy *s) {
-  return dt__error(DTRAIN_ERR_NOMEM, "dt_strategy_create: out of memory for %d replicas of %zu floats", s->n, s->size);
-}
-
-DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, int own_grad, float *grad0) {
-  dt__strategy_replica *R = &s->rep[r];
-  float *pdata = dt_params_data(s->params);
-  if (own_data && !(R->own_data = dt__strategy_floats(s, pdata))) return dt__strategy_nomem(s);
-  if (own_grad && !(R->own_grad = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
-  R->data = own_data ? R->own_data : pdata;
-  R->grad = grad0 ? grad0 : own_grad ? R->own_grad : dt_params_grad(s->params);
-  return dt_graph_bind(R->g, R->data, R->grad);
-}
 
 #if defined(DTRAIN_NO_DIST)
 DTRAIN_PRIVATE dt_result dt__strategy_compiled_out(dt_strategy_desc *d) {
@@ -20120,15 +20138,6 @@ DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r) {
   }
 }
 
-DTRAIN_PRIVATE void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps) {
-  int any = 0;
-  for (int r = 0; r < s->n; r++) any |= s->rep[r].updating;
-  if (!any) return;
-  dt__quiet_push();
-  for (int r = 0; r < s->n; r++) (void)dt_graph_params_upload(s->rep[r].g);
-  dt__quiet_pop(DTRAIN_OK);
-  dt_optim_set_steps(s->opt, opt_steps);
-}
 /* ======== end dt_strategy_device.c ======== */
 
 /* ======== begin dt_cluster.c ======== */
@@ -22768,7 +22777,7 @@ typedef struct dt__tcp_call {
 
 /* The communicator's function table (dt_comm_tcp.c). */
 DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void);
-/* Close every connection and free t and everything it holds (dt_comm_tcp_setup.c). */
+/* Close every connection and free t and everything it holds (dt_comm_tcp.c). */
 DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t);
 
 #endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
@@ -23425,6 +23434,21 @@ static void dt__tcp_destroy(dt_comm *c) {
   else dt_clear_error();
 }
 
+DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t) {
+  if (t->conns)
+    for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
+  dt__conn_close(&t->lane2);
+  dt__free(t->conns, t->conns_bytes);
+  dt__free(t->peer_state, (size_t)t->comm.world);
+  dt__free(t->pfd, (size_t)t->comm.world * sizeof(struct pollfd));
+  dt__free(t->pidx, (size_t)t->comm.world * sizeof(int));
+  dt__free(t->scratch, t->scratch_bytes);
+  dt__free(t->fout, DT__TCP_CALL_BYTES + t->fused_max);
+  dt__free(t->fin, DT__TCP_CALL_BYTES + t->fused_max);
+  dt__free(t->fkeep, t->fused_max + sizeof(float));
+  dt__free(t, sizeof *t);
+}
+
 static const dt_comm_vtable dt__comm_tcp_vtable = {
   "tcp",
   dt__tcp_allreduce,
@@ -23659,20 +23683,6 @@ done:
 }
 
 
-DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t) {
-  if (t->conns)
-    for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
-  dt__conn_close(&t->lane2);
-  dt__free(t->conns, t->conns_bytes);
-  dt__free(t->peer_state, (size_t)t->comm.world);
-  dt__free(t->pfd, (size_t)t->comm.world * sizeof(struct pollfd));
-  dt__free(t->pidx, (size_t)t->comm.world * sizeof(int));
-  dt__free(t->scratch, t->scratch_bytes);
-  dt__free(t->fout, DT__TCP_CALL_BYTES + t->fused_max);
-  dt__free(t->fin, DT__TCP_CALL_BYTES + t->fused_max);
-  dt__free(t->fkeep, t->fused_max + sizeof(float));
-  dt__free(t, sizeof *t);
-}
 
 static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   dt__comm_tcp *t = NULL;

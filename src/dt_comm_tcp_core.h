@@ -138,7 +138,7 @@ typedef struct dt__tcp_call {
 
 /* The communicator's function table (dt_comm_tcp.c). */
 DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void);
-/* Close every connection and free t and everything it holds (dt_comm_tcp_setup.c). */
+/* Close every connection and free t and everything it holds (dt_comm_tcp.c). */
 DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t);
 
 #endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */

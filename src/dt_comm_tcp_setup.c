@@ -211,20 +211,6 @@ done:
 }
 
 
-DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t) {
-  if (t->conns)
-    for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
-  dt__conn_close(&t->lane2);
-  dt__free(t->conns, t->conns_bytes);
-  dt__free(t->peer_state, (size_t)t->comm.world);
-  dt__free(t->pfd, (size_t)t->comm.world * sizeof(struct pollfd));
-  dt__free(t->pidx, (size_t)t->comm.world * sizeof(int));
-  dt__free(t->scratch, t->scratch_bytes);
-  dt__free(t->fout, DT__TCP_CALL_BYTES + t->fused_max);
-  dt__free(t->fin, DT__TCP_CALL_BYTES + t->fused_max);
-  dt__free(t->fkeep, t->fused_max + sizeof(float));
-  dt__free(t, sizeof *t);
-}
 
 static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   dt__comm_tcp *t = NULL;

@@ -487,11 +487,6 @@ DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
 
 #else /* DTRAIN_NO_DATA: every entry point says so */
 
-/* One message for every entry point of the compiled-out loaders (declared in dt_data_core.h). */
-DTRAIN_PRIVATE dt_result dt__data_compiled_out(const char *fn) {
-  return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the data loaders are compiled out (DTRAIN_NO_DATA)", fn);
-}
-
 DTRAIN_API dt_result dt_read_file(const char *path, dt_bytes *out) {
   (void)path; (void)out;
   return dt__data_compiled_out("dt_read_file");

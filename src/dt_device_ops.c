@@ -6,7 +6,7 @@
  * dt_ops_shape.c) calls its twin here right after dt__begin when g->device
  * is set; the twin checks what the device supports, allocates its output
  * from the device arena, asks the device to run the kernel(s) through
- * dt__dev_run (dt_device.c) and records a device backward function. The
+ * dt__dev_run (dt_tensor.c) and records a device backward function. The
  * GEMM-based and nn twins are in dt_device_nn.c.
  */
 #include "dt_internal.h"

@@ -7,7 +7,7 @@
  * buffers lives here, so that the tensor layer never calls up into
  * dt_params. On a device graph (dt_device.h) the graph holds its own device
  * copy of the params' flat data and grad buffers (g->dparam_*), made by
- * dt_graph_create and freed with the graph's device arena (dt_device.c).
+ * dt_graph_create and freed with the graph's device arena (dt_tensor.c).
  */
 #include "dt_internal.h"
 #include "dt_tensor.h"

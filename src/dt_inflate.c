@@ -572,6 +572,11 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 
 #else /* DTRAIN_NO_DATA: every entry point says so */
 
+/* One message for every entry point of the compiled-out loaders (declared in dt_data_core.h; here, in the lowest file of the data layer). */
+DTRAIN_PRIVATE dt_result dt__data_compiled_out(const char *fn) {
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the data loaders are compiled out (DTRAIN_NO_DATA)", fn);
+}
+
 DTRAIN_API void dt_bytes_free(dt_bytes *b) { (void)b; }
 /* No error channel: 0, like an empty message's CRC. */
 DTRAIN_API uint32_t dt_crc32(uint32_t crc, const void *data, size_t len) {

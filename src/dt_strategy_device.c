@@ -152,12 +152,3 @@ DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r) {
   }
 }
 
-DTRAIN_PRIVATE void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps) {
-  int any = 0;
-  for (int r = 0; r < s->n; r++) any |= s->rep[r].updating;
-  if (!any) return;
-  dt__quiet_push();
-  for (int r = 0; r < s->n; r++) (void)dt_graph_params_upload(s->rep[r].g);
-  dt__quiet_pop(DTRAIN_OK);
-  dt_optim_set_steps(s->opt, opt_steps);
-}

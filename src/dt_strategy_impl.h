@@ -277,7 +277,7 @@ DTRAIN_PRIVATE dt_result dt__strategy_dev_start(dt_strategy *s);
 DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r);
 /* After a failed step: when some replica reached the update, the params'
  * (pre-step) values go back to every device. */
-DTRAIN_PRIVATE void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps);
+DTRAIN_PRIVATE void dt__strategy_dev_restore(dt_strategy *s, int64_t opt_steps); /* dt_strategy_common.c */
 /* The params' values to every replica's device ("fn: replica r: ..." on failure). */
 DTRAIN_PRIVATE dt_result dt__strategy_dev_upload(dt_strategy *s, const char *fn);
 /* Replica 0's checks of a host copy of the reduced gradient: NaN/Inf

@@ -12,7 +12,7 @@
 
 /* ---- graph internals (dt_tensor.c) --------------------------------------------
  * The tensor layer: calls only the base and the graph's device side
- * (dt_device.c), never the ops, the params or anything above them.
+ * (its last section), never the ops, the params or anything above them.
  * Op pattern:
  *   dt_tensor *dt_relu(dt_graph *g, dt_tensor *x) {
  *     if (!dt__begin(g, "dt_relu", 1, x)) return NULL;
@@ -89,7 +89,7 @@ DTRAIN_PRIVATE const char *dt__shape_text(int ndim, const int64_t *shape, char *
 /* Row-major strides of t into st (elements). */
 DTRAIN_PRIVATE void dt__strides(const dt_tensor *t, int64_t *st);
 
-/* ---- device: the graph's side (dt_device.c, tensor layer) ---------------------------
+/* ---- device: the graph's side (dt_tensor.c, tensor layer) ---------------------------
  * What the graph layer itself needs on a device graph: the device arena, the
  * checked transfers and kernel runs (a failure fails g with op's name and
  * the device's message) and the list of ops that have a device path. Calls
