@@ -3463,6 +3463,14 @@ static DT__UNUSED void dt__put_le64(unsigned char *p, uint64_t v) {
 #else
 #  define DT__HOST_LE 0
 #endif
+/* The host's byte order at run time, for formats that say which they use
+ * (NPY's '<', '>', '='): 1 on a little-endian host. Compilers fold it. */
+static DT__UNUSED int dt__host_le(void) {
+  const uint16_t one = 1;
+  unsigned char b;
+  memcpy(&b, &one, 1);
+  return b == 1;
+}
 static DT__UNUSED void dt__put_f32le(unsigned char *dst, const float *src, size_t n) {
   if (DT__HOST_LE) {
     if (n) memcpy(dst, src, 4 * n);
@@ -15452,13 +15460,6 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
  *   header: a Python dict literal {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
  *           padded with spaces and ended by '\n'; then the data, C order. */
 
-static int dt__data_host_le(void) {
-  uint16_t one = 1;
-  unsigned char b;
-  memcpy(&b, &one, 1);
-  return b == 1;
-}
-
 DTRAIN_API size_t dt_npy_dtype_size(dt_npy_dtype dtype) {
   switch (dtype) {
     case DTRAIN_NPY_F32: return 4;
@@ -15538,8 +15539,8 @@ static dt_result dt__data_npy_header(dt__data_npyp *s, dt_npy *a, int *swap) {
         return dt__error(DTRAIN_ERR_FORMAT,
                          "%s: NPY dtype '%s' is not supported (float32 '<f4', uint8 '|u1', int32 '<i4', int64 '<i8')",
                          s->ctx, val);
-      int file_le = bo == '<' || (bo == '=' && dt__data_host_le());
-      *swap = a->dtype != DTRAIN_NPY_U8 && file_le != dt__data_host_le();
+      int file_le = bo == '<' || (bo == '=' && dt__host_le());
+      *swap = a->dtype != DTRAIN_NPY_U8 && file_le != dt__host_le();
       have_descr = 1;
     } else if (!strcmp(key, "fortran_order")) {
       dt__data_npy_ws(s);
@@ -15745,7 +15746,7 @@ static dt_result dt__data_npy_encode(const char *who, unsigned char *buf, size_t
   dt__put_le16(buf + 8, (uint16_t)hl);
   memcpy(buf + 10, h, hl);
   if (bytes) memcpy(buf + 10 + hl, data, bytes);
-  if (w > 1 && !dt__data_host_le()) dt__data_swap(buf + 10 + hl, count, w);
+  if (w > 1 && !dt__host_le()) dt__data_swap(buf + 10 + hl, count, w);
   return DTRAIN_OK;
 }
 

@@ -143,6 +143,14 @@ static DT__UNUSED void dt__put_le64(unsigned char *p, uint64_t v) {
 #else
 #  define DT__HOST_LE 0
 #endif
+/* The host's byte order at run time, for formats that say which they use
+ * (NPY's '<', '>', '='): 1 on a little-endian host. Compilers fold it. */
+static DT__UNUSED int dt__host_le(void) {
+  const uint16_t one = 1;
+  unsigned char b;
+  memcpy(&b, &one, 1);
+  return b == 1;
+}
 static DT__UNUSED void dt__put_f32le(unsigned char *dst, const float *src, size_t n) {
   if (DT__HOST_LE) {
     if (n) memcpy(dst, src, 4 * n);
