@@ -24,8 +24,11 @@
  *   Across processes (the cluster from DTRAIN_CONFIG or --rank/--world/--peers):
  *        tools/dtrain-launch -n 2 -- build/examples/02_fashion_mnist --strategy multi_worker_mirrored
  *        tools/dtrain-launch -n 2 --ps 1 -- build/examples/02_fashion_mnist --strategy parameter_server
- *   (each worker trains on its shard with --batch rows per step; worker 0
- *   prints, writes the CSV, the chart and the checkpoints; servers write
+ *   (--batch is the global batch under every strategy, as in TensorFlow: each
+ *   of W workers reads --batch/W rows of its shard per step and each of its
+ *   R replicas takes --batch/(W*R), so one command trains on the same samples
+ *   per step whichever strategy runs it; a batch that does not divide is
+ *   refused before any data is loaded; worker 0 prints, writes the CSV, the chart and the checkpoints; servers write
  *   shard checkpoints into --checkpoint-dir)
  * Data:  --data DIR, else /usr/share/datasets/fashion-mnist (Debian package
  *        dataset-fashion-mnist), else the test split shipped in data/ (then
@@ -45,6 +48,7 @@ typedef struct options {
   const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule, *strategy, *checkpoint_dir;
   const char *device; /* "cpu", "cuda", "cuda:N" */
   int epochs, batch, json, quiet, replicas, max_staleness;
+  int batch_worker; /* not a flag: --batch over the worker processes, the rows this process loads per step */
   int64_t limit; /* train on the first `limit` samples only (0: all) */
   float lr;
   uint64_t seed;
@@ -139,7 +143,7 @@ static dt_tensor *replica_step(dt_graph *g, int replica, const dt_minibatch *b, 
 static dt_result train_step(dt_fit_batch *fb, void *user) {
   app *a = (app *)user;
   dt_batch b;
-  int64_t ep, idx, want = fb->index * a->o.batch;
+  int64_t ep, idx, want = fb->index * a->o.batch_worker;
   dt_loader_position(a->loader, &ep, &idx);
   if (ep != fb->epoch || idx != want) { /* a resumed run, or the wrap into a new epoch */
     dt_result r = dt_loader_set_position(a->loader, fb->epoch, want);
@@ -190,7 +194,7 @@ static dt_result evaluate(dt_fit_eval *e, void *user) {
 /* ---- command line ------------------------------------------------------------------------ */
 static void usage(void) {
   fprintf(stderr,
-          "usage: 02_fashion_mnist [--model mlp|cnn] [--epochs N] [--batch N] [--lr X]\n"
+          "usage: 02_fashion_mnist [--model mlp|cnn] [--epochs N] [--batch N (global)] [--lr X]\n"
           "         [--optimizer sgd|adam|adamw|rmsprop] [--seed N] [--data DIR]\n"
           "         [--schedule constant|cosine] [--checkpoint FILE] [--resume FILE] [--csv FILE]\n"
           "         [--strategy one_device|mirrored|central_storage|async|multi_worker_mirrored|parameter_server]\n"
@@ -346,6 +350,18 @@ int main(int argc, char **argv) {
   const int rank = (mwm || ps) ? cl->index : 0, world = (mwm || ps) ? cl->workers : 1;
   if (ps && cl->servers < 1) { fprintf(stderr, "error: parameter_server needs servers (dtrain-launch --ps M, or \"ps\" in DTRAIN_CONFIG)\n"); return 2; }
   if (ps && a.o.resume) { fprintf(stderr, "error: with parameter_server the servers resume from --checkpoint-dir; --resume is not used\n"); return 2; }
+  /* --batch is global under every strategy: W workers x R replicas each take
+   * batch/(W*R) rows, so the batch must divide; said before loading data. R is
+   * what is known now: --replicas (1 when not given; one_device and the
+   * parameter-server workers run one). */
+  const int one = !strcmp(a.o.strategy, "one_device") || ps;
+  const int per_worker_replicas = one || a.o.replicas < 1 ? 1 : a.o.replicas;
+  if (a.o.batch % (world * per_worker_replicas) != 0) {
+    fprintf(stderr, "error: --batch %d does not divide over %d workers x %d replicas = %d\n", a.o.batch, world,
+            per_worker_replicas, world * per_worker_replicas);
+    return 2;
+  }
+  a.o.batch_worker = a.o.batch / world;
   if (rank != 0 || (ps && cl->role == DTRAIN_ROLE_PS)) { a.o.quiet = 1; a.o.json = 0; a.o.csv = a.o.svg = a.o.checkpoint = NULL; } /* worker 0 reports */
   dt_optim_kind kind;
   if (!optimizer_kind(a.o.optimizer, &kind)) { fprintf(stderr, "error: unknown optimizer %s\n", a.o.optimizer); return 2; }
@@ -354,15 +370,16 @@ int main(int argc, char **argv) {
   if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   if (!a.o.quiet && (mwm || ps)) printf("cluster: %d workers, %d servers (samples/s below: worker 0's own)\n", cl->workers, cl->servers);
   if (!a.o.quiet)
-    printf("data: %s (%lld train, %lld test)\nmodel: %s, %s, batch %d, %d epochs, strategy %s\n", dir,
-           (long long)a.train->n, (long long)a.test->n, a.o.model, a.o.optimizer, a.o.batch, a.o.epochs, a.o.strategy);
+    printf("data: %s (%lld train, %lld test)\nmodel: %s, %s, batch %d (%d per worker), %d epochs, strategy %s\n", dir,
+           (long long)a.train->n, (long long)a.test->n, a.o.model, a.o.optimizer, a.o.batch, a.o.batch_worker, a.o.epochs,
+           a.o.strategy);
 
   a.P = dt_params_create(a.o.seed);
   if ((r = model_init(&a.m, a.P, !strcmp(a.o.model, "cnn"))) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   a.ndev = open_devices(a.o.device, !strcmp(a.o.strategy, "one_device"), a.o.replicas, a.devs);
   if (a.ndev < 0) return 2;
   for (int i = 0; i < a.ndev; i++) {
-    a.logits_h[i] = (float *)malloc((size_t)a.o.batch * 10 * sizeof(float));
+    a.logits_h[i] = (float *)malloc((size_t)a.o.batch_worker * 10 * sizeof(float));
     if (!a.logits_h[i]) { fprintf(stderr, "error: out of memory\n"); return 1; }
   }
   if (!a.o.quiet && a.ndev > 0) printf("device: %s%s\n", a.devs[0]->name, a.ndev > 1 ? " and more, one replica each" : "");
@@ -371,7 +388,7 @@ int main(int argc, char **argv) {
   dt_graph_set_training(a.eval_g, 0);
   dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
-  ld.batch_size = a.o.batch;
+  ld.batch_size = a.o.batch_worker; /* this process's part of the global batch */
   ld.seed = a.o.seed;
   ld.shuffle = 1;
   ld.shard_index = rank; /* across processes, each worker reads its own shard */
@@ -435,8 +452,8 @@ int main(int argc, char **argv) {
   fd.epochs = a.o.epochs;
   fd.steps_per_epoch = dt_loader_num_batches(a.loader);
   /* Every worker makes the same number of steps (shards differ by at most one sample). */
-  if (mwm || ps) fd.steps_per_epoch = (a.train->n / world) / a.o.batch;
-  fd.batch_size = a.o.batch;
+  if (mwm || ps) fd.steps_per_epoch = (a.train->n / world) / a.o.batch_worker;
+  fd.batch_size = a.o.batch_worker; /* the rows this process trains on per step (its samples/s) */
   fd.train_step = train_step;
   fd.evaluate = evaluate;
   fd.user = &a;
@@ -481,11 +498,11 @@ int main(int argc, char **argv) {
     printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"epochs\":%lld,\"batch\":%d,\"seed\":%llu,\"train_samples\":%lld,"
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
            "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
-           "\"replicas\":%d,\"device\":\"%s\"}\n",
+           "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
-           dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu");
+           dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker);
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);

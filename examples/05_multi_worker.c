@@ -20,7 +20,11 @@
  * After a failure, run the same command lines with --resume /shared/mw.safetensors.
  * With MPI: mpicc -DDTRAIN_USE_MPI -std=c11 -O2 -I. examples/05_multi_worker.c -o mw && mpirun -n 2 ./mw
  *
- * Options: --epochs E, --batch B (per worker), --threads N (replicas in each
+ * Options: --epochs E, --batch B (the global batch, as in TensorFlow and in
+ * examples/02: each of W workers reads B/W rows per step and each of its N
+ * threads takes B/(W*N); B must divide by W*N, default 64), --batch-per-worker B
+ * (the old meaning of --batch, kept for scripts: every worker reads B rows, the
+ * global batch is B*W; not together with --batch), --threads N (replicas in each
  * process), --lr X, --limit N (train on the first N samples), --data DIR,
  * --checkpoint PATH, --resume PATH, --seed S, --quiet; for experiments
  * --crash-at RANK:STEP (that worker kills itself with SIGKILL before the
@@ -37,6 +41,8 @@
 
 typedef struct options {
   int epochs, batch, threads, quiet, crash_rank, stall_rank;
+  int batch_per_worker; /* --batch-per-worker B, 0 when not given; then --batch (global) decides */
+  int batch_given;      /* --batch was on the command line (the two flags together are refused) */
   int64_t limit, crash_step, stall_step;
   float lr;
   uint64_t seed;
@@ -93,7 +99,8 @@ static int parse(int argc, char **argv, options *o) {
     if (!v) return 0;
     i++;
     if (!strcmp(k, "--epochs")) o->epochs = atoi(v);
-    else if (!strcmp(k, "--batch")) o->batch = atoi(v);
+    else if (!strcmp(k, "--batch")) { o->batch = atoi(v); o->batch_given = 1; }
+    else if (!strcmp(k, "--batch-per-worker")) { o->batch_per_worker = atoi(v); if (o->batch_per_worker < 1) return 0; }
     else if (!strcmp(k, "--threads")) o->threads = atoi(v);
     else if (!strcmp(k, "--lr")) o->lr = (float)atof(v);
     else if (!strcmp(k, "--limit")) o->limit = atoll(v);
@@ -111,6 +118,10 @@ static int parse(int argc, char **argv, options *o) {
       o->stall_step = st;
     } else return 0;
   }
+  if (o->batch_given && o->batch_per_worker) {
+    fprintf(stderr, "error: --batch (global) and --batch-per-worker are two meanings of one number; give one\n");
+    return 0;
+  }
   return o->epochs > 0 && o->batch > 0 && o->threads > 0;
 }
 
@@ -124,7 +135,7 @@ int main(int argc, char **argv) {
   }
   options o;
   if (!parse(argc, argv, &o)) {
-    fprintf(stderr, "usage: 05_multi_worker [--epochs E] [--batch B] [--threads N] [--lr X] [--limit N] [--data DIR]\n"
+    fprintf(stderr, "usage: 05_multi_worker [--epochs E] [--batch B (global) | --batch-per-worker B] [--threads N] [--lr X] [--limit N] [--data DIR]\n"
                     "       [--checkpoint PATH] [--resume PATH] [--seed S] [--quiet] [--crash-at RANK:STEP] [--stall-at RANK:STEP]\n"
                     "       [--rank R --world W --peers host:port,...]  (or DTRAIN_CONFIG; see tools/dtrain-launch)\n");
     return 2;
@@ -156,6 +167,16 @@ int main(int argc, char **argv) {
     return 1;
   }
   int rank = dt_comm_rank(comm), world = dt_comm_world(comm);
+  /* --batch is global: W workers x N threads each take batch/(W*N) rows, so it
+   * must divide (said before any data is loaded; every rank says the same).
+   * --batch-per-worker keeps the old meaning: B rows a worker, split over its
+   * threads as the strategy splits any batch. */
+  if (!o.batch_per_worker && o.batch % (world * o.threads) != 0) {
+    fprintf(stderr, "error: --batch %d does not divide over %d workers x %d replicas = %d\n", o.batch, world, o.threads,
+            world * o.threads);
+    return 2;
+  }
+  const int batch_worker = o.batch_per_worker ? o.batch_per_worker : o.batch / world; /* the rows this worker loads per step */
 
   /* 4. Data: each worker reads its own shard (the loader's shard_index/count). */
   char dir[512];
@@ -186,7 +207,7 @@ int main(int argc, char **argv) {
   }
   dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
-  ld.batch_size = o.batch;
+  ld.batch_size = batch_worker;
   ld.shuffle = 1;
   ld.seed = o.seed; /* the same seed everywhere: one permutation per epoch, cut into disjoint shards */
   ld.shard_index = rank;
@@ -197,7 +218,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   /* Every worker must make the same number of steps: shards differ by at most one sample. */
-  int64_t steps_per_epoch = (n_train / world) / o.batch;
+  int64_t steps_per_epoch = (n_train / world) / batch_worker;
 
   /* 5. The strategy: lock-step across processes, o.threads replicas in each.
    *    Creating it checks the model hash and broadcasts rank 0's parameters. */
@@ -223,7 +244,7 @@ int main(int argc, char **argv) {
   }
   if (rank == 0 && !o.quiet)
     printf("%d workers x %d threads, %s, %lld samples in %d shards, batch %d per worker (global %d), %lld steps per epoch\n",
-           world, o.threads, dt_comm_name(comm), (long long)n_train, world, o.batch, o.batch * world,
+           world, o.threads, dt_comm_name(comm), (long long)n_train, world, batch_worker, batch_worker * world,
            (long long)steps_per_epoch);
 
   dt_graph *eval = dt_graph_create(P, NULL);
@@ -269,7 +290,7 @@ int main(int argc, char **argv) {
       double secs = dt_time_now() - t0;
       if (!o.quiet)
         printf("epoch %lld: train loss %.4f, test accuracy %.4f, %.0f samples/s (all workers)\n", (long long)e + 1,
-               loss_sum / (double)steps_per_epoch, acc, (double)(steps_per_epoch * o.batch * world) / secs);
+               loss_sum / (double)steps_per_epoch, acc, (double)(steps_per_epoch * batch_worker * world) / secs);
       if (o.checkpoint) { /* rank 0 writes (atomically); the parameters are the same everywhere */
         dt_train_state st;
         memset(&st, 0, sizeof st);

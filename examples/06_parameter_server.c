@@ -15,7 +15,11 @@
  *                        "task":{"type":"ps","index":0}}' ps --checkpoint-dir /var/tmp/ps
  *    and "task":{"type":"worker","index":0} / 1 on the worker machines.
  *
- * Options: --epochs E (each worker makes E passes over its shard), --batch B,
+ * Options: --epochs E (each worker makes E passes over its shard), --batch B
+ * (the global batch, as in examples/02 and 05: each of W workers pushes the
+ * gradient of B/W rows a step; B must divide by W, default 64),
+ * --batch-per-worker B (the old meaning of --batch: B rows a worker; not
+ * together with --batch),
  * --lr X, --max-staleness K (default 2), --limit N, --data DIR, --seed S,
  * --checkpoint-dir DIR (servers), --checkpoint-every N (updates), --quiet;
  * for experiments --crash-at RANK:STEP (that worker kills itself: the others
@@ -31,6 +35,8 @@
 
 typedef struct options {
   int epochs, batch, max_staleness, quiet, crash_rank, slow_rank;
+  int batch_per_worker; /* --batch-per-worker B, 0 when not given; then --batch (global) decides */
+  int batch_given;      /* --batch was on the command line (the two flags together are refused) */
   int64_t limit, crash_step, checkpoint_every;
   float lr, slow_factor;
   uint64_t seed;
@@ -114,7 +120,8 @@ static int parse(int argc, char **argv, options *o) {
     if (!v) return 0;
     i++;
     if (!strcmp(k, "--epochs")) o->epochs = atoi(v);
-    else if (!strcmp(k, "--batch")) o->batch = atoi(v);
+    else if (!strcmp(k, "--batch")) { o->batch = atoi(v); o->batch_given = 1; }
+    else if (!strcmp(k, "--batch-per-worker")) { o->batch_per_worker = atoi(v); if (o->batch_per_worker < 1) return 0; }
     else if (!strcmp(k, "--lr")) o->lr = (float)atof(v);
     else if (!strcmp(k, "--max-staleness")) o->max_staleness = atoi(v);
     else if (!strcmp(k, "--limit")) o->limit = atoll(v);
@@ -130,6 +137,10 @@ static int parse(int argc, char **argv, options *o) {
       if (sscanf(v, "%d:%f", &o->slow_rank, &o->slow_factor) != 2) return 0;
     } else return 0;
   }
+  if (o->batch_given && o->batch_per_worker) {
+    fprintf(stderr, "error: --batch (global) and --batch-per-worker are two meanings of one number; give one\n");
+    return 0;
+  }
   return o->epochs > 0 && o->batch > 0;
 }
 
@@ -141,7 +152,7 @@ int main(int argc, char **argv) {
   }
   options o;
   if (!parse(argc, argv, &o)) {
-    fprintf(stderr, "usage: 06_parameter_server [--epochs E] [--batch B] [--lr X] [--max-staleness K] [--limit N]\n"
+    fprintf(stderr, "usage: 06_parameter_server [--epochs E] [--batch B (global) | --batch-per-worker B] [--lr X] [--max-staleness K] [--limit N]\n"
                     "       [--data DIR] [--seed S] [--checkpoint-dir DIR] [--checkpoint-every N] [--quiet]\n"
                     "       [--crash-at RANK:STEP] [--slow RANK:FACTOR]   (cluster: DTRAIN_CONFIG or flags)\n");
     return 2;
@@ -150,6 +161,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "error: parameter-server training needs servers in the cluster (dtrain-launch --ps M)\n");
     return 2;
   }
+  /* --batch is global: each of the W workers takes batch/W rows a step, so it
+   * must divide (said by every process, servers too, before any data loads). */
+  if (!o.batch_per_worker && o.batch % cl->workers != 0) {
+    fprintf(stderr, "error: --batch %d does not divide over %d workers x 1 replicas = %d\n", o.batch, cl->workers, cl->workers);
+    return 2;
+  }
+  const int batch_worker = o.batch_per_worker ? o.batch_per_worker : o.batch / cl->workers; /* rows a worker loads per step */
   /* The same model and optimizer in every process: servers run the optimizer. */
   dt_params *P = dt_params_create(o.seed);
   model m;
@@ -210,7 +228,7 @@ int main(int argc, char **argv) {
   }
   dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
-  ld.batch_size = o.batch;
+  ld.batch_size = batch_worker;
   ld.shuffle = 1;
   ld.seed = o.seed + (uint64_t)rank;
   ld.shard_index = rank;
@@ -234,8 +252,8 @@ int main(int argc, char **argv) {
   feed f = {loader, &o, rank};
   int64_t steps = (int64_t)o.epochs * dt_loader_num_batches(loader);
   if (!o.quiet && rank == 0)
-    printf("%d workers, %d servers, max staleness %d, %lld steps per worker, batch %d\n", world, cl->servers,
-           o.max_staleness, (long long)steps, o.batch);
+    printf("%d workers, %d servers, max staleness %d, %lld steps per worker, batch %d per worker (global %d)\n", world,
+           cl->servers, o.max_staleness, (long long)steps, batch_worker, batch_worker * world);
   float loss = 0;
   double t0 = dt_time_now();
   r = dt_strategy_run(s, steps, next_batch, &f, &loss);

@@ -23,6 +23,9 @@ check "loop-learns" sh -c "$LOOP --limit 2000 --epochs 2 > $T/loop.txt && awk '/
 check "loop-bad-flag" sh -c "! $LOOP --epochs 2x > $T/loop_bad.txt 2>&1 && grep -q '^usage: 01b_fashion_mnist_loop' $T/loop_bad.txt"
 common="--data $D --quiet --json --csv $T/m.csv --svg $T/m.svg"
 check "fmnist-json-line" sh -c "$E $common --epochs 1 > $T/one.json && grep -q '\"model\":\"mlp\"' $T/one.json && grep -q '\"test_accuracy\":0\.[5-9]' $T/one.json && grep -q '\"samples_per_sec\"' $T/one.json"
+# --batch is the global batch under every strategy; the JSON line says it and this process's part
+check "fmnist-json-batch-fields" sh -c "grep -q '\"batch\":64,' $T/one.json && grep -q '\"batch_per_worker\":64' $T/one.json"
+check "fmnist-batch-must-divide" sh -c "$E --batch 100 --strategy mirrored --replicas 3 --data /nonexistent > $T/div.txt 2>&1; test \$? = 2 && grep -q '^error: --batch 100 does not divide over 1 workers x 3 replicas = 3$' $T/div.txt && ! grep -q nonexistent $T/div.txt"
 check "fmnist-svg-and-csv" sh -c "grep -q '<svg' $T/m.svg && grep -q '</svg>' $T/m.svg && head -n 1 $T/m.csv | grep -q 'epoch' && test \$(wc -l < $T/m.csv) -ge 2"
 check "fmnist-resume-bitwise" sh -c "$E $common --epochs 2 > $T/straight.json && $E $common --epochs 1 --checkpoint $T/ck.safetensors > /dev/null && $E $common --epochs 2 --resume $T/ck.safetensors > $T/resumed.json && test \"\$(grep -o '\"params_checksum\":\"[0-9a-f]*\"' $T/straight.json)\" = \"\$(grep -o '\"params_checksum\":\"[0-9a-f]*\"' $T/resumed.json)\""
 check "fmnist-same-seed-same-bits" sh -c "$E $common --epochs 1 > $T/again.json && test \"\$(grep -o '\"params_checksum\":\"[0-9a-f]*\"' $T/one.json)\" = \"\$(grep -o '\"params_checksum\":\"[0-9a-f]*\"' $T/again.json)\""

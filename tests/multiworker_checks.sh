@@ -5,7 +5,8 @@
 # deadline with an error naming it; restarting from the last checkpoint after
 # the failure ends bit for bit where the uninterrupted run ends. Parameter
 # servers (examples/06): 2 workers x 2 servers learn; a killed worker is
-# dropped and the other finishes. examples/02 across processes equals mirrored;
+# dropped and the other finishes. examples/02 across processes equals mirrored at the
+# same --batch (global under every strategy); a --batch that does not divide is refused;
 # tools/dtrain-bench reports right results.
 # Prints "multiworker_checks: N passed, N failed, N skipped".
 BUILD=${BUILD:-build}
@@ -21,7 +22,8 @@ bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 if [ ! -x "$EX" ] || [ ! -x "$L" ]; then
   echo "FAIL $EX or $L not built"; echo "multiworker_checks: 0 passed, 1 failed"; exit 1
 fi
-ARGS="--limit 3000 --epochs 2 --quiet"
+# --batch is the global batch: 128 over 2 workers is 64 rows a worker a step
+ARGS="--limit 3000 --epochs 2 --quiet --batch 128"
 export DTRAIN_TIMEOUT=5
 sums() { sed -n 's/.*rank [0-9]*: final params_checksum=\([0-9a-f]*\).*/\1/p' "$1" | sort -u; }
 
@@ -31,6 +33,17 @@ if timeout 120 $L -n 2 -- $EX $ARGS > "$T/full.out" 2>&1 && [ "$(sums "$T/full.o
   ok "2 workers finish with equal parameters ($(sums "$T/full.out"))"
 else bad "2 workers: $(tail -n 5 "$T/full.out")"; fi
 ref=$(sums "$T/full.out")
+
+# 1b. --batch-per-worker keeps the old meaning of --batch: 64 a worker is --batch 128 over 2,
+#     bit for bit; the two flags together are refused with the usage (exit 2)
+if timeout 120 $L -n 2 -- $EX --limit 3000 --epochs 2 --quiet --batch-per-worker 64 > "$T/bpw.out" 2>&1 &&
+   [ "$(sums "$T/bpw.out")" = "$ref" ] && [ -n "$ref" ]; then
+  ok "05 --batch-per-worker 64 equals --batch 128 over 2 workers, bit for bit"
+else bad "--batch-per-worker: $(sums "$T/bpw.out") vs $ref: $(tail -n 4 "$T/bpw.out")"; fi
+$EX --batch 128 --batch-per-worker 64 > "$T/both.out" 2>&1; rc=$?
+if [ $rc = 2 ] && grep -q 'error: --batch (global) and --batch-per-worker' "$T/both.out" && grep -q '^usage: 05_multi_worker' "$T/both.out"; then
+  ok "05 --batch with --batch-per-worker is refused (exit 2)"
+else bad "05 both batch flags: exit $rc: $(tail -n 3 "$T/both.out")"; fi
 
 # 2. 2 workers x 2 threads: same as 4 replicas, agrees across ranks
 if timeout 120 $L -n 2 -- $EX $ARGS --threads 2 > "$T/hier.out" 2>&1 && [ "$(sums "$T/hier.out" | wc -l)" = 1 ]; then
@@ -108,10 +121,11 @@ if [ -n "$ports" ]; then
   else bad "by hand: exit $rc0/$rc1: $(tail -n 3 "$T/hand0.out" "$T/hand1.out")"; fi
 else skip "by-hand start: no python3 to find free ports"; fi
 
-# 9b. examples/02 across processes: multi_worker_mirrored, 2 workers x batch 64 each, equals
-#    mirrored over 2 replicas with the global batch of 128 (the same samples per step),
-#    and 2 workers x 2 threads equals mirrored(4), within float rounding (the TCP ring
-#    sums in another order than the threads); parameter_server with 2 workers x 1 server learns
+# 9b. examples/02 across processes: the same --batch 128 (global under every strategy)
+#    under multi_worker_mirrored, 2 workers x 64 rows, equals mirrored over 2 replicas
+#    (the same samples per step), and 2 workers x 2 threads equals mirrored(4), within
+#    float rounding (the TCP ring sums in another order than the threads), and both report
+#    "batch":128; parameter_server with 2 workers x 1 server learns
 F=$BUILD/examples/02_fashion_mnist
 FA="--data data/fashion-mnist --quiet --json --epochs 1 --limit 2048"
 val() { grep -o "\"$2\":[0-9.]*" "$1" | head -n 1 | cut -d: -f2; }
@@ -119,7 +133,9 @@ close_to() { awk -v a="$1" -v b="$2" 'BEGIN { x = a - b; if (x < 0) x = -x; exit
 for cfg in "1 2" "2 4"; do
   thr=${cfg% *}; reps=${cfg#* }
   if $F $FA --batch 128 --strategy mirrored --replicas $reps > "$T/f_mir$reps.json" 2>&1 &&
-     timeout 120 $L -n 2 -- $F $FA --batch 64 --strategy multi_worker_mirrored --replicas $thr > "$T/f_mwm$reps.json" 2>&1 &&
+     timeout 120 $L -n 2 -- $F $FA --batch 128 --strategy multi_worker_mirrored --replicas $thr > "$T/f_mwm$reps.json" 2>&1 &&
+     [ "$(val "$T/f_mir$reps.json" batch)" = 128 ] && [ "$(val "$T/f_mwm$reps.json" batch)" = 128 ] &&
+     [ "$(val "$T/f_mir$reps.json" batch_per_worker)" = 128 ] && [ "$(val "$T/f_mwm$reps.json" batch_per_worker)" = 64 ] &&
      close_to "$(val "$T/f_mir$reps.json" test_loss)" "$(val "$T/f_mwm$reps.json" test_loss)" &&
      close_to "$(val "$T/f_mir$reps.json" final_loss)" "$(val "$T/f_mwm$reps.json" final_loss)"; then
     ok "02 multi_worker_mirrored 2 x $thr equals mirrored($reps) (test loss $(val "$T/f_mwm$reps.json" test_loss))"
@@ -130,6 +146,22 @@ if timeout 120 $L -n 2 --ps 1 -- $F $FA --strategy parameter_server > "$T/f_ps.j
    awk -v a="$acc" 'BEGIN { exit !(a > 0.5) }'; then
   ok "02 parameter_server, 2 workers x 1 server, learns (test accuracy $acc)"
 else bad "02 parameter_server: $(tail -n 4 "$T/f_ps.json")"; fi
+
+# 9c. a --batch that does not divide over workers x replicas is refused with exit 2 and a
+#     message naming both numbers, before any data is loaded (the data dir does not exist,
+#     and the message is about the batch, not the data): 02 in one process and across 3,
+#     05 and 06 across 3
+$F --batch 100 --strategy mirrored --replicas 3 --data /nonexistent > "$T/div1.out" 2>&1; rc1=$?
+timeout 60 $L -n 3 -- $F --batch 100 --strategy multi_worker_mirrored --replicas 2 --data /nonexistent > "$T/div2.out" 2>&1; rc2=$?
+timeout 60 $L -n 3 -- $EX --batch 100 --data /nonexistent > "$T/div3.out" 2>&1; rc3=$?
+timeout 60 $L -n 3 --ps 1 -- $PS --batch 100 --data /nonexistent > "$T/div4.out" 2>&1; rc4=$?
+if [ $rc1 = 2 ] && grep -q '^error: --batch 100 does not divide over 1 workers x 3 replicas = 3$' "$T/div1.out" &&
+   [ $rc2 = 2 ] && [ "$(grep -c 'error: --batch 100 does not divide over 3 workers x 2 replicas = 6$' "$T/div2.out")" = 3 ] &&
+   [ $rc3 = 2 ] && [ "$(grep -c 'error: --batch 100 does not divide over 3 workers x 1 replicas = 3$' "$T/div3.out")" = 3 ] &&
+   [ $rc4 = 2 ] && grep -q 'error: --batch 100 does not divide over 3 workers x 1 replicas = 3$' "$T/div4.out" &&
+   ! grep -q nonexistent "$T/div1.out" "$T/div2.out" "$T/div3.out" "$T/div4.out"; then
+  ok "a --batch that does not divide over workers x replicas is refused (exit 2) before loading data (02, 05, 06)"
+else bad "indivisible --batch: exits $rc1 $rc2 $rc3 $rc4: $(tail -n 2 "$T/div1.out" "$T/div2.out" "$T/div3.out" "$T/div4.out")"; fi
 
 # 10. tools/dtrain-bench: nccl-tests columns, every element right, for threads, forked tcp
 #     ranks and tcp ranks under the launcher (sizes below the world, odd and ring-sized)
