@@ -357,8 +357,8 @@ int main(int argc, char **argv) {
   const int one = !strcmp(a.o.strategy, "one_device") || ps;
   const int per_worker_replicas = one || a.o.replicas < 1 ? 1 : a.o.replicas;
   if (a.o.batch % (world * per_worker_replicas) != 0) {
-    fprintf(stderr, "error: --batch %d does not divide over %d workers x %d replicas = %d\n", a.o.batch, world,
-            per_worker_replicas, world * per_worker_replicas);
+    fprintf(stderr, "error: --batch %d does not divide over %d worker%s x %d replica%s = %d\n", a.o.batch, world, world == 1 ? "" : "s",
+            per_worker_replicas, per_worker_replicas == 1 ? "" : "s", world * per_worker_replicas);
     return 2;
   }
   a.o.batch_worker = a.o.batch / world;

@@ -172,8 +172,8 @@ int main(int argc, char **argv) {
    * --batch-per-worker keeps the old meaning: B rows a worker, split over its
    * threads as the strategy splits any batch. */
   if (!o.batch_per_worker && o.batch % (world * o.threads) != 0) {
-    fprintf(stderr, "error: --batch %d does not divide over %d workers x %d replicas = %d\n", o.batch, world, o.threads,
-            world * o.threads);
+    fprintf(stderr, "error: --batch %d does not divide over %d worker%s x %d replica%s = %d\n", o.batch, world, world == 1 ? "" : "s", o.threads,
+            o.threads == 1 ? "" : "s", world * o.threads);
     return 2;
   }
   const int batch_worker = o.batch_per_worker ? o.batch_per_worker : o.batch / world; /* the rows this worker loads per step */

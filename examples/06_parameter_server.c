@@ -164,7 +164,8 @@ int main(int argc, char **argv) {
   /* --batch is global: each of the W workers takes batch/W rows a step, so it
    * must divide (said by every process, servers too, before any data loads). */
   if (!o.batch_per_worker && o.batch % cl->workers != 0) {
-    fprintf(stderr, "error: --batch %d does not divide over %d workers x 1 replicas = %d\n", o.batch, cl->workers, cl->workers);
+    fprintf(stderr, "error: --batch %d does not divide over %d worker%s x 1 replica = %d\n", o.batch, cl->workers,
+            cl->workers == 1 ? "" : "s", cl->workers);
     return 2;
   }
   const int batch_worker = o.batch_per_worker ? o.batch_per_worker : o.batch / cl->workers; /* rows a worker loads per step */

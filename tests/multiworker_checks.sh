@@ -155,10 +155,10 @@ $F --batch 100 --strategy mirrored --replicas 3 --data /nonexistent > "$T/div1.o
 timeout 60 $L -n 3 -- $F --batch 100 --strategy multi_worker_mirrored --replicas 2 --data /nonexistent > "$T/div2.out" 2>&1; rc2=$?
 timeout 60 $L -n 3 -- $EX --batch 100 --data /nonexistent > "$T/div3.out" 2>&1; rc3=$?
 timeout 60 $L -n 3 --ps 1 -- $PS --batch 100 --data /nonexistent > "$T/div4.out" 2>&1; rc4=$?
-if [ $rc1 = 2 ] && grep -q '^error: --batch 100 does not divide over 1 workers x 3 replicas = 3$' "$T/div1.out" &&
+if [ $rc1 = 2 ] && grep -q '^error: --batch 100 does not divide over 1 worker x 3 replicas = 3$' "$T/div1.out" &&
    [ $rc2 = 2 ] && [ "$(grep -c 'error: --batch 100 does not divide over 3 workers x 2 replicas = 6$' "$T/div2.out")" = 3 ] &&
-   [ $rc3 = 2 ] && [ "$(grep -c 'error: --batch 100 does not divide over 3 workers x 1 replicas = 3$' "$T/div3.out")" = 3 ] &&
-   [ $rc4 = 2 ] && grep -q 'error: --batch 100 does not divide over 3 workers x 1 replicas = 3$' "$T/div4.out" &&
+   [ $rc3 = 2 ] && [ "$(grep -c 'error: --batch 100 does not divide over 3 workers x 1 replica = 3$' "$T/div3.out")" = 3 ] &&
+   [ $rc4 = 2 ] && grep -q 'error: --batch 100 does not divide over 3 workers x 1 replica = 3$' "$T/div4.out" &&
    ! grep -q nonexistent "$T/div1.out" "$T/div2.out" "$T/div3.out" "$T/div4.out"; then
   ok "a --batch that does not divide over workers x replicas is refused (exit 2) before loading data (02, 05, 06)"
 else bad "indivisible --batch: exits $rc1 $rc2 $rc3 $rc4: $(tail -n 2 "$T/div1.out" "$T/div2.out" "$T/div3.out" "$T/div4.out")"; fi
