@@ -47,8 +47,8 @@
  * result), layer_norm, batch_norm (batch or running statistics; running
  * mean/var updated on the device), causal_mask, embedding,
  * softmax/log_softmax, cross_entropy, mse, GEMM through cuBLAS (matmul,
- * linear; bmm as one cublasSgemmStridedBatched), conv2d (im2col + cuBLAS per
- * image, col2im gather), max/avg pooling; so also the attention, LSTM-cell
+ * linear; bmm as one cublasSgemmStridedBatched), conv2d (im2col, then each
+ * product one cublasSgemmStridedBatched over the batch; col2im gather), max/avg pooling; so also the attention, LSTM-cell
  * and GRU-cell modules; SGD (momentum, Nesterov, weight decay), Adam/AdamW,
  * RMSprop, clipping (sum of squares, scale). Checkpoints of a device run
  * hold the optimizer's device state (see dt_optim_state, dt_io.h).
@@ -522,25 +522,15 @@ DT__CU_HD inline void dt__cu_rmsprop_at(int64_t i, const dt_kernel_args &a) {
 /* Batch norm (x [N, C, HW]): per channel statistics and gradient sums in
  * the CPU's order (double sums over images then positions), per element
  * normalisation and input gradient with the CPU's float expressions. */
-DT__CU_HD inline void dt__cu_bn_stats_at(int64_t ch, const dt_kernel_args &a) {
-  const int64_t nb = a.n[0], c = a.n[1], hw = a.n[2], m = nb * hw;
-  const float *xd = a.p[1];
+/* What one channel's statistics become, from its sums s (of x) and v (of
+ * (x - mean)^2, around s / m): mean and 1/std, running statistics. Shared by
+ * the per-channel loop below and the GPU's one-block-per-channel kernel. */
+DT__CU_HD inline void dt__cu_bn_stats_fin(int64_t ch, const dt_kernel_args &a, double s, double v) {
+  const int64_t c = a.n[1], m = a.n[0] * a.n[2];
   float *rm = a.p[2], *rv = a.p[3];
   float mu, rs;
   if (a.n[3]) {
-    double s = 0.0, v = 0.0;
-    for (int64_t n = 0; n < nb; n++) {
-      const float *p = xd + (n * c + ch) * hw;
-      for (int64_t t = 0; t < hw; t++) s += (double)p[t];
-    }
     double dmu = s / (double)m;
-    for (int64_t n = 0; n < nb; n++) {
-      const float *p = xd + (n * c + ch) * hw;
-      for (int64_t t = 0; t < hw; t++) {
-        double e = (double)p[t] - dmu;
-        v += e * e;
-      }
-    }
     mu = (float)dmu;
     rs = (float)(1.0 / sqrt(v / (double)m + (double)a.f[0]));
     if (rm && rv) {
@@ -555,15 +545,42 @@ DT__CU_HD inline void dt__cu_bn_stats_at(int64_t ch, const dt_kernel_args &a) {
   a.p[0][ch] = mu;
   a.p[0][c + ch] = rs;
 }
+DT__CU_HD inline void dt__cu_bn_stats_at(int64_t ch, const dt_kernel_args &a) {
+  const int64_t nb = a.n[0], c = a.n[1], hw = a.n[2], m = nb * hw;
+  const float *xd = a.p[1];
+  double s = 0.0, v = 0.0;
+  if (a.n[3]) {
+    for (int64_t n = 0; n < nb; n++) {
+      const float *p = xd + (n * c + ch) * hw;
+      for (int64_t t = 0; t < hw; t++) s += (double)p[t];
+    }
+    double dmu = s / (double)m;
+    for (int64_t n = 0; n < nb; n++) {
+      const float *p = xd + (n * c + ch) * hw;
+      for (int64_t t = 0; t < hw; t++) {
+        double e = (double)p[t] - dmu;
+        v += e * e;
+      }
+    }
+  }
+  dt__cu_bn_stats_fin(ch, a, s, v);
+}
 DT__CU_HD inline void dt__cu_bn_at(int64_t i, const dt_kernel_args &a) {
   const int64_t c = a.n[1], hw = a.n[2], ch = (i / hw) % c;
   const float mu = a.p[2][ch], rs = a.p[2][c + ch];
   const float gam = a.p[3] ? a.p[3][ch] : 1.0f, bet = a.p[4] ? a.p[4][ch] : 0.0f;
   a.p[0][i] = (a.p[1][i] - mu) * rs * gam + bet;
 }
+DT__CU_HD inline void dt__cu_bn_bwd_ch_fin(int64_t ch, const dt_kernel_args &a, double sg, double sgx) {
+  const int64_t c = a.n[1];
+  const double m = (double)(a.n[0] * a.n[2]);
+  if (a.p[0]) a.p[0][ch] += (float)sgx;
+  if (a.p[1]) a.p[1][ch] += (float)sg;
+  a.p[5][ch] = (float)(sg / m);
+  a.p[5][c + ch] = (float)(sgx / m);
+}
 DT__CU_HD inline void dt__cu_bn_bwd_ch_at(int64_t ch, const dt_kernel_args &a) {
   const int64_t nb = a.n[0], c = a.n[1], hw = a.n[2];
-  const double m = (double)(nb * hw);
   const float *go = a.p[2], *xd = a.p[3];
   const float mu = a.p[4][ch], rs = a.p[4][c + ch];
   double sg = 0.0, sgx = 0.0;
@@ -574,10 +591,7 @@ DT__CU_HD inline void dt__cu_bn_bwd_ch_at(int64_t ch, const dt_kernel_args &a) {
       sgx += (double)go[base + s] * (double)((xd[base + s] - mu) * rs);
     }
   }
-  if (a.p[0]) a.p[0][ch] += (float)sgx;
-  if (a.p[1]) a.p[1][ch] += (float)sg;
-  a.p[5][ch] = (float)(sg / m);
-  a.p[5][c + ch] = (float)(sgx / m);
+  dt__cu_bn_bwd_ch_fin(ch, a, sg, sgx);
 }
 DT__CU_HD inline void dt__cu_bn_bwd_at(int64_t i, const dt_kernel_args &a) {
   const int64_t c = a.n[1], hw = a.n[2], ch = (i / hw) % c;
@@ -656,7 +670,9 @@ static_assert(DTRAIN_K_COUNT == 57, "a new dt_kernel needs its case in dt__cu_di
 
 /* The one switch from kernel id to launch, over a launcher L (GPU or host):
  * L::each<F>(n, a) runs F for i in [0,n); L::sum(a, squares) a reduction;
- * L::gemm(g) a column-major SGEMM. */
+ * L::gemm(g) a column-major SGEMM; L::conv_bias_bwd, bn_stats, bn_bwd_ch the
+ * per-channel sums over [N][C][HW] (on a GPU one block per channel: one
+ * thread per channel summed N*HW values alone, 4 ms a step for a CNN). */
 template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_kernel_args &a) {
   switch (k) {
     case DTRAIN_K_ADD: return l.template each<dt__cu_add_at>(a.n[0], a);
@@ -698,7 +714,7 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
       return l.template each<dt__cu_im2col_at>(a.n[0] * a.n[1] * a.n[4] * a.n[5] * a.n[8] * a.n[9], a);
     case DTRAIN_K_COL2IM_ACC: return l.template each<dt__cu_col2im_at>(a.n[0] * a.n[1] * a.n[2] * a.n[3], a);
     case DTRAIN_K_CONV_BIAS: return l.template each<dt__cu_conv_bias_at>(a.n[0] * a.n[10] * a.n[8] * a.n[9], a);
-    case DTRAIN_K_CONV_BIAS_BWD: return l.template each<dt__cu_conv_bias_bwd_at>(a.n[10], a);
+    case DTRAIN_K_CONV_BIAS_BWD: return l.conv_bias_bwd(a);
     case DTRAIN_K_MAXPOOL: return l.template each<dt__cu_maxpool_at>(a.n[0] * a.n[3] * a.n[4], a);
     case DTRAIN_K_AVGPOOL: return l.template each<dt__cu_avgpool_at>(a.n[0] * a.n[3] * a.n[4], a);
     case DTRAIN_K_MAXPOOL_BWD: return l.template each<dt__cu_maxpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
@@ -726,9 +742,9 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_COPY_ROWS: return l.template each<dt__cu_copy_rows_at>(a.n[0] * a.n[1], a);
     case DTRAIN_K_CAUSAL_MASK: return l.template each<dt__cu_causal_mask_at>(a.n[0], a);
     case DTRAIN_K_RMSPROP: return l.template each<dt__cu_rmsprop_at>(a.n[0], a);
-    case DTRAIN_K_BN_STATS: return l.template each<dt__cu_bn_stats_at>(a.n[1], a);
+    case DTRAIN_K_BN_STATS: return l.bn_stats(a);
     case DTRAIN_K_BN: return l.template each<dt__cu_bn_at>(a.n[0] * a.n[1] * a.n[2], a);
-    case DTRAIN_K_BN_BWD_CH: return l.template each<dt__cu_bn_bwd_ch_at>(a.n[1], a);
+    case DTRAIN_K_BN_BWD_CH: return l.bn_bwd_ch(a);
     case DTRAIN_K_BN_BWD: return l.template each<dt__cu_bn_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_COUNT:
     default: break;
@@ -760,6 +776,9 @@ struct dt__cu_host_launcher {
     a.p[0][0] = squares ? (float)s : (float)(s * (double)a.f[0]);
     return DTRAIN_OK;
   }
+  dt_result conv_bias_bwd(const dt_kernel_args &a) { return each<dt__cu_conv_bias_bwd_at>(a.n[10], a); }
+  dt_result bn_stats(const dt_kernel_args &a) { return each<dt__cu_bn_stats_at>(a.n[1], a); }
+  dt_result bn_bwd_ch(const dt_kernel_args &a) { return each<dt__cu_bn_bwd_ch_at>(a.n[1], a); }
   /* Reference column-major SGEMM with cuBLAS's semantics (beta 0: C is not read). */
   dt_result gemm(const dt__cu_gemm &g) {
     for (int64_t b = 0; b < g.batch; b++) { /* cublasSgemmStridedBatched: one product after another */
@@ -1002,6 +1021,63 @@ __global__ void dt__cu_sum_kernel(dt_kernel_args a, int squares) {
   if (threadIdx.x == 0) a.p[0][0] = squares ? (float)part[0] : (float)(part[0] * (double)a.f[0]);
 }
 
+/* Per-channel sums over x [N][C][HW] (channel = blockIdx.x): each thread
+ * sums a strided part of the channel's N*HW values in double, then a tree in
+ * shared memory; the results go through the same finalizers as the
+ * per-channel loops above (same formulas, another order of the sums). */
+__device__ void dt__cu_block_sum2(double *s0, double *s1) {
+  __shared__ double part[2][DT__CU_THREADS];
+  part[0][threadIdx.x] = *s0;
+  part[1][threadIdx.x] = *s1;
+  __syncthreads();
+  for (int w = DT__CU_THREADS / 2; w > 0; w >>= 1) {
+    if ((int)threadIdx.x < w) {
+      part[0][threadIdx.x] += part[0][threadIdx.x + w];
+      part[1][threadIdx.x] += part[1][threadIdx.x + w];
+    }
+    __syncthreads();
+  }
+  *s0 = part[0][0];
+  *s1 = part[1][0];
+  __syncthreads(); /* part is reused by the caller's next sum */
+}
+__global__ void dt__cu_conv_bias_bwd_kernel(dt_kernel_args a) {
+  const int64_t ch = blockIdx.x, N = a.n[0], O = a.n[10], P = a.n[8] * a.n[9];
+  double s = 0.0, unused = 0.0;
+  for (int64_t e = threadIdx.x; e < N * P; e += blockDim.x) s += (double)a.p[1][((e / P) * O + ch) * P + e % P];
+  dt__cu_block_sum2(&s, &unused);
+  if (threadIdx.x == 0) a.p[0][ch] += (float)s;
+}
+__global__ void dt__cu_bn_stats_kernel(dt_kernel_args a) {
+  const int64_t ch = blockIdx.x, c = a.n[1], hw = a.n[2], m = a.n[0] * hw;
+  const float *xd = a.p[1];
+  double s = 0.0, v = 0.0, unused = 0.0;
+  if (a.n[3]) {
+    for (int64_t e = threadIdx.x; e < m; e += blockDim.x) s += (double)xd[((e / hw) * c + ch) * hw + e % hw];
+    dt__cu_block_sum2(&s, &unused);
+    const double dmu = s / (double)m;
+    for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+      double d = (double)xd[((e / hw) * c + ch) * hw + e % hw] - dmu;
+      v += d * d;
+    }
+    dt__cu_block_sum2(&v, &unused);
+  }
+  if (threadIdx.x == 0) dt__cu_bn_stats_fin(ch, a, s, v);
+}
+__global__ void dt__cu_bn_bwd_ch_kernel(dt_kernel_args a) {
+  const int64_t ch = blockIdx.x, c = a.n[1], hw = a.n[2], m = a.n[0] * hw;
+  const float *go = a.p[2], *xd = a.p[3];
+  const float mu = a.p[4][ch], rs = a.p[4][c + ch];
+  double sg = 0.0, sgx = 0.0;
+  for (int64_t e = threadIdx.x; e < m; e += blockDim.x) {
+    const int64_t at = ((e / hw) * c + ch) * hw + e % hw;
+    sg += (double)go[at];
+    sgx += (double)go[at] * (double)((xd[at] - mu) * rs);
+  }
+  dt__cu_block_sum2(&sg, &sgx);
+  if (threadIdx.x == 0) dt__cu_bn_bwd_ch_fin(ch, a, sg, sgx);
+}
+
 struct dt__cu_gpu_launcher {
   dt__cuda *c;
   template <dt__cu_fn F> dt_result each(int64_t n, const dt_kernel_args &a) {
@@ -1017,6 +1093,17 @@ struct dt__cu_gpu_launcher {
     DT__CUDA_CHECK(c->name, "reduction kernel launch", cudaGetLastError());
     return DTRAIN_OK;
   }
+  /* One block per channel (a grid's x dimension holds 2^31 - 1 channels). */
+  dt_result per_channel(void (*kernel)(dt_kernel_args), int64_t channels, const dt_kernel_args &a) {
+    if (channels <= 0) return DTRAIN_OK;
+    if (channels > 2147483647) return dt_device_error(DTRAIN_ERR_UNSUPPORTED, "per-channel sums: more than 2^31 - 1 channels");
+    kernel<<<(unsigned)channels, DT__CU_THREADS, 0, c->stream>>>(a);
+    DT__CUDA_CHECK(c->name, "per-channel kernel launch", cudaGetLastError());
+    return DTRAIN_OK;
+  }
+  dt_result conv_bias_bwd(const dt_kernel_args &a) { return per_channel(dt__cu_conv_bias_bwd_kernel, a.n[10], a); }
+  dt_result bn_stats(const dt_kernel_args &a) { return per_channel(dt__cu_bn_stats_kernel, a.n[1], a); }
+  dt_result bn_bwd_ch(const dt_kernel_args &a) { return per_channel(dt__cu_bn_bwd_ch_kernel, a.n[1], a); }
   dt_result gemm(const dt__cu_gemm &g) {
     if (g.m > INT_MAX || g.n > INT_MAX || g.k > INT_MAX || g.lda > INT_MAX || g.ldb > INT_MAX)
       return dt_device_error(DTRAIN_ERR_UNSUPPORTED, "cublasSgemm: a dimension exceeds INT_MAX");

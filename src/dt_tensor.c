@@ -56,7 +56,9 @@ DTRAIN_PRIVATE void *dt__arena_alloc(dt_graph *g, size_t bytes) {
   if (need < bytes) return dt__fail(g, DTRAIN_ERR_OVERFLOW, "arena: request of %zu bytes overflows", bytes);
   dt__chunk *c = g->chunks;
   if (!c || c->cap - c->used < need) {
-    size_t cap = c ? c->cap * 2 : g->first_block;
+    /* On a device graph arena_bytes sizes the device arena (dt__dev_arena),
+     * where tensor data lives; this one holds only tensor headers. */
+    size_t cap = c ? c->cap * 2 : (g->device ? ((size_t)1 << 20) : g->first_block);
     if (cap < need) cap = need;
     dt__chunk *n = dt__tensor_chunk_new(cap);
     if (!n) return dt__fail(g, DTRAIN_ERR_NOMEM, "arena: cannot allocate a block of %zu bytes", cap);

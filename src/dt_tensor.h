@@ -61,7 +61,7 @@ struct dt_tensor {
  * NULL / that error without doing anything. Check once at the end.
  */
 typedef struct dt_graph_options {
-  size_t arena_bytes;   /* first arena block; 0 means 1 MiB */
+  size_t arena_bytes;   /* first arena block; 0 means 1 MiB (with a device: the first device block) */
   uint64_t seed;        /* seed of the graph's RNG (dropout); 0 means 1 */
   int check_numerics;   /* nonzero: every op checks its output for NaN/Inf */
   dt_device *device;    /* NULL: the CPU; else run on this device (dt_device.h) */

@@ -221,6 +221,22 @@ static void test_device_errors(void) {
   CHECK(strstr(dt_last_error(), "1048576 bytes") != NULL);
   fail_alloc_above = (size_t)-1;
   dt_params_destroy(p);
+  /* arena_bytes sizes the device arena on a device graph: a block too large
+   * for the device fails there, naming the device allocation (the host arena,
+   * which holds only tensor headers, does not try the same size: on a GPU
+   * that made test_cuda's out-of-memory check fail on the host first). */
+  gd.arena_bytes = (size_t)1 << 36;
+  fail_alloc_above = (size_t)1 << 30;
+  g = dt_graph_create(NULL, &gd);
+  CHECK(g != NULL);
+  if (g) {
+    CHECK(dt_tensor_new1(g, 4) == NULL);
+    CHECK(dt_graph_error(g) == DTRAIN_ERR_NOMEM);
+    CHECK_MSG(strstr(dt_graph_message(g), "alloc of 68719476736 bytes: out of memory") != NULL, "%s",
+              dt_graph_message(g));
+    dt_graph_destroy(g);
+  }
+  fail_alloc_above = (size_t)-1;
 }
 
 int main(void) {
