@@ -2786,14 +2786,17 @@ DT__HD static inline float dt__map_sqrt_grad(float x, float y, float go, float s
   (void)x, (void)s;
   return go * 0.5f / y;
 }
-/* max(x, 0) as x > 0 ? x : 0 (a NaN gives 0); the gradient adds +0 where x <= 0. */
+/* max(x, 0) as x <= 0 ? 0 : x: a NaN stays NaN (as in PyTorch, so that a
+ * divergence shows in the activations, not only later in the parameters),
+ * -0 gives +0. The gradient passes go where x is NaN (PyTorch's
+ * threshold_backward: zero only where x <= 0) and adds +0 where x <= 0. */
 DT__HD static inline float dt__map_relu(float x, float s) {
   (void)s;
-  return x > 0.0f ? x : 0.0f;
+  return x <= 0.0f ? 0.0f : x;
 }
 DT__HD static inline float dt__map_relu_grad(float x, float y, float go, float s) {
   (void)y, (void)s;
-  return x > 0.0f ? go : 0.0f;
+  return x <= 0.0f ? 0.0f : go;
 }
 /* Stable in both tails: exp of a non-positive number only. */
 DT__HD static inline float dt__map_sigmoid(float x, float s) {
@@ -7094,13 +7097,17 @@ DTRAIN_API dt_tensor *dt_div(dt_graph *g, dt_tensor *a, dt_tensor *b) { return d
 
 /* ReLU forward and backward without branches (a mispredicted branch per
  * element costs more than the whole SSE loop). Same values as the formulas
- * dt__map_relu[_grad]: max(x, 0) is x > 0 ? x : 0 (NaN gives 0), and adding
- * the masked gradient adds +0 where x <= 0. */
+ * dt__map_relu[_grad]: x <= 0 ? 0 : x (a NaN stays NaN; not _mm_max_ps,
+ * which returns its second operand for a NaN), and adding the masked
+ * gradient adds +0 where x <= 0 and go where x is NaN. */
 static void dt__elem_relu(const float *DT__RESTRICT x, float *DT__RESTRICT y, int64_t n) {
   int64_t i = 0;
 #ifdef DT__ELEM_SSE
   const __m128 z = _mm_setzero_ps();
-  for (; i + 4 <= n; i += 4) _mm_storeu_ps(y + i, _mm_max_ps(_mm_loadu_ps(x + i), z));
+  for (; i + 4 <= n; i += 4) {
+    __m128 v = _mm_loadu_ps(x + i);
+    _mm_storeu_ps(y + i, _mm_andnot_ps(_mm_cmple_ps(v, z), v));
+  }
 #endif
   for (; i < n; i++) y[i] = dt__map_relu(x[i], 0.0f);
 }
@@ -7111,7 +7118,7 @@ static void dt__elem_relu_backward(const float *DT__RESTRICT x, const float *DT_
 #ifdef DT__ELEM_SSE
   const __m128 z = _mm_setzero_ps();
   for (; i + 4 <= n; i += 4) {
-    __m128 keep = _mm_cmpgt_ps(_mm_loadu_ps(x + i), z);
+    __m128 keep = _mm_cmpnle_ps(_mm_loadu_ps(x + i), z); /* true for NaN, as the formula */
     _mm_storeu_ps(gx + i, _mm_add_ps(_mm_loadu_ps(gx + i), _mm_and_ps(keep, _mm_loadu_ps(go + i))));
   }
 #endif
@@ -9500,7 +9507,9 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
  * dt_ops_pool.c -- max and average pooling, NCHW
  * ===========================================================================
  * No padding; Ho = (H - k)/s + 1. iaux: kernel, stride. Max pooling routes
- * the gradient to the first maximum of each window (a NaN wins).
+ * the gradient to the first maximum of each window; a NaN wins, and of
+ * several NaNs the last one takes the gradient (PyTorch's rule: its scan
+ * takes every NaN it meets).
  */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_tensor.h" (amalgamated) */
@@ -9560,8 +9569,9 @@ static __m128 dt__pool_max4(__m128 best, __m128 v) {
 
 /* Backward finds the winner again instead of keeping an index per output
  * from the forward pass: the first element of the window equal to the
- * output (the first NaN when the output is NaN) is the element the forward
- * pass picked, since the maximum is the first occurrence of its value. */
+ * output is the element the forward pass picked, since the maximum is the
+ * first occurrence of its value; when the output is NaN, the last NaN of
+ * the window (in row-major order) takes the gradient, as in PyTorch. */
 static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0];
   float *gx = dt__grad(g, x);
@@ -9590,12 +9600,16 @@ static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
           v[1] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1));
           v[2] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0));
           v[3] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1));
-          __m128 taken = _mm_setzero_ps();
-          for (int t = 0; t < 4; t++) {
-            __m128 eq = _mm_or_ps(_mm_cmpeq_ps(v[t], best), _mm_and_ps(bnan, _mm_cmpunord_ps(v[t], v[t])));
-            eq = _mm_andnot_ps(taken, eq); /* the first match only */
+          __m128 taken = _mm_setzero_ps(), taken_nan = _mm_setzero_ps();
+          for (int t = 0; t < 4; t++) { /* a NaN never compares equal: only the lanes with a number */
+            __m128 eq = _mm_andnot_ps(taken, _mm_cmpeq_ps(v[t], best)); /* the first match only */
             taken = _mm_or_ps(taken, eq);
-            e[t] = _mm_and_ps(eq, gv);
+            e[t] = eq;
+          }
+          for (int t = 3; t >= 0; t--) { /* the lanes whose output is NaN: the last NaN */
+            __m128 isn = _mm_andnot_ps(taken_nan, _mm_and_ps(bnan, _mm_cmpunord_ps(v[t], v[t])));
+            taken_nan = _mm_or_ps(taken_nan, isn);
+            e[t] = _mm_and_ps(_mm_or_ps(e[t], isn), gv);
           }
           _mm_storeu_ps(g0 + 2 * ow, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow), _mm_unpacklo_ps(e[0], e[1])));
           _mm_storeu_ps(g0 + 2 * ow + 4, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow + 4), _mm_unpackhi_ps(e[0], e[1])));
@@ -9607,14 +9621,18 @@ static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
       for (; ow < wo; ow++) {
         int64_t o = (pl * ho + oh) * wo + ow, at = oh * s * w + ow * s, t0 = at;
         float best = yd[o];
-        int nan = best != best;
-        /* Scan backwards so that the first match is the one that stays;
-         * no early exit, so the compiler can use conditional moves. */
-        for (int64_t i = k - 1; i >= 0; i--) {
-          for (int64_t j = k - 1; j >= 0; j--) {
-            int64_t t = t0 + i * w + j;
-            float v = xp[t];
-            if (v == best || (nan && v != v)) at = t;
+        if (best != best) { /* the last NaN: a forward scan, the last match stays */
+          for (int64_t i = 0; i < k; i++)
+            for (int64_t j = 0; j < k; j++)
+              if (xp[t0 + i * w + j] != xp[t0 + i * w + j]) at = t0 + i * w + j;
+        } else {
+          /* Scan backwards so that the first match is the one that stays;
+           * no early exit, so the compiler can use conditional moves. */
+          for (int64_t i = k - 1; i >= 0; i--) {
+            for (int64_t j = k - 1; j >= 0; j--) {
+              int64_t t = t0 + i * w + j;
+              if (xp[t] == best) at = t;
+            }
           }
         }
         gp[at] += go[o];

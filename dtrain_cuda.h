@@ -415,7 +415,8 @@ DT__CU_HD inline void dt__cu_conv_bias_bwd_at(int64_t o, const dt_kernel_args &a
     for (int64_t q = 0; q < P; q++) s += (double)a.p[1][(img * O + o) * P + q];
   a.p[0][o] += (float)s;
 }
-/* Pooling: the CPU's rules (first maximum; a NaN wins), window order. */
+/* Pooling: the CPU's rules (first maximum; a NaN wins, the last NaN of a
+ * window takes the gradient), window order. */
 DT__CU_HD inline void dt__cu_maxpool_at(int64_t i, const dt_kernel_args &a) {
   const int64_t H = a.n[1], W = a.n[2], ho = a.n[3], wo = a.n[4], k = a.n[5], s = a.n[6];
   int64_t ow = i % wo, oh = (i / wo) % ho, pl = i / (wo * ho);
@@ -444,7 +445,8 @@ DT__CU_HD inline void dt__cu_pool_span(int64_t x, int64_t k, int64_t s, int64_t 
   *hi = x / s < n - 1 ? x / s : n - 1;
 }
 /* One input element: the gradient of every window whose (first) maximum it
- * is, windows in row-major order (the order the CPU adds them in). */
+ * is (the last NaN when the window's output is NaN, as on the CPU), windows
+ * in row-major order (the order the CPU adds them in). */
 DT__CU_HD inline void dt__cu_maxpool_bwd_at(int64_t i, const dt_kernel_args &a) {
   const int64_t H = a.n[1], W = a.n[2], ho = a.n[3], wo = a.n[4], k = a.n[5], s = a.n[6];
   int64_t iw = i % W, ih = (i / W) % H, pl = i / (W * H), hlo, hhi, wlo, whi;
@@ -457,10 +459,10 @@ DT__CU_HD inline void dt__cu_maxpool_bwd_at(int64_t i, const dt_kernel_args &a) 
       int64_t o = (pl * ho + oh) * wo + ow, at = -1;
       float best = a.p[3][o];
       int nan = best != best;
-      for (int64_t r = 0; r < k && at < 0; r++)
-        for (int64_t c = 0; c < k && at < 0; c++) {
+      for (int64_t r = 0; r < k && (nan || at < 0); r++)
+        for (int64_t c = 0; c < k && (nan || at < 0); c++) {
           float v = xp[(oh * s + r) * W + ow * s + c];
-          if (v == best || (nan && v != v)) at = (oh * s + r) * W + ow * s + c;
+          if (nan ? v != v : v == best) at = (oh * s + r) * W + ow * s + c;
         }
       if (at == ih * W + iw) acc += a.p[1][o];
     }

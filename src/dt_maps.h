@@ -163,14 +163,17 @@ DT__HD static inline float dt__map_sqrt_grad(float x, float y, float go, float s
   (void)x, (void)s;
   return go * 0.5f / y;
 }
-/* max(x, 0) as x > 0 ? x : 0 (a NaN gives 0); the gradient adds +0 where x <= 0. */
+/* max(x, 0) as x <= 0 ? 0 : x: a NaN stays NaN (as in PyTorch, so that a
+ * divergence shows in the activations, not only later in the parameters),
+ * -0 gives +0. The gradient passes go where x is NaN (PyTorch's
+ * threshold_backward: zero only where x <= 0) and adds +0 where x <= 0. */
 DT__HD static inline float dt__map_relu(float x, float s) {
   (void)s;
-  return x > 0.0f ? x : 0.0f;
+  return x <= 0.0f ? 0.0f : x;
 }
 DT__HD static inline float dt__map_relu_grad(float x, float y, float go, float s) {
   (void)y, (void)s;
-  return x > 0.0f ? go : 0.0f;
+  return x <= 0.0f ? 0.0f : go;
 }
 /* Stable in both tails: exp of a non-positive number only. */
 DT__HD static inline float dt__map_sigmoid(float x, float s) {

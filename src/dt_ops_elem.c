@@ -145,13 +145,17 @@ DTRAIN_API dt_tensor *dt_div(dt_graph *g, dt_tensor *a, dt_tensor *b) { return d
 
 /* ReLU forward and backward without branches (a mispredicted branch per
  * element costs more than the whole SSE loop). Same values as the formulas
- * dt__map_relu[_grad]: max(x, 0) is x > 0 ? x : 0 (NaN gives 0), and adding
- * the masked gradient adds +0 where x <= 0. */
+ * dt__map_relu[_grad]: x <= 0 ? 0 : x (a NaN stays NaN; not _mm_max_ps,
+ * which returns its second operand for a NaN), and adding the masked
+ * gradient adds +0 where x <= 0 and go where x is NaN. */
 static void dt__elem_relu(const float *DT__RESTRICT x, float *DT__RESTRICT y, int64_t n) {
   int64_t i = 0;
 #ifdef DT__ELEM_SSE
   const __m128 z = _mm_setzero_ps();
-  for (; i + 4 <= n; i += 4) _mm_storeu_ps(y + i, _mm_max_ps(_mm_loadu_ps(x + i), z));
+  for (; i + 4 <= n; i += 4) {
+    __m128 v = _mm_loadu_ps(x + i);
+    _mm_storeu_ps(y + i, _mm_andnot_ps(_mm_cmple_ps(v, z), v));
+  }
 #endif
   for (; i < n; i++) y[i] = dt__map_relu(x[i], 0.0f);
 }
@@ -162,7 +166,7 @@ static void dt__elem_relu_backward(const float *DT__RESTRICT x, const float *DT_
 #ifdef DT__ELEM_SSE
   const __m128 z = _mm_setzero_ps();
   for (; i + 4 <= n; i += 4) {
-    __m128 keep = _mm_cmpgt_ps(_mm_loadu_ps(x + i), z);
+    __m128 keep = _mm_cmpnle_ps(_mm_loadu_ps(x + i), z); /* true for NaN, as the formula */
     _mm_storeu_ps(gx + i, _mm_add_ps(_mm_loadu_ps(gx + i), _mm_and_ps(keep, _mm_loadu_ps(go + i))));
   }
 #endif

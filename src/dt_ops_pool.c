@@ -2,7 +2,9 @@
  * dt_ops_pool.c -- max and average pooling, NCHW
  * ===========================================================================
  * No padding; Ho = (H - k)/s + 1. iaux: kernel, stride. Max pooling routes
- * the gradient to the first maximum of each window (a NaN wins).
+ * the gradient to the first maximum of each window; a NaN wins, and of
+ * several NaNs the last one takes the gradient (PyTorch's rule: its scan
+ * takes every NaN it meets).
  */
 #include "dt_internal.h"
 #include "dt_tensor.h"
@@ -62,8 +64,9 @@ static __m128 dt__pool_max4(__m128 best, __m128 v) {
 
 /* Backward finds the winner again instead of keeping an index per output
  * from the forward pass: the first element of the window equal to the
- * output (the first NaN when the output is NaN) is the element the forward
- * pass picked, since the maximum is the first occurrence of its value. */
+ * output is the element the forward pass picked, since the maximum is the
+ * first occurrence of its value; when the output is NaN, the last NaN of
+ * the window (in row-major order) takes the gradient, as in PyTorch. */
 static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0];
   float *gx = dt__grad(g, x);
@@ -92,12 +95,16 @@ static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
           v[1] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1));
           v[2] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0));
           v[3] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1));
-          __m128 taken = _mm_setzero_ps();
-          for (int t = 0; t < 4; t++) {
-            __m128 eq = _mm_or_ps(_mm_cmpeq_ps(v[t], best), _mm_and_ps(bnan, _mm_cmpunord_ps(v[t], v[t])));
-            eq = _mm_andnot_ps(taken, eq); /* the first match only */
+          __m128 taken = _mm_setzero_ps(), taken_nan = _mm_setzero_ps();
+          for (int t = 0; t < 4; t++) { /* a NaN never compares equal: only the lanes with a number */
+            __m128 eq = _mm_andnot_ps(taken, _mm_cmpeq_ps(v[t], best)); /* the first match only */
             taken = _mm_or_ps(taken, eq);
-            e[t] = _mm_and_ps(eq, gv);
+            e[t] = eq;
+          }
+          for (int t = 3; t >= 0; t--) { /* the lanes whose output is NaN: the last NaN */
+            __m128 isn = _mm_andnot_ps(taken_nan, _mm_and_ps(bnan, _mm_cmpunord_ps(v[t], v[t])));
+            taken_nan = _mm_or_ps(taken_nan, isn);
+            e[t] = _mm_and_ps(_mm_or_ps(e[t], isn), gv);
           }
           _mm_storeu_ps(g0 + 2 * ow, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow), _mm_unpacklo_ps(e[0], e[1])));
           _mm_storeu_ps(g0 + 2 * ow + 4, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow + 4), _mm_unpackhi_ps(e[0], e[1])));
@@ -109,14 +116,18 @@ static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
       for (; ow < wo; ow++) {
         int64_t o = (pl * ho + oh) * wo + ow, at = oh * s * w + ow * s, t0 = at;
         float best = yd[o];
-        int nan = best != best;
-        /* Scan backwards so that the first match is the one that stays;
-         * no early exit, so the compiler can use conditional moves. */
-        for (int64_t i = k - 1; i >= 0; i--) {
-          for (int64_t j = k - 1; j >= 0; j--) {
-            int64_t t = t0 + i * w + j;
-            float v = xp[t];
-            if (v == best || (nan && v != v)) at = t;
+        if (best != best) { /* the last NaN: a forward scan, the last match stays */
+          for (int64_t i = 0; i < k; i++)
+            for (int64_t j = 0; j < k; j++)
+              if (xp[t0 + i * w + j] != xp[t0 + i * w + j]) at = t0 + i * w + j;
+        } else {
+          /* Scan backwards so that the first match is the one that stays;
+           * no early exit, so the compiler can use conditional moves. */
+          for (int64_t i = k - 1; i >= 0; i--) {
+            for (int64_t j = k - 1; j >= 0; j--) {
+              int64_t t = t0 + i * w + j;
+              if (xp[t] == best) at = t;
+            }
           }
         }
         gp[at] += go[o];

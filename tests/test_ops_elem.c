@@ -164,6 +164,41 @@ static void test_tensors_from_other_graph(void) {
   dt_graph_destroy(g2);
 }
 
+/* NaN and Inf go through the activations as in PyTorch (issue 17): relu
+ * keeps a NaN (it used to give 0, hiding a divergence until the parameters
+ * were NaN) and passes the output gradient at a NaN input (torch's
+ * threshold_backward); leaky relu likewise. 9 elements: the SIMD loop and
+ * its scalar tail both see the special values. */
+static void test_nonfinite_propagation(void) {
+  float x[9] = {NAN, INFINITY, -INFINITY, 1.0f, -1.0f, -0.0f, 2.0f, NAN, -INFINITY};
+  float go[9] = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+  int64_t s9[1] = {9};
+  for (int op = 0; op < 2; op++) {
+    dt_graph *g = dt_graph_create(NULL, NULL);
+    dt_tensor *t = dt_tensor_from(g, 1, s9, x);
+    dt_tensor_set_requires_grad(t, 1);
+    dt_tensor *y = op == 0 ? dt_relu(g, t) : dt_leaky_relu(g, t, 0.25f);
+    float yv[9], gv[9];
+    CHECK(y != NULL && dt_backward_grad(g, y, go) == DTRAIN_OK);
+    CHECK(dt_tensor_to_host(y, yv) == DTRAIN_OK && dt_tensor_grad_to_host(t, gv) == DTRAIN_OK);
+    float k = op == 0 ? 0.0f : 0.25f;
+    for (int i = 0; i < 9; i++) {
+      if (x[i] != x[i]) {
+        CHECK_MSG(yv[i] != yv[i], "op %d: element %d: NaN in, %g out", op, i, (double)yv[i]);
+        CHECK_MSG(gv[i] == (op == 0 ? 0.5f : 0.125f), "op %d: element %d: gradient %g at NaN", op, i, (double)gv[i]);
+      } else {
+        float want = x[i] > 0.0f ? x[i] : k * x[i];
+        if (op == 0 && !(x[i] > 0.0f)) want = 0.0f;
+        CHECK_MSG(yv[i] == want, "op %d: element %d: %g -> %g, want %g", op, i, (double)x[i], (double)yv[i],
+                  (double)want);
+        CHECK_MSG(gv[i] == (x[i] > 0.0f ? 0.5f : 0.5f * k), "op %d: element %d: gradient %g", op, i, (double)gv[i]);
+      }
+    }
+    if (op == 0) CHECK_MSG(!signbit(yv[5]), "relu(-0) is %g, want +0", (double)yv[5]);
+    dt_graph_destroy(g);
+  }
+}
+
 int main(void) {
   TH_RUN(test_binary_values);
   TH_RUN(test_binary_broadcast_grads);
@@ -171,6 +206,7 @@ int main(void) {
   TH_RUN(test_unary_grads);
   TH_RUN(test_map_list);
   TH_RUN(test_errors);
+  TH_RUN(test_nonfinite_propagation);
   TH_RUN(test_tensors_from_other_graph);
   return th_summary("ops_elem");
 }

@@ -11,7 +11,9 @@
  * for each, map.<name>.{x,go,y,gx}.f32 (input, output gradient, dtrain's
  * output and input gradient) and a line "map <name> <scalar> <count>" in
  * maps.txt, so that an op added to the list is compared with PyTorch
- * without an edit here (torch_parity.py needs its torch expression). */
+ * without an edit here (torch_parity.py needs its torch expression).
+ * The maps' inputs include NaN and Inf, and special.txt lists ops whose
+ * NaN / Inf rules are their own (dump_special below). */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
 #include <stdio.h>
@@ -68,6 +70,19 @@ static int dump_maps(const char *dir) {
       else x[i] = (u < 0.5f ? -1.0f : 1.0f) * (0.05f + 2.95f * (u < 0.5f ? 2.0f * u : 2.0f * u - 1.0f));
       go[i] = dt_rng_uniform(&r) - 0.5f;
     }
+    /* NaN and Inf, as PyTorch propagates them (issue 17): every map sees
+     * +Inf; the maps defined on all floats also NaN and -Inf, at the start
+     * (the SIMD loops) and at the end (the scalar tails). A NaN outside a
+     * domain (log, sqrt, non-integer powers) is refused instead: see
+     * tests/test_ops_elem.c. */
+    x[3] = INFINITY;
+    if (m->domain == DT__MAP_DOMAIN_ANY) {
+      x[0] = NAN;
+      x[1] = -INFINITY;
+      x[N - 1] = NAN;
+      x[N - 2] = -INFINITY;
+      x[N - 3] = INFINITY;
+    }
     dt_graph *g = dt_graph_create(NULL, NULL);
     int64_t shape[1] = {N};
     dt_tensor *t = dt_tensor_from(g, 1, shape, x);
@@ -85,6 +100,91 @@ static int dump_maps(const char *dir) {
     for (int p = 0; p < 4 && !bad; p++) {
       snprintf(name, sizeof name, "map.%s.%s.f32", m->name, part[p]);
       bad |= write_le(dir, name, data[p], N);
+    }
+  }
+  return (fclose(idx) != 0) | bad;
+}
+
+/* Ops whose NaN / Inf rules are not a map's (softmax, losses, pooling,
+ * reductions), on inputs holding NaN, +Inf and -Inf: for each,
+ * special.<name>.{x,go,y,gx}.f32 and a line "special <name> <ndim> <dims>"
+ * in special.txt (torch_parity.py recomputes them by name). Backward runs
+ * from an explicit output gradient, so a NaN loss is not refused. */
+static const int32_t special_labels[4] = {0, 1, 3, 2};
+static dt_tensor *special_op(dt_graph *g, int k, dt_tensor *x, dt_tensor *t) {
+  switch (k) {
+    case 0: return dt_softmax(g, x, 1);
+    case 1: return dt_log_softmax(g, x, 1);
+    case 2: return dt_cross_entropy(g, x, special_labels);
+    case 3: return dt_cross_entropy(g, x, special_labels);
+    case 4: return dt_mse(g, x, t);
+    case 5: return dt_max_pool2d(g, x, 2, 2);
+    case 6: return dt_avg_pool2d(g, x, 2, 2);
+    case 7: return dt_sum(g, x);
+    case 8: return dt_mean_axis(g, x, 1, 0);
+    default: return dt_max_pool2d(g, x, 3, 1);
+  }
+}
+
+static int dump_special(const char *dir) {
+  static const char *names[] = {"softmax", "log_softmax", "xent", "xent_neginf", "mse",
+                                "max_pool", "avg_pool", "sum", "mean_axis", "max_pool_k3"};
+  enum { NS = sizeof names / sizeof names[0], CAP = 96 };
+  float x[CAP], t[CAP], go[CAP], y[CAP], gx[CAP];
+  char path[512], name[256];
+  snprintf(path, sizeof path, "%s/special.txt", dir);
+  FILE *idx = fopen(path, "w");
+  if (!idx) {
+    perror(path);
+    return 1;
+  }
+  dt_rng r;
+  dt_rng_seed(&r, 13);
+  int bad = 0;
+  for (int k = 0; k < NS && !bad; k++) {
+    int64_t sh[4] = {4, 5, 1, 1};
+    int nd = 2;
+    if (k == 4) sh[0] = 20, sh[1] = 1, nd = 1;
+    if (k == 5 || k == 6 || k == 9) sh[0] = 1, sh[1] = 3, sh[2] = 4, sh[3] = 8, nd = 4;
+    int64_t n = sh[0] * sh[1] * sh[2] * sh[3];
+    for (int64_t i = 0; i < n; i++) {
+      x[i] = 4.0f * dt_rng_uniform(&r) - 2.0f;
+      t[i] = dt_rng_uniform(&r);
+      go[i] = dt_rng_uniform(&r) - 0.5f;
+    }
+    if (k < 4) { /* rows: a NaN, a +Inf, a -Inf (at the label for xent_neginf's row 2), finite */
+      if (k != 3) x[2] = NAN, x[5] = INFINITY;
+      x[13] = -INFINITY;
+      x[11] = -INFINITY;
+    } else if (k == 4) {
+      x[1] = NAN, x[7] = INFINITY, x[12] = -INFINITY, t[12] = -INFINITY;
+    } else if ((k >= 5 && k <= 6) || k == 9) { /* NaN, two NaNs, Inf, all -Inf windows; SIMD and tail */
+      x[1] = NAN, x[8 + 2] = INFINITY, x[4] = -INFINITY, x[5] = -INFINITY, x[12] = -INFINITY, x[13] = -INFINITY;
+      x[33] = NAN, x[41] = NAN, x[62] = INFINITY, x[63] = NAN, x[70] = -INFINITY;
+    } else {
+      x[3] = INFINITY, x[9] = -INFINITY, x[17] = NAN;
+    }
+    dt_graph *g = dt_graph_create(NULL, NULL);
+    dt_tensor *xt = dt_tensor_from(g, nd, sh, x), *tt = dt_tensor_from(g, nd, sh, t);
+    dt_tensor_set_requires_grad(xt, 1);
+    dt_tensor *o = special_op(g, k, xt, tt);
+    for (int64_t i = 0; i < n; i++) gx[i] = 0.0f;
+    int64_t ny = o ? o->size : 0;
+    if (!o || ny > CAP || dt_backward_grad(g, o, go) != DTRAIN_OK || dt_tensor_to_host(o, y) != DTRAIN_OK ||
+        dt_tensor_grad_to_host(xt, gx) != DTRAIN_OK) {
+      fprintf(stderr, "torch_dump: special %s: %s\n", names[k], dt_graph_message(g));
+      bad = 1;
+    }
+    dt_graph_destroy(g);
+    fprintf(idx, "special %s %d", names[k], nd);
+    for (int d = 0; d < nd; d++) fprintf(idx, " %lld", (long long)sh[d]);
+    fprintf(idx, "\n");
+    const char *part[5] = {"x", "t", "go", "y", "gx"};
+    const float *data[5] = {x, t, go, y, gx};
+    const size_t len[5] = {(size_t)n, (size_t)n, (size_t)ny, (size_t)ny, (size_t)n};
+    for (int p = 0; p < 5 && !bad; p++) {
+      snprintf(name, sizeof name, "special.%s.%s.f32", names[k], part[p]);
+      bad |= write_le(dir, name, data[p], len[p]);
     }
   }
   return (fclose(idx) != 0) | bad;
@@ -174,6 +274,6 @@ int main(int argc, char **argv) {
   bad |= write_le(dir, "loss.f32", &lv, 1);
   dt_graph_destroy(g);
   dt_params_destroy(P);
-  if (!cnn) bad |= dump_maps(dir);
+  if (!cnn) bad |= dump_maps(dir) | dump_special(dir);
   return bad;
 }

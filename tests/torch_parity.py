@@ -13,7 +13,10 @@ gradient, which is well defined where single elements are near zero).
 A directory with maps.txt (the mlp one) also holds every elementwise map of
 dtrain's DT__MAP_LIST (src/dt_maps.h): each is recomputed with its torch
 expression in MAPS below, forward and backward, with the same tolerance. A
-map without an entry in MAPS fails: add its expression there."""
+map without an entry in MAPS fails: add its expression there. The maps'
+inputs hold NaN and +-Inf, and special.txt lists softmax, losses, pooling
+and reductions on NaN / Inf inputs: NaN must come out where torch gives NaN,
+each infinity where torch gives it, the finite rest within the tolerance."""
 import os
 import sys
 
@@ -91,8 +94,60 @@ def run(d):
 
 
 def rel_err(ours, ref):
-    ref = ref.astype(np.float64)
-    return np.linalg.norm(ours.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+    """Relative error of the finite values; NaN must sit where torch has
+    NaN and each infinity where torch has the same one (else inf)."""
+    ours = ours.astype(np.float64).ravel()
+    ref = ref.astype(np.float64).ravel()
+    if ours.shape != ref.shape:
+        return float("inf")
+    if not np.array_equal(np.isnan(ours), np.isnan(ref)):
+        return float("inf")
+    inf = np.isinf(ref)
+    if not np.array_equal(np.isinf(ours), inf) or not np.array_equal(ours[inf], ref[inf]):
+        return float("inf")
+    fin = np.isfinite(ref)
+    if not fin.any():
+        return 0.0
+    return np.linalg.norm(ours[fin] - ref[fin]) / max(np.linalg.norm(ref[fin]), 1e-30)
+
+
+# The torch expression of each op of torch_dump.c's special.txt: inputs with
+# NaN and Inf through softmax, losses, pooling and reductions.
+LABELS = torch.tensor([0, 1, 3, 2])
+SPECIAL = {
+    "softmax": lambda x, t: F.softmax(x, 1),
+    "log_softmax": lambda x, t: F.log_softmax(x, 1),
+    "xent": lambda x, t: F.cross_entropy(x, LABELS),
+    "xent_neginf": lambda x, t: F.cross_entropy(x, LABELS),
+    "mse": lambda x, t: F.mse_loss(x, t),
+    "max_pool": lambda x, t: F.max_pool2d(x, 2, 2),
+    "avg_pool": lambda x, t: F.avg_pool2d(x, 2, 2),
+    "sum": lambda x, t: x.sum(),
+    "mean_axis": lambda x, t: x.mean(1),
+    "max_pool_k3": lambda x, t: F.max_pool2d(x, 3, 1),
+}
+
+
+def run_special(d):
+    path = os.path.join(d, "special.txt")
+    if not os.path.exists(path):
+        return []
+    results = []
+    for line in open(path):
+        f = line.split()
+        name, nd = f[1], int(f[2])
+        shape = [int(v) for v in f[3:3 + nd]]
+        if name not in SPECIAL:
+            results.append((f"special {name}", float("inf"), "no torch expression: add it to SPECIAL"))
+            continue
+        x = torch.tensor(load(d, f"special.{name}.x.f32").reshape(shape), requires_grad=True)
+        t = torch.tensor(load(d, f"special.{name}.t.f32").reshape(shape))
+        y = SPECIAL[name](x, t)
+        go = torch.tensor(load(d, f"special.{name}.go.f32")).reshape(y.shape)
+        y.backward(go)
+        results.append((f"special {name} forward", rel_err(load(d, f"special.{name}.y.f32"), y.detach().numpy()), "NaN/Inf input"))
+        results.append((f"special {name} backward", rel_err(load(d, f"special.{name}.gx.f32"), x.grad.numpy()), "NaN/Inf input"))
+    return results
 
 
 def run_maps(d):
@@ -118,7 +173,7 @@ def run_maps(d):
 def main():
     passed = failed = 0
     for d in sys.argv[1:]:
-        for what, rel, info in run(d) + run_maps(d):
+        for what, rel, info in run(d) + run_maps(d) + run_special(d):
             ok = rel <= TOL
             print(f"{'ok' if ok else 'FAIL'} {what}: relative error {rel:.2e} ({info})")
             passed += ok
