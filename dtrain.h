@@ -1958,6 +1958,31 @@ DTRAIN_EXTERN_C_END
  * dt_strategy_stats.failed_replica and each dt_replica_stats.result say who
  * failed and who was aborted. The strategy stays usable.
  *
+ * Non-finite steps. Every step checks its loss (one float per replica) and,
+ * on the CPU, its gradient before any update: synchronous kinds scan each
+ * replica's slice of the reduced gradient (one pass over the trainable
+ * elements, then a barrier, so that nobody updates before everybody
+ * checked; with clip_norm the global norm is that check), the async family
+ * each replica's own gradient before its optimizer step or push. On
+ * devices the gradient is checked only when asked (check_numerics or
+ * clip_norm: a host copy). By default such a step fails with
+ * DTRAIN_ERR_NONFINITE and a message naming the replica, the step and what
+ * ("replica 1: step 41: loss is NaN; no update made") and changes no
+ * parameter. With desc.skip_nonfinite it is skipped instead: the call
+ * returns DTRAIN_OK, no parameter and no optimizer state changes (batch-norm
+ * statistics excepted), *loss gets NaN, dt_strategy_run leaves it out of
+ * the mean, and stats.skipped_steps counts it; in the async family only the
+ * failing replica's push is left empty (the clock moves), the others go
+ * on. multi_worker_mirrored: every process must set the same value; a rank
+ * whose step was not finite makes every rank skip it.
+ *
+ * Empty batches. A step on a batch of 0 rows is refused (DTRAIN_ERR_EMPTY,
+ * nothing touched): there is no gradient, and the optimizer would still
+ * move the parameters (momentum, weight decay). multi_worker_mirrored
+ * refuses only when the global batch is empty (a rank's local batch may be
+ * empty). An async batch function may return 0 rows: that replica's push is
+ * empty, nothing is updated.
+ *
  * Threads: the pool of N-1 worker threads is created with the strategy and
  * lives until it is destroyed (the calling thread is replica 0); no thread
  * is created per step. Who touches what:
@@ -2119,6 +2144,9 @@ typedef struct dt_strategy_options {
                                     array and the devices are borrowed [NULL: the CPU] */
   int ndevices;                  /* entries in devices; replicas 0 means ndevices, else it must
                                     equal ndevices (one replica per device) */
+  int skip_nonfinite;            /* a step whose loss or gradient is NaN/Inf: 0 fails it with
+                                    DTRAIN_ERR_NONFINITE naming the step; nonzero skips it (no
+                                    update, stats.skipped_steps; see "Non-finite steps") [0] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;
@@ -2177,8 +2205,11 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s);
  * replica, reduce, update. For async: one round -- replica r takes shard r
  * and makes one step of its own against the store. *loss (may be NULL) gets
  * the loss of the whole batch (MEAN: the rows-weighted mean of the shard
- * losses; SUM: their sum). Returns DTRAIN_OK or the first failing replica's
- * error (see Failures). */
+ * losses; SUM: their sum; NaN for a skipped step). Returns DTRAIN_OK or the
+ * first failing replica's error (see Failures); a batch of 0 rows is
+ * refused with DTRAIN_ERR_EMPTY and touches nothing; a non-finite loss or
+ * gradient fails the step with DTRAIN_ERR_NONFINITE, or skips it with
+ * desc.skip_nonfinite (see Non-finite steps). */
 DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss);
 
 /* `steps` steps with batches from next(). Sync: `steps` global steps, each on
@@ -2233,6 +2264,8 @@ typedef struct dt_strategy_stats {
   double staleness_mean;
   int64_t clock_gap_max;
   int failed_replica;     /* -1, or the replica whose error ended the last call */
+  int64_t skipped_steps;  /* steps skipped for a non-finite loss or gradient (skip_nonfinite;
+                             async: pushes left empty) */
 } dt_strategy_stats;
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);
@@ -18150,6 +18183,8 @@ typedef struct dt__strategy_replica {
   float loss;
   int64_t rows;
   double ss_part;          /* clipping: sum of squares of this replica's slice */
+  int skipped;             /* async family, skip_nonfinite: this step's loss or gradient was not
+                              finite, its push is left empty */
   dt_result result;
   /* statistics */
   int64_t steps, samples;
@@ -18159,6 +18194,7 @@ typedef struct dt__strategy_replica {
   double last_time;        /* async: when the last push finished */
   int64_t hist[DTRAIN_STALENESS_BINS];
   int64_t stale_max, stale_sum, gap_max;
+  int64_t skips;           /* steps skipped for a non-finite loss or gradient */
   char pad[DT__ALIGN];     /* keeps the next replica's hot fields off these cache lines */
 } dt__strategy_replica;
 
@@ -18198,6 +18234,7 @@ struct dt_strategy {
   char msg[DT__MSG_CAP];
   /* totals */
   int64_t steps, samples, tickets;
+  int64_t skipped;         /* sync steps skipped for a non-finite loss or gradient */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;
@@ -18317,6 +18354,18 @@ DTRAIN_PRIVATE void dt__strategy_sync_shard(dt_strategy *s, int r, dt_minibatch 
 DTRAIN_PRIVATE dt_result dt__strategy_check_batch(const dt_minibatch *b, const char *fn);
 /* Index of the first non-finite value in x[b, e), or e. */
 DTRAIN_PRIVATE size_t dt__strategy_nonfinite(const float *x, size_t b, size_t e);
+/* Index of the first non-finite value among the trainable elements of
+ * x[b, e) (the ones an update reads), or e. */
+DTRAIN_PRIVATE size_t dt__strategy_nonfinite_trainable(dt_strategy *s, const float *x, size_t b, size_t e);
+/* Replica r's step met a non-finite loss or gradient (what: the message,
+ * naming the step). The async family with skip_nonfinite: r skips its step
+ * (R->skipped) and 1 is returned. Otherwise the step fails with
+ * DTRAIN_ERR_NONFINITE (dt_strategy_step turns that into a skip for the
+ * synchronous kinds with skip_nonfinite) and 0 is returned. */
+DTRAIN_PRIVATE int dt__strategy_bad_step(dt_strategy *s, int r, const char *what);
+/* Async family: replica r's own gradient has only finite trainable
+ * elements. 1: go on; 0: failed (recorded) or skipped (R->skipped). */
+DTRAIN_PRIVATE int dt__strategy_own_grad_ok(dt_strategy *s, int r, int64_t step);
 /* Name of the parameter holding flat index i (for messages). */
 DTRAIN_PRIVATE const char *dt__strategy_param_at(dt_strategy *s, size_t i);
 /* Forward + backward of replica r on b. 0 on failure (recorded). */
@@ -18469,10 +18518,47 @@ DTRAIN_PRIVATE dt_result dt__strategy_check_batch(const dt_minibatch *b, const c
 
 /* ---- forward / backward ------------------------------------------------------------------------ */
 
+/* A float is NaN or Inf when its exponent bits are all ones. Blocks of 256
+ * are tested with an OR of integer compares (no branch per element, so the
+ * compiler vectorises it: the per-step check costs a fraction of the
+ * optimizer's own pass); only a block that has one is searched again. */
 DTRAIN_PRIVATE size_t dt__strategy_nonfinite(const float *x, size_t b, size_t e) {
-  for (size_t i = b; i < e; i++)
-    if (!isfinite(x[i])) return i;
+  for (size_t i = b; i < e; i += 256) {
+    size_t n = DT__MIN(e - i, (size_t)256);
+    uint32_t any = 0;
+    for (size_t j = 0; j < n; j++) {
+      uint32_t u;
+      memcpy(&u, x + i + j, sizeof u);
+      any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    if (any)
+      for (size_t j = 0; j < n; j++)
+        if (!isfinite(x[i + j])) return i + j;
+  }
   return e;
+}
+
+DTRAIN_PRIVATE size_t dt__strategy_nonfinite_trainable(dt_strategy *s, const float *x, size_t b, size_t e) {
+  size_t pb, pe;
+  int tr, dec;
+  for (int i = 0; dt__params_range(s->params, i, &pb, &pe, &tr, &dec); i++) {
+    if (!tr) continue;
+    size_t lo = DT__MAX(pb, b), hi = DT__MIN(pe, e);
+    if (lo < hi) {
+      size_t bad = dt__strategy_nonfinite(x, lo, hi);
+      if (bad < hi) return bad;
+    }
+  }
+  return e;
+}
+
+DTRAIN_PRIVATE int dt__strategy_bad_step(dt_strategy *s, int r, const char *what) {
+  if (s->desc.skip_nonfinite && !(s->mod->flags & DT__STRATEGY_SYNC)) {
+    s->rep[r].skipped = 1;
+    return 1;
+  }
+  dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+  return 0;
 }
 
 DTRAIN_PRIVATE const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
@@ -18497,6 +18583,7 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
   }
   R->rows = b->rows;
   R->loss = 0.0f;
+  R->skipped = 0;
   if (b->rows == 0) return 1;
   double t0 = dt__now();
   dt_graph_reset(R->g);
@@ -18525,9 +18612,9 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
     return 0;
   }
   if (!isfinite(lv)) {
-    snprintf(what, sizeof what, "loss is %s", isnan(lv) ? "NaN" : "Inf");
-    dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-    return 0;
+    snprintf(what, sizeof what, "step %lld: loss is %s; no update made", (long long)b->step, isnan(lv) ? "NaN" : "Inf");
+    R->loss = lv;
+    return dt__strategy_bad_step(s, r, what);
   }
   float w = b->weight;
   rc = dt_backward_grad(R->g, L, &w);
@@ -18553,10 +18640,9 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
     }
     size_t bad = dt__strategy_nonfinite(hg, 0, s->size);
     if (bad < s->size) {
-      snprintf(what, sizeof what, "gradient of '%s' is %s at flat index %zu", dt__strategy_param_at(s, bad),
-               isnan(hg[bad]) ? "NaN" : "Inf", bad);
-      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-      return 0;
+      snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)b->step,
+               dt__strategy_param_at(s, bad), isnan(hg[bad]) ? "NaN" : "Inf", bad);
+      if (!dt__strategy_bad_step(s, r, what)) return 0;
     }
   }
   double dt = dt__now() - t0;
@@ -18614,6 +18700,17 @@ DTRAIN_PRIVATE int dt__strategy_clip_own(dt_strategy *s, int r, float clip, cons
   return 0;
 }
 
+DTRAIN_PRIVATE int dt__strategy_own_grad_ok(dt_strategy *s, int r, int64_t step) {
+  const float *g = s->rep[r].grad;
+  size_t bad = dt__strategy_nonfinite_trainable(s, g, 0, s->size);
+  if (bad == s->size) return 1;
+  char what[DT__MSG_CAP];
+  snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu; no update made", (long long)step,
+           dt__strategy_param_at(s, bad), isnan(g[bad]) ? "NaN" : "Inf", bad);
+  dt__strategy_bad_step(s, r, what);
+  return 0;
+}
+
 /* Replica r's part of gradient clipping over the slice [b, e) of grad: the
  * global norm from every replica's partial sum (a barrier between). */
 static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b, size_t e) {
@@ -18631,8 +18728,9 @@ static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b,
   if (dt__strategy_clip_scale(s, grad, b, e, norm, clip)) return 1;
   /* Every replica sees the same total; let replica 0 report it. */
   if (r == 0) {
-    char what[96];
-    snprintf(what, sizeof what, "gradient norm is %s; no update made", isnan(norm) ? "NaN" : "Inf");
+    char what[128];
+    snprintf(what, sizeof what, "step %lld: gradient norm is %s; no update made",
+             (long long)(s->batch ? s->batch->step : -1), isnan(norm) ? "NaN" : "Inf");
     dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
   } else {
     s->rep[r].result = DTRAIN_ERR_ABORTED;
@@ -18640,15 +18738,22 @@ static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b,
   return 0;
 }
 
+/* The reduced gradient is checked before any update (see "Non-finite
+ * steps" in dt_strategy.h): with clip_norm the global norm (computed
+ * anyway) is that check; otherwise each replica scans the trainable
+ * elements of its slice (check_numerics: every element), and a barrier
+ * keeps everybody from updating before everybody checked. */
 DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi) {
   if (!dt__strategy_clip_slice(s, r, grad, lo, hi)) return 0;
   dt_result rc;
-  if (s->desc.check_numerics) {
-    size_t bad = dt__strategy_nonfinite(grad, lo, hi);
+  if (s->desc.check_numerics || !(dt_optim_get_options(s->opt)->clip_norm > 0.0f)) {
+    size_t bad = s->desc.check_numerics ? dt__strategy_nonfinite(grad, lo, hi)
+                                        : dt__strategy_nonfinite_trainable(s, grad, lo, hi);
     if (bad < hi) {
       char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
-               dt__strategy_param_at(s, bad), isnan(grad[bad]) ? "NaN" : "Inf", bad);
+      snprintf(what, sizeof what, "step %lld: reduced gradient of '%s' is %s at flat index %zu; no update made",
+               (long long)(s->batch ? s->batch->step : -1), dt__strategy_param_at(s, bad),
+               isnan(grad[bad]) ? "NaN" : "Inf", bad);
       dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
       return 0;
     }
@@ -18710,6 +18815,11 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
   if (f < 0) return DTRAIN_OK;
   if (s->comm) dt_comm_recover(s->comm);
   if (s->dev) dt__strategy_dev_restore(s, s->dev_opt_steps);
+  if (s->err == DTRAIN_ERR_NONFINITE && s->desc.skip_nonfinite && (s->mod->flags & DT__STRATEGY_SYNC)) {
+    /* to be skipped by dt_strategy_step: a warning, not an error */
+    dt__log(DTRAIN_LOG_WARN, s->err, "%s: skipped: %s", fn, s->msg);
+    return s->err;
+  }
   return dt__error(s->err, "%s: %s", fn, s->msg);
 }
 
@@ -18818,9 +18928,17 @@ DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_s
 DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss) {
   const char *fn = "dt_strategy_step";
   if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: strategy is NULL", fn);
+  if (loss) *loss = NAN;
   dt_result rc = dt__strategy_check_batch(batch, fn);
   if (rc != DTRAIN_OK) return rc;
   const int sync = (s->mod->flags & DT__STRATEGY_SYNC) != 0;
+  /* No rows, no gradient: yet the optimizer would move the parameters
+   * (momentum, weight decay). Refused before anything runs.
+   * multi_worker_mirrored: a rank's local batch may be empty; the exchange
+   * refuses a global batch of 0 rows on every rank. */
+  if (batch->rows == 0 && !(s->mod->flags & DT__STRATEGY_ROW_SUMS))
+    return dt__error(DTRAIN_ERR_EMPTY, "%s: step %lld: the batch has 0 rows; nothing to train on, no update made", fn,
+                     (long long)(sync ? s->steps : s->tickets));
   double t0 = dt__now();
   dt_minibatch gb = *batch;
   gb.step = sync ? s->steps : s->tickets;
@@ -18839,6 +18957,14 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
     if (rc != DTRAIN_OK) rc = dt__error(rc, "%s: replica 0's parameters to the host: %s", fn, dt_last_error());
   }
   s->seconds += dt__now() - t0;
+  if (rc == DTRAIN_ERR_NONFINITE && sync && s->desc.skip_nonfinite) {
+    /* The failed step changed no parameter and no optimizer state: skip it.
+     * It keeps its number (the next batch is the next step). */
+    s->skipped++;
+    s->steps++;
+    s->last_failed = -1;
+    return DTRAIN_OK;
+  }
   if (rc != DTRAIN_OK) return rc;
   /* The batch's loss: shard losses weighted by their share, in rank order
    * (or the module's: multi_worker_mirrored's comes from the all-reduce). */
@@ -18865,6 +18991,9 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
     s->tickets += s->n;
   }
   s->samples += gb.rows;
+  int skipped = 0; /* async family: some replica skipped its push (skip_nonfinite) */
+  for (int r = 0; r < s->n && !sync; r++) skipped |= s->rep[r].skipped;
+  if (skipped) return DTRAIN_OK; /* *loss stays NaN, the mean leaves it out */
   s->last_loss = (float)L;
   s->loss_sum += L;
   s->loss_count++;
@@ -18880,6 +19009,7 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
   if (steps < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: steps %lld < 0", fn, (long long)steps);
   if (s->mod->run) return s->mod->run(s, steps, next, next_user, mean_loss);
   double sum = 0.0;
+  int64_t counted = 0;
   for (int64_t t = 0; t < steps; t++) {
     dt_minibatch b;
     memset(&b, 0, sizeof b);
@@ -18890,9 +19020,12 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
     float L;
     rc = dt_strategy_step(s, &b, &L);
     if (rc != DTRAIN_OK) return rc;
-    sum += L;
+    if (L == L) { /* a skipped step (NaN) is left out */
+      sum += L;
+      counted++;
+    }
   }
-  if (mean_loss && steps > 0) *mean_loss = (float)(sum / (double)steps);
+  if (mean_loss && counted > 0) *mean_loss = (float)(sum / (double)counted);
   return DTRAIN_OK;
 }
 
@@ -19172,6 +19305,8 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   out->last_loss = s->last_loss;
   out->mean_loss = s->loss_count ? s->loss_sum / (double)s->loss_count : 0.0;
   out->failed_replica = s->last_failed;
+  out->skipped_steps = s->skipped;
+  for (int r = 0; r < s->n; r++) out->skipped_steps += s->rep[r].skips;
   return DTRAIN_OK;
 }
 
@@ -19182,9 +19317,9 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
     R->steps = R->samples = R->loss_count = 0;
     R->compute_s = R->wait_s = R->loss_sum = 0.0;
     memset(R->hist, 0, sizeof R->hist);
-    R->stale_max = R->stale_sum = R->gap_max = 0;
+    R->stale_max = R->stale_sum = R->gap_max = R->skips = 0;
   }
-  s->steps = s->samples = s->loss_count = 0;
+  s->steps = s->samples = s->loss_count = s->skipped = 0;
   s->seconds = s->loss_sum = 0.0;
   if (s->comm) dt_comm_reset_stats(s->comm);
 }
@@ -19453,7 +19588,8 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
   memcpy(R->old, R->data, s->fbytes);
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
-  if (b->rows == 0) return 1; /* an empty push: only the clock moves */
+  if (b->rows == 0 || R->skipped) return 1; /* an empty push: only the clock moves */
+  if (!s->desc.check_numerics && !dt__strategy_own_grad_ok(s, r, b->step)) return R->skipped; /* compute checked */
   if (!dt__strategy_clip_own(s, r, dt_optim_get_options(R->opt)->clip_norm, "no update made")) return 0;
   dt_result rc = dt_optim_update(R->opt, R->data, R->grad, 0, s->size);
   if (rc != DTRAIN_OK) {
@@ -19467,8 +19603,8 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
     size_t bad = dt__strategy_nonfinite(d, 0, s->size);
     if (bad < s->size) {
       char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "update of '%s' is %s at flat index %zu; not pushed", dt__strategy_param_at(s, bad),
-               isnan(d[bad]) ? "NaN" : "Inf", bad);
+      snprintf(what, sizeof what, "step %lld: update of '%s' is %s at flat index %zu; not pushed", (long long)b->step,
+               dt__strategy_param_at(s, bad), isnan(d[bad]) ? "NaN" : "Inf", bad);
       dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
       return 0;
     }
@@ -19536,6 +19672,10 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     R->stale_sum += st;
     if (st > R->stale_max) R->stale_max = st;
     R->steps++;
+    if (R->skipped) { /* skip_nonfinite: the push was empty */
+      R->skips++;
+      continue;
+    }
     R->samples += b.rows;
     if (b.rows > 0) {
       R->loss_sum += R->loss;
@@ -19676,7 +19816,8 @@ static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const
   dt__strategy_replica *R = &s->rep[r];
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
-  if (b->rows == 0) return 1; /* an empty push: only the clock moves */
+  if (b->rows == 0 || R->skipped) return 1; /* an empty push: only the clock moves */
+  if (!s->desc.check_numerics && !dt__strategy_own_grad_ok(s, r, b->step)) return R->skipped; /* compute checked */
   if (!dt__strategy_clip_own(s, r, dt_optim_get_options(s->opt)->clip_norm, "nothing pushed")) return 0;
   memcpy(R->old, R->grad, s->fbytes);
   for (int i = 0; i < s->nbufr; i++)
@@ -19743,7 +19884,8 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_ps_module(void) { return 
 
 /* Floats after the gradient in the cross-process buffer:
  * [0, 1] global rows (hi + lo), [2, 3] loss sum (hi + lo),
- * [4] ranks that failed locally, [5] sum of (failed rank + 1). */
+ * [4] ranks that failed locally, [5] sum of (failed rank + 1), [6] ranks
+ * whose failure was a non-finite loss or gradient (skip_nonfinite). */
 #define DT__MWM_TAIL 8
 
 /* The module's state (s->kind_state). */
@@ -19878,6 +20020,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     memset(buf, 0, s->fbytes);
     tail[4] = 1.0f;
     tail[5] = (float)(rank + 1);
+    tail[6] = s->err == DTRAIN_ERR_NONFINITE ? 1.0f : 0.0f; /* the local failure, recorded before ok was 0 */
   }
   double t0 = dt__now();
   dt_result rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
@@ -19894,6 +20037,13 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     return 0;
   }
   if (!ok) return 0; /* the local failure is already recorded */
+  if (tail[4] > 0.5f && s->desc.skip_nonfinite && tail[6] > tail[4] - 0.5f) {
+    /* every failing rank met a non-finite loss or gradient: all skip the step */
+    snprintf(what, sizeof what, "step %lld: %s not finite on %s; no update made", (long long)s->batch->step,
+             "the loss or gradient was", tail[4] < 1.5f ? "one rank" : "several ranks");
+    dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
+    return 0;
+  }
   if (tail[4] > 0.5f) {
     if (tail[4] < 1.5f)
       snprintf(what, sizeof what, "rank %d failed its part of step %lld (its own error says why); no update made",
@@ -19905,6 +20055,12 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     return 0;
   }
   st->rows = (double)tail[0] + (double)tail[1];
+  if (st->rows == 0.0) { /* every rank's local batch was empty: nothing to train on (the same everywhere) */
+    snprintf(what, sizeof what, "step %lld: the global batch has 0 rows (every rank's local batch is empty); "
+             "no update made", (long long)s->batch->step);
+    dt__strategy_fail(s, 0, DTRAIN_ERR_EMPTY, what);
+    return 0;
+  }
   double L = (double)tail[2] + (double)tail[3];
   st->loss = s->desc.loss == DTRAIN_LOSS_SUM ? L : (st->rows > 0.0 ? L / st->rows : 0.0);
   return 1;
@@ -20087,8 +20243,9 @@ DTRAIN_PRIVATE int dt__strategy_dev_checks(dt_strategy *s, const float *g) {
   if (s->desc.check_numerics) {
     size_t bad = dt__strategy_nonfinite(g, 0, s->size);
     if (bad < s->size) {
-      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
-               dt__strategy_param_at(s, bad), isnan(g[bad]) ? "NaN" : "Inf", bad);
+      snprintf(what, sizeof what, "step %lld: reduced gradient of '%s' is %s at flat index %zu; no update made",
+               (long long)(s->batch ? s->batch->step : -1), dt__strategy_param_at(s, bad),
+               isnan(g[bad]) ? "NaN" : "Inf", bad);
       dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
       return 0;
     }
@@ -20098,7 +20255,8 @@ DTRAIN_PRIVATE int dt__strategy_dev_checks(dt_strategy *s, const float *g) {
      * the step here, before any update. */
     double norm = sqrt(dt__strategy_sumsq(s, g, 0, s->size));
     if (!isfinite(norm)) {
-      snprintf(what, sizeof what, "gradient norm is %s; no update made", isnan(norm) ? "NaN" : "Inf");
+      snprintf(what, sizeof what, "step %lld: gradient norm is %s; no update made",
+               (long long)(s->batch ? s->batch->step : -1), isnan(norm) ? "NaN" : "Inf");
       dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
       return 0;
     }

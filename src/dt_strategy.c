@@ -77,9 +77,17 @@ DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_s
 DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss) {
   const char *fn = "dt_strategy_step";
   if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: strategy is NULL", fn);
+  if (loss) *loss = NAN;
   dt_result rc = dt__strategy_check_batch(batch, fn);
   if (rc != DTRAIN_OK) return rc;
   const int sync = (s->mod->flags & DT__STRATEGY_SYNC) != 0;
+  /* No rows, no gradient: yet the optimizer would move the parameters
+   * (momentum, weight decay). Refused before anything runs.
+   * multi_worker_mirrored: a rank's local batch may be empty; the exchange
+   * refuses a global batch of 0 rows on every rank. */
+  if (batch->rows == 0 && !(s->mod->flags & DT__STRATEGY_ROW_SUMS))
+    return dt__error(DTRAIN_ERR_EMPTY, "%s: step %lld: the batch has 0 rows; nothing to train on, no update made", fn,
+                     (long long)(sync ? s->steps : s->tickets));
   double t0 = dt__now();
   dt_minibatch gb = *batch;
   gb.step = sync ? s->steps : s->tickets;
@@ -98,6 +106,14 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
     if (rc != DTRAIN_OK) rc = dt__error(rc, "%s: replica 0's parameters to the host: %s", fn, dt_last_error());
   }
   s->seconds += dt__now() - t0;
+  if (rc == DTRAIN_ERR_NONFINITE && sync && s->desc.skip_nonfinite) {
+    /* The failed step changed no parameter and no optimizer state: skip it.
+     * It keeps its number (the next batch is the next step). */
+    s->skipped++;
+    s->steps++;
+    s->last_failed = -1;
+    return DTRAIN_OK;
+  }
   if (rc != DTRAIN_OK) return rc;
   /* The batch's loss: shard losses weighted by their share, in rank order
    * (or the module's: multi_worker_mirrored's comes from the all-reduce). */
@@ -124,6 +140,9 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
     s->tickets += s->n;
   }
   s->samples += gb.rows;
+  int skipped = 0; /* async family: some replica skipped its push (skip_nonfinite) */
+  for (int r = 0; r < s->n && !sync; r++) skipped |= s->rep[r].skipped;
+  if (skipped) return DTRAIN_OK; /* *loss stays NaN, the mean leaves it out */
   s->last_loss = (float)L;
   s->loss_sum += L;
   s->loss_count++;
@@ -139,6 +158,7 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
   if (steps < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: steps %lld < 0", fn, (long long)steps);
   if (s->mod->run) return s->mod->run(s, steps, next, next_user, mean_loss);
   double sum = 0.0;
+  int64_t counted = 0;
   for (int64_t t = 0; t < steps; t++) {
     dt_minibatch b;
     memset(&b, 0, sizeof b);
@@ -149,9 +169,12 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
     float L;
     rc = dt_strategy_step(s, &b, &L);
     if (rc != DTRAIN_OK) return rc;
-    sum += L;
+    if (L == L) { /* a skipped step (NaN) is left out */
+      sum += L;
+      counted++;
+    }
   }
-  if (mean_loss && steps > 0) *mean_loss = (float)(sum / (double)steps);
+  if (mean_loss && counted > 0) *mean_loss = (float)(sum / (double)counted);
   return DTRAIN_OK;
 }
 
@@ -431,6 +454,8 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   out->last_loss = s->last_loss;
   out->mean_loss = s->loss_count ? s->loss_sum / (double)s->loss_count : 0.0;
   out->failed_replica = s->last_failed;
+  out->skipped_steps = s->skipped;
+  for (int r = 0; r < s->n; r++) out->skipped_steps += s->rep[r].skips;
   return DTRAIN_OK;
 }
 
@@ -441,9 +466,9 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
     R->steps = R->samples = R->loss_count = 0;
     R->compute_s = R->wait_s = R->loss_sum = 0.0;
     memset(R->hist, 0, sizeof R->hist);
-    R->stale_max = R->stale_sum = R->gap_max = 0;
+    R->stale_max = R->stale_sum = R->gap_max = R->skips = 0;
   }
-  s->steps = s->samples = s->loss_count = 0;
+  s->steps = s->samples = s->loss_count = s->skipped = 0;
   s->seconds = s->loss_sum = 0.0;
   if (s->comm) dt_comm_reset_stats(s->comm);
 }

@@ -131,6 +131,31 @@
  * dt_strategy_stats.failed_replica and each dt_replica_stats.result say who
  * failed and who was aborted. The strategy stays usable.
  *
+ * Non-finite steps. Every step checks its loss (one float per replica) and,
+ * on the CPU, its gradient before any update: synchronous kinds scan each
+ * replica's slice of the reduced gradient (one pass over the trainable
+ * elements, then a barrier, so that nobody updates before everybody
+ * checked; with clip_norm the global norm is that check), the async family
+ * each replica's own gradient before its optimizer step or push. On
+ * devices the gradient is checked only when asked (check_numerics or
+ * clip_norm: a host copy). By default such a step fails with
+ * DTRAIN_ERR_NONFINITE and a message naming the replica, the step and what
+ * ("replica 1: step 41: loss is NaN; no update made") and changes no
+ * parameter. With desc.skip_nonfinite it is skipped instead: the call
+ * returns DTRAIN_OK, no parameter and no optimizer state changes (batch-norm
+ * statistics excepted), *loss gets NaN, dt_strategy_run leaves it out of
+ * the mean, and stats.skipped_steps counts it; in the async family only the
+ * failing replica's push is left empty (the clock moves), the others go
+ * on. multi_worker_mirrored: every process must set the same value; a rank
+ * whose step was not finite makes every rank skip it.
+ *
+ * Empty batches. A step on a batch of 0 rows is refused (DTRAIN_ERR_EMPTY,
+ * nothing touched): there is no gradient, and the optimizer would still
+ * move the parameters (momentum, weight decay). multi_worker_mirrored
+ * refuses only when the global batch is empty (a rank's local batch may be
+ * empty). An async batch function may return 0 rows: that replica's push is
+ * empty, nothing is updated.
+ *
  * Threads: the pool of N-1 worker threads is created with the strategy and
  * lives until it is destroyed (the calling thread is replica 0); no thread
  * is created per step. Who touches what:
@@ -292,6 +317,9 @@ typedef struct dt_strategy_options {
                                     array and the devices are borrowed [NULL: the CPU] */
   int ndevices;                  /* entries in devices; replicas 0 means ndevices, else it must
                                     equal ndevices (one replica per device) */
+  int skip_nonfinite;            /* a step whose loss or gradient is NaN/Inf: 0 fails it with
+                                    DTRAIN_ERR_NONFINITE naming the step; nonzero skips it (no
+                                    update, stats.skipped_steps; see "Non-finite steps") [0] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;
@@ -350,8 +378,11 @@ DTRAIN_API void dt_strategy_destroy(dt_strategy *s);
  * replica, reduce, update. For async: one round -- replica r takes shard r
  * and makes one step of its own against the store. *loss (may be NULL) gets
  * the loss of the whole batch (MEAN: the rows-weighted mean of the shard
- * losses; SUM: their sum). Returns DTRAIN_OK or the first failing replica's
- * error (see Failures). */
+ * losses; SUM: their sum; NaN for a skipped step). Returns DTRAIN_OK or the
+ * first failing replica's error (see Failures); a batch of 0 rows is
+ * refused with DTRAIN_ERR_EMPTY and touches nothing; a non-finite loss or
+ * gradient fails the step with DTRAIN_ERR_NONFINITE, or skips it with
+ * desc.skip_nonfinite (see Non-finite steps). */
 DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss);
 
 /* `steps` steps with batches from next(). Sync: `steps` global steps, each on
@@ -406,6 +437,8 @@ typedef struct dt_strategy_stats {
   double staleness_mean;
   int64_t clock_gap_max;
   int failed_replica;     /* -1, or the replica whose error ended the last call */
+  int64_t skipped_steps;  /* steps skipped for a non-finite loss or gradient (skip_nonfinite;
+                             async: pushes left empty) */
 } dt_strategy_stats;
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);

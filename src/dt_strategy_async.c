@@ -51,7 +51,8 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
   memcpy(R->old, R->data, s->fbytes);
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
-  if (b->rows == 0) return 1; /* an empty push: only the clock moves */
+  if (b->rows == 0 || R->skipped) return 1; /* an empty push: only the clock moves */
+  if (!s->desc.check_numerics && !dt__strategy_own_grad_ok(s, r, b->step)) return R->skipped; /* compute checked */
   if (!dt__strategy_clip_own(s, r, dt_optim_get_options(R->opt)->clip_norm, "no update made")) return 0;
   dt_result rc = dt_optim_update(R->opt, R->data, R->grad, 0, s->size);
   if (rc != DTRAIN_OK) {
@@ -65,8 +66,8 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
     size_t bad = dt__strategy_nonfinite(d, 0, s->size);
     if (bad < s->size) {
       char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "update of '%s' is %s at flat index %zu; not pushed", dt__strategy_param_at(s, bad),
-               isnan(d[bad]) ? "NaN" : "Inf", bad);
+      snprintf(what, sizeof what, "step %lld: update of '%s' is %s at flat index %zu; not pushed", (long long)b->step,
+               dt__strategy_param_at(s, bad), isnan(d[bad]) ? "NaN" : "Inf", bad);
       dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
       return 0;
     }
@@ -134,6 +135,10 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     R->stale_sum += st;
     if (st > R->stale_max) R->stale_max = st;
     R->steps++;
+    if (R->skipped) { /* skip_nonfinite: the push was empty */
+      R->skips++;
+      continue;
+    }
     R->samples += b.rows;
     if (b.rows > 0) {
       R->loss_sum += R->loss;

@@ -76,10 +76,47 @@ DTRAIN_PRIVATE dt_result dt__strategy_check_batch(const dt_minibatch *b, const c
 
 /* ---- forward / backward ------------------------------------------------------------------------ */
 
+/* A float is NaN or Inf when its exponent bits are all ones. Blocks of 256
+ * are tested with an OR of integer compares (no branch per element, so the
+ * compiler vectorises it: the per-step check costs a fraction of the
+ * optimizer's own pass); only a block that has one is searched again. */
 DTRAIN_PRIVATE size_t dt__strategy_nonfinite(const float *x, size_t b, size_t e) {
-  for (size_t i = b; i < e; i++)
-    if (!isfinite(x[i])) return i;
+  for (size_t i = b; i < e; i += 256) {
+    size_t n = DT__MIN(e - i, (size_t)256);
+    uint32_t any = 0;
+    for (size_t j = 0; j < n; j++) {
+      uint32_t u;
+      memcpy(&u, x + i + j, sizeof u);
+      any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    if (any)
+      for (size_t j = 0; j < n; j++)
+        if (!isfinite(x[i + j])) return i + j;
+  }
   return e;
+}
+
+DTRAIN_PRIVATE size_t dt__strategy_nonfinite_trainable(dt_strategy *s, const float *x, size_t b, size_t e) {
+  size_t pb, pe;
+  int tr, dec;
+  for (int i = 0; dt__params_range(s->params, i, &pb, &pe, &tr, &dec); i++) {
+    if (!tr) continue;
+    size_t lo = DT__MAX(pb, b), hi = DT__MIN(pe, e);
+    if (lo < hi) {
+      size_t bad = dt__strategy_nonfinite(x, lo, hi);
+      if (bad < hi) return bad;
+    }
+  }
+  return e;
+}
+
+DTRAIN_PRIVATE int dt__strategy_bad_step(dt_strategy *s, int r, const char *what) {
+  if (s->desc.skip_nonfinite && !(s->mod->flags & DT__STRATEGY_SYNC)) {
+    s->rep[r].skipped = 1;
+    return 1;
+  }
+  dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+  return 0;
 }
 
 DTRAIN_PRIVATE const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
@@ -104,6 +141,7 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
   }
   R->rows = b->rows;
   R->loss = 0.0f;
+  R->skipped = 0;
   if (b->rows == 0) return 1;
   double t0 = dt__now();
   dt_graph_reset(R->g);
@@ -132,9 +170,9 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
     return 0;
   }
   if (!isfinite(lv)) {
-    snprintf(what, sizeof what, "loss is %s", isnan(lv) ? "NaN" : "Inf");
-    dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-    return 0;
+    snprintf(what, sizeof what, "step %lld: loss is %s; no update made", (long long)b->step, isnan(lv) ? "NaN" : "Inf");
+    R->loss = lv;
+    return dt__strategy_bad_step(s, r, what);
   }
   float w = b->weight;
   rc = dt_backward_grad(R->g, L, &w);
@@ -160,10 +198,9 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
     }
     size_t bad = dt__strategy_nonfinite(hg, 0, s->size);
     if (bad < s->size) {
-      snprintf(what, sizeof what, "gradient of '%s' is %s at flat index %zu", dt__strategy_param_at(s, bad),
-               isnan(hg[bad]) ? "NaN" : "Inf", bad);
-      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-      return 0;
+      snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)b->step,
+               dt__strategy_param_at(s, bad), isnan(hg[bad]) ? "NaN" : "Inf", bad);
+      if (!dt__strategy_bad_step(s, r, what)) return 0;
     }
   }
   double dt = dt__now() - t0;
@@ -221,6 +258,17 @@ DTRAIN_PRIVATE int dt__strategy_clip_own(dt_strategy *s, int r, float clip, cons
   return 0;
 }
 
+DTRAIN_PRIVATE int dt__strategy_own_grad_ok(dt_strategy *s, int r, int64_t step) {
+  const float *g = s->rep[r].grad;
+  size_t bad = dt__strategy_nonfinite_trainable(s, g, 0, s->size);
+  if (bad == s->size) return 1;
+  char what[DT__MSG_CAP];
+  snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu; no update made", (long long)step,
+           dt__strategy_param_at(s, bad), isnan(g[bad]) ? "NaN" : "Inf", bad);
+  dt__strategy_bad_step(s, r, what);
+  return 0;
+}
+
 /* Replica r's part of gradient clipping over the slice [b, e) of grad: the
  * global norm from every replica's partial sum (a barrier between). */
 static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b, size_t e) {
@@ -238,8 +286,9 @@ static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b,
   if (dt__strategy_clip_scale(s, grad, b, e, norm, clip)) return 1;
   /* Every replica sees the same total; let replica 0 report it. */
   if (r == 0) {
-    char what[96];
-    snprintf(what, sizeof what, "gradient norm is %s; no update made", isnan(norm) ? "NaN" : "Inf");
+    char what[128];
+    snprintf(what, sizeof what, "step %lld: gradient norm is %s; no update made",
+             (long long)(s->batch ? s->batch->step : -1), isnan(norm) ? "NaN" : "Inf");
     dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
   } else {
     s->rep[r].result = DTRAIN_ERR_ABORTED;
@@ -247,15 +296,22 @@ static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b,
   return 0;
 }
 
+/* The reduced gradient is checked before any update (see "Non-finite
+ * steps" in dt_strategy.h): with clip_norm the global norm (computed
+ * anyway) is that check; otherwise each replica scans the trainable
+ * elements of its slice (check_numerics: every element), and a barrier
+ * keeps everybody from updating before everybody checked. */
 DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi) {
   if (!dt__strategy_clip_slice(s, r, grad, lo, hi)) return 0;
   dt_result rc;
-  if (s->desc.check_numerics) {
-    size_t bad = dt__strategy_nonfinite(grad, lo, hi);
+  if (s->desc.check_numerics || !(dt_optim_get_options(s->opt)->clip_norm > 0.0f)) {
+    size_t bad = s->desc.check_numerics ? dt__strategy_nonfinite(grad, lo, hi)
+                                        : dt__strategy_nonfinite_trainable(s, grad, lo, hi);
     if (bad < hi) {
       char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
-               dt__strategy_param_at(s, bad), isnan(grad[bad]) ? "NaN" : "Inf", bad);
+      snprintf(what, sizeof what, "step %lld: reduced gradient of '%s' is %s at flat index %zu; no update made",
+               (long long)(s->batch ? s->batch->step : -1), dt__strategy_param_at(s, bad),
+               isnan(grad[bad]) ? "NaN" : "Inf", bad);
       dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
       return 0;
     }
@@ -317,6 +373,11 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
   if (f < 0) return DTRAIN_OK;
   if (s->comm) dt_comm_recover(s->comm);
   if (s->dev) dt__strategy_dev_restore(s, s->dev_opt_steps);
+  if (s->err == DTRAIN_ERR_NONFINITE && s->desc.skip_nonfinite && (s->mod->flags & DT__STRATEGY_SYNC)) {
+    /* to be skipped by dt_strategy_step: a warning, not an error */
+    dt__log(DTRAIN_LOG_WARN, s->err, "%s: skipped: %s", fn, s->msg);
+    return s->err;
+  }
   return dt__error(s->err, "%s: %s", fn, s->msg);
 }
 

@@ -66,8 +66,9 @@ DTRAIN_PRIVATE int dt__strategy_dev_checks(dt_strategy *s, const float *g) {
   if (s->desc.check_numerics) {
     size_t bad = dt__strategy_nonfinite(g, 0, s->size);
     if (bad < s->size) {
-      snprintf(what, sizeof what, "reduced gradient of '%s' is %s at flat index %zu; no update made",
-               dt__strategy_param_at(s, bad), isnan(g[bad]) ? "NaN" : "Inf", bad);
+      snprintf(what, sizeof what, "step %lld: reduced gradient of '%s' is %s at flat index %zu; no update made",
+               (long long)(s->batch ? s->batch->step : -1), dt__strategy_param_at(s, bad),
+               isnan(g[bad]) ? "NaN" : "Inf", bad);
       dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
       return 0;
     }
@@ -77,7 +78,8 @@ DTRAIN_PRIVATE int dt__strategy_dev_checks(dt_strategy *s, const float *g) {
      * the step here, before any update. */
     double norm = sqrt(dt__strategy_sumsq(s, g, 0, s->size));
     if (!isfinite(norm)) {
-      snprintf(what, sizeof what, "gradient norm is %s; no update made", isnan(norm) ? "NaN" : "Inf");
+      snprintf(what, sizeof what, "step %lld: gradient norm is %s; no update made",
+               (long long)(s->batch ? s->batch->step : -1), isnan(norm) ? "NaN" : "Inf");
       dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
       return 0;
     }

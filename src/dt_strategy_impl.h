@@ -52,6 +52,8 @@ typedef struct dt__strategy_replica {
   float loss;
   int64_t rows;
   double ss_part;          /* clipping: sum of squares of this replica's slice */
+  int skipped;             /* async family, skip_nonfinite: this step's loss or gradient was not
+                              finite, its push is left empty */
   dt_result result;
   /* statistics */
   int64_t steps, samples;
@@ -61,6 +63,7 @@ typedef struct dt__strategy_replica {
   double last_time;        /* async: when the last push finished */
   int64_t hist[DTRAIN_STALENESS_BINS];
   int64_t stale_max, stale_sum, gap_max;
+  int64_t skips;           /* steps skipped for a non-finite loss or gradient */
   char pad[DT__ALIGN];     /* keeps the next replica's hot fields off these cache lines */
 } dt__strategy_replica;
 
@@ -100,6 +103,7 @@ struct dt_strategy {
   char msg[DT__MSG_CAP];
   /* totals */
   int64_t steps, samples, tickets;
+  int64_t skipped;         /* sync steps skipped for a non-finite loss or gradient */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;
@@ -219,6 +223,18 @@ DTRAIN_PRIVATE void dt__strategy_sync_shard(dt_strategy *s, int r, dt_minibatch 
 DTRAIN_PRIVATE dt_result dt__strategy_check_batch(const dt_minibatch *b, const char *fn);
 /* Index of the first non-finite value in x[b, e), or e. */
 DTRAIN_PRIVATE size_t dt__strategy_nonfinite(const float *x, size_t b, size_t e);
+/* Index of the first non-finite value among the trainable elements of
+ * x[b, e) (the ones an update reads), or e. */
+DTRAIN_PRIVATE size_t dt__strategy_nonfinite_trainable(dt_strategy *s, const float *x, size_t b, size_t e);
+/* Replica r's step met a non-finite loss or gradient (what: the message,
+ * naming the step). The async family with skip_nonfinite: r skips its step
+ * (R->skipped) and 1 is returned. Otherwise the step fails with
+ * DTRAIN_ERR_NONFINITE (dt_strategy_step turns that into a skip for the
+ * synchronous kinds with skip_nonfinite) and 0 is returned. */
+DTRAIN_PRIVATE int dt__strategy_bad_step(dt_strategy *s, int r, const char *what);
+/* Async family: replica r's own gradient has only finite trainable
+ * elements. 1: go on; 0: failed (recorded) or skipped (R->skipped). */
+DTRAIN_PRIVATE int dt__strategy_own_grad_ok(dt_strategy *s, int r, int64_t step);
 /* Name of the parameter holding flat index i (for messages). */
 DTRAIN_PRIVATE const char *dt__strategy_param_at(dt_strategy *s, size_t i);
 /* Forward + backward of replica r on b. 0 on failure (recorded). */

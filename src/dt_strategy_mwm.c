@@ -31,7 +31,8 @@
 
 /* Floats after the gradient in the cross-process buffer:
  * [0, 1] global rows (hi + lo), [2, 3] loss sum (hi + lo),
- * [4] ranks that failed locally, [5] sum of (failed rank + 1). */
+ * [4] ranks that failed locally, [5] sum of (failed rank + 1), [6] ranks
+ * whose failure was a non-finite loss or gradient (skip_nonfinite). */
 #define DT__MWM_TAIL 8
 
 /* The module's state (s->kind_state). */
@@ -166,6 +167,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     memset(buf, 0, s->fbytes);
     tail[4] = 1.0f;
     tail[5] = (float)(rank + 1);
+    tail[6] = s->err == DTRAIN_ERR_NONFINITE ? 1.0f : 0.0f; /* the local failure, recorded before ok was 0 */
   }
   double t0 = dt__now();
   dt_result rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
@@ -182,6 +184,13 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     return 0;
   }
   if (!ok) return 0; /* the local failure is already recorded */
+  if (tail[4] > 0.5f && s->desc.skip_nonfinite && tail[6] > tail[4] - 0.5f) {
+    /* every failing rank met a non-finite loss or gradient: all skip the step */
+    snprintf(what, sizeof what, "step %lld: %s not finite on %s; no update made", (long long)s->batch->step,
+             "the loss or gradient was", tail[4] < 1.5f ? "one rank" : "several ranks");
+    dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
+    return 0;
+  }
   if (tail[4] > 0.5f) {
     if (tail[4] < 1.5f)
       snprintf(what, sizeof what, "rank %d failed its part of step %lld (its own error says why); no update made",
@@ -193,6 +202,12 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     return 0;
   }
   st->rows = (double)tail[0] + (double)tail[1];
+  if (st->rows == 0.0) { /* every rank's local batch was empty: nothing to train on (the same everywhere) */
+    snprintf(what, sizeof what, "step %lld: the global batch has 0 rows (every rank's local batch is empty); "
+             "no update made", (long long)s->batch->step);
+    dt__strategy_fail(s, 0, DTRAIN_ERR_EMPTY, what);
+    return 0;
+  }
   double L = (double)tail[2] + (double)tail[3];
   st->loss = s->desc.loss == DTRAIN_LOSS_SUM ? L : (st->rows > 0.0 ? L / st->rows : 0.0);
   return 1;

@@ -57,7 +57,8 @@ static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const
   dt__strategy_replica *R = &s->rep[r];
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
-  if (b->rows == 0) return 1; /* an empty push: only the clock moves */
+  if (b->rows == 0 || R->skipped) return 1; /* an empty push: only the clock moves */
+  if (!s->desc.check_numerics && !dt__strategy_own_grad_ok(s, r, b->step)) return R->skipped; /* compute checked */
   if (!dt__strategy_clip_own(s, r, dt_optim_get_options(s->opt)->clip_norm, "nothing pushed")) return 0;
   memcpy(R->old, R->grad, s->fbytes);
   for (int i = 0; i < s->nbufr; i++)

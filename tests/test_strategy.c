@@ -1175,6 +1175,119 @@ static void test_no_threads_build(void) {
   dt_params_destroy(m.P);
 }
 
+/* Issue 17: a NaN loss or an Inf gradient stops the step without
+ * check_numerics (the gradient used to reach the optimizer and make the
+ * parameters Inf), with a message naming the replica and the step; with
+ * skip_nonfinite the step is skipped: OK, NaN loss, nothing changed,
+ * counted; the next step trains on. */
+static int all_finite(const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return 0;
+  return 1;
+}
+
+static void test_nonfinite_steps(void) {
+  quiet();
+  watchdog(120);
+  const dt_strategy_kind kinds[4] = {DTRAIN_STRATEGY_ONE_DEVICE, DTRAIN_STRATEGY_MIRRORED,
+                                     DTRAIN_STRATEGY_CENTRAL_STORAGE, DTRAIN_STRATEGY_ASYNC};
+  for (int ki = 0; ki < 4; ki++)
+    for (int fk = 1; fk <= 2; fk++)
+      for (int skip = 0; skip < 2; skip++) {
+        const int async = kinds[ki] == DTRAIN_STRATEGY_ASYNC, n_rep = ki == 0 ? 1 : 3;
+        model m;
+        model_init(&m, 5);
+        dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.05f, 0.9f, 0.0f);
+        dt_strategy_options sd;
+        memset(&sd, 0, sizeof sd);
+        sd.kind = kinds[ki];
+        sd.replicas = n_rep;
+        sd.skip_nonfinite = skip;
+        dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
+        CHECK(s != NULL);
+        if (!s) continue;
+        size_t n = dt_params_size(m.P);
+        float before[PMAX];
+        dt_minibatch b = batch_at(0, 24);
+        CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+        memcpy(before, dt_params_data(m.P), n * sizeof(float));
+        dt_strategy_stats st;
+        dt_strategy_stats_get(s, &st);
+        m.fail_replica = n_rep - 1;
+        m.fail_kind = fk;
+        m.fail_step = async ? 1 * n_rep + (n_rep - 1) : st.steps; /* async: the ticket of round 1 */
+        b = batch_at(1, 24);
+        float L = 0.0f;
+        dt_result rc = dt_strategy_step(s, &b, &L);
+        char want[64];
+        snprintf(want, sizeof want, "step %lld: ", (long long)m.fail_step);
+        if (!skip) {
+          CHECK_MSG(rc == DTRAIN_ERR_NONFINITE, "kind %d fail %d: got %s", ki, fk, dt_result_name(rc));
+          CHECK_MSG(strstr(dt_last_error(), want) != NULL && strstr(dt_last_error(), fk == 1 ? "loss is NaN" : "gradient of"),
+                    "kind %d fail %d: message '%s' does not name the step and what", ki, fk, dt_last_error());
+        } else {
+          CHECK_MSG(rc == DTRAIN_OK, "kind %d fail %d skip: got %s (%s)", ki, fk, dt_result_name(rc), dt_last_error());
+          CHECK_MSG(L != L, "kind %d fail %d skip: loss %g, want NaN", ki, fk, (double)L);
+          dt_strategy_stats_get(s, &st);
+          CHECK_MSG(st.skipped_steps == 1, "kind %d fail %d: skipped_steps %lld", ki, fk, (long long)st.skipped_steps);
+        }
+        /* a synchronous step changes nothing; async: the others may have pushed, nothing is Inf */
+        if (!async)
+          CHECK_MSG(memcmp(before, dt_params_data(m.P), n * sizeof(float)) == 0, "kind %d fail %d skip %d changed params",
+                    ki, fk, skip);
+        CHECK_MSG(all_finite(dt_params_data(m.P), n), "kind %d fail %d skip %d: params not finite", ki, fk, skip);
+        m.fail_replica = -1;
+        b = batch_at(2, 24);
+        rc = dt_strategy_step(s, &b, &L);
+        CHECK_MSG(rc == DTRAIN_OK && L == L, "kind %d fail %d skip %d: the next step: %s", ki, fk, skip,
+                  dt_last_error());
+        CHECK(memcmp(before, dt_params_data(m.P), n * sizeof(float)) != 0 && all_finite(dt_params_data(m.P), n));
+        dt_strategy_destroy(s);
+        dt_optim_destroy(opt);
+        dt_params_destroy(m.P);
+      }
+  alarm(0);
+}
+
+/* Issue 17: a batch of 0 rows is refused and touches nothing (it used to
+ * return OK and let momentum move the parameters). */
+static void test_empty_batch_refused(void) {
+  quiet();
+  watchdog(60);
+  const dt_strategy_kind kinds[4] = {DTRAIN_STRATEGY_ONE_DEVICE, DTRAIN_STRATEGY_MIRRORED,
+                                     DTRAIN_STRATEGY_CENTRAL_STORAGE, DTRAIN_STRATEGY_ASYNC};
+  for (int ki = 0; ki < 4; ki++) {
+    model m;
+    model_init(&m, 5);
+    dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.05f, 0.9f, 0.0f);
+    dt_strategy_options sd;
+    memset(&sd, 0, sizeof sd);
+    sd.kind = kinds[ki];
+    sd.replicas = ki == 0 ? 1 : 2;
+    dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
+    CHECK(s != NULL);
+    if (!s) continue;
+    size_t n = dt_params_size(m.P);
+    float before[PMAX];
+    dt_minibatch b = batch_at(0, 16);
+    CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK); /* momentum now holds a velocity */
+    memcpy(before, dt_params_data(m.P), n * sizeof(float));
+    int64_t steps = dt_optim_steps(opt);
+    b.rows = 0;
+    dt_result rc = dt_strategy_step(s, &b, NULL);
+    CHECK_MSG(rc == DTRAIN_ERR_EMPTY, "kind %d: 0 rows gave %s", ki, dt_result_name(rc));
+    CHECK_MSG(strstr(dt_last_error(), "0 rows") != NULL, "kind %d: '%s'", ki, dt_last_error());
+    CHECK_MSG(memcmp(before, dt_params_data(m.P), n * sizeof(float)) == 0, "kind %d: 0 rows changed params", ki);
+    CHECK(dt_optim_steps(opt) == steps);
+    b = batch_at(1, 16);
+    CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+    dt_strategy_destroy(s);
+    dt_optim_destroy(opt);
+    dt_params_destroy(m.P);
+  }
+  alarm(0);
+}
+
 int main(void) {
   make_data();
   if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
@@ -1204,6 +1317,8 @@ int main(void) {
   TH_RUN(test_staleness_bound_stress);
   TH_RUN(test_async_strategy_staleness);
   TH_RUN(test_errors_reach_every_replica);
+  TH_RUN(test_nonfinite_steps);
+  TH_RUN(test_empty_batch_refused);
   TH_RUN(test_async_run_error);
   TH_RUN(test_batch_fn_errors);
   TH_RUN(test_desc_and_args);
