@@ -1251,6 +1251,21 @@ DTRAIN_EXTERN_C_END
  * checkpoints dt_fit writes store (epoch, batch) as the data position.
  * Early stopping and the chart start afresh on resume.
  *
+ * Non-finite steps. After every step dt_fit checks that the step did not
+ * fail with DTRAIN_ERR_NONFINITE (dt_backward refuses a NaN/Inf loss;
+ * dt_strategy_step a NaN/Inf loss or gradient), that the loss it reported
+ * (b->loss; a step that sets none is not checked) is finite, and, with
+ * desc.params, that the trainable gradients in the params' grad buffer
+ * are (one pass). By default such a step stops dt_fit with
+ * DTRAIN_ERR_NONFINITE: "dt_fit: step 41 (epoch 2, batch 9 of 50): loss is
+ * NaN; ...". With desc.skip_nonfinite it is skipped instead: dt_fit keeps
+ * a copy of the params' values and of the optimizer's state (desc.params,
+ * desc.optim) from before each step and puts it back, so that a step which
+ * already made its update touches nothing; the batch is left out of the
+ * epoch's metrics, result.skipped_steps counts it, a warning is logged, and
+ * training goes on with the next batch. With a strategy in the step, set
+ * its own skip_nonfinite too (it skips before any update, on every replica).
+ *
  * Without stdio (DTRAIN_NO_STDIO) the loop runs silently; asking for a file
  * (CSV, SVG, checkpoint) or an explicit progress mode gives
  * DTRAIN_ERR_UNSUPPORTED.
@@ -1355,6 +1370,10 @@ typedef struct dt_fit_options {
   /* Resume. */
   int64_t start_epoch;        /* 0-based epoch to start in [0] */
   int64_t start_batch;        /* batch to start at within start_epoch [0] */
+  /* A step whose loss or gradient is NaN/Inf (see "Non-finite steps"):
+   * 0 stops dt_fit with DTRAIN_ERR_NONFINITE naming the step; nonzero skips
+   * it (put back, left out of the metrics, counted in skipped_steps). [0] */
+  int skip_nonfinite;
 } dt_fit_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_fit_options dt_fit_desc;
@@ -1372,6 +1391,7 @@ typedef struct dt_fit_result {
   double train_seconds;       /* time in train steps, all epochs */
   double total_seconds;       /* wall time of dt_fit */
   double samples_per_sec;     /* samples / train_seconds */
+  int64_t skipped_steps;      /* steps skipped for a non-finite loss or gradient (skip_nonfinite) */
 } dt_fit_result;
 
 /* Run the loop. result may be NULL. Returns the first error of a callback,
@@ -13592,6 +13612,66 @@ static int64_t dt__fit_step_now(const dt__fit_run *run) {
   return run->d->optim ? dt_optim_steps(run->d->optim) : run->step;
 }
 
+/* ---- non-finite steps -------------------------------------------------------------------
+ * What dt_fit puts in b->loss before a step: a NaN whose low payload bits
+ * no float NaN converted to double carries, so that a step reporting no
+ * loss is told apart from one reporting a NaN loss. */
+static double dt__fit_loss_unset(void) {
+  uint64_t u = 0x7ff8000000000001ull;
+  double v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+static int dt__fit_loss_reported(double v) {
+  double unset = dt__fit_loss_unset();
+  return memcmp(&v, &unset, sizeof v) != 0;
+}
+
+/* The first non-finite gradient element of a trainable parameter: what the
+ * step's dt_backward left in the params' grad buffer (one pass; no buffer
+ * is read with devices or async strategies, whose own checks cover it).
+ * 0 when all are finite, else 1 with a description in why. */
+static int dt__fit_grad_bad(dt_params *P, char *why, size_t cap) {
+  const float *g = dt_params_grad(P);
+  for (int i = 0; g && i < dt_params_count(P); i++) {
+    dt_param_info in;
+    if (dt_params_info(P, i, &in) != DTRAIN_OK || !in.trainable) continue;
+    for (size_t k = 0; k < in.size; k++) {
+      float v = g[in.offset + k];
+      if (!isfinite(v)) {
+        snprintf(why, cap, "gradient of '%s' is %s at element %zu", in.name, isnan(v) ? "NaN" : "Inf", k);
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+/* skip_nonfinite: the params' values and the optimizer's state and step
+ * count from before a step, put back when the step is skipped (so that it
+ * touches nothing even when it made its update before dt_fit saw it). */
+typedef struct dt__fit_snap {
+  float *buf;   /* data, then each optimizer state slot: n floats each */
+  size_t n, floats;
+  int slots;
+  int64_t steps;
+} dt__fit_snap;
+
+static void dt__fit_snap_take(dt__fit_snap *sn, const dt_fit_desc *d, int restore) {
+  float *data = dt_params_data(d->params);
+  if (restore) memcpy(data, sn->buf, sn->n * sizeof(float));
+  else memcpy(sn->buf, data, sn->n * sizeof(float));
+  for (int k = 0; k < sn->slots; k++) {
+    float *st = dt_optim_state(d->optim, k);
+    if (!st) continue;
+    if (restore) memcpy(st, sn->buf + (size_t)(k + 1) * sn->n, sn->n * sizeof(float));
+    else memcpy(sn->buf + (size_t)(k + 1) * sn->n, st, sn->n * sizeof(float));
+  }
+  if (d->optim && restore) dt_optim_set_steps(d->optim, sn->steps);
+  else if (d->optim) sn->steps = dt_optim_steps(d->optim);
+}
+
 static dt_result dt__fit_checkpoint(const dt__fit_run *run, const char *path, int64_t epoch_done, int64_t data_epoch,
                                     int64_t data_index) {
   dt_train_state st;
@@ -13702,6 +13782,18 @@ DTRAIN_API dt_result dt_fit(const dt_fit_desc *desc, dt_fit_result *result) {
                                                                                : DTRAIN_FIT_PROGRESS_LINES)
                                                      : (int)d->progress;
 #endif
+  dt__fit_snap snap;
+  memset(&snap, 0, sizeof snap);
+  if (d->skip_nonfinite && d->params) {
+    snap.n = dt_params_size(d->params);
+    snap.slots = d->optim ? dt_optim_state_slots(d->optim) : 0;
+    snap.floats = snap.n * (size_t)(1 + snap.slots);
+    snap.buf = (float *)dt__alloc((snap.floats ? snap.floats : 1) * sizeof(float));
+    if (!snap.buf) {
+      r = dt__error(DTRAIN_ERR_NOMEM, "dt_fit: out of memory for skip_nonfinite's copy of %zu floats", snap.floats);
+      goto done;
+    }
+  }
   if (d->restore_best) {
     run.best_n = dt_params_size(d->params);
     run.best = (float *)dt__alloc((run.best_n ? run.best_n : 1) * sizeof(float));
@@ -13723,19 +13815,47 @@ DTRAIN_API dt_result dt_fit(const dt_fit_desc *desc, dt_fit_result *result) {
       bt.epoch = e;
       bt.index = b;
       bt.step = dt__fit_step_now(&run);
-      bt.loss = NAN;
+      bt.loss = dt__fit_loss_unset();
       bt.samples = 0;
       bt.correct = -1;
+      if (snap.buf) dt__fit_snap_take(&snap, d, 0);
       double t0 = dt_time_now();
       r = d->train_step(&bt, d->user);
       tr_secs += dt_time_now() - t0;
+      /* A non-finite step: the step says so (dt_backward refuses a NaN
+       * loss, a strategy a NaN gradient), or its loss or gradient shows it. */
+      char why[DT__MSG_CAP];
+      why[0] = '\0';
+      if (r == DTRAIN_ERR_NONFINITE)
+        snprintf(why, sizeof why, "%s", dt_last_result() == r ? dt_last_error() : dt_result_str(r));
+      else if (r == DTRAIN_OK && dt__fit_loss_reported(bt.loss) && !dt__fit_finite(bt.loss))
+        snprintf(why, sizeof why, "loss is %s", isnan(bt.loss) ? "NaN" : "Inf");
+      else if (r == DTRAIN_OK && d->params)
+        (void)dt__fit_grad_bad(d->params, why, sizeof why);
+      if (why[0] && d->skip_nonfinite) { /* put back what the step changed, leave it out of the metrics */
+        if (snap.buf) dt__fit_snap_take(&snap, d, 1);
+        res.skipped_steps++;
+        dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_NONFINITE, "dt_fit: step %lld (epoch %lld, batch %lld of %lld) skipped: %s",
+                (long long)bt.step, (long long)e + 1, (long long)b + 1, (long long)d->steps_per_epoch, why);
+        if (!d->optim) run.step++;
+        pos = b + 1;
+        continue;
+      }
+      if (why[0] && r == DTRAIN_OK) {
+        r = dt__error(DTRAIN_ERR_NONFINITE,
+                      "dt_fit: step %lld (epoch %lld, batch %lld of %lld): %s; training stopped (skip_nonfinite "
+                      "skips such steps)", (long long)bt.step, (long long)e + 1, (long long)b + 1,
+                      (long long)d->steps_per_epoch, why);
+        goto done;
+      }
       if (r != DTRAIN_OK) {
         char inner[DT__MSG_CAP];
         snprintf(inner, sizeof inner, "%s", dt_last_result() == r ? dt_last_error() : dt_result_str(r));
-        dt__error(r, "dt_fit: train step failed in epoch %lld, batch %lld of %lld: %s", (long long)e + 1,
-                  (long long)b + 1, (long long)d->steps_per_epoch, inner);
+        dt__error(r, "dt_fit: step %lld: train step failed in epoch %lld, batch %lld of %lld: %s", (long long)bt.step,
+                  (long long)e + 1, (long long)b + 1, (long long)d->steps_per_epoch, inner);
         goto done;
       }
+      if (!dt__fit_loss_reported(bt.loss)) bt.loss = NAN; /* not reported: the metrics say NaN, as before */
       if (!d->optim) run.step++;
       int64_t ns = bt.samples > 0 ? bt.samples : bsize;
       samples += ns;
@@ -13900,6 +14020,7 @@ done:
   res.samples_per_sec = res.train_seconds > 0 ? (double)res.samples / res.train_seconds : 0;
   if (result) *result = res;
   dt__free(run.best, (run.best_n ? run.best_n : 1) * sizeof(float));
+  dt__free(snap.buf, (snap.floats ? snap.floats : 1) * sizeof(float));
   dt__free(run.hist, (size_t)run.hist_cap * sizeof(dt_fit_epoch));
   return r;
 }

@@ -32,6 +32,21 @@
  * checkpoints dt_fit writes store (epoch, batch) as the data position.
  * Early stopping and the chart start afresh on resume.
  *
+ * Non-finite steps. After every step dt_fit checks that the step did not
+ * fail with DTRAIN_ERR_NONFINITE (dt_backward refuses a NaN/Inf loss;
+ * dt_strategy_step a NaN/Inf loss or gradient), that the loss it reported
+ * (b->loss; a step that sets none is not checked) is finite, and, with
+ * desc.params, that the trainable gradients in the params' grad buffer
+ * are (one pass). By default such a step stops dt_fit with
+ * DTRAIN_ERR_NONFINITE: "dt_fit: step 41 (epoch 2, batch 9 of 50): loss is
+ * NaN; ...". With desc.skip_nonfinite it is skipped instead: dt_fit keeps
+ * a copy of the params' values and of the optimizer's state (desc.params,
+ * desc.optim) from before each step and puts it back, so that a step which
+ * already made its update touches nothing; the batch is left out of the
+ * epoch's metrics, result.skipped_steps counts it, a warning is logged, and
+ * training goes on with the next batch. With a strategy in the step, set
+ * its own skip_nonfinite too (it skips before any update, on every replica).
+ *
  * Without stdio (DTRAIN_NO_STDIO) the loop runs silently; asking for a file
  * (CSV, SVG, checkpoint) or an explicit progress mode gives
  * DTRAIN_ERR_UNSUPPORTED.
@@ -136,6 +151,10 @@ typedef struct dt_fit_options {
   /* Resume. */
   int64_t start_epoch;        /* 0-based epoch to start in [0] */
   int64_t start_batch;        /* batch to start at within start_epoch [0] */
+  /* A step whose loss or gradient is NaN/Inf (see "Non-finite steps"):
+   * 0 stops dt_fit with DTRAIN_ERR_NONFINITE naming the step; nonzero skips
+   * it (put back, left out of the metrics, counted in skipped_steps). [0] */
+  int skip_nonfinite;
 } dt_fit_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_fit_options dt_fit_desc;
@@ -153,6 +172,7 @@ typedef struct dt_fit_result {
   double train_seconds;       /* time in train steps, all epochs */
   double total_seconds;       /* wall time of dt_fit */
   double samples_per_sec;     /* samples / train_seconds */
+  int64_t skipped_steps;      /* steps skipped for a non-finite loss or gradient (skip_nonfinite) */
 } dt_fit_result;
 
 /* Run the loop. result may be NULL. Returns the first error of a callback,

@@ -60,6 +60,8 @@ typedef struct {
   dt_optim *opt;
   dt_graph *g;
   float dropout;
+  int64_t bad_at; /* at this batch (epoch * batches + index; 0: never) the step ... */
+  int bad;        /* ... 1: reports a NaN loss and returns OK; 2: gets an Inf gradient before its update */
 } net;
 
 static void net_init(net *m, uint64_t seed, float dropout) {
@@ -76,6 +78,8 @@ static void net_init(net *m, uint64_t seed, float dropout) {
   gd.seed = seed + 1;
   m->g = dt_graph_create(m->P, &gd);
   m->dropout = dropout;
+  m->bad_at = 0;
+  m->bad = 0;
 }
 
 static void net_free(net *m) {
@@ -124,6 +128,13 @@ static dt_result net_step(dt_fit_batch *b, void *user) {
   dt_tensor *loss = dt_cross_entropy(m->g, lg, y);
   dt_result rc = dt_backward(m->g, loss);
   if (rc != DTRAIN_OK) return rc;
+  if (m->bad && b->epoch * (NS / BATCH) + b->index == m->bad_at) { /* the batch, not b->step: a skip does not advance it */
+    if (m->bad == 1) { /* a step that reports NaN without failing */
+      b->loss = NAN;
+      return DTRAIN_OK;
+    }
+    dt_params_grad(m->P)[7] = INFINITY; /* finite loss, Inf gradient: the update makes weights Inf */
+  }
   rc = dt_optim_step(m->opt);
   if (rc != DTRAIN_OK) return rc;
   b->loss = dt_item(loss);
@@ -710,6 +721,54 @@ static void test_no_stdio_build(void) {
   CHECK_ERR(dt_fit_write_svg("/tmp/x.svg", &row, 1, "t"), DTRAIN_ERR_UNSUPPORTED, "DTRAIN_NO_STDIO");
 }
 
+/* ---- non-finite steps (issue 17) ---------------------------------------------------------
+ * A NaN loss reported with DTRAIN_OK, or an Inf gradient, used to pass:
+ * NaN metrics, then NaN parameters. Now dt_fit stops naming the step, or
+ * with skip_nonfinite puts the step back and trains on. */
+static int params_finite(dt_params *P) {
+  for (size_t i = 0; i < dt_params_size(P); i++)
+    if (!isfinite(dt_params_data(P)[i])) return 0;
+  return 1;
+}
+
+static void test_nonfinite_steps(void) {
+  const int64_t spe = NS / BATCH;
+  for (int bad = 1; bad <= 2; bad++) {
+    net m;
+    net_init(&m, 3, 0.0f);
+    m.bad = bad;
+    m.bad_at = spe + 2; /* epoch 2, batch 3 */
+    dt_fit_options d = net_desc(&m, 3);
+    dt_fit_result res;
+    char want[96];
+    snprintf(want, sizeof want, "step %lld (epoch 2, batch 3 of %lld): %s", (long long)m.bad_at, (long long)spe,
+             bad == 1 ? "loss is NaN" : "gradient of 'l1.weight' is Inf at element 7");
+    CHECK_ERR(dt_fit(&d, &res), DTRAIN_ERR_NONFINITE, want);
+    CHECK(res.epochs_run == 1);
+    net_free(&m);
+
+    /* skip: the step is put back (Adam's state and step count too) and left out */
+    net_init(&m, 3, 0.0f);
+    m.bad = bad;
+    m.bad_at = spe + 2;
+    d = net_desc(&m, 3);
+    d.skip_nonfinite = 1;
+    CHECK_MSG(dt_fit(&d, &res) == DTRAIN_OK, "%s", dt_last_error());
+    CHECK_MSG(res.skipped_steps == 1 && res.epochs_run == 3, "skipped %lld", (long long)res.skipped_steps);
+    CHECK(dt_optim_steps(m.opt) == 3 * spe - 1 && res.step == 3 * spe - 1);
+    CHECK(params_finite(m.P) && isfinite(res.last.train_loss) && res.last.samples == NS);
+    CHECK(res.samples == 3 * NS - BATCH);
+    CHECK_MSG(res.last.val_acc > 0.9, "val acc %g", res.last.val_acc);
+    net_free(&m);
+  }
+  /* a step that reports no loss is not checked (its metrics stay NaN, as before) */
+  seq s;
+  memset(&s, 0, sizeof s);
+  dt_fit_options d = seq_desc(&s, 1);
+  dt_fit_result res;
+  CHECK(dt_fit(&d, &res) == DTRAIN_OK && res.skipped_steps == 0);
+}
+
 int main(void) {
   if (!(dt_build_features() & DTRAIN_FEATURE_FIT)) {
     th_skip_item("test_fit", "dt_fit is compiled out (DTRAIN_NO_FIT)");
@@ -735,6 +794,7 @@ int main(void) {
   TH_RUN(test_svg);
   TH_RUN(test_progress);
   TH_RUN(test_resume);
+  TH_RUN(test_nonfinite_steps);
   cleanup();
   return th_summary("fit");
 }
