@@ -121,8 +121,9 @@
  * histogram in dt_strategy_stats) is the number of updates other replicas
  * pushed between its pull and its push.
  *
- * Failures. An error in one replica (a failing op, a non-finite loss, with
- * check_numerics also a NaN/Inf gradient or update) stops the step on every
+ * Failures. An error in one replica (a failing op, a non-finite loss or
+ * gradient (see Non-finite steps), with check_numerics also a NaN/Inf
+ * update) stops the step on every
  * replica: the barrier or the store is broken, the others return at once
  * with DTRAIN_ERR_ABORTED, and dt_strategy_step/run returns the failing
  * replica's code with a message naming it ("replica 2: dt_matmul: ...").
