@@ -1288,6 +1288,54 @@ static void test_empty_batch_refused(void) {
   alarm(0);
 }
 
+/* multi_worker_mirrored in one process (a world of 1 rank): an empty global
+ * batch is refused, a NaN loss on a local replica is skipped with
+ * skip_nonfinite (the exchange carries the reason). */
+static void test_mwm_nonfinite_and_empty(void) {
+  quiet();
+  watchdog(60);
+  for (int skip = 0; skip < 2; skip++) {
+    model m;
+    model_init(&m, 5);
+    dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.05f, 0.9f, 0.0f);
+    dt_comm *world = dt_comm_create_threads(1, -1);
+    CHECK(world != NULL);
+    dt_strategy_options sd = dt_strategy_multi_worker_mirrored(world, 2);
+    sd.skip_nonfinite = skip;
+    dt_strategy *s = world ? dt_strategy_create(m.P, opt, model_step, &m, &sd) : NULL;
+    CHECK_MSG(s != NULL, "%s", dt_last_error());
+    if (s) {
+      size_t n = dt_params_size(m.P);
+      float before[PMAX];
+      dt_minibatch b = batch_at(0, 16);
+      CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+      memcpy(before, dt_params_data(m.P), n * sizeof(float));
+      b.rows = 0;
+      dt_result rc = dt_strategy_step(s, &b, NULL);
+      CHECK_MSG(rc == DTRAIN_ERR_EMPTY && strstr(dt_last_error(), "0 rows"), "empty global batch: %s (%s)",
+                dt_result_name(rc), dt_last_error());
+      m.fail_replica = 1;
+      m.fail_kind = 1;
+      m.fail_step = 1; /* a refused step does not count: this is step 1 again */
+      b = batch_at(1, 16);
+      float L = 0.0f;
+      rc = dt_strategy_step(s, &b, &L);
+      if (skip) CHECK_MSG(rc == DTRAIN_OK && L != L, "skip: %s (%s)", dt_result_name(rc), dt_last_error());
+      else CHECK_MSG(rc == DTRAIN_ERR_NONFINITE && strstr(dt_last_error(), "step 1: loss is NaN"), "%s (%s)",
+                     dt_result_name(rc), dt_last_error());
+      CHECK(memcmp(before, dt_params_data(m.P), n * sizeof(float)) == 0);
+      m.fail_replica = -1;
+      b = batch_at(2, 16);
+      CHECK_MSG(dt_strategy_step(s, &b, &L) == DTRAIN_OK && L == L, "after: %s", dt_last_error());
+    }
+    dt_strategy_destroy(s);
+    dt_comm_destroy(world);
+    dt_optim_destroy(opt);
+    dt_params_destroy(m.P);
+  }
+  alarm(0);
+}
+
 int main(void) {
   make_data();
   if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
@@ -1319,6 +1367,7 @@ int main(void) {
   TH_RUN(test_errors_reach_every_replica);
   TH_RUN(test_nonfinite_steps);
   TH_RUN(test_empty_batch_refused);
+  TH_RUN(test_mwm_nonfinite_and_empty);
   TH_RUN(test_async_run_error);
   TH_RUN(test_batch_fn_errors);
   TH_RUN(test_desc_and_args);
