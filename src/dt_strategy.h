@@ -439,7 +439,7 @@ typedef struct dt_strategy_stats {
   int64_t clock_gap_max;
   int failed_replica;     /* -1, or the replica whose error ended the last call */
   int64_t skipped_steps;  /* steps skipped for a non-finite loss or gradient (skip_nonfinite;
-                             async: pushes left empty) */
+                             sync: also counted in steps; async: pushes left empty) */
 } dt_strategy_stats;
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);
