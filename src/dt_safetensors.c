@@ -457,7 +457,7 @@ DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, d
 }
 
 DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
-  if (!c || !name) return DTRAIN_ERR_NULL_ARG;
+  if (!c || !name) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_find: %s is NULL", c ? "name" : "checkpoint");
   int i = dt__io_find(c, name);
   return i >= 0 ? i : DTRAIN_ERR_NOT_FOUND;
 }
@@ -490,6 +490,7 @@ DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, co
 }
 
 DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
+  if (!c || !key) dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_meta: %s is NULL", c ? "key" : "checkpoint");
   return (c && key) ? dt__io_meta_get(c, key) : NULL;
 }
 
