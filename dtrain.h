@@ -1229,7 +1229,7 @@ DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, d
 DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name);
 /* Copy tensor `index` (dtype F32, exactly n elements) into dst, in host order. */
 DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n);
-/* Metadata entries, in file order. */
+/* Metadata entries, in file order; key or value may be NULL (not wanted). */
 DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c);
 DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value);
 /* Value of metadata `key`, or NULL when absent. */
@@ -1686,6 +1686,8 @@ DTRAIN_API void dt_loader_destroy(dt_loader *l);
  * (b untouched) and moves to (epoch + 1, 0); a negative dt_result on error.
  *   while (dt_loader_next(L, &b) > 0) { ...train on b... }   // one epoch */
 DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b);
+/* Where the next batch starts; epoch or index may be NULL (not wanted). A
+ * NULL l reports (0, 0) with DTRAIN_ERR_NULL_ARG in dt_last_error(). */
 DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index);
 DTRAIN_API dt_result dt_loader_set_position(dt_loader *l, int64_t epoch, int64_t index);
 /* Samples in this shard per epoch, and batches per epoch (honours drop_last);

@@ -131,7 +131,7 @@ DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, d
 DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name);
 /* Copy tensor `index` (dtype F32, exactly n elements) into dst, in host order. */
 DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n);
-/* Metadata entries, in file order. */
+/* Metadata entries, in file order; key or value may be NULL (not wanted). */
 DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c);
 DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value);
 /* Value of metadata `key`, or NULL when absent. */

@@ -15,6 +15,7 @@
 
 #include <setjmp.h>
 #include <signal.h>
+#include <unistd.h>
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -33,7 +34,39 @@ static void nt_on_signal(int sig) {
   siglongjmp(nt_jb, 1);
 }
 
+/* Callbacks for the arguments that take one. */
+static dt_tensor *nt_step(dt_graph *g, int replica, const dt_minibatch *shard, void *user) {
+  (void)replica;
+  (void)shard;
+  (void)user;
+  return dt_sum(g, dt_param(g, 0));
+}
+static dt_result nt_next(void *user, int replica, int64_t step, dt_minibatch *out) {
+  (void)user;
+  (void)replica;
+  (void)step;
+  memset(out, 0, sizeof *out);
+  out->rows = 1;
+  return DTRAIN_OK;
+}
+
+/* A checkpoint file to open (none where the build has no file I/O). */
+static char nt_ck_path[64];
+
+static void nt_finish(void) {
+  if (nt_ck_path[0]) remove(nt_ck_path);
+}
+
 static void nt_init(void) {
+  const int64_t shape[2] = {2, 2};
+  dt_params *p = dt_params_create(1);
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = p;
+  snprintf(nt_ck_path, sizeof nt_ck_path, "/tmp/dtrain_null_args_%ld.safetensors", (long)getpid());
+  if (!p || dt_params_add(p, "w", 2, shape, dt_init_zeros()) < 0 || dt_checkpoint_save(nt_ck_path, &st) != DTRAIN_OK)
+    nt_ck_path[0] = '\0';
+  dt_params_destroy(p);
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = nt_on_signal;
@@ -45,6 +78,7 @@ static void nt_init(void) {
 }
 
 /* Valid-looking values for the arguments that are not NULL in a call. */
+#define NT_SLOTS 8 /* output objects: one slot per argument position */
 typedef struct nt_fix {
   dt_params *p;
   dt_graph *g;
@@ -53,12 +87,17 @@ typedef struct nt_fix {
   dt_tensor *tout[8];
   dt_optim *o;
   dt_comm *comm;
+  dt_checkpoint *ck;
+  dt_cluster *cl;
+  dt_strategy *s;
+  dt_pstore *ps;
+  float ps_data[4];
   dt_dataset *ds;
   dt_loader *ld;
   dt_rng rng;
-  dt_dataset *ds_out;
-  dt_loader *ld_out;
-  dt_cluster *cl_out;
+  dt_dataset *ds_out[NT_SLOTS];
+  dt_loader *ld_out[NT_SLOTS];
+  dt_cluster *cl_out[NT_SLOTS];
   dt_text text, text_in;
   dt_npy npy, npy_in;
   dt_bytes bytes;
@@ -133,8 +172,20 @@ static void nt_setup(nt_fix *f) {
     f->tl[0] = f->t;
     f->tl[1] = dt_tensor_from(f->g, 2, shape, f->fbuf);
   }
-  if (f->p) f->o = dt_optim_create(f->p, NULL);
+  dt_optim_options oo;
+  memset(&oo, 0, sizeof oo);
+  oo.kind = DTRAIN_OPTIM_SGD;
+  if (f->p) f->o = dt_optim_create(f->p, &oo);
   f->comm = dt_comm_create_threads(1, 0);
+  if (nt_ck_path[0]) f->ck = dt_checkpoint_open(nt_ck_path);
+  if (dt_cluster_parse_json("{\"cluster\": {\"worker\": [\"127.0.0.1:1\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}",
+                            &f->cl) != DTRAIN_OK)
+    f->cl = NULL;
+  if (f->p && f->o) {
+    dt_strategy_options so = dt_strategy_one_device();
+    f->s = dt_strategy_create(f->p, f->o, nt_step, NULL, &so);
+  }
+  f->ps = dt_pstore_create_local(f->ps_data, 4, 1, 0, (dt_async_update)0, 0);
   int64_t sample = 2;
   f->ds = dt_dataset_new(4, 1, &sample, 1);
   if (f->ds) f->ld = dt_loader_new(f->ds, &f->lopt);
@@ -150,9 +201,11 @@ static void nt_setup(nt_fix *f) {
 static void nt_teardown(nt_fix *f) {
   dt_set_logger(th_log, NULL, DTRAIN_LOG_DEBUG);
   dt_set_allocator(NULL);
-  dt_loader_destroy(f->ld_out);
-  dt_dataset_destroy(f->ds_out);
-  dt_cluster_destroy(f->cl_out);
+  for (int i = 0; i < NT_SLOTS; i++) {
+    dt_loader_destroy(f->ld_out[i]);
+    dt_dataset_destroy(f->ds_out[i]);
+    dt_cluster_destroy(f->cl_out[i]);
+  }
   dt_text_free(&f->text);
   dt_text_free(&f->text_in);
   dt_npy_free(&f->npy);
@@ -162,9 +215,30 @@ static void nt_teardown(nt_fix *f) {
   dt_loader_destroy(f->ld);
   dt_dataset_destroy(f->ds);
   dt_comm_destroy(f->comm);
+  dt_pstore_destroy(f->ps);
+  dt_strategy_destroy(f->s);
+  dt_cluster_destroy(f->cl);
+  dt_checkpoint_close(f->ck);
   dt_optim_destroy(f->o);
   dt_graph_destroy(f->g);
   dt_params_destroy(f->p);
+}
+
+/* The valid values exist where the build has their parts: else the calls that
+ * need them are left out and this test says so. */
+static void nt_fixture_complete(void) {
+  nt_fix f;
+  unsigned feat = dt_build_features();
+  nt_setup(&f);
+  CHECK(f.p && f.g && f.t && f.tl[1] && f.o);
+  if (feat & DTRAIN_FEATURE_DATA) CHECK(f.ds && f.ld && f.text_in.ids && f.npy_in.data);
+  else th_skip("the data loaders are compiled out (DTRAIN_NO_DATA): calls needing a dataset left out");
+  if ((feat & DTRAIN_FEATURE_DIST) && (feat & DTRAIN_FEATURE_THREADS)) CHECK(f.comm && f.cl && f.ps);
+  else th_skip("no threads or no distributed parts: calls needing a communicator, cluster or store left out");
+  if (feat & DTRAIN_FEATURE_STDIO) CHECK(f.ck);
+  else th_skip("no file I/O (DTRAIN_NO_STDIO): calls needing an open checkpoint left out");
+  CHECK(f.s);
+  nt_teardown(&f);
 }
 
 static void nt_begin(const char *call) {
@@ -237,7 +311,24 @@ static void nt_dt_set_logger(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for dt_log_fn fn */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_set_logger(NULL, user, max_level)");
+    dt_set_logger(NULL, f.vbuf, DTRAIN_LOG_ERROR);
+    nt_check_quiet(1);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_set_logger(fn, NULL, max_level)");
+    dt_set_logger(th_log, NULL, DTRAIN_LOG_ERROR);
+    nt_check_quiet(1);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
 }
 /* dt_base.h: void dt_rng_seed(dt_rng * r, uint64_t seed) */
 static void nt_dt_rng_seed(void) {
@@ -420,7 +511,7 @@ static void nt_dt_graph_bind(void) {
   if (f.g) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_graph_bind(g, NULL, grad)");
-      nt_check_result(dt_graph_bind(f.g, NULL, f.fbuf), 0);
+      nt_check_result(dt_graph_bind(f.g, NULL, f.fbuf), 1);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -526,7 +617,7 @@ static void nt_dt_graph_fail(void) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_graph_fail(g, code, NULL)");
       dt_graph_fail(f.g, DTRAIN_ERR_INVALID_ARG, NULL);
-      nt_check_quiet(1);
+      nt_check_quiet(0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -3281,7 +3372,7 @@ static void nt_dt_optim_create(void) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_optim_create(p, NULL)");
       dt_optim * r_ = dt_optim_create(f.p, NULL);
-      nt_check_ptr(r_ != NULL, 1);
+      nt_check_ptr(r_ != NULL, 0);
       if (r_) dt_optim_destroy(r_);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
@@ -3536,7 +3627,7 @@ static void nt_dt_nn_linear_init(void) {
   if (f.p) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_nn_linear_init(l, p, NULL, in, out, bias)");
-      nt_check_result(dt_nn_linear_init(&f.z_dt_nn_linear, f.p, NULL, 2, 2, 1), 1);
+      nt_check_result(dt_nn_linear_init(&f.z_dt_nn_linear, f.p, NULL, 2, 2, 1), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -3622,7 +3713,7 @@ static void nt_dt_nn_conv2d_init(void) {
   if (f.p) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_nn_conv2d_init(l, p, NULL, in, out, kernel, stride, padding, bias)");
-      nt_check_result(dt_nn_conv2d_init(&f.z_dt_nn_conv2d, f.p, NULL, 2, 2, 1, 1, 0, 1), 1);
+      nt_check_result(dt_nn_conv2d_init(&f.z_dt_nn_conv2d, f.p, NULL, 2, 2, 1, 1, 0, 1), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -3708,7 +3799,7 @@ static void nt_dt_nn_embedding_init(void) {
   if (f.p) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_nn_embedding_init(l, p, NULL, vocab, dim)");
-      nt_check_result(dt_nn_embedding_init(&f.z_dt_nn_embedding, f.p, NULL, 4, 2), 1);
+      nt_check_result(dt_nn_embedding_init(&f.z_dt_nn_embedding, f.p, NULL, 4, 2), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -3792,7 +3883,7 @@ static void nt_dt_nn_layer_norm_init(void) {
   if (f.p) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_nn_layer_norm_init(l, p, NULL, dim)");
-      nt_check_result(dt_nn_layer_norm_init(&f.z_dt_nn_layer_norm, f.p, NULL, 2), 1);
+      nt_check_result(dt_nn_layer_norm_init(&f.z_dt_nn_layer_norm, f.p, NULL, 2), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -3878,7 +3969,7 @@ static void nt_dt_nn_batch_norm_init(void) {
   if (f.p) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_nn_batch_norm_init(l, p, NULL, channels)");
-      nt_check_result(dt_nn_batch_norm_init(&f.z_dt_nn_batch_norm, f.p, NULL, 2), 1);
+      nt_check_result(dt_nn_batch_norm_init(&f.z_dt_nn_batch_norm, f.p, NULL, 2), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -3964,7 +4055,7 @@ static void nt_dt_nn_lstm_cell_init(void) {
   if (f.p) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_nn_lstm_cell_init(l, p, NULL, in, hidden)");
-      nt_check_result(dt_nn_lstm_cell_init(&f.z_dt_nn_lstm_cell, f.p, NULL, 2, 2), 1);
+      nt_check_result(dt_nn_lstm_cell_init(&f.z_dt_nn_lstm_cell, f.p, NULL, 2, 2), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -4086,7 +4177,7 @@ static void nt_dt_nn_gru_cell_init(void) {
   if (f.p) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_nn_gru_cell_init(l, p, NULL, in, hidden)");
-      nt_check_result(dt_nn_gru_cell_init(&f.z_dt_nn_gru_cell, f.p, NULL, 2, 2), 1);
+      nt_check_result(dt_nn_gru_cell_init(&f.z_dt_nn_gru_cell, f.p, NULL, 2, 2), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -4183,7 +4274,7 @@ static void nt_dt_nn_attention_init(void) {
   if (f.p) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_nn_attention_init(l, p, NULL, dim, heads)");
-      nt_check_result(dt_nn_attention_init(&f.z_dt_nn_attention, f.p, NULL, 2, 1), 1);
+      nt_check_result(dt_nn_attention_init(&f.z_dt_nn_attention, f.p, NULL, 2, 1), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -4373,7 +4464,24 @@ static void nt_dt_checkpoint_entry_at(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_checkpoint * c */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_entry_at(NULL, index, out)");
+    nt_check_result(dt_checkpoint_entry_at(NULL, 0, &f.z_dt_checkpoint_entry), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.ck) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_checkpoint_entry_at(c, index, NULL)");
+      nt_check_result(dt_checkpoint_entry_at(f.ck, 0, NULL), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_io.h: int dt_checkpoint_find(const dt_checkpoint * c, const char * name) */
 static void nt_dt_checkpoint_find(void) {
@@ -4387,7 +4495,26 @@ static void nt_dt_checkpoint_find(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_checkpoint * c */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_find(NULL, name)");
+    (void)dt_checkpoint_find(NULL, "w");
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.ck) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_checkpoint_find(c, NULL)");
+      (void)dt_checkpoint_find(f.ck, NULL);
+      nt_check_quiet(0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_io.h: dt_result dt_checkpoint_read_f32(const dt_checkpoint * c, int index, float * dst, size_t n) */
 static void nt_dt_checkpoint_read_f32(void) {
@@ -4400,7 +4527,24 @@ static void nt_dt_checkpoint_read_f32(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_checkpoint * c */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_read_f32(NULL, index, dst, n)");
+    nt_check_result(dt_checkpoint_read_f32(NULL, 0, f.fbuf, 2), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.ck) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_checkpoint_read_f32(c, index, NULL, n)");
+      nt_check_result(dt_checkpoint_read_f32(f.ck, 0, NULL, 2), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_io.h: int dt_checkpoint_meta_count(const dt_checkpoint * c) */
 static void nt_dt_checkpoint_meta_count(void) {
@@ -4426,7 +4570,34 @@ static void nt_dt_checkpoint_meta_at(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_checkpoint * c */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_meta_at(NULL, index, key, value)");
+    nt_check_result(dt_checkpoint_meta_at(NULL, 0, &f.cstr, &f.cstr), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.ck) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_checkpoint_meta_at(c, index, NULL, value)");
+      nt_check_result(dt_checkpoint_meta_at(f.ck, 0, NULL, &f.cstr), 1);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.ck) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_checkpoint_meta_at(c, index, key, NULL)");
+      nt_check_result(dt_checkpoint_meta_at(f.ck, 0, &f.cstr, NULL), 1);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_io.h: const char * dt_checkpoint_meta(const dt_checkpoint * c, const char * key) */
 static void nt_dt_checkpoint_meta(void) {
@@ -4440,7 +4611,26 @@ static void nt_dt_checkpoint_meta(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_checkpoint * c */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_meta(NULL, key)");
+    const char * r_ = dt_checkpoint_meta(NULL, "wxyz");
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.ck) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_checkpoint_meta(c, NULL)");
+      const char * r_ = dt_checkpoint_meta(f.ck, NULL);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_io.h: uint64_t dt_checkpoint_file_size(const dt_checkpoint * c) */
 static void nt_dt_checkpoint_file_size(void) {
@@ -4526,7 +4716,7 @@ static void nt_dt_fit_write_svg(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_fit_write_svg(path, rows, n, NULL)");
-    nt_check_result(dt_fit_write_svg("/nonexistent-dtrain-null-test/x", &f.z_dt_fit_epoch, 2, NULL), 1);
+    nt_check_result(dt_fit_write_svg("/nonexistent-dtrain-null-test/x", &f.z_dt_fit_epoch, 2, NULL), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -4824,7 +5014,7 @@ static void nt_dt_dataset_create(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_create(out, n, ndim, NULL, with_labels)");
-    nt_check_result(dt_dataset_create(&f.ds_out, 2, 2, NULL, 1), 0);
+    nt_check_result(dt_dataset_create(&f.ds_out[0], 2, 2, NULL, 1), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -4844,7 +5034,7 @@ static void nt_dt_dataset_subset(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_subset(NULL, idx, count, out)");
-    nt_check_result(dt_dataset_subset(NULL, f.lbuf, 2, &f.ds_out), 0);
+    nt_check_result(dt_dataset_subset(NULL, f.lbuf, 2, &f.ds_out[3]), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -4853,7 +5043,7 @@ static void nt_dt_dataset_subset(void) {
   if (f.ds) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_dataset_subset(ds, NULL, count, out)");
-      nt_check_result(dt_dataset_subset(f.ds, NULL, 2, &f.ds_out), 0);
+      nt_check_result(dt_dataset_subset(f.ds, NULL, 2, &f.ds_out[3]), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -4884,7 +5074,7 @@ static void nt_dt_dataset_split(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_split(NULL, val_fraction, seed, train, val)");
-    nt_check_result(dt_dataset_split(NULL, 0.5, 1, &f.ds_out, &f.ds_out), 0);
+    nt_check_result(dt_dataset_split(NULL, 0.5, 1, &f.ds_out[3], &f.ds_out[4]), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -4893,7 +5083,7 @@ static void nt_dt_dataset_split(void) {
   if (f.ds) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_dataset_split(ds, val_fraction, seed, NULL, val)");
-      nt_check_result(dt_dataset_split(f.ds, 0.5, 1, NULL, &f.ds_out), 0);
+      nt_check_result(dt_dataset_split(f.ds, 0.5, 1, NULL, &f.ds_out[4]), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -4903,7 +5093,7 @@ static void nt_dt_dataset_split(void) {
   if (f.ds) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_dataset_split(ds, val_fraction, seed, train, NULL)");
-      nt_check_result(dt_dataset_split(f.ds, 0.5, 1, &f.ds_out, NULL), 0);
+      nt_check_result(dt_dataset_split(f.ds, 0.5, 1, &f.ds_out[3], NULL), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -5030,7 +5220,7 @@ static void nt_dt_dataset_read_idx(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_read_idx(out, NULL, labels_path, flags)");
-    nt_check_result(dt_dataset_read_idx(&f.ds_out, NULL, "/nonexistent-dtrain-null-test/x", 0), 0);
+    nt_check_result(dt_dataset_read_idx(&f.ds_out[0], NULL, "/nonexistent-dtrain-null-test/x", 0), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5038,7 +5228,7 @@ static void nt_dt_dataset_read_idx(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_read_idx(out, images_path, NULL, flags)");
-    nt_check_result(dt_dataset_read_idx(&f.ds_out, "/nonexistent-dtrain-null-test/x", NULL, 0), 1);
+    nt_check_result(dt_dataset_read_idx(&f.ds_out[0], "/nonexistent-dtrain-null-test/x", NULL, 0), 1);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5066,7 +5256,7 @@ static void nt_dt_dataset_parse_idx(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_parse_idx(out, NULL, images_len, labels, labels_len, flags)");
-    nt_check_result(dt_dataset_parse_idx(&f.ds_out, NULL, 4, f.vbuf, 4, 0), 0);
+    nt_check_result(dt_dataset_parse_idx(&f.ds_out[0], NULL, 4, f.vbuf, 4, 0), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5074,7 +5264,7 @@ static void nt_dt_dataset_parse_idx(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_parse_idx(out, images, images_len, NULL, labels_len, flags)");
-    nt_check_result(dt_dataset_parse_idx(&f.ds_out, f.vbuf, 4, NULL, 4, 0), 1);
+    nt_check_result(dt_dataset_parse_idx(&f.ds_out[0], f.vbuf, 4, NULL, 4, 0), 1);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5130,7 +5320,7 @@ static void nt_dt_fashion_mnist_load(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_fashion_mnist_load(NULL, train, test)");
-    nt_check_result(dt_fashion_mnist_load(NULL, &f.ds_out, &f.ds_out), 1);
+    nt_check_result(dt_fashion_mnist_load(NULL, &f.ds_out[1], &f.ds_out[2]), 1);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5138,7 +5328,7 @@ static void nt_dt_fashion_mnist_load(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_fashion_mnist_load(dir, NULL, test)");
-    nt_check_result(dt_fashion_mnist_load("/nonexistent-dtrain-null-test/x", NULL, &f.ds_out), 1);
+    nt_check_result(dt_fashion_mnist_load("/nonexistent-dtrain-null-test/x", NULL, &f.ds_out[2]), 1);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5146,7 +5336,7 @@ static void nt_dt_fashion_mnist_load(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_fashion_mnist_load(dir, train, NULL)");
-    nt_check_result(dt_fashion_mnist_load("/nonexistent-dtrain-null-test/x", &f.ds_out, NULL), 0);
+    nt_check_result(dt_fashion_mnist_load("/nonexistent-dtrain-null-test/x", &f.ds_out[1], NULL), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5179,7 +5369,7 @@ static void nt_dt_dataset_load_csv(void) {
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_load_csv(path, NULL)");
     dt_dataset * r_ = dt_dataset_load_csv("/nonexistent-dtrain-null-test/x", NULL);
-    nt_check_ptr(r_ != NULL, 1);
+    nt_check_ptr(r_ != NULL, 0);
     if (r_) dt_dataset_destroy(r_);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
@@ -5213,7 +5403,7 @@ static void nt_dt_dataset_from_csv(void) {
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_from_csv(text, len, NULL)");
     dt_dataset * r_ = dt_dataset_from_csv("wxyz", 4, NULL);
-    nt_check_ptr(r_ != NULL, 1);
+    nt_check_ptr(r_ != NULL, 0);
     if (r_) dt_dataset_destroy(r_);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
@@ -5242,7 +5432,7 @@ static void nt_dt_dataset_read_csv(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_read_csv(out, NULL, desc)");
-    nt_check_result(dt_dataset_read_csv(&f.ds_out, NULL, &f.z_dt_csv_options), 0);
+    nt_check_result(dt_dataset_read_csv(&f.ds_out[0], NULL, &f.z_dt_csv_options), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5250,7 +5440,7 @@ static void nt_dt_dataset_read_csv(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_read_csv(out, path, NULL)");
-    nt_check_result(dt_dataset_read_csv(&f.ds_out, "/nonexistent-dtrain-null-test/x", NULL), 1);
+    nt_check_result(dt_dataset_read_csv(&f.ds_out[0], "/nonexistent-dtrain-null-test/x", NULL), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5278,7 +5468,7 @@ static void nt_dt_dataset_parse_csv(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_parse_csv(out, NULL, len, desc)");
-    nt_check_result(dt_dataset_parse_csv(&f.ds_out, NULL, 4, &f.z_dt_csv_options), 0);
+    nt_check_result(dt_dataset_parse_csv(&f.ds_out[0], NULL, 4, &f.z_dt_csv_options), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5286,7 +5476,7 @@ static void nt_dt_dataset_parse_csv(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_parse_csv(out, text, len, NULL)");
-    nt_check_result(dt_dataset_parse_csv(&f.ds_out, "wxyz", 4, NULL), 1);
+    nt_check_result(dt_dataset_parse_csv(&f.ds_out[0], "wxyz", 4, NULL), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5497,7 +5687,7 @@ static void nt_dt_dataset_from_npy(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_from_npy(out, NULL, y, flags)");
-    nt_check_result(dt_dataset_from_npy(&f.ds_out, NULL, &f.npy_in, 0), 0);
+    nt_check_result(dt_dataset_from_npy(&f.ds_out[0], NULL, &f.npy_in, 0), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5505,7 +5695,7 @@ static void nt_dt_dataset_from_npy(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_dataset_from_npy(out, x, NULL, flags)");
-    nt_check_result(dt_dataset_from_npy(&f.ds_out, &f.npy_in, NULL, 0), 1);
+    nt_check_result(dt_dataset_from_npy(&f.ds_out[0], &f.npy_in, NULL, 0), 1);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5690,7 +5880,7 @@ static void nt_dt_text_sample(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_text_sample(t, begin, end, rng, batch, seq_len, x, NULL)");
-    nt_check_result(dt_text_sample(&f.text_in, 0, 2, &f.rng, 1, 2, f.ibuf, NULL), 1);
+    nt_check_result(dt_text_sample(&f.text_in, 0, 2, &f.rng, 1, 2, f.ibuf, NULL), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5756,7 +5946,7 @@ static void nt_dt_loader_create(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_loader_create(out, NULL, desc)");
-    nt_check_result(dt_loader_create(&f.ld_out, NULL, &f.lopt), 0);
+    nt_check_result(dt_loader_create(&f.ld_out[0], NULL, &f.lopt), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -5765,7 +5955,7 @@ static void nt_dt_loader_create(void) {
   if (f.ds) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_loader_create(out, ds, NULL)");
-      nt_check_result(dt_loader_create(&f.ld_out, f.ds, NULL), 0);
+      nt_check_result(dt_loader_create(&f.ld_out[0], f.ds, NULL), 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
     }
@@ -6370,7 +6560,66 @@ static void nt_dt_strategy_create(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for dt_step_fn step */
+  nt_setup(&f);
+  if (f.o) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_create(NULL, opt, step, user, desc)");
+      dt_strategy * r_ = dt_strategy_create(NULL, f.o, nt_step, f.vbuf, &f.z_dt_strategy_options);
+      nt_check_ptr(r_ != NULL, 0);
+      if (r_) dt_strategy_destroy(r_);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.p) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_create(params, NULL, step, user, desc)");
+      dt_strategy * r_ = dt_strategy_create(f.p, NULL, nt_step, f.vbuf, &f.z_dt_strategy_options);
+      nt_check_ptr(r_ != NULL, 0);
+      if (r_) dt_strategy_destroy(r_);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.o && f.p) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_create(params, opt, NULL, user, desc)");
+      dt_strategy * r_ = dt_strategy_create(f.p, f.o, NULL, f.vbuf, &f.z_dt_strategy_options);
+      nt_check_ptr(r_ != NULL, 0);
+      if (r_) dt_strategy_destroy(r_);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.o && f.p) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_create(params, opt, step, NULL, desc)");
+      dt_strategy * r_ = dt_strategy_create(f.p, f.o, nt_step, NULL, &f.z_dt_strategy_options);
+      nt_check_ptr(r_ != NULL, 1);
+      if (r_) dt_strategy_destroy(r_);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.o && f.p) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_create(params, opt, step, user, NULL)");
+      dt_strategy * r_ = dt_strategy_create(f.p, f.o, nt_step, f.vbuf, NULL);
+      nt_check_ptr(r_ != NULL, 1);
+      if (r_) dt_strategy_destroy(r_);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_strategy.h: void dt_strategy_destroy(dt_strategy * s) */
 static void nt_dt_strategy_destroy(void) {
@@ -6396,7 +6645,34 @@ static void nt_dt_strategy_step(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for dt_strategy * s */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_strategy_step(NULL, batch, loss)");
+    nt_check_result(dt_strategy_step(NULL, &f.z_dt_minibatch, f.fbuf), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.s) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_step(s, NULL, loss)");
+      nt_check_result(dt_strategy_step(f.s, NULL, f.fbuf), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.s) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_step(s, batch, NULL)");
+      nt_check_result(dt_strategy_step(f.s, &f.z_dt_minibatch, NULL), 1);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_strategy.h: dt_result dt_strategy_run(dt_strategy * s, int64_t steps, dt_minibatch_fn next, void * next_user, float * mean_loss) */
 static void nt_dt_strategy_run(void) {
@@ -6409,7 +6685,44 @@ static void nt_dt_strategy_run(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for dt_strategy * s, dt_minibatch_fn next */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_strategy_run(NULL, steps, next, next_user, mean_loss)");
+    nt_check_result(dt_strategy_run(NULL, 1, nt_next, f.vbuf, f.fbuf), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.s) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_run(s, steps, NULL, next_user, mean_loss)");
+      nt_check_result(dt_strategy_run(f.s, 1, NULL, f.vbuf, f.fbuf), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.s) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_run(s, steps, next, NULL, mean_loss)");
+      nt_check_result(dt_strategy_run(f.s, 1, nt_next, NULL, f.fbuf), 1);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.s) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_run(s, steps, next, next_user, NULL)");
+      nt_check_result(dt_strategy_run(f.s, 1, nt_next, f.vbuf, NULL), 1);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_strategy.h: dt_result dt_strategy_sync(dt_strategy * s) */
 static void nt_dt_strategy_sync(void) {
@@ -6500,7 +6813,24 @@ static void nt_dt_strategy_stats_get(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_strategy * s */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_strategy_stats_get(NULL, out)");
+    nt_check_result(dt_strategy_stats_get(NULL, &f.z_dt_strategy_stats), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.s) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_stats_get(s, NULL)");
+      nt_check_result(dt_strategy_stats_get(f.s, NULL), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_strategy.h: dt_result dt_strategy_replica_stats(const dt_strategy * s, int replica, dt_replica_stats * out) */
 static void nt_dt_strategy_replica_stats(void) {
@@ -6513,7 +6843,24 @@ static void nt_dt_strategy_replica_stats(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_strategy * s */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_strategy_replica_stats(NULL, replica, out)");
+    nt_check_result(dt_strategy_replica_stats(NULL, 0, &f.z_dt_replica_stats), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.s) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_strategy_replica_stats(s, replica, NULL)");
+      nt_check_result(dt_strategy_replica_stats(f.s, 0, NULL), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_strategy.h: void dt_strategy_reset_stats(dt_strategy * s) */
 static void nt_dt_strategy_reset_stats(void) {
@@ -6566,7 +6913,34 @@ static void nt_dt_pstore_pull(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for dt_pstore * ps */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pstore_pull(NULL, worker, clock, dst, n, tk)");
+    nt_check_result(dt_pstore_pull(NULL, 0, 0, f.fbuf, 2, &f.z_dt_pstore_ticket), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.ps) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_pstore_pull(ps, worker, clock, NULL, n, tk)");
+      nt_check_result(dt_pstore_pull(f.ps, 0, 0, NULL, 2, &f.z_dt_pstore_ticket), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.ps) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_pstore_pull(ps, worker, clock, dst, n, NULL)");
+      nt_check_result(dt_pstore_pull(f.ps, 0, 0, f.fbuf, 2, NULL), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_strategy.h: dt_result dt_pstore_push(dt_pstore * ps, int worker, int64_t clock, const float * delta, size_t n, dt_pstore_ticket * tk) */
 static void nt_dt_pstore_push(void) {
@@ -6579,7 +6953,34 @@ static void nt_dt_pstore_push(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for dt_pstore * ps */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pstore_push(NULL, worker, clock, delta, n, tk)");
+    nt_check_result(dt_pstore_push(NULL, 0, 0, f.fbuf, 2, &f.z_dt_pstore_ticket), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.ps) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_pstore_push(ps, worker, clock, NULL, n, tk)");
+      nt_check_result(dt_pstore_push(f.ps, 0, 0, NULL, 2, &f.z_dt_pstore_ticket), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.ps) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_pstore_push(ps, worker, clock, delta, n, NULL)");
+      nt_check_result(dt_pstore_push(f.ps, 0, 0, f.fbuf, 2, NULL), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_strategy.h: void dt_pstore_leave(dt_pstore * ps, int worker) */
 static void nt_dt_pstore_leave(void) {
@@ -6646,7 +7047,7 @@ static void nt_dt_cluster_parse_json(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_cluster_parse_json(NULL, out)");
-    nt_check_result(dt_cluster_parse_json(NULL, &f.cl_out), 0);
+    nt_check_result(dt_cluster_parse_json(NULL, &f.cl_out[1]), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -6686,7 +7087,7 @@ static void nt_dt_cluster_from_args(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_cluster_from_args(NULL, argv, out)");
-    nt_check_result(dt_cluster_from_args(NULL, f.argv, &f.cl_out), 0);
+    nt_check_result(dt_cluster_from_args(NULL, f.argv, &f.cl_out[2]), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -6694,7 +7095,7 @@ static void nt_dt_cluster_from_args(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_cluster_from_args(argc, NULL, out)");
-    nt_check_result(dt_cluster_from_args(f.ivals, NULL, &f.cl_out), 0);
+    nt_check_result(dt_cluster_from_args(f.ivals, NULL, &f.cl_out[2]), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -6747,7 +7148,26 @@ static void nt_dt_cluster_describe(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_cluster * c */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_cluster_describe(NULL, role, index, buf, cap)");
+    const char * r_ = dt_cluster_describe(NULL, (dt_role)0, 0, f.cbuf, sizeof f.cbuf);
+    nt_check_ptr(r_ != NULL, 1);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.cl) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_cluster_describe(c, role, index, NULL, cap)");
+      const char * r_ = dt_cluster_describe(f.cl, (dt_role)0, 0, NULL, sizeof f.cbuf);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_net.h: dt_result dt_cluster_to_json(const dt_cluster * c, char * buf, size_t cap) */
 static void nt_dt_cluster_to_json(void) {
@@ -6760,7 +7180,24 @@ static void nt_dt_cluster_to_json(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_cluster * c */
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_cluster_to_json(NULL, buf, cap)");
+    nt_check_result(dt_cluster_to_json(NULL, f.cbuf, sizeof f.cbuf), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.cl) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_cluster_to_json(c, NULL, cap)");
+      nt_check_result(dt_cluster_to_json(f.cl, NULL, sizeof f.cbuf), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
 }
 /* dt_net.h: uint64_t dt_params_hash(const dt_params * p) */
 static void nt_dt_params_hash(void) {
@@ -6788,7 +7225,7 @@ static void nt_dt_comm_create_tcp(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_cluster * c */
+  /* one NULL at a time: not done, connects to the cluster's peers (waits for its deadline) */
 }
 /* dt_net.h: dt_result dt_ps_shard(const dt_params * p, int servers, int * server_of) */
 static void nt_dt_ps_shard(void) {
@@ -6831,7 +7268,7 @@ static void nt_dt_ps_serve(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_cluster * c */
+  /* one NULL at a time: not done, serves the shard until the workers leave (blocks) */
 }
 /* dt_net.h: struct dt_pstore * dt_pstore_create_tcp(const dt_cluster * c, dt_params * params, const dt_net_options * o, int max_staleness) */
 static void nt_dt_pstore_create_tcp(void) {
@@ -6846,7 +7283,7 @@ static void nt_dt_pstore_create_tcp(void) {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
   nt_teardown(&f);
-  /* one NULL at a time: no generated value for const dt_cluster * c */
+  /* one NULL at a time: not done, connects to the cluster's servers (waits for its deadline) */
 }
 /* dt_device.h: dt_result dt_device_error(dt_result code, const char * msg) */
 static void nt_dt_device_error(void) {
@@ -6854,7 +7291,7 @@ static void nt_dt_device_error(void) {
   nt_setup(&f);
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_device_error(code, NULL)");
-    nt_check_result(dt_device_error(DTRAIN_ERR_INVALID_ARG, NULL), 1);
+    nt_check_result(dt_device_error(DTRAIN_ERR_INVALID_ARG, NULL), 0);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -7063,6 +7500,7 @@ static void nt_dt_device_group_method(void) {
 
 int main(void) {
   nt_init();
+  TH_RUN(nt_fixture_complete);
   TH_RUN(nt_dt_set_allocator);
   TH_RUN(nt_dt_use_fixed_memory);
   TH_RUN(nt_dt_set_logger);
@@ -7331,5 +7769,6 @@ int main(void) {
   TH_RUN(nt_dt_device_group_broadcast);
   TH_RUN(nt_dt_device_group_method);
   th_skip_item("dt_cluster_discover", "not called: reads the environment of the process; NULL out covered by test_cluster");
+  nt_finish();
   return th_summary("null_args");
 }
