@@ -12374,7 +12374,7 @@ DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, d
 }
 DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
   (void)c; (void)name;
-  return DTRAIN_ERR_UNSUPPORTED;
+  return dt__safetensors_unsupported("dt_checkpoint_find");
 }
 DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n) {
   (void)c; (void)index; (void)dst; (void)n;
@@ -12387,6 +12387,7 @@ DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, co
 }
 DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
   (void)c; (void)key;
+  dt__safetensors_unsupported("dt_checkpoint_meta");
   return NULL;
 }
 DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { (void)c; return 0; }
@@ -13705,8 +13706,9 @@ static dt_result dt__fit_probe_dir(const char *what, const char *path) {
   dir[dn] = '\0';
   int err = 0;
   for (int i = 0; i < 8; i++) {
-    /* time and an address: distinct between processes and calls */
-    unsigned long tag = (unsigned long)(dt_time_now() * 1e9) ^ (unsigned long)(uintptr_t)probe;
+    /* time (microseconds, kept below 2^32) and a stack address: distinct
+     * between processes and calls */
+    unsigned long tag = (unsigned long)fmod(dt_time_now() * 1e6, 4294967296.0) ^ (unsigned long)(uintptr_t)probe;
     snprintf(probe, sizeof probe, "%s%s.dtrain-probe-%lx-%d", dir, dir[dn - 1] == '/' ? "" : "/", tag, i);
     errno = 0;
     FILE *f = fopen(probe, "wx");
@@ -21113,6 +21115,7 @@ DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c) {
 }
 DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap) {
   (void)c; (void)role; (void)index;
+  if (!buf) dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_describe: buf is NULL");
   if (buf && cap) buf[0] = 0;
   return buf;
 }

@@ -84,8 +84,13 @@ static int output_ok(const char *flag, const char *path, int is_dir) {
   if (is_dir) snprintf(dir, sizeof dir, "%s", path);
   else if (!slash) snprintf(dir, sizeof dir, ".");
   else snprintf(dir, sizeof dir, "%.*s", (int)(slash == path ? 1 : slash - path), path);
-  snprintf(probe, sizeof probe, "%s/.dtrain-probe-%lx", dir, (unsigned long)(dt_time_now() * 1e9));
-  FILE *f = fopen(probe, "wx");
+  FILE *f = NULL;
+  for (int i = 0; i < 4 && !f; i++) { /* a name nobody uses: time, a stack address, a counter */
+    snprintf(probe, sizeof probe, "%s/.dtrain-probe-%lx-%lx-%d", dir, (unsigned long)time(NULL),
+             (unsigned long)(size_t)probe, i);
+    f = fopen(probe, "wx");
+    if (!f && errno != EEXIST) break;
+  }
   if (!f) {
     fprintf(stderr, "error: %s %s: cannot create a file in directory '%s' (%s)\n", flag, path, dir, strerror(errno));
     return 0;

@@ -455,8 +455,9 @@ static dt_result dt__fit_probe_dir(const char *what, const char *path) {
   dir[dn] = '\0';
   int err = 0;
   for (int i = 0; i < 8; i++) {
-    /* time and an address: distinct between processes and calls */
-    unsigned long tag = (unsigned long)(dt_time_now() * 1e9) ^ (unsigned long)(uintptr_t)probe;
+    /* time (microseconds, kept below 2^32) and a stack address: distinct
+     * between processes and calls */
+    unsigned long tag = (unsigned long)fmod(dt_time_now() * 1e6, 4294967296.0) ^ (unsigned long)(uintptr_t)probe;
     snprintf(probe, sizeof probe, "%s%s.dtrain-probe-%lx-%d", dir, dir[dn - 1] == '/' ? "" : "/", tag, i);
     errno = 0;
     FILE *f = fopen(probe, "wx");
