@@ -167,15 +167,16 @@
  *   failure. Nothing calls exit() or abort() on bad input.
  *   NULL arguments: every public function checks its pointers. Where one is
  *   required, a function returning dt_result returns DTRAIN_ERR_NULL_ARG, one
- *   returning a pointer returns NULL, and one returning a plain value returns
+ *   returning a pointer returns NULL, one returning a plain value returns
  *   its "nothing" value (-1 for an index, 0 for a count or a size, NaN for
- *   dt_item and the float draws of dt_rng), each with the message in
- *   dt_last_error(). Exceptions, documented at each declaration: destroy and
- *   free functions, counts and sizes of a NULL object, the setters that
- *   restore a default on NULL, and the option constructors (dt_strategy_*),
- *   which keep the NULL for dt_strategy_create to refuse.
- *   tests/test_null_args.c, generated from the headers by
- *   tools/gen_null_test.py, calls each function with NULLs to hold this.
+ *   dt_item and the float draws of dt_rng) and a void one does nothing, each
+ *   with the message in dt_last_error(). The quiet exceptions, documented at
+ *   their declarations: destroy and free functions; counts, sizes and hashes
+ *   of a NULL object; the setters that restore a default on NULL; the calls
+ *   cleanup paths make (dt_comm_abort, dt_pstore_leave, dt_optim_advance,
+ *   ...); and the option constructors (dt_strategy_*), which keep the NULL
+ *   for dt_strategy_create to refuse. tests/test_null_args.c, generated from
+ *   the headers by tools/gen_null_test.py, calls each function with NULLs.
  *
  * THREADS
  *   object        may be used by
