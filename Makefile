@@ -259,6 +259,8 @@ $(MIN_TARGETS): test-minimal-%: dtrain.h
 # manual names every configuration macro): tools/check_house.sh.
 check-house:
 	sh tools/check_house.sh src
+	@if command -v python3 >/dev/null 2>&1; then python3 tools/gen_null_test.py --check; \
+	  else echo "check-house: no python3: tests/test_null_args.c not checked against the headers"; fi
 
 # Fails if dtrain.h is not what src/ generates.
 check-amalgamation: $(AMALG)

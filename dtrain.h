@@ -165,6 +165,18 @@
  *   every blocking call has a deadline. Messages also go to the logger
  *   (dt_set_logger; by default errors and warnings to stderr), once per
  *   failure. Nothing calls exit() or abort() on bad input.
+ *   NULL arguments: every public function checks its pointers. Where one is
+ *   required, a function returning dt_result returns DTRAIN_ERR_NULL_ARG, one
+ *   returning a pointer returns NULL, one returning a plain value returns
+ *   its "nothing" value (-1 for an index, 0 for a count or a size, NaN for
+ *   dt_item and the float draws of dt_rng) and a void one does nothing, each
+ *   with the message in dt_last_error(). The quiet exceptions, documented at
+ *   their declarations: destroy and free functions; counts, sizes and hashes
+ *   of a NULL object; the setters that restore a default on NULL; the calls
+ *   cleanup paths make (dt_comm_abort, dt_pstore_leave, dt_optim_advance,
+ *   ...); and the option constructors (dt_strategy_*), which keep the NULL
+ *   for dt_strategy_create to refuse. tests/test_null_args.c, generated from
+ *   the headers by tools/gen_null_test.py, calls each function with NULLs.
  *
  * THREADS
  *   object        may be used by
@@ -440,7 +452,10 @@ DTRAIN_API unsigned dt_build_features(void);
  * Static storage. */
 DTRAIN_API const char *dt_build_info(void);
 
-/* ---- RNG: xoshiro256** seeded by splitmix64; same numbers on every platform. */
+/* ---- RNG: xoshiro256** seeded by splitmix64; same numbers on every platform.
+ * A NULL generator: dt_rng_seed does nothing; the draws return 0 (NaN for
+ * dt_rng_uniform and dt_rng_normal) and dt_rng_shuffle leaves idx alone, all
+ * with DTRAIN_ERR_NULL_ARG in dt_last_error(). */
 typedef struct dt_rng { uint64_t s[4]; } dt_rng;
 
 DTRAIN_API void dt_rng_seed(dt_rng *r, uint64_t seed);
@@ -552,7 +567,9 @@ DTRAIN_API void dt_graph_reset(dt_graph *g);
  * NULL data restores the params' own buffers. */
 DTRAIN_API dt_result dt_graph_bind(dt_graph *g, float *data, float *grad);
 
-/* Training mode (default on) switches dropout and batch-norm behaviour. */
+/* Training mode (default on) switches dropout and batch-norm behaviour.
+ * A NULL graph: set_training does nothing (DTRAIN_ERR_NULL_ARG in
+ * dt_last_error()), dt_graph_training returns 0. */
 DTRAIN_API void dt_graph_set_training(dt_graph *g, int training);
 DTRAIN_API int dt_graph_training(const dt_graph *g);
 
@@ -567,7 +584,7 @@ DTRAIN_API const char *dt_graph_message(const dt_graph *g);
 /* Record an error on the graph from user code (keeps the first). */
 DTRAIN_API void dt_graph_fail(dt_graph *g, dt_result code, const char *msg);
 
-/* Arena bytes in use now, the most used in any step, and reserved. */
+/* Arena bytes in use now, the most used in any step, and reserved (0 for a NULL graph). */
 DTRAIN_API size_t dt_graph_bytes_used(const dt_graph *g);
 DTRAIN_API size_t dt_graph_bytes_peak(const dt_graph *g);
 DTRAIN_API size_t dt_graph_bytes_reserved(const dt_graph *g);
@@ -599,11 +616,11 @@ DTRAIN_API dt_tensor *dt_detach(dt_graph *g, dt_tensor *t);
 /* View of parameter `index` of the bound params (see dt_params_add). */
 DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index);
 
-/* Scalar value of a 1-element tensor (NaN if t is NULL or not 1 element). */
+/* Scalar value of a 1-element tensor (NaN if t is NULL, with dt_last_error() set, or not 1 element). */
 DTRAIN_API float dt_item(const dt_tensor *t);
 /* Shape as text into buf, e.g. "[64,10]"; returns buf. */
 DTRAIN_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t cap);
-/* Same shape? */
+/* Same shape? 0 when either is NULL. */
 DTRAIN_API int dt_same_shape(const dt_tensor *a, const dt_tensor *b);
 
 /* ---- autograd ----------------------------------------------------------------
@@ -741,7 +758,9 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 
 /* ---- GEMM ----------------------------------------------------------------------
  * C = alpha * op(A) @ op(B) + beta * C, row-major; op(X) = X or X^T. The
- * kernel under every matmul, exposed for users and benchmarks. */
+ * kernel under every matmul, exposed for users and benchmarks. m or n <= 0:
+ * nothing to do. A NULL C (or A or B with k > 0) does nothing and sets
+ * DTRAIN_ERR_NULL_ARG in dt_last_error(). */
 DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                          float beta, float *c, int64_t ldc);
@@ -854,6 +873,9 @@ DTRAIN_API int dt_params_add(dt_params *p, const char *name, int ndim, const int
 /* Add a non-trainable buffer (no gradient, never touched by optimizers). */
 DTRAIN_API int dt_params_add_buffer(dt_params *p, const char *name, int ndim, const int64_t *shape, dt_init init);
 
+/* Counts and sizes of a NULL p are 0; its checksum and layout hash those of
+ * an empty set. The pointer getters return NULL with dt_last_error() set;
+ * zero_grad and scale_grad on NULL do nothing and set it too. */
 DTRAIN_API int dt_params_count(const dt_params *p);
 DTRAIN_API size_t dt_params_size(const dt_params *p);       /* floats in the flat buffers */
 DTRAIN_API size_t dt_params_trainable_size(const dt_params *p);
@@ -875,7 +897,7 @@ DTRAIN_API uint64_t dt_params_layout_hash(const dt_params *p);
 /* The params' RNG (used by initializers); for checkpointing its state. */
 DTRAIN_API dt_rng *dt_params_rng(dt_params *p);
 
-/* Global L2 norm of n floats (accumulated in double). */
+/* Global L2 norm of n floats (accumulated in double); 0 when x is NULL. */
 DTRAIN_API double dt_l2_norm(const float *x, size_t n);
 
 DTRAIN_EXTERN_C_END
@@ -923,7 +945,7 @@ typedef struct dt_schedule {
   float min_lr;         /* COSINE */
 } dt_schedule;
 
-/* Learning rate at `step` (0-based) for base rate lr. */
+/* Learning rate at `step` (0-based) for base rate lr (lr itself when s is NULL). */
 DTRAIN_API float dt_schedule_lr(const dt_schedule *s, float lr, int64_t step);
 
 /* Zero fields take the defaults in brackets. */
@@ -965,7 +987,11 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
  * state loaded from a checkpoint carries over). SGD, Adam, AdamW, RMSprop
  * and clip_norm all run on a device. Clips (if set), updates, advances. */
 DTRAIN_API dt_result dt_optim_step_graph(dt_optim *o, dt_graph *g);
-/* Advance the step counter (after every range of a step was updated). */
+/* Advance the step counter (after every range of a step was updated). With
+ * o NULL, advance and set_steps do nothing and steps/state_slots return 0
+ * (the library calls them where a strategy has no optimizer of its own);
+ * dt_optim_lr returns 0 and dt_optim_state/get_options NULL, with
+ * DTRAIN_ERR_NULL_ARG in dt_last_error(). */
 DTRAIN_API void dt_optim_advance(dt_optim *o);
 
 DTRAIN_API int64_t dt_optim_steps(const dt_optim *o);
@@ -1195,14 +1221,16 @@ typedef struct dt_checkpoint_entry {
  * model). NULL on error (dt_last_error()/dt_last_result()). */
 DTRAIN_API dt_checkpoint *dt_checkpoint_open(const char *path);
 DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c);
-/* Tensors, in the order of their data in the file. */
+/* Tensors, in the order of their data in the file. Counts and sizes of a
+ * NULL c are 0; dt_checkpoint_find and dt_checkpoint_meta of a NULL c or
+ * name return DTRAIN_ERR_NULL_ARG / NULL with dt_last_error() set. */
 DTRAIN_API int dt_checkpoint_count(const dt_checkpoint *c);
 DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, dt_checkpoint_entry *out);
 /* Index of the tensor named `name`, or DTRAIN_ERR_NOT_FOUND. */
 DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name);
 /* Copy tensor `index` (dtype F32, exactly n elements) into dst, in host order. */
 DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n);
-/* Metadata entries, in file order. */
+/* Metadata entries, in file order; key or value may be NULL (not wanted). */
 DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c);
 DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value);
 /* Value of metadata `key`, or NULL when absent. */
@@ -1354,7 +1382,8 @@ typedef struct dt_fit_options {
   double min_delta;           /* [0] */
   dt_fit_monitor monitor;     /* [AUTO] */
   int restore_best;           /* at the end put back the parameters of the best epoch (needs params) */
-  /* Output. */
+  /* Output. Every path below is checked before the first step: its directory
+   * must exist and take a new file, else dt_fit returns DTRAIN_ERR_IO naming it. */
   dt_fit_progress progress;   /* [AUTO] */
   FILE *out;                  /* progress stream [stdout] */
   int64_t log_every;          /* plain-line mode: also a line every N batches [0: per epoch only] */
@@ -1463,7 +1492,8 @@ DTRAIN_API dt_result dt_read_file_gz(const char *path, dt_bytes *out);
 DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_bytes *out);
 /* Decompress a raw deflate stream (RFC 1951, no header). */
 DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_bytes *out);
-/* CRC-32 (ISO-HDLC, as gzip and zlib); pass 0 as crc to start. */
+/* CRC-32 (ISO-HDLC, as gzip and zlib); pass 0 as crc to start. NULL data or
+ * len 0: returns crc unchanged. */
 DTRAIN_API uint32_t dt_crc32(uint32_t crc, const void *data, size_t len);
 
 /* ---- IDX (the MNIST file format) ------------------------------------------------
@@ -1677,9 +1707,12 @@ DTRAIN_API void dt_loader_destroy(dt_loader *l);
  * (b untouched) and moves to (epoch + 1, 0); a negative dt_result on error.
  *   while (dt_loader_next(L, &b) > 0) { ...train on b... }   // one epoch */
 DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b);
+/* Where the next batch starts; epoch or index may be NULL (not wanted). A
+ * NULL l reports (0, 0) with DTRAIN_ERR_NULL_ARG in dt_last_error(). */
 DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index);
 DTRAIN_API dt_result dt_loader_set_position(dt_loader *l, int64_t epoch, int64_t index);
-/* Samples in this shard per epoch, and batches per epoch (honours drop_last). */
+/* Samples in this shard per epoch, and batches per epoch (honours drop_last);
+ * 0 for a NULL loader. */
 DTRAIN_API int64_t dt_loader_num_samples(const dt_loader *l);
 DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l);
 /* The dataset index at position `index` of epoch `epoch` in this shard's order
@@ -1827,6 +1860,8 @@ DTRAIN_API dt_result dt_comm_allgather(dt_comm *c, int rank, float *buf, size_t 
 DTRAIN_API dt_result dt_comm_reduce(dt_comm *c, int rank, float *buf, size_t n, int root);
 DTRAIN_API dt_result dt_comm_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root);
 DTRAIN_API dt_result dt_comm_barrier(dt_comm *c, int rank);
+/* abort and reset_stats on a NULL c do nothing (cleanup paths call them);
+ * world and rank of a NULL c are 0, its name "none". */
 DTRAIN_API void dt_comm_abort(dt_comm *c, int rank);
 DTRAIN_API dt_result dt_comm_recover(dt_comm *c);
 DTRAIN_API int dt_comm_world(const dt_comm *c);
@@ -2179,7 +2214,8 @@ DTRAIN_API dt_strategy_options dt_strategy_mirrored(int replicas);
 DTRAIN_API dt_strategy_options dt_strategy_central_storage(int replicas);
 DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness);
 /* Across processes: comm has one rank per process (borrowed), `replicas`
- * threads in each (0: the number of CPUs). */
+ * threads in each (0: the number of CPUs). A NULL comm (or store, below) is
+ * kept in the options and refused by dt_strategy_create. */
 DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, int replicas);
 /* Parameter-server training (dt_net.h): the store from dt_pstore_create_tcp
  * (borrowed: destroy it after the strategy; call dt_pstore_leave when this
@@ -2247,6 +2283,7 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
  * values go to every process and replica. */
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s);
 
+/* 0 for a NULL s; the getters below return NULL for it, with dt_last_error() set. */
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s);
 DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s);
 DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_get_options")
@@ -2291,7 +2328,7 @@ typedef struct dt_strategy_stats {
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);
 DTRAIN_API dt_result dt_strategy_replica_stats(const dt_strategy *s, int replica, dt_replica_stats *out);
-DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s);
+DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s); /* NULL: does nothing */
 
 /* ---- the parameter store -----------------------------------------------------------
  * What async replicas (workers) train against: pull the parameters, push an
@@ -2348,6 +2385,8 @@ DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, fl
                                     dt_pstore_ticket *tk);
 DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
                                     dt_pstore_ticket *tk);
+/* leave and abort on a NULL ps do nothing (cleanup paths call them); the
+ * version of a NULL ps is 0. */
 DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker);
 DTRAIN_API void dt_pstore_abort(dt_pstore *ps);
 DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps);
@@ -2506,7 +2545,8 @@ typedef struct dt_net_options {
 
 DTRAIN_API dt_net_options dt_net_defaults(void);
 
-/* A hash of the parameters' names, shapes and order (not values), for
+/* A hash of the parameters' names, shapes and order (not values; a NULL p
+ * hashes as an empty model), for
  * dt_net_options.model_hash: processes that built different models refuse
  * to train together. */
 DTRAIN_API uint64_t dt_params_hash(const dt_params *p);
@@ -4253,7 +4293,16 @@ DTRAIN_API void dt_rng_seed(dt_rng *r, uint64_t seed) {
 
 static uint64_t dt__rng_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
+/* A NULL generator draws nothing: 0 (NaN for the float draws), with the
+ * reason in dt_last_error(). The branch is never taken in a correct program
+ * and costs nothing measurable next to the draw. */
+static uint64_t dt__rng_null(const char *fn) {
+  dt__error(DTRAIN_ERR_NULL_ARG, "%s: rng is NULL", fn);
+  return 0;
+}
+
 DTRAIN_API uint64_t dt_rng_u64(dt_rng *r) {
+  if (!r) return dt__rng_null("dt_rng_u64");
   uint64_t *s = r->s;
   uint64_t result = dt__rng_rotl(s[1] * 5, 7) * 9;
   uint64_t t = s[1] << 17;
@@ -4267,6 +4316,7 @@ DTRAIN_API uint64_t dt_rng_u64(dt_rng *r) {
 }
 
 DTRAIN_API uint64_t dt_rng_below(dt_rng *r, uint64_t n) {
+  if (!r) return dt__rng_null("dt_rng_below");
   if (n <= 1) return 0;
   /* Rejection: accept draws below the largest multiple of n. */
   uint64_t limit = UINT64_MAX - UINT64_MAX % n;
@@ -4276,10 +4326,18 @@ DTRAIN_API uint64_t dt_rng_below(dt_rng *r, uint64_t n) {
 }
 
 DTRAIN_API float dt_rng_uniform(dt_rng *r) {
+  if (!r) {
+    dt__rng_null("dt_rng_uniform");
+    return NAN;
+  }
   return (float)(dt_rng_u64(r) >> 40) * (1.0f / 16777216.0f);
 }
 
 DTRAIN_API float dt_rng_normal(dt_rng *r) {
+  if (!r) {
+    dt__rng_null("dt_rng_normal");
+    return NAN;
+  }
   /* Box-Muller; u1 in (0,1] so log is finite. One value per call keeps the
    * stream position simple to reason about (and to checkpoint). */
   double u1 = ((double)(dt_rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
@@ -4288,7 +4346,10 @@ DTRAIN_API float dt_rng_normal(dt_rng *r) {
 }
 
 DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
-  if (!r || !idx) return;
+  if (!r || (!idx && n > 1)) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_rng_shuffle: %s is NULL", r ? "idx" : "rng");
+    return;
+  }
   for (int64_t i = n - 1; i > 0; i--) {
     int64_t j = (int64_t)dt_rng_below(r, (uint64_t)i + 1);
     int32_t t = idx[i];
@@ -4427,7 +4488,10 @@ DTRAIN_API void dt_graph_destroy(dt_graph *g) {
 }
 
 DTRAIN_API void dt_graph_reset(dt_graph *g) {
-  if (!g) return;
+  if (!g) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_reset: graph is NULL");
+    return;
+  }
   if (g->chunks && g->chunks->next) {
     /* Several blocks: replace them by one that holds the whole step, so that
      * the next step of the same size allocates nothing. If that allocation
@@ -4462,21 +4526,30 @@ DTRAIN_API dt_result dt_graph_bind(dt_graph *g, float *data, float *grad) {
   return DTRAIN_OK;
 }
 
-DTRAIN_API void dt_graph_set_training(dt_graph *g, int training) { if (g) g->training = training != 0; }
+DTRAIN_API void dt_graph_set_training(dt_graph *g, int training) {
+  if (!g) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_set_training: graph is NULL");
+  else g->training = training != 0;
+}
 DTRAIN_API int dt_graph_training(const dt_graph *g) { return g ? g->training : 0; }
 
 DTRAIN_API int dt_graph_set_grad_enabled(dt_graph *g, int enabled) {
-  if (!g) return 0;
+  if (!g) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_set_grad_enabled: graph is NULL");
+    return 0;
+  }
   int old = g->grad_enabled;
   g->grad_enabled = enabled != 0;
   return old;
 }
 
-DTRAIN_API dt_result dt_graph_error(const dt_graph *g) { return g ? g->err : DTRAIN_ERR_NULL_ARG; }
+DTRAIN_API dt_result dt_graph_error(const dt_graph *g) {
+  return g ? g->err : dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_error: graph is NULL");
+}
 DTRAIN_API const char *dt_graph_message(const dt_graph *g) { return g ? g->msg : "graph is NULL"; }
 
 DTRAIN_API void dt_graph_fail(dt_graph *g, dt_result code, const char *msg) {
-  if (g) dt__fail(g, code == DTRAIN_OK ? DTRAIN_ERR_INVALID_ARG : code, "%s", msg ? msg : "user error");
+  if (!g) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_fail: graph is NULL (%s)", msg ? msg : "user error");
+  else dt__fail(g, code == DTRAIN_OK ? DTRAIN_ERR_INVALID_ARG : code, "%s", msg ? msg : "user error");
 }
 
 DTRAIN_API size_t dt_graph_bytes_used(const dt_graph *g) { return g ? g->used : 0; }
@@ -4484,10 +4557,12 @@ DTRAIN_API size_t dt_graph_bytes_peak(const dt_graph *g) { return g ? g->peak : 
 DTRAIN_API size_t dt_graph_bytes_reserved(const dt_graph *g) { return g ? g->reserved : 0; }
 
 DTRAIN_API void dt_graph_rng_state(const dt_graph *g, uint64_t out[4]) {
-  if (g && out) memcpy(out, g->rng.s, sizeof g->rng.s);
+  if (!g || !out) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_rng_state: %s is NULL", g ? "out" : "graph");
+  else memcpy(out, g->rng.s, sizeof g->rng.s);
 }
 DTRAIN_API void dt_graph_set_rng_state(dt_graph *g, const uint64_t s[4]) {
-  if (g && s) memcpy(g->rng.s, s, sizeof g->rng.s);
+  if (!g || !s) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_set_rng_state: %s is NULL", g ? "state" : "graph");
+  else memcpy(g->rng.s, s, sizeof g->rng.s);
 }
 
 /* ---- errors and op plumbing --------------------------------------------------------- */
@@ -4742,6 +4817,7 @@ DTRAIN_API dt_tensor *dt_scalar(dt_graph *g, float value) {
 }
 
 DTRAIN_API void dt_tensor_set_requires_grad(dt_tensor *t, int on) {
+  if (!t) dt__error(DTRAIN_ERR_NULL_ARG, "dt_tensor_set_requires_grad: tensor is NULL");
   if (!t || (t->flags & DTRAIN_TENSOR_PARAM)) return;
   if (on) t->flags |= DTRAIN_TENSOR_REQUIRES_GRAD;
   else t->flags &= ~DTRAIN_TENSOR_REQUIRES_GRAD;
@@ -4757,7 +4833,11 @@ DTRAIN_API dt_tensor *dt_detach(dt_graph *g, dt_tensor *t) {
 }
 
 DTRAIN_API float dt_item(const dt_tensor *t) {
-  if (!t || t->size != 1) return NAN;
+  if (!t) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_item: tensor is NULL");
+    return NAN;
+  }
+  if (t->size != 1) return NAN;
   if (t->graph && t->graph->device) {
     float v;
     dt_device *d = t->graph->device;
@@ -4985,7 +5065,10 @@ DTRAIN_PRIVATE dt_result dt__dev_graph_check(dt_graph *g) {
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_device *dt_graph_device(const dt_graph *g) { return g ? g->device : NULL; }
+DTRAIN_API dt_device *dt_graph_device(const dt_graph *g) {
+  if (!g) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_device: graph is NULL");
+  return g ? g->device : NULL;
+}
 
 static dt_result dt__device_to_host(const dt_tensor *t, const float *src, float *dst, const char *fn) {
   if (!t || !dst) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: NULL argument", fn);
@@ -6923,6 +7006,13 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                          float beta, float *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
+  /* A and B are read only when k > 0 (and alpha != 0 for this kernel; BLAS
+   * may still read them): refuse NULL ones, as a C that is NULL, before any
+   * work. void: the reason goes to dt_last_error(). */
+  if (!c || (k > 0 && (!a || !b))) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_sgemm: %s is NULL", !c ? "C" : !a ? "A" : "B");
+    return;
+  }
 #ifdef DTRAIN_USE_CBLAS
   /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
    * (not reachable with the arena's limits) fall through to the C kernel. */
@@ -9979,8 +10069,14 @@ DTRAIN_API size_t dt_params_trainable_size(const dt_params *p) {
     if (p->items[i].trainable) n += p->items[i].size;
   return n;
 }
-DTRAIN_API float *dt_params_data(dt_params *p) { return p ? p->data : NULL; }
-DTRAIN_API float *dt_params_grad(dt_params *p) { return p ? p->grad : NULL; }
+/* A NULL p: NULL, with the reason in dt_last_error() (as every getter here). */
+static void *dt__params_null(const char *fn) {
+  dt__error(DTRAIN_ERR_NULL_ARG, "%s: params is NULL", fn);
+  return NULL;
+}
+
+DTRAIN_API float *dt_params_data(dt_params *p) { return p ? p->data : (float *)dt__params_null("dt_params_data"); }
+DTRAIN_API float *dt_params_grad(dt_params *p) { return p ? p->grad : (float *)dt__params_null("dt_params_grad"); }
 
 DTRAIN_API dt_result dt_params_info(const dt_params *p, int index, dt_param_info *out) {
   if (!p || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_info: NULL argument");
@@ -10019,7 +10115,7 @@ DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin
 }
 
 DTRAIN_API int dt_params_find(const dt_params *p, const char *name) {
-  if (!p || !name) return DTRAIN_ERR_NULL_ARG;
+  if (!p || !name) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_find: %s is NULL", p ? "name" : "params");
   for (int i = 0; i < p->count; i++)
     if (strcmp(p->items[i].name, name) == 0) return i;
   return DTRAIN_ERR_NOT_FOUND;
@@ -10034,11 +10130,15 @@ DTRAIN_API dt_result dt_params_set_decay(dt_params *p, int index, int decay) {
 }
 
 DTRAIN_API void dt_params_zero_grad(dt_params *p) {
+  if (!p) dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_zero_grad: params is NULL");
   if (p && p->grad) memset(p->grad, 0, p->size * sizeof(float));
 }
 
 DTRAIN_API void dt_params_scale_grad(dt_params *p, float s) {
-  if (!p) return;
+  if (!p) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_scale_grad: params is NULL");
+    return;
+  }
   for (size_t i = 0; i < p->size; i++) p->grad[i] *= s;
 }
 
@@ -10102,7 +10202,7 @@ DTRAIN_API uint64_t dt_params_hash(const dt_params *p) {
   return h;
 }
 
-DTRAIN_API dt_rng *dt_params_rng(dt_params *p) { return p ? &p->rng : NULL; }
+DTRAIN_API dt_rng *dt_params_rng(dt_params *p) { return p ? &p->rng : (dt_rng *)dt__params_null("dt_params_rng"); }
 
 DTRAIN_API double dt_l2_norm(const float *x, size_t n) {
   double s = 0.0;
@@ -10207,12 +10307,14 @@ DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index) {
 }
 
 DTRAIN_API float *dt_graph_param_data(dt_graph *g) {
+  if (!g) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_param_data: graph is NULL");
   if (!g || !g->params) return NULL;
   if (!g->bound_own) return g->bound_data;
   return g->device ? g->dparam_data : dt_params_data(g->params);
 }
 
 DTRAIN_API float *dt_graph_param_grad(dt_graph *g) {
+  if (!g) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_param_grad: graph is NULL");
   if (!g || !g->params) return NULL;
   if (!g->bound_own) return g->bound_grad;
   return g->device ? g->dparam_grad : dt_params_grad(g->params);
@@ -10926,17 +11028,24 @@ DTRAIN_API void dt_optim_set_steps(dt_optim *o, int64_t steps) {
 }
 
 DTRAIN_API float dt_optim_lr(const dt_optim *o) {
+  if (!o) dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_lr: optimizer is NULL");
   return o ? dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps) : 0.0f;
 }
 
-DTRAIN_API const dt_optim_options *dt_optim_get_options(const dt_optim *o) { return o ? &o->desc : NULL; }
+DTRAIN_API const dt_optim_options *dt_optim_get_options(const dt_optim *o) {
+  if (!o) dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_get_options: optimizer is NULL");
+  return o ? &o->desc : NULL;
+}
 /* Deprecated name, removed in the next release. */
 DTRAIN_API const dt_optim_options *dt_optim_get_desc(const dt_optim *o) { return dt_optim_get_options(o); }
 
 DTRAIN_API int dt_optim_state_slots(const dt_optim *o) { return o ? o->nslots : 0; }
 
 DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
-  if (!o) return NULL;
+  if (!o) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_state: optimizer is NULL");
+    return NULL;
+  }
   if (slot < 0 || slot >= o->nslots) {
     dt__error(DTRAIN_ERR_INDEX, "dt_optim_state: slot %d out of range (%d slots)", slot, o->nslots);
     return NULL;
@@ -12275,7 +12384,7 @@ DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, d
 }
 
 DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
-  if (!c || !name) return DTRAIN_ERR_NULL_ARG;
+  if (!c || !name) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_find: %s is NULL", c ? "name" : "checkpoint");
   int i = dt__io_find(c, name);
   return i >= 0 ? i : DTRAIN_ERR_NOT_FOUND;
 }
@@ -12308,6 +12417,7 @@ DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, co
 }
 
 DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
+  if (!c || !key) dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_meta: %s is NULL", c ? "key" : "checkpoint");
   return (c && key) ? dt__io_meta_get(c, key) : NULL;
 }
 
@@ -12337,7 +12447,7 @@ DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, d
 }
 DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
   (void)c; (void)name;
-  return DTRAIN_ERR_UNSUPPORTED;
+  return dt__safetensors_unsupported("dt_checkpoint_find");
 }
 DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n) {
   (void)c; (void)index; (void)dst; (void)n;
@@ -12350,6 +12460,7 @@ DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, co
 }
 DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
   (void)c; (void)key;
+  dt__safetensors_unsupported("dt_checkpoint_meta");
   return NULL;
 }
 DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { (void)c; return 0; }
@@ -13708,6 +13819,48 @@ static const char *dt__fit_monitor_name(dt_fit_monitor m) {
   }
 }
 
+#ifndef DTRAIN_NO_STDIO
+/* The output files are first written at an epoch's end, maybe hours in: a
+ * missing or read-only directory must show at set-up instead. The honest test
+ * is to do what the writers will do: create a new file in that directory
+ * (exclusively, "wx" of C11, under a name nobody uses) and remove it; this
+ * catches missing directories, permissions, ACLs and read-only mounts alike,
+ * where access(W_OK) can be fooled (root, ACLs, NFS). */
+static dt_result dt__fit_probe_dir(const char *what, const char *path) {
+  char dir[1024], probe[1152];
+  size_t n = strlen(path);
+  if (n == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s is empty", what);
+  if (path[n - 1] == '/') return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s '%s' names a directory, not a file", what, path);
+  const char *slash = strrchr(path, '/');
+  size_t dn = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 0;
+  if (dn >= sizeof dir) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s '%.64s...' is too long", what, path);
+  if (dn) memcpy(dir, path, dn);
+  else dir[dn++] = '.';
+  dir[dn] = '\0';
+  int err = 0;
+  for (int i = 0; i < 8; i++) {
+    /* time (microseconds, kept below 2^32) and a stack address: distinct
+     * between processes and calls */
+    unsigned long tag = (unsigned long)fmod(dt_time_now() * 1e6, 4294967296.0) ^ (unsigned long)(uintptr_t)probe;
+    snprintf(probe, sizeof probe, "%s%s.dtrain-probe-%lx-%d", dir, dir[dn - 1] == '/' ? "" : "/", tag, i);
+    errno = 0;
+    FILE *f = fopen(probe, "wx");
+    if (f) {
+      fclose(f);
+      remove(probe);
+      return DTRAIN_OK;
+    }
+    err = errno;
+#ifdef EEXIST
+    if (err == EEXIST) continue; /* a name taken: try another */
+#endif
+    break;
+  }
+  return dt__error(DTRAIN_ERR_IO, "dt_fit: %s '%s': cannot create a file in directory '%s' (%s)", what, path, dir,
+                   err ? strerror(err) : "no reason given");
+}
+#endif
+
 static dt_result dt__fit_check(const dt_fit_desc *d) {
   const char *fn = "dt_fit";
   if (!d->train_step) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: train_step is NULL", fn);
@@ -13734,6 +13887,14 @@ static dt_result dt__fit_check(const dt_fit_desc *d) {
   if (d->csv_path || d->svg_path || d->checkpoint_path || d->best_path ||
       d->progress == DTRAIN_FIT_PROGRESS_BAR || d->progress == DTRAIN_FIT_PROGRESS_LINES)
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: built with DTRAIN_NO_STDIO: no progress output or files", fn);
+#else
+  /* Every output path before the first step (see dt__fit_probe_dir). */
+  const char *what[4] = {"csv_path", "svg_path", "checkpoint_path", "best_path"};
+  const char *path[4] = {d->csv_path, d->svg_path, d->checkpoint_path, d->best_path};
+  for (int i = 0; i < 4; i++) {
+    dt_result r = path[i] ? dt__fit_probe_dir(what[i], path[i]) : DTRAIN_OK;
+    if (r != DTRAIN_OK) return r;
+  }
 #endif
   return DTRAIN_OK;
 }
@@ -15115,7 +15276,11 @@ static void dt__data_loader_perm(dt_loader *l, int64_t epoch) {
 }
 
 DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index) {
-  if (!l || epoch < 0 || index < 0 || index >= l->shard_n) return -1;
+  if (!l) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_sample_at: loader is NULL");
+    return -1;
+  }
+  if (epoch < 0 || index < 0 || index >= l->shard_n) return -1;
   int64_t g = (int64_t)l->shard + index * (int64_t)l->shards; /* position in the epoch's order */
   if (!l->shuffle) return g;
   dt__data_loader_perm(l, epoch);
@@ -15155,6 +15320,7 @@ DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
 }
 
 DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index) {
+  if (!l) dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_position: loader is NULL");
   if (epoch) *epoch = l ? l->epoch : 0;
   if (index) *index = l ? l->index : 0;
 }
@@ -15233,6 +15399,7 @@ DTRAIN_API dt_loader *dt_loader_new(const dt_dataset *ds, const dt_loader_option
 }
 DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index) {
   (void)l; (void)epoch; (void)index;
+  dt__data_compiled_out("dt_loader_sample_at");
   return -1;
 }
 DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
@@ -15241,6 +15408,7 @@ DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
 }
 DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index) {
   (void)l;
+  dt__data_compiled_out("dt_loader_position");
   if (epoch) *epoch = 0;
   if (index) *index = 0;
 }
@@ -17264,6 +17432,7 @@ static const char *dt__comm_op_name(int op) {
 /* ---- slices -------------------------------------------------------------------------- */
 
 DTRAIN_API void dt_comm_slice(size_t n, int world, int rank, size_t *begin, size_t *end) {
+  if (!begin || !end) dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_slice: %s is NULL", !begin ? "begin" : "end");
   size_t b = 0, e = 0;
   if (world >= 1 && rank >= 0 && rank < world) {
     size_t chunks = (n + 15) / 16, w = (size_t)world, r = (size_t)rank;
@@ -19363,17 +19532,24 @@ DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
 }
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s) { return s ? s->n : 0; }
-DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s) { return s ? &s->desc : NULL; }
+DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s) {
+  if (!s) dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_get_options: strategy is NULL");
+  return s ? &s->desc : NULL;
+}
 /* Deprecated name, removed in the next release. */
 DTRAIN_API const dt_strategy_options *dt_strategy_get_desc(const dt_strategy *s) { return dt_strategy_get_options(s); }
 
 DTRAIN_API dt_device *dt_strategy_device(const dt_strategy *s, int replica) {
+  if (!s) dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_device: strategy is NULL");
   if (!s || !s->dev || replica < 0 || replica >= s->n) return NULL;
   return s->desc.devices[replica];
 }
 
 DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica) {
-  if (!s) return NULL;
+  if (!s) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_graph: strategy is NULL");
+    return NULL;
+  }
   if (replica < 0 || replica >= s->n) {
     dt__error(DTRAIN_ERR_INDEX, "dt_strategy_graph: replica %d outside [0, %d)", replica, s->n);
     return NULL;
@@ -21126,6 +21302,7 @@ DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c) {
 }
 
 DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap) {
+  if (!buf) dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_describe: buf is NULL");
   if (!buf || cap == 0) return buf;
   const char *addr = NULL;
   if (c && role == DTRAIN_ROLE_WORKER && index >= 0 && index < c->workers && c->worker_addr) addr = c->worker_addr[index];
@@ -21237,6 +21414,7 @@ DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c) {
 }
 DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap) {
   (void)c; (void)role; (void)index;
+  if (!buf) dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_describe: buf is NULL");
   if (buf && cap) buf[0] = 0;
   return buf;
 }

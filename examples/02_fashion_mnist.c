@@ -37,12 +37,14 @@
  * and with --json one final line of JSON. */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+#include <errno.h>
 #ifdef FMNIST_CUDA /* the _cuda build: linked with the CUDA backend (dtrain_cuda.h) */
 #  include "dtrain_cuda.h"
 #endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct options {
   const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule, *strategy, *checkpoint_dir;
@@ -203,6 +205,34 @@ static void usage(void) {
           "         [--svg FILE] [--limit N] [--json] [--quiet] [--device cpu|cuda|cuda:N]\n");
 }
 
+/* An output flag is checked at start, before any data loads: a path whose
+ * directory does not exist or takes no new file would otherwise fail only
+ * when the first file is written, after the training it was to keep. The
+ * test does what the writer will do: create a file there (exclusively, a
+ * name nobody uses) and remove it. is_dir: path is the directory itself. */
+static int output_ok(const char *flag, const char *path, int is_dir) {
+  char dir[1024], probe[1100];
+  if (!path) return 1;
+  const char *slash = is_dir ? NULL : strrchr(path, '/');
+  if (is_dir) snprintf(dir, sizeof dir, "%s", path);
+  else if (!slash) snprintf(dir, sizeof dir, ".");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash == path ? 1 : slash - path), path);
+  FILE *f = NULL;
+  for (int i = 0; i < 4 && !f; i++) { /* a name nobody uses: time, a stack address, a counter */
+    snprintf(probe, sizeof probe, "%s/.dtrain-probe-%lx-%lx-%d", dir, (unsigned long)time(NULL),
+             (unsigned long)(size_t)probe, i);
+    f = fopen(probe, "wx");
+    if (!f && errno != EEXIST) break;
+  }
+  if (!f) {
+    fprintf(stderr, "error: %s %s: cannot create a file in directory '%s' (%s)\n", flag, path, dir, strerror(errno));
+    return 0;
+  }
+  fclose(f);
+  remove(probe);
+  return 1;
+}
+
 static int parse(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
   o->model = "mlp";
@@ -350,6 +380,10 @@ int main(int argc, char **argv) {
   const int rank = (mwm || ps) ? cl->index : 0, world = (mwm || ps) ? cl->workers : 1;
   if (ps && cl->servers < 1) { fprintf(stderr, "error: parameter_server needs servers (dtrain-launch --ps M, or \"ps\" in DTRAIN_CONFIG)\n"); return 2; }
   if (ps && a.o.resume) { fprintf(stderr, "error: with parameter_server the servers resume from --checkpoint-dir; --resume is not used\n"); return 2; }
+  /* The servers write --checkpoint-dir; every process checks it (the
+   * launcher runs them on one file system), so that the workers stop at once
+   * too instead of waiting for a server that is gone. */
+  if (!output_ok("--checkpoint-dir", a.o.checkpoint_dir, 1)) return 2;
   /* --batch is global under every strategy: W workers x R replicas each take
    * batch/(W*R) rows, so the batch must divide; said before loading data. R is
    * what is known now: --replicas (1 when not given; one_device and the
@@ -363,6 +397,7 @@ int main(int argc, char **argv) {
   }
   a.o.batch_worker = a.o.batch / world;
   if (rank != 0 || (ps && cl->role == DTRAIN_ROLE_PS)) { a.o.quiet = 1; a.o.json = 0; a.o.csv = a.o.svg = a.o.checkpoint = NULL; } /* worker 0 reports */
+  if (!output_ok("--checkpoint", a.o.checkpoint, 0) || !output_ok("--csv", a.o.csv, 0) || !output_ok("--svg", a.o.svg, 0)) return 2;
   dt_optim_kind kind;
   if (!optimizer_kind(a.o.optimizer, &kind)) { fprintf(stderr, "error: unknown optimizer %s\n", a.o.optimizer); return 2; }
   char dir[512];

@@ -201,7 +201,10 @@ DTRAIN_API unsigned dt_build_features(void);
  * Static storage. */
 DTRAIN_API const char *dt_build_info(void);
 
-/* ---- RNG: xoshiro256** seeded by splitmix64; same numbers on every platform. */
+/* ---- RNG: xoshiro256** seeded by splitmix64; same numbers on every platform.
+ * A NULL generator: dt_rng_seed does nothing; the draws return 0 (NaN for
+ * dt_rng_uniform and dt_rng_normal) and dt_rng_shuffle leaves idx alone, all
+ * with DTRAIN_ERR_NULL_ARG in dt_last_error(). */
 typedef struct dt_rng { uint64_t s[4]; } dt_rng;
 
 DTRAIN_API void dt_rng_seed(dt_rng *r, uint64_t seed);

@@ -668,6 +668,7 @@ DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c) {
 }
 
 DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap) {
+  if (!buf) dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_describe: buf is NULL");
   if (!buf || cap == 0) return buf;
   const char *addr = NULL;
   if (c && role == DTRAIN_ROLE_WORKER && index >= 0 && index < c->workers && c->worker_addr) addr = c->worker_addr[index];
@@ -779,6 +780,7 @@ DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c) {
 }
 DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap) {
   (void)c; (void)role; (void)index;
+  if (!buf) dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_describe: buf is NULL");
   if (buf && cap) buf[0] = 0;
   return buf;
 }

@@ -55,6 +55,7 @@ static const char *dt__comm_op_name(int op) {
 /* ---- slices -------------------------------------------------------------------------- */
 
 DTRAIN_API void dt_comm_slice(size_t n, int world, int rank, size_t *begin, size_t *end) {
+  if (!begin || !end) dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_slice: %s is NULL", !begin ? "begin" : "end");
   size_t b = 0, e = 0;
   if (world >= 1 && rank >= 0 && rank < world) {
     size_t chunks = (n + 15) / 16, w = (size_t)world, r = (size_t)rank;

@@ -95,6 +95,8 @@ DTRAIN_API dt_result dt_comm_allgather(dt_comm *c, int rank, float *buf, size_t 
 DTRAIN_API dt_result dt_comm_reduce(dt_comm *c, int rank, float *buf, size_t n, int root);
 DTRAIN_API dt_result dt_comm_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root);
 DTRAIN_API dt_result dt_comm_barrier(dt_comm *c, int rank);
+/* abort and reset_stats on a NULL c do nothing (cleanup paths call them);
+ * world and rank of a NULL c are 0, its name "none". */
 DTRAIN_API void dt_comm_abort(dt_comm *c, int rank);
 DTRAIN_API dt_result dt_comm_recover(dt_comm *c);
 DTRAIN_API int dt_comm_world(const dt_comm *c);

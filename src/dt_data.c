@@ -424,7 +424,11 @@ static void dt__data_loader_perm(dt_loader *l, int64_t epoch) {
 }
 
 DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index) {
-  if (!l || epoch < 0 || index < 0 || index >= l->shard_n) return -1;
+  if (!l) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_sample_at: loader is NULL");
+    return -1;
+  }
+  if (epoch < 0 || index < 0 || index >= l->shard_n) return -1;
   int64_t g = (int64_t)l->shard + index * (int64_t)l->shards; /* position in the epoch's order */
   if (!l->shuffle) return g;
   dt__data_loader_perm(l, epoch);
@@ -464,6 +468,7 @@ DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
 }
 
 DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index) {
+  if (!l) dt__error(DTRAIN_ERR_NULL_ARG, "dt_loader_position: loader is NULL");
   if (epoch) *epoch = l ? l->epoch : 0;
   if (index) *index = l ? l->index : 0;
 }
@@ -542,6 +547,7 @@ DTRAIN_API dt_loader *dt_loader_new(const dt_dataset *ds, const dt_loader_option
 }
 DTRAIN_API int64_t dt_loader_sample_at(dt_loader *l, int64_t epoch, int64_t index) {
   (void)l; (void)epoch; (void)index;
+  dt__data_compiled_out("dt_loader_sample_at");
   return -1;
 }
 DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
@@ -550,6 +556,7 @@ DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
 }
 DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index) {
   (void)l;
+  dt__data_compiled_out("dt_loader_position");
   if (epoch) *epoch = 0;
   if (index) *index = 0;
 }

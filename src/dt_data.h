@@ -51,7 +51,8 @@ DTRAIN_API dt_result dt_read_file_gz(const char *path, dt_bytes *out);
 DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_bytes *out);
 /* Decompress a raw deflate stream (RFC 1951, no header). */
 DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_bytes *out);
-/* CRC-32 (ISO-HDLC, as gzip and zlib); pass 0 as crc to start. */
+/* CRC-32 (ISO-HDLC, as gzip and zlib); pass 0 as crc to start. NULL data or
+ * len 0: returns crc unchanged. */
 DTRAIN_API uint32_t dt_crc32(uint32_t crc, const void *data, size_t len);
 
 /* ---- IDX (the MNIST file format) ------------------------------------------------
@@ -265,9 +266,12 @@ DTRAIN_API void dt_loader_destroy(dt_loader *l);
  * (b untouched) and moves to (epoch + 1, 0); a negative dt_result on error.
  *   while (dt_loader_next(L, &b) > 0) { ...train on b... }   // one epoch */
 DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b);
+/* Where the next batch starts; epoch or index may be NULL (not wanted). A
+ * NULL l reports (0, 0) with DTRAIN_ERR_NULL_ARG in dt_last_error(). */
 DTRAIN_API void dt_loader_position(const dt_loader *l, int64_t *epoch, int64_t *index);
 DTRAIN_API dt_result dt_loader_set_position(dt_loader *l, int64_t epoch, int64_t index);
-/* Samples in this shard per epoch, and batches per epoch (honours drop_last). */
+/* Samples in this shard per epoch, and batches per epoch (honours drop_last);
+ * 0 for a NULL loader. */
 DTRAIN_API int64_t dt_loader_num_samples(const dt_loader *l);
 DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l);
 /* The dataset index at position `index` of epoch `epoch` in this shard's order

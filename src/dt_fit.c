@@ -495,6 +495,48 @@ static const char *dt__fit_monitor_name(dt_fit_monitor m) {
   }
 }
 
+#ifndef DTRAIN_NO_STDIO
+/* The output files are first written at an epoch's end, maybe hours in: a
+ * missing or read-only directory must show at set-up instead. The honest test
+ * is to do what the writers will do: create a new file in that directory
+ * (exclusively, "wx" of C11, under a name nobody uses) and remove it; this
+ * catches missing directories, permissions, ACLs and read-only mounts alike,
+ * where access(W_OK) can be fooled (root, ACLs, NFS). */
+static dt_result dt__fit_probe_dir(const char *what, const char *path) {
+  char dir[1024], probe[1152];
+  size_t n = strlen(path);
+  if (n == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s is empty", what);
+  if (path[n - 1] == '/') return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s '%s' names a directory, not a file", what, path);
+  const char *slash = strrchr(path, '/');
+  size_t dn = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 0;
+  if (dn >= sizeof dir) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s '%.64s...' is too long", what, path);
+  if (dn) memcpy(dir, path, dn);
+  else dir[dn++] = '.';
+  dir[dn] = '\0';
+  int err = 0;
+  for (int i = 0; i < 8; i++) {
+    /* time (microseconds, kept below 2^32) and a stack address: distinct
+     * between processes and calls */
+    unsigned long tag = (unsigned long)fmod(dt_time_now() * 1e6, 4294967296.0) ^ (unsigned long)(uintptr_t)probe;
+    snprintf(probe, sizeof probe, "%s%s.dtrain-probe-%lx-%d", dir, dir[dn - 1] == '/' ? "" : "/", tag, i);
+    errno = 0;
+    FILE *f = fopen(probe, "wx");
+    if (f) {
+      fclose(f);
+      remove(probe);
+      return DTRAIN_OK;
+    }
+    err = errno;
+#ifdef EEXIST
+    if (err == EEXIST) continue; /* a name taken: try another */
+#endif
+    break;
+  }
+  return dt__error(DTRAIN_ERR_IO, "dt_fit: %s '%s': cannot create a file in directory '%s' (%s)", what, path, dir,
+                   err ? strerror(err) : "no reason given");
+}
+#endif
+
 static dt_result dt__fit_check(const dt_fit_desc *d) {
   const char *fn = "dt_fit";
   if (!d->train_step) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: train_step is NULL", fn);
@@ -521,6 +563,14 @@ static dt_result dt__fit_check(const dt_fit_desc *d) {
   if (d->csv_path || d->svg_path || d->checkpoint_path || d->best_path ||
       d->progress == DTRAIN_FIT_PROGRESS_BAR || d->progress == DTRAIN_FIT_PROGRESS_LINES)
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: built with DTRAIN_NO_STDIO: no progress output or files", fn);
+#else
+  /* Every output path before the first step (see dt__fit_probe_dir). */
+  const char *what[4] = {"csv_path", "svg_path", "checkpoint_path", "best_path"};
+  const char *path[4] = {d->csv_path, d->svg_path, d->checkpoint_path, d->best_path};
+  for (int i = 0; i < 4; i++) {
+    dt_result r = path[i] ? dt__fit_probe_dir(what[i], path[i]) : DTRAIN_OK;
+    if (r != DTRAIN_OK) return r;
+  }
 #endif
   return DTRAIN_OK;
 }

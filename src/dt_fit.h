@@ -135,7 +135,8 @@ typedef struct dt_fit_options {
   double min_delta;           /* [0] */
   dt_fit_monitor monitor;     /* [AUTO] */
   int restore_best;           /* at the end put back the parameters of the best epoch (needs params) */
-  /* Output. */
+  /* Output. Every path below is checked before the first step: its directory
+   * must exist and take a new file, else dt_fit returns DTRAIN_ERR_IO naming it. */
   dt_fit_progress progress;   /* [AUTO] */
   FILE *out;                  /* progress stream [stdout] */
   int64_t log_every;          /* plain-line mode: also a line every N batches [0: per epoch only] */

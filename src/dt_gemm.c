@@ -742,6 +742,13 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                          float beta, float *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
+  /* A and B are read only when k > 0 (and alpha != 0 for this kernel; BLAS
+   * may still read them): refuse NULL ones, as a C that is NULL, before any
+   * work. void: the reason goes to dt_last_error(). */
+  if (!c || (k > 0 && (!a || !b))) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_sgemm: %s is NULL", !c ? "C" : !a ? "A" : "B");
+    return;
+  }
 #ifdef DTRAIN_USE_CBLAS
   /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
    * (not reachable with the arena's limits) fall through to the C kernel. */

@@ -93,12 +93,14 @@ DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index) {
 }
 
 DTRAIN_API float *dt_graph_param_data(dt_graph *g) {
+  if (!g) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_param_data: graph is NULL");
   if (!g || !g->params) return NULL;
   if (!g->bound_own) return g->bound_data;
   return g->device ? g->dparam_data : dt_params_data(g->params);
 }
 
 DTRAIN_API float *dt_graph_param_grad(dt_graph *g) {
+  if (!g) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_param_grad: graph is NULL");
   if (!g || !g->params) return NULL;
   if (!g->bound_own) return g->bound_grad;
   return g->device ? g->dparam_grad : dt_params_grad(g->params);

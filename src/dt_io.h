@@ -122,14 +122,16 @@ typedef struct dt_checkpoint_entry {
  * model). NULL on error (dt_last_error()/dt_last_result()). */
 DTRAIN_API dt_checkpoint *dt_checkpoint_open(const char *path);
 DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c);
-/* Tensors, in the order of their data in the file. */
+/* Tensors, in the order of their data in the file. Counts and sizes of a
+ * NULL c are 0; dt_checkpoint_find and dt_checkpoint_meta of a NULL c or
+ * name return DTRAIN_ERR_NULL_ARG / NULL with dt_last_error() set. */
 DTRAIN_API int dt_checkpoint_count(const dt_checkpoint *c);
 DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, dt_checkpoint_entry *out);
 /* Index of the tensor named `name`, or DTRAIN_ERR_NOT_FOUND. */
 DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name);
 /* Copy tensor `index` (dtype F32, exactly n elements) into dst, in host order. */
 DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n);
-/* Metadata entries, in file order. */
+/* Metadata entries, in file order; key or value may be NULL (not wanted). */
 DTRAIN_API int dt_checkpoint_meta_count(const dt_checkpoint *c);
 DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, const char **key, const char **value);
 /* Value of metadata `key`, or NULL when absent. */

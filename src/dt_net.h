@@ -139,7 +139,8 @@ typedef struct dt_net_options {
 
 DTRAIN_API dt_net_options dt_net_defaults(void);
 
-/* A hash of the parameters' names, shapes and order (not values), for
+/* A hash of the parameters' names, shapes and order (not values; a NULL p
+ * hashes as an empty model), for
  * dt_net_options.model_hash: processes that built different models refuse
  * to train together. */
 DTRAIN_API uint64_t dt_params_hash(const dt_params *p);

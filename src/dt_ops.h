@@ -115,7 +115,9 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 
 /* ---- GEMM ----------------------------------------------------------------------
  * C = alpha * op(A) @ op(B) + beta * C, row-major; op(X) = X or X^T. The
- * kernel under every matmul, exposed for users and benchmarks. */
+ * kernel under every matmul, exposed for users and benchmarks. m or n <= 0:
+ * nothing to do. A NULL C (or A or B with k > 0) does nothing and sets
+ * DTRAIN_ERR_NULL_ARG in dt_last_error(). */
 DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                          float beta, float *c, int64_t ldc);

@@ -666,17 +666,24 @@ DTRAIN_API void dt_optim_set_steps(dt_optim *o, int64_t steps) {
 }
 
 DTRAIN_API float dt_optim_lr(const dt_optim *o) {
+  if (!o) dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_lr: optimizer is NULL");
   return o ? dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps) : 0.0f;
 }
 
-DTRAIN_API const dt_optim_options *dt_optim_get_options(const dt_optim *o) { return o ? &o->desc : NULL; }
+DTRAIN_API const dt_optim_options *dt_optim_get_options(const dt_optim *o) {
+  if (!o) dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_get_options: optimizer is NULL");
+  return o ? &o->desc : NULL;
+}
 /* Deprecated name, removed in the next release. */
 DTRAIN_API const dt_optim_options *dt_optim_get_desc(const dt_optim *o) { return dt_optim_get_options(o); }
 
 DTRAIN_API int dt_optim_state_slots(const dt_optim *o) { return o ? o->nslots : 0; }
 
 DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
-  if (!o) return NULL;
+  if (!o) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_state: optimizer is NULL");
+    return NULL;
+  }
   if (slot < 0 || slot >= o->nslots) {
     dt__error(DTRAIN_ERR_INDEX, "dt_optim_state: slot %d out of range (%d slots)", slot, o->nslots);
     return NULL;

@@ -37,7 +37,7 @@ typedef struct dt_schedule {
   float min_lr;         /* COSINE */
 } dt_schedule;
 
-/* Learning rate at `step` (0-based) for base rate lr. */
+/* Learning rate at `step` (0-based) for base rate lr (lr itself when s is NULL). */
 DTRAIN_API float dt_schedule_lr(const dt_schedule *s, float lr, int64_t step);
 
 /* Zero fields take the defaults in brackets. */
@@ -79,7 +79,11 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
  * state loaded from a checkpoint carries over). SGD, Adam, AdamW, RMSprop
  * and clip_norm all run on a device. Clips (if set), updates, advances. */
 DTRAIN_API dt_result dt_optim_step_graph(dt_optim *o, dt_graph *g);
-/* Advance the step counter (after every range of a step was updated). */
+/* Advance the step counter (after every range of a step was updated). With
+ * o NULL, advance and set_steps do nothing and steps/state_slots return 0
+ * (the library calls them where a strategy has no optimizer of its own);
+ * dt_optim_lr returns 0 and dt_optim_state/get_options NULL, with
+ * DTRAIN_ERR_NULL_ARG in dt_last_error(). */
 DTRAIN_API void dt_optim_advance(dt_optim *o);
 
 DTRAIN_API int64_t dt_optim_steps(const dt_optim *o);

@@ -183,8 +183,14 @@ DTRAIN_API size_t dt_params_trainable_size(const dt_params *p) {
     if (p->items[i].trainable) n += p->items[i].size;
   return n;
 }
-DTRAIN_API float *dt_params_data(dt_params *p) { return p ? p->data : NULL; }
-DTRAIN_API float *dt_params_grad(dt_params *p) { return p ? p->grad : NULL; }
+/* A NULL p: NULL, with the reason in dt_last_error() (as every getter here). */
+static void *dt__params_null(const char *fn) {
+  dt__error(DTRAIN_ERR_NULL_ARG, "%s: params is NULL", fn);
+  return NULL;
+}
+
+DTRAIN_API float *dt_params_data(dt_params *p) { return p ? p->data : (float *)dt__params_null("dt_params_data"); }
+DTRAIN_API float *dt_params_grad(dt_params *p) { return p ? p->grad : (float *)dt__params_null("dt_params_grad"); }
 
 DTRAIN_API dt_result dt_params_info(const dt_params *p, int index, dt_param_info *out) {
   if (!p || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_info: NULL argument");
@@ -223,7 +229,7 @@ DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin
 }
 
 DTRAIN_API int dt_params_find(const dt_params *p, const char *name) {
-  if (!p || !name) return DTRAIN_ERR_NULL_ARG;
+  if (!p || !name) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_find: %s is NULL", p ? "name" : "params");
   for (int i = 0; i < p->count; i++)
     if (strcmp(p->items[i].name, name) == 0) return i;
   return DTRAIN_ERR_NOT_FOUND;
@@ -238,11 +244,15 @@ DTRAIN_API dt_result dt_params_set_decay(dt_params *p, int index, int decay) {
 }
 
 DTRAIN_API void dt_params_zero_grad(dt_params *p) {
+  if (!p) dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_zero_grad: params is NULL");
   if (p && p->grad) memset(p->grad, 0, p->size * sizeof(float));
 }
 
 DTRAIN_API void dt_params_scale_grad(dt_params *p, float s) {
-  if (!p) return;
+  if (!p) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_scale_grad: params is NULL");
+    return;
+  }
   for (size_t i = 0; i < p->size; i++) p->grad[i] *= s;
 }
 
@@ -306,7 +316,7 @@ DTRAIN_API uint64_t dt_params_hash(const dt_params *p) {
   return h;
 }
 
-DTRAIN_API dt_rng *dt_params_rng(dt_params *p) { return p ? &p->rng : NULL; }
+DTRAIN_API dt_rng *dt_params_rng(dt_params *p) { return p ? &p->rng : (dt_rng *)dt__params_null("dt_params_rng"); }
 
 DTRAIN_API double dt_l2_norm(const float *x, size_t n) {
   double s = 0.0;

@@ -68,6 +68,9 @@ DTRAIN_API int dt_params_add(dt_params *p, const char *name, int ndim, const int
 /* Add a non-trainable buffer (no gradient, never touched by optimizers). */
 DTRAIN_API int dt_params_add_buffer(dt_params *p, const char *name, int ndim, const int64_t *shape, dt_init init);
 
+/* Counts and sizes of a NULL p are 0; its checksum and layout hash those of
+ * an empty set. The pointer getters return NULL with dt_last_error() set;
+ * zero_grad and scale_grad on NULL do nothing and set it too. */
 DTRAIN_API int dt_params_count(const dt_params *p);
 DTRAIN_API size_t dt_params_size(const dt_params *p);       /* floats in the flat buffers */
 DTRAIN_API size_t dt_params_trainable_size(const dt_params *p);
@@ -89,7 +92,7 @@ DTRAIN_API uint64_t dt_params_layout_hash(const dt_params *p);
 /* The params' RNG (used by initializers); for checkpointing its state. */
 DTRAIN_API dt_rng *dt_params_rng(dt_params *p);
 
-/* Global L2 norm of n floats (accumulated in double). */
+/* Global L2 norm of n floats (accumulated in double); 0 when x is NULL. */
 DTRAIN_API double dt_l2_norm(const float *x, size_t n);
 
 DTRAIN_EXTERN_C_END

@@ -23,7 +23,16 @@ DTRAIN_API void dt_rng_seed(dt_rng *r, uint64_t seed) {
 
 static uint64_t dt__rng_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
+/* A NULL generator draws nothing: 0 (NaN for the float draws), with the
+ * reason in dt_last_error(). The branch is never taken in a correct program
+ * and costs nothing measurable next to the draw. */
+static uint64_t dt__rng_null(const char *fn) {
+  dt__error(DTRAIN_ERR_NULL_ARG, "%s: rng is NULL", fn);
+  return 0;
+}
+
 DTRAIN_API uint64_t dt_rng_u64(dt_rng *r) {
+  if (!r) return dt__rng_null("dt_rng_u64");
   uint64_t *s = r->s;
   uint64_t result = dt__rng_rotl(s[1] * 5, 7) * 9;
   uint64_t t = s[1] << 17;
@@ -37,6 +46,7 @@ DTRAIN_API uint64_t dt_rng_u64(dt_rng *r) {
 }
 
 DTRAIN_API uint64_t dt_rng_below(dt_rng *r, uint64_t n) {
+  if (!r) return dt__rng_null("dt_rng_below");
   if (n <= 1) return 0;
   /* Rejection: accept draws below the largest multiple of n. */
   uint64_t limit = UINT64_MAX - UINT64_MAX % n;
@@ -46,10 +56,18 @@ DTRAIN_API uint64_t dt_rng_below(dt_rng *r, uint64_t n) {
 }
 
 DTRAIN_API float dt_rng_uniform(dt_rng *r) {
+  if (!r) {
+    dt__rng_null("dt_rng_uniform");
+    return NAN;
+  }
   return (float)(dt_rng_u64(r) >> 40) * (1.0f / 16777216.0f);
 }
 
 DTRAIN_API float dt_rng_normal(dt_rng *r) {
+  if (!r) {
+    dt__rng_null("dt_rng_normal");
+    return NAN;
+  }
   /* Box-Muller; u1 in (0,1] so log is finite. One value per call keeps the
    * stream position simple to reason about (and to checkpoint). */
   double u1 = ((double)(dt_rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
@@ -58,7 +76,10 @@ DTRAIN_API float dt_rng_normal(dt_rng *r) {
 }
 
 DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
-  if (!r || !idx) return;
+  if (!r || (!idx && n > 1)) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_rng_shuffle: %s is NULL", r ? "idx" : "rng");
+    return;
+  }
   for (int64_t i = n - 1; i > 0; i--) {
     int64_t j = (int64_t)dt_rng_below(r, (uint64_t)i + 1);
     int32_t t = idx[i];

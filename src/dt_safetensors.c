@@ -457,7 +457,7 @@ DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, d
 }
 
 DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
-  if (!c || !name) return DTRAIN_ERR_NULL_ARG;
+  if (!c || !name) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_find: %s is NULL", c ? "name" : "checkpoint");
   int i = dt__io_find(c, name);
   return i >= 0 ? i : DTRAIN_ERR_NOT_FOUND;
 }
@@ -490,6 +490,7 @@ DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, co
 }
 
 DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
+  if (!c || !key) dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_meta: %s is NULL", c ? "key" : "checkpoint");
   return (c && key) ? dt__io_meta_get(c, key) : NULL;
 }
 
@@ -519,7 +520,7 @@ DTRAIN_API dt_result dt_checkpoint_entry_at(const dt_checkpoint *c, int index, d
 }
 DTRAIN_API int dt_checkpoint_find(const dt_checkpoint *c, const char *name) {
   (void)c; (void)name;
-  return DTRAIN_ERR_UNSUPPORTED;
+  return dt__safetensors_unsupported("dt_checkpoint_find");
 }
 DTRAIN_API dt_result dt_checkpoint_read_f32(const dt_checkpoint *c, int index, float *dst, size_t n) {
   (void)c; (void)index; (void)dst; (void)n;
@@ -532,6 +533,7 @@ DTRAIN_API dt_result dt_checkpoint_meta_at(const dt_checkpoint *c, int index, co
 }
 DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *key) {
   (void)c; (void)key;
+  dt__safetensors_unsupported("dt_checkpoint_meta");
   return NULL;
 }
 DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { (void)c; return 0; }

@@ -390,17 +390,24 @@ DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s) {
 }
 
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s) { return s ? s->n : 0; }
-DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s) { return s ? &s->desc : NULL; }
+DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s) {
+  if (!s) dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_get_options: strategy is NULL");
+  return s ? &s->desc : NULL;
+}
 /* Deprecated name, removed in the next release. */
 DTRAIN_API const dt_strategy_options *dt_strategy_get_desc(const dt_strategy *s) { return dt_strategy_get_options(s); }
 
 DTRAIN_API dt_device *dt_strategy_device(const dt_strategy *s, int replica) {
+  if (!s) dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_device: strategy is NULL");
   if (!s || !s->dev || replica < 0 || replica >= s->n) return NULL;
   return s->desc.devices[replica];
 }
 
 DTRAIN_API dt_graph *dt_strategy_graph(dt_strategy *s, int replica) {
-  if (!s) return NULL;
+  if (!s) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_strategy_graph: strategy is NULL");
+    return NULL;
+  }
   if (replica < 0 || replica >= s->n) {
     dt__error(DTRAIN_ERR_INDEX, "dt_strategy_graph: replica %d outside [0, %d)", replica, s->n);
     return NULL;

@@ -332,7 +332,8 @@ DTRAIN_API dt_strategy_options dt_strategy_mirrored(int replicas);
 DTRAIN_API dt_strategy_options dt_strategy_central_storage(int replicas);
 DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness);
 /* Across processes: comm has one rank per process (borrowed), `replicas`
- * threads in each (0: the number of CPUs). */
+ * threads in each (0: the number of CPUs). A NULL comm (or store, below) is
+ * kept in the options and refused by dt_strategy_create. */
 DTRAIN_API dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm *comm, int replicas);
 /* Parameter-server training (dt_net.h): the store from dt_pstore_create_tcp
  * (borrowed: destroy it after the strategy; call dt_pstore_leave when this
@@ -400,6 +401,7 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
  * values go to every process and replica. */
 DTRAIN_API dt_result dt_strategy_sync(dt_strategy *s);
 
+/* 0 for a NULL s; the getters below return NULL for it, with dt_last_error() set. */
 DTRAIN_API int dt_strategy_replicas(const dt_strategy *s);
 DTRAIN_API const dt_strategy_options *dt_strategy_get_options(const dt_strategy *s);
 DTRAIN_API DTRAIN_DEPRECATED("renamed dt_strategy_get_options")
@@ -444,7 +446,7 @@ typedef struct dt_strategy_stats {
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);
 DTRAIN_API dt_result dt_strategy_replica_stats(const dt_strategy *s, int replica, dt_replica_stats *out);
-DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s);
+DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s); /* NULL: does nothing */
 
 /* ---- the parameter store -----------------------------------------------------------
  * What async replicas (workers) train against: pull the parameters, push an
@@ -501,6 +503,8 @@ DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, fl
                                     dt_pstore_ticket *tk);
 DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
                                     dt_pstore_ticket *tk);
+/* leave and abort on a NULL ps do nothing (cleanup paths call them); the
+ * version of a NULL ps is 0. */
 DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker);
 DTRAIN_API void dt_pstore_abort(dt_pstore *ps);
 DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps);

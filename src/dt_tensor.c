@@ -126,7 +126,10 @@ DTRAIN_API void dt_graph_destroy(dt_graph *g) {
 }
 
 DTRAIN_API void dt_graph_reset(dt_graph *g) {
-  if (!g) return;
+  if (!g) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_reset: graph is NULL");
+    return;
+  }
   if (g->chunks && g->chunks->next) {
     /* Several blocks: replace them by one that holds the whole step, so that
      * the next step of the same size allocates nothing. If that allocation
@@ -161,21 +164,30 @@ DTRAIN_API dt_result dt_graph_bind(dt_graph *g, float *data, float *grad) {
   return DTRAIN_OK;
 }
 
-DTRAIN_API void dt_graph_set_training(dt_graph *g, int training) { if (g) g->training = training != 0; }
+DTRAIN_API void dt_graph_set_training(dt_graph *g, int training) {
+  if (!g) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_set_training: graph is NULL");
+  else g->training = training != 0;
+}
 DTRAIN_API int dt_graph_training(const dt_graph *g) { return g ? g->training : 0; }
 
 DTRAIN_API int dt_graph_set_grad_enabled(dt_graph *g, int enabled) {
-  if (!g) return 0;
+  if (!g) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_set_grad_enabled: graph is NULL");
+    return 0;
+  }
   int old = g->grad_enabled;
   g->grad_enabled = enabled != 0;
   return old;
 }
 
-DTRAIN_API dt_result dt_graph_error(const dt_graph *g) { return g ? g->err : DTRAIN_ERR_NULL_ARG; }
+DTRAIN_API dt_result dt_graph_error(const dt_graph *g) {
+  return g ? g->err : dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_error: graph is NULL");
+}
 DTRAIN_API const char *dt_graph_message(const dt_graph *g) { return g ? g->msg : "graph is NULL"; }
 
 DTRAIN_API void dt_graph_fail(dt_graph *g, dt_result code, const char *msg) {
-  if (g) dt__fail(g, code == DTRAIN_OK ? DTRAIN_ERR_INVALID_ARG : code, "%s", msg ? msg : "user error");
+  if (!g) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_fail: graph is NULL (%s)", msg ? msg : "user error");
+  else dt__fail(g, code == DTRAIN_OK ? DTRAIN_ERR_INVALID_ARG : code, "%s", msg ? msg : "user error");
 }
 
 DTRAIN_API size_t dt_graph_bytes_used(const dt_graph *g) { return g ? g->used : 0; }
@@ -183,10 +195,12 @@ DTRAIN_API size_t dt_graph_bytes_peak(const dt_graph *g) { return g ? g->peak : 
 DTRAIN_API size_t dt_graph_bytes_reserved(const dt_graph *g) { return g ? g->reserved : 0; }
 
 DTRAIN_API void dt_graph_rng_state(const dt_graph *g, uint64_t out[4]) {
-  if (g && out) memcpy(out, g->rng.s, sizeof g->rng.s);
+  if (!g || !out) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_rng_state: %s is NULL", g ? "out" : "graph");
+  else memcpy(out, g->rng.s, sizeof g->rng.s);
 }
 DTRAIN_API void dt_graph_set_rng_state(dt_graph *g, const uint64_t s[4]) {
-  if (g && s) memcpy(g->rng.s, s, sizeof g->rng.s);
+  if (!g || !s) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_set_rng_state: %s is NULL", g ? "state" : "graph");
+  else memcpy(g->rng.s, s, sizeof g->rng.s);
 }
 
 /* ---- errors and op plumbing --------------------------------------------------------- */
@@ -441,6 +455,7 @@ DTRAIN_API dt_tensor *dt_scalar(dt_graph *g, float value) {
 }
 
 DTRAIN_API void dt_tensor_set_requires_grad(dt_tensor *t, int on) {
+  if (!t) dt__error(DTRAIN_ERR_NULL_ARG, "dt_tensor_set_requires_grad: tensor is NULL");
   if (!t || (t->flags & DTRAIN_TENSOR_PARAM)) return;
   if (on) t->flags |= DTRAIN_TENSOR_REQUIRES_GRAD;
   else t->flags &= ~DTRAIN_TENSOR_REQUIRES_GRAD;
@@ -456,7 +471,11 @@ DTRAIN_API dt_tensor *dt_detach(dt_graph *g, dt_tensor *t) {
 }
 
 DTRAIN_API float dt_item(const dt_tensor *t) {
-  if (!t || t->size != 1) return NAN;
+  if (!t) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_item: tensor is NULL");
+    return NAN;
+  }
+  if (t->size != 1) return NAN;
   if (t->graph && t->graph->device) {
     float v;
     dt_device *d = t->graph->device;
@@ -684,7 +703,10 @@ DTRAIN_PRIVATE dt_result dt__dev_graph_check(dt_graph *g) {
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_device *dt_graph_device(const dt_graph *g) { return g ? g->device : NULL; }
+DTRAIN_API dt_device *dt_graph_device(const dt_graph *g) {
+  if (!g) dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_device: graph is NULL");
+  return g ? g->device : NULL;
+}
 
 static dt_result dt__device_to_host(const dt_tensor *t, const float *src, float *dst, const char *fn) {
   if (!t || !dst) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: NULL argument", fn);

@@ -85,7 +85,9 @@ DTRAIN_API void dt_graph_reset(dt_graph *g);
  * NULL data restores the params' own buffers. */
 DTRAIN_API dt_result dt_graph_bind(dt_graph *g, float *data, float *grad);
 
-/* Training mode (default on) switches dropout and batch-norm behaviour. */
+/* Training mode (default on) switches dropout and batch-norm behaviour.
+ * A NULL graph: set_training does nothing (DTRAIN_ERR_NULL_ARG in
+ * dt_last_error()), dt_graph_training returns 0. */
 DTRAIN_API void dt_graph_set_training(dt_graph *g, int training);
 DTRAIN_API int dt_graph_training(const dt_graph *g);
 
@@ -100,7 +102,7 @@ DTRAIN_API const char *dt_graph_message(const dt_graph *g);
 /* Record an error on the graph from user code (keeps the first). */
 DTRAIN_API void dt_graph_fail(dt_graph *g, dt_result code, const char *msg);
 
-/* Arena bytes in use now, the most used in any step, and reserved. */
+/* Arena bytes in use now, the most used in any step, and reserved (0 for a NULL graph). */
 DTRAIN_API size_t dt_graph_bytes_used(const dt_graph *g);
 DTRAIN_API size_t dt_graph_bytes_peak(const dt_graph *g);
 DTRAIN_API size_t dt_graph_bytes_reserved(const dt_graph *g);
@@ -132,11 +134,11 @@ DTRAIN_API dt_tensor *dt_detach(dt_graph *g, dt_tensor *t);
 /* View of parameter `index` of the bound params (see dt_params_add). */
 DTRAIN_API dt_tensor *dt_param(dt_graph *g, int index);
 
-/* Scalar value of a 1-element tensor (NaN if t is NULL or not 1 element). */
+/* Scalar value of a 1-element tensor (NaN if t is NULL, with dt_last_error() set, or not 1 element). */
 DTRAIN_API float dt_item(const dt_tensor *t);
 /* Shape as text into buf, e.g. "[64,10]"; returns buf. */
 DTRAIN_API const char *dt_shape_str(const dt_tensor *t, char *buf, size_t cap);
-/* Same shape? */
+/* Same shape? 0 when either is NULL. */
 DTRAIN_API int dt_same_shape(const dt_tensor *a, const dt_tensor *b);
 
 /* ---- autograd ----------------------------------------------------------------

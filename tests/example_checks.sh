@@ -35,6 +35,17 @@ check "fmnist-central-storage-equals-mirrored" sh -c "$E $common --epochs 1 --li
 check "fmnist-async-runs" sh -c "$E $common --epochs 1 --limit 2048 --strategy async --replicas 2 --max-staleness 2 > $T/as.json && grep -q '\"strategy\":\"async\"' $T/as.json"
 check "fmnist-bad-strategy" sh -c "! $E --strategy nope > $T/bad5.txt 2>&1 && grep -q 'error:' $T/bad5.txt"
 check "fmnist-bad-flag" sh -c "! $E --model rnn > $T/bad.txt 2>&1 && grep -q 'mlp or cnn' $T/bad.txt"
+# Output paths are checked at start, before any data loads (issue 17): a
+# --checkpoint-dir, --checkpoint, --csv or --svg in a missing directory fails
+# within 2 s (timeout would say 124), exit 2, naming the flag and the path.
+check "fmnist-missing-checkpoint-dir-first" sh -c "timeout 2 $E --checkpoint-dir $T/no_such_dir --data /nonexistent > $T/od1.txt 2>&1; test \$? = 2 && grep -q \"^error: --checkpoint-dir $T/no_such_dir: cannot create a file in directory\" $T/od1.txt && ! grep -q nonexistent $T/od1.txt"
+check "fmnist-missing-output-dirs-first" sh -c "for f in --checkpoint --csv --svg; do timeout 2 $E \$f $T/no_such_dir/out --data /nonexistent > $T/od2.txt 2>&1; test \$? = 2 && grep -q \"^error: \$f $T/no_such_dir/out: \" $T/od2.txt && ! grep -q nonexistent $T/od2.txt || exit 1; done"
+for ex in 06_parameter_server:--checkpoint-dir:no_such_dir 05_multi_worker:--checkpoint:no_such_dir/ck 03_char_model:--checkpoint:no_such_dir/ck; do
+  bin=$BUILD/examples/${ex%%:*}; rest=${ex#*:}; flag=${rest%%:*}; arg=$T/${rest#*:}
+  if [ -x "$bin" ]; then
+    check "${ex%%:*}-missing-output-first" sh -c "timeout 2 $bin $flag $arg > $T/od3.txt 2>&1; test \$? = 2 && grep -q \"^error: $flag $arg: cannot create a file\" $T/od3.txt"
+  else skip "${ex%%:*}-missing-output-first: $bin not built"; fi
+done
 check "fmnist-bad-data-dir" sh -c "! $E --data /nonexistent > $T/bad2.txt 2>&1 && grep -q 'error:' $T/bad2.txt && grep -q '/nonexistent' $T/bad2.txt"
 check "fmnist-corrupt-checkpoint" sh -c "head -c 100 $T/ck.safetensors > $T/bad.safetensors && ! $E $common --epochs 2 --resume $T/bad.safetensors > $T/bad3.txt 2>&1 && grep -q 'error:' $T/bad3.txt"
 check "fmnist-cnn-checkpoint-into-mlp" sh -c "$E $common --model cnn --epochs 1 --limit 256 --checkpoint $T/cnn.safetensors > /dev/null && ! $E $common --epochs 2 --resume $T/cnn.safetensors > $T/bad4.txt 2>&1 && grep -qi 'mismatch\|does not match\|missing\|unknown' $T/bad4.txt"

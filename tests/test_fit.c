@@ -391,6 +391,81 @@ static void test_bad_desc(void) {
   CHECK_ERR(dt_fit_write_svg(NULL, NULL, 0, NULL), DTRAIN_ERR_NULL_ARG, "NULL");
 }
 
+/* ---- output paths are checked before the first step (issue 17) ---------------------------- */
+static int64_t outputs_steps;
+static dt_result outputs_step(dt_fit_batch *b, void *user) {
+  (void)user;
+  outputs_steps++;
+  b->loss = 1.0;
+  return DTRAIN_OK;
+}
+
+static void test_outputs_checked_first(void) {
+  const int64_t shape[1] = {2};
+  dt_params *P = dt_params_create(1);
+  CHECK(P && dt_params_add(P, "w", 1, shape, dt_init_zeros()) == 0);
+  if (!P) return;
+  const char *what[4] = {"csv_path", "svg_path", "checkpoint_path", "best_path"};
+  char bad[512], dir[400], ro[512];
+  path_of(bad, sizeof bad, "no_such_dir/out.file");
+  for (int i = 0; i < 4; i++) {
+    dt_fit_options d;
+    memset(&d, 0, sizeof d);
+    d.epochs = 2;
+    d.steps_per_epoch = 3;
+    d.train_step = outputs_step;
+    d.params = P;
+    d.progress = DTRAIN_FIT_PROGRESS_QUIET;
+    const char **slot = i == 0 ? &d.csv_path : i == 1 ? &d.svg_path : i == 2 ? &d.checkpoint_path : &d.best_path;
+    *slot = bad;
+    outputs_steps = 0;
+    double t0 = dt_time_now();
+    CHECK_ERR(dt_fit(&d, NULL), DTRAIN_ERR_IO, "no_such_dir/out.file");
+    CHECK_MSG(strstr(dt_last_error(), what[i]) != NULL, "%s: %s", what[i], dt_last_error());
+    CHECK_MSG(outputs_steps == 0, "%s: %lld steps ran before the bad path was found", what[i], (long long)outputs_steps);
+    CHECK(dt_time_now() - t0 < 2.0);
+  }
+  /* A directory that exists but takes no new file (unless we are root). */
+  path_of(dir, sizeof dir, "read_only");
+  CHECK(mkdir(dir, 0555) == 0);
+  snprintf(ro, sizeof ro, "%s/metrics.csv", dir);
+  FILE *f = fopen(ro, "w");
+  if (f) {
+    fclose(f);
+    remove(ro);
+    th_skip("a read-only directory is writable here (root)");
+  } else {
+    dt_fit_options d;
+    memset(&d, 0, sizeof d);
+    d.steps_per_epoch = 3;
+    d.train_step = outputs_step;
+    d.progress = DTRAIN_FIT_PROGRESS_QUIET;
+    d.csv_path = ro;
+    outputs_steps = 0;
+    CHECK_ERR(dt_fit(&d, NULL), DTRAIN_ERR_IO, "read_only");
+    CHECK(outputs_steps == 0);
+  }
+  chmod(dir, 0755);
+  /* Good paths still train, and the probe leaves nothing behind. */
+  {
+    dt_fit_options d;
+    memset(&d, 0, sizeof d);
+    d.steps_per_epoch = 3;
+    d.train_step = outputs_step;
+    d.progress = DTRAIN_FIT_PROGRESS_QUIET;
+    char csv[512];
+    snprintf(csv, sizeof csv, "%s/ok.csv", dir);
+    d.csv_path = csv;
+    outputs_steps = 0;
+    CHECK(dt_fit(&d, NULL) == DTRAIN_OK);
+    CHECK(outputs_steps == 3);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "test \"$(ls -A '%s')\" = ok.csv", dir);
+    CHECK_MSG(system(cmd) == 0, "the directory holds more than ok.csv");
+  }
+  dt_params_destroy(P);
+}
+
 /* ---- CSV ------------------------------------------------------------------------------------ */
 static void test_csv(void) {
   char p[512];
@@ -790,6 +865,7 @@ int main(void) {
   TH_RUN(test_early_stopping);
   TH_RUN(test_callbacks);
   TH_RUN(test_bad_desc);
+  TH_RUN(test_outputs_checked_first);
   TH_RUN(test_csv);
   TH_RUN(test_svg);
   TH_RUN(test_progress);
