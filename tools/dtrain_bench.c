@@ -125,7 +125,12 @@ static int bench_rank(dt_comm *c, int rank, const bench_cfg *cfg) {
     printf("#%12s %12s %6s %10s %8s %8s %7s\n", "(B)", "(elements)", "", "(us)", "(GB/s)", "(GB/s)", "");
     if (cfg->csv) {
       csv = fopen(cfg->csv, "w");
-      if (csv) fprintf(csv, "backend,op,ranks,bytes,count,time_us,algbw_gbs,busbw_gbs,wrong\n");
+      if (!csv) {
+        fprintf(stderr, "dtrain-bench: --csv %s: %s\n", cfg->csv, strerror(errno));
+        free(buf);
+        return 1;
+      }
+      fprintf(csv, "backend,op,ranks,bytes,count,time_us,algbw_gbs,busbw_gbs,wrong\n");
     }
   }
   for (size_t bytes = cfg->min_bytes; bytes <= cfg->max_bytes;) {
@@ -372,6 +377,14 @@ int main(int argc, char **argv) {
   }
   cfg.min_bytes &= ~(size_t)3;
   cfg.max_bytes &= ~(size_t)3;
+  if (cfg.csv) { /* an output that cannot be written fails now, not after the sweep (append: nothing is lost) */
+    FILE *probe = fopen(cfg.csv, "a");
+    if (!probe) {
+      fprintf(stderr, "dtrain-bench: --csv %s: %s\n", cfg.csv, strerror(errno));
+      return 2;
+    }
+    fclose(probe);
+  }
   if (!strcmp(cfg.backend, "threads")) return run_threads(&cfg);
   if (!strcmp(cfg.backend, "tcp")) return run_tcp(&cfg, &argc, argv);
   if (!strcmp(cfg.backend, "mpi")) return run_mpi(&cfg);
