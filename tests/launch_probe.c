@@ -13,6 +13,9 @@
  *   partial               worker 0 prints a line without its newline, worker 1
  *                         a line on stderr, worker 2 a 10000-byte line
  *   token                 print DTRAIN_TOKEN
+ *   pswork S              servers wait like `wait`; workers print "ready
+ *                         pid=PID", work S seconds (sleep), print "finished"
+ *                         and exit 0 (the script kills some of them meanwhile)
  *
  * "Wait" means: until a signal (reported as "got signal N", then the default
  * action) or 20 s (alarm), so that nothing hangs. With PROBE_DIR set, a
@@ -24,6 +27,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "dtrain.h"
 
+#include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -166,6 +170,15 @@ int main(int argc, char **argv) {
       for (int k = 0; k < 10000; k++) putchar('x');
       putchar('\n');
     }
+  } else if (strcmp(mode, "pswork") == 0 && argc == 3) {
+    if (is_ps) wait_for_signal(c, 0);
+    printf("ready pid=%ld\n", (long)getpid());
+    fflush(stdout);
+    double secs = atof(argv[2]);
+    struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    printf("finished\n");
   } else if (strcmp(mode, "token") == 0) {
     const char *t = getenv("DTRAIN_TOKEN");
     printf("token=%s\n", t ? t : "");

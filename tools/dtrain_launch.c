@@ -24,8 +24,15 @@
  * the others get a grace period to stop on their own (their dtrain calls fail
  * naming the lost rank), then SIGTERM, then SIGKILL; the exit status is the
  * first failure's code (128 + N for signal N). Servers still running a grace
- * period after every worker succeeded are stopped, and the run counts as a
+ * period after every worker ended are stopped, and the run counts as a
  * success.
+ * A parameter-server job (--ps M, M >= 1) is asynchronous: the servers drop a
+ * worker that dies and train on with the others, so a worker's failure is
+ * logged and ends nothing. The job ends when every worker has ended; it
+ * succeeded (exit 0) when at least one worker finished (exit code 0) and no
+ * server failed; when every worker failed, the exit status is the first
+ * worker failure's code. A server's failure (or a signal passed on, or
+ * --timeout) still ends the whole job as above.
  *
  * Plain POSIX C; does not need dtrain.h. Build: cc -std=c11 -O2 tools/dtrain_launch.c -o tools/dtrain-launch
  */
@@ -105,7 +112,9 @@ static void usage(FILE *f) {
           "listening socket), DTRAIN_RANK, DTRAIN_WORLD and DTRAIN_ROLE; its output lines are\n"
           "prefixed with \"[worker I] \" or \"[ps I] \"; stdin is /dev/null. Exit status: 0 when all\n"
           "succeed, else the first failure's exit code (128+N for signal N), 124 on --timeout,\n"
-          "2 for a usage error, 1 when the processes could not be started.\n",
+          "2 for a usage error, 1 when the processes could not be started. With --ps, a worker that\n"
+          "fails is logged and the others go on (the servers drop it): exit 0 when at least one\n"
+          "worker finished and no server failed, else the first failure's code.\n",
           MAX_PROCS, MAX_PROCS);
 }
 
@@ -645,6 +654,8 @@ int main(int argc, char **argv) {
     const double kill_delay = grace < 1 ? 1 : grace > 5 ? 5 : grace;
     double t0 = now_s(), term_at = -1, kill_at = -1, drain_until = -1;
     int failure = -1, forwarded = 0, running = np, workers_left = workers;
+    /* parameter-server jobs: workers that failed (the job goes on) and finished */
+    int ps_job = m > 0, workers_lost = 0, workers_done = 0, lost_code = -1;
     struct pollfd *pf = (struct pollfd *)calloc((size_t)(2 * np + 1), sizeof(struct pollfd));
     stream **owner = (stream **)calloc((size_t)(2 * np + 1), sizeof(stream *));
     proc **owner_p = (proc **)calloc((size_t)(2 * np + 1), sizeof(proc *));
@@ -747,6 +758,7 @@ int main(int argc, char **argv) {
         drain(p, &p->out[1]);
         int code = exit_code_of(st);
         if (!p->ps) workers_left--;
+        if (!p->ps && code == 0) workers_done++;
         if (code != 0) {
           char how[64];
           if (WIFSIGNALED(st))
@@ -754,7 +766,15 @@ int main(int argc, char **argv) {
           else
             snprintf(how, sizeof how, "exited with code %d", code);
           say("%s %s%s", p->name, how, p->stopped_by_us ? " (stopped by dtrain-launch)" : "");
-          if (!p->stopped_by_us && failure < 0) {
+          if (!p->stopped_by_us && failure < 0 && ps_job && !p->ps && !forwarded) {
+            /* Parameter servers train asynchronously and drop a lost worker:
+             * the others and the servers go on (the verdict waits for the
+             * last worker). A signal passed on to everyone is not this. */
+            workers_lost++;
+            if (lost_code < 0) lost_code = code;
+            if (workers_left > 0)
+              say("parameter-server job: going on with %d worker%s", workers_left, workers_left == 1 ? "" : "s");
+          } else if (!p->stopped_by_us && failure < 0) {
             failure = code;
             if (running > 0 && term_at < 0 && kill_at < 0) {
               say("stopping the other processes in %g s (--grace)", grace);
@@ -762,7 +782,19 @@ int main(int argc, char **argv) {
             }
           }
         }
-        if (workers_left == 0 && failure < 0 && running > 0 && term_at < 0 && kill_at < 0)
+        int none_finished = 0;
+        if (workers_left == 0 && failure < 0 && ps_job && !p->ps) {
+          /* the last worker ended: the job's verdict */
+          if (workers_done == 0) {
+            say("parameter-server job failed: none of the %d worker%s finished", workers, workers == 1 ? "" : "s");
+            failure = lost_code;
+            none_finished = 1;
+          } else if (workers_lost > 0) {
+            say("parameter-server job: training finished with %d of %d workers (%d lost)", workers_done, workers,
+                workers_lost);
+          }
+        }
+        if (workers_left == 0 && running > 0 && term_at < 0 && kill_at < 0 && (failure < 0 || none_finished))
           term_at = now_s() + grace; /* only servers remain: give them the grace period */
       }
     }
