@@ -4,7 +4,8 @@
 # and long lines), exit codes and signals of failing processes, the others
 # stopped after a failure (SIGTERM, then SIGKILL), signals passed on,
 # parameter servers stopped after the workers, a parameter-server job going
-# on without a dead worker, --timeout, --token-env, --bind-to, usage.
+# on without a dead worker, workers' listening sockets closed once the world
+# formed, --timeout, --token-env, --bind-to, usage.
 # Prints "launch_checks: N passed, N failed, N skipped".
 BUILD=${BUILD:-build}
 L=${LAUNCH:-tools/dtrain-launch}
@@ -158,6 +159,18 @@ psjob psallkill 2 0 1
 [ "$(rc_of psallkill)" = 137 ] && has psallkill.err 'parameter-server job failed: none of the 2 workers finished' \
   && has psallkill.err '^dtrain-launch: ps 0 killed by signal 15 (stopped by dtrain-launch)$' \
   && ok "--ps: every worker killed, exit 137" || bad "--ps: every worker killed, exit 137" "$T/psallkill.out" "$T/psallkill.err"
+
+# -- once the world has formed, a stranger dialing a worker's port (the launcher's socket) is
+#    refused at once, never left hanging in a backlog nobody accepts from: multi_worker_mirrored
+#    (tcp communicator) and parameter-server workers (which only dial)
+run mwmport -n 3 -- "$P" mwm
+[ "$(rc_of mwmport)" = 0 ] && [ "$(grep -c '^\[worker [012]\] probe worker [012]: refused$' "$T/mwmport.out")" = 9 ] \
+  && [ "$(grep -c 'own listener: closed$' "$T/mwmport.out")" = 3 ] \
+  && ok "mwm: listeners closed once the world formed" || bad "mwm: listeners closed once the world formed" "$T/mwmport.out" "$T/mwmport.err"
+run psport -n 2 --ps 1 -- "$P" psworkers
+[ "$(rc_of psport)" = 0 ] && [ "$(grep -c '^\[worker [01]\] probe worker [01]: refused$' "$T/psport.out")" = 4 ] \
+  && [ "$(grep -c 'own listener: closed$' "$T/psport.out")" = 2 ] \
+  && ok "--ps: workers' listeners closed" || bad "--ps: workers' listeners closed" "$T/psport.out" "$T/psport.err"
 
 # -- --timeout
 run timeout -n 2 --timeout 0.5 -- "$P" wait
