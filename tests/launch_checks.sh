@@ -159,6 +159,13 @@ psjob psallkill 2 0 1
 [ "$(rc_of psallkill)" = 137 ] && has psallkill.err 'parameter-server job failed: none of the 2 workers finished' \
   && has psallkill.err '^dtrain-launch: ps 0 killed by signal 15 (stopped by dtrain-launch)$' \
   && ok "--ps: every worker killed, exit 137" || bad "--ps: every worker killed, exit 137" "$T/psallkill.out" "$T/psallkill.err"
+# a worker stopped (SIGSTOP) for good: the server drops it and ends, and then the launcher
+# stops it too (after --grace) instead of waiting for it forever; the job exits 0
+DTRAIN_TIMEOUT=2 run psstop -n 2 --ps 1 --grace 0.3 -- "$P" psworkers 1
+[ "$(rc_of psstop)" = 0 ] && has psstop.err '^dtrain-launch: worker 1 still running 0.3 s later than every server (it cannot train on); sending SIGTERM$' \
+  && has psstop.err '^dtrain-launch: worker 1 killed by signal 15 (stopped by dtrain-launch)$' \
+  && has psstop.err 'training finished with 1 of 2 workers (1 lost)' \
+  && ok "--ps: a stopped worker is stopped once the servers ended, exit 0" || bad "--ps: a stopped worker is stopped once the servers ended, exit 0" "$T/psstop.out" "$T/psstop.err"
 
 # -- once the world has formed, a stranger dialing a worker's port (the launcher's socket) is
 #    refused at once, never left hanging in a backlog nobody accepts from: multi_worker_mirrored

@@ -25,6 +25,8 @@
  *                         open a store (dt_pstore_create_tcp), then probe the
  *                         workers' ports the same way (PROBE_DIR keeps them
  *                         all up meanwhile) and leave
+ *   psworkers I           the same, but worker I stops itself (SIGSTOP) once its
+ *                         store is open and the others leave without probing
  *
  * "Wait" means: until a signal (reported as "got signal N", then the default
  * action) or 20 s (alarm), so that nothing hangs. With PROBE_DIR set, a
@@ -199,7 +201,7 @@ static int mwm(const dt_cluster *c) {
   return bad;
 }
 
-static int psworkers(const dt_cluster *c) {
+static int psworkers(const dt_cluster *c, int stall) {
   dt_params *P = dt_params_create(1);
   int64_t shape[1] = {8};
   dt_optim_options od;
@@ -220,9 +222,15 @@ static int psworkers(const dt_cluster *c) {
       printf("store: %s\n", dt_last_error());
       bad = 1;
     } else {
-      rendezvous(c, "store");
-      probe_workers(c);
-      rendezvous(c, "probed");
+      if (stall >= 0 && c->index == stall) {
+        printf("stopping myself\n");
+        fflush(stdout);
+        raise(SIGSTOP);
+      } else if (stall < 0) {
+        rendezvous(c, "store");
+        probe_workers(c);
+        rendezvous(c, "probed");
+      }
       dt_pstore_leave(st, c->index);
       dt_pstore_destroy(st);
     }
@@ -307,7 +315,7 @@ int main(int argc, char **argv) {
     }
     printf("finished\n");
   } else if (strcmp(mode, "mwm") == 0 || strcmp(mode, "psworkers") == 0) {
-    int bad = mode[0] == 'm' ? mwm(c) : psworkers(c);
+    int bad = mode[0] == 'm' ? mwm(c) : psworkers(c, argc > 2 ? atoi(argv[2]) : -1);
     dt_cluster_destroy(c);
     return bad;
   } else if (strcmp(mode, "token") == 0) {

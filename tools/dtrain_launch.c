@@ -32,7 +32,10 @@
  * succeeded (exit 0) when at least one worker finished (exit code 0) and no
  * server failed; when every worker failed, the exit status is the first
  * worker failure's code. A server's failure (or a signal passed on, or
- * --timeout) still ends the whole job as above.
+ * --timeout) still ends the whole job as above. Servers end on their own
+ * once every worker has left or was lost, so workers still running a grace
+ * period after the last server ended (stopped with SIGSTOP, hung) cannot
+ * train on: they are stopped too, and count as lost.
  *
  * Plain POSIX C; does not need dtrain.h. Build: cc -std=c11 -O2 tools/dtrain_launch.c -o tools/dtrain-launch
  */
@@ -655,7 +658,8 @@ int main(int argc, char **argv) {
     double t0 = now_s(), term_at = -1, kill_at = -1, drain_until = -1;
     int failure = -1, forwarded = 0, running = np, workers_left = workers;
     /* parameter-server jobs: workers that failed (the job goes on) and finished */
-    int ps_job = m > 0, workers_lost = 0, workers_done = 0, lost_code = -1;
+    int ps_job = m > 0, workers_lost = 0, workers_done = 0, lost_code = -1, servers_left = (int)m;
+    int servers_gone = 0; /* term_at was set because every server had ended */
     struct pollfd *pf = (struct pollfd *)calloc((size_t)(2 * np + 1), sizeof(struct pollfd));
     stream **owner = (stream **)calloc((size_t)(2 * np + 1), sizeof(stream *));
     proc **owner_p = (proc **)calloc((size_t)(2 * np + 1), sizeof(proc *));
@@ -679,7 +683,9 @@ int main(int argc, char **argv) {
       }
       if (term_at >= 0 && t >= term_at) {
         for (k = 0; k < np; k++)
-          if (ps[k].running) say("%s still running %g s later; sending SIGTERM", ps[k].name, grace);
+          if (ps[k].running)
+            say("%s still running %g s later%s; sending SIGTERM", ps[k].name, grace,
+                servers_gone ? " than every server (it cannot train on)" : "");
         signal_all(ps, np, SIGTERM, 1);
         term_at = -1;
         kill_at = t + kill_delay;
@@ -758,6 +764,7 @@ int main(int argc, char **argv) {
         drain(p, &p->out[1]);
         int code = exit_code_of(st);
         if (!p->ps) workers_left--;
+        else servers_left--;
         if (!p->ps && code == 0) workers_done++;
         if (code != 0) {
           char how[64];
@@ -787,15 +794,22 @@ int main(int argc, char **argv) {
           /* the last worker ended: the job's verdict */
           if (workers_done == 0) {
             say("parameter-server job failed: none of the %d worker%s finished", workers, workers == 1 ? "" : "s");
-            failure = lost_code;
+            failure = lost_code >= 0 ? lost_code : 1;
             none_finished = 1;
-          } else if (workers_lost > 0) {
+          } else if (workers_done < workers) {
             say("parameter-server job: training finished with %d of %d workers (%d lost)", workers_done, workers,
-                workers_lost);
+                workers - workers_done);
           }
         }
         if (workers_left == 0 && running > 0 && term_at < 0 && kill_at < 0 && (failure < 0 || none_finished))
           term_at = now_s() + grace; /* only servers remain: give them the grace period */
+        if (ps_job && p->ps && servers_left == 0 && workers_left > 0 && failure < 0 && term_at < 0 && kill_at < 0) {
+          /* The servers ended on their own, so they saw every worker leave or
+           * lost: the workers left (stopped, or hung) cannot train on. They
+           * get the grace period (said only if they outlive it). */
+          servers_gone = 1;
+          term_at = now_s() + grace;
+        }
       }
     }
     free(pf);
