@@ -790,7 +790,7 @@ int main(int argc, char **argv) {
           }
         }
         int none_finished = 0;
-        if (workers_left == 0 && failure < 0 && ps_job && !p->ps) {
+        if (workers_left == 0 && failure < 0 && ps_job && !p->ps && !forwarded) {
           /* the last worker ended: the job's verdict */
           if (workers_done == 0) {
             say("parameter-server job failed: none of the %d worker%s finished", workers, workers == 1 ? "" : "s");
@@ -803,7 +803,8 @@ int main(int argc, char **argv) {
         }
         if (workers_left == 0 && running > 0 && term_at < 0 && kill_at < 0 && (failure < 0 || none_finished))
           term_at = now_s() + grace; /* only servers remain: give them the grace period */
-        if (ps_job && p->ps && servers_left == 0 && workers_left > 0 && failure < 0 && term_at < 0 && kill_at < 0) {
+        if (ps_job && p->ps && servers_left == 0 && workers_left > 0 && failure < 0 && !forwarded && term_at < 0 &&
+            kill_at < 0) {
           /* The servers ended on their own, so they saw every worker leave or
            * lost: the workers left (stopped, or hung) cannot train on. They
            * get the grace period (said only if they outlive it). */
