@@ -657,8 +657,8 @@ int main(int argc, char **argv) {
     const double kill_delay = grace < 1 ? 1 : grace > 5 ? 5 : grace;
     double t0 = now_s(), term_at = -1, kill_at = -1, drain_until = -1;
     int failure = -1, forwarded = 0, running = np, workers_left = workers;
-    /* parameter-server jobs: workers that failed (the job goes on) and finished */
-    int ps_job = m > 0, workers_lost = 0, workers_done = 0, lost_code = -1, servers_left = (int)m;
+    /* parameter-server jobs: workers that finished, the first lost worker's code, servers running */
+    int ps_job = m > 0, workers_done = 0, lost_code = -1, servers_left = (int)m;
     int servers_gone = 0; /* term_at was set because every server had ended */
     struct pollfd *pf = (struct pollfd *)calloc((size_t)(2 * np + 1), sizeof(struct pollfd));
     stream **owner = (stream **)calloc((size_t)(2 * np + 1), sizeof(stream *));
@@ -777,7 +777,6 @@ int main(int argc, char **argv) {
             /* Parameter servers train asynchronously and drop a lost worker:
              * the others and the servers go on (the verdict waits for the
              * last worker). A signal passed on to everyone is not this. */
-            workers_lost++;
             if (lost_code < 0) lost_code = code;
             if (workers_left > 0)
               say("parameter-server job: going on with %d worker%s", workers_left, workers_left == 1 ? "" : "s");
