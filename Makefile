@@ -22,7 +22,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal test-minimal-nothreads test-minimal-nostdio test-minimal-edge all test test-suite suite-bins check-house demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
-.PHONY: bench-strategy bench-net bench-gpu fuzz
+.PHONY: bench-strategy bench-net bench-gpu fuzz soak
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
 
@@ -171,6 +171,12 @@ SUITE_BINS := $(TESTS) $(CUDA_TESTS) $(if $(RUNNER),$(BUILD)/tests/portable_run,
 suite-bins: dtrain.h $(SUITE_BINS)
 test-suite: suite-bins
 	@BUILD=$(BUILD) CC="$(CC)" CXX="$(CXX)" SAN="$(SAN)" RUNNER="$(RUNNER)" SCRIPTS=0 TEST_JOBS="$(TEST_JOBS)" sh tools/run_tests.sh
+
+# The soak test (tests/soak.sh): 3 workers and 2 parameter servers over loopback while a
+# worker is killed and restarted, every port gets silent and random-byte connections and a
+# worker is stopped and continued; minutes (SOAK_SECONDS, at most 600), so not in `make test`.
+soak: tools/dtrain-launch $(BUILD)/examples/06_parameter_server
+	BUILD=$(BUILD) sh tests/soak.sh
 
 # The main demo: Fashion-MNIST for a few epochs (the full set when Debian's
 # dataset-fashion-mnist is installed, else the test split shipped in data/).

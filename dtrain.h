@@ -123,7 +123,8 @@
  *                           (4 MiB; 0: the kernel's autotuning)
  *   DTRAIN_JOB_ID, DTRAIN_LISTEN_FD   set by tools/dtrain-launch: the job every
  *                           peer must belong to, and an already bound listening
- *                           socket handed to the child
+ *                           socket handed to the child (a worker closes it once
+ *                           its world has formed: later dialers are refused)
  *
  * LAYERS (the files of src/, lowest first: a file includes and calls only
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
@@ -2592,7 +2593,9 @@ DTRAIN_API uint64_t dt_params_hash(const dt_params *p);
  *   connect_timeout_s + timeout_s; connections that are not a valid peer
  *   (garbage, another job, a wrong token) are refused, logged and do not
  *   delay the real peers. A socket passed in listen_fd stays the caller's;
- *   one the communicator bound itself is closed once every peer is in.
+ *   one the communicator bound itself, or the launcher's (DTRAIN_LISTEN_FD),
+ *   is closed once every peer is in, so that a later dialer is refused at
+ *   once instead of waiting in a backlog nobody accepts from.
  * - Memory: buffers of max(chunk_bytes, small_bytes) are allocated at
  *   creation; calls allocate nothing. dt_comm_destroy says goodbye (a BYE
  *   frame) to every peer and closes every socket. */
@@ -21921,6 +21924,12 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
 #ifndef DTRAIN_NO_NET
 /* This process's listening socket: options.listen_fd, or bind its own address from the cluster. */
 DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd);
+/* Once this process needs no more connections (its collective mesh is up, or
+ * it is a parameter-server worker, which only dials): close the listening
+ * socket the launcher handed it (DTRAIN_LISTEN_FD), so that later
+ * connections to the port are refused instead of hanging in a backlog nobody
+ * accepts from (dt_comm_tcp_setup.c). A listen_fd the caller passed stays its own. */
+DTRAIN_PRIVATE void dt__net_retire_handed_listener(const dt__net_self *self);
 /* Connector side: connect to (role, index) with retries until connect_timeout,
  * handshake; on success *c is ready. */
 DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, int index, dt__conn *c);
@@ -23141,8 +23150,9 @@ refused:
  * deadline (connect_timeout_s + timeout_s from the start) passes. Anything
  * else that connects -- garbage, a wrong token, another job -- is refused by
  * the handshake (dt__net_admit logs why) and the loop keeps waiting for the
- * real peers. A socket this process bound itself is closed once the mesh is
- * up; one passed in dt_net_options.listen_fd stays the caller's.
+ * real peers. A socket this process bound itself, or the one the launcher
+ * handed over (DTRAIN_LISTEN_FD), is closed once the mesh is up; one the
+ * caller passed in dt_net_options.listen_fd stays the caller's.
  *
  * Every collective call has a sequence number (#1, #2, ... per communicator)
  * and starts with an agreement round: the ranks exchange (op, root, n, seq)
@@ -23986,6 +23996,47 @@ DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void) { return &dt__comm_tcp
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_comm_tcp_core.h" (amalgamated) */
 
+#if !defined(DTRAIN_NO_NET)
+#  include <fcntl.h>
+#  include <sys/socket.h>
+#  include <unistd.h>
+
+/* tools/dtrain-launch binds every process's port and hands the listening
+ * socket over (DTRAIN_LISTEN_FD) for the one world the process joins. Left
+ * open after that world has formed, the kernel would go on completing
+ * connections into its backlog that nobody accepts: a stranger, a scanner or
+ * a restarted peer dialing the port would hang there until its own timeout.
+ * So it is closed here -- by putting a fresh, unbound socket in its place
+ * (dup2), which drops the listener (connections are refused, and the ones
+ * waiting in the backlog are reset) while the descriptor number stays taken:
+ * a later dt_net_defaults() still reads DTRAIN_LISTEN_FD and must not pick up
+ * whatever file would reuse the number (it finds a socket that does not
+ * listen: nothing to accept, and this function leaves it alone). A listen_fd
+ * the caller passed itself, not the environment's, stays the caller's. */
+DTRAIN_PRIVATE void dt__net_retire_handed_listener(const dt__net_self *self) {
+#  ifndef DTRAIN_NO_STDIO
+  int fd = self->opt.listen_fd, listening = 0, stand_in;
+  socklen_t len = sizeof listening;
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  const char *e = getenv("DTRAIN_LISTEN_FD");
+  if (fd < 0 || !e || !*e || atoi(e) != fd) return; /* none, or the caller's own */
+  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) return;
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) return;
+  stand_in = socket(ss.ss_family, SOCK_STREAM, 0);
+  if (stand_in < 0 || dup2(stand_in, fd) < 0) {
+    /* no descriptor to spare: at least stop listening (Linux resets the backlog) */
+    shutdown(fd, SHUT_RDWR);
+  } else {
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  if (stand_in >= 0) close(stand_in);
+#  else
+  (void)self; /* no environment read: a listen_fd is always the caller's */
+#  endif
+}
+#endif /* DTRAIN_NO_NET */
+
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <errno.h>
 #  include <poll.h>
@@ -24248,6 +24299,7 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
     dt__tcp_free(t);
     return NULL;
   }
+  dt__net_retire_handed_listener(&t->self); /* the mesh is up: nobody else may connect */
   for (int j = 0; j < t->comm.world; j++) {
     t->conns[j].spin_s = t->self.opt.spin_us > 0 ? t->self.opt.spin_us * 1e-6 : 0.0;
     dt__net_set_bufs(t->conns[j].fd, t->self.opt.sock_buf_bytes);
@@ -25960,6 +26012,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
     dt__ps_prefix(dt_last_result(), fn, NULL);
     return NULL;
   }
+  dt__net_retire_handed_listener(&self); /* a worker only dials its servers: nobody may connect to it */
   dt__ps_client *C = (dt__ps_client *)dt__calloc(sizeof *C);
   if (!C) {
     dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);

@@ -9,8 +9,9 @@
  * deadline (connect_timeout_s + timeout_s from the start) passes. Anything
  * else that connects -- garbage, a wrong token, another job -- is refused by
  * the handshake (dt__net_admit logs why) and the loop keeps waiting for the
- * real peers. A socket this process bound itself is closed once the mesh is
- * up; one passed in dt_net_options.listen_fd stays the caller's.
+ * real peers. A socket this process bound itself, or the one the launcher
+ * handed over (DTRAIN_LISTEN_FD), is closed once the mesh is up; one the
+ * caller passed in dt_net_options.listen_fd stays the caller's.
  *
  * Every collective call has a sequence number (#1, #2, ... per communicator)
  * and starts with an agreement round: the ranks exchange (op, root, n, seq)

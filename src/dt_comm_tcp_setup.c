@@ -21,6 +21,47 @@
 #include "dt_params_internal.h"
 #include "dt_comm_tcp_core.h"
 
+#if !defined(DTRAIN_NO_NET)
+#  include <fcntl.h>
+#  include <sys/socket.h>
+#  include <unistd.h>
+
+/* tools/dtrain-launch binds every process's port and hands the listening
+ * socket over (DTRAIN_LISTEN_FD) for the one world the process joins. Left
+ * open after that world has formed, the kernel would go on completing
+ * connections into its backlog that nobody accepts: a stranger, a scanner or
+ * a restarted peer dialing the port would hang there until its own timeout.
+ * So it is closed here -- by putting a fresh, unbound socket in its place
+ * (dup2), which drops the listener (connections are refused, and the ones
+ * waiting in the backlog are reset) while the descriptor number stays taken:
+ * a later dt_net_defaults() still reads DTRAIN_LISTEN_FD and must not pick up
+ * whatever file would reuse the number (it finds a socket that does not
+ * listen: nothing to accept, and this function leaves it alone). A listen_fd
+ * the caller passed itself, not the environment's, stays the caller's. */
+DTRAIN_PRIVATE void dt__net_retire_handed_listener(const dt__net_self *self) {
+#  ifndef DTRAIN_NO_STDIO
+  int fd = self->opt.listen_fd, listening = 0, stand_in;
+  socklen_t len = sizeof listening;
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  const char *e = getenv("DTRAIN_LISTEN_FD");
+  if (fd < 0 || !e || !*e || atoi(e) != fd) return; /* none, or the caller's own */
+  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) return;
+  if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) return;
+  stand_in = socket(ss.ss_family, SOCK_STREAM, 0);
+  if (stand_in < 0 || dup2(stand_in, fd) < 0) {
+    /* no descriptor to spare: at least stop listening (Linux resets the backlog) */
+    shutdown(fd, SHUT_RDWR);
+  } else {
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  if (stand_in >= 0) close(stand_in);
+#  else
+  (void)self; /* no environment read: a listen_fd is always the caller's */
+#  endif
+}
+#endif /* DTRAIN_NO_NET */
+
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <errno.h>
 #  include <poll.h>
@@ -283,6 +324,7 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
     dt__tcp_free(t);
     return NULL;
   }
+  dt__net_retire_handed_listener(&t->self); /* the mesh is up: nobody else may connect */
   for (int j = 0; j < t->comm.world; j++) {
     t->conns[j].spin_s = t->self.opt.spin_us > 0 ? t->self.opt.spin_us * 1e-6 : 0.0;
     dt__net_set_bufs(t->conns[j].fd, t->self.opt.sock_buf_bytes);

@@ -186,7 +186,9 @@ DTRAIN_API uint64_t dt_params_hash(const dt_params *p);
  *   connect_timeout_s + timeout_s; connections that are not a valid peer
  *   (garbage, another job, a wrong token) are refused, logged and do not
  *   delay the real peers. A socket passed in listen_fd stays the caller's;
- *   one the communicator bound itself is closed once every peer is in.
+ *   one the communicator bound itself, or the launcher's (DTRAIN_LISTEN_FD),
+ *   is closed once every peer is in, so that a later dialer is refused at
+ *   once instead of waiting in a backlog nobody accepts from.
  * - Memory: buffers of max(chunk_bytes, small_bytes) are allocated at
  *   creation; calls allocate nothing. dt_comm_destroy says goodbye (a BYE
  *   frame) to every peer and closes every socket. */

@@ -111,6 +111,12 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
 #ifndef DTRAIN_NO_NET
 /* This process's listening socket: options.listen_fd, or bind its own address from the cluster. */
 DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd);
+/* Once this process needs no more connections (its collective mesh is up, or
+ * it is a parameter-server worker, which only dials): close the listening
+ * socket the launcher handed it (DTRAIN_LISTEN_FD), so that later
+ * connections to the port are refused instead of hanging in a backlog nobody
+ * accepts from (dt_comm_tcp_setup.c). A listen_fd the caller passed stays its own. */
+DTRAIN_PRIVATE void dt__net_retire_handed_listener(const dt__net_self *self);
 /* Connector side: connect to (role, index) with retries until connect_timeout,
  * handshake; on success *c is ready. */
 DTRAIN_PRIVATE dt_result dt__net_dial(const dt__net_self *self, dt_role role, int index, dt__conn *c);

@@ -302,6 +302,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
     dt__ps_prefix(dt_last_result(), fn, NULL);
     return NULL;
   }
+  dt__net_retire_handed_listener(&self); /* a worker only dials its servers: nobody may connect to it */
   dt__ps_client *C = (dt__ps_client *)dt__calloc(sizeof *C);
   if (!C) {
     dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);

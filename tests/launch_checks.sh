@@ -3,8 +3,9 @@
 # DTRAIN_LISTEN_FD per process, output prefixes (stdout and stderr, partial
 # and long lines), exit codes and signals of failing processes, the others
 # stopped after a failure (SIGTERM, then SIGKILL), signals passed on,
-# parameter servers stopped after the workers, --timeout, --token-env,
-# --bind-to, usage.
+# parameter servers stopped after the workers, a parameter-server job going
+# on without a dead worker, workers' listening sockets closed once the world
+# formed, --timeout, --token-env, --bind-to, usage.
 # Prints "launch_checks: N passed, N failed, N skipped".
 BUILD=${BUILD:-build}
 L=${LAUNCH:-tools/dtrain-launch}
@@ -130,6 +131,53 @@ run ps -n 2 --ps 2 --grace 0.3 -- "$P" ps
   && has ps.err '^dtrain-launch: ps 1 killed by signal 15 (stopped by dtrain-launch)$' \
   && has ps.out '^\[worker 1\] role=worker index=1 workers=2 servers=2' && ! has ps.err 'exited with code' \
   && ok "--ps: servers stopped after the workers, exit 0" || bad "--ps: servers stopped after the workers, exit 0" "$T/ps.out" "$T/ps.err"
+
+# -- a parameter-server job goes on when a worker dies (the servers drop it): killed mid-run from
+#    outside, the other workers finish and the job exits 0; when every worker dies it fails
+# psjob NAME N KILL...: -n N --ps 1 workers working 3 s; the listed workers get SIGKILL once all are ready
+psjob() {
+  name=$1; n=$2; shift 2
+  : >"$T/$name.out"
+  timeout 60 "$L" -n "$n" --ps 1 --grace 0.3 -- "$P" pswork 3 >>"$T/$name.out" 2>"$T/$name.err" &
+  pid=$!
+  k=0
+  while [ "$(count_ready "$T/$name.out")" -lt $((n + 1)) ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+  for w in "$@"; do
+    wp=$(sed -n "s/^\[worker $w\] ready pid=\([0-9]*\)\$/\1/p" "$T/$name.out")
+    [ -n "$wp" ] && kill -KILL "$wp"
+  done
+  wait $pid; echo $? >"$T/$name.rc"
+}
+psjob pskill 3 1
+[ "$(rc_of pskill)" = 0 ] && has pskill.err '^dtrain-launch: worker 1 killed by signal 9$' \
+  && has pskill.err '^dtrain-launch: parameter-server job: going on with 2 workers$' \
+  && has pskill.out '^\[worker 0\] finished$' && has pskill.out '^\[worker 2\] finished$' \
+  && has pskill.err 'training finished with 2 of 3 workers (1 lost)' \
+  && has pskill.err '^dtrain-launch: ps 0 killed by signal 15 (stopped by dtrain-launch)$' && ! has pskill.out '^\[worker .*got signal' \
+  && ok "--ps: a worker killed mid-run, the others finish, exit 0" || bad "--ps: a worker killed mid-run, the others finish, exit 0" "$T/pskill.out" "$T/pskill.err"
+psjob psallkill 2 0 1
+[ "$(rc_of psallkill)" = 137 ] && has psallkill.err 'parameter-server job failed: none of the 2 workers finished' \
+  && has psallkill.err '^dtrain-launch: ps 0 killed by signal 15 (stopped by dtrain-launch)$' \
+  && ok "--ps: every worker killed, exit 137" || bad "--ps: every worker killed, exit 137" "$T/psallkill.out" "$T/psallkill.err"
+# a worker stopped (SIGSTOP) for good: the server drops it and ends, and then the launcher
+# stops it too (after --grace) instead of waiting for it forever; the job exits 0
+DTRAIN_TIMEOUT=2 run psstop -n 2 --ps 1 --grace 0.3 -- "$P" psworkers 1
+[ "$(rc_of psstop)" = 0 ] && has psstop.err '^dtrain-launch: worker 1 still running 0.3 s later than every server (it cannot train on); sending SIGTERM$' \
+  && has psstop.err '^dtrain-launch: worker 1 killed by signal 15 (stopped by dtrain-launch)$' \
+  && has psstop.err 'training finished with 1 of 2 workers (1 lost)' \
+  && ok "--ps: a stopped worker is stopped once the servers ended, exit 0" || bad "--ps: a stopped worker is stopped once the servers ended, exit 0" "$T/psstop.out" "$T/psstop.err"
+
+# -- once the world has formed, a stranger dialing a worker's port (the launcher's socket) is
+#    refused at once, never left hanging in a backlog nobody accepts from: multi_worker_mirrored
+#    (tcp communicator) and parameter-server workers (which only dial)
+run mwmport -n 3 -- "$P" mwm
+[ "$(rc_of mwmport)" = 0 ] && [ "$(grep -c '^\[worker [012]\] probe worker [012]: refused$' "$T/mwmport.out")" = 9 ] \
+  && [ "$(grep -c 'own listener: closed$' "$T/mwmport.out")" = 3 ] \
+  && ok "mwm: listeners closed once the world formed" || bad "mwm: listeners closed once the world formed" "$T/mwmport.out" "$T/mwmport.err"
+run psport -n 2 --ps 1 -- "$P" psworkers
+[ "$(rc_of psport)" = 0 ] && [ "$(grep -c '^\[worker [01]\] probe worker [01]: refused$' "$T/psport.out")" = 4 ] \
+  && [ "$(grep -c 'own listener: closed$' "$T/psport.out")" = 2 ] \
+  && ok "--ps: workers' listeners closed" || bad "--ps: workers' listeners closed" "$T/psport.out" "$T/psport.err"
 
 # -- --timeout
 run timeout -n 2 --timeout 0.5 -- "$P" wait

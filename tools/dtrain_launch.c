@@ -24,8 +24,18 @@
  * the others get a grace period to stop on their own (their dtrain calls fail
  * naming the lost rank), then SIGTERM, then SIGKILL; the exit status is the
  * first failure's code (128 + N for signal N). Servers still running a grace
- * period after every worker succeeded are stopped, and the run counts as a
+ * period after every worker ended are stopped, and the run counts as a
  * success.
+ * A parameter-server job (--ps M, M >= 1) is asynchronous: the servers drop a
+ * worker that dies and train on with the others, so a worker's failure is
+ * logged and ends nothing. The job ends when every worker has ended; it
+ * succeeded (exit 0) when at least one worker finished (exit code 0) and no
+ * server failed; when every worker failed, the exit status is the first
+ * worker failure's code. A server's failure (or a signal passed on, or
+ * --timeout) still ends the whole job as above. Servers end on their own
+ * once every worker has left or was lost, so workers still running a grace
+ * period after the last server ended (stopped with SIGSTOP, hung) cannot
+ * train on: they are stopped too, and count as lost.
  *
  * Plain POSIX C; does not need dtrain.h. Build: cc -std=c11 -O2 tools/dtrain_launch.c -o tools/dtrain-launch
  */
@@ -105,7 +115,9 @@ static void usage(FILE *f) {
           "listening socket), DTRAIN_RANK, DTRAIN_WORLD and DTRAIN_ROLE; its output lines are\n"
           "prefixed with \"[worker I] \" or \"[ps I] \"; stdin is /dev/null. Exit status: 0 when all\n"
           "succeed, else the first failure's exit code (128+N for signal N), 124 on --timeout,\n"
-          "2 for a usage error, 1 when the processes could not be started.\n",
+          "2 for a usage error, 1 when the processes could not be started. With --ps, a worker that\n"
+          "fails is logged and the others go on (the servers drop it): exit 0 when at least one\n"
+          "worker finished and no server failed, else the first failure's code.\n",
           MAX_PROCS, MAX_PROCS);
 }
 
@@ -645,6 +657,9 @@ int main(int argc, char **argv) {
     const double kill_delay = grace < 1 ? 1 : grace > 5 ? 5 : grace;
     double t0 = now_s(), term_at = -1, kill_at = -1, drain_until = -1;
     int failure = -1, forwarded = 0, running = np, workers_left = workers;
+    /* parameter-server jobs: workers that finished, the first lost worker's code, servers running */
+    int ps_job = m > 0, workers_done = 0, lost_code = -1, servers_left = (int)m;
+    int servers_gone = 0; /* term_at was set because every server had ended */
     struct pollfd *pf = (struct pollfd *)calloc((size_t)(2 * np + 1), sizeof(struct pollfd));
     stream **owner = (stream **)calloc((size_t)(2 * np + 1), sizeof(stream *));
     proc **owner_p = (proc **)calloc((size_t)(2 * np + 1), sizeof(proc *));
@@ -668,7 +683,9 @@ int main(int argc, char **argv) {
       }
       if (term_at >= 0 && t >= term_at) {
         for (k = 0; k < np; k++)
-          if (ps[k].running) say("%s still running %g s later; sending SIGTERM", ps[k].name, grace);
+          if (ps[k].running)
+            say("%s still running %g s later%s; sending SIGTERM", ps[k].name, grace,
+                servers_gone ? " than every server (it cannot train on)" : "");
         signal_all(ps, np, SIGTERM, 1);
         term_at = -1;
         kill_at = t + kill_delay;
@@ -747,6 +764,8 @@ int main(int argc, char **argv) {
         drain(p, &p->out[1]);
         int code = exit_code_of(st);
         if (!p->ps) workers_left--;
+        else servers_left--;
+        if (!p->ps && code == 0) workers_done++;
         if (code != 0) {
           char how[64];
           if (WIFSIGNALED(st))
@@ -754,7 +773,14 @@ int main(int argc, char **argv) {
           else
             snprintf(how, sizeof how, "exited with code %d", code);
           say("%s %s%s", p->name, how, p->stopped_by_us ? " (stopped by dtrain-launch)" : "");
-          if (!p->stopped_by_us && failure < 0) {
+          if (!p->stopped_by_us && failure < 0 && ps_job && !p->ps && !forwarded) {
+            /* Parameter servers train asynchronously and drop a lost worker:
+             * the others and the servers go on (the verdict waits for the
+             * last worker). A signal passed on to everyone is not this. */
+            if (lost_code < 0) lost_code = code;
+            if (workers_left > 0)
+              say("parameter-server job: going on with %d worker%s", workers_left, workers_left == 1 ? "" : "s");
+          } else if (!p->stopped_by_us && failure < 0) {
             failure = code;
             if (running > 0 && term_at < 0 && kill_at < 0) {
               say("stopping the other processes in %g s (--grace)", grace);
@@ -762,8 +788,28 @@ int main(int argc, char **argv) {
             }
           }
         }
-        if (workers_left == 0 && failure < 0 && running > 0 && term_at < 0 && kill_at < 0)
+        int none_finished = 0;
+        if (workers_left == 0 && failure < 0 && ps_job && !p->ps && !forwarded) {
+          /* the last worker ended: the job's verdict */
+          if (workers_done == 0) {
+            say("parameter-server job failed: none of the %d worker%s finished", workers, workers == 1 ? "" : "s");
+            failure = lost_code >= 0 ? lost_code : 1;
+            none_finished = 1;
+          } else if (workers_done < workers) {
+            say("parameter-server job: training finished with %d of %d workers (%d lost)", workers_done, workers,
+                workers - workers_done);
+          }
+        }
+        if (workers_left == 0 && running > 0 && term_at < 0 && kill_at < 0 && (failure < 0 || none_finished))
           term_at = now_s() + grace; /* only servers remain: give them the grace period */
+        if (ps_job && p->ps && servers_left == 0 && workers_left > 0 && failure < 0 && !forwarded && term_at < 0 &&
+            kill_at < 0) {
+          /* The servers ended on their own, so they saw every worker leave or
+           * lost: the workers left (stopped, or hung) cannot train on. They
+           * get the grace period (said only if they outlive it). */
+          servers_gone = 1;
+          term_at = now_s() + grace;
+        }
       }
     }
     free(pf);
