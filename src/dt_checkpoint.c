@@ -559,7 +559,9 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
     dt__io_buf_str(&header, "]}");
   }
   dt__io_buf_str(&header, "}");
-  while ((8 + header.len) % 8 != 0) dt__io_buf_str(&header, " ");
+  /* Pad so that the data starts 8-byte aligned; a buffer that could not grow
+   * (nomem) keeps its length, so the loop must stop on that too. */
+  while (!header.nomem && (8 + header.len) % 8 != 0) dt__io_buf_str(&header, " ");
   if (header.nomem) {
     r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory for the header");
     goto done;
@@ -758,8 +760,9 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
           }
         }
       }
+      if (oj.nomem) r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory reading metadata 'optimizer'");
       dt__json_free(&oj);
-      if (ok == 0) r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'optimizer' is not a JSON object with a \"kind\"");
+      if (ok == 0 && r == DTRAIN_OK) r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'optimizer' is not a JSON object with a \"kind\"");
       if (r != DTRAIN_OK) goto done;
     }
   }
