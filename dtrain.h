@@ -128,7 +128,7 @@
  * LAYERS (the files of src/, lowest first: a file includes and calls only
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
  * An upper layer reaches down through hooks it installs, never the reverse.)
- *   1  base      dt_base dt_internal dt_platform dt_rng dt_json dt_bytes
+ *   1  base      dt_base dt_internal dt_platform dt_rng dt_json dt_bytes dt_file
  *   2  tensor    dt_tensor dt_tensor_internal dt_device dt_maps dt_optim_math
  *   3  ops       dt_ops* dt_gemm dt_device_ops dt_device_nn
  *   4  autograd  dt_autograd
@@ -3742,6 +3742,71 @@ DTRAIN_PRIVATE const char *dt__optim_slot_name(dt_optim_kind kind, int slot);
 #endif /* DTRAIN_OPTIM_INTERNAL_H */
 /* ======== end dt_optim_internal.h ======== */
 
+/* ======== begin dt_file.h ======== */
+/* ===========================================================================
+ * dt_file.h -- writing a file atomically, opening a file to read it safely
+ * ===========================================================================
+ * Private to the implementation. Every file dtrain writes goes through
+ * dt__file_create / dt__file_commit:
+ *
+ *   - the bytes go to a temporary file "<path>.tmp-<pid>-<n>" in the same
+ *     directory, created exclusively (O_CREAT|O_EXCL|O_NOFOLLOW): a file or
+ *     a symbolic link planted at that name is never opened or written
+ *     through;
+ *   - commit flushes and fsyncs it, renames it over path and fsyncs the
+ *     directory, so a crash leaves either the old file or the new one;
+ *   - on any failure (or dt__file_abort) the temporary file is removed and an
+ *     existing file at path is left as it was;
+ *   - a process killed while writing leaves its temporary behind: the next
+ *     dt__file_create for the same path removes the temporaries
+ *     "<path>.tmp-<pid>-*" of processes that no longer exist (POSIX: kill(pid,
+ *     0) fails with ESRCH).
+ *
+ * Reading, dt__file_open_read refuses what is not a regular file before it
+ * can block (the open is non-blocking, then fstat: a FIFO, a device such as
+ * /dev/zero, a directory or a socket is refused) and gives the size, so a
+ * loader can check the size against its header and its limits before it
+ * reads a byte.
+ *
+ * The functions set no dtrain error: they return a code and leave a message
+ * ("cannot create temporary file '...': Permission denied") in msg, which the
+ * caller puts in its own error, naming its function and the path.
+ */
+#ifndef DTRAIN_FILE_H
+#define DTRAIN_FILE_H
+
+/* #include "dt_internal.h" (amalgamated) */
+
+#ifndef DTRAIN_NO_STDIO
+
+typedef struct dt__file_out {
+  FILE *f;         /* write here between create and commit/abort */
+  const char *path;
+  char *tmp;       /* the temporary file's name */
+  size_t tmp_cap;
+  char msg[320];   /* why the last call failed */
+} dt__file_out;
+
+/* Creates the temporary file for path. DTRAIN_OK, DTRAIN_ERR_NOMEM or
+ * DTRAIN_ERR_IO (msg says why); on error nothing is left to clean up. */
+DTRAIN_PRIVATE dt_result dt__file_create(dt__file_out *o, const char *path);
+/* Flush, fsync, close, rename over path, fsync the directory. On failure
+ * (DTRAIN_ERR_IO, msg) the temporary file is removed. Frees o either way. */
+DTRAIN_PRIVATE dt_result dt__file_commit(dt__file_out *o);
+/* Closes and removes the temporary file, frees o. */
+DTRAIN_PRIVATE void dt__file_abort(dt__file_out *o);
+
+/* Opens path for reading when it is a regular file (see above); *size is its
+ * size in bytes. DTRAIN_ERR_IO with msg (cap bytes) otherwise. */
+DTRAIN_PRIVATE dt_result dt__file_open_read(const char *path, FILE **out, uint64_t *size, char *msg, size_t cap);
+
+/* Reads exactly n bytes; 0 on a short read or an error (msg says which). */
+DTRAIN_PRIVATE int dt__file_read_exact(FILE *f, void *dst, size_t n, char *msg, size_t cap);
+
+#endif /* DTRAIN_NO_STDIO */
+#endif /* DTRAIN_FILE_H */
+/* ======== end dt_file.h ======== */
+
 /* ======== begin dt_base.c ======== */
 /* ===========================================================================
  * dt_base.c -- result strings, per-thread errors, allocator, logger, build info
@@ -4240,6 +4305,278 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
   }
 }
 /* ======== end dt_rng.c ======== */
+
+/* ======== begin dt_file.c ======== */
+/* ===========================================================================
+ * dt_file.c -- writing a file atomically, opening a file to read it safely
+ * ===========================================================================
+ * See dt_file.h. The one place that creates, renames and opens files, so
+ * that every writer (checkpoints, parameter-server shards, the fit chart,
+ * .npy files) and every reader (checkpoints, data sets) gets the same rules.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_STDIO)
+#  include <errno.h>
+#  if defined(_WIN32)
+#    include <process.h>
+#  else
+#    include <dirent.h>
+#    include <fcntl.h>
+#    include <signal.h>
+#    include <sys/stat.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
+#endif
+
+#ifndef DTRAIN_NO_STDIO
+
+#if !defined(_WIN32) && !defined(O_NOFOLLOW)
+#  define O_NOFOLLOW 0 /* a system without it still gets O_EXCL, which refuses a planted link too */
+#endif
+#if !defined(_WIN32) && !defined(O_CLOEXEC)
+#  define O_CLOEXEC 0
+#endif
+
+static long dt__file_pid(void) {
+#if defined(_WIN32)
+  return (long)_getpid();
+#else
+  return (long)getpid();
+#endif
+}
+
+/* Length of the directory part of path, without the last '/' ("": none). */
+static size_t dt__file_dir_len(const char *path) {
+  const char *slash = strrchr(path, '/');
+  return slash ? (size_t)(slash - path) : 0;
+}
+
+#if !defined(_WIN32)
+/* Opens the directory of path (fsync, listing); -1 on failure. */
+static int dt__file_open_dir(const char *path) {
+  size_t n = dt__file_dir_len(path);
+  if (!strchr(path, '/')) return open(".", O_RDONLY | O_CLOEXEC);
+  if (n == 0) return open("/", O_RDONLY | O_CLOEXEC);
+  char *dir = (char *)dt__alloc(n + 1);
+  if (!dir) return -1;
+  memcpy(dir, path, n);
+  dir[n] = '\0';
+  int fd = open(dir, O_RDONLY | O_CLOEXEC);
+  dt__free(dir, n + 1);
+  return fd;
+}
+
+/* A temporary name "<base>.tmp-<pid>-<n>": the pid when it is one, else 0. */
+static long dt__file_tmp_pid(const char *name, const char *base, size_t blen) {
+  if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp-", 5) != 0) return 0;
+  const char *p = name + blen + 5;
+  long pid = 0;
+  int digits = 0;
+  for (; *p >= '0' && *p <= '9' && digits < 10; p++, digits++) pid = pid * 10 + (*p - '0');
+  if (digits == 0 || *p != '-' || !p[1]) return 0;
+  for (p++; *p; p++)
+    if (*p < '0' || *p > '9') return 0;
+  return pid;
+}
+
+/* Removes "<path>.tmp-<pid>-*" of processes that are gone (killed while
+ * saving). Best effort: a failure here never stops the save. */
+static void dt__file_clean_stale(const char *path) {
+  size_t dn = dt__file_dir_len(path);
+  const char *base = strchr(path, '/') ? path + dn + 1 : path;
+  size_t blen = strlen(base);
+  long me = dt__file_pid();
+  if (blen == 0) return;
+  int dfd = dt__file_open_dir(path);
+  if (dfd < 0) return;
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    close(dfd);
+    return;
+  }
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    long pid = dt__file_tmp_pid(e->d_name, base, blen);
+    if (pid <= 0 || pid == me) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
+    size_t cap = (strchr(path, '/') ? dn + 1 : 0) + strlen(e->d_name) + 1;
+    char *full = (char *)dt__alloc(cap);
+    if (!full) break;
+    snprintf(full, cap, "%.*s%s%s", (int)dn, path, strchr(path, '/') ? "/" : "", e->d_name);
+    if (unlink(full) == 0)
+      dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "removed '%s', left by process %ld that no longer exists", full, pid);
+    dt__free(full, cap);
+  }
+  closedir(d);
+}
+#endif
+
+static void dt__file_release(dt__file_out *o) {
+  dt__free(o->tmp, o->tmp_cap);
+  o->tmp = NULL;
+  o->tmp_cap = 0;
+  o->f = NULL;
+}
+
+DTRAIN_PRIVATE dt_result dt__file_create(dt__file_out *o, const char *path) {
+  static DT__TLS unsigned counter;
+  memset(o, 0, sizeof *o);
+  o->path = path;
+  o->tmp_cap = strlen(path) + 48;
+  o->tmp = (char *)dt__alloc(o->tmp_cap);
+  if (!o->tmp) {
+    o->tmp_cap = 0;
+    snprintf(o->msg, sizeof o->msg, "out of memory");
+    return DTRAIN_ERR_NOMEM;
+  }
+#if !defined(_WIN32)
+  dt__file_clean_stale(path);
+#endif
+  int err = 0;
+  for (int attempt = 0; attempt < 100 && !o->f; attempt++) {
+    snprintf(o->tmp, o->tmp_cap, "%s.tmp-%ld-%u", path, dt__file_pid(), counter++);
+#if defined(_WIN32)
+    o->f = fopen(o->tmp, "wbx");
+    if (!o->f) err = errno;
+#else
+    int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      o->f = fdopen(fd, "wb");
+      if (!o->f) {
+        err = errno;
+        close(fd);
+        unlink(o->tmp);
+        break;
+      }
+    } else {
+      err = errno;
+    }
+#endif
+    if (!o->f && err != EEXIST) break;
+  }
+  if (!o->f) {
+    snprintf(o->msg, sizeof o->msg, "cannot create temporary file '%.200s': %s", o->tmp, strerror(err));
+    dt__file_release(o);
+    return err == ENOMEM ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO;
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__file_abort(dt__file_out *o) {
+  if (o->f) fclose(o->f);
+  if (o->tmp) remove(o->tmp);
+  dt__file_release(o);
+}
+
+static dt_result dt__file_fail(dt__file_out *o, const char *what, int err) {
+  snprintf(o->msg, sizeof o->msg, "%s '%.200s' failed: %s", what, o->tmp, strerror(err));
+  dt__file_abort(o);
+  return DTRAIN_ERR_IO;
+}
+
+DTRAIN_PRIVATE dt_result dt__file_commit(dt__file_out *o) {
+  if (ferror(o->f)) return dt__file_fail(o, "write to", errno ? errno : EIO);
+  if (fflush(o->f) != 0) return dt__file_fail(o, "write to", errno);
+#if !defined(_WIN32)
+  {
+    int rc;
+    do rc = fsync(fileno(o->f)); while (rc != 0 && errno == EINTR);
+    if (rc != 0 && errno != EINVAL) return dt__file_fail(o, "fsync of", errno);
+  }
+#endif
+  {
+    int rc = fclose(o->f);
+    o->f = NULL;
+    if (rc != 0) return dt__file_fail(o, "closing", errno);
+  }
+#if defined(_WIN32)
+  remove(o->path); /* rename does not replace on Windows (not atomic there) */
+#endif
+  if (rename(o->tmp, o->path) != 0) return dt__file_fail(o, "renaming", errno);
+#if !defined(_WIN32)
+  {
+    /* The rename is durable once the directory is. */
+    int fd = dt__file_open_dir(o->path);
+    if (fd >= 0) {
+      int rc;
+      do rc = fsync(fd); while (rc != 0 && errno == EINTR);
+      if (rc != 0 && errno != EINVAL && errno != EROFS && errno != EBADF)
+        dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "fsync of the directory of '%s' failed: %s", o->path, strerror(errno));
+      close(fd);
+    }
+  }
+#endif
+  dt__file_release(o);
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__file_open_read(const char *path, FILE **out, uint64_t *size, char *msg, size_t cap) {
+  *out = NULL;
+  *size = 0;
+#if defined(_WIN32)
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(msg, cap, "cannot open: %s", strerror(errno));
+    return DTRAIN_ERR_IO;
+  }
+  long n = -1;
+  if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    snprintf(msg, cap, "cannot determine the size: %s", strerror(errno));
+    fclose(f);
+    return DTRAIN_ERR_IO;
+  }
+  *size = (uint64_t)n;
+  *out = f;
+  return DTRAIN_OK;
+#else
+  /* Non-blocking, so that opening a FIFO without a writer returns at once. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int saved = errno;
+    snprintf(msg, cap, "cannot open: %s", strerror(saved));
+    errno = saved; /* the caller may tell "no such file" apart */
+    return DTRAIN_ERR_IO;
+  }
+  struct stat sb;
+  if (fstat(fd, &sb) != 0) {
+    snprintf(msg, cap, "cannot stat: %s", strerror(errno));
+    close(fd);
+    return DTRAIN_ERR_IO;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    snprintf(msg, cap, "not a regular file (%s)",
+             S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode) ? "a FIFO"
+             : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device" : S_ISSOCK(sb.st_mode) ? "a socket" : "special");
+    close(fd);
+    return DTRAIN_ERR_IO;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl != -1) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    snprintf(msg, cap, "cannot open: %s", strerror(errno));
+    close(fd);
+    return errno == ENOMEM ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO;
+  }
+  *size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
+  *out = f;
+  return DTRAIN_OK;
+#endif
+}
+
+DTRAIN_PRIVATE int dt__file_read_exact(FILE *f, void *dst, size_t n, char *msg, size_t cap) {
+  size_t got = n ? fread(dst, 1, n, f) : 0;
+  if (got == n) return 1;
+  if (ferror(f)) snprintf(msg, cap, "read %zu of %zu bytes: %s", got, n, strerror(errno));
+  else snprintf(msg, cap, "read %zu of %zu bytes: the file changed while reading", got, n);
+  return 0;
+}
+
+#endif /* DTRAIN_NO_STDIO */
+/* ======== end dt_file.c ======== */
 
 /* ======== begin dt_tensor.c ======== */
 /* ===========================================================================
@@ -12315,17 +12652,10 @@ DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { (void)c;
 /* #include "dt_optim_internal.h" (amalgamated) */
 /* #include "dt_json.h" (amalgamated) */
 /* #include "dt_safetensors.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
-#  if defined(_WIN32)
-#    include <process.h>
-#  else
-#    include <fcntl.h>
-#    include <sys/stat.h>
-#    include <sys/types.h>
-#    include <unistd.h>
-#  endif
 #endif
 
 #ifndef DTRAIN_NO_STDIO
@@ -12489,117 +12819,25 @@ static int dt__io_stream_data(FILE *f, dt__io_hasher *h, const dt__io_out *outs,
   return 1;
 }
 
-/* Directory part of path ("." when none) into a new buffer. */
-static char *dt__io_dirname(const char *path, size_t *cap) {
-  const char *slash = strrchr(path, '/');
-  size_t n = slash ? (size_t)(slash - path) : 1;
-  if (slash && n == 0) n = 1; /* "/file" -> "/" */
-  *cap = n + 1;
-  char *d = (char *)dt__alloc(*cap);
-  if (!d) return NULL;
-  if (slash) memcpy(d, path, n);
-  else d[0] = '.';
-  d[n] = '\0';
-  return d;
-}
-
-static void dt__io_fsync_dir(const char *path) {
-#if defined(_WIN32)
-  (void)path;
-#else
-  size_t cap;
-  char *dir = dt__io_dirname(path, &cap);
-  if (!dir) return;
-  int fd = open(dir, O_RDONLY);
-  if (fd >= 0) {
-    int rc;
-    do rc = fsync(fd); while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno != EINVAL && errno != EROFS)
-      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "dt_checkpoint_save: fsync of directory '%s' failed: %s", dir,
-              strerror(errno));
-    close(fd);
-  }
-  dt__free(dir, cap);
-#endif
-}
-
-static long dt__io_pid(void) {
-#if defined(_WIN32)
-  return (long)_getpid();
-#else
-  return (long)getpid();
-#endif
-}
-
-/* Write [len][header][data] to a temporary file next to path and rename it over path. */
+/* Write [len][header][data] through the shared atomic writer (dt_file.h):
+ * a temporary file created exclusively next to path, fsynced, renamed over
+ * path, the directory fsynced. */
 static dt_result dt__io_write_atomic(const dt__io_ctx *ctx, const dt__io_buf *header, const dt__io_out *outs,
                                      int nout) {
-  static DT__TLS unsigned dt__io_tmp_counter;
-  size_t tcap = strlen(ctx->path) + 48;
-  char *tmp = (char *)dt__alloc(tcap);
-  FILE *f = NULL;
-  dt_result r = DTRAIN_OK;
+  dt__file_out fo;
   unsigned char len8[8];
-  int saved = 0;
-  if (!tmp) return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory");
-  for (int attempt = 0; attempt < 100 && !f; attempt++) {
-    snprintf(tmp, tcap, "%s.tmp-%ld-%u", ctx->path, dt__io_pid(), dt__io_tmp_counter++);
-    f = fopen(tmp, "wbx");
-    if (!f && errno != EEXIST) break;
-  }
-  if (!f) {
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "cannot create temporary file '%s': %s", tmp, strerror(errno));
-    dt__free(tmp, tcap);
+  dt_result r = dt__file_create(&fo, ctx->path);
+  if (r != DTRAIN_OK) return dt__io_err(ctx, r, "%s", fo.msg);
+  dt__put_le64(len8, (uint64_t)header->len);
+  if (fwrite(len8, 1, 8, fo.f) != 8 || fwrite(header->p, 1, header->len, fo.f) != header->len ||
+      !dt__io_stream_data(fo.f, NULL, outs, nout)) {
+    int saved = errno;
+    r = dt__io_err(ctx, DTRAIN_ERR_IO, "write to '%s' failed: %s", fo.tmp, strerror(saved));
+    dt__file_abort(&fo);
     return r;
   }
-  dt__put_le64(len8, (uint64_t)header->len);
-  if (fwrite(len8, 1, 8, f) != 8 || fwrite(header->p, 1, header->len, f) != header->len ||
-      !dt__io_stream_data(f, NULL, outs, nout)) {
-    saved = errno;
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "write to '%s' failed: %s", tmp, strerror(saved));
-    goto fail;
-  }
-  if (fflush(f) != 0) {
-    saved = errno;
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "write to '%s' failed: %s", tmp, strerror(saved));
-    goto fail;
-  }
-#if !defined(_WIN32)
-  {
-    int rc;
-    do rc = fsync(fileno(f)); while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno != EINVAL) {
-      saved = errno;
-      r = dt__io_err(ctx, DTRAIN_ERR_IO, "fsync of '%s' failed: %s", tmp, strerror(saved));
-      goto fail;
-    }
-  }
-#endif
-  {
-    int rc = fclose(f);
-    f = NULL;
-    if (rc != 0) {
-      saved = errno;
-      r = dt__io_err(ctx, DTRAIN_ERR_IO, "closing '%s' failed: %s", tmp, strerror(saved));
-      goto fail;
-    }
-  }
-#if defined(_WIN32)
-  remove(ctx->path); /* rename does not replace on Windows (not atomic there) */
-#endif
-  if (rename(tmp, ctx->path) != 0) {
-    saved = errno;
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "renaming '%s' failed: %s", tmp, strerror(saved));
-    goto fail;
-  }
-  dt__io_fsync_dir(ctx->path);
-  dt__free(tmp, tcap);
-  return DTRAIN_OK;
-fail:
-  if (f) fclose(f);
-  remove(tmp);
-  dt__free(tmp, tcap);
-  return r;
+  r = dt__file_commit(&fo);
+  return r == DTRAIN_OK ? r : dt__io_err(ctx, r, "%s", fo.msg);
 }
 
 /* Shortest of %.6g / %.9g that reads back as the same float. */
@@ -13166,6 +13404,7 @@ DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) 
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_FIT) /* the whole file; the stubs at the end stand in without it */
 
@@ -13453,22 +13692,12 @@ static void dt__fit_panel(FILE *f, double x0, double y0, double w, double h, con
 }
 
 static dt_result dt__fit_svg(const char *path, const dt_fit_epoch *rows, int64_t n, const char *title) {
-  static DT__TLS unsigned counter;
   const double W = 960, H = 400, top = 40;
-  size_t cap = strlen(path) + 48;
-  char *tmp = (char *)dt__alloc(cap);
-  if (!tmp) return dt__error(DTRAIN_ERR_NOMEM, "dt_fit_write_svg: out of memory");
-#if defined(_WIN32)
-  snprintf(tmp, cap, "%s.tmp-%ld-%u", path, (long)_getpid(), counter++);
-#else
-  snprintf(tmp, cap, "%s.tmp-%ld-%u", path, (long)getpid(), counter++);
-#endif
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    dt_result r = dt__error(DTRAIN_ERR_IO, "dt_fit_write_svg: cannot create '%s': %s", tmp, strerror(errno));
-    dt__free(tmp, cap);
-    return r;
-  }
+  /* The shared atomic writer (dt_file.h): exclusive temporary, fsync, rename. */
+  dt__file_out fo;
+  dt_result r = dt__file_create(&fo, path);
+  if (r != DTRAIN_OK) return dt__error(r, "dt_fit_write_svg: '%s': %s", path, fo.msg);
+  FILE *f = fo.f;
   dt__fit_series loss[2], acc[2];
   loss[0].name = "train"; loss[0].color = "#1f77b4"; loss[0].dashed = 0; loss[0].field = offsetof(dt_fit_epoch, train_loss);
   loss[1].name = "validation"; loss[1].color = "#ff7f0e"; loss[1].dashed = 1; loss[1].field = offsetof(dt_fit_epoch, val_loss);
@@ -13495,22 +13724,8 @@ static dt_result dt__fit_svg(const char *path, const dt_fit_epoch *rows, int64_t
             H / 2);
   }
   fputs("</svg>\n", f);
-  int bad = ferror(f) != 0;
-  int saved = errno;
-  if (fclose(f) != 0 && !bad) {
-    bad = 1;
-    saved = errno;
-  }
-  if (!bad && rename(tmp, path) != 0) {
-    bad = 1;
-    saved = errno;
-  }
-  dt_result r = DTRAIN_OK;
-  if (bad) {
-    remove(tmp);
-    r = dt__error(DTRAIN_ERR_IO, "dt_fit_write_svg: writing '%s' failed: %s", path, strerror(saved));
-  }
-  dt__free(tmp, cap);
+  r = dt__file_commit(&fo);
+  if (r != DTRAIN_OK) r = dt__error(r, "dt_fit_write_svg: writing '%s' failed: %s", path, fo.msg);
   return r;
 }
 
@@ -15467,6 +15682,7 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_data_core.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
@@ -15788,19 +16004,18 @@ DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim
   if (!buf) return dt__error(DTRAIN_ERR_NOMEM, "dt_npy_write: out of memory (%zu bytes)", total);
   r = dt__data_npy_encode("dt_npy_write", buf, total, &total, dtype, ndim, shape, data);
   if (r == DTRAIN_OK) {
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-      r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot create '%s': %s", path, strerror(errno));
-    } else {
-      errno = 0;
-      size_t put = fwrite(buf, 1, total, f);
+    /* The shared atomic writer (dt_file.h): exclusive temporary, fsync, rename. */
+    dt__file_out fo;
+    r = dt__file_create(&fo, path);
+    if (r != DTRAIN_OK) {
+      r = dt__error(r, "dt_npy_write: '%s': %s", path, fo.msg);
+    } else if (fwrite(buf, 1, total, fo.f) != total) {
       int e = errno;
-      int bad = put != total || fflush(f) != 0;
-      if (fclose(f) != 0) bad = 1;
-      if (bad) {
-        remove(path);
-        r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot write '%s': %s", path, e ? strerror(e) : "write error");
-      }
+      dt__file_abort(&fo);
+      r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot write '%s': %s", path, e ? strerror(e) : "write error");
+    } else {
+      r = dt__file_commit(&fo);
+      if (r != DTRAIN_OK) r = dt__error(r, "dt_npy_write: cannot write '%s': %s", path, fo.msg);
     }
   }
   dt__free(buf, total);
@@ -24429,8 +24644,9 @@ DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of
  * u32 shard index, u32 servers, u64 params floats, u64 shard floats, u64
  * layout hash, u64 updates applied, u64 optimizer steps, u32 optimizer slots
  * -- then the shard's values, then each optimizer slot's shard, then the
- * CRC-32C of everything before it. Written to a temporary file, synced and
- * renamed, so a crash leaves the old checkpoint or the new one.
+ * CRC-32C of everything before it. Written through dt_file.h (a temporary
+ * file created exclusively, synced and renamed), so a crash leaves the old
+ * checkpoint or the new one.
  */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_strategy.h" (amalgamated) */
@@ -24449,6 +24665,7 @@ DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_ps_core.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_NET)
 #  include <errno.h>
@@ -24488,33 +24705,39 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   }
   dt__put_le32(b + off, dt__crc32c(0, b, off));
   off += 4;
-  char tmp[1100];
-  snprintf(tmp, sizeof tmp, "%.1024s.tmp", S->ckpt_path);
-  FILE *f = fopen(tmp, "wb");
-  if (!f) return dt__error(DTRAIN_ERR_IO, "ps %d: cannot create '%s': %s", S->me, tmp, strerror(errno));
-  int ok = fwrite(b, 1, off, f) == off && fflush(f) == 0;
-  if (ok) {
-    int rc;
-    do rc = fsync(fileno(f)); while (rc != 0 && errno == EINTR);
-  }
-  if (fclose(f) != 0) ok = 0;
-  if (!ok || rename(tmp, S->ckpt_path) != 0) {
+  /* The shared atomic writer: created exclusively (a link planted at the
+   * temporary name is never written through), synced, renamed. */
+  dt__file_out fo;
+  dt_result r = dt__file_create(&fo, S->ckpt_path);
+  if (r != DTRAIN_OK) return dt__error(r, "ps %d: checkpoint '%s': %s", S->me, S->ckpt_path, fo.msg);
+  if (fwrite(b, 1, off, fo.f) != off) {
     int saved = errno;
-    remove(tmp);
+    dt__file_abort(&fo);
     return dt__error(DTRAIN_ERR_IO, "ps %d: writing the checkpoint '%s' failed: %s", S->me, S->ckpt_path,
                      strerror(saved));
   }
+  r = dt__file_commit(&fo);
+  if (r != DTRAIN_OK)
+    return dt__error(r, "ps %d: writing the checkpoint '%s' failed: %s", S->me, S->ckpt_path, fo.msg);
   S->since_ckpt = 0;
   S->last_ckpt = dt__now();
   return DTRAIN_OK;
 }
 
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
-  FILE *f = fopen(S->ckpt_path, "rb");
-  if (!f) return DTRAIN_OK;
+  /* A regular file of exactly the expected size, or nothing is read (a FIFO
+   * or a device planted there is refused without blocking). */
+  FILE *f;
+  uint64_t fsize;
+  char why[200];
+  if (dt__file_open_read(S->ckpt_path, &f, &fsize, why, sizeof why) != DTRAIN_OK) {
+    if (errno == ENOENT) return DTRAIN_OK; /* no checkpoint yet */
+    return dt__error(DTRAIN_ERR_IO, "ps %d: checkpoint '%s': %s", S->me, S->ckpt_path, why);
+  }
   unsigned char *b = S->ckpt;
-  size_t got = fread(b, 1, S->ckpt_bytes, f);
-  int extra = fgetc(f) != EOF;
+  size_t got = 0;
+  int extra = fsize > (uint64_t)S->ckpt_bytes; /* read no more than a checkpoint holds */
+  got = fread(b, 1, extra ? S->ckpt_bytes : (size_t)fsize, f);
   fclose(f);
   const char *p = S->ckpt_path;
   if (got < DT__PS_CKPT_HDR + 4 || dt__get_le32(b) != DT__PS_CKPT_MAGIC || dt__get_le32(b + 4) != 1)

@@ -16,6 +16,7 @@
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 #include "dt_data_core.h"
+#include "dt_file.h"
 
 #if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
@@ -337,19 +338,18 @@ DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim
   if (!buf) return dt__error(DTRAIN_ERR_NOMEM, "dt_npy_write: out of memory (%zu bytes)", total);
   r = dt__data_npy_encode("dt_npy_write", buf, total, &total, dtype, ndim, shape, data);
   if (r == DTRAIN_OK) {
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-      r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot create '%s': %s", path, strerror(errno));
-    } else {
-      errno = 0;
-      size_t put = fwrite(buf, 1, total, f);
+    /* The shared atomic writer (dt_file.h): exclusive temporary, fsync, rename. */
+    dt__file_out fo;
+    r = dt__file_create(&fo, path);
+    if (r != DTRAIN_OK) {
+      r = dt__error(r, "dt_npy_write: '%s': %s", path, fo.msg);
+    } else if (fwrite(buf, 1, total, fo.f) != total) {
       int e = errno;
-      int bad = put != total || fflush(f) != 0;
-      if (fclose(f) != 0) bad = 1;
-      if (bad) {
-        remove(path);
-        r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot write '%s': %s", path, e ? strerror(e) : "write error");
-      }
+      dt__file_abort(&fo);
+      r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot write '%s': %s", path, e ? strerror(e) : "write error");
+    } else {
+      r = dt__file_commit(&fo);
+      if (r != DTRAIN_OK) r = dt__error(r, "dt_npy_write: cannot write '%s': %s", path, fo.msg);
     }
   }
   dt__free(buf, total);

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -1122,6 +1123,93 @@ static void test_no_stdio_build(void) {
   dt_params_destroy(P);
 }
 
+/* ---- issue 17: planted links, stale temporaries ------------------------------------------ */
+static int count_tmp(const char *prefix) {
+  DIR *d = opendir(tmpdir);
+  int n = 0;
+  struct dirent *de;
+  while (d && (de = readdir(d)) != NULL) n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+  if (d) closedir(d);
+  return n;
+}
+
+/* A symbolic link planted at every temporary name a writer could pick is
+ * never written through: the victim stays as it was (the save either finds a
+ * free name or fails with DTRAIN_ERR_IO). Covers the checkpoint and the
+ * dt_fit chart (whose writer followed such a link). */
+static void test_planted_links(void) {
+  char victim[300], path[300], link[400];
+  path_of(victim, sizeof victim, "victim.txt");
+  write_all(victim, "precious", 8);
+  const char *names[2] = {"linked.safetensors", "linked.svg"};
+  for (int w = 0; w < 2; w++) {
+    path_of(path, sizeof path, names[w]);
+    for (int n = 0; n < 600; n++) {
+      snprintf(link, sizeof link, "%s.tmp-%ld-%d", path, (long)getpid(), n);
+      CHECK(symlink(victim, link) == 0);
+    }
+    dt_result r;
+    if (w == 0) {
+      model m;
+      model_init(&m, 5, DTRAIN_OPTIM_SGD, 1);
+      dt_train_state st;
+      memset(&st, 0, sizeof st);
+      st.params = m.P;
+      r = dt_checkpoint_save(path, &st);
+      model_free(&m);
+    } else {
+      r = dt_fit_write_svg(path, NULL, 0, "chart");
+    }
+    CHECK_MSG(r == DTRAIN_OK || r == DTRAIN_ERR_IO, "%s: %s", names[w], dt_last_error());
+    size_t n = 0;
+    unsigned char *b = read_all(victim, &n);
+    CHECK_MSG(b && n == 8 && memcmp(b, "precious", 8) == 0, "%s wrote through a planted link", names[w]);
+    free(b);
+    struct stat sb;
+    CHECK(r != DTRAIN_OK || (lstat(path, &sb) == 0 && S_ISREG(sb.st_mode)));
+    for (int k = 0; k < 600; k++) {
+      snprintf(link, sizeof link, "%s.tmp-%ld-%d", path, (long)getpid(), k);
+      unlink(link);
+    }
+    remove(path);
+  }
+  remove(victim);
+}
+
+/* A process killed while saving leaves "<path>.tmp-PID-N"; the next save to
+ * the same path removes it (the PID is gone), and keeps the temporaries of
+ * living processes. */
+static void test_stale_temporaries(void) {
+  char path[300], dead[400], alive[400], other[400];
+  path_of(path, sizeof path, "stale.safetensors");
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  CHECK(child > 0);
+  int status;
+  waitpid(child, &status, 0); /* reaped: the PID no longer exists */
+  snprintf(dead, sizeof dead, "%s.tmp-%ld-3", path, (long)child);
+  snprintf(alive, sizeof alive, "%s.tmp-%ld-99999", path, (long)getpid());
+  path_of(other, sizeof other, "other.safetensors.tmp-1-0");
+  write_all(dead, "half a checkpoint", 17);
+  write_all(alive, "being written", 13);
+  write_all(other, "another file's", 14);
+  model m;
+  model_init(&m, 5, DTRAIN_OPTIM_SGD, 1);
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = m.P;
+  CHECK_MSG(dt_checkpoint_save(path, &st) == DTRAIN_OK, "%s", dt_last_error());
+  model_free(&m);
+  struct stat sb;
+  CHECK_MSG(stat(dead, &sb) != 0, "the temporary of dead process %ld is still there", (long)child);
+  CHECK(stat(alive, &sb) == 0);
+  CHECK(stat(other, &sb) == 0);
+  CHECK(count_tmp("stale.safetensors.tmp-") == 1);
+  remove(alive);
+  remove(other);
+  remove(path);
+}
+
 int main(void) {
   if (!(dt_build_features() & DTRAIN_FEATURE_STDIO)) {
     TH_RUN(test_no_stdio_build);
@@ -1145,6 +1233,8 @@ int main(void) {
   TH_RUN(test_resume_bitwise);
   TH_RUN(test_atomic);
   TH_RUN(test_python);
+  TH_RUN(test_planted_links);
+  TH_RUN(test_stale_temporaries);
   cleanup();
   return th_summary("checkpoint");
 }
