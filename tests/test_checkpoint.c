@@ -1210,6 +1210,72 @@ static void test_stale_temporaries(void) {
   remove(path);
 }
 
+/* ---- issue 17: checksums always verified, hostile files refused ---------------------------- */
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char msg[] = "FAIL: a checkpoint loader blocked on a FIFO\n";
+  if (write(2, msg, sizeof msg - 1) < 0) _exit(3);
+  _exit(2);
+}
+
+static void test_checksum_any_format(void) {
+  char path[300];
+  path_of(path, sizeof path, "other_format.safetensors");
+  model m;
+  model_init(&m, 5, DTRAIN_OPTIM_SGD, 1);
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = m.P;
+  CHECK(dt_checkpoint_save(path, &st) == DTRAIN_OK);
+  size_t n = 0;
+  unsigned char *b = read_all(path, &n);
+  /* Another writer's format name: the checksum (over the metadata too) no
+   * longer matches, and it must be checked although format is not dtrain. */
+  char *fmt = strstr((char *)b + 8, "\"format\":\"dtrain\"");
+  CHECK(fmt != NULL);
+  if (fmt) fmt[10] = 'D';
+  write_all(path, b, n);
+  free(b);
+  CHECK_ERR(dt_checkpoint_load_weights(path, m.P), DTRAIN_ERR_CORRUPT, "checksum");
+  CHECK(dt_checkpoint_open(path) == NULL && dt_last_result() == DTRAIN_ERR_CORRUPT);
+  model_free(&m);
+  remove(path);
+}
+
+static void test_hostile_files(void) {
+  char fifo[300];
+  path_of(fifo, sizeof fifo, "fifo.safetensors");
+  model m;
+  model_init(&m, 5, DTRAIN_OPTIM_SGD, 1);
+  CHECK(mkfifo(fifo, 0600) == 0);
+  signal(SIGALRM, on_alarm);
+  alarm(20);
+  CHECK_ERR(dt_checkpoint_load_weights(fifo, m.P), DTRAIN_ERR_IO, "FIFO");
+  CHECK(dt_checkpoint_open(fifo) == NULL && dt_last_result() == DTRAIN_ERR_IO);
+  CHECK_ERR(dt_checkpoint_load_weights("/dev/zero", m.P), DTRAIN_ERR_IO, "not a regular file");
+  CHECK_ERR(dt_checkpoint_load_weights(tmpdir, m.P), DTRAIN_ERR_IO, "directory");
+  alarm(0);
+  remove(fifo);
+  /* A huge sparse file whose header is garbage is refused from its header,
+   * without reading the rest. */
+  char big[300];
+  path_of(big, sizeof big, "sparse.safetensors");
+  FILE *f = fopen(big, "wb");
+  unsigned char h[16];
+  put_le64(h, 4);
+  memcpy(h + 8, "{}  ", 4);
+  if (f) {
+    fwrite(h, 1, 12, f);
+    if (fseek(f, (long)((1L << 30) - 1), SEEK_SET) == 0) fputc(0, f);
+    fclose(f);
+  }
+  double t0 = dt_time_now();
+  CHECK_ERR(dt_checkpoint_load_weights(big, m.P), DTRAIN_ERR_CORRUPT, "cover");
+  CHECK_MSG(dt_time_now() - t0 < 5.0, "refusing the sparse file took %.1f s", dt_time_now() - t0);
+  remove(big);
+  model_free(&m);
+}
+
 int main(void) {
   if (!(dt_build_features() & DTRAIN_FEATURE_STDIO)) {
     TH_RUN(test_no_stdio_build);
@@ -1235,6 +1301,8 @@ int main(void) {
   TH_RUN(test_python);
   TH_RUN(test_planted_links);
   TH_RUN(test_stale_temporaries);
+  TH_RUN(test_checksum_any_format);
+  TH_RUN(test_hostile_files);
   cleanup();
   return th_summary("checkpoint");
 }
