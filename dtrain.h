@@ -14144,10 +14144,20 @@ DTRAIN_API dt_result dt_fit_write_svg(const char *path, const dt_fit_epoch *rows
 /* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
 DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
                                         dt_bytes *out);
-/* The whole file at path into *out (who: the public function, for messages);
- * gunzipped when gz and the data has the gzip magic. UNSUPPORTED with
+/* A format's size from its header: given the first bytes of a file (or of
+ * what a .gz decompresses to), *need = the bytes the whole file must have
+ * (0: cannot tell from these bytes), or the parser's own error for a bad
+ * header. dt__data_load checks the file (or caps the decompression) against
+ * it before it reads or inflates the rest. */
+typedef dt_result (*dt__data_sizer)(const char *ctx, const unsigned char *p, size_t len, uint64_t *need);
+DTRAIN_PRIVATE dt_result dt__data_idx_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need);
+DTRAIN_PRIVATE dt_result dt__data_npy_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need);
+DTRAIN_PRIVATE dt_result dt__gunzip_prefix(const unsigned char *in, size_t len, size_t max_out, dt_bytes *out);
+/* The whole file at path into *out (who: the public function, for messages;
+ * a regular file only); gunzipped when gz and the data has the gzip magic;
+ * sizer (NULL: none) checks the header first (above). UNSUPPORTED with
  * DTRAIN_NO_STDIO. */
-DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out);
+DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt__data_sizer sizer, dt_bytes *out);
 /* Bytes of a parse_* input, gunzipped into tmp when they are gzip data
  * (*p and *len then point at tmp's bytes; free tmp after use). */
 DTRAIN_PRIVATE dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p, size_t *len, dt_bytes *tmp);
@@ -14721,6 +14731,38 @@ truncated_header:
   return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated header (member %d)", ctx, member + 1);
 }
 
+/* The first bytes (at most max_out) that a gzip image decompresses to, from
+ * as much of the image as is at hand (a file's first kilobytes): a loader
+ * checks the header inside before it reads or inflates the rest. Errors
+ * (truncated input, corrupt data) just end the prefix; the full decompression
+ * reports them. DTRAIN_ERR_NOMEM is the only failure. */
+DTRAIN_PRIVATE dt_result dt__gunzip_prefix(const unsigned char *in, size_t len, size_t max_out, dt_bytes *out) {
+  size_t pos = 10, used = 0, where = 0;
+  const char *why = "";
+  memset(out, 0, sizeof *out);
+  if (!dt__inflate_reserve(out, DT__MIN(max_out, (size_t)65536), max_out)) return DTRAIN_ERR_NOMEM;
+  if (len < 18 || in[0] != 0x1f || in[1] != 0x8b || in[2] != 8) return DTRAIN_OK;
+  unsigned flg = in[3];
+  if (flg & DT__GZ_FEXTRA) {
+    if (len - pos < 2) return DTRAIN_OK;
+    size_t xlen = dt__get_le16(in + pos);
+    pos += 2;
+    if (len - pos < xlen) return DTRAIN_OK;
+    pos += xlen;
+  }
+  for (int f = 0; f < 2; f++) {
+    if (!(flg & (f == 0 ? DT__GZ_FNAME : DT__GZ_FCOMMENT))) continue;
+    const unsigned char *z = (const unsigned char *)memchr(in + pos, 0, len - pos);
+    if (!z) return DTRAIN_OK;
+    pos = (size_t)(z - in) + 1;
+  }
+  if (flg & DT__GZ_FHCRC) pos += 2;
+  if (pos >= len) return DTRAIN_OK;
+  dt_result r = dt__inflate_raw(in + pos, len - pos, &used, out, max_out, &why, &where);
+  if (out->data) out->data[out->size < out->cap ? out->size : out->cap - 1] = 0;
+  return r == DTRAIN_ERR_NOMEM && out->size == 0 ? r : DTRAIN_OK;
+}
+
 DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_bytes *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_gunzip: out is NULL");
   memset(out, 0, sizeof *out);
@@ -14788,6 +14830,7 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_data_core.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
@@ -14800,95 +14843,122 @@ static int dt__data_is_gzip(const unsigned char *p, size_t len) { return len >= 
 /* ---- files ---------------------------------------------------------------------------- */
 
 #ifndef DTRAIN_NO_STDIO
-static dt_result dt__data_read_raw(const char *who, const char *path, dt_bytes *out) {
-  memset(out, 0, sizeof *out);
-  FILE *f = fopen(path, "rb");
-  if (!f) return dt__error(DTRAIN_ERR_IO, "%s: cannot open '%s': %s", who, path, strerror(errno));
-  /* Probe one byte first: a directory (or another unreadable thing) fails
-   * here, before its bogus size could be trusted for an allocation. */
-  int c0 = fgetc(f);
-  if (c0 == EOF && ferror(f)) {
-    int e = errno;
-    fclose(f);
-    return dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, e ? strerror(e) : "read error");
+#define DT__DATA_PREFIX 65536 /* bytes read (or inflated) first, to check a header */
+
+/* n bytes of f (from where it is) appended to a new buffer of cap n + 1. */
+static dt_result dt__data_read_n(const char *who, const char *path, FILE *f, const unsigned char *head, size_t nhead,
+                                 uint64_t n64, dt_bytes *out) {
+  char why[200];
+  if (n64 > (uint64_t)(SIZE_MAX - 1))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: '%s': file of %llu bytes is too large for memory", who, path,
+                     (unsigned long long)n64);
+  size_t n = (size_t)n64;
+  out->cap = n + 1;
+  out->data = (unsigned char *)dt__alloc(out->cap);
+  if (!out->data) {
+    out->cap = 0;
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: '%s': out of memory (%zu bytes)", who, path, n + 1);
   }
-  size_t cap = 1 << 16;
-  if (fseek(f, 0, SEEK_END) == 0) {
-    long end = ftell(f);
-    if (end > 0 && (unsigned long)end < (unsigned long)(SIZE_MAX - 1)) cap = (size_t)end + 1;
+  memcpy(out->data, head, nhead);
+  if (!dt__file_read_exact(f, out->data + nhead, n - nhead, why, sizeof why)) {
+    dt_bytes_free(out);
+    return dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, why);
   }
-  rewind(f);
-  unsigned char *buf = (unsigned char *)dt__alloc(cap);
-  if (!buf) {
-    fclose(f);
-    return dt__error(DTRAIN_ERR_NOMEM, "%s: '%s': out of memory (%zu bytes)", who, path, cap);
-  }
-  size_t size = 0;
-  for (;;) {
-    if (size + 1 >= cap) { /* keep room for the terminating 0 */
-      size_t ncap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
-      unsigned char *nb = ncap > cap ? (unsigned char *)dt__realloc(buf, cap, ncap) : NULL;
-      if (!nb) {
-        dt__free(buf, cap);
-        fclose(f);
-        return dt__error(DTRAIN_ERR_NOMEM, "%s: '%s': out of memory reading the file", who, path);
-      }
-      buf = nb;
-      cap = ncap;
-    }
-    size_t got = fread(buf + size, 1, cap - 1 - size, f);
-    size += got;
-    if (got == 0) {
-      if (ferror(f)) {
-        int e = errno;
-        dt__free(buf, cap);
-        fclose(f);
-        return dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, e ? strerror(e) : "read error");
-      }
-      break;
-    }
-  }
-  fclose(f);
-  buf[size] = 0;
-  out->data = buf;
-  out->size = size;
-  out->cap = cap;
+  out->size = n;
+  out->data[n] = 0;
   return DTRAIN_OK;
 }
+
+/* The file is opened as a regular file only (a FIFO, /dev/zero, a directory
+ * are refused without blocking, dt_file.h); its first bytes are read first
+ * and, with a sizer, the header they hold decides how much more may be read
+ * (the rest of a raw file must be exactly what the header describes) or
+ * inflated (a .gz never decompresses past the size its header describes). */
+static dt_result dt__data_read(const char *who, const char *path, int gz, dt__data_sizer sizer, dt_bytes *out) {
+  char why[200], ctx[DT__DATA_CTX];
+  FILE *f;
+  uint64_t size;
+  unsigned char *head = NULL;
+  dt_bytes raw, pre;
+  memset(&raw, 0, sizeof raw);
+  memset(&pre, 0, sizeof pre);
+  dt_result r = dt__file_open_read(path, &f, &size, why, sizeof why);
+  if (r != DTRAIN_OK) {
+    if (strncmp(why, "cannot open: ", 13) == 0) return dt__error(r, "%s: cannot open '%s': %s", who, path, why + 13);
+    return dt__error(r, "%s: '%s': %s", who, path, why);
+  }
+  snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
+  size_t nhead = size < DT__DATA_PREFIX ? (size_t)size : DT__DATA_PREFIX;
+  head = (unsigned char *)dt__alloc(nhead + 1);
+  if (!head) {
+    fclose(f);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", ctx);
+  }
+  if (!dt__file_read_exact(f, head, nhead, why, sizeof why)) {
+    r = dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, why);
+    goto done;
+  }
+  int zipped = gz && dt__data_is_gzip(head, nhead);
+  uint64_t need = 0;
+  if (sizer && zipped) {
+    r = dt__gunzip_prefix(head, nhead, DT__DATA_PREFIX, &pre);
+    if (r != DTRAIN_OK) {
+      r = dt__error(r, "%s: out of memory", ctx);
+      goto done;
+    }
+    r = sizer(ctx, pre.data, pre.size, &need);
+  } else if (sizer) {
+    r = sizer(ctx, head, nhead, &need);
+    /* More bytes than the header describes: refused before reading them (a
+     * huge or sparse file behind a small header). Fewer: the parser names
+     * the truncation. */
+    if (r == DTRAIN_OK && need > 0 && size > need)
+      r = dt__error(DTRAIN_ERR_CORRUPT, "%s: the file has %llu bytes but its header describes %llu (%llu after the data)",
+                    ctx, (unsigned long long)size, (unsigned long long)need, (unsigned long long)(size - need));
+  }
+  if (r != DTRAIN_OK) goto done;
+  r = dt__data_read_n(who, path, f, head, nhead, size, zipped ? &raw : out);
+  if (r != DTRAIN_OK || !zipped) goto done;
+  if (need > (uint64_t)(SIZE_MAX - 2)) {
+    r = dt__error(DTRAIN_ERR_OVERFLOW, "%s: its header describes %llu bytes, too large for memory", ctx,
+                  (unsigned long long)need);
+    goto done;
+  }
+  /* need 0 (no header, or none could be read): the default limit. */
+  r = dt__gunzip_ctx(ctx, raw.data, raw.size, (size_t)need, out);
+  if (r != DTRAIN_OK) dt_bytes_free(out);
+done:
+  fclose(f);
+  dt__free(head, nhead + 1);
+  dt_bytes_free(&pre);
+  dt_bytes_free(&raw);
+  return r;
+}
+#undef DT__DATA_PREFIX
 #endif
 
 /* Whole file; gunzipped when gz and the data has the gzip magic. */
-DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out) {
+DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt__data_sizer sizer, dt_bytes *out) {
   memset(out, 0, sizeof *out);
   if (!path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: path is NULL", who);
 #ifdef DTRAIN_NO_STDIO
   (void)gz;
+  (void)sizer;
   return dt__error(DTRAIN_ERR_UNSUPPORTED,
                    "%s: file I/O is not available in this build (DTRAIN_NO_STDIO); parse from memory instead", who);
 #else
-  dt_bytes raw;
-  dt_result r = dt__data_read_raw(who, path, &raw);
-  if (r != DTRAIN_OK || !gz || !dt__data_is_gzip(raw.data, raw.size)) {
-    *out = raw;
-    return r;
-  }
-  char ctx[DT__DATA_CTX];
-  snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
-  r = dt__gunzip_ctx(ctx, raw.data, raw.size, 0, out);
-  dt_bytes_free(&raw);
-  if (r != DTRAIN_OK) dt_bytes_free(out);
-  return r;
+  return dt__data_read(who, path, gz, sizer, out);
 #endif
 }
 
 DTRAIN_API dt_result dt_read_file(const char *path, dt_bytes *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_read_file: out is NULL");
-  return dt__data_load("dt_read_file", path, 0, out);
+  return dt__data_load("dt_read_file", path, 0, NULL, out);
 }
 
 DTRAIN_API dt_result dt_read_file_gz(const char *path, dt_bytes *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_read_file_gz: out is NULL");
-  return dt__data_load("dt_read_file_gz", path, 1, out);
+  return dt__data_load("dt_read_file_gz", path, 1, NULL, out);
 }
 
 /* Bytes of a parse_* input, gunzipped into tmp when they are gzip data. */
@@ -15406,6 +15476,31 @@ static dt_result dt__data_idx_header(const char *ctx, const unsigned char *p, si
   return DTRAIN_OK;
 }
 
+/* The IDX header's size check for dt__data_load (dt_data_core.h): the
+ * header's own errors, then the bytes the file must have. */
+DTRAIN_PRIVATE dt_result dt__data_idx_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need) {
+  *need = 0;
+  if (len < 4) return DTRAIN_OK; /* the parser names the truncation */
+  if (p[0] != 0 || p[1] != 0 || p[2] != 0x08 || p[3] < 1 || p[3] > DTRAIN_MAX_DIMS) {
+    int nd;
+    int64_t shape[DTRAIN_MAX_DIMS], size;
+    size_t off;
+    return dt__data_idx_header(ctx, p, len, &nd, shape, &size, &off); /* its FORMAT error */
+  }
+  size_t hdr = 4 + 4 * (size_t)p[3];
+  if (len < hdr) return DTRAIN_OK;
+  uint64_t total = 1;
+  for (int d = 0; d < p[3]; d++) {
+    uint64_t v = dt__get_be32(p + 4 + 4 * d);
+    if (v == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX dimension %d is 0", ctx, d);
+    if (total > (UINT64_MAX - hdr) / v)
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX header claims a size that overflows", ctx);
+    total *= v;
+  }
+  *need = (uint64_t)hdr + total;
+  return DTRAIN_OK;
+}
+
 static dt_result dt__data_idx_parse(const char *ctx, const unsigned char *p, size_t len, dt_idx *out) {
   dt_bytes tmp;
   dt_result r = dt__data_maybe_gunzip(ctx, &p, &len, &tmp);
@@ -15440,7 +15535,7 @@ DTRAIN_API dt_result dt_idx_read(const char *path, dt_idx *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_read: out is NULL");
   memset(out, 0, sizeof *out);
   dt_bytes b;
-  dt_result r = dt__data_load("dt_idx_read", path, 1, &b);
+  dt_result r = dt__data_load("dt_idx_read", path, 1, dt__data_idx_size, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "dt_idx_read: '%s'", path);
@@ -15530,9 +15625,9 @@ static dt_result dt__data_read_idx(const char *who, dt_dataset **out, const char
   if (!images_path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: images_path is NULL", who);
   dt_bytes ib, lb;
   memset(&lb, 0, sizeof lb);
-  dt_result r = dt__data_load(who, images_path, 0, &ib); /* gunzipped by the parser */
+  dt_result r = dt__data_load(who, images_path, 1, dt__data_idx_size, &ib);
   if (r != DTRAIN_OK) return r;
-  if (labels_path) r = dt__data_load(who, labels_path, 0, &lb);
+  if (labels_path) r = dt__data_load(who, labels_path, 1, dt__data_idx_size, &lb);
   if (r == DTRAIN_OK) {
     char ictx[DT__DATA_CTX], lctx[DT__DATA_CTX];
     snprintf(ictx, sizeof ictx, "%s: '%s'", who, images_path);
@@ -15866,7 +15961,22 @@ static void dt__data_swap(unsigned char *p, size_t n, size_t w) {
     }
 }
 
+/* need != NULL: only the header is checked (dt__data_npy_size); *need gets
+ * the bytes the whole file must have (0 when the header is not all there). */
+static dt_result dt__data_npy_parse2(const char *ctx, const unsigned char *p, size_t len, dt_npy *out, uint64_t *need);
+
+DTRAIN_PRIVATE dt_result dt__data_npy_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need) {
+  dt_npy a;
+  *need = 0;
+  if (len < 12) return DTRAIN_OK; /* the parser names the truncation */
+  return dt__data_npy_parse2(ctx, p, len, &a, need);
+}
+
 static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, size_t len, dt_npy *out) {
+  return dt__data_npy_parse2(ctx, p, len, out, NULL);
+}
+
+static dt_result dt__data_npy_parse2(const char *ctx, const unsigned char *p, size_t len, dt_npy *out, uint64_t *need) {
   memset(out, 0, sizeof *out);
   if (len < 10 || memcmp(p, "\x93NUMPY", 6) != 0) {
     if (len >= 6 && memcmp(p, "\x93NUMPY", 6) == 0)
@@ -15887,6 +15997,7 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   }
   if (minor != 0)
     return dt__error(DTRAIN_ERR_FORMAT, "%s: NPY format version %u.%u is not supported (1.0, 2.0, 3.0)", ctx, major, minor);
+  if (need && hlen > len - hstart) return DTRAIN_OK; /* the header is longer than the bytes at hand */
   if (hlen > len - hstart)
     return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated NPY file: header of %zu bytes, only %zu follow", ctx, hlen,
                      len - hstart);
@@ -15909,6 +16020,12 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   }
   if (!overflow && w != 0 && count > UINT64_MAX / w) overflow = 1;
   else bytes64 = count * w;
+  if (need) {
+    if (overflow || bytes64 > UINT64_MAX - hstart - hlen)
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: NPY header claims a size that overflows", ctx);
+    *need = (uint64_t)(hstart + hlen) + bytes64;
+    return DTRAIN_OK;
+  }
   size_t avail = len - hstart - hlen;
   char sh[160];
   dt__shape_text(a.ndim, a.shape, sh, sizeof sh);
@@ -15946,7 +16063,7 @@ DTRAIN_API dt_result dt_npy_read(const char *path, dt_npy *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_npy_read: out is NULL");
   memset(out, 0, sizeof *out);
   dt_bytes b;
-  dt_result r = dt__data_load("dt_npy_read", path, 1, &b);
+  dt_result r = dt__data_load("dt_npy_read", path, 1, dt__data_npy_size, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "dt_npy_read: '%s'", path);
@@ -16323,7 +16440,7 @@ static dt_result dt__data_read_csv(const char *who, dt_dataset **out, const char
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   dt_bytes b;
-  dt_result r = dt__data_load(who, path, 1, &b);
+  dt_result r = dt__data_load(who, path, 1, NULL, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
@@ -16387,7 +16504,7 @@ DTRAIN_API dt_result dt_text_read(const char *path, dt_text *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_text_read: out is NULL");
   memset(out, 0, sizeof *out);
   dt_bytes b;
-  dt_result r = dt__data_load("dt_text_read", path, 1, &b);
+  dt_result r = dt__data_load("dt_text_read", path, 1, NULL, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "dt_text_read: '%s'", path);
