@@ -70,6 +70,8 @@ static dt_result dt__data_read(const char *who, const char *path, int gz, dt__da
   FILE *f;
   uint64_t size;
   unsigned char *head = NULL;
+  uint64_t need = 0; /* the bytes the header describes (0: unknown) */
+  int zipped = 0;
   dt_bytes raw, pre;
   memset(&raw, 0, sizeof raw);
   memset(&pre, 0, sizeof pre);
@@ -89,8 +91,7 @@ static dt_result dt__data_read(const char *who, const char *path, int gz, dt__da
     r = dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, why);
     goto done;
   }
-  int zipped = gz && dt__data_is_gzip(head, nhead);
-  uint64_t need = 0;
+  zipped = gz && dt__data_is_gzip(head, nhead);
   if (sizer && zipped) {
     r = dt__gunzip_prefix(head, nhead, DT__DATA_PREFIX, &pre);
     if (r != DTRAIN_OK) {
