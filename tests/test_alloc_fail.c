@@ -6,8 +6,9 @@
  * checkpoint saved before must still be on disk, bitwise unchanged and
  * loadable, with no temporary file left beside it.
  * Covered: dt_checkpoint_save, dt_checkpoint_load, dt_checkpoint_load_weights,
- * dt_checkpoint_open, dt_fit (set-up, a short run and its checkpoint), and
- * strategy creation (mirrored, async, central_storage) with one step. */
+ * dt_checkpoint_open, dt_fit (set-up, a short run and its checkpoint),
+ * strategy creation (mirrored, async, central_storage) with one step, and the
+ * data loaders (dt_npy_read, dt_dataset_load_idx, dt_dataset_load_csv). */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <signal.h>
@@ -248,9 +249,7 @@ static int check_load(void *p, dt_result r) {
 }
 
 static void test_checkpoint(void) {
-#if defined(DTRAIN_NO_STDIO)
-  TH_SKIP("built without stdio");
-#else
+  if (!(dt_build_features() & DTRAIN_FEATURE_STDIO)) TH_SKIP("built without stdio");
   static ckpt_ctx c;
   model_init(&c.m);
   snprintf(c.path, sizeof c.path, "%s/ck.safetensors", tmpdir);
@@ -275,7 +274,6 @@ static void test_checkpoint(void) {
   free(c.ref);
   free(c.params_ref);
   model_free(&c.m);
-#endif
 }
 
 /* ---- dt_fit ---------------------------------------------------------------------------- */
@@ -327,9 +325,8 @@ static int check_fit(void *p, dt_result r) {
 }
 
 static void test_fit(void) {
-#if defined(DTRAIN_NO_STDIO)
-  TH_SKIP("built without stdio");
-#else
+  if (!(dt_build_features() & DTRAIN_FEATURE_STDIO) || !(dt_build_features() & DTRAIN_FEATURE_FIT))
+    TH_SKIP("built without stdio or without dt_fit");
   static fit_ctx c;
   model_init(&c.m);
   snprintf(c.path, sizeof c.path, "%s/fit.safetensors", tmpdir);
@@ -337,7 +334,6 @@ static void test_fit(void) {
   sweep("dt_fit", op_fit, check_fit, &c);
   remove(c.path);
   model_free(&c.m);
-#endif
 }
 
 /* ---- strategies ------------------------------------------------------------------------ */
@@ -385,6 +381,60 @@ static void test_strategies(void) {
   model_free(&c.m);
 }
 
+/* ---- data loaders ----------------------------------------------------------------------- */
+typedef struct {
+  char npy[300], idx[300], csv[300];
+} data_ctx;
+
+static dt_result op_npy(void *p) {
+  dt_npy a;
+  dt_result r = dt_npy_read(((data_ctx *)p)->npy, &a);
+  if (r == DTRAIN_OK) dt_npy_free(&a);
+  return r;
+}
+static dt_result op_idx(void *p) {
+  dt_dataset *ds = dt_dataset_load_idx(((data_ctx *)p)->idx, NULL, 0);
+  if (!ds) return dt_last_result();
+  dt_dataset_destroy(ds);
+  return DTRAIN_OK;
+}
+static dt_result op_csv(void *p) {
+  dt_dataset *ds = dt_dataset_load_csv(((data_ctx *)p)->csv, NULL);
+  if (!ds) return dt_last_result();
+  dt_dataset_destroy(ds);
+  return DTRAIN_OK;
+}
+
+static void test_data_loaders(void) {
+  if (!(dt_build_features() & DTRAIN_FEATURE_STDIO)) TH_SKIP("built without stdio");
+  if (!(dt_build_features() & DTRAIN_FEATURE_DATA)) TH_SKIP("built without the data loaders");
+  static data_ctx c;
+  snprintf(c.npy, sizeof c.npy, "%s/x.npy", tmpdir);
+  snprintf(c.idx, sizeof c.idx, "%s/x.idx", tmpdir);
+  snprintf(c.csv, sizeof c.csv, "%s/x.csv", tmpdir);
+  int64_t sh[2] = {ROWS, NF};
+  CHECK_MSG(dt_npy_write(c.npy, DTRAIN_NPY_F32, 2, sh, xs) == DTRAIN_OK, "%s", dt_last_error());
+  FILE *f = fopen(c.idx, "wb");
+  if (f) {
+    const unsigned char hdr[12] = {0, 0, 8, 2, 0, 0, 0, 4, 0, 0, 0, 3};
+    fwrite(hdr, 1, sizeof hdr, f);
+    for (int i = 0; i < 12; i++) fputc(i * 7, f);
+    fclose(f);
+  }
+  f = fopen(c.csv, "wb");
+  if (f) {
+    fputs("1,2,0\n3,4,1\n5,6,0\n", f);
+    fclose(f);
+  }
+  CHECK_MSG(op_npy(&c) == DTRAIN_OK && op_idx(&c) == DTRAIN_OK && op_csv(&c) == DTRAIN_OK, "%s", dt_last_error());
+  sweep("dt_npy_read", op_npy, NULL, &c);
+  sweep("dt_dataset_load_idx", op_idx, NULL, &c);
+  sweep("dt_dataset_load_csv", op_csv, NULL, &c);
+  remove(c.npy);
+  remove(c.idx);
+  remove(c.csv);
+}
+
 static void cleanup(void) {
   DIR *d = opendir(tmpdir);
   if (d) {
@@ -419,6 +469,7 @@ int main(void) {
   TH_RUN(test_checkpoint);
   TH_RUN(test_fit);
   TH_RUN(test_strategies);
+  TH_RUN(test_data_loaders);
   dt_set_allocator(NULL);
   cleanup();
   return th_summary("test_alloc_fail");
