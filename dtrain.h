@@ -1095,15 +1095,20 @@ DTRAIN_EXTERN_C_END
  * (RNG states, 64 hex digits), "optimizer" (the optimizer's settings),
  * "layout_hash" (dt_params_layout_hash, 16 hex digits), "config" (a user
  * string) and "checksum" (16 hex digits over the header's content and the
- * data; verified when present).
+ * data; verified whenever present, whatever the "format").
  *
  * Saving is atomic: the file is written to a temporary file in the same
- * directory, flushed and fsync'ed, renamed over `path`, and the directory is
- * fsync'ed. On any failure the temporary file is removed, an existing file at
- * `path` is left as it was, and the error (DTRAIN_ERR_IO) names the path and
- * the system's reason.
+ * directory ("<path>.tmp-<pid>-<n>", created exclusively, never through a
+ * symbolic link planted there), flushed and fsync'ed, renamed over `path`,
+ * and the directory is fsync'ed. On any failure the temporary file is
+ * removed, an existing file at `path` is left as it was, and the error
+ * (DTRAIN_ERR_IO, or DTRAIN_ERR_NOMEM when an allocation failed) names the
+ * path and the reason. Temporaries left by a process killed while saving are
+ * removed by the next save to the same path once that process is gone.
  *
- * Loading validates everything before it changes anything: the file size,
+ * Loading validates everything before it changes anything, and the header
+ * before it reads the data: a regular file only (a FIFO, a device or a
+ * directory is refused at once, DTRAIN_ERR_IO), the file size,
  * the header length (at most 100,000,000 bytes and within the file), the JSON
  * (strict RFC 8259, UTF-8, depth and length limits, no duplicate keys), every
  * entry (dtype, shape, offsets in bounds, sizes matching shapes, tensors
@@ -1400,7 +1405,12 @@ DTRAIN_EXTERN_C_END
  * dt_dataset_from_*(buf, len, ...). With
  * DTRAIN_NO_STDIO the file forms return DTRAIN_ERR_UNSUPPORTED; the parse
  * forms always work. Every reader checks sizes claimed by a header against
- * the bytes actually there BEFORE allocating, and reports malformed input as
+ * the bytes actually there BEFORE allocating (a file reader opens regular
+ * files only -- a FIFO, a device or a directory is DTRAIN_ERR_IO at once --
+ * and reads the first 64 KiB first: an IDX or NPY file longer than its header
+ * describes is refused before the rest is read, a gzip one is inflated no
+ * further than its header's size, DTRAIN_ERR_OVERFLOW past it), and reports
+ * malformed input as
  * DTRAIN_ERR_FORMAT (not this kind of file), DTRAIN_ERR_CORRUPT (truncated or
  * damaged) or DTRAIN_ERR_IO (with the path and the system's reason), with a
  * message in dt_last_error().
