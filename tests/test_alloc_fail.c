@@ -8,11 +8,16 @@
  * Covered: dt_checkpoint_save, dt_checkpoint_load, dt_checkpoint_load_weights,
  * dt_checkpoint_open, dt_fit (set-up, a short run and its checkpoint),
  * strategy creation (mirrored, async, central_storage) with one step, and the
- * data loaders (dt_npy_read, dt_dataset_load_idx, dt_dataset_load_csv). */
+ * data loaders (dt_npy_read, dt_dataset_load_idx, dt_dataset_load_csv), and
+ * the TCP communicator over loopback (create, one all-reduce, destroy). */
 #define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -435,6 +440,97 @@ static void test_data_loaders(void) {
   remove(c.csv);
 }
 
+/* ---- the TCP communicator over loopback ----------------------------------------------------
+ * Two ranks in two threads of this process: the failing allocation hits
+ * whichever rank makes it. That rank must return NOMEM; the other one then
+ * fails with the peer's loss (PEER, TIMEOUT, ABORTED, NET) within its
+ * deadline. Both destroy what they made: nothing may leak. */
+typedef struct {
+  int lfd[2];
+  char addr[2][64];
+  char *addrs[2];
+  dt_result res[2];
+} tcp_ctx;
+
+typedef struct {
+  tcp_ctx *c;
+  int rank;
+} tcp_arg;
+
+static void *tcp_rank(void *p) {
+  tcp_arg *a = (tcp_arg *)p;
+  tcp_ctx *c = a->c;
+  dt_cluster cl;
+  memset(&cl, 0, sizeof cl);
+  cl.workers = 2;
+  cl.worker_addr = c->addrs;
+  cl.role = DTRAIN_ROLE_WORKER;
+  cl.index = a->rank;
+  dt_net_options o = dt_net_defaults();
+  o.timeout_s = 1;
+  o.connect_timeout_s = 1;
+  o.quiet = 1;
+  o.listen_fd = c->lfd[a->rank];
+  dt_comm *comm = dt_comm_create_tcp(&cl, &o);
+  if (!comm) {
+    c->res[a->rank] = dt_last_result();
+    return NULL;
+  }
+  float buf[64];
+  for (int i = 0; i < 64; i++) buf[i] = (float)(i + a->rank);
+  c->res[a->rank] = dt_comm_allreduce(comm, a->rank, buf, 64);
+  if (c->res[a->rank] == DTRAIN_OK && buf[5] != 11.0f) c->res[a->rank] = DTRAIN_ERR_INTERNAL;
+  dt_comm_destroy(comm);
+  return NULL;
+}
+
+static int peer_loss(dt_result r) {
+  return r == DTRAIN_ERR_PEER || r == DTRAIN_ERR_TIMEOUT || r == DTRAIN_ERR_ABORTED || r == DTRAIN_ERR_NET;
+}
+
+static dt_result op_tcp(void *p) {
+  tcp_ctx *c = (tcp_ctx *)p;
+  pthread_t t[2];
+  tcp_arg a[2];
+  for (int r = 0; r < 2; r++) {
+    a[r].c = c;
+    a[r].rank = r;
+    c->res[r] = DTRAIN_ERR_INTERNAL;
+    if (pthread_create(&t[r], NULL, tcp_rank, &a[r]) != 0) return DTRAIN_ERR_INTERNAL;
+  }
+  for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+  if (c->res[0] == DTRAIN_OK && c->res[1] == DTRAIN_OK) return DTRAIN_OK;
+  int nomem = 0, other = 0;
+  for (int r = 0; r < 2; r++) {
+    if (c->res[r] == DTRAIN_ERR_NOMEM) nomem++;
+    else if (c->res[r] != DTRAIN_OK && !peer_loss(c->res[r])) other++;
+  }
+  if (nomem && !other) return DTRAIN_ERR_NOMEM;
+  /* A rank's own failure reported as something else: the sweep names it. */
+  return c->res[0] != DTRAIN_OK && c->res[0] != DTRAIN_ERR_NOMEM ? c->res[0] : c->res[1];
+}
+
+static void test_tcp_comm(void) {
+  unsigned need = DTRAIN_FEATURE_THREADS | DTRAIN_FEATURE_NET | DTRAIN_FEATURE_DIST;
+  if ((dt_build_features() & need) != need) TH_SKIP("built without threads, networking or the distributed parts");
+  static tcp_ctx c;
+  for (int r = 0; r < 2; r++) {
+    struct sockaddr_in sa;
+    socklen_t len = sizeof sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    c.lfd[r] = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(c.lfd[r] >= 0 && bind(c.lfd[r], (struct sockaddr *)&sa, sizeof sa) == 0 && listen(c.lfd[r], 64) == 0 &&
+          getsockname(c.lfd[r], (struct sockaddr *)&sa, &len) == 0);
+    snprintf(c.addr[r], sizeof c.addr[r], "127.0.0.1:%d", (int)ntohs(sa.sin_port));
+    c.addrs[r] = c.addr[r];
+  }
+  CHECK_MSG(op_tcp(&c) == DTRAIN_OK, "%s", dt_last_error());
+  sweep("dt_comm_create_tcp + allreduce", op_tcp, NULL, &c);
+  for (int r = 0; r < 2; r++) close(c.lfd[r]);
+}
+
 static void cleanup(void) {
   DIR *d = opendir(tmpdir);
   if (d) {
@@ -470,6 +566,7 @@ int main(void) {
   TH_RUN(test_fit);
   TH_RUN(test_strategies);
   TH_RUN(test_data_loaders);
+  TH_RUN(test_tcp_comm);
   dt_set_allocator(NULL);
   cleanup();
   return th_summary("test_alloc_fail");
