@@ -15439,6 +15439,7 @@ DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_data_core.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
@@ -15669,8 +15670,11 @@ static int dt__data_fm_file(const char *dir, const char *base, char *path, size_
   for (int gz = 1; gz >= 0; gz--) {
     int n = snprintf(path, cap, "%s/%s%s", dir, base, gz ? ".gz" : "");
     if (n < 0 || (size_t)n >= cap) return 0;
-    FILE *f = fopen(path, "rb");
-    if (f) {
+    /* A regular file only: opening a FIFO planted here must not block. */
+    FILE *f;
+    uint64_t size;
+    char why[160];
+    if (dt__file_open_read(path, &f, &size, why, sizeof why) == DTRAIN_OK) {
       fclose(f);
       return 1;
     }

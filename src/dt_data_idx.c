@@ -19,6 +19,7 @@
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 #include "dt_data_core.h"
+#include "dt_file.h"
 
 #if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
@@ -249,8 +250,11 @@ static int dt__data_fm_file(const char *dir, const char *base, char *path, size_
   for (int gz = 1; gz >= 0; gz--) {
     int n = snprintf(path, cap, "%s/%s%s", dir, base, gz ? ".gz" : "");
     if (n < 0 || (size_t)n >= cap) return 0;
-    FILE *f = fopen(path, "rb");
-    if (f) {
+    /* A regular file only: opening a FIFO planted here must not block. */
+    FILE *f;
+    uint64_t size;
+    char why[160];
+    if (dt__file_open_read(path, &f, &size, why, sizeof why) == DTRAIN_OK) {
       fclose(f);
       return 1;
     }

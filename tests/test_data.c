@@ -1511,6 +1511,17 @@ static void test_hostile_special_files(void) {
   CHECK(dt_dataset_load_csv(fifo, NULL) == NULL && dt_last_result() == DTRAIN_ERR_IO);
   CHECK_ERR(dt_read_file_gz("/dev/zero", &b), DTRAIN_ERR_IO, "device");
   CHECK_ERR(dt_npy_read(tmpdir, &a), DTRAIN_ERR_IO, "directory");
+  /* Fashion-MNIST's look-up probes files: FIFOs named like them are skipped. */
+  char fm[512], f1[600], f2[600], out[600];
+  tmp_path(fm, sizeof fm, "fm_fifo");
+  CHECK(mkdir(fm, 0700) == 0);
+  snprintf(f1, sizeof f1, "%s/t10k-images-idx3-ubyte.gz", fm);
+  snprintf(f2, sizeof f2, "%s/t10k-labels-idx1-ubyte", fm);
+  CHECK(mkfifo(f1, 0600) == 0 && mkfifo(f2, 0600) == 0);
+  CHECK_ERR(dt_fashion_mnist_find(fm, out, sizeof out, NULL), DTRAIN_ERR_NOT_FOUND, "fm_fifo");
+  remove(f1);
+  remove(f2);
+  rmdir(fm);
   alarm(0);
   remove(fifo);
 }
