@@ -66,7 +66,9 @@ static long dt__file_tmp_pid(const char *name, const char *base, size_t blen) {
   const char *p = name + blen + 5;
   long pid = 0;
   int digits = 0;
-  for (; *p >= '0' && *p <= '9' && digits < 10; p++, digits++) pid = pid * 10 + (*p - '0');
+  /* At most 9 digits: no overflow of a 32-bit long, and never a value that
+   * a pid_t would turn negative (kill() would then address a group). */
+  for (; *p >= '0' && *p <= '9' && digits < 9; p++, digits++) pid = pid * 10 + (*p - '0');
   if (digits == 0 || *p != '-' || !p[1]) return 0;
   for (p++; *p; p++)
     if (*p < '0' || *p > '9') return 0;
