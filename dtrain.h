@@ -129,7 +129,7 @@
  * LAYERS (the files of src/, lowest first: a file includes and calls only
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
  * An upper layer reaches down through hooks it installs, never the reverse.)
- *   1  base      dt_base dt_internal dt_platform dt_rng dt_json dt_bytes
+ *   1  base      dt_base dt_internal dt_platform dt_rng dt_json dt_bytes dt_file
  *   2  tensor    dt_tensor dt_tensor_internal dt_device dt_maps dt_optim_math
  *   3  ops       dt_ops* dt_gemm dt_device_ops dt_device_nn
  *   4  autograd  dt_autograd
@@ -1122,15 +1122,20 @@ DTRAIN_EXTERN_C_END
  * (RNG states, 64 hex digits), "optimizer" (the optimizer's settings),
  * "layout_hash" (dt_params_layout_hash, 16 hex digits), "config" (a user
  * string) and "checksum" (16 hex digits over the header's content and the
- * data; verified when present).
+ * data; verified whenever present, whatever the "format").
  *
  * Saving is atomic: the file is written to a temporary file in the same
- * directory, flushed and fsync'ed, renamed over `path`, and the directory is
- * fsync'ed. On any failure the temporary file is removed, an existing file at
- * `path` is left as it was, and the error (DTRAIN_ERR_IO) names the path and
- * the system's reason.
+ * directory ("<path>.tmp-<pid>-<n>", created exclusively, never through a
+ * symbolic link planted there), flushed and fsync'ed, renamed over `path`,
+ * and the directory is fsync'ed. On any failure the temporary file is
+ * removed, an existing file at `path` is left as it was, and the error
+ * (DTRAIN_ERR_IO, or DTRAIN_ERR_NOMEM when an allocation failed) names the
+ * path and the reason. Temporaries left by a process killed while saving are
+ * removed by the next save to the same path once that process is gone.
  *
- * Loading validates everything before it changes anything: the file size,
+ * Loading validates everything before it changes anything, and the header
+ * before it reads the data: a regular file only (a FIFO, a device or a
+ * directory is refused at once, DTRAIN_ERR_IO), the file size,
  * the header length (at most 100,000,000 bytes and within the file), the JSON
  * (strict RFC 8259, UTF-8, depth and length limits, no duplicate keys), every
  * entry (dtype, shape, offsets in bounds, sizes matching shapes, tensors
@@ -1450,7 +1455,12 @@ DTRAIN_EXTERN_C_END
  * dt_dataset_from_*(buf, len, ...). With
  * DTRAIN_NO_STDIO the file forms return DTRAIN_ERR_UNSUPPORTED; the parse
  * forms always work. Every reader checks sizes claimed by a header against
- * the bytes actually there BEFORE allocating, and reports malformed input as
+ * the bytes actually there BEFORE allocating (a file reader opens regular
+ * files only -- a FIFO, a device or a directory is DTRAIN_ERR_IO at once --
+ * and reads the first 64 KiB first: an IDX or NPY file longer than its header
+ * describes is refused before the rest is read, a gzip one is inflated no
+ * further than its header's size, DTRAIN_ERR_OVERFLOW past it), and reports
+ * malformed input as
  * DTRAIN_ERR_FORMAT (not this kind of file), DTRAIN_ERR_CORRUPT (truncated or
  * damaged) or DTRAIN_ERR_IO (with the path and the system's reason), with a
  * message in dt_last_error().
@@ -3842,6 +3852,71 @@ DTRAIN_PRIVATE const char *dt__optim_slot_name(dt_optim_kind kind, int slot);
 #endif /* DTRAIN_OPTIM_INTERNAL_H */
 /* ======== end dt_optim_internal.h ======== */
 
+/* ======== begin dt_file.h ======== */
+/* ===========================================================================
+ * dt_file.h -- writing a file atomically, opening a file to read it safely
+ * ===========================================================================
+ * Private to the implementation. Every file dtrain writes goes through
+ * dt__file_create / dt__file_commit:
+ *
+ *   - the bytes go to a temporary file "<path>.tmp-<pid>-<n>" in the same
+ *     directory, created exclusively (O_CREAT|O_EXCL|O_NOFOLLOW): a file or
+ *     a symbolic link planted at that name is never opened or written
+ *     through;
+ *   - commit flushes and fsyncs it, renames it over path and fsyncs the
+ *     directory, so a crash leaves either the old file or the new one;
+ *   - on any failure (or dt__file_abort) the temporary file is removed and an
+ *     existing file at path is left as it was;
+ *   - a process killed while writing leaves its temporary behind: the next
+ *     dt__file_create for the same path removes the temporaries
+ *     "<path>.tmp-<pid>-*" of processes that no longer exist (POSIX: kill(pid,
+ *     0) fails with ESRCH).
+ *
+ * Reading, dt__file_open_read refuses what is not a regular file before it
+ * can block (the open is non-blocking, then fstat: a FIFO, a device such as
+ * /dev/zero, a directory or a socket is refused) and gives the size, so a
+ * loader can check the size against its header and its limits before it
+ * reads a byte.
+ *
+ * The functions set no dtrain error: they return a code and leave a message
+ * ("cannot create temporary file '...': Permission denied") in msg, which the
+ * caller puts in its own error, naming its function and the path.
+ */
+#ifndef DTRAIN_FILE_H
+#define DTRAIN_FILE_H
+
+/* #include "dt_internal.h" (amalgamated) */
+
+#ifndef DTRAIN_NO_STDIO
+
+typedef struct dt__file_out {
+  FILE *f;         /* write here between create and commit/abort */
+  const char *path;
+  char *tmp;       /* the temporary file's name */
+  size_t tmp_cap;
+  char msg[320];   /* why the last call failed */
+} dt__file_out;
+
+/* Creates the temporary file for path. DTRAIN_OK, DTRAIN_ERR_NOMEM or
+ * DTRAIN_ERR_IO (msg says why); on error nothing is left to clean up. */
+DTRAIN_PRIVATE dt_result dt__file_create(dt__file_out *o, const char *path);
+/* Flush, fsync, close, rename over path, fsync the directory. On failure
+ * (DTRAIN_ERR_IO, msg) the temporary file is removed. Frees o either way. */
+DTRAIN_PRIVATE dt_result dt__file_commit(dt__file_out *o);
+/* Closes and removes the temporary file, frees o. */
+DTRAIN_PRIVATE void dt__file_abort(dt__file_out *o);
+
+/* Opens path for reading when it is a regular file (see above); *size is its
+ * size in bytes. DTRAIN_ERR_IO with msg (cap bytes) otherwise. */
+DTRAIN_PRIVATE dt_result dt__file_open_read(const char *path, FILE **out, uint64_t *size, char *msg, size_t cap);
+
+/* Reads exactly n bytes; 0 on a short read or an error (msg says which). */
+DTRAIN_PRIVATE int dt__file_read_exact(FILE *f, void *dst, size_t n, char *msg, size_t cap);
+
+#endif /* DTRAIN_NO_STDIO */
+#endif /* DTRAIN_FILE_H */
+/* ======== end dt_file.h ======== */
+
 /* ======== begin dt_base.c ======== */
 /* ===========================================================================
  * dt_base.c -- result strings, per-thread errors, allocator, logger, build info
@@ -4361,6 +4436,280 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
   }
 }
 /* ======== end dt_rng.c ======== */
+
+/* ======== begin dt_file.c ======== */
+/* ===========================================================================
+ * dt_file.c -- writing a file atomically, opening a file to read it safely
+ * ===========================================================================
+ * See dt_file.h. The one place that creates, renames and opens files, so
+ * that every writer (checkpoints, parameter-server shards, the fit chart,
+ * .npy files) and every reader (checkpoints, data sets) gets the same rules.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_STDIO)
+#  include <errno.h>
+#  if defined(_WIN32)
+#    include <process.h>
+#  else
+#    include <dirent.h>
+#    include <fcntl.h>
+#    include <signal.h>
+#    include <sys/stat.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
+#endif
+
+#ifndef DTRAIN_NO_STDIO
+
+#if !defined(_WIN32) && !defined(O_NOFOLLOW)
+#  define O_NOFOLLOW 0 /* a system without it still gets O_EXCL, which refuses a planted link too */
+#endif
+#if !defined(_WIN32) && !defined(O_CLOEXEC)
+#  define O_CLOEXEC 0
+#endif
+
+static long dt__file_pid(void) {
+#if defined(_WIN32)
+  return (long)_getpid();
+#else
+  return (long)getpid();
+#endif
+}
+
+/* Length of the directory part of path, without the last '/' ("": none). */
+static size_t dt__file_dir_len(const char *path) {
+  const char *slash = strrchr(path, '/');
+  return slash ? (size_t)(slash - path) : 0;
+}
+
+#if !defined(_WIN32)
+/* Opens the directory of path (fsync, listing); -1 on failure. */
+static int dt__file_open_dir(const char *path) {
+  size_t n = dt__file_dir_len(path);
+  if (!strchr(path, '/')) return open(".", O_RDONLY | O_CLOEXEC);
+  if (n == 0) return open("/", O_RDONLY | O_CLOEXEC);
+  char *dir = (char *)dt__alloc(n + 1);
+  if (!dir) return -1;
+  memcpy(dir, path, n);
+  dir[n] = '\0';
+  int fd = open(dir, O_RDONLY | O_CLOEXEC);
+  dt__free(dir, n + 1);
+  return fd;
+}
+
+/* A temporary name "<base>.tmp-<pid>-<n>": the pid when it is one, else 0. */
+static long dt__file_tmp_pid(const char *name, const char *base, size_t blen) {
+  if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp-", 5) != 0) return 0;
+  const char *p = name + blen + 5;
+  long pid = 0;
+  int digits = 0;
+  /* At most 9 digits: no overflow of a 32-bit long, and never a value that
+   * a pid_t would turn negative (kill() would then address a group). */
+  for (; *p >= '0' && *p <= '9' && digits < 9; p++, digits++) pid = pid * 10 + (*p - '0');
+  if (digits == 0 || *p != '-' || !p[1]) return 0;
+  for (p++; *p; p++)
+    if (*p < '0' || *p > '9') return 0;
+  return pid;
+}
+
+/* Removes "<path>.tmp-<pid>-*" of processes that are gone (killed while
+ * saving). Best effort: a failure here never stops the save. */
+static void dt__file_clean_stale(const char *path) {
+  size_t dn = dt__file_dir_len(path);
+  const char *base = strchr(path, '/') ? path + dn + 1 : path;
+  size_t blen = strlen(base);
+  long me = dt__file_pid();
+  if (blen == 0) return;
+  int dfd = dt__file_open_dir(path);
+  if (dfd < 0) return;
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    close(dfd);
+    return;
+  }
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    long pid = dt__file_tmp_pid(e->d_name, base, blen);
+    if (pid <= 0 || pid == me) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
+    size_t cap = (strchr(path, '/') ? dn + 1 : 0) + strlen(e->d_name) + 1;
+    char *full = (char *)dt__alloc(cap);
+    if (!full) break;
+    snprintf(full, cap, "%.*s%s%s", (int)dn, path, strchr(path, '/') ? "/" : "", e->d_name);
+    if (unlink(full) == 0)
+      dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "removed '%s', left by process %ld that no longer exists", full, pid);
+    dt__free(full, cap);
+  }
+  closedir(d);
+}
+#endif
+
+static void dt__file_release(dt__file_out *o) {
+  dt__free(o->tmp, o->tmp_cap);
+  o->tmp = NULL;
+  o->tmp_cap = 0;
+  o->f = NULL;
+}
+
+DTRAIN_PRIVATE dt_result dt__file_create(dt__file_out *o, const char *path) {
+  static DT__TLS unsigned counter;
+  memset(o, 0, sizeof *o);
+  o->path = path;
+  o->tmp_cap = strlen(path) + 48;
+  o->tmp = (char *)dt__alloc(o->tmp_cap);
+  if (!o->tmp) {
+    o->tmp_cap = 0;
+    snprintf(o->msg, sizeof o->msg, "out of memory");
+    return DTRAIN_ERR_NOMEM;
+  }
+#if !defined(_WIN32)
+  dt__file_clean_stale(path);
+#endif
+  int err = 0;
+  for (int attempt = 0; attempt < 100 && !o->f; attempt++) {
+    snprintf(o->tmp, o->tmp_cap, "%s.tmp-%ld-%u", path, dt__file_pid(), counter++);
+#if defined(_WIN32)
+    o->f = fopen(o->tmp, "wbx");
+    if (!o->f) err = errno;
+#else
+    int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      o->f = fdopen(fd, "wb");
+      if (!o->f) {
+        err = errno;
+        close(fd);
+        unlink(o->tmp);
+        break;
+      }
+    } else {
+      err = errno;
+    }
+#endif
+    if (!o->f && err != EEXIST) break;
+  }
+  if (!o->f) {
+    snprintf(o->msg, sizeof o->msg, "cannot create temporary file '%.200s': %s", o->tmp, strerror(err));
+    dt__file_release(o);
+    return err == ENOMEM ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO;
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__file_abort(dt__file_out *o) {
+  if (o->f) fclose(o->f);
+  if (o->tmp) remove(o->tmp);
+  dt__file_release(o);
+}
+
+static dt_result dt__file_fail(dt__file_out *o, const char *what, int err) {
+  snprintf(o->msg, sizeof o->msg, "%s '%.200s' failed: %s", what, o->tmp, strerror(err));
+  dt__file_abort(o);
+  return DTRAIN_ERR_IO;
+}
+
+DTRAIN_PRIVATE dt_result dt__file_commit(dt__file_out *o) {
+  if (ferror(o->f)) return dt__file_fail(o, "write to", errno ? errno : EIO);
+  if (fflush(o->f) != 0) return dt__file_fail(o, "write to", errno);
+#if !defined(_WIN32)
+  {
+    int rc;
+    do rc = fsync(fileno(o->f)); while (rc != 0 && errno == EINTR);
+    if (rc != 0 && errno != EINVAL) return dt__file_fail(o, "fsync of", errno);
+  }
+#endif
+  {
+    int rc = fclose(o->f);
+    o->f = NULL;
+    if (rc != 0) return dt__file_fail(o, "closing", errno);
+  }
+#if defined(_WIN32)
+  remove(o->path); /* rename does not replace on Windows (not atomic there) */
+#endif
+  if (rename(o->tmp, o->path) != 0) return dt__file_fail(o, "renaming", errno);
+#if !defined(_WIN32)
+  {
+    /* The rename is durable once the directory is. */
+    int fd = dt__file_open_dir(o->path);
+    if (fd >= 0) {
+      int rc;
+      do rc = fsync(fd); while (rc != 0 && errno == EINTR);
+      if (rc != 0 && errno != EINVAL && errno != EROFS && errno != EBADF)
+        dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "fsync of the directory of '%s' failed: %s", o->path, strerror(errno));
+      close(fd);
+    }
+  }
+#endif
+  dt__file_release(o);
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__file_open_read(const char *path, FILE **out, uint64_t *size, char *msg, size_t cap) {
+  *out = NULL;
+  *size = 0;
+#if defined(_WIN32)
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(msg, cap, "cannot open: %s", strerror(errno));
+    return DTRAIN_ERR_IO;
+  }
+  long n = -1;
+  if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    snprintf(msg, cap, "cannot determine the size: %s", strerror(errno));
+    fclose(f);
+    return DTRAIN_ERR_IO;
+  }
+  *size = (uint64_t)n;
+  *out = f;
+  return DTRAIN_OK;
+#else
+  /* Non-blocking, so that opening a FIFO without a writer returns at once. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int saved = errno;
+    snprintf(msg, cap, "cannot open: %s", strerror(saved));
+    errno = saved; /* the caller may tell "no such file" apart */
+    return DTRAIN_ERR_IO;
+  }
+  struct stat sb;
+  if (fstat(fd, &sb) != 0) {
+    snprintf(msg, cap, "cannot stat: %s", strerror(errno));
+    close(fd);
+    return DTRAIN_ERR_IO;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    snprintf(msg, cap, "not a regular file (%s)",
+             S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode) ? "a FIFO"
+             : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device" : S_ISSOCK(sb.st_mode) ? "a socket" : "special");
+    close(fd);
+    return DTRAIN_ERR_IO;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl != -1) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    snprintf(msg, cap, "cannot open: %s", strerror(errno));
+    close(fd);
+    return errno == ENOMEM ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO;
+  }
+  *size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
+  *out = f;
+  return DTRAIN_OK;
+#endif
+}
+
+DTRAIN_PRIVATE int dt__file_read_exact(FILE *f, void *dst, size_t n, char *msg, size_t cap) {
+  size_t got = n ? fread(dst, 1, n, f) : 0;
+  if (got == n) return 1;
+  if (ferror(f)) snprintf(msg, cap, "read %zu of %zu bytes: %s", got, n, strerror(errno));
+  else snprintf(msg, cap, "read %zu of %zu bytes: the file changed while reading", got, n);
+  return 0;
+}
+
+#endif /* DTRAIN_NO_STDIO */
+/* ======== end dt_file.c ======== */
 
 /* ======== begin dt_tensor.c ======== */
 /* ===========================================================================
@@ -11900,6 +12249,8 @@ struct dt_checkpoint {
   size_t header_len;
   const unsigned char *data;
   size_t data_size;
+  unsigned char *data_buf; /* the data, read after the header was checked */
+  size_t data_cap;
   dt__json json;
   dt__io_entry *entries; /* sorted by data offset */
   int nentries;
@@ -11932,10 +12283,11 @@ DTRAIN_PRIVATE dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, d
  * dt_safetensors.c -- reading safetensors files: the checksum, the strict
  * index (dt_checkpoint_open and friends)
  * ===========================================================================
- * A file is read whole, its header parsed by the strict JSON reader
- * (dt_json.c) and every entry checked: known dtype, a shape that matches its
- * byte range, ranges that tile the data exactly, unique names, and for a
- * dtrain checkpoint the checksum. Checkpoint save and load (dt_checkpoint.c)
+ * A file's header is read first (its length checked against the file's size
+ * and the limit), parsed by the strict JSON reader (dt_json.c) and every
+ * entry checked: known dtype, a shape that matches its byte range, ranges
+ * that tile the data exactly, unique names. Only then is the data read, and
+ * the checksum verified whenever the metadata has one. Checkpoint save and load (dt_checkpoint.c)
  * build on this index.
  */
 /* #include "dt_internal.h" (amalgamated) */
@@ -11953,6 +12305,7 @@ DTRAIN_PRIVATE dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, d
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_json.h" (amalgamated) */
 /* #include "dt_safetensors.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
@@ -12059,6 +12412,7 @@ DTRAIN_PRIVATE int *dt__io_sorted_index(const char *const *names, int n) {
 DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) {
   if (!c) return;
   dt__free(c->file, c->file_cap);
+  dt__free(c->data_buf, c->data_cap);
   dt__json_free(&c->json);
   dt__free(c->entries, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(dt__io_entry));
   dt__free(c->by_name, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(int));
@@ -12140,8 +12494,7 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
   if (n < 2 || c->file[8] != '{')
     return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "not a safetensors file: the header does not start with '{'");
   c->header_len = (size_t)n;
-  c->data = c->file + 8 + c->header_len;
-  c->data_size = c->file_size - 8 - c->header_len;
+  c->data_size = c->file_size - 8 - c->header_len; /* not read yet: the index is checked against its size */
   dt__json *j = &c->json;
   if (!dt__json_parse(j, c->file + 8, c->header_len, DT__IO_JSON_DEPTH, 0))
     return dt__io_err(ctx, j->nomem ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_FORMAT, "header JSON: %s", j->err);
@@ -12290,66 +12643,93 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
 
   const char *fmt = dt__io_meta_get(c, "format");
   c->is_dtrain = fmt && strcmp(fmt, "dtrain") == 0;
-  if (r == DTRAIN_OK && c->is_dtrain) {
-    const char *cs = dt__io_meta_get(c, "checksum");
-    uint64_t want = 0;
-    if (!cs)
-      r = dt__io_err(ctx, DTRAIN_ERR_FORMAT, "dtrain checkpoint without metadata 'checksum'");
-    else if (!dt__io_parse_hex64(cs, &want))
-      r = dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata 'checksum' is not 16 lowercase hex digits");
-    else if (dt__io_checksum(c, morder) != want)
-      r = dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "checksum mismatch: the header or the data were changed");
-  }
+  if (r == DTRAIN_OK && c->is_dtrain && !dt__io_meta_get(c, "checksum"))
+    r = dt__io_err(ctx, DTRAIN_ERR_FORMAT, "dtrain checkpoint without metadata 'checksum'");
   dt__free(morder, (size_t)(nmeta > 0 ? nmeta : 1) * sizeof(int));
   return r;
 }
 
-/* Read the whole file into c->file. */
-static dt_result dt__io_read_file(dt_checkpoint *c, const dt__io_ctx *ctx) {
-  FILE *f = fopen(ctx->path, "rb");
-  if (!f) return dt__io_err(ctx, DTRAIN_ERR_IO, "cannot open: %s", strerror(errno));
-  dt_result r = DTRAIN_OK;
-  long size = -1;
-#if !defined(_WIN32)
-  {
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && !S_ISREG(sb.st_mode)) {
-      fclose(f);
-      return dt__io_err(ctx, DTRAIN_ERR_IO, "not a regular file");
-    }
+/* The checksum, verified whenever the metadata has one (any writer's file,
+ * not only dtrain's), once the data is in memory. */
+static dt_result dt__io_verify(const dt_checkpoint *c, const dt__io_ctx *ctx) {
+  const char *cs = dt__io_meta_get(c, "checksum");
+  uint64_t want = 0;
+  if (!cs) return DTRAIN_OK;
+  if (!dt__io_parse_hex64(cs, &want))
+    return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata 'checksum' is not 16 lowercase hex digits");
+  int *morder = dt__io_sorted_index(c->mkeys, c->nmeta);
+  if (!morder) return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for the index");
+  uint64_t got = dt__io_checksum(c, morder);
+  dt__free(morder, (size_t)(c->nmeta > 0 ? c->nmeta : 1) * sizeof(int));
+  if (got != want) return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "checksum mismatch: the header or the data were changed");
+  return DTRAIN_OK;
+}
+
+/* Opens the file and reads its length and header into c->file (8 + N bytes)
+ * -- never more before the header is checked: the header length against the
+ * file's size and the limit, then (dt__io_index) every entry against the
+ * data's size. Only a regular file is read (a FIFO or a device is refused
+ * without blocking). */
+static dt_result dt__io_read_header(dt_checkpoint *c, const dt__io_ctx *ctx, FILE **fp) {
+  char why[200];
+  uint64_t size = 0;
+  unsigned char len8[8];
+  dt_result r = dt__file_open_read(ctx->path, fp, &size, why, sizeof why);
+  if (r != DTRAIN_OK) return dt__io_err(ctx, r, "%s", why);
+  if (size < 8) return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "truncated: %llu bytes, a safetensors file has at least 8",
+                                  (unsigned long long)size);
+  if (size > (uint64_t)(SIZE_MAX / 2))
+    return dt__io_err(ctx, DTRAIN_ERR_OVERFLOW, "file of %llu bytes is too large", (unsigned long long)size);
+  c->file_size = (size_t)size;
+  if (!dt__file_read_exact(*fp, len8, 8, why, sizeof why)) return dt__io_err(ctx, DTRAIN_ERR_IO, "%s", why);
+  uint64_t n = dt__get_le64(len8);
+  if (n > size - 8)
+    return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "header length %llu exceeds the file (%zu bytes: at most %zu)",
+                      (unsigned long long)n, c->file_size, c->file_size - 8);
+  if (n > (uint64_t)DTRAIN_CHECKPOINT_MAX_HEADER)
+    return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "header length %llu exceeds the limit of %d bytes",
+                      (unsigned long long)n, DTRAIN_CHECKPOINT_MAX_HEADER);
+  c->file_cap = 8 + (size_t)n + 1;
+  c->file = (unsigned char *)dt__alloc(c->file_cap);
+  if (!c->file) {
+    c->file_cap = 0;
+    return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for a header of %llu bytes", (unsigned long long)n);
   }
-#endif
-  if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-  if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "cannot determine the size: %s", strerror(errno));
-  } else if ((unsigned long)size > (unsigned long)(SIZE_MAX / 2)) {
-    r = dt__io_err(ctx, DTRAIN_ERR_OVERFLOW, "file of %ld bytes is too large", size);
-  } else {
-    c->file_cap = (size_t)size + 1;
-    c->file = (unsigned char *)dt__alloc(c->file_cap);
-    if (!c->file) {
-      c->file_cap = 0;
-      r = dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for %ld bytes", size);
-    } else {
-      size_t got = fread(c->file, 1, (size_t)size, f);
-      if (got != (size_t)size || ferror(f))
-        r = dt__io_err(ctx, DTRAIN_ERR_IO, "read %zu of %ld bytes: %s", got, size,
-                       ferror(f) ? strerror(errno) : "file changed while reading");
-      c->file_size = got;
-    }
+  memcpy(c->file, len8, 8);
+  c->file[8] = 0;
+  if (!dt__file_read_exact(*fp, c->file + 8, (size_t)n, why, sizeof why))
+    return dt__io_err(ctx, DTRAIN_ERR_IO, "%s", why);
+  c->file[8 + n] = 0;
+  return DTRAIN_OK;
+}
+
+/* The data, after the index checked that its tensors cover data_size. */
+static dt_result dt__io_read_data(dt_checkpoint *c, const dt__io_ctx *ctx, FILE *f) {
+  char why[200];
+  c->data_cap = c->data_size > 0 ? c->data_size : 1;
+  c->data_buf = (unsigned char *)dt__alloc(c->data_cap);
+  if (!c->data_buf) {
+    c->data_cap = 0;
+    return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for %zu bytes of data", c->data_size);
   }
-  fclose(f);
-  return r;
+  c->data = c->data_buf;
+  if (!dt__file_read_exact(f, c->data_buf, c->data_size, why, sizeof why))
+    return dt__io_err(ctx, DTRAIN_ERR_IO, "%s", why);
+  return DTRAIN_OK;
 }
 
 DTRAIN_PRIVATE dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, dt_result *res) {
   dt_checkpoint *c = (dt_checkpoint *)dt__calloc(sizeof *c);
+  FILE *f = NULL;
   if (!c) {
     *res = dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory");
     return NULL;
   }
-  *res = dt__io_read_file(c, ctx);
+  *res = dt__io_read_header(c, ctx, &f);
   if (*res == DTRAIN_OK) *res = dt__io_index(c, ctx, need_f32);
+  if (*res == DTRAIN_OK) *res = dt__io_read_data(c, ctx, f);
+  if (*res == DTRAIN_OK) *res = dt__io_verify(c, ctx);
+  if (f) fclose(f);
   if (*res != DTRAIN_OK) {
     dt_checkpoint_close(c);
     return NULL;
@@ -12501,17 +12881,10 @@ DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { (void)c;
 /* #include "dt_optim_internal.h" (amalgamated) */
 /* #include "dt_json.h" (amalgamated) */
 /* #include "dt_safetensors.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
-#  if defined(_WIN32)
-#    include <process.h>
-#  else
-#    include <fcntl.h>
-#    include <sys/stat.h>
-#    include <sys/types.h>
-#    include <unistd.h>
-#  endif
 #endif
 
 #ifndef DTRAIN_NO_STDIO
@@ -12675,117 +13048,25 @@ static int dt__io_stream_data(FILE *f, dt__io_hasher *h, const dt__io_out *outs,
   return 1;
 }
 
-/* Directory part of path ("." when none) into a new buffer. */
-static char *dt__io_dirname(const char *path, size_t *cap) {
-  const char *slash = strrchr(path, '/');
-  size_t n = slash ? (size_t)(slash - path) : 1;
-  if (slash && n == 0) n = 1; /* "/file" -> "/" */
-  *cap = n + 1;
-  char *d = (char *)dt__alloc(*cap);
-  if (!d) return NULL;
-  if (slash) memcpy(d, path, n);
-  else d[0] = '.';
-  d[n] = '\0';
-  return d;
-}
-
-static void dt__io_fsync_dir(const char *path) {
-#if defined(_WIN32)
-  (void)path;
-#else
-  size_t cap;
-  char *dir = dt__io_dirname(path, &cap);
-  if (!dir) return;
-  int fd = open(dir, O_RDONLY);
-  if (fd >= 0) {
-    int rc;
-    do rc = fsync(fd); while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno != EINVAL && errno != EROFS)
-      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "dt_checkpoint_save: fsync of directory '%s' failed: %s", dir,
-              strerror(errno));
-    close(fd);
-  }
-  dt__free(dir, cap);
-#endif
-}
-
-static long dt__io_pid(void) {
-#if defined(_WIN32)
-  return (long)_getpid();
-#else
-  return (long)getpid();
-#endif
-}
-
-/* Write [len][header][data] to a temporary file next to path and rename it over path. */
+/* Write [len][header][data] through the shared atomic writer (dt_file.h):
+ * a temporary file created exclusively next to path, fsynced, renamed over
+ * path, the directory fsynced. */
 static dt_result dt__io_write_atomic(const dt__io_ctx *ctx, const dt__io_buf *header, const dt__io_out *outs,
                                      int nout) {
-  static DT__TLS unsigned dt__io_tmp_counter;
-  size_t tcap = strlen(ctx->path) + 48;
-  char *tmp = (char *)dt__alloc(tcap);
-  FILE *f = NULL;
-  dt_result r = DTRAIN_OK;
+  dt__file_out fo;
   unsigned char len8[8];
-  int saved = 0;
-  if (!tmp) return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory");
-  for (int attempt = 0; attempt < 100 && !f; attempt++) {
-    snprintf(tmp, tcap, "%s.tmp-%ld-%u", ctx->path, dt__io_pid(), dt__io_tmp_counter++);
-    f = fopen(tmp, "wbx");
-    if (!f && errno != EEXIST) break;
-  }
-  if (!f) {
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "cannot create temporary file '%s': %s", tmp, strerror(errno));
-    dt__free(tmp, tcap);
+  dt_result r = dt__file_create(&fo, ctx->path);
+  if (r != DTRAIN_OK) return dt__io_err(ctx, r, "%s", fo.msg);
+  dt__put_le64(len8, (uint64_t)header->len);
+  if (fwrite(len8, 1, 8, fo.f) != 8 || fwrite(header->p, 1, header->len, fo.f) != header->len ||
+      !dt__io_stream_data(fo.f, NULL, outs, nout)) {
+    int saved = errno;
+    r = dt__io_err(ctx, DTRAIN_ERR_IO, "write to '%s' failed: %s", fo.tmp, strerror(saved));
+    dt__file_abort(&fo);
     return r;
   }
-  dt__put_le64(len8, (uint64_t)header->len);
-  if (fwrite(len8, 1, 8, f) != 8 || fwrite(header->p, 1, header->len, f) != header->len ||
-      !dt__io_stream_data(f, NULL, outs, nout)) {
-    saved = errno;
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "write to '%s' failed: %s", tmp, strerror(saved));
-    goto fail;
-  }
-  if (fflush(f) != 0) {
-    saved = errno;
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "write to '%s' failed: %s", tmp, strerror(saved));
-    goto fail;
-  }
-#if !defined(_WIN32)
-  {
-    int rc;
-    do rc = fsync(fileno(f)); while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno != EINVAL) {
-      saved = errno;
-      r = dt__io_err(ctx, DTRAIN_ERR_IO, "fsync of '%s' failed: %s", tmp, strerror(saved));
-      goto fail;
-    }
-  }
-#endif
-  {
-    int rc = fclose(f);
-    f = NULL;
-    if (rc != 0) {
-      saved = errno;
-      r = dt__io_err(ctx, DTRAIN_ERR_IO, "closing '%s' failed: %s", tmp, strerror(saved));
-      goto fail;
-    }
-  }
-#if defined(_WIN32)
-  remove(ctx->path); /* rename does not replace on Windows (not atomic there) */
-#endif
-  if (rename(tmp, ctx->path) != 0) {
-    saved = errno;
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "renaming '%s' failed: %s", tmp, strerror(saved));
-    goto fail;
-  }
-  dt__io_fsync_dir(ctx->path);
-  dt__free(tmp, tcap);
-  return DTRAIN_OK;
-fail:
-  if (f) fclose(f);
-  remove(tmp);
-  dt__free(tmp, tcap);
-  return r;
+  r = dt__file_commit(&fo);
+  return r == DTRAIN_OK ? r : dt__io_err(ctx, r, "%s", fo.msg);
 }
 
 /* Shortest of %.6g / %.9g that reads back as the same float. */
@@ -13034,7 +13315,9 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
     dt__io_buf_str(&header, "]}");
   }
   dt__io_buf_str(&header, "}");
-  while ((8 + header.len) % 8 != 0) dt__io_buf_str(&header, " ");
+  /* Pad so that the data starts 8-byte aligned; a buffer that could not grow
+   * (nomem) keeps its length, so the loop must stop on that too. */
+  while (!header.nomem && (8 + header.len) % 8 != 0) dt__io_buf_str(&header, " ");
   if (header.nomem) {
     r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory for the header");
     goto done;
@@ -13233,8 +13516,9 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
           }
         }
       }
+      if (oj.nomem) r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory reading metadata 'optimizer'");
       dt__json_free(&oj);
-      if (ok == 0) r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'optimizer' is not a JSON object with a \"kind\"");
+      if (ok == 0 && r == DTRAIN_OK) r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'optimizer' is not a JSON object with a \"kind\"");
       if (r != DTRAIN_OK) goto done;
     }
   }
@@ -13349,6 +13633,7 @@ DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) 
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_FIT) /* the whole file; the stubs at the end stand in without it */
 
@@ -13636,22 +13921,12 @@ static void dt__fit_panel(FILE *f, double x0, double y0, double w, double h, con
 }
 
 static dt_result dt__fit_svg(const char *path, const dt_fit_epoch *rows, int64_t n, const char *title) {
-  static DT__TLS unsigned counter;
   const double W = 960, H = 400, top = 40;
-  size_t cap = strlen(path) + 48;
-  char *tmp = (char *)dt__alloc(cap);
-  if (!tmp) return dt__error(DTRAIN_ERR_NOMEM, "dt_fit_write_svg: out of memory");
-#if defined(_WIN32)
-  snprintf(tmp, cap, "%s.tmp-%ld-%u", path, (long)_getpid(), counter++);
-#else
-  snprintf(tmp, cap, "%s.tmp-%ld-%u", path, (long)getpid(), counter++);
-#endif
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    dt_result r = dt__error(DTRAIN_ERR_IO, "dt_fit_write_svg: cannot create '%s': %s", tmp, strerror(errno));
-    dt__free(tmp, cap);
-    return r;
-  }
+  /* The shared atomic writer (dt_file.h): exclusive temporary, fsync, rename. */
+  dt__file_out fo;
+  dt_result r = dt__file_create(&fo, path);
+  if (r != DTRAIN_OK) return dt__error(r, "dt_fit_write_svg: '%s': %s", path, fo.msg);
+  FILE *f = fo.f;
   dt__fit_series loss[2], acc[2];
   loss[0].name = "train"; loss[0].color = "#1f77b4"; loss[0].dashed = 0; loss[0].field = offsetof(dt_fit_epoch, train_loss);
   loss[1].name = "validation"; loss[1].color = "#ff7f0e"; loss[1].dashed = 1; loss[1].field = offsetof(dt_fit_epoch, val_loss);
@@ -13678,22 +13953,8 @@ static dt_result dt__fit_svg(const char *path, const dt_fit_epoch *rows, int64_t
             H / 2);
   }
   fputs("</svg>\n", f);
-  int bad = ferror(f) != 0;
-  int saved = errno;
-  if (fclose(f) != 0 && !bad) {
-    bad = 1;
-    saved = errno;
-  }
-  if (!bad && rename(tmp, path) != 0) {
-    bad = 1;
-    saved = errno;
-  }
-  dt_result r = DTRAIN_OK;
-  if (bad) {
-    remove(tmp);
-    r = dt__error(DTRAIN_ERR_IO, "dt_fit_write_svg: writing '%s' failed: %s", path, strerror(saved));
-  }
-  dt__free(tmp, cap);
+  r = dt__file_commit(&fo);
+  if (r != DTRAIN_OK) r = dt__error(r, "dt_fit_write_svg: writing '%s' failed: %s", path, fo.msg);
   return r;
 }
 
@@ -14232,10 +14493,20 @@ DTRAIN_API dt_result dt_fit_write_svg(const char *path, const dt_fit_epoch *rows
 /* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
 DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
                                         dt_bytes *out);
-/* The whole file at path into *out (who: the public function, for messages);
- * gunzipped when gz and the data has the gzip magic. UNSUPPORTED with
+/* A format's size from its header: given the first bytes of a file (or of
+ * what a .gz decompresses to), *need = the bytes the whole file must have
+ * (0: cannot tell from these bytes), or the parser's own error for a bad
+ * header. dt__data_load checks the file (or caps the decompression) against
+ * it before it reads or inflates the rest. */
+typedef dt_result (*dt__data_sizer)(const char *ctx, const unsigned char *p, size_t len, uint64_t *need);
+DTRAIN_PRIVATE dt_result dt__data_idx_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need);
+DTRAIN_PRIVATE dt_result dt__data_npy_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need);
+DTRAIN_PRIVATE dt_result dt__gunzip_prefix(const unsigned char *in, size_t len, size_t max_out, dt_bytes *out);
+/* The whole file at path into *out (who: the public function, for messages;
+ * a regular file only); gunzipped when gz and the data has the gzip magic;
+ * sizer (NULL: none) checks the header first (above). UNSUPPORTED with
  * DTRAIN_NO_STDIO. */
-DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out);
+DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt__data_sizer sizer, dt_bytes *out);
 /* Bytes of a parse_* input, gunzipped into tmp when they are gzip data
  * (*p and *len then point at tmp's bytes; free tmp after use). */
 DTRAIN_PRIVATE dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p, size_t *len, dt_bytes *tmp);
@@ -14809,6 +15080,38 @@ truncated_header:
   return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated header (member %d)", ctx, member + 1);
 }
 
+/* The first bytes (at most max_out) that a gzip image decompresses to, from
+ * as much of the image as is at hand (a file's first kilobytes): a loader
+ * checks the header inside before it reads or inflates the rest. Errors
+ * (truncated input, corrupt data) just end the prefix; the full decompression
+ * reports them. DTRAIN_ERR_NOMEM is the only failure. */
+DTRAIN_PRIVATE dt_result dt__gunzip_prefix(const unsigned char *in, size_t len, size_t max_out, dt_bytes *out) {
+  size_t pos = 10, used = 0, where = 0;
+  const char *why = "";
+  memset(out, 0, sizeof *out);
+  if (!dt__inflate_reserve(out, DT__MIN(max_out, (size_t)65536), max_out)) return DTRAIN_ERR_NOMEM;
+  if (len < 18 || in[0] != 0x1f || in[1] != 0x8b || in[2] != 8) return DTRAIN_OK;
+  unsigned flg = in[3];
+  if (flg & DT__GZ_FEXTRA) {
+    if (len - pos < 2) return DTRAIN_OK;
+    size_t xlen = dt__get_le16(in + pos);
+    pos += 2;
+    if (len - pos < xlen) return DTRAIN_OK;
+    pos += xlen;
+  }
+  for (int f = 0; f < 2; f++) {
+    if (!(flg & (f == 0 ? DT__GZ_FNAME : DT__GZ_FCOMMENT))) continue;
+    const unsigned char *z = (const unsigned char *)memchr(in + pos, 0, len - pos);
+    if (!z) return DTRAIN_OK;
+    pos = (size_t)(z - in) + 1;
+  }
+  if (flg & DT__GZ_FHCRC) pos += 2;
+  if (pos >= len) return DTRAIN_OK;
+  dt_result r = dt__inflate_raw(in + pos, len - pos, &used, out, max_out, &why, &where);
+  if (out->data) out->data[out->size < out->cap ? out->size : out->cap - 1] = 0;
+  return r == DTRAIN_ERR_NOMEM && out->size == 0 ? r : DTRAIN_OK;
+}
+
 DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_bytes *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_gunzip: out is NULL");
   memset(out, 0, sizeof *out);
@@ -14876,6 +15179,7 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_data_core.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
@@ -14888,95 +15192,123 @@ static int dt__data_is_gzip(const unsigned char *p, size_t len) { return len >= 
 /* ---- files ---------------------------------------------------------------------------- */
 
 #ifndef DTRAIN_NO_STDIO
-static dt_result dt__data_read_raw(const char *who, const char *path, dt_bytes *out) {
-  memset(out, 0, sizeof *out);
-  FILE *f = fopen(path, "rb");
-  if (!f) return dt__error(DTRAIN_ERR_IO, "%s: cannot open '%s': %s", who, path, strerror(errno));
-  /* Probe one byte first: a directory (or another unreadable thing) fails
-   * here, before its bogus size could be trusted for an allocation. */
-  int c0 = fgetc(f);
-  if (c0 == EOF && ferror(f)) {
-    int e = errno;
-    fclose(f);
-    return dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, e ? strerror(e) : "read error");
+#define DT__DATA_PREFIX 65536 /* bytes read (or inflated) first, to check a header */
+
+/* n bytes of f (from where it is) appended to a new buffer of cap n + 1. */
+static dt_result dt__data_read_n(const char *who, const char *path, FILE *f, const unsigned char *head, size_t nhead,
+                                 uint64_t n64, dt_bytes *out) {
+  char why[200];
+  if (n64 > (uint64_t)(SIZE_MAX - 1))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: '%s': file of %llu bytes is too large for memory", who, path,
+                     (unsigned long long)n64);
+  size_t n = (size_t)n64;
+  out->cap = n + 1;
+  out->data = (unsigned char *)dt__alloc(out->cap);
+  if (!out->data) {
+    out->cap = 0;
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: '%s': out of memory (%zu bytes)", who, path, n + 1);
   }
-  size_t cap = 1 << 16;
-  if (fseek(f, 0, SEEK_END) == 0) {
-    long end = ftell(f);
-    if (end > 0 && (unsigned long)end < (unsigned long)(SIZE_MAX - 1)) cap = (size_t)end + 1;
+  memcpy(out->data, head, nhead);
+  if (!dt__file_read_exact(f, out->data + nhead, n - nhead, why, sizeof why)) {
+    dt_bytes_free(out);
+    return dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, why);
   }
-  rewind(f);
-  unsigned char *buf = (unsigned char *)dt__alloc(cap);
-  if (!buf) {
-    fclose(f);
-    return dt__error(DTRAIN_ERR_NOMEM, "%s: '%s': out of memory (%zu bytes)", who, path, cap);
-  }
-  size_t size = 0;
-  for (;;) {
-    if (size + 1 >= cap) { /* keep room for the terminating 0 */
-      size_t ncap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
-      unsigned char *nb = ncap > cap ? (unsigned char *)dt__realloc(buf, cap, ncap) : NULL;
-      if (!nb) {
-        dt__free(buf, cap);
-        fclose(f);
-        return dt__error(DTRAIN_ERR_NOMEM, "%s: '%s': out of memory reading the file", who, path);
-      }
-      buf = nb;
-      cap = ncap;
-    }
-    size_t got = fread(buf + size, 1, cap - 1 - size, f);
-    size += got;
-    if (got == 0) {
-      if (ferror(f)) {
-        int e = errno;
-        dt__free(buf, cap);
-        fclose(f);
-        return dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, e ? strerror(e) : "read error");
-      }
-      break;
-    }
-  }
-  fclose(f);
-  buf[size] = 0;
-  out->data = buf;
-  out->size = size;
-  out->cap = cap;
+  out->size = n;
+  out->data[n] = 0;
   return DTRAIN_OK;
 }
+
+/* The file is opened as a regular file only (a FIFO, /dev/zero, a directory
+ * are refused without blocking, dt_file.h); its first bytes are read first
+ * and, with a sizer, the header they hold decides how much more may be read
+ * (the rest of a raw file must be exactly what the header describes) or
+ * inflated (a .gz never decompresses past the size its header describes). */
+static dt_result dt__data_read(const char *who, const char *path, int gz, dt__data_sizer sizer, dt_bytes *out) {
+  char why[200], ctx[DT__DATA_CTX];
+  FILE *f;
+  uint64_t size;
+  unsigned char *head = NULL;
+  uint64_t need = 0; /* the bytes the header describes (0: unknown) */
+  int zipped = 0;
+  dt_bytes raw, pre;
+  memset(&raw, 0, sizeof raw);
+  memset(&pre, 0, sizeof pre);
+  dt_result r = dt__file_open_read(path, &f, &size, why, sizeof why);
+  if (r != DTRAIN_OK) {
+    if (strncmp(why, "cannot open: ", 13) == 0) return dt__error(r, "%s: cannot open '%s': %s", who, path, why + 13);
+    return dt__error(r, "%s: '%s': %s", who, path, why);
+  }
+  snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
+  size_t nhead = size < DT__DATA_PREFIX ? (size_t)size : DT__DATA_PREFIX;
+  head = (unsigned char *)dt__alloc(nhead + 1);
+  if (!head) {
+    fclose(f);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", ctx);
+  }
+  if (!dt__file_read_exact(f, head, nhead, why, sizeof why)) {
+    r = dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, why);
+    goto done;
+  }
+  zipped = gz && dt__data_is_gzip(head, nhead);
+  if (sizer && zipped) {
+    r = dt__gunzip_prefix(head, nhead, DT__DATA_PREFIX, &pre);
+    if (r != DTRAIN_OK) {
+      r = dt__error(r, "%s: out of memory", ctx);
+      goto done;
+    }
+    r = sizer(ctx, pre.data, pre.size, &need);
+  } else if (sizer) {
+    r = sizer(ctx, head, nhead, &need);
+    /* More bytes than the header describes: refused before reading them (a
+     * huge or sparse file behind a small header). Fewer: the parser names
+     * the truncation. */
+    if (r == DTRAIN_OK && need > 0 && size > need)
+      r = dt__error(DTRAIN_ERR_CORRUPT, "%s: the file has %llu bytes but its header describes %llu (%llu after the data)",
+                    ctx, (unsigned long long)size, (unsigned long long)need, (unsigned long long)(size - need));
+  }
+  if (r != DTRAIN_OK) goto done;
+  r = dt__data_read_n(who, path, f, head, nhead, size, zipped ? &raw : out);
+  if (r != DTRAIN_OK || !zipped) goto done;
+  if (need > (uint64_t)(SIZE_MAX - 2)) {
+    r = dt__error(DTRAIN_ERR_OVERFLOW, "%s: its header describes %llu bytes, too large for memory", ctx,
+                  (unsigned long long)need);
+    goto done;
+  }
+  /* need 0 (no header, or none could be read): the default limit. */
+  r = dt__gunzip_ctx(ctx, raw.data, raw.size, (size_t)need, out);
+  if (r != DTRAIN_OK) dt_bytes_free(out);
+done:
+  fclose(f);
+  dt__free(head, nhead + 1);
+  dt_bytes_free(&pre);
+  dt_bytes_free(&raw);
+  return r;
+}
+#undef DT__DATA_PREFIX
 #endif
 
 /* Whole file; gunzipped when gz and the data has the gzip magic. */
-DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out) {
+DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt__data_sizer sizer, dt_bytes *out) {
   memset(out, 0, sizeof *out);
   if (!path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: path is NULL", who);
 #ifdef DTRAIN_NO_STDIO
   (void)gz;
+  (void)sizer;
   return dt__error(DTRAIN_ERR_UNSUPPORTED,
                    "%s: file I/O is not available in this build (DTRAIN_NO_STDIO); parse from memory instead", who);
 #else
-  dt_bytes raw;
-  dt_result r = dt__data_read_raw(who, path, &raw);
-  if (r != DTRAIN_OK || !gz || !dt__data_is_gzip(raw.data, raw.size)) {
-    *out = raw;
-    return r;
-  }
-  char ctx[DT__DATA_CTX];
-  snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
-  r = dt__gunzip_ctx(ctx, raw.data, raw.size, 0, out);
-  dt_bytes_free(&raw);
-  if (r != DTRAIN_OK) dt_bytes_free(out);
-  return r;
+  return dt__data_read(who, path, gz, sizer, out);
 #endif
 }
 
 DTRAIN_API dt_result dt_read_file(const char *path, dt_bytes *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_read_file: out is NULL");
-  return dt__data_load("dt_read_file", path, 0, out);
+  return dt__data_load("dt_read_file", path, 0, NULL, out);
 }
 
 DTRAIN_API dt_result dt_read_file_gz(const char *path, dt_bytes *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_read_file_gz: out is NULL");
-  return dt__data_load("dt_read_file_gz", path, 1, out);
+  return dt__data_load("dt_read_file_gz", path, 1, NULL, out);
 }
 
 /* Bytes of a parse_* input, gunzipped into tmp when they are gzip data. */
@@ -15453,6 +15785,7 @@ DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_data_core.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
@@ -15501,6 +15834,31 @@ static dt_result dt__data_idx_header(const char *ctx, const unsigned char *p, si
   return DTRAIN_OK;
 }
 
+/* The IDX header's size check for dt__data_load (dt_data_core.h): the
+ * header's own errors, then the bytes the file must have. */
+DTRAIN_PRIVATE dt_result dt__data_idx_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need) {
+  *need = 0;
+  if (len < 4) return DTRAIN_OK; /* the parser names the truncation */
+  if (p[0] != 0 || p[1] != 0 || p[2] != 0x08 || p[3] < 1 || p[3] > DTRAIN_MAX_DIMS) {
+    int nd;
+    int64_t shape[DTRAIN_MAX_DIMS], size;
+    size_t off;
+    return dt__data_idx_header(ctx, p, len, &nd, shape, &size, &off); /* its FORMAT error */
+  }
+  size_t hdr = 4 + 4 * (size_t)p[3];
+  if (len < hdr) return DTRAIN_OK;
+  uint64_t total = 1;
+  for (int d = 0; d < p[3]; d++) {
+    uint64_t v = dt__get_be32(p + 4 + 4 * d);
+    if (v == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX dimension %d is 0", ctx, d);
+    if (total > (UINT64_MAX - hdr) / v)
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX header claims a size that overflows", ctx);
+    total *= v;
+  }
+  *need = (uint64_t)hdr + total;
+  return DTRAIN_OK;
+}
+
 static dt_result dt__data_idx_parse(const char *ctx, const unsigned char *p, size_t len, dt_idx *out) {
   dt_bytes tmp;
   dt_result r = dt__data_maybe_gunzip(ctx, &p, &len, &tmp);
@@ -15535,7 +15893,7 @@ DTRAIN_API dt_result dt_idx_read(const char *path, dt_idx *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_read: out is NULL");
   memset(out, 0, sizeof *out);
   dt_bytes b;
-  dt_result r = dt__data_load("dt_idx_read", path, 1, &b);
+  dt_result r = dt__data_load("dt_idx_read", path, 1, dt__data_idx_size, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "dt_idx_read: '%s'", path);
@@ -15625,9 +15983,9 @@ static dt_result dt__data_read_idx(const char *who, dt_dataset **out, const char
   if (!images_path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: images_path is NULL", who);
   dt_bytes ib, lb;
   memset(&lb, 0, sizeof lb);
-  dt_result r = dt__data_load(who, images_path, 0, &ib); /* gunzipped by the parser */
+  dt_result r = dt__data_load(who, images_path, 1, dt__data_idx_size, &ib);
   if (r != DTRAIN_OK) return r;
-  if (labels_path) r = dt__data_load(who, labels_path, 0, &lb);
+  if (labels_path) r = dt__data_load(who, labels_path, 1, dt__data_idx_size, &lb);
   if (r == DTRAIN_OK) {
     char ictx[DT__DATA_CTX], lctx[DT__DATA_CTX];
     snprintf(ictx, sizeof ictx, "%s: '%s'", who, images_path);
@@ -15658,8 +16016,11 @@ static int dt__data_fm_file(const char *dir, const char *base, char *path, size_
   for (int gz = 1; gz >= 0; gz--) {
     int n = snprintf(path, cap, "%s/%s%s", dir, base, gz ? ".gz" : "");
     if (n < 0 || (size_t)n >= cap) return 0;
-    FILE *f = fopen(path, "rb");
-    if (f) {
+    /* A regular file only: opening a FIFO planted here must not block. */
+    FILE *f;
+    uint64_t size;
+    char why[160];
+    if (dt__file_open_read(path, &f, &size, why, sizeof why) == DTRAIN_OK) {
       fclose(f);
       return 1;
     }
@@ -15808,6 +16169,7 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_data_core.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
@@ -15960,7 +16322,22 @@ static void dt__data_swap(unsigned char *p, size_t n, size_t w) {
     }
 }
 
+/* need != NULL: only the header is checked (dt__data_npy_size); *need gets
+ * the bytes the whole file must have (0 when the header is not all there). */
+static dt_result dt__data_npy_parse2(const char *ctx, const unsigned char *p, size_t len, dt_npy *out, uint64_t *need);
+
+DTRAIN_PRIVATE dt_result dt__data_npy_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need) {
+  dt_npy a;
+  *need = 0;
+  if (len < 12) return DTRAIN_OK; /* the parser names the truncation */
+  return dt__data_npy_parse2(ctx, p, len, &a, need);
+}
+
 static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, size_t len, dt_npy *out) {
+  return dt__data_npy_parse2(ctx, p, len, out, NULL);
+}
+
+static dt_result dt__data_npy_parse2(const char *ctx, const unsigned char *p, size_t len, dt_npy *out, uint64_t *need) {
   memset(out, 0, sizeof *out);
   if (len < 10 || memcmp(p, "\x93NUMPY", 6) != 0) {
     if (len >= 6 && memcmp(p, "\x93NUMPY", 6) == 0)
@@ -15981,6 +16358,7 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   }
   if (minor != 0)
     return dt__error(DTRAIN_ERR_FORMAT, "%s: NPY format version %u.%u is not supported (1.0, 2.0, 3.0)", ctx, major, minor);
+  if (need && hlen > len - hstart) return DTRAIN_OK; /* the header is longer than the bytes at hand */
   if (hlen > len - hstart)
     return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated NPY file: header of %zu bytes, only %zu follow", ctx, hlen,
                      len - hstart);
@@ -16003,6 +16381,12 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   }
   if (!overflow && w != 0 && count > UINT64_MAX / w) overflow = 1;
   else bytes64 = count * w;
+  if (need) {
+    if (overflow || bytes64 > UINT64_MAX - hstart - hlen)
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: NPY header claims a size that overflows", ctx);
+    *need = (uint64_t)(hstart + hlen) + bytes64;
+    return DTRAIN_OK;
+  }
   size_t avail = len - hstart - hlen;
   char sh[160];
   dt__shape_text(a.ndim, a.shape, sh, sizeof sh);
@@ -16040,7 +16424,7 @@ DTRAIN_API dt_result dt_npy_read(const char *path, dt_npy *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_npy_read: out is NULL");
   memset(out, 0, sizeof *out);
   dt_bytes b;
-  dt_result r = dt__data_load("dt_npy_read", path, 1, &b);
+  dt_result r = dt__data_load("dt_npy_read", path, 1, dt__data_npy_size, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "dt_npy_read: '%s'", path);
@@ -16129,19 +16513,18 @@ DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim
   if (!buf) return dt__error(DTRAIN_ERR_NOMEM, "dt_npy_write: out of memory (%zu bytes)", total);
   r = dt__data_npy_encode("dt_npy_write", buf, total, &total, dtype, ndim, shape, data);
   if (r == DTRAIN_OK) {
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-      r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot create '%s': %s", path, strerror(errno));
-    } else {
-      errno = 0;
-      size_t put = fwrite(buf, 1, total, f);
+    /* The shared atomic writer (dt_file.h): exclusive temporary, fsync, rename. */
+    dt__file_out fo;
+    r = dt__file_create(&fo, path);
+    if (r != DTRAIN_OK) {
+      r = dt__error(r, "dt_npy_write: '%s': %s", path, fo.msg);
+    } else if (fwrite(buf, 1, total, fo.f) != total) {
       int e = errno;
-      int bad = put != total || fflush(f) != 0;
-      if (fclose(f) != 0) bad = 1;
-      if (bad) {
-        remove(path);
-        r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot write '%s': %s", path, e ? strerror(e) : "write error");
-      }
+      dt__file_abort(&fo);
+      r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot write '%s': %s", path, e ? strerror(e) : "write error");
+    } else {
+      r = dt__file_commit(&fo);
+      if (r != DTRAIN_OK) r = dt__error(r, "dt_npy_write: cannot write '%s': %s", path, fo.msg);
     }
   }
   dt__free(buf, total);
@@ -16418,7 +16801,7 @@ static dt_result dt__data_read_csv(const char *who, dt_dataset **out, const char
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   dt_bytes b;
-  dt_result r = dt__data_load(who, path, 1, &b);
+  dt_result r = dt__data_load(who, path, 1, NULL, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
@@ -16482,7 +16865,7 @@ DTRAIN_API dt_result dt_text_read(const char *path, dt_text *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_text_read: out is NULL");
   memset(out, 0, sizeof *out);
   dt_bytes b;
-  dt_result r = dt__data_load("dt_text_read", path, 1, &b);
+  dt_result r = dt__data_load("dt_text_read", path, 1, NULL, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "dt_text_read: '%s'", path);
@@ -24954,8 +25337,9 @@ DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of
  * u32 shard index, u32 servers, u64 params floats, u64 shard floats, u64
  * layout hash, u64 updates applied, u64 optimizer steps, u32 optimizer slots
  * -- then the shard's values, then each optimizer slot's shard, then the
- * CRC-32C of everything before it. Written to a temporary file, synced and
- * renamed, so a crash leaves the old checkpoint or the new one.
+ * CRC-32C of everything before it. Written through dt_file.h (a temporary
+ * file created exclusively, synced and renamed), so a crash leaves the old
+ * checkpoint or the new one.
  */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_strategy.h" (amalgamated) */
@@ -24974,6 +25358,7 @@ DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_ps_core.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_NET)
 #  include <errno.h>
@@ -25013,33 +25398,39 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   }
   dt__put_le32(b + off, dt__crc32c(0, b, off));
   off += 4;
-  char tmp[1100];
-  snprintf(tmp, sizeof tmp, "%.1024s.tmp", S->ckpt_path);
-  FILE *f = fopen(tmp, "wb");
-  if (!f) return dt__error(DTRAIN_ERR_IO, "ps %d: cannot create '%s': %s", S->me, tmp, strerror(errno));
-  int ok = fwrite(b, 1, off, f) == off && fflush(f) == 0;
-  if (ok) {
-    int rc;
-    do rc = fsync(fileno(f)); while (rc != 0 && errno == EINTR);
-  }
-  if (fclose(f) != 0) ok = 0;
-  if (!ok || rename(tmp, S->ckpt_path) != 0) {
+  /* The shared atomic writer: created exclusively (a link planted at the
+   * temporary name is never written through), synced, renamed. */
+  dt__file_out fo;
+  dt_result r = dt__file_create(&fo, S->ckpt_path);
+  if (r != DTRAIN_OK) return dt__error(r, "ps %d: checkpoint '%s': %s", S->me, S->ckpt_path, fo.msg);
+  if (fwrite(b, 1, off, fo.f) != off) {
     int saved = errno;
-    remove(tmp);
+    dt__file_abort(&fo);
     return dt__error(DTRAIN_ERR_IO, "ps %d: writing the checkpoint '%s' failed: %s", S->me, S->ckpt_path,
                      strerror(saved));
   }
+  r = dt__file_commit(&fo);
+  if (r != DTRAIN_OK)
+    return dt__error(r, "ps %d: writing the checkpoint '%s' failed: %s", S->me, S->ckpt_path, fo.msg);
   S->since_ckpt = 0;
   S->last_ckpt = dt__now();
   return DTRAIN_OK;
 }
 
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
-  FILE *f = fopen(S->ckpt_path, "rb");
-  if (!f) return DTRAIN_OK;
+  /* A regular file of exactly the expected size, or nothing is read (a FIFO
+   * or a device planted there is refused without blocking). */
+  FILE *f;
+  uint64_t fsize;
+  char why[200];
+  if (dt__file_open_read(S->ckpt_path, &f, &fsize, why, sizeof why) != DTRAIN_OK) {
+    if (errno == ENOENT) return DTRAIN_OK; /* no checkpoint yet */
+    return dt__error(DTRAIN_ERR_IO, "ps %d: checkpoint '%s': %s", S->me, S->ckpt_path, why);
+  }
   unsigned char *b = S->ckpt;
-  size_t got = fread(b, 1, S->ckpt_bytes, f);
-  int extra = fgetc(f) != EOF;
+  size_t got = 0;
+  int extra = fsize > (uint64_t)S->ckpt_bytes; /* read no more than a checkpoint holds */
+  got = fread(b, 1, extra ? S->ckpt_bytes : (size_t)fsize, f);
   fclose(f);
   const char *p = S->ckpt_path;
   if (got < DT__PS_CKPT_HDR + 4 || dt__get_le32(b) != DT__PS_CKPT_MAGIC || dt__get_le32(b + 4) != 1)

@@ -26,17 +26,10 @@
 #include "dt_optim_internal.h"
 #include "dt_json.h"
 #include "dt_safetensors.h"
+#include "dt_file.h"
 
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
-#  if defined(_WIN32)
-#    include <process.h>
-#  else
-#    include <fcntl.h>
-#    include <sys/stat.h>
-#    include <sys/types.h>
-#    include <unistd.h>
-#  endif
 #endif
 
 #ifndef DTRAIN_NO_STDIO
@@ -200,117 +193,25 @@ static int dt__io_stream_data(FILE *f, dt__io_hasher *h, const dt__io_out *outs,
   return 1;
 }
 
-/* Directory part of path ("." when none) into a new buffer. */
-static char *dt__io_dirname(const char *path, size_t *cap) {
-  const char *slash = strrchr(path, '/');
-  size_t n = slash ? (size_t)(slash - path) : 1;
-  if (slash && n == 0) n = 1; /* "/file" -> "/" */
-  *cap = n + 1;
-  char *d = (char *)dt__alloc(*cap);
-  if (!d) return NULL;
-  if (slash) memcpy(d, path, n);
-  else d[0] = '.';
-  d[n] = '\0';
-  return d;
-}
-
-static void dt__io_fsync_dir(const char *path) {
-#if defined(_WIN32)
-  (void)path;
-#else
-  size_t cap;
-  char *dir = dt__io_dirname(path, &cap);
-  if (!dir) return;
-  int fd = open(dir, O_RDONLY);
-  if (fd >= 0) {
-    int rc;
-    do rc = fsync(fd); while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno != EINVAL && errno != EROFS)
-      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "dt_checkpoint_save: fsync of directory '%s' failed: %s", dir,
-              strerror(errno));
-    close(fd);
-  }
-  dt__free(dir, cap);
-#endif
-}
-
-static long dt__io_pid(void) {
-#if defined(_WIN32)
-  return (long)_getpid();
-#else
-  return (long)getpid();
-#endif
-}
-
-/* Write [len][header][data] to a temporary file next to path and rename it over path. */
+/* Write [len][header][data] through the shared atomic writer (dt_file.h):
+ * a temporary file created exclusively next to path, fsynced, renamed over
+ * path, the directory fsynced. */
 static dt_result dt__io_write_atomic(const dt__io_ctx *ctx, const dt__io_buf *header, const dt__io_out *outs,
                                      int nout) {
-  static DT__TLS unsigned dt__io_tmp_counter;
-  size_t tcap = strlen(ctx->path) + 48;
-  char *tmp = (char *)dt__alloc(tcap);
-  FILE *f = NULL;
-  dt_result r = DTRAIN_OK;
+  dt__file_out fo;
   unsigned char len8[8];
-  int saved = 0;
-  if (!tmp) return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory");
-  for (int attempt = 0; attempt < 100 && !f; attempt++) {
-    snprintf(tmp, tcap, "%s.tmp-%ld-%u", ctx->path, dt__io_pid(), dt__io_tmp_counter++);
-    f = fopen(tmp, "wbx");
-    if (!f && errno != EEXIST) break;
-  }
-  if (!f) {
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "cannot create temporary file '%s': %s", tmp, strerror(errno));
-    dt__free(tmp, tcap);
+  dt_result r = dt__file_create(&fo, ctx->path);
+  if (r != DTRAIN_OK) return dt__io_err(ctx, r, "%s", fo.msg);
+  dt__put_le64(len8, (uint64_t)header->len);
+  if (fwrite(len8, 1, 8, fo.f) != 8 || fwrite(header->p, 1, header->len, fo.f) != header->len ||
+      !dt__io_stream_data(fo.f, NULL, outs, nout)) {
+    int saved = errno;
+    r = dt__io_err(ctx, DTRAIN_ERR_IO, "write to '%s' failed: %s", fo.tmp, strerror(saved));
+    dt__file_abort(&fo);
     return r;
   }
-  dt__put_le64(len8, (uint64_t)header->len);
-  if (fwrite(len8, 1, 8, f) != 8 || fwrite(header->p, 1, header->len, f) != header->len ||
-      !dt__io_stream_data(f, NULL, outs, nout)) {
-    saved = errno;
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "write to '%s' failed: %s", tmp, strerror(saved));
-    goto fail;
-  }
-  if (fflush(f) != 0) {
-    saved = errno;
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "write to '%s' failed: %s", tmp, strerror(saved));
-    goto fail;
-  }
-#if !defined(_WIN32)
-  {
-    int rc;
-    do rc = fsync(fileno(f)); while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno != EINVAL) {
-      saved = errno;
-      r = dt__io_err(ctx, DTRAIN_ERR_IO, "fsync of '%s' failed: %s", tmp, strerror(saved));
-      goto fail;
-    }
-  }
-#endif
-  {
-    int rc = fclose(f);
-    f = NULL;
-    if (rc != 0) {
-      saved = errno;
-      r = dt__io_err(ctx, DTRAIN_ERR_IO, "closing '%s' failed: %s", tmp, strerror(saved));
-      goto fail;
-    }
-  }
-#if defined(_WIN32)
-  remove(ctx->path); /* rename does not replace on Windows (not atomic there) */
-#endif
-  if (rename(tmp, ctx->path) != 0) {
-    saved = errno;
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "renaming '%s' failed: %s", tmp, strerror(saved));
-    goto fail;
-  }
-  dt__io_fsync_dir(ctx->path);
-  dt__free(tmp, tcap);
-  return DTRAIN_OK;
-fail:
-  if (f) fclose(f);
-  remove(tmp);
-  dt__free(tmp, tcap);
-  return r;
+  r = dt__file_commit(&fo);
+  return r == DTRAIN_OK ? r : dt__io_err(ctx, r, "%s", fo.msg);
 }
 
 /* Shortest of %.6g / %.9g that reads back as the same float. */
@@ -559,7 +460,9 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
     dt__io_buf_str(&header, "]}");
   }
   dt__io_buf_str(&header, "}");
-  while ((8 + header.len) % 8 != 0) dt__io_buf_str(&header, " ");
+  /* Pad so that the data starts 8-byte aligned; a buffer that could not grow
+   * (nomem) keeps its length, so the loop must stop on that too. */
+  while (!header.nomem && (8 + header.len) % 8 != 0) dt__io_buf_str(&header, " ");
   if (header.nomem) {
     r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory for the header");
     goto done;
@@ -758,8 +661,9 @@ static dt_result dt__io_load(const char *path, const char *fn, dt_train_state *s
           }
         }
       }
+      if (oj.nomem) r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory reading metadata 'optimizer'");
       dt__json_free(&oj);
-      if (ok == 0) r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'optimizer' is not a JSON object with a \"kind\"");
+      if (ok == 0 && r == DTRAIN_OK) r = dt__io_err(&ctx, DTRAIN_ERR_FORMAT, "metadata 'optimizer' is not a JSON object with a \"kind\"");
       if (r != DTRAIN_OK) goto done;
     }
   }

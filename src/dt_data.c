@@ -21,6 +21,7 @@
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 #include "dt_data_core.h"
+#include "dt_file.h"
 
 #if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
@@ -33,95 +34,123 @@ static int dt__data_is_gzip(const unsigned char *p, size_t len) { return len >= 
 /* ---- files ---------------------------------------------------------------------------- */
 
 #ifndef DTRAIN_NO_STDIO
-static dt_result dt__data_read_raw(const char *who, const char *path, dt_bytes *out) {
-  memset(out, 0, sizeof *out);
-  FILE *f = fopen(path, "rb");
-  if (!f) return dt__error(DTRAIN_ERR_IO, "%s: cannot open '%s': %s", who, path, strerror(errno));
-  /* Probe one byte first: a directory (or another unreadable thing) fails
-   * here, before its bogus size could be trusted for an allocation. */
-  int c0 = fgetc(f);
-  if (c0 == EOF && ferror(f)) {
-    int e = errno;
-    fclose(f);
-    return dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, e ? strerror(e) : "read error");
+#define DT__DATA_PREFIX 65536 /* bytes read (or inflated) first, to check a header */
+
+/* n bytes of f (from where it is) appended to a new buffer of cap n + 1. */
+static dt_result dt__data_read_n(const char *who, const char *path, FILE *f, const unsigned char *head, size_t nhead,
+                                 uint64_t n64, dt_bytes *out) {
+  char why[200];
+  if (n64 > (uint64_t)(SIZE_MAX - 1))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: '%s': file of %llu bytes is too large for memory", who, path,
+                     (unsigned long long)n64);
+  size_t n = (size_t)n64;
+  out->cap = n + 1;
+  out->data = (unsigned char *)dt__alloc(out->cap);
+  if (!out->data) {
+    out->cap = 0;
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: '%s': out of memory (%zu bytes)", who, path, n + 1);
   }
-  size_t cap = 1 << 16;
-  if (fseek(f, 0, SEEK_END) == 0) {
-    long end = ftell(f);
-    if (end > 0 && (unsigned long)end < (unsigned long)(SIZE_MAX - 1)) cap = (size_t)end + 1;
+  memcpy(out->data, head, nhead);
+  if (!dt__file_read_exact(f, out->data + nhead, n - nhead, why, sizeof why)) {
+    dt_bytes_free(out);
+    return dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, why);
   }
-  rewind(f);
-  unsigned char *buf = (unsigned char *)dt__alloc(cap);
-  if (!buf) {
-    fclose(f);
-    return dt__error(DTRAIN_ERR_NOMEM, "%s: '%s': out of memory (%zu bytes)", who, path, cap);
-  }
-  size_t size = 0;
-  for (;;) {
-    if (size + 1 >= cap) { /* keep room for the terminating 0 */
-      size_t ncap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
-      unsigned char *nb = ncap > cap ? (unsigned char *)dt__realloc(buf, cap, ncap) : NULL;
-      if (!nb) {
-        dt__free(buf, cap);
-        fclose(f);
-        return dt__error(DTRAIN_ERR_NOMEM, "%s: '%s': out of memory reading the file", who, path);
-      }
-      buf = nb;
-      cap = ncap;
-    }
-    size_t got = fread(buf + size, 1, cap - 1 - size, f);
-    size += got;
-    if (got == 0) {
-      if (ferror(f)) {
-        int e = errno;
-        dt__free(buf, cap);
-        fclose(f);
-        return dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, e ? strerror(e) : "read error");
-      }
-      break;
-    }
-  }
-  fclose(f);
-  buf[size] = 0;
-  out->data = buf;
-  out->size = size;
-  out->cap = cap;
+  out->size = n;
+  out->data[n] = 0;
   return DTRAIN_OK;
 }
+
+/* The file is opened as a regular file only (a FIFO, /dev/zero, a directory
+ * are refused without blocking, dt_file.h); its first bytes are read first
+ * and, with a sizer, the header they hold decides how much more may be read
+ * (the rest of a raw file must be exactly what the header describes) or
+ * inflated (a .gz never decompresses past the size its header describes). */
+static dt_result dt__data_read(const char *who, const char *path, int gz, dt__data_sizer sizer, dt_bytes *out) {
+  char why[200], ctx[DT__DATA_CTX];
+  FILE *f;
+  uint64_t size;
+  unsigned char *head = NULL;
+  uint64_t need = 0; /* the bytes the header describes (0: unknown) */
+  int zipped = 0;
+  dt_bytes raw, pre;
+  memset(&raw, 0, sizeof raw);
+  memset(&pre, 0, sizeof pre);
+  dt_result r = dt__file_open_read(path, &f, &size, why, sizeof why);
+  if (r != DTRAIN_OK) {
+    if (strncmp(why, "cannot open: ", 13) == 0) return dt__error(r, "%s: cannot open '%s': %s", who, path, why + 13);
+    return dt__error(r, "%s: '%s': %s", who, path, why);
+  }
+  snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
+  size_t nhead = size < DT__DATA_PREFIX ? (size_t)size : DT__DATA_PREFIX;
+  head = (unsigned char *)dt__alloc(nhead + 1);
+  if (!head) {
+    fclose(f);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", ctx);
+  }
+  if (!dt__file_read_exact(f, head, nhead, why, sizeof why)) {
+    r = dt__error(DTRAIN_ERR_IO, "%s: cannot read '%s': %s", who, path, why);
+    goto done;
+  }
+  zipped = gz && dt__data_is_gzip(head, nhead);
+  if (sizer && zipped) {
+    r = dt__gunzip_prefix(head, nhead, DT__DATA_PREFIX, &pre);
+    if (r != DTRAIN_OK) {
+      r = dt__error(r, "%s: out of memory", ctx);
+      goto done;
+    }
+    r = sizer(ctx, pre.data, pre.size, &need);
+  } else if (sizer) {
+    r = sizer(ctx, head, nhead, &need);
+    /* More bytes than the header describes: refused before reading them (a
+     * huge or sparse file behind a small header). Fewer: the parser names
+     * the truncation. */
+    if (r == DTRAIN_OK && need > 0 && size > need)
+      r = dt__error(DTRAIN_ERR_CORRUPT, "%s: the file has %llu bytes but its header describes %llu (%llu after the data)",
+                    ctx, (unsigned long long)size, (unsigned long long)need, (unsigned long long)(size - need));
+  }
+  if (r != DTRAIN_OK) goto done;
+  r = dt__data_read_n(who, path, f, head, nhead, size, zipped ? &raw : out);
+  if (r != DTRAIN_OK || !zipped) goto done;
+  if (need > (uint64_t)(SIZE_MAX - 2)) {
+    r = dt__error(DTRAIN_ERR_OVERFLOW, "%s: its header describes %llu bytes, too large for memory", ctx,
+                  (unsigned long long)need);
+    goto done;
+  }
+  /* need 0 (no header, or none could be read): the default limit. */
+  r = dt__gunzip_ctx(ctx, raw.data, raw.size, (size_t)need, out);
+  if (r != DTRAIN_OK) dt_bytes_free(out);
+done:
+  fclose(f);
+  dt__free(head, nhead + 1);
+  dt_bytes_free(&pre);
+  dt_bytes_free(&raw);
+  return r;
+}
+#undef DT__DATA_PREFIX
 #endif
 
 /* Whole file; gunzipped when gz and the data has the gzip magic. */
-DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out) {
+DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt__data_sizer sizer, dt_bytes *out) {
   memset(out, 0, sizeof *out);
   if (!path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: path is NULL", who);
 #ifdef DTRAIN_NO_STDIO
   (void)gz;
+  (void)sizer;
   return dt__error(DTRAIN_ERR_UNSUPPORTED,
                    "%s: file I/O is not available in this build (DTRAIN_NO_STDIO); parse from memory instead", who);
 #else
-  dt_bytes raw;
-  dt_result r = dt__data_read_raw(who, path, &raw);
-  if (r != DTRAIN_OK || !gz || !dt__data_is_gzip(raw.data, raw.size)) {
-    *out = raw;
-    return r;
-  }
-  char ctx[DT__DATA_CTX];
-  snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
-  r = dt__gunzip_ctx(ctx, raw.data, raw.size, 0, out);
-  dt_bytes_free(&raw);
-  if (r != DTRAIN_OK) dt_bytes_free(out);
-  return r;
+  return dt__data_read(who, path, gz, sizer, out);
 #endif
 }
 
 DTRAIN_API dt_result dt_read_file(const char *path, dt_bytes *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_read_file: out is NULL");
-  return dt__data_load("dt_read_file", path, 0, out);
+  return dt__data_load("dt_read_file", path, 0, NULL, out);
 }
 
 DTRAIN_API dt_result dt_read_file_gz(const char *path, dt_bytes *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_read_file_gz: out is NULL");
-  return dt__data_load("dt_read_file_gz", path, 1, out);
+  return dt__data_load("dt_read_file_gz", path, 1, NULL, out);
 }
 
 /* Bytes of a parse_* input, gunzipped into tmp when they are gzip data. */

@@ -8,7 +8,12 @@
  * dt_dataset_from_*(buf, len, ...). With
  * DTRAIN_NO_STDIO the file forms return DTRAIN_ERR_UNSUPPORTED; the parse
  * forms always work. Every reader checks sizes claimed by a header against
- * the bytes actually there BEFORE allocating, and reports malformed input as
+ * the bytes actually there BEFORE allocating (a file reader opens regular
+ * files only -- a FIFO, a device or a directory is DTRAIN_ERR_IO at once --
+ * and reads the first 64 KiB first: an IDX or NPY file longer than its header
+ * describes is refused before the rest is read, a gzip one is inflated no
+ * further than its header's size, DTRAIN_ERR_OVERFLOW past it), and reports
+ * malformed input as
  * DTRAIN_ERR_FORMAT (not this kind of file), DTRAIN_ERR_CORRUPT (truncated or
  * damaged) or DTRAIN_ERR_IO (with the path and the system's reason), with a
  * message in dt_last_error().

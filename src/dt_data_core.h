@@ -17,10 +17,20 @@
 /* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
 DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
                                         dt_bytes *out);
-/* The whole file at path into *out (who: the public function, for messages);
- * gunzipped when gz and the data has the gzip magic. UNSUPPORTED with
+/* A format's size from its header: given the first bytes of a file (or of
+ * what a .gz decompresses to), *need = the bytes the whole file must have
+ * (0: cannot tell from these bytes), or the parser's own error for a bad
+ * header. dt__data_load checks the file (or caps the decompression) against
+ * it before it reads or inflates the rest. */
+typedef dt_result (*dt__data_sizer)(const char *ctx, const unsigned char *p, size_t len, uint64_t *need);
+DTRAIN_PRIVATE dt_result dt__data_idx_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need);
+DTRAIN_PRIVATE dt_result dt__data_npy_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need);
+DTRAIN_PRIVATE dt_result dt__gunzip_prefix(const unsigned char *in, size_t len, size_t max_out, dt_bytes *out);
+/* The whole file at path into *out (who: the public function, for messages;
+ * a regular file only); gunzipped when gz and the data has the gzip magic;
+ * sizer (NULL: none) checks the header first (above). UNSUPPORTED with
  * DTRAIN_NO_STDIO. */
-DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt_bytes *out);
+DTRAIN_PRIVATE dt_result dt__data_load(const char *who, const char *path, int gz, dt__data_sizer sizer, dt_bytes *out);
 /* Bytes of a parse_* input, gunzipped into tmp when they are gzip data
  * (*p and *len then point at tmp's bytes; free tmp after use). */
 DTRAIN_PRIVATE dt_result dt__data_maybe_gunzip(const char *ctx, const unsigned char **p, size_t *len, dt_bytes *tmp);

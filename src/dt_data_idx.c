@@ -19,6 +19,7 @@
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 #include "dt_data_core.h"
+#include "dt_file.h"
 
 #if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
@@ -67,6 +68,31 @@ static dt_result dt__data_idx_header(const char *ctx, const unsigned char *p, si
   return DTRAIN_OK;
 }
 
+/* The IDX header's size check for dt__data_load (dt_data_core.h): the
+ * header's own errors, then the bytes the file must have. */
+DTRAIN_PRIVATE dt_result dt__data_idx_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need) {
+  *need = 0;
+  if (len < 4) return DTRAIN_OK; /* the parser names the truncation */
+  if (p[0] != 0 || p[1] != 0 || p[2] != 0x08 || p[3] < 1 || p[3] > DTRAIN_MAX_DIMS) {
+    int nd;
+    int64_t shape[DTRAIN_MAX_DIMS], size;
+    size_t off;
+    return dt__data_idx_header(ctx, p, len, &nd, shape, &size, &off); /* its FORMAT error */
+  }
+  size_t hdr = 4 + 4 * (size_t)p[3];
+  if (len < hdr) return DTRAIN_OK;
+  uint64_t total = 1;
+  for (int d = 0; d < p[3]; d++) {
+    uint64_t v = dt__get_be32(p + 4 + 4 * d);
+    if (v == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: IDX dimension %d is 0", ctx, d);
+    if (total > (UINT64_MAX - hdr) / v)
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: IDX header claims a size that overflows", ctx);
+    total *= v;
+  }
+  *need = (uint64_t)hdr + total;
+  return DTRAIN_OK;
+}
+
 static dt_result dt__data_idx_parse(const char *ctx, const unsigned char *p, size_t len, dt_idx *out) {
   dt_bytes tmp;
   dt_result r = dt__data_maybe_gunzip(ctx, &p, &len, &tmp);
@@ -101,7 +127,7 @@ DTRAIN_API dt_result dt_idx_read(const char *path, dt_idx *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_idx_read: out is NULL");
   memset(out, 0, sizeof *out);
   dt_bytes b;
-  dt_result r = dt__data_load("dt_idx_read", path, 1, &b);
+  dt_result r = dt__data_load("dt_idx_read", path, 1, dt__data_idx_size, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "dt_idx_read: '%s'", path);
@@ -191,9 +217,9 @@ static dt_result dt__data_read_idx(const char *who, dt_dataset **out, const char
   if (!images_path) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: images_path is NULL", who);
   dt_bytes ib, lb;
   memset(&lb, 0, sizeof lb);
-  dt_result r = dt__data_load(who, images_path, 0, &ib); /* gunzipped by the parser */
+  dt_result r = dt__data_load(who, images_path, 1, dt__data_idx_size, &ib);
   if (r != DTRAIN_OK) return r;
-  if (labels_path) r = dt__data_load(who, labels_path, 0, &lb);
+  if (labels_path) r = dt__data_load(who, labels_path, 1, dt__data_idx_size, &lb);
   if (r == DTRAIN_OK) {
     char ictx[DT__DATA_CTX], lctx[DT__DATA_CTX];
     snprintf(ictx, sizeof ictx, "%s: '%s'", who, images_path);
@@ -224,8 +250,11 @@ static int dt__data_fm_file(const char *dir, const char *base, char *path, size_
   for (int gz = 1; gz >= 0; gz--) {
     int n = snprintf(path, cap, "%s/%s%s", dir, base, gz ? ".gz" : "");
     if (n < 0 || (size_t)n >= cap) return 0;
-    FILE *f = fopen(path, "rb");
-    if (f) {
+    /* A regular file only: opening a FIFO planted here must not block. */
+    FILE *f;
+    uint64_t size;
+    char why[160];
+    if (dt__file_open_read(path, &f, &size, why, sizeof why) == DTRAIN_OK) {
       fclose(f);
       return 1;
     }

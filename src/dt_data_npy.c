@@ -16,6 +16,7 @@
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 #include "dt_data_core.h"
+#include "dt_file.h"
 
 #if !defined(DTRAIN_NO_DATA) /* the whole file; the stubs at the end stand in without it */
 
@@ -168,7 +169,22 @@ static void dt__data_swap(unsigned char *p, size_t n, size_t w) {
     }
 }
 
+/* need != NULL: only the header is checked (dt__data_npy_size); *need gets
+ * the bytes the whole file must have (0 when the header is not all there). */
+static dt_result dt__data_npy_parse2(const char *ctx, const unsigned char *p, size_t len, dt_npy *out, uint64_t *need);
+
+DTRAIN_PRIVATE dt_result dt__data_npy_size(const char *ctx, const unsigned char *p, size_t len, uint64_t *need) {
+  dt_npy a;
+  *need = 0;
+  if (len < 12) return DTRAIN_OK; /* the parser names the truncation */
+  return dt__data_npy_parse2(ctx, p, len, &a, need);
+}
+
 static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, size_t len, dt_npy *out) {
+  return dt__data_npy_parse2(ctx, p, len, out, NULL);
+}
+
+static dt_result dt__data_npy_parse2(const char *ctx, const unsigned char *p, size_t len, dt_npy *out, uint64_t *need) {
   memset(out, 0, sizeof *out);
   if (len < 10 || memcmp(p, "\x93NUMPY", 6) != 0) {
     if (len >= 6 && memcmp(p, "\x93NUMPY", 6) == 0)
@@ -189,6 +205,7 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   }
   if (minor != 0)
     return dt__error(DTRAIN_ERR_FORMAT, "%s: NPY format version %u.%u is not supported (1.0, 2.0, 3.0)", ctx, major, minor);
+  if (need && hlen > len - hstart) return DTRAIN_OK; /* the header is longer than the bytes at hand */
   if (hlen > len - hstart)
     return dt__error(DTRAIN_ERR_CORRUPT, "%s: truncated NPY file: header of %zu bytes, only %zu follow", ctx, hlen,
                      len - hstart);
@@ -211,6 +228,12 @@ static dt_result dt__data_npy_parse(const char *ctx, const unsigned char *p, siz
   }
   if (!overflow && w != 0 && count > UINT64_MAX / w) overflow = 1;
   else bytes64 = count * w;
+  if (need) {
+    if (overflow || bytes64 > UINT64_MAX - hstart - hlen)
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: NPY header claims a size that overflows", ctx);
+    *need = (uint64_t)(hstart + hlen) + bytes64;
+    return DTRAIN_OK;
+  }
   size_t avail = len - hstart - hlen;
   char sh[160];
   dt__shape_text(a.ndim, a.shape, sh, sizeof sh);
@@ -248,7 +271,7 @@ DTRAIN_API dt_result dt_npy_read(const char *path, dt_npy *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_npy_read: out is NULL");
   memset(out, 0, sizeof *out);
   dt_bytes b;
-  dt_result r = dt__data_load("dt_npy_read", path, 1, &b);
+  dt_result r = dt__data_load("dt_npy_read", path, 1, dt__data_npy_size, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "dt_npy_read: '%s'", path);
@@ -337,19 +360,18 @@ DTRAIN_API dt_result dt_npy_write(const char *path, dt_npy_dtype dtype, int ndim
   if (!buf) return dt__error(DTRAIN_ERR_NOMEM, "dt_npy_write: out of memory (%zu bytes)", total);
   r = dt__data_npy_encode("dt_npy_write", buf, total, &total, dtype, ndim, shape, data);
   if (r == DTRAIN_OK) {
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-      r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot create '%s': %s", path, strerror(errno));
-    } else {
-      errno = 0;
-      size_t put = fwrite(buf, 1, total, f);
+    /* The shared atomic writer (dt_file.h): exclusive temporary, fsync, rename. */
+    dt__file_out fo;
+    r = dt__file_create(&fo, path);
+    if (r != DTRAIN_OK) {
+      r = dt__error(r, "dt_npy_write: '%s': %s", path, fo.msg);
+    } else if (fwrite(buf, 1, total, fo.f) != total) {
       int e = errno;
-      int bad = put != total || fflush(f) != 0;
-      if (fclose(f) != 0) bad = 1;
-      if (bad) {
-        remove(path);
-        r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot write '%s': %s", path, e ? strerror(e) : "write error");
-      }
+      dt__file_abort(&fo);
+      r = dt__error(DTRAIN_ERR_IO, "dt_npy_write: cannot write '%s': %s", path, e ? strerror(e) : "write error");
+    } else {
+      r = dt__file_commit(&fo);
+      if (r != DTRAIN_OK) r = dt__error(r, "dt_npy_write: cannot write '%s': %s", path, fo.msg);
     }
   }
   dt__free(buf, total);

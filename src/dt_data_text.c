@@ -168,7 +168,7 @@ static dt_result dt__data_read_csv(const char *who, dt_dataset **out, const char
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: out is NULL", who);
   *out = NULL;
   dt_bytes b;
-  dt_result r = dt__data_load(who, path, 1, &b);
+  dt_result r = dt__data_load(who, path, 1, NULL, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "%s: '%s'", who, path);
@@ -232,7 +232,7 @@ DTRAIN_API dt_result dt_text_read(const char *path, dt_text *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_text_read: out is NULL");
   memset(out, 0, sizeof *out);
   dt_bytes b;
-  dt_result r = dt__data_load("dt_text_read", path, 1, &b);
+  dt_result r = dt__data_load("dt_text_read", path, 1, NULL, &b);
   if (r != DTRAIN_OK) return r;
   char ctx[DT__DATA_CTX];
   snprintf(ctx, sizeof ctx, "dt_text_read: '%s'", path);

@@ -22,6 +22,7 @@
 #include "dt_tensor_internal.h"
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
+#include "dt_file.h"
 
 #if !defined(DTRAIN_NO_FIT) /* the whole file; the stubs at the end stand in without it */
 
@@ -309,22 +310,12 @@ static void dt__fit_panel(FILE *f, double x0, double y0, double w, double h, con
 }
 
 static dt_result dt__fit_svg(const char *path, const dt_fit_epoch *rows, int64_t n, const char *title) {
-  static DT__TLS unsigned counter;
   const double W = 960, H = 400, top = 40;
-  size_t cap = strlen(path) + 48;
-  char *tmp = (char *)dt__alloc(cap);
-  if (!tmp) return dt__error(DTRAIN_ERR_NOMEM, "dt_fit_write_svg: out of memory");
-#if defined(_WIN32)
-  snprintf(tmp, cap, "%s.tmp-%ld-%u", path, (long)_getpid(), counter++);
-#else
-  snprintf(tmp, cap, "%s.tmp-%ld-%u", path, (long)getpid(), counter++);
-#endif
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    dt_result r = dt__error(DTRAIN_ERR_IO, "dt_fit_write_svg: cannot create '%s': %s", tmp, strerror(errno));
-    dt__free(tmp, cap);
-    return r;
-  }
+  /* The shared atomic writer (dt_file.h): exclusive temporary, fsync, rename. */
+  dt__file_out fo;
+  dt_result r = dt__file_create(&fo, path);
+  if (r != DTRAIN_OK) return dt__error(r, "dt_fit_write_svg: '%s': %s", path, fo.msg);
+  FILE *f = fo.f;
   dt__fit_series loss[2], acc[2];
   loss[0].name = "train"; loss[0].color = "#1f77b4"; loss[0].dashed = 0; loss[0].field = offsetof(dt_fit_epoch, train_loss);
   loss[1].name = "validation"; loss[1].color = "#ff7f0e"; loss[1].dashed = 1; loss[1].field = offsetof(dt_fit_epoch, val_loss);
@@ -351,22 +342,8 @@ static dt_result dt__fit_svg(const char *path, const dt_fit_epoch *rows, int64_t
             H / 2);
   }
   fputs("</svg>\n", f);
-  int bad = ferror(f) != 0;
-  int saved = errno;
-  if (fclose(f) != 0 && !bad) {
-    bad = 1;
-    saved = errno;
-  }
-  if (!bad && rename(tmp, path) != 0) {
-    bad = 1;
-    saved = errno;
-  }
-  dt_result r = DTRAIN_OK;
-  if (bad) {
-    remove(tmp);
-    r = dt__error(DTRAIN_ERR_IO, "dt_fit_write_svg: writing '%s' failed: %s", path, strerror(saved));
-  }
-  dt__free(tmp, cap);
+  r = dt__file_commit(&fo);
+  if (r != DTRAIN_OK) r = dt__error(r, "dt_fit_write_svg: writing '%s' failed: %s", path, fo.msg);
   return r;
 }
 

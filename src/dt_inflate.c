@@ -552,6 +552,38 @@ truncated_header:
   return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated header (member %d)", ctx, member + 1);
 }
 
+/* The first bytes (at most max_out) that a gzip image decompresses to, from
+ * as much of the image as is at hand (a file's first kilobytes): a loader
+ * checks the header inside before it reads or inflates the rest. Errors
+ * (truncated input, corrupt data) just end the prefix; the full decompression
+ * reports them. DTRAIN_ERR_NOMEM is the only failure. */
+DTRAIN_PRIVATE dt_result dt__gunzip_prefix(const unsigned char *in, size_t len, size_t max_out, dt_bytes *out) {
+  size_t pos = 10, used = 0, where = 0;
+  const char *why = "";
+  memset(out, 0, sizeof *out);
+  if (!dt__inflate_reserve(out, DT__MIN(max_out, (size_t)65536), max_out)) return DTRAIN_ERR_NOMEM;
+  if (len < 18 || in[0] != 0x1f || in[1] != 0x8b || in[2] != 8) return DTRAIN_OK;
+  unsigned flg = in[3];
+  if (flg & DT__GZ_FEXTRA) {
+    if (len - pos < 2) return DTRAIN_OK;
+    size_t xlen = dt__get_le16(in + pos);
+    pos += 2;
+    if (len - pos < xlen) return DTRAIN_OK;
+    pos += xlen;
+  }
+  for (int f = 0; f < 2; f++) {
+    if (!(flg & (f == 0 ? DT__GZ_FNAME : DT__GZ_FCOMMENT))) continue;
+    const unsigned char *z = (const unsigned char *)memchr(in + pos, 0, len - pos);
+    if (!z) return DTRAIN_OK;
+    pos = (size_t)(z - in) + 1;
+  }
+  if (flg & DT__GZ_FHCRC) pos += 2;
+  if (pos >= len) return DTRAIN_OK;
+  dt_result r = dt__inflate_raw(in + pos, len - pos, &used, out, max_out, &why, &where);
+  if (out->data) out->data[out->size < out->cap ? out->size : out->cap - 1] = 0;
+  return r == DTRAIN_ERR_NOMEM && out->size == 0 ? r : DTRAIN_OK;
+}
+
 DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_bytes *out) {
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_gunzip: out is NULL");
   memset(out, 0, sizeof *out);

@@ -22,15 +22,20 @@
  * (RNG states, 64 hex digits), "optimizer" (the optimizer's settings),
  * "layout_hash" (dt_params_layout_hash, 16 hex digits), "config" (a user
  * string) and "checksum" (16 hex digits over the header's content and the
- * data; verified when present).
+ * data; verified whenever present, whatever the "format").
  *
  * Saving is atomic: the file is written to a temporary file in the same
- * directory, flushed and fsync'ed, renamed over `path`, and the directory is
- * fsync'ed. On any failure the temporary file is removed, an existing file at
- * `path` is left as it was, and the error (DTRAIN_ERR_IO) names the path and
- * the system's reason.
+ * directory ("<path>.tmp-<pid>-<n>", created exclusively, never through a
+ * symbolic link planted there), flushed and fsync'ed, renamed over `path`,
+ * and the directory is fsync'ed. On any failure the temporary file is
+ * removed, an existing file at `path` is left as it was, and the error
+ * (DTRAIN_ERR_IO, or DTRAIN_ERR_NOMEM when an allocation failed) names the
+ * path and the reason. Temporaries left by a process killed while saving are
+ * removed by the next save to the same path once that process is gone.
  *
- * Loading validates everything before it changes anything: the file size,
+ * Loading validates everything before it changes anything, and the header
+ * before it reads the data: a regular file only (a FIFO, a device or a
+ * directory is refused at once, DTRAIN_ERR_IO), the file size,
  * the header length (at most 100,000,000 bytes and within the file), the JSON
  * (strict RFC 8259, UTF-8, depth and length limits, no duplicate keys), every
  * entry (dtype, shape, offsets in bounds, sizes matching shapes, tensors

@@ -6,8 +6,9 @@
  * u32 shard index, u32 servers, u64 params floats, u64 shard floats, u64
  * layout hash, u64 updates applied, u64 optimizer steps, u32 optimizer slots
  * -- then the shard's values, then each optimizer slot's shard, then the
- * CRC-32C of everything before it. Written to a temporary file, synced and
- * renamed, so a crash leaves the old checkpoint or the new one.
+ * CRC-32C of everything before it. Written through dt_file.h (a temporary
+ * file created exclusively, synced and renamed), so a crash leaves the old
+ * checkpoint or the new one.
  */
 #include "dt_internal.h"
 #include "dt_strategy.h"
@@ -26,6 +27,7 @@
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 #include "dt_ps_core.h"
+#include "dt_file.h"
 
 #if !defined(DTRAIN_NO_NET)
 #  include <errno.h>
@@ -65,33 +67,39 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   }
   dt__put_le32(b + off, dt__crc32c(0, b, off));
   off += 4;
-  char tmp[1100];
-  snprintf(tmp, sizeof tmp, "%.1024s.tmp", S->ckpt_path);
-  FILE *f = fopen(tmp, "wb");
-  if (!f) return dt__error(DTRAIN_ERR_IO, "ps %d: cannot create '%s': %s", S->me, tmp, strerror(errno));
-  int ok = fwrite(b, 1, off, f) == off && fflush(f) == 0;
-  if (ok) {
-    int rc;
-    do rc = fsync(fileno(f)); while (rc != 0 && errno == EINTR);
-  }
-  if (fclose(f) != 0) ok = 0;
-  if (!ok || rename(tmp, S->ckpt_path) != 0) {
+  /* The shared atomic writer: created exclusively (a link planted at the
+   * temporary name is never written through), synced, renamed. */
+  dt__file_out fo;
+  dt_result r = dt__file_create(&fo, S->ckpt_path);
+  if (r != DTRAIN_OK) return dt__error(r, "ps %d: checkpoint '%s': %s", S->me, S->ckpt_path, fo.msg);
+  if (fwrite(b, 1, off, fo.f) != off) {
     int saved = errno;
-    remove(tmp);
+    dt__file_abort(&fo);
     return dt__error(DTRAIN_ERR_IO, "ps %d: writing the checkpoint '%s' failed: %s", S->me, S->ckpt_path,
                      strerror(saved));
   }
+  r = dt__file_commit(&fo);
+  if (r != DTRAIN_OK)
+    return dt__error(r, "ps %d: writing the checkpoint '%s' failed: %s", S->me, S->ckpt_path, fo.msg);
   S->since_ckpt = 0;
   S->last_ckpt = dt__now();
   return DTRAIN_OK;
 }
 
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
-  FILE *f = fopen(S->ckpt_path, "rb");
-  if (!f) return DTRAIN_OK;
+  /* A regular file of exactly the expected size, or nothing is read (a FIFO
+   * or a device planted there is refused without blocking). */
+  FILE *f;
+  uint64_t fsize;
+  char why[200];
+  if (dt__file_open_read(S->ckpt_path, &f, &fsize, why, sizeof why) != DTRAIN_OK) {
+    if (errno == ENOENT) return DTRAIN_OK; /* no checkpoint yet */
+    return dt__error(DTRAIN_ERR_IO, "ps %d: checkpoint '%s': %s", S->me, S->ckpt_path, why);
+  }
   unsigned char *b = S->ckpt;
-  size_t got = fread(b, 1, S->ckpt_bytes, f);
-  int extra = fgetc(f) != EOF;
+  size_t got = 0;
+  int extra = fsize > (uint64_t)S->ckpt_bytes; /* read no more than a checkpoint holds */
+  got = fread(b, 1, extra ? S->ckpt_bytes : (size_t)fsize, f);
   fclose(f);
   const char *p = S->ckpt_path;
   if (got < DT__PS_CKPT_HDR + 4 || dt__get_le32(b) != DT__PS_CKPT_MAGIC || dt__get_le32(b + 4) != 1)

@@ -2,10 +2,11 @@
  * dt_safetensors.c -- reading safetensors files: the checksum, the strict
  * index (dt_checkpoint_open and friends)
  * ===========================================================================
- * A file is read whole, its header parsed by the strict JSON reader
- * (dt_json.c) and every entry checked: known dtype, a shape that matches its
- * byte range, ranges that tile the data exactly, unique names, and for a
- * dtrain checkpoint the checksum. Checkpoint save and load (dt_checkpoint.c)
+ * A file's header is read first (its length checked against the file's size
+ * and the limit), parsed by the strict JSON reader (dt_json.c) and every
+ * entry checked: known dtype, a shape that matches its byte range, ranges
+ * that tile the data exactly, unique names. Only then is the data read, and
+ * the checksum verified whenever the metadata has one. Checkpoint save and load (dt_checkpoint.c)
  * build on this index.
  */
 #include "dt_internal.h"
@@ -23,6 +24,7 @@
 #include "dt_params_internal.h"
 #include "dt_json.h"
 #include "dt_safetensors.h"
+#include "dt_file.h"
 
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
@@ -129,6 +131,7 @@ DTRAIN_PRIVATE int *dt__io_sorted_index(const char *const *names, int n) {
 DTRAIN_API void dt_checkpoint_close(dt_checkpoint *c) {
   if (!c) return;
   dt__free(c->file, c->file_cap);
+  dt__free(c->data_buf, c->data_cap);
   dt__json_free(&c->json);
   dt__free(c->entries, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(dt__io_entry));
   dt__free(c->by_name, (size_t)(c->nentries > 0 ? c->nentries : 1) * sizeof(int));
@@ -210,8 +213,7 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
   if (n < 2 || c->file[8] != '{')
     return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "not a safetensors file: the header does not start with '{'");
   c->header_len = (size_t)n;
-  c->data = c->file + 8 + c->header_len;
-  c->data_size = c->file_size - 8 - c->header_len;
+  c->data_size = c->file_size - 8 - c->header_len; /* not read yet: the index is checked against its size */
   dt__json *j = &c->json;
   if (!dt__json_parse(j, c->file + 8, c->header_len, DT__IO_JSON_DEPTH, 0))
     return dt__io_err(ctx, j->nomem ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_FORMAT, "header JSON: %s", j->err);
@@ -360,66 +362,93 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
 
   const char *fmt = dt__io_meta_get(c, "format");
   c->is_dtrain = fmt && strcmp(fmt, "dtrain") == 0;
-  if (r == DTRAIN_OK && c->is_dtrain) {
-    const char *cs = dt__io_meta_get(c, "checksum");
-    uint64_t want = 0;
-    if (!cs)
-      r = dt__io_err(ctx, DTRAIN_ERR_FORMAT, "dtrain checkpoint without metadata 'checksum'");
-    else if (!dt__io_parse_hex64(cs, &want))
-      r = dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata 'checksum' is not 16 lowercase hex digits");
-    else if (dt__io_checksum(c, morder) != want)
-      r = dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "checksum mismatch: the header or the data were changed");
-  }
+  if (r == DTRAIN_OK && c->is_dtrain && !dt__io_meta_get(c, "checksum"))
+    r = dt__io_err(ctx, DTRAIN_ERR_FORMAT, "dtrain checkpoint without metadata 'checksum'");
   dt__free(morder, (size_t)(nmeta > 0 ? nmeta : 1) * sizeof(int));
   return r;
 }
 
-/* Read the whole file into c->file. */
-static dt_result dt__io_read_file(dt_checkpoint *c, const dt__io_ctx *ctx) {
-  FILE *f = fopen(ctx->path, "rb");
-  if (!f) return dt__io_err(ctx, DTRAIN_ERR_IO, "cannot open: %s", strerror(errno));
-  dt_result r = DTRAIN_OK;
-  long size = -1;
-#if !defined(_WIN32)
-  {
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && !S_ISREG(sb.st_mode)) {
-      fclose(f);
-      return dt__io_err(ctx, DTRAIN_ERR_IO, "not a regular file");
-    }
+/* The checksum, verified whenever the metadata has one (any writer's file,
+ * not only dtrain's), once the data is in memory. */
+static dt_result dt__io_verify(const dt_checkpoint *c, const dt__io_ctx *ctx) {
+  const char *cs = dt__io_meta_get(c, "checksum");
+  uint64_t want = 0;
+  if (!cs) return DTRAIN_OK;
+  if (!dt__io_parse_hex64(cs, &want))
+    return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "metadata 'checksum' is not 16 lowercase hex digits");
+  int *morder = dt__io_sorted_index(c->mkeys, c->nmeta);
+  if (!morder) return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for the index");
+  uint64_t got = dt__io_checksum(c, morder);
+  dt__free(morder, (size_t)(c->nmeta > 0 ? c->nmeta : 1) * sizeof(int));
+  if (got != want) return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "checksum mismatch: the header or the data were changed");
+  return DTRAIN_OK;
+}
+
+/* Opens the file and reads its length and header into c->file (8 + N bytes)
+ * -- never more before the header is checked: the header length against the
+ * file's size and the limit, then (dt__io_index) every entry against the
+ * data's size. Only a regular file is read (a FIFO or a device is refused
+ * without blocking). */
+static dt_result dt__io_read_header(dt_checkpoint *c, const dt__io_ctx *ctx, FILE **fp) {
+  char why[200];
+  uint64_t size = 0;
+  unsigned char len8[8];
+  dt_result r = dt__file_open_read(ctx->path, fp, &size, why, sizeof why);
+  if (r != DTRAIN_OK) return dt__io_err(ctx, r, "%s", why);
+  if (size < 8) return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "truncated: %llu bytes, a safetensors file has at least 8",
+                                  (unsigned long long)size);
+  if (size > (uint64_t)(SIZE_MAX / 2))
+    return dt__io_err(ctx, DTRAIN_ERR_OVERFLOW, "file of %llu bytes is too large", (unsigned long long)size);
+  c->file_size = (size_t)size;
+  if (!dt__file_read_exact(*fp, len8, 8, why, sizeof why)) return dt__io_err(ctx, DTRAIN_ERR_IO, "%s", why);
+  uint64_t n = dt__get_le64(len8);
+  if (n > size - 8)
+    return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "header length %llu exceeds the file (%zu bytes: at most %zu)",
+                      (unsigned long long)n, c->file_size, c->file_size - 8);
+  if (n > (uint64_t)DTRAIN_CHECKPOINT_MAX_HEADER)
+    return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "header length %llu exceeds the limit of %d bytes",
+                      (unsigned long long)n, DTRAIN_CHECKPOINT_MAX_HEADER);
+  c->file_cap = 8 + (size_t)n + 1;
+  c->file = (unsigned char *)dt__alloc(c->file_cap);
+  if (!c->file) {
+    c->file_cap = 0;
+    return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for a header of %llu bytes", (unsigned long long)n);
   }
-#endif
-  if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-  if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-    r = dt__io_err(ctx, DTRAIN_ERR_IO, "cannot determine the size: %s", strerror(errno));
-  } else if ((unsigned long)size > (unsigned long)(SIZE_MAX / 2)) {
-    r = dt__io_err(ctx, DTRAIN_ERR_OVERFLOW, "file of %ld bytes is too large", size);
-  } else {
-    c->file_cap = (size_t)size + 1;
-    c->file = (unsigned char *)dt__alloc(c->file_cap);
-    if (!c->file) {
-      c->file_cap = 0;
-      r = dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for %ld bytes", size);
-    } else {
-      size_t got = fread(c->file, 1, (size_t)size, f);
-      if (got != (size_t)size || ferror(f))
-        r = dt__io_err(ctx, DTRAIN_ERR_IO, "read %zu of %ld bytes: %s", got, size,
-                       ferror(f) ? strerror(errno) : "file changed while reading");
-      c->file_size = got;
-    }
+  memcpy(c->file, len8, 8);
+  c->file[8] = 0;
+  if (!dt__file_read_exact(*fp, c->file + 8, (size_t)n, why, sizeof why))
+    return dt__io_err(ctx, DTRAIN_ERR_IO, "%s", why);
+  c->file[8 + n] = 0;
+  return DTRAIN_OK;
+}
+
+/* The data, after the index checked that its tensors cover data_size. */
+static dt_result dt__io_read_data(dt_checkpoint *c, const dt__io_ctx *ctx, FILE *f) {
+  char why[200];
+  c->data_cap = c->data_size > 0 ? c->data_size : 1;
+  c->data_buf = (unsigned char *)dt__alloc(c->data_cap);
+  if (!c->data_buf) {
+    c->data_cap = 0;
+    return dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for %zu bytes of data", c->data_size);
   }
-  fclose(f);
-  return r;
+  c->data = c->data_buf;
+  if (!dt__file_read_exact(f, c->data_buf, c->data_size, why, sizeof why))
+    return dt__io_err(ctx, DTRAIN_ERR_IO, "%s", why);
+  return DTRAIN_OK;
 }
 
 DTRAIN_PRIVATE dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, dt_result *res) {
   dt_checkpoint *c = (dt_checkpoint *)dt__calloc(sizeof *c);
+  FILE *f = NULL;
   if (!c) {
     *res = dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory");
     return NULL;
   }
-  *res = dt__io_read_file(c, ctx);
+  *res = dt__io_read_header(c, ctx, &f);
   if (*res == DTRAIN_OK) *res = dt__io_index(c, ctx, need_f32);
+  if (*res == DTRAIN_OK) *res = dt__io_read_data(c, ctx, f);
+  if (*res == DTRAIN_OK) *res = dt__io_verify(c, ctx);
+  if (f) fclose(f);
   if (*res != DTRAIN_OK) {
     dt_checkpoint_close(c);
     return NULL;

@@ -60,6 +60,8 @@ struct dt_checkpoint {
   size_t header_len;
   const unsigned char *data;
   size_t data_size;
+  unsigned char *data_buf; /* the data, read after the header was checked */
+  size_t data_cap;
   dt__json json;
   dt__io_entry *entries; /* sorted by data offset */
   int nentries;

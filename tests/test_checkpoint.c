@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -1122,6 +1123,159 @@ static void test_no_stdio_build(void) {
   dt_params_destroy(P);
 }
 
+/* ---- issue 17: planted links, stale temporaries ------------------------------------------ */
+static int count_tmp(const char *prefix) {
+  DIR *d = opendir(tmpdir);
+  int n = 0;
+  struct dirent *de;
+  while (d && (de = readdir(d)) != NULL) n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+  if (d) closedir(d);
+  return n;
+}
+
+/* A symbolic link planted at every temporary name a writer could pick is
+ * never written through: the victim stays as it was (the save either finds a
+ * free name or fails with DTRAIN_ERR_IO). Covers the checkpoint and the
+ * dt_fit chart (whose writer followed such a link). */
+static void test_planted_links(void) {
+  char victim[300], path[300], link[400];
+  path_of(victim, sizeof victim, "victim.txt");
+  write_all(victim, "precious", 8);
+  const char *names[2] = {"linked.safetensors", "linked.svg"};
+  for (int w = 0; w < 2; w++) {
+    path_of(path, sizeof path, names[w]);
+    for (int n = 0; n < 600; n++) {
+      snprintf(link, sizeof link, "%s.tmp-%ld-%d", path, (long)getpid(), n);
+      CHECK(symlink(victim, link) == 0);
+    }
+    dt_result r;
+    if (w == 0) {
+      model m;
+      model_init(&m, 5, DTRAIN_OPTIM_SGD, 1);
+      dt_train_state st;
+      memset(&st, 0, sizeof st);
+      st.params = m.P;
+      r = dt_checkpoint_save(path, &st);
+      model_free(&m);
+    } else {
+      r = dt_fit_write_svg(path, NULL, 0, "chart");
+    }
+    CHECK_MSG(r == DTRAIN_OK || r == DTRAIN_ERR_IO, "%s: %s", names[w], dt_last_error());
+    size_t n = 0;
+    unsigned char *b = read_all(victim, &n);
+    CHECK_MSG(b && n == 8 && memcmp(b, "precious", 8) == 0, "%s wrote through a planted link", names[w]);
+    free(b);
+    struct stat sb;
+    CHECK(r != DTRAIN_OK || (lstat(path, &sb) == 0 && S_ISREG(sb.st_mode)));
+    for (int k = 0; k < 600; k++) {
+      snprintf(link, sizeof link, "%s.tmp-%ld-%d", path, (long)getpid(), k);
+      unlink(link);
+    }
+    remove(path);
+  }
+  remove(victim);
+}
+
+/* A process killed while saving leaves "<path>.tmp-PID-N"; the next save to
+ * the same path removes it (the PID is gone), and keeps the temporaries of
+ * living processes. */
+static void test_stale_temporaries(void) {
+  char path[300], dead[400], alive[400], other[400];
+  path_of(path, sizeof path, "stale.safetensors");
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  CHECK(child > 0);
+  int status;
+  waitpid(child, &status, 0); /* reaped: the PID no longer exists */
+  snprintf(dead, sizeof dead, "%s.tmp-%ld-3", path, (long)child);
+  snprintf(alive, sizeof alive, "%s.tmp-%ld-99999", path, (long)getpid());
+  path_of(other, sizeof other, "other.safetensors.tmp-1-0");
+  write_all(dead, "half a checkpoint", 17);
+  write_all(alive, "being written", 13);
+  write_all(other, "another file's", 14);
+  model m;
+  model_init(&m, 5, DTRAIN_OPTIM_SGD, 1);
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = m.P;
+  CHECK_MSG(dt_checkpoint_save(path, &st) == DTRAIN_OK, "%s", dt_last_error());
+  model_free(&m);
+  struct stat sb;
+  CHECK_MSG(stat(dead, &sb) != 0, "the temporary of dead process %ld is still there", (long)child);
+  CHECK(stat(alive, &sb) == 0);
+  CHECK(stat(other, &sb) == 0);
+  CHECK(count_tmp("stale.safetensors.tmp-") == 1);
+  remove(alive);
+  remove(other);
+  remove(path);
+}
+
+/* ---- issue 17: checksums always verified, hostile files refused ---------------------------- */
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char msg[] = "FAIL: a checkpoint loader blocked on a FIFO\n";
+  if (write(2, msg, sizeof msg - 1) < 0) _exit(3);
+  _exit(2);
+}
+
+static void test_checksum_any_format(void) {
+  char path[300];
+  path_of(path, sizeof path, "other_format.safetensors");
+  model m;
+  model_init(&m, 5, DTRAIN_OPTIM_SGD, 1);
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = m.P;
+  CHECK(dt_checkpoint_save(path, &st) == DTRAIN_OK);
+  size_t n = 0;
+  unsigned char *b = read_all(path, &n);
+  /* Another writer's format name: the checksum (over the metadata too) no
+   * longer matches, and it must be checked although format is not dtrain. */
+  char *fmt = strstr((char *)b + 8, "\"format\":\"dtrain\"");
+  CHECK(fmt != NULL);
+  if (fmt) fmt[10] = 'D';
+  write_all(path, b, n);
+  free(b);
+  CHECK_ERR(dt_checkpoint_load_weights(path, m.P), DTRAIN_ERR_CORRUPT, "checksum");
+  CHECK(dt_checkpoint_open(path) == NULL && dt_last_result() == DTRAIN_ERR_CORRUPT);
+  model_free(&m);
+  remove(path);
+}
+
+static void test_hostile_files(void) {
+  char fifo[300];
+  path_of(fifo, sizeof fifo, "fifo.safetensors");
+  model m;
+  model_init(&m, 5, DTRAIN_OPTIM_SGD, 1);
+  CHECK(mkfifo(fifo, 0600) == 0);
+  signal(SIGALRM, on_alarm);
+  alarm(20);
+  CHECK_ERR(dt_checkpoint_load_weights(fifo, m.P), DTRAIN_ERR_IO, "FIFO");
+  CHECK(dt_checkpoint_open(fifo) == NULL && dt_last_result() == DTRAIN_ERR_IO);
+  CHECK_ERR(dt_checkpoint_load_weights("/dev/zero", m.P), DTRAIN_ERR_IO, "not a regular file");
+  CHECK_ERR(dt_checkpoint_load_weights(tmpdir, m.P), DTRAIN_ERR_IO, "directory");
+  alarm(0);
+  remove(fifo);
+  /* A huge sparse file whose header is garbage is refused from its header,
+   * without reading the rest. */
+  char big[300];
+  path_of(big, sizeof big, "sparse.safetensors");
+  FILE *f = fopen(big, "wb");
+  unsigned char h[16];
+  put_le64(h, 4);
+  memcpy(h + 8, "{}  ", 4);
+  if (f) {
+    fwrite(h, 1, 12, f);
+    if (fseek(f, (long)((1L << 30) - 1), SEEK_SET) == 0) fputc(0, f);
+    fclose(f);
+  }
+  double t0 = dt_time_now();
+  CHECK_ERR(dt_checkpoint_load_weights(big, m.P), DTRAIN_ERR_CORRUPT, "cover");
+  CHECK_MSG(dt_time_now() - t0 < 5.0, "refusing the sparse file took %.1f s", dt_time_now() - t0);
+  remove(big);
+  model_free(&m);
+}
+
 int main(void) {
   if (!(dt_build_features() & DTRAIN_FEATURE_STDIO)) {
     TH_RUN(test_no_stdio_build);
@@ -1145,6 +1299,10 @@ int main(void) {
   TH_RUN(test_resume_bitwise);
   TH_RUN(test_atomic);
   TH_RUN(test_python);
+  TH_RUN(test_planted_links);
+  TH_RUN(test_stale_temporaries);
+  TH_RUN(test_checksum_any_format);
+  TH_RUN(test_hostile_files);
   cleanup();
   return th_summary("checkpoint");
 }

@@ -5,7 +5,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"
 
+#include <signal.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- helpers ------------------------------------------------------------------- */
@@ -1482,6 +1484,119 @@ static void test_no_leaks_on_errors(void) {
 /* Tests that read or write files run only where the library has file I/O;
  * a DTRAIN_NO_STDIO build still runs the from-memory ones (and
  * tests/compile_checks.sh checks that its file readers refuse cleanly). */
+
+/* ---- issue 17: hostile files -------------------------------------------------------------- */
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char msg[] = "FAIL: a data loader blocked on a FIFO\n";
+  if (write(2, msg, sizeof msg - 1) < 0) _exit(3);
+  _exit(2);
+}
+
+/* What is not a regular file is refused at once: a FIFO (the open would
+ * block forever), /dev/zero (endless), a directory. */
+static void test_hostile_special_files(void) {
+  char fifo[512];
+  dt_bytes b;
+  dt_npy a;
+  dt_idx x;
+  tmp_path(fifo, sizeof fifo, "fifo.npy");
+  CHECK(mkfifo(fifo, 0600) == 0);
+  signal(SIGALRM, on_alarm);
+  alarm(20);
+  CHECK_ERR(dt_read_file(fifo, &b), DTRAIN_ERR_IO, "FIFO");
+  CHECK_ERR(dt_npy_read(fifo, &a), DTRAIN_ERR_IO, "not a regular file");
+  CHECK_ERR(dt_idx_read(fifo, &x), DTRAIN_ERR_IO, "not a regular file");
+  CHECK(dt_dataset_load_idx(fifo, NULL, 0) == NULL && dt_last_result() == DTRAIN_ERR_IO);
+  CHECK(dt_dataset_load_csv(fifo, NULL) == NULL && dt_last_result() == DTRAIN_ERR_IO);
+  CHECK_ERR(dt_read_file_gz("/dev/zero", &b), DTRAIN_ERR_IO, "device");
+  CHECK_ERR(dt_npy_read(tmpdir, &a), DTRAIN_ERR_IO, "directory");
+  /* Fashion-MNIST's look-up probes files: FIFOs named like them are skipped. */
+  char fm[512], f1[600], f2[600], out[600];
+  tmp_path(fm, sizeof fm, "fm_fifo");
+  CHECK(mkdir(fm, 0700) == 0);
+  snprintf(f1, sizeof f1, "%s/t10k-images-idx3-ubyte.gz", fm);
+  snprintf(f2, sizeof f2, "%s/t10k-labels-idx1-ubyte", fm);
+  CHECK(mkfifo(f1, 0600) == 0 && mkfifo(f2, 0600) == 0);
+  CHECK_ERR(dt_fashion_mnist_find(fm, out, sizeof out, NULL), DTRAIN_ERR_NOT_FOUND, "fm_fifo");
+  remove(f1);
+  remove(f2);
+  rmdir(fm);
+  alarm(0);
+  remove(fifo);
+}
+
+/* A small header in front of a huge (sparse) file: refused from the header,
+ * without reading the rest. */
+static void test_hostile_sparse(void) {
+  char p[512];
+  tmp_path(p, sizeof p, "sparse.idx");
+  FILE *f = fopen(p, "wb");
+  CHECK(f != NULL);
+  if (!f) return;
+  const unsigned char hdr[8] = {0, 0, 8, 1, 0, 0, 0, 16};
+  fwrite(hdr, 1, 8, f);
+  for (int i = 0; i < 16; i++) fputc(i, f);
+  int sparse = fseek(f, (long)(1L << 30), SEEK_SET) == 0 && fputc(0, f) != EOF;
+  fclose(f);
+  if (!sparse) {
+    remove(p);
+    TH_SKIP("no 1 GiB sparse file here");
+  }
+  dt_idx x;
+  double t0 = dt_time_now();
+  CHECK_ERR(dt_idx_read(p, &x), DTRAIN_ERR_CORRUPT, "header describes 24");
+  CHECK_MSG(dt_time_now() - t0 < 2.0, "refusing took %.2f s", dt_time_now() - t0);
+  remove(p);
+}
+
+/* A .gz that inflates far past what its header describes stops there
+ * (OVERFLOW at the header's size) instead of inflating it all. */
+static void test_hostile_gzip_bomb(void) {
+  if (!have_gzip()) TH_SKIP("no gzip command");
+  char raw[512], gz[512], cmd[1200];
+  tmp_path(raw, sizeof raw, "bomb.idx");
+  tmp_path(gz, sizeof gz, "bomb.idx.gz");
+  FILE *f = fopen(raw, "wb");
+  CHECK(f != NULL);
+  if (!f) return;
+  const unsigned char hdr[8] = {0, 0, 8, 1, 0, 0, 0, 16};
+  fwrite(hdr, 1, 8, f);
+  static unsigned char zeros[1 << 16];
+  for (int i = 0; i < 1024; i++) fwrite(zeros, 1, sizeof zeros, f); /* 64 MiB after a 16-byte image */
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "gzip -1 -n -c '%s' > '%s'", raw, gz);
+  CHECK(system(cmd) == 0);
+  remove(raw);
+  counting_on();
+  dt_idx x;
+  CHECK_ERR(dt_idx_read(gz, &x), DTRAIN_ERR_OVERFLOW, "24 bytes");
+  CHECK(dt_dataset_load_idx(gz, NULL, 0) == NULL && dt_last_result() == DTRAIN_ERR_OVERFLOW);
+  CHECK_MSG(alloc_max < (4u << 20), "an allocation of %zu bytes for a 16-byte image", alloc_max);
+  dt_set_allocator(NULL);
+  remove(gz);
+}
+
+/* dt_npy_write replaces a link planted at its path; it never writes through it. */
+static void test_npy_write_link(void) {
+  char victim[512], p[512];
+  tmp_path(victim, sizeof victim, "victim.txt");
+  tmp_path(p, sizeof p, "linked.npy");
+  CHECK(write_file(victim, (const unsigned char *)"precious", 8));
+  CHECK(symlink(victim, p) == 0);
+  float v[3] = {1, 2, 3};
+  int64_t sh = 3;
+  CHECK(dt_npy_write(p, DTRAIN_NPY_F32, 1, &sh, v) == DTRAIN_OK);
+  dt_bytes b;
+  CHECK(dt_read_file(victim, &b) == DTRAIN_OK && b.size == 8 && memcmp(b.data, "precious", 8) == 0);
+  dt_bytes_free(&b);
+  dt_npy a;
+  CHECK(dt_npy_read(p, &a) == DTRAIN_OK && a.size == 3);
+  dt_npy_free(&a);
+  remove(p);
+  remove(victim);
+}
+
 #define TH_RUN_FILES(fn)                                                         \
   do {                                                                           \
     if (dt_build_features() & DTRAIN_FEATURE_STDIO) TH_RUN(fn);                  \
@@ -1512,6 +1627,10 @@ int main(void) {
   TH_RUN_FILES(test_npy_roundtrip);
   TH_RUN_FILES(test_npy_headers);
   TH_RUN_FILES(test_npy_numpy_crosscheck);
+  TH_RUN_FILES(test_hostile_special_files);
+  TH_RUN_FILES(test_hostile_sparse);
+  TH_RUN_FILES(test_hostile_gzip_bomb);
+  TH_RUN_FILES(test_npy_write_link);
   TH_RUN(test_dataset_basics);
   TH_RUN_FILES(test_text);
   TH_RUN(test_loader_order);

@@ -1,7 +1,11 @@
 /* Fixed-memory mode: dtrain works inside one user buffer, fails cleanly when
  * it is full, returns every byte, and coalesces freed blocks. The same test
  * runs against a DTRAIN_NO_MALLOC build in tests/compile_checks.sh. */
+#define _POSIX_C_SOURCE 200809L
 #include "harness.h"
+
+#include <signal.h>
+#include <unistd.h>
 
 static unsigned char big[32u << 20];
 static unsigned char small_buf[96u << 10];
@@ -110,11 +114,64 @@ static void test_bad_buffers(void) {
   CHECK_ERR(dt_use_fixed_memory(tiny, sizeof tiny), DTRAIN_ERR_INVALID_ARG, "too small");
 }
 
+/* Issue 17: saving a checkpoint with a buffer too small at any point of the
+ * save returns DTRAIN_ERR_NOMEM (it used to spin forever when the header
+ * could not grow), never hangs, and gives every byte back. Every budget from
+ * 8 KiB to 136 KiB in 512-byte steps. */
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char msg[] = "FAIL: dt_checkpoint_save hung in fixed-memory mode\n";
+  if (write(2, msg, sizeof msg - 1) < 0) _exit(3);
+  _exit(2);
+}
+
+static void test_checkpoint_budgets(void) {
+  if (!(dt_build_features() & DTRAIN_FEATURE_STDIO)) TH_SKIP("built without stdio");
+  char path[128];
+  snprintf(path, sizeof path, "/tmp/dtrain_fixed_%ld.safetensors", (long)getpid());
+  int saved = 0, nomem = 0;
+  signal(SIGALRM, on_alarm);
+  for (size_t budget = 8u << 10; budget <= (136u << 10); budget += 512) {
+    CHECK(dt_use_fixed_memory(big, budget) == DTRAIN_OK);
+    dt_params *P = dt_params_create(3);
+    dt_nn_linear l1, l2;
+    dt_optim *o = NULL;
+    int ok = P && dt_nn_linear_init(&l1, P, "l1", 8, 32, 1) == DTRAIN_OK &&
+             dt_nn_linear_init(&l2, P, "l2", 32, 4, 1) == DTRAIN_OK;
+    if (ok) {
+      dt_optim_options d;
+      memset(&d, 0, sizeof d);
+      d.kind = DTRAIN_OPTIM_ADAM;
+      d.lr = 0.01f;
+      o = dt_optim_create(P, &d);
+    }
+    if (ok && o) {
+      dt_train_state st;
+      memset(&st, 0, sizeof st);
+      st.params = P;
+      st.optim = o;
+      alarm(20);
+      dt_result r = dt_checkpoint_save(path, &st);
+      alarm(0);
+      CHECK_MSG(r == DTRAIN_OK || r == DTRAIN_ERR_NOMEM, "budget %zu: %s", budget, dt_last_error());
+      saved += r == DTRAIN_OK;
+      nomem += r == DTRAIN_ERR_NOMEM;
+    }
+    dt_optim_destroy(o);
+    dt_params_destroy(P);
+    CHECK_MSG(dt_fixed_memory_used() == 0, "budget %zu: %zu bytes still in use", budget, dt_fixed_memory_used());
+    dt_set_allocator(NULL);
+  }
+  CHECK_MSG(saved > 0 && nomem > 0, "%d budgets saved, %d ran out of memory", saved, nomem);
+  remove(path);
+}
+
 int main(void) {
   printf("%s\n", dt_build_info());
   TH_RUN(test_train_inside_buffer);
   TH_RUN(test_full_buffer_fails_cleanly);
   TH_RUN(test_coalescing);
   TH_RUN(test_bad_buffers);
+  TH_RUN(test_checkpoint_budgets);
   return th_summary("fixed_memory");
 }

@@ -1,0 +1,271 @@
+/* ===========================================================================
+ * dt_file.c -- writing a file atomically, opening a file to read it safely
+ * ===========================================================================
+ * See dt_file.h. The one place that creates, renames and opens files, so
+ * that every writer (checkpoints, parameter-server shards, the fit chart,
+ * .npy files) and every reader (checkpoints, data sets) gets the same rules.
+ */
+#include "dt_internal.h"
+#include "dt_file.h"
+
+#if !defined(DTRAIN_NO_STDIO)
+#  include <errno.h>
+#  if defined(_WIN32)
+#    include <process.h>
+#  else
+#    include <dirent.h>
+#    include <fcntl.h>
+#    include <signal.h>
+#    include <sys/stat.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
+#endif
+
+#ifndef DTRAIN_NO_STDIO
+
+#if !defined(_WIN32) && !defined(O_NOFOLLOW)
+#  define O_NOFOLLOW 0 /* a system without it still gets O_EXCL, which refuses a planted link too */
+#endif
+#if !defined(_WIN32) && !defined(O_CLOEXEC)
+#  define O_CLOEXEC 0
+#endif
+
+static long dt__file_pid(void) {
+#if defined(_WIN32)
+  return (long)_getpid();
+#else
+  return (long)getpid();
+#endif
+}
+
+/* Length of the directory part of path, without the last '/' ("": none). */
+static size_t dt__file_dir_len(const char *path) {
+  const char *slash = strrchr(path, '/');
+  return slash ? (size_t)(slash - path) : 0;
+}
+
+#if !defined(_WIN32)
+/* Opens the directory of path (fsync, listing); -1 on failure. */
+static int dt__file_open_dir(const char *path) {
+  size_t n = dt__file_dir_len(path);
+  if (!strchr(path, '/')) return open(".", O_RDONLY | O_CLOEXEC);
+  if (n == 0) return open("/", O_RDONLY | O_CLOEXEC);
+  char *dir = (char *)dt__alloc(n + 1);
+  if (!dir) return -1;
+  memcpy(dir, path, n);
+  dir[n] = '\0';
+  int fd = open(dir, O_RDONLY | O_CLOEXEC);
+  dt__free(dir, n + 1);
+  return fd;
+}
+
+/* A temporary name "<base>.tmp-<pid>-<n>": the pid when it is one, else 0. */
+static long dt__file_tmp_pid(const char *name, const char *base, size_t blen) {
+  if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp-", 5) != 0) return 0;
+  const char *p = name + blen + 5;
+  long pid = 0;
+  int digits = 0;
+  /* At most 9 digits: no overflow of a 32-bit long, and never a value that
+   * a pid_t would turn negative (kill() would then address a group). */
+  for (; *p >= '0' && *p <= '9' && digits < 9; p++, digits++) pid = pid * 10 + (*p - '0');
+  if (digits == 0 || *p != '-' || !p[1]) return 0;
+  for (p++; *p; p++)
+    if (*p < '0' || *p > '9') return 0;
+  return pid;
+}
+
+/* Removes "<path>.tmp-<pid>-*" of processes that are gone (killed while
+ * saving). Best effort: a failure here never stops the save. */
+static void dt__file_clean_stale(const char *path) {
+  size_t dn = dt__file_dir_len(path);
+  const char *base = strchr(path, '/') ? path + dn + 1 : path;
+  size_t blen = strlen(base);
+  long me = dt__file_pid();
+  if (blen == 0) return;
+  int dfd = dt__file_open_dir(path);
+  if (dfd < 0) return;
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    close(dfd);
+    return;
+  }
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    long pid = dt__file_tmp_pid(e->d_name, base, blen);
+    if (pid <= 0 || pid == me) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
+    size_t cap = (strchr(path, '/') ? dn + 1 : 0) + strlen(e->d_name) + 1;
+    char *full = (char *)dt__alloc(cap);
+    if (!full) break;
+    snprintf(full, cap, "%.*s%s%s", (int)dn, path, strchr(path, '/') ? "/" : "", e->d_name);
+    if (unlink(full) == 0)
+      dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "removed '%s', left by process %ld that no longer exists", full, pid);
+    dt__free(full, cap);
+  }
+  closedir(d);
+}
+#endif
+
+static void dt__file_release(dt__file_out *o) {
+  dt__free(o->tmp, o->tmp_cap);
+  o->tmp = NULL;
+  o->tmp_cap = 0;
+  o->f = NULL;
+}
+
+DTRAIN_PRIVATE dt_result dt__file_create(dt__file_out *o, const char *path) {
+  static DT__TLS unsigned counter;
+  memset(o, 0, sizeof *o);
+  o->path = path;
+  o->tmp_cap = strlen(path) + 48;
+  o->tmp = (char *)dt__alloc(o->tmp_cap);
+  if (!o->tmp) {
+    o->tmp_cap = 0;
+    snprintf(o->msg, sizeof o->msg, "out of memory");
+    return DTRAIN_ERR_NOMEM;
+  }
+#if !defined(_WIN32)
+  dt__file_clean_stale(path);
+#endif
+  int err = 0;
+  for (int attempt = 0; attempt < 100 && !o->f; attempt++) {
+    snprintf(o->tmp, o->tmp_cap, "%s.tmp-%ld-%u", path, dt__file_pid(), counter++);
+#if defined(_WIN32)
+    o->f = fopen(o->tmp, "wbx");
+    if (!o->f) err = errno;
+#else
+    int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      o->f = fdopen(fd, "wb");
+      if (!o->f) {
+        err = errno;
+        close(fd);
+        unlink(o->tmp);
+        break;
+      }
+    } else {
+      err = errno;
+    }
+#endif
+    if (!o->f && err != EEXIST) break;
+  }
+  if (!o->f) {
+    snprintf(o->msg, sizeof o->msg, "cannot create temporary file '%.200s': %s", o->tmp, strerror(err));
+    dt__file_release(o);
+    return err == ENOMEM ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO;
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__file_abort(dt__file_out *o) {
+  if (o->f) fclose(o->f);
+  if (o->tmp) remove(o->tmp);
+  dt__file_release(o);
+}
+
+static dt_result dt__file_fail(dt__file_out *o, const char *what, int err) {
+  snprintf(o->msg, sizeof o->msg, "%s '%.200s' failed: %s", what, o->tmp, strerror(err));
+  dt__file_abort(o);
+  return DTRAIN_ERR_IO;
+}
+
+DTRAIN_PRIVATE dt_result dt__file_commit(dt__file_out *o) {
+  if (ferror(o->f)) return dt__file_fail(o, "write to", errno ? errno : EIO);
+  if (fflush(o->f) != 0) return dt__file_fail(o, "write to", errno);
+#if !defined(_WIN32)
+  {
+    int rc;
+    do rc = fsync(fileno(o->f)); while (rc != 0 && errno == EINTR);
+    if (rc != 0 && errno != EINVAL) return dt__file_fail(o, "fsync of", errno);
+  }
+#endif
+  {
+    int rc = fclose(o->f);
+    o->f = NULL;
+    if (rc != 0) return dt__file_fail(o, "closing", errno);
+  }
+#if defined(_WIN32)
+  remove(o->path); /* rename does not replace on Windows (not atomic there) */
+#endif
+  if (rename(o->tmp, o->path) != 0) return dt__file_fail(o, "renaming", errno);
+#if !defined(_WIN32)
+  {
+    /* The rename is durable once the directory is. */
+    int fd = dt__file_open_dir(o->path);
+    if (fd >= 0) {
+      int rc;
+      do rc = fsync(fd); while (rc != 0 && errno == EINTR);
+      if (rc != 0 && errno != EINVAL && errno != EROFS && errno != EBADF)
+        dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "fsync of the directory of '%s' failed: %s", o->path, strerror(errno));
+      close(fd);
+    }
+  }
+#endif
+  dt__file_release(o);
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__file_open_read(const char *path, FILE **out, uint64_t *size, char *msg, size_t cap) {
+  *out = NULL;
+  *size = 0;
+#if defined(_WIN32)
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(msg, cap, "cannot open: %s", strerror(errno));
+    return DTRAIN_ERR_IO;
+  }
+  long n = -1;
+  if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    snprintf(msg, cap, "cannot determine the size: %s", strerror(errno));
+    fclose(f);
+    return DTRAIN_ERR_IO;
+  }
+  *size = (uint64_t)n;
+  *out = f;
+  return DTRAIN_OK;
+#else
+  /* Non-blocking, so that opening a FIFO without a writer returns at once. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int saved = errno;
+    snprintf(msg, cap, "cannot open: %s", strerror(saved));
+    errno = saved; /* the caller may tell "no such file" apart */
+    return DTRAIN_ERR_IO;
+  }
+  struct stat sb;
+  if (fstat(fd, &sb) != 0) {
+    snprintf(msg, cap, "cannot stat: %s", strerror(errno));
+    close(fd);
+    return DTRAIN_ERR_IO;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    snprintf(msg, cap, "not a regular file (%s)",
+             S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode) ? "a FIFO"
+             : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device" : S_ISSOCK(sb.st_mode) ? "a socket" : "special");
+    close(fd);
+    return DTRAIN_ERR_IO;
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl != -1) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    snprintf(msg, cap, "cannot open: %s", strerror(errno));
+    close(fd);
+    return errno == ENOMEM ? DTRAIN_ERR_NOMEM : DTRAIN_ERR_IO;
+  }
+  *size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
+  *out = f;
+  return DTRAIN_OK;
+#endif
+}
+
+DTRAIN_PRIVATE int dt__file_read_exact(FILE *f, void *dst, size_t n, char *msg, size_t cap) {
+  size_t got = n ? fread(dst, 1, n, f) : 0;
+  if (got == n) return 1;
+  if (ferror(f)) snprintf(msg, cap, "read %zu of %zu bytes: %s", got, n, strerror(errno));
+  else snprintf(msg, cap, "read %zu of %zu bytes: the file changed while reading", got, n);
+  return 0;
+}
+
+#endif /* DTRAIN_NO_STDIO */
