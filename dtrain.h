@@ -3910,6 +3910,11 @@ DTRAIN_PRIVATE void dt__file_abort(dt__file_out *o);
  * size in bytes. DTRAIN_ERR_IO with msg (cap bytes) otherwise. */
 DTRAIN_PRIVATE dt_result dt__file_open_read(const char *path, FILE **out, uint64_t *size, char *msg, size_t cap);
 
+/* Opens path to append to it (a log that grows, such as dt_fit's metrics
+ * CSV), creating it if missing; never through a symbolic link planted at
+ * path (O_NOFOLLOW), and only a regular file. NULL with msg otherwise. */
+DTRAIN_PRIVATE FILE *dt__file_open_append(const char *path, char *msg, size_t cap);
+
 /* Reads exactly n bytes; 0 on a short read or an error (msg says which). */
 DTRAIN_PRIVATE int dt__file_read_exact(FILE *f, void *dst, size_t n, char *msg, size_t cap);
 
@@ -4697,6 +4702,32 @@ DTRAIN_PRIVATE dt_result dt__file_open_read(const char *path, FILE **out, uint64
   *size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
   *out = f;
   return DTRAIN_OK;
+#endif
+}
+
+DTRAIN_PRIVATE FILE *dt__file_open_append(const char *path, char *msg, size_t cap) {
+#if defined(_WIN32)
+  FILE *f = fopen(path, "ab"); /* Windows: no symbolic links to plant without privileges */
+  if (!f) snprintf(msg, cap, "%s", strerror(errno));
+  return f;
+#else
+  int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
+  if (fd < 0) {
+    snprintf(msg, cap, "%s", errno == ELOOP ? "a symbolic link is there (not followed)" : strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    snprintf(msg, cap, "not a regular file");
+    close(fd);
+    return NULL;
+  }
+  FILE *f = fdopen(fd, "ab");
+  if (!f) {
+    snprintf(msg, cap, "%s", strerror(errno));
+    close(fd);
+  }
+  return f;
 #endif
 }
 
@@ -13722,8 +13753,9 @@ static void dt__fit_csv_num(FILE *f, double v, int last) {
 }
 
 static dt_result dt__fit_csv_append(const char *path, const dt_fit_epoch *row) {
-  FILE *f = fopen(path, "ab");
-  if (!f) return dt__error(DTRAIN_ERR_IO, "dt_fit: cannot open metrics CSV '%s': %s", path, strerror(errno));
+  char why[160];
+  FILE *f = dt__file_open_append(path, why, sizeof why);
+  if (!f) return dt__error(DTRAIN_ERR_IO, "dt_fit: cannot open metrics CSV '%s': %s", path, why);
   long at = -1;
   if (fseek(f, 0, SEEK_END) == 0) at = ftell(f);
   if (at == 0) fputs("epoch,step,train_loss,train_acc,val_loss,val_acc,lr,seconds\n", f);
@@ -14158,6 +14190,15 @@ static dt_result dt__fit_check(const dt_fit_desc *d) {
   for (int i = 0; i < 4; i++) {
     dt_result r = path[i] ? dt__fit_probe_dir(what[i], path[i]) : DTRAIN_OK;
     if (r != DTRAIN_OK) return r;
+  }
+  /* The CSV grows by appending (the others are replaced whole): opened once
+   * now as each epoch will open it, so a link planted there or a FIFO is
+   * refused before the first step, not after an epoch. */
+  if (d->csv_path) {
+    char why[160];
+    FILE *f = dt__file_open_append(d->csv_path, why, sizeof why);
+    if (!f) return dt__error(DTRAIN_ERR_IO, "%s: csv_path '%s': %s", fn, d->csv_path, why);
+    fclose(f);
   }
 #endif
   return DTRAIN_OK;

@@ -260,6 +260,32 @@ DTRAIN_PRIVATE dt_result dt__file_open_read(const char *path, FILE **out, uint64
 #endif
 }
 
+DTRAIN_PRIVATE FILE *dt__file_open_append(const char *path, char *msg, size_t cap) {
+#if defined(_WIN32)
+  FILE *f = fopen(path, "ab"); /* Windows: no symbolic links to plant without privileges */
+  if (!f) snprintf(msg, cap, "%s", strerror(errno));
+  return f;
+#else
+  int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0666);
+  if (fd < 0) {
+    snprintf(msg, cap, "%s", errno == ELOOP ? "a symbolic link is there (not followed)" : strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    snprintf(msg, cap, "not a regular file");
+    close(fd);
+    return NULL;
+  }
+  FILE *f = fdopen(fd, "ab");
+  if (!f) {
+    snprintf(msg, cap, "%s", strerror(errno));
+    close(fd);
+  }
+  return f;
+#endif
+}
+
 DTRAIN_PRIVATE int dt__file_read_exact(FILE *f, void *dst, size_t n, char *msg, size_t cap) {
   size_t got = n ? fread(dst, 1, n, f) : 0;
   if (got == n) return 1;

@@ -55,6 +55,11 @@ DTRAIN_PRIVATE void dt__file_abort(dt__file_out *o);
  * size in bytes. DTRAIN_ERR_IO with msg (cap bytes) otherwise. */
 DTRAIN_PRIVATE dt_result dt__file_open_read(const char *path, FILE **out, uint64_t *size, char *msg, size_t cap);
 
+/* Opens path to append to it (a log that grows, such as dt_fit's metrics
+ * CSV), creating it if missing; never through a symbolic link planted at
+ * path (O_NOFOLLOW), and only a regular file. NULL with msg otherwise. */
+DTRAIN_PRIVATE FILE *dt__file_open_append(const char *path, char *msg, size_t cap);
+
 /* Reads exactly n bytes; 0 on a short read or an error (msg says which). */
 DTRAIN_PRIVATE int dt__file_read_exact(FILE *f, void *dst, size_t n, char *msg, size_t cap);
 

@@ -111,8 +111,9 @@ static void dt__fit_csv_num(FILE *f, double v, int last) {
 }
 
 static dt_result dt__fit_csv_append(const char *path, const dt_fit_epoch *row) {
-  FILE *f = fopen(path, "ab");
-  if (!f) return dt__error(DTRAIN_ERR_IO, "dt_fit: cannot open metrics CSV '%s': %s", path, strerror(errno));
+  char why[160];
+  FILE *f = dt__file_open_append(path, why, sizeof why);
+  if (!f) return dt__error(DTRAIN_ERR_IO, "dt_fit: cannot open metrics CSV '%s': %s", path, why);
   long at = -1;
   if (fseek(f, 0, SEEK_END) == 0) at = ftell(f);
   if (at == 0) fputs("epoch,step,train_loss,train_acc,val_loss,val_acc,lr,seconds\n", f);
@@ -547,6 +548,15 @@ static dt_result dt__fit_check(const dt_fit_desc *d) {
   for (int i = 0; i < 4; i++) {
     dt_result r = path[i] ? dt__fit_probe_dir(what[i], path[i]) : DTRAIN_OK;
     if (r != DTRAIN_OK) return r;
+  }
+  /* The CSV grows by appending (the others are replaced whole): opened once
+   * now as each epoch will open it, so a link planted there or a FIFO is
+   * refused before the first step, not after an epoch. */
+  if (d->csv_path) {
+    char why[160];
+    FILE *f = dt__file_open_append(d->csv_path, why, sizeof why);
+    if (!f) return dt__error(DTRAIN_ERR_IO, "%s: csv_path '%s': %s", fn, d->csv_path, why);
+    fclose(f);
   }
 #endif
   return DTRAIN_OK;

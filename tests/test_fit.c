@@ -446,6 +446,35 @@ static void test_outputs_checked_first(void) {
     CHECK(outputs_steps == 0);
   }
   chmod(dir, 0755);
+  /* A symbolic link planted at the CSV path is refused before the first step
+   * and never written through (the CSV is the one output appended to). */
+  {
+    char victim[512], link[512];
+    snprintf(victim, sizeof victim, "%s/victim.txt", dir);
+    snprintf(link, sizeof link, "%s/linked.csv", dir);
+    FILE *v = fopen(victim, "wb");
+    CHECK(v != NULL);
+    if (v) {
+      fputs("precious", v);
+      fclose(v);
+    }
+    CHECK(symlink(victim, link) == 0);
+    dt_fit_options d;
+    memset(&d, 0, sizeof d);
+    d.steps_per_epoch = 3;
+    d.train_step = outputs_step;
+    d.progress = DTRAIN_FIT_PROGRESS_QUIET;
+    d.csv_path = link;
+    outputs_steps = 0;
+    CHECK_ERR(dt_fit(&d, NULL), DTRAIN_ERR_IO, "symbolic link");
+    CHECK(outputs_steps == 0);
+    char buf[32] = {0};
+    v = fopen(victim, "rb");
+    CHECK(v != NULL && fread(buf, 1, sizeof buf - 1, v) == 8 && strcmp(buf, "precious") == 0);
+    if (v) fclose(v);
+    remove(link);
+    remove(victim);
+  }
   /* Good paths still train, and the probe leaves nothing behind. */
   {
     dt_fit_options d;
