@@ -317,7 +317,7 @@ static void test_adam_simd_matches_scalar(void) {
   }
 }
 
-/* ---- ReLU: the SIMD loops give the scalar definition exactly ------------------------- */
+/* ---- ReLU: the SIMD loops give the scalar definition exactly (NaN kept) ------------------ */
 
 static void test_relu_exact(void) {
   enum { N = 1003 };
@@ -343,7 +343,8 @@ static void test_relu_exact(void) {
   CHECK(y != NULL && dt_backward_grad(g, y, gy) == DTRAIN_OK);
   int bad = 0;
   for (int i = 0; y && xt->grad && i < N; i++) {
-    float want = x[i] > 0.0f ? x[i] : 0.0f, wg = 0.0f + (x[i] > 0.0f ? gy[i] : 0.0f);
+    /* x <= 0 ? 0 : x: a NaN stays NaN and passes its gradient (PyTorch's rule) */
+    float want = x[i] <= 0.0f ? 0.0f : x[i], wg = 0.0f + (x[i] <= 0.0f ? 0.0f : gy[i]);
     if (memcmp(&y->data[i], &want, sizeof want) != 0 || memcmp(&xt->grad[i], &wg, sizeof wg) != 0) bad++;
   }
   CHECK_MSG(bad == 0, "%d relu elements differ", bad);
