@@ -53,6 +53,7 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
     if (o->spin_us != 0) d.spin_us = o->spin_us;
     if (o->sock_buf_bytes != 0) d.sock_buf_bytes = o->sock_buf_bytes;
     if (o->small_bytes) d.small_bytes = o->small_bytes;
+    if (o->handshake_timeout_s > 0) d.handshake_timeout_s = o->handshake_timeout_s;
     d.quiet = o->quiet;
   }
   if (d.max_payload > 0xFFFFFFF0u) d.max_payload = 0xFFFFFFF0u;
@@ -109,6 +110,7 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   o.small_bytes = (size_t)64 << 10;
   o.spin_us = 20.0;
   o.sock_buf_bytes = (int64_t)4 << 20;
+  o.handshake_timeout_s = 3.0;
 #ifndef DTRAIN_NO_STDIO
   const char *e = getenv("DTRAIN_TIMEOUT");
   if (e && atof(e) > 0) o.timeout_s = atof(e);
@@ -120,6 +122,8 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   if (e && *e) o.spin_us = atof(e);
   e = getenv("DTRAIN_SOCKBUF");
   if (e && *e) o.sock_buf_bytes = atoll(e) > 0 ? (int64_t)atoll(e) : -1;
+  e = getenv("DTRAIN_HANDSHAKE_TIMEOUT");
+  if (e && atof(e) > 0) o.handshake_timeout_s = atof(e);
   e = getenv("DTRAIN_LISTEN_FD");
   if (e && *e) o.listen_fd = atoi(e);
 #endif
