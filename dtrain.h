@@ -125,9 +125,13 @@
  *   DTRAIN_SPIN_US=us       how long a receive spins before it sleeps in poll()
  *   DTRAIN_SOCKBUF=bytes    socket buffer size of collective connections
  *                           (4 MiB; 0: the kernel's autotuning)
- *   DTRAIN_JOB_ID, DTRAIN_LISTEN_FD   set by tools/dtrain-launch: the job every
- *                           peer must belong to, and an already bound listening
- *                           socket handed to the child
+ *   DTRAIN_JOB_ID=n         the job every peer must belong to (every frame
+ *                           carries it; a peer of another job, or without one
+ *                           when this process has one, is refused naming which);
+ *                           tools/dtrain-launch sets a random one (and a random
+ *                           DTRAIN_TOKEN) for each job unless already set
+ *   DTRAIN_LISTEN_FD        set by tools/dtrain-launch: an already bound
+ *                           listening socket handed to the child
  *
  * LAYERS (the files of src/, lowest first: a file includes and calls only
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
@@ -2358,7 +2362,7 @@ struct dt_pstore;
 DTRAIN_EXTERN_C_BEGIN
 
 #define DTRAIN_MAX_PEERS 1024
-#define DTRAIN_NET_VERSION 1
+#define DTRAIN_NET_VERSION 2 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID) */
 
 typedef enum dt_role {
   DTRAIN_ROLE_WORKER = 0,
@@ -21297,7 +21301,8 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
     return DTRAIN_ERR_PROTOCOL;
   }
   if (f->version != DTRAIN_NET_VERSION) {
-    snprintf(why, cap, "protocol version %u, this build speaks %d", (unsigned)f->version, DTRAIN_NET_VERSION);
+    snprintf(why, cap, "protocol version %u, this build speaks %d (every process of a job must run the same wire "
+             "version; version 1 did not send the job-id flag of the hello)", (unsigned)f->version, DTRAIN_NET_VERSION);
     return DTRAIN_ERR_MISMATCH;
   }
   if ((f->flags & ~DT__NET_F_PAYLOAD_CRC) != 0) {
@@ -21321,8 +21326,8 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
     return DTRAIN_ERR_PROTOCOL;
   }
   if (job != 0 && f->job != job) {
-    snprintf(why, cap, "frame of job %016llx, this is job %016llx", (unsigned long long)f->job,
-             (unsigned long long)job);
+    snprintf(why, cap, "frame of job %016llx, this is job %016llx (another job: DTRAIN_JOB_ID differs or is not set)",
+             (unsigned long long)f->job, (unsigned long long)job);
     return DTRAIN_ERR_MISMATCH;
   }
   /* A covered header's checksum is checked with the payload (dt__frame_payload_ok). */
@@ -21375,6 +21380,10 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
 DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap);
 DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd);
 DTRAIN_PRIVATE int dt__net_port(int fd); /* the bound port, -1 on error */
+/* The bound address of fd into addr ("host:port"; may be NULL): 1 when it is a
+ * loopback address (127.0.0.0/8, ::1) that only this machine can reach, 0 when
+ * not (0.0.0.0 included), -1 when unknown. */
+DTRAIN_PRIVATE int dt__net_local(int fd, char *addr, size_t cap);
 /* Connect, retrying refused/unreachable with backoff (10 ms doubling to 0.5 s) until the deadline. */
 DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, int *fd);
 /* Wait for one connection; *fd gets it, addr (may be NULL) the peer's "host:port". */
@@ -21595,14 +21604,29 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
   return DTRAIN_OK;
 }
 
+/* Listening where others can reach us without a token: say what that allows, once per socket. */
+static void dt__net_warn_open(const dt__net_self *self, int fd) {
+  char addr[DT__NET_ADDR];
+  if (self->opt.token && self->opt.token[0]) return;
+  if (dt__net_local(fd, addr, sizeof addr) != 0) return; /* loopback (or unknown): this machine only */
+  const dt_cluster *c = self->cluster;
+  dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_AUTH,
+          "%s %d: listening on %s, which is not a loopback address, without a token (DTRAIN_TOKEN): anyone who can "
+          "reach it can join the job as a peer, read the parameters and send updates; set DTRAIN_TOKEN (dtrain-launch "
+          "makes one) or bind 127.0.0.1", c->role == DTRAIN_ROLE_PS ? "ps" : "worker", c->index, addr);
+}
+
 DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd) {
   if (self->opt.listen_fd >= 0) {
     *fd = self->opt.listen_fd;
     dt__net_nonblock(*fd);
+    dt__net_warn_open(self, *fd);
     return DTRAIN_OK;
   }
   const dt_cluster *c = self->cluster;
-  return dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
+  dt_result rc = dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
+  if (rc == DTRAIN_OK) dt__net_warn_open(self, *fd);
+  return rc;
 }
 
 #else /* DTRAIN_NO_NET */
@@ -21900,6 +21924,27 @@ static void dt__net_addr_text(const struct sockaddr_storage *ss, char *out, size
   } else {
     snprintf(out, cap, "unknown address");
   }
+}
+
+DTRAIN_PRIVATE int dt__net_local(int fd, char *addr, size_t cap) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  memset(&ss, 0, sizeof ss);
+  if (addr && cap) addr[0] = '\0';
+  if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
+  if (addr) dt__net_addr_text(&ss, addr, cap);
+  if (ss.ss_family == AF_INET) {
+    const unsigned char *b = (const unsigned char *)&((const struct sockaddr_in *)&ss)->sin_addr;
+    return b[0] == 127; /* 127.0.0.0/8 */
+  }
+  if (ss.ss_family == AF_INET6) {
+    const unsigned char *b = (const unsigned char *)&((const struct sockaddr_in6 *)&ss)->sin6_addr;
+    static const unsigned char one[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (memcmp(b, one, 16) == 0) return 1;                     /* ::1 */
+    return memcmp(b, mapped, 12) == 0 && b[12] == 127;         /* ::ffff:127.x.y.z */
+  }
+  return ss.ss_family == AF_UNIX; /* a socket pair or a local socket: this machine only */
 }
 
 DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd_out, char *addr, size_t cap) {

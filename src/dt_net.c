@@ -76,14 +76,29 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
   return DTRAIN_OK;
 }
 
+/* Listening where others can reach us without a token: say what that allows, once per socket. */
+static void dt__net_warn_open(const dt__net_self *self, int fd) {
+  char addr[DT__NET_ADDR];
+  if (self->opt.token && self->opt.token[0]) return;
+  if (dt__net_local(fd, addr, sizeof addr) != 0) return; /* loopback (or unknown): this machine only */
+  const dt_cluster *c = self->cluster;
+  dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_AUTH,
+          "%s %d: listening on %s, which is not a loopback address, without a token (DTRAIN_TOKEN): anyone who can "
+          "reach it can join the job as a peer, read the parameters and send updates; set DTRAIN_TOKEN (dtrain-launch "
+          "makes one) or bind 127.0.0.1", c->role == DTRAIN_ROLE_PS ? "ps" : "worker", c->index, addr);
+}
+
 DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd) {
   if (self->opt.listen_fd >= 0) {
     *fd = self->opt.listen_fd;
     dt__net_nonblock(*fd);
+    dt__net_warn_open(self, *fd);
     return DTRAIN_OK;
   }
   const dt_cluster *c = self->cluster;
-  return dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
+  dt_result rc = dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
+  if (rc == DTRAIN_OK) dt__net_warn_open(self, *fd);
+  return rc;
 }
 
 #else /* DTRAIN_NO_NET */

@@ -41,7 +41,7 @@ struct dt_pstore;
 DTRAIN_EXTERN_C_BEGIN
 
 #define DTRAIN_MAX_PEERS 1024
-#define DTRAIN_NET_VERSION 1
+#define DTRAIN_NET_VERSION 2 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID) */
 
 typedef enum dt_role {
   DTRAIN_ROLE_WORKER = 0,

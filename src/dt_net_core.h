@@ -32,6 +32,10 @@
 DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap);
 DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd);
 DTRAIN_PRIVATE int dt__net_port(int fd); /* the bound port, -1 on error */
+/* The bound address of fd into addr ("host:port"; may be NULL): 1 when it is a
+ * loopback address (127.0.0.0/8, ::1) that only this machine can reach, 0 when
+ * not (0.0.0.0 included), -1 when unknown. */
+DTRAIN_PRIVATE int dt__net_local(int fd, char *addr, size_t cap);
 /* Connect, retrying refused/unreachable with backoff (10 ms doubling to 0.5 s) until the deadline. */
 DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, int *fd);
 /* Wait for one connection; *fd gets it, addr (may be NULL) the peer's "host:port". */

@@ -244,7 +244,7 @@ static int open_fds(void) {
 
 /* What the forked client does. */
 enum { C_GOOD, C_NOTOKEN, C_BADTOKEN, C_WORLD3, C_MODEL, C_DUPRANK, C_HTTP, C_TRUNC, C_STALL, C_BIGLEN, C_EXCHANGE,
-       C_ABORT, C_LANE1, C_LANE5 };
+       C_ABORT, C_LANE1, C_LANE5, C_JOBLESS, C_OTHERJOB };
 
 static int run_client(int kind, int port) {
   alarm(20);
@@ -258,6 +258,8 @@ static int run_client(int kind, int port) {
   if (kind == C_NOTOKEN) o.token = NULL;
   if (kind == C_BADTOKEN) o.token = "open sesame";
   if (kind == C_MODEL) o.model_hash = 999;
+  o.job_id = kind == C_JOBLESS ? 0 : kind == C_OTHERJOB ? 78 : 77;
+  if (kind == C_JOBLESS || kind == C_OTHERJOB) o.token = NULL;
   if (kind == C_HTTP || kind == C_TRUNC || kind == C_STALL || kind == C_BIGLEN) {
     int fd;
     if (dt__net_connect(x.a0, dt__now() + 5, &fd) != DTRAIN_OK) return 2;
@@ -283,7 +285,7 @@ static int run_client(int kind, int port) {
   }
   dt__net_self self;
   if (dt__net_self_init(&self, &x.c, &o) != DTRAIN_OK) return 3;
-  self.job = 77; /* both sides agree on the job */
+  if (kind != C_JOBLESS && kind != C_OTHERJOB) self.job = 77; /* both sides agree on the job */
   dt__conn c;
   dt_result rc = dt__net_dial_lane(&self, DTRAIN_ROLE_WORKER, 0, kind == C_LANE1 ? 1 : kind == C_LANE5 ? 5 : 0, &c);
   if (rc != DTRAIN_OK) {
@@ -340,6 +342,7 @@ static serve_result serve_one(int kind, const char *token, double timeout) {
   o.timeout_s = timeout;
   o.token = token;
   o.model_hash = 1234;
+  o.job_id = 77; /* given, as dtrain-launch gives it */
   o.quiet = 1;
   dt__net_self self;
   dt__net_self_init(&self, &x.c, &o);
@@ -430,6 +433,53 @@ static void test_handshake_refusals(void) {
   CHECK(r.client_status == 10 + 403 % 100);
   int after = open_fds();
   CHECK_MSG(before == after, "descriptors before %d, after %d", before, after);
+}
+
+/* Without a token the job id is what keeps strangers out: a client without
+ * one (not started by this job's launcher) or with another is refused, and
+ * the message says which. */
+static void test_job_id(void) {
+  int before = open_fds();
+  serve_result r = serve_one(C_JOBLESS, NULL, 5);
+  CHECK(r.rc == DTRAIN_ERR_MISMATCH);
+  CHECK_MSG(strstr(r.msg, "has no job id") && strstr(r.msg, "DTRAIN_JOB_ID") && strstr(r.msg, "000000000000004d"), "%s",
+            r.msg);
+  CHECK(r.client_status == 10 + 403 % 100);
+  r = serve_one(C_OTHERJOB, NULL, 5);
+  CHECK(r.rc == DTRAIN_ERR_MISMATCH);
+  CHECK_MSG(strstr(r.msg, "belongs to job 000000000000004e, this is job 000000000000004d"), "%s", r.msg);
+  CHECK(r.client_status == 10 + 403 % 100);
+  CHECK(open_fds() == before);
+}
+
+/* Listening on an address others can reach, without a token, warns naming the risk. */
+static void test_open_listen_warning(void) {
+  const char *where[3] = {"0.0.0.0:0", "0.0.0.0:0", "127.0.0.1:0"};
+  const char *token[3] = {NULL, "sesame", NULL};
+  for (int k = 0; k < 3; k++) {
+    cl x;
+    cl_make(&x, 2, 1, 0);
+    snprintf(x.a0, sizeof x.a0, "%s", where[k]);
+    dt_net_options o = dt_net_defaults();
+    o.token = token[k];
+    o.listen_fd = -1;
+    dt__net_self self;
+    CHECK(dt__net_self_init(&self, &x.c, &o) == DTRAIN_OK);
+    self.opt.token = token[k]; /* not DTRAIN_TOKEN from the environment */
+    th_last_log[0] = '\0';
+    int fd = -1;
+    if (dt__net_self_listen(&self, &fd) != DTRAIN_OK) {
+      TH_SKIP("cannot listen on %s here: %s", where[k], dt_last_error());
+    }
+    close(fd);
+    int warned = strstr(th_last_log, "not a loopback address") != NULL;
+    if (k == 0)
+      CHECK_MSG(warned && strstr(th_last_log, "without a token") && strstr(th_last_log, "DTRAIN_TOKEN") &&
+                    strstr(th_last_log, "0.0.0.0:") && strstr(th_last_log, "worker 0"),
+                "%s", th_last_log);
+    else
+      CHECK_MSG(!warned, "%s: %s", where[k], th_last_log);
+  }
 }
 
 static void test_bad_clients(void) {
@@ -1023,6 +1073,8 @@ int main(void) {
   TH_RUN(test_handshake_ok);
   TH_RUN(test_handshake_refusals);
   TH_RUN(test_bad_clients);
+  TH_RUN(test_job_id);
+  TH_RUN(test_open_listen_warning);
   TH_RUN(test_exchange_and_abort);
   TH_RUN(test_connect_deadline);
 #  ifdef __linux__
