@@ -22689,6 +22689,7 @@ DTRAIN_PRIVATE double dt__net_hs_timeout(const dt__net_self *self) {
 
 DTRAIN_PRIVATE void dt__hs_start(dt__hs *h, const dt__net_self *self, int fd, const char *addr, double deadline) {
   memset(h, 0, sizeof *h);
+  if (fd >= 0) dt__net_nonblock(fd); /* every step must return at once (sockets we accept already are) */
   dt__conn_init(&h->conn, fd, self->job, self->id, (uint32_t)self->opt.max_payload);
   snprintf(h->addr, sizeof h->addr, "%.80s", addr ? addr : "?");
   snprintf(h->conn.peer, sizeof h->conn.peer, "a client at %.80s", h->addr);

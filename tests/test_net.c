@@ -452,6 +452,64 @@ static void test_job_id(void) {
   CHECK(open_fds() == before);
 }
 
+/* The acceptor's state machine, fed a client's frames one byte at a time (no
+ * socket): it admits a genuine client, with a token after a correct proof
+ * (computed here as the client does from the welcome it queued), and queues
+ * exactly the answers of the blocking handshake. */
+static void test_handshake_state_machine(void) {
+  for (int tok = 0; tok < 2; tok++) {
+    cl x;
+    cl_make(&x, 3, 7000, 0);
+    dt_net_options o = dt_net_defaults();
+    o.token = tok ? "sesame" : NULL;
+    o.model_hash = 1234;
+    o.job_id = 77;
+    o.quiet = 1;
+    dt__net_self acc, cli;
+    dt_cluster c2 = x.c; /* the client's view: worker 2 of the same cluster */
+    c2.index = 2;
+    CHECK(dt__net_self_init(&acc, &x.c, &o) == DTRAIN_OK);
+    acc.opt.token = o.token;
+    CHECK(dt__net_self_init(&cli, &c2, &o) == DTRAIN_OK);
+    cli.opt.token = o.token;
+    dt__hello h;
+    unsigned char msg[2 * DT__NET_HDR + DT__HELLO + 32], seen[3] = {0, 0, 0};
+    dt__hello_self(&cli, &h);
+    dt__hello_pack(&h, msg + DT__NET_HDR);
+    dt__frame_pack(msg, DT__MSG_HELLO, cli.job, cli.id, 0, msg + DT__NET_HDR, DT__HELLO);
+    dt__hs s;
+    dt__hs_start(&s, &acc, -1, "test", dt__now() + 5);
+    for (size_t i = 0; i < DT__NET_HDR + DT__HELLO; i++) {
+      CHECK(dt__hs_feed(&s, &acc, seen, msg + i, 0) == 0);
+      CHECK(dt__hs_feed(&s, &acc, seen, msg + i, 1) == 1);
+    }
+    /* WELCOME is queued: a frame of this job carrying the acceptor's hello. */
+    dt__frame f;
+    char why[160];
+    CHECK(dt__frame_unpack(s.out, acc.job, DT__HS_OUT, &f, why, sizeof why) == DTRAIN_OK);
+    CHECK(f.type == DT__MSG_WELCOME && f.length == DT__HELLO && f.seq == 0);
+    uint32_t at = DT__NET_HDR + DT__HELLO;
+    if (tok) {
+      CHECK(s.state == DT__HSS_AUTH && s.out_len == at);
+      unsigned char proof[32];
+      dt__net_proof(&cli, 'C', msg + DT__NET_HDR, s.out + DT__NET_HDR, proof);
+      dt__frame_pack(msg, DT__MSG_AUTH, cli.job, cli.id, 1, proof, 32);
+      memcpy(msg + DT__NET_HDR, proof, 32);
+      for (size_t i = 0; i < DT__NET_HDR + 32; i++) CHECK(dt__hs_feed(&s, &acc, seen, msg + i, 1) == 1);
+      CHECK(dt__frame_unpack(s.out + at, acc.job, DT__HS_OUT, &f, why, sizeof why) == DTRAIN_OK);
+      CHECK(f.type == DT__MSG_AUTH && f.length == 32 && f.seq == 1);
+      at += DT__NET_HDR + 32;
+    }
+    /* READY last; the peer is worker 2, marked seen; later bytes are not taken. */
+    CHECK(dt__frame_unpack(s.out + at, acc.job, DT__HS_OUT, &f, why, sizeof why) == DTRAIN_OK);
+    CHECK(f.type == DT__MSG_READY && f.length == 0);
+    CHECK_MSG(s.state == DT__HSS_SEND && s.out_len == at + DT__NET_HDR, "state %d: %s", s.state, s.why);
+    CHECK(s.conn.peer_role == DTRAIN_ROLE_WORKER && s.conn.peer_index == 2 && seen[2] == 1);
+    CHECK(s.conn.recv_seq == (uint64_t)(tok ? 2 : 1) && s.conn.send_seq == (uint64_t)(tok ? 3 : 2));
+    CHECK(dt__hs_feed(&s, &acc, seen, msg, 1) == 0);
+  }
+}
+
 /* Listening on an address others can reach, without a token, warns naming the risk. */
 static void test_open_listen_warning(void) {
   const char *where[3] = {"0.0.0.0:0", "0.0.0.0:0", "127.0.0.1:0"};
@@ -1074,6 +1132,7 @@ int main(void) {
   TH_RUN(test_handshake_refusals);
   TH_RUN(test_bad_clients);
   TH_RUN(test_job_id);
+  TH_RUN(test_handshake_state_machine);
   TH_RUN(test_open_listen_warning);
   TH_RUN(test_exchange_and_abort);
   TH_RUN(test_connect_deadline);
