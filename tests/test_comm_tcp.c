@@ -572,7 +572,8 @@ static void test_stranger(void) {
  * that send a genuine-looking hello of worker 2 and then nothing, at each of
  * the ranks that accept, before the ranks start. The old setup handled a
  * hello-sending stranger in a blocking handshake of up to timeout_s (5 s
- * here) each: start-up took 15 s and failed. Now it takes well under 2 s. */
+ * here) each: start-up took 15 s and failed. Now it takes milliseconds (the
+ * bound leaves room for slow emulators). */
 
 static int child_slow(world *x, int rank, void *arg) {
   const char *token = (const char *)arg;
@@ -585,8 +586,8 @@ static int child_slow(world *x, int rank, void *arg) {
   double dt = dt__now() - t0;
   CK(comm != NULL);
   if (!comm) return 2;
-  CK(dt < 2.0);
-  if (dt >= 2.0) fprintf(stderr, "rank %d: start-up took %.2f s\n", rank, dt);
+  CK(dt < 4.0); /* undisturbed it takes milliseconds; the old setup needed 15 s and failed */
+  if (dt >= 4.0) fprintf(stderr, "rank %d: start-up took %.2f s\n", rank, dt);
   float b[5] = {1, 2, 3, 4, 5};
   CK(dt_comm_allreduce(comm, rank, b, 5) == DTRAIN_OK);
   CK(b[4] == 5.0f * (float)x->w);
@@ -619,7 +620,7 @@ static void slow_strangers(const char *token) {
   hostile_stop(bad);
   world_close(&x);
   check_world(&x, st, NULL);
-  CHECK_MSG(dt < 4.0, "the world took %.2f s", dt);
+  CHECK_MSG(dt < 8.0, "the world took %.2f s", dt);
 }
 
 static void test_slow_strangers_token(void) { slow_strangers("the token"); }
