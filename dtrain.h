@@ -2459,7 +2459,8 @@ typedef struct dt_net_options {
   double handshake_timeout_s; /* an accepted connection must finish its handshake within this
                                 long, else it is dropped (and logged); handshakes run beside the
                                 serving and the start-up of the real peers, never blocking
-                                them, at most 32 at a time (then the oldest is dropped)
+                                them, at most 32 at a time (then the oldest silent one, or
+                                the oldest, is dropped)
                                 [env DTRAIN_HANDSHAKE_TIMEOUT, else 3; at most timeout_s] */
 } dt_net_options;
 
@@ -21514,6 +21515,10 @@ DTRAIN_PRIVATE size_t dt__hs_feed(dt__hs *h, const dt__net_self *self, unsigned 
                                   size_t n);
 DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned char *seen);
 DTRAIN_PRIVATE short dt__hs_events(const dt__hs *h);
+/* Which of n handshakes to drop when the table is full: the oldest that has
+ * sent nothing yet, else the oldest (a real peer's hello arrives within a
+ * round trip, so a flood of silent connections evicts its own kind first). */
+DTRAIN_PRIVATE int dt__hs_victim(const dt__hs *h, int n);
 /* Give up on h (fd closed, logged unless quiet): why names the reason ("too many ..."). */
 DTRAIN_PRIVATE void dt__hs_drop(dt__hs *h, const dt__net_self *self, dt_result code, const char *why);
 /* The handshake deadline: opt.handshake_timeout_s, at most timeout_s. */
@@ -22917,6 +22922,16 @@ static int dt__hs_fail(dt__hs *h, const dt__net_self *self, unsigned char *seen)
   return DT__HS_FAILED;
 }
 
+DTRAIN_PRIVATE int dt__hs_victim(const dt__hs *h, int n) {
+  int old = -1, silent = -1;
+  for (int j = 0; j < n; j++) {
+    if (old < 0 || h[j].started < h[old].started) old = j;
+    int mute = h[j].state == DT__HSS_HELLO && h[j].in_len == 0;
+    if (mute && (silent < 0 || h[j].started < h[silent].started)) silent = j;
+  }
+  return silent >= 0 ? silent : old;
+}
+
 DTRAIN_PRIVATE void dt__hs_drop(dt__hs *h, const dt__net_self *self, dt_result code, const char *why) {
   if (h->state == DT__HSS_DONE || h->state == DT__HSS_FAILED) return;
   h->rc = code;
@@ -23975,12 +23990,10 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
       char addr[DT__NET_ADDR];
       if (dt__net_accept(lfd, 0.0, &fd, addr, sizeof addr) != DTRAIN_OK) break;
       if (np == DT__NET_PENDING_MAX) {
-        int old = 0;
-        for (int q = 1; q < np; q++)
-          if (pend[q].started < pend[old].started) old = q;
+        int old = dt__hs_victim(pend, np);
         char why[96];
-        snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest is dropped",
-                 DT__NET_PENDING_MAX);
+        snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest %sis dropped",
+                 DT__NET_PENDING_MAX, pend[old].in_len == 0 ? "silent one " : "");
         dt__hs_drop(&pend[old], &t->self, DTRAIN_ERR_PROTOCOL, why);
         pend[old] = pend[--np];
       }
@@ -25246,13 +25259,11 @@ static void dt__ps_accept(dt__ps_server *S) {
     char addr[DT__NET_ADDR];
     if (dt__net_accept(S->lfd, 0.0, &fd, addr, sizeof addr) != DTRAIN_OK) return;
     if (S->npend == DT__NET_PENDING_MAX) {
-      /* Too many clients in the handshake: the oldest goes. */
-      int old = 0;
-      for (int j = 1; j < S->npend; j++)
-        if (S->pend[j].started < S->pend[old].started) old = j;
+      /* Too many clients in the handshake: the oldest silent one goes. */
+      int old = dt__hs_victim(S->pend, S->npend);
       char why[96];
-      snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest is dropped",
-               DT__NET_PENDING_MAX);
+      snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest %sis dropped",
+               DT__NET_PENDING_MAX, S->pend[old].in_len == 0 ? "silent one " : "");
       dt__hs_drop(&S->pend[old], &S->self, DTRAIN_ERR_PROTOCOL, why);
       dt__ps_drop_pending(S, old);
     }

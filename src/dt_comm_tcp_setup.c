@@ -129,12 +129,10 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
       char addr[DT__NET_ADDR];
       if (dt__net_accept(lfd, 0.0, &fd, addr, sizeof addr) != DTRAIN_OK) break;
       if (np == DT__NET_PENDING_MAX) {
-        int old = 0;
-        for (int q = 1; q < np; q++)
-          if (pend[q].started < pend[old].started) old = q;
+        int old = dt__hs_victim(pend, np);
         char why[96];
-        snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest is dropped",
-                 DT__NET_PENDING_MAX);
+        snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest %sis dropped",
+                 DT__NET_PENDING_MAX, pend[old].in_len == 0 ? "silent one " : "");
         dt__hs_drop(&pend[old], &t->self, DTRAIN_ERR_PROTOCOL, why);
         pend[old] = pend[--np];
       }

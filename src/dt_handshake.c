@@ -504,6 +504,16 @@ static int dt__hs_fail(dt__hs *h, const dt__net_self *self, unsigned char *seen)
   return DT__HS_FAILED;
 }
 
+DTRAIN_PRIVATE int dt__hs_victim(const dt__hs *h, int n) {
+  int old = -1, silent = -1;
+  for (int j = 0; j < n; j++) {
+    if (old < 0 || h[j].started < h[old].started) old = j;
+    int mute = h[j].state == DT__HSS_HELLO && h[j].in_len == 0;
+    if (mute && (silent < 0 || h[j].started < h[silent].started)) silent = j;
+  }
+  return silent >= 0 ? silent : old;
+}
+
 DTRAIN_PRIVATE void dt__hs_drop(dt__hs *h, const dt__net_self *self, dt_result code, const char *why) {
   if (h->state == DT__HSS_DONE || h->state == DT__HSS_FAILED) return;
   h->rc = code;

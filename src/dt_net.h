@@ -138,7 +138,8 @@ typedef struct dt_net_options {
   double handshake_timeout_s; /* an accepted connection must finish its handshake within this
                                 long, else it is dropped (and logged); handshakes run beside the
                                 serving and the start-up of the real peers, never blocking
-                                them, at most 32 at a time (then the oldest is dropped)
+                                them, at most 32 at a time (then the oldest silent one, or
+                                the oldest, is dropped)
                                 [env DTRAIN_HANDSHAKE_TIMEOUT, else 3; at most timeout_s] */
 } dt_net_options;
 

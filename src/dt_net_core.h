@@ -166,6 +166,10 @@ DTRAIN_PRIVATE size_t dt__hs_feed(dt__hs *h, const dt__net_self *self, unsigned 
                                   size_t n);
 DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned char *seen);
 DTRAIN_PRIVATE short dt__hs_events(const dt__hs *h);
+/* Which of n handshakes to drop when the table is full: the oldest that has
+ * sent nothing yet, else the oldest (a real peer's hello arrives within a
+ * round trip, so a flood of silent connections evicts its own kind first). */
+DTRAIN_PRIVATE int dt__hs_victim(const dt__hs *h, int n);
 /* Give up on h (fd closed, logged unless quiet): why names the reason ("too many ..."). */
 DTRAIN_PRIVATE void dt__hs_drop(dt__hs *h, const dt__net_self *self, dt_result code, const char *why);
 /* The handshake deadline: opt.handshake_timeout_s, at most timeout_s. */

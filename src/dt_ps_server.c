@@ -376,13 +376,11 @@ static void dt__ps_accept(dt__ps_server *S) {
     char addr[DT__NET_ADDR];
     if (dt__net_accept(S->lfd, 0.0, &fd, addr, sizeof addr) != DTRAIN_OK) return;
     if (S->npend == DT__NET_PENDING_MAX) {
-      /* Too many clients in the handshake: the oldest goes. */
-      int old = 0;
-      for (int j = 1; j < S->npend; j++)
-        if (S->pend[j].started < S->pend[old].started) old = j;
+      /* Too many clients in the handshake: the oldest silent one goes. */
+      int old = dt__hs_victim(S->pend, S->npend);
       char why[96];
-      snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest is dropped",
-               DT__NET_PENDING_MAX);
+      snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest %sis dropped",
+               DT__NET_PENDING_MAX, S->pend[old].in_len == 0 ? "silent one " : "");
       dt__hs_drop(&S->pend[old], &S->self, DTRAIN_ERR_PROTOCOL, why);
       dt__ps_drop_pending(S, old);
     }
