@@ -122,6 +122,7 @@
  *                           handshake within this (3; at most DTRAIN_TIMEOUT),
  *                           else it is dropped and logged; handshakes never
  *                           block serving or start-up, at most 32 at a time
+ *                           (then the oldest silent one is dropped)
  *   DTRAIN_SPIN_US=us       how long a receive spins before it sleeps in poll()
  *   DTRAIN_SOCKBUF=bytes    socket buffer size of collective connections
  *                           (4 MiB; 0: the kernel's autotuning)
