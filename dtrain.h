@@ -118,13 +118,23 @@
  *   DTRAIN_TOKEN=secret     peers must prove they know it (HMAC-SHA256
  *                           challenge-response; it never crosses the wire)
  *   DTRAIN_TIMEOUT=seconds  the deadline of every blocking network call (30)
+ *   DTRAIN_HANDSHAKE_TIMEOUT=seconds  an accepted connection must finish its
+ *                           handshake within this (3; at most DTRAIN_TIMEOUT),
+ *                           else it is dropped and logged; handshakes never
+ *                           block serving or start-up, at most 32 at a time
+ *                           (then the oldest silent one is dropped)
  *   DTRAIN_SPIN_US=us       how long a receive spins before it sleeps in poll()
  *   DTRAIN_SOCKBUF=bytes    socket buffer size of collective connections
  *                           (4 MiB; 0: the kernel's autotuning)
- *   DTRAIN_JOB_ID, DTRAIN_LISTEN_FD   set by tools/dtrain-launch: the job every
- *                           peer must belong to, and an already bound listening
- *                           socket handed to the child (a worker closes it once
- *                           its world has formed: later dialers are refused)
+ *   DTRAIN_JOB_ID=n         the job every peer must belong to (every frame
+ *                           carries it; a peer of another job, or without one
+ *                           when this process has one, is refused naming which);
+ *                           tools/dtrain-launch sets a random one (and a random
+ *                           DTRAIN_TOKEN) for each job unless already set
+ *   DTRAIN_LISTEN_FD        set by tools/dtrain-launch: an already bound
+ *                           listening socket handed to the child (a worker
+ *                           closes it once its world has formed: later dialers
+ *                           are refused)
  *
  * LAYERS (the files of src/, lowest first: a file includes and calls only
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
@@ -2458,7 +2468,7 @@ struct dt_pstore;
 DTRAIN_EXTERN_C_BEGIN
 
 #define DTRAIN_MAX_PEERS 1024
-#define DTRAIN_NET_VERSION 1
+#define DTRAIN_NET_VERSION 2 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID) */
 
 typedef enum dt_role {
   DTRAIN_ROLE_WORKER = 0,
@@ -2552,6 +2562,12 @@ typedef struct dt_net_options {
                                 (net.core.wmem_max / rmem_max) [env DTRAIN_SOCKBUF, else
                                 4 MiB; 0 here means the default; negative (or 0 in the
                                 environment): the kernel's own sizes and autotuning] */
+  double handshake_timeout_s; /* an accepted connection must finish its handshake within this
+                                long, else it is dropped (and logged); handshakes run beside the
+                                serving and the start-up of the real peers, never blocking
+                                them, at most 32 at a time (then the oldest silent one, or
+                                the oldest, is dropped)
+                                [env DTRAIN_HANDSHAKE_TIMEOUT, else 3; at most timeout_s] */
 } dt_net_options;
 
 DTRAIN_API dt_net_options dt_net_defaults(void);
@@ -22191,7 +22207,8 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
     return DTRAIN_ERR_PROTOCOL;
   }
   if (f->version != DTRAIN_NET_VERSION) {
-    snprintf(why, cap, "protocol version %u, this build speaks %d", (unsigned)f->version, DTRAIN_NET_VERSION);
+    snprintf(why, cap, "protocol version %u, this build speaks %d (every process of a job must run the same wire "
+             "version; version 1 did not send the job-id flag of the hello)", (unsigned)f->version, DTRAIN_NET_VERSION);
     return DTRAIN_ERR_MISMATCH;
   }
   if ((f->flags & ~DT__NET_F_PAYLOAD_CRC) != 0) {
@@ -22215,8 +22232,8 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
     return DTRAIN_ERR_PROTOCOL;
   }
   if (job != 0 && f->job != job) {
-    snprintf(why, cap, "frame of job %016llx, this is job %016llx", (unsigned long long)f->job,
-             (unsigned long long)job);
+    snprintf(why, cap, "frame of job %016llx, this is job %016llx (another job: DTRAIN_JOB_ID differs or is not set)",
+             (unsigned long long)f->job, (unsigned long long)job);
     return DTRAIN_ERR_MISMATCH;
   }
   /* A covered header's checksum is checked with the payload (dt__frame_payload_ok). */
@@ -22269,6 +22286,10 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
 DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap);
 DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd);
 DTRAIN_PRIVATE int dt__net_port(int fd); /* the bound port, -1 on error */
+/* The bound address of fd into addr ("host:port"; may be NULL): 1 when it is a
+ * loopback address (127.0.0.0/8, ::1) that only this machine can reach, 0 when
+ * not (0.0.0.0 included), -1 when unknown. */
+DTRAIN_PRIVATE int dt__net_local(int fd, char *addr, size_t cap);
 /* Connect, retrying refused/unreachable with backoff (10 ms doubling to 0.5 s) until the deadline. */
 DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, int *fd);
 /* Wait for one connection; *fd gets it, addr (may be NULL) the peer's "host:port". */
@@ -22367,6 +22388,52 @@ DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role rol
  * serving others. `seen` (may be NULL): per-worker flags set on success. */
 DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const char *addr, double deadline,
                                        unsigned char *seen, dt__conn *c);
+/* ---- the acceptor's handshake as a non-blocking state machine ----------------------------
+ * What dt__net_admit does, but never blocking: a server or a rank at start-up
+ * keeps many handshakes (and its real work) going in one poll loop, so a
+ * silent or slow client costs a slot in that loop, not the loop's time.
+ * dt__hs_start takes the accepted fd; dt__hs_step moves what the socket
+ * allows without waiting (read only as many bytes as the current frame
+ * needs, so nothing after the handshake is consumed) and returns
+ * DT__HS_DONE (h->conn is ready: the caller owns it; `seen` marked),
+ * DT__HS_FAILED (closed, the reason set with dt__error and logged unless
+ * opt.quiet) or DT__HS_BUSY; poll the fd for dt__hs_events. Past h->deadline
+ * it fails. dt__hs_feed is the byte-level core (also what the fuzz target
+ * drives): it takes the bytes of the client's frames in any chunks, returns
+ * how many it used and appends its answers to h->out. */
+#  define DT__HELLO 128
+#  define DT__HS_IN (DT__NET_HDR + 512)  /* a hello, a proof or a refusal's text */
+#  define DT__HS_OUT 640                 /* WELCOME + AUTH + READY, or WELCOME + REFUSE */
+#  define DT__NET_PENDING_MAX 32         /* connections in the handshake at a time (then the oldest goes) */
+enum { DT__HS_BUSY = 0, DT__HS_DONE = 1, DT__HS_FAILED = -1 };
+typedef struct dt__hs {
+  dt__conn conn;
+  int state;             /* private: dt_handshake.c's DT__HSS_* */
+  double started, deadline;
+  char addr[DT__NET_ADDR];
+  unsigned char in[DT__HS_IN];
+  uint32_t in_len;       /* bytes of the current frame so far */
+  dt__frame f;           /* its header, once in_len >= DT__NET_HDR */
+  unsigned char out[DT__HS_OUT];
+  uint32_t out_len, out_off;
+  unsigned char mine[DT__HELLO], theirs[DT__HELLO];
+  int marked;            /* seen[] was set for this peer (undone when the last bytes cannot go) */
+  dt_result rc;
+  char why[DT__MSG_CAP];
+} dt__hs;
+DTRAIN_PRIVATE void dt__hs_start(dt__hs *h, const dt__net_self *self, int fd, const char *addr, double deadline);
+DTRAIN_PRIVATE size_t dt__hs_feed(dt__hs *h, const dt__net_self *self, unsigned char *seen, const unsigned char *p,
+                                  size_t n);
+DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned char *seen);
+DTRAIN_PRIVATE short dt__hs_events(const dt__hs *h);
+/* Which of n handshakes to drop when the table is full: the oldest that has
+ * sent nothing yet, else the oldest (a real peer's hello arrives within a
+ * round trip, so a flood of silent connections evicts its own kind first). */
+DTRAIN_PRIVATE int dt__hs_victim(const dt__hs *h, int n);
+/* Give up on h (fd closed, logged unless quiet): why names the reason ("too many ..."). */
+DTRAIN_PRIVATE void dt__hs_drop(dt__hs *h, const dt__net_self *self, dt_result code, const char *why);
+/* The handshake deadline: opt.handshake_timeout_s, at most timeout_s. */
+DTRAIN_PRIVATE double dt__net_hs_timeout(const dt__net_self *self);
 /* Read 32 bytes of randomness (/dev/urandom, else a hash of time and pid). */
 DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n);
 #endif /* DTRAIN_NO_NET */
@@ -22430,6 +22497,7 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
     if (o->spin_us != 0) d.spin_us = o->spin_us;
     if (o->sock_buf_bytes != 0) d.sock_buf_bytes = o->sock_buf_bytes;
     if (o->small_bytes) d.small_bytes = o->small_bytes;
+    if (o->handshake_timeout_s > 0) d.handshake_timeout_s = o->handshake_timeout_s;
     d.quiet = o->quiet;
   }
   if (d.max_payload > 0xFFFFFFF0u) d.max_payload = 0xFFFFFFF0u;
@@ -22452,14 +22520,29 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
   return DTRAIN_OK;
 }
 
+/* Listening where others can reach us without a token: say what that allows, once per socket. */
+static void dt__net_warn_open(const dt__net_self *self, int fd) {
+  char addr[DT__NET_ADDR];
+  if (self->opt.token && self->opt.token[0]) return;
+  if (dt__net_local(fd, addr, sizeof addr) != 0) return; /* loopback (or unknown): this machine only */
+  const dt_cluster *c = self->cluster;
+  dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_AUTH,
+          "%s %d: listening on %s, which is not a loopback address, without a token (DTRAIN_TOKEN): anyone who can "
+          "reach it can join the job as a peer, read the parameters and send updates; set DTRAIN_TOKEN (dtrain-launch "
+          "makes one) or bind 127.0.0.1", c->role == DTRAIN_ROLE_PS ? "ps" : "worker", c->index, addr);
+}
+
 DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd) {
   if (self->opt.listen_fd >= 0) {
     *fd = self->opt.listen_fd;
     dt__net_nonblock(*fd);
+    dt__net_warn_open(self, *fd);
     return DTRAIN_OK;
   }
   const dt_cluster *c = self->cluster;
-  return dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
+  dt_result rc = dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
+  if (rc == DTRAIN_OK) dt__net_warn_open(self, *fd);
+  return rc;
 }
 
 #else /* DTRAIN_NO_NET */
@@ -22486,6 +22569,7 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   o.small_bytes = (size_t)64 << 10;
   o.spin_us = 20.0;
   o.sock_buf_bytes = (int64_t)4 << 20;
+  o.handshake_timeout_s = 3.0;
 #ifndef DTRAIN_NO_STDIO
   const char *e = getenv("DTRAIN_TIMEOUT");
   if (e && atof(e) > 0) o.timeout_s = atof(e);
@@ -22497,6 +22581,8 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   if (e && *e) o.spin_us = atof(e);
   e = getenv("DTRAIN_SOCKBUF");
   if (e && *e) o.sock_buf_bytes = atoll(e) > 0 ? (int64_t)atoll(e) : -1;
+  e = getenv("DTRAIN_HANDSHAKE_TIMEOUT");
+  if (e && atof(e) > 0) o.handshake_timeout_s = atof(e);
   e = getenv("DTRAIN_LISTEN_FD");
   if (e && *e) o.listen_fd = atoi(e);
 #endif
@@ -22754,6 +22840,27 @@ static void dt__net_addr_text(const struct sockaddr_storage *ss, char *out, size
   } else {
     snprintf(out, cap, "unknown address");
   }
+}
+
+DTRAIN_PRIVATE int dt__net_local(int fd, char *addr, size_t cap) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  memset(&ss, 0, sizeof ss);
+  if (addr && cap) addr[0] = '\0';
+  if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
+  if (addr) dt__net_addr_text(&ss, addr, cap);
+  if (ss.ss_family == AF_INET) {
+    const unsigned char *b = (const unsigned char *)&((const struct sockaddr_in *)&ss)->sin_addr;
+    return b[0] == 127; /* 127.0.0.0/8 */
+  }
+  if (ss.ss_family == AF_INET6) {
+    const unsigned char *b = (const unsigned char *)&((const struct sockaddr_in6 *)&ss)->sin6_addr;
+    static const unsigned char one[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (memcmp(b, one, 16) == 0) return 1;                     /* ::1 */
+    return memcmp(b, mapped, 12) == 0 && b[12] == 127;         /* ::ffff:127.x.y.z */
+  }
+  return ss.ss_family == AF_UNIX; /* a socket pair or a local socket: this machine only */
 }
 
 DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd_out, char *addr, size_t cap) {
@@ -23247,20 +23354,24 @@ DTRAIN_PRIVATE void dt__conn_close(dt__conn *c) {
 #ifndef DTRAIN_NO_NET
 #  include <errno.h>
 #  include <fcntl.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
 #  include <unistd.h>
 
 /* ---- the hello and the proof ------------------------------------------------------------------
  * hello payload (little-endian, 128 bytes):
  *   0 u32 role   4 u32 index   8 u32 workers   12 u32 servers
- *  16 u64 model hash   24 u32 flags (bit 0: I have a token)
+ *  16 u64 model hash   24 u32 flags (bit 0: I have a token; bit 1: my job id was given,
+ *         DTRAIN_JOB_ID / options.job_id, not derived from the addresses; version 2)
  *  28 u32 lane (0; 1: the second connection between the two workers of a
  *         2-worker collective, which carries one direction of the ring)
  *  32 nonce[32]   64 addr[64] (NUL-padded: the address the sender believes it has)
  * The proof (AUTH) is HMAC-SHA256(token, "dtrain-auth-1" | side byte ('C' or 'A') |
  * job (8) | connector hello (128) | acceptor hello (128)): it binds both nonces
  * and both identities, so a recorded proof cannot be replayed. */
-#  define DT__HELLO 128
 #  define DT__HELLO_F_TOKEN 1u
+#  define DT__HELLO_F_JOB 2u /* the job id was given (DTRAIN_JOB_ID, set by dtrain-launch), not derived */
 
 typedef struct dt__hello {
   uint32_t role, index, workers, servers;
@@ -23349,6 +23460,7 @@ static void dt__hello_self(const dt__net_self *self, dt__hello *h) {
   h->servers = (uint32_t)c->servers;
   h->model_hash = self->opt.model_hash;
   h->flags = (self->opt.token && self->opt.token[0]) ? DT__HELLO_F_TOKEN : 0u;
+  if (self->opt.job_id) h->flags |= DT__HELLO_F_JOB;
   dt__net_random(h->nonce, DT__NET_NONCE);
   const char *a = c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index];
   snprintf(h->addr, sizeof h->addr, "%s", a ? a : "");
@@ -23478,30 +23590,127 @@ fail:
   return rc;
 }
 
-DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const char *addr, double deadline,
-                                       unsigned char *seen, dt__conn *c) {
-  dt__conn_init(c, fd, self->job, self->id, (uint32_t)self->opt.max_payload);
-  snprintf(c->peer, sizeof c->peer, "a client at %.80s", addr ? addr : "?");
-  dt__hello me, peer;
-  unsigned char mine[DT__HELLO], theirs[DT__HELLO], proof[32], expect[32];
-  uint32_t len = 0;
-  int have, they;
-  char why[DT__MSG_CAP];
-  /* The hello is the first frame: a cap of one hello keeps strangers from making us allocate or read much. */
-  uint32_t keep_max = c->max_payload;
-  c->max_payload = DT__HELLO;
-  dt_result rc = dt__conn_recv(c, DT__MSG_HELLO, theirs, DT__HELLO, &len, deadline, "handshake");
-  c->max_payload = keep_max;
-  if (rc == DTRAIN_OK && len != DT__HELLO) rc = dt__error(DTRAIN_ERR_PROTOCOL, "handshake: short hello from %s", c->peer);
+/* ---- the acceptor: a non-blocking state machine ----------------------------------------------
+ * HELLO: reading the client's hello frame. AUTH: WELCOME queued, reading its
+ * proof. SEND: the last answers (AUTH, READY) are queued; done once they are
+ * out. REFUSING: a REFUSE frame is queued; failed once it is out (or cannot
+ * go). Every check of the blocking handshake is made, in the same order, so
+ * the client sees the same answers. */
+enum { DT__HSS_HELLO = 0, DT__HSS_AUTH, DT__HSS_SEND, DT__HSS_REFUSING, DT__HSS_DONE, DT__HSS_FAILED };
+
+DTRAIN_PRIVATE double dt__net_hs_timeout(const dt__net_self *self) {
+  double t = self->opt.handshake_timeout_s > 0 ? self->opt.handshake_timeout_s : 3.0;
+  return t < self->opt.timeout_s ? t : self->opt.timeout_s;
+}
+
+DTRAIN_PRIVATE void dt__hs_start(dt__hs *h, const dt__net_self *self, int fd, const char *addr, double deadline) {
+  memset(h, 0, sizeof *h);
+  if (fd >= 0) dt__net_nonblock(fd); /* every step must return at once (sockets we accept already are) */
+  dt__conn_init(&h->conn, fd, self->job, self->id, (uint32_t)self->opt.max_payload);
+  snprintf(h->addr, sizeof h->addr, "%.80s", addr ? addr : "?");
+  snprintf(h->conn.peer, sizeof h->conn.peer, "a client at %.80s", h->addr);
+  h->state = DT__HSS_HELLO;
+  h->started = dt__now();
+  h->deadline = deadline;
+}
+
+DTRAIN_PRIVATE short dt__hs_events(const dt__hs *h) {
+  return (short)(h->out_off < h->out_len ? POLLOUT : POLLIN);
+}
+
+static void dt__hs_queue(dt__hs *h, uint16_t type, const void *p, uint32_t n) {
+  if (h->out_len + DT__NET_HDR + n > DT__HS_OUT) return; /* cannot happen: sized for the longest answer */
+  dt__frame_pack(h->out + h->out_len, type, h->conn.job, h->conn.self_id, h->conn.send_seq, p, n);
+  if (n) memcpy(h->out + h->out_len + DT__NET_HDR, p, n);
+  h->out_len += DT__NET_HDR + n;
+  h->conn.send_seq++;
+}
+
+/* Refuse with the reason already in h->why; tell (may be NULL) is what the client is told. */
+static void dt__hs_refuse(dt__hs *h, dt_result code, const char *tell) {
+  h->rc = code;
+  h->state = DT__HSS_REFUSING;
+  if (!tell) return;
+  unsigned char buf[4 + 256];
+  size_t tl = strlen(tell);
+  if (tl > 256) tl = 256;
+  dt__put_le32(buf, (uint32_t)(-(int32_t)code));
+  memcpy(buf + 4, tell, tl);
+  dt__hs_queue(h, DT__MSG_REFUSE, buf, (uint32_t)(4 + tl));
+}
+
+/* Bytes the current frame still needs (its header first, then the payload it announced). */
+static uint32_t dt__hs_want(const dt__hs *h) {
+  if (h->in_len < DT__NET_HDR) return DT__NET_HDR - h->in_len;
+  return DT__NET_HDR + h->f.length - h->in_len;
+}
+
+/* The header is complete: check it against what this state expects. 0 when refused. */
+static int dt__hs_header(dt__hs *h) {
+  char why[160];
+  dt_result rc = dt__frame_unpack(h->in, 0, DT__HS_IN - DT__NET_HDR, &h->f, why, sizeof why);
   if (rc != DTRAIN_OK) {
-    /* Garbage or a wrong version: answer once (best effort), so a confused client learns why. */
-    snprintf(why, sizeof why, "%s", dt_last_error());
-    if (rc == DTRAIN_ERR_PROTOCOL || rc == DTRAIN_ERR_MISMATCH) dt__net_refuse(c, rc, why, dt__now() + 0.2);
-    goto refused;
+    snprintf(h->why, sizeof h->why, "receive from %s: %s", h->conn.peer, why);
+    dt__hs_refuse(h, rc, h->why);
+    return 0;
   }
-  dt__hello_unpack(theirs, &peer);
+  const dt__frame *f = &h->f;
+  const char *bad = NULL;
+  if (f->seq != h->conn.recv_seq) bad = "wrong sequence number";
+  else if (h->state == DT__HSS_HELLO && f->type != DT__MSG_HELLO) bad = "expected a hello";
+  else if (h->state == DT__HSS_HELLO && f->length != DT__HELLO) bad = "short hello";
+  else if (h->state == DT__HSS_AUTH && f->sender != dt__net_id((dt_role)h->conn.peer_role, h->conn.peer_index))
+    bad = "sender differs from its hello";
+  else if (h->state == DT__HSS_AUTH && f->type != DT__MSG_AUTH && f->type != DT__MSG_REFUSE && f->type != DT__MSG_ABORT)
+    bad = "expected its proof";
+  else if (h->state == DT__HSS_AUTH && f->type == DT__MSG_AUTH && f->length != 32) bad = "a proof is 32 bytes";
+  else if (f->job != h->conn.job && f->type != DT__MSG_HELLO) bad = "frame of another job";
+  if (bad) {
+    snprintf(h->why, sizeof h->why, "receive from %s: %s (a frame of type %u, %u bytes, sequence number %llu)",
+             h->conn.peer, bad, (unsigned)f->type, (unsigned)f->length, (unsigned long long)f->seq);
+    dt__hs_refuse(h, f->job != h->conn.job ? DTRAIN_ERR_MISMATCH : DTRAIN_ERR_PROTOCOL, h->why);
+    return 0;
+  }
+  return 1;
+}
+
+/* Everything checks: AUTH (with a token) is queued; READY goes now, and the peer is counted. */
+static void dt__hs_ready(dt__hs *h, unsigned char *seen) {
+  if (seen && h->conn.peer_role == DTRAIN_ROLE_WORKER) {
+    /* Another handshake of the same rank may have finished while this one ran. */
+    if (seen[h->conn.peer_index] & (1u << h->conn.lane)) {
+      snprintf(h->why, sizeof h->why, "%s is already connected (duplicate rank%s)", h->conn.peer,
+               h->conn.lane ? ", lane 1" : "");
+      dt__hs_refuse(h, DTRAIN_ERR_MISMATCH, h->why);
+      return;
+    }
+    seen[h->conn.peer_index] |= (unsigned char)(1u << h->conn.lane);
+    h->marked = 1;
+  }
+  dt__hs_queue(h, DT__MSG_READY, NULL, 0);
+  h->state = DT__HSS_SEND;
+}
+
+/* The client's hello, complete and checksummed. */
+static void dt__hs_on_hello(dt__hs *h, const dt__net_self *self, unsigned char *seen) {
+  dt__hello me, peer;
+  char why[DT__MSG_CAP];
+  memcpy(h->theirs, h->in + DT__NET_HDR, DT__HELLO);
+  dt__hello_unpack(h->theirs, &peer);
+  if (h->f.job != self->job) {
+    /* Another job: say whether the client had a job id at all (a process
+     * started outside this job's launcher has none) or a different one. */
+    if (self->opt.job_id && !(peer.flags & DT__HELLO_F_JOB))
+      snprintf(h->why, sizeof h->why, "%s has no job id (DTRAIN_JOB_ID is not set: not started by this job's "
+               "launcher?); this job is %016llx", h->conn.peer, (unsigned long long)self->job);
+    else
+      snprintf(h->why, sizeof h->why, "%s belongs to job %016llx, this is job %016llx (a different DTRAIN_JOB_ID "
+               "or cluster)", h->conn.peer, (unsigned long long)h->f.job, (unsigned long long)self->job);
+    dt__hs_refuse(h, DTRAIN_ERR_MISMATCH, h->why);
+    return;
+  }
   dt__hello_self(self, &me);
-  dt__hello_pack(&me, mine);
+  dt__hello_pack(&me, h->mine);
   dt__net_compare(self, &me, &peer, why, sizeof why);
   if (!why[0] && peer.lane > 1) {
     snprintf(why, sizeof why, "lane %u in the hello (only 0 and 1 exist)", (unsigned)peer.lane);
@@ -23515,49 +23724,214 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
     snprintf(why, sizeof why, "%s is already connected (duplicate rank%s)", b, peer.lane ? ", lane 1" : "");
   }
   if (why[0]) {
-    rc = dt__error(DTRAIN_ERR_MISMATCH, "handshake: %s", why);
-    dt__net_refuse(c, DTRAIN_ERR_MISMATCH, why, deadline);
-    goto refused;
+    snprintf(h->why, sizeof h->why, "%s", why);
+    dt__hs_refuse(h, DTRAIN_ERR_MISMATCH, why);
+    return;
   }
-  dt__net_describe(&peer, c->peer, sizeof c->peer);
-  c->peer_role = (int)peer.role;
-  c->peer_index = (int)peer.index;
-  c->lane = (int)peer.lane;
-  rc = dt__conn_send(c, DT__MSG_WELCOME, mine, DT__HELLO, deadline, "handshake");
-  if (rc != DTRAIN_OK) goto refused;
-  have = (me.flags & DT__HELLO_F_TOKEN) != 0;
-  they = (peer.flags & DT__HELLO_F_TOKEN) != 0;
+  dt__net_describe(&peer, h->conn.peer, sizeof h->conn.peer);
+  h->conn.peer_role = (int)peer.role;
+  h->conn.peer_index = (int)peer.index;
+  h->conn.lane = (int)peer.lane;
+  dt__hs_queue(h, DT__MSG_WELCOME, h->mine, DT__HELLO);
+  int have = (me.flags & DT__HELLO_F_TOKEN) != 0, they = (peer.flags & DT__HELLO_F_TOKEN) != 0;
   if (have != they) {
     /* The connector sees the same difference in our welcome and refuses; when
      * it has no token we refuse here too, so a peer without one never gets in. */
-    rc = dt__error(DTRAIN_ERR_AUTH, "handshake: %s %s, this process %s", c->peer,
-                   they ? "uses a token" : "has no token", have ? "requires one" : "has none");
-    dt__net_refuse(c, DTRAIN_ERR_AUTH, "authentication required", deadline);
-    goto refused;
+    snprintf(h->why, sizeof h->why, "%s %s, this process %s", h->conn.peer, they ? "uses a token" : "has no token",
+             have ? "requires one" : "has none");
+    dt__hs_refuse(h, DTRAIN_ERR_AUTH, "authentication required");
+    return;
   }
   if (have) {
-    rc = dt__conn_recv(c, DT__MSG_AUTH, proof, 32, &len, deadline, "handshake");
-    if (rc != DTRAIN_OK) goto refused;
-    dt__net_proof(self, 'C', theirs, mine, expect);
-    if (len != 32 || !dt__net_ct_equal(proof, expect, 32)) {
-      rc = dt__error(DTRAIN_ERR_AUTH, "handshake: %s failed to prove it knows the token", c->peer);
-      dt__net_refuse(c, DTRAIN_ERR_AUTH, "authentication failed", deadline);
-      goto refused;
-    }
-    dt__net_proof(self, 'A', theirs, mine, proof);
-    rc = dt__conn_send(c, DT__MSG_AUTH, proof, 32, deadline, "handshake");
-    if (rc != DTRAIN_OK) goto refused;
+    h->state = DT__HSS_AUTH;
+    return;
   }
-  rc = dt__conn_send(c, DT__MSG_READY, NULL, 0, deadline, "handshake");
-  if (rc != DTRAIN_OK) goto refused;
-  if (seen && peer.role == DTRAIN_ROLE_WORKER) seen[peer.index] |= (unsigned char)(1u << peer.lane);
-  return DTRAIN_OK;
-refused:
-  if (!self->opt.quiet) dt__log(DTRAIN_LOG_WARN, rc, "refused a connection: %s", dt_last_error());
-  dt__conn_close(c);
-  return rc;
+  dt__hs_ready(h, seen);
 }
 
+/* A complete frame (header checked, payload in h->in). */
+static void dt__hs_on_frame(dt__hs *h, const dt__net_self *self, unsigned char *seen) {
+  const unsigned char *pl = h->in + DT__NET_HDR;
+  uint32_t n = h->f.length;
+  if (!dt__frame_payload_ok(h->in, &h->f, pl)) {
+    snprintf(h->why, sizeof h->why, "receive from %s: checksum mismatch in a frame of type %u", h->conn.peer,
+             (unsigned)h->f.type);
+    dt__hs_refuse(h, DTRAIN_ERR_PROTOCOL, h->why);
+    return;
+  }
+  h->conn.recv_seq++;
+  h->in_len = 0;
+  if (h->f.type == DT__MSG_HELLO) {
+    dt__hs_on_hello(h, self, seen);
+    return;
+  }
+  if (h->f.type == DT__MSG_REFUSE || h->f.type == DT__MSG_ABORT) {
+    /* The client gave up on us (it saw something in our welcome it refuses). */
+    char text[257];
+    size_t tl = n >= 4 ? n - 4 : 0;
+    if (tl > 256) tl = 256;
+    if (tl) memcpy(text, pl + 4, tl);
+    text[tl] = '\0';
+    for (size_t i = 0; i < tl; i++)
+      if ((unsigned char)text[i] < 0x20 || (unsigned char)text[i] > 0x7e) text[i] = '?';
+    dt_result their = n >= 4 ? (dt_result)(-(int32_t)dt__get_le32(pl)) : DTRAIN_ERR_PROTOCOL;
+    if (their != DTRAIN_ERR_AUTH && their != DTRAIN_ERR_MISMATCH && their != DTRAIN_ERR_PROTOCOL) their = DTRAIN_ERR_PEER;
+    snprintf(h->why, sizeof h->why, "refused by %s: %.200s", h->conn.peer, text);
+    dt__hs_refuse(h, their, NULL);
+    return;
+  }
+  /* The proof. */
+  unsigned char expect[32], proof[32];
+  dt__net_proof(self, 'C', h->theirs, h->mine, expect);
+  if (!dt__net_ct_equal(pl, expect, 32)) {
+    snprintf(h->why, sizeof h->why, "%s failed to prove it knows the token", h->conn.peer);
+    dt__hs_refuse(h, DTRAIN_ERR_AUTH, "authentication failed");
+    return;
+  }
+  dt__net_proof(self, 'A', h->theirs, h->mine, proof);
+  dt__hs_queue(h, DT__MSG_AUTH, proof, 32);
+  dt__hs_ready(h, seen);
+}
+
+DTRAIN_PRIVATE size_t dt__hs_feed(dt__hs *h, const dt__net_self *self, unsigned char *seen, const unsigned char *p,
+                                  size_t n) {
+  size_t used = 0;
+  while (used < n && (h->state == DT__HSS_HELLO || h->state == DT__HSS_AUTH)) {
+    uint32_t want = dt__hs_want(h);
+    size_t k = n - used < want ? n - used : want;
+    int had_hdr = h->in_len >= DT__NET_HDR;
+    memcpy(h->in + h->in_len, p + used, k);
+    h->in_len += (uint32_t)k;
+    used += k;
+    if (!had_hdr && h->in_len >= 4 && h->in_len < DT__NET_HDR && dt__get_le32(h->in) != DT__NET_MAGIC) {
+      /* Not a dtrain frame: say so now, not after 40 bytes that may never come. */
+      unsigned char pad[DT__NET_HDR];
+      char why[160];
+      dt__frame f;
+      memset(pad, 0, sizeof pad);
+      memcpy(pad, h->in, h->in_len);
+      dt__frame_unpack(pad, 0, 0, &f, why, sizeof why);
+      snprintf(h->why, sizeof h->why, "receive from %s: %s", h->conn.peer, why);
+      dt__hs_refuse(h, DTRAIN_ERR_PROTOCOL, h->why);
+      break;
+    }
+    if (!had_hdr && h->in_len == DT__NET_HDR && !dt__hs_header(h)) break;
+    if (h->in_len >= DT__NET_HDR && h->in_len == DT__NET_HDR + h->f.length) dt__hs_on_frame(h, self, seen);
+  }
+  return used;
+}
+
+static int dt__hs_fail(dt__hs *h, const dt__net_self *self, unsigned char *seen) {
+  if (h->marked && seen && h->conn.peer_index >= 0)
+    seen[h->conn.peer_index] &= (unsigned char)~(1u << h->conn.lane);
+  h->marked = 0;
+  dt__conn_close(&h->conn);
+  h->state = DT__HSS_FAILED;
+  if (h->rc == DTRAIN_OK) h->rc = DTRAIN_ERR_PROTOCOL;
+  dt__error(h->rc, "handshake: %s", h->why);
+  if (!self->opt.quiet) dt__log(DTRAIN_LOG_WARN, h->rc, "refused a connection: handshake: %s", h->why);
+  return DT__HS_FAILED;
+}
+
+DTRAIN_PRIVATE int dt__hs_victim(const dt__hs *h, int n) {
+  int old = -1, silent = -1;
+  for (int j = 0; j < n; j++) {
+    if (old < 0 || h[j].started < h[old].started) old = j;
+    int mute = h[j].state == DT__HSS_HELLO && h[j].in_len == 0;
+    if (mute && (silent < 0 || h[j].started < h[silent].started)) silent = j;
+  }
+  return silent >= 0 ? silent : old;
+}
+
+DTRAIN_PRIVATE void dt__hs_drop(dt__hs *h, const dt__net_self *self, dt_result code, const char *why) {
+  if (h->state == DT__HSS_DONE || h->state == DT__HSS_FAILED) return;
+  h->rc = code;
+  snprintf(h->why, sizeof h->why, "%s: %s", h->conn.peer, why);
+  dt__hs_fail(h, self, NULL);
+}
+
+DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned char *seen) {
+  for (;;) {
+    if (h->state == DT__HSS_DONE) return DT__HS_DONE;
+    if (h->state == DT__HSS_FAILED) return DT__HS_FAILED;
+    if (h->out_off < h->out_len) {
+      ssize_t k = send(h->conn.fd, h->out + h->out_off, h->out_len - h->out_off, DT__NET_SEND_FLAGS);
+      if (k > 0) {
+        h->out_off += (uint32_t)k;
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (h->state != DT__HSS_REFUSING) {
+        h->rc = DTRAIN_ERR_PEER;
+        snprintf(h->why, sizeof h->why, "send to %s: %s", h->conn.peer, k < 0 ? strerror(errno) : "connection closed");
+      }
+      return dt__hs_fail(h, self, seen);
+    }
+    if (h->state == DT__HSS_REFUSING) return dt__hs_fail(h, self, seen);
+    if (h->state == DT__HSS_SEND) {
+      h->state = DT__HSS_DONE;
+      h->marked = 0;
+      return DT__HS_DONE;
+    }
+    unsigned char buf[DT__HS_IN];
+    uint32_t want = dt__hs_want(h);
+    ssize_t k = recv(h->conn.fd, buf, want, 0);
+    if (k > 0) {
+      dt__hs_feed(h, self, seen, buf, (size_t)k);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    h->rc = k == 0 ? DTRAIN_ERR_PEER : DTRAIN_ERR_NET;
+    snprintf(h->why, sizeof h->why, "receive from %s: %s after %u bytes of its %s", h->conn.peer,
+             k == 0 ? "connection closed" : strerror(errno), (unsigned)h->in_len,
+             h->state == DT__HSS_HELLO ? "hello" : "proof");
+    return dt__hs_fail(h, self, seen);
+  }
+  double now = dt__now();
+  if (now >= h->deadline) {
+    h->rc = DTRAIN_ERR_TIMEOUT;
+    if (h->state == DT__HSS_HELLO || h->state == DT__HSS_AUTH)
+      snprintf(h->why, sizeof h->why, "%s sent %u bytes of its %s in %.1f s (handshake deadline; slow or silent)",
+               h->conn.peer, (unsigned)h->in_len, h->state == DT__HSS_HELLO ? "hello" : "proof", now - h->started);
+    else
+      snprintf(h->why, sizeof h->why, "%s read nothing of our answer in %.1f s (handshake deadline)", h->conn.peer,
+               now - h->started);
+    return dt__hs_fail(h, self, seen);
+  }
+  return DT__HS_BUSY;
+}
+
+DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const char *addr, double deadline,
+                                       unsigned char *seen, dt__conn *c) {
+  dt__hs h;
+  dt__hs_start(&h, self, fd, addr, deadline);
+  for (;;) {
+    int r = dt__hs_step(&h, self, seen);
+    if (r == DT__HS_DONE) {
+      *c = h.conn;
+      return DTRAIN_OK;
+    }
+    if (r == DT__HS_FAILED) {
+      dt__conn_init(c, -1, self->job, self->id, (uint32_t)self->opt.max_payload);
+      return h.rc;
+    }
+    struct pollfd p;
+    p.fd = fd;
+    p.events = dt__hs_events(&h);
+    p.revents = 0;
+    double left = h.deadline - dt__now();
+    int ms = left > 0 ? (int)(left * 1000.0) + 1 : 0;
+    if (poll(&p, 1, ms) < 0 && errno != EINTR) {
+      h.rc = DTRAIN_ERR_NET;
+      snprintf(h.why, sizeof h.why, "poll: %s", strerror(errno));
+      dt__hs_fail(&h, self, seen);
+      dt__conn_init(c, -1, self->job, self->id, (uint32_t)self->opt.max_payload);
+      return h.rc;
+    }
+  }
+}
 
 #endif /* DTRAIN_NO_NET */
 /* ======== end dt_handshake.c ======== */
@@ -24467,52 +24841,31 @@ DTRAIN_PRIVATE void dt__net_retire_handed_listener(const dt__net_self *self) {
 #  include <sys/socket.h>
 #  include <sys/types.h>
 
-/* Accepted connections whose first frame has not fully arrived: strangers
- * that send a few bytes (or none) and stall must not hold up the real peers,
- * so a connection is admitted only once its hello is there (or its first
- * bytes are plainly not a frame, or it closed). */
-#  define DT__TCP_PENDING 16
-#  define DT__TCP_HELLO_FRAME (DT__NET_HDR + 128)
-
-typedef struct dt__tcp_pending {
-  int fd;
-  int partial; /* some bytes arrived, not enough: polling would spin, so it is re-checked every 10 ms */
-  double since;
-  char addr[DT__NET_ADDR];
-} dt__tcp_pending;
-
-/* 1: admit now, 0: keep waiting, -1: closed without a byte (drop quietly),
- * 2: not a dtrain frame and too short for the handshake to read (refuse
- * here: why gets the reason). */
-static int dt__tcp_pending_ready(int fd, int *partial, char *why, size_t cap) {
-  unsigned char peek[DT__TCP_HELLO_FRAME];
-  ssize_t k = recv(fd, peek, sizeof peek, MSG_PEEK);
-  *partial = k > 0;
-  if (k == 0) return -1;
-  if (k < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
-  if ((size_t)k >= sizeof peek) return 1;
-  if (k >= 4 && dt__get_le32(peek) != DT__NET_MAGIC) {
-    if (k >= DT__NET_HDR) return 1; /* the handshake reads the header and refuses it */
-    dt__frame f;
-    memset(peek + k, 0, sizeof peek - (size_t)k);
-    dt__frame_unpack(peek, 0, 0, &f, why, cap);
-    return 2;
+/* A handshake finished (r: DT__HS_DONE or _FAILED, already logged): keep the
+ * peer when it is one this rank waits for. 1 when it was kept. */
+static int dt__tcp_admitted(dt__comm_tcp *t, dt__hs *h, int r, unsigned char *seen) {
+  const int rank = t->self.cluster->index, world = t->self.cluster->workers;
+  if (r != DT__HS_DONE) return 0;
+  dt__conn c = h->conn;
+  if (c.peer_role != DTRAIN_ROLE_WORKER || c.peer_index <= rank) {
+    /* Lower ranks are dialed by this rank; servers do not belong here. */
+    if (!t->self.opt.quiet)
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused %s: it should not dial this rank", rank,
+              c.peer);
+    if (c.peer_role == DTRAIN_ROLE_WORKER && c.peer_index >= 0 && c.peer_index < world)
+      seen[c.peer_index] &= (unsigned char)~(1u << c.lane);
+    dt__conn_close(&c);
+    return 0;
   }
-  /* Closed after a few bytes: the handshake reports the truncated frame. */
-  struct pollfd p;
-  p.fd = fd;
-  p.events = POLLIN;
-  p.revents = 0;
-  if (poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))) return 1;
-  return 0;
+  if (c.lane == 1) t->lane2 = c; /* admitted only with 2 workers: from worker 1 */
+  else t->conns[c.peer_index] = c;
+  return 1;
 }
 
-static void dt__tcp_refuse_log(const dt__comm_tcp *t, const dt__tcp_pending *p, const char *why) {
-  if (!t->self.opt.quiet)
-    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused a connection from %.80s: %s", t->comm.rank,
-            p->addr, why);
-}
-
+/* Rank r dials ranks 0..r-1, then admits r+1..world-1. The handshakes of
+ * the admitted run side by side, non-blocking (dt__hs): strangers that say
+ * nothing, or a byte a second, or a hello and then nothing, hold a slot until
+ * their short handshake deadline and never delay the real peers. */
 static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
   const dt_cluster *cl = t->self.cluster;
   int world = cl->workers, r = cl->index, lfd = -1, own_lfd = 0, np = 0;
@@ -24521,7 +24874,8 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
   double start = dt__now();
   double deadline = start + t->self.opt.connect_timeout_s + t->self.opt.timeout_s;
   unsigned char *seen = NULL;
-  dt__tcp_pending pend[DT__TCP_PENDING];
+  dt__hs *pend = NULL;
+  struct pollfd pf[DT__NET_PENDING_MAX + 1];
   dt_result rc = DTRAIN_OK;
   if (need > 0) {
     /* Listen before dialing so higher ranks' connections wait in the backlog. */
@@ -24529,7 +24883,8 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
     if (rc != DTRAIN_OK) goto done;
     own_lfd = t->self.opt.listen_fd < 0;
     seen = (unsigned char *)dt__calloc((size_t)world);
-    if (!seen) {
+    pend = (dt__hs *)dt__alloc((size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
+    if (!seen || !pend) {
       rc = dt__error(DTRAIN_ERR_NOMEM, "out of memory");
       goto done;
     }
@@ -24543,7 +24898,6 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
     if (rc != DTRAIN_OK) goto done;
   }
   while (need > 0) {
-    struct pollfd pf[DT__TCP_PENDING + 1];
     double now = dt__now();
     if (now >= deadline) {
       char miss[200];
@@ -24562,95 +24916,64 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
     pf[0].fd = lfd;
     pf[0].events = POLLIN;
     pf[0].revents = 0;
-    int npf = 1, ms = (int)((deadline - now) * 1000.0) + 1;
-    if (ms > 100) ms = 100; /* also re-checks how long the pending ones have waited */
+    int ms = (int)((deadline - now) * 1000.0) + 1;
+    if (ms > 100) ms = 100; /* also re-checks the handshakes' deadlines */
     for (int q = 0; q < np; q++) {
-      if (pend[q].partial) {
-        if (ms > 10) ms = 10;
-        continue;
-      }
-      pf[npf].fd = pend[q].fd;
-      pf[npf].events = POLLIN;
-      pf[npf].revents = 0;
-      npf++;
+      pf[1 + q].fd = pend[q].conn.fd;
+      pf[1 + q].events = dt__hs_events(&pend[q]);
+      pf[1 + q].revents = 0;
     }
-    if (poll(pf, (nfds_t)npf, ms) < 0 && errno != EINTR) {
+    if (poll(pf, (nfds_t)(1 + np), ms) < 0 && errno != EINTR) {
       rc = dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
       goto done;
     }
-    if (pf[0].revents) {
+    /* Move every handshake that can move, or is past its deadline (from the
+     * last, so that a finished one's slot takes an already visited one). */
+    now = dt__now();
+    for (int q = np - 1; q >= 0 && need > 0; q--) {
+      if (!pf[1 + q].revents && now < pend[q].deadline) continue;
+      int st = dt__hs_step(&pend[q], &t->self, seen);
+      if (st == DT__HS_BUSY) continue;
+      if (dt__tcp_admitted(t, &pend[q], st, seen)) need--;
+      pend[q] = pend[--np];
+    }
+    /* New connections: every one waiting, each into a handshake. */
+    for (int k = 0; need > 0 && (pf[0].revents & POLLIN) && k < DT__NET_PENDING_MAX; k++) {
       int fd;
       char addr[DT__NET_ADDR];
-      rc = dt__net_accept(lfd, dt__now(), &fd, addr, sizeof addr);
-      if (rc == DTRAIN_OK) {
-        if (np == DT__TCP_PENDING) {
-          dt__tcp_refuse_log(t, &pend[0], "too many connections waiting to say hello");
-          dt__net_close(pend[0].fd);
-          memmove(pend, pend + 1, (size_t)(np - 1) * sizeof pend[0]);
-          np--;
-        }
-        pend[np].fd = fd;
-        pend[np].partial = 0;
-        pend[np].since = dt__now();
-        snprintf(pend[np].addr, sizeof pend[np].addr, "%s", addr);
+      if (dt__net_accept(lfd, 0.0, &fd, addr, sizeof addr) != DTRAIN_OK) break;
+      if (np == DT__NET_PENDING_MAX) {
+        int old = dt__hs_victim(pend, np);
+        char why[96];
+        snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest %sis dropped",
+                 DT__NET_PENDING_MAX, pend[old].in_len == 0 ? "silent one " : "");
+        dt__hs_drop(&pend[old], &t->self, DTRAIN_ERR_PROTOCOL, why);
+        pend[old] = pend[--np];
+      }
+      double dl = dt__now() + dt__net_hs_timeout(&t->self);
+      dt__hs_start(&pend[np], &t->self, fd, addr, dl < deadline ? dl : deadline);
+      int st = dt__hs_step(&pend[np], &t->self, seen);
+      if (st == DT__HS_BUSY) {
         np++;
-      } else if (rc != DTRAIN_ERR_TIMEOUT) {
-        goto done;
-      }
-      rc = DTRAIN_OK;
-    }
-    for (int q = 0; q < np && need > 0; q++) {
-      char why[160];
-      int ready = dt__tcp_pending_ready(pend[q].fd, &pend[q].partial, why, sizeof why);
-      if (ready == 0 && dt__now() - pend[q].since > t->self.opt.timeout_s) {
-        dt__tcp_refuse_log(t, &pend[q], "no hello before the deadline");
-        ready = -1;
-      }
-      if (ready == 2) {
-        dt__tcp_refuse_log(t, &pend[q], why);
-        ready = -1;
-      }
-      if (ready == 0) continue;
-      dt__tcp_pending p = pend[q];
-      memmove(pend + q, pend + q + 1, (size_t)(np - q - 1) * sizeof pend[0]);
-      np--;
-      q--;
-      if (ready < 0) {
-        dt__net_close(p.fd);
         continue;
       }
-      double dl = dt__now() + t->self.opt.timeout_s;
-      dt__conn c;
-      if (dl > deadline) dl = deadline;
-      if (dt__net_admit(&t->self, p.fd, p.addr, dl, seen, &c) != DTRAIN_OK)
-        continue; /* refused and logged; keep waiting for the real peers */
-      if (c.peer_role != DTRAIN_ROLE_WORKER || c.peer_index <= r) {
-        /* Lower ranks are dialed by this rank; servers do not belong here. */
-        if (!t->self.opt.quiet)
-          dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused %s: it should not dial this rank", r,
-                  c.peer);
-        if (c.peer_role == DTRAIN_ROLE_WORKER && c.peer_index >= 0 && c.peer_index < world)
-          seen[c.peer_index] &= (unsigned char)~(1u << c.lane);
-        dt__conn_close(&c);
-        continue;
-      }
-      if (c.lane == 1) t->lane2 = c; /* admitted only with 2 workers: from worker 1 */
-      else t->conns[c.peer_index] = c;
-      need--;
+      if (dt__tcp_admitted(t, &pend[np], st, seen)) need--;
     }
   }
   rc = DTRAIN_OK;
 done:
-  for (int q = 0; q < np; q++) {
-    dt__tcp_refuse_log(t, &pend[q], "setup ended before its hello");
-    dt__net_close(pend[q].fd);
+  if (np > 0) {
+    char keep[DT__MSG_CAP]; /* dropping logs and sets the thread's error: keep this call's own */
+    snprintf(keep, sizeof keep, "%s", dt_last_error());
+    for (int q = 0; q < np; q++)
+      dt__hs_drop(&pend[q], &t->self, DTRAIN_ERR_PROTOCOL, "setup ended before its handshake");
+    if (rc != DTRAIN_OK) dt__error(rc, "%s", keep);
   }
   if (own_lfd) dt__net_close(lfd);
   dt__free(seen, (size_t)world);
+  dt__free(pend, (size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
   return rc;
 }
-
-
 
 static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   dt__comm_tcp *t = NULL;
@@ -24742,8 +25065,6 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_option
   return c;
 }
 
-#  undef DT__TCP_PENDING
-#  undef DT__TCP_HELLO_FRAME
 
 #else
 
@@ -25167,7 +25488,6 @@ DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, 
 
 enum { DT__PSW_NEW = 0, DT__PSW_LIVE, DT__PSW_DONE, DT__PSW_LOST };
 enum { DT__PSP_NONE = 0, DT__PSP_PULL, DT__PSP_PUSH };
-#  define DT__PS_PENDING 16 /* connections in the handshake at a time */
 
 typedef struct dt__ps_worker {
   int state;
@@ -25205,9 +25525,7 @@ typedef struct dt__ps_server {
   unsigned char *ckpt;
   size_t ckpt_bytes;
   char ckpt_path[1024];
-  int pfd[DT__PS_PENDING];
-  double pt[DT__PS_PENDING];
-  char paddr[DT__PS_PENDING][DT__NET_ADDR];
+  dt__hs *pend;             /* DT__NET_PENDING_MAX connections in the handshake, beside the serving */
   int npend;
   int done;
 } dt__ps_server;
@@ -25870,40 +26188,16 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
 /* ---- connections ------------------------------------------------------------------------------ */
 
 static void dt__ps_drop_pending(dt__ps_server *S, int j) {
-  S->pfd[j] = S->pfd[S->npend - 1];
-  S->pt[j] = S->pt[S->npend - 1];
-  memcpy(S->paddr[j], S->paddr[S->npend - 1], DT__NET_ADDR);
+  if (j != S->npend - 1) S->pend[j] = S->pend[S->npend - 1];
   S->npend--;
 }
 
-static void dt__ps_accept(dt__ps_server *S) {
-  int fd;
-  char addr[DT__NET_ADDR];
-  if (dt__net_accept(S->lfd, dt__now() + 0.01, &fd, addr, sizeof addr) != DTRAIN_OK) return;
-  if (S->npend == DT__PS_PENDING) {
-    /* Too many silent clients: the oldest goes. */
-    int old = 0;
-    for (int j = 1; j < S->npend; j++)
-      if (S->pt[j] < S->pt[old]) old = j;
-    if (!S->self.opt.quiet)
-      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "ps %d: refused a connection from %s: too many connections in "
-              "the handshake", S->me, S->paddr[old]);
-    dt__net_close(S->pfd[old]);
-    dt__ps_drop_pending(S, old);
-  }
-  S->pfd[S->npend] = fd;
-  S->pt[S->npend] = dt__now();
-  snprintf(S->paddr[S->npend], DT__NET_ADDR, "%s", addr);
-  S->npend++;
-}
-
-static void dt__ps_admit(dt__ps_server *S, int j) {
-  int fd = S->pfd[j];
-  char addr[DT__NET_ADDR];
-  snprintf(addr, sizeof addr, "%s", S->paddr[j]);
+/* Pending handshake j ended (r: DT__HS_DONE or _FAILED, the failure already
+ * logged): a worker joins the serving, or the slot is free again. */
+static void dt__ps_admit_done(dt__ps_server *S, int j, int r) {
+  dt__conn c = S->pend[j].conn;
   dt__ps_drop_pending(S, j);
-  dt__conn c;
-  if (dt__net_admit(&S->self, fd, addr, dt__now() + S->self.opt.timeout_s / 2, S->seen, &c) != DTRAIN_OK) return;
+  if (r != DT__HS_DONE) return;
   if (c.peer_role != DTRAIN_ROLE_WORKER || S->w[c.peer_index].state != DT__PSW_NEW) {
     if (!S->self.opt.quiet)
       dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "ps %d: refused %s: %s", S->me, c.peer,
@@ -25918,6 +26212,31 @@ static void dt__ps_admit(dt__ps_server *S, int j) {
   w->last_heard = w->last_sent = dt__now();
 }
 
+/* Take every connection waiting in the backlog into a handshake (bounded per
+ * round). Handshakes never block the loop: a client that says nothing, or a
+ * byte a second, holds a slot until its deadline, never the workers. */
+static void dt__ps_accept(dt__ps_server *S) {
+  for (int round = 0; round < DT__NET_PENDING_MAX; round++) {
+    int fd;
+    char addr[DT__NET_ADDR];
+    if (dt__net_accept(S->lfd, 0.0, &fd, addr, sizeof addr) != DTRAIN_OK) return;
+    if (S->npend == DT__NET_PENDING_MAX) {
+      /* Too many clients in the handshake: the oldest silent one goes. */
+      int old = dt__hs_victim(S->pend, S->npend);
+      char why[96];
+      snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest %sis dropped",
+               DT__NET_PENDING_MAX, S->pend[old].in_len == 0 ? "silent one " : "");
+      dt__hs_drop(&S->pend[old], &S->self, DTRAIN_ERR_PROTOCOL, why);
+      dt__ps_drop_pending(S, old);
+    }
+    dt__hs *h = &S->pend[S->npend++];
+    dt__hs_start(h, &S->self, fd, addr, dt__now() + dt__net_hs_timeout(&S->self));
+    /* Its hello is often there already. */
+    int r = dt__hs_step(h, &S->self, S->seen);
+    if (r != DT__HS_BUSY) dt__ps_admit_done(S, S->npend - 1, r);
+  }
+}
+
 /* ---- the loop ----------------------------------------------------------------------------------- */
 
 static void dt__ps_server_free(dt__ps_server *S) {
@@ -25925,8 +26244,9 @@ static void dt__ps_server_free(dt__ps_server *S) {
     for (int i = 0; i < S->W; i++) dt__ps_worker_free(S, &S->w[i]);
     dt__free(S->w, (size_t)S->W * sizeof(dt__ps_worker));
   }
-  for (int j = 0; j < S->npend; j++) dt__net_close(S->pfd[j]);
+  for (int j = 0; j < S->npend; j++) dt__conn_close(&S->pend[j].conn);
   S->npend = 0;
+  dt__free(S->pend, (size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
   if (S->own_lfd) dt__net_close(S->lfd);
   dt__free(S->seen, (size_t)S->W);
   dt__free(S->owner, (size_t)(S->np > 0 ? S->np : 1) * sizeof(int));
@@ -25938,7 +26258,7 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
   const double start = dt__now();
   double tick = T / 8 < 0.25 ? T / 8 : 0.25;
   if (tick < 0.005) tick = 0.005;
-  size_t cap = 1 + (size_t)DT__PS_PENDING + (size_t)S->W;
+  size_t cap = 1 + (size_t)DT__NET_PENDING_MAX + (size_t)S->W;
   struct pollfd *pf = (struct pollfd *)dt__alloc(cap * sizeof(struct pollfd));
   int *who = (int *)dt__alloc(cap * sizeof(int));
   dt_result rc = DTRAIN_OK;
@@ -25967,16 +26287,11 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
         }
       }
     }
+    /* Handshakes past their deadline (dt__hs_step fails them and logs why). */
     for (int j = 0; j < S->npend;) {
-      if (now - S->pt[j] > T) {
-        if (!S->self.opt.quiet)
-          dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_TIMEOUT, "ps %d: refused a connection from %s: it sent nothing for "
-                  "%.1f s", S->me, S->paddr[j], now - S->pt[j]);
-        dt__net_close(S->pfd[j]);
-        dt__ps_drop_pending(S, j);
-      } else {
-        j++;
-      }
+      int r = now >= S->pend[j].deadline ? dt__hs_step(&S->pend[j], &S->self, S->seen) : DT__HS_BUSY;
+      if (r != DT__HS_BUSY) dt__ps_admit_done(S, j, r);
+      else j++;
     }
     /* Losing a worker may let others go on. */
     rc = dt__ps_progress(S);
@@ -25986,8 +26301,8 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
     pf[n].events = POLLIN;
     who[n++] = -1;
     for (int j = 0; j < S->npend; j++) {
-      pf[n].fd = S->pfd[j];
-      pf[n].events = POLLIN;
+      pf[n].fd = S->pend[j].conn.fd;
+      pf[n].events = dt__hs_events(&S->pend[j]);
       who[n++] = -2 - j;
     }
     for (int i = 0; i < S->W; i++) {
@@ -26011,12 +26326,13 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
       if ((pf[j].revents & POLLOUT) && !dt__ps_flush(S, i)) continue;
       if (pf[j].revents & (POLLIN | POLLERR | POLLHUP)) dt__ps_on_readable(S, i);
     }
-    /* At most one handshake per round: each may block up to timeout/2 on a
-     * slow client, and the workers' heartbeats go out between rounds. */
+    /* Then the handshakes that can move (none blocks: each moves what its socket
+     * allows); from the last so that finished ones leave the list behind us. */
     for (int j = n - 1; j > 0; j--) {
-      if (who[j] > -2 || !(pf[j].revents & (POLLIN | POLLERR | POLLHUP))) continue;
-      dt__ps_admit(S, -2 - who[j]);
-      break;
+      if (who[j] > -2 || !pf[j].revents) continue;
+      int q = -2 - who[j];
+      int r = dt__hs_step(&S->pend[q], &S->self, S->seen);
+      if (r != DT__HS_BUSY) dt__ps_admit_done(S, q, r);
     }
     if (pf[0].revents & POLLIN) dt__ps_accept(S);
     rc = dt__ps_progress(S);
@@ -26058,7 +26374,8 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   S.owner = (int *)dt__alloc((size_t)(S.np > 0 ? S.np : 1) * sizeof(int));
   S.w = (dt__ps_worker *)dt__calloc((size_t)S.W * sizeof(dt__ps_worker));
   S.seen = (unsigned char *)dt__calloc((size_t)S.W);
-  if (!S.owner || !S.w || !S.seen) {
+  S.pend = (dt__hs *)dt__alloc((size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
+  if (!S.owner || !S.w || !S.seen || !S.pend) {
     rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory", fn, S.me);
     goto done;
   }

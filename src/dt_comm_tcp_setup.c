@@ -68,52 +68,31 @@ DTRAIN_PRIVATE void dt__net_retire_handed_listener(const dt__net_self *self) {
 #  include <sys/socket.h>
 #  include <sys/types.h>
 
-/* Accepted connections whose first frame has not fully arrived: strangers
- * that send a few bytes (or none) and stall must not hold up the real peers,
- * so a connection is admitted only once its hello is there (or its first
- * bytes are plainly not a frame, or it closed). */
-#  define DT__TCP_PENDING 16
-#  define DT__TCP_HELLO_FRAME (DT__NET_HDR + 128)
-
-typedef struct dt__tcp_pending {
-  int fd;
-  int partial; /* some bytes arrived, not enough: polling would spin, so it is re-checked every 10 ms */
-  double since;
-  char addr[DT__NET_ADDR];
-} dt__tcp_pending;
-
-/* 1: admit now, 0: keep waiting, -1: closed without a byte (drop quietly),
- * 2: not a dtrain frame and too short for the handshake to read (refuse
- * here: why gets the reason). */
-static int dt__tcp_pending_ready(int fd, int *partial, char *why, size_t cap) {
-  unsigned char peek[DT__TCP_HELLO_FRAME];
-  ssize_t k = recv(fd, peek, sizeof peek, MSG_PEEK);
-  *partial = k > 0;
-  if (k == 0) return -1;
-  if (k < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
-  if ((size_t)k >= sizeof peek) return 1;
-  if (k >= 4 && dt__get_le32(peek) != DT__NET_MAGIC) {
-    if (k >= DT__NET_HDR) return 1; /* the handshake reads the header and refuses it */
-    dt__frame f;
-    memset(peek + k, 0, sizeof peek - (size_t)k);
-    dt__frame_unpack(peek, 0, 0, &f, why, cap);
-    return 2;
+/* A handshake finished (r: DT__HS_DONE or _FAILED, already logged): keep the
+ * peer when it is one this rank waits for. 1 when it was kept. */
+static int dt__tcp_admitted(dt__comm_tcp *t, dt__hs *h, int r, unsigned char *seen) {
+  const int rank = t->self.cluster->index, world = t->self.cluster->workers;
+  if (r != DT__HS_DONE) return 0;
+  dt__conn c = h->conn;
+  if (c.peer_role != DTRAIN_ROLE_WORKER || c.peer_index <= rank) {
+    /* Lower ranks are dialed by this rank; servers do not belong here. */
+    if (!t->self.opt.quiet)
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused %s: it should not dial this rank", rank,
+              c.peer);
+    if (c.peer_role == DTRAIN_ROLE_WORKER && c.peer_index >= 0 && c.peer_index < world)
+      seen[c.peer_index] &= (unsigned char)~(1u << c.lane);
+    dt__conn_close(&c);
+    return 0;
   }
-  /* Closed after a few bytes: the handshake reports the truncated frame. */
-  struct pollfd p;
-  p.fd = fd;
-  p.events = POLLIN;
-  p.revents = 0;
-  if (poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))) return 1;
-  return 0;
+  if (c.lane == 1) t->lane2 = c; /* admitted only with 2 workers: from worker 1 */
+  else t->conns[c.peer_index] = c;
+  return 1;
 }
 
-static void dt__tcp_refuse_log(const dt__comm_tcp *t, const dt__tcp_pending *p, const char *why) {
-  if (!t->self.opt.quiet)
-    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused a connection from %.80s: %s", t->comm.rank,
-            p->addr, why);
-}
-
+/* Rank r dials ranks 0..r-1, then admits r+1..world-1. The handshakes of
+ * the admitted run side by side, non-blocking (dt__hs): strangers that say
+ * nothing, or a byte a second, or a hello and then nothing, hold a slot until
+ * their short handshake deadline and never delay the real peers. */
 static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
   const dt_cluster *cl = t->self.cluster;
   int world = cl->workers, r = cl->index, lfd = -1, own_lfd = 0, np = 0;
@@ -122,7 +101,8 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
   double start = dt__now();
   double deadline = start + t->self.opt.connect_timeout_s + t->self.opt.timeout_s;
   unsigned char *seen = NULL;
-  dt__tcp_pending pend[DT__TCP_PENDING];
+  dt__hs *pend = NULL;
+  struct pollfd pf[DT__NET_PENDING_MAX + 1];
   dt_result rc = DTRAIN_OK;
   if (need > 0) {
     /* Listen before dialing so higher ranks' connections wait in the backlog. */
@@ -130,7 +110,8 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
     if (rc != DTRAIN_OK) goto done;
     own_lfd = t->self.opt.listen_fd < 0;
     seen = (unsigned char *)dt__calloc((size_t)world);
-    if (!seen) {
+    pend = (dt__hs *)dt__alloc((size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
+    if (!seen || !pend) {
       rc = dt__error(DTRAIN_ERR_NOMEM, "out of memory");
       goto done;
     }
@@ -144,7 +125,6 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
     if (rc != DTRAIN_OK) goto done;
   }
   while (need > 0) {
-    struct pollfd pf[DT__TCP_PENDING + 1];
     double now = dt__now();
     if (now >= deadline) {
       char miss[200];
@@ -163,95 +143,64 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
     pf[0].fd = lfd;
     pf[0].events = POLLIN;
     pf[0].revents = 0;
-    int npf = 1, ms = (int)((deadline - now) * 1000.0) + 1;
-    if (ms > 100) ms = 100; /* also re-checks how long the pending ones have waited */
+    int ms = (int)((deadline - now) * 1000.0) + 1;
+    if (ms > 100) ms = 100; /* also re-checks the handshakes' deadlines */
     for (int q = 0; q < np; q++) {
-      if (pend[q].partial) {
-        if (ms > 10) ms = 10;
-        continue;
-      }
-      pf[npf].fd = pend[q].fd;
-      pf[npf].events = POLLIN;
-      pf[npf].revents = 0;
-      npf++;
+      pf[1 + q].fd = pend[q].conn.fd;
+      pf[1 + q].events = dt__hs_events(&pend[q]);
+      pf[1 + q].revents = 0;
     }
-    if (poll(pf, (nfds_t)npf, ms) < 0 && errno != EINTR) {
+    if (poll(pf, (nfds_t)(1 + np), ms) < 0 && errno != EINTR) {
       rc = dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
       goto done;
     }
-    if (pf[0].revents) {
+    /* Move every handshake that can move, or is past its deadline (from the
+     * last, so that a finished one's slot takes an already visited one). */
+    now = dt__now();
+    for (int q = np - 1; q >= 0 && need > 0; q--) {
+      if (!pf[1 + q].revents && now < pend[q].deadline) continue;
+      int st = dt__hs_step(&pend[q], &t->self, seen);
+      if (st == DT__HS_BUSY) continue;
+      if (dt__tcp_admitted(t, &pend[q], st, seen)) need--;
+      pend[q] = pend[--np];
+    }
+    /* New connections: every one waiting, each into a handshake. */
+    for (int k = 0; need > 0 && (pf[0].revents & POLLIN) && k < DT__NET_PENDING_MAX; k++) {
       int fd;
       char addr[DT__NET_ADDR];
-      rc = dt__net_accept(lfd, dt__now(), &fd, addr, sizeof addr);
-      if (rc == DTRAIN_OK) {
-        if (np == DT__TCP_PENDING) {
-          dt__tcp_refuse_log(t, &pend[0], "too many connections waiting to say hello");
-          dt__net_close(pend[0].fd);
-          memmove(pend, pend + 1, (size_t)(np - 1) * sizeof pend[0]);
-          np--;
-        }
-        pend[np].fd = fd;
-        pend[np].partial = 0;
-        pend[np].since = dt__now();
-        snprintf(pend[np].addr, sizeof pend[np].addr, "%s", addr);
+      if (dt__net_accept(lfd, 0.0, &fd, addr, sizeof addr) != DTRAIN_OK) break;
+      if (np == DT__NET_PENDING_MAX) {
+        int old = dt__hs_victim(pend, np);
+        char why[96];
+        snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest %sis dropped",
+                 DT__NET_PENDING_MAX, pend[old].in_len == 0 ? "silent one " : "");
+        dt__hs_drop(&pend[old], &t->self, DTRAIN_ERR_PROTOCOL, why);
+        pend[old] = pend[--np];
+      }
+      double dl = dt__now() + dt__net_hs_timeout(&t->self);
+      dt__hs_start(&pend[np], &t->self, fd, addr, dl < deadline ? dl : deadline);
+      int st = dt__hs_step(&pend[np], &t->self, seen);
+      if (st == DT__HS_BUSY) {
         np++;
-      } else if (rc != DTRAIN_ERR_TIMEOUT) {
-        goto done;
-      }
-      rc = DTRAIN_OK;
-    }
-    for (int q = 0; q < np && need > 0; q++) {
-      char why[160];
-      int ready = dt__tcp_pending_ready(pend[q].fd, &pend[q].partial, why, sizeof why);
-      if (ready == 0 && dt__now() - pend[q].since > t->self.opt.timeout_s) {
-        dt__tcp_refuse_log(t, &pend[q], "no hello before the deadline");
-        ready = -1;
-      }
-      if (ready == 2) {
-        dt__tcp_refuse_log(t, &pend[q], why);
-        ready = -1;
-      }
-      if (ready == 0) continue;
-      dt__tcp_pending p = pend[q];
-      memmove(pend + q, pend + q + 1, (size_t)(np - q - 1) * sizeof pend[0]);
-      np--;
-      q--;
-      if (ready < 0) {
-        dt__net_close(p.fd);
         continue;
       }
-      double dl = dt__now() + t->self.opt.timeout_s;
-      dt__conn c;
-      if (dl > deadline) dl = deadline;
-      if (dt__net_admit(&t->self, p.fd, p.addr, dl, seen, &c) != DTRAIN_OK)
-        continue; /* refused and logged; keep waiting for the real peers */
-      if (c.peer_role != DTRAIN_ROLE_WORKER || c.peer_index <= r) {
-        /* Lower ranks are dialed by this rank; servers do not belong here. */
-        if (!t->self.opt.quiet)
-          dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "worker %d: refused %s: it should not dial this rank", r,
-                  c.peer);
-        if (c.peer_role == DTRAIN_ROLE_WORKER && c.peer_index >= 0 && c.peer_index < world)
-          seen[c.peer_index] &= (unsigned char)~(1u << c.lane);
-        dt__conn_close(&c);
-        continue;
-      }
-      if (c.lane == 1) t->lane2 = c; /* admitted only with 2 workers: from worker 1 */
-      else t->conns[c.peer_index] = c;
-      need--;
+      if (dt__tcp_admitted(t, &pend[np], st, seen)) need--;
     }
   }
   rc = DTRAIN_OK;
 done:
-  for (int q = 0; q < np; q++) {
-    dt__tcp_refuse_log(t, &pend[q], "setup ended before its hello");
-    dt__net_close(pend[q].fd);
+  if (np > 0) {
+    char keep[DT__MSG_CAP]; /* dropping logs and sets the thread's error: keep this call's own */
+    snprintf(keep, sizeof keep, "%s", dt_last_error());
+    for (int q = 0; q < np; q++)
+      dt__hs_drop(&pend[q], &t->self, DTRAIN_ERR_PROTOCOL, "setup ended before its handshake");
+    if (rc != DTRAIN_OK) dt__error(rc, "%s", keep);
   }
   if (own_lfd) dt__net_close(lfd);
   dt__free(seen, (size_t)world);
+  dt__free(pend, (size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
   return rc;
 }
-
-
 
 static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   dt__comm_tcp *t = NULL;
@@ -343,8 +292,6 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_option
   return c;
 }
 
-#  undef DT__TCP_PENDING
-#  undef DT__TCP_HELLO_FRAME
 
 #else
 

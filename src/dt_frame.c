@@ -73,7 +73,8 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
     return DTRAIN_ERR_PROTOCOL;
   }
   if (f->version != DTRAIN_NET_VERSION) {
-    snprintf(why, cap, "protocol version %u, this build speaks %d", (unsigned)f->version, DTRAIN_NET_VERSION);
+    snprintf(why, cap, "protocol version %u, this build speaks %d (every process of a job must run the same wire "
+             "version; version 1 did not send the job-id flag of the hello)", (unsigned)f->version, DTRAIN_NET_VERSION);
     return DTRAIN_ERR_MISMATCH;
   }
   if ((f->flags & ~DT__NET_F_PAYLOAD_CRC) != 0) {
@@ -97,8 +98,8 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
     return DTRAIN_ERR_PROTOCOL;
   }
   if (job != 0 && f->job != job) {
-    snprintf(why, cap, "frame of job %016llx, this is job %016llx", (unsigned long long)f->job,
-             (unsigned long long)job);
+    snprintf(why, cap, "frame of job %016llx, this is job %016llx (another job: DTRAIN_JOB_ID differs or is not set)",
+             (unsigned long long)f->job, (unsigned long long)job);
     return DTRAIN_ERR_MISMATCH;
   }
   /* A covered header's checksum is checked with the payload (dt__frame_payload_ok). */

@@ -25,20 +25,24 @@
 #ifndef DTRAIN_NO_NET
 #  include <errno.h>
 #  include <fcntl.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
 #  include <unistd.h>
 
 /* ---- the hello and the proof ------------------------------------------------------------------
  * hello payload (little-endian, 128 bytes):
  *   0 u32 role   4 u32 index   8 u32 workers   12 u32 servers
- *  16 u64 model hash   24 u32 flags (bit 0: I have a token)
+ *  16 u64 model hash   24 u32 flags (bit 0: I have a token; bit 1: my job id was given,
+ *         DTRAIN_JOB_ID / options.job_id, not derived from the addresses; version 2)
  *  28 u32 lane (0; 1: the second connection between the two workers of a
  *         2-worker collective, which carries one direction of the ring)
  *  32 nonce[32]   64 addr[64] (NUL-padded: the address the sender believes it has)
  * The proof (AUTH) is HMAC-SHA256(token, "dtrain-auth-1" | side byte ('C' or 'A') |
  * job (8) | connector hello (128) | acceptor hello (128)): it binds both nonces
  * and both identities, so a recorded proof cannot be replayed. */
-#  define DT__HELLO 128
 #  define DT__HELLO_F_TOKEN 1u
+#  define DT__HELLO_F_JOB 2u /* the job id was given (DTRAIN_JOB_ID, set by dtrain-launch), not derived */
 
 typedef struct dt__hello {
   uint32_t role, index, workers, servers;
@@ -127,6 +131,7 @@ static void dt__hello_self(const dt__net_self *self, dt__hello *h) {
   h->servers = (uint32_t)c->servers;
   h->model_hash = self->opt.model_hash;
   h->flags = (self->opt.token && self->opt.token[0]) ? DT__HELLO_F_TOKEN : 0u;
+  if (self->opt.job_id) h->flags |= DT__HELLO_F_JOB;
   dt__net_random(h->nonce, DT__NET_NONCE);
   const char *a = c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index];
   snprintf(h->addr, sizeof h->addr, "%s", a ? a : "");
@@ -256,30 +261,127 @@ fail:
   return rc;
 }
 
-DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const char *addr, double deadline,
-                                       unsigned char *seen, dt__conn *c) {
-  dt__conn_init(c, fd, self->job, self->id, (uint32_t)self->opt.max_payload);
-  snprintf(c->peer, sizeof c->peer, "a client at %.80s", addr ? addr : "?");
-  dt__hello me, peer;
-  unsigned char mine[DT__HELLO], theirs[DT__HELLO], proof[32], expect[32];
-  uint32_t len = 0;
-  int have, they;
-  char why[DT__MSG_CAP];
-  /* The hello is the first frame: a cap of one hello keeps strangers from making us allocate or read much. */
-  uint32_t keep_max = c->max_payload;
-  c->max_payload = DT__HELLO;
-  dt_result rc = dt__conn_recv(c, DT__MSG_HELLO, theirs, DT__HELLO, &len, deadline, "handshake");
-  c->max_payload = keep_max;
-  if (rc == DTRAIN_OK && len != DT__HELLO) rc = dt__error(DTRAIN_ERR_PROTOCOL, "handshake: short hello from %s", c->peer);
+/* ---- the acceptor: a non-blocking state machine ----------------------------------------------
+ * HELLO: reading the client's hello frame. AUTH: WELCOME queued, reading its
+ * proof. SEND: the last answers (AUTH, READY) are queued; done once they are
+ * out. REFUSING: a REFUSE frame is queued; failed once it is out (or cannot
+ * go). Every check of the blocking handshake is made, in the same order, so
+ * the client sees the same answers. */
+enum { DT__HSS_HELLO = 0, DT__HSS_AUTH, DT__HSS_SEND, DT__HSS_REFUSING, DT__HSS_DONE, DT__HSS_FAILED };
+
+DTRAIN_PRIVATE double dt__net_hs_timeout(const dt__net_self *self) {
+  double t = self->opt.handshake_timeout_s > 0 ? self->opt.handshake_timeout_s : 3.0;
+  return t < self->opt.timeout_s ? t : self->opt.timeout_s;
+}
+
+DTRAIN_PRIVATE void dt__hs_start(dt__hs *h, const dt__net_self *self, int fd, const char *addr, double deadline) {
+  memset(h, 0, sizeof *h);
+  if (fd >= 0) dt__net_nonblock(fd); /* every step must return at once (sockets we accept already are) */
+  dt__conn_init(&h->conn, fd, self->job, self->id, (uint32_t)self->opt.max_payload);
+  snprintf(h->addr, sizeof h->addr, "%.80s", addr ? addr : "?");
+  snprintf(h->conn.peer, sizeof h->conn.peer, "a client at %.80s", h->addr);
+  h->state = DT__HSS_HELLO;
+  h->started = dt__now();
+  h->deadline = deadline;
+}
+
+DTRAIN_PRIVATE short dt__hs_events(const dt__hs *h) {
+  return (short)(h->out_off < h->out_len ? POLLOUT : POLLIN);
+}
+
+static void dt__hs_queue(dt__hs *h, uint16_t type, const void *p, uint32_t n) {
+  if (h->out_len + DT__NET_HDR + n > DT__HS_OUT) return; /* cannot happen: sized for the longest answer */
+  dt__frame_pack(h->out + h->out_len, type, h->conn.job, h->conn.self_id, h->conn.send_seq, p, n);
+  if (n) memcpy(h->out + h->out_len + DT__NET_HDR, p, n);
+  h->out_len += DT__NET_HDR + n;
+  h->conn.send_seq++;
+}
+
+/* Refuse with the reason already in h->why; tell (may be NULL) is what the client is told. */
+static void dt__hs_refuse(dt__hs *h, dt_result code, const char *tell) {
+  h->rc = code;
+  h->state = DT__HSS_REFUSING;
+  if (!tell) return;
+  unsigned char buf[4 + 256];
+  size_t tl = strlen(tell);
+  if (tl > 256) tl = 256;
+  dt__put_le32(buf, (uint32_t)(-(int32_t)code));
+  memcpy(buf + 4, tell, tl);
+  dt__hs_queue(h, DT__MSG_REFUSE, buf, (uint32_t)(4 + tl));
+}
+
+/* Bytes the current frame still needs (its header first, then the payload it announced). */
+static uint32_t dt__hs_want(const dt__hs *h) {
+  if (h->in_len < DT__NET_HDR) return DT__NET_HDR - h->in_len;
+  return DT__NET_HDR + h->f.length - h->in_len;
+}
+
+/* The header is complete: check it against what this state expects. 0 when refused. */
+static int dt__hs_header(dt__hs *h) {
+  char why[160];
+  dt_result rc = dt__frame_unpack(h->in, 0, DT__HS_IN - DT__NET_HDR, &h->f, why, sizeof why);
   if (rc != DTRAIN_OK) {
-    /* Garbage or a wrong version: answer once (best effort), so a confused client learns why. */
-    snprintf(why, sizeof why, "%s", dt_last_error());
-    if (rc == DTRAIN_ERR_PROTOCOL || rc == DTRAIN_ERR_MISMATCH) dt__net_refuse(c, rc, why, dt__now() + 0.2);
-    goto refused;
+    snprintf(h->why, sizeof h->why, "receive from %s: %s", h->conn.peer, why);
+    dt__hs_refuse(h, rc, h->why);
+    return 0;
   }
-  dt__hello_unpack(theirs, &peer);
+  const dt__frame *f = &h->f;
+  const char *bad = NULL;
+  if (f->seq != h->conn.recv_seq) bad = "wrong sequence number";
+  else if (h->state == DT__HSS_HELLO && f->type != DT__MSG_HELLO) bad = "expected a hello";
+  else if (h->state == DT__HSS_HELLO && f->length != DT__HELLO) bad = "short hello";
+  else if (h->state == DT__HSS_AUTH && f->sender != dt__net_id((dt_role)h->conn.peer_role, h->conn.peer_index))
+    bad = "sender differs from its hello";
+  else if (h->state == DT__HSS_AUTH && f->type != DT__MSG_AUTH && f->type != DT__MSG_REFUSE && f->type != DT__MSG_ABORT)
+    bad = "expected its proof";
+  else if (h->state == DT__HSS_AUTH && f->type == DT__MSG_AUTH && f->length != 32) bad = "a proof is 32 bytes";
+  else if (f->job != h->conn.job && f->type != DT__MSG_HELLO) bad = "frame of another job";
+  if (bad) {
+    snprintf(h->why, sizeof h->why, "receive from %s: %s (a frame of type %u, %u bytes, sequence number %llu)",
+             h->conn.peer, bad, (unsigned)f->type, (unsigned)f->length, (unsigned long long)f->seq);
+    dt__hs_refuse(h, f->job != h->conn.job ? DTRAIN_ERR_MISMATCH : DTRAIN_ERR_PROTOCOL, h->why);
+    return 0;
+  }
+  return 1;
+}
+
+/* Everything checks: AUTH (with a token) is queued; READY goes now, and the peer is counted. */
+static void dt__hs_ready(dt__hs *h, unsigned char *seen) {
+  if (seen && h->conn.peer_role == DTRAIN_ROLE_WORKER) {
+    /* Another handshake of the same rank may have finished while this one ran. */
+    if (seen[h->conn.peer_index] & (1u << h->conn.lane)) {
+      snprintf(h->why, sizeof h->why, "%s is already connected (duplicate rank%s)", h->conn.peer,
+               h->conn.lane ? ", lane 1" : "");
+      dt__hs_refuse(h, DTRAIN_ERR_MISMATCH, h->why);
+      return;
+    }
+    seen[h->conn.peer_index] |= (unsigned char)(1u << h->conn.lane);
+    h->marked = 1;
+  }
+  dt__hs_queue(h, DT__MSG_READY, NULL, 0);
+  h->state = DT__HSS_SEND;
+}
+
+/* The client's hello, complete and checksummed. */
+static void dt__hs_on_hello(dt__hs *h, const dt__net_self *self, unsigned char *seen) {
+  dt__hello me, peer;
+  char why[DT__MSG_CAP];
+  memcpy(h->theirs, h->in + DT__NET_HDR, DT__HELLO);
+  dt__hello_unpack(h->theirs, &peer);
+  if (h->f.job != self->job) {
+    /* Another job: say whether the client had a job id at all (a process
+     * started outside this job's launcher has none) or a different one. */
+    if (self->opt.job_id && !(peer.flags & DT__HELLO_F_JOB))
+      snprintf(h->why, sizeof h->why, "%s has no job id (DTRAIN_JOB_ID is not set: not started by this job's "
+               "launcher?); this job is %016llx", h->conn.peer, (unsigned long long)self->job);
+    else
+      snprintf(h->why, sizeof h->why, "%s belongs to job %016llx, this is job %016llx (a different DTRAIN_JOB_ID "
+               "or cluster)", h->conn.peer, (unsigned long long)h->f.job, (unsigned long long)self->job);
+    dt__hs_refuse(h, DTRAIN_ERR_MISMATCH, h->why);
+    return;
+  }
   dt__hello_self(self, &me);
-  dt__hello_pack(&me, mine);
+  dt__hello_pack(&me, h->mine);
   dt__net_compare(self, &me, &peer, why, sizeof why);
   if (!why[0] && peer.lane > 1) {
     snprintf(why, sizeof why, "lane %u in the hello (only 0 and 1 exist)", (unsigned)peer.lane);
@@ -293,48 +395,213 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
     snprintf(why, sizeof why, "%s is already connected (duplicate rank%s)", b, peer.lane ? ", lane 1" : "");
   }
   if (why[0]) {
-    rc = dt__error(DTRAIN_ERR_MISMATCH, "handshake: %s", why);
-    dt__net_refuse(c, DTRAIN_ERR_MISMATCH, why, deadline);
-    goto refused;
+    snprintf(h->why, sizeof h->why, "%s", why);
+    dt__hs_refuse(h, DTRAIN_ERR_MISMATCH, why);
+    return;
   }
-  dt__net_describe(&peer, c->peer, sizeof c->peer);
-  c->peer_role = (int)peer.role;
-  c->peer_index = (int)peer.index;
-  c->lane = (int)peer.lane;
-  rc = dt__conn_send(c, DT__MSG_WELCOME, mine, DT__HELLO, deadline, "handshake");
-  if (rc != DTRAIN_OK) goto refused;
-  have = (me.flags & DT__HELLO_F_TOKEN) != 0;
-  they = (peer.flags & DT__HELLO_F_TOKEN) != 0;
+  dt__net_describe(&peer, h->conn.peer, sizeof h->conn.peer);
+  h->conn.peer_role = (int)peer.role;
+  h->conn.peer_index = (int)peer.index;
+  h->conn.lane = (int)peer.lane;
+  dt__hs_queue(h, DT__MSG_WELCOME, h->mine, DT__HELLO);
+  int have = (me.flags & DT__HELLO_F_TOKEN) != 0, they = (peer.flags & DT__HELLO_F_TOKEN) != 0;
   if (have != they) {
     /* The connector sees the same difference in our welcome and refuses; when
      * it has no token we refuse here too, so a peer without one never gets in. */
-    rc = dt__error(DTRAIN_ERR_AUTH, "handshake: %s %s, this process %s", c->peer,
-                   they ? "uses a token" : "has no token", have ? "requires one" : "has none");
-    dt__net_refuse(c, DTRAIN_ERR_AUTH, "authentication required", deadline);
-    goto refused;
+    snprintf(h->why, sizeof h->why, "%s %s, this process %s", h->conn.peer, they ? "uses a token" : "has no token",
+             have ? "requires one" : "has none");
+    dt__hs_refuse(h, DTRAIN_ERR_AUTH, "authentication required");
+    return;
   }
   if (have) {
-    rc = dt__conn_recv(c, DT__MSG_AUTH, proof, 32, &len, deadline, "handshake");
-    if (rc != DTRAIN_OK) goto refused;
-    dt__net_proof(self, 'C', theirs, mine, expect);
-    if (len != 32 || !dt__net_ct_equal(proof, expect, 32)) {
-      rc = dt__error(DTRAIN_ERR_AUTH, "handshake: %s failed to prove it knows the token", c->peer);
-      dt__net_refuse(c, DTRAIN_ERR_AUTH, "authentication failed", deadline);
-      goto refused;
-    }
-    dt__net_proof(self, 'A', theirs, mine, proof);
-    rc = dt__conn_send(c, DT__MSG_AUTH, proof, 32, deadline, "handshake");
-    if (rc != DTRAIN_OK) goto refused;
+    h->state = DT__HSS_AUTH;
+    return;
   }
-  rc = dt__conn_send(c, DT__MSG_READY, NULL, 0, deadline, "handshake");
-  if (rc != DTRAIN_OK) goto refused;
-  if (seen && peer.role == DTRAIN_ROLE_WORKER) seen[peer.index] |= (unsigned char)(1u << peer.lane);
-  return DTRAIN_OK;
-refused:
-  if (!self->opt.quiet) dt__log(DTRAIN_LOG_WARN, rc, "refused a connection: %s", dt_last_error());
-  dt__conn_close(c);
-  return rc;
+  dt__hs_ready(h, seen);
 }
 
+/* A complete frame (header checked, payload in h->in). */
+static void dt__hs_on_frame(dt__hs *h, const dt__net_self *self, unsigned char *seen) {
+  const unsigned char *pl = h->in + DT__NET_HDR;
+  uint32_t n = h->f.length;
+  if (!dt__frame_payload_ok(h->in, &h->f, pl)) {
+    snprintf(h->why, sizeof h->why, "receive from %s: checksum mismatch in a frame of type %u", h->conn.peer,
+             (unsigned)h->f.type);
+    dt__hs_refuse(h, DTRAIN_ERR_PROTOCOL, h->why);
+    return;
+  }
+  h->conn.recv_seq++;
+  h->in_len = 0;
+  if (h->f.type == DT__MSG_HELLO) {
+    dt__hs_on_hello(h, self, seen);
+    return;
+  }
+  if (h->f.type == DT__MSG_REFUSE || h->f.type == DT__MSG_ABORT) {
+    /* The client gave up on us (it saw something in our welcome it refuses). */
+    char text[257];
+    size_t tl = n >= 4 ? n - 4 : 0;
+    if (tl > 256) tl = 256;
+    if (tl) memcpy(text, pl + 4, tl);
+    text[tl] = '\0';
+    for (size_t i = 0; i < tl; i++)
+      if ((unsigned char)text[i] < 0x20 || (unsigned char)text[i] > 0x7e) text[i] = '?';
+    dt_result their = n >= 4 ? (dt_result)(-(int32_t)dt__get_le32(pl)) : DTRAIN_ERR_PROTOCOL;
+    if (their != DTRAIN_ERR_AUTH && their != DTRAIN_ERR_MISMATCH && their != DTRAIN_ERR_PROTOCOL) their = DTRAIN_ERR_PEER;
+    snprintf(h->why, sizeof h->why, "refused by %s: %.200s", h->conn.peer, text);
+    dt__hs_refuse(h, their, NULL);
+    return;
+  }
+  /* The proof. */
+  unsigned char expect[32], proof[32];
+  dt__net_proof(self, 'C', h->theirs, h->mine, expect);
+  if (!dt__net_ct_equal(pl, expect, 32)) {
+    snprintf(h->why, sizeof h->why, "%s failed to prove it knows the token", h->conn.peer);
+    dt__hs_refuse(h, DTRAIN_ERR_AUTH, "authentication failed");
+    return;
+  }
+  dt__net_proof(self, 'A', h->theirs, h->mine, proof);
+  dt__hs_queue(h, DT__MSG_AUTH, proof, 32);
+  dt__hs_ready(h, seen);
+}
+
+DTRAIN_PRIVATE size_t dt__hs_feed(dt__hs *h, const dt__net_self *self, unsigned char *seen, const unsigned char *p,
+                                  size_t n) {
+  size_t used = 0;
+  while (used < n && (h->state == DT__HSS_HELLO || h->state == DT__HSS_AUTH)) {
+    uint32_t want = dt__hs_want(h);
+    size_t k = n - used < want ? n - used : want;
+    int had_hdr = h->in_len >= DT__NET_HDR;
+    memcpy(h->in + h->in_len, p + used, k);
+    h->in_len += (uint32_t)k;
+    used += k;
+    if (!had_hdr && h->in_len >= 4 && h->in_len < DT__NET_HDR && dt__get_le32(h->in) != DT__NET_MAGIC) {
+      /* Not a dtrain frame: say so now, not after 40 bytes that may never come. */
+      unsigned char pad[DT__NET_HDR];
+      char why[160];
+      dt__frame f;
+      memset(pad, 0, sizeof pad);
+      memcpy(pad, h->in, h->in_len);
+      dt__frame_unpack(pad, 0, 0, &f, why, sizeof why);
+      snprintf(h->why, sizeof h->why, "receive from %s: %s", h->conn.peer, why);
+      dt__hs_refuse(h, DTRAIN_ERR_PROTOCOL, h->why);
+      break;
+    }
+    if (!had_hdr && h->in_len == DT__NET_HDR && !dt__hs_header(h)) break;
+    if (h->in_len >= DT__NET_HDR && h->in_len == DT__NET_HDR + h->f.length) dt__hs_on_frame(h, self, seen);
+  }
+  return used;
+}
+
+static int dt__hs_fail(dt__hs *h, const dt__net_self *self, unsigned char *seen) {
+  if (h->marked && seen && h->conn.peer_index >= 0)
+    seen[h->conn.peer_index] &= (unsigned char)~(1u << h->conn.lane);
+  h->marked = 0;
+  dt__conn_close(&h->conn);
+  h->state = DT__HSS_FAILED;
+  if (h->rc == DTRAIN_OK) h->rc = DTRAIN_ERR_PROTOCOL;
+  dt__error(h->rc, "handshake: %s", h->why);
+  if (!self->opt.quiet) dt__log(DTRAIN_LOG_WARN, h->rc, "refused a connection: handshake: %s", h->why);
+  return DT__HS_FAILED;
+}
+
+DTRAIN_PRIVATE int dt__hs_victim(const dt__hs *h, int n) {
+  int old = -1, silent = -1;
+  for (int j = 0; j < n; j++) {
+    if (old < 0 || h[j].started < h[old].started) old = j;
+    int mute = h[j].state == DT__HSS_HELLO && h[j].in_len == 0;
+    if (mute && (silent < 0 || h[j].started < h[silent].started)) silent = j;
+  }
+  return silent >= 0 ? silent : old;
+}
+
+DTRAIN_PRIVATE void dt__hs_drop(dt__hs *h, const dt__net_self *self, dt_result code, const char *why) {
+  if (h->state == DT__HSS_DONE || h->state == DT__HSS_FAILED) return;
+  h->rc = code;
+  snprintf(h->why, sizeof h->why, "%s: %s", h->conn.peer, why);
+  dt__hs_fail(h, self, NULL);
+}
+
+DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned char *seen) {
+  for (;;) {
+    if (h->state == DT__HSS_DONE) return DT__HS_DONE;
+    if (h->state == DT__HSS_FAILED) return DT__HS_FAILED;
+    if (h->out_off < h->out_len) {
+      ssize_t k = send(h->conn.fd, h->out + h->out_off, h->out_len - h->out_off, DT__NET_SEND_FLAGS);
+      if (k > 0) {
+        h->out_off += (uint32_t)k;
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (h->state != DT__HSS_REFUSING) {
+        h->rc = DTRAIN_ERR_PEER;
+        snprintf(h->why, sizeof h->why, "send to %s: %s", h->conn.peer, k < 0 ? strerror(errno) : "connection closed");
+      }
+      return dt__hs_fail(h, self, seen);
+    }
+    if (h->state == DT__HSS_REFUSING) return dt__hs_fail(h, self, seen);
+    if (h->state == DT__HSS_SEND) {
+      h->state = DT__HSS_DONE;
+      h->marked = 0;
+      return DT__HS_DONE;
+    }
+    unsigned char buf[DT__HS_IN];
+    uint32_t want = dt__hs_want(h);
+    ssize_t k = recv(h->conn.fd, buf, want, 0);
+    if (k > 0) {
+      dt__hs_feed(h, self, seen, buf, (size_t)k);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    h->rc = k == 0 ? DTRAIN_ERR_PEER : DTRAIN_ERR_NET;
+    snprintf(h->why, sizeof h->why, "receive from %s: %s after %u bytes of its %s", h->conn.peer,
+             k == 0 ? "connection closed" : strerror(errno), (unsigned)h->in_len,
+             h->state == DT__HSS_HELLO ? "hello" : "proof");
+    return dt__hs_fail(h, self, seen);
+  }
+  double now = dt__now();
+  if (now >= h->deadline) {
+    h->rc = DTRAIN_ERR_TIMEOUT;
+    if (h->state == DT__HSS_HELLO || h->state == DT__HSS_AUTH)
+      snprintf(h->why, sizeof h->why, "%s sent %u bytes of its %s in %.1f s (handshake deadline; slow or silent)",
+               h->conn.peer, (unsigned)h->in_len, h->state == DT__HSS_HELLO ? "hello" : "proof", now - h->started);
+    else
+      snprintf(h->why, sizeof h->why, "%s read nothing of our answer in %.1f s (handshake deadline)", h->conn.peer,
+               now - h->started);
+    return dt__hs_fail(h, self, seen);
+  }
+  return DT__HS_BUSY;
+}
+
+DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const char *addr, double deadline,
+                                       unsigned char *seen, dt__conn *c) {
+  dt__hs h;
+  dt__hs_start(&h, self, fd, addr, deadline);
+  for (;;) {
+    int r = dt__hs_step(&h, self, seen);
+    if (r == DT__HS_DONE) {
+      *c = h.conn;
+      return DTRAIN_OK;
+    }
+    if (r == DT__HS_FAILED) {
+      dt__conn_init(c, -1, self->job, self->id, (uint32_t)self->opt.max_payload);
+      return h.rc;
+    }
+    struct pollfd p;
+    p.fd = fd;
+    p.events = dt__hs_events(&h);
+    p.revents = 0;
+    double left = h.deadline - dt__now();
+    int ms = left > 0 ? (int)(left * 1000.0) + 1 : 0;
+    if (poll(&p, 1, ms) < 0 && errno != EINTR) {
+      h.rc = DTRAIN_ERR_NET;
+      snprintf(h.why, sizeof h.why, "poll: %s", strerror(errno));
+      dt__hs_fail(&h, self, seen);
+      dt__conn_init(c, -1, self->job, self->id, (uint32_t)self->opt.max_payload);
+      return h.rc;
+    }
+  }
+}
 
 #endif /* DTRAIN_NO_NET */

@@ -53,6 +53,7 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
     if (o->spin_us != 0) d.spin_us = o->spin_us;
     if (o->sock_buf_bytes != 0) d.sock_buf_bytes = o->sock_buf_bytes;
     if (o->small_bytes) d.small_bytes = o->small_bytes;
+    if (o->handshake_timeout_s > 0) d.handshake_timeout_s = o->handshake_timeout_s;
     d.quiet = o->quiet;
   }
   if (d.max_payload > 0xFFFFFFF0u) d.max_payload = 0xFFFFFFF0u;
@@ -75,14 +76,29 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
   return DTRAIN_OK;
 }
 
+/* Listening where others can reach us without a token: say what that allows, once per socket. */
+static void dt__net_warn_open(const dt__net_self *self, int fd) {
+  char addr[DT__NET_ADDR];
+  if (self->opt.token && self->opt.token[0]) return;
+  if (dt__net_local(fd, addr, sizeof addr) != 0) return; /* loopback (or unknown): this machine only */
+  const dt_cluster *c = self->cluster;
+  dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_AUTH,
+          "%s %d: listening on %s, which is not a loopback address, without a token (DTRAIN_TOKEN): anyone who can "
+          "reach it can join the job as a peer, read the parameters and send updates; set DTRAIN_TOKEN (dtrain-launch "
+          "makes one) or bind 127.0.0.1", c->role == DTRAIN_ROLE_PS ? "ps" : "worker", c->index, addr);
+}
+
 DTRAIN_PRIVATE dt_result dt__net_self_listen(const dt__net_self *self, int *fd) {
   if (self->opt.listen_fd >= 0) {
     *fd = self->opt.listen_fd;
     dt__net_nonblock(*fd);
+    dt__net_warn_open(self, *fd);
     return DTRAIN_OK;
   }
   const dt_cluster *c = self->cluster;
-  return dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
+  dt_result rc = dt__net_listen(c->role == DTRAIN_ROLE_PS ? c->server_addr[c->index] : c->worker_addr[c->index], fd);
+  if (rc == DTRAIN_OK) dt__net_warn_open(self, *fd);
+  return rc;
 }
 
 #else /* DTRAIN_NO_NET */
@@ -109,6 +125,7 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   o.small_bytes = (size_t)64 << 10;
   o.spin_us = 20.0;
   o.sock_buf_bytes = (int64_t)4 << 20;
+  o.handshake_timeout_s = 3.0;
 #ifndef DTRAIN_NO_STDIO
   const char *e = getenv("DTRAIN_TIMEOUT");
   if (e && atof(e) > 0) o.timeout_s = atof(e);
@@ -120,6 +137,8 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   if (e && *e) o.spin_us = atof(e);
   e = getenv("DTRAIN_SOCKBUF");
   if (e && *e) o.sock_buf_bytes = atoll(e) > 0 ? (int64_t)atoll(e) : -1;
+  e = getenv("DTRAIN_HANDSHAKE_TIMEOUT");
+  if (e && atof(e) > 0) o.handshake_timeout_s = atof(e);
   e = getenv("DTRAIN_LISTEN_FD");
   if (e && *e) o.listen_fd = atoi(e);
 #endif

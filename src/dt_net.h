@@ -41,7 +41,7 @@ struct dt_pstore;
 DTRAIN_EXTERN_C_BEGIN
 
 #define DTRAIN_MAX_PEERS 1024
-#define DTRAIN_NET_VERSION 1
+#define DTRAIN_NET_VERSION 2 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID) */
 
 typedef enum dt_role {
   DTRAIN_ROLE_WORKER = 0,
@@ -135,6 +135,12 @@ typedef struct dt_net_options {
                                 (net.core.wmem_max / rmem_max) [env DTRAIN_SOCKBUF, else
                                 4 MiB; 0 here means the default; negative (or 0 in the
                                 environment): the kernel's own sizes and autotuning] */
+  double handshake_timeout_s; /* an accepted connection must finish its handshake within this
+                                long, else it is dropped (and logged); handshakes run beside the
+                                serving and the start-up of the real peers, never blocking
+                                them, at most 32 at a time (then the oldest silent one, or
+                                the oldest, is dropped)
+                                [env DTRAIN_HANDSHAKE_TIMEOUT, else 3; at most timeout_s] */
 } dt_net_options;
 
 DTRAIN_API dt_net_options dt_net_defaults(void);

@@ -32,6 +32,10 @@
 DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap);
 DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd);
 DTRAIN_PRIVATE int dt__net_port(int fd); /* the bound port, -1 on error */
+/* The bound address of fd into addr ("host:port"; may be NULL): 1 when it is a
+ * loopback address (127.0.0.0/8, ::1) that only this machine can reach, 0 when
+ * not (0.0.0.0 included), -1 when unknown. */
+DTRAIN_PRIVATE int dt__net_local(int fd, char *addr, size_t cap);
 /* Connect, retrying refused/unreachable with backoff (10 ms doubling to 0.5 s) until the deadline. */
 DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, int *fd);
 /* Wait for one connection; *fd gets it, addr (may be NULL) the peer's "host:port". */
@@ -130,6 +134,52 @@ DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role rol
  * serving others. `seen` (may be NULL): per-worker flags set on success. */
 DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const char *addr, double deadline,
                                        unsigned char *seen, dt__conn *c);
+/* ---- the acceptor's handshake as a non-blocking state machine ----------------------------
+ * What dt__net_admit does, but never blocking: a server or a rank at start-up
+ * keeps many handshakes (and its real work) going in one poll loop, so a
+ * silent or slow client costs a slot in that loop, not the loop's time.
+ * dt__hs_start takes the accepted fd; dt__hs_step moves what the socket
+ * allows without waiting (read only as many bytes as the current frame
+ * needs, so nothing after the handshake is consumed) and returns
+ * DT__HS_DONE (h->conn is ready: the caller owns it; `seen` marked),
+ * DT__HS_FAILED (closed, the reason set with dt__error and logged unless
+ * opt.quiet) or DT__HS_BUSY; poll the fd for dt__hs_events. Past h->deadline
+ * it fails. dt__hs_feed is the byte-level core (also what the fuzz target
+ * drives): it takes the bytes of the client's frames in any chunks, returns
+ * how many it used and appends its answers to h->out. */
+#  define DT__HELLO 128
+#  define DT__HS_IN (DT__NET_HDR + 512)  /* a hello, a proof or a refusal's text */
+#  define DT__HS_OUT 640                 /* WELCOME + AUTH + READY, or WELCOME + REFUSE */
+#  define DT__NET_PENDING_MAX 32         /* connections in the handshake at a time (then the oldest goes) */
+enum { DT__HS_BUSY = 0, DT__HS_DONE = 1, DT__HS_FAILED = -1 };
+typedef struct dt__hs {
+  dt__conn conn;
+  int state;             /* private: dt_handshake.c's DT__HSS_* */
+  double started, deadline;
+  char addr[DT__NET_ADDR];
+  unsigned char in[DT__HS_IN];
+  uint32_t in_len;       /* bytes of the current frame so far */
+  dt__frame f;           /* its header, once in_len >= DT__NET_HDR */
+  unsigned char out[DT__HS_OUT];
+  uint32_t out_len, out_off;
+  unsigned char mine[DT__HELLO], theirs[DT__HELLO];
+  int marked;            /* seen[] was set for this peer (undone when the last bytes cannot go) */
+  dt_result rc;
+  char why[DT__MSG_CAP];
+} dt__hs;
+DTRAIN_PRIVATE void dt__hs_start(dt__hs *h, const dt__net_self *self, int fd, const char *addr, double deadline);
+DTRAIN_PRIVATE size_t dt__hs_feed(dt__hs *h, const dt__net_self *self, unsigned char *seen, const unsigned char *p,
+                                  size_t n);
+DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned char *seen);
+DTRAIN_PRIVATE short dt__hs_events(const dt__hs *h);
+/* Which of n handshakes to drop when the table is full: the oldest that has
+ * sent nothing yet, else the oldest (a real peer's hello arrives within a
+ * round trip, so a flood of silent connections evicts its own kind first). */
+DTRAIN_PRIVATE int dt__hs_victim(const dt__hs *h, int n);
+/* Give up on h (fd closed, logged unless quiet): why names the reason ("too many ..."). */
+DTRAIN_PRIVATE void dt__hs_drop(dt__hs *h, const dt__net_self *self, dt_result code, const char *why);
+/* The handshake deadline: opt.handshake_timeout_s, at most timeout_s. */
+DTRAIN_PRIVATE double dt__net_hs_timeout(const dt__net_self *self);
 /* Read 32 bytes of randomness (/dev/urandom, else a hash of time and pid). */
 DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n);
 #endif /* DTRAIN_NO_NET */

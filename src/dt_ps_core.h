@@ -74,7 +74,6 @@ DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, 
 
 enum { DT__PSW_NEW = 0, DT__PSW_LIVE, DT__PSW_DONE, DT__PSW_LOST };
 enum { DT__PSP_NONE = 0, DT__PSP_PULL, DT__PSP_PUSH };
-#  define DT__PS_PENDING 16 /* connections in the handshake at a time */
 
 typedef struct dt__ps_worker {
   int state;
@@ -112,9 +111,7 @@ typedef struct dt__ps_server {
   unsigned char *ckpt;
   size_t ckpt_bytes;
   char ckpt_path[1024];
-  int pfd[DT__PS_PENDING];
-  double pt[DT__PS_PENDING];
-  char paddr[DT__PS_PENDING][DT__NET_ADDR];
+  dt__hs *pend;             /* DT__NET_PENDING_MAX connections in the handshake, beside the serving */
   int npend;
   int done;
 } dt__ps_server;

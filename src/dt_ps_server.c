@@ -343,40 +343,16 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
 /* ---- connections ------------------------------------------------------------------------------ */
 
 static void dt__ps_drop_pending(dt__ps_server *S, int j) {
-  S->pfd[j] = S->pfd[S->npend - 1];
-  S->pt[j] = S->pt[S->npend - 1];
-  memcpy(S->paddr[j], S->paddr[S->npend - 1], DT__NET_ADDR);
+  if (j != S->npend - 1) S->pend[j] = S->pend[S->npend - 1];
   S->npend--;
 }
 
-static void dt__ps_accept(dt__ps_server *S) {
-  int fd;
-  char addr[DT__NET_ADDR];
-  if (dt__net_accept(S->lfd, dt__now() + 0.01, &fd, addr, sizeof addr) != DTRAIN_OK) return;
-  if (S->npend == DT__PS_PENDING) {
-    /* Too many silent clients: the oldest goes. */
-    int old = 0;
-    for (int j = 1; j < S->npend; j++)
-      if (S->pt[j] < S->pt[old]) old = j;
-    if (!S->self.opt.quiet)
-      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "ps %d: refused a connection from %s: too many connections in "
-              "the handshake", S->me, S->paddr[old]);
-    dt__net_close(S->pfd[old]);
-    dt__ps_drop_pending(S, old);
-  }
-  S->pfd[S->npend] = fd;
-  S->pt[S->npend] = dt__now();
-  snprintf(S->paddr[S->npend], DT__NET_ADDR, "%s", addr);
-  S->npend++;
-}
-
-static void dt__ps_admit(dt__ps_server *S, int j) {
-  int fd = S->pfd[j];
-  char addr[DT__NET_ADDR];
-  snprintf(addr, sizeof addr, "%s", S->paddr[j]);
+/* Pending handshake j ended (r: DT__HS_DONE or _FAILED, the failure already
+ * logged): a worker joins the serving, or the slot is free again. */
+static void dt__ps_admit_done(dt__ps_server *S, int j, int r) {
+  dt__conn c = S->pend[j].conn;
   dt__ps_drop_pending(S, j);
-  dt__conn c;
-  if (dt__net_admit(&S->self, fd, addr, dt__now() + S->self.opt.timeout_s / 2, S->seen, &c) != DTRAIN_OK) return;
+  if (r != DT__HS_DONE) return;
   if (c.peer_role != DTRAIN_ROLE_WORKER || S->w[c.peer_index].state != DT__PSW_NEW) {
     if (!S->self.opt.quiet)
       dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "ps %d: refused %s: %s", S->me, c.peer,
@@ -391,6 +367,31 @@ static void dt__ps_admit(dt__ps_server *S, int j) {
   w->last_heard = w->last_sent = dt__now();
 }
 
+/* Take every connection waiting in the backlog into a handshake (bounded per
+ * round). Handshakes never block the loop: a client that says nothing, or a
+ * byte a second, holds a slot until its deadline, never the workers. */
+static void dt__ps_accept(dt__ps_server *S) {
+  for (int round = 0; round < DT__NET_PENDING_MAX; round++) {
+    int fd;
+    char addr[DT__NET_ADDR];
+    if (dt__net_accept(S->lfd, 0.0, &fd, addr, sizeof addr) != DTRAIN_OK) return;
+    if (S->npend == DT__NET_PENDING_MAX) {
+      /* Too many clients in the handshake: the oldest silent one goes. */
+      int old = dt__hs_victim(S->pend, S->npend);
+      char why[96];
+      snprintf(why, sizeof why, "too many connections in the handshake (%d); the oldest %sis dropped",
+               DT__NET_PENDING_MAX, S->pend[old].in_len == 0 ? "silent one " : "");
+      dt__hs_drop(&S->pend[old], &S->self, DTRAIN_ERR_PROTOCOL, why);
+      dt__ps_drop_pending(S, old);
+    }
+    dt__hs *h = &S->pend[S->npend++];
+    dt__hs_start(h, &S->self, fd, addr, dt__now() + dt__net_hs_timeout(&S->self));
+    /* Its hello is often there already. */
+    int r = dt__hs_step(h, &S->self, S->seen);
+    if (r != DT__HS_BUSY) dt__ps_admit_done(S, S->npend - 1, r);
+  }
+}
+
 /* ---- the loop ----------------------------------------------------------------------------------- */
 
 static void dt__ps_server_free(dt__ps_server *S) {
@@ -398,8 +399,9 @@ static void dt__ps_server_free(dt__ps_server *S) {
     for (int i = 0; i < S->W; i++) dt__ps_worker_free(S, &S->w[i]);
     dt__free(S->w, (size_t)S->W * sizeof(dt__ps_worker));
   }
-  for (int j = 0; j < S->npend; j++) dt__net_close(S->pfd[j]);
+  for (int j = 0; j < S->npend; j++) dt__conn_close(&S->pend[j].conn);
   S->npend = 0;
+  dt__free(S->pend, (size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
   if (S->own_lfd) dt__net_close(S->lfd);
   dt__free(S->seen, (size_t)S->W);
   dt__free(S->owner, (size_t)(S->np > 0 ? S->np : 1) * sizeof(int));
@@ -411,7 +413,7 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
   const double start = dt__now();
   double tick = T / 8 < 0.25 ? T / 8 : 0.25;
   if (tick < 0.005) tick = 0.005;
-  size_t cap = 1 + (size_t)DT__PS_PENDING + (size_t)S->W;
+  size_t cap = 1 + (size_t)DT__NET_PENDING_MAX + (size_t)S->W;
   struct pollfd *pf = (struct pollfd *)dt__alloc(cap * sizeof(struct pollfd));
   int *who = (int *)dt__alloc(cap * sizeof(int));
   dt_result rc = DTRAIN_OK;
@@ -440,16 +442,11 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
         }
       }
     }
+    /* Handshakes past their deadline (dt__hs_step fails them and logs why). */
     for (int j = 0; j < S->npend;) {
-      if (now - S->pt[j] > T) {
-        if (!S->self.opt.quiet)
-          dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_TIMEOUT, "ps %d: refused a connection from %s: it sent nothing for "
-                  "%.1f s", S->me, S->paddr[j], now - S->pt[j]);
-        dt__net_close(S->pfd[j]);
-        dt__ps_drop_pending(S, j);
-      } else {
-        j++;
-      }
+      int r = now >= S->pend[j].deadline ? dt__hs_step(&S->pend[j], &S->self, S->seen) : DT__HS_BUSY;
+      if (r != DT__HS_BUSY) dt__ps_admit_done(S, j, r);
+      else j++;
     }
     /* Losing a worker may let others go on. */
     rc = dt__ps_progress(S);
@@ -459,8 +456,8 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
     pf[n].events = POLLIN;
     who[n++] = -1;
     for (int j = 0; j < S->npend; j++) {
-      pf[n].fd = S->pfd[j];
-      pf[n].events = POLLIN;
+      pf[n].fd = S->pend[j].conn.fd;
+      pf[n].events = dt__hs_events(&S->pend[j]);
       who[n++] = -2 - j;
     }
     for (int i = 0; i < S->W; i++) {
@@ -484,12 +481,13 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
       if ((pf[j].revents & POLLOUT) && !dt__ps_flush(S, i)) continue;
       if (pf[j].revents & (POLLIN | POLLERR | POLLHUP)) dt__ps_on_readable(S, i);
     }
-    /* At most one handshake per round: each may block up to timeout/2 on a
-     * slow client, and the workers' heartbeats go out between rounds. */
+    /* Then the handshakes that can move (none blocks: each moves what its socket
+     * allows); from the last so that finished ones leave the list behind us. */
     for (int j = n - 1; j > 0; j--) {
-      if (who[j] > -2 || !(pf[j].revents & (POLLIN | POLLERR | POLLHUP))) continue;
-      dt__ps_admit(S, -2 - who[j]);
-      break;
+      if (who[j] > -2 || !pf[j].revents) continue;
+      int q = -2 - who[j];
+      int r = dt__hs_step(&S->pend[q], &S->self, S->seen);
+      if (r != DT__HS_BUSY) dt__ps_admit_done(S, q, r);
     }
     if (pf[0].revents & POLLIN) dt__ps_accept(S);
     rc = dt__ps_progress(S);
@@ -531,7 +529,8 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   S.owner = (int *)dt__alloc((size_t)(S.np > 0 ? S.np : 1) * sizeof(int));
   S.w = (dt__ps_worker *)dt__calloc((size_t)S.W * sizeof(dt__ps_worker));
   S.seen = (unsigned char *)dt__calloc((size_t)S.W);
-  if (!S.owner || !S.w || !S.seen) {
+  S.pend = (dt__hs *)dt__alloc((size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
+  if (!S.owner || !S.w || !S.seen || !S.pend) {
     rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory", fn, S.me);
     goto done;
   }

@@ -248,6 +248,27 @@ static void dt__net_addr_text(const struct sockaddr_storage *ss, char *out, size
   }
 }
 
+DTRAIN_PRIVATE int dt__net_local(int fd, char *addr, size_t cap) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  memset(&ss, 0, sizeof ss);
+  if (addr && cap) addr[0] = '\0';
+  if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
+  if (addr) dt__net_addr_text(&ss, addr, cap);
+  if (ss.ss_family == AF_INET) {
+    const unsigned char *b = (const unsigned char *)&((const struct sockaddr_in *)&ss)->sin_addr;
+    return b[0] == 127; /* 127.0.0.0/8 */
+  }
+  if (ss.ss_family == AF_INET6) {
+    const unsigned char *b = (const unsigned char *)&((const struct sockaddr_in6 *)&ss)->sin6_addr;
+    static const unsigned char one[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (memcmp(b, one, 16) == 0) return 1;                     /* ::1 */
+    return memcmp(b, mapped, 12) == 0 && b[12] == 127;         /* ::ffff:127.x.y.z */
+  }
+  return ss.ss_family == AF_UNIX; /* a socket pair or a local socket: this machine only */
+}
+
 DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd_out, char *addr, size_t cap) {
   *fd_out = -1;
   for (;;) {

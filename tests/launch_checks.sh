@@ -5,7 +5,7 @@
 # stopped after a failure (SIGTERM, then SIGKILL), signals passed on,
 # parameter servers stopped after the workers, a parameter-server job going
 # on without a dead worker, workers' listening sockets closed once the world
-# formed, --timeout, --token-env, --bind-to, usage.
+# formed, --timeout, the job's token and job id, --bind-to, usage.
 # Prints "launch_checks: N passed, N failed, N skipped".
 BUILD=${BUILD:-build}
 L=${LAUNCH:-tools/dtrain-launch}
@@ -185,12 +185,28 @@ run timeout -n 2 --timeout 0.5 -- "$P" wait
   && has timeout.err '^dtrain-launch: worker 1 killed by signal 15 (stopped by dtrain-launch)$' \
   && ok "--timeout" || bad "--timeout" "$T/timeout.out" "$T/timeout.err"
 
-# -- --token-env: one fresh 64-hex-digit secret shared by all; an existing DTRAIN_TOKEN is kept
-run token -n 3 --token-env -- "$P" token
+# -- every job authenticates: one fresh 64-hex-digit secret shared by all, without asking
+# (--token-env is still accepted); an existing DTRAIN_TOKEN is kept; the launcher never prints it
+run token -n 3 -- "$P" token
+tokv=$(sed -n 's/^\[worker 0\] token=//p' "$T/token.out")
 [ "$(sed 's/^\[[^]]*\] //' "$T/token.out" | sort -u | grep -c '^token=[0-9a-f]\{64\}$')" = 1 ] && [ "$(wc -l <"$T/token.out")" = 3 ] \
-  && ok "--token-env" || bad "--token-env" "$T/token.out" "$T/token.err"
+  && [ -n "$tokv" ] && [ "$(grep -v '^\[' "$T/token.out" "$T/token.err" | grep -c "$tokv")" = 0 ] \
+  && ok "a fresh token by default, never printed" || bad "a fresh token by default, never printed" "$T/token.out" "$T/token.err"
+run token3 -n 2 --token-env -- "$P" token
+[ "$(sed 's/^\[[^]]*\] //' "$T/token3.out" | sort -u | grep -c '^token=[0-9a-f]\{64\}$')" = 1 ] \
+  && ! grep -q "$tokv" "$T/token3.out" && ok "--token-env" || bad "--token-env" "$T/token3.out" "$T/token3.err"
 DTRAIN_TOKEN=mine timeout 60 "$L" -n 1 --token-env -- "$P" token >"$T/token2.out" 2>&1
-grep -qx '\[worker 0\] token=mine' "$T/token2.out" && ok "--token-env keeps DTRAIN_TOKEN" || bad "--token-env keeps DTRAIN_TOKEN" "$T/token2.out"
+grep -qx '\[worker 0\] token=mine' "$T/token2.out" && ok "DTRAIN_TOKEN is kept" || bad "DTRAIN_TOKEN is kept" "$T/token2.out"
+
+# -- a fresh random job id (DTRAIN_JOB_ID) shared by all processes of a job, another for the next job; kept when set
+run job -n 2 --ps 1 -- sh -c 'echo "job=$DTRAIN_JOB_ID"'
+run job2 -n 1 -- sh -c 'echo "job=$DTRAIN_JOB_ID"'
+j1=$(sed -n 's/^\[worker 0\] //p' "$T/job.out"); j2=$(sed -n 's/^\[worker 0\] //p' "$T/job2.out")
+[ "$(rc_of job)" = 0 ] && [ "$(sed 's/^\[[^]]*\] //' "$T/job.out" | sort -u | grep -c '^job=0x[0-9a-f]\{16\}$')" = 1 ] \
+  && [ "$(wc -l <"$T/job.out")" = 3 ] && [ "$j1" != "$j2" ] \
+  && ok "a fresh job id per job" || bad "a fresh job id per job" "$T/job.out" "$T/job.err" "$T/job2.out"
+DTRAIN_JOB_ID=0x2a timeout 60 "$L" -n 1 -- sh -c 'echo "job=$DTRAIN_JOB_ID"' >"$T/job3.out" 2>&1
+grep -qx '\[worker 0\] job=0x2a' "$T/job3.out" && ok "DTRAIN_JOB_ID is kept" || bad "DTRAIN_JOB_ID is kept" "$T/job3.out"
 
 # -- a program that cannot be run: 127 and the reason, prefixed
 run noexec -n 1 -- "$T/does-not-exist"

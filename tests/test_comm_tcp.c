@@ -7,13 +7,17 @@
  * leaks. The parent binds every rank's listening socket (port 0) before
  * forking, so there is no port race; children report through exit codes.
  * One test starts up as users do by hand: no sockets passed in (each rank
- * binds its configured address) and the rank that is dialled starts late. */
+ * binds its configured address) and the rank that is dialled starts late.
+ * Slow and silent strangers (and fake hellos) never delay the start-up. */
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  define DTRAIN_STATIC
 #  define DTRAIN_IMPLEMENTATION
 #endif
 #include "dtrain.h"
 #include "harness.h"
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include "hostile_clients.h"
+#endif
 
 #if defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
 static void test_unsupported(void) {
@@ -563,6 +567,65 @@ static void test_stranger(void) {
   for (int i = 0; i < 3; i++) close(s[i]);
 }
 
+/* ---- slow strangers during setup --------------------------------------------------------------
+ * 8 silent connections, 8 that send a byte every 0.2 s and (with a token) 3
+ * that send a genuine-looking hello of worker 2 and then nothing, at each of
+ * the ranks that accept, before the ranks start. The old setup handled a
+ * hello-sending stranger in a blocking handshake of up to timeout_s (5 s
+ * here) each: start-up took 15 s and failed. Now it takes milliseconds (the
+ * bound leaves room for slow emulators). */
+
+static int child_slow(world *x, int rank, void *arg) {
+  const char *token = (const char *)arg;
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  o.token = token;
+  o.job_id = 77;
+  double t0 = dt__now();
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  double dt = dt__now() - t0;
+  CK(comm != NULL);
+  if (!comm) return 2;
+  CK(dt < 4.0); /* undisturbed it takes milliseconds; the old setup needed 15 s and failed */
+  if (dt >= 4.0) fprintf(stderr, "rank %d: start-up took %.2f s\n", rank, dt);
+  float b[5] = {1, 2, 3, 4, 5};
+  CK(dt_comm_allreduce(comm, rank, b, 5) == DTRAIN_OK);
+  CK(b[4] == 5.0f * (float)x->w);
+  dt_comm_destroy(comm);
+  return 0;
+}
+
+static void slow_strangers(const char *token) {
+  world x;
+  int st[MAXW];
+  world_init(&x, 3);
+  dt_cluster c = cluster_of(&x, 0);
+  dt_net_options o = opts_of(&x, 0);
+  o.token = token;
+  o.job_id = 77;
+  unsigned char hello[DT__NET_HDR + DT__HELLO];
+  hostile_hello(&c, DTRAIN_ROLE_WORKER, 2, &o, hello);
+  hostile_spec hs;
+  memset(&hs, 0, sizeof hs);
+  hs.silent = 8;
+  hs.drip = 8;
+  hs.fakes = token ? 3 : 0; /* without a token a fake hello is worker 2 (the job id is all that tells) */
+  hs.drip_s = 0.2;
+  hs.hello = hello;
+  pid_t bad = hostile_start(x.addrs, 2, &hs);
+  CHECK(bad > 0);
+  double t0 = dt__now();
+  run_world(&x, child_slow, (void *)(uintptr_t)token, st);
+  double dt = dt__now() - t0;
+  hostile_stop(bad);
+  world_close(&x);
+  check_world(&x, st, NULL);
+  CHECK_MSG(dt < 8.0, "the world took %.2f s", dt);
+}
+
+static void test_slow_strangers_token(void) { slow_strangers("the token"); }
+static void test_slow_strangers_open(void) { slow_strangers(NULL); }
+
 /* ---- faults ------------------------------------------------------------------------------------ */
 
 typedef struct fault_arg {
@@ -791,6 +854,8 @@ int main(void) {
   TH_RUN(test_token);
   TH_RUN(test_late_start_own_bind);
   TH_RUN(test_stranger);
+  TH_RUN(test_slow_strangers_token);
+  TH_RUN(test_slow_strangers_open);
   TH_RUN(test_lanes);
   TH_RUN(test_abort);
   TH_RUN(test_kill);

@@ -244,7 +244,7 @@ static int open_fds(void) {
 
 /* What the forked client does. */
 enum { C_GOOD, C_NOTOKEN, C_BADTOKEN, C_WORLD3, C_MODEL, C_DUPRANK, C_HTTP, C_TRUNC, C_STALL, C_BIGLEN, C_EXCHANGE,
-       C_ABORT, C_LANE1, C_LANE5 };
+       C_ABORT, C_LANE1, C_LANE5, C_JOBLESS, C_OTHERJOB };
 
 static int run_client(int kind, int port) {
   alarm(20);
@@ -258,6 +258,8 @@ static int run_client(int kind, int port) {
   if (kind == C_NOTOKEN) o.token = NULL;
   if (kind == C_BADTOKEN) o.token = "open sesame";
   if (kind == C_MODEL) o.model_hash = 999;
+  o.job_id = kind == C_JOBLESS ? 0 : kind == C_OTHERJOB ? 78 : 77;
+  if (kind == C_JOBLESS || kind == C_OTHERJOB) o.token = NULL;
   if (kind == C_HTTP || kind == C_TRUNC || kind == C_STALL || kind == C_BIGLEN) {
     int fd;
     if (dt__net_connect(x.a0, dt__now() + 5, &fd) != DTRAIN_OK) return 2;
@@ -283,7 +285,7 @@ static int run_client(int kind, int port) {
   }
   dt__net_self self;
   if (dt__net_self_init(&self, &x.c, &o) != DTRAIN_OK) return 3;
-  self.job = 77; /* both sides agree on the job */
+  if (kind != C_JOBLESS && kind != C_OTHERJOB) self.job = 77; /* both sides agree on the job */
   dt__conn c;
   dt_result rc = dt__net_dial_lane(&self, DTRAIN_ROLE_WORKER, 0, kind == C_LANE1 ? 1 : kind == C_LANE5 ? 5 : 0, &c);
   if (rc != DTRAIN_OK) {
@@ -340,6 +342,7 @@ static serve_result serve_one(int kind, const char *token, double timeout) {
   o.timeout_s = timeout;
   o.token = token;
   o.model_hash = 1234;
+  o.job_id = 77; /* given, as dtrain-launch gives it */
   o.quiet = 1;
   dt__net_self self;
   dt__net_self_init(&self, &x.c, &o);
@@ -430,6 +433,111 @@ static void test_handshake_refusals(void) {
   CHECK(r.client_status == 10 + 403 % 100);
   int after = open_fds();
   CHECK_MSG(before == after, "descriptors before %d, after %d", before, after);
+}
+
+/* Without a token the job id is what keeps strangers out: a client without
+ * one (not started by this job's launcher) or with another is refused, and
+ * the message says which. */
+static void test_job_id(void) {
+  int before = open_fds();
+  serve_result r = serve_one(C_JOBLESS, NULL, 5);
+  CHECK(r.rc == DTRAIN_ERR_MISMATCH);
+  CHECK_MSG(strstr(r.msg, "has no job id") && strstr(r.msg, "DTRAIN_JOB_ID") && strstr(r.msg, "000000000000004d"), "%s",
+            r.msg);
+  CHECK(r.client_status == 10 + 403 % 100);
+  r = serve_one(C_OTHERJOB, NULL, 5);
+  CHECK(r.rc == DTRAIN_ERR_MISMATCH);
+  CHECK_MSG(strstr(r.msg, "belongs to job 000000000000004e, this is job 000000000000004d"), "%s", r.msg);
+  CHECK(r.client_status == 10 + 403 % 100);
+  CHECK(open_fds() == before);
+}
+
+/* The acceptor's state machine, fed a client's frames one byte at a time (no
+ * socket): it admits a genuine client, with a token after a correct proof
+ * (computed here as the client does from the welcome it queued), and queues
+ * exactly the answers of the blocking handshake. */
+static void test_handshake_state_machine(void) {
+  for (int tok = 0; tok < 2; tok++) {
+    cl x;
+    cl_make(&x, 3, 7000, 0);
+    dt_net_options o = dt_net_defaults();
+    o.token = tok ? "sesame" : NULL;
+    o.model_hash = 1234;
+    o.job_id = 77;
+    o.quiet = 1;
+    dt__net_self acc, cli;
+    dt_cluster c2 = x.c; /* the client's view: worker 2 of the same cluster */
+    c2.index = 2;
+    CHECK(dt__net_self_init(&acc, &x.c, &o) == DTRAIN_OK);
+    acc.opt.token = o.token;
+    CHECK(dt__net_self_init(&cli, &c2, &o) == DTRAIN_OK);
+    cli.opt.token = o.token;
+    dt__hello h;
+    unsigned char msg[2 * DT__NET_HDR + DT__HELLO + 32], seen[3] = {0, 0, 0};
+    dt__hello_self(&cli, &h);
+    dt__hello_pack(&h, msg + DT__NET_HDR);
+    dt__frame_pack(msg, DT__MSG_HELLO, cli.job, cli.id, 0, msg + DT__NET_HDR, DT__HELLO);
+    dt__hs s;
+    dt__hs_start(&s, &acc, -1, "test", dt__now() + 5);
+    for (size_t i = 0; i < DT__NET_HDR + DT__HELLO; i++) {
+      CHECK(dt__hs_feed(&s, &acc, seen, msg + i, 0) == 0);
+      CHECK(dt__hs_feed(&s, &acc, seen, msg + i, 1) == 1);
+    }
+    /* WELCOME is queued: a frame of this job carrying the acceptor's hello. */
+    dt__frame f;
+    char why[160];
+    CHECK(dt__frame_unpack(s.out, acc.job, DT__HS_OUT, &f, why, sizeof why) == DTRAIN_OK);
+    CHECK(f.type == DT__MSG_WELCOME && f.length == DT__HELLO && f.seq == 0);
+    uint32_t at = DT__NET_HDR + DT__HELLO;
+    if (tok) {
+      CHECK(s.state == DT__HSS_AUTH && s.out_len == at);
+      unsigned char proof[32];
+      dt__net_proof(&cli, 'C', msg + DT__NET_HDR, s.out + DT__NET_HDR, proof);
+      dt__frame_pack(msg, DT__MSG_AUTH, cli.job, cli.id, 1, proof, 32);
+      memcpy(msg + DT__NET_HDR, proof, 32);
+      for (size_t i = 0; i < DT__NET_HDR + 32; i++) CHECK(dt__hs_feed(&s, &acc, seen, msg + i, 1) == 1);
+      CHECK(dt__frame_unpack(s.out + at, acc.job, DT__HS_OUT, &f, why, sizeof why) == DTRAIN_OK);
+      CHECK(f.type == DT__MSG_AUTH && f.length == 32 && f.seq == 1);
+      at += DT__NET_HDR + 32;
+    }
+    /* READY last; the peer is worker 2, marked seen; later bytes are not taken. */
+    CHECK(dt__frame_unpack(s.out + at, acc.job, DT__HS_OUT, &f, why, sizeof why) == DTRAIN_OK);
+    CHECK(f.type == DT__MSG_READY && f.length == 0);
+    CHECK_MSG(s.state == DT__HSS_SEND && s.out_len == at + DT__NET_HDR, "state %d: %s", s.state, s.why);
+    CHECK(s.conn.peer_role == DTRAIN_ROLE_WORKER && s.conn.peer_index == 2 && seen[2] == 1);
+    CHECK(s.conn.recv_seq == (uint64_t)(tok ? 2 : 1) && s.conn.send_seq == (uint64_t)(tok ? 3 : 2));
+    CHECK(dt__hs_feed(&s, &acc, seen, msg, 1) == 0);
+  }
+}
+
+/* Listening on an address others can reach, without a token, warns naming the risk. */
+static void test_open_listen_warning(void) {
+  const char *where[3] = {"0.0.0.0:0", "0.0.0.0:0", "127.0.0.1:0"};
+  const char *token[3] = {NULL, "sesame", NULL};
+  for (int k = 0; k < 3; k++) {
+    cl x;
+    cl_make(&x, 2, 1, 0);
+    snprintf(x.a0, sizeof x.a0, "%s", where[k]);
+    dt_net_options o = dt_net_defaults();
+    o.token = token[k];
+    o.listen_fd = -1;
+    dt__net_self self;
+    CHECK(dt__net_self_init(&self, &x.c, &o) == DTRAIN_OK);
+    self.opt.token = token[k]; /* not DTRAIN_TOKEN from the environment */
+    th_last_log[0] = '\0';
+    int fd = -1;
+    if (dt__net_self_listen(&self, &fd) != DTRAIN_OK) {
+      TH_SKIP("cannot listen on %s here: %s", where[k], dt_last_error());
+    }
+    close(fd);
+    int warned = strstr(th_last_log, "not a loopback address") != NULL;
+    if (k == 0)
+      CHECK_MSG(warned && strstr(th_last_log, "without a token") && strstr(th_last_log, "DTRAIN_TOKEN") &&
+                    strstr(th_last_log, "0.0.0.0:") && strstr(th_last_log, "worker 0"),
+                "%s", th_last_log);
+    else
+      CHECK_MSG(!warned, "%s: %s", where[k], th_last_log);
+  }
 }
 
 static void test_bad_clients(void) {
@@ -1023,6 +1131,9 @@ int main(void) {
   TH_RUN(test_handshake_ok);
   TH_RUN(test_handshake_refusals);
   TH_RUN(test_bad_clients);
+  TH_RUN(test_job_id);
+  TH_RUN(test_handshake_state_machine);
+  TH_RUN(test_open_listen_warning);
   TH_RUN(test_exchange_and_abort);
   TH_RUN(test_connect_deadline);
 #  ifdef __linux__

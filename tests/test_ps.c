@@ -7,13 +7,17 @@
  * waiting workers alive; kill -9 and SIGSTOP of a server
  * (workers stop with an error naming it, also two workers at once);
  * restart from a shard checkpoint;
- * bad bytes and bad tokens against a server. */
+ * bad bytes and bad tokens against a server; silent and slow clients
+ * (and a flood of them) never stall a server. */
 /* Private transport functions (bad-bytes clients) are static in the
  * amalgamation: compile it into this test. */
 #define DTRAIN_STATIC
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
 #include "harness.h"
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include "hostile_clients.h"
+#endif
 
 #ifdef DTRAIN_NO_DIST
 /* The entry points say what is missing. */
@@ -300,6 +304,7 @@ typedef struct server_cfg {
   const char *ckpt_dir;
   int ckpt_every;
   int check_fds;
+  double hs_timeout; /* options.handshake_timeout_s (0: the default) */
 } server_cfg;
 
 static int server_main(const server_cfg *sc) {
@@ -309,6 +314,7 @@ static int server_main(const server_cfg *sc) {
   pc_make(&x, sc->W, sc->M, sc->ports, DTRAIN_ROLE_PS, sc->index);
   dt_net_options o = net_opts(sc->timeout, sc->token);
   o.listen_fd = sc->lfd;
+  o.handshake_timeout_s = sc->hs_timeout;
   dt_ps_options po;
   memset(&po, 0, sizeof po);
   po.checkpoint_dir = sc->ckpt_dir;
@@ -1254,6 +1260,73 @@ static void test_bad_bytes(void) {
   CHECK_MSG(strstr(srv.out, "different models"), "%s", srv.out);
   alarm(0);
 }
+
+/* Slow and silent clients hold handshake slots, never the serving: 8 that say
+ * nothing, 8 that send a byte every 0.2 s, and (with a token) 2 that send a
+ * genuine-looking hello of worker 0 and then nothing, all in the backlog
+ * before the server starts. Before handshakes left the serving loop, each
+ * readable one blocked the server up to timeout/2 (a run took 15 s and more,
+ * or the worker timed out). Now the run takes about as long as undisturbed;
+ * the slow ones are dropped at the handshake deadline (1 s here) and a flood
+ * beyond 32 drops the oldest, both logged. */
+static double run_one_worker(int port, int lfd, const char *token, child *srv_out) {
+  server_cfg sc = server_defaults(1, 1, 0, &port, lfd);
+  sc.token = token;
+  sc.timeout = 4.0;
+  sc.hs_timeout = 1.0;
+  double t0 = dt__now();
+  child srv = spawn_server(&sc, &lfd);
+  close(lfd);
+  worker_cfg wc = worker_defaults(1, 1, 0, &port);
+  wc.token = token;
+  wc.timeout = 4.0;
+  wc.steps = 30;
+  wc.step_sleep_s = 0.05;
+  child wk = spawn_worker(&wc, &lfd, 0);
+  child_wait(&wk);
+  double dt = dt__now() - t0;
+  child_wait(&srv);
+  CHECK_MSG(wk.status == 0, "worker status %d: %s", wk.status, wk.out);
+  CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, srv.out);
+  *srv_out = srv;
+  return dt;
+}
+
+static void slow_clients(const char *token) {
+  alarm(60);
+  int lfd, port;
+  child srv;
+  CHECK(listen_fds(1, &lfd, &port));
+  double calm = run_one_worker(port, lfd, token, &srv);
+  CHECK(listen_fds(1, &lfd, &port));
+  pc x;
+  pc_make(&x, 1, 1, &port, DTRAIN_ROLE_WORKER, 0);
+  dt_net_options o = net_opts(4.0, token);
+  unsigned char hello[DT__NET_HDR + DT__HELLO];
+  hostile_hello(&x.c, DTRAIN_ROLE_WORKER, 0, &o, hello);
+  hostile_spec hs;
+  memset(&hs, 0, sizeof hs);
+  hs.silent = token ? 30 : 8; /* with the fakes and drips: 40, past the cap of 32 */
+  hs.drip = 8;
+  hs.fakes = token ? 2 : 0;   /* without a token a fake hello would be worker 0 (see DTRAIN_JOB_ID) */
+  hs.drip_s = 0.2;
+  hs.hello = hello;
+  char *addr = x.sbuf[0];
+  pid_t bad = hostile_start(&addr, 1, &hs);
+  CHECK(bad > 0);
+  double hit = run_one_worker(port, lfd, token, &srv);
+  hostile_stop(bad);
+  printf("  slow clients: undisturbed %.2f s, with %d silent, %d slow and %d fake clients %.2f s (%s)\n", calm, hs.silent, hs.drip,
+          hs.fakes, hit, token ? "token" : "no token");
+  fflush(stdout);
+  CHECK_MSG(hit < calm + 1.5, "%.2f s with slow clients, %.2f s without: %s", hit, calm, srv.out);
+  CHECK_MSG(strstr(srv.out, "handshake deadline"), "%s", srv.out);
+  if (token) CHECK_MSG(strstr(srv.out, "too many connections in the handshake"), "%s", srv.out);
+  alarm(0);
+}
+
+static void test_slow_clients_token(void) { slow_clients("sesame"); }
+static void test_slow_clients_open(void) { slow_clients(NULL); }
 #endif
 
 int main(void) {
@@ -1284,6 +1357,8 @@ int main(void) {
   th_skip_item("test_checkpoint_restart", "shard checkpoints need stdio (DTRAIN_NO_STDIO build)");
 #  endif
   TH_RUN(test_bad_bytes);
+  TH_RUN(test_slow_clients_token);
+  TH_RUN(test_slow_clients_open);
 #endif
   return th_summary("test_ps");
 }

@@ -10,7 +10,11 @@
  *   DTRAIN_CONFIG     the whole cluster and this process's task (TF_CONFIG style)
  *   DTRAIN_LISTEN_FD  the already bound, listening socket (no race for ports)
  *   DTRAIN_RANK, DTRAIN_WORLD, DTRAIN_ROLE   the same, for convenience
- *   DTRAIN_TOKEN      a fresh random secret, with --token-env (kept if already set)
+ *   DTRAIN_TOKEN      a fresh random secret for this job (kept if already set), so
+ *                     that only the job's own processes get in; never printed
+ *   DTRAIN_JOB_ID     a fresh random job id (kept if already set): every frame
+ *                     carries it, and a peer of another job, or one started by
+ *                     hand without it, is refused
  * With --bind-to core (Linux), process k (workers, then servers) may run only
  * on core k mod C of the C cores this launcher may use (all of a core's
  * hardware threads), as mpirun binds ranks: otherwise the scheduler, which
@@ -107,12 +111,13 @@ static void usage(FILE *f) {
           "  --grace S     after a failure (or after all workers finished, for servers), wait S s\n"
           "                before terminating the rest: SIGTERM, then SIGKILL [10]\n"
           "  --timeout S   stop everything after S s of running and exit 124 [none]\n"
-          "  --token-env   put a fresh random secret in DTRAIN_TOKEN (unless set) so peers authenticate\n"
+          "  --token-env   (the default; kept for old scripts) a fresh random DTRAIN_TOKEN (unless set)\n"
           "  --bind-to W   core: process k (workers, then servers) runs only on core k mod C of the\n"
           "                C cores this launcher may use (Linux); none: wherever the kernel puts it [none]\n"
           "  -h, --help    this text\n"
           "Each process gets DTRAIN_CONFIG (the cluster and its task), DTRAIN_LISTEN_FD (its bound\n"
-          "listening socket), DTRAIN_RANK, DTRAIN_WORLD and DTRAIN_ROLE; its output lines are\n"
+          "listening socket), DTRAIN_RANK, DTRAIN_WORLD, DTRAIN_ROLE, and DTRAIN_TOKEN and\n"
+          "DTRAIN_JOB_ID (fresh random ones unless set: peers authenticate); its output lines are\n"
           "prefixed with \"[worker I] \" or \"[ps I] \"; stdin is /dev/null. Exit status: 0 when all\n"
           "succeed, else the first failure's exit code (128+N for signal N), 124 on --timeout,\n"
           "2 for a usage error, 1 when the processes could not be started. With --ps, a worker that\n"
@@ -427,20 +432,37 @@ static char *config_json(const proc *ps, int np, int workers, const proc *self) 
   return j;
 }
 
-static int make_token(char *hex, size_t cap) {
-  unsigned char r[32];
+/* n random bytes from /dev/urandom; 0 when it cannot be read. */
+static int random_bytes(unsigned char *r, size_t n) {
   int fd = open("/dev/urandom", O_RDONLY);
   if (fd < 0) return 0;
   size_t got = 0;
-  while (got < sizeof r) {
-    ssize_t k = read(fd, r + got, sizeof r - got);
+  while (got < n) {
+    ssize_t k = read(fd, r + got, n - got);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) break;
     got += (size_t)k;
   }
   close(fd);
-  if (got < sizeof r || cap < 2 * sizeof r + 1) return 0;
+  return got == n;
+}
+
+/* The job's secret: 32 random bytes as 64 hex digits. */
+static int make_token(char *hex, size_t cap) {
+  unsigned char r[32];
+  if (!random_bytes(r, sizeof r) || cap < 2 * sizeof r + 1) return 0;
   for (size_t k = 0; k < sizeof r; k++) snprintf(hex + 2 * k, 3, "%02x", r[k]);
+  return 1;
+}
+
+/* The job id (DTRAIN_JOB_ID): 64 random bits, never 0 (0 means "derive one"). */
+static int make_job_id(char *out, size_t cap) {
+  unsigned char r[8];
+  unsigned long long v = 0;
+  if (!random_bytes(r, sizeof r)) return 0;
+  for (size_t k = 0; k < sizeof r; k++) v = (v << 8) | r[k];
+  if (v == 0) v = 1;
+  snprintf(out, cap, "0x%016llx", v);
   return 1;
 }
 
@@ -555,15 +577,28 @@ int main(int argc, char **argv) {
     goto done;
 #endif
   }
-  if (token_env) {
+  /* Every job authenticates: a fresh secret and job id unless the caller
+   * gave them (then they are inherited as they are). Without them a stranger
+   * who connected first could join as a worker. Neither is ever printed. */
+  (void)token_env; /* --token-env: what every run does now */
+  {
     const char *e = getenv("DTRAIN_TOKEN");
+    char job[32];
     if (e && *e) {
       tok = NULL; /* inherited as it is */
     } else if (make_token(token, sizeof token)) {
       tok = token;
     } else {
-      say("--token-env: cannot read /dev/urandom");
+      say("cannot read /dev/urandom for the job's token (set DTRAIN_TOKEN)");
       goto done;
+    }
+    e = getenv("DTRAIN_JOB_ID");
+    if (!(e && *e)) {
+      if (!make_job_id(job, sizeof job)) {
+        say("cannot read /dev/urandom for the job id (set DTRAIN_JOB_ID)");
+        goto done;
+      }
+      setenv("DTRAIN_JOB_ID", job, 1); /* inherited by every child */
     }
   }
 
