@@ -25536,6 +25536,11 @@ DTRAIN_PRIVATE size_t dt__ps_ckpt_size(const dt__ps_server *S);
 /* Write S's shard, version and optimizer state to S->ckpt_path (through a temporary file). */
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S);
 /* Resume from the checkpoint when it exists: DTRAIN_OK (also when there is none). */
+/* Before serving: can a checkpoint be written at S->ckpt_path? (creates and
+ * removes the temporary the first save would; DTRAIN_ERR_IO naming the
+ * directory otherwise, so a bad checkpoint_dir fails before the first step,
+ * not after training when the shard would be lost) */
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S);
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S);
 /* Write one when checkpoint_every / checkpoint_seconds says it is due (a failure is logged, not returned). */
 DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S);
@@ -25776,6 +25781,16 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   return DTRAIN_OK;
 }
 
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S) {
+  dt__file_out fo;
+  dt_result r = dt__file_create(&fo, S->ckpt_path);
+  if (r != DTRAIN_OK)
+    return dt__error(r, "ps %d: checkpoint_dir '%s': cannot write a checkpoint there: %s", S->me, S->po.checkpoint_dir,
+                     fo.msg);
+  dt__file_abort(&fo);
+  return DTRAIN_OK;
+}
+
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
   /* A regular file of exactly the expected size, or nothing is read (a FIFO
    * or a device planted there is refused without blocking). */
@@ -25823,6 +25838,7 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "ps %d: checkpoints need stdio (built with DTRAIN_NO_STDIO)", S->me);
 }
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) { return dt__ps_ckpt_write(S); }
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S) { return dt__ps_ckpt_write(S); }
 #  endif
 
 DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
@@ -26399,6 +26415,11 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
       goto done;
     }
     snprintf(S.ckpt_path, sizeof S.ckpt_path, "%.900s/ps-%d-of-%d.ckpt", S.po.checkpoint_dir, S.me, c->servers);
+    rc = dt__ps_ckpt_check_dir(&S);
+    if (rc != DTRAIN_OK) {
+      rc = dt__error(rc, "%s: %s", fn, dt_last_error());
+      goto done;
+    }
     if (!S.po.no_resume) {
       rc = dt__ps_ckpt_read(&S);
       if (rc != DTRAIN_OK) goto done;
@@ -26713,7 +26734,7 @@ static void dt__ps_client_free(dt__ps_client *C) {
     for (int s = 0; s < C->M; s++) dt__conn_close(&C->conn[s]);
   }
   size_t M = (size_t)C->M;
-  if (C->buf)
+  if (C->buf && C->buf_cap) /* either may be missing when set-up ran out of memory */
     for (int s = 0; s < C->M; s++) dt__free(C->buf[s], C->buf_cap[s]);
   dt__free(C->buf, M * sizeof(unsigned char *));
   dt__free(C->buf_cap, M * sizeof(size_t));

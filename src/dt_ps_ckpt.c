@@ -86,6 +86,16 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   return DTRAIN_OK;
 }
 
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S) {
+  dt__file_out fo;
+  dt_result r = dt__file_create(&fo, S->ckpt_path);
+  if (r != DTRAIN_OK)
+    return dt__error(r, "ps %d: checkpoint_dir '%s': cannot write a checkpoint there: %s", S->me, S->po.checkpoint_dir,
+                     fo.msg);
+  dt__file_abort(&fo);
+  return DTRAIN_OK;
+}
+
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
   /* A regular file of exactly the expected size, or nothing is read (a FIFO
    * or a device planted there is refused without blocking). */
@@ -133,6 +143,7 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "ps %d: checkpoints need stdio (built with DTRAIN_NO_STDIO)", S->me);
 }
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) { return dt__ps_ckpt_write(S); }
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S) { return dt__ps_ckpt_write(S); }
 #  endif
 
 DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {

@@ -254,7 +254,7 @@ static void dt__ps_client_free(dt__ps_client *C) {
     for (int s = 0; s < C->M; s++) dt__conn_close(&C->conn[s]);
   }
   size_t M = (size_t)C->M;
-  if (C->buf)
+  if (C->buf && C->buf_cap) /* either may be missing when set-up ran out of memory */
     for (int s = 0; s < C->M; s++) dt__free(C->buf[s], C->buf_cap[s]);
   dt__free(C->buf, M * sizeof(unsigned char *));
   dt__free(C->buf_cap, M * sizeof(size_t));

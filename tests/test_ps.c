@@ -1139,6 +1139,15 @@ static void test_checkpoint_restart(void) {
     model m;
     model_init(&m, DTRAIN_OPTIM_ADAM, 0.01f);
     CHECK_ERR(dt_ps_serve(&x.c, m.P, m.opt, &o, &po), DTRAIN_ERR_CORRUPT, "checksum");
+    /* A checkpoint_dir that does not exist: refused at once, before serving
+     * (it was found only at the first checkpoint, after training had run). */
+    char missing[600];
+    snprintf(missing, sizeof missing, "%s/no_such_dir", dir);
+    po.checkpoint_dir = missing;
+    double t0 = dt_time_now();
+    CHECK_ERR(dt_ps_serve(&x.c, m.P, m.opt, &o, &po), DTRAIN_ERR_IO, "no_such_dir");
+    CHECK_MSG(dt_time_now() - t0 < 1.0, "took %.2f s", dt_time_now() - t0);
+    po.checkpoint_dir = dir;
     model_free(&m);
     close(lfd);
   }
