@@ -99,6 +99,13 @@ static dt_result dt__data_read(const char *who, const char *path, int gz, dt__da
       goto done;
     }
     r = sizer(ctx, pre.data, pre.size, &need);
+    /* Deflate never grows data by more than 5 bytes per 16 KiB stored block
+     * (plus gzip's header and trailer): a .gz much larger than the bytes its
+     * header describes is refused before the rest of it is read. */
+    if (r == DTRAIN_OK && need > 0 && size > need + need / 64 + 65536)
+      r = dt__error(DTRAIN_ERR_CORRUPT,
+                    "%s: the compressed file has %llu bytes, more than the %llu bytes its header describes can take",
+                    ctx, (unsigned long long)size, (unsigned long long)need);
   } else if (sizer) {
     r = sizer(ctx, head, nhead, &need);
     /* More bytes than the header describes: refused before reading them (a

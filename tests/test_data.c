@@ -1563,7 +1563,8 @@ static void test_hostile_gzip_bomb(void) {
   const unsigned char hdr[8] = {0, 0, 8, 1, 0, 0, 0, 16};
   fwrite(hdr, 1, 8, f);
   static unsigned char zeros[1 << 16];
-  for (int i = 0; i < 1024; i++) fwrite(zeros, 1, sizeof zeros, f); /* 64 MiB after a 16-byte image */
+  for (int i = 0; i < 128; i++) fwrite(zeros, 1, sizeof zeros, f); /* 8 MiB after a 16-byte image (about
+                                                                      36 KB compressed: small enough to be inflated) */
   fclose(f);
   snprintf(cmd, sizeof cmd, "gzip -1 -n -c '%s' > '%s'", raw, gz);
   CHECK(system(cmd) == 0);
@@ -1573,6 +1574,36 @@ static void test_hostile_gzip_bomb(void) {
   CHECK_ERR(dt_idx_read(gz, &x), DTRAIN_ERR_OVERFLOW, "24 bytes");
   CHECK(dt_dataset_load_idx(gz, NULL, 0) == NULL && dt_last_result() == DTRAIN_ERR_OVERFLOW);
   CHECK_MSG(alloc_max < (4u << 20), "an allocation of %zu bytes for a 16-byte image", alloc_max);
+  dt_set_allocator(NULL);
+  remove(gz);
+}
+
+/* A .gz far larger than anything its header's size could compress to (here
+ * 256 KiB of incompressible bytes behind a 16-byte image) is refused before
+ * the rest of it is read or inflated. */
+static void test_hostile_gzip_large(void) {
+  if (!have_gzip()) TH_SKIP("no gzip command");
+  char raw[512], gz[512], cmd[1200];
+  tmp_path(raw, sizeof raw, "large.idx");
+  tmp_path(gz, sizeof gz, "large.idx.gz");
+  FILE *f = fopen(raw, "wb");
+  CHECK(f != NULL);
+  if (!f) return;
+  const unsigned char hdr[8] = {0, 0, 8, 1, 0, 0, 0, 16};
+  fwrite(hdr, 1, 8, f);
+  uint32_t st = 12345u;
+  for (int i = 0; i < (16 + (1 << 18)); i++) {
+    st = st * 1664525u + 1013904223u;
+    fputc((int)(st >> 24), f);
+  }
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "gzip -1 -n -c '%s' > '%s'", raw, gz);
+  CHECK(system(cmd) == 0);
+  remove(raw);
+  counting_on();
+  dt_idx x;
+  CHECK_ERR(dt_idx_read(gz, &x), DTRAIN_ERR_CORRUPT, "the compressed file has");
+  CHECK_MSG(alloc_max < (1u << 18), "an allocation of %zu bytes before the refusal", alloc_max);
   dt_set_allocator(NULL);
   remove(gz);
 }
@@ -1629,6 +1660,7 @@ int main(void) {
   TH_RUN_FILES(test_npy_numpy_crosscheck);
   TH_RUN_FILES(test_hostile_special_files);
   TH_RUN_FILES(test_hostile_sparse);
+  TH_RUN_FILES(test_hostile_gzip_large);
   TH_RUN_FILES(test_hostile_gzip_bomb);
   TH_RUN_FILES(test_npy_write_link);
   TH_RUN(test_dataset_basics);
