@@ -2784,7 +2784,12 @@ DTRAIN_EXTERN_C_END
  *   args    UNARY: dt_<name>(g, x); SCALAR: dt_<name>(g, x, float s)
  *   domain  the inputs it accepts, checked before it runs (on the CPU and on
  *           a device, with the same message): ANY; POS (x > 0); NONNEG
- *           (x >= 0); POW (x > 0 when s is not an integer)
+ *           (x >= 0); POW (x > 0 when s is not an integer). A number
+ *           below the domain (-Inf included; 0 for POS and POW) is refused
+ *           with an error naming the element. NaN is not refused: it goes
+ *           through as in PyTorch (NaN out, NaN gradient), so a divergence
+ *           shows where it starts; +Inf gives PyTorch's value (log and
+ *           sqrt of +Inf are +Inf).
  * The order is the order of the DTRAIN_MAP_* ids: append new ops at the end. */
 #define DT__MAP_LIST(X)                     \
   X(add_scalar, ADD_SCALAR, SCALAR, ANY)    \
@@ -2803,8 +2808,9 @@ DTRAIN_EXTERN_C_END
 
 /* The maps of DTRAIN_K_MAP / DTRAIN_K_MAP_BWD (dt_device.h), one per op of
  * the list, then two maps of DTRAIN_K_MAP only that write 1 where x is
- * outside a domain, else 0: x > 0 (log, non-integer powers) and x >= 0
- * (sqrt). DTRAIN_MAP_COUNT: the number of maps. */
+ * below a domain, else 0: x <= 0 (log, non-integer powers) and x < 0
+ * (sqrt); 0 for NaN, which is not refused (see domain above).
+ * DTRAIN_MAP_COUNT: the number of maps. */
 typedef enum dt_map_fn {
 #define DT__MAP_ENUM(name, NAME, args, domain) DTRAIN_MAP_##NAME,
   DT__MAP_LIST(DT__MAP_ENUM)
@@ -2814,7 +2820,8 @@ typedef enum dt_map_fn {
   DTRAIN_MAP_COUNT
 } dt_map_fn;
 
-/* The domains of the list (see domain above). */
+/* The domains of the list (see domain above). dt__map_below(domain, x):
+ * x is below the domain, so refused; false for NaN, which goes through. */
 #define DT__MAP_DOMAIN_ANY 0
 #define DT__MAP_DOMAIN_POS 1
 #define DT__MAP_DOMAIN_NONNEG 2
@@ -2837,6 +2844,14 @@ static inline int dt__map_domain(int fn) {
 #  define DT__HD
 #endif
 
+/* POS and POW refuse x <= 0, NONNEG x < 0; an ordered comparison is false
+ * for NaN, so a NaN is never below. (POW only applies when s is not an
+ * integer; the callers check s.) */
+DT__HD static inline int dt__map_below(int domain, float x) {
+  if (domain == DT__MAP_DOMAIN_NONNEG) return x < 0.0f;
+  return (domain == DT__MAP_DOMAIN_POS || domain == DT__MAP_DOMAIN_POW) && x <= 0.0f;
+}
+
 /* ---- the formulas, in the order of the list ------------------------------------------ */
 
 DT__HD static inline float dt__map_add_scalar(float x, float s) { return x + s; }
@@ -2856,8 +2871,11 @@ DT__HD static inline float dt__map_rsub_scalar_grad(float x, float y, float go, 
   return -go;
 }
 DT__HD static inline float dt__map_pow_scalar(float x, float s) { return powf(x, s); }
+/* x^0 has PyTorch's gradient 0 everywhere (pow_backward): not 0 * x^-1,
+ * which is NaN at x = 0 and at a NaN. */
 DT__HD static inline float dt__map_pow_scalar_grad(float x, float y, float go, float s) {
   (void)y;
+  if (s == 0.0f) return 0.0f;
   return go * s * powf(x, s - 1.0f);
 }
 DT__HD static inline float dt__map_neg(float x, float s) {
@@ -7696,14 +7714,14 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int fn, float s, const ch
   int domain = dt__map_domain(fn);
   if (domain == DT__MAP_DOMAIN_POS || domain == DT__MAP_DOMAIN_NONNEG) {
     for (int64_t i = 0; i < n; i++) {
-      if (domain == DT__MAP_DOMAIN_POS ? !(xd[i] > 0.0f) : !(xd[i] >= 0.0f))
+      if (dt__map_below(domain, xd[i])) /* a NaN goes through (dt_maps.h) */
         return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g (domain is x %s 0)", op,
                                      (long long)i, (double)xd[i], domain == DT__MAP_DOMAIN_POS ? ">" : ">=");
     }
   }
   if (domain == DT__MAP_DOMAIN_POW && s != floorf(s)) {
     for (int64_t i = 0; i < n; i++)
-      if (!(xd[i] > 0.0f))
+      if (dt__map_below(domain, xd[i]))
         return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG,
                                      "%s: input element %lld is %g; a non-integer power needs x > 0", op,
                                      (long long)i, (double)xd[i]);

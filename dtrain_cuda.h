@@ -53,7 +53,8 @@
  * RMSprop, clipping (sum of squares, scale). Checkpoints of a device run
  * hold the optimizer's device state (see dt_optim_state, dt_io.h).
  * log, sqrt and non-integer powers check their domain on the device (a 0/1
- * map summed, one float read back), failing as the CPU op does.
+ * map summed, one float read back), failing as the CPU op does; a NaN goes
+ * through as on the CPU (dt_maps.h).
  * Several GPUs: dt_strategy_options.devices puts one replica on each GPU
  * (one_device, mirrored, multi_worker_mirrored: see "Devices" in
  * dt_strategy.h); the gradients are all-reduced on the GPUs by
@@ -273,8 +274,9 @@ DT__CU_HD inline void dt__cu_map_at(int64_t i, const dt_kernel_args &a) {
     case DTRAIN_MAP_##NAME: y = dt__map_##name(v, s); break;
     DT__MAP_LIST(DT__CU_MAP_CASE)
 #undef DT__CU_MAP_CASE
-    case DTRAIN_MAP_DOMAIN_POS: y = v > 0.0f ? 0.0f : 1.0f; break;
-    case DTRAIN_MAP_DOMAIN_NONNEG: y = v >= 0.0f ? 0.0f : 1.0f; break;
+    /* 1 below the domain, the CPU's test; 0 for NaN, which goes through */
+    case DTRAIN_MAP_DOMAIN_POS: y = dt__map_below(DT__MAP_DOMAIN_POS, v) ? 1.0f : 0.0f; break;
+    case DTRAIN_MAP_DOMAIN_NONNEG: y = dt__map_below(DT__MAP_DOMAIN_NONNEG, v) ? 1.0f : 0.0f; break;
     default: break;
   }
   a.p[0][i] = y;

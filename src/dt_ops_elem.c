@@ -201,14 +201,14 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int fn, float s, const ch
   int domain = dt__map_domain(fn);
   if (domain == DT__MAP_DOMAIN_POS || domain == DT__MAP_DOMAIN_NONNEG) {
     for (int64_t i = 0; i < n; i++) {
-      if (domain == DT__MAP_DOMAIN_POS ? !(xd[i] > 0.0f) : !(xd[i] >= 0.0f))
+      if (dt__map_below(domain, xd[i])) /* a NaN goes through (dt_maps.h) */
         return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: input element %lld is %g (domain is x %s 0)", op,
                                      (long long)i, (double)xd[i], domain == DT__MAP_DOMAIN_POS ? ">" : ">=");
     }
   }
   if (domain == DT__MAP_DOMAIN_POW && s != floorf(s)) {
     for (int64_t i = 0; i < n; i++)
-      if (!(xd[i] > 0.0f))
+      if (dt__map_below(domain, xd[i]))
         return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG,
                                      "%s: input element %lld is %g; a non-integer power needs x > 0", op,
                                      (long long)i, (double)xd[i]);

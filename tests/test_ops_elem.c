@@ -199,6 +199,66 @@ static void test_nonfinite_propagation(void) {
   }
 }
 
+/* log, sqrt and non-integer powers on NaN and Inf (issue 17): a NaN passes
+ * through as in PyTorch (NaN out, NaN gradient) instead of being refused,
+ * +Inf gives PyTorch's value and gradient; a number below the domain, -Inf
+ * included, is still refused, and is named even after a NaN. pow(x, 0) has
+ * PyTorch's zero gradient everywhere (it was NaN at x = 0 and at NaN). The
+ * wanted values are torch 1.13's, go = 0.5. */
+static void test_domain_nonfinite(void) {
+  float x[4] = {NAN, INFINITY, 4.0f, NAN};
+  float go[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+  int64_t s4[1] = {4};
+  /* y and dL/dx at +Inf and at 4 for log, sqrt, x^1.5, x^0 */
+  const float want[4][4] = {{INFINITY, 0.0f, 1.3862944f, 0.125f},
+                            {INFINITY, 0.0f, 2.0f, 0.125f},
+                            {INFINITY, INFINITY, 8.0f, 1.5f},
+                            {1.0f, 0.0f, 1.0f, 0.0f}};
+  for (int op = 0; op < 4; op++) {
+    dt_graph *g = dt_graph_create(NULL, NULL);
+    dt_tensor *t = dt_tensor_from(g, 1, s4, x);
+    dt_tensor_set_requires_grad(t, 1);
+    dt_tensor *y = op == 0 ? dt_log(g, t) : op == 1 ? dt_sqrt(g, t) : dt_pow_scalar(g, t, op == 2 ? 1.5f : 0.0f);
+    float yv[4] = {0}, gv[4] = {0};
+    CHECK_MSG(y != NULL && dt_backward_grad(g, y, go) == DTRAIN_OK, "op %d: %s", op, dt_graph_message(g));
+    CHECK(y && dt_tensor_to_host(y, yv) == DTRAIN_OK && dt_tensor_grad_to_host(t, gv) == DTRAIN_OK);
+    for (int i = 0; i < 4; i += 3) {
+      if (op == 3) CHECK_MSG(yv[i] == 1.0f && gv[i] == 0.0f, "pow 0 at NaN: %g, gradient %g", (double)yv[i], (double)gv[i]);
+      else CHECK_MSG(yv[i] != yv[i] && gv[i] != gv[i], "op %d: NaN in, %g out, gradient %g", op, (double)yv[i], (double)gv[i]);
+    }
+    CHECK_MSG(yv[1] == want[op][0] && gv[1] == want[op][1], "op %d: +Inf in, %g out, gradient %g", op, (double)yv[1],
+              (double)gv[1]);
+    CHECK_MSG(fabsf(yv[2] - want[op][2]) <= 1e-6f && fabsf(gv[2] - want[op][3]) <= 1e-6f, "op %d: 4 in, %g, gradient %g",
+              op, (double)yv[2], (double)gv[2]);
+    dt_graph_destroy(g);
+  }
+  /* pow(0, 0) = 1 with gradient 0 (PyTorch), not 0 * 0^-1 = NaN */
+  dt_graph *g = dt_graph_create(NULL, NULL);
+  int64_t s1[1] = {1};
+  float zero = 0.0f, gz = 0.0f, yz = 0.0f;
+  dt_tensor *z = dt_tensor_from(g, 1, s1, &zero);
+  dt_tensor_set_requires_grad(z, 1);
+  dt_tensor *pz = dt_pow_scalar(g, z, 0.0f);
+  CHECK(pz && dt_backward_grad(g, pz, go) == DTRAIN_OK && dt_tensor_to_host(pz, &yz) == DTRAIN_OK &&
+        dt_tensor_grad_to_host(z, &gz) == DTRAIN_OK);
+  CHECK_MSG(yz == 1.0f && gz == 0.0f, "pow(0, 0) = %g, gradient %g", (double)yz, (double)gz);
+  dt_graph_destroy(g);
+  /* still refused: below the domain (-Inf too), zero for log and x^1.5;
+   * a NaN before the bad element is skipped, the bad one named */
+  static const struct { int op; float bad; } refused[] = {
+    {0, -1.0f}, {0, 0.0f}, {0, -INFINITY}, {1, -0.25f}, {1, -INFINITY}, {2, 0.0f}, {2, -2.0f}, {2, -INFINITY}};
+  for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
+    g = dt_graph_create(NULL, NULL);
+    float xb[4] = {NAN, 1.0f, refused[k].bad, NAN};
+    dt_tensor *t = dt_tensor_from(g, 1, s4, xb);
+    int op = refused[k].op;
+    dt_tensor *y = op == 0 ? dt_log(g, t) : op == 1 ? dt_sqrt(g, t) : dt_pow_scalar(g, t, 1.5f);
+    CHECK_MSG(y == NULL && dt_graph_error(g) == DTRAIN_ERR_INVALID_ARG, "case %zu: %g accepted", k, (double)refused[k].bad);
+    CHECK_MSG(strstr(dt_graph_message(g), "input element 2 ") != NULL, "case %zu: %s", k, dt_graph_message(g));
+    dt_graph_destroy(g);
+  }
+}
+
 int main(void) {
   TH_RUN(test_binary_values);
   TH_RUN(test_binary_broadcast_grads);
@@ -207,6 +267,7 @@ int main(void) {
   TH_RUN(test_map_list);
   TH_RUN(test_errors);
   TH_RUN(test_nonfinite_propagation);
+  TH_RUN(test_domain_nonfinite);
   TH_RUN(test_tensors_from_other_graph);
   return th_summary("ops_elem");
 }

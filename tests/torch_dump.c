@@ -71,18 +71,20 @@ static int dump_maps(const char *dir) {
       go[i] = dt_rng_uniform(&r) - 0.5f;
     }
     /* NaN and Inf, as PyTorch propagates them (issue 17): every map sees
-     * +Inf; the maps defined on all floats also NaN and -Inf, at the start
-     * (the SIMD loops) and at the end (the scalar tails). A NaN outside a
-     * domain (log, sqrt, non-integer powers) is refused instead: see
-     * tests/test_ops_elem.c. */
+     * NaN and +Inf at the start (the SIMD loops) and at the end (the scalar
+     * tails); the maps defined on all floats also -Inf. -Inf and the other
+     * numbers below a domain (log, sqrt, non-integer powers) are refused
+     * instead: see tests/test_ops_elem.c. sqrt also sees 0 (gradient +-Inf
+     * by the sign of the output gradient, as in torch). */
+    x[0] = NAN;
     x[3] = INFINITY;
+    x[N - 1] = NAN;
+    x[N - 3] = INFINITY;
     if (m->domain == DT__MAP_DOMAIN_ANY) {
-      x[0] = NAN;
       x[1] = -INFINITY;
-      x[N - 1] = NAN;
       x[N - 2] = -INFINITY;
-      x[N - 3] = INFINITY;
     }
+    if (m->domain == DT__MAP_DOMAIN_NONNEG) x[2] = 0.0f;
     dt_graph *g = dt_graph_create(NULL, NULL);
     int64_t shape[1] = {N};
     dt_tensor *t = dt_tensor_from(g, 1, shape, x);
@@ -122,13 +124,17 @@ static dt_tensor *special_op(dt_graph *g, int k, dt_tensor *x, dt_tensor *t) {
     case 6: return dt_avg_pool2d(g, x, 2, 2);
     case 7: return dt_sum(g, x);
     case 8: return dt_mean_axis(g, x, 1, 0);
-    default: return dt_max_pool2d(g, x, 3, 1);
+    case 9: return dt_max_pool2d(g, x, 3, 1);
+    case 10: return dt_pow_scalar(g, x, 0.0f); /* integer powers: no domain, so -Inf and 0 too */
+    case 11: return dt_pow_scalar(g, x, 2.0f);
+    default: return dt_pow_scalar(g, x, -1.0f);
   }
 }
 
 static int dump_special(const char *dir) {
   static const char *names[] = {"softmax", "log_softmax", "xent", "xent_neginf", "mse",
-                                "max_pool", "avg_pool", "sum", "mean_axis", "max_pool_k3"};
+                                "max_pool", "avg_pool", "sum", "mean_axis", "max_pool_k3",
+                                "pow0", "pow2", "pow_neg1"};
   enum { NS = sizeof names / sizeof names[0], CAP = 96 };
   float x[CAP], t[CAP], go[CAP], y[CAP], gx[CAP];
   char path[512], name[256];
@@ -163,6 +169,7 @@ static int dump_special(const char *dir) {
       x[33] = NAN, x[41] = NAN, x[62] = INFINITY, x[63] = NAN, x[70] = -INFINITY;
     } else {
       x[3] = INFINITY, x[9] = -INFINITY, x[17] = NAN;
+      if (k >= 10) x[5] = 0.0f, x[6] = -0.0f; /* x^0 has gradient 0 there (not 0 * 0^-1) */
     }
     dt_graph *g = dt_graph_create(NULL, NULL);
     dt_tensor *xt = dt_tensor_from(g, nd, sh, x), *tt = dt_tensor_from(g, nd, sh, t);

@@ -112,7 +112,8 @@ def rel_err(ours, ref):
 
 
 # The torch expression of each op of torch_dump.c's special.txt: inputs with
-# NaN and Inf through softmax, losses, pooling and reductions.
+# NaN and Inf through softmax, losses, pooling, reductions and integer
+# powers (which, unlike MAPS's pow_scalar at 1.7, take any input).
 LABELS = torch.tensor([0, 1, 3, 2])
 SPECIAL = {
     "softmax": lambda x, t: F.softmax(x, 1),
@@ -125,6 +126,9 @@ SPECIAL = {
     "sum": lambda x, t: x.sum(),
     "mean_axis": lambda x, t: x.mean(1),
     "max_pool_k3": lambda x, t: F.max_pool2d(x, 3, 1),
+    "pow0": lambda x, t: torch.pow(x, 0.0),
+    "pow2": lambda x, t: torch.pow(x, 2.0),
+    "pow_neg1": lambda x, t: torch.pow(x, -1.0),
 }
 
 
