@@ -686,8 +686,8 @@ DTRAIN_API dt_tensor *dt_rsub_scalar(dt_graph *g, dt_tensor *x, float s); /* s -
 /* ---- elementwise, unary ----------------------------------------------------- */
 DTRAIN_API dt_tensor *dt_neg(dt_graph *g, dt_tensor *x);
 DTRAIN_API dt_tensor *dt_exp(dt_graph *g, dt_tensor *x);
-DTRAIN_API dt_tensor *dt_log(dt_graph *g, dt_tensor *x);   /* error if any x <= 0 */
-DTRAIN_API dt_tensor *dt_sqrt(dt_graph *g, dt_tensor *x);  /* error if any x < 0 */
+DTRAIN_API dt_tensor *dt_log(dt_graph *g, dt_tensor *x);   /* error if any x <= 0 (a NaN gives NaN) */
+DTRAIN_API dt_tensor *dt_sqrt(dt_graph *g, dt_tensor *x);  /* error if any x < 0 (a NaN gives NaN) */
 DTRAIN_API dt_tensor *dt_relu(dt_graph *g, dt_tensor *x);
 DTRAIN_API dt_tensor *dt_leaky_relu(dt_graph *g, dt_tensor *x, float slope);
 DTRAIN_API dt_tensor *dt_sigmoid(dt_graph *g, dt_tensor *x);
