@@ -2,10 +2,10 @@
  * dt_data.c -- files, datasets, the batch loader
  * ===========================================================================
  * The parsers (dt_data_idx.c, dt_data_npy.c, dt_data_text.c) work on bytes
- * in memory; the file functions here read the whole file (decompressing
- * gzip with dt_inflate.c) and hand the bytes to them. Every size a header
- * claims is checked against the bytes that are really there before anything
- * is allocated for it.
+ * in memory; the file functions here read the whole file (a .gz is inflated
+ * as it is read, in chunks, by dt_inflate.c) and hand the bytes to them.
+ * Every size a header claims is checked against the bytes that are really
+ * there before anything is allocated for it.
  */
 #include "dt_internal.h"
 #include "dt_tensor.h"
@@ -72,8 +72,7 @@ static dt_result dt__data_read(const char *who, const char *path, int gz, dt__da
   unsigned char *head = NULL;
   uint64_t need = 0; /* the bytes the header describes (0: unknown) */
   int zipped = 0;
-  dt_bytes raw, pre;
-  memset(&raw, 0, sizeof raw);
+  dt_bytes pre;
   memset(&pre, 0, sizeof pre);
   dt_result r = dt__file_open_read(path, &f, &size, why, sizeof why);
   if (r != DTRAIN_OK) {
@@ -116,21 +115,28 @@ static dt_result dt__data_read(const char *who, const char *path, int gz, dt__da
                     ctx, (unsigned long long)size, (unsigned long long)need, (unsigned long long)(size - need));
   }
   if (r != DTRAIN_OK) goto done;
-  r = dt__data_read_n(who, path, f, head, nhead, size, zipped ? &raw : out);
-  if (r != DTRAIN_OK || !zipped) goto done;
+  if (!zipped) {
+    r = dt__data_read_n(who, path, f, head, nhead, size, out);
+    goto done;
+  }
   if (need > (uint64_t)(SIZE_MAX - 2)) {
     r = dt__error(DTRAIN_ERR_OVERFLOW, "%s: its header describes %llu bytes, too large for memory", ctx,
                   (unsigned long long)need);
     goto done;
   }
+  /* The compressed bytes are streamed from the file (dt__gunzip_file reads
+   * it again from the start, in chunks): only the output, capped at the
+   * header's size, is held whole. The first bytes are not needed now. */
+  dt__free(head, nhead + 1);
+  head = NULL;
+  dt_bytes_free(&pre);
   /* need 0 (no header, or none could be read): the default limit. */
-  r = dt__gunzip_ctx(ctx, raw.data, raw.size, (size_t)need, out);
+  r = dt__gunzip_file(ctx, f, size, (size_t)need, out);
   if (r != DTRAIN_OK) dt_bytes_free(out);
 done:
   fclose(f);
-  dt__free(head, nhead + 1);
+  if (head) dt__free(head, nhead + 1);
   dt_bytes_free(&pre);
-  dt_bytes_free(&raw);
   return r;
 }
 #undef DT__DATA_PREFIX

@@ -17,6 +17,12 @@
 /* From dt_inflate.c: gunzip `in` appending to `out`, messages prefixed by ctx. */
 DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
                                         dt_bytes *out);
+#ifndef DTRAIN_NO_STDIO
+/* From dt_inflate.c: the gzip file f (a regular file of size bytes, read
+ * from its start in chunks, never whole) inflated into out (empty), as
+ * dt__gunzip_ctx. */
+DTRAIN_PRIVATE dt_result dt__gunzip_file(const char *ctx, FILE *f, uint64_t size, size_t max_out, dt_bytes *out);
+#endif
 /* A format's size from its header: given the first bytes of a file (or of
  * what a .gz decompresses to), *need = the bytes the whole file must have
  * (0: cannot tell from these bytes), or the parser's own error for a bad

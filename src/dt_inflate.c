@@ -88,11 +88,72 @@ DTRAIN_API uint32_t dt_crc32(uint32_t crc, const void *data, size_t len) {
   return dt__inflate_crc(&c, crc, (const unsigned char *)data, len);
 }
 
+/* ---- input ---------------------------------------------------------------------------
+ * The compressed bytes come through a window: either a whole buffer in
+ * memory (the window is the buffer, nothing to refill) or a file read in
+ * chunks of DT__INFLATE_CHUNK as the decoder asks for them, so a .gz is never
+ * held whole in memory. A refill keeps the last 8 bytes already taken in the
+ * window: the bit reader buffers up to 8 bytes ahead and hands the unused
+ * ones back at a byte boundary (stored blocks, the end of a stream). */
+#define DT__INFLATE_CHUNK 65536
+#define DT__INFLATE_KEEP 8
+
+typedef struct dt__gz_src {
+  const unsigned char *p; /* the window */
+  size_t len, pos;        /* bytes in the window, the next unread one */
+  uint64_t off;           /* stream offset of p[0] */
+  uint64_t total;         /* the stream's length (a file's size when it was opened) */
+#ifndef DTRAIN_NO_STDIO
+  FILE *f;                /* NULL: the window is the whole input */
+  unsigned char *buf;     /* the file's window (DT__INFLATE_KEEP + DT__INFLATE_CHUNK bytes) */
+  int io_error;           /* a read failed (not the end of the file) */
+#endif
+} dt__gz_src;
+
+static void dt__gz_src_mem(dt__gz_src *s, const unsigned char *in, size_t len) {
+  memset(s, 0, sizeof *s);
+  s->p = in;
+  s->len = len;
+  s->total = len;
+}
+
+/* The stream offset of the next unread byte. */
+static uint64_t dt__gz_src_at(const dt__gz_src *s) { return s->off + s->pos; }
+
+/* Makes up to n (<= DT__INFLATE_CHUNK) unread bytes available in the window,
+ * reading the file when there are fewer; returns how many there are (fewer
+ * than n only at the end of the input or on a read error). */
+static size_t dt__gz_src_more(dt__gz_src *s, size_t n) {
+  size_t have = s->len - s->pos;
+#ifndef DTRAIN_NO_STDIO
+  if (have >= n || !s->f || s->io_error) return have;
+  size_t keep = s->pos < DT__INFLATE_KEEP ? s->pos : DT__INFLATE_KEEP;
+  memmove(s->buf, s->p + s->pos - keep, keep + have);
+  s->off += s->pos - keep;
+  s->p = s->buf;
+  s->pos = keep;
+  s->len = keep + have;
+  while (s->len - s->pos < n) {
+    size_t got = fread(s->buf + s->len, 1, DT__INFLATE_KEEP + DT__INFLATE_CHUNK - s->len, s->f);
+    s->len += got;
+    if (got == 0) {
+      if (ferror(s->f)) s->io_error = 1;
+      break;
+    }
+  }
+  return s->len - s->pos;
+#else
+  (void)n;
+  return have;
+#endif
+}
+
 /* ---- raw deflate ----------------------------------------------------------------------
- * dt__inflate_raw appends the decoded bytes of one deflate stream to `out`
- * (whose existing bytes are not a valid back-reference target) and reports
- * how many input bytes the stream used. On error it returns the code and sets
- * *why to a static description; *where is the input byte near the error. */
+ * dt__inflate_raw appends the decoded bytes of one deflate stream from src
+ * to `out` (whose existing bytes are not a valid back-reference target) and
+ * leaves src at the byte after the stream. On error it returns the code and
+ * sets *why to a static description; *where is the stream offset near the
+ * error. */
 
 #ifndef DTRAIN_USE_ZLIB
 
@@ -103,8 +164,7 @@ typedef struct dt__huff {
 } dt__huff;
 
 typedef struct dt__inflater {
-  const unsigned char *in;
-  size_t len, pos;          /* input and the next unread byte */
+  dt__gz_src *in;
   uint64_t bits;            /* bit buffer: the next bits of the stream, LSB first */
   int nbits;
   dt_bytes *out;
@@ -123,8 +183,10 @@ static int dt__inflate_fail(dt__inflater *s, dt_result code, const char *why) {
 }
 
 static void dt__inflate_refill(dt__inflater *s) {
-  while (s->nbits <= 56 && s->pos < s->len) {
-    s->bits |= (uint64_t)s->in[s->pos++] << s->nbits;
+  dt__gz_src *in = s->in;
+  while (s->nbits <= 56) {
+    if (in->pos == in->len && dt__gz_src_more(in, DT__INFLATE_KEEP) == 0) break;
+    s->bits |= (uint64_t)in->p[in->pos++] << s->nbits;
     s->nbits += 8;
   }
 }
@@ -145,7 +207,7 @@ static void dt__inflate_align(dt__inflater *s) {
   int drop = s->nbits & 7;
   s->bits >>= drop;
   s->nbits -= drop;
-  s->pos -= (size_t)(s->nbits / 8);
+  s->in->pos -= (size_t)(s->nbits / 8); /* still in the window (DT__INFLATE_KEEP) */
   s->bits = 0;
   s->nbits = 0;
 }
@@ -222,18 +284,27 @@ static int dt__inflate_decode(dt__inflater *s, const dt__huff *h) {
 }
 
 static int dt__inflate_stored(dt__inflater *s) {
+  dt__gz_src *in = s->in;
   dt__inflate_align(s);
-  if (s->len - s->pos < 4) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block header");
-  unsigned n = dt__get_le16(s->in + s->pos), nc = dt__get_le16(s->in + s->pos + 2);
+  if (dt__gz_src_more(in, 4) < 4) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block header");
+  unsigned n = dt__get_le16(in->p + in->pos), nc = dt__get_le16(in->p + in->pos + 2);
   if ((n ^ 0xFFFFu) != nc) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "stored block length check (LEN/NLEN) fails");
-  s->pos += 4;
-  if (s->len - s->pos < n) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block");
+  in->pos += 4;
+  /* The stream's length says so before any output is reserved (a file
+   * that shrinks as it is read ends in the copy below). */
+  if (in->total - dt__gz_src_at(in) < n) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block");
   if (!dt__inflate_reserve(s->out, s->out->size + n, s->limit))
     return dt__inflate_fail(s, s->out->size + n > s->limit ? DTRAIN_ERR_OVERFLOW : DTRAIN_ERR_NOMEM,
                             "output does not fit (size limit or out of memory)");
-  if (n) memcpy(s->out->data + s->out->size, s->in + s->pos, n);
-  s->out->size += n;
-  s->pos += n;
+  while (n) {
+    size_t k = dt__gz_src_more(in, n);
+    if (k == 0) return dt__inflate_fail(s, DTRAIN_ERR_CORRUPT, "truncated stored block");
+    if (k > n) k = n;
+    memcpy(s->out->data + s->out->size, in->p + in->pos, k);
+    s->out->size += k;
+    in->pos += k;
+    n -= (unsigned)k;
+  }
   return 1;
 }
 
@@ -347,8 +418,7 @@ static int dt__inflate_dynamic(dt__inflater *s, dt__huff *lit, dt__huff *dist) {
   return dt__inflate_codes(s, lit, dist);
 }
 
-static dt_result dt__inflate_raw(const unsigned char *in, size_t len, size_t *used, dt_bytes *out, size_t limit,
-                                 const char **why, size_t *where) {
+static dt_result dt__inflate_raw(dt__gz_src *in, dt_bytes *out, size_t limit, const char **why, uint64_t *where) {
   dt__inflater s;
   dt__huff *tables = (dt__huff *)dt__alloc(2 * sizeof(dt__huff));
   if (!tables) {
@@ -358,7 +428,6 @@ static dt_result dt__inflate_raw(const unsigned char *in, size_t len, size_t *us
   }
   memset(&s, 0, sizeof s);
   s.in = in;
-  s.len = len;
   s.out = out;
   s.base = out->size;
   s.limit = limit;
@@ -375,26 +444,23 @@ static dt_result dt__inflate_raw(const unsigned char *in, size_t len, size_t *us
   dt__free(tables, 2 * sizeof(dt__huff));
   if (!ok) {
     *why = s.why;
-    *where = s.pos;
+    *where = dt__gz_src_at(in);
     return s.code;
   }
   dt__inflate_align(&s);
-  *used = s.pos;
   return DTRAIN_OK;
 }
 
 #else /* DTRAIN_USE_ZLIB */
 
-static dt_result dt__inflate_raw(const unsigned char *in, size_t len, size_t *used, dt_bytes *out, size_t limit,
-                                 const char **why, size_t *where) {
+static dt_result dt__inflate_raw(dt__gz_src *in, dt_bytes *out, size_t limit, const char **why, uint64_t *where) {
   z_stream z;
   memset(&z, 0, sizeof z);
-  *where = 0;
+  *where = dt__gz_src_at(in);
   if (inflateInit2(&z, -MAX_WBITS) != Z_OK) {
     *why = "zlib inflateInit2 failed";
     return DTRAIN_ERR_INTERNAL;
   }
-  size_t pos = 0;
   dt_result r = DTRAIN_OK;
   for (;;) {
     if (out->size + 1 >= out->cap) {
@@ -406,19 +472,23 @@ static dt_result dt__inflate_raw(const unsigned char *in, size_t len, size_t *us
         break;
       }
     }
-    size_t chunk_in = DT__MIN(len - pos, (size_t)UINT_MAX);
+    /* zlib copies what it needs into its own window: the input window may
+     * move between calls. */
+    size_t avail = in->len - in->pos;
+    if (avail == 0) avail = dt__gz_src_more(in, DT__INFLATE_CHUNK);
+    size_t chunk_in = DT__MIN(avail, (size_t)UINT_MAX);
     size_t chunk_out = DT__MIN(out->cap - 1 - out->size, (size_t)UINT_MAX);
-    z.next_in = (Bytef *)(uintptr_t)(in + pos);
+    z.next_in = (Bytef *)(uintptr_t)(in->p + in->pos);
     z.avail_in = (uInt)chunk_in;
     z.next_out = (Bytef *)(out->data + out->size);
     z.avail_out = (uInt)chunk_out;
     int zr = inflate(&z, Z_NO_FLUSH);
-    pos += chunk_in - z.avail_in;
+    in->pos += chunk_in - z.avail_in;
     out->size += chunk_out - z.avail_out;
     if (zr == Z_STREAM_END) break;
     if (zr == Z_OK) continue;
     if (zr == Z_BUF_ERROR && z.avail_out == 0) continue; /* grow the output */
-    if (zr == Z_BUF_ERROR) {
+    if (zr == Z_BUF_ERROR) { /* no input left (a refill found none) */
       r = DTRAIN_ERR_CORRUPT;
       *why = "truncated deflate stream";
       break;
@@ -427,8 +497,7 @@ static dt_result dt__inflate_raw(const unsigned char *in, size_t len, size_t *us
     *why = z.msg ? z.msg : "zlib reports a data error";
     break;
   }
-  *where = pos;
-  *used = pos;
+  *where = dt__gz_src_at(in);
   inflateEnd(&z);
   return r;
 }
@@ -445,16 +514,19 @@ DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_b
   if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_inflate: out is NULL");
   memset(out, 0, sizeof *out);
   if (!in && len) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_inflate: in is NULL");
-  size_t used = 0, where = 0, limit = dt__inflate_limit(max_out);
+  size_t limit = dt__inflate_limit(max_out);
+  uint64_t where = 0;
   const char *why = "";
+  dt__gz_src src;
+  dt__gz_src_mem(&src, (const unsigned char *)in, len);
   if (!dt__inflate_reserve(out, 0, limit)) return dt__error(DTRAIN_ERR_NOMEM, "dt_inflate: out of memory");
-  dt_result r = dt__inflate_raw((const unsigned char *)in, len, &used, out, limit, &why, &where);
+  dt_result r = dt__inflate_raw(&src, out, limit, &why, &where);
   if (r != DTRAIN_OK) {
     dt_bytes_free(out);
     if (r == DTRAIN_ERR_OVERFLOW)
       return dt__error(r, "dt_inflate: decompressed data exceeds the limit of %zu bytes", limit);
     if (r == DTRAIN_ERR_NOMEM) return dt__error(r, "dt_inflate: out of memory while decompressing");
-    return dt__error(r, "dt_inflate: corrupt deflate data: %s (near input byte %zu)", why, where);
+    return dt__error(r, "dt_inflate: corrupt deflate data: %s (near input byte %llu)", why, (unsigned long long)where);
   }
   out->data[out->size] = 0;
   return DTRAIN_OK;
@@ -470,70 +542,92 @@ DTRAIN_API dt_result dt_inflate(const void *in, size_t len, size_t max_out, dt_b
 #define DT__GZ_FNAME 0x08
 #define DT__GZ_FCOMMENT 0x10
 
-/* ctx prefixes every message ("dt_idx_read: 'f.gz'"). Appends to out. */
-DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
-                                        dt_bytes *out) {
+/* Takes n header bytes, adding them to the header's CRC; 0 if the input ends first. */
+static int dt__gz_take(dt__gz_src *in, const dt__crc_table *t, uint32_t *hcrc, size_t n) {
+  while (n) {
+    size_t k = dt__gz_src_more(in, DT__MIN(n, (size_t)DT__INFLATE_CHUNK));
+    if (k == 0) return 0;
+    if (k > n) k = n;
+    *hcrc = dt__inflate_crc(t, *hcrc, in->p + in->pos, k);
+    in->pos += k;
+    n -= k;
+  }
+  return 1;
+}
+
+/* The members of in appended to out; ctx prefixes every message
+ * ("dt_idx_read: 'f.gz'"); last_isize (the input's last 4 bytes) sizes out
+ * first, bounded by what the input could expand to. */
+static dt_result dt__gunzip_src(const char *ctx, dt__gz_src *in, uint32_t last_isize, size_t max_out, dt_bytes *out) {
   dt__crc_table crc;
-  size_t pos = 0, limit = dt__inflate_limit(max_out);
+  size_t limit = dt__inflate_limit(max_out);
   int member = 0;
   dt__inflate_crc_init(&crc);
   /* Size hint from the last ISIZE, bounded by what deflate can expand to
    * (at most 258 bytes per 2 bits, about 1032:1), so a forged value cannot
    * make us allocate much. */
-  if (len >= 18 && out->cap == 0) {
-    size_t hint = dt__get_le32(in + len - 4);
-    size_t bound = len > (SIZE_MAX - 1024) / 1032 ? SIZE_MAX - 1024 : len * 1032 + 1024;
+  if (in->total >= 18 && out->cap == 0) {
+    size_t hint = last_isize;
+    size_t bound = in->total > (uint64_t)((SIZE_MAX - 1024) / 1032) ? SIZE_MAX - 1024 : (size_t)in->total * 1032 + 1024;
     hint = DT__MIN(DT__MIN(hint, bound), limit);
-    if (!dt__inflate_reserve(out, hint, limit)) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, hint);
+    /* Exactly that (a true ISIZE is the size): the output is then the only
+     * large allocation, not the next power of two above it. */
+    out->data = (unsigned char *)dt__alloc(hint + 1);
+    if (!out->data) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory (%zu bytes)", ctx, hint);
+    out->cap = hint + 1;
   }
-  while (pos < len || member == 0) {
-    size_t start = pos, rest = len - pos;
-    if (rest < 2 || in[pos] != 0x1f || in[pos + 1] != 0x8b) {
+  while (dt__gz_src_more(in, 1) > 0 || member == 0) {
+    uint64_t start = dt__gz_src_at(in);
+    size_t got = dt__gz_src_more(in, 18);
+    const unsigned char *h = in->p + in->pos;
+    uint64_t rest = got < 18 || in->total < start ? got : in->total - start;
+    if (got < 2 || h[0] != 0x1f || h[1] != 0x8b) {
       if (member == 0) return dt__error(DTRAIN_ERR_FORMAT, "%s: not gzip data (no 1f 8b magic)", ctx);
-      return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: %zu bytes of trailing garbage after member %d",
-                       ctx, rest, member);
+      return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: %llu bytes of trailing garbage after member %d",
+                       ctx, (unsigned long long)rest, member);
     }
-    if (rest < 18) return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated (member %d has %zu bytes, a member needs at least 18)", ctx, member + 1, rest);
-    if (in[pos + 2] != 8)
+    if (got < 18) return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated (member %d has %zu bytes, a member needs at least 18)", ctx, member + 1, got);
+    if (h[2] != 8)
       return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: compression method %u is not deflate (8)", ctx,
-                       (unsigned)in[pos + 2]);
-    unsigned flg = in[pos + 3];
+                       (unsigned)h[2]);
+    unsigned flg = h[3];
     if (flg & 0xE0) return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: reserved header flags set (0x%02x)", ctx, flg);
-    pos += 10;
+    uint32_t hcrc = 0; /* of the header so far, for FHCRC */
+    dt__gz_take(in, &crc, &hcrc, 10);
     if (flg & DT__GZ_FEXTRA) {
-      if (len - pos < 2) goto truncated_header;
-      size_t xlen = dt__get_le16(in + pos);
-      pos += 2;
-      if (len - pos < xlen) goto truncated_header;
-      pos += xlen;
+      if (dt__gz_src_more(in, 2) < 2) goto truncated_header;
+      size_t xlen = dt__get_le16(in->p + in->pos);
+      if (!dt__gz_take(in, &crc, &hcrc, 2) || !dt__gz_take(in, &crc, &hcrc, xlen)) goto truncated_header;
     }
     for (int f = 0; f < 2; f++) { /* zero-terminated name, then comment */
       if (!(flg & (f == 0 ? DT__GZ_FNAME : DT__GZ_FCOMMENT))) continue;
-      const unsigned char *z = (const unsigned char *)memchr(in + pos, 0, len - pos);
-      if (!z) goto truncated_header;
-      pos = (size_t)(z - in) + 1;
+      for (;;) {
+        if (dt__gz_src_more(in, 1) == 0) goto truncated_header;
+        unsigned char c = in->p[in->pos];
+        dt__gz_take(in, &crc, &hcrc, 1);
+        if (c == 0) break;
+      }
     }
     if (flg & DT__GZ_FHCRC) {
-      if (len - pos < 2) goto truncated_header;
-      uint32_t want = dt__get_le16(in + pos);
-      uint32_t got = dt__inflate_crc(&crc, 0, in + start, pos - start) & 0xFFFFu;
-      if (want != got)
+      if (dt__gz_src_more(in, 2) < 2) goto truncated_header;
+      uint32_t want = dt__get_le16(in->p + in->pos);
+      if (want != (hcrc & 0xFFFFu))
         return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: header CRC mismatch (stored 0x%04x, computed 0x%04x)",
-                         ctx, (unsigned)want, (unsigned)got);
-      pos += 2;
+                         ctx, (unsigned)want, (unsigned)(hcrc & 0xFFFFu));
+      in->pos += 2;
     }
-    size_t used = 0, where = 0, before = out->size;
+    size_t before = out->size;
+    uint64_t where = 0;
     const char *why = "";
-    dt_result r = dt__inflate_raw(in + pos, len - pos, &used, out, limit, &why, &where);
+    dt_result r = dt__inflate_raw(in, out, limit, &why, &where);
     if (r == DTRAIN_ERR_OVERFLOW)
       return dt__error(r, "%s: decompressed data exceeds the limit of %zu bytes", ctx, limit);
     if (r == DTRAIN_ERR_NOMEM) return dt__error(r, "%s: out of memory while decompressing", ctx);
     if (r != DTRAIN_OK)
-      return dt__error(r, "%s: corrupt gzip data: %s (near byte %zu of the file)", ctx, why, pos + where);
-    pos += used;
-    if (len - pos < 8)
+      return dt__error(r, "%s: corrupt gzip data: %s (near byte %llu of the file)", ctx, why, (unsigned long long)where);
+    if (dt__gz_src_more(in, 8) < 8)
       return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated (the CRC-32/ISIZE trailer is missing)", ctx);
-    uint32_t want_crc = dt__get_le32(in + pos), want_size = dt__get_le32(in + pos + 4);
+    uint32_t want_crc = dt__get_le32(in->p + in->pos), want_size = dt__get_le32(in->p + in->pos + 4);
     uint32_t got_crc = dt__inflate_crc(&crc, 0, out->data + before, out->size - before);
     uint32_t got_size = (uint32_t)((out->size - before) & 0xFFFFFFFFu);
     if (want_crc != got_crc)
@@ -542,7 +636,7 @@ DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in
     if (want_size != got_size)
       return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: ISIZE mismatch (stored %u, decompressed %u bytes)", ctx,
                        (unsigned)want_size, (unsigned)got_size);
-    pos += 8;
+    in->pos += 8;
     member++;
   }
   if (!dt__inflate_reserve(out, out->size, limit)) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", ctx);
@@ -552,14 +646,53 @@ truncated_header:
   return dt__error(DTRAIN_ERR_CORRUPT, "%s: corrupt gzip data: truncated header (member %d)", ctx, member + 1);
 }
 
+/* Appends to out. */
+DTRAIN_PRIVATE dt_result dt__gunzip_ctx(const char *ctx, const unsigned char *in, size_t len, size_t max_out,
+                                        dt_bytes *out) {
+  dt__gz_src src;
+  dt__gz_src_mem(&src, in, len);
+  return dt__gunzip_src(ctx, &src, len >= 18 ? dt__get_le32(in + len - 4) : 0, max_out, out);
+}
+
+#ifndef DTRAIN_NO_STDIO
+/* The gzip file f (a regular file of size bytes) inflated into out, read in
+ * chunks: only the output and one chunk are in memory. */
+DTRAIN_PRIVATE dt_result dt__gunzip_file(const char *ctx, FILE *f, uint64_t size, size_t max_out, dt_bytes *out) {
+  unsigned char tail[4];
+  uint32_t last = 0;
+  if (size >= 18) { /* the last ISIZE sizes the output (dt__gunzip_src) */
+    if (fseek(f, -4L, SEEK_END) != 0 || fread(tail, 1, 4, f) != 4)
+      return dt__error(DTRAIN_ERR_IO, "%s: cannot read the gzip trailer", ctx);
+    last = dt__get_le32(tail);
+  }
+  if (fseek(f, 0L, SEEK_SET) != 0) return dt__error(DTRAIN_ERR_IO, "%s: cannot seek to the start", ctx);
+  dt__gz_src src;
+  memset(&src, 0, sizeof src);
+  src.f = f;
+  src.total = size;
+  src.buf = (unsigned char *)dt__alloc(DT__INFLATE_KEEP + DT__INFLATE_CHUNK);
+  if (!src.buf) return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", ctx);
+  src.p = src.buf;
+  dt_result r = dt__gunzip_src(ctx, &src, last, max_out, out);
+  /* A read that failed looks like the end of the input to the decoder:
+   * name the real cause. */
+  if (src.io_error) r = dt__error(DTRAIN_ERR_IO, "%s: a read failed at byte %llu of the file", ctx,
+                                  (unsigned long long)dt__gz_src_at(&src));
+  dt__free(src.buf, DT__INFLATE_KEEP + DT__INFLATE_CHUNK);
+  return r;
+}
+#endif
+
 /* The first bytes (at most max_out) that a gzip image decompresses to, from
  * as much of the image as is at hand (a file's first kilobytes): a loader
  * checks the header inside before it reads or inflates the rest. Errors
  * (truncated input, corrupt data) just end the prefix; the full decompression
  * reports them. DTRAIN_ERR_NOMEM is the only failure. */
 DTRAIN_PRIVATE dt_result dt__gunzip_prefix(const unsigned char *in, size_t len, size_t max_out, dt_bytes *out) {
-  size_t pos = 10, used = 0, where = 0;
+  size_t pos = 10;
+  uint64_t where = 0;
   const char *why = "";
+  dt__gz_src src;
   memset(out, 0, sizeof *out);
   if (!dt__inflate_reserve(out, DT__MIN(max_out, (size_t)65536), max_out)) return DTRAIN_ERR_NOMEM;
   if (len < 18 || in[0] != 0x1f || in[1] != 0x8b || in[2] != 8) return DTRAIN_OK;
@@ -579,7 +712,8 @@ DTRAIN_PRIVATE dt_result dt__gunzip_prefix(const unsigned char *in, size_t len, 
   }
   if (flg & DT__GZ_FHCRC) pos += 2;
   if (pos >= len) return DTRAIN_OK;
-  dt_result r = dt__inflate_raw(in + pos, len - pos, &used, out, max_out, &why, &where);
+  dt__gz_src_mem(&src, in + pos, len - pos);
+  dt_result r = dt__inflate_raw(&src, out, max_out, &why, &where);
   if (out->data) out->data[out->size < out->cap ? out->size : out->cap - 1] = 0;
   return r == DTRAIN_ERR_NOMEM && out->size == 0 ? r : DTRAIN_OK;
 }
@@ -601,6 +735,8 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 #undef DT__GZ_FEXTRA
 #undef DT__GZ_FNAME
 #undef DT__GZ_FCOMMENT
+#undef DT__INFLATE_CHUNK
+#undef DT__INFLATE_KEEP
 
 #else /* DTRAIN_NO_DATA: every entry point says so */
 

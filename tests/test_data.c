@@ -13,25 +13,32 @@
 /* ---- helpers ------------------------------------------------------------------- */
 
 static long alloc_calls, free_calls;
-static size_t alloc_max;
+static size_t alloc_max;              /* the largest single allocation */
+static size_t alloc_now, alloc_peak;  /* bytes outstanding, and their peak */
 static void *count_alloc(size_t size, size_t align, void *user) {
   (void)user;
   if (size > alloc_max) alloc_max = size;
   size_t rounded = (size + align - 1) / align * align;
   void *p = aligned_alloc(align, rounded);
-  if (p) alloc_calls++;
+  if (p) {
+    alloc_calls++;
+    alloc_now += size;
+    if (alloc_now > alloc_peak) alloc_peak = alloc_now;
+  }
   return p;
 }
 static void count_free(void *p, size_t size, void *user) {
-  (void)size; (void)user;
+  (void)user;
+  if (!p) return;
   free_calls++;
+  alloc_now -= size;
   free(p);
 }
 static void counting_on(void) {
   dt_allocator al = {count_alloc, count_free, NULL};
   dt_set_allocator(&al);
   alloc_calls = free_calls = 0;
-  alloc_max = 0;
+  alloc_max = alloc_now = alloc_peak = 0;
 }
 
 static char tmpdir[256];
@@ -1608,6 +1615,93 @@ static void test_hostile_gzip_large(void) {
   remove(gz);
 }
 
+/* A .gz is inflated as it is read: the compressed file (here 1 MiB of
+ * incompressible pixels in stored blocks, a little more than 1 MiB) is never
+ * in memory whole, only the output and a chunk of the input. Members, header
+ * fields and the trailer check cross the chunks' edges the same way. */
+static void test_gzip_streamed(void) {
+  char gz[512];
+  tmp_path(gz, sizeof gz, "stream.idx.gz");
+  const size_t npix = (size_t)1 << 20, n = 16 + npix;
+  unsigned char *raw = (unsigned char *)malloc(n);
+  CHECK(raw != NULL);
+  if (!raw) return;
+  const unsigned char hdr[16] = {0, 0, 8, 3, 0, 0, 0, 16, 0, 0, 1, 0, 0, 0, 1, 0}; /* 16 x 256 x 256 */
+  memcpy(raw, hdr, 16);
+  uint32_t st = 777u;
+  for (size_t i = 16; i < n; i++) {
+    st = st * 1664525u + 1013904223u;
+    raw[i] = (unsigned char)(st >> 24);
+  }
+  size_t sn = 0;
+  unsigned char *g = gzip_stored(raw, n, &sn);
+  FILE *f = fopen(gz, "wb");
+  CHECK(f != NULL);
+  if (!f) {
+    free(g);
+    free(raw);
+    return;
+  }
+  CHECK(fwrite(g, 1, sn, f) == sn);
+  fclose(f);
+  counting_on();
+  dt_bytes o;
+  CHECK_MSG(dt_read_file_gz(gz, &o) == DTRAIN_OK, "%s", dt_last_error());
+  CHECK(o.size == n && memcmp(o.data, raw, n) == 0);
+  dt_bytes_free(&o);
+  CHECK_MSG(alloc_peak < n + (256u << 10), "%zu bytes outstanding at the peak for %zu compressed, %zu decompressed",
+            alloc_peak, sn, n);
+  alloc_max = alloc_peak = 0;
+  dt_idx x;
+  CHECK_MSG(dt_idx_read(gz, &x) == DTRAIN_OK, "%s", dt_last_error());
+  CHECK(x.ndim == 3 && x.size == (int64_t)npix && memcmp(x.data, raw + 16, npix) == 0);
+  dt_idx_free(&x);
+  CHECK_MSG(alloc_max <= n + 4096, "an allocation of %zu bytes for %zu decompressed", alloc_max, n);
+  CHECK_MSG(alloc_calls == free_calls, "%ld allocations, %ld frees", alloc_calls, free_calls);
+  dt_set_allocator(NULL);
+  /* Two members, the second with a long name and a header CRC, both
+   * straddling the 64 KiB chunks; then the same file cut short. */
+  size_t n1 = 65536 - 30, s1 = 0, s2 = 0;
+  unsigned char *m1 = gzip_stored(raw, n1, &s1), *m2 = gzip_stored(raw + n1, 200000, &s2);
+  const size_t namelen = 70000;
+  size_t tn = s1 + 10 + namelen + 1 + 2 + (s2 - 10);
+  unsigned char *t = (unsigned char *)malloc(tn), *q = t;
+  CHECK(t != NULL);
+  if (t) {
+    memcpy(q, m1, s1);
+    q += s1;
+    memcpy(q, m2, 10);
+    q[3] = 0x08 | 0x02; /* FNAME FHCRC */
+    memset(q + 10, 'n', namelen);
+    q[10 + namelen] = 0;
+    uint32_t hc = dt_crc32(0, q, 10 + namelen + 1);
+    q += 10 + namelen + 1;
+    *q++ = (unsigned char)(hc & 0xFF);
+    *q++ = (unsigned char)(hc >> 8);
+    memcpy(q, m2 + 10, s2 - 10);
+    for (int cut = 0; cut < 2; cut++) {
+      f = fopen(gz, "wb");
+      CHECK(f != NULL);
+      if (!f) break;
+      CHECK(fwrite(t, 1, cut ? tn - 3 : tn, f) == (cut ? tn - 3 : tn));
+      fclose(f);
+      if (cut) {
+        CHECK_ERR(dt_read_file_gz(gz, &o), DTRAIN_ERR_CORRUPT, "trailer");
+        continue;
+      }
+      CHECK_MSG(dt_read_file_gz(gz, &o) == DTRAIN_OK, "%s", dt_last_error());
+      CHECK(o.size == n1 + 200000 && memcmp(o.data, raw, o.size) == 0);
+      dt_bytes_free(&o);
+    }
+    free(t);
+  }
+  free(m1);
+  free(m2);
+  free(g);
+  free(raw);
+  remove(gz);
+}
+
 /* dt_npy_write replaces a link planted at its path; it never writes through it. */
 static void test_npy_write_link(void) {
   char victim[512], p[512];
@@ -1662,6 +1756,7 @@ int main(void) {
   TH_RUN_FILES(test_hostile_sparse);
   TH_RUN_FILES(test_hostile_gzip_large);
   TH_RUN_FILES(test_hostile_gzip_bomb);
+  TH_RUN_FILES(test_gzip_streamed);
   TH_RUN_FILES(test_npy_write_link);
   TH_RUN(test_dataset_basics);
   TH_RUN_FILES(test_text);
