@@ -22508,6 +22508,17 @@ DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigne
                                               const char *op);
 DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
                                                void *buf, double deadline, const char *op);
+/* The same checks without reading or waiting, for a caller that receives a
+ * frame piecewise as its socket allows (the parameter server's loop): a
+ * whole header (the checks of dt__conn_recv_header; an ABORT or REFUSE
+ * longer than DT__NET_NOTICE_MAX is refused here), then, once f->length
+ * payload bytes are in, the payload (checksum; an ABORT or REFUSE becomes
+ * the peer's error as in dt__conn_recv_header; the sequence number moves on). */
+#  define DT__NET_NOTICE_MAX 512
+DTRAIN_PRIVATE dt_result dt__conn_check_header(dt__conn *c, const unsigned char h[DT__NET_HDR], dt__frame *f,
+                                               const char *op);
+DTRAIN_PRIVATE dt_result dt__conn_check_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                                const void *payload, const char *op);
 /* Header + payload into buf (cap bytes); a frame of another type or longer
  * than cap is DTRAIN_ERR_PROTOCOL. *len (may be NULL) gets the length. */
 DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, uint32_t cap, uint32_t *len,
@@ -23209,18 +23220,12 @@ DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *p
   return DTRAIN_OK;
 }
 
-/* An ABORT or REFUSE frame's payload: u32 code, then text. */
-static dt_result dt__conn_read_notice(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
-                                      double deadline, const char *op) {
+/* An ABORT or REFUSE frame's payload (u32 code, then text; f->length <=
+ * DT__NET_NOTICE_MAX, checked with the header) as the peer's error. */
+static dt_result dt__conn_notice(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                 const unsigned char *buf, const char *op) {
   char text[DT__MSG_CAP];
-  unsigned char buf[512];
   uint32_t n = f->length;
-  if (n > sizeof buf) {
-    dt__error(DTRAIN_ERR_PROTOCOL, "notice of %u bytes", (unsigned)n);
-    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
-  }
-  dt_result rc = dt__net_read(c->fd, buf, n, deadline);
-  if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
   if (!dt__frame_payload_ok(h, f, buf) || n < 4) {
     dt__error(DTRAIN_ERR_PROTOCOL, "corrupt %s frame", f->type == DT__MSG_ABORT ? "abort" : "refusal");
     return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
@@ -23239,12 +23244,8 @@ static dt_result dt__conn_read_notice(dt__conn *c, const dt__frame *f, const uns
   return dt__error(their, "%s: refused by %s: %s", op ? op : "tcp", c->peer, text);
 }
 
-/* A received header, decoded into *f and checked against the connection:
- * magic/version/checksum/job/length (dt__frame_unpack), the next sequence
- * number, the sender the handshake established; an ABORT or REFUSE frame is
- * read whole and becomes the peer's error. */
-static dt_result dt__conn_header_ok(dt__conn *c, const unsigned char h[DT__NET_HDR], dt__frame *f, double deadline,
-                                    const char *op) {
+DTRAIN_PRIVATE dt_result dt__conn_check_header(dt__conn *c, const unsigned char h[DT__NET_HDR], dt__frame *f,
+                                               const char *op) {
   char why[160];
   dt_result rc = dt__frame_unpack(h, c->job, c->max_payload, f, why, sizeof why);
   if (rc != DTRAIN_OK) {
@@ -23260,7 +23261,38 @@ static dt_result dt__conn_header_ok(dt__conn *c, const unsigned char h[DT__NET_H
     dt__error(DTRAIN_ERR_PROTOCOL, "frame claims sender %u", (unsigned)f->sender);
     return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
   }
-  if (f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE) return dt__conn_read_notice(c, f, h, deadline, op);
+  if ((f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE) && f->length > DT__NET_NOTICE_MAX) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "notice of %u bytes", (unsigned)f->length);
+    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__conn_check_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                                const void *payload, const char *op) {
+  if (f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE)
+    return dt__conn_notice(c, f, h, (const unsigned char *)payload, op);
+  if (!dt__frame_payload_ok(h, f, payload)) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "checksum mismatch in a frame of type %u", (unsigned)f->type);
+    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
+  }
+  c->recv_seq++;
+  return DTRAIN_OK;
+}
+
+/* A received header, decoded into *f and checked against the connection
+ * (dt__conn_check_header); an ABORT or REFUSE frame is read whole and becomes
+ * the peer's error. */
+static dt_result dt__conn_header_ok(dt__conn *c, const unsigned char h[DT__NET_HDR], dt__frame *f, double deadline,
+                                    const char *op) {
+  dt_result rc = dt__conn_check_header(c, h, f, op);
+  if (rc != DTRAIN_OK) return rc;
+  if (f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE) {
+    unsigned char buf[DT__NET_NOTICE_MAX];
+    rc = dt__net_read(c->fd, buf, f->length, deadline);
+    if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
+    return dt__conn_notice(c, f, h, buf, op);
+  }
   return DTRAIN_OK;
 }
 
@@ -23275,12 +23307,7 @@ DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, 
                                                void *buf, double deadline, const char *op) {
   dt_result rc = dt__net_read(c->fd, buf, f->length, deadline);
   if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
-  if (!dt__frame_payload_ok(h, f, buf)) {
-    dt__error(DTRAIN_ERR_PROTOCOL, "checksum mismatch in a frame of type %u", (unsigned)f->type);
-    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
-  }
-  c->recv_seq++;
-  return DTRAIN_OK;
+  return dt__conn_check_payload(c, f, h, buf, op);
 }
 
 DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, uint32_t cap, uint32_t *len,
@@ -25592,8 +25619,10 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
  * ===========================================================================
  * The server is one thread running a poll loop over its listening socket,
  * connections still in the handshake and one connection per worker. It
- * reads a worker's frame whole when the socket is readable (deadline
- * timeout_s/2), never blocks on a send (each worker has an output buffer
+ * never waits for one worker: a worker's frame is read piecewise as its
+ * socket has bytes (header, checked at once, then payload) and handled when
+ * whole, and one not whole timeout_s after its first byte drops that worker;
+ * it never blocks on a send either (each worker has an output buffer
  * flushed as its socket takes it), and answers requests when the staleness
  * bound allows: a request that must wait stays pending, and the server
  * sends that worker a heartbeat every timeout_s/4 so it knows the server
@@ -25676,6 +25705,13 @@ typedef struct dt__ps_worker {
   double last_sent;
   unsigned char *rx, *tx;
   size_t rx_cap, tx_cap, tx_len, tx_off;
+  /* The frame coming in, read as the socket allows (never waited for): */
+  unsigned char in_h[DT__NET_HDR];
+  unsigned char in_small[DT__NET_NOTICE_MAX]; /* every payload but a PUSH's (that goes to rx) */
+  dt__frame in_f;           /* its header, checked, once in_len >= DT__NET_HDR */
+  unsigned char *in_dst;    /* where its payload goes */
+  size_t in_len;            /* bytes of it so far (0: none) */
+  double in_started;        /* when its first byte came */
 } dt__ps_worker;
 
 typedef struct dt__ps_server {
@@ -26078,6 +26114,7 @@ static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
   w->rx = w->tx = NULL;
   w->rx_cap = w->tx_cap = w->tx_len = w->tx_off = 0;
   w->pend = DT__PSP_NONE;
+  w->in_len = 0;
 }
 
 static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t cap) {
@@ -26298,24 +26335,26 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
   dt__ps_queue(S, i, DT__PS_JOINED, out, DT__PS_JOINLEN, NULL);
 }
 
-/* Read one frame from worker i (its socket is readable). */
-static void dt__ps_on_readable(dt__ps_server *S, int i) {
+/* A whole header from worker i (w->in_h): checked as dt__conn_recv_header
+ * does, then against what the worker may send now; w->in_dst gets where its
+ * payload goes. 0 when the worker was lost. */
+static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
   dt__ps_worker *w = &S->w[i];
-  dt__frame f;
-  unsigned char h[DT__NET_HDR];
-  char op[64], why[DT__MSG_CAP];
-  double deadline = dt__now() + S->self.opt.timeout_s / 2;
-  snprintf(op, sizeof op, "ps %d", S->me);
-  dt_result rc = dt__conn_recv_header(&w->conn, &f, h, deadline, op);
+  dt__frame *f = &w->in_f;
+  char why[DT__MSG_CAP];
+  dt_result rc = dt__conn_check_header(&w->conn, w->in_h, f, op);
   if (rc != DTRAIN_OK) {
-    char why[DT__MSG_CAP];
     snprintf(why, sizeof why, "%s", dt_last_error());
     dt__ps_lose(S, i, rc, why);
-    return;
+    return 0;
+  }
+  if (f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE) { /* its text, then the peer's error */
+    w->in_dst = w->in_small;
+    return 1;
   }
   uint32_t want_max = 0;
   int ok_type = 1;
-  switch (f.type) {
+  switch (f->type) {
     case DT__MSG_HEARTBEAT:
     case DT__MSG_BYE: want_max = 0; break;
     case DT__PS_JOIN: want_max = DT__PS_JOINLEN; ok_type = !w->joined; break;
@@ -26323,20 +26362,28 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
     case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
     default: ok_type = 0;
   }
-  int exact = f.type == DT__PS_JOIN || f.type == DT__PS_PULL;
-  int bad_len = f.length > want_max || (exact && f.length != want_max) ||
-                (f.type == DT__PS_PUSH && f.length != DT__PS_FIX && f.length != want_max);
+  int exact = f->type == DT__PS_JOIN || f->type == DT__PS_PULL;
+  int bad_len = f->length > want_max || (exact && f->length != want_max) ||
+                (f->type == DT__PS_PUSH && f->length != DT__PS_FIX && f->length != want_max);
   if (!ok_type || bad_len) {
-    snprintf(why, sizeof why, "%s: protocol violation: a frame of type 0x%02x and %u bytes %s", op, (unsigned)f.type,
-             (unsigned)f.length, ok_type ? "(wrong length)" : (w->joined ? "out of turn" : "before joining"));
+    snprintf(why, sizeof why, "%s: protocol violation: a frame of type 0x%02x and %u bytes %s", op, (unsigned)f->type,
+             (unsigned)f->length, ok_type ? "(wrong length)" : (w->joined ? "out of turn" : "before joining"));
     dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
-    return;
+    return 0;
   }
-  unsigned char small[DT__PS_JOINLEN];
-  unsigned char *dst = f.type == DT__PS_PUSH ? w->rx : small;
-  rc = dt__conn_recv_payload(&w->conn, &f, h, dst, deadline, op);
+  w->in_dst = f->type == DT__PS_PUSH ? w->rx : w->in_small;
+  return 1;
+}
+
+/* A whole frame from worker i: payload checked, then handled. */
+static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
+  dt__ps_worker *w = &S->w[i];
+  const dt__frame f = w->in_f;
+  const unsigned char *dst = w->in_dst;
+  char why[DT__MSG_CAP];
+  w->in_len = 0;
+  dt_result rc = dt__conn_check_payload(&w->conn, &f, w->in_h, dst, op);
   if (rc != DTRAIN_OK) {
-    char why[DT__MSG_CAP];
     snprintf(why, sizeof why, "%s", dt_last_error());
     dt__ps_lose(S, i, rc, why);
     return;
@@ -26352,7 +26399,7 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
       dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s finished (BYE)", S->me, name);
       break;
     }
-    case DT__PS_JOIN: dt__ps_on_join(S, i, small); break;
+    case DT__PS_JOIN: dt__ps_on_join(S, i, dst); break;
     case DT__PS_PULL:
     case DT__PS_PUSH: {
       int64_t t = (int64_t)dt__get_le64(dst);
@@ -26371,6 +26418,41 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
       break;
     }
     default: break; /* heartbeat */
+  }
+}
+
+/* Worker i's socket is readable: take what it has of the current frame
+ * without waiting (only as many bytes as the frame needs), checking the
+ * header as soon as it is whole, and handle the frame once it is. A worker
+ * that stops halfway holds its own connection only, until the loop's
+ * deadline drops it; the others are served meanwhile. */
+static void dt__ps_on_readable(dt__ps_server *S, int i) {
+  dt__ps_worker *w = &S->w[i];
+  char op[64], why[DT__MSG_CAP];
+  snprintf(op, sizeof op, "ps %d", S->me);
+  for (;;) {
+    int in_header = w->in_len < DT__NET_HDR;
+    size_t total = DT__NET_HDR + (in_header ? 0 : (size_t)w->in_f.length);
+    if (!in_header && w->in_len == total) {
+      dt__ps_on_frame(S, i, op);
+      return; /* the next frame on the next poll, after the other workers */
+    }
+    unsigned char *dst = in_header ? w->in_h + w->in_len : w->in_dst + (w->in_len - DT__NET_HDR);
+    size_t want = total - w->in_len;
+    ssize_t k = recv(w->conn.fd, dst, want, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (k <= 0) {
+      /* As dt__conn_recv_header words it. */
+      snprintf(why, sizeof why, "%.60s: receive from %.95s: %.100s", op, w->conn.peer,
+               k == 0 ? "connection closed by the peer" : strerror(errno));
+      dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
+      return;
+    }
+    if (w->in_len == 0) w->in_started = dt__now();
+    w->in_len += (size_t)k;
+    if (in_header && w->in_len == DT__NET_HDR && !dt__ps_on_header(S, i, op)) return;
+    if ((size_t)k < want) return; /* the socket is empty for now */
   }
 }
 
@@ -26398,6 +26480,7 @@ static void dt__ps_admit_done(dt__ps_server *S, int j, int r) {
   w->conn = c;
   w->state = DT__PSW_LIVE;
   w->joined = 0;
+  w->in_len = 0;
   w->last_heard = w->last_sent = dt__now();
 }
 
@@ -26468,7 +26551,17 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
         if (w->tx_off < w->tx_len && now - w->last_sent > T) {
           snprintf(why, sizeof why, "it read nothing for %.1f s (deadline)", now - w->last_sent);
           dt__ps_lose(S, i, DTRAIN_ERR_TIMEOUT, why);
-        } else if (w->pend == DT__PSP_NONE && now - w->last_heard > T) {
+        } else if (w->in_len > 0 && now - w->in_started > T) {
+          /* Half a frame: the rest never came (a stalled or buggy worker), or comes too slowly. */
+          if (w->in_len < DT__NET_HDR)
+            snprintf(why, sizeof why, "half a frame for %.1f s: %zu of %d header bytes (deadline %.1f s)",
+                     now - w->in_started, w->in_len, DT__NET_HDR, T);
+          else
+            snprintf(why, sizeof why, "half a frame for %.1f s: %zu of %u payload bytes of a frame of type 0x%02x "
+                     "(deadline %.1f s)", now - w->in_started, w->in_len - DT__NET_HDR, (unsigned)w->in_f.length,
+                     (unsigned)w->in_f.type, T);
+          dt__ps_lose(S, i, DTRAIN_ERR_TIMEOUT, why);
+        } else if (w->in_len == 0 && w->pend == DT__PSP_NONE && now - w->last_heard > T) {
           snprintf(why, sizeof why, "nothing heard for %.1f s (deadline %.1f s)", now - w->last_heard, T);
           dt__ps_lose(S, i, DTRAIN_ERR_TIMEOUT, why);
         } else if (w->pend != DT__PSP_NONE && w->tx_off == w->tx_len && now - w->last_sent > T / 4) {

@@ -84,18 +84,12 @@ DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *p
   return DTRAIN_OK;
 }
 
-/* An ABORT or REFUSE frame's payload: u32 code, then text. */
-static dt_result dt__conn_read_notice(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
-                                      double deadline, const char *op) {
+/* An ABORT or REFUSE frame's payload (u32 code, then text; f->length <=
+ * DT__NET_NOTICE_MAX, checked with the header) as the peer's error. */
+static dt_result dt__conn_notice(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                 const unsigned char *buf, const char *op) {
   char text[DT__MSG_CAP];
-  unsigned char buf[512];
   uint32_t n = f->length;
-  if (n > sizeof buf) {
-    dt__error(DTRAIN_ERR_PROTOCOL, "notice of %u bytes", (unsigned)n);
-    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
-  }
-  dt_result rc = dt__net_read(c->fd, buf, n, deadline);
-  if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
   if (!dt__frame_payload_ok(h, f, buf) || n < 4) {
     dt__error(DTRAIN_ERR_PROTOCOL, "corrupt %s frame", f->type == DT__MSG_ABORT ? "abort" : "refusal");
     return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
@@ -114,12 +108,8 @@ static dt_result dt__conn_read_notice(dt__conn *c, const dt__frame *f, const uns
   return dt__error(their, "%s: refused by %s: %s", op ? op : "tcp", c->peer, text);
 }
 
-/* A received header, decoded into *f and checked against the connection:
- * magic/version/checksum/job/length (dt__frame_unpack), the next sequence
- * number, the sender the handshake established; an ABORT or REFUSE frame is
- * read whole and becomes the peer's error. */
-static dt_result dt__conn_header_ok(dt__conn *c, const unsigned char h[DT__NET_HDR], dt__frame *f, double deadline,
-                                    const char *op) {
+DTRAIN_PRIVATE dt_result dt__conn_check_header(dt__conn *c, const unsigned char h[DT__NET_HDR], dt__frame *f,
+                                               const char *op) {
   char why[160];
   dt_result rc = dt__frame_unpack(h, c->job, c->max_payload, f, why, sizeof why);
   if (rc != DTRAIN_OK) {
@@ -135,7 +125,38 @@ static dt_result dt__conn_header_ok(dt__conn *c, const unsigned char h[DT__NET_H
     dt__error(DTRAIN_ERR_PROTOCOL, "frame claims sender %u", (unsigned)f->sender);
     return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
   }
-  if (f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE) return dt__conn_read_notice(c, f, h, deadline, op);
+  if ((f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE) && f->length > DT__NET_NOTICE_MAX) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "notice of %u bytes", (unsigned)f->length);
+    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__conn_check_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                                const void *payload, const char *op) {
+  if (f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE)
+    return dt__conn_notice(c, f, h, (const unsigned char *)payload, op);
+  if (!dt__frame_payload_ok(h, f, payload)) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "checksum mismatch in a frame of type %u", (unsigned)f->type);
+    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
+  }
+  c->recv_seq++;
+  return DTRAIN_OK;
+}
+
+/* A received header, decoded into *f and checked against the connection
+ * (dt__conn_check_header); an ABORT or REFUSE frame is read whole and becomes
+ * the peer's error. */
+static dt_result dt__conn_header_ok(dt__conn *c, const unsigned char h[DT__NET_HDR], dt__frame *f, double deadline,
+                                    const char *op) {
+  dt_result rc = dt__conn_check_header(c, h, f, op);
+  if (rc != DTRAIN_OK) return rc;
+  if (f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE) {
+    unsigned char buf[DT__NET_NOTICE_MAX];
+    rc = dt__net_read(c->fd, buf, f->length, deadline);
+    if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
+    return dt__conn_notice(c, f, h, buf, op);
+  }
   return DTRAIN_OK;
 }
 
@@ -150,12 +171,7 @@ DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, 
                                                void *buf, double deadline, const char *op) {
   dt_result rc = dt__net_read(c->fd, buf, f->length, deadline);
   if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
-  if (!dt__frame_payload_ok(h, f, buf)) {
-    dt__error(DTRAIN_ERR_PROTOCOL, "checksum mismatch in a frame of type %u", (unsigned)f->type);
-    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
-  }
-  c->recv_seq++;
-  return DTRAIN_OK;
+  return dt__conn_check_payload(c, f, h, buf, op);
 }
 
 DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, uint32_t cap, uint32_t *len,

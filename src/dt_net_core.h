@@ -81,6 +81,17 @@ DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigne
                                               const char *op);
 DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
                                                void *buf, double deadline, const char *op);
+/* The same checks without reading or waiting, for a caller that receives a
+ * frame piecewise as its socket allows (the parameter server's loop): a
+ * whole header (the checks of dt__conn_recv_header; an ABORT or REFUSE
+ * longer than DT__NET_NOTICE_MAX is refused here), then, once f->length
+ * payload bytes are in, the payload (checksum; an ABORT or REFUSE becomes
+ * the peer's error as in dt__conn_recv_header; the sequence number moves on). */
+#  define DT__NET_NOTICE_MAX 512
+DTRAIN_PRIVATE dt_result dt__conn_check_header(dt__conn *c, const unsigned char h[DT__NET_HDR], dt__frame *f,
+                                               const char *op);
+DTRAIN_PRIVATE dt_result dt__conn_check_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                                const void *payload, const char *op);
 /* Header + payload into buf (cap bytes); a frame of another type or longer
  * than cap is DTRAIN_ERR_PROTOCOL. *len (may be NULL) gets the length. */
 DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, uint32_t cap, uint32_t *len,

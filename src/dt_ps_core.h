@@ -5,8 +5,10 @@
  * ===========================================================================
  * The server is one thread running a poll loop over its listening socket,
  * connections still in the handshake and one connection per worker. It
- * reads a worker's frame whole when the socket is readable (deadline
- * timeout_s/2), never blocks on a send (each worker has an output buffer
+ * never waits for one worker: a worker's frame is read piecewise as its
+ * socket has bytes (header, checked at once, then payload) and handled when
+ * whole, and one not whole timeout_s after its first byte drops that worker;
+ * it never blocks on a send either (each worker has an output buffer
  * flushed as its socket takes it), and answers requests when the staleness
  * bound allows: a request that must wait stays pending, and the server
  * sends that worker a heartbeat every timeout_s/4 so it knows the server
@@ -89,6 +91,13 @@ typedef struct dt__ps_worker {
   double last_sent;
   unsigned char *rx, *tx;
   size_t rx_cap, tx_cap, tx_len, tx_off;
+  /* The frame coming in, read as the socket allows (never waited for): */
+  unsigned char in_h[DT__NET_HDR];
+  unsigned char in_small[DT__NET_NOTICE_MAX]; /* every payload but a PUSH's (that goes to rx) */
+  dt__frame in_f;           /* its header, checked, once in_len >= DT__NET_HDR */
+  unsigned char *in_dst;    /* where its payload goes */
+  size_t in_len;            /* bytes of it so far (0: none) */
+  double in_started;        /* when its first byte came */
 } dt__ps_worker;
 
 typedef struct dt__ps_server {

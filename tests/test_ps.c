@@ -1336,6 +1336,90 @@ static void slow_clients(const char *token) {
 
 static void test_slow_clients_token(void) { slow_clients("sesame"); }
 static void test_slow_clients_open(void) { slow_clients(NULL); }
+
+/* A worker that passed the handshake (it has the token) and then sends half a
+ * frame and stops, or drips a frame a byte every 0.1 s: a child process dials
+ * as worker `index` of a W-worker job, sends what `drip` says and holds the
+ * connection until killed. */
+static pid_t half_frame_worker(int W, int index, int port, const char *token, int drip) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  alarm(30);
+  pc x;
+  pc_make(&x, W, 1, &port, DTRAIN_ROLE_WORKER, index);
+  dt_net_options o = net_opts(4.0, token);
+  o.quiet = 1;
+  dt__net_self self;
+  dt__conn c;
+  if (dt__net_self_init(&self, &x.c, &o) != DTRAIN_OK) _exit(1);
+  if (dt__net_dial(&self, DTRAIN_ROLE_PS, 0, &c) != DTRAIN_OK) _exit(2);
+  unsigned char f[DT__NET_HDR + DT__PS_JOINLEN];
+  memset(f + DT__NET_HDR, 0, DT__PS_JOINLEN);
+  dt__frame_pack(f, DT__PS_JOIN, c.job, c.self_id, c.send_seq, f + DT__NET_HDR, DT__PS_JOINLEN);
+  if (!drip) {
+    dt__net_write(c.fd, f, 20, dt__now() + 2); /* half the header, then silence */
+  } else {
+    for (size_t i = 0; i < sizeof f; i++) {
+      if (send(c.fd, f + i, 1, DT__NET_SEND_FLAGS) != 1) break;
+      dt_sleep(0.1);
+    }
+  }
+  for (;;) dt_sleep(1.0);
+}
+
+/* One real worker (of 3, unbounded staleness, so it never waits for the
+ * others' clocks) beside two authenticated workers that send half a frame:
+ * one stops after 20 bytes, one drips a byte every 0.1 s. Before worker
+ * frames were read piecewise, the server blocked in a receive with a deadline
+ * of timeout/2 (2 s) on each, and the real worker stalled (or timed out). Now
+ * its run takes about as long as undisturbed, and each half frame is dropped
+ * at the timeout (4 s) with a log line. */
+static void test_half_frames(void) {
+  alarm(60);
+  const char *token = "sesame";
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  child srv;
+  double calm = run_one_worker(port, lfd, token, &srv);
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(3, 1, 0, &port, lfd);
+  sc.token = token;
+  sc.timeout = 4.0;
+  double t0 = dt__now();
+  srv = spawn_server(&sc, &lfd);
+  close(lfd);
+  pid_t bad[2];
+  bad[0] = half_frame_worker(3, 1, port, token, 0);
+  bad[1] = half_frame_worker(3, 2, port, token, 1);
+  CHECK(bad[0] > 0 && bad[1] > 0);
+  dt_sleep(0.3); /* their handshakes done and their first bytes sent */
+  worker_cfg wc = worker_defaults(3, 1, 0, &port);
+  wc.token = token;
+  wc.timeout = 4.0;
+  wc.steps = 30;
+  wc.step_sleep_s = 0.05;
+  wc.k = DTRAIN_STALENESS_UNBOUNDED;
+  double t1 = dt__now();
+  child wk = spawn_worker(&wc, &lfd, 0);
+  child_wait(&wk);
+  double hit = dt__now() - t1;
+  child_wait(&srv);
+  double served = dt__now() - t0;
+  for (int i = 0; i < 2; i++) hostile_stop(bad[i]);
+  printf("  half frames: undisturbed %.2f s, beside 2 workers sending half frames %.2f s; server done after %.2f s\n",
+         calm, hit, served);
+  fflush(stdout);
+  CHECK_MSG(wk.status == 0, "worker status %d: %s", wk.status, wk.out);
+  CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, srv.out);
+  CHECK_MSG(hit < calm + 1.0, "%.2f s beside half frames, %.2f s without: %s", hit, calm, srv.out);
+  CHECK_MSG(strstr(srv.out, "ps 0: worker 1 (127.0.0.1:2) lost: half a frame for ") &&
+                strstr(srv.out, "20 of 40 header bytes (deadline 4.0 s)"), "%s", srv.out);
+  CHECK_MSG(strstr(srv.out, "ps 0: worker 2 (127.0.0.1:3) lost: half a frame for "), "%s", srv.out);
+  CHECK_MSG(strstr(srv.out, "worker 0 (127.0.0.1:1) finished (BYE)"), "%s", srv.out);
+  CHECK_MSG(served < 9.0, "server done after %.2f s: %s", served, srv.out);
+  alarm(0);
+}
 #endif
 
 int main(void) {
@@ -1368,6 +1452,7 @@ int main(void) {
   TH_RUN(test_bad_bytes);
   TH_RUN(test_slow_clients_token);
   TH_RUN(test_slow_clients_open);
+  TH_RUN(test_half_frames);
 #endif
   return th_summary("test_ps");
 }
