@@ -104,7 +104,11 @@ static dt_result dt__conn_notice(dt__conn *c, const dt__frame *f, const unsigned
   dt_result their = (dt_result)(-(int32_t)code);
   if (f->type == DT__MSG_ABORT)
     return dt__error(DTRAIN_ERR_PEER, "%s: %s aborted: %s", op ? op : "tcp", c->peer, text);
-  if (their != DTRAIN_ERR_AUTH && their != DTRAIN_ERR_MISMATCH && their != DTRAIN_ERR_PROTOCOL) their = DTRAIN_ERR_NET;
+  /* The peer's reason where it is one this side can act on (a server out of
+   * memory is NOMEM here too, not a network failure); else NET. */
+  if (their != DTRAIN_ERR_AUTH && their != DTRAIN_ERR_MISMATCH && their != DTRAIN_ERR_PROTOCOL &&
+      their != DTRAIN_ERR_NOMEM)
+    their = DTRAIN_ERR_NET;
   return dt__error(their, "%s: refused by %s: %s", op ? op : "tcp", c->peer, text);
 }
 
