@@ -4569,7 +4569,8 @@ static void dt__file_clean_stale(const char *path) {
     close(dfd);
     return;
   }
-  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+  struct dirent *e;
+  for (errno = 0; (e = readdir(d)) != NULL; errno = 0) {
     long pid = dt__file_tmp_pid(e->d_name, base, blen);
     if (pid <= 0 || pid == me) continue;
     if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
@@ -4581,6 +4582,11 @@ static void dt__file_clean_stale(const char *path) {
       dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "removed '%s', left by process %ld that no longer exists", full, pid);
     dt__free(full, cap);
   }
+  /* A listing that fails (EOVERFLOW: a 32-bit build without large-file
+   * support on a file system with 64-bit inode numbers) removes nothing: say so. */
+  if (errno != 0)
+    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "cannot list the directory of '%s' to remove stale temporaries: %s", path,
+            strerror(errno));
   closedir(d);
 }
 #endif

@@ -1181,6 +1181,19 @@ static void test_planted_links(void) {
  * living processes. */
 static void test_stale_temporaries(void) {
   char path[300], dead[400], alive[400], other[400];
+  {
+    /* readdir can fail outright (EOVERFLOW: a 32-bit build without
+     * large-file support, e.g. armhf under qemu on a 64-bit host's file
+     * system): then nothing can be listed and the library says so. */
+    DIR *d = opendir(tmpdir);
+    CHECK(d != NULL);
+    if (!d) return;
+    errno = 0;
+    int listed = readdir(d) != NULL || errno == 0;
+    int why = errno;
+    closedir(d);
+    if (!listed) TH_SKIP("readdir fails here (%s): stale temporaries cannot be listed", strerror(why));
+  }
   path_of(path, sizeof path, "stale.safetensors");
   pid_t child = fork();
   if (child == 0) _exit(0);
