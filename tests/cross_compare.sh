@@ -19,8 +19,8 @@ for pair in $CROSS_ARCHS; do
   triple=${pair%%:*}; q=${pair##*:}
   bin=build/cross-$q/tests/portable_run
   if ! qemu-$q -L /usr/$triple $bin save build/portable.$q.safetensors load $NAT/native.safetensors \
-      wsave build/portable.$q.wire wload $NAT/native.wire > build/portable.$q.txt 2>&1; then
-    echo "FAIL $triple: portable_run did not run"; fail=$((fail + 1)); continue
+      wsave build/portable.$q.wire wload $NAT/native.wire > build/portable.$q.txt 2> build/portable.$q.err; then
+    echo "FAIL $triple: portable_run did not run"; cat build/portable.$q.err; fail=$((fail + 1)); continue
   fi
   if awk -v arch="$triple" '
     NR == FNR { kind[$1] = $2; val[$1] = $3; next }

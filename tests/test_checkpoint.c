@@ -1159,6 +1159,13 @@ static void test_planted_links(void) {
       model_free(&m);
     } else {
       r = dt_fit_write_svg(path, NULL, 0, "chart");
+      if (r == DTRAIN_ERR_UNSUPPORTED) { /* the training loop compiled out (DTRAIN_NO_FIT): no chart writer */
+        for (int k = 0; k < 600; k++) {
+          snprintf(link, sizeof link, "%s.tmp-%ld-%d", path, (long)getpid(), k);
+          unlink(link);
+        }
+        continue;
+      }
     }
     CHECK_MSG(r == DTRAIN_OK || r == DTRAIN_ERR_IO, "%s: %s", names[w], dt_last_error());
     size_t n = 0;
