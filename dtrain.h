@@ -485,6 +485,14 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n);
  * anything. Without a monotonic clock (no POSIX), the C11 calendar clock. */
 DTRAIN_API double dt_time_now(void);
 
+/* Can a file be written at path (is_dir: in the directory path)? Does what
+ * dtrain's writers do -- creates their exclusive temporary next to path and
+ * removes it -- so a missing directory, permissions, a read-only mount show
+ * before a run rather than when its first output is written. DTRAIN_OK, or
+ * DTRAIN_ERR_IO with "cannot create a file in directory '...': why"
+ * (DTRAIN_ERR_UNSUPPORTED with DTRAIN_NO_STDIO). */
+DTRAIN_API dt_result dt_check_writable(const char *path, int is_dir);
+
 DTRAIN_EXTERN_C_END
 
 #endif /* DTRAIN_BASE_H */
@@ -4779,6 +4787,36 @@ DTRAIN_PRIVATE int dt__file_read_exact(FILE *f, void *dst, size_t n, char *msg, 
   return 0;
 }
 
+DTRAIN_API dt_result dt_check_writable(const char *path, int is_dir) {
+  if (!path) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_check_writable: path is NULL");
+  size_t n = strlen(path);
+  if (n == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_check_writable: the path is empty");
+  if (!is_dir && path[n - 1] == '/')
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "'%s' names a directory, not a file", path);
+  /* In a directory: the temporary of a file named there. */
+  size_t cap = n + 16;
+  char *probe = (char *)dt__alloc(cap);
+  if (!probe) return dt__error(DTRAIN_ERR_NOMEM, "dt_check_writable: out of memory");
+  if (is_dir) snprintf(probe, cap, "%s%s.dtrain-probe", path, path[n - 1] == '/' ? "" : "/");
+  else snprintf(probe, cap, "%s", path);
+  dt__file_out o;
+  dt_result r = dt__file_create(&o, probe);
+  if (r == DTRAIN_OK) dt__file_abort(&o);
+  else {
+    size_t dn = dt__file_dir_len(probe);
+    if (strchr(probe, '/'))
+      r = dt__error(r, "cannot create a file in directory '%.*s': %s", (int)(dn ? dn : 1), probe, o.msg);
+    else r = dt__error(r, "cannot create a file in directory '.': %s", o.msg);
+  }
+  dt__free(probe, cap);
+  return r;
+}
+
+#else
+DTRAIN_API dt_result dt_check_writable(const char *path, int is_dir) {
+  (void)path, (void)is_dir;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_check_writable: built with DTRAIN_NO_STDIO (no files)");
+}
 #endif /* DTRAIN_NO_STDIO */
 /* ======== end dt_file.c ======== */
 
@@ -14157,43 +14195,14 @@ static const char *dt__fit_monitor_name(dt_fit_monitor m) {
 
 #ifndef DTRAIN_NO_STDIO
 /* The output files are first written at an epoch's end, maybe hours in: a
- * missing or read-only directory must show at set-up instead. The honest test
- * is to do what the writers will do: create a new file in that directory
- * (exclusively, "wx" of C11, under a name nobody uses) and remove it; this
- * catches missing directories, permissions, ACLs and read-only mounts alike,
- * where access(W_OK) can be fooled (root, ACLs, NFS). */
+ * missing or read-only directory must show at set-up instead
+ * (dt_check_writable does what the writers will do). */
 static dt_result dt__fit_probe_dir(const char *what, const char *path) {
-  char dir[1024], probe[1152];
-  size_t n = strlen(path);
-  if (n == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s is empty", what);
-  if (path[n - 1] == '/') return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s '%s' names a directory, not a file", what, path);
-  const char *slash = strrchr(path, '/');
-  size_t dn = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 0;
-  if (dn >= sizeof dir) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s '%.64s...' is too long", what, path);
-  if (dn) memcpy(dir, path, dn);
-  else dir[dn++] = '.';
-  dir[dn] = '\0';
-  int err = 0;
-  for (int i = 0; i < 8; i++) {
-    /* time (microseconds, kept below 2^32) and a stack address: distinct
-     * between processes and calls */
-    unsigned long tag = (unsigned long)fmod(dt_time_now() * 1e6, 4294967296.0) ^ (unsigned long)(uintptr_t)probe;
-    snprintf(probe, sizeof probe, "%s%s.dtrain-probe-%lx-%d", dir, dir[dn - 1] == '/' ? "" : "/", tag, i);
-    errno = 0;
-    FILE *f = fopen(probe, "wx");
-    if (f) {
-      fclose(f);
-      remove(probe);
-      return DTRAIN_OK;
-    }
-    err = errno;
-#ifdef EEXIST
-    if (err == EEXIST) continue; /* a name taken: try another */
-#endif
-    break;
-  }
-  return dt__error(DTRAIN_ERR_IO, "dt_fit: %s '%s': cannot create a file in directory '%s' (%s)", what, path, dir,
-                   err ? strerror(err) : "no reason given");
+  dt__quiet_push(); /* one log line: the message below, not also the inner one */
+  if (dt_check_writable(path, 0) == DTRAIN_OK) return dt__quiet_pop(DTRAIN_OK);
+  char why[DT__MSG_CAP];
+  snprintf(why, sizeof why, "%s", dt_last_error());
+  return dt__quiet_pop(dt__error(dt_last_result(), "dt_fit: %s '%s': %s", what, path, why));
 }
 #endif
 
@@ -25759,7 +25768,7 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S);
  * removes the temporary the first save would; DTRAIN_ERR_IO naming the
  * directory otherwise, so a bad checkpoint_dir fails before the first step,
  * not after training when the shard would be lost) */
-DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S);
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S, const char *fn);
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S);
 /* Write one when checkpoint_every / checkpoint_seconds says it is due (a failure is logged, not returned). */
 DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S);
@@ -26000,14 +26009,13 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   return DTRAIN_OK;
 }
 
-DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S) {
-  dt__file_out fo;
-  dt_result r = dt__file_create(&fo, S->ckpt_path);
-  if (r != DTRAIN_OK)
-    return dt__error(r, "ps %d: checkpoint_dir '%s': cannot write a checkpoint there: %s", S->me, S->po.checkpoint_dir,
-                     fo.msg);
-  dt__file_abort(&fo);
-  return DTRAIN_OK;
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S, const char *fn) {
+  dt__quiet_push(); /* one log line: the message below, not also the inner one */
+  if (dt_check_writable(S->ckpt_path, 0) == DTRAIN_OK) return dt__quiet_pop(DTRAIN_OK);
+  char why[DT__MSG_CAP];
+  snprintf(why, sizeof why, "%s", dt_last_error());
+  return dt__quiet_pop(dt__error(dt_last_result(), "%s: ps %d: checkpoint_dir '%s': %s", fn, S->me,
+                                   S->po.checkpoint_dir, why));
 }
 
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
@@ -26057,7 +26065,10 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "ps %d: checkpoints need stdio (built with DTRAIN_NO_STDIO)", S->me);
 }
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) { return dt__ps_ckpt_write(S); }
-DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S) { return dt__ps_ckpt_write(S); }
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S, const char *fn) {
+  (void)fn;
+  return dt__ps_ckpt_write(S);
+}
 #  endif
 
 DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
@@ -26691,11 +26702,8 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
       goto done;
     }
     snprintf(S.ckpt_path, sizeof S.ckpt_path, "%.900s/ps-%d-of-%d.ckpt", S.po.checkpoint_dir, S.me, c->servers);
-    rc = dt__ps_ckpt_check_dir(&S);
-    if (rc != DTRAIN_OK) {
-      rc = dt__error(rc, "%s: %s", fn, dt_last_error());
-      goto done;
-    }
+    rc = dt__ps_ckpt_check_dir(&S, fn);
+    if (rc != DTRAIN_OK) goto done;
     if (!S.po.no_resume) {
       rc = dt__ps_ckpt_read(&S);
       if (rc != DTRAIN_OK) goto done;

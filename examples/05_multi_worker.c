@@ -88,30 +88,12 @@ static double test_accuracy(dt_graph *g, const model *m, const dt_dataset *test)
 
 /* An output flag is checked at start, before any data loads: a path whose
  * directory does not exist or takes no new file would otherwise fail only
- * when the first file is written, after the training it was to keep. The
- * test does what the writer will do: create a file there (exclusively, a
- * name nobody uses) and remove it. is_dir: path is the directory itself. */
+ * when the first file is written, after the training it was to keep
+ * (dt_check_writable; is_dir: path is the directory itself). */
 static int output_ok(const char *flag, const char *path, int is_dir) {
-  char dir[1024], probe[1100];
-  if (!path) return 1;
-  const char *slash = is_dir ? NULL : strrchr(path, '/');
-  if (is_dir) snprintf(dir, sizeof dir, "%s", path);
-  else if (!slash) snprintf(dir, sizeof dir, ".");
-  else snprintf(dir, sizeof dir, "%.*s", (int)(slash == path ? 1 : slash - path), path);
-  FILE *f = NULL;
-  for (int i = 0; i < 4 && !f; i++) { /* a name nobody uses: time, a stack address, a counter */
-    snprintf(probe, sizeof probe, "%s/.dtrain-probe-%lx-%lx-%d", dir, (unsigned long)time(NULL),
-             (unsigned long)(size_t)probe, i);
-    f = fopen(probe, "wx");
-    if (!f && errno != EEXIST) break;
-  }
-  if (!f) {
-    fprintf(stderr, "error: %s %s: cannot create a file in directory '%s' (%s)\n", flag, path, dir, strerror(errno));
-    return 0;
-  }
-  fclose(f);
-  remove(probe);
-  return 1;
+  if (!path || dt_check_writable(path, is_dir) == DTRAIN_OK) return 1;
+  fprintf(stderr, "error: %s %s: %s\n", flag, path, dt_last_error());
+  return 0;
 }
 
 static int parse(int argc, char **argv, options *o) {

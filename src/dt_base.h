@@ -223,6 +223,14 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n);
  * anything. Without a monotonic clock (no POSIX), the C11 calendar clock. */
 DTRAIN_API double dt_time_now(void);
 
+/* Can a file be written at path (is_dir: in the directory path)? Does what
+ * dtrain's writers do -- creates their exclusive temporary next to path and
+ * removes it -- so a missing directory, permissions, a read-only mount show
+ * before a run rather than when its first output is written. DTRAIN_OK, or
+ * DTRAIN_ERR_IO with "cannot create a file in directory '...': why"
+ * (DTRAIN_ERR_UNSUPPORTED with DTRAIN_NO_STDIO). */
+DTRAIN_API dt_result dt_check_writable(const char *path, int is_dir);
+
 DTRAIN_EXTERN_C_END
 
 #endif /* DTRAIN_BASE_H */

@@ -300,4 +300,34 @@ DTRAIN_PRIVATE int dt__file_read_exact(FILE *f, void *dst, size_t n, char *msg, 
   return 0;
 }
 
+DTRAIN_API dt_result dt_check_writable(const char *path, int is_dir) {
+  if (!path) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_check_writable: path is NULL");
+  size_t n = strlen(path);
+  if (n == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_check_writable: the path is empty");
+  if (!is_dir && path[n - 1] == '/')
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "'%s' names a directory, not a file", path);
+  /* In a directory: the temporary of a file named there. */
+  size_t cap = n + 16;
+  char *probe = (char *)dt__alloc(cap);
+  if (!probe) return dt__error(DTRAIN_ERR_NOMEM, "dt_check_writable: out of memory");
+  if (is_dir) snprintf(probe, cap, "%s%s.dtrain-probe", path, path[n - 1] == '/' ? "" : "/");
+  else snprintf(probe, cap, "%s", path);
+  dt__file_out o;
+  dt_result r = dt__file_create(&o, probe);
+  if (r == DTRAIN_OK) dt__file_abort(&o);
+  else {
+    size_t dn = dt__file_dir_len(probe);
+    if (strchr(probe, '/'))
+      r = dt__error(r, "cannot create a file in directory '%.*s': %s", (int)(dn ? dn : 1), probe, o.msg);
+    else r = dt__error(r, "cannot create a file in directory '.': %s", o.msg);
+  }
+  dt__free(probe, cap);
+  return r;
+}
+
+#else
+DTRAIN_API dt_result dt_check_writable(const char *path, int is_dir) {
+  (void)path, (void)is_dir;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_check_writable: built with DTRAIN_NO_STDIO (no files)");
+}
 #endif /* DTRAIN_NO_STDIO */

@@ -475,43 +475,14 @@ static const char *dt__fit_monitor_name(dt_fit_monitor m) {
 
 #ifndef DTRAIN_NO_STDIO
 /* The output files are first written at an epoch's end, maybe hours in: a
- * missing or read-only directory must show at set-up instead. The honest test
- * is to do what the writers will do: create a new file in that directory
- * (exclusively, "wx" of C11, under a name nobody uses) and remove it; this
- * catches missing directories, permissions, ACLs and read-only mounts alike,
- * where access(W_OK) can be fooled (root, ACLs, NFS). */
+ * missing or read-only directory must show at set-up instead
+ * (dt_check_writable does what the writers will do). */
 static dt_result dt__fit_probe_dir(const char *what, const char *path) {
-  char dir[1024], probe[1152];
-  size_t n = strlen(path);
-  if (n == 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s is empty", what);
-  if (path[n - 1] == '/') return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s '%s' names a directory, not a file", what, path);
-  const char *slash = strrchr(path, '/');
-  size_t dn = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 0;
-  if (dn >= sizeof dir) return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_fit: %s '%.64s...' is too long", what, path);
-  if (dn) memcpy(dir, path, dn);
-  else dir[dn++] = '.';
-  dir[dn] = '\0';
-  int err = 0;
-  for (int i = 0; i < 8; i++) {
-    /* time (microseconds, kept below 2^32) and a stack address: distinct
-     * between processes and calls */
-    unsigned long tag = (unsigned long)fmod(dt_time_now() * 1e6, 4294967296.0) ^ (unsigned long)(uintptr_t)probe;
-    snprintf(probe, sizeof probe, "%s%s.dtrain-probe-%lx-%d", dir, dir[dn - 1] == '/' ? "" : "/", tag, i);
-    errno = 0;
-    FILE *f = fopen(probe, "wx");
-    if (f) {
-      fclose(f);
-      remove(probe);
-      return DTRAIN_OK;
-    }
-    err = errno;
-#ifdef EEXIST
-    if (err == EEXIST) continue; /* a name taken: try another */
-#endif
-    break;
-  }
-  return dt__error(DTRAIN_ERR_IO, "dt_fit: %s '%s': cannot create a file in directory '%s' (%s)", what, path, dir,
-                   err ? strerror(err) : "no reason given");
+  dt__quiet_push(); /* one log line: the message below, not also the inner one */
+  if (dt_check_writable(path, 0) == DTRAIN_OK) return dt__quiet_pop(DTRAIN_OK);
+  char why[DT__MSG_CAP];
+  snprintf(why, sizeof why, "%s", dt_last_error());
+  return dt__quiet_pop(dt__error(dt_last_result(), "dt_fit: %s '%s': %s", what, path, why));
 }
 #endif
 

@@ -135,7 +135,7 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S);
  * removes the temporary the first save would; DTRAIN_ERR_IO naming the
  * directory otherwise, so a bad checkpoint_dir fails before the first step,
  * not after training when the shard would be lost) */
-DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S);
+DTRAIN_PRIVATE dt_result dt__ps_ckpt_check_dir(dt__ps_server *S, const char *fn);
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S);
 /* Write one when checkpoint_every / checkpoint_seconds says it is due (a failure is logged, not returned). */
 DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S);

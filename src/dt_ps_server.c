@@ -611,11 +611,8 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
       goto done;
     }
     snprintf(S.ckpt_path, sizeof S.ckpt_path, "%.900s/ps-%d-of-%d.ckpt", S.po.checkpoint_dir, S.me, c->servers);
-    rc = dt__ps_ckpt_check_dir(&S);
-    if (rc != DTRAIN_OK) {
-      rc = dt__error(rc, "%s: %s", fn, dt_last_error());
-      goto done;
-    }
+    rc = dt__ps_ckpt_check_dir(&S, fn);
+    if (rc != DTRAIN_OK) goto done;
     if (!S.po.no_resume) {
       rc = dt__ps_ckpt_read(&S);
       if (rc != DTRAIN_OK) goto done;

@@ -1557,25 +1557,39 @@ static void test_hostile_sparse(void) {
   remove(p);
 }
 
-/* A .gz that inflates far past what its header describes stops there
- * (OVERFLOW at the header's size) instead of inflating it all. */
-static void test_hostile_gzip_bomb(void) {
-  if (!have_gzip()) TH_SKIP("no gzip command");
-  char raw[512], gz[512], cmd[1200];
-  tmp_path(raw, sizeof raw, "bomb.idx");
-  tmp_path(gz, sizeof gz, "bomb.idx.gz");
+/* gz: a gzipped IDX file of one 16-byte image (its header: 1 image of 4x4
+ * after a 2-D count; 24 bytes in all) followed by `extra` bytes the header
+ * does not describe: zeros (a bomb: compresses ~1000:1) or, random, bytes
+ * that do not compress. 0 when gzip failed. */
+static int write_idx_gz(const char *name, char *gz, size_t cap, long extra, int random) {
+  char raw[512], cmd[1200];
+  tmp_path(raw, sizeof raw, name);
+  snprintf(gz, cap, "%s.gz", raw);
   FILE *f = fopen(raw, "wb");
   CHECK(f != NULL);
-  if (!f) return;
+  if (!f) return 0;
   const unsigned char hdr[8] = {0, 0, 8, 1, 0, 0, 0, 16};
   fwrite(hdr, 1, 8, f);
-  static unsigned char zeros[1 << 16];
-  for (int i = 0; i < 128; i++) fwrite(zeros, 1, sizeof zeros, f); /* 8 MiB after a 16-byte image (about
-                                                                      36 KB compressed: small enough to be inflated) */
+  uint32_t st = 12345u;
+  for (long i = 0; i < 16 + extra; i++) {
+    st = st * 1664525u + 1013904223u;
+    fputc(random ? (int)(st >> 24) : 0, f);
+  }
   fclose(f);
   snprintf(cmd, sizeof cmd, "gzip -1 -n -c '%s' > '%s'", raw, gz);
-  CHECK(system(cmd) == 0);
+  int ok = system(cmd) == 0;
+  CHECK(ok);
   remove(raw);
+  return ok;
+}
+
+/* A .gz that inflates far past what its header describes stops there
+ * (OVERFLOW at the header's size) instead of inflating it all: 8 MiB of
+ * zeros, about 36 KB compressed (small enough to reach the inflater). */
+static void test_hostile_gzip_bomb(void) {
+  if (!have_gzip()) TH_SKIP("no gzip command");
+  char gz[600];
+  if (!write_idx_gz("bomb.idx", gz, sizeof gz, 8L << 20, 0)) return;
   counting_on();
   dt_idx x;
   CHECK_ERR(dt_idx_read(gz, &x), DTRAIN_ERR_OVERFLOW, "24 bytes");
@@ -1590,23 +1604,8 @@ static void test_hostile_gzip_bomb(void) {
  * the rest of it is read or inflated. */
 static void test_hostile_gzip_large(void) {
   if (!have_gzip()) TH_SKIP("no gzip command");
-  char raw[512], gz[512], cmd[1200];
-  tmp_path(raw, sizeof raw, "large.idx");
-  tmp_path(gz, sizeof gz, "large.idx.gz");
-  FILE *f = fopen(raw, "wb");
-  CHECK(f != NULL);
-  if (!f) return;
-  const unsigned char hdr[8] = {0, 0, 8, 1, 0, 0, 0, 16};
-  fwrite(hdr, 1, 8, f);
-  uint32_t st = 12345u;
-  for (int i = 0; i < (16 + (1 << 18)); i++) {
-    st = st * 1664525u + 1013904223u;
-    fputc((int)(st >> 24), f);
-  }
-  fclose(f);
-  snprintf(cmd, sizeof cmd, "gzip -1 -n -c '%s' > '%s'", raw, gz);
-  CHECK(system(cmd) == 0);
-  remove(raw);
+  char gz[600];
+  if (!write_idx_gz("large.idx", gz, sizeof gz, 1L << 18, 1)) return;
   counting_on();
   dt_idx x;
   CHECK_ERR(dt_idx_read(gz, &x), DTRAIN_ERR_CORRUPT, "the compressed file has");

@@ -426,6 +426,18 @@ static void nt_dt_rng_shuffle(void) {
   }
   nt_teardown(&f);
 }
+/* dt_base.h: dt_result dt_check_writable(const char * path, int is_dir) */
+static void nt_dt_check_writable(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_check_writable(NULL, is_dir)");
+    nt_check_result(dt_check_writable(NULL, 1), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_tensor.h: dt_graph * dt_graph_create(dt_params * params, const dt_graph_options * desc) */
 static void nt_dt_graph_create(void) {
   nt_fix f;
@@ -7510,6 +7522,7 @@ int main(void) {
   TH_RUN(nt_dt_rng_uniform);
   TH_RUN(nt_dt_rng_normal);
   TH_RUN(nt_dt_rng_shuffle);
+  TH_RUN(nt_dt_check_writable);
   TH_RUN(nt_dt_graph_create);
   TH_RUN(nt_dt_graph_destroy);
   TH_RUN(nt_dt_graph_reset);
