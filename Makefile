@@ -56,6 +56,9 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/dtrain.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -I. -Itests $< $(BUILD)/dtrain.o -o $@ $(LDLIBS)
 
+# The parameter-server tests share their forked cluster.
+$(BUILD)/tests/test_ps $(BUILD)/tests/test_ps_elastic: tests/ps_harness.h tests/hostile_clients.h
+
 # test_char_model compiles the example into itself.
 $(BUILD)/tests/test_char_model: examples/03_char_model.c
 

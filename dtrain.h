@@ -2402,6 +2402,10 @@ struct dt_pstore {
   size_t size;   /* floats in the store */
   int gradients; /* 0: push takes parameter deltas (the worker ran the optimizer);
                     1: push takes gradients and the store applies the optimizer */
+  int64_t start_clock; /* tcp: the clock the first dt_pstore_begin continues from: 0 on a first
+                          join, the slowest live worker's (or its own) when it rejoined [local: 0] */
+  int64_t steps_done;  /* tcp: pushes this worker's rank made before it rejoined, as the servers
+                          remember them (resume the schedule there) [first join, local: 0] */
   void *impl;
 };
 
@@ -2476,7 +2480,8 @@ struct dt_pstore;
 DTRAIN_EXTERN_C_BEGIN
 
 #define DTRAIN_MAX_PEERS 1024
-#define DTRAIN_NET_VERSION 2 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID) */
+#define DTRAIN_NET_VERSION 3 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID);
+                                3: JOINED carries the clocks a (re)joining worker starts from */
 
 typedef enum dt_role {
   DTRAIN_ROLE_WORKER = 0,
@@ -2693,7 +2698,23 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void);
  * ("ps 0: worker 1 (127.0.0.1:7001) lost: ...; going on with 1 worker"),
  * dropped from the staleness clocks, and training goes on with the rest. A
  * worker that never connects within connect_timeout_s is dropped the same
- * way. A server that dies or stalls makes every call of every worker's store
+ * way, unless min_workers says it is optional (dt_ps_options).
+ *
+ * Membership. A lost worker may come back with its rank (a restarted
+ * process: the same cluster entry, the same job and token): its slot is
+ * free again once the server drops it, the handshake and JOIN run as on the
+ * first day, and it gets the current parameters at its first pull. It
+ * rejoins at the clock of the slowest live worker (or its own, if it was
+ * ahead), so the others never wait for it to catch up; the store's
+ * steps_done says how many steps its rank had pushed before (the servers
+ * remember), so a program can resume its schedule and data where it left
+ * (examples/06_parameter_server does). A worker that said BYE cannot come
+ * back. With min_workers M < W, training starts once M workers joined; each
+ * of the others may join mid-run, any time while the server runs, the same
+ * way. A server ends when no worker is live; with rejoin_timeout_s it first
+ * waits that long for a lost worker to come back.
+ *
+ * A server that dies or stalls makes every call of every worker's store
  * return DTRAIN_ERR_PEER or DTRAIN_ERR_TIMEOUT within about timeout_s, naming
  * it ("worker 0: push #12: receive from ps 1 (127.0.0.1:7101): ..."); the
  * error stays until the store is destroyed. Restart the job: each server
@@ -2711,6 +2732,10 @@ typedef struct dt_ps_options {
   int64_t checkpoint_every;    /* also write one after every this many updates [0: off] */
   double checkpoint_seconds;   /* also write one when this many seconds passed since the last [0: off] */
   int no_resume;               /* nonzero: start from the params' values even if a checkpoint exists */
+  int min_workers;             /* training starts once this many workers joined; the others may
+                                  join later (mid-run) and are not waited for [0: all of them] */
+  double rejoin_timeout_s;     /* when no worker is live but one was lost less than this long ago,
+                                  keep serving for its return (a restarted process) [0: end] */
 } dt_ps_options;
 
 /* The server of each parameter: server_of[i] for i < dt_params_count(p)
@@ -4502,6 +4527,9 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
 #  else
 #    include <dirent.h>
 #    include <fcntl.h>
+#    if defined(__linux__)
+#      include <sys/syscall.h>
+#    endif
 #    include <signal.h>
 #    include <sys/stat.h>
 #    include <sys/types.h>
@@ -4562,8 +4590,34 @@ static long dt__file_tmp_pid(const char *name, const char *base, size_t blen) {
   return pid;
 }
 
+/* One directory entry: removes it when it is a temporary of path's whose
+ * process is gone. 0 when out of memory (stop listing). */
+static int dt__file_clean_one(const char *path, const char *name, const char *base, size_t blen, long me) {
+  size_t dn = dt__file_dir_len(path);
+  long pid = dt__file_tmp_pid(name, base, blen);
+  if (pid <= 0 || pid == me) return 1;
+  if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) return 1; /* alive, or not ours to judge */
+  size_t cap = (strchr(path, '/') ? dn + 1 : 0) + strlen(name) + 1;
+  char *full = (char *)dt__alloc(cap);
+  if (!full) return 0;
+  snprintf(full, cap, "%.*s%s%s", (int)dn, path, strchr(path, '/') ? "/" : "", name);
+  if (unlink(full) == 0)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "removed '%s', left by process %ld that no longer exists", full, pid);
+  dt__free(full, cap);
+  return 1;
+}
+
+#  if defined(__linux__) && defined(SYS_getdents64)
+/* syscall() is not declared under _POSIX_C_SOURCE alone; this is its prototype in glibc and musl. */
+extern long syscall(long number, ...);
+#  endif
+
 /* Removes "<path>.tmp-<pid>-*" of processes that are gone (killed while
- * saving). Best effort: a failure here never stops the save. */
+ * saving). Best effort: a failure here never stops the save. On Linux the
+ * directory is read with getdents64 itself: readdir in a 32-bit build
+ * without large-file support fails (EOVERFLOW) on a file system with 64-bit
+ * inode numbers, and a header library cannot choose the user's
+ * _FILE_OFFSET_BITS. */
 static void dt__file_clean_stale(const char *path) {
   size_t dn = dt__file_dir_len(path);
   const char *base = strchr(path, '/') ? path + dn + 1 : path;
@@ -4572,30 +4626,51 @@ static void dt__file_clean_stale(const char *path) {
   if (blen == 0) return;
   int dfd = dt__file_open_dir(path);
   if (dfd < 0) return;
+  int err = 0;
+#  if defined(__linux__) && defined(SYS_getdents64)
+  /* struct linux_dirent64: u64 d_ino, s64 d_off, u16 d_reclen, u8 d_type, char d_name[] (NUL-terminated). */
+  enum { DT__DIRENT_RECLEN = 16, DT__DIRENT_NAME = 19 };
+  size_t cap = 16384;
+  unsigned char *buf = (unsigned char *)dt__alloc(cap);
+  if (!buf) {
+    close(dfd);
+    return;
+  }
+  for (int more = 1; more;) {
+    long n = syscall(SYS_getdents64, dfd, buf, cap);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    for (long off = 0; off + DT__DIRENT_NAME < n;) {
+      unsigned short reclen;
+      memcpy(&reclen, buf + off + DT__DIRENT_RECLEN, sizeof reclen);
+      if (reclen <= DT__DIRENT_NAME || off + reclen > n) break; /* cannot happen: the kernel's own records */
+      buf[off + reclen - 1] = '\0'; /* the record is padded with NULs; never read past it */
+      if (!dt__file_clean_one(path, (const char *)buf + off + DT__DIRENT_NAME, base, blen, me)) {
+        more = 0;
+        break;
+      }
+      off += reclen;
+    }
+  }
+  dt__free(buf, cap);
+  close(dfd);
+#  else
   DIR *d = fdopendir(dfd);
   if (!d) {
     close(dfd);
     return;
   }
   struct dirent *e;
-  for (errno = 0; (e = readdir(d)) != NULL; errno = 0) {
-    long pid = dt__file_tmp_pid(e->d_name, base, blen);
-    if (pid <= 0 || pid == me) continue;
-    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
-    size_t cap = (strchr(path, '/') ? dn + 1 : 0) + strlen(e->d_name) + 1;
-    char *full = (char *)dt__alloc(cap);
-    if (!full) break;
-    snprintf(full, cap, "%.*s%s%s", (int)dn, path, strchr(path, '/') ? "/" : "", e->d_name);
-    if (unlink(full) == 0)
-      dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "removed '%s', left by process %ld that no longer exists", full, pid);
-    dt__free(full, cap);
-  }
-  /* A listing that fails (EOVERFLOW: a 32-bit build without large-file
-   * support on a file system with 64-bit inode numbers) removes nothing: say so. */
-  if (errno != 0)
-    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "cannot list the directory of '%s' to remove stale temporaries: %s", path,
-            strerror(errno));
+  for (errno = 0; (e = readdir(d)) != NULL; errno = 0)
+    if (!dt__file_clean_one(path, e->d_name, base, blen, me)) break;
+  err = e ? 0 : errno;
   closedir(d);
+#  endif
+  /* A listing that fails removes nothing: say so. */
+  if (err != 0)
+    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "cannot list the directory of '%s' to remove stale temporaries: %s", path,
+            strerror(err));
 }
 #endif
 
@@ -22396,7 +22471,8 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
   }
   if (f->version != DTRAIN_NET_VERSION) {
     snprintf(why, cap, "protocol version %u, this build speaks %d (every process of a job must run the same wire "
-             "version; version 1 did not send the job-id flag of the hello)", (unsigned)f->version, DTRAIN_NET_VERSION);
+             "version; see docs/wire_protocol.md)",
+             (unsigned)f->version, DTRAIN_NET_VERSION);
     return DTRAIN_ERR_MISMATCH;
   }
   if ((f->flags & ~DT__NET_F_PAYLOAD_CRC) != 0) {
@@ -22604,6 +22680,14 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
 #  define DT__HS_IN (DT__NET_HDR + 512)  /* a hello, a proof or a refusal's text */
 #  define DT__HS_OUT 640                 /* WELCOME + AUTH + READY, or WELCOME + REFUSE */
 #  define DT__NET_PENDING_MAX 32         /* connections in the handshake at a time (then the oldest goes) */
+/* The refusal of a rank that is still connected (the words a restarted
+ * parameter-server worker retries on: the server may not have noticed yet
+ * that the old process is gone). */
+#  define DT__NET_ALREADY "is already connected (duplicate rank"
+/* A flag in the acceptor's seen[] beside the lane bits: that worker said BYE
+ * (a parameter server's): a connection with its rank is refused as such. */
+#  define DT__NET_SEEN_LEFT 0x80u
+
 enum { DT__HS_BUSY = 0, DT__HS_DONE = 1, DT__HS_FAILED = -1 };
 typedef struct dt__hs {
   dt__conn conn;
@@ -23898,7 +23982,7 @@ static void dt__hs_ready(dt__hs *h, unsigned char *seen) {
   if (seen && h->conn.peer_role == DTRAIN_ROLE_WORKER) {
     /* Another handshake of the same rank may have finished while this one ran. */
     if (seen[h->conn.peer_index] & (1u << h->conn.lane)) {
-      snprintf(h->why, sizeof h->why, "%s is already connected (duplicate rank%s)", h->conn.peer,
+      snprintf(h->why, sizeof h->why, "%s " DT__NET_ALREADY "%s)", h->conn.peer,
                h->conn.lane ? ", lane 1" : "");
       dt__hs_refuse(h, DTRAIN_ERR_MISMATCH, h->why);
       return;
@@ -23937,10 +24021,15 @@ static void dt__hs_on_hello(dt__hs *h, const dt__net_self *self, unsigned char *
              (peer.role != DTRAIN_ROLE_WORKER || me.role != DTRAIN_ROLE_WORKER || me.workers != 2)) {
     snprintf(why, sizeof why, "a second connection (lane 1) is only for the two workers of a 2-worker job");
   }
+  if (!why[0] && seen && peer.role == DTRAIN_ROLE_WORKER && (seen[peer.index] & DT__NET_SEEN_LEFT)) {
+    char b[128];
+    dt__net_describe(&peer, b, sizeof b);
+    snprintf(why, sizeof why, "%s already finished (it said BYE): its rank cannot join again", b);
+  }
   if (!why[0] && seen && peer.role == DTRAIN_ROLE_WORKER && (seen[peer.index] & (1u << peer.lane))) {
     char b[128];
     dt__net_describe(&peer, b, sizeof b);
-    snprintf(why, sizeof why, "%s is already connected (duplicate rank%s)", b, peer.lane ? ", lane 1" : "");
+    snprintf(why, sizeof why, "%s " DT__NET_ALREADY "%s)", b, peer.lane ? ", lane 1" : "");
   }
   if (why[0]) {
     snprintf(h->why, sizeof h->why, "%s", why);
@@ -25651,14 +25740,20 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
  *   push of clock t:   every live worker pulled clock t-k   (pulled >= t-k+1)
  *                      and, when k = 0, every live worker j < w pushed t
  *
- * where "live" means not yet gone (BYE) or lost; a worker not yet connected
- * counts with clocks 0 (others wait for it, within the bound).
+ * where "live" means not yet gone (BYE) or lost; until the quorum (every
+ * worker, or dt_ps_options.min_workers of them, joined once) a worker not
+ * yet connected or joined counts with clocks 0 (others wait for it, within
+ * the bound); after it, only joined workers count. A worker that (re)joins
+ * starts at the clock of the slowest counting worker, or at its own last
+ * push when it was ahead (JOINED says both); its first request may be for
+ * any clock from there (the worker takes the largest over its servers).
  *
  * Messages (after the transport handshake; little-endian):
  *   JOIN   0x50 w->s  32 B: i32 max_staleness, u32 0, u64 params floats,
  *                            u64 shard floats, u64 layout hash
- *   JOINED 0x51 s->w  32 B: u64 version, i64 optimizer steps, i32 max_staleness,
- *                            u32 live workers, u64 layout hash
+ *   JOINED 0x51 s->w  48 B: u64 version, i64 optimizer steps, i32 max_staleness,
+ *                            u32 live workers, u64 layout hash, u64 start clock,
+ *                            u64 steps done (pushes of this rank before; 0 on a first join)
  *   PULL   0x52 w->s  16 B: u64 clock, u64 0
  *   PARAMS 0x53 s->w  16 B + 4*shard: u64 version, i64 clock gap, f32[shard]
  *   PUSH   0x54 w->s  16 B (+ 4*shard): u64 clock, u64 version pulled, f32[shard]
@@ -25683,7 +25778,8 @@ enum {
   DT__PS_PUSHED = 0x55
 };
 #define DT__PS_FIX 16   /* fixed part of PULL, PARAMS, PUSH, PUSHED */
-#define DT__PS_JOINLEN 32
+#define DT__PS_JOINLEN 32   /* JOIN */
+#define DT__PS_JOINEDLEN 48 /* JOINED */
 
 /* Prefix the thread's last error (copied first: dt__error writes the buffer dt_last_error reads). */
 static DT__UNUSED dt_result dt__ps_prefix(dt_result rc, const char *a, const char *b) {
@@ -25715,6 +25811,10 @@ typedef struct dt__ps_worker {
   int joined;
   dt__conn conn;
   int64_t pulled, pushed;   /* clocks: pulls / pushes made */
+  int ever;                 /* it joined once (counted in the quorum) */
+  int fresh;                /* (re)joined, no request yet: the first one sets its clocks */
+  int64_t start;            /* the clock it (re)joined at */
+  double lost_at;           /* when it was lost (DT__PSW_LOST) */
   int pend;                 /* DT__PSP_* */
   int64_t pend_clock;
   uint64_t pend_version;
@@ -25756,6 +25856,10 @@ typedef struct dt__ps_server {
   dt__hs *pend;             /* DT__NET_PENDING_MAX connections in the handshake, beside the serving */
   int npend;
   int done;
+  int need;                 /* the quorum: workers that must join before the clocks ignore the rest */
+  int joined;               /* distinct workers that joined at least once */
+  int quorum;               /* sticky: reached, or the connect deadline passed */
+  double start;             /* when serving began */
 } dt__ps_server;
 
 /* ---- shard checkpoints (dt_ps_ckpt.c) -------------------------------------------------------- */
@@ -26120,11 +26224,28 @@ DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
 #  include <sys/types.h>
 #  include <unistd.h>
 
+/* Connected workers, and (before the quorum) those still expected. */
 static int dt__ps_live_count(const dt__ps_server *S) {
   int n = 0;
   for (int i = 0; i < S->W; i++)
-    if (S->w[i].state == DT__PSW_NEW || S->w[i].state == DT__PSW_LIVE) n++;
+    if (S->w[i].state == DT__PSW_LIVE || (S->w[i].state == DT__PSW_NEW && !S->quorum)) n++;
   return n;
+}
+
+/* Does worker w count in the staleness rule? Before the quorum every worker
+ * not gone does (clocks 0 until it joins); after it, joined ones only. */
+static int dt__ps_counts(const dt__ps_server *S, const dt__ps_worker *w) {
+  if (w->state == DT__PSW_LIVE && w->joined) return 1;
+  return !S->quorum && (w->state == DT__PSW_NEW || w->state == DT__PSW_LIVE);
+}
+
+/* Keep serving? While a worker is live or expected, or one lost less than
+ * rejoin_timeout_s ago may come back. */
+static int dt__ps_open(const dt__ps_server *S, double now) {
+  if (dt__ps_live_count(S) > 0) return 1;
+  for (int i = 0; i < S->W; i++)
+    if (S->w[i].state == DT__PSW_LOST && now - S->w[i].lost_at < S->po.rejoin_timeout_s) return 1;
+  return 0;
 }
 
 static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
@@ -26151,6 +26272,9 @@ static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why
   dt__ps_worker_name(S, i, name, sizeof name);
   dt__ps_worker_free(S, w);
   w->state = DT__PSW_LOST;
+  w->joined = w->fresh = 0;
+  w->lost_at = dt__now();
+  S->seen[i] = 0; /* its rank may connect again (a restarted process) */
   int left = dt__ps_live_count(S);
   dt__log(DTRAIN_LOG_WARN, code, "ps %d: %s lost: %s; going on with %d worker%s", S->me, name, why, left,
           left == 1 ? "" : "s");
@@ -26207,7 +26331,7 @@ static int64_t dt__ps_min_clock(const dt__ps_server *S, int pushed) {
   int64_t m = INT64_MAX;
   for (int j = 0; j < S->W; j++) {
     const dt__ps_worker *w = &S->w[j];
-    if (w->state != DT__PSW_NEW && w->state != DT__PSW_LIVE) continue;
+    if (!dt__ps_counts(S, w)) continue;
     int64_t v = pushed ? w->pushed : w->pulled;
     if (v < m) m = v;
   }
@@ -26223,7 +26347,7 @@ static int dt__ps_can_serve(const dt__ps_server *S, int i) {
   if (k == 0)
     for (int j = 0; j < i; j++) {
       const dt__ps_worker *o = &S->w[j];
-      if ((o->state == DT__PSW_NEW || o->state == DT__PSW_LIVE) && o->pushed < t + 1) return 0;
+      if (dt__ps_counts(S, o) && o->pushed < t + 1) return 0;
     }
   return 1;
 }
@@ -26293,7 +26417,8 @@ static dt_result dt__ps_progress(dt__ps_server *S) {
 /* ---- frames from workers ------------------------------------------------------------------- */
 
 /* Refuse worker i at JOIN: the connection is closed and logged, and the
- * worker's slot is free again (a correct worker may still come). */
+ * worker's slot is free again (a correct worker may still come; one that
+ * was lost keeps its clocks for its return). */
 static void dt__ps_refuse(dt__ps_server *S, int i, dt_result code, const char *why) {
   dt__ps_worker *w = &S->w[i];
   unsigned char buf[4 + 256];
@@ -26305,9 +26430,14 @@ static void dt__ps_refuse(dt__ps_server *S, int i, dt_result code, const char *w
   if (!S->self.opt.quiet) dt__log(DTRAIN_LOG_WARN, code, "ps %d: refused %s: %s", S->me, w->conn.peer, why);
   dt__ps_worker_free(S, w);
   dt__conn_init(&w->conn, -1, S->self.job, S->self.id, (uint32_t)S->self.opt.max_payload);
-  w->state = DT__PSW_NEW;
-  w->joined = 0;
-  w->pulled = w->pushed = 0;
+  w->joined = w->fresh = 0;
+  if (w->ever) {
+    w->state = DT__PSW_LOST;
+    w->lost_at = dt__now();
+  } else {
+    w->state = DT__PSW_NEW;
+    w->pulled = w->pushed = 0;
+  }
   S->seen[i] = 0;
 }
 
@@ -26344,16 +26474,39 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
     dt__ps_refuse(S, i, DTRAIN_ERR_NOMEM, "the server is out of memory");
     return;
   }
+  /* Its clocks: where it was (its pushes before, 0 the first time), moved up
+   * to the slowest worker that counts, so that nobody waits for it. */
+  int64_t done = w->pushed, slowest = INT64_MAX;
+  for (int j = 0; j < S->W; j++)
+    if (j != i && S->w[j].state == DT__PSW_LIVE && S->w[j].joined && S->w[j].pushed < slowest)
+      slowest = S->w[j].pushed;
+  w->start = slowest != INT64_MAX && slowest > done ? slowest : done;
+  w->pulled = w->pushed = w->start;
+  w->fresh = 1;
   w->joined = 1;
-  unsigned char out[DT__PS_JOINLEN];
+  int again = w->ever;
+  if (!w->ever) {
+    w->ever = 1;
+    if (++S->joined >= S->need) S->quorum = 1;
+  }
+  unsigned char out[DT__PS_JOINEDLEN];
   memset(out, 0, sizeof out);
   dt__put_le64(out, S->version);
   dt__put_le64(out + 8, (uint64_t)dt_optim_steps(S->opt));
   dt__put_le32(out + 16, (uint32_t)(int32_t)S->k);
   dt__put_le32(out + 20, (uint32_t)dt__ps_live_count(S));
   dt__put_le64(out + 24, S->layout);
-  dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s joined (max_staleness %d)", S->me, w->conn.peer, S->k);
-  dt__ps_queue(S, i, DT__PS_JOINED, out, DT__PS_JOINLEN, NULL);
+  dt__put_le64(out + 32, (uint64_t)w->start);
+  dt__put_le64(out + 40, (uint64_t)(again ? done : 0));
+  if (again)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s rejoined at clock %lld (it had pushed %lld; version %llu)", S->me,
+            w->conn.peer, (long long)w->start, (long long)done, (unsigned long long)S->version);
+  else if (S->version > 0)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s joined mid-run at clock %lld (version %llu)", S->me, w->conn.peer,
+            (long long)w->start, (unsigned long long)S->version);
+  else
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s joined (max_staleness %d)", S->me, w->conn.peer, S->k);
+  dt__ps_queue(S, i, DT__PS_JOINED, out, DT__PS_JOINEDLEN, NULL);
 }
 
 /* A whole header from worker i (w->in_h): checked as dt__conn_recv_header
@@ -26416,6 +26569,7 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
       dt__ps_worker_name(S, i, name, sizeof name);
       dt__ps_worker_free(S, w);
       w->state = DT__PSW_DONE;
+      S->seen[i] = DT__NET_SEEN_LEFT; /* a process with its rank is refused as finished */
       S->done++;
       dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s finished (BYE)", S->me, name);
       break;
@@ -26424,6 +26578,17 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
     case DT__PS_PULL:
     case DT__PS_PUSH: {
       int64_t t = (int64_t)dt__get_le64(dst);
+      if (w->fresh && t < w->start) {
+        snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld, before its start clock %lld", op,
+                 f.type == DT__PS_PUSH ? "push" : "pull", (long long)t, (long long)w->start);
+        dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+        return;
+      }
+      if (w->fresh) { /* its first request: it may start later (another server's start clock was larger) */
+        w->pushed = t;
+        w->pulled = f.type == DT__PS_PUSH ? t + 1 : t;
+        w->fresh = 0;
+      }
       if (t < 0 || (f.type == DT__PS_PUSH && t < w->pushed)) {
         snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld after a push of clock %lld", op,
                  f.type == DT__PS_PUSH ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
@@ -26490,7 +26655,8 @@ static void dt__ps_admit_done(dt__ps_server *S, int j, int r) {
   dt__conn c = S->pend[j].conn;
   dt__ps_drop_pending(S, j);
   if (r != DT__HS_DONE) return;
-  if (c.peer_role != DTRAIN_ROLE_WORKER || S->w[c.peer_index].state != DT__PSW_NEW) {
+  if (c.peer_role != DTRAIN_ROLE_WORKER ||
+      (S->w[c.peer_index].state != DT__PSW_NEW && S->w[c.peer_index].state != DT__PSW_LOST)) {
     if (!S->self.opt.quiet)
       dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "ps %d: refused %s: %s", S->me, c.peer,
               c.peer_role != DTRAIN_ROLE_WORKER ? "only workers talk to a server" : "that worker already left");
@@ -26559,13 +26725,15 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
     rc = dt__error(DTRAIN_ERR_NOMEM, "dt_ps_serve: ps %d: out of memory", S->me);
     goto out;
   }
-  while (dt__ps_live_count(S) > 0) {
+  while (dt__ps_open(S, dt__now())) {
     double now = dt__now();
-    /* Deadlines: workers that never came, went silent, or stopped reading. */
+    /* Deadlines: workers that never came (before the quorum; after it the
+     * rest are welcome later), went silent, or stopped reading. */
+    int late = !S->quorum && now - start > S->self.opt.connect_timeout_s;
     for (int i = 0; i < S->W; i++) {
       dt__ps_worker *w = &S->w[i];
       char why[160];
-      if (w->state == DT__PSW_NEW && now - start > S->self.opt.connect_timeout_s) {
+      if (w->state == DT__PSW_NEW && late) {
         snprintf(why, sizeof why, "it did not connect within %.1f s", S->self.opt.connect_timeout_s);
         dt__ps_lose(S, i, DTRAIN_ERR_TIMEOUT, why);
       } else if (w->state == DT__PSW_LIVE) {
@@ -26596,9 +26764,10 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
       if (r != DT__HS_BUSY) dt__ps_admit_done(S, j, r);
       else j++;
     }
+    if (late) S->quorum = 1; /* whoever was coming on time is here */
     /* Losing a worker may let others go on. */
     rc = dt__ps_progress(S);
-    if (rc != DTRAIN_OK || dt__ps_live_count(S) == 0) break;
+    if (rc != DTRAIN_OK || !dt__ps_open(S, now)) break;
     int n = 0;
     pf[n].fd = S->lfd;
     pf[n].events = POLLIN;
@@ -26674,6 +26843,12 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   S.W = c->workers;
   S.np = dt_params_count(params);
   S.k = 0;
+  S.need = S.po.min_workers > 0 && S.po.min_workers < S.W ? S.po.min_workers : S.W;
+  if (S.po.min_workers < 0 || !(S.po.rejoin_timeout_s >= 0)) {
+    rc = dt__error(DTRAIN_ERR_INVALID_ARG, "%s: ps %d: min_workers %d and rejoin_timeout_s %g must be >= 0", fn,
+                   c->index, S.po.min_workers, S.po.rejoin_timeout_s);
+    return rc;
+  }
   S.owner = (int *)dt__alloc((size_t)(S.np > 0 ? S.np : 1) * sizeof(int));
   S.w = (dt__ps_worker *)dt__calloc((size_t)S.W * sizeof(dt__ps_worker));
   S.seen = (unsigned char *)dt__calloc((size_t)S.W);
@@ -27110,8 +27285,21 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   for (int s = 0; s < C->M; s++) {
     char op[64];
     snprintf(op, sizeof op, "worker %d: join", C->me);
-    if (dt__net_dial(&self, DTRAIN_ROLE_PS, s, &C->conn[s]) != DTRAIN_OK) {
+    /* A restarted worker may find its rank still taken: the server has not
+     * yet noticed that the old process is gone (it will within its timeout_s):
+     * try again until connect_timeout_s. */
+    double until = dt__now() + self.opt.connect_timeout_s;
+    int said = 0;
+    while (dt__net_dial(&self, DTRAIN_ROLE_PS, s, &C->conn[s]) != DTRAIN_OK) {
       C->conn[s].fd = -1;
+      if (dt_last_result() == DTRAIN_ERR_MISMATCH && strstr(dt_last_error(), DT__NET_ALREADY) &&
+          dt__now() + 0.2 < until) {
+        if (!said++)
+          dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "worker %d: ps %d still holds this rank's old connection; trying again "
+                  "for up to %.0f s", C->me, s, until - dt__now());
+        dt__sleep(0.2);
+        continue;
+      }
       dt__ps_prefix(dt_last_result(), op, NULL);
       goto fail;
     }
@@ -27122,23 +27310,36 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
     dt__put_le64(j + 16, (uint64_t)C->shard[s]);
     dt__put_le64(j + 24, dt__ps_layout_hash(params, C->owner, s, C->M));
     rc = dt__conn_send(&C->conn[s], DT__PS_JOIN, j, DT__PS_JOINLEN, dt__now() + C->timeout, op);
-    if (rc == DTRAIN_OK && C->buf_cap[s] < DT__PS_JOINLEN) {
-      unsigned char *nb = (unsigned char *)dt__alloc(DT__PS_JOINLEN);
+    if (rc == DTRAIN_OK && C->buf_cap[s] < DT__PS_JOINEDLEN) {
+      unsigned char *nb = (unsigned char *)dt__alloc(DT__PS_JOINEDLEN);
       if (!nb) {
         dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
         goto fail;
       }
       dt__free(C->buf[s], C->buf_cap[s]);
       C->buf[s] = nb;
-      C->buf_cap[s] = DT__PS_JOINLEN;
+      C->buf_cap[s] = DT__PS_JOINEDLEN;
     }
-    if (rc == DTRAIN_OK) rc = dt__ps_client_answer(C, s, DT__PS_JOINED, DT__PS_JOINLEN, op);
+    if (rc == DTRAIN_OK) rc = dt__ps_client_answer(C, s, DT__PS_JOINED, DT__PS_JOINEDLEN, op);
     if (rc != DTRAIN_OK) goto fail;
     uint64_t v = dt__get_le64(C->buf[s]);
+    int64_t start = (int64_t)dt__get_le64(C->buf[s] + 32), done = (int64_t)dt__get_le64(C->buf[s] + 40);
+    if (start < 0 || done < 0 || done > start) {
+      dt__error(DTRAIN_ERR_PROTOCOL, "%s: %s sent start clock %lld and steps done %lld (want 0 <= done <= start)", op,
+                C->conn[s].peer, (long long)start, (long long)done);
+      goto fail;
+    }
+    /* Start at the largest start clock (every server lets a rejoined worker
+     * begin later than it said); resume after the fewest steps any server
+     * saw (a push that reached only some servers is made again). */
+    if (start > C->next) C->next = start;
+    if (s == 0 || done < C->ps.steps_done) C->ps.steps_done = done;
     C->pulled_version[s] = v;
     if (v > C->version) C->version = v;
     C->last_send[s] = dt__now();
   }
+  C->ps.start_clock = C->next;
+  C->base = C->next;
   C->ps.vtable = &dt__ps_client_vtable;
   C->ps.workers = c->workers;
   C->ps.max_staleness = max_staleness;

@@ -22,10 +22,18 @@
  * together with --batch),
  * --lr X, --max-staleness K (default 2), --limit N, --data DIR, --seed S,
  * --checkpoint-dir DIR (servers), --checkpoint-every N (updates), --quiet;
+ * servers: --min-workers N (start training once N workers joined; the
+ * others may join later) and --rejoin-timeout S (when every worker is gone
+ * but one was lost less than S seconds ago, wait for it to come back);
  * for experiments --crash-at RANK:STEP (that worker kills itself: the others
  * and the servers go on) and --slow RANK:FACTOR (a straggler).
  * Workers print their progress; worker 0 ends with the test accuracy of the
- * parameters it pulls after everybody is done. */
+ * parameters it pulls after everybody is done.
+ *
+ * A worker that died can be started again, with the same command and
+ * environment: it rejoins the servers under its rank, gets the current
+ * parameters, skips the steps its rank had pushed (its data too: the same
+ * shuffled order) and trains the rest. */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
 #include <errno.h>
@@ -36,7 +44,8 @@
 #include <time.h>
 
 typedef struct options {
-  int epochs, batch, max_staleness, quiet, crash_rank, slow_rank;
+  int epochs, batch, max_staleness, quiet, crash_rank, slow_rank, min_workers;
+  double rejoin_timeout;
   int batch_per_worker; /* --batch-per-worker B, 0 when not given; then --batch (global) decides */
   int batch_given;      /* --batch was on the command line (the two flags together are refused) */
   int64_t limit, crash_step, checkpoint_every;
@@ -66,12 +75,13 @@ typedef struct feed {
   dt_loader *loader;
   const options *o;
   int rank;
+  int64_t first; /* the run's step 0 is this worker's step `first` (a rejoined worker resumes) */
 } feed;
 
 static dt_result next_batch(void *user, int replica, int64_t step, dt_minibatch *out) {
   feed *f = (feed *)user;
   (void)replica;
-  if (f->rank == f->o->crash_rank && step == f->o->crash_step) {
+  if (f->rank == f->o->crash_rank && f->first + step == f->o->crash_step) {
     fflush(stdout);
     raise(SIGKILL); /* a crash: no goodbye to the servers */
   }
@@ -141,6 +151,8 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(k, "--data")) o->data = v;
     else if (!strcmp(k, "--checkpoint-dir")) o->checkpoint_dir = v;
     else if (!strcmp(k, "--checkpoint-every")) o->checkpoint_every = atoll(v);
+    else if (!strcmp(k, "--min-workers")) { o->min_workers = atoi(v); if (o->min_workers < 0) return 0; }
+    else if (!strcmp(k, "--rejoin-timeout")) { o->rejoin_timeout = atof(v); if (!(o->rejoin_timeout >= 0)) return 0; }
     else if (!strcmp(k, "--crash-at")) {
       long long st;
       if (sscanf(v, "%d:%lld", &o->crash_rank, &st) != 2) return 0;
@@ -166,6 +178,7 @@ int main(int argc, char **argv) {
   if (!parse(argc, argv, &o)) {
     fprintf(stderr, "usage: 06_parameter_server [--epochs E] [--batch B (global) | --batch-per-worker B] [--lr X] [--max-staleness K] [--limit N]\n"
                     "       [--data DIR] [--seed S] [--checkpoint-dir DIR] [--checkpoint-every N] [--quiet]\n"
+                    "       [--min-workers N] [--rejoin-timeout S]   (servers)\n"
                     "       [--crash-at RANK:STEP] [--slow RANK:FACTOR]   (cluster: DTRAIN_CONFIG or flags)\n");
     return 2;
   }
@@ -203,6 +216,8 @@ int main(int argc, char **argv) {
     memset(&po, 0, sizeof po);
     po.checkpoint_dir = o.checkpoint_dir;
     po.checkpoint_every = o.checkpoint_every;
+    po.min_workers = o.min_workers;
+    po.rejoin_timeout_s = o.rejoin_timeout;
     dt_result r = dt_ps_serve(cl, P, opt, &no, &po);
     if (r != DTRAIN_OK) fprintf(stderr, "ps %d: %s\n", cl->index, dt_last_error());
     else if (!o.quiet) printf("ps %d: done, %lld updates applied\n", cl->index, (long long)dt_optim_steps(opt));
@@ -265,14 +280,29 @@ int main(int argc, char **argv) {
     fprintf(stderr, "worker %d: error: %s\n", rank, dt_last_error());
     return 1;
   }
-  feed f = {loader, &o, rank};
+  feed f = {loader, &o, rank, 0};
   int64_t steps = (int64_t)o.epochs * dt_loader_num_batches(loader);
-  if (!o.quiet && rank == 0)
+  if (!o.quiet && rank == 0 && store->steps_done == 0)
     printf("%d workers, %d servers, max staleness %d, %lld steps per worker, batch %d per worker (global %d)\n", world,
            cl->servers, o.max_staleness, (long long)steps, batch_worker, batch_worker * world);
+  if (store->steps_done > 0) {
+    /* A restarted worker: its rank had pushed steps_done steps. Skip them,
+     * and their batches (the loader's order is the same in every run). */
+    f.first = store->steps_done < steps ? store->steps_done : steps;
+    for (int64_t i = 0; i < f.first; i++) {
+      dt_batch skip;
+      int got = dt_loader_next(loader, &skip);
+      if (got == 0) got = dt_loader_next(loader, &skip);
+      if (got <= 0) break;
+    }
+    if (!o.quiet)
+      printf("worker %d: rejoined at clock %lld; %lld of %lld steps were done before, %lld to go\n", rank,
+             (long long)store->start_clock, (long long)f.first, (long long)steps, (long long)(steps - f.first));
+    steps -= f.first;
+  }
   float loss = 0;
   double t0 = dt_time_now();
-  r = dt_strategy_run(s, steps, next_batch, &f, &loss);
+  r = steps > 0 ? dt_strategy_run(s, steps, next_batch, &f, &loss) : DTRAIN_OK; /* 0: it had done them all */
   double secs = dt_time_now() - t0;
   int rc = 0;
   if (r != DTRAIN_OK) {

@@ -15,6 +15,9 @@
 #  else
 #    include <dirent.h>
 #    include <fcntl.h>
+#    if defined(__linux__)
+#      include <sys/syscall.h>
+#    endif
 #    include <signal.h>
 #    include <sys/stat.h>
 #    include <sys/types.h>
@@ -75,8 +78,34 @@ static long dt__file_tmp_pid(const char *name, const char *base, size_t blen) {
   return pid;
 }
 
+/* One directory entry: removes it when it is a temporary of path's whose
+ * process is gone. 0 when out of memory (stop listing). */
+static int dt__file_clean_one(const char *path, const char *name, const char *base, size_t blen, long me) {
+  size_t dn = dt__file_dir_len(path);
+  long pid = dt__file_tmp_pid(name, base, blen);
+  if (pid <= 0 || pid == me) return 1;
+  if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) return 1; /* alive, or not ours to judge */
+  size_t cap = (strchr(path, '/') ? dn + 1 : 0) + strlen(name) + 1;
+  char *full = (char *)dt__alloc(cap);
+  if (!full) return 0;
+  snprintf(full, cap, "%.*s%s%s", (int)dn, path, strchr(path, '/') ? "/" : "", name);
+  if (unlink(full) == 0)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "removed '%s', left by process %ld that no longer exists", full, pid);
+  dt__free(full, cap);
+  return 1;
+}
+
+#  if defined(__linux__) && defined(SYS_getdents64)
+/* syscall() is not declared under _POSIX_C_SOURCE alone; this is its prototype in glibc and musl. */
+extern long syscall(long number, ...);
+#  endif
+
 /* Removes "<path>.tmp-<pid>-*" of processes that are gone (killed while
- * saving). Best effort: a failure here never stops the save. */
+ * saving). Best effort: a failure here never stops the save. On Linux the
+ * directory is read with getdents64 itself: readdir in a 32-bit build
+ * without large-file support fails (EOVERFLOW) on a file system with 64-bit
+ * inode numbers, and a header library cannot choose the user's
+ * _FILE_OFFSET_BITS. */
 static void dt__file_clean_stale(const char *path) {
   size_t dn = dt__file_dir_len(path);
   const char *base = strchr(path, '/') ? path + dn + 1 : path;
@@ -85,30 +114,51 @@ static void dt__file_clean_stale(const char *path) {
   if (blen == 0) return;
   int dfd = dt__file_open_dir(path);
   if (dfd < 0) return;
+  int err = 0;
+#  if defined(__linux__) && defined(SYS_getdents64)
+  /* struct linux_dirent64: u64 d_ino, s64 d_off, u16 d_reclen, u8 d_type, char d_name[] (NUL-terminated). */
+  enum { DT__DIRENT_RECLEN = 16, DT__DIRENT_NAME = 19 };
+  size_t cap = 16384;
+  unsigned char *buf = (unsigned char *)dt__alloc(cap);
+  if (!buf) {
+    close(dfd);
+    return;
+  }
+  for (int more = 1; more;) {
+    long n = syscall(SYS_getdents64, dfd, buf, cap);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    for (long off = 0; off + DT__DIRENT_NAME < n;) {
+      unsigned short reclen;
+      memcpy(&reclen, buf + off + DT__DIRENT_RECLEN, sizeof reclen);
+      if (reclen <= DT__DIRENT_NAME || off + reclen > n) break; /* cannot happen: the kernel's own records */
+      buf[off + reclen - 1] = '\0'; /* the record is padded with NULs; never read past it */
+      if (!dt__file_clean_one(path, (const char *)buf + off + DT__DIRENT_NAME, base, blen, me)) {
+        more = 0;
+        break;
+      }
+      off += reclen;
+    }
+  }
+  dt__free(buf, cap);
+  close(dfd);
+#  else
   DIR *d = fdopendir(dfd);
   if (!d) {
     close(dfd);
     return;
   }
   struct dirent *e;
-  for (errno = 0; (e = readdir(d)) != NULL; errno = 0) {
-    long pid = dt__file_tmp_pid(e->d_name, base, blen);
-    if (pid <= 0 || pid == me) continue;
-    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
-    size_t cap = (strchr(path, '/') ? dn + 1 : 0) + strlen(e->d_name) + 1;
-    char *full = (char *)dt__alloc(cap);
-    if (!full) break;
-    snprintf(full, cap, "%.*s%s%s", (int)dn, path, strchr(path, '/') ? "/" : "", e->d_name);
-    if (unlink(full) == 0)
-      dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "removed '%s', left by process %ld that no longer exists", full, pid);
-    dt__free(full, cap);
-  }
-  /* A listing that fails (EOVERFLOW: a 32-bit build without large-file
-   * support on a file system with 64-bit inode numbers) removes nothing: say so. */
-  if (errno != 0)
-    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "cannot list the directory of '%s' to remove stale temporaries: %s", path,
-            strerror(errno));
+  for (errno = 0; (e = readdir(d)) != NULL; errno = 0)
+    if (!dt__file_clean_one(path, e->d_name, base, blen, me)) break;
+  err = e ? 0 : errno;
   closedir(d);
+#  endif
+  /* A listing that fails removes nothing: say so. */
+  if (err != 0)
+    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_IO, "cannot list the directory of '%s' to remove stale temporaries: %s", path,
+            strerror(err));
 }
 #endif
 

@@ -74,7 +74,8 @@ DTRAIN_PRIVATE dt_result dt__frame_unpack(const unsigned char h[DT__NET_HDR], ui
   }
   if (f->version != DTRAIN_NET_VERSION) {
     snprintf(why, cap, "protocol version %u, this build speaks %d (every process of a job must run the same wire "
-             "version; version 1 did not send the job-id flag of the hello)", (unsigned)f->version, DTRAIN_NET_VERSION);
+             "version; see docs/wire_protocol.md)",
+             (unsigned)f->version, DTRAIN_NET_VERSION);
     return DTRAIN_ERR_MISMATCH;
   }
   if ((f->flags & ~DT__NET_F_PAYLOAD_CRC) != 0) {

@@ -350,7 +350,7 @@ static void dt__hs_ready(dt__hs *h, unsigned char *seen) {
   if (seen && h->conn.peer_role == DTRAIN_ROLE_WORKER) {
     /* Another handshake of the same rank may have finished while this one ran. */
     if (seen[h->conn.peer_index] & (1u << h->conn.lane)) {
-      snprintf(h->why, sizeof h->why, "%s is already connected (duplicate rank%s)", h->conn.peer,
+      snprintf(h->why, sizeof h->why, "%s " DT__NET_ALREADY "%s)", h->conn.peer,
                h->conn.lane ? ", lane 1" : "");
       dt__hs_refuse(h, DTRAIN_ERR_MISMATCH, h->why);
       return;
@@ -389,10 +389,15 @@ static void dt__hs_on_hello(dt__hs *h, const dt__net_self *self, unsigned char *
              (peer.role != DTRAIN_ROLE_WORKER || me.role != DTRAIN_ROLE_WORKER || me.workers != 2)) {
     snprintf(why, sizeof why, "a second connection (lane 1) is only for the two workers of a 2-worker job");
   }
+  if (!why[0] && seen && peer.role == DTRAIN_ROLE_WORKER && (seen[peer.index] & DT__NET_SEEN_LEFT)) {
+    char b[128];
+    dt__net_describe(&peer, b, sizeof b);
+    snprintf(why, sizeof why, "%s already finished (it said BYE): its rank cannot join again", b);
+  }
   if (!why[0] && seen && peer.role == DTRAIN_ROLE_WORKER && (seen[peer.index] & (1u << peer.lane))) {
     char b[128];
     dt__net_describe(&peer, b, sizeof b);
-    snprintf(why, sizeof why, "%s is already connected (duplicate rank%s)", b, peer.lane ? ", lane 1" : "");
+    snprintf(why, sizeof why, "%s " DT__NET_ALREADY "%s)", b, peer.lane ? ", lane 1" : "");
   }
   if (why[0]) {
     snprintf(h->why, sizeof h->why, "%s", why);

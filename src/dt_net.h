@@ -41,7 +41,8 @@ struct dt_pstore;
 DTRAIN_EXTERN_C_BEGIN
 
 #define DTRAIN_MAX_PEERS 1024
-#define DTRAIN_NET_VERSION 2 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID) */
+#define DTRAIN_NET_VERSION 3 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID);
+                                3: JOINED carries the clocks a (re)joining worker starts from */
 
 typedef enum dt_role {
   DTRAIN_ROLE_WORKER = 0,
@@ -258,7 +259,23 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void);
  * ("ps 0: worker 1 (127.0.0.1:7001) lost: ...; going on with 1 worker"),
  * dropped from the staleness clocks, and training goes on with the rest. A
  * worker that never connects within connect_timeout_s is dropped the same
- * way. A server that dies or stalls makes every call of every worker's store
+ * way, unless min_workers says it is optional (dt_ps_options).
+ *
+ * Membership. A lost worker may come back with its rank (a restarted
+ * process: the same cluster entry, the same job and token): its slot is
+ * free again once the server drops it, the handshake and JOIN run as on the
+ * first day, and it gets the current parameters at its first pull. It
+ * rejoins at the clock of the slowest live worker (or its own, if it was
+ * ahead), so the others never wait for it to catch up; the store's
+ * steps_done says how many steps its rank had pushed before (the servers
+ * remember), so a program can resume its schedule and data where it left
+ * (examples/06_parameter_server does). A worker that said BYE cannot come
+ * back. With min_workers M < W, training starts once M workers joined; each
+ * of the others may join mid-run, any time while the server runs, the same
+ * way. A server ends when no worker is live; with rejoin_timeout_s it first
+ * waits that long for a lost worker to come back.
+ *
+ * A server that dies or stalls makes every call of every worker's store
  * return DTRAIN_ERR_PEER or DTRAIN_ERR_TIMEOUT within about timeout_s, naming
  * it ("worker 0: push #12: receive from ps 1 (127.0.0.1:7101): ..."); the
  * error stays until the store is destroyed. Restart the job: each server
@@ -276,6 +293,10 @@ typedef struct dt_ps_options {
   int64_t checkpoint_every;    /* also write one after every this many updates [0: off] */
   double checkpoint_seconds;   /* also write one when this many seconds passed since the last [0: off] */
   int no_resume;               /* nonzero: start from the params' values even if a checkpoint exists */
+  int min_workers;             /* training starts once this many workers joined; the others may
+                                  join later (mid-run) and are not waited for [0: all of them] */
+  double rejoin_timeout_s;     /* when no worker is live but one was lost less than this long ago,
+                                  keep serving for its return (a restarted process) [0: end] */
 } dt_ps_options;
 
 /* The server of each parameter: server_of[i] for i < dt_params_count(p)

@@ -162,6 +162,14 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
 #  define DT__HS_IN (DT__NET_HDR + 512)  /* a hello, a proof or a refusal's text */
 #  define DT__HS_OUT 640                 /* WELCOME + AUTH + READY, or WELCOME + REFUSE */
 #  define DT__NET_PENDING_MAX 32         /* connections in the handshake at a time (then the oldest goes) */
+/* The refusal of a rank that is still connected (the words a restarted
+ * parameter-server worker retries on: the server may not have noticed yet
+ * that the old process is gone). */
+#  define DT__NET_ALREADY "is already connected (duplicate rank"
+/* A flag in the acceptor's seen[] beside the lane bits: that worker said BYE
+ * (a parameter server's): a connection with its rank is refused as such. */
+#  define DT__NET_SEEN_LEFT 0x80u
+
 enum { DT__HS_BUSY = 0, DT__HS_DONE = 1, DT__HS_FAILED = -1 };
 typedef struct dt__hs {
   dt__conn conn;

@@ -346,8 +346,21 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   for (int s = 0; s < C->M; s++) {
     char op[64];
     snprintf(op, sizeof op, "worker %d: join", C->me);
-    if (dt__net_dial(&self, DTRAIN_ROLE_PS, s, &C->conn[s]) != DTRAIN_OK) {
+    /* A restarted worker may find its rank still taken: the server has not
+     * yet noticed that the old process is gone (it will within its timeout_s):
+     * try again until connect_timeout_s. */
+    double until = dt__now() + self.opt.connect_timeout_s;
+    int said = 0;
+    while (dt__net_dial(&self, DTRAIN_ROLE_PS, s, &C->conn[s]) != DTRAIN_OK) {
       C->conn[s].fd = -1;
+      if (dt_last_result() == DTRAIN_ERR_MISMATCH && strstr(dt_last_error(), DT__NET_ALREADY) &&
+          dt__now() + 0.2 < until) {
+        if (!said++)
+          dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "worker %d: ps %d still holds this rank's old connection; trying again "
+                  "for up to %.0f s", C->me, s, until - dt__now());
+        dt__sleep(0.2);
+        continue;
+      }
       dt__ps_prefix(dt_last_result(), op, NULL);
       goto fail;
     }
@@ -358,23 +371,36 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
     dt__put_le64(j + 16, (uint64_t)C->shard[s]);
     dt__put_le64(j + 24, dt__ps_layout_hash(params, C->owner, s, C->M));
     rc = dt__conn_send(&C->conn[s], DT__PS_JOIN, j, DT__PS_JOINLEN, dt__now() + C->timeout, op);
-    if (rc == DTRAIN_OK && C->buf_cap[s] < DT__PS_JOINLEN) {
-      unsigned char *nb = (unsigned char *)dt__alloc(DT__PS_JOINLEN);
+    if (rc == DTRAIN_OK && C->buf_cap[s] < DT__PS_JOINEDLEN) {
+      unsigned char *nb = (unsigned char *)dt__alloc(DT__PS_JOINEDLEN);
       if (!nb) {
         dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
         goto fail;
       }
       dt__free(C->buf[s], C->buf_cap[s]);
       C->buf[s] = nb;
-      C->buf_cap[s] = DT__PS_JOINLEN;
+      C->buf_cap[s] = DT__PS_JOINEDLEN;
     }
-    if (rc == DTRAIN_OK) rc = dt__ps_client_answer(C, s, DT__PS_JOINED, DT__PS_JOINLEN, op);
+    if (rc == DTRAIN_OK) rc = dt__ps_client_answer(C, s, DT__PS_JOINED, DT__PS_JOINEDLEN, op);
     if (rc != DTRAIN_OK) goto fail;
     uint64_t v = dt__get_le64(C->buf[s]);
+    int64_t start = (int64_t)dt__get_le64(C->buf[s] + 32), done = (int64_t)dt__get_le64(C->buf[s] + 40);
+    if (start < 0 || done < 0 || done > start) {
+      dt__error(DTRAIN_ERR_PROTOCOL, "%s: %s sent start clock %lld and steps done %lld (want 0 <= done <= start)", op,
+                C->conn[s].peer, (long long)start, (long long)done);
+      goto fail;
+    }
+    /* Start at the largest start clock (every server lets a rejoined worker
+     * begin later than it said); resume after the fewest steps any server
+     * saw (a push that reached only some servers is made again). */
+    if (start > C->next) C->next = start;
+    if (s == 0 || done < C->ps.steps_done) C->ps.steps_done = done;
     C->pulled_version[s] = v;
     if (v > C->version) C->version = v;
     C->last_send[s] = dt__now();
   }
+  C->ps.start_clock = C->next;
+  C->base = C->next;
   C->ps.vtable = &dt__ps_client_vtable;
   C->ps.workers = c->workers;
   C->ps.max_staleness = max_staleness;

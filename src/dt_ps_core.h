@@ -18,14 +18,20 @@
  *   push of clock t:   every live worker pulled clock t-k   (pulled >= t-k+1)
  *                      and, when k = 0, every live worker j < w pushed t
  *
- * where "live" means not yet gone (BYE) or lost; a worker not yet connected
- * counts with clocks 0 (others wait for it, within the bound).
+ * where "live" means not yet gone (BYE) or lost; until the quorum (every
+ * worker, or dt_ps_options.min_workers of them, joined once) a worker not
+ * yet connected or joined counts with clocks 0 (others wait for it, within
+ * the bound); after it, only joined workers count. A worker that (re)joins
+ * starts at the clock of the slowest counting worker, or at its own last
+ * push when it was ahead (JOINED says both); its first request may be for
+ * any clock from there (the worker takes the largest over its servers).
  *
  * Messages (after the transport handshake; little-endian):
  *   JOIN   0x50 w->s  32 B: i32 max_staleness, u32 0, u64 params floats,
  *                            u64 shard floats, u64 layout hash
- *   JOINED 0x51 s->w  32 B: u64 version, i64 optimizer steps, i32 max_staleness,
- *                            u32 live workers, u64 layout hash
+ *   JOINED 0x51 s->w  48 B: u64 version, i64 optimizer steps, i32 max_staleness,
+ *                            u32 live workers, u64 layout hash, u64 start clock,
+ *                            u64 steps done (pushes of this rank before; 0 on a first join)
  *   PULL   0x52 w->s  16 B: u64 clock, u64 0
  *   PARAMS 0x53 s->w  16 B + 4*shard: u64 version, i64 clock gap, f32[shard]
  *   PUSH   0x54 w->s  16 B (+ 4*shard): u64 clock, u64 version pulled, f32[shard]
@@ -50,7 +56,8 @@ enum {
   DT__PS_PUSHED = 0x55
 };
 #define DT__PS_FIX 16   /* fixed part of PULL, PARAMS, PUSH, PUSHED */
-#define DT__PS_JOINLEN 32
+#define DT__PS_JOINLEN 32   /* JOIN */
+#define DT__PS_JOINEDLEN 48 /* JOINED */
 
 /* Prefix the thread's last error (copied first: dt__error writes the buffer dt_last_error reads). */
 static DT__UNUSED dt_result dt__ps_prefix(dt_result rc, const char *a, const char *b) {
@@ -82,6 +89,10 @@ typedef struct dt__ps_worker {
   int joined;
   dt__conn conn;
   int64_t pulled, pushed;   /* clocks: pulls / pushes made */
+  int ever;                 /* it joined once (counted in the quorum) */
+  int fresh;                /* (re)joined, no request yet: the first one sets its clocks */
+  int64_t start;            /* the clock it (re)joined at */
+  double lost_at;           /* when it was lost (DT__PSW_LOST) */
   int pend;                 /* DT__PSP_* */
   int64_t pend_clock;
   uint64_t pend_version;
@@ -123,6 +134,10 @@ typedef struct dt__ps_server {
   dt__hs *pend;             /* DT__NET_PENDING_MAX connections in the handshake, beside the serving */
   int npend;
   int done;
+  int need;                 /* the quorum: workers that must join before the clocks ignore the rest */
+  int joined;               /* distinct workers that joined at least once */
+  int quorum;               /* sticky: reached, or the connect deadline passed */
+  double start;             /* when serving began */
 } dt__ps_server;
 
 /* ---- shard checkpoints (dt_ps_ckpt.c) -------------------------------------------------------- */

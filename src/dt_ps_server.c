@@ -29,11 +29,28 @@
 #  include <sys/types.h>
 #  include <unistd.h>
 
+/* Connected workers, and (before the quorum) those still expected. */
 static int dt__ps_live_count(const dt__ps_server *S) {
   int n = 0;
   for (int i = 0; i < S->W; i++)
-    if (S->w[i].state == DT__PSW_NEW || S->w[i].state == DT__PSW_LIVE) n++;
+    if (S->w[i].state == DT__PSW_LIVE || (S->w[i].state == DT__PSW_NEW && !S->quorum)) n++;
   return n;
+}
+
+/* Does worker w count in the staleness rule? Before the quorum every worker
+ * not gone does (clocks 0 until it joins); after it, joined ones only. */
+static int dt__ps_counts(const dt__ps_server *S, const dt__ps_worker *w) {
+  if (w->state == DT__PSW_LIVE && w->joined) return 1;
+  return !S->quorum && (w->state == DT__PSW_NEW || w->state == DT__PSW_LIVE);
+}
+
+/* Keep serving? While a worker is live or expected, or one lost less than
+ * rejoin_timeout_s ago may come back. */
+static int dt__ps_open(const dt__ps_server *S, double now) {
+  if (dt__ps_live_count(S) > 0) return 1;
+  for (int i = 0; i < S->W; i++)
+    if (S->w[i].state == DT__PSW_LOST && now - S->w[i].lost_at < S->po.rejoin_timeout_s) return 1;
+  return 0;
 }
 
 static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
@@ -60,6 +77,9 @@ static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why
   dt__ps_worker_name(S, i, name, sizeof name);
   dt__ps_worker_free(S, w);
   w->state = DT__PSW_LOST;
+  w->joined = w->fresh = 0;
+  w->lost_at = dt__now();
+  S->seen[i] = 0; /* its rank may connect again (a restarted process) */
   int left = dt__ps_live_count(S);
   dt__log(DTRAIN_LOG_WARN, code, "ps %d: %s lost: %s; going on with %d worker%s", S->me, name, why, left,
           left == 1 ? "" : "s");
@@ -116,7 +136,7 @@ static int64_t dt__ps_min_clock(const dt__ps_server *S, int pushed) {
   int64_t m = INT64_MAX;
   for (int j = 0; j < S->W; j++) {
     const dt__ps_worker *w = &S->w[j];
-    if (w->state != DT__PSW_NEW && w->state != DT__PSW_LIVE) continue;
+    if (!dt__ps_counts(S, w)) continue;
     int64_t v = pushed ? w->pushed : w->pulled;
     if (v < m) m = v;
   }
@@ -132,7 +152,7 @@ static int dt__ps_can_serve(const dt__ps_server *S, int i) {
   if (k == 0)
     for (int j = 0; j < i; j++) {
       const dt__ps_worker *o = &S->w[j];
-      if ((o->state == DT__PSW_NEW || o->state == DT__PSW_LIVE) && o->pushed < t + 1) return 0;
+      if (dt__ps_counts(S, o) && o->pushed < t + 1) return 0;
     }
   return 1;
 }
@@ -202,7 +222,8 @@ static dt_result dt__ps_progress(dt__ps_server *S) {
 /* ---- frames from workers ------------------------------------------------------------------- */
 
 /* Refuse worker i at JOIN: the connection is closed and logged, and the
- * worker's slot is free again (a correct worker may still come). */
+ * worker's slot is free again (a correct worker may still come; one that
+ * was lost keeps its clocks for its return). */
 static void dt__ps_refuse(dt__ps_server *S, int i, dt_result code, const char *why) {
   dt__ps_worker *w = &S->w[i];
   unsigned char buf[4 + 256];
@@ -214,9 +235,14 @@ static void dt__ps_refuse(dt__ps_server *S, int i, dt_result code, const char *w
   if (!S->self.opt.quiet) dt__log(DTRAIN_LOG_WARN, code, "ps %d: refused %s: %s", S->me, w->conn.peer, why);
   dt__ps_worker_free(S, w);
   dt__conn_init(&w->conn, -1, S->self.job, S->self.id, (uint32_t)S->self.opt.max_payload);
-  w->state = DT__PSW_NEW;
-  w->joined = 0;
-  w->pulled = w->pushed = 0;
+  w->joined = w->fresh = 0;
+  if (w->ever) {
+    w->state = DT__PSW_LOST;
+    w->lost_at = dt__now();
+  } else {
+    w->state = DT__PSW_NEW;
+    w->pulled = w->pushed = 0;
+  }
   S->seen[i] = 0;
 }
 
@@ -253,16 +279,39 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
     dt__ps_refuse(S, i, DTRAIN_ERR_NOMEM, "the server is out of memory");
     return;
   }
+  /* Its clocks: where it was (its pushes before, 0 the first time), moved up
+   * to the slowest worker that counts, so that nobody waits for it. */
+  int64_t done = w->pushed, slowest = INT64_MAX;
+  for (int j = 0; j < S->W; j++)
+    if (j != i && S->w[j].state == DT__PSW_LIVE && S->w[j].joined && S->w[j].pushed < slowest)
+      slowest = S->w[j].pushed;
+  w->start = slowest != INT64_MAX && slowest > done ? slowest : done;
+  w->pulled = w->pushed = w->start;
+  w->fresh = 1;
   w->joined = 1;
-  unsigned char out[DT__PS_JOINLEN];
+  int again = w->ever;
+  if (!w->ever) {
+    w->ever = 1;
+    if (++S->joined >= S->need) S->quorum = 1;
+  }
+  unsigned char out[DT__PS_JOINEDLEN];
   memset(out, 0, sizeof out);
   dt__put_le64(out, S->version);
   dt__put_le64(out + 8, (uint64_t)dt_optim_steps(S->opt));
   dt__put_le32(out + 16, (uint32_t)(int32_t)S->k);
   dt__put_le32(out + 20, (uint32_t)dt__ps_live_count(S));
   dt__put_le64(out + 24, S->layout);
-  dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s joined (max_staleness %d)", S->me, w->conn.peer, S->k);
-  dt__ps_queue(S, i, DT__PS_JOINED, out, DT__PS_JOINLEN, NULL);
+  dt__put_le64(out + 32, (uint64_t)w->start);
+  dt__put_le64(out + 40, (uint64_t)(again ? done : 0));
+  if (again)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s rejoined at clock %lld (it had pushed %lld; version %llu)", S->me,
+            w->conn.peer, (long long)w->start, (long long)done, (unsigned long long)S->version);
+  else if (S->version > 0)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s joined mid-run at clock %lld (version %llu)", S->me, w->conn.peer,
+            (long long)w->start, (unsigned long long)S->version);
+  else
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s joined (max_staleness %d)", S->me, w->conn.peer, S->k);
+  dt__ps_queue(S, i, DT__PS_JOINED, out, DT__PS_JOINEDLEN, NULL);
 }
 
 /* A whole header from worker i (w->in_h): checked as dt__conn_recv_header
@@ -325,6 +374,7 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
       dt__ps_worker_name(S, i, name, sizeof name);
       dt__ps_worker_free(S, w);
       w->state = DT__PSW_DONE;
+      S->seen[i] = DT__NET_SEEN_LEFT; /* a process with its rank is refused as finished */
       S->done++;
       dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %s finished (BYE)", S->me, name);
       break;
@@ -333,6 +383,17 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
     case DT__PS_PULL:
     case DT__PS_PUSH: {
       int64_t t = (int64_t)dt__get_le64(dst);
+      if (w->fresh && t < w->start) {
+        snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld, before its start clock %lld", op,
+                 f.type == DT__PS_PUSH ? "push" : "pull", (long long)t, (long long)w->start);
+        dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+        return;
+      }
+      if (w->fresh) { /* its first request: it may start later (another server's start clock was larger) */
+        w->pushed = t;
+        w->pulled = f.type == DT__PS_PUSH ? t + 1 : t;
+        w->fresh = 0;
+      }
       if (t < 0 || (f.type == DT__PS_PUSH && t < w->pushed)) {
         snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld after a push of clock %lld", op,
                  f.type == DT__PS_PUSH ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
@@ -399,7 +460,8 @@ static void dt__ps_admit_done(dt__ps_server *S, int j, int r) {
   dt__conn c = S->pend[j].conn;
   dt__ps_drop_pending(S, j);
   if (r != DT__HS_DONE) return;
-  if (c.peer_role != DTRAIN_ROLE_WORKER || S->w[c.peer_index].state != DT__PSW_NEW) {
+  if (c.peer_role != DTRAIN_ROLE_WORKER ||
+      (S->w[c.peer_index].state != DT__PSW_NEW && S->w[c.peer_index].state != DT__PSW_LOST)) {
     if (!S->self.opt.quiet)
       dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_PROTOCOL, "ps %d: refused %s: %s", S->me, c.peer,
               c.peer_role != DTRAIN_ROLE_WORKER ? "only workers talk to a server" : "that worker already left");
@@ -468,13 +530,15 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
     rc = dt__error(DTRAIN_ERR_NOMEM, "dt_ps_serve: ps %d: out of memory", S->me);
     goto out;
   }
-  while (dt__ps_live_count(S) > 0) {
+  while (dt__ps_open(S, dt__now())) {
     double now = dt__now();
-    /* Deadlines: workers that never came, went silent, or stopped reading. */
+    /* Deadlines: workers that never came (before the quorum; after it the
+     * rest are welcome later), went silent, or stopped reading. */
+    int late = !S->quorum && now - start > S->self.opt.connect_timeout_s;
     for (int i = 0; i < S->W; i++) {
       dt__ps_worker *w = &S->w[i];
       char why[160];
-      if (w->state == DT__PSW_NEW && now - start > S->self.opt.connect_timeout_s) {
+      if (w->state == DT__PSW_NEW && late) {
         snprintf(why, sizeof why, "it did not connect within %.1f s", S->self.opt.connect_timeout_s);
         dt__ps_lose(S, i, DTRAIN_ERR_TIMEOUT, why);
       } else if (w->state == DT__PSW_LIVE) {
@@ -505,9 +569,10 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
       if (r != DT__HS_BUSY) dt__ps_admit_done(S, j, r);
       else j++;
     }
+    if (late) S->quorum = 1; /* whoever was coming on time is here */
     /* Losing a worker may let others go on. */
     rc = dt__ps_progress(S);
-    if (rc != DTRAIN_OK || dt__ps_live_count(S) == 0) break;
+    if (rc != DTRAIN_OK || !dt__ps_open(S, now)) break;
     int n = 0;
     pf[n].fd = S->lfd;
     pf[n].events = POLLIN;
@@ -583,6 +648,12 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   S.W = c->workers;
   S.np = dt_params_count(params);
   S.k = 0;
+  S.need = S.po.min_workers > 0 && S.po.min_workers < S.W ? S.po.min_workers : S.W;
+  if (S.po.min_workers < 0 || !(S.po.rejoin_timeout_s >= 0)) {
+    rc = dt__error(DTRAIN_ERR_INVALID_ARG, "%s: ps %d: min_workers %d and rejoin_timeout_s %g must be >= 0", fn,
+                   c->index, S.po.min_workers, S.po.rejoin_timeout_s);
+    return rc;
+  }
   S.owner = (int *)dt__alloc((size_t)(S.np > 0 ? S.np : 1) * sizeof(int));
   S.w = (dt__ps_worker *)dt__calloc((size_t)S.W * sizeof(dt__ps_worker));
   S.seen = (unsigned char *)dt__calloc((size_t)S.W);

@@ -491,6 +491,10 @@ struct dt_pstore {
   size_t size;   /* floats in the store */
   int gradients; /* 0: push takes parameter deltas (the worker ran the optimizer);
                     1: push takes gradients and the store applies the optimizer */
+  int64_t start_clock; /* tcp: the clock the first dt_pstore_begin continues from: 0 on a first
+                          join, the slowest live worker's (or its own) when it rejoined [local: 0] */
+  int64_t steps_done;  /* tcp: pushes this worker's rank made before it rejoined, as the servers
+                          remember them (resume the schedule there) [first join, local: 0] */
   void *impl;
 };
 

@@ -4,12 +4,14 @@
 # 3 workers and 2 parameter servers of examples/06_parameter_server on loopback under
 # tools/dtrain-launch, with a token (DTRAIN_TOKEN), run twice: undisturbed (the baseline),
 # then while this script
-#   - kills worker 1 (SIGKILL) and starts it again by hand with the same DTRAIN_* environment,
+#   - kills worker 1 (SIGKILL) and starts it again by hand with the same DTRAIN_* environment
+#     and arguments (it must rejoin the servers under its rank and finish its remaining steps),
 #   - opens silent connections and sends random bytes to every port of the job (servers and
 #     workers), in rounds,
 #   - stops worker 2 (SIGSTOP) for a few seconds and continues it (SIGCONT),
 # and samples the servers' open descriptors (/proc/PID/fd) and resident memory (VmRSS).
-# It passes when the disturbed job finishes (the launcher exits 0), worker 0's final loss and
+# It passes when the disturbed job finishes (the launcher exits 0), the restarted worker 1
+# rejoined and finished (exit 0), worker 0's final loss and
 # test accuracy are within tolerance of the baseline's, and the servers' descriptors and
 # memory do not grow (samples before the disturbances against samples after them).
 # Prints one line per check and "soak: PASS" or "soak: FAIL (...)"; exits non-zero on failure.
@@ -165,7 +167,7 @@ if [ -n "$w1" ]; then
   until_t $t_restart $r0
   # again by hand, as an operator would: the same cluster, task, token and job; no launcher
   ( while IFS= read -r kv; do export "$kv"; done <"$T/w1.env"; unset DTRAIN_LISTEN_FD
-    exec timeout "$budget" "$EX" $ARGS --epochs 1 ) >"$T/restart.out" 2>&1 &
+    exec timeout "$budget" "$EX" $ARGS --epochs $E ) >"$T/restart.out" 2>&1 &
   restarted=$!
   echo "soak: t=$(( $(date +%s) - r0 )) s: started worker 1 again (pid $restarted)"
 else
@@ -264,8 +266,11 @@ else
   fail "worker 0 printed no final loss / accuracy"
 fi
 if [ -n "$rrc" ]; then
-  if [ "$rrc" = 0 ]; then note "the restarted worker 1 rejoined and finished"
-  else note "the restarted worker 1 ended with exit $rrc: $(grep -v '^$' "$T/restart.out" | tail -n 1 | cut -c1-240)"; fi
+  if [ "$rrc" = 0 ] && grep -q '^worker 1: rejoined at clock' "$T/restart.out"; then
+    ok "the restarted worker 1 rejoined and finished: $(grep '^worker 1: rejoined' "$T/restart.out" | cut -c1-160)"
+  else
+    fail "the restarted worker 1 (exit $rrc) did not rejoin and finish: $(grep -v '^$' "$T/restart.out" | tail -n 1 | cut -c1-240)"
+  fi
 fi
 # descriptors and RSS: per server, the largest sample before the first disturbance against the
 # largest sample after the last one

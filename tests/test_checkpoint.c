@@ -4,6 +4,9 @@
  * failure, and a Python (json + numpy, safetensors/torch when present)
  * cross-check. */
 #define _POSIX_C_SOURCE 200809L
+/* The test lists its directory itself (count_tmp): readdir of a 32-bit build needs large-file
+ * support where inode numbers are 64-bit (armhf under qemu). dtrain has no off_t in its API. */
+#define _FILE_OFFSET_BITS 64
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
@@ -1188,10 +1191,13 @@ static void test_planted_links(void) {
  * living processes. */
 static void test_stale_temporaries(void) {
   char path[300], dead[400], alive[400], other[400];
+#if !defined(__linux__)
   {
     /* readdir can fail outright (EOVERFLOW: a 32-bit build without
      * large-file support, e.g. armhf under qemu on a 64-bit host's file
-     * system): then nothing can be listed and the library says so. */
+     * system): then nothing can be listed and the library says so. On
+     * Linux the library reads the directory with getdents64, which has no
+     * such limit (the armhf cross run checks it). */
     DIR *d = opendir(tmpdir);
     CHECK(d != NULL);
     if (!d) return;
@@ -1201,6 +1207,7 @@ static void test_stale_temporaries(void) {
     closedir(d);
     if (!listed) TH_SKIP("readdir fails here (%s): stale temporaries cannot be listed", strerror(why));
   }
+#endif
   path_of(path, sizeof path, "stale.safetensors");
   pid_t child = fork();
   if (child == 0) _exit(0);

@@ -1,0 +1,359 @@
+/* tests/test_ps_elastic.c -- parameter servers with workers that come and go
+ * (issue 20, part 1), over loopback with forked processes:
+ *   - a worker killed (kill -9) comes back with its rank: it rejoins at the
+ *     slowest live worker's clock, gets the current parameters, resumes its
+ *     schedule after the steps it had pushed, and everybody finishes;
+ *   - a restarted worker whose old connection the server still holds (the
+ *     old process is stopped, not dead) is refused as "already connected"
+ *     and keeps trying until the server drops the old one;
+ *   - with min_workers 2 of 3, training starts without the third, which
+ *     joins mid-run at the others' clock;
+ *   - a worker that said BYE cannot come back under its rank;
+ *   - rejoin_timeout_s keeps a server whose only worker died serving until it
+ *     returns, and ends it (every worker lost) when it does not;
+ *   - the worker's decoder of JOINED refuses bad clocks and lengths. */
+#define DTRAIN_STATIC
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+#include "harness.h"
+
+#if !defined(DTRAIN_NO_DIST) && !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include <pthread.h>
+#  include "ps_harness.h"
+
+/* A child's log on one line (the test runner shows a failure's lines that say FAIL). */
+static const char *flat(const char *out) {
+  static char buf[4][8192];
+  static int k;
+  char *b = buf[k++ % 4];
+  size_t n = 0;
+  for (const char *p = out; *p && n + 4 < sizeof buf[0]; p++) {
+    if (*p == '\n') {
+      memcpy(b + n, " | ", 3);
+      n += 3;
+    } else {
+      b[n++] = *p;
+    }
+  }
+  b[n] = '\0';
+  return b;
+}
+
+/* "joined start S done D version V" from a worker's log: 1 when found. */
+static int joined_line(const char *out, long long *start, long long *done, unsigned long long *version) {
+  const char *p = strstr(out, "joined start ");
+  return p && sscanf(p, "joined start %lld done %lld version %llu", start, done, version) == 3;
+}
+
+/* The steps of "stats steps N gap G stale S" (worker_main's last line), or -1. */
+static int stats_steps(const char *out) {
+  const char *p = strstr(out, "stats steps ");
+  long long steps = -1;
+  return p && sscanf(p, "stats steps %lld", &steps) == 1 ? (int)steps : -1;
+}
+
+/* Worker 1 of 2 dies after 20 steps and is started again with resume: it
+ * rejoins both servers, starts at worker 0's clock (not at its own 20, so
+ * worker 0 never waits for it to catch up), gets the current parameters (a
+ * version > 0 at its join), makes its remaining 100 steps, and both
+ * workers' losses fall. The servers log the rejoin. */
+static void test_rejoin(void) {
+  alarm(60);
+  int lfd[2], port[2];
+  CHECK(listen_fds(2, lfd, port));
+  child srv[2];
+  spawn_servers(2, 2, port, lfd, 0.01f, srv); /* async SGD with momentum 0.9: small steps, never diverging */
+  worker_cfg w0 = worker_defaults(2, 2, 0, port), w1 = worker_defaults(2, 2, 1, port);
+  w0.steps = w1.steps = 120;
+  w0.step_sleep_s = w1.step_sleep_s = 0.02;
+  w0.target = w1.target = 0.5f;
+  w1.die_at = 20;
+  child a = spawn_worker(&w0, lfd, 2), b = spawn_worker(&w1, lfd, 2);
+  child_wait(&b);
+  CHECK_MSG(b.status == 128 + SIGKILL, "worker 1 status %d: %s", b.status, flat(b.out));
+  w1.die_at = -1;
+  w1.resume = 1;
+  child b2 = spawn_worker(&w1, lfd, 2);
+  close(lfd[0]);
+  close(lfd[1]);
+  child_wait(&b2);
+  child_wait(&a);
+  for (int i = 0; i < 2; i++) child_wait(&srv[i]);
+  CHECK_MSG(a.status == 0, "worker 0 status %d: %s", a.status, flat(a.out));
+  CHECK_MSG(b2.status == 0, "worker 1 (restarted) status %d: %s", b2.status, flat(b2.out));
+  long long start = -1, done = -1;
+  unsigned long long version = 0;
+  CHECK_MSG(joined_line(b2.out, &start, &done, &version), "%s", flat(b2.out));
+  CHECK_MSG(done == 20, "steps done %lld (it pushed 20 before it died): %s", done, flat(b2.out));
+  CHECK_MSG(start >= done && version > 0, "start %lld, version %llu: %s", start, version, flat(b2.out));
+  CHECK_MSG(stats_steps(b2.out) == 100, "the restarted worker made %d steps (want 100): %s", stats_steps(b2.out),
+            flat(b2.out));
+  for (int i = 0; i < 2; i++) {
+    CHECK_MSG(srv[i].status == 0, "server %d status %d: %s", i, srv[i].status, flat(srv[i].out));
+    CHECK_MSG(strstr(srv[i].out, "worker 1 (127.0.0.1:2) lost: ") && strstr(srv[i].out, "rejoined at clock") &&
+                  strstr(srv[i].out, "(it had pushed 20;") && strstr(srv[i].out, "worker 1 (127.0.0.1:2) finished (BYE)"),
+              "server %d: %s", i, flat(srv[i].out));
+  }
+  alarm(0);
+}
+
+/* The old process of worker 1 is stopped (SIGSTOP), so its connection stays
+ * open; a new process with rank 1 is refused ("already connected") and
+ * tries again until the server drops the silent old one (timeout 2 s), then
+ * rejoins and finishes. */
+static void test_rejoin_while_old_connected(void) {
+  alarm(60);
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(2, 1, 0, &port, lfd);
+  sc.lr = 0.005f; /* 250 async steps with momentum 0.9: a loss that stays finite under any timing */
+  child srv = spawn_server(&sc, &lfd);
+  worker_cfg w0 = worker_defaults(2, 1, 0, &port), w1 = worker_defaults(2, 1, 1, &port);
+  w0.steps = 250;
+  w0.step_sleep_s = 0.02;
+  w1.steps = 60;
+  w1.stop_at = 10;
+  child a = spawn_worker(&w0, &lfd, 1), b = spawn_worker(&w1, &lfd, 1);
+  /* Wait until the old worker 1 has stopped itself. */
+  for (int k = 0; k < 500; k++) {
+    int st;
+    if (waitpid(b.pid, &st, WUNTRACED | WNOHANG) == b.pid && WIFSTOPPED(st)) break;
+    dt_sleep(0.01);
+  }
+  w1.stop_at = -1;
+  w1.resume = 1;
+  double t0 = dt_time_now();
+  child b2 = spawn_worker(&w1, &lfd, 1);
+  close(lfd);
+  child_wait(&b2);
+  double took = dt_time_now() - t0;
+  kill(b.pid, SIGKILL);
+  child_wait(&b);
+  child_wait(&a);
+  child_wait(&srv);
+  CHECK_MSG(b2.status == 0, "worker 1 (restarted) status %d after %.1f s: %s", b2.status, took, flat(b2.out));
+  CHECK_MSG(strstr(b2.out, "still holds this rank's old connection"), "%s", flat(b2.out));
+  long long start = -1, done = -1;
+  unsigned long long version = 0;
+  CHECK_MSG(joined_line(b2.out, &start, &done, &version) && done == 10, "%s", flat(b2.out));
+  CHECK_MSG(a.status == 0, "worker 0 status %d: %s", a.status, flat(a.out));
+  CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, flat(srv.out));
+  CHECK_MSG(strstr(srv.out, "is already connected (duplicate rank") && strstr(srv.out, "nothing heard") &&
+                strstr(srv.out, "rejoined at clock"),
+            "%s", flat(srv.out));
+  alarm(0);
+}
+
+/* min_workers 2 of 3: workers 0 and 1 start at once (with bound 1 they could
+ * make 1 step if worker 2 were waited for); worker 2 comes later and joins
+ * mid-run at their clock, with the current parameters. */
+static void test_join_mid_run(void) {
+  alarm(60);
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(3, 1, 0, &port, lfd);
+  sc.min_workers = 2;
+  sc.lr = 0.005f;
+  child srv = spawn_server(&sc, &lfd);
+  worker_cfg w[3];
+  child c[3];
+  for (int i = 0; i < 3; i++) {
+    w[i] = worker_defaults(3, 1, i, &port);
+    w[i].steps = 150;
+    w[i].step_sleep_s = 0.01;
+    w[i].target = 0.5f;
+  }
+  c[0] = spawn_worker(&w[0], &lfd, 1);
+  c[1] = spawn_worker(&w[1], &lfd, 1);
+  dt_sleep(0.6);
+  c[2] = spawn_worker(&w[2], &lfd, 1);
+  close(lfd);
+  for (int i = 0; i < 3; i++) {
+    child_wait(&c[i]);
+    CHECK_MSG(c[i].status == 0, "worker %d status %d: %s", i, c[i].status, flat(c[i].out));
+  }
+  child_wait(&srv);
+  CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, flat(srv.out));
+  long long start = -1, done = -1;
+  unsigned long long version = 0;
+  CHECK_MSG(joined_line(c[2].out, &start, &done, &version), "%s", flat(c[2].out));
+  CHECK_MSG(start >= 5 && done == 0 && version > 0, "worker 2 joined at clock %lld (done %lld, version %llu): %s",
+            start, done, version, flat(c[2].out));
+  CHECK_MSG(strstr(srv.out, "worker 2 (127.0.0.1:3) joined mid-run at clock"), "%s", flat(srv.out));
+  CHECK_MSG(!strstr(srv.out, "did not connect"), "%s", flat(srv.out));
+  alarm(0);
+}
+
+/* A worker that finished (BYE) cannot come back: a process with its rank is
+ * refused at the handshake, at once, naming why. */
+static void test_finished_cannot_rejoin(void) {
+  alarm(60);
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(2, 1, 0, &port, lfd);
+  child srv = spawn_server(&sc, &lfd);
+  worker_cfg w0 = worker_defaults(2, 1, 0, &port), w1 = worker_defaults(2, 1, 1, &port);
+  w0.steps = 10;
+  w0.k = w1.k = DTRAIN_STALENESS_UNBOUNDED;
+  w1.steps = 200;
+  w1.step_sleep_s = 0.02;
+  child a = spawn_worker(&w0, &lfd, 1), b = spawn_worker(&w1, &lfd, 1);
+  child_wait(&a);
+  CHECK_MSG(a.status == 0, "worker 0 status %d: %s", a.status, flat(a.out));
+  double t0 = dt_time_now();
+  child a2 = spawn_worker(&w0, &lfd, 1);
+  close(lfd);
+  child_wait(&a2);
+  double took = dt_time_now() - t0;
+  child_wait(&b);
+  child_wait(&srv);
+  CHECK_MSG(a2.status == 4 && strstr(a2.out, "already finished (it said BYE)"), "status %d: %s", a2.status, flat(a2.out));
+  CHECK_MSG(took < 3.0, "refused after %.1f s", took);
+  CHECK_MSG(b.status == 0, "worker 1 status %d: %s", b.status, flat(b.out));
+  CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, flat(srv.out));
+  alarm(0);
+}
+
+/* The only worker dies. With rejoin_timeout_s 6 the server keeps serving and
+ * the worker, restarted a second later, rejoins and finishes; with 1 s and
+ * no return the server ends after about that long, every worker lost. */
+static void test_rejoin_timeout(void) {
+  alarm(60);
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(1, 1, 0, &port, lfd);
+  sc.rejoin_timeout = 6.0;
+  child srv = spawn_server(&sc, &lfd);
+  worker_cfg w0 = worker_defaults(1, 1, 0, &port);
+  w0.steps = 40;
+  w0.die_at = 15;
+  child a = spawn_worker(&w0, &lfd, 1);
+  child_wait(&a);
+  CHECK(a.status == 128 + SIGKILL);
+  dt_sleep(1.0);
+  w0.die_at = -1;
+  w0.resume = 1;
+  w0.target = 0.5f;
+  child a2 = spawn_worker(&w0, &lfd, 1);
+  close(lfd);
+  child_wait(&a2);
+  child_wait(&srv);
+  CHECK_MSG(a2.status == 0, "restarted worker status %d: %s", a2.status, flat(a2.out));
+  CHECK_MSG(srv.status == 0 && strstr(srv.out, "rejoined at clock 15"), "server status %d: %s", srv.status, flat(srv.out));
+
+  CHECK(listen_fds(1, &lfd, &port));
+  sc = server_defaults(1, 1, 0, &port, lfd);
+  sc.rejoin_timeout = 1.0;
+  double t0 = dt_time_now();
+  srv = spawn_server(&sc, &lfd);
+  w0 = worker_defaults(1, 1, 0, &port);
+  w0.die_at = 5;
+  a = spawn_worker(&w0, &lfd, 1);
+  close(lfd);
+  child_wait(&a);
+  child_wait(&srv);
+  double took = dt_time_now() - t0;
+  CHECK_MSG(srv.status == 10 + 502 % 100 && strstr(srv.out, "every worker was lost"), "server status %d: %s",
+            srv.status, flat(srv.out));
+  CHECK_MSG(took > 0.9 && took < 5.0, "the server ended after %.1f s (rejoin_timeout_s 1)", took);
+  alarm(0);
+}
+
+/* ---- the worker's decoder of JOINED, against a fake server ----------------------------------
+ * A server thread that admits the worker, reads its JOIN and answers with the
+ * bytes given: a bad JOINED (a length of the old protocol, steps done after
+ * the start clock, a negative clock) fails dt_pstore_create_tcp with
+ * DTRAIN_ERR_PROTOCOL naming it; a good one sets start_clock and steps_done. */
+typedef struct fake_ps {
+  int lfd, port;
+  unsigned char joined[64];
+  uint32_t len;
+} fake_ps;
+
+static void *fake_ps_main(void *p) {
+  fake_ps *f = (fake_ps *)p;
+  pc x;
+  pc_make(&x, 1, 1, &f->port, DTRAIN_ROLE_PS, 0);
+  dt_net_options o = net_opts(2.0, NULL);
+  o.quiet = 1;
+  dt__net_self self;
+  int fd;
+  char addr[64];
+  dt__conn c;
+  unsigned char join[DT__PS_JOINLEN];
+  uint32_t len = 0;
+  if (dt__net_self_init(&self, &x.c, &o) != DTRAIN_OK) return NULL;
+  if (dt__net_accept(f->lfd, dt__now() + 5, &fd, addr, sizeof addr) != DTRAIN_OK) return NULL;
+  if (dt__net_admit(&self, fd, addr, dt__now() + 5, NULL, &c) != DTRAIN_OK) return NULL;
+  if (dt__conn_recv(&c, DT__PS_JOIN, join, sizeof join, &len, dt__now() + 5, "fake ps") == DTRAIN_OK)
+    dt__conn_send(&c, DT__PS_JOINED, f->joined, f->len, dt__now() + 5, "fake ps");
+  unsigned char h[DT__NET_HDR];
+  dt__frame fr;
+  dt__conn_recv_header(&c, &fr, h, dt__now() + 3, "fake ps"); /* until the worker closes (or its BYE) */
+  dt__conn_close(&c);
+  return NULL;
+}
+
+static dt_pstore *join_fake(uint32_t len, uint64_t start, uint64_t done, model *m) {
+  fake_ps f;
+  memset(&f, 0, sizeof f);
+  if (!listen_fds(1, &f.lfd, &f.port)) return NULL;
+  f.len = len;
+  dt__put_le64(f.joined, 5);       /* version */
+  dt__put_le64(f.joined + 8, 5);   /* optimizer steps */
+  dt__put_le32(f.joined + 16, 1);  /* max_staleness */
+  dt__put_le32(f.joined + 20, 1);  /* live workers */
+  dt__put_le64(f.joined + 32, start);
+  dt__put_le64(f.joined + 40, done);
+  pthread_t t;
+  if (pthread_create(&t, NULL, fake_ps_main, &f) != 0) return NULL;
+  pc x;
+  pc_make(&x, 1, 1, &f.port, DTRAIN_ROLE_WORKER, 0);
+  dt_net_options o = net_opts(2.0, NULL);
+  o.quiet = 1;
+  dt_pstore *ps = dt_pstore_create_tcp(&x.c, m->P, &o, 1);
+  char keep[DT__MSG_CAP];
+  dt_result rc = dt_last_result();
+  snprintf(keep, sizeof keep, "%s", dt_last_error());
+  if (ps) dt_pstore_leave(ps, 0);
+  pthread_join(t, NULL);
+  close(f.lfd);
+  if (!ps) dt__error(rc, "%s", keep);
+  return ps;
+}
+
+static void test_joined_decoder(void) {
+  alarm(60);
+  model m;
+  model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
+  dt_pstore *ps = join_fake(32, 0, 0, &m);
+  CHECK(!ps && dt_last_result() == DTRAIN_ERR_PROTOCOL && strstr(dt_last_error(), "32 bytes") &&
+        strstr(dt_last_error(), "48 bytes"));
+  ps = join_fake(DT__PS_JOINEDLEN, 3, 7, &m);
+  CHECK_MSG(!ps && dt_last_result() == DTRAIN_ERR_PROTOCOL && strstr(dt_last_error(), "start clock 3 and steps done 7"),
+            "%s", dt_last_error());
+  ps = join_fake(DT__PS_JOINEDLEN, (uint64_t)1 << 63, 0, &m);
+  CHECK_MSG(!ps && dt_last_result() == DTRAIN_ERR_PROTOCOL, "%s", dt_last_error());
+  ps = join_fake(DT__PS_JOINEDLEN, 9, 4, &m);
+  CHECK_MSG(ps && ps->start_clock == 9 && ps->steps_done == 4, "%s", dt_last_error());
+  dt_pstore_destroy(ps);
+  model_free(&m);
+  alarm(0);
+}
+#endif
+
+int main(void) {
+#if defined(DTRAIN_NO_DIST) || defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
+  th_skip_item("test_ps_elastic", "parameter servers over TCP need networking, threads and DTRAIN_NO_DIST off");
+#else
+  signal(SIGPIPE, SIG_DFL);
+  make_data();
+  TH_RUN(test_rejoin);
+  TH_RUN(test_rejoin_while_old_connected);
+  TH_RUN(test_join_mid_run);
+  TH_RUN(test_finished_cannot_rejoin);
+  TH_RUN(test_rejoin_timeout);
+  TH_RUN(test_joined_decoder);
+#endif
+  return th_summary("test_ps_elastic");
+}
