@@ -124,6 +124,10 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
                      S->shard, dt__ps_slots(S));
   if (got != S->ckpt_bytes || extra || dt__get_le32(b + got - 4) != dt__crc32c(0, b, got - 4))
     return dt__error(DTRAIN_ERR_CORRUPT, "ps %d: checkpoint '%s' is truncated or corrupt (checksum)", S->me, p);
+  /* Checksummed is not sound: a hand-made file may carry any numbers. */
+  if ((int64_t)dt__get_le64(b + 48) < 0 || (int64_t)dt__get_le64(b + 40) < 0)
+    return dt__error(DTRAIN_ERR_CORRUPT, "ps %d: checkpoint '%s' holds a negative count (%lld updates, optimizer "
+                     "step %lld)", S->me, p, (long long)dt__get_le64(b + 40), (long long)dt__get_le64(b + 48));
   S->version = dt__get_le64(b + 40);
   dt_optim_set_steps(S->opt, (int64_t)dt__get_le64(b + 48));
   size_t off = DT__PS_CKPT_HDR;

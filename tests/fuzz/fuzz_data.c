@@ -8,6 +8,9 @@
  *                           inflated no further than its header describes)
  *   4  dt_npy_read         (from a file, likewise)
  *   5  dt_dataset_load_idx (from a file, images without labels)
+ *   6  dt_dataset_load_csv (from a file; the next byte picks the options:
+ *                           header, labels and their column, ';' or ',')
+ *   7  dt_text_read        (from a file)
  * Each ends in success or an error with a message, never a crash, an
  * out-of-bounds read or a leak; what is accepted is consistent (sizes that
  * match shapes). */
@@ -66,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ready = 1;
   }
   if (size < 1) return 0;
-  int mode = data[0] % 6;
+  int mode = data[0] % 8;
   data++;
   size--;
   dt_result r = DTRAIN_OK;
@@ -106,6 +109,42 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       r = dt_npy_read(fz_path, &a);
       if (r == DTRAIN_OK) fz_check_npy(&a);
       dt_npy_free(&a);
+      break;
+    }
+    case 6: {
+      if (size < 1) return 0;
+      dt_csv_options co;
+      memset(&co, 0, sizeof co);
+      co.header = data[0] & 1;
+      co.has_labels = (data[0] >> 1) & 1;
+      co.label_column = (data[0] & 4) ? -1 : (int)((data[0] >> 4) & 3);
+      co.delimiter = (data[0] & 8) ? ';' : 0;
+      if (!fz_write(data + 1, size - 1)) return 0;
+      dt_dataset *ds = dt_dataset_load_csv(fz_path, &co);
+      if (!ds) {
+        r = dt_last_result();
+      } else {
+        if (ds->n < 1 || ds->sample_size < 1) FZ_FAIL("csv dataset shape");
+        volatile float sink = 0;
+        for (int64_t i = 0; i < ds->n * ds->sample_size; i++) sink += ds->x[i]; /* every value readable */
+        if (ds->y)
+          for (int64_t i = 0; i < ds->n; i++)
+            if (ds->y[i] < 0) FZ_FAIL("csv label < 0");
+        (void)sink;
+      }
+      dt_dataset_destroy(ds);
+      break;
+    }
+    case 7: {
+      dt_text t;
+      if (!fz_write(data, size)) return 0;
+      r = dt_text_read(fz_path, &t);
+      if (r == DTRAIN_OK) {
+        if (t.vocab_size < 1 || t.vocab_size > 256 || t.n < 1) FZ_FAIL("text vocabulary");
+        for (int64_t i = 0; i < t.n; i++)
+          if (t.ids[i] < 0 || t.ids[i] >= t.vocab_size) FZ_FAIL("text id out of range");
+        dt_text_free(&t);
+      }
       break;
     }
     default: {
