@@ -24178,6 +24178,21 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
     }
     if (h->state == DT__HSS_REFUSING) return dt__hs_fail(h, self, seen);
     if (h->state == DT__HSS_SEND) {
+      /* A client that gave up while its connection waited in our backlog
+       * (its deadline passed, it was killed, it restarts) has sent its
+       * hello and closed: its end-of-file already follows the hello. Without
+       * a token nothing more is read from it, so look now: admitting it
+       * would take its rank's place and refuse the live process that dials
+       * next as a duplicate. (A real client's next frame may be there too:
+       * peeked, not taken.) */
+      char b;
+      ssize_t k = recv(h->conn.fd, &b, 1, MSG_PEEK) /* the socket is non-blocking */;
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        h->rc = DTRAIN_ERR_PEER;
+        snprintf(h->why, sizeof h->why, "%s closed the connection after its handshake (%s: a client that gave up "
+                 "while it waited in the backlog)", h->conn.peer, k == 0 ? "end of file" : strerror(errno));
+        return dt__hs_fail(h, self, seen);
+      }
       h->state = DT__HSS_DONE;
       h->marked = 0;
       return DT__HS_DONE;
@@ -26151,6 +26166,10 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
                      S->shard, dt__ps_slots(S));
   if (got != S->ckpt_bytes || extra || dt__get_le32(b + got - 4) != dt__crc32c(0, b, got - 4))
     return dt__error(DTRAIN_ERR_CORRUPT, "ps %d: checkpoint '%s' is truncated or corrupt (checksum)", S->me, p);
+  /* Checksummed is not sound: a hand-made file may carry any numbers. */
+  if ((int64_t)dt__get_le64(b + 48) < 0 || (int64_t)dt__get_le64(b + 40) < 0)
+    return dt__error(DTRAIN_ERR_CORRUPT, "ps %d: checkpoint '%s' holds a negative count (%lld updates, optimizer "
+                     "step %lld)", S->me, p, (long long)dt__get_le64(b + 40), (long long)dt__get_le64(b + 48));
   S->version = dt__get_le64(b + 40);
   dt_optim_set_steps(S->opt, (int64_t)dt__get_le64(b + 48));
   size_t off = DT__PS_CKPT_HDR;
@@ -26851,6 +26870,10 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   }
   S.owner = (int *)dt__alloc((size_t)(S.np > 0 ? S.np : 1) * sizeof(int));
   S.w = (dt__ps_worker *)dt__calloc((size_t)S.W * sizeof(dt__ps_worker));
+  /* Before anything can free them: a zeroed connection's descriptor is 0, and
+   * closing it (when a later allocation fails) closed stdin, or by then
+   * another thread's socket that had got descriptor 0. */
+  for (int i = 0; S.w && i < S.W; i++) S.w[i].conn.fd = -1;
   S.seen = (unsigned char *)dt__calloc((size_t)S.W);
   S.pend = (dt__hs *)dt__alloc((size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
   if (!S.owner || !S.w || !S.seen || !S.pend) {

@@ -546,6 +546,21 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
     }
     if (h->state == DT__HSS_REFUSING) return dt__hs_fail(h, self, seen);
     if (h->state == DT__HSS_SEND) {
+      /* A client that gave up while its connection waited in our backlog
+       * (its deadline passed, it was killed, it restarts) has sent its
+       * hello and closed: its end-of-file already follows the hello. Without
+       * a token nothing more is read from it, so look now: admitting it
+       * would take its rank's place and refuse the live process that dials
+       * next as a duplicate. (A real client's next frame may be there too:
+       * peeked, not taken.) */
+      char b;
+      ssize_t k = recv(h->conn.fd, &b, 1, MSG_PEEK) /* the socket is non-blocking */;
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        h->rc = DTRAIN_ERR_PEER;
+        snprintf(h->why, sizeof h->why, "%s closed the connection after its handshake (%s: a client that gave up "
+                 "while it waited in the backlog)", h->conn.peer, k == 0 ? "end of file" : strerror(errno));
+        return dt__hs_fail(h, self, seen);
+      }
       h->state = DT__HSS_DONE;
       h->marked = 0;
       return DT__HS_DONE;

@@ -656,6 +656,10 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   }
   S.owner = (int *)dt__alloc((size_t)(S.np > 0 ? S.np : 1) * sizeof(int));
   S.w = (dt__ps_worker *)dt__calloc((size_t)S.W * sizeof(dt__ps_worker));
+  /* Before anything can free them: a zeroed connection's descriptor is 0, and
+   * closing it (when a later allocation fails) closed stdin, or by then
+   * another thread's socket that had got descriptor 0. */
+  for (int i = 0; S.w && i < S.W; i++) S.w[i].conn.fd = -1;
   S.seen = (unsigned char *)dt__calloc((size_t)S.W);
   S.pend = (dt__hs *)dt__alloc((size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
   if (!S.owner || !S.w || !S.seen || !S.pend) {

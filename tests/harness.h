@@ -127,10 +127,17 @@ static void th_skip_item(const char *name, const char *fmt, ...) {
     }                                                                                 \
   } while (0)
 
+/* Threads of a test (ranks, a server, a worker) may log at once: one at a
+ * time writes the last line (a spin lock on a GCC/Clang builtin, which C and
+ * C++ tests alike have, and ThreadSanitizer understands). */
 static void th_log(dt_log_level level, dt_result code, const char *msg, void *user) {
+  static char busy;
   (void)user;
+  while (__atomic_test_and_set(&busy, __ATOMIC_ACQUIRE)) {
+  }
   snprintf(th_last_log, sizeof th_last_log, "%d %s %s", (int)level, dt_result_name(code), msg);
   if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "[log] %s\n", th_last_log);
+  __atomic_clear(&busy, __ATOMIC_RELEASE);
 }
 
 #define TH_RUN(fn)                                                                    \

@@ -567,6 +567,29 @@ static void test_stranger(void) {
   for (int i = 0; i < 3; i++) close(s[i]);
 }
 
+/* A worker 1 that gave up while its connection waited in rank 0's backlog
+ * (it sent its hello, then its deadline passed or it was killed, and it
+ * closed): rank 0 must not admit that dead connection as worker 1, or the
+ * live worker 1 that dials next is refused as a duplicate rank. Without a
+ * token nothing is read after the hello, so the acceptor looks for the
+ * connection's end before it counts the peer. */
+static void test_gave_up_in_backlog(void) {
+  world x;
+  int st[MAXW];
+  world_init(&x, 2);
+  dt_cluster c = cluster_of(&x, 0);
+  dt_net_options o = opts_of(&x, 0);
+  unsigned char hello[DT__NET_HDR + DT__HELLO];
+  hostile_hello(&c, DTRAIN_ROLE_WORKER, 1, &o, hello);
+  int g;
+  CHECK(dt__net_connect(x.addr[0], dt__now() + 5, &g) == DTRAIN_OK);
+  CHECK(dt__net_write(g, hello, sizeof hello, dt__now() + 5) == DTRAIN_OK);
+  close(g);
+  run_world(&x, child_stranger, NULL, st);
+  world_close(&x);
+  check_world(&x, st, NULL);
+}
+
 /* ---- slow strangers during setup --------------------------------------------------------------
  * 8 silent connections, 8 that send a byte every 0.2 s and (with a token) 3
  * that send a genuine-looking hello of worker 2 and then nothing, at each of
@@ -854,6 +877,7 @@ int main(void) {
   TH_RUN(test_token);
   TH_RUN(test_late_start_own_bind);
   TH_RUN(test_stranger);
+  TH_RUN(test_gave_up_in_backlog);
   TH_RUN(test_slow_strangers_token);
   TH_RUN(test_slow_strangers_open);
   TH_RUN(test_lanes);
