@@ -135,6 +135,13 @@
  *                           listening socket handed to the child (a worker
  *                           closes it once its world has formed: later dialers
  *                           are refused)
+ *   DTRAIN_REJOIN_TIMEOUT=seconds  a parameter server with no live worker
+ *                           waits this long for a lost one to come back
+ *                           (dt_ps_options.rejoin_timeout_s when that is 0;
+ *                           tools/dtrain-launch --max-restarts sets 60)
+ *   DTRAIN_RESTART=n        set by tools/dtrain-launch --max-restarts: 0 in the
+ *                           first run, then the restart's number (a program
+ *                           resumes from its checkpoint when it is > 0)
  *
  * LAYERS (the files of src/, lowest first: a file includes and calls only
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
@@ -2735,7 +2742,8 @@ typedef struct dt_ps_options {
   int min_workers;             /* training starts once this many workers joined; the others may
                                   join later (mid-run) and are not waited for [0: all of them] */
   double rejoin_timeout_s;     /* when no worker is live but one was lost less than this long ago,
-                                  keep serving for its return (a restarted process) [0: end] */
+                                  keep serving for its return (a restarted process)
+                                  [env DTRAIN_REJOIN_TIMEOUT, else 0: end] */
 } dt_ps_options;
 
 /* The server of each parameter: server_of[i] for i < dt_params_count(p)
@@ -26862,6 +26870,12 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   S.W = c->workers;
   S.np = dt_params_count(params);
   S.k = 0;
+#  ifndef DTRAIN_NO_STDIO
+  if (S.po.rejoin_timeout_s == 0) { /* tools/dtrain-launch --max-restarts sets it */
+    const char *e = getenv("DTRAIN_REJOIN_TIMEOUT");
+    if (e && atof(e) > 0) S.po.rejoin_timeout_s = atof(e);
+  }
+#  endif
   S.need = S.po.min_workers > 0 && S.po.min_workers < S.W ? S.po.min_workers : S.W;
   if (S.po.min_workers < 0 || !(S.po.rejoin_timeout_s >= 0)) {
     rc = dt__error(DTRAIN_ERR_INVALID_ARG, "%s: ps %d: min_workers %d and rejoin_timeout_s %g must be >= 0", fn,

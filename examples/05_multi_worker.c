@@ -26,10 +26,19 @@
  * (the old meaning of --batch, kept for scripts: every worker reads B rows, the
  * global batch is B*W; not together with --batch), --threads N (replicas in each
  * process), --lr X, --limit N (train on the first N samples), --data DIR,
- * --checkpoint PATH, --resume PATH, --seed S, --quiet; for experiments
- * --crash-at RANK:STEP (that worker kills itself with SIGKILL before the
- * step, as a crashed machine would) and --stall-at RANK:STEP (it stops
- * itself with SIGSTOP: a hung machine whose connections stay open).
+ * --checkpoint PATH (rank 0 writes it after every epoch, and with
+ * --checkpoint-every N also after every N steps), --resume PATH, --seed S,
+ * --quiet; for experiments --crash-at RANK:STEP (that worker kills itself
+ * with SIGKILL before the step, as a crashed machine would) and --stall-at
+ * RANK:STEP (it stops itself with SIGSTOP: a hung machine whose connections
+ * stay open); under tools/dtrain-launch --max-restarts these act in the
+ * first run only (DTRAIN_RESTART=0).
+ * Automatic restart: tools/dtrain-launch --max-restarts K -- ... --checkpoint
+ * PATH --checkpoint-every N. When a worker dies the launcher stops the others
+ * and starts every worker again with DTRAIN_RESTART=1, 2, ...; then each
+ * resumes from PATH when it exists (its step, epoch, parameters, optimizer
+ * state and data position), so the run ends with the parameters an
+ * undisturbed run has, bit for bit.
  * Rank 0 prints one line per epoch; every rank ends with
  * "rank R: final params_checksum=... test_accuracy=..." (equal on all ranks). */
 #define DTRAIN_IMPLEMENTATION
@@ -45,7 +54,7 @@ typedef struct options {
   int epochs, batch, threads, quiet, crash_rank, stall_rank;
   int batch_per_worker; /* --batch-per-worker B, 0 when not given; then --batch (global) decides */
   int batch_given;      /* --batch was on the command line (the two flags together are refused) */
-  int64_t limit, crash_step, stall_step;
+  int64_t limit, crash_step, stall_step, checkpoint_every;
   float lr;
   uint64_t seed;
   const char *data, *checkpoint, *resume;
@@ -120,6 +129,7 @@ static int parse(int argc, char **argv, options *o) {
     else if (!strcmp(k, "--data")) o->data = v;
     else if (!strcmp(k, "--checkpoint")) o->checkpoint = v;
     else if (!strcmp(k, "--resume")) o->resume = v;
+    else if (!strcmp(k, "--checkpoint-every")) { o->checkpoint_every = atoll(v); if (o->checkpoint_every < 1) return 0; }
     else if (!strcmp(k, "--crash-at")) {
       long long st;
       if (sscanf(v, "%d:%lld", &o->crash_rank, &st) != 2) return 0;
@@ -148,11 +158,28 @@ int main(int argc, char **argv) {
   options o;
   if (!parse(argc, argv, &o)) {
     fprintf(stderr, "usage: 05_multi_worker [--epochs E] [--batch B (global) | --batch-per-worker B] [--threads N] [--lr X] [--limit N] [--data DIR]\n"
-                    "       [--checkpoint PATH] [--resume PATH] [--seed S] [--quiet] [--crash-at RANK:STEP] [--stall-at RANK:STEP]\n"
+                    "       [--checkpoint PATH [--checkpoint-every N]] [--resume PATH] [--seed S] [--quiet] [--crash-at RANK:STEP] [--stall-at RANK:STEP]\n"
                     "       [--rank R --world W --peers host:port,...]  (or DTRAIN_CONFIG; see tools/dtrain-launch)\n");
     return 2;
   }
   if (!output_ok("--checkpoint", o.checkpoint, 0)) return 2; /* rank 0 writes it; all stop at once */
+  if (o.checkpoint_every && !o.checkpoint) {
+    fprintf(stderr, "error: --checkpoint-every needs --checkpoint PATH\n");
+    return 2;
+  }
+  /* Started again by tools/dtrain-launch --max-restarts: resume from the
+   * checkpoint when there is one (none yet: from the start, which is the
+   * same), and the experiment's crash or stall happened already. */
+  const char *restart_env = getenv("DTRAIN_RESTART");
+  int restart = restart_env ? atoi(restart_env) : 0;
+  if (restart > 0) {
+    o.crash_rank = o.stall_rank = -1;
+    FILE *probe = o.checkpoint && !o.resume ? fopen(o.checkpoint, "rb") : NULL;
+    if (probe) {
+      fclose(probe);
+      o.resume = o.checkpoint;
+    }
+  }
 
   /* 2. The same model everywhere (the handshake compares its hash). */
   dt_params *P = dt_params_create(o.seed);
@@ -171,6 +198,13 @@ int main(int argc, char **argv) {
 #if defined(DTRAIN_USE_MPI)
   dt_comm *comm = dt_comm_create_mpi();
 #else
+  /* The cluster knows the world already: a --batch that cannot divide is said
+   * before any connection, so that no rank waits for one that has given up. */
+  if (!o.batch_per_worker && o.batch % (cl->workers * o.threads) != 0) {
+    fprintf(stderr, "error: --batch %d does not divide over %d worker%s x %d replica%s = %d\n", o.batch, cl->workers,
+            cl->workers == 1 ? "" : "s", o.threads, o.threads == 1 ? "" : "s", cl->workers * o.threads);
+    return 2;
+  }
   dt_net_options no = dt_net_defaults(); /* DTRAIN_TIMEOUT, DTRAIN_TOKEN, DTRAIN_LISTEN_FD from the environment */
   no.model_hash = dt_params_hash(P);
   dt_comm *comm = dt_comm_create_tcp(cl, &no);
@@ -181,7 +215,8 @@ int main(int argc, char **argv) {
   }
   int rank = dt_comm_rank(comm), world = dt_comm_world(comm);
   /* --batch is global: W workers x N threads each take batch/(W*N) rows, so it
-   * must divide (said before any data is loaded; every rank says the same).
+   * must divide (said before any data is loaded; every rank says the same;
+   * over TCP already before connecting, above).
    * --batch-per-worker keeps the old meaning: B rows a worker, split over its
    * threads as the strategy splits any batch. */
   if (!o.batch_per_worker && o.batch % (world * o.threads) != 0) {
@@ -241,7 +276,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
     return 1;
   }
-  int64_t first_epoch = 0, step = 0;
+  int64_t first_epoch = 0, step = 0, first_k = 0;
   if (o.resume) { /* every rank reads the same checkpoint, then all agree again */
     dt_train_state st;
     memset(&st, 0, sizeof st);
@@ -253,6 +288,12 @@ int main(int argc, char **argv) {
     }
     first_epoch = st.epoch;
     step = st.step;
+    first_k = step - first_epoch * steps_per_epoch; /* steps of that epoch already made (--checkpoint-every) */
+    if (first_k < 0 || first_k >= steps_per_epoch) {
+      fprintf(stderr, "rank %d: error: %s holds step %lld of epoch %lld: not this run's data (%lld steps an epoch)\n",
+              rank, o.resume, (long long)step, (long long)first_epoch, (long long)steps_per_epoch);
+      return 1;
+    }
     if (rank == 0 && !o.quiet) printf("resumed from %s at epoch %lld, step %lld\n", o.resume, (long long)st.epoch, (long long)st.step);
   }
   if (rank == 0 && !o.quiet)
@@ -266,8 +307,9 @@ int main(int argc, char **argv) {
   double acc = 0;
   for (int64_t e = first_epoch; e < o.epochs && !rc; e++) {
     double t0 = dt_time_now(), loss_sum = 0;
-    dt_loader_set_position(loader, e, 0);
-    for (int64_t k = 0; k < steps_per_epoch; k++, step++) {
+    int64_t k0 = e == first_epoch ? first_k : 0;
+    dt_loader_set_position(loader, e, k0 * batch_worker);
+    for (int64_t k = k0; k < steps_per_epoch; k++, step++) {
       if (rank == o.crash_rank && step == o.crash_step) {
         fflush(stdout);
         raise(SIGKILL); /* a crash, not an exit: no goodbye to the peers */
@@ -296,6 +338,20 @@ int main(int argc, char **argv) {
         break;
       }
       loss_sum += loss;
+      if (o.checkpoint_every && rank == 0 && (step + 1) % o.checkpoint_every == 0 && k + 1 < steps_per_epoch) {
+        /* mid-epoch: the epoch in progress and the steps made (the position in it follows) */
+        dt_train_state st;
+        memset(&st, 0, sizeof st);
+        st.params = P;
+        st.optim = opt;
+        st.step = step + 1;
+        st.epoch = e;
+        if (dt_checkpoint_save(o.checkpoint, &st) != DTRAIN_OK) {
+          fprintf(stderr, "rank 0: checkpoint: %s\n", dt_last_error());
+          rc = 1;
+          break;
+        }
+      }
     }
     if (rc) break;
     acc = test_accuracy(eval, &m, test);
@@ -303,7 +359,7 @@ int main(int argc, char **argv) {
       double secs = dt_time_now() - t0;
       if (!o.quiet)
         printf("epoch %lld: train loss %.4f, test accuracy %.4f, %.0f samples/s (all workers)\n", (long long)e + 1,
-               loss_sum / (double)steps_per_epoch, acc, (double)(steps_per_epoch * batch_worker * world) / secs);
+               loss_sum / (double)(steps_per_epoch - k0), acc, (double)(steps_per_epoch * batch_worker * world) / secs);
       if (o.checkpoint) { /* rank 0 writes (atomically); the parameters are the same everywhere */
         dt_train_state st;
         memset(&st, 0, sizeof st);

@@ -33,7 +33,8 @@
  * A worker that died can be started again, with the same command and
  * environment: it rejoins the servers under its rank, gets the current
  * parameters, skips the steps its rank had pushed (its data too: the same
- * shuffled order) and trains the rest. */
+ * shuffled order) and trains the rest. tools/dtrain-launch --max-restarts K
+ * does that by itself (then --crash-at acts in the first run only). */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
 #include <errno.h>
@@ -197,6 +198,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   const int batch_worker = o.batch_per_worker ? o.batch_per_worker : o.batch / cl->workers; /* rows a worker loads per step */
+  /* Started again by tools/dtrain-launch --max-restarts (DTRAIN_RESTART > 0):
+   * the experiment's crash happened already. */
+  const char *restart_env = getenv("DTRAIN_RESTART");
+  if (restart_env && atoi(restart_env) > 0) o.crash_rank = -1;
   /* The same model and optimizer in every process: servers run the optimizer. */
   dt_params *P = dt_params_create(o.seed);
   model m;

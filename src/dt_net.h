@@ -296,7 +296,8 @@ typedef struct dt_ps_options {
   int min_workers;             /* training starts once this many workers joined; the others may
                                   join later (mid-run) and are not waited for [0: all of them] */
   double rejoin_timeout_s;     /* when no worker is live but one was lost less than this long ago,
-                                  keep serving for its return (a restarted process) [0: end] */
+                                  keep serving for its return (a restarted process)
+                                  [env DTRAIN_REJOIN_TIMEOUT, else 0: end] */
 } dt_ps_options;
 
 /* The server of each parameter: server_of[i] for i < dt_params_count(p)

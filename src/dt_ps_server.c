@@ -648,6 +648,12 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   S.W = c->workers;
   S.np = dt_params_count(params);
   S.k = 0;
+#  ifndef DTRAIN_NO_STDIO
+  if (S.po.rejoin_timeout_s == 0) { /* tools/dtrain-launch --max-restarts sets it */
+    const char *e = getenv("DTRAIN_REJOIN_TIMEOUT");
+    if (e && atof(e) > 0) S.po.rejoin_timeout_s = atof(e);
+  }
+#  endif
   S.need = S.po.min_workers > 0 && S.po.min_workers < S.W ? S.po.min_workers : S.W;
   if (S.po.min_workers < 0 || !(S.po.rejoin_timeout_s >= 0)) {
     rc = dt__error(DTRAIN_ERR_INVALID_ARG, "%s: ps %d: min_workers %d and rejoin_timeout_s %g must be >= 0", fn,

@@ -5,7 +5,7 @@
 # stopped after a failure (SIGTERM, then SIGKILL), signals passed on,
 # parameter servers stopped after the workers, a parameter-server job going
 # on without a dead worker, workers' listening sockets closed once the world
-# formed, --timeout, the job's token and job id, --bind-to, usage.
+# formed, --timeout, the job's token and job id, --bind-to, --max-restarts, usage.
 # Prints "launch_checks: N passed, N failed, N skipped".
 BUILD=${BUILD:-build}
 L=${LAUNCH:-tools/dtrain-launch}
@@ -254,6 +254,26 @@ if [ -r /proc/self/status ] && [ "$(uname -s)" = Linux ]; then
 else
   skip "--bind-to core: not Linux"
 fi
+
+# -- --max-restarts: a worker that always fails is restarted K times, every worker with it (a
+#    synchronous job), each run with DTRAIN_RESTART=0, 1, 2; then its code ends the job. (Worker
+#    0 may be stopped before it prints: a restart that comes at once. A signal for a child that
+#    has not yet reset its handlers once reached the launcher's own signal pipe: the launcher
+#    then "passed on" a SIGTERM nobody sent it and ended the job.)
+run restarts -n 2 --grace 1 --max-restarts 2 -- sh -c 'echo "run $DTRAIN_RESTART"; if [ "$DTRAIN_RANK" = 1 ]; then exit 3; fi; sleep 5'
+if [ "$(rc_of restarts)" = 3 ] && has restarts.err 'worker 1 exited with code 3; stopping every worker to start them all again from their checkpoint (restart 2 of 2)' &&
+   [ "$(grep -c '^\[worker 1\] run [012]$' "$T/restarts.out")" = 3 ] && has restarts.out '^\[worker 1\] run 2$' &&
+   has restarts.err '2 restarts made (--max-restarts 2)'; then
+  ok "--max-restarts 2: every worker started 3 times (DTRAIN_RESTART 0..2), then the failure's code"
+else bad "--max-restarts" "$T/restarts.out" "$T/restarts.err"; fi
+# with --ps only the failing worker is started again; the server and the other worker run on
+run psrestarts -n 2 --ps 1 --grace 1 --max-restarts 1 -- sh -c 'echo "run $DTRAIN_ROLE $DTRAIN_RANK $DTRAIN_RESTART"; if [ "$DTRAIN_ROLE $DTRAIN_RANK $DTRAIN_RESTART" = "worker 1 0" ]; then exit 3; fi; sleep 1'
+if [ "$(rc_of psrestarts)" = 0 ] && has psrestarts.err 'worker 1 exited with code 3; starting it again (restart 1 of 1): it rejoins the servers' &&
+   [ "$(grep -c 'run worker 0 ' "$T/psrestarts.out")" = 1 ] && [ "$(grep -c 'run ps 0 ' "$T/psrestarts.out")" = 1 ] &&
+   has psrestarts.out 'run worker 1 1'; then
+  ok "--max-restarts with --ps: only the failed worker is started again (DTRAIN_RESTART=1); exit 0"
+else bad "--max-restarts with --ps" "$T/psrestarts.out" "$T/psrestarts.err"; fi
+run badrestarts -n 1 --max-restarts -1 -- "$P"; [ "$(rc_of badrestarts)" = 2 ] && has badrestarts.err "expected a number of restarts" && ok "usage: bad --max-restarts" || bad "usage: bad --max-restarts" "$T/badrestarts.err"
 
 echo "launch_checks: $pass passed, $fail failed, $skipped skipped"
 [ "$fail" -eq 0 ]

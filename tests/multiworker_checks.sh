@@ -66,6 +66,41 @@ if [ -f "$T/ck.safetensors" ] && timeout 120 $L -n 2 -- $EX $ARGS --resume "$T/c
   ok "restart from the last checkpoint after the failure ends bit for bit as the uninterrupted run"
 else bad "resume: $(sums "$T/resume.out") vs $ref: $(tail -n 4 "$T/resume.out")"; fi
 
+# 4b. --max-restarts: a worker killed (kill -9) at several points -- before the first
+#     checkpoint, rank 0 right after a save, late in epoch 2 (23 steps an epoch) -- and the launcher stops the
+#     others and starts every worker again from the last checkpoint (--checkpoint-every 7
+#     steps): the run ends bit for bit where the uninterrupted one ends
+for c in 1:3 0:28 1:30 1:40; do
+  rm -f "$T/mr.safetensors"
+  timeout 120 $L -n 2 --grace 2 --max-restarts 1 -- $EX $ARGS --checkpoint "$T/mr.safetensors" --checkpoint-every 7 \
+    --crash-at $c > "$T/mr.out" 2>&1; rc=$?
+  if [ $rc = 0 ] && [ "$(sums "$T/mr.out")" = "$ref" ] && [ -n "$ref" ] &&
+     grep -q "stopping every worker to start them all again from their checkpoint (restart 1 of 1)" "$T/mr.out"; then
+    ok "--max-restarts: kill -9 at $c, every worker restarted from the last checkpoint, ends bit for bit as the uninterrupted run"
+  else bad "--max-restarts, kill -9 at $c: exit $rc, $(sums "$T/mr.out") vs $ref: $(grep -v 'dtrain error' "$T/mr.out" | tail -n 6)"; fi
+done
+# 4c. kill -9 of rank 0 from outside at a moment it does not choose, while it saves a
+#     checkpoint after every step (so the kill often lands in a save): still bit for bit
+rm -f "$T/mr2.safetensors"
+timeout 120 $L -n 2 --grace 2 --max-restarts 1 -- $EX $ARGS --checkpoint "$T/mr2.safetensors" --checkpoint-every 1 \
+  > "$T/mr2.out" 2>&1 &
+lp=$!; r0=""; k=0
+while [ -z "$r0" ] && [ $k -lt 100 ]; do
+  for c in $(for l in $(pgrep -P $lp 2>/dev/null); do pgrep -P $l; done 2>/dev/null); do # timeout > launcher > workers
+    tr '\0' '\n' <"/proc/$c/environ" 2>/dev/null | grep -qx 'DTRAIN_RANK=0' && r0=$c
+  done
+  [ -n "$r0" ] || sleep 0.05; k=$((k + 1))
+done
+# kill once its first checkpoint exists (it is training and saving by then)
+k=0; while [ ! -f "$T/mr2.safetensors" ] && [ $k -lt 200 ]; do sleep 0.02; k=$((k + 1)); done
+sleep 0.$(( $$ % 7 + 1 ))
+[ -n "$r0" ] && kill -KILL "$r0" 2>/dev/null
+wait $lp; rc=$?
+if [ -n "$r0" ] && [ $rc = 0 ] && [ "$(sums "$T/mr2.out")" = "$ref" ] && grep -q 'restart 1 of 1' "$T/mr2.out" &&
+   ! ls "$T"/mr2.safetensors.tmp-* >/dev/null 2>&1; then
+  ok "--max-restarts: rank 0 killed from outside while saving every step: restarted, bit for bit, no temporary left"
+else bad "--max-restarts, rank 0 killed from outside (pid ${r0:-none}): exit $rc, $(sums "$T/mr2.out") vs $ref: $(grep -v 'dtrain error' "$T/mr2.out" | tail -n 6)"; fi
+
 # 5. SIGSTOP of worker 1: worker 0 times out naming it (DTRAIN_TIMEOUT=4 s)
 t0=$(date +%s)
 timeout 120 $L -n 2 --grace 1 -- $EX $ARGS --stall-at 1:10 > "$T/stall.out" 2>&1
@@ -76,7 +111,7 @@ else bad "SIGSTOP: exit $rc after $((t1 - t0)) s: $(grep -v 'dtrain error' "$T/s
 
 # 6. three workers, a wrong token on one: refused, nobody trains with it
 DTRAIN_TOKEN=s3cret timeout 60 $L -n 3 -- sh -c 'if [ "$DTRAIN_RANK" = 2 ]; then export DTRAIN_TOKEN=wrong; fi; exec "$0" "$@"' \
-  $EX $ARGS > "$T/token.out" 2>&1
+  $EX $ARGS --batch 120 > "$T/token.out" 2>&1
 rc=$?
 if [ $rc -ne 0 ] && grep -qi 'token\|authentication' "$T/token.out" && ! grep -q 'final params_checksum' "$T/token.out"; then
   ok "a worker with the wrong token is refused and no one trains with it"
@@ -100,6 +135,18 @@ if [ $rc -eq 0 ] && grep -q 'worker 0: test accuracy' "$T/pskill.out" && grep -q
    grep -q 'worker 1 killed by signal 9' "$T/pskill.out" && grep -q 'training finished with 1 of 2 workers (1 lost)' "$T/pskill.out"; then
   ok "parameter servers: a killed worker is dropped (logged), the other finishes; the launcher says so and exits 0"
 else bad "ps worker kill: exit $rc: $(grep -v 'dtrain error' "$T/pskill.out" | tail -n 8)"; fi
+
+# 8b. --max-restarts with parameter servers: only the dead worker is started again; it
+#     rejoins the servers under its rank, skips the steps its rank had pushed, and finishes:
+#     both workers finish and the job exits 0
+DTRAIN_TIMEOUT=10 timeout 120 $L -n 2 --ps 2 --max-restarts 1 -- $PS --limit 3000 --epochs 2 --crash-at 1:15 \
+  > "$T/psrestart.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q 'worker 1 killed by signal 9; starting it again (restart 1 of 1): it rejoins the servers' "$T/psrestart.out" &&
+   grep -q '\[worker 1\] worker 1: rejoined at clock [0-9]*; 15 of [0-9]* steps were done before' "$T/psrestart.out" &&
+   grep -q 'worker 0: test accuracy' "$T/psrestart.out" && ! grep -q 'training finished with 1 of 2' "$T/psrestart.out"; then
+  ok "parameter servers, --max-restarts: the killed worker alone is started again, rejoins after its 15 steps and finishes; exit 0"
+else bad "ps --max-restarts: exit $rc: $(grep -v 'dtrain error' "$T/psrestart.out" | tail -n 8)"; fi
 
 # 9. by hand, as across machines: --rank/--world/--peers, each process binding its own
 #    address (no launcher), worker 1 started first, so that it retries dialling worker 0
@@ -162,7 +209,7 @@ if [ $rc1 = 2 ] && grep -q '^error: --batch 100 does not divide over 1 worker x 
    [ $rc4 = 2 ] && grep -q 'error: --batch 100 does not divide over 3 workers x 1 replica = 3$' "$T/div4.out" &&
    ! grep -q nonexistent "$T/div1.out" "$T/div2.out" "$T/div3.out" "$T/div4.out"; then
   ok "a --batch that does not divide over workers x replicas is refused (exit 2) before loading data (02, 05, 06)"
-else bad "indivisible --batch: exits $rc1 $rc2 $rc3 $rc4: $(tail -n 2 "$T/div1.out" "$T/div2.out" "$T/div3.out" "$T/div4.out")"; fi
+else bad "indivisible --batch: exits $rc1 $rc2 $rc3 $rc4: $(tail -n 12 "$T/div1.out" "$T/div2.out" "$T/div3.out" "$T/div4.out")"; fi
 
 # 10. tools/dtrain-bench: nccl-tests columns, every element right, for threads, forked tcp
 #     ranks and tcp ranks under the launcher (sizes below the world, odd and ring-sized)

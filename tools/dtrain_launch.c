@@ -3,7 +3,7 @@
  * for one machine.
  *
  *   dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env]
- *                 [--bind-to core|none] -- PROGRAM ARGS...
+ *                 [--bind-to core|none] [--max-restarts K] -- PROGRAM ARGS...
  *
  * For each process it binds a listening socket (port 0, so the kernel picks a
  * free one, unless --port), then starts the program with:
@@ -40,6 +40,14 @@
  * once every worker has left or was lost, so workers still running a grace
  * period after the last server ended (stopped with SIGSTOP, hung) cannot
  * train on: they are stopped too, and count as lost.
+ * --max-restarts K (like torchrun's): a worker that fails does not end the
+ * job while fewer than K restarts were made. In a synchronous job every
+ * worker is stopped (SIGTERM, then SIGKILL) and all are started again, with
+ * DTRAIN_RESTART=R (the restart's number; 0 the first time): the program
+ * resumes from its last checkpoint (examples/05: --checkpoint with
+ * --checkpoint-every). In a parameter-server job only the dead worker is
+ * started again and rejoins the servers, which wait DTRAIN_REJOIN_TIMEOUT
+ * for it (set to 60 s unless given) when it was the last one live.
  *
  * Plain POSIX C; does not need dtrain.h. Build: cc -std=c11 -O2 tools/dtrain_launch.c -o tools/dtrain-launch
  */
@@ -93,6 +101,7 @@ typedef struct proc {
   int stopped_by_us; /* we sent it SIGTERM/SIGKILL */
   int core;          /* --bind-to core: index into the cores, else -1 */
   int status;        /* wait status once reaped */
+  int restarts;      /* times this process was started again */
   stream out[2];
 } proc;
 
@@ -102,7 +111,7 @@ static int g_sigpipe[2] = {-1, -1};
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env]\n"
-          "                     [--bind-to core|none] -- PROGRAM [ARGS...]\n"
+          "                     [--bind-to core|none] [--max-restarts K] -- PROGRAM [ARGS...]\n"
           "Starts N workers (and M parameter servers) of PROGRAM on this machine.\n"
           "  -n N          worker processes (1..%d)\n"
           "  --ps M        parameter-server processes (0..%d) [0]\n"
@@ -114,6 +123,9 @@ static void usage(FILE *f) {
           "  --token-env   (the default; kept for old scripts) a fresh random DTRAIN_TOKEN (unless set)\n"
           "  --bind-to W   core: process k (workers, then servers) runs only on core k mod C of the\n"
           "                C cores this launcher may use (Linux); none: wherever the kernel puts it [none]\n"
+          "  --max-restarts K  a failed worker does not end the job until K restarts were made: all\n"
+          "                workers are started again (each gets DTRAIN_RESTART=R and resumes from its\n"
+          "                checkpoint), or with --ps only the dead one (it rejoins the servers) [0]\n"
           "  -h, --help    this text\n"
           "Each process gets DTRAIN_CONFIG (the cluster and its task), DTRAIN_LISTEN_FD (its bound\n"
           "listening socket), DTRAIN_RANK, DTRAIN_WORLD, DTRAIN_ROLE, and DTRAIN_TOKEN and\n"
@@ -188,11 +200,12 @@ static int parse_secs(const char *s, double *out) {
   return 1;
 }
 
-#define NOPTS 7
-static const char *const k_opts[NOPTS] = {"-n", "--ps", "--port", "--host", "--grace", "--timeout", "--bind-to"};
+#define NOPTS 8
+static const char *const k_opts[NOPTS] = {"-n",        "--ps",      "--port",   "--host",
+                                          "--grace",   "--timeout", "--bind-to", "--max-restarts"};
 static const char *const k_what[NOPTS] = {"a number of workers in 1..1024", "a number of servers in 0..1024",
                                           "a port in 1..65535", "a host name or address", "seconds (>= 0)",
-                                          "seconds (> 0)", "core or none"};
+                                          "seconds (> 0)", "core or none", "a number of restarts in 0..10000"};
 
 /* "--name value" or "--name=value" at argv[*k]: 1 when it is this option
  * (*value: the value, NULL when missing; *k advanced past it), else 0. */
@@ -370,7 +383,7 @@ static void signal_all(proc *ps, int np, int sig, int by_us) {
 }
 
 static void child_exec(proc *p, int out_w, int err_w, char **prog, const char *config, int workers,
-                       const char *token, pid_t parent) {
+                       const char *token, pid_t parent, int restart) {
   char num[32];
   (void)parent;
   setpgid(0, 0);
@@ -403,10 +416,16 @@ static void child_exec(proc *p, int out_w, int err_w, char **prog, const char *c
     _exit(127);
   }
 #endif
-  fcntl(p->lfd, F_SETFD, 0); /* this one survives exec */
   setenv("DTRAIN_CONFIG", config, 1);
-  snprintf(num, sizeof num, "%d", p->lfd);
-  setenv("DTRAIN_LISTEN_FD", num, 1);
+  if (p->lfd >= 0) {
+    fcntl(p->lfd, F_SETFD, 0); /* this one survives exec */
+    snprintf(num, sizeof num, "%d", p->lfd);
+    setenv("DTRAIN_LISTEN_FD", num, 1);
+  } else {
+    unsetenv("DTRAIN_LISTEN_FD"); /* a restarted parameter-server worker (it only dials) */
+  }
+  snprintf(num, sizeof num, "%d", restart);
+  setenv("DTRAIN_RESTART", num, 1);
   snprintf(num, sizeof num, "%d", p->index);
   setenv("DTRAIN_RANK", num, 1);
   snprintf(num, sizeof num, "%d", workers);
@@ -472,8 +491,75 @@ static int exit_code_of(int status) {
   return 1;
 }
 
+/* Fork and exec process p (its listening socket p->lfd, if any, goes to the
+ * child and is closed here; its output pipes are read from now on). 0 when
+ * it could not be started (said why). */
+static int start_proc(proc *p, proc *ps, int np, int workers, char **prog, const char *tok) {
+  int po[2], pe[2];
+  if (pipe(po) != 0) {
+    say("cannot start %s: pipe: %s", p->name, strerror(errno));
+    return 0;
+  }
+  if (pipe(pe) != 0) {
+    say("cannot start %s: pipe: %s", p->name, strerror(errno));
+    close(po[0]);
+    close(po[1]);
+    return 0;
+  }
+  cloexec(po[0]);
+  cloexec(pe[0]);
+  cloexec(po[1]);
+  cloexec(pe[1]);
+  char *config = config_json(ps, np, workers, p);
+  if (!config) {
+    say("out of memory");
+    close(po[0]), close(po[1]), close(pe[0]), close(pe[1]);
+    return 0;
+  }
+  /* Signals are blocked across the fork: until the child has set its
+   * handlers back to the defaults, a signal for it (a SIGTERM of a restart
+   * that comes at once) would run the launcher's handler in the child and
+   * land in the launcher's own signal pipe, read as a signal to the launcher.
+   * child_exec unblocks them once the defaults are in place. */
+  sigset_t all, old;
+  sigfillset(&all);
+  sigprocmask(SIG_BLOCK, &all, &old);
+  pid_t self = getpid(), pid = fork();
+  if (pid == 0) child_exec(p, po[1], pe[1], prog, config, workers, tok, self, p->restarts);
+  sigprocmask(SIG_SETMASK, &old, NULL);
+  free(config);
+  close(po[1]);
+  close(pe[1]);
+  if (pid < 0) {
+    say("cannot start %s: fork: %s", p->name, strerror(errno));
+    close(po[0]);
+    close(pe[0]);
+    return 0;
+  }
+  setpgid(pid, pid); /* also in the child: whichever runs first */
+  p->pid = pid;
+  p->running = 1;
+  p->stopped_by_us = 0;
+  if (p->lfd >= 0) close(p->lfd);
+  p->lfd = -1;
+  for (int s = 0; s < 2; s++)
+    if (p->out[s].fd >= 0) { /* the last run's pipe: what is left of it first */
+      lines(p, &p->out[s], 1);
+      close(p->out[s].fd);
+    }
+  p->out[0].fd = po[0];
+  p->out[0].dest = 1;
+  p->out[1].fd = pe[0];
+  p->out[1].dest = 2;
+  p->out[0].n = p->out[1].n = 0;
+  p->out[0].midline = p->out[1].midline = 0;
+  nonblock(po[0]);
+  nonblock(pe[0]);
+  return 1;
+}
+
 int main(int argc, char **argv) {
-  long n = 0, m = 0, port = 0;
+  long n = 0, m = 0, port = 0, max_restarts = 0;
   double grace = 10.0, timeout = 0.0;
   const char *host = "127.0.0.1";
   int token_env = 0, k, prog_at = -1, bind = 0;
@@ -518,6 +604,7 @@ int main(int argc, char **argv) {
       case 3: ok = *v != '\0'; host = v; break;
       case 4: ok = parse_secs(v, &grace); break;
       case 5: ok = parse_secs(v, &timeout) && timeout > 0; break;
+      case 7: ok = parse_long(v, 0, 10000, &max_restarts); break;
       default:
         ok = strcmp(v, "core") == 0 || strcmp(v, "none") == 0;
         bind = strcmp(v, "core") == 0;
@@ -640,53 +727,13 @@ int main(int argc, char **argv) {
     sigaction(SIGPIPE, &sa, NULL);
   }
 
+  /* Servers wait this long for a lost worker's return when none is live
+   * (dt_ps_serve reads it): the launcher starts it again at once, and its
+   * data may take a while to load. */
+  if (m > 0 && max_restarts > 0 && !getenv("DTRAIN_REJOIN_TIMEOUT")) setenv("DTRAIN_REJOIN_TIMEOUT", "60", 1);
   /* Start: servers first, then workers. */
-  for (int t = 0; t < np; t++) {
-    proc *p = &ps[t < (int)m ? workers + t : t - (int)m];
-    int po[2], pe[2];
-    if (pipe(po) != 0) {
-      say("cannot start %s: pipe: %s", p->name, strerror(errno));
-      goto stop_started;
-    }
-    if (pipe(pe) != 0) {
-      say("cannot start %s: pipe: %s", p->name, strerror(errno));
-      close(po[0]);
-      close(po[1]);
-      goto stop_started;
-    }
-    cloexec(po[0]);
-    cloexec(pe[0]);
-    cloexec(po[1]);
-    cloexec(pe[1]);
-    char *config = config_json(ps, np, workers, p);
-    if (!config) {
-      say("out of memory");
-      close(po[0]), close(po[1]), close(pe[0]), close(pe[1]);
-      goto stop_started;
-    }
-    pid_t self = getpid(), pid = fork();
-    if (pid == 0) child_exec(p, po[1], pe[1], argv + prog_at, config, workers, tok, self);
-    free(config);
-    close(po[1]);
-    close(pe[1]);
-    if (pid < 0) {
-      say("cannot start %s: fork: %s", p->name, strerror(errno));
-      close(po[0]);
-      close(pe[0]);
-      goto stop_started;
-    }
-    setpgid(pid, pid); /* also in the child: whichever runs first */
-    p->pid = pid;
-    p->running = 1;
-    close(p->lfd);
-    p->lfd = -1;
-    p->out[0].fd = po[0];
-    p->out[0].dest = 1;
-    p->out[1].fd = pe[0];
-    p->out[1].dest = 2;
-    nonblock(po[0]);
-    nonblock(pe[0]);
-  }
+  for (int t = 0; t < np; t++)
+    if (!start_proc(&ps[t < (int)m ? workers + t : t - (int)m], ps, np, workers, argv + prog_at, tok)) goto stop_started;
 
   {
     const double kill_delay = grace < 1 ? 1 : grace > 5 ? 5 : grace;
@@ -695,6 +742,7 @@ int main(int argc, char **argv) {
     /* parameter-server jobs: workers that finished, the first lost worker's code, servers running */
     int ps_job = m > 0, workers_done = 0, lost_code = -1, servers_left = (int)m;
     int servers_gone = 0; /* term_at was set because every server had ended */
+    int restarts_used = 0, restarting = 0; /* --max-restarts; a synchronous restart waits for every worker to stop */
     struct pollfd *pf = (struct pollfd *)calloc((size_t)(2 * np + 1), sizeof(struct pollfd));
     stream **owner = (stream **)calloc((size_t)(2 * np + 1), sizeof(stream *));
     proc **owner_p = (proc **)calloc((size_t)(2 * np + 1), sizeof(proc *));
@@ -784,7 +832,7 @@ int main(int argc, char **argv) {
           }
         }
       }
-      /* reap */
+      /* reap (at the end of this pass, a synchronous restart starts every worker again) */
       int st;
       pid_t pid;
       while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
@@ -801,6 +849,36 @@ int main(int argc, char **argv) {
         if (!p->ps) workers_left--;
         else servers_left--;
         if (!p->ps && code == 0) workers_done++;
+        if (code != 0 && !p->ps && !p->stopped_by_us && failure < 0 && !forwarded && !restarting &&
+            restarts_used < max_restarts && kill_at < 0) {
+          /* --max-restarts: this failure does not end the job. */
+          char how[64];
+          if (WIFSIGNALED(st))
+            snprintf(how, sizeof how, "killed by signal %d", WTERMSIG(st));
+          else
+            snprintf(how, sizeof how, "exited with code %d", code);
+          restarts_used++;
+          if (ps_job) {
+            say("%s %s; starting it again (restart %d of %ld): it rejoins the servers", p->name, how, restarts_used,
+                max_restarts);
+            p->restarts = restarts_used;
+            p->lfd = -1; /* a parameter-server worker only dials */
+            if (start_proc(p, ps, np, workers, argv + prog_at, tok)) {
+              running++;
+              workers_left++;
+              continue;
+            }
+            failure = code; /* could not start it again (said why) */
+          } else {
+            say("%s %s; stopping every worker to start them all again from their checkpoint (restart %d of %ld)",
+                p->name, how, restarts_used, max_restarts);
+            restarting = 1;
+            signal_all(ps, np, SIGTERM, 1);
+            kill_at = now_s() + kill_delay;
+            term_at = -1;
+            continue;
+          }
+        }
         if (code != 0) {
           char how[64];
           if (WIFSIGNALED(st))
@@ -846,11 +924,46 @@ int main(int argc, char **argv) {
           term_at = now_s() + grace;
         }
       }
+      if (restarting && running == 0 && !forwarded && failure < 0) {
+        /* Every worker stopped: start them all again, on fresh listening sockets
+         * (the same ports when they are free). */
+        restarting = 0;
+        kill_at = term_at = -1;
+        workers_done = 0;
+        for (k = 0; k < np && failure < 0; k++) {
+          proc *p = &ps[k];
+          int was = p->port;
+          p->lfd = listen_on(host, p->port, &p->port);
+          if (p->lfd < 0) p->lfd = listen_on(host, 0, &p->port);
+          if (p->lfd < 0) {
+            failure = 1;
+            break;
+          }
+          if (p->port != was) {
+            if (strchr(host, ':'))
+              snprintf(p->addr, sizeof p->addr, "[%.200s]:%d", host, p->port);
+            else
+              snprintf(p->addr, sizeof p->addr, "%.200s:%d", host, p->port);
+          }
+          p->restarts = restarts_used;
+        }
+        for (k = 0; k < np && failure < 0; k++) {
+          if (!start_proc(&ps[k], ps, np, workers, argv + prog_at, tok)) {
+            failure = 1;
+            signal_all(ps, np, SIGKILL, 1);
+            break;
+          }
+          running++;
+        }
+        if (failure < 0) workers_left = workers;
+      }
     }
     free(pf);
     free(owner);
     free(owner_p);
     rc = failure < 0 ? 0 : failure;
+    if (restarts_used > 0) say("%d restart%s made (--max-restarts %ld)", restarts_used, restarts_used == 1 ? "" : "s",
+                               max_restarts);
     goto done;
   }
 
