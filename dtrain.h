@@ -2231,6 +2231,11 @@ typedef struct dt_strategy_options {
   dt_comm *comm;                 /* multi_worker_mirrored: the cross-process communicator, one
                                     rank per process (dt_comm_create_tcp/_mpi); borrowed */
   dt_pstore *store;              /* parameter_server: the store (dt_pstore_create_tcp); borrowed */
+  int staleness_lr;              /* async: nonzero scales each update by 1/(1+staleness): the
+                                    learning rate of a push computed on parameters that s others
+                                    have updated since is divided by 1+s (Zhang et al., 2016,
+                                    "Staleness-aware async-SGD"). parameter_server: set it on the
+                                    servers (dt_ps_options.staleness_lr), which apply the updates */
   dt_device **devices;           /* one_device, mirrored, multi_worker_mirrored: replica r runs on
                                     devices[r] (dt_device.h, e.g. dt_cuda_device_create(r)); the
                                     array and the devices are borrowed [NULL: the CPU] */
@@ -2409,6 +2414,9 @@ struct dt_pstore {
   size_t size;   /* floats in the store */
   int gradients; /* 0: push takes parameter deltas (the worker ran the optimizer);
                     1: push takes gradients and the store applies the optimizer */
+  int staleness_lr; /* local stores: nonzero scales each pushed delta by 1/(1+s), s the
+                       updates pushed by others since the pusher's pull (a staleness-aware
+                       learning rate); set by the async strategy's option [0] */
   int64_t start_clock; /* tcp: the clock the first dt_pstore_begin continues from: 0 on a first
                           join, the slowest live worker's (or its own) when it rejoined [local: 0] */
   int64_t steps_done;  /* tcp: pushes this worker's rank made before it rejoined, as the servers
@@ -2741,6 +2749,9 @@ typedef struct dt_ps_options {
   int no_resume;               /* nonzero: start from the params' values even if a checkpoint exists */
   int min_workers;             /* training starts once this many workers joined; the others may
                                   join later (mid-run) and are not waited for [0: all of them] */
+  int staleness_lr;            /* nonzero: a push of staleness s (updates applied since the pusher's
+                                  pull) is applied with its learning rate divided by 1+s: the
+                                  shard moves (new - old) / (1+s) of what the optimizer says [0] */
   double rejoin_timeout_s;     /* when no worker is live but one was lost less than this long ago,
                                   keep serving for its return (a restarted process)
                                   [env DTRAIN_REJOIN_TIMEOUT, else 0: end] */
@@ -18928,13 +18939,28 @@ static dt_result dt__pstore_local_push(dt_pstore *ps, int worker, int64_t clock,
     tk->wait_s += dt__pstore_wait_for(l, 2, 0, l->base + (uint64_t)clock * (uint64_t)ps->workers + (uint64_t)worker);
   if (DT__ALOAD(&l->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
   dt__afloat *dst = (dt__afloat *)l->data;
-  if (delta) {
+  /* Staleness-aware: divided by 1 + the pushes others made since this
+   * worker's pull (read now: pushes racing this one are not counted). */
+  float scale = 1.0f;
+  if (ps->staleness_lr) {
+    uint64_t now = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
+    if (now > tk->version) scale = (float)(1.0 / (1.0 + (double)(now - tk->version)));
+  }
+  if (delta && scale == 1.0f) {
     if (l->update == DTRAIN_ASYNC_ATOMIC) {
       for (size_t i = 0; i < n; i++)
         if (delta[i] != 0.0f) dt__afloat_add(dst + i, delta[i]);
     } else {
       for (size_t i = 0; i < n; i++)
         if (delta[i] != 0.0f) dt__afloat_store(dst + i, dt__afloat_load(dst + i) + delta[i]);
+    }
+  } else if (delta) {
+    if (l->update == DTRAIN_ASYNC_ATOMIC) {
+      for (size_t i = 0; i < n; i++)
+        if (delta[i] != 0.0f) dt__afloat_add(dst + i, delta[i] * scale);
+    } else {
+      for (size_t i = 0; i < n; i++)
+        if (delta[i] != 0.0f) dt__afloat_store(dst + i, dt__afloat_load(dst + i) + delta[i] * scale);
     }
   }
   /* Release: a puller that sees this version sees these stores. */
@@ -20577,6 +20603,7 @@ static dt_result dt__async_create(dt_strategy *s) {
                                      d->spin_us);
   if (!s->pstore) return dt_last_result();
   s->own_pstore = 1;
+  s->pstore->staleness_lr = d->staleness_lr != 0;
   return DTRAIN_OK;
 }
 
@@ -25875,6 +25902,7 @@ typedef struct dt__ps_server {
   double last_ckpt;
   unsigned char *ckpt;
   size_t ckpt_bytes;
+  float *before;            /* staleness_lr: a parameter's values before its update (shard floats) */
   char ckpt_path[1024];
   dt__hs *pend;             /* DT__NET_PENDING_MAX connections in the handshake, beside the serving */
   int npend;
@@ -26401,11 +26429,17 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     const unsigned char *in = w->rx + DT__PS_FIX;
     size_t off = 0, b, e;
     int tr, dec;
+    /* staleness_lr: this push's step is divided by 1 + the updates applied since its pull */
+    uint64_t s = w->pend_version <= before ? before - w->pend_version : 0;
+    float scale = S->before && s > 0 ? (float)(1.0 / (1.0 + (double)s)) : 1.0f;
     for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
       if (S->owner[p] != S->me) continue;
       if (tr) {
         dt__get_f32le(grad + b, in + 4 * off, e - b);
+        if (scale != 1.0f) memcpy(S->before, data + b, (e - b) * sizeof(float));
         if (dt_optim_update(S->opt, data, grad, b, e) != DTRAIN_OK) return -1;
+        if (scale != 1.0f)
+          for (size_t i = b; i < e; i++) data[i] = S->before[i - b] + (data[i] - S->before[i - b]) * scale;
       } else {
         dt__get_f32le(data + b, in + 4 * off, e - b);
       }
@@ -26502,12 +26536,16 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
     return;
   }
   /* Its clocks: where it was (its pushes before, 0 the first time), moved up
-   * to the slowest worker that counts, so that nobody waits for it. */
+   * to the slowest worker that counts, so that nobody waits for it. A first
+   * join before the quorum starts at 0: it was expected, and the others have
+   * waited for it within the bound (as they did before workers could join
+   * late), so the clocks of a job's start are the same whoever comes first. */
   int64_t done = w->pushed, slowest = INT64_MAX;
   for (int j = 0; j < S->W; j++)
     if (j != i && S->w[j].state == DT__PSW_LIVE && S->w[j].joined && S->w[j].pushed < slowest)
       slowest = S->w[j].pushed;
   w->start = slowest != INT64_MAX && slowest > done ? slowest : done;
+  if (!w->ever && !S->quorum) w->start = 0;
   w->pulled = w->pushed = w->start;
   w->fresh = 1;
   w->joined = 1;
@@ -26737,6 +26775,7 @@ static void dt__ps_server_free(dt__ps_server *S) {
   dt__free(S->seen, (size_t)S->W);
   dt__free(S->owner, (size_t)(S->np > 0 ? S->np : 1) * sizeof(int));
   dt__free(S->ckpt, S->ckpt_bytes);
+  if (S->before) dt__free(S->before, dt_params_size(S->params) * sizeof(float) + 4);
 }
 
 static dt_result dt__ps_loop(dt__ps_server *S) {
@@ -26883,6 +26922,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
     return rc;
   }
   S.owner = (int *)dt__alloc((size_t)(S.np > 0 ? S.np : 1) * sizeof(int));
+  S.before = S.po.staleness_lr ? (float *)dt__alloc(dt_params_size(params) * sizeof(float) + 4) : NULL;
   S.w = (dt__ps_worker *)dt__calloc((size_t)S.W * sizeof(dt__ps_worker));
   /* Before anything can free them: a zeroed connection's descriptor is 0, and
    * closing it (when a later allocation fails) closed stdin, or by then
@@ -26890,7 +26930,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   for (int i = 0; S.w && i < S.W; i++) S.w[i].conn.fd = -1;
   S.seen = (unsigned char *)dt__calloc((size_t)S.W);
   S.pend = (dt__hs *)dt__alloc((size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
-  if (!S.owner || !S.w || !S.seen || !S.pend) {
+  if (!S.owner || !S.w || !S.seen || !S.pend || (S.po.staleness_lr && !S.before)) {
     rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory", fn, S.me);
     goto done;
   }

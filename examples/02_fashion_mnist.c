@@ -50,6 +50,7 @@ typedef struct options {
   const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule, *strategy, *checkpoint_dir;
   const char *device; /* "cpu", "cuda", "cuda:N" */
   int epochs, batch, json, quiet, replicas, max_staleness;
+  int staleness_lr; /* --staleness-lr: async updates (or, on parameter servers, pushes) scaled by 1/(1+staleness) */
   int batch_worker; /* not a flag: --batch over the worker processes, the rows this process loads per step */
   int64_t limit; /* train on the first `limit` samples only (0: all) */
   float lr;
@@ -193,6 +194,29 @@ static dt_result evaluate(dt_fit_eval *e, void *user) {
   return DTRAIN_OK;
 }
 
+/* The --json fields of the async kinds (async, parameter_server): each push's
+ * staleness (updates by others between its pull and its push) as mean, max and
+ * histogram (counts for 0, 1, 2, ...; the last bin counts that many or more),
+ * and whether --staleness-lr scaled the updates. "" for the others. */
+static const char *staleness_json(dt_strategy *s, int staleness_lr) {
+  static char buf[2048];
+  dt_strategy_stats st;
+  buf[0] = '\0';
+  if (dt_strategy_stats_get(s, &st) != DTRAIN_OK ||
+      (st.kind != DTRAIN_STRATEGY_ASYNC && st.kind != DTRAIN_STRATEGY_PARAMETER_SERVER))
+    return buf;
+  int last = 0;
+  for (int i = 0; i < DTRAIN_STALENESS_BINS; i++)
+    if (st.staleness_hist[i]) last = i;
+  size_t n = (size_t)snprintf(buf, sizeof buf, ",\"staleness_mean\":%.3f,\"staleness_max\":%lld,\"staleness_lr\":%s,"
+                              "\"staleness_hist\":[", st.staleness_mean, (long long)st.staleness_max,
+                              staleness_lr ? "true" : "false");
+  for (int i = 0; i <= last && n < sizeof buf - 24; i++)
+    n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%lld", i ? "," : "", (long long)st.staleness_hist[i]);
+  snprintf(buf + n, sizeof buf - n, "]");
+  return buf;
+}
+
 /* ---- command line ------------------------------------------------------------------------ */
 static void usage(void) {
   fprintf(stderr,
@@ -200,7 +224,7 @@ static void usage(void) {
           "         [--optimizer sgd|adam|adamw|rmsprop] [--seed N] [--data DIR]\n"
           "         [--schedule constant|cosine] [--checkpoint FILE] [--resume FILE] [--csv FILE]\n"
           "         [--strategy one_device|mirrored|central_storage|async|multi_worker_mirrored|parameter_server]\n"
-          "         [--replicas N] [--max-staleness K] [--checkpoint-dir DIR (parameter servers)]\n"
+          "         [--replicas N] [--max-staleness K] [--staleness-lr] [--checkpoint-dir DIR (parameter servers)]\n"
           "         [--rank R --world W --peers host:port,... --ps host:port,... --role worker|ps]\n"
           "         [--svg FILE] [--limit N] [--json] [--quiet] [--device cpu|cuda|cuda:N]\n");
 }
@@ -231,6 +255,7 @@ static int parse(int argc, char **argv, options *o) {
   for (int i = 1; i < argc; i++) {
     const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(k, "--json")) { o->json = 1; continue; }
+    if (!strcmp(k, "--staleness-lr")) { o->staleness_lr = 1; continue; }
     if (!strcmp(k, "--quiet")) { o->quiet = 1; continue; }
     if (!v) { fprintf(stderr, "error: %s needs a value\n", k); return 0; }
     i++;
@@ -440,6 +465,7 @@ int main(int argc, char **argv) {
     dt_ps_options po;
     memset(&po, 0, sizeof po);
     po.checkpoint_dir = a.o.checkpoint_dir;
+    po.staleness_lr = a.o.staleness_lr;
     r = dt_ps_serve(cl, a.P, a.opt, &no, &po);
     if (r != DTRAIN_OK) fprintf(stderr, "error: %s\n", dt_last_error());
     return r == DTRAIN_OK ? 0 : 1;
@@ -453,6 +479,7 @@ int main(int argc, char **argv) {
     sd = dt_strategy_parameter_server(store, k);
   }
   sd.seed = a.o.seed;
+  sd.staleness_lr = a.o.staleness_lr;
   if (a.ndev > 0) { /* the one-line switch: one replica per device */
     sd.devices = a.devs;
     sd.ndevices = a.ndev;
@@ -515,11 +542,12 @@ int main(int argc, char **argv) {
     printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"epochs\":%lld,\"batch\":%d,\"seed\":%llu,\"train_samples\":%lld,"
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
            "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
-           "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d}\n",
+           "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d%s}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
-           dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker);
+           dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker,
+           staleness_json(a.strategy, a.o.staleness_lr));
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);

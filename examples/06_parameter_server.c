@@ -23,8 +23,9 @@
  * --lr X, --max-staleness K (default 2), --limit N, --data DIR, --seed S,
  * --checkpoint-dir DIR (servers), --checkpoint-every N (updates), --quiet;
  * servers: --min-workers N (start training once N workers joined; the
- * others may join later) and --rejoin-timeout S (when every worker is gone
- * but one was lost less than S seconds ago, wait for it to come back);
+ * others may join later), --rejoin-timeout S (when every worker is gone
+ * but one was lost less than S seconds ago, wait for it to come back) and
+ * --staleness-lr (a push of staleness s moves the shard 1/(1+s) of its step);
  * for experiments --crash-at RANK:STEP (that worker kills itself: the others
  * and the servers go on) and --slow RANK:FACTOR (a straggler).
  * Workers print their progress; worker 0 ends with the test accuracy of the
@@ -45,7 +46,7 @@
 #include <time.h>
 
 typedef struct options {
-  int epochs, batch, max_staleness, quiet, crash_rank, slow_rank, min_workers;
+  int epochs, batch, max_staleness, quiet, crash_rank, slow_rank, min_workers, staleness_lr;
   double rejoin_timeout;
   int batch_per_worker; /* --batch-per-worker B, 0 when not given; then --batch (global) decides */
   int batch_given;      /* --batch was on the command line (the two flags together are refused) */
@@ -140,6 +141,7 @@ static int parse(int argc, char **argv, options *o) {
   for (int i = 1; i < argc; i++) {
     const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(k, "--quiet")) { o->quiet = 1; continue; }
+    if (!strcmp(k, "--staleness-lr")) { o->staleness_lr = 1; continue; }
     if (!v) return 0;
     i++;
     if (!strcmp(k, "--epochs")) o->epochs = atoi(v);
@@ -179,7 +181,7 @@ int main(int argc, char **argv) {
   if (!parse(argc, argv, &o)) {
     fprintf(stderr, "usage: 06_parameter_server [--epochs E] [--batch B (global) | --batch-per-worker B] [--lr X] [--max-staleness K] [--limit N]\n"
                     "       [--data DIR] [--seed S] [--checkpoint-dir DIR] [--checkpoint-every N] [--quiet]\n"
-                    "       [--min-workers N] [--rejoin-timeout S]   (servers)\n"
+                    "       [--min-workers N] [--rejoin-timeout S] [--staleness-lr]   (servers)\n"
                     "       [--crash-at RANK:STEP] [--slow RANK:FACTOR]   (cluster: DTRAIN_CONFIG or flags)\n");
     return 2;
   }
@@ -223,6 +225,7 @@ int main(int argc, char **argv) {
     po.checkpoint_every = o.checkpoint_every;
     po.min_workers = o.min_workers;
     po.rejoin_timeout_s = o.rejoin_timeout;
+    po.staleness_lr = o.staleness_lr;
     dt_result r = dt_ps_serve(cl, P, opt, &no, &po);
     if (r != DTRAIN_OK) fprintf(stderr, "ps %d: %s\n", cl->index, dt_last_error());
     else if (!o.quiet) printf("ps %d: done, %lld updates applied\n", cl->index, (long long)dt_optim_steps(opt));

@@ -295,6 +295,9 @@ typedef struct dt_ps_options {
   int no_resume;               /* nonzero: start from the params' values even if a checkpoint exists */
   int min_workers;             /* training starts once this many workers joined; the others may
                                   join later (mid-run) and are not waited for [0: all of them] */
+  int staleness_lr;            /* nonzero: a push of staleness s (updates applied since the pusher's
+                                  pull) is applied with its learning rate divided by 1+s: the
+                                  shard moves (new - old) / (1+s) of what the optimizer says [0] */
   double rejoin_timeout_s;     /* when no worker is live but one was lost less than this long ago,
                                   keep serving for its return (a restarted process)
                                   [env DTRAIN_REJOIN_TIMEOUT, else 0: end] */

@@ -130,6 +130,7 @@ typedef struct dt__ps_server {
   double last_ckpt;
   unsigned char *ckpt;
   size_t ckpt_bytes;
+  float *before;            /* staleness_lr: a parameter's values before its update (shard floats) */
   char ckpt_path[1024];
   dt__hs *pend;             /* DT__NET_PENDING_MAX connections in the handshake, beside the serving */
   int npend;

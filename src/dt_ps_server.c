@@ -179,11 +179,17 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     const unsigned char *in = w->rx + DT__PS_FIX;
     size_t off = 0, b, e;
     int tr, dec;
+    /* staleness_lr: this push's step is divided by 1 + the updates applied since its pull */
+    uint64_t s = w->pend_version <= before ? before - w->pend_version : 0;
+    float scale = S->before && s > 0 ? (float)(1.0 / (1.0 + (double)s)) : 1.0f;
     for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
       if (S->owner[p] != S->me) continue;
       if (tr) {
         dt__get_f32le(grad + b, in + 4 * off, e - b);
+        if (scale != 1.0f) memcpy(S->before, data + b, (e - b) * sizeof(float));
         if (dt_optim_update(S->opt, data, grad, b, e) != DTRAIN_OK) return -1;
+        if (scale != 1.0f)
+          for (size_t i = b; i < e; i++) data[i] = S->before[i - b] + (data[i] - S->before[i - b]) * scale;
       } else {
         dt__get_f32le(data + b, in + 4 * off, e - b);
       }
@@ -280,12 +286,16 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
     return;
   }
   /* Its clocks: where it was (its pushes before, 0 the first time), moved up
-   * to the slowest worker that counts, so that nobody waits for it. */
+   * to the slowest worker that counts, so that nobody waits for it. A first
+   * join before the quorum starts at 0: it was expected, and the others have
+   * waited for it within the bound (as they did before workers could join
+   * late), so the clocks of a job's start are the same whoever comes first. */
   int64_t done = w->pushed, slowest = INT64_MAX;
   for (int j = 0; j < S->W; j++)
     if (j != i && S->w[j].state == DT__PSW_LIVE && S->w[j].joined && S->w[j].pushed < slowest)
       slowest = S->w[j].pushed;
   w->start = slowest != INT64_MAX && slowest > done ? slowest : done;
+  if (!w->ever && !S->quorum) w->start = 0;
   w->pulled = w->pushed = w->start;
   w->fresh = 1;
   w->joined = 1;
@@ -515,6 +525,7 @@ static void dt__ps_server_free(dt__ps_server *S) {
   dt__free(S->seen, (size_t)S->W);
   dt__free(S->owner, (size_t)(S->np > 0 ? S->np : 1) * sizeof(int));
   dt__free(S->ckpt, S->ckpt_bytes);
+  if (S->before) dt__free(S->before, dt_params_size(S->params) * sizeof(float) + 4);
 }
 
 static dt_result dt__ps_loop(dt__ps_server *S) {
@@ -661,6 +672,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
     return rc;
   }
   S.owner = (int *)dt__alloc((size_t)(S.np > 0 ? S.np : 1) * sizeof(int));
+  S.before = S.po.staleness_lr ? (float *)dt__alloc(dt_params_size(params) * sizeof(float) + 4) : NULL;
   S.w = (dt__ps_worker *)dt__calloc((size_t)S.W * sizeof(dt__ps_worker));
   /* Before anything can free them: a zeroed connection's descriptor is 0, and
    * closing it (when a later allocation fails) closed stdin, or by then
@@ -668,7 +680,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   for (int i = 0; S.w && i < S.W; i++) S.w[i].conn.fd = -1;
   S.seen = (unsigned char *)dt__calloc((size_t)S.W);
   S.pend = (dt__hs *)dt__alloc((size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
-  if (!S.owner || !S.w || !S.seen || !S.pend) {
+  if (!S.owner || !S.w || !S.seen || !S.pend || (S.po.staleness_lr && !S.before)) {
     rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory", fn, S.me);
     goto done;
   }

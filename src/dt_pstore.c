@@ -118,13 +118,28 @@ static dt_result dt__pstore_local_push(dt_pstore *ps, int worker, int64_t clock,
     tk->wait_s += dt__pstore_wait_for(l, 2, 0, l->base + (uint64_t)clock * (uint64_t)ps->workers + (uint64_t)worker);
   if (DT__ALOAD(&l->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
   dt__afloat *dst = (dt__afloat *)l->data;
-  if (delta) {
+  /* Staleness-aware: divided by 1 + the pushes others made since this
+   * worker's pull (read now: pushes racing this one are not counted). */
+  float scale = 1.0f;
+  if (ps->staleness_lr) {
+    uint64_t now = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
+    if (now > tk->version) scale = (float)(1.0 / (1.0 + (double)(now - tk->version)));
+  }
+  if (delta && scale == 1.0f) {
     if (l->update == DTRAIN_ASYNC_ATOMIC) {
       for (size_t i = 0; i < n; i++)
         if (delta[i] != 0.0f) dt__afloat_add(dst + i, delta[i]);
     } else {
       for (size_t i = 0; i < n; i++)
         if (delta[i] != 0.0f) dt__afloat_store(dst + i, dt__afloat_load(dst + i) + delta[i]);
+    }
+  } else if (delta) {
+    if (l->update == DTRAIN_ASYNC_ATOMIC) {
+      for (size_t i = 0; i < n; i++)
+        if (delta[i] != 0.0f) dt__afloat_add(dst + i, delta[i] * scale);
+    } else {
+      for (size_t i = 0; i < n; i++)
+        if (delta[i] != 0.0f) dt__afloat_store(dst + i, dt__afloat_load(dst + i) + delta[i] * scale);
     }
   }
   /* Release: a puller that sees this version sees these stores. */

@@ -313,6 +313,11 @@ typedef struct dt_strategy_options {
   dt_comm *comm;                 /* multi_worker_mirrored: the cross-process communicator, one
                                     rank per process (dt_comm_create_tcp/_mpi); borrowed */
   dt_pstore *store;              /* parameter_server: the store (dt_pstore_create_tcp); borrowed */
+  int staleness_lr;              /* async: nonzero scales each update by 1/(1+staleness): the
+                                    learning rate of a push computed on parameters that s others
+                                    have updated since is divided by 1+s (Zhang et al., 2016,
+                                    "Staleness-aware async-SGD"). parameter_server: set it on the
+                                    servers (dt_ps_options.staleness_lr), which apply the updates */
   dt_device **devices;           /* one_device, mirrored, multi_worker_mirrored: replica r runs on
                                     devices[r] (dt_device.h, e.g. dt_cuda_device_create(r)); the
                                     array and the devices are borrowed [NULL: the CPU] */
@@ -491,6 +496,9 @@ struct dt_pstore {
   size_t size;   /* floats in the store */
   int gradients; /* 0: push takes parameter deltas (the worker ran the optimizer);
                     1: push takes gradients and the store applies the optimizer */
+  int staleness_lr; /* local stores: nonzero scales each pushed delta by 1/(1+s), s the
+                       updates pushed by others since the pusher's pull (a staleness-aware
+                       learning rate); set by the async strategy's option [0] */
   int64_t start_clock; /* tcp: the clock the first dt_pstore_begin continues from: 0 on a first
                           join, the slowest live worker's (or its own) when it rejoined [local: 0] */
   int64_t steps_done;  /* tcp: pushes this worker's rank made before it rejoined, as the servers

@@ -28,6 +28,7 @@ static dt_result dt__async_create(dt_strategy *s) {
                                      d->spin_us);
   if (!s->pstore) return dt_last_result();
   s->own_pstore = 1;
+  s->pstore->staleness_lr = d->staleness_lr != 0;
   return DTRAIN_OK;
 }
 

@@ -254,6 +254,7 @@ typedef struct server_cfg {
   double hs_timeout; /* options.handshake_timeout_s (0: the default) */
   int min_workers;   /* dt_ps_options.min_workers */
   double rejoin_timeout;
+  int staleness_lr;
 } server_cfg;
 
 static int server_main(const server_cfg *sc) {
@@ -270,6 +271,7 @@ static int server_main(const server_cfg *sc) {
   po.checkpoint_every = sc->ckpt_every;
   po.min_workers = sc->min_workers;
   po.rejoin_timeout_s = sc->rejoin_timeout;
+  po.staleness_lr = sc->staleness_lr;
   int before = open_fds();
   dt_result rc = dt_ps_serve(&x.c, m.P, m.opt, &o, &po);
   int after = open_fds();

@@ -11,7 +11,9 @@
  *   - a worker that said BYE cannot come back under its rank;
  *   - rejoin_timeout_s keeps a server whose only worker died serving until it
  *     returns, and ends it (every worker lost) when it does not;
- *   - the worker's decoder of JOINED refuses bad clocks and lengths. */
+ *   - the worker's decoder of JOINED refuses bad clocks and lengths;
+ *   - the staleness-aware learning rate, in-process and on a server, against
+ *     the optimizer applied by hand. */
 #define DTRAIN_STATIC
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
@@ -348,10 +350,109 @@ static void test_joined_decoder(void) {
   model_free(&m);
   alarm(0);
 }
+
+/* ---- the staleness-aware learning rate ---------------------------------------------------
+ * In-process store: worker 1 pushes first (staleness 0: its delta whole),
+ * then worker 0, whose pull is one update old (staleness 1: half its delta). */
+static void test_staleness_lr_local(void) {
+  for (int on = 0; on < 2; on++) {
+    float data[3] = {1, 2, 3}, mine[3];
+    dt_pstore *ps = dt_pstore_create_local(data, 3, 2, DTRAIN_STALENESS_UNBOUNDED, DTRAIN_ASYNC_HOGWILD, 0);
+    CHECK(ps != NULL);
+    if (!ps) return;
+    ps->staleness_lr = on;
+    dt_pstore_ticket t0, t1;
+    const float d1[3] = {0.5f, 0.5f, 0.5f}, d0[3] = {-1.0f, 2.0f, 4.0f};
+    CHECK(dt_pstore_begin(ps) == DTRAIN_OK);
+    CHECK(dt_pstore_pull(ps, 0, 0, mine, 3, &t0) == DTRAIN_OK);
+    CHECK(dt_pstore_pull(ps, 1, 0, mine, 3, &t1) == DTRAIN_OK);
+    CHECK(dt_pstore_push(ps, 1, 0, d1, 3, &t1) == DTRAIN_OK && t1.staleness == 0);
+    CHECK(dt_pstore_push(ps, 0, 0, d0, 3, &t0) == DTRAIN_OK && t0.staleness == 1);
+    const float s = on ? 0.5f : 1.0f;
+    CHECK_MSG(data[0] == 1.5f - 1.0f * s && data[1] == 2.5f + 2.0f * s && data[2] == 3.5f + 4.0f * s,
+              "staleness_lr %d: %g %g %g", on, (double)data[0], (double)data[1], (double)data[2]);
+    dt_pstore_destroy(ps);
+  }
+}
+
+/* A server with dt_ps_options.staleness_lr: two workers pull the same
+ * parameters p0; worker 0 pushes gA (staleness 0: the optimizer's step
+ * whole), then worker 1 pushes gB computed on p0 (staleness 1: half the
+ * optimizer's step from where the parameters are). The result equals the
+ * same optimizer (SGD, momentum 0.9) applied here by hand. */
+static void test_staleness_lr_server(void) {
+  alarm(60);
+  for (int on = 0; on < 2; on++) {
+    int lfd, port;
+    CHECK(listen_fds(1, &lfd, &port));
+    server_cfg sc = server_defaults(2, 1, 0, &port, lfd);
+    sc.staleness_lr = on;
+    child srv = spawn_server(&sc, &lfd);
+    close(lfd);
+    model a, b, ref;
+    model_init(&a, DTRAIN_OPTIM_SGD, 0.05f);
+    model_init(&b, DTRAIN_OPTIM_SGD, 0.05f);
+    model_init(&ref, DTRAIN_OPTIM_SGD, 0.05f); /* the server's model: same seed, same optimizer */
+    pc xa, xb;
+    pc_make(&xa, 2, 1, &port, DTRAIN_ROLE_WORKER, 0);
+    pc_make(&xb, 2, 1, &port, DTRAIN_ROLE_WORKER, 1);
+    dt_net_options o = net_opts(2.0, NULL);
+    dt_pstore *pa = dt_pstore_create_tcp(&xa.c, a.P, &o, DTRAIN_STALENESS_UNBOUNDED);
+    dt_pstore *pb = pa ? dt_pstore_create_tcp(&xb.c, b.P, &o, DTRAIN_STALENESS_UNBOUNDED) : NULL;
+    CHECK_MSG(pa && pb, "%s", dt_last_error());
+    size_t n = dt_params_size(a.P);
+    float *ga = (float *)calloc(n, sizeof(float)), *gb = (float *)calloc(n, sizeof(float));
+    float *p0 = (float *)calloc(n, sizeof(float)), *got = (float *)calloc(n, sizeof(float));
+    float *p1 = (float *)calloc(n, sizeof(float));
+    if (pa && pb && ga && gb && p0 && got && p1) {
+      for (size_t i = 0; i < n; i++) {
+        ga[i] = (float)(0.1 * hash01(i) - 0.05);
+        gb[i] = (float)(0.2 * hash01(i + 1000) - 0.1);
+      }
+      dt_pstore_ticket t;
+      CHECK(dt_pstore_begin(pa) == DTRAIN_OK && dt_pstore_begin(pb) == DTRAIN_OK);
+      CHECK(dt_pstore_pull(pa, 0, 0, p0, n, &t) == DTRAIN_OK);
+      CHECK(dt_pstore_pull(pb, 1, 0, got, n, &t) == DTRAIN_OK);
+      CHECK(dt_pstore_push(pa, 0, 0, ga, n, &t) == DTRAIN_OK && t.staleness == 0);
+      CHECK(dt_pstore_push(pb, 1, 0, gb, n, &t) == DTRAIN_OK && t.staleness == 1);
+      CHECK(dt_pstore_pull(pa, 0, 1, got, n, &t) == DTRAIN_OK);
+      /* By hand: the same two updates, the second's step scaled. */
+      float *d = dt_params_data(ref.P), *g = dt_params_grad(ref.P);
+      memcpy(d, p0, n * sizeof(float));
+      size_t bb, e;
+      int tr, dec;
+      memcpy(g, ga, n * sizeof(float));
+      for (int q = 0; dt__params_range(ref.P, q, &bb, &e, &tr, &dec); q++) dt_optim_update(ref.opt, d, g, bb, e);
+      dt_optim_advance(ref.opt);
+      memcpy(p1, d, n * sizeof(float));
+      memcpy(g, gb, n * sizeof(float));
+      for (int q = 0; dt__params_range(ref.P, q, &bb, &e, &tr, &dec); q++) dt_optim_update(ref.opt, d, g, bb, e);
+      double worst = 0;
+      for (size_t i = 0; i < n; i++) {
+        float want = on ? p1[i] + (d[i] - p1[i]) * 0.5f : d[i];
+        double err = fabs((double)got[i] - (double)want) / (1e-6 + fabs((double)want));
+        if (err > worst) worst = err;
+      }
+      CHECK_MSG(worst < 1e-5, "staleness_lr %d: worst relative difference %g from the optimizer by hand", on, worst);
+    }
+    free(ga), free(gb), free(p0), free(got), free(p1);
+    if (pa) dt_pstore_leave(pa, 0);
+    if (pb) dt_pstore_leave(pb, 1);
+    dt_pstore_destroy(pa);
+    dt_pstore_destroy(pb);
+    child_wait(&srv);
+    CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, flat(srv.out));
+    model_free(&a);
+    model_free(&b);
+    model_free(&ref);
+  }
+  alarm(0);
+}
 #endif
 
 int main(void) {
 #if defined(DTRAIN_NO_DIST) || defined(DTRAIN_NO_NET) || defined(DTRAIN_NO_THREADS)
+  (void)th_cur_failed; /* no test of this file is compiled in */
   th_skip_item("test_ps_elastic", "parameter servers over TCP need networking, threads and DTRAIN_NO_DIST off");
 #else
   signal(SIGPIPE, SIG_DFL);
@@ -362,6 +463,8 @@ int main(void) {
   TH_RUN(test_finished_cannot_rejoin);
   TH_RUN(test_rejoin_timeout);
   TH_RUN(test_joined_decoder);
+  TH_RUN(test_staleness_lr_local);
+  TH_RUN(test_staleness_lr_server);
 #endif
   return th_summary("test_ps_elastic");
 }
