@@ -33,6 +33,9 @@ check "fmnist-cnn-runs" sh -c "$E $common --model cnn --epochs 1 --limit 512 > $
 check "fmnist-mirrored-repeats-bitwise" sh -c "$E $common --epochs 1 --limit 2048 --strategy mirrored --replicas 2 > $T/mir1.json && $E $common --epochs 1 --limit 2048 --strategy mirrored --replicas 2 > $T/mir2.json && test \"\$(grep -o '\"params_checksum\":\"[0-9a-f]*\"' $T/mir1.json)\" = \"\$(grep -o '\"params_checksum\":\"[0-9a-f]*\"' $T/mir2.json)\" && grep -q '\"replicas\":2' $T/mir1.json"
 check "fmnist-central-storage-equals-mirrored" sh -c "$E $common --epochs 1 --limit 2048 --strategy central_storage --replicas 2 > $T/cs.json && test \"\$(grep -o '\"params_checksum\":\"[0-9a-f]*\"' $T/cs.json)\" = \"\$(grep -o '\"params_checksum\":\"[0-9a-f]*\"' $T/mir1.json)\""
 check "fmnist-async-runs" sh -c "$E $common --epochs 1 --limit 2048 --strategy async --replicas 2 --max-staleness 2 > $T/as.json && grep -q '\"strategy\":\"async\"' $T/as.json"
+# async's --json says how stale its pushes were: a histogram whose counts add up to the pushes
+check "fmnist-async-json-staleness" sh -c "$E $common --epochs 1 --limit 2048 --strategy async --replicas 2 --staleness-lr > $T/as2.json && python3 -c \"import json,sys; d=json.load(open('$T/as2.json')); h=d['staleness_hist']; assert d['staleness_lr'] is True and sum(h) > 0 and d['staleness_max'] == len(h) - 1 and d['staleness_mean'] >= 0, d\""
+check "fmnist-sync-json-no-staleness" sh -c "$E $common --epochs 1 --limit 1024 --strategy mirrored --replicas 2 > $T/ms.json && ! grep -q staleness $T/ms.json"
 check "fmnist-bad-strategy" sh -c "! $E --strategy nope > $T/bad5.txt 2>&1 && grep -q 'error:' $T/bad5.txt"
 check "fmnist-bad-flag" sh -c "! $E --model rnn > $T/bad.txt 2>&1 && grep -q 'mlp or cnn' $T/bad.txt"
 # Output paths are checked at start, before any data loads (issue 17): a
