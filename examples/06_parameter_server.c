@@ -295,13 +295,14 @@ int main(int argc, char **argv) {
            cl->servers, o.max_staleness, (long long)steps, batch_worker, batch_worker * world);
   if (store->steps_done > 0) {
     /* A restarted worker: its rank had pushed steps_done steps. Skip them,
-     * and their batches (the loader's order is the same in every run). */
+     * and their batches (the loader's order is the same in every run; only an
+     * epoch's last batch can be short, so the position is whole batches). */
     f.first = store->steps_done < steps ? store->steps_done : steps;
-    for (int64_t i = 0; i < f.first; i++) {
-      dt_batch skip;
-      int got = dt_loader_next(loader, &skip);
-      if (got == 0) got = dt_loader_next(loader, &skip);
-      if (got <= 0) break;
+    int64_t per_epoch = dt_loader_num_batches(loader);
+    if (f.first < steps &&
+        dt_loader_set_position(loader, f.first / per_epoch, (f.first % per_epoch) * batch_worker) != DTRAIN_OK) {
+      fprintf(stderr, "worker %d: error: %s\n", rank, dt_last_error());
+      return 1;
     }
     if (!o.quiet)
       printf("worker %d: rejoined at clock %lld; %lld of %lld steps were done before, %lld to go\n", rank,

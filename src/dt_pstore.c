@@ -125,15 +125,7 @@ static dt_result dt__pstore_local_push(dt_pstore *ps, int worker, int64_t clock,
     uint64_t now = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
     if (now > tk->version) scale = (float)(1.0 / (1.0 + (double)(now - tk->version)));
   }
-  if (delta && scale == 1.0f) {
-    if (l->update == DTRAIN_ASYNC_ATOMIC) {
-      for (size_t i = 0; i < n; i++)
-        if (delta[i] != 0.0f) dt__afloat_add(dst + i, delta[i]);
-    } else {
-      for (size_t i = 0; i < n; i++)
-        if (delta[i] != 0.0f) dt__afloat_store(dst + i, dt__afloat_load(dst + i) + delta[i]);
-    }
-  } else if (delta) {
+  if (delta) { /* x * 1.0f is x exactly: without the option nothing changes */
     if (l->update == DTRAIN_ASYNC_ATOMIC) {
       for (size_t i = 0; i < n; i++)
         if (delta[i] != 0.0f) dt__afloat_add(dst + i, delta[i] * scale);
