@@ -22,7 +22,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal test-minimal-nothreads test-minimal-nostdio test-minimal-edge all test test-suite suite-bins check-house demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
-.PHONY: bench-strategy bench-net bench-gpu fuzz soak
+.PHONY: bench-strategy bench-backup bench-net bench-gpu fuzz soak chaos
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
 
@@ -180,6 +180,10 @@ test-suite: suite-bins
 # worker is stopped and continued; minutes (SOAK_SECONDS, at most 600), so not in `make test`.
 soak: tools/dtrain-launch $(BUILD)/examples/06_parameter_server
 	BUILD=$(BUILD) sh tests/soak.sh
+# A scripted chaos run (issue 20): kill -9, SIGSTOP/SIGCONT and restarts of a synchronous and
+# a parameter-server job; nothing lost. Bounded (CHAOS_SECONDS, at most 600); not in `make test`.
+chaos: tools/dtrain-launch $(BUILD)/examples/05_multi_worker $(BUILD)/examples/06_parameter_server
+	BUILD=$(BUILD) sh tests/chaos.sh
 
 # The main demo: Fashion-MNIST for a few epochs (the full set when Debian's
 # dataset-fashion-mnist is installed, else the test split shipped in data/).
@@ -227,6 +231,10 @@ bench-gpu:
 bench-strategy: $(BUILD)/bench/bench_allreduce $(BUILD)/bench/bench_strategy
 	$(BUILD)/bench/bench_allreduce
 	$(BUILD)/bench/bench_strategy
+# Backup workers: mirrored(4) with a 4x straggler and one backup vs undisturbed.
+bench: bench-backup
+bench-backup: $(BUILD)/examples/04_sync_vs_async
+	sh bench/run_backup.sh $(BUILD)/examples/04_sync_vs_async
 
 # ASan + UBSan over the whole suite (separate build directory).
 sanitize:

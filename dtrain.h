@@ -2068,6 +2068,25 @@ DTRAIN_EXTERN_C_END
  * on. multi_worker_mirrored: every process must set the same value; a rank
  * whose step was not finite makes every rank skip it.
  *
+ * Backup workers. mirrored with desc.backup_workers = B > 0 (Chen et al.,
+ * 2016, "Revisiting distributed synchronous SGD"), in dt_strategy_run only
+ * (dt_strategy_step refuses: one call cannot return before its slowest
+ * replica): the replicas run free against the params' buffer. Each step
+ * updates it with the first N-B replica gradients to arrive, averaged over
+ * their rows (LOSS_SUM: summed) in rank order; a gradient that arrives after
+ * its step closed is dropped (dt_replica_stats.dropped) and its replica goes
+ * on with the step then open. So a straggler no longer sets the pace; the
+ * price is N-B shards' rows per step instead of N (stats.samples counts the
+ * rows that were aggregated). Batches come as async's do: next(user, r,
+ * ticket) on replica r's thread, tickets handed out in the order replicas
+ * start (so each replica's batch is the per-replica one: batch / (N-B)
+ * rows keeps a step at the global batch, as Chen et al.'s N+b workers);
+ * the ticket of a dropped gradient is handed out again, to another replica,
+ * so its rows are trained on later (the function must return the same rows
+ * for the same ticket), except at the end of the run.
+ * A non-finite loss or gradient of one replica fails the run, or with
+ * skip_nonfinite stays out of its step; a non-finite average is the step's.
+ *
  * Empty batches. A step on a batch of 0 rows is refused (DTRAIN_ERR_EMPTY,
  * nothing touched): there is no gradient, and the optimizer would still
  * move the parameters (momentum, weight decay). multi_worker_mirrored
@@ -2244,6 +2263,10 @@ typedef struct dt_strategy_options {
   int skip_nonfinite;            /* a step whose loss or gradient is NaN/Inf: 0 fails it with
                                     DTRAIN_ERR_NONFINITE naming the step; nonzero skips it (no
                                     update, stats.skipped_steps; see "Non-finite steps") [0] */
+  int backup_workers;            /* mirrored, dt_strategy_run: B in [0, replicas). B > 0: each step
+                                    updates with the first N-B replica gradients to arrive, averaged
+                                    over their rows, and drops the later ones (Chen et al., 2016;
+                                    see "Backup workers") [0] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;
@@ -2345,6 +2368,8 @@ typedef struct dt_replica_stats {
   double staleness_mean;
   int64_t clock_gap_max;  /* async: most steps this replica was ahead of the slowest at a pull */
   dt_result result;       /* of the last call: DTRAIN_OK, its own error, or DTRAIN_ERR_ABORTED */
+  int64_t dropped;        /* backup workers: gradients that came after their step had its N-B
+                             (steps counts the ones that joined) */
 } dt_replica_stats;
 
 typedef struct dt_strategy_stats {
@@ -2365,6 +2390,7 @@ typedef struct dt_strategy_stats {
   int failed_replica;     /* -1, or the replica whose error ended the last call */
   int64_t skipped_steps;  /* steps skipped for a non-finite loss or gradient (skip_nonfinite;
                              sync: also counted in steps; async: pushes left empty) */
+  int64_t dropped_grads;  /* backup workers: replica gradients dropped as late, in all */
 } dt_strategy_stats;
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);
@@ -19172,6 +19198,7 @@ DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
  *   dt_strategy_async.c           the async replica loop (also parameter_server's), run()
  *   dt_strategy_ps.c              parameter_server: the push of (clipped) gradients
  *   dt_strategy_mwm.c             multi_worker_mirrored: the cross-process all-reduce
+ *   dt_strategy_backup.c          mirrored's backup workers: a step takes the first N-B gradients
  *   dt_strategy_device.c          replicas on devices: a mode of the kinds with
  *                                 DT__STRATEGY_DEVICES, not a kind
  */
@@ -19218,10 +19245,12 @@ typedef struct dt__strategy_replica {
   int64_t hist[DTRAIN_STALENESS_BINS];
   int64_t stale_max, stale_sum, gap_max;
   int64_t skips;           /* steps skipped for a non-finite loss or gradient */
+  int64_t dropped;         /* backup workers: gradients that came after their step closed */
   char pad[DT__ALIGN];     /* keeps the next replica's hot fields off these cache lines */
 } dt__strategy_replica;
 
 typedef struct dt__strategy_module dt__strategy_module;
+typedef struct dt__backup dt__backup; /* dt_strategy_backup.c */
 
 struct dt_strategy {
   dt_strategy_desc desc;
@@ -19243,6 +19272,7 @@ struct dt_strategy {
   int own_pstore;          /* the strategy made the store (async's local one): its replicas leave it
                               after a job and destroy frees it; a borrowed one is the user's */
   void *kind_state;        /* the module's own state (its create allocates it, its destroy frees it) */
+  dt__backup *backup;      /* mirrored with desc.backup_workers > 0 (dt_strategy_backup.c) */
   size_t *bufr;            /* non-trainable runs [begin, end) pairs */
   int nbufr;
   /* the current job */
@@ -19422,6 +19452,11 @@ DTRAIN_PRIVATE dt_result dt__strategy_nomem(dt_strategy *s);
  * gradient, bound to its graph. */
 DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, int own_grad, float *grad0);
 
+/* dt_strategy_run's loop of dt_strategy_step on next(user, -1, step), for
+ * the kinds without a run hook (or whose hook falls back to it). */
+DTRAIN_PRIVATE dt_result dt__strategy_run_steps(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                               float *mean_loss);
+
 /* Runs the current job (s->batch or s->next, s->job_steps) on every
  * replica's thread; returns the first failure, with the thread's error set
  * on the calling thread. */
@@ -19432,6 +19467,16 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);
+#endif
+
+/* ---- backup workers (dt_strategy_backup.c): mirrored with desc.backup_workers > 0 ---------- */
+#if !defined(DTRAIN_NO_DIST)
+DTRAIN_PRIVATE dt_result dt__strategy_backup_create(dt_strategy *s);
+DTRAIN_PRIVATE void dt__strategy_backup_destroy(dt_strategy *s);
+/* dt_strategy_run: the replicas run free; each step closes with the first
+ * N-B gradients, the later ones are dropped. */
+DTRAIN_PRIVATE dt_result dt__strategy_backup_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                                 float *mean_loss);
 #endif
 
 /* ---- the synchronous step through a centre (dt_strategy_central.c; also one_device's) ------- */
@@ -19576,7 +19621,8 @@ DTRAIN_PRIVATE size_t dt__strategy_nonfinite_trainable(dt_strategy *s, const flo
 }
 
 DTRAIN_PRIVATE int dt__strategy_bad_step(dt_strategy *s, int r, const char *what) {
-  if (s->desc.skip_nonfinite && !(s->mod->flags & DT__STRATEGY_SYNC)) {
+  /* backup workers: the replica's gradient stays out of its step, as a late one would */
+  if (s->desc.skip_nonfinite && (!(s->mod->flags & DT__STRATEGY_SYNC) || s->backup)) {
     s->rep[r].skipped = 1;
     return 1;
   }
@@ -19954,6 +20000,10 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   if (loss) *loss = NAN;
   dt_result rc = dt__strategy_check_batch(batch, fn);
   if (rc != DTRAIN_OK) return rc;
+  if (s->backup)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup workers (desc.backup_workers %d) need dt_strategy_run: a "
+                     "step must not wait for its slowest replica, and one call cannot return before it", fn,
+                     s->desc.backup_workers);
   const int sync = (s->mod->flags & DT__STRATEGY_SYNC) != 0;
   /* No rows, no gradient: yet the optimizer would move the parameters
    * (momentum, weight decay). Refused before anything runs.
@@ -20024,13 +20074,9 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
-                                     float *mean_loss) {
+DTRAIN_PRIVATE dt_result dt__strategy_run_steps(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                               float *mean_loss) {
   const char *fn = "dt_strategy_run";
-  if (mean_loss) *mean_loss = NAN;
-  if (!s || !next) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !s ? "strategy" : "next");
-  if (steps < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: steps %lld < 0", fn, (long long)steps);
-  if (s->mod->run) return s->mod->run(s, steps, next, next_user, mean_loss);
   double sum = 0.0;
   int64_t counted = 0;
   for (int64_t t = 0; t < steps; t++) {
@@ -20050,6 +20096,16 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
   }
   if (mean_loss && counted > 0) *mean_loss = (float)(sum / (double)counted);
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                     float *mean_loss) {
+  const char *fn = "dt_strategy_run";
+  if (mean_loss) *mean_loss = NAN;
+  if (!s || !next) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !s ? "strategy" : "next");
+  if (steps < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: steps %lld < 0", fn, (long long)steps);
+  if (s->mod->run) return s->mod->run(s, steps, next, next_user, mean_loss);
+  return dt__strategy_run_steps(s, steps, next, next_user, mean_loss);
 }
 
 /* ---- create / destroy -------------------------------------------------------------------------- */
@@ -20098,6 +20154,15 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
                      (double)d->straggler_factor);
   if (d->straggler_factor > 1.0f && (d->straggler < 0 || d->straggler >= d->replicas))
     return dt__error(DTRAIN_ERR_INDEX, "%s: straggler replica %d outside [0, %d)", fn, d->straggler, d->replicas);
+  if (d->backup_workers != 0) {
+    if (d->kind != DTRAIN_STRATEGY_MIRRORED)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);
+    if (d->backup_workers < 0 || d->backup_workers >= d->replicas)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: backup_workers %d outside [0, %d) (replicas %d)", fn,
+                       d->backup_workers, d->replicas, d->replicas);
+    if (d->devices || d->ndevices)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers with replicas on devices", fn);
+  }
   if (m->check && (rc = m->check(d)) != DTRAIN_OK) return rc;
   if (d->devices || d->ndevices) {
     if (!(m->flags & DT__STRATEGY_DEVICES))
@@ -20305,6 +20370,7 @@ DTRAIN_API dt_result dt_strategy_replica_stats(const dt_strategy *s, int replica
   out->staleness_mean = R->steps ? (double)R->stale_sum / (double)R->steps : 0.0;
   out->clock_gap_max = R->gap_max;
   out->result = R->result;
+  out->dropped = R->dropped;
   return DTRAIN_OK;
 }
 
@@ -20336,7 +20402,10 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   out->mean_loss = s->loss_count ? s->loss_sum / (double)s->loss_count : 0.0;
   out->failed_replica = s->last_failed;
   out->skipped_steps = s->skipped;
-  for (int r = 0; r < s->n; r++) out->skipped_steps += s->rep[r].skips;
+  for (int r = 0; r < s->n; r++) {
+    out->skipped_steps += s->rep[r].skips;
+    out->dropped_grads += s->rep[r].dropped;
+  }
   return DTRAIN_OK;
 }
 
@@ -20347,7 +20416,7 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
     R->steps = R->samples = R->loss_count = 0;
     R->compute_s = R->wait_s = R->loss_sum = 0.0;
     memset(R->hist, 0, sizeof R->hist);
-    R->stale_max = R->stale_sum = R->gap_max = R->skips = 0;
+    R->stale_max = R->stale_sum = R->gap_max = R->skips = R->dropped = 0;
   }
   s->steps = s->samples = s->loss_count = s->skipped = 0;
   s->seconds = s->loss_sum = 0.0;
@@ -20423,8 +20492,16 @@ DTRAIN_API dt_strategy_options dt_mirrored(int replicas) { return dt_strategy_mi
 
 #if !defined(DTRAIN_NO_DIST)
 
-/* Replica 0 trains the params' buffers; the others their own copies. */
-static dt_result dt__mirrored_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, r > 0, r > 0, NULL); }
+/* Replica 0 trains the params' buffers; the others their own copies. With
+ * backup workers every replica has its own: the params' are the centre. */
+static dt_result dt__mirrored_replica(dt_strategy *s, int r) {
+  int own = r > 0 || s->desc.backup_workers > 0;
+  return dt__strategy_bind(s, r, own, own, NULL);
+}
+
+static dt_result dt__mirrored_create(dt_strategy *s) {
+  return s->desc.backup_workers > 0 ? dt__strategy_backup_create(s) : DTRAIN_OK;
+}
 
 static void dt__mirrored_job(dt_strategy *s, int r) {
   dt__strategy_replica *R = &s->rep[r];
@@ -20458,21 +20535,27 @@ static dt_result dt__mirrored_sync(dt_strategy *s, const char *fn) {
   return DTRAIN_OK;
 }
 
+static dt_result dt__mirrored_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                  float *mean_loss) {
+  if (s->backup) return dt__strategy_backup_run(s, steps, next, next_user, mean_loss);
+  return dt__strategy_run_steps(s, steps, next, next_user, mean_loss);
+}
+
 static const dt__strategy_module dt__mirrored_module = {
   "mirrored",
   DT__STRATEGY_SYNC | DT__STRATEGY_DEVICES,
   NULL,                 /* prepare */
   NULL,                 /* check */
-  NULL,                 /* create */
+  dt__mirrored_create,  /* create: backup workers' state */
   dt__mirrored_replica, /* replica */
   NULL,                 /* start: the copies were made from the params */
   dt__mirrored_job,     /* job */
-  NULL,                 /* run: steps */
+  dt__mirrored_run,     /* run: steps, or backup workers' free run */
   dt__mirrored_sync,    /* sync */
   NULL,                 /* loss: the shards' */
   NULL,                 /* local_step */
   NULL,                 /* dev_exchange: the checks */
-  NULL                  /* destroy */
+  dt__strategy_backup_destroy /* destroy: backup workers' state */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
@@ -21204,6 +21287,291 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mwm_module(void) { return
 
 #undef DT__MWM_TAIL
 /* ======== end dt_strategy_mwm.c ======== */
+
+/* ======== begin dt_strategy_backup.c ======== */
+/* ===========================================================================
+ * dt_strategy_backup.c -- backup workers for mirrored (Chen et al., 2016,
+ * "Revisiting distributed synchronous SGD"): each step aggregates the first
+ * N-B replica gradients to arrive and drops the rest
+ * ===========================================================================
+ * dt_strategy_run of mirrored with desc.backup_workers = B > 0. The
+ * replicas run free, as async's do, against one centre: the params' own
+ * buffer, which only the replica that closes a step writes. Replica r loops:
+ *
+ *   under the lock: the open step t, the next ticket k, and the centre
+ *   copied into r's own buffer; its batch next(user, r, k) (as async's
+ *   replicas get theirs); forward and backward into its own gradient; then
+ *   under the lock again:
+ *     step t still open with fewer than N-B gradients: r's joins. The
+ *       (N-B)-th closes the step: the joined gradients averaged weighted by
+ *       their rows (MEAN; SUM: summed), in rank order, so that the result
+ *       does not depend on who came first; clipping and the non-finite check
+ *       on that; the optimizer's update of the centre; buffers (batch-norm
+ *       statistics) from the lowest-ranked contributor; t advances and
+ *       everybody waiting is woken. The others wait for the close.
+ *     step t closed already: r's gradient is dropped (dt_replica_stats
+ *       .dropped) and r goes on at once with the step now open. Its ticket
+ *       is handed out again, to another replica (the straggler would be
+ *       late again), so the rows of a dropped gradient are trained on later
+ *       instead of never: a straggler's data is not lost with its time.
+ *
+ * A straggler therefore never holds a step; the averaging counts only the
+ * rows that were aggregated (the "corrected" average); with B = 0 this would
+ * be plain synchronous SGD. The step's loss is the same weighted mean over
+ * the contributors. A replica that fails wakes the others, who stop.
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST)
+
+struct dt__backup {
+  dt__mutex mu;
+  dt__cond cv;
+  int64_t step;        /* the open step, counted from the start of the job */
+  int64_t end;         /* the job's steps */
+  int need;            /* N - B gradients close a step */
+  int joined;          /* gradients in the open step */
+  unsigned char *in;   /* in[r]: replica r's gradient is in the open step */
+  int64_t tickets;     /* handed out in this job */
+  int64_t *redo;       /* tickets whose gradients were dropped, to be handed out again ... */
+  int *redo_by;        /* ... to another replica than the one that dropped it */
+  int nredo;
+  float *acc;          /* the averaged gradient of the step being closed */
+  /* the job's totals */
+  int64_t rows, skipped, loss_count;
+  double loss_sum;
+  float last_loss;
+};
+
+DTRAIN_PRIVATE dt_result dt__strategy_backup_create(dt_strategy *s) {
+  dt__backup *bk = (dt__backup *)dt__calloc(sizeof *bk);
+  if (!bk) return dt__strategy_nomem(s);
+  s->backup = bk;
+  bk->in = (unsigned char *)dt__calloc((size_t)s->n);
+  bk->redo = (int64_t *)dt__calloc((size_t)s->n * sizeof(int64_t));
+  bk->redo_by = (int *)dt__calloc((size_t)s->n * sizeof(int));
+  bk->acc = dt__strategy_floats(s, NULL);
+  if (!bk->in || !bk->redo || !bk->redo_by || !bk->acc) return dt__strategy_nomem(s);
+  if (dt__mutex_init(&bk->mu) != DTRAIN_OK) return dt_last_result();
+  if (dt__cond_init(&bk->cv) != DTRAIN_OK) {
+    dt__mutex_destroy(&bk->mu);
+    return dt_last_result();
+  }
+  bk->need = s->n - s->desc.backup_workers;
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__strategy_backup_destroy(dt_strategy *s) {
+  dt__backup *bk = s->backup;
+  if (!bk) return;
+  if (bk->need > 0) { /* set once the mutex and the condition were made */
+    dt__cond_destroy(&bk->cv);
+    dt__mutex_destroy(&bk->mu);
+  }
+  dt__free(bk->in, (size_t)s->n);
+  dt__free(bk->redo, (size_t)s->n * sizeof(int64_t));
+  dt__free(bk->redo_by, (size_t)s->n * sizeof(int));
+  dt__free(bk->acc, s->fbytes ? s->fbytes : sizeof(float));
+  dt__free(bk, sizeof *bk);
+  s->backup = NULL;
+}
+
+/* Under the lock, by the replica whose gradient completed the step: the
+ * update of the centre. 0: the step failed (recorded). */
+static int dt__backup_close(dt_strategy *s, dt__backup *bk, int r) {
+  const int sum = s->desc.loss == DTRAIN_LOSS_SUM;
+  int64_t rows = 0;
+  int first = -1;
+  for (int j = 0; j < s->n; j++)
+    if (bk->in[j]) {
+      rows += s->rep[j].rows;
+      if (first < 0) first = j;
+    }
+  float *acc = bk->acc;
+  memset(acc, 0, s->fbytes);
+  double loss = 0.0;
+  for (int j = 0; j < s->n; j++) {
+    if (!bk->in[j]) continue;
+    const dt__strategy_replica *J = &s->rep[j];
+    float w = sum ? 1.0f : rows > 0 ? (float)((double)J->rows / (double)rows) : 0.0f;
+    for (size_t i = 0; i < s->size; i++) acc[i] += w * J->grad[i];
+    loss += (double)w * (double)J->loss;
+  }
+  float *P = dt_params_data(s->params);
+  char what[DT__MSG_CAP];
+  int64_t step = s->steps + bk->step;
+  if (rows > 0) {
+    float clip = dt_optim_get_options(s->opt)->clip_norm;
+    size_t bad = s->desc.check_numerics ? dt__strategy_nonfinite(acc, 0, s->size)
+                                        : dt__strategy_nonfinite_trainable(s, acc, 0, s->size);
+    int ok = bad == s->size;
+    if (!ok) {
+      snprintf(what, sizeof what, "step %lld: averaged gradient of '%s' is %s at flat index %zu; no update made",
+               (long long)step, dt__strategy_param_at(s, bad), isnan(acc[bad]) ? "NaN" : "Inf", bad);
+    } else if (clip > 0.0f) {
+      double norm = sqrt(dt__strategy_sumsq(s, acc, 0, s->size));
+      ok = dt__strategy_clip_scale(s, acc, 0, s->size, norm, clip);
+      if (!ok) snprintf(what, sizeof what, "step %lld: gradient norm is %s; no update made", (long long)step,
+                        isnan(norm) ? "NaN" : "Inf");
+    }
+    if (!ok) {
+      if (!s->desc.skip_nonfinite) {
+        dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+        return 0;
+      }
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_NONFINITE, "dt_strategy_run: skipped: %s", what);
+      bk->skipped++;
+      rows = 0; /* nothing trained on */
+    } else {
+      dt_result rc = dt_optim_update(s->opt, P, acc, 0, s->size);
+      if (rc != DTRAIN_OK) {
+        dt__strategy_fail(s, r, rc, dt_last_error());
+        return 0;
+      }
+      dt_optim_advance(s->opt);
+      dt__strategy_copy_buffers(s, P, s->rep[first].data, 0, s->size);
+      bk->loss_sum += loss;
+      bk->loss_count++;
+      bk->last_loss = (float)loss;
+    }
+  }
+  bk->rows += rows;
+  bk->step++;
+  bk->joined = 0;
+  memset(bk->in, 0, (size_t)s->n);
+  return 1;
+}
+
+/* Replica r stops after a failure of its own: the others must not wait for it. */
+static void dt__backup_wake(dt__backup *bk) {
+  dt__mutex_lock(&bk->mu);
+  dt__cond_broadcast(&bk->cv);
+  dt__mutex_unlock(&bk->mu);
+}
+
+/* Under the lock: replica r's next ticket, a dropped one of another replica's first. */
+static int64_t dt__backup_ticket(dt__backup *bk, int r) {
+  for (int i = 0; i < bk->nredo; i++) {
+    if (bk->redo_by[i] == r) continue;
+    int64_t t = bk->redo[i];
+    bk->nredo--;
+    bk->redo[i] = bk->redo[bk->nredo];
+    bk->redo_by[i] = bk->redo_by[bk->nredo];
+    return t;
+  }
+  return bk->tickets++;
+}
+
+static void dt__backup_job(dt_strategy *s, int r) {
+  dt__backup *bk = s->backup;
+  dt__strategy_replica *R = &s->rep[r];
+  const float *P = dt_params_data(s->params);
+  R->result = DTRAIN_OK;
+  char what[DT__MSG_CAP];
+  for (;;) {
+    dt__mutex_lock(&bk->mu);
+    int64_t t = bk->step;
+    int stop = dt__strategy_failed(s) || t >= bk->end;
+    int64_t own = 0;
+    if (!stop) {
+      own = dt__backup_ticket(bk, r);
+      memcpy(R->data, P, s->fbytes);
+    }
+    dt__mutex_unlock(&bk->mu);
+    if (stop) break;
+    dt_minibatch b;
+    memset(&b, 0, sizeof b);
+    int64_t ticket = s->ticket_base + own;
+    dt_result rc = s->next(s->next_user, r, ticket, &b);
+    if (rc == DTRAIN_OK) rc = dt__strategy_check_batch(&b, "dt_strategy_run");
+    if (rc != DTRAIN_OK) {
+      snprintf(what, sizeof what, "the batch function failed for step %lld (ticket %lld, %s)",
+               (long long)(s->steps + t), (long long)ticket, dt_result_name(rc));
+      dt__strategy_fail(s, r, rc, what);
+      dt__backup_wake(bk);
+      break;
+    }
+    b.first = 0;
+    b.global_rows = b.rows;
+    b.step = s->steps + t;
+    b.replica_step = t;
+    b.weight = 1.0f; /* its own mean (or sum): the close weights the contributions */
+    if (!dt__strategy_compute(s, r, &b)) {
+      dt__backup_wake(bk);
+      break;
+    }
+    R->rows = b.rows;
+    R->samples += b.rows;
+    double w0 = dt__now();
+    dt__mutex_lock(&bk->mu);
+    if (R->skipped) { /* skip_nonfinite: a non-finite loss or gradient of its own stays out */
+      R->skips++;
+    } else if (bk->step == t && bk->joined < bk->need && !dt__strategy_failed(s)) {
+      bk->in[r] = 1;
+      bk->joined++;
+      R->steps++;
+      if (R->rows > 0) {
+        R->loss_sum += R->loss;
+        R->loss_count++;
+        R->last_loss = R->loss;
+      }
+      if (bk->joined == bk->need) {
+        (void)dt__backup_close(s, bk, r); /* a failure is recorded and seen below */
+        dt__cond_broadcast(&bk->cv);
+      } else {
+        while (bk->step == t && !dt__strategy_failed(s)) dt__cond_wait(&bk->cv, &bk->mu);
+      }
+    } else {
+      R->dropped++;
+      if (bk->step < bk->end && bk->nredo < s->n) { /* its rows are not lost: another replica takes them */
+        bk->redo[bk->nredo] = own;
+        bk->redo_by[bk->nredo++] = r;
+      }
+    }
+    dt__mutex_unlock(&bk->mu);
+    R->wait_s += dt__now() - w0;
+  }
+  if (dt__strategy_failed(s) && R->result == DTRAIN_OK && DT__ALOAD(&s->failed, DT__MO_ACQUIRE) != r)
+    R->result = DTRAIN_ERR_ABORTED;
+}
+
+DTRAIN_PRIVATE dt_result dt__strategy_backup_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                                 float *mean_loss) {
+  const char *fn = "dt_strategy_run";
+  dt__backup *bk = s->backup;
+  if (steps > INT64_MAX / DTRAIN_MAX_REPLICAS)
+    return dt__error(DTRAIN_ERR_OVERFLOW, "%s: %lld steps is too many", fn, (long long)steps);
+  double t0 = dt__now();
+  bk->step = 0;
+  bk->end = steps;
+  bk->joined = 0;
+  bk->tickets = 0;
+  bk->nredo = 0;
+  memset(bk->in, 0, (size_t)s->n);
+  bk->rows = bk->skipped = bk->loss_count = 0;
+  bk->loss_sum = 0.0;
+  s->batch = NULL;
+  s->next = next;
+  s->next_user = next_user;
+  s->ticket_base = s->tickets;
+  void (*job)(dt_strategy *, int) = s->job;
+  s->job = dt__backup_job;
+  dt_result rc = dt__strategy_launch(s, fn);
+  s->job = job;
+  s->seconds += dt__now() - t0;
+  s->steps += bk->step;
+  s->skipped += bk->skipped;
+  s->samples += bk->rows;
+  s->tickets += bk->tickets;
+  s->loss_sum += bk->loss_sum;
+  s->loss_count += bk->loss_count;
+  if (bk->loss_count > 0) s->last_loss = bk->last_loss;
+  if (mean_loss && bk->loss_count > 0) *mean_loss = (float)(bk->loss_sum / (double)bk->loss_count);
+  return rc;
+}
+
+#endif /* DTRAIN_NO_DIST */
+/* ======== end dt_strategy_backup.c ======== */
 
 /* ======== begin dt_strategy_device.c ======== */
 /* ===========================================================================

@@ -7,7 +7,8 @@
  *
  * Build: cc -std=c11 -O2 -I. examples/04_sync_vs_async.c -o sync_vs_async -lm -lpthread   (or: make)
  * Run:   build/examples/04_sync_vs_async [--replicas N] [--steps S] [--batch B] [--lr LR]
- *                                        [--max-staleness K] [--straggler R:F] [--seed S]
+ *                                        [--max-staleness K] [--straggler R:F] [--backup-workers B]
+ *                                        [--seed S]
  *
  * The task: a random "teacher" network labels Gaussian inputs (32 features,
  * 10 classes); a student MLP 32-256-256-10 learns it with Adam. Every
@@ -19,7 +20,11 @@
  * Try --straggler 1:4 (replica 1 is 4 times slower): the synchronous
  * strategies wait for it at every step, async without a bound keeps its
  * throughput (the fast replica does most of the steps), and a bound k sits
- * in between -- the seeds' trade-off, at some cost in loss per sample. */
+ * in between -- the seeds' trade-off, at some cost in loss per sample.
+ * Add --backup-workers B (B < N) for one more row: mirrored whose steps
+ * close with the first N-B gradients to arrive (of B/(N-B) rows each: a
+ * step is still a global batch) and drop the late ones (Chen et al., 2016),
+ * so the straggler no longer sets the pace either. */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
 #include <stdio.h>
@@ -124,7 +129,7 @@ static void evaluate(dt_params *P, const model *m, const float *x, const int32_t
 }
 
 typedef struct options {
-  int replicas, max_staleness, straggler;
+  int replicas, max_staleness, straggler, backup;
   int64_t steps, batch;
   float lr, factor;
   uint64_t seed;
@@ -133,7 +138,7 @@ typedef struct options {
 static void usage(void) {
   fprintf(stderr,
           "usage: 04_sync_vs_async [--replicas N] [--steps S] [--batch B] [--lr LR]\n"
-          "                        [--max-staleness K] [--straggler R:F] [--seed S]\n");
+          "                        [--max-staleness K] [--straggler R:F] [--backup-workers B] [--seed S]\n");
 }
 
 static int parse(int argc, char **argv, options *o) {
@@ -154,6 +159,7 @@ static int parse(int argc, char **argv, options *o) {
     else if (strcmp(a, "--lr") == 0) o->lr = (float)atof(v);
     else if (strcmp(a, "--max-staleness") == 0) o->max_staleness = atoi(v);
     else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)atoll(v);
+    else if (strcmp(a, "--backup-workers") == 0) o->backup = atoi(v);
     else if (strcmp(a, "--straggler") == 0) {
       if (sscanf(v, "%d:%f", &o->straggler, &o->factor) != 2 || o->factor < 1.0f) {
         fprintf(stderr, "--straggler wants R:F, e.g. 1:4\n");
@@ -164,6 +170,10 @@ static int parse(int argc, char **argv, options *o) {
   if (o->replicas < 1 || o->replicas > DTRAIN_MAX_REPLICAS || o->steps < 1 || o->batch < o->replicas ||
       o->batch > NTRAIN) {
     fprintf(stderr, "need 1 <= replicas <= %d, steps >= 1, replicas <= batch <= %d\n", DTRAIN_MAX_REPLICAS, NTRAIN);
+    return 0;
+  }
+  if (o->backup < 0 || (o->backup > 0 && o->backup >= o->replicas)) {
+    fprintf(stderr, "--backup-workers: B = %d, need 0 <= B < replicas (%d)\n", o->backup, o->replicas);
     return 0;
   }
   if (o->straggler >= o->replicas) {
@@ -178,7 +188,7 @@ int main(int argc, char **argv) {
   if (!parse(argc, argv, &o)) return 2;
   make_data(1234);
   int N = o.replicas;
-  enum { NSTRAT = 5 };
+  enum { NSTRAT = 6 };
   dt_strategy_options sds[NSTRAT];
   char names[NSTRAT][48];
   sds[0] = dt_strategy_one_device();
@@ -192,6 +202,9 @@ int main(int argc, char **argv) {
   if (o.max_staleness < 0) snprintf(names[3], sizeof names[3], "async(%d, unbounded)", N);
   else snprintf(names[3], sizeof names[3], "async(%d, %d)", N, o.max_staleness);
   snprintf(names[4], sizeof names[4], "async(%d, unbounded)", N);
+  sds[5] = dt_strategy_mirrored(N);
+  sds[5].backup_workers = o.backup;
+  snprintf(names[5], sizeof names[5], "mirrored(%d), %d backup", N, o.backup);
 
   printf("teacher-student task: %d inputs, %d classes, %d train / %d test; MLP %d-%d-%d-%d, Adam lr %g\n", NIN,
          NCLS, NTRAIN, NTEST, NIN, WIDTH, WIDTH, NCLS, (double)o.lr);
@@ -200,10 +213,12 @@ int main(int argc, char **argv) {
          dt_cpu_count());
   if (o.straggler >= 0 && o.factor > 1.0f)
     printf("; replica %d is %gx slower (one_device, a single replica, is not slowed)", o.straggler, (double)o.factor);
-  printf("\n\n%-22s %11s %11s %9s %10s %s\n", "strategy", "samples/s", "train loss", "test acc", "wait", "staleness (mean / max)");
+  printf("\n\n%-22s %11s %9s %11s %9s %10s %s\n", "strategy", "samples/s", "steps/s", "train loss", "test acc", "wait",
+         "staleness (mean / max)");
   for (int k = 0; k < NSTRAT; k++) {
     dt_strategy_options sd = sds[k]; /* <- the one line that picks the strategy */
     if (k == 4 && o.max_staleness < 0) continue; /* already shown */
+    if (k == 5 && o.backup == 0) continue;       /* asked for with --backup-workers */
     if (o.straggler >= 0 && sd.replicas > 1) {
       sd.straggler = o.straggler;
       sd.straggler_factor = o.factor;
@@ -224,7 +239,9 @@ int main(int argc, char **argv) {
       return 1;
     }
     feed f;
-    f.rows = sd.kind == DTRAIN_STRATEGY_ASYNC ? o.batch / N : o.batch;
+    /* async: replica r asks for its own B/N rows; backup workers for B/(N-b), so that the
+     * N-b gradients of a step hold a global batch, as mirrored's do (Chen et al.'s N+b) */
+    f.rows = sd.kind == DTRAIN_STRATEGY_ASYNC ? o.batch / N : sd.backup_workers > 0 ? o.batch / (N - o.backup) : o.batch;
     if (dt_strategy_run(s, o.steps, next_batch, &f, NULL) != DTRAIN_OK) {
       fprintf(stderr, "%s: %s\n", names[k], dt_last_error());
       return 1;
@@ -237,14 +254,16 @@ int main(int argc, char **argv) {
     char stale[48] = "-";
     if (sd.kind == DTRAIN_STRATEGY_ASYNC)
       snprintf(stale, sizeof stale, "%.2f / %lld", st.staleness_mean, (long long)st.staleness_max);
-    printf("%-22s %11.0f %11.4f %9.4f %9.1f%% %s\n", names[k], st.samples_per_s, train_loss, test_acc,
+    double steps_s = sd.kind == DTRAIN_STRATEGY_ASYNC ? st.steps_per_s / N : st.steps_per_s; /* pushes / N */
+    printf("%-22s %11.0f %9.1f %11.4f %9.4f %9.1f%% %s\n", names[k], st.samples_per_s, steps_s, train_loss, test_acc,
            st.seconds > 0 ? 100.0 * st.wait_s_mean / st.seconds : 0.0, stale);
-    if (sd.kind == DTRAIN_STRATEGY_ASYNC && N > 1) {
-      printf("%-22s   steps per replica:", "");
+    if ((sd.kind == DTRAIN_STRATEGY_ASYNC || sd.backup_workers > 0) && N > 1) {
+      printf("%-22s   %s per replica:", "", sd.backup_workers > 0 ? "gradients used (dropped)" : "steps");
       for (int r = 0; r < N; r++) {
         dt_replica_stats rs;
         dt_strategy_replica_stats(s, r, &rs);
         printf(" %lld", (long long)rs.steps);
+        if (sd.backup_workers > 0) printf(" (%lld)", (long long)rs.dropped);
       }
       printf("\n");
     }
@@ -252,7 +271,9 @@ int main(int argc, char **argv) {
     dt_optim_destroy(opt);
     dt_params_destroy(P);
   }
-  printf("\nwait: mean share of the run a replica spent waiting for the others (barriers, or the staleness bound).\n"
+  printf("\nsamples/s: rows trained on per second (backup workers: the rows of the gradients used, not the dropped).\n"
+         "steps/s: global steps per second (async: pushes per second / N).\n"
+         "wait: mean share of the run a replica spent waiting for the others (barriers, or the staleness bound).\n"
          "staleness: updates other replicas pushed between a replica's pull and its push.\n");
   return 0;
 }

@@ -80,6 +80,10 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   if (loss) *loss = NAN;
   dt_result rc = dt__strategy_check_batch(batch, fn);
   if (rc != DTRAIN_OK) return rc;
+  if (s->backup)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup workers (desc.backup_workers %d) need dt_strategy_run: a "
+                     "step must not wait for its slowest replica, and one call cannot return before it", fn,
+                     s->desc.backup_workers);
   const int sync = (s->mod->flags & DT__STRATEGY_SYNC) != 0;
   /* No rows, no gradient: yet the optimizer would move the parameters
    * (momentum, weight decay). Refused before anything runs.
@@ -150,13 +154,9 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   return DTRAIN_OK;
 }
 
-DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
-                                     float *mean_loss) {
+DTRAIN_PRIVATE dt_result dt__strategy_run_steps(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                               float *mean_loss) {
   const char *fn = "dt_strategy_run";
-  if (mean_loss) *mean_loss = NAN;
-  if (!s || !next) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !s ? "strategy" : "next");
-  if (steps < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: steps %lld < 0", fn, (long long)steps);
-  if (s->mod->run) return s->mod->run(s, steps, next, next_user, mean_loss);
   double sum = 0.0;
   int64_t counted = 0;
   for (int64_t t = 0; t < steps; t++) {
@@ -176,6 +176,16 @@ DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch
   }
   if (mean_loss && counted > 0) *mean_loss = (float)(sum / (double)counted);
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_strategy_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                     float *mean_loss) {
+  const char *fn = "dt_strategy_run";
+  if (mean_loss) *mean_loss = NAN;
+  if (!s || !next) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !s ? "strategy" : "next");
+  if (steps < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: steps %lld < 0", fn, (long long)steps);
+  if (s->mod->run) return s->mod->run(s, steps, next, next_user, mean_loss);
+  return dt__strategy_run_steps(s, steps, next, next_user, mean_loss);
 }
 
 /* ---- create / destroy -------------------------------------------------------------------------- */
@@ -224,6 +234,15 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
                      (double)d->straggler_factor);
   if (d->straggler_factor > 1.0f && (d->straggler < 0 || d->straggler >= d->replicas))
     return dt__error(DTRAIN_ERR_INDEX, "%s: straggler replica %d outside [0, %d)", fn, d->straggler, d->replicas);
+  if (d->backup_workers != 0) {
+    if (d->kind != DTRAIN_STRATEGY_MIRRORED)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);
+    if (d->backup_workers < 0 || d->backup_workers >= d->replicas)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: backup_workers %d outside [0, %d) (replicas %d)", fn,
+                       d->backup_workers, d->replicas, d->replicas);
+    if (d->devices || d->ndevices)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers with replicas on devices", fn);
+  }
   if (m->check && (rc = m->check(d)) != DTRAIN_OK) return rc;
   if (d->devices || d->ndevices) {
     if (!(m->flags & DT__STRATEGY_DEVICES))
@@ -431,6 +450,7 @@ DTRAIN_API dt_result dt_strategy_replica_stats(const dt_strategy *s, int replica
   out->staleness_mean = R->steps ? (double)R->stale_sum / (double)R->steps : 0.0;
   out->clock_gap_max = R->gap_max;
   out->result = R->result;
+  out->dropped = R->dropped;
   return DTRAIN_OK;
 }
 
@@ -462,7 +482,10 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   out->mean_loss = s->loss_count ? s->loss_sum / (double)s->loss_count : 0.0;
   out->failed_replica = s->last_failed;
   out->skipped_steps = s->skipped;
-  for (int r = 0; r < s->n; r++) out->skipped_steps += s->rep[r].skips;
+  for (int r = 0; r < s->n; r++) {
+    out->skipped_steps += s->rep[r].skips;
+    out->dropped_grads += s->rep[r].dropped;
+  }
   return DTRAIN_OK;
 }
 
@@ -473,7 +496,7 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
     R->steps = R->samples = R->loss_count = 0;
     R->compute_s = R->wait_s = R->loss_sum = 0.0;
     memset(R->hist, 0, sizeof R->hist);
-    R->stale_max = R->stale_sum = R->gap_max = R->skips = 0;
+    R->stale_max = R->stale_sum = R->gap_max = R->skips = R->dropped = 0;
   }
   s->steps = s->samples = s->loss_count = s->skipped = 0;
   s->seconds = s->loss_sum = 0.0;

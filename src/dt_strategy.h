@@ -150,6 +150,25 @@
  * on. multi_worker_mirrored: every process must set the same value; a rank
  * whose step was not finite makes every rank skip it.
  *
+ * Backup workers. mirrored with desc.backup_workers = B > 0 (Chen et al.,
+ * 2016, "Revisiting distributed synchronous SGD"), in dt_strategy_run only
+ * (dt_strategy_step refuses: one call cannot return before its slowest
+ * replica): the replicas run free against the params' buffer. Each step
+ * updates it with the first N-B replica gradients to arrive, averaged over
+ * their rows (LOSS_SUM: summed) in rank order; a gradient that arrives after
+ * its step closed is dropped (dt_replica_stats.dropped) and its replica goes
+ * on with the step then open. So a straggler no longer sets the pace; the
+ * price is N-B shards' rows per step instead of N (stats.samples counts the
+ * rows that were aggregated). Batches come as async's do: next(user, r,
+ * ticket) on replica r's thread, tickets handed out in the order replicas
+ * start (so each replica's batch is the per-replica one: batch / (N-B)
+ * rows keeps a step at the global batch, as Chen et al.'s N+b workers);
+ * the ticket of a dropped gradient is handed out again, to another replica,
+ * so its rows are trained on later (the function must return the same rows
+ * for the same ticket), except at the end of the run.
+ * A non-finite loss or gradient of one replica fails the run, or with
+ * skip_nonfinite stays out of its step; a non-finite average is the step's.
+ *
  * Empty batches. A step on a batch of 0 rows is refused (DTRAIN_ERR_EMPTY,
  * nothing touched): there is no gradient, and the optimizer would still
  * move the parameters (momentum, weight decay). multi_worker_mirrored
@@ -326,6 +345,10 @@ typedef struct dt_strategy_options {
   int skip_nonfinite;            /* a step whose loss or gradient is NaN/Inf: 0 fails it with
                                     DTRAIN_ERR_NONFINITE naming the step; nonzero skips it (no
                                     update, stats.skipped_steps; see "Non-finite steps") [0] */
+  int backup_workers;            /* mirrored, dt_strategy_run: B in [0, replicas). B > 0: each step
+                                    updates with the first N-B replica gradients to arrive, averaged
+                                    over their rows, and drops the later ones (Chen et al., 2016;
+                                    see "Backup workers") [0] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;
@@ -427,6 +450,8 @@ typedef struct dt_replica_stats {
   double staleness_mean;
   int64_t clock_gap_max;  /* async: most steps this replica was ahead of the slowest at a pull */
   dt_result result;       /* of the last call: DTRAIN_OK, its own error, or DTRAIN_ERR_ABORTED */
+  int64_t dropped;        /* backup workers: gradients that came after their step had its N-B
+                             (steps counts the ones that joined) */
 } dt_replica_stats;
 
 typedef struct dt_strategy_stats {
@@ -447,6 +472,7 @@ typedef struct dt_strategy_stats {
   int failed_replica;     /* -1, or the replica whose error ended the last call */
   int64_t skipped_steps;  /* steps skipped for a non-finite loss or gradient (skip_nonfinite;
                              sync: also counted in steps; async: pushes left empty) */
+  int64_t dropped_grads;  /* backup workers: replica gradients dropped as late, in all */
 } dt_strategy_stats;
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);

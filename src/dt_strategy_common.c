@@ -111,7 +111,8 @@ DTRAIN_PRIVATE size_t dt__strategy_nonfinite_trainable(dt_strategy *s, const flo
 }
 
 DTRAIN_PRIVATE int dt__strategy_bad_step(dt_strategy *s, int r, const char *what) {
-  if (s->desc.skip_nonfinite && !(s->mod->flags & DT__STRATEGY_SYNC)) {
+  /* backup workers: the replica's gradient stays out of its step, as a late one would */
+  if (s->desc.skip_nonfinite && (!(s->mod->flags & DT__STRATEGY_SYNC) || s->backup)) {
     s->rep[r].skipped = 1;
     return 1;
   }

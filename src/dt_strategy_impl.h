@@ -18,6 +18,7 @@
  *   dt_strategy_async.c           the async replica loop (also parameter_server's), run()
  *   dt_strategy_ps.c              parameter_server: the push of (clipped) gradients
  *   dt_strategy_mwm.c             multi_worker_mirrored: the cross-process all-reduce
+ *   dt_strategy_backup.c          mirrored's backup workers: a step takes the first N-B gradients
  *   dt_strategy_device.c          replicas on devices: a mode of the kinds with
  *                                 DT__STRATEGY_DEVICES, not a kind
  */
@@ -64,10 +65,12 @@ typedef struct dt__strategy_replica {
   int64_t hist[DTRAIN_STALENESS_BINS];
   int64_t stale_max, stale_sum, gap_max;
   int64_t skips;           /* steps skipped for a non-finite loss or gradient */
+  int64_t dropped;         /* backup workers: gradients that came after their step closed */
   char pad[DT__ALIGN];     /* keeps the next replica's hot fields off these cache lines */
 } dt__strategy_replica;
 
 typedef struct dt__strategy_module dt__strategy_module;
+typedef struct dt__backup dt__backup; /* dt_strategy_backup.c */
 
 struct dt_strategy {
   dt_strategy_desc desc;
@@ -89,6 +92,7 @@ struct dt_strategy {
   int own_pstore;          /* the strategy made the store (async's local one): its replicas leave it
                               after a job and destroy frees it; a borrowed one is the user's */
   void *kind_state;        /* the module's own state (its create allocates it, its destroy frees it) */
+  dt__backup *backup;      /* mirrored with desc.backup_workers > 0 (dt_strategy_backup.c) */
   size_t *bufr;            /* non-trainable runs [begin, end) pairs */
   int nbufr;
   /* the current job */
@@ -268,6 +272,11 @@ DTRAIN_PRIVATE dt_result dt__strategy_nomem(dt_strategy *s);
  * gradient, bound to its graph. */
 DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, int own_grad, float *grad0);
 
+/* dt_strategy_run's loop of dt_strategy_step on next(user, -1, step), for
+ * the kinds without a run hook (or whose hook falls back to it). */
+DTRAIN_PRIVATE dt_result dt__strategy_run_steps(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                               float *mean_loss);
+
 /* Runs the current job (s->batch or s->next, s->job_steps) on every
  * replica's thread; returns the first failure, with the thread's error set
  * on the calling thread. */
@@ -278,6 +287,16 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);
+#endif
+
+/* ---- backup workers (dt_strategy_backup.c): mirrored with desc.backup_workers > 0 ---------- */
+#if !defined(DTRAIN_NO_DIST)
+DTRAIN_PRIVATE dt_result dt__strategy_backup_create(dt_strategy *s);
+DTRAIN_PRIVATE void dt__strategy_backup_destroy(dt_strategy *s);
+/* dt_strategy_run: the replicas run free; each step closes with the first
+ * N-B gradients, the later ones are dropped. */
+DTRAIN_PRIVATE dt_result dt__strategy_backup_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                                 float *mean_loss);
 #endif
 
 /* ---- the synchronous step through a centre (dt_strategy_central.c; also one_device's) ------- */

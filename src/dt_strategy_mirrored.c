@@ -19,8 +19,16 @@ DTRAIN_API dt_strategy_options dt_mirrored(int replicas) { return dt_strategy_mi
 
 #if !defined(DTRAIN_NO_DIST)
 
-/* Replica 0 trains the params' buffers; the others their own copies. */
-static dt_result dt__mirrored_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, r > 0, r > 0, NULL); }
+/* Replica 0 trains the params' buffers; the others their own copies. With
+ * backup workers every replica has its own: the params' are the centre. */
+static dt_result dt__mirrored_replica(dt_strategy *s, int r) {
+  int own = r > 0 || s->desc.backup_workers > 0;
+  return dt__strategy_bind(s, r, own, own, NULL);
+}
+
+static dt_result dt__mirrored_create(dt_strategy *s) {
+  return s->desc.backup_workers > 0 ? dt__strategy_backup_create(s) : DTRAIN_OK;
+}
 
 static void dt__mirrored_job(dt_strategy *s, int r) {
   dt__strategy_replica *R = &s->rep[r];
@@ -54,21 +62,27 @@ static dt_result dt__mirrored_sync(dt_strategy *s, const char *fn) {
   return DTRAIN_OK;
 }
 
+static dt_result dt__mirrored_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
+                                  float *mean_loss) {
+  if (s->backup) return dt__strategy_backup_run(s, steps, next, next_user, mean_loss);
+  return dt__strategy_run_steps(s, steps, next, next_user, mean_loss);
+}
+
 static const dt__strategy_module dt__mirrored_module = {
   "mirrored",
   DT__STRATEGY_SYNC | DT__STRATEGY_DEVICES,
   NULL,                 /* prepare */
   NULL,                 /* check */
-  NULL,                 /* create */
+  dt__mirrored_create,  /* create: backup workers' state */
   dt__mirrored_replica, /* replica */
   NULL,                 /* start: the copies were made from the params */
   dt__mirrored_job,     /* job */
-  NULL,                 /* run: steps */
+  dt__mirrored_run,     /* run: steps, or backup workers' free run */
   dt__mirrored_sync,    /* sync */
   NULL,                 /* loss: the shards' */
   NULL,                 /* local_step */
   NULL,                 /* dev_exchange: the checks */
-  NULL                  /* destroy */
+  dt__strategy_backup_destroy /* destroy: backup workers' state */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */

@@ -36,6 +36,10 @@ check "fmnist-async-runs" sh -c "$E $common --epochs 1 --limit 2048 --strategy a
 # async's --json says how stale its pushes were: a histogram whose counts add up to the pushes
 check "fmnist-async-json-staleness" sh -c "$E $common --epochs 1 --limit 2048 --strategy async --replicas 2 --staleness-lr > $T/as2.json && python3 -c \"import json,sys; d=json.load(open('$T/as2.json')); h=d['staleness_hist']; assert d['staleness_lr'] is True and sum(h) > 0 and d['staleness_max'] == len(h) - 1 and d['staleness_mean'] >= 0, d\""
 check "fmnist-sync-json-no-staleness" sh -c "$E $common --epochs 1 --limit 1024 --strategy mirrored --replicas 2 > $T/ms.json && ! grep -q staleness $T/ms.json"
+# 04 with backup workers: one more row, whose steps used N-B gradients each (40 steps x 2)
+S4="$BUILD/examples/04_sync_vs_async"
+check "sync-vs-async-backup-row" sh -c "$S4 --replicas 3 --steps 40 --batch 96 --straggler 1:4 --backup-workers 1 > $T/bk.txt && grep -q '^mirrored(3), 1 backup ' $T/bk.txt && grep -m1 'gradients used (dropped)' $T/bk.txt | sed 's/.*replica://; s/([0-9]*)//g' | awk '{ exit !(\$1 + \$2 + \$3 == 80) }'"
+check "sync-vs-async-backup-bad" sh -c "! $S4 --replicas 3 --backup-workers 3 > $T/bk_bad.txt 2>&1 && grep -q 'need 0 <= B < replicas' $T/bk_bad.txt"
 check "fmnist-bad-strategy" sh -c "! $E --strategy nope > $T/bad5.txt 2>&1 && grep -q 'error:' $T/bad5.txt"
 check "fmnist-bad-flag" sh -c "! $E --model rnn > $T/bad.txt 2>&1 && grep -q 'mlp or cnn' $T/bad.txt"
 # Output paths are checked at start, before any data loads (issue 17): a
