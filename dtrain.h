@@ -26221,6 +26221,8 @@ typedef struct dt__ps_worker {
   int joined;
   dt__conn conn;
   int64_t pulled, pushed;   /* clocks: pulls / pushes made */
+  int64_t npushed;          /* pushes of this rank applied, over all its (re)joins: JOINED's steps
+                               done (the clocks jump to the slowest's at a rejoin: not a count) */
   int ever;                 /* it joined once (counted in the quorum) */
   int fresh;                /* (re)joined, no request yet: the first one sets its clocks */
   int64_t start;            /* the clock it (re)joined at */
@@ -26809,6 +26811,7 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   }
   S->version++;
   S->since_ckpt++;
+  w->npushed++;
   int64_t stale = w->pend_version <= before ? (int64_t)(before - w->pend_version) : 0;
   if (w->pulled < t + 1) w->pulled = t + 1;
   w->pushed = t + 1;
@@ -26900,11 +26903,11 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
    * join before the quorum starts at 0: it was expected, and the others have
    * waited for it within the bound (as they did before workers could join
    * late), so the clocks of a job's start are the same whoever comes first. */
-  int64_t done = w->pushed, slowest = INT64_MAX;
+  int64_t done = w->npushed, slowest = INT64_MAX;
   for (int j = 0; j < S->W; j++)
     if (j != i && S->w[j].state == DT__PSW_LIVE && S->w[j].joined && S->w[j].pushed < slowest)
       slowest = S->w[j].pushed;
-  w->start = slowest != INT64_MAX && slowest > done ? slowest : done;
+  w->start = slowest != INT64_MAX && slowest > w->pushed ? slowest : w->pushed;
   if (!w->ever && !S->quorum) w->start = 0;
   w->pulled = w->pushed = w->start;
   w->fresh = 1;

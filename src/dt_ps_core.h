@@ -89,6 +89,8 @@ typedef struct dt__ps_worker {
   int joined;
   dt__conn conn;
   int64_t pulled, pushed;   /* clocks: pulls / pushes made */
+  int64_t npushed;          /* pushes of this rank applied, over all its (re)joins: JOINED's steps
+                               done (the clocks jump to the slowest's at a rejoin: not a count) */
   int ever;                 /* it joined once (counted in the quorum) */
   int fresh;                /* (re)joined, no request yet: the first one sets its clocks */
   int64_t start;            /* the clock it (re)joined at */

@@ -25,7 +25,8 @@
 #   CHAOS_SECONDS  the whole run's budget in seconds, at most 600 [480]; each disturbed job
 #                  gets a third of it (the launcher's --timeout), the baselines the rest
 #   CHAOS_SEED     the random choices [the process id]
-#   CHAOS_LIMIT    training rows of each job (--limit) [9000]
+#   CHAOS_LIMIT    training rows of each job (--limit) [9000]; CHAOS_EPOCHS its epochs [16]
+#                  (about 30 s of training each on a 2-core machine: time for the disturbances)
 #   CHAOS_KILLS    SIGKILLs per job at most [4]; CHAOS_STOPS SIGSTOPs per job at most [3]
 #   CHAOS_ACC_TOL  absolute tolerance of worker 0's test accuracy in B [0.04]
 #   DTRAIN_TIMEOUT the deadline of every network call [4]
@@ -37,6 +38,7 @@ PS=$BUILD/examples/06_parameter_server
 S=${CHAOS_SECONDS:-480}
 SEED=${CHAOS_SEED:-$$}
 LIMIT=${CHAOS_LIMIT:-9000}
+EPOCHS=${CHAOS_EPOCHS:-16}
 KILLS=${CHAOS_KILLS:-4}
 STOPS=${CHAOS_STOPS:-3}
 ACC_TOL=${CHAOS_ACC_TOL:-0.04}
@@ -106,7 +108,7 @@ sums() { sed -n 's/.*rank [0-9]*: final params_checksum=\([0-9a-f]*\).*/\1/p' "$
 echo "chaos: seed $SEED, budget ${S}s (${JOB_S}s a disturbed job), deadline ${DTRAIN_TIMEOUT}s, at most $KILLS kills and $STOPS stops a job"
 
 # ---- A. synchronous, restarted from checkpoints ---------------------------------------------
-ARGS="--limit $LIMIT --epochs 2 --quiet --batch 120"
+ARGS="--limit $LIMIT --epochs $EPOCHS --quiet --batch 120"
 echo "== A. multi_worker_mirrored: 3 workers, --checkpoint-every 5, --max-restarts $((KILLS + STOPS + 2))"
 $L -n 3 --timeout "$JOB_S" -- $MW $ARGS > "$T/a_base.out" 2>&1; rc=$?
 ref=$(sums "$T/a_base.out")
@@ -128,7 +130,7 @@ else fail "A: exit $rc, params_checksum '$got' vs '$ref': $(grep -v 'dtrain erro
 if [ "$k" -gt 0 ] && [ "$restarts" -lt 1 ]; then fail "A: $k kills but no restart logged"; fi
 
 # ---- B. parameter servers, dead workers started again alone ------------------------------------
-PARGS="--limit $LIMIT --epochs 2 --batch 96"
+PARGS="--limit $LIMIT --epochs $EPOCHS --batch 96"
 echo "== B. parameter_server: 3 workers, 2 servers, --max-restarts $((KILLS + STOPS + 2)) (only the dead worker)"
 updates() { sed -n "s/.*ps $2: done, \([0-9]*\) updates applied.*/\1/p" "$1" | tail -n 1; }
 acc() { sed -n 's/.*worker 0: test accuracy \([0-9.]*\).*/\1/p' "$1" | tail -n 1; }

@@ -3,6 +3,8 @@
  *   - a worker killed (kill -9) comes back with its rank: it rejoins at the
  *     slowest live worker's clock, gets the current parameters, resumes its
  *     schedule after the steps it had pushed, and everybody finishes;
+ *   - a worker that dies twice resumes after the pushes it made, though its
+ *     first rejoin moved its clock ahead;
  *   - a restarted worker whose old connection the server still holds (the
  *     old process is stopped, not dead) is refused as "already connected"
  *     and keeps trying until the server drops the old one;
@@ -96,6 +98,53 @@ static void test_rejoin(void) {
                   strstr(srv[i].out, "(it had pushed 20;") && strstr(srv[i].out, "worker 1 (127.0.0.1:2) finished (BYE)"),
               "server %d: %s", i, flat(srv[i].out));
   }
+  alarm(0);
+}
+
+/* Worker 1 dies twice. Between its first death and its return worker 0 runs
+ * on alone, so the rejoin moves worker 1's clock up to worker 0's: its clock
+ * is no longer its count of pushes. The second rejoin must still say the
+ * pushes it made (40), not its clock, or it would skip steps it never
+ * pushed (found by tests/chaos.sh: a job that lost 5% of its updates). */
+static void test_rejoin_twice_counts_pushes(void) {
+  alarm(60);
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(2, 1, 0, &port, lfd);
+  sc.lr = 0.01f;
+  child srv = spawn_server(&sc, &lfd);
+  worker_cfg w0 = worker_defaults(2, 1, 0, &port), w1 = worker_defaults(2, 1, 1, &port);
+  w0.steps = 200;
+  w0.step_sleep_s = 0.01;
+  w1.steps = 80;
+  w1.step_sleep_s = 0.01;
+  w1.die_at = 20;
+  child a = spawn_worker(&w0, &lfd, 1), b = spawn_worker(&w1, &lfd, 1);
+  child_wait(&b);
+  CHECK_MSG(b.status == 128 + SIGKILL, "worker 1 status %d: %s", b.status, flat(b.out));
+  dt_sleep(0.4); /* worker 0 runs ahead meanwhile */
+  w1.resume = 1;
+  w1.die_at = 40; /* 20 more pushes, then the second death */
+  child b2 = spawn_worker(&w1, &lfd, 1);
+  child_wait(&b2);
+  CHECK_MSG(b2.status == 128 + SIGKILL, "worker 1 (2nd) status %d: %s", b2.status, flat(b2.out));
+  long long start = -1, done = -1;
+  unsigned long long version = 0;
+  CHECK_MSG(joined_line(b2.out, &start, &done, &version) && done == 20 && start > done,
+            "the first rejoin: start %lld (want > its 20 pushes: worker 0 ran ahead), done %lld: %s", start, done,
+            flat(b2.out));
+  w1.die_at = -1;
+  child b3 = spawn_worker(&w1, &lfd, 1);
+  close(lfd);
+  child_wait(&b3);
+  child_wait(&a);
+  child_wait(&srv);
+  CHECK_MSG(a.status == 0 && b3.status == 0 && srv.status == 0, "status %d %d %d: %s / %s / %s", a.status, b3.status,
+            srv.status, flat(a.out), flat(b3.out), flat(srv.out));
+  CHECK_MSG(joined_line(b3.out, &start, &done, &version) && done == 40,
+            "the second rejoin says %lld steps done (want the 40 it pushed): %s", done, flat(b3.out));
+  CHECK_MSG(stats_steps(b3.out) == 40, "the last run made %d steps (want 80 - 40): %s", stats_steps(b3.out),
+            flat(b3.out));
   alarm(0);
 }
 
@@ -458,6 +507,7 @@ int main(void) {
   signal(SIGPIPE, SIG_DFL);
   make_data();
   TH_RUN(test_rejoin);
+  TH_RUN(test_rejoin_twice_counts_pushes);
   TH_RUN(test_rejoin_while_old_connected);
   TH_RUN(test_join_mid_run);
   TH_RUN(test_finished_cannot_rejoin);
