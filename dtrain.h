@@ -2263,6 +2263,11 @@ typedef struct dt_strategy_options {
   int skip_nonfinite;            /* a step whose loss or gradient is NaN/Inf: 0 fails it with
                                     DTRAIN_ERR_NONFINITE naming the step; nonzero skips it (no
                                     update, stats.skipped_steps; see "Non-finite steps") [0] */
+  int work_queue;                /* parameter_server, dt_strategy_run: nonzero takes each step's work
+                                    item from the servers' queue (dt_pstore_take) and passes it to
+                                    the batch function as the ticket; the run ends early (DTRAIN_OK)
+                                    when the queue is done. Needs max_staleness
+                                    DTRAIN_STALENESS_UNBOUNDED. 0: tickets 0, 1, ... [0] */
   int backup_workers;            /* mirrored, dt_strategy_run: B in [0, replicas). B > 0: each step
                                     updates with the first N-B replica gradients to arrive, averaged
                                     over their rows, and drops the later ones (Chen et al., 2016;
@@ -2431,6 +2436,8 @@ typedef struct dt_pstore_vtable {
   dt_result (*begin)(dt_pstore *ps);
   uint64_t (*version)(dt_pstore *ps);
   void (*destroy)(dt_pstore *ps);
+  /* Optional (NULL: no work queue): the next work item for worker, see dt_pstore_take. */
+  dt_result (*take)(dt_pstore *ps, int worker, int64_t *item);
 } dt_pstore_vtable;
 
 struct dt_pstore {
@@ -2465,6 +2472,23 @@ DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker);
 DTRAIN_API void dt_pstore_abort(dt_pstore *ps);
 DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps);
 DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps);
+/* Work queue (dynamic data sharding, as TF's ClusterCoordinator schedules
+ * functions): the servers' first server hands out work items 0 .. N-1
+ * (dt_ps_options.work_items; say item = epoch * batches + batch) to the
+ * workers that ask, one at a time. *item gets the next one (>= 0), or -1
+ * when every item is done (the job is over); the call waits while every
+ * item left is held by another worker. An item is done when this worker's
+ * next push reaches that server: the push and the record are one message,
+ * so an item is trained on exactly once there. An item held by a worker
+ * that dies (or leaves) before its push goes back to the queue, to the next
+ * worker that asks. A straggler therefore takes fewer items instead of
+ * setting the epoch's time. DTRAIN_ERR_UNSUPPORTED: the store has no queue
+ * (an in-process store, or servers without work_items). Used by the
+ * parameter_server strategy with dt_strategy_options.work_queue. The queue
+ * needs unbounded staleness (servers refuse a worker with a bound): a bound
+ * would hold the fast workers at the clock of the straggler the queue lets
+ * fall behind. */
+DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item);
 
 /* ---- small utilities ------------------------------------------------------------------ */
 /* Sleep for `seconds` (monotonic; restarts after signals). */
@@ -2765,6 +2789,14 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void);
  * docs/wire_protocol.md); parameters and gradients travel as little-endian
  * IEEE-754 floats. */
 
+/* What server 0's work queue did (dt_ps_options.work_stats). */
+typedef struct dt_ps_work_stats {
+  int64_t items;      /* in the queue */
+  int64_t done;       /* items whose push arrived (each at most once) */
+  int64_t handed_out; /* takes answered with an item (> done: some went to a worker that died) */
+  int64_t returned;   /* items given back by workers lost or gone before their push */
+} dt_ps_work_stats;
+
 /* Zero fields take the defaults in brackets. */
 typedef struct dt_ps_options {
   const char *checkpoint_dir;  /* shard checkpoints go to DIR/ps-<i>-of-<M>.ckpt (written to a
@@ -2781,6 +2813,12 @@ typedef struct dt_ps_options {
   double rejoin_timeout_s;     /* when no worker is live but one was lost less than this long ago,
                                   keep serving for its return (a restarted process)
                                   [env DTRAIN_REJOIN_TIMEOUT, else 0: end] */
+  int64_t work_items;          /* server 0 (the others ignore it): a work queue of items 0 .. N-1
+                                  that workers take one at a time (dt_pstore_take; dynamic data
+                                  sharding), each done when its worker's next push arrives, handed
+                                  out again when its worker dies first [0: no queue] */
+  dt_ps_work_stats *work_stats; /* if not NULL, filled when dt_ps_serve returns (server 0 with a
+                                  queue; zeros otherwise) */
 } dt_ps_options;
 
 /* The server of each parameter: server_of[i] for i < dt_params_count(p)
@@ -19032,7 +19070,8 @@ static const dt_pstore_vtable dt__pstore_local_vtable = {
   dt__pstore_local_abort,
   dt__pstore_local_begin,
   dt__pstore_local_version,
-  dt__pstore_local_destroy
+  dt__pstore_local_destroy,
+  NULL /* take: no work queue in process */
 };
 
 DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
@@ -19141,6 +19180,19 @@ DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
   return (ps && ps->vtable) ? ps->vtable->version(ps) : 0;
 }
 
+DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
+  const char *fn = "dt_pstore_take";
+  if (item) *item = -1;
+  if (!ps || !ps->vtable || !item) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !item ? "item" : "store");
+  if (worker < 0 || worker >= ps->workers)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: worker %d outside [0, %d)", fn, worker, ps->workers);
+  if (!ps->vtable->take)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the %s store has no work queue (parameter servers with "
+                     "dt_ps_options.work_items have one)", fn, ps->vtable->name ? ps->vtable->name : "?");
+  dt__quiet_push();
+  return dt__quiet_pop(ps->vtable->take(ps, worker, item));
+}
+
 #undef DT__PSTORE_DONE
 
 #else /* DTRAIN_NO_DIST: every entry point says so */
@@ -19172,6 +19224,11 @@ DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps) {
 DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
   (void)ps;
   return 0;
+}
+DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
+  (void)ps; (void)worker;
+  if (item) *item = -1;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_take: compiled out (DTRAIN_NO_DIST)");
 }
 
 #endif /* DTRAIN_NO_DIST */
@@ -20154,6 +20211,17 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
                      (double)d->straggler_factor);
   if (d->straggler_factor > 1.0f && (d->straggler < 0 || d->straggler >= d->replicas))
     return dt__error(DTRAIN_ERR_INDEX, "%s: straggler replica %d outside [0, %d)", fn, d->straggler, d->replicas);
+  if (d->work_queue) {
+    if (d->kind != DTRAIN_STRATEGY_PARAMETER_SERVER)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: work_queue is for parameter_server, not %s", fn, name);
+    if (d->max_staleness != DTRAIN_STALENESS_UNBOUNDED)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: work_queue with max_staleness %d: the queue needs unbounded "
+                       "staleness (a bound would hold the fast workers at the clock of a straggler, which takes "
+                       "fewer items, or of a worker waiting for one)", fn, d->max_staleness);
+    if (d->store && d->store->vtable && !d->store->vtable->take)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: work_queue: the %s store has no work queue", fn,
+                       d->store->vtable->name ? d->store->vtable->name : "?");
+  }
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);
@@ -20745,23 +20813,32 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
       ticket = DT__AFETCH_ADD(&s->ticket, (int64_t)1, DT__MO_RELAXED);
       if (ticket >= s->job_steps) break;
     }
+    int64_t id = s->ticket_base + ticket; /* the batch function's ticket */
+    if (s->desc.work_queue && !s->batch) { /* the servers' queue says which (see dt_pstore_take) */
+      dt_result rc = dt_pstore_take(s->pstore, r, &id);
+      if (rc != DTRAIN_OK) {
+        dt__strategy_comm_failed(s, r, rc);
+        break;
+      }
+      if (id < 0) break; /* every item is done */
+    }
     dt_minibatch b;
     if (s->batch) {
       dt__strategy_shard(s->batch, s->n, r, &b);
     } else {
       memset(&b, 0, sizeof b);
-      dt_result rc = s->next(s->next_user, r, s->ticket_base + ticket, &b);
+      dt_result rc = s->next(s->next_user, r, id, &b);
       if (rc == DTRAIN_OK) rc = dt__strategy_check_batch(&b, "dt_strategy_run");
       if (rc != DTRAIN_OK) {
-        snprintf(what, sizeof what, "the batch function failed for step %lld (%s)",
-                 (long long)(s->ticket_base + ticket), dt_result_name(rc));
+        snprintf(what, sizeof what, "the batch function failed for step %lld (%s)", (long long)id,
+                 dt_result_name(rc));
         dt__strategy_fail(s, r, rc, what);
         break;
       }
       b.first = 0;
       b.global_rows = b.rows;
     }
-    b.step = s->ticket_base + ticket;
+    b.step = id;
     b.replica_step = t;
     b.weight = 1.0f;
     dt_pstore_ticket tk;
@@ -26169,6 +26246,15 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
  *   PUSH   0x54 w->s  16 B (+ 4*shard): u64 clock, u64 version pulled, f32[shard]
  *                            (no floats: an empty push that only advances the clock)
  *   PUSHED 0x55 s->w  16 B: u64 version after, i64 staleness
+ *   TAKE   0x56 w->s   0 B: the next work item, please (server 0 only; dt_pstore_take)
+ *   TAKEN  0x57 s->w  16 B: i64 item (>= 0; -1: every item done; -2: no queue here;
+ *                            -3: every item left is held by others, ask again), u64 items done
+ * Work queue (server 0 with dt_ps_options.work_items): an item handed out is
+ * held by its worker until the worker's next PUSH, whose application marks
+ * it done (one frame: done exactly once); a worker lost or gone (BYE) first
+ * gives it back, to the next TAKE. A TAKE is answered at once (-3 rather
+ * than waiting: a worker waiting for server 0 would send the other servers
+ * nothing, not even heartbeats, and they would drop it).
  *   HEARTBEAT (0x07) both ways, BYE (0x08) w->s, REFUSE (0x05) s->w.
  * The shard's floats are its parameters' elements in parameter order.
  */
@@ -26185,7 +26271,9 @@ enum {
   DT__PS_PULL = 0x52,
   DT__PS_PARAMS = 0x53,
   DT__PS_PUSH = 0x54,
-  DT__PS_PUSHED = 0x55
+  DT__PS_PUSHED = 0x55,
+  DT__PS_TAKE = 0x56,
+  DT__PS_TAKEN = 0x57
 };
 #define DT__PS_FIX 16   /* fixed part of PULL, PARAMS, PUSH, PUSHED */
 #define DT__PS_JOINLEN 32   /* JOIN */
@@ -26243,6 +26331,7 @@ typedef struct dt__ps_worker {
   unsigned char *in_dst;    /* where its payload goes */
   size_t in_len;            /* bytes of it so far (0: none) */
   double in_started;        /* when its first byte came */
+  int64_t lease;            /* work queue: the item it holds until its next push (-1: none) */
 } dt__ps_worker;
 
 typedef struct dt__ps_server {
@@ -26273,6 +26362,12 @@ typedef struct dt__ps_server {
   int joined;               /* distinct workers that joined at least once */
   int quorum;               /* sticky: reached, or the connect deadline passed */
   double start;             /* when serving began */
+  /* the work queue (server 0 with po.work_items > 0) */
+  unsigned char *q_state;   /* per item: 0 to do, 1 held, 2 done */
+  int64_t *q_back;          /* items given back, handed out first (at most one per worker) */
+  int q_nback;
+  int64_t q_next;           /* items below were handed out at least once */
+  dt_ps_work_stats q;       /* items, done, handed_out, returned */
 } dt__ps_server;
 
 /* ---- shard checkpoints (dt_ps_ckpt.c) -------------------------------------------------------- */
@@ -26665,8 +26760,17 @@ static int dt__ps_open(const dt__ps_server *S, double now) {
   return 0;
 }
 
+/* Work queue: the item worker w holds goes back, to the next TAKE (its push never came). */
+static void dt__ps_give_back(dt__ps_server *S, dt__ps_worker *w) {
+  if (!S->q_state || w->lease < 0) return;
+  S->q_state[w->lease] = 0;
+  S->q_back[S->q_nback++] = w->lease; /* at most one per worker: room for W */
+  S->q.returned++;
+  w->lease = -1;
+}
+
 static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
-  (void)S;
+  dt__ps_give_back(S, w);
   dt__conn_close(&w->conn);
   dt__free(w->rx, w->rx_cap);
   dt__free(w->tx, w->tx_cap);
@@ -26812,6 +26916,11 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   S->version++;
   S->since_ckpt++;
   w->npushed++;
+  if (S->q_state && w->lease >= 0) { /* its item is done: applied with this push, once */
+    S->q_state[w->lease] = 2;
+    S->q.done++;
+    w->lease = -1;
+  }
   int64_t stale = w->pend_version <= before ? (int64_t)(before - w->pend_version) : 0;
   if (w->pulled < t + 1) w->pulled = t + 1;
   w->pushed = t + 1;
@@ -26821,6 +26930,31 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   dt__put_le64(fix, S->version);
   dt__put_le64(fix + 8, (uint64_t)stale);
   return dt__ps_queue(S, i, DT__PS_PUSHED, fix, DT__PS_FIX, NULL);
+}
+
+/* Worker i's TAKE, answered at once: an item (it holds it until its next
+ * push), -1 when every item is done, -3 when every item left is held by
+ * others (it asks again a little later; a TAKE never waits here: while it
+ * would, the worker could send the other servers nothing, not even its
+ * heartbeats). -2: no queue on this server. 0 when the worker was lost. */
+static int dt__ps_take(dt__ps_server *S, int i) {
+  dt__ps_worker *w = &S->w[i];
+  int64_t item = -2;
+  if (S->q_state) {
+    dt__ps_give_back(S, w); /* a second take without a push: the first item was not trained on */
+    if (S->q_nback > 0) item = S->q_back[--S->q_nback];
+    else if (S->q_next < S->q.items) item = S->q_next++;
+    else item = S->q.done == S->q.items ? -1 : -3;
+    if (item >= 0) {
+      S->q_state[item] = 1;
+      w->lease = item;
+      S->q.handed_out++;
+    }
+  }
+  unsigned char fix[DT__PS_FIX];
+  dt__put_le64(fix, (uint64_t)item);
+  dt__put_le64(fix + 8, (uint64_t)S->q.done);
+  return dt__ps_queue(S, i, DT__PS_TAKEN, fix, DT__PS_FIX, NULL);
 }
 
 /* Answer every request the bound allows, until none can be answered. */
@@ -26880,6 +27014,13 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
   }
   if (k < DTRAIN_STALENESS_UNBOUNDED) {
     snprintf(why, sizeof why, "it asks for max_staleness %d", k);
+    dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
+    return;
+  }
+  if (S->q_state && k != DTRAIN_STALENESS_UNBOUNDED) {
+    /* a bound would hold the fast workers at the clock of the slowest, which the
+     * queue lets fall behind (it takes fewer items), and of one waiting for an item */
+    snprintf(why, sizeof why, "it asks for max_staleness %d; the work queue needs unbounded staleness (-1)", k);
     dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
     return;
   }
@@ -26961,6 +27102,7 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
     case DT__MSG_BYE: want_max = 0; break;
     case DT__PS_JOIN: want_max = DT__PS_JOINLEN; ok_type = !w->joined; break;
     case DT__PS_PULL: want_max = DT__PS_FIX; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
+    case DT__PS_TAKE: want_max = 0; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
     case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
     default: ok_type = 0;
   }
@@ -27003,6 +27145,7 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
       break;
     }
     case DT__PS_JOIN: dt__ps_on_join(S, i, dst); break;
+    case DT__PS_TAKE: (void)dt__ps_take(S, i); break;
     case DT__PS_PULL:
     case DT__PS_PUSH: {
       int64_t t = (int64_t)dt__get_le64(dst);
@@ -27139,6 +27282,8 @@ static void dt__ps_server_free(dt__ps_server *S) {
   dt__free(S->owner, (size_t)(S->np > 0 ? S->np : 1) * sizeof(int));
   dt__free(S->ckpt, S->ckpt_bytes);
   if (S->before) dt__free(S->before, dt_params_size(S->params) * sizeof(float) + 4);
+  if (S->q_state) dt__free(S->q_state, (size_t)S->q.items);
+  if (S->q_back) dt__free(S->q_back, (size_t)S->W * sizeof(int64_t));
 }
 
 static dt_result dt__ps_loop(dt__ps_server *S) {
@@ -27268,6 +27413,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   S.params = params;
   S.opt = opt;
   if (po) S.po = *po;
+  if (S.po.work_stats) memset(S.po.work_stats, 0, sizeof *S.po.work_stats);
   S.me = c->index;
   S.W = c->workers;
   S.np = dt_params_count(params);
@@ -27299,6 +27445,22 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   }
   for (int i = 0; i < S.W; i++) {
     dt__conn_init(&S.w[i].conn, -1, S.self.job, S.self.id, (uint32_t)S.self.opt.max_payload);
+    S.w[i].lease = -1;
+  }
+  if (S.po.work_items < 0 || (uint64_t)S.po.work_items > (uint64_t)SIZE_MAX / 2) {
+    rc = dt__error(DTRAIN_ERR_INVALID_ARG, "%s: ps %d: work_items %lld must be >= 0", fn, S.me,
+                   (long long)S.po.work_items);
+    goto done;
+  }
+  if (S.me == 0 && S.po.work_items > 0) { /* the queue lives on server 0 */
+    S.q.items = S.po.work_items;
+    S.q_state = (unsigned char *)dt__calloc((size_t)S.q.items);
+    S.q_back = (int64_t *)dt__alloc((size_t)S.W * sizeof(int64_t));
+    if (!S.q_state || !S.q_back) {
+      rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory for a work queue of %lld items", fn, S.me,
+                     (long long)S.q.items);
+      goto done;
+    }
   }
   rc = dt_ps_shard(params, c->servers, S.owner);
   if (rc != DTRAIN_OK) goto done;
@@ -27341,7 +27503,12 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   }
   if (rc == DTRAIN_OK && S.done == 0)
     rc = dt__error(DTRAIN_ERR_PEER, "%s: ps %d: every worker was lost (none finished with BYE)", fn, S.me);
+  if (S.q_state)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps 0: work queue: %lld of %lld items done, %lld handed out (%lld given back "
+            "by workers that died or left first)", (long long)S.q.done, (long long)S.q.items,
+            (long long)S.q.handed_out, (long long)S.q.returned);
 done:
+  if (S.po.work_stats) *S.po.work_stats = S.q;
   {
     char keep[DT__MSG_CAP];
     snprintf(keep, sizeof keep, "%s", dt_last_error());
@@ -27424,6 +27591,9 @@ typedef struct dt__ps_client {
   uint64_t *pulled_version;
   uint64_t version;
   int64_t base, next;
+  int queue;               /* it took a work item: each push asks for the next one too */
+  int have_item;           /* ... and got it: the next take returns item */
+  int64_t item;
   int left;
   dt_result err;
   char msg[DT__MSG_CAP];
@@ -27476,6 +27646,8 @@ static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, ui
     return dt__conn_recv_payload(&C->conn[s], &f, h, C->buf[s], deadline, op);
   }
 }
+
+static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k);
 
 static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
                                     dt_pstore_ticket *tk) {
@@ -27537,6 +27709,10 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     rc = dt__conn_send(&C->conn[s], DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
   }
+  /* Work queue: the next item is asked for with this push (server 0 marks the
+   * held one done on the push first), which saves the take its round trip. */
+  int ask = rc == DTRAIN_OK && C->queue && !C->have_item;
+  if (ask) rc = dt__conn_send(&C->conn[0], DT__PS_TAKE, NULL, 0, dt__now() + C->timeout, op);
   tk->staleness = 0;
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PUSHED, DT__PS_FIX, op);
@@ -27546,11 +27722,70 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     if (v > C->version) C->version = v;
     if (st > tk->staleness) tk->staleness = st;
   }
+  if (rc == DTRAIN_OK && ask) {
+    int64_t k = -3;
+    rc = dt__ps_client_taken(C, op, &k);
+    if (rc == DTRAIN_OK && k >= -1) { /* -3: the take asks again */
+      C->item = k;
+      C->have_item = 1;
+    }
+  }
   if (rc == DTRAIN_OK && T + 1 > C->next) C->next = T + 1;
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
   dt__mutex_unlock(&C->mu);
   tk->wait_s = dt__now() - t0;
   return rc;
+}
+
+/* Server 0's TAKEN (already asked for) into *k: an item, -1 (all done) or -3
+ * (all held by others). Under the lock. */
+static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k) {
+  dt_result rc = dt__ps_client_answer(C, 0, DT__PS_TAKEN, DT__PS_FIX, op);
+  if (rc != DTRAIN_OK) return rc;
+  *k = (int64_t)dt__get_le64(C->buf[0]);
+  if (*k == -2)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: %s has no work queue (dt_ps_options.work_items is 0 there)", op,
+                     C->conn[0].peer);
+  if (*k < -3) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "%s: %s sent work item %lld (want >= -3)", op, C->conn[0].peer, (long long)*k);
+    return dt__ps_client_fail(C, DTRAIN_ERR_PROTOCOL);
+  }
+  return DTRAIN_OK;
+}
+
+/* The next work item from server 0's queue (see dt_ps_core.h): the one the
+ * last push asked for when there is one, else asked for now. While every
+ * item left is held by other workers (-3), ask again after a pause, without
+ * the lock: the heartbeat thread keeps the other servers' connections alive. */
+static dt_result dt__ps_client_take(dt_pstore *ps, int worker, int64_t *item) {
+  dt__ps_client *C = dt__ps_client_of(ps);
+  (void)worker;
+  char op[80];
+  snprintf(op, sizeof op, "worker %d: take a work item", C->me);
+  double pause = 0.005;
+  for (;;) {
+    dt__mutex_lock(&C->mu);
+    dt_result rc = dt__ps_client_check(C, op);
+    int64_t k = -3;
+    if (rc == DTRAIN_OK && C->have_item) {
+      k = C->item;
+      C->have_item = 0;
+    } else if (rc == DTRAIN_OK) {
+      rc = dt__conn_send(&C->conn[0], DT__PS_TAKE, NULL, 0, dt__now() + C->timeout, op);
+      C->last_send[0] = dt__now();
+      if (rc == DTRAIN_OK) rc = dt__ps_client_taken(C, op, &k);
+      if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE && rc != DTRAIN_ERR_UNSUPPORTED)
+        rc = dt__ps_client_fail(C, rc);
+    }
+    if (rc == DTRAIN_OK && k >= -1) {
+      *item = k;
+      C->queue = 1;
+    }
+    dt__mutex_unlock(&C->mu);
+    if (rc != DTRAIN_OK || k != -3) return rc;
+    dt__sleep(pause); /* the items left are held by others: one may come back, or all be done */
+    if (pause < 0.05) pause *= 2;
+  }
 }
 
 static void dt__ps_client_bye(dt__ps_client *C) {
@@ -27656,7 +27891,8 @@ static const dt_pstore_vtable dt__ps_client_vtable = {
   dt__ps_client_abort,
   dt__ps_client_begin,
   dt__ps_client_version,
-  dt__ps_client_destroy
+  dt__ps_client_destroy,
+  dt__ps_client_take
 };
 
 static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, const dt_net_options *o,

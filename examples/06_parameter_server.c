@@ -28,6 +28,13 @@
  * --staleness-lr (a push of staleness s moves the shard 1/(1+s) of its step);
  * for experiments --crash-at RANK:STEP (that worker kills itself: the others
  * and the servers go on) and --slow RANK:FACTOR (a straggler).
+ * --work-queue (every process): dynamic data sharding. Instead of a fixed
+ * shard each, the workers take batches from a queue that server 0 keeps
+ * (epochs x batches of the whole training set, in one shuffled order per
+ * epoch): a straggler takes fewer, the batch a worker died holding goes to
+ * another, and every batch is trained on exactly once; server 0 prints what
+ * its queue did. It implies --max-staleness -1 (a bound would make the fast
+ * workers wait for the straggler's clock again).
  * Workers print their progress; worker 0 ends with the test accuracy of the
  * parameters it pulls after everybody is done.
  *
@@ -46,10 +53,11 @@
 #include <time.h>
 
 typedef struct options {
-  int epochs, batch, max_staleness, quiet, crash_rank, slow_rank, min_workers, staleness_lr;
+  int epochs, batch, max_staleness, quiet, crash_rank, slow_rank, min_workers, staleness_lr, work_queue;
   double rejoin_timeout;
   int batch_per_worker; /* --batch-per-worker B, 0 when not given; then --batch (global) decides */
   int batch_given;      /* --batch was on the command line (the two flags together are refused) */
+  int staleness_given;  /* --max-staleness was (--work-queue needs it unbounded) */
   int64_t limit, crash_step, checkpoint_every;
   float lr, slow_factor;
   uint64_t seed;
@@ -78,15 +86,51 @@ typedef struct feed {
   const options *o;
   int rank;
   int64_t first; /* the run's step 0 is this worker's step `first` (a rejoined worker resumes) */
+  /* --work-queue: item = epoch * per_epoch + batch of the whole set, in epoch's shuffled order */
+  const dt_dataset *set;
+  int64_t per_epoch, rows, epoch, taken;
+  int64_t *order;                  /* the permutation of the current epoch */
+  float *bx;                       /* the batch gathered */
+  int32_t *by;
 } feed;
+
+/* --work-queue: batch `item` (see feed). Every worker computes the same order for an epoch. */
+static dt_result queue_batch(feed *f, int64_t item, dt_minibatch *out) {
+  int64_t e = item / f->per_epoch, j = item % f->per_epoch, n = f->set->n;
+  if (e != f->epoch) { /* Fisher-Yates with the epoch's seed */
+    dt_rng r;
+    dt_rng_seed(&r, f->o->seed * 1000003u + (uint64_t)e);
+    for (int64_t i = 0; i < n; i++) f->order[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+      int64_t k = (int64_t)dt_rng_below(&r, (uint64_t)(i + 1)), t = f->order[i];
+      f->order[i] = f->order[k];
+      f->order[k] = t;
+    }
+    f->epoch = e;
+  }
+  int64_t first = j * f->rows, rows = first + f->rows <= n ? f->rows : n - first;
+  for (int64_t i = 0; i < rows; i++) {
+    int64_t src = f->order[first + i];
+    memcpy(f->bx + i * 784, f->set->x + src * 784, 784 * sizeof(float));
+    f->by[i] = f->set->y[src];
+  }
+  memset(out, 0, sizeof *out);
+  out->rows = rows;
+  out->x = f->bx;
+  out->x_cols = 784;
+  out->y = f->by;
+  return DTRAIN_OK;
+}
 
 static dt_result next_batch(void *user, int replica, int64_t step, dt_minibatch *out) {
   feed *f = (feed *)user;
   (void)replica;
-  if (f->rank == f->o->crash_rank && f->first + step == f->o->crash_step) {
+  int64_t mine = f->set ? f->taken++ : f->first + step; /* this worker's steps so far */
+  if (f->rank == f->o->crash_rank && mine == f->o->crash_step) {
     fflush(stdout);
-    raise(SIGKILL); /* a crash: no goodbye to the servers */
+    raise(SIGKILL); /* a crash: no goodbye to the servers (with --work-queue: holding an item) */
   }
+  if (f->set) return queue_batch(f, step, out);
   dt_batch b;
   int got = dt_loader_next(f->loader, &b);
   if (got == 0) got = dt_loader_next(f->loader, &b); /* the end of an epoch: the next one starts */
@@ -142,13 +186,14 @@ static int parse(int argc, char **argv, options *o) {
     const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(k, "--quiet")) { o->quiet = 1; continue; }
     if (!strcmp(k, "--staleness-lr")) { o->staleness_lr = 1; continue; }
+    if (!strcmp(k, "--work-queue")) { o->work_queue = 1; continue; }
     if (!v) return 0;
     i++;
     if (!strcmp(k, "--epochs")) o->epochs = atoi(v);
     else if (!strcmp(k, "--batch")) { o->batch = atoi(v); o->batch_given = 1; }
     else if (!strcmp(k, "--batch-per-worker")) { o->batch_per_worker = atoi(v); if (o->batch_per_worker < 1) return 0; }
     else if (!strcmp(k, "--lr")) o->lr = (float)atof(v);
-    else if (!strcmp(k, "--max-staleness")) o->max_staleness = atoi(v);
+    else if (!strcmp(k, "--max-staleness")) { o->max_staleness = atoi(v); o->staleness_given = 1; }
     else if (!strcmp(k, "--limit")) o->limit = atoll(v);
     else if (!strcmp(k, "--seed")) o->seed = (uint64_t)atoll(v);
     else if (!strcmp(k, "--data")) o->data = v;
@@ -164,11 +209,47 @@ static int parse(int argc, char **argv, options *o) {
       if (sscanf(v, "%d:%f", &o->slow_rank, &o->slow_factor) != 2) return 0;
     } else return 0;
   }
+  if (o->work_queue) {
+    if (o->staleness_given && o->max_staleness != -1) {
+      fprintf(stderr, "error: --work-queue needs --max-staleness -1 (unbounded): a bound would hold the fast workers "
+                      "at the straggler's clock\n");
+      return 0;
+    }
+    o->max_staleness = -1;
+  }
   if (o->batch_given && o->batch_per_worker) {
     fprintf(stderr, "error: --batch (global) and --batch-per-worker are two meanings of one number; give one\n");
     return 0;
   }
   return o->epochs > 0 && o->batch > 0;
+}
+
+/* The training rows (the first --limit of them: part, else train) and the test set. */
+static dt_result load_data(const options *o, dt_dataset **train, dt_dataset **test, dt_dataset **part) {
+  char dir[512];
+  int has_train = 0;
+  dt_result r = dt_fashion_mnist_find(o->data, dir, sizeof dir, &has_train);
+  if (r == DTRAIN_OK) r = dt_fashion_mnist_load(dir, has_train ? train : NULL, test);
+  if (r == DTRAIN_OK && !*train) {
+    dt_dataset *all = *test;
+    *test = NULL;
+    r = dt_dataset_split(all, 0.2, 12345, train, test);
+    dt_dataset_destroy(all);
+  }
+  int64_t flat = 784;
+  if (r == DTRAIN_OK) r = dt_dataset_reshape(*train, 1, &flat);
+  if (r == DTRAIN_OK) r = dt_dataset_reshape(*test, 1, &flat);
+  if (r != DTRAIN_OK) return r;
+  int64_t n_train = o->limit > 0 && o->limit < (*train)->n ? o->limit : (*train)->n;
+  if (n_train < (*train)->n) {
+    int64_t *idx = (int64_t *)malloc((size_t)n_train * sizeof(int64_t));
+    if (!idx) return DTRAIN_ERR_NOMEM;
+    for (int64_t i = 0; i < n_train; i++) idx[i] = i;
+    *part = dt_dataset_select(*train, idx, n_train);
+    if (!*part) r = dt_last_result();
+    free(idx);
+  }
+  return r;
 }
 
 int main(int argc, char **argv) {
@@ -181,7 +262,7 @@ int main(int argc, char **argv) {
   if (!parse(argc, argv, &o)) {
     fprintf(stderr, "usage: 06_parameter_server [--epochs E] [--batch B (global) | --batch-per-worker B] [--lr X] [--max-staleness K] [--limit N]\n"
                     "       [--data DIR] [--seed S] [--checkpoint-dir DIR] [--checkpoint-every N] [--quiet]\n"
-                    "       [--min-workers N] [--rejoin-timeout S] [--staleness-lr]   (servers)\n"
+                    "       [--min-workers N] [--rejoin-timeout S] [--staleness-lr]   (servers)   [--work-queue] (all)\n"
                     "       [--crash-at RANK:STEP] [--slow RANK:FACTOR]   (cluster: DTRAIN_CONFIG or flags)\n");
     return 2;
   }
@@ -226,9 +307,28 @@ int main(int argc, char **argv) {
     po.min_workers = o.min_workers;
     po.rejoin_timeout_s = o.rejoin_timeout;
     po.staleness_lr = o.staleness_lr;
-    dt_result r = dt_ps_serve(cl, P, opt, &no, &po);
+    dt_ps_work_stats ws;
+    dt_result r = DTRAIN_OK;
+    if (o.work_queue && cl->index == 0) { /* the queue: epochs x batches of the whole training set */
+      dt_dataset *train = NULL, *test = NULL, *part = NULL;
+      r = load_data(&o, &train, &test, &part);
+      if (r == DTRAIN_OK) {
+        int64_t n = (part ? part : train)->n;
+        po.work_items = (int64_t)o.epochs * ((n + batch_worker - 1) / batch_worker);
+        po.work_stats = &ws;
+      } else {
+        fprintf(stderr, "ps 0: error: %s\n", dt_last_error());
+      }
+      dt_dataset_destroy(part);
+      dt_dataset_destroy(train);
+      dt_dataset_destroy(test);
+    }
+    if (r == DTRAIN_OK) r = dt_ps_serve(cl, P, opt, &no, &po);
     if (r != DTRAIN_OK) fprintf(stderr, "ps %d: %s\n", cl->index, dt_last_error());
     else if (!o.quiet) printf("ps %d: done, %lld updates applied\n", cl->index, (long long)dt_optim_steps(opt));
+    if (r == DTRAIN_OK && po.work_stats)
+      printf("ps 0: work queue: %lld of %lld batches done, %lld handed out, %lld given back by workers that died\n",
+             (long long)ws.done, (long long)ws.items, (long long)ws.handed_out, (long long)ws.returned);
     dt_optim_destroy(opt);
     dt_params_destroy(P);
     dt_cluster_destroy(cl);
@@ -244,27 +344,8 @@ int main(int argc, char **argv) {
   }
   /* Its shard of the data. */
   int rank = cl->index, world = cl->workers;
-  char dir[512];
-  int has_train = 0;
   dt_dataset *train = NULL, *test = NULL, *part = NULL;
-  dt_result r = dt_fashion_mnist_find(o.data, dir, sizeof dir, &has_train);
-  if (r == DTRAIN_OK) r = dt_fashion_mnist_load(dir, has_train ? &train : NULL, &test);
-  if (r == DTRAIN_OK && !train) {
-    dt_dataset *all = test;
-    r = dt_dataset_split(all, 0.2, 12345, &train, &test);
-    dt_dataset_destroy(all);
-  }
-  int64_t flat = 784;
-  if (r == DTRAIN_OK) r = dt_dataset_reshape(train, 1, &flat);
-  if (r == DTRAIN_OK) r = dt_dataset_reshape(test, 1, &flat);
-  int64_t n_train = train && o.limit > 0 && o.limit < train->n ? o.limit : (train ? train->n : 0);
-  if (r == DTRAIN_OK && n_train < train->n) {
-    int64_t *idx = (int64_t *)malloc((size_t)n_train * sizeof(int64_t));
-    for (int64_t i = 0; i < n_train; i++) idx[i] = i;
-    part = dt_dataset_select(train, idx, n_train);
-    if (!part) r = dt_last_result();
-    free(idx);
-  }
+  dt_result r = load_data(&o, &train, &test, &part);
   dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
   ld.batch_size = batch_worker;
@@ -279,6 +360,7 @@ int main(int argc, char **argv) {
   }
 
   dt_strategy_options sd = dt_strategy_parameter_server(store, o.max_staleness);
+  sd.work_queue = o.work_queue;
   if (rank == o.slow_rank) {
     sd.straggler = 0; /* this process's replica 0 */
     sd.straggler_factor = o.slow_factor;
@@ -288,12 +370,33 @@ int main(int argc, char **argv) {
     fprintf(stderr, "worker %d: error: %s\n", rank, dt_last_error());
     return 1;
   }
-  feed f = {loader, &o, rank, 0};
+  feed f;
+  memset(&f, 0, sizeof f);
+  f.loader = loader;
+  f.o = &o;
+  f.rank = rank;
   int64_t steps = (int64_t)o.epochs * dt_loader_num_batches(loader);
-  if (!o.quiet && rank == 0 && store->steps_done == 0)
+  if (o.work_queue) { /* batches of the whole set, handed out by server 0 */
+    f.set = part ? part : train;
+    f.rows = batch_worker;
+    f.per_epoch = (f.set->n + batch_worker - 1) / batch_worker;
+    f.epoch = -1;
+    f.order = (int64_t *)malloc((size_t)f.set->n * sizeof(int64_t));
+    f.bx = (float *)malloc((size_t)batch_worker * 784 * sizeof(float));
+    f.by = (int32_t *)malloc((size_t)batch_worker * sizeof(int32_t));
+    if (!f.order || !f.bx || !f.by) {
+      fprintf(stderr, "worker %d: error: out of memory\n", rank);
+      return 1;
+    }
+    steps = (int64_t)o.epochs * f.per_epoch; /* at most: the queue ends the run when it is done */
+  }
+  if (!o.quiet && rank == 0 && store->steps_done == 0 && !o.work_queue)
     printf("%d workers, %d servers, max staleness %d, %lld steps per worker, batch %d per worker (global %d)\n", world,
            cl->servers, o.max_staleness, (long long)steps, batch_worker, batch_worker * world);
-  if (store->steps_done > 0) {
+  if (!o.quiet && rank == 0 && store->steps_done == 0 && o.work_queue)
+    printf("%d workers, %d servers, a work queue of %lld batches of %d on server 0 (%d epochs), unbounded staleness\n",
+           world, cl->servers, (long long)steps, batch_worker, o.epochs);
+  if (store->steps_done > 0 && !o.work_queue) { /* (with the queue it just takes the next items) */
     /* A restarted worker: its rank had pushed steps_done steps. Skip them,
      * and their batches (the loader's order is the same in every run; only an
      * epoch's last batch can be short, so the position is whole batches). */
@@ -329,6 +432,9 @@ int main(int argc, char **argv) {
       printf("worker 0: test accuracy %.4f\n", test_accuracy(&m, P, test));
   }
   dt_pstore_leave(store, rank);
+  free(f.order);
+  free(f.bx);
+  free(f.by);
   dt_strategy_destroy(s);
   dt_pstore_destroy(store);
   dt_loader_destroy(loader);

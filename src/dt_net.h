@@ -285,6 +285,14 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void);
  * docs/wire_protocol.md); parameters and gradients travel as little-endian
  * IEEE-754 floats. */
 
+/* What server 0's work queue did (dt_ps_options.work_stats). */
+typedef struct dt_ps_work_stats {
+  int64_t items;      /* in the queue */
+  int64_t done;       /* items whose push arrived (each at most once) */
+  int64_t handed_out; /* takes answered with an item (> done: some went to a worker that died) */
+  int64_t returned;   /* items given back by workers lost or gone before their push */
+} dt_ps_work_stats;
+
 /* Zero fields take the defaults in brackets. */
 typedef struct dt_ps_options {
   const char *checkpoint_dir;  /* shard checkpoints go to DIR/ps-<i>-of-<M>.ckpt (written to a
@@ -301,6 +309,12 @@ typedef struct dt_ps_options {
   double rejoin_timeout_s;     /* when no worker is live but one was lost less than this long ago,
                                   keep serving for its return (a restarted process)
                                   [env DTRAIN_REJOIN_TIMEOUT, else 0: end] */
+  int64_t work_items;          /* server 0 (the others ignore it): a work queue of items 0 .. N-1
+                                  that workers take one at a time (dt_pstore_take; dynamic data
+                                  sharding), each done when its worker's next push arrives, handed
+                                  out again when its worker dies first [0: no queue] */
+  dt_ps_work_stats *work_stats; /* if not NULL, filled when dt_ps_serve returns (server 0 with a
+                                  queue; zeros otherwise) */
 } dt_ps_options;
 
 /* The server of each parameter: server_of[i] for i < dt_params_count(p)

@@ -45,6 +45,9 @@ typedef struct dt__ps_client {
   uint64_t *pulled_version;
   uint64_t version;
   int64_t base, next;
+  int queue;               /* it took a work item: each push asks for the next one too */
+  int have_item;           /* ... and got it: the next take returns item */
+  int64_t item;
   int left;
   dt_result err;
   char msg[DT__MSG_CAP];
@@ -97,6 +100,8 @@ static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, ui
     return dt__conn_recv_payload(&C->conn[s], &f, h, C->buf[s], deadline, op);
   }
 }
+
+static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k);
 
 static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
                                     dt_pstore_ticket *tk) {
@@ -158,6 +163,10 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     rc = dt__conn_send(&C->conn[s], DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
   }
+  /* Work queue: the next item is asked for with this push (server 0 marks the
+   * held one done on the push first), which saves the take its round trip. */
+  int ask = rc == DTRAIN_OK && C->queue && !C->have_item;
+  if (ask) rc = dt__conn_send(&C->conn[0], DT__PS_TAKE, NULL, 0, dt__now() + C->timeout, op);
   tk->staleness = 0;
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PUSHED, DT__PS_FIX, op);
@@ -167,11 +176,70 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     if (v > C->version) C->version = v;
     if (st > tk->staleness) tk->staleness = st;
   }
+  if (rc == DTRAIN_OK && ask) {
+    int64_t k = -3;
+    rc = dt__ps_client_taken(C, op, &k);
+    if (rc == DTRAIN_OK && k >= -1) { /* -3: the take asks again */
+      C->item = k;
+      C->have_item = 1;
+    }
+  }
   if (rc == DTRAIN_OK && T + 1 > C->next) C->next = T + 1;
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
   dt__mutex_unlock(&C->mu);
   tk->wait_s = dt__now() - t0;
   return rc;
+}
+
+/* Server 0's TAKEN (already asked for) into *k: an item, -1 (all done) or -3
+ * (all held by others). Under the lock. */
+static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k) {
+  dt_result rc = dt__ps_client_answer(C, 0, DT__PS_TAKEN, DT__PS_FIX, op);
+  if (rc != DTRAIN_OK) return rc;
+  *k = (int64_t)dt__get_le64(C->buf[0]);
+  if (*k == -2)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: %s has no work queue (dt_ps_options.work_items is 0 there)", op,
+                     C->conn[0].peer);
+  if (*k < -3) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "%s: %s sent work item %lld (want >= -3)", op, C->conn[0].peer, (long long)*k);
+    return dt__ps_client_fail(C, DTRAIN_ERR_PROTOCOL);
+  }
+  return DTRAIN_OK;
+}
+
+/* The next work item from server 0's queue (see dt_ps_core.h): the one the
+ * last push asked for when there is one, else asked for now. While every
+ * item left is held by other workers (-3), ask again after a pause, without
+ * the lock: the heartbeat thread keeps the other servers' connections alive. */
+static dt_result dt__ps_client_take(dt_pstore *ps, int worker, int64_t *item) {
+  dt__ps_client *C = dt__ps_client_of(ps);
+  (void)worker;
+  char op[80];
+  snprintf(op, sizeof op, "worker %d: take a work item", C->me);
+  double pause = 0.005;
+  for (;;) {
+    dt__mutex_lock(&C->mu);
+    dt_result rc = dt__ps_client_check(C, op);
+    int64_t k = -3;
+    if (rc == DTRAIN_OK && C->have_item) {
+      k = C->item;
+      C->have_item = 0;
+    } else if (rc == DTRAIN_OK) {
+      rc = dt__conn_send(&C->conn[0], DT__PS_TAKE, NULL, 0, dt__now() + C->timeout, op);
+      C->last_send[0] = dt__now();
+      if (rc == DTRAIN_OK) rc = dt__ps_client_taken(C, op, &k);
+      if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE && rc != DTRAIN_ERR_UNSUPPORTED)
+        rc = dt__ps_client_fail(C, rc);
+    }
+    if (rc == DTRAIN_OK && k >= -1) {
+      *item = k;
+      C->queue = 1;
+    }
+    dt__mutex_unlock(&C->mu);
+    if (rc != DTRAIN_OK || k != -3) return rc;
+    dt__sleep(pause); /* the items left are held by others: one may come back, or all be done */
+    if (pause < 0.05) pause *= 2;
+  }
 }
 
 static void dt__ps_client_bye(dt__ps_client *C) {
@@ -277,7 +345,8 @@ static const dt_pstore_vtable dt__ps_client_vtable = {
   dt__ps_client_abort,
   dt__ps_client_begin,
   dt__ps_client_version,
-  dt__ps_client_destroy
+  dt__ps_client_destroy,
+  dt__ps_client_take
 };
 
 static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, const dt_net_options *o,

@@ -37,6 +37,15 @@
  *   PUSH   0x54 w->s  16 B (+ 4*shard): u64 clock, u64 version pulled, f32[shard]
  *                            (no floats: an empty push that only advances the clock)
  *   PUSHED 0x55 s->w  16 B: u64 version after, i64 staleness
+ *   TAKE   0x56 w->s   0 B: the next work item, please (server 0 only; dt_pstore_take)
+ *   TAKEN  0x57 s->w  16 B: i64 item (>= 0; -1: every item done; -2: no queue here;
+ *                            -3: every item left is held by others, ask again), u64 items done
+ * Work queue (server 0 with dt_ps_options.work_items): an item handed out is
+ * held by its worker until the worker's next PUSH, whose application marks
+ * it done (one frame: done exactly once); a worker lost or gone (BYE) first
+ * gives it back, to the next TAKE. A TAKE is answered at once (-3 rather
+ * than waiting: a worker waiting for server 0 would send the other servers
+ * nothing, not even heartbeats, and they would drop it).
  *   HEARTBEAT (0x07) both ways, BYE (0x08) w->s, REFUSE (0x05) s->w.
  * The shard's floats are its parameters' elements in parameter order.
  */
@@ -53,7 +62,9 @@ enum {
   DT__PS_PULL = 0x52,
   DT__PS_PARAMS = 0x53,
   DT__PS_PUSH = 0x54,
-  DT__PS_PUSHED = 0x55
+  DT__PS_PUSHED = 0x55,
+  DT__PS_TAKE = 0x56,
+  DT__PS_TAKEN = 0x57
 };
 #define DT__PS_FIX 16   /* fixed part of PULL, PARAMS, PUSH, PUSHED */
 #define DT__PS_JOINLEN 32   /* JOIN */
@@ -111,6 +122,7 @@ typedef struct dt__ps_worker {
   unsigned char *in_dst;    /* where its payload goes */
   size_t in_len;            /* bytes of it so far (0: none) */
   double in_started;        /* when its first byte came */
+  int64_t lease;            /* work queue: the item it holds until its next push (-1: none) */
 } dt__ps_worker;
 
 typedef struct dt__ps_server {
@@ -141,6 +153,12 @@ typedef struct dt__ps_server {
   int joined;               /* distinct workers that joined at least once */
   int quorum;               /* sticky: reached, or the connect deadline passed */
   double start;             /* when serving began */
+  /* the work queue (server 0 with po.work_items > 0) */
+  unsigned char *q_state;   /* per item: 0 to do, 1 held, 2 done */
+  int64_t *q_back;          /* items given back, handed out first (at most one per worker) */
+  int q_nback;
+  int64_t q_next;           /* items below were handed out at least once */
+  dt_ps_work_stats q;       /* items, done, handed_out, returned */
 } dt__ps_server;
 
 /* ---- shard checkpoints (dt_ps_ckpt.c) -------------------------------------------------------- */

@@ -53,8 +53,17 @@ static int dt__ps_open(const dt__ps_server *S, double now) {
   return 0;
 }
 
+/* Work queue: the item worker w holds goes back, to the next TAKE (its push never came). */
+static void dt__ps_give_back(dt__ps_server *S, dt__ps_worker *w) {
+  if (!S->q_state || w->lease < 0) return;
+  S->q_state[w->lease] = 0;
+  S->q_back[S->q_nback++] = w->lease; /* at most one per worker: room for W */
+  S->q.returned++;
+  w->lease = -1;
+}
+
 static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
-  (void)S;
+  dt__ps_give_back(S, w);
   dt__conn_close(&w->conn);
   dt__free(w->rx, w->rx_cap);
   dt__free(w->tx, w->tx_cap);
@@ -200,6 +209,11 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   S->version++;
   S->since_ckpt++;
   w->npushed++;
+  if (S->q_state && w->lease >= 0) { /* its item is done: applied with this push, once */
+    S->q_state[w->lease] = 2;
+    S->q.done++;
+    w->lease = -1;
+  }
   int64_t stale = w->pend_version <= before ? (int64_t)(before - w->pend_version) : 0;
   if (w->pulled < t + 1) w->pulled = t + 1;
   w->pushed = t + 1;
@@ -209,6 +223,31 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   dt__put_le64(fix, S->version);
   dt__put_le64(fix + 8, (uint64_t)stale);
   return dt__ps_queue(S, i, DT__PS_PUSHED, fix, DT__PS_FIX, NULL);
+}
+
+/* Worker i's TAKE, answered at once: an item (it holds it until its next
+ * push), -1 when every item is done, -3 when every item left is held by
+ * others (it asks again a little later; a TAKE never waits here: while it
+ * would, the worker could send the other servers nothing, not even its
+ * heartbeats). -2: no queue on this server. 0 when the worker was lost. */
+static int dt__ps_take(dt__ps_server *S, int i) {
+  dt__ps_worker *w = &S->w[i];
+  int64_t item = -2;
+  if (S->q_state) {
+    dt__ps_give_back(S, w); /* a second take without a push: the first item was not trained on */
+    if (S->q_nback > 0) item = S->q_back[--S->q_nback];
+    else if (S->q_next < S->q.items) item = S->q_next++;
+    else item = S->q.done == S->q.items ? -1 : -3;
+    if (item >= 0) {
+      S->q_state[item] = 1;
+      w->lease = item;
+      S->q.handed_out++;
+    }
+  }
+  unsigned char fix[DT__PS_FIX];
+  dt__put_le64(fix, (uint64_t)item);
+  dt__put_le64(fix + 8, (uint64_t)S->q.done);
+  return dt__ps_queue(S, i, DT__PS_TAKEN, fix, DT__PS_FIX, NULL);
 }
 
 /* Answer every request the bound allows, until none can be answered. */
@@ -268,6 +307,13 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
   }
   if (k < DTRAIN_STALENESS_UNBOUNDED) {
     snprintf(why, sizeof why, "it asks for max_staleness %d", k);
+    dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
+    return;
+  }
+  if (S->q_state && k != DTRAIN_STALENESS_UNBOUNDED) {
+    /* a bound would hold the fast workers at the clock of the slowest, which the
+     * queue lets fall behind (it takes fewer items), and of one waiting for an item */
+    snprintf(why, sizeof why, "it asks for max_staleness %d; the work queue needs unbounded staleness (-1)", k);
     dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
     return;
   }
@@ -349,6 +395,7 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
     case DT__MSG_BYE: want_max = 0; break;
     case DT__PS_JOIN: want_max = DT__PS_JOINLEN; ok_type = !w->joined; break;
     case DT__PS_PULL: want_max = DT__PS_FIX; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
+    case DT__PS_TAKE: want_max = 0; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
     case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
     default: ok_type = 0;
   }
@@ -391,6 +438,7 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
       break;
     }
     case DT__PS_JOIN: dt__ps_on_join(S, i, dst); break;
+    case DT__PS_TAKE: (void)dt__ps_take(S, i); break;
     case DT__PS_PULL:
     case DT__PS_PUSH: {
       int64_t t = (int64_t)dt__get_le64(dst);
@@ -527,6 +575,8 @@ static void dt__ps_server_free(dt__ps_server *S) {
   dt__free(S->owner, (size_t)(S->np > 0 ? S->np : 1) * sizeof(int));
   dt__free(S->ckpt, S->ckpt_bytes);
   if (S->before) dt__free(S->before, dt_params_size(S->params) * sizeof(float) + 4);
+  if (S->q_state) dt__free(S->q_state, (size_t)S->q.items);
+  if (S->q_back) dt__free(S->q_back, (size_t)S->W * sizeof(int64_t));
 }
 
 static dt_result dt__ps_loop(dt__ps_server *S) {
@@ -656,6 +706,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   S.params = params;
   S.opt = opt;
   if (po) S.po = *po;
+  if (S.po.work_stats) memset(S.po.work_stats, 0, sizeof *S.po.work_stats);
   S.me = c->index;
   S.W = c->workers;
   S.np = dt_params_count(params);
@@ -687,6 +738,22 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   }
   for (int i = 0; i < S.W; i++) {
     dt__conn_init(&S.w[i].conn, -1, S.self.job, S.self.id, (uint32_t)S.self.opt.max_payload);
+    S.w[i].lease = -1;
+  }
+  if (S.po.work_items < 0 || (uint64_t)S.po.work_items > (uint64_t)SIZE_MAX / 2) {
+    rc = dt__error(DTRAIN_ERR_INVALID_ARG, "%s: ps %d: work_items %lld must be >= 0", fn, S.me,
+                   (long long)S.po.work_items);
+    goto done;
+  }
+  if (S.me == 0 && S.po.work_items > 0) { /* the queue lives on server 0 */
+    S.q.items = S.po.work_items;
+    S.q_state = (unsigned char *)dt__calloc((size_t)S.q.items);
+    S.q_back = (int64_t *)dt__alloc((size_t)S.W * sizeof(int64_t));
+    if (!S.q_state || !S.q_back) {
+      rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory for a work queue of %lld items", fn, S.me,
+                     (long long)S.q.items);
+      goto done;
+    }
   }
   rc = dt_ps_shard(params, c->servers, S.owner);
   if (rc != DTRAIN_OK) goto done;
@@ -729,7 +796,12 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   }
   if (rc == DTRAIN_OK && S.done == 0)
     rc = dt__error(DTRAIN_ERR_PEER, "%s: ps %d: every worker was lost (none finished with BYE)", fn, S.me);
+  if (S.q_state)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps 0: work queue: %lld of %lld items done, %lld handed out (%lld given back "
+            "by workers that died or left first)", (long long)S.q.done, (long long)S.q.items,
+            (long long)S.q.handed_out, (long long)S.q.returned);
 done:
+  if (S.po.work_stats) *S.po.work_stats = S.q;
   {
     char keep[DT__MSG_CAP];
     snprintf(keep, sizeof keep, "%s", dt_last_error());

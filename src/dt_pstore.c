@@ -185,7 +185,8 @@ static const dt_pstore_vtable dt__pstore_local_vtable = {
   dt__pstore_local_abort,
   dt__pstore_local_begin,
   dt__pstore_local_version,
-  dt__pstore_local_destroy
+  dt__pstore_local_destroy,
+  NULL /* take: no work queue in process */
 };
 
 DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
@@ -294,6 +295,19 @@ DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
   return (ps && ps->vtable) ? ps->vtable->version(ps) : 0;
 }
 
+DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
+  const char *fn = "dt_pstore_take";
+  if (item) *item = -1;
+  if (!ps || !ps->vtable || !item) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !item ? "item" : "store");
+  if (worker < 0 || worker >= ps->workers)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: worker %d outside [0, %d)", fn, worker, ps->workers);
+  if (!ps->vtable->take)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the %s store has no work queue (parameter servers with "
+                     "dt_ps_options.work_items have one)", fn, ps->vtable->name ? ps->vtable->name : "?");
+  dt__quiet_push();
+  return dt__quiet_pop(ps->vtable->take(ps, worker, item));
+}
+
 #undef DT__PSTORE_DONE
 
 #else /* DTRAIN_NO_DIST: every entry point says so */
@@ -325,6 +339,11 @@ DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps) {
 DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
   (void)ps;
   return 0;
+}
+DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
+  (void)ps; (void)worker;
+  if (item) *item = -1;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_take: compiled out (DTRAIN_NO_DIST)");
 }
 
 #endif /* DTRAIN_NO_DIST */

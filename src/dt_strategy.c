@@ -234,6 +234,17 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
                      (double)d->straggler_factor);
   if (d->straggler_factor > 1.0f && (d->straggler < 0 || d->straggler >= d->replicas))
     return dt__error(DTRAIN_ERR_INDEX, "%s: straggler replica %d outside [0, %d)", fn, d->straggler, d->replicas);
+  if (d->work_queue) {
+    if (d->kind != DTRAIN_STRATEGY_PARAMETER_SERVER)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: work_queue is for parameter_server, not %s", fn, name);
+    if (d->max_staleness != DTRAIN_STALENESS_UNBOUNDED)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: work_queue with max_staleness %d: the queue needs unbounded "
+                       "staleness (a bound would hold the fast workers at the clock of a straggler, which takes "
+                       "fewer items, or of a worker waiting for one)", fn, d->max_staleness);
+    if (d->store && d->store->vtable && !d->store->vtable->take)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: work_queue: the %s store has no work queue", fn,
+                       d->store->vtable->name ? d->store->vtable->name : "?");
+  }
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);

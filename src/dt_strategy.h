@@ -345,6 +345,11 @@ typedef struct dt_strategy_options {
   int skip_nonfinite;            /* a step whose loss or gradient is NaN/Inf: 0 fails it with
                                     DTRAIN_ERR_NONFINITE naming the step; nonzero skips it (no
                                     update, stats.skipped_steps; see "Non-finite steps") [0] */
+  int work_queue;                /* parameter_server, dt_strategy_run: nonzero takes each step's work
+                                    item from the servers' queue (dt_pstore_take) and passes it to
+                                    the batch function as the ticket; the run ends early (DTRAIN_OK)
+                                    when the queue is done. Needs max_staleness
+                                    DTRAIN_STALENESS_UNBOUNDED. 0: tickets 0, 1, ... [0] */
   int backup_workers;            /* mirrored, dt_strategy_run: B in [0, replicas). B > 0: each step
                                     updates with the first N-B replica gradients to arrive, averaged
                                     over their rows, and drops the later ones (Chen et al., 2016;
@@ -513,6 +518,8 @@ typedef struct dt_pstore_vtable {
   dt_result (*begin)(dt_pstore *ps);
   uint64_t (*version)(dt_pstore *ps);
   void (*destroy)(dt_pstore *ps);
+  /* Optional (NULL: no work queue): the next work item for worker, see dt_pstore_take. */
+  dt_result (*take)(dt_pstore *ps, int worker, int64_t *item);
 } dt_pstore_vtable;
 
 struct dt_pstore {
@@ -547,6 +554,23 @@ DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker);
 DTRAIN_API void dt_pstore_abort(dt_pstore *ps);
 DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps);
 DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps);
+/* Work queue (dynamic data sharding, as TF's ClusterCoordinator schedules
+ * functions): the servers' first server hands out work items 0 .. N-1
+ * (dt_ps_options.work_items; say item = epoch * batches + batch) to the
+ * workers that ask, one at a time. *item gets the next one (>= 0), or -1
+ * when every item is done (the job is over); the call waits while every
+ * item left is held by another worker. An item is done when this worker's
+ * next push reaches that server: the push and the record are one message,
+ * so an item is trained on exactly once there. An item held by a worker
+ * that dies (or leaves) before its push goes back to the queue, to the next
+ * worker that asks. A straggler therefore takes fewer items instead of
+ * setting the epoch's time. DTRAIN_ERR_UNSUPPORTED: the store has no queue
+ * (an in-process store, or servers without work_items). Used by the
+ * parameter_server strategy with dt_strategy_options.work_queue. The queue
+ * needs unbounded staleness (servers refuse a worker with a bound): a bound
+ * would hold the fast workers at the clock of the straggler the queue lets
+ * fall behind. */
+DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item);
 
 /* ---- small utilities ------------------------------------------------------------------ */
 /* Sleep for `seconds` (monotonic; restarts after signals). */

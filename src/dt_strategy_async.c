@@ -95,23 +95,32 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
       ticket = DT__AFETCH_ADD(&s->ticket, (int64_t)1, DT__MO_RELAXED);
       if (ticket >= s->job_steps) break;
     }
+    int64_t id = s->ticket_base + ticket; /* the batch function's ticket */
+    if (s->desc.work_queue && !s->batch) { /* the servers' queue says which (see dt_pstore_take) */
+      dt_result rc = dt_pstore_take(s->pstore, r, &id);
+      if (rc != DTRAIN_OK) {
+        dt__strategy_comm_failed(s, r, rc);
+        break;
+      }
+      if (id < 0) break; /* every item is done */
+    }
     dt_minibatch b;
     if (s->batch) {
       dt__strategy_shard(s->batch, s->n, r, &b);
     } else {
       memset(&b, 0, sizeof b);
-      dt_result rc = s->next(s->next_user, r, s->ticket_base + ticket, &b);
+      dt_result rc = s->next(s->next_user, r, id, &b);
       if (rc == DTRAIN_OK) rc = dt__strategy_check_batch(&b, "dt_strategy_run");
       if (rc != DTRAIN_OK) {
-        snprintf(what, sizeof what, "the batch function failed for step %lld (%s)",
-                 (long long)(s->ticket_base + ticket), dt_result_name(rc));
+        snprintf(what, sizeof what, "the batch function failed for step %lld (%s)", (long long)id,
+                 dt_result_name(rc));
         dt__strategy_fail(s, r, rc, what);
         break;
       }
       b.first = 0;
       b.global_rows = b.rows;
     }
-    b.step = s->ticket_base + ticket;
+    b.step = id;
     b.replica_step = t;
     b.weight = 1.0f;
     dt_pstore_ticket tk;

@@ -255,6 +255,7 @@ typedef struct server_cfg {
   int min_workers;   /* dt_ps_options.min_workers */
   double rejoin_timeout;
   int staleness_lr;
+  int64_t work_items; /* dt_ps_options.work_items (server 0): it says "queue ..." at the end */
 } server_cfg;
 
 static int server_main(const server_cfg *sc) {
@@ -272,10 +273,19 @@ static int server_main(const server_cfg *sc) {
   po.min_workers = sc->min_workers;
   po.rejoin_timeout_s = sc->rejoin_timeout;
   po.staleness_lr = sc->staleness_lr;
+  po.work_items = sc->work_items;
+  dt_ps_work_stats ws;
+  po.work_stats = &ws;
   int before = open_fds();
   dt_result rc = dt_ps_serve(&x.c, m.P, m.opt, &o, &po);
   int after = open_fds();
   if (rc != DTRAIN_OK) child_say("serve: %s\n", dt_last_error());
+  {
+    char b[160];
+    snprintf(b, sizeof b, "items %lld done %lld handed %lld returned %lld", (long long)ws.items, (long long)ws.done,
+             (long long)ws.handed_out, (long long)ws.returned);
+    child_say("queue %s\n", b);
+  }
   model_free(&m);
   if (rc != DTRAIN_OK) return 10 + (-(int)rc) % 100;
   if (sc->check_fds && before != after) {
@@ -327,9 +337,69 @@ typedef struct worker_cfg {
   double step_sleep_s;               /* every step computes this much longer (between pull and push) */
   float target;                      /* the final loss must be below target * the initial loss */
   int resume;                        /* start at the store's steps_done (a restarted worker) */
+  int queue;                         /* take its batches from server 0's work queue (steps: an upper
+                                        bound); says "took K" for each; die_at: its die_at-th take
+                                        kills it while it holds that item */
 } worker_cfg;
 
+/* A worker on the servers' work queue: dt_strategy_run with work_queue. */
+typedef struct queue_feed {
+  const worker_cfg *wc;
+  int takes;
+} queue_feed;
+
+static dt_result queue_next(void *user, int replica, int64_t item, dt_minibatch *out) {
+  queue_feed *q = (queue_feed *)user;
+  (void)replica;
+  char b[32];
+  snprintf(b, sizeof b, "%lld", (long long)item);
+  child_say("took %s\n", b);
+  if (q->takes++ == q->wc->die_at) raise(SIGKILL); /* holding the item: no push for it */
+  *out = batch_at(item, q->wc->rows);
+  return DTRAIN_OK;
+}
+
+static int queue_worker_main(const worker_cfg *wc) {
+  model m;
+  model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
+  pc x;
+  pc_make(&x, wc->W, wc->M, wc->ports, DTRAIN_ROLE_WORKER, wc->index);
+  dt_net_options o = net_opts(wc->timeout, wc->token);
+  dt_pstore *ps = dt_pstore_create_tcp(&x.c, m.P, &o, DTRAIN_STALENESS_UNBOUNDED);
+  if (!ps) {
+    child_say("create: %s\n", dt_last_error());
+    return 4;
+  }
+  dt_strategy_options sd = dt_strategy_parameter_server(ps, DTRAIN_STALENESS_UNBOUNDED);
+  sd.work_queue = 1;
+  dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
+  if (!s) {
+    child_say("strategy: %s\n", dt_last_error());
+    return 5;
+  }
+  step_sleep_s = wc->step_sleep_s;
+  queue_feed q = {wc, 0};
+  int code = 0;
+  if (dt_strategy_run(s, wc->steps, queue_next, &q, NULL) != DTRAIN_OK) {
+    child_say("E %s\n", dt_last_error());
+    code = 6;
+  } else {
+    dt_replica_stats rs;
+    if (dt_strategy_replica_stats(s, 0, &rs) == DTRAIN_OK) {
+      char b[64];
+      snprintf(b, sizeof b, "steps %lld gap 0 stale %lld", (long long)rs.steps, (long long)rs.staleness_max);
+      child_say("stats %s\n", b);
+    }
+  }
+  dt_pstore_leave(ps, wc->index);
+  dt_strategy_destroy(s);
+  dt_pstore_destroy(ps);
+  model_free(&m);
+  return code;
+}
+
 static int worker_main(const worker_cfg *wc) {
+  if (wc->queue) return queue_worker_main(wc);
   model m;
   model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
   pc x;

@@ -7045,6 +7045,36 @@ static void nt_dt_pstore_version(void) {
   }
   nt_teardown(&f);
 }
+/* dt_strategy.h: dt_result dt_pstore_take(dt_pstore * ps, int worker, int64_t * item) */
+static void nt_dt_pstore_take(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pstore_take(NULL, worker, NULL)");
+    nt_check_result(dt_pstore_take(NULL, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pstore_take(NULL, worker, item)");
+    nt_check_result(dt_pstore_take(NULL, 0, f.lbuf), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.ps) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_pstore_take(ps, worker, NULL)");
+      nt_check_result(dt_pstore_take(f.ps, 0, NULL), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
 /* dt_net.h: dt_result dt_cluster_parse_json(const char * json, dt_cluster ** out) */
 static void nt_dt_cluster_parse_json(void) {
   nt_fix f;
@@ -7755,6 +7785,7 @@ int main(void) {
   TH_RUN(nt_dt_pstore_abort);
   TH_RUN(nt_dt_pstore_begin);
   TH_RUN(nt_dt_pstore_version);
+  TH_RUN(nt_dt_pstore_take);
   TH_RUN(nt_dt_cluster_parse_json);
   TH_RUN(nt_dt_cluster_from_env);
   TH_RUN(nt_dt_cluster_from_args);

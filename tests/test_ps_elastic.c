@@ -13,7 +13,11 @@
  *   - a worker that said BYE cannot come back under its rank;
  *   - rejoin_timeout_s keeps a server whose only worker died serving until it
  *     returns, and ends it (every worker lost) when it does not;
- *   - the worker's decoder of JOINED refuses bad clocks and lengths;
+ *   - the worker's decoder of JOINED refuses bad clocks and lengths, and of
+ *     TAKEN bad lengths and items;
+ *   - the work queue (dynamic data sharding): with a straggler and a worker
+ *     killed holding an item, every item is trained on exactly once; a
+ *     staleness bound is refused with it;
  *   - the staleness-aware learning rate, in-process and on a server, against
  *     the optimizer applied by hand. */
 #define DTRAIN_STATIC
@@ -145,6 +149,119 @@ static void test_rejoin_twice_counts_pushes(void) {
             "the second rejoin says %lld steps done (want the 40 it pushed): %s", done, flat(b3.out));
   CHECK_MSG(stats_steps(b3.out) == 40, "the last run made %d steps (want 80 - 40): %s", stats_steps(b3.out),
             flat(b3.out));
+  alarm(0);
+}
+
+/* The items a worker's log says it took ("took K" lines), in order; n gets how many. */
+static int took_items(const char *out, int64_t *items, int cap) {
+  int n = 0;
+  for (const char *p = strstr(out, "took "); p && n < cap; p = strstr(p + 5, "took ")) {
+    long long k;
+    if (sscanf(p, "took %lld", &k) == 1) items[n++] = k;
+  }
+  return n;
+}
+
+/* Dynamic data sharding (issue 20 part 2): 3 workers take 90 items from
+ * server 0's queue (2 servers: server 1 has none). Worker 1 is a straggler
+ * (6x the step time), worker 2 dies (kill -9) at its 6th item, holding it.
+ * Every item is trained on exactly once: the items the workers completed
+ * (all they took, but the one worker 2 died holding) are 0..89, each once;
+ * server 0 counts 90 done, 91 handed out, 1 given back; the straggler did
+ * fewer items than worker 0. */
+static void test_work_queue_exactly_once(void) {
+  alarm(60);
+  enum { N = 90 };
+  int lfd[2], port[2];
+  CHECK(listen_fds(2, lfd, port));
+  child srv[2];
+  for (int i = 0; i < 2; i++) {
+    server_cfg sc = server_defaults(3, 2, i, port, lfd[i]);
+    sc.lr = 0.01f;
+    sc.work_items = N; /* server 1 ignores it: the queue is server 0's */
+    srv[i] = spawn_server(&sc, lfd);
+  }
+  worker_cfg wc[3];
+  child w[3];
+  for (int i = 0; i < 3; i++) {
+    wc[i] = worker_defaults(3, 2, i, port);
+    wc[i].queue = 1;
+    wc[i].steps = 1000; /* an upper bound: the queue ends the run */
+    wc[i].step_sleep_s = i == 1 ? 0.03 : 0.005;
+  }
+  wc[2].die_at = 5;
+  for (int i = 0; i < 3; i++) w[i] = spawn_worker(&wc[i], lfd, 2);
+  close(lfd[0]);
+  close(lfd[1]);
+  for (int i = 0; i < 3; i++) child_wait(&w[i]);
+  for (int i = 0; i < 2; i++) child_wait(&srv[i]);
+  CHECK_MSG(w[0].status == 0 && w[1].status == 0, "workers: %d %d: %s / %s", w[0].status, w[1].status,
+            flat(w[0].out), flat(w[1].out));
+  CHECK_MSG(w[2].status == 128 + SIGKILL, "worker 2 status %d: %s", w[2].status, flat(w[2].out));
+  int count[N];
+  memset(count, 0, sizeof count);
+  int64_t items[N + 8];
+  int done[3] = {0, 0, 0}, bad = 0;
+  for (int i = 0; i < 3; i++) {
+    int n = took_items(w[i].out, items, N + 8);
+    if (i == 2) n--; /* the item it died holding was never pushed */
+    for (int k = 0; k < n; k++) {
+      if (items[k] < 0 || items[k] >= N) bad++;
+      else count[items[k]]++;
+    }
+    done[i] = n;
+  }
+  int missing = 0, twice = 0;
+  for (int k = 0; k < N; k++) {
+    missing += count[k] == 0;
+    twice += count[k] > 1;
+  }
+  CHECK_MSG(bad == 0 && missing == 0 && twice == 0, "%d out of range, %d never trained, %d trained twice (done %d %d %d)",
+            bad, missing, twice, done[0], done[1], done[2]);
+  CHECK_MSG(done[2] == 5, "worker 2 completed %d items before it died (want 5)", done[2]);
+  CHECK_MSG(stats_steps(w[0].out) == done[0] && stats_steps(w[1].out) == done[1], "steps %d %d vs items %d %d",
+            stats_steps(w[0].out), stats_steps(w[1].out), done[0], done[1]);
+  CHECK_MSG(done[1] < done[0], "the straggler did %d items, worker 0 %d", done[1], done[0]);
+  CHECK_MSG(srv[0].status == 0 && strstr(srv[0].out, "queue items 90 done 90 handed 91 returned 1"), "server 0: %s",
+            flat(srv[0].out));
+  CHECK_MSG(srv[1].status == 0 && strstr(srv[1].out, "queue items 0 done 0 handed 0 returned 0"), "server 1: %s",
+            flat(srv[1].out));
+  alarm(0);
+}
+
+/* A worker that asks for a staleness bound is refused by a server with a
+ * queue (the bound would hold everybody at the straggler's clock); the
+ * strategy refuses work_queue with a bound before it gets there. */
+static void test_work_queue_needs_unbounded(void) {
+  alarm(30);
+  model m;
+  model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
+  float data[2] = {0, 0};
+  for (int k = 2; k >= -1; k -= 3) { /* the store's bound is the strategy's */
+    dt_pstore *local = dt_pstore_create_local(data, 2, 1, k, DTRAIN_ASYNC_HOGWILD, 0);
+    dt_strategy_options sd = dt_strategy_parameter_server(local, k);
+    sd.work_queue = 1;
+    if (k == 2)
+      CHECK_ERR(TH_RESULT(dt_strategy_create(m.P, m.opt, step_fn, &m, &sd)), DTRAIN_ERR_INVALID_ARG, "unbounded");
+    else
+      CHECK_ERR(TH_RESULT(dt_strategy_create(m.P, m.opt, step_fn, &m, &sd)), DTRAIN_ERR_UNSUPPORTED, "no work queue");
+    dt_pstore_destroy(local);
+  }
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(1, 1, 0, &port, lfd);
+  sc.work_items = 4;
+  sc.timeout = 1.0;
+  child srv = spawn_server(&sc, &lfd);
+  worker_cfg wk = worker_defaults(1, 1, 0, &port);
+  wk.k = 2; /* the ordinary worker, with a bound */
+  child w = spawn_worker(&wk, &lfd, 1);
+  close(lfd);
+  child_wait(&w);
+  kill(srv.pid, SIGTERM);
+  child_wait(&srv);
+  CHECK_MSG(w.status == 4 && strstr(w.out, "unbounded staleness"), "worker status %d: %s", w.status, flat(w.out));
+  model_free(&m);
   alarm(0);
 }
 
@@ -319,6 +436,8 @@ typedef struct fake_ps {
   int lfd, port;
   unsigned char joined[64];
   uint32_t len;
+  unsigned char taken[32]; /* the answer to a TAKE, when taken_len > 0 */
+  uint32_t taken_len;
 } fake_ps;
 
 static void fake_ps_serve(fake_ps *f, pc *x, const dt_net_options *o);
@@ -349,6 +468,10 @@ static void fake_ps_serve(fake_ps *f, pc *x, const dt_net_options *o) {
     dt__conn_send(&c, DT__PS_JOINED, f->joined, f->len, dt__now() + 5, "fake ps");
   unsigned char h[DT__NET_HDR];
   dt__frame fr;
+  if (f->taken_len > 0 && dt__conn_recv_header(&c, &fr, h, dt__now() + 5, "fake ps") == DTRAIN_OK &&
+      fr.type == DT__PS_TAKE && fr.length == 0 &&
+      dt__conn_recv_payload(&c, &fr, h, NULL, dt__now() + 5, "fake ps") == DTRAIN_OK)
+    dt__conn_send(&c, DT__PS_TAKEN, f->taken, f->taken_len, dt__now() + 5, "fake ps");
   dt__conn_recv_header(&c, &fr, h, dt__now() + 3, "fake ps"); /* until the worker closes (or its BYE) */
   dt__conn_close(&c);
 }
@@ -379,6 +502,57 @@ static dt_pstore *join_fake(uint32_t len, uint64_t start, uint64_t done, model *
   close(f.lfd);
   if (!ps) dt__error(rc, "%s", keep);
   return ps;
+}
+
+/* A fake server that answers one TAKE with `len` bytes saying `item`: what dt_pstore_take returns. */
+static dt_result take_fake(uint32_t len, int64_t item, int64_t *got, model *m) {
+  fake_ps f;
+  memset(&f, 0, sizeof f);
+  if (!listen_fds(1, &f.lfd, &f.port)) return DTRAIN_ERR_NET;
+  f.len = DT__PS_JOINEDLEN;
+  dt__put_le32(f.joined + 16, (uint32_t)-1); /* max_staleness: unbounded */
+  dt__put_le32(f.joined + 20, 1);
+  f.taken_len = len;
+  dt__put_le64(f.taken, (uint64_t)item);
+  dt__put_le64(f.taken + 8, 3); /* items done */
+  pthread_t t;
+  if (pthread_create(&t, NULL, fake_ps_main, &f) != 0) return DTRAIN_ERR_INTERNAL;
+  pc x;
+  pc_make(&x, 1, 1, &f.port, DTRAIN_ROLE_WORKER, 0);
+  dt_net_options o = net_opts(2.0, NULL);
+  o.quiet = 1;
+  dt_pstore *ps = dt_pstore_create_tcp(&x.c, m->P, &o, -1);
+  dt_result rc = ps ? dt_pstore_take(ps, 0, got) : dt_last_result();
+  char keep[DT__MSG_CAP];
+  snprintf(keep, sizeof keep, "%s", dt_last_error());
+  if (ps) dt_pstore_leave(ps, 0);
+  pthread_join(t, NULL);
+  close(f.lfd);
+  dt_pstore_destroy(ps);
+  if (rc != DTRAIN_OK) dt__error(rc, "%s", keep);
+  return rc;
+}
+
+/* The worker's decoder of TAKEN: the length, the item's range; -2 says the
+ * server has no queue. */
+static void test_taken_decoder(void) {
+  alarm(60);
+  model m;
+  model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
+  int64_t got = 99;
+  CHECK_ERR(take_fake(8, 5, &got, &m), DTRAIN_ERR_PROTOCOL, "8 bytes");
+  CHECK_ERR(take_fake(DT__PS_FIX, -7, &got, &m), DTRAIN_ERR_PROTOCOL, "work item -7");
+  CHECK_ERR(take_fake(DT__PS_FIX, -2, &got, &m), DTRAIN_ERR_UNSUPPORTED, "no work queue");
+  CHECK(take_fake(DT__PS_FIX, 5, &got, &m) == DTRAIN_OK && got == 5);
+  CHECK(take_fake(DT__PS_FIX, -1, &got, &m) == DTRAIN_OK && got == -1);
+  /* the in-process store has no queue */
+  float data[2] = {0, 0};
+  dt_pstore *local = dt_pstore_create_local(data, 2, 1, -1, DTRAIN_ASYNC_HOGWILD, 0);
+  CHECK_ERR(dt_pstore_take(local, 0, &got), DTRAIN_ERR_UNSUPPORTED, "no work queue");
+  CHECK_ERR(dt_pstore_take(local, 0, NULL), DTRAIN_ERR_NULL_ARG, "item");
+  dt_pstore_destroy(local);
+  model_free(&m);
+  alarm(0);
 }
 
 static void test_joined_decoder(void) {
@@ -513,6 +687,9 @@ int main(void) {
   TH_RUN(test_finished_cannot_rejoin);
   TH_RUN(test_rejoin_timeout);
   TH_RUN(test_joined_decoder);
+  TH_RUN(test_taken_decoder);
+  TH_RUN(test_work_queue_exactly_once);
+  TH_RUN(test_work_queue_needs_unbounded);
   TH_RUN(test_staleness_lr_local);
   TH_RUN(test_staleness_lr_server);
 #endif
