@@ -142,6 +142,10 @@
  *   DTRAIN_RESTART=n        set by tools/dtrain-launch --max-restarts: 0 in the
  *                           first run, then the restart's number (a program
  *                           resumes from its checkpoint when it is > 0)
+ *   DTRAIN_SLOT=n           set by tools/dtrain-launch: the worker's place in
+ *                           its -n workers, which stays when --min-workers
+ *                           leaves one out and the ranks move up (the library
+ *                           does not read it)
  *
  * LAYERS (the files of src/, lowest first: a file includes and calls only
  * its own layer and those below; tools/check_house.sh fails CI otherwise.

@@ -274,6 +274,16 @@ if [ "$(rc_of psrestarts)" = 0 ] && has psrestarts.err 'worker 1 exited with cod
   ok "--max-restarts with --ps: only the failed worker is started again (DTRAIN_RESTART=1); exit 0"
 else bad "--max-restarts with --ps" "$T/psrestarts.out" "$T/psrestarts.err"; fi
 run badrestarts -n 1 --max-restarts -1 -- "$P"; [ "$(rc_of badrestarts)" = 2 ] && has badrestarts.err "expected a number of restarts" && ok "usage: bad --max-restarts" || bad "usage: bad --max-restarts" "$T/badrestarts.err"
+# -- --min-workers (elastic size): its usage errors; DTRAIN_SLOT stays while the ranks move up
+run minbig -n 2 --min-workers 3 --max-restarts 1 -- "$P"; [ "$(rc_of minbig)" = 2 ] && has minbig.err "more than the 2 workers" && ok "usage: --min-workers above -n" || bad "usage: --min-workers above -n" "$T/minbig.err"
+run minps -n 2 --ps 1 --min-workers 1 --max-restarts 1 -- "$P"; [ "$(rc_of minps)" = 2 ] && has minps.err "for synchronous jobs" && ok "usage: --min-workers with --ps" || bad "usage: --min-workers with --ps" "$T/minps.err"
+run minnr -n 2 --min-workers 1 -- "$P"; [ "$(rc_of minnr)" = 2 ] && has minnr.err "needs --max-restarts" && ok "usage: --min-workers without --max-restarts" || bad "usage: --min-workers without --max-restarts" "$T/minnr.err"
+run slots --max-workers 3 --min-workers 2 --max-restarts 2 --grace 1 -- sh -c 'echo "slot $DTRAIN_SLOT rank $DTRAIN_RANK world $DTRAIN_WORLD restart $DTRAIN_RESTART"; if [ "$DTRAIN_SLOT" = 0 ] && [ "$DTRAIN_RESTART" = 0 ]; then sleep 0.5; exit 3; fi; if [ "$DTRAIN_SLOT" = 0 ]; then exit 3; fi; sleep 1'
+if [ "$(rc_of slots)" = 0 ] && has slots.err 'worker 0 exited with code 3 .* it does not come back' &&
+   has slots.out '^\[worker 1\] slot 1 rank 0 world 2 restart 2$' && has slots.out '^\[worker 2\] slot 2 rank 1 world 2 restart 2$' &&
+   has slots.err 'the job ended with 2 of 3 workers'; then
+  ok "--min-workers: a worker that fails again at once is left out; the others restart as ranks 0..1 of 2 (DTRAIN_SLOT stays)"
+else bad "--min-workers slots" "$T/slots.out" "$T/slots.err"; fi
 
 echo "launch_checks: $pass passed, $fail failed, $skipped skipped"
 [ "$fail" -eq 0 ]

@@ -79,6 +79,37 @@ for c in 1:3 0:28 1:30 1:40; do
     ok "--max-restarts: kill -9 at $c, every worker restarted from the last checkpoint, ends bit for bit as the uninterrupted run"
   else bad "--max-restarts, kill -9 at $c: exit $rc, $(sums "$T/mr.out") vs $ref: $(grep -v 'dtrain error' "$T/mr.out" | tail -n 6)"; fi
 done
+# 4d. elastic size (--min-workers 2, 3 workers, global batch 120 kept): worker 2 is killed at
+#     step 30 and fails again at once after each restart (it does not come back): the job goes
+#     on from the checkpoint with 2 workers (60 rows each), ends with both equal and the test
+#     accuracy of the undisturbed 3-worker run within 0.02; in a second job, worker 1 fails
+#     once in the 2-worker round and at that restart worker 2 is tried again and stays: the
+#     job ends with 3 workers
+EA="--limit 3000 --epochs 2 --batch 120 --quiet"
+acc_of() { sed -n 's/.*final params_checksum=[0-9a-f]* test_accuracy=\([0-9.]*\).*/\1/p' "$1" | head -n 1; }
+timeout 120 $L -n 3 -- $EX $EA > "$T/el_base.out" 2>&1
+{
+  echo '#!/bin/sh'
+  echo 'if [ "$DTRAIN_SLOT" = 2 ] && [ "$DTRAIN_RESTART" -ge 1 ] && [ "${EL_BACK:-}" != "$DTRAIN_RESTART" ]; then echo "slot 2 is gone"; exit 7; fi'
+  echo 'if [ "$DTRAIN_SLOT" = 1 ] && [ "$DTRAIN_RESTART" = "${EL_FAIL1:-none}" ]; then echo "slot 1 fails once"; exit 5; fi'
+  echo "exec $EX $EA --checkpoint $T/el.safetensors --checkpoint-every 5 --crash-at 2:30"
+} > "$T/el.sh"
+rm -f "$T/el.safetensors"
+timeout 120 $L -n 3 --min-workers 2 --max-restarts 3 --grace 1 -- sh "$T/el.sh" > "$T/el.out" 2>&1; rc=$?
+a0=$(acc_of "$T/el_base.out"); a1=$(acc_of "$T/el.out")
+if [ $rc = 0 ] && grep -q 'worker 2 exited with code 7 .* it does not come back' "$T/el.out" &&
+   grep -q 'restarting with 2 of 3 workers' "$T/el.out" && grep -q 'the job ended with 2 of 3 workers' "$T/el.out" &&
+   [ "$(grep -c 'final params_checksum' "$T/el.out")" = 2 ] && [ "$(sums "$T/el.out" | wc -l)" = 1 ] &&
+   [ -n "$a0" ] && awk -v a="$a0" -v b="$a1" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02) }'; then
+  ok "--min-workers: 3 -> 2 workers from the checkpoint, global batch kept; test accuracy $a1 (3 workers undisturbed: $a0)"
+else bad "--min-workers shrink: exit $rc, accuracy '$a1' vs '$a0': $(grep -v 'dtrain error' "$T/el.out" | tail -n 6)"; fi
+rm -f "$T/el.safetensors"
+EL_BACK=3 EL_FAIL1=2 timeout 120 $L -n 3 --min-workers 2 --max-restarts 3 --grace 1 -- sh "$T/el.sh" > "$T/el2.out" 2>&1; rc=$?
+if [ $rc = 0 ] && grep -q 'restarting with 2 of 3 workers' "$T/el2.out" && grep -q 'worker 2 is tried again' "$T/el2.out" &&
+   [ "$(grep -c 'final params_checksum' "$T/el2.out")" = 3 ] && ! grep -q 'the job ended with' "$T/el2.out"; then
+  ok "--max-workers: the left-out worker is tried again at the next restart and the job ends with 3 workers"
+else bad "--min-workers regrow: exit $rc: $(grep -v 'dtrain error' "$T/el2.out" | tail -n 6)"; fi
+
 # 4c. kill -9 of rank 0 from outside at a moment it does not choose, while it saves a
 #     checkpoint after every step (so the kill often lands in a save): still bit for bit
 rm -f "$T/mr2.safetensors"

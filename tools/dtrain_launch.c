@@ -3,7 +3,7 @@
  * for one machine.
  *
  *   dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env]
- *                 [--bind-to core|none] [--max-restarts K] -- PROGRAM ARGS...
+ *                 [--bind-to core|none] [--max-restarts K] [--min-workers M] -- PROGRAM ARGS...
  *
  * For each process it binds a listening socket (port 0, so the kernel picks a
  * free one, unless --port), then starts the program with:
@@ -48,6 +48,10 @@
  * --checkpoint-every). In a parameter-server job only the dead worker is
  * started again and rejoins the servers, which wait DTRAIN_REJOIN_TIMEOUT
  * for it (set to 60 s unless given) when it was the last one live.
+ * --min-workers M (elastic size, synchronous jobs): a worker that fails again
+ * within --elastic-timeout of its restart is left out and the job restarts
+ * with one worker fewer (ranks renumbered, DTRAIN_SLOT kept) while at least M
+ * remain; the restart after a later failure tries it again.
  *
  * Plain POSIX C; does not need dtrain.h. Build: cc -std=c11 -O2 tools/dtrain_launch.c -o tools/dtrain-launch
  */
@@ -102,6 +106,9 @@ typedef struct proc {
   int core;          /* --bind-to core: index into the cores, else -1 */
   int status;        /* wait status once reaped */
   int restarts;      /* times this process was started again */
+  int dropped;       /* --min-workers: left out of the job (it did not come back) */
+  int slot;          /* its place among the workers (or servers): DTRAIN_SLOT; index is its rank */
+  double started_at; /* when it was last started */
   stream out[2];
 } proc;
 
@@ -111,7 +118,8 @@ static int g_sigpipe[2] = {-1, -1};
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env]\n"
-          "                     [--bind-to core|none] [--max-restarts K] -- PROGRAM [ARGS...]\n"
+          "                     [--bind-to core|none] [--max-restarts K] [--min-workers M]\n"
+          "                     [--max-workers N] [--elastic-timeout S] -- PROGRAM [ARGS...]\n"
           "Starts N workers (and M parameter servers) of PROGRAM on this machine.\n"
           "  -n N          worker processes (1..%d)\n"
           "  --ps M        parameter-server processes (0..%d) [0]\n"
@@ -126,9 +134,17 @@ static void usage(FILE *f) {
           "  --max-restarts K  a failed worker does not end the job until K restarts were made: all\n"
           "                workers are started again (each gets DTRAIN_RESTART=R and resumes from its\n"
           "                checkpoint), or with --ps only the dead one (it rejoins the servers) [0]\n"
+          "  --min-workers M  elastic size (synchronous jobs, with --max-restarts): a worker that fails\n"
+          "                again within --elastic-timeout of its restart does not come back: the job\n"
+          "                restarts without it, with one worker fewer, while at least M remain; at the\n"
+          "                restart after a later failure it is tried again [-n: not elastic]\n"
+          "  --max-workers N  the same as -n N (torchrun's --nnodes MIN:MAX)\n"
+          "  --elastic-timeout S  see --min-workers [30]\n"
           "  -h, --help    this text\n"
           "Each process gets DTRAIN_CONFIG (the cluster and its task), DTRAIN_LISTEN_FD (its bound\n"
-          "listening socket), DTRAIN_RANK, DTRAIN_WORLD, DTRAIN_ROLE, and DTRAIN_TOKEN and\n"
+          "listening socket), DTRAIN_RANK, DTRAIN_WORLD, DTRAIN_ROLE, DTRAIN_SLOT (its place in\n"
+          "the -n workers, which stays when --min-workers leaves one out and the ranks move up;\n"
+          "\"worker I\" in the output is the slot), DTRAIN_TOKEN and\n"
           "DTRAIN_JOB_ID (fresh random ones unless set: peers authenticate); its output lines are\n"
           "prefixed with \"[worker I] \" or \"[ps I] \"; stdin is /dev/null. Exit status: 0 when all\n"
           "succeed, else the first failure's exit code (128+N for signal N), 124 on --timeout,\n"
@@ -200,12 +216,15 @@ static int parse_secs(const char *s, double *out) {
   return 1;
 }
 
-#define NOPTS 8
+#define NOPTS 11
 static const char *const k_opts[NOPTS] = {"-n",        "--ps",      "--port",   "--host",
-                                          "--grace",   "--timeout", "--bind-to", "--max-restarts"};
+                                          "--grace",   "--timeout", "--bind-to", "--max-restarts",
+                                          "--min-workers", "--max-workers", "--elastic-timeout"};
 static const char *const k_what[NOPTS] = {"a number of workers in 1..1024", "a number of servers in 0..1024",
                                           "a port in 1..65535", "a host name or address", "seconds (>= 0)",
-                                          "seconds (> 0)", "core or none", "a number of restarts in 0..10000"};
+                                          "seconds (> 0)", "core or none", "a number of restarts in 0..10000",
+                                          "a number of workers in 1..1024", "a number of workers in 1..1024",
+                                          "seconds (> 0)"};
 
 /* "--name value" or "--name=value" at argv[*k]: 1 when it is this option
  * (*value: the value, NULL when missing; *k advanced past it), else 0. */
@@ -428,6 +447,8 @@ static void child_exec(proc *p, int out_w, int err_w, char **prog, const char *c
   setenv("DTRAIN_RESTART", num, 1);
   snprintf(num, sizeof num, "%d", p->index);
   setenv("DTRAIN_RANK", num, 1);
+  snprintf(num, sizeof num, "%d", p->slot);
+  setenv("DTRAIN_SLOT", num, 1);
   snprintf(num, sizeof num, "%d", workers);
   setenv("DTRAIN_WORLD", num, 1);
   setenv("DTRAIN_ROLE", p->ps ? "ps" : "worker", 1);
@@ -437,18 +458,28 @@ static void child_exec(proc *p, int out_w, int err_w, char **prog, const char *c
   _exit(127);
 }
 
-/* The cluster JSON with this process's task. */
+/* The cluster JSON with this process's task: the workers not dropped (in
+ * slot order: their ranks), then the servers. */
 static char *config_json(const proc *ps, int np, int workers, const proc *self) {
   size_t cap = 128;
   for (int k = 0; k < np; k++) cap += strlen(ps[k].addr) + 4;
   char *j = (char *)malloc(cap);
   if (!j) return NULL;
   size_t n = (size_t)snprintf(j, cap, "{\"cluster\":{\"worker\":[");
-  for (int k = 0; k < workers; k++) n += (size_t)snprintf(j + n, cap - n, "%s\"%s\"", k ? "," : "", ps[k].addr);
+  for (int k = 0, any = 0; k < workers; k++)
+    if (!ps[k].dropped) n += (size_t)snprintf(j + n, cap - n, "%s\"%s\"", any++ ? "," : "", ps[k].addr);
   n += (size_t)snprintf(j + n, cap - n, "],\"ps\":[");
   for (int k = workers; k < np; k++) n += (size_t)snprintf(j + n, cap - n, "%s\"%s\"", k > workers ? "," : "", ps[k].addr);
   snprintf(j + n, cap - n, "]},\"task\":{\"type\":\"%s\",\"index\":%d}}", self->ps ? "ps" : "worker", self->index);
   return j;
+}
+
+/* Workers not dropped (--min-workers); each gets its rank among them (p->index). */
+static int renumber_workers(proc *ps, int workers) {
+  int r = 0;
+  for (int k = 0; k < workers; k++)
+    if (!ps[k].dropped) ps[k].index = r++;
+  return r;
 }
 
 /* n random bytes from /dev/urandom; 0 when it cannot be read. */
@@ -511,6 +542,8 @@ static int start_proc(proc *p, proc *ps, int np, int workers, char **prog, const
   cloexec(po[1]);
   cloexec(pe[1]);
   char *config = config_json(ps, np, workers, p);
+  int world = 0;
+  for (int k = 0; k < workers; k++) world += !ps[k].dropped;
   if (!config) {
     say("out of memory");
     close(po[0]), close(po[1]), close(pe[0]), close(pe[1]);
@@ -525,7 +558,7 @@ static int start_proc(proc *p, proc *ps, int np, int workers, char **prog, const
   sigfillset(&all);
   sigprocmask(SIG_BLOCK, &all, &old);
   pid_t self = getpid(), pid = fork();
-  if (pid == 0) child_exec(p, po[1], pe[1], prog, config, workers, tok, self, p->restarts);
+  if (pid == 0) child_exec(p, po[1], pe[1], prog, config, world, tok, self, p->restarts);
   sigprocmask(SIG_SETMASK, &old, NULL);
   free(config);
   close(po[1]);
@@ -540,6 +573,7 @@ static int start_proc(proc *p, proc *ps, int np, int workers, char **prog, const
   p->pid = pid;
   p->running = 1;
   p->stopped_by_us = 0;
+  p->started_at = now_s();
   if (p->lfd >= 0) close(p->lfd);
   p->lfd = -1;
   for (int s = 0; s < 2; s++)
@@ -559,8 +593,8 @@ static int start_proc(proc *p, proc *ps, int np, int workers, char **prog, const
 }
 
 int main(int argc, char **argv) {
-  long n = 0, m = 0, port = 0, max_restarts = 0;
-  double grace = 10.0, timeout = 0.0;
+  long n = 0, m = 0, port = 0, max_restarts = 0, min_workers = 0;
+  double grace = 10.0, timeout = 0.0, elastic_timeout = 30.0;
   const char *host = "127.0.0.1";
   int token_env = 0, k, prog_at = -1, bind = 0;
 
@@ -605,6 +639,9 @@ int main(int argc, char **argv) {
       case 4: ok = parse_secs(v, &grace); break;
       case 5: ok = parse_secs(v, &timeout) && timeout > 0; break;
       case 7: ok = parse_long(v, 0, 10000, &max_restarts); break;
+      case 8: ok = parse_long(v, 1, MAX_PROCS, &min_workers); break;
+      case 9: ok = parse_long(v, 1, MAX_PROCS, &n); break;
+      case 10: ok = parse_secs(v, &elastic_timeout) && elastic_timeout > 0; break;
       default:
         ok = strcmp(v, "core") == 0 || strcmp(v, "none") == 0;
         bind = strcmp(v, "core") == 0;
@@ -621,6 +658,19 @@ int main(int argc, char **argv) {
   }
   if (prog_at < 0 || prog_at >= argc) {
     say("no program given: dtrain-launch -n N [options] -- PROGRAM [ARGS...]");
+    return 2;
+  }
+  if (min_workers > n) {
+    say("--min-workers %ld is more than the %ld workers (-n / --max-workers)", min_workers, n);
+    return 2;
+  }
+  if (min_workers == 0) min_workers = n; /* not elastic */
+  if (min_workers < n && m > 0) {
+    say("--min-workers is for synchronous jobs: with --ps a lost worker does not stop the others anyway");
+    return 2;
+  }
+  if (min_workers < n && max_restarts == 0) {
+    say("--min-workers needs --max-restarts K (the job goes on with fewer workers through a restart)");
     return 2;
   }
   if (port > 0 && port + n + m - 1 > 65535) {
@@ -694,6 +744,7 @@ int main(int argc, char **argv) {
     proc *p = &ps[k];
     p->ps = k >= workers;
     p->index = p->ps ? k - workers : k;
+    p->slot = p->index;
     snprintf(p->name, sizeof p->name, "%s %d", p->ps ? "ps" : "worker", p->index);
     snprintf(p->prefix, sizeof p->prefix, "[%s] ", p->name);
     p->lfd = listen_on(host, port > 0 ? (int)port + k : 0, &p->port);
@@ -743,6 +794,7 @@ int main(int argc, char **argv) {
     int ps_job = m > 0, workers_done = 0, lost_code = -1, servers_left = (int)m;
     int servers_gone = 0; /* term_at was set because every server had ended */
     int restarts_used = 0, restarting = 0; /* --max-restarts; a synchronous restart waits for every worker to stop */
+    int dropped_now = 0; /* --min-workers: this restart leaves a worker out (else the left-out come back) */
     struct pollfd *pf = (struct pollfd *)calloc((size_t)(2 * np + 1), sizeof(struct pollfd));
     stream **owner = (stream **)calloc((size_t)(2 * np + 1), sizeof(stream *));
     proc **owner_p = (proc **)calloc((size_t)(2 * np + 1), sizeof(proc *));
@@ -870,8 +922,20 @@ int main(int argc, char **argv) {
             }
             failure = code; /* could not start it again (said why) */
           } else {
-            say("%s %s; stopping every worker to start them all again from their checkpoint (restart %d of %ld)",
-                p->name, how, restarts_used, max_restarts);
+            int live = 0;
+            for (int q = 0; q < workers; q++) live += !ps[q].dropped;
+            if (live > min_workers && now_s() - p->started_at < elastic_timeout && p->restarts > 0) {
+              /* it failed again soon after its restart: it does not come back */
+              p->dropped = 1;
+              dropped_now = 1;
+              say("%s %s %.1f s after it was started again: it does not come back (--elastic-timeout %g); "
+                  "going on with %d workers (--min-workers %ld) from the checkpoint (restart %d of %ld)",
+                  p->name, how, now_s() - p->started_at, elastic_timeout, live - 1, min_workers, restarts_used,
+                  max_restarts);
+            } else {
+              say("%s %s; stopping every worker to start them all again from their checkpoint (restart %d of %ld)",
+                  p->name, how, restarts_used, max_restarts);
+            }
             restarting = 1;
             signal_all(ps, np, SIGTERM, 1);
             kill_at = now_s() + kill_delay;
@@ -930,8 +994,18 @@ int main(int argc, char **argv) {
         restarting = 0;
         kill_at = term_at = -1;
         workers_done = 0;
+        /* --max-workers: a worker left out at an earlier restart is tried again */
+        for (k = 0; k < workers && !dropped_now; k++)
+          if (ps[k].dropped) {
+            ps[k].dropped = 0;
+            say("%s is tried again (--max-workers %d)", ps[k].name, workers);
+          }
+        dropped_now = 0;
+        int live = renumber_workers(ps, workers);
+        if (live < workers) say("restarting with %d of %d workers", live, workers);
         for (k = 0; k < np && failure < 0; k++) {
           proc *p = &ps[k];
+          if (p->dropped) continue;
           int was = p->port;
           p->lfd = listen_on(host, p->port, &p->port);
           if (p->lfd < 0) p->lfd = listen_on(host, 0, &p->port);
@@ -948,6 +1022,7 @@ int main(int argc, char **argv) {
           p->restarts = restarts_used;
         }
         for (k = 0; k < np && failure < 0; k++) {
+          if (ps[k].dropped) continue;
           if (!start_proc(&ps[k], ps, np, workers, argv + prog_at, tok)) {
             failure = 1;
             signal_all(ps, np, SIGKILL, 1);
@@ -955,7 +1030,7 @@ int main(int argc, char **argv) {
           }
           running++;
         }
-        if (failure < 0) workers_left = workers;
+        if (failure < 0) workers_left = live;
       }
     }
     free(pf);
@@ -964,6 +1039,11 @@ int main(int argc, char **argv) {
     rc = failure < 0 ? 0 : failure;
     if (restarts_used > 0) say("%d restart%s made (--max-restarts %ld)", restarts_used, restarts_used == 1 ? "" : "s",
                                max_restarts);
+    {
+      int live = 0;
+      for (k = 0; k < workers; k++) live += !ps[k].dropped;
+      if (live < workers) say("the job ended with %d of %d workers (--min-workers %ld)", live, workers, min_workers);
+    }
     goto done;
   }
 
