@@ -12,12 +12,15 @@
  *   replicas get theirs); forward and backward into its own gradient; then
  *   under the lock again:
  *     step t still open with fewer than N-B gradients: r's joins. The
- *       (N-B)-th closes the step: the joined gradients averaged weighted by
- *       their rows (MEAN; SUM: summed), in rank order, so that the result
- *       does not depend on who came first; clipping and the non-finite check
- *       on that; the optimizer's update of the centre; buffers (batch-norm
- *       statistics) from the lowest-ranked contributor; t advances and
- *       everybody waiting is woken. The others wait for the close.
+ *       (N-B)-th closes the step, and the N-B contributors do the close
+ *       together, a slice of the parameters each (as mirrored's replicas
+ *       do theirs): the joined gradients averaged weighted by their rows
+ *       (MEAN; SUM: summed), in rank order, so that the result does not
+ *       depend on who came first, and checked; once all have checked, the
+ *       clipping (the norm from every slice's sum of squares) and the
+ *       optimizer's update of the centre, buffers (batch-norm statistics)
+ *       from the lowest-ranked contributor; the last one done advances t and
+ *       wakes everybody. Nobody copies the centre while a close runs.
  *     step t closed already: r's gradient is dropped (dt_replica_stats
  *       .dropped) and r goes on at once with the step now open. Its ticket
  *       is handed out again, to another replica (the straggler would be
@@ -46,6 +49,13 @@ struct dt__backup {
   int *redo_by;        /* ... to another replica than the one that dropped it */
   int nredo;
   float *acc;          /* the averaged gradient of the step being closed */
+  /* the close of a step, by its N-B contributors in parallel (one slice each): phase 1 averages
+     and checks, phase 2 (once everybody checked) clips and updates */
+  int closing, phase, arrived, ok, first;
+  float *w;            /* each contributor's weight */
+  int64_t crows;       /* rows of the step */
+  double closs, ss;    /* its loss; the sum of squares of the average (clipping) */
+  size_t bad;          /* the first non-finite element of the average, or size */
   /* the job's totals */
   int64_t rows, skipped, loss_count;
   double loss_sum;
@@ -59,8 +69,9 @@ DTRAIN_PRIVATE dt_result dt__strategy_backup_create(dt_strategy *s) {
   bk->in = (unsigned char *)dt__calloc((size_t)s->n);
   bk->redo = (int64_t *)dt__calloc((size_t)s->n * sizeof(int64_t));
   bk->redo_by = (int *)dt__calloc((size_t)s->n * sizeof(int));
+  bk->w = (float *)dt__calloc((size_t)s->n * sizeof(float));
   bk->acc = dt__strategy_floats(s, NULL);
-  if (!bk->in || !bk->redo || !bk->redo_by || !bk->acc) return dt__strategy_nomem(s);
+  if (!bk->in || !bk->redo || !bk->redo_by || !bk->w || !bk->acc) return dt__strategy_nomem(s);
   if (dt__mutex_init(&bk->mu) != DTRAIN_OK) return dt_last_result();
   if (dt__cond_init(&bk->cv) != DTRAIN_OK) {
     dt__mutex_destroy(&bk->mu);
@@ -80,75 +91,130 @@ DTRAIN_PRIVATE void dt__strategy_backup_destroy(dt_strategy *s) {
   dt__free(bk->in, (size_t)s->n);
   dt__free(bk->redo, (size_t)s->n * sizeof(int64_t));
   dt__free(bk->redo_by, (size_t)s->n * sizeof(int));
+  dt__free(bk->w, (size_t)s->n * sizeof(float));
   dt__free(bk->acc, s->fbytes ? s->fbytes : sizeof(float));
   dt__free(bk, sizeof *bk);
   s->backup = NULL;
 }
 
 /* Under the lock, by the replica whose gradient completed the step: the
- * update of the centre. 0: the step failed (recorded). */
-static int dt__backup_close(dt_strategy *s, dt__backup *bk, int r) {
+ * close begins (weights, rows, loss); every contributor then does its part. */
+static void dt__backup_open(dt_strategy *s, dt__backup *bk) {
   const int sum = s->desc.loss == DTRAIN_LOSS_SUM;
   int64_t rows = 0;
-  int first = -1;
+  bk->first = -1;
   for (int j = 0; j < s->n; j++)
     if (bk->in[j]) {
       rows += s->rep[j].rows;
-      if (first < 0) first = j;
+      if (bk->first < 0) bk->first = j;
     }
-  float *acc = bk->acc;
-  memset(acc, 0, s->fbytes);
   double loss = 0.0;
   for (int j = 0; j < s->n; j++) {
-    if (!bk->in[j]) continue;
-    const dt__strategy_replica *J = &s->rep[j];
-    float w = sum ? 1.0f : rows > 0 ? (float)((double)J->rows / (double)rows) : 0.0f;
-    for (size_t i = 0; i < s->size; i++) acc[i] += w * J->grad[i];
-    loss += (double)w * (double)J->loss;
+    bk->w[j] = !bk->in[j] ? 0.0f : sum ? 1.0f : rows > 0 ? (float)((double)s->rep[j].rows / (double)rows) : 0.0f;
+    if (bk->in[j]) loss += (double)bk->w[j] * (double)s->rep[j].loss;
   }
-  float *P = dt_params_data(s->params);
+  bk->crows = rows;
+  bk->closs = loss;
+  bk->closing = 1;
+  bk->phase = 1;
+  bk->arrived = 0;
+  bk->ss = 0.0;
+  bk->bad = s->size;
+  bk->ok = 1;
+}
+
+/* Under the lock, by the last contributor to finish phase 1: is the average
+ * finite (and its norm)? Fails the run, or skips the step (skip_nonfinite). */
+static void dt__backup_decide(dt_strategy *s, dt__backup *bk, int r) {
   char what[DT__MSG_CAP];
   int64_t step = s->steps + bk->step;
-  if (rows > 0) {
-    float clip = dt_optim_get_options(s->opt)->clip_norm;
-    size_t bad = s->desc.check_numerics ? dt__strategy_nonfinite(acc, 0, s->size)
-                                        : dt__strategy_nonfinite_trainable(s, acc, 0, s->size);
-    int ok = bad == s->size;
-    if (!ok) {
-      snprintf(what, sizeof what, "step %lld: averaged gradient of '%s' is %s at flat index %zu; no update made",
-               (long long)step, dt__strategy_param_at(s, bad), isnan(acc[bad]) ? "NaN" : "Inf", bad);
-    } else if (clip > 0.0f) {
-      double norm = sqrt(dt__strategy_sumsq(s, acc, 0, s->size));
-      ok = dt__strategy_clip_scale(s, acc, 0, s->size, norm, clip);
-      if (!ok) snprintf(what, sizeof what, "step %lld: gradient norm is %s; no update made", (long long)step,
-                        isnan(norm) ? "NaN" : "Inf");
-    }
-    if (!ok) {
-      if (!s->desc.skip_nonfinite) {
-        dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-        return 0;
-      }
-      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_NONFINITE, "dt_strategy_run: skipped: %s", what);
-      bk->skipped++;
-      rows = 0; /* nothing trained on */
-    } else {
-      dt_result rc = dt_optim_update(s->opt, P, acc, 0, s->size);
-      if (rc != DTRAIN_OK) {
-        dt__strategy_fail(s, r, rc, dt_last_error());
-        return 0;
-      }
-      dt_optim_advance(s->opt);
-      dt__strategy_copy_buffers(s, P, s->rep[first].data, 0, s->size);
-      bk->loss_sum += loss;
-      bk->loss_count++;
-      bk->last_loss = (float)loss;
-    }
+  float clip = dt_optim_get_options(s->opt)->clip_norm;
+  if (bk->crows == 0) {
+    bk->ok = 0; /* no rows: nothing to train on, no update */
+    return;
   }
-  bk->rows += rows;
-  bk->step++;
-  bk->joined = 0;
-  memset(bk->in, 0, (size_t)s->n);
-  return 1;
+  if (bk->bad < s->size) {
+    snprintf(what, sizeof what, "step %lld: averaged gradient of '%s' is %s at flat index %zu; no update made",
+             (long long)step, dt__strategy_param_at(s, bk->bad), isnan(bk->acc[bk->bad]) ? "NaN" : "Inf", bk->bad);
+  } else if (clip > 0.0f && !isfinite(sqrt(bk->ss))) {
+    snprintf(what, sizeof what, "step %lld: gradient norm is %s; no update made", (long long)step,
+             isnan(bk->ss) ? "NaN" : "Inf");
+  } else {
+    return;
+  }
+  bk->ok = 0;
+  bk->crows = 0; /* nothing trained on */
+  if (!s->desc.skip_nonfinite) {
+    dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+    return;
+  }
+  dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_NONFINITE, "dt_strategy_run: skipped: %s", what);
+  bk->skipped++;
+}
+
+/* Contributor r's part of the close of step t: entered and left under the
+ * lock. Its slice of the average (and the checks), then, once every
+ * contributor has checked, the clipping and the optimizer's update of its
+ * slice of the centre; the last one out advances the step. */
+static void dt__backup_part(dt_strategy *s, dt__backup *bk, int r, int64_t t) {
+  int k = 0;
+  for (int j = 0; j < r; j++) k += bk->in[j];
+  size_t lo, hi;
+  dt_comm_slice(s->size, bk->need, k, &lo, &hi);
+  float *acc = bk->acc, *P = dt_params_data(s->params);
+  float clip = dt_optim_get_options(s->opt)->clip_norm;
+  dt__mutex_unlock(&bk->mu);
+  /* phase 1: the weighted sum over the contributors, in rank order */
+  memset(acc + lo, 0, (hi - lo) * sizeof(float));
+  for (int j = 0; j < s->n; j++) {
+    if (!bk->in[j]) continue;
+    const float *g = s->rep[j].grad, wj = bk->w[j];
+    for (size_t i = lo; i < hi; i++) acc[i] += wj * g[i];
+  }
+  size_t bad = s->desc.check_numerics ? dt__strategy_nonfinite(acc, lo, hi)
+                                      : dt__strategy_nonfinite_trainable(s, acc, lo, hi);
+  double part = clip > 0.0f && bad == hi ? dt__strategy_sumsq(s, acc, lo, hi) : 0.0;
+  dt__mutex_lock(&bk->mu);
+  bk->ss += part;
+  if (bad < hi && bad < bk->bad) bk->bad = bad;
+  if (++bk->arrived == bk->need) {
+    dt__backup_decide(s, bk, r);
+    bk->phase = 2;
+    bk->arrived = 0;
+    dt__cond_broadcast(&bk->cv);
+  } else {
+    while (bk->phase == 1 && !dt__strategy_failed(s)) dt__cond_wait(&bk->cv, &bk->mu);
+  }
+  if (dt__strategy_failed(s)) return;
+  int ok = bk->ok;
+  double norm = sqrt(bk->ss);
+  dt__mutex_unlock(&bk->mu);
+  /* phase 2: clipping and the update of this slice */
+  dt_result rc = DTRAIN_OK;
+  if (ok) {
+    if (clip > 0.0f) (void)dt__strategy_clip_scale(s, acc, lo, hi, norm, clip); /* the norm is finite */
+    rc = dt_optim_update(s->opt, P, acc, lo, hi);
+    if (rc == DTRAIN_OK) dt__strategy_copy_buffers(s, P, s->rep[bk->first].data, lo, hi);
+    else dt__strategy_fail(s, r, rc, dt_last_error());
+  }
+  dt__mutex_lock(&bk->mu);
+  if (++bk->arrived == bk->need) {
+    if (ok && !dt__strategy_failed(s)) {
+      dt_optim_advance(s->opt);
+      bk->loss_sum += bk->closs;
+      bk->loss_count++;
+      bk->last_loss = (float)bk->closs;
+    }
+    bk->rows += bk->crows;
+    bk->step++;
+    bk->joined = 0;
+    bk->closing = 0;
+    bk->phase = 0;
+    memset(bk->in, 0, (size_t)s->n);
+    dt__cond_broadcast(&bk->cv);
+  } else {
+    while (bk->step == t && !dt__strategy_failed(s)) dt__cond_wait(&bk->cv, &bk->mu);
+  }
 }
 
 /* Replica r stops after a failure of its own: the others must not wait for it. */
@@ -179,6 +245,7 @@ static void dt__backup_job(dt_strategy *s, int r) {
   char what[DT__MSG_CAP];
   for (;;) {
     dt__mutex_lock(&bk->mu);
+    while (bk->closing && !dt__strategy_failed(s)) dt__cond_wait(&bk->cv, &bk->mu); /* the centre is being updated */
     int64_t t = bk->step;
     int stop = dt__strategy_failed(s) || t >= bk->end;
     int64_t own = 0;
@@ -225,11 +292,12 @@ static void dt__backup_job(dt_strategy *s, int r) {
         R->last_loss = R->loss;
       }
       if (bk->joined == bk->need) {
-        (void)dt__backup_close(s, bk, r); /* a failure is recorded and seen below */
+        dt__backup_open(s, bk);
         dt__cond_broadcast(&bk->cv);
       } else {
-        while (bk->step == t && !dt__strategy_failed(s)) dt__cond_wait(&bk->cv, &bk->mu);
+        while (bk->step == t && !bk->closing && !dt__strategy_failed(s)) dt__cond_wait(&bk->cv, &bk->mu);
       }
+      if (bk->step == t && bk->closing && !dt__strategy_failed(s)) dt__backup_part(s, bk, r, t);
     } else {
       R->dropped++;
       if (bk->step < bk->end && bk->nredo < s->n) { /* its rows are not lost: another replica takes them */
@@ -254,6 +322,7 @@ DTRAIN_PRIVATE dt_result dt__strategy_backup_run(dt_strategy *s, int64_t steps, 
   bk->step = 0;
   bk->end = steps;
   bk->joined = 0;
+  bk->closing = bk->phase = 0; /* a failed close left them set */
   bk->tickets = 0;
   bk->nredo = 0;
   memset(bk->in, 0, (size_t)s->n);

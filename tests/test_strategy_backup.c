@@ -3,7 +3,8 @@
  * gradient is the same constant whatever the rows gives the exact final
  * parameters), the counts add up, no ticket's rows are lost (a dropped one
  * is handed out again), a straggler does not stop training, failures and
- * non-finite batches end or skip without a hang (a watchdog alarm fails the
+ * non-finite batches end or skip without a hang, clipping uses the norm of
+ * the whole average (a watchdog alarm fails the
  * program on one), and the arguments are checked. Only the main thread runs
  * CHECKs; replica threads record into atomics. */
 #include "harness.h"
@@ -65,6 +66,8 @@ typedef struct rig {
   task tk;
 } rig;
 
+static float rig_clip; /* clip_norm of the next rig's optimizer */
+
 static int rig_make(rig *R, int N, int B, int straggler, float factor, int skip_nonfinite) {
   memset(R, 0, sizeof *R);
   R->tk.rows_of[0] = 1;
@@ -78,6 +81,7 @@ static int rig_make(rig *R, int N, int B, int straggler, float factor, int skip_
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_SGD;
   od.lr = 0.125f;
+  od.clip_norm = rig_clip;
   R->opt = dt_optim_create(R->P, &od);
   dt_strategy_options sd = dt_strategy_mirrored(N);
   sd.backup_workers = B;
@@ -224,6 +228,26 @@ static void test_failures_end_the_run(void) {
   alarm(0);
 }
 
+/* clip_norm: the norm of each step's average (|C|, from every contributor's
+ * slice) is clipped to 1: every step moves lr * C / |C|. */
+static void test_clipping(void) {
+  watchdog(60);
+  rig R;
+  rig_clip = 1.0f;
+  CHECK(rig_make(&R, 4, 1, 3, 4.0f, 0));
+  rig_clip = 0.0f;
+  if (R.s) {
+    CHECK(dt_strategy_run(R.s, 12, next_batch, &R.tk, NULL) == DTRAIN_OK);
+    double n = 0;
+    for (int i = 0; i < NF; i++) n += (double)C[i] * C[i];
+    n = sqrt(n);
+    const float *w = dt_params_data(R.P);
+    for (int i = 0; i < NF; i++) CHECK_NEAR(w[i], -0.125 * 12 * C[i] / n, 1e-5);
+  }
+  rig_free(&R);
+  alarm(0);
+}
+
 static void test_arguments(void) {
   rig R;
   CHECK(!rig_make(&R, 3, 3, 0, 1.0f, 0));
@@ -277,6 +301,7 @@ int main(void) {
   TH_RUN(test_each_step_one_average);
   TH_RUN(test_samples_are_rows_used);
   TH_RUN(test_failures_end_the_run);
+  TH_RUN(test_clipping);
   TH_RUN(test_arguments);
   return th_summary("strategy_backup");
 }
