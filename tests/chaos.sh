@@ -17,13 +17,15 @@
 #      more per kill: a worker killed between its pushes to the two servers repeats that push
 #      on the server that had it), and worker 0's test accuracy is within CHAOS_ACC_TOL of the
 #      baseline's.
+#   C. B with --work-queue (dynamic data sharding on server 0): the job exits 0 and server 0's
+#      queue says every batch was done, each exactly once.
 #
 # Prints each disturbance as it happens, one line per check, and "chaos: PASS" or
 # "chaos: FAIL (...)"; exits non-zero on failure.
 #
 # Environment (all optional):
 #   CHAOS_SECONDS  the whole run's budget in seconds, at most 600 [480]; each disturbed job
-#                  gets a third of it (the launcher's --timeout), the baselines the rest
+#                  gets a quarter of it (the launcher's --timeout), the baselines the rest
 #   CHAOS_SEED     the random choices [the process id]
 #   CHAOS_LIMIT    training rows of each job (--limit) [9000]; CHAOS_EPOCHS its epochs [16]
 #                  (about 30 s of training each on a 2-core machine: time for the disturbances)
@@ -55,7 +57,7 @@ if [ ! -x "$L" ] || [ ! -x "$MW" ] || [ ! -x "$PS" ]; then
 fi
 rm -rf "$T"; mkdir -p "$T"
 START=$(date +%s)
-JOB_S=$((S / 3))
+JOB_S=$((S / 4))
 now() { echo $(( $(date +%s) - START )); }
 
 # a linear congruential generator in the shell: rnd N sets R to 0..N-1
@@ -156,6 +158,21 @@ if [ -n "$acc0" ] && [ -n "$acc1" ] && awk -v a="$acc0" -v b="$acc1" -v t="$ACC_
   ok "B: worker 0's test accuracy $acc1 within $ACC_TOL of the baseline's $acc0"
 else fail "B: worker 0's test accuracy '${acc1:-none}' vs the baseline's '${acc0:-none}'"; fi
 if [ "$k" -gt 0 ] && [ "$rejoins" -lt 1 ]; then fail "B: $k kills but no worker rejoined"; fi
+
+# ---- C. parameter servers with the work queue: every batch trained on exactly once ---------------
+echo "== C. parameter_server --work-queue: 3 workers, 2 servers, --max-restarts $((KILLS + STOPS + 2))"
+c0=$(date +%s)
+$L -n 3 --ps 2 --grace 2 --max-restarts $((KILLS + STOPS + 2)) --timeout "$JOB_S" -- $PS $PARGS --work-queue > "$T/c.out" 2>&1 &
+lp=$!
+disturb $lp 3 2
+wait $lp; rc=$?
+k=$(cat "$T/kills"); st=$(cat "$T/stops")
+q=$(sed -n 's/.*ps 0: work queue: \([0-9]*\) of \([0-9]*\) batches done, \([0-9]*\) handed out, \([0-9]*\) given back.*/\1 \2 \3 \4/p' "$T/c.out" | tail -n 1)
+echo "  disturbed: exit $rc after $(( $(date +%s) - c0 ))s; $k kills, $st stops; queue (done, items, handed out, given back): ${q:-none}"
+set -- $q
+if [ $rc = 0 ] && [ $# = 4 ] && [ "$1" = "$2" ] && [ "$3" -ge "$1" ]; then
+  ok "C: every batch of the queue was trained on exactly once ($1 of $2; $4 given back by workers that died holding one)"
+else fail "C: exit $rc, queue '${q:-none}': $(grep -v 'dtrain error' "$T/c.out" | tail -n 4 | tr '\n' ' ')"; fi
 
 echo "chaos: $(now)s in all"
 if [ -z "$fails" ]; then echo "chaos: PASS"; else echo "chaos: FAIL ($fails)"; exit 1; fi
