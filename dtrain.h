@@ -24729,10 +24729,14 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
        * a token nothing more is read from it, so look now: admitting it
        * would take its rank's place and refuse the live process that dials
        * next as a duplicate. (A real client's next frame may be there too:
-       * peeked, not taken.) */
+       * peeked, not taken.) With a token it sent its proof after our
+       * challenge, so it did not give up before we accepted it: a close now
+       * is a client that finished its handshake (it may close as soon as it
+       * has our READY), not one to refuse. */
       char b;
-      ssize_t k = recv(h->conn.fd, &b, 1, MSG_PEEK) /* the socket is non-blocking */;
-      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      const int proved = self->opt.token && self->opt.token[0];
+      ssize_t k = proved ? -1 : recv(h->conn.fd, &b, 1, MSG_PEEK) /* the socket is non-blocking */;
+      if (!proved && (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))) {
         h->rc = DTRAIN_ERR_PEER;
         snprintf(h->why, sizeof h->why, "%s closed the connection after its handshake (%s: a client that gave up "
                  "while it waited in the backlog)", h->conn.peer, k == 0 ? "end of file" : strerror(errno));
