@@ -26440,8 +26440,7 @@ typedef struct dt__ps_server {
   int quorum;               /* sticky: reached, or the connect deadline passed */
   double start;             /* when serving began */
   /* the work queue (server 0 with po.work_items > 0) */
-  unsigned char *q_state;   /* per item: 0 to do, 1 held, 2 done */
-  int64_t *q_back;          /* items given back, handed out first (at most one per worker) */
+  int64_t *q_back;          /* items given back, handed out first (at most one per worker); NULL: no queue */
   int q_nback;
   int64_t q_next;           /* items below were handed out at least once */
   dt_ps_work_stats q;       /* items, done, handed_out, returned */
@@ -26839,8 +26838,7 @@ static int dt__ps_open(const dt__ps_server *S, double now) {
 
 /* Work queue: the item worker w holds goes back, to the next TAKE (its push never came). */
 static void dt__ps_give_back(dt__ps_server *S, dt__ps_worker *w) {
-  if (!S->q_state || w->lease < 0) return;
-  S->q_state[w->lease] = 0;
+  if (!S->q_back || w->lease < 0) return;
   S->q_back[S->q_nback++] = w->lease; /* at most one per worker: room for W */
   S->q.returned++;
   w->lease = -1;
@@ -26993,8 +26991,7 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   S->version++;
   S->since_ckpt++;
   w->npushed++;
-  if (S->q_state && w->lease >= 0) { /* its item is done: applied with this push, once */
-    S->q_state[w->lease] = 2;
+  if (S->q_back && w->lease >= 0) { /* its item is done: applied with this push, once */
     S->q.done++;
     w->lease = -1;
   }
@@ -27017,13 +27014,12 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
 static int dt__ps_take(dt__ps_server *S, int i) {
   dt__ps_worker *w = &S->w[i];
   int64_t item = -2;
-  if (S->q_state) {
+  if (S->q_back) {
     dt__ps_give_back(S, w); /* a second take without a push: the first item was not trained on */
     if (S->q_nback > 0) item = S->q_back[--S->q_nback];
     else if (S->q_next < S->q.items) item = S->q_next++;
     else item = S->q.done == S->q.items ? -1 : -3;
     if (item >= 0) {
-      S->q_state[item] = 1;
       w->lease = item;
       S->q.handed_out++;
     }
@@ -27094,7 +27090,7 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
     dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
     return;
   }
-  if (S->q_state && k != DTRAIN_STALENESS_UNBOUNDED) {
+  if (S->q_back && k != DTRAIN_STALENESS_UNBOUNDED) {
     /* a bound would hold the fast workers at the clock of the slowest, which the
      * queue lets fall behind (it takes fewer items), and of one waiting for an item */
     snprintf(why, sizeof why, "it asks for max_staleness %d; the work queue needs unbounded staleness (-1)", k);
@@ -27359,7 +27355,6 @@ static void dt__ps_server_free(dt__ps_server *S) {
   dt__free(S->owner, (size_t)(S->np > 0 ? S->np : 1) * sizeof(int));
   dt__free(S->ckpt, S->ckpt_bytes);
   if (S->before) dt__free(S->before, dt_params_size(S->params) * sizeof(float) + 4);
-  if (S->q_state) dt__free(S->q_state, (size_t)S->q.items);
   if (S->q_back) dt__free(S->q_back, (size_t)S->W * sizeof(int64_t));
 }
 
@@ -27531,9 +27526,8 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   }
   if (S.me == 0 && S.po.work_items > 0) { /* the queue lives on server 0 */
     S.q.items = S.po.work_items;
-    S.q_state = (unsigned char *)dt__calloc((size_t)S.q.items);
     S.q_back = (int64_t *)dt__alloc((size_t)S.W * sizeof(int64_t));
-    if (!S.q_state || !S.q_back) {
+    if (!S.q_back) {
       rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory for a work queue of %lld items", fn, S.me,
                      (long long)S.q.items);
       goto done;
@@ -27580,7 +27574,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   }
   if (rc == DTRAIN_OK && S.done == 0)
     rc = dt__error(DTRAIN_ERR_PEER, "%s: ps %d: every worker was lost (none finished with BYE)", fn, S.me);
-  if (S.q_state)
+  if (S.q_back)
     dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps 0: work queue: %lld of %lld items done, %lld handed out (%lld given back "
             "by workers that died or left first)", (long long)S.q.done, (long long)S.q.items,
             (long long)S.q.handed_out, (long long)S.q.returned);

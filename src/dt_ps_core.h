@@ -154,8 +154,7 @@ typedef struct dt__ps_server {
   int quorum;               /* sticky: reached, or the connect deadline passed */
   double start;             /* when serving began */
   /* the work queue (server 0 with po.work_items > 0) */
-  unsigned char *q_state;   /* per item: 0 to do, 1 held, 2 done */
-  int64_t *q_back;          /* items given back, handed out first (at most one per worker) */
+  int64_t *q_back;          /* items given back, handed out first (at most one per worker); NULL: no queue */
   int q_nback;
   int64_t q_next;           /* items below were handed out at least once */
   dt_ps_work_stats q;       /* items, done, handed_out, returned */
