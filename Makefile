@@ -59,6 +59,9 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/dtrain.o
 # The parameter-server tests share their forked cluster.
 $(BUILD)/tests/test_ps $(BUILD)/tests/test_ps_elastic: tests/ps_harness.h tests/hostile_clients.h
 
+# The TCP communicator's tests share their forked ranks.
+$(BUILD)/tests/test_comm_tcp $(BUILD)/tests/test_comm_p2p: tests/tcp_world.h
+
 # test_char_model compiles the example into itself.
 $(BUILD)/tests/test_char_model: examples/03_char_model.c
 

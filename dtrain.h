@@ -157,7 +157,7 @@
  *   5  params    dt_params dt_params_internal dt_graph_params dt_nn
  *   6  optim     dt_optim dt_optim_internal dt_memory
  *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint*
- *   8  comm      dt_comm dt_comm_mpi dt_devgroup
+ *   8  comm      dt_comm dt_comm_core dt_comm_group dt_comm_mpi dt_devgroup
  *   9  net       dt_net* dt_wire dt_hash dt_frame dt_socket dt_conn dt_handshake dt_comm_tcp* dt_cluster
  *   10 strategy  dt_strategy* dt_pstore dt_ps*  (the parameter servers: the store, its shards and clients)
  *   11 fit       dt_fit*
@@ -1830,6 +1830,34 @@ DTRAIN_EXTERN_C_END
  * Threads: a rank's calls come from one thread at a time; different ranks
  * call concurrently. Buffers must not be touched by anyone else while a
  * collective on them runs; when a call returns, the buffer is the caller's.
+ *
+ * Point-to-point (dt_comm_send / _recv / _isend / _irecv / _wait): tagged
+ * messages of floats between two ranks, for pipeline stages and anything
+ * else that is not a collective. Tags are 0..DT_COMM_TAG_MAX. Messages from
+ * one rank to another with the same tag are received in the order they were
+ * sent. A receive takes exactly n floats: a message of another length is
+ * consumed and the receive returns DTRAIN_ERR_MISMATCH naming both lengths
+ * (the communicator stays usable). dt_comm_isend / dt_comm_irecv start a
+ * transfer and give a request; dt_comm_wait finishes it, frees it and
+ * returns its result; every request must be waited on, and until then its
+ * buffer belongs to the communicator. dt_comm_send / _recv are a start and
+ * a wait. As in MPI, a program must not rely on buffering: a blocking send
+ * may wait until the receiver posts its receive (threads: always --
+ * messages are copied straight from the sender's buffer into the
+ * receiver's; tcp: when the message does not fit the sockets' buffers).
+ * Failure is the collectives': dt_comm_abort ends every wait with
+ * DTRAIN_ERR_ABORTED; on TCP each wait has the communicator's deadline and a
+ * lost or stalled peer breaks the communicator with an error naming it.
+ *
+ * Groups (dt_comm_split): like MPI_Comm_split, every rank calls it with a
+ * colour and a key; the ranks of one colour get a new communicator, ranked
+ * by (key, old rank); a negative colour gets none. The group has every call
+ * of its parent (collectives, point-to-point, split) and is destroyed by
+ * each member (dt_comm_destroy), before its parent. threads: a threads
+ * communicator of its own; mpi: MPI_Comm_split; tcp: a group over the
+ * parent's connections (its messages carry the group's context), whose
+ * collectives are built from point-to-point messages: a failure of the
+ * transport breaks the parent and every group with it.
  */
 #ifndef DTRAIN_COMM_H
 #define DTRAIN_COMM_H
@@ -1839,6 +1867,11 @@ DTRAIN_EXTERN_C_END
 DTRAIN_EXTERN_C_BEGIN
 
 typedef struct dt_comm dt_comm;
+/* A point-to-point transfer in flight (dt_comm_isend / dt_comm_irecv). */
+typedef struct dt_comm_request dt_comm_request;
+
+/* Largest point-to-point tag (the smallest upper bound MPI guarantees). */
+#define DT_COMM_TAG_MAX 32767
 
 /* Per-rank counters (since creation or dt_comm_reset_stats). */
 typedef struct dt_comm_stats {
@@ -1870,12 +1903,25 @@ typedef struct dt_comm_vtable {
   void (*destroy)(dt_comm *c);
 } dt_comm_vtable;
 
+/* Point-to-point and groups: a second table, so that a backend written
+ * before them (its dt_comm_vtable initialised in order) compiles unchanged
+ * and simply has none (dt_comm.p2p NULL: the front end returns
+ * DTRAIN_ERR_UNSUPPORTED). isend/irecv start a transfer and set *req (NULL
+ * only on failure); wait finishes and frees it. */
+typedef struct dt_comm_p2p_vtable {
+  dt_result (*isend)(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n, dt_comm_request **req);
+  dt_result (*irecv)(dt_comm *c, int rank, int src, int tag, float *buf, size_t n, dt_comm_request **req);
+  dt_result (*wait)(dt_comm *c, dt_comm_request *req);
+  dt_result (*split)(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank);
+} dt_comm_p2p_vtable;
+
 /* The communicator object. Backends fill it; users only pass it around. */
 struct dt_comm {
   const dt_comm_vtable *vtable;
   int world;  /* number of ranks (>= 1) */
   int rank;   /* one-rank-per-process backends (tcp, mpi): this process's rank; threads: 0 */
   void *impl; /* the backend's state */
+  const dt_comm_p2p_vtable *p2p; /* NULL: no point-to-point messages or groups */
 };
 
 /* In-process backend for `world` threads (1 <= world <= 256). spin_us: how
@@ -1910,6 +1956,28 @@ DTRAIN_API int dt_comm_rank(const dt_comm *c);
 DTRAIN_API const char *dt_comm_name(const dt_comm *c);
 DTRAIN_API dt_result dt_comm_stats_get(dt_comm *c, int rank, dt_comm_stats *out);
 DTRAIN_API void dt_comm_reset_stats(dt_comm *c);
+
+/* Point-to-point (see the top of this file). rank: the caller's rank (a
+ * check on one-rank-per-process backends); dst / src: the peer's rank in c
+ * (the caller itself is allowed with isend/irecv). Bad arguments return
+ * DTRAIN_ERR_NULL_ARG / _INDEX / _INVALID_ARG without communicating;
+ * dt_comm_wait(NULL) is DTRAIN_ERR_NULL_ARG. */
+DTRAIN_API dt_result dt_comm_send(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n);
+DTRAIN_API dt_result dt_comm_recv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n);
+DTRAIN_API dt_result dt_comm_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                                   dt_comm_request **req);
+DTRAIN_API dt_result dt_comm_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                                   dt_comm_request **req);
+DTRAIN_API dt_result dt_comm_wait(dt_comm_request *req);
+/* Waits for all n requests (NULL entries skipped; each is set to NULL) and
+ * returns the first error, after waiting for the rest. */
+DTRAIN_API dt_result dt_comm_waitall(dt_comm_request **reqs, int n);
+
+/* Split c into groups (see the top of this file): a collective call of every
+ * rank of c. *out gets the caller's group (NULL for a negative colour) and
+ * *out_rank (may be NULL) its rank there (-1 for none). DTRAIN_ERR_ABORTED /
+ * a transport error as for the collectives. */
+DTRAIN_API dt_result dt_comm_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank);
 
 /* Slice `rank` of n floats split over `world` ranks: [*begin, *end). */
 DTRAIN_API void dt_comm_slice(size_t n, int world, int rank, size_t *begin, size_t *end);
@@ -18167,6 +18235,73 @@ DTRAIN_API int dt_get_threads(void) { return dt__platform_par_want_get(); }
 #undef DT__PAR_MAX
 /* ======== end dt_platform.c ======== */
 
+/* ======== begin dt_comm_core.h ======== */
+/* ===========================================================================
+ * dt_comm_core.h -- private: what the communicator backends share for
+ * point-to-point messages and groups: the request, the tags the library
+ * keeps for itself, and the group communicator built from point-to-point
+ * messages (dt_comm_group.c), which the TCP backend's groups are
+ * ===========================================================================
+ */
+#ifndef DTRAIN_COMM_CORE_H
+#define DTRAIN_COMM_CORE_H
+
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+
+/* Tags above DT_COMM_TAG_MAX are the library's: a group's collectives and
+ * splits travel as point-to-point messages with these. */
+#define DT__TAG_CALL 0x40000001u  /* a group collective's agreement */
+#define DT__TAG_DATA 0x40000002u  /* its data */
+#define DT__TAG_SPLIT 0x40000003u /* colours and keys of a split */
+
+struct dt_comm_request {
+  dt_comm *comm;         /* the backend communicator whose wait finishes it */
+  size_t bytes;          /* its allocation (backends may allocate more than this struct) */
+  int send;              /* 1 send, 0 receive */
+  int rank, peer;        /* the caller's and the peer's rank in comm */
+  uint64_t ctx;          /* tcp: the group the message belongs to (0: comm itself) */
+  uint32_t tag;
+  float *buf;
+  size_t n;              /* floats */
+  size_t moved;          /* tcp: floats sent / received so far */
+  int done;
+  dt_result rc;          /* when done */
+  char why[DT__MSG_CAP]; /* rc's text, raised again by the wait */
+  dt_comm_request *next; /* the backend's queue */
+};
+
+DTRAIN_PRIVATE dt_comm_request *dt__req_new(dt_comm *c, size_t bytes, int send, int rank, int peer, uint32_t tag,
+                                            float *buf, size_t n);
+DTRAIN_PRIVATE void dt__req_free(dt_comm_request *r);
+/* Finish r with rc and the thread's current error text (when rc != OK). */
+DTRAIN_PRIVATE void dt__req_fail(dt_comm_request *r, dt_result rc);
+
+/* The transport a group communicator runs on: the base communicator's
+ * point-to-point with a context (ranks are the base's). */
+typedef struct dt__p2p_ops {
+  dt_result (*isend)(dt_comm *base, uint64_t ctx, int dst, uint32_t tag, const float *buf, size_t n,
+                     dt_comm_request **req);
+  dt_result (*irecv)(dt_comm *base, uint64_t ctx, int src, uint32_t tag, float *buf, size_t n,
+                     dt_comm_request **req);
+  void (*abort)(dt_comm *base);
+  int (*broken)(dt_comm *base);
+} dt__p2p_ops;
+
+/* Split a communicator of `world` ranks whose rank r is base rank members[r]
+ * (members NULL: the same), messages in context ctx, the caller being rank
+ * me: exchange colours and keys, then make the caller's group (a
+ * dt__comm_group). *splits counts the splits of this communicator (every
+ * member counts the same), so each group gets its own context. */
+#if !defined(DTRAIN_NO_DIST)
+DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, uint64_t ctx, uint64_t *splits,
+                                         const int *members, int world, int me, int color, int key, dt_comm **out,
+                                         int *out_rank);
+#endif
+
+#endif /* DTRAIN_COMM_CORE_H */
+/* ======== end dt_comm_core.h ======== */
+
 /* ======== begin dt_comm.c ======== */
 /* ===========================================================================
  * dt_comm.c -- the communicator front end and the in-process threads backend
@@ -18200,6 +18335,7 @@ DTRAIN_API int dt_get_threads(void) { return dt__platform_par_want_get(); }
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
+/* #include "dt_comm_core.h" (amalgamated) */
 
 enum {
   DT__COMM_OP_ALLREDUCE = 1,
@@ -18207,7 +18343,8 @@ enum {
   DT__COMM_OP_ALLGATHER,
   DT__COMM_OP_REDUCE,
   DT__COMM_OP_BROADCAST,
-  DT__COMM_OP_BARRIER
+  DT__COMM_OP_BARRIER,
+  DT__COMM_OP_SPLIT
 };
 
 static const char *dt__comm_op_name(int op) {
@@ -18218,6 +18355,7 @@ static const char *dt__comm_op_name(int op) {
     case DT__COMM_OP_REDUCE: return "reduce";
     case DT__COMM_OP_BROADCAST: return "broadcast";
     case DT__COMM_OP_BARRIER: return "barrier";
+    case DT__COMM_OP_SPLIT: return "split";
     default: return "?";
   }
 }
@@ -18245,6 +18383,8 @@ typedef struct dt__comm_slot_data {
   size_t n;
   int op, root;
   dt_comm_stats st;
+  int color, key;  /* dt_comm_split's arguments */
+  dt_comm *child;  /* the group a split's lowest rank of a colour made */
 } dt__comm_slot_data;
 
 typedef union dt__comm_slot {
@@ -18257,6 +18397,14 @@ typedef struct dt__comm_threads {
   dt__barrier bar;
   dt__comm_slot *slots;
   size_t slots_bytes;
+  int spin_us;
+  DT__ATOMIC(int) refs; /* 1, or a group's size: the last member's destroy frees it */
+  /* Point-to-point: sends not yet taken and receives not yet matched (FIFO,
+   * every rank's), under pm; pc wakes the waiters. */
+  dt__mutex pm;
+  dt__cond pc;
+  dt_comm_request *sends, *recvs;
+  int p2p_broken;
 } dt__comm_threads;
 
 #define DT__COMM_BLOCK 1024
@@ -18409,12 +18557,171 @@ static dt_result dt__comm_threads_barrier(dt_comm *c, int rank) {
 }
 
 static void dt__comm_threads_abort(dt_comm *c, int rank) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
   (void)rank;
-  dt__barrier_break(&dt__comm_threads_of(c)->bar);
+  dt__barrier_break(&t->bar);
+  dt__mutex_lock(&t->pm);
+  t->p2p_broken = 1;
+  dt__cond_broadcast(&t->pc);
+  dt__mutex_unlock(&t->pm);
 }
 
 static dt_result dt__comm_threads_recover(dt_comm *c) {
-  dt__barrier_reset(&dt__comm_threads_of(c)->bar);
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt__barrier_reset(&t->bar);
+  dt__mutex_lock(&t->pm);
+  t->p2p_broken = 0;
+  dt__mutex_unlock(&t->pm);
+  return DTRAIN_OK;
+}
+
+static void dt__comm_threads_free(dt__comm_threads *t);
+
+/* ---- point-to-point between threads ----------------------------------------------------------
+ * Rendezvous: a send waits in t->sends until its receive is posted (or the
+ * other way round); whoever comes second copies the floats straight from the
+ * sender's buffer into the receiver's, under pm, and finishes both. */
+
+/* Unlink r from *list (if there). */
+static void dt__comm_threads_unlink(dt_comm_request **list, dt_comm_request *r) {
+  for (dt_comm_request **p = list; *p; p = &(*p)->next)
+    if (*p == r) {
+      *p = r->next;
+      r->next = NULL;
+      return;
+    }
+}
+
+static void dt__comm_threads_append(dt_comm_request **list, dt_comm_request *r) {
+  dt_comm_request **p = list;
+  while (*p) p = &(*p)->next;
+  r->next = NULL;
+  *p = r;
+}
+
+/* The message of send s goes into receive r (both unlinked); under pm. */
+static void dt__comm_threads_deliver(dt__comm_threads *t, dt_comm_request *s, dt_comm_request *r) {
+  s->done = 1;
+  s->rc = DTRAIN_OK;
+  if (s->n == r->n) {
+    if (r->n) memcpy(r->buf, s->buf, r->n * sizeof(float));
+    r->rc = DTRAIN_OK;
+  } else {
+    r->rc = DTRAIN_ERR_MISMATCH;
+    snprintf(r->why, sizeof r->why,
+             "dt_comm_recv: rank %d: the message from rank %d (tag %u) has %zu floats, the receive wants %zu",
+             r->rank, r->peer, (unsigned)r->tag, s->n, r->n);
+  }
+  r->done = 1;
+  dt__cond_broadcast(&t->pc);
+}
+
+static dt_result dt__comm_threads_post(dt_comm *c, int send, int rank, int peer, int tag, float *buf, size_t n,
+                                       dt_comm_request **req) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt_comm_request *me = dt__req_new(c, sizeof(dt_comm_request), send, rank, peer, (uint32_t)tag, buf, n);
+  if (!me) return DTRAIN_ERR_NOMEM;
+  dt__mutex_lock(&t->pm);
+  if (t->p2p_broken) {
+    dt__mutex_unlock(&t->pm);
+    dt__req_free(me);
+    return DTRAIN_ERR_ABORTED;
+  }
+  /* The first waiting counterpart, in the order they were posted. */
+  dt_comm_request **other = send ? &t->recvs : &t->sends, *o = *other;
+  while (o && !(o->rank == peer && o->peer == rank && o->tag == (uint32_t)tag)) o = o->next;
+  if (o) {
+    dt__comm_threads_unlink(other, o);
+    if (send) dt__comm_threads_deliver(t, me, o);
+    else dt__comm_threads_deliver(t, o, me);
+  } else {
+    dt__comm_threads_append(send ? &t->sends : &t->recvs, me);
+  }
+  dt__mutex_unlock(&t->pm);
+  *req = me;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__comm_threads_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                                        dt_comm_request **req) {
+  return dt__comm_threads_post(c, 1, rank, dst, tag, (float *)(uintptr_t)buf, n, req);
+}
+
+static dt_result dt__comm_threads_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                                        dt_comm_request **req) {
+  return dt__comm_threads_post(c, 0, rank, src, tag, buf, n, req);
+}
+
+static dt_result dt__comm_threads_wait(dt_comm *c, dt_comm_request *r) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt_result rc = DTRAIN_OK;
+  dt__mutex_lock(&t->pm);
+  while (!r->done) {
+    if (t->p2p_broken) {
+      rc = DTRAIN_ERR_ABORTED;
+      break;
+    }
+    if (r->peer == r->rank) {
+      /* Only this thread could post the counterpart: it never will. */
+      rc = dt__error(DTRAIN_ERR_STATE, "dt_comm_wait: rank %d: a %s to itself (tag %u) without its %s posted first "
+                     "would wait forever", r->rank, r->send ? "send" : "receive", (unsigned)r->tag,
+                     r->send ? "receive" : "send");
+      break;
+    }
+    dt__cond_wait(&t->pc, &t->pm);
+  }
+  if (!r->done) {
+    dt__comm_threads_unlink(r->send ? &t->sends : &t->recvs, r);
+  } else if (r->rc != DTRAIN_OK) {
+    rc = dt__error(r->rc, "%s", r->why);
+  }
+  dt__mutex_unlock(&t->pm);
+  dt__req_free(r);
+  return rc;
+}
+
+/* ---- groups of threads: each colour gets a threads communicator of its own ------------------ */
+
+static dt_result dt__comm_threads_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt__comm_slot_data *me = &t->slots[rank].d;
+  me->color = color;
+  me->key = key;
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_SPLIT, NULL, 0, 0);
+  if (r != DTRAIN_OK) return r;
+  /* Every slot's colour and key is visible now. The lowest rank of a colour
+   * makes its group; the others read it after the second meeting. */
+  int world = c->world, lead = -1, size = 0, pos = 0;
+  for (int j = 0; j < world && color >= 0; j++) {
+    const dt__comm_slot_data *o = &t->slots[j].d;
+    if (o->color != color) continue;
+    if (lead < 0) lead = j;
+    size++;
+    if (o->key < key || (o->key == key && j < rank)) pos++;
+  }
+  dt_result made = DTRAIN_OK;
+  if (lead == rank) {
+    me->child = dt_comm_create_threads(size, t->spin_us);
+    if (me->child) DT__ASTORE(&dt__comm_threads_of(me->child)->refs, size, DT__MO_RELAXED);
+    else made = dt_last_result();
+  }
+  r = dt__comm_threads_leave(t, rank, 0);
+  if (r != DTRAIN_OK) {
+    if (lead == rank && me->child) {
+      dt__comm_threads_free(dt__comm_threads_of(me->child));
+      me->child = NULL;
+    }
+    return r;
+  }
+  if (color < 0) return DTRAIN_OK;
+  dt_comm *g = t->slots[lead].d.child;
+  if (!g) {
+    if (made != DTRAIN_OK) return made;
+    return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_split: rank %d: rank %d could not make the group of colour %d",
+                     rank, lead, color);
+  }
+  *out = g;
+  if (out_rank) *out_rank = pos;
   return DTRAIN_OK;
 }
 
@@ -18429,6 +18736,14 @@ static void dt__comm_threads_reset_stats(dt_comm *c) {
 
 static void dt__comm_threads_destroy(dt_comm *c) {
   dt__comm_threads *t = dt__comm_threads_of(c);
+  /* A group is destroyed by each member: the last one frees it. */
+  if (DT__AFETCH_SUB(&t->refs, 1, DT__MO_ACQ_REL) > 1) return;
+  dt__comm_threads_free(t);
+}
+
+static void dt__comm_threads_free(dt__comm_threads *t) {
+  dt__cond_destroy(&t->pc);
+  dt__mutex_destroy(&t->pm);
   dt__barrier_destroy(&t->bar);
   dt__free(t->slots, t->slots_bytes);
   dt__free(t, sizeof *t);
@@ -18448,6 +18763,9 @@ static const dt_comm_vtable dt__comm_threads_vtable = {
   dt__comm_threads_reset_stats,
   dt__comm_threads_destroy
 };
+
+static const dt_comm_p2p_vtable dt__comm_threads_p2p = {dt__comm_threads_isend, dt__comm_threads_irecv,
+                                                        dt__comm_threads_wait, dt__comm_threads_split};
 
 DTRAIN_API dt_comm *dt_comm_create_threads(int world, int spin_us) {
   if (world < 1 || world > 256) {
@@ -18487,7 +18805,16 @@ DTRAIN_API dt_comm *dt_comm_create_threads(int world, int spin_us) {
     dt__free(t, sizeof *t);
     return NULL;
   }
+  if (dt__mutex_init(&t->pm) != DTRAIN_OK || dt__cond_init(&t->pc) != DTRAIN_OK) {
+    dt__barrier_destroy(&t->bar);
+    dt__free(t->slots, t->slots_bytes);
+    dt__free(t, sizeof *t);
+    return NULL;
+  }
+  t->spin_us = spin_us;
+  DT__ASTORE(&t->refs, 1, DT__MO_RELAXED);
   t->comm.vtable = &dt__comm_threads_vtable;
+  t->comm.p2p = &dt__comm_threads_p2p;
   t->comm.world = world;
   t->comm.impl = t;
   return &t->comm;
@@ -18582,8 +18909,581 @@ DTRAIN_API void dt_comm_reset_stats(dt_comm *c) {
   if (c && c->vtable && c->vtable->reset_stats) c->vtable->reset_stats(c);
 }
 
+/* ---- point-to-point and groups: requests and the front end --------------------------------- */
+
+DTRAIN_PRIVATE dt_comm_request *dt__req_new(dt_comm *c, size_t bytes, int send, int rank, int peer, uint32_t tag,
+                                            float *buf, size_t n) {
+  dt_comm_request *r = (dt_comm_request *)dt__calloc(bytes);
+  if (!r) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_comm_%s: rank %d: out of memory for a request", send ? "isend" : "irecv", rank);
+    return NULL;
+  }
+  r->comm = c;
+  r->bytes = bytes;
+  r->send = send;
+  r->rank = rank;
+  r->peer = peer;
+  r->tag = tag;
+  r->buf = buf;
+  r->n = n;
+  return r;
+}
+
+DTRAIN_PRIVATE void dt__req_free(dt_comm_request *r) {
+  if (r) dt__free(r, r->bytes);
+}
+
+DTRAIN_PRIVATE void dt__req_fail(dt_comm_request *r, dt_result rc) {
+  r->done = 1;
+  r->rc = rc;
+  snprintf(r->why, sizeof r->why, "%s", rc == DTRAIN_OK ? "" : dt_last_error());
+}
+
+static dt_result dt__comm_p2p_check(dt_comm *c, const char *fn, int rank, int peer, int tag, const float *buf,
+                                    size_t n, dt_comm_request **req) {
+  if (req) *req = NULL;
+  if (!c || !c->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: communicator is NULL", fn);
+  if (!req) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: req is NULL", fn);
+  if (!c->p2p || !c->p2p->isend || !c->p2p->irecv || !c->p2p->wait)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the %s communicator has no point-to-point messages", fn,
+                     dt_comm_name(c));
+  if (rank < 0 || rank >= c->world)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: rank %d outside [0, %d)", fn, rank, c->world);
+  if (peer < 0 || peer >= c->world)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: rank %d: peer %d outside [0, %d)", fn, rank, peer, c->world);
+  if (tag < 0 || tag > DT_COMM_TAG_MAX)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: rank %d: tag %d outside [0, %d]", fn, rank, tag, DT_COMM_TAG_MAX);
+  if (!buf && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: rank %d: buffer is NULL (n=%zu)", fn, rank, n);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_comm_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                                   dt_comm_request **req) {
+  dt_result r = dt__comm_p2p_check(c, "dt_comm_isend", rank, dst, tag, buf, n, req);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->p2p->isend(c, rank, dst, tag, buf, n, req));
+}
+
+DTRAIN_API dt_result dt_comm_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                                   dt_comm_request **req) {
+  dt_result r = dt__comm_p2p_check(c, "dt_comm_irecv", rank, src, tag, buf, n, req);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->p2p->irecv(c, rank, src, tag, buf, n, req));
+}
+
+DTRAIN_API dt_result dt_comm_wait(dt_comm_request *req) {
+  if (!req) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_wait: req is NULL");
+  dt_comm *c = req->comm;
+  dt__quiet_push();
+  return dt__quiet_pop(c->p2p->wait(c, req));
+}
+
+DTRAIN_API dt_result dt_comm_waitall(dt_comm_request **reqs, int n) {
+  if (!reqs && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_waitall: reqs is NULL");
+  dt_result first = DTRAIN_OK;
+  char why[DT__MSG_CAP];
+  why[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    if (!reqs[i]) continue;
+    dt_result r = dt_comm_wait(reqs[i]);
+    reqs[i] = NULL;
+    if (r != DTRAIN_OK && first == DTRAIN_OK) {
+      first = r;
+      snprintf(why, sizeof why, "%s", dt_last_error());
+    }
+  }
+  /* The first error's text again (the later waits may have overwritten it);
+   * ABORTED comes without one. */
+  if (first != DTRAIN_OK && first != DTRAIN_ERR_ABORTED) return dt__error(first, "%s", why);
+  return first;
+}
+
+DTRAIN_API dt_result dt_comm_send(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n) {
+  dt_comm_request *q = NULL;
+  dt_result r = dt_comm_isend(c, rank, dst, tag, buf, n, &q);
+  return r == DTRAIN_OK ? dt_comm_wait(q) : r;
+}
+
+DTRAIN_API dt_result dt_comm_recv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n) {
+  dt_comm_request *q = NULL;
+  dt_result r = dt_comm_irecv(c, rank, src, tag, buf, n, &q);
+  return r == DTRAIN_OK ? dt_comm_wait(q) : r;
+}
+
+DTRAIN_API dt_result dt_comm_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank) {
+  if (out) *out = NULL;
+  if (out_rank) *out_rank = -1;
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_split: out is NULL");
+  dt_result r = dt__comm_check(c, "dt_comm_split", rank, NULL, 0, 0);
+  if (r != DTRAIN_OK) return r;
+  if (!c->p2p || !c->p2p->split)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_split: the %s communicator cannot be split", dt_comm_name(c));
+  dt__quiet_push();
+  return dt__quiet_pop(c->p2p->split(c, rank, color < 0 ? -1 : color, key, out, out_rank));
+}
+
 #undef DT__COMM_BLOCK
 /* ======== end dt_comm.c ======== */
+
+/* ======== begin dt_comm_group.c ======== */
+/* ===========================================================================
+ * dt_comm_group.c -- a group communicator built from point-to-point
+ * messages: what dt_comm_split makes on backends without groups of their own
+ * (tcp), over the base communicator's connections
+ * ===========================================================================
+ * A group is a list of base ranks and a context: a 64-bit number every
+ * message of the group carries, so that its traffic never meets the base's
+ * or another group's. Contexts are derived from the parent's context, the
+ * number of splits the parent has made and the colour (FNV-1a), the same on
+ * every member without any communication.
+ *
+ * Collectives, each started by an agreement: every member sends every other
+ * its (op, root, n, call number) with DT__TAG_CALL and compares what it gets,
+ * so disagreement is DTRAIN_ERR_MISMATCH on every member, and the group stays
+ * usable. Then the data, with DT__TAG_DATA:
+ *   reduce_scatter  member j gets everyone's slice j (dt_comm_slice) and sums
+ *                   them in rank order (rank 0 + rank 1 + ...: the threads
+ *                   backend's order, so the two agree bitwise)
+ *   allgather       every member sends its slice to every other
+ *   allreduce       the two
+ *   reduce          everyone sends the root its buffer; the root sums in rank order
+ *   broadcast       the root sends everyone its buffer
+ *   barrier         the agreement alone
+ * Every message of a call is posted before any is waited on, so no member
+ * waits for another's receive. Direct exchanges: (g-1) messages per member
+ * and call, which suits the small groups of model parallelism (a tensor- or
+ * pipeline-parallel group of 2-8 members).
+ *
+ * Failure: the base's. A transport error breaks the base communicator (and so
+ * every group on it); dt_comm_abort on a group aborts the base.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+/* #include "dt_comm_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST)
+
+enum { DT__G_ALLREDUCE = 1, DT__G_REDUCE_SCATTER, DT__G_ALLGATHER, DT__G_REDUCE, DT__G_BROADCAST, DT__G_BARRIER };
+
+typedef struct dt__comm_group {
+  dt_comm comm;
+  dt_comm *base;
+  const dt__p2p_ops *ops;
+  uint64_t ctx;
+  uint64_t splits;
+  uint64_t seq; /* collectives called */
+  int *members; /* base rank of each group rank */
+  dt_comm_stats st;
+} dt__comm_group;
+
+static dt__comm_group *dt__group_of(dt_comm *c) { return (dt__comm_group *)c->impl; }
+
+static const char *dt__group_op_name(int op) {
+  static const char *const names[] = {"?", "allreduce", "reduce_scatter", "allgather", "reduce", "broadcast",
+                                      "barrier"};
+  return op >= 1 && op <= 6 ? names[op] : names[0];
+}
+
+/* Wait for every request of q (n of them); the first error wins. */
+static dt_result dt__group_waitall(dt_comm_request **q, int n) { return dt_comm_waitall(q, n); }
+
+static dt_result dt__group_rank_ok(dt__comm_group *g, int rank, const char *what) {
+  if (rank != g->comm.rank)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_comm_%s: called with rank %d, but this member is rank %d of its group",
+                     what, rank, g->comm.rank);
+  if (g->ops->broken(g->base)) return DTRAIN_ERR_ABORTED;
+  return DTRAIN_OK;
+}
+
+/* The agreement round of a collective (see the top of the file). */
+static dt_result dt__group_enter(dt__comm_group *g, int rank, int op, size_t n, int root) {
+  dt_result rc = dt__group_rank_ok(g, rank, dt__group_op_name(op));
+  if (rc != DTRAIN_OK) return rc;
+  g->seq++;
+  int world = g->comm.world, me = g->comm.rank;
+  if (world == 1) return DTRAIN_OK;
+  /* Four u32 words as floats' bits: op, root, n (two halves); the call number too. */
+  uint32_t mine[6] = {(uint32_t)op, (uint32_t)root, (uint32_t)((uint64_t)n & 0xffffffffu),
+                      (uint32_t)((uint64_t)n >> 32), (uint32_t)(g->seq & 0xffffffffu), (uint32_t)(g->seq >> 32)};
+  size_t tb = (size_t)world * 6 * sizeof(uint32_t), qb = (size_t)world * 2 * sizeof(dt_comm_request *);
+  uint32_t *theirs = (uint32_t *)dt__alloc(tb);
+  dt_comm_request **q = (dt_comm_request **)dt__calloc(qb);
+  if (!theirs || !q) {
+    dt__free(theirs, tb);
+    dt__free(q, qb);
+    return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_%s: rank %d: out of memory", dt__group_op_name(op), me);
+  }
+  float mf[6];
+  memcpy(mf, mine, sizeof mf);
+  int nq = 0;
+  for (int j = 0; j < world && rc == DTRAIN_OK; j++) {
+    if (j == me) continue;
+    rc = g->ops->irecv(g->base, g->ctx, g->members[j], DT__TAG_CALL, (float *)(void *)(theirs + 6 * j), 6, &q[nq]);
+    if (rc == DTRAIN_OK) nq++;
+    if (rc == DTRAIN_OK) rc = g->ops->isend(g->base, g->ctx, g->members[j], DT__TAG_CALL, mf, 6, &q[nq]);
+    if (rc == DTRAIN_OK) nq++;
+  }
+  dt_result wr = dt__group_waitall(q, nq);
+  if (rc == DTRAIN_OK) rc = wr;
+  for (int j = 0; j < world && rc == DTRAIN_OK; j++) {
+    if (j == me) continue;
+    const uint32_t *o = theirs + 6 * j;
+    if (memcmp(o, mine, sizeof mine) == 0) continue;
+    uint64_t on = (uint64_t)o[2] | ((uint64_t)o[3] << 32);
+    if (o[0] != (uint32_t)op)
+      rc = dt__error(DTRAIN_ERR_MISMATCH, "dt_comm_%s: rank %d of the group: rank %d called %s instead",
+                     dt__group_op_name(op), me, j, dt__group_op_name((int)o[0]));
+    else if (on != (uint64_t)n)
+      rc = dt__error(DTRAIN_ERR_MISMATCH, "dt_comm_%s: rank %d of the group passed n=%zu but rank %d passed n=%llu",
+                     dt__group_op_name(op), me, n, j, (unsigned long long)on);
+    else if (o[1] != (uint32_t)root)
+      rc = dt__error(DTRAIN_ERR_MISMATCH, "dt_comm_%s: rank %d of the group passed root %d but rank %d passed root %u",
+                     dt__group_op_name(op), me, root, j, (unsigned)o[1]);
+    else
+      rc = dt__error(DTRAIN_ERR_MISMATCH, "dt_comm_%s: rank %d of the group is at call #%llu, rank %d at #%llu",
+                     dt__group_op_name(op), me, (unsigned long long)g->seq, j,
+                     (unsigned long long)((uint64_t)o[4] | ((uint64_t)o[5] << 32)));
+  }
+  dt__free(theirs, tb);
+  dt__free(q, qb);
+  return rc;
+}
+
+static dt_result dt__group_leave(dt__comm_group *g, dt_result rc, size_t n, double t0) {
+  g->st.wait_s += dt__now() - t0;
+  if (rc != DTRAIN_OK) return rc;
+  g->st.calls++;
+  g->st.bytes += (uint64_t)n * sizeof(float);
+  return DTRAIN_OK;
+}
+
+/* Everyone's slice `me` of buf summed in rank order into buf (reduce-scatter's data phase). */
+static dt_result dt__group_rs(dt__comm_group *g, float *buf, size_t n) {
+  int world = g->comm.world, me = g->comm.rank;
+  size_t b, e;
+  dt_comm_slice(n, world, me, &b, &e);
+  size_t m = e - b, sb = (size_t)world * (m ? m : 1) * sizeof(float), qb = (size_t)world * 2 * sizeof(void *);
+  float *in = (float *)dt__alloc(sb);
+  dt_comm_request **q = (dt_comm_request **)dt__calloc(qb);
+  if (!in || !q) {
+    dt__free(in, sb);
+    dt__free(q, qb);
+    return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_reduce_scatter: rank %d: out of memory", me);
+  }
+  dt_result rc = DTRAIN_OK;
+  int nq = 0;
+  for (int j = 0; j < world && rc == DTRAIN_OK; j++) {
+    if (j == me) continue;
+    size_t jb, je;
+    dt_comm_slice(n, world, j, &jb, &je);
+    rc = g->ops->irecv(g->base, g->ctx, g->members[j], DT__TAG_DATA, in + (size_t)j * m, m, &q[nq]);
+    if (rc == DTRAIN_OK) nq++;
+    if (rc == DTRAIN_OK) rc = g->ops->isend(g->base, g->ctx, g->members[j], DT__TAG_DATA, buf + jb, je - jb, &q[nq]);
+    if (rc == DTRAIN_OK) nq++;
+  }
+  dt_result wr = dt__group_waitall(q, nq);
+  if (rc == DTRAIN_OK) rc = wr;
+  if (rc == DTRAIN_OK && m > 0) {
+    memcpy(in + (size_t)me * m, buf + b, m * sizeof(float));
+    float *acc = buf + b;
+    const float *x0 = in, *x1 = in + m;
+    for (size_t i = 0; i < m; i++) acc[i] = x0[i] + x1[i];
+    for (int j = 2; j < world; j++) {
+      const float *x = in + (size_t)j * m;
+      for (size_t i = 0; i < m; i++) acc[i] += x[i];
+    }
+  }
+  dt__free(in, sb);
+  dt__free(q, qb);
+  return rc;
+}
+
+/* Every member's slice into everyone's buf (all-gather's data phase). */
+static dt_result dt__group_ag(dt__comm_group *g, float *buf, size_t n) {
+  int world = g->comm.world, me = g->comm.rank;
+  size_t b, e, qb = (size_t)world * 2 * sizeof(void *);
+  dt_comm_slice(n, world, me, &b, &e);
+  dt_comm_request **q = (dt_comm_request **)dt__calloc(qb);
+  if (!q) return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_allgather: rank %d: out of memory", me);
+  dt_result rc = DTRAIN_OK;
+  int nq = 0;
+  for (int j = 0; j < world && rc == DTRAIN_OK; j++) {
+    if (j == me) continue;
+    size_t jb, je;
+    dt_comm_slice(n, world, j, &jb, &je);
+    rc = g->ops->irecv(g->base, g->ctx, g->members[j], DT__TAG_DATA, buf + jb, je - jb, &q[nq]);
+    if (rc == DTRAIN_OK) nq++;
+    if (rc == DTRAIN_OK) rc = g->ops->isend(g->base, g->ctx, g->members[j], DT__TAG_DATA, buf + b, e - b, &q[nq]);
+    if (rc == DTRAIN_OK) nq++;
+  }
+  dt_result wr = dt__group_waitall(q, nq);
+  dt__free(q, qb);
+  return rc == DTRAIN_OK ? wr : rc;
+}
+
+static dt_result dt__group_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_group *g = dt__group_of(c);
+  double t0 = dt__now();
+  dt_result rc = dt__group_enter(g, rank, DT__G_ALLREDUCE, n, 0);
+  if (rc == DTRAIN_OK && c->world > 1) rc = dt__group_rs(g, buf, n);
+  if (rc == DTRAIN_OK && c->world > 1) rc = dt__group_ag(g, buf, n);
+  return dt__group_leave(g, rc, n, t0);
+}
+
+static dt_result dt__group_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_group *g = dt__group_of(c);
+  double t0 = dt__now();
+  dt_result rc = dt__group_enter(g, rank, DT__G_REDUCE_SCATTER, n, 0);
+  if (rc == DTRAIN_OK && c->world > 1) rc = dt__group_rs(g, buf, n);
+  return dt__group_leave(g, rc, n, t0);
+}
+
+static dt_result dt__group_allgather(dt_comm *c, int rank, float *buf, size_t n) {
+  dt__comm_group *g = dt__group_of(c);
+  double t0 = dt__now();
+  dt_result rc = dt__group_enter(g, rank, DT__G_ALLGATHER, n, 0);
+  if (rc == DTRAIN_OK && c->world > 1) rc = dt__group_ag(g, buf, n);
+  return dt__group_leave(g, rc, n, t0);
+}
+
+static dt_result dt__group_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_group *g = dt__group_of(c);
+  double t0 = dt__now();
+  dt_result rc = dt__group_enter(g, rank, DT__G_REDUCE, n, root);
+  int world = c->world, me = c->rank;
+  if (rc != DTRAIN_OK || world == 1) return dt__group_leave(g, rc, n, t0);
+  if (me != root) {
+    dt_comm_request *q = NULL;
+    rc = g->ops->isend(g->base, g->ctx, g->members[root], DT__TAG_DATA, buf, n, &q);
+    if (rc == DTRAIN_OK) rc = dt_comm_wait(q);
+    return dt__group_leave(g, rc, n, t0);
+  }
+  size_t sb = (size_t)world * (n ? n : 1) * sizeof(float), qb = (size_t)world * sizeof(void *);
+  float *in = (float *)dt__alloc(sb);
+  dt_comm_request **q = (dt_comm_request **)dt__calloc(qb);
+  if (!in || !q) {
+    dt__free(in, sb);
+    dt__free(q, qb);
+    return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_reduce: rank %d: out of memory", me);
+  }
+  int nq = 0;
+  for (int j = 0; j < world && rc == DTRAIN_OK; j++) {
+    if (j == me) continue;
+    rc = g->ops->irecv(g->base, g->ctx, g->members[j], DT__TAG_DATA, in + (size_t)j * n, n, &q[nq]);
+    if (rc == DTRAIN_OK) nq++;
+  }
+  dt_result wr = dt__group_waitall(q, nq);
+  if (rc == DTRAIN_OK) rc = wr;
+  if (rc == DTRAIN_OK && n > 0) {
+    memcpy(in + (size_t)me * n, buf, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) buf[i] = in[i] + in[n + i];
+    for (int j = 2; j < world; j++)
+      for (size_t i = 0; i < n; i++) buf[i] += in[(size_t)j * n + i];
+  }
+  dt__free(in, sb);
+  dt__free(q, qb);
+  return dt__group_leave(g, rc, n, t0);
+}
+
+static dt_result dt__group_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
+  dt__comm_group *g = dt__group_of(c);
+  double t0 = dt__now();
+  dt_result rc = dt__group_enter(g, rank, DT__G_BROADCAST, n, root);
+  int world = c->world, me = c->rank;
+  if (rc != DTRAIN_OK || world == 1) return dt__group_leave(g, rc, n, t0);
+  if (me != root) {
+    dt_comm_request *q = NULL;
+    rc = g->ops->irecv(g->base, g->ctx, g->members[root], DT__TAG_DATA, buf, n, &q);
+    if (rc == DTRAIN_OK) rc = dt_comm_wait(q);
+    return dt__group_leave(g, rc, n, t0);
+  }
+  size_t qb = (size_t)world * sizeof(void *);
+  dt_comm_request **q = (dt_comm_request **)dt__calloc(qb);
+  if (!q) return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_broadcast: rank %d: out of memory", me);
+  int nq = 0;
+  for (int j = 0; j < world && rc == DTRAIN_OK; j++) {
+    if (j == me) continue;
+    rc = g->ops->isend(g->base, g->ctx, g->members[j], DT__TAG_DATA, buf, n, &q[nq]);
+    if (rc == DTRAIN_OK) nq++;
+  }
+  dt_result wr = dt__group_waitall(q, nq);
+  dt__free(q, qb);
+  return dt__group_leave(g, rc == DTRAIN_OK ? wr : rc, n, t0);
+}
+
+static dt_result dt__group_barrier(dt_comm *c, int rank) {
+  dt__comm_group *g = dt__group_of(c);
+  double t0 = dt__now();
+  return dt__group_leave(g, dt__group_enter(g, rank, DT__G_BARRIER, 0, 0), 0, t0);
+}
+
+static void dt__group_abort(dt_comm *c, int rank) {
+  dt__comm_group *g = dt__group_of(c);
+  (void)rank;
+  g->ops->abort(g->base);
+}
+
+static dt_result dt__group_recover(dt_comm *c) {
+  dt__comm_group *g = dt__group_of(c);
+  if (!g->ops->broken(g->base)) return DTRAIN_OK;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_recover: a group of a broken %s communicator cannot be repaired",
+                   dt_comm_name(g->base));
+}
+
+static void dt__group_stats(dt_comm *c, int rank, dt_comm_stats *out) {
+  (void)rank;
+  *out = dt__group_of(c)->st;
+}
+
+static void dt__group_reset_stats(dt_comm *c) { memset(&dt__group_of(c)->st, 0, sizeof(dt_comm_stats)); }
+
+static void dt__group_destroy(dt_comm *c) {
+  dt__comm_group *g = dt__group_of(c);
+  dt__free(g->members, (size_t)c->world * sizeof(int));
+  dt__free(g, sizeof *g);
+}
+
+static dt_result dt__group_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                                 dt_comm_request **req) {
+  dt__comm_group *g = dt__group_of(c);
+  dt_result rc = dt__group_rank_ok(g, rank, "isend");
+  if (rc != DTRAIN_OK) return rc;
+  return g->ops->isend(g->base, g->ctx, g->members[dst], (uint32_t)tag, buf, n, req);
+}
+
+static dt_result dt__group_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                                 dt_comm_request **req) {
+  dt__comm_group *g = dt__group_of(c);
+  dt_result rc = dt__group_rank_ok(g, rank, "irecv");
+  if (rc != DTRAIN_OK) return rc;
+  return g->ops->irecv(g->base, g->ctx, g->members[src], (uint32_t)tag, buf, n, req);
+}
+
+/* Requests belong to the base communicator: dt_comm_wait never comes here. */
+static dt_result dt__group_wait(dt_comm *c, dt_comm_request *req) {
+  (void)c;
+  return req->comm->p2p->wait(req->comm, req);
+}
+
+static dt_result dt__group_split_call(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank) {
+  dt__comm_group *g = dt__group_of(c);
+  dt_result rc = dt__group_rank_ok(g, rank, "split");
+  if (rc != DTRAIN_OK) return rc;
+  return dt__group_split(g->base, g->ops, g->ctx, &g->splits, g->members, c->world, c->rank, color, key, out,
+                         out_rank);
+}
+
+static const dt_comm_vtable dt__comm_group_vtable = {
+  "group",
+  dt__group_allreduce,
+  dt__group_reduce_scatter,
+  dt__group_allgather,
+  dt__group_reduce,
+  dt__group_broadcast,
+  dt__group_barrier,
+  dt__group_abort,
+  dt__group_recover,
+  dt__group_stats,
+  dt__group_reset_stats,
+  dt__group_destroy
+};
+
+static const dt_comm_p2p_vtable dt__comm_group_p2p = {dt__group_isend, dt__group_irecv, dt__group_wait,
+                                                      dt__group_split_call};
+
+DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, uint64_t ctx, uint64_t *splits,
+                                         const int *members, int world, int me, int color, int key, dt_comm **out,
+                                         int *out_rank) {
+  /* Everyone's colour and key (as floats' bits), from everyone. */
+  size_t ab = (size_t)world * 2 * sizeof(int32_t), qb = (size_t)world * 2 * sizeof(void *);
+  int32_t *all = (int32_t *)dt__alloc(ab);
+  dt_comm_request **q = (dt_comm_request **)dt__calloc(qb);
+  if (!all || !q) {
+    dt__free(all, ab);
+    dt__free(q, qb);
+    return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_split: rank %d: out of memory", me);
+  }
+  all[2 * me] = color;
+  all[2 * me + 1] = key;
+  float mine[2];
+  memcpy(mine, all + 2 * me, sizeof mine);
+  dt_result rc = DTRAIN_OK;
+  int nq = 0;
+  for (int j = 0; j < world && rc == DTRAIN_OK; j++) {
+    if (j == me) continue;
+    int bj = members ? members[j] : j;
+    rc = ops->irecv(base, ctx, bj, DT__TAG_SPLIT, (float *)(void *)(all + 2 * j), 2, &q[nq]);
+    if (rc == DTRAIN_OK) nq++;
+    if (rc == DTRAIN_OK) rc = ops->isend(base, ctx, bj, DT__TAG_SPLIT, mine, 2, &q[nq]);
+    if (rc == DTRAIN_OK) nq++;
+  }
+  dt_result wr = dt_comm_waitall(q, nq);
+  if (rc == DTRAIN_OK) rc = wr;
+  dt__free(q, qb);
+  uint64_t nsplit = ++*splits;
+  if (rc != DTRAIN_OK || color < 0) {
+    dt__free(all, ab);
+    return rc;
+  }
+  /* The members of my colour ordered by (key, rank). */
+  int size = 0, pos = 0;
+  for (int j = 0; j < world; j++) {
+    if (all[2 * j] != color) continue;
+    size++;
+    if (all[2 * j + 1] < key || (all[2 * j + 1] == key && j < me)) pos++;
+  }
+  dt__comm_group *g = (dt__comm_group *)dt__calloc(sizeof *g);
+  int *mem = (int *)dt__alloc((size_t)size * sizeof(int));
+  if (!g || !mem) {
+    dt__free(g, sizeof *g);
+    dt__free(mem, (size_t)size * sizeof(int));
+    dt__free(all, ab);
+    return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_split: rank %d: out of memory", me);
+  }
+  for (int j = 0; j < world; j++) {
+    if (all[2 * j] != color) continue;
+    int p = 0;
+    for (int i = 0; i < world; i++)
+      if (all[2 * i] == color && (all[2 * i + 1] < all[2 * j + 1] || (all[2 * i + 1] == all[2 * j + 1] && i < j))) p++;
+    mem[p] = members ? members[j] : j;
+  }
+  dt__free(all, ab);
+  unsigned char id[20];
+  dt__put_le64(id, ctx);
+  dt__put_le64(id + 8, nsplit);
+  dt__put_le32(id + 16, (uint32_t)color);
+  uint64_t nctx = dt__fnv1a64(DT__FNV64_OFFSET, id, sizeof id);
+  g->comm.vtable = &dt__comm_group_vtable;
+  g->comm.p2p = &dt__comm_group_p2p;
+  g->comm.world = size;
+  g->comm.rank = pos;
+  g->comm.impl = g;
+  g->base = base;
+  g->ops = ops;
+  g->ctx = nctx ? nctx : 1; /* 0 is the base's own traffic */
+  g->members = mem;
+  *out = &g->comm;
+  if (out_rank) *out_rank = pos;
+  return DTRAIN_OK;
+}
+
+#endif /* !DTRAIN_NO_DIST */
+/* ======== end dt_comm_group.c ======== */
 
 /* ======== begin dt_devgroup.c ======== */
 /* ===========================================================================
@@ -23128,6 +24028,13 @@ typedef struct dt__conn {
   int peer_index;
   int lane;              /* 0, or 1: a 2-worker collective's second connection (hello offset 28) */
   char peer[DT__NET_ADDR]; /* "worker 1 (127.0.0.1:7001)" */
+  /* Frames of type p2p_type (0: none) that arrive where a receive expects
+   * another frame go to p2p_in (the communicator's point-to-point messages
+   * met by a collective): it reads the payload and the receive goes on with
+   * the next frame. */
+  uint16_t p2p_type;
+  dt_result (*p2p_in)(void *arg, struct dt__conn *c, const dt__frame *f, double deadline);
+  void *p2p_arg;
 } dt__conn;
 
 DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t self_id, uint32_t max_payload);
@@ -23946,9 +24853,14 @@ static dt_result dt__conn_header_ok(dt__conn *c, const unsigned char h[DT__NET_H
 
 DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigned char h[DT__NET_HDR], double deadline,
                                               const char *op) {
-  dt_result rc = dt__net_read_spin(c->fd, h, DT__NET_HDR, deadline, c->spin_s);
-  if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
-  return dt__conn_header_ok(c, h, f, deadline, op);
+  for (;;) {
+    dt_result rc = dt__net_read_spin(c->fd, h, DT__NET_HDR, deadline, c->spin_s);
+    if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
+    rc = dt__conn_header_ok(c, h, f, deadline, op);
+    if (rc != DTRAIN_OK || !c->p2p_type || f->type != c->p2p_type || !c->p2p_in) return rc;
+    rc = c->p2p_in(c->p2p_arg, c, f, deadline); /* a point-to-point message: its owner takes it */
+    if (rc != DTRAIN_OK) return rc;
+  }
 }
 
 DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
@@ -24077,6 +24989,15 @@ static dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int
   x->done += (size_t)k;
   *moved = 1;
   if (x->recv && !x->checked && x->done >= DT__NET_HDR) {
+    dt__conn *c = x->c;
+    if (c->p2p_type && dt__get_le16(x->h + 6) == c->p2p_type && c->p2p_in) {
+      /* A point-to-point message before the expected frame: its owner takes it. */
+      dt__frame f;
+      dt_result rc = dt__conn_check_header(c, x->h, &f, op);
+      if (rc == DTRAIN_OK) rc = c->p2p_in(c->p2p_arg, c, &f, deadline);
+      x->done = 0;
+      return rc;
+    }
     dt_result rc = dt__xfer_check(x, deadline, op);
     if (rc != DTRAIN_OK) return rc;
   }
@@ -24892,8 +25813,12 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
 enum {
   DT__TCP_MSG_CALL = DT__MSG_DATA0,
   DT__TCP_MSG_SUM = DT__MSG_DATA0 + 1,
-  DT__TCP_MSG_COPY = DT__MSG_DATA0 + 2
+  DT__TCP_MSG_COPY = DT__MSG_DATA0 + 2,
+  DT__TCP_MSG_P2P = DT__MSG_DATA0 + 3 /* a point-to-point message's frame (dt_comm_tcp_p2p.c) */
 };
+
+typedef struct dt__p2p_msg dt__p2p_msg;
+typedef struct dt__p2p_peer dt__p2p_peer;
 
 enum {
   DT__TCP_OP_ALLREDUCE = 1,
@@ -24939,6 +25864,13 @@ typedef struct dt__comm_tcp {
   int broken;
   dt_comm_stats st;
   char op[96]; /* "worker 0: allreduce #57" for the current call */
+  /* Point-to-point (dt_comm_tcp_p2p.c). */
+  dt__p2p_peer *pp;       /* world entries, made on first use */
+  size_t pp_bytes;
+  dt_comm_request *posted; /* receives not yet matched, FIFO */
+  dt__p2p_msg *unexp;     /* messages that came before their receive, FIFO */
+  int queued;             /* sends in the peers' queues */
+  uint64_t splits, p2p_seq;
 } dt__comm_tcp;
 
 typedef struct dt__tcp_call {
@@ -24950,8 +25882,26 @@ typedef struct dt__tcp_call {
 
 /* The communicator's function table (dt_comm_tcp.c). */
 DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void);
+DTRAIN_PRIVATE const dt_comm_p2p_vtable *dt__tcp_p2p_vtable(void);
 /* Close every connection and free t and everything it holds (dt_comm_tcp.c). */
 DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t);
+/* Called with the thread's error set by a failing transport call: breaks the
+ * communicator, tells every peer, and rewrites the error to name the lost
+ * ranks (dt_comm_tcp.c). */
+DTRAIN_PRIVATE dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc);
+
+/* Point-to-point and groups (dt_comm_tcp_p2p.c): the vtable's calls; the
+ * collectives' first step (every queued send out; a failure breaks t); the
+ * connections' hook for P2P frames met by a collective; freeing. */
+DTRAIN_PRIVATE dt_result dt__tcp_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                                       dt_comm_request **req);
+DTRAIN_PRIVATE dt_result dt__tcp_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                                       dt_comm_request **req);
+DTRAIN_PRIVATE dt_result dt__tcp_wait(dt_comm *c, dt_comm_request *r);
+DTRAIN_PRIVATE dt_result dt__tcp_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank);
+DTRAIN_PRIVATE dt_result dt__tcp_p2p_flush(dt__comm_tcp *t);
+DTRAIN_PRIVATE void dt__tcp_p2p_hook(dt__comm_tcp *t);
+DTRAIN_PRIVATE void dt__tcp_p2p_free(dt__comm_tcp *t);
 
 #endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
 
@@ -25079,7 +26029,7 @@ static void dt__tcp_collect(dt__comm_tcp *t, double grace) {
 /* Called with the thread's error set by the failing transport call. Breaks
  * the communicator, tells every peer, finds the lost ranks, and rewrites the
  * error to name them. */
-static dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
+DTRAIN_PRIVATE dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
   int world = t->comm.world;
   char first[DT__MSG_CAP];
   snprintf(first, sizeof first, "%s", dt_last_error());
@@ -25375,6 +26325,9 @@ static dt_result dt__tcp_enter_fused(dt__comm_tcp *t, int rank, uint32_t op, siz
   t->seq++;
   snprintf(t->op, sizeof t->op, "worker %d: %s #%llu", t->comm.rank, dt__tcp_op_name(op), (unsigned long long)t->seq);
   if (t->comm.world == 1) return DTRAIN_OK;
+  /* This rank's queued point-to-point sends go first: no message is cut by our frames. */
+  dt_result flushed = dt__tcp_p2p_flush(t);
+  if (flushed != DTRAIN_OK) return flushed;
   unsigned char st[DT__TCP_CALL_BYTES];
   dt__tcp_call me;
   me.op = op;
@@ -25608,6 +26561,7 @@ static void dt__tcp_destroy(dt_comm *c) {
 }
 
 DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t) {
+  dt__tcp_p2p_free(t);
   if (t->conns)
     for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
   dt__conn_close(&t->lane2);
@@ -25637,10 +26591,752 @@ static const dt_comm_vtable dt__comm_tcp_vtable = {
   dt__tcp_destroy
 };
 
+static const dt_comm_p2p_vtable dt__comm_tcp_p2p = {dt__tcp_isend, dt__tcp_irecv, dt__tcp_wait, dt__tcp_split};
+
 DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void) { return &dt__comm_tcp_vtable; }
+DTRAIN_PRIVATE const dt_comm_p2p_vtable *dt__tcp_p2p_vtable(void) { return &dt__comm_tcp_p2p; }
 
 #endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
 /* ======== end dt_comm_tcp.c ======== */
+
+/* ======== begin dt_comm_tcp_p2p.c ======== */
+/* ===========================================================================
+ * dt_comm_tcp_p2p.c -- the TCP communicator's point-to-point messages and
+ * groups: a progress engine over the mesh's connections
+ * ===========================================================================
+ * A message of n floats travels as one or more P2P frames (0x43) on the
+ * connection to its receiver, each with a 32-byte subheader and at most
+ * DT__P2P_FRAME_FLOATS floats (docs/wire_protocol.md):
+ *
+ *   off size
+ *    0   8   context  0: the communicator itself; a group's (dt_comm_group.c)
+ *    8   4   tag
+ *   12   4   reserved (0)
+ *   16   8   n        floats in the whole message
+ *   24   8   offset   index of this frame's first float
+ *
+ * A message's frames are consecutive on its connection (a sender sends its
+ * messages to one peer one after the other). Nothing moves in the
+ * background: dt_comm_wait runs the engine, which moves every connection's
+ * frames as its socket allows -- the queued sends, and whatever P2P frames
+ * arrive, into the receive posted for them or, when none is, into a buffer
+ * of their own (dt__alloc'd, so a memory cap applies) that a later receive
+ * copies from -- until the awaited request is done and no frame is half
+ * moved. Sending and receiving at once is what keeps two ranks that send
+ * each other large messages from deadlocking on full socket buffers.
+ *
+ * The collectives share the connections. A collective first finishes this
+ * rank's queued sends (so no frame of a message is cut by a collective's),
+ * and a P2P frame that reaches a collective's receive is taken by
+ * dt__tcp_p2p_in (dt__conn.p2p_in) before it reads on. The engine, for its
+ * part, peeks at the header of a connection's next frame and leaves a
+ * collective's frame where it is (that peer is "blocked" until a collective
+ * reads it); a receive from a peer whose next frame is a collective's is a
+ * mismatch of the program (the peer called a collective, this rank waits for
+ * its message) and fails at once instead of at the deadline.
+ *
+ * Failure: the collectives' (dt__tcp_fail): a transport error or the
+ * deadline (timeout_s per wait) breaks the communicator, tells the peers and
+ * names the lost one; every request still queued then ends with
+ * DTRAIN_ERR_ABORTED.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_comm_tcp_core.h" (amalgamated) */
+/* #include "dt_comm_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sched.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+#  include <sys/uio.h>
+
+#  define DT__P2P_SUB 32
+#  define DT__P2P_HEAD (DT__NET_HDR + DT__P2P_SUB)
+#  define DT__P2P_FRAME_FLOATS ((size_t)1 << 20) /* 4 MiB of floats per frame at most */
+#  define DT__P2P_MAX_FLOATS ((uint64_t)1 << 40)  /* a message announcing more is refused */
+
+/* A message that arrived before its receive was posted. */
+struct dt__p2p_msg {
+  dt__p2p_msg *next;
+  int src;
+  uint64_t ctx;
+  uint32_t tag;
+  float *data;
+  size_t n, got, bytes;
+  dt_comm_request *claim; /* a receive that matched it before it was complete */
+};
+
+/* Per peer: the send queue, the frame being sent, the frame and message being received. */
+struct dt__p2p_peer {
+  dt_comm_request *sq;
+  unsigned char so[DT__P2P_HEAD];
+  size_t sdone, sdata, sk;
+  int sactive;
+  unsigned char ri[DT__P2P_HEAD];
+  size_t rdone;
+  dt__frame rf;
+  int ractive;
+  size_t roff, rk; /* this frame's first float and floats */
+  /* the message being received (rn > 0 or a frame in flight) */
+  int rmsg_on;
+  int gone; /* the peer closed or said goodbye: nothing more comes from it */
+  dt_comm_request *rreq;
+  dt__p2p_msg *rmsg;
+  uint64_t rctx;
+  uint32_t rtag;
+  size_t rn, rgot;
+  int blocked;
+};
+
+static dt__comm_tcp *dt__tcpp_of(dt_comm *c) { return (dt__comm_tcp *)c->impl; }
+
+/* The per-peer table, made on first use. */
+static dt_result dt__tcp_p2p_ready(dt__comm_tcp *t) {
+  if (t->pp) return DTRAIN_OK;
+  t->pp_bytes = (size_t)t->comm.world * sizeof(dt__p2p_peer);
+  t->pp = (dt__p2p_peer *)dt__calloc(t->pp_bytes);
+  if (!t->pp) return dt__error(DTRAIN_ERR_NOMEM, "worker %d: out of memory for point-to-point state", t->comm.rank);
+  return DTRAIN_OK;
+}
+
+static void dt__tcp_p2p_op(dt__comm_tcp *t, const char *what, int peer, uint32_t tag) {
+  t->p2p_seq++;
+  snprintf(t->op, sizeof t->op, "worker %d: %s #%llu %s worker %d (tag %u)", t->comm.rank, what,
+           (unsigned long long)t->p2p_seq, strcmp(what, "send") == 0 ? "to" : "from", peer, (unsigned)tag);
+}
+
+/* Every request still queued or posted ends with ABORTED (the communicator broke). */
+static void dt__tcp_p2p_abort_all(dt__comm_tcp *t) {
+  for (dt_comm_request *r = t->posted; r; r = r->next) r->done = 1, r->rc = DTRAIN_ERR_ABORTED, r->why[0] = '\0';
+  t->posted = NULL;
+  for (int j = 0; t->pp && j < t->comm.world; j++) {
+    dt__p2p_peer *P = &t->pp[j];
+    for (dt_comm_request *r = P->sq; r; r = r->next) r->done = 1, r->rc = DTRAIN_ERR_ABORTED, r->why[0] = '\0';
+    P->sq = NULL;
+    P->sactive = P->ractive = 0;
+    if (P->rreq) P->rreq->done = 1, P->rreq->rc = DTRAIN_ERR_ABORTED;
+    P->rreq = NULL;
+    P->rmsg = NULL;
+    P->rmsg_on = 0;
+  }
+  for (dt__p2p_msg *m = t->unexp; m; m = m->next)
+    if (m->claim) m->claim->done = 1, m->claim->rc = DTRAIN_ERR_ABORTED, m->claim = NULL;
+  t->queued = 0;
+}
+
+/* A transport error: break the communicator (naming the lost peer). */
+static dt_result dt__tcp_p2p_fail(dt__comm_tcp *t, dt_result rc) {
+  if (!t->broken && (rc == DTRAIN_ERR_MISMATCH || rc == DTRAIN_ERR_PROTOCOL)) {
+    /* Nobody was lost: the error stands as it is; the peers hear it. */
+    char first[DT__MSG_CAP];
+    snprintf(first, sizeof first, "%s", dt_last_error());
+    t->broken = 1;
+    for (int j = 0; j < t->comm.world; j++)
+      if (j != t->comm.rank && t->conns[j].fd >= 0) dt__conn_abort(&t->conns[j], rc, first);
+    if (t->lane2.fd >= 0) dt__conn_abort(&t->lane2, rc, first);
+    dt__error(rc, "%s", first);
+  } else if (!t->broken) {
+    rc = dt__tcp_fail(t, rc);
+  }
+  dt__tcp_p2p_abort_all(t);
+  return rc;
+}
+
+static void dt__tcp_msg_free(dt__p2p_msg *m) {
+  dt__free(m->data, m->bytes);
+  dt__free(m, sizeof *m);
+}
+
+/* Copy a complete message into receive r and finish r. */
+static void dt__tcp_p2p_fill(dt_comm_request *r, const float *data, size_t n) {
+  r->done = 1;
+  if (n == r->n) {
+    if (n) memcpy(r->buf, data, n * sizeof(float));
+    r->rc = DTRAIN_OK;
+    return;
+  }
+  r->rc = DTRAIN_ERR_MISMATCH;
+  snprintf(r->why, sizeof r->why,
+           "dt_comm_recv: worker %d: the message from worker %d (tag %u) has %zu floats, the receive wants %zu",
+           r->rank, r->peer, (unsigned)r->tag, n, r->n);
+}
+
+/* ---- receiving ------------------------------------------------------------------------------ */
+
+/* The first frame of a message from peer j: find its receive or buffer it. */
+static dt_result dt__tcp_p2p_begin(dt__comm_tcp *t, int j, uint64_t ctx, uint32_t tag, size_t n) {
+  dt__p2p_peer *P = &t->pp[j];
+  P->rmsg_on = 1;
+  P->rctx = ctx;
+  P->rtag = tag;
+  P->rn = n;
+  P->rgot = 0;
+  P->rreq = NULL;
+  P->rmsg = NULL;
+  for (dt_comm_request **p = &t->posted; *p; p = &(*p)->next) {
+    dt_comm_request *r = *p;
+    if (r->peer != j || r->ctx != ctx || r->tag != tag) continue;
+    *p = r->next;
+    r->next = NULL;
+    if (r->n != n) {
+      dt__tcp_p2p_fill(r, NULL, n); /* MISMATCH now; the frames are read and dropped */
+    } else {
+      P->rreq = r;
+    }
+    return DTRAIN_OK;
+  }
+  dt__p2p_msg *m = (dt__p2p_msg *)dt__calloc(sizeof *m);
+  size_t bytes = (n ? n : 1) * sizeof(float);
+  float *d = m ? (float *)dt__alloc(bytes) : NULL;
+  if (!m || !d) {
+    dt__free(m, sizeof *m);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: no memory to hold a message of %zu floats from %s that came before its "
+                     "receive", t->op, n, t->conns[j].peer);
+  }
+  m->src = j;
+  m->ctx = ctx;
+  m->tag = tag;
+  m->data = d;
+  m->bytes = bytes;
+  m->n = n;
+  dt__p2p_msg **p = &t->unexp;
+  while (*p) p = &(*p)->next;
+  *p = m;
+  P->rmsg = m;
+  return DTRAIN_OK;
+}
+
+/* The subheader of a frame from peer j (in P->ri after the frame header):
+ * checked, and the message begun or continued. */
+static dt_result dt__tcp_p2p_sub(dt__comm_tcp *t, int j) {
+  dt__p2p_peer *P = &t->pp[j];
+  const unsigned char *s = P->ri + DT__NET_HDR;
+  uint64_t ctx = dt__get_le64(s), n = dt__get_le64(s + 16), off = dt__get_le64(s + 24);
+  uint32_t tag = dt__get_le32(s + 8), resv = dt__get_le32(s + 12);
+  uint64_t k = (P->rf.length - DT__P2P_SUB) / sizeof(float);
+  const char *bad = NULL;
+  if (resv != 0) bad = "reserved field not zero";
+  else if (n > DT__P2P_MAX_FLOATS) bad = "message longer than 2^40 floats";
+  else if (off > n || k > n - off) bad = "frame runs past the end of its message";
+  else if (k == 0 && n != 0) bad = "empty frame of a non-empty message";
+  else if (off == 0 && P->rmsg_on) bad = "a new message before the last one ended";
+  else if (off != 0 && (!P->rmsg_on || ctx != P->rctx || tag != P->rtag || n != P->rn || off != P->rgot))
+    bad = "a frame that does not continue the message in progress";
+  if (bad) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "%s: point-to-point frame from %s: %s", t->op, t->conns[j].peer, bad);
+    return DTRAIN_ERR_PROTOCOL;
+  }
+  P->roff = (size_t)off;
+  P->rk = (size_t)k;
+  if (off == 0) return dt__tcp_p2p_begin(t, j, ctx, tag, (size_t)n);
+  return DTRAIN_OK;
+}
+
+/* Where the frame's data byte `at` (from the start of its data) goes; *cap:
+ * how many bytes may go there in one piece. NULL: dropped (read into scratch). */
+static unsigned char *dt__tcp_p2p_dst(dt__comm_tcp *t, dt__p2p_peer *P, size_t at, size_t *cap) {
+  size_t left = P->rk * sizeof(float) - at;
+  float *base = P->rreq ? P->rreq->buf : P->rmsg ? P->rmsg->data : NULL;
+  if (!base) {
+    *cap = DT__MIN(left, t->scratch_bytes);
+    return (unsigned char *)t->scratch;
+  }
+  *cap = left;
+  return (unsigned char *)(base + P->roff) + at;
+}
+
+/* The frame is in: move the message on; finish it when it is whole. */
+static void dt__tcp_p2p_frame_done(dt__comm_tcp *t, int j) {
+  dt__p2p_peer *P = &t->pp[j];
+  t->conns[j].recv_seq++;
+  P->ractive = 0;
+  P->rgot += P->rk;
+  if (P->rgot < P->rn) return;
+  if (P->rreq) {
+    P->rreq->done = 1;
+    P->rreq->rc = DTRAIN_OK;
+    t->st.bytes += (uint64_t)P->rn * sizeof(float);
+  } else if (P->rmsg) {
+    dt__p2p_msg *m = P->rmsg;
+    m->got = m->n;
+    if (m->claim) {
+      /* A receive matched it while it arrived: hand it over now. */
+      dt__tcp_p2p_fill(m->claim, m->data, m->n);
+      m->claim = NULL;
+      for (dt__p2p_msg **p = &t->unexp; *p; p = &(*p)->next)
+        if (*p == m) {
+          *p = m->next;
+          break;
+        }
+      dt__tcp_msg_free(m);
+    }
+  }
+  P->rreq = NULL;
+  P->rmsg = NULL;
+  P->rmsg_on = 0;
+}
+
+/* dt__conn.p2p_in: a collective's receive met a P2P frame (header checked,
+ * in f): read the rest of it now, blocking until the deadline -- its sender
+ * finished writing it before it entered the collective. */
+static dt_result dt__tcp_p2p_in(void *arg, dt__conn *c, const dt__frame *f, double deadline) {
+  dt__comm_tcp *t = (dt__comm_tcp *)arg;
+  int j = (int)(c - t->conns);
+  if (j < 0 || j >= t->comm.world || dt__tcp_p2p_ready(t) != DTRAIN_OK) return DTRAIN_ERR_NOMEM;
+  dt__p2p_peer *P = &t->pp[j];
+  dt_result rc = DTRAIN_OK;
+  if (f->length < DT__P2P_SUB || (f->length - DT__P2P_SUB) % sizeof(float) != 0)
+    rc = dt__error(DTRAIN_ERR_PROTOCOL, "%s: point-to-point frame of %u bytes from %s", t->op, (unsigned)f->length,
+                   c->peer);
+  P->rf = *f;
+  if (rc == DTRAIN_OK) rc = dt__net_read(c->fd, P->ri + DT__NET_HDR, DT__P2P_SUB, deadline);
+  if (rc == DTRAIN_OK) rc = dt__tcp_p2p_sub(t, j);
+  for (size_t at = 0; rc == DTRAIN_OK && at < P->rk * sizeof(float);) {
+    size_t cap;
+    unsigned char *d = dt__tcp_p2p_dst(t, P, at, &cap);
+    rc = dt__net_read(c->fd, d, cap, deadline);
+    at += cap;
+  }
+  if (rc != DTRAIN_OK) return rc;
+  dt__tcp_p2p_frame_done(t, j);
+  return DTRAIN_OK;
+}
+
+/* Start receiving peer j's next frame if it is a P2P one (peeked at). */
+static dt_result dt__tcp_p2p_peek(dt__comm_tcp *t, int j, int *moved, int *partial) {
+  dt__p2p_peer *P = &t->pp[j];
+  dt__conn *c = &t->conns[j];
+  unsigned char h[DT__NET_HDR];
+  ssize_t k = recv(c->fd, h, sizeof h, MSG_PEEK);
+  if (k == 0) {
+    P->gone = 1; /* an error only for a transfer with this peer (dt__tcp_p2p_run) */
+    return DTRAIN_OK;
+  }
+  if (k < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return DTRAIN_OK;
+    dt__error(DTRAIN_ERR_PEER, "%s: receive from %s failed: %s", t->op, c->peer, strerror(errno));
+    return DTRAIN_ERR_PEER;
+  }
+  if ((size_t)k < sizeof h) {
+    *partial = 1;
+    return DTRAIN_OK;
+  }
+  uint16_t type = dt__get_le16(h + 6);
+  if (type == DT__TCP_MSG_P2P) {
+    P->ractive = 1;
+    P->rdone = 0;
+    *moved = 1;
+    return DTRAIN_OK;
+  }
+  if (type == DT__MSG_ABORT || type == DT__MSG_REFUSE) {
+    dt__frame f;
+    unsigned char hh[DT__NET_HDR];
+    dt_result rc = dt__conn_recv_header(c, &f, hh, dt__now() + 1.0, t->op);
+    return rc != DTRAIN_OK ? rc : dt__error(DTRAIN_ERR_PROTOCOL, "%s: unexpected notice from %s", t->op, c->peer);
+  }
+  if (type == DT__MSG_BYE) {
+    P->gone = 1; /* it left after its last message: fine unless we still need it */
+    return DTRAIN_OK;
+  }
+  P->blocked = 1; /* a collective's frame: it stays for the collective */
+  return DTRAIN_OK;
+}
+
+/* Move peer j's incoming frame as far as the socket allows. */
+static dt_result dt__tcp_p2p_recv_step(dt__comm_tcp *t, int j, int *moved) {
+  dt__p2p_peer *P = &t->pp[j];
+  dt__conn *c = &t->conns[j];
+  for (;;) {
+    unsigned char *d;
+    size_t want;
+    if (P->rdone < DT__P2P_HEAD) {
+      d = P->ri + P->rdone;
+      want = (P->rdone < DT__NET_HDR ? DT__NET_HDR : DT__P2P_HEAD) - P->rdone;
+    } else {
+      d = dt__tcp_p2p_dst(t, P, P->rdone - DT__P2P_HEAD, &want);
+    }
+    ssize_t k = want ? recv(c->fd, d, want, 0) : 0;
+    if (want && k == 0) {
+      dt__error(DTRAIN_ERR_PEER, "%s: %s closed the connection", t->op, c->peer);
+      return DTRAIN_ERR_PEER;
+    }
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return DTRAIN_OK;
+      dt__error(DTRAIN_ERR_PEER, "%s: receive from %s failed: %s", t->op, c->peer, strerror(errno));
+      return DTRAIN_ERR_PEER;
+    }
+    if (k > 0) *moved = 1;
+    size_t was = P->rdone;
+    P->rdone += (size_t)k;
+    if (was < DT__NET_HDR && P->rdone == DT__NET_HDR) {
+      dt_result rc = dt__conn_check_header(c, P->ri, &P->rf, t->op);
+      if (rc != DTRAIN_OK) return rc;
+      if (P->rf.type != DT__TCP_MSG_P2P || P->rf.length < DT__P2P_SUB ||
+          (P->rf.length - DT__P2P_SUB) % sizeof(float) != 0) {
+        dt__error(DTRAIN_ERR_PROTOCOL, "%s: point-to-point frame of type %u and %u bytes from %s", t->op,
+                  (unsigned)P->rf.type, (unsigned)P->rf.length, c->peer);
+        return DTRAIN_ERR_PROTOCOL;
+      }
+      continue;
+    }
+    if (was < DT__P2P_HEAD && P->rdone == DT__P2P_HEAD) {
+      dt_result rc = dt__tcp_p2p_sub(t, j);
+      if (rc != DTRAIN_OK) return rc;
+    }
+    if (P->rdone >= DT__P2P_HEAD && P->rdone == DT__P2P_HEAD + P->rk * sizeof(float)) {
+      dt__tcp_p2p_frame_done(t, j);
+      return DTRAIN_OK;
+    }
+    if (k <= 0 && want) return DTRAIN_OK;
+  }
+}
+
+/* ---- sending -------------------------------------------------------------------------------- */
+
+static void dt__tcp_p2p_start_frame(dt__comm_tcp *t, int j) {
+  dt__p2p_peer *P = &t->pp[j];
+  dt__conn *c = &t->conns[j];
+  dt_comm_request *r = P->sq;
+  size_t k = DT__MIN(r->n - r->moved, DT__P2P_FRAME_FLOATS);
+  size_t maxk = c->max_payload > DT__P2P_SUB + 64 ? (c->max_payload - DT__P2P_SUB) / sizeof(float) : 16;
+  if (k > maxk) k = maxk;
+  dt__frame_pack(P->so, DT__TCP_MSG_P2P, c->job, c->self_id, c->send_seq, NULL,
+                 (uint32_t)(DT__P2P_SUB + k * sizeof(float)));
+  unsigned char *s = P->so + DT__NET_HDR;
+  dt__put_le64(s, r->ctx);
+  dt__put_le32(s + 8, r->tag);
+  dt__put_le32(s + 12, 0);
+  dt__put_le64(s + 16, (uint64_t)r->n);
+  dt__put_le64(s + 24, (uint64_t)r->moved);
+  P->sk = k;
+  P->sdata = k * sizeof(float);
+  P->sdone = 0;
+  P->sactive = 1;
+}
+
+static dt_result dt__tcp_p2p_send_step(dt__comm_tcp *t, int j, int *moved) {
+  dt__p2p_peer *P = &t->pp[j];
+  dt__conn *c = &t->conns[j];
+  dt_comm_request *r = P->sq;
+  size_t total = DT__P2P_HEAD + P->sdata;
+  while (P->sdone < total) {
+    struct iovec iov[2];
+    int cnt = 0;
+    if (P->sdone < DT__P2P_HEAD) {
+      iov[cnt].iov_base = P->so + P->sdone;
+      iov[cnt].iov_len = DT__P2P_HEAD - P->sdone;
+      cnt++;
+    }
+    if (P->sdata) {
+      size_t po = P->sdone > DT__P2P_HEAD ? P->sdone - DT__P2P_HEAD : 0;
+      iov[cnt].iov_base = (unsigned char *)(r->buf + r->moved) + po;
+      iov[cnt].iov_len = P->sdata - po;
+      cnt++;
+    }
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = iov;
+    mh.msg_iovlen = (size_t)cnt;
+    ssize_t k = sendmsg(c->fd, &mh, DT__NET_SEND_FLAGS);
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return DTRAIN_OK;
+      dt__error(DTRAIN_ERR_PEER, "%s: send to %s failed: %s", t->op, c->peer, strerror(errno));
+      return DTRAIN_ERR_PEER;
+    }
+    if (k == 0) return DTRAIN_OK;
+    P->sdone += (size_t)k;
+    *moved = 1;
+  }
+  c->send_seq++;
+  P->sactive = 0;
+  r->moved += P->sk;
+  if (r->moved == r->n) {
+    P->sq = r->next;
+    r->next = NULL;
+    r->done = 1;
+    r->rc = DTRAIN_OK;
+    t->queued--;
+    t->st.bytes += (uint64_t)r->n * sizeof(float);
+  }
+  return DTRAIN_OK;
+}
+
+/* ---- the engine ----------------------------------------------------------------------------- */
+
+/* Move frames until target is done (target NULL: until every queued send is
+ * out) and no frame is half moved, or the deadline. */
+static dt_result dt__tcp_p2p_run(dt__comm_tcp *t, dt_comm_request *target, double deadline) {
+  int world = t->comm.world, me = t->comm.rank;
+  double spin_until = -1.0, spin = t->lane2.spin_s;
+  for (int j = 0; j < world; j++) t->pp[j].blocked = 0; /* a collective may have read what blocked it */
+  for (;;) {
+    int drain = target ? target->done : t->queued == 0, active = 0, moved = 0, partial = 0;
+    for (int j = 0; j < world; j++) {
+      dt__p2p_peer *P = &t->pp[j];
+      if (j == me || t->conns[j].fd < 0) continue;
+      dt_result rc = DTRAIN_OK;
+      if (!P->sactive && P->sq && !drain) dt__tcp_p2p_start_frame(t, j);
+      if (P->sactive) rc = dt__tcp_p2p_send_step(t, j, &moved);
+      if (rc == DTRAIN_OK && !P->ractive && !drain && !P->blocked && !P->gone)
+        rc = dt__tcp_p2p_peek(t, j, &moved, &partial);
+      if (rc == DTRAIN_OK && P->ractive) rc = dt__tcp_p2p_recv_step(t, j, &moved);
+      if (rc != DTRAIN_OK) return rc;
+      active |= P->sactive | P->ractive;
+    }
+    drain = target ? target->done : t->queued == 0;
+    if (drain && !active) return DTRAIN_OK;
+    if (target && !target->done && target->peer != me) {
+      const dt__p2p_peer *T = &t->pp[target->peer];
+      if (T->gone && !T->ractive)
+        return dt__error(DTRAIN_ERR_PEER, "%s: %s closed the connection", t->op, t->conns[target->peer].peer);
+      if (!target->send && T->blocked && !T->ractive)
+        return dt__error(DTRAIN_ERR_MISMATCH, "%s: %s called a collective while this rank waits for its message "
+                         "(the ranks call different things)", t->op, t->conns[target->peer].peer);
+    }
+    if (moved) {
+      spin_until = -1.0;
+      continue;
+    }
+    double now = dt__now();
+    if (now >= deadline) {
+      int who = target && !target->done ? target->peer : -1;
+      for (int j = 0; j < world && who < 0; j++)
+        if (t->pp[j].sactive || t->pp[j].ractive) who = j;
+      if (who < 0 || who == me) who = me == 0 ? 1 : 0;
+      return dt__error(DTRAIN_ERR_TIMEOUT, "%s: %s: nothing moved before the deadline (stalled?)", t->op,
+                       t->conns[who].peer);
+    }
+    if (spin > 0) {
+      if (spin_until < 0) spin_until = DT__MIN(now + spin, deadline);
+      if (now < spin_until) {
+        sched_yield();
+        continue;
+      }
+    }
+    struct pollfd *pf = t->pfd;
+    int np = 0;
+    for (int j = 0; j < world; j++) {
+      dt__p2p_peer *P = &t->pp[j];
+      if (j == me || t->conns[j].fd < 0) continue;
+      short ev = 0;
+      if (P->sactive || (P->sq && !drain)) ev |= POLLOUT;
+      if (P->ractive || (!drain && !P->blocked && !P->gone)) ev |= POLLIN;
+      if (!ev) continue;
+      pf[np].fd = t->conns[j].fd;
+      pf[np].events = ev;
+      pf[np].revents = 0;
+      np++;
+    }
+    double left = deadline - now;
+    int ms = partial ? 1 : left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
+    if (np == 0) {
+      dt__sleep(DT__MIN(left, 0.001 * ms));
+      continue;
+    }
+    if (poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR) {
+      dt__error(DTRAIN_ERR_NET, "%s: poll: %s", t->op, strerror(errno));
+      return DTRAIN_ERR_NET;
+    }
+  }
+}
+
+/* A collective's first step: every queued send out (dt_comm_tcp.c). */
+DTRAIN_PRIVATE dt_result dt__tcp_p2p_flush(dt__comm_tcp *t) {
+  if (!t->pp || t->queued == 0) return DTRAIN_OK;
+  double t0 = dt__now();
+  dt_result rc = dt__tcp_p2p_run(t, NULL, t0 + t->timeout_s);
+  t->st.wait_s += dt__now() - t0;
+  return rc == DTRAIN_OK ? rc : dt__tcp_p2p_fail(t, rc);
+}
+
+DTRAIN_PRIVATE void dt__tcp_p2p_hook(dt__comm_tcp *t) {
+  for (int j = 0; j < t->comm.world; j++) {
+    t->conns[j].p2p_type = DT__TCP_MSG_P2P;
+    t->conns[j].p2p_in = dt__tcp_p2p_in;
+    t->conns[j].p2p_arg = t;
+  }
+}
+
+DTRAIN_PRIVATE void dt__tcp_p2p_free(dt__comm_tcp *t) {
+  while (t->unexp) {
+    dt__p2p_msg *m = t->unexp;
+    t->unexp = m->next;
+    dt__tcp_msg_free(m);
+  }
+  dt__free(t->pp, t->pp_bytes);
+  t->pp = NULL;
+}
+
+/* ---- the calls ------------------------------------------------------------------------------ */
+
+static dt_result dt__tcp_ctx_isend(dt_comm *c, uint64_t ctx, int dst, uint32_t tag, const float *buf, size_t n,
+                                   dt_comm_request **req) {
+  dt__comm_tcp *t = dt__tcpp_of(c);
+  *req = NULL;
+  if (t->broken) return DTRAIN_ERR_ABORTED;
+  dt_result rc = dt__tcp_p2p_ready(t);
+  if (rc != DTRAIN_OK) return rc;
+  dt_comm_request *r = dt__req_new(c, sizeof(dt_comm_request), 1, c->rank, dst, tag, (float *)(uintptr_t)buf, n);
+  if (!r) return DTRAIN_ERR_NOMEM;
+  r->ctx = ctx;
+  if (dst == c->rank) {
+    /* To itself: straight into its receive, or kept until it is posted. */
+    for (dt_comm_request **p = &t->posted; *p; p = &(*p)->next) {
+      dt_comm_request *o = *p;
+      if (o->peer != dst || o->ctx != ctx || o->tag != tag) continue;
+      *p = o->next;
+      dt__tcp_p2p_fill(o, buf, n);
+      r->done = 1;
+      *req = r;
+      return DTRAIN_OK;
+    }
+    rc = dt__tcp_p2p_begin(t, dst, ctx, tag, n);
+    if (rc != DTRAIN_OK) {
+      dt__req_free(r);
+      return rc;
+    }
+    dt__p2p_peer *P = &t->pp[dst];
+    if (n) memcpy(P->rmsg->data, buf, n * sizeof(float));
+    P->rmsg->got = n;
+    P->rmsg = NULL;
+    P->rmsg_on = 0;
+    r->done = 1;
+    *req = r;
+    return DTRAIN_OK;
+  }
+  dt_comm_request **p = &t->pp[dst].sq;
+  while (*p) p = &(*p)->next;
+  *p = r;
+  t->queued++;
+  *req = r;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__tcp_ctx_irecv(dt_comm *c, uint64_t ctx, int src, uint32_t tag, float *buf, size_t n,
+                                   dt_comm_request **req) {
+  dt__comm_tcp *t = dt__tcpp_of(c);
+  *req = NULL;
+  if (t->broken) return DTRAIN_ERR_ABORTED;
+  dt_result rc = dt__tcp_p2p_ready(t);
+  if (rc != DTRAIN_OK) return rc;
+  dt_comm_request *r = dt__req_new(c, sizeof(dt_comm_request), 0, c->rank, src, tag, buf, n);
+  if (!r) return DTRAIN_ERR_NOMEM;
+  r->ctx = ctx;
+  *req = r;
+  for (dt__p2p_msg **p = &t->unexp; *p; p = &(*p)->next) {
+    dt__p2p_msg *m = *p;
+    if (m->src != src || m->ctx != ctx || m->tag != tag || m->claim) continue;
+    if (m->got < m->n) {
+      m->claim = r; /* still arriving: it finishes r when complete */
+      return DTRAIN_OK;
+    }
+    *p = m->next;
+    dt__tcp_p2p_fill(r, m->data, m->n);
+    dt__tcp_msg_free(m);
+    return DTRAIN_OK;
+  }
+  dt_comm_request **p = &t->posted;
+  while (*p) p = &(*p)->next;
+  *p = r;
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__tcp_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                               dt_comm_request **req) {
+  if (rank != c->rank)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_comm_isend: called with rank %d, but this process is rank %d", rank,
+                     c->rank);
+  return dt__tcp_ctx_isend(c, 0, dst, (uint32_t)tag, buf, n, req);
+}
+
+DTRAIN_PRIVATE dt_result dt__tcp_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                               dt_comm_request **req) {
+  if (rank != c->rank)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_comm_irecv: called with rank %d, but this process is rank %d", rank,
+                     c->rank);
+  return dt__tcp_ctx_irecv(c, 0, src, (uint32_t)tag, buf, n, req);
+}
+
+/* Take r out of whatever list holds it (a request abandoned by a failed wait). */
+static void dt__tcp_p2p_forget(dt__comm_tcp *t, dt_comm_request *r) {
+  for (dt_comm_request **p = &t->posted; *p; p = &(*p)->next)
+    if (*p == r) {
+      *p = r->next;
+      return;
+    }
+  for (dt__p2p_msg *m = t->unexp; m; m = m->next)
+    if (m->claim == r) m->claim = NULL;
+  for (int j = 0; t->pp && j < t->comm.world; j++) {
+    if (t->pp[j].rreq == r) t->pp[j].rreq = NULL; /* the rest of its frames are dropped */
+    for (dt_comm_request **p = &t->pp[j].sq; *p; p = &(*p)->next)
+      if (*p == r) {
+        *p = r->next;
+        t->queued--;
+        return;
+      }
+  }
+}
+
+DTRAIN_PRIVATE dt_result dt__tcp_wait(dt_comm *c, dt_comm_request *r) {
+  dt__comm_tcp *t = dt__tcpp_of(c);
+  dt_result rc = DTRAIN_OK;
+  if (!r->done && t->broken) {
+    dt__tcp_p2p_forget(t, r);
+    dt__req_free(r);
+    return DTRAIN_ERR_ABORTED;
+  }
+  if (!r->done) {
+    dt__tcp_p2p_op(t, r->send ? "send" : "recv", r->peer, r->tag);
+    double t0 = dt__now();
+    rc = dt__tcp_p2p_run(t, r, t0 + t->timeout_s);
+    t->st.wait_s += dt__now() - t0;
+    if (rc != DTRAIN_OK) {
+      rc = dt__tcp_p2p_fail(t, rc);
+      dt__tcp_p2p_forget(t, r);
+      dt__req_free(r);
+      return rc;
+    }
+  }
+  rc = r->rc;
+  if (rc == DTRAIN_OK) t->st.calls++;
+  else if (rc != DTRAIN_ERR_ABORTED) rc = dt__error(rc, "%s", r->why);
+  dt__req_free(r);
+  return rc;
+}
+
+static void dt__tcp_ctx_abort(dt_comm *base) { dt_comm_abort(base, base->rank); }
+static int dt__tcp_ctx_broken(dt_comm *base) { return dt__tcpp_of(base)->broken; }
+
+static const dt__p2p_ops dt__tcp_p2p_ops = {dt__tcp_ctx_isend, dt__tcp_ctx_irecv, dt__tcp_ctx_abort,
+                                            dt__tcp_ctx_broken};
+
+DTRAIN_PRIVATE dt_result dt__tcp_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank) {
+  dt__comm_tcp *t = dt__tcpp_of(c);
+  if (rank != c->rank)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_comm_split: called with rank %d, but this process is rank %d", rank,
+                     c->rank);
+  if (t->broken) return DTRAIN_ERR_ABORTED;
+  return dt__group_split(c, &dt__tcp_p2p_ops, 0, &t->splits, NULL, c->world, c->rank, color, key, out, out_rank);
+}
+
+#endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
+/* ======== end dt_comm_tcp_p2p.c ======== */
 
 /* ======== begin dt_comm_tcp_setup.c ======== */
 /* ===========================================================================
@@ -25875,6 +27571,7 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   }
   world = (size_t)cl->workers;
   t->comm.vtable = dt__tcp_vtable();
+  t->comm.p2p = dt__tcp_p2p_vtable();
   t->comm.world = cl->workers;
   t->comm.rank = cl->index;
   t->comm.impl = t;
@@ -25925,6 +27622,7 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   }
   t->lane2.spin_s = t->conns[0].spin_s;
   dt__net_set_bufs(t->lane2.fd, t->self.opt.sock_buf_bytes);
+  dt__tcp_p2p_hook(t);
   t->self.cluster = NULL; /* the caller's; not needed after setup */
   t->self.opt.token = NULL;
   return &t->comm;
@@ -25972,6 +27670,9 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options
  *   reduce          MPI_Reduce (MPI_IN_PLACE at the root)
  *   broadcast       MPI_Bcast
  *   barrier         MPI_Barrier
+ *   isend / irecv   MPI_Isend / MPI_Irecv (tags as given); wait polls MPI_Test
+ *                   so that dt_comm_abort can end it (MPI_Cancel)
+ *   split           MPI_Comm_split (a negative colour: MPI_UNDEFINED)
  *
  * Counts above INT_MAX floats go in pieces (all-reduce, reduce, broadcast;
  * reduce-scatter falls back to a whole all-reduce, all-gather to one
@@ -26001,6 +27702,7 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
+/* #include "dt_comm_core.h" (amalgamated) */
 
 #if defined(DTRAIN_USE_MPI)
 /* C only: the deprecated MPI C++ bindings do not compile warning-free. */
@@ -26203,6 +27905,109 @@ static void dt__comm_mpi_destroy(dt_comm *c) {
   dt__comm_mpi_free(m);
 }
 
+/* ---- point-to-point and groups -------------------------------------------------------------- */
+
+typedef struct dt__mpi_req {
+  dt_comm_request base;
+  MPI_Request mr;
+} dt__mpi_req;
+
+static dt_result dt__comm_mpi_post(dt_comm *c, int send, int rank, int peer, int tag, float *buf, size_t n,
+                                   dt_comm_request **req) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  const char *op = send ? "isend" : "irecv";
+  if (rank != c->rank)
+    return dt__error(DTRAIN_ERR_INDEX, "mpi: %s: rank %d is not this process's rank (%d)", op, rank, c->rank);
+  if (m->aborted) return DTRAIN_ERR_ABORTED;
+  if (n > (size_t)INT_MAX)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "mpi: %s: a message of %zu floats (MPI counts stop at INT_MAX)", op, n);
+  dt__mpi_req *q = (dt__mpi_req *)dt__req_new(c, sizeof *q, send, rank, peer, (uint32_t)tag, buf, n);
+  if (!q) return DTRAIN_ERR_NOMEM;
+  int rc = send ? MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, m->mc, &q->mr)
+                : MPI_Irecv(buf, (int)n, MPI_FLOAT, peer, tag, m->mc, &q->mr);
+  if (rc != MPI_SUCCESS) {
+    dt__req_free(&q->base);
+    m->seq++;
+    return dt__comm_mpi_error(m, op, rc);
+  }
+  *req = &q->base;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__comm_mpi_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                                    dt_comm_request **req) {
+  return dt__comm_mpi_post(c, 1, rank, dst, tag, (float *)(uintptr_t)buf, n, req);
+}
+
+static dt_result dt__comm_mpi_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                                    dt_comm_request **req) {
+  return dt__comm_mpi_post(c, 0, rank, src, tag, buf, n, req);
+}
+
+static dt_result dt__comm_mpi_wait(dt_comm *c, dt_comm_request *r) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  dt__mpi_req *q = (dt__mpi_req *)r;
+  MPI_Status st;
+  int flag = 0, rc = MPI_SUCCESS;
+  double t0 = dt__now(), nap = 1e-6;
+  memset(&st, 0, sizeof st);
+  /* MPI_Test with a growing nap (to 1 ms), so that dt_comm_abort can end the wait. */
+  while ((rc = MPI_Test(&q->mr, &flag, &st)) == MPI_SUCCESS && !flag) {
+    if (m->aborted) {
+      MPI_Cancel(&q->mr);
+      MPI_Request_free(&q->mr);
+      dt__req_free(r);
+      return DTRAIN_ERR_ABORTED;
+    }
+    if (nap > 2e-6) dt__sleep(nap);
+    nap = DT__MIN(nap * 2, 1e-3);
+  }
+  m->stats.wait_s += dt__now() - t0;
+  dt_result out = DTRAIN_OK;
+  if (rc == MPI_SUCCESS && !r->send) {
+    int got = 0;
+    MPI_Get_count(&st, MPI_FLOAT, &got);
+    if ((size_t)got != r->n)
+      out = dt__error(DTRAIN_ERR_MISMATCH, "dt_comm_recv: mpi rank %d: the message from rank %d (tag %u) has %d "
+                      "floats, the receive wants %zu", r->rank, r->peer, (unsigned)r->tag, got, r->n);
+  } else if (rc != MPI_SUCCESS) {
+    int cls = 0;
+    MPI_Error_class(rc, &cls);
+    m->seq++;
+    if (cls == MPI_ERR_TRUNCATE)
+      out = dt__error(DTRAIN_ERR_MISMATCH, "dt_comm_recv: mpi rank %d: the message from rank %d (tag %u) is longer "
+                      "than the receive's %zu floats", r->rank, r->peer, (unsigned)r->tag, r->n);
+    else
+      out = dt__comm_mpi_error(m, r->send ? "send" : "recv", rc);
+  }
+  if (out == DTRAIN_OK) {
+    m->stats.calls++;
+    m->stats.bytes += (uint64_t)r->n * sizeof(float);
+  }
+  dt__req_free(r);
+  return out;
+}
+
+static dt__comm_mpi *dt__comm_mpi_wrap(MPI_Comm mc, int finalize);
+
+static dt_result dt__comm_mpi_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  dt_result r = dt__comm_mpi_begin(m, "split", rank, 0);
+  if (r != DTRAIN_OK) return r;
+  MPI_Comm nc = MPI_COMM_NULL;
+  int rc = MPI_Comm_split(m->mc, color < 0 ? MPI_UNDEFINED : color, key, &nc);
+  if (rc != MPI_SUCCESS) return dt__comm_mpi_error(m, "split", rc);
+  if (nc == MPI_COMM_NULL) return DTRAIN_OK;
+  dt__comm_mpi *g = dt__comm_mpi_wrap(nc, 0);
+  if (!g) {
+    MPI_Comm_free(&nc);
+    return dt_last_result();
+  }
+  *out = &g->comm;
+  if (out_rank) *out_rank = g->comm.rank;
+  return DTRAIN_OK;
+}
+
 static const dt_comm_vtable dt__comm_mpi_vtable = {
   "mpi",
   dt__comm_mpi_allreduce,
@@ -26217,6 +28022,43 @@ static const dt_comm_vtable dt__comm_mpi_vtable = {
   dt__comm_mpi_reset_stats,
   dt__comm_mpi_destroy
 };
+
+static const dt_comm_p2p_vtable dt__comm_mpi_p2p = {dt__comm_mpi_isend, dt__comm_mpi_irecv, dt__comm_mpi_wait,
+                                                    dt__comm_mpi_split};
+
+/* A dt_comm around mc (ours from now on: freed by destroy; finalize: MPI_Finalize then too). */
+static dt__comm_mpi *dt__comm_mpi_wrap(MPI_Comm mc, int finalize) {
+  dt__comm_mpi *m = (dt__comm_mpi *)dt__calloc(sizeof *m);
+  int world = 0, rank = 0, rc;
+  if (!m) {
+    dt__error(DTRAIN_ERR_NOMEM, "mpi: out of memory");
+    return NULL;
+  }
+  m->mc = mc;
+  m->finalize = finalize;
+  m->slices_n = (size_t)-1;
+  rc = MPI_Comm_set_errhandler(m->mc, MPI_ERRORS_RETURN);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(m->mc, &world);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(m->mc, &rank);
+  m->comm.vtable = &dt__comm_mpi_vtable;
+  m->comm.p2p = &dt__comm_mpi_p2p;
+  m->comm.world = world;
+  m->comm.rank = rank;
+  m->comm.impl = m;
+  if (rc != MPI_SUCCESS) {
+    dt__comm_mpi_error(m, "create (MPI_Comm_set_errhandler/size/rank)", rc);
+    dt__comm_mpi_free(m);
+    return NULL;
+  }
+  m->counts = (int *)dt__calloc((size_t)world * sizeof(int));
+  m->displs = (int *)dt__calloc((size_t)world * sizeof(int));
+  if (!m->counts || !m->displs) {
+    dt__error(DTRAIN_ERR_NOMEM, "mpi: out of memory");
+    dt__comm_mpi_free(m);
+    return NULL;
+  }
+  return m;
+}
 
 DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
   const char *fn = "dt_comm_create_mpi";
@@ -26237,37 +28079,20 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
     }
     we_init = 1;
   }
-  dt__comm_mpi *m = (dt__comm_mpi *)dt__calloc(sizeof *m);
-  int world = 0, rank = 0;
-  if (!m) goto nomem;
-  m->mc = MPI_COMM_NULL;
-  m->finalize = we_init;
-  m->slices_n = (size_t)-1;
-  rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->mc);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(m->mc, MPI_ERRORS_RETURN);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(m->mc, &world);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(m->mc, &rank);
+  MPI_Comm mc = MPI_COMM_NULL;
+  rc = MPI_Comm_dup(MPI_COMM_WORLD, &mc);
   if (rc != MPI_SUCCESS) {
-    dt__comm_mpi_error(m, "create (MPI_Comm_dup/size/rank)", rc);
-    goto fail;
+    dt__error(DTRAIN_ERR_NET, "%s: MPI_Comm_dup failed (MPI error %d)", fn, rc);
+    if (we_init) MPI_Finalize();
+    return NULL;
   }
-  m->comm.vtable = &dt__comm_mpi_vtable;
-  m->comm.world = world;
-  m->comm.rank = rank;
-  m->comm.impl = m;
-  m->counts = (int *)dt__calloc((size_t)world * sizeof(int));
-  m->displs = (int *)dt__calloc((size_t)world * sizeof(int));
-  if (!m->counts || !m->displs) goto nomem;
+  dt__comm_mpi *m = dt__comm_mpi_wrap(mc, we_init);
+  if (!m) {
+    MPI_Comm_free(&mc);
+    if (we_init) MPI_Finalize();
+    return NULL;
+  }
   return &m->comm;
-nomem:
-  dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
-fail:
-  if (m) {
-    if (m->mc != MPI_COMM_NULL) MPI_Comm_free(&m->mc);
-    dt__comm_mpi_free(m);
-  }
-  if (we_init) MPI_Finalize();
-  return NULL;
 }
 
 #undef DT__MPI_PIECE

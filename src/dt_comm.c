@@ -30,6 +30,7 @@
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 #include "dt_platform.h"
+#include "dt_comm_core.h"
 
 enum {
   DT__COMM_OP_ALLREDUCE = 1,
@@ -37,7 +38,8 @@ enum {
   DT__COMM_OP_ALLGATHER,
   DT__COMM_OP_REDUCE,
   DT__COMM_OP_BROADCAST,
-  DT__COMM_OP_BARRIER
+  DT__COMM_OP_BARRIER,
+  DT__COMM_OP_SPLIT
 };
 
 static const char *dt__comm_op_name(int op) {
@@ -48,6 +50,7 @@ static const char *dt__comm_op_name(int op) {
     case DT__COMM_OP_REDUCE: return "reduce";
     case DT__COMM_OP_BROADCAST: return "broadcast";
     case DT__COMM_OP_BARRIER: return "barrier";
+    case DT__COMM_OP_SPLIT: return "split";
     default: return "?";
   }
 }
@@ -75,6 +78,8 @@ typedef struct dt__comm_slot_data {
   size_t n;
   int op, root;
   dt_comm_stats st;
+  int color, key;  /* dt_comm_split's arguments */
+  dt_comm *child;  /* the group a split's lowest rank of a colour made */
 } dt__comm_slot_data;
 
 typedef union dt__comm_slot {
@@ -87,6 +92,14 @@ typedef struct dt__comm_threads {
   dt__barrier bar;
   dt__comm_slot *slots;
   size_t slots_bytes;
+  int spin_us;
+  DT__ATOMIC(int) refs; /* 1, or a group's size: the last member's destroy frees it */
+  /* Point-to-point: sends not yet taken and receives not yet matched (FIFO,
+   * every rank's), under pm; pc wakes the waiters. */
+  dt__mutex pm;
+  dt__cond pc;
+  dt_comm_request *sends, *recvs;
+  int p2p_broken;
 } dt__comm_threads;
 
 #define DT__COMM_BLOCK 1024
@@ -239,12 +252,171 @@ static dt_result dt__comm_threads_barrier(dt_comm *c, int rank) {
 }
 
 static void dt__comm_threads_abort(dt_comm *c, int rank) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
   (void)rank;
-  dt__barrier_break(&dt__comm_threads_of(c)->bar);
+  dt__barrier_break(&t->bar);
+  dt__mutex_lock(&t->pm);
+  t->p2p_broken = 1;
+  dt__cond_broadcast(&t->pc);
+  dt__mutex_unlock(&t->pm);
 }
 
 static dt_result dt__comm_threads_recover(dt_comm *c) {
-  dt__barrier_reset(&dt__comm_threads_of(c)->bar);
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt__barrier_reset(&t->bar);
+  dt__mutex_lock(&t->pm);
+  t->p2p_broken = 0;
+  dt__mutex_unlock(&t->pm);
+  return DTRAIN_OK;
+}
+
+static void dt__comm_threads_free(dt__comm_threads *t);
+
+/* ---- point-to-point between threads ----------------------------------------------------------
+ * Rendezvous: a send waits in t->sends until its receive is posted (or the
+ * other way round); whoever comes second copies the floats straight from the
+ * sender's buffer into the receiver's, under pm, and finishes both. */
+
+/* Unlink r from *list (if there). */
+static void dt__comm_threads_unlink(dt_comm_request **list, dt_comm_request *r) {
+  for (dt_comm_request **p = list; *p; p = &(*p)->next)
+    if (*p == r) {
+      *p = r->next;
+      r->next = NULL;
+      return;
+    }
+}
+
+static void dt__comm_threads_append(dt_comm_request **list, dt_comm_request *r) {
+  dt_comm_request **p = list;
+  while (*p) p = &(*p)->next;
+  r->next = NULL;
+  *p = r;
+}
+
+/* The message of send s goes into receive r (both unlinked); under pm. */
+static void dt__comm_threads_deliver(dt__comm_threads *t, dt_comm_request *s, dt_comm_request *r) {
+  s->done = 1;
+  s->rc = DTRAIN_OK;
+  if (s->n == r->n) {
+    if (r->n) memcpy(r->buf, s->buf, r->n * sizeof(float));
+    r->rc = DTRAIN_OK;
+  } else {
+    r->rc = DTRAIN_ERR_MISMATCH;
+    snprintf(r->why, sizeof r->why,
+             "dt_comm_recv: rank %d: the message from rank %d (tag %u) has %zu floats, the receive wants %zu",
+             r->rank, r->peer, (unsigned)r->tag, s->n, r->n);
+  }
+  r->done = 1;
+  dt__cond_broadcast(&t->pc);
+}
+
+static dt_result dt__comm_threads_post(dt_comm *c, int send, int rank, int peer, int tag, float *buf, size_t n,
+                                       dt_comm_request **req) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt_comm_request *me = dt__req_new(c, sizeof(dt_comm_request), send, rank, peer, (uint32_t)tag, buf, n);
+  if (!me) return DTRAIN_ERR_NOMEM;
+  dt__mutex_lock(&t->pm);
+  if (t->p2p_broken) {
+    dt__mutex_unlock(&t->pm);
+    dt__req_free(me);
+    return DTRAIN_ERR_ABORTED;
+  }
+  /* The first waiting counterpart, in the order they were posted. */
+  dt_comm_request **other = send ? &t->recvs : &t->sends, *o = *other;
+  while (o && !(o->rank == peer && o->peer == rank && o->tag == (uint32_t)tag)) o = o->next;
+  if (o) {
+    dt__comm_threads_unlink(other, o);
+    if (send) dt__comm_threads_deliver(t, me, o);
+    else dt__comm_threads_deliver(t, o, me);
+  } else {
+    dt__comm_threads_append(send ? &t->sends : &t->recvs, me);
+  }
+  dt__mutex_unlock(&t->pm);
+  *req = me;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__comm_threads_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                                        dt_comm_request **req) {
+  return dt__comm_threads_post(c, 1, rank, dst, tag, (float *)(uintptr_t)buf, n, req);
+}
+
+static dt_result dt__comm_threads_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                                        dt_comm_request **req) {
+  return dt__comm_threads_post(c, 0, rank, src, tag, buf, n, req);
+}
+
+static dt_result dt__comm_threads_wait(dt_comm *c, dt_comm_request *r) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt_result rc = DTRAIN_OK;
+  dt__mutex_lock(&t->pm);
+  while (!r->done) {
+    if (t->p2p_broken) {
+      rc = DTRAIN_ERR_ABORTED;
+      break;
+    }
+    if (r->peer == r->rank) {
+      /* Only this thread could post the counterpart: it never will. */
+      rc = dt__error(DTRAIN_ERR_STATE, "dt_comm_wait: rank %d: a %s to itself (tag %u) without its %s posted first "
+                     "would wait forever", r->rank, r->send ? "send" : "receive", (unsigned)r->tag,
+                     r->send ? "receive" : "send");
+      break;
+    }
+    dt__cond_wait(&t->pc, &t->pm);
+  }
+  if (!r->done) {
+    dt__comm_threads_unlink(r->send ? &t->sends : &t->recvs, r);
+  } else if (r->rc != DTRAIN_OK) {
+    rc = dt__error(r->rc, "%s", r->why);
+  }
+  dt__mutex_unlock(&t->pm);
+  dt__req_free(r);
+  return rc;
+}
+
+/* ---- groups of threads: each colour gets a threads communicator of its own ------------------ */
+
+static dt_result dt__comm_threads_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt__comm_slot_data *me = &t->slots[rank].d;
+  me->color = color;
+  me->key = key;
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_SPLIT, NULL, 0, 0);
+  if (r != DTRAIN_OK) return r;
+  /* Every slot's colour and key is visible now. The lowest rank of a colour
+   * makes its group; the others read it after the second meeting. */
+  int world = c->world, lead = -1, size = 0, pos = 0;
+  for (int j = 0; j < world && color >= 0; j++) {
+    const dt__comm_slot_data *o = &t->slots[j].d;
+    if (o->color != color) continue;
+    if (lead < 0) lead = j;
+    size++;
+    if (o->key < key || (o->key == key && j < rank)) pos++;
+  }
+  dt_result made = DTRAIN_OK;
+  if (lead == rank) {
+    me->child = dt_comm_create_threads(size, t->spin_us);
+    if (me->child) DT__ASTORE(&dt__comm_threads_of(me->child)->refs, size, DT__MO_RELAXED);
+    else made = dt_last_result();
+  }
+  r = dt__comm_threads_leave(t, rank, 0);
+  if (r != DTRAIN_OK) {
+    if (lead == rank && me->child) {
+      dt__comm_threads_free(dt__comm_threads_of(me->child));
+      me->child = NULL;
+    }
+    return r;
+  }
+  if (color < 0) return DTRAIN_OK;
+  dt_comm *g = t->slots[lead].d.child;
+  if (!g) {
+    if (made != DTRAIN_OK) return made;
+    return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_split: rank %d: rank %d could not make the group of colour %d",
+                     rank, lead, color);
+  }
+  *out = g;
+  if (out_rank) *out_rank = pos;
   return DTRAIN_OK;
 }
 
@@ -259,6 +431,14 @@ static void dt__comm_threads_reset_stats(dt_comm *c) {
 
 static void dt__comm_threads_destroy(dt_comm *c) {
   dt__comm_threads *t = dt__comm_threads_of(c);
+  /* A group is destroyed by each member: the last one frees it. */
+  if (DT__AFETCH_SUB(&t->refs, 1, DT__MO_ACQ_REL) > 1) return;
+  dt__comm_threads_free(t);
+}
+
+static void dt__comm_threads_free(dt__comm_threads *t) {
+  dt__cond_destroy(&t->pc);
+  dt__mutex_destroy(&t->pm);
   dt__barrier_destroy(&t->bar);
   dt__free(t->slots, t->slots_bytes);
   dt__free(t, sizeof *t);
@@ -278,6 +458,9 @@ static const dt_comm_vtable dt__comm_threads_vtable = {
   dt__comm_threads_reset_stats,
   dt__comm_threads_destroy
 };
+
+static const dt_comm_p2p_vtable dt__comm_threads_p2p = {dt__comm_threads_isend, dt__comm_threads_irecv,
+                                                        dt__comm_threads_wait, dt__comm_threads_split};
 
 DTRAIN_API dt_comm *dt_comm_create_threads(int world, int spin_us) {
   if (world < 1 || world > 256) {
@@ -317,7 +500,16 @@ DTRAIN_API dt_comm *dt_comm_create_threads(int world, int spin_us) {
     dt__free(t, sizeof *t);
     return NULL;
   }
+  if (dt__mutex_init(&t->pm) != DTRAIN_OK || dt__cond_init(&t->pc) != DTRAIN_OK) {
+    dt__barrier_destroy(&t->bar);
+    dt__free(t->slots, t->slots_bytes);
+    dt__free(t, sizeof *t);
+    return NULL;
+  }
+  t->spin_us = spin_us;
+  DT__ASTORE(&t->refs, 1, DT__MO_RELAXED);
   t->comm.vtable = &dt__comm_threads_vtable;
+  t->comm.p2p = &dt__comm_threads_p2p;
   t->comm.world = world;
   t->comm.impl = t;
   return &t->comm;
@@ -410,6 +602,121 @@ DTRAIN_API dt_result dt_comm_stats_get(dt_comm *c, int rank, dt_comm_stats *out)
 
 DTRAIN_API void dt_comm_reset_stats(dt_comm *c) {
   if (c && c->vtable && c->vtable->reset_stats) c->vtable->reset_stats(c);
+}
+
+/* ---- point-to-point and groups: requests and the front end --------------------------------- */
+
+DTRAIN_PRIVATE dt_comm_request *dt__req_new(dt_comm *c, size_t bytes, int send, int rank, int peer, uint32_t tag,
+                                            float *buf, size_t n) {
+  dt_comm_request *r = (dt_comm_request *)dt__calloc(bytes);
+  if (!r) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_comm_%s: rank %d: out of memory for a request", send ? "isend" : "irecv", rank);
+    return NULL;
+  }
+  r->comm = c;
+  r->bytes = bytes;
+  r->send = send;
+  r->rank = rank;
+  r->peer = peer;
+  r->tag = tag;
+  r->buf = buf;
+  r->n = n;
+  return r;
+}
+
+DTRAIN_PRIVATE void dt__req_free(dt_comm_request *r) {
+  if (r) dt__free(r, r->bytes);
+}
+
+DTRAIN_PRIVATE void dt__req_fail(dt_comm_request *r, dt_result rc) {
+  r->done = 1;
+  r->rc = rc;
+  snprintf(r->why, sizeof r->why, "%s", rc == DTRAIN_OK ? "" : dt_last_error());
+}
+
+static dt_result dt__comm_p2p_check(dt_comm *c, const char *fn, int rank, int peer, int tag, const float *buf,
+                                    size_t n, dt_comm_request **req) {
+  if (req) *req = NULL;
+  if (!c || !c->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: communicator is NULL", fn);
+  if (!req) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: req is NULL", fn);
+  if (!c->p2p || !c->p2p->isend || !c->p2p->irecv || !c->p2p->wait)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the %s communicator has no point-to-point messages", fn,
+                     dt_comm_name(c));
+  if (rank < 0 || rank >= c->world)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: rank %d outside [0, %d)", fn, rank, c->world);
+  if (peer < 0 || peer >= c->world)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: rank %d: peer %d outside [0, %d)", fn, rank, peer, c->world);
+  if (tag < 0 || tag > DT_COMM_TAG_MAX)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: rank %d: tag %d outside [0, %d]", fn, rank, tag, DT_COMM_TAG_MAX);
+  if (!buf && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: rank %d: buffer is NULL (n=%zu)", fn, rank, n);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_comm_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                                   dt_comm_request **req) {
+  dt_result r = dt__comm_p2p_check(c, "dt_comm_isend", rank, dst, tag, buf, n, req);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->p2p->isend(c, rank, dst, tag, buf, n, req));
+}
+
+DTRAIN_API dt_result dt_comm_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                                   dt_comm_request **req) {
+  dt_result r = dt__comm_p2p_check(c, "dt_comm_irecv", rank, src, tag, buf, n, req);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(c->p2p->irecv(c, rank, src, tag, buf, n, req));
+}
+
+DTRAIN_API dt_result dt_comm_wait(dt_comm_request *req) {
+  if (!req) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_wait: req is NULL");
+  dt_comm *c = req->comm;
+  dt__quiet_push();
+  return dt__quiet_pop(c->p2p->wait(c, req));
+}
+
+DTRAIN_API dt_result dt_comm_waitall(dt_comm_request **reqs, int n) {
+  if (!reqs && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_waitall: reqs is NULL");
+  dt_result first = DTRAIN_OK;
+  char why[DT__MSG_CAP];
+  why[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    if (!reqs[i]) continue;
+    dt_result r = dt_comm_wait(reqs[i]);
+    reqs[i] = NULL;
+    if (r != DTRAIN_OK && first == DTRAIN_OK) {
+      first = r;
+      snprintf(why, sizeof why, "%s", dt_last_error());
+    }
+  }
+  /* The first error's text again (the later waits may have overwritten it);
+   * ABORTED comes without one. */
+  if (first != DTRAIN_OK && first != DTRAIN_ERR_ABORTED) return dt__error(first, "%s", why);
+  return first;
+}
+
+DTRAIN_API dt_result dt_comm_send(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n) {
+  dt_comm_request *q = NULL;
+  dt_result r = dt_comm_isend(c, rank, dst, tag, buf, n, &q);
+  return r == DTRAIN_OK ? dt_comm_wait(q) : r;
+}
+
+DTRAIN_API dt_result dt_comm_recv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n) {
+  dt_comm_request *q = NULL;
+  dt_result r = dt_comm_irecv(c, rank, src, tag, buf, n, &q);
+  return r == DTRAIN_OK ? dt_comm_wait(q) : r;
+}
+
+DTRAIN_API dt_result dt_comm_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank) {
+  if (out) *out = NULL;
+  if (out_rank) *out_rank = -1;
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_comm_split: out is NULL");
+  dt_result r = dt__comm_check(c, "dt_comm_split", rank, NULL, 0, 0);
+  if (r != DTRAIN_OK) return r;
+  if (!c->p2p || !c->p2p->split)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_comm_split: the %s communicator cannot be split", dt_comm_name(c));
+  dt__quiet_push();
+  return dt__quiet_pop(c->p2p->split(c, rank, color < 0 ? -1 : color, key, out, out_rank));
 }
 
 #undef DT__COMM_BLOCK

@@ -25,6 +25,34 @@
  * Threads: a rank's calls come from one thread at a time; different ranks
  * call concurrently. Buffers must not be touched by anyone else while a
  * collective on them runs; when a call returns, the buffer is the caller's.
+ *
+ * Point-to-point (dt_comm_send / _recv / _isend / _irecv / _wait): tagged
+ * messages of floats between two ranks, for pipeline stages and anything
+ * else that is not a collective. Tags are 0..DT_COMM_TAG_MAX. Messages from
+ * one rank to another with the same tag are received in the order they were
+ * sent. A receive takes exactly n floats: a message of another length is
+ * consumed and the receive returns DTRAIN_ERR_MISMATCH naming both lengths
+ * (the communicator stays usable). dt_comm_isend / dt_comm_irecv start a
+ * transfer and give a request; dt_comm_wait finishes it, frees it and
+ * returns its result; every request must be waited on, and until then its
+ * buffer belongs to the communicator. dt_comm_send / _recv are a start and
+ * a wait. As in MPI, a program must not rely on buffering: a blocking send
+ * may wait until the receiver posts its receive (threads: always --
+ * messages are copied straight from the sender's buffer into the
+ * receiver's; tcp: when the message does not fit the sockets' buffers).
+ * Failure is the collectives': dt_comm_abort ends every wait with
+ * DTRAIN_ERR_ABORTED; on TCP each wait has the communicator's deadline and a
+ * lost or stalled peer breaks the communicator with an error naming it.
+ *
+ * Groups (dt_comm_split): like MPI_Comm_split, every rank calls it with a
+ * colour and a key; the ranks of one colour get a new communicator, ranked
+ * by (key, old rank); a negative colour gets none. The group has every call
+ * of its parent (collectives, point-to-point, split) and is destroyed by
+ * each member (dt_comm_destroy), before its parent. threads: a threads
+ * communicator of its own; mpi: MPI_Comm_split; tcp: a group over the
+ * parent's connections (its messages carry the group's context), whose
+ * collectives are built from point-to-point messages: a failure of the
+ * transport breaks the parent and every group with it.
  */
 #ifndef DTRAIN_COMM_H
 #define DTRAIN_COMM_H
@@ -34,6 +62,11 @@
 DTRAIN_EXTERN_C_BEGIN
 
 typedef struct dt_comm dt_comm;
+/* A point-to-point transfer in flight (dt_comm_isend / dt_comm_irecv). */
+typedef struct dt_comm_request dt_comm_request;
+
+/* Largest point-to-point tag (the smallest upper bound MPI guarantees). */
+#define DT_COMM_TAG_MAX 32767
 
 /* Per-rank counters (since creation or dt_comm_reset_stats). */
 typedef struct dt_comm_stats {
@@ -65,12 +98,25 @@ typedef struct dt_comm_vtable {
   void (*destroy)(dt_comm *c);
 } dt_comm_vtable;
 
+/* Point-to-point and groups: a second table, so that a backend written
+ * before them (its dt_comm_vtable initialised in order) compiles unchanged
+ * and simply has none (dt_comm.p2p NULL: the front end returns
+ * DTRAIN_ERR_UNSUPPORTED). isend/irecv start a transfer and set *req (NULL
+ * only on failure); wait finishes and frees it. */
+typedef struct dt_comm_p2p_vtable {
+  dt_result (*isend)(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n, dt_comm_request **req);
+  dt_result (*irecv)(dt_comm *c, int rank, int src, int tag, float *buf, size_t n, dt_comm_request **req);
+  dt_result (*wait)(dt_comm *c, dt_comm_request *req);
+  dt_result (*split)(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank);
+} dt_comm_p2p_vtable;
+
 /* The communicator object. Backends fill it; users only pass it around. */
 struct dt_comm {
   const dt_comm_vtable *vtable;
   int world;  /* number of ranks (>= 1) */
   int rank;   /* one-rank-per-process backends (tcp, mpi): this process's rank; threads: 0 */
   void *impl; /* the backend's state */
+  const dt_comm_p2p_vtable *p2p; /* NULL: no point-to-point messages or groups */
 };
 
 /* In-process backend for `world` threads (1 <= world <= 256). spin_us: how
@@ -105,6 +151,28 @@ DTRAIN_API int dt_comm_rank(const dt_comm *c);
 DTRAIN_API const char *dt_comm_name(const dt_comm *c);
 DTRAIN_API dt_result dt_comm_stats_get(dt_comm *c, int rank, dt_comm_stats *out);
 DTRAIN_API void dt_comm_reset_stats(dt_comm *c);
+
+/* Point-to-point (see the top of this file). rank: the caller's rank (a
+ * check on one-rank-per-process backends); dst / src: the peer's rank in c
+ * (the caller itself is allowed with isend/irecv). Bad arguments return
+ * DTRAIN_ERR_NULL_ARG / _INDEX / _INVALID_ARG without communicating;
+ * dt_comm_wait(NULL) is DTRAIN_ERR_NULL_ARG. */
+DTRAIN_API dt_result dt_comm_send(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n);
+DTRAIN_API dt_result dt_comm_recv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n);
+DTRAIN_API dt_result dt_comm_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                                   dt_comm_request **req);
+DTRAIN_API dt_result dt_comm_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                                   dt_comm_request **req);
+DTRAIN_API dt_result dt_comm_wait(dt_comm_request *req);
+/* Waits for all n requests (NULL entries skipped; each is set to NULL) and
+ * returns the first error, after waiting for the rest. */
+DTRAIN_API dt_result dt_comm_waitall(dt_comm_request **reqs, int n);
+
+/* Split c into groups (see the top of this file): a collective call of every
+ * rank of c. *out gets the caller's group (NULL for a negative colour) and
+ * *out_rank (may be NULL) its rank there (-1 for none). DTRAIN_ERR_ABORTED /
+ * a transport error as for the collectives. */
+DTRAIN_API dt_result dt_comm_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank);
 
 /* Slice `rank` of n floats split over `world` ranks: [*begin, *end). */
 DTRAIN_API void dt_comm_slice(size_t n, int world, int rank, size_t *begin, size_t *end);

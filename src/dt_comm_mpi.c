@@ -11,6 +11,9 @@
  *   reduce          MPI_Reduce (MPI_IN_PLACE at the root)
  *   broadcast       MPI_Bcast
  *   barrier         MPI_Barrier
+ *   isend / irecv   MPI_Isend / MPI_Irecv (tags as given); wait polls MPI_Test
+ *                   so that dt_comm_abort can end it (MPI_Cancel)
+ *   split           MPI_Comm_split (a negative colour: MPI_UNDEFINED)
  *
  * Counts above INT_MAX floats go in pieces (all-reduce, reduce, broadcast;
  * reduce-scatter falls back to a whole all-reduce, all-gather to one
@@ -40,6 +43,7 @@
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 #include "dt_platform.h"
+#include "dt_comm_core.h"
 
 #if defined(DTRAIN_USE_MPI)
 /* C only: the deprecated MPI C++ bindings do not compile warning-free. */
@@ -242,6 +246,109 @@ static void dt__comm_mpi_destroy(dt_comm *c) {
   dt__comm_mpi_free(m);
 }
 
+/* ---- point-to-point and groups -------------------------------------------------------------- */
+
+typedef struct dt__mpi_req {
+  dt_comm_request base;
+  MPI_Request mr;
+} dt__mpi_req;
+
+static dt_result dt__comm_mpi_post(dt_comm *c, int send, int rank, int peer, int tag, float *buf, size_t n,
+                                   dt_comm_request **req) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  const char *op = send ? "isend" : "irecv";
+  if (rank != c->rank)
+    return dt__error(DTRAIN_ERR_INDEX, "mpi: %s: rank %d is not this process's rank (%d)", op, rank, c->rank);
+  if (m->aborted) return DTRAIN_ERR_ABORTED;
+  if (n > (size_t)INT_MAX)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "mpi: %s: a message of %zu floats (MPI counts stop at INT_MAX)", op, n);
+  dt__mpi_req *q = (dt__mpi_req *)dt__req_new(c, sizeof *q, send, rank, peer, (uint32_t)tag, buf, n);
+  if (!q) return DTRAIN_ERR_NOMEM;
+  int rc = send ? MPI_Isend(buf, (int)n, MPI_FLOAT, peer, tag, m->mc, &q->mr)
+                : MPI_Irecv(buf, (int)n, MPI_FLOAT, peer, tag, m->mc, &q->mr);
+  if (rc != MPI_SUCCESS) {
+    dt__req_free(&q->base);
+    m->seq++;
+    return dt__comm_mpi_error(m, op, rc);
+  }
+  *req = &q->base;
+  return DTRAIN_OK;
+}
+
+static dt_result dt__comm_mpi_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                                    dt_comm_request **req) {
+  return dt__comm_mpi_post(c, 1, rank, dst, tag, (float *)(uintptr_t)buf, n, req);
+}
+
+static dt_result dt__comm_mpi_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                                    dt_comm_request **req) {
+  return dt__comm_mpi_post(c, 0, rank, src, tag, buf, n, req);
+}
+
+static dt_result dt__comm_mpi_wait(dt_comm *c, dt_comm_request *r) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  dt__mpi_req *q = (dt__mpi_req *)r;
+  MPI_Status st;
+  int flag = 0, rc = MPI_SUCCESS;
+  double t0 = dt__now(), nap = 1e-6;
+  memset(&st, 0, sizeof st);
+  /* MPI_Test with a growing nap (to 1 ms), so that dt_comm_abort can end the wait. */
+  while ((rc = MPI_Test(&q->mr, &flag, &st)) == MPI_SUCCESS && !flag) {
+    if (m->aborted) {
+      MPI_Cancel(&q->mr);
+      MPI_Request_free(&q->mr);
+      dt__req_free(r);
+      return DTRAIN_ERR_ABORTED;
+    }
+    if (nap > 2e-6) dt__sleep(nap);
+    nap = DT__MIN(nap * 2, 1e-3);
+  }
+  m->stats.wait_s += dt__now() - t0;
+  dt_result out = DTRAIN_OK;
+  if (rc == MPI_SUCCESS && !r->send) {
+    int got = 0;
+    MPI_Get_count(&st, MPI_FLOAT, &got);
+    if ((size_t)got != r->n)
+      out = dt__error(DTRAIN_ERR_MISMATCH, "dt_comm_recv: mpi rank %d: the message from rank %d (tag %u) has %d "
+                      "floats, the receive wants %zu", r->rank, r->peer, (unsigned)r->tag, got, r->n);
+  } else if (rc != MPI_SUCCESS) {
+    int cls = 0;
+    MPI_Error_class(rc, &cls);
+    m->seq++;
+    if (cls == MPI_ERR_TRUNCATE)
+      out = dt__error(DTRAIN_ERR_MISMATCH, "dt_comm_recv: mpi rank %d: the message from rank %d (tag %u) is longer "
+                      "than the receive's %zu floats", r->rank, r->peer, (unsigned)r->tag, r->n);
+    else
+      out = dt__comm_mpi_error(m, r->send ? "send" : "recv", rc);
+  }
+  if (out == DTRAIN_OK) {
+    m->stats.calls++;
+    m->stats.bytes += (uint64_t)r->n * sizeof(float);
+  }
+  dt__req_free(r);
+  return out;
+}
+
+static dt__comm_mpi *dt__comm_mpi_wrap(MPI_Comm mc, int finalize);
+
+static dt_result dt__comm_mpi_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank) {
+  dt__comm_mpi *m = dt__comm_mpi_of(c);
+  dt_result r = dt__comm_mpi_begin(m, "split", rank, 0);
+  if (r != DTRAIN_OK) return r;
+  MPI_Comm nc = MPI_COMM_NULL;
+  int rc = MPI_Comm_split(m->mc, color < 0 ? MPI_UNDEFINED : color, key, &nc);
+  if (rc != MPI_SUCCESS) return dt__comm_mpi_error(m, "split", rc);
+  if (nc == MPI_COMM_NULL) return DTRAIN_OK;
+  dt__comm_mpi *g = dt__comm_mpi_wrap(nc, 0);
+  if (!g) {
+    MPI_Comm_free(&nc);
+    return dt_last_result();
+  }
+  *out = &g->comm;
+  if (out_rank) *out_rank = g->comm.rank;
+  return DTRAIN_OK;
+}
+
 static const dt_comm_vtable dt__comm_mpi_vtable = {
   "mpi",
   dt__comm_mpi_allreduce,
@@ -256,6 +363,43 @@ static const dt_comm_vtable dt__comm_mpi_vtable = {
   dt__comm_mpi_reset_stats,
   dt__comm_mpi_destroy
 };
+
+static const dt_comm_p2p_vtable dt__comm_mpi_p2p = {dt__comm_mpi_isend, dt__comm_mpi_irecv, dt__comm_mpi_wait,
+                                                    dt__comm_mpi_split};
+
+/* A dt_comm around mc (ours from now on: freed by destroy; finalize: MPI_Finalize then too). */
+static dt__comm_mpi *dt__comm_mpi_wrap(MPI_Comm mc, int finalize) {
+  dt__comm_mpi *m = (dt__comm_mpi *)dt__calloc(sizeof *m);
+  int world = 0, rank = 0, rc;
+  if (!m) {
+    dt__error(DTRAIN_ERR_NOMEM, "mpi: out of memory");
+    return NULL;
+  }
+  m->mc = mc;
+  m->finalize = finalize;
+  m->slices_n = (size_t)-1;
+  rc = MPI_Comm_set_errhandler(m->mc, MPI_ERRORS_RETURN);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(m->mc, &world);
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(m->mc, &rank);
+  m->comm.vtable = &dt__comm_mpi_vtable;
+  m->comm.p2p = &dt__comm_mpi_p2p;
+  m->comm.world = world;
+  m->comm.rank = rank;
+  m->comm.impl = m;
+  if (rc != MPI_SUCCESS) {
+    dt__comm_mpi_error(m, "create (MPI_Comm_set_errhandler/size/rank)", rc);
+    dt__comm_mpi_free(m);
+    return NULL;
+  }
+  m->counts = (int *)dt__calloc((size_t)world * sizeof(int));
+  m->displs = (int *)dt__calloc((size_t)world * sizeof(int));
+  if (!m->counts || !m->displs) {
+    dt__error(DTRAIN_ERR_NOMEM, "mpi: out of memory");
+    dt__comm_mpi_free(m);
+    return NULL;
+  }
+  return m;
+}
 
 DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
   const char *fn = "dt_comm_create_mpi";
@@ -276,37 +420,20 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
     }
     we_init = 1;
   }
-  dt__comm_mpi *m = (dt__comm_mpi *)dt__calloc(sizeof *m);
-  int world = 0, rank = 0;
-  if (!m) goto nomem;
-  m->mc = MPI_COMM_NULL;
-  m->finalize = we_init;
-  m->slices_n = (size_t)-1;
-  rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->mc);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(m->mc, MPI_ERRORS_RETURN);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_size(m->mc, &world);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(m->mc, &rank);
+  MPI_Comm mc = MPI_COMM_NULL;
+  rc = MPI_Comm_dup(MPI_COMM_WORLD, &mc);
   if (rc != MPI_SUCCESS) {
-    dt__comm_mpi_error(m, "create (MPI_Comm_dup/size/rank)", rc);
-    goto fail;
+    dt__error(DTRAIN_ERR_NET, "%s: MPI_Comm_dup failed (MPI error %d)", fn, rc);
+    if (we_init) MPI_Finalize();
+    return NULL;
   }
-  m->comm.vtable = &dt__comm_mpi_vtable;
-  m->comm.world = world;
-  m->comm.rank = rank;
-  m->comm.impl = m;
-  m->counts = (int *)dt__calloc((size_t)world * sizeof(int));
-  m->displs = (int *)dt__calloc((size_t)world * sizeof(int));
-  if (!m->counts || !m->displs) goto nomem;
+  dt__comm_mpi *m = dt__comm_mpi_wrap(mc, we_init);
+  if (!m) {
+    MPI_Comm_free(&mc);
+    if (we_init) MPI_Finalize();
+    return NULL;
+  }
   return &m->comm;
-nomem:
-  dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
-fail:
-  if (m) {
-    if (m->mc != MPI_COMM_NULL) MPI_Comm_free(&m->mc);
-    dt__comm_mpi_free(m);
-  }
-  if (we_init) MPI_Finalize();
-  return NULL;
 }
 
 #undef DT__MPI_PIECE

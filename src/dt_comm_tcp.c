@@ -118,7 +118,7 @@ static void dt__tcp_collect(dt__comm_tcp *t, double grace) {
 /* Called with the thread's error set by the failing transport call. Breaks
  * the communicator, tells every peer, finds the lost ranks, and rewrites the
  * error to name them. */
-static dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
+DTRAIN_PRIVATE dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
   int world = t->comm.world;
   char first[DT__MSG_CAP];
   snprintf(first, sizeof first, "%s", dt_last_error());
@@ -414,6 +414,9 @@ static dt_result dt__tcp_enter_fused(dt__comm_tcp *t, int rank, uint32_t op, siz
   t->seq++;
   snprintf(t->op, sizeof t->op, "worker %d: %s #%llu", t->comm.rank, dt__tcp_op_name(op), (unsigned long long)t->seq);
   if (t->comm.world == 1) return DTRAIN_OK;
+  /* This rank's queued point-to-point sends go first: no message is cut by our frames. */
+  dt_result flushed = dt__tcp_p2p_flush(t);
+  if (flushed != DTRAIN_OK) return flushed;
   unsigned char st[DT__TCP_CALL_BYTES];
   dt__tcp_call me;
   me.op = op;
@@ -647,6 +650,7 @@ static void dt__tcp_destroy(dt_comm *c) {
 }
 
 DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t) {
+  dt__tcp_p2p_free(t);
   if (t->conns)
     for (int j = 0; j < t->comm.world; j++) dt__conn_close(&t->conns[j]);
   dt__conn_close(&t->lane2);
@@ -676,6 +680,9 @@ static const dt_comm_vtable dt__comm_tcp_vtable = {
   dt__tcp_destroy
 };
 
+static const dt_comm_p2p_vtable dt__comm_tcp_p2p = {dt__tcp_isend, dt__tcp_irecv, dt__tcp_wait, dt__tcp_split};
+
 DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void) { return &dt__comm_tcp_vtable; }
+DTRAIN_PRIVATE const dt_comm_p2p_vtable *dt__tcp_p2p_vtable(void) { return &dt__comm_tcp_p2p; }
 
 #endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */

@@ -81,8 +81,12 @@
 enum {
   DT__TCP_MSG_CALL = DT__MSG_DATA0,
   DT__TCP_MSG_SUM = DT__MSG_DATA0 + 1,
-  DT__TCP_MSG_COPY = DT__MSG_DATA0 + 2
+  DT__TCP_MSG_COPY = DT__MSG_DATA0 + 2,
+  DT__TCP_MSG_P2P = DT__MSG_DATA0 + 3 /* a point-to-point message's frame (dt_comm_tcp_p2p.c) */
 };
+
+typedef struct dt__p2p_msg dt__p2p_msg;
+typedef struct dt__p2p_peer dt__p2p_peer;
 
 enum {
   DT__TCP_OP_ALLREDUCE = 1,
@@ -128,6 +132,13 @@ typedef struct dt__comm_tcp {
   int broken;
   dt_comm_stats st;
   char op[96]; /* "worker 0: allreduce #57" for the current call */
+  /* Point-to-point (dt_comm_tcp_p2p.c). */
+  dt__p2p_peer *pp;       /* world entries, made on first use */
+  size_t pp_bytes;
+  dt_comm_request *posted; /* receives not yet matched, FIFO */
+  dt__p2p_msg *unexp;     /* messages that came before their receive, FIFO */
+  int queued;             /* sends in the peers' queues */
+  uint64_t splits, p2p_seq;
 } dt__comm_tcp;
 
 typedef struct dt__tcp_call {
@@ -139,8 +150,26 @@ typedef struct dt__tcp_call {
 
 /* The communicator's function table (dt_comm_tcp.c). */
 DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void);
+DTRAIN_PRIVATE const dt_comm_p2p_vtable *dt__tcp_p2p_vtable(void);
 /* Close every connection and free t and everything it holds (dt_comm_tcp.c). */
 DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t);
+/* Called with the thread's error set by a failing transport call: breaks the
+ * communicator, tells every peer, and rewrites the error to name the lost
+ * ranks (dt_comm_tcp.c). */
+DTRAIN_PRIVATE dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc);
+
+/* Point-to-point and groups (dt_comm_tcp_p2p.c): the vtable's calls; the
+ * collectives' first step (every queued send out; a failure breaks t); the
+ * connections' hook for P2P frames met by a collective; freeing. */
+DTRAIN_PRIVATE dt_result dt__tcp_isend(dt_comm *c, int rank, int dst, int tag, const float *buf, size_t n,
+                                       dt_comm_request **req);
+DTRAIN_PRIVATE dt_result dt__tcp_irecv(dt_comm *c, int rank, int src, int tag, float *buf, size_t n,
+                                       dt_comm_request **req);
+DTRAIN_PRIVATE dt_result dt__tcp_wait(dt_comm *c, dt_comm_request *r);
+DTRAIN_PRIVATE dt_result dt__tcp_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank);
+DTRAIN_PRIVATE dt_result dt__tcp_p2p_flush(dt__comm_tcp *t);
+DTRAIN_PRIVATE void dt__tcp_p2p_hook(dt__comm_tcp *t);
+DTRAIN_PRIVATE void dt__tcp_p2p_free(dt__comm_tcp *t);
 
 #endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
 

@@ -230,6 +230,7 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   }
   world = (size_t)cl->workers;
   t->comm.vtable = dt__tcp_vtable();
+  t->comm.p2p = dt__tcp_p2p_vtable();
   t->comm.world = cl->workers;
   t->comm.rank = cl->index;
   t->comm.impl = t;
@@ -280,6 +281,7 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
   }
   t->lane2.spin_s = t->conns[0].spin_s;
   dt__net_set_bufs(t->lane2.fd, t->self.opt.sock_buf_bytes);
+  dt__tcp_p2p_hook(t);
   t->self.cluster = NULL; /* the caller's; not needed after setup */
   t->self.opt.token = NULL;
   return &t->comm;

@@ -166,9 +166,14 @@ static dt_result dt__conn_header_ok(dt__conn *c, const unsigned char h[DT__NET_H
 
 DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigned char h[DT__NET_HDR], double deadline,
                                               const char *op) {
-  dt_result rc = dt__net_read_spin(c->fd, h, DT__NET_HDR, deadline, c->spin_s);
-  if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
-  return dt__conn_header_ok(c, h, f, deadline, op);
+  for (;;) {
+    dt_result rc = dt__net_read_spin(c->fd, h, DT__NET_HDR, deadline, c->spin_s);
+    if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
+    rc = dt__conn_header_ok(c, h, f, deadline, op);
+    if (rc != DTRAIN_OK || !c->p2p_type || f->type != c->p2p_type || !c->p2p_in) return rc;
+    rc = c->p2p_in(c->p2p_arg, c, f, deadline); /* a point-to-point message: its owner takes it */
+    if (rc != DTRAIN_OK) return rc;
+  }
 }
 
 DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
@@ -297,6 +302,15 @@ static dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int
   x->done += (size_t)k;
   *moved = 1;
   if (x->recv && !x->checked && x->done >= DT__NET_HDR) {
+    dt__conn *c = x->c;
+    if (c->p2p_type && dt__get_le16(x->h + 6) == c->p2p_type && c->p2p_in) {
+      /* A point-to-point message before the expected frame: its owner takes it. */
+      dt__frame f;
+      dt_result rc = dt__conn_check_header(c, x->h, &f, op);
+      if (rc == DTRAIN_OK) rc = c->p2p_in(c->p2p_arg, c, &f, deadline);
+      x->done = 0;
+      return rc;
+    }
     dt_result rc = dt__xfer_check(x, deadline, op);
     if (rc != DTRAIN_OK) return rc;
   }

@@ -65,6 +65,13 @@ typedef struct dt__conn {
   int peer_index;
   int lane;              /* 0, or 1: a 2-worker collective's second connection (hello offset 28) */
   char peer[DT__NET_ADDR]; /* "worker 1 (127.0.0.1:7001)" */
+  /* Frames of type p2p_type (0: none) that arrive where a receive expects
+   * another frame go to p2p_in (the communicator's point-to-point messages
+   * met by a collective): it reads the payload and the receive goes on with
+   * the next frame. */
+  uint16_t p2p_type;
+  dt_result (*p2p_in)(void *arg, struct dt__conn *c, const dt__frame *f, double deadline);
+  void *p2p_arg;
 } dt__conn;
 
 DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t self_id, uint32_t max_payload);

@@ -209,6 +209,47 @@ static void quiet_log(dt_log_level level, dt_result code, const char *msg, void 
   (void)level; (void)code; (void)msg; (void)user;
 }
 
+/* Point-to-point around the ring (tags overtaking, one wrong length) and a
+ * split into colours rank % 2 with reversed keys. */
+static void check_p2p_split(dt_comm *c) {
+  int W = dt_comm_world(c), me = dt_comm_rank(c), next = (me + 1) % W, prev = (me + W - 1) % W;
+  float a[100], b[100], t2[3] = {0};
+  for (int i = 0; i < 100; i++) a[i] = val(me, (size_t)i);
+  float small[3] = {7, 8, 9};
+  dt_comm_request *q[4];
+  CHECK(dt_comm_isend(c, me, next, 1, a, 100, &q[0]) == DTRAIN_OK);
+  CHECK(dt_comm_isend(c, me, next, 2, small, 3, &q[1]) == DTRAIN_OK);
+  CHECK(dt_comm_irecv(c, me, prev, 2, t2, 3, &q[2]) == DTRAIN_OK);
+  CHECK(dt_comm_irecv(c, me, prev, 1, b, 100, &q[3]) == DTRAIN_OK);
+  CHECK(dt_comm_waitall(q, 4) == DTRAIN_OK);
+  int bad = 0;
+  for (int i = 0; i < 100; i++) bad += b[i] != val(prev, (size_t)i);
+  CHECK(bad == 0 && t2[0] == 7 && t2[2] == 9);
+  if (W >= 2 && me <= 1) {
+    if (me == 0) CHECK(dt_comm_send(c, 0, 1, 9, a, 10) == DTRAIN_OK);
+    else CHECK(dt_comm_recv(c, 1, 0, 9, b, 12) == DTRAIN_ERR_MISMATCH);
+  }
+  CHECK(dt_comm_isend(c, me, next, DT_COMM_TAG_MAX + 1, a, 1, &q[0]) == DTRAIN_ERR_INVALID_ARG);
+  dt_comm *g = NULL;
+  int gr = -1;
+  CHECK(dt_comm_split(c, me, me % 2, -me, &g, &gr) == DTRAIN_OK && g != NULL);
+  if (g) {
+    int gw = dt_comm_world(g);
+    CHECK(gw == (W + 1 - me % 2) / 2 && dt_comm_rank(g) == gr);
+    float x = (float)me;
+    CHECK(dt_comm_allreduce(g, gr, &x, 1) == DTRAIN_OK);
+    float want = 0;
+    for (int j = me % 2; j < W; j += 2) want += (float)j;
+    CHECK(x == want);
+    /* Keys -rank: the highest old rank leads. */
+    float top = gr == 0 ? (float)me : -1.0f;
+    CHECK(dt_comm_broadcast(g, gr, &top, 1, 0) == DTRAIN_OK);
+    CHECK(top == (float)(W - 1 - ((W - 1 - me) % 2)));
+    dt_comm_destroy(g);
+  }
+  CHECK(dt_comm_split(c, me, -1, 0, &g, &gr) == DTRAIN_OK && g == NULL && gr == -1);
+}
+
 int main(void) {
   dt_set_logger(quiet_log, NULL, DTRAIN_LOG_ERROR); /* the argument checks log errors on purpose */
   dt_comm *c = dt_comm_create_mpi();
@@ -220,6 +261,7 @@ int main(void) {
   my_rank = dt_comm_rank(c);
   CHECK(dt_comm_world(c) >= 1 && my_rank >= 0 && my_rank < dt_comm_world(c));
   check_collectives(c);
+  check_p2p_split(c);
   check_mwm(c);
   /* failures summed over the ranks */
   float tot[2] = {(float)passed, (float)failed};

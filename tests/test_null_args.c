@@ -6448,6 +6448,129 @@ static void nt_dt_comm_reset_stats(void) {
   }
   nt_teardown(&f);
 }
+/* dt_comm.h: dt_result dt_comm_send(dt_comm * c, int rank, int dst, int tag, const float * buf, size_t n) */
+static void nt_dt_comm_send(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_comm_send(NULL, rank, dst, tag, NULL, n)");
+    nt_check_result(dt_comm_send(NULL, 0, 1, 1, NULL, 2), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_comm_send(NULL, rank, dst, tag, buf, n)");
+    nt_check_result(dt_comm_send(NULL, 0, 1, 1, f.fbuf, 2), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_comm_send(c, rank, dst, tag, NULL, n)");
+      nt_check_result(dt_comm_send(f.comm, 0, 1, 1, NULL, 2), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_comm.h: dt_result dt_comm_recv(dt_comm * c, int rank, int src, int tag, float * buf, size_t n) */
+static void nt_dt_comm_recv(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_comm_recv(NULL, rank, src, tag, NULL, n)");
+    nt_check_result(dt_comm_recv(NULL, 0, 1, 1, NULL, 2), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_comm_recv(NULL, rank, src, tag, buf, n)");
+    nt_check_result(dt_comm_recv(NULL, 0, 1, 1, f.fbuf, 2), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_comm_recv(c, rank, src, tag, NULL, n)");
+      nt_check_result(dt_comm_recv(f.comm, 0, 1, 1, NULL, 2), 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_comm.h: dt_result dt_comm_isend(dt_comm * c, int rank, int dst, int tag, const float * buf, size_t n, dt_comm_request ** req) */
+static void nt_dt_comm_isend(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_comm_isend(NULL, rank, dst, tag, NULL, n, NULL)");
+    nt_check_result(dt_comm_isend(NULL, 0, 1, 1, NULL, 2, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_comm_request ** req */
+}
+/* dt_comm.h: dt_result dt_comm_irecv(dt_comm * c, int rank, int src, int tag, float * buf, size_t n, dt_comm_request ** req) */
+static void nt_dt_comm_irecv(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_comm_irecv(NULL, rank, src, tag, NULL, n, NULL)");
+    nt_check_result(dt_comm_irecv(NULL, 0, 1, 1, NULL, 2, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_comm_request ** req */
+}
+/* dt_comm.h: dt_result dt_comm_wait(dt_comm_request * req) */
+static void nt_dt_comm_wait(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_comm_wait(NULL)");
+    nt_check_result(dt_comm_wait(NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_comm.h: dt_result dt_comm_waitall(dt_comm_request ** reqs, int n) */
+static void nt_dt_comm_waitall(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_comm_waitall(NULL, n)");
+    nt_check_result(dt_comm_waitall(NULL, 2), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_comm.h: dt_result dt_comm_split(dt_comm * c, int rank, int color, int key, dt_comm ** out, int * out_rank) */
+static void nt_dt_comm_split(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_comm_split(NULL, rank, color, key, NULL, NULL)");
+    nt_check_result(dt_comm_split(NULL, 0, 1, 1, NULL, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_comm ** out */
+}
 /* dt_comm.h: void dt_comm_slice(size_t n, int world, int rank, size_t * begin, size_t * end) */
 static void nt_dt_comm_slice(void) {
   nt_fix f;
@@ -7758,6 +7881,13 @@ int main(void) {
   TH_RUN(nt_dt_comm_name);
   TH_RUN(nt_dt_comm_stats_get);
   TH_RUN(nt_dt_comm_reset_stats);
+  TH_RUN(nt_dt_comm_send);
+  TH_RUN(nt_dt_comm_recv);
+  TH_RUN(nt_dt_comm_isend);
+  TH_RUN(nt_dt_comm_irecv);
+  TH_RUN(nt_dt_comm_wait);
+  TH_RUN(nt_dt_comm_waitall);
+  TH_RUN(nt_dt_comm_split);
   TH_RUN(nt_dt_comm_slice);
   TH_RUN(nt_dt_strategy_multi_worker_mirrored);
   TH_RUN(nt_dt_strategy_parameter_server);
