@@ -159,7 +159,7 @@
  *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint*
  *   8  comm      dt_comm dt_comm_core dt_comm_group dt_comm_mpi dt_devgroup
  *   9  net       dt_net* dt_wire dt_hash dt_frame dt_socket dt_conn dt_handshake dt_comm_tcp* dt_cluster
- *   10 strategy  dt_strategy* dt_pstore dt_ps*  (the parameter servers: the store, its shards and clients)
+ *   10 strategy  dt_strategy* dt_pstore dt_ps* dt_pipeline  (the parameter servers: the store, its shards and clients)
  *   11 fit       dt_fit*
  *
  * MEMORY AND OWNERSHIP
@@ -2572,6 +2572,125 @@ DTRAIN_EXTERN_C_END
 
 #endif /* DTRAIN_STRATEGY_H */
 /* ======== end dt_strategy.h ======== */
+
+/* ======== begin dt_pipeline.h ======== */
+/* ===========================================================================
+ * dt_pipeline.h -- pipeline parallelism: a model cut into stages, each on its
+ * own thread or process, micro-batches flowing through them (GPipe, 1F1B)
+ * ===========================================================================
+ * A model too large for one worker is cut into P stages; stage s holds only
+ * its own layers (its own dt_params) and runs its part of the forward pass.
+ * A step splits the global batch into M micro-batches (contiguous rows, as
+ * the strategies shard: B/M rows, one more for the first B % M). Stage s
+ * receives micro-batch m's activations from stage s-1, runs its stage
+ * function, and sends its output on to stage s+1; the last stage returns the
+ * loss. The backward pass flows the other way: stage s receives d(loss)/d(its
+ * output) from s+1, runs autograd through its part (dt_backward_grad) and
+ * sends d(loss)/d(its input) back to s-1. Parameter gradients accumulate over
+ * the micro-batches (each loss weighted by rows/B, so the sum is the gradient
+ * of the mean over the whole batch); after the last micro-batch each stage
+ * applies its optimizer to its own parameters. So a step computes what
+ * one_device computes on the same batch, up to float rounding (the
+ * micro-batches' gradients are summed in micro-batch order 0, 1, ..., M-1 under
+ * both schedules, so GPipe and 1F1B agree bitwise).
+ *
+ * Schedules (per stage; F = a forward, B = a backward):
+ *   DTRAIN_PIPE_GPIPE  every F (0..M-1), then every B (0..M-1): M micro-batches'
+ *                      activations held at once
+ *   DTRAIN_PIPE_1F1B   min(P-s-1, M) F to fill the pipe, then alternately one F
+ *                      and one B, then the remaining B: at most P-s micro-batches
+ *                      in flight on stage s, so less activation memory
+ * Both leave the same bubble (idle time) of (P-1)/(M+P-1) of a step in theory.
+ *
+ * Where the stages run:
+ *   o.comm == NULL   threads of this process: one dt_pipeline runs all P stages
+ *                    (params: an array of P dt_params, stage s's layers in
+ *                    params[s]); dt_pipeline_step on the calling thread
+ *                    runs stage 0 and P-1 pool threads the others.
+ *   o.comm != NULL   one stage per rank of a one-rank-per-process communicator
+ *                    (dt_comm_create_tcp / dt_comm_create_mpi, world == P,
+ *                    borrowed): stage = dt_comm_rank(comm); params: one
+ *                    dt_params (params[0]), this stage's. Every process calls
+ *                    dt_pipeline_step with the same global batch (stage 0
+ *                    reads its features, the last stage its labels).
+ * Activations travel as point-to-point messages (dt_comm_isend / _irecv): a
+ * micro-batch's output goes with its shape, so a stage's input may have any
+ * shape (rows first).
+ *
+ * The stage function builds stage `stage`'s part of micro-batch mb on g
+ * (bound to that stage's parameters: dt_param, the dt_nn_* layers). x is
+ * NULL on stage 0 (read mb's features) and otherwise the previous stage's
+ * output (a leaf that requires its gradient). The last stage returns the
+ * micro-batch's loss, one element, the mean over its rows (like a strategy's
+ * step function); the others return their output. NULL or a failed graph
+ * fails the step on every stage (DTRAIN_ERR_ABORTED on the others, the cause
+ * on the stage that failed).
+ *
+ * Not supported here yet: gradient clipping by the global norm (each stage
+ * sees only its gradients; clip_norm in the optimizer options is refused),
+ * batch-norm running statistics (a stage's buffers follow its micro-batches).
+ */
+#ifndef DTRAIN_PIPELINE_H
+#define DTRAIN_PIPELINE_H
+
+/* #include "dt_base.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
+
+DTRAIN_EXTERN_C_BEGIN
+
+typedef struct dt_pipeline dt_pipeline;
+
+typedef dt_tensor *(*dt_stage_fn)(dt_graph *g, int stage, dt_tensor *x, const dt_minibatch *mb, void *user);
+
+enum { DTRAIN_PIPE_GPIPE = 0, DTRAIN_PIPE_1F1B = 1 };
+
+typedef struct dt_pipeline_options {
+  int stages;          /* P >= 1 (with comm: its world) */
+  int microbatches;    /* M, 1..16383 */
+  int schedule;        /* DTRAIN_PIPE_GPIPE or DTRAIN_PIPE_1F1B */
+  dt_comm *comm;       /* NULL: threads; else one stage per rank (borrowed) */
+  int spin_us;         /* threads: how long a waiting stage spins (dt_comm_create_threads) */
+  size_t arena_bytes;  /* first arena block of each micro-batch's graph (0: the default) */
+  uint64_t seed;       /* graphs' RNG seed (dropout); micro-batch m of stage s: seed + 7919 * s + m */
+} dt_pipeline_options;
+
+/* stages and microbatches set, GPipe, threads. */
+DTRAIN_API dt_pipeline_options dt_pipeline_defaults(int stages, int microbatches);
+
+/* Per stage, since creation. */
+typedef struct dt_pipeline_stats {
+  int64_t steps;
+  double step_s;        /* wall time in dt_pipeline_step */
+  double busy_s;        /* of it, forward and backward work of this stage */
+  double bubble;        /* 1 - busy_s / step_s: this stage's idle share */
+  double bubble_theory; /* (P-1)/(M+P-1) */
+  int max_in_flight;    /* most micro-batches whose activations this stage held at once */
+  size_t act_bytes_peak; /* most bytes of graph arenas in use at once (activations) */
+} dt_pipeline_stats;
+
+/* params: threads: P of them; processes: one (this stage's). opt is copied.
+ * NULL on failure (dt_last_error()). */
+DTRAIN_API dt_pipeline *dt_pipeline_create(dt_params *const *params, const dt_optim_options *opt, dt_stage_fn fn,
+                                           void *user, const dt_pipeline_options *o);
+/* One training step on the global batch; *loss (may be NULL) gets the mean
+ * loss over the batch on every stage (a broadcast from the last stage). */
+DTRAIN_API dt_result dt_pipeline_step(dt_pipeline *p, const dt_minibatch *batch, float *loss);
+/* Stage `stage`'s statistics (processes: this process's stage, the only one it has). */
+DTRAIN_API dt_result dt_pipeline_stats_get(const dt_pipeline *p, int stage, dt_pipeline_stats *out);
+/* Stage `stage`'s optimizer (NULL, with DTRAIN_ERR_INDEX, if this process does not run it). */
+DTRAIN_API dt_optim *dt_pipeline_optim(dt_pipeline *p, int stage);
+/* This process's first stage and how many it runs (threads: 0 and P); 0 for a NULL p. */
+DTRAIN_API int dt_pipeline_first_stage(const dt_pipeline *p);
+DTRAIN_API int dt_pipeline_local_stages(const dt_pipeline *p);
+DTRAIN_API void dt_pipeline_destroy(dt_pipeline *p);
+
+DTRAIN_EXTERN_C_END
+
+#endif /* DTRAIN_PIPELINE_H */
+/* ======== end dt_pipeline.h ======== */
 
 /* ======== begin dt_net.h ======== */
 /* ===========================================================================
@@ -22781,6 +22900,460 @@ DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r) {
 }
 
 /* ======== end dt_strategy_device.c ======== */
+
+/* ======== begin dt_pipeline.c ======== */
+/* ===========================================================================
+ * dt_pipeline.c -- pipeline parallelism over point-to-point messages: GPipe
+ * and 1F1B schedules, stages on threads or processes (see dt_pipeline.h)
+ * ===========================================================================
+ * Each stage keeps one graph per micro-batch it may hold at once (GPipe: M;
+ * 1F1B: min(M, P-s)); micro-batch m uses slot m % slots, whose previous
+ * micro-batch finished its backward before m's forward starts, so a slot is
+ * reset only when its sends are done (waited on first).
+ *
+ * Messages (tags below DT_COMM_TAG_MAX): micro-batch m's activations go
+ * forward with tag 2m -- first an 8-float header (int32 bits: ndim, then the
+ * shape), then the floats -- and its gradient goes back with tag 2m+1 (the
+ * sender of the activations knows their shape). Receives are posted only
+ * when the schedule needs them and sends never block (isend, waited on when
+ * the slot is reused or at the end of the step), so neither schedule can
+ * deadlock, on the threads backend's rendezvous or on TCP.
+ *
+ * The end of a step is one all-reduce of two floats over the stages (the
+ * loss, from the last stage, and a failure count): every stage applies its
+ * optimizer only when no stage failed, so a failed step changes no
+ * parameters anywhere (processes: unless one dies between the all-reduce and
+ * its update).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_pipeline.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+#define DT__PIPE_MAX_M 16383
+#define DT__PIPE_HDR 8
+
+typedef struct dt__pipe_slot {
+  dt_graph *g;
+  dt_tensor *x, *out;       /* the micro-batch's input (stage > 0) and output (last stage: its loss) */
+  dt_comm_request *req[2];  /* its sends: header + activations forward, or the input gradient back */
+  float hdr[DT__PIPE_HDR];  /* the header sent */
+  int m;                    /* micro-batch in the slot, -1: none */
+} dt__pipe_slot;
+
+typedef struct dt__pipe_stage {
+  int s;
+  dt_params *P;
+  dt_optim *opt;
+  dt__pipe_slot *slots;
+  int nslots;
+  dt_pipeline_stats st;
+  int in_flight;
+  dt_result rc;
+  char why[DT__MSG_CAP];
+  double loss; /* last stage: the weighted losses of the step, in micro-batch order */
+} dt__pipe_stage;
+
+struct dt_pipeline {
+  dt_pipeline_options o;
+  dt_comm *comm; /* threads: our own */
+  int own_comm;
+  int first, local; /* this process's stages: [first, first + local) */
+  dt__pipe_stage *st;
+  dt__pool *pool;
+  dt_stage_fn fn;
+  void *user;
+  const dt_minibatch *batch; /* during a step */
+  float loss;
+};
+
+DTRAIN_API dt_pipeline_options dt_pipeline_defaults(int stages, int microbatches) {
+  dt_pipeline_options o;
+  memset(&o, 0, sizeof o);
+  o.stages = stages;
+  o.microbatches = microbatches;
+  o.schedule = DTRAIN_PIPE_GPIPE;
+  o.seed = 1;
+  return o;
+}
+
+/* ---- one stage's step ------------------------------------------------------------------------ */
+
+static int dt__pipe_tag(int m, int back) { return 2 * m + back; }
+
+/* Record the stage's first error and break the communicator so that no other stage waits for it. */
+static dt_result dt__pipe_fail(dt_pipeline *p, dt__pipe_stage *S, dt_result rc) {
+  if (S->rc == DTRAIN_OK) {
+    S->rc = rc;
+    snprintf(S->why, sizeof S->why, "%s", rc == DTRAIN_ERR_ABORTED ? "" : dt_last_error());
+  }
+  if (rc != DTRAIN_ERR_ABORTED) dt_comm_abort(p->comm, S->s);
+  return rc;
+}
+
+static dt_result dt__pipe_wait_slot(dt__pipe_slot *sl) {
+  dt_result rc = dt_comm_waitall(sl->req, 2);
+  return rc;
+}
+
+/* The shape header of t as int32 bits in 8 floats. */
+static void dt__pipe_pack(float *h, const dt_tensor *t) {
+  int32_t v[DT__PIPE_HDR];
+  memset(v, 0, sizeof v);
+  v[0] = t->ndim;
+  for (int d = 0; d < t->ndim && d < DTRAIN_MAX_DIMS; d++) v[1 + d] = (int32_t)t->shape[d];
+  memcpy(h, v, sizeof v);
+}
+
+static dt_result dt__pipe_forward(dt_pipeline *p, dt__pipe_stage *S, int m) {
+  int s = S->s, P = p->o.stages, M = p->o.microbatches;
+  dt__pipe_slot *sl = &S->slots[m % S->nslots];
+  dt_result rc = dt__pipe_wait_slot(sl);
+  if (rc != DTRAIN_OK) return rc;
+  dt_graph_reset(sl->g);
+  sl->m = m;
+  sl->x = sl->out = NULL;
+  dt_minibatch mb;
+  dt__strategy_shard(p->batch, M, m, &mb);
+  mb.step = S->st.steps;
+  mb.weight = (float)mb.rows / (float)p->batch->rows;
+  if (s > 0) {
+    float hf[DT__PIPE_HDR];
+    int32_t h[DT__PIPE_HDR];
+    rc = dt_comm_recv(p->comm, s, s - 1, dt__pipe_tag(m, 0), hf, DT__PIPE_HDR);
+    if (rc != DTRAIN_OK) return rc;
+    memcpy(h, hf, sizeof h);
+    int64_t shape[DTRAIN_MAX_DIMS], size = 1;
+    int ok = h[0] >= 1 && h[0] <= DTRAIN_MAX_DIMS;
+    for (int d = 0; ok && d < h[0]; d++) {
+      shape[d] = h[1 + d];
+      ok = shape[d] >= 1 && shape[d] <= ((int64_t)1 << 40) / size;
+      if (ok) size *= shape[d];
+    }
+    if (!ok)
+      return dt__error(DTRAIN_ERR_PROTOCOL, "dt_pipeline_step: stage %d: micro-batch %d: a bad shape header from "
+                       "stage %d (ndim %d)", s, m, s - 1, (int)h[0]);
+    sl->x = dt_tensor_new(sl->g, h[0], shape);
+    if (!sl->x) return dt__error(dt_graph_error(sl->g), "dt_pipeline_step: stage %d: %s", s,
+                                 dt_graph_message(sl->g));
+    rc = dt_comm_recv(p->comm, s, s - 1, dt__pipe_tag(m, 0), sl->x->data, (size_t)size);
+    if (rc != DTRAIN_OK) return rc;
+    dt_tensor_set_requires_grad(sl->x, 1);
+  }
+  double t0 = dt__now();
+  sl->out = p->fn(sl->g, s, sl->x, &mb, p->user);
+  S->st.busy_s += dt__now() - t0;
+  if (!sl->out || dt_graph_error(sl->g) != DTRAIN_OK) {
+    dt_result ge = dt_graph_error(sl->g);
+    return dt__error(ge != DTRAIN_OK ? ge : DTRAIN_ERR_NULL_ARG, "dt_pipeline_step: stage %d: micro-batch %d: %s",
+                     s, m, ge != DTRAIN_OK ? dt_graph_message(sl->g) : "the stage function returned NULL");
+  }
+  S->in_flight++;
+  if (S->in_flight > S->st.max_in_flight) S->st.max_in_flight = S->in_flight;
+  size_t used = 0;
+  for (int k = 0; k < S->nslots; k++)
+    if (S->slots[k].m >= 0) used += dt_graph_bytes_used(S->slots[k].g);
+  if (used > S->st.act_bytes_peak) S->st.act_bytes_peak = used;
+  if (s == P - 1) {
+    if (sl->out->size != 1)
+      return dt__error(DTRAIN_ERR_SHAPE, "dt_pipeline_step: the last stage (%d) returned %lld elements, not a loss",
+                       s, (long long)sl->out->size);
+    S->loss += (double)mb.weight * (double)sl->out->data[0];
+    return DTRAIN_OK;
+  }
+  dt__pipe_pack(sl->hdr, sl->out);
+  rc = dt_comm_isend(p->comm, s, s + 1, dt__pipe_tag(m, 0), sl->hdr, DT__PIPE_HDR, &sl->req[0]);
+  if (rc == DTRAIN_OK)
+    rc = dt_comm_isend(p->comm, s, s + 1, dt__pipe_tag(m, 0), sl->out->data, (size_t)sl->out->size, &sl->req[1]);
+  return rc;
+}
+
+static dt_result dt__pipe_backward(dt_pipeline *p, dt__pipe_stage *S, int m) {
+  int s = S->s, P = p->o.stages;
+  dt__pipe_slot *sl = &S->slots[m % S->nslots];
+  dt_result rc;
+  if (sl->m != m) return dt__error(DTRAIN_ERR_INTERNAL, "dt_pipeline_step: stage %d: slot of micro-batch %d holds %d",
+                                   s, m, sl->m);
+  rc = dt__pipe_wait_slot(sl); /* the activations went out: their buffer is the graph's again */
+  if (rc != DTRAIN_OK) return rc;
+  if (s == P - 1) {
+    dt_minibatch mb;
+    dt__strategy_shard(p->batch, p->o.microbatches, m, &mb);
+    float w = (float)mb.rows / (float)p->batch->rows;
+    double t0 = dt__now();
+    rc = dt_backward_grad(sl->g, sl->out, &w);
+    S->st.busy_s += dt__now() - t0;
+  } else {
+    dt_tensor *gout = dt_tensor_new(sl->g, sl->out->ndim, sl->out->shape);
+    if (!gout) return dt__error(dt_graph_error(sl->g), "dt_pipeline_step: stage %d: %s", s, dt_graph_message(sl->g));
+    rc = dt_comm_recv(p->comm, s, s + 1, dt__pipe_tag(m, 1), gout->data, (size_t)gout->size);
+    if (rc != DTRAIN_OK) return rc;
+    double t0 = dt__now();
+    rc = dt_backward_grad(sl->g, sl->out, gout->data);
+    S->st.busy_s += dt__now() - t0;
+  }
+  if (rc != DTRAIN_OK)
+    return dt__error(rc, "dt_pipeline_step: stage %d: micro-batch %d: backward: %s", s, m, dt_last_error());
+  S->in_flight--;
+  if (s == 0) return DTRAIN_OK;
+  const float *dx = sl->x->grad;
+  if (!dx) { /* the stage's output does not depend on its input: a zero gradient */
+    dt_tensor *z = dt_tensor_new(sl->g, sl->x->ndim, sl->x->shape);
+    if (!z) return dt__error(dt_graph_error(sl->g), "dt_pipeline_step: stage %d: %s", s, dt_graph_message(sl->g));
+    dx = z->data;
+  }
+  return dt_comm_isend(p->comm, s, s - 1, dt__pipe_tag(m, 1), dx, (size_t)sl->x->size, &sl->req[0]);
+}
+
+/* Stage s's schedule for one step. */
+static dt_result dt__pipe_schedule(dt_pipeline *p, dt__pipe_stage *S) {
+  int s = S->s, P = p->o.stages, M = p->o.microbatches;
+  dt_result rc = DTRAIN_OK;
+  if (p->o.schedule == DTRAIN_PIPE_GPIPE) {
+    for (int m = 0; m < M && rc == DTRAIN_OK; m++) rc = dt__pipe_forward(p, S, m);
+    for (int m = 0; m < M && rc == DTRAIN_OK; m++) rc = dt__pipe_backward(p, S, m);
+    return rc;
+  }
+  int warm = DT__MIN(P - s - 1, M), f = 0, b = 0;
+  for (; f < warm && rc == DTRAIN_OK; f++) rc = dt__pipe_forward(p, S, f);
+  while (f < M && rc == DTRAIN_OK) {
+    rc = dt__pipe_forward(p, S, f++);
+    if (rc == DTRAIN_OK) rc = dt__pipe_backward(p, S, b++);
+  }
+  while (b < M && rc == DTRAIN_OK) rc = dt__pipe_backward(p, S, b++);
+  return rc;
+}
+
+static void dt__pipe_stage_step(dt_pipeline *p, dt__pipe_stage *S) {
+  int s = S->s, P = p->o.stages;
+  double t0 = dt__now();
+  S->rc = DTRAIN_OK;
+  S->why[0] = '\0';
+  S->loss = 0.0;
+  S->in_flight = 0;
+  dt_params_zero_grad(S->P);
+  dt_result rc = dt__pipe_schedule(p, S);
+  if (rc != DTRAIN_OK) dt__pipe_fail(p, S, rc);
+  /* Every send finished (or ended by the abort) before the graphs may go. */
+  for (int k = 0; k < S->nslots; k++) {
+    dt_result wr = dt__pipe_wait_slot(&S->slots[k]);
+    if (wr != DTRAIN_OK && S->rc == DTRAIN_OK) dt__pipe_fail(p, S, wr);
+  }
+  /* Agree: the loss and whether anyone failed. */
+  float agree[2] = {s == P - 1 ? (float)S->loss : 0.0f, S->rc != DTRAIN_OK ? 1.0f : 0.0f};
+  if (S->rc == DTRAIN_OK) {
+    rc = dt_comm_allreduce(p->comm, s, agree, 2);
+    if (rc != DTRAIN_OK) dt__pipe_fail(p, S, rc);
+  }
+  if (S->rc == DTRAIN_OK && agree[1] == 0.0f) {
+    rc = dt_optim_step(S->opt);
+    if (rc != DTRAIN_OK) dt__pipe_fail(p, S, rc);
+    else if (s == p->first) p->loss = agree[0];
+  }
+  S->st.steps++;
+  S->st.step_s += dt__now() - t0;
+}
+
+static void dt__pipe_pool_fn(void *arg, int index) {
+  dt_pipeline *p = (dt_pipeline *)arg;
+  dt__pipe_stage_step(p, &p->st[index]);
+}
+
+DTRAIN_API dt_result dt_pipeline_step(dt_pipeline *p, const dt_minibatch *batch, float *loss) {
+  if (loss) *loss = NAN;
+  if (!p) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_step: pipeline is NULL");
+  if (!batch) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_step: batch is NULL");
+  if (batch->rows < p->o.microbatches)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_pipeline_step: a batch of %lld rows cannot make %d micro-batches",
+                     (long long)batch->rows, p->o.microbatches);
+  p->batch = batch;
+  p->loss = NAN;
+  dt__quiet_push();
+  if (p->pool) dt__pool_run(p->pool, dt__pipe_pool_fn, p);
+  else dt__pipe_stage_step(p, &p->st[0]);
+  p->batch = NULL;
+  /* The first real cause (another stage's ABORTED only says that someone failed). */
+  dt_result rc = DTRAIN_OK;
+  const dt__pipe_stage *who = NULL;
+  for (int k = 0; k < p->local; k++) {
+    const dt__pipe_stage *S = &p->st[k];
+    if (S->rc == DTRAIN_OK) continue;
+    if (!who || (who->rc == DTRAIN_ERR_ABORTED && S->rc != DTRAIN_ERR_ABORTED)) who = S;
+  }
+  if (who) {
+    rc = who->rc == DTRAIN_ERR_ABORTED ? DTRAIN_ERR_ABORTED : dt__error(who->rc, "%s", who->why);
+    if (p->own_comm) dt_comm_recover(p->comm); /* threads: nobody is inside any more */
+  }
+  dt__quiet_pop(rc);
+  if (rc == DTRAIN_OK && loss) *loss = p->loss;
+  return rc;
+}
+
+/* ---- creation ---------------------------------------------------------------------------------- */
+
+DTRAIN_API void dt_pipeline_destroy(dt_pipeline *p) {
+  if (!p) return;
+  dt__pool_destroy(p->pool);
+  for (int k = 0; p->st && k < p->local; k++) {
+    dt__pipe_stage *S = &p->st[k];
+    for (int j = 0; S->slots && j < S->nslots; j++) {
+      dt_comm_waitall(S->slots[j].req, 2);
+      dt_graph_destroy(S->slots[j].g);
+    }
+    dt__free(S->slots, (size_t)S->nslots * sizeof(dt__pipe_slot));
+    dt_optim_destroy(S->opt);
+  }
+  dt__free(p->st, (size_t)p->local * sizeof(dt__pipe_stage));
+  if (p->own_comm) dt_comm_destroy(p->comm);
+  dt__free(p, sizeof *p);
+}
+
+static dt_result dt__pipe_check(dt_params *const *params, const dt_optim_options *opt, dt_stage_fn fn,
+                                const dt_pipeline_options *o) {
+  const char *fn_name = "dt_pipeline_create";
+  if (!params || !opt || !fn || !o)
+    return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn_name,
+                     !params ? "params" : !opt ? "opt" : !fn ? "fn" : "options");
+  if (o->stages < 1 || o->stages > 256)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d stages (1..256)", fn_name, o->stages);
+  if (o->microbatches < 1 || o->microbatches > DT__PIPE_MAX_M)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d micro-batches (1..%d)", fn_name, o->microbatches,
+                     DT__PIPE_MAX_M);
+  if (o->schedule != DTRAIN_PIPE_GPIPE && o->schedule != DTRAIN_PIPE_1F1B)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: schedule %d (DTRAIN_PIPE_GPIPE or DTRAIN_PIPE_1F1B)", fn_name,
+                     o->schedule);
+  if (opt->clip_norm > 0.0f)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: clip_norm: the global gradient norm spans the stages; "
+                     "clipping it is not supported by pipelines yet", fn_name);
+  if (o->comm) {
+    if (dt_comm_world(o->comm) != o->stages)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d stages but the communicator has %d ranks", fn_name,
+                       o->stages, dt_comm_world(o->comm));
+    if (strcmp(dt_comm_name(o->comm), "threads") == 0 && o->stages > 1)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: a threads communicator runs many ranks in one process: leave "
+                       "options.comm NULL and the pipeline runs its stages as threads", fn_name);
+  }
+  int n = o->comm ? 1 : o->stages;
+  for (int k = 0; k < n; k++)
+    if (!params[k]) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: params[%d] is NULL", fn_name, k);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_pipeline *dt_pipeline_create(dt_params *const *params, const dt_optim_options *opt, dt_stage_fn fn,
+                                           void *user, const dt_pipeline_options *o) {
+  if (dt__pipe_check(params, opt, fn, o) != DTRAIN_OK) return NULL;
+  dt_pipeline *p = (dt_pipeline *)dt__calloc(sizeof *p);
+  if (!p) {
+    dt__error(DTRAIN_ERR_NOMEM, "dt_pipeline_create: out of memory");
+    return NULL;
+  }
+  p->o = *o;
+  p->fn = fn;
+  p->user = user;
+  int P = o->stages, M = o->microbatches;
+  if (o->comm) {
+    p->comm = o->comm;
+    p->first = dt_comm_rank(o->comm);
+    p->local = 1;
+  } else {
+    p->comm = dt_comm_create_threads(P, o->spin_us);
+    p->own_comm = p->comm != NULL;
+    p->local = P;
+    if (p->comm && P > 1) p->pool = dt__pool_create(P, dt__spin_seconds(o->spin_us, P));
+    if (!p->comm || (P > 1 && !p->pool)) {
+      dt_pipeline_destroy(p);
+      return NULL;
+    }
+  }
+  p->st = (dt__pipe_stage *)dt__calloc((size_t)p->local * sizeof(dt__pipe_stage));
+  if (!p->st) {
+    dt_pipeline_destroy(p);
+    dt__error(DTRAIN_ERR_NOMEM, "dt_pipeline_create: out of memory");
+    return NULL;
+  }
+  for (int k = 0; k < p->local; k++) {
+    dt__pipe_stage *S = &p->st[k];
+    int s = p->first + k;
+    S->s = s;
+    S->P = params[k];
+    S->nslots = o->schedule == DTRAIN_PIPE_1F1B ? DT__MIN(M, P - s) : M;
+    S->st.bubble_theory = (double)(P - 1) / (double)(M + P - 1);
+    S->slots = (dt__pipe_slot *)dt__calloc((size_t)S->nslots * sizeof(dt__pipe_slot));
+    S->opt = dt_optim_create(S->P, opt);
+    if (!S->slots || !S->opt) {
+      if (!S->slots) dt__error(DTRAIN_ERR_NOMEM, "dt_pipeline_create: out of memory");
+      if (!S->slots) S->nslots = 0;
+      dt_pipeline_destroy(p);
+      return NULL;
+    }
+    for (int j = 0; j < S->nslots; j++) {
+      dt_graph_options go;
+      memset(&go, 0, sizeof go);
+      go.arena_bytes = o->arena_bytes;
+      go.seed = o->seed + 7919u * (uint64_t)s + (uint64_t)j;
+      S->slots[j].m = -1;
+      S->slots[j].g = dt_graph_create(S->P, &go);
+      if (!S->slots[j].g) {
+        dt_pipeline_destroy(p);
+        return NULL;
+      }
+    }
+  }
+  return p;
+}
+
+/* ---- queries ----------------------------------------------------------------------------------- */
+
+static const dt__pipe_stage *dt__pipe_find(const dt_pipeline *p, int stage) {
+  if (!p || stage < p->first || stage >= p->first + p->local) return NULL;
+  return &p->st[stage - p->first];
+}
+
+DTRAIN_API dt_result dt_pipeline_stats_get(const dt_pipeline *p, int stage, dt_pipeline_stats *out) {
+  if (!p || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_stats_get: %s is NULL", !p ? "p" : "out");
+  const dt__pipe_stage *S = dt__pipe_find(p, stage);
+  if (!S)
+    return dt__error(DTRAIN_ERR_INDEX, "dt_pipeline_stats_get: stage %d does not run in this process (it runs "
+                     "%d..%d)", stage, p->first, p->first + p->local - 1);
+  *out = S->st;
+  out->bubble = S->st.step_s > 0 ? 1.0 - S->st.busy_s / S->st.step_s : 0.0;
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_optim *dt_pipeline_optim(dt_pipeline *p, int stage) {
+  if (!p) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_optim: p is NULL");
+    return NULL;
+  }
+  const dt__pipe_stage *S = dt__pipe_find(p, stage);
+  if (!S) dt__error(DTRAIN_ERR_INDEX, "dt_pipeline_optim: stage %d does not run in this process", stage);
+  return S ? S->opt : NULL;
+}
+
+DTRAIN_API int dt_pipeline_first_stage(const dt_pipeline *p) {
+  if (!p) dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_first_stage: p is NULL");
+  return p ? p->first : 0;
+}
+
+DTRAIN_API int dt_pipeline_local_stages(const dt_pipeline *p) {
+  if (!p) dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_local_stages: p is NULL");
+  return p ? p->local : 0;
+}
+/* ======== end dt_pipeline.c ======== */
 
 /* ======== begin dt_cluster.c ======== */
 /* ===========================================================================

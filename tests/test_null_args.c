@@ -7198,6 +7198,99 @@ static void nt_dt_pstore_take(void) {
   }
   nt_teardown(&f);
 }
+/* dt_pipeline.h: dt_pipeline * dt_pipeline_create(dt_params *const * params, const dt_optim_options * opt, dt_stage_fn fn, void * user, const dt_pipeline_options * o) */
+static void nt_dt_pipeline_create(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pipeline_create(NULL, NULL, NULL, NULL, NULL)");
+    dt_pipeline * r_ = dt_pipeline_create(NULL, NULL, NULL, NULL, NULL);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_params *const * params, dt_stage_fn fn, const dt_pipeline_options * o */
+}
+/* dt_pipeline.h: dt_result dt_pipeline_step(dt_pipeline * p, const dt_minibatch * batch, float * loss) */
+static void nt_dt_pipeline_step(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pipeline_step(NULL, NULL, NULL)");
+    nt_check_result(dt_pipeline_step(NULL, NULL, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_pipeline * p */
+}
+/* dt_pipeline.h: dt_result dt_pipeline_stats_get(const dt_pipeline * p, int stage, dt_pipeline_stats * out) */
+static void nt_dt_pipeline_stats_get(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pipeline_stats_get(NULL, stage, NULL)");
+    nt_check_result(dt_pipeline_stats_get(NULL, 1, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for const dt_pipeline * p, dt_pipeline_stats * out */
+}
+/* dt_pipeline.h: dt_optim * dt_pipeline_optim(dt_pipeline * p, int stage) */
+static void nt_dt_pipeline_optim(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pipeline_optim(NULL, stage)");
+    dt_optim * r_ = dt_pipeline_optim(NULL, 1);
+    nt_check_ptr(r_ != NULL, 0);
+    if (r_) dt_optim_destroy(r_);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_pipeline.h: int dt_pipeline_first_stage(const dt_pipeline * p) */
+static void nt_dt_pipeline_first_stage(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pipeline_first_stage(NULL)");
+    (void)dt_pipeline_first_stage(NULL);
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_pipeline.h: int dt_pipeline_local_stages(const dt_pipeline * p) */
+static void nt_dt_pipeline_local_stages(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pipeline_local_stages(NULL)");
+    (void)dt_pipeline_local_stages(NULL);
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_pipeline.h: void dt_pipeline_destroy(dt_pipeline * p) */
+static void nt_dt_pipeline_destroy(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pipeline_destroy(NULL)");
+    dt_pipeline_destroy(NULL);
+    nt_check_quiet(1);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_net.h: dt_result dt_cluster_parse_json(const char * json, dt_cluster ** out) */
 static void nt_dt_cluster_parse_json(void) {
   nt_fix f;
@@ -7916,6 +8009,13 @@ int main(void) {
   TH_RUN(nt_dt_pstore_begin);
   TH_RUN(nt_dt_pstore_version);
   TH_RUN(nt_dt_pstore_take);
+  TH_RUN(nt_dt_pipeline_create);
+  TH_RUN(nt_dt_pipeline_step);
+  TH_RUN(nt_dt_pipeline_stats_get);
+  TH_RUN(nt_dt_pipeline_optim);
+  TH_RUN(nt_dt_pipeline_first_stage);
+  TH_RUN(nt_dt_pipeline_local_stages);
+  TH_RUN(nt_dt_pipeline_destroy);
   TH_RUN(nt_dt_cluster_parse_json);
   TH_RUN(nt_dt_cluster_from_env);
   TH_RUN(nt_dt_cluster_from_args);

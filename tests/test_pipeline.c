@@ -1,0 +1,464 @@
+/* tests/test_pipeline.c -- pipeline parallelism (dt_pipeline.h) against
+ * one_device: an MLP of 4 layers cut into 2, 3 or 4 stages, 1-8
+ * micro-batches, GPipe and 1F1B, 20 steps of SGD with momentum (and Adam):
+ * the parameters and losses equal one_device's on the same batches within
+ * 1e-5 relative, and the two schedules agree bitwise. On threads and on 2-3
+ * forked processes over TCP. Also: how many micro-batches each stage holds
+ * (1F1B: min(M, P-s); GPipe: M) and 1F1B's smaller activation memory, a stage
+ * function that fails (every stage returns an error, no parameter changes, the
+ * next step works), a stage process killed (the others name it within the
+ * deadline), and bad arguments. */
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  define DTRAIN_STATIC
+#  define DTRAIN_IMPLEMENTATION
+#endif
+#include "dtrain.h"
+#include "harness.h"
+
+#define L 4
+static const int dims[L + 1] = {6, 16, 16, 12, 3};
+#define ROWS 480
+#define B 24
+#define STEPS 20
+static float data_x[ROWS * 6];
+static int32_t data_y[ROWS];
+
+typedef struct model {
+  int stages;
+  int first[L + 1]; /* stage s has layers first[s] .. first[s+1]-1 */
+  int fail_stage, fail_step; /* the stage function returns NULL there (-1: never) */
+} model;
+
+static void make_data(void) {
+  uint64_t s = 12345;
+  for (int i = 0; i < ROWS * 6; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    data_x[i] = (float)((s >> 33) % 2001) / 1000.0f - 1.0f;
+  }
+  for (int r = 0; r < ROWS; r++) {
+    float a = data_x[r * 6] + 0.5f * data_x[r * 6 + 1] - data_x[r * 6 + 4];
+    data_y[r] = a > 0.3f ? 2 : a > -0.3f ? 1 : 0;
+  }
+}
+
+static dt_minibatch batch_at(int step) {
+  dt_minibatch b;
+  memset(&b, 0, sizeof b);
+  int first = (step * B) % ROWS;
+  b.rows = B;
+  b.x = data_x + first * 6;
+  b.x_cols = 6;
+  b.y = data_y + first;
+  return b;
+}
+
+/* Layers l0..l1-1 into p (w [out,in], b [out]) in order. */
+static void add_layers(dt_params *p, int l0, int l1) {
+  for (int l = l0; l < l1; l++) {
+    char name[16];
+    int64_t ws[2] = {dims[l + 1], dims[l]}, bs[1] = {dims[l + 1]};
+    dt_init wi = {DTRAIN_INIT_GLOROT_UNIFORM, 0, 0}, bi = {DTRAIN_INIT_UNIFORM, -0.1f, 0.1f};
+    snprintf(name, sizeof name, "w%d", l);
+    dt_params_add(p, name, 2, ws, wi);
+    snprintf(name, sizeof name, "b%d", l);
+    dt_params_add(p, name, 1, bs, bi);
+  }
+}
+
+static size_t layer_floats(int l0, int l1) {
+  size_t n = 0;
+  for (int l = l0; l < l1; l++) n += (size_t)dims[l + 1] * (size_t)dims[l] + (size_t)dims[l + 1];
+  return n;
+}
+
+/* p's parameters packed in order (no alignment gaps) into out; returns the floats written. */
+static size_t pack(const dt_params *p, float *out) {
+  size_t k = 0;
+  float *data = dt_params_data((dt_params *)(uintptr_t)p);
+  for (int i = 0; i < dt_params_count(p); i++) {
+    dt_param_info in;
+    dt_params_info(p, i, &in);
+    memcpy(out + k, data + in.offset, in.size * sizeof(float));
+    k += in.size;
+  }
+  return k;
+}
+
+static dt_tensor *run_layers(dt_graph *g, dt_tensor *x, int l0, int l1) {
+  for (int l = l0; l < l1; l++) {
+    x = dt_linear(g, x, dt_param(g, 2 * (l - l0)), dt_param(g, 2 * (l - l0) + 1));
+    if (l < L - 1) x = dt_tanh(g, x);
+  }
+  return x;
+}
+
+static dt_tensor *full_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  (void)replica;
+  (void)user;
+  int64_t xs[2] = {b->rows, 6};
+  dt_tensor *x = dt_tensor_wrap(g, 2, xs, (float *)(uintptr_t)b->x);
+  return dt_cross_entropy(g, run_layers(g, x, 0, L), b->y);
+}
+
+static dt_tensor *stage_fn(dt_graph *g, int stage, dt_tensor *x, const dt_minibatch *mb, void *user) {
+  model *md = (model *)user;
+  if (stage == md->fail_stage && mb->step == md->fail_step && mb->first == 0) return NULL;
+  if (stage == 0) {
+    int64_t xs[2] = {mb->rows, 6};
+    x = dt_tensor_wrap(g, 2, xs, (float *)(uintptr_t)mb->x);
+  }
+  x = run_layers(g, x, md->first[stage], md->first[stage + 1]);
+  return stage == md->stages - 1 ? dt_cross_entropy(g, x, mb->y) : x;
+}
+
+static dt_optim_options optim_of(int adam) {
+  dt_optim_options o;
+  memset(&o, 0, sizeof o);
+  o.kind = adam ? DTRAIN_OPTIM_ADAM : DTRAIN_OPTIM_SGD;
+  o.lr = adam ? 0.01f : 0.1f;
+  o.momentum = adam ? 0.0f : 0.9f;
+  if (adam) {
+    o.beta1 = 0.9f;
+    o.beta2 = 0.999f;
+    o.eps = 1e-8f;
+  }
+  return o;
+}
+
+/* one_device's parameters after STEPS steps (into out, layer order) and its losses. */
+static void reference(int adam, float *out, float *losses) {
+  dt_params *P = dt_params_create(7);
+  add_layers(P, 0, L);
+  dt_optim_options oo = optim_of(adam);
+  dt_optim *opt = dt_optim_create(P, &oo);
+  dt_strategy_options sd = dt_strategy_one_device();
+  dt_strategy *s = dt_strategy_create(P, opt, full_step, NULL, &sd);
+  CHECK(s != NULL);
+  for (int k = 0; s && k < STEPS; k++) {
+    dt_minibatch b = batch_at(k);
+    CHECK(dt_strategy_step(s, &b, &losses[k]) == DTRAIN_OK);
+  }
+  pack(P, out);
+  dt_strategy_destroy(s);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+}
+
+static void split_layers(model *md, int stages) {
+  memset(md, 0, sizeof *md);
+  md->stages = stages;
+  md->fail_stage = -1;
+  /* 2: {0,1} {2,3}; 3: {0} {1,2} {3}; 4: one each. */
+  static const int cut2[3] = {0, 2, 4}, cut3[4] = {0, 1, 3, 4}, cut4[5] = {0, 1, 2, 3, 4}, cut1[2] = {0, 4};
+  const int *c = stages == 1 ? cut1 : stages == 2 ? cut2 : stages == 3 ? cut3 : cut4;
+  for (int s = 0; s <= stages; s++) md->first[s] = c[s];
+}
+
+/* Stage s's params with the same initial values as the full model's layers. */
+static dt_params *stage_params(const model *md, int s) {
+  dt_params *full = dt_params_create(7);
+  add_layers(full, 0, L);
+  dt_params *p = dt_params_create(99);
+  add_layers(p, md->first[s], md->first[s + 1]);
+  for (int i = 0; i < dt_params_count(p); i++) {
+    dt_param_info in, fi;
+    dt_params_info(p, i, &in);
+    dt_params_info(full, dt_params_find(full, in.name), &fi);
+    memcpy(dt_params_data(p) + in.offset, dt_params_data(full) + fi.offset, in.size * sizeof(float));
+  }
+  dt_params_destroy(full);
+  return p;
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)b[i]));
+  for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - (double)b[i]));
+  return scale > 0 ? worst / scale : worst;
+}
+
+#if !defined(DTRAIN_NO_THREADS) && !defined(DTRAIN_NO_DIST)
+/* Train with the pipeline on threads; the stages' params concatenated into out. */
+static void train_threads(int stages, int M, int sched, int adam, float *out, float *losses, dt_pipeline_stats *st) {
+  model md;
+  split_layers(&md, stages);
+  dt_params *ps[4];
+  for (int s = 0; s < stages; s++) ps[s] = stage_params(&md, s);
+  dt_pipeline_options po = dt_pipeline_defaults(stages, M);
+  po.schedule = sched;
+  dt_optim_options oo = optim_of(adam);
+  dt_pipeline *pl = dt_pipeline_create(ps, &oo, stage_fn, &md, &po);
+  CHECK(pl != NULL);
+  for (int k = 0; pl && k < STEPS; k++) {
+    dt_minibatch b = batch_at(k);
+    CHECK(dt_pipeline_step(pl, &b, &losses[k]) == DTRAIN_OK);
+  }
+  size_t off = 0;
+  for (int s = 0; s < stages; s++) {
+    if (pl && st) CHECK(dt_pipeline_stats_get(pl, s, &st[s]) == DTRAIN_OK);
+    off += pack(ps[s], out + off);
+  }
+  dt_pipeline_destroy(pl);
+  for (int s = 0; s < stages; s++) dt_params_destroy(ps[s]);
+}
+
+static void test_threads_equal_one_device(void) {
+  size_t n = layer_floats(0, L);
+  float *ref = (float *)malloc(n * sizeof(float)), *got = (float *)malloc(n * sizeof(float));
+  float *g2 = (float *)malloc(n * sizeof(float));
+  float lref[STEPS], lgot[STEPS], l2[STEPS];
+  for (int adam = 0; adam <= 1; adam++) {
+    reference(adam, ref, lref);
+    for (int stages = 2; stages <= 3; stages++) {
+      const int ms[] = {1, 2, 3, 4, 8};
+      for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++) {
+        if (adam && ms[k] != 4) continue;
+        train_threads(stages, ms[k], DTRAIN_PIPE_GPIPE, adam, got, lgot, NULL);
+        train_threads(stages, ms[k], DTRAIN_PIPE_1F1B, adam, g2, l2, NULL);
+        double d = max_rel(got, ref, n);
+        if (getenv("DTRAIN_TEST_VERBOSE"))
+          fprintf(stderr, "P=%d M=%d adam=%d: max relative difference %.3g, loss %.6f -> %.6f\n", stages, ms[k], adam,
+                  d, (double)lgot[0], (double)lgot[STEPS - 1]);
+        CHECK_MSG(d <= 1e-5, "P=%d M=%d adam=%d: max relative difference %.3g", stages, ms[k], adam, d);
+        CHECK_MSG(memcmp(got, g2, n * sizeof(float)) == 0, "P=%d M=%d: GPipe and 1F1B differ", stages, ms[k]);
+        for (int s = 0; s < STEPS; s++) {
+          CHECK(fabs((double)lgot[s] - (double)lref[s]) <= 1e-5 * fabs((double)lref[s]) + 1e-6);
+          CHECK(lgot[s] == l2[s]);
+        }
+      }
+    }
+  }
+  free(ref);
+  free(got);
+  free(g2);
+}
+
+/* Micro-batches held at once and activation memory: 1F1B keeps min(M, P-s), GPipe M. */
+static void test_memory_in_flight(void) {
+  size_t n = layer_floats(0, L);
+  float *a = (float *)malloc(n * sizeof(float)), *b = (float *)malloc(n * sizeof(float));
+  float la[STEPS], lb[STEPS];
+  dt_pipeline_stats g[4], f[4];
+  train_threads(4, 8, DTRAIN_PIPE_GPIPE, 0, a, la, g);
+  train_threads(4, 8, DTRAIN_PIPE_1F1B, 0, b, lb, f);
+  for (int s = 0; s < 4; s++) {
+    CHECK_MSG(g[s].max_in_flight == 8, "GPipe stage %d held %d", s, g[s].max_in_flight);
+    CHECK_MSG(f[s].max_in_flight == (4 - s < 8 ? 4 - s : 8), "1F1B stage %d held %d", s, f[s].max_in_flight);
+    CHECK(g[s].steps == STEPS && g[s].step_s > 0 && g[s].busy_s > 0 && g[s].busy_s <= g[s].step_s);
+    CHECK(fabs(g[s].bubble_theory - 3.0 / 11.0) < 1e-12);
+  }
+  CHECK_MSG(f[0].act_bytes_peak < g[0].act_bytes_peak, "1F1B %zu bytes, GPipe %zu", f[0].act_bytes_peak,
+            g[0].act_bytes_peak);
+  CHECK(memcmp(a, b, n * sizeof(float)) == 0);
+  free(a);
+  free(b);
+}
+
+/* A stage function that fails: every stage returns an error, no parameter moves, the next step works. */
+static void test_stage_failure(void) {
+  model md;
+  split_layers(&md, 3);
+  md.fail_stage = 1;
+  md.fail_step = 2;
+  dt_params *ps[3];
+  for (int s = 0; s < 3; s++) ps[s] = stage_params(&md, s);
+  dt_pipeline_options po = dt_pipeline_defaults(3, 4);
+  po.schedule = DTRAIN_PIPE_1F1B;
+  dt_optim_options oo = optim_of(0);
+  dt_pipeline *pl = dt_pipeline_create(ps, &oo, stage_fn, &md, &po);
+  CHECK(pl != NULL);
+  if (!pl) return;
+  float loss;
+  for (int k = 0; k < 2; k++) {
+    dt_minibatch b = batch_at(k);
+    CHECK(dt_pipeline_step(pl, &b, &loss) == DTRAIN_OK);
+  }
+  size_t n0 = dt_params_size(ps[0]), n2 = dt_params_size(ps[2]);
+  float *keep0 = (float *)malloc(n0 * sizeof(float)), *keep2 = (float *)malloc(n2 * sizeof(float));
+  memcpy(keep0, dt_params_data(ps[0]), n0 * sizeof(float));
+  memcpy(keep2, dt_params_data(ps[2]), n2 * sizeof(float));
+  dt_minibatch b = batch_at(2);
+  dt_result rc = dt_pipeline_step(pl, &b, &loss);
+  CHECK(rc == DTRAIN_ERR_NULL_ARG);
+  CHECK(strstr(dt_last_error(), "stage 1: micro-batch 0: the stage function returned NULL") != NULL);
+  CHECK(isnan(loss));
+  CHECK(memcmp(keep0, dt_params_data(ps[0]), n0 * sizeof(float)) == 0);
+  CHECK(memcmp(keep2, dt_params_data(ps[2]), n2 * sizeof(float)) == 0);
+  md.fail_stage = -1;
+  CHECK(dt_pipeline_step(pl, &b, &loss) == DTRAIN_OK && isfinite(loss));
+  CHECK(memcmp(keep0, dt_params_data(ps[0]), n0 * sizeof(float)) != 0);
+  free(keep0);
+  free(keep2);
+  dt_pipeline_destroy(pl);
+  for (int s = 0; s < 3; s++) dt_params_destroy(ps[s]);
+}
+#endif
+
+static void test_bad_args(void) {
+  model md;
+  split_layers(&md, 2);
+  dt_params *ps[2] = {stage_params(&md, 0), stage_params(&md, 1)};
+  dt_optim_options oo = optim_of(0);
+  dt_pipeline_options po = dt_pipeline_defaults(2, 4);
+  CHECK(dt_pipeline_create(NULL, &oo, stage_fn, &md, &po) == NULL && dt_last_result() == DTRAIN_ERR_NULL_ARG);
+  po.microbatches = 0;
+  CHECK(dt_pipeline_create(ps, &oo, stage_fn, &md, &po) == NULL && dt_last_result() == DTRAIN_ERR_INVALID_ARG);
+  po = dt_pipeline_defaults(2, 4);
+  po.schedule = 7;
+  CHECK(dt_pipeline_create(ps, &oo, stage_fn, &md, &po) == NULL && dt_last_result() == DTRAIN_ERR_INVALID_ARG);
+  po = dt_pipeline_defaults(2, 4);
+  oo.clip_norm = 1.0f;
+  CHECK(dt_pipeline_create(ps, &oo, stage_fn, &md, &po) == NULL && dt_last_result() == DTRAIN_ERR_UNSUPPORTED);
+  oo.clip_norm = 0.0f;
+  CHECK(dt_pipeline_step(NULL, NULL, NULL) == DTRAIN_ERR_NULL_ARG);
+  CHECK(dt_pipeline_stats_get(NULL, 0, NULL) == DTRAIN_ERR_NULL_ARG);
+  dt_pipeline_destroy(NULL);
+#if !defined(DTRAIN_NO_THREADS) && !defined(DTRAIN_NO_DIST)
+  dt_pipeline *pl = dt_pipeline_create(ps, &oo, stage_fn, &md, &po);
+  CHECK(pl != NULL);
+  dt_minibatch b = batch_at(0);
+  b.rows = 3; /* fewer rows than micro-batches */
+  CHECK(dt_pipeline_step(pl, &b, NULL) == DTRAIN_ERR_INVALID_ARG);
+  dt_pipeline_stats st;
+  CHECK(dt_pipeline_stats_get(pl, 2, &st) == DTRAIN_ERR_INDEX);
+  CHECK(dt_pipeline_first_stage(pl) == 0 && dt_pipeline_local_stages(pl) == 2);
+  CHECK(dt_pipeline_optim(pl, 1) != NULL && dt_pipeline_optim(pl, 2) == NULL);
+  dt_pipeline_destroy(pl);
+#endif
+  dt_params_destroy(ps[0]);
+  dt_params_destroy(ps[1]);
+}
+
+/* One stage (no communication at all): one_device exactly, in every build. */
+static void test_one_stage(void) {
+  model md;
+  split_layers(&md, 1);
+  dt_params *p = stage_params(&md, 0);
+  dt_optim_options oo = optim_of(0);
+  dt_pipeline_options po = dt_pipeline_defaults(1, 3);
+  dt_pipeline *pl = dt_pipeline_create(&p, &oo, stage_fn, &md, &po);
+  CHECK(pl != NULL);
+  size_t n = layer_floats(0, L);
+  float *ref = (float *)malloc(n * sizeof(float)), lref[STEPS], loss = 0;
+  reference(0, ref, lref);
+  for (int k = 0; pl && k < STEPS; k++) {
+    dt_minibatch b = batch_at(k);
+    CHECK(dt_pipeline_step(pl, &b, &loss) == DTRAIN_OK);
+  }
+  float *got = (float *)malloc(n * sizeof(float));
+  pack(p, got);
+  CHECK(max_rel(got, ref, n) <= 1e-5);
+  free(got);
+  free(ref);
+  dt_pipeline_destroy(pl);
+  dt_params_destroy(p);
+}
+
+/* ---- processes over TCP ------------------------------------------------------------------------ */
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include "tcp_world.h"
+
+typedef struct proc_arg {
+  int M, sched, kill_stage;
+} proc_arg;
+
+static int child_stage(world *x, int rank, void *argp) {
+  const proc_arg *a = (const proc_arg *)argp;
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  o.timeout_s = 3;
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  model md;
+  split_layers(&md, x->w);
+  dt_params *p = stage_params(&md, rank);
+  dt_pipeline_options po = dt_pipeline_defaults(x->w, a->M);
+  po.schedule = a->sched;
+  po.comm = comm;
+  dt_optim_options oo = optim_of(0);
+  dt_pipeline *pl = dt_pipeline_create(&p, &oo, stage_fn, &md, &po);
+  CK(pl != NULL);
+  float loss = 0, lref[STEPS];
+  int steps = a->kill_stage >= 0 ? 6 : STEPS;
+  for (int k = 0; pl && k < steps; k++) {
+    if (k == 3 && rank == a->kill_stage) raise(SIGKILL);
+    dt_minibatch b = batch_at(k);
+    double t0 = dt__now();
+    dt_result rc = dt_pipeline_step(pl, &b, &loss);
+    if (a->kill_stage >= 0 && k >= 3) {
+      char want[64];
+      snprintf(want, sizeof want, "worker %d (127.0.0.1:", a->kill_stage);
+      CK(rc != DTRAIN_OK);
+      CK(strstr(dt_last_error(), want) != NULL);
+      CK(dt__now() - t0 < 6.0);
+      break;
+    }
+    CK(rc == DTRAIN_OK);
+  }
+  if (a->kill_stage < 0) {
+    /* The reference, computed here: this stage's slice of one_device's parameters. */
+    size_t n = layer_floats(0, L), off = layer_floats(0, md.first[rank]);
+    float *ref = (float *)malloc(n * sizeof(float));
+    reference(0, ref, lref);
+    float *got = (float *)malloc(n * sizeof(float));
+    size_t k = pack(p, got);
+    CK(k == layer_floats(md.first[rank], md.first[rank + 1]));
+    CK(max_rel(got, ref + off, k) <= 1e-5);
+    free(got);
+    CK(fabs((double)loss - (double)lref[STEPS - 1]) <= 1e-5 * fabs((double)lref[STEPS - 1]) + 1e-6);
+    free(ref);
+  }
+  dt_pipeline_destroy(pl);
+  dt_params_destroy(p);
+  dt_comm_destroy(comm);
+  return 0;
+}
+
+static void run_stages(int w, int M, int sched) {
+  world x;
+  int st[MAXW];
+  proc_arg a = {M, sched, -1};
+  world_init(&x, w);
+  run_world(&x, child_stage, &a, st);
+  world_close(&x);
+  check_world(&x, st, NULL);
+}
+
+static void test_processes_equal_one_device(void) {
+  run_stages(2, 4, DTRAIN_PIPE_GPIPE);
+  run_stages(2, 3, DTRAIN_PIPE_1F1B);
+  run_stages(3, 8, DTRAIN_PIPE_1F1B);
+  run_stages(3, 1, DTRAIN_PIPE_GPIPE);
+}
+
+static void test_process_killed(void) {
+  world x;
+  int st[MAXW], want[MAXW] = {0, 0, 128 + SIGKILL};
+  proc_arg a = {4, DTRAIN_PIPE_1F1B, 2};
+  world_init(&x, 3);
+  run_world(&x, child_stage, &a, st);
+  world_close(&x);
+  check_world(&x, st, want);
+}
+#endif
+
+int main(void) {
+  make_data();
+  TH_RUN(test_one_stage);
+  TH_RUN(test_bad_args);
+#if !defined(DTRAIN_NO_THREADS) && !defined(DTRAIN_NO_DIST)
+  TH_RUN(test_threads_equal_one_device);
+  TH_RUN(test_memory_in_flight);
+  TH_RUN(test_stage_failure);
+#else
+  th_skip_item("test_pipeline threads", "threads or distribution not compiled in");
+#endif
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+  TH_RUN(test_processes_equal_one_device);
+  TH_RUN(test_process_killed);
+#else
+  th_skip_item("test_pipeline processes", "networking or threads not compiled in");
+#endif
+  return th_summary("test_pipeline");
+}
