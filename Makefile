@@ -60,7 +60,8 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/dtrain.o
 $(BUILD)/tests/test_ps $(BUILD)/tests/test_ps_elastic: tests/ps_harness.h tests/hostile_clients.h
 
 # The TCP communicator's tests share their forked ranks.
-$(BUILD)/tests/test_comm_tcp $(BUILD)/tests/test_comm_p2p $(BUILD)/tests/test_pipeline: tests/tcp_world.h
+$(BUILD)/tests/test_comm_tcp $(BUILD)/tests/test_comm_p2p $(BUILD)/tests/test_pipeline \
+  $(BUILD)/tests/test_tensor_parallel: tests/tcp_world.h
 
 # test_char_model compiles the example into itself.
 $(BUILD)/tests/test_char_model: examples/03_char_model.c

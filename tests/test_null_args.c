@@ -7291,6 +7291,392 @@ static void nt_dt_pipeline_destroy(void) {
   }
   nt_teardown(&f);
 }
+/* dt_tensor_parallel.h: dt_tensor * dt_tp_copy(dt_graph * g, dt_tensor * x, dt_comm * c, int rank) */
+static void nt_dt_tp_copy(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_copy(NULL, NULL, NULL, rank)");
+    dt_tensor * r_ = dt_tp_copy(NULL, NULL, NULL, 0);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_copy(NULL, x, c, rank)");
+      dt_tensor * r_ = dt_tp_copy(NULL, f.t, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_copy(g, NULL, c, rank)");
+      dt_tensor * r_ = dt_tp_copy(f.g, NULL, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_copy(g, x, NULL, rank)");
+      dt_tensor * r_ = dt_tp_copy(f.g, f.t, NULL, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_tensor * dt_tp_reduce(dt_graph * g, dt_tensor * x, dt_comm * c, int rank) */
+static void nt_dt_tp_reduce(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_reduce(NULL, NULL, NULL, rank)");
+    dt_tensor * r_ = dt_tp_reduce(NULL, NULL, NULL, 0);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_reduce(NULL, x, c, rank)");
+      dt_tensor * r_ = dt_tp_reduce(NULL, f.t, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_reduce(g, NULL, c, rank)");
+      dt_tensor * r_ = dt_tp_reduce(f.g, NULL, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_reduce(g, x, NULL, rank)");
+      dt_tensor * r_ = dt_tp_reduce(f.g, f.t, NULL, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_tensor * dt_tp_gather(dt_graph * g, dt_tensor * x, dt_comm * c, int rank) */
+static void nt_dt_tp_gather(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_gather(NULL, NULL, NULL, rank)");
+    dt_tensor * r_ = dt_tp_gather(NULL, NULL, NULL, 0);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_gather(NULL, x, c, rank)");
+      dt_tensor * r_ = dt_tp_gather(NULL, f.t, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_gather(g, NULL, c, rank)");
+      dt_tensor * r_ = dt_tp_gather(f.g, NULL, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_gather(g, x, NULL, rank)");
+      dt_tensor * r_ = dt_tp_gather(f.g, f.t, NULL, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_tensor * dt_tp_column_linear(dt_graph * g, dt_tensor * x, dt_tensor * w, dt_tensor * b, dt_comm * c, int rank, int gather) */
+static void nt_dt_tp_column_linear(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_column_linear(NULL, NULL, NULL, NULL, NULL, rank, gather)");
+    dt_tensor * r_ = dt_tp_column_linear(NULL, NULL, NULL, NULL, NULL, 0, 1);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_column_linear(NULL, x, w, b, c, rank, gather)");
+      dt_tensor * r_ = dt_tp_column_linear(NULL, f.t, f.t, f.t, f.comm, 0, 1);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_column_linear(g, NULL, w, b, c, rank, gather)");
+      dt_tensor * r_ = dt_tp_column_linear(f.g, NULL, f.t, f.t, f.comm, 0, 1);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_column_linear(g, x, NULL, b, c, rank, gather)");
+      dt_tensor * r_ = dt_tp_column_linear(f.g, f.t, NULL, f.t, f.comm, 0, 1);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_column_linear(g, x, w, NULL, c, rank, gather)");
+      dt_tensor * r_ = dt_tp_column_linear(f.g, f.t, f.t, NULL, f.comm, 0, 1);
+      nt_check_ptr(r_ != NULL, 1);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_column_linear(g, x, w, b, NULL, rank, gather)");
+      dt_tensor * r_ = dt_tp_column_linear(f.g, f.t, f.t, f.t, NULL, 0, 1);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_tensor * dt_tp_row_linear(dt_graph * g, dt_tensor * x, dt_tensor * w, dt_tensor * b, dt_comm * c, int rank) */
+static void nt_dt_tp_row_linear(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_row_linear(NULL, NULL, NULL, NULL, NULL, rank)");
+    dt_tensor * r_ = dt_tp_row_linear(NULL, NULL, NULL, NULL, NULL, 0);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_row_linear(NULL, x, w, b, c, rank)");
+      dt_tensor * r_ = dt_tp_row_linear(NULL, f.t, f.t, f.t, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_row_linear(g, NULL, w, b, c, rank)");
+      dt_tensor * r_ = dt_tp_row_linear(f.g, NULL, f.t, f.t, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_row_linear(g, x, NULL, b, c, rank)");
+      dt_tensor * r_ = dt_tp_row_linear(f.g, f.t, NULL, f.t, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_row_linear(g, x, w, NULL, c, rank)");
+      dt_tensor * r_ = dt_tp_row_linear(f.g, f.t, f.t, NULL, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 1);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_row_linear(g, x, w, b, NULL, rank)");
+      dt_tensor * r_ = dt_tp_row_linear(f.g, f.t, f.t, f.t, NULL, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_result dt_tp_shard_rows(const float * full, int64_t rows, int64_t cols, int T, int rank, float * out) */
+static void nt_dt_tp_shard_rows(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_shard_rows(NULL, rows, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_shard_rows(NULL, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_shard_rows(NULL, rows, cols, T, rank, out)");
+    nt_check_result(dt_tp_shard_rows(NULL, 2, 2, 1, 0, f.fbuf), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_shard_rows(full, rows, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_shard_rows(f.fbuf, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_result dt_tp_shard_cols(const float * full, int64_t rows, int64_t cols, int T, int rank, float * out) */
+static void nt_dt_tp_shard_cols(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_shard_cols(NULL, rows, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_shard_cols(NULL, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_shard_cols(NULL, rows, cols, T, rank, out)");
+    nt_check_result(dt_tp_shard_cols(NULL, 2, 2, 1, 0, f.fbuf), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_shard_cols(full, rows, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_shard_cols(f.fbuf, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_result dt_tp_unshard_rows(float * full, int64_t rows, int64_t cols, int T, int rank, const float * part) */
+static void nt_dt_tp_unshard_rows(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_unshard_rows(NULL, rows, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_unshard_rows(NULL, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_unshard_rows(NULL, rows, cols, T, rank, part)");
+    nt_check_result(dt_tp_unshard_rows(NULL, 2, 2, 1, 0, f.fbuf), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_unshard_rows(full, rows, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_unshard_rows(f.fbuf, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_result dt_tp_unshard_cols(float * full, int64_t rows, int64_t cols, int T, int rank, const float * part) */
+static void nt_dt_tp_unshard_cols(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_unshard_cols(NULL, rows, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_unshard_cols(NULL, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_unshard_cols(NULL, rows, cols, T, rank, part)");
+    nt_check_result(dt_tp_unshard_cols(NULL, 2, 2, 1, 0, f.fbuf), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_unshard_cols(full, rows, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_unshard_cols(f.fbuf, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_net.h: dt_result dt_cluster_parse_json(const char * json, dt_cluster ** out) */
 static void nt_dt_cluster_parse_json(void) {
   nt_fix f;
@@ -8016,6 +8402,15 @@ int main(void) {
   TH_RUN(nt_dt_pipeline_first_stage);
   TH_RUN(nt_dt_pipeline_local_stages);
   TH_RUN(nt_dt_pipeline_destroy);
+  TH_RUN(nt_dt_tp_copy);
+  TH_RUN(nt_dt_tp_reduce);
+  TH_RUN(nt_dt_tp_gather);
+  TH_RUN(nt_dt_tp_column_linear);
+  TH_RUN(nt_dt_tp_row_linear);
+  TH_RUN(nt_dt_tp_shard_rows);
+  TH_RUN(nt_dt_tp_shard_cols);
+  TH_RUN(nt_dt_tp_unshard_rows);
+  TH_RUN(nt_dt_tp_unshard_cols);
   TH_RUN(nt_dt_cluster_parse_json);
   TH_RUN(nt_dt_cluster_from_env);
   TH_RUN(nt_dt_cluster_from_args);

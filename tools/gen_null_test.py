@@ -47,6 +47,8 @@ NULLABLE = {
     "dt_set_allocator": {"a"},
     "dt_set_logger": {"fn", "user"},
     "dt_linear": {"b"},
+    "dt_tp_column_linear": {"b"},
+    "dt_tp_row_linear": {"b"},
     "dt_conv2d": {"b"},
     "dt_layer_norm": {"gamma", "beta"},
     "dt_batch_norm": {"gamma", "beta", "running_mean", "running_var"},

@@ -1,0 +1,370 @@
+/* tests/test_tensor_parallel.c -- tensor parallelism (dt_tensor_parallel.h):
+ * an MLP of a column-parallel layer, tanh, a row-parallel layer and a
+ * column-parallel layer gathered into the logits, split over T = 2 and 4
+ * ranks, trained 20 steps: every rank's slices equal one_device's within
+ * 1e-5 relative, on threads and on forked processes over TCP (2 ranks, and 4
+ * ranks split into two tensor-parallel groups of 2). Finite differences
+ * against every rank's gradients (a sharded parameter perturbed on its rank,
+ * the replicated one on all ranks at once); the shard helpers; bad
+ * arguments. */
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  define DTRAIN_STATIC
+#  define DTRAIN_IMPLEMENTATION
+#endif
+#include "dtrain.h"
+#include "harness.h"
+#if !defined(DTRAIN_NO_THREADS)
+#  include <pthread.h>
+#endif
+
+#define IN 8
+#define HID 16
+#define MID 6
+#define OUT 8
+#define ROWS 320
+#define B 16
+#define STEPS 20
+static float data_x[ROWS * IN];
+static int32_t data_y[ROWS];
+static int rank_fail;
+#define RK(cond)                                                                                           \
+  do {                                                                                                     \
+    if (!(cond)) {                                                                                         \
+      __atomic_fetch_add(&rank_fail, 1, __ATOMIC_RELAXED);                                                 \
+      fprintf(stderr, "RANK FAIL %s:%d [%s]: %s (last error: %s)\n", __FILE__, __LINE__, th_cur, #cond, \
+              dt_last_error());                                                                            \
+    }                                                                                                      \
+  } while (0)
+
+/* The whole model's parameters, in this order: w1 [HID,IN] b1 [HID] w2 [MID,HID] b2 [MID] w3 [OUT,MID] b3 [OUT]. */
+static const int64_t shp[6][2] = {{HID, IN}, {HID, 1}, {MID, HID}, {MID, 1}, {OUT, MID}, {OUT, 1}};
+static const int nd[6] = {2, 1, 2, 1, 2, 1};
+/* How each is split: 1 by rows (column-parallel), 2 by columns (row-parallel), 0 whole. */
+static const int how[6] = {1, 1, 2, 0, 1, 1};
+
+static void make_data(void) {
+  uint64_t s = 777;
+  for (int i = 0; i < ROWS * IN; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    data_x[i] = (float)((s >> 33) % 2001) / 1000.0f - 1.0f;
+  }
+  for (int r = 0; r < ROWS; r++) {
+    float a = data_x[r * IN] - data_x[r * IN + 3] + 0.5f * data_x[r * IN + 5];
+    int c = (int)((a + 2.5f) * 1.6f);
+    data_y[r] = c < 0 ? 0 : c >= OUT ? OUT - 1 : c;
+  }
+}
+
+static dt_params *full_params(void) {
+  dt_params *p = dt_params_create(11);
+  const char *names[6] = {"w1", "b1", "w2", "b2", "w3", "b3"};
+  for (int i = 0; i < 6; i++) {
+    dt_init in = nd[i] == 2 ? dt_init_glorot_uniform() : dt_init_uniform(-0.2f, 0.2f);
+    dt_params_add(p, names[i], nd[i], shp[i], in);
+  }
+  return p;
+}
+
+/* Rank r's slices of the whole model's current values. */
+static dt_params *shard_params(dt_params *full, int T, int r) {
+  dt_params *p = dt_params_create(5);
+  const char *names[6] = {"w1", "b1", "w2", "b2", "w3", "b3"};
+  for (int i = 0; i < 6; i++) {
+    int64_t s[2] = {shp[i][0], shp[i][1]};
+    if (how[i] == 1) s[0] /= T;
+    if (how[i] == 2) s[1] /= T;
+    dt_params_add(p, names[i], nd[i], s, dt_init_zeros());
+  }
+  for (int i = 0; i < 6; i++) {
+    dt_param_info fi, si;
+    dt_params_info(full, i, &fi);
+    dt_params_info(p, i, &si);
+    const float *src = dt_params_data(full) + fi.offset;
+    float *dst = dt_params_data(p) + si.offset;
+    dt_result rc = how[i] == 1   ? dt_tp_shard_rows(src, shp[i][0], shp[i][1], T, r, dst)
+                   : how[i] == 2 ? dt_tp_shard_cols(src, shp[i][0], shp[i][1], T, r, dst)
+                                 : DTRAIN_OK;
+    if (how[i] == 0) memcpy(dst, src, fi.size * sizeof(float));
+    CHECK(rc == DTRAIN_OK);
+  }
+  return p;
+}
+
+static dt_minibatch batch_at(int step) {
+  dt_minibatch b;
+  memset(&b, 0, sizeof b);
+  int first = (step * B) % ROWS;
+  b.rows = B;
+  b.x = data_x + first * IN;
+  b.x_cols = IN;
+  b.y = data_y + first;
+  return b;
+}
+
+static dt_tensor *full_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  (void)replica;
+  (void)user;
+  int64_t xs[2] = {b->rows, IN};
+  dt_tensor *x = dt_tensor_wrap(g, 2, xs, (float *)(uintptr_t)b->x);
+  dt_tensor *h = dt_tanh(g, dt_linear(g, x, dt_param(g, 0), dt_param(g, 1)));
+  dt_tensor *y = dt_linear(g, h, dt_param(g, 2), dt_param(g, 3));
+  return dt_cross_entropy(g, dt_linear(g, y, dt_param(g, 4), dt_param(g, 5)), b->y);
+}
+
+static dt_tensor *tp_forward(dt_graph *g, const dt_minibatch *b, dt_comm *c, int rank) {
+  int64_t xs[2] = {b->rows, IN};
+  dt_tensor *x = dt_tensor_wrap(g, 2, xs, (float *)(uintptr_t)b->x);
+  dt_tensor *h = dt_tanh(g, dt_tp_column_linear(g, x, dt_param(g, 0), dt_param(g, 1), c, rank, 0));
+  dt_tensor *y = dt_tp_row_linear(g, h, dt_param(g, 2), dt_param(g, 3), c, rank);
+  return dt_cross_entropy(g, dt_tp_column_linear(g, y, dt_param(g, 4), dt_param(g, 5), c, rank, 1), b->y);
+}
+
+static dt_optim_options sgd(void) {
+  dt_optim_options o;
+  memset(&o, 0, sizeof o);
+  o.kind = DTRAIN_OPTIM_SGD;
+  o.lr = 0.1f;
+  o.momentum = 0.9f;
+  return o;
+}
+
+/* one_device's parameters after STEPS steps; its last loss. */
+static dt_params *reference(float *last_loss) {
+  dt_params *P = full_params();
+  dt_optim_options oo = sgd();
+  dt_optim *opt = dt_optim_create(P, &oo);
+  dt_strategy_options sd = dt_strategy_one_device();
+  dt_strategy *s = dt_strategy_create(P, opt, full_step, NULL, &sd);
+  for (int k = 0; s && k < STEPS; k++) {
+    dt_minibatch b = batch_at(k);
+    dt_strategy_step(s, &b, last_loss);
+  }
+  dt_strategy_destroy(s);
+  dt_optim_destroy(opt);
+  return P;
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)b[i]));
+  for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - (double)b[i]));
+  return scale > 0 ? worst / scale : worst;
+}
+
+/* Rank r of T trains its slices STEPS steps over c; then compares them with the reference's slices. */
+static void rank_train(dt_comm *c, int rank, int T, const float *want_loss) {
+  dt_params *init = full_params();
+  dt_params *P = shard_params(init, T, rank);
+  dt_params_destroy(init);
+  dt_optim_options oo = sgd();
+  dt_optim *opt = dt_optim_create(P, &oo);
+  dt_graph *g = dt_graph_create(P, NULL);
+  float loss = 0;
+  for (int k = 0; k < STEPS; k++) {
+    dt_graph_reset(g);
+    dt_params_zero_grad(P);
+    dt_minibatch b = batch_at(k);
+    dt_tensor *l = tp_forward(g, &b, c, rank);
+    RK(l != NULL);
+    if (!l) break;
+    loss = l->data[0];
+    RK(dt_backward(g, l) == DTRAIN_OK);
+    RK(dt_optim_step(opt) == DTRAIN_OK);
+  }
+  float ref_loss = 0;
+  dt_params *ref = reference(&ref_loss);
+  dt_params *want = shard_params(ref, T, rank);
+  double d = max_rel(dt_params_data(P), dt_params_data(want), dt_params_size(P));
+  RK(d <= 1e-5);
+  if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "T=%d rank %d: max relative difference %.3g\n", T, rank, d);
+  RK(fabs((double)loss - (double)ref_loss) <= 1e-5 * fabs((double)ref_loss) + 1e-6);
+  (void)want_loss;
+  dt_params_destroy(want);
+  dt_params_destroy(ref);
+  dt_graph_destroy(g);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+}
+
+/* Finite differences of the (replicated) loss against every rank's analytic
+ * gradients: a few elements of each sharded parameter, perturbed on one rank
+ * at a time while all ranks recompute. */
+static void rank_gradcheck(dt_comm *c, int rank, int T) {
+  dt_params *init = full_params();
+  dt_params *P = shard_params(init, T, rank);
+  dt_params_destroy(init);
+  dt_graph *g = dt_graph_create(P, NULL);
+  dt_minibatch b = batch_at(3);
+  dt_params_zero_grad(P);
+  dt_tensor *l = tp_forward(g, &b, c, rank);
+  RK(l && dt_backward(g, l) == DTRAIN_OK);
+  size_t n = dt_params_size(P);
+  float *grad = (float *)malloc(n * sizeof(float));
+  memcpy(grad, dt_params_grad(P), n * sizeof(float));
+  float *data = dt_params_data(P);
+  int bad = 0, checked = 0;
+  for (int who = 0; who < T; who++)
+    for (int i = 0; i < 6; i++) {
+      dt_param_info in;
+      dt_params_info(P, i, &in);
+      /* A replicated parameter (the row-parallel bias) is one parameter of the
+       * whole model: perturbed on every rank at once, checked on every rank. */
+      int all = how[i] == 0;
+      if (all && who > 0) continue;
+      for (size_t e = 0; e < in.size; e += in.size / 3 + 1) {
+        size_t at = in.offset + e;
+        float keep = data[at];
+        const float eps = 1e-2f;
+        float lp = 0, lm = 0;
+        for (int sgn = 0; sgn < 2; sgn++) {
+          if (rank == who || all) data[at] = keep + (sgn ? -eps : eps);
+          dt_graph_reset(g);
+          dt_graph_set_grad_enabled(g, 0);
+          dt_tensor *t = tp_forward(g, &b, c, rank);
+          dt_graph_set_grad_enabled(g, 1);
+          *(sgn ? &lm : &lp) = t ? t->data[0] : NAN;
+        }
+        if (rank == who || all) {
+          data[at] = keep;
+          double num = ((double)lp - (double)lm) / (2.0 * eps), ana = grad[at];
+          checked++;
+          if (fabs(num - ana) > 2e-3 + 2e-2 * fabs(ana)) {
+            bad++;
+            fprintf(stderr, "rank %d param %s[%zu]: numeric %.6g analytic %.6g\n", rank, in.name, e, num, ana);
+          }
+        }
+      }
+    }
+  RK(bad == 0 && checked >= 12); /* 2-3 elements of each of the 6 parameters */
+  free(grad);
+  dt_graph_destroy(g);
+  dt_params_destroy(P);
+}
+
+#if !defined(DTRAIN_NO_THREADS) && !defined(DTRAIN_NO_DIST)
+typedef struct tjob {
+  dt_comm *c;
+  int rank, T, grad;
+} tjob;
+
+static void *tjob_main(void *p) {
+  tjob *j = (tjob *)p;
+  if (j->grad) rank_gradcheck(j->c, j->rank, j->T);
+  else rank_train(j->c, j->rank, j->T, NULL);
+  return NULL;
+}
+
+static void run_threads(int T, int grad) {
+  dt_comm *c = dt_comm_create_threads(T, 0);
+  CHECK(c != NULL);
+  if (!c) return;
+  pthread_t th[4];
+  tjob jobs[4];
+  __atomic_store_n(&rank_fail, 0, __ATOMIC_RELAXED);
+  for (int r = 0; r < T; r++) {
+    jobs[r].c = c;
+    jobs[r].rank = r;
+    jobs[r].T = T;
+    jobs[r].grad = grad;
+    pthread_create(&th[r], NULL, tjob_main, &jobs[r]);
+  }
+  for (int r = 0; r < T; r++) pthread_join(th[r], NULL);
+  CHECK_MSG(__atomic_load_n(&rank_fail, __ATOMIC_RELAXED) == 0, "T=%d: failed checks in the ranks", T);
+  dt_comm_destroy(c);
+}
+
+static void test_threads_equal_one_device(void) {
+  run_threads(2, 0);
+  run_threads(4, 0);
+}
+
+static void test_threads_gradcheck(void) {
+  run_threads(2, 1);
+  run_threads(4, 1);
+}
+#endif
+
+/* One rank: the operators are identities and the layers the plain ones. */
+static void test_one_rank_and_args(void) {
+  dt_comm *c = dt_comm_create_threads(1, 0);
+  __atomic_store_n(&rank_fail, 0, __ATOMIC_RELAXED);
+  rank_train(c, 0, 1, NULL);
+  CHECK(__atomic_load_n(&rank_fail, __ATOMIC_RELAXED) == 0);
+  dt_graph *g = dt_graph_create(NULL, NULL);
+  dt_tensor *x = dt_tensor_new2(g, 2, 3);
+  CHECK(dt_tp_copy(g, x, NULL, 0) == NULL && dt_graph_error(g) == DTRAIN_ERR_NULL_ARG);
+  dt_graph_reset(g);
+  x = dt_tensor_new2(g, 2, 3);
+  CHECK(dt_tp_reduce(g, x, c, 1) == NULL && dt_graph_error(g) == DTRAIN_ERR_INDEX);
+  dt_graph_reset(g);
+  CHECK(dt_tp_gather(g, NULL, c, 0) == NULL);
+  dt_graph_destroy(g);
+  float full[12], part[6];
+  for (int i = 0; i < 12; i++) full[i] = (float)i;
+  CHECK(dt_tp_shard_cols(full, 3, 4, 2, 1, part) == DTRAIN_OK && part[0] == 2 && part[1] == 3 && part[2] == 6);
+  CHECK(dt_tp_shard_rows(full, 3, 4, 2, 0, part) == DTRAIN_ERR_SHAPE);
+  CHECK(dt_tp_shard_rows(full, 4, 3, 2, 1, part) == DTRAIN_OK && part[0] == 6 && part[5] == 11);
+  float back[12] = {0};
+  CHECK(dt_tp_unshard_rows(back, 4, 3, 2, 1, part) == DTRAIN_OK && back[6] == 6 && back[0] == 0);
+  CHECK(dt_tp_shard_cols(NULL, 3, 4, 2, 1, part) == DTRAIN_ERR_NULL_ARG);
+  CHECK(dt_tp_shard_cols(full, 3, 4, 2, 2, part) == DTRAIN_ERR_INVALID_ARG);
+  dt_comm_destroy(c);
+}
+
+/* ---- processes over TCP ----------------------------------------------------------------------- */
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include "tcp_world.h"
+
+static int child_tp(world *x, int rank, void *arg) {
+  int T = *(int *)arg;
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  __atomic_store_n(&rank_fail, 0, __ATOMIC_RELAXED);
+  if (T == x->w) {
+    rank_train(comm, rank, T, NULL);
+  } else {
+    /* Tensor-parallel groups of T consecutive ranks (a group of the TCP communicator). */
+    dt_comm *tp = NULL;
+    int tr = -1;
+    CK(dt_comm_split(comm, rank, rank / T, rank, &tp, &tr) == DTRAIN_OK && tp != NULL);
+    if (tp) {
+      rank_train(tp, tr, T, NULL);
+      dt_comm_destroy(tp);
+    }
+  }
+  dt_comm_destroy(comm);
+  return __atomic_load_n(&rank_fail, __ATOMIC_RELAXED) ? 1 : 0;
+}
+
+static void test_processes_equal_one_device(void) {
+  int cases[2][2] = {{2, 2}, {4, 2}}; /* world, T */
+  for (int k = 0; k < 2; k++) {
+    world x;
+    int st[MAXW];
+    world_init(&x, cases[k][0]);
+    run_world(&x, child_tp, &cases[k][1], st);
+    world_close(&x);
+    check_world(&x, st, NULL);
+  }
+}
+#endif
+
+int main(void) {
+  make_data();
+  TH_RUN(test_one_rank_and_args);
+#if !defined(DTRAIN_NO_THREADS) && !defined(DTRAIN_NO_DIST)
+  TH_RUN(test_threads_equal_one_device);
+  TH_RUN(test_threads_gradcheck);
+#else
+  th_skip_item("test_tensor_parallel threads", "threads or distribution not compiled in");
+#endif
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+  TH_RUN(test_processes_equal_one_device);
+#else
+  th_skip_item("test_tensor_parallel processes", "networking or threads not compiled in");
+#endif
+  return th_summary("test_tensor_parallel");
+}
