@@ -719,4 +719,40 @@ DTRAIN_API dt_result dt_comm_split(dt_comm *c, int rank, int color, int key, dt_
   return dt__quiet_pop(c->p2p->split(c, rank, color < 0 ? -1 : color, key, out, out_rank));
 }
 
+/* ---- layouts -------------------------------------------------------------------------------- */
+
+DTRAIN_API void dt_layout_destroy(dt_layout *l) {
+  if (!l) return;
+  dt_comm_destroy(l->pp);
+  dt_comm_destroy(l->tp);
+  dt_comm_destroy(l->dp);
+  l->pp = l->tp = l->dp = NULL;
+}
+
+DTRAIN_API dt_result dt_layout_create(dt_comm *c, int rank, int pipeline, int tensor, dt_layout *out) {
+  if (!out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_layout_create: out is NULL");
+  memset(out, 0, sizeof *out);
+  dt_result r = dt__comm_check(c, "dt_layout_create", rank, NULL, 0, 0);
+  if (r != DTRAIN_OK) return r;
+  int W = c->world;
+  if (pipeline < 1 || tensor < 1 || W % pipeline != 0 || (W / pipeline) % tensor != 0)
+    return dt__error(DTRAIN_ERR_INVALID_ARG,
+                     "dt_layout_create: %d ranks do not make %d pipeline stages x %d tensor-parallel ranks x "
+                     "data-parallel replicas", W, pipeline, tensor);
+  int P = pipeline, T = tensor, R = W / (P * T);
+  int t = rank % T, d = (rank / T) % R, p = rank / (T * R);
+  out->pipeline = P;
+  out->tensor = T;
+  out->data = R;
+  out->stage = p;
+  out->tp_rank = t;
+  out->dp_rank = d;
+  int got = -1;
+  r = dt_comm_split(c, rank, d * T + t, p, &out->pp, &got);
+  if (r == DTRAIN_OK) r = dt_comm_split(c, rank, p * R + d, t, &out->tp, &got);
+  if (r == DTRAIN_OK) r = dt_comm_split(c, rank, p * T + t, d, &out->dp, &got);
+  if (r != DTRAIN_OK) dt_layout_destroy(out);
+  return r;
+}
+
 #undef DT__COMM_BLOCK

@@ -174,6 +174,29 @@ DTRAIN_API dt_result dt_comm_waitall(dt_comm_request **reqs, int n);
  * a transport error as for the collectives. */
 DTRAIN_API dt_result dt_comm_split(dt_comm *c, int rank, int color, int key, dt_comm **out, int *out_rank);
 
+/* ---- layouts: pipeline x tensor x data parallel ------------------------------------------
+ * A communicator of W = P * T * R ranks seen as a grid (Megatron's order:
+ * tensor fastest, then data, then pipeline stage):
+ *   rank = t + T * (d + R * p)
+ * so the T ranks of a tensor-parallel group are consecutive (one machine,
+ * the most traffic), the R ranks of a data-parallel group hold the same part
+ * of the model, and the P ranks of a pipeline are its stages in order.
+ * dt_layout_create is a collective call of every rank of c (three splits);
+ * each rank gets its coordinates and its three groups (world 1 when that
+ * dimension is 1). dt_layout_destroy destroys the groups (each rank, before c). */
+typedef struct dt_layout {
+  int pipeline, tensor, data; /* P, T, R */
+  int stage, tp_rank, dp_rank; /* this rank's p, t, d */
+  dt_comm *pp; /* the P ranks of this rank's pipeline (same t, d), ranked by stage */
+  dt_comm *tp; /* the T ranks of its tensor-parallel group (same p, d), ranked by t */
+  dt_comm *dp; /* the R ranks holding the same part of the model (same p, t), ranked by d */
+} dt_layout;
+
+/* DTRAIN_ERR_INVALID_ARG (without communicating) when P or T is < 1 or P*T
+ * does not divide the world. */
+DTRAIN_API dt_result dt_layout_create(dt_comm *c, int rank, int pipeline, int tensor, dt_layout *out);
+DTRAIN_API void dt_layout_destroy(dt_layout *l);
+
 /* Slice `rank` of n floats split over `world` ranks: [*begin, *end). */
 DTRAIN_API void dt_comm_slice(size_t n, int world, int rank, size_t *begin, size_t *end);
 

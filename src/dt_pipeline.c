@@ -52,7 +52,11 @@ typedef struct dt__pipe_slot {
 } dt__pipe_slot;
 
 typedef struct dt__pipe_stage {
-  int s;
+  int s, r;          /* stage, replica */
+  dt_comm *pp, *dp;  /* this stage's pipeline (rank s) and data-parallel group (rank r; NULL: none) */
+  int own_groups;    /* threads with replicas: pp and dp are our groups */
+  dt_minibatch local; /* during a step: this replica's batch */
+  double global_rows;
   dt_params *P;
   dt_optim *opt;
   dt__pipe_slot *slots;
@@ -66,7 +70,8 @@ typedef struct dt__pipe_stage {
 
 struct dt_pipeline {
   dt_pipeline_options o;
-  dt_comm *comm; /* threads: our own */
+  int R;          /* replicas */
+  dt_comm *comm; /* threads: our own (P*R ranks) */
   int own_comm;
   int first, local; /* this process's stages: [first, first + local) */
   dt__pipe_stage *st;
@@ -97,7 +102,11 @@ static dt_result dt__pipe_fail(dt_pipeline *p, dt__pipe_stage *S, dt_result rc) 
     S->rc = rc;
     snprintf(S->why, sizeof S->why, "%s", rc == DTRAIN_ERR_ABORTED ? "" : dt_last_error());
   }
-  if (rc != DTRAIN_ERR_ABORTED) dt_comm_abort(p->comm, S->s);
+  if (rc != DTRAIN_ERR_ABORTED) {
+    dt_comm_abort(S->pp, S->s);
+    if (S->dp) dt_comm_abort(S->dp, S->r);
+  }
+  (void)p;
   return rc;
 }
 
@@ -124,13 +133,13 @@ static dt_result dt__pipe_forward(dt_pipeline *p, dt__pipe_stage *S, int m) {
   sl->m = m;
   sl->x = sl->out = NULL;
   dt_minibatch mb;
-  dt__strategy_shard(p->batch, M, m, &mb);
+  dt__strategy_shard(&S->local, M, m, &mb);
   mb.step = S->st.steps;
-  mb.weight = (float)mb.rows / (float)p->batch->rows;
+  mb.weight = (float)((double)mb.rows / S->global_rows);
   if (s > 0) {
     float hf[DT__PIPE_HDR];
     int32_t h[DT__PIPE_HDR];
-    rc = dt_comm_recv(p->comm, s, s - 1, dt__pipe_tag(m, 0), hf, DT__PIPE_HDR);
+    rc = dt_comm_recv(S->pp, s, s - 1, dt__pipe_tag(m, 0), hf, DT__PIPE_HDR);
     if (rc != DTRAIN_OK) return rc;
     memcpy(h, hf, sizeof h);
     int64_t shape[DTRAIN_MAX_DIMS], size = 1;
@@ -146,7 +155,7 @@ static dt_result dt__pipe_forward(dt_pipeline *p, dt__pipe_stage *S, int m) {
     sl->x = dt_tensor_new(sl->g, h[0], shape);
     if (!sl->x) return dt__error(dt_graph_error(sl->g), "dt_pipeline_step: stage %d: %s", s,
                                  dt_graph_message(sl->g));
-    rc = dt_comm_recv(p->comm, s, s - 1, dt__pipe_tag(m, 0), sl->x->data, (size_t)size);
+    rc = dt_comm_recv(S->pp, s, s - 1, dt__pipe_tag(m, 0), sl->x->data, (size_t)size);
     if (rc != DTRAIN_OK) return rc;
     dt_tensor_set_requires_grad(sl->x, 1);
   }
@@ -172,9 +181,9 @@ static dt_result dt__pipe_forward(dt_pipeline *p, dt__pipe_stage *S, int m) {
     return DTRAIN_OK;
   }
   dt__pipe_pack(sl->hdr, sl->out);
-  rc = dt_comm_isend(p->comm, s, s + 1, dt__pipe_tag(m, 0), sl->hdr, DT__PIPE_HDR, &sl->req[0]);
+  rc = dt_comm_isend(S->pp, s, s + 1, dt__pipe_tag(m, 0), sl->hdr, DT__PIPE_HDR, &sl->req[0]);
   if (rc == DTRAIN_OK)
-    rc = dt_comm_isend(p->comm, s, s + 1, dt__pipe_tag(m, 0), sl->out->data, (size_t)sl->out->size, &sl->req[1]);
+    rc = dt_comm_isend(S->pp, s, s + 1, dt__pipe_tag(m, 0), sl->out->data, (size_t)sl->out->size, &sl->req[1]);
   return rc;
 }
 
@@ -188,15 +197,15 @@ static dt_result dt__pipe_backward(dt_pipeline *p, dt__pipe_stage *S, int m) {
   if (rc != DTRAIN_OK) return rc;
   if (s == P - 1) {
     dt_minibatch mb;
-    dt__strategy_shard(p->batch, p->o.microbatches, m, &mb);
-    float w = (float)mb.rows / (float)p->batch->rows;
+    dt__strategy_shard(&S->local, p->o.microbatches, m, &mb);
+    float w = (float)((double)mb.rows / S->global_rows);
     double t0 = dt__now();
     rc = dt_backward_grad(sl->g, sl->out, &w);
     S->st.busy_s += dt__now() - t0;
   } else {
     dt_tensor *gout = dt_tensor_new(sl->g, sl->out->ndim, sl->out->shape);
     if (!gout) return dt__error(dt_graph_error(sl->g), "dt_pipeline_step: stage %d: %s", s, dt_graph_message(sl->g));
-    rc = dt_comm_recv(p->comm, s, s + 1, dt__pipe_tag(m, 1), gout->data, (size_t)gout->size);
+    rc = dt_comm_recv(S->pp, s, s + 1, dt__pipe_tag(m, 1), gout->data, (size_t)gout->size);
     if (rc != DTRAIN_OK) return rc;
     double t0 = dt__now();
     rc = dt_backward_grad(sl->g, sl->out, gout->data);
@@ -212,7 +221,7 @@ static dt_result dt__pipe_backward(dt_pipeline *p, dt__pipe_stage *S, int m) {
     if (!z) return dt__error(dt_graph_error(sl->g), "dt_pipeline_step: stage %d: %s", s, dt_graph_message(sl->g));
     dx = z->data;
   }
-  return dt_comm_isend(p->comm, s, s - 1, dt__pipe_tag(m, 1), dx, (size_t)sl->x->size, &sl->req[0]);
+  return dt_comm_isend(S->pp, s, s - 1, dt__pipe_tag(m, 1), dx, (size_t)sl->x->size, &sl->req[0]);
 }
 
 /* Stage s's schedule for one step. */
@@ -237,28 +246,54 @@ static dt_result dt__pipe_schedule(dt_pipeline *p, dt__pipe_stage *S) {
 static void dt__pipe_stage_step(dt_pipeline *p, dt__pipe_stage *S) {
   int s = S->s, P = p->o.stages;
   double t0 = dt__now();
+  dt_result rc = DTRAIN_OK;
   S->rc = DTRAIN_OK;
   S->why[0] = '\0';
   S->loss = 0.0;
   S->in_flight = 0;
   dt_params_zero_grad(S->P);
-  dt_result rc = dt__pipe_schedule(p, S);
-  if (rc != DTRAIN_OK) dt__pipe_fail(p, S, rc);
+  /* This replica's batch and the global rows (the losses' weights). */
+  if (p->own_comm && p->R > 1) dt__strategy_shard(p->batch, p->R, S->r, &S->local);
+  else S->local = *p->batch;
+  S->global_rows = (double)p->batch->rows;
+  if (!p->own_comm && S->dp) {
+    float rows = (float)S->local.rows;
+    rc = dt_comm_allreduce(S->dp, S->r, &rows, 1);
+    if (rc != DTRAIN_OK) dt__pipe_fail(p, S, rc);
+    S->global_rows = rows;
+  }
+  if (S->rc == DTRAIN_OK && S->local.rows < p->o.microbatches)
+    dt__pipe_fail(p, S, dt__error(DTRAIN_ERR_INVALID_ARG, "dt_pipeline_step: replica %d: a batch of %lld rows "
+                                  "cannot make %d micro-batches", S->r, (long long)S->local.rows,
+                                  p->o.microbatches));
+  if (S->rc == DTRAIN_OK) {
+    rc = dt__pipe_schedule(p, S);
+    if (rc != DTRAIN_OK) dt__pipe_fail(p, S, rc);
+  }
   /* Every send finished (or ended by the abort) before the graphs may go. */
   for (int k = 0; k < S->nslots; k++) {
     dt_result wr = dt__pipe_wait_slot(&S->slots[k]);
     if (wr != DTRAIN_OK && S->rc == DTRAIN_OK) dt__pipe_fail(p, S, wr);
   }
-  /* Agree: the loss and whether anyone failed. */
+  /* Agree along the pipeline, then across the replicas: the loss and whether anyone failed. */
   float agree[2] = {s == P - 1 ? (float)S->loss : 0.0f, S->rc != DTRAIN_OK ? 1.0f : 0.0f};
   if (S->rc == DTRAIN_OK) {
-    rc = dt_comm_allreduce(p->comm, s, agree, 2);
+    rc = dt_comm_allreduce(S->pp, s, agree, 2);
+    if (rc != DTRAIN_OK) dt__pipe_fail(p, S, rc);
+  }
+  if (S->rc == DTRAIN_OK && S->dp) {
+    rc = dt_comm_allreduce(S->dp, S->r, agree, 2);
+    /* The stage's gradient summed over the replicas (each already weighted by
+     * its rows over the global rows): every replica applies the same update. */
+    if (rc == DTRAIN_OK && agree[1] == 0.0f)
+      rc = dt_comm_allreduce(S->dp, S->r, dt_params_grad(S->P), dt_params_size(S->P));
     if (rc != DTRAIN_OK) dt__pipe_fail(p, S, rc);
   }
   if (S->rc == DTRAIN_OK && agree[1] == 0.0f) {
     rc = dt_optim_step(S->opt);
     if (rc != DTRAIN_OK) dt__pipe_fail(p, S, rc);
-    else if (s == p->first) p->loss = agree[0];
+    else if (s == p->first && S->r == 0) p->loss = agree[0];
+    else if (!p->own_comm) p->loss = agree[0];
   }
   S->st.steps++;
   S->st.step_s += dt__now() - t0;
@@ -273,9 +308,9 @@ DTRAIN_API dt_result dt_pipeline_step(dt_pipeline *p, const dt_minibatch *batch,
   if (loss) *loss = NAN;
   if (!p) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_step: pipeline is NULL");
   if (!batch) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_step: batch is NULL");
-  if (batch->rows < p->o.microbatches)
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_pipeline_step: a batch of %lld rows cannot make %d micro-batches",
-                     (long long)batch->rows, p->o.microbatches);
+  if (batch->rows < (int64_t)p->o.microbatches * (p->own_comm ? p->R : 1))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_pipeline_step: a batch of %lld rows cannot make %d micro-batches%s",
+                     (long long)batch->rows, p->o.microbatches, p->R > 1 ? " for every replica" : "");
   p->batch = batch;
   p->loss = NAN;
   dt__quiet_push();
@@ -292,7 +327,13 @@ DTRAIN_API dt_result dt_pipeline_step(dt_pipeline *p, const dt_minibatch *batch,
   }
   if (who) {
     rc = who->rc == DTRAIN_ERR_ABORTED ? DTRAIN_ERR_ABORTED : dt__error(who->rc, "%s", who->why);
-    if (p->own_comm) dt_comm_recover(p->comm); /* threads: nobody is inside any more */
+    if (p->own_comm) { /* threads: nobody is inside any more */
+      dt_comm_recover(p->comm);
+      for (int k = 0; k < p->local; k++) {
+        dt_comm_recover(p->st[k].pp);
+        if (p->st[k].dp) dt_comm_recover(p->st[k].dp);
+      }
+    }
   }
   dt__quiet_pop(rc);
   if (rc == DTRAIN_OK && loss) *loss = p->loss;
@@ -312,6 +353,10 @@ DTRAIN_API void dt_pipeline_destroy(dt_pipeline *p) {
     }
     dt__free(S->slots, (size_t)S->nslots * sizeof(dt__pipe_slot));
     dt_optim_destroy(S->opt);
+    if (S->own_groups) {
+      dt_comm_destroy(S->pp);
+      dt_comm_destroy(S->dp);
+    }
   }
   dt__free(p->st, (size_t)p->local * sizeof(dt__pipe_stage));
   if (p->own_comm) dt_comm_destroy(p->comm);
@@ -343,9 +388,36 @@ static dt_result dt__pipe_check(dt_params *const *params, const dt_optim_options
       return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: a threads communicator runs many ranks in one process: leave "
                        "options.comm NULL and the pipeline runs its stages as threads", fn_name);
   }
-  int n = o->comm ? 1 : o->stages;
+  if (o->replicas < 0 || o->replicas > 256 || (o->replicas > 1 && o->comm))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: replicas %d (threads only; processes: options.dp_comm)", fn_name,
+                     o->replicas);
+  if (o->dp_comm && !o->comm)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: dp_comm is for stages in processes (options.comm); threads: "
+                     "options.replicas", fn_name);
+  int n = o->comm ? 1 : o->stages * (o->replicas > 1 ? o->replicas : 1);
   for (int k = 0; k < n; k++)
     if (!params[k]) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: params[%d] is NULL", fn_name, k);
+  return DTRAIN_OK;
+}
+
+/* Threads with replicas: thread k = r*P + s splits the P*R communicator into
+ * its pipeline (colour r, rank s) and its data-parallel group (colour s, rank r). */
+static void dt__pipe_split_fn(void *arg, int index) {
+  dt_pipeline *p = (dt_pipeline *)arg;
+  dt__pipe_stage *S = &p->st[index];
+  dt_comm *pp = NULL, *dp = NULL;
+  S->rc = dt_comm_split(p->comm, index, S->r, S->s, &pp, NULL);
+  if (S->rc == DTRAIN_OK) S->rc = dt_comm_split(p->comm, index, S->s, S->r, &dp, NULL);
+  if (S->rc != DTRAIN_OK) snprintf(S->why, sizeof S->why, "%s", dt_last_error());
+  S->pp = pp ? pp : p->comm;
+  S->dp = dp;
+  S->own_groups = pp != NULL;
+}
+
+static dt_result dt__pipe_groups(dt_pipeline *p) {
+  dt__pool_run(p->pool, dt__pipe_split_fn, p);
+  for (int k = 0; k < p->local; k++)
+    if (p->st[k].rc != DTRAIN_OK) return dt__error(p->st[k].rc, "dt_pipeline_create: %s", p->st[k].why);
   return DTRAIN_OK;
 }
 
@@ -361,16 +433,17 @@ DTRAIN_API dt_pipeline *dt_pipeline_create(dt_params *const *params, const dt_op
   p->fn = fn;
   p->user = user;
   int P = o->stages, M = o->microbatches;
+  p->R = o->replicas > 1 ? o->replicas : 1;
   if (o->comm) {
     p->comm = o->comm;
     p->first = dt_comm_rank(o->comm);
     p->local = 1;
   } else {
-    p->comm = dt_comm_create_threads(P, o->spin_us);
+    p->comm = dt_comm_create_threads(P * p->R, o->spin_us);
     p->own_comm = p->comm != NULL;
-    p->local = P;
-    if (p->comm && P > 1) p->pool = dt__pool_create(P, dt__spin_seconds(o->spin_us, P));
-    if (!p->comm || (P > 1 && !p->pool)) {
+    p->local = P * p->R;
+    if (p->comm && p->local > 1) p->pool = dt__pool_create(p->local, dt__spin_seconds(o->spin_us, p->local));
+    if (!p->comm || (p->local > 1 && !p->pool)) {
       dt_pipeline_destroy(p);
       return NULL;
     }
@@ -383,8 +456,11 @@ DTRAIN_API dt_pipeline *dt_pipeline_create(dt_params *const *params, const dt_op
   }
   for (int k = 0; k < p->local; k++) {
     dt__pipe_stage *S = &p->st[k];
-    int s = p->first + k;
+    int s = o->comm ? p->first : k % P;
     S->s = s;
+    S->r = o->comm ? (o->dp_comm ? dt_comm_rank(o->dp_comm) : 0) : k / P;
+    S->pp = p->comm;
+    S->dp = o->comm ? o->dp_comm : NULL;
     S->P = params[k];
     S->nslots = o->schedule == DTRAIN_PIPE_1F1B ? DT__MIN(M, P - s) : M;
     S->st.bubble_theory = (double)(P - 1) / (double)(M + P - 1);
@@ -409,14 +485,20 @@ DTRAIN_API dt_pipeline *dt_pipeline_create(dt_params *const *params, const dt_op
       }
     }
   }
+  if (p->own_comm && p->R > 1 && dt__pipe_groups(p) != DTRAIN_OK) {
+    dt_pipeline_destroy(p);
+    return NULL;
+  }
   return p;
 }
 
 /* ---- queries ----------------------------------------------------------------------------------- */
 
+/* Stage `stage` of replica 0 (processes: this process's stage only). */
 static const dt__pipe_stage *dt__pipe_find(const dt_pipeline *p, int stage) {
-  if (!p || stage < p->first || stage >= p->first + p->local) return NULL;
-  return &p->st[stage - p->first];
+  if (!p) return NULL;
+  if (p->own_comm) return stage >= 0 && stage < p->o.stages ? &p->st[stage] : NULL;
+  return stage == p->first ? &p->st[0] : NULL;
 }
 
 DTRAIN_API dt_result dt_pipeline_stats_get(const dt_pipeline *p, int stage, dt_pipeline_stats *out) {
@@ -424,7 +506,7 @@ DTRAIN_API dt_result dt_pipeline_stats_get(const dt_pipeline *p, int stage, dt_p
   const dt__pipe_stage *S = dt__pipe_find(p, stage);
   if (!S)
     return dt__error(DTRAIN_ERR_INDEX, "dt_pipeline_stats_get: stage %d does not run in this process (it runs "
-                     "%d..%d)", stage, p->first, p->first + p->local - 1);
+                     "%d..%d)", stage, p->first, p->first + dt_pipeline_local_stages(p) - 1);
   *out = S->st;
   out->bubble = S->st.step_s > 0 ? 1.0 - S->st.busy_s / S->st.step_s : 0.0;
   return DTRAIN_OK;
@@ -447,5 +529,5 @@ DTRAIN_API int dt_pipeline_first_stage(const dt_pipeline *p) {
 
 DTRAIN_API int dt_pipeline_local_stages(const dt_pipeline *p) {
   if (!p) dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_local_stages: p is NULL");
-  return p ? p->local : 0;
+  return p ? (p->own_comm ? p->o.stages : 1) : 0;
 }

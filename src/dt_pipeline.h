@@ -37,6 +37,13 @@
  *                    dt_params (params[0]), this stage's. Every process calls
  *                    dt_pipeline_step with the same global batch (stage 0
  *                    reads its features, the last stage its labels).
+ * Data parallel on top: R replicas of the whole pipeline, each on its part
+ * of the global batch (threads: shard r of the batch dt_pipeline_step gets;
+ * processes: the batch each process passes, the global batch being their
+ * concatenation). Losses are weighted by rows / global rows, and before the
+ * optimizers run, each stage's gradient is summed over its data-parallel
+ * group (one all-reduce of the stage's parameters): every replica applies
+ * the same update, and a step equals one_device on the global batch.
  * Activations travel as point-to-point messages (dt_comm_isend / _irecv): a
  * micro-batch's output goes with its shape, so a stage's input may have any
  * shape (rows first).
@@ -79,6 +86,12 @@ typedef struct dt_pipeline_options {
   int spin_us;         /* threads: how long a waiting stage spins (dt_comm_create_threads) */
   size_t arena_bytes;  /* first arena block of each micro-batch's graph (0: the default) */
   uint64_t seed;       /* graphs' RNG seed (dropout); micro-batch m of stage s: seed + 7919 * s + m */
+  /* Data parallel on top (a pipeline x data layout): */
+  int replicas;        /* threads: R whole pipelines (P*R threads), each on its shard of the batch
+                          (params: P*R dt_params, replica r's stage s at params[r*P + s], equal at the
+                          start); 0 or 1: one */
+  dt_comm *dp_comm;    /* processes: the ranks that run this stage for the other replicas (dt_layout.dp;
+                          borrowed); each process passes its own replica's batch. NULL: none */
 } dt_pipeline_options;
 
 /* stages and microbatches set, GPipe, threads. */

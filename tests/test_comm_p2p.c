@@ -243,6 +243,33 @@ static void sc_groups(dt_comm *c, int rank) {
   RK(dt_comm_barrier(c, rank) == DTRAIN_OK);
 }
 
+/* dt_layout over 8 ranks (or fewer): P = 2 stages x T = 2 tensor ranks x the
+ * rest data parallel; each group's all-reduce of the old ranks against the
+ * ranks the grid puts there. */
+static void sc_layout(dt_comm *c, int rank) {
+  int W = dt_comm_world(c), P = W % 2 == 0 ? 2 : 1, T = W % 4 == 0 ? 2 : 1, R = W / (P * T);
+  dt_layout l;
+  RK(dt_layout_create(c, rank, P, T, &l) == DTRAIN_OK);
+  RK(l.pipeline == P && l.tensor == T && l.data == R);
+  RK(rank == l.tp_rank + T * (l.dp_rank + R * l.stage));
+  RK(dt_comm_world(l.pp) == P && dt_comm_world(l.tp) == T && dt_comm_world(l.dp) == R);
+  float x[3] = {(float)rank, (float)rank, (float)rank}, want[3] = {0, 0, 0};
+  for (int p = 0; p < P; p++) want[0] += (float)(l.tp_rank + T * (l.dp_rank + R * p));
+  for (int t = 0; t < T; t++) want[1] += (float)(t + T * (l.dp_rank + R * l.stage));
+  for (int d = 0; d < R; d++) want[2] += (float)(l.tp_rank + T * (d + R * l.stage));
+  int ranks[3] = {l.stage, l.tp_rank, l.dp_rank};
+  dt_comm *g[3] = {l.pp, l.tp, l.dp};
+  for (int k = 0; k < 3; k++) {
+    RK(dt_comm_allreduce(g[k], ranks[k], &x[k], 1) == DTRAIN_OK);
+    RK(x[k] == want[k]);
+  }
+  dt_layout_destroy(&l);
+  RK(l.pp == NULL && l.tp == NULL && l.dp == NULL);
+  dt_layout bad;
+  RK(dt_layout_create(c, rank, W + 1, 1, &bad) == DTRAIN_ERR_INVALID_ARG);
+  RK(dt_comm_barrier(c, rank) == DTRAIN_OK);
+}
+
 static void sc_bad_args(dt_comm *c, int rank) {
   float a[2] = {0};
   dt_comm_request *q = (dt_comm_request *)1;
@@ -308,6 +335,8 @@ static void test_threads_p2p(void) {
 
 static void test_threads_groups(void) {
   for (int w = 2; w <= 5; w++) run_threads(w, sc_groups);
+  run_threads(8, sc_layout);
+  run_threads(6, sc_layout);
 }
 
 /* dt_comm_abort ends a receive that would wait forever; recover makes the communicator usable. */
@@ -353,6 +382,7 @@ static void test_world_one(void) {
   sc_interleave_self(c, 0);
   sc_bad_args(c, 0);
   sc_groups(c, 0);
+  sc_layout(c, 0);
   CHECK(__atomic_load_n(&rank_fail, __ATOMIC_RELAXED) == 0);
   dt_comm_destroy(c);
 }
@@ -398,6 +428,7 @@ static void test_tcp_groups(void) {
   run_tcp(2, sc_groups);
   run_tcp(4, sc_groups);
   run_tcp(5, sc_groups);
+  run_tcp(4, sc_layout);
 }
 
 /* A rank lost while the others wait for its message: kill -9 (PEER) or

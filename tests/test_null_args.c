@@ -6571,6 +6571,32 @@ static void nt_dt_comm_split(void) {
   nt_teardown(&f);
   /* one NULL at a time: no generated value for dt_comm ** out */
 }
+/* dt_comm.h: dt_result dt_layout_create(dt_comm * c, int rank, int pipeline, int tensor, dt_layout * out) */
+static void nt_dt_layout_create(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_layout_create(NULL, rank, pipeline, tensor, NULL)");
+    nt_check_result(dt_layout_create(NULL, 0, 1, 1, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_layout * out */
+}
+/* dt_comm.h: void dt_layout_destroy(dt_layout * l) */
+static void nt_dt_layout_destroy(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_layout_destroy(NULL)");
+    dt_layout_destroy(NULL);
+    nt_check_quiet(1);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_comm.h: void dt_comm_slice(size_t n, int world, int rank, size_t * begin, size_t * end) */
 static void nt_dt_comm_slice(void) {
   nt_fix f;
@@ -8367,6 +8393,8 @@ int main(void) {
   TH_RUN(nt_dt_comm_wait);
   TH_RUN(nt_dt_comm_waitall);
   TH_RUN(nt_dt_comm_split);
+  TH_RUN(nt_dt_layout_create);
+  TH_RUN(nt_dt_layout_destroy);
   TH_RUN(nt_dt_comm_slice);
   TH_RUN(nt_dt_strategy_multi_worker_mirrored);
   TH_RUN(nt_dt_strategy_parameter_server);

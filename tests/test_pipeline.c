@@ -178,14 +178,19 @@ static double max_rel(const float *a, const float *b, size_t n) {
 }
 
 #if !defined(DTRAIN_NO_THREADS) && !defined(DTRAIN_NO_DIST)
-/* Train with the pipeline on threads; the stages' params concatenated into out. */
-static void train_threads(int stages, int M, int sched, int adam, float *out, float *losses, dt_pipeline_stats *st) {
+/* Train with the pipeline on threads (R replicas of the pipeline: data
+ * parallel on top); replica 0's stages' params concatenated into out; every
+ * replica must hold the same parameters. */
+static void train_threads_r(int stages, int R, int M, int sched, int adam, float *out, float *losses,
+                            dt_pipeline_stats *st) {
   model md;
   split_layers(&md, stages);
-  dt_params *ps[4];
-  for (int s = 0; s < stages; s++) ps[s] = stage_params(&md, s);
+  dt_params *ps[16];
+  for (int r = 0; r < R; r++)
+    for (int s = 0; s < stages; s++) ps[r * stages + s] = stage_params(&md, s);
   dt_pipeline_options po = dt_pipeline_defaults(stages, M);
   po.schedule = sched;
+  po.replicas = R;
   dt_optim_options oo = optim_of(adam);
   dt_pipeline *pl = dt_pipeline_create(ps, &oo, stage_fn, &md, &po);
   CHECK(pl != NULL);
@@ -197,9 +202,34 @@ static void train_threads(int stages, int M, int sched, int adam, float *out, fl
   for (int s = 0; s < stages; s++) {
     if (pl && st) CHECK(dt_pipeline_stats_get(pl, s, &st[s]) == DTRAIN_OK);
     off += pack(ps[s], out + off);
+    for (int r = 1; r < R; r++)
+      CHECK_MSG(memcmp(dt_params_data(ps[s]), dt_params_data(ps[r * stages + s]),
+                       dt_params_size(ps[s]) * sizeof(float)) == 0, "replica %d stage %d differs from replica 0", r, s);
   }
   dt_pipeline_destroy(pl);
-  for (int s = 0; s < stages; s++) dt_params_destroy(ps[s]);
+  for (int k = 0; k < stages * R; k++) dt_params_destroy(ps[k]);
+}
+
+static void train_threads(int stages, int M, int sched, int adam, float *out, float *losses, dt_pipeline_stats *st) {
+  train_threads_r(stages, 1, M, sched, adam, out, losses, st);
+}
+
+/* Pipeline x data parallel on threads: 2 stages x 2 replicas, 3 x 2, 2 x 3. */
+static void test_threads_pipeline_x_data(void) {
+  size_t n = layer_floats(0, L);
+  float *ref = (float *)malloc(n * sizeof(float)), *got = (float *)malloc(n * sizeof(float));
+  float lref[STEPS], lgot[STEPS];
+  reference(0, ref, lref);
+  const int cfg[4][4] = {{2, 2, 3, DTRAIN_PIPE_1F1B}, {2, 2, 4, DTRAIN_PIPE_GPIPE}, {3, 2, 2, DTRAIN_PIPE_1F1B},
+                         {2, 3, 4, DTRAIN_PIPE_1F1B}};
+  for (int k = 0; k < 4; k++) {
+    train_threads_r(cfg[k][0], cfg[k][1], cfg[k][2], cfg[k][3], 0, got, lgot, NULL);
+    double d = max_rel(got, ref, n);
+    CHECK_MSG(d <= 1e-5, "P=%d R=%d M=%d: max relative difference %.3g", cfg[k][0], cfg[k][1], cfg[k][2], d);
+    for (int s = 0; s < STEPS; s++) CHECK(fabs((double)lgot[s] - (double)lref[s]) <= 1e-5 * fabs((double)lref[s]) + 1e-6);
+  }
+  free(ref);
+  free(got);
 }
 
 static void test_threads_equal_one_device(void) {
@@ -359,7 +389,7 @@ static void test_one_stage(void) {
 #  include "tcp_world.h"
 
 typedef struct proc_arg {
-  int M, sched, kill_stage;
+  int M, sched, kill_stage, stages; /* stages: 0 = the world (no data parallel) */
 } proc_arg;
 
 static int child_stage(world *x, int rank, void *argp) {
@@ -370,12 +400,19 @@ static int child_stage(world *x, int rank, void *argp) {
   dt_comm *comm = dt_comm_create_tcp(&c, &o);
   CK(comm != NULL);
   if (!comm) return 2;
+  /* The layout: stages x replicas (rank = d + R * p). */
+  int P = a->stages ? a->stages : x->w;
+  dt_layout lay;
+  CK(dt_layout_create(comm, rank, P, 1, &lay) == DTRAIN_OK);
+  CK(lay.pipeline == P && lay.data == x->w / P && lay.stage == rank / lay.data && lay.dp_rank == rank % lay.data);
+  int stage = lay.stage, R = lay.data;
   model md;
-  split_layers(&md, x->w);
-  dt_params *p = stage_params(&md, rank);
-  dt_pipeline_options po = dt_pipeline_defaults(x->w, a->M);
+  split_layers(&md, P);
+  dt_params *p = stage_params(&md, stage);
+  dt_pipeline_options po = dt_pipeline_defaults(P, a->M);
   po.schedule = a->sched;
-  po.comm = comm;
+  po.comm = lay.pp;
+  po.dp_comm = R > 1 ? lay.dp : NULL;
   dt_optim_options oo = optim_of(0);
   dt_pipeline *pl = dt_pipeline_create(&p, &oo, stage_fn, &md, &po);
   CK(pl != NULL);
@@ -383,7 +420,12 @@ static int child_stage(world *x, int rank, void *argp) {
   int steps = a->kill_stage >= 0 ? 6 : STEPS;
   for (int k = 0; pl && k < steps; k++) {
     if (k == 3 && rank == a->kill_stage) raise(SIGKILL);
+    /* This replica's part of the global batch (the batch is their concatenation). */
     dt_minibatch b = batch_at(k);
+    int64_t lo = b.rows * lay.dp_rank / R, hi = b.rows * (lay.dp_rank + 1) / R;
+    b.x += lo * 6;
+    b.y += lo;
+    b.rows = hi - lo;
     double t0 = dt__now();
     dt_result rc = dt_pipeline_step(pl, &b, &loss);
     if (a->kill_stage >= 0 && k >= 3) {
@@ -398,19 +440,20 @@ static int child_stage(world *x, int rank, void *argp) {
   }
   if (a->kill_stage < 0) {
     /* The reference, computed here: this stage's slice of one_device's parameters. */
-    size_t n = layer_floats(0, L), off = layer_floats(0, md.first[rank]);
+    size_t n = layer_floats(0, L), off = layer_floats(0, md.first[stage]);
     float *ref = (float *)malloc(n * sizeof(float));
     reference(0, ref, lref);
     float *got = (float *)malloc(n * sizeof(float));
     size_t k = pack(p, got);
-    CK(k == layer_floats(md.first[rank], md.first[rank + 1]));
+    CK(k == layer_floats(md.first[stage], md.first[stage + 1]));
     CK(max_rel(got, ref + off, k) <= 1e-5);
-    free(got);
     CK(fabs((double)loss - (double)lref[STEPS - 1]) <= 1e-5 * fabs((double)lref[STEPS - 1]) + 1e-6);
+    free(got);
     free(ref);
   }
   dt_pipeline_destroy(pl);
   dt_params_destroy(p);
+  dt_layout_destroy(&lay);
   dt_comm_destroy(comm);
   return 0;
 }
@@ -418,7 +461,7 @@ static int child_stage(world *x, int rank, void *argp) {
 static void run_stages(int w, int M, int sched) {
   world x;
   int st[MAXW];
-  proc_arg a = {M, sched, -1};
+  proc_arg a = {M, sched, -1, 0};
   world_init(&x, w);
   run_world(&x, child_stage, &a, st);
   world_close(&x);
@@ -432,10 +475,21 @@ static void test_processes_equal_one_device(void) {
   run_stages(3, 1, DTRAIN_PIPE_GPIPE);
 }
 
+/* Pipeline x data parallel: 4 processes as 2 stages x 2 replicas (dt_layout). */
+static void test_processes_pipeline_x_data(void) {
+  world x;
+  int st[MAXW];
+  proc_arg a = {3, DTRAIN_PIPE_1F1B, -1, 2};
+  world_init(&x, 4);
+  run_world(&x, child_stage, &a, st);
+  world_close(&x);
+  check_world(&x, st, NULL);
+}
+
 static void test_process_killed(void) {
   world x;
   int st[MAXW], want[MAXW] = {0, 0, 128 + SIGKILL};
-  proc_arg a = {4, DTRAIN_PIPE_1F1B, 2};
+  proc_arg a = {4, DTRAIN_PIPE_1F1B, 2, 0};
   world_init(&x, 3);
   run_world(&x, child_stage, &a, st);
   world_close(&x);
@@ -450,12 +504,14 @@ int main(void) {
 #if !defined(DTRAIN_NO_THREADS) && !defined(DTRAIN_NO_DIST)
   TH_RUN(test_threads_equal_one_device);
   TH_RUN(test_memory_in_flight);
+  TH_RUN(test_threads_pipeline_x_data);
   TH_RUN(test_stage_failure);
 #else
   th_skip_item("test_pipeline threads", "threads or distribution not compiled in");
 #endif
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
   TH_RUN(test_processes_equal_one_device);
+  TH_RUN(test_processes_pipeline_x_data);
   TH_RUN(test_process_killed);
 #else
   th_skip_item("test_pipeline processes", "networking or threads not compiled in");
