@@ -644,6 +644,10 @@ static void dt__tcp_destroy(dt_comm *c) {
   for (int j = 0; j < c->world; j++)
     if (j != c->rank && t->conns[j].fd >= 0)
       dt__conn_send(&t->conns[j], DT__MSG_BYE, NULL, 0, dt__now() + 0.2, "bye");
+  /* The second lane too: a peer still finishing its start-up (the acceptor
+   * looks for an end of file right after its handshake, the sign of a client
+   * that gave up in its backlog) must see a goodbye, not a bare close. */
+  if (t->lane2.fd >= 0) dt__conn_send(&t->lane2, DT__MSG_BYE, NULL, 0, dt__now() + 0.2, "bye");
   dt__tcp_free(t);
   if (keep_rc != DTRAIN_OK) dt__error(keep_rc, "%s", keep);
   else dt_clear_error();
