@@ -61,6 +61,38 @@ DTRAIN_API dt_tensor *dt_tp_column_linear(dt_graph *g, dt_tensor *x, dt_tensor *
 /* x [N, in/T] (this rank's slice), w [out, in/T], b [out] (whole) -> [N, out]; b may be NULL. */
 DTRAIN_API dt_tensor *dt_tp_row_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, dt_comm *c, int rank);
 
+/* Vocabulary-parallel embedding: rank r holds rows [r*V/T, (r+1)*V/T) of
+ * the whole [V, D] table (table: [V/T, D]); ids (n of them, 0 <= id < V,
+ * copied) -> [n, D] on every rank (each rank looks up the ids it holds,
+ * zeros for the others, and one all-reduce adds them; backward: each rank's
+ * rows get the gradient of its ids). */
+DTRAIN_API dt_tensor *dt_tp_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n, dt_comm *c,
+                                      int rank);
+/* Vocabulary-parallel cross-entropy: logits [N, V/T] are rank r's columns
+ * [r*V/T, (r+1)*V/T) of the whole [N, V] logits (what a column-parallel
+ * output layer without gather gives); labels: N whole-vocabulary ids in
+ * [0, V). -> the mean over rows of -log softmax(whole logits)[label], one
+ * element, on every rank, without gathering the logits: one all-reduce for
+ * the rows' maxima, one for their sums of exponentials and target logits.
+ * Backward: each rank's logits get their part of softmax - one-hot. */
+DTRAIN_API dt_tensor *dt_tp_cross_entropy(dt_graph *g, dt_tensor *logits, const int32_t *labels, dt_comm *c,
+                                          int rank);
+
+/* Causal multi-head self-attention (dt_nn_attention's, with its heads split
+ * over the T ranks): x [B,S,C] whole on every rank; rank r computes heads
+ * [r*H/T, (r+1)*H/T) from w_qkv [3C/T, C] (its rows of the Q, K and V blocks
+ * of the whole [3C, C] weight, in that order: dt_tp_shard_qkv) and b_qkv
+ * [3C/T], and projects them with w_proj [C, C/T] (its columns of the output
+ * projection) and b_proj [C] (whole) -> [B,S,C] on every rank. One
+ * all-reduce forward (the projection) and one backward (the input). heads
+ * must divide by T and C by heads; b_qkv and b_proj may be NULL. */
+DTRAIN_API dt_tensor *dt_tp_attention(dt_graph *g, dt_tensor *x, dt_tensor *w_qkv, dt_tensor *b_qkv,
+                                      dt_tensor *w_proj, dt_tensor *b_proj, int heads, dt_comm *c, int rank);
+/* Rank `rank`'s rows of each third of a whole [3C, cols] qkv weight (cols 1:
+ * the bias) into out [3C/T, cols]; dt_tp_unshard_qkv the other way. */
+DTRAIN_API dt_result dt_tp_shard_qkv(const float *full, int64_t rows3, int64_t cols, int T, int rank, float *out);
+DTRAIN_API dt_result dt_tp_unshard_qkv(float *full, int64_t rows3, int64_t cols, int T, int rank, const float *part);
+
 /* Rank `rank`'s slice of a whole weight [rows, cols] (row-major) into out:
  * by rows (a column-parallel weight or a bias: rows/T rows) or by columns (a
  * row-parallel weight: cols/T columns). DTRAIN_ERR_SHAPE when the size does

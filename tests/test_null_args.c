@@ -7591,6 +7591,266 @@ static void nt_dt_tp_row_linear(void) {
   }
   nt_teardown(&f);
 }
+/* dt_tensor_parallel.h: dt_tensor * dt_tp_embedding(dt_graph * g, dt_tensor * table, const int32_t * ids, int64_t n, dt_comm * c, int rank) */
+static void nt_dt_tp_embedding(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_embedding(NULL, NULL, NULL, n, NULL, rank)");
+    dt_tensor * r_ = dt_tp_embedding(NULL, NULL, NULL, 2, NULL, 0);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_embedding(NULL, table, ids, n, c, rank)");
+      dt_tensor * r_ = dt_tp_embedding(NULL, f.t, f.ibuf, 2, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_embedding(g, NULL, ids, n, c, rank)");
+      dt_tensor * r_ = dt_tp_embedding(f.g, NULL, f.ibuf, 2, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_embedding(g, table, NULL, n, c, rank)");
+      dt_tensor * r_ = dt_tp_embedding(f.g, f.t, NULL, 2, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_embedding(g, table, ids, n, NULL, rank)");
+      dt_tensor * r_ = dt_tp_embedding(f.g, f.t, f.ibuf, 2, NULL, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_tensor * dt_tp_cross_entropy(dt_graph * g, dt_tensor * logits, const int32_t * labels, dt_comm * c, int rank) */
+static void nt_dt_tp_cross_entropy(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_cross_entropy(NULL, NULL, NULL, NULL, rank)");
+    dt_tensor * r_ = dt_tp_cross_entropy(NULL, NULL, NULL, NULL, 0);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_cross_entropy(NULL, logits, labels, c, rank)");
+      dt_tensor * r_ = dt_tp_cross_entropy(NULL, f.t, f.ibuf, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_cross_entropy(g, NULL, labels, c, rank)");
+      dt_tensor * r_ = dt_tp_cross_entropy(f.g, NULL, f.ibuf, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_cross_entropy(g, logits, NULL, c, rank)");
+      dt_tensor * r_ = dt_tp_cross_entropy(f.g, f.t, NULL, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_cross_entropy(g, logits, labels, NULL, rank)");
+      dt_tensor * r_ = dt_tp_cross_entropy(f.g, f.t, f.ibuf, NULL, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_tensor * dt_tp_attention(dt_graph * g, dt_tensor * x, dt_tensor * w_qkv, dt_tensor * b_qkv, dt_tensor * w_proj, dt_tensor * b_proj, int heads, dt_comm * c, int rank) */
+static void nt_dt_tp_attention(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_attention(NULL, NULL, NULL, NULL, NULL, NULL, heads, NULL, rank)");
+    dt_tensor * r_ = dt_tp_attention(NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, 0);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_attention(NULL, x, w_qkv, b_qkv, w_proj, b_proj, heads, c, rank)");
+      dt_tensor * r_ = dt_tp_attention(NULL, f.t, f.t, f.t, f.t, f.t, 1, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_attention(g, NULL, w_qkv, b_qkv, w_proj, b_proj, heads, c, rank)");
+      dt_tensor * r_ = dt_tp_attention(f.g, NULL, f.t, f.t, f.t, f.t, 1, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_attention(g, x, NULL, b_qkv, w_proj, b_proj, heads, c, rank)");
+      dt_tensor * r_ = dt_tp_attention(f.g, f.t, NULL, f.t, f.t, f.t, 1, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_attention(g, x, w_qkv, NULL, w_proj, b_proj, heads, c, rank)");
+      dt_tensor * r_ = dt_tp_attention(f.g, f.t, f.t, NULL, f.t, f.t, 1, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 1);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_attention(g, x, w_qkv, b_qkv, NULL, b_proj, heads, c, rank)");
+      dt_tensor * r_ = dt_tp_attention(f.g, f.t, f.t, f.t, NULL, f.t, 1, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.comm && f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_attention(g, x, w_qkv, b_qkv, w_proj, NULL, heads, c, rank)");
+      dt_tensor * r_ = dt_tp_attention(f.g, f.t, f.t, f.t, f.t, NULL, 1, f.comm, 0);
+      nt_check_ptr(r_ != NULL, 1);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_tp_attention(g, x, w_qkv, b_qkv, w_proj, b_proj, heads, NULL, rank)");
+      dt_tensor * r_ = dt_tp_attention(f.g, f.t, f.t, f.t, f.t, f.t, 1, NULL, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_result dt_tp_shard_qkv(const float * full, int64_t rows3, int64_t cols, int T, int rank, float * out) */
+static void nt_dt_tp_shard_qkv(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_shard_qkv(NULL, rows3, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_shard_qkv(NULL, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_shard_qkv(NULL, rows3, cols, T, rank, out)");
+    nt_check_result(dt_tp_shard_qkv(NULL, 2, 2, 1, 0, f.fbuf), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_shard_qkv(full, rows3, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_shard_qkv(f.fbuf, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_tensor_parallel.h: dt_result dt_tp_unshard_qkv(float * full, int64_t rows3, int64_t cols, int T, int rank, const float * part) */
+static void nt_dt_tp_unshard_qkv(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_unshard_qkv(NULL, rows3, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_unshard_qkv(NULL, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_unshard_qkv(NULL, rows3, cols, T, rank, part)");
+    nt_check_result(dt_tp_unshard_qkv(NULL, 2, 2, 1, 0, f.fbuf), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_tp_unshard_qkv(full, rows3, cols, T, rank, NULL)");
+    nt_check_result(dt_tp_unshard_qkv(f.fbuf, 2, 2, 1, 0, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_tensor_parallel.h: dt_result dt_tp_shard_rows(const float * full, int64_t rows, int64_t cols, int T, int rank, float * out) */
 static void nt_dt_tp_shard_rows(void) {
   nt_fix f;
@@ -8435,6 +8695,11 @@ int main(void) {
   TH_RUN(nt_dt_tp_gather);
   TH_RUN(nt_dt_tp_column_linear);
   TH_RUN(nt_dt_tp_row_linear);
+  TH_RUN(nt_dt_tp_embedding);
+  TH_RUN(nt_dt_tp_cross_entropy);
+  TH_RUN(nt_dt_tp_attention);
+  TH_RUN(nt_dt_tp_shard_qkv);
+  TH_RUN(nt_dt_tp_unshard_qkv);
   TH_RUN(nt_dt_tp_shard_rows);
   TH_RUN(nt_dt_tp_shard_cols);
   TH_RUN(nt_dt_tp_unshard_rows);

@@ -4,7 +4,11 @@
  * ranks, trained 20 steps: every rank's slices equal one_device's within
  * 1e-5 relative, on threads and on forked processes over TCP (2 ranks, and 4
  * ranks split into two tensor-parallel groups of 2). Finite differences
- * against every rank's gradients (a sharded parameter perturbed on its rank,
+ * against every rank's gradients; attention with its heads split (2 and 4
+ * ranks of 4 heads) against dt_nn_attention: output, input gradient and every
+ * shard's gradient; the vocabulary-parallel embedding and cross-entropy (2-4
+ * ranks) against dt_embedding and dt_cross_entropy: the loss and every
+ * shard's gradient (a sharded parameter perturbed on its rank,
  * the replicated one on all ranks at once); the shard helpers; bad
  * arguments. */
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
@@ -241,20 +245,178 @@ static void rank_gradcheck(dt_comm *c, int rank, int T) {
   dt_params_destroy(P);
 }
 
+/* ---- attention with its heads split ---------------------------------------------------------- */
+#define AB 2
+#define AS 5
+#define AC 16
+#define AH 4
+static float att_x[AB * AS * AC], att_t[AB * AS * AC];
+
+/* The whole attention (dt_nn_attention) on x: output and the gradients of an
+ * MSE loss (params' grads and x's), the reference for every rank. */
+typedef struct att_ref {
+  float out[AB * AS * AC], gx[AB * AS * AC];
+  dt_params *P;
+  dt_nn_attention l;
+} att_ref;
+
+static void att_reference(att_ref *r) {
+  uint64_t s = 99;
+  for (int i = 0; i < AB * AS * AC; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    att_x[i] = (float)((s >> 33) % 2001) / 1000.0f - 1.0f;
+    att_t[i] = (float)((s >> 13) % 2001) / 2000.0f - 0.5f;
+  }
+  r->P = dt_params_create(21);
+  dt_nn_attention_init(&r->l, r->P, "att", AC, AH);
+  dt_graph *g = dt_graph_create(r->P, NULL);
+  int64_t xs[3] = {AB, AS, AC};
+  dt_tensor *x = dt_tensor_from(g, 3, xs, att_x), *t = dt_tensor_from(g, 3, xs, att_t);
+  dt_tensor_set_requires_grad(x, 1);
+  dt_tensor *y = dt_nn_attention_forward(g, &r->l, x);
+  CHECK(y != NULL);
+  dt_params_zero_grad(r->P);
+  CHECK(dt_backward(g, dt_mse(g, y, t)) == DTRAIN_OK);
+  memcpy(r->out, y->data, sizeof r->out);
+  memcpy(r->gx, x->grad, sizeof r->gx);
+  dt_graph_destroy(g);
+}
+
+/* Rank r of T: its shards of the whole attention, forward and backward; the
+ * output, the input's gradient and the shards' gradients against the whole. */
+static void rank_attention(dt_comm *c, int rank, int T, att_ref *ref) {
+  dt_param_info qw, qb, pw, pb;
+  dt_params_info(ref->P, ref->l.qkv.w, &qw);
+  dt_params_info(ref->P, ref->l.qkv.b, &qb);
+  dt_params_info(ref->P, ref->l.proj.w, &pw);
+  dt_params_info(ref->P, ref->l.proj.b, &pb);
+  dt_params *P = dt_params_create(3);
+  int64_t sq[2] = {3 * AC / T, AC}, sqb[1] = {3 * AC / T}, sp[2] = {AC, AC / T}, spb[1] = {AC};
+  int iq = dt_params_add(P, "qkv_w", 2, sq, dt_init_zeros()), iqb = dt_params_add(P, "qkv_b", 1, sqb, dt_init_zeros());
+  int ip = dt_params_add(P, "proj_w", 2, sp, dt_init_zeros()), ipb = dt_params_add(P, "proj_b", 1, spb, dt_init_zeros());
+  dt_param_info mq, mqb, mp, mpb;
+  dt_params_info(P, iq, &mq);
+  dt_params_info(P, iqb, &mqb);
+  dt_params_info(P, ip, &mp);
+  dt_params_info(P, ipb, &mpb);
+  float *d = dt_params_data(P), *fd = dt_params_data(ref->P);
+  RK(dt_tp_shard_qkv(fd + qw.offset, 3 * AC, AC, T, rank, d + mq.offset) == DTRAIN_OK);
+  RK(dt_tp_shard_qkv(fd + qb.offset, 3 * AC, 1, T, rank, d + mqb.offset) == DTRAIN_OK);
+  RK(dt_tp_shard_cols(fd + pw.offset, AC, AC, T, rank, d + mp.offset) == DTRAIN_OK);
+  memcpy(d + mpb.offset, fd + pb.offset, AC * sizeof(float));
+  dt_graph *g = dt_graph_create(P, NULL);
+  int64_t xs[3] = {AB, AS, AC};
+  dt_tensor *x = dt_tensor_from(g, 3, xs, att_x), *t = dt_tensor_from(g, 3, xs, att_t);
+  dt_tensor_set_requires_grad(x, 1);
+  dt_tensor *y = dt_tp_attention(g, x, dt_param(g, iq), dt_param(g, iqb), dt_param(g, ip), dt_param(g, ipb), AH, c, rank);
+  RK(y != NULL);
+  dt_params_zero_grad(P);
+  RK(y && dt_backward(g, dt_mse(g, y, t)) == DTRAIN_OK);
+  if (y) {
+    RK(max_rel(y->data, ref->out, AB * AS * AC) <= 1e-5);
+    RK(x->grad && max_rel(x->grad, ref->gx, AB * AS * AC) <= 1e-5);
+  }
+  /* The shards' gradients are the whole gradients' shards. */
+  float want[3 * AC * AC];
+  const float *fg = dt_params_grad(ref->P), *mg = dt_params_grad(P);
+  dt_tp_shard_qkv(fg + qw.offset, 3 * AC, AC, T, rank, want);
+  RK(max_rel(mg + mq.offset, want, mq.size) <= 1e-5);
+  dt_tp_shard_qkv(fg + qb.offset, 3 * AC, 1, T, rank, want);
+  RK(max_rel(mg + mqb.offset, want, mqb.size) <= 1e-5);
+  dt_tp_shard_cols(fg + pw.offset, AC, AC, T, rank, want);
+  RK(max_rel(mg + mp.offset, want, mp.size) <= 1e-5);
+  RK(max_rel(mg + mpb.offset, fg + pb.offset, AC) <= 1e-5);
+  dt_graph_destroy(g);
+  dt_params_destroy(P);
+}
+
+/* ---- vocabulary-parallel embedding and cross-entropy ------------------------------------------ */
+#define VV 12
+#define VD 6
+#define VN 10
+static int32_t voc_ids[VN], voc_lab[VN];
+
+/* ids -> embedding -> tanh -> output layer -> cross-entropy, whole: the loss and its gradients. */
+typedef struct voc_ref {
+  dt_params *P; /* table [VV, VD], w [VV, VD], b [VV] */
+  float loss;
+} voc_ref;
+
+static void voc_reference(voc_ref *r) {
+  for (int i = 0; i < VN; i++) {
+    voc_ids[i] = (i * 7 + 3) % VV;
+    voc_lab[i] = (i * 5 + 1) % VV;
+  }
+  r->P = dt_params_create(31);
+  int64_t ts[2] = {VV, VD}, bs[1] = {VV};
+  dt_params_add(r->P, "table", 2, ts, dt_init_normal(0.0f, 1.0f));
+  dt_params_add(r->P, "w", 2, ts, dt_init_glorot_uniform());
+  dt_params_add(r->P, "b", 1, bs, dt_init_uniform(-0.3f, 0.3f));
+  dt_graph *g = dt_graph_create(r->P, NULL);
+  dt_tensor *e = dt_tanh(g, dt_embedding(g, dt_param(g, 0), voc_ids, VN));
+  dt_tensor *l = dt_cross_entropy(g, dt_linear(g, e, dt_param(g, 1), dt_param(g, 2)), voc_lab);
+  dt_params_zero_grad(r->P);
+  CHECK(l && dt_backward(g, l) == DTRAIN_OK);
+  r->loss = l ? l->data[0] : NAN;
+  dt_graph_destroy(g);
+}
+
+static void rank_vocab(dt_comm *c, int rank, int T, voc_ref *ref) {
+  dt_params *P = dt_params_create(3);
+  int64_t ts[2] = {VV / T, VD}, bs[1] = {VV / T};
+  dt_params_add(P, "table", 2, ts, dt_init_zeros());
+  dt_params_add(P, "w", 2, ts, dt_init_zeros());
+  dt_params_add(P, "b", 1, bs, dt_init_zeros());
+  for (int i = 0; i < 3; i++) {
+    dt_param_info fi, mi;
+    dt_params_info(ref->P, i, &fi);
+    dt_params_info(P, i, &mi);
+    RK(dt_tp_shard_rows(dt_params_data(ref->P) + fi.offset, VV, i < 2 ? VD : 1, T, rank,
+                        dt_params_data(P) + mi.offset) == DTRAIN_OK);
+  }
+  dt_graph *g = dt_graph_create(P, NULL);
+  dt_tensor *e = dt_tanh(g, dt_tp_embedding(g, dt_param(g, 0), voc_ids, VN, c, rank));
+  dt_tensor *logits = dt_tp_column_linear(g, e, dt_param(g, 1), dt_param(g, 2), c, rank, 0);
+  dt_tensor *l = dt_tp_cross_entropy(g, logits, voc_lab, c, rank);
+  dt_params_zero_grad(P);
+  RK(l && dt_backward(g, l) == DTRAIN_OK);
+  RK(l && fabs((double)l->data[0] - (double)ref->loss) <= 1e-6 * fabs((double)ref->loss));
+  for (int i = 0; i < 3; i++) {
+    dt_param_info fi, mi;
+    dt_params_info(ref->P, i, &fi);
+    dt_params_info(P, i, &mi);
+    float want[VV * VD];
+    dt_tp_shard_rows(dt_params_grad(ref->P) + fi.offset, VV, i < 2 ? VD : 1, T, rank, want);
+    double d = max_rel(dt_params_grad(P) + mi.offset, want, mi.size);
+    RK(d <= 1e-5);
+    if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "vocab T=%d rank %d %s: %.3g\n", T, rank, mi.name, d);
+  }
+  /* A label or id outside the vocabulary fails the graph. */
+  dt_graph_reset(g);
+  int32_t bad[1] = {VV};
+  RK(dt_tp_embedding(g, dt_param(g, 0), bad, 1, c, rank) == NULL && dt_graph_error(g) == DTRAIN_ERR_INDEX);
+  dt_graph_destroy(g);
+  dt_params_destroy(P);
+}
+
 #if !defined(DTRAIN_NO_THREADS) && !defined(DTRAIN_NO_DIST)
 typedef struct tjob {
   dt_comm *c;
   int rank, T, grad;
+  att_ref *att;
+  voc_ref *voc;
 } tjob;
 
 static void *tjob_main(void *p) {
   tjob *j = (tjob *)p;
-  if (j->grad) rank_gradcheck(j->c, j->rank, j->T);
+  if (j->voc) rank_vocab(j->c, j->rank, j->T, j->voc);
+  else if (j->att) rank_attention(j->c, j->rank, j->T, j->att);
+  else if (j->grad) rank_gradcheck(j->c, j->rank, j->T);
   else rank_train(j->c, j->rank, j->T, NULL);
   return NULL;
 }
 
-static void run_threads(int T, int grad) {
+static void run_threads_job(int T, int grad, att_ref *att, voc_ref *voc) {
   dt_comm *c = dt_comm_create_threads(T, 0);
   CHECK(c != NULL);
   if (!c) return;
@@ -266,11 +428,31 @@ static void run_threads(int T, int grad) {
     jobs[r].rank = r;
     jobs[r].T = T;
     jobs[r].grad = grad;
+    jobs[r].att = att;
+    jobs[r].voc = voc;
     pthread_create(&th[r], NULL, tjob_main, &jobs[r]);
   }
   for (int r = 0; r < T; r++) pthread_join(th[r], NULL);
   CHECK_MSG(__atomic_load_n(&rank_fail, __ATOMIC_RELAXED) == 0, "T=%d: failed checks in the ranks", T);
   dt_comm_destroy(c);
+}
+
+static void run_threads(int T, int grad) { run_threads_job(T, grad, NULL, NULL); }
+
+static void test_threads_attention(void) {
+  att_ref *ref = (att_ref *)calloc(1, sizeof *ref);
+  att_reference(ref);
+  run_threads_job(2, 0, ref, NULL);
+  run_threads_job(4, 0, ref, NULL);
+  dt_params_destroy(ref->P);
+  free(ref);
+}
+
+static void test_threads_vocab_parallel(void) {
+  voc_ref ref;
+  voc_reference(&ref);
+  for (int T = 2; T <= 4; T++) run_threads_job(T, 0, NULL, &ref);
+  dt_params_destroy(ref.P);
 }
 
 static void test_threads_equal_one_device(void) {
@@ -315,6 +497,54 @@ static void test_one_rank_and_args(void) {
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include "tcp_world.h"
 
+/* Tensor x data parallel: the step function of multi_worker_mirrored (on the
+ * data-parallel group) runs the tensor-parallel model on the tensor group. */
+typedef struct tpdp {
+  dt_comm *tp;
+  int tr;
+} tpdp;
+
+static dt_tensor *tp_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  const tpdp *u = (const tpdp *)user;
+  (void)replica;
+  return tp_forward(g, b, u->tp, u->tr);
+}
+
+static void rank_tp_x_dp(const dt_layout *l) {
+  int T = l->tensor, R = l->data;
+  dt_params *init = full_params();
+  dt_params *P = shard_params(init, T, l->tp_rank);
+  dt_params_destroy(init);
+  dt_optim_options oo = sgd();
+  dt_optim *opt = dt_optim_create(P, &oo);
+  tpdp u = {l->tp, l->tp_rank};
+  dt_strategy_options sd = dt_strategy_multi_worker_mirrored(l->dp, 1);
+  dt_strategy *s = dt_strategy_create(P, opt, tp_step, &u, &sd);
+  RK(s != NULL);
+  float loss = 0;
+  for (int k = 0; s && k < STEPS; k++) {
+    dt_minibatch b = batch_at(k); /* this replica's half: the global batch is the halves in order */
+    int64_t lo = b.rows * l->dp_rank / R, hi = b.rows * (l->dp_rank + 1) / R;
+    b.x += lo * IN;
+    b.y += lo;
+    b.rows = hi - lo;
+    RK(dt_strategy_step(s, &b, &loss) == DTRAIN_OK);
+  }
+  float ref_loss = 0;
+  dt_params *ref = reference(&ref_loss);
+  dt_params *want = shard_params(ref, T, l->tp_rank);
+  double d = max_rel(dt_params_data(P), dt_params_data(want), dt_params_size(P));
+  RK(d <= 1e-5);
+  if (getenv("DTRAIN_TEST_VERBOSE"))
+    fprintf(stderr, "TPxDP t=%d d=%d: max relative difference %.3g\n", l->tp_rank, l->dp_rank, d);
+  RK(fabs((double)loss - (double)ref_loss) <= 1e-5 * fabs((double)ref_loss) + 1e-6);
+  dt_params_destroy(want);
+  dt_params_destroy(ref);
+  dt_strategy_destroy(s);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+}
+
 static int child_tp(world *x, int rank, void *arg) {
   int T = *(int *)arg;
   dt_cluster c = cluster_of(x, rank);
@@ -323,7 +553,12 @@ static int child_tp(world *x, int rank, void *arg) {
   CK(comm != NULL);
   if (!comm) return 2;
   __atomic_store_n(&rank_fail, 0, __ATOMIC_RELAXED);
-  if (T == x->w) {
+  if (T < 0) {
+    dt_layout l; /* 2 tensor-parallel ranks x the rest data parallel */
+    CK(dt_layout_create(comm, rank, 1, -T, &l) == DTRAIN_OK);
+    rank_tp_x_dp(&l);
+    dt_layout_destroy(&l);
+  } else if (T == x->w) {
     rank_train(comm, rank, T, NULL);
   } else {
     /* Tensor-parallel groups of T consecutive ranks (a group of the TCP communicator). */
@@ -340,8 +575,8 @@ static int child_tp(world *x, int rank, void *arg) {
 }
 
 static void test_processes_equal_one_device(void) {
-  int cases[2][2] = {{2, 2}, {4, 2}}; /* world, T */
-  for (int k = 0; k < 2; k++) {
+  int cases[3][2] = {{2, 2}, {4, 2}, {4, -2}}; /* world, T (negative: T x data parallel via dt_layout) */
+  for (int k = 0; k < 3; k++) {
     world x;
     int st[MAXW];
     world_init(&x, cases[k][0]);
@@ -358,6 +593,8 @@ int main(void) {
 #if !defined(DTRAIN_NO_THREADS) && !defined(DTRAIN_NO_DIST)
   TH_RUN(test_threads_equal_one_device);
   TH_RUN(test_threads_gradcheck);
+  TH_RUN(test_threads_attention);
+  TH_RUN(test_threads_vocab_parallel);
 #else
   th_skip_item("test_tensor_parallel threads", "threads or distribution not compiled in");
 #endif

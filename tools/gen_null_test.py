@@ -49,6 +49,7 @@ NULLABLE = {
     "dt_linear": {"b"},
     "dt_tp_column_linear": {"b"},
     "dt_tp_row_linear": {"b"},
+    "dt_tp_attention": {"b_qkv", "b_proj"},
     "dt_conv2d": {"b"},
     "dt_layer_norm": {"gamma", "beta"},
     "dt_batch_norm": {"gamma", "beta", "running_mean", "running_var"},
