@@ -22,7 +22,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal test-minimal-nothreads test-minimal-nostdio test-minimal-edge all test test-suite suite-bins check-house demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
-.PHONY: bench-strategy bench-backup bench-net bench-gpu fuzz soak chaos
+.PHONY: bench-strategy bench-backup bench-pipeline bench-net bench-gpu fuzz soak chaos
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
 
@@ -239,6 +239,10 @@ bench-strategy: $(BUILD)/bench/bench_allreduce $(BUILD)/bench/bench_strategy
 bench: bench-backup
 bench-backup: $(BUILD)/examples/04_sync_vs_async
 	sh bench/run_backup.sh $(BUILD)/examples/04_sync_vs_async
+# Pipeline parallelism: GPipe and 1F1B for M = 1..16 beside one_device.
+bench: bench-pipeline
+bench-pipeline: $(BUILD)/examples/07_model_parallel
+	sh bench/run_pipeline.sh $(BUILD)/examples/07_model_parallel
 
 # ASan + UBSan over the whole suite (separate build directory).
 sanitize:

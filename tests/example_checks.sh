@@ -47,6 +47,35 @@ check "fmnist-bad-flag" sh -c "! $E --model rnn > $T/bad.txt 2>&1 && grep -q 'ml
 # within 2 s (timeout would say 124), exit 2, naming the flag and the path.
 check "fmnist-missing-checkpoint-dir-first" sh -c "timeout 2 $E --checkpoint-dir $T/no_such_dir --data /nonexistent > $T/od1.txt 2>&1; test \$? = 2 && grep -q \"^error: --checkpoint-dir $T/no_such_dir: cannot create a file in directory\" $T/od1.txt && ! grep -q nonexistent $T/od1.txt"
 check "fmnist-missing-output-dirs-first" sh -c "for f in --checkpoint --csv --svg; do timeout 2 $E \$f $T/no_such_dir/out --data /nonexistent > $T/od2.txt 2>&1; test \$? = 2 && grep -q \"^error: \$f $T/no_such_dir/out: \" $T/od2.txt && ! grep -q nonexistent $T/od2.txt || exit 1; done"
+# 07, model parallelism: every layout computes what one device computes (same
+# loss, same parameters up to float rounding), 1F1B equals GPipe bitwise, two
+# pipeline stages hold at most 0.55x one device's bytes each, and the same
+# through the launcher (2 processes: stages; 4: 2 stages x 2 replicas).
+M7="$BUILD/examples/07_model_parallel"
+m7="--steps 12 --json"
+check "mp-layouts-equal-one-device" sh -c "$M7 --parallel none $m7 > $T/mp.jsonl && $M7 --parallel pipeline --schedule gpipe $m7 >> $T/mp.jsonl && $M7 --parallel pipeline --schedule 1f1b $m7 >> $T/mp.jsonl && $M7 --parallel pipeline --stages 3 --microbatches 8 --replicas 2 $m7 >> $T/mp.jsonl && $M7 --parallel tensor $m7 >> $T/mp.jsonl && $M7 --parallel tensor --stages 4 --replicas 2 $m7 >> $T/mp.jsonl && python3 -c \"
+import json
+r = [json.loads(l) for l in open('$T/mp.jsonl')]
+ref = r[0]
+assert ref['parallel'] == 'none' and len(r) == 6, r
+for x in r[1:]:
+    assert abs(x['final_loss'] - ref['final_loss']) <= 1e-5 * abs(ref['final_loss']), (x, ref)
+    assert abs(x['params_checksum'] - ref['params_checksum']) <= 1e-6 * abs(ref['params_checksum']), (x, ref)
+assert r[1]['params_checksum'] == r[2]['params_checksum'] and r[1]['final_loss'] == r[2]['final_loss']
+assert r[2]['peak_bytes_per_worker'] <= 0.55 * ref['peak_bytes_per_worker'], (r[2], ref)
+assert r[2]['peak_bytes_per_worker'] < r[1]['peak_bytes_per_worker']
+assert abs(r[1]['bubble_theory'] - 0.2) < 1e-9 and 0 <= r[1]['bubble_measured'] < 1
+\""
+check "mp-launch-processes" sh -c "tools/dtrain-launch -n 2 -- $M7 --parallel pipeline $m7 > $T/mpl.txt 2>&1 && tools/dtrain-launch -n 4 -- $M7 --parallel tensor --stages 2 $m7 >> $T/mpl.txt 2>&1 && grep '^.worker 0. {' $T/mpl.txt | sed 's/^.worker 0. //' > $T/mpl.jsonl && python3 -c \"
+import json
+r = [json.loads(l) for l in open('$T/mpl.jsonl')]
+ref = [json.loads(l) for l in open('$T/mp.jsonl')][0]
+assert len(r) == 2 and r[0]['workers'] == 2 and r[1]['workers'] == 4 and r[1]['replicas'] == 2, r
+for x in r:
+    assert abs(x['final_loss'] - ref['final_loss']) <= 1e-5 * abs(ref['final_loss']), (x, ref)
+    assert abs(x['params_checksum'] - ref['params_checksum']) <= 1e-6 * abs(ref['params_checksum']), (x, ref)
+\""
+check "mp-bad-flags" sh -c "! $M7 --parallel diagonal > $T/mpb.txt 2>&1 && grep -q 'none, pipeline or tensor' $T/mpb.txt && ! $M7 --model transformer > $T/mpb2.txt 2>&1 && grep -q 'not yet' $T/mpb2.txt && ! $M7 --parallel pipeline --stages 12 --layers 4 > $T/mpb3.txt 2>&1 && grep -q '12 stages for 5 layers' $T/mpb3.txt"
 for ex in 06_parameter_server:--checkpoint-dir:no_such_dir 05_multi_worker:--checkpoint:no_such_dir/ck 03_char_model:--checkpoint:no_such_dir/ck; do
   bin=$BUILD/examples/${ex%%:*}; rest=${ex#*:}; flag=${rest%%:*}; arg=$T/${rest#*:}
   if [ -x "$bin" ]; then
