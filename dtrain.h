@@ -2899,13 +2899,19 @@ typedef struct dt_cluster {
   char **server_addr;  /* "host:port" of each server */
   dt_role role;        /* this process */
   int index;           /* this process's index within its role */
+  /* Model-parallel layout of the workers (dt_layout_from_cluster): pipeline
+   * stages and tensor-parallel ranks; the rest are data-parallel replicas.
+   * 0 or 1: none (a cluster built by hand before these existed has 0). */
+  int pipeline, tensor;
 } dt_cluster;
 
 /* Parse DTRAIN_CONFIG-style JSON. On success *out owns a new cluster (free it
  * with dt_cluster_destroy); on failure *out is NULL. The text must be one
  * JSON object (RFC 8259, UTF-8) with "cluster": {"worker": [...], "ps": [...]}
  * ("ps" may be absent or empty) and "task": {"type": "worker" | "ps",
- * "index": N}; other keys, also inside "cluster" and "task" (e.g. "chief"),
+ * "index": N}, and optionally "layout": {"pipeline": P, "tensor": T} (both
+ * optional integers >= 1 whose product divides the workers: dt_cluster.pipeline
+ * and .tensor, 1 when absent); other keys, also inside "cluster" and "task" (e.g. "chief"),
  * are checked as JSON and ignored. Addresses are "host:port" (a host name or
  * IPv4) or "[v6]:port", port 0..65535, at most 255 bytes. Nesting is limited
  * to 32 levels. Errors: DTRAIN_ERR_FORMAT for bad JSON, a duplicate or
@@ -2939,6 +2945,9 @@ DTRAIN_API dt_result dt_cluster_discover(int *argc, char **argv, dt_cluster **ou
 DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c);
 /* Frees a cluster made by the functions above (never one built by hand); NULL is a no-op. */
 DTRAIN_API void dt_cluster_destroy(dt_cluster *c);
+/* dt_layout_create (dt_comm.h) with the cluster's layout: P = cl->pipeline,
+ * T = cl->tensor (0 counts as 1); c is the workers' communicator. */
+DTRAIN_API dt_result dt_layout_from_cluster(dt_comm *c, int rank, const dt_cluster *cl, dt_layout *out);
 /* "worker 1 (127.0.0.1:7001)" into buf (truncated to cap); "worker 7" when c
  * is NULL or has no such process; returns buf. */
 DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap);
@@ -24206,6 +24215,12 @@ static dt_result dt__cluster_check(const dt_cluster *c, const char *src) {
   }
   if (c->role != DTRAIN_ROLE_WORKER && c->role != DTRAIN_ROLE_PS)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: role %d is neither worker nor ps", src, (int)c->role);
+  {
+    int P = c->pipeline > 0 ? c->pipeline : 1, T = c->tensor > 0 ? c->tensor : 1;
+    if (c->pipeline < 0 || c->tensor < 0 || P > c->workers || c->workers % P != 0 || (c->workers / P) % T != 0)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: layout of %d pipeline stages x %d tensor-parallel ranks does not "
+                       "divide the %d workers", src, c->pipeline, c->tensor, c->workers);
+  }
   int limit = c->role == DTRAIN_ROLE_PS ? c->servers : c->workers;
   if (c->index < 0 || c->index >= limit)
     return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: task %s %d is out of range (the cluster has %d %s%s)", src,
@@ -24223,9 +24238,10 @@ typedef struct dt__cluster_doc {
   int32_t list[2];      /* the "worker" and "ps" arrays (-1: absent) */
   int count[2];         /* addresses per role */
   size_t str_bytes;     /* string bytes the addresses need */
-  int have_cluster, have_task, have_type, have_index;
+  int have_cluster, have_task, have_type, have_index, have_layout;
   dt_role role;
   int index;
+  int pipeline, tensor; /* the "layout" object's (1 when absent) */
 } dt__cluster_doc;
 
 /* What this file expects as the value of member `key` (a key's id) of
@@ -24238,6 +24254,10 @@ static const char *dt__cluster_want(const dt__json *j, int32_t in, int32_t key) 
   if (in == 0) {
     if (dt__json_eq(j, key, "cluster")) return "'{' (the \"cluster\" object)";
     if (dt__json_eq(j, key, "task")) return "'{' (the \"task\" object)";
+    if (dt__json_eq(j, key, "layout")) return "'{' (the \"layout\" object)";
+  } else if (up == 0 && j->v[in].type == DT__JSON_OBJ && dt__json_eq(j, in - 1, "layout")) {
+    if (dt__json_eq(j, key, "pipeline")) return "a number (pipeline stages)";
+    if (dt__json_eq(j, key, "tensor")) return "a number (tensor-parallel ranks)";
   } else if (up == 0 && j->v[in].type == DT__JSON_OBJ && dt__json_eq(j, in - 1, "cluster")) {
     if (dt__json_eq(j, key, "worker") || dt__json_eq(j, key, "ps")) return "'['";
   } else if (up == 0 && j->v[in].type == DT__JSON_OBJ && dt__json_eq(j, in - 1, "task")) {
@@ -24340,6 +24360,26 @@ static dt_result dt__cluster_task_obj(dt__cluster_doc *d, int32_t obj) {
   return DTRAIN_OK;
 }
 
+/* "layout": {"pipeline": P, "tensor": T}: integers in 1..DTRAIN_MAX_PEERS. */
+static dt_result dt__cluster_layout_obj(dt__cluster_doc *d, int32_t obj) {
+  const dt__json *j = d->j;
+  int have[2] = {0, 0};
+  DT__CLUSTER_MEMBERS(j, obj, k, val) {
+    int which = dt__json_eq(j, k, "pipeline") ? 0 : dt__json_eq(j, k, "tensor") ? 1 : -1;
+    if (which < 0) continue;
+    if (have[which]) return dt__cluster_dup_key(d, k);
+    have[which] = 1;
+    uint64_t v = 0;
+    if (j->v[val].type != DT__JSON_NUM) return dt__cluster_expected(d, obj, k, val);
+    if (!dt__json_uint(j, val, &v) || v < 1 || v > (uint64_t)DTRAIN_MAX_PEERS)
+      return dt__cluster_expected_at(j, d->src, j->v[val].pos,
+                                     which ? "an integer >= 1 (tensor-parallel ranks)" : "an integer >= 1 (pipeline stages)");
+    if (which) d->tensor = (int)v;
+    else d->pipeline = (int)v;
+  }
+  return DTRAIN_OK;
+}
+
 static dt_result dt__cluster_top(dt__cluster_doc *d) {
   const dt__json *j = d->j;
   dt_result rc = DTRAIN_OK;
@@ -24354,6 +24394,11 @@ static dt_result dt__cluster_top(dt__cluster_doc *d) {
       d->have_task = 1;
       if (j->v[val].type != DT__JSON_OBJ) return dt__cluster_expected(d, 0, k, val);
       rc = dt__cluster_task_obj(d, val);
+    } else if (dt__json_eq(j, k, "layout")) {
+      if (d->have_layout) return dt__cluster_dup_key(d, k);
+      d->have_layout = 1;
+      if (j->v[val].type != DT__JSON_OBJ) return dt__cluster_expected(d, 0, k, val);
+      rc = dt__cluster_layout_obj(d, val);
     }
     if (rc != DTRAIN_OK) return rc;
   }
@@ -24394,6 +24439,7 @@ static dt_result dt__cluster_parse(const char *json, const char *src, dt_cluster
   d.j = &j;
   d.src = src;
   d.list[0] = d.list[1] = -1;
+  d.pipeline = d.tensor = 1;
   rc = dt__cluster_top(&d);
   dt_cluster *c = NULL;
   if (rc == DTRAIN_OK) {
@@ -24410,6 +24456,8 @@ static dt_result dt__cluster_parse(const char *json, const char *src, dt_cluster
   if (c) {
     c->role = d.role;
     c->index = d.index;
+    c->pipeline = d.pipeline;
+    c->tensor = d.tensor;
     rc = dt__cluster_check(c, src);
   }
   dt__json_free(&j);
@@ -24655,7 +24703,17 @@ DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c) {
   for (int k = 0; k < c->servers; k++) dt__cluster_put(&d->server_addr[k], &strs, c->server_addr[k], strlen(c->server_addr[k]));
   d->role = c->role;
   d->index = c->index;
+  d->pipeline = c->pipeline;
+  d->tensor = c->tensor;
   return d;
+}
+
+DTRAIN_API dt_result dt_layout_from_cluster(dt_comm *c, int rank, const dt_cluster *cl, dt_layout *out) {
+  if (!cl) {
+    if (out) memset(out, 0, sizeof *out);
+    return dt__error(DTRAIN_ERR_NULL_ARG, "dt_layout_from_cluster: cluster is NULL");
+  }
+  return dt_layout_create(c, rank, cl->pipeline > 1 ? cl->pipeline : 1, cl->tensor > 1 ? cl->tensor : 1, out);
 }
 
 DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap) {
@@ -24728,7 +24786,17 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
   snprintf(num, sizeof num, "%d", c->index);
   dt__cluster_wstr(&o, "\",\"index\":");
   dt__cluster_wstr(&o, num);
-  dt__cluster_wstr(&o, "}}");
+  dt__cluster_wstr(&o, "}");
+  if (c->pipeline > 1 || c->tensor > 1) {
+    snprintf(num, sizeof num, "%d", c->pipeline > 1 ? c->pipeline : 1);
+    dt__cluster_wstr(&o, ",\"layout\":{\"pipeline\":");
+    dt__cluster_wstr(&o, num);
+    snprintf(num, sizeof num, "%d", c->tensor > 1 ? c->tensor : 1);
+    dt__cluster_wstr(&o, ",\"tensor\":");
+    dt__cluster_wstr(&o, num);
+    dt__cluster_wstr(&o, "}");
+  }
+  dt__cluster_wstr(&o, "}");
   if (o.n + 1 > cap) {
     if (cap > 0) buf[0] = '\0';
     return dt__error(DTRAIN_ERR_OVERFLOW, "dt_cluster_to_json: the text needs %zu bytes, buffer has %zu", o.n + 1, cap);
@@ -24774,6 +24842,11 @@ DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, in
   if (!buf) dt__error(DTRAIN_ERR_NULL_ARG, "dt_cluster_describe: buf is NULL");
   if (buf && cap) buf[0] = 0;
   return buf;
+}
+DTRAIN_API dt_result dt_layout_from_cluster(dt_comm *c, int rank, const dt_cluster *cl, dt_layout *out) {
+  (void)c; (void)rank; (void)cl;
+  if (out) memset(out, 0, sizeof *out);
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_layout_from_cluster: compiled out (DTRAIN_NO_DIST)");
 }
 DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t cap) {
   (void)c;

@@ -15,6 +15,8 @@
  *            [--layers L] [--hidden H] [--lr X] [--seed S] [--model mlp] [--json]
  *        As processes (one rank each; P stages or shards times R replicas):
  *            tools/dtrain-launch -n 4 -- build/examples/07_model_parallel --parallel pipeline --stages 2
+ *            tools/dtrain-launch -n 4 --pipeline 2 -- build/examples/07_model_parallel   (the same: the
+ *            launcher's layout, from DTRAIN_CONFIG, picks the mode and the stages; or --tensor 2)
  *
  * --stages P is the number of pipeline stages (--parallel pipeline) or of
  * tensor-parallel shards (--parallel tensor). --replicas R runs R copies of
@@ -56,6 +58,7 @@ static int32_t data_y[NDATA];
 
 typedef struct options {
   int parallel; /* 0 none, 1 pipeline, 2 tensor */
+  int parallel_set, stages_set; /* given as flags (else the launcher's layout may set them) */
   int stages, microbatches, schedule, replicas, layers, hidden, json;
   int64_t steps, batch;
   float lr;
@@ -495,6 +498,7 @@ static int parse(int argc, char **argv, options *o) {
     if (strcmp(a, "--parallel") == 0) {
       o->parallel = strcmp(v, "none") == 0 ? 0 : strcmp(v, "pipeline") == 0 ? 1 : strcmp(v, "tensor") == 0 ? 2 : -1;
       if (o->parallel < 0) { fprintf(stderr, "--parallel: none, pipeline or tensor, not '%s'\n", v); return 0; }
+      o->parallel_set = 1;
     } else if (strcmp(a, "--schedule") == 0) {
       o->schedule = strcmp(v, "gpipe") == 0 ? DTRAIN_PIPE_GPIPE : strcmp(v, "1f1b") == 0 ? DTRAIN_PIPE_1F1B : -1;
       if (o->schedule < 0) { fprintf(stderr, "--schedule: gpipe or 1f1b, not '%s'\n", v); return 0; }
@@ -503,7 +507,10 @@ static int parse(int argc, char **argv, options *o) {
         fprintf(stderr, "--model %s: only the MLP is built yet (the character transformer: not yet)\n", v);
         return 0;
       }
-    } else if (strcmp(a, "--stages") == 0) o->stages = atoi(v);
+    } else if (strcmp(a, "--stages") == 0) {
+      o->stages = atoi(v);
+      o->stages_set = 1;
+    }
     else if (strcmp(a, "--microbatches") == 0) o->microbatches = atoi(v);
     else if (strcmp(a, "--replicas") == 0) o->replicas = atoi(v);
     else if (strcmp(a, "--steps") == 0) o->steps = atoll(v);
@@ -545,6 +552,22 @@ int main(int argc, char **argv) {
     }
     c.rank = dt_comm_rank(c.world);
     int W = dt_comm_world(c.world);
+    /* dtrain-launch --pipeline P / --tensor T: the cluster's layout picks the mode and the stages. */
+    int cp = cl->pipeline > 1 ? cl->pipeline : 1, ct = cl->tensor > 1 ? cl->tensor : 1;
+    if (cp > 1 && ct > 1) {
+      fprintf(stderr, "07: a layout of %d stages x %d tensor ranks: this example runs one or the other\n", cp, ct);
+      return 2;
+    }
+    if (cp > 1 || ct > 1) {
+      int want = cp > 1 ? 1 : 2, k = cp > 1 ? cp : ct;
+      if ((o.parallel_set && o.parallel != want) || (o.stages_set && o.stages != k)) {
+        fprintf(stderr, "07: the launcher's layout (--%s %d) and this program's flags disagree\n",
+                cp > 1 ? "pipeline" : "tensor", k);
+        return 2;
+      }
+      o.parallel = want;
+      o.stages = k;
+    }
     if (W % o.stages != 0) {
       fprintf(stderr, "07: %d processes do not make replicas of %d stages/shards\n", W, o.stages);
       return 2;

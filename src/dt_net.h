@@ -57,13 +57,19 @@ typedef struct dt_cluster {
   char **server_addr;  /* "host:port" of each server */
   dt_role role;        /* this process */
   int index;           /* this process's index within its role */
+  /* Model-parallel layout of the workers (dt_layout_from_cluster): pipeline
+   * stages and tensor-parallel ranks; the rest are data-parallel replicas.
+   * 0 or 1: none (a cluster built by hand before these existed has 0). */
+  int pipeline, tensor;
 } dt_cluster;
 
 /* Parse DTRAIN_CONFIG-style JSON. On success *out owns a new cluster (free it
  * with dt_cluster_destroy); on failure *out is NULL. The text must be one
  * JSON object (RFC 8259, UTF-8) with "cluster": {"worker": [...], "ps": [...]}
  * ("ps" may be absent or empty) and "task": {"type": "worker" | "ps",
- * "index": N}; other keys, also inside "cluster" and "task" (e.g. "chief"),
+ * "index": N}, and optionally "layout": {"pipeline": P, "tensor": T} (both
+ * optional integers >= 1 whose product divides the workers: dt_cluster.pipeline
+ * and .tensor, 1 when absent); other keys, also inside "cluster" and "task" (e.g. "chief"),
  * are checked as JSON and ignored. Addresses are "host:port" (a host name or
  * IPv4) or "[v6]:port", port 0..65535, at most 255 bytes. Nesting is limited
  * to 32 levels. Errors: DTRAIN_ERR_FORMAT for bad JSON, a duplicate or
@@ -97,6 +103,9 @@ DTRAIN_API dt_result dt_cluster_discover(int *argc, char **argv, dt_cluster **ou
 DTRAIN_API dt_cluster *dt_cluster_clone(const dt_cluster *c);
 /* Frees a cluster made by the functions above (never one built by hand); NULL is a no-op. */
 DTRAIN_API void dt_cluster_destroy(dt_cluster *c);
+/* dt_layout_create (dt_comm.h) with the cluster's layout: P = cl->pipeline,
+ * T = cl->tensor (0 counts as 1); c is the workers' communicator. */
+DTRAIN_API dt_result dt_layout_from_cluster(dt_comm *c, int rank, const dt_cluster *cl, dt_layout *out);
 /* "worker 1 (127.0.0.1:7001)" into buf (truncated to cap); "worker 7" when c
  * is NULL or has no such process; returns buf. */
 DTRAIN_API const char *dt_cluster_describe(const dt_cluster *c, dt_role role, int index, char *buf, size_t cap);

@@ -75,6 +75,14 @@ for x in r:
     assert abs(x['final_loss'] - ref['final_loss']) <= 1e-5 * abs(ref['final_loss']), (x, ref)
     assert abs(x['params_checksum'] - ref['params_checksum']) <= 1e-6 * abs(ref['params_checksum']), (x, ref)
 \""
+# The launcher's --pipeline/--tensor: the layout in DTRAIN_CONFIG picks the mode and the stages.
+check "mp-launch-layout" sh -c "tools/dtrain-launch -n 4 --pipeline 2 -- $M7 $m7 > $T/mpy.txt 2>&1 && grep '^.worker 0. {' $T/mpy.txt | sed 's/^.worker 0. //' > $T/mpy.jsonl && python3 -c \"
+import json
+x = json.loads(open('$T/mpy.jsonl').read())
+ref = [json.loads(l) for l in open('$T/mp.jsonl')][0]
+assert x['parallel'] == 'pipeline' and x['stages'] == 2 and x['replicas'] == 2 and x['workers'] == 4, x
+assert abs(x['final_loss'] - ref['final_loss']) <= 1e-5 * abs(ref['final_loss']), (x, ref)
+\" && ! tools/dtrain-launch -n 3 --pipeline 2 -- true > $T/mpy2.txt 2>&1 && grep -q 'multiple of pipeline x tensor' $T/mpy2.txt && ! tools/dtrain-launch -n 2 --ps 1 --tensor 2 -- true > $T/mpy3.txt 2>&1 && grep -q 'parameter-server job' $T/mpy3.txt"
 check "mp-bad-flags" sh -c "! $M7 --parallel diagonal > $T/mpb.txt 2>&1 && grep -q 'none, pipeline or tensor' $T/mpb.txt && ! $M7 --model transformer > $T/mpb2.txt 2>&1 && grep -q 'not yet' $T/mpb2.txt && ! $M7 --parallel pipeline --stages 12 --layers 4 > $T/mpb3.txt 2>&1 && grep -q '12 stages for 5 layers' $T/mpb3.txt"
 for ex in 06_parameter_server:--checkpoint-dir:no_such_dir 05_multi_worker:--checkpoint:no_such_dir/ck 03_char_model:--checkpoint:no_such_dir/ck; do
   bin=$BUILD/examples/${ex%%:*}; rest=${ex#*:}; flag=${rest%%:*}; arg=$T/${rest#*:}

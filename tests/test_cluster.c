@@ -78,6 +78,17 @@ static void test_parse_errors(void) {
       {"{\"cluster\":{\"worker\":[\"a:1\"]},\"task\":{\"type\":0,\"index\":0}}", DTRAIN_ERR_FORMAT, "expected a string"},
       {"{\"cluster\":{\"worker\":[\"a:1\"]},\"task\":{\"type\":\"worker\",\"index\":1}}", DTRAIN_ERR_INVALID_ARG,
        "out of range"},
+      /* The model-parallel layout: integers >= 1 whose product divides the workers. */
+      {"{\"cluster\":{\"worker\":[\"a:1\",\"a:2\",\"a:3\"]},\"task\":{\"type\":\"worker\",\"index\":0},"
+       "\"layout\":{\"pipeline\":2}}", DTRAIN_ERR_INVALID_ARG, "does not divide the 3 workers"},
+      {"{\"cluster\":{\"worker\":[\"a:1\",\"a:2\"]},\"task\":{\"type\":\"worker\",\"index\":0},"
+       "\"layout\":{\"tensor\":0}}", DTRAIN_ERR_FORMAT, "expected an integer >= 1 (tensor-parallel ranks)"},
+      {"{\"cluster\":{\"worker\":[\"a:1\",\"a:2\"]},\"task\":{\"type\":\"worker\",\"index\":0},"
+       "\"layout\":{\"pipeline\":\"2\"}}", DTRAIN_ERR_FORMAT, "expected a number (pipeline stages)"},
+      {"{\"cluster\":{\"worker\":[\"a:1\",\"a:2\"]},\"task\":{\"type\":\"worker\",\"index\":0},"
+       "\"layout\":{\"pipeline\":2,\"pipeline\":1}}", DTRAIN_ERR_FORMAT, "duplicate key \"pipeline\""},
+      {"{\"cluster\":{\"worker\":[\"a:1\",\"a:2\"]},\"task\":{\"type\":\"worker\",\"index\":0},\"layout\":[2]}",
+       DTRAIN_ERR_FORMAT, "expected '{' (the \"layout\" object)"},
       {"{\"cluster\":{\"worker\":[\"a:1\"]},\"task\":{\"type\":\"ps\",\"index\":0}}", DTRAIN_ERR_INVALID_ARG,
        "0 parameter servers"},
       {"{\"cluster\":{\"worker\":[\"a:1\"]},\"task\":{\"type\":\"worker\",\"index\":-1}}", DTRAIN_ERR_FORMAT,
@@ -358,6 +369,26 @@ static void test_to_json_round_trip(void) {
   CHECK(dt_cluster_parse_json(json, &d) == DTRAIN_OK);
   if (d) CHECK(same_cluster(c, d));
   dt_cluster_destroy(d);
+  d = NULL;
+  /* A layout survives the round trip; absent, it reads as 1 x 1. */
+  CHECK(c->pipeline == 1 && c->tensor == 1);
+  {
+    dt_cluster *e = NULL, *f = NULL;
+    const char *lj = "{\"cluster\":{\"worker\":[\"a:1\",\"a:2\",\"a:3\",\"a:4\"]},\"task\":{\"type\":\"worker\","
+                     "\"index\":3},\"layout\":{\"tensor\":2,\"pipeline\":2}}";
+    CHECK(dt_cluster_parse_json(lj, &e) == DTRAIN_OK);
+    if (e) {
+      CHECK(e->pipeline == 2 && e->tensor == 2);
+      char lb[512];
+      CHECK(dt_cluster_to_json(e, lb, sizeof lb) == DTRAIN_OK && strstr(lb, ",\"layout\":{\"pipeline\":2,\"tensor\":2}}") != NULL);
+      CHECK(dt_cluster_parse_json(lb, &f) == DTRAIN_OK && f && f->pipeline == 2 && f->tensor == 2);
+      dt_cluster *g = dt_cluster_clone(e);
+      CHECK(g && g->pipeline == 2 && g->tensor == 2);
+      dt_cluster_destroy(g);
+    }
+    dt_cluster_destroy(e);
+    dt_cluster_destroy(f);
+  }
   /* Exactly enough room, one byte less, none. */
   size_t need = strlen(json) + 1;
   char small[512];

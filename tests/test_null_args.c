@@ -8066,6 +8066,19 @@ static void nt_dt_cluster_destroy(void) {
   }
   nt_teardown(&f);
 }
+/* dt_net.h: dt_result dt_layout_from_cluster(dt_comm * c, int rank, const dt_cluster * cl, dt_layout * out) */
+static void nt_dt_layout_from_cluster(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_layout_from_cluster(NULL, rank, NULL, NULL)");
+    nt_check_result(dt_layout_from_cluster(NULL, 0, NULL, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_layout * out */
+}
 /* dt_net.h: const char * dt_cluster_describe(const dt_cluster * c, dt_role role, int index, char * buf, size_t cap) */
 static void nt_dt_cluster_describe(void) {
   nt_fix f;
@@ -8709,6 +8722,7 @@ int main(void) {
   TH_RUN(nt_dt_cluster_from_args);
   TH_RUN(nt_dt_cluster_clone);
   TH_RUN(nt_dt_cluster_destroy);
+  TH_RUN(nt_dt_layout_from_cluster);
   TH_RUN(nt_dt_cluster_describe);
   TH_RUN(nt_dt_cluster_to_json);
   TH_RUN(nt_dt_params_hash);

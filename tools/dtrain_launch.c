@@ -3,7 +3,8 @@
  * for one machine.
  *
  *   dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env]
- *                 [--bind-to core|none] [--max-restarts K] [--min-workers M] -- PROGRAM ARGS...
+ *                 [--bind-to core|none] [--max-restarts K] [--min-workers M] [--pipeline P]
+ *                 [--tensor T] -- PROGRAM ARGS...
  *
  * For each process it binds a listening socket (port 0, so the kernel picks a
  * free one, unless --port), then starts the program with:
@@ -52,6 +53,10 @@
  * within --elastic-timeout of its restart is left out and the job restarts
  * with one worker fewer (ranks renumbered, DTRAIN_SLOT kept) while at least M
  * remain; the restart after a later failure tries it again.
+ * --pipeline P --tensor T: the workers' model-parallel layout, written into
+ * every worker's DTRAIN_CONFIG as "layout": {"pipeline": P, "tensor": T}
+ * (dt_layout_from_cluster splits the communicator accordingly); the rest of
+ * the workers are data-parallel replicas, so N must be a multiple of P*T.
  *
  * Plain POSIX C; does not need dtrain.h. Build: cc -std=c11 -O2 tools/dtrain_launch.c -o tools/dtrain-launch
  */
@@ -119,7 +124,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env]\n"
           "                     [--bind-to core|none] [--max-restarts K] [--min-workers M]\n"
-          "                     [--max-workers N] [--elastic-timeout S] -- PROGRAM [ARGS...]\n"
+          "                     [--max-workers N] [--elastic-timeout S] [--pipeline P] [--tensor T]\n"
+          "                     -- PROGRAM [ARGS...]\n"
           "Starts N workers (and M parameter servers) of PROGRAM on this machine.\n"
           "  -n N          worker processes (1..%d)\n"
           "  --ps M        parameter-server processes (0..%d) [0]\n"
@@ -140,6 +146,9 @@ static void usage(FILE *f) {
           "                restart after a later failure it is tried again [-n: not elastic]\n"
           "  --max-workers N  the same as -n N (torchrun's --nnodes MIN:MAX)\n"
           "  --elastic-timeout S  see --min-workers [30]\n"
+          "  --pipeline P, --tensor T  the workers' model-parallel layout, written into DTRAIN_CONFIG\n"
+          "                (\"layout\"; dt_layout_from_cluster): P pipeline stages x T tensor-parallel ranks,\n"
+          "                the rest data-parallel replicas; N must be a multiple of P x T [1, 1]\n"
           "  -h, --help    this text\n"
           "Each process gets DTRAIN_CONFIG (the cluster and its task), DTRAIN_LISTEN_FD (its bound\n"
           "listening socket), DTRAIN_RANK, DTRAIN_WORLD, DTRAIN_ROLE, DTRAIN_SLOT (its place in\n"
@@ -216,15 +225,20 @@ static int parse_secs(const char *s, double *out) {
   return 1;
 }
 
-#define NOPTS 11
+#define NOPTS 13
 static const char *const k_opts[NOPTS] = {"-n",        "--ps",      "--port",   "--host",
                                           "--grace",   "--timeout", "--bind-to", "--max-restarts",
-                                          "--min-workers", "--max-workers", "--elastic-timeout"};
+                                          "--min-workers", "--max-workers", "--elastic-timeout",
+                                          "--pipeline", "--tensor"};
 static const char *const k_what[NOPTS] = {"a number of workers in 1..1024", "a number of servers in 0..1024",
                                           "a port in 1..65535", "a host name or address", "seconds (>= 0)",
                                           "seconds (> 0)", "core or none", "a number of restarts in 0..10000",
                                           "a number of workers in 1..1024", "a number of workers in 1..1024",
-                                          "seconds (> 0)"};
+                                          "seconds (> 0)", "a number of stages in 1..1024",
+                                          "a number of tensor-parallel ranks in 1..1024"};
+
+/* The model-parallel layout (--pipeline, --tensor), written into every worker's DTRAIN_CONFIG. */
+static long g_pipeline = 1, g_tensor = 1;
 
 /* "--name value" or "--name=value" at argv[*k]: 1 when it is this option
  * (*value: the value, NULL when missing; *k advanced past it), else 0. */
@@ -461,7 +475,7 @@ static void child_exec(proc *p, int out_w, int err_w, char **prog, const char *c
 /* The cluster JSON with this process's task: the workers not dropped (in
  * slot order: their ranks), then the servers. */
 static char *config_json(const proc *ps, int np, int workers, const proc *self) {
-  size_t cap = 128;
+  size_t cap = 192;
   for (int k = 0; k < np; k++) cap += strlen(ps[k].addr) + 4;
   char *j = (char *)malloc(cap);
   if (!j) return NULL;
@@ -470,7 +484,11 @@ static char *config_json(const proc *ps, int np, int workers, const proc *self) 
     if (!ps[k].dropped) n += (size_t)snprintf(j + n, cap - n, "%s\"%s\"", any++ ? "," : "", ps[k].addr);
   n += (size_t)snprintf(j + n, cap - n, "],\"ps\":[");
   for (int k = workers; k < np; k++) n += (size_t)snprintf(j + n, cap - n, "%s\"%s\"", k > workers ? "," : "", ps[k].addr);
-  snprintf(j + n, cap - n, "]},\"task\":{\"type\":\"%s\",\"index\":%d}}", self->ps ? "ps" : "worker", self->index);
+  n += (size_t)snprintf(j + n, cap - n, "]},\"task\":{\"type\":\"%s\",\"index\":%d}", self->ps ? "ps" : "worker",
+                        self->index);
+  if (g_pipeline > 1 || g_tensor > 1)
+    n += (size_t)snprintf(j + n, cap - n, ",\"layout\":{\"pipeline\":%ld,\"tensor\":%ld}", g_pipeline, g_tensor);
+  snprintf(j + n, cap - n, "}");
   return j;
 }
 
@@ -642,6 +660,8 @@ int main(int argc, char **argv) {
       case 8: ok = parse_long(v, 1, MAX_PROCS, &min_workers); break;
       case 9: ok = parse_long(v, 1, MAX_PROCS, &n); break;
       case 10: ok = parse_secs(v, &elastic_timeout) && elastic_timeout > 0; break;
+      case 11: ok = parse_long(v, 1, MAX_PROCS, &g_pipeline); break;
+      case 12: ok = parse_long(v, 1, MAX_PROCS, &g_tensor); break;
       default:
         ok = strcmp(v, "core") == 0 || strcmp(v, "none") == 0;
         bind = strcmp(v, "core") == 0;
@@ -665,6 +685,21 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (min_workers == 0) min_workers = n; /* not elastic */
+  if (g_pipeline > 1 || g_tensor > 1) {
+    if (n % (g_pipeline * g_tensor) != 0) {
+      say("--pipeline %ld --tensor %ld: %ld workers do not make replicas of %ld (the rest of the layout is data "
+          "parallel: -n must be a multiple of pipeline x tensor)", g_pipeline, g_tensor, n, g_pipeline * g_tensor);
+      return 2;
+    }
+    if (m > 0) {
+      say("--pipeline/--tensor lay out synchronous workers; a parameter-server job (--ps) has none");
+      return 2;
+    }
+    if (min_workers < n) {
+      say("--pipeline/--tensor with --min-workers: a job that loses a worker loses part of the model");
+      return 2;
+    }
+  }
   if (min_workers < n && m > 0) {
     say("--min-workers is for synchronous jobs: with --ps a lost worker does not stop the others anyway");
     return 2;
