@@ -78,14 +78,13 @@ static int child_fail;
 
 typedef int (*child_fn)(world *x, int rank, void *arg);
 
-/* Fork one child per rank running fn; returns the number of ranks that
- * failed (exit status != expected[rank], 0 when expected is NULL). */
-static void run_world(world *x, child_fn fn, void *arg, int *status) {
+/* Fork one child per rank running fn (under an alarm of `alarm_s`). */
+static void fork_world(world *x, child_fn fn, void *arg, unsigned alarm_s) {
   fflush(NULL);
   for (int r = 0; r < x->w; r++) {
     pid_t p = fork();
     if (p == 0) {
-      alarm(60);
+      alarm(alarm_s);
       for (int j = 0; j < x->w; j++)
         if (j != r) close(x->lfd[j]);
       child_fail = 0;
@@ -95,11 +94,31 @@ static void run_world(world *x, child_fn fn, void *arg, int *status) {
     }
     x->pid[r] = p;
   }
-  for (int r = 0; r < x->w; r++) {
-    int st = 0;
-    waitpid(x->pid[r], &st, 0);
-    status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-  }
+}
+
+static int reap(pid_t pid) {
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* One child per rank running fn; status[r]: its exit code (128 + N: signal N). */
+static void run_world(world *x, child_fn fn, void *arg, int *status) {
+  fork_world(x, fn, arg, 60);
+  for (int r = 0; r < x->w; r++) status[r] = reap(x->pid[r]);
+}
+
+/* The same when rank `victim` stops or kills itself on purpose: the others
+ * are waited for first, then the victim is finished (SIGKILL, SIGCONT for a
+ * stopped one) and reaped: status[victim] is 128 + SIGKILL unless it ended
+ * on its own before. */
+static void run_world_victim(world *x, child_fn fn, void *arg, int victim, int *status) {
+  fork_world(x, fn, arg, 30);
+  for (int r = 0; r < x->w; r++)
+    if (r != victim) status[r] = reap(x->pid[r]);
+  kill(x->pid[victim], SIGKILL);
+  kill(x->pid[victim], SIGCONT);
+  status[victim] = reap(x->pid[victim]);
 }
 
 static void check_world(world *x, const int *st, const int *want) {

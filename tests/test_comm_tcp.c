@@ -654,39 +654,15 @@ static int child_fault(world *x, int rank, void *argp) {
 
 static void run_fault(int w, int victim, int sig) {
   world x;
-  int st[MAXW], want[MAXW];
+  int st[MAXW], want[MAXW] = {0};
   fault_arg a;
   a.victim = victim;
   a.sig = sig;
   world_init(&x, w);
-  fflush(NULL);
-  for (int r = 0; r < w; r++) {
-    pid_t p = fork();
-    if (p == 0) {
-      alarm(30);
-      for (int j = 0; j < w; j++)
-        if (j != r) close(x.lfd[j]);
-      child_fail = 0;
-      int rc = child_fault(&x, r, &a);
-      fflush(NULL);
-      exit(rc ? rc : (child_fail ? 1 : 0)); /* exit, not _exit: LeakSanitizer checks the children too */
-    }
-    x.pid[r] = p;
-  }
-  for (int r = 0; r < w; r++) {
-    want[r] = 0;
-    if (r == victim) continue;
-    int s = 0;
-    waitpid(x.pid[r], &s, 0);
-    st[r] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + (WIFSIGNALED(s) ? WTERMSIG(s) : 0);
-  }
-  /* The survivors are done: finish the victim (stopped or dead). */
-  kill(x.pid[victim], SIGKILL);
-  kill(x.pid[victim], SIGCONT);
-  int s = 0;
-  waitpid(x.pid[victim], &s, 0);
+  /* The survivors first, then the victim (stopped or dead) is finished. */
+  run_world_victim(&x, child_fault, &a, victim, st);
+  CHECK(st[victim] == 128 + SIGKILL);
   st[victim] = 0;
-  CHECK(WIFSIGNALED(s) && WTERMSIG(s) == SIGKILL);
   world_close(&x);
   check_world(&x, st, want);
 }
