@@ -27166,7 +27166,7 @@ DTRAIN_PRIVATE const dt_comm_p2p_vtable *dt__tcp_p2p_vtable(void);
 DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t);
 /* Called with the thread's error set by a failing transport call: breaks the
  * communicator, tells every peer, and rewrites the error to name the lost
- * ranks (dt_comm_tcp.c). */
+ * ranks (dt_comm_tcp_fail.c). */
 DTRAIN_PRIVATE dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc);
 
 /* Point-to-point and groups (dt_comm_tcp_p2p.c): the vtable's calls; the
@@ -27187,12 +27187,12 @@ DTRAIN_PRIVATE void dt__tcp_p2p_free(dt__comm_tcp *t);
 #endif /* DTRAIN_COMM_TCP_CORE_H */
 /* ======== end dt_comm_tcp_core.h ======== */
 
-/* ======== begin dt_comm_tcp.c ======== */
+/* ======== begin dt_comm_tcp_fail.c ======== */
 /* ===========================================================================
- * dt_comm_tcp.c -- the TCP communicator's calls: the agreement round,
- * recursive doubling, the ring, reduce and broadcast chains, the failure
- * path, the vtable (see dt_comm_tcp_core.h for the design and the messages;
- * start-up is dt_comm_tcp_setup.c)
+ * dt_comm_tcp_fail.c -- the TCP communicator's failure path: break the
+ * communicator, tell every peer, listen for their notices and name the lost
+ * rank (see "Failure" in dt_comm_tcp_core.h); used by the collectives
+ * (dt_comm_tcp.c) and the point-to-point messages (dt_comm_tcp_p2p.c)
  * ===========================================================================
  */
 /* #include "dt_internal.h" (amalgamated) */
@@ -27215,22 +27215,6 @@ DTRAIN_PRIVATE void dt__tcp_p2p_free(dt__comm_tcp *t);
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <errno.h>
 #  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-
-static const char *dt__tcp_op_name(uint32_t op) {
-  switch (op) {
-    case DT__TCP_OP_ALLREDUCE: return "allreduce";
-    case DT__TCP_OP_REDUCE_SCATTER: return "reduce_scatter";
-    case DT__TCP_OP_ALLGATHER: return "allgather";
-    case DT__TCP_OP_REDUCE: return "reduce";
-    case DT__TCP_OP_BROADCAST: return "broadcast";
-    case DT__TCP_OP_BARRIER: return "barrier";
-    default: return "?";
-  }
-}
-
-static dt__comm_tcp *dt__tcp_of(dt_comm *c) { return (dt__comm_tcp *)c->impl; }
 
 /* ---- the failure path ----------------------------------------------------------------- */
 
@@ -27356,6 +27340,54 @@ DTRAIN_PRIVATE dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
     return dt__error(DTRAIN_ERR_TIMEOUT, "%.90s: %.200s sent nothing before the deadline (stalled?)", t->op, names);
   return dt__error(rc, "%s", first);
 }
+
+#endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
+/* ======== end dt_comm_tcp_fail.c ======== */
+
+/* ======== begin dt_comm_tcp.c ======== */
+/* ===========================================================================
+ * dt_comm_tcp.c -- the TCP communicator's calls: the agreement round,
+ * recursive doubling, the ring, reduce and broadcast chains, the vtable (see
+ * dt_comm_tcp_core.h for the design and the messages; start-up is
+ * dt_comm_tcp_setup.c, the failure path dt_comm_tcp_fail.c)
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_comm_tcp_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
+#  include <errno.h>
+#  include <poll.h>
+#  include <sys/socket.h>
+#  include <sys/types.h>
+
+static const char *dt__tcp_op_name(uint32_t op) {
+  switch (op) {
+    case DT__TCP_OP_ALLREDUCE: return "allreduce";
+    case DT__TCP_OP_REDUCE_SCATTER: return "reduce_scatter";
+    case DT__TCP_OP_ALLGATHER: return "allgather";
+    case DT__TCP_OP_REDUCE: return "reduce";
+    case DT__TCP_OP_BROADCAST: return "broadcast";
+    case DT__TCP_OP_BARRIER: return "barrier";
+    default: return "?";
+  }
+}
+
+static dt__comm_tcp *dt__tcp_of(dt_comm *c) { return (dt__comm_tcp *)c->impl; }
 
 /* ---- transport wrappers (time accounted to wait_s) ------------------------------------- */
 

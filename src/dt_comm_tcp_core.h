@@ -155,7 +155,7 @@ DTRAIN_PRIVATE const dt_comm_p2p_vtable *dt__tcp_p2p_vtable(void);
 DTRAIN_PRIVATE void dt__tcp_free(dt__comm_tcp *t);
 /* Called with the thread's error set by a failing transport call: breaks the
  * communicator, tells every peer, and rewrites the error to name the lost
- * ranks (dt_comm_tcp.c). */
+ * ranks (dt_comm_tcp_fail.c). */
 DTRAIN_PRIVATE dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc);
 
 /* Point-to-point and groups (dt_comm_tcp_p2p.c): the vtable's calls; the
