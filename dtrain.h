@@ -2668,6 +2668,7 @@ DTRAIN_EXTERN_C_END
 /* #include "dt_optim.h" (amalgamated) */
 /* #include "dt_comm.h" (amalgamated) */
 /* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
 
 DTRAIN_EXTERN_C_BEGIN
 
@@ -2716,6 +2717,12 @@ DTRAIN_API dt_pipeline *dt_pipeline_create(dt_params *const *params, const dt_op
 DTRAIN_API dt_result dt_pipeline_step(dt_pipeline *p, const dt_minibatch *batch, float *loss);
 /* Stage `stage`'s statistics (processes: this process's stage, the only one it has). */
 DTRAIN_API dt_result dt_pipeline_stats_get(const dt_pipeline *p, int stage, dt_pipeline_stats *out);
+/* Stage `stage`'s memory (dt_memory.h; processes: this process's stage; threads:
+ * replica 0's): its parameters, gradients and optimizer state, and its
+ * micro-batch graphs -- activations_bytes the most their arenas held at once
+ * (dt_pipeline_stats.act_bytes_peak), arena_bytes and tape_bytes summed over
+ * them, total_bytes the sum of all but activations_bytes. */
+DTRAIN_API dt_result dt_pipeline_memory(const dt_pipeline *p, int stage, dt_memory_info *out);
 /* Stage `stage`'s optimizer (NULL, with DTRAIN_ERR_INDEX, if this process does not run it). */
 DTRAIN_API dt_optim *dt_pipeline_optim(dt_pipeline *p, int stage);
 /* This process's first stage and how many it runs (threads: 0 and P); 0 for a NULL p. */
@@ -23606,6 +23613,23 @@ DTRAIN_API dt_result dt_pipeline_stats_get(const dt_pipeline *p, int stage, dt_p
   *out = S->st;
   out->bubble = S->st.step_s > 0 ? 1.0 - S->st.busy_s / S->st.step_s : 0.0;
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_pipeline_memory(const dt_pipeline *p, int stage, dt_memory_info *out) {
+  if (!p || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_memory: %s is NULL", !p ? "p" : "out");
+  memset(out, 0, sizeof *out);
+  const dt__pipe_stage *S = dt__pipe_find(p, stage);
+  if (!S) return dt__error(DTRAIN_ERR_INDEX, "dt_pipeline_memory: stage %d does not run in this process", stage);
+  dt_result rc = dt_memory_stats(S->P, S->opt, NULL, out);
+  for (int k = 0; rc == DTRAIN_OK && k < S->nslots; k++) {
+    dt_memory_info gi;
+    rc = dt_memory_stats(NULL, NULL, S->slots[k].g, &gi);
+    out->arena_bytes += gi.arena_bytes;
+    out->tape_bytes += gi.tape_bytes;
+  }
+  out->activations_bytes = S->st.act_bytes_peak;
+  out->total_bytes = out->params_bytes + out->grads_bytes + out->optim_bytes + out->arena_bytes + out->tape_bytes;
+  return rc;
 }
 
 DTRAIN_API dt_optim *dt_pipeline_optim(dt_pipeline *p, int stage) {

@@ -512,6 +512,23 @@ DTRAIN_API dt_result dt_pipeline_stats_get(const dt_pipeline *p, int stage, dt_p
   return DTRAIN_OK;
 }
 
+DTRAIN_API dt_result dt_pipeline_memory(const dt_pipeline *p, int stage, dt_memory_info *out) {
+  if (!p || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_memory: %s is NULL", !p ? "p" : "out");
+  memset(out, 0, sizeof *out);
+  const dt__pipe_stage *S = dt__pipe_find(p, stage);
+  if (!S) return dt__error(DTRAIN_ERR_INDEX, "dt_pipeline_memory: stage %d does not run in this process", stage);
+  dt_result rc = dt_memory_stats(S->P, S->opt, NULL, out);
+  for (int k = 0; rc == DTRAIN_OK && k < S->nslots; k++) {
+    dt_memory_info gi;
+    rc = dt_memory_stats(NULL, NULL, S->slots[k].g, &gi);
+    out->arena_bytes += gi.arena_bytes;
+    out->tape_bytes += gi.tape_bytes;
+  }
+  out->activations_bytes = S->st.act_bytes_peak;
+  out->total_bytes = out->params_bytes + out->grads_bytes + out->optim_bytes + out->arena_bytes + out->tape_bytes;
+  return rc;
+}
+
 DTRAIN_API dt_optim *dt_pipeline_optim(dt_pipeline *p, int stage) {
   if (!p) {
     dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_optim: p is NULL");

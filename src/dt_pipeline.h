@@ -69,6 +69,7 @@
 #include "dt_optim.h"
 #include "dt_comm.h"
 #include "dt_strategy.h"
+#include "dt_memory.h"
 
 DTRAIN_EXTERN_C_BEGIN
 
@@ -117,6 +118,12 @@ DTRAIN_API dt_pipeline *dt_pipeline_create(dt_params *const *params, const dt_op
 DTRAIN_API dt_result dt_pipeline_step(dt_pipeline *p, const dt_minibatch *batch, float *loss);
 /* Stage `stage`'s statistics (processes: this process's stage, the only one it has). */
 DTRAIN_API dt_result dt_pipeline_stats_get(const dt_pipeline *p, int stage, dt_pipeline_stats *out);
+/* Stage `stage`'s memory (dt_memory.h; processes: this process's stage; threads:
+ * replica 0's): its parameters, gradients and optimizer state, and its
+ * micro-batch graphs -- activations_bytes the most their arenas held at once
+ * (dt_pipeline_stats.act_bytes_peak), arena_bytes and tape_bytes summed over
+ * them, total_bytes the sum of all but activations_bytes. */
+DTRAIN_API dt_result dt_pipeline_memory(const dt_pipeline *p, int stage, dt_memory_info *out);
 /* Stage `stage`'s optimizer (NULL, with DTRAIN_ERR_INDEX, if this process does not run it). */
 DTRAIN_API dt_optim *dt_pipeline_optim(dt_pipeline *p, int stage);
 /* This process's first stage and how many it runs (threads: 0 and P); 0 for a NULL p. */

@@ -7264,6 +7264,19 @@ static void nt_dt_pipeline_stats_get(void) {
   nt_teardown(&f);
   /* one NULL at a time: no generated value for const dt_pipeline * p, dt_pipeline_stats * out */
 }
+/* dt_pipeline.h: dt_result dt_pipeline_memory(const dt_pipeline * p, int stage, dt_memory_info * out) */
+static void nt_dt_pipeline_memory(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_pipeline_memory(NULL, stage, NULL)");
+    nt_check_result(dt_pipeline_memory(NULL, 1, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for const dt_pipeline * p */
+}
 /* dt_pipeline.h: dt_optim * dt_pipeline_optim(dt_pipeline * p, int stage) */
 static void nt_dt_pipeline_optim(void) {
   nt_fix f;
@@ -8699,6 +8712,7 @@ int main(void) {
   TH_RUN(nt_dt_pipeline_create);
   TH_RUN(nt_dt_pipeline_step);
   TH_RUN(nt_dt_pipeline_stats_get);
+  TH_RUN(nt_dt_pipeline_memory);
   TH_RUN(nt_dt_pipeline_optim);
   TH_RUN(nt_dt_pipeline_first_stage);
   TH_RUN(nt_dt_pipeline_local_stages);

@@ -279,6 +279,34 @@ static void test_memory_in_flight(void) {
   }
   CHECK_MSG(f[0].act_bytes_peak < g[0].act_bytes_peak, "1F1B %zu bytes, GPipe %zu", f[0].act_bytes_peak,
             g[0].act_bytes_peak);
+  /* dt_pipeline_memory: each stage's own parameters, gradients and optimizer state, and its graphs. */
+  {
+    model md;
+    split_layers(&md, 2);
+    dt_params *ps[2] = {stage_params(&md, 0), stage_params(&md, 1)};
+    dt_optim_options oo = optim_of(1); /* Adam: two state slots */
+    for (int sched = 0; sched < 2; sched++) {
+      dt_pipeline_options po = dt_pipeline_defaults(2, 8);
+      po.schedule = sched ? DTRAIN_PIPE_1F1B : DTRAIN_PIPE_GPIPE;
+      dt_pipeline *pl = dt_pipeline_create(ps, &oo, stage_fn, &md, &po);
+      dt_minibatch b = batch_at(0);
+      CHECK(pl && dt_pipeline_step(pl, &b, NULL) == DTRAIN_OK);
+      dt_memory_info mi[2];
+      for (int s = 0; pl && s < 2; s++) {
+        dt_pipeline_stats st;
+        CHECK(dt_pipeline_memory(pl, s, &mi[s]) == DTRAIN_OK && dt_pipeline_stats_get(pl, s, &st) == DTRAIN_OK);
+        size_t pb = dt_params_size(ps[s]) * sizeof(float);
+        CHECK(mi[s].params_bytes == pb && mi[s].grads_bytes == pb && mi[s].optim_bytes == 2 * pb);
+        CHECK(mi[s].activations_bytes == st.act_bytes_peak && mi[s].activations_bytes > 0);
+        CHECK(mi[s].arena_bytes >= mi[s].activations_bytes && mi[s].total_bytes > 4 * pb);
+      }
+      dt_memory_info none;
+      CHECK(dt_pipeline_memory(pl, 2, &none) == DTRAIN_ERR_INDEX);
+      dt_pipeline_destroy(pl);
+    }
+    dt_params_destroy(ps[0]);
+    dt_params_destroy(ps[1]);
+  }
   CHECK(memcmp(a, b, n * sizeof(float)) == 0);
   free(a);
   free(b);
