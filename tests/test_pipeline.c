@@ -7,7 +7,8 @@
  * (1F1B: min(M, P-s); GPipe: M) and 1F1B's smaller activation memory, a stage
  * function that fails (every stage returns an error, no parameter changes, the
  * next step works), a stage process killed (the others name it within the
- * deadline), and bad arguments. */
+ * deadline), a model over a 17 MB per-process budget (NOMEM on one process,
+ * trains as two stages in two), and bad arguments. */
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  define DTRAIN_STATIC
 #  define DTRAIN_IMPLEMENTATION
@@ -514,6 +515,125 @@ static void test_processes_pipeline_x_data(void) {
   check_world(&x, st, NULL);
 }
 
+/* ---- a memory cap per worker: too large for one, trains on two ------------------------------- */
+/* 6 -> 512 (x5) -> 3: four 1 MB layers (4.2 MB of parameters, with their
+ * gradients and Adam's two moments 16.8 MB); each half holds two. Measured
+ * peaks of the fixed buffer: the whole model 19.1 MB, the stages 11.2 and
+ * 15.3 MB (dt_params grows its flat buffers by doubling: building a stage
+ * briefly holds the old and the new buffer), so a 17 MB budget per process
+ * refuses one worker and fits two. */
+#define BIG 512
+#define BIG_L 6
+#define CAP_BYTES ((size_t)17 << 20)
+static const int big_dims[BIG_L + 1] = {6, BIG, BIG, BIG, BIG, BIG, 3};
+
+static dt_params *big_params(int l0, int l1) {
+  dt_params *p = dt_params_create(5);
+  if (!p) return NULL;
+  for (int l = l0; l < l1; l++) {
+    char name[16];
+    int64_t ws[2] = {big_dims[l + 1], big_dims[l]}, bs[1] = {big_dims[l + 1]};
+    snprintf(name, sizeof name, "w%d", l);
+    if (dt_params_add(p, name, 2, ws, dt_init_glorot_uniform()) < 0) return dt_params_destroy(p), NULL;
+    snprintf(name, sizeof name, "b%d", l);
+    if (dt_params_add(p, name, 1, bs, dt_init_zeros()) < 0) return dt_params_destroy(p), NULL;
+  }
+  return p;
+}
+
+static dt_tensor *big_stage(dt_graph *g, int stage, dt_tensor *x, const dt_minibatch *mb, void *user) {
+  int stages = *(int *)user, l0 = stages == 1 ? 0 : 3 * stage, l1 = stages == 1 ? BIG_L : l0 + 3;
+  if (stage == 0) {
+    int64_t xs[2] = {mb->rows, 6};
+    x = dt_tensor_wrap(g, 2, xs, (float *)(uintptr_t)mb->x);
+  }
+  for (int l = l0; l < l1; l++) {
+    x = dt_linear(g, x, dt_param(g, 2 * (l - l0)), dt_param(g, 2 * (l - l0) + 1));
+    if (l < BIG_L - 1) x = dt_tanh(g, x);
+  }
+  return stage == stages - 1 ? dt_cross_entropy(g, x, mb->y) : x;
+}
+
+/* One process, the whole model, the budget: NOMEM, cleanly. */
+static int child_one_capped(world *x, int rank, void *arg) {
+  (void)x;
+  (void)rank;
+  (void)arg;
+  void *buf = malloc(CAP_BYTES);
+  CK(dt_use_fixed_memory(buf, CAP_BYTES) == DTRAIN_OK);
+  int stages = 1;
+  dt_params *p = big_params(0, BIG_L);
+  dt_result rc = DTRAIN_OK;
+  dt_pipeline *pl = NULL;
+  if (!p) {
+    rc = dt_last_result();
+  } else {
+    dt_optim_options oo = optim_of(1);
+    dt_pipeline_options po = dt_pipeline_defaults(1, 2);
+    pl = dt_pipeline_create(&p, &oo, big_stage, &stages, &po);
+    if (!pl) rc = dt_last_result();
+    for (int k = 0; pl && k < 2 && rc == DTRAIN_OK; k++) {
+      dt_minibatch b = batch_at(k);
+      rc = dt_pipeline_step(pl, &b, NULL);
+    }
+  }
+  CK(rc == DTRAIN_ERR_NOMEM);
+  if (getenv("DTRAIN_TEST_VERBOSE"))
+    fprintf(stderr, "one worker: peak %zu bytes: %s\n", dt_fixed_memory_peak(), dt_last_error());
+  dt_pipeline_destroy(pl);
+  dt_params_destroy(p);
+  CK(dt_fixed_memory_used() == 0); /* nothing left behind */
+  dt_set_allocator(NULL);
+  free(buf);
+  return 0;
+}
+
+/* Two processes, a stage each under the same budget: it trains. */
+static int child_two_capped(world *x, int rank, void *arg) {
+  (void)arg;
+  void *buf = malloc(CAP_BYTES);
+  CK(dt_use_fixed_memory(buf, CAP_BYTES) == DTRAIN_OK);
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  int stages = 2;
+  dt_params *p = big_params(3 * rank, 3 * rank + 3);
+  dt_optim_options oo = optim_of(1);
+  dt_pipeline_options po = dt_pipeline_defaults(2, 2);
+  po.comm = comm;
+  dt_pipeline *pl = comm && p ? dt_pipeline_create(&p, &oo, big_stage, &stages, &po) : NULL;
+  CK(pl != NULL);
+  float loss[3] = {0, 0, 0};
+  for (int k = 0; pl && k < 3; k++) {
+    dt_minibatch b = batch_at(k);
+    CK(dt_pipeline_step(pl, &b, &loss[k]) == DTRAIN_OK);
+  }
+  CK(isfinite(loss[2]) && loss[2] > 0);
+  if (getenv("DTRAIN_TEST_VERBOSE"))
+    fprintf(stderr, "stage %d: peak %zu bytes, loss %.4f\n", rank, dt_fixed_memory_peak(), (double)loss[2]);
+  CK(dt_fixed_memory_peak() <= CAP_BYTES);
+  dt_pipeline_destroy(pl);
+  dt_params_destroy(p);
+  dt_comm_destroy(comm);
+  dt_set_allocator(NULL);
+  free(buf);
+  return 0;
+}
+
+static void test_memory_cap(void) {
+  world x;
+  int st[MAXW];
+  world_init(&x, 1);
+  run_world(&x, child_one_capped, NULL, st);
+  world_close(&x);
+  check_world(&x, st, NULL);
+  world_init(&x, 2);
+  run_world(&x, child_two_capped, NULL, st);
+  world_close(&x);
+  check_world(&x, st, NULL);
+}
+
 static void test_process_killed(void) {
   world x;
   int st[MAXW], want[MAXW] = {0, 0, 128 + SIGKILL};
@@ -541,6 +661,7 @@ int main(void) {
   TH_RUN(test_processes_equal_one_device);
   TH_RUN(test_processes_pipeline_x_data);
   TH_RUN(test_process_killed);
+  TH_RUN(test_memory_cap);
 #else
   th_skip_item("test_pipeline processes", "networking or threads not compiled in");
 #endif
