@@ -171,10 +171,16 @@ static dt_params *stage_params(const model *md, int s) {
   return p;
 }
 
+/* Largest |a - b| over the largest |b|. One loop of plain comparisons: aarch64
+ * gcc 12 -O2 stops with an internal error vectorising two fmax reductions
+ * here once this is inlined. */
 static double max_rel(const float *a, const float *b, size_t n) {
   double worst = 0.0, scale = 0.0;
-  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)b[i]));
-  for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - (double)b[i]));
+  for (size_t i = 0; i < n; i++) {
+    double s = fabs((double)b[i]), d = fabs((double)a[i] - (double)b[i]);
+    if (s > scale) scale = s;
+    if (d > worst) worst = d;
+  }
   return scale > 0 ? worst / scale : worst;
 }
 
@@ -574,6 +580,7 @@ static int child_one_capped(world *x, int rank, void *arg) {
     if (!pl) rc = dt_last_result();
     for (int k = 0; pl && k < 2 && rc == DTRAIN_OK; k++) {
       dt_minibatch b = batch_at(k);
+      b.rows = 4;
       rc = dt_pipeline_step(pl, &b, NULL);
     }
   }
@@ -595,6 +602,7 @@ static int child_two_capped(world *x, int rank, void *arg) {
   CK(dt_use_fixed_memory(buf, CAP_BYTES) == DTRAIN_OK);
   dt_cluster c = cluster_of(x, rank);
   dt_net_options o = opts_of(x, rank);
+  o.timeout_s = 30; /* 1 MB layers: slow under emulation (the cross-arch CI runs this in qemu) */
   dt_comm *comm = dt_comm_create_tcp(&c, &o);
   CK(comm != NULL);
   int stages = 2;
@@ -604,14 +612,17 @@ static int child_two_capped(world *x, int rank, void *arg) {
   po.comm = comm;
   dt_pipeline *pl = comm && p ? dt_pipeline_create(&p, &oo, big_stage, &stages, &po) : NULL;
   CK(pl != NULL);
-  float loss[3] = {0, 0, 0};
-  for (int k = 0; pl && k < 3; k++) {
+  float loss[2] = {0, 0};
+  double t0 = dt__now();
+  for (int k = 0; pl && k < 2; k++) {
     dt_minibatch b = batch_at(k);
+    b.rows = 4; /* the memory is in the weights; few rows keep it quick under emulation */
     CK(dt_pipeline_step(pl, &b, &loss[k]) == DTRAIN_OK);
   }
-  CK(isfinite(loss[2]) && loss[2] > 0);
+  CK(isfinite(loss[1]) && loss[1] > 0);
+  if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "stage %d: 2 steps in %.2f s\n", rank, dt__now() - t0);
   if (getenv("DTRAIN_TEST_VERBOSE"))
-    fprintf(stderr, "stage %d: peak %zu bytes, loss %.4f\n", rank, dt_fixed_memory_peak(), (double)loss[2]);
+    fprintf(stderr, "stage %d: peak %zu bytes, loss %.4f\n", rank, dt_fixed_memory_peak(), (double)loss[1]);
   CK(dt_fixed_memory_peak() <= CAP_BYTES);
   dt_pipeline_destroy(pl);
   dt_params_destroy(p);
