@@ -59,6 +59,11 @@ typedef struct dt__comm_group {
   uint64_t seq; /* collectives called */
   int *members; /* base rank of each group rank */
   dt_comm_stats st;
+  /* Kept between calls (a tensor-parallel step makes several collectives):
+   * the requests of one call (2 per member) and float scratch, grown on demand. */
+  dt_comm_request **q;
+  float *scr;
+  size_t scr_bytes;
 } dt__comm_group;
 
 static dt__comm_group *dt__group_of(dt_comm *c) { return (dt__comm_group *)c->impl; }
@@ -67,6 +72,21 @@ static const char *dt__group_op_name(int op) {
   static const char *const names[] = {"?", "allreduce", "reduce_scatter", "allgather", "reduce", "broadcast",
                                       "barrier"};
   return op >= 1 && op <= 6 ? names[op] : names[0];
+}
+
+/* The group's request slots (all NULL) and at least `floats` floats of scratch. */
+static dt_result dt__group_bufs(dt__comm_group *g, size_t floats, float **scr, const char *op) {
+  memset(g->q, 0, (size_t)g->comm.world * 2 * sizeof(dt_comm_request *));
+  size_t bytes = (floats ? floats : 1) * sizeof(float);
+  if (bytes > g->scr_bytes) {
+    dt__free(g->scr, g->scr_bytes);
+    g->scr_bytes = 0;
+    g->scr = (float *)dt__alloc(bytes);
+    if (!g->scr) return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_%s: rank %d: out of memory", op, g->comm.rank);
+    g->scr_bytes = bytes;
+  }
+  if (scr) *scr = g->scr;
+  return DTRAIN_OK;
 }
 
 /* Wait for every request of q (n of them); the first error wins. */
@@ -90,14 +110,11 @@ static dt_result dt__group_enter(dt__comm_group *g, int rank, int op, size_t n, 
   /* Four u32 words as floats' bits: op, root, n (two halves); the call number too. */
   uint32_t mine[6] = {(uint32_t)op, (uint32_t)root, (uint32_t)((uint64_t)n & 0xffffffffu),
                       (uint32_t)((uint64_t)n >> 32), (uint32_t)(g->seq & 0xffffffffu), (uint32_t)(g->seq >> 32)};
-  size_t tb = (size_t)world * 6 * sizeof(uint32_t), qb = (size_t)world * 2 * sizeof(dt_comm_request *);
-  uint32_t *theirs = (uint32_t *)dt__alloc(tb);
-  dt_comm_request **q = (dt_comm_request **)dt__calloc(qb);
-  if (!theirs || !q) {
-    dt__free(theirs, tb);
-    dt__free(q, qb);
-    return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_%s: rank %d: out of memory", dt__group_op_name(op), me);
-  }
+  float *tf = NULL;
+  rc = dt__group_bufs(g, (size_t)world * 6, &tf, dt__group_op_name(op));
+  if (rc != DTRAIN_OK) return rc;
+  uint32_t *theirs = (uint32_t *)(void *)tf;
+  dt_comm_request **q = g->q;
   float mf[6];
   memcpy(mf, mine, sizeof mf);
   int nq = 0;
@@ -129,8 +146,6 @@ static dt_result dt__group_enter(dt__comm_group *g, int rank, int op, size_t n, 
                      dt__group_op_name(op), me, (unsigned long long)g->seq, j,
                      (unsigned long long)((uint64_t)o[4] | ((uint64_t)o[5] << 32)));
   }
-  dt__free(theirs, tb);
-  dt__free(q, qb);
   return rc;
 }
 
@@ -147,15 +162,11 @@ static dt_result dt__group_rs(dt__comm_group *g, float *buf, size_t n) {
   int world = g->comm.world, me = g->comm.rank;
   size_t b, e;
   dt_comm_slice(n, world, me, &b, &e);
-  size_t m = e - b, sb = (size_t)world * (m ? m : 1) * sizeof(float), qb = (size_t)world * 2 * sizeof(void *);
-  float *in = (float *)dt__alloc(sb);
-  dt_comm_request **q = (dt_comm_request **)dt__calloc(qb);
-  if (!in || !q) {
-    dt__free(in, sb);
-    dt__free(q, qb);
-    return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_reduce_scatter: rank %d: out of memory", me);
-  }
-  dt_result rc = DTRAIN_OK;
+  size_t m = e - b;
+  float *in = NULL;
+  dt_result rc = dt__group_bufs(g, (size_t)world * m, &in, "reduce_scatter");
+  if (rc != DTRAIN_OK) return rc;
+  dt_comm_request **q = g->q;
   int nq = 0;
   for (int j = 0; j < world && rc == DTRAIN_OK; j++) {
     if (j == me) continue;
@@ -178,19 +189,17 @@ static dt_result dt__group_rs(dt__comm_group *g, float *buf, size_t n) {
       for (size_t i = 0; i < m; i++) acc[i] += x[i];
     }
   }
-  dt__free(in, sb);
-  dt__free(q, qb);
   return rc;
 }
 
 /* Every member's slice into everyone's buf (all-gather's data phase). */
 static dt_result dt__group_ag(dt__comm_group *g, float *buf, size_t n) {
   int world = g->comm.world, me = g->comm.rank;
-  size_t b, e, qb = (size_t)world * 2 * sizeof(void *);
+  size_t b, e;
   dt_comm_slice(n, world, me, &b, &e);
-  dt_comm_request **q = (dt_comm_request **)dt__calloc(qb);
-  if (!q) return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_allgather: rank %d: out of memory", me);
-  dt_result rc = DTRAIN_OK;
+  dt_result rc = dt__group_bufs(g, 0, NULL, "allgather");
+  if (rc != DTRAIN_OK) return rc;
+  dt_comm_request **q = g->q;
   int nq = 0;
   for (int j = 0; j < world && rc == DTRAIN_OK; j++) {
     if (j == me) continue;
@@ -202,7 +211,6 @@ static dt_result dt__group_ag(dt__comm_group *g, float *buf, size_t n) {
     if (rc == DTRAIN_OK) nq++;
   }
   dt_result wr = dt__group_waitall(q, nq);
-  dt__free(q, qb);
   return rc == DTRAIN_OK ? wr : rc;
 }
 
@@ -243,14 +251,10 @@ static dt_result dt__group_reduce(dt_comm *c, int rank, float *buf, size_t n, in
     if (rc == DTRAIN_OK) rc = dt_comm_wait(q);
     return dt__group_leave(g, rc, n, t0);
   }
-  size_t sb = (size_t)world * (n ? n : 1) * sizeof(float), qb = (size_t)world * sizeof(void *);
-  float *in = (float *)dt__alloc(sb);
-  dt_comm_request **q = (dt_comm_request **)dt__calloc(qb);
-  if (!in || !q) {
-    dt__free(in, sb);
-    dt__free(q, qb);
-    return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_reduce: rank %d: out of memory", me);
-  }
+  float *in = NULL;
+  rc = dt__group_bufs(g, (size_t)world * n, &in, "reduce");
+  if (rc != DTRAIN_OK) return dt__group_leave(g, rc, n, t0);
+  dt_comm_request **q = g->q;
   int nq = 0;
   for (int j = 0; j < world && rc == DTRAIN_OK; j++) {
     if (j == me) continue;
@@ -265,8 +269,6 @@ static dt_result dt__group_reduce(dt_comm *c, int rank, float *buf, size_t n, in
     for (int j = 2; j < world; j++)
       for (size_t i = 0; i < n; i++) buf[i] += in[(size_t)j * n + i];
   }
-  dt__free(in, sb);
-  dt__free(q, qb);
   return dt__group_leave(g, rc, n, t0);
 }
 
@@ -282,9 +284,9 @@ static dt_result dt__group_broadcast(dt_comm *c, int rank, float *buf, size_t n,
     if (rc == DTRAIN_OK) rc = dt_comm_wait(q);
     return dt__group_leave(g, rc, n, t0);
   }
-  size_t qb = (size_t)world * sizeof(void *);
-  dt_comm_request **q = (dt_comm_request **)dt__calloc(qb);
-  if (!q) return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_broadcast: rank %d: out of memory", me);
+  rc = dt__group_bufs(g, 0, NULL, "broadcast");
+  if (rc != DTRAIN_OK) return dt__group_leave(g, rc, n, t0);
+  dt_comm_request **q = g->q;
   int nq = 0;
   for (int j = 0; j < world && rc == DTRAIN_OK; j++) {
     if (j == me) continue;
@@ -292,7 +294,6 @@ static dt_result dt__group_broadcast(dt_comm *c, int rank, float *buf, size_t n,
     if (rc == DTRAIN_OK) nq++;
   }
   dt_result wr = dt__group_waitall(q, nq);
-  dt__free(q, qb);
   return dt__group_leave(g, rc == DTRAIN_OK ? wr : rc, n, t0);
 }
 
@@ -325,6 +326,8 @@ static void dt__group_reset_stats(dt_comm *c) { memset(&dt__group_of(c)->st, 0, 
 static void dt__group_destroy(dt_comm *c) {
   dt__comm_group *g = dt__group_of(c);
   dt__free(g->members, (size_t)c->world * sizeof(int));
+  dt__free(g->q, (size_t)c->world * 2 * sizeof(dt_comm_request *));
+  dt__free(g->scr, g->scr_bytes);
   dt__free(g, sizeof *g);
 }
 
@@ -419,9 +422,11 @@ DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, 
   }
   dt__comm_group *g = (dt__comm_group *)dt__calloc(sizeof *g);
   int *mem = (int *)dt__alloc((size_t)size * sizeof(int));
-  if (!g || !mem) {
+  dt_comm_request **rq = (dt_comm_request **)dt__calloc((size_t)size * 2 * sizeof(dt_comm_request *));
+  if (!g || !mem || !rq) {
     dt__free(g, sizeof *g);
     dt__free(mem, (size_t)size * sizeof(int));
+    dt__free(rq, (size_t)size * 2 * sizeof(dt_comm_request *));
     dt__free(all, ab);
     return dt__error(DTRAIN_ERR_NOMEM, "dt_comm_split: rank %d: out of memory", me);
   }
@@ -447,6 +452,7 @@ DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, 
   g->ops = ops;
   g->ctx = nctx ? nctx : 1; /* 0 is the base's own traffic */
   g->members = mem;
+  g->q = rq;
   *out = &g->comm;
   if (out_rank) *out_rank = pos;
   return DTRAIN_OK;

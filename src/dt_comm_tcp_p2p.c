@@ -230,7 +230,8 @@ static dt_result dt__tcp_p2p_sub(dt__comm_tcp *t, int j) {
   uint64_t k = (P->rf.length - DT__P2P_SUB) / sizeof(float);
   const char *bad = NULL;
   if (resv != 0) bad = "reserved field not zero";
-  else if (n > DT__P2P_MAX_FLOATS) bad = "message longer than 2^40 floats";
+  else if (n > DT__P2P_MAX_FLOATS || n > (uint64_t)(SIZE_MAX / sizeof(float) / 2))
+    bad = "message longer than this machine can address (2^40 floats at most)"; /* 32-bit: n would be cut by size_t */
   else if (off > n || k > n - off) bad = "frame runs past the end of its message";
   else if (k == 0 && n != 0) bad = "empty frame of a non-empty message";
   else if (off == 0 && P->rmsg_on) bad = "a new message before the last one ended";
