@@ -902,6 +902,14 @@ DTRAIN_API void dt_params_destroy(dt_params *p);
 DTRAIN_API int dt_params_add(dt_params *p, const char *name, int ndim, const int64_t *shape, dt_init init);
 /* Add a non-trainable buffer (no gradient, never touched by optimizers). */
 DTRAIN_API int dt_params_add_buffer(dt_params *p, const char *name, int ndim, const int64_t *shape, dt_init init);
+/* Room for `count` more parameters of `floats` floats in all (their alignment
+ * padding is added here), allocated now at exactly that size: the adds that
+ * follow do not grow the buffers. Without it the value and gradient buffers
+ * grow by doubling, so a model may hold up to twice what it needs, and
+ * briefly the old and the new buffer: reserve first where memory is tight (a
+ * pipeline stage on a small board, dt_use_fixed_memory budgets). Never
+ * shrinks. DTRAIN_ERR_NOMEM / _OVERFLOW with nothing changed. */
+DTRAIN_API dt_result dt_params_reserve(dt_params *p, int count, size_t floats);
 
 /* Counts and sizes of a NULL p are 0; its checksum and layout hash those of
  * an empty set. The pointer getters return NULL with dt_last_error() set;
@@ -4326,6 +4334,9 @@ DTRAIN_PRIVATE int dt__params_view(const dt_params *p, int index, size_t *offset
 /* Range [begin,end) of parameter `index` in the flat buffers; 0 past the end. */
 DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin, size_t *end,
                                     int *trainable, int *decay);
+/* dt_params_layout_hash's step for one parameter (start from DT__FNV64_OFFSET):
+ * a layout hash of tensors that are not in a dt_params (checkpoint parts). */
+DTRAIN_PRIVATE uint64_t dt__layout_hash_add(uint64_t h, const char *name, int ndim, const int64_t *shape, int trainable);
 
 #endif /* DTRAIN_PARAMS_INTERNAL_H */
 /* ======== end dt_params_internal.h ======== */
@@ -11027,6 +11038,45 @@ static int dt__params_add(dt_params *p, const char *name, int ndim, const int64_
   return p->count++;
 }
 
+DTRAIN_API dt_result dt_params_reserve(dt_params *p, int count, size_t floats) {
+  if (!p) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_reserve: params is NULL");
+  if (count < 0 || count > INT_MAX / 2 - p->count)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_params_reserve: count %d", count);
+  size_t off = (p->size + DT__PARAM_ALIGN_FLOATS - 1) / DT__PARAM_ALIGN_FLOATS * DT__PARAM_ALIGN_FLOATS, pad, want,
+         bytes;
+  if (!dt__mul_size((size_t)count, DT__PARAM_ALIGN_FLOATS - 1, &pad) || floats > SIZE_MAX - off - pad ||
+      !dt__mul_size(off + floats + pad, sizeof(float), &bytes))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "dt_params_reserve: %zu floats exceed the address space", floats);
+  want = off + floats + pad;
+  int icap = p->count + count;
+  if (icap > p->cap) {
+    dt__param *ni = (dt__param *)dt__realloc(p->items, (size_t)p->cap * sizeof(dt__param), (size_t)icap * sizeof(dt__param));
+    if (!ni) return dt__error(DTRAIN_ERR_NOMEM, "dt_params_reserve: out of memory for %d parameters", icap);
+    p->items = ni;
+    p->cap = icap;
+  }
+  if (want > p->capacity) {
+    /* New buffers, then the copy: on failure nothing has changed. */
+    float *nd = (float *)dt__alloc(bytes), *ng = nd ? (float *)dt__alloc(bytes) : NULL;
+    if (!nd || !ng) {
+      dt__free(nd, bytes);
+      return dt__error(DTRAIN_ERR_NOMEM, "dt_params_reserve: out of memory for 2 x %zu floats", want);
+    }
+    if (p->capacity) {
+      memcpy(nd, p->data, p->capacity * sizeof(float));
+      memcpy(ng, p->grad, p->capacity * sizeof(float));
+    }
+    memset(nd + p->capacity, 0, (want - p->capacity) * sizeof(float));
+    memset(ng + p->capacity, 0, (want - p->capacity) * sizeof(float));
+    dt__free(p->data, p->capacity * sizeof(float));
+    dt__free(p->grad, p->capacity * sizeof(float));
+    p->data = nd;
+    p->grad = ng;
+    p->capacity = want;
+  }
+  return DTRAIN_OK;
+}
+
 DTRAIN_API int dt_params_add(dt_params *p, const char *name, int ndim, const int64_t *shape, dt_init init) {
   return dt__params_add(p, name, ndim, shape, init, 1);
 }
@@ -11135,18 +11185,22 @@ DTRAIN_API uint64_t dt_params_checksum(const dt_params *p) {
   return h;
 }
 
+DTRAIN_PRIVATE uint64_t dt__layout_hash_add(uint64_t h, const char *name, int ndim, const int64_t *shape, int trainable) {
+  h = dt__fnv1a64(h, name, strlen(name) + 1);
+  for (int d = 0; d < ndim; d++) {
+    unsigned char le[8];
+    uint64_t v = (uint64_t)shape[d];
+    dt__put_le64(le, v);
+    h = dt__fnv1a64(h, le, 8);
+  }
+  return dt__fnv1a64(h, trainable ? "T" : "B", 1);
+}
+
 DTRAIN_API uint64_t dt_params_layout_hash(const dt_params *p) {
   uint64_t h = DT__FNV64_OFFSET;
   for (int i = 0; p && i < p->count; i++) {
     const dt__param *it = &p->items[i];
-    h = dt__fnv1a64(h, it->name, strlen(it->name) + 1);
-    for (int d = 0; d < it->ndim; d++) {
-      unsigned char le[8];
-      uint64_t v = (uint64_t)it->shape[d];
-      dt__put_le64(le, v);
-      h = dt__fnv1a64(h, le, 8);
-    }
-    h = dt__fnv1a64(h, it->trainable ? "T" : "B", 1);
+    h = dt__layout_hash_add(h, it->name, it->ndim, it->shape, it->trainable);
   }
   return h;
 }

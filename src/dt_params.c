@@ -168,6 +168,45 @@ static int dt__params_add(dt_params *p, const char *name, int ndim, const int64_
   return p->count++;
 }
 
+DTRAIN_API dt_result dt_params_reserve(dt_params *p, int count, size_t floats) {
+  if (!p) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_reserve: params is NULL");
+  if (count < 0 || count > INT_MAX / 2 - p->count)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_params_reserve: count %d", count);
+  size_t off = (p->size + DT__PARAM_ALIGN_FLOATS - 1) / DT__PARAM_ALIGN_FLOATS * DT__PARAM_ALIGN_FLOATS, pad, want,
+         bytes;
+  if (!dt__mul_size((size_t)count, DT__PARAM_ALIGN_FLOATS - 1, &pad) || floats > SIZE_MAX - off - pad ||
+      !dt__mul_size(off + floats + pad, sizeof(float), &bytes))
+    return dt__error(DTRAIN_ERR_OVERFLOW, "dt_params_reserve: %zu floats exceed the address space", floats);
+  want = off + floats + pad;
+  int icap = p->count + count;
+  if (icap > p->cap) {
+    dt__param *ni = (dt__param *)dt__realloc(p->items, (size_t)p->cap * sizeof(dt__param), (size_t)icap * sizeof(dt__param));
+    if (!ni) return dt__error(DTRAIN_ERR_NOMEM, "dt_params_reserve: out of memory for %d parameters", icap);
+    p->items = ni;
+    p->cap = icap;
+  }
+  if (want > p->capacity) {
+    /* New buffers, then the copy: on failure nothing has changed. */
+    float *nd = (float *)dt__alloc(bytes), *ng = nd ? (float *)dt__alloc(bytes) : NULL;
+    if (!nd || !ng) {
+      dt__free(nd, bytes);
+      return dt__error(DTRAIN_ERR_NOMEM, "dt_params_reserve: out of memory for 2 x %zu floats", want);
+    }
+    if (p->capacity) {
+      memcpy(nd, p->data, p->capacity * sizeof(float));
+      memcpy(ng, p->grad, p->capacity * sizeof(float));
+    }
+    memset(nd + p->capacity, 0, (want - p->capacity) * sizeof(float));
+    memset(ng + p->capacity, 0, (want - p->capacity) * sizeof(float));
+    dt__free(p->data, p->capacity * sizeof(float));
+    dt__free(p->grad, p->capacity * sizeof(float));
+    p->data = nd;
+    p->grad = ng;
+    p->capacity = want;
+  }
+  return DTRAIN_OK;
+}
+
 DTRAIN_API int dt_params_add(dt_params *p, const char *name, int ndim, const int64_t *shape, dt_init init) {
   return dt__params_add(p, name, ndim, shape, init, 1);
 }
@@ -276,18 +315,22 @@ DTRAIN_API uint64_t dt_params_checksum(const dt_params *p) {
   return h;
 }
 
+DTRAIN_PRIVATE uint64_t dt__layout_hash_add(uint64_t h, const char *name, int ndim, const int64_t *shape, int trainable) {
+  h = dt__fnv1a64(h, name, strlen(name) + 1);
+  for (int d = 0; d < ndim; d++) {
+    unsigned char le[8];
+    uint64_t v = (uint64_t)shape[d];
+    dt__put_le64(le, v);
+    h = dt__fnv1a64(h, le, 8);
+  }
+  return dt__fnv1a64(h, trainable ? "T" : "B", 1);
+}
+
 DTRAIN_API uint64_t dt_params_layout_hash(const dt_params *p) {
   uint64_t h = DT__FNV64_OFFSET;
   for (int i = 0; p && i < p->count; i++) {
     const dt__param *it = &p->items[i];
-    h = dt__fnv1a64(h, it->name, strlen(it->name) + 1);
-    for (int d = 0; d < it->ndim; d++) {
-      unsigned char le[8];
-      uint64_t v = (uint64_t)it->shape[d];
-      dt__put_le64(le, v);
-      h = dt__fnv1a64(h, le, 8);
-    }
-    h = dt__fnv1a64(h, it->trainable ? "T" : "B", 1);
+    h = dt__layout_hash_add(h, it->name, it->ndim, it->shape, it->trainable);
   }
   return h;
 }

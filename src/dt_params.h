@@ -67,6 +67,14 @@ DTRAIN_API void dt_params_destroy(dt_params *p);
 DTRAIN_API int dt_params_add(dt_params *p, const char *name, int ndim, const int64_t *shape, dt_init init);
 /* Add a non-trainable buffer (no gradient, never touched by optimizers). */
 DTRAIN_API int dt_params_add_buffer(dt_params *p, const char *name, int ndim, const int64_t *shape, dt_init init);
+/* Room for `count` more parameters of `floats` floats in all (their alignment
+ * padding is added here), allocated now at exactly that size: the adds that
+ * follow do not grow the buffers. Without it the value and gradient buffers
+ * grow by doubling, so a model may hold up to twice what it needs, and
+ * briefly the old and the new buffer: reserve first where memory is tight (a
+ * pipeline stage on a small board, dt_use_fixed_memory budgets). Never
+ * shrinks. DTRAIN_ERR_NOMEM / _OVERFLOW with nothing changed. */
+DTRAIN_API dt_result dt_params_reserve(dt_params *p, int count, size_t floats);
 
 /* Counts and sizes of a NULL p are 0; its checksum and layout hash those of
  * an empty set. The pointer getters return NULL with dt_last_error() set;

@@ -3093,6 +3093,18 @@ static void nt_dt_params_add_buffer(void) {
   }
   nt_teardown(&f);
 }
+/* dt_params.h: dt_result dt_params_reserve(dt_params * p, int count, size_t floats) */
+static void nt_dt_params_reserve(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_params_reserve(NULL, count, floats)");
+    nt_check_result(dt_params_reserve(NULL, 2, 4), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_params.h: int dt_params_count(const dt_params * p) */
 static void nt_dt_params_count(void) {
   nt_fix f;
@@ -8547,6 +8559,7 @@ int main(void) {
   TH_RUN(nt_dt_params_destroy);
   TH_RUN(nt_dt_params_add);
   TH_RUN(nt_dt_params_add_buffer);
+  TH_RUN(nt_dt_params_reserve);
   TH_RUN(nt_dt_params_count);
   TH_RUN(nt_dt_params_size);
   TH_RUN(nt_dt_params_trainable_size);

@@ -531,6 +531,71 @@ static void test_graph_views(void) {
   dt_params_destroy(p);
 }
 
+/* dt_params_reserve: the buffers allocated once at the reserved size (the
+ * adds that follow keep them), the same values as without it, a smaller
+ * high-water mark under a fixed budget, and errors that change nothing. */
+static void build(dt_params *p, int n) {
+  for (int i = 0; i < n; i++) {
+    char name[16];
+    int64_t s[2] = {33 + i, 17};
+    snprintf(name, sizeof name, "w%d", i);
+    dt_params_add(p, name, 2, s, dt_init_glorot_uniform());
+  }
+}
+
+static void test_reserve(void) {
+  const int n = 12;
+  size_t floats = 0;
+  for (int i = 0; i < n; i++) floats += (size_t)(33 + i) * 17;
+  dt_params *a = dt_params_create(3), *b = dt_params_create(3);
+  build(a, n);
+  CHECK(dt_params_reserve(b, n, floats) == DTRAIN_OK);
+  float *d0 = dt_params_data(b), *g0 = dt_params_grad(b);
+  build(b, n);
+  CHECK(dt_params_data(b) == d0 && dt_params_grad(b) == g0); /* never grown */
+  CHECK(dt_params_size(a) == dt_params_size(b));
+  CHECK(memcmp(dt_params_data(a), dt_params_data(b), dt_params_size(a) * sizeof(float)) == 0);
+  CHECK(dt_params_layout_hash(a) == dt_params_layout_hash(b));
+  /* Reserving less than is there, or 0, changes nothing. */
+  CHECK(dt_params_reserve(b, 0, 0) == DTRAIN_OK && dt_params_data(b) == d0);
+  /* More room keeps the values. */
+  CHECK(dt_params_reserve(b, 1, 1000) == DTRAIN_OK);
+  CHECK(memcmp(dt_params_data(a), dt_params_data(b), dt_params_size(a) * sizeof(float)) == 0);
+  CHECK_ERR(dt_params_reserve(NULL, 1, 1), DTRAIN_ERR_NULL_ARG, "NULL");
+  CHECK_ERR(dt_params_reserve(b, -1, 1), DTRAIN_ERR_INVALID_ARG, "count");
+  CHECK_ERR(dt_params_reserve(b, 1, SIZE_MAX - 8), DTRAIN_ERR_OVERFLOW, "address space");
+  dt_params_destroy(a);
+  dt_params_destroy(b);
+  /* Under a fixed budget: the high-water mark of a reserved build is about
+   * the buffers themselves; growing by doubling needs more. */
+  size_t cap = (size_t)8 << 20;
+  void *buf = malloc(cap);
+  size_t peak[2];
+  for (int r = 0; r < 2; r++) {
+    CHECK(dt_use_fixed_memory(buf, cap) == DTRAIN_OK);
+    dt_params *p = dt_params_create(3);
+    if (r) CHECK(dt_params_reserve(p, n, floats) == DTRAIN_OK);
+    build(p, n);
+    peak[r] = dt_fixed_memory_peak();
+    dt_params_destroy(p);
+    dt_set_allocator(NULL);
+  }
+  size_t need = 2 * (floats + (size_t)n * 15) * sizeof(float);
+  CHECK_MSG(peak[1] < peak[0] && peak[1] <= need + 16384, "peak %zu reserved, %zu grown, buffers %zu", peak[1], peak[0],
+            need);
+  /* A budget too small for the reservation: NOMEM, and the params still work. */
+  CHECK(dt_use_fixed_memory(buf, 65536) == DTRAIN_OK);
+  dt_params *p = dt_params_create(3);
+  CHECK_ERR(dt_params_reserve(p, n, floats), DTRAIN_ERR_NOMEM, "out of memory");
+  CHECK(dt_params_count(p) == 0 && dt_params_size(p) == 0);
+  int64_t s1[1] = {10};
+  CHECK(dt_params_add(p, "small", 1, s1, dt_init_zeros()) == 0);
+  dt_params_destroy(p);
+  CHECK(dt_fixed_memory_used() == 0);
+  dt_set_allocator(NULL);
+  free(buf);
+}
+
 int main(void) {
   TH_RUN(test_add_find_info);
   TH_RUN(test_add_errors);
@@ -541,5 +606,6 @@ int main(void) {
   TH_RUN(test_initializers);
   TH_RUN(test_init_determinism);
   TH_RUN(test_graph_views);
+  TH_RUN(test_reserve);
   return th_summary("params");
 }
