@@ -24,7 +24,7 @@ AMALG    := $(BUILD)/tools/amalgamate
 .PHONY: xor test-minimal test-minimal-nothreads test-minimal-nostdio test-minimal-edge all test test-suite suite-bins check-house demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
 .PHONY: bench-strategy bench-backup bench-pipeline bench-net bench-gpu fuzz soak chaos
 
-all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench
+all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench tools/dtrain-ckpt
 
 # The launcher (plain POSIX C, no dtrain.h): built for this machine with
 # HOSTCC, also in cross builds, since it is installed and run here.
@@ -34,6 +34,10 @@ tools/dtrain-launch: tools/dtrain_launch.c
 # The all-reduce benchmark (nccl-tests style; threads and tcp backends; the
 # mpi one is tools/dtrain-bench-mpi, built by `make bench-net` where mpicc is).
 tools/dtrain-bench: tools/dtrain_bench.c dtrain.h
+	$(HOSTCC) -std=c11 $(WARN) -O2 -I. $< -o $@ -lm -lpthread
+
+# Model-parallel checkpoints from the shell: info, gather the parts, split for a layout.
+tools/dtrain-ckpt: tools/dtrain_ckpt.c dtrain.h
 	$(HOSTCC) -std=c11 $(WARN) -O2 -I. $< -o $@ -lm -lpthread
 
 # ---- the header ------------------------------------------------------------
@@ -321,7 +325,7 @@ $(FUZZ_RUNS): $(BUILD)/fuzz/%.run: $(BUILD)/fuzz/%
 PREFIX  ?= /usr/local
 VERSION := $(shell sed -n 's/^\#define DTRAIN_VERSION_STRING "\(.*\)"/\1/p' src/dt_base.h)
 INSTALL_FILES_H := dtrain.h $(wildcard dtrain_cuda.h)
-INSTALL_TOOLS   := tools/dtrain-launch tools/dtrain-bench
+INSTALL_TOOLS   := tools/dtrain-launch tools/dtrain-bench tools/dtrain-ckpt
 
 install: dtrain.h $(INSTALL_TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/cmake/dtrain

@@ -38,13 +38,7 @@
 
 /* ---- JSON writer: a growable byte buffer -------------------------------------------- */
 
-typedef struct dt__io_buf {
-  char *p;
-  size_t len, cap;
-  int nomem;
-} dt__io_buf;
-
-static void dt__io_buf_put(dt__io_buf *b, const void *s, size_t n) {
+DTRAIN_PRIVATE void dt__io_buf_put(dt__io_buf *b, const void *s, size_t n) {
   if (b->nomem) return;
   if (b->len + n + 1 > b->cap) {
     size_t ncap = b->cap ? b->cap : 256;
@@ -62,16 +56,16 @@ static void dt__io_buf_put(dt__io_buf *b, const void *s, size_t n) {
   b->p[b->len] = '\0';
 }
 
-static void dt__io_buf_str(dt__io_buf *b, const char *s) { dt__io_buf_put(b, s, strlen(s)); }
+DTRAIN_PRIVATE void dt__io_buf_str(dt__io_buf *b, const char *s) { dt__io_buf_put(b, s, strlen(s)); }
 
-static void dt__io_buf_u64(dt__io_buf *b, uint64_t v) {
+DTRAIN_PRIVATE void dt__io_buf_u64(dt__io_buf *b, uint64_t v) {
   char tmp[24];
   snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
   dt__io_buf_str(b, tmp);
 }
 
 /* Quoted JSON string; s must be valid UTF-8 (checked by the caller). */
-static void dt__io_buf_jstr(dt__io_buf *b, const char *s) {
+DTRAIN_PRIVATE void dt__io_buf_jstr(dt__io_buf *b, const char *s) {
   static const char hex[] = "0123456789abcdef";
   dt__io_buf_put(b, "\"", 1);
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -95,13 +89,13 @@ static void dt__io_buf_jstr(dt__io_buf *b, const char *s) {
   dt__io_buf_put(b, "\"", 1);
 }
 
-static void dt__io_buf_free(dt__io_buf *b) {
+DTRAIN_PRIVATE void dt__io_buf_free(dt__io_buf *b) {
   dt__free(b->p, b->cap);
   b->p = NULL;
   b->len = b->cap = 0;
 }
 
-static int dt__io_valid_utf8(const char *s) {
+DTRAIN_PRIVATE int dt__io_valid_utf8(const char *s) {
   const unsigned char *p = (const unsigned char *)s;
   size_t n = strlen(s);
   for (size_t i = 0; i < n;) {
@@ -144,7 +138,7 @@ static const char *dt__io_known_slot(const char *s, size_t len) {
 
 /* "optim.<slot>.<param>": returns the param part and the slot's name (one
  * that some optimizer has), or NULL when name is not of that form. */
-static const char *dt__io_split_optim(const char *name, const char **slot) {
+DTRAIN_PRIVATE const char *dt__io_split_optim(const char *name, const char **slot) {
   if (strncmp(name, "optim.", 6) != 0) return NULL;
   const char *s = name + 6, *dot = strchr(s, '.');
   if (!dot) return NULL;
@@ -161,15 +155,6 @@ static dt_result dt__io_check_optim(const dt__io_ctx *ctx, dt_optim *o, dt_param
 }
 
 /* ---- save ---------------------------------------------------------------------------------- */
-
-typedef struct dt__io_out {
-  size_t name_off;     /* into the names buffer */
-  const float *src;
-  size_t n;
-  int ndim;
-  int64_t shape[DTRAIN_MAX_DIMS];
-  uint64_t begin, end;
-} dt__io_out;
 
 static void dt__io_hex_rng(char *out, const uint64_t s[4]) {
   for (int i = 0; i < 4; i++) snprintf(out + 16 * i, 17, "%016llx", (unsigned long long)s[i]);
@@ -252,36 +237,135 @@ static void dt__io_optim_json(dt__io_buf *b, const dt_optim_desc *d, int nslots)
   }
 }
 
+/* Writes a safetensors file at ctx->path atomically (dt_safetensors.h). */
+DTRAIN_PRIVATE dt_result dt__io_write_file(const dt__io_ctx *ctx, dt__io_out *outs, int nout, const char *names,
+                                           const char **mk, const char **mv, int nm) {
+  dt__io_buf header;
+  dt_checkpoint view;
+  const char **onames = NULL;
+  int *order = NULL;
+  dt_result r = DTRAIN_OK;
+  uint64_t off = 0;
+  memset(&header, 0, sizeof header);
+  memset(&view, 0, sizeof view);
+  for (int t = 0; t < nout; t++) {
+    outs[t].begin = off;
+    off += (uint64_t)outs[t].n * 4u;
+    outs[t].end = off;
+  }
+  /* Checksum over the canonical index (a dt_checkpoint view) and the data. */
+  onames = (const char **)dt__alloc((size_t)(nout > 0 ? nout : 1) * sizeof(char *));
+  view.entries = (dt__io_entry *)dt__calloc((size_t)(nout > 0 ? nout : 1) * sizeof(dt__io_entry));
+  if (!onames || !view.entries) {
+    r = dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory");
+    goto done;
+  }
+  for (int t = 0; t < nout; t++) {
+    dt__io_entry *e = &view.entries[t];
+    onames[t] = e->name = names + outs[t].name_off;
+    e->dtype = "F32";
+    e->dsize = 4;
+    e->ndim = outs[t].ndim;
+    memcpy(e->shape, outs[t].shape, sizeof e->shape);
+    e->begin = outs[t].begin;
+    e->end = outs[t].end;
+  }
+  view.nentries = nout;
+  view.by_name = dt__io_sorted_index(onames, nout);
+  view.mkeys = mk;
+  view.mvals = mv;
+  view.nmeta = nm;
+  order = dt__io_sorted_index(mk, nm);
+  if (!view.by_name || !order) {
+    r = dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory");
+    goto done;
+  }
+  {
+    /* The checksum a reader computes (dt__io_checksum), with the data
+     * streamed from memory; mk has no "checksum" key yet. */
+    dt__io_hasher h;
+    char sum[17];
+    dt__io_hash_init(&h);
+    dt__io_hash_index(&h, &view, order);
+    dt__io_stream_data(NULL, &h, outs, nout);
+    snprintf(sum, sizeof sum, "%016llx", (unsigned long long)dt__io_hash_final(&h));
+
+    /* Header JSON. */
+    dt__io_buf_str(&header, "{\"__metadata__\":{");
+    for (int k = 0; k < nm; k++) {
+      dt__io_buf_jstr(&header, mk[k]);
+      dt__io_buf_str(&header, ":");
+      dt__io_buf_jstr(&header, mv[k]);
+      dt__io_buf_str(&header, ",");
+    }
+    dt__io_buf_str(&header, "\"checksum\":");
+    dt__io_buf_jstr(&header, sum);
+    dt__io_buf_str(&header, "}");
+  }
+  for (int t = 0; t < nout; t++) {
+    dt__io_buf_str(&header, ",");
+    dt__io_buf_jstr(&header, names + outs[t].name_off);
+    dt__io_buf_str(&header, ":{\"dtype\":\"F32\",\"shape\":[");
+    for (int d = 0; d < outs[t].ndim; d++) {
+      if (d) dt__io_buf_str(&header, ",");
+      dt__io_buf_u64(&header, (uint64_t)outs[t].shape[d]);
+    }
+    dt__io_buf_str(&header, "],\"data_offsets\":[");
+    dt__io_buf_u64(&header, outs[t].begin);
+    dt__io_buf_str(&header, ",");
+    dt__io_buf_u64(&header, outs[t].end);
+    dt__io_buf_str(&header, "]}");
+  }
+  dt__io_buf_str(&header, "}");
+  /* Pad so that the data starts 8-byte aligned; a buffer that could not grow
+   * (nomem) keeps its length, so the loop must stop on that too. */
+  while (!header.nomem && (8 + header.len) % 8 != 0) dt__io_buf_str(&header, " ");
+  if (header.nomem) {
+    r = dt__io_err(ctx, DTRAIN_ERR_NOMEM, "out of memory for the header");
+    goto done;
+  }
+  if (header.len > (size_t)DTRAIN_CHECKPOINT_MAX_HEADER) {
+    r = dt__io_err(ctx, DTRAIN_ERR_OVERFLOW, "header of %zu bytes exceeds the limit", header.len);
+    goto done;
+  }
+  r = dt__io_write_atomic(ctx, &header, outs, nout);
+
+done:
+  dt__free(view.entries, (size_t)(nout > 0 ? nout : 1) * sizeof(dt__io_entry));
+  dt__free(view.by_name, (size_t)(nout > 0 ? nout : 1) * sizeof(int));
+  dt__free(order, (size_t)(nm > 0 ? nm : 1) * sizeof(int));
+  dt__free((void *)onames, (size_t)(nout > 0 ? nout : 1) * sizeof(char *));
+  dt__io_buf_free(&header);
+  return r;
+}
+
 #define DT__IO_NMETA 14
 
-DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *st) {
+DTRAIN_PRIVATE dt_result dt__io_save(const char *path, const dt_train_state *st, const char *fn, const char *const *xk,
+                                     const char *const *xv, int nx) {
   dt__io_ctx ctx;
-  ctx.fn = "dt_checkpoint_save";
+  ctx.fn = fn;
   ctx.path = path ? path : "(null)";
   if (!path || !st || !st->params)
-    return dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_save: %s is NULL", !path ? "path" : !st ? "state" : "params");
+    return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !path ? "path" : !st ? "state" : "params");
+  if (nx < 0 || nx > DT__IO_MAX_EXTRA) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %d extra metadata", fn, nx);
   dt_params *p = st->params;
   dt_optim *o = st->optim;
   const int np = dt_params_count(p);
   const int nslots = o ? dt_optim_state_slots(o) : 0;
   const dt_optim_desc *od = o ? dt_optim_get_options(o) : NULL;
   float *data = dt_params_data(p);
-  dt__io_buf names, header, optjson;
+  dt__io_buf names, optjson;
   dt__io_out *outs = NULL;
   size_t outs_cap = 0;
   int nout = 0, ntrain = 0;
   dt_result r = DTRAIN_OK;
-  const char *mk[DT__IO_NMETA], *mv[DT__IO_NMETA];
+  const char *mk[DT__IO_NMETA + DT__IO_MAX_EXTRA], *mv[DT__IO_NMETA + DT__IO_MAX_EXTRA];
   char vbuf[DT__IO_NMETA][72];
   char prng[DT__IO_HEX_RNG + 1], grng[DT__IO_HEX_RNG + 1];
-  int nm = 0, *order = NULL;
-  dt_checkpoint view;
-  const char **onames = NULL;
-  uint64_t off = 0;
+  int nm = 0;
   memset(&names, 0, sizeof names);
-  memset(&header, 0, sizeof header);
   memset(&optjson, 0, sizeof optjson);
-  memset(&view, 0, sizeof view);
 
   r = dt__io_check_optim(&ctx, o, p);
   if (r != DTRAIN_OK) goto done;
@@ -343,9 +427,6 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
       t->n = info.size;
       t->ndim = info.ndim;
       memcpy(t->shape, info.shape, sizeof t->shape);
-      t->begin = off;
-      off += (uint64_t)info.size * 4u;
-      t->end = off;
     }
   }
   if (names.nomem) {
@@ -394,100 +475,27 @@ DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *
     snprintf(vbuf[nm], sizeof vbuf[nm], "%016llx", (unsigned long long)dt_params_layout_hash(p));
     mk[nm] = "layout_hash"; mv[nm] = vbuf[nm]; nm++;
     mk[nm] = "config"; mv[nm++] = st->config ? st->config : "";
+    for (int k = 0; k < nx; k++) {
+      mk[nm] = xk[k]; mv[nm++] = xv[k];
+    }
   }
 
-  /* Checksum over the canonical index (a dt_checkpoint view) and the data. */
-  onames = (const char **)dt__alloc((size_t)(nout > 0 ? nout : 1) * sizeof(char *));
-  view.entries = (dt__io_entry *)dt__calloc((size_t)(nout > 0 ? nout : 1) * sizeof(dt__io_entry));
-  if (!onames || !view.entries) {
-    r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory");
-    goto done;
-  }
-  for (int t = 0; t < nout; t++) {
-    dt__io_entry *e = &view.entries[t];
-    onames[t] = e->name = names.p + outs[t].name_off;
-    e->dtype = "F32";
-    e->dsize = 4;
-    e->ndim = outs[t].ndim;
-    memcpy(e->shape, outs[t].shape, sizeof e->shape);
-    e->begin = outs[t].begin;
-    e->end = outs[t].end;
-  }
-  view.nentries = nout;
-  view.by_name = dt__io_sorted_index(onames, nout);
-  view.mkeys = mk;
-  view.mvals = mv;
-  view.nmeta = nm;
-  order = dt__io_sorted_index(mk, nm);
-  if (!view.by_name || !order) {
-    r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory");
-    goto done;
-  }
-  {
-    /* The checksum a reader computes (dt__io_checksum), with the data
-     * streamed from memory; mk has no "checksum" key yet. */
-    dt__io_hasher h;
-    char sum[17];
-    dt__io_hash_init(&h);
-    dt__io_hash_index(&h, &view, order);
-    dt__io_stream_data(NULL, &h, outs, nout);
-    snprintf(sum, sizeof sum, "%016llx", (unsigned long long)dt__io_hash_final(&h));
-
-    /* Header JSON. */
-    dt__io_buf_str(&header, "{\"__metadata__\":{");
-    for (int k = 0; k < nm; k++) {
-      dt__io_buf_jstr(&header, mk[k]);
-      dt__io_buf_str(&header, ":");
-      dt__io_buf_jstr(&header, mv[k]);
-      dt__io_buf_str(&header, ",");
-    }
-    dt__io_buf_str(&header, "\"checksum\":");
-    dt__io_buf_jstr(&header, sum);
-    dt__io_buf_str(&header, "}");
-  }
-  for (int t = 0; t < nout; t++) {
-    dt__io_buf_str(&header, ",");
-    dt__io_buf_jstr(&header, names.p + outs[t].name_off);
-    dt__io_buf_str(&header, ":{\"dtype\":\"F32\",\"shape\":[");
-    for (int d = 0; d < outs[t].ndim; d++) {
-      if (d) dt__io_buf_str(&header, ",");
-      dt__io_buf_u64(&header, (uint64_t)outs[t].shape[d]);
-    }
-    dt__io_buf_str(&header, "],\"data_offsets\":[");
-    dt__io_buf_u64(&header, outs[t].begin);
-    dt__io_buf_str(&header, ",");
-    dt__io_buf_u64(&header, outs[t].end);
-    dt__io_buf_str(&header, "]}");
-  }
-  dt__io_buf_str(&header, "}");
-  /* Pad so that the data starts 8-byte aligned; a buffer that could not grow
-   * (nomem) keeps its length, so the loop must stop on that too. */
-  while (!header.nomem && (8 + header.len) % 8 != 0) dt__io_buf_str(&header, " ");
-  if (header.nomem) {
-    r = dt__io_err(&ctx, DTRAIN_ERR_NOMEM, "out of memory for the header");
-    goto done;
-  }
-  if (header.len > (size_t)DTRAIN_CHECKPOINT_MAX_HEADER) {
-    r = dt__io_err(&ctx, DTRAIN_ERR_OVERFLOW, "header of %zu bytes exceeds the limit", header.len);
-    goto done;
-  }
-  r = dt__io_write_atomic(&ctx, &header, outs, nout);
+  r = dt__io_write_file(&ctx, outs, nout, names.p, mk, mv, nm);
 
 done:
-  dt__free(view.entries, (size_t)(nout > 0 ? nout : 1) * sizeof(dt__io_entry));
-  dt__free(view.by_name, (size_t)(nout > 0 ? nout : 1) * sizeof(int));
-  dt__free(order, (size_t)(nm > 0 ? nm : 1) * sizeof(int));
-  dt__free((void *)onames, (size_t)(nout > 0 ? nout : 1) * sizeof(char *));
   dt__free(outs, (outs_cap > 0 ? outs_cap : 1) * sizeof(dt__io_out));
   dt__io_buf_free(&names);
-  dt__io_buf_free(&header);
   dt__io_buf_free(&optjson);
   return r;
 }
 
+DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *st) {
+  return dt__io_save(path, st, "dt_checkpoint_save", NULL, NULL, 0);
+}
+
 /* ---- load ------------------------------------------------------------------------------------ */
 
-static int dt__io_parse_i64(const char *s, int64_t *out) {
+DTRAIN_PRIVATE int dt__io_parse_i64(const char *s, int64_t *out) {
   int64_t v = 0;
   if (!*s) return 0;
   for (const char *q = s; *q; q++) {

@@ -145,6 +145,68 @@ DTRAIN_API const char *dt_checkpoint_meta(const dt_checkpoint *c, const char *ke
 DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c);
 DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c);
 
+/* ---- model-parallel checkpoints: one part per stage or shard ---------------
+ * A pipeline stage (dt_pipeline.h) or a tensor-parallel shard
+ * (dt_tensor_parallel.h), or stage s's shard t in a pipeline x tensor layout,
+ * saves its own part with dt_checkpoint_save_part: an ordinary checkpoint of
+ * its params, optimizer and graph (dt_checkpoint_load resumes it bitwise),
+ * plus metadata "part" ({"stage":s,"stages":P,"shard":t,"shards":T}),
+ * "split" (how each sharded parameter was cut: {"name":"rows"|"cols"|"qkv"})
+ * and "buffers" (the names of the non-trainable ones). Only one replica of a
+ * data-parallel layout needs to save (they hold the same values).
+ *
+ * dt_checkpoint_gather reads all P x T parts (any order) and writes one full
+ * checkpoint: the stages' tensors concatenated in stage order, each sharded
+ * tensor (and its optimizer state) put back together, a replicated one
+ * checked to be bitwise equal on every shard, the layout_hash of the whole
+ * model, and the step, data position, RNGs and config of stage 0's shard 0.
+ * A one_device model whose parameters are the stages' in stage order loads it
+ * with dt_checkpoint_load (or any model by name with _load_weights).
+ * The file also keeps "gathered" ({"stages","shards","stage_starts","rng"}:
+ * the layout and every part's RNG states), so that splitting it again for
+ * the same layout gives back the parts' RNGs, and the run resumes bitwise.
+ *
+ * dt_checkpoint_split writes part (stage, shard) of a full checkpoint (a
+ * gathered one, or any dtrain checkpoint, e.g. one_device's) for a layout:
+ * stage s gets the parameters from stage_starts[s-1] up to stage_starts[s],
+ * each cut for T shards by its split ("rows": the first dimension, "cols": the
+ * last, "qkv": rows within each third of the first dimension; the rest whole).
+ * For another layout than the gathered one, the parts get the full file's
+ * RNG states. Errors: DTRAIN_ERR_MISMATCH for parts that do not fit together
+ * (a missing or doubled part, different steps or optimizers, a tensor missing
+ * on a shard, a replicated tensor that differs), DTRAIN_ERR_SHAPE when a
+ * tensor does not divide by T, DTRAIN_ERR_INVALID_ARG for a bad layout or
+ * plan, and everything dt_checkpoint_open and _save return; the message names
+ * the file and the tensor. Nothing is written on error. */
+enum { DTRAIN_SPLIT_NONE = 0, DTRAIN_SPLIT_ROWS = 1, DTRAIN_SPLIT_COLS = 2, DTRAIN_SPLIT_QKV = 3 };
+
+typedef struct dt_part {
+  int stage, stages;               /* pipeline: stage s of P (P 0 or 1: no pipeline) */
+  int shard, shards;               /* tensor parallel: shard t of T (T 0 or 1: none) */
+  int nsplit;                      /* the sharded parameters (the others are whole on every shard): */
+  const char *const *split_names;  /* their names in st->params */
+  const int *split_kinds;          /* DTRAIN_SPLIT_ROWS / _COLS / _QKV */
+} dt_part;
+
+/* dt_checkpoint_save of this worker's state, with its place in the layout. */
+DTRAIN_API dt_result dt_checkpoint_save_part(const char *path, const dt_train_state *st, const dt_part *part);
+/* The full checkpoint at `out` from the nparts part files. */
+DTRAIN_API dt_result dt_checkpoint_gather(const char *const *parts, int nparts, const char *out);
+
+typedef struct dt_split_plan {
+  int stages;                       /* P (0 or 1: one stage) */
+  const char *const *stage_starts;  /* P-1 parameter names, the first of stages 1..P-1 in the full
+                                       file's order; NULL: the gathered layout's (same P) */
+  int shards;                       /* T (0 or 1: none) */
+  int nsplit;                       /* how the sharded parameters are cut; 0: the file's "split" */
+  const char *const *split_names;
+  const int *split_kinds;
+} dt_split_plan;
+
+/* Part (stage, shard) of the full checkpoint `full` for the layout `plan`, to `out`. */
+DTRAIN_API dt_result dt_checkpoint_split(const char *full, const dt_split_plan *plan, int stage, int shard,
+                                         const char *out);
+
 DTRAIN_EXTERN_C_END
 
 #endif /* DTRAIN_IO_H */

@@ -497,7 +497,7 @@ DTRAIN_API dt_pipeline *dt_pipeline_create(dt_params *const *params, const dt_op
 /* Stage `stage` of replica 0 (processes: this process's stage only). */
 static const dt__pipe_stage *dt__pipe_find(const dt_pipeline *p, int stage) {
   if (!p) return NULL;
-  if (p->own_comm) return stage >= 0 && stage < p->o.stages ? &p->st[stage] : NULL;
+  if (p->own_comm) return stage >= 0 && stage < p->local ? &p->st[stage] : NULL; /* r * P + s: replica r's */
   return stage == p->first ? &p->st[0] : NULL;
 }
 

@@ -124,7 +124,9 @@ DTRAIN_API dt_result dt_pipeline_stats_get(const dt_pipeline *p, int stage, dt_p
  * (dt_pipeline_stats.act_bytes_peak), arena_bytes and tape_bytes summed over
  * them, total_bytes the sum of all but activations_bytes. */
 DTRAIN_API dt_result dt_pipeline_memory(const dt_pipeline *p, int stage, dt_memory_info *out);
-/* Stage `stage`'s optimizer (NULL, with DTRAIN_ERR_INDEX, if this process does not run it). */
+/* Stage `stage`'s optimizer (NULL, with DTRAIN_ERR_INDEX, if this process does not run it);
+ * threads with replicas: r * P + s is replica r's stage s (the params' order), for
+ * loading every replica from a checkpoint (dt_checkpoint_load). */
 DTRAIN_API dt_optim *dt_pipeline_optim(dt_pipeline *p, int stage);
 /* This process's first stage and how many it runs (threads: 0 and P); 0 for a NULL p. */
 DTRAIN_API int dt_pipeline_first_stage(const dt_pipeline *p);

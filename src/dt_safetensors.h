@@ -8,6 +8,7 @@
 
 #include "dt_internal.h"
 #include "dt_json.h"
+#include "dt_io.h"
 
 #ifndef DTRAIN_NO_STDIO
 
@@ -84,6 +85,50 @@ DTRAIN_PRIVATE int dt__io_parse_hex64(const char *s, uint64_t *out);
 /* Reads and indexes the file ctx->path (need_f32: refuse other dtypes at
  * once). NULL and *res set (with a message) on failure. */
 DTRAIN_PRIVATE dt_checkpoint *dt__io_open(const dt__io_ctx *ctx, int need_f32, dt_result *res);
+
+/* ---- writing (dt_checkpoint.c) ---------------------------------------------------------- */
+
+/* A growable text buffer (the JSON writer); nomem is set, and further puts
+ * ignored, once an allocation fails. */
+typedef struct dt__io_buf {
+  char *p;
+  size_t len, cap;
+  int nomem;
+} dt__io_buf;
+
+DTRAIN_PRIVATE void dt__io_buf_put(dt__io_buf *b, const void *s, size_t n);
+DTRAIN_PRIVATE void dt__io_buf_str(dt__io_buf *b, const char *s);
+DTRAIN_PRIVATE void dt__io_buf_u64(dt__io_buf *b, uint64_t v);
+/* s quoted as a JSON string (s: valid UTF-8, dt__io_valid_utf8). */
+DTRAIN_PRIVATE void dt__io_buf_jstr(dt__io_buf *b, const char *s);
+DTRAIN_PRIVATE void dt__io_buf_free(dt__io_buf *b);
+DTRAIN_PRIVATE int dt__io_valid_utf8(const char *s);
+
+/* One tensor to write: n floats at src, named names[name_off]; begin and end
+ * (its byte range in the data) are filled in by dt__io_write_file. */
+typedef struct dt__io_out {
+  size_t name_off;
+  const float *src;
+  size_t n;
+  int ndim;
+  int64_t shape[DTRAIN_MAX_DIMS];
+  uint64_t begin, end;
+} dt__io_out;
+
+/* Most extra metadata entries dt__io_save takes. */
+#define DT__IO_MAX_EXTRA 8
+
+/* Writes tensors outs[0..nout) in that order and metadata mk/mv (nm entries,
+ * no "checksum": it is added) as a safetensors file at ctx->path, atomically. */
+DTRAIN_PRIVATE dt_result dt__io_write_file(const dt__io_ctx *ctx, dt__io_out *outs, int nout, const char *names,
+                                           const char **mk, const char **mv, int nm);
+/* dt_checkpoint_save as function fn, with nx (<= DT__IO_MAX_EXTRA) more metadata entries. */
+DTRAIN_PRIVATE dt_result dt__io_save(const char *path, const dt_train_state *st, const char *fn, const char *const *xk,
+                                     const char *const *xv, int nx);
+/* "optim.<slot>.<param>": the param part and the slot's name, or NULL when name is not of that form. */
+DTRAIN_PRIVATE const char *dt__io_split_optim(const char *name, const char **slot);
+/* A decimal integer >= 0 without sign or leading zeros. */
+DTRAIN_PRIVATE int dt__io_parse_i64(const char *s, int64_t *out);
 
 #endif /* DTRAIN_NO_STDIO */
 #endif /* DTRAIN_SAFETENSORS_H */

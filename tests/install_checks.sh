@@ -45,7 +45,7 @@ if command -v cmake >/dev/null 2>&1; then
   [ -f dtrain_cuda.h ] && cp dtrain_cuda.h "$T/src/dtrain/"
   (cd "$T/src" && tar czf "$T/dtrain.tar.gz" dtrain)
   check "cmake-FetchContent" cm fetch "$T/fetch" -DDTRAIN_URL="file://$T/dtrain.tar.gz"
-  check "cmake-install" sh -c "cmake -S $ROOT -B $T/cmk -DCMAKE_INSTALL_PREFIX=$T/cprefix >/dev/null && cmake --build $T/cmk >/dev/null && cmake --install $T/cmk >/dev/null && test -f $T/cprefix/include/dtrain.h && { test ! -f $ROOT/dtrain_cuda.h || cmp -s $ROOT/dtrain_cuda.h $T/cprefix/include/dtrain_cuda.h; } && test -f $T/cprefix/lib/cmake/dtrain/dtrainConfig.cmake && $T/cprefix/bin/dtrain-launch --help 2>&1 | grep -q 'dtrain-launch' && test -x $T/cprefix/bin/dtrain-bench && PKG_CONFIG_PATH=$T/cprefix/lib/pkgconfig pkg-config --modversion dtrain | grep -q '^0\\.1\\.0$'"
+  check "cmake-install" sh -c "cmake -S $ROOT -B $T/cmk -DCMAKE_INSTALL_PREFIX=$T/cprefix >/dev/null && cmake --build $T/cmk >/dev/null && cmake --install $T/cmk >/dev/null && test -f $T/cprefix/include/dtrain.h && { test ! -f $ROOT/dtrain_cuda.h || cmp -s $ROOT/dtrain_cuda.h $T/cprefix/include/dtrain_cuda.h; } && test -f $T/cprefix/lib/cmake/dtrain/dtrainConfig.cmake && $T/cprefix/bin/dtrain-launch --help 2>&1 | grep -q 'dtrain-launch' && test -x $T/cprefix/bin/dtrain-bench && test -x $T/cprefix/bin/dtrain-ckpt && PKG_CONFIG_PATH=$T/cprefix/lib/pkgconfig pkg-config --modversion dtrain | grep -q '^0\\.1\\.0$'"
 else
   skip "cmake routes: cmake not installed"
 fi

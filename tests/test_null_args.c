@@ -4682,6 +4682,45 @@ static void nt_dt_checkpoint_header_size(void) {
   }
   nt_teardown(&f);
 }
+/* dt_io.h: dt_result dt_checkpoint_save_part(const char * path, const dt_train_state * st, const dt_part * part) */
+static void nt_dt_checkpoint_save_part(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_save_part(NULL, NULL, NULL)");
+    nt_check_result(dt_checkpoint_save_part(NULL, NULL, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for const dt_part * part */
+}
+/* dt_io.h: dt_result dt_checkpoint_gather(const char *const * parts, int nparts, const char * out) */
+static void nt_dt_checkpoint_gather(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_gather(NULL, nparts, NULL)");
+    nt_check_result(dt_checkpoint_gather(NULL, 1, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for const char *const * parts */
+}
+/* dt_io.h: dt_result dt_checkpoint_split(const char * full, const dt_split_plan * plan, int stage, int shard, const char * out) */
+static void nt_dt_checkpoint_split(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_split(NULL, NULL, stage, shard, NULL)");
+    nt_check_result(dt_checkpoint_split(NULL, NULL, 1, 1, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for const dt_split_plan * plan */
+}
 /* dt_fit.h: dt_result dt_fit(const dt_fit_options * desc, dt_fit_result * result) */
 static void nt_dt_fit(void) {
   nt_fix f;
@@ -8620,6 +8659,9 @@ int main(void) {
   TH_RUN(nt_dt_checkpoint_meta);
   TH_RUN(nt_dt_checkpoint_file_size);
   TH_RUN(nt_dt_checkpoint_header_size);
+  TH_RUN(nt_dt_checkpoint_save_part);
+  TH_RUN(nt_dt_checkpoint_gather);
+  TH_RUN(nt_dt_checkpoint_split);
   TH_RUN(nt_dt_fit);
   TH_RUN(nt_dt_fit_write_svg);
   TH_RUN(nt_dt_bytes_free);

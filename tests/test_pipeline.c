@@ -7,7 +7,7 @@
  * (1F1B: min(M, P-s); GPipe: M) and 1F1B's smaller activation memory, a stage
  * function that fails (every stage returns an error, no parameter changes, the
  * next step works), a stage process killed (the others name it within the
- * deadline), a model over a 17 MB per-process budget (NOMEM on one process,
+ * deadline), a model over a 16 MB per-process budget (NOMEM on one process,
  * trains as two stages in two), and bad arguments. */
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  define DTRAIN_STATIC
@@ -15,6 +15,7 @@
 #endif
 #include "dtrain.h"
 #include "harness.h"
+#include <errno.h>
 
 #define L 4
 static const int dims[L + 1] = {6, 16, 16, 12, 3};
@@ -425,7 +426,14 @@ static void test_one_stage(void) {
 
 typedef struct proc_arg {
   int M, sched, kill_stage, stages; /* stages: 0 = the world (no data parallel) */
+  const char *dir;                  /* checkpoint parts "<dir>/part<stage>" (NULL: none) */
+  int save_at, resume;              /* save after step save_at - 1; start from the parts */
 } proc_arg;
+
+/* The packed values of stage s at the end of an uninterrupted run, for the resumed run to match bitwise. */
+static void final_path(char *out, size_t cap, const proc_arg *a, int stage) {
+  snprintf(out, cap, "%s/final%d.bin", a->dir, stage);
+}
 
 static int child_stage(world *x, int rank, void *argp) {
   const proc_arg *a = (const proc_arg *)argp;
@@ -452,8 +460,20 @@ static int child_stage(world *x, int rank, void *argp) {
   dt_pipeline *pl = dt_pipeline_create(&p, &oo, stage_fn, &md, &po);
   CK(pl != NULL);
   float loss = 0, lref[STEPS];
-  int steps = a->kill_stage >= 0 ? 6 : STEPS;
-  for (int k = 0; pl && k < steps; k++) {
+  int steps = a->kill_stage >= 0 ? 6 : STEPS, k0 = 0;
+  char part[512];
+  if (a->dir) snprintf(part, sizeof part, "%s/part%d.safetensors", a->dir, stage);
+  if (pl && a->resume) {
+    /* A restart: this stage's part, saved before the failure. */
+    dt_train_state ts;
+    memset(&ts, 0, sizeof ts);
+    ts.params = p;
+    ts.optim = dt_pipeline_optim(pl, stage);
+    CK(dt_checkpoint_load(part, &ts) == DTRAIN_OK);
+    k0 = (int)ts.step;
+    CK(k0 == a->save_at);
+  }
+  for (int k = k0; pl && k < steps; k++) {
     if (k == 3 && rank == a->kill_stage) raise(SIGKILL);
     /* This replica's part of the global batch (the batch is their concatenation). */
     dt_minibatch b = batch_at(k);
@@ -472,6 +492,35 @@ static int child_stage(world *x, int rank, void *argp) {
       break;
     }
     CK(rc == DTRAIN_OK);
+    if (a->dir && k + 1 == a->save_at && lay.dp_rank == 0) {
+      dt_train_state ts;
+      memset(&ts, 0, sizeof ts);
+      ts.params = p;
+      ts.optim = dt_pipeline_optim(pl, stage);
+      dt_part pt;
+      memset(&pt, 0, sizeof pt);
+      pt.stage = stage;
+      pt.stages = P;
+      CK(dt_checkpoint_save_part(part, &ts, &pt) == DTRAIN_OK);
+    }
+  }
+  if (a->kill_stage < 0 && a->dir) {
+    /* The uninterrupted run leaves its final values; the resumed run must match them bitwise. */
+    size_t n = layer_floats(md.first[stage], md.first[stage + 1]);
+    float *got = (float *)malloc(n * sizeof(float)), *want = (float *)malloc(n * sizeof(float));
+    char fp[512];
+    final_path(fp, sizeof fp, a, stage);
+    pack(p, got);
+    FILE *f = fopen(fp, a->resume ? "rb" : "wb");
+    CK(f != NULL);
+    if (f && !a->resume) CK(fwrite(got, sizeof(float), n, f) == n);
+    if (f && a->resume) {
+      CK(fread(want, sizeof(float), n, f) == n);
+      CK(memcmp(got, want, n * sizeof(float)) == 0);
+    }
+    if (f) fclose(f);
+    free(got);
+    free(want);
   }
   if (a->kill_stage < 0) {
     /* The reference, computed here: this stage's slice of one_device's parameters. */
@@ -496,7 +545,7 @@ static int child_stage(world *x, int rank, void *argp) {
 static void run_stages(int w, int M, int sched) {
   world x;
   int st[MAXW];
-  proc_arg a = {M, sched, -1, 0};
+  proc_arg a = {M, sched, -1, 0, NULL, 0, 0};
   world_init(&x, w);
   run_world(&x, child_stage, &a, st);
   world_close(&x);
@@ -514,7 +563,7 @@ static void test_processes_equal_one_device(void) {
 static void test_processes_pipeline_x_data(void) {
   world x;
   int st[MAXW];
-  proc_arg a = {3, DTRAIN_PIPE_1F1B, -1, 2};
+  proc_arg a = {3, DTRAIN_PIPE_1F1B, -1, 2, NULL, 0, 0};
   world_init(&x, 4);
   run_world(&x, child_stage, &a, st);
   world_close(&x);
@@ -523,19 +572,25 @@ static void test_processes_pipeline_x_data(void) {
 
 /* ---- a memory cap per worker: too large for one, trains on two ------------------------------- */
 /* 6 -> 512 (x5) -> 3: four 1 MB layers (4.2 MB of parameters, with their
- * gradients and Adam's two moments 16.8 MB); each half holds two. Measured
- * peaks of the fixed buffer: the whole model 19.1 MB, the stages 11.2 and
- * 15.3 MB (dt_params grows its flat buffers by doubling: building a stage
- * briefly holds the old and the new buffer), so a 17 MB budget per process
- * refuses one worker and fits two. */
+ * gradients and Adam's two moments 16.8 MB); each half holds two. The params
+ * are reserved at their exact size (dt_params_reserve) and the micro-batch
+ * graphs start with 64 KB arena blocks. Measured peaks of the fixed buffer:
+ * the whole model 17.5 MB, each stage 9.2 MB (0.52x, its TCP communicator
+ * included), so a 16 MB budget per process refuses one worker and fits two,
+ * and each stage stays under issue 18's 0.55x of the whole. */
 #define BIG 512
 #define BIG_L 6
-#define CAP_BYTES ((size_t)17 << 20)
+#define CAP_BYTES ((size_t)16 << 20)
+#define BIG_ARENA ((size_t)64 << 10) /* 4 rows of 512: small graphs, so small first arena blocks */
 static const int big_dims[BIG_L + 1] = {6, BIG, BIG, BIG, BIG, BIG, 3};
 
 static dt_params *big_params(int l0, int l1) {
   dt_params *p = dt_params_create(5);
   if (!p) return NULL;
+  size_t floats = 0;
+  for (int l = l0; l < l1; l++) floats += (size_t)big_dims[l + 1] * (size_t)(big_dims[l] + 1);
+  /* Exactly the room needed: no doubling of the buffers while the layers are added. */
+  if (dt_params_reserve(p, 2 * (l1 - l0), floats) != DTRAIN_OK) return dt_params_destroy(p), NULL;
   for (int l = l0; l < l1; l++) {
     char name[16];
     int64_t ws[2] = {big_dims[l + 1], big_dims[l]}, bs[1] = {big_dims[l + 1]};
@@ -576,6 +631,7 @@ static int child_one_capped(world *x, int rank, void *arg) {
   } else {
     dt_optim_options oo = optim_of(1);
     dt_pipeline_options po = dt_pipeline_defaults(1, 2);
+    po.arena_bytes = BIG_ARENA;
     pl = dt_pipeline_create(&p, &oo, big_stage, &stages, &po);
     if (!pl) rc = dt_last_result();
     for (int k = 0; pl && k < 2 && rc == DTRAIN_OK; k++) {
@@ -596,8 +652,34 @@ static int child_one_capped(world *x, int rank, void *arg) {
 }
 
 /* Two processes, a stage each under the same budget: it trains. */
+/* The whole model's high-water mark on one worker (2 steps, a 64 MB budget). */
+static size_t whole_peak(void) {
+  size_t cap = (size_t)64 << 20;
+  void *buf = malloc(cap);
+  CK(dt_use_fixed_memory(buf, cap) == DTRAIN_OK);
+  int stages = 1;
+  dt_params *p = big_params(0, BIG_L);
+  dt_optim_options oo = optim_of(1);
+  dt_pipeline_options po = dt_pipeline_defaults(1, 2);
+  po.arena_bytes = BIG_ARENA;
+  dt_pipeline *pl = p ? dt_pipeline_create(&p, &oo, big_stage, &stages, &po) : NULL;
+  CK(pl != NULL);
+  for (int k = 0; pl && k < 2; k++) {
+    dt_minibatch b = batch_at(k);
+    b.rows = 4;
+    CK(dt_pipeline_step(pl, &b, NULL) == DTRAIN_OK);
+  }
+  dt_pipeline_destroy(pl);
+  dt_params_destroy(p);
+  size_t peak = dt_fixed_memory_peak();
+  dt_set_allocator(NULL);
+  free(buf);
+  return peak;
+}
+
 static int child_two_capped(world *x, int rank, void *arg) {
   (void)arg;
+  size_t whole = whole_peak();
   void *buf = malloc(CAP_BYTES);
   CK(dt_use_fixed_memory(buf, CAP_BYTES) == DTRAIN_OK);
   dt_cluster c = cluster_of(x, rank);
@@ -609,6 +691,7 @@ static int child_two_capped(world *x, int rank, void *arg) {
   dt_params *p = big_params(3 * rank, 3 * rank + 3);
   dt_optim_options oo = optim_of(1);
   dt_pipeline_options po = dt_pipeline_defaults(2, 2);
+  po.arena_bytes = BIG_ARENA;
   po.comm = comm;
   dt_pipeline *pl = comm && p ? dt_pipeline_create(&p, &oo, big_stage, &stages, &po) : NULL;
   CK(pl != NULL);
@@ -624,6 +707,12 @@ static int child_two_capped(world *x, int rank, void *arg) {
   if (getenv("DTRAIN_TEST_VERBOSE"))
     fprintf(stderr, "stage %d: peak %zu bytes, loss %.4f\n", rank, dt_fixed_memory_peak(), (double)loss[1]);
   CK(dt_fixed_memory_peak() <= CAP_BYTES);
+  /* Issue 18's goal: each of 2 stages peaks at no more than 0.55x the whole
+   * model on one worker (its communicator's buffers included). */
+  CK(dt_fixed_memory_peak() <= whole * 55 / 100);
+  if (getenv("DTRAIN_TEST_VERBOSE"))
+    fprintf(stderr, "stage %d: peak %.3f of the whole model's %zu bytes\n", rank,
+            (double)dt_fixed_memory_peak() / (double)whole, whole);
   dt_pipeline_destroy(pl);
   dt_params_destroy(p);
   dt_comm_destroy(comm);
@@ -648,12 +737,55 @@ static void test_memory_cap(void) {
 static void test_process_killed(void) {
   world x;
   int st[MAXW], want[MAXW] = {0, 0, 128 + SIGKILL};
-  proc_arg a = {4, DTRAIN_PIPE_1F1B, 2, 0};
+  proc_arg a = {4, DTRAIN_PIPE_1F1B, 2, 0, NULL, 0, 0};
   world_init(&x, 3);
   run_world(&x, child_stage, &a, st);
   world_close(&x);
   check_world(&x, st, want);
 }
+
+#if !defined(DTRAIN_NO_STDIO)
+/* Restart after a lost stage (issue 18 part 7): 3 stage processes save their
+ * parts after step 3; in a second run stage 1 is killed before step 4 (the
+ * others stop within the deadline, naming it); a third run of 3 fresh
+ * processes loads the parts and trains on to step 20, ending bitwise where an
+ * uninterrupted run ends (and within 1e-5 of one_device). The parts of the
+ * killed run also gather into one full checkpoint. */
+static void test_restart_from_parts(void) {
+  char dir[64] = "/tmp/dtrain_pipe_XXXXXX";
+  if (!mkdtemp(dir)) {
+    CHECK_MSG(0, "mkdtemp: %s", strerror(errno));
+    return;
+  }
+  world x;
+  int st[MAXW], want[MAXW] = {0, 128 + SIGKILL, 0};
+  proc_arg a = {8, DTRAIN_PIPE_1F1B, -1, 0, dir, 0, 0};
+  world_init(&x, 3); /* uninterrupted, leaving its final values */
+  run_world(&x, child_stage, &a, st);
+  world_close(&x);
+  check_world(&x, st, NULL);
+  a.kill_stage = 1; /* the failure, before step 3, after the parts were saved (3 steps done) */
+  a.save_at = 3;
+  world_init(&x, 3);
+  run_world(&x, child_stage, &a, st);
+  world_close(&x);
+  check_world(&x, st, want);
+  a.kill_stage = -1; /* the restart */
+  a.resume = 1;
+  world_init(&x, 3);
+  run_world(&x, child_stage, &a, st);
+  world_close(&x);
+  check_world(&x, st, NULL);
+  char parts[3][600], full[600];
+  const char *pp[3] = {parts[0], parts[1], parts[2]};
+  for (int s = 0; s < 3; s++) snprintf(parts[s], sizeof parts[s], "%s/part%d.safetensors", dir, s);
+  snprintf(full, sizeof full, "%s/full.safetensors", dir);
+  CHECK_MSG(dt_checkpoint_gather(pp, 3, full) == DTRAIN_OK, "%s", dt_last_error());
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+#endif
 #endif
 
 int main(void) {
@@ -672,6 +804,11 @@ int main(void) {
   TH_RUN(test_processes_equal_one_device);
   TH_RUN(test_processes_pipeline_x_data);
   TH_RUN(test_process_killed);
+#  if !defined(DTRAIN_NO_STDIO)
+  TH_RUN(test_restart_from_parts);
+#  else
+  th_skip_item("test_restart_from_parts", "no file I/O (DTRAIN_NO_STDIO)");
+#  endif
   TH_RUN(test_memory_cap);
 #else
   th_skip_item("test_pipeline processes", "networking or threads not compiled in");
