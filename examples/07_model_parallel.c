@@ -12,7 +12,9 @@
  *        cc -std=c11 -O2 -I. examples/07_model_parallel.c -o mp -lm -lpthread
  * Run:   build/examples/07_model_parallel [--parallel none|pipeline|tensor] [--stages P]
  *            [--microbatches M] [--schedule gpipe|1f1b] [--replicas R] [--steps N] [--batch B]
- *            [--layers L] [--hidden H] [--lr X] [--seed S] [--model mlp] [--json]
+ *            [--layers L] [--hidden H] [--lr X] [--seed S] [--model mlp|transformer] [--json]
+ *            [--heads N] [--seq S] [--data FILE]
+ *            [--memory-cap MB] [--checkpoint DIR] [--resume DIR]
  *        As processes (one rank each; P stages or shards times R replicas):
  *            tools/dtrain-launch -n 4 -- build/examples/07_model_parallel --parallel pipeline --stages 2
  *            tools/dtrain-launch -n 4 --pipeline 2 -- build/examples/07_model_parallel   (the same: the
@@ -32,20 +34,38 @@
  * Pipeline: the L+1 layers in P contiguous groups. Tensor: hidden layers
  * alternate column-parallel and row-parallel (one all-reduce each way per
  * pair); the output layer is row-parallel after a column layer, else whole
- * on every shard. (--model transformer, the character model of
- * examples/03, is not built yet: issue 18 is in progress.)
+ * on every shard. --model transformer: the character model of examples/03
+ * (embeddings, L pre-norm blocks of attention and MLP, the output layer;
+ * defaults L 2, H 64, 4 heads, windows of 32 characters of
+ * data/text/devils_dictionary.txt); pipeline stages take its units in order,
+ * tensor parallel splits its embedding and output layer by vocabulary, its
+ * attention by heads and its MLP column then row (see the section below).
  *
- * --json prints one line: parallel, stages, microbatches, schedule, replicas,
+ * --json prints one line: model, parallel, stages, microbatches, schedule, replicas,
  * workers, steps, batch, final_loss, params_checksum, peak_bytes_per_worker
  * (parameters, gradients, optimizer state and activation arenas of the
  * largest worker), bubble_measured (the stages' mean idle share of a step),
- * bubble_theory, samples_per_s, seconds. */
+ * bubble_theory, samples_per_s, seconds, memory_cap_mb and alloc_peak_bytes
+ * (with --memory-cap: the largest process's high-water mark in its budget).
+ *
+ * --memory-cap MB gives each worker a fixed budget (dt_use_fixed_memory: every
+ * allocation of the process, its communicator included, from MB per worker it
+ * runs); a model over it fails with DTRAIN_ERR_NOMEM and a hint, and trains
+ * when spread over more workers. --checkpoint DIR saves, at the end, a part
+ * per stage or shard (DIR/part-<stage>-<shard>.safetensors, replica 0's);
+ * --resume DIR loads this layout's parts and trains on from their step to
+ * --steps (bitwise where one run of --steps ends). tools/dtrain-ckpt gathers
+ * the parts into one checkpoint and splits it for another layout:
+ *   tools/dtrain-ckpt gather -o full.safetensors ck/part-*
+ *   tools/dtrain-ckpt split full.safetensors --tensor 2 -o ck2/part-{stage}-{shard}.safetensors */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 #define NIN 64
 #define NCLS 8
@@ -63,6 +83,11 @@ typedef struct options {
   int64_t steps, batch;
   float lr;
   uint64_t seed;
+  const char *ckpt_dir, *resume_dir; /* --checkpoint / --resume: a part file per stage or shard */
+  int model;                         /* --model: 0 the MLP, 1 the character transformer */
+  int heads, seq;                    /* the transformer's heads and window length */
+  const char *data;                  /* its text */
+  double memory_cap_mb;              /* --memory-cap: each worker's fixed-memory budget (0: none) */
 } options;
 
 static const char *const k_parallel[3] = {"none", "pipeline", "tensor"};
@@ -94,7 +119,16 @@ static void make_data(uint64_t seed) {
   }
 }
 
+/* The transformer's parts (below): its batches, parameters, split kinds and forward. */
+static dt_minibatch tbatch_at(const options *o, int64_t step);
+static dt_params *tpart_params(const options *o, int u0, int u1, int T, int t);
+static int tkind_of(const options *o, const char *name);
+static int units_of(const options *o);
+static dt_tensor *tunits(const options *o, dt_graph *g, int u0, int u1, dt_tensor *x, const dt_minibatch *mb,
+                         dt_comm *tp, int t);
+
 static dt_minibatch batch_at(const options *o, int64_t step) {
+  if (o->model) return tbatch_at(o, step);
   dt_minibatch b;
   memset(&b, 0, sizeof b);
   int64_t first = (step * o->batch) % (NDATA - o->batch + 1);
@@ -108,8 +142,8 @@ static dt_minibatch batch_at(const options *o, int64_t step) {
 /* Rows [r*B/R, (r+1)*B/R) of b: replica r's part (the global batch is the parts in order). */
 static dt_minibatch part_of(dt_minibatch b, int r, int R) {
   int64_t lo = b.rows * r / R, hi = b.rows * (r + 1) / R;
-  b.x += lo * NIN;
-  b.y += lo;
+  b.x += lo * b.x_cols;
+  b.y += lo * (b.y_cols > 0 ? b.y_cols : 1);
   b.rows = hi - lo;
   return b;
 }
@@ -118,17 +152,14 @@ static dt_minibatch part_of(dt_minibatch b, int r, int R) {
 static int in_of(const options *o, int l) { return l == 0 ? NIN : o->hidden; }
 static int out_of(const options *o, int l) { return l == o->layers ? NCLS : o->hidden; }
 
-/* The whole model's parameters (w0 b0 w1 b1 ...), initialised from the seed. */
-static dt_params *full_params(const options *o) {
-  dt_params *p = dt_params_create(o->seed);
-  for (int l = 0; l <= o->layers; l++) {
-    char n[16];
-    int64_t ws[2] = {out_of(o, l), in_of(o, l)}, bs[1] = {out_of(o, l)};
-    snprintf(n, sizeof n, "w%d", l);
-    dt_params_add(p, n, 2, ws, dt_init_glorot_uniform());
-    snprintf(n, sizeof n, "b%d", l);
-    dt_params_add(p, n, 1, bs, dt_init_zeros());
-  }
+/* Layer l's whole weight and bias, initialised from the seed and l alone: a
+ * worker builds only its own layers, with the values the whole model has. */
+static dt_params *layer_params(const options *o, int l) {
+  dt_params *p = dt_params_create(o->seed * 1000003u + (uint64_t)l);
+  int64_t ws[2] = {out_of(o, l), in_of(o, l)}, bs[1] = {out_of(o, l)};
+  if (!p || dt_params_reserve(p, 2, (size_t)ws[0] * (size_t)ws[1] + (size_t)bs[0]) != DTRAIN_OK ||
+      dt_params_add(p, "w", 2, ws, dt_init_glorot_uniform()) < 0 || dt_params_add(p, "b", 1, bs, dt_init_zeros()) < 0)
+    return dt_params_destroy(p), NULL;
   return p;
 }
 
@@ -138,33 +169,277 @@ static int tp_kind(const options *o, int l) {
   return o->layers % 2 == 1 ? 2 : 0; /* after a column layer the output layer is row-parallel */
 }
 
-/* Layers [l0, l1) of the whole model's initial values, as shard t of T (T = 1: whole). */
+/* Layers [l0, l1) of the whole model's initial values, as shard t of T (T = 1:
+ * whole), in buffers reserved at their exact size (dt_params_reserve: a worker
+ * under --memory-cap holds its part, not twice it). NULL when memory runs out. */
 static dt_params *part_params(const options *o, int l0, int l1, int T, int t) {
-  dt_params *full = full_params(o), *p = dt_params_create(1);
+  if (o->model) return tpart_params(o, l0, l1, T, t);
+  dt_params *p = dt_params_create(1);
+  size_t floats = 0;
   for (int l = l0; l < l1; l++) {
     int k = T > 1 ? tp_kind(o, l) : 0;
+    size_t rows = (size_t)out_of(o, l) / (k == 1 ? (size_t)T : 1), cols = (size_t)in_of(o, l) / (k == 2 ? (size_t)T : 1);
+    floats += rows * cols + rows;
+  }
+  if (!p || dt_params_reserve(p, 2 * (l1 - l0), floats) != DTRAIN_OK) return dt_params_destroy(p), NULL;
+  for (int l = l0; l < l1; l++) {
+    int k = T > 1 ? tp_kind(o, l) : 0;
+    dt_params *whole = layer_params(o, l);
+    if (!whole) return dt_params_destroy(p), NULL;
     for (int wb = 0; wb < 2; wb++) {
       char n[16];
-      int64_t s[2] = {out_of(o, l), in_of(o, l)};
+      int64_t sh[2] = {out_of(o, l), in_of(o, l)};
       int nd = wb == 0 ? 2 : 1;
-      if (wb == 1) s[0] = out_of(o, l);
-      if (k == 1) s[0] /= T;                     /* column: rows of W and the bias */
-      if (k == 2 && wb == 0) s[1] /= T;          /* row: columns of W; the bias whole */
+      if (k == 1) sh[0] /= T;                     /* column: rows of W and the bias */
+      if (k == 2 && wb == 0) sh[1] /= T;          /* row: columns of W; the bias whole */
       snprintf(n, sizeof n, "%c%d", wb == 0 ? 'w' : 'b', l);
-      int i = dt_params_add(p, n, nd, s, dt_init_zeros());
+      int i = dt_params_add(p, n, nd, sh, dt_init_zeros());
+      if (i < 0) return dt_params_destroy(whole), dt_params_destroy(p), NULL;
       dt_param_info pi, fi;
       dt_params_info(p, i, &pi);
-      dt_params_info(full, dt_params_find(full, n), &fi);
-      const float *src = dt_params_data(full) + fi.offset;
+      dt_params_info(whole, wb, &fi);
+      const float *src = dt_params_data(whole) + fi.offset;
       float *dst = dt_params_data(p) + pi.offset;
-      int64_t rows = nd == 2 ? out_of(o, l) : out_of(o, l), cols = nd == 2 ? in_of(o, l) : 1;
+      int64_t rows = out_of(o, l), cols = nd == 2 ? in_of(o, l) : 1;
       if (k == 1) dt_tp_shard_rows(src, rows, cols, T, t, dst);
       else if (k == 2 && wb == 0) dt_tp_shard_cols(src, rows, cols, T, t, dst);
       else memcpy(dst, src, fi.size * sizeof(float));
     }
+    dt_params_destroy(whole);
   }
-  dt_params_destroy(full);
   return p;
+}
+
+/* ---- the character transformer (--model transformer) ------------------------------------------ */
+/* 03's model: a token embedding and a learned position table, L pre-norm
+ * blocks (causal self-attention, a ReLU MLP of 4C), a final layer norm and the
+ * output layer; trained on windows of the Devil's Dictionary to predict every
+ * next character. Cut into units -- 0: the embeddings, 1..L: the blocks, L+1:
+ * the head -- that pipeline stages take in order. Tensor parallel (Megatron):
+ * the embedding by vocabulary rows, each block's attention by heads (Q/K/V
+ * rows, projection columns) and its MLP column then row, the output layer by
+ * vocabulary with the cross-entropy computed without gathering the logits; the
+ * layer norms and the biases after a row-parallel layer are whole on every
+ * shard. */
+#define TSEQ_MAX 64
+#define NWIN 4096
+static float win_x[NWIN * TSEQ_MAX];   /* window inputs: character ids as floats (a dt_minibatch carries floats) */
+static int32_t win_y[NWIN * TSEQ_MAX]; /* and targets: the next characters */
+static int t_vocab;                    /* the text's characters, padded to a multiple of 8 (shards) */
+
+static int make_text(const options *o) {
+  dt_text tx;
+  if (dt_text_read(o->data, &tx) != DTRAIN_OK) return fprintf(stderr, "07: %s\n", dt_last_error()), 0;
+  if (tx.n < (int64_t)o->seq + 2) {
+    dt_text_free(&tx);
+    return fprintf(stderr, "07: %s: too short for windows of %d\n", o->data, o->seq), 0;
+  }
+  t_vocab = (tx.vocab_size + 7) / 8 * 8;
+  for (int64_t w = 0; w < NWIN; w++) {
+    int64_t at = (w * 7919) % (tx.n - o->seq - 1);
+    for (int t = 0; t < o->seq; t++) {
+      win_x[w * o->seq + t] = (float)tx.ids[at + t];
+      win_y[w * o->seq + t] = tx.ids[at + t + 1];
+    }
+  }
+  dt_text_free(&tx);
+  return 1;
+}
+
+static dt_minibatch tbatch_at(const options *o, int64_t step) {
+  dt_minibatch b;
+  memset(&b, 0, sizeof b);
+  int64_t first = (step * o->batch) % (NWIN - o->batch + 1);
+  b.rows = o->batch;
+  b.x = win_x + first * o->seq;
+  b.x_cols = o->seq;
+  b.y = win_y + first * o->seq;
+  b.y_cols = o->seq;
+  return b;
+}
+
+/* One parameter of a unit: its name, whole shape, tensor-parallel cut and initialiser. */
+typedef struct tparam {
+  char name[48];
+  int nd, kind;
+  int64_t shape[2];
+  dt_init init;
+} tparam;
+
+static int units_of(const options *o) { return o->model ? o->layers + 2 : o->layers + 1; }
+
+/* Unit u's parameters (whole shapes); returns how many. */
+static int unit_params(const options *o, int u, tparam *t) {
+  int64_t C = o->hidden, V = t_vocab;
+  int n = 0;
+#define TP_ADD(nm, d, k, r, c, in)                                            \
+  do {                                                                       \
+    snprintf(t[n].name, sizeof t[n].name, "%s%s", pre, nm);                  \
+    t[n].nd = d, t[n].kind = k, t[n].shape[0] = r, t[n].shape[1] = c;        \
+    t[n].init = in;                                                          \
+    n++;                                                                     \
+  } while (0)
+  char pre[32] = "";
+  if (u == 0) {
+    TP_ADD("tok.weight", 2, DTRAIN_SPLIT_ROWS, V, C, dt_init_normal(0.0f, 1.0f));
+    TP_ADD("pos.weight", 2, DTRAIN_SPLIT_NONE, o->seq, C, dt_init_normal(0.0f, 0.1f));
+  } else if (u <= o->layers) {
+    snprintf(pre, sizeof pre, "blocks.%d.", u - 1);
+    TP_ADD("ln1.gamma", 1, DTRAIN_SPLIT_NONE, C, 1, dt_init_constant(1.0f));
+    TP_ADD("ln1.beta", 1, DTRAIN_SPLIT_NONE, C, 1, dt_init_zeros());
+    TP_ADD("attn.qkv.weight", 2, DTRAIN_SPLIT_QKV, 3 * C, C, dt_init_glorot_uniform());
+    TP_ADD("attn.qkv.bias", 1, DTRAIN_SPLIT_QKV, 3 * C, 1, dt_init_zeros());
+    TP_ADD("attn.proj.weight", 2, DTRAIN_SPLIT_COLS, C, C, dt_init_glorot_uniform());
+    TP_ADD("attn.proj.bias", 1, DTRAIN_SPLIT_NONE, C, 1, dt_init_zeros());
+    TP_ADD("ln2.gamma", 1, DTRAIN_SPLIT_NONE, C, 1, dt_init_constant(1.0f));
+    TP_ADD("ln2.beta", 1, DTRAIN_SPLIT_NONE, C, 1, dt_init_zeros());
+    TP_ADD("fc1.weight", 2, DTRAIN_SPLIT_ROWS, 4 * C, C, dt_init_glorot_uniform());
+    TP_ADD("fc1.bias", 1, DTRAIN_SPLIT_ROWS, 4 * C, 1, dt_init_zeros());
+    TP_ADD("fc2.weight", 2, DTRAIN_SPLIT_COLS, C, 4 * C, dt_init_glorot_uniform());
+    TP_ADD("fc2.bias", 1, DTRAIN_SPLIT_NONE, C, 1, dt_init_zeros());
+  } else {
+    TP_ADD("ln_f.gamma", 1, DTRAIN_SPLIT_NONE, C, 1, dt_init_constant(1.0f));
+    TP_ADD("ln_f.beta", 1, DTRAIN_SPLIT_NONE, C, 1, dt_init_zeros());
+    TP_ADD("head.weight", 2, DTRAIN_SPLIT_ROWS, V, C, dt_init_glorot_uniform());
+    TP_ADD("head.bias", 1, DTRAIN_SPLIT_ROWS, V, 1, dt_init_zeros());
+  }
+#undef TP_ADD
+  return n;
+}
+
+/* The split kind of parameter `name` (DTRAIN_SPLIT_*), from the unit tables. */
+static int tkind_of(const options *o, const char *name) {
+  tparam t[12];
+  for (int u = 0; u < units_of(o); u++)
+    for (int i = 0, n = unit_params(o, u, t); i < n; i++)
+      if (strcmp(t[i].name, name) == 0) return t[i].kind;
+  return DTRAIN_SPLIT_NONE;
+}
+
+/* Units [u0, u1) as shard t of T: each unit's whole values drawn from the seed
+ * and the unit alone, then cut (dt_tp_shard_*). Reserved at the exact size. */
+static dt_params *tpart_params(const options *o, int u0, int u1, int T, int t) {
+  dt_params *p = dt_params_create(1);
+  tparam tp[12];
+  size_t floats = 0;
+  int count = 0;
+  for (int u = u0; u < u1; u++)
+    for (int i = 0, n = unit_params(o, u, tp); i < n; i++, count++)
+      floats += (size_t)tp[i].shape[0] * (size_t)tp[i].shape[1] / (T > 1 && tp[i].kind ? (size_t)T : 1);
+  if (!p || dt_params_reserve(p, count, floats) != DTRAIN_OK) return dt_params_destroy(p), NULL;
+  for (int u = u0; u < u1; u++) {
+    int n = unit_params(o, u, tp);
+    dt_params *whole = dt_params_create(o->seed * 1000003u + 7777u + (uint64_t)u);
+    for (int i = 0; whole && i < n; i++)
+      if (dt_params_add(whole, tp[i].name, tp[i].nd, tp[i].shape, tp[i].init) < 0) dt_params_destroy(whole), whole = NULL;
+    if (!whole) return dt_params_destroy(p), NULL;
+    for (int i = 0; i < n; i++) {
+      int64_t sh[2] = {tp[i].shape[0], tp[i].shape[1]}, rows = sh[0], cols = tp[i].nd == 2 ? sh[1] : 1;
+      int k = T > 1 ? tp[i].kind : DTRAIN_SPLIT_NONE;
+      if (k == DTRAIN_SPLIT_ROWS || k == DTRAIN_SPLIT_QKV) sh[0] /= T;
+      if (k == DTRAIN_SPLIT_COLS) sh[1] /= T;
+      int j = dt_params_add(p, tp[i].name, tp[i].nd, sh, dt_init_zeros());
+      if (j < 0) return dt_params_destroy(whole), dt_params_destroy(p), NULL;
+      dt_param_info pi, wi;
+      dt_params_info(p, j, &pi);
+      dt_params_info(whole, i, &wi);
+      const float *src = dt_params_data(whole) + wi.offset;
+      float *dst = dt_params_data(p) + pi.offset;
+      if (k == DTRAIN_SPLIT_ROWS) dt_tp_shard_rows(src, rows, cols, T, t, dst);
+      else if (k == DTRAIN_SPLIT_COLS) dt_tp_shard_cols(src, rows, cols, T, t, dst);
+      else if (k == DTRAIN_SPLIT_QKV) dt_tp_shard_qkv(src, rows, cols, T, t, dst);
+      else memcpy(dst, src, wi.size * sizeof(float));
+    }
+    dt_params_destroy(whole);
+  }
+  return p;
+}
+
+/* Units [u0, u1) on x (NULL for unit 0: mb's ids) with the graph's params
+ * from index 0 (the units' parameters in order); tp == NULL: whole (T = 1).
+ * The head unit returns the mean cross-entropy over mb's rows x seq. */
+static dt_tensor *tunits(const options *o, dt_graph *g, int u0, int u1, dt_tensor *x, const dt_minibatch *mb,
+                         dt_comm *tp, int t) {
+  const int64_t B = mb->rows, S = o->seq, C = o->hidden, N = B * S;
+  int64_t s3[3] = {B, S, C};
+  int base = 0;
+  for (int u = u0; u < u1; u++) {
+#define PRM(i) dt_param(g, base + (i))
+    if (u == 0) {
+      int32_t *ids = (int32_t *)malloc((size_t)N * sizeof(int32_t));
+      if (!ids) return NULL;
+      for (int64_t i = 0; i < N; i++) ids[i] = (int32_t)mb->x[i];
+      dt_tensor *e = tp ? dt_tp_embedding(g, PRM(0), ids, N, tp, t) : dt_embedding(g, PRM(0), ids, N); /* ids copied */
+      free(ids);
+      x = dt_add(g, dt_reshape(g, e, 3, s3), dt_slice(g, PRM(1), 0, 0, S));
+      base += 2;
+    } else if (u <= o->layers) {
+      dt_tensor *h = dt_layer_norm(g, x, PRM(0), PRM(1), 1e-5f), *a;
+      if (tp) {
+        a = dt_tp_attention(g, h, PRM(2), PRM(3), PRM(4), PRM(5), o->heads, tp, t);
+      } else {
+        dt_nn_attention at = {{base + 2, base + 3, C, 3 * C}, {base + 4, base + 5, C, C}, C, o->heads};
+        a = dt_nn_attention_forward(g, &at, h);
+      }
+      x = dt_add(g, x, a);
+      h = dt_reshape2(g, dt_layer_norm(g, x, PRM(6), PRM(7), 1e-5f), N, C);
+      dt_tensor *m = tp ? dt_tp_column_linear(g, h, PRM(8), PRM(9), tp, t, 0) : dt_linear(g, h, PRM(8), PRM(9));
+      m = dt_relu(g, m);
+      m = tp ? dt_tp_row_linear(g, m, PRM(10), PRM(11), tp, t) : dt_linear(g, m, PRM(10), PRM(11));
+      x = dt_add(g, x, dt_reshape(g, m, 3, s3));
+      base += 12;
+    } else {
+      dt_tensor *h = dt_reshape2(g, dt_layer_norm(g, x, PRM(0), PRM(1), 1e-5f), N, C);
+      dt_tensor *lg = tp ? dt_tp_column_linear(g, h, PRM(2), PRM(3), tp, t, 0) : dt_linear(g, h, PRM(2), PRM(3));
+      x = tp ? dt_tp_cross_entropy(g, lg, mb->y, tp, t) : dt_cross_entropy(g, lg, mb->y);
+      base += 4;
+    }
+#undef PRM
+  }
+  return x;
+}
+
+/* ---- checkpoints: one part per stage or shard (dt_checkpoint_save_part) ----------------------- */
+static void part_path(char *out, size_t cap, const char *dir, int s, int t) {
+  snprintf(out, cap, "%s/part-%d-%d.safetensors", dir, s, t);
+}
+
+/* Saves this worker's part (stage s of P, shard t of T) in --checkpoint DIR, with
+ * every layer's tensor-parallel cut declared (also at T = 1), so that
+ * tools/dtrain-ckpt can gather the parts and split them for any layout. */
+static int save_part(const options *o, dt_params *p, dt_optim *opt, int s, int P, int t, int T) {
+  const char *names[12 * (MAXL + 2)];
+  int kinds[12 * (MAXL + 2)], n = 0;
+  char path[1024];
+  for (int i = 0; i < dt_params_count(p); i++) {
+    dt_param_info in;
+    dt_params_info(p, i, &in);
+    int k = o->model ? 0 : tp_kind(o, atoi(in.name + 1));
+    int kind = o->model ? tkind_of(o, in.name)
+                        : k == 1 ? DTRAIN_SPLIT_ROWS : k == 2 && in.name[0] == 'w' ? DTRAIN_SPLIT_COLS : DTRAIN_SPLIT_NONE;
+    if (kind != DTRAIN_SPLIT_NONE) names[n] = in.name, kinds[n++] = kind;
+  }
+  dt_part part = {s, P, t, T, n, names, kinds};
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = p;
+  st.optim = opt;
+  part_path(path, sizeof path, o->ckpt_dir, s, t);
+  if (dt_checkpoint_save_part(path, &st, &part) != DTRAIN_OK) return fprintf(stderr, "07: %s\n", dt_last_error()), 0;
+  return 1;
+}
+
+/* Loads this worker's part from --resume DIR; *k0: the step it was saved at. */
+static int load_part(const options *o, dt_params *p, dt_optim *opt, int s, int t, int64_t *k0) {
+  char path[1024];
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = p;
+  st.optim = opt;
+  part_path(path, sizeof path, o->resume_dir, s, t);
+  if (dt_checkpoint_load(path, &st) != DTRAIN_OK) return fprintf(stderr, "07: %s\n", dt_last_error()), 0;
+  *k0 = st.step;
+  return 1;
 }
 
 /* Layers [l0, l1) on x (params 2*(l-l0), 2*(l-l0)+1 of the graph's params). */
@@ -184,6 +459,8 @@ static dt_tensor *input_of(dt_graph *g, const dt_minibatch *b) {
 /* ---- one_device ------------------------------------------------------------------------------- */
 typedef struct result {
   double loss, checksum, peak_bytes, bubble, seconds;
+  int64_t steps_run; /* steps this run made (a resumed run starts past 0) */
+  int nomem;         /* a worker ran out of memory (--memory-cap) */
 } result;
 
 static double checksum_of(const dt_params *p, int skip_replicated, const options *o, int T) {
@@ -192,7 +469,9 @@ static double checksum_of(const dt_params *p, int skip_replicated, const options
   for (int i = 0; i < dt_params_count(p); i++) {
     dt_param_info in;
     dt_params_info(p, i, &in);
-    if (skip_replicated) { /* a replicated tensor-parallel parameter counts once (shard 0) */
+    if (skip_replicated && o->model) { /* a replicated tensor-parallel parameter counts once (shard 0) */
+      if (T > 1 && tkind_of(o, in.name) == DTRAIN_SPLIT_NONE) continue;
+    } else if (skip_replicated) {
       int l = atoi(in.name + 1), k = T > 1 ? tp_kind(o, l) : 0;
       if (k == 0 || (k == 2 && in.name[0] == 'b')) continue;
     }
@@ -208,6 +487,7 @@ static double state_bytes(dt_optim *opt, const dt_params *p) {
 static dt_tensor *full_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
   const options *o = (const options *)user;
   (void)replica;
+  if (o->model) return tunits(o, g, 0, units_of(o), NULL, b, NULL, 0);
   return dt_cross_entropy(g, run_layers(o, g, input_of(g, b), 0, o->layers + 1), b->y);
 }
 
@@ -223,19 +503,23 @@ static dt_optim_options adam(const options *o) {
 }
 
 static int run_none(const options *o, result *res) {
-  dt_params *P = part_params(o, 0, o->layers + 1, 1, 0);
+  dt_params *P = part_params(o, 0, units_of(o), 1, 0);
   dt_optim_options oo = adam(o);
-  dt_optim *opt = dt_optim_create(P, &oo);
+  dt_optim *opt = P ? dt_optim_create(P, &oo) : NULL;
   dt_strategy_options sd = dt_strategy_one_device();
-  dt_strategy *s = dt_strategy_create(P, opt, full_step, (void *)(uintptr_t)o, &sd);
+  dt_strategy *s = opt ? dt_strategy_create(P, opt, full_step, (void *)(uintptr_t)o, &sd) : NULL;
   if (!s) return fprintf(stderr, "07: %s\n", dt_last_error()), 0;
   float loss = 0;
+  int64_t k0 = 0;
+  if (o->resume_dir && !load_part(o, P, opt, 0, 0, &k0)) return 0;
   double t0 = dt_time_now();
-  for (int64_t k = 0; k < o->steps; k++) {
+  for (int64_t k = k0; k < o->steps; k++) {
     dt_minibatch b = batch_at(o, k);
     if (dt_strategy_step(s, &b, &loss) != DTRAIN_OK) return fprintf(stderr, "07: %s\n", dt_last_error()), 0;
   }
   res->seconds = dt_time_now() - t0;
+  res->steps_run = o->steps > k0 ? o->steps - k0 : 0;
+  if (o->ckpt_dir && !save_part(o, P, opt, 0, 1, 0, 1)) return 0;
   res->loss = loss;
   res->checksum = checksum_of(P, 0, o, 1);
   res->peak_bytes = state_bytes(opt, P) + (double)dt_graph_bytes_peak(dt_strategy_graph(s, 0));
@@ -256,6 +540,7 @@ typedef struct mp_ctx {
 static dt_tensor *stage_fn(dt_graph *g, int stage, dt_tensor *x, const dt_minibatch *mb, void *user) {
   const mp_ctx *c = (const mp_ctx *)user;
   const options *o = c->o;
+  if (o->model) return tunits(o, g, c->first[stage], c->first[stage + 1], x, mb, NULL, 0);
   if (stage == 0) x = input_of(g, mb);
   x = run_layers(o, g, x, c->first[stage], c->first[stage + 1]);
   return stage == o->stages - 1 ? dt_cross_entropy(g, x, mb->y) : x;
@@ -285,7 +570,7 @@ static double job_max(mp_ctx *c, double v) {
 }
 
 static int run_pipeline(const options *o, mp_ctx *c, result *res) {
-  int P = o->stages, R = o->replicas, L = o->layers + 1;
+  int P = o->stages, R = o->replicas, L = units_of(o);
   for (int s = 0; s <= P; s++) c->first[s] = L * s / P;
   dt_layout lay;
   memset(&lay, 0, sizeof lay);
@@ -304,17 +589,31 @@ static int run_pipeline(const options *o, mp_ctx *c, result *res) {
     for (int r = 0; r < R; r++)
       for (int s = 0; s < P; s++) ps[n++] = part_params(o, c->first[s], c->first[s + 1], 1, 0);
   }
+  for (int i = 0; i < n; i++)
+    if (!ps[i]) return fprintf(stderr, "07: %s\n", dt_last_error()), 0;
   dt_optim_options oo = adam(o);
   dt_pipeline *pl = dt_pipeline_create(ps, &oo, stage_fn, c, &po);
   if (!pl) return fprintf(stderr, "07: %s\n", dt_last_error()), 0;
   float loss = 0;
+  int64_t k0 = 0;
+  /* --resume: every replica's stage s from part s (a process: its own stage). */
+  for (int i = 0; o->resume_dir && i < n; i++) {
+    int s = c->world ? lay.stage : i % P;
+    if (!load_part(o, ps[i], dt_pipeline_optim(pl, c->world ? s : i), s, 0, &k0)) return 0;
+  }
   double t0 = dt_time_now();
-  for (int64_t k = 0; k < o->steps; k++) {
+  for (int64_t k = k0; k < o->steps; k++) {
     dt_minibatch b = batch_at(o, k);
     if (c->world) b = part_of(b, lay.dp_rank, R);
     if (dt_pipeline_step(pl, &b, &loss) != DTRAIN_OK) return fprintf(stderr, "07: %s\n", dt_last_error()), 0;
   }
   res->seconds = dt_time_now() - t0;
+  res->steps_run = o->steps > k0 ? o->steps - k0 : 0;
+  /* --checkpoint: replica 0's stages, a part each. */
+  for (int i = 0; o->ckpt_dir && i < (c->world ? (lay.dp_rank == 0) : P); i++) {
+    int s = c->world ? lay.stage : i;
+    if (!save_part(o, ps[i], dt_pipeline_optim(pl, s), s, P, 0, 1)) return 0;
+  }
   res->loss = loss;
   /* Replica 0's stages: the checksum, the largest worker, the mean bubble. */
   double cs = 0, peak = 0, bub = 0;
@@ -347,6 +646,8 @@ typedef struct tp_rank {
   int ok;
   float loss;
   double checksum, peak, seconds;
+  int64_t steps_run;
+  int nomem;
 } tp_rank;
 
 static dt_tensor *tp_forward(const options *o, dt_graph *g, dt_tensor *x, dt_comm *tp, int t) {
@@ -365,17 +666,31 @@ static dt_tensor *tp_forward(const options *o, dt_graph *g, dt_tensor *x, dt_com
  * its rows over the global rows). */
 static void tp_train(tp_rank *r) {
   const options *o = r->o;
-  dt_params *P = part_params(o, 0, o->layers + 1, r->T, r->t);
+  dt_params *P = part_params(o, 0, units_of(o), r->T, r->t);
   dt_optim_options oo = adam(o);
-  dt_optim *opt = dt_optim_create(P, &oo);
-  dt_graph *g = dt_graph_create(P, NULL);
-  r->ok = 1;
+  dt_optim *opt = P ? dt_optim_create(P, &oo) : NULL;
+  dt_graph *g = opt ? dt_graph_create(P, NULL) : NULL;
+  int64_t k0 = 0;
+  r->ok = g != NULL;
+  if (r->ok && o->resume_dir) r->ok = load_part(o, P, opt, 0, r->t, &k0);
+  if (!r->ok) {
+    /* The other ranks may be waiting in a collective for this one: break it. */
+    fprintf(stderr, "07: shard %d replica %d: %s\n", r->t, r->d, dt_last_error());
+    r->nomem = dt_last_result() == DTRAIN_ERR_NOMEM;
+    dt_comm_abort(r->tp, r->t);
+    if (r->dp) dt_comm_abort(r->dp, r->d);
+    dt_graph_destroy(g);
+    dt_optim_destroy(opt);
+    dt_params_destroy(P);
+    return;
+  }
   double t0 = dt_time_now();
-  for (int64_t k = 0; k < o->steps && r->ok; k++) {
+  for (int64_t k = k0; k < o->steps && r->ok; k++) {
     dt_minibatch gb = batch_at(o, k), b = part_of(gb, r->d, r->R);
     dt_graph_reset(g);
     dt_params_zero_grad(P);
-    dt_tensor *l = dt_cross_entropy(g, tp_forward(o, g, input_of(g, &b), r->tp, r->t), b.y);
+    dt_tensor *l = o->model ? tunits(o, g, 0, units_of(o), NULL, &b, r->T > 1 ? r->tp : NULL, r->t)
+                            : dt_cross_entropy(g, tp_forward(o, g, input_of(g, &b), r->tp, r->t), b.y);
     float w = (float)b.rows / (float)gb.rows, lw[1];
     r->ok = l && dt_backward_grad(g, l, &w) == DTRAIN_OK;
     lw[0] = r->ok ? w * l->data[0] : 0.0f;
@@ -385,8 +700,15 @@ static void tp_train(tp_rank *r) {
     if (r->ok) r->ok = dt_optim_step(opt) == DTRAIN_OK;
     r->loss = lw[0];
   }
-  if (!r->ok) fprintf(stderr, "07: shard %d replica %d: %s\n", r->t, r->d, dt_last_error());
+  if (!r->ok) {
+    fprintf(stderr, "07: shard %d replica %d: %s\n", r->t, r->d, dt_last_error());
+    r->nomem = dt_last_result() == DTRAIN_ERR_NOMEM;
+    dt_comm_abort(r->tp, r->t);
+    if (r->dp) dt_comm_abort(r->dp, r->d);
+  }
   r->seconds = dt_time_now() - t0;
+  r->steps_run = o->steps > k0 ? o->steps - k0 : 0;
+  if (r->ok && o->ckpt_dir && r->d == 0) r->ok = save_part(o, P, opt, 0, 1, r->t, r->T);
   r->checksum = r->d == 0 ? checksum_of(P, r->t != 0, o, r->T) : 0.0;
   r->peak = state_bytes(opt, P) + (double)dt_graph_bytes_peak(g);
   dt_graph_destroy(g);
@@ -419,6 +741,8 @@ static void *tp_thread_main(void *arg) {
 static int run_tensor(const options *o, mp_ctx *c, result *res) {
   int T = o->stages;
   if (o->hidden % T != 0) return fprintf(stderr, "07: --hidden %d does not divide into %d shards\n", o->hidden, T), 0;
+  if (o->model && (o->heads % T != 0 || t_vocab % T != 0))
+    return fprintf(stderr, "07: %d heads and a vocabulary of %d do not divide into %d shards\n", o->heads, t_vocab, T), 0;
   if (c->world) {
     dt_layout lay;
     if (dt_layout_create(c->world, c->rank, 1, T, &lay) != DTRAIN_OK) return fprintf(stderr, "07: %s\n", dt_last_error()), 0;
@@ -433,9 +757,11 @@ static int run_tensor(const options *o, mp_ctx *c, result *res) {
     r.R = lay.data;
     tp_train(&r);
     dt_layout_destroy(&lay);
+    res->nomem = r.nomem;
     if (!r.ok) return 0;
     res->loss = r.loss;
     res->seconds = r.seconds;
+    res->steps_run = r.steps_run;
     res->checksum = job_sum(c, r.checksum);
     res->peak_bytes = job_max(c, r.peak);
     return 1;
@@ -458,11 +784,13 @@ static int run_tensor(const options *o, mp_ctx *c, result *res) {
   for (int i = 0; i < W; i++) {
     pthread_join(tid[i], NULL);
     ok &= th[i].r.ok;
+    res->nomem |= th[i].r.nomem;
     res->checksum += th[i].r.checksum;
     if (th[i].r.peak > res->peak_bytes) res->peak_bytes = th[i].r.peak;
     if (th[i].r.seconds > res->seconds) res->seconds = th[i].r.seconds;
   }
   res->loss = th[0].r.loss;
+  res->steps_run = th[0].r.steps_run;
   free(th);
   free(tid);
   dt_comm_destroy(all);
@@ -474,7 +802,9 @@ static void usage(void) {
   fprintf(stderr,
           "usage: 07_model_parallel [--parallel none|pipeline|tensor] [--stages P] [--microbatches M]\n"
           "                         [--schedule gpipe|1f1b] [--replicas R] [--steps N] [--batch B]\n"
-          "                         [--layers L] [--hidden H] [--lr X] [--seed S] [--model mlp] [--json]\n");
+          "                         [--layers L] [--hidden H] [--lr X] [--seed S] [--model mlp|transformer] [--json]\n"
+          "                         [--heads N] [--seq S] [--data FILE]\n"
+          "                         [--memory-cap MB] [--checkpoint DIR] [--resume DIR]\n");
 }
 
 static int parse(int argc, char **argv, options *o) {
@@ -490,6 +820,10 @@ static int parse(int argc, char **argv, options *o) {
   o->hidden = 256;
   o->lr = 0.002f;
   o->seed = 1;
+  o->heads = 4;
+  o->seq = 32;
+  o->data = "data/text/devils_dictionary.txt";
+  int layers_set = 0, hidden_set = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--json") == 0) { o->json = 1; continue; }
@@ -503,10 +837,8 @@ static int parse(int argc, char **argv, options *o) {
       o->schedule = strcmp(v, "gpipe") == 0 ? DTRAIN_PIPE_GPIPE : strcmp(v, "1f1b") == 0 ? DTRAIN_PIPE_1F1B : -1;
       if (o->schedule < 0) { fprintf(stderr, "--schedule: gpipe or 1f1b, not '%s'\n", v); return 0; }
     } else if (strcmp(a, "--model") == 0) {
-      if (strcmp(v, "mlp") != 0) {
-        fprintf(stderr, "--model %s: only the MLP is built yet (the character transformer: not yet)\n", v);
-        return 0;
-      }
+      o->model = strcmp(v, "mlp") == 0 ? 0 : strcmp(v, "transformer") == 0 ? 1 : -1;
+      if (o->model < 0) { fprintf(stderr, "--model: mlp or transformer, not '%s'\n", v); return 0; }
     } else if (strcmp(a, "--stages") == 0) {
       o->stages = atoi(v);
       o->stages_set = 1;
@@ -515,11 +847,27 @@ static int parse(int argc, char **argv, options *o) {
     else if (strcmp(a, "--replicas") == 0) o->replicas = atoi(v);
     else if (strcmp(a, "--steps") == 0) o->steps = atoll(v);
     else if (strcmp(a, "--batch") == 0) o->batch = atoll(v);
-    else if (strcmp(a, "--layers") == 0) o->layers = atoi(v);
-    else if (strcmp(a, "--hidden") == 0) o->hidden = atoi(v);
+    else if (strcmp(a, "--layers") == 0) o->layers = atoi(v), layers_set = 1;
+    else if (strcmp(a, "--hidden") == 0) o->hidden = atoi(v), hidden_set = 1;
+    else if (strcmp(a, "--heads") == 0) o->heads = atoi(v);
+    else if (strcmp(a, "--seq") == 0) o->seq = atoi(v);
+    else if (strcmp(a, "--data") == 0) o->data = v;
     else if (strcmp(a, "--lr") == 0) o->lr = (float)atof(v);
     else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)atoll(v);
+    else if (strcmp(a, "--checkpoint") == 0) o->ckpt_dir = v;
+    else if (strcmp(a, "--resume") == 0) o->resume_dir = v;
+    else if (strcmp(a, "--memory-cap") == 0) {
+      o->memory_cap_mb = atof(v);
+      if (!(o->memory_cap_mb > 0)) { fprintf(stderr, "--memory-cap: a size in MB > 0, not '%s'\n", v); return 0; }
+    }
     else { usage(); return 0; }
+  }
+  if (o->model && !layers_set) o->layers = 2;  /* the transformer: 03's size */
+  if (o->model && !hidden_set) o->hidden = 64;
+  if (o->model && (o->heads < 1 || o->hidden % o->heads != 0 || o->seq < 1 || o->seq > TSEQ_MAX || o->batch > NWIN)) {
+    fprintf(stderr, "07: the transformer needs --hidden a multiple of --heads, 1 <= --seq <= %d, --batch <= %d\n",
+            TSEQ_MAX, NWIN);
+    return 0;
   }
   if (o->stages < 1 || o->stages > MAXW || o->replicas < 1 || o->stages * o->replicas > MAXW ||
       o->layers < 1 || o->layers > MAXL || o->hidden < 1 || o->steps < 1 || o->microbatches < 1 ||
@@ -528,8 +876,8 @@ static int parse(int argc, char **argv, options *o) {
             "microbatches * replicas <= batch <= %d\n", MAXW, MAXL, NDATA);
     return 0;
   }
-  if (o->parallel == 1 && o->stages > o->layers + 1) {
-    fprintf(stderr, "07: %d stages for %d layers\n", o->stages, o->layers + 1);
+  if (o->parallel == 1 && o->stages > units_of(o)) {
+    fprintf(stderr, "07: %d stages for %d %s\n", o->stages, units_of(o), o->model ? "units (embedding, blocks, head)" : "layers");
     return 0;
   }
   return 1;
@@ -538,7 +886,26 @@ static int parse(int argc, char **argv, options *o) {
 int main(int argc, char **argv) {
   options o;
   if (!parse(argc, argv, &o)) return 2;
-  make_data(1234);
+  /* An output that cannot be written fails now, not after the training. */
+  if (o.ckpt_dir && mkdir(o.ckpt_dir, 0777) != 0 && errno != EEXIST) {
+    fprintf(stderr, "error: --checkpoint %s: cannot create the directory: %s\n", o.ckpt_dir, strerror(errno));
+    return 2;
+  }
+  if (o.model ? !make_text(&o) : (make_data(1234), 0)) return 1;
+  /* --memory-cap MB: every allocation of this process from one fixed buffer of
+   * MB per worker it runs (threads: all of them; a process under
+   * dtrain-launch: one), its communicator included. */
+  void *cap_buf = NULL;
+  size_t cap_bytes = 0;
+  if (o.memory_cap_mb > 0) {
+    int here = getenv("DTRAIN_CONFIG") && o.parallel != 0 ? 1 : o.parallel == 0 ? 1 : o.stages * o.replicas;
+    cap_bytes = (size_t)(o.memory_cap_mb * 1048576.0) * (size_t)here;
+    cap_buf = malloc(cap_bytes);
+    if (!cap_buf || dt_use_fixed_memory(cap_buf, cap_bytes) != DTRAIN_OK) {
+      fprintf(stderr, "07: --memory-cap: cannot set up %zu bytes: %s\n", cap_bytes, dt_last_error());
+      return 1;
+    }
+  }
   mp_ctx c;
   memset(&c, 0, sizeof c);
   c.o = &o;
@@ -577,18 +944,22 @@ int main(int argc, char **argv) {
   result res;
   memset(&res, 0, sizeof res);
   int ok = o.parallel == 0 ? run_none(&o, &res) : o.parallel == 1 ? run_pipeline(&o, &c, &res) : run_tensor(&o, &c, &res);
+  if (!ok && cap_buf && (res.nomem || dt_last_result() == DTRAIN_ERR_NOMEM))
+    fprintf(stderr, "07: the model does not fit --memory-cap %g MB per worker: spread it over more workers "
+            "(--parallel pipeline --stages P, or --parallel tensor)\n", o.memory_cap_mb);
+  double alloc_peak = cap_buf ? job_max(&c, (double)dt_fixed_memory_peak()) : 0.0;
   int P = o.parallel == 0 ? 1 : o.stages, M = o.parallel == 1 ? o.microbatches : 1;
   double theory = o.parallel == 1 ? (double)(P - 1) / (double)(M + P - 1) : 0.0;
-  double sps = res.seconds > 0 ? (double)o.steps * (double)o.batch / res.seconds : 0.0;
+  double sps = res.seconds > 0 ? (double)res.steps_run * (double)o.batch / res.seconds : 0.0;
   if (ok && c.rank == 0) {
     if (o.json)
-      printf("{\"parallel\": \"%s\", \"stages\": %d, \"microbatches\": %d, \"schedule\": \"%s\", \"replicas\": %d, "
+      printf("{\"model\": \"%s\", \"parallel\": \"%s\", \"stages\": %d, \"microbatches\": %d, \"schedule\": \"%s\", \"replicas\": %d, "
              "\"workers\": %d, \"steps\": %lld, \"batch\": %lld, \"final_loss\": %.7g, \"params_checksum\": %.10g, "
              "\"peak_bytes_per_worker\": %.0f, \"bubble_measured\": %.4f, \"bubble_theory\": %.4f, "
-             "\"samples_per_s\": %.1f, \"seconds\": %.3f}\n",
-             k_parallel[o.parallel], P, M, o.schedule == DTRAIN_PIPE_GPIPE ? "gpipe" : "1f1b", o.replicas,
+             "\"samples_per_s\": %.1f, \"seconds\": %.3f, \"memory_cap_mb\": %g, \"alloc_peak_bytes\": %.0f}\n",
+             o.model ? "transformer" : "mlp", k_parallel[o.parallel], P, M, o.schedule == DTRAIN_PIPE_GPIPE ? "gpipe" : "1f1b", o.replicas,
              P * o.replicas, (long long)o.steps, (long long)o.batch, res.loss, res.checksum, res.peak_bytes,
-             res.bubble, theory, sps, res.seconds);
+             res.bubble, theory, sps, res.seconds, o.memory_cap_mb, alloc_peak);
     else
       printf("%s: %d worker(s) (%d x %d), %lld steps of %lld: loss %.5f, checksum %.8g, %.2f MB per worker at "
              "most, bubble %.3f (theory %.3f), %.0f samples/s\n",
@@ -597,5 +968,9 @@ int main(int argc, char **argv) {
   }
   dt_comm_destroy(c.world);
   dt_cluster_destroy(cl);
+  if (cap_buf) {
+    dt_set_allocator(NULL);
+    free(cap_buf);
+  }
   return ok ? 0 : 1;
 }

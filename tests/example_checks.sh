@@ -83,7 +83,44 @@ ref = [json.loads(l) for l in open('$T/mp.jsonl')][0]
 assert x['parallel'] == 'pipeline' and x['stages'] == 2 and x['replicas'] == 2 and x['workers'] == 4, x
 assert abs(x['final_loss'] - ref['final_loss']) <= 1e-5 * abs(ref['final_loss']), (x, ref)
 \" && ! tools/dtrain-launch -n 3 --pipeline 2 -- true > $T/mpy2.txt 2>&1 && grep -q 'multiple of pipeline x tensor' $T/mpy2.txt && ! tools/dtrain-launch -n 2 --ps 1 --tensor 2 -- true > $T/mpy3.txt 2>&1 && grep -q 'parameter-server job' $T/mpy3.txt"
-check "mp-bad-flags" sh -c "! $M7 --parallel diagonal > $T/mpb.txt 2>&1 && grep -q 'none, pipeline or tensor' $T/mpb.txt && ! $M7 --model transformer > $T/mpb2.txt 2>&1 && grep -q 'not yet' $T/mpb2.txt && ! $M7 --parallel pipeline --stages 12 --layers 4 > $T/mpb3.txt 2>&1 && grep -q '12 stages for 5 layers' $T/mpb3.txt"
+# 07's checkpoints (issue 18 part 5): a pipeline run saved at step 6 resumes
+# bitwise to step 12; its 2 parts gathered (tools/dtrain-ckpt) load into
+# one_device, split for 2 tensor shards and for 3 stages: each trains on to
+# the same loss and parameters within float rounding.
+check "mp-checkpoint-layouts" sh -c "$M7 --parallel pipeline $m7 > $T/mpc.jsonl && $M7 --parallel pipeline --steps 6 --checkpoint $T/mpc2 > /dev/null && $M7 --parallel pipeline $m7 --resume $T/mpc2 >> $T/mpc.jsonl && tools/dtrain-ckpt gather -o $T/mpc_full.safetensors $T/mpc2/part-1-0.safetensors $T/mpc2/part-0-0.safetensors > /dev/null && mkdir -p $T/mpc1 $T/mpct $T/mpc3 && tools/dtrain-ckpt split $T/mpc_full.safetensors -o '$T/mpc1/part-{stage}-{shard}.safetensors' > /dev/null && $M7 --parallel none $m7 --resume $T/mpc1 >> $T/mpc.jsonl && tools/dtrain-ckpt split $T/mpc_full.safetensors --tensor 2 -o '$T/mpct/part-{stage}-{shard}.safetensors' > /dev/null && $M7 --parallel tensor --stages 2 $m7 --resume $T/mpct >> $T/mpc.jsonl && tools/dtrain-ckpt split $T/mpc_full.safetensors --stages 3 --start w3 --start w6 -o '$T/mpc3/part-{stage}-{shard}.safetensors' > /dev/null && $M7 --parallel pipeline --stages 3 $m7 --resume $T/mpc3 >> $T/mpc.jsonl && tools/dtrain-ckpt info $T/mpc_full.safetensors | grep -q 'meta gathered = {\"stages\":2' && python3 -c \"
+import json
+r = [json.loads(l) for l in open('$T/mpc.jsonl')]
+assert len(r) == 5, r
+assert r[1]['final_loss'] == r[0]['final_loss'] and r[1]['params_checksum'] == r[0]['params_checksum'], (r[0], r[1])
+for x in r[2:]:
+    assert abs(x['final_loss'] - r[0]['final_loss']) <= 1e-5 * abs(r[0]['final_loss']), (x, r[0])
+    assert abs(x['params_checksum'] - r[0]['params_checksum']) <= 1e-6 * abs(r[0]['params_checksum']), (x, r[0])
+\" && ! tools/dtrain-ckpt gather -o $T/mpc_bad.safetensors $T/mpc2/part-0-0.safetensors > $T/mpc_bad.txt 2>&1 && grep -q 'but 1 were given' $T/mpc_bad.txt && test ! -e $T/mpc_bad.safetensors"
+# --memory-cap (issue 18 part 6): the model (3.3 MB of parameters, 13 MB with
+# Adam) fails cleanly on one worker of 11 MB and trains as 2 stages of 11 MB
+# each, on threads and as 2 processes.
+check "mp-memory-cap" sh -c "! $M7 --parallel none --layers 4 --hidden 512 --steps 3 --memory-cap 11 > $T/mpm1.txt 2>&1 && grep -q 'out of memory' $T/mpm1.txt && grep -q 'does not fit --memory-cap 11 MB' $T/mpm1.txt && $M7 --parallel pipeline --stages 2 --layers 4 --hidden 512 --steps 3 --memory-cap 11 --json > $T/mpm2.jsonl && tools/dtrain-launch -n 2 -- $M7 --parallel pipeline --layers 4 --hidden 512 --steps 3 --memory-cap 11 --json > $T/mpm3.txt 2>&1 && grep '^.worker 0. {' $T/mpm3.txt | sed 's/^.worker 0. //' >> $T/mpm2.jsonl && python3 -c \"
+import json
+r = [json.loads(l) for l in open('$T/mpm2.jsonl')]
+assert len(r) == 2, r
+assert 0 < r[0]['alloc_peak_bytes'] <= 2 * 11 * 1048576 and r[0]['memory_cap_mb'] == 11, r[0]
+assert 0 < r[1]['alloc_peak_bytes'] <= 11 * 1048576 and r[1]['workers'] == 2, r[1]
+\""
+# --model transformer (03's character model): one_device, 2 and 4 pipeline
+# stages (both schedules), 2 tensor shards and 4 shards x 2 replicas, and 2
+# stages as 2 processes: the same loss and parameters within float rounding;
+# its checkpoint parts gather and split for tensor parallel like the MLP's.
+check "mp-transformer" sh -c "$M7 --model transformer --parallel none $m7 > $T/mtr.jsonl && $M7 --model transformer --parallel pipeline $m7 >> $T/mtr.jsonl && $M7 --model transformer --parallel pipeline --stages 4 --schedule gpipe --microbatches 8 $m7 >> $T/mtr.jsonl && $M7 --model transformer --parallel tensor --stages 2 $m7 >> $T/mtr.jsonl && $M7 --model transformer --parallel tensor --stages 4 --replicas 2 $m7 >> $T/mtr.jsonl && tools/dtrain-launch -n 2 -- $M7 --model transformer --parallel pipeline $m7 > $T/mtr.txt 2>&1 && grep '^.worker 0. {' $T/mtr.txt | sed 's/^.worker 0. //' >> $T/mtr.jsonl && $M7 --model transformer --parallel pipeline --steps 6 --checkpoint $T/mtc > /dev/null && tools/dtrain-ckpt gather -o $T/mtc_full.safetensors $T/mtc/part-0-0.safetensors $T/mtc/part-1-0.safetensors > /dev/null && mkdir -p $T/mtct && tools/dtrain-ckpt split $T/mtc_full.safetensors --tensor 2 -o '$T/mtct/part-{stage}-{shard}.safetensors' > /dev/null && $M7 --model transformer --parallel tensor --stages 2 $m7 --resume $T/mtct >> $T/mtr.jsonl && python3 -c \"
+import json
+r = [json.loads(l) for l in open('$T/mtr.jsonl')]
+ref = r[0]
+assert len(r) == 7 and ref['model'] == 'transformer' and ref['parallel'] == 'none', r
+for x in r[1:]:
+    assert x['model'] == 'transformer', x
+    assert abs(x['final_loss'] - ref['final_loss']) <= 1e-5 * abs(ref['final_loss']), (x, ref)
+    assert abs(x['params_checksum'] - ref['params_checksum']) <= 1e-6 * abs(ref['params_checksum']), (x, ref)
+\""
+check "mp-bad-flags" sh -c "! $M7 --parallel diagonal > $T/mpb.txt 2>&1 && grep -q 'none, pipeline or tensor' $T/mpb.txt && ! $M7 --model rnn > $T/mpb2.txt 2>&1 && grep -q 'mlp or transformer' $T/mpb2.txt && ! $M7 --parallel pipeline --stages 12 --layers 4 > $T/mpb3.txt 2>&1 && grep -q '12 stages for 5 layers' $T/mpb3.txt"
 for ex in 06_parameter_server:--checkpoint-dir:no_such_dir 05_multi_worker:--checkpoint:no_such_dir/ck 03_char_model:--checkpoint:no_such_dir/ck; do
   bin=$BUILD/examples/${ex%%:*}; rest=${ex#*:}; flag=${rest%%:*}; arg=$T/${rest#*:}
   if [ -x "$bin" ]; then
