@@ -1,6 +1,7 @@
 #!/bin/sh
 # run_pipeline.sh -- pipeline parallelism (issue 18): examples/07_model_parallel's
-# MLP (8 hidden layers of 256, batch 64) in 2 stages on threads, GPipe and 1F1B,
+# MLP (7 hidden layers of 256: 8 linear layers, so the 2 stages hold 4 each;
+# batch 64) in 2 stages on threads, GPipe and 1F1B,
 # for M = 1, 2, 4, 8, 16 micro-batches, beside one_device on the same batches:
 # samples/s, the largest worker's bytes (parameters, gradients, Adam state and
 # activation arenas) and the measured bubble (the stages' mean idle share of a
@@ -16,11 +17,12 @@
 BIN=${1:-build/examples/07_model_parallel}
 ROUNDS=${BENCH_ROUNDS:-3}
 STEPS=${BENCH_STEPS:-40}
+LAYERS=${BENCH_LAYERS:-7}
 echo "== pipeline bench: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //') ($(nproc 2>/dev/null) cores)"
 best() { # best samples/s over the rounds of "$@"; prints the last JSON line's other fields
   b=0; line=""
   r=0; while [ $r -lt "$ROUNDS" ]; do
-    l=$("$BIN" "$@" --steps "$STEPS" --json) || { echo "run failed: $*" >&2; exit 1; }
+    l=$("$BIN" "$@" --layers "$LAYERS" --steps "$STEPS" --json) || { echo "run failed: $*" >&2; exit 1; }
     s=$(echo "$l" | sed 's/.*"samples_per_s": \([0-9.]*\).*/\1/')
     if awk "BEGIN { exit !($s > $b) }"; then b=$s; line=$l; fi
     r=$((r + 1))
