@@ -580,6 +580,117 @@ static int child_tp(world *x, int rank, void *arg) {
   return __atomic_load_n(&rank_fail, __ATOMIC_RELAXED) ? 1 : 0;
 }
 
+#  if !defined(DTRAIN_NO_STDIO)
+/* A lost shard and the restart (issue 18 part 7): 2 shard processes save
+ * their parts after step 3 (dt_checkpoint_save_part, the split kinds
+ * declared); then shard 1 is killed before step 4 and shard 0's step fails
+ * within the deadline naming worker 1. Phase 1: 2 fresh processes load the
+ * parts and train on to step 20, within 1e-5 of one_device. */
+typedef struct restart_arg {
+  const char *dir;
+  int phase;
+} restart_arg;
+
+static int child_shard_restart(world *x, int rank, void *argp) {
+  const restart_arg *a = (const restart_arg *)argp;
+  const int T = 2, save_at = 3;
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  o.timeout_s = 3;
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  dt_params *init = full_params();
+  dt_params *P = shard_params(init, T, rank);
+  dt_params_destroy(init);
+  dt_optim_options oo = sgd();
+  dt_optim *opt = dt_optim_create(P, &oo);
+  dt_graph *g = dt_graph_create(P, NULL);
+  dt_train_state st;
+  memset(&st, 0, sizeof st);
+  st.params = P;
+  st.optim = opt;
+  char part[600];
+  snprintf(part, sizeof part, "%s/shard%d.safetensors", a->dir, rank);
+  const char *names[5] = {"w1", "b1", "w2", "w3", "b3"};
+  const int kinds[5] = {DTRAIN_SPLIT_ROWS, DTRAIN_SPLIT_ROWS, DTRAIN_SPLIT_COLS, DTRAIN_SPLIT_ROWS, DTRAIN_SPLIT_ROWS};
+  dt_part pt = {0, 1, rank, T, 5, names, kinds};
+  int k0 = 0;
+  if (a->phase == 1) {
+    CK(dt_checkpoint_load(part, &st) == DTRAIN_OK);
+    k0 = (int)st.step;
+    CK(k0 == save_at);
+  }
+  float loss = 0;
+  for (int k = k0; k < STEPS; k++) {
+    if (a->phase == 0 && k == save_at + 1 && rank == 1) raise(SIGKILL);
+    double t0 = dt__now();
+    dt_graph_reset(g);
+    dt_params_zero_grad(P);
+    dt_minibatch b = batch_at(k);
+    dt_tensor *l = tp_forward(g, &b, comm, rank);
+    dt_result rc = l ? dt_backward(g, l) : dt_last_result();
+    if (rc == DTRAIN_OK) rc = dt_optim_step(opt);
+    if (a->phase == 0 && k == save_at + 1) {
+      /* Shard 0: its partner is gone; the step fails within the deadline, naming it. */
+      CK(rc != DTRAIN_OK);
+      CK(strstr(dt_last_error(), "worker 1 (127.0.0.1:") != NULL);
+      CK(dt__now() - t0 < 5.0);
+      break;
+    }
+    CK(rc == DTRAIN_OK);
+    if (rc != DTRAIN_OK) break;
+    loss = l->data[0];
+    if (a->phase == 0 && k + 1 == save_at) CK(dt_checkpoint_save_part(part, &st, &pt) == DTRAIN_OK);
+  }
+  if (a->phase == 1) {
+    float ref_loss = 0;
+    dt_params *ref = reference(&ref_loss);
+    dt_params *want = shard_params(ref, T, rank);
+    CK(max_rel(dt_params_data(P), dt_params_data(want), dt_params_size(P)) <= 1e-5);
+    CK(fabs((double)loss - (double)ref_loss) <= 1e-5 * fabs((double)ref_loss) + 1e-6);
+    dt_params_destroy(want);
+    dt_params_destroy(ref);
+  }
+  dt_graph_destroy(g);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+  dt_comm_destroy(comm);
+  return 0;
+}
+
+static void test_shard_killed_restart(void) {
+  char dir[64] = "/tmp/dtrain_tp_XXXXXX";
+  if (!mkdtemp(dir)) {
+    CHECK_MSG(0, "mkdtemp failed");
+    return;
+  }
+  world x;
+  int st[MAXW], want[MAXW] = {0, 128 + SIGKILL};
+  restart_arg a = {dir, 0};
+  world_init(&x, 2);
+  run_world(&x, child_shard_restart, &a, st);
+  world_close(&x);
+  check_world(&x, st, want);
+  a.phase = 1;
+  world_init(&x, 2);
+  run_world(&x, child_shard_restart, &a, st);
+  world_close(&x);
+  check_world(&x, st, NULL);
+  /* The two parts also gather into one whole-model checkpoint. */
+  char p0[600], p1[600], full[600];
+  snprintf(p0, sizeof p0, "%s/shard0.safetensors", dir);
+  snprintf(p1, sizeof p1, "%s/shard1.safetensors", dir);
+  snprintf(full, sizeof full, "%s/full.safetensors", dir);
+  const char *pp[2] = {p0, p1};
+  CHECK_MSG(dt_checkpoint_gather(pp, 2, full) == DTRAIN_OK, "%s", dt_last_error());
+  remove(p0);
+  remove(p1);
+  remove(full);
+  rmdir(dir);
+}
+#  endif
+
 static void test_processes_equal_one_device(void) {
   int cases[3][2] = {{2, 2}, {4, 2}, {4, -2}}; /* world, T (negative: T x data parallel via dt_layout) */
   for (int k = 0; k < 3; k++) {
@@ -606,6 +717,11 @@ int main(void) {
 #endif
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
   TH_RUN(test_processes_equal_one_device);
+#  if !defined(DTRAIN_NO_STDIO)
+  TH_RUN(test_shard_killed_restart);
+#  else
+  th_skip_item("test_shard_killed_restart", "no file I/O (DTRAIN_NO_STDIO)");
+#  endif
 #else
   th_skip_item("test_tensor_parallel processes", "networking or threads not compiled in");
 #endif
