@@ -79,7 +79,7 @@ $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump: $(BUILD)/tests/%: tests/%
 # of compiling the implementation again each (DTRAIN__IMPLEMENTATION_DONE
 # skips their copy): the library is built once per configuration. The
 # single-file build itself is checked by tests/compile_checks.sh.
-$(BUILD)/examples/%: examples/%.c dtrain.h $(BUILD)/dtrain.o
+$(BUILD)/examples/%: examples/%.c examples/example_flags.h dtrain.h $(BUILD)/dtrain.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDTRAIN__IMPLEMENTATION_DONE -I. $< $(BUILD)/dtrain.o -o $@ $(LDLIBS)
 
@@ -145,7 +145,7 @@ FMNIST_CUDA_BINS := $(if $(CUDA_SKIP),,$(BUILD)/examples/02_fashion_mnist_cuda) 
                     $(if $(CXX_FOUND),$(BUILD)/examples/02_fashion_mnist_emu,)
 all: $(FMNIST_CUDA_BINS)
 
-$(BUILD)/examples/02_fashion_mnist_cuda.o: examples/02_fashion_mnist.c dtrain.h dtrain_cuda.h
+$(BUILD)/examples/02_fashion_mnist_cuda.o: examples/02_fashion_mnist.c examples/example_flags.h dtrain.h dtrain_cuda.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DFMNIST_CUDA -I. -c $< -o $@
 

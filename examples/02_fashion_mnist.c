@@ -37,6 +37,7 @@
  * and with --json one final line of JSON. */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+#include "example_flags.h"
 #include <errno.h>
 #ifdef FMNIST_CUDA /* the _cuda build: linked with the CUDA backend (dtrain_cuda.h) */
 #  include "dtrain_cuda.h"
@@ -218,17 +219,6 @@ static const char *staleness_json(dt_strategy *s, int staleness_lr) {
 }
 
 /* ---- command line ------------------------------------------------------------------------ */
-static void usage(void) {
-  fprintf(stderr,
-          "usage: 02_fashion_mnist [--model mlp|cnn] [--epochs N] [--batch N (global)] [--lr X]\n"
-          "         [--optimizer sgd|adam|adamw|rmsprop] [--seed N] [--data DIR]\n"
-          "         [--schedule constant|cosine] [--checkpoint FILE] [--resume FILE] [--csv FILE]\n"
-          "         [--strategy one_device|mirrored|central_storage|async|multi_worker_mirrored|parameter_server]\n"
-          "         [--replicas N] [--max-staleness K] [--staleness-lr] [--checkpoint-dir DIR (parameter servers)]\n"
-          "         [--rank R --world W --peers host:port,... --ps host:port,... --role worker|ps]\n"
-          "         [--svg FILE] [--limit N] [--json] [--quiet] [--device cpu|cuda|cuda:N]\n");
-}
-
 /* An output flag is checked at start, before any data loads: a path whose
  * directory does not exist or takes no new file would otherwise fail only
  * when the first file is written, after the training it was to keep
@@ -239,6 +229,8 @@ static int output_ok(const char *flag, const char *path, int is_dir) {
   return 0;
 }
 
+/* Returns 1 to go on, 0 after printing an error and the usage (exit 2), -1
+ * after printing the help (exit 0). */
 static int parse(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
   o->model = "mlp";
@@ -252,33 +244,37 @@ static int parse(int argc, char **argv, options *o) {
   o->strategy = "one_device";
   o->device = "cpu";
   o->max_staleness = DTRAIN_STALENESS_UNBOUNDED;
-  for (int i = 1; i < argc; i++) {
-    const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(k, "--json")) { o->json = 1; continue; }
-    if (!strcmp(k, "--staleness-lr")) { o->staleness_lr = 1; continue; }
-    if (!strcmp(k, "--quiet")) { o->quiet = 1; continue; }
-    if (!v) { fprintf(stderr, "error: %s needs a value\n", k); return 0; }
-    i++;
-    if (!strcmp(k, "--model")) o->model = v;
-    else if (!strcmp(k, "--optimizer")) o->optimizer = v;
-    else if (!strcmp(k, "--epochs")) o->epochs = atoi(v);
-    else if (!strcmp(k, "--batch")) o->batch = atoi(v);
-    else if (!strcmp(k, "--lr")) o->lr = (float)atof(v);
-    else if (!strcmp(k, "--seed")) o->seed = strtoull(v, NULL, 10);
-    else if (!strcmp(k, "--data")) o->data = v;
-    else if (!strcmp(k, "--checkpoint")) o->checkpoint = v;
-    else if (!strcmp(k, "--resume")) o->resume = v;
-    else if (!strcmp(k, "--csv")) o->csv = v;
-    else if (!strcmp(k, "--svg")) o->svg = v;
-    else if (!strcmp(k, "--limit")) o->limit = atoll(v);
-    else if (!strcmp(k, "--schedule")) o->schedule = v;
-    else if (!strcmp(k, "--strategy")) o->strategy = v;
-    else if (!strcmp(k, "--replicas")) o->replicas = atoi(v);
-    else if (!strcmp(k, "--max-staleness")) o->max_staleness = atoi(v);
-    else if (!strcmp(k, "--checkpoint-dir")) o->checkpoint_dir = v;
-    else if (!strcmp(k, "--device")) o->device = v;
-    else { fprintf(stderr, "error: unknown option %s\n", k); return 0; }
-  }
+  const ex_flag flags[] = {
+      {"model", 's', &o->model, 0, 0, "mlp (784-256-128-10) or cnn (two 5x5 convolutions)"},
+      {"epochs", 'i', &o->epochs, 1, 1e6, "passes over the training set"},
+      {"batch", 'i', &o->batch, 1, 1e7, "the global batch: every replica and worker takes batch/N"},
+      {"lr", 'f', &o->lr, 0, 100, "learning rate (0: the optimizer's default)"},
+      {"optimizer", 's', &o->optimizer, 0, 0, "sgd, adam, adamw or rmsprop"},
+      {"schedule", 's', &o->schedule, 0, 0, "learning-rate schedule: constant or cosine"},
+      {"seed", 'u', &o->seed, 0, 1.8e19, "seed of the weights and the shuffling"},
+      {"data", 's', &o->data, 0, 0,
+       "directory of the Fashion-MNIST files (none: /usr/share/datasets/fashion-mnist, else data/fashion-mnist)"},
+      {"limit", 'l', &o->limit, 0, 1e12, "train on the first N samples only (0: all)"},
+      {"strategy", 's', &o->strategy, 0, 0,
+       "one_device, mirrored, central_storage, async, multi_worker_mirrored or parameter_server"},
+      {"replicas", 'i', &o->replicas, 0, 1024, "replicas in this process (0: the strategy's default)"},
+      {"max-staleness", 'i', &o->max_staleness, -1, 1e9, "async: most steps a replica may lag (-1: unbounded)"},
+      {"staleness-lr", 'b', &o->staleness_lr, 0, 0, "async / parameter servers: scale updates by 1/(1+staleness)"},
+      {"checkpoint", 's', &o->checkpoint, 0, 0, "save the training state here after every epoch"},
+      {"resume", 's', &o->resume, 0, 0, "continue from this checkpoint"},
+      {"checkpoint-dir", 's', &o->checkpoint_dir, 0, 0, "parameter servers: their shards' checkpoints here"},
+      {"csv", 's', &o->csv, 0, 0, "per-epoch metrics"},
+      {"svg", 's', &o->svg, 0, 0, "the loss and accuracy chart"},
+      {"device", 's', &o->device, 0, 0, "cpu, cuda (one replica per GPU) or cuda:N"},
+      {"json", 'b', &o->json, 0, 0, "print one JSON line of results"},
+      {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
+  };
+  const int n = (int)(sizeof flags / sizeof flags[0]);
+  const char *extra = "  Across processes: --rank R --world W --peers host:port,... [--ps host:port,... --role worker|ps],\n"
+                      "  or DTRAIN_CONFIG (tools/dtrain-launch -n N [--ps M] -- build/examples/02_fashion_mnist ...)\n";
+  int r = ex_parse("02_fashion_mnist", argc, argv, flags, n, extra);
+  if (r == 0) ex_usage(stderr, "02_fashion_mnist", flags, n, extra);
+  if (r <= 0) return r;
   if (strcmp(o->model, "mlp") && strcmp(o->model, "cnn")) { fprintf(stderr, "error: --model is mlp or cnn\n"); return 0; }
   if (strcmp(o->schedule, "constant") && strcmp(o->schedule, "cosine")) {
     fprintf(stderr, "error: --schedule is constant or cosine\n");
@@ -382,7 +378,8 @@ int main(int argc, char **argv) {
    * DTRAIN_CONFIG); a cluster of one when neither is given. */
   dt_cluster *cl = NULL;
   if (dt_cluster_discover(&argc, argv, &cl) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 2; }
-  if (!parse(argc, argv, &a.o)) { usage(); return 2; }
+  int pr = parse(argc, argv, &a.o);
+  if (pr <= 0) return pr < 0 ? 0 : 2;
   const int mwm = !strcmp(a.o.strategy, "multi_worker_mirrored"), ps = !strcmp(a.o.strategy, "parameter_server");
   const int rank = (mwm || ps) ? cl->index : 0, world = (mwm || ps) ? cl->workers : 1;
   if (ps && cl->servers < 1) { fprintf(stderr, "error: parameter_server needs servers (dtrain-launch --ps M, or \"ps\" in DTRAIN_CONFIG)\n"); return 2; }

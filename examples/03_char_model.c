@@ -32,6 +32,7 @@
  * (GPT-2 uses GELU in the MLP; ReLU learns as well here and costs less.) */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+#include "example_flags.h"
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -51,23 +52,10 @@ typedef struct settings {
   const char *data, *checkpoint, *resume, *prompt;
 } settings;
 
-typedef struct flag {
-  const char *name;
-  char kind;               /* 'i' integer (long), 'f' number (double), 's' text */
-  void *value;
-  double lo, hi;           /* allowed range for 'i' and 'f' */
-  const char *help;
-} flag;
-
 static double now_seconds(void) {
   struct timespec ts;
   timespec_get(&ts, TIME_UTC);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void usage(FILE *f, const flag *flags, int n) {
-  fprintf(f, "usage: 03_char_model [--flag value]...\n");
-  for (int i = 0; i < n; i++) fprintf(f, "  --%-13s %s\n", flags[i].name, flags[i].help);
 }
 
 /* An output flag is checked at start, before any data loads: a path whose
@@ -83,60 +71,28 @@ static int output_ok(const char *flag, const char *path, int is_dir) {
 /* Fills s from argv. Returns 1 to go on, 0 after printing what is wrong with
  * a flag, -1 after printing the help (--help). */
 static int parse_flags(int argc, char **argv, settings *s) {
-  flag flags[] = {
-      {"steps", 'i', &s->steps, 0, 1e9, "training steps in all, resumed ones included [2000]"},
-      {"stop-at", 'i', &s->stop_at, 0, 1e9, "stop at this step as if interrupted (to try --resume) [0: no]"},
-      {"seq", 'i', &s->seq, 2, 4096, "characters per training window [64]"},
-      {"batch", 'i', &s->batch, 1, 1e6, "windows per step [16]"},
-      {"dim", 'i', &s->dim, 1, 4096, "width of the model (a multiple of --heads) [64]"},
-      {"layers", 'i', &s->layers, 1, MAX_LAYERS, "transformer blocks [2]"},
-      {"heads", 'i', &s->heads, 1, 64, "attention heads [4]"},
-      {"lr", 'f', &s->lr, 1e-7, 10, "peak learning rate of AdamW [0.01]"},
-      {"seed", 'i', &s->seed, 0, 2147483647, "seed of the weights, batches and samples [1]"},
-      {"temperature", 'f', &s->temperature, 0, 100, "sampling temperature, 0 = greedy [0.8]"},
-      {"log-every", 'i', &s->log_every, 1, 1e9, "print the mean training loss every N steps [100]"},
-      {"sample-every", 'i', &s->sample_every, 0, 1e9, "validate and sample every N steps, 0 = never [500]"},
-      {"sample-len", 'i', &s->sample_len, 1, 100000, "characters per sample [240]"},
-      {"prompt", 's', &s->prompt, 0, 0, "text the samples start from [\"\\n\\n\"]"},
-      {"data", 's', &s->data, 0, 0, "text file to learn [data/text/devils_dictionary.txt]"},
+  const ex_flag flags[] = {
+      {"steps", 'L', &s->steps, 0, 1e9, "training steps in all, resumed ones included"},
+      {"stop-at", 'L', &s->stop_at, 0, 1e9, "stop at this step as if interrupted (to try --resume)"},
+      {"seq", 'L', &s->seq, 2, 4096, "characters per training window"},
+      {"batch", 'L', &s->batch, 1, 1e6, "windows per step"},
+      {"dim", 'L', &s->dim, 1, 4096, "width of the model (a multiple of --heads)"},
+      {"layers", 'L', &s->layers, 1, MAX_LAYERS, "transformer blocks"},
+      {"heads", 'L', &s->heads, 1, 64, "attention heads"},
+      {"lr", 'd', &s->lr, 1e-7, 10, "peak learning rate of AdamW"},
+      {"seed", 'L', &s->seed, 0, 2147483647, "seed of the weights, batches and samples"},
+      {"temperature", 'd', &s->temperature, 0, 100, "sampling temperature, 0 = greedy"},
+      {"log-every", 'L', &s->log_every, 1, 1e9, "print the mean training loss every N steps"},
+      {"sample-every", 'L', &s->sample_every, 0, 1e9, "validate and sample every N steps, 0 = never"},
+      {"sample-len", 'L', &s->sample_len, 1, 100000, "characters per sample"},
+      {"prompt", 's', &s->prompt, 0, 0, "text the samples start from"},
+      {"data", 's', &s->data, 0, 0, "text file to learn"},
       {"checkpoint", 's', &s->checkpoint, 0, 0, "save the training state here at each sample and the end"},
       {"resume", 's', &s->resume, 0, 0, "continue from this checkpoint (same --dim --layers --heads --seq)"},
   };
-  int nflags = (int)(sizeof flags / sizeof flags[0]);
-  for (int i = 1; i < argc; i++) {
-    const char *arg = argv[i];
-    if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-      usage(stdout, flags, nflags);
-      return -1;
-    }
-    const flag *f = NULL;
-    for (int k = 0; k < nflags; k++)
-      if (strncmp(arg, "--", 2) == 0 && strcmp(arg + 2, flags[k].name) == 0) f = &flags[k];
-    if (!f) {
-      fprintf(stderr, "03_char_model: unknown flag '%s'\n", arg);
-      usage(stderr, flags, nflags);
-      return 0;
-    }
-    if (i + 1 >= argc) {
-      fprintf(stderr, "03_char_model: %s needs a value\n", arg);
-      return 0;
-    }
-    const char *text = argv[++i];
-    if (f->kind == 's') {
-      *(const char **)f->value = text;
-      continue;
-    }
-    char *end = NULL;
-    double v = strtod(text, &end);
-    if (end == text || *end != '\0' || !(v >= f->lo && v <= f->hi) ||
-        (f->kind == 'i' && v != floor(v))) {
-      fprintf(stderr, "03_char_model: %s '%s': expected %s from %.10g to %.10g\n", arg, text,
-              f->kind == 'i' ? "an integer" : "a number", f->lo, f->hi);
-      return 0;
-    }
-    if (f->kind == 'i') *(long *)f->value = (long)v;
-    else *(double *)f->value = v;
-  }
+  int r = ex_parse("03_char_model", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]), NULL);
+  if (r == 0) ex_usage(stderr, "03_char_model", flags, (int)(sizeof flags / sizeof flags[0]), NULL);
+  if (r <= 0) return r;
   if (s->dim % s->heads != 0) {
     fprintf(stderr, "03_char_model: --dim %ld is not a multiple of --heads %ld\n", s->dim, s->heads);
     return 0;

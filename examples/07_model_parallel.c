@@ -66,6 +66,7 @@
 #include <string.h>
 #include <errno.h>
 #include <sys/stat.h>
+#include "example_flags.h"
 
 #define NIN 64
 #define NCLS 8
@@ -798,21 +799,10 @@ static int run_tensor(const options *o, mp_ctx *c, result *res) {
 }
 
 /* ---- main --------------------------------------------------------------------------------------- */
-static void usage(void) {
-  fprintf(stderr,
-          "usage: 07_model_parallel [--parallel none|pipeline|tensor] [--stages P] [--microbatches M]\n"
-          "                         [--schedule gpipe|1f1b] [--replicas R] [--steps N] [--batch B]\n"
-          "                         [--layers L] [--hidden H] [--lr X] [--seed S] [--model mlp|transformer] [--json]\n"
-          "                         [--heads N] [--seq S] [--data FILE]\n"
-          "                         [--memory-cap MB] [--checkpoint DIR] [--resume DIR]\n");
-}
-
 static int parse(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
-  o->parallel = 1;
   o->stages = 2;
   o->microbatches = 4;
-  o->schedule = DTRAIN_PIPE_1F1B;
   o->replicas = 1;
   o->steps = 50;
   o->batch = 64;
@@ -823,45 +813,40 @@ static int parse(int argc, char **argv, options *o) {
   o->heads = 4;
   o->seq = 32;
   o->data = "data/text/devils_dictionary.txt";
-  int layers_set = 0, hidden_set = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (strcmp(a, "--json") == 0) { o->json = 1; continue; }
-    if (!v) { usage(); return 0; }
-    i++;
-    if (strcmp(a, "--parallel") == 0) {
-      o->parallel = strcmp(v, "none") == 0 ? 0 : strcmp(v, "pipeline") == 0 ? 1 : strcmp(v, "tensor") == 0 ? 2 : -1;
-      if (o->parallel < 0) { fprintf(stderr, "--parallel: none, pipeline or tensor, not '%s'\n", v); return 0; }
-      o->parallel_set = 1;
-    } else if (strcmp(a, "--schedule") == 0) {
-      o->schedule = strcmp(v, "gpipe") == 0 ? DTRAIN_PIPE_GPIPE : strcmp(v, "1f1b") == 0 ? DTRAIN_PIPE_1F1B : -1;
-      if (o->schedule < 0) { fprintf(stderr, "--schedule: gpipe or 1f1b, not '%s'\n", v); return 0; }
-    } else if (strcmp(a, "--model") == 0) {
-      o->model = strcmp(v, "mlp") == 0 ? 0 : strcmp(v, "transformer") == 0 ? 1 : -1;
-      if (o->model < 0) { fprintf(stderr, "--model: mlp or transformer, not '%s'\n", v); return 0; }
-    } else if (strcmp(a, "--stages") == 0) {
-      o->stages = atoi(v);
-      o->stages_set = 1;
-    }
-    else if (strcmp(a, "--microbatches") == 0) o->microbatches = atoi(v);
-    else if (strcmp(a, "--replicas") == 0) o->replicas = atoi(v);
-    else if (strcmp(a, "--steps") == 0) o->steps = atoll(v);
-    else if (strcmp(a, "--batch") == 0) o->batch = atoll(v);
-    else if (strcmp(a, "--layers") == 0) o->layers = atoi(v), layers_set = 1;
-    else if (strcmp(a, "--hidden") == 0) o->hidden = atoi(v), hidden_set = 1;
-    else if (strcmp(a, "--heads") == 0) o->heads = atoi(v);
-    else if (strcmp(a, "--seq") == 0) o->seq = atoi(v);
-    else if (strcmp(a, "--data") == 0) o->data = v;
-    else if (strcmp(a, "--lr") == 0) o->lr = (float)atof(v);
-    else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)atoll(v);
-    else if (strcmp(a, "--checkpoint") == 0) o->ckpt_dir = v;
-    else if (strcmp(a, "--resume") == 0) o->resume_dir = v;
-    else if (strcmp(a, "--memory-cap") == 0) {
-      o->memory_cap_mb = atof(v);
-      if (!(o->memory_cap_mb > 0)) { fprintf(stderr, "--memory-cap: a size in MB > 0, not '%s'\n", v); return 0; }
-    }
-    else { usage(); return 0; }
-  }
+  const char *parallel = "pipeline", *schedule = "1f1b", *model = "mlp";
+  const ex_flag flags[] = {
+      {"parallel", 's', &parallel, 0, 0, "none (one_device, the reference), pipeline or tensor"},
+      {"stages", 'i', &o->stages, 1, MAXW, "pipeline stages or tensor-parallel shards (P)"},
+      {"microbatches", 'i', &o->microbatches, 1, 16383, "pipeline micro-batches per step (M)"},
+      {"schedule", 's', &schedule, 0, 0, "pipeline schedule: gpipe or 1f1b"},
+      {"replicas", 'i', &o->replicas, 1, MAXW, "data-parallel copies on top (threads; processes: world / P)"},
+      {"steps", 'l', &o->steps, 1, 1e12, "training steps in all (a resumed run goes on to this step)"},
+      {"batch", 'l', &o->batch, 1, NDATA, "global batch: rows (mlp) or windows (transformer) per step"},
+      {"model", 's', &model, 0, 0, "mlp or transformer (the character model of examples/03)"},
+      {"layers", 'i', &o->layers, 1, MAXL, "hidden layers (mlp); blocks (transformer, default 2)"},
+      {"hidden", 'i', &o->hidden, 1, 1 << 16, "hidden width (mlp); model width (transformer, default 64)"},
+      {"heads", 'i', &o->heads, 1, 256, "attention heads (transformer)"},
+      {"seq", 'i', &o->seq, 1, TSEQ_MAX, "characters per window (transformer)"},
+      {"data", 's', &o->data, 0, 0, "the text (transformer)"},
+      {"lr", 'f', &o->lr, 0, 100, "Adam's learning rate"},
+      {"seed", 'u', &o->seed, 0, 1.8e19, "seed of the data and the initial parameters"},
+      {"memory-cap", 'd', &o->memory_cap_mb, 1e-3, 1e7, "each worker's memory budget in MB (0: none)"},
+      {"checkpoint", 's', &o->ckpt_dir, 0, 0, "save a part per stage or shard in this directory at the end"},
+      {"resume", 's', &o->resume_dir, 0, 0, "load this layout's parts from this directory and train on"},
+      {"json", 'b', &o->json, 0, 0, "print one JSON line"},
+  };
+  int r = ex_parse("07_model_parallel", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
+                   "  Processes: tools/dtrain-launch -n W [--pipeline P | --tensor T] -- build/examples/07_model_parallel ...\n");
+  if (r <= 0) return r;
+  o->parallel = strcmp(parallel, "none") == 0 ? 0 : strcmp(parallel, "pipeline") == 0 ? 1 : strcmp(parallel, "tensor") == 0 ? 2 : -1;
+  if (o->parallel < 0) { fprintf(stderr, "error: --parallel: none, pipeline or tensor, not '%s'\n", parallel); return 0; }
+  o->schedule = strcmp(schedule, "gpipe") == 0 ? DTRAIN_PIPE_GPIPE : strcmp(schedule, "1f1b") == 0 ? DTRAIN_PIPE_1F1B : -1;
+  if (o->schedule < 0) { fprintf(stderr, "error: --schedule: gpipe or 1f1b, not '%s'\n", schedule); return 0; }
+  o->model = strcmp(model, "mlp") == 0 ? 0 : strcmp(model, "transformer") == 0 ? 1 : -1;
+  if (o->model < 0) { fprintf(stderr, "error: --model: mlp or transformer, not '%s'\n", model); return 0; }
+  o->parallel_set = ex_given(argc, argv, "parallel");
+  o->stages_set = ex_given(argc, argv, "stages");
+  int layers_set = ex_given(argc, argv, "layers"), hidden_set = ex_given(argc, argv, "hidden");
   if (o->model && !layers_set) o->layers = 2;  /* the transformer: 03's size */
   if (o->model && !hidden_set) o->hidden = 64;
   if (o->model && (o->heads < 1 || o->hidden % o->heads != 0 || o->seq < 1 || o->seq > TSEQ_MAX || o->batch > NWIN)) {
@@ -885,7 +870,8 @@ static int parse(int argc, char **argv, options *o) {
 
 int main(int argc, char **argv) {
   options o;
-  if (!parse(argc, argv, &o)) return 2;
+  int pr = parse(argc, argv, &o);
+  if (pr <= 0) return pr < 0 ? 0 : 2;
   /* An output that cannot be written fails now, not after the training. */
   if (o.ckpt_dir && mkdir(o.ckpt_dir, 0777) != 0 && errno != EEXIST) {
     fprintf(stderr, "error: --checkpoint %s: cannot create the directory: %s\n", o.ckpt_dir, strerror(errno));
