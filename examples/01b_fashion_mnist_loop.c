@@ -47,6 +47,13 @@ static double test_accuracy(dt_graph *g, const dt_nn_linear *l1, const dt_nn_lin
 
 int main(int argc, char **argv) {
   long epochs = 3, limit = 0;
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("usage: 01b_fashion_mnist_loop [--epochs N] [--limit N]\n"
+             "  --epochs N   passes over the training set [3]\n"
+             "  --limit N    train on the first N images only [0: all]\n");
+      return 0;
+    }
   for (int i = 1; i < argc; i += 2) {
     long *slot = !strcmp(argv[i], "--epochs") ? &epochs : !strcmp(argv[i], "--limit") ? &limit : NULL;
     if (!slot || i + 1 >= argc || (*slot = number(argv[i + 1], 1, 1000000)) < 0) {

@@ -275,26 +275,29 @@ static int parse(int argc, char **argv, options *o) {
   int r = ex_parse("02_fashion_mnist", argc, argv, flags, n, extra);
   if (r == 0) ex_usage(stderr, "02_fashion_mnist", flags, n, extra);
   if (r <= 0) return r;
-  if (strcmp(o->model, "mlp") && strcmp(o->model, "cnn")) { fprintf(stderr, "error: --model is mlp or cnn\n"); return 0; }
+  if (strcmp(o->model, "mlp") && strcmp(o->model, "cnn")) { fprintf(stderr, "error: --model is mlp or cnn\n"); goto bad; }
   if (strcmp(o->schedule, "constant") && strcmp(o->schedule, "cosine")) {
     fprintf(stderr, "error: --schedule is constant or cosine\n");
-    return 0;
+    goto bad;
   }
   if (o->epochs < 1 || o->batch < 1 || o->lr < 0 || o->limit < 0) {
     fprintf(stderr, "error: --epochs and --batch must be >= 1, --lr and --limit >= 0\n");
-    return 0;
+    goto bad;
   }
   if (strcmp(o->device, "cpu") && strcmp(o->strategy, "one_device") && strcmp(o->strategy, "mirrored") &&
       strcmp(o->strategy, "multi_worker_mirrored")) {
     fprintf(stderr, "error: --device %s trains with one_device, mirrored or multi_worker_mirrored (%s keeps the parameters in host memory)\n",
             o->device, o->strategy);
-    return 0;
+    goto bad;
   }
   if (!strncmp(o->device, "cuda:", 5) && o->replicas > 1) {
     fprintf(stderr, "error: --device %s is one GPU; use --device cuda for one replica per GPU\n", o->device);
-    return 0;
+    goto bad;
   }
   return 1;
+bad:
+  ex_usage(stderr, "02_fashion_mnist", flags, n, extra);
+  return 0;
 }
 
 /* --device: no device for the CPU; "cuda:N" GPU N; "cuda" GPU 0 for one

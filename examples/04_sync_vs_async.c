@@ -27,6 +27,7 @@
  * so the straggler no longer sets the pace either. */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+#include "example_flags.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,37 +136,38 @@ typedef struct options {
   uint64_t seed;
 } options;
 
-static void usage(void) {
-  fprintf(stderr,
-          "usage: 04_sync_vs_async [--replicas N] [--steps S] [--batch B] [--lr LR]\n"
-          "                        [--max-staleness K] [--straggler R:F] [--backup-workers B] [--seed S]\n");
-}
-
+/* Returns 1 to go on, 0 after printing what is wrong (exit 2), -1 after the help (exit 0). */
 static int parse(int argc, char **argv, options *o) {
+  memset(o, 0, sizeof *o);
   o->replicas = 2;
   o->max_staleness = 4;
-  o->straggler = -1;
-  o->factor = 1.0f;
   o->steps = 200;
   o->batch = 256;
   o->lr = 0.003f;
   o->seed = 1;
-  for (int i = 1; i < argc; i += 2) { /* --flag value pairs */
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!v) { usage(); return 0; }
-    if (strcmp(a, "--replicas") == 0) o->replicas = atoi(v);
-    else if (strcmp(a, "--steps") == 0) o->steps = atoll(v);
-    else if (strcmp(a, "--batch") == 0) o->batch = atoll(v);
-    else if (strcmp(a, "--lr") == 0) o->lr = (float)atof(v);
-    else if (strcmp(a, "--max-staleness") == 0) o->max_staleness = atoi(v);
-    else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)atoll(v);
-    else if (strcmp(a, "--backup-workers") == 0) o->backup = atoi(v);
-    else if (strcmp(a, "--straggler") == 0) {
-      if (sscanf(v, "%d:%f", &o->straggler, &o->factor) != 2 || o->factor < 1.0f) {
-        fprintf(stderr, "--straggler wants R:F, e.g. 1:4\n");
-        return 0;
-      }
-    } else { usage(); return 0; }
+  const char *straggler = NULL;
+  const ex_flag flags[] = {
+      {"replicas", 'i', &o->replicas, 1, DTRAIN_MAX_REPLICAS, "replicas (threads) of every strategy but one_device"},
+      {"steps", 'l', &o->steps, 1, 1e9, "training steps of each strategy"},
+      {"batch", 'l', &o->batch, 1, NTRAIN, "the global batch (each replica takes batch/replicas)"},
+      {"lr", 'f', &o->lr, 0, 100, "Adam's learning rate"},
+      {"max-staleness", 'i', &o->max_staleness, -1, 1e9, "the bounded async run's staleness bound"},
+      {"straggler", 's', &straggler, 0, 0, "R:F -- replica R takes F times as long per step (e.g. 1:4)"},
+      {"backup-workers", 'i', &o->backup, 0, DTRAIN_MAX_REPLICAS, "mirrored with B backup replicas (0: not run)"},
+      {"seed", 'u', &o->seed, 0, 1.8e19, "seed of the data and the weights"},
+  };
+  const int n = (int)(sizeof flags / sizeof flags[0]);
+  int r = ex_parse("04_sync_vs_async", argc, argv, flags, n, NULL);
+  if (r == 0) ex_usage(stderr, "04_sync_vs_async", flags, n, NULL);
+  if (r <= 0) return r;
+  o->straggler = -1;
+  o->factor = 1.0f;
+  if (straggler) {
+    char tail;
+    if (sscanf(straggler, "%d:%f%c", &o->straggler, &o->factor, &tail) != 2 || o->straggler < 0 || !(o->factor >= 1.0f)) {
+      fprintf(stderr, "error: --straggler wants R:F with F >= 1, e.g. 1:4, not '%s'\n", straggler);
+      return 0;
+    }
   }
   if (o->replicas < 1 || o->replicas > DTRAIN_MAX_REPLICAS || o->steps < 1 || o->batch < o->replicas ||
       o->batch > NTRAIN) {
@@ -185,7 +187,8 @@ static int parse(int argc, char **argv, options *o) {
 
 int main(int argc, char **argv) {
   options o;
-  if (!parse(argc, argv, &o)) return 2;
+  int pr = parse(argc, argv, &o);
+  if (pr <= 0) return pr < 0 ? 0 : 2;
   make_data(1234);
   int N = o.replicas;
   enum { NSTRAT = 6 };

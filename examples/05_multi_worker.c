@@ -43,6 +43,7 @@
  * "rank R: final params_checksum=... test_accuracy=..." (equal on all ranks). */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+#include "example_flags.h"
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -105,6 +106,8 @@ static int output_ok(const char *flag, const char *path, int is_dir) {
   return 0;
 }
 
+/* Returns 1 to go on, 0 after printing what is wrong and the usage (exit 2),
+ * -1 after the help (exit 0). */
 static int parse(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
   o->epochs = 2;
@@ -114,37 +117,49 @@ static int parse(int argc, char **argv, options *o) {
   o->seed = 1;
   o->crash_rank = -1;
   o->stall_rank = -1;
-  for (int i = 1; i < argc; i++) {
-    const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(k, "--quiet")) { o->quiet = 1; continue; }
-    if (!v) return 0;
-    i++;
-    if (!strcmp(k, "--epochs")) o->epochs = atoi(v);
-    else if (!strcmp(k, "--batch")) { o->batch = atoi(v); o->batch_given = 1; }
-    else if (!strcmp(k, "--batch-per-worker")) { o->batch_per_worker = atoi(v); if (o->batch_per_worker < 1) return 0; }
-    else if (!strcmp(k, "--threads")) o->threads = atoi(v);
-    else if (!strcmp(k, "--lr")) o->lr = (float)atof(v);
-    else if (!strcmp(k, "--limit")) o->limit = atoll(v);
-    else if (!strcmp(k, "--seed")) o->seed = (uint64_t)atoll(v);
-    else if (!strcmp(k, "--data")) o->data = v;
-    else if (!strcmp(k, "--checkpoint")) o->checkpoint = v;
-    else if (!strcmp(k, "--resume")) o->resume = v;
-    else if (!strcmp(k, "--checkpoint-every")) { o->checkpoint_every = atoll(v); if (o->checkpoint_every < 1) return 0; }
-    else if (!strcmp(k, "--crash-at")) {
-      long long st;
-      if (sscanf(v, "%d:%lld", &o->crash_rank, &st) != 2) return 0;
-      o->crash_step = st;
-    } else if (!strcmp(k, "--stall-at")) {
-      long long st;
-      if (sscanf(v, "%d:%lld", &o->stall_rank, &st) != 2) return 0;
-      o->stall_step = st;
-    } else return 0;
+  const char *crash = NULL, *stall = NULL;
+  const ex_flag flags[] = {
+      {"epochs", 'i', &o->epochs, 1, 1e6, "passes over the training set"},
+      {"batch", 'i', &o->batch, 1, 1e7, "the global batch: each of W workers takes batch/W"},
+      {"batch-per-worker", 'i', &o->batch_per_worker, 1, 1e7, "rows per worker instead (the global batch: W times it)"},
+      {"threads", 'i', &o->threads, 1, 1024, "compute threads per worker"},
+      {"lr", 'f', &o->lr, 0, 100, "Adam's learning rate"},
+      {"limit", 'l', &o->limit, 0, 1e12, "train on the first N samples only (0: all)"},
+      {"seed", 'u', &o->seed, 0, 1.8e19, "seed of the weights and the shuffling"},
+      {"data", 's', &o->data, 0, 0, "directory of the Fashion-MNIST files (none: the usual places)"},
+      {"checkpoint", 's', &o->checkpoint, 0, 0, "rank 0 saves the training state here"},
+      {"checkpoint-every", 'l', &o->checkpoint_every, 1, 1e12, "save every N steps too (needs --checkpoint)"},
+      {"resume", 's', &o->resume, 0, 0, "continue from this checkpoint"},
+      {"crash-at", 's', &crash, 0, 0, "RANK:STEP -- that rank exits at that step (a failure to recover from)"},
+      {"stall-at", 's', &stall, 0, 0, "RANK:STEP -- that rank stops responding at that step"},
+      {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
+  };
+  const int n = (int)(sizeof flags / sizeof flags[0]);
+  const char *extra = "  Across processes: --rank R --world W --peers host:port,... (or DTRAIN_CONFIG; see tools/dtrain-launch)\n";
+  int r = ex_parse("05_multi_worker", argc, argv, flags, n, extra);
+  if (r == 0) ex_usage(stderr, "05_multi_worker", flags, n, extra);
+  if (r <= 0) return r;
+  o->batch_given = ex_given(argc, argv, "batch");
+  for (int k = 0; k < 2; k++) {
+    const char *v = k ? stall : crash;
+    long long st;
+    char tail;
+    if (!v) continue;
+    if (sscanf(v, "%d:%lld%c", k ? &o->stall_rank : &o->crash_rank, &st, &tail) != 2 || st < 0) {
+      fprintf(stderr, "error: --%s wants RANK:STEP, not '%s'\n", k ? "stall-at" : "crash-at", v);
+      goto bad;
+    }
+    if (k) o->stall_step = st;
+    else o->crash_step = st;
   }
   if (o->batch_given && o->batch_per_worker) {
     fprintf(stderr, "error: --batch (global) and --batch-per-worker are two meanings of one number; give one\n");
-    return 0;
+    goto bad;
   }
-  return o->epochs > 0 && o->batch > 0 && o->threads > 0;
+  return 1;
+bad:
+  ex_usage(stderr, "05_multi_worker", flags, n, extra);
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -156,12 +171,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   options o;
-  if (!parse(argc, argv, &o)) {
-    fprintf(stderr, "usage: 05_multi_worker [--epochs E] [--batch B (global) | --batch-per-worker B] [--threads N] [--lr X] [--limit N] [--data DIR]\n"
-                    "       [--checkpoint PATH [--checkpoint-every N]] [--resume PATH] [--seed S] [--quiet] [--crash-at RANK:STEP] [--stall-at RANK:STEP]\n"
-                    "       [--rank R --world W --peers host:port,...]  (or DTRAIN_CONFIG; see tools/dtrain-launch)\n");
-    return 2;
-  }
+  int pr = parse(argc, argv, &o);
+  if (pr <= 0) return pr < 0 ? 0 : 2;
   if (!output_ok("--checkpoint", o.checkpoint, 0)) return 2; /* rank 0 writes it; all stop at once */
   if (o.checkpoint_every && !o.checkpoint) {
     fprintf(stderr, "error: --checkpoint-every needs --checkpoint PATH\n");

@@ -45,6 +45,7 @@
  * does that by itself (then --crash-at acts in the first run only). */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+#include "example_flags.h"
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -174,6 +175,7 @@ static int output_ok(const char *flag, const char *path, int is_dir) {
   return 0;
 }
 
+/* Returns 1 to go on, 0 after printing what is wrong (exit 2), -1 after the help (exit 0). */
 static int parse(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
   o->epochs = 2;
@@ -182,46 +184,60 @@ static int parse(int argc, char **argv, options *o) {
   o->max_staleness = 2;
   o->seed = 1;
   o->crash_rank = o->slow_rank = -1;
-  for (int i = 1; i < argc; i++) {
-    const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(k, "--quiet")) { o->quiet = 1; continue; }
-    if (!strcmp(k, "--staleness-lr")) { o->staleness_lr = 1; continue; }
-    if (!strcmp(k, "--work-queue")) { o->work_queue = 1; continue; }
-    if (!v) return 0;
-    i++;
-    if (!strcmp(k, "--epochs")) o->epochs = atoi(v);
-    else if (!strcmp(k, "--batch")) { o->batch = atoi(v); o->batch_given = 1; }
-    else if (!strcmp(k, "--batch-per-worker")) { o->batch_per_worker = atoi(v); if (o->batch_per_worker < 1) return 0; }
-    else if (!strcmp(k, "--lr")) o->lr = (float)atof(v);
-    else if (!strcmp(k, "--max-staleness")) { o->max_staleness = atoi(v); o->staleness_given = 1; }
-    else if (!strcmp(k, "--limit")) o->limit = atoll(v);
-    else if (!strcmp(k, "--seed")) o->seed = (uint64_t)atoll(v);
-    else if (!strcmp(k, "--data")) o->data = v;
-    else if (!strcmp(k, "--checkpoint-dir")) o->checkpoint_dir = v;
-    else if (!strcmp(k, "--checkpoint-every")) o->checkpoint_every = atoll(v);
-    else if (!strcmp(k, "--min-workers")) { o->min_workers = atoi(v); if (o->min_workers < 0) return 0; }
-    else if (!strcmp(k, "--rejoin-timeout")) { o->rejoin_timeout = atof(v); if (!(o->rejoin_timeout >= 0)) return 0; }
-    else if (!strcmp(k, "--crash-at")) {
-      long long st;
-      if (sscanf(v, "%d:%lld", &o->crash_rank, &st) != 2) return 0;
-      o->crash_step = st;
-    } else if (!strcmp(k, "--slow")) {
-      if (sscanf(v, "%d:%f", &o->slow_rank, &o->slow_factor) != 2) return 0;
-    } else return 0;
+  const char *crash = NULL, *slow = NULL;
+  const ex_flag flags[] = {
+      {"epochs", 'i', &o->epochs, 1, 1e6, "passes over the training set"},
+      {"batch", 'i', &o->batch, 1, 1e7, "the global batch: each of W workers takes batch/W"},
+      {"batch-per-worker", 'i', &o->batch_per_worker, 1, 1e7, "rows per worker instead (the global batch: W times it)"},
+      {"lr", 'f', &o->lr, 0, 100, "the servers' Adam learning rate"},
+      {"max-staleness", 'i', &o->max_staleness, -1, 1e9, "most steps a worker may run ahead (-1: unbounded)"},
+      {"limit", 'l', &o->limit, 0, 1e12, "train on the first N samples only (0: all)"},
+      {"seed", 'u', &o->seed, 0, 1.8e19, "seed of the weights and the shuffling"},
+      {"data", 's', &o->data, 0, 0, "directory of the Fashion-MNIST files (none: the usual places)"},
+      {"checkpoint-dir", 's', &o->checkpoint_dir, 0, 0, "servers: their shards' checkpoints here"},
+      {"checkpoint-every", 'l', &o->checkpoint_every, 0, 1e12, "servers: save every N updates (0: at the end)"},
+      {"min-workers", 'i', &o->min_workers, 0, 1e6, "servers: go on while this many workers remain (0: all)"},
+      {"rejoin-timeout", 'd', &o->rejoin_timeout, 0, 1e6, "servers: seconds a lost worker may take to rejoin"},
+      {"staleness-lr", 'b', &o->staleness_lr, 0, 0, "servers: scale each push by 1/(1+staleness)"},
+      {"work-queue", 'b', &o->work_queue, 0, 0, "workers take batches from a shared queue (needs --max-staleness -1)"},
+      {"crash-at", 's', &crash, 0, 0, "RANK:STEP -- that worker exits at that step"},
+      {"slow", 's', &slow, 0, 0, "RANK:FACTOR -- that worker is FACTOR times slower"},
+      {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
+  };
+  const int n = (int)(sizeof flags / sizeof flags[0]);
+  const char *extra = "  The cluster: DTRAIN_CONFIG (tools/dtrain-launch -n N --ps M) or --rank/--world/--peers/--ps/--role\n";
+  int r = ex_parse("06_parameter_server", argc, argv, flags, n, extra);
+  if (r == 0) ex_usage(stderr, "06_parameter_server", flags, n, extra);
+  if (r <= 0) return r;
+  o->batch_given = ex_given(argc, argv, "batch");
+  o->staleness_given = ex_given(argc, argv, "max-staleness");
+  char tail;
+  long long st;
+  if (crash && (sscanf(crash, "%d:%lld%c", &o->crash_rank, &st, &tail) != 2 || st < 0)) {
+    fprintf(stderr, "error: --crash-at wants RANK:STEP, not '%s'\n", crash);
+    goto bad;
+  }
+  if (crash) o->crash_step = st;
+  if (slow && (sscanf(slow, "%d:%f%c", &o->slow_rank, &o->slow_factor, &tail) != 2 || !(o->slow_factor > 0))) {
+    fprintf(stderr, "error: --slow wants RANK:FACTOR, not '%s'\n", slow);
+    goto bad;
   }
   if (o->work_queue) {
     if (o->staleness_given && o->max_staleness != -1) {
       fprintf(stderr, "error: --work-queue needs --max-staleness -1 (unbounded): a bound would hold the fast workers "
                       "at the straggler's clock\n");
-      return 0;
+      goto bad;
     }
     o->max_staleness = -1;
   }
   if (o->batch_given && o->batch_per_worker) {
     fprintf(stderr, "error: --batch (global) and --batch-per-worker are two meanings of one number; give one\n");
-    return 0;
+    goto bad;
   }
-  return o->epochs > 0 && o->batch > 0;
+  return 1;
+bad:
+  ex_usage(stderr, "06_parameter_server", flags, n, extra);
+  return 0;
 }
 
 /* The training rows (the first --limit of them: part, else train) and the test set. */
@@ -259,13 +275,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   options o;
-  if (!parse(argc, argv, &o)) {
-    fprintf(stderr, "usage: 06_parameter_server [--epochs E] [--batch B (global) | --batch-per-worker B] [--lr X] [--max-staleness K] [--limit N]\n"
-                    "       [--data DIR] [--seed S] [--checkpoint-dir DIR] [--checkpoint-every N] [--quiet]\n"
-                    "       [--min-workers N] [--rejoin-timeout S] [--staleness-lr]   (servers)   [--work-queue] (all)\n"
-                    "       [--crash-at RANK:STEP] [--slow RANK:FACTOR]   (cluster: DTRAIN_CONFIG or flags)\n");
-    return 2;
-  }
+  int pr = parse(argc, argv, &o);
+  if (pr <= 0) return pr < 0 ? 0 : 2;
   /* The servers write --checkpoint-dir; every process checks it (the launcher
    * runs them on one file system), so that the workers stop at once too. */
   if (!output_ok("--checkpoint-dir", o.checkpoint_dir, 1)) return 2;
