@@ -229,6 +229,14 @@ static int output_ok(const char *flag, const char *path, int is_dir) {
   return 0;
 }
 
+static int optimizer_kind(const char *s, dt_optim_kind *k) {
+  static const char *names[] = {"sgd", "adam", "adamw", "rmsprop"};
+  static const dt_optim_kind kinds[] = {DTRAIN_OPTIM_SGD, DTRAIN_OPTIM_ADAM, DTRAIN_OPTIM_ADAMW, DTRAIN_OPTIM_RMSPROP};
+  for (int i = 0; i < 4; i++)
+    if (!strcmp(s, names[i])) { *k = kinds[i]; return 1; }
+  return 0;
+}
+
 /* Returns 1 to go on, 0 after printing an error and the usage (exit 2), -1
  * after printing the help (exit 0). */
 static int parse(int argc, char **argv, options *o) {
@@ -276,6 +284,34 @@ static int parse(int argc, char **argv, options *o) {
   if (r == 0) ex_usage(stderr, "02_fashion_mnist", flags, n, extra);
   if (r <= 0) return r;
   if (strcmp(o->model, "mlp") && strcmp(o->model, "cnn")) { fprintf(stderr, "error: --model is mlp or cnn\n"); goto bad; }
+  {
+    /* Every flag is checked here, before any data loads. */
+    static const char *const strategies[] = {"one_device", "mirrored", "central_storage", "async",
+                                             "multi_worker_mirrored", "parameter_server"};
+    int known = 0;
+    for (int k = 0; k < 6; k++) known |= !strcmp(o->strategy, strategies[k]);
+    if (!known) {
+      fprintf(stderr, "error: --strategy %s: one_device, mirrored, central_storage, async, multi_worker_mirrored "
+                      "or parameter_server\n", o->strategy);
+      goto bad;
+    }
+    dt_optim_kind kind;
+    if (!optimizer_kind(o->optimizer, &kind)) {
+      fprintf(stderr, "error: --optimizer %s: sgd, adam, adamw or rmsprop\n", o->optimizer);
+      goto bad;
+    }
+    const char *d = o->device;
+    int dev_ok = !strcmp(d, "cpu") || !strcmp(d, "cuda") || (!strncmp(d, "cuda:", 5) && d[5] && strspn(d + 5, "0123456789") == strlen(d + 5));
+    if (!dev_ok) {
+      fprintf(stderr, "error: --device %s: cpu, cuda or cuda:N\n", d);
+      goto bad;
+    }
+    if (o->replicas > 1 && (!strcmp(o->strategy, "one_device") || !strcmp(o->strategy, "parameter_server"))) {
+      fprintf(stderr, "error: --replicas %d: %s trains one replica per process (--strategy mirrored for several)\n",
+              o->replicas, !strcmp(o->strategy, "one_device") ? "one_device" : "each parameter_server worker");
+      goto bad;
+    }
+  }
   if (strcmp(o->schedule, "constant") && strcmp(o->schedule, "cosine")) {
     fprintf(stderr, "error: --schedule is constant or cosine\n");
     goto bad;
@@ -332,14 +368,6 @@ static int open_devices(const char *name, int one, int replicas, dt_device **out
   }
   fprintf(stderr, "error: --device is cpu, cuda or cuda:N\n");
   return -1;
-}
-
-static int optimizer_kind(const char *s, dt_optim_kind *k) {
-  static const char *names[] = {"sgd", "adam", "adamw", "rmsprop"};
-  static const dt_optim_kind kinds[] = {DTRAIN_OPTIM_SGD, DTRAIN_OPTIM_ADAM, DTRAIN_OPTIM_ADAMW, DTRAIN_OPTIM_RMSPROP};
-  for (int i = 0; i < 4; i++)
-    if (!strcmp(s, names[i])) { *k = kinds[i]; return 1; }
-  return 0;
 }
 
 /* Loads the data; with only the shipped test split, splits it 8000/2000. */

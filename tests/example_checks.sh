@@ -122,8 +122,10 @@ for x in r[1:]:
 \""
 # Flags that help (issue 22 items 7-8; examples/example_flags.h): --help and
 # -h print every flag with its meaning and default and exit 0; numbers are
-# parsed strictly (2.7 epochs, "abc", out of range: exit 2, one error line).
-check "flags-help-and-strict-numbers" sh -c "$E --help > $T/h1.txt && grep -q -- '--epochs X .*\[5\]' $T/h1.txt && $M7 -h > $T/h2.txt && grep -q -- '--microbatches X .*\[4\]' $T/h2.txt && ! $E --epochs 2.7 > $T/h3.txt 2>&1 && grep -q \"^error: --epochs '2.7': expected a whole number\" $T/h3.txt && ! $E --limit abc > $T/h4.txt 2>&1 && grep -q \"^error: --limit 'abc'\" $T/h4.txt && ! $M7 --stages 0 > $T/h5.txt 2>&1 && grep -q \"^error: --stages '0'\" $T/h5.txt && ! $M7 --lr fast > $T/h6.txt 2>&1 && grep -q 'expected a number' $T/h6.txt"
+# parsed strictly (2.7 epochs, "abc", out of range: exit 2, one error line);
+# a bad --strategy or --optimizer, or --replicas with one_device, is refused
+# before any data loads.
+check "flags-help-and-strict-numbers" sh -c "$E --help > $T/h1.txt && grep -q -- '--epochs X .*\[5\]' $T/h1.txt && $M7 -h > $T/h2.txt && grep -q -- '--microbatches X .*\[4\]' $T/h2.txt && ! $E --epochs 2.7 > $T/h3.txt 2>&1 && grep -q \"^error: --epochs '2.7': expected a whole number\" $T/h3.txt && ! $E --limit abc > $T/h4.txt 2>&1 && grep -q \"^error: --limit 'abc'\" $T/h4.txt && ! $M7 --stages 0 > $T/h5.txt 2>&1 && grep -q \"^error: --stages '0'\" $T/h5.txt && ! $M7 --lr fast > $T/h6.txt 2>&1 && grep -q 'expected a number' $T/h6.txt && ! $E --strategy bogus > $T/h7.txt 2>&1 && grep -q '^error: --strategy bogus' $T/h7.txt && ! grep -q '^data:' $T/h7.txt && ! $E --optimizer bogus > $T/h8.txt 2>&1 && grep -q '^error: --optimizer bogus' $T/h8.txt && ! $E --replicas 3 > $T/h9.txt 2>&1 && grep -q '^error: --replicas 3: one_device' $T/h9.txt && ! grep -q '^data:' $T/h9.txt"
 check "mp-bad-flags" sh -c "! $M7 --parallel diagonal > $T/mpb.txt 2>&1 && grep -q 'none, pipeline or tensor' $T/mpb.txt && ! $M7 --model rnn > $T/mpb2.txt 2>&1 && grep -q 'mlp or transformer' $T/mpb2.txt && ! $M7 --parallel pipeline --stages 12 --layers 4 > $T/mpb3.txt 2>&1 && grep -q '12 stages for 5 layers' $T/mpb3.txt"
 for ex in 06_parameter_server:--checkpoint-dir:no_such_dir 05_multi_worker:--checkpoint:no_such_dir/ck 03_char_model:--checkpoint:no_such_dir/ck; do
   bin=$BUILD/examples/${ex%%:*}; rest=${ex#*:}; flag=${rest%%:*}; arg=$T/${rest#*:}
