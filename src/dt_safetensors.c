@@ -204,6 +204,11 @@ static dt_result dt__io_index(dt_checkpoint *c, const dt__io_ctx *ctx, int need_
   if (c->file_size < 8)
     return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "truncated: %zu bytes, a safetensors file has at least 8", c->file_size);
   uint64_t n = dt__get_le64(c->file);
+  if ((n > (uint64_t)(c->file_size - 8) || n > (uint64_t)DTRAIN_CHECKPOINT_MAX_HEADER) && c->file_size > 8 &&
+      c->file[8] != '{')
+    return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "not a safetensors file (no 8-byte header length followed by '{'; "
+                      "read as one, its header length %llu exceeds the file of %zu bytes)", (unsigned long long)n,
+                      c->file_size);
   if (n > (uint64_t)(c->file_size - 8))
     return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "header length %llu exceeds the file (%zu bytes: at most %zu)",
                       (unsigned long long)n, c->file_size, c->file_size - 8);
@@ -402,6 +407,16 @@ static dt_result dt__io_read_header(dt_checkpoint *c, const dt__io_ctx *ctx, FIL
   c->file_size = (size_t)size;
   if (!dt__file_read_exact(*fp, len8, 8, why, sizeof why)) return dt__io_err(ctx, DTRAIN_ERR_IO, "%s", why);
   uint64_t n = dt__get_le64(len8);
+  if ((n > size - 8 || n > (uint64_t)DTRAIN_CHECKPOINT_MAX_HEADER) && size > 8) {
+    /* A length that cannot be: a damaged safetensors file still has its '{'
+     * next; anything else (a text file, an image, another format) is not one. */
+    unsigned char b;
+    if (!dt__file_read_exact(*fp, &b, 1, why, sizeof why)) return dt__io_err(ctx, DTRAIN_ERR_IO, "%s", why);
+    if (b != '{')
+      return dt__io_err(ctx, DTRAIN_ERR_FORMAT, "not a safetensors file (no 8-byte header length followed by '{'; "
+                        "read as one, its header length %llu exceeds the file of %llu bytes)",
+                        (unsigned long long)n, (unsigned long long)size);
+  }
   if (n > size - 8)
     return dt__io_err(ctx, DTRAIN_ERR_CORRUPT, "header length %llu exceeds the file (%zu bytes: at most %zu)",
                       (unsigned long long)n, c->file_size, c->file_size - 8);

@@ -619,6 +619,17 @@ static void test_header_length(void) {
               dt_result_name(r), dt_last_error());
     CHECK_MSG(strstr(dt_last_error(), cases[k].needle) != NULL, "'%s' lacks '%s'", dt_last_error(), cases[k].needle);
   }
+  /* Not a safetensors file at all (text, an image): said so, not only that the
+   * first 8 bytes read as a length make no sense (issue 22 item 11). */
+  {
+    const char *text = "name,value\n1,2\n3,4\n";
+    write_all(bad, text, strlen(text));
+    CHECK_ERR(dt_checkpoint_load_weights(bad, m.P), DTRAIN_ERR_FORMAT, "not a safetensors file");
+    CHECK(dt_checkpoint_open(bad) == NULL && strstr(dt_last_error(), "not a safetensors file") != NULL);
+    static const unsigned char png[16] = {0x89, 'P', 'N', 'G', 13, 10, 26, 10, 0, 0, 0, 13, 'I', 'H', 'D', 'R'};
+    write_all(bad, png, sizeof png);
+    CHECK_ERR(dt_checkpoint_load_weights(bad, m.P), DTRAIN_ERR_FORMAT, "not a safetensors file");
+  }
   /* Over the 100 MB cap but within a (sparse) file: FORMAT before reading any JSON. */
   FILE *big = fopen(bad, "wb");
   if (big) {
