@@ -756,6 +756,17 @@ DTRAIN_API dt_tensor *dt_cross_entropy(dt_graph *g, dt_tensor *logits, const int
 /* Mean of (a - b)^2 over all elements; shapes equal. */
 DTRAIN_API dt_tensor *dt_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
 
+/* ---- metrics on plain arrays (no graph) ---------------------------------------- */
+/* out[r] = the column of the largest value of row r of x [rows, cols]
+ * (row-major; the first on ties; NaN never wins, a row of NaN gives 0).
+ * DTRAIN_ERR_NULL_ARG / _INVALID_ARG (rows < 0, cols < 1 or > INT32_MAX). */
+DTRAIN_API dt_result dt_argmax_rows(const float *x, int64_t rows, int64_t cols, int32_t *out);
+/* How many rows of logits [rows, classes] have their argmax (as above) equal
+ * to labels[r]: the correct predictions of a classifier (dt_fit_batch.correct;
+ * divide by rows for the accuracy). A negative dt_result on error: a NULL
+ * pointer, bad sizes, or a label outside [0, classes) (named with its row). */
+DTRAIN_API int64_t dt_count_correct(const float *logits, const int32_t *labels, int64_t rows, int64_t classes);
+
 /* ---- nn ----------------------------------------------------------------------- */
 /* Rows of table [V,D] picked by n ids -> [n,D]; ids copied, each in [0,V). */
 DTRAIN_API dt_tensor *dt_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n);
@@ -8519,6 +8530,42 @@ DTRAIN_API dt_tensor *dt_mean_axis(dt_graph *g, dt_tensor *x, int axis, int keep
 }
 
 #undef DT__REDUCE_BLOCK
+
+/* ---- metrics on plain arrays -------------------------------------------------------- */
+
+static int32_t dt__argmax_row(const float *row, int64_t cols) {
+  int64_t best = 0;
+  for (int64_t c = 1; c < cols; c++)
+    if (row[c] > row[best] || (row[best] != row[best] && row[c] == row[c])) best = c; /* NaN never wins */
+  return (int32_t)best;
+}
+
+static dt_result dt__metric_args(const char *fn, const void *x, const void *out, int64_t rows, int64_t cols) {
+  if (!x || (!out && rows > 0)) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: NULL argument", fn);
+  if (rows < 0 || cols < 1 || cols > INT32_MAX)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %lld rows of %lld columns", fn, (long long)rows, (long long)cols);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_argmax_rows(const float *x, int64_t rows, int64_t cols, int32_t *out) {
+  dt_result r = dt__metric_args("dt_argmax_rows", x, out, rows, cols);
+  if (r != DTRAIN_OK) return r;
+  for (int64_t i = 0; i < rows; i++) out[i] = dt__argmax_row(x + i * cols, cols);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API int64_t dt_count_correct(const float *logits, const int32_t *labels, int64_t rows, int64_t classes) {
+  dt_result r = dt__metric_args("dt_count_correct", logits, labels, rows, classes);
+  if (r != DTRAIN_OK) return r;
+  int64_t ok = 0;
+  for (int64_t i = 0; i < rows; i++) {
+    if (labels[i] < 0 || labels[i] >= classes)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_count_correct: label %d at row %lld is outside [0, %lld)",
+                       (int)labels[i], (long long)i, (long long)classes);
+    ok += dt__argmax_row(logits + i * classes, classes) == labels[i];
+  }
+  return ok;
+}
 /* ======== end dt_ops_reduce.c ======== */
 
 /* ======== begin dt_ops_shape.c ======== */

@@ -34,13 +34,9 @@ static double test_accuracy(dt_graph *g, const dt_nn_linear *l1, const dt_nn_lin
     dt_graph_reset(g);
     dt_tensor *x = dt_tensor_wrap(g, 2, xs, test->x + s * 784);
     dt_tensor *logits = dt_nn_linear_forward(g, l2, dt_relu(g, dt_nn_linear_forward(g, l1, x)));
-    if (!logits) return -1.0;
-    for (int64_t i = 0; i < n; i++) {
-      const float *row = logits->data + i * 10;
-      int best = 0;
-      for (int c = 1; c < 10; c++) if (row[c] > row[best]) best = c;
-      correct += best == test->y[s + i];
-    }
+    int64_t ok = logits ? dt_count_correct(logits->data, test->y + s, n, 10) : -1; /* argmax == label */
+    if (ok < 0) return -1.0;
+    correct += ok;
   }
   return (double)correct / (double)test->n;
 }

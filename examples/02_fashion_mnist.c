@@ -95,16 +95,10 @@ static dt_tensor *model_forward(dt_graph *g, const model *m, dt_tensor *x) {
   return dt_nn_linear_forward(g, &m->fc3, h);
 }
 
+/* Rows whose largest logit is at their label (dt_count_correct; the labels are the data's, in range). */
 static int64_t count_correct_rows(const float *rows, int64_t n, int64_t c, const int32_t *y) {
-  int64_t ok = 0;
-  for (int64_t i = 0; i < n; i++) {
-    const float *row = rows + i * c;
-    int64_t best = 0;
-    for (int64_t k = 1; k < c; k++)
-      if (row[k] > row[best]) best = k;
-    ok += best == y[i];
-  }
-  return ok;
+  int64_t ok = dt_count_correct(rows, y, n, c);
+  return ok > 0 ? ok : 0;
 }
 
 static int64_t count_correct(const dt_tensor *logits, const int32_t *y) {

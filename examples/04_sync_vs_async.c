@@ -117,13 +117,8 @@ static void evaluate(dt_params *P, const model *m, const float *x, const int32_t
   int64_t xs[2] = {n, NIN};
   dt_tensor *logits = forward(g, m, dt_tensor_wrap(g, 2, xs, (float *)x));
   dt_tensor *L = dt_cross_entropy(g, logits, y);
-  int ok = 0;
-  for (int i = 0; logits && i < n; i++) {
-    int best = 0;
-    for (int c = 1; c < NCLS; c++)
-      if (logits->data[i * NCLS + c] > logits->data[i * NCLS + best]) best = c;
-    ok += best == y[i];
-  }
+  int64_t ok = logits ? dt_count_correct(logits->data, y, n, NCLS) : 0; /* argmax == label */
+  if (ok < 0) ok = 0;
   *loss = L ? dt_item(L) : NAN;
   *acc = (double)ok / n;
   dt_graph_destroy(g);

@@ -83,6 +83,17 @@ DTRAIN_API dt_tensor *dt_cross_entropy(dt_graph *g, dt_tensor *logits, const int
 /* Mean of (a - b)^2 over all elements; shapes equal. */
 DTRAIN_API dt_tensor *dt_mse(dt_graph *g, dt_tensor *a, dt_tensor *b);
 
+/* ---- metrics on plain arrays (no graph) ---------------------------------------- */
+/* out[r] = the column of the largest value of row r of x [rows, cols]
+ * (row-major; the first on ties; NaN never wins, a row of NaN gives 0).
+ * DTRAIN_ERR_NULL_ARG / _INVALID_ARG (rows < 0, cols < 1 or > INT32_MAX). */
+DTRAIN_API dt_result dt_argmax_rows(const float *x, int64_t rows, int64_t cols, int32_t *out);
+/* How many rows of logits [rows, classes] have their argmax (as above) equal
+ * to labels[r]: the correct predictions of a classifier (dt_fit_batch.correct;
+ * divide by rows for the accuracy). A negative dt_result on error: a NULL
+ * pointer, bad sizes, or a label outside [0, classes) (named with its row). */
+DTRAIN_API int64_t dt_count_correct(const float *logits, const int32_t *labels, int64_t rows, int64_t classes);
+
 /* ---- nn ----------------------------------------------------------------------- */
 /* Rows of table [V,D] picked by n ids -> [n,D]; ids copied, each in [0,V). */
 DTRAIN_API dt_tensor *dt_embedding(dt_graph *g, dt_tensor *table, const int32_t *ids, int64_t n);

@@ -2537,6 +2537,65 @@ static void nt_dt_mse(void) {
   }
   nt_teardown(&f);
 }
+/* dt_ops.h: dt_result dt_argmax_rows(const float * x, int64_t rows, int64_t cols, int32_t * out) */
+static void nt_dt_argmax_rows(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_argmax_rows(NULL, rows, cols, NULL)");
+    nt_check_result(dt_argmax_rows(NULL, 2, 2, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_argmax_rows(NULL, rows, cols, out)");
+    nt_check_result(dt_argmax_rows(NULL, 2, 2, f.ibuf), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_argmax_rows(x, rows, cols, NULL)");
+    nt_check_result(dt_argmax_rows(f.fbuf, 2, 2, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_ops.h: int64_t dt_count_correct(const float * logits, const int32_t * labels, int64_t rows, int64_t classes) */
+static void nt_dt_count_correct(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_count_correct(NULL, NULL, rows, classes)");
+    (void)dt_count_correct(NULL, NULL, 2, 2);
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_count_correct(NULL, labels, rows, classes)");
+    (void)dt_count_correct(NULL, f.ibuf, 2, 2);
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_count_correct(logits, NULL, rows, classes)");
+    (void)dt_count_correct(f.fbuf, NULL, 2, 2);
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_ops.h: dt_tensor * dt_embedding(dt_graph * g, dt_tensor * table, const int32_t * ids, int64_t n) */
 static void nt_dt_embedding(void) {
   nt_fix f;
@@ -8585,6 +8644,8 @@ int main(void) {
   TH_RUN(nt_dt_log_softmax);
   TH_RUN(nt_dt_cross_entropy);
   TH_RUN(nt_dt_mse);
+  TH_RUN(nt_dt_argmax_rows);
+  TH_RUN(nt_dt_count_correct);
   TH_RUN(nt_dt_embedding);
   TH_RUN(nt_dt_dropout);
   TH_RUN(nt_dt_layer_norm);

@@ -651,6 +651,42 @@ static void test_errors_params(void) {
   dt_graph_destroy(g2);
 }
 
+/* dt_argmax_rows / dt_count_correct: ties to the first, NaN never wins, a
+ * row of NaN gives 0, labels out of range refused naming the row. */
+static void test_argmax_and_correct(void) {
+  const float x[4 * 3] = {0.1f, 0.7f, 0.2f,   /* 1 */
+                          5.0f, 5.0f, -1.0f,  /* 0: a tie goes to the first */
+                          NAN, -3.0f, -2.0f,  /* 2: NaN never wins */
+                          NAN, NAN, NAN};     /* 0 */
+  int32_t am[4] = {-1, -1, -1, -1};
+  CHECK(dt_argmax_rows(x, 4, 3, am) == DTRAIN_OK);
+  CHECK(am[0] == 1 && am[1] == 0 && am[2] == 2 && am[3] == 0);
+  const int32_t y[4] = {1, 1, 2, 0};
+  CHECK(dt_count_correct(x, y, 4, 3) == 3);
+  CHECK(dt_count_correct(x, y, 0, 3) == 0);
+  const int32_t bad[2] = {1, 3};
+  CHECK_ERR((dt_result)dt_count_correct(x, bad, 2, 3), DTRAIN_ERR_INVALID_ARG, "row 1");
+  CHECK_ERR(dt_argmax_rows(NULL, 1, 3, am), DTRAIN_ERR_NULL_ARG, "NULL");
+  CHECK_ERR(dt_argmax_rows(x, 1, 0, am), DTRAIN_ERR_INVALID_ARG, "columns");
+  CHECK_ERR((dt_result)dt_count_correct(x, y, -1, 3), DTRAIN_ERR_INVALID_ARG, "rows");
+  /* Against a hand count on random logits. */
+  uint64_t s = 99;
+  float big[200 * 10];
+  int32_t lab[200];
+  int64_t want = 0;
+  for (int i = 0; i < 200; i++) {
+    int best = 0;
+    for (int c = 0; c < 10; c++) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      big[i * 10 + c] = (float)((s >> 33) % 1000) / 100.0f;
+      if (big[i * 10 + c] > big[i * 10 + best]) best = c;
+    }
+    lab[i] = (int32_t)((s >> 40) % 10);
+    want += best == lab[i];
+  }
+  CHECK(dt_count_correct(big, lab, 200, 10) == want);
+}
+
 int main(void) {
   TH_RUN(test_softmax_values);
   TH_RUN(test_softmax_grads);
@@ -667,5 +703,6 @@ int main(void) {
   TH_RUN(test_causal_mask);
   TH_RUN(test_errors_labels_ids);
   TH_RUN(test_errors_params);
+  TH_RUN(test_argmax_and_correct);
   return th_summary("ops_nn");
 }
