@@ -6,7 +6,9 @@
  * progress, metrics CSV and SVG charts; data-parallel training on threads
  * (mirrored, central storage, asynchronous with bounded staleness) and across
  * processes and machines over TCP or MPI (multi-worker all-reduce, parameter
- * servers). C11 + libm; pthreads and sockets unless compiled out. This comment
+ * servers); model parallelism (pipeline stages, tensor-parallel layers) on
+ * threads and processes; an optional CUDA backend (dtrain_cuda.h: one GPU or
+ * one per replica). C11 + libm; pthreads and sockets unless compiled out. This comment
  * is the user reference; README.md is the tour, docs/ the wire protocol.
  *
  * INCLUDING
@@ -61,6 +63,12 @@
  *   strategy   one_device, mirrored, central_storage, async (Hogwild, bounded
  *              staleness), multi_worker_mirrored, parameter_server: the same
  *              step function under each                              (dt_strategy.h)
+ *   pipeline   a model cut into stages: micro-batches, GPipe and 1F1B, on
+ *              threads or one stage per process                      (dt_pipeline.h)
+ *   tensor par column/row-parallel linear, attention by heads, vocabulary-
+ *              parallel embedding and cross-entropy; layouts P x T x R
+ *              (dt_tensor_parallel.h); checkpoint parts per stage or
+ *              shard, gathered and split for any layout               (dt_io.h)
  *   net        clusters (flags or DTRAIN_CONFIG), TCP communicator, parameter
  *              servers and their store                               (dt_net.h)
  *   device     the device interface that dtrain_cuda.h implements   (dt_device.h)
@@ -229,15 +237,18 @@
  *   host read of device memory). Several GPUs: the mirrored and
  *   multi_worker_mirrored strategies take one device per replica
  *   (dt_strategy_options.devices) and all-reduce over a dt_device_group (peer
- *   copies, or NCCL with DTRAIN_USE_NCCL). The CUDA backend has not yet run
- *   on a GPU: its kernels' math is checked against the CPU ops in a host
- *   emulation (tests/test_cuda_emu.cc).
+ *   copies, or NCCL with DTRAIN_USE_NCCL). The CUDA backend has run on one
+ *   GPU (an H100: its tests, compute-sanitizer, Fashion-MNIST; README "On
+ *   GPUs"); several GPUs have not run on hardware yet, only in the host
+ *   emulation that checks every kernel's math against the CPU ops
+ *   (tests/test_cuda_emu.cc, tests/test_cuda_strategy.cc).
  *
  * WHAT IT DOES NOT DO (yet)
  *   No strided (non-contiguous) tensors: transpose/permute copy. No float16.
- *   No model parallelism (pipeline, tensor-parallel layers) yet. Network
- *   traffic is authenticated (DTRAIN_TOKEN) but not encrypted. The CUDA
- *   backend is untested on real GPUs (see DEVICES).
+ *   A pipeline refuses gradient clipping by the global norm, and batch-norm
+ *   statistics follow each stage's micro-batches. Network traffic is
+ *   authenticated (DTRAIN_TOKEN) but not encrypted. Several GPUs have not run
+ *   on real hardware (see DEVICES).
  *
  * LICENSE
  *   MIT License
