@@ -426,13 +426,29 @@ int main(int argc, char **argv) {
   }
   a.o.batch_worker = a.o.batch / world;
   if (rank != 0 || (ps && cl->role == DTRAIN_ROLE_PS)) { a.o.quiet = 1; a.o.json = 0; a.o.csv = a.o.svg = a.o.checkpoint = NULL; } /* worker 0 reports */
+  /* The CSV and the chart go to build/ by default: run elsewhere (no build/
+   * to write in), they are left out with a note, not an error for a flag the
+   * user never gave; a path the user gave must be writable. */
+  for (int k = 0; k < 2; k++) {
+    const char **path = k ? &a.o.svg : &a.o.csv;
+    if (!*path || ex_given(argc, argv, k ? "svg" : "csv")) continue;
+    dt_set_logger(NULL, NULL, (dt_log_level)0); /* a probe: its failure is not an error to print */
+    dt_result w = dt_check_writable(*path, 0);
+    dt_set_logger(NULL, NULL, DTRAIN_LOG_WARN);  /* the default again */
+    if (w != DTRAIN_OK) {
+      if (!a.o.quiet) printf("note: no %s (%s is not writable here; --%s FILE to choose one)\n", k ? "chart" : "metrics CSV",
+                             *path, k ? "svg" : "csv");
+      *path = NULL;
+    }
+  }
   if (!output_ok("--checkpoint", a.o.checkpoint, 0) || !output_ok("--csv", a.o.csv, 0) || !output_ok("--svg", a.o.svg, 0)) return 2;
   dt_optim_kind kind;
   if (!optimizer_kind(a.o.optimizer, &kind)) { fprintf(stderr, "error: unknown optimizer %s\n", a.o.optimizer); return 2; }
   char dir[512];
   dt_result r = load_data(&a, dir, sizeof dir);
   if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-  if (!a.o.quiet && (mwm || ps)) printf("cluster: %d workers, %d servers (samples/s below: worker 0's own)\n", cl->workers, cl->servers);
+  if (!a.o.quiet && (mwm || ps)) printf("cluster: %d worker%s, %d server%s (samples/s below: worker 0's own)\n", cl->workers,
+                                         cl->workers == 1 ? "" : "s", cl->servers, cl->servers == 1 ? "" : "s");
   if (!a.o.quiet)
     printf("data: %s (%lld train, %lld test)\nmodel: %s, %s, batch %d (%d per worker), %d epochs, strategy %s\n", dir,
            (long long)a.train->n, (long long)a.test->n, a.o.model, a.o.optimizer, a.o.batch, a.o.batch_worker, a.o.epochs,
@@ -524,7 +540,9 @@ int main(int argc, char **argv) {
   fd.evaluate = evaluate;
   fd.user = &a;
   fd.params = a.P;
-  fd.optim = a.opt;
+  /* A parameter-server worker's optimizer lives on the servers: its local one
+   * never steps, so dt_fit counts this worker's steps itself (and shows no lr). */
+  fd.optim = ps ? NULL : a.opt;
   fd.graph = dt_strategy_graph(a.strategy, 0); /* its RNG goes into checkpoints */
   fd.progress = a.o.quiet ? DTRAIN_FIT_PROGRESS_QUIET : DTRAIN_FIT_PROGRESS_AUTO;
   fd.csv_path = a.o.csv;

@@ -402,10 +402,10 @@ int main(int argc, char **argv) {
     steps = (int64_t)o.epochs * f.per_epoch; /* at most: the queue ends the run when it is done */
   }
   if (!o.quiet && rank == 0 && store->steps_done == 0 && !o.work_queue)
-    printf("%d workers, %d servers, max staleness %d, %lld steps per worker, batch %d per worker (global %d)\n", world,
+    printf("%d worker(s), %d server(s), max staleness %d, %lld steps per worker, batch %d per worker (global %d)\n", world,
            cl->servers, o.max_staleness, (long long)steps, batch_worker, batch_worker * world);
   if (!o.quiet && rank == 0 && store->steps_done == 0 && o.work_queue)
-    printf("%d workers, %d servers, a work queue of %lld batches of %d on server 0 (%d epochs), unbounded staleness\n",
+    printf("%d worker(s), %d server(s), a work queue of %lld batches of %d on server 0 (%d epochs), unbounded staleness\n",
            world, cl->servers, (long long)steps, batch_worker, o.epochs);
   if (store->steps_done > 0 && !o.work_queue) { /* (with the queue it just takes the next items) */
     /* A restarted worker: its rank had pushed steps_done steps. Skip them,

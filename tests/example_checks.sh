@@ -126,6 +126,11 @@ for x in r[1:]:
 # a bad --strategy or --optimizer, or --replicas with one_device, is refused
 # before any data loads.
 check "flags-help-and-strict-numbers" sh -c "$E --help > $T/h1.txt && grep -q -- '--epochs X .*\[5\]' $T/h1.txt && $M7 -h > $T/h2.txt && grep -q -- '--microbatches X .*\[4\]' $T/h2.txt && ! $E --epochs 2.7 > $T/h3.txt 2>&1 && grep -q \"^error: --epochs '2.7': expected a whole number\" $T/h3.txt && ! $E --limit abc > $T/h4.txt 2>&1 && grep -q \"^error: --limit 'abc'\" $T/h4.txt && ! $M7 --stages 0 > $T/h5.txt 2>&1 && grep -q \"^error: --stages '0'\" $T/h5.txt && ! $M7 --lr fast > $T/h6.txt 2>&1 && grep -q 'expected a number' $T/h6.txt && ! $E --strategy bogus > $T/h7.txt 2>&1 && grep -q '^error: --strategy bogus' $T/h7.txt && ! grep -q '^data:' $T/h7.txt && ! $E --optimizer bogus > $T/h8.txt 2>&1 && grep -q '^error: --optimizer bogus' $T/h8.txt && ! $E --replicas 3 > $T/h9.txt 2>&1 && grep -q '^error: --replicas 3: one_device' $T/h9.txt && ! grep -q '^data:' $T/h9.txt"
+# Run outside the repository (no build/ there): the default CSV and chart are
+# left out with a note, training runs (issue 22 item 10); a path the user
+# gives must still be writable, checked before training.
+mkdir -p "$T/elsewhere"
+check "fmnist-runs-outside-the-repo" sh -c "cd $T/elsewhere && $(pwd)/$E --epochs 1 --limit 256 --data $(pwd)/$D > out.txt 2>&1 && grep -q '^note: no metrics CSV' out.txt && grep -q 'test accuracy' out.txt && ! grep -q 'dtrain error' out.txt && ! $(pwd)/$E --epochs 1 --limit 256 --csv nodir/x.csv > out2.txt 2>&1 && grep -q '^error: --csv nodir/x.csv' out2.txt"
 check "mp-bad-flags" sh -c "! $M7 --parallel diagonal > $T/mpb.txt 2>&1 && grep -q 'none, pipeline or tensor' $T/mpb.txt && ! $M7 --model rnn > $T/mpb2.txt 2>&1 && grep -q 'mlp or transformer' $T/mpb2.txt && ! $M7 --parallel pipeline --stages 12 --layers 4 > $T/mpb3.txt 2>&1 && grep -q '12 stages for 5 layers' $T/mpb3.txt"
 for ex in 06_parameter_server:--checkpoint-dir:no_such_dir 05_multi_worker:--checkpoint:no_such_dir/ck 03_char_model:--checkpoint:no_such_dir/ck; do
   bin=$BUILD/examples/${ex%%:*}; rest=${ex#*:}; flag=${rest%%:*}; arg=$T/${rest#*:}
