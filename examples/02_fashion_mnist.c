@@ -454,6 +454,11 @@ int main(int argc, char **argv) {
            (long long)a.train->n, (long long)a.test->n, a.o.model, a.o.optimizer, a.o.batch, a.o.batch_worker, a.o.epochs,
            a.o.strategy);
 
+  /* One core of several (one_device, dt_get_threads() == 1): say so once, and how to use more. */
+  if (!a.o.quiet && !strcmp(a.o.strategy, "one_device") && !strcmp(a.o.device, "cpu") && dt_get_threads() == 1 &&
+      dt_cpu_count() > 1)
+    printf("note: training on 1 of %d cores; DTRAIN_THREADS=%d (or auto) splits the big kernels over them, "
+           "--strategy mirrored --replicas %d the batch\n", dt_cpu_count(), dt_cpu_count(), dt_cpu_count());
   a.P = dt_params_create(a.o.seed);
   if ((r = model_init(&a.m, a.P, !strcmp(a.o.model, "cnn"))) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   a.ndev = open_devices(a.o.device, !strcmp(a.o.strategy, "one_device"), a.o.replicas, a.devs);

@@ -255,6 +255,9 @@ int main(int argc, char **argv) {
   if (parsed <= 0) return parsed < 0 ? 0 : 2;
   if (!output_ok("--checkpoint", s.checkpoint, 0)) return 2;
   uint64_t seed = (uint64_t)s.seed;
+  if (dt_get_threads() == 1 && dt_cpu_count() > 1) /* said once: the user may not know */
+    printf("note: training on 1 of %d cores; DTRAIN_THREADS=%d (or auto) splits the big kernels over them\n",
+           dt_cpu_count(), dt_cpu_count());
 
   /* Everything the program owns; freed at `done` whatever happens. */
   int exit_code = 1;
