@@ -120,19 +120,19 @@ static void without_times(const char *src, char *dst) {
 static void test_bad_flags(void) {
   const char *const unknown[] = {"--bogus", "1", NULL};
   CHECK(run(unknown) == 2);
-  CHECK_MSG(strstr(err_text, "unknown flag '--bogus'") && strstr(err_text, "usage:"), "%s", err_text);
+  CHECK_MSG(strstr(err_text, "unknown option --bogus") && strstr(err_text, "usage:"), "%s", err_text);
   const char *const no_value[] = {"--steps", NULL};
   CHECK(run(no_value) == 2);
   CHECK_MSG(strstr(err_text, "--steps needs a value"), "%s", err_text);
   const char *const not_int[] = {"--steps", "12x", NULL};
   CHECK(run(not_int) == 2);
-  CHECK_MSG(strstr(err_text, "--steps '12x': expected an integer"), "%s", err_text);
+  CHECK_MSG(strstr(err_text, "--steps '12x': expected a whole number"), "%s", err_text);
   const char *const fraction[] = {"--batch", "1.5", NULL};
   CHECK(run(fraction) == 2);
   CHECK_MSG(strstr(err_text, "--batch '1.5'"), "%s", err_text);
   const char *const range[] = {"--layers", "99", NULL};
   CHECK(run(range) == 2);
-  CHECK_MSG(strstr(err_text, "--layers '99': expected an integer from 1 to 8"), "%s", err_text);
+  CHECK_MSG(strstr(err_text, "--layers '99': expected a whole number from 1 to 8"), "%s", err_text);
   const char *const lr[] = {"--lr", "-1", NULL};
   CHECK(run(lr) == 2);
   CHECK_MSG(strstr(err_text, "--lr '-1': expected a number"), "%s", err_text);
