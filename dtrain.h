@@ -23,7 +23,7 @@
  *   dt_nn_linear hid, out;
  *   dt_nn_linear_init(&hid, P, "hidden", 2, 8, 1);
  *   dt_nn_linear_init(&out, P, "out", 8, 1, 1);
- *   dt_optim_options od = {0};  od.kind = DTRAIN_OPTIM_ADAM;  od.lr = 0.05f;
+ *   dt_optim_options od = dt_optim_defaults(DTRAIN_OPTIM_ADAM);  od.lr = 0.05f;
  *   dt_optim *opt = dt_optim_create(P, &od);
  *   dt_graph *g = dt_graph_create(P, NULL);
  *   for (int step = 0; step < 2000; step++) {
@@ -1025,6 +1025,11 @@ typedef struct dt_optim_options {
 typedef dt_optim_options dt_optim_desc;
 
 typedef struct dt_optim dt_optim;
+
+/* Options of this kind with every other field zero (the defaults): the same
+ * in C and C++, where "dt_optim_options od = {0};" does not compile (its
+ * first member is an enum):  dt_optim_options od = dt_optim_defaults(DTRAIN_OPTIM_ADAM); */
+DTRAIN_API dt_optim_options dt_optim_defaults(dt_optim_kind kind);
 
 /* NULL on failure (dt_last_error()). The params must not gain parameters later. */
 DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_options *desc);
@@ -11693,6 +11698,13 @@ static dt_result dt__optim_fill(dt_optim_desc *d) {
   if (d->alpha == 0.0f) d->alpha = 0.99f;
   if (d->schedule.kind == DTRAIN_SCHED_STEP && d->schedule.gamma == 0.0f) d->schedule.gamma = 0.1f;
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_optim_options dt_optim_defaults(dt_optim_kind kind) {
+  dt_optim_options o;
+  memset(&o, 0, sizeof o);
+  o.kind = kind;
+  return o;
 }
 
 DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc) {

@@ -14,8 +14,7 @@ int main(void) {
   dt_nn_linear hidden, out;
   dt_nn_linear_init(&hidden, P, "hidden", 2, 8, 1);
   dt_nn_linear_init(&out, P, "out", 8, 1, 1);
-  dt_optim_options od = {0};                      /* zero fields take defaults */
-  od.kind = DTRAIN_OPTIM_ADAM;
+  dt_optim_options od = dt_optim_defaults(DTRAIN_OPTIM_ADAM); /* zero fields take defaults */
   od.lr = 0.05f;
   dt_optim *opt = dt_optim_create(P, &od);
   dt_graph *g = dt_graph_create(P, NULL);         /* arena + tape for one step */

@@ -92,13 +92,13 @@ int main(int argc, char **argv) {
   dt_nn_linear l1, l2;
   dt_nn_linear_init(&l1, P, "fc1", 784, 128, 1);
   dt_nn_linear_init(&l2, P, "fc2", 128, 10, 1);
-  dt_optim_options od = {0};
-  od.kind = DTRAIN_OPTIM_ADAM;
+  dt_optim_options od = dt_optim_defaults(DTRAIN_OPTIM_ADAM); /* other fields zero: the defaults */
   od.lr = 1e-3f;
   dt_optim *opt = dt_optim_create(P, &od);
   dt_graph *g = dt_graph_create(P, NULL), *eval = dt_graph_create(P, NULL);
   dt_graph_set_grad_enabled(eval, 0); /* testing records no tape */
-  dt_loader_options ld = {0};
+  dt_loader_options ld;
+  memset(&ld, 0, sizeof ld); /* zero fields take defaults */
   ld.batch_size = 64;
   ld.shuffle = 1; /* a new order every epoch, the same for the same seed */
   ld.seed = 1;

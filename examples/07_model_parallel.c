@@ -160,7 +160,7 @@ static dt_params *layer_params(const options *o, int l) {
   int64_t ws[2] = {out_of(o, l), in_of(o, l)}, bs[1] = {out_of(o, l)};
   if (!p || dt_params_reserve(p, 2, (size_t)ws[0] * (size_t)ws[1] + (size_t)bs[0]) != DTRAIN_OK ||
       dt_params_add(p, "w", 2, ws, dt_init_glorot_uniform()) < 0 || dt_params_add(p, "b", 1, bs, dt_init_zeros()) < 0)
-    return dt_params_destroy(p), NULL;
+    { dt_params_destroy(p); return NULL; }
   return p;
 }
 
@@ -182,11 +182,11 @@ static dt_params *part_params(const options *o, int l0, int l1, int T, int t) {
     size_t rows = (size_t)out_of(o, l) / (k == 1 ? (size_t)T : 1), cols = (size_t)in_of(o, l) / (k == 2 ? (size_t)T : 1);
     floats += rows * cols + rows;
   }
-  if (!p || dt_params_reserve(p, 2 * (l1 - l0), floats) != DTRAIN_OK) return dt_params_destroy(p), NULL;
+  if (!p || dt_params_reserve(p, 2 * (l1 - l0), floats) != DTRAIN_OK) { dt_params_destroy(p); return NULL; }
   for (int l = l0; l < l1; l++) {
     int k = T > 1 ? tp_kind(o, l) : 0;
     dt_params *whole = layer_params(o, l);
-    if (!whole) return dt_params_destroy(p), NULL;
+    if (!whole) { dt_params_destroy(p); return NULL; }
     for (int wb = 0; wb < 2; wb++) {
       char n[16];
       int64_t sh[2] = {out_of(o, l), in_of(o, l)};
@@ -195,7 +195,7 @@ static dt_params *part_params(const options *o, int l0, int l1, int T, int t) {
       if (k == 2 && wb == 0) sh[1] /= T;          /* row: columns of W; the bias whole */
       snprintf(n, sizeof n, "%c%d", wb == 0 ? 'w' : 'b', l);
       int i = dt_params_add(p, n, nd, sh, dt_init_zeros());
-      if (i < 0) return dt_params_destroy(whole), dt_params_destroy(p), NULL;
+      if (i < 0) { dt_params_destroy(whole); dt_params_destroy(p); return NULL; }
       dt_param_info pi, fi;
       dt_params_info(p, i, &pi);
       dt_params_info(whole, wb, &fi);
@@ -327,20 +327,20 @@ static dt_params *tpart_params(const options *o, int u0, int u1, int T, int t) {
   for (int u = u0; u < u1; u++)
     for (int i = 0, n = unit_params(o, u, tp); i < n; i++, count++)
       floats += (size_t)tp[i].shape[0] * (size_t)tp[i].shape[1] / (T > 1 && tp[i].kind ? (size_t)T : 1);
-  if (!p || dt_params_reserve(p, count, floats) != DTRAIN_OK) return dt_params_destroy(p), NULL;
+  if (!p || dt_params_reserve(p, count, floats) != DTRAIN_OK) { dt_params_destroy(p); return NULL; }
   for (int u = u0; u < u1; u++) {
     int n = unit_params(o, u, tp);
     dt_params *whole = dt_params_create(o->seed * 1000003u + 7777u + (uint64_t)u);
     for (int i = 0; whole && i < n; i++)
-      if (dt_params_add(whole, tp[i].name, tp[i].nd, tp[i].shape, tp[i].init) < 0) dt_params_destroy(whole), whole = NULL;
-    if (!whole) return dt_params_destroy(p), NULL;
+      if (dt_params_add(whole, tp[i].name, tp[i].nd, tp[i].shape, tp[i].init) < 0) { dt_params_destroy(whole); whole = NULL; }
+    if (!whole) { dt_params_destroy(p); return NULL; }
     for (int i = 0; i < n; i++) {
       int64_t sh[2] = {tp[i].shape[0], tp[i].shape[1]}, rows = sh[0], cols = tp[i].nd == 2 ? sh[1] : 1;
       int k = T > 1 ? tp[i].kind : DTRAIN_SPLIT_NONE;
       if (k == DTRAIN_SPLIT_ROWS || k == DTRAIN_SPLIT_QKV) sh[0] /= T;
       if (k == DTRAIN_SPLIT_COLS) sh[1] /= T;
       int j = dt_params_add(p, tp[i].name, tp[i].nd, sh, dt_init_zeros());
-      if (j < 0) return dt_params_destroy(whole), dt_params_destroy(p), NULL;
+      if (j < 0) { dt_params_destroy(whole); dt_params_destroy(p); return NULL; }
       dt_param_info pi, wi;
       dt_params_info(p, j, &pi);
       dt_params_info(whole, i, &wi);

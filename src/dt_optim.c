@@ -184,6 +184,13 @@ static dt_result dt__optim_fill(dt_optim_desc *d) {
   return DTRAIN_OK;
 }
 
+DTRAIN_API dt_optim_options dt_optim_defaults(dt_optim_kind kind) {
+  dt_optim_options o;
+  memset(&o, 0, sizeof o);
+  o.kind = kind;
+  return o;
+}
+
 DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_desc *desc) {
   if (!p || !desc) {
     dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_create: %s is NULL", !p ? "params" : "desc");

@@ -58,6 +58,11 @@ typedef dt_optim_options dt_optim_desc;
 
 typedef struct dt_optim dt_optim;
 
+/* Options of this kind with every other field zero (the defaults): the same
+ * in C and C++, where "dt_optim_options od = {0};" does not compile (its
+ * first member is an enum):  dt_optim_options od = dt_optim_defaults(DTRAIN_OPTIM_ADAM); */
+DTRAIN_API dt_optim_options dt_optim_defaults(dt_optim_kind kind);
+
 /* NULL on failure (dt_last_error()). The params must not gain parameters later. */
 DTRAIN_API dt_optim *dt_optim_create(dt_params *p, const dt_optim_options *desc);
 DTRAIN_API void dt_optim_destroy(dt_optim *o);

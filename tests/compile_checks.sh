@@ -185,6 +185,12 @@ check "no-stdio-data-parsers" sh -c "gcc -std=c11 $W -I. $D/nostdio_data.c -o $D
 # a .cu holding only DTRAIN_CUDA_IMPLEMENTATION compiles and links against
 # the C object, as users are told to build it.
 printf '#include "dtrain_cuda.h"\nint main(void){ dt_device *(*f)(int) = dt_cuda_device_create; (void)f; return 0; }\n' > "$D/cuda_public.c"
+# The examples compile as C++17 too, warnings as errors (issue 22 item 2: a
+# user's C++ project copies them; "= {0}" on an enum-first struct does not
+# compile there, dt_optim_defaults does).
+for ex in examples/0*.c; do
+  check "cxx17-$(basename "$ex" .c)" g++ -std=c++17 -Wall -Wextra -Werror -x c++ -fsyntax-only -DDTRAIN__IMPLEMENTATION_DONE -I. "$ex"
+done
 check "cuda-header-public-c11" gcc -std=c11 $W -I. -c "$D/cuda_public.c" -o "$D/cuda_public.o"
 if command -v clang++ >/dev/null 2>&1; then
   check "cuda-host-emulation-clang++" clang++ -std=c++17 $W -I. -Itests -fsyntax-only tests/test_cuda_emu.cc

@@ -907,6 +907,21 @@ static void test_errors(void) {
   dt_params_destroy(p);
 }
 
+/* dt_optim_defaults: the kind, every other field zero (the C and C++ idiom). */
+static void test_defaults_ctor(void) {
+  dt_optim_options a = dt_optim_defaults(DTRAIN_OPTIM_ADAMW), z;
+  memset(&z, 0, sizeof z);
+  z.kind = DTRAIN_OPTIM_ADAMW;
+  CHECK(memcmp(&a, &z, sizeof a) == 0);
+  dt_params *P = dt_params_create(1);
+  int64_t s[1] = {4};
+  dt_params_add(P, "w", 1, s, dt_init_zeros());
+  dt_optim *o = dt_optim_create(P, &a);
+  CHECK(o != NULL && dt_optim_lr(o) > 0.0f); /* lr 0: the kind's default */
+  dt_optim_destroy(o);
+  dt_params_destroy(P);
+}
+
 int main(void) {
   TH_RUN(test_reference_sanity);
   TH_RUN(test_sgd);
@@ -923,5 +938,6 @@ int main(void) {
   TH_RUN(test_clip);
   TH_RUN(test_grad_accumulation);
   TH_RUN(test_errors);
+  TH_RUN(test_defaults_ctor);
   return th_summary("optim");
 }
