@@ -22,7 +22,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal test-minimal-nothreads test-minimal-nostdio test-minimal-edge all test test-suite suite-bins check-house demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
-.PHONY: bench-strategy bench-backup bench-pipeline bench-net bench-gpu fuzz soak chaos
+.PHONY: bench-strategy bench-backup bench-pipeline bench-net bench-netem bench-gpu fuzz soak chaos
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench tools/dtrain-ckpt
 
@@ -239,6 +239,11 @@ bench-gpu:
 bench-strategy: $(BUILD)/bench/bench_allreduce $(BUILD)/bench/bench_strategy
 	$(BUILD)/bench/bench_allreduce
 	$(BUILD)/bench/bench_strategy
+# Link emulation (DTRAIN_NETEM) against the kernel's tbf shaper on a veth pair
+# between two network namespaces (root; skips without ip/tc).
+bench: bench-netem
+bench-netem: tools/dtrain-bench
+	sh bench/run_netem.sh
 # Backup workers: mirrored(4) with a 4x straggler and one backup vs undisturbed.
 bench: bench-backup
 bench-backup: $(BUILD)/examples/04_sync_vs_async

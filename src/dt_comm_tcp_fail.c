@@ -69,7 +69,7 @@ static void dt__tcp_collect(dt__comm_tcp *t, double grace) {
     if (np == 0) return;
     double left = end - dt__now();
     if (left <= 0) return;
-    int k = poll(pf, (nfds_t)np, (int)(left * 1000.0) + 1);
+    int k = dt__sock_poll(pf, (nfds_t)np, (int)(left * 1000.0) + 1);
     if (k <= 0) continue; /* timeout (loop ends) or EINTR */
     for (int q = 0; q < np; q++) {
       if (!pf[q].revents) continue;

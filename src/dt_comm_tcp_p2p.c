@@ -322,7 +322,7 @@ static dt_result dt__tcp_p2p_peek(dt__comm_tcp *t, int j, int *moved, int *parti
   dt__p2p_peer *P = &t->pp[j];
   dt__conn *c = &t->conns[j];
   unsigned char h[DT__NET_HDR];
-  ssize_t k = recv(c->fd, h, sizeof h, MSG_PEEK);
+  ssize_t k = dt__sock_recv(c->fd, h, sizeof h, MSG_PEEK);
   if (k == 0) {
     P->gone = 1; /* an error only for a transfer with this peer (dt__tcp_p2p_run) */
     return DTRAIN_OK;
@@ -370,7 +370,7 @@ static dt_result dt__tcp_p2p_recv_step(dt__comm_tcp *t, int j, int *moved) {
     } else {
       d = dt__tcp_p2p_dst(t, P, P->rdone - DT__P2P_HEAD, &want);
     }
-    ssize_t k = want ? recv(c->fd, d, want, 0) : 0;
+    ssize_t k = want ? dt__sock_recv(c->fd, d, want, 0) : 0;
     if (want && k == 0) {
       dt__error(DTRAIN_ERR_PEER, "%s: %s closed the connection", t->op, c->peer);
       return DTRAIN_ERR_PEER;
@@ -452,7 +452,7 @@ static dt_result dt__tcp_p2p_send_step(dt__comm_tcp *t, int j, int *moved) {
     memset(&mh, 0, sizeof mh);
     mh.msg_iov = iov;
     mh.msg_iovlen = (size_t)cnt;
-    ssize_t k = sendmsg(c->fd, &mh, DT__NET_SEND_FLAGS);
+    ssize_t k = dt__sock_sendmsg(c->fd, &mh, DT__NET_SEND_FLAGS);
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return DTRAIN_OK;
       dt__error(DTRAIN_ERR_PEER, "%s: send to %s failed: %s", t->op, c->peer, strerror(errno));
@@ -548,7 +548,7 @@ static dt_result dt__tcp_p2p_run(dt__comm_tcp *t, dt_comm_request *target, doubl
       dt__sleep(DT__MIN(left, 0.001 * ms));
       continue;
     }
-    if (poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR) {
+    if (dt__sock_poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR) {
       dt__error(DTRAIN_ERR_NET, "%s: poll: %s", t->op, strerror(errno));
       return DTRAIN_ERR_NET;
     }

@@ -150,7 +150,7 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
       pf[1 + q].events = dt__hs_events(&pend[q]);
       pf[1 + q].revents = 0;
     }
-    if (poll(pf, (nfds_t)(1 + np), ms) < 0 && errno != EINTR) {
+    if (dt__sock_poll(pf, (nfds_t)(1 + np), ms) < 0 && errno != EINTR) {
       rc = dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
       goto done;
     }

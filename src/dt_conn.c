@@ -66,7 +66,7 @@ DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *p
   size_t total = DT__NET_HDR + (size_t)(payload ? n : 0);
   ssize_t k;
   do {
-    k = sendmsg(c->fd, &mh, DT__NET_SEND_FLAGS);
+    k = dt__sock_sendmsg(c->fd, &mh, DT__NET_SEND_FLAGS);
   } while (k < 0 && errno == EINTR);
   if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
     dt__error(DTRAIN_ERR_PEER, "send failed: %s", strerror(errno));
@@ -280,7 +280,7 @@ static dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int
     memset(&mh, 0, sizeof mh);
     mh.msg_iov = iov;
     mh.msg_iovlen = (size_t)cnt;
-    k = sendmsg(x->c->fd, &mh, DT__NET_SEND_FLAGS);
+    k = dt__sock_sendmsg(x->c->fd, &mh, DT__NET_SEND_FLAGS);
     if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       dt__error(DTRAIN_ERR_PEER, "send failed: %s", strerror(errno));
       return dt__conn_fail(x->c, DTRAIN_ERR_PEER, op, "send to");
@@ -288,7 +288,7 @@ static dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int
   } else {
     unsigned char *dst = x->done < DT__NET_HDR ? x->h + x->done : x->buf + (x->done - DT__NET_HDR);
     size_t want = x->done < DT__NET_HDR ? DT__NET_HDR - x->done : total - x->done;
-    k = recv(x->c->fd, dst, want, 0);
+    k = dt__sock_recv(x->c->fd, dst, want, 0);
     if (k == 0) {
       dt__error(DTRAIN_ERR_PEER, "connection closed by the peer");
       return dt__conn_fail(x->c, DTRAIN_ERR_PEER, op, "receive from");
@@ -358,7 +358,7 @@ static dt_result dt__xfer_wait(dt__xfer *s, dt__xfer *r, double deadline, double
     np++;
   }
   int ms = left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
-  if (poll(p, np, ms) < 0 && errno != EINTR) {
+  if (dt__sock_poll(p, np, ms) < 0 && errno != EINTR) {
     dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
     return dt__conn_fail(r && r->active ? r->c : s->c, DTRAIN_ERR_NET, op, "exchange with");
   }

@@ -254,6 +254,7 @@ DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role rol
     }
   }
   rc = dt__conn_recv(c, DT__MSG_READY, NULL, 0, &len, deadline, "handshake");
+  if (rc == DTRAIN_OK) rc = dt__netem_attach(c->fd, c->self_id, (int)role, index); /* DTRAIN_NETEM */
   if (rc != DTRAIN_OK) goto fail;
   return DTRAIN_OK;
 fail:
@@ -563,6 +564,11 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
         h->rc = DTRAIN_ERR_PEER;
         snprintf(h->why, sizeof h->why, "%s closed the connection after its handshake (%s: a client that gave up "
                  "while it waited in the backlog)", h->conn.peer, k == 0 ? "end of file" : strerror(errno));
+        return dt__hs_fail(h, self, seen);
+      }
+      if (dt__netem_attach(h->conn.fd, self->id, h->conn.peer_role, h->conn.peer_index) != DTRAIN_OK) {
+        h->rc = dt_last_result();
+        snprintf(h->why, sizeof h->why, "%s", dt_last_error());
         return dt__hs_fail(h, self, seen);
       }
       h->state = DT__HSS_DONE;

@@ -58,6 +58,8 @@ DTRAIN_PRIVATE dt_result dt__net_self_init(dt__net_self *self, const dt_cluster 
   }
   if (d.max_payload > 0xFFFFFFF0u) d.max_payload = 0xFFFFFFF0u;
   self->opt = d;
+  dt_result nrc = dt__netem_check_env(); /* a bad DTRAIN_NETEM fails here, before any connection */
+  if (nrc != DTRAIN_OK) return nrc;
   if (d.job_id) {
     self->job = d.job_id;
   } else {

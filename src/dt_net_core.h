@@ -17,12 +17,56 @@
 #define DT__NET_ADDR 96
 
 #ifndef DTRAIN_NO_NET /* the socket layer exists only with networking */
+#  include <poll.h>
 #  include <sys/socket.h>
+#  include <sys/types.h>
 #  ifdef MSG_NOSIGNAL /* send flags of every send(): a closed peer is an error, not a SIGPIPE */
 #    define DT__NET_SEND_FLAGS MSG_NOSIGNAL
 #  else
 #    define DT__NET_SEND_FLAGS 0 /* the socket has SO_NOSIGPIPE instead (dt_socket.c) */
 #  endif
+
+/* ---- link emulation (dt_netem.c) -------------------------------------------------------------
+ * DTRAIN_NETEM="rate=100mbit,delay=2ms,jitter=1ms,loss=0.5%,cut=30s;rank1:rate=10mbit"
+ * (clauses split by ';', a clause "rankN:"/"workerN:"/"psN:" for one
+ * member). A link's spec: each end's defaults with its own clause over them,
+ * then field by field the slower end. dt__netem_attach gives a connected
+ * socket a line (a thread that writes its sends when they are due) when the
+ * spec names anything for it; dt__net_close detaches it. The dt__sock_*
+ * calls are the system calls for every socket of the transport: with no
+ * line anywhere, one atomic load more. */
+enum { DT__NE_RATE = 1, DT__NE_DELAY = 2, DT__NE_JITTER = 4, DT__NE_LOSS = 8, DT__NE_CUT = 16 };
+typedef struct dt__netem_spec {
+  unsigned set;  /* DT__NE_* fields given */
+  double rate;   /* bytes per second on the wire (headers included) */
+  double delay;  /* one way, seconds */
+  double jitter; /* +- seconds on each segment's delay */
+  double loss;   /* fraction of 1448-byte segments lost (each stalls the link one round trip) */
+  double cut;    /* seconds after the process's first emulated link that it is severed */
+} dt__netem_spec;
+typedef struct dt__netem_stats {
+  uint64_t bytes_in, bytes_out, bytes_dropped; /* sent into the line; written to the socket; lost to a cut or failure */
+  uint64_t segments_in, segments_out, lost, early; /* early: segments written before due (never, by design) */
+  double first_depart, last_free; /* the schedule: first departure, when the link is free again */
+  double busy_s;                  /* the link's busy time: serialisation and loss stalls */
+  uint64_t wire_bytes;            /* bytes on the wire: payload + 66 header bytes per 1448-byte segment */
+  double min_latency;             /* least time from a segment's serialisation to its write */
+  double rate, delay;             /* the line's spec */
+  size_t queued;                  /* bytes not yet written */
+} dt__netem_stats;
+/* Parse text for the link between (role, index) and (peer_role, peer_index)
+ * (-1: validate only). DTRAIN_ERR_INVALID_ARG naming the bad clause. */
+DTRAIN_PRIVATE dt_result dt__netem_parse(const char *text, int role, int index, int peer_role, int peer_index,
+                                         dt__netem_spec *out);
+DTRAIN_PRIVATE dt_result dt__netem_check_env(void); /* DTRAIN_NETEM, validated */
+DTRAIN_PRIVATE dt_result dt__netem_attach(int fd, uint32_t self_id, int peer_role, int peer_index);
+DTRAIN_PRIVATE void dt__netem_detach(int fd); /* lets queued bytes arrive (at most 2 s), then frees the line */
+DTRAIN_PRIVATE int dt__netem_stats_of(int fd, dt__netem_stats *st); /* 0: no line on fd */
+DTRAIN_PRIVATE long dt__netem_lines_made(void);
+DTRAIN_PRIVATE ssize_t dt__sock_sendmsg(int fd, const struct msghdr *mh, int flags);
+DTRAIN_PRIVATE ssize_t dt__sock_send(int fd, const void *p, size_t n, int flags);
+DTRAIN_PRIVATE ssize_t dt__sock_recv(int fd, void *p, size_t n, int flags);
+DTRAIN_PRIVATE int dt__sock_poll(struct pollfd *p, nfds_t n, int ms);
 
 /* ---- sockets (dt_socket.c) ------------------------------------------------------------------
  * Every socket is non-blocking; every call takes an absolute deadline

@@ -97,7 +97,7 @@ static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why
 static int dt__ps_flush(dt__ps_server *S, int i) {
   dt__ps_worker *w = &S->w[i];
   while (w->tx_off < w->tx_len) {
-    ssize_t k = send(w->conn.fd, w->tx + w->tx_off, w->tx_len - w->tx_off, DT__NET_SEND_FLAGS);
+    ssize_t k = dt__sock_send(w->conn.fd, w->tx + w->tx_off, w->tx_len - w->tx_off, DT__NET_SEND_FLAGS);
     if (k > 0) {
       w->tx_off += (size_t)k;
       continue;
@@ -486,7 +486,7 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
     }
     unsigned char *dst = in_header ? w->in_h + w->in_len : w->in_dst + (w->in_len - DT__NET_HDR);
     size_t want = total - w->in_len;
-    ssize_t k = recv(w->conn.fd, dst, want, 0);
+    ssize_t k = dt__sock_recv(w->conn.fd, dst, want, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (k <= 0) {
@@ -648,7 +648,7 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
       who[n++] = i;
     }
     for (int j = 0; j < n; j++) pf[j].revents = 0;
-    int pr = poll(pf, (nfds_t)n, (int)(tick * 1000.0) + 1);
+    int pr = dt__sock_poll(pf, (nfds_t)n, (int)(tick * 1000.0) + 1);
     if (pr < 0 && errno != EINTR) {
       rc = dt__error(DTRAIN_ERR_NET, "dt_ps_serve: ps %d: poll: %s", S->me, strerror(errno));
       break;

@@ -147,7 +147,7 @@ static int dt__net_wait(int fd, short events, double deadline) {
     p.events = events;
     p.revents = 0;
     int ms = left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
-    int n = poll(&p, 1, ms);
+    int n = dt__sock_poll(&p, 1, ms);
     if (n > 0) return 1;
     if (n < 0 && errno != EINTR) return -1;
   }
@@ -293,7 +293,7 @@ DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd_out, c
 DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double deadline) {
   const unsigned char *b = (const unsigned char *)p;
   while (n > 0) {
-    ssize_t k = send(fd, b, n, DT__NET_SEND_FLAGS);
+    ssize_t k = dt__sock_send(fd, b, n, DT__NET_SEND_FLAGS);
     if (k > 0) {
       b += k;
       n -= (size_t)k;
@@ -319,7 +319,7 @@ DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double dea
   unsigned char *b = (unsigned char *)p;
   double spin_until = -1.0;
   while (n > 0) {
-    ssize_t k = recv(fd, b, n, 0);
+    ssize_t k = dt__sock_recv(fd, b, n, 0);
     if (k > 0) {
       b += k;
       n -= (size_t)k;
@@ -349,7 +349,9 @@ DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double dea
 }
 
 DTRAIN_PRIVATE void dt__net_close(int fd) {
-  if (fd >= 0) close(fd);
+  if (fd < 0) return;
+  dt__netem_detach(fd);
+  close(fd);
 }
 
 #endif /* DTRAIN_NO_NET */
