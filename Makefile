@@ -65,7 +65,9 @@ $(BUILD)/tests/test_ps $(BUILD)/tests/test_ps_elastic: tests/ps_harness.h tests/
 
 # The TCP communicator's tests share their forked ranks.
 $(BUILD)/tests/test_comm_tcp $(BUILD)/tests/test_comm_p2p $(BUILD)/tests/test_pipeline \
-  $(BUILD)/tests/test_tensor_parallel: tests/tcp_world.h
+  $(BUILD)/tests/test_tensor_parallel $(BUILD)/tests/test_netem: tests/tcp_world.h
+# The model-parallel tests share their data, packing and comparison.
+$(BUILD)/tests/test_pipeline $(BUILD)/tests/test_tensor_parallel $(BUILD)/tests/test_parallel_ckpt: tests/mp_common.h
 
 # test_char_model compiles the example into itself.
 $(BUILD)/tests/test_char_model: examples/03_char_model.c

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "harness.h"
+#include "mp_common.h"
 #if !defined(DTRAIN_NO_THREADS)
 #  include <pthread.h>
 #endif
@@ -40,11 +41,7 @@ static float data_x[ROWS * 8];
 static int32_t data_y[ROWS];
 
 static void make_data(void) {
-  uint64_t s = 4242;
-  for (int i = 0; i < ROWS * 8; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    data_x[i] = (float)((s >> 33) % 2001) / 1000.0f - 1.0f;
-  }
+  lcg_fill(data_x, ROWS * 8, 4242);
   for (int r = 0; r < ROWS; r++) {
     float a = data_x[r * 8] + 0.5f * data_x[r * 8 + 1] - data_x[r * 8 + 4];
     data_y[r] = a > 0.3f ? 2 : a > -0.3f ? 1 : 0;
@@ -53,15 +50,8 @@ static void make_data(void) {
 
 /* Batch of step k with `cols` features per row (6: the pipeline, 8: the tensor-parallel MLP). */
 static dt_minibatch batch_at(int k, int cols) {
-  dt_minibatch b;
-  memset(&b, 0, sizeof b);
-  int first = (k * B) % ROWS;
-  b.rows = B;
-  b.x = data_x + first * 8;
-  b.x_cols = 8; /* the stride: micro-batches start at row * x_cols */
-  (void)cols;
-  b.y = data_y + first;
-  return b;
+  (void)cols; /* rows are 8 floats apart either way: x_cols is the stride */
+  return batch_from(data_x, data_y, ROWS, B, 8, k);
 }
 
 static void add_layers(dt_params *p, int l0, int l1) {
@@ -119,27 +109,7 @@ static dt_optim_options adam(void) {
   return o;
 }
 
-/* p's values packed in order into out (n floats at most); returns the count. */
-static size_t pack(const dt_params *p, float *out) {
-  size_t k = 0;
-  for (int i = 0; i < dt_params_count(p); i++) {
-    dt_param_info in;
-    dt_params_info(p, i, &in);
-    memcpy(out + k, dt_params_data((dt_params *)(uintptr_t)p) + in.offset, in.size * sizeof(float));
-    k += in.size;
-  }
-  return k;
-}
 
-static double max_rel(const float *a, const float *b, size_t n) {
-  double worst = 0.0, scale = 0.0;
-  for (size_t i = 0; i < n; i++) {
-    double s = fabs((double)b[i]), d = fabs((double)a[i] - (double)b[i]);
-    if (s > scale) scale = s;
-    if (d > worst) worst = d;
-  }
-  return scale > 0 ? worst / scale : worst;
-}
 
 #define NFULL (16 * 6 + 16 + 16 * 16 + 16 + 12 * 16 + 12 + 3 * 12 + 3)
 

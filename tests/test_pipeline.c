@@ -15,6 +15,7 @@
 #endif
 #include "dtrain.h"
 #include "harness.h"
+#include "mp_common.h"
 #include <errno.h>
 
 #define L 4
@@ -32,27 +33,14 @@ typedef struct model {
 } model;
 
 static void make_data(void) {
-  uint64_t s = 12345;
-  for (int i = 0; i < ROWS * 6; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    data_x[i] = (float)((s >> 33) % 2001) / 1000.0f - 1.0f;
-  }
+  lcg_fill(data_x, ROWS * 6, 12345);
   for (int r = 0; r < ROWS; r++) {
     float a = data_x[r * 6] + 0.5f * data_x[r * 6 + 1] - data_x[r * 6 + 4];
     data_y[r] = a > 0.3f ? 2 : a > -0.3f ? 1 : 0;
   }
 }
 
-static dt_minibatch batch_at(int step) {
-  dt_minibatch b;
-  memset(&b, 0, sizeof b);
-  int first = (step * B) % ROWS;
-  b.rows = B;
-  b.x = data_x + first * 6;
-  b.x_cols = 6;
-  b.y = data_y + first;
-  return b;
-}
+static dt_minibatch batch_at(int step) { return batch_from(data_x, data_y, ROWS, B, 6, step); }
 
 /* Layers l0..l1-1 into p (w [out,in], b [out]) in order. */
 static void add_layers(dt_params *p, int l0, int l1) {
@@ -73,18 +61,6 @@ static size_t layer_floats(int l0, int l1) {
   return n;
 }
 
-/* p's parameters packed in order (no alignment gaps) into out; returns the floats written. */
-static size_t pack(const dt_params *p, float *out) {
-  size_t k = 0;
-  float *data = dt_params_data((dt_params *)(uintptr_t)p);
-  for (int i = 0; i < dt_params_count(p); i++) {
-    dt_param_info in;
-    dt_params_info(p, i, &in);
-    memcpy(out + k, data + in.offset, in.size * sizeof(float));
-    k += in.size;
-  }
-  return k;
-}
 
 static dt_tensor *run_layers(dt_graph *g, dt_tensor *x, int l0, int l1) {
   for (int l = l0; l < l1; l++) {
@@ -172,18 +148,6 @@ static dt_params *stage_params(const model *md, int s) {
   return p;
 }
 
-/* Largest |a - b| over the largest |b|. One loop of plain comparisons: aarch64
- * gcc 12 -O2 stops with an internal error vectorising two fmax reductions
- * here once this is inlined. */
-static double max_rel(const float *a, const float *b, size_t n) {
-  double worst = 0.0, scale = 0.0;
-  for (size_t i = 0; i < n; i++) {
-    double s = fabs((double)b[i]), d = fabs((double)a[i] - (double)b[i]);
-    if (s > scale) scale = s;
-    if (d > worst) worst = d;
-  }
-  return scale > 0 ? worst / scale : worst;
-}
 
 #if !defined(DTRAIN_NO_THREADS) && !defined(DTRAIN_NO_DIST)
 /* Train with the pipeline on threads (R replicas of the pipeline: data

@@ -17,6 +17,7 @@
 #endif
 #include "dtrain.h"
 #include "harness.h"
+#include "mp_common.h"
 #if !defined(DTRAIN_NO_THREADS)
 #  include <pthread.h>
 #endif
@@ -47,11 +48,7 @@ static const int nd[6] = {2, 1, 2, 1, 2, 1};
 static const int how[6] = {1, 1, 2, 0, 1, 1};
 
 static void make_data(void) {
-  uint64_t s = 777;
-  for (int i = 0; i < ROWS * IN; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    data_x[i] = (float)((s >> 33) % 2001) / 1000.0f - 1.0f;
-  }
+  lcg_fill(data_x, ROWS * IN, 777);
   for (int r = 0; r < ROWS; r++) {
     float a = data_x[r * IN] - data_x[r * IN + 3] + 0.5f * data_x[r * IN + 5];
     int c = (int)((a + 2.5f) * 1.6f);
@@ -94,16 +91,7 @@ static dt_params *shard_params(dt_params *full, int T, int r) {
   return p;
 }
 
-static dt_minibatch batch_at(int step) {
-  dt_minibatch b;
-  memset(&b, 0, sizeof b);
-  int first = (step * B) % ROWS;
-  b.rows = B;
-  b.x = data_x + first * IN;
-  b.x_cols = IN;
-  b.y = data_y + first;
-  return b;
-}
+static dt_minibatch batch_at(int step) { return batch_from(data_x, data_y, ROWS, B, IN, step); }
 
 static dt_tensor *full_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
   (void)replica;
@@ -148,18 +136,6 @@ static dt_params *reference(float *last_loss) {
   return P;
 }
 
-/* Largest |a - b| over the largest |b|. One loop of plain comparisons: aarch64
- * gcc 12 -O2 stops with an internal error vectorising two fmax reductions
- * here once this is inlined. */
-static double max_rel(const float *a, const float *b, size_t n) {
-  double worst = 0.0, scale = 0.0;
-  for (size_t i = 0; i < n; i++) {
-    double s = fabs((double)b[i]), d = fabs((double)a[i] - (double)b[i]);
-    if (s > scale) scale = s;
-    if (d > worst) worst = d;
-  }
-  return scale > 0 ? worst / scale : worst;
-}
 
 /* Rank r of T trains its slices STEPS steps over c; then compares them with the reference's slices. */
 static void rank_train(dt_comm *c, int rank, int T, const float *want_loss) {
