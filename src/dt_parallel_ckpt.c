@@ -140,9 +140,17 @@ static const char *dt__pt_optim_of(const dt_checkpoint *c, int e, const char **s
 }
 
 /* The metadata values every writer here copies from a source file. */
-static const char *const dt__pt_copied[] = {"step", "epoch", "data_epoch", "data_index", "params_rng",
-                                             "graph_rng", "optimizer", "config"};
-#define DT__PT_NCOPY 8
+/* The metadata every part carries: SAME must agree across the parts (parts
+ * of one run and step); FIRST is taken from part 0 (each stage's RNGs, the
+ * config, may differ). */
+enum { DT__PT_SAME = 0, DT__PT_FIRST = 1 };
+static const struct {
+  const char *key;
+  int how;
+} dt__pt_copied[] = {{"step", DT__PT_SAME},       {"epoch", DT__PT_SAME},      {"data_epoch", DT__PT_SAME},
+                     {"data_index", DT__PT_SAME}, {"params_rng", DT__PT_FIRST}, {"graph_rng", DT__PT_FIRST},
+                     {"optimizer", DT__PT_SAME},  {"config", DT__PT_FIRST}};
+#define DT__PT_NCOPY ((int)(sizeof dt__pt_copied / sizeof dt__pt_copied[0]))
 #define DT__PT_NMETA 16
 #define DT__PT_STR2(x) #x
 #define DT__PT_STR(x) DT__PT_STR2(x)
@@ -156,11 +164,11 @@ static int dt__pt_meta(const dt_checkpoint *src, const char *prng, const char *g
   mk[nm] = "format_version"; mv[nm++] = DT__PT_STR(DTRAIN_CHECKPOINT_VERSION);
   mk[nm] = "dtrain_version"; mv[nm++] = DTRAIN_VERSION_STRING;
   for (int i = 0; i < DT__PT_NCOPY; i++) {
-    const char *v = dt__io_meta_get(src, dt__pt_copied[i]);
-    if (i == 4 && prng) v = prng;
-    if (i == 5 && grng) v = *grng ? grng : NULL;
+    const char *key = dt__pt_copied[i].key, *v = dt__io_meta_get(src, key);
+    if (prng && !strcmp(key, "params_rng")) v = prng;
+    if (grng && !strcmp(key, "graph_rng")) v = *grng ? grng : NULL;
     if (!v) continue;
-    mk[nm] = dt__pt_copied[i]; mv[nm++] = v;
+    mk[nm] = key; mv[nm++] = v;
   }
   snprintf(hashbuf, 17, "%016llx", (unsigned long long)hash);
   mk[nm] = "layout_hash"; mv[nm++] = hashbuf;
@@ -401,11 +409,12 @@ static dt_result dt__pt_check_parts(const dt__io_ctx *ctx, dt__pt_file *f, int n
                         f[i].path, f[i].stage, f[i].shard);
     grid[g] = i;
     for (int k = 0; k < DT__PT_NCOPY; k++) {
-      if (k == 4 || k == 5 || k == 7) continue; /* RNGs and config: the first part's */
-      const char *a = dt__io_meta_get(f[0].c, dt__pt_copied[k]), *b = dt__io_meta_get(f[i].c, dt__pt_copied[k]);
+      if (dt__pt_copied[k].how != DT__PT_SAME) continue; /* the first part's */
+      const char *key = dt__pt_copied[k].key;
+      const char *a = dt__io_meta_get(f[0].c, key), *b = dt__io_meta_get(f[i].c, key);
       if ((a == NULL) != (b == NULL) || (a && strcmp(a, b) != 0))
         return dt__io_err(ctx, DTRAIN_ERR_MISMATCH, "'%s' has %s %s, '%s' %s (parts of different runs or steps)",
-                          f[i].path, dt__pt_copied[k], b ? b : "(none)", f[0].path, a ? a : "(none)");
+                          f[i].path, key, b ? b : "(none)", f[0].path, a ? a : "(none)");
     }
   }
   return DTRAIN_OK;
