@@ -122,7 +122,7 @@ static void make_data(uint64_t seed) {
 
 /* The transformer's parts (below): its batches, parameters, split kinds and forward. */
 static dt_minibatch tbatch_at(const options *o, int64_t step);
-static dt_params *tpart_params(const options *o, int u0, int u1, int T, int t);
+static dt_params *part_params(const options *o, int u0, int u1, int T, int t);
 static int tkind_of(const options *o, const char *name);
 static int units_of(const options *o);
 static dt_tensor *tunits(const options *o, dt_graph *g, int u0, int u1, dt_tensor *x, const dt_minibatch *mb,
@@ -155,60 +155,10 @@ static int out_of(const options *o, int l) { return l == o->layers ? NCLS : o->h
 
 /* Layer l's whole weight and bias, initialised from the seed and l alone: a
  * worker builds only its own layers, with the values the whole model has. */
-static dt_params *layer_params(const options *o, int l) {
-  dt_params *p = dt_params_create(o->seed * 1000003u + (uint64_t)l);
-  int64_t ws[2] = {out_of(o, l), in_of(o, l)}, bs[1] = {out_of(o, l)};
-  if (!p || dt_params_reserve(p, 2, (size_t)ws[0] * (size_t)ws[1] + (size_t)bs[0]) != DTRAIN_OK ||
-      dt_params_add(p, "w", 2, ws, dt_init_glorot_uniform()) < 0 || dt_params_add(p, "b", 1, bs, dt_init_zeros()) < 0)
-    { dt_params_destroy(p); return NULL; }
-  return p;
-}
-
 /* Tensor parallel: how layer l is split: 1 column (rows of W), 2 row (columns), 0 whole. */
 static int tp_kind(const options *o, int l) {
   if (l < o->layers) return l % 2 == 0 ? 1 : 2;
   return o->layers % 2 == 1 ? 2 : 0; /* after a column layer the output layer is row-parallel */
-}
-
-/* Layers [l0, l1) of the whole model's initial values, as shard t of T (T = 1:
- * whole), in buffers reserved at their exact size (dt_params_reserve: a worker
- * under --memory-cap holds its part, not twice it). NULL when memory runs out. */
-static dt_params *part_params(const options *o, int l0, int l1, int T, int t) {
-  if (o->model) return tpart_params(o, l0, l1, T, t);
-  dt_params *p = dt_params_create(1);
-  size_t floats = 0;
-  for (int l = l0; l < l1; l++) {
-    int k = T > 1 ? tp_kind(o, l) : 0;
-    size_t rows = (size_t)out_of(o, l) / (k == 1 ? (size_t)T : 1), cols = (size_t)in_of(o, l) / (k == 2 ? (size_t)T : 1);
-    floats += rows * cols + rows;
-  }
-  if (!p || dt_params_reserve(p, 2 * (l1 - l0), floats) != DTRAIN_OK) { dt_params_destroy(p); return NULL; }
-  for (int l = l0; l < l1; l++) {
-    int k = T > 1 ? tp_kind(o, l) : 0;
-    dt_params *whole = layer_params(o, l);
-    if (!whole) { dt_params_destroy(p); return NULL; }
-    for (int wb = 0; wb < 2; wb++) {
-      char n[16];
-      int64_t sh[2] = {out_of(o, l), in_of(o, l)};
-      int nd = wb == 0 ? 2 : 1;
-      if (k == 1) sh[0] /= T;                     /* column: rows of W and the bias */
-      if (k == 2 && wb == 0) sh[1] /= T;          /* row: columns of W; the bias whole */
-      snprintf(n, sizeof n, "%c%d", wb == 0 ? 'w' : 'b', l);
-      int i = dt_params_add(p, n, nd, sh, dt_init_zeros());
-      if (i < 0) { dt_params_destroy(whole); dt_params_destroy(p); return NULL; }
-      dt_param_info pi, fi;
-      dt_params_info(p, i, &pi);
-      dt_params_info(whole, wb, &fi);
-      const float *src = dt_params_data(whole) + fi.offset;
-      float *dst = dt_params_data(p) + pi.offset;
-      int64_t rows = out_of(o, l), cols = nd == 2 ? in_of(o, l) : 1;
-      if (k == 1) dt_tp_shard_rows(src, rows, cols, T, t, dst);
-      else if (k == 2 && wb == 0) dt_tp_shard_cols(src, rows, cols, T, t, dst);
-      else memcpy(dst, src, fi.size * sizeof(float));
-    }
-    dt_params_destroy(whole);
-  }
-  return p;
 }
 
 /* ---- the character transformer (--model transformer) ------------------------------------------ */
@@ -271,6 +221,19 @@ static int units_of(const options *o) { return o->model ? o->layers + 2 : o->lay
 
 /* Unit u's parameters (whole shapes); returns how many. */
 static int unit_params(const options *o, int u, tparam *t) {
+  if (!o->model) { /* the MLP: layer u, W [out, in] and b [out], split as tp_kind says */
+    int k = tp_kind(o, u);
+    snprintf(t[0].name, sizeof t[0].name, "w%d", u);
+    snprintf(t[1].name, sizeof t[1].name, "b%d", u);
+    t[0].nd = 2, t[1].nd = 1;
+    t[0].kind = k == 1 ? DTRAIN_SPLIT_ROWS : k == 2 ? DTRAIN_SPLIT_COLS : DTRAIN_SPLIT_NONE;
+    t[1].kind = k == 1 ? DTRAIN_SPLIT_ROWS : DTRAIN_SPLIT_NONE;
+    t[0].shape[0] = t[1].shape[0] = out_of(o, u);
+    t[0].shape[1] = in_of(o, u), t[1].shape[1] = 1;
+    t[0].init = dt_init_glorot_uniform();
+    t[1].init = dt_init_zeros();
+    return 2;
+  }
   int64_t C = o->hidden, V = t_vocab;
   int n = 0;
 #define TP_ADD(nm, d, k, r, c, in)                                            \
@@ -317,9 +280,12 @@ static int tkind_of(const options *o, const char *name) {
   return DTRAIN_SPLIT_NONE;
 }
 
-/* Units [u0, u1) as shard t of T: each unit's whole values drawn from the seed
- * and the unit alone, then cut (dt_tp_shard_*). Reserved at the exact size. */
-static dt_params *tpart_params(const options *o, int u0, int u1, int T, int t) {
+/* Units [u0, u1) (the MLP: layers) of the whole model's initial values as
+ * shard t of T (T = 1: whole): each unit's whole values drawn from the seed and
+ * the unit alone, then cut (dt_tp_shard_*), in buffers reserved at their exact
+ * size (dt_params_reserve: a worker under --memory-cap holds its part, not
+ * twice it). NULL when memory runs out. */
+static dt_params *part_params(const options *o, int u0, int u1, int T, int t) {
   dt_params *p = dt_params_create(1);
   tparam tp[12];
   size_t floats = 0;
@@ -330,7 +296,7 @@ static dt_params *tpart_params(const options *o, int u0, int u1, int T, int t) {
   if (!p || dt_params_reserve(p, count, floats) != DTRAIN_OK) { dt_params_destroy(p); return NULL; }
   for (int u = u0; u < u1; u++) {
     int n = unit_params(o, u, tp);
-    dt_params *whole = dt_params_create(o->seed * 1000003u + 7777u + (uint64_t)u);
+    dt_params *whole = dt_params_create(o->seed * 1000003u + (o->model ? 7777u : 0u) + (uint64_t)u);
     for (int i = 0; whole && i < n; i++)
       if (dt_params_add(whole, tp[i].name, tp[i].nd, tp[i].shape, tp[i].init) < 0) { dt_params_destroy(whole); whole = NULL; }
     if (!whole) { dt_params_destroy(p); return NULL; }
@@ -415,9 +381,7 @@ static int save_part(const options *o, dt_params *p, dt_optim *opt, int s, int P
   for (int i = 0; i < dt_params_count(p); i++) {
     dt_param_info in;
     dt_params_info(p, i, &in);
-    int k = o->model ? 0 : tp_kind(o, atoi(in.name + 1));
-    int kind = o->model ? tkind_of(o, in.name)
-                        : k == 1 ? DTRAIN_SPLIT_ROWS : k == 2 && in.name[0] == 'w' ? DTRAIN_SPLIT_COLS : DTRAIN_SPLIT_NONE;
+    int kind = tkind_of(o, in.name);
     if (kind != DTRAIN_SPLIT_NONE) names[n] = in.name, kinds[n++] = kind;
   }
   dt_part part = {s, P, t, T, n, names, kinds};
