@@ -27250,11 +27250,11 @@ static ssize_t dt__ne_put(dt__line *L, const struct iovec *iov, size_t cnt) {
 
 static void dt__ne_free(dt__line *L) {
   if (!L) return;
-  DTRAIN_FREE(L->buf);
-  DTRAIN_FREE(L->seg);
+  dt__free(L->buf, L->cap);
+  dt__free(L->seg, sizeof(dt__line_seg) * DT__NE_SEGS);
   dt__cond_destroy(&L->cv);
   dt__mutex_destroy(&L->mu);
-  DTRAIN_FREE(L);
+  dt__free(L, sizeof *L);
 }
 
 DTRAIN_PRIVATE dt_result dt__netem_attach(int fd, uint32_t self_id, int peer_role, int peer_index) {
@@ -27265,9 +27265,8 @@ DTRAIN_PRIVATE dt_result dt__netem_attach(int fd, uint32_t self_id, int peer_rol
   dt__netem_spec sp;
   dt_result rc = dt__netem_parse(env, role, index, peer_role, peer_index, &sp);
   if (rc != DTRAIN_OK || !sp.set) return rc;
-  dt__line *L = (dt__line *)DTRAIN_MALLOC(sizeof *L);
+  dt__line *L = (dt__line *)dt__calloc(sizeof *L);
   if (!L) return dt__error(DTRAIN_ERR_NOMEM, "DTRAIN_NETEM: no memory for a link");
-  memset(L, 0, sizeof *L);
   L->fd = fd;
   L->sp = sp;
   /* A send buffer of 1 MiB plus two delay-bandwidth products (at most 64 MiB). */
@@ -27279,18 +27278,18 @@ DTRAIN_PRIVATE dt_result dt__netem_attach(int fd, uint32_t self_id, int peer_rol
   L->rtt = DT__MAX(2.0 * sp.delay, 1e-3);
   L->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)self_id << 32) ^ (uint64_t)(peer_index + 7) * 0x100000001B3ull ^
            (uint64_t)(unsigned)peer_role;
-  L->buf = (unsigned char *)DTRAIN_MALLOC(L->cap);
-  L->seg = (dt__line_seg *)DTRAIN_MALLOC(sizeof(dt__line_seg) * DT__NE_SEGS);
+  L->buf = (unsigned char *)dt__calloc(L->cap);
+  L->seg = (dt__line_seg *)dt__calloc(sizeof(dt__line_seg) * DT__NE_SEGS);
   if (!L->buf || !L->seg) {
-    DTRAIN_FREE(L->buf);
-    DTRAIN_FREE(L->seg);
-    DTRAIN_FREE(L);
+    dt__free(L->buf, L->cap);
+    dt__free(L->seg, sizeof(dt__line_seg) * DT__NE_SEGS);
+    dt__free(L, sizeof *L);
     return dt__error(DTRAIN_ERR_NOMEM, "DTRAIN_NETEM: no memory for a link's buffer");
   }
   if (dt__mutex_init(&L->mu) != DTRAIN_OK || dt__cond_init(&L->cv) != DTRAIN_OK) {
-    DTRAIN_FREE(L->buf);
-    DTRAIN_FREE(L->seg);
-    DTRAIN_FREE(L);
+    dt__free(L->buf, L->cap);
+    dt__free(L->seg, sizeof(dt__line_seg) * DT__NE_SEGS);
+    dt__free(L, sizeof *L);
     return dt__error(DTRAIN_ERR_THREAD, "DTRAIN_NETEM: could not make a link's lock");
   }
   int slot = -1;
