@@ -2378,6 +2378,25 @@ DTRAIN_EXTERN_C_BEGIN
 #define DTRAIN_STALENESS_UNBOUNDED (-1)
 #define DTRAIN_STALENESS_BINS 64
 
+/* Gradients compressed on the wire (multi_worker_mirrored): fp16 (IEEE half
+ * precision, with a power-of-two scale per message so small gradients keep
+ * their digits) or bf16 (float's range, 8 bits of mantissa): half the bytes
+ * of a float ring all-reduce for any number of workers. The sums are made in
+ * float and rounded once; every worker decodes the same bytes, so replicas
+ * stay bitwise equal (and differ from the uncompressed run by the rounding). */
+typedef enum dt_compress_kind {
+  DTRAIN_COMPRESS_NONE = 0,
+  DTRAIN_COMPRESS_FP16 = 1,
+  DTRAIN_COMPRESS_BF16 = 2
+} dt_compress_kind;
+typedef struct dt_compress {
+  dt_compress_kind kind; /* [none] */
+} dt_compress;
+/* "none", "fp16" or "bf16" (the examples' --compress) into *out; else
+ * DTRAIN_ERR_INVALID_ARG naming the text. */
+DTRAIN_API dt_result dt_compress_parse(const char *text, dt_compress *out);
+DTRAIN_API const char *dt_compress_name(dt_compress c); /* "none", "fp16", "bf16" */
+
 typedef enum dt_strategy_kind {
   DTRAIN_STRATEGY_ONE_DEVICE = 0,
   DTRAIN_STRATEGY_MIRRORED,
@@ -2469,6 +2488,9 @@ typedef struct dt_strategy_options {
                                     the batch function as the ticket; the run ends early (DTRAIN_OK)
                                     when the queue is done. Needs max_staleness
                                     DTRAIN_STALENESS_UNBOUNDED. 0: tickets 0, 1, ... [0] */
+  dt_compress compress;          /* multi_worker_mirrored: the gradients' form on the wire (above),
+                                    sent as point-to-point messages of tag DT_COMM_TAG_MAX on the
+                                    communicator [none: the float all-reduce] */
   int backup_workers;            /* mirrored, dt_strategy_run: B in [0, replicas). B > 0: each step
                                     updates with the first N-B replica gradients to arrive, averaged
                                     over their rows, and drops the later ones (Chen et al., 2016;
@@ -2597,6 +2619,9 @@ typedef struct dt_strategy_stats {
   int64_t skipped_steps;  /* steps skipped for a non-finite loss or gradient (skip_nonfinite;
                              sync: also counted in steps; async: pushes left empty) */
   int64_t dropped_grads;  /* backup workers: replica gradients dropped as late, in all */
+  uint64_t wire_bytes;    /* multi_worker_mirrored: bytes this process sent to the others for the
+                             steps (gradients and their bookkeeping, as handed to the
+                             communicator; frame headers not counted); 0 in one process */
 } dt_strategy_stats;
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);
@@ -20838,6 +20863,7 @@ struct dt_strategy {
   /* totals */
   int64_t steps, samples, tickets;
   int64_t skipped;         /* sync steps skipped for a non-finite loss or gradient */
+  uint64_t wire_bytes;     /* multi_worker_mirrored: bytes sent to the other processes (stats) */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;
@@ -21053,6 +21079,25 @@ DTRAIN_PRIVATE int dt__strategy_dev_failed(dt_strategy *s, dt_result rc, const c
 /* Host <-> device copy of [b, e) between dst and src on replica r's device. */
 DTRAIN_PRIVATE dt_result dt__strategy_dev_copy(dt_strategy *s, int r, float *dst, const float *src, size_t b, size_t e,
                                                dt_copy_kind kind);
+
+/* ---- compressed gradients (dt_strategy_compress.c) ---- */
+#define DT__COMPRESS_TAG DT_COMM_TAG_MAX
+DTRAIN_PRIVATE uint16_t dt__f16_of(float f);
+DTRAIN_PRIVATE float dt__f32_of_f16(uint16_t h);
+DTRAIN_PRIVATE uint16_t dt__bf16_of(float f);
+DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h);
+#if !defined(DTRAIN_NO_DIST)
+/* A message of k values: 1 + ceil(k/2) float slots. */
+DTRAIN_PRIVATE size_t dt__cmsg_slots(size_t k);
+DTRAIN_PRIVATE void dt__cmsg_encode(dt_compress_kind kind, const float *x, size_t k, float *slots);
+DTRAIN_PRIVATE dt_result dt__cmsg_decode(dt_compress_kind kind, const float *slots, size_t k, float *y, int add);
+/* Floats of scratch dt__compress_allreduce needs for n values over W ranks. */
+DTRAIN_PRIVATE size_t dt__compress_scratch(size_t n, int W);
+/* buf (n floats) gets the sum over the communicator's ranks, carried as 16-bit
+ * values (the same result on every rank); *sent += the bytes this rank sent. */
+DTRAIN_PRIVATE dt_result dt__compress_allreduce(dt_comm *x, int rank, dt_compress_kind kind, float *buf, size_t n,
+                                                float *scratch, uint64_t *sent);
+#endif /* DTRAIN_NO_DIST */
 
 #endif /* DTRAIN_STRATEGY_IMPL_H */
 /* ======== end dt_strategy_impl.h ======== */
@@ -21715,6 +21760,14 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: work_queue: the %s store has no work queue", fn,
                        d->store->vtable->name ? d->store->vtable->name : "?");
   }
+  if (d->compress.kind != DTRAIN_COMPRESS_NONE) {
+    if (d->compress.kind != DTRAIN_COMPRESS_FP16 && d->compress.kind != DTRAIN_COMPRESS_BF16)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress.kind %d is none of none, fp16, bf16", fn,
+                       (int)d->compress.kind);
+    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) is for multi_worker_mirrored, not %s (its "
+                       "gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);
+  }
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);
@@ -21963,6 +22016,7 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   out->mean_loss = s->loss_count ? s->loss_sum / (double)s->loss_count : 0.0;
   out->failed_replica = s->last_failed;
   out->skipped_steps = s->skipped;
+  out->wire_bytes = s->wire_bytes;
   for (int r = 0; r < s->n; r++) {
     out->skipped_steps += s->rep[r].skips;
     out->dropped_grads += s->rep[r].dropped;
@@ -21980,6 +22034,7 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
     R->stale_max = R->stale_sum = R->gap_max = R->skips = R->dropped = 0;
   }
   s->steps = s->samples = s->loss_count = s->skipped = 0;
+  s->wire_bytes = 0;
   s->seconds = s->loss_sum = 0.0;
   if (s->comm) dt_comm_reset_stats(s->comm);
 }
@@ -22534,6 +22589,227 @@ DT__STRATEGY_COMPILED_OUT(dt__ps_module, "parameter_server", 0);
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_ps_module(void) { return &dt__ps_module; }
 /* ======== end dt_strategy_ps.c ======== */
 
+/* ======== begin dt_strategy_compress.c ======== */
+/* ===========================================================================
+ * dt_strategy_compress.c -- gradients compressed on the wire: half-precision
+ * values (fp16 with a power-of-two scale per message, bf16) in a ring
+ * all-reduce over the communicator's point-to-point messages
+ * ===========================================================================
+ * The ring: reduce-scatter then all-gather over W chunks, 2(W-1) messages per
+ * rank, each a chunk encoded in 16-bit values (half the bytes of the float
+ * ring). Sums are made in float; a chunk's owner rounds its sum once, and that
+ * message is forwarded as it is: every rank decodes the same bytes, so the
+ * replicas stay bitwise equal. fp16 messages carry a power-of-two scale
+ * chosen from their largest finite value (gradients far below fp16's range
+ * keep their precision; a non-finite value goes through as Inf/NaN).
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+/* ---- the names --------------------------------------------------------------------------- */
+
+DTRAIN_API const char *dt_compress_name(dt_compress c) {
+  switch (c.kind) {
+  case DTRAIN_COMPRESS_NONE: return "none";
+  case DTRAIN_COMPRESS_FP16: return "fp16";
+  case DTRAIN_COMPRESS_BF16: return "bf16";
+  }
+  return "?";
+}
+
+DTRAIN_API dt_result dt_compress_parse(const char *text, dt_compress *out) {
+  if (!text || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_compress_parse: %s is NULL", !text ? "text" : "out");
+  memset(out, 0, sizeof *out);
+  if (!strcmp(text, "none")) out->kind = DTRAIN_COMPRESS_NONE;
+  else if (!strcmp(text, "fp16")) out->kind = DTRAIN_COMPRESS_FP16;
+  else if (!strcmp(text, "bf16")) out->kind = DTRAIN_COMPRESS_BF16;
+  else
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_compress_parse: '%s': expected none, fp16 or bf16", text);
+  return DTRAIN_OK;
+}
+
+/* ---- 16-bit floats --------------------------------------------------------------------------- */
+
+/* float -> IEEE binary16, rounded to nearest, ties to even; Inf and NaN kept.
+ * Normal results: rebias the exponent and round the 13 dropped bits in
+ * integer arithmetic (half a unit minus one, plus the kept bit's parity: ties
+ * go to even; a carry moves into the exponent and past 65504 to Inf).
+ * Subnormal results: a float addition does the rounding -- adding 0.5 (bits
+ * 126 << 23) leaves the value in units of 2^-24 in the low mantissa bits,
+ * rounded by the FPU's nearest-even. */
+DTRAIN_PRIVATE uint16_t dt__f16_of(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7FFFFFFFu;
+  if (ax >= 0x47800000u) /* 65536 and up, Inf, NaN */
+    return (uint16_t)(sign | (ax > 0x7F800000u ? 0x7E00u : 0x7C00u));
+  if (ax < 0x38800000u) { /* below 2^-14: subnormal or zero */
+    const uint32_t magic = 126u << 23;
+    float a, m;
+    memcpy(&a, &ax, 4);
+    memcpy(&m, &magic, 4);
+    a += m;
+    uint32_t r;
+    memcpy(&r, &a, 4);
+    return (uint16_t)(sign | (r - magic));
+  }
+  uint32_t odd = (ax >> 13) & 1u;
+  ax += 0xC8000FFFu + odd; /* (15 - 127) << 23 (mod 2^32), plus the rounding */
+  return (uint16_t)(sign | (ax >> 13));
+}
+
+DTRAIN_PRIVATE float dt__f32_of_f16(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu, x;
+  float f;
+  if (e == 0) {
+    f = (float)m * 5.9604644775390625e-8f; /* m x 2^-24, exact */
+    return sign ? -f : f;
+  }
+  if (e == 31) x = sign | 0x7F800000u | (m << 13);
+  else x = sign | ((e + 112u) << 23) | (m << 13);
+  memcpy(&f, &x, 4);
+  return f;
+}
+
+/* float -> bfloat16 (the top half of a float), rounded to nearest, ties to even. */
+DTRAIN_PRIVATE uint16_t dt__bf16_of(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x40u); /* NaN stays NaN */
+  x += 0x7FFFu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+
+DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h) {
+  uint32_t x = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+
+#if !defined(DTRAIN_NO_DIST)
+/* ---- messages ------------------------------------------------------------------------------ */
+/* A message of k values: one float of header (fp16: the scale's exponent e,
+ * values were multiplied by 2^e; bf16: 0), then the 16-bit values, two per
+ * float slot, low half first (as bytes: the same on every host). */
+DTRAIN_PRIVATE size_t dt__cmsg_slots(size_t k) { return 1 + (k + 1) / 2; }
+
+static void dt__cmsg_put(float *slots, size_t i, uint16_t v) {
+  unsigned char *b = (unsigned char *)(slots + 1) + 2 * i;
+  b[0] = (unsigned char)(v & 0xFFu);
+  b[1] = (unsigned char)(v >> 8);
+}
+
+static uint16_t dt__cmsg_get(const float *slots, size_t i) {
+  const unsigned char *b = (const unsigned char *)(slots + 1) + 2 * i;
+  return (uint16_t)(b[0] | (b[1] << 8));
+}
+
+DTRAIN_PRIVATE void dt__cmsg_encode(dt_compress_kind kind, const float *x, size_t k, float *slots) {
+  int e = 0;
+  if (kind == DTRAIN_COMPRESS_FP16) {
+    float m = 0.0f;
+    int finite = 1;
+    for (size_t i = 0; i < k; i++) {
+      float a = fabsf(x[i]);
+      if (!(a <= FLT_MAX)) finite = 0;
+      else if (a > m) m = a;
+    }
+    if (finite && m > 0.0f) { /* the largest value lands in [2^14, 2^15] */
+      int ex;
+      (void)frexpf(m, &ex);
+      e = 15 - ex;
+      if (e > 127) e = 127;
+      if (e < -126) e = -126;
+    }
+    float s = ldexpf(1.0f, e);
+    for (size_t i = 0; i < k; i++) dt__cmsg_put(slots, i, dt__f16_of(x[i] * s));
+  } else {
+    for (size_t i = 0; i < k; i++) dt__cmsg_put(slots, i, dt__bf16_of(x[i]));
+  }
+  if (k % 2) dt__cmsg_put(slots, k, 0);
+  slots[0] = (float)e;
+}
+
+/* Decoded values into y (add: y += them). DTRAIN_ERR_PROTOCOL for a header
+ * no encoder writes. */
+DTRAIN_PRIVATE dt_result dt__cmsg_decode(dt_compress_kind kind, const float *slots, size_t k, float *y, int add) {
+  float h = slots[0];
+  if (!(h >= -126.0f && h <= 127.0f) || h != (float)(int)h || (kind == DTRAIN_COMPRESS_BF16 && h != 0.0f))
+    return dt__error(DTRAIN_ERR_PROTOCOL, "compressed gradient message with header %g", (double)h);
+  float s = ldexpf(1.0f, -(int)h);
+  for (size_t i = 0; i < k; i++) {
+    uint16_t v = dt__cmsg_get(slots, i);
+    float f = kind == DTRAIN_COMPRESS_FP16 ? dt__f32_of_f16(v) * s : dt__f32_of_bf16(v);
+    y[i] = add ? y[i] + f : f;
+  }
+  return DTRAIN_OK;
+}
+
+/* ---- the ring ------------------------------------------------------------------------------ */
+
+static void dt__cring_chunk(size_t n, int W, int c, size_t *b, size_t *e) {
+  *b = (size_t)((uint64_t)n * (uint64_t)c / (uint64_t)W);
+  *e = (size_t)((uint64_t)n * (uint64_t)(c + 1) / (uint64_t)W);
+}
+
+static dt_result dt__cring_swap(dt_comm *x, int rank, int to, int from, const float *sb, size_t sn, float *rb,
+                                size_t rn) {
+  dt_comm_request *q[2] = {NULL, NULL};
+  dt_result rc = dt_comm_irecv(x, rank, from, DT__COMPRESS_TAG, rb, rn, &q[0]);
+  if (rc == DTRAIN_OK) rc = dt_comm_isend(x, rank, to, DT__COMPRESS_TAG, sb, sn, &q[1]);
+  dt_result rw = dt_comm_waitall(q, q[1] ? 2 : 1);
+  return rc != DTRAIN_OK ? rc : rw;
+}
+
+DTRAIN_PRIVATE size_t dt__compress_scratch(size_t n, int W) {
+  size_t most = n / (size_t)W + 1;
+  return 3 * dt__cmsg_slots(most);
+}
+
+DTRAIN_PRIVATE dt_result dt__compress_allreduce(dt_comm *x, int rank, dt_compress_kind kind, float *buf, size_t n,
+                                                float *scratch, uint64_t *sent) {
+  const int W = dt_comm_world(x);
+  if (W < 2 || n == 0) return DTRAIN_OK;
+  size_t cap = dt__cmsg_slots(n / (size_t)W + 1);
+  float *sb = scratch, *rb[2] = {scratch + cap, scratch + 2 * cap};
+  const int to = (rank + 1) % W, from = (rank + W - 1) % W;
+  dt_result rc = DTRAIN_OK;
+  /* reduce-scatter: at step s send chunk rank-s, add chunk rank-s-1 */
+  for (int s = 0; s < W - 1 && rc == DTRAIN_OK; s++) {
+    int cs = (rank - s + 2 * W) % W, cr = (rank - s - 1 + 2 * W) % W;
+    size_t b, e, rb0, re;
+    dt__cring_chunk(n, W, cs, &b, &e);
+    dt__cring_chunk(n, W, cr, &rb0, &re);
+    dt__cmsg_encode(kind, buf + b, e - b, sb);
+    rc = dt__cring_swap(x, rank, to, from, sb, dt__cmsg_slots(e - b), rb[0], dt__cmsg_slots(re - rb0));
+    if (rc == DTRAIN_OK) rc = dt__cmsg_decode(kind, rb[0], re - rb0, buf + rb0, 1);
+    *sent += dt__cmsg_slots(e - b) * sizeof(float);
+  }
+  if (rc != DTRAIN_OK) return rc;
+  /* this rank's chunk (rank+1) is summed: rounded once, the same bytes for everyone */
+  int own = (rank + 1) % W;
+  size_t ob, oe;
+  dt__cring_chunk(n, W, own, &ob, &oe);
+  dt__cmsg_encode(kind, buf + ob, oe - ob, sb);
+  rc = dt__cmsg_decode(kind, sb, oe - ob, buf + ob, 0);
+  /* all-gather: forward each message as received */
+  const float *out = sb;
+  for (int s = 0; s < W - 1 && rc == DTRAIN_OK; s++) {
+    int cs = (rank + 1 - s + 2 * W) % W, cr = (rank - s + 2 * W) % W;
+    size_t b, e, rb0, re;
+    dt__cring_chunk(n, W, cs, &b, &e);
+    dt__cring_chunk(n, W, cr, &rb0, &re);
+    float *in = rb[s % 2];
+    rc = dt__cring_swap(x, rank, to, from, out, dt__cmsg_slots(e - b), in, dt__cmsg_slots(re - rb0));
+    if (rc == DTRAIN_OK) rc = dt__cmsg_decode(kind, in, re - rb0, buf + rb0, 0);
+    *sent += dt__cmsg_slots(e - b) * sizeof(float);
+    out = in;
+  }
+  return rc;
+}
+#endif /* DTRAIN_NO_DIST */
+/* ======== end dt_strategy_compress.c ======== */
+
 /* ======== begin dt_strategy_mwm.c ======== */
 /* ===========================================================================
  * dt_strategy_mwm.c -- multi_worker_mirrored: lock-step data parallelism
@@ -22576,6 +22852,8 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_ps_module(void) { return 
 typedef struct dt__mwm {
   float *buf;              /* replica 0's gradient + DT__MWM_TAIL floats: what crosses processes */
   size_t bytes;
+  float *scratch, *side;   /* compress: the ring's messages; the tail and buffers (in floats) */
+  size_t scratch_n, side_n;
   double rows;             /* the global batch's rows (this step) */
   double loss;             /* the global batch's loss (this step) */
 } dt__mwm;
@@ -22615,15 +22893,57 @@ static dt_result dt__mwm_create(dt_strategy *s) {
   s->kind_state = st;
   st->bytes = (s->size + DT__MWM_TAIL) * sizeof(float);
   st->buf = (float *)dt__calloc(st->bytes);
-  return st->buf ? DTRAIN_OK : dt__strategy_nomem(s);
+  if (!st->buf) return dt__strategy_nomem(s);
+  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE) {
+    st->scratch_n = dt__compress_scratch(s->size, dt_comm_world(s->desc.comm));
+    st->side_n = DT__MWM_TAIL;
+    for (int i = 0; i < s->nbufr; i++) st->side_n += s->bufr[2 * i + 1] - s->bufr[2 * i];
+    st->scratch = (float *)dt__calloc(st->scratch_n * sizeof(float));
+    st->side = (float *)dt__calloc(st->side_n * sizeof(float));
+    if (!st->scratch || !st->side) return dt__strategy_nomem(s);
+  }
+  return DTRAIN_OK;
 }
 
 static void dt__mwm_destroy(dt_strategy *s) {
   dt__mwm *st = dt__mwm_of(s);
   if (!st) return;
   dt__free(st->buf, st->bytes);
+  dt__free(st->scratch, st->scratch_n * sizeof(float));
+  dt__free(st->side, st->side_n * sizeof(float));
   dt__free(st, sizeof *st);
   s->kind_state = NULL;
+}
+
+/* The bytes a float ring all-reduce of n values sends from one of W ranks. */
+static uint64_t dt__mwm_ring_bytes(size_t n, int W) {
+  return W > 1 ? (uint64_t)(2.0 * (double)(W - 1) / (double)W * (double)n * sizeof(float)) : 0;
+}
+
+/* compress: the gradient [0, size) in 16-bit values (buffers zeroed there),
+ * then the tail and the buffers' values exactly, in one small float all-reduce. */
+static dt_result dt__mwm_allreduce_compressed(dt_strategy *s, dt_comm *x, int rank, float *buf) {
+  dt__mwm *st = dt__mwm_of(s);
+  size_t k = DT__MWM_TAIL;
+  memcpy(st->side, buf + s->size, DT__MWM_TAIL * sizeof(float));
+  for (int i = 0; i < s->nbufr; i++) {
+    size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
+    memcpy(st->side + k, buf + b, (e - b) * sizeof(float));
+    memset(buf + b, 0, (e - b) * sizeof(float));
+    k += e - b;
+  }
+  dt_result rc = dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch, &s->wire_bytes);
+  if (rc == DTRAIN_OK) rc = dt_comm_allreduce(x, rank, st->side, k);
+  s->wire_bytes += dt__mwm_ring_bytes(k, dt_comm_world(x));
+  if (rc != DTRAIN_OK) return rc;
+  memcpy(buf + s->size, st->side, DT__MWM_TAIL * sizeof(float));
+  k = DT__MWM_TAIL;
+  for (int i = 0; i < s->nbufr; i++) {
+    size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
+    memcpy(buf + b, st->side + k, (e - b) * sizeof(float));
+    k += e - b;
+  }
+  return DTRAIN_OK;
 }
 
 /* As mirrored; replica 0's gradient is the head of the cross-process buffer. */
@@ -22707,7 +23027,13 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     tail[6] = s->err == DTRAIN_ERR_NONFINITE ? 1.0f : 0.0f; /* the local failure, recorded before ok was 0 */
   }
   double t0 = dt__now();
-  dt_result rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
+  dt_result rc;
+  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE) {
+    rc = dt__mwm_allreduce_compressed(s, x, rank, buf);
+  } else {
+    rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
+    s->wire_bytes += dt__mwm_ring_bytes(s->size + DT__MWM_TAIL, x->world);
+  }
   R->wait_s += dt__now() - t0;
   if (rc != DTRAIN_OK) {
     if (ok) {

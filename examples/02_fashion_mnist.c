@@ -50,6 +50,8 @@
 typedef struct options {
   const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule, *strategy, *checkpoint_dir;
   const char *device; /* "cpu", "cuda", "cuda:N" */
+  const char *compress_text; /* --compress */
+  dt_compress compress;
   int epochs, batch, json, quiet, replicas, max_staleness;
   int staleness_lr; /* --staleness-lr: async updates (or, on parameter servers, pushes) scaled by 1/(1+staleness) */
   int batch_worker; /* not a flag: --batch over the worker processes, the rows this process loads per step */
@@ -193,6 +195,13 @@ static dt_result evaluate(dt_fit_eval *e, void *user) {
  * staleness (updates by others between its pull and its push) as mean, max and
  * histogram (counts for 0, 1, 2, ...; the last bin counts that many or more),
  * and whether --staleness-lr scaled the updates. "" for the others. */
+/* Bytes this process sent to the others per step (multi_worker_mirrored; 0 in one process). */
+static double wire_per_step(dt_strategy *s) {
+  dt_strategy_stats st;
+  if (dt_strategy_stats_get(s, &st) != DTRAIN_OK || st.steps == 0) return 0.0;
+  return (double)st.wire_bytes / (double)st.steps;
+}
+
 static const char *staleness_json(dt_strategy *s, int staleness_lr) {
   static char buf[2048];
   dt_strategy_stats st;
@@ -245,6 +254,7 @@ static int parse(int argc, char **argv, options *o) {
   o->schedule = "constant";
   o->strategy = "one_device";
   o->device = "cpu";
+  o->compress_text = "none";
   o->max_staleness = DTRAIN_STALENESS_UNBOUNDED;
   const ex_flag flags[] = {
       {"model", 's', &o->model, 0, 0, "mlp (784-256-128-10) or cnn (two 5x5 convolutions)"},
@@ -268,6 +278,7 @@ static int parse(int argc, char **argv, options *o) {
       {"csv", 's', &o->csv, 0, 0, "per-epoch metrics"},
       {"svg", 's', &o->svg, 0, 0, "the loss and accuracy chart"},
       {"device", 's', &o->device, 0, 0, "cpu, cuda (one replica per GPU) or cuda:N"},
+      {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored: gradients on the wire as none, fp16 or bf16"},
       {"json", 'b', &o->json, 0, 0, "print one JSON line of results"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
   };
@@ -305,6 +316,15 @@ static int parse(int argc, char **argv, options *o) {
               o->replicas, !strcmp(o->strategy, "one_device") ? "one_device" : "each parameter_server worker");
       goto bad;
     }
+  }
+  if (dt_compress_parse(o->compress_text, &o->compress) != DTRAIN_OK) {
+    fprintf(stderr, "error: --compress '%s': expected none, fp16 or bf16\n", o->compress_text);
+    goto bad;
+  }
+  if (o->compress.kind != DTRAIN_COMPRESS_NONE && strcmp(o->strategy, "multi_worker_mirrored")) {
+    fprintf(stderr, "error: --compress %s is for --strategy multi_worker_mirrored (%s sends no gradients over a wire)\n",
+            o->compress_text, o->strategy);
+    goto bad;
   }
   if (strcmp(o->schedule, "constant") && strcmp(o->schedule, "cosine")) {
     fprintf(stderr, "error: --schedule is constant or cosine\n");
@@ -516,6 +536,7 @@ int main(int argc, char **argv) {
   if (mwm) {
     if (!(comm = dt_comm_create_tcp(cl, &no))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
     sd = dt_strategy_multi_worker_mirrored(comm, a.ndev > 0 ? a.ndev : a.o.replicas > 0 ? a.o.replicas : 1);
+    sd.compress = a.o.compress;
   } else if (ps) {
     int k = a.o.max_staleness == DTRAIN_STALENESS_UNBOUNDED ? 2 : a.o.max_staleness;
     if (!(store = dt_pstore_create_tcp(cl, a.P, &no, k))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
@@ -587,12 +608,13 @@ int main(int argc, char **argv) {
     printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"epochs\":%lld,\"batch\":%d,\"seed\":%llu,\"train_samples\":%lld,"
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
            "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
-           "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d%s}\n",
+           "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d,\"compress\":\"%s\","
+           "\"wire_bytes_per_step\":%.0f%s}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
            dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker,
-           staleness_json(a.strategy, a.o.staleness_lr));
+           dt_compress_name(a.o.compress), wire_per_step(a.strategy), staleness_json(a.strategy, a.o.staleness_lr));
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);

@@ -59,6 +59,7 @@ typedef struct options {
   float lr;
   uint64_t seed;
   const char *data, *checkpoint, *resume;
+  dt_compress compress; /* --compress: the gradients on the wire */
 } options;
 
 typedef struct model {
@@ -117,7 +118,7 @@ static int parse(int argc, char **argv, options *o) {
   o->seed = 1;
   o->crash_rank = -1;
   o->stall_rank = -1;
-  const char *crash = NULL, *stall = NULL;
+  const char *crash = NULL, *stall = NULL, *compress = "none";
   const ex_flag flags[] = {
       {"epochs", 'i', &o->epochs, 1, 1e6, "passes over the training set"},
       {"batch", 'i', &o->batch, 1, 1e7, "the global batch: each of W workers takes batch/W"},
@@ -132,6 +133,7 @@ static int parse(int argc, char **argv, options *o) {
       {"resume", 's', &o->resume, 0, 0, "continue from this checkpoint"},
       {"crash-at", 's', &crash, 0, 0, "RANK:STEP -- that rank exits at that step (a failure to recover from)"},
       {"stall-at", 's', &stall, 0, 0, "RANK:STEP -- that rank stops responding at that step"},
+      {"compress", 's', &compress, 0, 0, "gradients on the wire: none, fp16 or bf16 (half the bytes)"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
   };
   const int n = (int)(sizeof flags / sizeof flags[0]);
@@ -151,6 +153,10 @@ static int parse(int argc, char **argv, options *o) {
     }
     if (k) o->stall_step = st;
     else o->crash_step = st;
+  }
+  if (dt_compress_parse(compress, &o->compress) != DTRAIN_OK) {
+    fprintf(stderr, "error: --compress '%s': expected none, fp16 or bf16\n", compress);
+    goto bad;
   }
   if (o->batch_given && o->batch_per_worker) {
     fprintf(stderr, "error: --batch (global) and --batch-per-worker are two meanings of one number; give one\n");
@@ -282,6 +288,7 @@ int main(int argc, char **argv) {
   /* 5. The strategy: lock-step across processes, o.threads replicas in each.
    *    Creating it checks the model hash and broadcasts rank 0's parameters. */
   dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, o.threads);
+  sd.compress = o.compress;
   dt_strategy *s = dt_strategy_create(P, opt, step_fn, &m, &sd);
   if (!s) {
     fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
@@ -386,7 +393,13 @@ int main(int argc, char **argv) {
     }
     fflush(stdout);
   }
-  if (!rc) printf("rank %d: final params_checksum=%016llx test_accuracy=%.4f\n", rank, (unsigned long long)dt_params_checksum(P), acc);
+  if (!rc) {
+    dt_strategy_stats ss;
+    dt_strategy_stats_get(s, &ss);
+    printf("rank %d: final params_checksum=%016llx test_accuracy=%.4f compress=%s wire_bytes_per_step=%.0f\n", rank,
+           (unsigned long long)dt_params_checksum(P), acc, dt_compress_name(o.compress),
+           ss.steps ? (double)ss.wire_bytes / (double)ss.steps : 0.0);
+  }
   dt_graph_destroy(eval);
   dt_strategy_destroy(s);
   dt_comm_destroy(comm);

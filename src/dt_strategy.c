@@ -245,6 +245,14 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: work_queue: the %s store has no work queue", fn,
                        d->store->vtable->name ? d->store->vtable->name : "?");
   }
+  if (d->compress.kind != DTRAIN_COMPRESS_NONE) {
+    if (d->compress.kind != DTRAIN_COMPRESS_FP16 && d->compress.kind != DTRAIN_COMPRESS_BF16)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress.kind %d is none of none, fp16, bf16", fn,
+                       (int)d->compress.kind);
+    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) is for multi_worker_mirrored, not %s (its "
+                       "gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);
+  }
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);
@@ -493,6 +501,7 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   out->mean_loss = s->loss_count ? s->loss_sum / (double)s->loss_count : 0.0;
   out->failed_replica = s->last_failed;
   out->skipped_steps = s->skipped;
+  out->wire_bytes = s->wire_bytes;
   for (int r = 0; r < s->n; r++) {
     out->skipped_steps += s->rep[r].skips;
     out->dropped_grads += s->rep[r].dropped;
@@ -510,6 +519,7 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
     R->stale_max = R->stale_sum = R->gap_max = R->skips = R->dropped = 0;
   }
   s->steps = s->samples = s->loss_count = s->skipped = 0;
+  s->wire_bytes = 0;
   s->seconds = s->loss_sum = 0.0;
   if (s->comm) dt_comm_reset_stats(s->comm);
 }

@@ -259,6 +259,25 @@ DTRAIN_EXTERN_C_BEGIN
 #define DTRAIN_STALENESS_UNBOUNDED (-1)
 #define DTRAIN_STALENESS_BINS 64
 
+/* Gradients compressed on the wire (multi_worker_mirrored): fp16 (IEEE half
+ * precision, with a power-of-two scale per message so small gradients keep
+ * their digits) or bf16 (float's range, 8 bits of mantissa): half the bytes
+ * of a float ring all-reduce for any number of workers. The sums are made in
+ * float and rounded once; every worker decodes the same bytes, so replicas
+ * stay bitwise equal (and differ from the uncompressed run by the rounding). */
+typedef enum dt_compress_kind {
+  DTRAIN_COMPRESS_NONE = 0,
+  DTRAIN_COMPRESS_FP16 = 1,
+  DTRAIN_COMPRESS_BF16 = 2
+} dt_compress_kind;
+typedef struct dt_compress {
+  dt_compress_kind kind; /* [none] */
+} dt_compress;
+/* "none", "fp16" or "bf16" (the examples' --compress) into *out; else
+ * DTRAIN_ERR_INVALID_ARG naming the text. */
+DTRAIN_API dt_result dt_compress_parse(const char *text, dt_compress *out);
+DTRAIN_API const char *dt_compress_name(dt_compress c); /* "none", "fp16", "bf16" */
+
 typedef enum dt_strategy_kind {
   DTRAIN_STRATEGY_ONE_DEVICE = 0,
   DTRAIN_STRATEGY_MIRRORED,
@@ -350,6 +369,9 @@ typedef struct dt_strategy_options {
                                     the batch function as the ticket; the run ends early (DTRAIN_OK)
                                     when the queue is done. Needs max_staleness
                                     DTRAIN_STALENESS_UNBOUNDED. 0: tickets 0, 1, ... [0] */
+  dt_compress compress;          /* multi_worker_mirrored: the gradients' form on the wire (above),
+                                    sent as point-to-point messages of tag DT_COMM_TAG_MAX on the
+                                    communicator [none: the float all-reduce] */
   int backup_workers;            /* mirrored, dt_strategy_run: B in [0, replicas). B > 0: each step
                                     updates with the first N-B replica gradients to arrive, averaged
                                     over their rows, and drops the later ones (Chen et al., 2016;
@@ -478,6 +500,9 @@ typedef struct dt_strategy_stats {
   int64_t skipped_steps;  /* steps skipped for a non-finite loss or gradient (skip_nonfinite;
                              sync: also counted in steps; async: pushes left empty) */
   int64_t dropped_grads;  /* backup workers: replica gradients dropped as late, in all */
+  uint64_t wire_bytes;    /* multi_worker_mirrored: bytes this process sent to the others for the
+                             steps (gradients and their bookkeeping, as handed to the
+                             communicator; frame headers not counted); 0 in one process */
 } dt_strategy_stats;
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);

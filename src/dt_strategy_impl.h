@@ -108,6 +108,7 @@ struct dt_strategy {
   /* totals */
   int64_t steps, samples, tickets;
   int64_t skipped;         /* sync steps skipped for a non-finite loss or gradient */
+  uint64_t wire_bytes;     /* multi_worker_mirrored: bytes sent to the other processes (stats) */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;
@@ -323,5 +324,24 @@ DTRAIN_PRIVATE int dt__strategy_dev_failed(dt_strategy *s, dt_result rc, const c
 /* Host <-> device copy of [b, e) between dst and src on replica r's device. */
 DTRAIN_PRIVATE dt_result dt__strategy_dev_copy(dt_strategy *s, int r, float *dst, const float *src, size_t b, size_t e,
                                                dt_copy_kind kind);
+
+/* ---- compressed gradients (dt_strategy_compress.c) ---- */
+#define DT__COMPRESS_TAG DT_COMM_TAG_MAX
+DTRAIN_PRIVATE uint16_t dt__f16_of(float f);
+DTRAIN_PRIVATE float dt__f32_of_f16(uint16_t h);
+DTRAIN_PRIVATE uint16_t dt__bf16_of(float f);
+DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h);
+#if !defined(DTRAIN_NO_DIST)
+/* A message of k values: 1 + ceil(k/2) float slots. */
+DTRAIN_PRIVATE size_t dt__cmsg_slots(size_t k);
+DTRAIN_PRIVATE void dt__cmsg_encode(dt_compress_kind kind, const float *x, size_t k, float *slots);
+DTRAIN_PRIVATE dt_result dt__cmsg_decode(dt_compress_kind kind, const float *slots, size_t k, float *y, int add);
+/* Floats of scratch dt__compress_allreduce needs for n values over W ranks. */
+DTRAIN_PRIVATE size_t dt__compress_scratch(size_t n, int W);
+/* buf (n floats) gets the sum over the communicator's ranks, carried as 16-bit
+ * values (the same result on every rank); *sent += the bytes this rank sent. */
+DTRAIN_PRIVATE dt_result dt__compress_allreduce(dt_comm *x, int rank, dt_compress_kind kind, float *buf, size_t n,
+                                                float *scratch, uint64_t *sent);
+#endif /* DTRAIN_NO_DIST */
 
 #endif /* DTRAIN_STRATEGY_IMPL_H */

@@ -39,6 +39,8 @@
 typedef struct dt__mwm {
   float *buf;              /* replica 0's gradient + DT__MWM_TAIL floats: what crosses processes */
   size_t bytes;
+  float *scratch, *side;   /* compress: the ring's messages; the tail and buffers (in floats) */
+  size_t scratch_n, side_n;
   double rows;             /* the global batch's rows (this step) */
   double loss;             /* the global batch's loss (this step) */
 } dt__mwm;
@@ -78,15 +80,57 @@ static dt_result dt__mwm_create(dt_strategy *s) {
   s->kind_state = st;
   st->bytes = (s->size + DT__MWM_TAIL) * sizeof(float);
   st->buf = (float *)dt__calloc(st->bytes);
-  return st->buf ? DTRAIN_OK : dt__strategy_nomem(s);
+  if (!st->buf) return dt__strategy_nomem(s);
+  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE) {
+    st->scratch_n = dt__compress_scratch(s->size, dt_comm_world(s->desc.comm));
+    st->side_n = DT__MWM_TAIL;
+    for (int i = 0; i < s->nbufr; i++) st->side_n += s->bufr[2 * i + 1] - s->bufr[2 * i];
+    st->scratch = (float *)dt__calloc(st->scratch_n * sizeof(float));
+    st->side = (float *)dt__calloc(st->side_n * sizeof(float));
+    if (!st->scratch || !st->side) return dt__strategy_nomem(s);
+  }
+  return DTRAIN_OK;
 }
 
 static void dt__mwm_destroy(dt_strategy *s) {
   dt__mwm *st = dt__mwm_of(s);
   if (!st) return;
   dt__free(st->buf, st->bytes);
+  dt__free(st->scratch, st->scratch_n * sizeof(float));
+  dt__free(st->side, st->side_n * sizeof(float));
   dt__free(st, sizeof *st);
   s->kind_state = NULL;
+}
+
+/* The bytes a float ring all-reduce of n values sends from one of W ranks. */
+static uint64_t dt__mwm_ring_bytes(size_t n, int W) {
+  return W > 1 ? (uint64_t)(2.0 * (double)(W - 1) / (double)W * (double)n * sizeof(float)) : 0;
+}
+
+/* compress: the gradient [0, size) in 16-bit values (buffers zeroed there),
+ * then the tail and the buffers' values exactly, in one small float all-reduce. */
+static dt_result dt__mwm_allreduce_compressed(dt_strategy *s, dt_comm *x, int rank, float *buf) {
+  dt__mwm *st = dt__mwm_of(s);
+  size_t k = DT__MWM_TAIL;
+  memcpy(st->side, buf + s->size, DT__MWM_TAIL * sizeof(float));
+  for (int i = 0; i < s->nbufr; i++) {
+    size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
+    memcpy(st->side + k, buf + b, (e - b) * sizeof(float));
+    memset(buf + b, 0, (e - b) * sizeof(float));
+    k += e - b;
+  }
+  dt_result rc = dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch, &s->wire_bytes);
+  if (rc == DTRAIN_OK) rc = dt_comm_allreduce(x, rank, st->side, k);
+  s->wire_bytes += dt__mwm_ring_bytes(k, dt_comm_world(x));
+  if (rc != DTRAIN_OK) return rc;
+  memcpy(buf + s->size, st->side, DT__MWM_TAIL * sizeof(float));
+  k = DT__MWM_TAIL;
+  for (int i = 0; i < s->nbufr; i++) {
+    size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
+    memcpy(buf + b, st->side + k, (e - b) * sizeof(float));
+    k += e - b;
+  }
+  return DTRAIN_OK;
 }
 
 /* As mirrored; replica 0's gradient is the head of the cross-process buffer. */
@@ -170,7 +214,13 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     tail[6] = s->err == DTRAIN_ERR_NONFINITE ? 1.0f : 0.0f; /* the local failure, recorded before ok was 0 */
   }
   double t0 = dt__now();
-  dt_result rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
+  dt_result rc;
+  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE) {
+    rc = dt__mwm_allreduce_compressed(s, x, rank, buf);
+  } else {
+    rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
+    s->wire_bytes += dt__mwm_ring_bytes(s->size + DT__MWM_TAIL, x->world);
+  }
   R->wait_s += dt__now() - t0;
   if (rc != DTRAIN_OK) {
     if (ok) {

@@ -6738,6 +6738,19 @@ static void nt_dt_comm_slice(void) {
   }
   nt_teardown(&f);
 }
+/* dt_strategy.h: dt_result dt_compress_parse(const char * text, dt_compress * out) */
+static void nt_dt_compress_parse(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_compress_parse(NULL, NULL)");
+    nt_check_result(dt_compress_parse(NULL, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_compress * out */
+}
 /* dt_strategy.h: dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm * comm, int replicas) */
 static void nt_dt_strategy_multi_worker_mirrored(void) {
   nt_fix f;
@@ -8798,6 +8811,7 @@ int main(void) {
   TH_RUN(nt_dt_layout_create);
   TH_RUN(nt_dt_layout_destroy);
   TH_RUN(nt_dt_comm_slice);
+  TH_RUN(nt_dt_compress_parse);
   TH_RUN(nt_dt_strategy_multi_worker_mirrored);
   TH_RUN(nt_dt_strategy_parameter_server);
   TH_RUN(nt_dt_multi_worker_mirrored);
