@@ -271,19 +271,23 @@ static void set_mirrored_split(run *r) {
   }
 }
 
+/* W processes x N threads (gradients on the wire as `compress`) against mirrored(W x N). */
+static void run_like_mirrored(int W, int N, dt_compress_kind compress) {
+  memset(&R, 0, sizeof R);
+  R.W = W;
+  R.N = N;
+  R.compress = compress;
+  R.B = 31;
+  R.victim = -1;
+  set_mirrored_split(&R);
+  dt_strategy_options md = dt_strategy_mirrored(R.W * R.N);
+  reference(&R, &md);
+  run_world(&R);
+}
+
 static void test_equals_mirrored(void) {
-  static const int shapes[2][2] = {{2, 1}, {2, 2}};
-  for (int si = 0; si < 2; si++) {
-    memset(&R, 0, sizeof R);
-    R.W = shapes[si][0];
-    R.N = shapes[si][1];
-    R.B = 31;
-    R.victim = -1;
-    set_mirrored_split(&R);
-    dt_strategy_options md = dt_strategy_mirrored(R.W * R.N);
-    reference(&R, &md);
-    run_world(&R);
-  }
+  run_like_mirrored(2, 1, DTRAIN_COMPRESS_NONE);
+  run_like_mirrored(2, 2, DTRAIN_COMPRESS_NONE);
 }
 
 static void test_uneven_equals_one_device(void) {
@@ -303,19 +307,9 @@ static void test_uneven_equals_one_device(void) {
 static void test_compressed(void) {
   /* fp16 and bf16 on the wire, 2 and 3 processes: near mirrored's result, and
    * every rank bitwise equal to rank 0 (checked in child) */
-  static const int shapes[3][3] = {{2, 1, DTRAIN_COMPRESS_FP16}, {3, 2, DTRAIN_COMPRESS_FP16}, {2, 2, DTRAIN_COMPRESS_BF16}};
-  for (int si = 0; si < 3; si++) {
-    memset(&R, 0, sizeof R);
-    R.W = shapes[si][0];
-    R.N = shapes[si][1];
-    R.compress = (dt_compress_kind)shapes[si][2];
-    R.B = 31;
-    R.victim = -1;
-    set_mirrored_split(&R);
-    dt_strategy_options md = dt_strategy_mirrored(R.W * R.N);
-    reference(&R, &md);
-    run_world(&R);
-  }
+  run_like_mirrored(2, 1, DTRAIN_COMPRESS_FP16);
+  run_like_mirrored(3, 2, DTRAIN_COMPRESS_FP16);
+  run_like_mirrored(2, 2, DTRAIN_COMPRESS_BF16);
 }
 
 static void test_faults(void) {

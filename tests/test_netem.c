@@ -313,13 +313,20 @@ static void test_line_full_waits(void) {
 
 static float v_of(int r, size_t i) { return (float)((int)((i * 13 + (size_t)r * 29) % 50) - 25); }
 
-static int child_sum(world *x, int rank, void *arg) {
-  (void)arg;
+/* A child's communicator; *before: the lines this process had made until then. */
+static dt_comm *child_comm(world *x, int rank, long *before) {
   dt_cluster c = cluster_of(x, rank);
   dt_net_options o = opts_of(x, rank);
-  long before = dt__netem_lines_made();
+  *before = dt__netem_lines_made();
   dt_comm *comm = dt_comm_create_tcp(&c, &o);
   CK(comm != NULL);
+  return comm;
+}
+
+static int child_sum(world *x, int rank, void *arg) {
+  (void)arg;
+  long before;
+  dt_comm *comm = child_comm(x, rank, &before);
   if (!comm) return 2;
   long made = dt__netem_lines_made() - before;
   CK(made >= x->w - 1); /* every connection emulated */
@@ -360,11 +367,8 @@ static void test_comm_sums(void) {
 
 static int child_unset(world *x, int rank, void *arg) {
   (void)arg;
-  dt_cluster c = cluster_of(x, rank);
-  dt_net_options o = opts_of(x, rank);
-  long before = dt__netem_lines_made();
-  dt_comm *comm = dt_comm_create_tcp(&c, &o);
-  CK(comm != NULL);
+  long before;
+  dt_comm *comm = child_comm(x, rank, &before);
   if (!comm) return 2;
   float b[5] = {1, 2, 3, 4, 5};
   CK(dt_comm_allreduce(comm, rank, b, 5) == DTRAIN_OK && b[4] == 5.0f * (float)x->w);
