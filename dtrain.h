@@ -22920,29 +22920,34 @@ static uint64_t dt__mwm_ring_bytes(size_t n, int W) {
   return W > 1 ? (uint64_t)(2.0 * (double)(W - 1) / (double)W * (double)n * sizeof(float)) : 0;
 }
 
+/* The tail and the buffers' values between buf and side (in that order):
+ * out != 0 copies them out of buf (zeroing the buffers there), else back in. */
+static void dt__mwm_side(dt_strategy *s, float *buf, float *side, int out) {
+  size_t k = DT__MWM_TAIL;
+  if (out) memcpy(side, buf + s->size, DT__MWM_TAIL * sizeof(float));
+  else memcpy(buf + s->size, side, DT__MWM_TAIL * sizeof(float));
+  for (int i = 0; i < s->nbufr; i++) {
+    size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
+    if (out) {
+      memcpy(side + k, buf + b, (e - b) * sizeof(float));
+      memset(buf + b, 0, (e - b) * sizeof(float));
+    } else {
+      memcpy(buf + b, side + k, (e - b) * sizeof(float));
+    }
+    k += e - b;
+  }
+}
+
 /* compress: the gradient [0, size) in 16-bit values (buffers zeroed there),
  * then the tail and the buffers' values exactly, in one small float all-reduce. */
 static dt_result dt__mwm_allreduce_compressed(dt_strategy *s, dt_comm *x, int rank, float *buf) {
   dt__mwm *st = dt__mwm_of(s);
-  size_t k = DT__MWM_TAIL;
-  memcpy(st->side, buf + s->size, DT__MWM_TAIL * sizeof(float));
-  for (int i = 0; i < s->nbufr; i++) {
-    size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
-    memcpy(st->side + k, buf + b, (e - b) * sizeof(float));
-    memset(buf + b, 0, (e - b) * sizeof(float));
-    k += e - b;
-  }
+  dt__mwm_side(s, buf, st->side, 1);
   dt_result rc = dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch, &s->wire_bytes);
-  if (rc == DTRAIN_OK) rc = dt_comm_allreduce(x, rank, st->side, k);
-  s->wire_bytes += dt__mwm_ring_bytes(k, dt_comm_world(x));
+  if (rc == DTRAIN_OK) rc = dt_comm_allreduce(x, rank, st->side, st->side_n);
+  s->wire_bytes += dt__mwm_ring_bytes(st->side_n, x->world);
   if (rc != DTRAIN_OK) return rc;
-  memcpy(buf + s->size, st->side, DT__MWM_TAIL * sizeof(float));
-  k = DT__MWM_TAIL;
-  for (int i = 0; i < s->nbufr; i++) {
-    size_t b = s->bufr[2 * i], e = s->bufr[2 * i + 1];
-    memcpy(buf + b, st->side + k, (e - b) * sizeof(float));
-    k += e - b;
-  }
+  dt__mwm_side(s, buf, st->side, 0);
   return DTRAIN_OK;
 }
 
@@ -27612,7 +27617,9 @@ DTRAIN_PRIVATE dt_result dt__netem_attach(int fd, uint32_t self_id, int peer_rol
     dt__free(L, sizeof *L);
     return dt__error(DTRAIN_ERR_NOMEM, "DTRAIN_NETEM: no memory for a link's buffer");
   }
-  if (dt__mutex_init(&L->mu) != DTRAIN_OK || dt__cond_init(&L->cv) != DTRAIN_OK) {
+  int have_mu = dt__mutex_init(&L->mu) == DTRAIN_OK;
+  if (!have_mu || dt__cond_init(&L->cv) != DTRAIN_OK) {
+    if (have_mu) dt__mutex_destroy(&L->mu);
     dt__free(L->buf, L->cap);
     dt__free(L->seg, sizeof(dt__line_seg) * DT__NE_SEGS);
     dt__free(L, sizeof *L);

@@ -462,7 +462,9 @@ DTRAIN_PRIVATE dt_result dt__netem_attach(int fd, uint32_t self_id, int peer_rol
     dt__free(L, sizeof *L);
     return dt__error(DTRAIN_ERR_NOMEM, "DTRAIN_NETEM: no memory for a link's buffer");
   }
-  if (dt__mutex_init(&L->mu) != DTRAIN_OK || dt__cond_init(&L->cv) != DTRAIN_OK) {
+  int have_mu = dt__mutex_init(&L->mu) == DTRAIN_OK;
+  if (!have_mu || dt__cond_init(&L->cv) != DTRAIN_OK) {
+    if (have_mu) dt__mutex_destroy(&L->mu);
     dt__free(L->buf, L->cap);
     dt__free(L->seg, sizeof(dt__line_seg) * DT__NE_SEGS);
     dt__free(L, sizeof *L);
