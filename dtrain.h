@@ -2378,24 +2378,47 @@ DTRAIN_EXTERN_C_BEGIN
 #define DTRAIN_STALENESS_UNBOUNDED (-1)
 #define DTRAIN_STALENESS_BINS 64
 
-/* Gradients compressed on the wire (multi_worker_mirrored): fp16 (IEEE half
- * precision, with a power-of-two scale per message so small gradients keep
- * their digits) or bf16 (float's range, 8 bits of mantissa): half the bytes
- * of a float ring all-reduce for any number of workers. The sums are made in
- * float and rounded once; every worker decodes the same bytes, so replicas
- * stay bitwise equal (and differ from the uncompressed run by the rounding). */
+/* Gradients compressed on the wire (multi_worker_mirrored). Every kind keeps
+ * the workers' replicas bitwise equal (all decode the same bytes).
+ *   fp16, bf16: 16-bit values (fp16 with a power-of-two scale per message so
+ *     small gradients keep their digits; bf16 float's range with 8 bits of
+ *     mantissa): half the bytes of a float ring all-reduce; sums made in float
+ *     and rounded once.
+ *   topk (fraction F in (0, 1]): each worker sends only its ceil(F x values)
+ *     largest gradient values (index and value, 8 bytes each); what it did not
+ *     send is kept and added to its next gradient (error feedback), so nothing
+ *     is lost, only delayed. Bytes per step: (W-1) x 8 x F x values.
+ *   powersgd (rank R >= 1): each weight of shape [rows, ...] (a rows x cols
+ *     matrix) travels as two factors, P (rows x R) and Q (cols x R), from one
+ *     step of subspace iteration warm-started with the last step's Q (Vogels
+ *     et al., 2019), with error feedback as topk. Vectors, and matrices whose
+ *     factors would be no smaller, go as floats. R >= min(rows, cols) is exact
+ *     up to rounding.
+ * The error feedback state lives in the strategy (n floats per process, twice
+ * for the step being made); dt_strategy_sync and a failed step leave nothing
+ * of it behind. */
 typedef enum dt_compress_kind {
   DTRAIN_COMPRESS_NONE = 0,
   DTRAIN_COMPRESS_FP16 = 1,
-  DTRAIN_COMPRESS_BF16 = 2
+  DTRAIN_COMPRESS_BF16 = 2,
+  DTRAIN_COMPRESS_TOPK = 3,
+  DTRAIN_COMPRESS_POWERSGD = 4
 } dt_compress_kind;
 typedef struct dt_compress {
   dt_compress_kind kind; /* [none] */
+  float fraction;        /* topk: the fraction F of the values each worker sends, (0, 1] */
+  int rank;              /* powersgd: the factors' rank R, 1..1024 */
 } dt_compress;
-/* "none", "fp16" or "bf16" (the examples' --compress) into *out; else
+/* "none", "fp16", "bf16", "topk:F" (F in (0, 1], e.g. topk:0.01) or
+ * "powersgd:R" (R in 1..1024) -- the examples' --compress -- into *out; else
  * DTRAIN_ERR_INVALID_ARG naming the text. */
 DTRAIN_API dt_result dt_compress_parse(const char *text, dt_compress *out);
-DTRAIN_API const char *dt_compress_name(dt_compress c); /* "none", "fp16", "bf16" */
+/* The kind's name: "none", "fp16", "bf16", "topk", "powersgd". */
+DTRAIN_API const char *dt_compress_name(dt_compress c);
+/* The whole spec as dt_compress_parse reads it ("topk:0.01", "powersgd:4",
+ * "fp16") into out (cap bytes, always terminated); returns out (NULL, with
+ * dt_last_error set, for a NULL out or cap 0). */
+DTRAIN_API char *dt_compress_format(dt_compress c, char *out, size_t cap);
 
 typedef enum dt_strategy_kind {
   DTRAIN_STRATEGY_ONE_DEVICE = 0,
@@ -21086,7 +21109,12 @@ DTRAIN_PRIVATE uint16_t dt__f16_of(float f);
 DTRAIN_PRIVATE float dt__f32_of_f16(uint16_t h);
 DTRAIN_PRIVATE uint16_t dt__bf16_of(float f);
 DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h);
+/* The bytes a float ring all-reduce of n values sends from one of W ranks. */
+DTRAIN_PRIVATE uint64_t dt__ring_bytes(size_t n, int W);
 #if !defined(DTRAIN_NO_DIST)
+/* One ring step: sn floats to `to` while rn arrive from `from` (p2p, the compression tag). */
+DTRAIN_PRIVATE dt_result dt__cring_swap(dt_comm *x, int rank, int to, int from, const float *sb, size_t sn,
+                                        float *rb, size_t rn);
 /* A message of k values: 1 + ceil(k/2) float slots. */
 DTRAIN_PRIVATE size_t dt__cmsg_slots(size_t k);
 DTRAIN_PRIVATE void dt__cmsg_encode(dt_compress_kind kind, const float *x, size_t k, float *slots);
@@ -21097,6 +21125,29 @@ DTRAIN_PRIVATE size_t dt__compress_scratch(size_t n, int W);
  * values (the same result on every rank); *sent += the bytes this rank sent. */
 DTRAIN_PRIVATE dt_result dt__compress_allreduce(dt_comm *x, int rank, dt_compress_kind kind, float *buf, size_t n,
                                                 float *scratch, uint64_t *sent);
+
+/* ---- error-feedback compressors: top-k and PowerSGD (dt_strategy_ef.c) ---- */
+typedef struct dt__ef dt__ef;
+/* A trainable run of the flat buffer: floats [off, off + rows x cols), a
+ * rows x cols matrix (rows = the first dimension; vectors: cols 1). */
+typedef struct dt__ef_part {
+  size_t off, rows, cols;
+} dt__ef_part;
+/* State for c (topk or powersgd) over n floats of which the parts are
+ * trained, W ranks. lowrank_all: PowerSGD factors every matrix, even where
+ * they are no smaller (tests). */
+DTRAIN_PRIVATE dt_result dt__ef_create(dt_compress c, size_t n, const dt__ef_part *parts, int nparts, int W,
+                                       int lowrank_all, dt__ef **out);
+DTRAIN_PRIVATE void dt__ef_destroy(dt__ef *e);
+/* buf's parts get the compressed sum over the ranks (the same bytes on every
+ * rank); floats outside the parts are left alone. The step's error is staged:
+ * dt__ef_commit keeps it (the step went on), otherwise the last one stays. */
+DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent);
+DTRAIN_PRIVATE void dt__ef_commit(dt__ef *e);
+/* Forget the error (dt_strategy_sync: new parameters). */
+DTRAIN_PRIVATE void dt__ef_reset(dt__ef *e);
+/* The committed error (n floats; tests). */
+DTRAIN_PRIVATE const float *dt__ef_error(const dt__ef *e);
 #endif /* DTRAIN_NO_DIST */
 
 #endif /* DTRAIN_STRATEGY_IMPL_H */
@@ -21761,9 +21812,17 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
                        d->store->vtable->name ? d->store->vtable->name : "?");
   }
   if (d->compress.kind != DTRAIN_COMPRESS_NONE) {
-    if (d->compress.kind != DTRAIN_COMPRESS_FP16 && d->compress.kind != DTRAIN_COMPRESS_BF16)
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress.kind %d is none of none, fp16, bf16", fn,
-                       (int)d->compress.kind);
+    dt_compress_kind ck = d->compress.kind;
+    if (ck != DTRAIN_COMPRESS_FP16 && ck != DTRAIN_COMPRESS_BF16 && ck != DTRAIN_COMPRESS_TOPK &&
+        ck != DTRAIN_COMPRESS_POWERSGD)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress.kind %d is none of none, fp16, bf16, topk, powersgd",
+                       fn, (int)ck);
+    if (ck == DTRAIN_COMPRESS_TOPK && !(d->compress.fraction > 0.0f && d->compress.fraction <= 1.0f))
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress topk: fraction %g outside (0, 1]", fn,
+                       (double)d->compress.fraction);
+    if (ck == DTRAIN_COMPRESS_POWERSGD && (d->compress.rank < 1 || d->compress.rank > 1024))
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress powersgd: rank %d outside 1..1024", fn,
+                       d->compress.rank);
     if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) is for multi_worker_mirrored, not %s (its "
                        "gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);
@@ -22612,19 +22671,59 @@ DTRAIN_API const char *dt_compress_name(dt_compress c) {
   case DTRAIN_COMPRESS_NONE: return "none";
   case DTRAIN_COMPRESS_FP16: return "fp16";
   case DTRAIN_COMPRESS_BF16: return "bf16";
+  case DTRAIN_COMPRESS_TOPK: return "topk";
+  case DTRAIN_COMPRESS_POWERSGD: return "powersgd";
   }
   return "?";
+}
+
+DTRAIN_API char *dt_compress_format(dt_compress c, char *out, size_t cap) {
+  if (!out || cap == 0) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_compress_format: %s", !out ? "out is NULL" : "cap is 0");
+    return NULL;
+  }
+  if (c.kind == DTRAIN_COMPRESS_TOPK) snprintf(out, cap, "topk:%g", (double)c.fraction);
+  else if (c.kind == DTRAIN_COMPRESS_POWERSGD) snprintf(out, cap, "powersgd:%d", c.rank);
+  else snprintf(out, cap, "%s", dt_compress_name(c));
+  return out;
+}
+
+/* The number after "topk:" / "powersgd:": all of it, finite. */
+static int dt__compress_number(const char *t, double *v) {
+  char *end = NULL;
+  if (!((*t >= '0' && *t <= '9') || *t == '.')) return 0; /* no sign, space, inf or nan */
+  *v = strtod(t, &end);
+  return end && *end == '\0' && isfinite(*v);
 }
 
 DTRAIN_API dt_result dt_compress_parse(const char *text, dt_compress *out) {
   if (!text || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_compress_parse: %s is NULL", !text ? "text" : "out");
   memset(out, 0, sizeof *out);
+  double v = 0.0;
   if (!strcmp(text, "none")) out->kind = DTRAIN_COMPRESS_NONE;
   else if (!strcmp(text, "fp16")) out->kind = DTRAIN_COMPRESS_FP16;
   else if (!strcmp(text, "bf16")) out->kind = DTRAIN_COMPRESS_BF16;
-  else
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_compress_parse: '%s': expected none, fp16 or bf16", text);
+  else if (!strncmp(text, "topk:", 5)) {
+    if (!dt__compress_number(text + 5, &v) || !(v > 0.0 && v <= 1.0))
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_compress_parse: '%s': topk:F needs a fraction F in (0, 1], "
+                       "e.g. topk:0.01", text);
+    out->kind = DTRAIN_COMPRESS_TOPK;
+    out->fraction = (float)v;
+  } else if (!strncmp(text, "powersgd:", 9)) {
+    if (!dt__compress_number(text + 9, &v) || v != floor(v) || v < 1.0 || v > 1024.0)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_compress_parse: '%s': powersgd:R needs a rank R in 1..1024, "
+                       "e.g. powersgd:4", text);
+    out->kind = DTRAIN_COMPRESS_POWERSGD;
+    out->rank = (int)v;
+  } else
+    return dt__error(DTRAIN_ERR_INVALID_ARG,
+                     "dt_compress_parse: '%s': expected none, fp16, bf16, topk:F or powersgd:R", text);
   return DTRAIN_OK;
+}
+
+/* The bytes a float ring all-reduce of n values sends from one of W ranks. */
+DTRAIN_PRIVATE uint64_t dt__ring_bytes(size_t n, int W) {
+  return W > 1 ? (uint64_t)(2.0 * (double)(W - 1) / (double)W * (double)n * sizeof(float)) : 0;
 }
 
 /* ---- 16-bit floats --------------------------------------------------------------------------- */
@@ -22752,8 +22851,8 @@ static void dt__cring_chunk(size_t n, int W, int c, size_t *b, size_t *e) {
   *e = (size_t)((uint64_t)n * (uint64_t)(c + 1) / (uint64_t)W);
 }
 
-static dt_result dt__cring_swap(dt_comm *x, int rank, int to, int from, const float *sb, size_t sn, float *rb,
-                                size_t rn) {
+DTRAIN_PRIVATE dt_result dt__cring_swap(dt_comm *x, int rank, int to, int from, const float *sb, size_t sn,
+                                        float *rb, size_t rn) {
   dt_comm_request *q[2] = {NULL, NULL};
   dt_result rc = dt_comm_irecv(x, rank, from, DT__COMPRESS_TAG, rb, rn, &q[0]);
   if (rc == DTRAIN_OK) rc = dt_comm_isend(x, rank, to, DT__COMPRESS_TAG, sb, sn, &q[1]);
@@ -22810,6 +22909,499 @@ DTRAIN_PRIVATE dt_result dt__compress_allreduce(dt_comm *x, int rank, dt_compres
 #endif /* DTRAIN_NO_DIST */
 /* ======== end dt_strategy_compress.c ======== */
 
+/* ======== begin dt_strategy_ef.c ======== */
+/* ===========================================================================
+ * dt_strategy_ef.c -- gradients compressed with error feedback: top-k
+ * sparsification and PowerSGD's low-rank factors (multi_worker_mirrored)
+ * ===========================================================================
+ * Both send much less than the gradient and keep what they left out: each
+ * rank's error e is added to its next gradient before compressing, so every
+ * value reaches the update, some of them steps later (error feedback). e is
+ * staged while a step runs and kept only when the step goes on, so a failed
+ * or skipped step leaves the last one; a non-finite error is never kept.
+ *
+ * top-k (fraction F): a rank sends the k = ceil(F x trained values) largest
+ * |g + e| (ties: the lowest index; NaN and Inf first) as k rising u32 indices
+ * (little-endian bytes) and k floats, 2k float slots. An all-gather ring
+ * carries every rank's message to everybody, each forwarded as received, and
+ * every rank adds them in rank order: the same sums everywhere. e = g + e
+ * with the sent values zeroed. Checked on arrival: rising indices, each one
+ * of a trained value.
+ *
+ * PowerSGD (rank R; Vogels, Karimireddy and Jaggi, 2019): a trained
+ * parameter of shape [rows, ...] is a rows x cols matrix M = G + e. With Q
+ * (cols x r, r = min(R, rows, cols)) the last step's, columns normalised (a
+ * warm start; the first from a seed every rank shares):
+ *   P = M Q, all-reduced (summed), orthonormalised (Gram-Schmidt);
+ *   Q = M^T P, all-reduced;  the sum is taken to be P Q^T;
+ *   e = M - P Q_local^T, Q_local this rank's M^T P (what its M lost).
+ * P Q^T = P P^T (sum of M): the sum projected on the columns of P, exact when
+ * r = min(rows, cols); the errors add up to what the sum lost. Parameters whose factors would be no smaller (vectors,
+ * small matrices) ride along with the P all-reduce as floats. Two float
+ * all-reduces per step; both give every rank the same values, and the rest
+ * is the same arithmetic on the same numbers.
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST)
+
+#define DT__EF_SAMPLE 2048 /* top-k: keys sampled for a first threshold */
+
+/* A part as the compressor holds it. */
+typedef struct dt__ef_run {
+  size_t off, rows, cols; /* the matrix */
+  size_t r;               /* PowerSGD: its rank; 0: sent as floats */
+  size_t poff, qoff;      /* PowerSGD: its P (or values) in the pack, its Q in q */
+} dt__ef_run;
+
+struct dt__ef {
+  dt_compress c;
+  int W;
+  size_t n;             /* floats in the buffer */
+  dt__ef_run *run;
+  int nrun;
+  float *err, *next;    /* the kept error and this step's, n floats each */
+  int next_ok;          /* this step's error is complete and finite */
+  /* top-k */
+  size_t k, ntrain;
+  float *key;           /* ntrain: what selection sorts */
+  float *msg;           /* W messages of 2k slots */
+  float sample[DT__EF_SAMPLE];
+  /* PowerSGD */
+  float *pack;          /* the P factors, then the float-sent parts' values */
+  size_t npack;
+  float *q;             /* every factored part's Q (cols x r), kept between steps */
+  float *qloc;          /* this rank's M^T P before the all-reduce */
+  size_t nq;
+  float *qt, *recon;    /* scratch: a Q transposed (the largest), a matrix (the largest) */
+  size_t nqt, nrecon;
+  uint64_t seed;        /* draws Q's columns: the same sequence on every rank */
+};
+
+/* ---- the state ------------------------------------------------------------------------- */
+
+/* Bytes of err and of next (one float for an empty buffer: no zero-size allocation). */
+static size_t dt__ef_vbytes(const dt__ef *e) { return (e->n ? e->n : 1) * sizeof(float); }
+
+DTRAIN_PRIVATE void dt__ef_destroy(dt__ef *e) {
+  if (!e) return;
+  dt__free(e->err, dt__ef_vbytes(e));
+  dt__free(e->next, dt__ef_vbytes(e));
+  dt__free(e->key, e->ntrain * sizeof(float));
+  dt__free(e->msg, (size_t)e->W * 2 * e->k * sizeof(float));
+  dt__free(e->pack, e->npack * sizeof(float));
+  dt__free(e->q, e->nq * sizeof(float));
+  dt__free(e->qloc, e->nq * sizeof(float));
+  dt__free(e->qt, e->nqt * sizeof(float));
+  dt__free(e->recon, e->nrecon * sizeof(float));
+  dt__free(e->run, (size_t)e->nrun * sizeof(dt__ef_run));
+  dt__free(e, sizeof *e);
+}
+
+/* A uniform value in [-1, 1) from the shared sequence (no libm: the same on every host). */
+static float dt__ef_draw(dt__ef *e) {
+  return (float)((double)(dt__splitmix64(&e->seed) >> 11) / 4503599627370496.0 - 1.0);
+}
+
+/* Column j of a cols x r matrix (row-major): new draws when it is all zero,
+ * then scaled to length 1 (P = M Q then has M's magnitude). */
+static void dt__ef_norm_col(dt__ef *e, float *Q, size_t cols, size_t r, size_t j) {
+  double ss = 0.0;
+  for (size_t c = 0; c < cols; c++) ss += (double)Q[c * r + j] * (double)Q[c * r + j];
+  if (ss == 0.0) {
+    for (size_t c = 0; c < cols; c++) Q[c * r + j] = dt__ef_draw(e);
+    ss = 0.0;
+    for (size_t c = 0; c < cols; c++) ss += (double)Q[c * r + j] * (double)Q[c * r + j];
+  }
+  if (!(ss > 0.0) || !isfinite(ss)) return; /* non-finite: the step fails its numerics check anyway */
+  float s = (float)(1.0 / sqrt(ss));
+  for (size_t c = 0; c < cols; c++) Q[c * r + j] *= s;
+}
+
+DTRAIN_PRIVATE dt_result dt__ef_create(dt_compress c, size_t n, const dt__ef_part *parts, int nparts, int W,
+                                       int lowrank_all, dt__ef **out) {
+  *out = NULL;
+  if (c.kind != DTRAIN_COMPRESS_TOPK && c.kind != DTRAIN_COMPRESS_POWERSGD)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "error-feedback compression: kind %s", dt_compress_name(c));
+  if (c.kind == DTRAIN_COMPRESS_TOPK && !(c.fraction > 0.0f && c.fraction <= 1.0f))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "compress topk: fraction %g outside (0, 1]", (double)c.fraction);
+  if (c.kind == DTRAIN_COMPRESS_POWERSGD && (c.rank < 1 || c.rank > 1024))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "compress powersgd: rank %d outside 1..1024", c.rank);
+  if (c.kind == DTRAIN_COMPRESS_TOPK && n > 0xFFFFFFFFu)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "compress topk: %zu floats of parameters (the indices are 32-bit)", n);
+  dt__ef *e = (dt__ef *)dt__calloc(sizeof *e);
+  if (!e) return dt__error(DTRAIN_ERR_NOMEM, "compress %s: out of memory", dt_compress_name(c));
+  e->c = c;
+  e->W = W < 1 ? 1 : W;
+  e->n = n;
+  e->seed = 0x5067D5D2ull; /* any constant: every rank draws the same Q */
+  e->run = nparts > 0 ? (dt__ef_run *)dt__calloc((size_t)nparts * sizeof(dt__ef_run)) : NULL;
+  if (nparts > 0 && !e->run) goto nomem;
+  e->nrun = nparts;
+  for (int i = 0; i < nparts; i++) {
+    dt__ef_run *u = &e->run[i];
+    u->off = parts[i].off, u->rows = parts[i].rows, u->cols = parts[i].cols;
+    size_t m = u->rows * u->cols;
+    if (u->off > n || m > n - u->off || (i > 0 && u->off < e->run[i - 1].off + e->run[i - 1].rows * e->run[i - 1].cols)) {
+      size_t off = u->off;
+      dt__ef_destroy(e);
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "compress: part %d [%zu, +%zu) out of order or past %zu floats", i,
+                       off, m, n);
+    }
+    e->ntrain += m;
+    if (c.kind != DTRAIN_COMPRESS_POWERSGD) continue;
+    size_t r = (size_t)c.rank;
+    r = DT__MIN(r, DT__MIN(u->rows, u->cols));
+    int factored = u->cols > 1 && u->rows > 1 && (lowrank_all || (u->rows + u->cols) * r < m);
+    u->r = factored ? r : 0;
+    u->poff = e->npack;
+    e->npack += factored ? u->rows * r : m;
+    u->qoff = e->nq;
+    e->nq += factored ? u->cols * r : 0;
+    if (factored) e->nqt = DT__MAX(e->nqt, u->cols * r), e->nrecon = DT__MAX(e->nrecon, m);
+  }
+  if (c.kind == DTRAIN_COMPRESS_TOPK && e->ntrain > 0) {
+    double want = (double)c.fraction * (double)e->ntrain; /* less float's rounding of F: 0.3f x 10 is 3 */
+    e->k = (size_t)ceil(want - want * 1e-7);
+    e->k = DT__MAX(e->k, (size_t)1);
+    e->k = DT__MIN(e->k, e->ntrain);
+  }
+  e->err = (float *)dt__calloc(dt__ef_vbytes(e));
+  e->next = (float *)dt__calloc(dt__ef_vbytes(e));
+  if (!e->err || !e->next) goto nomem;
+  if (e->ntrain && c.kind == DTRAIN_COMPRESS_TOPK) {
+    e->key = (float *)dt__calloc(e->ntrain * sizeof(float));
+    e->msg = (float *)dt__calloc((size_t)e->W * 2 * e->k * sizeof(float));
+    if (!e->key || !e->msg) goto nomem;
+  }
+  if (e->npack && !(e->pack = (float *)dt__calloc(e->npack * sizeof(float)))) goto nomem;
+  if (e->nq && !(e->q = (float *)dt__calloc(e->nq * sizeof(float)))) goto nomem;
+  if (e->nq && !(e->qloc = (float *)dt__calloc(e->nq * sizeof(float)))) goto nomem;
+  if (e->nqt && !(e->qt = (float *)dt__calloc(e->nqt * sizeof(float)))) goto nomem;
+  if (e->nrecon && !(e->recon = (float *)dt__calloc(e->nrecon * sizeof(float)))) goto nomem;
+  for (int i = 0; i < e->nrun; i++) /* zero columns: drawn */
+    for (size_t j = 0; j < e->run[i].r; j++) dt__ef_norm_col(e, e->q + e->run[i].qoff, e->run[i].cols, e->run[i].r, j);
+  *out = e;
+  return DTRAIN_OK;
+nomem:
+  dt__ef_destroy(e);
+  return dt__error(DTRAIN_ERR_NOMEM, "compress %s: out of memory for the error feedback state", dt_compress_name(c));
+}
+
+DTRAIN_PRIVATE void dt__ef_commit(dt__ef *e) {
+  if (!e || !e->next_ok) return;
+  float *t = e->err;
+  e->err = e->next;
+  e->next = t;
+  e->next_ok = 0;
+}
+
+DTRAIN_PRIVATE void dt__ef_reset(dt__ef *e) {
+  if (!e) return;
+  memset(e->err, 0, e->n * sizeof(float));
+  memset(e->next, 0, e->n * sizeof(float));
+  e->next_ok = 0;
+}
+
+DTRAIN_PRIVATE const float *dt__ef_error(const dt__ef *e) { return e ? e->err : NULL; }
+
+/* ---- top-k --------------------------------------------------------------------------- */
+
+/* The value of rank `want` (0-based, ascending) of a[0, n): a[] reordered.
+ * Hoare partitions around a median of three; equal keys split evenly. */
+static float dt__ef_select(float *a, size_t n, size_t want) {
+  int64_t lo = 0, hi = (int64_t)n - 1, w = (int64_t)want;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    float x = a[lo], y = a[mid], z = a[hi];
+    float p = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+    int64_t i = lo, j = hi;
+    while (i <= j) {
+      while (a[i] < p) i++;
+      while (a[j] > p) j--;
+      if (i <= j) {
+        float t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+        i++;
+        j--;
+      }
+    }
+    if (w <= j) hi = j;
+    else if (w >= i) lo = i;
+    else return a[w]; /* between j and i: equal to the pivot */
+  }
+  return a[w];
+}
+
+static void dt__ef_put_u32(float *slots, size_t i, uint32_t v) {
+  unsigned char *b = (unsigned char *)slots + 4 * i;
+  b[0] = (unsigned char)(v & 0xFFu), b[1] = (unsigned char)((v >> 8) & 0xFFu);
+  b[2] = (unsigned char)((v >> 16) & 0xFFu), b[3] = (unsigned char)(v >> 24);
+}
+
+static uint32_t dt__ef_get_u32(const float *slots, size_t i) {
+  const unsigned char *b = (const unsigned char *)slots + 4 * i;
+  return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+}
+
+/* The keys of next's trained values into key (train order); 0 if any is not finite. */
+static int dt__ef_topk_keys(dt__ef *e) {
+  float *DT__RESTRICT key = e->key;
+  const float *DT__RESTRICT nx = e->next;
+  int finite = 1;
+  for (int p = 0; p < e->nrun; p++) {
+    const dt__ef_run *u = &e->run[p];
+    const float *v = nx + u->off;
+    const size_t m = u->rows * u->cols;
+    for (size_t i = 0; i < m; i++) {
+      float a = fabsf(v[i]);
+      finite &= a <= FLT_MAX;
+      key[i] = a <= FLT_MAX ? a : INFINITY; /* NaN counts as Inf: sent first */
+    }
+    key += m;
+  }
+  return finite;
+}
+
+/* The k-th largest key (key[] is reordered). A sample of about 2048 keys
+ * gives a threshold that some 2k of them should reach; when at least k keys
+ * reach it the k-th largest is among them, and only they are searched (the
+ * same answer as searching all). *above: the keys greater than it. */
+static float dt__ef_kth(dt__ef *e, size_t *above) {
+  float *key = e->key;
+  size_t n = e->ntrain, k = e->k, c = n;
+  float thr;
+  if (n >= 8 * DT__EF_SAMPLE && k <= n / 8) {
+    size_t step = n / DT__EF_SAMPLE, ns = 0;
+    for (size_t i = 0; i < n && ns < DT__EF_SAMPLE; i += step) e->sample[ns++] = key[i];
+    size_t want = (size_t)(2.0 * (double)k / (double)n * (double)ns) + 8;
+    if (want < ns) {
+      float lo = dt__ef_select(e->sample, ns, ns - want);
+      c = 0;
+      for (size_t i = 0; i < n; i++) /* in place: c <= i */
+        if (key[i] >= lo) key[c++] = key[i];
+      if (c < k) { /* the sample missed: every key again */
+        dt__ef_topk_keys(e);
+        c = n;
+      }
+    }
+  }
+  thr = dt__ef_select(key, c, c - k);
+  *above = 0;
+  for (size_t i = 0; i < c; i++) *above += key[i] > thr;
+  return thr;
+}
+
+/* This rank's message into m: g + e staged in next, its k largest sent (and zeroed there). */
+static void dt__ef_topk_encode(dt__ef *e, const float *buf, float *m) {
+  const size_t k = e->k;
+  float *DT__RESTRICT key = e->key;
+  int finite = 1;
+  for (int p = 0; p < e->nrun; p++) { /* next = g + e and the keys in one pass (as dt__ef_topk_keys) */
+    const size_t b = e->run[p].off, m = e->run[p].rows * e->run[p].cols;
+    const float *DT__RESTRICT g = buf + b, *DT__RESTRICT er = e->err + b;
+    float *DT__RESTRICT nx = e->next + b;
+    for (size_t i = 0; i < m; i++) {
+      float v = g[i] + er[i], a = fabsf(v);
+      nx[i] = v;
+      finite &= a <= FLT_MAX;
+      key[i] = a <= FLT_MAX ? a : INFINITY;
+    }
+    key += m;
+  }
+  size_t above;
+  const float thr = dt__ef_kth(e, &above);
+  size_t ties = k - above, got = 0; /* of the values equal to thr, the first `ties` go */
+  float *DT__RESTRICT nx = e->next;
+  for (int p = 0; p < e->nrun; p++) {
+    const dt__ef_run *u = &e->run[p];
+    for (size_t i = u->off; i < u->off + u->rows * u->cols; i++) {
+      float v = nx[i], a = fabsf(v), kv = a <= FLT_MAX ? a : INFINITY;
+      if (kv < thr) continue;
+      if (kv == thr) {
+        if (ties == 0) continue;
+        ties--;
+      }
+      dt__ef_put_u32(m, got, (uint32_t)i);
+      m[k + got] = v;
+      nx[i] = 0.0f;
+      got++;
+    }
+  }
+  /* the error kept is finite when g + e was, or when every non-finite value went */
+  if (!finite) {
+    finite = 1;
+    for (int p = 0; p < e->nrun; p++)
+      for (size_t i = e->run[p].off; i < e->run[p].off + e->run[p].rows * e->run[p].cols; i++)
+        finite &= isfinite(nx[i]) != 0;
+  }
+  e->next_ok = finite && got == k;
+}
+
+/* Rank `from`'s message added into buf. DTRAIN_ERR_PROTOCOL for indices that
+ * do not rise or are not of a trained value. */
+static dt_result dt__ef_topk_add(const dt__ef *e, const float *m, int from, float *buf) {
+  int p = 0;
+  uint32_t prev = 0;
+  for (size_t j = 0; j < e->k; j++) {
+    uint32_t i = dt__ef_get_u32(m, j);
+    if (j > 0 && i <= prev)
+      return dt__error(DTRAIN_ERR_PROTOCOL, "top-k gradient message from rank %d: index %u after %u (they must rise)",
+                       from, i, prev);
+    while (p < e->nrun && (size_t)i >= e->run[p].off + e->run[p].rows * e->run[p].cols) p++;
+    if (p == e->nrun || (size_t)i < e->run[p].off)
+      return dt__error(DTRAIN_ERR_PROTOCOL, "top-k gradient message from rank %d: index %u is not a trained value "
+                       "(of %zu floats)", from, i, e->n);
+    buf[i] += m[e->k + j];
+    prev = i;
+  }
+  return DTRAIN_OK;
+}
+
+static dt_result dt__ef_topk(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent) {
+  const int W = e->W;
+  const size_t slots = 2 * e->k;
+  dt__ef_topk_encode(e, buf, e->msg + (size_t)rank * slots);
+  /* all-gather: at step s send rank-s's message on, receive rank-s-1's */
+  const int to = (rank + 1) % W, from = (rank + W - 1) % W;
+  dt_result rc = DTRAIN_OK;
+  for (int s = 0; s < W - 1 && rc == DTRAIN_OK; s++) {
+    int cs = (rank - s + W) % W, cr = (rank - s - 1 + W) % W;
+    rc = dt__cring_swap(x, rank, to, from, e->msg + (size_t)cs * slots, slots, e->msg + (size_t)cr * slots, slots);
+    *sent += slots * sizeof(float);
+  }
+  if (rc != DTRAIN_OK) {
+    e->next_ok = 0;
+    return rc;
+  }
+  for (int p = 0; p < e->nrun; p++)
+    memset(buf + e->run[p].off, 0, e->run[p].rows * e->run[p].cols * sizeof(float));
+  for (int w = 0; w < W && rc == DTRAIN_OK; w++) rc = dt__ef_topk_add(e, e->msg + (size_t)w * slots, w, buf);
+  if (rc != DTRAIN_OK) e->next_ok = 0;
+  return rc;
+}
+
+/* ---- PowerSGD ------------------------------------------------------------------------ */
+
+/* P (rows x r) = M (rows x cols) Q (cols x r), all row-major (this rank's
+ * part of a sum: the kernel may differ between hosts). */
+static void dt__ef_mq(const float *M, const float *Q, float *P, size_t rows, size_t cols, size_t r) {
+  dt_sgemm(0, 0, (int64_t)rows, (int64_t)r, (int64_t)cols, 1.0f, M, (int64_t)cols, Q, (int64_t)r, 0.0f, P, (int64_t)r);
+}
+
+/* Q (cols x r) = M^T P (likewise summed afterwards). */
+static void dt__ef_mtp(const float *M, const float *P, float *Q, size_t rows, size_t cols, size_t r) {
+  dt_sgemm(1, 0, (int64_t)cols, (int64_t)r, (int64_t)rows, 1.0f, M, (int64_t)cols, P, (int64_t)r, 0.0f, Q, (int64_t)r);
+}
+
+/* out (rows x cols) = P Q^T with Qt = Q^T (r x cols): plain C, the terms
+ * added in j order, so that every rank makes the same floats from the same
+ * P and Q whatever its CPU's GEMM kernel. */
+static void dt__ef_pqt(const float *P, const float *Qt, float *out, size_t rows, size_t cols, size_t r) {
+  for (size_t i = 0; i < rows; i++) {
+    float *o = out + i * cols;
+    for (size_t c = 0; c < cols; c++) o[c] = 0.0f;
+    for (size_t j = 0; j < r; j++) {
+      const float p = P[i * r + j], *q = Qt + j * cols;
+      for (size_t c = 0; c < cols; c++) o[c] += p * q[c];
+    }
+  }
+}
+
+static void dt__ef_transpose(const float *Q, float *Qt, size_t cols, size_t r) {
+  for (size_t c = 0; c < cols; c++)
+    for (size_t j = 0; j < r; j++) Qt[j * cols + c] = Q[c * r + j];
+}
+
+/* The columns of P (rows x r) made orthonormal, in order (modified
+ * Gram-Schmidt, sums in double). A column left with less than 1e-6 of its
+ * length (in the span of those before it) becomes zero; a non-finite one
+ * stays as it is, so that the step's numerics check sees it. */
+static void dt__ef_orthonormalise(float *P, size_t rows, size_t r) {
+  for (size_t j = 0; j < r; j++) {
+    double before = 0.0;
+    for (size_t i = 0; i < rows; i++) before += (double)P[i * r + j] * (double)P[i * r + j];
+    for (size_t l = 0; l < j; l++) {
+      double d = 0.0;
+      for (size_t i = 0; i < rows; i++) d += (double)P[i * r + l] * (double)P[i * r + j];
+      for (size_t i = 0; i < rows; i++) P[i * r + j] -= (float)d * P[i * r + l];
+    }
+    double ss = 0.0;
+    for (size_t i = 0; i < rows; i++) ss += (double)P[i * r + j] * (double)P[i * r + j];
+    if (!isfinite(ss)) continue;
+    float s = ss > 1e-12 * before && ss > 0.0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
+    for (size_t i = 0; i < rows; i++) P[i * r + j] *= s;
+  }
+}
+
+static dt_result dt__ef_powersgd(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent) {
+  /* M = g + e, staged in next; P = M Q (or the values) into the pack */
+  for (int p = 0; p < e->nrun; p++) {
+    const dt__ef_run *u = &e->run[p];
+    size_t m = u->rows * u->cols;
+    if (!u->r) {
+      memcpy(e->pack + u->poff, buf + u->off, m * sizeof(float));
+      continue;
+    }
+    float *M = e->next + u->off;
+    for (size_t i = 0; i < m; i++) M[i] = buf[u->off + i] + e->err[u->off + i];
+    dt__ef_mq(M, e->q + u->qoff, e->pack + u->poff, u->rows, u->cols, u->r);
+  }
+  e->next_ok = 0;
+  dt_result rc = dt_comm_allreduce(x, rank, e->pack, e->npack);
+  *sent += dt__ring_bytes(e->npack, e->W);
+  if (rc != DTRAIN_OK) return rc;
+  for (int p = 0; p < e->nrun; p++) {
+    const dt__ef_run *u = &e->run[p];
+    if (!u->r) continue;
+    dt__ef_orthonormalise(e->pack + u->poff, u->rows, u->r);
+    dt__ef_mtp(e->next + u->off, e->pack + u->poff, e->q + u->qoff, u->rows, u->cols, u->r);
+  }
+  if (e->nq) {
+    memcpy(e->qloc, e->q, e->nq * sizeof(float));
+    rc = dt_comm_allreduce(x, rank, e->q, e->nq);
+    *sent += dt__ring_bytes(e->nq, e->W);
+    if (rc != DTRAIN_OK) return rc;
+  }
+  /* the sum ~ P Q^T; e = M - P Q_local^T (what this rank's part lost); then
+   * Q normalised for the next step */
+  int finite = 1;
+  for (int p = 0; p < e->nrun; p++) {
+    const dt__ef_run *u = &e->run[p];
+    float *out = buf + u->off;
+    if (!u->r) {
+      memcpy(out, e->pack + u->poff, u->rows * u->cols * sizeof(float));
+      continue;
+    }
+    const float *P = e->pack + u->poff;
+    float *M = e->next + u->off, *tmp = e->qt; /* Q transposed */
+    size_t m = u->rows * u->cols;
+    dt__ef_transpose(e->q + u->qoff, tmp, u->cols, u->r);
+    dt__ef_pqt(P, tmp, out, u->rows, u->cols, u->r);
+    dt__ef_transpose(e->qloc + u->qoff, tmp, u->cols, u->r);
+    dt__ef_pqt(P, tmp, e->recon, u->rows, u->cols, u->r); /* this rank's part as the sum holds it */
+    for (size_t i = 0; i < m; i++) {
+      float d = M[i] - e->recon[i];
+      M[i] = d;
+      finite &= isfinite(d) != 0;
+    }
+    for (size_t j = 0; j < u->r; j++) dt__ef_norm_col(e, e->q + u->qoff, u->cols, u->r, j);
+  }
+  e->next_ok = finite;
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent) {
+  e->next_ok = 0;
+  if (e->W < 2 || e->ntrain == 0) return DTRAIN_OK; /* nothing crosses a wire: the sum is this rank's gradient */
+  return e->c.kind == DTRAIN_COMPRESS_TOPK ? dt__ef_topk(e, x, rank, buf, sent) : dt__ef_powersgd(e, x, rank, buf, sent);
+}
+
+#undef DT__EF_SAMPLE
+#endif /* DTRAIN_NO_DIST */
+/* ======== end dt_strategy_ef.c ======== */
+
 /* ======== begin dt_strategy_mwm.c ======== */
 /* ===========================================================================
  * dt_strategy_mwm.c -- multi_worker_mirrored: lock-step data parallelism
@@ -22853,6 +23445,7 @@ typedef struct dt__mwm {
   float *buf;              /* replica 0's gradient + DT__MWM_TAIL floats: what crosses processes */
   size_t bytes;
   float *scratch, *side;   /* compress: the ring's messages; the tail and buffers (in floats) */
+  dt__ef *ef;              /* compress topk / powersgd: the compressor and its error feedback */
   size_t scratch_n, side_n;
   double rows;             /* the global batch's rows (this step) */
   double loss;             /* the global batch's loss (this step) */
@@ -22887,6 +23480,34 @@ static dt_result dt__mwm_check(const dt_strategy_desc *d) {
   return DTRAIN_OK;
 }
 
+/* The compressor over the trained parameters, each a matrix of its first
+ * dimension's rows (the run of floats in order of the flat buffer). */
+static dt_result dt__mwm_ef_create(dt_strategy *s, dt__mwm *st) {
+  int np = dt_params_count(s->params), n = 0;
+  dt__ef_part *parts = (dt__ef_part *)dt__calloc((size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
+  if (!parts) return dt__strategy_nomem(s);
+  for (int i = 0; i < np; i++) {
+    size_t off = 0, b = 0, e = 0;
+    int ndim = 0, tr = 0, dec = 0;
+    const int64_t *shape = NULL;
+    if (!dt__params_range(s->params, i, &b, &e, &tr, &dec)) break;
+    dt__params_view(s->params, i, &off, &ndim, &shape, &tr);
+    if (!tr || e == b) continue;
+    parts[n].off = b;
+    parts[n].rows = ndim >= 2 && shape[0] > 0 ? (size_t)shape[0] : 1;
+    parts[n].cols = (e - b) / parts[n].rows;
+    n++;
+  }
+  dt_result rc = dt__ef_create(s->desc.compress, s->size, parts, n, dt_comm_world(s->desc.comm), 0, &st->ef);
+  dt__free(parts, (size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
+  if (rc != DTRAIN_OK) {
+    char what[DT__MSG_CAP];
+    snprintf(what, sizeof what, "%.250s", dt_last_error());
+    return dt__error(rc, "dt_strategy_create: multi_worker_mirrored: %s", what);
+  }
+  return DTRAIN_OK;
+}
+
 static dt_result dt__mwm_create(dt_strategy *s) {
   dt__mwm *st = (dt__mwm *)dt__calloc(sizeof *st);
   if (!st) return dt__strategy_nomem(s);
@@ -22902,6 +23523,8 @@ static dt_result dt__mwm_create(dt_strategy *s) {
     st->side = (float *)dt__calloc(st->side_n * sizeof(float));
     if (!st->scratch || !st->side) return dt__strategy_nomem(s);
   }
+  if (s->desc.compress.kind == DTRAIN_COMPRESS_TOPK || s->desc.compress.kind == DTRAIN_COMPRESS_POWERSGD)
+    return dt__mwm_ef_create(s, st);
   return DTRAIN_OK;
 }
 
@@ -22911,13 +23534,9 @@ static void dt__mwm_destroy(dt_strategy *s) {
   dt__free(st->buf, st->bytes);
   dt__free(st->scratch, st->scratch_n * sizeof(float));
   dt__free(st->side, st->side_n * sizeof(float));
+  dt__ef_destroy(st->ef);
   dt__free(st, sizeof *st);
   s->kind_state = NULL;
-}
-
-/* The bytes a float ring all-reduce of n values sends from one of W ranks. */
-static uint64_t dt__mwm_ring_bytes(size_t n, int W) {
-  return W > 1 ? (uint64_t)(2.0 * (double)(W - 1) / (double)W * (double)n * sizeof(float)) : 0;
 }
 
 /* The tail and the buffers' values between buf and side (in that order):
@@ -22938,14 +23557,17 @@ static void dt__mwm_side(dt_strategy *s, float *buf, float *side, int out) {
   }
 }
 
-/* compress: the gradient [0, size) in 16-bit values (buffers zeroed there),
- * then the tail and the buffers' values exactly, in one small float all-reduce. */
+/* compress: the gradient [0, size) in 16-bit values, or top-k / PowerSGD
+ * over the trained parameters (buffers zeroed there), then the tail and the
+ * buffers' values exactly, in one small float all-reduce. */
 static dt_result dt__mwm_allreduce_compressed(dt_strategy *s, dt_comm *x, int rank, float *buf) {
   dt__mwm *st = dt__mwm_of(s);
   dt__mwm_side(s, buf, st->side, 1);
-  dt_result rc = dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch, &s->wire_bytes);
+  dt_result rc = st->ef ? dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes)
+                        : dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch,
+                                                 &s->wire_bytes);
   if (rc == DTRAIN_OK) rc = dt_comm_allreduce(x, rank, st->side, st->side_n);
-  s->wire_bytes += dt__mwm_ring_bytes(st->side_n, x->world);
+  s->wire_bytes += dt__ring_bytes(st->side_n, x->world);
   if (rc != DTRAIN_OK) return rc;
   dt__mwm_side(s, buf, st->side, 0);
   return DTRAIN_OK;
@@ -22970,6 +23592,7 @@ static dt_result dt__mwm_start(dt_strategy *s, const char *fn) {
   dt_comm *x = s->desc.comm;
   const int rank = dt_comm_rank(x);
   float *pdata = dt_params_data(s->params);
+  dt__ef_reset(dt__mwm_of(s)->ef); /* new parameters: the error of the old ones is no use */
   /* The model hash in 16-bit pieces (exact in floats), from rank 0. */
   uint64_t h = dt_params_hash(s->params), h0 = 0;
   float hb[4], flag[2];
@@ -23037,7 +23660,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     rc = dt__mwm_allreduce_compressed(s, x, rank, buf);
   } else {
     rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
-    s->wire_bytes += dt__mwm_ring_bytes(s->size + DT__MWM_TAIL, x->world);
+    s->wire_bytes += dt__ring_bytes(s->size + DT__MWM_TAIL, x->world);
   }
   R->wait_s += dt__now() - t0;
   if (rc != DTRAIN_OK) {
@@ -23076,6 +23699,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     dt__strategy_fail(s, 0, DTRAIN_ERR_EMPTY, what);
     return 0;
   }
+  dt__ef_commit(st->ef); /* the step goes on: its error feedback is kept */
   double L = (double)tail[2] + (double)tail[3];
   st->loss = s->desc.loss == DTRAIN_LOSS_SUM ? L : (st->rows > 0.0 ? L / st->rows : 0.0);
   return 1;

@@ -278,7 +278,7 @@ static int parse(int argc, char **argv, options *o) {
       {"csv", 's', &o->csv, 0, 0, "per-epoch metrics"},
       {"svg", 's', &o->svg, 0, 0, "the loss and accuracy chart"},
       {"device", 's', &o->device, 0, 0, "cpu, cuda (one replica per GPU) or cuda:N"},
-      {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored: gradients on the wire as none, fp16 or bf16"},
+      {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored: gradients on the wire as none, fp16, bf16, topk:F or powersgd:R"},
       {"json", 'b', &o->json, 0, 0, "print one JSON line of results"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
   };
@@ -318,7 +318,7 @@ static int parse(int argc, char **argv, options *o) {
     }
   }
   if (dt_compress_parse(o->compress_text, &o->compress) != DTRAIN_OK) {
-    fprintf(stderr, "error: --compress '%s': expected none, fp16 or bf16\n", o->compress_text);
+    fprintf(stderr, "error: --compress: %s\n", dt_last_error());
     goto bad;
   }
   if (o->compress.kind != DTRAIN_COMPRESS_NONE && strcmp(o->strategy, "multi_worker_mirrored")) {
@@ -604,6 +604,7 @@ int main(int argc, char **argv) {
            (long long)res.last.epoch, res.samples_per_sec);
     if (a.o.svg) printf("chart: %s   metrics: %s\n", a.o.svg, a.o.csv ? a.o.csv : "-");
   }
+  char cspec[48];
   if (a.o.json)
     printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"epochs\":%lld,\"batch\":%d,\"seed\":%llu,\"train_samples\":%lld,"
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
@@ -614,7 +615,7 @@ int main(int argc, char **argv) {
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
            dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker,
-           dt_compress_name(a.o.compress), wire_per_step(a.strategy), staleness_json(a.strategy, a.o.staleness_lr));
+           dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy), staleness_json(a.strategy, a.o.staleness_lr));
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);

@@ -133,7 +133,7 @@ static int parse(int argc, char **argv, options *o) {
       {"resume", 's', &o->resume, 0, 0, "continue from this checkpoint"},
       {"crash-at", 's', &crash, 0, 0, "RANK:STEP -- that rank exits at that step (a failure to recover from)"},
       {"stall-at", 's', &stall, 0, 0, "RANK:STEP -- that rank stops responding at that step"},
-      {"compress", 's', &compress, 0, 0, "gradients on the wire: none, fp16 or bf16 (half the bytes)"},
+      {"compress", 's', &compress, 0, 0, "gradients on the wire: none, fp16 or bf16 (half the bytes), topk:F (a fraction F of the values), powersgd:R (rank-R factors)"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
   };
   const int n = (int)(sizeof flags / sizeof flags[0]);
@@ -155,7 +155,7 @@ static int parse(int argc, char **argv, options *o) {
     else o->crash_step = st;
   }
   if (dt_compress_parse(compress, &o->compress) != DTRAIN_OK) {
-    fprintf(stderr, "error: --compress '%s': expected none, fp16 or bf16\n", compress);
+    fprintf(stderr, "error: --compress: %s\n", dt_last_error());
     goto bad;
   }
   if (o->batch_given && o->batch_per_worker) {
@@ -395,9 +395,10 @@ int main(int argc, char **argv) {
   }
   if (!rc) {
     dt_strategy_stats ss;
+    char cspec[48];
     dt_strategy_stats_get(s, &ss);
     printf("rank %d: final params_checksum=%016llx test_accuracy=%.4f compress=%s wire_bytes_per_step=%.0f\n", rank,
-           (unsigned long long)dt_params_checksum(P), acc, dt_compress_name(o.compress),
+           (unsigned long long)dt_params_checksum(P), acc, dt_compress_format(o.compress, cspec, sizeof cspec),
            ss.steps ? (double)ss.wire_bytes / (double)ss.steps : 0.0);
   }
   dt_graph_destroy(eval);

@@ -246,9 +246,17 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
                        d->store->vtable->name ? d->store->vtable->name : "?");
   }
   if (d->compress.kind != DTRAIN_COMPRESS_NONE) {
-    if (d->compress.kind != DTRAIN_COMPRESS_FP16 && d->compress.kind != DTRAIN_COMPRESS_BF16)
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress.kind %d is none of none, fp16, bf16", fn,
-                       (int)d->compress.kind);
+    dt_compress_kind ck = d->compress.kind;
+    if (ck != DTRAIN_COMPRESS_FP16 && ck != DTRAIN_COMPRESS_BF16 && ck != DTRAIN_COMPRESS_TOPK &&
+        ck != DTRAIN_COMPRESS_POWERSGD)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress.kind %d is none of none, fp16, bf16, topk, powersgd",
+                       fn, (int)ck);
+    if (ck == DTRAIN_COMPRESS_TOPK && !(d->compress.fraction > 0.0f && d->compress.fraction <= 1.0f))
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress topk: fraction %g outside (0, 1]", fn,
+                       (double)d->compress.fraction);
+    if (ck == DTRAIN_COMPRESS_POWERSGD && (d->compress.rank < 1 || d->compress.rank > 1024))
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress powersgd: rank %d outside 1..1024", fn,
+                       d->compress.rank);
     if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) is for multi_worker_mirrored, not %s (its "
                        "gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);

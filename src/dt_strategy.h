@@ -259,24 +259,47 @@ DTRAIN_EXTERN_C_BEGIN
 #define DTRAIN_STALENESS_UNBOUNDED (-1)
 #define DTRAIN_STALENESS_BINS 64
 
-/* Gradients compressed on the wire (multi_worker_mirrored): fp16 (IEEE half
- * precision, with a power-of-two scale per message so small gradients keep
- * their digits) or bf16 (float's range, 8 bits of mantissa): half the bytes
- * of a float ring all-reduce for any number of workers. The sums are made in
- * float and rounded once; every worker decodes the same bytes, so replicas
- * stay bitwise equal (and differ from the uncompressed run by the rounding). */
+/* Gradients compressed on the wire (multi_worker_mirrored). Every kind keeps
+ * the workers' replicas bitwise equal (all decode the same bytes).
+ *   fp16, bf16: 16-bit values (fp16 with a power-of-two scale per message so
+ *     small gradients keep their digits; bf16 float's range with 8 bits of
+ *     mantissa): half the bytes of a float ring all-reduce; sums made in float
+ *     and rounded once.
+ *   topk (fraction F in (0, 1]): each worker sends only its ceil(F x values)
+ *     largest gradient values (index and value, 8 bytes each); what it did not
+ *     send is kept and added to its next gradient (error feedback), so nothing
+ *     is lost, only delayed. Bytes per step: (W-1) x 8 x F x values.
+ *   powersgd (rank R >= 1): each weight of shape [rows, ...] (a rows x cols
+ *     matrix) travels as two factors, P (rows x R) and Q (cols x R), from one
+ *     step of subspace iteration warm-started with the last step's Q (Vogels
+ *     et al., 2019), with error feedback as topk. Vectors, and matrices whose
+ *     factors would be no smaller, go as floats. R >= min(rows, cols) is exact
+ *     up to rounding.
+ * The error feedback state lives in the strategy (n floats per process, twice
+ * for the step being made); dt_strategy_sync and a failed step leave nothing
+ * of it behind. */
 typedef enum dt_compress_kind {
   DTRAIN_COMPRESS_NONE = 0,
   DTRAIN_COMPRESS_FP16 = 1,
-  DTRAIN_COMPRESS_BF16 = 2
+  DTRAIN_COMPRESS_BF16 = 2,
+  DTRAIN_COMPRESS_TOPK = 3,
+  DTRAIN_COMPRESS_POWERSGD = 4
 } dt_compress_kind;
 typedef struct dt_compress {
   dt_compress_kind kind; /* [none] */
+  float fraction;        /* topk: the fraction F of the values each worker sends, (0, 1] */
+  int rank;              /* powersgd: the factors' rank R, 1..1024 */
 } dt_compress;
-/* "none", "fp16" or "bf16" (the examples' --compress) into *out; else
+/* "none", "fp16", "bf16", "topk:F" (F in (0, 1], e.g. topk:0.01) or
+ * "powersgd:R" (R in 1..1024) -- the examples' --compress -- into *out; else
  * DTRAIN_ERR_INVALID_ARG naming the text. */
 DTRAIN_API dt_result dt_compress_parse(const char *text, dt_compress *out);
-DTRAIN_API const char *dt_compress_name(dt_compress c); /* "none", "fp16", "bf16" */
+/* The kind's name: "none", "fp16", "bf16", "topk", "powersgd". */
+DTRAIN_API const char *dt_compress_name(dt_compress c);
+/* The whole spec as dt_compress_parse reads it ("topk:0.01", "powersgd:4",
+ * "fp16") into out (cap bytes, always terminated); returns out (NULL, with
+ * dt_last_error set, for a NULL out or cap 0). */
+DTRAIN_API char *dt_compress_format(dt_compress c, char *out, size_t cap);
 
 typedef enum dt_strategy_kind {
   DTRAIN_STRATEGY_ONE_DEVICE = 0,

@@ -20,19 +20,59 @@ DTRAIN_API const char *dt_compress_name(dt_compress c) {
   case DTRAIN_COMPRESS_NONE: return "none";
   case DTRAIN_COMPRESS_FP16: return "fp16";
   case DTRAIN_COMPRESS_BF16: return "bf16";
+  case DTRAIN_COMPRESS_TOPK: return "topk";
+  case DTRAIN_COMPRESS_POWERSGD: return "powersgd";
   }
   return "?";
+}
+
+DTRAIN_API char *dt_compress_format(dt_compress c, char *out, size_t cap) {
+  if (!out || cap == 0) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_compress_format: %s", !out ? "out is NULL" : "cap is 0");
+    return NULL;
+  }
+  if (c.kind == DTRAIN_COMPRESS_TOPK) snprintf(out, cap, "topk:%g", (double)c.fraction);
+  else if (c.kind == DTRAIN_COMPRESS_POWERSGD) snprintf(out, cap, "powersgd:%d", c.rank);
+  else snprintf(out, cap, "%s", dt_compress_name(c));
+  return out;
+}
+
+/* The number after "topk:" / "powersgd:": all of it, finite. */
+static int dt__compress_number(const char *t, double *v) {
+  char *end = NULL;
+  if (!((*t >= '0' && *t <= '9') || *t == '.')) return 0; /* no sign, space, inf or nan */
+  *v = strtod(t, &end);
+  return end && *end == '\0' && isfinite(*v);
 }
 
 DTRAIN_API dt_result dt_compress_parse(const char *text, dt_compress *out) {
   if (!text || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_compress_parse: %s is NULL", !text ? "text" : "out");
   memset(out, 0, sizeof *out);
+  double v = 0.0;
   if (!strcmp(text, "none")) out->kind = DTRAIN_COMPRESS_NONE;
   else if (!strcmp(text, "fp16")) out->kind = DTRAIN_COMPRESS_FP16;
   else if (!strcmp(text, "bf16")) out->kind = DTRAIN_COMPRESS_BF16;
-  else
-    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_compress_parse: '%s': expected none, fp16 or bf16", text);
+  else if (!strncmp(text, "topk:", 5)) {
+    if (!dt__compress_number(text + 5, &v) || !(v > 0.0 && v <= 1.0))
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_compress_parse: '%s': topk:F needs a fraction F in (0, 1], "
+                       "e.g. topk:0.01", text);
+    out->kind = DTRAIN_COMPRESS_TOPK;
+    out->fraction = (float)v;
+  } else if (!strncmp(text, "powersgd:", 9)) {
+    if (!dt__compress_number(text + 9, &v) || v != floor(v) || v < 1.0 || v > 1024.0)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_compress_parse: '%s': powersgd:R needs a rank R in 1..1024, "
+                       "e.g. powersgd:4", text);
+    out->kind = DTRAIN_COMPRESS_POWERSGD;
+    out->rank = (int)v;
+  } else
+    return dt__error(DTRAIN_ERR_INVALID_ARG,
+                     "dt_compress_parse: '%s': expected none, fp16, bf16, topk:F or powersgd:R", text);
   return DTRAIN_OK;
+}
+
+/* The bytes a float ring all-reduce of n values sends from one of W ranks. */
+DTRAIN_PRIVATE uint64_t dt__ring_bytes(size_t n, int W) {
+  return W > 1 ? (uint64_t)(2.0 * (double)(W - 1) / (double)W * (double)n * sizeof(float)) : 0;
 }
 
 /* ---- 16-bit floats --------------------------------------------------------------------------- */
@@ -160,8 +200,8 @@ static void dt__cring_chunk(size_t n, int W, int c, size_t *b, size_t *e) {
   *e = (size_t)((uint64_t)n * (uint64_t)(c + 1) / (uint64_t)W);
 }
 
-static dt_result dt__cring_swap(dt_comm *x, int rank, int to, int from, const float *sb, size_t sn, float *rb,
-                                size_t rn) {
+DTRAIN_PRIVATE dt_result dt__cring_swap(dt_comm *x, int rank, int to, int from, const float *sb, size_t sn,
+                                        float *rb, size_t rn) {
   dt_comm_request *q[2] = {NULL, NULL};
   dt_result rc = dt_comm_irecv(x, rank, from, DT__COMPRESS_TAG, rb, rn, &q[0]);
   if (rc == DTRAIN_OK) rc = dt_comm_isend(x, rank, to, DT__COMPRESS_TAG, sb, sn, &q[1]);

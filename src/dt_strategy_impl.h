@@ -331,7 +331,12 @@ DTRAIN_PRIVATE uint16_t dt__f16_of(float f);
 DTRAIN_PRIVATE float dt__f32_of_f16(uint16_t h);
 DTRAIN_PRIVATE uint16_t dt__bf16_of(float f);
 DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h);
+/* The bytes a float ring all-reduce of n values sends from one of W ranks. */
+DTRAIN_PRIVATE uint64_t dt__ring_bytes(size_t n, int W);
 #if !defined(DTRAIN_NO_DIST)
+/* One ring step: sn floats to `to` while rn arrive from `from` (p2p, the compression tag). */
+DTRAIN_PRIVATE dt_result dt__cring_swap(dt_comm *x, int rank, int to, int from, const float *sb, size_t sn,
+                                        float *rb, size_t rn);
 /* A message of k values: 1 + ceil(k/2) float slots. */
 DTRAIN_PRIVATE size_t dt__cmsg_slots(size_t k);
 DTRAIN_PRIVATE void dt__cmsg_encode(dt_compress_kind kind, const float *x, size_t k, float *slots);
@@ -342,6 +347,29 @@ DTRAIN_PRIVATE size_t dt__compress_scratch(size_t n, int W);
  * values (the same result on every rank); *sent += the bytes this rank sent. */
 DTRAIN_PRIVATE dt_result dt__compress_allreduce(dt_comm *x, int rank, dt_compress_kind kind, float *buf, size_t n,
                                                 float *scratch, uint64_t *sent);
+
+/* ---- error-feedback compressors: top-k and PowerSGD (dt_strategy_ef.c) ---- */
+typedef struct dt__ef dt__ef;
+/* A trainable run of the flat buffer: floats [off, off + rows x cols), a
+ * rows x cols matrix (rows = the first dimension; vectors: cols 1). */
+typedef struct dt__ef_part {
+  size_t off, rows, cols;
+} dt__ef_part;
+/* State for c (topk or powersgd) over n floats of which the parts are
+ * trained, W ranks. lowrank_all: PowerSGD factors every matrix, even where
+ * they are no smaller (tests). */
+DTRAIN_PRIVATE dt_result dt__ef_create(dt_compress c, size_t n, const dt__ef_part *parts, int nparts, int W,
+                                       int lowrank_all, dt__ef **out);
+DTRAIN_PRIVATE void dt__ef_destroy(dt__ef *e);
+/* buf's parts get the compressed sum over the ranks (the same bytes on every
+ * rank); floats outside the parts are left alone. The step's error is staged:
+ * dt__ef_commit keeps it (the step went on), otherwise the last one stays. */
+DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent);
+DTRAIN_PRIVATE void dt__ef_commit(dt__ef *e);
+/* Forget the error (dt_strategy_sync: new parameters). */
+DTRAIN_PRIVATE void dt__ef_reset(dt__ef *e);
+/* The committed error (n floats; tests). */
+DTRAIN_PRIVATE const float *dt__ef_error(const dt__ef *e);
 #endif /* DTRAIN_NO_DIST */
 
 #endif /* DTRAIN_STRATEGY_IMPL_H */

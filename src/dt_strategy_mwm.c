@@ -40,6 +40,7 @@ typedef struct dt__mwm {
   float *buf;              /* replica 0's gradient + DT__MWM_TAIL floats: what crosses processes */
   size_t bytes;
   float *scratch, *side;   /* compress: the ring's messages; the tail and buffers (in floats) */
+  dt__ef *ef;              /* compress topk / powersgd: the compressor and its error feedback */
   size_t scratch_n, side_n;
   double rows;             /* the global batch's rows (this step) */
   double loss;             /* the global batch's loss (this step) */
@@ -74,6 +75,34 @@ static dt_result dt__mwm_check(const dt_strategy_desc *d) {
   return DTRAIN_OK;
 }
 
+/* The compressor over the trained parameters, each a matrix of its first
+ * dimension's rows (the run of floats in order of the flat buffer). */
+static dt_result dt__mwm_ef_create(dt_strategy *s, dt__mwm *st) {
+  int np = dt_params_count(s->params), n = 0;
+  dt__ef_part *parts = (dt__ef_part *)dt__calloc((size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
+  if (!parts) return dt__strategy_nomem(s);
+  for (int i = 0; i < np; i++) {
+    size_t off = 0, b = 0, e = 0;
+    int ndim = 0, tr = 0, dec = 0;
+    const int64_t *shape = NULL;
+    if (!dt__params_range(s->params, i, &b, &e, &tr, &dec)) break;
+    dt__params_view(s->params, i, &off, &ndim, &shape, &tr);
+    if (!tr || e == b) continue;
+    parts[n].off = b;
+    parts[n].rows = ndim >= 2 && shape[0] > 0 ? (size_t)shape[0] : 1;
+    parts[n].cols = (e - b) / parts[n].rows;
+    n++;
+  }
+  dt_result rc = dt__ef_create(s->desc.compress, s->size, parts, n, dt_comm_world(s->desc.comm), 0, &st->ef);
+  dt__free(parts, (size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
+  if (rc != DTRAIN_OK) {
+    char what[DT__MSG_CAP];
+    snprintf(what, sizeof what, "%.250s", dt_last_error());
+    return dt__error(rc, "dt_strategy_create: multi_worker_mirrored: %s", what);
+  }
+  return DTRAIN_OK;
+}
+
 static dt_result dt__mwm_create(dt_strategy *s) {
   dt__mwm *st = (dt__mwm *)dt__calloc(sizeof *st);
   if (!st) return dt__strategy_nomem(s);
@@ -89,6 +118,8 @@ static dt_result dt__mwm_create(dt_strategy *s) {
     st->side = (float *)dt__calloc(st->side_n * sizeof(float));
     if (!st->scratch || !st->side) return dt__strategy_nomem(s);
   }
+  if (s->desc.compress.kind == DTRAIN_COMPRESS_TOPK || s->desc.compress.kind == DTRAIN_COMPRESS_POWERSGD)
+    return dt__mwm_ef_create(s, st);
   return DTRAIN_OK;
 }
 
@@ -98,13 +129,9 @@ static void dt__mwm_destroy(dt_strategy *s) {
   dt__free(st->buf, st->bytes);
   dt__free(st->scratch, st->scratch_n * sizeof(float));
   dt__free(st->side, st->side_n * sizeof(float));
+  dt__ef_destroy(st->ef);
   dt__free(st, sizeof *st);
   s->kind_state = NULL;
-}
-
-/* The bytes a float ring all-reduce of n values sends from one of W ranks. */
-static uint64_t dt__mwm_ring_bytes(size_t n, int W) {
-  return W > 1 ? (uint64_t)(2.0 * (double)(W - 1) / (double)W * (double)n * sizeof(float)) : 0;
 }
 
 /* The tail and the buffers' values between buf and side (in that order):
@@ -125,14 +152,17 @@ static void dt__mwm_side(dt_strategy *s, float *buf, float *side, int out) {
   }
 }
 
-/* compress: the gradient [0, size) in 16-bit values (buffers zeroed there),
- * then the tail and the buffers' values exactly, in one small float all-reduce. */
+/* compress: the gradient [0, size) in 16-bit values, or top-k / PowerSGD
+ * over the trained parameters (buffers zeroed there), then the tail and the
+ * buffers' values exactly, in one small float all-reduce. */
 static dt_result dt__mwm_allreduce_compressed(dt_strategy *s, dt_comm *x, int rank, float *buf) {
   dt__mwm *st = dt__mwm_of(s);
   dt__mwm_side(s, buf, st->side, 1);
-  dt_result rc = dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch, &s->wire_bytes);
+  dt_result rc = st->ef ? dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes)
+                        : dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch,
+                                                 &s->wire_bytes);
   if (rc == DTRAIN_OK) rc = dt_comm_allreduce(x, rank, st->side, st->side_n);
-  s->wire_bytes += dt__mwm_ring_bytes(st->side_n, x->world);
+  s->wire_bytes += dt__ring_bytes(st->side_n, x->world);
   if (rc != DTRAIN_OK) return rc;
   dt__mwm_side(s, buf, st->side, 0);
   return DTRAIN_OK;
@@ -157,6 +187,7 @@ static dt_result dt__mwm_start(dt_strategy *s, const char *fn) {
   dt_comm *x = s->desc.comm;
   const int rank = dt_comm_rank(x);
   float *pdata = dt_params_data(s->params);
+  dt__ef_reset(dt__mwm_of(s)->ef); /* new parameters: the error of the old ones is no use */
   /* The model hash in 16-bit pieces (exact in floats), from rank 0. */
   uint64_t h = dt_params_hash(s->params), h0 = 0;
   float hb[4], flag[2];
@@ -224,7 +255,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     rc = dt__mwm_allreduce_compressed(s, x, rank, buf);
   } else {
     rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
-    s->wire_bytes += dt__mwm_ring_bytes(s->size + DT__MWM_TAIL, x->world);
+    s->wire_bytes += dt__ring_bytes(s->size + DT__MWM_TAIL, x->world);
   }
   R->wait_s += dt__now() - t0;
   if (rc != DTRAIN_OK) {
@@ -263,6 +294,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     dt__strategy_fail(s, 0, DTRAIN_ERR_EMPTY, what);
     return 0;
   }
+  dt__ef_commit(st->ef); /* the step goes on: its error feedback is kept */
   double L = (double)tail[2] + (double)tail[3];
   st->loss = s->desc.loss == DTRAIN_LOSS_SUM ? L : (st->rows > 0.0 ? L / st->rows : 0.0);
   return 1;

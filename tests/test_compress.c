@@ -211,7 +211,7 @@ static void test_names(void) {
   CHECK(strcmp(dt_compress_name(c), "fp16") == 0);
   CHECK(dt_compress_parse("bf16", &c) == DTRAIN_OK && c.kind == DTRAIN_COMPRESS_BF16);
   CHECK(dt_compress_parse("none", &c) == DTRAIN_OK && c.kind == DTRAIN_COMPRESS_NONE);
-  CHECK_ERR(dt_compress_parse("fp8", &c), DTRAIN_ERR_INVALID_ARG, "'fp8': expected none, fp16 or bf16");
+  CHECK_ERR(dt_compress_parse("fp8", &c), DTRAIN_ERR_INVALID_ARG, "'fp8': expected none, fp16, bf16, topk:F or powersgd:R");
   CHECK_ERR(dt_compress_parse(NULL, &c), DTRAIN_ERR_NULL_ARG, "text");
   /* The option is refused where no gradient crosses a wire. */
 #if !defined(DTRAIN_NO_THREADS)

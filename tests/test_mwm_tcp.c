@@ -96,7 +96,8 @@ typedef struct run {
   int64_t split[MAXW];
   int victim;      /* this rank raises sig before step 3 (-1: none) */
   int sig;
-  dt_compress_kind compress; /* gradients on the wire: near the reference, not equal */
+  dt_compress compress; /* gradients on the wire: near the reference, not equal */
+  int converge;         /* the long run of test_compressed_converges instead */
   float ref[PMAX], ref_loss[K];
 } run;
 
@@ -135,6 +136,8 @@ static int lfd[MAXW];
 static char addr[MAXW][64];
 static char *addrs[MAXW];
 
+static void converge_child(const run *R, dt_comm *comm, int rank);
+
 static void child(const run *R, int rank) {
   dt_cluster c;
   memset(&c, 0, sizeof c);
@@ -150,12 +153,17 @@ static void child(const run *R, int rank) {
   dt_comm *comm = dt_comm_create_tcp(&c, &o);
   CK(comm != NULL);
   if (!comm) return;
+  if (R->converge) {
+    converge_child(R, comm, rank);
+    dt_comm_destroy(comm);
+    return;
+  }
   model m;
   model_init(&m, 5 + 1000 * (uint64_t)rank); /* differently initialised: rank 0's values win */
   dt_optim *opt = make_opt(m.P);
   dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, R->N);
   sd.spin_us = -1;
-  sd.compress.kind = R->compress;
+  sd.compress = R->compress;
   dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
   CK(s != NULL);
   size_t n = dt_params_size(m.P);
@@ -191,8 +199,11 @@ static void child(const run *R, int rank) {
       d = fmax(d, fabs((double)dt_params_data(m.P)[i] - (double)R->ref[i]));
       mx = fmax(mx, fabs((double)R->ref[i]));
     }
-    /* compressed: gradients rounded to 11 (fp16) or 8 (bf16) bits, 6 Adam steps of lr 0.01 */
-    double tol = R->compress == DTRAIN_COMPRESS_NONE ? 1e-5 : R->compress == DTRAIN_COMPRESS_FP16 ? 2e-3 : 1e-2;
+    /* compressed: gradients rounded to 11 (fp16) or 8 (bf16) bits, 6 Adam steps
+     * of lr 0.01; topk:1 and a PowerSGD rank no matrix is factored at send
+     * every value as a float */
+    dt_compress_kind ck = R->compress.kind;
+    double tol = ck == DTRAIN_COMPRESS_FP16 ? 2e-3 : ck == DTRAIN_COMPRESS_BF16 ? 1e-2 : 1e-5;
     CK(d <= tol * mx);
     if (d > tol * mx) fprintf(stderr, "rank %d: max diff %g of %g\n", rank, d, mx);
     for (int k = 0; k < K; k++) CK(fabs((double)loss[k] - (double)R->ref_loss[k]) <= tol * fabs((double)R->ref_loss[k]) + 1e-6);
@@ -201,8 +212,9 @@ static void child(const run *R, int rank) {
     memset(&st, 0, sizeof st);
     CK(s && dt_strategy_stats_get(s, &st) == DTRAIN_OK);
     double ring = (double)K * 2.0 * (R->W - 1) / R->W * (double)(n + 8) * sizeof(float);
-    if (R->compress == DTRAIN_COMPRESS_NONE) CK(fabs((double)st.wire_bytes - ring) <= (double)K);
-    else CK(st.wire_bytes > 0 && (double)st.wire_bytes <= 0.62 * ring);
+    if (ck == DTRAIN_COMPRESS_NONE) CK(fabs((double)st.wire_bytes - ring) <= (double)K);
+    else if (ck == DTRAIN_COMPRESS_FP16 || ck == DTRAIN_COMPRESS_BF16) CK(st.wire_bytes > 0 && (double)st.wire_bytes <= 0.62 * ring);
+    else CK(st.wire_bytes > 0);
     if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "rank %d: %llu wire bytes (float ring %.0f)\n", rank, (unsigned long long)st.wire_bytes, ring);
     /* bitwise equal to rank 0: parameters and losses */
     float p0[PMAX], l0[K];
@@ -272,7 +284,9 @@ static void set_mirrored_split(run *r) {
 }
 
 /* W processes x N threads (gradients on the wire as `compress`) against mirrored(W x N). */
-static void run_like_mirrored(int W, int N, dt_compress_kind compress) {
+static void run_like_mirrored(int W, int N, const char *spec) {
+  dt_compress compress;
+  CHECK(dt_compress_parse(spec, &compress) == DTRAIN_OK);
   memset(&R, 0, sizeof R);
   R.W = W;
   R.N = N;
@@ -286,8 +300,8 @@ static void run_like_mirrored(int W, int N, dt_compress_kind compress) {
 }
 
 static void test_equals_mirrored(void) {
-  run_like_mirrored(2, 1, DTRAIN_COMPRESS_NONE);
-  run_like_mirrored(2, 2, DTRAIN_COMPRESS_NONE);
+  run_like_mirrored(2, 1, "none");
+  run_like_mirrored(2, 2, "none");
 }
 
 static void test_uneven_equals_one_device(void) {
@@ -307,9 +321,99 @@ static void test_uneven_equals_one_device(void) {
 static void test_compressed(void) {
   /* fp16 and bf16 on the wire, 2 and 3 processes: near mirrored's result, and
    * every rank bitwise equal to rank 0 (checked in child) */
-  run_like_mirrored(2, 1, DTRAIN_COMPRESS_FP16);
-  run_like_mirrored(3, 2, DTRAIN_COMPRESS_FP16);
-  run_like_mirrored(2, 2, DTRAIN_COMPRESS_BF16);
+  run_like_mirrored(2, 1, "fp16");
+  run_like_mirrored(3, 2, "fp16");
+  run_like_mirrored(2, 2, "bf16");
+  /* top-k keeping everything, and a PowerSGD rank at which no matrix is
+   * factored (its factors would be no smaller): every value as a float */
+  run_like_mirrored(2, 2, "topk:1");
+  run_like_mirrored(3, 1, "topk:1");
+  run_like_mirrored(2, 1, "powersgd:1024");
+}
+
+/* ---- convergence with top-k and PowerSGD (error feedback) ---- */
+#  define KC 240
+#  define BC 32
+static double conv_first, conv_ref; /* one_device: the first loss, the mean of the last 20 */
+
+static double last_mean(const float *loss) {
+  double m = 0.0;
+  for (int k = KC - 20; k < KC; k++) m += loss[k];
+  return m / 20.0;
+}
+
+static void converge_reference(void) {
+  model m;
+  model_init(&m, 5);
+  dt_optim *opt = make_opt(m.P);
+  dt_strategy_options sd = dt_strategy_one_device();
+  dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
+  float loss[KC];
+  for (int k = 0; s && k < KC; k++) {
+    dt_minibatch b = rows_at(batch_first(k, BC), BC);
+    CHECK(dt_strategy_step(s, &b, &loss[k]) == DTRAIN_OK);
+  }
+  conv_first = loss[0];
+  conv_ref = last_mean(loss);
+  dt_strategy_destroy(s);
+  dt_optim_destroy(opt);
+  dt_params_destroy(m.P);
+}
+
+/* Each of W ranks trains on its share of the same global batches. */
+static void converge_child(const run *R, dt_comm *comm, int rank) {
+  model m;
+  model_init(&m, 5);
+  dt_optim *opt = make_opt(m.P);
+  dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, 1);
+  sd.spin_us = -1;
+  sd.compress = R->compress;
+  dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
+  CK(s != NULL);
+  float loss[KC];
+  int64_t share = BC / R->W;
+  for (int k = 0; s && k < KC; k++) {
+    dt_minibatch b = rows_at(batch_first(k, BC) + rank * share, share);
+    dt_result rc = dt_strategy_step(s, &b, &loss[k]);
+    CK(rc == DTRAIN_OK);
+    if (rc != DTRAIN_OK) break;
+  }
+  char name[32];
+  double got = last_mean(loss);
+  /* at least 90% of the uncompressed run's drop in loss */
+  CK(got <= conv_ref + 0.1 * (conv_first - conv_ref));
+  dt_strategy_stats st;
+  memset(&st, 0, sizeof st);
+  CK(s && dt_strategy_stats_get(s, &st) == DTRAIN_OK);
+  size_t n = dt_params_size(m.P);
+  double ring = (double)KC * 2.0 * (R->W - 1) / R->W * (double)(n + 8) * sizeof(float);
+  if (getenv("DTRAIN_TEST_VERBOSE"))
+    fprintf(stderr, "%s W %d rank %d: loss %.4f (one_device %.4f, from %.4f), wire bytes %.3g of the float ring's\n",
+            dt_compress_format(R->compress, name, sizeof name), R->W, rank, got, conv_ref, conv_first,
+            (double)st.wire_bytes / ring);
+  /* the ranks' parameters are bitwise equal */
+  float p0[PMAX];
+  memcpy(p0, dt_params_data(m.P), n * sizeof(float));
+  CK(dt_comm_broadcast(comm, rank, p0, n, 0) == DTRAIN_OK);
+  CK(memcmp(p0, dt_params_data(m.P), n * sizeof(float)) == 0);
+  dt_strategy_destroy(s);
+  dt_optim_destroy(opt);
+  dt_params_destroy(m.P);
+}
+
+static void test_compressed_converges(void) {
+  converge_reference();
+  const char *specs[] = {"topk:0.1", "powersgd:1", "powersgd:2"};
+  for (int i = 0; i < 3; i++)
+    for (int W = 2; W <= 4; W += 2) {
+      memset(&R, 0, sizeof R);
+      R.W = W;
+      R.N = 1;
+      R.victim = -1;
+      R.converge = 1;
+      CHECK(dt_compress_parse(specs[i], &R.compress) == DTRAIN_OK);
+      run_world(&R);
+    }
 }
 
 static void test_faults(void) {
@@ -333,6 +437,7 @@ int main(void) {
   TH_RUN(test_equals_mirrored);
   TH_RUN(test_uneven_equals_one_device);
   TH_RUN(test_compressed);
+  TH_RUN(test_compressed_converges);
   TH_RUN(test_faults);
   return th_summary("mwm_tcp");
 }

@@ -6751,6 +6751,19 @@ static void nt_dt_compress_parse(void) {
   nt_teardown(&f);
   /* one NULL at a time: no generated value for dt_compress * out */
 }
+/* dt_strategy.h: char * dt_compress_format(dt_compress c, char * out, size_t cap) */
+static void nt_dt_compress_format(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_compress_format(c, NULL, cap)");
+    char * r_ = dt_compress_format((dt_compress){DTRAIN_COMPRESS_TOPK, 0.5f, 0}, NULL, sizeof f.cbuf);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_strategy.h: dt_strategy_options dt_strategy_multi_worker_mirrored(dt_comm * comm, int replicas) */
 static void nt_dt_strategy_multi_worker_mirrored(void) {
   nt_fix f;
@@ -8812,6 +8825,7 @@ int main(void) {
   TH_RUN(nt_dt_layout_destroy);
   TH_RUN(nt_dt_comm_slice);
   TH_RUN(nt_dt_compress_parse);
+  TH_RUN(nt_dt_compress_format);
   TH_RUN(nt_dt_strategy_multi_worker_mirrored);
   TH_RUN(nt_dt_strategy_parameter_server);
   TH_RUN(nt_dt_multi_worker_mirrored);
