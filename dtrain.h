@@ -4343,6 +4343,10 @@ struct dt_graph {
   char msg[DT__MSG_CAP];
   int training, grad_enabled, check_numerics, backward_done;
   dt_rng rng;
+  /* backward calls ready(ready_user, p) once parameter p's gradient is final
+   * (dt__graph_on_grad_ready); NULL: no calls */
+  void (*ready)(void *user, int param_index);
+  void *ready_user;
   /* device (dt_device.h): NULL on the CPU. Tensor data and gradients come
    * from the device arena `dchunks`; headers from the host arena above. */
   dt_device *device;
@@ -4372,6 +4376,16 @@ DTRAIN_PRIVATE dt_tensor *dt__new(dt_graph *g, const char *op, int ndim, const i
 DTRAIN_PRIVATE dt_tensor *dt__new_like(dt_graph *g, const char *op, const dt_tensor *x);
 /* Tensor header aliasing `data` (views). */
 DTRAIN_PRIVATE dt_tensor *dt__new_view(dt_graph *g, const char *op, int ndim, const int64_t *shape, float *data);
+/* A tape node whose aux holds iaux[0] input pointers beyond src (dt_concat of
+ * more than four inputs): its backward writes their gradients too. */
+#define DT__TENSOR_AUX_INPUTS 0x40000000
+/* From the next backward on, ready(user, p) is called in backward's thread
+ * as soon as parameter p's gradient is final: right after the backward of
+ * the earliest op (in forward order) that used it -- ops run in reverse, so
+ * no later one adds to it. Once per parameter the step used, latest layers
+ * first; an unused parameter gets no call. fn NULL stops the calls. (For
+ * communication that overlaps the rest of backward.) */
+DTRAIN_PRIVATE void dt__graph_on_grad_ready(dt_graph *g, void (*fn)(void *user, int param_index), void *user);
 /* Connect out to its inputs and put it on the tape when a gradient can flow. */
 DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_backward_fn fn,
                                dt_tensor *a, dt_tensor *b, dt_tensor *c);
@@ -5980,6 +5994,47 @@ DTRAIN_API float dt_item(const dt_tensor *t) {
 
 /* ---- backward --------------------------------------------------------------------------- */
 
+/* The parameters that take a gradient, by the tape node after whose backward
+ * theirs is final (the first node, in forward order, with the parameter
+ * among its inputs): head[i] starts node i's list, chain[p] goes on. */
+static int dt__ready_input(const dt_tensor *x, int32_t np) {
+  if (!x || !(x->flags & DTRAIN_TENSOR_PARAM) || !x->grad || x->param_index < 0) return -1;
+  return x->param_index < np ? x->param_index : -2;
+}
+
+static int dt__ready_schedule(dt_graph *g, int32_t **head_out, int32_t **chain_out) {
+  int32_t np = 0;
+  for (int64_t i = 0; i < g->ntape; i++) { /* the highest parameter index in use */
+    const dt_tensor *t = g->tape[i];
+    int n = (t->flags & DT__TENSOR_AUX_INPUTS) ? (int)t->iaux[0] : 4;
+    for (int j = 0; j < n; j++) {
+      const dt_tensor *x = (t->flags & DT__TENSOR_AUX_INPUTS) ? ((dt_tensor *const *)t->aux)[j] : t->src[j];
+      if (x && (x->flags & DTRAIN_TENSOR_PARAM) && x->param_index >= np) np = x->param_index + 1;
+    }
+  }
+  int32_t *head = (int32_t *)dt__arena_alloc(g, (size_t)(g->ntape + 1) * sizeof(int32_t));
+  int32_t *chain = (int32_t *)dt__arena_alloc(g, (size_t)(np + 1) * sizeof(int32_t));
+  int8_t *seen = (int8_t *)dt__arena_alloc(g, (size_t)np + 1);
+  if (!head || !chain || !seen) return 0; /* the arena failed the graph */
+  memset(seen, 0, (size_t)np + 1);
+  for (int64_t i = 0; i < g->ntape; i++) {
+    const dt_tensor *t = g->tape[i];
+    head[i] = -1;
+    int n = (t->flags & DT__TENSOR_AUX_INPUTS) ? (int)t->iaux[0] : 4;
+    for (int j = 0; j < n; j++) {
+      const dt_tensor *x = (t->flags & DT__TENSOR_AUX_INPUTS) ? ((dt_tensor *const *)t->aux)[j] : t->src[j];
+      int p = dt__ready_input(x, np);
+      if (p < 0 || seen[p]) continue;
+      seen[p] = 1;
+      chain[p] = head[i];
+      head[i] = p;
+    }
+  }
+  *head_out = head;
+  *chain_out = chain;
+  return 1;
+}
+
 static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *seed, const char *fn) {
   if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: graph is NULL", fn);
   if (g->err != DTRAIN_OK) return g->err;
@@ -6023,12 +6078,21 @@ static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *s
   } else {
     go[0] += 1.0f;
   }
+  int32_t *head = NULL, *chain = NULL;
+  if (g->ready && !dt__ready_schedule(g, &head, &chain)) return g->err;
   for (int64_t i = g->ntape - 1; i >= 0; i--) {
     dt_tensor *t = g->tape[i];
     if (t->grad && t->backward) t->backward(g, t);
     if (g->err != DTRAIN_OK) return g->err;
+    for (int32_t p = head ? head[i] : -1; p >= 0; p = chain[p]) g->ready(g->ready_user, p);
   }
   return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__graph_on_grad_ready(dt_graph *g, void (*fn)(void *user, int param_index), void *user) {
+  if (!g) return;
+  g->ready = fn;
+  g->ready_user = fn ? user : NULL;
 }
 
 DTRAIN_API dt_result dt_backward(dt_graph *g, dt_tensor *loss) {
@@ -8962,6 +9026,7 @@ DTRAIN_API dt_tensor *dt_concat(dt_graph *g, dt_tensor *const *xs, int n, int ax
    * show the first four inputs in src. Backward walks aux, all n inputs. */
   dt__record(g, y, "dt_concat", dt__shape_concat_backward, first_rg ? first_rg : list[0], NULL, NULL);
   for (int j = 0; j < 4; j++) y->src[j] = j < n ? list[j] : NULL;
+  y->flags |= DT__TENSOR_AUX_INPUTS;
   return dt__finish(g, y);
 }
 

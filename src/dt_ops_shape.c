@@ -318,6 +318,7 @@ DTRAIN_API dt_tensor *dt_concat(dt_graph *g, dt_tensor *const *xs, int n, int ax
    * show the first four inputs in src. Backward walks aux, all n inputs. */
   dt__record(g, y, "dt_concat", dt__shape_concat_backward, first_rg ? first_rg : list[0], NULL, NULL);
   for (int j = 0; j < 4; j++) y->src[j] = j < n ? list[j] : NULL;
+  y->flags |= DT__TENSOR_AUX_INPUTS;
   return dt__finish(g, y);
 }
 

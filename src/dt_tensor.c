@@ -486,6 +486,47 @@ DTRAIN_API float dt_item(const dt_tensor *t) {
 
 /* ---- backward --------------------------------------------------------------------------- */
 
+/* The parameters that take a gradient, by the tape node after whose backward
+ * theirs is final (the first node, in forward order, with the parameter
+ * among its inputs): head[i] starts node i's list, chain[p] goes on. */
+static int dt__ready_input(const dt_tensor *x, int32_t np) {
+  if (!x || !(x->flags & DTRAIN_TENSOR_PARAM) || !x->grad || x->param_index < 0) return -1;
+  return x->param_index < np ? x->param_index : -2;
+}
+
+static int dt__ready_schedule(dt_graph *g, int32_t **head_out, int32_t **chain_out) {
+  int32_t np = 0;
+  for (int64_t i = 0; i < g->ntape; i++) { /* the highest parameter index in use */
+    const dt_tensor *t = g->tape[i];
+    int n = (t->flags & DT__TENSOR_AUX_INPUTS) ? (int)t->iaux[0] : 4;
+    for (int j = 0; j < n; j++) {
+      const dt_tensor *x = (t->flags & DT__TENSOR_AUX_INPUTS) ? ((dt_tensor *const *)t->aux)[j] : t->src[j];
+      if (x && (x->flags & DTRAIN_TENSOR_PARAM) && x->param_index >= np) np = x->param_index + 1;
+    }
+  }
+  int32_t *head = (int32_t *)dt__arena_alloc(g, (size_t)(g->ntape + 1) * sizeof(int32_t));
+  int32_t *chain = (int32_t *)dt__arena_alloc(g, (size_t)(np + 1) * sizeof(int32_t));
+  int8_t *seen = (int8_t *)dt__arena_alloc(g, (size_t)np + 1);
+  if (!head || !chain || !seen) return 0; /* the arena failed the graph */
+  memset(seen, 0, (size_t)np + 1);
+  for (int64_t i = 0; i < g->ntape; i++) {
+    const dt_tensor *t = g->tape[i];
+    head[i] = -1;
+    int n = (t->flags & DT__TENSOR_AUX_INPUTS) ? (int)t->iaux[0] : 4;
+    for (int j = 0; j < n; j++) {
+      const dt_tensor *x = (t->flags & DT__TENSOR_AUX_INPUTS) ? ((dt_tensor *const *)t->aux)[j] : t->src[j];
+      int p = dt__ready_input(x, np);
+      if (p < 0 || seen[p]) continue;
+      seen[p] = 1;
+      chain[p] = head[i];
+      head[i] = p;
+    }
+  }
+  *head_out = head;
+  *chain_out = chain;
+  return 1;
+}
+
 static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *seed, const char *fn) {
   if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: graph is NULL", fn);
   if (g->err != DTRAIN_OK) return g->err;
@@ -529,12 +570,21 @@ static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *s
   } else {
     go[0] += 1.0f;
   }
+  int32_t *head = NULL, *chain = NULL;
+  if (g->ready && !dt__ready_schedule(g, &head, &chain)) return g->err;
   for (int64_t i = g->ntape - 1; i >= 0; i--) {
     dt_tensor *t = g->tape[i];
     if (t->grad && t->backward) t->backward(g, t);
     if (g->err != DTRAIN_OK) return g->err;
+    for (int32_t p = head ? head[i] : -1; p >= 0; p = chain[p]) g->ready(g->ready_user, p);
   }
   return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__graph_on_grad_ready(dt_graph *g, void (*fn)(void *user, int param_index), void *user) {
+  if (!g) return;
+  g->ready = fn;
+  g->ready_user = fn ? user : NULL;
 }
 
 DTRAIN_API dt_result dt_backward(dt_graph *g, dt_tensor *loss) {

@@ -47,6 +47,10 @@ struct dt_graph {
   char msg[DT__MSG_CAP];
   int training, grad_enabled, check_numerics, backward_done;
   dt_rng rng;
+  /* backward calls ready(ready_user, p) once parameter p's gradient is final
+   * (dt__graph_on_grad_ready); NULL: no calls */
+  void (*ready)(void *user, int param_index);
+  void *ready_user;
   /* device (dt_device.h): NULL on the CPU. Tensor data and gradients come
    * from the device arena `dchunks`; headers from the host arena above. */
   dt_device *device;
@@ -76,6 +80,16 @@ DTRAIN_PRIVATE dt_tensor *dt__new(dt_graph *g, const char *op, int ndim, const i
 DTRAIN_PRIVATE dt_tensor *dt__new_like(dt_graph *g, const char *op, const dt_tensor *x);
 /* Tensor header aliasing `data` (views). */
 DTRAIN_PRIVATE dt_tensor *dt__new_view(dt_graph *g, const char *op, int ndim, const int64_t *shape, float *data);
+/* A tape node whose aux holds iaux[0] input pointers beyond src (dt_concat of
+ * more than four inputs): its backward writes their gradients too. */
+#define DT__TENSOR_AUX_INPUTS 0x40000000
+/* From the next backward on, ready(user, p) is called in backward's thread
+ * as soon as parameter p's gradient is final: right after the backward of
+ * the earliest op (in forward order) that used it -- ops run in reverse, so
+ * no later one adds to it. Once per parameter the step used, latest layers
+ * first; an unused parameter gets no call. fn NULL stops the calls. (For
+ * communication that overlaps the rest of backward.) */
+DTRAIN_PRIVATE void dt__graph_on_grad_ready(dt_graph *g, void (*fn)(void *user, int param_index), void *user);
 /* Connect out to its inputs and put it on the tape when a gradient can flow. */
 DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_backward_fn fn,
                                dt_tensor *a, dt_tensor *b, dt_tensor *c);
