@@ -2518,6 +2518,12 @@ typedef struct dt_strategy_options {
                                     updates with the first N-B replica gradients to arrive, averaged
                                     over their rows, and drops the later ones (Chen et al., 2016;
                                     see "Backup workers") [0] */
+  int overlap;                   /* multi_worker_mirrored with one replica per process and compress
+                                    none: nonzero all-reduces the gradient in buckets as backward
+                                    makes them, while it computes the earlier layers (bitwise the
+                                    same result; see "Overlapping communication") [0] */
+  size_t bucket_bytes;           /* overlap: bytes of gradient per bucket, cut at parameter
+                                    boundaries from the last layer down [0: 2 MiB] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;
@@ -20952,6 +20958,8 @@ struct dt_strategy {
   int64_t steps, samples, tickets;
   int64_t skipped;         /* sync steps skipped for a non-finite loss or gradient */
   uint64_t wire_bytes;     /* multi_worker_mirrored: bytes sent to the other processes (stats) */
+  int overlap_now;         /* replica 0's gradient is being all-reduced during its backward: the
+                              numerics scan is the overlap thread's (dt_strategy_overlap.c) */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;
@@ -21209,6 +21217,23 @@ DTRAIN_PRIVATE void dt__ef_destroy(dt__ef *e);
  * dt__ef_commit keeps it (the step went on), otherwise the last one stays. */
 DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent);
 DTRAIN_PRIVATE void dt__ef_commit(dt__ef *e);
+/* ---- all-reduce during backward (dt_strategy_overlap.c) ---- */
+typedef struct dt__overlap dt__overlap;
+/* Buckets of about bucket_bytes over buf's [0, s->size) and the thread that
+ * all-reduces them on x. */
+DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *buf, size_t bucket_bytes,
+                                            dt__overlap **out);
+DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o);
+DTRAIN_PRIVATE int dt__overlap_buckets(const dt__overlap *o);
+/* A step begins: g's backward now starts the buckets as they become final. */
+DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g);
+/* Backward is over (or failed): the rest goes; returns when every bucket is
+ * summed, with the first failure. *bad: the first non-finite local value's
+ * index (check_numerics; SIZE_MAX: none), *bad_nan whether it was a NaN;
+ * *sent += the bytes sent. */
+DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, dt_graph *g, size_t *bad, int *bad_nan, uint64_t *sent);
+/* The message of dt__overlap_end's failure (set in the overlap thread). */
+DTRAIN_PRIVATE const char *dt__overlap_error(const dt__overlap *o);
 /* Forget the error (dt_strategy_sync: new parameters). */
 DTRAIN_PRIVATE void dt__ef_reset(dt__ef *e);
 /* The committed error (n floats; tests). */
@@ -21403,9 +21428,11 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
     return 0;
   }
   R->loss = lv;
-  if (s->desc.check_numerics) {
+  if (s->desc.check_numerics && !(r == 0 && s->overlap_now)) {
     /* Before any reduction or optimizer state sees it, and where the
-     * culprit is still known. On a device: a host copy is scanned. */
+     * culprit is still known. On a device: a host copy is scanned. (With
+     * overlap, buckets are summed while backward runs: the overlap thread
+     * scans each before it goes.) */
     const float *hg = R->grad;
     if (s->dev) {
       dt_device *d = s->desc.devices[r];
@@ -21891,6 +21918,18 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
     if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) is for multi_worker_mirrored, not %s (its "
                        "gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);
+  }
+  if (d->overlap) {
+    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for multi_worker_mirrored, not %s", fn, name);
+    if (d->compress.kind != DTRAIN_COMPRESS_NONE)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with compress %s (overlap sends float buckets; "
+                       "use one or the other)", fn, dt_compress_name(d->compress));
+    if (d->replicas > 1)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap needs one replica per process (replicas %d): the local "
+                       "replicas' gradients are reduced only after all their backward passes", fn, d->replicas);
+    if (d->devices || d->ndevices)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with replicas on devices", fn);
   }
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
@@ -23467,6 +23506,227 @@ DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float
 #endif /* DTRAIN_NO_DIST */
 /* ======== end dt_strategy_ef.c ======== */
 
+/* ======== begin dt_strategy_overlap.c ======== */
+/* ===========================================================================
+ * dt_strategy_overlap.c -- gradients all-reduced in buckets while backward
+ * goes on (multi_worker_mirrored, desc.overlap)
+ * ===========================================================================
+ * The flat gradient is cut into buckets of about desc.bucket_bytes, taken
+ * from the end (the last layers' parameters, whose gradients backward makes
+ * first): bucket 0 covers [cut[1], size), bucket 1 [cut[2], cut[1]), ...,
+ * each a run of whole parameters with their padding and any buffers between
+ * them. backward announces each parameter whose gradient is final
+ * (dt__graph_on_grad_ready); when a bucket's last trained parameter is in, a
+ * communication thread all-reduces that range of the buffer in place, in
+ * bucket order (every rank issues the same collectives in the same order),
+ * while backward computes the earlier layers. What no announcement reached
+ * (unused parameters, a failed step) goes when backward is over.
+ *
+ * The communicator sums every element in rank order whatever the range, so
+ * the result is bitwise the one all-reduce of the whole buffer. Buffers
+ * (batch-norm statistics) are zero in the gradient and sum to zero here;
+ * their values go with the bookkeeping after backward, as before.
+ * check_numerics: the thread scans each bucket's local values before sending
+ * them (afterwards they are sums) and keeps the first non-finite index.
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST)
+
+struct dt__overlap {
+  dt_strategy *s;
+  dt_comm *x;
+  float *buf;
+  int nb;                /* buckets */
+  size_t *lo, *hi;       /* bucket b: [lo[b], hi[b]) */
+  int *need, *left;      /* trained parameters per bucket: all, not yet final this step */
+  int np;                /* parameters */
+  int *pbucket;          /* parameter -> its bucket (-1: a buffer) */
+  dt__mutex mu;
+  dt__cond cv;
+  dt__thread th;
+  int started, quit;
+  int64_t armed, served; /* steps begun, steps the thread has finished */
+  int done;              /* backward is over: send the rest */
+  dt_result rc;          /* the first failure of this step's all-reduces */
+  char msg[DT__MSG_CAP]; /* its message (dt_last_error is the thread's own) */
+  size_t bad;            /* check_numerics: the first non-finite local index (SIZE_MAX: none) */
+  int bad_nan;
+  uint64_t sent;
+  int scan;
+};
+
+static size_t dt__ov_bytes(int nb) { return (size_t)(nb > 0 ? nb : 1) * sizeof(size_t); }
+static size_t dt__ov_ibytes(int n) { return (size_t)(n > 0 ? n : 1) * sizeof(int); }
+
+static void dt__ov_thread(void *arg) {
+  dt__overlap *o = (dt__overlap *)arg;
+  const int rank = dt_comm_rank(o->x);
+  dt__mutex_lock(&o->mu);
+  for (;;) {
+    while (!o->quit && o->armed == o->served) dt__cond_wait(&o->cv, &o->mu);
+    if (o->quit) break;
+    for (int b = 0; b < o->nb; b++) {
+      while (!o->done && o->left[b] > 0) dt__cond_wait(&o->cv, &o->mu);
+      int go = o->rc == DTRAIN_OK;
+      dt__mutex_unlock(&o->mu);
+      if (go) {
+        float *p = o->buf + o->lo[b];
+        size_t n = o->hi[b] - o->lo[b];
+        if (o->scan) {
+          size_t bad = dt__strategy_nonfinite(p, 0, n);
+          if (bad < n && o->lo[b] + bad < o->bad) o->bad = o->lo[b] + bad, o->bad_nan = isnan(p[bad]) != 0;
+        }
+        dt_result rc = dt_comm_allreduce(o->x, rank, p, n);
+        o->sent += dt__ring_bytes(n, dt_comm_world(o->x));
+        if (rc != DTRAIN_OK) {
+          dt__mutex_lock(&o->mu);
+          o->rc = rc;
+          snprintf(o->msg, sizeof o->msg, "%s", rc == DTRAIN_ERR_ABORTED ? "" : dt_last_error());
+          dt__mutex_unlock(&o->mu);
+        }
+      }
+      dt__mutex_lock(&o->mu);
+    }
+    o->served = o->armed;
+    dt__cond_broadcast(&o->cv);
+  }
+  dt__mutex_unlock(&o->mu);
+}
+
+/* backward's announcement: parameter p's gradient is final. */
+static void dt__ov_ready(void *user, int p) {
+  dt__overlap *o = (dt__overlap *)user;
+  if (p < 0 || p >= o->np || o->pbucket[p] < 0) return;
+  dt__mutex_lock(&o->mu);
+  int b = o->pbucket[p];
+  if (o->left[b] > 0 && --o->left[b] == 0) dt__cond_broadcast(&o->cv);
+  dt__mutex_unlock(&o->mu);
+}
+
+DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o) {
+  if (!o) return;
+  if (o->started) {
+    dt__mutex_lock(&o->mu);
+    o->quit = 1;
+    dt__cond_broadcast(&o->cv);
+    dt__mutex_unlock(&o->mu);
+    dt__thread_join(&o->th);
+  }
+  if (o->started >= 0) { /* the mutex and condition were made */
+    dt__cond_destroy(&o->cv);
+    dt__mutex_destroy(&o->mu);
+  }
+  dt__free(o->lo, dt__ov_bytes(o->nb));
+  dt__free(o->hi, dt__ov_bytes(o->nb));
+  dt__free(o->need, dt__ov_ibytes(o->nb));
+  dt__free(o->left, dt__ov_ibytes(o->nb));
+  dt__free(o->pbucket, dt__ov_ibytes(o->np));
+  dt__free(o, sizeof *o);
+}
+
+DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *buf, size_t bucket_bytes,
+                                            dt__overlap **out) {
+  *out = NULL;
+  dt__overlap *o = (dt__overlap *)dt__calloc(sizeof *o);
+  if (!o) return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory");
+  o->s = s, o->x = x, o->buf = buf;
+  o->started = -1; /* nothing to destroy yet */
+  o->np = dt_params_count(s->params);
+  o->scan = s->desc.check_numerics != 0;
+  size_t cap = bucket_bytes / sizeof(float);
+  if (cap < 1) cap = 1;
+  /* cut from the last parameter down: a bucket closes once it holds cap floats */
+  int nb = 0;
+  size_t end = s->size, acc = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1) {
+      o->lo = (size_t *)dt__calloc(dt__ov_bytes(nb));
+      o->hi = (size_t *)dt__calloc(dt__ov_bytes(nb));
+      o->need = (int *)dt__calloc(dt__ov_ibytes(nb));
+      o->left = (int *)dt__calloc(dt__ov_ibytes(nb));
+      o->pbucket = (int *)dt__calloc(dt__ov_ibytes(o->np));
+      o->nb = nb;
+      if (!o->lo || !o->hi || !o->need || !o->left || !o->pbucket) {
+        dt__overlap_destroy(o);
+        return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory for %d buckets", nb);
+      }
+    }
+    nb = 0, end = s->size, acc = 0;
+    for (int p = o->np - 1; p >= 0; p--) {
+      size_t b = 0, e = 0;
+      int tr = 0, dec = 0;
+      if (!dt__params_range(s->params, p, &b, &e, &tr, &dec)) continue;
+      acc += e - b;
+      if (pass == 1) {
+        o->pbucket[p] = tr ? nb : -1;
+        o->need[nb] += tr ? 1 : 0;
+      }
+      if (acc >= cap || p == 0) { /* this bucket ends here, down to b (to 0 for the last one) */
+        if (pass == 1) o->lo[nb] = p == 0 ? 0 : b, o->hi[nb] = end;
+        end = p == 0 ? 0 : b;
+        nb++;
+        acc = 0;
+      }
+    }
+    if (o->np == 0) nb = 0;
+  }
+  dt_result rc = dt__mutex_init(&o->mu);
+  if (rc == DTRAIN_OK) {
+    rc = dt__cond_init(&o->cv);
+    if (rc != DTRAIN_OK) dt__mutex_destroy(&o->mu);
+  }
+  if (rc != DTRAIN_OK) {
+    dt__overlap_destroy(o);
+    return dt__error(rc, "overlap: mutex or condition variable: %s", dt_last_error());
+  }
+  o->started = 0;
+  o->bad = SIZE_MAX;
+  rc = dt__thread_start(&o->th, dt__ov_thread, o);
+  if (rc != DTRAIN_OK) {
+    dt__overlap_destroy(o);
+    return dt__error(rc, "overlap: the communication thread did not start (it needs threads)");
+  }
+  o->started = 1;
+  *out = o;
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE int dt__overlap_buckets(const dt__overlap *o) { return o ? o->nb : 0; }
+
+DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g) {
+  dt__mutex_lock(&o->mu);
+  for (int b = 0; b < o->nb; b++) o->left[b] = o->need[b];
+  o->done = 0;
+  o->rc = DTRAIN_OK;
+  o->bad = SIZE_MAX;
+  o->bad_nan = 0;
+  o->sent = 0;
+  o->armed++;
+  dt__cond_broadcast(&o->cv);
+  dt__mutex_unlock(&o->mu);
+  dt__graph_on_grad_ready(g, dt__ov_ready, o);
+}
+
+DTRAIN_PRIVATE const char *dt__overlap_error(const dt__overlap *o) { return o->msg; }
+
+DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, dt_graph *g, size_t *bad, int *bad_nan, uint64_t *sent) {
+  dt__graph_on_grad_ready(g, NULL, NULL);
+  dt__mutex_lock(&o->mu);
+  o->done = 1;
+  dt__cond_broadcast(&o->cv);
+  while (o->served != o->armed) dt__cond_wait(&o->cv, &o->mu);
+  dt_result rc = o->rc;
+  *bad = o->bad;
+  *bad_nan = o->bad_nan;
+  *sent += o->sent;
+  dt__mutex_unlock(&o->mu);
+  return rc;
+}
+
+#endif /* DTRAIN_NO_DIST */
+/* ======== end dt_strategy_overlap.c ======== */
+
 /* ======== begin dt_strategy_mwm.c ======== */
 /* ===========================================================================
  * dt_strategy_mwm.c -- multi_worker_mirrored: lock-step data parallelism
@@ -23511,6 +23771,7 @@ typedef struct dt__mwm {
   size_t bytes;
   float *scratch, *side;   /* compress: the ring's messages; the tail and buffers (in floats) */
   dt__ef *ef;              /* compress topk / powersgd: the compressor and its error feedback */
+  dt__overlap *ov;         /* desc.overlap: the buckets all-reduced during backward */
   size_t scratch_n, side_n;
   double rows;             /* the global batch's rows (this step) */
   double loss;             /* the global batch's loss (this step) */
@@ -23580,13 +23841,22 @@ static dt_result dt__mwm_create(dt_strategy *s) {
   st->bytes = (s->size + DT__MWM_TAIL) * sizeof(float);
   st->buf = (float *)dt__calloc(st->bytes);
   if (!st->buf) return dt__strategy_nomem(s);
-  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE) {
-    st->scratch_n = dt__compress_scratch(s->size, dt_comm_world(s->desc.comm));
+  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE || s->desc.overlap) {
+    st->scratch_n = s->desc.overlap ? 1 : dt__compress_scratch(s->size, dt_comm_world(s->desc.comm));
     st->side_n = DT__MWM_TAIL;
     for (int i = 0; i < s->nbufr; i++) st->side_n += s->bufr[2 * i + 1] - s->bufr[2 * i];
     st->scratch = (float *)dt__calloc(st->scratch_n * sizeof(float));
     st->side = (float *)dt__calloc(st->side_n * sizeof(float));
     if (!st->scratch || !st->side) return dt__strategy_nomem(s);
+  }
+  if (s->desc.overlap) {
+    size_t bb = s->desc.bucket_bytes ? s->desc.bucket_bytes : (size_t)2 << 20;
+    dt_result rc = dt__overlap_create(s, s->desc.comm, st->buf, bb, &st->ov);
+    if (rc != DTRAIN_OK) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "%.250s", dt_last_error());
+      return dt__error(rc, "dt_strategy_create: multi_worker_mirrored: %s", what);
+    }
   }
   if (s->desc.compress.kind == DTRAIN_COMPRESS_TOPK || s->desc.compress.kind == DTRAIN_COMPRESS_POWERSGD)
     return dt__mwm_ef_create(s, st);
@@ -23600,6 +23870,7 @@ static void dt__mwm_destroy(dt_strategy *s) {
   dt__free(st->scratch, st->scratch_n * sizeof(float));
   dt__free(st->side, st->side_n * sizeof(float));
   dt__ef_destroy(st->ef);
+  dt__overlap_destroy(st->ov);
   dt__free(st, sizeof *st);
   s->kind_state = NULL;
 }
@@ -23624,13 +23895,15 @@ static void dt__mwm_side(dt_strategy *s, float *buf, float *side, int out) {
 
 /* compress: the gradient [0, size) in 16-bit values, or top-k / PowerSGD
  * over the trained parameters (buffers zeroed there), then the tail and the
- * buffers' values exactly, in one small float all-reduce. */
+ * buffers' values exactly, in one small float all-reduce. overlap: only the
+ * small all-reduce (the buckets were summed during backward). */
 static dt_result dt__mwm_allreduce_compressed(dt_strategy *s, dt_comm *x, int rank, float *buf) {
   dt__mwm *st = dt__mwm_of(s);
   dt__mwm_side(s, buf, st->side, 1);
-  dt_result rc = st->ef ? dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes)
-                        : dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch,
-                                                 &s->wire_bytes);
+  dt_result rc = st->ov   ? DTRAIN_OK /* summed during backward */
+                 : st->ef ? dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes)
+                          : dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch,
+                                                   &s->wire_bytes);
   if (rc == DTRAIN_OK) rc = dt_comm_allreduce(x, rank, st->side, st->side_n);
   s->wire_bytes += dt__ring_bytes(st->side_n, x->world);
   if (rc != DTRAIN_OK) return rc;
@@ -23721,7 +23994,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
   }
   double t0 = dt__now();
   dt_result rc;
-  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE) {
+  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE || st->ov) {
     rc = dt__mwm_allreduce_compressed(s, x, rank, buf);
   } else {
     rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
@@ -23787,6 +24060,41 @@ static void dt__mwm_copy_grad(dt_strategy *s, float *dst, const float *grad, siz
   }
 }
 
+/* overlap (one replica): replica 0's backward starts the buckets' all-reduces;
+ * then the rest, and the overlap thread's numerics scan as compute's own. */
+static int dt__mwm_compute_overlapped(dt_strategy *s, const dt_minibatch *b) {
+  dt__mwm *st = dt__mwm_of(s);
+  dt__strategy_replica *R = &s->rep[0];
+  s->overlap_now = 1;
+  dt__overlap_begin(st->ov, R->g);
+  int ok = dt__strategy_compute(s, 0, b);
+  double t0 = dt__now();
+  size_t bad = SIZE_MAX;
+  int bad_nan = 0;
+  dt_result rc = dt__overlap_end(st->ov, R->g, &bad, &bad_nan, &s->wire_bytes);
+  R->wait_s += dt__now() - t0;
+  s->overlap_now = 0;
+  char what[DT__MSG_CAP];
+  if (rc != DTRAIN_OK) {
+    dt_comm *x = s->desc.comm;
+    if (ok) {
+      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d, during backward): %.250s",
+               dt_comm_rank(x), x->world,
+               rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
+                                          "recreate it (and the strategy) to go on"
+                                        : dt__overlap_error(st->ov));
+      dt__strategy_fail(s, 0, rc, what);
+    }
+    return 0;
+  }
+  if (ok && bad != SIZE_MAX) {
+    snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)b->step,
+             dt__strategy_param_at(s, bad), bad_nan ? "NaN" : "Inf", bad);
+    ok = dt__strategy_bad_step(s, 0, what);
+  }
+  return ok;
+}
+
 static void dt__mwm_job(dt_strategy *s, int r) {
   dt__mwm *st = dt__mwm_of(s);
   dt__strategy_replica *R = &s->rep[r];
@@ -23794,7 +24102,7 @@ static void dt__mwm_job(dt_strategy *s, int r) {
   dt_minibatch b;
   dt__strategy_sync_shard(s, r, &b); /* row sums now; the division by the global rows comes after the all-reduce */
   double w0 = dt__strategy_comm_wait(s, r);
-  int ok = dt__strategy_compute(s, r, &b);
+  int ok = st->ov ? dt__mwm_compute_overlapped(s, &b) : dt__strategy_compute(s, r, &b);
   dt_result rc;
   float *grad = s->rep[0].grad;
   size_t lo, hi;

@@ -51,6 +51,8 @@ typedef struct options {
   const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule, *strategy, *checkpoint_dir;
   const char *device; /* "cpu", "cuda", "cuda:N" */
   const char *compress_text; /* --compress */
+  int overlap;               /* --overlap */
+  int bucket_kb;             /* --bucket-kb */
   dt_compress compress;
   int epochs, batch, json, quiet, replicas, max_staleness;
   int staleness_lr; /* --staleness-lr: async updates (or, on parameter servers, pushes) scaled by 1/(1+staleness) */
@@ -279,6 +281,8 @@ static int parse(int argc, char **argv, options *o) {
       {"svg", 's', &o->svg, 0, 0, "the loss and accuracy chart"},
       {"device", 's', &o->device, 0, 0, "cpu, cuda (one replica per GPU) or cuda:N"},
       {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored: gradients on the wire as none, fp16, bf16, topk:F or powersgd:R"},
+      {"overlap", 'b', &o->overlap, 0, 0, "multi_worker_mirrored (1 replica): all-reduce gradient buckets during backward"},
+      {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--overlap: KiB of gradient per bucket (0: 2048)"},
       {"json", 'b', &o->json, 0, 0, "print one JSON line of results"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
   };
@@ -537,6 +541,8 @@ int main(int argc, char **argv) {
     if (!(comm = dt_comm_create_tcp(cl, &no))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
     sd = dt_strategy_multi_worker_mirrored(comm, a.ndev > 0 ? a.ndev : a.o.replicas > 0 ? a.o.replicas : 1);
     sd.compress = a.o.compress;
+    sd.overlap = a.o.overlap;
+    sd.bucket_bytes = (size_t)a.o.bucket_kb << 10;
   } else if (ps) {
     int k = a.o.max_staleness == DTRAIN_STALENESS_UNBOUNDED ? 2 : a.o.max_staleness;
     if (!(store = dt_pstore_create_tcp(cl, a.P, &no, k))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
@@ -610,12 +616,12 @@ int main(int argc, char **argv) {
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
            "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
            "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d,\"compress\":\"%s\","
-           "\"wire_bytes_per_step\":%.0f%s}\n",
+           "\"wire_bytes_per_step\":%.0f,\"overlap\":%d%s}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
            dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker,
-           dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy), staleness_json(a.strategy, a.o.staleness_lr));
+           dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy), a.o.overlap, staleness_json(a.strategy, a.o.staleness_lr));
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);

@@ -60,6 +60,7 @@ typedef struct options {
   uint64_t seed;
   const char *data, *checkpoint, *resume;
   dt_compress compress; /* --compress: the gradients on the wire */
+  int overlap;          /* --overlap: buckets all-reduced during backward */
 } options;
 
 typedef struct model {
@@ -134,6 +135,7 @@ static int parse(int argc, char **argv, options *o) {
       {"crash-at", 's', &crash, 0, 0, "RANK:STEP -- that rank exits at that step (a failure to recover from)"},
       {"stall-at", 's', &stall, 0, 0, "RANK:STEP -- that rank stops responding at that step"},
       {"compress", 's', &compress, 0, 0, "gradients on the wire: none, fp16 or bf16 (half the bytes), topk:F (a fraction F of the values), powersgd:R (rank-R factors)"},
+      {"overlap", 'b', &o->overlap, 0, 0, "all-reduce the gradient in buckets during backward (2 MiB)"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
   };
   const int n = (int)(sizeof flags / sizeof flags[0]);
@@ -289,6 +291,7 @@ int main(int argc, char **argv) {
    *    Creating it checks the model hash and broadcasts rank 0's parameters. */
   dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, o.threads);
   sd.compress = o.compress;
+  sd.overlap = o.overlap;
   dt_strategy *s = dt_strategy_create(P, opt, step_fn, &m, &sd);
   if (!s) {
     fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());

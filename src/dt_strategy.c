@@ -261,6 +261,18 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) is for multi_worker_mirrored, not %s (its "
                        "gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);
   }
+  if (d->overlap) {
+    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for multi_worker_mirrored, not %s", fn, name);
+    if (d->compress.kind != DTRAIN_COMPRESS_NONE)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with compress %s (overlap sends float buckets; "
+                       "use one or the other)", fn, dt_compress_name(d->compress));
+    if (d->replicas > 1)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap needs one replica per process (replicas %d): the local "
+                       "replicas' gradients are reduced only after all their backward passes", fn, d->replicas);
+    if (d->devices || d->ndevices)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with replicas on devices", fn);
+  }
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);

@@ -399,6 +399,12 @@ typedef struct dt_strategy_options {
                                     updates with the first N-B replica gradients to arrive, averaged
                                     over their rows, and drops the later ones (Chen et al., 2016;
                                     see "Backup workers") [0] */
+  int overlap;                   /* multi_worker_mirrored with one replica per process and compress
+                                    none: nonzero all-reduces the gradient in buckets as backward
+                                    makes them, while it computes the earlier layers (bitwise the
+                                    same result; see "Overlapping communication") [0] */
+  size_t bucket_bytes;           /* overlap: bytes of gradient per bucket, cut at parameter
+                                    boundaries from the last layer down [0: 2 MiB] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;

@@ -182,9 +182,11 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
     return 0;
   }
   R->loss = lv;
-  if (s->desc.check_numerics) {
+  if (s->desc.check_numerics && !(r == 0 && s->overlap_now)) {
     /* Before any reduction or optimizer state sees it, and where the
-     * culprit is still known. On a device: a host copy is scanned. */
+     * culprit is still known. On a device: a host copy is scanned. (With
+     * overlap, buckets are summed while backward runs: the overlap thread
+     * scans each before it goes.) */
     const float *hg = R->grad;
     if (s->dev) {
       dt_device *d = s->desc.devices[r];

@@ -109,6 +109,8 @@ struct dt_strategy {
   int64_t steps, samples, tickets;
   int64_t skipped;         /* sync steps skipped for a non-finite loss or gradient */
   uint64_t wire_bytes;     /* multi_worker_mirrored: bytes sent to the other processes (stats) */
+  int overlap_now;         /* replica 0's gradient is being all-reduced during its backward: the
+                              numerics scan is the overlap thread's (dt_strategy_overlap.c) */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;
@@ -366,6 +368,23 @@ DTRAIN_PRIVATE void dt__ef_destroy(dt__ef *e);
  * dt__ef_commit keeps it (the step went on), otherwise the last one stays. */
 DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent);
 DTRAIN_PRIVATE void dt__ef_commit(dt__ef *e);
+/* ---- all-reduce during backward (dt_strategy_overlap.c) ---- */
+typedef struct dt__overlap dt__overlap;
+/* Buckets of about bucket_bytes over buf's [0, s->size) and the thread that
+ * all-reduces them on x. */
+DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *buf, size_t bucket_bytes,
+                                            dt__overlap **out);
+DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o);
+DTRAIN_PRIVATE int dt__overlap_buckets(const dt__overlap *o);
+/* A step begins: g's backward now starts the buckets as they become final. */
+DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g);
+/* Backward is over (or failed): the rest goes; returns when every bucket is
+ * summed, with the first failure. *bad: the first non-finite local value's
+ * index (check_numerics; SIZE_MAX: none), *bad_nan whether it was a NaN;
+ * *sent += the bytes sent. */
+DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, dt_graph *g, size_t *bad, int *bad_nan, uint64_t *sent);
+/* The message of dt__overlap_end's failure (set in the overlap thread). */
+DTRAIN_PRIVATE const char *dt__overlap_error(const dt__overlap *o);
 /* Forget the error (dt_strategy_sync: new parameters). */
 DTRAIN_PRIVATE void dt__ef_reset(dt__ef *e);
 /* The committed error (n floats; tests). */

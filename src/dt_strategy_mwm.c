@@ -41,6 +41,7 @@ typedef struct dt__mwm {
   size_t bytes;
   float *scratch, *side;   /* compress: the ring's messages; the tail and buffers (in floats) */
   dt__ef *ef;              /* compress topk / powersgd: the compressor and its error feedback */
+  dt__overlap *ov;         /* desc.overlap: the buckets all-reduced during backward */
   size_t scratch_n, side_n;
   double rows;             /* the global batch's rows (this step) */
   double loss;             /* the global batch's loss (this step) */
@@ -110,13 +111,22 @@ static dt_result dt__mwm_create(dt_strategy *s) {
   st->bytes = (s->size + DT__MWM_TAIL) * sizeof(float);
   st->buf = (float *)dt__calloc(st->bytes);
   if (!st->buf) return dt__strategy_nomem(s);
-  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE) {
-    st->scratch_n = dt__compress_scratch(s->size, dt_comm_world(s->desc.comm));
+  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE || s->desc.overlap) {
+    st->scratch_n = s->desc.overlap ? 1 : dt__compress_scratch(s->size, dt_comm_world(s->desc.comm));
     st->side_n = DT__MWM_TAIL;
     for (int i = 0; i < s->nbufr; i++) st->side_n += s->bufr[2 * i + 1] - s->bufr[2 * i];
     st->scratch = (float *)dt__calloc(st->scratch_n * sizeof(float));
     st->side = (float *)dt__calloc(st->side_n * sizeof(float));
     if (!st->scratch || !st->side) return dt__strategy_nomem(s);
+  }
+  if (s->desc.overlap) {
+    size_t bb = s->desc.bucket_bytes ? s->desc.bucket_bytes : (size_t)2 << 20;
+    dt_result rc = dt__overlap_create(s, s->desc.comm, st->buf, bb, &st->ov);
+    if (rc != DTRAIN_OK) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "%.250s", dt_last_error());
+      return dt__error(rc, "dt_strategy_create: multi_worker_mirrored: %s", what);
+    }
   }
   if (s->desc.compress.kind == DTRAIN_COMPRESS_TOPK || s->desc.compress.kind == DTRAIN_COMPRESS_POWERSGD)
     return dt__mwm_ef_create(s, st);
@@ -130,6 +140,7 @@ static void dt__mwm_destroy(dt_strategy *s) {
   dt__free(st->scratch, st->scratch_n * sizeof(float));
   dt__free(st->side, st->side_n * sizeof(float));
   dt__ef_destroy(st->ef);
+  dt__overlap_destroy(st->ov);
   dt__free(st, sizeof *st);
   s->kind_state = NULL;
 }
@@ -154,13 +165,15 @@ static void dt__mwm_side(dt_strategy *s, float *buf, float *side, int out) {
 
 /* compress: the gradient [0, size) in 16-bit values, or top-k / PowerSGD
  * over the trained parameters (buffers zeroed there), then the tail and the
- * buffers' values exactly, in one small float all-reduce. */
+ * buffers' values exactly, in one small float all-reduce. overlap: only the
+ * small all-reduce (the buckets were summed during backward). */
 static dt_result dt__mwm_allreduce_compressed(dt_strategy *s, dt_comm *x, int rank, float *buf) {
   dt__mwm *st = dt__mwm_of(s);
   dt__mwm_side(s, buf, st->side, 1);
-  dt_result rc = st->ef ? dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes)
-                        : dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch,
-                                                 &s->wire_bytes);
+  dt_result rc = st->ov   ? DTRAIN_OK /* summed during backward */
+                 : st->ef ? dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes)
+                          : dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch,
+                                                   &s->wire_bytes);
   if (rc == DTRAIN_OK) rc = dt_comm_allreduce(x, rank, st->side, st->side_n);
   s->wire_bytes += dt__ring_bytes(st->side_n, x->world);
   if (rc != DTRAIN_OK) return rc;
@@ -251,7 +264,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
   }
   double t0 = dt__now();
   dt_result rc;
-  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE) {
+  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE || st->ov) {
     rc = dt__mwm_allreduce_compressed(s, x, rank, buf);
   } else {
     rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
@@ -317,6 +330,41 @@ static void dt__mwm_copy_grad(dt_strategy *s, float *dst, const float *grad, siz
   }
 }
 
+/* overlap (one replica): replica 0's backward starts the buckets' all-reduces;
+ * then the rest, and the overlap thread's numerics scan as compute's own. */
+static int dt__mwm_compute_overlapped(dt_strategy *s, const dt_minibatch *b) {
+  dt__mwm *st = dt__mwm_of(s);
+  dt__strategy_replica *R = &s->rep[0];
+  s->overlap_now = 1;
+  dt__overlap_begin(st->ov, R->g);
+  int ok = dt__strategy_compute(s, 0, b);
+  double t0 = dt__now();
+  size_t bad = SIZE_MAX;
+  int bad_nan = 0;
+  dt_result rc = dt__overlap_end(st->ov, R->g, &bad, &bad_nan, &s->wire_bytes);
+  R->wait_s += dt__now() - t0;
+  s->overlap_now = 0;
+  char what[DT__MSG_CAP];
+  if (rc != DTRAIN_OK) {
+    dt_comm *x = s->desc.comm;
+    if (ok) {
+      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d, during backward): %.250s",
+               dt_comm_rank(x), x->world,
+               rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
+                                          "recreate it (and the strategy) to go on"
+                                        : dt__overlap_error(st->ov));
+      dt__strategy_fail(s, 0, rc, what);
+    }
+    return 0;
+  }
+  if (ok && bad != SIZE_MAX) {
+    snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)b->step,
+             dt__strategy_param_at(s, bad), bad_nan ? "NaN" : "Inf", bad);
+    ok = dt__strategy_bad_step(s, 0, what);
+  }
+  return ok;
+}
+
 static void dt__mwm_job(dt_strategy *s, int r) {
   dt__mwm *st = dt__mwm_of(s);
   dt__strategy_replica *R = &s->rep[r];
@@ -324,7 +372,7 @@ static void dt__mwm_job(dt_strategy *s, int r) {
   dt_minibatch b;
   dt__strategy_sync_shard(s, r, &b); /* row sums now; the division by the global rows comes after the all-reduce */
   double w0 = dt__strategy_comm_wait(s, r);
-  int ok = dt__strategy_compute(s, r, &b);
+  int ok = st->ov ? dt__mwm_compute_overlapped(s, &b) : dt__strategy_compute(s, r, &b);
   dt_result rc;
   float *grad = s->rep[0].grad;
   size_t lo, hi;
