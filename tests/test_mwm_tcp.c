@@ -22,66 +22,6 @@ static void test_unsupported(void) {
   CHECK(dt_last_result() == DTRAIN_ERR_UNSUPPORTED);
 }
 
-/* ---- overlap: buckets all-reduced during backward, bitwise the plain path ---- */
-static void overlap_child(const run *R, dt_comm *comm, int rank) {
-  model m[2];
-  dt_optim *opt[2];
-  dt_strategy *s[2];
-  for (int v = 0; v < 2; v++) {
-    model_init(&m[v], 5 + 1000 * (uint64_t)rank); /* rank 0's values win */
-    opt[v] = make_opt(m[v].P);
-    dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, 1);
-    sd.spin_us = -1;
-    sd.check_numerics = R->bucket == 64; /* one case scans in the overlap thread */
-    sd.overlap = v;
-    sd.bucket_bytes = R->bucket;
-    s[v] = dt_strategy_create(m[v].P, opt[v], model_step, &m[v], &sd);
-    CK(s[v] != NULL);
-  }
-  size_t n = dt_params_size(m[0].P);
-  int64_t share = 24 / R->W;
-  int same = 1;
-  for (int k = 0; s[0] && s[1] && k < K; k++) {
-    float loss[2];
-    for (int v = 0; v < 2; v++) {
-      dt_minibatch b = rows_at(batch_first(k, 24) + rank * share, share);
-      CK(dt_strategy_step(s[v], &b, &loss[v]) == DTRAIN_OK);
-    }
-    same &= loss[0] == loss[1];
-    same &= memcmp(dt_params_data(m[0].P), dt_params_data(m[1].P), n * sizeof(float)) == 0;
-  }
-  CK(same);
-  dt_strategy_stats st[2];
-  for (int v = 0; v < 2; v++) CK(s[v] && dt_strategy_stats_get(s[v], &st[v]) == DTRAIN_OK);
-  /* the same bytes: the buckets cover the gradient once, the tail goes on its own */
-  double tail = (double)K * 2.0 * (R->W - 1) / R->W * 8.0 * sizeof(float);
-  CK(fabs((double)st[1].wire_bytes - (double)st[0].wire_bytes) <= tail + 16.0 * K);
-  if (getenv("DTRAIN_TEST_VERBOSE"))
-    fprintf(stderr, "overlap W %d bucket %zu rank %d: %d buckets, bitwise %s\n", R->W, R->bucket, rank,
-            s[1] ? dt__overlap_buckets(dt__mwm_of(s[1])->ov) : -1, same ? "yes" : "NO");
-  for (int v = 0; v < 2; v++) {
-    dt_strategy_destroy(s[v]);
-    dt_optim_destroy(opt[v]);
-    dt_params_destroy(m[v].P);
-  }
-}
-
-static void test_overlap(void) {
-  /* every parameter its own bucket (4 bytes), odd sizes (100, 64 with the
-   * numerics scan), one bucket (the default 2 MiB); 2 and 3 workers */
-  size_t buckets[] = {4, 100, 64, 0};
-  for (int W = 2; W <= 3; W++)
-    for (int i = 0; i < 4; i++) {
-      memset(&R, 0, sizeof R);
-      R.W = W;
-      R.N = 1;
-      R.victim = -1;
-      R.overlap = 1;
-      R.bucket = buckets[i];
-      run_world(&R);
-    }
-}
-
 int main(void) {
   th_skip_item("test_mwm_tcp multi-process tests", "networking or threads not compiled in");
   TH_RUN(test_unsupported);
