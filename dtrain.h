@@ -23769,7 +23769,7 @@ DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, dt_graph *g, size_t *ba
 typedef struct dt__mwm {
   float *buf;              /* replica 0's gradient + DT__MWM_TAIL floats: what crosses processes */
   size_t bytes;
-  float *scratch, *side;   /* compress: the ring's messages; the tail and buffers (in floats) */
+  float *scratch, *side;   /* fp16/bf16: the ring's messages; compress or overlap: the tail and buffers */
   dt__ef *ef;              /* compress topk / powersgd: the compressor and its error feedback */
   dt__overlap *ov;         /* desc.overlap: the buckets all-reduced during backward */
   size_t scratch_n, side_n;
@@ -23806,6 +23806,14 @@ static dt_result dt__mwm_check(const dt_strategy_desc *d) {
   return DTRAIN_OK;
 }
 
+/* A helper's failure (its message in dt_last_error) as dt_strategy_create's. */
+static dt_result dt__mwm_create_error(dt_result rc) {
+  if (rc == DTRAIN_OK) return rc;
+  char what[DT__MSG_CAP];
+  snprintf(what, sizeof what, "%.250s", dt_last_error());
+  return dt__error(rc, "dt_strategy_create: multi_worker_mirrored: %s", what);
+}
+
 /* The compressor over the trained parameters, each a matrix of its first
  * dimension's rows (the run of floats in order of the flat buffer). */
 static dt_result dt__mwm_ef_create(dt_strategy *s, dt__mwm *st) {
@@ -23826,12 +23834,7 @@ static dt_result dt__mwm_ef_create(dt_strategy *s, dt__mwm *st) {
   }
   dt_result rc = dt__ef_create(s->desc.compress, s->size, parts, n, dt_comm_world(s->desc.comm), 0, &st->ef);
   dt__free(parts, (size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
-  if (rc != DTRAIN_OK) {
-    char what[DT__MSG_CAP];
-    snprintf(what, sizeof what, "%.250s", dt_last_error());
-    return dt__error(rc, "dt_strategy_create: multi_worker_mirrored: %s", what);
-  }
-  return DTRAIN_OK;
+  return dt__mwm_create_error(rc);
 }
 
 static dt_result dt__mwm_create(dt_strategy *s) {
@@ -23841,25 +23844,24 @@ static dt_result dt__mwm_create(dt_strategy *s) {
   st->bytes = (s->size + DT__MWM_TAIL) * sizeof(float);
   st->buf = (float *)dt__calloc(st->bytes);
   if (!st->buf) return dt__strategy_nomem(s);
-  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE || s->desc.overlap) {
-    st->scratch_n = s->desc.overlap ? 1 : dt__compress_scratch(s->size, dt_comm_world(s->desc.comm));
+  dt_compress_kind ck = s->desc.compress.kind;
+  if (ck != DTRAIN_COMPRESS_NONE || s->desc.overlap) { /* the tail and buffers go on their own */
     st->side_n = DT__MWM_TAIL;
     for (int i = 0; i < s->nbufr; i++) st->side_n += s->bufr[2 * i + 1] - s->bufr[2 * i];
-    st->scratch = (float *)dt__calloc(st->scratch_n * sizeof(float));
     st->side = (float *)dt__calloc(st->side_n * sizeof(float));
-    if (!st->scratch || !st->side) return dt__strategy_nomem(s);
+    if (!st->side) return dt__strategy_nomem(s);
+  }
+  if (ck == DTRAIN_COMPRESS_FP16 || ck == DTRAIN_COMPRESS_BF16) { /* the 16-bit ring's messages */
+    st->scratch_n = dt__compress_scratch(s->size, dt_comm_world(s->desc.comm));
+    st->scratch = (float *)dt__calloc(st->scratch_n * sizeof(float));
+    if (!st->scratch) return dt__strategy_nomem(s);
   }
   if (s->desc.overlap) {
     size_t bb = s->desc.bucket_bytes ? s->desc.bucket_bytes : (size_t)2 << 20;
-    dt_result rc = dt__overlap_create(s, s->desc.comm, st->buf, bb, &st->ov);
-    if (rc != DTRAIN_OK) {
-      char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "%.250s", dt_last_error());
-      return dt__error(rc, "dt_strategy_create: multi_worker_mirrored: %s", what);
-    }
+    dt_result rc = dt__mwm_create_error(dt__overlap_create(s, s->desc.comm, st->buf, bb, &st->ov));
+    if (rc != DTRAIN_OK) return rc;
   }
-  if (s->desc.compress.kind == DTRAIN_COMPRESS_TOPK || s->desc.compress.kind == DTRAIN_COMPRESS_POWERSGD)
-    return dt__mwm_ef_create(s, st);
+  if (ck == DTRAIN_COMPRESS_TOPK || ck == DTRAIN_COMPRESS_POWERSGD) return dt__mwm_ef_create(s, st);
   return DTRAIN_OK;
 }
 
