@@ -228,11 +228,14 @@ bench: $(BUILD)/bench/bench_core $(BUILD)/bench/bench_speed
 # Strategy benchmarks (in-process all-reduce busbw against a minimal reference;
 # MLP samples/s under each strategy), run by `make bench` too.
 bench: bench-strategy bench-net
-# TCP collectives and multi-worker training vs OpenMPI (TCP), iperf3 and PyTorch DDP.
-bench-net: tools/dtrain-bench tools/dtrain-launch $(BUILD)/bench/bench_multiworker
+# TCP collectives and multi-worker training vs OpenMPI (TCP), iperf3 and PyTorch DDP;
+# then every strategy over slow links (tbf-shaped veth and DTRAIN_NETEM), with DDP
+# on the same shaped link (bench/run_slowlinks.sh, about 10 minutes).
+bench-net: tools/dtrain-bench tools/dtrain-launch $(BUILD)/bench/bench_multiworker $(BUILD)/examples/02_fashion_mnist
 	@if command -v mpicc >/dev/null 2>&1; then \
 	  mpicc -std=c11 -O2 -DDTRAIN_USE_MPI -I. tools/dtrain_bench.c -o tools/dtrain-bench-mpi -lm -lpthread; fi
 	BUILD=$(BUILD) sh bench/run_net.sh
+	BUILD=$(BUILD) sh bench/run_slowlinks.sh
 # The MLP and CNN on one GPU against PyTorch on the same GPU (skips without
 # nvcc, a GPU or torch.cuda); not part of `make bench` (no GPU on most machines).
 bench-gpu:

@@ -2,7 +2,13 @@
  * trained by multi_worker_mirrored across W processes over TCP, for the
  * comparison with PyTorch DDP (gloo) in `make bench-net` (bench/run_net.sh).
  *
- *   build/bench/bench_multiworker [workers] [batch_per_rank] [seconds]
+ *   build/bench/bench_multiworker [workers] [batch_per_rank] [seconds] [--compress X]
+ *   build/bench/bench_multiworker W B S --rank R --peers host:port,... [--compress X]
+ *
+ * The first form forks the workers here; the second runs one rank of W
+ * (bench/run_slowlinks.sh puts each in its own network namespace, behind a
+ * tbf-shaped veth link). --compress is multi_worker_mirrored's (none, fp16,
+ * bf16, topk:F, powersgd:R).
  *
  * Forks `workers` processes on 127.0.0.1 (pre-bound ports, one thread each),
  * synthetic data of Fashion-MNIST's shape (4096 samples per rank, cycled), and
@@ -34,6 +40,8 @@ static dt_tensor *mlp_step(dt_graph *g, int replica, const dt_minibatch *b, void
   return dt_cross_entropy(g, dt_nn_linear_forward(g, &m->l3, h), b->y);
 }
 
+static dt_compress compress; /* --compress */
+
 static int run_rank(dt_cluster *cl, int fd, int64_t batch, double seconds, int out_fd) {
   float *X = (float *)malloc(sizeof(float) * NSAMPLES * 784);
   int32_t *Y = (int32_t *)malloc(sizeof(int32_t) * NSAMPLES);
@@ -52,7 +60,7 @@ static int run_rank(dt_cluster *cl, int fd, int64_t batch, double seconds, int o
   od.lr = 1e-3f;
   dt_optim *opt = dt_optim_create(P, &od);
   dt_net_options o = dt_net_defaults();
-  o.listen_fd = fd;
+  o.listen_fd = fd > 0 ? fd : 0; /* 0: bind this rank's own address */
   o.model_hash = dt_params_hash(P);
   dt_comm *c = dt_comm_create_tcp(cl, &o);
   if (!c) {
@@ -60,6 +68,7 @@ static int run_rank(dt_cluster *cl, int fd, int64_t batch, double seconds, int o
     return 1;
   }
   dt_strategy_options sd = dt_strategy_multi_worker_mirrored(c, 1);
+  sd.compress = compress;
   dt_strategy *s = dt_strategy_create(P, opt, mlp_step, &m, &sd);
   if (!s) {
     fprintf(stderr, "bench_multiworker: %s\n", dt_last_error());
@@ -98,7 +107,9 @@ static int run_rank(dt_cluster *cl, int fd, int64_t batch, double seconds, int o
       if (stop > 0) break;
     }
   }
-  if (cl->index == 0 && write(out_fd, &best, sizeof best) != (ssize_t)sizeof best) rc = 1;
+  if (cl->index == 0 && out_fd >= 0 && write(out_fd, &best, sizeof best) != (ssize_t)sizeof best) rc = 1;
+  if (cl->index == 0 && out_fd < 0 && rc == 0)
+    printf("result samples_per_s=%.1f ranks=%d batch_per_rank=%lld\n", best, cl->workers, (long long)batch);
   dt_strategy_destroy(s);
   dt_comm_destroy(c);
   dt_optim_destroy(opt);
@@ -112,13 +123,49 @@ int main(int argc, char **argv) {
   int W = argc > 1 ? atoi(argv[1]) : 2;
   int64_t batch = argc > 2 ? atoll(argv[2]) : 64;
   double seconds = argc > 3 ? atof(argv[3]) : 3.0;
-  if (W < 1 || W > 64 || batch < 1 || batch > NSAMPLES) {
-    fprintf(stderr, "usage: bench_multiworker [workers] [batch_per_rank] [seconds]\n");
+  int rank = -1;
+  const char *peers = NULL;
+  for (int i = 4; i < argc; i++) {
+    if (!strcmp(argv[i], "--compress") && i + 1 < argc) {
+      if (dt_compress_parse(argv[++i], &compress) != DTRAIN_OK) {
+        fprintf(stderr, "bench_multiworker: %s\n", dt_last_error());
+        return 2;
+      }
+    } else if (!strcmp(argv[i], "--rank") && i + 1 < argc) {
+      rank = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--peers") && i + 1 < argc) {
+      peers = argv[++i];
+    } else {
+      W = 0; /* the usage */
+    }
+  }
+  if (W < 1 || W > 64 || batch < 1 || batch > NSAMPLES || (rank >= 0) != (peers != NULL) || rank >= W) {
+    fprintf(stderr, "usage: bench_multiworker [workers] [batch_per_rank] [seconds] [--rank R --peers host:port,...] [--compress X]\n");
     return 2;
   }
   int fds[64], pfd[2];
   char text[64][32];
   char *addr[64];
+  if (peers) { /* one rank of W, each at its address in the list */
+    char list[64 * 64];
+    snprintf(list, sizeof list, "%s", peers);
+    int n = 0;
+    for (char *tok = strtok(list, ","); tok && n < 64; tok = strtok(NULL, ",")) {
+      snprintf(text[n], sizeof text[n], "%s", tok);
+      addr[n] = text[n];
+      n++;
+    }
+    if (n != W) {
+      fprintf(stderr, "bench_multiworker: --peers names %d addresses for %d workers\n", n, W);
+      return 2;
+    }
+    dt_cluster one;
+    memset(&one, 0, sizeof one);
+    one.workers = W;
+    one.worker_addr = addr;
+    one.index = rank;
+    return run_rank(&one, -1, batch, seconds, -1);
+  }
   for (int r = 0; r < W; r++) {
     if (dt__net_listen("127.0.0.1:0", &fds[r]) != DTRAIN_OK) {
       fprintf(stderr, "bench_multiworker: %s\n", dt_last_error());

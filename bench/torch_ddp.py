@@ -1,6 +1,13 @@
 """torch_ddp.py -- PyTorch DistributedDataParallel (gloo) reference for `make bench-net`.
 
     python3 torch_ddp.py [ranks] [batch_per_rank] [seconds]
+    python3 torch_ddp.py W B S --rank R --master host:port [--powersgd R]
+
+The second form runs one rank of W, meeting the others at host:port (rank 0
+listens there): bench/run_slowlinks.sh runs each rank in its own network
+namespace behind a tbf-shaped veth link. --powersgd R registers DDP's own
+PowerSGD communication hook (rank R, error feedback, warm start) instead of
+plain all-reduce.
 
 The Fashion-MNIST MLP (784-256-128-10, ReLU, Adam lr 1e-3 foreach) trained with
 DDP over the gloo backend by `ranks` processes on this machine (127.0.0.1), one
@@ -16,6 +23,18 @@ import socket
 import sys
 import time
 
+def flag(name, default):
+    if name in sys.argv:
+        i = sys.argv.index(name)
+        v = sys.argv[i + 1]
+        del sys.argv[i:i + 2]
+        return v
+    return default
+
+
+one_rank = int(flag("--rank", "-1"))
+master = flag("--master", None)
+powersgd = int(flag("--powersgd", "0"))
 ranks = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 batch = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 3.0
@@ -32,12 +51,17 @@ NSAMPLES = 4096
 WINDOW = 10
 
 
-def worker(rank, port, q):
+def worker(rank, port, q, host="127.0.0.1"):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=ranks)
+    dist.init_process_group("gloo", init_method="tcp://%s:%d" % (host, port), rank=rank, world_size=ranks)
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
     ddp = nn.parallel.DistributedDataParallel(model)
+    if powersgd > 0:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd,
+                                            start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3, foreach=True)
     g = torch.Generator().manual_seed(100 + rank)
     xs = torch.rand(NSAMPLES, 784, generator=g)
@@ -67,8 +91,10 @@ def worker(rank, port, q):
             dist.all_reduce(stop)
             if stop[0] > 0:
                 break
-    if rank == 0:
+    if rank == 0 and q is not None:
         q.put(best)
+    elif rank == 0:
+        print("result samples_per_s=%.1f ranks=%d batch_per_rank=%d" % (best, ranks, batch))
     dist.destroy_process_group()
 
 
@@ -80,7 +106,10 @@ def free_port():
     return p
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and one_rank >= 0:
+    host, port = master.rsplit(":", 1)
+    worker(one_rank, int(port), None, host)
+elif __name__ == "__main__":
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()

@@ -59,6 +59,7 @@ typedef struct options {
   int batch_worker; /* not a flag: --batch over the worker processes, the rows this process loads per step */
   int64_t limit; /* train on the first `limit` samples only (0: all) */
   float lr;
+  float target_accuracy; /* --target-accuracy: 0 off */
   uint64_t seed;
 } options;
 
@@ -124,6 +125,10 @@ typedef struct app {
   dt_dataset *train, *test;
   dt_loader *loader;
   double last_test_acc, last_test_loss, last_train_loss;
+  double train_so_far;                 /* --target-accuracy: training seconds over the epochs so far */
+  double seconds_to_target;            /* the training seconds when the target was first met (-1: not met) */
+  int64_t epochs_to_target;
+  int stop_at_target;                  /* every worker decides alike (not with parameter servers) */
 } app;
 
 /* The step every replica runs on its shard of the batch (concurrently, on
@@ -191,6 +196,20 @@ static dt_result evaluate(dt_fit_eval *e, void *user) {
   e->loss = a->last_test_loss = loss_sum / (double)a->test->n;
   e->accuracy = a->last_test_acc = (double)correct / (double)a->test->n;
   return DTRAIN_OK;
+}
+
+/* --target-accuracy: after each epoch's evaluation, note the first epoch that
+ * met the target and stop there. Synchronous workers hold equal weights, so
+ * each decides alike; parameter-server workers differ (a stopped one would
+ * leave the others short of its pushes), so there the time is noted and
+ * training goes on. */
+static int epoch_end(const dt_fit_epoch *e, void *user) {
+  app *a = (app *)user;
+  a->train_so_far += e->train_seconds;
+  if (a->o.target_accuracy <= 0 || a->seconds_to_target >= 0 || !(e->val_acc >= a->o.target_accuracy)) return 0;
+  a->seconds_to_target = a->train_so_far;
+  a->epochs_to_target = e->epoch;
+  return a->stop_at_target;
 }
 
 /* The --json fields of the async kinds (async, parameter_server): each push's
@@ -283,6 +302,8 @@ static int parse(int argc, char **argv, options *o) {
       {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored: gradients on the wire as none, fp16, bf16, topk:F or powersgd:R"},
       {"overlap", 'b', &o->overlap, 0, 0, "multi_worker_mirrored (1 replica): all-reduce gradient buckets during backward"},
       {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--overlap: KiB of gradient per bucket (0: 2048)"},
+      {"target-accuracy", 'f', &o->target_accuracy, 0, 1,
+       "time-to-accuracy: note the training time when test accuracy first reaches this, then stop (0: off)"},
       {"json", 'b', &o->json, 0, 0, "print one JSON line of results"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
   };
@@ -571,6 +592,9 @@ int main(int argc, char **argv) {
   fd.train_step = train_step;
   fd.evaluate = evaluate;
   fd.user = &a;
+  fd.on_epoch_end = epoch_end;
+  a.seconds_to_target = -1;
+  a.stop_at_target = !ps;
   fd.params = a.P;
   /* A parameter-server worker's optimizer lives on the servers: its local one
    * never steps, so dt_fit counts this worker's steps itself (and shows no lr). */
@@ -610,18 +634,22 @@ int main(int argc, char **argv) {
            (long long)res.last.epoch, res.samples_per_sec);
     if (a.o.svg) printf("chart: %s   metrics: %s\n", a.o.svg, a.o.csv ? a.o.csv : "-");
   }
-  char cspec[48];
+  char cspec[48], target[128] = "";
+  if (a.o.target_accuracy > 0) /* seconds_to_target -1: not met in --epochs */
+    snprintf(target, sizeof target, ",\"target_accuracy\":%.4f,\"seconds_to_target\":%.2f,\"epochs_to_target\":%lld",
+             a.o.target_accuracy, a.seconds_to_target, (long long)(a.seconds_to_target >= 0 ? a.epochs_to_target : -1));
   if (a.o.json)
     printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"epochs\":%lld,\"batch\":%d,\"seed\":%llu,\"train_samples\":%lld,"
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
            "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
            "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d,\"compress\":\"%s\","
-           "\"wire_bytes_per_step\":%.0f,\"overlap\":%d%s}\n",
+           "\"wire_bytes_per_step\":%.0f,\"overlap\":%d%s%s}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
            dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker,
-           dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy), a.o.overlap, staleness_json(a.strategy, a.o.staleness_lr));
+           dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy), a.o.overlap, target,
+           staleness_json(a.strategy, a.o.staleness_lr));
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);

@@ -36,6 +36,12 @@ check "fmnist-async-runs" sh -c "$E $common --epochs 1 --limit 2048 --strategy a
 # async's --json says how stale its pushes were: a histogram whose counts add up to the pushes
 check "fmnist-async-json-staleness" sh -c "$E $common --epochs 1 --limit 2048 --strategy async --replicas 2 --staleness-lr > $T/as2.json && python3 -c \"import json,sys; d=json.load(open('$T/as2.json')); h=d['staleness_hist']; assert d['staleness_lr'] is True and sum(h) > 0 and d['staleness_max'] == len(h) - 1 and d['staleness_mean'] >= 0, d\""
 check "fmnist-sync-json-no-staleness" sh -c "$E $common --epochs 1 --limit 1024 --strategy mirrored --replicas 2 > $T/ms.json && ! grep -q staleness $T/ms.json"
+# --target-accuracy: the first epoch that met it ends training (every
+# multi_worker_mirrored worker decides alike: equal weights, so none is left
+# waiting); an unmet target runs every epoch and says -1.
+check "fmnist-target-accuracy-stops" sh -c "$E $common --epochs 4 --limit 1024 --target-accuracy 0.2 > $T/ta.json && python3 -c \"import json; d=json.load(open('$T/ta.json')); assert d['epochs'] == 1 and d['epochs_to_target'] == 1 and d['test_accuracy'] >= 0.2 and 0 <= d['seconds_to_target'] <= d['train_seconds'] + 0.01 and d['target_accuracy'] == 0.2, d\""
+check "fmnist-target-accuracy-unmet" sh -c "$E $common --epochs 2 --limit 512 --target-accuracy 1 > $T/tb.json && python3 -c \"import json; d=json.load(open('$T/tb.json')); assert d['epochs'] == 2 and d['epochs_to_target'] == -1 and d['seconds_to_target'] == -1, d\" && $E $common --epochs 1 --limit 512 > $T/tc.json && ! grep -q target $T/tc.json"
+check "fmnist-target-accuracy-workers-stop-together" sh -c "timeout 120 tools/dtrain-launch -n 2 -- $E $common --epochs 5 --limit 1024 --strategy multi_worker_mirrored --target-accuracy 0.2 > $T/td.txt 2>&1 && grep '^.worker 0. {' $T/td.txt | sed 's/^.worker 0. //' > $T/td.json && python3 -c \"import json; d=json.load(open('$T/td.json')); assert d['epochs'] == 1 and d['epochs_to_target'] == 1, d\""
 # 04 with backup workers: one more row, whose steps used N-B gradients each (40 steps x 2)
 S4="$BUILD/examples/04_sync_vs_async"
 check "sync-vs-async-backup-row" sh -c "$S4 --replicas 3 --steps 40 --batch 96 --straggler 1:4 --backup-workers 1 > $T/bk.txt && grep -q '^mirrored(3), 1 backup ' $T/bk.txt && grep -m1 'gradients used (dropped)' $T/bk.txt | sed 's/.*replica://; s/([0-9]*)//g' | awk '{ exit !(\$1 + \$2 + \$3 == 80) }'"
