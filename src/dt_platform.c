@@ -12,6 +12,12 @@
 #  include <sched.h>
 #  include <unistd.h>
 #endif
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#  define DT__FP_X86 1
+#  include <xmmintrin.h>
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#  define DT__FP_ARM64 1
+#endif
 
 /* ---- time ------------------------------------------------------------------------ */
 
@@ -289,7 +295,9 @@ static void dt__platform_pool_main(void *arg) {
     dt__event_wait(&p->start, dt__platform_pool_started, &gw, p->spin_s);
     if (DT__ALOAD(&p->stop, DT__MO_ACQUIRE)) return;
     gw.seen = DT__ALOAD(&p->gen, DT__MO_ACQUIRE);
+    unsigned long fp = dt__fp_enter();
     p->fn(p->arg, w->index);
+    dt__fp_leave(fp);
     if (DT__AFETCH_SUB(&p->pending, 1, DT__MO_SEQ_CST) == 1) dt__event_notify(&p->done);
   }
 }
@@ -357,8 +365,10 @@ DTRAIN_PRIVATE void dt__pool_destroy(dt__pool *p) {
 }
 
 DTRAIN_PRIVATE void dt__pool_run(dt__pool *p, dt__pool_fn fn, void *arg) {
+  unsigned long fp = dt__fp_enter();
   if (p->n == 1) {
     fn(arg, 0);
+    dt__fp_leave(fp);
     return;
   }
   p->fn = fn;
@@ -369,6 +379,7 @@ DTRAIN_PRIVATE void dt__pool_run(dt__pool *p, dt__pool_fn fn, void *arg) {
   dt__event_notify(&p->start);
   fn(arg, 0);
   dt__event_wait(&p->done, dt__platform_pool_done, p, p->spin_s);
+  dt__fp_leave(fp);
 }
 
 DTRAIN_PRIVATE int dt__pool_size(const dt__pool *p) { return p ? p->n : 0; }
@@ -520,3 +531,58 @@ DTRAIN_API dt_result dt_set_threads(int n) {
 
 DTRAIN_API int dt_get_threads(void) { return dt__platform_par_want_get(); }
 #undef DT__PAR_MAX
+
+/* ---- subnormal floats (see dt_internal.h) ---------------------------------------------- */
+static DT__ATOMIC(int) dt__platform_ftz = -1; /* -1: DTRAIN_FLUSH_DENORMALS not read yet */
+
+DTRAIN_API int dt_get_flush_denormals(void) {
+  int v = DT__ALOAD(&dt__platform_ftz, DT__MO_RELAXED);
+  if (v >= 0) return v;
+  const char *e = getenv("DTRAIN_FLUSH_DENORMALS");
+  v = 1;
+  if (e && *e) {
+    if (!strcmp(e, "0")) v = 0;
+    else if (strcmp(e, "1"))
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_INVALID_ARG, "DTRAIN_FLUSH_DENORMALS=\"%.40s\" is not 0 or 1: using 1", e);
+  }
+  int expect = -1; /* a concurrent dt_set_flush_denormals wins */
+  if (!DT__ACAS(&dt__platform_ftz, &expect, v, DT__MO_RELAXED)) return expect;
+  return v;
+}
+
+DTRAIN_API int dt_set_flush_denormals(int on) {
+  int was = dt_get_flush_denormals();
+  DT__ASTORE(&dt__platform_ftz, on ? 1 : 0, DT__MO_RELAXED);
+  return was;
+}
+
+/* FTZ (bit 15: results) and DAZ (bit 6: operands) on x86; FZ (bit 24) on AArch64. */
+DTRAIN_PRIVATE unsigned long dt__fp_enter(void) {
+#if defined(DT__FP_X86)
+  unsigned int old = _mm_getcsr();
+  if (dt_get_flush_denormals() && (old & 0x8040u) != 0x8040u) _mm_setcsr(old | 0x8040u);
+  return old;
+#elif defined(DT__FP_ARM64)
+  unsigned long old;
+  __asm__ __volatile__("mrs %0, fpcr" : "=r"(old));
+  if (dt_get_flush_denormals() && !(old & (1ul << 24))) {
+    unsigned long want = old | (1ul << 24);
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(want));
+  }
+  return old;
+#else
+  return 0;
+#endif
+}
+
+DTRAIN_PRIVATE void dt__fp_leave(unsigned long saved) {
+#if defined(DT__FP_X86)
+  if (_mm_getcsr() != (unsigned int)saved) _mm_setcsr((unsigned int)saved);
+#elif defined(DT__FP_ARM64)
+  unsigned long now;
+  __asm__ __volatile__("mrs %0, fpcr" : "=r"(now));
+  if (now != saved) __asm__ __volatile__("msr fpcr, %0" : : "r"(saved));
+#else
+  (void)saved;
+#endif
+}

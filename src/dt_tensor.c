@@ -527,7 +527,17 @@ static int dt__ready_schedule(dt_graph *g, int32_t **head_out, int32_t **chain_o
   return 1;
 }
 
+static dt_result dt__tensor_backward_run(dt_graph *g, dt_tensor *out, const float *seed, const char *fn);
+
+/* Backward runs with subnormals flushed (dt_set_flush_denormals). */
 static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *seed, const char *fn) {
+  unsigned long fp = dt__fp_enter();
+  dt_result r = dt__tensor_backward_run(g, out, seed, fn);
+  dt__fp_leave(fp);
+  return r;
+}
+
+static dt_result dt__tensor_backward_run(dt_graph *g, dt_tensor *out, const float *seed, const char *fn) {
   if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: graph is NULL", fn);
   if (g->err != DTRAIN_OK) return g->err;
   if (!dt__begin(g, fn, 1, out)) return g->err;
