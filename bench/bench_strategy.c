@@ -55,18 +55,25 @@ static dt_result feed_next(void *user, int replica, int64_t step, dt_minibatch *
   return DTRAIN_OK;
 }
 
-/* The mean ms per step of `steps` steps from fresh weights (one_device). */
-static double long_run_ms(int flush, int64_t steps) {
-  int was = dt_set_flush_denormals(flush);
+/* Fresh weights (seed 1) and their Adam. */
+static dt_params *model_create(mlp *m, dt_optim **opt) {
   dt_params *P = dt_params_create(1);
-  mlp m;
-  dt_nn_linear_init(&m.l1, P, "fc1", 784, 256, 1);
-  dt_nn_linear_init(&m.l2, P, "fc2", 256, 128, 1);
-  dt_nn_linear_init(&m.l3, P, "fc3", 128, 10, 1);
+  dt_nn_linear_init(&m->l1, P, "fc1", 784, 256, 1);
+  dt_nn_linear_init(&m->l2, P, "fc2", 256, 128, 1);
+  dt_nn_linear_init(&m->l3, P, "fc3", 128, 10, 1);
   dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
-  dt_optim *opt = dt_optim_create(P, &od);
+  *opt = dt_optim_create(P, &od);
+  return P;
+}
+
+/* The mean ms per step of `steps` steps from fresh weights (one_device). */
+static double long_run_ms(int flush, int64_t steps) {
+  int was = dt_set_flush_denormals(flush);
+  mlp m;
+  dt_optim *opt;
+  dt_params *P = model_create(&m, &opt);
   dt_strategy_options sd = dt_strategy_one_device();
   dt_strategy *s = dt_strategy_create(P, opt, mlp_step, &m, &sd);
   double ms = 0.0;
@@ -84,15 +91,9 @@ static double long_run_ms(int flush, int64_t steps) {
 
 /* samples/s of one timed round (after `warm` untimed steps). */
 static double measure(const dt_strategy_options *sd, int64_t batch, double seconds, double *wait_frac) {
-  dt_params *P = dt_params_create(1);
   mlp m;
-  dt_nn_linear_init(&m.l1, P, "fc1", 784, 256, 1);
-  dt_nn_linear_init(&m.l2, P, "fc2", 256, 128, 1);
-  dt_nn_linear_init(&m.l3, P, "fc3", 128, 10, 1);
-  dt_optim_options od;
-  memset(&od, 0, sizeof od);
-  od.kind = DTRAIN_OPTIM_ADAM;
-  dt_optim *opt = dt_optim_create(P, &od);
+  dt_optim *opt;
+  dt_params *P = model_create(&m, &opt);
   dt_strategy *s = dt_strategy_create(P, opt, mlp_step, &m, sd);
   double rate = 0.0;
   if (!s) {

@@ -22,15 +22,11 @@ if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1 || ! command -v tc >/d
   echo "== DTRAIN_NETEM against tbf: skipped (needs root, ip and tc for network namespaces)"
   exit 0
 fi
+. "$(dirname "$0")/netns_pair.sh"
 A=dtne$$a; B=dtne$$b
 cleanup() { ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null; }
 trap cleanup EXIT INT TERM
-ip netns add $A && ip netns add $B &&
-  ip link add ${A}v type veth peer name ${B}v &&
-  ip link set ${A}v netns $A && ip link set ${B}v netns $B &&
-  ip -n $A addr add 10.213.0.1/24 dev ${A}v && ip -n $B addr add 10.213.0.2/24 dev ${B}v &&
-  ip -n $A link set ${A}v up && ip -n $B link set ${B}v up &&
-  ip -n $A link set lo up && ip -n $B link set lo up ||
+netns_pair $A $B 10.213.0 ||
   { echo "== DTRAIN_NETEM against tbf: skipped (could not make the namespaces)"; exit 0; }
 PEERS=10.213.0.1:7311,10.213.0.2:7311
 export DTRAIN_TOKEN=netem-bench-$$ # not a loopback address: peers prove the token
@@ -42,12 +38,7 @@ best() { sort -n | head -1; }
 for spec in "10mbit 1M" "100mbit 4M" "1gbit 32M"; do
   set -- $spec
   rate=$1; size=$2
-  for d in $A:${A}v $B:${B}v; do
-    ns=${d%%:*}; dev=${d#*:}
-    tc -n $ns qdisc del dev $dev root 2>/dev/null
-    # burst: at least a 64 KiB GSO packet (a smaller bucket drops it)
-    tc -n $ns qdisc add dev $dev root tbf rate $rate burst 256kb latency 200ms
-  done
+  netns_tbf $A $B $rate
   : > /tmp/dtne$$.tbf; : > /tmp/dtne$$.ne
   r=0
   while [ $r -lt "$ROUNDS" ]; do

@@ -44,27 +44,18 @@ part1() {
     echo "== 1. tbf link: skipped (needs root, ip and tc for network namespaces)"; return
   fi
   [ -x $MW ] || { echo "== 1. tbf link: skipped (no $MW)"; return; }
+  . "$DIR/netns_pair.sh"
   A=dtsl$$a; Bn=dtsl$$b
   cleanup() { ip netns del $A 2>/dev/null; ip netns del $Bn 2>/dev/null; }
   trap cleanup EXIT INT TERM
-  ip netns add $A && ip netns add $Bn &&
-    ip link add ${A}v type veth peer name ${Bn}v &&
-    ip link set ${A}v netns $A && ip link set ${Bn}v netns $Bn &&
-    ip -n $A addr add 10.214.0.1/24 dev ${A}v && ip -n $Bn addr add 10.214.0.2/24 dev ${Bn}v &&
-    ip -n $A link set ${A}v up && ip -n $Bn link set ${Bn}v up &&
-    ip -n $A link set lo up && ip -n $Bn link set lo up ||
-    { echo "== 1. tbf link: skipped (could not make the namespaces)"; return; }
+  netns_pair $A $Bn 10.214.0 || { echo "== 1. tbf link: skipped (could not make the namespaces)"; return; }
   export DTRAIN_TOKEN=slowlinks-$$ # not loopback: peers prove the token
   echo "== 1. MLP, 2 ranks x batch 64 across one tbf-shaped veth link: samples/s (both ranks)"
   [ $have_torch = 1 ] || echo "(PyTorch side skipped: no torch in $PY)"
   printf '%-8s %12s %12s %12s %12s %16s %16s\n' link dtrain dtrain_psgd4 DDP DDP_psgd4 "dtrain/DDP" "best/DDP"
   port=7400
   for rate in 1gbit 100mbit 10mbit; do
-    for d in $A:${A}v $Bn:${Bn}v; do
-      ns=${d%%:*}; dev=${d#*:}
-      tc -n $ns qdisc del dev $dev root 2>/dev/null
-      tc -n $ns qdisc add dev $dev root tbf rate $rate burst 256kb latency 200ms
-    done
+    netns_tbf $A $Bn $rate
     secs=2; [ $rate = 10mbit ] && secs=1
     res=""
     for c in none powersgd:4; do
