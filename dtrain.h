@@ -6030,33 +6030,34 @@ DTRAIN_API float dt_item(const dt_tensor *t) {
 /* The parameters that take a gradient, by the tape node after whose backward
  * theirs is final (the first node, in forward order, with the parameter
  * among its inputs): head[i] starts node i's list, chain[p] goes on. */
-static int dt__ready_input(const dt_tensor *x, int32_t np) {
+static int dt__ready_ninputs(const dt_tensor *t) {
+  return (t->flags & DT__TENSOR_AUX_INPUTS) ? (int)t->iaux[0] : 4;
+}
+
+/* Node t's input j as a parameter index (-1: not a parameter that takes a
+ * gradient). Concat keeps its inputs in aux (DT__TENSOR_AUX_INPUTS). */
+static int dt__ready_param(const dt_tensor *t, int j) {
+  const dt_tensor *x = (t->flags & DT__TENSOR_AUX_INPUTS) ? ((dt_tensor *const *)t->aux)[j] : t->src[j];
   if (!x || !(x->flags & DTRAIN_TENSOR_PARAM) || !x->grad || x->param_index < 0) return -1;
-  return x->param_index < np ? x->param_index : -2;
+  return x->param_index;
 }
 
 static int dt__ready_schedule(dt_graph *g, int32_t **head_out, int32_t **chain_out) {
   int32_t np = 0;
-  for (int64_t i = 0; i < g->ntape; i++) { /* the highest parameter index in use */
-    const dt_tensor *t = g->tape[i];
-    int n = (t->flags & DT__TENSOR_AUX_INPUTS) ? (int)t->iaux[0] : 4;
-    for (int j = 0; j < n; j++) {
-      const dt_tensor *x = (t->flags & DT__TENSOR_AUX_INPUTS) ? ((dt_tensor *const *)t->aux)[j] : t->src[j];
-      if (x && (x->flags & DTRAIN_TENSOR_PARAM) && x->param_index >= np) np = x->param_index + 1;
+  for (int64_t i = 0; i < g->ntape; i++) /* the highest parameter index in use */
+    for (int j = 0, n = dt__ready_ninputs(g->tape[i]); j < n; j++) {
+      int p = dt__ready_param(g->tape[i], j);
+      if (p >= np) np = p + 1;
     }
-  }
   int32_t *head = (int32_t *)dt__arena_alloc(g, (size_t)(g->ntape + 1) * sizeof(int32_t));
   int32_t *chain = (int32_t *)dt__arena_alloc(g, (size_t)(np + 1) * sizeof(int32_t));
   int8_t *seen = (int8_t *)dt__arena_alloc(g, (size_t)np + 1);
   if (!head || !chain || !seen) return 0; /* the arena failed the graph */
   memset(seen, 0, (size_t)np + 1);
   for (int64_t i = 0; i < g->ntape; i++) {
-    const dt_tensor *t = g->tape[i];
     head[i] = -1;
-    int n = (t->flags & DT__TENSOR_AUX_INPUTS) ? (int)t->iaux[0] : 4;
-    for (int j = 0; j < n; j++) {
-      const dt_tensor *x = (t->flags & DT__TENSOR_AUX_INPUTS) ? ((dt_tensor *const *)t->aux)[j] : t->src[j];
-      int p = dt__ready_input(x, np);
+    for (int j = 0, n = dt__ready_ninputs(g->tape[i]); j < n; j++) {
+      int p = dt__ready_param(g->tape[i], j);
       if (p < 0 || seen[p]) continue;
       seen[p] = 1;
       chain[p] = head[i];
@@ -12179,6 +12180,7 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
   const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
   size_t b, e;
   int trainable, decay;
+  unsigned long fp = dt__fp_enter(); /* subnormal moments: dt_set_flush_denormals */
   for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
     if (!trainable) continue;
     size_t lo = DT__MAX(b, begin), hi = DT__MIN(e, end);
@@ -12187,10 +12189,9 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
     float wd = decay ? o->desc.weight_decay : 0.0f;
     float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
     float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
-    unsigned long fp = dt__fp_enter(); /* subnormal moments: dt_set_flush_denormals */
     rule->update(o, lr, wd, data + lo, grad + lo, s0, s1, n);
-    dt__fp_leave(fp);
   }
+  dt__fp_leave(fp);
   return DTRAIN_OK;
 }
 
@@ -23682,7 +23683,11 @@ static void dt__ov_thread(void *arg) {
           size_t bad = dt__strategy_nonfinite(p, 0, n);
           if (bad < n && o->lo[b] + bad < o->bad) o->bad = o->lo[b] + bad, o->bad_nan = isnan(p[bad]) != 0;
         }
+        /* summed in the floating-point mode of the plain path (a replica's
+         * job: dt_set_flush_denormals), so the bits agree */
+        unsigned long fp = dt__fp_enter();
         dt_result rc = dt_comm_allreduce(o->x, rank, p, n);
+        dt__fp_leave(fp);
         o->sent += dt__ring_bytes(n, dt_comm_world(o->x));
         if (rc != DTRAIN_OK) {
           dt__mutex_lock(&o->mu);
@@ -24000,11 +24005,12 @@ static void dt__mwm_side(dt_strategy *s, float *buf, float *side, int out) {
   }
 }
 
-/* compress: the gradient [0, size) in 16-bit values, or top-k / PowerSGD
- * over the trained parameters (buffers zeroed there), then the tail and the
- * buffers' values exactly, in one small float all-reduce. overlap: only the
- * small all-reduce (the buckets were summed during backward). */
-static dt_result dt__mwm_allreduce_compressed(dt_strategy *s, dt_comm *x, int rank, float *buf) {
+/* The gradient and the rest apart. compress: the gradient [0, size) in
+ * 16-bit values, or top-k / PowerSGD over the trained parameters (buffers
+ * zeroed there); overlap: nothing more (the buckets were summed during
+ * backward). Then the tail and the buffers' values exactly, in one small
+ * float all-reduce. */
+static dt_result dt__mwm_allreduce_split(dt_strategy *s, dt_comm *x, int rank, float *buf) {
   dt__mwm *st = dt__mwm_of(s);
   dt__mwm_side(s, buf, st->side, 1);
   dt_result rc = st->ov   ? DTRAIN_OK /* summed during backward */
@@ -24102,7 +24108,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
   double t0 = dt__now();
   dt_result rc;
   if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE || st->ov) {
-    rc = dt__mwm_allreduce_compressed(s, x, rank, buf);
+    rc = dt__mwm_allreduce_split(s, x, rank, buf);
   } else {
     rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
     s->wire_bytes += dt__ring_bytes(s->size + DT__MWM_TAIL, x->world);

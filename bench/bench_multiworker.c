@@ -144,13 +144,18 @@ int main(int argc, char **argv) {
     return 2;
   }
   int fds[64], pfd[2];
-  char text[64][32];
+  char text[64][64];
   char *addr[64];
   if (peers) { /* one rank of W, each at its address in the list */
     char list[64 * 64];
     snprintf(list, sizeof list, "%s", peers);
     int n = 0;
     for (char *tok = strtok(list, ","); tok && n < 64; tok = strtok(NULL, ",")) {
+      if (strlen(tok) >= sizeof text[n]) {
+        fprintf(stderr, "bench_multiworker: --peers: address '%.60s' is longer than %d characters\n", tok,
+                (int)sizeof text[n] - 1);
+        return 2;
+      }
       snprintf(text[n], sizeof text[n], "%s", tok);
       addr[n] = text[n];
       n++;

@@ -498,6 +498,7 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
   const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
   size_t b, e;
   int trainable, decay;
+  unsigned long fp = dt__fp_enter(); /* subnormal moments: dt_set_flush_denormals */
   for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
     if (!trainable) continue;
     size_t lo = DT__MAX(b, begin), hi = DT__MIN(e, end);
@@ -506,10 +507,9 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
     float wd = decay ? o->desc.weight_decay : 0.0f;
     float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
     float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
-    unsigned long fp = dt__fp_enter(); /* subnormal moments: dt_set_flush_denormals */
     rule->update(o, lr, wd, data + lo, grad + lo, s0, s1, n);
-    dt__fp_leave(fp);
   }
+  dt__fp_leave(fp);
   return DTRAIN_OK;
 }
 

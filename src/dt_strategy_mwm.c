@@ -165,11 +165,12 @@ static void dt__mwm_side(dt_strategy *s, float *buf, float *side, int out) {
   }
 }
 
-/* compress: the gradient [0, size) in 16-bit values, or top-k / PowerSGD
- * over the trained parameters (buffers zeroed there), then the tail and the
- * buffers' values exactly, in one small float all-reduce. overlap: only the
- * small all-reduce (the buckets were summed during backward). */
-static dt_result dt__mwm_allreduce_compressed(dt_strategy *s, dt_comm *x, int rank, float *buf) {
+/* The gradient and the rest apart. compress: the gradient [0, size) in
+ * 16-bit values, or top-k / PowerSGD over the trained parameters (buffers
+ * zeroed there); overlap: nothing more (the buckets were summed during
+ * backward). Then the tail and the buffers' values exactly, in one small
+ * float all-reduce. */
+static dt_result dt__mwm_allreduce_split(dt_strategy *s, dt_comm *x, int rank, float *buf) {
   dt__mwm *st = dt__mwm_of(s);
   dt__mwm_side(s, buf, st->side, 1);
   dt_result rc = st->ov   ? DTRAIN_OK /* summed during backward */
@@ -267,7 +268,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
   double t0 = dt__now();
   dt_result rc;
   if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE || st->ov) {
-    rc = dt__mwm_allreduce_compressed(s, x, rank, buf);
+    rc = dt__mwm_allreduce_split(s, x, rank, buf);
   } else {
     rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
     s->wire_bytes += dt__ring_bytes(s->size + DT__MWM_TAIL, x->world);

@@ -68,7 +68,11 @@ static void dt__ov_thread(void *arg) {
           size_t bad = dt__strategy_nonfinite(p, 0, n);
           if (bad < n && o->lo[b] + bad < o->bad) o->bad = o->lo[b] + bad, o->bad_nan = isnan(p[bad]) != 0;
         }
+        /* summed in the floating-point mode of the plain path (a replica's
+         * job: dt_set_flush_denormals), so the bits agree */
+        unsigned long fp = dt__fp_enter();
         dt_result rc = dt_comm_allreduce(o->x, rank, p, n);
+        dt__fp_leave(fp);
         o->sent += dt__ring_bytes(n, dt_comm_world(o->x));
         if (rc != DTRAIN_OK) {
           dt__mutex_lock(&o->mu);

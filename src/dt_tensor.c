@@ -489,33 +489,34 @@ DTRAIN_API float dt_item(const dt_tensor *t) {
 /* The parameters that take a gradient, by the tape node after whose backward
  * theirs is final (the first node, in forward order, with the parameter
  * among its inputs): head[i] starts node i's list, chain[p] goes on. */
-static int dt__ready_input(const dt_tensor *x, int32_t np) {
+static int dt__ready_ninputs(const dt_tensor *t) {
+  return (t->flags & DT__TENSOR_AUX_INPUTS) ? (int)t->iaux[0] : 4;
+}
+
+/* Node t's input j as a parameter index (-1: not a parameter that takes a
+ * gradient). Concat keeps its inputs in aux (DT__TENSOR_AUX_INPUTS). */
+static int dt__ready_param(const dt_tensor *t, int j) {
+  const dt_tensor *x = (t->flags & DT__TENSOR_AUX_INPUTS) ? ((dt_tensor *const *)t->aux)[j] : t->src[j];
   if (!x || !(x->flags & DTRAIN_TENSOR_PARAM) || !x->grad || x->param_index < 0) return -1;
-  return x->param_index < np ? x->param_index : -2;
+  return x->param_index;
 }
 
 static int dt__ready_schedule(dt_graph *g, int32_t **head_out, int32_t **chain_out) {
   int32_t np = 0;
-  for (int64_t i = 0; i < g->ntape; i++) { /* the highest parameter index in use */
-    const dt_tensor *t = g->tape[i];
-    int n = (t->flags & DT__TENSOR_AUX_INPUTS) ? (int)t->iaux[0] : 4;
-    for (int j = 0; j < n; j++) {
-      const dt_tensor *x = (t->flags & DT__TENSOR_AUX_INPUTS) ? ((dt_tensor *const *)t->aux)[j] : t->src[j];
-      if (x && (x->flags & DTRAIN_TENSOR_PARAM) && x->param_index >= np) np = x->param_index + 1;
+  for (int64_t i = 0; i < g->ntape; i++) /* the highest parameter index in use */
+    for (int j = 0, n = dt__ready_ninputs(g->tape[i]); j < n; j++) {
+      int p = dt__ready_param(g->tape[i], j);
+      if (p >= np) np = p + 1;
     }
-  }
   int32_t *head = (int32_t *)dt__arena_alloc(g, (size_t)(g->ntape + 1) * sizeof(int32_t));
   int32_t *chain = (int32_t *)dt__arena_alloc(g, (size_t)(np + 1) * sizeof(int32_t));
   int8_t *seen = (int8_t *)dt__arena_alloc(g, (size_t)np + 1);
   if (!head || !chain || !seen) return 0; /* the arena failed the graph */
   memset(seen, 0, (size_t)np + 1);
   for (int64_t i = 0; i < g->ntape; i++) {
-    const dt_tensor *t = g->tape[i];
     head[i] = -1;
-    int n = (t->flags & DT__TENSOR_AUX_INPUTS) ? (int)t->iaux[0] : 4;
-    for (int j = 0; j < n; j++) {
-      const dt_tensor *x = (t->flags & DT__TENSOR_AUX_INPUTS) ? ((dt_tensor *const *)t->aux)[j] : t->src[j];
-      int p = dt__ready_input(x, np);
+    for (int j = 0, n = dt__ready_ninputs(g->tape[i]); j < n; j++) {
+      int p = dt__ready_param(g->tape[i], j);
       if (p < 0 || seen[p]) continue;
       seen[p] = 1;
       chain[p] = head[i];
