@@ -2534,10 +2534,13 @@ typedef struct dt_strategy_options {
                                     updates with the first N-B replica gradients to arrive, averaged
                                     over their rows, and drops the later ones (Chen et al., 2016;
                                     see "Backup workers") [0] */
-  int overlap;                   /* multi_worker_mirrored with one replica per process and compress
-                                    none: nonzero all-reduces the gradient in buckets as backward
-                                    makes them, while it computes the earlier layers (bitwise the
-                                    same result; see "Overlapping communication") [0] */
+  int overlap;                   /* mirrored and multi_worker_mirrored (any replicas, compress none,
+                                    not on devices, no backup workers): nonzero sums the gradient in
+                                    buckets as backward makes them, while it computes the earlier
+                                    layers: across processes a thread all-reduces each bucket; in
+                                    one process a replica that finished its backward sums the
+                                    buckets the others completed (bitwise the same result; see
+                                    "Overlapping communication") [0] */
   size_t bucket_bytes;           /* overlap: bytes of gradient per bucket, cut at parameter
                                     boundaries from the last layer down [0: 2 MiB] */
 } dt_strategy_options;
@@ -2666,7 +2669,12 @@ typedef struct dt_strategy_stats {
   int64_t dropped_grads;  /* backup workers: replica gradients dropped as late, in all */
   uint64_t wire_bytes;    /* multi_worker_mirrored: bytes this process sent to the others for the
                              steps (gradients and their bookkeeping, as handed to the
-                             communicator; frame headers not counted); 0 in one process */
+                             communicator; frame headers not counted); parameter_server: the
+                             bytes of this worker's pushes and pull requests (the store's
+                             wire_sent); 0 in one process */
+  uint64_t wire_bytes_received; /* the bytes received for the steps: multi_worker_mirrored's
+                             collectives are symmetric (= wire_bytes); parameter_server: the
+                             pulled parameters and the servers' answers */
 } dt_strategy_stats;
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);
@@ -2725,6 +2733,9 @@ struct dt_pstore {
                           join, the slowest live worker's (or its own) when it rejoined [local: 0] */
   int64_t steps_done;  /* tcp: pushes this worker's rank made before it rejoined, as the servers
                           remember them (resume the schedule there) [first join, local: 0] */
+  uint64_t wire_sent, wire_received; /* tcp: payload bytes of this worker's pulls and pushes sent
+                          to / received from the servers, frame headers not counted (stats;
+                          dt_strategy_stats reads them) [local: 0] */
   void *impl;
 };
 
@@ -21026,6 +21037,7 @@ typedef struct dt__strategy_replica {
 
 typedef struct dt__strategy_module dt__strategy_module;
 typedef struct dt__backup dt__backup; /* dt_strategy_backup.c */
+typedef struct dt__overlap dt__overlap; /* dt_strategy_overlap.c */
 
 struct dt_strategy {
   dt_strategy_desc desc;
@@ -21064,8 +21076,9 @@ struct dt_strategy {
   int64_t steps, samples, tickets;
   int64_t skipped;         /* sync steps skipped for a non-finite loss or gradient */
   uint64_t wire_bytes;     /* multi_worker_mirrored: bytes sent to the other processes (stats) */
-  int overlap_now;         /* replica 0's gradient is being all-reduced during its backward: the
-                              numerics scan is the overlap thread's (dt_strategy_overlap.c) */
+  uint64_t wire_base[2];   /* the store's wire_sent / wire_received when the stats were reset */
+  dt__overlap *ov;         /* desc.overlap: gradients summed in buckets during backward; replica
+                              0's numerics scan is the overlap thread's (dt_strategy_overlap.c) */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;
@@ -21323,21 +21336,25 @@ DTRAIN_PRIVATE void dt__ef_destroy(dt__ef *e);
  * dt__ef_commit keeps it (the step went on), otherwise the last one stays. */
 DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent);
 DTRAIN_PRIVATE void dt__ef_commit(dt__ef *e);
-/* ---- all-reduce during backward (dt_strategy_overlap.c) ---- */
-typedef struct dt__overlap dt__overlap;
-/* Buckets of about bucket_bytes over buf's [0, s->size) and the thread that
- * all-reduces them on x. */
-DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *buf, size_t bucket_bytes,
-                                            dt__overlap **out);
+/* ---- gradients summed during backward (dt_strategy_overlap.c) ---- */
+/* Buckets of about bucket_bytes over the flat gradient and the thread that
+ * sums them over s's replicas into replica 0's and all-reduces them on x
+ * (NULL: in-process only). After the replicas are bound. */
+DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, size_t bucket_bytes, dt__overlap **out);
 DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o);
 DTRAIN_PRIVATE int dt__overlap_buckets(const dt__overlap *o);
-/* A step begins: g's backward now starts the buckets as they become final. */
+/* The driver, before a step's jobs (no replica runs): the step begins. */
+DTRAIN_PRIVATE void dt__overlap_arm(dt__overlap *o);
+/* Every replica, before its compute: g's backward starts the buckets. */
 DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g);
-/* Backward is over (or failed): the rest goes; returns when every bucket is
- * summed, with the first failure. *bad: the first non-finite local value's
- * index (check_numerics; SIZE_MAX: none), *bad_nan whether it was a NaN;
- * *sent += the bytes sent. */
-DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, dt_graph *g, size_t *bad, int *bad_nan, uint64_t *sent);
+/* Every replica r, after its compute (or its failure): once all have come
+ * the rest goes; returns when every bucket is summed (across processes) or
+ * when the part in r's update slice is (dt_comm_slice over the replicas; in
+ * one process), with the first failure. *bad: the first non-finite local
+ * value's index in replica 0's gradient (check_numerics; SIZE_MAX: none),
+ * *bad_nan whether it was a NaN; *sent += the bytes sent (NULL: not wanted). */
+DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, size_t *bad, int *bad_nan,
+                                         uint64_t *sent);
 /* The message of dt__overlap_end's failure (set in the overlap thread). */
 DTRAIN_PRIVATE const char *dt__overlap_error(const dt__overlap *o);
 /* Forget the error (dt_strategy_sync: new parameters). */
@@ -21534,7 +21551,7 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
     return 0;
   }
   R->loss = lv;
-  if (s->desc.check_numerics && !(r == 0 && s->overlap_now)) {
+  if (s->desc.check_numerics && !(r == 0 && s->ov)) {
     /* Before any reduction or optimizer state sees it, and where the
      * culprit is still known. On a device: a host copy is scanned. (With
      * overlap, buckets are summed while backward runs: the overlap thread
@@ -21866,6 +21883,9 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   int64_t before = 0;
   for (int r = 0; r < s->n; r++) before += s->rep[r].steps;
   if (s->dev) s->dev_opt_steps = dt_optim_steps(s->opt);
+#if !defined(DTRAIN_NO_DIST)
+  if (s->ov) dt__overlap_arm(s->ov);
+#endif
   rc = dt__strategy_launch(s, fn);
   s->batch = NULL;
   if (rc == DTRAIN_OK && s->dev) {
@@ -22026,16 +22046,17 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
                        "gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);
   }
   if (d->overlap) {
-    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
-      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for multi_worker_mirrored, not %s", fn, name);
+    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && d->kind != DTRAIN_STRATEGY_MIRRORED)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for mirrored and multi_worker_mirrored, not %s", fn,
+                       name);
     if (d->compress.kind != DTRAIN_COMPRESS_NONE)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with compress %s (overlap sends float buckets; "
                        "use one or the other)", fn, dt_compress_name(d->compress));
-    if (d->replicas > 1)
-      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap needs one replica per process (replicas %d): the local "
-                       "replicas' gradients are reduced only after all their backward passes", fn, d->replicas);
     if (d->devices || d->ndevices)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with replicas on devices", fn);
+    if (d->backup_workers > 0)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with backup workers (a step sums the first replicas "
+                       "to finish, which it knows only after their backward passes)", fn);
   }
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
@@ -22172,12 +22193,25 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     R->result = DTRAIN_OK;
     if ((s->dev ? dt__strategy_dev_bind(s, r) : m->replica(s, r)) != DTRAIN_OK) goto fail;
   }
+#if !defined(DTRAIN_NO_DIST)
+  /* Overlap: with something to sum (replicas here, or processes). */
+  if (d.overlap && (s->n > 1 || d.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)) {
+    dt_comm *x = d.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED ? d.comm : NULL;
+    if (dt__overlap_create(s, x, d.bucket_bytes ? d.bucket_bytes : (size_t)2 << 20, &s->ov) != DTRAIN_OK) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "%.300s", dt_last_error());
+      dt__error(dt_last_result(), "%s: %s: %s", fn, m->name, what);
+      goto fail;
+    }
+  }
+#endif
   /* The lock-step kinds meet their replicas on an in-process communicator. */
   if ((m->flags & DT__STRATEGY_SYNC) && !(s->comm = dt_comm_create_threads(s->n, d.spin_us))) goto fail;
   if (s->dev && dt__strategy_dev_start(s) != DTRAIN_OK) goto fail;
   s->pool = dt__pool_create(s->n, dt__spin_seconds(d.spin_us, s->n));
   if (!s->pool) goto fail;
   if (m->start && m->start(s, fn) != DTRAIN_OK) goto fail;
+  if (s->pstore) s->wire_base[0] = s->pstore->wire_sent, s->wire_base[1] = s->pstore->wire_received;
   return s;
 fail:
   dt_strategy_destroy(s);
@@ -22186,6 +22220,9 @@ fail:
 
 DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
   if (!s) return;
+#if !defined(DTRAIN_NO_DIST)
+  dt__overlap_destroy(s->ov); /* its thread reads the replicas' gradients */
+#endif
   dt__pool_destroy(s->pool);
   dt_comm_destroy(s->comm);
   dt__strategy_dev_destroy(s);
@@ -22286,6 +22323,11 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   out->failed_replica = s->last_failed;
   out->skipped_steps = s->skipped;
   out->wire_bytes = s->wire_bytes;
+  out->wire_bytes_received = s->wire_bytes; /* (symmetric collectives) */
+  if (s->pstore) {
+    out->wire_bytes += s->pstore->wire_sent - s->wire_base[0];
+    out->wire_bytes_received += s->pstore->wire_received - s->wire_base[1];
+  }
   for (int r = 0; r < s->n; r++) {
     out->skipped_steps += s->rep[r].skips;
     out->dropped_grads += s->rep[r].dropped;
@@ -22304,6 +22346,7 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
   }
   s->steps = s->samples = s->loss_count = s->skipped = 0;
   s->wire_bytes = 0;
+  if (s->pstore) s->wire_base[0] = s->pstore->wire_sent, s->wire_base[1] = s->pstore->wire_received;
   s->seconds = s->loss_sum = 0.0;
   if (s->comm) dt_comm_reset_stats(s->comm);
 }
@@ -22366,6 +22409,10 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_one_device_module(void) {
  * own copy -> replica 0's buffers (batch-norm statistics) into slice r ->
  * all-gather of the parameters. Buffers follow replica 0, like PyTorch
  * DDP's broadcast_buffers. On devices see dt_strategy_device.c.
+ * desc.overlap: instead of the reduce-scatter, the replicas sum the
+ * gradients into replica 0's in buckets while backward goes on
+ * (dt_strategy_overlap.c); each replica then updates its slice from that sum
+ * (the same additions in the same order: bitwise the same parameters).
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
@@ -22388,21 +22435,54 @@ static dt_result dt__mirrored_create(dt_strategy *s) {
   return s->desc.backup_workers > 0 ? dt__strategy_backup_create(s) : DTRAIN_OK;
 }
 
+/* overlap: compute, summing buckets as they complete; returns 1 when every
+ * replica's part went well (the sum is then in replica 0's gradient). */
+static int dt__mirrored_compute_overlapped(dt_strategy *s, int r, const dt_minibatch *b) {
+  dt__strategy_replica *R = &s->rep[r];
+  dt__overlap_begin(s->ov, R->g);
+  int ok = dt__strategy_compute(s, r, b);
+  size_t bad = SIZE_MAX;
+  int bad_nan = 0;
+  dt_result rc = dt__overlap_end(s->ov, r, R->g, &bad, &bad_nan, NULL);
+  if (rc != DTRAIN_OK) { /* the replicas' barrier broke: a replica failed */
+    dt__strategy_comm_failed(s, r, rc);
+    return 0;
+  }
+  if (bad != SIZE_MAX) { /* replica 0's own values, scanned before their sum: every replica knows */
+    if (ok && r == 0) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)b->step,
+               dt__strategy_param_at(s, bad), bad_nan ? "NaN" : "Inf", bad);
+      dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
+    }
+    return 0;
+  }
+  /* every replica has ended: a failure of any is recorded by now */
+  return ok && !dt__strategy_failed(s);
+}
+
 static void dt__mirrored_job(dt_strategy *s, int r) {
   dt__strategy_replica *R = &s->rep[r];
   R->result = DTRAIN_OK;
   dt_minibatch b;
   dt__strategy_sync_shard(s, r, &b);
-  if (!dt__strategy_compute(s, r, &b)) return;
+  float *grad = R->grad;
   size_t lo, hi;
   dt_comm_slice(s->size, s->n, r, &lo, &hi);
   double w0 = dt__strategy_comm_wait(s, r);
-  dt_result rc = dt_comm_reduce_scatter(s->comm, r, R->grad, s->size);
-  if (rc != DTRAIN_OK) {
-    dt__strategy_comm_failed(s, r, rc);
-    goto done;
+  dt_result rc;
+  if (s->ov) {
+    if (!dt__mirrored_compute_overlapped(s, r, &b)) goto done;
+    grad = s->rep[0].grad; /* the sum */
+  } else {
+    if (!dt__strategy_compute(s, r, &b)) return;
+    rc = dt_comm_reduce_scatter(s->comm, r, R->grad, s->size);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      goto done;
+    }
   }
-  if (!dt__strategy_update_slice(s, r, R->data, R->grad, lo, hi)) goto done;
+  if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi)) goto done;
   /* Buffers follow replica 0: each replica puts replica 0's values into its
    * own slice before the all-gather spreads the slices (the optimizer never
    * writes the buffer ranges, so replica 0's stay still meanwhile). */
@@ -23614,26 +23694,39 @@ DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float
 
 /* ======== begin dt_strategy_overlap.c ======== */
 /* ===========================================================================
- * dt_strategy_overlap.c -- gradients all-reduced in buckets while backward
- * goes on (multi_worker_mirrored, desc.overlap)
+ * dt_strategy_overlap.c -- gradients summed in buckets while backward goes
+ * on (mirrored and multi_worker_mirrored, desc.overlap)
  * ===========================================================================
  * The flat gradient is cut into buckets of about desc.bucket_bytes, taken
  * from the end (the last layers' parameters, whose gradients backward makes
  * first): bucket 0 covers [cut[1], size), bucket 1 [cut[2], cut[1]), ...,
  * each a run of whole parameters with their padding and any buffers between
- * them. backward announces each parameter whose gradient is final
- * (dt__graph_on_grad_ready); when a bucket's last trained parameter is in, a
- * communication thread all-reduces that range of the buffer in place, in
- * bucket order (every rank issues the same collectives in the same order),
- * while backward computes the earlier layers. What no announcement reached
- * (unused parameters, a failed step) goes when backward is over.
+ * them. Each replica's backward announces each parameter whose gradient is
+ * final (dt__graph_on_grad_ready); when every replica has announced a
+ * bucket's last trained parameter, a communication thread sums that range
+ * over the replicas into replica 0's gradient (rank order, as the
+ * in-process communicator does) and, with a cross-process communicator,
+ * all-reduces it there in place, in bucket order (every rank issues the same
+ * collectives in the same order), while backward computes the earlier
+ * layers. What no announcement reached (unused parameters, a failed step)
+ * goes when every replica's backward is over.
  *
- * The communicator sums every element in rank order whatever the range, so
- * the result is bitwise the one all-reduce of the whole buffer. Buffers
- * (batch-norm statistics) are zero in the gradient and sum to zero here;
- * their values go with the bookkeeping after backward, as before.
- * check_numerics: the thread scans each bucket's local values before sending
- * them (afterwards they are sums) and keeps the first non-finite index.
+ * In one process (mirrored: no communicator across processes) there is no
+ * thread (it would only take a core from the replicas): a replica whose
+ * backward is over, if another's is not, sums the buckets completed by then
+ * while the others still compute, time it would otherwise spend waiting. What is
+ * left when every backward is over (the first layers' bucket, usually the
+ * largest) is summed by all the replicas at once, each the part in its own
+ * update slice, which is the part it reads next.
+ *
+ * Both sums add every element in rank order whatever the range, so the
+ * result is bitwise the plain path's: the in-process reduction of whole
+ * buffers, then the one all-reduce. Buffers (batch-norm statistics) are zero
+ * in the gradient and sum to zero here; their values go with the
+ * bookkeeping after backward, as before. check_numerics: whoever sums a
+ * range scans replica 0's local values there first (afterwards they are
+ * sums) and keeps the first non-finite index; the other replicas' gradients
+ * are only read, and scanned by their own compute as before.
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
@@ -23641,19 +23734,21 @@ DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float
 
 struct dt__overlap {
   dt_strategy *s;
-  dt_comm *x;
-  float *buf;
+  dt_comm *x;            /* across processes (NULL: the local sum only) */
+  int nrep;              /* the replicas whose gradients are summed */
   int nb;                /* buckets */
   size_t *lo, *hi;       /* bucket b: [lo[b], hi[b]) */
   int *need, *left;      /* trained parameters per bucket: all, not yet final this step */
   int np;                /* parameters */
   int *pbucket;          /* parameter -> its bucket (-1: a buffer) */
+  int *state;            /* in one process: bucket incomplete (0), complete (1), taken to be summed (2) */
   dt__mutex mu;
   dt__cond cv;
   dt__thread th;
   int started, quit;
   int64_t armed, served; /* steps begun, steps the thread has finished */
-  int done;              /* backward is over: send the rest */
+  int ended;             /* replicas whose backward is over this step */
+  int done;              /* every replica's backward is over: the rest goes */
   dt_result rc;          /* the first failure of this step's all-reduces */
   char msg[DT__MSG_CAP]; /* its message (dt_last_error is the thread's own) */
   size_t bad;            /* check_numerics: the first non-finite local index (SIZE_MAX: none) */
@@ -23664,6 +23759,27 @@ struct dt__overlap {
 
 static size_t dt__ov_bytes(int nb) { return (size_t)(nb > 0 ? nb : 1) * sizeof(size_t); }
 static size_t dt__ov_ibytes(int n) { return (size_t)(n > 0 ? n : 1) * sizeof(int); }
+
+/* check_numerics: replica 0's local values in [lo, hi) scanned (into
+ * *bad, the smallest index, and *bad_nan); then replica 0's [lo, hi) += the
+ * other replicas', in rank order: the additions of the in-process
+ * communicator's reduction, element by element. */
+static void dt__ov_scan_sum(dt__overlap *o, size_t lo, size_t hi, size_t *bad, int *bad_nan) {
+  float *DT__RESTRICT a = o->s->rep[0].grad;
+  if (o->scan && lo < hi) {
+    size_t i = dt__strategy_nonfinite(a, lo, hi);
+    if (i < hi && i < *bad) *bad = i, *bad_nan = isnan(a[i]) != 0;
+  }
+  for (int r = 1; r < o->nrep; r++) {
+    const float *DT__RESTRICT c = o->s->rep[r].grad;
+    for (size_t i = lo; i < hi; i++) a[i] += c[i];
+  }
+}
+
+/* The first non-finite value found so far: the smallest index. Under the mutex. */
+static void dt__ov_merge_bad(dt__overlap *o, size_t bad, int bad_nan) {
+  if (bad < o->bad) o->bad = bad, o->bad_nan = bad_nan;
+}
 
 static void dt__ov_thread(void *arg) {
   dt__overlap *o = (dt__overlap *)arg;
@@ -23677,18 +23793,20 @@ static void dt__ov_thread(void *arg) {
       int go = o->rc == DTRAIN_OK;
       dt__mutex_unlock(&o->mu);
       if (go) {
-        float *p = o->buf + o->lo[b];
-        size_t n = o->hi[b] - o->lo[b];
-        if (o->scan) {
-          size_t bad = dt__strategy_nonfinite(p, 0, n);
-          if (bad < n && o->lo[b] + bad < o->bad) o->bad = o->lo[b] + bad, o->bad_nan = isnan(p[bad]) != 0;
-        }
+        size_t lo = o->lo[b], n = o->hi[b] - o->lo[b], bad = SIZE_MAX;
+        int bad_nan = 0;
         /* summed in the floating-point mode of the plain path (a replica's
          * job: dt_set_flush_denormals), so the bits agree */
         unsigned long fp = dt__fp_enter();
-        dt_result rc = dt_comm_allreduce(o->x, rank, p, n);
-        dt__fp_leave(fp);
+        dt__ov_scan_sum(o, lo, lo + n, &bad, &bad_nan);
+        dt_result rc = dt_comm_allreduce(o->x, rank, o->s->rep[0].grad + lo, n);
         o->sent += dt__ring_bytes(n, dt_comm_world(o->x));
+        dt__fp_leave(fp);
+        if (bad != SIZE_MAX) {
+          dt__mutex_lock(&o->mu);
+          dt__ov_merge_bad(o, bad, bad_nan);
+          dt__mutex_unlock(&o->mu);
+        }
         if (rc != DTRAIN_OK) {
           dt__mutex_lock(&o->mu);
           o->rc = rc;
@@ -23710,7 +23828,10 @@ static void dt__ov_ready(void *user, int p) {
   if (p < 0 || p >= o->np || o->pbucket[p] < 0) return;
   dt__mutex_lock(&o->mu);
   int b = o->pbucket[p];
-  if (o->left[b] > 0 && --o->left[b] == 0) dt__cond_broadcast(&o->cv);
+  if (o->left[b] > 0 && --o->left[b] == 0) {
+    if (o->x) dt__cond_broadcast(&o->cv); /* the thread's */
+    else o->state[b] = 1;                 /* for the first replica to end */
+  }
   dt__mutex_unlock(&o->mu);
 }
 
@@ -23732,15 +23853,15 @@ DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o) {
   dt__free(o->need, dt__ov_ibytes(o->nb));
   dt__free(o->left, dt__ov_ibytes(o->nb));
   dt__free(o->pbucket, dt__ov_ibytes(o->np));
+  dt__free(o->state, dt__ov_ibytes(o->nb));
   dt__free(o, sizeof *o);
 }
 
-DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *buf, size_t bucket_bytes,
-                                            dt__overlap **out) {
+DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, size_t bucket_bytes, dt__overlap **out) {
   *out = NULL;
   dt__overlap *o = (dt__overlap *)dt__calloc(sizeof *o);
   if (!o) return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory");
-  o->s = s, o->x = x, o->buf = buf;
+  o->s = s, o->x = x, o->nrep = s->n;
   o->started = -1; /* nothing to destroy yet */
   o->np = dt_params_count(s->params);
   o->scan = s->desc.check_numerics != 0;
@@ -23756,8 +23877,9 @@ DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *b
       o->need = (int *)dt__calloc(dt__ov_ibytes(nb));
       o->left = (int *)dt__calloc(dt__ov_ibytes(nb));
       o->pbucket = (int *)dt__calloc(dt__ov_ibytes(o->np));
+      o->state = (int *)dt__calloc(dt__ov_ibytes(nb));
       o->nb = nb;
-      if (!o->lo || !o->hi || !o->need || !o->left || !o->pbucket) {
+      if (!o->lo || !o->hi || !o->need || !o->left || !o->pbucket || !o->state) {
         dt__overlap_destroy(o);
         return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory for %d buckets", nb);
       }
@@ -23792,6 +23914,10 @@ DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *b
   }
   o->started = 0;
   o->bad = SIZE_MAX;
+  if (!x) { /* in one process: the replicas sum */
+    *out = o;
+    return DTRAIN_OK;
+  }
   rc = dt__thread_start(&o->th, dt__ov_thread, o);
   if (rc != DTRAIN_OK) {
     dt__overlap_destroy(o);
@@ -23804,9 +23930,11 @@ DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *b
 
 DTRAIN_PRIVATE int dt__overlap_buckets(const dt__overlap *o) { return o ? o->nb : 0; }
 
-DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g) {
+/* The driver, before the replicas' jobs: a step begins. */
+DTRAIN_PRIVATE void dt__overlap_arm(dt__overlap *o) {
   dt__mutex_lock(&o->mu);
-  for (int b = 0; b < o->nb; b++) o->left[b] = o->need[b];
+  for (int b = 0; b < o->nb; b++) o->left[b] = o->need[b] * o->nrep, o->state[b] = 0;
+  o->ended = 0;
   o->done = 0;
   o->rc = DTRAIN_OK;
   o->bad = SIZE_MAX;
@@ -23815,21 +23943,68 @@ DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g) {
   o->armed++;
   dt__cond_broadcast(&o->cv);
   dt__mutex_unlock(&o->mu);
-  dt__graph_on_grad_ready(g, dt__ov_ready, o);
 }
+
+DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g) { dt__graph_on_grad_ready(g, dt__ov_ready, o); }
 
 DTRAIN_PRIVATE const char *dt__overlap_error(const dt__overlap *o) { return o->msg; }
 
-DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, dt_graph *g, size_t *bad, int *bad_nan, uint64_t *sent) {
-  dt__graph_on_grad_ready(g, NULL, NULL);
+/* In one process, replica r once its backward is over: first, unless it is
+ * the last, the buckets completed meanwhile and not yet taken (what the
+ * others' backward completed while they still compute: it would wait for
+ * them anyway); then, when every backward is over (the replicas'
+ * barrier, which spins a while before it sleeps, as the plain path's
+ * reduce-scatter does), the buckets left, each replica the part in its own
+ * update slice. check_numerics: a second barrier, so that all see the same
+ * verdict. */
+static dt_result dt__ov_end_slices(dt__overlap *o, int r) {
+  size_t bad = SIZE_MAX;
+  int bad_nan = 0;
   dt__mutex_lock(&o->mu);
-  o->done = 1;
-  dt__cond_broadcast(&o->cv);
-  while (o->served != o->armed) dt__cond_wait(&o->cv, &o->mu);
-  dt_result rc = o->rc;
+  int early = ++o->ended < o->nrep; /* the last to end sums nothing alone: all are ready to share */
+  dt__mutex_unlock(&o->mu);
+  for (int b = 0; early && b < o->nb; b++) {
+    dt__mutex_lock(&o->mu);
+    int mine = o->state[b] == 1;
+    if (mine) o->state[b] = 2;
+    dt__mutex_unlock(&o->mu);
+    if (mine) dt__ov_scan_sum(o, o->lo[b], o->hi[b], &bad, &bad_nan);
+  }
+  dt_comm *c = o->s->comm;
+  dt_result rc = dt_comm_barrier(c, r);
+  if (rc != DTRAIN_OK) return rc; /* aborted: a replica failed (its error says why) */
+  size_t slo, shi;
+  dt_comm_slice(o->s->size, o->nrep, r, &slo, &shi);
+  for (int b = 0; b < o->nb; b++) {
+    if (o->state[b] == 2) continue; /* (no writer now: every backward is over) */
+    size_t lo = DT__MAX(o->lo[b], slo), hi = DT__MIN(o->hi[b], shi);
+    if (lo < hi) dt__ov_scan_sum(o, lo, hi, &bad, &bad_nan);
+  }
+  if (!o->scan) return DTRAIN_OK;
+  dt__mutex_lock(&o->mu);
+  dt__ov_merge_bad(o, bad, bad_nan);
+  dt__mutex_unlock(&o->mu);
+  return dt_comm_barrier(c, r);
+}
+
+DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, size_t *bad, int *bad_nan,
+                                         uint64_t *sent) {
+  dt__graph_on_grad_ready(g, NULL, NULL);
+  dt_result rc = o->x ? DTRAIN_OK : dt__ov_end_slices(o, r);
+  dt__mutex_lock(&o->mu);
+  if (o->x) {
+    if (++o->ended == o->nrep) {
+      o->done = 1;
+      dt__cond_broadcast(&o->cv);
+    }
+    /* every replica's end too, not only the sums: the buckets may all be in
+     * while a replica still checks its gradient or records its loss */
+    while (o->served != o->armed || o->ended < o->nrep) dt__cond_wait(&o->cv, &o->mu);
+    rc = o->rc;
+  }
   *bad = o->bad;
   *bad_nan = o->bad_nan;
-  *sent += o->sent;
+  if (sent) *sent += o->sent;
   dt__mutex_unlock(&o->mu);
   return rc;
 }
@@ -23881,7 +24056,6 @@ typedef struct dt__mwm {
   size_t bytes;
   float *scratch, *side;   /* fp16/bf16: the ring's messages; compress or overlap: the tail and buffers */
   dt__ef *ef;              /* compress topk / powersgd: the compressor and its error feedback */
-  dt__overlap *ov;         /* desc.overlap: the buckets all-reduced during backward */
   size_t scratch_n, side_n;
   double rows;             /* the global batch's rows (this step) */
   double loss;             /* the global batch's loss (this step) */
@@ -23966,11 +24140,6 @@ static dt_result dt__mwm_create(dt_strategy *s) {
     st->scratch = (float *)dt__calloc(st->scratch_n * sizeof(float));
     if (!st->scratch) return dt__strategy_nomem(s);
   }
-  if (s->desc.overlap) {
-    size_t bb = s->desc.bucket_bytes ? s->desc.bucket_bytes : (size_t)2 << 20;
-    dt_result rc = dt__mwm_create_error(dt__overlap_create(s, s->desc.comm, st->buf, bb, &st->ov));
-    if (rc != DTRAIN_OK) return rc;
-  }
   if (ck == DTRAIN_COMPRESS_TOPK || ck == DTRAIN_COMPRESS_POWERSGD) return dt__mwm_ef_create(s, st);
   return DTRAIN_OK;
 }
@@ -23982,7 +24151,6 @@ static void dt__mwm_destroy(dt_strategy *s) {
   dt__free(st->scratch, st->scratch_n * sizeof(float));
   dt__free(st->side, st->side_n * sizeof(float));
   dt__ef_destroy(st->ef);
-  dt__overlap_destroy(st->ov);
   dt__free(st, sizeof *st);
   s->kind_state = NULL;
 }
@@ -24013,7 +24181,7 @@ static void dt__mwm_side(dt_strategy *s, float *buf, float *side, int out) {
 static dt_result dt__mwm_allreduce_split(dt_strategy *s, dt_comm *x, int rank, float *buf) {
   dt__mwm *st = dt__mwm_of(s);
   dt__mwm_side(s, buf, st->side, 1);
-  dt_result rc = st->ov   ? DTRAIN_OK /* summed during backward */
+  dt_result rc = s->ov    ? DTRAIN_OK /* summed during backward */
                  : st->ef ? dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes)
                           : dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch,
                                                    &s->wire_bytes);
@@ -24107,7 +24275,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
   }
   double t0 = dt__now();
   dt_result rc;
-  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE || st->ov) {
+  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE || s->ov) {
     rc = dt__mwm_allreduce_split(s, x, rank, buf);
   } else {
     rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
@@ -24173,20 +24341,20 @@ static void dt__mwm_copy_grad(dt_strategy *s, float *dst, const float *grad, siz
   }
 }
 
-/* overlap (one replica): replica 0's backward starts the buckets' all-reduces;
- * then the rest, and the overlap thread's numerics scan as compute's own. */
-static int dt__mwm_compute_overlapped(dt_strategy *s, const dt_minibatch *b) {
-  dt__mwm *st = dt__mwm_of(s);
-  dt__strategy_replica *R = &s->rep[0];
-  s->overlap_now = 1;
-  dt__overlap_begin(st->ov, R->g);
-  int ok = dt__strategy_compute(s, 0, b);
+/* overlap: every replica's backward starts the buckets' sums, replica 0's
+ * values summed with the others' and all-reduced across the processes;
+ * then the rest, and the overlap thread's numerics scan as replica 0's own.
+ * Returns 1 when this replica's part and every local replica's went well. */
+static int dt__mwm_compute_overlapped(dt_strategy *s, int r, const dt_minibatch *b) {
+  dt__strategy_replica *R = &s->rep[r];
+  dt__overlap_begin(s->ov, R->g);
+  int ok = dt__strategy_compute(s, r, b);
   double t0 = dt__now();
   size_t bad = SIZE_MAX;
   int bad_nan = 0;
-  dt_result rc = dt__overlap_end(st->ov, R->g, &bad, &bad_nan, &s->wire_bytes);
+  dt_result rc = dt__overlap_end(s->ov, r, R->g, &bad, &bad_nan, r == 0 ? &s->wire_bytes : NULL);
   R->wait_s += dt__now() - t0;
-  s->overlap_now = 0;
+  if (r > 0) return ok && rc == DTRAIN_OK && bad == SIZE_MAX; /* replica 0 reports the step's failures */
   char what[DT__MSG_CAP];
   if (rc != DTRAIN_OK) {
     dt_comm *x = s->desc.comm;
@@ -24195,7 +24363,7 @@ static int dt__mwm_compute_overlapped(dt_strategy *s, const dt_minibatch *b) {
                dt_comm_rank(x), x->world,
                rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
                                           "recreate it (and the strategy) to go on"
-                                        : dt__overlap_error(st->ov));
+                                        : dt__overlap_error(s->ov));
       dt__strategy_fail(s, 0, rc, what);
     }
     return 0;
@@ -24205,7 +24373,9 @@ static int dt__mwm_compute_overlapped(dt_strategy *s, const dt_minibatch *b) {
              dt__strategy_param_at(s, bad), bad_nan ? "NaN" : "Inf", bad);
     ok = dt__strategy_bad_step(s, 0, what);
   }
-  return ok;
+  /* another replica's failure (recorded before it came to the end): replica
+   * 0 sends the failure flag so that the other processes fail the step too */
+  return ok && !dt__strategy_failed(s);
 }
 
 static void dt__mwm_job(dt_strategy *s, int r) {
@@ -24215,11 +24385,11 @@ static void dt__mwm_job(dt_strategy *s, int r) {
   dt_minibatch b;
   dt__strategy_sync_shard(s, r, &b); /* row sums now; the division by the global rows comes after the all-reduce */
   double w0 = dt__strategy_comm_wait(s, r);
-  int ok = st->ov ? dt__mwm_compute_overlapped(s, &b) : dt__strategy_compute(s, r, &b);
+  int ok = s->ov ? dt__mwm_compute_overlapped(s, r, &b) : dt__strategy_compute(s, r, &b);
   dt_result rc;
   float *grad = s->rep[0].grad;
   size_t lo, hi;
-  if (ok) {
+  if (ok && !s->ov) { /* (overlap: summed during backward) */
     rc = dt_comm_reduce(s->comm, r, R->grad, s->size, 0);
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
@@ -34170,12 +34340,14 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__conn_send(&C->conn[s], DT__PS_PULL, req, DT__PS_FIX, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
+    if (rc == DTRAIN_OK) ps->wire_sent += DT__PS_FIX;
   }
   tk->version = 0;
   tk->clock_gap = 0;
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PARAMS, (uint32_t)(DT__PS_FIX + C->shard[s] * 4), op);
     if (rc != DTRAIN_OK) break;
+    ps->wire_received += DT__PS_FIX + C->shard[s] * 4;
     uint64_t v = dt__get_le64(C->buf[s]);
     int64_t gap = (int64_t)dt__get_le64(C->buf[s] + 8);
     C->pulled_version[s] = v;
@@ -34212,6 +34384,7 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     }
     rc = dt__conn_send(&C->conn[s], DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
+    if (rc == DTRAIN_OK) ps->wire_sent += len;
   }
   /* Work queue: the next item is asked for with this push (server 0 marks the
    * held one done on the push first), which saves the take its round trip. */
@@ -34221,6 +34394,7 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PUSHED, DT__PS_FIX, op);
     if (rc != DTRAIN_OK) break;
+    ps->wire_received += DT__PS_FIX;
     uint64_t v = dt__get_le64(C->buf[s]);
     int64_t st = (int64_t)dt__get_le64(C->buf[s] + 8);
     if (v > C->version) C->version = v;

@@ -20,7 +20,8 @@
 #    at most 4; parameter-server workers do not stop early: 4 epochs, 1 at 10
 #    Mbit). Samples/s (all workers together), seconds of training to the
 #    target, the epoch it was met in, and bytes each worker sent per step
-#    (multi_worker_mirrored's count; parameter-server pushes are not counted).
+#    (multi_worker_mirrored: its collectives; parameter server: its pushes
+#    and pull requests, it receives about as much again in pulled weights).
 #    In-process strategies have no link: their rows are the compute ceiling.
 #    A slow member: rank 1's links at a tenth of the rate; jitter: 2 ms delay
 #    with 1 ms jitter on every send.
@@ -112,7 +113,7 @@ row() {
     per = ($1 ~ /^(multi_worker|parameter_server)/) ? $3 : 1
     tta = ($6 + 0 >= 0) ? sprintf("%.1f", $6) : sprintf("not in %d ep", $9)
     printf "%-34s %-24s %3s %10.0f %8.4f %12s %6s %12s\n", $1, $2, $3, $4 * per, $5, tta, ($7 + 0 >= 0) ? $7 : "-",
-      ($1 ~ /^parameter_server/) ? "-" : sprintf("%.0f", $8 / 1024) }'
+      sprintf("%.0f", $8 / 1024) }'
 }
 echo "== 2. Fashion-MNIST MLP, global batch 128, 6400 samples, to test accuracy 0.80 (DTRAIN_NETEM links)"
 printf '%-34s %-24s %3s %10s %8s %12s %6s %12s\n' strategy link W samples/s test_acc s_to_0.80 epoch wire_KB/step

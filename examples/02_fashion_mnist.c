@@ -216,11 +216,12 @@ static int epoch_end(const dt_fit_epoch *e, void *user) {
  * staleness (updates by others between its pull and its push) as mean, max and
  * histogram (counts for 0, 1, 2, ...; the last bin counts that many or more),
  * and whether --staleness-lr scaled the updates. "" for the others. */
-/* Bytes this process sent to the others per step (multi_worker_mirrored; 0 in one process). */
-static double wire_per_step(dt_strategy *s) {
+/* Bytes this process sent to (received: from) the others per step
+ * (multi_worker_mirrored, a parameter_server worker; 0 in one process). */
+static double wire_per_step(dt_strategy *s, int received) {
   dt_strategy_stats st;
   if (dt_strategy_stats_get(s, &st) != DTRAIN_OK || st.steps == 0) return 0.0;
-  return (double)st.wire_bytes / (double)st.steps;
+  return (double)(received ? st.wire_bytes_received : st.wire_bytes) / (double)st.steps;
 }
 
 static const char *staleness_json(dt_strategy *s, int staleness_lr) {
@@ -300,7 +301,7 @@ static int parse(int argc, char **argv, options *o) {
       {"svg", 's', &o->svg, 0, 0, "the loss and accuracy chart"},
       {"device", 's', &o->device, 0, 0, "cpu, cuda (one replica per GPU) or cuda:N"},
       {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored: gradients on the wire as none, fp16, bf16, topk:F or powersgd:R"},
-      {"overlap", 'b', &o->overlap, 0, 0, "multi_worker_mirrored (1 replica): all-reduce gradient buckets during backward"},
+      {"overlap", 'b', &o->overlap, 0, 0, "mirrored, multi_worker_mirrored: sum gradient buckets during backward"},
       {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--overlap: KiB of gradient per bucket (0: 2048)"},
       {"target-accuracy", 'f', &o->target_accuracy, 0, 1,
        "time-to-accuracy: note the training time when test accuracy first reaches this, then stop (0: off)"},
@@ -643,12 +644,13 @@ int main(int argc, char **argv) {
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
            "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
            "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d,\"compress\":\"%s\","
-           "\"wire_bytes_per_step\":%.0f,\"overlap\":%d%s%s}\n",
+           "\"wire_bytes_per_step\":%.0f,\"wire_bytes_received_per_step\":%.0f,\"overlap\":%d%s%s}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
            dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker,
-           dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy), a.o.overlap, target,
+           dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy, 0),
+           wire_per_step(a.strategy, 1), a.o.overlap, target,
            staleness_json(a.strategy, a.o.staleness_lr));
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);

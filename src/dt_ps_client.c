@@ -120,12 +120,14 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__conn_send(&C->conn[s], DT__PS_PULL, req, DT__PS_FIX, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
+    if (rc == DTRAIN_OK) ps->wire_sent += DT__PS_FIX;
   }
   tk->version = 0;
   tk->clock_gap = 0;
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PARAMS, (uint32_t)(DT__PS_FIX + C->shard[s] * 4), op);
     if (rc != DTRAIN_OK) break;
+    ps->wire_received += DT__PS_FIX + C->shard[s] * 4;
     uint64_t v = dt__get_le64(C->buf[s]);
     int64_t gap = (int64_t)dt__get_le64(C->buf[s] + 8);
     C->pulled_version[s] = v;
@@ -162,6 +164,7 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     }
     rc = dt__conn_send(&C->conn[s], DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
+    if (rc == DTRAIN_OK) ps->wire_sent += len;
   }
   /* Work queue: the next item is asked for with this push (server 0 marks the
    * held one done on the push first), which saves the take its round trip. */
@@ -171,6 +174,7 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PUSHED, DT__PS_FIX, op);
     if (rc != DTRAIN_OK) break;
+    ps->wire_received += DT__PS_FIX;
     uint64_t v = dt__get_le64(C->buf[s]);
     int64_t st = (int64_t)dt__get_le64(C->buf[s] + 8);
     if (v > C->version) C->version = v;

@@ -102,6 +102,9 @@ DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch,
   int64_t before = 0;
   for (int r = 0; r < s->n; r++) before += s->rep[r].steps;
   if (s->dev) s->dev_opt_steps = dt_optim_steps(s->opt);
+#if !defined(DTRAIN_NO_DIST)
+  if (s->ov) dt__overlap_arm(s->ov);
+#endif
   rc = dt__strategy_launch(s, fn);
   s->batch = NULL;
   if (rc == DTRAIN_OK && s->dev) {
@@ -262,16 +265,17 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
                        "gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);
   }
   if (d->overlap) {
-    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
-      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for multi_worker_mirrored, not %s", fn, name);
+    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && d->kind != DTRAIN_STRATEGY_MIRRORED)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for mirrored and multi_worker_mirrored, not %s", fn,
+                       name);
     if (d->compress.kind != DTRAIN_COMPRESS_NONE)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with compress %s (overlap sends float buckets; "
                        "use one or the other)", fn, dt_compress_name(d->compress));
-    if (d->replicas > 1)
-      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap needs one replica per process (replicas %d): the local "
-                       "replicas' gradients are reduced only after all their backward passes", fn, d->replicas);
     if (d->devices || d->ndevices)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with replicas on devices", fn);
+    if (d->backup_workers > 0)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with backup workers (a step sums the first replicas "
+                       "to finish, which it knows only after their backward passes)", fn);
   }
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
@@ -408,12 +412,25 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
     R->result = DTRAIN_OK;
     if ((s->dev ? dt__strategy_dev_bind(s, r) : m->replica(s, r)) != DTRAIN_OK) goto fail;
   }
+#if !defined(DTRAIN_NO_DIST)
+  /* Overlap: with something to sum (replicas here, or processes). */
+  if (d.overlap && (s->n > 1 || d.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)) {
+    dt_comm *x = d.kind == DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED ? d.comm : NULL;
+    if (dt__overlap_create(s, x, d.bucket_bytes ? d.bucket_bytes : (size_t)2 << 20, &s->ov) != DTRAIN_OK) {
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "%.300s", dt_last_error());
+      dt__error(dt_last_result(), "%s: %s: %s", fn, m->name, what);
+      goto fail;
+    }
+  }
+#endif
   /* The lock-step kinds meet their replicas on an in-process communicator. */
   if ((m->flags & DT__STRATEGY_SYNC) && !(s->comm = dt_comm_create_threads(s->n, d.spin_us))) goto fail;
   if (s->dev && dt__strategy_dev_start(s) != DTRAIN_OK) goto fail;
   s->pool = dt__pool_create(s->n, dt__spin_seconds(d.spin_us, s->n));
   if (!s->pool) goto fail;
   if (m->start && m->start(s, fn) != DTRAIN_OK) goto fail;
+  if (s->pstore) s->wire_base[0] = s->pstore->wire_sent, s->wire_base[1] = s->pstore->wire_received;
   return s;
 fail:
   dt_strategy_destroy(s);
@@ -422,6 +439,9 @@ fail:
 
 DTRAIN_API void dt_strategy_destroy(dt_strategy *s) {
   if (!s) return;
+#if !defined(DTRAIN_NO_DIST)
+  dt__overlap_destroy(s->ov); /* its thread reads the replicas' gradients */
+#endif
   dt__pool_destroy(s->pool);
   dt_comm_destroy(s->comm);
   dt__strategy_dev_destroy(s);
@@ -522,6 +542,11 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   out->failed_replica = s->last_failed;
   out->skipped_steps = s->skipped;
   out->wire_bytes = s->wire_bytes;
+  out->wire_bytes_received = s->wire_bytes; /* (symmetric collectives) */
+  if (s->pstore) {
+    out->wire_bytes += s->pstore->wire_sent - s->wire_base[0];
+    out->wire_bytes_received += s->pstore->wire_received - s->wire_base[1];
+  }
   for (int r = 0; r < s->n; r++) {
     out->skipped_steps += s->rep[r].skips;
     out->dropped_grads += s->rep[r].dropped;
@@ -540,6 +565,7 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
   }
   s->steps = s->samples = s->loss_count = s->skipped = 0;
   s->wire_bytes = 0;
+  if (s->pstore) s->wire_base[0] = s->pstore->wire_sent, s->wire_base[1] = s->pstore->wire_received;
   s->seconds = s->loss_sum = 0.0;
   if (s->comm) dt_comm_reset_stats(s->comm);
 }

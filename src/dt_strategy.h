@@ -399,10 +399,13 @@ typedef struct dt_strategy_options {
                                     updates with the first N-B replica gradients to arrive, averaged
                                     over their rows, and drops the later ones (Chen et al., 2016;
                                     see "Backup workers") [0] */
-  int overlap;                   /* multi_worker_mirrored with one replica per process and compress
-                                    none: nonzero all-reduces the gradient in buckets as backward
-                                    makes them, while it computes the earlier layers (bitwise the
-                                    same result; see "Overlapping communication") [0] */
+  int overlap;                   /* mirrored and multi_worker_mirrored (any replicas, compress none,
+                                    not on devices, no backup workers): nonzero sums the gradient in
+                                    buckets as backward makes them, while it computes the earlier
+                                    layers: across processes a thread all-reduces each bucket; in
+                                    one process a replica that finished its backward sums the
+                                    buckets the others completed (bitwise the same result; see
+                                    "Overlapping communication") [0] */
   size_t bucket_bytes;           /* overlap: bytes of gradient per bucket, cut at parameter
                                     boundaries from the last layer down [0: 2 MiB] */
 } dt_strategy_options;
@@ -531,7 +534,12 @@ typedef struct dt_strategy_stats {
   int64_t dropped_grads;  /* backup workers: replica gradients dropped as late, in all */
   uint64_t wire_bytes;    /* multi_worker_mirrored: bytes this process sent to the others for the
                              steps (gradients and their bookkeeping, as handed to the
-                             communicator; frame headers not counted); 0 in one process */
+                             communicator; frame headers not counted); parameter_server: the
+                             bytes of this worker's pushes and pull requests (the store's
+                             wire_sent); 0 in one process */
+  uint64_t wire_bytes_received; /* the bytes received for the steps: multi_worker_mirrored's
+                             collectives are symmetric (= wire_bytes); parameter_server: the
+                             pulled parameters and the servers' answers */
 } dt_strategy_stats;
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);
@@ -590,6 +598,9 @@ struct dt_pstore {
                           join, the slowest live worker's (or its own) when it rejoined [local: 0] */
   int64_t steps_done;  /* tcp: pushes this worker's rank made before it rejoined, as the servers
                           remember them (resume the schedule there) [first join, local: 0] */
+  uint64_t wire_sent, wire_received; /* tcp: payload bytes of this worker's pulls and pushes sent
+                          to / received from the servers, frame headers not counted (stats;
+                          dt_strategy_stats reads them) [local: 0] */
   void *impl;
 };
 

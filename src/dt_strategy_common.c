@@ -182,7 +182,7 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
     return 0;
   }
   R->loss = lv;
-  if (s->desc.check_numerics && !(r == 0 && s->overlap_now)) {
+  if (s->desc.check_numerics && !(r == 0 && s->ov)) {
     /* Before any reduction or optimizer state sees it, and where the
      * culprit is still known. On a device: a host copy is scanned. (With
      * overlap, buckets are summed while backward runs: the overlap thread

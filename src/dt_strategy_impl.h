@@ -71,6 +71,7 @@ typedef struct dt__strategy_replica {
 
 typedef struct dt__strategy_module dt__strategy_module;
 typedef struct dt__backup dt__backup; /* dt_strategy_backup.c */
+typedef struct dt__overlap dt__overlap; /* dt_strategy_overlap.c */
 
 struct dt_strategy {
   dt_strategy_desc desc;
@@ -109,8 +110,9 @@ struct dt_strategy {
   int64_t steps, samples, tickets;
   int64_t skipped;         /* sync steps skipped for a non-finite loss or gradient */
   uint64_t wire_bytes;     /* multi_worker_mirrored: bytes sent to the other processes (stats) */
-  int overlap_now;         /* replica 0's gradient is being all-reduced during its backward: the
-                              numerics scan is the overlap thread's (dt_strategy_overlap.c) */
+  uint64_t wire_base[2];   /* the store's wire_sent / wire_received when the stats were reset */
+  dt__overlap *ov;         /* desc.overlap: gradients summed in buckets during backward; replica
+                              0's numerics scan is the overlap thread's (dt_strategy_overlap.c) */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;
@@ -368,21 +370,25 @@ DTRAIN_PRIVATE void dt__ef_destroy(dt__ef *e);
  * dt__ef_commit keeps it (the step went on), otherwise the last one stays. */
 DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent);
 DTRAIN_PRIVATE void dt__ef_commit(dt__ef *e);
-/* ---- all-reduce during backward (dt_strategy_overlap.c) ---- */
-typedef struct dt__overlap dt__overlap;
-/* Buckets of about bucket_bytes over buf's [0, s->size) and the thread that
- * all-reduces them on x. */
-DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *buf, size_t bucket_bytes,
-                                            dt__overlap **out);
+/* ---- gradients summed during backward (dt_strategy_overlap.c) ---- */
+/* Buckets of about bucket_bytes over the flat gradient and the thread that
+ * sums them over s's replicas into replica 0's and all-reduces them on x
+ * (NULL: in-process only). After the replicas are bound. */
+DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, size_t bucket_bytes, dt__overlap **out);
 DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o);
 DTRAIN_PRIVATE int dt__overlap_buckets(const dt__overlap *o);
-/* A step begins: g's backward now starts the buckets as they become final. */
+/* The driver, before a step's jobs (no replica runs): the step begins. */
+DTRAIN_PRIVATE void dt__overlap_arm(dt__overlap *o);
+/* Every replica, before its compute: g's backward starts the buckets. */
 DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g);
-/* Backward is over (or failed): the rest goes; returns when every bucket is
- * summed, with the first failure. *bad: the first non-finite local value's
- * index (check_numerics; SIZE_MAX: none), *bad_nan whether it was a NaN;
- * *sent += the bytes sent. */
-DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, dt_graph *g, size_t *bad, int *bad_nan, uint64_t *sent);
+/* Every replica r, after its compute (or its failure): once all have come
+ * the rest goes; returns when every bucket is summed (across processes) or
+ * when the part in r's update slice is (dt_comm_slice over the replicas; in
+ * one process), with the first failure. *bad: the first non-finite local
+ * value's index in replica 0's gradient (check_numerics; SIZE_MAX: none),
+ * *bad_nan whether it was a NaN; *sent += the bytes sent (NULL: not wanted). */
+DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, size_t *bad, int *bad_nan,
+                                         uint64_t *sent);
 /* The message of dt__overlap_end's failure (set in the overlap thread). */
 DTRAIN_PRIVATE const char *dt__overlap_error(const dt__overlap *o);
 /* Forget the error (dt_strategy_sync: new parameters). */

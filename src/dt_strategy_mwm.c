@@ -41,7 +41,6 @@ typedef struct dt__mwm {
   size_t bytes;
   float *scratch, *side;   /* fp16/bf16: the ring's messages; compress or overlap: the tail and buffers */
   dt__ef *ef;              /* compress topk / powersgd: the compressor and its error feedback */
-  dt__overlap *ov;         /* desc.overlap: the buckets all-reduced during backward */
   size_t scratch_n, side_n;
   double rows;             /* the global batch's rows (this step) */
   double loss;             /* the global batch's loss (this step) */
@@ -126,11 +125,6 @@ static dt_result dt__mwm_create(dt_strategy *s) {
     st->scratch = (float *)dt__calloc(st->scratch_n * sizeof(float));
     if (!st->scratch) return dt__strategy_nomem(s);
   }
-  if (s->desc.overlap) {
-    size_t bb = s->desc.bucket_bytes ? s->desc.bucket_bytes : (size_t)2 << 20;
-    dt_result rc = dt__mwm_create_error(dt__overlap_create(s, s->desc.comm, st->buf, bb, &st->ov));
-    if (rc != DTRAIN_OK) return rc;
-  }
   if (ck == DTRAIN_COMPRESS_TOPK || ck == DTRAIN_COMPRESS_POWERSGD) return dt__mwm_ef_create(s, st);
   return DTRAIN_OK;
 }
@@ -142,7 +136,6 @@ static void dt__mwm_destroy(dt_strategy *s) {
   dt__free(st->scratch, st->scratch_n * sizeof(float));
   dt__free(st->side, st->side_n * sizeof(float));
   dt__ef_destroy(st->ef);
-  dt__overlap_destroy(st->ov);
   dt__free(st, sizeof *st);
   s->kind_state = NULL;
 }
@@ -173,7 +166,7 @@ static void dt__mwm_side(dt_strategy *s, float *buf, float *side, int out) {
 static dt_result dt__mwm_allreduce_split(dt_strategy *s, dt_comm *x, int rank, float *buf) {
   dt__mwm *st = dt__mwm_of(s);
   dt__mwm_side(s, buf, st->side, 1);
-  dt_result rc = st->ov   ? DTRAIN_OK /* summed during backward */
+  dt_result rc = s->ov    ? DTRAIN_OK /* summed during backward */
                  : st->ef ? dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes)
                           : dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch,
                                                    &s->wire_bytes);
@@ -267,7 +260,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
   }
   double t0 = dt__now();
   dt_result rc;
-  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE || st->ov) {
+  if (s->desc.compress.kind != DTRAIN_COMPRESS_NONE || s->ov) {
     rc = dt__mwm_allreduce_split(s, x, rank, buf);
   } else {
     rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
@@ -333,20 +326,20 @@ static void dt__mwm_copy_grad(dt_strategy *s, float *dst, const float *grad, siz
   }
 }
 
-/* overlap (one replica): replica 0's backward starts the buckets' all-reduces;
- * then the rest, and the overlap thread's numerics scan as compute's own. */
-static int dt__mwm_compute_overlapped(dt_strategy *s, const dt_minibatch *b) {
-  dt__mwm *st = dt__mwm_of(s);
-  dt__strategy_replica *R = &s->rep[0];
-  s->overlap_now = 1;
-  dt__overlap_begin(st->ov, R->g);
-  int ok = dt__strategy_compute(s, 0, b);
+/* overlap: every replica's backward starts the buckets' sums, replica 0's
+ * values summed with the others' and all-reduced across the processes;
+ * then the rest, and the overlap thread's numerics scan as replica 0's own.
+ * Returns 1 when this replica's part and every local replica's went well. */
+static int dt__mwm_compute_overlapped(dt_strategy *s, int r, const dt_minibatch *b) {
+  dt__strategy_replica *R = &s->rep[r];
+  dt__overlap_begin(s->ov, R->g);
+  int ok = dt__strategy_compute(s, r, b);
   double t0 = dt__now();
   size_t bad = SIZE_MAX;
   int bad_nan = 0;
-  dt_result rc = dt__overlap_end(st->ov, R->g, &bad, &bad_nan, &s->wire_bytes);
+  dt_result rc = dt__overlap_end(s->ov, r, R->g, &bad, &bad_nan, r == 0 ? &s->wire_bytes : NULL);
   R->wait_s += dt__now() - t0;
-  s->overlap_now = 0;
+  if (r > 0) return ok && rc == DTRAIN_OK && bad == SIZE_MAX; /* replica 0 reports the step's failures */
   char what[DT__MSG_CAP];
   if (rc != DTRAIN_OK) {
     dt_comm *x = s->desc.comm;
@@ -355,7 +348,7 @@ static int dt__mwm_compute_overlapped(dt_strategy *s, const dt_minibatch *b) {
                dt_comm_rank(x), x->world,
                rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
                                           "recreate it (and the strategy) to go on"
-                                        : dt__overlap_error(st->ov));
+                                        : dt__overlap_error(s->ov));
       dt__strategy_fail(s, 0, rc, what);
     }
     return 0;
@@ -365,7 +358,9 @@ static int dt__mwm_compute_overlapped(dt_strategy *s, const dt_minibatch *b) {
              dt__strategy_param_at(s, bad), bad_nan ? "NaN" : "Inf", bad);
     ok = dt__strategy_bad_step(s, 0, what);
   }
-  return ok;
+  /* another replica's failure (recorded before it came to the end): replica
+   * 0 sends the failure flag so that the other processes fail the step too */
+  return ok && !dt__strategy_failed(s);
 }
 
 static void dt__mwm_job(dt_strategy *s, int r) {
@@ -375,11 +370,11 @@ static void dt__mwm_job(dt_strategy *s, int r) {
   dt_minibatch b;
   dt__strategy_sync_shard(s, r, &b); /* row sums now; the division by the global rows comes after the all-reduce */
   double w0 = dt__strategy_comm_wait(s, r);
-  int ok = st->ov ? dt__mwm_compute_overlapped(s, &b) : dt__strategy_compute(s, r, &b);
+  int ok = s->ov ? dt__mwm_compute_overlapped(s, r, &b) : dt__strategy_compute(s, r, &b);
   dt_result rc;
   float *grad = s->rep[0].grad;
   size_t lo, hi;
-  if (ok) {
+  if (ok && !s->ov) { /* (overlap: summed during backward) */
     rc = dt_comm_reduce(s->comm, r, R->grad, s->size, 0);
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);

@@ -1,24 +1,37 @@
 /* ===========================================================================
- * dt_strategy_overlap.c -- gradients all-reduced in buckets while backward
- * goes on (multi_worker_mirrored, desc.overlap)
+ * dt_strategy_overlap.c -- gradients summed in buckets while backward goes
+ * on (mirrored and multi_worker_mirrored, desc.overlap)
  * ===========================================================================
  * The flat gradient is cut into buckets of about desc.bucket_bytes, taken
  * from the end (the last layers' parameters, whose gradients backward makes
  * first): bucket 0 covers [cut[1], size), bucket 1 [cut[2], cut[1]), ...,
  * each a run of whole parameters with their padding and any buffers between
- * them. backward announces each parameter whose gradient is final
- * (dt__graph_on_grad_ready); when a bucket's last trained parameter is in, a
- * communication thread all-reduces that range of the buffer in place, in
- * bucket order (every rank issues the same collectives in the same order),
- * while backward computes the earlier layers. What no announcement reached
- * (unused parameters, a failed step) goes when backward is over.
+ * them. Each replica's backward announces each parameter whose gradient is
+ * final (dt__graph_on_grad_ready); when every replica has announced a
+ * bucket's last trained parameter, a communication thread sums that range
+ * over the replicas into replica 0's gradient (rank order, as the
+ * in-process communicator does) and, with a cross-process communicator,
+ * all-reduces it there in place, in bucket order (every rank issues the same
+ * collectives in the same order), while backward computes the earlier
+ * layers. What no announcement reached (unused parameters, a failed step)
+ * goes when every replica's backward is over.
  *
- * The communicator sums every element in rank order whatever the range, so
- * the result is bitwise the one all-reduce of the whole buffer. Buffers
- * (batch-norm statistics) are zero in the gradient and sum to zero here;
- * their values go with the bookkeeping after backward, as before.
- * check_numerics: the thread scans each bucket's local values before sending
- * them (afterwards they are sums) and keeps the first non-finite index.
+ * In one process (mirrored: no communicator across processes) there is no
+ * thread (it would only take a core from the replicas): a replica whose
+ * backward is over, if another's is not, sums the buckets completed by then
+ * while the others still compute, time it would otherwise spend waiting. What is
+ * left when every backward is over (the first layers' bucket, usually the
+ * largest) is summed by all the replicas at once, each the part in its own
+ * update slice, which is the part it reads next.
+ *
+ * Both sums add every element in rank order whatever the range, so the
+ * result is bitwise the plain path's: the in-process reduction of whole
+ * buffers, then the one all-reduce. Buffers (batch-norm statistics) are zero
+ * in the gradient and sum to zero here; their values go with the
+ * bookkeeping after backward, as before. check_numerics: whoever sums a
+ * range scans replica 0's local values there first (afterwards they are
+ * sums) and keeps the first non-finite index; the other replicas' gradients
+ * are only read, and scanned by their own compute as before.
  */
 #include "dt_strategy_impl.h"
 
@@ -26,19 +39,21 @@
 
 struct dt__overlap {
   dt_strategy *s;
-  dt_comm *x;
-  float *buf;
+  dt_comm *x;            /* across processes (NULL: the local sum only) */
+  int nrep;              /* the replicas whose gradients are summed */
   int nb;                /* buckets */
   size_t *lo, *hi;       /* bucket b: [lo[b], hi[b]) */
   int *need, *left;      /* trained parameters per bucket: all, not yet final this step */
   int np;                /* parameters */
   int *pbucket;          /* parameter -> its bucket (-1: a buffer) */
+  int *state;            /* in one process: bucket incomplete (0), complete (1), taken to be summed (2) */
   dt__mutex mu;
   dt__cond cv;
   dt__thread th;
   int started, quit;
   int64_t armed, served; /* steps begun, steps the thread has finished */
-  int done;              /* backward is over: send the rest */
+  int ended;             /* replicas whose backward is over this step */
+  int done;              /* every replica's backward is over: the rest goes */
   dt_result rc;          /* the first failure of this step's all-reduces */
   char msg[DT__MSG_CAP]; /* its message (dt_last_error is the thread's own) */
   size_t bad;            /* check_numerics: the first non-finite local index (SIZE_MAX: none) */
@@ -49,6 +64,27 @@ struct dt__overlap {
 
 static size_t dt__ov_bytes(int nb) { return (size_t)(nb > 0 ? nb : 1) * sizeof(size_t); }
 static size_t dt__ov_ibytes(int n) { return (size_t)(n > 0 ? n : 1) * sizeof(int); }
+
+/* check_numerics: replica 0's local values in [lo, hi) scanned (into
+ * *bad, the smallest index, and *bad_nan); then replica 0's [lo, hi) += the
+ * other replicas', in rank order: the additions of the in-process
+ * communicator's reduction, element by element. */
+static void dt__ov_scan_sum(dt__overlap *o, size_t lo, size_t hi, size_t *bad, int *bad_nan) {
+  float *DT__RESTRICT a = o->s->rep[0].grad;
+  if (o->scan && lo < hi) {
+    size_t i = dt__strategy_nonfinite(a, lo, hi);
+    if (i < hi && i < *bad) *bad = i, *bad_nan = isnan(a[i]) != 0;
+  }
+  for (int r = 1; r < o->nrep; r++) {
+    const float *DT__RESTRICT c = o->s->rep[r].grad;
+    for (size_t i = lo; i < hi; i++) a[i] += c[i];
+  }
+}
+
+/* The first non-finite value found so far: the smallest index. Under the mutex. */
+static void dt__ov_merge_bad(dt__overlap *o, size_t bad, int bad_nan) {
+  if (bad < o->bad) o->bad = bad, o->bad_nan = bad_nan;
+}
 
 static void dt__ov_thread(void *arg) {
   dt__overlap *o = (dt__overlap *)arg;
@@ -62,18 +98,20 @@ static void dt__ov_thread(void *arg) {
       int go = o->rc == DTRAIN_OK;
       dt__mutex_unlock(&o->mu);
       if (go) {
-        float *p = o->buf + o->lo[b];
-        size_t n = o->hi[b] - o->lo[b];
-        if (o->scan) {
-          size_t bad = dt__strategy_nonfinite(p, 0, n);
-          if (bad < n && o->lo[b] + bad < o->bad) o->bad = o->lo[b] + bad, o->bad_nan = isnan(p[bad]) != 0;
-        }
+        size_t lo = o->lo[b], n = o->hi[b] - o->lo[b], bad = SIZE_MAX;
+        int bad_nan = 0;
         /* summed in the floating-point mode of the plain path (a replica's
          * job: dt_set_flush_denormals), so the bits agree */
         unsigned long fp = dt__fp_enter();
-        dt_result rc = dt_comm_allreduce(o->x, rank, p, n);
-        dt__fp_leave(fp);
+        dt__ov_scan_sum(o, lo, lo + n, &bad, &bad_nan);
+        dt_result rc = dt_comm_allreduce(o->x, rank, o->s->rep[0].grad + lo, n);
         o->sent += dt__ring_bytes(n, dt_comm_world(o->x));
+        dt__fp_leave(fp);
+        if (bad != SIZE_MAX) {
+          dt__mutex_lock(&o->mu);
+          dt__ov_merge_bad(o, bad, bad_nan);
+          dt__mutex_unlock(&o->mu);
+        }
         if (rc != DTRAIN_OK) {
           dt__mutex_lock(&o->mu);
           o->rc = rc;
@@ -95,7 +133,10 @@ static void dt__ov_ready(void *user, int p) {
   if (p < 0 || p >= o->np || o->pbucket[p] < 0) return;
   dt__mutex_lock(&o->mu);
   int b = o->pbucket[p];
-  if (o->left[b] > 0 && --o->left[b] == 0) dt__cond_broadcast(&o->cv);
+  if (o->left[b] > 0 && --o->left[b] == 0) {
+    if (o->x) dt__cond_broadcast(&o->cv); /* the thread's */
+    else o->state[b] = 1;                 /* for the first replica to end */
+  }
   dt__mutex_unlock(&o->mu);
 }
 
@@ -117,15 +158,15 @@ DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o) {
   dt__free(o->need, dt__ov_ibytes(o->nb));
   dt__free(o->left, dt__ov_ibytes(o->nb));
   dt__free(o->pbucket, dt__ov_ibytes(o->np));
+  dt__free(o->state, dt__ov_ibytes(o->nb));
   dt__free(o, sizeof *o);
 }
 
-DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *buf, size_t bucket_bytes,
-                                            dt__overlap **out) {
+DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, size_t bucket_bytes, dt__overlap **out) {
   *out = NULL;
   dt__overlap *o = (dt__overlap *)dt__calloc(sizeof *o);
   if (!o) return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory");
-  o->s = s, o->x = x, o->buf = buf;
+  o->s = s, o->x = x, o->nrep = s->n;
   o->started = -1; /* nothing to destroy yet */
   o->np = dt_params_count(s->params);
   o->scan = s->desc.check_numerics != 0;
@@ -141,8 +182,9 @@ DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *b
       o->need = (int *)dt__calloc(dt__ov_ibytes(nb));
       o->left = (int *)dt__calloc(dt__ov_ibytes(nb));
       o->pbucket = (int *)dt__calloc(dt__ov_ibytes(o->np));
+      o->state = (int *)dt__calloc(dt__ov_ibytes(nb));
       o->nb = nb;
-      if (!o->lo || !o->hi || !o->need || !o->left || !o->pbucket) {
+      if (!o->lo || !o->hi || !o->need || !o->left || !o->pbucket || !o->state) {
         dt__overlap_destroy(o);
         return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory for %d buckets", nb);
       }
@@ -177,6 +219,10 @@ DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *b
   }
   o->started = 0;
   o->bad = SIZE_MAX;
+  if (!x) { /* in one process: the replicas sum */
+    *out = o;
+    return DTRAIN_OK;
+  }
   rc = dt__thread_start(&o->th, dt__ov_thread, o);
   if (rc != DTRAIN_OK) {
     dt__overlap_destroy(o);
@@ -189,9 +235,11 @@ DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, float *b
 
 DTRAIN_PRIVATE int dt__overlap_buckets(const dt__overlap *o) { return o ? o->nb : 0; }
 
-DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g) {
+/* The driver, before the replicas' jobs: a step begins. */
+DTRAIN_PRIVATE void dt__overlap_arm(dt__overlap *o) {
   dt__mutex_lock(&o->mu);
-  for (int b = 0; b < o->nb; b++) o->left[b] = o->need[b];
+  for (int b = 0; b < o->nb; b++) o->left[b] = o->need[b] * o->nrep, o->state[b] = 0;
+  o->ended = 0;
   o->done = 0;
   o->rc = DTRAIN_OK;
   o->bad = SIZE_MAX;
@@ -200,21 +248,68 @@ DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g) {
   o->armed++;
   dt__cond_broadcast(&o->cv);
   dt__mutex_unlock(&o->mu);
-  dt__graph_on_grad_ready(g, dt__ov_ready, o);
 }
+
+DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g) { dt__graph_on_grad_ready(g, dt__ov_ready, o); }
 
 DTRAIN_PRIVATE const char *dt__overlap_error(const dt__overlap *o) { return o->msg; }
 
-DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, dt_graph *g, size_t *bad, int *bad_nan, uint64_t *sent) {
-  dt__graph_on_grad_ready(g, NULL, NULL);
+/* In one process, replica r once its backward is over: first, unless it is
+ * the last, the buckets completed meanwhile and not yet taken (what the
+ * others' backward completed while they still compute: it would wait for
+ * them anyway); then, when every backward is over (the replicas'
+ * barrier, which spins a while before it sleeps, as the plain path's
+ * reduce-scatter does), the buckets left, each replica the part in its own
+ * update slice. check_numerics: a second barrier, so that all see the same
+ * verdict. */
+static dt_result dt__ov_end_slices(dt__overlap *o, int r) {
+  size_t bad = SIZE_MAX;
+  int bad_nan = 0;
   dt__mutex_lock(&o->mu);
-  o->done = 1;
-  dt__cond_broadcast(&o->cv);
-  while (o->served != o->armed) dt__cond_wait(&o->cv, &o->mu);
-  dt_result rc = o->rc;
+  int early = ++o->ended < o->nrep; /* the last to end sums nothing alone: all are ready to share */
+  dt__mutex_unlock(&o->mu);
+  for (int b = 0; early && b < o->nb; b++) {
+    dt__mutex_lock(&o->mu);
+    int mine = o->state[b] == 1;
+    if (mine) o->state[b] = 2;
+    dt__mutex_unlock(&o->mu);
+    if (mine) dt__ov_scan_sum(o, o->lo[b], o->hi[b], &bad, &bad_nan);
+  }
+  dt_comm *c = o->s->comm;
+  dt_result rc = dt_comm_barrier(c, r);
+  if (rc != DTRAIN_OK) return rc; /* aborted: a replica failed (its error says why) */
+  size_t slo, shi;
+  dt_comm_slice(o->s->size, o->nrep, r, &slo, &shi);
+  for (int b = 0; b < o->nb; b++) {
+    if (o->state[b] == 2) continue; /* (no writer now: every backward is over) */
+    size_t lo = DT__MAX(o->lo[b], slo), hi = DT__MIN(o->hi[b], shi);
+    if (lo < hi) dt__ov_scan_sum(o, lo, hi, &bad, &bad_nan);
+  }
+  if (!o->scan) return DTRAIN_OK;
+  dt__mutex_lock(&o->mu);
+  dt__ov_merge_bad(o, bad, bad_nan);
+  dt__mutex_unlock(&o->mu);
+  return dt_comm_barrier(c, r);
+}
+
+DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, size_t *bad, int *bad_nan,
+                                         uint64_t *sent) {
+  dt__graph_on_grad_ready(g, NULL, NULL);
+  dt_result rc = o->x ? DTRAIN_OK : dt__ov_end_slices(o, r);
+  dt__mutex_lock(&o->mu);
+  if (o->x) {
+    if (++o->ended == o->nrep) {
+      o->done = 1;
+      dt__cond_broadcast(&o->cv);
+    }
+    /* every replica's end too, not only the sums: the buckets may all be in
+     * while a replica still checks its gradient or records its loss */
+    while (o->served != o->armed || o->ended < o->nrep) dt__cond_wait(&o->cv, &o->mu);
+    rc = o->rc;
+  }
   *bad = o->bad;
   *bad_nan = o->bad_nan;
-  *sent += o->sent;
+  if (sent) *sent += o->sent;
   dt__mutex_unlock(&o->mu);
   return rc;
 }

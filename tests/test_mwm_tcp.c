@@ -423,13 +423,13 @@ static void test_compressed_converges(void) {
 }
 
 static void test_faults(void) {
-  /* {W, victim, signal, overlap (one replica per process)} */
-  static const int cases[5][4] = {{2, 1, SIGKILL, 0}, {3, 2, SIGKILL, 0}, {2, 0, SIGSTOP, 0}, {3, 1, SIGKILL, 1},
-                                  {2, 1, SIGSTOP, 1}};
-  for (int ci = 0; ci < 5; ci++) {
+  /* {W, victim, signal, overlap, replicas per process} */
+  static const int cases[6][5] = {{2, 1, SIGKILL, 0, 2}, {3, 2, SIGKILL, 0, 2}, {2, 0, SIGSTOP, 0, 2},
+                                  {3, 1, SIGKILL, 1, 1}, {2, 1, SIGSTOP, 1, 1}, {2, 0, SIGKILL, 1, 2}};
+  for (int ci = 0; ci < 6; ci++) {
     memset(&R, 0, sizeof R);
     R.W = cases[ci][0];
-    R.N = cases[ci][3] ? 1 : 2;
+    R.N = cases[ci][4];
     R.ov = cases[ci][3];
     R.B = 24;
     R.victim = cases[ci][1];
@@ -447,7 +447,7 @@ static void overlap_child(const run *R, dt_comm *comm, int rank) {
   for (int v = 0; v < 2; v++) {
     model_init(&m[v], 5 + 1000 * (uint64_t)rank); /* rank 0's values win */
     opt[v] = make_opt(m[v].P);
-    dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, 1);
+    dt_strategy_options sd = dt_strategy_multi_worker_mirrored(comm, R->N);
     sd.spin_us = -1;
     sd.check_numerics = R->bucket == 64; /* one case scans in the overlap thread */
     sd.overlap = v;
@@ -474,8 +474,8 @@ static void overlap_child(const run *R, dt_comm *comm, int rank) {
   double tail = (double)K * 2.0 * (R->W - 1) / R->W * 8.0 * sizeof(float);
   CK(fabs((double)st[1].wire_bytes - (double)st[0].wire_bytes) <= tail + 16.0 * K);
   if (getenv("DTRAIN_TEST_VERBOSE"))
-    fprintf(stderr, "overlap W %d bucket %zu rank %d: %d buckets, bitwise %s\n", R->W, R->bucket, rank,
-            s[1] ? dt__overlap_buckets(dt__mwm_of(s[1])->ov) : -1, same ? "yes" : "NO");
+    fprintf(stderr, "overlap W %d x %d bucket %zu rank %d: %d buckets, bitwise %s\n", R->W, R->N, R->bucket, rank,
+            s[1] ? dt__overlap_buckets(s[1]->ov) : -1, same ? "yes" : "NO");
   for (int v = 0; v < 2; v++) {
     dt_strategy_destroy(s[v]);
     dt_optim_destroy(opt[v]);
@@ -485,13 +485,15 @@ static void overlap_child(const run *R, dt_comm *comm, int rank) {
 
 static void test_overlap(void) {
   /* every parameter its own bucket (4 bytes), odd sizes (100, 64 with the
-   * numerics scan), one bucket (the default 2 MiB); 2 and 3 workers */
+   * numerics scan), one bucket (the default 2 MiB); 2 and 3 workers of one
+   * replica, 2 workers of 2 and 3 replicas (the local sum in the thread too) */
   size_t buckets[] = {4, 100, 64, 0};
-  for (int W = 2; W <= 3; W++)
+  const int shape[4][2] = {{2, 1}, {3, 1}, {2, 2}, {2, 3}};
+  for (int w = 0; w < 4; w++)
     for (int i = 0; i < 4; i++) {
       memset(&R, 0, sizeof R);
-      R.W = W;
-      R.N = 1;
+      R.W = shape[w][0];
+      R.N = shape[w][1];
       R.victim = -1;
       R.overlap = 1;
       R.bucket = buckets[i];

@@ -138,6 +138,17 @@ static void test_equals_one_device(void) {
       CHECK(dt_strategy_stats_get(s, &st) == DTRAIN_OK);
       CHECK(st.steps == steps && st.kind == DTRAIN_STRATEGY_PARAMETER_SERVER);
       CHECK(st.staleness_max == 0);
+      /* the wire: each step a pull request and a push of every float of the
+       * one server's shard (16-byte headers), the weights and an answer back */
+      uint64_t shard = 0;
+      dt_param_info info;
+      for (int p = 0; dt_params_info(m.P, p, &info) == DTRAIN_OK; p++) shard += info.size;
+      uint64_t per = 16 + 16 + 4 * shard;
+      CHECK_MSG(st.wire_bytes == steps * per && st.wire_bytes_received == steps * per,
+                "sent %llu, received %llu, expected %llu each", (unsigned long long)st.wire_bytes,
+                (unsigned long long)st.wire_bytes_received, (unsigned long long)(steps * per));
+      dt_strategy_reset_stats(s);
+      CHECK(dt_strategy_stats_get(s, &st) == DTRAIN_OK && st.wire_bytes == 0 && st.wire_bytes_received == 0);
     }
     /* The last push is on the server: pull once more. */
     dt_pstore_ticket tk;
