@@ -15,8 +15,32 @@
 #include "harness.h"
 
 #if defined(DTRAIN_NO_DIST) || defined(DTRAIN_NO_THREADS)
+static dt_tensor *no_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  (void)g, (void)replica, (void)b, (void)user;
+  return NULL;
+}
+
+/* mirrored with overlap is refused by name, not run half-way */
+static void test_unavailable(void) {
+  dt_params *P = dt_params_create(1);
+  int64_t shape[1] = {4};
+  dt_params_add(P, "w", 1, shape, dt_init_zeros());
+  dt_optim_options od;
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_SGD;
+  od.lr = 0.1f;
+  dt_optim *opt = dt_optim_create(P, &od);
+  dt_strategy_options sd = dt_strategy_mirrored(2);
+  sd.overlap = 1;
+  CHECK(dt_strategy_create(P, opt, no_step, NULL, &sd) == NULL);
+  CHECK(dt_last_result() == DTRAIN_ERR_UNSUPPORTED);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+}
+
 int main(void) {
   th_skip_item("test_overlap", "mirrored needs threads and the distributed kinds");
+  TH_RUN(test_unavailable);
   return th_summary("overlap");
 }
 #else
