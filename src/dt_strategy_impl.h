@@ -275,6 +275,7 @@ DTRAIN_PRIVATE dt_result dt__strategy_nomem(dt_strategy *s);
 /* Replica r's host buffers: private copies of the params' data / a private
  * gradient when asked (else the params' own), grad0 (if not NULL) as its
  * gradient, bound to its graph. */
+DTRAIN_PRIVATE int dt__strategy_shared(const dt_strategy *s);
 DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, int own_grad, float *grad0);
 
 /* dt_strategy_run's loop of dt_strategy_step on next(user, -1, step), for

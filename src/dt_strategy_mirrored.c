@@ -7,7 +7,12 @@
  * -> clipping / numerics on that slice -> dt_optim_update of slice r of its
  * own copy -> replica 0's buffers (batch-norm statistics) into slice r ->
  * all-gather of the parameters. Buffers follow replica 0, like PyTorch
- * DDP's broadcast_buffers. On devices see dt_strategy_device.c.
+ * DDP's broadcast_buffers. A model without buffers (nothing its forward
+ * writes) keeps one copy that every replica reads (dt__strategy_shared):
+ * each replica updates its slice in place after every replica's backward is
+ * over (the update's barrier), and no all-gather is needed: the end of the
+ * step's jobs comes before the next forward. On devices see
+ * dt_strategy_device.c.
  * desc.overlap: instead of the reduce-scatter, the replicas sum the
  * gradients into replica 0's in buckets while backward goes on
  * (dt_strategy_overlap.c); each replica then updates its slice from that sum
@@ -23,11 +28,13 @@ DTRAIN_API dt_strategy_options dt_mirrored(int replicas) { return dt_strategy_mi
 
 #if !defined(DTRAIN_NO_DIST)
 
-/* Replica 0 trains the params' buffers; the others their own copies. With
- * backup workers every replica has its own: the params' are the centre. */
+/* Replica 0 trains the params' buffers; the others their own copies, or
+ * the params' own too when the model has no buffers (dt__strategy_shared).
+ * With backup workers every replica has its own: the params' are the
+ * centre. */
 static dt_result dt__mirrored_replica(dt_strategy *s, int r) {
   int own = r > 0 || s->desc.backup_workers > 0;
-  return dt__strategy_bind(s, r, own, own, NULL);
+  return dt__strategy_bind(s, r, own && !dt__strategy_shared(s), own, NULL);
 }
 
 static dt_result dt__mirrored_create(dt_strategy *s) {
@@ -86,8 +93,10 @@ static void dt__mirrored_job(dt_strategy *s, int r) {
    * own slice before the all-gather spreads the slices (the optimizer never
    * writes the buffer ranges, so replica 0's stay still meanwhile). */
   if (r > 0) dt__strategy_copy_buffers(s, R->data, s->rep[0].data, lo, hi);
-  rc = dt_comm_allgather(s->comm, r, R->data, s->size);
-  if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
+  if (!dt__strategy_shared(s)) { /* (one shared copy: each slice updated in place is everybody's) */
+    rc = dt_comm_allgather(s->comm, r, R->data, s->size);
+    if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
+  }
 done:
   R->wait_s += dt__strategy_comm_wait(s, r) - w0;
 }
@@ -95,7 +104,8 @@ done:
 static dt_result dt__mirrored_sync(dt_strategy *s, const char *fn) {
   if (s->dev) return dt__strategy_dev_upload(s, fn);
   const float *src = dt_params_data(s->params);
-  for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, src, s->fbytes);
+  for (int r = 1; r < s->n; r++)
+    if (s->rep[r].data != src) memcpy(s->rep[r].data, src, s->fbytes);
   return DTRAIN_OK;
 }
 

@@ -179,7 +179,7 @@ static dt_result dt__mwm_allreduce_split(dt_strategy *s, dt_comm *x, int rank, f
 
 /* As mirrored; replica 0's gradient is the head of the cross-process buffer. */
 static dt_result dt__mwm_replica(dt_strategy *s, int r) {
-  return dt__strategy_bind(s, r, r > 0, r > 0, r == 0 ? dt__mwm_of(s)->buf : NULL);
+  return dt__strategy_bind(s, r, r > 0 && !dt__strategy_shared(s), r > 0, r == 0 ? dt__mwm_of(s)->buf : NULL);
 }
 
 static dt_result dt__mwm_comm_error(dt_strategy *s, const char *fn, dt_result rc) {
@@ -221,7 +221,8 @@ static dt_result dt__mwm_start(dt_strategy *s, const char *fn) {
   rc = dt_comm_broadcast(x, rank, pdata, s->size, 0);
   if (rc != DTRAIN_OK) return dt__mwm_comm_error(s, fn, rc);
   if (s->dev) return dt__strategy_dev_upload(s, fn);
-  for (int r = 1; r < s->n; r++) memcpy(s->rep[r].data, pdata, s->fbytes);
+  for (int r = 1; r < s->n; r++)
+    if (s->rep[r].data != pdata) memcpy(s->rep[r].data, pdata, s->fbytes);
   return DTRAIN_OK;
 }
 
@@ -395,8 +396,10 @@ static void dt__mwm_job(dt_strategy *s, int r) {
   /* The buffers: rank 0 replica 0's, carried by the all-reduce; each replica
    * puts its slice of them into its copy, the all-gather spreads them. */
   dt__strategy_copy_buffers(s, R->data, grad, lo, hi);
-  rc = dt_comm_allgather(s->comm, r, R->data, s->size);
-  if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
+  if (!dt__strategy_shared(s)) { /* (one shared copy: as in mirrored) */
+    rc = dt_comm_allgather(s->comm, r, R->data, s->size);
+    if (rc != DTRAIN_OK) dt__strategy_comm_failed(s, r, rc);
+  }
 done:
   R->wait_s += dt__strategy_comm_wait(s, r) - w0;
 }

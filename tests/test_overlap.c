@@ -45,30 +45,10 @@ int main(void) {
 }
 #else
 
-#  define NS 512
-#  define NF 8
-#  define NC 3
 #  define K 7
 #  define PMAX 4096
 #  define RMAX 4
-
-static float data_x[NS * NF];
-static int32_t data_y[NS];
-static float data_t[NS];
-
-static void make_data(void) {
-  th_seed(31);
-  for (int i = 0; i < NS; i++) {
-    int c = (int)(th_rand() * NC);
-    data_y[i] = c;
-    float s = 0.0f;
-    for (int f = 0; f < NF; f++) {
-      data_x[i * NF + f] = th_uniform(-1, 1) + ((f / 2 == c) ? 1.5f : 0.0f);
-      s += data_x[i * NF + f] * (float)(f + 1) * 0.1f;
-    }
-    data_t[i] = s;
-  }
-}
+#  include "synth_task.h"
 
 static void quiet_log(dt_log_level level, dt_result code, const char *msg, void *user) {
   (void)level, (void)code, (void)msg, (void)user;
@@ -121,18 +101,15 @@ static dt_tensor *model_step(dt_graph *g, int replica, const dt_minibatch *b, vo
   return loss;
 }
 
-static dt_minibatch batch_at(int64_t step, int64_t rows) {
-  dt_minibatch b;
-  memset(&b, 0, sizeof b);
-  int64_t first = (step * rows) % (NS - rows);
-  b.rows = rows;
-  b.x = data_x + first * NF;
-  b.x_cols = NF;
-  b.y = data_y + first;
-  b.y_cols = 1;
-  b.t = data_t + first;
-  b.t_cols = 1;
-  return b;
+/* Adam with clipping, or SGD with momentum */
+static dt_optim *make_opt(dt_params *P, int adam) {
+  dt_optim_options od;
+  memset(&od, 0, sizeof od);
+  od.kind = adam ? DTRAIN_OPTIM_ADAM : DTRAIN_OPTIM_SGD;
+  od.lr = adam ? 0.01f : 0.05f;
+  od.momentum = adam ? 0.0f : 0.9f;
+  od.clip_norm = adam ? 0.5f : 0.0f;
+  return dt_optim_create(P, &od);
 }
 
 typedef struct cfg {
@@ -160,13 +137,7 @@ static void run_one(const cfg *c, int overlap, trace *out) {
   memset(out, 0, sizeof *out);
   model m;
   model_init(&m, c->use_bn);
-  dt_optim_options od;
-  memset(&od, 0, sizeof od);
-  od.kind = c->adam ? DTRAIN_OPTIM_ADAM : DTRAIN_OPTIM_SGD;
-  od.lr = c->adam ? 0.01f : 0.05f;
-  od.momentum = c->adam ? 0.0f : 0.9f;
-  od.clip_norm = c->adam ? 0.5f : 0.0f;
-  dt_optim *opt = dt_optim_create(m.P, &od);
+  dt_optim *opt = make_opt(m.P, c->adam);
   dt_strategy_options sd = dt_strategy_mirrored(c->replicas);
   sd.spin_us = -1;
   sd.overlap = overlap;
@@ -280,11 +251,7 @@ static void test_thread_scan_message(void) {
   dt_set_logger(quiet_log, NULL, DTRAIN_LOG_ERROR);
   model m;
   model_init(&m, 0);
-  dt_optim_options od;
-  memset(&od, 0, sizeof od);
-  od.kind = DTRAIN_OPTIM_SGD;
-  od.lr = 0.05f;
-  dt_optim *opt = dt_optim_create(m.P, &od);
+  dt_optim *opt = make_opt(m.P, 0);
   dt_strategy_options sd = dt_strategy_mirrored(2);
   sd.overlap = 1;
   sd.bucket_bytes = 4;
@@ -310,11 +277,7 @@ static void test_thread_scan_message(void) {
 static void test_options(void) {
   model m;
   model_init(&m, 0);
-  dt_optim_options od;
-  memset(&od, 0, sizeof od);
-  od.kind = DTRAIN_OPTIM_SGD;
-  od.lr = 0.05f;
-  dt_optim *opt = dt_optim_create(m.P, &od);
+  dt_optim *opt = make_opt(m.P, 0);
   dt_set_logger(quiet_log, NULL, DTRAIN_LOG_ERROR);
   /* kinds without a gradient sum */
   dt_strategy_options bad[3] = {dt_strategy_one_device(), dt_strategy_async(2, -1), dt_strategy_central_storage(2)};
@@ -343,7 +306,7 @@ static void test_options(void) {
 }
 
 int main(void) {
-  make_data();
+  make_data_seeded(31);
   TH_RUN(test_bitwise_the_plain_path);
   TH_RUN(test_failures_alike);
   TH_RUN(test_thread_scan_message);

@@ -37,29 +37,9 @@ static void quiet_log(dt_log_level level, dt_result code, const char *msg, void 
 }
 static void quiet(void) { dt_set_logger(quiet_log, NULL, DTRAIN_LOG_ERROR); }
 
-/* ---- a fixed synthetic task ---------------------------------------------------------
- * 3 classes in 8-D (class c has mean 1.5 on features 2c, 2c+1), plus a float
- * regression target. */
-#define NS 512
-#define NF 8
-#define NC 3
-static float data_x[NS * NF];
-static int32_t data_y[NS];
-static float data_t[NS];
-
-static void make_data(void) {
-  th_seed(99);
-  for (int i = 0; i < NS; i++) {
-    int c = (int)(th_rand() * NC);
-    data_y[i] = c;
-    float s = 0.0f;
-    for (int f = 0; f < NF; f++) {
-      data_x[i * NF + f] = th_uniform(-1, 1) + ((f / 2 == c) ? 1.5f : 0.0f);
-      s += data_x[i * NF + f] * (float)(f + 1) * 0.1f;
-    }
-    data_t[i] = s;
-  }
-}
+/* ---- a fixed synthetic task (synth_task.h) ---------------------------------------------- */
+#include "synth_task.h"
+static void make_data(void) { make_data_seeded(99); }
 
 typedef struct model {
   dt_params *P;
@@ -128,20 +108,6 @@ static dt_tensor *model_step(dt_graph *g, int replica, const dt_minibatch *b, vo
   return loss;
 }
 
-/* Global batch number `step` of `rows` rows (wrapping around the data set). */
-static dt_minibatch batch_at(int64_t step, int64_t rows) {
-  dt_minibatch b;
-  memset(&b, 0, sizeof b);
-  int64_t first = (step * rows) % (NS - rows);
-  b.rows = rows;
-  b.x = data_x + first * NF;
-  b.x_cols = NF;
-  b.y = data_y + first;
-  b.y_cols = 1;
-  b.t = data_t + first;
-  b.t_cols = 1;
-  return b;
-}
 
 static double rel_err(const float *a, const float *b, size_t n) {
   double d = 0.0, m = 0.0;
@@ -458,6 +424,47 @@ static void test_mirrored_equals_one_device(void) {
         CHECK_MSG(memcmp(got, got2, n * sizeof(float)) == 0, "mirrored(%d) does not repeat bitwise", N);
       }
     }
+  }
+  alarm(0);
+}
+
+/* A model without buffers: every mirrored replica reads the params' one copy
+ * (no copies, no all-gather); with a buffer each has its own. Trained alike,
+ * the two agree bit for bit (the same additions, the same elementwise update). */
+static void test_shared_copy(void) {
+  watchdog(60);
+  for (int opt_i = 0; opt_i < 2; opt_i++) {
+    float p[2][PMAX];
+    size_t ntrain = 0;
+    for (int withbuf = 0; withbuf < 2; withbuf++) {
+      model m;
+      model_init(&m, 5);
+      ntrain = dt_params_size(m.P); /* the trained parameters come first */
+      if (withbuf) {
+        int64_t bs[1] = {4};
+        CHECK(dt_params_add_buffer(m.P, "spare", 1, bs, dt_init_zeros()) >= 0);
+      }
+      dt_optim *opt = make_opt(m.P, opt_i ? DTRAIN_OPTIM_ADAM : DTRAIN_OPTIM_SGD, opt_i ? 0.01f : 0.05f, 0.9f, 0.0f);
+      dt_strategy_options sd = dt_strategy_mirrored(3);
+      dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
+      CHECK(s != NULL);
+      for (int r = 1; s && r < 3; r++) {
+        dt_graph *g = dt_strategy_graph(s, r);
+        dt_graph_reset(g);
+        int shared = dt_param(g, 0)->data == dt_params_data(m.P);
+        CHECK_MSG(shared == !withbuf, "buffer %d: replica %d %s the params' copy", withbuf, r,
+                  shared ? "shares" : "does not share");
+      }
+      for (int k = 0; s && k < 8; k++) {
+        dt_minibatch b = batch_at(k, 31);
+        CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+      }
+      memcpy(p[withbuf], dt_params_data(m.P), ntrain * sizeof(float));
+      dt_strategy_destroy(s);
+      dt_optim_destroy(opt);
+      dt_params_destroy(m.P);
+    }
+    CHECK_MSG(memcmp(p[0], p[1], ntrain * sizeof(float)) == 0, "optimizer %d: shared and own copies differ", opt_i);
   }
   alarm(0);
 }
@@ -1361,6 +1368,7 @@ int main(void) {
   TH_RUN(test_comm_errors);
   TH_RUN(test_one_device_equals_hand_loop);
   TH_RUN(test_mirrored_equals_one_device);
+  TH_RUN(test_shared_copy);
   TH_RUN(test_central_storage_equals_mirrored);
   TH_RUN(test_uneven_and_empty_shards);
   TH_RUN(test_async_lockstep_equals_sync);

@@ -127,27 +127,9 @@ static dt_comm *wrap_create(wrap_shared *sh, int rank, int world) {
   return &w->comm;
 }
 
-/* ---- a fixed synthetic task (as in test_strategy.c) ------------------------------------- */
-#define NS 512
-#define NF 8
-#define NC 3
-static float data_x[NS * NF];
-static int32_t data_y[NS];
-static float data_t[NS];
-
-static void make_data(void) {
-  th_seed(99);
-  for (int i = 0; i < NS; i++) {
-    int c = (int)(th_rand() * NC);
-    data_y[i] = c;
-    float s = 0.0f;
-    for (int f = 0; f < NF; f++) {
-      data_x[i * NF + f] = th_uniform(-1, 1) + ((f / 2 == c) ? 1.5f : 0.0f);
-      s += data_x[i * NF + f] * (float)(f + 1) * 0.1f;
-    }
-    data_t[i] = s;
-  }
-}
+/* ---- a fixed synthetic task (synth_task.h, as in test_strategy.c) ------------------------ */
+#include "synth_task.h"
+static void make_data(void) { make_data_seeded(99); }
 
 typedef struct model {
   dt_params *P;
