@@ -21078,7 +21078,8 @@ struct dt_strategy {
   uint64_t wire_bytes;     /* multi_worker_mirrored: bytes sent to the other processes (stats) */
   uint64_t wire_base[2];   /* the store's wire_sent / wire_received when the stats were reset */
   dt__overlap *ov;         /* desc.overlap: gradients summed in buckets during backward; replica
-                              0's numerics scan is the overlap thread's (dt_strategy_overlap.c) */
+                              0's numerics are scanned before its values are summed
+                              (dt_strategy_overlap.c) */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;
@@ -21207,6 +21208,7 @@ DTRAIN_PRIVATE size_t dt__strategy_nonfinite_trainable(dt_strategy *s, const flo
  * DTRAIN_ERR_NONFINITE (dt_strategy_step turns that into a skip for the
  * synchronous kinds with skip_nonfinite) and 0 is returned. */
 DTRAIN_PRIVATE int dt__strategy_bad_step(dt_strategy *s, int r, const char *what);
+DTRAIN_PRIVATE int dt__strategy_grad_bad(dt_strategy *s, int r, int64_t step, size_t bad, int nan);
 /* Async family: replica r's own gradient has only finite trainable
  * elements. 1: go on; 0: failed (recorded) or skipped (R->skipped). */
 DTRAIN_PRIVATE int dt__strategy_own_grad_ok(dt_strategy *s, int r, int64_t step);
@@ -21346,18 +21348,12 @@ DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o);
 DTRAIN_PRIVATE int dt__overlap_buckets(const dt__overlap *o);
 /* The driver, before a step's jobs (no replica runs): the step begins. */
 DTRAIN_PRIVATE void dt__overlap_arm(dt__overlap *o);
-/* Every replica, before its compute: g's backward starts the buckets. */
-DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g);
-/* Every replica r, after its compute (or its failure): once all have come
- * the rest goes; returns when every bucket is summed (across processes) or
- * when the part in r's update slice is (dt_comm_slice over the replicas; in
- * one process), with the first failure. *bad: the first non-finite local
- * value's index in replica 0's gradient (check_numerics; SIZE_MAX: none),
- * *bad_nan whether it was a NaN; *sent += the bytes sent (NULL: not wanted). */
-DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, size_t *bad, int *bad_nan,
-                                         uint64_t *sent);
-/* The message of dt__overlap_end's failure (set in the overlap thread). */
-DTRAIN_PRIVATE const char *dt__overlap_error(const dt__overlap *o);
+/* Replica r's compute with desc.overlap: its backward starts the buckets'
+ * sums; then the rest. 1 when this replica's part and every local
+ * replica's went well: the sum is then in replica 0's gradient (across
+ * processes: all-reduced; in one process: at least r's update slice).
+ * Failures are recorded (the sums' and replica 0's numerics by replica 0). */
+DTRAIN_PRIVATE int dt__overlap_compute(dt_strategy *s, int r, const dt_minibatch *b);
 /* Forget the error (dt_strategy_sync: new parameters). */
 DTRAIN_PRIVATE void dt__ef_reset(dt__ef *e);
 /* The committed error (n floats; tests). */
@@ -21500,6 +21496,15 @@ DTRAIN_PRIVATE int dt__strategy_bad_step(dt_strategy *s, int r, const char *what
   return 0;
 }
 
+/* check_numerics found a local gradient's flat index `bad` not finite (a
+ * NaN when nan): dt__strategy_bad_step with the message naming it. */
+DTRAIN_PRIVATE int dt__strategy_grad_bad(dt_strategy *s, int r, int64_t step, size_t bad, int nan) {
+  char what[DT__MSG_CAP];
+  snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)step,
+           dt__strategy_param_at(s, bad), nan ? "NaN" : "Inf", bad);
+  return dt__strategy_bad_step(s, r, what);
+}
+
 DTRAIN_PRIVATE const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
   dt_param_info info;
   for (int p = 0; p < dt_params_count(s->params); p++)
@@ -21580,11 +21585,7 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
       hg = R->old;
     }
     size_t bad = dt__strategy_nonfinite(hg, 0, s->size);
-    if (bad < s->size) {
-      snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)b->step,
-               dt__strategy_param_at(s, bad), isnan(hg[bad]) ? "NaN" : "Inf", bad);
-      if (!dt__strategy_bad_step(s, r, what)) return 0;
-    }
+    if (bad < s->size && !dt__strategy_grad_bad(s, r, b->step, bad, isnan(hg[bad]) != 0)) return 0;
   }
   double dt = dt__now() - t0;
   if (r == s->desc.straggler && s->desc.straggler_factor > 1.0f) {
@@ -22231,7 +22232,7 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
   s->pool = dt__pool_create(s->n, dt__spin_seconds(d.spin_us, s->n));
   if (!s->pool) goto fail;
   if (m->start && m->start(s, fn) != DTRAIN_OK) goto fail;
-  if (s->pstore) s->wire_base[0] = s->pstore->wire_sent, s->wire_base[1] = s->pstore->wire_received;
+  dt_strategy_reset_stats(s); /* (the store's byte counts so far are not this strategy's) */
   return s;
 fail:
   dt_strategy_destroy(s);
@@ -22462,32 +22463,6 @@ static dt_result dt__mirrored_create(dt_strategy *s) {
   return s->desc.backup_workers > 0 ? dt__strategy_backup_create(s) : DTRAIN_OK;
 }
 
-/* overlap: compute, summing buckets as they complete; returns 1 when every
- * replica's part went well (the sum is then in replica 0's gradient). */
-static int dt__mirrored_compute_overlapped(dt_strategy *s, int r, const dt_minibatch *b) {
-  dt__strategy_replica *R = &s->rep[r];
-  dt__overlap_begin(s->ov, R->g);
-  int ok = dt__strategy_compute(s, r, b);
-  size_t bad = SIZE_MAX;
-  int bad_nan = 0;
-  dt_result rc = dt__overlap_end(s->ov, r, R->g, &bad, &bad_nan, NULL);
-  if (rc != DTRAIN_OK) { /* the replicas' barrier broke: a replica failed */
-    dt__strategy_comm_failed(s, r, rc);
-    return 0;
-  }
-  if (bad != SIZE_MAX) { /* replica 0's own values, scanned before their sum: every replica knows */
-    if (ok && r == 0) {
-      char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)b->step,
-               dt__strategy_param_at(s, bad), bad_nan ? "NaN" : "Inf", bad);
-      dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
-    }
-    return 0;
-  }
-  /* every replica has ended: a failure of any is recorded by now */
-  return ok && !dt__strategy_failed(s);
-}
-
 static void dt__mirrored_job(dt_strategy *s, int r) {
   dt__strategy_replica *R = &s->rep[r];
   R->result = DTRAIN_OK;
@@ -22499,7 +22474,7 @@ static void dt__mirrored_job(dt_strategy *s, int r) {
   double w0 = dt__strategy_comm_wait(s, r);
   dt_result rc;
   if (s->ov) {
-    if (!dt__mirrored_compute_overlapped(s, r, &b)) goto done;
+    if (!dt__overlap_compute(s, r, &b)) goto done;
     grad = s->rep[0].grad; /* the sum */
   } else {
     if (!dt__strategy_compute(s, r, &b)) return;
@@ -23975,10 +23950,6 @@ DTRAIN_PRIVATE void dt__overlap_arm(dt__overlap *o) {
   dt__mutex_unlock(&o->mu);
 }
 
-DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g) { dt__graph_on_grad_ready(g, dt__ov_ready, o); }
-
-DTRAIN_PRIVATE const char *dt__overlap_error(const dt__overlap *o) { return o->msg; }
-
 /* In one process, replica r once its backward is over: first, unless it is
  * the last, the buckets completed meanwhile and not yet taken (what the
  * others' backward completed while they still compute: it would wait for
@@ -24017,8 +23988,13 @@ static dt_result dt__ov_end_slices(dt__overlap *o, int r) {
   return dt_comm_barrier(c, r);
 }
 
-DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, size_t *bad, int *bad_nan,
-                                         uint64_t *sent) {
+/* Every replica r, after its compute (or its failure): once all have come
+ * the rest goes; returns when every bucket is summed (across processes) or
+ * when the part in r's update slice is (in one process), with the first
+ * failure. *bad: the first non-finite local value's index in replica 0's
+ * gradient (check_numerics; SIZE_MAX: none), *bad_nan whether it was a NaN;
+ * *sent += the bytes sent (NULL: not wanted). */
+static dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, size_t *bad, int *bad_nan, uint64_t *sent) {
   dt__graph_on_grad_ready(g, NULL, NULL);
   dt_result rc = o->x ? DTRAIN_OK : dt__ov_end_slices(o, r);
   dt__mutex_lock(&o->mu);
@@ -24037,6 +24013,40 @@ DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, siz
   if (sent) *sent += o->sent;
   dt__mutex_unlock(&o->mu);
   return rc;
+}
+
+DTRAIN_PRIVATE int dt__overlap_compute(dt_strategy *s, int r, const dt_minibatch *b) {
+  dt__overlap *o = s->ov;
+  dt__strategy_replica *R = &s->rep[r];
+  dt__graph_on_grad_ready(R->g, dt__ov_ready, o);
+  int ok = dt__strategy_compute(s, r, b);
+  double t0 = dt__now();
+  size_t bad = SIZE_MAX;
+  int bad_nan = 0;
+  dt_result rc = dt__overlap_end(o, r, R->g, &bad, &bad_nan, r == 0 ? &s->wire_bytes : NULL);
+  if (o->x) R->wait_s += dt__now() - t0; /* (in one process the replicas' barrier counts itself) */
+  if (rc != DTRAIN_OK) {
+    if (!o->x) { /* the replicas' barrier broke: a replica failed */
+      dt__strategy_comm_failed(s, r, rc);
+    } else if (r == 0 && ok) { /* replica 0 reports the all-reduces' failure */
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d, during backward): %.250s",
+               dt_comm_rank(o->x), o->x->world,
+               rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
+                                          "recreate it (and the strategy) to go on"
+                                        : o->msg);
+      dt__strategy_fail(s, 0, rc, what);
+    }
+    return 0;
+  }
+  if (bad != SIZE_MAX) { /* replica 0's local values, scanned before their sum: every replica knows */
+    if (ok && r == 0) (void)dt__strategy_grad_bad(s, 0, b->step, bad, bad_nan);
+    return 0;
+  }
+  /* every replica has ended: a failure of any is recorded by now (across
+   * processes replica 0 then sends the failure flag, so that the other
+   * processes fail the step too) */
+  return ok && !dt__strategy_failed(s);
 }
 
 #endif /* DTRAIN_NO_DIST */
@@ -24372,43 +24382,6 @@ static void dt__mwm_copy_grad(dt_strategy *s, float *dst, const float *grad, siz
   }
 }
 
-/* overlap: every replica's backward starts the buckets' sums, replica 0's
- * values summed with the others' and all-reduced across the processes;
- * then the rest, and the overlap thread's numerics scan as replica 0's own.
- * Returns 1 when this replica's part and every local replica's went well. */
-static int dt__mwm_compute_overlapped(dt_strategy *s, int r, const dt_minibatch *b) {
-  dt__strategy_replica *R = &s->rep[r];
-  dt__overlap_begin(s->ov, R->g);
-  int ok = dt__strategy_compute(s, r, b);
-  double t0 = dt__now();
-  size_t bad = SIZE_MAX;
-  int bad_nan = 0;
-  dt_result rc = dt__overlap_end(s->ov, r, R->g, &bad, &bad_nan, r == 0 ? &s->wire_bytes : NULL);
-  R->wait_s += dt__now() - t0;
-  if (r > 0) return ok && rc == DTRAIN_OK && bad == SIZE_MAX; /* replica 0 reports the step's failures */
-  char what[DT__MSG_CAP];
-  if (rc != DTRAIN_OK) {
-    dt_comm *x = s->desc.comm;
-    if (ok) {
-      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d, during backward): %.250s",
-               dt_comm_rank(x), x->world,
-               rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
-                                          "recreate it (and the strategy) to go on"
-                                        : dt__overlap_error(s->ov));
-      dt__strategy_fail(s, 0, rc, what);
-    }
-    return 0;
-  }
-  if (ok && bad != SIZE_MAX) {
-    snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)b->step,
-             dt__strategy_param_at(s, bad), bad_nan ? "NaN" : "Inf", bad);
-    ok = dt__strategy_bad_step(s, 0, what);
-  }
-  /* another replica's failure (recorded before it came to the end): replica
-   * 0 sends the failure flag so that the other processes fail the step too */
-  return ok && !dt__strategy_failed(s);
-}
-
 static void dt__mwm_job(dt_strategy *s, int r) {
   dt__mwm *st = dt__mwm_of(s);
   dt__strategy_replica *R = &s->rep[r];
@@ -24416,7 +24389,7 @@ static void dt__mwm_job(dt_strategy *s, int r) {
   dt_minibatch b;
   dt__strategy_sync_shard(s, r, &b); /* row sums now; the division by the global rows comes after the all-reduce */
   double w0 = dt__strategy_comm_wait(s, r);
-  int ok = s->ov ? dt__mwm_compute_overlapped(s, r, &b) : dt__strategy_compute(s, r, &b);
+  int ok = s->ov ? dt__overlap_compute(s, r, &b) : dt__strategy_compute(s, r, &b);
   dt_result rc;
   float *grad = s->rep[0].grad;
   size_t lo, hi;

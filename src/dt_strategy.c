@@ -430,7 +430,7 @@ DTRAIN_API dt_strategy *dt_strategy_create(dt_params *params, dt_optim *opt, dt_
   s->pool = dt__pool_create(s->n, dt__spin_seconds(d.spin_us, s->n));
   if (!s->pool) goto fail;
   if (m->start && m->start(s, fn) != DTRAIN_OK) goto fail;
-  if (s->pstore) s->wire_base[0] = s->pstore->wire_sent, s->wire_base[1] = s->pstore->wire_received;
+  dt_strategy_reset_stats(s); /* (the store's byte counts so far are not this strategy's) */
   return s;
 fail:
   dt_strategy_destroy(s);

@@ -130,6 +130,15 @@ DTRAIN_PRIVATE int dt__strategy_bad_step(dt_strategy *s, int r, const char *what
   return 0;
 }
 
+/* check_numerics found a local gradient's flat index `bad` not finite (a
+ * NaN when nan): dt__strategy_bad_step with the message naming it. */
+DTRAIN_PRIVATE int dt__strategy_grad_bad(dt_strategy *s, int r, int64_t step, size_t bad, int nan) {
+  char what[DT__MSG_CAP];
+  snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)step,
+           dt__strategy_param_at(s, bad), nan ? "NaN" : "Inf", bad);
+  return dt__strategy_bad_step(s, r, what);
+}
+
 DTRAIN_PRIVATE const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
   dt_param_info info;
   for (int p = 0; p < dt_params_count(s->params); p++)
@@ -210,11 +219,7 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
       hg = R->old;
     }
     size_t bad = dt__strategy_nonfinite(hg, 0, s->size);
-    if (bad < s->size) {
-      snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)b->step,
-               dt__strategy_param_at(s, bad), isnan(hg[bad]) ? "NaN" : "Inf", bad);
-      if (!dt__strategy_bad_step(s, r, what)) return 0;
-    }
+    if (bad < s->size && !dt__strategy_grad_bad(s, r, b->step, bad, isnan(hg[bad]) != 0)) return 0;
   }
   double dt = dt__now() - t0;
   if (r == s->desc.straggler && s->desc.straggler_factor > 1.0f) {

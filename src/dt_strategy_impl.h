@@ -112,7 +112,8 @@ struct dt_strategy {
   uint64_t wire_bytes;     /* multi_worker_mirrored: bytes sent to the other processes (stats) */
   uint64_t wire_base[2];   /* the store's wire_sent / wire_received when the stats were reset */
   dt__overlap *ov;         /* desc.overlap: gradients summed in buckets during backward; replica
-                              0's numerics scan is the overlap thread's (dt_strategy_overlap.c) */
+                              0's numerics are scanned before its values are summed
+                              (dt_strategy_overlap.c) */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;
@@ -241,6 +242,7 @@ DTRAIN_PRIVATE size_t dt__strategy_nonfinite_trainable(dt_strategy *s, const flo
  * DTRAIN_ERR_NONFINITE (dt_strategy_step turns that into a skip for the
  * synchronous kinds with skip_nonfinite) and 0 is returned. */
 DTRAIN_PRIVATE int dt__strategy_bad_step(dt_strategy *s, int r, const char *what);
+DTRAIN_PRIVATE int dt__strategy_grad_bad(dt_strategy *s, int r, int64_t step, size_t bad, int nan);
 /* Async family: replica r's own gradient has only finite trainable
  * elements. 1: go on; 0: failed (recorded) or skipped (R->skipped). */
 DTRAIN_PRIVATE int dt__strategy_own_grad_ok(dt_strategy *s, int r, int64_t step);
@@ -380,18 +382,12 @@ DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o);
 DTRAIN_PRIVATE int dt__overlap_buckets(const dt__overlap *o);
 /* The driver, before a step's jobs (no replica runs): the step begins. */
 DTRAIN_PRIVATE void dt__overlap_arm(dt__overlap *o);
-/* Every replica, before its compute: g's backward starts the buckets. */
-DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g);
-/* Every replica r, after its compute (or its failure): once all have come
- * the rest goes; returns when every bucket is summed (across processes) or
- * when the part in r's update slice is (dt_comm_slice over the replicas; in
- * one process), with the first failure. *bad: the first non-finite local
- * value's index in replica 0's gradient (check_numerics; SIZE_MAX: none),
- * *bad_nan whether it was a NaN; *sent += the bytes sent (NULL: not wanted). */
-DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, size_t *bad, int *bad_nan,
-                                         uint64_t *sent);
-/* The message of dt__overlap_end's failure (set in the overlap thread). */
-DTRAIN_PRIVATE const char *dt__overlap_error(const dt__overlap *o);
+/* Replica r's compute with desc.overlap: its backward starts the buckets'
+ * sums; then the rest. 1 when this replica's part and every local
+ * replica's went well: the sum is then in replica 0's gradient (across
+ * processes: all-reduced; in one process: at least r's update slice).
+ * Failures are recorded (the sums' and replica 0's numerics by replica 0). */
+DTRAIN_PRIVATE int dt__overlap_compute(dt_strategy *s, int r, const dt_minibatch *b);
 /* Forget the error (dt_strategy_sync: new parameters). */
 DTRAIN_PRIVATE void dt__ef_reset(dt__ef *e);
 /* The committed error (n floats; tests). */

@@ -41,32 +41,6 @@ static dt_result dt__mirrored_create(dt_strategy *s) {
   return s->desc.backup_workers > 0 ? dt__strategy_backup_create(s) : DTRAIN_OK;
 }
 
-/* overlap: compute, summing buckets as they complete; returns 1 when every
- * replica's part went well (the sum is then in replica 0's gradient). */
-static int dt__mirrored_compute_overlapped(dt_strategy *s, int r, const dt_minibatch *b) {
-  dt__strategy_replica *R = &s->rep[r];
-  dt__overlap_begin(s->ov, R->g);
-  int ok = dt__strategy_compute(s, r, b);
-  size_t bad = SIZE_MAX;
-  int bad_nan = 0;
-  dt_result rc = dt__overlap_end(s->ov, r, R->g, &bad, &bad_nan, NULL);
-  if (rc != DTRAIN_OK) { /* the replicas' barrier broke: a replica failed */
-    dt__strategy_comm_failed(s, r, rc);
-    return 0;
-  }
-  if (bad != SIZE_MAX) { /* replica 0's own values, scanned before their sum: every replica knows */
-    if (ok && r == 0) {
-      char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)b->step,
-               dt__strategy_param_at(s, bad), bad_nan ? "NaN" : "Inf", bad);
-      dt__strategy_fail(s, 0, DTRAIN_ERR_NONFINITE, what);
-    }
-    return 0;
-  }
-  /* every replica has ended: a failure of any is recorded by now */
-  return ok && !dt__strategy_failed(s);
-}
-
 static void dt__mirrored_job(dt_strategy *s, int r) {
   dt__strategy_replica *R = &s->rep[r];
   R->result = DTRAIN_OK;
@@ -78,7 +52,7 @@ static void dt__mirrored_job(dt_strategy *s, int r) {
   double w0 = dt__strategy_comm_wait(s, r);
   dt_result rc;
   if (s->ov) {
-    if (!dt__mirrored_compute_overlapped(s, r, &b)) goto done;
+    if (!dt__overlap_compute(s, r, &b)) goto done;
     grad = s->rep[0].grad; /* the sum */
   } else {
     if (!dt__strategy_compute(s, r, &b)) return;

@@ -327,43 +327,6 @@ static void dt__mwm_copy_grad(dt_strategy *s, float *dst, const float *grad, siz
   }
 }
 
-/* overlap: every replica's backward starts the buckets' sums, replica 0's
- * values summed with the others' and all-reduced across the processes;
- * then the rest, and the overlap thread's numerics scan as replica 0's own.
- * Returns 1 when this replica's part and every local replica's went well. */
-static int dt__mwm_compute_overlapped(dt_strategy *s, int r, const dt_minibatch *b) {
-  dt__strategy_replica *R = &s->rep[r];
-  dt__overlap_begin(s->ov, R->g);
-  int ok = dt__strategy_compute(s, r, b);
-  double t0 = dt__now();
-  size_t bad = SIZE_MAX;
-  int bad_nan = 0;
-  dt_result rc = dt__overlap_end(s->ov, r, R->g, &bad, &bad_nan, r == 0 ? &s->wire_bytes : NULL);
-  R->wait_s += dt__now() - t0;
-  if (r > 0) return ok && rc == DTRAIN_OK && bad == SIZE_MAX; /* replica 0 reports the step's failures */
-  char what[DT__MSG_CAP];
-  if (rc != DTRAIN_OK) {
-    dt_comm *x = s->desc.comm;
-    if (ok) {
-      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d, during backward): %.250s",
-               dt_comm_rank(x), x->world,
-               rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
-                                          "recreate it (and the strategy) to go on"
-                                        : dt__overlap_error(s->ov));
-      dt__strategy_fail(s, 0, rc, what);
-    }
-    return 0;
-  }
-  if (ok && bad != SIZE_MAX) {
-    snprintf(what, sizeof what, "step %lld: gradient of '%s' is %s at flat index %zu", (long long)b->step,
-             dt__strategy_param_at(s, bad), bad_nan ? "NaN" : "Inf", bad);
-    ok = dt__strategy_bad_step(s, 0, what);
-  }
-  /* another replica's failure (recorded before it came to the end): replica
-   * 0 sends the failure flag so that the other processes fail the step too */
-  return ok && !dt__strategy_failed(s);
-}
-
 static void dt__mwm_job(dt_strategy *s, int r) {
   dt__mwm *st = dt__mwm_of(s);
   dt__strategy_replica *R = &s->rep[r];
@@ -371,7 +334,7 @@ static void dt__mwm_job(dt_strategy *s, int r) {
   dt_minibatch b;
   dt__strategy_sync_shard(s, r, &b); /* row sums now; the division by the global rows comes after the all-reduce */
   double w0 = dt__strategy_comm_wait(s, r);
-  int ok = s->ov ? dt__mwm_compute_overlapped(s, r, &b) : dt__strategy_compute(s, r, &b);
+  int ok = s->ov ? dt__overlap_compute(s, r, &b) : dt__strategy_compute(s, r, &b);
   dt_result rc;
   float *grad = s->rep[0].grad;
   size_t lo, hi;

@@ -250,10 +250,6 @@ DTRAIN_PRIVATE void dt__overlap_arm(dt__overlap *o) {
   dt__mutex_unlock(&o->mu);
 }
 
-DTRAIN_PRIVATE void dt__overlap_begin(dt__overlap *o, dt_graph *g) { dt__graph_on_grad_ready(g, dt__ov_ready, o); }
-
-DTRAIN_PRIVATE const char *dt__overlap_error(const dt__overlap *o) { return o->msg; }
-
 /* In one process, replica r once its backward is over: first, unless it is
  * the last, the buckets completed meanwhile and not yet taken (what the
  * others' backward completed while they still compute: it would wait for
@@ -292,8 +288,13 @@ static dt_result dt__ov_end_slices(dt__overlap *o, int r) {
   return dt_comm_barrier(c, r);
 }
 
-DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, size_t *bad, int *bad_nan,
-                                         uint64_t *sent) {
+/* Every replica r, after its compute (or its failure): once all have come
+ * the rest goes; returns when every bucket is summed (across processes) or
+ * when the part in r's update slice is (in one process), with the first
+ * failure. *bad: the first non-finite local value's index in replica 0's
+ * gradient (check_numerics; SIZE_MAX: none), *bad_nan whether it was a NaN;
+ * *sent += the bytes sent (NULL: not wanted). */
+static dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, size_t *bad, int *bad_nan, uint64_t *sent) {
   dt__graph_on_grad_ready(g, NULL, NULL);
   dt_result rc = o->x ? DTRAIN_OK : dt__ov_end_slices(o, r);
   dt__mutex_lock(&o->mu);
@@ -312,6 +313,40 @@ DTRAIN_PRIVATE dt_result dt__overlap_end(dt__overlap *o, int r, dt_graph *g, siz
   if (sent) *sent += o->sent;
   dt__mutex_unlock(&o->mu);
   return rc;
+}
+
+DTRAIN_PRIVATE int dt__overlap_compute(dt_strategy *s, int r, const dt_minibatch *b) {
+  dt__overlap *o = s->ov;
+  dt__strategy_replica *R = &s->rep[r];
+  dt__graph_on_grad_ready(R->g, dt__ov_ready, o);
+  int ok = dt__strategy_compute(s, r, b);
+  double t0 = dt__now();
+  size_t bad = SIZE_MAX;
+  int bad_nan = 0;
+  dt_result rc = dt__overlap_end(o, r, R->g, &bad, &bad_nan, r == 0 ? &s->wire_bytes : NULL);
+  if (o->x) R->wait_s += dt__now() - t0; /* (in one process the replicas' barrier counts itself) */
+  if (rc != DTRAIN_OK) {
+    if (!o->x) { /* the replicas' barrier broke: a replica failed */
+      dt__strategy_comm_failed(s, r, rc);
+    } else if (r == 0 && ok) { /* replica 0 reports the all-reduces' failure */
+      char what[DT__MSG_CAP];
+      snprintf(what, sizeof what, "cross-process all-reduce (rank %d of %d, during backward): %.250s",
+               dt_comm_rank(o->x), o->x->world,
+               rc == DTRAIN_ERR_ABORTED ? "the communicator was broken by an earlier failure (see that error); "
+                                          "recreate it (and the strategy) to go on"
+                                        : o->msg);
+      dt__strategy_fail(s, 0, rc, what);
+    }
+    return 0;
+  }
+  if (bad != SIZE_MAX) { /* replica 0's local values, scanned before their sum: every replica knows */
+    if (ok && r == 0) (void)dt__strategy_grad_bad(s, 0, b->step, bad, bad_nan);
+    return 0;
+  }
+  /* every replica has ended: a failure of any is recorded by now (across
+   * processes replica 0 then sends the failure flag, so that the other
+   * processes fail the step too) */
+  return ok && !dt__strategy_failed(s);
 }
 
 #endif /* DTRAIN_NO_DIST */
