@@ -61,7 +61,7 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/dtrain.o
 	$(CC) $(CFLAGS_ALL) -I. -Itests $< $(BUILD)/dtrain.o -o $@ $(LDLIBS)
 
 # The parameter-server tests share their forked cluster.
-$(BUILD)/tests/test_ps $(BUILD)/tests/test_ps_elastic: tests/ps_harness.h tests/hostile_clients.h
+$(BUILD)/tests/test_ps $(BUILD)/tests/test_ps_elastic $(BUILD)/tests/test_ps_compress: tests/ps_harness.h tests/hostile_clients.h
 
 # The TCP communicator's tests share their forked ranks.
 $(BUILD)/tests/test_comm_tcp $(BUILD)/tests/test_comm_p2p $(BUILD)/tests/test_pipeline \

@@ -2529,7 +2529,9 @@ typedef struct dt_strategy_options {
                                     DTRAIN_STALENESS_UNBOUNDED. 0: tickets 0, 1, ... [0] */
   dt_compress compress;          /* multi_worker_mirrored: the gradients' form on the wire (above),
                                     sent as point-to-point messages of tag DT_COMM_TAG_MAX on the
-                                    communicator [none: the float all-reduce] */
+                                    communicator [none: the float all-reduce]; parameter_server:
+                                    the pushes' form, pulls as 16-bit differences (dt_net.h,
+                                    "Compressed pushes and pulls") [none: floats both ways] */
   int backup_workers;            /* mirrored, dt_strategy_run: B in [0, replicas). B > 0: each step
                                     updates with the first N-B replica gradients to arrive, averaged
                                     over their rows, and drops the later ones (Chen et al., 2016;
@@ -2736,6 +2738,9 @@ struct dt_pstore {
   uint64_t wire_sent, wire_received; /* tcp: payload bytes of this worker's pulls and pushes sent
                           to / received from the servers, frame headers not counted (stats;
                           dt_strategy_stats reads them) [local: 0] */
+  dt_compress compress; /* tcp: the form of pushes and pulls on the wire (set by the parameter_server
+                          strategy from dt_strategy_options.compress; see "Compressed pushes and
+                          pulls" in dt_net.h); takes effect at the next call [none: floats] */
   void *impl;
 };
 
@@ -3328,9 +3333,33 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void);
  * error stays until the store is destroyed. Restart the job: each server
  * resumes from its last checkpoint (dt_ps_options).
  *
- * Wire: after the transport handshake, message types 0x50..0x55 (see
+ * Compressed pushes and pulls (dt_strategy_options.compress, which the
+ * strategy copies to the store's `compress`; --compress in the examples).
+ * Pushes: fp16 or bf16 send each gradient value in 16 bits (fp16 scaled by a
+ * power of two chosen from the largest value); topk:F sends the worker's
+ * ceil(F x trained values) largest |gradient + error| (selected over all its
+ * servers, each getting those of its shard as positions and values);
+ * powersgd:R sends, per trained matrix, PowerSGD's factors P (rows x r,
+ * orthonormal) and Q = M^T P (cols x r), r = min(R, rows, cols), the server
+ * adding P Q^T (vectors and matrices whose factors would be no smaller go as
+ * floats). top-k and PowerSGD keep what they left out and add it to the next
+ * push (error feedback; PowerSGD's Q is the warm start of the next). Buffers
+ * always go as floats. Pulls: after a first pull of floats, each server sends
+ * the difference between its shard and the copy this worker holds, in 16
+ * bits (bf16 with compress bf16, fp16 otherwise); both ends add the same
+ * decoded values to their copies, which stay bitwise equal, and the worker
+ * trains on its copy (the last difference's rounding from the server's
+ * weights; what it lost comes with the next). A server keeps one such copy
+ * per compressing worker (the shard's floats); a worker keeps one of the
+ * model. Payload bytes per step with one server (n floats, t of them
+ * trained): floats send 16 + 16 + 4n and receive as many; fp16/bf16 send
+ * 16 + 24 + 2t + 4(n-t) and receive 24 + 2n + 16 (dt_strategy_stats'
+ * wire_bytes and wire_bytes_received count them).
+ *
+ * Wire: after the transport handshake, message types 0x50..0x59 (see
  * docs/wire_protocol.md); parameters and gradients travel as little-endian
- * IEEE-754 floats. */
+ * IEEE-754 floats, or 16-bit floats and top-k / low-rank messages when
+ * compressed. */
 
 /* What server 0's work queue did (dt_ps_options.work_stats). */
 typedef struct dt_ps_work_stats {
@@ -21304,6 +21333,9 @@ DTRAIN_PRIVATE uint16_t dt__f16_of(float f);
 DTRAIN_PRIVATE float dt__f32_of_f16(uint16_t h);
 DTRAIN_PRIVATE uint16_t dt__bf16_of(float f);
 DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h);
+/* fp16 messages: values are multiplied by 2^e, e from the largest finite
+ * |value| m (it lands in [2^14, 2^15]); 0 when m is 0 or a value is not finite. */
+DTRAIN_PRIVATE int dt__f16_exponent(float m, int finite);
 /* The bytes a float ring all-reduce of n values sends from one of W ranks. */
 DTRAIN_PRIVATE uint64_t dt__ring_bytes(size_t n, int W);
 #if !defined(DTRAIN_NO_DIST)
@@ -21333,7 +21365,31 @@ typedef struct dt__ef_part {
  * they are no smaller (tests). */
 DTRAIN_PRIVATE dt_result dt__ef_create(dt_compress c, size_t n, const dt__ef_part *parts, int nparts, int W,
                                        int lowrank_all, dt__ef **out);
+/* The same over P's trained parameters, each a matrix of its first
+ * dimension's rows (dt__ef_param_matrix). */
+DTRAIN_PRIVATE dt_result dt__ef_create_params(dt_compress c, const dt_params *P, int W, dt__ef **out);
+/* Parameter i as a matrix: rows = its first dimension (vectors: all of it), cols = the rest. */
+DTRAIN_PRIVATE void dt__ef_param_matrix(const dt_params *P, int i, size_t *rows, size_t *cols);
+/* PowerSGD's rank for a rows x cols matrix at rank R: min(R, rows, cols), or 0
+ * (sent as floats) where the factors would be no smaller or it is a vector. */
+DTRAIN_PRIVATE size_t dt__ef_lowrank(int R, size_t rows, size_t cols, int lowrank_all);
+/* out (rows x cols) = P Q^T, P rows x r, Q cols x r (qt: cols x r floats of
+ * scratch); plain C in a fixed order: the same floats on every host. */
+DTRAIN_PRIVATE void dt__ef_expand(const float *P, const float *Q, float *out, size_t rows, size_t cols, size_t r,
+                                  float *qt);
 DTRAIN_PRIVATE void dt__ef_destroy(dt__ef *e);
+/* One rank's compression with no wire (a parameter-server push; W = 1): the
+ * error staged as dt__ef_allreduce does; buf is left alone. top-k: the
+ * message (dt__ef_topk_count entries, rising flat indices); PowerSGD: per
+ * part, P orthonormalised and Q = M^T P (dt__ef_factors), P Q^T being what
+ * the receiver adds. */
+DTRAIN_PRIVATE void dt__ef_local(dt__ef *e, const float *buf);
+DTRAIN_PRIVATE size_t dt__ef_topk_count(const dt__ef *e);
+DTRAIN_PRIVATE void dt__ef_topk_entry(const dt__ef *e, size_t j, uint32_t *index, float *value);
+/* Part `part` (the trained parameters in order) after dt__ef_local: *r its
+ * rank and *Q its Q (cols x r), returning P (rows x r); *r 0: returns its
+ * values (rows x cols), *Q NULL. */
+DTRAIN_PRIVATE const float *dt__ef_factors(const dt__ef *e, int part, size_t *r, const float **Q);
 /* buf's parts get the compressed sum over the ranks (the same bytes on every
  * rank); floats outside the parts are left alone. The step's error is staged:
  * dt__ef_commit keeps it (the step went on), otherwise the last one stays. */
@@ -22062,9 +22118,14 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
     if (ck == DTRAIN_COMPRESS_POWERSGD && (d->compress.rank < 1 || d->compress.rank > 1024))
       return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress powersgd: rank %d outside 1..1024", fn,
                        d->compress.rank);
-    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
-      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) is for multi_worker_mirrored, not %s (its "
-                       "gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);
+    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && d->kind != DTRAIN_STRATEGY_PARAMETER_SERVER)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) is for multi_worker_mirrored and parameter_server, "
+                       "not %s (its gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);
+    if (d->kind == DTRAIN_STRATEGY_PARAMETER_SERVER && d->store && d->store->vtable &&
+        (!d->store->vtable->name || strcmp(d->store->vtable->name, "tcp") != 0))
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) needs a store over TCP (dt_pstore_create_tcp), not "
+                       "the %s store", fn, dt_compress_name(d->compress),
+                       d->store->vtable->name ? d->store->vtable->name : "?");
   }
   if (d->overlap) {
     if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && d->kind != DTRAIN_STRATEGY_MIRRORED)
@@ -22892,6 +22953,7 @@ static dt_result dt__ps_create(dt_strategy *s) {
     return dt__error(DTRAIN_ERR_SHAPE, "dt_strategy_create: the store holds %zu floats, the params %zu", st->size,
                      s->size);
   s->pstore = st; /* borrowed */
+  st->compress = s->desc.compress; /* the store's pushes and pulls (dt_ps_codec.c) */
   return DTRAIN_OK;
 }
 
@@ -23073,6 +23135,18 @@ DTRAIN_PRIVATE uint16_t dt__bf16_of(float f) {
   return (uint16_t)(x >> 16);
 }
 
+DTRAIN_PRIVATE int dt__f16_exponent(float m, int finite) {
+  int e = 0;
+  if (finite && m > 0.0f) { /* the largest value lands in [2^14, 2^15] */
+    int ex;
+    (void)frexpf(m, &ex);
+    e = 15 - ex;
+    if (e > 127) e = 127;
+    if (e < -126) e = -126;
+  }
+  return e;
+}
+
 DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h) {
   uint32_t x = (uint32_t)h << 16;
   float f;
@@ -23108,13 +23182,7 @@ DTRAIN_PRIVATE void dt__cmsg_encode(dt_compress_kind kind, const float *x, size_
       if (!(a <= FLT_MAX)) finite = 0;
       else if (a > m) m = a;
     }
-    if (finite && m > 0.0f) { /* the largest value lands in [2^14, 2^15] */
-      int ex;
-      (void)frexpf(m, &ex);
-      e = 15 - ex;
-      if (e > 127) e = 127;
-      if (e < -126) e = -126;
-    }
+    e = dt__f16_exponent(m, finite);
     float s = ldexpf(1.0f, e);
     for (size_t i = 0; i < k; i++) dt__cmsg_put(slots, i, dt__f16_of(x[i] * s));
   } else {
@@ -23313,6 +23381,23 @@ static void dt__ef_norm_col(dt__ef *e, float *Q, size_t cols, size_t r, size_t j
   for (size_t c = 0; c < cols; c++) Q[c * r + j] *= s;
 }
 
+DTRAIN_PRIVATE size_t dt__ef_lowrank(int R, size_t rows, size_t cols, int lowrank_all) {
+  size_t r = R > 0 ? (size_t)R : 0;
+  r = DT__MIN(r, DT__MIN(rows, cols));
+  return cols > 1 && rows > 1 && r > 0 && (lowrank_all || (rows + cols) * r < rows * cols) ? r : 0;
+}
+
+DTRAIN_PRIVATE void dt__ef_param_matrix(const dt_params *P, int i, size_t *rows, size_t *cols) {
+  size_t off = 0, b = 0, e = 0;
+  int ndim = 0, tr = 0, dec = 0;
+  const int64_t *shape = NULL;
+  *rows = *cols = 0;
+  if (!dt__params_range(P, i, &b, &e, &tr, &dec)) return;
+  dt__params_view(P, i, &off, &ndim, &shape, &tr);
+  *rows = ndim >= 2 && shape[0] > 0 ? (size_t)shape[0] : 1;
+  *cols = (e - b) / *rows;
+}
+
 DTRAIN_PRIVATE dt_result dt__ef_create(dt_compress c, size_t n, const dt__ef_part *parts, int nparts, int W,
                                        int lowrank_all, dt__ef **out) {
   *out = NULL;
@@ -23345,15 +23430,12 @@ DTRAIN_PRIVATE dt_result dt__ef_create(dt_compress c, size_t n, const dt__ef_par
     }
     e->ntrain += m;
     if (c.kind != DTRAIN_COMPRESS_POWERSGD) continue;
-    size_t r = (size_t)c.rank;
-    r = DT__MIN(r, DT__MIN(u->rows, u->cols));
-    int factored = u->cols > 1 && u->rows > 1 && (lowrank_all || (u->rows + u->cols) * r < m);
-    u->r = factored ? r : 0;
+    u->r = dt__ef_lowrank(c.rank, u->rows, u->cols, lowrank_all);
     u->poff = e->npack;
-    e->npack += factored ? u->rows * r : m;
+    e->npack += u->r ? u->rows * u->r : m;
     u->qoff = e->nq;
-    e->nq += factored ? u->cols * r : 0;
-    if (factored) e->nqt = DT__MAX(e->nqt, u->cols * r), e->nrecon = DT__MAX(e->nrecon, m);
+    e->nq += u->cols * u->r;
+    if (u->r) e->nqt = DT__MAX(e->nqt, u->cols * u->r), e->nrecon = DT__MAX(e->nrecon, m);
   }
   if (c.kind == DTRAIN_COMPRESS_TOPK && e->ntrain > 0) {
     double want = (double)c.fraction * (double)e->ntrain; /* less float's rounding of F: 0.3f x 10 is 3 */
@@ -23381,6 +23463,25 @@ DTRAIN_PRIVATE dt_result dt__ef_create(dt_compress c, size_t n, const dt__ef_par
 nomem:
   dt__ef_destroy(e);
   return dt__error(DTRAIN_ERR_NOMEM, "compress %s: out of memory for the error feedback state", dt_compress_name(c));
+}
+
+DTRAIN_PRIVATE dt_result dt__ef_create_params(dt_compress c, const dt_params *P, int W, dt__ef **out) {
+  int np = dt_params_count(P), n = 0;
+  *out = NULL;
+  dt__ef_part *parts = (dt__ef_part *)dt__calloc((size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
+  if (!parts) return dt__error(DTRAIN_ERR_NOMEM, "compress %s: out of memory", dt_compress_name(c));
+  for (int i = 0; i < np; i++) {
+    size_t b = 0, e = 0;
+    int tr = 0, dec = 0;
+    if (!dt__params_range(P, i, &b, &e, &tr, &dec)) break;
+    if (!tr || e == b) continue;
+    parts[n].off = b;
+    dt__ef_param_matrix(P, i, &parts[n].rows, &parts[n].cols);
+    n++;
+  }
+  dt_result rc = dt__ef_create(c, dt_params_size(P), parts, n, W, 0, out);
+  dt__free(parts, (size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
+  return rc;
 }
 
 DTRAIN_PRIVATE void dt__ef_commit(dt__ef *e) {
@@ -23609,6 +23710,12 @@ static void dt__ef_transpose(const float *Q, float *Qt, size_t cols, size_t r) {
     for (size_t j = 0; j < r; j++) Qt[j * cols + c] = Q[c * r + j];
 }
 
+DTRAIN_PRIVATE void dt__ef_expand(const float *P, const float *Q, float *out, size_t rows, size_t cols, size_t r,
+                                  float *qt) {
+  dt__ef_transpose(Q, qt, cols, r);
+  dt__ef_pqt(P, qt, out, rows, cols, r);
+}
+
 /* The columns of P (rows x r) made orthonormal, in order (modified
  * Gram-Schmidt, sums in double). A column left with less than 1e-6 of its
  * length (in the span of those before it) becomes zero; a non-finite one
@@ -23630,8 +23737,9 @@ static void dt__ef_orthonormalise(float *P, size_t rows, size_t r) {
   }
 }
 
-static dt_result dt__ef_powersgd(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent) {
-  /* M = g + e, staged in next; P = M Q (or the values) into the pack */
+/* M = g + e, staged in next; P = M Q (or the values) into the pack. */
+static void dt__ef_psgd_p(dt__ef *e, const float *buf) {
+  e->next_ok = 0;
   for (int p = 0; p < e->nrun; p++) {
     const dt__ef_run *u = &e->run[p];
     size_t m = u->rows * u->cols;
@@ -23643,39 +23751,35 @@ static dt_result dt__ef_powersgd(dt__ef *e, dt_comm *x, int rank, float *buf, ui
     for (size_t i = 0; i < m; i++) M[i] = buf[u->off + i] + e->err[u->off + i];
     dt__ef_mq(M, e->q + u->qoff, e->pack + u->poff, u->rows, u->cols, u->r);
   }
-  e->next_ok = 0;
-  dt_result rc = dt_comm_allreduce(x, rank, e->pack, e->npack);
-  *sent += dt__ring_bytes(e->npack, e->W);
-  if (rc != DTRAIN_OK) return rc;
+}
+
+/* P (summed) orthonormalised; Q = M^T P, this rank's, also kept in qloc. */
+static void dt__ef_psgd_q(dt__ef *e) {
   for (int p = 0; p < e->nrun; p++) {
     const dt__ef_run *u = &e->run[p];
     if (!u->r) continue;
     dt__ef_orthonormalise(e->pack + u->poff, u->rows, u->r);
     dt__ef_mtp(e->next + u->off, e->pack + u->poff, e->q + u->qoff, u->rows, u->cols, u->r);
   }
-  if (e->nq) {
-    memcpy(e->qloc, e->q, e->nq * sizeof(float));
-    rc = dt_comm_allreduce(x, rank, e->q, e->nq);
-    *sent += dt__ring_bytes(e->nq, e->W);
-    if (rc != DTRAIN_OK) return rc;
-  }
-  /* the sum ~ P Q^T; e = M - P Q_local^T (what this rank's part lost); then
-   * Q normalised for the next step */
+  if (e->nq) memcpy(e->qloc, e->q, e->nq * sizeof(float));
+}
+
+/* With Q summed: out (when not NULL) gets the sum, ~ P Q^T (the values of
+ * parts sent as floats); e = M - P Q_local^T (what this rank's part lost);
+ * then Q is normalised for the next step. */
+static void dt__ef_psgd_finish(dt__ef *e, float *out) {
   int finite = 1;
   for (int p = 0; p < e->nrun; p++) {
     const dt__ef_run *u = &e->run[p];
-    float *out = buf + u->off;
     if (!u->r) {
-      memcpy(out, e->pack + u->poff, u->rows * u->cols * sizeof(float));
+      if (out) memcpy(out + u->off, e->pack + u->poff, u->rows * u->cols * sizeof(float));
       continue;
     }
     const float *P = e->pack + u->poff;
-    float *M = e->next + u->off, *tmp = e->qt; /* Q transposed */
+    float *M = e->next + u->off;
     size_t m = u->rows * u->cols;
-    dt__ef_transpose(e->q + u->qoff, tmp, u->cols, u->r);
-    dt__ef_pqt(P, tmp, out, u->rows, u->cols, u->r);
-    dt__ef_transpose(e->qloc + u->qoff, tmp, u->cols, u->r);
-    dt__ef_pqt(P, tmp, e->recon, u->rows, u->cols, u->r); /* this rank's part as the sum holds it */
+    if (out) dt__ef_expand(P, e->q + u->qoff, out + u->off, u->rows, u->cols, u->r, e->qt);
+    dt__ef_expand(P, e->qloc + u->qoff, e->recon, u->rows, u->cols, u->r, e->qt); /* this rank's part as the sum holds it */
     for (size_t i = 0; i < m; i++) {
       float d = M[i] - e->recon[i];
       M[i] = d;
@@ -23684,7 +23788,50 @@ static dt_result dt__ef_powersgd(dt__ef *e, dt_comm *x, int rank, float *buf, ui
     for (size_t j = 0; j < u->r; j++) dt__ef_norm_col(e, e->q + u->qoff, u->cols, u->r, j);
   }
   e->next_ok = finite;
+}
+
+static dt_result dt__ef_powersgd(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent) {
+  dt__ef_psgd_p(e, buf);
+  dt_result rc = dt_comm_allreduce(x, rank, e->pack, e->npack);
+  *sent += dt__ring_bytes(e->npack, e->W);
+  if (rc != DTRAIN_OK) return rc;
+  dt__ef_psgd_q(e);
+  if (e->nq) {
+    rc = dt_comm_allreduce(x, rank, e->q, e->nq);
+    *sent += dt__ring_bytes(e->nq, e->W);
+    if (rc != DTRAIN_OK) return rc;
+  }
+  dt__ef_psgd_finish(e, buf);
   return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__ef_local(dt__ef *e, const float *buf) {
+  e->next_ok = 0;
+  if (e->ntrain == 0) {
+    e->next_ok = 1;
+    return;
+  }
+  if (e->c.kind == DTRAIN_COMPRESS_TOPK) {
+    dt__ef_topk_encode(e, buf, e->msg);
+    return;
+  }
+  dt__ef_psgd_p(e, buf);
+  dt__ef_psgd_q(e);
+  dt__ef_psgd_finish(e, NULL);
+}
+
+DTRAIN_PRIVATE size_t dt__ef_topk_count(const dt__ef *e) { return e->ntrain ? e->k : 0; }
+
+DTRAIN_PRIVATE void dt__ef_topk_entry(const dt__ef *e, size_t j, uint32_t *index, float *value) {
+  *index = dt__ef_get_u32(e->msg, j);
+  *value = e->msg[e->k + j];
+}
+
+DTRAIN_PRIVATE const float *dt__ef_factors(const dt__ef *e, int part, size_t *r, const float **Q) {
+  const dt__ef_run *u = &e->run[part];
+  *r = u->r;
+  *Q = u->r ? e->qloc + u->qoff : NULL;
+  return e->pack + u->poff;
 }
 
 DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent) {
@@ -24138,27 +24285,9 @@ static dt_result dt__mwm_create_error(dt_result rc) {
   return dt__error(rc, "dt_strategy_create: multi_worker_mirrored: %s", what);
 }
 
-/* The compressor over the trained parameters, each a matrix of its first
- * dimension's rows (the run of floats in order of the flat buffer). */
+/* The compressor over the trained parameters. */
 static dt_result dt__mwm_ef_create(dt_strategy *s, dt__mwm *st) {
-  int np = dt_params_count(s->params), n = 0;
-  dt__ef_part *parts = (dt__ef_part *)dt__calloc((size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
-  if (!parts) return dt__strategy_nomem(s);
-  for (int i = 0; i < np; i++) {
-    size_t off = 0, b = 0, e = 0;
-    int ndim = 0, tr = 0, dec = 0;
-    const int64_t *shape = NULL;
-    if (!dt__params_range(s->params, i, &b, &e, &tr, &dec)) break;
-    dt__params_view(s->params, i, &off, &ndim, &shape, &tr);
-    if (!tr || e == b) continue;
-    parts[n].off = b;
-    parts[n].rows = ndim >= 2 && shape[0] > 0 ? (size_t)shape[0] : 1;
-    parts[n].cols = (e - b) / parts[n].rows;
-    n++;
-  }
-  dt_result rc = dt__ef_create(s->desc.compress, s->size, parts, n, dt_comm_world(s->desc.comm), 0, &st->ef);
-  dt__free(parts, (size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
-  return dt__mwm_create_error(rc);
+  return dt__mwm_create_error(dt__ef_create_params(s->desc.compress, s->params, dt_comm_world(s->desc.comm), &st->ef));
 }
 
 static dt_result dt__mwm_create(dt_strategy *s) {
@@ -32941,6 +33070,16 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
  * gives it back, to the next TAKE. A TAKE is answered at once (-3 rather
  * than waiting: a worker waiting for server 0 would send the other servers
  * nothing, not even heartbeats, and they would drop it).
+ * Compressed (dt_ps_codec.c; the worker's dt_pstore.compress):
+ *   PULL's second word asks how the weights come: 0 floats (PARAMS); 1 floats
+ *     (PARAMS) and keep them as this worker's copy; 2 / 3 the difference from
+ *     that copy in fp16 / bf16 (PARAMZ; only after a 1 since the join)
+ *   PARAMZ 0x59 s->w  24 B + 2*shard: u64 version, i64 clock gap, u32 kind (1 fp16,
+ *                            2 bf16), i32 fp16 scale exponent (bf16: 0), u16[shard]
+ *   PUSHZ  0x58 w->s  24 B + body: u64 clock, u64 version pulled, u32 kind (1 fp16,
+ *                            2 bf16, 3 topk, 4 powersgd), u32 argument (fp16's exponent,
+ *                            topk's count of values, powersgd's rank), then the trained
+ *                            values as the kind has them, then the buffers as f32
  *   HEARTBEAT (0x07) both ways, BYE (0x08) w->s, REFUSE (0x05) s->w.
  * The shard's floats are its parameters' elements in parameter order.
  */
@@ -32948,6 +33087,7 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
 #define DTRAIN_PS_CORE_H
 
 /* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
 /* #include "dt_net_core.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 
@@ -32959,8 +33099,13 @@ enum {
   DT__PS_PUSH = 0x54,
   DT__PS_PUSHED = 0x55,
   DT__PS_TAKE = 0x56,
-  DT__PS_TAKEN = 0x57
+  DT__PS_TAKEN = 0x57,
+  DT__PS_PUSHZ = 0x58,
+  DT__PS_PARAMZ = 0x59
 };
+/* PULL's second word (see above) */
+enum { DT__PS_PULL_FLOATS = 0, DT__PS_PULL_KEEP = 1, DT__PS_PULL_FP16 = 2, DT__PS_PULL_BF16 = 3 };
+#define DT__PS_ZFIX 24  /* fixed part of PUSHZ, PARAMZ */
 #define DT__PS_FIX 16   /* fixed part of PULL, PARAMS, PUSH, PUSHED */
 #define DT__PS_JOINLEN 32   /* JOIN */
 #define DT__PS_JOINEDLEN 48 /* JOINED */
@@ -32982,6 +33127,28 @@ DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner,
 /* The shard of a full-layout buffer to little-endian bytes, and back. */
 DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out);
 DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full);
+
+/* ---- compressed pushes and pulls (dt_ps_codec.c) ---- */
+struct dt__ef;
+/* The largest PUSHZ payload for server s's shard (any kind). */
+DTRAIN_PRIVATE size_t dt__ps_pushz_cap(const dt_params *p, const int *owner, int s);
+/* Server s's PUSHZ payload (from its 16th byte on; the caller writes the
+ * first 16) of push vector g compressed as c (fp16/bf16: ef NULL; topk,
+ * powersgd: ef after dt__ef_local of g). Returns the payload's bytes. */
+DTRAIN_PRIVATE size_t dt__ps_encode_push(dt_compress c, const struct dt__ef *ef, const dt_params *p, const int *owner,
+                                         int s, const float *g, unsigned char *out);
+/* A PUSHZ payload of len bytes for shard s, checked, into grad (trained
+ * parameters) and data (buffers); scratch grows as PowerSGD needs.
+ * DTRAIN_ERR_PROTOCOL naming what is wrong (nothing is applied then; grad may
+ * be written). */
+DTRAIN_PRIVATE dt_result dt__ps_decode_push(const dt_params *p, const int *owner, int s, const unsigned char *in,
+                                            size_t len, float *grad, float *data, float **scratch, size_t *scap);
+/* PARAMZ's body (from its 16th byte: 8 + 2 x shard bytes): shard s of full
+ * minus view (shard order) in 16 bits of kind; view += the decoded values. */
+DTRAIN_PRIVATE void dt__ps_delta_encode(dt_compress_kind kind, const dt_params *p, const int *owner, int s,
+                                        const float *full, float *view, unsigned char *out);
+/* The worker's side: view (n floats, shard order) += the decoded values. */
+DTRAIN_PRIVATE dt_result dt__ps_delta_apply(dt_compress_kind kind, const unsigned char *in, float *view, size_t n);
 #endif /* DTRAIN_NO_DIST */
 
 #if !defined(DTRAIN_NO_NET)
@@ -33018,6 +33185,11 @@ typedef struct dt__ps_worker {
   size_t in_len;            /* bytes of it so far (0: none) */
   double in_started;        /* when its first byte came */
   int64_t lease;            /* work queue: the item it holds until its next push (-1: none) */
+  int pend_mode;            /* a pull: DT__PS_PULL_* */
+  int pend_z;               /* a push: compressed (PUSHZ), pend_len bytes in rx */
+  size_t pend_len;
+  float *view;              /* compressed pulls: the weights this worker holds (shard floats) */
+  int view_ok;              /* ... set by a DT__PS_PULL_KEEP since its join */
 } dt__ps_worker;
 
 typedef struct dt__ps_server {
@@ -33040,6 +33212,9 @@ typedef struct dt__ps_server {
   unsigned char *ckpt;
   size_t ckpt_bytes;
   float *before;            /* staleness_lr: a parameter's values before its update (shard floats) */
+  size_t zcap;              /* the largest compressed push (dt__ps_pushz_cap) */
+  float *zscratch;          /* PowerSGD's factors while a push is decoded */
+  size_t zscratch_cap;
   char ckpt_path[1024];
   dt__hs *pend;             /* DT__NET_PENDING_MAX connections in the handshake, beside the serving */
   int npend;
@@ -33216,6 +33391,317 @@ DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of
 
 #endif /* DTRAIN_NO_DIST */
 /* ======== end dt_ps_shard.c ======== */
+
+/* ======== begin dt_ps_codec.c ======== */
+/* ===========================================================================
+ * dt_ps_codec.c -- parameter servers over slow links: pushes compressed as
+ * the strategy's dt_compress says, pulls as 16-bit deltas against a copy
+ * both ends keep (the messages: dt_ps_core.h)
+ * ===========================================================================
+ * A push to server s carries its shard's part of the worker's push vector:
+ * gradients of trained parameters, values of buffers. Buffers always go as
+ * floats (they are values, set as they come); the trained part as
+ *   fp16 / bf16: a 16-bit value each (fp16: times 2^e, e from the largest);
+ *   topk:F: the worker's k largest |g + error| over all its trained values
+ *     (dt__ef_local), each server receiving those of its shard: their
+ *     positions among the shard's trained values (rising) and values;
+ *   powersgd:R: per trained parameter (a rows x cols matrix) P and Q, the
+ *     server adding P Q^T, or its values where the factors are no smaller.
+ * top-k and PowerSGD keep what they left out for the next push (error
+ * feedback, in the worker's dt__ef), committed once every server took it.
+ *
+ * A pull asks for its weights as floats, or as the difference from the copy
+ * of them this worker was last sent, in 16 bits with a power-of-two scale
+ * (fp16) or in bf16: both ends add the decoded difference to their copy, the
+ * same floats from the same bytes (both in dtrain's floating-point mode, see
+ * dt__fp_enter), so the two copies stay bitwise equal; what
+ * the rounding lost is in the next difference. The worker trains on that
+ * copy: at most one rounding of the last difference from the server's
+ * weights. The first pull after a join sends floats (and starts the copy).
+ */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+/* #include "dt_ps_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST)
+
+/* The shard's trained floats and buffer floats. */
+static void dt__ps_counts_of(const dt_params *p, const int *owner, int s, size_t *ntr, size_t *nbuf) {
+  size_t b, e;
+  int tr, dec;
+  *ntr = *nbuf = 0;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+    if (owner[i] != s) continue;
+    if (tr) *ntr += e - b;
+    else *nbuf += e - b;
+  }
+}
+
+DTRAIN_PRIVATE size_t dt__ps_pushz_cap(const dt_params *p, const int *owner, int s) {
+  size_t ntr, nbuf;
+  dt__ps_counts_of(p, owner, s, &ntr, &nbuf);
+  /* top-k with F near 1 is the largest: an index and a value per trained float */
+  return DT__PS_ZFIX + 8 * ntr + 4 * nbuf;
+}
+
+static uint16_t dt__ps_h16(dt_compress_kind kind, float x, float scale) {
+  return kind == DTRAIN_COMPRESS_FP16 ? dt__f16_of(x * scale) : dt__bf16_of(x);
+}
+
+static float dt__ps_f32(dt_compress_kind kind, uint16_t h, float unscale) {
+  return kind == DTRAIN_COMPRESS_FP16 ? dt__f32_of_f16(h) * unscale : dt__f32_of_bf16(h);
+}
+
+/* The 16-bit header word: fp16's exponent, checked (bf16: 0). */
+static dt_result dt__ps_h16_header(dt_compress_kind kind, uint32_t word, float *unscale, const char *what) {
+  int32_t e = (int32_t)word;
+  if (e < -126 || e > 127 || (kind == DTRAIN_COMPRESS_BF16 && e != 0))
+    return dt__error(DTRAIN_ERR_PROTOCOL, "%s: %s scale exponent %d", what, kind == DTRAIN_COMPRESS_FP16 ? "fp16" : "bf16",
+                     (int)e);
+  *unscale = ldexpf(1.0f, -(int)e);
+  return DTRAIN_OK;
+}
+
+/* ---- pushes --------------------------------------------------------------------------- */
+
+/* The buffers of shard s from full into out (floats). */
+static unsigned char *dt__ps_put_buffers(const dt_params *p, const int *owner, int s, const float *full,
+                                         unsigned char *out) {
+  size_t b, e;
+  int tr, dec;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+    if (owner[i] != s || tr) continue;
+    dt__put_f32le(out, full + b, e - b);
+    out += 4 * (e - b);
+  }
+  return out;
+}
+
+DTRAIN_PRIVATE size_t dt__ps_encode_push(dt_compress c, const struct dt__ef *ef, const dt_params *p, const int *owner,
+                                         int s, const float *g, unsigned char *out) {
+  size_t b, e;
+  int tr, dec;
+  unsigned char *o = out + DT__PS_ZFIX;
+  uint32_t arg = 0;
+  if (c.kind == DTRAIN_COMPRESS_FP16 || c.kind == DTRAIN_COMPRESS_BF16) {
+    float m = 0.0f, scale = 1.0f;
+    int finite = 1;
+    if (c.kind == DTRAIN_COMPRESS_FP16) {
+      for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
+        if (owner[i] == s && tr)
+          for (size_t j = b; j < e; j++) {
+            float a = fabsf(g[j]);
+            if (!(a <= FLT_MAX)) finite = 0;
+            else if (a > m) m = a;
+          }
+      int ex = dt__f16_exponent(m, finite);
+      scale = ldexpf(1.0f, ex);
+      arg = (uint32_t)(int32_t)ex;
+    }
+    for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
+      if (owner[i] == s && tr)
+        for (size_t j = b; j < e; j++, o += 2) dt__put_le16(o, dt__ps_h16(c.kind, g[j], scale));
+  } else if (c.kind == DTRAIN_COMPRESS_TOPK) {
+    /* the entries (rising flat indices) of this shard's parameters, as positions among its trained values */
+    const size_t k = dt__ef_topk_count(ef);
+    size_t cnt = 0;
+    for (int pass = 0; pass < 2; pass++) {
+      size_t j = 0, pos = 0, got = 0;
+      for (int i = 0; j < k && dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+        if (!tr) continue;
+        uint32_t idx = 0;
+        float v = 0.0f;
+        for (; j < k; j++) {
+          dt__ef_topk_entry(ef, j, &idx, &v);
+          if ((size_t)idx >= e) break;
+          if (owner[i] != s || (size_t)idx < b) continue;
+          if (pass == 1) {
+            dt__put_le32(o + 4 * got, (uint32_t)(pos + ((size_t)idx - b)));
+            dt__put_f32le(o + 4 * cnt + 4 * got, &v, 1);
+          }
+          got++;
+        }
+        if (owner[i] == s) pos += e - b;
+      }
+      cnt = got;
+    }
+    arg = (uint32_t)cnt;
+    o += 8 * cnt;
+  } else { /* POWERSGD */
+    int part = 0;
+    arg = (uint32_t)c.rank;
+    for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+      if (!tr || e == b) continue;
+      size_t r = 0;
+      const float *Q = NULL, *P = dt__ef_factors(ef, part++, &r, &Q);
+      if (owner[i] != s) continue;
+      size_t rows, cols;
+      dt__ef_param_matrix(p, i, &rows, &cols);
+      if (!r) {
+        dt__put_f32le(o, P, e - b);
+        o += 4 * (e - b);
+        continue;
+      }
+      dt__put_f32le(o, P, rows * r);
+      o += 4 * rows * r;
+      dt__put_f32le(o, Q, cols * r);
+      o += 4 * cols * r;
+    }
+  }
+  o = dt__ps_put_buffers(p, owner, s, g, o);
+  dt__put_le32(out + DT__PS_FIX, (uint32_t)c.kind);
+  dt__put_le32(out + DT__PS_FIX + 4, arg);
+  return (size_t)(o - out);
+}
+
+/* Scratch floats of at least n (grown; the server's). */
+static float *dt__ps_scratch(float **buf, size_t *cap, size_t n) {
+  if (n <= *cap) return *buf;
+  float *nb = (float *)dt__alloc(n * sizeof(float));
+  if (!nb) return NULL;
+  dt__free(*buf, *cap * sizeof(float));
+  *buf = nb;
+  *cap = n;
+  return nb;
+}
+
+DTRAIN_PRIVATE dt_result dt__ps_decode_push(const dt_params *p, const int *owner, int s, const unsigned char *in,
+                                            size_t len, float *grad, float *data, float **scratch, size_t *scap) {
+  const char *what = "compressed push";
+  size_t b, e, ntr, nbuf, want;
+  int tr, dec;
+  if (len < DT__PS_ZFIX) return dt__error(DTRAIN_ERR_PROTOCOL, "%s of %zu bytes (under %d)", what, len, DT__PS_ZFIX);
+  uint32_t kind = dt__get_le32(in + DT__PS_FIX), arg = dt__get_le32(in + DT__PS_FIX + 4);
+  const unsigned char *q = in + DT__PS_ZFIX;
+  dt__ps_counts_of(p, owner, s, &ntr, &nbuf);
+  if (kind == DTRAIN_COMPRESS_FP16 || kind == DTRAIN_COMPRESS_BF16) {
+    float unscale;
+    dt_result rc = dt__ps_h16_header((dt_compress_kind)kind, arg, &unscale, what);
+    if (rc != DTRAIN_OK) return rc;
+    want = DT__PS_ZFIX + 2 * ntr + 4 * nbuf;
+    if (len != want) return dt__error(DTRAIN_ERR_PROTOCOL, "%s (16-bit): %zu bytes, its shard needs %zu", what, len, want);
+    for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
+      if (owner[i] == s && tr)
+        for (size_t j = b; j < e; j++, q += 2) grad[j] = dt__ps_f32((dt_compress_kind)kind, dt__get_le16(q), unscale);
+  } else if (kind == DTRAIN_COMPRESS_TOPK) {
+    if (arg > ntr) return dt__error(DTRAIN_ERR_PROTOCOL, "%s (top-k): %u values of a shard of %zu trained", what, arg, ntr);
+    want = DT__PS_ZFIX + 8 * (size_t)arg + 4 * nbuf;
+    if (len != want) return dt__error(DTRAIN_ERR_PROTOCOL, "%s (top-k): %zu bytes, %u values need %zu", what, len, arg, want);
+    for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
+      if (owner[i] == s && tr) memset(grad + b, 0, (e - b) * sizeof(float));
+    const unsigned char *vals = q + 4 * (size_t)arg;
+    size_t pos = 0; /* the first trained position of parameter i */
+    int i = 0;
+    int have = dt__params_range(p, i, &b, &e, &tr, &dec);
+    for (uint32_t j = 0; j < arg; j++) {
+      uint32_t at = dt__get_le32(q + 4 * (size_t)j);
+      if (j > 0 && at <= dt__get_le32(q + 4 * (size_t)(j - 1)))
+        return dt__error(DTRAIN_ERR_PROTOCOL, "%s (top-k): position %u after %u (they must rise)", what, at,
+                         dt__get_le32(q + 4 * (size_t)(j - 1)));
+      if ((size_t)at >= ntr)
+        return dt__error(DTRAIN_ERR_PROTOCOL, "%s (top-k): position %u of a shard of %zu trained values", what, at, ntr);
+      /* the parameter holding position at */
+      while (have && (owner[i] != s || !tr || (size_t)at >= pos + (e - b))) {
+        if (owner[i] == s && tr) pos += e - b;
+        have = dt__params_range(p, ++i, &b, &e, &tr, &dec);
+      }
+      if (!have) return dt__error(DTRAIN_ERR_INTERNAL, "%s (top-k): position %u not found", what, at);
+      dt__get_f32le(grad + b + ((size_t)at - pos), vals + 4 * (size_t)j, 1);
+    }
+    q += 8 * (size_t)arg;
+  } else if (kind == DTRAIN_COMPRESS_POWERSGD) {
+    if (arg < 1 || arg > 1024) return dt__error(DTRAIN_ERR_PROTOCOL, "%s (PowerSGD): rank %u outside 1..1024", what, arg);
+    size_t most = 0;
+    want = DT__PS_ZFIX + 4 * nbuf;
+    for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+      if (owner[i] != s || !tr) continue;
+      size_t rows, cols, r;
+      dt__ef_param_matrix(p, i, &rows, &cols);
+      r = e > b ? dt__ef_lowrank((int)arg, rows, cols, 0) : 0;
+      want += 4 * (r ? (rows + cols) * r : e - b);
+      if (r) most = DT__MAX(most, (rows + 2 * cols) * r);
+    }
+    if (len != want)
+      return dt__error(DTRAIN_ERR_PROTOCOL, "%s (PowerSGD rank %u): %zu bytes, its shard needs %zu", what, arg, len, want);
+    float *w = most ? dt__ps_scratch(scratch, scap, most) : NULL;
+    if (most && !w) return dt__error(DTRAIN_ERR_NOMEM, "%s (PowerSGD): out of memory for %zu floats", what, most);
+    for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+      if (owner[i] != s || !tr) continue;
+      size_t rows, cols, r;
+      dt__ef_param_matrix(p, i, &rows, &cols);
+      r = e > b ? dt__ef_lowrank((int)arg, rows, cols, 0) : 0;
+      if (!r) {
+        dt__get_f32le(grad + b, q, e - b);
+        q += 4 * (e - b);
+        continue;
+      }
+      float *P = w, *Q = w + rows * r, *qt = Q + cols * r;
+      dt__get_f32le(P, q, rows * r);
+      dt__get_f32le(Q, q + 4 * rows * r, cols * r);
+      q += 4 * (rows + cols) * r;
+      dt__ef_expand(P, Q, grad + b, rows, cols, r, qt);
+    }
+  } else {
+    return dt__error(DTRAIN_ERR_PROTOCOL, "%s of kind %u (none of fp16 1, bf16 2, topk 3, powersgd 4)", what, kind);
+  }
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+    if (owner[i] != s || tr) continue;
+    dt__get_f32le(data + b, q, e - b);
+    q += 4 * (e - b);
+  }
+  return DTRAIN_OK;
+}
+
+/* ---- pulls --------------------------------------------------------------------------- */
+
+DTRAIN_PRIVATE void dt__ps_delta_encode(dt_compress_kind kind, const dt_params *p, const int *owner, int s,
+                                        const float *full, float *view, unsigned char *out) {
+  size_t b, e;
+  int tr, dec, finite = 1;
+  float m = 0.0f, scale = 1.0f, unscale = 1.0f;
+  unsigned long fp = dt__fp_enter(); /* as the worker's dt__ps_delta_apply: the same floats */
+  if (kind == DTRAIN_COMPRESS_FP16) {
+    const float *v = view;
+    for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
+      if (owner[i] == s)
+        for (size_t j = b; j < e; j++, v++) {
+          float a = fabsf(full[j] - *v);
+          if (!(a <= FLT_MAX)) finite = 0;
+          else if (a > m) m = a;
+        }
+  }
+  int ex = kind == DTRAIN_COMPRESS_FP16 ? dt__f16_exponent(m, finite) : 0;
+  scale = ldexpf(1.0f, ex);
+  unscale = ldexpf(1.0f, -ex);
+  dt__put_le32(out, (uint32_t)kind);
+  dt__put_le32(out + 4, (uint32_t)(int32_t)ex);
+  unsigned char *o = out + 8;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
+    if (owner[i] == s)
+      for (size_t j = b; j < e; j++, view++, o += 2) {
+        uint16_t h = dt__ps_h16(kind, full[j] - *view, scale);
+        dt__put_le16(o, h);
+        *view += dt__ps_f32(kind, h, unscale);
+      }
+  dt__fp_leave(fp);
+}
+
+DTRAIN_PRIVATE dt_result dt__ps_delta_apply(dt_compress_kind kind, const unsigned char *in, float *view, size_t n) {
+  const char *what = "compressed weights";
+  uint32_t k = dt__get_le32(in);
+  float unscale;
+  if (k != (uint32_t)kind)
+    return dt__error(DTRAIN_ERR_PROTOCOL, "%s of kind %u, asked for %u", what, k, (unsigned)kind);
+  dt_result rc = dt__ps_h16_header(kind, dt__get_le32(in + 4), &unscale, what);
+  if (rc != DTRAIN_OK) return rc;
+  in += 8;
+  unsigned long fp = dt__fp_enter();
+  for (size_t j = 0; j < n; j++, in += 2) view[j] += dt__ps_f32(kind, dt__get_le16(in), unscale);
+  dt__fp_leave(fp);
+  return DTRAIN_OK;
+}
+
+#endif /* DTRAIN_NO_DIST */
+/* ======== end dt_ps_codec.c ======== */
 
 /* ======== begin dt_ps_ckpt.c ======== */
 /* ===========================================================================
@@ -33458,6 +33944,9 @@ static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
   dt__conn_close(&w->conn);
   dt__free(w->rx, w->rx_cap);
   dt__free(w->tx, w->tx_cap);
+  if (w->view) dt__free(w->view, (S->shard ? S->shard : 1) * sizeof(float));
+  w->view = NULL;
+  w->view_ok = 0;
   w->rx = w->tx = NULL;
   w->rx_cap = w->tx_cap = w->tx_len = w->tx_off = 0;
   w->pend = DT__PSP_NONE;
@@ -33505,11 +33994,10 @@ static int dt__ps_flush(dt__ps_server *S, int i) {
   return 1;
 }
 
-/* Queue one frame for worker i: the fixed part, then n floats of the shard gathered from full (if any). */
-static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
-                        const float *full) {
+/* Room for a frame of len payload bytes in worker i's output: where its
+ * payload goes (dt__ps_commit sends it). NULL when the worker was lost. */
+static unsigned char *dt__ps_reserve(dt__ps_server *S, int i, uint32_t len) {
   dt__ps_worker *w = &S->w[i];
-  uint32_t len = fixn + (full ? (uint32_t)(S->shard * 4) : 0u);
   if (w->tx_off == w->tx_len) w->tx_off = w->tx_len = 0;
   if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
     memmove(w->tx, w->tx + w->tx_off, w->tx_len - w->tx_off);
@@ -33518,16 +34006,31 @@ static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned c
   }
   if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
     dt__ps_lose(S, i, DTRAIN_ERR_INTERNAL, "output buffer overflow");
-    return 0;
+    return NULL;
   }
+  return w->tx + w->tx_len + DT__NET_HDR;
+}
+
+/* The frame whose payload dt__ps_reserve placed: framed and sent as the socket takes it. */
+static int dt__ps_commit(dt__ps_server *S, int i, uint16_t type, uint32_t len) {
+  dt__ps_worker *w = &S->w[i];
   unsigned char *h = w->tx + w->tx_len, *pl = h + DT__NET_HDR;
-  if (fixn) memcpy(pl, fix, fixn);
-  if (full) dt__ps_gather(S->params, S->owner, S->me, full, pl + fixn);
   dt__frame_pack(h, type, w->conn.job, w->conn.self_id, w->conn.send_seq, pl, len);
   w->conn.send_seq++;
   w->tx_len += DT__NET_HDR + len;
   w->last_sent = dt__now();
   return dt__ps_flush(S, i);
+}
+
+/* Queue one frame for worker i: the fixed part, then the shard's floats gathered from full (if any). */
+static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
+                        const float *full) {
+  uint32_t len = fixn + (full ? (uint32_t)(S->shard * 4) : 0u);
+  unsigned char *pl = dt__ps_reserve(S, i, len);
+  if (!pl) return 0;
+  if (fixn) memcpy(pl, fix, fixn);
+  if (full) dt__ps_gather(S->params, S->owner, S->me, full, pl + fixn);
+  return dt__ps_commit(S, i, type, len);
 }
 
 /* ---- the staleness rule ------------------------------------------------------------------- */
@@ -33571,7 +34074,31 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     if (w->pulled < t + 1) w->pulled = t + 1;
     w->pend = DT__PSP_NONE;
     w->last_heard = now;
-    return dt__ps_queue(S, i, DT__PS_PARAMS, fix, DT__PS_FIX, dt_params_data(S->params));
+    const float *data = dt_params_data(S->params);
+    if (w->pend_mode == DT__PS_PULL_FP16 || w->pend_mode == DT__PS_PULL_BF16) { /* the difference from its copy */
+      uint32_t len = (uint32_t)(DT__PS_ZFIX + 2 * S->shard);
+      unsigned char *pl = dt__ps_reserve(S, i, len);
+      if (!pl) return 0;
+      memcpy(pl, fix, DT__PS_FIX);
+      dt__ps_delta_encode(w->pend_mode == DT__PS_PULL_FP16 ? DTRAIN_COMPRESS_FP16 : DTRAIN_COMPRESS_BF16, S->params,
+                          S->owner, S->me, data, w->view, pl + DT__PS_FIX);
+      return dt__ps_commit(S, i, DT__PS_PARAMZ, len);
+    }
+    if (w->pend_mode == DT__PS_PULL_KEEP) { /* its copy starts here */
+      if (!w->view && !(w->view = (float *)dt__alloc((S->shard ? S->shard : 1) * sizeof(float)))) {
+        dt__ps_lose(S, i, DTRAIN_ERR_NOMEM, "out of memory for its copy of the weights (compressed pulls)");
+        return 0;
+      }
+      size_t b, e, k = 0;
+      int tr, dec;
+      for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++)
+        if (S->owner[p] == S->me) {
+          memcpy(w->view + k, data + b, (e - b) * sizeof(float));
+          k += e - b;
+        }
+      w->view_ok = 1;
+    }
+    return dt__ps_queue(S, i, DT__PS_PARAMS, fix, DT__PS_FIX, data);
   }
   uint64_t before = S->version;
   if (!w->pend_empty) {
@@ -33582,15 +34109,23 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     /* staleness_lr: this push's step is divided by 1 + the updates applied since its pull */
     uint64_t s = w->pend_version <= before ? before - w->pend_version : 0;
     float scale = S->before && s > 0 ? (float)(1.0 / (1.0 + (double)s)) : 1.0f;
+    if (w->pend_z &&
+        dt__ps_decode_push(S->params, S->owner, S->me, w->rx, w->pend_len, grad, data, &S->zscratch,
+                           &S->zscratch_cap) != DTRAIN_OK) {
+      char why[DT__MSG_CAP];
+      snprintf(why, sizeof why, "%s", dt_last_error());
+      dt__ps_lose(S, i, dt_last_result(), why);
+      return 0;
+    }
     for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
       if (S->owner[p] != S->me) continue;
       if (tr) {
-        dt__get_f32le(grad + b, in + 4 * off, e - b);
+        if (!w->pend_z) dt__get_f32le(grad + b, in + 4 * off, e - b);
         if (scale != 1.0f) memcpy(S->before, data + b, (e - b) * sizeof(float));
         if (dt_optim_update(S->opt, data, grad, b, e) != DTRAIN_OK) return -1;
         if (scale != 1.0f)
           for (size_t i = b; i < e; i++) data[i] = S->before[i - b] + (data[i] - S->before[i - b]) * scale;
-      } else {
+      } else if (!w->pend_z) {
         dt__get_f32le(data + b, in + 4 * off, e - b);
       }
       off += e - b;
@@ -33714,7 +34249,8 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
   S->k = k;
   S->k_set = 1;
   w->rx_cap = DT__PS_FIX + S->shard * 4;
-  w->tx_cap = 4 * DT__NET_HDR + 2 * DT__PS_FIX + DT__PS_JOINLEN + S->shard * 4;
+  w->tx_cap = 4 * DT__NET_HDR + 2 * DT__PS_FIX + DT__PS_JOINLEN + S->shard * 4 + 8; /* + 8: PARAMZ's header */
+  w->view_ok = 0; /* its first compressed pull starts a copy */
   w->rx = (unsigned char *)dt__alloc(w->rx_cap);
   w->tx = (unsigned char *)dt__alloc(w->tx_cap);
   if (!w->rx || !w->tx) {
@@ -33786,18 +34322,31 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
     case DT__PS_PULL: want_max = DT__PS_FIX; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
     case DT__PS_TAKE: want_max = 0; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
     case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
+    case DT__PS_PUSHZ: want_max = (uint32_t)DT__MIN(S->zcap, (size_t)UINT32_MAX); ok_type = w->joined && w->pend == DT__PSP_NONE; break;
     default: ok_type = 0;
+  }
+  if (ok_type && f->type == DT__PS_PUSHZ && f->length >= DT__PS_ZFIX && f->length <= want_max && f->length > w->rx_cap) {
+    /* the first compressed push larger than a float one (top-k near 1): room for the largest */
+    unsigned char *nb = (unsigned char *)dt__alloc(S->zcap);
+    if (!nb) {
+      dt__ps_lose(S, i, DTRAIN_ERR_NOMEM, "out of memory for a compressed push");
+      return 0;
+    }
+    dt__free(w->rx, w->rx_cap);
+    w->rx = nb;
+    w->rx_cap = S->zcap;
   }
   int exact = f->type == DT__PS_JOIN || f->type == DT__PS_PULL;
   int bad_len = f->length > want_max || (exact && f->length != want_max) ||
-                (f->type == DT__PS_PUSH && f->length != DT__PS_FIX && f->length != want_max);
+                (f->type == DT__PS_PUSH && f->length != DT__PS_FIX && f->length != DT__PS_FIX + S->shard * 4) ||
+                (f->type == DT__PS_PUSHZ && f->length < DT__PS_ZFIX);
   if (!ok_type || bad_len) {
     snprintf(why, sizeof why, "%s: protocol violation: a frame of type 0x%02x and %u bytes %s", op, (unsigned)f->type,
              (unsigned)f->length, ok_type ? "(wrong length)" : (w->joined ? "out of turn" : "before joining"));
     dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
     return 0;
   }
-  w->in_dst = f->type == DT__PS_PUSH ? w->rx : w->in_small;
+  w->in_dst = f->type == DT__PS_PUSH || f->type == DT__PS_PUSHZ ? w->rx : w->in_small;
   return 1;
 }
 
@@ -33829,30 +34378,42 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
     case DT__PS_JOIN: dt__ps_on_join(S, i, dst); break;
     case DT__PS_TAKE: (void)dt__ps_take(S, i); break;
     case DT__PS_PULL:
-    case DT__PS_PUSH: {
+    case DT__PS_PUSH:
+    case DT__PS_PUSHZ: {
       int64_t t = (int64_t)dt__get_le64(dst);
+      int push = f.type != DT__PS_PULL;
+      uint64_t mode = push ? 0 : dt__get_le64(dst + 8);
+      if (mode > DT__PS_PULL_BF16 || (mode >= DT__PS_PULL_FP16 && !w->view_ok)) {
+        snprintf(why, sizeof why, "%s: protocol violation: a pull asking for weights of form %llu%s", op,
+                 (unsigned long long)mode, mode > DT__PS_PULL_BF16 ? " (0-3)" : " before a pull that keeps a copy");
+        dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+        return;
+      }
       if (w->fresh && t < w->start) {
         snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld, before its start clock %lld", op,
-                 f.type == DT__PS_PUSH ? "push" : "pull", (long long)t, (long long)w->start);
+                 push ? "push" : "pull", (long long)t, (long long)w->start);
         dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
         return;
       }
       if (w->fresh) { /* its first request: it may start later (another server's start clock was larger) */
         w->pushed = t;
-        w->pulled = f.type == DT__PS_PUSH ? t + 1 : t;
+        w->pulled = push ? t + 1 : t;
         w->fresh = 0;
       }
-      if (t < 0 || (f.type == DT__PS_PUSH && t < w->pushed)) {
+      if (t < 0 || (push && t < w->pushed)) {
         snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld after a push of clock %lld", op,
-                 f.type == DT__PS_PUSH ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
+                 push ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
         dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
         return;
       }
-      w->pend = f.type == DT__PS_PULL ? DT__PSP_PULL : DT__PSP_PUSH;
+      w->pend = push ? DT__PSP_PUSH : DT__PSP_PULL;
       w->pend_clock = t;
       w->pend_version = dt__get_le64(dst + 8);
+      w->pend_mode = (int)mode;
+      w->pend_z = f.type == DT__PS_PUSHZ;
+      w->pend_len = f.length;
       w->pend_empty = f.length == DT__PS_FIX && S->shard > 0;
-      if (f.type == DT__PS_PUSH && S->shard == 0) w->pend_empty = 1;
+      if (push && S->shard == 0) w->pend_empty = 1;
       w->pend_since = w->last_heard;
       break;
     }
@@ -33964,6 +34525,7 @@ static void dt__ps_server_free(dt__ps_server *S) {
   dt__free(S->owner, (size_t)(S->np > 0 ? S->np : 1) * sizeof(int));
   dt__free(S->ckpt, S->ckpt_bytes);
   if (S->before) dt__free(S->before, dt_params_size(S->params) * sizeof(float) + 4);
+  dt__free(S->zscratch, S->zscratch_cap * sizeof(float));
   if (S->q_back) dt__free(S->q_back, (size_t)S->W * sizeof(int64_t));
 }
 
@@ -34146,6 +34708,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   if (rc != DTRAIN_OK) goto done;
   S.shard = dt__ps_shard_floats(params, S.owner, S.me);
   S.layout = dt__ps_layout_hash(params, S.owner, S.me, c->servers);
+  S.zcap = dt__ps_pushz_cap(params, S.owner, S.me);
   if (DT__PS_FIX + S.shard * 4 > S.self.opt.max_payload) {
     rc = dt__error(DTRAIN_ERR_OVERFLOW, "%s: ps %d: a shard of %zu floats exceeds max_payload (%zu bytes); use more "
                    "servers or raise it", fn, S.me, S.shard, S.self.opt.max_payload);
@@ -34247,6 +34810,7 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
 /* #include "dt_params_internal.h" (amalgamated) */
 /* dt_strategy.h: dt_pstore, the interface this store implements. */
 /* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_strategy_impl.h" (amalgamated) */
 /* #include "dt_ps_core.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_NET)
@@ -34275,6 +34839,11 @@ typedef struct dt__ps_client {
   int have_item;           /* ... and got it: the next take returns item */
   int64_t item;
   int left;
+  /* compression (dt_pstore.compress, set up by dt__ps_client_codec) */
+  dt_compress zc;          /* the form in use */
+  dt__ef *ef;              /* top-k / PowerSGD: the error kept for the next push */
+  float **view;            /* per server: its shard as this worker holds it (compressed pulls) */
+  int *view_ok;            /* ... started by a pull that kept a copy */
   dt_result err;
   char msg[DT__MSG_CAP];
   DT__ATOMIC(int) aborted;
@@ -34329,6 +34898,68 @@ static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, ui
 
 static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k);
 
+static void dt__ps_client_codec_free(dt__ps_client *C) {
+  dt__ef_destroy(C->ef);
+  C->ef = NULL;
+  if (C->view)
+    for (int s = 0; s < C->M; s++) dt__free(C->view[s], (C->shard[s] ? C->shard[s] : 1) * sizeof(float));
+  dt__free(C->view, (size_t)C->M * sizeof(float *));
+  dt__free(C->view_ok, (size_t)C->M * sizeof(int));
+  C->view = NULL;
+  C->view_ok = NULL;
+  memset(&C->zc, 0, sizeof C->zc);
+}
+
+/* The state for ps.compress when it changed (before the first pull, or
+ * between calls: the error and the copies start again). Under the lock. */
+static dt_result dt__ps_client_codec(dt__ps_client *C, const char *op) {
+  dt_compress c = C->ps.compress;
+  if (c.kind == C->zc.kind && (c.kind != DTRAIN_COMPRESS_TOPK || c.fraction == C->zc.fraction) &&
+      (c.kind != DTRAIN_COMPRESS_POWERSGD || c.rank == C->zc.rank))
+    return DTRAIN_OK;
+  dt__ps_client_codec_free(C);
+  if (c.kind == DTRAIN_COMPRESS_NONE) return DTRAIN_OK;
+  if (c.kind != DTRAIN_COMPRESS_FP16 && c.kind != DTRAIN_COMPRESS_BF16 && c.kind != DTRAIN_COMPRESS_TOPK &&
+      c.kind != DTRAIN_COMPRESS_POWERSGD)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress.kind %d is none of none, fp16, bf16, topk, powersgd", op,
+                     (int)c.kind);
+  if (c.kind == DTRAIN_COMPRESS_TOPK || c.kind == DTRAIN_COMPRESS_POWERSGD) {
+    dt_result rc = dt__ef_create_params(c, C->params, 1, &C->ef);
+    if (rc != DTRAIN_OK) return dt__ps_prefix(rc, op, NULL);
+  }
+  C->view = (float **)dt__calloc((size_t)C->M * sizeof(float *));
+  C->view_ok = (int *)dt__calloc((size_t)C->M * sizeof(int));
+  int ok = C->view && C->view_ok;
+  for (int s = 0; ok && s < C->M; s++) {
+    ok = (C->view[s] = (float *)dt__alloc((C->shard[s] ? C->shard[s] : 1) * sizeof(float))) != NULL;
+    size_t want = DT__MAX(dt__ps_pushz_cap(C->params, C->owner, s), DT__PS_ZFIX + 2 * C->shard[s]);
+    if (ok && want > C->buf_cap[s]) {
+      unsigned char *nb = (unsigned char *)dt__alloc(want);
+      if (!(ok = nb != NULL)) break;
+      dt__free(C->buf[s], C->buf_cap[s]);
+      C->buf[s] = nb;
+      C->buf_cap[s] = want;
+    }
+  }
+  if (!ok) {
+    dt__ps_client_codec_free(C);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory for compress %s", op, dt_compress_name(c));
+  }
+  C->zc = c;
+  return DTRAIN_OK;
+}
+
+/* Server s's shard as this worker holds it (view, shard order) into dst (the params' layout). */
+static void dt__ps_client_unview(dt__ps_client *C, int s, float *dst) {
+  size_t b, e, k = 0;
+  int tr, dec;
+  for (int p = 0; dt__params_range(C->params, p, &b, &e, &tr, &dec); p++)
+    if (C->owner[p] == s) {
+      memcpy(dst + b, C->view[s] + k, (e - b) * sizeof(float));
+      k += e - b;
+    }
+}
+
 static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
                                     dt_pstore_ticket *tk) {
   dt__ps_client *C = dt__ps_client_of(ps);
@@ -34340,10 +34971,18 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   snprintf(op, sizeof op, "worker %d: pull #%lld", C->me, (long long)T);
   dt__mutex_lock(&C->mu);
   dt_result rc = dt__ps_client_check(C, op);
+  if (rc == DTRAIN_OK && (rc = dt__ps_client_codec(C, op)) != DTRAIN_OK) {
+    dt__mutex_unlock(&C->mu);
+    return rc;
+  }
+  const int z = C->zc.kind != DTRAIN_COMPRESS_NONE;
+  const dt_compress_kind zk = C->zc.kind == DTRAIN_COMPRESS_BF16 ? DTRAIN_COMPRESS_BF16 : DTRAIN_COMPRESS_FP16;
   unsigned char req[DT__PS_FIX];
   dt__put_le64(req, (uint64_t)T);
-  dt__put_le64(req + 8, 0);
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
+    int mode = !z ? DT__PS_PULL_FLOATS : !C->view_ok[s] ? DT__PS_PULL_KEEP
+             : zk == DTRAIN_COMPRESS_BF16 ? DT__PS_PULL_BF16 : DT__PS_PULL_FP16;
+    dt__put_le64(req + 8, (uint64_t)mode);
     rc = dt__conn_send(&C->conn[s], DT__PS_PULL, req, DT__PS_FIX, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
     if (rc == DTRAIN_OK) ps->wire_sent += DT__PS_FIX;
@@ -34351,16 +34990,30 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   tk->version = 0;
   tk->clock_gap = 0;
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
-    rc = dt__ps_client_answer(C, s, DT__PS_PARAMS, (uint32_t)(DT__PS_FIX + C->shard[s] * 4), op);
+    int delta = z && C->view_ok[s];
+    uint32_t len = (uint32_t)(delta ? DT__PS_ZFIX + C->shard[s] * 2 : DT__PS_FIX + C->shard[s] * 4);
+    rc = dt__ps_client_answer(C, s, delta ? DT__PS_PARAMZ : DT__PS_PARAMS, len, op);
+    if (rc == DTRAIN_OK && delta) {
+      rc = dt__ps_delta_apply(zk, C->buf[s] + DT__PS_FIX, C->view[s], C->shard[s]);
+      if (rc != DTRAIN_OK) rc = dt__ps_prefix(rc, op, C->conn[s].peer);
+    }
     if (rc != DTRAIN_OK) break;
-    ps->wire_received += DT__PS_FIX + C->shard[s] * 4;
+    ps->wire_received += len;
     uint64_t v = dt__get_le64(C->buf[s]);
     int64_t gap = (int64_t)dt__get_le64(C->buf[s] + 8);
     C->pulled_version[s] = v;
     if (v > tk->version) tk->version = v;
     if (v > C->version) C->version = v;
     if (gap > tk->clock_gap) tk->clock_gap = gap;
-    dt__ps_scatter(C->params, C->owner, s, C->buf[s] + DT__PS_FIX, dst);
+    if (!z) {
+      dt__ps_scatter(C->params, C->owner, s, C->buf[s] + DT__PS_FIX, dst);
+      continue;
+    }
+    if (!delta) { /* floats: this worker's copy starts (the server kept the same) */
+      dt__get_f32le(C->view[s], C->buf[s] + DT__PS_FIX, C->shard[s]);
+      C->view_ok[s] = 1;
+    }
+    dt__ps_client_unview(C, s, dst);
   }
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
   dt__mutex_unlock(&C->mu);
@@ -34379,16 +35032,29 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   snprintf(op, sizeof op, "worker %d: push #%lld", C->me, (long long)T);
   dt__mutex_lock(&C->mu);
   dt_result rc = dt__ps_client_check(C, op);
+  if (rc == DTRAIN_OK && (rc = dt__ps_client_codec(C, op)) != DTRAIN_OK) {
+    dt__mutex_unlock(&C->mu);
+    return rc;
+  }
+  const int z = delta && C->zc.kind != DTRAIN_COMPRESS_NONE;
+  if (z && C->ef) dt__ef_local(C->ef, delta); /* top-k / PowerSGD: over the whole vector, then per server */
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     unsigned char *b = C->buf[s];
     dt__put_le64(b, (uint64_t)T);
     dt__put_le64(b + 8, C->pulled_version[s]);
     size_t len = DT__PS_FIX;
-    if (delta) {
+    if (z) {
+      len = dt__ps_encode_push(C->zc, C->ef, C->params, C->owner, s, delta, b);
+      if (len > C->conn[s].max_payload) {
+        rc = dt__error(DTRAIN_ERR_OVERFLOW, "%s: a compressed push (%s) of %zu bytes exceeds max_payload (%u bytes)",
+                       op, dt_compress_name(C->zc), len, (unsigned)C->conn[s].max_payload);
+        break;
+      }
+    } else if (delta) {
       dt__ps_gather(C->params, C->owner, s, delta, b + DT__PS_FIX);
       len += C->shard[s] * 4;
     }
-    rc = dt__conn_send(&C->conn[s], DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
+    rc = dt__conn_send(&C->conn[s], z ? DT__PS_PUSHZ : DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
     if (rc == DTRAIN_OK) ps->wire_sent += len;
   }
@@ -34414,6 +35080,7 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
       C->have_item = 1;
     }
   }
+  if (rc == DTRAIN_OK && z) dt__ef_commit(C->ef); /* every server took it: its error is kept */
   if (rc == DTRAIN_OK && T + 1 > C->next) C->next = T + 1;
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
   dt__mutex_unlock(&C->mu);
@@ -34552,6 +35219,7 @@ static void dt__ps_client_free(dt__ps_client *C) {
     for (int s = 0; s < C->M; s++) dt__conn_close(&C->conn[s]);
   }
   size_t M = (size_t)C->M;
+  if (C->shard) dt__ps_client_codec_free(C);
   if (C->buf && C->buf_cap) /* either may be missing when set-up ran out of memory */
     for (int s = 0; s < C->M; s++) dt__free(C->buf[s], C->buf_cap[s]);
   dt__free(C->buf, M * sizeof(unsigned char *));

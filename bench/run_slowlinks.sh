@@ -88,7 +88,8 @@ part1() {
   trap - EXIT INT TERM
   unset DTRAIN_TOKEN
 }
-part1
+# SLOWLINKS_ONLY=2 skips part 1; SLOWLINKS_ROWS=REGEX runs only the part-2 rows whose name matches.
+[ "${SLOWLINKS_ONLY:-}" = 2 ] || part1
 echo
 
 # ---- 2. every strategy on emulated links ----
@@ -100,6 +101,7 @@ COMMON="--model mlp --batch 128 --limit 6400 --seed 1 --quiet --json --csv $T/m.
 # row NAME LINK WORKERS NETEM -- command...
 row() {
   name=$1; link=$2; w=$3; ne=$4; shift 5
+  if [ -n "${SLOWLINKS_ROWS:-}" ] && ! printf '%s\n' "$name" | grep -Eq "$SLOWLINKS_ROWS"; then return; fi
   if [ "$ne" = - ]; then out=$(timeout 600 "$@" 2>&1); else out=$(DTRAIN_NETEM="$ne" timeout 600 "$@" 2>&1); fi
   j=$(printf '%s\n' "$out" | sed -n 's/^\(\[worker 0\] \)\{0,1\}\({"model".*\)/\2/p' | head -1)
   if [ -z "$j" ]; then
@@ -135,3 +137,10 @@ for rate in 1gbit 100mbit 10mbit; do
   row "parameter_server (1 server)" "$rate" 2 rate=$rate -- $LAUNCH -n 2 --ps 1 -- $EX $COMMON --epochs $e --strategy parameter_server
 done
 row "parameter_server (1 server)" "100mbit, rank1 10mbit" 2 "rate=100mbit;rank1:rate=10mbit" -- $LAUNCH -n 2 --ps 1 -- $EX $COMMON --epochs 4 --strategy parameter_server
+# compressed pushes (and 16-bit difference pulls)
+for rate in 100mbit 10mbit; do
+  e=4; [ $rate = 10mbit ] && e=2
+  for c in fp16 topk:0.1 powersgd:4; do
+    row "parameter_server $c" "$rate" 2 rate=$rate -- $LAUNCH -n 2 --ps 1 -- $EX $COMMON --epochs $e --strategy parameter_server --compress $c
+  done
+done

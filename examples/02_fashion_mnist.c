@@ -300,7 +300,7 @@ static int parse(int argc, char **argv, options *o) {
       {"csv", 's', &o->csv, 0, 0, "per-epoch metrics"},
       {"svg", 's', &o->svg, 0, 0, "the loss and accuracy chart"},
       {"device", 's', &o->device, 0, 0, "cpu, cuda (one replica per GPU) or cuda:N"},
-      {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored: gradients on the wire as none, fp16, bf16, topk:F or powersgd:R"},
+      {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored, parameter_server: gradients on the wire as none, fp16, bf16, topk:F or powersgd:R (parameter_server: pulls as 16-bit differences)"},
       {"overlap", 'b', &o->overlap, 0, 0, "mirrored, multi_worker_mirrored: sum gradient buckets during backward"},
       {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--overlap: KiB of gradient per bucket (0: 2048)"},
       {"target-accuracy", 'f', &o->target_accuracy, 0, 1,
@@ -347,9 +347,10 @@ static int parse(int argc, char **argv, options *o) {
     fprintf(stderr, "error: --compress: %s\n", dt_last_error());
     goto bad;
   }
-  if (o->compress.kind != DTRAIN_COMPRESS_NONE && strcmp(o->strategy, "multi_worker_mirrored")) {
-    fprintf(stderr, "error: --compress %s is for --strategy multi_worker_mirrored (%s sends no gradients over a wire)\n",
-            o->compress_text, o->strategy);
+  if (o->compress.kind != DTRAIN_COMPRESS_NONE && strcmp(o->strategy, "multi_worker_mirrored") &&
+      strcmp(o->strategy, "parameter_server")) {
+    fprintf(stderr, "error: --compress %s is for --strategy multi_worker_mirrored or parameter_server (%s sends no "
+            "gradients over a wire)\n", o->compress_text, o->strategy);
     goto bad;
   }
   if (strcmp(o->schedule, "constant") && strcmp(o->schedule, "cosine")) {
@@ -569,6 +570,7 @@ int main(int argc, char **argv) {
     int k = a.o.max_staleness == DTRAIN_STALENESS_UNBOUNDED ? 2 : a.o.max_staleness;
     if (!(store = dt_pstore_create_tcp(cl, a.P, &no, k))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
     sd = dt_strategy_parameter_server(store, k);
+    sd.compress = a.o.compress;
   }
   sd.seed = a.o.seed;
   sd.staleness_lr = a.o.staleness_lr;

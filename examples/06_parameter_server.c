@@ -21,7 +21,9 @@
  * --batch-per-worker B (the old meaning of --batch: B rows a worker; not
  * together with --batch),
  * --lr X, --max-staleness K (default 2), --limit N, --data DIR, --seed S,
- * --checkpoint-dir DIR (servers), --checkpoint-every N (updates), --quiet;
+ * --checkpoint-dir DIR (servers), --checkpoint-every N (updates), --quiet,
+ * --compress none|fp16|bf16|topk:F|powersgd:R (workers: the pushes' form on
+ * the wire; pulls then come as 16-bit differences from the worker's copy);
  * servers: --min-workers N (start training once N workers joined; the
  * others may join later), --rejoin-timeout S (when every worker is gone
  * but one was lost less than S seconds ago, wait for it to come back) and
@@ -63,6 +65,7 @@ typedef struct options {
   float lr, slow_factor;
   uint64_t seed;
   const char *data, *checkpoint_dir;
+  dt_compress compress; /* --compress: pushes (and pulls) on the wire */
 } options;
 
 typedef struct model {
@@ -184,7 +187,7 @@ static int parse(int argc, char **argv, options *o) {
   o->max_staleness = 2;
   o->seed = 1;
   o->crash_rank = o->slow_rank = -1;
-  const char *crash = NULL, *slow = NULL;
+  const char *crash = NULL, *slow = NULL, *compress = "none";
   const ex_flag flags[] = {
       {"epochs", 'i', &o->epochs, 1, 1e6, "passes over the training set"},
       {"batch", 'i', &o->batch, 1, 1e7, "the global batch: each of W workers takes batch/W"},
@@ -200,6 +203,7 @@ static int parse(int argc, char **argv, options *o) {
       {"rejoin-timeout", 'd', &o->rejoin_timeout, 0, 1e6, "servers: seconds a lost worker may take to rejoin"},
       {"staleness-lr", 'b', &o->staleness_lr, 0, 0, "servers: scale each push by 1/(1+staleness)"},
       {"work-queue", 'b', &o->work_queue, 0, 0, "workers take batches from a shared queue (needs --max-staleness -1)"},
+      {"compress", 's', &compress, 0, 0, "workers: pushes as none, fp16, bf16, topk:F or powersgd:R; pulls then come as 16-bit differences"},
       {"crash-at", 's', &crash, 0, 0, "RANK:STEP -- that worker exits at that step"},
       {"slow", 's', &slow, 0, 0, "RANK:FACTOR -- that worker is FACTOR times slower"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
@@ -213,6 +217,10 @@ static int parse(int argc, char **argv, options *o) {
   o->staleness_given = ex_given(argc, argv, "max-staleness");
   char tail;
   long long st;
+  if (dt_compress_parse(compress, &o->compress) != DTRAIN_OK) {
+    fprintf(stderr, "error: --compress: %s\n", dt_last_error());
+    goto bad;
+  }
   if (crash && (sscanf(crash, "%d:%lld%c", &o->crash_rank, &st, &tail) != 2 || st < 0)) {
     fprintf(stderr, "error: --crash-at wants RANK:STEP, not '%s'\n", crash);
     goto bad;
@@ -372,6 +380,7 @@ int main(int argc, char **argv) {
 
   dt_strategy_options sd = dt_strategy_parameter_server(store, o.max_staleness);
   sd.work_queue = o.work_queue;
+  sd.compress = o.compress;
   if (rank == o.slow_rank) {
     sd.straggler = 0; /* this process's replica 0 */
     sd.straggler_factor = o.slow_factor;
@@ -437,6 +446,10 @@ int main(int argc, char **argv) {
     if (!o.quiet)
       printf("worker %d: %lld steps, mean loss %.4f, %.0f samples/s, staleness mean %.2f max %lld\n", rank,
              (long long)st.steps, loss, (double)st.samples / secs, st.staleness_mean, (long long)st.staleness_max);
+    if (!o.quiet && st.steps > 0)
+      printf("worker %d: wire %.0f bytes/step sent, %.0f received (compress %s)\n", rank,
+             (double)st.wire_bytes / (double)st.steps, (double)st.wire_bytes_received / (double)st.steps,
+             dt_compress_name(o.compress));
     /* The latest parameters, for an evaluation (servers keep training for slower workers). */
     dt_pstore_ticket tk;
     if (rank == 0 && dt_pstore_pull(store, rank, steps, dt_params_data(P), dt_params_size(P), &tk) == DTRAIN_OK)

@@ -290,9 +290,33 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void);
  * error stays until the store is destroyed. Restart the job: each server
  * resumes from its last checkpoint (dt_ps_options).
  *
- * Wire: after the transport handshake, message types 0x50..0x55 (see
+ * Compressed pushes and pulls (dt_strategy_options.compress, which the
+ * strategy copies to the store's `compress`; --compress in the examples).
+ * Pushes: fp16 or bf16 send each gradient value in 16 bits (fp16 scaled by a
+ * power of two chosen from the largest value); topk:F sends the worker's
+ * ceil(F x trained values) largest |gradient + error| (selected over all its
+ * servers, each getting those of its shard as positions and values);
+ * powersgd:R sends, per trained matrix, PowerSGD's factors P (rows x r,
+ * orthonormal) and Q = M^T P (cols x r), r = min(R, rows, cols), the server
+ * adding P Q^T (vectors and matrices whose factors would be no smaller go as
+ * floats). top-k and PowerSGD keep what they left out and add it to the next
+ * push (error feedback; PowerSGD's Q is the warm start of the next). Buffers
+ * always go as floats. Pulls: after a first pull of floats, each server sends
+ * the difference between its shard and the copy this worker holds, in 16
+ * bits (bf16 with compress bf16, fp16 otherwise); both ends add the same
+ * decoded values to their copies, which stay bitwise equal, and the worker
+ * trains on its copy (the last difference's rounding from the server's
+ * weights; what it lost comes with the next). A server keeps one such copy
+ * per compressing worker (the shard's floats); a worker keeps one of the
+ * model. Payload bytes per step with one server (n floats, t of them
+ * trained): floats send 16 + 16 + 4n and receive as many; fp16/bf16 send
+ * 16 + 24 + 2t + 4(n-t) and receive 24 + 2n + 16 (dt_strategy_stats'
+ * wire_bytes and wire_bytes_received count them).
+ *
+ * Wire: after the transport handshake, message types 0x50..0x59 (see
  * docs/wire_protocol.md); parameters and gradients travel as little-endian
- * IEEE-754 floats. */
+ * IEEE-754 floats, or 16-bit floats and top-k / low-rank messages when
+ * compressed. */
 
 /* What server 0's work queue did (dt_ps_options.work_stats). */
 typedef struct dt_ps_work_stats {

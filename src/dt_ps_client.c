@@ -21,6 +21,7 @@
 #include "dt_params_internal.h"
 /* dt_strategy.h: dt_pstore, the interface this store implements. */
 #include "dt_strategy.h"
+#include "dt_strategy_impl.h"
 #include "dt_ps_core.h"
 
 #if !defined(DTRAIN_NO_NET)
@@ -49,6 +50,11 @@ typedef struct dt__ps_client {
   int have_item;           /* ... and got it: the next take returns item */
   int64_t item;
   int left;
+  /* compression (dt_pstore.compress, set up by dt__ps_client_codec) */
+  dt_compress zc;          /* the form in use */
+  dt__ef *ef;              /* top-k / PowerSGD: the error kept for the next push */
+  float **view;            /* per server: its shard as this worker holds it (compressed pulls) */
+  int *view_ok;            /* ... started by a pull that kept a copy */
   dt_result err;
   char msg[DT__MSG_CAP];
   DT__ATOMIC(int) aborted;
@@ -103,6 +109,68 @@ static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, ui
 
 static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k);
 
+static void dt__ps_client_codec_free(dt__ps_client *C) {
+  dt__ef_destroy(C->ef);
+  C->ef = NULL;
+  if (C->view)
+    for (int s = 0; s < C->M; s++) dt__free(C->view[s], (C->shard[s] ? C->shard[s] : 1) * sizeof(float));
+  dt__free(C->view, (size_t)C->M * sizeof(float *));
+  dt__free(C->view_ok, (size_t)C->M * sizeof(int));
+  C->view = NULL;
+  C->view_ok = NULL;
+  memset(&C->zc, 0, sizeof C->zc);
+}
+
+/* The state for ps.compress when it changed (before the first pull, or
+ * between calls: the error and the copies start again). Under the lock. */
+static dt_result dt__ps_client_codec(dt__ps_client *C, const char *op) {
+  dt_compress c = C->ps.compress;
+  if (c.kind == C->zc.kind && (c.kind != DTRAIN_COMPRESS_TOPK || c.fraction == C->zc.fraction) &&
+      (c.kind != DTRAIN_COMPRESS_POWERSGD || c.rank == C->zc.rank))
+    return DTRAIN_OK;
+  dt__ps_client_codec_free(C);
+  if (c.kind == DTRAIN_COMPRESS_NONE) return DTRAIN_OK;
+  if (c.kind != DTRAIN_COMPRESS_FP16 && c.kind != DTRAIN_COMPRESS_BF16 && c.kind != DTRAIN_COMPRESS_TOPK &&
+      c.kind != DTRAIN_COMPRESS_POWERSGD)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress.kind %d is none of none, fp16, bf16, topk, powersgd", op,
+                     (int)c.kind);
+  if (c.kind == DTRAIN_COMPRESS_TOPK || c.kind == DTRAIN_COMPRESS_POWERSGD) {
+    dt_result rc = dt__ef_create_params(c, C->params, 1, &C->ef);
+    if (rc != DTRAIN_OK) return dt__ps_prefix(rc, op, NULL);
+  }
+  C->view = (float **)dt__calloc((size_t)C->M * sizeof(float *));
+  C->view_ok = (int *)dt__calloc((size_t)C->M * sizeof(int));
+  int ok = C->view && C->view_ok;
+  for (int s = 0; ok && s < C->M; s++) {
+    ok = (C->view[s] = (float *)dt__alloc((C->shard[s] ? C->shard[s] : 1) * sizeof(float))) != NULL;
+    size_t want = DT__MAX(dt__ps_pushz_cap(C->params, C->owner, s), DT__PS_ZFIX + 2 * C->shard[s]);
+    if (ok && want > C->buf_cap[s]) {
+      unsigned char *nb = (unsigned char *)dt__alloc(want);
+      if (!(ok = nb != NULL)) break;
+      dt__free(C->buf[s], C->buf_cap[s]);
+      C->buf[s] = nb;
+      C->buf_cap[s] = want;
+    }
+  }
+  if (!ok) {
+    dt__ps_client_codec_free(C);
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory for compress %s", op, dt_compress_name(c));
+  }
+  C->zc = c;
+  return DTRAIN_OK;
+}
+
+/* Server s's shard as this worker holds it (view, shard order) into dst (the params' layout). */
+static void dt__ps_client_unview(dt__ps_client *C, int s, float *dst) {
+  size_t b, e, k = 0;
+  int tr, dec;
+  for (int p = 0; dt__params_range(C->params, p, &b, &e, &tr, &dec); p++)
+    if (C->owner[p] == s) {
+      memcpy(dst + b, C->view[s] + k, (e - b) * sizeof(float));
+      k += e - b;
+    }
+}
+
 static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
                                     dt_pstore_ticket *tk) {
   dt__ps_client *C = dt__ps_client_of(ps);
@@ -114,10 +182,18 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   snprintf(op, sizeof op, "worker %d: pull #%lld", C->me, (long long)T);
   dt__mutex_lock(&C->mu);
   dt_result rc = dt__ps_client_check(C, op);
+  if (rc == DTRAIN_OK && (rc = dt__ps_client_codec(C, op)) != DTRAIN_OK) {
+    dt__mutex_unlock(&C->mu);
+    return rc;
+  }
+  const int z = C->zc.kind != DTRAIN_COMPRESS_NONE;
+  const dt_compress_kind zk = C->zc.kind == DTRAIN_COMPRESS_BF16 ? DTRAIN_COMPRESS_BF16 : DTRAIN_COMPRESS_FP16;
   unsigned char req[DT__PS_FIX];
   dt__put_le64(req, (uint64_t)T);
-  dt__put_le64(req + 8, 0);
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
+    int mode = !z ? DT__PS_PULL_FLOATS : !C->view_ok[s] ? DT__PS_PULL_KEEP
+             : zk == DTRAIN_COMPRESS_BF16 ? DT__PS_PULL_BF16 : DT__PS_PULL_FP16;
+    dt__put_le64(req + 8, (uint64_t)mode);
     rc = dt__conn_send(&C->conn[s], DT__PS_PULL, req, DT__PS_FIX, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
     if (rc == DTRAIN_OK) ps->wire_sent += DT__PS_FIX;
@@ -125,16 +201,30 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   tk->version = 0;
   tk->clock_gap = 0;
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
-    rc = dt__ps_client_answer(C, s, DT__PS_PARAMS, (uint32_t)(DT__PS_FIX + C->shard[s] * 4), op);
+    int delta = z && C->view_ok[s];
+    uint32_t len = (uint32_t)(delta ? DT__PS_ZFIX + C->shard[s] * 2 : DT__PS_FIX + C->shard[s] * 4);
+    rc = dt__ps_client_answer(C, s, delta ? DT__PS_PARAMZ : DT__PS_PARAMS, len, op);
+    if (rc == DTRAIN_OK && delta) {
+      rc = dt__ps_delta_apply(zk, C->buf[s] + DT__PS_FIX, C->view[s], C->shard[s]);
+      if (rc != DTRAIN_OK) rc = dt__ps_prefix(rc, op, C->conn[s].peer);
+    }
     if (rc != DTRAIN_OK) break;
-    ps->wire_received += DT__PS_FIX + C->shard[s] * 4;
+    ps->wire_received += len;
     uint64_t v = dt__get_le64(C->buf[s]);
     int64_t gap = (int64_t)dt__get_le64(C->buf[s] + 8);
     C->pulled_version[s] = v;
     if (v > tk->version) tk->version = v;
     if (v > C->version) C->version = v;
     if (gap > tk->clock_gap) tk->clock_gap = gap;
-    dt__ps_scatter(C->params, C->owner, s, C->buf[s] + DT__PS_FIX, dst);
+    if (!z) {
+      dt__ps_scatter(C->params, C->owner, s, C->buf[s] + DT__PS_FIX, dst);
+      continue;
+    }
+    if (!delta) { /* floats: this worker's copy starts (the server kept the same) */
+      dt__get_f32le(C->view[s], C->buf[s] + DT__PS_FIX, C->shard[s]);
+      C->view_ok[s] = 1;
+    }
+    dt__ps_client_unview(C, s, dst);
   }
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
   dt__mutex_unlock(&C->mu);
@@ -153,16 +243,29 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   snprintf(op, sizeof op, "worker %d: push #%lld", C->me, (long long)T);
   dt__mutex_lock(&C->mu);
   dt_result rc = dt__ps_client_check(C, op);
+  if (rc == DTRAIN_OK && (rc = dt__ps_client_codec(C, op)) != DTRAIN_OK) {
+    dt__mutex_unlock(&C->mu);
+    return rc;
+  }
+  const int z = delta && C->zc.kind != DTRAIN_COMPRESS_NONE;
+  if (z && C->ef) dt__ef_local(C->ef, delta); /* top-k / PowerSGD: over the whole vector, then per server */
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     unsigned char *b = C->buf[s];
     dt__put_le64(b, (uint64_t)T);
     dt__put_le64(b + 8, C->pulled_version[s]);
     size_t len = DT__PS_FIX;
-    if (delta) {
+    if (z) {
+      len = dt__ps_encode_push(C->zc, C->ef, C->params, C->owner, s, delta, b);
+      if (len > C->conn[s].max_payload) {
+        rc = dt__error(DTRAIN_ERR_OVERFLOW, "%s: a compressed push (%s) of %zu bytes exceeds max_payload (%u bytes)",
+                       op, dt_compress_name(C->zc), len, (unsigned)C->conn[s].max_payload);
+        break;
+      }
+    } else if (delta) {
       dt__ps_gather(C->params, C->owner, s, delta, b + DT__PS_FIX);
       len += C->shard[s] * 4;
     }
-    rc = dt__conn_send(&C->conn[s], DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
+    rc = dt__conn_send(&C->conn[s], z ? DT__PS_PUSHZ : DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
     if (rc == DTRAIN_OK) ps->wire_sent += len;
   }
@@ -188,6 +291,7 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
       C->have_item = 1;
     }
   }
+  if (rc == DTRAIN_OK && z) dt__ef_commit(C->ef); /* every server took it: its error is kept */
   if (rc == DTRAIN_OK && T + 1 > C->next) C->next = T + 1;
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
   dt__mutex_unlock(&C->mu);
@@ -326,6 +430,7 @@ static void dt__ps_client_free(dt__ps_client *C) {
     for (int s = 0; s < C->M; s++) dt__conn_close(&C->conn[s]);
   }
   size_t M = (size_t)C->M;
+  if (C->shard) dt__ps_client_codec_free(C);
   if (C->buf && C->buf_cap) /* either may be missing when set-up ran out of memory */
     for (int s = 0; s < C->M; s++) dt__free(C->buf[s], C->buf_cap[s]);
   dt__free(C->buf, M * sizeof(unsigned char *));

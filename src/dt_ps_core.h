@@ -46,6 +46,16 @@
  * gives it back, to the next TAKE. A TAKE is answered at once (-3 rather
  * than waiting: a worker waiting for server 0 would send the other servers
  * nothing, not even heartbeats, and they would drop it).
+ * Compressed (dt_ps_codec.c; the worker's dt_pstore.compress):
+ *   PULL's second word asks how the weights come: 0 floats (PARAMS); 1 floats
+ *     (PARAMS) and keep them as this worker's copy; 2 / 3 the difference from
+ *     that copy in fp16 / bf16 (PARAMZ; only after a 1 since the join)
+ *   PARAMZ 0x59 s->w  24 B + 2*shard: u64 version, i64 clock gap, u32 kind (1 fp16,
+ *                            2 bf16), i32 fp16 scale exponent (bf16: 0), u16[shard]
+ *   PUSHZ  0x58 w->s  24 B + body: u64 clock, u64 version pulled, u32 kind (1 fp16,
+ *                            2 bf16, 3 topk, 4 powersgd), u32 argument (fp16's exponent,
+ *                            topk's count of values, powersgd's rank), then the trained
+ *                            values as the kind has them, then the buffers as f32
  *   HEARTBEAT (0x07) both ways, BYE (0x08) w->s, REFUSE (0x05) s->w.
  * The shard's floats are its parameters' elements in parameter order.
  */
@@ -53,6 +63,7 @@
 #define DTRAIN_PS_CORE_H
 
 #include "dt_internal.h"
+#include "dt_strategy.h"
 #include "dt_net_core.h"
 #include "dt_platform.h"
 
@@ -64,8 +75,13 @@ enum {
   DT__PS_PUSH = 0x54,
   DT__PS_PUSHED = 0x55,
   DT__PS_TAKE = 0x56,
-  DT__PS_TAKEN = 0x57
+  DT__PS_TAKEN = 0x57,
+  DT__PS_PUSHZ = 0x58,
+  DT__PS_PARAMZ = 0x59
 };
+/* PULL's second word (see above) */
+enum { DT__PS_PULL_FLOATS = 0, DT__PS_PULL_KEEP = 1, DT__PS_PULL_FP16 = 2, DT__PS_PULL_BF16 = 3 };
+#define DT__PS_ZFIX 24  /* fixed part of PUSHZ, PARAMZ */
 #define DT__PS_FIX 16   /* fixed part of PULL, PARAMS, PUSH, PUSHED */
 #define DT__PS_JOINLEN 32   /* JOIN */
 #define DT__PS_JOINEDLEN 48 /* JOINED */
@@ -87,6 +103,28 @@ DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner,
 /* The shard of a full-layout buffer to little-endian bytes, and back. */
 DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out);
 DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full);
+
+/* ---- compressed pushes and pulls (dt_ps_codec.c) ---- */
+struct dt__ef;
+/* The largest PUSHZ payload for server s's shard (any kind). */
+DTRAIN_PRIVATE size_t dt__ps_pushz_cap(const dt_params *p, const int *owner, int s);
+/* Server s's PUSHZ payload (from its 16th byte on; the caller writes the
+ * first 16) of push vector g compressed as c (fp16/bf16: ef NULL; topk,
+ * powersgd: ef after dt__ef_local of g). Returns the payload's bytes. */
+DTRAIN_PRIVATE size_t dt__ps_encode_push(dt_compress c, const struct dt__ef *ef, const dt_params *p, const int *owner,
+                                         int s, const float *g, unsigned char *out);
+/* A PUSHZ payload of len bytes for shard s, checked, into grad (trained
+ * parameters) and data (buffers); scratch grows as PowerSGD needs.
+ * DTRAIN_ERR_PROTOCOL naming what is wrong (nothing is applied then; grad may
+ * be written). */
+DTRAIN_PRIVATE dt_result dt__ps_decode_push(const dt_params *p, const int *owner, int s, const unsigned char *in,
+                                            size_t len, float *grad, float *data, float **scratch, size_t *scap);
+/* PARAMZ's body (from its 16th byte: 8 + 2 x shard bytes): shard s of full
+ * minus view (shard order) in 16 bits of kind; view += the decoded values. */
+DTRAIN_PRIVATE void dt__ps_delta_encode(dt_compress_kind kind, const dt_params *p, const int *owner, int s,
+                                        const float *full, float *view, unsigned char *out);
+/* The worker's side: view (n floats, shard order) += the decoded values. */
+DTRAIN_PRIVATE dt_result dt__ps_delta_apply(dt_compress_kind kind, const unsigned char *in, float *view, size_t n);
 #endif /* DTRAIN_NO_DIST */
 
 #if !defined(DTRAIN_NO_NET)
@@ -123,6 +161,11 @@ typedef struct dt__ps_worker {
   size_t in_len;            /* bytes of it so far (0: none) */
   double in_started;        /* when its first byte came */
   int64_t lease;            /* work queue: the item it holds until its next push (-1: none) */
+  int pend_mode;            /* a pull: DT__PS_PULL_* */
+  int pend_z;               /* a push: compressed (PUSHZ), pend_len bytes in rx */
+  size_t pend_len;
+  float *view;              /* compressed pulls: the weights this worker holds (shard floats) */
+  int view_ok;              /* ... set by a DT__PS_PULL_KEEP since its join */
 } dt__ps_worker;
 
 typedef struct dt__ps_server {
@@ -145,6 +188,9 @@ typedef struct dt__ps_server {
   unsigned char *ckpt;
   size_t ckpt_bytes;
   float *before;            /* staleness_lr: a parameter's values before its update (shard floats) */
+  size_t zcap;              /* the largest compressed push (dt__ps_pushz_cap) */
+  float *zscratch;          /* PowerSGD's factors while a push is decoded */
+  size_t zscratch_cap;
   char ckpt_path[1024];
   dt__hs *pend;             /* DT__NET_PENDING_MAX connections in the handshake, beside the serving */
   int npend;

@@ -66,6 +66,9 @@ static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
   dt__conn_close(&w->conn);
   dt__free(w->rx, w->rx_cap);
   dt__free(w->tx, w->tx_cap);
+  if (w->view) dt__free(w->view, (S->shard ? S->shard : 1) * sizeof(float));
+  w->view = NULL;
+  w->view_ok = 0;
   w->rx = w->tx = NULL;
   w->rx_cap = w->tx_cap = w->tx_len = w->tx_off = 0;
   w->pend = DT__PSP_NONE;
@@ -113,11 +116,10 @@ static int dt__ps_flush(dt__ps_server *S, int i) {
   return 1;
 }
 
-/* Queue one frame for worker i: the fixed part, then n floats of the shard gathered from full (if any). */
-static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
-                        const float *full) {
+/* Room for a frame of len payload bytes in worker i's output: where its
+ * payload goes (dt__ps_commit sends it). NULL when the worker was lost. */
+static unsigned char *dt__ps_reserve(dt__ps_server *S, int i, uint32_t len) {
   dt__ps_worker *w = &S->w[i];
-  uint32_t len = fixn + (full ? (uint32_t)(S->shard * 4) : 0u);
   if (w->tx_off == w->tx_len) w->tx_off = w->tx_len = 0;
   if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
     memmove(w->tx, w->tx + w->tx_off, w->tx_len - w->tx_off);
@@ -126,16 +128,31 @@ static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned c
   }
   if (w->tx_len + DT__NET_HDR + len > w->tx_cap) {
     dt__ps_lose(S, i, DTRAIN_ERR_INTERNAL, "output buffer overflow");
-    return 0;
+    return NULL;
   }
+  return w->tx + w->tx_len + DT__NET_HDR;
+}
+
+/* The frame whose payload dt__ps_reserve placed: framed and sent as the socket takes it. */
+static int dt__ps_commit(dt__ps_server *S, int i, uint16_t type, uint32_t len) {
+  dt__ps_worker *w = &S->w[i];
   unsigned char *h = w->tx + w->tx_len, *pl = h + DT__NET_HDR;
-  if (fixn) memcpy(pl, fix, fixn);
-  if (full) dt__ps_gather(S->params, S->owner, S->me, full, pl + fixn);
   dt__frame_pack(h, type, w->conn.job, w->conn.self_id, w->conn.send_seq, pl, len);
   w->conn.send_seq++;
   w->tx_len += DT__NET_HDR + len;
   w->last_sent = dt__now();
   return dt__ps_flush(S, i);
+}
+
+/* Queue one frame for worker i: the fixed part, then the shard's floats gathered from full (if any). */
+static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
+                        const float *full) {
+  uint32_t len = fixn + (full ? (uint32_t)(S->shard * 4) : 0u);
+  unsigned char *pl = dt__ps_reserve(S, i, len);
+  if (!pl) return 0;
+  if (fixn) memcpy(pl, fix, fixn);
+  if (full) dt__ps_gather(S->params, S->owner, S->me, full, pl + fixn);
+  return dt__ps_commit(S, i, type, len);
 }
 
 /* ---- the staleness rule ------------------------------------------------------------------- */
@@ -179,7 +196,31 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     if (w->pulled < t + 1) w->pulled = t + 1;
     w->pend = DT__PSP_NONE;
     w->last_heard = now;
-    return dt__ps_queue(S, i, DT__PS_PARAMS, fix, DT__PS_FIX, dt_params_data(S->params));
+    const float *data = dt_params_data(S->params);
+    if (w->pend_mode == DT__PS_PULL_FP16 || w->pend_mode == DT__PS_PULL_BF16) { /* the difference from its copy */
+      uint32_t len = (uint32_t)(DT__PS_ZFIX + 2 * S->shard);
+      unsigned char *pl = dt__ps_reserve(S, i, len);
+      if (!pl) return 0;
+      memcpy(pl, fix, DT__PS_FIX);
+      dt__ps_delta_encode(w->pend_mode == DT__PS_PULL_FP16 ? DTRAIN_COMPRESS_FP16 : DTRAIN_COMPRESS_BF16, S->params,
+                          S->owner, S->me, data, w->view, pl + DT__PS_FIX);
+      return dt__ps_commit(S, i, DT__PS_PARAMZ, len);
+    }
+    if (w->pend_mode == DT__PS_PULL_KEEP) { /* its copy starts here */
+      if (!w->view && !(w->view = (float *)dt__alloc((S->shard ? S->shard : 1) * sizeof(float)))) {
+        dt__ps_lose(S, i, DTRAIN_ERR_NOMEM, "out of memory for its copy of the weights (compressed pulls)");
+        return 0;
+      }
+      size_t b, e, k = 0;
+      int tr, dec;
+      for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++)
+        if (S->owner[p] == S->me) {
+          memcpy(w->view + k, data + b, (e - b) * sizeof(float));
+          k += e - b;
+        }
+      w->view_ok = 1;
+    }
+    return dt__ps_queue(S, i, DT__PS_PARAMS, fix, DT__PS_FIX, data);
   }
   uint64_t before = S->version;
   if (!w->pend_empty) {
@@ -190,15 +231,23 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     /* staleness_lr: this push's step is divided by 1 + the updates applied since its pull */
     uint64_t s = w->pend_version <= before ? before - w->pend_version : 0;
     float scale = S->before && s > 0 ? (float)(1.0 / (1.0 + (double)s)) : 1.0f;
+    if (w->pend_z &&
+        dt__ps_decode_push(S->params, S->owner, S->me, w->rx, w->pend_len, grad, data, &S->zscratch,
+                           &S->zscratch_cap) != DTRAIN_OK) {
+      char why[DT__MSG_CAP];
+      snprintf(why, sizeof why, "%s", dt_last_error());
+      dt__ps_lose(S, i, dt_last_result(), why);
+      return 0;
+    }
     for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
       if (S->owner[p] != S->me) continue;
       if (tr) {
-        dt__get_f32le(grad + b, in + 4 * off, e - b);
+        if (!w->pend_z) dt__get_f32le(grad + b, in + 4 * off, e - b);
         if (scale != 1.0f) memcpy(S->before, data + b, (e - b) * sizeof(float));
         if (dt_optim_update(S->opt, data, grad, b, e) != DTRAIN_OK) return -1;
         if (scale != 1.0f)
           for (size_t i = b; i < e; i++) data[i] = S->before[i - b] + (data[i] - S->before[i - b]) * scale;
-      } else {
+      } else if (!w->pend_z) {
         dt__get_f32le(data + b, in + 4 * off, e - b);
       }
       off += e - b;
@@ -322,7 +371,8 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
   S->k = k;
   S->k_set = 1;
   w->rx_cap = DT__PS_FIX + S->shard * 4;
-  w->tx_cap = 4 * DT__NET_HDR + 2 * DT__PS_FIX + DT__PS_JOINLEN + S->shard * 4;
+  w->tx_cap = 4 * DT__NET_HDR + 2 * DT__PS_FIX + DT__PS_JOINLEN + S->shard * 4 + 8; /* + 8: PARAMZ's header */
+  w->view_ok = 0; /* its first compressed pull starts a copy */
   w->rx = (unsigned char *)dt__alloc(w->rx_cap);
   w->tx = (unsigned char *)dt__alloc(w->tx_cap);
   if (!w->rx || !w->tx) {
@@ -394,18 +444,31 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
     case DT__PS_PULL: want_max = DT__PS_FIX; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
     case DT__PS_TAKE: want_max = 0; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
     case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
+    case DT__PS_PUSHZ: want_max = (uint32_t)DT__MIN(S->zcap, (size_t)UINT32_MAX); ok_type = w->joined && w->pend == DT__PSP_NONE; break;
     default: ok_type = 0;
+  }
+  if (ok_type && f->type == DT__PS_PUSHZ && f->length >= DT__PS_ZFIX && f->length <= want_max && f->length > w->rx_cap) {
+    /* the first compressed push larger than a float one (top-k near 1): room for the largest */
+    unsigned char *nb = (unsigned char *)dt__alloc(S->zcap);
+    if (!nb) {
+      dt__ps_lose(S, i, DTRAIN_ERR_NOMEM, "out of memory for a compressed push");
+      return 0;
+    }
+    dt__free(w->rx, w->rx_cap);
+    w->rx = nb;
+    w->rx_cap = S->zcap;
   }
   int exact = f->type == DT__PS_JOIN || f->type == DT__PS_PULL;
   int bad_len = f->length > want_max || (exact && f->length != want_max) ||
-                (f->type == DT__PS_PUSH && f->length != DT__PS_FIX && f->length != want_max);
+                (f->type == DT__PS_PUSH && f->length != DT__PS_FIX && f->length != DT__PS_FIX + S->shard * 4) ||
+                (f->type == DT__PS_PUSHZ && f->length < DT__PS_ZFIX);
   if (!ok_type || bad_len) {
     snprintf(why, sizeof why, "%s: protocol violation: a frame of type 0x%02x and %u bytes %s", op, (unsigned)f->type,
              (unsigned)f->length, ok_type ? "(wrong length)" : (w->joined ? "out of turn" : "before joining"));
     dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
     return 0;
   }
-  w->in_dst = f->type == DT__PS_PUSH ? w->rx : w->in_small;
+  w->in_dst = f->type == DT__PS_PUSH || f->type == DT__PS_PUSHZ ? w->rx : w->in_small;
   return 1;
 }
 
@@ -437,30 +500,42 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
     case DT__PS_JOIN: dt__ps_on_join(S, i, dst); break;
     case DT__PS_TAKE: (void)dt__ps_take(S, i); break;
     case DT__PS_PULL:
-    case DT__PS_PUSH: {
+    case DT__PS_PUSH:
+    case DT__PS_PUSHZ: {
       int64_t t = (int64_t)dt__get_le64(dst);
+      int push = f.type != DT__PS_PULL;
+      uint64_t mode = push ? 0 : dt__get_le64(dst + 8);
+      if (mode > DT__PS_PULL_BF16 || (mode >= DT__PS_PULL_FP16 && !w->view_ok)) {
+        snprintf(why, sizeof why, "%s: protocol violation: a pull asking for weights of form %llu%s", op,
+                 (unsigned long long)mode, mode > DT__PS_PULL_BF16 ? " (0-3)" : " before a pull that keeps a copy");
+        dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+        return;
+      }
       if (w->fresh && t < w->start) {
         snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld, before its start clock %lld", op,
-                 f.type == DT__PS_PUSH ? "push" : "pull", (long long)t, (long long)w->start);
+                 push ? "push" : "pull", (long long)t, (long long)w->start);
         dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
         return;
       }
       if (w->fresh) { /* its first request: it may start later (another server's start clock was larger) */
         w->pushed = t;
-        w->pulled = f.type == DT__PS_PUSH ? t + 1 : t;
+        w->pulled = push ? t + 1 : t;
         w->fresh = 0;
       }
-      if (t < 0 || (f.type == DT__PS_PUSH && t < w->pushed)) {
+      if (t < 0 || (push && t < w->pushed)) {
         snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld after a push of clock %lld", op,
-                 f.type == DT__PS_PUSH ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
+                 push ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
         dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
         return;
       }
-      w->pend = f.type == DT__PS_PULL ? DT__PSP_PULL : DT__PSP_PUSH;
+      w->pend = push ? DT__PSP_PUSH : DT__PSP_PULL;
       w->pend_clock = t;
       w->pend_version = dt__get_le64(dst + 8);
+      w->pend_mode = (int)mode;
+      w->pend_z = f.type == DT__PS_PUSHZ;
+      w->pend_len = f.length;
       w->pend_empty = f.length == DT__PS_FIX && S->shard > 0;
-      if (f.type == DT__PS_PUSH && S->shard == 0) w->pend_empty = 1;
+      if (push && S->shard == 0) w->pend_empty = 1;
       w->pend_since = w->last_heard;
       break;
     }
@@ -572,6 +647,7 @@ static void dt__ps_server_free(dt__ps_server *S) {
   dt__free(S->owner, (size_t)(S->np > 0 ? S->np : 1) * sizeof(int));
   dt__free(S->ckpt, S->ckpt_bytes);
   if (S->before) dt__free(S->before, dt_params_size(S->params) * sizeof(float) + 4);
+  dt__free(S->zscratch, S->zscratch_cap * sizeof(float));
   if (S->q_back) dt__free(S->q_back, (size_t)S->W * sizeof(int64_t));
 }
 
@@ -754,6 +830,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   if (rc != DTRAIN_OK) goto done;
   S.shard = dt__ps_shard_floats(params, S.owner, S.me);
   S.layout = dt__ps_layout_hash(params, S.owner, S.me, c->servers);
+  S.zcap = dt__ps_pushz_cap(params, S.owner, S.me);
   if (DT__PS_FIX + S.shard * 4 > S.self.opt.max_payload) {
     rc = dt__error(DTRAIN_ERR_OVERFLOW, "%s: ps %d: a shard of %zu floats exceeds max_payload (%zu bytes); use more "
                    "servers or raise it", fn, S.me, S.shard, S.self.opt.max_payload);

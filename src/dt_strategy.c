@@ -260,9 +260,14 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
     if (ck == DTRAIN_COMPRESS_POWERSGD && (d->compress.rank < 1 || d->compress.rank > 1024))
       return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: compress powersgd: rank %d outside 1..1024", fn,
                        d->compress.rank);
-    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED)
-      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) is for multi_worker_mirrored, not %s (its "
-                       "gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);
+    if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && d->kind != DTRAIN_STRATEGY_PARAMETER_SERVER)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) is for multi_worker_mirrored and parameter_server, "
+                       "not %s (its gradients do not cross a wire)", fn, dt_compress_name(d->compress), name);
+    if (d->kind == DTRAIN_STRATEGY_PARAMETER_SERVER && d->store && d->store->vtable &&
+        (!d->store->vtable->name || strcmp(d->store->vtable->name, "tcp") != 0))
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: compress (%s) needs a store over TCP (dt_pstore_create_tcp), not "
+                       "the %s store", fn, dt_compress_name(d->compress),
+                       d->store->vtable->name ? d->store->vtable->name : "?");
   }
   if (d->overlap) {
     if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && d->kind != DTRAIN_STRATEGY_MIRRORED)

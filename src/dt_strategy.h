@@ -394,7 +394,9 @@ typedef struct dt_strategy_options {
                                     DTRAIN_STALENESS_UNBOUNDED. 0: tickets 0, 1, ... [0] */
   dt_compress compress;          /* multi_worker_mirrored: the gradients' form on the wire (above),
                                     sent as point-to-point messages of tag DT_COMM_TAG_MAX on the
-                                    communicator [none: the float all-reduce] */
+                                    communicator [none: the float all-reduce]; parameter_server:
+                                    the pushes' form, pulls as 16-bit differences (dt_net.h,
+                                    "Compressed pushes and pulls") [none: floats both ways] */
   int backup_workers;            /* mirrored, dt_strategy_run: B in [0, replicas). B > 0: each step
                                     updates with the first N-B replica gradients to arrive, averaged
                                     over their rows, and drops the later ones (Chen et al., 2016;
@@ -601,6 +603,9 @@ struct dt_pstore {
   uint64_t wire_sent, wire_received; /* tcp: payload bytes of this worker's pulls and pushes sent
                           to / received from the servers, frame headers not counted (stats;
                           dt_strategy_stats reads them) [local: 0] */
+  dt_compress compress; /* tcp: the form of pushes and pulls on the wire (set by the parameter_server
+                          strategy from dt_strategy_options.compress; see "Compressed pushes and
+                          pulls" in dt_net.h); takes effect at the next call [none: floats] */
   void *impl;
 };
 

@@ -127,6 +127,18 @@ DTRAIN_PRIVATE uint16_t dt__bf16_of(float f) {
   return (uint16_t)(x >> 16);
 }
 
+DTRAIN_PRIVATE int dt__f16_exponent(float m, int finite) {
+  int e = 0;
+  if (finite && m > 0.0f) { /* the largest value lands in [2^14, 2^15] */
+    int ex;
+    (void)frexpf(m, &ex);
+    e = 15 - ex;
+    if (e > 127) e = 127;
+    if (e < -126) e = -126;
+  }
+  return e;
+}
+
 DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h) {
   uint32_t x = (uint32_t)h << 16;
   float f;
@@ -162,13 +174,7 @@ DTRAIN_PRIVATE void dt__cmsg_encode(dt_compress_kind kind, const float *x, size_
       if (!(a <= FLT_MAX)) finite = 0;
       else if (a > m) m = a;
     }
-    if (finite && m > 0.0f) { /* the largest value lands in [2^14, 2^15] */
-      int ex;
-      (void)frexpf(m, &ex);
-      e = 15 - ex;
-      if (e > 127) e = 127;
-      if (e < -126) e = -126;
-    }
+    e = dt__f16_exponent(m, finite);
     float s = ldexpf(1.0f, e);
     for (size_t i = 0; i < k; i++) dt__cmsg_put(slots, i, dt__f16_of(x[i] * s));
   } else {

@@ -106,6 +106,23 @@ static void dt__ef_norm_col(dt__ef *e, float *Q, size_t cols, size_t r, size_t j
   for (size_t c = 0; c < cols; c++) Q[c * r + j] *= s;
 }
 
+DTRAIN_PRIVATE size_t dt__ef_lowrank(int R, size_t rows, size_t cols, int lowrank_all) {
+  size_t r = R > 0 ? (size_t)R : 0;
+  r = DT__MIN(r, DT__MIN(rows, cols));
+  return cols > 1 && rows > 1 && r > 0 && (lowrank_all || (rows + cols) * r < rows * cols) ? r : 0;
+}
+
+DTRAIN_PRIVATE void dt__ef_param_matrix(const dt_params *P, int i, size_t *rows, size_t *cols) {
+  size_t off = 0, b = 0, e = 0;
+  int ndim = 0, tr = 0, dec = 0;
+  const int64_t *shape = NULL;
+  *rows = *cols = 0;
+  if (!dt__params_range(P, i, &b, &e, &tr, &dec)) return;
+  dt__params_view(P, i, &off, &ndim, &shape, &tr);
+  *rows = ndim >= 2 && shape[0] > 0 ? (size_t)shape[0] : 1;
+  *cols = (e - b) / *rows;
+}
+
 DTRAIN_PRIVATE dt_result dt__ef_create(dt_compress c, size_t n, const dt__ef_part *parts, int nparts, int W,
                                        int lowrank_all, dt__ef **out) {
   *out = NULL;
@@ -138,15 +155,12 @@ DTRAIN_PRIVATE dt_result dt__ef_create(dt_compress c, size_t n, const dt__ef_par
     }
     e->ntrain += m;
     if (c.kind != DTRAIN_COMPRESS_POWERSGD) continue;
-    size_t r = (size_t)c.rank;
-    r = DT__MIN(r, DT__MIN(u->rows, u->cols));
-    int factored = u->cols > 1 && u->rows > 1 && (lowrank_all || (u->rows + u->cols) * r < m);
-    u->r = factored ? r : 0;
+    u->r = dt__ef_lowrank(c.rank, u->rows, u->cols, lowrank_all);
     u->poff = e->npack;
-    e->npack += factored ? u->rows * r : m;
+    e->npack += u->r ? u->rows * u->r : m;
     u->qoff = e->nq;
-    e->nq += factored ? u->cols * r : 0;
-    if (factored) e->nqt = DT__MAX(e->nqt, u->cols * r), e->nrecon = DT__MAX(e->nrecon, m);
+    e->nq += u->cols * u->r;
+    if (u->r) e->nqt = DT__MAX(e->nqt, u->cols * u->r), e->nrecon = DT__MAX(e->nrecon, m);
   }
   if (c.kind == DTRAIN_COMPRESS_TOPK && e->ntrain > 0) {
     double want = (double)c.fraction * (double)e->ntrain; /* less float's rounding of F: 0.3f x 10 is 3 */
@@ -174,6 +188,25 @@ DTRAIN_PRIVATE dt_result dt__ef_create(dt_compress c, size_t n, const dt__ef_par
 nomem:
   dt__ef_destroy(e);
   return dt__error(DTRAIN_ERR_NOMEM, "compress %s: out of memory for the error feedback state", dt_compress_name(c));
+}
+
+DTRAIN_PRIVATE dt_result dt__ef_create_params(dt_compress c, const dt_params *P, int W, dt__ef **out) {
+  int np = dt_params_count(P), n = 0;
+  *out = NULL;
+  dt__ef_part *parts = (dt__ef_part *)dt__calloc((size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
+  if (!parts) return dt__error(DTRAIN_ERR_NOMEM, "compress %s: out of memory", dt_compress_name(c));
+  for (int i = 0; i < np; i++) {
+    size_t b = 0, e = 0;
+    int tr = 0, dec = 0;
+    if (!dt__params_range(P, i, &b, &e, &tr, &dec)) break;
+    if (!tr || e == b) continue;
+    parts[n].off = b;
+    dt__ef_param_matrix(P, i, &parts[n].rows, &parts[n].cols);
+    n++;
+  }
+  dt_result rc = dt__ef_create(c, dt_params_size(P), parts, n, W, 0, out);
+  dt__free(parts, (size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
+  return rc;
 }
 
 DTRAIN_PRIVATE void dt__ef_commit(dt__ef *e) {
@@ -402,6 +435,12 @@ static void dt__ef_transpose(const float *Q, float *Qt, size_t cols, size_t r) {
     for (size_t j = 0; j < r; j++) Qt[j * cols + c] = Q[c * r + j];
 }
 
+DTRAIN_PRIVATE void dt__ef_expand(const float *P, const float *Q, float *out, size_t rows, size_t cols, size_t r,
+                                  float *qt) {
+  dt__ef_transpose(Q, qt, cols, r);
+  dt__ef_pqt(P, qt, out, rows, cols, r);
+}
+
 /* The columns of P (rows x r) made orthonormal, in order (modified
  * Gram-Schmidt, sums in double). A column left with less than 1e-6 of its
  * length (in the span of those before it) becomes zero; a non-finite one
@@ -423,8 +462,9 @@ static void dt__ef_orthonormalise(float *P, size_t rows, size_t r) {
   }
 }
 
-static dt_result dt__ef_powersgd(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent) {
-  /* M = g + e, staged in next; P = M Q (or the values) into the pack */
+/* M = g + e, staged in next; P = M Q (or the values) into the pack. */
+static void dt__ef_psgd_p(dt__ef *e, const float *buf) {
+  e->next_ok = 0;
   for (int p = 0; p < e->nrun; p++) {
     const dt__ef_run *u = &e->run[p];
     size_t m = u->rows * u->cols;
@@ -436,39 +476,35 @@ static dt_result dt__ef_powersgd(dt__ef *e, dt_comm *x, int rank, float *buf, ui
     for (size_t i = 0; i < m; i++) M[i] = buf[u->off + i] + e->err[u->off + i];
     dt__ef_mq(M, e->q + u->qoff, e->pack + u->poff, u->rows, u->cols, u->r);
   }
-  e->next_ok = 0;
-  dt_result rc = dt_comm_allreduce(x, rank, e->pack, e->npack);
-  *sent += dt__ring_bytes(e->npack, e->W);
-  if (rc != DTRAIN_OK) return rc;
+}
+
+/* P (summed) orthonormalised; Q = M^T P, this rank's, also kept in qloc. */
+static void dt__ef_psgd_q(dt__ef *e) {
   for (int p = 0; p < e->nrun; p++) {
     const dt__ef_run *u = &e->run[p];
     if (!u->r) continue;
     dt__ef_orthonormalise(e->pack + u->poff, u->rows, u->r);
     dt__ef_mtp(e->next + u->off, e->pack + u->poff, e->q + u->qoff, u->rows, u->cols, u->r);
   }
-  if (e->nq) {
-    memcpy(e->qloc, e->q, e->nq * sizeof(float));
-    rc = dt_comm_allreduce(x, rank, e->q, e->nq);
-    *sent += dt__ring_bytes(e->nq, e->W);
-    if (rc != DTRAIN_OK) return rc;
-  }
-  /* the sum ~ P Q^T; e = M - P Q_local^T (what this rank's part lost); then
-   * Q normalised for the next step */
+  if (e->nq) memcpy(e->qloc, e->q, e->nq * sizeof(float));
+}
+
+/* With Q summed: out (when not NULL) gets the sum, ~ P Q^T (the values of
+ * parts sent as floats); e = M - P Q_local^T (what this rank's part lost);
+ * then Q is normalised for the next step. */
+static void dt__ef_psgd_finish(dt__ef *e, float *out) {
   int finite = 1;
   for (int p = 0; p < e->nrun; p++) {
     const dt__ef_run *u = &e->run[p];
-    float *out = buf + u->off;
     if (!u->r) {
-      memcpy(out, e->pack + u->poff, u->rows * u->cols * sizeof(float));
+      if (out) memcpy(out + u->off, e->pack + u->poff, u->rows * u->cols * sizeof(float));
       continue;
     }
     const float *P = e->pack + u->poff;
-    float *M = e->next + u->off, *tmp = e->qt; /* Q transposed */
+    float *M = e->next + u->off;
     size_t m = u->rows * u->cols;
-    dt__ef_transpose(e->q + u->qoff, tmp, u->cols, u->r);
-    dt__ef_pqt(P, tmp, out, u->rows, u->cols, u->r);
-    dt__ef_transpose(e->qloc + u->qoff, tmp, u->cols, u->r);
-    dt__ef_pqt(P, tmp, e->recon, u->rows, u->cols, u->r); /* this rank's part as the sum holds it */
+    if (out) dt__ef_expand(P, e->q + u->qoff, out + u->off, u->rows, u->cols, u->r, e->qt);
+    dt__ef_expand(P, e->qloc + u->qoff, e->recon, u->rows, u->cols, u->r, e->qt); /* this rank's part as the sum holds it */
     for (size_t i = 0; i < m; i++) {
       float d = M[i] - e->recon[i];
       M[i] = d;
@@ -477,7 +513,50 @@ static dt_result dt__ef_powersgd(dt__ef *e, dt_comm *x, int rank, float *buf, ui
     for (size_t j = 0; j < u->r; j++) dt__ef_norm_col(e, e->q + u->qoff, u->cols, u->r, j);
   }
   e->next_ok = finite;
+}
+
+static dt_result dt__ef_powersgd(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent) {
+  dt__ef_psgd_p(e, buf);
+  dt_result rc = dt_comm_allreduce(x, rank, e->pack, e->npack);
+  *sent += dt__ring_bytes(e->npack, e->W);
+  if (rc != DTRAIN_OK) return rc;
+  dt__ef_psgd_q(e);
+  if (e->nq) {
+    rc = dt_comm_allreduce(x, rank, e->q, e->nq);
+    *sent += dt__ring_bytes(e->nq, e->W);
+    if (rc != DTRAIN_OK) return rc;
+  }
+  dt__ef_psgd_finish(e, buf);
   return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__ef_local(dt__ef *e, const float *buf) {
+  e->next_ok = 0;
+  if (e->ntrain == 0) {
+    e->next_ok = 1;
+    return;
+  }
+  if (e->c.kind == DTRAIN_COMPRESS_TOPK) {
+    dt__ef_topk_encode(e, buf, e->msg);
+    return;
+  }
+  dt__ef_psgd_p(e, buf);
+  dt__ef_psgd_q(e);
+  dt__ef_psgd_finish(e, NULL);
+}
+
+DTRAIN_PRIVATE size_t dt__ef_topk_count(const dt__ef *e) { return e->ntrain ? e->k : 0; }
+
+DTRAIN_PRIVATE void dt__ef_topk_entry(const dt__ef *e, size_t j, uint32_t *index, float *value) {
+  *index = dt__ef_get_u32(e->msg, j);
+  *value = e->msg[e->k + j];
+}
+
+DTRAIN_PRIVATE const float *dt__ef_factors(const dt__ef *e, int part, size_t *r, const float **Q) {
+  const dt__ef_run *u = &e->run[part];
+  *r = u->r;
+  *Q = u->r ? e->qloc + u->qoff : NULL;
+  return e->pack + u->poff;
 }
 
 DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float *buf, uint64_t *sent) {

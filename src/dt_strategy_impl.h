@@ -338,6 +338,9 @@ DTRAIN_PRIVATE uint16_t dt__f16_of(float f);
 DTRAIN_PRIVATE float dt__f32_of_f16(uint16_t h);
 DTRAIN_PRIVATE uint16_t dt__bf16_of(float f);
 DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h);
+/* fp16 messages: values are multiplied by 2^e, e from the largest finite
+ * |value| m (it lands in [2^14, 2^15]); 0 when m is 0 or a value is not finite. */
+DTRAIN_PRIVATE int dt__f16_exponent(float m, int finite);
 /* The bytes a float ring all-reduce of n values sends from one of W ranks. */
 DTRAIN_PRIVATE uint64_t dt__ring_bytes(size_t n, int W);
 #if !defined(DTRAIN_NO_DIST)
@@ -367,7 +370,31 @@ typedef struct dt__ef_part {
  * they are no smaller (tests). */
 DTRAIN_PRIVATE dt_result dt__ef_create(dt_compress c, size_t n, const dt__ef_part *parts, int nparts, int W,
                                        int lowrank_all, dt__ef **out);
+/* The same over P's trained parameters, each a matrix of its first
+ * dimension's rows (dt__ef_param_matrix). */
+DTRAIN_PRIVATE dt_result dt__ef_create_params(dt_compress c, const dt_params *P, int W, dt__ef **out);
+/* Parameter i as a matrix: rows = its first dimension (vectors: all of it), cols = the rest. */
+DTRAIN_PRIVATE void dt__ef_param_matrix(const dt_params *P, int i, size_t *rows, size_t *cols);
+/* PowerSGD's rank for a rows x cols matrix at rank R: min(R, rows, cols), or 0
+ * (sent as floats) where the factors would be no smaller or it is a vector. */
+DTRAIN_PRIVATE size_t dt__ef_lowrank(int R, size_t rows, size_t cols, int lowrank_all);
+/* out (rows x cols) = P Q^T, P rows x r, Q cols x r (qt: cols x r floats of
+ * scratch); plain C in a fixed order: the same floats on every host. */
+DTRAIN_PRIVATE void dt__ef_expand(const float *P, const float *Q, float *out, size_t rows, size_t cols, size_t r,
+                                  float *qt);
 DTRAIN_PRIVATE void dt__ef_destroy(dt__ef *e);
+/* One rank's compression with no wire (a parameter-server push; W = 1): the
+ * error staged as dt__ef_allreduce does; buf is left alone. top-k: the
+ * message (dt__ef_topk_count entries, rising flat indices); PowerSGD: per
+ * part, P orthonormalised and Q = M^T P (dt__ef_factors), P Q^T being what
+ * the receiver adds. */
+DTRAIN_PRIVATE void dt__ef_local(dt__ef *e, const float *buf);
+DTRAIN_PRIVATE size_t dt__ef_topk_count(const dt__ef *e);
+DTRAIN_PRIVATE void dt__ef_topk_entry(const dt__ef *e, size_t j, uint32_t *index, float *value);
+/* Part `part` (the trained parameters in order) after dt__ef_local: *r its
+ * rank and *Q its Q (cols x r), returning P (rows x r); *r 0: returns its
+ * values (rows x cols), *Q NULL. */
+DTRAIN_PRIVATE const float *dt__ef_factors(const dt__ef *e, int part, size_t *r, const float **Q);
 /* buf's parts get the compressed sum over the ranks (the same bytes on every
  * rank); floats outside the parts are left alone. The step's error is staged:
  * dt__ef_commit keeps it (the step went on), otherwise the last one stays. */

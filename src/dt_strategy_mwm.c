@@ -83,27 +83,9 @@ static dt_result dt__mwm_create_error(dt_result rc) {
   return dt__error(rc, "dt_strategy_create: multi_worker_mirrored: %s", what);
 }
 
-/* The compressor over the trained parameters, each a matrix of its first
- * dimension's rows (the run of floats in order of the flat buffer). */
+/* The compressor over the trained parameters. */
 static dt_result dt__mwm_ef_create(dt_strategy *s, dt__mwm *st) {
-  int np = dt_params_count(s->params), n = 0;
-  dt__ef_part *parts = (dt__ef_part *)dt__calloc((size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
-  if (!parts) return dt__strategy_nomem(s);
-  for (int i = 0; i < np; i++) {
-    size_t off = 0, b = 0, e = 0;
-    int ndim = 0, tr = 0, dec = 0;
-    const int64_t *shape = NULL;
-    if (!dt__params_range(s->params, i, &b, &e, &tr, &dec)) break;
-    dt__params_view(s->params, i, &off, &ndim, &shape, &tr);
-    if (!tr || e == b) continue;
-    parts[n].off = b;
-    parts[n].rows = ndim >= 2 && shape[0] > 0 ? (size_t)shape[0] : 1;
-    parts[n].cols = (e - b) / parts[n].rows;
-    n++;
-  }
-  dt_result rc = dt__ef_create(s->desc.compress, s->size, parts, n, dt_comm_world(s->desc.comm), 0, &st->ef);
-  dt__free(parts, (size_t)(np > 0 ? np : 1) * sizeof(dt__ef_part));
-  return dt__mwm_create_error(rc);
+  return dt__mwm_create_error(dt__ef_create_params(s->desc.compress, s->params, dt_comm_world(s->desc.comm), &st->ef));
 }
 
 static dt_result dt__mwm_create(dt_strategy *s) {

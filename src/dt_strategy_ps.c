@@ -40,6 +40,7 @@ static dt_result dt__ps_create(dt_strategy *s) {
     return dt__error(DTRAIN_ERR_SHAPE, "dt_strategy_create: the store holds %zu floats, the params %zu", st->size,
                      s->size);
   s->pstore = st; /* borrowed */
+  st->compress = s->desc.compress; /* the store's pushes and pulls (dt_ps_codec.c) */
   return DTRAIN_OK;
 }
 

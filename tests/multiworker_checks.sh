@@ -157,6 +157,17 @@ if timeout 120 $L -n 2 --ps 2 -- $PS --limit 3000 --epochs 2 --checkpoint-dir "$
   ok "parameter servers: 2 workers x 2 servers reach test accuracy $acc, both shards checkpointed"
 else bad "parameter servers: $(tail -n 6 "$T/ps.out")"; fi
 
+# 7b. compressed pushes and pulls: 2 workers x 2 servers with powersgd:4 learn, and each worker
+#     sends and receives fewer bytes per step than the float run above
+if timeout 120 $L -n 2 --ps 2 -- $PS --limit 3000 --epochs 2 --compress powersgd:4 > "$T/psz.out" 2>&1 &&
+   acc=$(sed -n 's/.*worker 0: test accuracy \([0-9.]*\).*/\1/p' "$T/psz.out") && [ -n "$acc" ] &&
+   awk -v a="$acc" 'BEGIN { exit !(a > 0.6) }' &&
+   f=$(sed -n 's/.*worker 0: wire \([0-9]*\) bytes\/step sent, \([0-9]*\) received (compress none).*/\1 \2/p' "$T/ps.out") &&
+   z=$(sed -n 's/.*worker 0: wire \([0-9]*\) bytes\/step sent, \([0-9]*\) received (compress powersgd).*/\1 \2/p' "$T/psz.out") &&
+   [ -n "$f" ] && [ -n "$z" ] && echo "$f $z" | awk '{ exit !($3 * 10 < $1 && $4 * 1.8 < $2) }'; then
+  ok "parameter servers, powersgd:4: reach test accuracy $acc; bytes per step sent/received $z (floats: $f)"
+else bad "parameter servers, compressed: $(tail -n 6 "$T/psz.out"; echo "floats: $f; compressed: $z")"; fi
+
 # 8. a worker killed mid-run: the servers drop it, the other worker finishes, and the job
 #    counts as finished (exit 0: a parameter-server job goes on without a dead worker)
 rm -rf "$T/psck2"; mkdir -p "$T/psck2"

@@ -337,6 +337,7 @@ typedef struct worker_cfg {
   double step_sleep_s;               /* every step computes this much longer (between pull and push) */
   float target;                      /* the final loss must be below target * the initial loss */
   int resume;                        /* start at the store's steps_done (a restarted worker) */
+  const char *compress;              /* dt_compress_parse's text: the pushes' and pulls' form [floats] */
   int queue;                         /* take its batches from server 0's work queue (steps: an upper
                                         bound); says "took K" for each; die_at: its die_at-th take
                                         kills it while it holds that item */
@@ -390,6 +391,12 @@ static int queue_worker_main(const worker_cfg *wc) {
       snprintf(b, sizeof b, "steps %lld gap 0 stale %lld", (long long)rs.steps, (long long)rs.staleness_max);
       child_say("stats %s\n", b);
     }
+    dt_strategy_stats st;
+    if (dt_strategy_stats_get(s, &st) == DTRAIN_OK) {
+      char b[96];
+      snprintf(b, sizeof b, "%llu %llu", (unsigned long long)st.wire_bytes, (unsigned long long)st.wire_bytes_received);
+      child_say("wire %s\n", b);
+    }
   }
   dt_pstore_leave(ps, wc->index);
   dt_strategy_destroy(s);
@@ -418,6 +425,10 @@ static int worker_main(const worker_cfg *wc) {
     child_say("joined %s\n", b);
   }
   dt_strategy_options sd = dt_strategy_parameter_server(ps, wc->k);
+  if (wc->compress && dt_compress_parse(wc->compress, &sd.compress) != DTRAIN_OK) {
+    child_say("compress: %s\n", dt_last_error());
+    return 5;
+  }
   dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
   if (!s) {
     child_say("strategy: %s\n", dt_last_error());

@@ -224,7 +224,7 @@ static void test_names(void) {
   d.compress.kind = DTRAIN_COMPRESS_FP16;
   dt_strategy *s = dt_strategy_create(P, o, no_step, NULL, &d);
   CHECK(s == NULL);
-  CHECK_ERR(TH_RESULT(s), DTRAIN_ERR_UNSUPPORTED, "compress (fp16) is for multi_worker_mirrored, not one_device");
+  CHECK_ERR(TH_RESULT(s), DTRAIN_ERR_UNSUPPORTED, "compress (fp16) is for multi_worker_mirrored and parameter_server, not one_device");
   d.compress.kind = (dt_compress_kind)7;
   s = dt_strategy_create(P, o, no_step, NULL, &d);
   CHECK_ERR(TH_RESULT(s), DTRAIN_ERR_INVALID_ARG, "compress.kind 7");
