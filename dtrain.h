@@ -2537,14 +2537,18 @@ typedef struct dt_strategy_options {
                                     over their rows, and drops the later ones (Chen et al., 2016;
                                     see "Backup workers") [0] */
   int overlap;                   /* mirrored and multi_worker_mirrored (any replicas, compress none,
-                                    not on devices, no backup workers): nonzero sums the gradient in
+                                    fp16 or bf16, not on devices, no backup workers): nonzero sums the gradient in
                                     buckets as backward makes them, while it computes the earlier
                                     layers: across processes a thread all-reduces each bucket; in
                                     one process a replica that finished its backward sums the
                                     buckets the others completed (bitwise the same result; see
                                     "Overlapping communication") [0] */
   size_t bucket_bytes;           /* overlap: bytes of gradient per bucket, cut at parameter
-                                    boundaries from the last layer down [0: 2 MiB] */
+                                    boundaries from the last layer down [0: 2 MiB].
+                                    multi_worker_mirrored with compress fp16/bf16 and no overlap:
+                                    nonzero runs the 16-bit ring per bucket of this size, one after
+                                    the other, which overlap does during backward: the same bits
+                                    with and without overlap at the same size [0: one ring] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;
@@ -21400,6 +21404,12 @@ DTRAIN_PRIVATE void dt__ef_commit(dt__ef *e);
  * sums them over s's replicas into replica 0's and all-reduces them on x
  * (NULL: in-process only). After the replicas are bound. */
 DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, size_t bucket_bytes, dt__overlap **out);
+/* The buckets of P's flat gradient (size floats) for bucket_bytes: their
+ * count; lo/hi (each bucket's range, from the end down), pbucket (parameter
+ * -> bucket, -1 for a buffer) and need (trained parameters per bucket, added
+ * to) are filled where not NULL. */
+DTRAIN_PRIVATE int dt__bucket_cuts(const dt_params *P, size_t size, size_t bucket_bytes, size_t *lo, size_t *hi,
+                                   int *pbucket, int *need);
 DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o);
 DTRAIN_PRIVATE int dt__overlap_buckets(const dt__overlap *o);
 /* The driver, before a step's jobs (no replica runs): the step begins. */
@@ -22131,9 +22141,10 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
     if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for mirrored and multi_worker_mirrored, not %s", fn,
                        name);
-    if (d->compress.kind != DTRAIN_COMPRESS_NONE)
-      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with compress %s (overlap sends float buckets; "
-                       "use one or the other)", fn, dt_compress_name(d->compress));
+    if (d->compress.kind == DTRAIN_COMPRESS_TOPK || d->compress.kind == DTRAIN_COMPRESS_POWERSGD)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with compress %s (top-k selects over the whole "
+                       "gradient and PowerSGD factors it in two rounds: neither can start before backward ends; "
+                       "use fp16 or bf16, or no overlap)", fn, dt_compress_name(d->compress));
     if (d->devices || d->ndevices)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with replicas on devices", fn);
     if (d->backup_workers > 0)
@@ -23907,6 +23918,9 @@ struct dt__overlap {
   int bad_nan;
   uint64_t sent;
   int scan;
+  dt_compress_kind ck;   /* fp16 / bf16: each bucket summed by the 16-bit ring (none: floats) */
+  float *scratch;        /* ... its messages */
+  size_t scratch_n;
 };
 
 static size_t dt__ov_bytes(int nb) { return (size_t)(nb > 0 ? nb : 1) * sizeof(size_t); }
@@ -23951,8 +23965,13 @@ static void dt__ov_thread(void *arg) {
          * job: dt_set_flush_denormals), so the bits agree */
         unsigned long fp = dt__fp_enter();
         dt__ov_scan_sum(o, lo, lo + n, &bad, &bad_nan);
-        dt_result rc = dt_comm_allreduce(o->x, rank, o->s->rep[0].grad + lo, n);
-        o->sent += dt__ring_bytes(n, dt_comm_world(o->x));
+        dt_result rc;
+        if (o->ck != DTRAIN_COMPRESS_NONE) { /* as the plain path sums the same bucket */
+          rc = dt__compress_allreduce(o->x, rank, o->ck, o->s->rep[0].grad + lo, n, o->scratch, &o->sent);
+        } else {
+          rc = dt_comm_allreduce(o->x, rank, o->s->rep[0].grad + lo, n);
+          o->sent += dt__ring_bytes(n, dt_comm_world(o->x));
+        }
         dt__fp_leave(fp);
         if (bad != SIZE_MAX) {
           dt__mutex_lock(&o->mu);
@@ -24005,8 +24024,33 @@ DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o) {
   dt__free(o->need, dt__ov_ibytes(o->nb));
   dt__free(o->left, dt__ov_ibytes(o->nb));
   dt__free(o->pbucket, dt__ov_ibytes(o->np));
+  dt__free(o->scratch, o->scratch_n * sizeof(float));
   dt__free(o->state, dt__ov_ibytes(o->nb));
   dt__free(o, sizeof *o);
+}
+
+DTRAIN_PRIVATE int dt__bucket_cuts(const dt_params *P, size_t size, size_t bucket_bytes, size_t *lo, size_t *hi,
+                                   int *pbucket, int *need) {
+  size_t cap = bucket_bytes / sizeof(float), end = size, acc = 0;
+  int np = dt_params_count(P), nb = 0;
+  if (cap < 1) cap = 1;
+  /* cut from the last parameter down: a bucket closes once it holds cap floats */
+  for (int p = np - 1; p >= 0; p--) {
+    size_t b = 0, e = 0;
+    int tr = 0, dec = 0;
+    if (!dt__params_range(P, p, &b, &e, &tr, &dec)) continue;
+    acc += e - b;
+    if (pbucket) pbucket[p] = tr ? nb : -1;
+    if (need) need[nb] += tr ? 1 : 0;
+    if (acc >= cap || p == 0) { /* this bucket ends here, down to b (to 0 for the last one) */
+      if (lo) lo[nb] = p == 0 ? 0 : b;
+      if (hi) hi[nb] = end;
+      end = p == 0 ? 0 : b;
+      nb++;
+      acc = 0;
+    }
+  }
+  return np == 0 ? 0 : nb;
 }
 
 DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, size_t bucket_bytes, dt__overlap **out) {
@@ -24017,43 +24061,29 @@ DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, size_t b
   o->started = -1; /* nothing to destroy yet */
   o->np = dt_params_count(s->params);
   o->scan = s->desc.check_numerics != 0;
-  size_t cap = bucket_bytes / sizeof(float);
-  if (cap < 1) cap = 1;
-  /* cut from the last parameter down: a bucket closes once it holds cap floats */
-  int nb = 0;
-  size_t end = s->size, acc = 0;
-  for (int pass = 0; pass < 2; pass++) {
-    if (pass == 1) {
-      o->lo = (size_t *)dt__calloc(dt__ov_bytes(nb));
-      o->hi = (size_t *)dt__calloc(dt__ov_bytes(nb));
-      o->need = (int *)dt__calloc(dt__ov_ibytes(nb));
-      o->left = (int *)dt__calloc(dt__ov_ibytes(nb));
-      o->pbucket = (int *)dt__calloc(dt__ov_ibytes(o->np));
-      o->state = (int *)dt__calloc(dt__ov_ibytes(nb));
-      o->nb = nb;
-      if (!o->lo || !o->hi || !o->need || !o->left || !o->pbucket || !o->state) {
-        dt__overlap_destroy(o);
-        return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory for %d buckets", nb);
-      }
+  int nb = dt__bucket_cuts(s->params, s->size, bucket_bytes, NULL, NULL, NULL, NULL);
+  o->lo = (size_t *)dt__calloc(dt__ov_bytes(nb));
+  o->hi = (size_t *)dt__calloc(dt__ov_bytes(nb));
+  o->need = (int *)dt__calloc(dt__ov_ibytes(nb));
+  o->left = (int *)dt__calloc(dt__ov_ibytes(nb));
+  o->pbucket = (int *)dt__calloc(dt__ov_ibytes(o->np));
+  o->state = (int *)dt__calloc(dt__ov_ibytes(nb));
+  o->nb = nb;
+  if (!o->lo || !o->hi || !o->need || !o->left || !o->pbucket || !o->state) {
+    dt__overlap_destroy(o);
+    return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory for %d buckets", nb);
+  }
+  dt__bucket_cuts(s->params, s->size, bucket_bytes, o->lo, o->hi, o->pbucket, o->need);
+  dt_compress_kind ck = s->desc.compress.kind;
+  if (x && (ck == DTRAIN_COMPRESS_FP16 || ck == DTRAIN_COMPRESS_BF16)) {
+    size_t most = 0;
+    for (int b = 0; b < nb; b++) most = DT__MAX(most, o->hi[b] - o->lo[b]);
+    o->ck = ck;
+    o->scratch_n = dt__compress_scratch(most, dt_comm_world(x));
+    if (!(o->scratch = (float *)dt__calloc(o->scratch_n * sizeof(float)))) {
+      dt__overlap_destroy(o);
+      return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory for the 16-bit messages");
     }
-    nb = 0, end = s->size, acc = 0;
-    for (int p = o->np - 1; p >= 0; p--) {
-      size_t b = 0, e = 0;
-      int tr = 0, dec = 0;
-      if (!dt__params_range(s->params, p, &b, &e, &tr, &dec)) continue;
-      acc += e - b;
-      if (pass == 1) {
-        o->pbucket[p] = tr ? nb : -1;
-        o->need[nb] += tr ? 1 : 0;
-      }
-      if (acc >= cap || p == 0) { /* this bucket ends here, down to b (to 0 for the last one) */
-        if (pass == 1) o->lo[nb] = p == 0 ? 0 : b, o->hi[nb] = end;
-        end = p == 0 ? 0 : b;
-        nb++;
-        acc = 0;
-      }
-    }
-    if (o->np == 0) nb = 0;
   }
   dt_result rc = dt__mutex_init(&o->mu);
   if (rc == DTRAIN_OK) {
@@ -24243,6 +24273,8 @@ typedef struct dt__mwm {
   size_t bytes;
   float *scratch, *side;   /* fp16/bf16: the ring's messages; compress or overlap: the tail and buffers */
   dt__ef *ef;              /* compress topk / powersgd: the compressor and its error feedback */
+  size_t *blo, *bhi;       /* fp16/bf16 with desc.bucket_bytes, no overlap: the ring runs per bucket */
+  int nbk;
   size_t scratch_n, side_n;
   double rows;             /* the global batch's rows (this step) */
   double loss;             /* the global batch's loss (this step) */
@@ -24308,6 +24340,13 @@ static dt_result dt__mwm_create(dt_strategy *s) {
     st->scratch_n = dt__compress_scratch(s->size, dt_comm_world(s->desc.comm));
     st->scratch = (float *)dt__calloc(st->scratch_n * sizeof(float));
     if (!st->scratch) return dt__strategy_nomem(s);
+    if (s->desc.bucket_bytes && !s->desc.overlap) { /* the buckets overlap would sum, one after the other */
+      st->nbk = dt__bucket_cuts(s->params, s->size, s->desc.bucket_bytes, NULL, NULL, NULL, NULL);
+      st->blo = (size_t *)dt__calloc((size_t)(st->nbk > 0 ? st->nbk : 1) * sizeof(size_t));
+      st->bhi = (size_t *)dt__calloc((size_t)(st->nbk > 0 ? st->nbk : 1) * sizeof(size_t));
+      if (!st->blo || !st->bhi) return dt__strategy_nomem(s);
+      dt__bucket_cuts(s->params, s->size, s->desc.bucket_bytes, st->blo, st->bhi, NULL, NULL);
+    }
   }
   if (ck == DTRAIN_COMPRESS_TOPK || ck == DTRAIN_COMPRESS_POWERSGD) return dt__mwm_ef_create(s, st);
   return DTRAIN_OK;
@@ -24320,6 +24359,8 @@ static void dt__mwm_destroy(dt_strategy *s) {
   dt__free(st->scratch, st->scratch_n * sizeof(float));
   dt__free(st->side, st->side_n * sizeof(float));
   dt__ef_destroy(st->ef);
+  dt__free(st->blo, (size_t)(st->nbk > 0 ? st->nbk : 1) * sizeof(size_t));
+  dt__free(st->bhi, (size_t)(st->nbk > 0 ? st->nbk : 1) * sizeof(size_t));
   dt__free(st, sizeof *st);
   s->kind_state = NULL;
 }
@@ -24350,10 +24391,18 @@ static void dt__mwm_side(dt_strategy *s, float *buf, float *side, int out) {
 static dt_result dt__mwm_allreduce_split(dt_strategy *s, dt_comm *x, int rank, float *buf) {
   dt__mwm *st = dt__mwm_of(s);
   dt__mwm_side(s, buf, st->side, 1);
-  dt_result rc = s->ov    ? DTRAIN_OK /* summed during backward */
-                 : st->ef ? dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes)
-                          : dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch,
-                                                   &s->wire_bytes);
+  dt_result rc = DTRAIN_OK;
+  if (s->ov) {
+    /* summed during backward */
+  } else if (st->ef) {
+    rc = dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes);
+  } else if (st->nbk > 0) { /* per bucket, in bucket order: as overlap would (the same bits) */
+    for (int b = 0; b < st->nbk && rc == DTRAIN_OK; b++)
+      rc = dt__compress_allreduce(x, rank, s->desc.compress.kind, buf + st->blo[b], st->bhi[b] - st->blo[b],
+                                  st->scratch, &s->wire_bytes);
+  } else {
+    rc = dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch, &s->wire_bytes);
+  }
   if (rc == DTRAIN_OK) rc = dt_comm_allreduce(x, rank, st->side, st->side_n);
   s->wire_bytes += dt__ring_bytes(st->side_n, x->world);
   if (rc != DTRAIN_OK) return rc;

@@ -302,7 +302,7 @@ static int parse(int argc, char **argv, options *o) {
       {"device", 's', &o->device, 0, 0, "cpu, cuda (one replica per GPU) or cuda:N"},
       {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored, parameter_server: gradients on the wire as none, fp16, bf16, topk:F or powersgd:R (parameter_server: pulls as 16-bit differences)"},
       {"overlap", 'b', &o->overlap, 0, 0, "mirrored, multi_worker_mirrored: sum gradient buckets during backward"},
-      {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--overlap: KiB of gradient per bucket (0: 2048)"},
+      {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--overlap, or --compress fp16/bf16 without it: KiB of gradient per bucket (0: 2048 with --overlap, one ring without)"},
       {"target-accuracy", 'f', &o->target_accuracy, 0, 1,
        "time-to-accuracy: note the training time when test accuracy first reaches this, then stop (0: off)"},
       {"json", 'b', &o->json, 0, 0, "print one JSON line of results"},

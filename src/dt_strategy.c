@@ -273,9 +273,10 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
     if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for mirrored and multi_worker_mirrored, not %s", fn,
                        name);
-    if (d->compress.kind != DTRAIN_COMPRESS_NONE)
-      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with compress %s (overlap sends float buckets; "
-                       "use one or the other)", fn, dt_compress_name(d->compress));
+    if (d->compress.kind == DTRAIN_COMPRESS_TOPK || d->compress.kind == DTRAIN_COMPRESS_POWERSGD)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with compress %s (top-k selects over the whole "
+                       "gradient and PowerSGD factors it in two rounds: neither can start before backward ends; "
+                       "use fp16 or bf16, or no overlap)", fn, dt_compress_name(d->compress));
     if (d->devices || d->ndevices)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with replicas on devices", fn);
     if (d->backup_workers > 0)

@@ -402,14 +402,18 @@ typedef struct dt_strategy_options {
                                     over their rows, and drops the later ones (Chen et al., 2016;
                                     see "Backup workers") [0] */
   int overlap;                   /* mirrored and multi_worker_mirrored (any replicas, compress none,
-                                    not on devices, no backup workers): nonzero sums the gradient in
+                                    fp16 or bf16, not on devices, no backup workers): nonzero sums the gradient in
                                     buckets as backward makes them, while it computes the earlier
                                     layers: across processes a thread all-reduces each bucket; in
                                     one process a replica that finished its backward sums the
                                     buckets the others completed (bitwise the same result; see
                                     "Overlapping communication") [0] */
   size_t bucket_bytes;           /* overlap: bytes of gradient per bucket, cut at parameter
-                                    boundaries from the last layer down [0: 2 MiB] */
+                                    boundaries from the last layer down [0: 2 MiB].
+                                    multi_worker_mirrored with compress fp16/bf16 and no overlap:
+                                    nonzero runs the 16-bit ring per bucket of this size, one after
+                                    the other, which overlap does during backward: the same bits
+                                    with and without overlap at the same size [0: one ring] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;

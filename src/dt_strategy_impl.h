@@ -405,6 +405,12 @@ DTRAIN_PRIVATE void dt__ef_commit(dt__ef *e);
  * sums them over s's replicas into replica 0's and all-reduces them on x
  * (NULL: in-process only). After the replicas are bound. */
 DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, size_t bucket_bytes, dt__overlap **out);
+/* The buckets of P's flat gradient (size floats) for bucket_bytes: their
+ * count; lo/hi (each bucket's range, from the end down), pbucket (parameter
+ * -> bucket, -1 for a buffer) and need (trained parameters per bucket, added
+ * to) are filled where not NULL. */
+DTRAIN_PRIVATE int dt__bucket_cuts(const dt_params *P, size_t size, size_t bucket_bytes, size_t *lo, size_t *hi,
+                                   int *pbucket, int *need);
 DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o);
 DTRAIN_PRIVATE int dt__overlap_buckets(const dt__overlap *o);
 /* The driver, before a step's jobs (no replica runs): the step begins. */

@@ -41,6 +41,8 @@ typedef struct dt__mwm {
   size_t bytes;
   float *scratch, *side;   /* fp16/bf16: the ring's messages; compress or overlap: the tail and buffers */
   dt__ef *ef;              /* compress topk / powersgd: the compressor and its error feedback */
+  size_t *blo, *bhi;       /* fp16/bf16 with desc.bucket_bytes, no overlap: the ring runs per bucket */
+  int nbk;
   size_t scratch_n, side_n;
   double rows;             /* the global batch's rows (this step) */
   double loss;             /* the global batch's loss (this step) */
@@ -106,6 +108,13 @@ static dt_result dt__mwm_create(dt_strategy *s) {
     st->scratch_n = dt__compress_scratch(s->size, dt_comm_world(s->desc.comm));
     st->scratch = (float *)dt__calloc(st->scratch_n * sizeof(float));
     if (!st->scratch) return dt__strategy_nomem(s);
+    if (s->desc.bucket_bytes && !s->desc.overlap) { /* the buckets overlap would sum, one after the other */
+      st->nbk = dt__bucket_cuts(s->params, s->size, s->desc.bucket_bytes, NULL, NULL, NULL, NULL);
+      st->blo = (size_t *)dt__calloc((size_t)(st->nbk > 0 ? st->nbk : 1) * sizeof(size_t));
+      st->bhi = (size_t *)dt__calloc((size_t)(st->nbk > 0 ? st->nbk : 1) * sizeof(size_t));
+      if (!st->blo || !st->bhi) return dt__strategy_nomem(s);
+      dt__bucket_cuts(s->params, s->size, s->desc.bucket_bytes, st->blo, st->bhi, NULL, NULL);
+    }
   }
   if (ck == DTRAIN_COMPRESS_TOPK || ck == DTRAIN_COMPRESS_POWERSGD) return dt__mwm_ef_create(s, st);
   return DTRAIN_OK;
@@ -118,6 +127,8 @@ static void dt__mwm_destroy(dt_strategy *s) {
   dt__free(st->scratch, st->scratch_n * sizeof(float));
   dt__free(st->side, st->side_n * sizeof(float));
   dt__ef_destroy(st->ef);
+  dt__free(st->blo, (size_t)(st->nbk > 0 ? st->nbk : 1) * sizeof(size_t));
+  dt__free(st->bhi, (size_t)(st->nbk > 0 ? st->nbk : 1) * sizeof(size_t));
   dt__free(st, sizeof *st);
   s->kind_state = NULL;
 }
@@ -148,10 +159,18 @@ static void dt__mwm_side(dt_strategy *s, float *buf, float *side, int out) {
 static dt_result dt__mwm_allreduce_split(dt_strategy *s, dt_comm *x, int rank, float *buf) {
   dt__mwm *st = dt__mwm_of(s);
   dt__mwm_side(s, buf, st->side, 1);
-  dt_result rc = s->ov    ? DTRAIN_OK /* summed during backward */
-                 : st->ef ? dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes)
-                          : dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch,
-                                                   &s->wire_bytes);
+  dt_result rc = DTRAIN_OK;
+  if (s->ov) {
+    /* summed during backward */
+  } else if (st->ef) {
+    rc = dt__ef_allreduce(st->ef, x, rank, buf, &s->wire_bytes);
+  } else if (st->nbk > 0) { /* per bucket, in bucket order: as overlap would (the same bits) */
+    for (int b = 0; b < st->nbk && rc == DTRAIN_OK; b++)
+      rc = dt__compress_allreduce(x, rank, s->desc.compress.kind, buf + st->blo[b], st->bhi[b] - st->blo[b],
+                                  st->scratch, &s->wire_bytes);
+  } else {
+    rc = dt__compress_allreduce(x, rank, s->desc.compress.kind, buf, s->size, st->scratch, &s->wire_bytes);
+  }
   if (rc == DTRAIN_OK) rc = dt_comm_allreduce(x, rank, st->side, st->side_n);
   s->wire_bytes += dt__ring_bytes(st->side_n, x->world);
   if (rc != DTRAIN_OK) return rc;

@@ -60,6 +60,9 @@ struct dt__overlap {
   int bad_nan;
   uint64_t sent;
   int scan;
+  dt_compress_kind ck;   /* fp16 / bf16: each bucket summed by the 16-bit ring (none: floats) */
+  float *scratch;        /* ... its messages */
+  size_t scratch_n;
 };
 
 static size_t dt__ov_bytes(int nb) { return (size_t)(nb > 0 ? nb : 1) * sizeof(size_t); }
@@ -104,8 +107,13 @@ static void dt__ov_thread(void *arg) {
          * job: dt_set_flush_denormals), so the bits agree */
         unsigned long fp = dt__fp_enter();
         dt__ov_scan_sum(o, lo, lo + n, &bad, &bad_nan);
-        dt_result rc = dt_comm_allreduce(o->x, rank, o->s->rep[0].grad + lo, n);
-        o->sent += dt__ring_bytes(n, dt_comm_world(o->x));
+        dt_result rc;
+        if (o->ck != DTRAIN_COMPRESS_NONE) { /* as the plain path sums the same bucket */
+          rc = dt__compress_allreduce(o->x, rank, o->ck, o->s->rep[0].grad + lo, n, o->scratch, &o->sent);
+        } else {
+          rc = dt_comm_allreduce(o->x, rank, o->s->rep[0].grad + lo, n);
+          o->sent += dt__ring_bytes(n, dt_comm_world(o->x));
+        }
         dt__fp_leave(fp);
         if (bad != SIZE_MAX) {
           dt__mutex_lock(&o->mu);
@@ -158,8 +166,33 @@ DTRAIN_PRIVATE void dt__overlap_destroy(dt__overlap *o) {
   dt__free(o->need, dt__ov_ibytes(o->nb));
   dt__free(o->left, dt__ov_ibytes(o->nb));
   dt__free(o->pbucket, dt__ov_ibytes(o->np));
+  dt__free(o->scratch, o->scratch_n * sizeof(float));
   dt__free(o->state, dt__ov_ibytes(o->nb));
   dt__free(o, sizeof *o);
+}
+
+DTRAIN_PRIVATE int dt__bucket_cuts(const dt_params *P, size_t size, size_t bucket_bytes, size_t *lo, size_t *hi,
+                                   int *pbucket, int *need) {
+  size_t cap = bucket_bytes / sizeof(float), end = size, acc = 0;
+  int np = dt_params_count(P), nb = 0;
+  if (cap < 1) cap = 1;
+  /* cut from the last parameter down: a bucket closes once it holds cap floats */
+  for (int p = np - 1; p >= 0; p--) {
+    size_t b = 0, e = 0;
+    int tr = 0, dec = 0;
+    if (!dt__params_range(P, p, &b, &e, &tr, &dec)) continue;
+    acc += e - b;
+    if (pbucket) pbucket[p] = tr ? nb : -1;
+    if (need) need[nb] += tr ? 1 : 0;
+    if (acc >= cap || p == 0) { /* this bucket ends here, down to b (to 0 for the last one) */
+      if (lo) lo[nb] = p == 0 ? 0 : b;
+      if (hi) hi[nb] = end;
+      end = p == 0 ? 0 : b;
+      nb++;
+      acc = 0;
+    }
+  }
+  return np == 0 ? 0 : nb;
 }
 
 DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, size_t bucket_bytes, dt__overlap **out) {
@@ -170,43 +203,29 @@ DTRAIN_PRIVATE dt_result dt__overlap_create(dt_strategy *s, dt_comm *x, size_t b
   o->started = -1; /* nothing to destroy yet */
   o->np = dt_params_count(s->params);
   o->scan = s->desc.check_numerics != 0;
-  size_t cap = bucket_bytes / sizeof(float);
-  if (cap < 1) cap = 1;
-  /* cut from the last parameter down: a bucket closes once it holds cap floats */
-  int nb = 0;
-  size_t end = s->size, acc = 0;
-  for (int pass = 0; pass < 2; pass++) {
-    if (pass == 1) {
-      o->lo = (size_t *)dt__calloc(dt__ov_bytes(nb));
-      o->hi = (size_t *)dt__calloc(dt__ov_bytes(nb));
-      o->need = (int *)dt__calloc(dt__ov_ibytes(nb));
-      o->left = (int *)dt__calloc(dt__ov_ibytes(nb));
-      o->pbucket = (int *)dt__calloc(dt__ov_ibytes(o->np));
-      o->state = (int *)dt__calloc(dt__ov_ibytes(nb));
-      o->nb = nb;
-      if (!o->lo || !o->hi || !o->need || !o->left || !o->pbucket || !o->state) {
-        dt__overlap_destroy(o);
-        return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory for %d buckets", nb);
-      }
+  int nb = dt__bucket_cuts(s->params, s->size, bucket_bytes, NULL, NULL, NULL, NULL);
+  o->lo = (size_t *)dt__calloc(dt__ov_bytes(nb));
+  o->hi = (size_t *)dt__calloc(dt__ov_bytes(nb));
+  o->need = (int *)dt__calloc(dt__ov_ibytes(nb));
+  o->left = (int *)dt__calloc(dt__ov_ibytes(nb));
+  o->pbucket = (int *)dt__calloc(dt__ov_ibytes(o->np));
+  o->state = (int *)dt__calloc(dt__ov_ibytes(nb));
+  o->nb = nb;
+  if (!o->lo || !o->hi || !o->need || !o->left || !o->pbucket || !o->state) {
+    dt__overlap_destroy(o);
+    return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory for %d buckets", nb);
+  }
+  dt__bucket_cuts(s->params, s->size, bucket_bytes, o->lo, o->hi, o->pbucket, o->need);
+  dt_compress_kind ck = s->desc.compress.kind;
+  if (x && (ck == DTRAIN_COMPRESS_FP16 || ck == DTRAIN_COMPRESS_BF16)) {
+    size_t most = 0;
+    for (int b = 0; b < nb; b++) most = DT__MAX(most, o->hi[b] - o->lo[b]);
+    o->ck = ck;
+    o->scratch_n = dt__compress_scratch(most, dt_comm_world(x));
+    if (!(o->scratch = (float *)dt__calloc(o->scratch_n * sizeof(float)))) {
+      dt__overlap_destroy(o);
+      return dt__error(DTRAIN_ERR_NOMEM, "overlap: out of memory for the 16-bit messages");
     }
-    nb = 0, end = s->size, acc = 0;
-    for (int p = o->np - 1; p >= 0; p--) {
-      size_t b = 0, e = 0;
-      int tr = 0, dec = 0;
-      if (!dt__params_range(s->params, p, &b, &e, &tr, &dec)) continue;
-      acc += e - b;
-      if (pass == 1) {
-        o->pbucket[p] = tr ? nb : -1;
-        o->need[nb] += tr ? 1 : 0;
-      }
-      if (acc >= cap || p == 0) { /* this bucket ends here, down to b (to 0 for the last one) */
-        if (pass == 1) o->lo[nb] = p == 0 ? 0 : b, o->hi[nb] = end;
-        end = p == 0 ? 0 : b;
-        nb++;
-        acc = 0;
-      }
-    }
-    if (o->np == 0) nb = 0;
   }
   dt_result rc = dt__mutex_init(&o->mu);
   if (rc == DTRAIN_OK) {

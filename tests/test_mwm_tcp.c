@@ -100,6 +100,7 @@ typedef struct run {
   int converge;         /* the long run of test_compressed_converges instead */
   int overlap;          /* test_overlap's comparison instead */
   size_t bucket;        /* overlap: bucket bytes */
+  dt_compress_kind ck;  /* overlap: fp16 / bf16 buckets (both runs; none: floats) */
   int ov;               /* the plain runs (faults) with overlap on */
   float ref[PMAX], ref_loss[K];
 } run;
@@ -452,6 +453,7 @@ static void overlap_child(const run *R, dt_comm *comm, int rank) {
     sd.check_numerics = R->bucket == 64; /* one case scans in the overlap thread */
     sd.overlap = v;
     sd.bucket_bytes = R->bucket;
+    sd.compress.kind = R->ck;
     s[v] = dt_strategy_create(m[v].P, opt[v], model_step, &m[v], &sd);
     CK(s[v] != NULL);
   }
@@ -474,7 +476,8 @@ static void overlap_child(const run *R, dt_comm *comm, int rank) {
   double tail = (double)K * 2.0 * (R->W - 1) / R->W * 8.0 * sizeof(float);
   CK(fabs((double)st[1].wire_bytes - (double)st[0].wire_bytes) <= tail + 16.0 * K);
   if (getenv("DTRAIN_TEST_VERBOSE"))
-    fprintf(stderr, "overlap W %d x %d bucket %zu rank %d: %d buckets, bitwise %s\n", R->W, R->N, R->bucket, rank,
+    fprintf(stderr, "overlap W %d x %d bucket %zu %s rank %d: %d buckets, bitwise %s\n", R->W, R->N, R->bucket,
+            R->ck == DTRAIN_COMPRESS_FP16 ? "fp16" : R->ck == DTRAIN_COMPRESS_BF16 ? "bf16" : "floats", rank,
             s[1] ? dt__overlap_buckets(s[1]->ov) : -1, same ? "yes" : "NO");
   for (int v = 0; v < 2; v++) {
     dt_strategy_destroy(s[v]);
@@ -499,6 +502,20 @@ static void test_overlap(void) {
       R.bucket = buckets[i];
       run_world(&R);
     }
+  /* 16-bit buckets: the plain run sums the same buckets one after the other
+   * (bucket_bytes given; 0: one bucket, the whole gradient, both ways) */
+  for (int k = 0; k < 2; k++)
+    for (int w = 0; w < 3; w++)
+      for (int i = 0; i < 4; i += (i == 1 ? 2 : 1)) {
+        memset(&R, 0, sizeof R);
+        R.W = shape[w][0];
+        R.N = shape[w][1];
+        R.victim = -1;
+        R.overlap = 1;
+        R.bucket = buckets[i];
+        R.ck = k ? DTRAIN_COMPRESS_BF16 : DTRAIN_COMPRESS_FP16;
+        run_world(&R);
+      }
 }
 
 int main(void) {

@@ -292,6 +292,20 @@ static void test_options(void) {
   bw.backup_workers = 1;
   CHECK(dt_strategy_create(m.P, opt, model_step, &m, &bw) == NULL);
   CHECK(dt_last_result() == DTRAIN_ERR_UNSUPPORTED && strstr(dt_last_error(), "backup workers") != NULL);
+  /* compression across processes: top-k and PowerSGD need the whole gradient (16-bit buckets
+   * are test_mwm_tcp's) */
+  dt_comm *x = dt_comm_create_threads(1, 0);
+  CHECK(x != NULL);
+  const char *whole[2] = {"topk:0.1", "powersgd:2"};
+  for (int i = 0; x && i < 2; i++) {
+    dt_strategy_options mw = dt_strategy_multi_worker_mirrored(x, 2);
+    mw.overlap = 1;
+    CHECK(dt_compress_parse(whole[i], &mw.compress) == DTRAIN_OK);
+    CHECK(dt_strategy_create(m.P, opt, model_step, &m, &mw) == NULL);
+    CHECK_MSG(dt_last_result() == DTRAIN_ERR_UNSUPPORTED && strstr(dt_last_error(), "before backward ends"), "%s",
+              dt_last_error());
+  }
+  dt_comm_destroy(x);
   dt_set_logger(NULL, NULL, DTRAIN_LOG_WARN);
   /* one replica: nothing to sum, no thread; it trains as without */
   dt_strategy_options one = dt_strategy_mirrored(1);
