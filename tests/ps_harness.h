@@ -555,4 +555,34 @@ static worker_cfg worker_defaults(int W, int M, int index, const int *ports) {
   return wc;
 }
 
+/* 2 workers x 2 servers (learning rate 0.02), 60 steps each with pushes of form compress
+ * (dt_compress_parse's text; NULL: floats): every worker's final loss is below target
+ * times its initial one, and no server loses a worker. */
+static void converge_2x2(const char *compress, float target) {
+  const char *name = compress ? compress : "floats";
+  int lfd[2], ports[2];
+  CHECK(listen_fds(2, lfd, ports));
+  child srv[2], wk[2];
+  spawn_servers(2, 2, ports, lfd, 0.02f, srv);
+  for (int i = 0; i < 2; i++) {
+    worker_cfg wc = worker_defaults(2, 2, i, ports);
+    wc.steps = 60;
+    wc.target = target;
+    wc.compress = compress;
+    wk[i] = spawn_worker(&wc, lfd, 2);
+  }
+  close(lfd[0]);
+  close(lfd[1]);
+  for (int i = 0; i < 2; i++) {
+    child_wait(&wk[i]);
+    CHECK_MSG(wk[i].status == 0, "%s: worker %d status %d: %s", name, i, wk[i].status, wk[i].out);
+    CHECK_MSG(strstr(wk[i].out, "loss "), "%s", wk[i].out);
+  }
+  for (int i = 0; i < 2; i++) {
+    child_wait(&srv[i]);
+    CHECK_MSG(srv[i].status == 0 && !strstr(srv[i].out, "lost"), "%s: server %d status %d: %s", name, i,
+              srv[i].status, srv[i].out);
+  }
+}
+
 #endif /* DTRAIN_TESTS_PS_HARNESS_H */

@@ -181,28 +181,7 @@ static void test_equals_one_device(void) {
 
 static void test_converge_2x2(void) {
   alarm(40);
-  int lfd[2], ports[2];
-  CHECK(listen_fds(2, lfd, ports));
-  child srv[2], wk[2];
-  spawn_servers(2, 2, ports, lfd, 0.02f, srv);
-  for (int i = 0; i < 2; i++) {
-    worker_cfg wc = worker_defaults(2, 2, i, ports);
-    wc.steps = 60;
-    wc.target = 0.05f;
-    wk[i] = spawn_worker(&wc, lfd, 2);
-  }
-  close(lfd[0]);
-  close(lfd[1]);
-  for (int i = 0; i < 2; i++) {
-    child_wait(&wk[i]);
-    CHECK_MSG(wk[i].status == 0, "worker %d status %d: %s", i, wk[i].status, wk[i].out);
-    CHECK_MSG(strstr(wk[i].out, "loss "), "%s", wk[i].out);
-  }
-  for (int i = 0; i < 2; i++) {
-    child_wait(&srv[i]);
-    CHECK_MSG(srv[i].status == 0, "server %d status %d: %s", i, srv[i].status, srv[i].out);
-    CHECK(strstr(srv[i].out, "lost") == NULL);
-  }
+  converge_2x2(NULL, 0.05f);
   alarm(0);
 }
 

@@ -557,31 +557,7 @@ static void test_train_forms(void) {
 static void test_converge_2x2_forms(void) {
   alarm(90);
   const char *forms[] = {"fp16", "topk:0.3", "powersgd:2"};
-  for (int f = 0; f < 3; f++) {
-    int lfd[2], ports[2];
-    CHECK(listen_fds(2, lfd, ports));
-    child srv[2], wk[2];
-    spawn_servers(2, 2, ports, lfd, 0.02f, srv);
-    for (int i = 0; i < 2; i++) {
-      worker_cfg wc = worker_defaults(2, 2, i, ports);
-      wc.steps = 60;
-      wc.target = 0.1f;
-      wc.compress = forms[f];
-      wk[i] = spawn_worker(&wc, lfd, 2);
-    }
-    close(lfd[0]);
-    close(lfd[1]);
-    for (int i = 0; i < 2; i++) {
-      child_wait(&wk[i]);
-      CHECK_MSG(wk[i].status == 0, "%s: worker %d status %d: %s", forms[f], i, wk[i].status, wk[i].out);
-      CHECK_MSG(strstr(wk[i].out, "loss "), "%s", wk[i].out);
-    }
-    for (int i = 0; i < 2; i++) {
-      child_wait(&srv[i]);
-      CHECK_MSG(srv[i].status == 0 && !strstr(srv[i].out, "lost"), "%s: server %d status %d: %s", forms[f], i,
-                srv[i].status, srv[i].out);
-    }
-  }
+  for (int f = 0; f < 3; f++) converge_2x2(forms[f], 0.1f);
   alarm(0);
 }
 
