@@ -33176,6 +33176,9 @@ DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner,
 /* The shard of a full-layout buffer to little-endian bytes, and back. */
 DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out);
 DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full);
+/* The same between a full-layout buffer and floats in shard order: out != 0 copies
+ * full's shard into shard, else shard back into full (compressed pulls' copies). */
+DTRAIN_PRIVATE void dt__ps_shard_copy(const dt_params *p, const int *owner, int s, float *full, float *shard, int out);
 
 /* ---- compressed pushes and pulls (dt_ps_codec.c) ---- */
 struct dt__ef;
@@ -33429,6 +33432,17 @@ DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, 
     dt__get_f32le(full + b, in + 4 * off, e - b);
     off += e - b;
   }
+}
+
+DTRAIN_PRIVATE void dt__ps_shard_copy(const dt_params *p, const int *owner, int s, float *full, float *shard, int out) {
+  size_t b, e, k = 0;
+  int tr, dec;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
+    if (owner[i] == s) {
+      if (out) memcpy(shard + k, full + b, (e - b) * sizeof(float));
+      else memcpy(full + b, shard + k, (e - b) * sizeof(float));
+      k += e - b;
+    }
 }
 
 #else /* DTRAIN_NO_DIST: every entry point says so */
@@ -34138,13 +34152,7 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
         dt__ps_lose(S, i, DTRAIN_ERR_NOMEM, "out of memory for its copy of the weights (compressed pulls)");
         return 0;
       }
-      size_t b, e, k = 0;
-      int tr, dec;
-      for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++)
-        if (S->owner[p] == S->me) {
-          memcpy(w->view + k, data + b, (e - b) * sizeof(float));
-          k += e - b;
-        }
+      dt__ps_shard_copy(S->params, S->owner, S->me, dt_params_data(S->params), w->view, 1);
       w->view_ok = 1;
     }
     return dt__ps_queue(S, i, DT__PS_PARAMS, fix, DT__PS_FIX, data);
@@ -34998,17 +35006,6 @@ static dt_result dt__ps_client_codec(dt__ps_client *C, const char *op) {
   return DTRAIN_OK;
 }
 
-/* Server s's shard as this worker holds it (view, shard order) into dst (the params' layout). */
-static void dt__ps_client_unview(dt__ps_client *C, int s, float *dst) {
-  size_t b, e, k = 0;
-  int tr, dec;
-  for (int p = 0; dt__params_range(C->params, p, &b, &e, &tr, &dec); p++)
-    if (C->owner[p] == s) {
-      memcpy(dst + b, C->view[s] + k, (e - b) * sizeof(float));
-      k += e - b;
-    }
-}
-
 static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
                                     dt_pstore_ticket *tk) {
   dt__ps_client *C = dt__ps_client_of(ps);
@@ -35062,7 +35059,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
       dt__get_f32le(C->view[s], C->buf[s] + DT__PS_FIX, C->shard[s]);
       C->view_ok[s] = 1;
     }
-    dt__ps_client_unview(C, s, dst);
+    dt__ps_shard_copy(C->params, C->owner, s, dst, C->view[s], 0);
   }
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
   dt__mutex_unlock(&C->mu);

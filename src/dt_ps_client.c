@@ -160,17 +160,6 @@ static dt_result dt__ps_client_codec(dt__ps_client *C, const char *op) {
   return DTRAIN_OK;
 }
 
-/* Server s's shard as this worker holds it (view, shard order) into dst (the params' layout). */
-static void dt__ps_client_unview(dt__ps_client *C, int s, float *dst) {
-  size_t b, e, k = 0;
-  int tr, dec;
-  for (int p = 0; dt__params_range(C->params, p, &b, &e, &tr, &dec); p++)
-    if (C->owner[p] == s) {
-      memcpy(dst + b, C->view[s] + k, (e - b) * sizeof(float));
-      k += e - b;
-    }
-}
-
 static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
                                     dt_pstore_ticket *tk) {
   dt__ps_client *C = dt__ps_client_of(ps);
@@ -224,7 +213,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
       dt__get_f32le(C->view[s], C->buf[s] + DT__PS_FIX, C->shard[s]);
       C->view_ok[s] = 1;
     }
-    dt__ps_client_unview(C, s, dst);
+    dt__ps_shard_copy(C->params, C->owner, s, dst, C->view[s], 0);
   }
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
   dt__mutex_unlock(&C->mu);

@@ -103,6 +103,9 @@ DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner,
 /* The shard of a full-layout buffer to little-endian bytes, and back. */
 DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out);
 DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full);
+/* The same between a full-layout buffer and floats in shard order: out != 0 copies
+ * full's shard into shard, else shard back into full (compressed pulls' copies). */
+DTRAIN_PRIVATE void dt__ps_shard_copy(const dt_params *p, const int *owner, int s, float *full, float *shard, int out);
 
 /* ---- compressed pushes and pulls (dt_ps_codec.c) ---- */
 struct dt__ef;

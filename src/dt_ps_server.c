@@ -211,13 +211,7 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
         dt__ps_lose(S, i, DTRAIN_ERR_NOMEM, "out of memory for its copy of the weights (compressed pulls)");
         return 0;
       }
-      size_t b, e, k = 0;
-      int tr, dec;
-      for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++)
-        if (S->owner[p] == S->me) {
-          memcpy(w->view + k, data + b, (e - b) * sizeof(float));
-          k += e - b;
-        }
+      dt__ps_shard_copy(S->params, S->owner, S->me, dt_params_data(S->params), w->view, 1);
       w->view_ok = 1;
     }
     return dt__ps_queue(S, i, DT__PS_PARAMS, fix, DT__PS_FIX, data);

@@ -129,6 +129,17 @@ DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, 
   }
 }
 
+DTRAIN_PRIVATE void dt__ps_shard_copy(const dt_params *p, const int *owner, int s, float *full, float *shard, int out) {
+  size_t b, e, k = 0;
+  int tr, dec;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
+    if (owner[i] == s) {
+      if (out) memcpy(shard + k, full + b, (e - b) * sizeof(float));
+      else memcpy(full + b, shard + k, (e - b) * sizeof(float));
+      k += e - b;
+    }
+}
+
 #else /* DTRAIN_NO_DIST: every entry point says so */
 
 DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of) {
