@@ -4367,6 +4367,14 @@ DTRAIN_PRIVATE int dt__par_set_replica(int on);
 DTRAIN_PRIVATE unsigned long dt__fp_enter(void);
 DTRAIN_PRIVATE void dt__fp_leave(unsigned long saved);
 
+/* ---- float vectors (dt_platform.c) --------------------------------------------------
+ * dst[i] = a[i] + b[i] for i < n; dst may be a or b (not a partial overlap).
+ * Element by element, so the result is bitwise that of the plain loop; 8
+ * floats at a time with AVX (picked at run time), 4 with SSE or NEON. A
+ * plain -O2 build of the loop stays scalar (gcc vectorises it only from -O3),
+ * and the sums of a replicated step's gradients run over every parameter. */
+DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size_t n);
+
 #endif /* DTRAIN_INTERNAL_H */
 /* ======== end dt_internal.h ======== */
 
@@ -7565,8 +7573,11 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
  * leading dimensions only matter in the packing routines. Partial tiles at
  * the edges run the kernel into a small local tile and copy its valid part
  * (the AVX2 path has a 4-row kernel for the 4-row edge of 64-row batches).
- * Products A @ B^T with few columns (n < 32) skip packing on the AVX2 path:
- * a dot-product kernel (see dt__gemm_dot_avx2).
+ * Products A @ B^T with few columns (n < 32), or with few rows and a long
+ * k (m <= 32 and k >= 256, m <= 64 and k >= 512: a linear layer's forward on
+ * a training batch, where packing the weights costs as much as the product;
+ * measured on AVX2 Xeon and EPYC) skip packing on the AVX2 path: a
+ * dot-product kernel (see dt__gemm_dot_avx2).
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
  * k block rather than once per B panel.
@@ -8316,8 +8327,11 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   }
   int path = dt__gemm_path_id();
   const dt__gemm_path *pa = &dt__gemm_paths[path];
-  /* Few columns of A @ B^T: the unpacked dot-product kernel (AVX2 path). */
-  int dot = path == DT__GEMM_PATH_AVX2 && !trans_a && trans_b && n < 32 && k >= 16;
+  /* A @ B^T with few columns, or with few rows and a long k (a layer's
+   * forward on a small batch: packing B, the weights, would cost as much as
+   * the product): the unpacked dot-product kernel (AVX2 path). */
+  int dot = path == DT__GEMM_PATH_AVX2 && !trans_a && trans_b && k >= 16 &&
+            (n < 32 || (m <= 32 && k >= 256) || (m <= 64 && k >= 512));
   int threads = (double)m * (double)n * (double)k >= DT__GEMM_PAR_MIN ? dt__par_threads() : 1;
   if (threads > 1 || dot) {
     dt__gemm_job j;
@@ -10036,10 +10050,6 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
 #  include <emmintrin.h>
 #endif
 
-#if defined(DT__CONV_SSE) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-#  define DT__CONV_AVX 1 /* picked at run time */
-#  include <immintrin.h>
-#endif
 
 /* Grouping: images are put side by side only while an image has fewer than
  * DT__CONV_COLS output positions (the GEMM's B panel is 192 wide), and only
@@ -10109,31 +10119,6 @@ static void dt__conv_zero_short(float *d, int64_t n) {
   if (n > 3) d[3] = 0.0f;
 }
 
-#ifdef DT__CONV_AVX
-__attribute__((target("avx"))) static void dt__conv_addto_avx(float *DT__RESTRICT dst, const float *DT__RESTRICT src,
-                                                              int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
-  for (; i < n; i++) dst[i] += src[i];
-}
-#endif
-
-/* dst[i] += src[i], 8 or 4 floats at a time (spans of a few hundred floats). */
-static void dt__conv_addto(float *DT__RESTRICT dst, const float *DT__RESTRICT src, int64_t n) {
-  int64_t i = 0;
-#ifdef DT__CONV_AVX
-  if (n >= 16 && __builtin_cpu_supports("avx")) {
-    dt__conv_addto_avx(dst, src, n);
-    return;
-  }
-#endif
-#ifdef DT__CONV_SSE
-  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_add_ps(_mm_loadu_ps(dst + i), _mm_loadu_ps(src + i)));
-#endif
-  for (; i < n; i++) dst[i] += src[i];
-}
-
 /* Column matrix of one image x [C,H,W]: row (c,ki,kj), column oh*Wo+ow holds
  * x[c, oh*s-p+ki, ow*s-p+kj] (0 in the padding); rows are ld floats apart.
  * Rows of the output that fall in the padding are zeroed in one go. With
@@ -10199,14 +10184,14 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
         float *plane = gx + c * q->h * q->w;
         if (span) {
           for (int64_t oh = rlo; oh + 1 < rhi; oh++) dt__conv_zero_short(row + oh * wo + hi, wo - hi + lo);
-          dt__conv_addto(plane + (rlo - q->p + ki) * q->w + lo + off, row + rlo * wo + lo,
-                         (rhi - rlo - 1) * wo + hi - lo);
+          float *dst = plane + (rlo - q->p + ki) * q->w + lo + off;
+          dt__vec_add(dst, dst, row + rlo * wo + lo, (size_t)((rhi - rlo - 1) * wo + hi - lo));
           continue;
         }
         for (int64_t oh = rlo; oh < rhi; oh++) {
           const float *src = row + oh * wo;
           float *dst = plane + (oh * q->s - q->p + ki) * q->w;
-          if (q->s == 1) dt__conv_addto(dst + lo + off, src + lo, hi - lo);
+          if (q->s == 1) dt__vec_add(dst + lo + off, dst + lo + off, src + lo, (size_t)(hi - lo));
           else for (int64_t ow = lo; ow < hi; ow++) dst[ow * q->s + off] += src[ow];
         }
       }
@@ -10376,9 +10361,6 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
 #undef DT__CONV_CAP
 #ifdef DT__CONV_SSE
 #  undef DT__CONV_SSE
-#endif
-#ifdef DT__CONV_AVX
-#  undef DT__CONV_AVX
 #endif
 /* ======== end dt_ops_conv.c ======== */
 
@@ -19049,6 +19031,54 @@ DTRAIN_PRIVATE void dt__fp_leave(unsigned long saved) {
   (void)saved;
 #endif
 }
+
+/* ---- float vectors ------------------------------------------------------------------------
+ * dt__vec_add (dt_internal.h): AVX picked at run time on x86-64 (a function
+ * attribute, so a plain -O2 build uses it where the CPU has it), SSE and NEON
+ * always, plain C under DTRAIN_NO_SIMD. */
+#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__PLATFORM_X86 1
+#  include <immintrin.h>
+#elif !defined(DTRAIN_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+#  define DT__PLATFORM_NEON 1
+#  include <arm_neon.h>
+#endif
+
+#ifdef DT__PLATFORM_X86
+__attribute__((target("avx"))) static size_t dt__vec_add_avx(float *dst, const float *a, const float *b, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8));
+    __m256 x2 = _mm256_add_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16));
+    __m256 x3 = _mm256_add_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24));
+    _mm256_storeu_ps(dst + i, x0);
+    _mm256_storeu_ps(dst + i + 8, x1);
+    _mm256_storeu_ps(dst + i + 16, x2);
+    _mm256_storeu_ps(dst + i + 24, x3);
+  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  return i;
+}
+#endif
+
+DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size_t n) {
+  size_t i = 0;
+#if defined(DT__PLATFORM_X86)
+  if (n >= 16 && __builtin_cpu_supports("avx")) i = dt__vec_add_avx(dst, a, b, n);
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_add_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
+#elif defined(DT__PLATFORM_NEON)
+  for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vaddq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));
+#endif
+  for (; i < n; i++) dst[i] = a[i] + b[i];
+}
+
+#ifdef DT__PLATFORM_X86
+#  undef DT__PLATFORM_X86
+#endif
+#ifdef DT__PLATFORM_NEON
+#  undef DT__PLATFORM_NEON
+#endif
 /* ======== end dt_platform.c ======== */
 
 /* ======== begin dt_comm_core.h ======== */
@@ -19286,12 +19316,8 @@ static void dt__comm_threads_sum(dt__comm_threads *t, size_t off, size_t m, floa
     memcpy(acc, a, m * sizeof(float));
     return;
   }
-  const float *b = t->slots[1].d.buf + off;
-  for (size_t i = 0; i < m; i++) acc[i] = a[i] + b[i];
-  for (int r = 2; r < world; r++) {
-    const float *c = t->slots[r].d.buf + off;
-    for (size_t i = 0; i < m; i++) acc[i] += c[i];
-  }
+  dt__vec_add(acc, a, t->slots[1].d.buf + off, m);
+  for (int r = 2; r < world; r++) dt__vec_add(acc, acc, t->slots[r].d.buf + off, m);
 }
 
 static dt_result dt__comm_threads_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
@@ -20064,12 +20090,8 @@ static dt_result dt__group_rs(dt__comm_group *g, float *buf, size_t n) {
   if (rc == DTRAIN_OK && m > 0) {
     memcpy(in + (size_t)me * m, buf + b, m * sizeof(float));
     float *acc = buf + b;
-    const float *x0 = in, *x1 = in + m;
-    for (size_t i = 0; i < m; i++) acc[i] = x0[i] + x1[i];
-    for (int j = 2; j < world; j++) {
-      const float *x = in + (size_t)j * m;
-      for (size_t i = 0; i < m; i++) acc[i] += x[i];
-    }
+    dt__vec_add(acc, in, in + m, m);
+    for (int j = 2; j < world; j++) dt__vec_add(acc, acc, in + (size_t)j * m, m);
   }
   return rc;
 }
@@ -23931,15 +23953,12 @@ static size_t dt__ov_ibytes(int n) { return (size_t)(n > 0 ? n : 1) * sizeof(int
  * other replicas', in rank order: the additions of the in-process
  * communicator's reduction, element by element. */
 static void dt__ov_scan_sum(dt__overlap *o, size_t lo, size_t hi, size_t *bad, int *bad_nan) {
-  float *DT__RESTRICT a = o->s->rep[0].grad;
+  float *a = o->s->rep[0].grad;
   if (o->scan && lo < hi) {
     size_t i = dt__strategy_nonfinite(a, lo, hi);
     if (i < hi && i < *bad) *bad = i, *bad_nan = isnan(a[i]) != 0;
   }
-  for (int r = 1; r < o->nrep; r++) {
-    const float *DT__RESTRICT c = o->s->rep[r].grad;
-    for (size_t i = lo; i < hi; i++) a[i] += c[i];
-  }
+  for (int r = 1; r < o->nrep && lo < hi; r++) dt__vec_add(a + lo, a + lo, o->s->rep[r].grad + lo, hi - lo);
 }
 
 /* The first non-finite value found so far: the smallest index. Under the mutex. */
@@ -31078,15 +31097,10 @@ static dt_result dt__tcp_recv(dt__comm_tcp *t, int from, uint16_t type, void *r,
 
 typedef void (*dt__tcp_combine_fn)(void *acc, const void *in, size_t bytes);
 
-/* d[i] = in[i] + d[i] (float addition commutes: the same bits as d + in).
- * Blocks of 8 so that compilers vectorise it at -O2 too; the sums are
- * memory-bound and otherwise a fifth of a large all-reduce's time. */
-static void dt__tcp_sum(float *DT__RESTRICT d, const float *DT__RESTRICT in, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; j++) d[i + j] = in[i + j] + d[i + j];
-  for (; i < n; i++) d[i] = in[i] + d[i];
-}
+/* d[i] = in[i] + d[i] (float addition commutes: the same bits as d + in),
+ * vectorised (dt__vec_add): the sums are memory-bound and otherwise a fifth
+ * of a large all-reduce's time. */
+static void dt__tcp_sum(float *d, const float *in, size_t n) { dt__vec_add(d, in, d, n); }
 
 static void dt__tcp_add(void *acc, const void *in, size_t bytes) {
   dt__tcp_sum((float *)acc, (const float *)in, bytes / sizeof(float));

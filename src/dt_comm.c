@@ -165,12 +165,8 @@ static void dt__comm_threads_sum(dt__comm_threads *t, size_t off, size_t m, floa
     memcpy(acc, a, m * sizeof(float));
     return;
   }
-  const float *b = t->slots[1].d.buf + off;
-  for (size_t i = 0; i < m; i++) acc[i] = a[i] + b[i];
-  for (int r = 2; r < world; r++) {
-    const float *c = t->slots[r].d.buf + off;
-    for (size_t i = 0; i < m; i++) acc[i] += c[i];
-  }
+  dt__vec_add(acc, a, t->slots[1].d.buf + off, m);
+  for (int r = 2; r < world; r++) dt__vec_add(acc, acc, t->slots[r].d.buf + off, m);
 }
 
 static dt_result dt__comm_threads_allreduce(dt_comm *c, int rank, float *buf, size_t n) {

@@ -182,12 +182,8 @@ static dt_result dt__group_rs(dt__comm_group *g, float *buf, size_t n) {
   if (rc == DTRAIN_OK && m > 0) {
     memcpy(in + (size_t)me * m, buf + b, m * sizeof(float));
     float *acc = buf + b;
-    const float *x0 = in, *x1 = in + m;
-    for (size_t i = 0; i < m; i++) acc[i] = x0[i] + x1[i];
-    for (int j = 2; j < world; j++) {
-      const float *x = in + (size_t)j * m;
-      for (size_t i = 0; i < m; i++) acc[i] += x[i];
-    }
+    dt__vec_add(acc, in, in + m, m);
+    for (int j = 2; j < world; j++) dt__vec_add(acc, acc, in + (size_t)j * m, m);
   }
   return rc;
 }

@@ -211,4 +211,12 @@ DTRAIN_PRIVATE int dt__par_set_replica(int on);
 DTRAIN_PRIVATE unsigned long dt__fp_enter(void);
 DTRAIN_PRIVATE void dt__fp_leave(unsigned long saved);
 
+/* ---- float vectors (dt_platform.c) --------------------------------------------------
+ * dst[i] = a[i] + b[i] for i < n; dst may be a or b (not a partial overlap).
+ * Element by element, so the result is bitwise that of the plain loop; 8
+ * floats at a time with AVX (picked at run time), 4 with SSE or NEON. A
+ * plain -O2 build of the loop stays scalar (gcc vectorises it only from -O3),
+ * and the sums of a replicated step's gradients run over every parameter. */
+DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size_t n);
+
 #endif /* DTRAIN_INTERNAL_H */

@@ -27,10 +27,6 @@
 #  include <emmintrin.h>
 #endif
 
-#if defined(DT__CONV_SSE) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-#  define DT__CONV_AVX 1 /* picked at run time */
-#  include <immintrin.h>
-#endif
 
 /* Grouping: images are put side by side only while an image has fewer than
  * DT__CONV_COLS output positions (the GEMM's B panel is 192 wide), and only
@@ -100,31 +96,6 @@ static void dt__conv_zero_short(float *d, int64_t n) {
   if (n > 3) d[3] = 0.0f;
 }
 
-#ifdef DT__CONV_AVX
-__attribute__((target("avx"))) static void dt__conv_addto_avx(float *DT__RESTRICT dst, const float *DT__RESTRICT src,
-                                                              int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
-  for (; i < n; i++) dst[i] += src[i];
-}
-#endif
-
-/* dst[i] += src[i], 8 or 4 floats at a time (spans of a few hundred floats). */
-static void dt__conv_addto(float *DT__RESTRICT dst, const float *DT__RESTRICT src, int64_t n) {
-  int64_t i = 0;
-#ifdef DT__CONV_AVX
-  if (n >= 16 && __builtin_cpu_supports("avx")) {
-    dt__conv_addto_avx(dst, src, n);
-    return;
-  }
-#endif
-#ifdef DT__CONV_SSE
-  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_add_ps(_mm_loadu_ps(dst + i), _mm_loadu_ps(src + i)));
-#endif
-  for (; i < n; i++) dst[i] += src[i];
-}
-
 /* Column matrix of one image x [C,H,W]: row (c,ki,kj), column oh*Wo+ow holds
  * x[c, oh*s-p+ki, ow*s-p+kj] (0 in the padding); rows are ld floats apart.
  * Rows of the output that fall in the padding are zeroed in one go. With
@@ -190,14 +161,14 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
         float *plane = gx + c * q->h * q->w;
         if (span) {
           for (int64_t oh = rlo; oh + 1 < rhi; oh++) dt__conv_zero_short(row + oh * wo + hi, wo - hi + lo);
-          dt__conv_addto(plane + (rlo - q->p + ki) * q->w + lo + off, row + rlo * wo + lo,
-                         (rhi - rlo - 1) * wo + hi - lo);
+          float *dst = plane + (rlo - q->p + ki) * q->w + lo + off;
+          dt__vec_add(dst, dst, row + rlo * wo + lo, (size_t)((rhi - rlo - 1) * wo + hi - lo));
           continue;
         }
         for (int64_t oh = rlo; oh < rhi; oh++) {
           const float *src = row + oh * wo;
           float *dst = plane + (oh * q->s - q->p + ki) * q->w;
-          if (q->s == 1) dt__conv_addto(dst + lo + off, src + lo, hi - lo);
+          if (q->s == 1) dt__vec_add(dst + lo + off, dst + lo + off, src + lo, (size_t)(hi - lo));
           else for (int64_t ow = lo; ow < hi; ow++) dst[ow * q->s + off] += src[ow];
         }
       }
@@ -367,7 +338,4 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
 #undef DT__CONV_CAP
 #ifdef DT__CONV_SSE
 #  undef DT__CONV_SSE
-#endif
-#ifdef DT__CONV_AVX
-#  undef DT__CONV_AVX
 #endif

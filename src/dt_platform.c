@@ -586,3 +586,51 @@ DTRAIN_PRIVATE void dt__fp_leave(unsigned long saved) {
   (void)saved;
 #endif
 }
+
+/* ---- float vectors ------------------------------------------------------------------------
+ * dt__vec_add (dt_internal.h): AVX picked at run time on x86-64 (a function
+ * attribute, so a plain -O2 build uses it where the CPU has it), SSE and NEON
+ * always, plain C under DTRAIN_NO_SIMD. */
+#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__PLATFORM_X86 1
+#  include <immintrin.h>
+#elif !defined(DTRAIN_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+#  define DT__PLATFORM_NEON 1
+#  include <arm_neon.h>
+#endif
+
+#ifdef DT__PLATFORM_X86
+__attribute__((target("avx"))) static size_t dt__vec_add_avx(float *dst, const float *a, const float *b, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8));
+    __m256 x2 = _mm256_add_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16));
+    __m256 x3 = _mm256_add_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24));
+    _mm256_storeu_ps(dst + i, x0);
+    _mm256_storeu_ps(dst + i + 8, x1);
+    _mm256_storeu_ps(dst + i + 16, x2);
+    _mm256_storeu_ps(dst + i + 24, x3);
+  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  return i;
+}
+#endif
+
+DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size_t n) {
+  size_t i = 0;
+#if defined(DT__PLATFORM_X86)
+  if (n >= 16 && __builtin_cpu_supports("avx")) i = dt__vec_add_avx(dst, a, b, n);
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_add_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
+#elif defined(DT__PLATFORM_NEON)
+  for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vaddq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));
+#endif
+  for (; i < n; i++) dst[i] = a[i] + b[i];
+}
+
+#ifdef DT__PLATFORM_X86
+#  undef DT__PLATFORM_X86
+#endif
+#ifdef DT__PLATFORM_NEON
+#  undef DT__PLATFORM_NEON
+#endif

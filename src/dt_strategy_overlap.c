@@ -73,15 +73,12 @@ static size_t dt__ov_ibytes(int n) { return (size_t)(n > 0 ? n : 1) * sizeof(int
  * other replicas', in rank order: the additions of the in-process
  * communicator's reduction, element by element. */
 static void dt__ov_scan_sum(dt__overlap *o, size_t lo, size_t hi, size_t *bad, int *bad_nan) {
-  float *DT__RESTRICT a = o->s->rep[0].grad;
+  float *a = o->s->rep[0].grad;
   if (o->scan && lo < hi) {
     size_t i = dt__strategy_nonfinite(a, lo, hi);
     if (i < hi && i < *bad) *bad = i, *bad_nan = isnan(a[i]) != 0;
   }
-  for (int r = 1; r < o->nrep; r++) {
-    const float *DT__RESTRICT c = o->s->rep[r].grad;
-    for (size_t i = lo; i < hi; i++) a[i] += c[i];
-  }
+  for (int r = 1; r < o->nrep && lo < hi; r++) dt__vec_add(a + lo, a + lo, o->s->rep[r].grad + lo, hi - lo);
 }
 
 /* The first non-finite value found so far: the smallest index. Under the mutex. */

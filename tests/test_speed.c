@@ -646,7 +646,9 @@ static void test_gemm_threads_bitwise(void) {
       {1, 1, 100, 401, 40, 3, 1.0f, 0.0f},   {0, 0, 50, 50, 600, 0, 1.0f, 1.0f},  {0, 0, 30, 333, 200, 0, 0.7f, 1.0f},
       {1, 1, 20, 517, 150, 1, -0.3f, 0.6f},  {0, 1, 301, 40, 190, 2, 1.0f, 1.0f}, {1, 0, 333, 33, 111, 0, 1.5f, 0.5f},
       /* few columns of A @ B^T: the unpacked dot-product kernel, split by rows */
-      {0, 1, 2001, 25, 100, 1, 0.7f, 1.0f},  {0, 1, 334, 7, 501, 0, 1.0f, 0.0f},  {0, 1, 1000, 31, 37, 2, -1.5f, 0.5f}};
+      {0, 1, 2001, 25, 100, 1, 0.7f, 1.0f},  {0, 1, 334, 7, 501, 0, 1.0f, 0.0f},  {0, 1, 1000, 31, 37, 2, -1.5f, 0.5f},
+      /* ... and with few rows and a long k (a small batch's forward) */
+      {0, 1, 32, 300, 257, 1, 1.0f, 0.0f},   {0, 1, 61, 129, 515, 0, 0.5f, 1.0f}};
   th_seed(4242);
   int failed = 0;
   for (int portable = 0; portable < 2; portable++) {
@@ -655,6 +657,38 @@ static void test_gemm_threads_bitwise(void) {
   }
   dt_sgemm_use_portable(0);
   CHECK_MSG(failed == 0, "%d gemm cases differ between thread counts", failed);
+}
+
+/* dt__vec_add (the sums of gradients): bitwise the plain loop, for every
+ * length around the vector widths, with dst one of the inputs or apart,
+ * with NaN, Inf and -0 passing through as the scalar sum makes them. */
+static void test_vec_add(void) {
+  th_seed(14);
+  enum { N = 1100 };
+  static float a[N], b[N], d[N + 1], want[N];
+  th_fill(a, N, -3, 3);
+  th_fill(b, N, -3, 3);
+  a[5] = NAN;
+  b[17] = INFINITY;
+  a[40] = -0.0f;
+  b[40] = -0.0f;
+  a[63] = FLT_MAX;
+  b[63] = FLT_MAX;
+  int bad = 0;
+  for (size_t n = 0; n <= N; n = n < 80 ? n + 1 : n + 255) {
+    for (int alias = 0; alias < 3; alias++) {
+      for (size_t i = 0; i < n; i++) want[i] = a[i] + b[i];
+      float *dst = d;
+      if (alias == 1) dst = (float *)memcpy(d, a, n * sizeof(float)); /* dst is a */
+      if (alias == 2) dst = (float *)memcpy(d, b, n * sizeof(float)); /* dst is b */
+      const float *x = alias == 1 ? d : a, *y = alias == 2 ? d : b;
+      if (n < N) d[n] = 7.0f; /* past the end: untouched */
+      dt__vec_add(dst, x, y, n);
+      bad += memcmp(dst, want, n * sizeof(float)) != 0;
+      if (n < N) bad += d[n] != 7.0f;
+    }
+  }
+  CHECK_MSG(bad == 0, "%d dt__vec_add cases differ from the plain loop", bad);
 }
 
 /* Two user threads multiply at once while a third changes the setting: one
@@ -969,6 +1003,7 @@ int main(void) {
   RUN(test_memory_stats);
   RUN(test_par_run_parts);
   RUN(test_gemm_threads_bitwise);
+  RUN(test_vec_add);
   RUN(test_gemm_threads_concurrent);
   RUN(test_adam_threads_bitwise);
   RUN(test_conv_winograd_threads_bitwise);
