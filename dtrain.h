@@ -4439,6 +4439,13 @@ struct dt_graph {
   size_t dreserved;
   float *dparam_data, *dparam_grad; /* the device copy of the params */
   size_t dparam_n;
+  /* Deferred zeroing of the params' gradient (dt__graph_grad_defer, CPU):
+   * while gstale[p] is 1 (p < ngstale), parameter p's gradient still holds
+   * the last step's values; its first use zeroes it (dt__grad) or overwrites
+   * it (dt__grad_first), and dt__graph_grad_settle zeroes the ones no op
+   * touched. ngstale 0: nothing deferred. */
+  uint8_t *gstale;
+  int ngstale, gstale_cap;
 };
 
 /* A graph without params (dt_tensor.c): dt_graph_create (dt_graph_params.c)
@@ -4477,6 +4484,12 @@ DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_b
 DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out);
 /* Gradient buffer of t (allocated zeroed on first use) or NULL if t needs none. */
 DTRAIN_PRIVATE float *dt__grad(dt_graph *g, dt_tensor *t);
+/* dt__grad for an op that can write t's whole gradient instead of adding to
+ * it: *overwrite = 1 when nothing has been added to it yet this step (a new
+ * buffer, not zeroed, or a parameter's deferred one: dt__graph_grad_defer),
+ * and the caller must then write every element (a GEMM with beta 0); 0:
+ * add to it as usual. Saves zeroing a buffer only to add to the zeros. */
+DTRAIN_PRIVATE float *dt__grad_first(dt_graph *g, dt_tensor *t, int *overwrite);
 /* Normalise a possibly negative axis; -1 if out of range. */
 DTRAIN_PRIVATE int dt__axis(int axis, int ndim);
 /* A shape as text, e.g. "[64,10]", into buf (cap bytes); returns buf. */
@@ -4584,6 +4597,17 @@ DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin
 /* dt_params_layout_hash's step for one parameter (start from DT__FNV64_OFFSET):
  * a layout hash of tensors that are not in a dt_params (checkpoint parts). */
 DTRAIN_PRIVATE uint64_t dt__layout_hash_add(uint64_t h, const char *name, int ndim, const int64_t *shape, int trainable);
+/* The gradient of a CPU graph's params, zeroed lazily (dt_graph_params.c):
+ * dt__graph_grad_defer zeroes what no op writes (the padding between
+ * parameters, frozen ones) and marks each trainable parameter's range stale
+ * instead of zeroing it: the first op to use it this step zeroes it, or
+ * overwrites it (dt__grad_first: a linear layer's weight gradient as a GEMM
+ * with beta 0, instead of zeros written and read back). After backward,
+ * dt__graph_grad_settle zeroes the ranges no op used, so the whole buffer
+ * then holds the step's gradient exactly as after dt_graph_zero_grad and a
+ * backward. A device graph, or no memory for the marks: zeroed at once. */
+DTRAIN_PRIVATE dt_result dt__graph_grad_defer(dt_graph *g);
+DTRAIN_PRIVATE void dt__graph_grad_settle(dt_graph *g);
 
 #endif /* DTRAIN_PARAMS_INTERNAL_H */
 /* ======== end dt_params_internal.h ======== */
@@ -5715,6 +5739,7 @@ DTRAIN_API void dt_graph_destroy(dt_graph *g) {
   dt__tensor_chunks_free(g->chunks);
   dt__free(g->tape, (size_t)g->tape_cap * sizeof(dt_tensor *));
   dt__free(g->pviews, g->pviews_bytes);
+  dt__free(g->gstale, (size_t)g->gstale_cap);
   dt__free(g, sizeof *g);
 }
 
@@ -5989,9 +6014,31 @@ DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out) {
   return out;
 }
 
+/* Parameter view t's gradient deferred (dt__graph_grad_defer) and not yet
+ * used this step: 1, and it is no longer marked. */
+static int dt__grad_take_stale(dt_graph *g, const dt_tensor *t) {
+  int p = t->param_index;
+  if (!(t->flags & DTRAIN_TENSOR_PARAM) || p < 0 || p >= g->ngstale || !g->gstale[p]) return 0;
+  g->gstale[p] = 0;
+  return 1;
+}
+
 DTRAIN_PRIVATE float *dt__grad(dt_graph *g, dt_tensor *t) {
   if (!t || !(t->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) return NULL;
   if (!t->grad) t->grad = dt__arena_zeros(g, t->size);
+  else if (g->ngstale > 0 && dt__grad_take_stale(g, t)) memset(t->grad, 0, (size_t)t->size * sizeof(float));
+  return t->grad;
+}
+
+DTRAIN_PRIVATE float *dt__grad_first(dt_graph *g, dt_tensor *t, int *overwrite) {
+  *overwrite = 0;
+  if (!t || !(t->flags & DTRAIN_TENSOR_REQUIRES_GRAD) || g->device) return dt__grad(g, t);
+  if (!t->grad) {
+    t->grad = dt__arena_floats(g, t->size);
+    *overwrite = t->grad != NULL;
+    return t->grad;
+  }
+  *overwrite = g->ngstale > 0 && dt__grad_take_stale(g, t);
   return t->grad;
 }
 
@@ -6180,7 +6227,12 @@ static dt_result dt__tensor_backward_run(dt_graph *g, dt_tensor *out, const floa
     dt_tensor *t = g->tape[i];
     if (t->grad && t->backward) t->backward(g, t);
     if (g->err != DTRAIN_OK) return g->err;
-    for (int32_t p = head ? head[i] : -1; p >= 0; p = chain[p]) g->ready(g->ready_user, p);
+    for (int32_t p = head ? head[i] : -1; p >= 0; p = chain[p]) {
+      /* a deferred gradient that this node's backward did not reach (no
+       * gradient flowed to the node): zeros, before anyone reads it */
+      if (p < g->ngstale && g->gstale[p]) (void)dt__grad(g, &g->pviews[p]);
+      g->ready(g->ready_user, p);
+    }
   }
   return DTRAIN_OK;
 }
@@ -9346,12 +9398,16 @@ DTRAIN_API dt_tensor *dt_bmm(dt_graph *g, dt_tensor *a, dt_tensor *b, int trans_
 
 static void dt__linear_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
-  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
+  /* dx and dw are written, not added, when nothing was added to them yet
+   * (dt__grad_first: a fresh activation gradient, a parameter's deferred
+   * one); the sgemm's beta 0 then never reads them. */
+  int new_x, new_w;
+  float *gx = dt__grad_first(g, x, &new_x), *gw = dt__grad_first(g, w, &new_w), *gb = dt__grad(g, b);
   if (g->err != DTRAIN_OK) return;
   int64_t rows = y->iaux[0], in = y->iaux[1], out = y->iaux[2];
   const float *gy = y->grad;
-  if (gx) dt_sgemm(0, 0, rows, in, out, 1.0f, gy, out, w->data, in, 1.0f, gx, in);      /* dx += dy @ w */
-  if (gw) dt_sgemm(1, 0, out, in, rows, 1.0f, gy, out, x->data, in, 1.0f, gw, in);      /* dw += dy^T @ x */
+  if (gx) dt_sgemm(0, 0, rows, in, out, 1.0f, gy, out, w->data, in, new_x ? 0.0f : 1.0f, gx, in); /* dx += dy @ w */
+  if (gw) dt_sgemm(1, 0, out, in, rows, 1.0f, gy, out, x->data, in, new_w ? 0.0f : 1.0f, gw, in); /* dw += dy^T @ x */
   if (gb)
     for (int64_t r = 0; r < rows; r++)
       for (int64_t o = 0; o < out; o++) gb[o] += gy[r * out + o];
@@ -11694,6 +11750,7 @@ DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
   if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_zero_grad: graph is NULL");
   float *grad = dt_graph_param_grad(g);
   size_t n = dt_params_size(g->params);
+  g->ngstale = 0;
   if (!grad || n == 0) return DTRAIN_OK;
   if (!g->device) {
     memset(grad, 0, n * sizeof(float));
@@ -11702,6 +11759,48 @@ DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
   dt_result r = g->device->zero(g->device, grad, n * sizeof(float));
   if (r != DTRAIN_OK) return dt__error(r, "dt_graph_zero_grad: device %s: %s", g->device->name, dt_last_error());
   return DTRAIN_OK;
+}
+
+/* ---- the gradient zeroed lazily (see dt_params_internal.h) ---------------------------------- */
+
+/* Parameter i's range in the flat buffer; 0 past the last. */
+static int dt__gparams_range(const dt_graph *g, int i, size_t *b, size_t *e, int *trainable) {
+  int decay;
+  return dt__params_range(g->params, i, b, e, trainable, &decay);
+}
+
+DTRAIN_PRIVATE dt_result dt__graph_grad_defer(dt_graph *g) {
+  float *grad = g->device ? NULL : dt_graph_param_grad(g);
+  int count = g->params ? dt_params_count(g->params) : 0;
+  if (!grad || count <= 0) return dt_graph_zero_grad(g);
+  if (count > g->gstale_cap) {
+    uint8_t *ns = (uint8_t *)dt__realloc(g->gstale, (size_t)g->gstale_cap, (size_t)count);
+    if (!ns) return dt_graph_zero_grad(g); /* no marks: zeroed now, as before */
+    g->gstale = ns;
+    g->gstale_cap = count;
+  }
+  size_t pos = 0, b, e;
+  int tr;
+  for (int i = 0; dt__gparams_range(g, i, &b, &e, &tr); i++) {
+    if (b > pos) memset(grad + pos, 0, (b - pos) * sizeof(float)); /* padding */
+    g->gstale[i] = (uint8_t)(tr ? 1 : 0);
+    if (!tr && e > b) memset(grad + b, 0, (e - b) * sizeof(float));
+    pos = e;
+  }
+  size_t n = dt_params_size(g->params);
+  if (n > pos) memset(grad + pos, 0, (n - pos) * sizeof(float));
+  g->ngstale = count;
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__graph_grad_settle(dt_graph *g) {
+  if (g->ngstale <= 0) return;
+  float *grad = dt_graph_param_grad(g);
+  size_t b, e;
+  int tr;
+  for (int i = 0; i < g->ngstale && dt__gparams_range(g, i, &b, &e, &tr); i++)
+    if (g->gstale[i] && e > b) memset(grad + b, 0, (e - b) * sizeof(float));
+  g->ngstale = 0;
 }
 /* ======== end dt_graph_params.c ======== */
 
@@ -21601,18 +21700,33 @@ DTRAIN_PRIVATE const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
   return "(padding)";
 }
 
+static int dt__strategy_compute_run(dt_strategy *s, int r, const dt_minibatch *b);
+
+/* A replica's forward and backward into its own gradient. On the CPU the
+ * gradient is not zeroed first: its zeroing is deferred to each parameter's
+ * first use (dt__graph_grad_defer: a linear layer writes its weight
+ * gradient instead of adding it to zeros) and whatever no op wrote is zeroed
+ * after backward, or on the way out (dt__graph_grad_settle): on every
+ * return the buffer holds the step's gradient, zeros where none flowed. */
 DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
   dt__strategy_replica *R = &s->rep[r];
-  char what[DT__MSG_CAP];
   if (s->dev) {
     dt_result zr = dt_graph_zero_grad(R->g);
     if (zr != DTRAIN_OK) {
       dt__strategy_fail(s, r, zr, dt_last_error());
       return 0;
     }
-  } else {
-    memset(R->grad, 0, s->fbytes);
+    return dt__strategy_compute_run(s, r, b);
   }
+  (void)dt__graph_grad_defer(R->g); /* (a CPU graph's falls back to zeroing: it cannot fail) */
+  int ok = dt__strategy_compute_run(s, r, b);
+  dt__graph_grad_settle(R->g);
+  return ok;
+}
+
+static int dt__strategy_compute_run(dt_strategy *s, int r, const dt_minibatch *b) {
+  dt__strategy_replica *R = &s->rep[r];
+  char what[DT__MSG_CAP];
   R->rows = b->rows;
   R->loss = 0.0f;
   R->skipped = 0;
@@ -21654,6 +21768,7 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
     dt__strategy_fail(s, r, rc, dt_graph_message(R->g));
     return 0;
   }
+  if (!s->dev) dt__graph_grad_settle(R->g); /* before the scan below */
   R->loss = lv;
   if (s->desc.check_numerics && !(r == 0 && s->ov)) {
     /* Before any reduction or optimizer state sees it, and where the

@@ -134,6 +134,7 @@ DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
   if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_graph_zero_grad: graph is NULL");
   float *grad = dt_graph_param_grad(g);
   size_t n = dt_params_size(g->params);
+  g->ngstale = 0;
   if (!grad || n == 0) return DTRAIN_OK;
   if (!g->device) {
     memset(grad, 0, n * sizeof(float));
@@ -142,4 +143,46 @@ DTRAIN_API dt_result dt_graph_zero_grad(dt_graph *g) {
   dt_result r = g->device->zero(g->device, grad, n * sizeof(float));
   if (r != DTRAIN_OK) return dt__error(r, "dt_graph_zero_grad: device %s: %s", g->device->name, dt_last_error());
   return DTRAIN_OK;
+}
+
+/* ---- the gradient zeroed lazily (see dt_params_internal.h) ---------------------------------- */
+
+/* Parameter i's range in the flat buffer; 0 past the last. */
+static int dt__gparams_range(const dt_graph *g, int i, size_t *b, size_t *e, int *trainable) {
+  int decay;
+  return dt__params_range(g->params, i, b, e, trainable, &decay);
+}
+
+DTRAIN_PRIVATE dt_result dt__graph_grad_defer(dt_graph *g) {
+  float *grad = g->device ? NULL : dt_graph_param_grad(g);
+  int count = g->params ? dt_params_count(g->params) : 0;
+  if (!grad || count <= 0) return dt_graph_zero_grad(g);
+  if (count > g->gstale_cap) {
+    uint8_t *ns = (uint8_t *)dt__realloc(g->gstale, (size_t)g->gstale_cap, (size_t)count);
+    if (!ns) return dt_graph_zero_grad(g); /* no marks: zeroed now, as before */
+    g->gstale = ns;
+    g->gstale_cap = count;
+  }
+  size_t pos = 0, b, e;
+  int tr;
+  for (int i = 0; dt__gparams_range(g, i, &b, &e, &tr); i++) {
+    if (b > pos) memset(grad + pos, 0, (b - pos) * sizeof(float)); /* padding */
+    g->gstale[i] = (uint8_t)(tr ? 1 : 0);
+    if (!tr && e > b) memset(grad + b, 0, (e - b) * sizeof(float));
+    pos = e;
+  }
+  size_t n = dt_params_size(g->params);
+  if (n > pos) memset(grad + pos, 0, (n - pos) * sizeof(float));
+  g->ngstale = count;
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__graph_grad_settle(dt_graph *g) {
+  if (g->ngstale <= 0) return;
+  float *grad = dt_graph_param_grad(g);
+  size_t b, e;
+  int tr;
+  for (int i = 0; i < g->ngstale && dt__gparams_range(g, i, &b, &e, &tr); i++)
+    if (g->gstale[i] && e > b) memset(grad + b, 0, (e - b) * sizeof(float));
+  g->ngstale = 0;
 }

@@ -122,12 +122,16 @@ DTRAIN_API dt_tensor *dt_bmm(dt_graph *g, dt_tensor *a, dt_tensor *b, int trans_
 
 static void dt__linear_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
-  float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
+  /* dx and dw are written, not added, when nothing was added to them yet
+   * (dt__grad_first: a fresh activation gradient, a parameter's deferred
+   * one); the sgemm's beta 0 then never reads them. */
+  int new_x, new_w;
+  float *gx = dt__grad_first(g, x, &new_x), *gw = dt__grad_first(g, w, &new_w), *gb = dt__grad(g, b);
   if (g->err != DTRAIN_OK) return;
   int64_t rows = y->iaux[0], in = y->iaux[1], out = y->iaux[2];
   const float *gy = y->grad;
-  if (gx) dt_sgemm(0, 0, rows, in, out, 1.0f, gy, out, w->data, in, 1.0f, gx, in);      /* dx += dy @ w */
-  if (gw) dt_sgemm(1, 0, out, in, rows, 1.0f, gy, out, x->data, in, 1.0f, gw, in);      /* dw += dy^T @ x */
+  if (gx) dt_sgemm(0, 0, rows, in, out, 1.0f, gy, out, w->data, in, new_x ? 0.0f : 1.0f, gx, in); /* dx += dy @ w */
+  if (gw) dt_sgemm(1, 0, out, in, rows, 1.0f, gy, out, x->data, in, new_w ? 0.0f : 1.0f, gw, in); /* dw += dy^T @ x */
   if (gb)
     for (int64_t r = 0; r < rows; r++)
       for (int64_t o = 0; o < out; o++) gb[o] += gy[r * out + o];

@@ -147,18 +147,33 @@ DTRAIN_PRIVATE const char *dt__strategy_param_at(dt_strategy *s, size_t i) {
   return "(padding)";
 }
 
+static int dt__strategy_compute_run(dt_strategy *s, int r, const dt_minibatch *b);
+
+/* A replica's forward and backward into its own gradient. On the CPU the
+ * gradient is not zeroed first: its zeroing is deferred to each parameter's
+ * first use (dt__graph_grad_defer: a linear layer writes its weight
+ * gradient instead of adding it to zeros) and whatever no op wrote is zeroed
+ * after backward, or on the way out (dt__graph_grad_settle): on every
+ * return the buffer holds the step's gradient, zeros where none flowed. */
 DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatch *b) {
   dt__strategy_replica *R = &s->rep[r];
-  char what[DT__MSG_CAP];
   if (s->dev) {
     dt_result zr = dt_graph_zero_grad(R->g);
     if (zr != DTRAIN_OK) {
       dt__strategy_fail(s, r, zr, dt_last_error());
       return 0;
     }
-  } else {
-    memset(R->grad, 0, s->fbytes);
+    return dt__strategy_compute_run(s, r, b);
   }
+  (void)dt__graph_grad_defer(R->g); /* (a CPU graph's falls back to zeroing: it cannot fail) */
+  int ok = dt__strategy_compute_run(s, r, b);
+  dt__graph_grad_settle(R->g);
+  return ok;
+}
+
+static int dt__strategy_compute_run(dt_strategy *s, int r, const dt_minibatch *b) {
+  dt__strategy_replica *R = &s->rep[r];
+  char what[DT__MSG_CAP];
   R->rows = b->rows;
   R->loss = 0.0f;
   R->skipped = 0;
@@ -200,6 +215,7 @@ DTRAIN_PRIVATE int dt__strategy_compute(dt_strategy *s, int r, const dt_minibatc
     dt__strategy_fail(s, r, rc, dt_graph_message(R->g));
     return 0;
   }
+  if (!s->dev) dt__graph_grad_settle(R->g); /* before the scan below */
   R->loss = lv;
   if (s->desc.check_numerics && !(r == 0 && s->ov)) {
     /* Before any reduction or optimizer state sees it, and where the

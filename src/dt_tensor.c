@@ -122,6 +122,7 @@ DTRAIN_API void dt_graph_destroy(dt_graph *g) {
   dt__tensor_chunks_free(g->chunks);
   dt__free(g->tape, (size_t)g->tape_cap * sizeof(dt_tensor *));
   dt__free(g->pviews, g->pviews_bytes);
+  dt__free(g->gstale, (size_t)g->gstale_cap);
   dt__free(g, sizeof *g);
 }
 
@@ -396,9 +397,31 @@ DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out) {
   return out;
 }
 
+/* Parameter view t's gradient deferred (dt__graph_grad_defer) and not yet
+ * used this step: 1, and it is no longer marked. */
+static int dt__grad_take_stale(dt_graph *g, const dt_tensor *t) {
+  int p = t->param_index;
+  if (!(t->flags & DTRAIN_TENSOR_PARAM) || p < 0 || p >= g->ngstale || !g->gstale[p]) return 0;
+  g->gstale[p] = 0;
+  return 1;
+}
+
 DTRAIN_PRIVATE float *dt__grad(dt_graph *g, dt_tensor *t) {
   if (!t || !(t->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) return NULL;
   if (!t->grad) t->grad = dt__arena_zeros(g, t->size);
+  else if (g->ngstale > 0 && dt__grad_take_stale(g, t)) memset(t->grad, 0, (size_t)t->size * sizeof(float));
+  return t->grad;
+}
+
+DTRAIN_PRIVATE float *dt__grad_first(dt_graph *g, dt_tensor *t, int *overwrite) {
+  *overwrite = 0;
+  if (!t || !(t->flags & DTRAIN_TENSOR_REQUIRES_GRAD) || g->device) return dt__grad(g, t);
+  if (!t->grad) {
+    t->grad = dt__arena_floats(g, t->size);
+    *overwrite = t->grad != NULL;
+    return t->grad;
+  }
+  *overwrite = g->ngstale > 0 && dt__grad_take_stale(g, t);
   return t->grad;
 }
 
@@ -587,7 +610,12 @@ static dt_result dt__tensor_backward_run(dt_graph *g, dt_tensor *out, const floa
     dt_tensor *t = g->tape[i];
     if (t->grad && t->backward) t->backward(g, t);
     if (g->err != DTRAIN_OK) return g->err;
-    for (int32_t p = head ? head[i] : -1; p >= 0; p = chain[p]) g->ready(g->ready_user, p);
+    for (int32_t p = head ? head[i] : -1; p >= 0; p = chain[p]) {
+      /* a deferred gradient that this node's backward did not reach (no
+       * gradient flowed to the node): zeros, before anyone reads it */
+      if (p < g->ngstale && g->gstale[p]) (void)dt__grad(g, &g->pviews[p]);
+      g->ready(g->ready_user, p);
+    }
   }
   return DTRAIN_OK;
 }

@@ -58,6 +58,13 @@ struct dt_graph {
   size_t dreserved;
   float *dparam_data, *dparam_grad; /* the device copy of the params */
   size_t dparam_n;
+  /* Deferred zeroing of the params' gradient (dt__graph_grad_defer, CPU):
+   * while gstale[p] is 1 (p < ngstale), parameter p's gradient still holds
+   * the last step's values; its first use zeroes it (dt__grad) or overwrites
+   * it (dt__grad_first), and dt__graph_grad_settle zeroes the ones no op
+   * touched. ngstale 0: nothing deferred. */
+  uint8_t *gstale;
+  int ngstale, gstale_cap;
 };
 
 /* A graph without params (dt_tensor.c): dt_graph_create (dt_graph_params.c)
@@ -96,6 +103,12 @@ DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_b
 DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out);
 /* Gradient buffer of t (allocated zeroed on first use) or NULL if t needs none. */
 DTRAIN_PRIVATE float *dt__grad(dt_graph *g, dt_tensor *t);
+/* dt__grad for an op that can write t's whole gradient instead of adding to
+ * it: *overwrite = 1 when nothing has been added to it yet this step (a new
+ * buffer, not zeroed, or a parameter's deferred one: dt__graph_grad_defer),
+ * and the caller must then write every element (a GEMM with beta 0); 0:
+ * add to it as usual. Saves zeroing a buffer only to add to the zeros. */
+DTRAIN_PRIVATE float *dt__grad_first(dt_graph *g, dt_tensor *t, int *overwrite);
 /* Normalise a possibly negative axis; -1 if out of range. */
 DTRAIN_PRIVATE int dt__axis(int axis, int ndim);
 /* A shape as text, e.g. "[64,10]", into buf (cap bytes); returns buf. */

@@ -1347,6 +1347,140 @@ static void test_mwm_nonfinite_and_empty(void) {
   alarm(0);
 }
 
+/* ---- the gradient zeroed lazily ---------------------------------------------------------------
+ * A strategy does not zero a replica's gradient before the step: each
+ * parameter's is zeroed by its first use (a linear layer's weight gradient
+ * written by the GEMM instead of added to zeros) and what no op touched is
+ * zeroed after backward. A model with every case: weights written once
+ * (l1, l3), a weight used twice (l2: written, then added to), a parameter
+ * never used (idle) and one used by an op whose output leads nowhere
+ * (dead: on the tape, no gradient flows to it). The replicas' gradients
+ * are filled with NaN before each step: none of it may survive. */
+typedef struct lazy_model {
+  dt_params *P;
+  dt_nn_linear l1, l2, l3, idle, dead;
+} lazy_model;
+
+static void lazy_init(lazy_model *m) {
+  m->P = dt_params_create(7);
+  dt_nn_linear_init(&m->l1, m->P, "l1", NF, 10, 1);
+  dt_nn_linear_init(&m->idle, m->P, "idle", 3, 5, 1);
+  dt_nn_linear_init(&m->l2, m->P, "l2", 10, 10, 1);
+  dt_nn_linear_init(&m->dead, m->P, "dead", 10, 4, 1);
+  dt_nn_linear_init(&m->l3, m->P, "l3", 10, NC, 1);
+}
+
+static dt_tensor *lazy_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  lazy_model *m = (lazy_model *)user;
+  (void)replica;
+  int64_t xs[2];
+  xs[0] = b->rows;
+  xs[1] = b->x_cols;
+  dt_tensor *h = dt_tanh(g, dt_nn_linear_forward(g, &m->l1, dt_tensor_wrap(g, 2, xs, (float *)b->x)));
+  h = dt_tanh(g, dt_nn_linear_forward(g, &m->l2, h));
+  (void)dt_nn_linear_forward(g, &m->dead, h); /* computed, never used */
+  h = dt_tanh(g, dt_nn_linear_forward(g, &m->l2, h));
+  return dt_cross_entropy(g, dt_nn_linear_forward(g, &m->l3, h), b->y);
+}
+
+/* The range of a linear layer's weight and bias in the flat buffer. */
+static void lazy_range(dt_params *P, const dt_nn_linear *l, size_t *b, size_t *e) {
+  dt_param_info w, bias;
+  *b = *e = 0;
+  if (dt_params_info(P, l->w, &w) == DTRAIN_OK && dt_params_info(P, l->b, &bias) == DTRAIN_OK) {
+    *b = w.offset;
+    *e = bias.offset + bias.size;
+  }
+}
+
+static void test_lazy_grad_zeroing(void) {
+  watchdog(60);
+  enum { K = 6 };
+  const int64_t B = 24;
+  lazy_model h, m;
+  lazy_init(&h);
+  lazy_init(&m);
+  size_t n = dt_params_size(h.P);
+  CHECK(n <= PMAX && n == dt_params_size(m.P));
+  /* by hand: zeroed, then backward */
+  dt_optim *oh = make_opt(h.P, DTRAIN_OPTIM_ADAM, 0.01f, 0.0f, 0.0f);
+  dt_graph *g = dt_graph_create(h.P, NULL);
+  /* the strategy, its gradient poisoned before each step */
+  dt_optim *om = make_opt(m.P, DTRAIN_OPTIM_ADAM, 0.01f, 0.0f, 0.0f);
+  dt_strategy_options sd = dt_strategy_one_device();
+  dt_strategy *s = dt_strategy_create(m.P, om, lazy_step, &m, &sd);
+  CHECK(s != NULL && g != NULL);
+  size_t ib, ie, db, de;
+  lazy_range(m.P, &m.idle, &ib, &ie);
+  lazy_range(m.P, &m.dead, &db, &de);
+  CHECK(ie > ib && de > db);
+  int grads_differ = 0, nonzero = 0;
+  for (int k = 0; s && g && k < K; k++) {
+    dt_minibatch b = batch_at(k, B);
+    b.step = k;
+    dt_graph_reset(g);
+    dt_params_zero_grad(h.P);
+    CHECK(dt_backward(g, lazy_step(g, 0, &b, &h)) == DTRAIN_OK);
+    float *gm = dt_params_grad(m.P);
+    for (size_t i = 0; i < n; i++) gm[i] = NAN;
+    CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+    const float *gh = dt_params_grad(h.P);
+    for (size_t i = 0; i < n; i++) grads_differ += !(gm[i] == gh[i]); /* (-0 == +0: a GEMM with beta 0 may write -0) */
+    for (size_t i = ib; i < ie; i++) nonzero += gm[i] != 0.0f;
+    for (size_t i = db; i < de; i++) nonzero += gm[i] != 0.0f;
+    dt_optim_step(oh);
+  }
+  CHECK_MSG(grads_differ == 0, "%d gradient elements differ from zero_grad + backward", grads_differ);
+  CHECK_MSG(nonzero == 0, "%d gradient elements of the idle and dead layers are not zero", nonzero);
+  CHECK_MSG(memcmp(dt_params_data(m.P), dt_params_data(h.P), n * sizeof(float)) == 0,
+            "one_device's parameters differ from the hand loop's");
+  memcpy(ref, dt_params_data(m.P), n * sizeof(float));
+  dt_strategy_destroy(s);
+  dt_optim_destroy(om);
+  dt_params_destroy(m.P);
+  dt_graph_destroy(g);
+  dt_optim_destroy(oh);
+  dt_params_destroy(h.P);
+  if (!(dt_build_features() & DTRAIN_FEATURE_DIST)) {
+    th_skip("mirrored is compiled out (DTRAIN_NO_DIST); one_device was checked");
+    alarm(0);
+    return;
+  }
+  /* replicas (their gradients hold the last step's values at the start of
+   * the next), plain and with overlap in small buckets: the same training,
+   * the idle and dead weights never move */
+  for (int ov = 0; ov < 2; ov++) {
+    lazy_init(&m);
+    float start[PMAX];
+    memcpy(start, dt_params_data(m.P), n * sizeof(float));
+    om = make_opt(m.P, DTRAIN_OPTIM_ADAM, 0.01f, 0.0f, 0.0f);
+    sd = dt_strategy_mirrored(2);
+    if (ov) {
+      sd.overlap = 1;
+      sd.bucket_bytes = 64;
+    }
+    s = dt_strategy_create(m.P, om, lazy_step, &m, &sd);
+    CHECK(s != NULL);
+    for (int k = 0; s && k < K; k++) {
+      dt_minibatch b = batch_at(k, B);
+      for (int r = 0; r < 2; r++) { /* every replica's gradient poisoned */
+        float *gr = dt_graph_param_grad(dt_strategy_graph(s, r));
+        for (size_t i = 0; gr && i < n; i++) gr[i] = NAN;
+      }
+      CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+    }
+    const float *p = dt_params_data(m.P);
+    CHECK_MSG(memcmp(p + ib, start + ib, (ie - ib) * sizeof(float)) == 0, "overlap %d: the idle layer moved", ov);
+    CHECK_MSG(memcmp(p + db, start + db, (de - db) * sizeof(float)) == 0, "overlap %d: the dead layer moved", ov);
+    double e = rel_err(p, ref, n);
+    CHECK_MSG(e <= 1e-5, "mirrored(2) overlap %d: relative error %g against one_device", ov, e);
+    dt_strategy_destroy(s);
+    dt_optim_destroy(om);
+    dt_params_destroy(m.P);
+  }
+  alarm(0);
+}
+
 int main(void) {
   make_data();
   if (!(dt_build_features() & DTRAIN_FEATURE_THREADS)) {
@@ -1369,6 +1503,7 @@ int main(void) {
   TH_RUN(test_one_device_equals_hand_loop);
   TH_RUN(test_mirrored_equals_one_device);
   TH_RUN(test_shared_copy);
+  TH_RUN(test_lazy_grad_zeroing);
   TH_RUN(test_central_storage_equals_mirrored);
   TH_RUN(test_uneven_and_empty_shards);
   TH_RUN(test_async_lockstep_equals_sync);
