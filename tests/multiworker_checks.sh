@@ -191,15 +191,16 @@ if [ $rc -eq 0 ] && grep -q 'worker 1 killed by signal 9; starting it again (res
 else bad "ps --max-restarts: exit $rc: $(grep -v 'dtrain error' "$T/psrestart.out" | tail -n 8)"; fi
 
 # 8c. --work-queue (dynamic data sharding): worker 2 of 3 is killed at its 10th batch, holding
-#     it; server 0's queue hands that batch to another worker: all 188 batches done exactly
-#     once (189 handed out, 1 given back), each server applied 188 updates; a staleness bound
-#     is refused with the queue
-DTRAIN_TIMEOUT=10 timeout 120 $L -n 3 --ps 2 -- $PS --limit 3000 --epochs 2 --batch 96 --work-queue --crash-at 2:10 \
+#     it; server 0's queue hands that batch to another worker: all 1876 batches done exactly
+#     once (1877 handed out, 1 given back), each server applied 1876 updates; a staleness bound
+#     is refused with the queue. (30000 samples: with 3000 the two other workers could drain
+#     the queue, 0.3 s, before a worker 2 started late on a loaded machine took any batch.)
+DTRAIN_TIMEOUT=10 timeout 120 $L -n 3 --ps 2 -- $PS --limit 30000 --epochs 2 --batch 96 --work-queue --crash-at 2:10 \
   > "$T/queue.out" 2>&1
 rc=$?
-if [ $rc -eq 0 ] && grep -q 'ps 0: work queue: 188 of 188 batches done, 189 handed out, 1 given back' "$T/queue.out" &&
-   [ "$(grep -c 'ps [01]: done, 188 updates applied' "$T/queue.out")" = 2 ] && grep -q 'worker 0: test accuracy' "$T/queue.out"; then
-  ok "parameter servers, --work-queue: a worker killed holding a batch; every batch trained on once (188 of 188, 1 given back)"
+if [ $rc -eq 0 ] && grep -q 'ps 0: work queue: 1876 of 1876 batches done, 1877 handed out, 1 given back' "$T/queue.out" &&
+   [ "$(grep -c 'ps [01]: done, 1876 updates applied' "$T/queue.out")" = 2 ] && grep -q 'worker 0: test accuracy' "$T/queue.out"; then
+  ok "parameter servers, --work-queue: a worker killed holding a batch; every batch trained on once (1876 of 1876, 1 given back)"
 else bad "ps --work-queue: exit $rc: $(grep -v 'dtrain error' "$T/queue.out" | tail -n 8)"; fi
 $PS --work-queue --max-staleness 2 > "$T/queue_bad.out" 2>&1; rc=$?
 if [ $rc = 2 ] && grep -q 'work-queue needs --max-staleness -1' "$T/queue_bad.out"; then

@@ -719,7 +719,11 @@ static void test_async_converges(void) {
       n2 += (double)b[i] * b[i];
     }
     CHECK_MSG(L - best <= 0.01, "async update %d: loss %g, optimum %g (start %g)", upd, L, best, start);
-    CHECK_MSG(sqrt(d2 / n2) <= 0.1, "async update %d: parameters %g (relative) from the optimum", upd, sqrt(d2 / n2));
+    /* The optimum is flat along some directions: runs 0.0005 from the best
+     * loss ended 0.002-0.135 (relative) from its parameters (20 runs, before
+     * and after 2026-11-27's changes; 0.112 failed a CI run at 0.1). */
+    CHECK_MSG(sqrt(d2 / n2) <= 0.25, "async update %d: parameters %g (relative) from the optimum", upd,
+              sqrt(d2 / n2));
     dt_strategy_stats st;
     dt_strategy_stats_get(s, &st);
     CHECK(st.steps == 600 * 4);
