@@ -4594,6 +4594,9 @@ DTRAIN_PRIVATE int dt__params_view(const dt_params *p, int index, size_t *offset
 /* Range [begin,end) of parameter `index` in the flat buffers; 0 past the end. */
 DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin, size_t *end,
                                     int *trainable, int *decay);
+/* The first parameter whose range ends after flat index pos (the count when
+ * none does): where a walk over the ranges that meet [pos, ...) starts. */
+DTRAIN_PRIVATE int dt__params_first_after(const dt_params *p, size_t pos);
 /* dt_params_layout_hash's step for one parameter (start from DT__FNV64_OFFSET):
  * a layout hash of tensors that are not in a dt_params (checkpoint parts). */
 DTRAIN_PRIVATE uint64_t dt__layout_hash_add(uint64_t h, const char *name, int ndim, const int64_t *shape, int trainable);
@@ -4634,6 +4637,15 @@ DTRAIN_PRIVATE const char *dt__optim_kind_name(dt_optim_kind kind);
  * optimizer of this kind ("momentum_buffer", "exp_avg", "exp_avg_sq",
  * "square_avg"); NULL where the kind has no such slot. */
 DTRAIN_PRIVATE const char *dt__optim_slot_name(dt_optim_kind kind, int slot);
+/* One step's update of the trainable elements in [begin, end) (of the
+ * params' flat layout) on a block of values: data[0] is element begin; grad
+ * and the optimizer's state are indexed as the params. The same arithmetic as
+ * dt_optim_update, so a vector updated block by block equals one updated
+ * whole, bit for bit. Without dt_optim_update's checks or its floating-point
+ * mode: the caller checked the layout (dt_optim_update of an empty range
+ * does) and holds dt__fp_enter. Returns 0 (nothing done) for a range outside
+ * the params. Does not advance the step count (dt_optim_advance). */
+DTRAIN_PRIVATE int dt__optim_update_span(dt_optim *o, float *data, const float *grad, size_t begin, size_t end);
 
 #endif /* DTRAIN_OPTIM_INTERNAL_H */
 /* ======== end dt_optim_internal.h ======== */
@@ -11522,6 +11534,16 @@ DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin
   return 1;
 }
 
+DTRAIN_PRIVATE int dt__params_first_after(const dt_params *p, size_t pos) {
+  int lo = 0, hi = p ? p->count : 0; /* parameters are laid out in index order */
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    if (p->items[mid].offset + p->items[mid].size > pos) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
 DTRAIN_API int dt_params_find(const dt_params *p, const char *name) {
   if (!p || !name) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_find: %s is NULL", p ? "name" : "params");
   for (int i = 0; i < p->count; i++)
@@ -12300,6 +12322,26 @@ static dt_result dt__optim_check_layout(const dt_optim *o, const char *fn) {
   return DTRAIN_OK;
 }
 
+/* The trainable ranges within [begin, end): data[0] is element begin; grad
+ * and the state are indexed as the params. No checks, no FP mode. */
+static void dt__optim_update_ranges(dt_optim *o, const dt__optim_rule *rule, float *data, const float *grad,
+                                    size_t begin, size_t end) {
+  const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
+  size_t b, e;
+  int trainable, decay;
+  for (int i = dt__params_first_after(o->params, begin); dt__params_range(o->params, i, &b, &e, &trainable, &decay);
+       i++) {
+    if (b >= end) break;
+    if (!trainable) continue;
+    size_t lo = DT__MAX(b, begin), hi = DT__MIN(e, end);
+    if (lo >= hi) continue;
+    float wd = decay ? o->desc.weight_decay : 0.0f;
+    float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
+    float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
+    rule->update(o, lr, wd, data + (lo - begin), grad + lo, s0, s1, hi - lo);
+  }
+}
+
 DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad, size_t begin, size_t end) {
   if (!o) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_update: optimizer is NULL");
   dt_result r = dt__optim_check_layout(o, "dt_optim_update");
@@ -12312,22 +12354,17 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
   if (!rule)
     return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
-  const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
-  size_t b, e;
-  int trainable, decay;
   unsigned long fp = dt__fp_enter(); /* subnormal moments: dt_set_flush_denormals */
-  for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
-    if (!trainable) continue;
-    size_t lo = DT__MAX(b, begin), hi = DT__MIN(e, end);
-    if (lo >= hi) continue;
-    size_t n = hi - lo;
-    float wd = decay ? o->desc.weight_decay : 0.0f;
-    float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
-    float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
-    rule->update(o, lr, wd, data + lo, grad + lo, s0, s1, n);
-  }
+  dt__optim_update_ranges(o, rule, data + begin, grad, begin, end);
   dt__fp_leave(fp);
   return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE int dt__optim_update_span(dt_optim *o, float *data, const float *grad, size_t begin, size_t end) {
+  const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
+  if (!rule || begin > end || end > o->size) return 0;
+  dt__optim_update_ranges(o, rule, data, grad, begin, end);
+  return 1;
 }
 
 /* Clip (if set), update and advance over data/grad with the params' layout. */
@@ -18432,6 +18469,17 @@ static DT__UNUSED inline void dt__afloat_add(dt__afloat *p, float v) {
   }
 }
 
+/* A shared vector's sweeps (the in-process parameter store, dt_pstore.c):
+ * dst[i] = src[i] for i < n, and x[i] = x[i] + d[i] * scale for each i < n
+ * with d[i] != 0 (a zero is not written), each element read and written
+ * whole, unordered, as the relaxed dt__afloat_load/_store do (Hogwild: an
+ * add racing another on the same element may lose one of the two). Vector
+ * loads and stores where the CPU makes each aligned element of one a single
+ * untorn access (x86-64, AArch64), element by element elsewhere, under
+ * DTRAIN_NO_SIMD and under ThreadSanitizer (see dt_platform.c). */
+DTRAIN_PRIVATE void dt__shared_load(float *dst, dt__afloat *src, size_t n);
+DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, size_t n);
+
 /* A hint to the CPU inside spin loops (lets the sibling hyper-thread run). */
 static DT__UNUSED inline void dt__cpu_relax(void) {
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
@@ -19182,6 +19230,100 @@ DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size
   for (; i < n; i++) dst[i] = a[i] + b[i];
 }
 
+/* ---- a shared vector's sweeps -------------------------------------------------------------
+ * dt__shared_load / dt__shared_add (dt_platform.h): the in-process
+ * parameter store's pull and its Hogwild push, over a vector other threads
+ * write at the same time. What they must give is what relaxed atomic
+ * accesses give: each element read or written whole, in no order. C11
+ * atomics give that one element per instruction; done so, a push of the MLP's
+ * 235k floats took a sixth of an async replica's step. A vector load or
+ * store of naturally aligned 4-byte elements is, on x86-64 and on AArch64,
+ * one single-copy-atomic access per element (never torn), so the vector
+ * loops below give the same per element, 4 or 8 elements an instruction.
+ * The C standard still calls them a data race: a ThreadSanitizer build (which
+ * checks the store's protocol) and a build without SIMD take the element-
+ * by-element atomic loops instead. The atomic update rule
+ * (DTRAIN_ASYNC_ATOMIC: compare-and-swap per element) does not come here. */
+#if defined(__SANITIZE_THREAD__)
+#  define DT__SHARED_ATOMIC_ONLY 1
+#elif defined(__has_feature)
+#  if __has_feature(thread_sanitizer)
+#    define DT__SHARED_ATOMIC_ONLY 1
+#  endif
+#endif
+
+#if defined(DT__PLATFORM_X86) && !defined(DT__SHARED_ATOMIC_ONLY)
+__attribute__((target("avx"))) static size_t dt__shared_load_avx(float *dst, const float *src, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 a = _mm256_loadu_ps(src + i), b = _mm256_loadu_ps(src + i + 8);
+    _mm256_storeu_ps(dst + i, a);
+    _mm256_storeu_ps(dst + i + 8, b);
+  }
+  return i;
+}
+
+__attribute__((target("avx"))) static size_t dt__shared_add_avx(float *x, const float *d, float scale, size_t n) {
+  const __m256 s = _mm256_set1_ps(scale), zero = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 dv = _mm256_loadu_ps(d + i);
+    __m256 keep = _mm256_cmp_ps(dv, zero, _CMP_NEQ_UQ); /* d != 0 (NaN too), as the scalar test */
+    if (_mm256_testz_ps(keep, keep)) continue; /* all zero: nothing written */
+    __m256 xv = _mm256_loadu_ps(x + i);
+    _mm256_storeu_ps(x + i, _mm256_blendv_ps(xv, _mm256_add_ps(xv, _mm256_mul_ps(dv, s)), keep));
+  }
+  return i;
+}
+#endif
+
+DTRAIN_PRIVATE void dt__shared_load(float *dst, dt__afloat *src, size_t n) {
+  size_t i = 0;
+#if !defined(DT__SHARED_ATOMIC_ONLY)
+  const float *p = (const float *)src;
+#  if defined(DT__PLATFORM_X86)
+  if (n >= 16 && __builtin_cpu_supports("avx")) i = dt__shared_load_avx(dst, p, n);
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_loadu_ps(p + i));
+#  elif defined(DT__PLATFORM_NEON)
+  for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vld1q_f32(p + i));
+#  endif
+  (void)p;
+#endif
+  for (; i < n; i++) dst[i] = dt__afloat_load(src + i);
+}
+
+DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, size_t n) {
+  size_t i = 0;
+#if !defined(DT__SHARED_ATOMIC_ONLY)
+  float *p = (float *)x;
+#  if defined(DT__PLATFORM_X86)
+  if (n >= 8 && __builtin_cpu_supports("avx")) i = dt__shared_add_avx(p, d, scale, n);
+  const __m128 s = _mm_set1_ps(scale), zero = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) {
+    __m128 dv = _mm_loadu_ps(d + i), keep = _mm_cmpneq_ps(dv, zero);
+    if (_mm_movemask_ps(keep) == 0) continue;
+    __m128 xv = _mm_loadu_ps(p + i), nv = _mm_add_ps(xv, _mm_mul_ps(dv, s));
+    _mm_storeu_ps(p + i, _mm_or_ps(_mm_and_ps(keep, nv), _mm_andnot_ps(keep, xv)));
+  }
+#  elif defined(DT__PLATFORM_NEON)
+  const float32x4_t s = vdupq_n_f32(scale);
+  for (; i + 4 <= n; i += 4) {
+    float32x4_t dv = vld1q_f32(d + i);
+    uint32x4_t keep = vmvnq_u32(vceqq_f32(dv, vdupq_n_f32(0.0f))); /* d != 0 (NaN too) */
+    if (vmaxvq_u32(keep) == 0) continue;
+    float32x4_t xv = vld1q_f32(p + i);
+    vst1q_f32(p + i, vbslq_f32(keep, vaddq_f32(xv, vmulq_f32(dv, s)), xv));
+  }
+#  endif
+  (void)p;
+#endif
+  for (; i < n; i++)
+    if (d[i] != 0.0f) dt__afloat_store(x + i, dt__afloat_load(x + i) + d[i] * scale);
+}
+
+#ifdef DT__SHARED_ATOMIC_ONLY
+#  undef DT__SHARED_ATOMIC_ONLY
+#endif
 #ifdef DT__PLATFORM_X86
 #  undef DT__PLATFORM_X86
 #endif
@@ -20775,358 +20917,6 @@ DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const 
 #endif /* DTRAIN_NO_DIST */
 /* ======== end dt_devgroup.c ======== */
 
-/* ======== begin dt_pstore.c ======== */
-/* ===========================================================================
- * dt_pstore.c -- the parameter store's front door (dt_pstore_*) and its
- * in-process, lock-free backend (dt_pstore_create_local)
- * ===========================================================================
- * The async strategy's replicas train against a local store; a networked
- * store (dt_ps.c, parameter-server shards) implements the same table. See
- * "Staleness" and "the parameter store" in dt_strategy.h for the rules.
- */
-/* #include "dt_internal.h" (amalgamated) */
-/* #include "dt_tensor.h" (amalgamated) */
-/* #include "dt_ops.h" (amalgamated) */
-/* #include "dt_params.h" (amalgamated) */
-/* #include "dt_optim.h" (amalgamated) */
-/* #include "dt_nn.h" (amalgamated) */
-/* #include "dt_io.h" (amalgamated) */
-/* #include "dt_data.h" (amalgamated) */
-/* #include "dt_memory.h" (amalgamated) */
-/* #include "dt_comm.h" (amalgamated) */
-/* #include "dt_strategy.h" (amalgamated) */
-/* #include "dt_net.h" (amalgamated) */
-/* #include "dt_device.h" (amalgamated) */
-/* #include "dt_tensor_internal.h" (amalgamated) */
-/* #include "dt_ops_internal.h" (amalgamated) */
-/* #include "dt_params_internal.h" (amalgamated) */
-/* #include "dt_platform.h" (amalgamated) */
-
-#if !defined(DTRAIN_NO_DIST) /* the whole file; the stubs at the end stand in without it */
-
-
-/* ---- the in-process parameter store --------------------------------------------------- */
-
-#define DT__PSTORE_DONE ((int64_t)1 << 60) /* the clock of a worker that left */
-
-typedef union dt__pstore_clock {
-  struct {
-    DT__ATOMIC(int64_t) pulled; /* pulls made (steps started) */
-    DT__ATOMIC(int64_t) pushed; /* pushes made (steps finished) */
-  } c;
-  char align[2 * DT__ALIGN];
-} dt__pstore_clock;
-
-typedef struct dt__pstore_local {
-  dt_pstore ps;
-  float *data;
-  dt_async_update update;
-  double spin_s;
-  DT__ATOMIC(uint64_t) version;
-  uint64_t base;           /* version at dt_pstore_begin (lock-step turns count from it) */
-  DT__ATOMIC(int) aborted;
-  dt__pstore_clock *clocks;
-  dt__event ev;
-} dt__pstore_local;
-
-static dt__pstore_local *dt__pstore_of(dt_pstore *ps) { return (dt__pstore_local *)ps->impl; }
-
-static int64_t dt__pstore_min(dt__pstore_local *l, int pushed) {
-  int64_t m = DT__PSTORE_DONE;
-  for (int j = 0; j < l->ps.workers; j++) {
-    int64_t v = pushed ? DT__ALOAD(&l->clocks[j].c.pushed, DT__MO_SEQ_CST)
-                       : DT__ALOAD(&l->clocks[j].c.pulled, DT__MO_SEQ_CST);
-    if (v < m) m = v;
-  }
-  return m;
-}
-
-typedef struct dt__pstore_wait {
-  dt__pstore_local *l;
-  int kind;         /* 0: pull rule, 1: push rule, 2: lock-step turn */
-  int64_t need;     /* pull: min pushed >= need; push: min pulled >= need */
-  uint64_t turn;    /* lock-step: version == turn */
-} dt__pstore_wait;
-
-static int dt__pstore_ready(void *arg) {
-  dt__pstore_wait *w = (dt__pstore_wait *)arg;
-  if (DT__ALOAD(&w->l->aborted, DT__MO_SEQ_CST)) return 1;
-  switch (w->kind) {
-    case 0: return dt__pstore_min(w->l, 1) >= w->need;
-    case 1: return dt__pstore_min(w->l, 0) >= w->need;
-    default: return DT__ALOAD(&w->l->version, DT__MO_SEQ_CST) == w->turn;
-  }
-}
-
-static double dt__pstore_wait_for(dt__pstore_local *l, int kind, int64_t need, uint64_t turn) {
-  dt__pstore_wait w;
-  w.l = l;
-  w.kind = kind;
-  w.need = need;
-  w.turn = turn;
-  return dt__event_wait(&l->ev, dt__pstore_ready, &w, l->spin_s);
-}
-
-static dt_result dt__pstore_local_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
-                                       dt_pstore_ticket *tk) {
-  dt__pstore_local *l = dt__pstore_of(ps);
-  int k = ps->max_staleness;
-  tk->wait_s = 0.0;
-  if (k >= 0) tk->wait_s = dt__pstore_wait_for(l, 0, clock - k, 0);
-  if (DT__ALOAD(&l->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
-  int64_t slowest = dt__pstore_min(l, 1);
-  tk->clock_gap = slowest >= DT__PSTORE_DONE ? 0 : DT__MAX(clock - slowest, (int64_t)0);
-  /* Acquire: every update counted in the version is visible to the loads. */
-  tk->version = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
-  dt__afloat *src = (dt__afloat *)l->data;
-  for (size_t i = 0; i < n; i++) dst[i] = dt__afloat_load(src + i);
-  DT__ASTORE(&l->clocks[worker].c.pulled, clock + 1, DT__MO_SEQ_CST);
-  dt__event_notify(&l->ev);
-  return DTRAIN_OK;
-}
-
-static dt_result dt__pstore_local_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
-                                       dt_pstore_ticket *tk) {
-  dt__pstore_local *l = dt__pstore_of(ps);
-  int k = ps->max_staleness;
-  tk->wait_s = 0.0;
-  if (k >= 0) tk->wait_s = dt__pstore_wait_for(l, 1, clock - k + 1, 0);
-  /* Lock-step: the pushes of a round go in worker order (deterministic sums). */
-  if (k == 0)
-    tk->wait_s += dt__pstore_wait_for(l, 2, 0, l->base + (uint64_t)clock * (uint64_t)ps->workers + (uint64_t)worker);
-  if (DT__ALOAD(&l->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
-  dt__afloat *dst = (dt__afloat *)l->data;
-  /* Staleness-aware: divided by 1 + the pushes others made since this
-   * worker's pull (read now: pushes racing this one are not counted). */
-  float scale = 1.0f;
-  if (ps->staleness_lr) {
-    uint64_t now = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
-    if (now > tk->version) scale = (float)(1.0 / (1.0 + (double)(now - tk->version)));
-  }
-  if (delta) { /* x * 1.0f is x exactly: without the option nothing changes */
-    if (l->update == DTRAIN_ASYNC_ATOMIC) {
-      for (size_t i = 0; i < n; i++)
-        if (delta[i] != 0.0f) dt__afloat_add(dst + i, delta[i] * scale);
-    } else {
-      for (size_t i = 0; i < n; i++)
-        if (delta[i] != 0.0f) dt__afloat_store(dst + i, dt__afloat_load(dst + i) + delta[i] * scale);
-    }
-  }
-  /* Release: a puller that sees this version sees these stores. */
-  uint64_t before = DT__AFETCH_ADD(&l->version, (uint64_t)1, DT__MO_SEQ_CST);
-  tk->staleness = (int64_t)(before - tk->version);
-  DT__ASTORE(&l->clocks[worker].c.pushed, clock + 1, DT__MO_SEQ_CST);
-  dt__event_notify(&l->ev);
-  return DTRAIN_OK;
-}
-
-static void dt__pstore_local_leave(dt_pstore *ps, int worker) {
-  dt__pstore_local *l = dt__pstore_of(ps);
-  DT__ASTORE(&l->clocks[worker].c.pulled, DT__PSTORE_DONE, DT__MO_SEQ_CST);
-  DT__ASTORE(&l->clocks[worker].c.pushed, DT__PSTORE_DONE, DT__MO_SEQ_CST);
-  dt__event_notify(&l->ev);
-}
-
-static void dt__pstore_local_abort(dt_pstore *ps) {
-  dt__pstore_local *l = dt__pstore_of(ps);
-  DT__ASTORE(&l->aborted, 1, DT__MO_SEQ_CST);
-  dt__event_notify(&l->ev);
-}
-
-static dt_result dt__pstore_local_begin(dt_pstore *ps) {
-  dt__pstore_local *l = dt__pstore_of(ps);
-  for (int j = 0; j < ps->workers; j++) {
-    DT__ASTORE(&l->clocks[j].c.pulled, (int64_t)0, DT__MO_RELAXED);
-    DT__ASTORE(&l->clocks[j].c.pushed, (int64_t)0, DT__MO_RELAXED);
-  }
-  l->base = DT__ALOAD(&l->version, DT__MO_RELAXED);
-  DT__ASTORE(&l->aborted, 0, DT__MO_SEQ_CST);
-  return DTRAIN_OK;
-}
-
-static uint64_t dt__pstore_local_version(dt_pstore *ps) {
-  return DT__ALOAD(&dt__pstore_of(ps)->version, DT__MO_ACQUIRE);
-}
-
-static void dt__pstore_local_destroy(dt_pstore *ps) {
-  dt__pstore_local *l = dt__pstore_of(ps);
-  dt__event_destroy(&l->ev);
-  dt__free(l->clocks, (size_t)ps->workers * sizeof(dt__pstore_clock));
-  dt__free(l, sizeof *l);
-}
-
-static const dt_pstore_vtable dt__pstore_local_vtable = {
-  "local",
-  dt__pstore_local_pull,
-  dt__pstore_local_push,
-  dt__pstore_local_leave,
-  dt__pstore_local_abort,
-  dt__pstore_local_begin,
-  dt__pstore_local_version,
-  dt__pstore_local_destroy,
-  NULL /* take: no work queue in process */
-};
-
-DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
-                                             dt_async_update update, int spin_us) {
-  const char *fn = "dt_pstore_create_local";
-  if (!data && n > 0) {
-    dt__error(DTRAIN_ERR_NULL_ARG, "%s: data is NULL", fn);
-    return NULL;
-  }
-  if (workers < 1 || workers > DTRAIN_MAX_REPLICAS) {
-    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: workers %d outside [1, %d]", fn, workers, DTRAIN_MAX_REPLICAS);
-    return NULL;
-  }
-  if (max_staleness < DTRAIN_STALENESS_UNBOUNDED) {
-    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: max_staleness %d (use >= 0, or DTRAIN_STALENESS_UNBOUNDED)", fn,
-              max_staleness);
-    return NULL;
-  }
-  if (update != DTRAIN_ASYNC_HOGWILD && update != DTRAIN_ASYNC_ATOMIC) {
-    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown update rule %d", fn, (int)update);
-    return NULL;
-  }
-#if defined(DTRAIN_NO_THREADS)
-  if (workers > 1) {
-    dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: %d workers need threads (built with DTRAIN_NO_THREADS)", fn, workers);
-    return NULL;
-  }
-#endif
-  dt__pstore_local *l = (dt__pstore_local *)dt__calloc(sizeof *l);
-  if (!l) {
-    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
-    return NULL;
-  }
-  l->clocks = (dt__pstore_clock *)dt__calloc((size_t)workers * sizeof(dt__pstore_clock));
-  if (!l->clocks || dt__event_init(&l->ev) != DTRAIN_OK) {
-    if (l->clocks) dt__free(l->clocks, (size_t)workers * sizeof(dt__pstore_clock));
-    dt__free(l, sizeof *l);
-    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
-    return NULL;
-  }
-  l->data = data;
-  l->update = update;
-  l->spin_s = dt__spin_seconds(spin_us, workers);
-  l->ps.vtable = &dt__pstore_local_vtable;
-  l->ps.workers = workers;
-  l->ps.max_staleness = max_staleness;
-  l->ps.size = n;
-  l->ps.impl = l;
-  dt__pstore_local_begin(&l->ps);
-  return &l->ps;
-}
-
-/* ---- the front door: argument checks, then the backend's table ------------------------------ */
-
-static dt_result dt__pstore_check(dt_pstore *ps, const char *fn, int worker, int64_t clock, size_t n,
-                                  const dt_pstore_ticket *tk) {
-  if (!ps || !ps->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: store is NULL", fn);
-  if (!tk) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: ticket is NULL", fn);
-  if (worker < 0 || worker >= ps->workers)
-    return dt__error(DTRAIN_ERR_INDEX, "%s: worker %d outside [0, %d)", fn, worker, ps->workers);
-  if (clock < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: worker %d: clock %lld < 0", fn, worker, (long long)clock);
-  if (n != ps->size)
-    return dt__error(DTRAIN_ERR_SHAPE, "%s: worker %d: n=%zu but the store holds %zu floats", fn, worker, n, ps->size);
-  return DTRAIN_OK;
-}
-
-DTRAIN_API void dt_pstore_destroy(dt_pstore *ps) {
-  dt__quiet_push();
-  if (ps && ps->vtable && ps->vtable->destroy) ps->vtable->destroy(ps);
-  dt__quiet_pop(DTRAIN_OK);
-}
-
-DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
-                                    dt_pstore_ticket *tk) {
-  dt_result r = dt__pstore_check(ps, "dt_pstore_pull", worker, clock, n, tk);
-  if (r != DTRAIN_OK) return r;
-  if (!dst && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_pull: worker %d: dst is NULL", worker);
-  dt__quiet_push();
-  return dt__quiet_pop(ps->vtable->pull(ps, worker, clock, dst, n, tk));
-}
-
-DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
-                                    dt_pstore_ticket *tk) {
-  dt_result r = dt__pstore_check(ps, "dt_pstore_push", worker, clock, n, tk);
-  if (r != DTRAIN_OK) return r;
-  dt__quiet_push();
-  return dt__quiet_pop(ps->vtable->push(ps, worker, clock, delta, n, tk));
-}
-
-DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) {
-  dt__quiet_push();
-  if (ps && ps->vtable && worker >= 0 && worker < ps->workers) ps->vtable->leave(ps, worker);
-  dt__quiet_pop(DTRAIN_OK);
-}
-
-DTRAIN_API void dt_pstore_abort(dt_pstore *ps) {
-  if (ps && ps->vtable) ps->vtable->abort(ps);
-}
-
-DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps) {
-  if (!ps || !ps->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_begin: store is NULL");
-  return ps->vtable->begin(ps);
-}
-
-DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
-  return (ps && ps->vtable) ? ps->vtable->version(ps) : 0;
-}
-
-DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
-  const char *fn = "dt_pstore_take";
-  if (item) *item = -1;
-  if (!ps || !ps->vtable || !item) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !item ? "item" : "store");
-  if (worker < 0 || worker >= ps->workers)
-    return dt__error(DTRAIN_ERR_INDEX, "%s: worker %d outside [0, %d)", fn, worker, ps->workers);
-  if (!ps->vtable->take)
-    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the %s store has no work queue (parameter servers with "
-                     "dt_ps_options.work_items have one)", fn, ps->vtable->name ? ps->vtable->name : "?");
-  dt__quiet_push();
-  return dt__quiet_pop(ps->vtable->take(ps, worker, item));
-}
-
-#undef DT__PSTORE_DONE
-
-#else /* DTRAIN_NO_DIST: every entry point says so */
-
-DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
-                                             dt_async_update update, int spin_us) {
-  (void)data; (void)n; (void)workers; (void)max_staleness; (void)update; (void)spin_us;
-  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_create_local: compiled out (DTRAIN_NO_DIST)");
-  return NULL;
-}
-/* Nothing can have made a store: the calls without a result do nothing. */
-DTRAIN_API void dt_pstore_destroy(dt_pstore *ps) { (void)ps; }
-DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
-                                    dt_pstore_ticket *tk) {
-  (void)ps; (void)worker; (void)clock; (void)dst; (void)n; (void)tk;
-  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_pull: compiled out (DTRAIN_NO_DIST)");
-}
-DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
-                                    dt_pstore_ticket *tk) {
-  (void)ps; (void)worker; (void)clock; (void)delta; (void)n; (void)tk;
-  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_push: compiled out (DTRAIN_NO_DIST)");
-}
-DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) { (void)ps; (void)worker; }
-DTRAIN_API void dt_pstore_abort(dt_pstore *ps) { (void)ps; }
-DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps) {
-  (void)ps;
-  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_begin: compiled out (DTRAIN_NO_DIST)");
-}
-DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
-  (void)ps;
-  return 0;
-}
-DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
-  (void)ps; (void)worker;
-  if (item) *item = -1;
-  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_take: compiled out (DTRAIN_NO_DIST)");
-}
-
-#endif /* DTRAIN_NO_DIST */
-/* ======== end dt_pstore.c ======== */
-
 /* ======== begin dt_strategy_impl.h ======== */
 /* ===========================================================================
  * dt_strategy_impl.h -- private: the strategy object, the table each
@@ -21179,6 +20969,7 @@ typedef struct dt__strategy_replica {
   float *own_data, *own_grad, *old; /* allocated here (NULL when borrowed) */
   dt_optim *opt;           /* async: this replica's optimizer */
   int updating;            /* devices: this step reached the update */
+  int push_fill;           /* async: this step's update is made during the push (dt__pstore_push_blocks) */
   /* the current step */
   float loss;
   int64_t rows;
@@ -21422,6 +21213,21 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
 
 /* ---- the async family (dt_strategy_async.c) ----------------------------------------------- */
 #if !defined(DTRAIN_NO_DIST) /* compiled out with the kinds that use it */
+/* The in-process store's push made block by block (dt_pstore.c): after
+ * dt_pstore_push's waits, fill(user, lo, hi, d) writes the update of the
+ * elements [lo, hi) into d[0 .. hi-lo) (at most 2048 of them) and returns 1,
+ * or returns 0 for a block with nothing to add; each block goes into the
+ * store (by the update rule, zeros not written) while it is in the cache.
+ * The same push as dt_pstore_push of the whole vector of updates, without
+ * that vector. With pull_into, each block of the store is also copied there
+ * right after its add, and the worker's next dt_pstore_pull into the same
+ * buffer copies nothing when no other push finished since (during the sweep
+ * included): the pull that follows a push made by the push's sweep. The
+ * caller must leave pull_into as it is until that pull. DTRAIN_ERR_INTERNAL
+ * for a store that is not a local one. */
+typedef int (*dt__pstore_fill_fn)(void *user, size_t lo, size_t hi, float *d);
+DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
+                                                void *user, float *pull_into, dt_pstore_ticket *tk);
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);
@@ -21559,6 +21365,443 @@ DTRAIN_PRIVATE const float *dt__ef_error(const dt__ef *e);
 
 #endif /* DTRAIN_STRATEGY_IMPL_H */
 /* ======== end dt_strategy_impl.h ======== */
+
+/* ======== begin dt_pstore.c ======== */
+/* ===========================================================================
+ * dt_pstore.c -- the parameter store's front door (dt_pstore_*) and its
+ * in-process, lock-free backend (dt_pstore_create_local)
+ * ===========================================================================
+ * The async strategy's replicas train against a local store; a networked
+ * store (dt_ps.c, parameter-server shards) implements the same table. See
+ * "Staleness" and "the parameter store" in dt_strategy.h for the rules.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+/* #include "dt_strategy_impl.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_DIST) /* the whole file; the stubs at the end stand in without it */
+
+
+/* ---- the in-process parameter store --------------------------------------------------- */
+
+#define DT__PSTORE_DONE ((int64_t)1 << 60) /* the clock of a worker that left */
+
+typedef union dt__pstore_clock {
+  struct {
+    DT__ATOMIC(int64_t) pulled; /* pulls made (steps started) */
+    DT__ATOMIC(int64_t) pushed; /* pushes made (steps finished) */
+    /* The worker's own: after dt__pstore_push_blocks copied the store into
+     * fresh_dst as it went, the version that copy is whole for (0: none). */
+    uint64_t fresh;
+    const float *fresh_dst;
+  } c;
+  char align[2 * DT__ALIGN];
+} dt__pstore_clock;
+
+typedef struct dt__pstore_local {
+  dt_pstore ps;
+  float *data;
+  dt_async_update update;
+  double spin_s;
+  DT__ATOMIC(uint64_t) version;
+  uint64_t base;           /* version at dt_pstore_begin (lock-step turns count from it) */
+  DT__ATOMIC(int) aborted;
+  dt__pstore_clock *clocks;
+  dt__event ev;
+} dt__pstore_local;
+
+static dt__pstore_local *dt__pstore_of(dt_pstore *ps) { return (dt__pstore_local *)ps->impl; }
+
+static int64_t dt__pstore_min(dt__pstore_local *l, int pushed) {
+  int64_t m = DT__PSTORE_DONE;
+  for (int j = 0; j < l->ps.workers; j++) {
+    int64_t v = pushed ? DT__ALOAD(&l->clocks[j].c.pushed, DT__MO_SEQ_CST)
+                       : DT__ALOAD(&l->clocks[j].c.pulled, DT__MO_SEQ_CST);
+    if (v < m) m = v;
+  }
+  return m;
+}
+
+typedef struct dt__pstore_wait {
+  dt__pstore_local *l;
+  int kind;         /* 0: pull rule, 1: push rule, 2: lock-step turn */
+  int64_t need;     /* pull: min pushed >= need; push: min pulled >= need */
+  uint64_t turn;    /* lock-step: version == turn */
+} dt__pstore_wait;
+
+static int dt__pstore_ready(void *arg) {
+  dt__pstore_wait *w = (dt__pstore_wait *)arg;
+  if (DT__ALOAD(&w->l->aborted, DT__MO_SEQ_CST)) return 1;
+  switch (w->kind) {
+    case 0: return dt__pstore_min(w->l, 1) >= w->need;
+    case 1: return dt__pstore_min(w->l, 0) >= w->need;
+    default: return DT__ALOAD(&w->l->version, DT__MO_SEQ_CST) == w->turn;
+  }
+}
+
+static double dt__pstore_wait_for(dt__pstore_local *l, int kind, int64_t need, uint64_t turn) {
+  dt__pstore_wait w;
+  w.l = l;
+  w.kind = kind;
+  w.need = need;
+  w.turn = turn;
+  return dt__event_wait(&l->ev, dt__pstore_ready, &w, l->spin_s);
+}
+
+/* The blocks a worker's pull and push go through, starting at its own
+ * place (worker * blocks / workers) and wrapping: replicas that pull or
+ * push at the same time sweep different parts of the vector, so fewer
+ * cache lines move between cores mid-sweep and fewer Hogwild writes meet. */
+#define DT__PSTORE_BLOCK ((size_t)2048)
+static size_t dt__pstore_first_block(const dt__pstore_local *l, int worker, size_t blocks) {
+  return (size_t)((uint64_t)blocks * (uint64_t)worker / (uint64_t)l->ps.workers);
+}
+
+static dt_result dt__pstore_local_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                       dt_pstore_ticket *tk) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  int k = ps->max_staleness;
+  tk->wait_s = 0.0;
+  if (k >= 0) tk->wait_s = dt__pstore_wait_for(l, 0, clock - k, 0);
+  if (DT__ALOAD(&l->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
+  int64_t slowest = dt__pstore_min(l, 1);
+  tk->clock_gap = slowest >= DT__PSTORE_DONE ? 0 : DT__MAX(clock - slowest, (int64_t)0);
+  /* Acquire: every update counted in the version is visible to the loads. */
+  tk->version = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
+  dt__pstore_clock *me = &l->clocks[worker];
+  int fresh = me->c.fresh != 0 && me->c.fresh == tk->version && me->c.fresh_dst == dst;
+  me->c.fresh = 0;
+  me->c.fresh_dst = NULL;
+  if (fresh) { /* no push finished since this worker's push copied the store into dst */
+    DT__ASTORE(&me->c.pulled, clock + 1, DT__MO_SEQ_CST);
+    dt__event_notify(&l->ev);
+    return DTRAIN_OK;
+  }
+  dt__afloat *src = (dt__afloat *)l->data;
+  size_t blocks = (n + DT__PSTORE_BLOCK - 1) / DT__PSTORE_BLOCK, first = dt__pstore_first_block(l, worker, blocks);
+  for (size_t q = 0; q < blocks; q++) {
+    size_t lo = ((first + q) % blocks) * DT__PSTORE_BLOCK, hi = DT__MIN(n, lo + DT__PSTORE_BLOCK);
+    dt__shared_load(dst + lo, src + lo, hi - lo);
+  }
+  DT__ASTORE(&l->clocks[worker].c.pulled, clock + 1, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+  return DTRAIN_OK;
+}
+
+/* A push's waits (the staleness bound; in lock-step the worker's turn) and
+ * its staleness-aware scale; DTRAIN_ERR_ABORTED when the store broke. */
+static dt_result dt__pstore_local_enter(dt__pstore_local *l, int worker, int64_t clock, dt_pstore_ticket *tk,
+                                        float *scale) {
+  int k = l->ps.max_staleness;
+  tk->wait_s = 0.0;
+  if (k >= 0) tk->wait_s = dt__pstore_wait_for(l, 1, clock - k + 1, 0);
+  /* Lock-step: the pushes of a round go in worker order (deterministic sums). */
+  if (k == 0)
+    tk->wait_s +=
+        dt__pstore_wait_for(l, 2, 0, l->base + (uint64_t)clock * (uint64_t)l->ps.workers + (uint64_t)worker);
+  if (DT__ALOAD(&l->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
+  /* Staleness-aware: divided by 1 + the pushes others made since this
+   * worker's pull (read now: pushes racing this one are not counted). */
+  *scale = 1.0f;
+  if (l->ps.staleness_lr) {
+    uint64_t now = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
+    if (now > tk->version) *scale = (float)(1.0 / (1.0 + (double)(now - tk->version)));
+  }
+  return DTRAIN_OK;
+}
+
+/* Adds d[0..cnt) * scale into the store's elements [lo, lo+cnt) by the
+ * update rule; a zero is not written (x * 1.0f is x exactly: without the
+ * staleness option the scale changes nothing). */
+static void dt__pstore_apply(dt__pstore_local *l, size_t lo, const float *d, size_t cnt, float scale) {
+  dt__afloat *dst = (dt__afloat *)l->data + lo;
+  if (l->update == DTRAIN_ASYNC_ATOMIC) {
+    for (size_t i = 0; i < cnt; i++)
+      if (d[i] != 0.0f) dt__afloat_add(dst + i, d[i] * scale);
+  } else {
+    dt__shared_add(dst, d, scale, cnt);
+  }
+}
+
+/* After the adds: the version (release: a puller that sees it sees them),
+ * the staleness of this push, the worker's clock. */
+static uint64_t dt__pstore_local_exit(dt__pstore_local *l, int worker, int64_t clock, dt_pstore_ticket *tk) {
+  uint64_t before = DT__AFETCH_ADD(&l->version, (uint64_t)1, DT__MO_SEQ_CST);
+  tk->staleness = (int64_t)(before - tk->version);
+  l->clocks[worker].c.fresh = 0;
+  DT__ASTORE(&l->clocks[worker].c.pushed, clock + 1, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+  return before;
+}
+
+static dt_result dt__pstore_local_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                       dt_pstore_ticket *tk) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  float scale;
+  dt_result rc = dt__pstore_local_enter(l, worker, clock, tk, &scale);
+  if (rc != DTRAIN_OK) return rc;
+  if (delta) {
+    size_t blocks = (n + DT__PSTORE_BLOCK - 1) / DT__PSTORE_BLOCK, first = dt__pstore_first_block(l, worker, blocks);
+    for (size_t q = 0; q < blocks; q++) {
+      size_t lo = ((first + q) % blocks) * DT__PSTORE_BLOCK;
+      dt__pstore_apply(l, lo, delta + lo, DT__MIN(n - lo, DT__PSTORE_BLOCK), scale);
+    }
+  }
+  dt__pstore_local_exit(l, worker, clock, tk);
+  return DTRAIN_OK;
+}
+
+static void dt__pstore_local_leave(dt_pstore *ps, int worker) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  DT__ASTORE(&l->clocks[worker].c.pulled, DT__PSTORE_DONE, DT__MO_SEQ_CST);
+  DT__ASTORE(&l->clocks[worker].c.pushed, DT__PSTORE_DONE, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+}
+
+static void dt__pstore_local_abort(dt_pstore *ps) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  DT__ASTORE(&l->aborted, 1, DT__MO_SEQ_CST);
+  dt__event_notify(&l->ev);
+}
+
+static dt_result dt__pstore_local_begin(dt_pstore *ps) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  for (int j = 0; j < ps->workers; j++) {
+    DT__ASTORE(&l->clocks[j].c.pulled, (int64_t)0, DT__MO_RELAXED);
+    DT__ASTORE(&l->clocks[j].c.pushed, (int64_t)0, DT__MO_RELAXED);
+    l->clocks[j].c.fresh = 0;
+    l->clocks[j].c.fresh_dst = NULL;
+  }
+  l->base = DT__ALOAD(&l->version, DT__MO_RELAXED);
+  DT__ASTORE(&l->aborted, 0, DT__MO_SEQ_CST);
+  return DTRAIN_OK;
+}
+
+static uint64_t dt__pstore_local_version(dt_pstore *ps) {
+  return DT__ALOAD(&dt__pstore_of(ps)->version, DT__MO_ACQUIRE);
+}
+
+static void dt__pstore_local_destroy(dt_pstore *ps) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  dt__event_destroy(&l->ev);
+  dt__free(l->clocks, (size_t)ps->workers * sizeof(dt__pstore_clock));
+  dt__free(l, sizeof *l);
+}
+
+static const dt_pstore_vtable dt__pstore_local_vtable = {
+  "local",
+  dt__pstore_local_pull,
+  dt__pstore_local_push,
+  dt__pstore_local_leave,
+  dt__pstore_local_abort,
+  dt__pstore_local_begin,
+  dt__pstore_local_version,
+  dt__pstore_local_destroy,
+  NULL /* take: no work queue in process */
+};
+
+DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
+                                                void *user, float *pull_into, dt_pstore_ticket *tk) {
+  if (!ps || ps->vtable != &dt__pstore_local_vtable || !fill || !tk || worker < 0 || worker >= ps->workers || clock < 0)
+    return dt__error(DTRAIN_ERR_INTERNAL, "dt__pstore_push_blocks: not a local store's push");
+  dt__pstore_local *l = dt__pstore_of(ps);
+  float scale, block[DT__PSTORE_BLOCK];
+  dt_result rc = dt__pstore_local_enter(l, worker, clock, tk, &scale);
+  if (rc != DTRAIN_OK) return rc;
+  /* Acquire: the pushes counted here are whole in the store, so in the copy. */
+  uint64_t start = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
+  size_t n = ps->size, blocks = (n + DT__PSTORE_BLOCK - 1) / DT__PSTORE_BLOCK,
+         first = dt__pstore_first_block(l, worker, blocks);
+  for (size_t q = 0; q < blocks; q++) {
+    size_t lo = ((first + q) % blocks) * DT__PSTORE_BLOCK, cnt = DT__MIN(n - lo, DT__PSTORE_BLOCK);
+    if (fill(user, lo, lo + cnt, block)) dt__pstore_apply(l, lo, block, cnt, scale);
+    if (pull_into) dt__shared_load(pull_into + lo, (dt__afloat *)l->data + lo, cnt);
+  }
+  uint64_t before = dt__pstore_local_exit(l, worker, clock, tk);
+  /* Whole for the version after this push only if no other push finished
+   * during the sweep (its later writes may have missed the copy). */
+  if (pull_into && before == start) {
+    l->clocks[worker].c.fresh = before + 1;
+    l->clocks[worker].c.fresh_dst = pull_into;
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
+                                             dt_async_update update, int spin_us) {
+  const char *fn = "dt_pstore_create_local";
+  if (!data && n > 0) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "%s: data is NULL", fn);
+    return NULL;
+  }
+  if (workers < 1 || workers > DTRAIN_MAX_REPLICAS) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: workers %d outside [1, %d]", fn, workers, DTRAIN_MAX_REPLICAS);
+    return NULL;
+  }
+  if (max_staleness < DTRAIN_STALENESS_UNBOUNDED) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: max_staleness %d (use >= 0, or DTRAIN_STALENESS_UNBOUNDED)", fn,
+              max_staleness);
+    return NULL;
+  }
+  if (update != DTRAIN_ASYNC_HOGWILD && update != DTRAIN_ASYNC_ATOMIC) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: unknown update rule %d", fn, (int)update);
+    return NULL;
+  }
+#if defined(DTRAIN_NO_THREADS)
+  if (workers > 1) {
+    dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: %d workers need threads (built with DTRAIN_NO_THREADS)", fn, workers);
+    return NULL;
+  }
+#endif
+  dt__pstore_local *l = (dt__pstore_local *)dt__calloc(sizeof *l);
+  if (!l) {
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    return NULL;
+  }
+  l->clocks = (dt__pstore_clock *)dt__calloc((size_t)workers * sizeof(dt__pstore_clock));
+  if (!l->clocks || dt__event_init(&l->ev) != DTRAIN_OK) {
+    if (l->clocks) dt__free(l->clocks, (size_t)workers * sizeof(dt__pstore_clock));
+    dt__free(l, sizeof *l);
+    dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
+    return NULL;
+  }
+  l->data = data;
+  l->update = update;
+  l->spin_s = dt__spin_seconds(spin_us, workers);
+  l->ps.vtable = &dt__pstore_local_vtable;
+  l->ps.workers = workers;
+  l->ps.max_staleness = max_staleness;
+  l->ps.size = n;
+  l->ps.impl = l;
+  dt__pstore_local_begin(&l->ps);
+  return &l->ps;
+}
+
+/* ---- the front door: argument checks, then the backend's table ------------------------------ */
+
+static dt_result dt__pstore_check(dt_pstore *ps, const char *fn, int worker, int64_t clock, size_t n,
+                                  const dt_pstore_ticket *tk) {
+  if (!ps || !ps->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: store is NULL", fn);
+  if (!tk) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: ticket is NULL", fn);
+  if (worker < 0 || worker >= ps->workers)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: worker %d outside [0, %d)", fn, worker, ps->workers);
+  if (clock < 0) return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: worker %d: clock %lld < 0", fn, worker, (long long)clock);
+  if (n != ps->size)
+    return dt__error(DTRAIN_ERR_SHAPE, "%s: worker %d: n=%zu but the store holds %zu floats", fn, worker, n, ps->size);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API void dt_pstore_destroy(dt_pstore *ps) {
+  dt__quiet_push();
+  if (ps && ps->vtable && ps->vtable->destroy) ps->vtable->destroy(ps);
+  dt__quiet_pop(DTRAIN_OK);
+}
+
+DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                    dt_pstore_ticket *tk) {
+  dt_result r = dt__pstore_check(ps, "dt_pstore_pull", worker, clock, n, tk);
+  if (r != DTRAIN_OK) return r;
+  if (!dst && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_pull: worker %d: dst is NULL", worker);
+  dt__quiet_push();
+  return dt__quiet_pop(ps->vtable->pull(ps, worker, clock, dst, n, tk));
+}
+
+DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                    dt_pstore_ticket *tk) {
+  dt_result r = dt__pstore_check(ps, "dt_pstore_push", worker, clock, n, tk);
+  if (r != DTRAIN_OK) return r;
+  dt__quiet_push();
+  return dt__quiet_pop(ps->vtable->push(ps, worker, clock, delta, n, tk));
+}
+
+DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) {
+  dt__quiet_push();
+  if (ps && ps->vtable && worker >= 0 && worker < ps->workers) ps->vtable->leave(ps, worker);
+  dt__quiet_pop(DTRAIN_OK);
+}
+
+DTRAIN_API void dt_pstore_abort(dt_pstore *ps) {
+  if (ps && ps->vtable) ps->vtable->abort(ps);
+}
+
+DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps) {
+  if (!ps || !ps->vtable) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_begin: store is NULL");
+  return ps->vtable->begin(ps);
+}
+
+DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
+  return (ps && ps->vtable) ? ps->vtable->version(ps) : 0;
+}
+
+DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
+  const char *fn = "dt_pstore_take";
+  if (item) *item = -1;
+  if (!ps || !ps->vtable || !item) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !item ? "item" : "store");
+  if (worker < 0 || worker >= ps->workers)
+    return dt__error(DTRAIN_ERR_INDEX, "%s: worker %d outside [0, %d)", fn, worker, ps->workers);
+  if (!ps->vtable->take)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: the %s store has no work queue (parameter servers with "
+                     "dt_ps_options.work_items have one)", fn, ps->vtable->name ? ps->vtable->name : "?");
+  dt__quiet_push();
+  return dt__quiet_pop(ps->vtable->take(ps, worker, item));
+}
+
+#undef DT__PSTORE_DONE
+#undef DT__PSTORE_BLOCK
+
+#else /* DTRAIN_NO_DIST: every entry point says so */
+
+DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
+                                             dt_async_update update, int spin_us) {
+  (void)data; (void)n; (void)workers; (void)max_staleness; (void)update; (void)spin_us;
+  dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_create_local: compiled out (DTRAIN_NO_DIST)");
+  return NULL;
+}
+/* Nothing can have made a store: the calls without a result do nothing. */
+DTRAIN_API void dt_pstore_destroy(dt_pstore *ps) { (void)ps; }
+DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
+                                    dt_pstore_ticket *tk) {
+  (void)ps; (void)worker; (void)clock; (void)dst; (void)n; (void)tk;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_pull: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                    dt_pstore_ticket *tk) {
+  (void)ps; (void)worker; (void)clock; (void)delta; (void)n; (void)tk;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_push: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) { (void)ps; (void)worker; }
+DTRAIN_API void dt_pstore_abort(dt_pstore *ps) { (void)ps; }
+DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps) {
+  (void)ps;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_begin: compiled out (DTRAIN_NO_DIST)");
+}
+DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps) {
+  (void)ps;
+  return 0;
+}
+DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
+  (void)ps; (void)worker;
+  if (item) *item = -1;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_pstore_take: compiled out (DTRAIN_NO_DIST)");
+}
+
+#endif /* DTRAIN_NO_DIST */
+/* ======== end dt_pstore.c ======== */
 
 /* ======== begin dt_strategy_common.c ======== */
 /* ===========================================================================
@@ -22844,11 +23087,15 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_central_module(void) { re
  * ===========================================================================
  * A replica (dt__strategy_async_job) loops: take a ticket, get a batch, pull
  * from the store into its own copy, its own step (the module's local_step:
- * here forward/backward, its own optimizer step, the difference new - pulled
- * as the update), push. See "Async update rule" and "Staleness" in
+ * here forward/backward and the checks), push. The async module's push is
+ * made block by block: each block of the update (its own optimizer step on
+ * the pulled values, new - pulled) is computed and added to the store while
+ * it is in the cache, so no full-length copy of the old values or of the
+ * update is written (dt__pstore_push_blocks). See "Async update rule" and "Staleness" in
  * dt_strategy.h for the rules.
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
+/* #include "dt_optim_internal.h" (amalgamated) */
 
 DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness) {
   return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
@@ -22884,33 +23131,84 @@ static dt_result dt__async_replica(dt_strategy *s, int r) {
   return DTRAIN_OK;
 }
 
-/* Forward/backward on the pulled copy, the replica's own optimizer step,
- * and the difference to push. */
+/* The update of elements [lo, hi) into d (dt__pstore_fill_fn): the
+ * replica's optimizer step on a copy of its pulled values minus those
+ * values for the trainable parameters, what the forward made of the pulled
+ * values for the others (batch-norm statistics; R->old holds the pulled
+ * ones), 0 in the padding between parameters. The same floats as a step on
+ * the whole copy followed by new - pulled (the optimizer's arithmetic is
+ * element by element). */
+typedef struct dt__async_fill_ctx {
+  dt_strategy *s;
+  int r;
+} dt__async_fill_ctx;
+
+static int dt__async_fill(void *user, size_t lo, size_t hi, float *d) {
+  const dt__async_fill_ctx *c = (const dt__async_fill_ctx *)user;
+  dt_strategy *s = c->s;
+  dt__strategy_replica *R = &s->rep[c->r];
+  const float *x = R->data;
+  size_t pb, pe, at = lo;
+  int tr, dec, any = 0;
+  for (int i = dt__params_first_after(s->params, lo); dt__params_range(s->params, i, &pb, &pe, &tr, &dec) && pb < hi;
+       i++) {
+    size_t a = DT__MAX(pb, lo), e = DT__MIN(pe, hi);
+    if (a > at) memset(d + (at - lo), 0, (a - at) * sizeof(float));
+    float *o = d + (a - lo);
+    if (tr) {
+      memcpy(o, x + a, (e - a) * sizeof(float));
+      dt__optim_update_span(R->opt, o, R->grad, a, e);
+      for (size_t j = 0; j < e - a; j++) o[j] = o[j] - x[a + j];
+    } else {
+      for (size_t j = 0; j < e - a; j++) o[j] = x[a + j] - R->old[a + j];
+    }
+    any = 1;
+    at = e;
+  }
+  if (at < hi) memset(d + (at - lo), 0, (hi - at) * sizeof(float));
+  return any;
+}
+
+/* Forward/backward on the pulled copy and the checks. The update is made
+ * during the push, block by block (dt__async_fill; R->push_fill), or here
+ * whole into R->old when check_numerics must see all of it before anything
+ * is pushed. */
 static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
   dt__strategy_replica *R = &s->rep[r];
-  memcpy(R->old, R->data, s->fbytes);
+  for (int i = 0; i < s->nbufr; i++) /* the pulled statistics: their update is what the forward makes of them */
+    memcpy(R->old + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
   if (b->rows == 0 || R->skipped) return 1; /* an empty push: only the clock moves */
   if (!s->desc.check_numerics && !dt__strategy_own_grad_ok(s, r, b->step)) return R->skipped; /* compute checked */
   if (!dt__strategy_clip_own(s, r, dt_optim_get_options(R->opt)->clip_norm, "no update made")) return 0;
-  dt_result rc = dt_optim_update(R->opt, R->data, R->grad, 0, s->size);
+  dt_result rc = dt_optim_update(R->opt, R->data, R->grad, 0, 0); /* its checks (the params' layout) */
   if (rc != DTRAIN_OK) {
     dt__strategy_fail(s, r, rc, dt_last_error());
     return 0;
   }
-  dt_optim_advance(R->opt);
+  if (!s->desc.check_numerics) {
+    R->push_fill = 1;
+    return 1;
+  }
+  dt__async_fill_ctx c;
+  c.s = s;
+  c.r = r;
   float *d = R->old;
-  for (size_t i = 0; i < s->size; i++) d[i] = R->data[i] - d[i];
-  if (s->desc.check_numerics) {
-    size_t bad = dt__strategy_nonfinite(d, 0, s->size);
-    if (bad < s->size) {
-      char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "step %lld: update of '%s' is %s at flat index %zu; not pushed", (long long)b->step,
-               dt__strategy_param_at(s, bad), isnan(d[bad]) ? "NaN" : "Inf", bad);
-      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-      return 0;
-    }
+  unsigned long fp = dt__fp_enter();
+  for (size_t lo = 0; lo < s->size; lo += 2048) {
+    size_t hi = DT__MIN(s->size, lo + 2048);
+    dt__async_fill(&c, lo, hi, d + lo); /* in place: element j of R->old is read before it is written */
+  }
+  dt__fp_leave(fp);
+  dt_optim_advance(R->opt);
+  size_t bad = dt__strategy_nonfinite(d, 0, s->size);
+  if (bad < s->size) {
+    char what[DT__MSG_CAP];
+    snprintf(what, sizeof what, "step %lld: update of '%s' is %s at flat index %zu; not pushed", (long long)b->step,
+             dt__strategy_param_at(s, bad), isnan(d[bad]) ? "NaN" : "Inf", bad);
+    dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+    return 0;
   }
   *push = d;
   return 1;
@@ -22972,8 +23270,19 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     }
     if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
     const float *push = NULL;
+    R->push_fill = 0;
     if (!s->mod->local_step(s, r, &b, &push)) break;
-    rc = dt_pstore_push(s->pstore, r, t, push, s->size, &tk);
+    if (R->push_fill) { /* the update made block by block into the store */
+      dt__async_fill_ctx c;
+      c.s = s;
+      c.r = r;
+      unsigned long fp = dt__fp_enter();
+      rc = dt__pstore_push_blocks(s->pstore, r, t, dt__async_fill, &c, R->data, &tk);
+      dt__fp_leave(fp);
+      if (rc == DTRAIN_OK) dt_optim_advance(R->opt);
+    } else {
+      rc = dt_pstore_push(s->pstore, r, t, push, s->size, &tk);
+    }
     R->wait_s += tk.wait_s;
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);

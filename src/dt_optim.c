@@ -483,6 +483,26 @@ static dt_result dt__optim_check_layout(const dt_optim *o, const char *fn) {
   return DTRAIN_OK;
 }
 
+/* The trainable ranges within [begin, end): data[0] is element begin; grad
+ * and the state are indexed as the params. No checks, no FP mode. */
+static void dt__optim_update_ranges(dt_optim *o, const dt__optim_rule *rule, float *data, const float *grad,
+                                    size_t begin, size_t end) {
+  const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
+  size_t b, e;
+  int trainable, decay;
+  for (int i = dt__params_first_after(o->params, begin); dt__params_range(o->params, i, &b, &e, &trainable, &decay);
+       i++) {
+    if (b >= end) break;
+    if (!trainable) continue;
+    size_t lo = DT__MAX(b, begin), hi = DT__MIN(e, end);
+    if (lo >= hi) continue;
+    float wd = decay ? o->desc.weight_decay : 0.0f;
+    float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
+    float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
+    rule->update(o, lr, wd, data + (lo - begin), grad + lo, s0, s1, hi - lo);
+  }
+}
+
 DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad, size_t begin, size_t end) {
   if (!o) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_update: optimizer is NULL");
   dt_result r = dt__optim_check_layout(o, "dt_optim_update");
@@ -495,22 +515,17 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
   if (!rule)
     return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
-  const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
-  size_t b, e;
-  int trainable, decay;
   unsigned long fp = dt__fp_enter(); /* subnormal moments: dt_set_flush_denormals */
-  for (int i = 0; dt__params_range(o->params, i, &b, &e, &trainable, &decay); i++) {
-    if (!trainable) continue;
-    size_t lo = DT__MAX(b, begin), hi = DT__MIN(e, end);
-    if (lo >= hi) continue;
-    size_t n = hi - lo;
-    float wd = decay ? o->desc.weight_decay : 0.0f;
-    float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
-    float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
-    rule->update(o, lr, wd, data + lo, grad + lo, s0, s1, n);
-  }
+  dt__optim_update_ranges(o, rule, data + begin, grad, begin, end);
   dt__fp_leave(fp);
   return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE int dt__optim_update_span(dt_optim *o, float *data, const float *grad, size_t begin, size_t end) {
+  const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
+  if (!rule || begin > end || end > o->size) return 0;
+  dt__optim_update_ranges(o, rule, data, grad, begin, end);
+  return 1;
 }
 
 /* Clip (if set), update and advance over data/grad with the params' layout. */

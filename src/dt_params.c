@@ -267,6 +267,16 @@ DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin
   return 1;
 }
 
+DTRAIN_PRIVATE int dt__params_first_after(const dt_params *p, size_t pos) {
+  int lo = 0, hi = p ? p->count : 0; /* parameters are laid out in index order */
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    if (p->items[mid].offset + p->items[mid].size > pos) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
 DTRAIN_API int dt_params_find(const dt_params *p, const char *name) {
   if (!p || !name) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_params_find: %s is NULL", p ? "name" : "params");
   for (int i = 0; i < p->count; i++)

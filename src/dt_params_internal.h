@@ -16,6 +16,9 @@ DTRAIN_PRIVATE int dt__params_view(const dt_params *p, int index, size_t *offset
 /* Range [begin,end) of parameter `index` in the flat buffers; 0 past the end. */
 DTRAIN_PRIVATE int dt__params_range(const dt_params *p, int index, size_t *begin, size_t *end,
                                     int *trainable, int *decay);
+/* The first parameter whose range ends after flat index pos (the count when
+ * none does): where a walk over the ranges that meet [pos, ...) starts. */
+DTRAIN_PRIVATE int dt__params_first_after(const dt_params *p, size_t pos);
 /* dt_params_layout_hash's step for one parameter (start from DT__FNV64_OFFSET):
  * a layout hash of tensors that are not in a dt_params (checkpoint parts). */
 DTRAIN_PRIVATE uint64_t dt__layout_hash_add(uint64_t h, const char *name, int ndim, const int64_t *shape, int trainable);

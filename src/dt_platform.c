@@ -628,6 +628,100 @@ DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size
   for (; i < n; i++) dst[i] = a[i] + b[i];
 }
 
+/* ---- a shared vector's sweeps -------------------------------------------------------------
+ * dt__shared_load / dt__shared_add (dt_platform.h): the in-process
+ * parameter store's pull and its Hogwild push, over a vector other threads
+ * write at the same time. What they must give is what relaxed atomic
+ * accesses give: each element read or written whole, in no order. C11
+ * atomics give that one element per instruction; done so, a push of the MLP's
+ * 235k floats took a sixth of an async replica's step. A vector load or
+ * store of naturally aligned 4-byte elements is, on x86-64 and on AArch64,
+ * one single-copy-atomic access per element (never torn), so the vector
+ * loops below give the same per element, 4 or 8 elements an instruction.
+ * The C standard still calls them a data race: a ThreadSanitizer build (which
+ * checks the store's protocol) and a build without SIMD take the element-
+ * by-element atomic loops instead. The atomic update rule
+ * (DTRAIN_ASYNC_ATOMIC: compare-and-swap per element) does not come here. */
+#if defined(__SANITIZE_THREAD__)
+#  define DT__SHARED_ATOMIC_ONLY 1
+#elif defined(__has_feature)
+#  if __has_feature(thread_sanitizer)
+#    define DT__SHARED_ATOMIC_ONLY 1
+#  endif
+#endif
+
+#if defined(DT__PLATFORM_X86) && !defined(DT__SHARED_ATOMIC_ONLY)
+__attribute__((target("avx"))) static size_t dt__shared_load_avx(float *dst, const float *src, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 a = _mm256_loadu_ps(src + i), b = _mm256_loadu_ps(src + i + 8);
+    _mm256_storeu_ps(dst + i, a);
+    _mm256_storeu_ps(dst + i + 8, b);
+  }
+  return i;
+}
+
+__attribute__((target("avx"))) static size_t dt__shared_add_avx(float *x, const float *d, float scale, size_t n) {
+  const __m256 s = _mm256_set1_ps(scale), zero = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 dv = _mm256_loadu_ps(d + i);
+    __m256 keep = _mm256_cmp_ps(dv, zero, _CMP_NEQ_UQ); /* d != 0 (NaN too), as the scalar test */
+    if (_mm256_testz_ps(keep, keep)) continue; /* all zero: nothing written */
+    __m256 xv = _mm256_loadu_ps(x + i);
+    _mm256_storeu_ps(x + i, _mm256_blendv_ps(xv, _mm256_add_ps(xv, _mm256_mul_ps(dv, s)), keep));
+  }
+  return i;
+}
+#endif
+
+DTRAIN_PRIVATE void dt__shared_load(float *dst, dt__afloat *src, size_t n) {
+  size_t i = 0;
+#if !defined(DT__SHARED_ATOMIC_ONLY)
+  const float *p = (const float *)src;
+#  if defined(DT__PLATFORM_X86)
+  if (n >= 16 && __builtin_cpu_supports("avx")) i = dt__shared_load_avx(dst, p, n);
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_loadu_ps(p + i));
+#  elif defined(DT__PLATFORM_NEON)
+  for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vld1q_f32(p + i));
+#  endif
+  (void)p;
+#endif
+  for (; i < n; i++) dst[i] = dt__afloat_load(src + i);
+}
+
+DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, size_t n) {
+  size_t i = 0;
+#if !defined(DT__SHARED_ATOMIC_ONLY)
+  float *p = (float *)x;
+#  if defined(DT__PLATFORM_X86)
+  if (n >= 8 && __builtin_cpu_supports("avx")) i = dt__shared_add_avx(p, d, scale, n);
+  const __m128 s = _mm_set1_ps(scale), zero = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) {
+    __m128 dv = _mm_loadu_ps(d + i), keep = _mm_cmpneq_ps(dv, zero);
+    if (_mm_movemask_ps(keep) == 0) continue;
+    __m128 xv = _mm_loadu_ps(p + i), nv = _mm_add_ps(xv, _mm_mul_ps(dv, s));
+    _mm_storeu_ps(p + i, _mm_or_ps(_mm_and_ps(keep, nv), _mm_andnot_ps(keep, xv)));
+  }
+#  elif defined(DT__PLATFORM_NEON)
+  const float32x4_t s = vdupq_n_f32(scale);
+  for (; i + 4 <= n; i += 4) {
+    float32x4_t dv = vld1q_f32(d + i);
+    uint32x4_t keep = vmvnq_u32(vceqq_f32(dv, vdupq_n_f32(0.0f))); /* d != 0 (NaN too) */
+    if (vmaxvq_u32(keep) == 0) continue;
+    float32x4_t xv = vld1q_f32(p + i);
+    vst1q_f32(p + i, vbslq_f32(keep, vaddq_f32(xv, vmulq_f32(dv, s)), xv));
+  }
+#  endif
+  (void)p;
+#endif
+  for (; i < n; i++)
+    if (d[i] != 0.0f) dt__afloat_store(x + i, dt__afloat_load(x + i) + d[i] * scale);
+}
+
+#ifdef DT__SHARED_ATOMIC_ONLY
+#  undef DT__SHARED_ATOMIC_ONLY
+#endif
 #ifdef DT__PLATFORM_X86
 #  undef DT__PLATFORM_X86
 #endif

@@ -101,6 +101,17 @@ static DT__UNUSED inline void dt__afloat_add(dt__afloat *p, float v) {
   }
 }
 
+/* A shared vector's sweeps (the in-process parameter store, dt_pstore.c):
+ * dst[i] = src[i] for i < n, and x[i] = x[i] + d[i] * scale for each i < n
+ * with d[i] != 0 (a zero is not written), each element read and written
+ * whole, unordered, as the relaxed dt__afloat_load/_store do (Hogwild: an
+ * add racing another on the same element may lose one of the two). Vector
+ * loads and stores where the CPU makes each aligned element of one a single
+ * untorn access (x86-64, AArch64), element by element elsewhere, under
+ * DTRAIN_NO_SIMD and under ThreadSanitizer (see dt_platform.c). */
+DTRAIN_PRIVATE void dt__shared_load(float *dst, dt__afloat *src, size_t n);
+DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, size_t n);
+
 /* A hint to the CPU inside spin loops (lets the sibling hyper-thread run). */
 static DT__UNUSED inline void dt__cpu_relax(void) {
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))

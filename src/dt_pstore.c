@@ -23,6 +23,7 @@
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
 #include "dt_platform.h"
+#include "dt_strategy_impl.h"
 
 #if !defined(DTRAIN_NO_DIST) /* the whole file; the stubs at the end stand in without it */
 
@@ -35,6 +36,10 @@ typedef union dt__pstore_clock {
   struct {
     DT__ATOMIC(int64_t) pulled; /* pulls made (steps started) */
     DT__ATOMIC(int64_t) pushed; /* pushes made (steps finished) */
+    /* The worker's own: after dt__pstore_push_blocks copied the store into
+     * fresh_dst as it went, the version that copy is whole for (0: none). */
+    uint64_t fresh;
+    const float *fresh_dst;
   } c;
   char align[2 * DT__ALIGN];
 } dt__pstore_clock;
@@ -89,6 +94,15 @@ static double dt__pstore_wait_for(dt__pstore_local *l, int kind, int64_t need, u
   return dt__event_wait(&l->ev, dt__pstore_ready, &w, l->spin_s);
 }
 
+/* The blocks a worker's pull and push go through, starting at its own
+ * place (worker * blocks / workers) and wrapping: replicas that pull or
+ * push at the same time sweep different parts of the vector, so fewer
+ * cache lines move between cores mid-sweep and fewer Hogwild writes meet. */
+#define DT__PSTORE_BLOCK ((size_t)2048)
+static size_t dt__pstore_first_block(const dt__pstore_local *l, int worker, size_t blocks) {
+  return (size_t)((uint64_t)blocks * (uint64_t)worker / (uint64_t)l->ps.workers);
+}
+
 static dt_result dt__pstore_local_pull(dt_pstore *ps, int worker, int64_t clock, float *dst, size_t n,
                                        dt_pstore_ticket *tk) {
   dt__pstore_local *l = dt__pstore_of(ps);
@@ -100,45 +114,86 @@ static dt_result dt__pstore_local_pull(dt_pstore *ps, int worker, int64_t clock,
   tk->clock_gap = slowest >= DT__PSTORE_DONE ? 0 : DT__MAX(clock - slowest, (int64_t)0);
   /* Acquire: every update counted in the version is visible to the loads. */
   tk->version = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
+  dt__pstore_clock *me = &l->clocks[worker];
+  int fresh = me->c.fresh != 0 && me->c.fresh == tk->version && me->c.fresh_dst == dst;
+  me->c.fresh = 0;
+  me->c.fresh_dst = NULL;
+  if (fresh) { /* no push finished since this worker's push copied the store into dst */
+    DT__ASTORE(&me->c.pulled, clock + 1, DT__MO_SEQ_CST);
+    dt__event_notify(&l->ev);
+    return DTRAIN_OK;
+  }
   dt__afloat *src = (dt__afloat *)l->data;
-  for (size_t i = 0; i < n; i++) dst[i] = dt__afloat_load(src + i);
+  size_t blocks = (n + DT__PSTORE_BLOCK - 1) / DT__PSTORE_BLOCK, first = dt__pstore_first_block(l, worker, blocks);
+  for (size_t q = 0; q < blocks; q++) {
+    size_t lo = ((first + q) % blocks) * DT__PSTORE_BLOCK, hi = DT__MIN(n, lo + DT__PSTORE_BLOCK);
+    dt__shared_load(dst + lo, src + lo, hi - lo);
+  }
   DT__ASTORE(&l->clocks[worker].c.pulled, clock + 1, DT__MO_SEQ_CST);
   dt__event_notify(&l->ev);
   return DTRAIN_OK;
 }
 
-static dt_result dt__pstore_local_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
-                                       dt_pstore_ticket *tk) {
-  dt__pstore_local *l = dt__pstore_of(ps);
-  int k = ps->max_staleness;
+/* A push's waits (the staleness bound; in lock-step the worker's turn) and
+ * its staleness-aware scale; DTRAIN_ERR_ABORTED when the store broke. */
+static dt_result dt__pstore_local_enter(dt__pstore_local *l, int worker, int64_t clock, dt_pstore_ticket *tk,
+                                        float *scale) {
+  int k = l->ps.max_staleness;
   tk->wait_s = 0.0;
   if (k >= 0) tk->wait_s = dt__pstore_wait_for(l, 1, clock - k + 1, 0);
   /* Lock-step: the pushes of a round go in worker order (deterministic sums). */
   if (k == 0)
-    tk->wait_s += dt__pstore_wait_for(l, 2, 0, l->base + (uint64_t)clock * (uint64_t)ps->workers + (uint64_t)worker);
+    tk->wait_s +=
+        dt__pstore_wait_for(l, 2, 0, l->base + (uint64_t)clock * (uint64_t)l->ps.workers + (uint64_t)worker);
   if (DT__ALOAD(&l->aborted, DT__MO_ACQUIRE)) return DTRAIN_ERR_ABORTED;
-  dt__afloat *dst = (dt__afloat *)l->data;
   /* Staleness-aware: divided by 1 + the pushes others made since this
    * worker's pull (read now: pushes racing this one are not counted). */
-  float scale = 1.0f;
-  if (ps->staleness_lr) {
+  *scale = 1.0f;
+  if (l->ps.staleness_lr) {
     uint64_t now = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
-    if (now > tk->version) scale = (float)(1.0 / (1.0 + (double)(now - tk->version)));
+    if (now > tk->version) *scale = (float)(1.0 / (1.0 + (double)(now - tk->version)));
   }
-  if (delta) { /* x * 1.0f is x exactly: without the option nothing changes */
-    if (l->update == DTRAIN_ASYNC_ATOMIC) {
-      for (size_t i = 0; i < n; i++)
-        if (delta[i] != 0.0f) dt__afloat_add(dst + i, delta[i] * scale);
-    } else {
-      for (size_t i = 0; i < n; i++)
-        if (delta[i] != 0.0f) dt__afloat_store(dst + i, dt__afloat_load(dst + i) + delta[i] * scale);
-    }
+  return DTRAIN_OK;
+}
+
+/* Adds d[0..cnt) * scale into the store's elements [lo, lo+cnt) by the
+ * update rule; a zero is not written (x * 1.0f is x exactly: without the
+ * staleness option the scale changes nothing). */
+static void dt__pstore_apply(dt__pstore_local *l, size_t lo, const float *d, size_t cnt, float scale) {
+  dt__afloat *dst = (dt__afloat *)l->data + lo;
+  if (l->update == DTRAIN_ASYNC_ATOMIC) {
+    for (size_t i = 0; i < cnt; i++)
+      if (d[i] != 0.0f) dt__afloat_add(dst + i, d[i] * scale);
+  } else {
+    dt__shared_add(dst, d, scale, cnt);
   }
-  /* Release: a puller that sees this version sees these stores. */
+}
+
+/* After the adds: the version (release: a puller that sees it sees them),
+ * the staleness of this push, the worker's clock. */
+static uint64_t dt__pstore_local_exit(dt__pstore_local *l, int worker, int64_t clock, dt_pstore_ticket *tk) {
   uint64_t before = DT__AFETCH_ADD(&l->version, (uint64_t)1, DT__MO_SEQ_CST);
   tk->staleness = (int64_t)(before - tk->version);
+  l->clocks[worker].c.fresh = 0;
   DT__ASTORE(&l->clocks[worker].c.pushed, clock + 1, DT__MO_SEQ_CST);
   dt__event_notify(&l->ev);
+  return before;
+}
+
+static dt_result dt__pstore_local_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
+                                       dt_pstore_ticket *tk) {
+  dt__pstore_local *l = dt__pstore_of(ps);
+  float scale;
+  dt_result rc = dt__pstore_local_enter(l, worker, clock, tk, &scale);
+  if (rc != DTRAIN_OK) return rc;
+  if (delta) {
+    size_t blocks = (n + DT__PSTORE_BLOCK - 1) / DT__PSTORE_BLOCK, first = dt__pstore_first_block(l, worker, blocks);
+    for (size_t q = 0; q < blocks; q++) {
+      size_t lo = ((first + q) % blocks) * DT__PSTORE_BLOCK;
+      dt__pstore_apply(l, lo, delta + lo, DT__MIN(n - lo, DT__PSTORE_BLOCK), scale);
+    }
+  }
+  dt__pstore_local_exit(l, worker, clock, tk);
   return DTRAIN_OK;
 }
 
@@ -160,6 +215,8 @@ static dt_result dt__pstore_local_begin(dt_pstore *ps) {
   for (int j = 0; j < ps->workers; j++) {
     DT__ASTORE(&l->clocks[j].c.pulled, (int64_t)0, DT__MO_RELAXED);
     DT__ASTORE(&l->clocks[j].c.pushed, (int64_t)0, DT__MO_RELAXED);
+    l->clocks[j].c.fresh = 0;
+    l->clocks[j].c.fresh_dst = NULL;
   }
   l->base = DT__ALOAD(&l->version, DT__MO_RELAXED);
   DT__ASTORE(&l->aborted, 0, DT__MO_SEQ_CST);
@@ -188,6 +245,33 @@ static const dt_pstore_vtable dt__pstore_local_vtable = {
   dt__pstore_local_destroy,
   NULL /* take: no work queue in process */
 };
+
+DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
+                                                void *user, float *pull_into, dt_pstore_ticket *tk) {
+  if (!ps || ps->vtable != &dt__pstore_local_vtable || !fill || !tk || worker < 0 || worker >= ps->workers || clock < 0)
+    return dt__error(DTRAIN_ERR_INTERNAL, "dt__pstore_push_blocks: not a local store's push");
+  dt__pstore_local *l = dt__pstore_of(ps);
+  float scale, block[DT__PSTORE_BLOCK];
+  dt_result rc = dt__pstore_local_enter(l, worker, clock, tk, &scale);
+  if (rc != DTRAIN_OK) return rc;
+  /* Acquire: the pushes counted here are whole in the store, so in the copy. */
+  uint64_t start = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
+  size_t n = ps->size, blocks = (n + DT__PSTORE_BLOCK - 1) / DT__PSTORE_BLOCK,
+         first = dt__pstore_first_block(l, worker, blocks);
+  for (size_t q = 0; q < blocks; q++) {
+    size_t lo = ((first + q) % blocks) * DT__PSTORE_BLOCK, cnt = DT__MIN(n - lo, DT__PSTORE_BLOCK);
+    if (fill(user, lo, lo + cnt, block)) dt__pstore_apply(l, lo, block, cnt, scale);
+    if (pull_into) dt__shared_load(pull_into + lo, (dt__afloat *)l->data + lo, cnt);
+  }
+  uint64_t before = dt__pstore_local_exit(l, worker, clock, tk);
+  /* Whole for the version after this push only if no other push finished
+   * during the sweep (its later writes may have missed the copy). */
+  if (pull_into && before == start) {
+    l->clocks[worker].c.fresh = before + 1;
+    l->clocks[worker].c.fresh_dst = pull_into;
+  }
+  return DTRAIN_OK;
+}
 
 DTRAIN_API dt_pstore *dt_pstore_create_local(float *data, size_t n, int workers, int max_staleness,
                                              dt_async_update update, int spin_us) {
@@ -309,6 +393,7 @@ DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
 }
 
 #undef DT__PSTORE_DONE
+#undef DT__PSTORE_BLOCK
 
 #else /* DTRAIN_NO_DIST: every entry point says so */
 

@@ -5,11 +5,15 @@
  * ===========================================================================
  * A replica (dt__strategy_async_job) loops: take a ticket, get a batch, pull
  * from the store into its own copy, its own step (the module's local_step:
- * here forward/backward, its own optimizer step, the difference new - pulled
- * as the update), push. See "Async update rule" and "Staleness" in
+ * here forward/backward and the checks), push. The async module's push is
+ * made block by block: each block of the update (its own optimizer step on
+ * the pulled values, new - pulled) is computed and added to the store while
+ * it is in the cache, so no full-length copy of the old values or of the
+ * update is written (dt__pstore_push_blocks). See "Async update rule" and "Staleness" in
  * dt_strategy.h for the rules.
  */
 #include "dt_strategy_impl.h"
+#include "dt_optim_internal.h"
 
 DTRAIN_API dt_strategy_options dt_strategy_async(int replicas, int max_staleness) {
   return dt__strategy_desc(DTRAIN_STRATEGY_ASYNC, replicas, max_staleness);
@@ -45,33 +49,84 @@ static dt_result dt__async_replica(dt_strategy *s, int r) {
   return DTRAIN_OK;
 }
 
-/* Forward/backward on the pulled copy, the replica's own optimizer step,
- * and the difference to push. */
+/* The update of elements [lo, hi) into d (dt__pstore_fill_fn): the
+ * replica's optimizer step on a copy of its pulled values minus those
+ * values for the trainable parameters, what the forward made of the pulled
+ * values for the others (batch-norm statistics; R->old holds the pulled
+ * ones), 0 in the padding between parameters. The same floats as a step on
+ * the whole copy followed by new - pulled (the optimizer's arithmetic is
+ * element by element). */
+typedef struct dt__async_fill_ctx {
+  dt_strategy *s;
+  int r;
+} dt__async_fill_ctx;
+
+static int dt__async_fill(void *user, size_t lo, size_t hi, float *d) {
+  const dt__async_fill_ctx *c = (const dt__async_fill_ctx *)user;
+  dt_strategy *s = c->s;
+  dt__strategy_replica *R = &s->rep[c->r];
+  const float *x = R->data;
+  size_t pb, pe, at = lo;
+  int tr, dec, any = 0;
+  for (int i = dt__params_first_after(s->params, lo); dt__params_range(s->params, i, &pb, &pe, &tr, &dec) && pb < hi;
+       i++) {
+    size_t a = DT__MAX(pb, lo), e = DT__MIN(pe, hi);
+    if (a > at) memset(d + (at - lo), 0, (a - at) * sizeof(float));
+    float *o = d + (a - lo);
+    if (tr) {
+      memcpy(o, x + a, (e - a) * sizeof(float));
+      dt__optim_update_span(R->opt, o, R->grad, a, e);
+      for (size_t j = 0; j < e - a; j++) o[j] = o[j] - x[a + j];
+    } else {
+      for (size_t j = 0; j < e - a; j++) o[j] = x[a + j] - R->old[a + j];
+    }
+    any = 1;
+    at = e;
+  }
+  if (at < hi) memset(d + (at - lo), 0, (hi - at) * sizeof(float));
+  return any;
+}
+
+/* Forward/backward on the pulled copy and the checks. The update is made
+ * during the push, block by block (dt__async_fill; R->push_fill), or here
+ * whole into R->old when check_numerics must see all of it before anything
+ * is pushed. */
 static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
   dt__strategy_replica *R = &s->rep[r];
-  memcpy(R->old, R->data, s->fbytes);
+  for (int i = 0; i < s->nbufr; i++) /* the pulled statistics: their update is what the forward makes of them */
+    memcpy(R->old + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
   if (!dt__strategy_compute(s, r, b)) return 0;
   *push = NULL;
   if (b->rows == 0 || R->skipped) return 1; /* an empty push: only the clock moves */
   if (!s->desc.check_numerics && !dt__strategy_own_grad_ok(s, r, b->step)) return R->skipped; /* compute checked */
   if (!dt__strategy_clip_own(s, r, dt_optim_get_options(R->opt)->clip_norm, "no update made")) return 0;
-  dt_result rc = dt_optim_update(R->opt, R->data, R->grad, 0, s->size);
+  dt_result rc = dt_optim_update(R->opt, R->data, R->grad, 0, 0); /* its checks (the params' layout) */
   if (rc != DTRAIN_OK) {
     dt__strategy_fail(s, r, rc, dt_last_error());
     return 0;
   }
-  dt_optim_advance(R->opt);
+  if (!s->desc.check_numerics) {
+    R->push_fill = 1;
+    return 1;
+  }
+  dt__async_fill_ctx c;
+  c.s = s;
+  c.r = r;
   float *d = R->old;
-  for (size_t i = 0; i < s->size; i++) d[i] = R->data[i] - d[i];
-  if (s->desc.check_numerics) {
-    size_t bad = dt__strategy_nonfinite(d, 0, s->size);
-    if (bad < s->size) {
-      char what[DT__MSG_CAP];
-      snprintf(what, sizeof what, "step %lld: update of '%s' is %s at flat index %zu; not pushed", (long long)b->step,
-               dt__strategy_param_at(s, bad), isnan(d[bad]) ? "NaN" : "Inf", bad);
-      dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
-      return 0;
-    }
+  unsigned long fp = dt__fp_enter();
+  for (size_t lo = 0; lo < s->size; lo += 2048) {
+    size_t hi = DT__MIN(s->size, lo + 2048);
+    dt__async_fill(&c, lo, hi, d + lo); /* in place: element j of R->old is read before it is written */
+  }
+  dt__fp_leave(fp);
+  dt_optim_advance(R->opt);
+  size_t bad = dt__strategy_nonfinite(d, 0, s->size);
+  if (bad < s->size) {
+    char what[DT__MSG_CAP];
+    snprintf(what, sizeof what, "step %lld: update of '%s' is %s at flat index %zu; not pushed", (long long)b->step,
+             dt__strategy_param_at(s, bad), isnan(d[bad]) ? "NaN" : "Inf", bad);
+    dt__strategy_fail(s, r, DTRAIN_ERR_NONFINITE, what);
+    return 0;
   }
   *push = d;
   return 1;
@@ -133,8 +188,19 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     }
     if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
     const float *push = NULL;
+    R->push_fill = 0;
     if (!s->mod->local_step(s, r, &b, &push)) break;
-    rc = dt_pstore_push(s->pstore, r, t, push, s->size, &tk);
+    if (R->push_fill) { /* the update made block by block into the store */
+      dt__async_fill_ctx c;
+      c.s = s;
+      c.r = r;
+      unsigned long fp = dt__fp_enter();
+      rc = dt__pstore_push_blocks(s->pstore, r, t, dt__async_fill, &c, R->data, &tk);
+      dt__fp_leave(fp);
+      if (rc == DTRAIN_OK) dt_optim_advance(R->opt);
+    } else {
+      rc = dt_pstore_push(s->pstore, r, t, push, s->size, &tk);
+    }
     R->wait_s += tk.wait_s;
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);

@@ -49,6 +49,7 @@ typedef struct dt__strategy_replica {
   float *own_data, *own_grad, *old; /* allocated here (NULL when borrowed) */
   dt_optim *opt;           /* async: this replica's optimizer */
   int updating;            /* devices: this step reached the update */
+  int push_fill;           /* async: this step's update is made during the push (dt__pstore_push_blocks) */
   /* the current step */
   float loss;
   int64_t rows;
@@ -292,6 +293,21 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
 
 /* ---- the async family (dt_strategy_async.c) ----------------------------------------------- */
 #if !defined(DTRAIN_NO_DIST) /* compiled out with the kinds that use it */
+/* The in-process store's push made block by block (dt_pstore.c): after
+ * dt_pstore_push's waits, fill(user, lo, hi, d) writes the update of the
+ * elements [lo, hi) into d[0 .. hi-lo) (at most 2048 of them) and returns 1,
+ * or returns 0 for a block with nothing to add; each block goes into the
+ * store (by the update rule, zeros not written) while it is in the cache.
+ * The same push as dt_pstore_push of the whole vector of updates, without
+ * that vector. With pull_into, each block of the store is also copied there
+ * right after its add, and the worker's next dt_pstore_pull into the same
+ * buffer copies nothing when no other push finished since (during the sweep
+ * included): the pull that follows a push made by the push's sweep. The
+ * caller must leave pull_into as it is until that pull. DTRAIN_ERR_INTERNAL
+ * for a store that is not a local one. */
+typedef int (*dt__pstore_fill_fn)(void *user, size_t lo, size_t hi, float *d);
+DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
+                                                void *user, float *pull_into, dt_pstore_ticket *tk);
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);

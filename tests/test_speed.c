@@ -691,6 +691,45 @@ static void test_vec_add(void) {
   CHECK_MSG(bad == 0, "%d dt__vec_add cases differ from the plain loop", bad);
 }
 
+/* The parameter store's sweeps (dt__shared_load / dt__shared_add; vector
+ * loops on x86-64 and AArch64) against the element-by-element rule: lengths
+ * 0..80 and longer, misaligned starts, a zero update leaves the element's bits
+ * as they are (-0, NaN), a NaN update is written, scales 1 and 1/3, nothing
+ * past the end is touched. */
+static void test_shared_sweeps(void) {
+  th_seed(15);
+  enum { N = 1100 };
+  static float x0[N + 2], d[N + 2], got[N + 2], want[N + 2];
+  th_fill(x0, N + 2, -3, 3);
+  th_fill(d, N + 2, -1, 1);
+  for (size_t i = 0; i < N + 2; i += 3) d[i] = 0.0f; /* zeros: not written */
+  x0[6] = -0.0f;
+  x0[9] = NAN;
+  d[10] = NAN;
+  x0[11] = INFINITY;
+  d[12] = -0.0f;
+  x0[12] = -0.0f;
+  int bad = 0;
+  for (size_t off = 0; off < 2; off++) {
+    for (size_t n = 0; n <= N; n = n < 80 ? n + 1 : n + 255) {
+      for (int si = 0; si < 2; si++) {
+        float scale = si ? 1.0f / 3.0f : 1.0f;
+        memcpy(got, x0, sizeof got);
+        memcpy(want, x0, sizeof want);
+        for (size_t i = 0; i < n; i++)
+          if (d[off + i] != 0.0f) want[off + i] = want[off + i] + d[off + i] * scale;
+        dt__shared_add((dt__afloat *)(got + off), d + off, scale, n);
+        bad += memcmp(got, want, sizeof got) != 0; /* bits: -0 and NaN as they were, the end untouched */
+      }
+      float out[N + 1];
+      out[n] = 7.0f;
+      dt__shared_load(out, (dt__afloat *)(x0 + off), n);
+      bad += memcmp(out, x0 + off, n * sizeof(float)) != 0 || out[n] != 7.0f;
+    }
+  }
+  CHECK_MSG(bad == 0, "%d dt__shared_add/_load cases differ from the element-by-element loop", bad);
+}
+
 /* Two user threads multiply at once while a third changes the setting: one
  * of them gets the pool, the other runs alone, and both get the 1-thread
  * result (a TSan run checks the hand-over). */
@@ -1004,6 +1043,7 @@ int main(void) {
   RUN(test_par_run_parts);
   RUN(test_gemm_threads_bitwise);
   RUN(test_vec_add);
+  RUN(test_shared_sweeps);
   RUN(test_gemm_threads_concurrent);
   RUN(test_adam_threads_bitwise);
   RUN(test_conv_winograd_threads_bitwise);

@@ -1143,6 +1143,155 @@ static void test_batch_norm_buffers(void) {
   alarm(0);
 }
 
+/* ---- async's lean push ---------------------------------------------------------------- */
+static void lean_model(bn_model *m, int64_t width) {
+  m->P = dt_params_create(12);
+  dt_nn_linear_init(&m->l1, m->P, "l1", NF, width, 1);
+  dt_nn_batch_norm_init(&m->bn, m->P, "bn", width);
+  dt_nn_linear_init(&m->l2, m->P, "l2", width, NC, 1);
+}
+
+/* async pushes block by block (the replica's optimizer step on each block of
+ * its pulled copy, added to the store while in the cache, the next pull
+ * copied by the same sweep); check_numerics makes the whole update first.
+ * Both equal, bit for bit, the plain algorithm written out here: pull,
+ * forward/backward, the optimizer's step on the copy, store += new - pulled
+ * where that is not 0. A model of several 2048-float blocks with batch-norm
+ * statistics (pushed as what the forward made of them) and padding between
+ * parameters; Adam with L2 decay, AdamW, SGD with Nesterov momentum. */
+static void test_async_lean_push(void) {
+  watchdog(120);
+  enum { W = 600, K = 12, B = 24 };
+  for (int variant = 0; variant < 3; variant++) {
+    for (int numerics = 0; numerics < 2; numerics++) {
+      dt_optim_options od;
+      memset(&od, 0, sizeof od);
+      od.kind = variant == 0 ? DTRAIN_OPTIM_ADAM : variant == 1 ? DTRAIN_OPTIM_ADAMW : DTRAIN_OPTIM_SGD;
+      od.lr = 0.01f;
+      od.weight_decay = 0.05f;
+      od.momentum = variant == 2 ? 0.9f : 0.0f;
+      od.nesterov = variant == 2;
+      /* by hand */
+      bn_model h;
+      lean_model(&h, W);
+      size_t n = dt_params_size(h.P);
+      float *store = (float *)malloc(n * sizeof(float)), *old = (float *)malloc(n * sizeof(float));
+      memcpy(store, dt_params_data(h.P), n * sizeof(float));
+      dt_optim *ho = dt_optim_create(h.P, &od);
+      dt_graph *g = dt_graph_create(h.P, NULL);
+      int ok = 1;
+      for (int k = 0; k < K && ok; k++) {
+        float *x = dt_params_data(h.P);
+        memcpy(x, store, n * sizeof(float));
+        memcpy(old, store, n * sizeof(float));
+        dt_graph_reset(g);
+        dt_params_zero_grad(h.P);
+        dt_minibatch b = batch_at(k, B);
+        b.step = k;
+        ok = dt_backward(g, bn_step(g, 0, &b, &h)) == DTRAIN_OK && dt_optim_step(ho) == DTRAIN_OK;
+        for (size_t i = 0; i < n; i++) {
+          float d = x[i] - old[i];
+          if (d != 0.0f) store[i] = store[i] + d;
+        }
+      }
+      CHECK(ok);
+      /* the strategy */
+      bn_model m;
+      lean_model(&m, W);
+      dt_optim *o = dt_optim_create(m.P, &od);
+      dt_strategy_options sd = dt_strategy_async(1, DTRAIN_STALENESS_UNBOUNDED);
+      sd.check_numerics = numerics;
+      dt_strategy *s = dt_strategy_create(m.P, o, bn_step, &m, &sd);
+      CHECK(s != NULL);
+      for (int k = 0; s && k < K; k++) {
+        dt_minibatch b = batch_at(k, B);
+        CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+      }
+      CHECK(n > 4 * 2048);
+      CHECK_MSG(memcmp(dt_params_data(m.P), store, n * sizeof(float)) == 0,
+                "optimizer %d, check_numerics %d: async(1) differs from the plain algorithm (relative %g)", variant,
+                numerics, rel_err(dt_params_data(m.P), store, n));
+      dt_strategy_destroy(s);
+      dt_optim_destroy(o);
+      dt_params_destroy(m.P);
+      dt_graph_destroy(g);
+      dt_optim_destroy(ho);
+      dt_params_destroy(h.P);
+      free(store);
+      free(old);
+    }
+  }
+  alarm(0);
+}
+
+/* No update is lost with DTRAIN_ASYNC_ATOMIC through the block-by-block push:
+ * loss = sum(x @ W + b) with x all ones gives every parameter the gradient 1,
+ * so SGD with lr 1 from integer values makes every update exactly -1, and
+ * after P pushes from two free-running replicas every parameter is exactly
+ * -P. Hogwild may lose some: each parameter is then an integer in [-P, 0]. */
+typedef struct count_model {
+  dt_params *P;
+  dt_nn_linear lin;
+} count_model;
+
+static float count_ones[64];
+
+static dt_tensor *count_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  count_model *m = (count_model *)user;
+  (void)replica;
+  int64_t xs[2] = {b->rows, 64};
+  return dt_sum(g, dt_nn_linear_forward(g, &m->lin, dt_tensor_wrap(g, 2, xs, (float *)b->x)));
+}
+
+static dt_result count_next(void *user, int replica, int64_t step, dt_minibatch *out) {
+  (void)user; (void)replica; (void)step;
+  memset(out, 0, sizeof *out);
+  out->rows = 1;
+  out->x = count_ones;
+  out->x_cols = 64;
+  return DTRAIN_OK;
+}
+
+static void test_async_no_lost_update(void) {
+  watchdog(120);
+  for (int i = 0; i < 64; i++) count_ones[i] = 1.0f;
+  enum { STEPS = 400 };
+  for (int upd = 0; upd < 2; upd++) {
+    count_model m;
+    m.P = dt_params_create(13);
+    dt_nn_linear_init(&m.lin, m.P, "lin", 64, 40, 1); /* 2600 floats: two blocks */
+    size_t n = dt_params_size(m.P);
+    memset(dt_params_data(m.P), 0, n * sizeof(float));
+    dt_optim *o = make_opt(m.P, DTRAIN_OPTIM_SGD, 1.0f, 0.0f, 0.0f);
+    dt_strategy_options sd = dt_strategy_async(2, DTRAIN_STALENESS_UNBOUNDED);
+    sd.async_update = upd ? DTRAIN_ASYNC_ATOMIC : DTRAIN_ASYNC_HOGWILD;
+    dt_strategy *s = dt_strategy_create(m.P, o, count_step, &m, &sd);
+    CHECK(s && dt_strategy_run(s, STEPS, count_next, NULL, NULL) == DTRAIN_OK);
+    dt_strategy_stats st;
+    dt_strategy_stats_get(s, &st);
+    CHECK(st.steps == 2 * STEPS);
+    const float P = (float)(2 * STEPS);
+    int wrong = 0, outside = 0;
+    dt_param_info wi, bi;
+    dt_params_info(m.P, m.lin.w, &wi);
+    dt_params_info(m.P, m.lin.b, &bi);
+    for (int which = 0; which < 2; which++) {
+      const dt_param_info *pi = which ? &bi : &wi;
+      for (size_t i = 0; i < pi->size; i++) {
+        float v = dt_params_data(m.P)[pi->offset + i];
+        wrong += v != -P;
+        outside += !(v >= -P && v <= 0.0f && v == floorf(v));
+      }
+    }
+    if (upd) CHECK_MSG(wrong == 0, "atomic rule: %d of %zu parameters lost updates", wrong, wi.size + bi.size);
+    CHECK_MSG(outside == 0, "update rule %d: %d parameters not an integer in [-%g, 0]", upd, outside, (double)P);
+    dt_strategy_destroy(s);
+    dt_optim_destroy(o);
+    dt_params_destroy(m.P);
+  }
+  alarm(0);
+}
+
 /* dt_strategy_sync: mirrored replicas pick up parameters changed by hand. */
 static void test_sync_after_manual_change(void) {
   model m;
@@ -1524,6 +1673,8 @@ int main(void) {
   TH_RUN(test_desc_and_args);
   TH_RUN(test_loss_must_be_scalar);
   TH_RUN(test_batch_norm_buffers);
+  TH_RUN(test_async_lean_push);
+  TH_RUN(test_async_no_lost_update);
   TH_RUN(test_sync_after_manual_change);
   return th_summary("strategy");
 }

@@ -701,11 +701,86 @@ static void test_names_and_args(void) {
   dt_params_destroy(m.P);
 }
 
+/* ---- the in-process store's push made block by block (dt__pstore_push_blocks) ------------ */
+/* The fill: +1 everywhere; at the block starting at `inner_at` it first makes
+ * worker 1 push +10 everywhere (a push that finishes during worker 0's sweep). */
+typedef struct blocks_fill {
+  dt_pstore *ps;
+  size_t inner_at;
+  int calls;
+} blocks_fill;
+
+static int blocks_fill_fn(void *user, size_t lo, size_t hi, float *d) {
+  blocks_fill *f = (blocks_fill *)user;
+  f->calls++;
+  if (lo == f->inner_at) {
+    size_t n = f->ps->size;
+    float *ten = (float *)malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) ten[i] = 10.0f;
+    dt_pstore_ticket tk;
+    memset(&tk, 0, sizeof tk);
+    CHECK(dt_pstore_pull(f->ps, 1, 0, ten, n, &tk) == DTRAIN_OK);
+    for (size_t i = 0; i < n; i++) ten[i] = 10.0f;
+    CHECK(dt_pstore_push(f->ps, 1, 0, ten, n, &tk) == DTRAIN_OK);
+    free(ten);
+  }
+  for (size_t i = 0; i < hi - lo; i++) d[i] = 1.0f;
+  return 1;
+}
+
+/* The push copies the store into pull_into as it goes; the next pull into
+ * that buffer copies nothing only when no other push finished since the
+ * sweep began. Otherwise it copies: a push by another worker after the sweep,
+ * or one that finished during it (its adds to the blocks already copied are
+ * not in the copy), a pull into another buffer. */
+static void test_push_blocks(void) {
+  watchdog(60);
+  enum { N = 5000 }; /* three blocks */
+  static float store[N], mine[N];
+  for (int scene = 0; scene < 4; scene++) {
+    memset(store, 0, sizeof store);
+    dt_pstore *ps = dt_pstore_create_local(store, N, 2, DTRAIN_STALENESS_UNBOUNDED, DTRAIN_ASYNC_HOGWILD, 0);
+    CHECK(ps != NULL);
+    if (!ps) continue;
+    blocks_fill f;
+    f.ps = ps;
+    f.inner_at = scene == 2 ? 2048 * 2 : (size_t)-1; /* worker 0 starts at block 0: block 2 is its last */
+    f.calls = 0;
+    dt_pstore_ticket tk;
+    memset(&tk, 0, sizeof tk);
+    CHECK(dt_pstore_pull(ps, 0, 0, mine, N, &tk) == DTRAIN_OK);
+    CHECK(dt__pstore_push_blocks(ps, 0, 0, blocks_fill_fn, &f, mine, &tk) == DTRAIN_OK);
+    CHECK(f.calls == 3);
+    if (scene == 1) { /* worker 1 pushes +10 after the sweep */
+      float ten[N];
+      for (int i = 0; i < N; i++) ten[i] = 10.0f;
+      dt_pstore_ticket t1;
+      memset(&t1, 0, sizeof t1);
+      CHECK(dt_pstore_pull(ps, 1, 0, ten, N, &t1) == DTRAIN_OK);
+      for (int i = 0; i < N; i++) ten[i] = 10.0f;
+      CHECK(dt_pstore_push(ps, 1, 0, ten, N, &t1) == DTRAIN_OK);
+    }
+    float want = scene == 1 || scene == 2 ? 11.0f : 1.0f;
+    float other[N];
+    float *dst = scene == 3 ? other : mine; /* scene 3: another buffer */
+    if (scene == 3) memset(other, 0, sizeof other);
+    CHECK(dt_pstore_pull(ps, 0, 1, dst, N, &tk) == DTRAIN_OK);
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += dst[i] != want || store[i] != want;
+    CHECK_MSG(bad == 0, "scene %d: %d elements of the pull differ from the store's %g", scene, bad, (double)want);
+    dt_pstore_destroy(ps);
+  }
+  /* only a local store's */
+  CHECK(dt__pstore_push_blocks(NULL, 0, 0, blocks_fill_fn, NULL, NULL, NULL) == DTRAIN_ERR_INTERNAL);
+  alarm(0);
+}
+
 int main(void) {
   dt_set_logger(quiet_log, NULL, DTRAIN_LOG_ERROR);
   make_data();
   TH_RUN(test_params_hash);
   TH_RUN(test_names_and_args);
+  TH_RUN(test_push_blocks);
   unsigned f = dt_build_features();
   if (!(f & DTRAIN_FEATURE_THREADS) || !(f & DTRAIN_FEATURE_DIST)) {
     th_skip_item("multi-process tests", "%s",
