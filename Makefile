@@ -226,7 +226,8 @@ bench: $(BUILD)/bench/bench_core $(BUILD)/bench/bench_speed
 	sh bench/run_speed.sh $(BUILD)/bench/bench_speed $(BUILD)/bench/bench_speed_cblas
 
 # Strategy benchmarks (in-process all-reduce busbw against a minimal reference;
-# MLP samples/s under each strategy), run by `make bench` too.
+# MLP samples/s under each strategy; async against mirrored, with a straggler,
+# and the staleness-bound curve), run by `make bench` too.
 bench: bench-strategy bench-net
 # TCP collectives and multi-worker training vs OpenMPI (TCP), iperf3 and PyTorch DDP;
 # then every strategy over slow links (tbf-shaped veth and DTRAIN_NETEM), with DDP
@@ -241,9 +242,10 @@ bench-net: tools/dtrain-bench tools/dtrain-launch $(BUILD)/bench/bench_multiwork
 bench-gpu:
 	@if [ -n "$(CUDA_SKIP)" ]; then echo "bench-gpu: skipped ($(CUDA_SKIP))"; \
 	else $(MAKE) --no-print-directory $(BUILD)/bench/bench_gpu && BUILD=$(BUILD) sh bench/run_gpu.sh; fi
-bench-strategy: $(BUILD)/bench/bench_allreduce $(BUILD)/bench/bench_strategy
+bench-strategy: $(BUILD)/bench/bench_allreduce $(BUILD)/bench/bench_strategy $(BUILD)/bench/bench_async
 	$(BUILD)/bench/bench_allreduce
 	$(BUILD)/bench/bench_strategy
+	$(BUILD)/bench/bench_async
 # Link emulation (DTRAIN_NETEM) against the kernel's tbf shaper on a veth pair
 # between two network namespaces (root; skips without ip/tc).
 bench: bench-netem
