@@ -68,6 +68,10 @@ typedef struct dt__optim_rule {
    * beyond nslots) already offset to the range; wd is the weight decay of
    * this parameter (0 where decay is off). */
   void (*update)(const dt_optim *o, float lr, float wd, float *p, const float *g, float *s0, float *s1, size_t n);
+  /* Optional: d = the update of x minus x (the same floats as update on a
+   * copy of x, then the difference), x left as it is; NULL: done that way. */
+  void (*delta)(const dt_optim *o, float lr, float wd, const float *x, float *d, const float *g, float *s0, float *s1,
+                size_t n);
   dt_kernel kernel;              /* the device kernel (0: none) ... */
   void (*kernel_args)(const dt_optim *o, float lr, float wd, dt_kernel_args *a); /* ... and its scalars */
 } dt__optim_rule;
@@ -290,14 +294,15 @@ static void dt__optim_sgd(const dt_optim *o, float lr, float wd, float *DT__REST
 /* Elements [0, n - n%4) of the Adam update: dt__optim_adam_at four at a
  * time, operation by operation; returns how many it did. */
 static size_t dt__optim_adam_sse(float w1, float w2, float fb2, float eps, float bc2_sqrt, float step_size, float wd,
-                                 int decoupled, float shrink, float *DT__RESTRICT p, const float *DT__RESTRICT g,
-                                 float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
+                                 int decoupled, float shrink, float *p, const float *DT__RESTRICT g,
+                                 float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n, const float *x, int delta) {
   const __m128 vw1 = _mm_set1_ps(w1), vw2 = _mm_set1_ps(w2), vb2 = _mm_set1_ps(fb2), veps = _mm_set1_ps(eps);
   const __m128 vbc2 = _mm_set1_ps(bc2_sqrt), vstep = _mm_set1_ps(step_size), vwd = _mm_set1_ps(wd);
   const __m128 vshrink = _mm_set1_ps(shrink);
   size_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    __m128 d = _mm_loadu_ps(g + i), pv = _mm_loadu_ps(p + i), mv = _mm_loadu_ps(m + i), vv = _mm_loadu_ps(v + i);
+    __m128 d = _mm_loadu_ps(g + i), xv = _mm_loadu_ps(x + i), mv = _mm_loadu_ps(m + i), vv = _mm_loadu_ps(v + i);
+    __m128 pv = xv;
     if (wd != 0.0f) {
       if (decoupled) pv = _mm_mul_ps(pv, vshrink);
       else d = _mm_add_ps(d, _mm_mul_ps(vwd, pv));
@@ -308,7 +313,7 @@ static size_t dt__optim_adam_sse(float w1, float w2, float fb2, float eps, float
     pv = _mm_sub_ps(pv, _mm_mul_ps(vstep, _mm_div_ps(mv, denom)));
     _mm_storeu_ps(m + i, mv);
     _mm_storeu_ps(v + i, vv);
-    _mm_storeu_ps(p + i, pv);
+    _mm_storeu_ps(p + i, delta ? _mm_sub_ps(pv, xv) : pv);
   }
   return i;
 }
@@ -318,15 +323,16 @@ static size_t dt__optim_adam_sse(float w1, float w2, float fb2, float eps, float
 /* The same as dt__optim_adam_sse, 8 elements at a time. */
 __attribute__((target("avx"))) static size_t dt__optim_adam_avx(float w1, float w2, float fb2, float eps,
                                                                 float bc2_sqrt, float step_size, float wd,
-                                                                int decoupled, float shrink, float *DT__RESTRICT p,
+                                                                int decoupled, float shrink, float *p,
                                                                 const float *DT__RESTRICT g, float *DT__RESTRICT m,
-                                                                float *DT__RESTRICT v, size_t n) {
+                                                                float *DT__RESTRICT v, size_t n, const float *x,
+                                                                int delta) {
   const __m256 vw1 = _mm256_set1_ps(w1), vw2 = _mm256_set1_ps(w2), vb2 = _mm256_set1_ps(fb2);
   const __m256 veps = _mm256_set1_ps(eps), vbc2 = _mm256_set1_ps(bc2_sqrt), vstep = _mm256_set1_ps(step_size);
   const __m256 vwd = _mm256_set1_ps(wd), vshrink = _mm256_set1_ps(shrink);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m256 d = _mm256_loadu_ps(g + i), pv = _mm256_loadu_ps(p + i);
+    __m256 d = _mm256_loadu_ps(g + i), xv = _mm256_loadu_ps(x + i), pv = xv;
     __m256 mv = _mm256_loadu_ps(m + i), vv = _mm256_loadu_ps(v + i);
     if (wd != 0.0f) {
       if (decoupled) pv = _mm256_mul_ps(pv, vshrink);
@@ -338,27 +344,34 @@ __attribute__((target("avx"))) static size_t dt__optim_adam_avx(float w1, float 
     pv = _mm256_sub_ps(pv, _mm256_mul_ps(vstep, _mm256_div_ps(mv, denom)));
     _mm256_storeu_ps(m + i, mv);
     _mm256_storeu_ps(v + i, vv);
-    _mm256_storeu_ps(p + i, pv);
+    _mm256_storeu_ps(p + i, delta ? _mm256_sub_ps(pv, xv) : pv);
   }
   return i;
 }
 #endif
 
-static void dt__optim_adam_run(const dt_optim *o, float lr, float wd, int decoupled, float *DT__RESTRICT p,
-                               const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n) {
+/* p = the update of p (x == p), or, with delta, p = the update of x minus x
+ * (x and p apart: dt__optim_delta_span). */
+static void dt__optim_adam_run(const dt_optim *o, float lr, float wd, int decoupled, float *p,
+                               const float *DT__RESTRICT g, float *DT__RESTRICT m, float *DT__RESTRICT v, size_t n,
+                               const float *x, int delta) {
   const dt__optim_adam_k k = dt__optim_adam_scalars(o, lr, wd, decoupled);
   size_t i = 0;
 #ifdef DT__OPTIM_AVX
   if (__builtin_cpu_supports("avx"))
     i = dt__optim_adam_avx(k.w1, k.w2, k.beta2, k.eps, k.bc2_sqrt, k.step_size, wd, decoupled, k.shrink, p, g, m, v,
-                           n);
+                           n, x, delta);
 #endif
 #ifdef DT__OPTIM_SSE
   if (i == 0)
     i = dt__optim_adam_sse(k.w1, k.w2, k.beta2, k.eps, k.bc2_sqrt, k.step_size, wd, decoupled, k.shrink, p, g, m, v,
-                           n);
+                           n, x, delta);
 #endif
-  for (; i < n; i++) dt__optim_adam_at(k, p, g, m, v, i); /* the tail, or all without SIMD */
+  for (; i < n; i++) { /* the tail, or all without SIMD */
+    if (delta) p[i] = x[i];
+    dt__optim_adam_at(k, p, g, m, v, i);
+    if (delta) p[i] = p[i] - x[i];
+  }
 }
 
 /* Intra-op threads (dt_set_threads): a large buffer is cut into runs of
@@ -381,14 +394,15 @@ static void dt__optim_adam_part(void *arg, int part, int nparts) {
   size_t lo = blocks * (size_t)part / (size_t)nparts * 64, hi = blocks * (size_t)(part + 1) / (size_t)nparts * 64;
   if (hi > j->n) hi = j->n;
   if (lo < hi)
-    dt__optim_adam_run(j->o, j->lr, j->wd, j->decoupled, j->p + lo, j->g + lo, j->m + lo, j->v + lo, hi - lo);
+    dt__optim_adam_run(j->o, j->lr, j->wd, j->decoupled, j->p + lo, j->g + lo, j->m + lo, j->v + lo, hi - lo, j->p + lo,
+                       0);
 }
 
 static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled, float *p, const float *g, float *m,
                            float *v, size_t n) {
   int threads = n >= DT__OPTIM_PAR_MIN ? dt__par_threads() : 1;
   if (threads <= 1) {
-    dt__optim_adam_run(o, lr, wd, decoupled, p, g, m, v, n);
+    dt__optim_adam_run(o, lr, wd, decoupled, p, g, m, v, n, p, 0);
     return;
   }
   dt__optim_adam_job j;
@@ -422,6 +436,16 @@ static void dt__optim_adamw(const dt_optim *o, float lr, float wd, float *p, con
   dt__optim_adam(o, lr, wd, 1, p, g, m, v, n);
 }
 
+static void dt__optim_adam_l2_delta(const dt_optim *o, float lr, float wd, const float *x, float *d, const float *g,
+                                    float *m, float *v, size_t n) {
+  dt__optim_adam_run(o, lr, wd, 0, d, g, m, v, n, x, 1);
+}
+
+static void dt__optim_adamw_delta(const dt_optim *o, float lr, float wd, const float *x, float *d, const float *g,
+                                  float *m, float *v, size_t n) {
+  dt__optim_adam_run(o, lr, wd, 1, d, g, m, v, n, x, 1);
+}
+
 /* ---- device kernels' arguments (dt_kernel in dt_device.h): the scalars the host update uses, packed ---- */
 
 static void dt__optim_sgd_args(const dt_optim *o, float lr, float wd, dt_kernel_args *a) {
@@ -444,12 +468,13 @@ static void dt__optim_rmsprop_args(const dt_optim *o, float lr, float wd, dt_ker
  * a device kernel is optional (without one, dt_optim_step_graph on a device
  * graph fails with DTRAIN_ERR_UNSUPPORTED). */
 static const dt__optim_rule dt__optim_rules[] = {
-  {DTRAIN_OPTIM_SGD, "sgd", {"momentum_buffer", NULL}, 0.01f, 0, 1, dt__optim_sgd, DTRAIN_K_SGD, dt__optim_sgd_args},
-  {DTRAIN_OPTIM_ADAM, "adam", {"exp_avg", "exp_avg_sq"}, 0.001f, 2, 0, dt__optim_adam_l2, DTRAIN_K_ADAM,
-   dt__optim_adam_args},
-  {DTRAIN_OPTIM_ADAMW, "adamw", {"exp_avg", "exp_avg_sq"}, 0.001f, 2, 0, dt__optim_adamw, DTRAIN_K_ADAM,
-   dt__optim_adam_args},
-  {DTRAIN_OPTIM_RMSPROP, "rmsprop", {"square_avg", "momentum_buffer"}, 0.001f, 1, 1, dt__optim_rmsprop,
+  {DTRAIN_OPTIM_SGD, "sgd", {"momentum_buffer", NULL}, 0.01f, 0, 1, dt__optim_sgd, NULL, DTRAIN_K_SGD,
+   dt__optim_sgd_args},
+  {DTRAIN_OPTIM_ADAM, "adam", {"exp_avg", "exp_avg_sq"}, 0.001f, 2, 0, dt__optim_adam_l2, dt__optim_adam_l2_delta,
+   DTRAIN_K_ADAM, dt__optim_adam_args},
+  {DTRAIN_OPTIM_ADAMW, "adamw", {"exp_avg", "exp_avg_sq"}, 0.001f, 2, 0, dt__optim_adamw, dt__optim_adamw_delta,
+   DTRAIN_K_ADAM, dt__optim_adam_args},
+  {DTRAIN_OPTIM_RMSPROP, "rmsprop", {"square_avg", "momentum_buffer"}, 0.001f, 1, 1, dt__optim_rmsprop, NULL,
    DTRAIN_K_RMSPROP, dt__optim_rmsprop_args},
 };
 
@@ -521,10 +546,32 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
   return DTRAIN_OK;
 }
 
-DTRAIN_PRIVATE int dt__optim_update_span(dt_optim *o, float *data, const float *grad, size_t begin, size_t end) {
+DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, const float *grad, size_t begin,
+                                        size_t end) {
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
   if (!rule || begin > end || end > o->size) return 0;
-  dt__optim_update_ranges(o, rule, data, grad, begin, end);
+  const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
+  size_t b, e;
+  int trainable, decay;
+  for (int i = dt__params_first_after(o->params, begin); dt__params_range(o->params, i, &b, &e, &trainable, &decay);
+       i++) {
+    if (b >= end) break;
+    if (!trainable) continue;
+    size_t lo = DT__MAX(b, begin), hi = DT__MIN(e, end), n = hi - lo;
+    if (lo >= hi) continue;
+    float wd = decay ? o->desc.weight_decay : 0.0f;
+    float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
+    float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
+    const float *xi = x + (lo - begin);
+    float *di = d + (lo - begin);
+    if (rule->delta) {
+      rule->delta(o, lr, wd, xi, di, grad + lo, s0, s1, n);
+    } else {
+      memcpy(di, xi, n * sizeof(float));
+      rule->update(o, lr, wd, di, grad + lo, s0, s1, n);
+      for (size_t j = 0; j < n; j++) di[j] = di[j] - xi[j];
+    }
+  }
   return 1;
 }
 

@@ -19,14 +19,18 @@ DTRAIN_PRIVATE const char *dt__optim_kind_name(dt_optim_kind kind);
  * optimizer of this kind ("momentum_buffer", "exp_avg", "exp_avg_sq",
  * "square_avg"); NULL where the kind has no such slot. */
 DTRAIN_PRIVATE const char *dt__optim_slot_name(dt_optim_kind kind, int slot);
-/* One step's update of the trainable elements in [begin, end) (of the
- * params' flat layout) on a block of values: data[0] is element begin; grad
- * and the optimizer's state are indexed as the params. The same arithmetic as
- * dt_optim_update, so a vector updated block by block equals one updated
- * whole, bit for bit. Without dt_optim_update's checks or its floating-point
+/* One step of the optimizer as a difference, on a block of values:
+ * d[j] = (x[j] after the update) - x[j] for the trainable elements in
+ * [begin, end) of the params' flat layout, where x[0] and d[0] are element
+ * begin; grad and the optimizer's state are indexed as the params; the state
+ * is updated, x is not, d's other elements are not written. The same floats
+ * as dt_optim_update on a copy of x minus x (the arithmetic is element by
+ * element, so blocks give what the whole vector gives); Adam and AdamW make
+ * them in one pass. Without dt_optim_update's checks or its floating-point
  * mode: the caller checked the layout (dt_optim_update of an empty range
  * does) and holds dt__fp_enter. Returns 0 (nothing done) for a range outside
  * the params. Does not advance the step count (dt_optim_advance). */
-DTRAIN_PRIVATE int dt__optim_update_span(dt_optim *o, float *data, const float *grad, size_t begin, size_t end);
+DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, const float *grad, size_t begin,
+                                        size_t end);
 
 #endif /* DTRAIN_OPTIM_INTERNAL_H */

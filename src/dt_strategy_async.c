@@ -74,9 +74,7 @@ static int dt__async_fill(void *user, size_t lo, size_t hi, float *d) {
     if (a > at) memset(d + (at - lo), 0, (a - at) * sizeof(float));
     float *o = d + (a - lo);
     if (tr) {
-      memcpy(o, x + a, (e - a) * sizeof(float));
-      dt__optim_update_span(R->opt, o, R->grad, a, e);
-      for (size_t j = 0; j < e - a; j++) o[j] = o[j] - x[a + j];
+      dt__optim_delta_span(R->opt, x + a, o, R->grad, a, e);
     } else {
       for (size_t j = 0; j < e - a; j++) o[j] = x[a + j] - R->old[a + j];
     }

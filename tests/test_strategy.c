@@ -1158,18 +1158,20 @@ static void lean_model(bn_model *m, int64_t width) {
  * forward/backward, the optimizer's step on the copy, store += new - pulled
  * where that is not 0. A model of several 2048-float blocks with batch-norm
  * statistics (pushed as what the forward made of them) and padding between
- * parameters; Adam with L2 decay, AdamW, SGD with Nesterov momentum. */
+ * parameters; Adam with L2 decay, AdamW, SGD with Nesterov momentum, RMSprop
+ * with momentum. */
 static void test_async_lean_push(void) {
   watchdog(120);
   enum { W = 600, K = 12, B = 24 };
-  for (int variant = 0; variant < 3; variant++) {
+  for (int variant = 0; variant < 4; variant++) {
     for (int numerics = 0; numerics < 2; numerics++) {
       dt_optim_options od;
       memset(&od, 0, sizeof od);
-      od.kind = variant == 0 ? DTRAIN_OPTIM_ADAM : variant == 1 ? DTRAIN_OPTIM_ADAMW : DTRAIN_OPTIM_SGD;
+      const dt_optim_kind kinds[4] = {DTRAIN_OPTIM_ADAM, DTRAIN_OPTIM_ADAMW, DTRAIN_OPTIM_SGD, DTRAIN_OPTIM_RMSPROP};
+      od.kind = kinds[variant];
       od.lr = 0.01f;
       od.weight_decay = 0.05f;
-      od.momentum = variant == 2 ? 0.9f : 0.0f;
+      od.momentum = variant >= 2 ? 0.9f : 0.0f;
       od.nesterov = variant == 2;
       /* by hand */
       bn_model h;
