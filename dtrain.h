@@ -2231,18 +2231,23 @@ DTRAIN_EXTERN_C_END
  * dt_strategy_step the same number of times.
  *
  * Async update rule. Each replica pulls the parameters into its own copy
- * with relaxed atomic loads (no lock; a version number says how fresh),
- * runs forward/backward, applies the optimizer to its copy with its own
- * optimizer state (a clone of the given optimizer), and pushes the
- * difference (new - pulled) into the store. The default push,
- * DTRAIN_ASYNC_HOGWILD, is Hogwild's unsynchronised per-element update done
- * with relaxed atomic loads and stores: no lock, no read-modify-write
- * instruction, but two replicas writing the same element at the same instant
- * may lose one of the two additions -- rare (replicas sweep the buffer at
- * different places) and harmless for SGD, as the Hogwild paper shows; atomic
- * (not plain) accesses keep it free of undefined behaviour and clean under
- * ThreadSanitizer. DTRAIN_ASYNC_ATOMIC adds with a compare-and-swap loop per
- * element: no update is ever lost, at several times the cost of the push.
+ * (no lock; a version number says how fresh), runs forward/backward, and
+ * pushes the difference its own optimizer step makes (new - pulled; its own
+ * optimizer state, a clone of the given optimizer) into the store. The push
+ * makes that difference block by block and adds each block at once (no
+ * full-length copy; the next pull is copied by the same sweep when no other
+ * push finished meanwhile); the floats are those of the step made whole. The
+ * default push, DTRAIN_ASYNC_HOGWILD, is Hogwild's unsynchronised
+ * per-element update: each element read and written whole, in no order, no
+ * lock, no read-modify-write instruction; two replicas writing the same
+ * element at the same instant may lose one of the two additions -- rare
+ * (each replica starts its sweep at its own place in the vector) and
+ * harmless for SGD, as the Hogwild paper shows. Pull and push are vector
+ * loops on x86-64 and AArch64 (each aligned element of a vector access is
+ * one untorn access there, as a relaxed atomic one is) and relaxed C11
+ * atomic loops elsewhere, under DTRAIN_NO_SIMD and under ThreadSanitizer.
+ * DTRAIN_ASYNC_ATOMIC adds with a compare-and-swap loop per element: no
+ * update is ever lost, at several times the cost of the push.
  *
  * Staleness. max_staleness k is bounded staleness (SSP) on step clocks: a
  * replica starts (pulls for) its step t only after every replica finished
@@ -2451,7 +2456,7 @@ typedef enum dt_loss_reduction {
 } dt_loss_reduction;
 
 typedef enum dt_async_update {
-  DTRAIN_ASYNC_HOGWILD = 0, /* relaxed atomic load + store per element (default) */
+  DTRAIN_ASYNC_HOGWILD = 0, /* an untorn load + store per element, no lock (default) */
   DTRAIN_ASYNC_ATOMIC       /* compare-and-swap add per element: no lost update */
 } dt_async_update;
 
