@@ -508,10 +508,12 @@ static dt_result dt__optim_check_layout(const dt_optim *o, const char *fn) {
   return DTRAIN_OK;
 }
 
-/* The trainable ranges within [begin, end): data[0] is element begin; grad
- * and the state are indexed as the params. No checks, no FP mode. */
-static void dt__optim_update_ranges(dt_optim *o, const dt__optim_rule *rule, float *data, const float *grad,
-                                    size_t begin, size_t end) {
+/* The update of the trainable ranges within [begin, end): in place on data
+ * (x NULL), or as differences into data from the values x (see
+ * dt__optim_delta_span). data[0] and x[0] are element begin; grad and the
+ * state are indexed as the params. No checks, no FP mode. */
+static void dt__optim_ranges(dt_optim *o, const dt__optim_rule *rule, const float *x, float *data, const float *grad,
+                             size_t begin, size_t end) {
   const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
   size_t b, e;
   int trainable, decay;
@@ -519,12 +521,24 @@ static void dt__optim_update_ranges(dt_optim *o, const dt__optim_rule *rule, flo
        i++) {
     if (b >= end) break;
     if (!trainable) continue;
-    size_t lo = DT__MAX(b, begin), hi = DT__MIN(e, end);
+    size_t lo = DT__MAX(b, begin), hi = DT__MIN(e, end), n = hi - lo;
     if (lo >= hi) continue;
     float wd = decay ? o->desc.weight_decay : 0.0f;
     float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
     float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
-    rule->update(o, lr, wd, data + (lo - begin), grad + lo, s0, s1, hi - lo);
+    float *di = data + (lo - begin);
+    if (!x) {
+      rule->update(o, lr, wd, di, grad + lo, s0, s1, n);
+      continue;
+    }
+    const float *xi = x + (lo - begin);
+    if (rule->delta) {
+      rule->delta(o, lr, wd, xi, di, grad + lo, s0, s1, n);
+    } else {
+      memcpy(di, xi, n * sizeof(float));
+      rule->update(o, lr, wd, di, grad + lo, s0, s1, n);
+      for (size_t j = 0; j < n; j++) di[j] = di[j] - xi[j];
+    }
   }
 }
 
@@ -541,7 +555,7 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
   if (!rule)
     return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
   unsigned long fp = dt__fp_enter(); /* subnormal moments: dt_set_flush_denormals */
-  dt__optim_update_ranges(o, rule, data + begin, grad, begin, end);
+  dt__optim_ranges(o, rule, NULL, data + begin, grad, begin, end);
   dt__fp_leave(fp);
   return DTRAIN_OK;
 }
@@ -549,29 +563,8 @@ DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad
 DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, const float *grad, size_t begin,
                                         size_t end) {
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
-  if (!rule || begin > end || end > o->size) return 0;
-  const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
-  size_t b, e;
-  int trainable, decay;
-  for (int i = dt__params_first_after(o->params, begin); dt__params_range(o->params, i, &b, &e, &trainable, &decay);
-       i++) {
-    if (b >= end) break;
-    if (!trainable) continue;
-    size_t lo = DT__MAX(b, begin), hi = DT__MIN(e, end), n = hi - lo;
-    if (lo >= hi) continue;
-    float wd = decay ? o->desc.weight_decay : 0.0f;
-    float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
-    float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
-    const float *xi = x + (lo - begin);
-    float *di = d + (lo - begin);
-    if (rule->delta) {
-      rule->delta(o, lr, wd, xi, di, grad + lo, s0, s1, n);
-    } else {
-      memcpy(di, xi, n * sizeof(float));
-      rule->update(o, lr, wd, di, grad + lo, s0, s1, n);
-      for (size_t j = 0; j < n; j++) di[j] = di[j] - xi[j];
-    }
-  }
+  if (!rule || !x || begin > end || end > o->size) return 0;
+  dt__optim_ranges(o, rule, x, d, grad, begin, end);
   return 1;
 }
 
