@@ -702,6 +702,7 @@ static void test_names_and_args(void) {
 }
 
 /* ---- the in-process store's push made block by block (dt__pstore_push_blocks) ------------ */
+#if !defined(DTRAIN_NO_DIST) /* the store is compiled out with it; two workers need threads (main) */
 /* The fill: +1 everywhere; at the block starting at `inner_at` it first makes
  * worker 1 push +10 everywhere (a push that finishes during worker 0's sweep). */
 typedef struct blocks_fill {
@@ -774,19 +775,22 @@ static void test_push_blocks(void) {
   CHECK(dt__pstore_push_blocks(NULL, 0, 0, blocks_fill_fn, NULL, NULL, NULL) == DTRAIN_ERR_INTERNAL);
   alarm(0);
 }
+#endif /* DTRAIN_NO_DIST */
 
 int main(void) {
   dt_set_logger(quiet_log, NULL, DTRAIN_LOG_ERROR);
   make_data();
   TH_RUN(test_params_hash);
   TH_RUN(test_names_and_args);
-  TH_RUN(test_push_blocks);
   unsigned f = dt_build_features();
   if (!(f & DTRAIN_FEATURE_THREADS) || !(f & DTRAIN_FEATURE_DIST)) {
     th_skip_item("multi-process tests", "%s",
                  (f & DTRAIN_FEATURE_THREADS) ? "compiled out (DTRAIN_NO_DIST)" : "built without threads");
     return th_summary("strategy_multi");
   }
+#if !defined(DTRAIN_NO_DIST)
+  TH_RUN(test_push_blocks);
+#endif
   TH_RUN(test_equals_mirrored);
   TH_RUN(test_repeats_bitwise);
   TH_RUN(test_uneven_local_batches);
