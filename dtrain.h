@@ -21264,7 +21264,7 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
 #if !defined(DTRAIN_NO_DIST) /* compiled out with the kinds that use it */
 /* The in-process store's push made block by block (dt_pstore.c): after
  * dt_pstore_push's waits, fill(user, lo, hi, d) writes the update of the
- * elements [lo, hi) into d[0 .. hi-lo) (at most 2048 of them) and returns 1,
+ * elements [lo, hi) into d[0 .. hi-lo) (at most DT__PSTORE_BLOCK of them) and returns 1,
  * or returns 0 for a block with nothing to add; each block goes into the
  * store (by the update rule, zeros not written) while it is in the cache.
  * The same push as dt_pstore_push of the whole vector of updates, without
@@ -21274,6 +21274,7 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
  * included): the pull that follows a push made by the push's sweep. The
  * caller must leave pull_into as it is until that pull. DTRAIN_ERR_INTERNAL
  * for a store that is not a local one. */
+#define DT__PSTORE_BLOCK ((size_t)2048) /* floats: the block of a pull's and a push's sweep */
 typedef int (*dt__pstore_fill_fn)(void *user, size_t lo, size_t hi, float *d);
 DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
                                                 void *user, float *pull_into, dt_pstore_ticket *tk);
@@ -21516,7 +21517,6 @@ static double dt__pstore_wait_for(dt__pstore_local *l, int kind, int64_t need, u
  * place (worker * blocks / workers) and wrapping: replicas that pull or
  * push at the same time sweep different parts of the vector, so fewer
  * cache lines move between cores mid-sweep and fewer Hogwild writes meet. */
-#define DT__PSTORE_BLOCK ((size_t)2048)
 static size_t dt__pstore_first_block(const dt__pstore_local *l, int worker, size_t blocks) {
   return (size_t)((uint64_t)blocks * (uint64_t)worker / (uint64_t)l->ps.workers);
 }
@@ -21811,7 +21811,6 @@ DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
 }
 
 #undef DT__PSTORE_DONE
-#undef DT__PSTORE_BLOCK
 
 #else /* DTRAIN_NO_DIST: every entry point says so */
 
@@ -23181,8 +23180,9 @@ static dt_result dt__async_replica(dt_strategy *s, int r) {
 }
 
 /* The update of elements [lo, hi) into d (dt__pstore_fill_fn): the
- * replica's optimizer step on a copy of its pulled values minus those
- * values for the trainable parameters, what the forward made of the pulled
+ * replica's optimizer step on its pulled values minus those values
+ * (dt__optim_delta_span; the pulled values are not changed) for the
+ * trainable parameters, what the forward made of the pulled
  * values for the others (batch-norm statistics; R->old holds the pulled
  * ones), 0 in the padding between parameters. The same floats as a step on
  * the whole copy followed by new - pulled (the optimizer's arithmetic is
@@ -23243,8 +23243,8 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
   c.r = r;
   float *d = R->old;
   unsigned long fp = dt__fp_enter();
-  for (size_t lo = 0; lo < s->size; lo += 2048) {
-    size_t hi = DT__MIN(s->size, lo + 2048);
+  for (size_t lo = 0; lo < s->size; lo += DT__PSTORE_BLOCK) {
+    size_t hi = DT__MIN(s->size, lo + DT__PSTORE_BLOCK);
     dt__async_fill(&c, lo, hi, d + lo); /* in place: element j of R->old is read before it is written */
   }
   dt__fp_leave(fp);

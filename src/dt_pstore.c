@@ -98,7 +98,6 @@ static double dt__pstore_wait_for(dt__pstore_local *l, int kind, int64_t need, u
  * place (worker * blocks / workers) and wrapping: replicas that pull or
  * push at the same time sweep different parts of the vector, so fewer
  * cache lines move between cores mid-sweep and fewer Hogwild writes meet. */
-#define DT__PSTORE_BLOCK ((size_t)2048)
 static size_t dt__pstore_first_block(const dt__pstore_local *l, int worker, size_t blocks) {
   return (size_t)((uint64_t)blocks * (uint64_t)worker / (uint64_t)l->ps.workers);
 }
@@ -393,7 +392,6 @@ DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
 }
 
 #undef DT__PSTORE_DONE
-#undef DT__PSTORE_BLOCK
 
 #else /* DTRAIN_NO_DIST: every entry point says so */
 

@@ -50,8 +50,9 @@ static dt_result dt__async_replica(dt_strategy *s, int r) {
 }
 
 /* The update of elements [lo, hi) into d (dt__pstore_fill_fn): the
- * replica's optimizer step on a copy of its pulled values minus those
- * values for the trainable parameters, what the forward made of the pulled
+ * replica's optimizer step on its pulled values minus those values
+ * (dt__optim_delta_span; the pulled values are not changed) for the
+ * trainable parameters, what the forward made of the pulled
  * values for the others (batch-norm statistics; R->old holds the pulled
  * ones), 0 in the padding between parameters. The same floats as a step on
  * the whole copy followed by new - pulled (the optimizer's arithmetic is
@@ -112,8 +113,8 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
   c.r = r;
   float *d = R->old;
   unsigned long fp = dt__fp_enter();
-  for (size_t lo = 0; lo < s->size; lo += 2048) {
-    size_t hi = DT__MIN(s->size, lo + 2048);
+  for (size_t lo = 0; lo < s->size; lo += DT__PSTORE_BLOCK) {
+    size_t hi = DT__MIN(s->size, lo + DT__PSTORE_BLOCK);
     dt__async_fill(&c, lo, hi, d + lo); /* in place: element j of R->old is read before it is written */
   }
   dt__fp_leave(fp);

@@ -295,7 +295,7 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
 #if !defined(DTRAIN_NO_DIST) /* compiled out with the kinds that use it */
 /* The in-process store's push made block by block (dt_pstore.c): after
  * dt_pstore_push's waits, fill(user, lo, hi, d) writes the update of the
- * elements [lo, hi) into d[0 .. hi-lo) (at most 2048 of them) and returns 1,
+ * elements [lo, hi) into d[0 .. hi-lo) (at most DT__PSTORE_BLOCK of them) and returns 1,
  * or returns 0 for a block with nothing to add; each block goes into the
  * store (by the update rule, zeros not written) while it is in the cache.
  * The same push as dt_pstore_push of the whole vector of updates, without
@@ -305,6 +305,7 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
  * included): the pull that follows a push made by the push's sweep. The
  * caller must leave pull_into as it is until that pull. DTRAIN_ERR_INTERNAL
  * for a store that is not a local one. */
+#define DT__PSTORE_BLOCK ((size_t)2048) /* floats: the block of a pull's and a push's sweep */
 typedef int (*dt__pstore_fill_fn)(void *user, size_t lo, size_t hi, float *d);
 DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
                                                 void *user, float *pull_into, dt_pstore_ticket *tk);
