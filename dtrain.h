@@ -4656,6 +4656,11 @@ DTRAIN_PRIVATE const char *dt__optim_slot_name(dt_optim_kind kind, int slot);
 DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, const float *grad, size_t begin,
                                         size_t end);
 
+/* dt_optim_update (its checks, its floating-point mode) with the gradient
+ * of [begin, end) at g: g[0] is element begin's (a received frame's floats,
+ * used where they lie). */
+DTRAIN_PRIVATE dt_result dt__optim_update_from(dt_optim *o, float *data, const float *g, size_t begin, size_t end);
+
 #endif /* DTRAIN_OPTIM_INTERNAL_H */
 /* ======== end dt_optim_internal.h ======== */
 
@@ -12358,9 +12363,9 @@ static dt_result dt__optim_check_layout(const dt_optim *o, const char *fn) {
 
 /* The update of the trainable ranges within [begin, end): in place on data
  * (x NULL), or as differences into data from the values x (see
- * dt__optim_delta_span). data[0] and x[0] are element begin; grad and the
- * state are indexed as the params. No checks, no FP mode. */
-static void dt__optim_ranges(dt_optim *o, const dt__optim_rule *rule, const float *x, float *data, const float *grad,
+ * dt__optim_delta_span). data[0], x[0] and g[0] are element begin; the
+ * state is indexed as the params. No checks, no FP mode. */
+static void dt__optim_ranges(dt_optim *o, const dt__optim_rule *rule, const float *x, float *data, const float *g,
                              size_t begin, size_t end) {
   const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
   size_t b, e;
@@ -12375,44 +12380,56 @@ static void dt__optim_ranges(dt_optim *o, const dt__optim_rule *rule, const floa
     float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
     float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
     float *di = data + (lo - begin);
+    const float *gi = g + (lo - begin);
     if (!x) {
-      rule->update(o, lr, wd, di, grad + lo, s0, s1, n);
+      rule->update(o, lr, wd, di, gi, s0, s1, n);
       continue;
     }
     const float *xi = x + (lo - begin);
     if (rule->delta) {
-      rule->delta(o, lr, wd, xi, di, grad + lo, s0, s1, n);
+      rule->delta(o, lr, wd, xi, di, gi, s0, s1, n);
     } else {
       memcpy(di, xi, n * sizeof(float));
-      rule->update(o, lr, wd, di, grad + lo, s0, s1, n);
+      rule->update(o, lr, wd, di, gi, s0, s1, n);
       for (size_t j = 0; j < n; j++) di[j] = di[j] - xi[j];
     }
   }
 }
 
-DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad, size_t begin, size_t end) {
+/* dt_optim_update's and dt__optim_update_from's common part: g is the
+ * gradient as the params index it (from 0), or at element begin (from_begin). */
+static dt_result dt__optim_update_at(dt_optim *o, float *data, const float *g, int from_begin, size_t begin,
+                                     size_t end) {
   if (!o) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_update: optimizer is NULL");
   dt_result r = dt__optim_check_layout(o, "dt_optim_update");
   if (r != DTRAIN_OK) return r;
   if (begin > end || end > o->size)
     return dt__error(DTRAIN_ERR_INDEX, "dt_optim_update: range [%zu,%zu) outside [0,%zu)", begin, end, o->size);
   if (begin == end) return DTRAIN_OK;
-  if (!data || !grad)
+  if (!data || !g)
     return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_update: %s is NULL", !data ? "data" : "grad");
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
   if (!rule)
     return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
   unsigned long fp = dt__fp_enter(); /* subnormal moments: dt_set_flush_denormals */
-  dt__optim_ranges(o, rule, NULL, data + begin, grad, begin, end);
+  dt__optim_ranges(o, rule, NULL, data + begin, from_begin ? g : g + begin, begin, end);
   dt__fp_leave(fp);
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad, size_t begin, size_t end) {
+  return dt__optim_update_at(o, data, grad, 0, begin, end);
+}
+
+DTRAIN_PRIVATE dt_result dt__optim_update_from(dt_optim *o, float *data, const float *g, size_t begin, size_t end) {
+  return dt__optim_update_at(o, data, g, 1, begin, end);
 }
 
 DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, const float *grad, size_t begin,
                                         size_t end) {
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
   if (!rule || !x || begin > end || end > o->size) return 0;
-  dt__optim_ranges(o, rule, x, d, grad, begin, end);
+  dt__optim_ranges(o, rule, x, d, grad + begin, begin, end);
   return 1;
 }
 
@@ -21019,6 +21036,8 @@ typedef struct dt__strategy_replica {
   dt_optim *opt;           /* async: this replica's optimizer */
   int updating;            /* devices: this step reached the update */
   int push_fill;           /* async: this step's update is made during the push (dt__pstore_push_blocks) */
+  int bufs_in_grad;        /* parameter_server: the push vector is grad with the buffers' values in their
+                              places; zeroed there after the push */
   /* the current step */
   float loss;
   int64_t rows;
@@ -21278,6 +21297,16 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
 typedef int (*dt__pstore_fill_fn)(void *user, size_t lo, size_t hi, float *d);
 DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
                                                 void *user, float *pull_into, dt_pstore_ticket *tk);
+/* The async family's replica loop (dt_strategy_async.c) and its parts:
+ * replica r's batch for its step t (the ticket or the servers' work item,
+ * the batch function's batch, b's fields; 0: stop, the job is over or
+ * failed); a push's statistics (staleness, steps, samples, loss); the
+ * buffers' values taken out of the gradient after a parameter_server push
+ * (R->bufs_in_grad). */
+DTRAIN_PRIVATE int dt__strategy_async_batch(dt_strategy *s, int r, int64_t t, dt_minibatch *b);
+DTRAIN_PRIVATE void dt__strategy_async_count(dt_strategy *s, int r, int64_t rows, int skipped, float loss,
+                                             const dt_pstore_ticket *tk);
+DTRAIN_PRIVATE void dt__strategy_bufs_out_of_grad(dt_strategy *s, int r);
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);
@@ -23261,52 +23290,78 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
   return 1;
 }
 
-DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
+DTRAIN_PRIVATE int dt__strategy_async_batch(dt_strategy *s, int r, int64_t t, dt_minibatch *b) {
   dt__strategy_replica *R = &s->rep[r];
   const int lockstep = s->desc.max_staleness == 0 || s->batch != NULL;
-  R->result = DTRAIN_OK;
   char what[DT__MSG_CAP];
+  if (dt__strategy_failed(s)) {
+    if (R->result == DTRAIN_OK) R->result = DTRAIN_ERR_ABORTED;
+    return 0;
+  }
+  int64_t ticket;
+  if (lockstep) {
+    if (t >= s->job_steps) return 0;
+    ticket = t * s->n + r;
+  } else {
+    ticket = DT__AFETCH_ADD(&s->ticket, (int64_t)1, DT__MO_RELAXED);
+    if (ticket >= s->job_steps) return 0;
+  }
+  int64_t id = s->ticket_base + ticket; /* the batch function's ticket */
+  if (s->desc.work_queue && !s->batch) { /* the servers' queue says which (see dt_pstore_take) */
+    dt_result rc = dt_pstore_take(s->pstore, r, &id);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      return 0;
+    }
+    if (id < 0) return 0; /* every item is done */
+  }
+  if (s->batch) {
+    dt__strategy_shard(s->batch, s->n, r, b);
+  } else {
+    memset(b, 0, sizeof *b);
+    dt_result rc = s->next(s->next_user, r, id, b);
+    if (rc == DTRAIN_OK) rc = dt__strategy_check_batch(b, "dt_strategy_run");
+    if (rc != DTRAIN_OK) {
+      snprintf(what, sizeof what, "the batch function failed for step %lld (%s)", (long long)id, dt_result_name(rc));
+      dt__strategy_fail(s, r, rc, what);
+      return 0;
+    }
+    b->first = 0;
+    b->global_rows = b->rows;
+  }
+  b->step = id;
+  b->replica_step = t;
+  b->weight = 1.0f;
+  return 1;
+}
+
+DTRAIN_PRIVATE void dt__strategy_async_count(dt_strategy *s, int r, int64_t rows, int skipped, float loss,
+                                             const dt_pstore_ticket *tk) {
+  dt__strategy_replica *R = &s->rep[r];
+  int64_t st = tk->staleness < 0 ? 0 : tk->staleness;
+  R->hist[DT__MIN(st, (int64_t)DTRAIN_STALENESS_BINS - 1)]++;
+  R->stale_sum += st;
+  if (st > R->stale_max) R->stale_max = st;
+  R->steps++;
+  if (skipped) { /* skip_nonfinite: the push was empty */
+    R->skips++;
+    return;
+  }
+  R->samples += rows;
+  if (rows > 0) {
+    R->loss_sum += loss;
+    R->loss_count++;
+    R->last_loss = loss;
+    R->last_time = dt__now();
+  }
+}
+
+DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  R->result = DTRAIN_OK;
   for (int64_t t = 0;; t++) {
-    if (dt__strategy_failed(s)) {
-      if (R->result == DTRAIN_OK) R->result = DTRAIN_ERR_ABORTED;
-      break;
-    }
-    int64_t ticket;
-    if (lockstep) {
-      if (t >= s->job_steps) break;
-      ticket = t * s->n + r;
-    } else {
-      ticket = DT__AFETCH_ADD(&s->ticket, (int64_t)1, DT__MO_RELAXED);
-      if (ticket >= s->job_steps) break;
-    }
-    int64_t id = s->ticket_base + ticket; /* the batch function's ticket */
-    if (s->desc.work_queue && !s->batch) { /* the servers' queue says which (see dt_pstore_take) */
-      dt_result rc = dt_pstore_take(s->pstore, r, &id);
-      if (rc != DTRAIN_OK) {
-        dt__strategy_comm_failed(s, r, rc);
-        break;
-      }
-      if (id < 0) break; /* every item is done */
-    }
     dt_minibatch b;
-    if (s->batch) {
-      dt__strategy_shard(s->batch, s->n, r, &b);
-    } else {
-      memset(&b, 0, sizeof b);
-      dt_result rc = s->next(s->next_user, r, id, &b);
-      if (rc == DTRAIN_OK) rc = dt__strategy_check_batch(&b, "dt_strategy_run");
-      if (rc != DTRAIN_OK) {
-        snprintf(what, sizeof what, "the batch function failed for step %lld (%s)", (long long)id,
-                 dt_result_name(rc));
-        dt__strategy_fail(s, r, rc, what);
-        break;
-      }
-      b.first = 0;
-      b.global_rows = b.rows;
-    }
-    b.step = id;
-    b.replica_step = t;
-    b.weight = 1.0f;
+    if (!dt__strategy_async_batch(s, r, t, &b)) break;
     dt_pstore_ticket tk;
     memset(&tk, 0, sizeof tk);
     dt_result rc = dt_pstore_pull(s->pstore, r, t, R->data, s->size, &tk);
@@ -23330,29 +23385,23 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     } else {
       rc = dt_pstore_push(s->pstore, r, t, push, s->size, &tk);
     }
+    dt__strategy_bufs_out_of_grad(s, r);
     R->wait_s += tk.wait_s;
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
       break;
     }
-    int64_t st = tk.staleness < 0 ? 0 : tk.staleness;
-    R->hist[DT__MIN(st, (int64_t)DTRAIN_STALENESS_BINS - 1)]++;
-    R->stale_sum += st;
-    if (st > R->stale_max) R->stale_max = st;
-    R->steps++;
-    if (R->skipped) { /* skip_nonfinite: the push was empty */
-      R->skips++;
-      continue;
-    }
-    R->samples += b.rows;
-    if (b.rows > 0) {
-      R->loss_sum += R->loss;
-      R->loss_count++;
-      R->last_loss = R->loss;
-      R->last_time = dt__now();
-    }
+    dt__strategy_async_count(s, r, b.rows, R->skipped, R->loss, &tk);
   }
   if (s->own_pstore) dt_pstore_leave(s->pstore, r); /* a borrowed store is left by its user (dt_pstore_leave) */
+}
+
+DTRAIN_PRIVATE void dt__strategy_bufs_out_of_grad(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  if (!R->bufs_in_grad) return;
+  for (int i = 0; i < s->nbufr; i++) /* the gradient buffer as it was: zeros where no gradient flows */
+    memset(R->grad + s->bufr[2 * i], 0, (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
+  R->bufs_in_grad = 0;
 }
 
 /* One job in which the replicas run free: steps * N pushes in all (steps
@@ -23471,16 +23520,14 @@ static dt_result dt__ps_create(dt_strategy *s) {
   return DTRAIN_OK;
 }
 
-/* Pulls go into the params' data; R->old holds the vector to push. */
-static dt_result dt__ps_replica(dt_strategy *s, int r) {
-  dt_result rc = dt__strategy_bind(s, r, 0, r > 0, NULL);
-  if (rc != DTRAIN_OK) return rc;
-  if (!(s->rep[r].old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
-  return DTRAIN_OK;
-}
+/* Pulls go into the params' data; the push goes from the gradient buffer. */
+static dt_result dt__ps_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, 0, r > 0, NULL); }
 
-/* Forward/backward, then the push vector in R->old: the clipped gradient
- * (clip_norm of the optimizer given to dt_strategy_create), buffers' values. */
+/* Forward/backward, then the push vector: the replica's gradient buffer,
+ * the clipped gradient (clip_norm of the optimizer given to
+ * dt_strategy_create) with the buffers' values written into the buffers'
+ * places (no gradient flows there; the replica loop zeroes them again after
+ * the push: R->bufs_in_grad). No copy of the whole vector. */
 static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
   dt__strategy_replica *R = &s->rep[r];
   if (!dt__strategy_compute(s, r, b)) return 0;
@@ -23488,10 +23535,10 @@ static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const
   if (b->rows == 0 || R->skipped) return 1; /* an empty push: only the clock moves */
   if (!s->desc.check_numerics && !dt__strategy_own_grad_ok(s, r, b->step)) return R->skipped; /* compute checked */
   if (!dt__strategy_clip_own(s, r, dt_optim_get_options(s->opt)->clip_norm, "nothing pushed")) return 0;
-  memcpy(R->old, R->grad, s->fbytes);
   for (int i = 0; i < s->nbufr; i++)
-    memcpy(R->old + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
-  *push = R->old;
+    memcpy(R->grad + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
+  R->bufs_in_grad = s->nbufr > 0;
+  *push = R->grad;
   return 1;
 }
 
@@ -28727,6 +28774,7 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
 #  include <poll.h>
 #  include <sys/socket.h>
 #  include <sys/types.h>
+#  include <sys/uio.h>
 #  ifdef MSG_NOSIGNAL /* send flags of every send(): a closed peer is an error, not a SIGPIPE */
 #    define DT__NET_SEND_FLAGS MSG_NOSIGNAL
 #  else
@@ -28792,6 +28840,9 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
 /* Wait for one connection; *fd gets it, addr (may be NULL) the peer's "host:port". */
 DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd, char *addr, size_t cap);
 DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double deadline);
+/* Writes iov[0..n) in order (gathered, DT__NET_IOV_MAX pieces a call); consumes iov. */
+#define DT__NET_IOV_MAX 64
+DTRAIN_PRIVATE dt_result dt__net_writev(int fd, struct iovec *iov, int n, double deadline);
 DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline);
 /* The same, but when nothing has arrived it polls the socket (yielding the
  * CPU between tries) for up to spin_s seconds before sleeping in poll(). */
@@ -28830,6 +28881,11 @@ DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t se
  * errors: "worker 0: allreduce #12: send to worker 1 (127.0.0.1:7001): connection reset". */
 DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *payload, uint32_t n, double deadline,
                                        const char *op);
+/* The same for a data frame (type >= DT__MSG_DATA0, whose checksum covers
+ * the header only) whose payload is parts[0..nparts) in order, sent from
+ * where they lie (no copy); scratch has room for nparts + 1 entries. */
+DTRAIN_PRIVATE dt_result dt__conn_sendv(dt__conn *c, uint16_t type, const struct iovec *parts, int nparts,
+                                        struct iovec *scratch, double deadline, const char *op);
 /* Receive one frame's header (checked: sequence number, sender when known)
  * into *f. ABORT and REFUSE frames are read whole and turned into
  * DTRAIN_ERR_PEER / the refusal's code with the peer's reason. Then the
@@ -28839,6 +28895,13 @@ DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigne
                                               const char *op);
 DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
                                                void *buf, double deadline, const char *op);
+/* The payload of the frame whose header dt__conn_recv_header read, into
+ * parts[0..nparts) in order (their lengths add up to f->length): read where
+ * it goes, no copy; checked as dt__conn_recv_payload checks it. A failure
+ * may leave the parts partly written. */
+DTRAIN_PRIVATE dt_result dt__conn_recv_payloadv(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                                const struct iovec *parts, int nparts, double deadline,
+                                                const char *op);
 /* The same checks without reading or waiting, for a caller that receives a
  * frame piecewise as its socket allows (the parameter server's loop): a
  * whole header (the checks of dt__conn_recv_header; an ABORT or REFUSE
@@ -30057,6 +30120,40 @@ DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double d
   return DTRAIN_OK;
 }
 
+/* iov[0..n) in order, as few sendmsg calls as the socket allows (at most
+ * DT__NET_IOV_MAX pieces a call); iov is consumed (its entries advance). */
+DTRAIN_PRIVATE dt_result dt__net_writev(int fd, struct iovec *iov, int n, double deadline) {
+  int at = 0;
+  for (;;) {
+    while (at < n && iov[at].iov_len == 0) at++;
+    if (at == n) return DTRAIN_OK;
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = iov + at;
+    mh.msg_iovlen = (size_t)DT__MIN(n - at, DT__NET_IOV_MAX);
+    ssize_t k = dt__sock_sendmsg(fd, &mh, DT__NET_SEND_FLAGS);
+    if (k > 0) {
+      size_t left = (size_t)k;
+      while (left > 0) { /* past the pieces sent whole, into the one sent in part */
+        size_t t = DT__MIN(left, iov[at].iov_len);
+        iov[at].iov_base = (unsigned char *)iov[at].iov_base + t;
+        iov[at].iov_len -= t;
+        left -= t;
+        if (iov[at].iov_len == 0) at++;
+      }
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      int w = dt__net_wait(fd, POLLOUT, deadline);
+      if (w == 0) return dt__error(DTRAIN_ERR_TIMEOUT, "send timed out (the peer stopped reading)");
+      if (w < 0) return dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+      continue;
+    }
+    return dt__error(DTRAIN_ERR_PEER, "send failed: %s", k < 0 ? strerror(errno) : "connection closed");
+  }
+}
+
 DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline) {
   return dt__net_read_spin(fd, p, n, deadline, 0.0);
 }
@@ -30190,6 +30287,24 @@ DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *p
   return DTRAIN_OK;
 }
 
+DTRAIN_PRIVATE dt_result dt__conn_sendv(dt__conn *c, uint16_t type, const struct iovec *parts, int nparts,
+                                        struct iovec *scratch, double deadline, const char *op) {
+  size_t n = 0;
+  for (int i = 0; i < nparts; i++) n += parts[i].iov_len;
+  if (type < DT__MSG_DATA0 || n > c->max_payload) /* control frames checksum their payload: dt__conn_send */
+    return dt__error(DTRAIN_ERR_INTERNAL, "%s: a gathered frame of type 0x%02x and %zu bytes", op ? op : "tcp",
+                     (unsigned)type, n);
+  unsigned char h[DT__NET_HDR];
+  dt__frame_pack(h, type, c->job, c->self_id, c->send_seq, NULL, (uint32_t)n);
+  scratch[0].iov_base = h;
+  scratch[0].iov_len = DT__NET_HDR;
+  memcpy(scratch + 1, parts, (size_t)nparts * sizeof *parts);
+  dt_result rc = dt__net_writev(c->fd, scratch, nparts + 1, deadline);
+  if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "send to");
+  c->send_seq++;
+  return DTRAIN_OK;
+}
+
 /* An ABORT or REFUSE frame's payload (u32 code, then text; f->length <=
  * DT__NET_NOTICE_MAX, checked with the header) as the peer's error. */
 static dt_result dt__conn_notice(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
@@ -30287,6 +30402,28 @@ DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, 
   dt_result rc = dt__net_read(c->fd, buf, f->length, deadline);
   if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
   return dt__conn_check_payload(c, f, h, buf, op);
+}
+
+DTRAIN_PRIVATE dt_result dt__conn_recv_payloadv(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                                const struct iovec *parts, int nparts, double deadline,
+                                                const char *op) {
+  size_t n = 0;
+  for (int i = 0; i < nparts; i++) n += parts[i].iov_len;
+  if (n != f->length || f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE)
+    return dt__error(DTRAIN_ERR_INTERNAL, "%s: %zu bytes of places for a frame of type 0x%02x and %u bytes",
+                     op ? op : "tcp", n, (unsigned)f->type, (unsigned)f->length);
+  uint32_t crc = dt__crc32c(0, h, 36);
+  for (int i = 0; i < nparts; i++) {
+    dt_result rc = dt__net_read(c->fd, parts[i].iov_base, parts[i].iov_len, deadline);
+    if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
+    if (f->flags & DT__NET_F_PAYLOAD_CRC) crc = dt__crc32c(crc, parts[i].iov_base, parts[i].iov_len);
+  }
+  if (crc != f->checksum) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "checksum mismatch in a frame of type %u", (unsigned)f->type);
+    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
+  }
+  c->recv_seq++;
+  return DTRAIN_OK;
 }
 
 DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, uint32_t cap, uint32_t *len,
@@ -33760,6 +33897,7 @@ typedef struct dt__ps_server {
   size_t ckpt_bytes;
   float *before;            /* staleness_lr: a parameter's values before its update (shard floats) */
   size_t zcap;              /* the largest compressed push (dt__ps_pushz_cap) */
+  struct iovec *iov;        /* np + 1: a PARAMS frame's pieces, sent from where they lie (dt__ps_queue) */
   float *zscratch;          /* PowerSGD's factors while a push is decoded */
   size_t zscratch_cap;
   char ckpt_path[1024];
@@ -34456,6 +34594,7 @@ DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
 /* #include "dt_tensor_internal.h" (amalgamated) */
 /* #include "dt_ops_internal.h" (amalgamated) */
 /* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_optim_internal.h" (amalgamated) */
 /* #include "dt_ps_core.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_NET)
@@ -34580,10 +34719,67 @@ static int dt__ps_commit(dt__ps_server *S, int i, uint16_t type, uint32_t len) {
   return dt__ps_flush(S, i);
 }
 
+/* A frame of the fixed part and the shard's floats in full, with nothing
+ * queued before it for worker i (little-endian host): sent from where the
+ * floats lie, as much as the socket takes now; the rest, and only the rest,
+ * is copied into the worker's output for dt__ps_flush (the values as they
+ * are now: a later push may change full). 0 when the worker was lost. */
+static int dt__ps_send_floats(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
+                              const float *full, uint32_t len) {
+  dt__ps_worker *w = &S->w[i];
+  unsigned char *h = w->tx;
+  w->tx_off = w->tx_len = 0;
+  if (fixn) memcpy(h + DT__NET_HDR, fix, fixn);
+  dt__frame_pack(h, type, w->conn.job, w->conn.self_id, w->conn.send_seq, NULL, len); /* a data frame: header-only check */
+  w->conn.send_seq++;
+  w->last_sent = dt__now();
+  int n = 0;
+  S->iov[n].iov_base = h;
+  S->iov[n++].iov_len = DT__NET_HDR + fixn;
+  size_t b, e;
+  int tr, dec;
+  for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
+    if (S->owner[p] != S->me || e == b) continue;
+    S->iov[n].iov_base = (void *)(uintptr_t)(full + b);
+    S->iov[n++].iov_len = (e - b) * sizeof(float);
+  }
+  int at = 0;
+  while (at < n) {
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = S->iov + at;
+    mh.msg_iovlen = (size_t)DT__MIN(n - at, DT__NET_IOV_MAX);
+    ssize_t k = dt__sock_sendmsg(w->conn.fd, &mh, DT__NET_SEND_FLAGS);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (k <= 0) {
+      char why[160];
+      snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? strerror(errno) : "connection closed");
+      dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
+      return 0;
+    }
+    for (size_t left = (size_t)k; left > 0;) { /* past what went */
+      size_t t = DT__MIN(left, S->iov[at].iov_len);
+      S->iov[at].iov_base = (unsigned char *)S->iov[at].iov_base + t;
+      S->iov[at].iov_len -= t;
+      left -= t;
+      if (S->iov[at].iov_len == 0) at++;
+    }
+  }
+  for (; at < n; at++) { /* what did not go: into the output, in order (the header's rest moves to the front) */
+    memmove(w->tx + w->tx_len, S->iov[at].iov_base, S->iov[at].iov_len);
+    w->tx_len += S->iov[at].iov_len;
+  }
+  return 1;
+}
+
 /* Queue one frame for worker i: the fixed part, then the shard's floats gathered from full (if any). */
 static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
                         const float *full) {
   uint32_t len = fixn + (full ? (uint32_t)(S->shard * 4) : 0u);
+  dt__ps_worker *w = &S->w[i];
+  if (full && DT__HOST_LE && w->tx_off == w->tx_len && DT__NET_HDR + (size_t)len <= w->tx_cap)
+    return dt__ps_send_floats(S, i, type, fix, fixn, full, len);
   unsigned char *pl = dt__ps_reserve(S, i, len);
   if (!pl) return 0;
   if (fixn) memcpy(pl, fix, fixn);
@@ -34672,9 +34868,13 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
       if (S->owner[p] != S->me) continue;
       if (tr) {
-        if (!w->pend_z) dt__get_f32le(grad + b, in + 4 * off, e - b);
+        /* A float push's gradient is used where it lies in the frame on a little-endian host (rx is
+         * from dt__alloc, its floats 4-byte aligned); else its bytes are read into grad first. */
+        const float *g = grad + b;
+        if (!w->pend_z && DT__HOST_LE) g = (const float *)(const void *)(in + 4 * off);
+        else if (!w->pend_z) dt__get_f32le(grad + b, in + 4 * off, e - b);
         if (scale != 1.0f) memcpy(S->before, data + b, (e - b) * sizeof(float));
-        if (dt_optim_update(S->opt, data, grad, b, e) != DTRAIN_OK) return -1;
+        if (dt__optim_update_from(S->opt, data, g, b, e) != DTRAIN_OK) return -1;
         if (scale != 1.0f)
           for (size_t i = b; i < e; i++) data[i] = S->before[i - b] + (data[i] - S->before[i - b]) * scale;
       } else if (!w->pend_z) {
@@ -35078,6 +35278,7 @@ static void dt__ps_server_free(dt__ps_server *S) {
   dt__free(S->ckpt, S->ckpt_bytes);
   if (S->before) dt__free(S->before, dt_params_size(S->params) * sizeof(float) + 4);
   dt__free(S->zscratch, S->zscratch_cap * sizeof(float));
+  dt__free(S->iov, (size_t)(S->np + 1) * sizeof(struct iovec));
   if (S->q_back) dt__free(S->q_back, (size_t)S->W * sizeof(int64_t));
 }
 
@@ -35226,6 +35427,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
     return rc;
   }
   S.owner = (int *)dt__alloc((size_t)(S.np > 0 ? S.np : 1) * sizeof(int));
+  S.iov = (struct iovec *)dt__alloc((size_t)(S.np + 1) * sizeof(struct iovec));
   S.before = S.po.staleness_lr ? (float *)dt__alloc(dt_params_size(params) * sizeof(float) + 4) : NULL;
   S.w = (dt__ps_worker *)dt__calloc((size_t)S.W * sizeof(dt__ps_worker));
   /* Before anything can free them: a zeroed connection's descriptor is 0, and
@@ -35234,7 +35436,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   for (int i = 0; S.w && i < S.W; i++) S.w[i].conn.fd = -1;
   S.seen = (unsigned char *)dt__calloc((size_t)S.W);
   S.pend = (dt__hs *)dt__alloc((size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
-  if (!S.owner || !S.w || !S.seen || !S.pend || (S.po.staleness_lr && !S.before)) {
+  if (!S.owner || !S.iov || !S.w || !S.seen || !S.pend || (S.po.staleness_lr && !S.before)) {
     rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory", fn, S.me);
     goto done;
   }
@@ -35396,6 +35598,9 @@ typedef struct dt__ps_client {
   dt__ef *ef;              /* top-k / PowerSGD: the error kept for the next push */
   float **view;            /* per server: its shard as this worker holds it (compressed pulls) */
   int *view_ok;            /* ... started by a pull that kept a copy */
+  /* float pushes and pulls on a little-endian host go from and to the
+   * params' layout where they lie: a frame's pieces (dt__ps_client_parts) */
+  struct iovec *iov, *iov_scratch; /* np + 2 entries each */
   dt_result err;
   char msg[DT__MSG_CAP];
   DT__ATOMIC(int) aborted;
@@ -35426,9 +35631,11 @@ static dt_result dt__ps_client_check(dt__ps_client *C, const char *op) {
   return DTRAIN_OK;
 }
 
-/* Receive server s's answer of `type` with exactly len payload bytes into C->buf[s],
+/* Receive server s's answer of `type` with exactly len payload bytes into C->buf[s]
+ * (or, parts not NULL, into parts[0..nparts), which add up to len),
  * skipping heartbeats (each renews the deadline). */
-static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, uint32_t len, const char *op) {
+static dt_result dt__ps_client_answerv(dt__ps_client *C, int s, uint16_t type, uint32_t len, const struct iovec *parts,
+                                       int nparts, const char *op) {
   for (;;) {
     dt__frame f;
     unsigned char h[DT__NET_HDR];
@@ -35444,8 +35651,31 @@ static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, ui
       return dt__error(DTRAIN_ERR_PROTOCOL, "%s: %s sent a frame of type 0x%02x and %u bytes, expected type 0x%02x "
                        "and %u bytes", op, C->conn[s].peer, (unsigned)f.type, (unsigned)f.length, (unsigned)type,
                        (unsigned)len);
+    if (parts) return dt__conn_recv_payloadv(&C->conn[s], &f, h, parts, nparts, deadline, op);
     return dt__conn_recv_payload(&C->conn[s], &f, h, C->buf[s], deadline, op);
   }
+}
+
+static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, uint32_t len, const char *op) {
+  return dt__ps_client_answerv(C, s, type, len, NULL, 0, op);
+}
+
+/* Server s's frame of floats as pieces in C->iov: its DT__PS_FIX bytes at
+ * fix, then each of its parameters' elements where they lie in full (the
+ * shard's order; little-endian hosts only: the floats are their bytes).
+ * Returns the count. */
+static int dt__ps_client_parts(dt__ps_client *C, int s, unsigned char *fix, const float *full) {
+  int n = 0;
+  size_t b, e;
+  int tr, dec;
+  C->iov[n].iov_base = fix;
+  C->iov[n++].iov_len = DT__PS_FIX;
+  for (int i = 0; dt__params_range(C->params, i, &b, &e, &tr, &dec); i++) {
+    if (C->owner[i] != s || e == b) continue;
+    C->iov[n].iov_base = (void *)(uintptr_t)(full + b);
+    C->iov[n++].iov_len = (e - b) * sizeof(float);
+  }
+  return n;
 }
 
 static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k);
@@ -35518,6 +35748,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   }
   const int z = C->zc.kind != DTRAIN_COMPRESS_NONE;
   const dt_compress_kind zk = C->zc.kind == DTRAIN_COMPRESS_BF16 ? DTRAIN_COMPRESS_BF16 : DTRAIN_COMPRESS_FP16;
+  const int direct = DT__HOST_LE && !z; /* (a failed pull may leave dst partly written: see dt_net.h) */
   unsigned char req[DT__PS_FIX];
   dt__put_le64(req, (uint64_t)T);
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
@@ -35533,7 +35764,10 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     int delta = z && C->view_ok[s];
     uint32_t len = (uint32_t)(delta ? DT__PS_ZFIX + C->shard[s] * 2 : DT__PS_FIX + C->shard[s] * 4);
-    rc = dt__ps_client_answer(C, s, delta ? DT__PS_PARAMZ : DT__PS_PARAMS, len, op);
+    if (direct) /* the floats straight into dst */
+      rc = dt__ps_client_answerv(C, s, DT__PS_PARAMS, len, C->iov, dt__ps_client_parts(C, s, C->buf[s], dst), op);
+    else
+      rc = dt__ps_client_answer(C, s, delta ? DT__PS_PARAMZ : DT__PS_PARAMS, len, op);
     if (rc == DTRAIN_OK && delta) {
       rc = dt__ps_delta_apply(zk, C->buf[s] + DT__PS_FIX, C->view[s], C->shard[s]);
       if (rc != DTRAIN_OK) rc = dt__ps_prefix(rc, op, C->conn[s].peer);
@@ -35547,7 +35781,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
     if (v > C->version) C->version = v;
     if (gap > tk->clock_gap) tk->clock_gap = gap;
     if (!z) {
-      dt__ps_scatter(C->params, C->owner, s, C->buf[s] + DT__PS_FIX, dst);
+      if (!direct) dt__ps_scatter(C->params, C->owner, s, C->buf[s] + DT__PS_FIX, dst);
       continue;
     }
     if (!delta) { /* floats: this worker's copy starts (the server kept the same) */
@@ -35591,6 +35825,12 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
                        op, dt_compress_name(C->zc), len, (unsigned)C->conn[s].max_payload);
         break;
       }
+    } else if (delta && DT__HOST_LE) { /* sent from where the floats lie */
+      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSH, C->iov, dt__ps_client_parts(C, s, b, delta), C->iov_scratch,
+                          dt__now() + C->timeout, op);
+      C->last_send[s] = dt__now();
+      if (rc == DTRAIN_OK) ps->wire_sent += len + C->shard[s] * 4;
+      continue;
     } else if (delta) {
       dt__ps_gather(C->params, C->owner, s, delta, b + DT__PS_FIX);
       len += C->shard[s] * 4;
@@ -35770,6 +36010,8 @@ static void dt__ps_client_free(dt__ps_client *C) {
   dt__free(C->last_send, M * sizeof(double));
   dt__free(C->pulled_version, M * sizeof(uint64_t));
   dt__free(C->owner, (size_t)(C->np > 0 ? C->np : 1) * sizeof(int));
+  dt__free(C->iov, (size_t)(C->np + 2) * sizeof(struct iovec));
+  dt__free(C->iov_scratch, (size_t)(C->np + 2) * sizeof(struct iovec));
   dt__mutex_destroy(&C->mu);
   dt__free(C, sizeof *C);
 }
@@ -35833,10 +36075,12 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   C->buf_cap = (size_t *)dt__calloc(M * sizeof(size_t));
   C->last_send = (double *)dt__calloc(M * sizeof(double));
   C->pulled_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
+  C->iov = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
+  C->iov_scratch = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
   if (C->conn)
     for (int s = 0; s < C->M; s++) C->conn[s].fd = -1;
   if (rc != DTRAIN_OK || !C->owner || !C->conn || !C->shard || !C->buf || !C->buf_cap || !C->last_send ||
-      !C->pulled_version) {
+      !C->pulled_version || !C->iov || !C->iov_scratch) {
     dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
     goto fail;
   }

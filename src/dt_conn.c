@@ -84,6 +84,24 @@ DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *p
   return DTRAIN_OK;
 }
 
+DTRAIN_PRIVATE dt_result dt__conn_sendv(dt__conn *c, uint16_t type, const struct iovec *parts, int nparts,
+                                        struct iovec *scratch, double deadline, const char *op) {
+  size_t n = 0;
+  for (int i = 0; i < nparts; i++) n += parts[i].iov_len;
+  if (type < DT__MSG_DATA0 || n > c->max_payload) /* control frames checksum their payload: dt__conn_send */
+    return dt__error(DTRAIN_ERR_INTERNAL, "%s: a gathered frame of type 0x%02x and %zu bytes", op ? op : "tcp",
+                     (unsigned)type, n);
+  unsigned char h[DT__NET_HDR];
+  dt__frame_pack(h, type, c->job, c->self_id, c->send_seq, NULL, (uint32_t)n);
+  scratch[0].iov_base = h;
+  scratch[0].iov_len = DT__NET_HDR;
+  memcpy(scratch + 1, parts, (size_t)nparts * sizeof *parts);
+  dt_result rc = dt__net_writev(c->fd, scratch, nparts + 1, deadline);
+  if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "send to");
+  c->send_seq++;
+  return DTRAIN_OK;
+}
+
 /* An ABORT or REFUSE frame's payload (u32 code, then text; f->length <=
  * DT__NET_NOTICE_MAX, checked with the header) as the peer's error. */
 static dt_result dt__conn_notice(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
@@ -181,6 +199,28 @@ DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, 
   dt_result rc = dt__net_read(c->fd, buf, f->length, deadline);
   if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
   return dt__conn_check_payload(c, f, h, buf, op);
+}
+
+DTRAIN_PRIVATE dt_result dt__conn_recv_payloadv(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                                const struct iovec *parts, int nparts, double deadline,
+                                                const char *op) {
+  size_t n = 0;
+  for (int i = 0; i < nparts; i++) n += parts[i].iov_len;
+  if (n != f->length || f->type == DT__MSG_ABORT || f->type == DT__MSG_REFUSE)
+    return dt__error(DTRAIN_ERR_INTERNAL, "%s: %zu bytes of places for a frame of type 0x%02x and %u bytes",
+                     op ? op : "tcp", n, (unsigned)f->type, (unsigned)f->length);
+  uint32_t crc = dt__crc32c(0, h, 36);
+  for (int i = 0; i < nparts; i++) {
+    dt_result rc = dt__net_read(c->fd, parts[i].iov_base, parts[i].iov_len, deadline);
+    if (rc != DTRAIN_OK) return dt__conn_fail(c, rc, op, "receive from");
+    if (f->flags & DT__NET_F_PAYLOAD_CRC) crc = dt__crc32c(crc, parts[i].iov_base, parts[i].iov_len);
+  }
+  if (crc != f->checksum) {
+    dt__error(DTRAIN_ERR_PROTOCOL, "checksum mismatch in a frame of type %u", (unsigned)f->type);
+    return dt__conn_fail(c, DTRAIN_ERR_PROTOCOL, op, "receive from");
+  }
+  c->recv_seq++;
+  return DTRAIN_OK;
 }
 
 DTRAIN_PRIVATE dt_result dt__conn_recv(dt__conn *c, uint16_t type, void *buf, uint32_t cap, uint32_t *len,

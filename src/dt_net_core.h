@@ -20,6 +20,7 @@
 #  include <poll.h>
 #  include <sys/socket.h>
 #  include <sys/types.h>
+#  include <sys/uio.h>
 #  ifdef MSG_NOSIGNAL /* send flags of every send(): a closed peer is an error, not a SIGPIPE */
 #    define DT__NET_SEND_FLAGS MSG_NOSIGNAL
 #  else
@@ -85,6 +86,9 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
 /* Wait for one connection; *fd gets it, addr (may be NULL) the peer's "host:port". */
 DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd, char *addr, size_t cap);
 DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double deadline);
+/* Writes iov[0..n) in order (gathered, DT__NET_IOV_MAX pieces a call); consumes iov. */
+#define DT__NET_IOV_MAX 64
+DTRAIN_PRIVATE dt_result dt__net_writev(int fd, struct iovec *iov, int n, double deadline);
 DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline);
 /* The same, but when nothing has arrived it polls the socket (yielding the
  * CPU between tries) for up to spin_s seconds before sleeping in poll(). */
@@ -123,6 +127,11 @@ DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t se
  * errors: "worker 0: allreduce #12: send to worker 1 (127.0.0.1:7001): connection reset". */
 DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *payload, uint32_t n, double deadline,
                                        const char *op);
+/* The same for a data frame (type >= DT__MSG_DATA0, whose checksum covers
+ * the header only) whose payload is parts[0..nparts) in order, sent from
+ * where they lie (no copy); scratch has room for nparts + 1 entries. */
+DTRAIN_PRIVATE dt_result dt__conn_sendv(dt__conn *c, uint16_t type, const struct iovec *parts, int nparts,
+                                        struct iovec *scratch, double deadline, const char *op);
 /* Receive one frame's header (checked: sequence number, sender when known)
  * into *f. ABORT and REFUSE frames are read whole and turned into
  * DTRAIN_ERR_PEER / the refusal's code with the peer's reason. Then the
@@ -132,6 +141,13 @@ DTRAIN_PRIVATE dt_result dt__conn_recv_header(dt__conn *c, dt__frame *f, unsigne
                                               const char *op);
 DTRAIN_PRIVATE dt_result dt__conn_recv_payload(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
                                                void *buf, double deadline, const char *op);
+/* The payload of the frame whose header dt__conn_recv_header read, into
+ * parts[0..nparts) in order (their lengths add up to f->length): read where
+ * it goes, no copy; checked as dt__conn_recv_payload checks it. A failure
+ * may leave the parts partly written. */
+DTRAIN_PRIVATE dt_result dt__conn_recv_payloadv(dt__conn *c, const dt__frame *f, const unsigned char h[DT__NET_HDR],
+                                                const struct iovec *parts, int nparts, double deadline,
+                                                const char *op);
 /* The same checks without reading or waiting, for a caller that receives a
  * frame piecewise as its socket allows (the parameter server's loop): a
  * whole header (the checks of dt__conn_recv_header; an ABORT or REFUSE

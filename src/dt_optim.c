@@ -510,9 +510,9 @@ static dt_result dt__optim_check_layout(const dt_optim *o, const char *fn) {
 
 /* The update of the trainable ranges within [begin, end): in place on data
  * (x NULL), or as differences into data from the values x (see
- * dt__optim_delta_span). data[0] and x[0] are element begin; grad and the
- * state are indexed as the params. No checks, no FP mode. */
-static void dt__optim_ranges(dt_optim *o, const dt__optim_rule *rule, const float *x, float *data, const float *grad,
+ * dt__optim_delta_span). data[0], x[0] and g[0] are element begin; the
+ * state is indexed as the params. No checks, no FP mode. */
+static void dt__optim_ranges(dt_optim *o, const dt__optim_rule *rule, const float *x, float *data, const float *g,
                              size_t begin, size_t end) {
   const float lr = dt_schedule_lr(&o->desc.schedule, o->desc.lr, o->steps);
   size_t b, e;
@@ -527,44 +527,56 @@ static void dt__optim_ranges(dt_optim *o, const dt__optim_rule *rule, const floa
     float *s0 = o->nslots > 0 ? o->state[0] + lo : NULL;
     float *s1 = o->nslots > 1 ? o->state[1] + lo : NULL;
     float *di = data + (lo - begin);
+    const float *gi = g + (lo - begin);
     if (!x) {
-      rule->update(o, lr, wd, di, grad + lo, s0, s1, n);
+      rule->update(o, lr, wd, di, gi, s0, s1, n);
       continue;
     }
     const float *xi = x + (lo - begin);
     if (rule->delta) {
-      rule->delta(o, lr, wd, xi, di, grad + lo, s0, s1, n);
+      rule->delta(o, lr, wd, xi, di, gi, s0, s1, n);
     } else {
       memcpy(di, xi, n * sizeof(float));
-      rule->update(o, lr, wd, di, grad + lo, s0, s1, n);
+      rule->update(o, lr, wd, di, gi, s0, s1, n);
       for (size_t j = 0; j < n; j++) di[j] = di[j] - xi[j];
     }
   }
 }
 
-DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad, size_t begin, size_t end) {
+/* dt_optim_update's and dt__optim_update_from's common part: g is the
+ * gradient as the params index it (from 0), or at element begin (from_begin). */
+static dt_result dt__optim_update_at(dt_optim *o, float *data, const float *g, int from_begin, size_t begin,
+                                     size_t end) {
   if (!o) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_update: optimizer is NULL");
   dt_result r = dt__optim_check_layout(o, "dt_optim_update");
   if (r != DTRAIN_OK) return r;
   if (begin > end || end > o->size)
     return dt__error(DTRAIN_ERR_INDEX, "dt_optim_update: range [%zu,%zu) outside [0,%zu)", begin, end, o->size);
   if (begin == end) return DTRAIN_OK;
-  if (!data || !grad)
+  if (!data || !g)
     return dt__error(DTRAIN_ERR_NULL_ARG, "dt_optim_update: %s is NULL", !data ? "data" : "grad");
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
   if (!rule)
     return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
   unsigned long fp = dt__fp_enter(); /* subnormal moments: dt_set_flush_denormals */
-  dt__optim_ranges(o, rule, NULL, data + begin, grad, begin, end);
+  dt__optim_ranges(o, rule, NULL, data + begin, from_begin ? g : g + begin, begin, end);
   dt__fp_leave(fp);
   return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_optim_update(dt_optim *o, float *data, const float *grad, size_t begin, size_t end) {
+  return dt__optim_update_at(o, data, grad, 0, begin, end);
+}
+
+DTRAIN_PRIVATE dt_result dt__optim_update_from(dt_optim *o, float *data, const float *g, size_t begin, size_t end) {
+  return dt__optim_update_at(o, data, g, 1, begin, end);
 }
 
 DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, const float *grad, size_t begin,
                                         size_t end) {
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
   if (!rule || !x || begin > end || end > o->size) return 0;
-  dt__optim_ranges(o, rule, x, d, grad, begin, end);
+  dt__optim_ranges(o, rule, x, d, grad + begin, begin, end);
   return 1;
 }
 

@@ -33,4 +33,9 @@ DTRAIN_PRIVATE const char *dt__optim_slot_name(dt_optim_kind kind, int slot);
 DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, const float *grad, size_t begin,
                                         size_t end);
 
+/* dt_optim_update (its checks, its floating-point mode) with the gradient
+ * of [begin, end) at g: g[0] is element begin's (a received frame's floats,
+ * used where they lie). */
+DTRAIN_PRIVATE dt_result dt__optim_update_from(dt_optim *o, float *data, const float *g, size_t begin, size_t end);
+
 #endif /* DTRAIN_OPTIM_INTERNAL_H */

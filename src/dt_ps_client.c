@@ -55,6 +55,9 @@ typedef struct dt__ps_client {
   dt__ef *ef;              /* top-k / PowerSGD: the error kept for the next push */
   float **view;            /* per server: its shard as this worker holds it (compressed pulls) */
   int *view_ok;            /* ... started by a pull that kept a copy */
+  /* float pushes and pulls on a little-endian host go from and to the
+   * params' layout where they lie: a frame's pieces (dt__ps_client_parts) */
+  struct iovec *iov, *iov_scratch; /* np + 2 entries each */
   dt_result err;
   char msg[DT__MSG_CAP];
   DT__ATOMIC(int) aborted;
@@ -85,9 +88,11 @@ static dt_result dt__ps_client_check(dt__ps_client *C, const char *op) {
   return DTRAIN_OK;
 }
 
-/* Receive server s's answer of `type` with exactly len payload bytes into C->buf[s],
+/* Receive server s's answer of `type` with exactly len payload bytes into C->buf[s]
+ * (or, parts not NULL, into parts[0..nparts), which add up to len),
  * skipping heartbeats (each renews the deadline). */
-static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, uint32_t len, const char *op) {
+static dt_result dt__ps_client_answerv(dt__ps_client *C, int s, uint16_t type, uint32_t len, const struct iovec *parts,
+                                       int nparts, const char *op) {
   for (;;) {
     dt__frame f;
     unsigned char h[DT__NET_HDR];
@@ -103,8 +108,31 @@ static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, ui
       return dt__error(DTRAIN_ERR_PROTOCOL, "%s: %s sent a frame of type 0x%02x and %u bytes, expected type 0x%02x "
                        "and %u bytes", op, C->conn[s].peer, (unsigned)f.type, (unsigned)f.length, (unsigned)type,
                        (unsigned)len);
+    if (parts) return dt__conn_recv_payloadv(&C->conn[s], &f, h, parts, nparts, deadline, op);
     return dt__conn_recv_payload(&C->conn[s], &f, h, C->buf[s], deadline, op);
   }
+}
+
+static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, uint32_t len, const char *op) {
+  return dt__ps_client_answerv(C, s, type, len, NULL, 0, op);
+}
+
+/* Server s's frame of floats as pieces in C->iov: its DT__PS_FIX bytes at
+ * fix, then each of its parameters' elements where they lie in full (the
+ * shard's order; little-endian hosts only: the floats are their bytes).
+ * Returns the count. */
+static int dt__ps_client_parts(dt__ps_client *C, int s, unsigned char *fix, const float *full) {
+  int n = 0;
+  size_t b, e;
+  int tr, dec;
+  C->iov[n].iov_base = fix;
+  C->iov[n++].iov_len = DT__PS_FIX;
+  for (int i = 0; dt__params_range(C->params, i, &b, &e, &tr, &dec); i++) {
+    if (C->owner[i] != s || e == b) continue;
+    C->iov[n].iov_base = (void *)(uintptr_t)(full + b);
+    C->iov[n++].iov_len = (e - b) * sizeof(float);
+  }
+  return n;
 }
 
 static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k);
@@ -177,6 +205,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   }
   const int z = C->zc.kind != DTRAIN_COMPRESS_NONE;
   const dt_compress_kind zk = C->zc.kind == DTRAIN_COMPRESS_BF16 ? DTRAIN_COMPRESS_BF16 : DTRAIN_COMPRESS_FP16;
+  const int direct = DT__HOST_LE && !z; /* (a failed pull may leave dst partly written: see dt_net.h) */
   unsigned char req[DT__PS_FIX];
   dt__put_le64(req, (uint64_t)T);
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
@@ -192,7 +221,10 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     int delta = z && C->view_ok[s];
     uint32_t len = (uint32_t)(delta ? DT__PS_ZFIX + C->shard[s] * 2 : DT__PS_FIX + C->shard[s] * 4);
-    rc = dt__ps_client_answer(C, s, delta ? DT__PS_PARAMZ : DT__PS_PARAMS, len, op);
+    if (direct) /* the floats straight into dst */
+      rc = dt__ps_client_answerv(C, s, DT__PS_PARAMS, len, C->iov, dt__ps_client_parts(C, s, C->buf[s], dst), op);
+    else
+      rc = dt__ps_client_answer(C, s, delta ? DT__PS_PARAMZ : DT__PS_PARAMS, len, op);
     if (rc == DTRAIN_OK && delta) {
       rc = dt__ps_delta_apply(zk, C->buf[s] + DT__PS_FIX, C->view[s], C->shard[s]);
       if (rc != DTRAIN_OK) rc = dt__ps_prefix(rc, op, C->conn[s].peer);
@@ -206,7 +238,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
     if (v > C->version) C->version = v;
     if (gap > tk->clock_gap) tk->clock_gap = gap;
     if (!z) {
-      dt__ps_scatter(C->params, C->owner, s, C->buf[s] + DT__PS_FIX, dst);
+      if (!direct) dt__ps_scatter(C->params, C->owner, s, C->buf[s] + DT__PS_FIX, dst);
       continue;
     }
     if (!delta) { /* floats: this worker's copy starts (the server kept the same) */
@@ -250,6 +282,12 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
                        op, dt_compress_name(C->zc), len, (unsigned)C->conn[s].max_payload);
         break;
       }
+    } else if (delta && DT__HOST_LE) { /* sent from where the floats lie */
+      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSH, C->iov, dt__ps_client_parts(C, s, b, delta), C->iov_scratch,
+                          dt__now() + C->timeout, op);
+      C->last_send[s] = dt__now();
+      if (rc == DTRAIN_OK) ps->wire_sent += len + C->shard[s] * 4;
+      continue;
     } else if (delta) {
       dt__ps_gather(C->params, C->owner, s, delta, b + DT__PS_FIX);
       len += C->shard[s] * 4;
@@ -429,6 +467,8 @@ static void dt__ps_client_free(dt__ps_client *C) {
   dt__free(C->last_send, M * sizeof(double));
   dt__free(C->pulled_version, M * sizeof(uint64_t));
   dt__free(C->owner, (size_t)(C->np > 0 ? C->np : 1) * sizeof(int));
+  dt__free(C->iov, (size_t)(C->np + 2) * sizeof(struct iovec));
+  dt__free(C->iov_scratch, (size_t)(C->np + 2) * sizeof(struct iovec));
   dt__mutex_destroy(&C->mu);
   dt__free(C, sizeof *C);
 }
@@ -492,10 +532,12 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   C->buf_cap = (size_t *)dt__calloc(M * sizeof(size_t));
   C->last_send = (double *)dt__calloc(M * sizeof(double));
   C->pulled_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
+  C->iov = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
+  C->iov_scratch = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
   if (C->conn)
     for (int s = 0; s < C->M; s++) C->conn[s].fd = -1;
   if (rc != DTRAIN_OK || !C->owner || !C->conn || !C->shard || !C->buf || !C->buf_cap || !C->last_send ||
-      !C->pulled_version) {
+      !C->pulled_version || !C->iov || !C->iov_scratch) {
     dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
     goto fail;
   }

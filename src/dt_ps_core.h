@@ -192,6 +192,7 @@ typedef struct dt__ps_server {
   size_t ckpt_bytes;
   float *before;            /* staleness_lr: a parameter's values before its update (shard floats) */
   size_t zcap;              /* the largest compressed push (dt__ps_pushz_cap) */
+  struct iovec *iov;        /* np + 1: a PARAMS frame's pieces, sent from where they lie (dt__ps_queue) */
   float *zscratch;          /* PowerSGD's factors while a push is decoded */
   size_t zscratch_cap;
   char ckpt_path[1024];

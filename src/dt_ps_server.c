@@ -20,6 +20,7 @@
 #include "dt_tensor_internal.h"
 #include "dt_ops_internal.h"
 #include "dt_params_internal.h"
+#include "dt_optim_internal.h"
 #include "dt_ps_core.h"
 
 #if !defined(DTRAIN_NO_NET)
@@ -144,10 +145,67 @@ static int dt__ps_commit(dt__ps_server *S, int i, uint16_t type, uint32_t len) {
   return dt__ps_flush(S, i);
 }
 
+/* A frame of the fixed part and the shard's floats in full, with nothing
+ * queued before it for worker i (little-endian host): sent from where the
+ * floats lie, as much as the socket takes now; the rest, and only the rest,
+ * is copied into the worker's output for dt__ps_flush (the values as they
+ * are now: a later push may change full). 0 when the worker was lost. */
+static int dt__ps_send_floats(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
+                              const float *full, uint32_t len) {
+  dt__ps_worker *w = &S->w[i];
+  unsigned char *h = w->tx;
+  w->tx_off = w->tx_len = 0;
+  if (fixn) memcpy(h + DT__NET_HDR, fix, fixn);
+  dt__frame_pack(h, type, w->conn.job, w->conn.self_id, w->conn.send_seq, NULL, len); /* a data frame: header-only check */
+  w->conn.send_seq++;
+  w->last_sent = dt__now();
+  int n = 0;
+  S->iov[n].iov_base = h;
+  S->iov[n++].iov_len = DT__NET_HDR + fixn;
+  size_t b, e;
+  int tr, dec;
+  for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
+    if (S->owner[p] != S->me || e == b) continue;
+    S->iov[n].iov_base = (void *)(uintptr_t)(full + b);
+    S->iov[n++].iov_len = (e - b) * sizeof(float);
+  }
+  int at = 0;
+  while (at < n) {
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = S->iov + at;
+    mh.msg_iovlen = (size_t)DT__MIN(n - at, DT__NET_IOV_MAX);
+    ssize_t k = dt__sock_sendmsg(w->conn.fd, &mh, DT__NET_SEND_FLAGS);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (k <= 0) {
+      char why[160];
+      snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? strerror(errno) : "connection closed");
+      dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
+      return 0;
+    }
+    for (size_t left = (size_t)k; left > 0;) { /* past what went */
+      size_t t = DT__MIN(left, S->iov[at].iov_len);
+      S->iov[at].iov_base = (unsigned char *)S->iov[at].iov_base + t;
+      S->iov[at].iov_len -= t;
+      left -= t;
+      if (S->iov[at].iov_len == 0) at++;
+    }
+  }
+  for (; at < n; at++) { /* what did not go: into the output, in order (the header's rest moves to the front) */
+    memmove(w->tx + w->tx_len, S->iov[at].iov_base, S->iov[at].iov_len);
+    w->tx_len += S->iov[at].iov_len;
+  }
+  return 1;
+}
+
 /* Queue one frame for worker i: the fixed part, then the shard's floats gathered from full (if any). */
 static int dt__ps_queue(dt__ps_server *S, int i, uint16_t type, const unsigned char *fix, uint32_t fixn,
                         const float *full) {
   uint32_t len = fixn + (full ? (uint32_t)(S->shard * 4) : 0u);
+  dt__ps_worker *w = &S->w[i];
+  if (full && DT__HOST_LE && w->tx_off == w->tx_len && DT__NET_HDR + (size_t)len <= w->tx_cap)
+    return dt__ps_send_floats(S, i, type, fix, fixn, full, len);
   unsigned char *pl = dt__ps_reserve(S, i, len);
   if (!pl) return 0;
   if (fixn) memcpy(pl, fix, fixn);
@@ -236,9 +294,13 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
       if (S->owner[p] != S->me) continue;
       if (tr) {
-        if (!w->pend_z) dt__get_f32le(grad + b, in + 4 * off, e - b);
+        /* A float push's gradient is used where it lies in the frame on a little-endian host (rx is
+         * from dt__alloc, its floats 4-byte aligned); else its bytes are read into grad first. */
+        const float *g = grad + b;
+        if (!w->pend_z && DT__HOST_LE) g = (const float *)(const void *)(in + 4 * off);
+        else if (!w->pend_z) dt__get_f32le(grad + b, in + 4 * off, e - b);
         if (scale != 1.0f) memcpy(S->before, data + b, (e - b) * sizeof(float));
-        if (dt_optim_update(S->opt, data, grad, b, e) != DTRAIN_OK) return -1;
+        if (dt__optim_update_from(S->opt, data, g, b, e) != DTRAIN_OK) return -1;
         if (scale != 1.0f)
           for (size_t i = b; i < e; i++) data[i] = S->before[i - b] + (data[i] - S->before[i - b]) * scale;
       } else if (!w->pend_z) {
@@ -642,6 +704,7 @@ static void dt__ps_server_free(dt__ps_server *S) {
   dt__free(S->ckpt, S->ckpt_bytes);
   if (S->before) dt__free(S->before, dt_params_size(S->params) * sizeof(float) + 4);
   dt__free(S->zscratch, S->zscratch_cap * sizeof(float));
+  dt__free(S->iov, (size_t)(S->np + 1) * sizeof(struct iovec));
   if (S->q_back) dt__free(S->q_back, (size_t)S->W * sizeof(int64_t));
 }
 
@@ -790,6 +853,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
     return rc;
   }
   S.owner = (int *)dt__alloc((size_t)(S.np > 0 ? S.np : 1) * sizeof(int));
+  S.iov = (struct iovec *)dt__alloc((size_t)(S.np + 1) * sizeof(struct iovec));
   S.before = S.po.staleness_lr ? (float *)dt__alloc(dt_params_size(params) * sizeof(float) + 4) : NULL;
   S.w = (dt__ps_worker *)dt__calloc((size_t)S.W * sizeof(dt__ps_worker));
   /* Before anything can free them: a zeroed connection's descriptor is 0, and
@@ -798,7 +862,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   for (int i = 0; S.w && i < S.W; i++) S.w[i].conn.fd = -1;
   S.seen = (unsigned char *)dt__calloc((size_t)S.W);
   S.pend = (dt__hs *)dt__alloc((size_t)DT__NET_PENDING_MAX * sizeof(dt__hs));
-  if (!S.owner || !S.w || !S.seen || !S.pend || (S.po.staleness_lr && !S.before)) {
+  if (!S.owner || !S.iov || !S.w || !S.seen || !S.pend || (S.po.staleness_lr && !S.before)) {
     rc = dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory", fn, S.me);
     goto done;
   }

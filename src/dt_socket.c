@@ -311,6 +311,40 @@ DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double d
   return DTRAIN_OK;
 }
 
+/* iov[0..n) in order, as few sendmsg calls as the socket allows (at most
+ * DT__NET_IOV_MAX pieces a call); iov is consumed (its entries advance). */
+DTRAIN_PRIVATE dt_result dt__net_writev(int fd, struct iovec *iov, int n, double deadline) {
+  int at = 0;
+  for (;;) {
+    while (at < n && iov[at].iov_len == 0) at++;
+    if (at == n) return DTRAIN_OK;
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = iov + at;
+    mh.msg_iovlen = (size_t)DT__MIN(n - at, DT__NET_IOV_MAX);
+    ssize_t k = dt__sock_sendmsg(fd, &mh, DT__NET_SEND_FLAGS);
+    if (k > 0) {
+      size_t left = (size_t)k;
+      while (left > 0) { /* past the pieces sent whole, into the one sent in part */
+        size_t t = DT__MIN(left, iov[at].iov_len);
+        iov[at].iov_base = (unsigned char *)iov[at].iov_base + t;
+        iov[at].iov_len -= t;
+        left -= t;
+        if (iov[at].iov_len == 0) at++;
+      }
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      int w = dt__net_wait(fd, POLLOUT, deadline);
+      if (w == 0) return dt__error(DTRAIN_ERR_TIMEOUT, "send timed out (the peer stopped reading)");
+      if (w < 0) return dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+      continue;
+    }
+    return dt__error(DTRAIN_ERR_PEER, "send failed: %s", k < 0 ? strerror(errno) : "connection closed");
+  }
+}
+
 DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline) {
   return dt__net_read_spin(fd, p, n, deadline, 0.0);
 }

@@ -131,52 +131,78 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
   return 1;
 }
 
-DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
+DTRAIN_PRIVATE int dt__strategy_async_batch(dt_strategy *s, int r, int64_t t, dt_minibatch *b) {
   dt__strategy_replica *R = &s->rep[r];
   const int lockstep = s->desc.max_staleness == 0 || s->batch != NULL;
-  R->result = DTRAIN_OK;
   char what[DT__MSG_CAP];
+  if (dt__strategy_failed(s)) {
+    if (R->result == DTRAIN_OK) R->result = DTRAIN_ERR_ABORTED;
+    return 0;
+  }
+  int64_t ticket;
+  if (lockstep) {
+    if (t >= s->job_steps) return 0;
+    ticket = t * s->n + r;
+  } else {
+    ticket = DT__AFETCH_ADD(&s->ticket, (int64_t)1, DT__MO_RELAXED);
+    if (ticket >= s->job_steps) return 0;
+  }
+  int64_t id = s->ticket_base + ticket; /* the batch function's ticket */
+  if (s->desc.work_queue && !s->batch) { /* the servers' queue says which (see dt_pstore_take) */
+    dt_result rc = dt_pstore_take(s->pstore, r, &id);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+      return 0;
+    }
+    if (id < 0) return 0; /* every item is done */
+  }
+  if (s->batch) {
+    dt__strategy_shard(s->batch, s->n, r, b);
+  } else {
+    memset(b, 0, sizeof *b);
+    dt_result rc = s->next(s->next_user, r, id, b);
+    if (rc == DTRAIN_OK) rc = dt__strategy_check_batch(b, "dt_strategy_run");
+    if (rc != DTRAIN_OK) {
+      snprintf(what, sizeof what, "the batch function failed for step %lld (%s)", (long long)id, dt_result_name(rc));
+      dt__strategy_fail(s, r, rc, what);
+      return 0;
+    }
+    b->first = 0;
+    b->global_rows = b->rows;
+  }
+  b->step = id;
+  b->replica_step = t;
+  b->weight = 1.0f;
+  return 1;
+}
+
+DTRAIN_PRIVATE void dt__strategy_async_count(dt_strategy *s, int r, int64_t rows, int skipped, float loss,
+                                             const dt_pstore_ticket *tk) {
+  dt__strategy_replica *R = &s->rep[r];
+  int64_t st = tk->staleness < 0 ? 0 : tk->staleness;
+  R->hist[DT__MIN(st, (int64_t)DTRAIN_STALENESS_BINS - 1)]++;
+  R->stale_sum += st;
+  if (st > R->stale_max) R->stale_max = st;
+  R->steps++;
+  if (skipped) { /* skip_nonfinite: the push was empty */
+    R->skips++;
+    return;
+  }
+  R->samples += rows;
+  if (rows > 0) {
+    R->loss_sum += loss;
+    R->loss_count++;
+    R->last_loss = loss;
+    R->last_time = dt__now();
+  }
+}
+
+DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  R->result = DTRAIN_OK;
   for (int64_t t = 0;; t++) {
-    if (dt__strategy_failed(s)) {
-      if (R->result == DTRAIN_OK) R->result = DTRAIN_ERR_ABORTED;
-      break;
-    }
-    int64_t ticket;
-    if (lockstep) {
-      if (t >= s->job_steps) break;
-      ticket = t * s->n + r;
-    } else {
-      ticket = DT__AFETCH_ADD(&s->ticket, (int64_t)1, DT__MO_RELAXED);
-      if (ticket >= s->job_steps) break;
-    }
-    int64_t id = s->ticket_base + ticket; /* the batch function's ticket */
-    if (s->desc.work_queue && !s->batch) { /* the servers' queue says which (see dt_pstore_take) */
-      dt_result rc = dt_pstore_take(s->pstore, r, &id);
-      if (rc != DTRAIN_OK) {
-        dt__strategy_comm_failed(s, r, rc);
-        break;
-      }
-      if (id < 0) break; /* every item is done */
-    }
     dt_minibatch b;
-    if (s->batch) {
-      dt__strategy_shard(s->batch, s->n, r, &b);
-    } else {
-      memset(&b, 0, sizeof b);
-      dt_result rc = s->next(s->next_user, r, id, &b);
-      if (rc == DTRAIN_OK) rc = dt__strategy_check_batch(&b, "dt_strategy_run");
-      if (rc != DTRAIN_OK) {
-        snprintf(what, sizeof what, "the batch function failed for step %lld (%s)", (long long)id,
-                 dt_result_name(rc));
-        dt__strategy_fail(s, r, rc, what);
-        break;
-      }
-      b.first = 0;
-      b.global_rows = b.rows;
-    }
-    b.step = id;
-    b.replica_step = t;
-    b.weight = 1.0f;
+    if (!dt__strategy_async_batch(s, r, t, &b)) break;
     dt_pstore_ticket tk;
     memset(&tk, 0, sizeof tk);
     dt_result rc = dt_pstore_pull(s->pstore, r, t, R->data, s->size, &tk);
@@ -200,29 +226,23 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     } else {
       rc = dt_pstore_push(s->pstore, r, t, push, s->size, &tk);
     }
+    dt__strategy_bufs_out_of_grad(s, r);
     R->wait_s += tk.wait_s;
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
       break;
     }
-    int64_t st = tk.staleness < 0 ? 0 : tk.staleness;
-    R->hist[DT__MIN(st, (int64_t)DTRAIN_STALENESS_BINS - 1)]++;
-    R->stale_sum += st;
-    if (st > R->stale_max) R->stale_max = st;
-    R->steps++;
-    if (R->skipped) { /* skip_nonfinite: the push was empty */
-      R->skips++;
-      continue;
-    }
-    R->samples += b.rows;
-    if (b.rows > 0) {
-      R->loss_sum += R->loss;
-      R->loss_count++;
-      R->last_loss = R->loss;
-      R->last_time = dt__now();
-    }
+    dt__strategy_async_count(s, r, b.rows, R->skipped, R->loss, &tk);
   }
   if (s->own_pstore) dt_pstore_leave(s->pstore, r); /* a borrowed store is left by its user (dt_pstore_leave) */
+}
+
+DTRAIN_PRIVATE void dt__strategy_bufs_out_of_grad(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  if (!R->bufs_in_grad) return;
+  for (int i = 0; i < s->nbufr; i++) /* the gradient buffer as it was: zeros where no gradient flows */
+    memset(R->grad + s->bufr[2 * i], 0, (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
+  R->bufs_in_grad = 0;
 }
 
 /* One job in which the replicas run free: steps * N pushes in all (steps

@@ -50,6 +50,8 @@ typedef struct dt__strategy_replica {
   dt_optim *opt;           /* async: this replica's optimizer */
   int updating;            /* devices: this step reached the update */
   int push_fill;           /* async: this step's update is made during the push (dt__pstore_push_blocks) */
+  int bufs_in_grad;        /* parameter_server: the push vector is grad with the buffers' values in their
+                              places; zeroed there after the push */
   /* the current step */
   float loss;
   int64_t rows;
@@ -309,6 +311,16 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
 typedef int (*dt__pstore_fill_fn)(void *user, size_t lo, size_t hi, float *d);
 DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
                                                 void *user, float *pull_into, dt_pstore_ticket *tk);
+/* The async family's replica loop (dt_strategy_async.c) and its parts:
+ * replica r's batch for its step t (the ticket or the servers' work item,
+ * the batch function's batch, b's fields; 0: stop, the job is over or
+ * failed); a push's statistics (staleness, steps, samples, loss); the
+ * buffers' values taken out of the gradient after a parameter_server push
+ * (R->bufs_in_grad). */
+DTRAIN_PRIVATE int dt__strategy_async_batch(dt_strategy *s, int r, int64_t t, dt_minibatch *b);
+DTRAIN_PRIVATE void dt__strategy_async_count(dt_strategy *s, int r, int64_t rows, int skipped, float loss,
+                                             const dt_pstore_ticket *tk);
+DTRAIN_PRIVATE void dt__strategy_bufs_out_of_grad(dt_strategy *s, int r);
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);

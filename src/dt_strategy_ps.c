@@ -44,16 +44,14 @@ static dt_result dt__ps_create(dt_strategy *s) {
   return DTRAIN_OK;
 }
 
-/* Pulls go into the params' data; R->old holds the vector to push. */
-static dt_result dt__ps_replica(dt_strategy *s, int r) {
-  dt_result rc = dt__strategy_bind(s, r, 0, r > 0, NULL);
-  if (rc != DTRAIN_OK) return rc;
-  if (!(s->rep[r].old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
-  return DTRAIN_OK;
-}
+/* Pulls go into the params' data; the push goes from the gradient buffer. */
+static dt_result dt__ps_replica(dt_strategy *s, int r) { return dt__strategy_bind(s, r, 0, r > 0, NULL); }
 
-/* Forward/backward, then the push vector in R->old: the clipped gradient
- * (clip_norm of the optimizer given to dt_strategy_create), buffers' values. */
+/* Forward/backward, then the push vector: the replica's gradient buffer,
+ * the clipped gradient (clip_norm of the optimizer given to
+ * dt_strategy_create) with the buffers' values written into the buffers'
+ * places (no gradient flows there; the replica loop zeroes them again after
+ * the push: R->bufs_in_grad). No copy of the whole vector. */
 static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
   dt__strategy_replica *R = &s->rep[r];
   if (!dt__strategy_compute(s, r, b)) return 0;
@@ -61,10 +59,10 @@ static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const
   if (b->rows == 0 || R->skipped) return 1; /* an empty push: only the clock moves */
   if (!s->desc.check_numerics && !dt__strategy_own_grad_ok(s, r, b->step)) return R->skipped; /* compute checked */
   if (!dt__strategy_clip_own(s, r, dt_optim_get_options(s->opt)->clip_norm, "nothing pushed")) return 0;
-  memcpy(R->old, R->grad, s->fbytes);
   for (int i = 0; i < s->nbufr; i++)
-    memcpy(R->old + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
-  *push = R->old;
+    memcpy(R->grad + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
+  R->bufs_in_grad = s->nbufr > 0;
+  *push = R->grad;
   return 1;
 }
 

@@ -705,6 +705,106 @@ static void test_exchange_pair(void) {
   close(sv[0]);
 }
 
+/* Frames gathered from and scattered into pieces (dt__conn_sendv,
+ * dt__conn_recv_payloadv: the parameter servers' floats where they lie):
+ * 300 pieces (more than one sendmsg takes) of 3 MB through a socket pair
+ * with small buffers (partial writes), read back cut differently, the same
+ * bytes; then the reading side against bad frames: a payload checksum that
+ * does not match (a data frame that asks for one), a peer that goes
+ * halfway, places that do not add up to the frame, and a control frame,
+ * which sendv refuses (its payload needs its checksum). */
+static void test_gathered_frames(void) {
+  enum { NP = 300 };
+  size_t len[NP], total = 0;
+  for (int i = 0; i < NP; i++) total += len[i] = 4 * (size_t)(1 + (i * 7919) % 5000);
+  unsigned char *src = (unsigned char *)malloc(total), *dst = (unsigned char *)malloc(total);
+  CHECK(src && dst);
+  if (!src || !dst) return;
+  for (size_t i = 0; i < total; i++) src[i] = (unsigned char)(i * 31 + (i >> 9));
+  memset(dst, 0, total);
+  int sv[2];
+  dt__conn c;
+  exch_pair(sv, &c, 0.0);
+  c.max_payload = 1u << 24;
+  fcntl(sv[1], F_SETFL, fcntl(sv[1], F_GETFL) | O_NONBLOCK);
+  dt__net_set_bufs(sv[1], 16384);
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) { /* the sender: worker 1 */
+    dt__conn w;
+    dt__conn_init(&w, sv[1], 77, dt__net_id(DTRAIN_ROLE_WORKER, 1), 1u << 24);
+    struct iovec parts[NP], scratch[NP + 1];
+    size_t at = 0;
+    for (int i = 0; i < NP; i++) {
+      parts[i].iov_base = src + at;
+      parts[i].iov_len = len[i];
+      at += len[i];
+    }
+    _exit(dt__conn_sendv(&w, DT__MSG_DATA0, parts, NP, scratch, dt__now() + 10, "send") == DTRAIN_OK ? 0 : 1);
+  }
+  /* read in 7 uneven places */
+  struct iovec in[7];
+  size_t cut[8] = {0, 1, 4096, 100000, 100001, total / 2, total - 3, total};
+  for (int i = 0; i < 7; i++) {
+    in[i].iov_base = dst + cut[i];
+    in[i].iov_len = cut[i + 1] - cut[i];
+  }
+  dt__frame f;
+  unsigned char h[DT__NET_HDR];
+  CHECK(dt__conn_recv_header(&c, &f, h, dt__now() + 10, "recv") == DTRAIN_OK);
+  CHECK(f.type == DT__MSG_DATA0 && f.length == total);
+  CHECK(dt__conn_recv_payloadv(&c, &f, h, in, 7, dt__now() + 10, "recv") == DTRAIN_OK);
+  CHECK(memcmp(src, dst, total) == 0 && c.recv_seq == 1);
+  int st = -1;
+  waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  close(sv[0]);
+  close(sv[1]);
+  /* a data frame whose checksum covers its payload: right, then one byte off */
+  for (int bad = 0; bad < 2; bad++) {
+    exch_pair(sv, &c, 0.0);
+    unsigned char pay[64];
+    memcpy(pay, src, sizeof pay);
+    dt__frame_pack(h, DT__MSG_DATA0, 77, dt__net_id(DTRAIN_ROLE_WORKER, 1), 0, NULL, sizeof pay);
+    h[20] |= DT__NET_F_PAYLOAD_CRC; /* flags, then the checksum over header and payload */
+    dt__put_le32(h + 36, dt__crc32c(dt__crc32c(0, h, 36), pay, sizeof pay));
+    if (bad) pay[40] ^= 1;
+    CHECK(write(sv[1], h, sizeof h) == (ssize_t)sizeof h && write(sv[1], pay, sizeof pay) == (ssize_t)sizeof pay);
+    struct iovec two[2] = {{dst, 10}, {dst + 10, 54}};
+    CHECK(dt__conn_recv_header(&c, &f, h, dt__now() + 5, "recv") == DTRAIN_OK);
+    if (!bad) {
+      CHECK(dt__conn_recv_payloadv(&c, &f, h, two, 2, dt__now() + 5, "recv") == DTRAIN_OK);
+      CHECK(memcmp(dst, src, 64) == 0);
+    } else {
+      CHECK_ERR(dt__conn_recv_payloadv(&c, &f, h, two, 2, dt__now() + 5, "pull #3"), DTRAIN_ERR_PROTOCOL,
+                "pull #3: receive from worker 1 (pair): checksum mismatch");
+    }
+    close(sv[0]);
+    close(sv[1]);
+  }
+  /* the peer goes after 8 of 16 bytes; places for 12 of 16 */
+  exch_pair(sv, &c, 0.0);
+  exch_put(sv[1], dt__net_id(DTRAIN_ROLE_WORKER, 1), 0, src, 8, 16);
+  close(sv[1]);
+  struct iovec two[2] = {{dst, 4}, {dst + 4, 12}};
+  CHECK(dt__conn_recv_header(&c, &f, h, dt__now() + 5, "recv") == DTRAIN_OK);
+  CHECK_ERR(dt__conn_recv_payloadv(&c, &f, h, two, 2, dt__now() + 5, "pull #4"), DTRAIN_ERR_PEER,
+            "pull #4: receive from worker 1 (pair)");
+  two[1].iov_len = 8;
+  CHECK_ERR(dt__conn_recv_payloadv(&c, &f, h, two, 2, dt__now() + 5, "pull #5"), DTRAIN_ERR_INTERNAL,
+            "12 bytes of places");
+  close(sv[0]);
+  /* sendv sends data frames only */
+  exch_pair(sv, &c, 0.0);
+  struct iovec one[1] = {{src, 4}}, scr[2];
+  CHECK_ERR(dt__conn_sendv(&c, DT__MSG_HEARTBEAT, one, 1, scr, dt__now() + 1, "x"), DTRAIN_ERR_INTERNAL,
+            "a gathered frame of type 0x07");
+  close(sv[0]);
+  close(sv[1]);
+  free(src);
+  free(dst);
+}
+
 static void test_connect_deadline(void) {
   /* Nobody listens: retries with backoff, then a timeout within the deadline. */
   int lfd;
@@ -1151,6 +1251,7 @@ int main(void) {
 #  endif
   TH_RUN(test_spin_read);
   TH_RUN(test_exchange_pair);
+  TH_RUN(test_gathered_frames);
   TH_RUN(test_timeout_defaults);
   TH_RUN(test_listen_binds_configured);
   TH_RUN(test_token_not_on_wire);
