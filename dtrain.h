@@ -2547,7 +2547,13 @@ typedef struct dt_strategy_options {
                                     layers: across processes a thread all-reduces each bucket; in
                                     one process a replica that finished its backward sums the
                                     buckets the others completed (bitwise the same result; see
-                                    "Overlapping communication") [0] */
+                                    "Overlapping communication"). parameter_server (max_staleness
+                                    not 0; needs threads): in dt_strategy_run a second thread
+                                    pushes step t's gradient and pulls the weights for t + 1 while
+                                    step t + 1 computes on the weights of the pull before, so each
+                                    step lacks this worker's last update (one clock more staleness,
+                                    which the push reports); dt_strategy_step is not overlapped
+                                    (nothing to overlap a single step with) [0] */
   size_t bucket_bytes;           /* overlap: bytes of gradient per bucket, cut at parameter
                                     boundaries from the last layer down [0: 2 MiB].
                                     multi_worker_mirrored with compress fp16/bf16 and no overlap:
@@ -21308,6 +21314,13 @@ DTRAIN_PRIVATE void dt__strategy_async_count(dt_strategy *s, int r, int64_t rows
                                              const dt_pstore_ticket *tk);
 DTRAIN_PRIVATE void dt__strategy_bufs_out_of_grad(dt_strategy *s, int r);
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
+/* A TCP store (dt_ps_client.c; any other: nothing): the next push was
+ * computed on the parameters of the pull of `clock` (as the pull's clock
+ * argument; the last pull or the one before it), not necessarily the last
+ * pull: the push tells the servers that one's version (its staleness, the
+ * staleness-aware step). Set before each push by parameter_server's
+ * overlapped loop. */
+DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);
 #endif
@@ -22604,10 +22617,10 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
                        "the %s store", fn, dt_compress_name(d->compress),
                        d->store->vtable->name ? d->store->vtable->name : "?");
   }
-  if (d->overlap) {
+  if (d->overlap && d->kind != DTRAIN_STRATEGY_PARAMETER_SERVER) { /* parameter_server's: its module checks */
     if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && d->kind != DTRAIN_STRATEGY_MIRRORED)
-      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for mirrored and multi_worker_mirrored, not %s", fn,
-                       name);
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for mirrored, multi_worker_mirrored and "
+                       "parameter_server, not %s", fn, name);
     if (d->compress.kind == DTRAIN_COMPRESS_TOPK || d->compress.kind == DTRAIN_COMPRESS_POWERSGD)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with compress %s (top-k selects over the whole "
                        "gradient and PowerSGD factors it in two rounds: neither can start before backward ends; "
@@ -23483,6 +23496,19 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_async_module(void) { retu
  * for trainable parameters and the current values of buffers; the servers
  * apply their optimizer to their shard. One replica per process: the
  * replica is this process's worker of the store, which is borrowed.
+ *
+ * desc.overlap (dt_strategy_run): a communication thread pushes step t's
+ * gradient and pulls the parameters for step t + 1 while this thread
+ * computes step t + 1 on the last parameters it has, those of the pull
+ * before (two copies of the parameters and of the gradient take turns). So
+ * the wire and the servers' optimizer overlap the forward and backward
+ * pass, and each step lacks this worker's own last update (one clock more
+ * staleness, which the servers count). The requests are those of the plain
+ * loop (push t, then pull t + 1, from one thread at a time), so the
+ * servers' staleness bound holds for them; a step computes on parameters
+ * one clock older than its pull's bound (hence no overlap with
+ * max_staleness 0, which would not be lock-step any more). At the end of a
+ * run the params hold the last pull: every push of the run applied.
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
@@ -23507,7 +23533,99 @@ static dt_result dt__ps_prepare(dt_strategy_desc *d) {
                      "one worker of the store), not %d", fn, d->replicas);
   d->replicas = 1;
   d->max_staleness = d->store->max_staleness;
+  if (d->overlap && d->max_staleness == 0)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: parameter_server overlap computes each step on the parameters of "
+                     "the pull before (one clock older), which max_staleness 0 (lock-step) does not allow; use a "
+                     "bound of 1 or more, or no overlap", fn);
   return DTRAIN_OK;
+}
+
+/* desc.overlap: the communication thread and the second copies (see the top). */
+typedef struct dt__ps_comm {
+  dt_strategy *s;
+  float *data2, *grad2;    /* the other copy of the parameters, of the gradient */
+  dt__mutex mu;
+  dt__cond cv;
+  dt__thread th;
+  int sync_ok;             /* mu and cv made */
+  int quit;
+  int busy;                /* a job was posted and is not done */
+  int64_t t;               /* the job: push(t) of push (NULL: empty), then pull(t + 1) into dst */
+  const float *push;
+  float *dst;
+  dt_result rc;            /* what it did */
+  dt_pstore_ticket tk_push, tk_pull;
+  char msg[DT__MSG_CAP];
+} dt__ps_comm;
+
+static void dt__ps_comm_main(void *arg) {
+  dt__ps_comm *C = (dt__ps_comm *)arg;
+  dt_strategy *s = C->s;
+  dt__mutex_lock(&C->mu);
+  for (;;) {
+    while (!C->busy && !C->quit) dt__cond_wait(&C->cv, &C->mu);
+    if (!C->busy) break; /* quit, with nothing posted */
+    int64_t t = C->t;
+    const float *push = C->push;
+    float *dst = C->dst;
+    dt__mutex_unlock(&C->mu);
+    dt_pstore_ticket a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    dt__ps_client_push_basis(s->pstore, t > 0 ? t - 1 : 0); /* step t computed on the pull of t - 1 */
+    dt_result rc = dt_pstore_push(s->pstore, 0, t, push, s->size, &a);
+    if (rc == DTRAIN_OK) rc = dt_pstore_pull(s->pstore, 0, t + 1, dst, s->size, &b);
+    dt__mutex_lock(&C->mu);
+    C->rc = rc;
+    if (rc != DTRAIN_OK) snprintf(C->msg, sizeof C->msg, "%s", dt_last_error()); /* this thread's */
+    C->tk_push = a;
+    C->tk_pull = b;
+    C->busy = 0;
+    dt__cond_broadcast(&C->cv);
+  }
+  dt__mutex_unlock(&C->mu);
+}
+
+static void dt__ps_comm_post(dt__ps_comm *C, int64_t t, const float *push, float *dst) {
+  dt__mutex_lock(&C->mu);
+  C->t = t;
+  C->push = push;
+  C->dst = dst;
+  C->busy = 1;
+  dt__cond_broadcast(&C->cv);
+  dt__mutex_unlock(&C->mu);
+}
+
+/* Until the posted job is done: its result, with its message as this thread's error. */
+static dt_result dt__ps_comm_wait(dt__ps_comm *C, dt_pstore_ticket *tk_push, dt_pstore_ticket *tk_pull) {
+  dt__mutex_lock(&C->mu);
+  while (C->busy) dt__cond_wait(&C->cv, &C->mu);
+  dt_result rc = C->rc;
+  *tk_push = C->tk_push;
+  *tk_pull = C->tk_pull;
+  if (rc != DTRAIN_OK) dt__error(rc, "%s", C->msg);
+  dt__mutex_unlock(&C->mu);
+  return rc;
+}
+
+static void dt__ps_destroy(dt_strategy *s) {
+  dt__ps_comm *C = (dt__ps_comm *)s->kind_state;
+  if (!C) return;
+  if (C->th.started) {
+    dt__mutex_lock(&C->mu);
+    C->quit = 1;
+    dt__cond_broadcast(&C->cv);
+    dt__mutex_unlock(&C->mu);
+    dt__thread_join(&C->th);
+  }
+  if (C->sync_ok) {
+    dt__cond_destroy(&C->cv);
+    dt__mutex_destroy(&C->mu);
+  }
+  dt__free(C->data2, s->fbytes ? s->fbytes : sizeof(float));
+  dt__free(C->grad2, s->fbytes ? s->fbytes : sizeof(float));
+  dt__free(C, sizeof *C);
+  s->kind_state = NULL;
 }
 
 static dt_result dt__ps_create(dt_strategy *s) {
@@ -23517,6 +23635,23 @@ static dt_result dt__ps_create(dt_strategy *s) {
                      s->size);
   s->pstore = st; /* borrowed */
   st->compress = s->desc.compress; /* the store's pushes and pulls (dt_ps_codec.c) */
+  if (!s->desc.overlap) return DTRAIN_OK;
+  dt__ps_comm *C = (dt__ps_comm *)dt__calloc(sizeof *C);
+  if (!C) return dt__strategy_nomem(s);
+  s->kind_state = C;
+  C->s = s;
+  C->data2 = dt__strategy_floats(s, dt_params_data(s->params));
+  C->grad2 = dt__strategy_floats(s, NULL);
+  if (!C->data2 || !C->grad2) return dt__strategy_nomem(s);
+  if (dt__mutex_init(&C->mu) != DTRAIN_OK) return dt_last_result();
+  if (dt__cond_init(&C->cv) != DTRAIN_OK) {
+    dt__mutex_destroy(&C->mu);
+    return dt_last_result();
+  }
+  C->sync_ok = 1;
+  if (dt__thread_start(&C->th, dt__ps_comm_main, C) != DTRAIN_OK)
+    return dt__error(dt_last_result(), "dt_strategy_create: parameter_server overlap needs a communication thread: "
+                     "%s", dt_last_error());
   return DTRAIN_OK;
 }
 
@@ -23542,21 +23677,112 @@ static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const
   return 1;
 }
 
+/* The buffers' places in a gradient copy zeroed again after its push (grad NULL: none). */
+static void dt__ps_bufs_zero(dt_strategy *s, float *grad) {
+  for (int i = 0; grad && i < s->nbufr; i++)
+    memset(grad + s->bufr[2 * i], 0, (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
+}
+
+/* The overlapped loop (desc.overlap, dt_strategy_run; see the top). Step t
+ * computes on D[cur] (the last pull that arrived) into G[t & 1]; then the
+ * job of step t - 1 is waited for (its pull of clock t arrived in the other
+ * copy, which becomes cur) and step t's is posted: push G[t & 1], pull
+ * clock t + 1 into the copy step t read. */
+static void dt__ps_job_overlap(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  dt__ps_comm *C = (dt__ps_comm *)s->kind_state;
+  float *D[2], *G[2];
+  D[0] = R->data;
+  D[1] = C->data2;
+  G[0] = R->grad;
+  G[1] = C->grad2;
+  R->result = DTRAIN_OK;
+  dt_pstore_ticket tk, tp;
+  memset(&tk, 0, sizeof tk);
+  dt_result rc = dt_pstore_pull(s->pstore, r, 0, D[0], s->size, &tk);
+  R->wait_s += tk.wait_s;
+  if (rc != DTRAIN_OK) {
+    dt__strategy_comm_failed(s, r, rc);
+    return;
+  }
+  if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
+  int cur = 0, held = 0, h_skipped = 0, h_bufs = 0;
+  int64_t h_rows = 0;
+  float h_loss = 0.0f, *h_grad = NULL; /* the job posted: its step's rows, skip, loss, gradient copy */
+  for (int64_t t = 0;; t++) {
+    dt_minibatch b;
+    if (!dt__strategy_async_batch(s, r, t, &b)) break;
+    R->data = D[cur];
+    R->grad = G[t & 1];
+    (void)dt_graph_bind(R->g, R->data, R->grad); /* (cannot fail: the graph has params and data is set) */
+    const float *push = NULL;
+    R->push_fill = 0;
+    if (!s->mod->local_step(s, r, &b, &push)) break;
+    if (held) {
+      double t0 = dt__now();
+      rc = dt__ps_comm_wait(C, &tk, &tp);
+      R->wait_s += dt__now() - t0;
+      held = 0;
+      dt__ps_bufs_zero(s, h_bufs ? h_grad : NULL);
+      if (rc != DTRAIN_OK) {
+        dt__strategy_comm_failed(s, r, rc);
+        dt__strategy_bufs_out_of_grad(s, r); /* this step's, not pushed */
+        break;
+      }
+      if (tp.clock_gap > R->gap_max) R->gap_max = tp.clock_gap;
+      dt__strategy_async_count(s, r, h_rows, h_skipped, h_loss, &tk);
+      cur = (int)(t & 1); /* the pull of clock t */
+    }
+    h_rows = b.rows;
+    h_skipped = R->skipped;
+    h_loss = R->loss;
+    h_bufs = R->bufs_in_grad;
+    h_grad = R->grad;
+    R->bufs_in_grad = 0;
+    dt__ps_comm_post(C, t, push, D[cur ^ 1]);
+    held = 1;
+  }
+  if (held) {
+    double t0 = dt__now();
+    rc = dt__ps_comm_wait(C, &tk, &tp);
+    R->wait_s += dt__now() - t0;
+    int last = cur ^ 1;
+    dt__ps_bufs_zero(s, h_bufs ? h_grad : NULL);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+    } else {
+      if (tp.clock_gap > R->gap_max) R->gap_max = tp.clock_gap;
+      dt__strategy_async_count(s, r, h_rows, h_skipped, h_loss, &tk);
+      cur = last;
+    }
+  }
+  if (cur != 0) memcpy(D[0], D[1], s->fbytes); /* the params hold the last pull */
+  R->data = D[0];
+  R->grad = G[0];
+  (void)dt_graph_bind(R->g, R->data, R->grad);
+}
+
+/* A run overlaps (desc.overlap); a step (dt_strategy_step) has nothing to overlap with. */
+static void dt__ps_job(dt_strategy *s, int r) {
+  if (s->kind_state && !s->batch) dt__ps_job_overlap(s, r);
+  else dt__strategy_async_job(s, r);
+}
+
 static const dt__strategy_module dt__ps_module = {
   "parameter_server",
   0,                      /* flags: the async family */
   dt__ps_prepare,         /* prepare */
   NULL,                   /* check */
-  dt__ps_create,          /* create: borrow the store */
+  dt__ps_create,          /* create: borrow the store; overlap's thread and copies */
   dt__ps_replica,         /* replica */
   NULL,                   /* start */
-  dt__strategy_async_job, /* job */
+  dt__ps_job,             /* job: async's, or overlapped */
   dt__strategy_async_run, /* run */
   NULL,                   /* sync: the next pull brings the servers' values */
   NULL,                   /* loss: the shard's */
   dt__ps_local_step,      /* local_step */
   NULL,                   /* dev_exchange: no devices */
-  NULL                    /* destroy: the store is the user's */
+  dt__ps_destroy          /* destroy: overlap's thread and copies (the store is the user's) */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
@@ -35586,7 +35812,10 @@ typedef struct dt__ps_client {
   unsigned char **buf;
   size_t *buf_cap;
   double *last_send;
-  uint64_t *pulled_version;
+  uint64_t *pulled_version; /* per server: the version of the last pull (the next push says it) */
+  uint64_t *basis_version;  /* ... of the pull before it (dt__ps_client_push_basis) */
+  int64_t pulled_clock;     /* the last pull's clock (absolute), -1: none since the join */
+  int64_t basis;            /* the next push was computed on the pull of this clock (absolute); -1: the last */
   uint64_t version;
   int64_t base, next;
   int queue;               /* it took a work item: each push asks for the next one too */
@@ -35776,6 +36005,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
     ps->wire_received += len;
     uint64_t v = dt__get_le64(C->buf[s]);
     int64_t gap = (int64_t)dt__get_le64(C->buf[s] + 8);
+    C->basis_version[s] = C->pulled_version[s];
     C->pulled_version[s] = v;
     if (v > tk->version) tk->version = v;
     if (v > C->version) C->version = v;
@@ -35790,6 +36020,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
     }
     dt__ps_shard_copy(C->params, C->owner, s, dst, C->view[s], 0);
   }
+  if (rc == DTRAIN_OK) C->pulled_clock = T;
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
   dt__mutex_unlock(&C->mu);
   tk->wait_s = dt__now() - t0;
@@ -35813,10 +36044,13 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   }
   const int z = delta && C->zc.kind != DTRAIN_COMPRESS_NONE;
   if (z && C->ef) dt__ef_local(C->ef, delta); /* top-k / PowerSGD: over the whole vector, then per server */
+  /* the version it was computed on: the last pull's, or the one before (overlap) */
+  const int before = C->basis >= 0 && C->basis != C->pulled_clock;
+  C->basis = -1;
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     unsigned char *b = C->buf[s];
     dt__put_le64(b, (uint64_t)T);
-    dt__put_le64(b + 8, C->pulled_version[s]);
+    dt__put_le64(b + 8, before ? C->basis_version[s] : C->pulled_version[s]);
     size_t len = DT__PS_FIX;
     if (z) {
       len = dt__ps_encode_push(C->zc, C->ef, C->params, C->owner, s, delta, b);
@@ -35965,6 +36199,14 @@ static uint64_t dt__ps_client_version(dt_pstore *ps) {
   return v;
 }
 
+DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock) {
+  if (!ps || !ps->vtable || !ps->vtable->name || strcmp(ps->vtable->name, "tcp") != 0) return; /* this store's */
+  dt__ps_client *C = dt__ps_client_of(ps);
+  dt__mutex_lock(&C->mu);
+  C->basis = clock < 0 ? -1 : C->base + clock;
+  dt__mutex_unlock(&C->mu);
+}
+
 #  if !defined(DTRAIN_NO_THREADS)
 /* The heartbeat thread: every timeout/3, a heartbeat on each connection idle that long. */
 static void dt__ps_client_heartbeat(void *arg) {
@@ -36009,6 +36251,7 @@ static void dt__ps_client_free(dt__ps_client *C) {
   dt__free(C->shard, M * sizeof(size_t));
   dt__free(C->last_send, M * sizeof(double));
   dt__free(C->pulled_version, M * sizeof(uint64_t));
+  dt__free(C->basis_version, M * sizeof(uint64_t));
   dt__free(C->owner, (size_t)(C->np > 0 ? C->np : 1) * sizeof(int));
   dt__free(C->iov, (size_t)(C->np + 2) * sizeof(struct iovec));
   dt__free(C->iov_scratch, (size_t)(C->np + 2) * sizeof(struct iovec));
@@ -36075,12 +36318,14 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   C->buf_cap = (size_t *)dt__calloc(M * sizeof(size_t));
   C->last_send = (double *)dt__calloc(M * sizeof(double));
   C->pulled_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
+  C->basis_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
+  C->pulled_clock = C->basis = -1;
   C->iov = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
   C->iov_scratch = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
   if (C->conn)
     for (int s = 0; s < C->M; s++) C->conn[s].fd = -1;
   if (rc != DTRAIN_OK || !C->owner || !C->conn || !C->shard || !C->buf || !C->buf_cap || !C->last_send ||
-      !C->pulled_version || !C->iov || !C->iov_scratch) {
+      !C->pulled_version || !C->basis_version || !C->iov || !C->iov_scratch) {
     dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
     goto fail;
   }
@@ -36147,7 +36392,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
      * saw (a push that reached only some servers is made again). */
     if (start > C->next) C->next = start;
     if (s == 0 || done < C->ps.steps_done) C->ps.steps_done = done;
-    C->pulled_version[s] = v;
+    C->pulled_version[s] = C->basis_version[s] = v;
     if (v > C->version) C->version = v;
     C->last_send[s] = dt__now();
   }
@@ -36186,6 +36431,13 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
 }
 
 #else /* DTRAIN_NO_NET */
+
+#  if !defined(DTRAIN_NO_DIST)
+DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock) { /* no TCP store without networking */
+  (void)ps;
+  (void)clock;
+}
+#  endif
 
 DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
                                            int max_staleness) {

@@ -23,12 +23,28 @@
  *    without the 1:4 straggler: samples/s and the held-out loss and accuracy
  *    after the same number of samples (STEPS global steps of 64 from the same
  *    fresh weights; mirrored(2) beside them).
- * Timings only: nothing is asserted. --quick: fewer rounds and steps. */
+ * 4. Parameter servers over loopback TCP: 2 worker processes and 1 server
+ *    process (forked here, the server's socket bound before the fork), the
+ *    same model, Adam on the server, each worker pushing B/2 rows a step, no
+ *    staleness bound; against async(2, unbounded) in this process in the
+ *    same rounds. Each round the workers connect, make 5 steps, wait for each
+ *    other, then train for 1 s; total samples/s = the sum of the workers'.
+ *    Plain (pull, step, push) and with overlap (sd.overlap: a second thread
+ *    pushes and pulls while the next step computes). Also: the share of a
+ *    worker's time waiting in pull and push (sends, waits, copies; with
+ *    overlap, waiting for the thread) and the bytes on the wire a step.
+ *    Goal: >= 0.9x in-process.
+ * Timings only: nothing is asserted. --quick: fewer rounds and steps; --ps:
+ * section 4 only. */
+#define DTRAIN_STATIC
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define NIN 784
 #define NHID 64
@@ -202,6 +218,107 @@ static void curve_run(const dt_strategy_options *sd, int64_t steps, double *rate
   dt_params_destroy(P);
 }
 
+/* ---- 4: parameter servers over loopback TCP ------------------------------------------------ */
+
+typedef struct ps_result {
+  double samples, seconds, comm_s; /* comm_s: inside pull and push */
+  double wire_sent, wire_received; /* bytes a step */
+} ps_result;
+
+/* One process of the job: the server (index -1) or worker w, which trains
+ * `seconds` after the start signal and writes its ps_result to out. */
+static int ps_process(int w, int lfd, const char *saddr, int64_t rows, int overlap, double seconds, int ready, int go,
+                      int out) {
+  char waddr[2][32] = {"127.0.0.1:1", "127.0.0.1:2"}; /* workers do not listen in PS training */
+  char *wa[2] = {waddr[0], waddr[1]}, *sa[1] = {(char *)saddr};
+  dt_cluster c;
+  memset(&c, 0, sizeof c);
+  c.workers = 2;
+  c.servers = 1;
+  c.worker_addr = wa;
+  c.server_addr = sa;
+  c.role = w < 0 ? DTRAIN_ROLE_PS : DTRAIN_ROLE_WORKER;
+  c.index = w < 0 ? 0 : w;
+  mlp m;
+  dt_optim *opt;
+  dt_params *P = model_create(&m, &opt);
+  dt_net_options o = dt_net_defaults();
+  o.job_id = 0x626173;
+  o.listen_fd = w < 0 ? lfd : -1;
+  o.quiet = 1;
+  o.model_hash = dt_params_hash(P);
+  if (w < 0) return dt_ps_serve(&c, P, opt, &o, NULL) == DTRAIN_OK ? 0 : 1;
+  dt_pstore *store = dt_pstore_create_tcp(&c, P, &o, DTRAIN_STALENESS_UNBOUNDED);
+  dt_strategy_options sd = dt_strategy_parameter_server(store, DTRAIN_STALENESS_UNBOUNDED);
+  sd.overlap = overlap;
+  dt_strategy *s = store ? dt_strategy_create(P, opt, mlp_step, &m, &sd) : NULL;
+  feed f;
+  f.batch = rows;
+  char b = 1;
+  ps_result r;
+  memset(&r, 0, sizeof r);
+  int ok = s && dt_strategy_run(s, 5, feed_next, &f, NULL) == DTRAIN_OK;
+  if (!ok) fprintf(stderr, "bench_async: worker %d: %s\n", w, dt_last_error());
+  if (write(ready, &b, 1) != 1 || read(go, &b, 1) != 1) ok = 0;
+  if (ok) {
+    dt_strategy_reset_stats(s);
+    double t0 = dt_time_now();
+    while (ok && dt_time_now() - t0 < seconds) ok = dt_strategy_run(s, 20, feed_next, &f, NULL) == DTRAIN_OK;
+    dt_strategy_stats st;
+    dt_strategy_stats_get(s, &st);
+    r.samples = (double)st.samples;
+    r.seconds = st.seconds;
+    r.comm_s = st.wait_s_mean;
+    r.wire_sent = st.steps ? (double)st.wire_bytes / (double)st.steps : 0.0;
+    r.wire_received = st.steps ? (double)st.wire_bytes_received / (double)st.steps : 0.0;
+    if (!ok) fprintf(stderr, "bench_async: worker %d: %s\n", w, dt_last_error());
+  }
+  if (store) dt_pstore_leave(store, w);
+  dt_strategy_destroy(s);
+  dt_pstore_destroy(store);
+  if (write(out, &r, sizeof r) != (ssize_t)sizeof r) ok = 0;
+  return ok ? 0 : 1;
+}
+
+/* One round: total samples/s of the two workers (0 when the job failed); r[2] their results. */
+static double measure_ps(int64_t batch, int overlap, double seconds, ps_result r[2]) {
+  int lfd = -1, ready[2], go[2], out[2];
+  char saddr[32];
+  if (dt__net_listen("127.0.0.1:0", &lfd) != DTRAIN_OK) { /* a private helper of the header (bench_hostile too) */
+    fprintf(stderr, "bench_async: %s\n", dt_last_error());
+    return 0.0;
+  }
+  snprintf(saddr, sizeof saddr, "127.0.0.1:%d", dt__net_port(lfd));
+  if (pipe(ready) != 0 || pipe(go) != 0 || pipe(out) != 0) return 0.0;
+  pid_t pid[3];
+  fflush(NULL);
+  for (int p = 0; p < 3; p++) {
+    pid[p] = fork();
+    if (pid[p] == 0) {
+      signal(SIGPIPE, SIG_IGN);
+      if (p < 2) close(lfd);
+      _exit(ps_process(p < 2 ? p : -1, lfd, saddr, batch / 2, overlap, seconds, ready[1], go[0], out[1]));
+    }
+  }
+  close(lfd);
+  char b[2] = {1, 1};
+  int ok = read(ready[0], b, 1) == 1 && read(ready[0], b + 1, 1) == 1 && write(go[1], b, 2) == 2;
+  memset(r, 0, 2 * sizeof *r);
+  for (int w = 0; ok && w < 2; w++) ok = read(out[0], &r[w], sizeof r[w]) == (ssize_t)sizeof r[w];
+  for (int p = 0; p < 3; p++) {
+    int st = 0;
+    waitpid(pid[p], &st, 0);
+    ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+  for (int i = 0; i < 2; i++) {
+    close(ready[i]);
+    close(go[i]);
+    close(out[i]);
+  }
+  if (!ok || r[0].seconds <= 0.0 || r[1].seconds <= 0.0) return 0.0;
+  return r[0].samples / r[0].seconds + r[1].samples / r[1].seconds;
+}
+
 static void cpu_name(char *out, size_t cap) {
   snprintf(out, cap, "unknown CPU");
   FILE *f = fopen("/proc/cpuinfo", "r");
@@ -222,7 +339,15 @@ static void cpu_name(char *out, size_t cap) {
 }
 
 int main(int argc, char **argv) {
-  int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+  int quick = 0, ps_only = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--quick") == 0) quick = 1;
+    else if (strcmp(argv[i], "--ps") == 0) ps_only = 1;
+    else {
+      fprintf(stderr, "usage: bench_async [--quick] [--ps]\n");
+      return 2;
+    }
+  }
   const int rounds = quick ? 2 : 6;
   const int64_t steps = quick ? 150 : 600;
   char cpu[256];
@@ -241,12 +366,14 @@ int main(int argc, char **argv) {
   sds[4] = dt_strategy_async(2, DTRAIN_STALENESS_UNBOUNDED);
   sds[4].straggler = 1;
   sds[4].straggler_factor = 4.0f;
-  printf("\nMLP 784-256-128-10, Adam; samples/s, best of %d rounds of 0.5 s; async: pushes of B/2 rows\n", rounds);
-  printf("%6s", "B");
-  for (int k = 0; k < NK; k++) printf("  %16s", names[k]);
-  printf("  %-22s  %s\n", "async/mirrored", "1:4: async / (1.25 x one_device(B/2))");
   const int64_t batches[2] = {64, 256};
-  for (int bi = 0; bi < 2; bi++) {
+  if (!ps_only) {
+    printf("\nMLP 784-256-128-10, Adam; samples/s, best of %d rounds of 0.5 s; async: pushes of B/2 rows\n", rounds);
+    printf("%6s", "B");
+    for (int k = 0; k < NK; k++) printf("  %16s", names[k]);
+    printf("  %-22s  %s\n", "async/mirrored", "1:4: async / (1.25 x one_device(B/2))");
+  }
+  for (int bi = 0; bi < 2 && !ps_only; bi++) {
     double best[NK] = {0};
     for (int round = 0; round < rounds; round++)
       for (int k = 0; k < NK; k++) {
@@ -260,11 +387,12 @@ int main(int argc, char **argv) {
   }
 
   /* 3: the staleness-bound curve */
-  printf("\nstaleness bound k: %lld global steps of 64 from the same fresh weights; held-out loss / accuracy "
-         "(2048 samples)\n", (long long)steps);
-  printf("%-16s  %12s %8s %7s   %12s %8s %7s\n", "", "samples/s", "loss", "acc", "1:4 samp/s", "loss", "acc");
+  if (!ps_only)
+    printf("\nstaleness bound k: %lld global steps of 64 from the same fresh weights; held-out loss / accuracy "
+           "(2048 samples)\n", (long long)steps);
+  if (!ps_only) printf("%-16s  %12s %8s %7s   %12s %8s %7s\n", "", "samples/s", "loss", "acc", "1:4 samp/s", "loss", "acc");
   const int ks[7] = {0, 1, 2, 4, 8, 16, DTRAIN_STALENESS_UNBOUNDED};
-  for (int ki = -1; ki < 7; ki++) {
+  for (int ki = -1; ki < 7 && !ps_only; ki++) {
     double rate[2], loss[2], acc[2];
     for (int slow = 0; slow < 2; slow++) {
       dt_strategy_options sd = ki < 0 ? dt_strategy_mirrored(2) : dt_strategy_async(2, ks[ki]);
@@ -280,6 +408,38 @@ int main(int argc, char **argv) {
     else snprintf(label, sizeof label, "async k=%d", ks[ki]);
     printf("%-16s  %12.0f %8.4f %7.4f   %12.0f %8.4f %7.4f\n", label, rate[0], loss[0], acc[0], rate[1], loss[1],
            acc[1]);
+  }
+
+  /* 4: parameter servers over loopback TCP */
+  printf("\nparameter servers over loopback TCP: 2 workers + 1 server (processes), pushes of B/2 rows, unbounded; "
+         "best of %d rounds\n", rounds);
+  printf("%6s  %14s  %14s  %14s  %-24s  %-20s  %s\n", "B", "async(2,unb)", "ps(2w,1s)", "ps overlap", "ps/async, overlap",
+         "worker in pull+push", "wire bytes/step sent, received");
+  for (int bi = 0; bi < 2; bi++) {
+    double best_a = 0.0, best_p[2] = {0.0, 0.0};
+    ps_result at[2][2];
+    memset(at, 0, sizeof at);
+    for (int round = 0; round < rounds; round++) {
+      double a = measure(&sds[3], batches[bi], 0.5);
+      if (a > best_a) best_a = a;
+      for (int ov = 0; ov < 2; ov++) {
+        ps_result r[2];
+        double p = measure_ps(batches[bi], ov, 1.0, r);
+        if (p > best_p[ov]) {
+          best_p[ov] = p;
+          memcpy(at[ov], r, sizeof at[ov]);
+        }
+      }
+    }
+    double share[2];
+    for (int ov = 0; ov < 2; ov++)
+      share[ov] = at[ov][0].seconds > 0 && at[ov][1].seconds > 0
+                      ? 0.5 * (at[ov][0].comm_s / at[ov][0].seconds + at[ov][1].comm_s / at[ov][1].seconds)
+                      : 0.0;
+    printf("%6lld  %14.0f  %14.0f  %14.0f  %.2fx, %.2fx (goal >= 0.9)  %5.1f%%, %5.1f%%      %.0f, %.0f\n",
+           (long long)batches[bi], best_a, best_p[0], best_p[1], best_a > 0 ? best_p[0] / best_a : 0.0,
+           best_a > 0 ? best_p[1] / best_a : 0.0, 100.0 * share[0], 100.0 * share[1], at[0][0].wire_sent,
+           at[0][0].wire_received);
   }
   free(X);
   free(TX);

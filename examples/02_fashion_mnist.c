@@ -301,7 +301,7 @@ static int parse(int argc, char **argv, options *o) {
       {"svg", 's', &o->svg, 0, 0, "the loss and accuracy chart"},
       {"device", 's', &o->device, 0, 0, "cpu, cuda (one replica per GPU) or cuda:N"},
       {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored, parameter_server: gradients on the wire as none, fp16, bf16, topk:F or powersgd:R (parameter_server: pulls as 16-bit differences)"},
-      {"overlap", 'b', &o->overlap, 0, 0, "mirrored, multi_worker_mirrored: sum gradient buckets during backward"},
+      {"overlap", 'b', &o->overlap, 0, 0, "mirrored, multi_worker_mirrored: sum gradient buckets during backward (parameter_server: examples/06)"},
       {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--overlap, or --compress fp16/bf16 without it: KiB of gradient per bucket (0: 2048 with --overlap, one ring without)"},
       {"target-accuracy", 'f', &o->target_accuracy, 0, 1,
        "time-to-accuracy: note the training time when test accuracy first reaches this, then stop (0: off)"},
@@ -567,6 +567,11 @@ int main(int argc, char **argv) {
     sd.overlap = a.o.overlap;
     sd.bucket_bytes = (size_t)a.o.bucket_kb << 10;
   } else if (ps) {
+    if (a.o.overlap) { /* (it was ignored here before: say so instead) */
+      fprintf(stderr, "error: --overlap with parameter_server overlaps a run's steps (dt_strategy_run: "
+                      "examples/06_parameter_server --overlap); dt_fit here takes one step at a time\n");
+      return 2;
+    }
     int k = a.o.max_staleness == DTRAIN_STALENESS_UNBOUNDED ? 2 : a.o.max_staleness;
     if (!(store = dt_pstore_create_tcp(cl, a.P, &no, k))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
     sd = dt_strategy_parameter_server(store, k);

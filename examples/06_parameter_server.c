@@ -22,6 +22,9 @@
  * together with --batch),
  * --lr X, --max-staleness K (default 2), --limit N, --data DIR, --seed S,
  * --checkpoint-dir DIR (servers), --checkpoint-every N (updates), --quiet,
+ * --overlap (workers: a second thread pushes each step's gradient and pulls
+ * the next weights while the next step computes, on the weights of the pull
+ * before: one clock more staleness; not with --max-staleness 0),
  * --compress none|fp16|bf16|topk:F|powersgd:R (workers: the pushes' form on
  * the wire; pulls then come as 16-bit differences from the worker's copy);
  * servers: --min-workers N (start training once N workers joined; the
@@ -56,7 +59,7 @@
 #include <time.h>
 
 typedef struct options {
-  int epochs, batch, max_staleness, quiet, crash_rank, slow_rank, min_workers, staleness_lr, work_queue;
+  int epochs, batch, max_staleness, quiet, crash_rank, slow_rank, min_workers, staleness_lr, work_queue, overlap;
   double rejoin_timeout;
   int batch_per_worker; /* --batch-per-worker B, 0 when not given; then --batch (global) decides */
   int batch_given;      /* --batch was on the command line (the two flags together are refused) */
@@ -203,6 +206,7 @@ static int parse(int argc, char **argv, options *o) {
       {"rejoin-timeout", 'd', &o->rejoin_timeout, 0, 1e6, "servers: seconds a lost worker may take to rejoin"},
       {"staleness-lr", 'b', &o->staleness_lr, 0, 0, "servers: scale each push by 1/(1+staleness)"},
       {"work-queue", 'b', &o->work_queue, 0, 0, "workers take batches from a shared queue (needs --max-staleness -1)"},
+      {"overlap", 'b', &o->overlap, 0, 0, "workers: push and pull in a second thread while the next step computes (on the weights of the pull before; not with --max-staleness 0)"},
       {"compress", 's', &compress, 0, 0, "workers: pushes as none, fp16, bf16, topk:F or powersgd:R; pulls then come as 16-bit differences"},
       {"crash-at", 's', &crash, 0, 0, "RANK:STEP -- that worker exits at that step"},
       {"slow", 's', &slow, 0, 0, "RANK:FACTOR -- that worker is FACTOR times slower"},
@@ -381,6 +385,7 @@ int main(int argc, char **argv) {
   dt_strategy_options sd = dt_strategy_parameter_server(store, o.max_staleness);
   sd.work_queue = o.work_queue;
   sd.compress = o.compress;
+  sd.overlap = o.overlap;
   if (rank == o.slow_rank) {
     sd.straggler = 0; /* this process's replica 0 */
     sd.straggler_factor = o.slow_factor;

@@ -43,7 +43,10 @@ typedef struct dt__ps_client {
   unsigned char **buf;
   size_t *buf_cap;
   double *last_send;
-  uint64_t *pulled_version;
+  uint64_t *pulled_version; /* per server: the version of the last pull (the next push says it) */
+  uint64_t *basis_version;  /* ... of the pull before it (dt__ps_client_push_basis) */
+  int64_t pulled_clock;     /* the last pull's clock (absolute), -1: none since the join */
+  int64_t basis;            /* the next push was computed on the pull of this clock (absolute); -1: the last */
   uint64_t version;
   int64_t base, next;
   int queue;               /* it took a work item: each push asks for the next one too */
@@ -233,6 +236,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
     ps->wire_received += len;
     uint64_t v = dt__get_le64(C->buf[s]);
     int64_t gap = (int64_t)dt__get_le64(C->buf[s] + 8);
+    C->basis_version[s] = C->pulled_version[s];
     C->pulled_version[s] = v;
     if (v > tk->version) tk->version = v;
     if (v > C->version) C->version = v;
@@ -247,6 +251,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
     }
     dt__ps_shard_copy(C->params, C->owner, s, dst, C->view[s], 0);
   }
+  if (rc == DTRAIN_OK) C->pulled_clock = T;
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
   dt__mutex_unlock(&C->mu);
   tk->wait_s = dt__now() - t0;
@@ -270,10 +275,13 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   }
   const int z = delta && C->zc.kind != DTRAIN_COMPRESS_NONE;
   if (z && C->ef) dt__ef_local(C->ef, delta); /* top-k / PowerSGD: over the whole vector, then per server */
+  /* the version it was computed on: the last pull's, or the one before (overlap) */
+  const int before = C->basis >= 0 && C->basis != C->pulled_clock;
+  C->basis = -1;
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     unsigned char *b = C->buf[s];
     dt__put_le64(b, (uint64_t)T);
-    dt__put_le64(b + 8, C->pulled_version[s]);
+    dt__put_le64(b + 8, before ? C->basis_version[s] : C->pulled_version[s]);
     size_t len = DT__PS_FIX;
     if (z) {
       len = dt__ps_encode_push(C->zc, C->ef, C->params, C->owner, s, delta, b);
@@ -422,6 +430,14 @@ static uint64_t dt__ps_client_version(dt_pstore *ps) {
   return v;
 }
 
+DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock) {
+  if (!ps || !ps->vtable || !ps->vtable->name || strcmp(ps->vtable->name, "tcp") != 0) return; /* this store's */
+  dt__ps_client *C = dt__ps_client_of(ps);
+  dt__mutex_lock(&C->mu);
+  C->basis = clock < 0 ? -1 : C->base + clock;
+  dt__mutex_unlock(&C->mu);
+}
+
 #  if !defined(DTRAIN_NO_THREADS)
 /* The heartbeat thread: every timeout/3, a heartbeat on each connection idle that long. */
 static void dt__ps_client_heartbeat(void *arg) {
@@ -466,6 +482,7 @@ static void dt__ps_client_free(dt__ps_client *C) {
   dt__free(C->shard, M * sizeof(size_t));
   dt__free(C->last_send, M * sizeof(double));
   dt__free(C->pulled_version, M * sizeof(uint64_t));
+  dt__free(C->basis_version, M * sizeof(uint64_t));
   dt__free(C->owner, (size_t)(C->np > 0 ? C->np : 1) * sizeof(int));
   dt__free(C->iov, (size_t)(C->np + 2) * sizeof(struct iovec));
   dt__free(C->iov_scratch, (size_t)(C->np + 2) * sizeof(struct iovec));
@@ -532,12 +549,14 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   C->buf_cap = (size_t *)dt__calloc(M * sizeof(size_t));
   C->last_send = (double *)dt__calloc(M * sizeof(double));
   C->pulled_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
+  C->basis_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
+  C->pulled_clock = C->basis = -1;
   C->iov = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
   C->iov_scratch = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
   if (C->conn)
     for (int s = 0; s < C->M; s++) C->conn[s].fd = -1;
   if (rc != DTRAIN_OK || !C->owner || !C->conn || !C->shard || !C->buf || !C->buf_cap || !C->last_send ||
-      !C->pulled_version || !C->iov || !C->iov_scratch) {
+      !C->pulled_version || !C->basis_version || !C->iov || !C->iov_scratch) {
     dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
     goto fail;
   }
@@ -604,7 +623,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
      * saw (a push that reached only some servers is made again). */
     if (start > C->next) C->next = start;
     if (s == 0 || done < C->ps.steps_done) C->ps.steps_done = done;
-    C->pulled_version[s] = v;
+    C->pulled_version[s] = C->basis_version[s] = v;
     if (v > C->version) C->version = v;
     C->last_send[s] = dt__now();
   }
@@ -643,6 +662,13 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
 }
 
 #else /* DTRAIN_NO_NET */
+
+#  if !defined(DTRAIN_NO_DIST)
+DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock) { /* no TCP store without networking */
+  (void)ps;
+  (void)clock;
+}
+#  endif
 
 DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
                                            int max_staleness) {

@@ -269,10 +269,10 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
                        "the %s store", fn, dt_compress_name(d->compress),
                        d->store->vtable->name ? d->store->vtable->name : "?");
   }
-  if (d->overlap) {
+  if (d->overlap && d->kind != DTRAIN_STRATEGY_PARAMETER_SERVER) { /* parameter_server's: its module checks */
     if (d->kind != DTRAIN_STRATEGY_MULTI_WORKER_MIRRORED && d->kind != DTRAIN_STRATEGY_MIRRORED)
-      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for mirrored and multi_worker_mirrored, not %s", fn,
-                       name);
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap is for mirrored, multi_worker_mirrored and "
+                       "parameter_server, not %s", fn, name);
     if (d->compress.kind == DTRAIN_COMPRESS_TOPK || d->compress.kind == DTRAIN_COMPRESS_POWERSGD)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with compress %s (top-k selects over the whole "
                        "gradient and PowerSGD factors it in two rounds: neither can start before backward ends; "

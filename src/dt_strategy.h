@@ -412,7 +412,13 @@ typedef struct dt_strategy_options {
                                     layers: across processes a thread all-reduces each bucket; in
                                     one process a replica that finished its backward sums the
                                     buckets the others completed (bitwise the same result; see
-                                    "Overlapping communication") [0] */
+                                    "Overlapping communication"). parameter_server (max_staleness
+                                    not 0; needs threads): in dt_strategy_run a second thread
+                                    pushes step t's gradient and pulls the weights for t + 1 while
+                                    step t + 1 computes on the weights of the pull before, so each
+                                    step lacks this worker's last update (one clock more staleness,
+                                    which the push reports); dt_strategy_step is not overlapped
+                                    (nothing to overlap a single step with) [0] */
   size_t bucket_bytes;           /* overlap: bytes of gradient per bucket, cut at parameter
                                     boundaries from the last layer down [0: 2 MiB].
                                     multi_worker_mirrored with compress fp16/bf16 and no overlap:

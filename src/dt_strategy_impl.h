@@ -322,6 +322,13 @@ DTRAIN_PRIVATE void dt__strategy_async_count(dt_strategy *s, int r, int64_t rows
                                              const dt_pstore_ticket *tk);
 DTRAIN_PRIVATE void dt__strategy_bufs_out_of_grad(dt_strategy *s, int r);
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
+/* A TCP store (dt_ps_client.c; any other: nothing): the next push was
+ * computed on the parameters of the pull of `clock` (as the pull's clock
+ * argument; the last pull or the one before it), not necessarily the last
+ * pull: the push tells the servers that one's version (its staleness, the
+ * staleness-aware step). Set before each push by parameter_server's
+ * overlapped loop. */
+DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);
 #endif

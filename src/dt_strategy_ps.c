@@ -7,6 +7,19 @@
  * for trainable parameters and the current values of buffers; the servers
  * apply their optimizer to their shard. One replica per process: the
  * replica is this process's worker of the store, which is borrowed.
+ *
+ * desc.overlap (dt_strategy_run): a communication thread pushes step t's
+ * gradient and pulls the parameters for step t + 1 while this thread
+ * computes step t + 1 on the last parameters it has, those of the pull
+ * before (two copies of the parameters and of the gradient take turns). So
+ * the wire and the servers' optimizer overlap the forward and backward
+ * pass, and each step lacks this worker's own last update (one clock more
+ * staleness, which the servers count). The requests are those of the plain
+ * loop (push t, then pull t + 1, from one thread at a time), so the
+ * servers' staleness bound holds for them; a step computes on parameters
+ * one clock older than its pull's bound (hence no overlap with
+ * max_staleness 0, which would not be lock-step any more). At the end of a
+ * run the params hold the last pull: every push of the run applied.
  */
 #include "dt_strategy_impl.h"
 
@@ -31,7 +44,99 @@ static dt_result dt__ps_prepare(dt_strategy_desc *d) {
                      "one worker of the store), not %d", fn, d->replicas);
   d->replicas = 1;
   d->max_staleness = d->store->max_staleness;
+  if (d->overlap && d->max_staleness == 0)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: parameter_server overlap computes each step on the parameters of "
+                     "the pull before (one clock older), which max_staleness 0 (lock-step) does not allow; use a "
+                     "bound of 1 or more, or no overlap", fn);
   return DTRAIN_OK;
+}
+
+/* desc.overlap: the communication thread and the second copies (see the top). */
+typedef struct dt__ps_comm {
+  dt_strategy *s;
+  float *data2, *grad2;    /* the other copy of the parameters, of the gradient */
+  dt__mutex mu;
+  dt__cond cv;
+  dt__thread th;
+  int sync_ok;             /* mu and cv made */
+  int quit;
+  int busy;                /* a job was posted and is not done */
+  int64_t t;               /* the job: push(t) of push (NULL: empty), then pull(t + 1) into dst */
+  const float *push;
+  float *dst;
+  dt_result rc;            /* what it did */
+  dt_pstore_ticket tk_push, tk_pull;
+  char msg[DT__MSG_CAP];
+} dt__ps_comm;
+
+static void dt__ps_comm_main(void *arg) {
+  dt__ps_comm *C = (dt__ps_comm *)arg;
+  dt_strategy *s = C->s;
+  dt__mutex_lock(&C->mu);
+  for (;;) {
+    while (!C->busy && !C->quit) dt__cond_wait(&C->cv, &C->mu);
+    if (!C->busy) break; /* quit, with nothing posted */
+    int64_t t = C->t;
+    const float *push = C->push;
+    float *dst = C->dst;
+    dt__mutex_unlock(&C->mu);
+    dt_pstore_ticket a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    dt__ps_client_push_basis(s->pstore, t > 0 ? t - 1 : 0); /* step t computed on the pull of t - 1 */
+    dt_result rc = dt_pstore_push(s->pstore, 0, t, push, s->size, &a);
+    if (rc == DTRAIN_OK) rc = dt_pstore_pull(s->pstore, 0, t + 1, dst, s->size, &b);
+    dt__mutex_lock(&C->mu);
+    C->rc = rc;
+    if (rc != DTRAIN_OK) snprintf(C->msg, sizeof C->msg, "%s", dt_last_error()); /* this thread's */
+    C->tk_push = a;
+    C->tk_pull = b;
+    C->busy = 0;
+    dt__cond_broadcast(&C->cv);
+  }
+  dt__mutex_unlock(&C->mu);
+}
+
+static void dt__ps_comm_post(dt__ps_comm *C, int64_t t, const float *push, float *dst) {
+  dt__mutex_lock(&C->mu);
+  C->t = t;
+  C->push = push;
+  C->dst = dst;
+  C->busy = 1;
+  dt__cond_broadcast(&C->cv);
+  dt__mutex_unlock(&C->mu);
+}
+
+/* Until the posted job is done: its result, with its message as this thread's error. */
+static dt_result dt__ps_comm_wait(dt__ps_comm *C, dt_pstore_ticket *tk_push, dt_pstore_ticket *tk_pull) {
+  dt__mutex_lock(&C->mu);
+  while (C->busy) dt__cond_wait(&C->cv, &C->mu);
+  dt_result rc = C->rc;
+  *tk_push = C->tk_push;
+  *tk_pull = C->tk_pull;
+  if (rc != DTRAIN_OK) dt__error(rc, "%s", C->msg);
+  dt__mutex_unlock(&C->mu);
+  return rc;
+}
+
+static void dt__ps_destroy(dt_strategy *s) {
+  dt__ps_comm *C = (dt__ps_comm *)s->kind_state;
+  if (!C) return;
+  if (C->th.started) {
+    dt__mutex_lock(&C->mu);
+    C->quit = 1;
+    dt__cond_broadcast(&C->cv);
+    dt__mutex_unlock(&C->mu);
+    dt__thread_join(&C->th);
+  }
+  if (C->sync_ok) {
+    dt__cond_destroy(&C->cv);
+    dt__mutex_destroy(&C->mu);
+  }
+  dt__free(C->data2, s->fbytes ? s->fbytes : sizeof(float));
+  dt__free(C->grad2, s->fbytes ? s->fbytes : sizeof(float));
+  dt__free(C, sizeof *C);
+  s->kind_state = NULL;
 }
 
 static dt_result dt__ps_create(dt_strategy *s) {
@@ -41,6 +146,23 @@ static dt_result dt__ps_create(dt_strategy *s) {
                      s->size);
   s->pstore = st; /* borrowed */
   st->compress = s->desc.compress; /* the store's pushes and pulls (dt_ps_codec.c) */
+  if (!s->desc.overlap) return DTRAIN_OK;
+  dt__ps_comm *C = (dt__ps_comm *)dt__calloc(sizeof *C);
+  if (!C) return dt__strategy_nomem(s);
+  s->kind_state = C;
+  C->s = s;
+  C->data2 = dt__strategy_floats(s, dt_params_data(s->params));
+  C->grad2 = dt__strategy_floats(s, NULL);
+  if (!C->data2 || !C->grad2) return dt__strategy_nomem(s);
+  if (dt__mutex_init(&C->mu) != DTRAIN_OK) return dt_last_result();
+  if (dt__cond_init(&C->cv) != DTRAIN_OK) {
+    dt__mutex_destroy(&C->mu);
+    return dt_last_result();
+  }
+  C->sync_ok = 1;
+  if (dt__thread_start(&C->th, dt__ps_comm_main, C) != DTRAIN_OK)
+    return dt__error(dt_last_result(), "dt_strategy_create: parameter_server overlap needs a communication thread: "
+                     "%s", dt_last_error());
   return DTRAIN_OK;
 }
 
@@ -66,21 +188,112 @@ static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const
   return 1;
 }
 
+/* The buffers' places in a gradient copy zeroed again after its push (grad NULL: none). */
+static void dt__ps_bufs_zero(dt_strategy *s, float *grad) {
+  for (int i = 0; grad && i < s->nbufr; i++)
+    memset(grad + s->bufr[2 * i], 0, (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
+}
+
+/* The overlapped loop (desc.overlap, dt_strategy_run; see the top). Step t
+ * computes on D[cur] (the last pull that arrived) into G[t & 1]; then the
+ * job of step t - 1 is waited for (its pull of clock t arrived in the other
+ * copy, which becomes cur) and step t's is posted: push G[t & 1], pull
+ * clock t + 1 into the copy step t read. */
+static void dt__ps_job_overlap(dt_strategy *s, int r) {
+  dt__strategy_replica *R = &s->rep[r];
+  dt__ps_comm *C = (dt__ps_comm *)s->kind_state;
+  float *D[2], *G[2];
+  D[0] = R->data;
+  D[1] = C->data2;
+  G[0] = R->grad;
+  G[1] = C->grad2;
+  R->result = DTRAIN_OK;
+  dt_pstore_ticket tk, tp;
+  memset(&tk, 0, sizeof tk);
+  dt_result rc = dt_pstore_pull(s->pstore, r, 0, D[0], s->size, &tk);
+  R->wait_s += tk.wait_s;
+  if (rc != DTRAIN_OK) {
+    dt__strategy_comm_failed(s, r, rc);
+    return;
+  }
+  if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
+  int cur = 0, held = 0, h_skipped = 0, h_bufs = 0;
+  int64_t h_rows = 0;
+  float h_loss = 0.0f, *h_grad = NULL; /* the job posted: its step's rows, skip, loss, gradient copy */
+  for (int64_t t = 0;; t++) {
+    dt_minibatch b;
+    if (!dt__strategy_async_batch(s, r, t, &b)) break;
+    R->data = D[cur];
+    R->grad = G[t & 1];
+    (void)dt_graph_bind(R->g, R->data, R->grad); /* (cannot fail: the graph has params and data is set) */
+    const float *push = NULL;
+    R->push_fill = 0;
+    if (!s->mod->local_step(s, r, &b, &push)) break;
+    if (held) {
+      double t0 = dt__now();
+      rc = dt__ps_comm_wait(C, &tk, &tp);
+      R->wait_s += dt__now() - t0;
+      held = 0;
+      dt__ps_bufs_zero(s, h_bufs ? h_grad : NULL);
+      if (rc != DTRAIN_OK) {
+        dt__strategy_comm_failed(s, r, rc);
+        dt__strategy_bufs_out_of_grad(s, r); /* this step's, not pushed */
+        break;
+      }
+      if (tp.clock_gap > R->gap_max) R->gap_max = tp.clock_gap;
+      dt__strategy_async_count(s, r, h_rows, h_skipped, h_loss, &tk);
+      cur = (int)(t & 1); /* the pull of clock t */
+    }
+    h_rows = b.rows;
+    h_skipped = R->skipped;
+    h_loss = R->loss;
+    h_bufs = R->bufs_in_grad;
+    h_grad = R->grad;
+    R->bufs_in_grad = 0;
+    dt__ps_comm_post(C, t, push, D[cur ^ 1]);
+    held = 1;
+  }
+  if (held) {
+    double t0 = dt__now();
+    rc = dt__ps_comm_wait(C, &tk, &tp);
+    R->wait_s += dt__now() - t0;
+    int last = cur ^ 1;
+    dt__ps_bufs_zero(s, h_bufs ? h_grad : NULL);
+    if (rc != DTRAIN_OK) {
+      dt__strategy_comm_failed(s, r, rc);
+    } else {
+      if (tp.clock_gap > R->gap_max) R->gap_max = tp.clock_gap;
+      dt__strategy_async_count(s, r, h_rows, h_skipped, h_loss, &tk);
+      cur = last;
+    }
+  }
+  if (cur != 0) memcpy(D[0], D[1], s->fbytes); /* the params hold the last pull */
+  R->data = D[0];
+  R->grad = G[0];
+  (void)dt_graph_bind(R->g, R->data, R->grad);
+}
+
+/* A run overlaps (desc.overlap); a step (dt_strategy_step) has nothing to overlap with. */
+static void dt__ps_job(dt_strategy *s, int r) {
+  if (s->kind_state && !s->batch) dt__ps_job_overlap(s, r);
+  else dt__strategy_async_job(s, r);
+}
+
 static const dt__strategy_module dt__ps_module = {
   "parameter_server",
   0,                      /* flags: the async family */
   dt__ps_prepare,         /* prepare */
   NULL,                   /* check */
-  dt__ps_create,          /* create: borrow the store */
+  dt__ps_create,          /* create: borrow the store; overlap's thread and copies */
   dt__ps_replica,         /* replica */
   NULL,                   /* start */
-  dt__strategy_async_job, /* job */
+  dt__ps_job,             /* job: async's, or overlapped */
   dt__strategy_async_run, /* run */
   NULL,                   /* sync: the next pull brings the servers' values */
   NULL,                   /* loss: the shard's */
   dt__ps_local_step,      /* local_step */
   NULL,                   /* dev_exchange: no devices */
-  NULL                    /* destroy: the store is the user's */
+  dt__ps_destroy          /* destroy: overlap's thread and copies (the store is the user's) */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */

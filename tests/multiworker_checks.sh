@@ -168,6 +168,19 @@ if timeout 120 $L -n 2 --ps 2 -- $PS --limit 3000 --epochs 2 --compress powersgd
   ok "parameter servers, powersgd:4: reach test accuracy $acc; bytes per step sent/received $z (floats: $f)"
 else bad "parameter servers, compressed: $(tail -n 6 "$T/psz.out"; echo "floats: $f; compressed: $z")"; fi
 
+# 7c. --overlap: each worker pushes and pulls in a second thread while its next step computes
+#     (on the weights one pull older): 2 workers x 2 servers learn, and the pushes report the
+#     extra staleness: every push after the first counts at least the worker's own last update,
+#     never in the weights it computed on (so the mean is at least 93/94 here, whatever the
+#     other worker did; the plain run's counts only the other's pushes)
+if timeout 120 $L -n 2 --ps 2 -- $PS --limit 3000 --epochs 2 --overlap > "$T/psov.out" 2>&1 &&
+   acc=$(sed -n 's/.*worker 0: test accuracy \([0-9.]*\).*/\1/p' "$T/psov.out") && [ -n "$acc" ] &&
+   awk -v a="$acc" 'BEGIN { exit !(a > 0.6) }' &&
+   sm=$(sed -n 's/.*worker 0: [0-9]* steps, .* staleness mean \([0-9.]*\) max.*/\1/p' "$T/psov.out") && [ -n "$sm" ] &&
+   awk -v s="$sm" 'BEGIN { exit !(s >= 0.98) }'; then
+  ok "parameter servers, --overlap: reach test accuracy $acc; staleness mean $sm (at least 1 a push after the first)"
+else bad "parameter servers, --overlap: $(tail -n 6 "$T/psov.out")"; fi
+
 # 8. a worker killed mid-run: the servers drop it, the other worker finishes, and the job
 #    counts as finished (exit 0: a parameter-server job goes on without a dead worker)
 rm -rf "$T/psck2"; mkdir -p "$T/psck2"
@@ -177,6 +190,14 @@ if [ $rc -eq 0 ] && grep -q 'worker 0: test accuracy' "$T/pskill.out" && grep -q
    grep -q 'worker 1 killed by signal 9' "$T/pskill.out" && grep -q 'training finished with 1 of 2 workers (1 lost)' "$T/pskill.out"; then
   ok "parameter servers: a killed worker is dropped (logged), the other finishes; the launcher says so and exits 0"
 else bad "ps worker kill: exit $rc: $(grep -v 'dtrain error' "$T/pskill.out" | tail -n 8)"; fi
+
+# 8a. the same kill with --overlap (the worker may die while its thread is halfway through a push)
+DTRAIN_TIMEOUT=10 timeout 120 $L -n 2 --ps 2 -- $PS --limit 3000 --epochs 2 --overlap --crash-at 1:15 > "$T/psovkill.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q 'worker 0: test accuracy' "$T/psovkill.out" && grep -q 'ps [01]: worker 1 .*lost' "$T/psovkill.out" &&
+   grep -q 'training finished with 1 of 2 workers (1 lost)' "$T/psovkill.out"; then
+  ok "parameter servers, --overlap: a killed worker is dropped, the other finishes; exit 0"
+else bad "ps worker kill with --overlap: exit $rc: $(grep -v 'dtrain error' "$T/psovkill.out" | tail -n 8)"; fi
 
 # 8b. --max-restarts with parameter servers: only the dead worker is started again; it
 #     rejoins the servers under its rank, skips the steps its rank had pushed, and finishes:

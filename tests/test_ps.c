@@ -179,6 +179,137 @@ static void test_equals_one_device(void) {
   alarm(0);
 }
 
+/* The overlapped loop (desc.overlap, dt_strategy_run), 1 worker and 2
+ * servers, SGD with momentum: step t computes on the parameters of the pull
+ * of clock t - 1 (its own last update not yet in them) while the thread
+ * pushes step t - 1 and pulls clock t. The same run by hand: S_{t+1} =
+ * S_t - update(grad at S_{max(t-1,0)}), and the params end holding S_T.
+ * Each push after the first says it was computed one version back
+ * (staleness 1, counted by the servers). The plain sequence (every step on
+ * S_t) ends elsewhere, so the check tells the two apart. */
+static int64_t ov_rows = 24;
+static dt_result ov_next(void *user, int replica, int64_t step, dt_minibatch *out) {
+  (void)user;
+  (void)replica;
+  *out = batch_at(step, ov_rows);
+  return DTRAIN_OK;
+}
+
+static void ps_reference(int steps, int delayed, float *out) {
+  model r;
+  model_init(&r, DTRAIN_OPTIM_SGD, 0.05f);
+  size_t n = dt_params_size(r.P);
+  float *S = dt_params_data(r.P), *lag = (float *)malloc(n * sizeof(float)), *W = (float *)malloc(n * sizeof(float)),
+        *G = (float *)malloc(n * sizeof(float));
+  dt_graph *g = dt_graph_create(r.P, NULL);
+  CHECK(lag && W && G && g);
+  for (int t = 0; g && lag && W && G && t < steps; t++) {
+    memcpy(W, delayed && t > 0 ? lag : S, n * sizeof(float));
+    memcpy(lag, S, n * sizeof(float));
+    memset(G, 0, n * sizeof(float));
+    CHECK(dt_graph_bind(g, W, G) == DTRAIN_OK);
+    dt_graph_reset(g);
+    dt_minibatch b = batch_at(t, ov_rows);
+    CHECK(dt_backward(g, step_fn(g, 0, &b, &r)) == DTRAIN_OK);
+    CHECK(dt_optim_update(r.opt, S, G, 0, n) == DTRAIN_OK);
+    dt_optim_advance(r.opt);
+  }
+  memcpy(out, S, n * sizeof(float));
+  dt_graph_destroy(g);
+  free(lag);
+  free(W);
+  free(G);
+  model_free(&r);
+}
+
+static void test_overlap_delayed(void) {
+  alarm(40);
+  const int steps = 16;
+  model m;
+  model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
+  size_t n = dt_params_size(m.P);
+  float *want = (float *)malloc(n * sizeof(float)), *plain = (float *)malloc(n * sizeof(float));
+  CHECK(want && plain);
+  if (!want || !plain) return;
+  ps_reference(steps, 1, want);
+  ps_reference(steps, 0, plain);
+  int lfd[2], port[2];
+  CHECK(listen_fds(2, lfd, port));
+  child srv[2];
+  spawn_servers(1, 2, port, lfd, 0.05f, srv);
+  for (int i = 0; i < 2; i++) close(lfd[i]);
+  pc x;
+  pc_make(&x, 1, 2, port, DTRAIN_ROLE_WORKER, 0);
+  dt_net_options o = net_opts(4.0, NULL);
+  dt_pstore *ps = dt_pstore_create_tcp(&x.c, m.P, &o, 2);
+  CHECK_MSG(ps != NULL, "%s", dt_last_error());
+  if (ps) {
+    dt_strategy_options sd = dt_strategy_parameter_server(ps, 2);
+    sd.overlap = 1;
+    dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
+    CHECK_MSG(s != NULL, "%s", dt_last_error());
+    float loss = -1.0f;
+    CHECK_MSG(s && dt_strategy_run(s, steps, ov_next, NULL, &loss) == DTRAIN_OK, "%s", dt_last_error());
+    CHECK(loss > 0.0f);
+    const float *got = dt_params_data(m.P);
+    double worst = 0.0, apart = 0.0;
+    for (size_t i = 0; i < n; i++) {
+      worst = fmax(worst, fabs((double)got[i] - (double)want[i]));
+      apart = fmax(apart, fabs((double)plain[i] - (double)want[i]));
+    }
+    CHECK_MSG(worst <= 1e-6, "max difference from the delayed run by hand %g", worst);
+    CHECK_MSG(apart > 1e-3, "the plain run ends %g from the delayed one: the test cannot tell them apart", apart);
+    dt_strategy_stats st;
+    CHECK(s && dt_strategy_stats_get(s, &st) == DTRAIN_OK);
+    CHECK_MSG(st.steps == steps && st.staleness_hist[0] == 1 && st.staleness_hist[1] == steps - 1 &&
+                  st.staleness_max == 1,
+              "steps %lld, staleness 0: %lld, 1: %lld, max %lld", (long long)st.steps, (long long)st.staleness_hist[0],
+              (long long)st.staleness_hist[1], (long long)st.staleness_max);
+    /* the servers hold what the params hold: every push applied, the last pull after it */
+    dt_pstore_ticket tk;
+    memset(&tk, 0, sizeof tk);
+    float *again = (float *)calloc(n, sizeof(float)); /* (zeros in the padding, as in the params) */
+    CHECK(again && dt_pstore_begin(ps) == DTRAIN_OK);
+    CHECK(again && dt_pstore_pull(ps, 0, 0, again, n, &tk) == DTRAIN_OK && tk.version == (uint64_t)steps);
+    CHECK(again && memcmp(again, got, n * sizeof(float)) == 0);
+    free(again);
+    /* a second run goes on from there; dt_strategy_step takes the plain path */
+    CHECK(s && dt_strategy_run(s, 3, ov_next, NULL, NULL) == DTRAIN_OK);
+    dt_minibatch b = batch_at(0, ov_rows);
+    CHECK(s && dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+    CHECK(dt_pstore_version(ps) == (uint64_t)steps + 4);
+    dt_pstore_leave(ps, 0);
+    dt_strategy_destroy(s);
+    dt_pstore_destroy(ps);
+  }
+  for (int i = 0; i < 2; i++) {
+    child_wait(&srv[i]);
+    CHECK_MSG(srv[i].status == 0, "server %d status %d: %s", i, srv[i].status, srv[i].out);
+  }
+  /* overlap computes a clock behind: not with the lock-step bound */
+  CHECK(listen_fds(1, lfd, port));
+  server_cfg sc = server_defaults(1, 1, 0, port, lfd[0]);
+  child one = spawn_server(&sc, lfd);
+  close(lfd[0]);
+  pc_make(&x, 1, 1, port, DTRAIN_ROLE_WORKER, 0);
+  ps = dt_pstore_create_tcp(&x.c, m.P, &o, 0);
+  CHECK_MSG(ps != NULL, "%s", dt_last_error());
+  if (ps) {
+    dt_strategy_options sd = dt_strategy_parameter_server(ps, 0);
+    sd.overlap = 1;
+    CHECK(dt_strategy_create(m.P, m.opt, step_fn, &m, &sd) == NULL);
+    CHECK_MSG(dt_last_result() == DTRAIN_ERR_UNSUPPORTED && strstr(dt_last_error(), "max_staleness 0"), "%s",
+              dt_last_error());
+    dt_pstore_leave(ps, 0);
+    dt_pstore_destroy(ps);
+  }
+  child_wait(&one);
+  model_free(&m);
+  free(want);
+  free(plain);
+  alarm(0);
+}
+
 static void test_converge_2x2(void) {
   alarm(40);
   converge_2x2(NULL, 0.05f);
@@ -978,6 +1109,7 @@ int main(void) {
   make_data();
   TH_RUN(test_strategy_desc);
   TH_RUN(test_equals_one_device);
+  TH_RUN(test_overlap_delayed);
   TH_RUN(test_converge_2x2);
   TH_RUN(test_staleness_bound);
   TH_RUN(test_staleness_mismatch);
