@@ -12,10 +12,14 @@
  * is the user reference; README.md is the tour, docs/ the wire protocol.
  *
  * INCLUDING
- *   In exactly one C file, before the include (ideally as its first include):
+ *   In exactly one C file, before the include:
  *     #define DTRAIN_IMPLEMENTATION
  *     #include "dtrain.h"
  *   Everywhere else just #include "dtrain.h". Link with -lm -lpthread.
+ *   The implementation may come after any ISO C header and <pthread.h>, also
+ *   under -std=c11/c17 (it asks for POSIX itself); after <netdb.h> in those
+ *   strict modes it needs _POSIX_C_SOURCE defined before the first include
+ *   (an #error says so).
  *   The header also compiles as C++ (extern "C").
  *
  * EXAMPLE (a 2-8-1 network learning XOR; examples/01_xor.c is the full program)
@@ -301,11 +305,29 @@
 #define DTRAIN_BASE_H
 
 /* The implementation uses POSIX (threads, sockets, fsync, clock_gettime).
- * This only takes effect when dtrain.h is the first include of the
- * implementation file, as the manual asks. */
+ * Strict ISO modes (-std=c11, c17) hide it unless a feature macro comes
+ * before the first system header; the implementation file may well include
+ * <stdio.h> before dtrain.h, so when no feature macro is set: define
+ * _POSIX_C_SOURCE, and when glibc's <features.h> already ran (a system header
+ * came first) run it again, so that the headers included from here on see
+ * POSIX (it starts by undefining everything it derives; musl's headers test
+ * the macro itself). What the ISO C headers included before left out
+ * (fdopen, fileno, nanosleep, kill, S_ISSOCK) is declared where it is used
+ * (DT__POSIX_LATE). POSIX headers (<unistd.h>, <netdb.h>, <sys/socket.h>)
+ * included first in strict mode need a feature macro before them, as the
+ * code that includes them does. */
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && \
     !defined(_XOPEN_SOURCE) && !defined(_WIN32)
 #  define _POSIX_C_SOURCE 200809L
+#  if defined(_FEATURES_H) /* glibc's or musl's: a system header came first */
+#    if defined(__GLIBC__)
+#      undef _FEATURES_H
+#      include <features.h>
+#    endif
+#    if !defined(__cplusplus) /* (C++ modes show POSIX anyway) */
+#      define DT__POSIX_LATE 1
+#    endif
+#  endif
 #endif
 
 #include <stddef.h>
@@ -4200,6 +4222,10 @@ DTRAIN_EXTERN_C_END
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(DT__POSIX_LATE) /* in strict ISO mode <stdio.h> may have come before POSIX (see dt_base.h) */
+extern FILE *fdopen(int fd, const char *mode);
+extern int fileno(FILE *f);
+#endif
 
 #if defined(__GNUC__) || defined(__clang__)
 #  define DT__UNUSED __attribute__((unused))
@@ -5285,6 +5311,12 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
 #    include <sys/stat.h>
 #    include <sys/types.h>
 #    include <unistd.h>
+#    if defined(DT__POSIX_LATE) /* <signal.h>, <sys/stat.h> before dtrain.h in strict ISO mode (dt_base.h) */
+extern int kill(pid_t pid, int sig);
+#      if !defined(S_ISSOCK) && defined(__S_IFSOCK) && defined(__S_IFMT)
+#        define S_ISSOCK(m) (((m) & __S_IFMT) == __S_IFSOCK)
+#      endif
+#    endif
 #  endif
 #endif
 
@@ -18685,6 +18717,9 @@ DTRAIN_PRIVATE double dt__spin_seconds(int spin_us, int nthreads);
 #  include <errno.h>
 #  include <sched.h>
 #  include <unistd.h>
+#  if defined(DT__POSIX_LATE) /* <time.h> before dtrain.h in strict ISO mode (dt_base.h) */
+extern int nanosleep(const struct timespec *req, struct timespec *rem);
+#  endif
 #endif
 #if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
 #  define DT__FP_X86 1
@@ -30063,6 +30098,9 @@ DTRAIN_PRIVATE int dt__sock_poll(struct pollfd *p, nfds_t n, int ms) {
 #  include <errno.h>
 #  include <fcntl.h>
 #  include <netdb.h>
+#  if !defined(AI_PASSIVE) /* <netdb.h> came first in strict ISO mode: its POSIX part is hidden for good */
+#    error "dtrain: <netdb.h> was included before the implementation under a strict ISO mode (-std=c11) without a feature macro, which hides getaddrinfo; define _POSIX_C_SOURCE 200809L before the first #include (or include dtrain.h first, or build with DTRAIN_NO_NET)"
+#  endif
 #  include <netinet/in.h>
 #  include <netinet/tcp.h>
 #  include <poll.h>

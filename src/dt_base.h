@@ -6,11 +6,29 @@
 #define DTRAIN_BASE_H
 
 /* The implementation uses POSIX (threads, sockets, fsync, clock_gettime).
- * This only takes effect when dtrain.h is the first include of the
- * implementation file, as the manual asks. */
+ * Strict ISO modes (-std=c11, c17) hide it unless a feature macro comes
+ * before the first system header; the implementation file may well include
+ * <stdio.h> before dtrain.h, so when no feature macro is set: define
+ * _POSIX_C_SOURCE, and when glibc's <features.h> already ran (a system header
+ * came first) run it again, so that the headers included from here on see
+ * POSIX (it starts by undefining everything it derives; musl's headers test
+ * the macro itself). What the ISO C headers included before left out
+ * (fdopen, fileno, nanosleep, kill, S_ISSOCK) is declared where it is used
+ * (DT__POSIX_LATE). POSIX headers (<unistd.h>, <netdb.h>, <sys/socket.h>)
+ * included first in strict mode need a feature macro before them, as the
+ * code that includes them does. */
 #if defined(DTRAIN_IMPLEMENTATION) && !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && \
     !defined(_XOPEN_SOURCE) && !defined(_WIN32)
 #  define _POSIX_C_SOURCE 200809L
+#  if defined(_FEATURES_H) /* glibc's or musl's: a system header came first */
+#    if defined(__GLIBC__)
+#      undef _FEATURES_H
+#      include <features.h>
+#    endif
+#    if !defined(__cplusplus) /* (C++ modes show POSIX anyway) */
+#      define DT__POSIX_LATE 1
+#    endif
+#  endif
 #endif
 
 #include <stddef.h>

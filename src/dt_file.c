@@ -22,6 +22,12 @@
 #    include <sys/stat.h>
 #    include <sys/types.h>
 #    include <unistd.h>
+#    if defined(DT__POSIX_LATE) /* <signal.h>, <sys/stat.h> before dtrain.h in strict ISO mode (dt_base.h) */
+extern int kill(pid_t pid, int sig);
+#      if !defined(S_ISSOCK) && defined(__S_IFSOCK) && defined(__S_IFMT)
+#        define S_ISSOCK(m) (((m) & __S_IFMT) == __S_IFSOCK)
+#      endif
+#    endif
 #  endif
 #endif
 

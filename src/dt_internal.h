@@ -33,6 +33,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(DT__POSIX_LATE) /* in strict ISO mode <stdio.h> may have come before POSIX (see dt_base.h) */
+extern FILE *fdopen(int fd, const char *mode);
+extern int fileno(FILE *f);
+#endif
 
 #if defined(__GNUC__) || defined(__clang__)
 #  define DT__UNUSED __attribute__((unused))

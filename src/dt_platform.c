@@ -11,6 +11,9 @@
 #  include <errno.h>
 #  include <sched.h>
 #  include <unistd.h>
+#  if defined(DT__POSIX_LATE) /* <time.h> before dtrain.h in strict ISO mode (dt_base.h) */
+extern int nanosleep(const struct timespec *req, struct timespec *rem);
+#  endif
 #endif
 #if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
 #  define DT__FP_X86 1

@@ -28,6 +28,9 @@
 #  include <errno.h>
 #  include <fcntl.h>
 #  include <netdb.h>
+#  if !defined(AI_PASSIVE) /* <netdb.h> came first in strict ISO mode: its POSIX part is hidden for good */
+#    error "dtrain: <netdb.h> was included before the implementation under a strict ISO mode (-std=c11) without a feature macro, which hides getaddrinfo; define _POSIX_C_SOURCE 200809L before the first #include (or include dtrain.h first, or build with DTRAIN_NO_NET)"
+#  endif
 #  include <netinet/in.h>
 #  include <netinet/tcp.h>
 #  include <poll.h>

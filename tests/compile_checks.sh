@@ -57,6 +57,37 @@ for cc in gcc clang; do
   check "$cc-c11-edge" $cc -std=c11 $W -O2 -DDTRAIN_NO_THREADS -DDTRAIN_NO_DIST -DDTRAIN_NO_DATA -DDTRAIN_NO_FIT \
     -DDTRAIN_NO_STDIO -I. -c "$D/impl.c" -o "$D/impl_edge_$cc.o"
 done
+# The implementation after system headers (issue 22 item 1): strict C11 and C17 hide POSIX
+# unless a feature macro comes first, and a user's file may include <stdio.h> (or any ISO C
+# header, or <pthread.h>) before dtrain.h. Each of those first, then all of them together:
+# it compiles clean and runs. <netdb.h> first in strict mode hides getaddrinfo for good: a
+# clear #error says what to do.
+early_hdrs="stdio.h stdlib.h string.h math.h time.h signal.h errno.h assert.h limits.h stdint.h pthread.h unistd.h sys/types.h sys/stat.h fcntl.h sys/socket.h poll.h"
+all_early=""
+for h in $early_hdrs; do
+  hf=$(echo "$h" | tr '/.' '__')
+  printf '#include <%s>\n#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\nint main(void){ return dt_build_features() == 0; }\n' "$h" > "$D/early_$hf.c"
+  all_early="$all_early#include <$h>\n"
+done
+printf "$all_early"'#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\nint main(void){ return dt_build_features() == 0; }\n' > "$D/early_all.c"
+printf '#include <netdb.h>\n#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\nint main(void){ return 0; }\n' > "$D/early_netdb.c"
+# compile_early CC STD: every one-header file, then all of them (built and run)
+compile_early() {
+  for h in $early_hdrs; do
+    hf=$(echo "$h" | tr '/.' '__')
+    $1 -std=$2 $W -fsyntax-only -I. "$D/early_$hf.c" || { echo "with <$h> first"; return 1; }
+  done
+  $1 -std=$2 $W -O1 -I. "$D/early_all.c" -o "$D/early_all_$1_$2" -lm -lpthread && "$D/early_all_$1_$2"
+}
+netdb_error() {
+  out=$($1 -std=c11 -fsyntax-only -I. "$D/early_netdb.c" 2>&1)
+  [ $? -ne 0 ] && printf '%s' "$out" | grep -q 'define _POSIX_C_SOURCE 200809L before the first #include'
+}
+for cc in gcc clang; do
+  command -v $cc >/dev/null 2>&1 || { skip "$cc system headers first: no $cc"; continue; }
+  for std in c11 c17; do check "$cc-$std-system-headers-first" compile_early $cc $std; done
+  check "$cc-netdb-first-says-what-to-do" netdb_error $cc
+done
 for cxx in g++ clang++; do
   command -v $cxx >/dev/null 2>&1 || { skip "$cxx-c++17: no $cxx"; continue; }
   check "$cxx-c++17" $cxx -std=c++17 $W -O1 -I. "$D/impl.cpp" -o "$D/impl_$cxx" -lm -lpthread
