@@ -89,6 +89,8 @@ DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double d
 /* Writes iov[0..n) in order (gathered, DT__NET_IOV_MAX pieces a call); consumes iov. */
 #define DT__NET_IOV_MAX 64
 DTRAIN_PRIVATE dt_result dt__net_writev(int fd, struct iovec *iov, int n, double deadline);
+/* Moves iov[at..n) past k bytes sent (whole pieces emptied); the first piece with bytes left. */
+DTRAIN_PRIVATE int dt__net_iov_advance(struct iovec *iov, int n, int at, size_t k);
 DTRAIN_PRIVATE dt_result dt__net_read(int fd, void *p, size_t n, double deadline);
 /* The same, but when nothing has arrived it polls the socket (yielding the
  * CPU between tries) for up to spin_s seconds before sleeping in poll(). */

@@ -184,13 +184,7 @@ static int dt__ps_send_floats(dt__ps_server *S, int i, uint16_t type, const unsi
       dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
       return 0;
     }
-    for (size_t left = (size_t)k; left > 0;) { /* past what went */
-      size_t t = DT__MIN(left, S->iov[at].iov_len);
-      S->iov[at].iov_base = (unsigned char *)S->iov[at].iov_base + t;
-      S->iov[at].iov_len -= t;
-      left -= t;
-      if (S->iov[at].iov_len == 0) at++;
-    }
+    at = dt__net_iov_advance(S->iov, n, at, (size_t)k); /* past what went */
   }
   for (; at < n; at++) { /* what did not go: into the output, in order (the header's rest moves to the front) */
     memmove(w->tx + w->tx_len, S->iov[at].iov_base, S->iov[at].iov_len);

@@ -294,24 +294,21 @@ DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd_out, c
 }
 
 DTRAIN_PRIVATE dt_result dt__net_write(int fd, const void *p, size_t n, double deadline) {
-  const unsigned char *b = (const unsigned char *)p;
-  while (n > 0) {
-    ssize_t k = dt__sock_send(fd, b, n, DT__NET_SEND_FLAGS);
-    if (k > 0) {
-      b += k;
-      n -= (size_t)k;
-      continue;
-    }
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      int w = dt__net_wait(fd, POLLOUT, deadline);
-      if (w == 0) return dt__error(DTRAIN_ERR_TIMEOUT, "send timed out (the peer stopped reading)");
-      if (w < 0) return dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
-      continue;
-    }
-    return dt__error(DTRAIN_ERR_PEER, "send failed: %s", k < 0 ? strerror(errno) : "connection closed");
+  struct iovec one;
+  one.iov_base = (void *)(uintptr_t)p;
+  one.iov_len = n;
+  return dt__net_writev(fd, &one, 1, deadline);
+}
+
+DTRAIN_PRIVATE int dt__net_iov_advance(struct iovec *iov, int n, int at, size_t k) {
+  while (k > 0 && at < n) { /* past the pieces sent whole, into the one sent in part */
+    size_t t = DT__MIN(k, iov[at].iov_len);
+    iov[at].iov_base = (unsigned char *)iov[at].iov_base + t;
+    iov[at].iov_len -= t;
+    k -= t;
+    if (iov[at].iov_len == 0) at++;
   }
-  return DTRAIN_OK;
+  return at;
 }
 
 /* iov[0..n) in order, as few sendmsg calls as the socket allows (at most
@@ -327,14 +324,7 @@ DTRAIN_PRIVATE dt_result dt__net_writev(int fd, struct iovec *iov, int n, double
     mh.msg_iovlen = (size_t)DT__MIN(n - at, DT__NET_IOV_MAX);
     ssize_t k = dt__sock_sendmsg(fd, &mh, DT__NET_SEND_FLAGS);
     if (k > 0) {
-      size_t left = (size_t)k;
-      while (left > 0) { /* past the pieces sent whole, into the one sent in part */
-        size_t t = DT__MIN(left, iov[at].iov_len);
-        iov[at].iov_base = (unsigned char *)iov[at].iov_base + t;
-        iov[at].iov_len -= t;
-        left -= t;
-        if (iov[at].iov_len == 0) at++;
-      }
+      at = dt__net_iov_advance(iov, n, at, (size_t)k);
       continue;
     }
     if (k < 0 && errno == EINTR) continue;
