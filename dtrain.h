@@ -24417,16 +24417,16 @@ static void dt__ef_topk_encode(dt__ef *e, const float *buf, float *m) {
   float *DT__RESTRICT key = e->key;
   int finite = 1;
   for (int p = 0; p < e->nrun; p++) { /* next = g + e and the keys in one pass (as dt__ef_topk_keys) */
-    const size_t b = e->run[p].off, m = e->run[p].rows * e->run[p].cols;
+    const size_t b = e->run[p].off, len = e->run[p].rows * e->run[p].cols;
     const float *DT__RESTRICT g = buf + b, *DT__RESTRICT er = e->err + b;
     float *DT__RESTRICT nx = e->next + b;
-    for (size_t i = 0; i < m; i++) {
+    for (size_t i = 0; i < len; i++) {
       float v = g[i] + er[i], a = fabsf(v);
       nx[i] = v;
       finite &= a <= FLT_MAX;
       key[i] = a <= FLT_MAX ? a : INFINITY;
     }
-    key += m;
+    key += len;
   }
   size_t above;
   const float thr = dt__ef_kth(e, &above);
@@ -29897,7 +29897,7 @@ DTRAIN_PRIVATE dt_result dt__netem_attach(int fd, uint32_t self_id, int peer_rol
   double sb = sp.rate > 0 ? sp.rate * 1e-3 : 65536.0;
   L->seg_bytes = (size_t)DT__MAX((double)DT__NE_MSS, DT__MIN(65536.0, sb));
   L->rtt = DT__MAX(2.0 * sp.delay, 1e-3);
-  L->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)self_id << 32) ^ (uint64_t)(peer_index + 7) * 0x100000001B3ull ^
+  L->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)self_id << 32) ^ (uint64_t)(int64_t)(peer_index + 7) * (uint64_t)0x100000001B3ull ^
            (uint64_t)(unsigned)peer_role;
   L->buf = (unsigned char *)dt__calloc(L->cap);
   L->seg = (dt__line_seg *)dt__calloc(sizeof(dt__line_seg) * DT__NE_SEGS);
@@ -35126,7 +35126,7 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
         if (scale != 1.0f) memcpy(S->before, data + b, (e - b) * sizeof(float));
         if (dt__optim_update_from(S->opt, data, g, b, e) != DTRAIN_OK) return -1;
         if (scale != 1.0f)
-          for (size_t i = b; i < e; i++) data[i] = S->before[i - b] + (data[i] - S->before[i - b]) * scale;
+          for (size_t j = b; j < e; j++) data[j] = S->before[j - b] + (data[j] - S->before[j - b]) * scale;
       } else if (!w->pend_z) {
         dt__get_f32le(data + b, in + 4 * off, e - b);
       }

@@ -452,7 +452,7 @@ DTRAIN_PRIVATE dt_result dt__netem_attach(int fd, uint32_t self_id, int peer_rol
   double sb = sp.rate > 0 ? sp.rate * 1e-3 : 65536.0;
   L->seg_bytes = (size_t)DT__MAX((double)DT__NE_MSS, DT__MIN(65536.0, sb));
   L->rtt = DT__MAX(2.0 * sp.delay, 1e-3);
-  L->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)self_id << 32) ^ (uint64_t)(peer_index + 7) * 0x100000001B3ull ^
+  L->rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)self_id << 32) ^ (uint64_t)(int64_t)(peer_index + 7) * (uint64_t)0x100000001B3ull ^
            (uint64_t)(unsigned)peer_role;
   L->buf = (unsigned char *)dt__calloc(L->cap);
   L->seg = (dt__line_seg *)dt__calloc(sizeof(dt__line_seg) * DT__NE_SEGS);

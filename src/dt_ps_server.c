@@ -296,7 +296,7 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
         if (scale != 1.0f) memcpy(S->before, data + b, (e - b) * sizeof(float));
         if (dt__optim_update_from(S->opt, data, g, b, e) != DTRAIN_OK) return -1;
         if (scale != 1.0f)
-          for (size_t i = b; i < e; i++) data[i] = S->before[i - b] + (data[i] - S->before[i - b]) * scale;
+          for (size_t j = b; j < e; j++) data[j] = S->before[j - b] + (data[j] - S->before[j - b]) * scale;
       } else if (!w->pend_z) {
         dt__get_f32le(data + b, in + 4 * off, e - b);
       }

@@ -320,16 +320,16 @@ static void dt__ef_topk_encode(dt__ef *e, const float *buf, float *m) {
   float *DT__RESTRICT key = e->key;
   int finite = 1;
   for (int p = 0; p < e->nrun; p++) { /* next = g + e and the keys in one pass (as dt__ef_topk_keys) */
-    const size_t b = e->run[p].off, m = e->run[p].rows * e->run[p].cols;
+    const size_t b = e->run[p].off, len = e->run[p].rows * e->run[p].cols;
     const float *DT__RESTRICT g = buf + b, *DT__RESTRICT er = e->err + b;
     float *DT__RESTRICT nx = e->next + b;
-    for (size_t i = 0; i < m; i++) {
+    for (size_t i = 0; i < len; i++) {
       float v = g[i] + er[i], a = fabsf(v);
       nx[i] = v;
       finite &= a <= FLT_MAX;
       key[i] = a <= FLT_MAX ? a : INFINITY;
     }
-    key += m;
+    key += len;
   }
   size_t above;
   const float thr = dt__ef_kth(e, &above);

@@ -57,6 +57,16 @@ for cc in gcc clang; do
   check "$cc-c11-edge" $cc -std=c11 $W -O2 -DDTRAIN_NO_THREADS -DDTRAIN_NO_DIST -DDTRAIN_NO_DATA -DDTRAIN_NO_FIT \
     -DDTRAIN_NO_STDIO -I. -c "$D/impl.c" -o "$D/impl_edge_$cc.o"
 done
+# Strict warnings (issue 22 item 3): the implementation is clean under -Wshadow -Wconversion
+# (sign conversions included) -Wstrict-prototypes -Wmissing-prototypes too, full and with the
+# main switches, gcc and clang (front-end warnings: a syntax pass is enough).
+SW="$W -Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes"
+for cc in gcc clang; do
+  command -v $cc >/dev/null 2>&1 || { skip "$cc strict warnings: no $cc"; continue; }
+  check "$cc-strict-warnings" $cc -std=c11 $SW -fsyntax-only -I. "$D/impl.c"
+  check "$cc-strict-warnings-no-threads-no-net" $cc -std=c11 $SW -DDTRAIN_NO_THREADS -DDTRAIN_NO_NET -fsyntax-only -I. "$D/impl.c"
+  check "$cc-strict-warnings-no-dist-no-stdio" $cc -std=c11 $SW -DDTRAIN_NO_DIST -DDTRAIN_NO_STDIO -fsyntax-only -I. "$D/impl.c"
+done
 # The implementation after system headers (issue 22 item 1): strict C11 and C17 hide POSIX
 # unless a feature macro comes first, and a user's file may include <stdio.h> (or any ISO C
 # header, or <pthread.h>) before dtrain.h. Each of those first, then all of them together:
