@@ -3456,7 +3456,10 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
  * to pull/push count from dt_pstore_begin, which continues where the last
  * run stopped (the servers' clocks never go back). pull sends a request to
  * every server, then gathers the shards; push sends each server its slice.
- * dt_pstore_leave says BYE (later calls fail with DTRAIN_ERR_STATE);
+ * A pull that fails (a server gone in the middle of its answer) may leave
+ * dst partly written (floats are read where they go; with several servers a
+ * shard may be new and another old): the servers hold the values, pull again
+ * after a rejoin. dt_pstore_leave says BYE (later calls fail with DTRAIN_ERR_STATE);
  * dt_pstore_destroy says it too when leave was not called. A heartbeat
  * thread (not with DTRAIN_NO_THREADS) keeps idle connections alive. NULL on
  * failure (dt_last_error()). */
@@ -21077,8 +21080,6 @@ typedef struct dt__strategy_replica {
   dt_optim *opt;           /* async: this replica's optimizer */
   int updating;            /* devices: this step reached the update */
   int push_fill;           /* async: this step's update is made during the push (dt__pstore_push_blocks) */
-  int bufs_in_grad;        /* parameter_server: the push vector is grad with the buffers' values in their
-                              places; zeroed there after the push */
   /* the current step */
   float loss;
   int64_t rows;
@@ -21342,12 +21343,12 @@ DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64
  * replica r's batch for its step t (the ticket or the servers' work item,
  * the batch function's batch, b's fields; 0: stop, the job is over or
  * failed); a push's statistics (staleness, steps, samples, loss); the
- * buffers' values taken out of the gradient after a parameter_server push
- * (R->bufs_in_grad). */
+ * buffers' places of a gradient copy zeroed again after a parameter_server
+ * push, which carried their values there. */
 DTRAIN_PRIVATE int dt__strategy_async_batch(dt_strategy *s, int r, int64_t t, dt_minibatch *b);
 DTRAIN_PRIVATE void dt__strategy_async_count(dt_strategy *s, int r, int64_t rows, int skipped, float loss,
                                              const dt_pstore_ticket *tk);
-DTRAIN_PRIVATE void dt__strategy_bufs_out_of_grad(dt_strategy *s, int r);
+DTRAIN_PRIVATE void dt__strategy_bufs_zero(dt_strategy *s, float *grad);
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
 /* A TCP store (dt_ps_client.c; any other: nothing): the next push was
  * computed on the parameters of the pull of `clock` (as the pull's clock
@@ -23433,7 +23434,7 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     } else {
       rc = dt_pstore_push(s->pstore, r, t, push, s->size, &tk);
     }
-    dt__strategy_bufs_out_of_grad(s, r);
+    if (push == R->grad) dt__strategy_bufs_zero(s, R->grad); /* parameter_server: the buffers' values went there */
     R->wait_s += tk.wait_s;
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
@@ -23444,12 +23445,9 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
   if (s->own_pstore) dt_pstore_leave(s->pstore, r); /* a borrowed store is left by its user (dt_pstore_leave) */
 }
 
-DTRAIN_PRIVATE void dt__strategy_bufs_out_of_grad(dt_strategy *s, int r) {
-  dt__strategy_replica *R = &s->rep[r];
-  if (!R->bufs_in_grad) return;
+DTRAIN_PRIVATE void dt__strategy_bufs_zero(dt_strategy *s, float *grad) {
   for (int i = 0; i < s->nbufr; i++) /* the gradient buffer as it was: zeros where no gradient flows */
-    memset(R->grad + s->bufr[2 * i], 0, (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
-  R->bufs_in_grad = 0;
+    memset(grad + s->bufr[2 * i], 0, (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
 }
 
 /* One job in which the replicas run free: steps * N pushes in all (steps
@@ -23588,6 +23586,9 @@ typedef struct dt__ps_comm {
   int64_t t;               /* the job: push(t) of push (NULL: empty), then pull(t + 1) into dst */
   const float *push;
   float *dst;
+  int64_t rows;            /* its step's rows, skip and loss, counted when it is done */
+  int skipped;
+  float loss;
   dt_result rc;            /* what it did */
   dt_pstore_ticket tk_push, tk_pull;
   char msg[DT__MSG_CAP];
@@ -23621,26 +23622,40 @@ static void dt__ps_comm_main(void *arg) {
   dt__mutex_unlock(&C->mu);
 }
 
-static void dt__ps_comm_post(dt__ps_comm *C, int64_t t, const float *push, float *dst) {
+/* Step t's job: push its gradient (push, NULL: empty), pull clock t + 1 into dst. */
+static void dt__ps_comm_post(dt__ps_comm *C, int64_t t, const float *push, float *dst, const dt_minibatch *b,
+                             const dt__strategy_replica *R) {
   dt__mutex_lock(&C->mu);
   C->t = t;
   C->push = push;
   C->dst = dst;
+  C->rows = b->rows;
+  C->skipped = R->skipped;
+  C->loss = R->loss;
   C->busy = 1;
   dt__cond_broadcast(&C->cv);
   dt__mutex_unlock(&C->mu);
 }
 
-/* Until the posted job is done: its result, with its message as this thread's error. */
-static dt_result dt__ps_comm_wait(dt__ps_comm *C, dt_pstore_ticket *tk_push, dt_pstore_ticket *tk_pull) {
+/* Waits for the posted job and books it for replica r: its wait, the
+ * buffers' places of the gradient it pushed zeroed again, its statistics.
+ * 0 when it failed (the strategy's failure is set). */
+static int dt__ps_comm_reap(dt_strategy *s, int r, dt__ps_comm *C) {
+  dt__strategy_replica *R = &s->rep[r];
+  double t0 = dt__now();
   dt__mutex_lock(&C->mu);
   while (C->busy) dt__cond_wait(&C->cv, &C->mu);
-  dt_result rc = C->rc;
-  *tk_push = C->tk_push;
-  *tk_pull = C->tk_pull;
-  if (rc != DTRAIN_OK) dt__error(rc, "%s", C->msg);
-  dt__mutex_unlock(&C->mu);
-  return rc;
+  dt__mutex_unlock(&C->mu); /* (the thread waits for the next post: C is this thread's now) */
+  R->wait_s += dt__now() - t0;
+  if (C->push) dt__strategy_bufs_zero(s, (float *)(uintptr_t)C->push);
+  if (C->rc != DTRAIN_OK) {
+    dt__error(C->rc, "%s", C->msg);
+    dt__strategy_comm_failed(s, r, C->rc);
+    return 0;
+  }
+  if (C->tk_pull.clock_gap > R->gap_max) R->gap_max = C->tk_pull.clock_gap;
+  dt__strategy_async_count(s, r, C->rows, C->skipped, C->loss, &C->tk_push);
+  return 1;
 }
 
 static void dt__ps_destroy(dt_strategy *s) {
@@ -23697,7 +23712,7 @@ static dt_result dt__ps_replica(dt_strategy *s, int r) { return dt__strategy_bin
  * the clipped gradient (clip_norm of the optimizer given to
  * dt_strategy_create) with the buffers' values written into the buffers'
  * places (no gradient flows there; the replica loop zeroes them again after
- * the push: R->bufs_in_grad). No copy of the whole vector. */
+ * the push: dt__strategy_bufs_zero). No copy of the whole vector. */
 static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
   dt__strategy_replica *R = &s->rep[r];
   if (!dt__strategy_compute(s, r, b)) return 0;
@@ -23707,15 +23722,8 @@ static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const
   if (!dt__strategy_clip_own(s, r, dt_optim_get_options(s->opt)->clip_norm, "nothing pushed")) return 0;
   for (int i = 0; i < s->nbufr; i++)
     memcpy(R->grad + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
-  R->bufs_in_grad = s->nbufr > 0;
   *push = R->grad;
   return 1;
-}
-
-/* The buffers' places in a gradient copy zeroed again after its push (grad NULL: none). */
-static void dt__ps_bufs_zero(dt_strategy *s, float *grad) {
-  for (int i = 0; grad && i < s->nbufr; i++)
-    memset(grad + s->bufr[2 * i], 0, (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
 }
 
 /* The overlapped loop (desc.overlap, dt_strategy_run; see the top). Step t
@@ -23732,7 +23740,7 @@ static void dt__ps_job_overlap(dt_strategy *s, int r) {
   G[0] = R->grad;
   G[1] = C->grad2;
   R->result = DTRAIN_OK;
-  dt_pstore_ticket tk, tp;
+  dt_pstore_ticket tk;
   memset(&tk, 0, sizeof tk);
   dt_result rc = dt_pstore_pull(s->pstore, r, 0, D[0], s->size, &tk);
   R->wait_s += tk.wait_s;
@@ -23741,9 +23749,7 @@ static void dt__ps_job_overlap(dt_strategy *s, int r) {
     return;
   }
   if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
-  int cur = 0, held = 0, h_skipped = 0, h_bufs = 0;
-  int64_t h_rows = 0;
-  float h_loss = 0.0f, *h_grad = NULL; /* the job posted: its step's rows, skip, loss, gradient copy */
+  int cur = 0, held = 0;
   for (int64_t t = 0;; t++) {
     dt_minibatch b;
     if (!dt__strategy_async_batch(s, r, t, &b)) break;
@@ -23754,43 +23760,17 @@ static void dt__ps_job_overlap(dt_strategy *s, int r) {
     R->push_fill = 0;
     if (!s->mod->local_step(s, r, &b, &push)) break;
     if (held) {
-      double t0 = dt__now();
-      rc = dt__ps_comm_wait(C, &tk, &tp);
-      R->wait_s += dt__now() - t0;
       held = 0;
-      dt__ps_bufs_zero(s, h_bufs ? h_grad : NULL);
-      if (rc != DTRAIN_OK) {
-        dt__strategy_comm_failed(s, r, rc);
-        dt__strategy_bufs_out_of_grad(s, r); /* this step's, not pushed */
+      if (!dt__ps_comm_reap(s, r, C)) {
+        if (push) dt__strategy_bufs_zero(s, R->grad); /* this step's, not pushed */
         break;
       }
-      if (tp.clock_gap > R->gap_max) R->gap_max = tp.clock_gap;
-      dt__strategy_async_count(s, r, h_rows, h_skipped, h_loss, &tk);
-      cur = (int)(t & 1); /* the pull of clock t */
+      cur ^= 1; /* the pull of clock t */
     }
-    h_rows = b.rows;
-    h_skipped = R->skipped;
-    h_loss = R->loss;
-    h_bufs = R->bufs_in_grad;
-    h_grad = R->grad;
-    R->bufs_in_grad = 0;
-    dt__ps_comm_post(C, t, push, D[cur ^ 1]);
+    dt__ps_comm_post(C, t, push, D[cur ^ 1], &b, R);
     held = 1;
   }
-  if (held) {
-    double t0 = dt__now();
-    rc = dt__ps_comm_wait(C, &tk, &tp);
-    R->wait_s += dt__now() - t0;
-    int last = cur ^ 1;
-    dt__ps_bufs_zero(s, h_bufs ? h_grad : NULL);
-    if (rc != DTRAIN_OK) {
-      dt__strategy_comm_failed(s, r, rc);
-    } else {
-      if (tp.clock_gap > R->gap_max) R->gap_max = tp.clock_gap;
-      dt__strategy_async_count(s, r, h_rows, h_skipped, h_loss, &tk);
-      cur = last;
-    }
-  }
+  if (held && dt__ps_comm_reap(s, r, C)) cur ^= 1;
   if (cur != 0) memcpy(D[0], D[1], s->fbytes); /* the params hold the last pull */
   R->data = D[0];
   R->grad = G[0];
@@ -34064,6 +34044,13 @@ DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner,
 /* The shard of a full-layout buffer to little-endian bytes, and back. */
 DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out);
 DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full);
+#  if !defined(DTRAIN_NO_NET)
+/* Shard s of full as pieces where its floats lie (the shard's order; the
+ * floats are their wire bytes on a little-endian host): one iovec per
+ * non-empty parameter of s into iov (room for the params' count). Returns
+ * the count. */
+DTRAIN_PRIVATE int dt__ps_pieces(const dt_params *p, const int *owner, int s, const float *full, struct iovec *iov);
+#  endif
 /* The same between a full-layout buffer and floats in shard order: out != 0 copies
  * full's shard into shard, else shard back into full (compressed pulls' copies). */
 DTRAIN_PRIVATE void dt__ps_shard_copy(const dt_params *p, const int *owner, int s, float *full, float *shard, int out);
@@ -34322,6 +34309,19 @@ DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, 
     off += e - b;
   }
 }
+
+#  if !defined(DTRAIN_NO_NET)
+DTRAIN_PRIVATE int dt__ps_pieces(const dt_params *p, const int *owner, int s, const float *full, struct iovec *iov) {
+  size_t b, e;
+  int tr, dec, n = 0;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+    if (owner[i] != s || e == b) continue;
+    iov[n].iov_base = (void *)(uintptr_t)(full + b);
+    iov[n++].iov_len = (e - b) * sizeof(float);
+  }
+  return n;
+}
+#  endif
 
 DTRAIN_PRIVATE void dt__ps_shard_copy(const dt_params *p, const int *owner, int s, float *full, float *shard, int out) {
   size_t b, e, k = 0;
@@ -34989,17 +34989,9 @@ static int dt__ps_send_floats(dt__ps_server *S, int i, uint16_t type, const unsi
   dt__frame_pack(h, type, w->conn.job, w->conn.self_id, w->conn.send_seq, NULL, len); /* a data frame: header-only check */
   w->conn.send_seq++;
   w->last_sent = dt__now();
-  int n = 0;
-  S->iov[n].iov_base = h;
-  S->iov[n++].iov_len = DT__NET_HDR + fixn;
-  size_t b, e;
-  int tr, dec;
-  for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
-    if (S->owner[p] != S->me || e == b) continue;
-    S->iov[n].iov_base = (void *)(uintptr_t)(full + b);
-    S->iov[n++].iov_len = (e - b) * sizeof(float);
-  }
-  int at = 0;
+  S->iov[0].iov_base = h;
+  S->iov[0].iov_len = DT__NET_HDR + fixn;
+  int n = 1 + dt__ps_pieces(S->params, S->owner, S->me, full, S->iov + 1), at = 0;
   while (at < n) {
     struct msghdr mh;
     memset(&mh, 0, sizeof mh);
@@ -35918,17 +35910,9 @@ static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, ui
  * shard's order; little-endian hosts only: the floats are their bytes).
  * Returns the count. */
 static int dt__ps_client_parts(dt__ps_client *C, int s, unsigned char *fix, const float *full) {
-  int n = 0;
-  size_t b, e;
-  int tr, dec;
-  C->iov[n].iov_base = fix;
-  C->iov[n++].iov_len = DT__PS_FIX;
-  for (int i = 0; dt__params_range(C->params, i, &b, &e, &tr, &dec); i++) {
-    if (C->owner[i] != s || e == b) continue;
-    C->iov[n].iov_base = (void *)(uintptr_t)(full + b);
-    C->iov[n++].iov_len = (e - b) * sizeof(float);
-  }
-  return n;
+  C->iov[0].iov_base = fix;
+  C->iov[0].iov_len = DT__PS_FIX;
+  return 1 + dt__ps_pieces(C->params, C->owner, s, full, C->iov + 1);
 }
 
 static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k);
@@ -36001,7 +35985,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   }
   const int z = C->zc.kind != DTRAIN_COMPRESS_NONE;
   const dt_compress_kind zk = C->zc.kind == DTRAIN_COMPRESS_BF16 ? DTRAIN_COMPRESS_BF16 : DTRAIN_COMPRESS_FP16;
-  const int direct = DT__HOST_LE && !z; /* (a failed pull may leave dst partly written: see dt_net.h) */
+  const int direct = DT__HOST_LE && !z; /* (a failed pull may leave dst partly written: dt_net.h says so) */
   unsigned char req[DT__PS_FIX];
   dt__put_le64(req, (uint64_t)T);
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
@@ -36076,6 +36060,7 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     dt__put_le64(b, (uint64_t)T);
     dt__put_le64(b + 8, before ? C->basis_version[s] : C->pulled_version[s]);
     size_t len = DT__PS_FIX;
+    int pieces = 0; /* > 0: the floats go from where they lie */
     if (z) {
       len = dt__ps_encode_push(C->zc, C->ef, C->params, C->owner, s, delta, b);
       if (len > C->conn[s].max_payload) {
@@ -36083,17 +36068,15 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
                        op, dt_compress_name(C->zc), len, (unsigned)C->conn[s].max_payload);
         break;
       }
-    } else if (delta && DT__HOST_LE) { /* sent from where the floats lie */
-      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSH, C->iov, dt__ps_client_parts(C, s, b, delta), C->iov_scratch,
-                          dt__now() + C->timeout, op);
-      C->last_send[s] = dt__now();
-      if (rc == DTRAIN_OK) ps->wire_sent += len + C->shard[s] * 4;
-      continue;
     } else if (delta) {
-      dt__ps_gather(C->params, C->owner, s, delta, b + DT__PS_FIX);
+      if (DT__HOST_LE) pieces = dt__ps_client_parts(C, s, b, delta);
+      else dt__ps_gather(C->params, C->owner, s, delta, b + DT__PS_FIX);
       len += C->shard[s] * 4;
     }
-    rc = dt__conn_send(&C->conn[s], z ? DT__PS_PUSHZ : DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
+    if (pieces)
+      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSH, C->iov, pieces, C->iov_scratch, dt__now() + C->timeout, op);
+    else
+      rc = dt__conn_send(&C->conn[s], z ? DT__PS_PUSHZ : DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
     if (rc == DTRAIN_OK) ps->wire_sent += len;
   }

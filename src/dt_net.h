@@ -376,7 +376,10 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
  * to pull/push count from dt_pstore_begin, which continues where the last
  * run stopped (the servers' clocks never go back). pull sends a request to
  * every server, then gathers the shards; push sends each server its slice.
- * dt_pstore_leave says BYE (later calls fail with DTRAIN_ERR_STATE);
+ * A pull that fails (a server gone in the middle of its answer) may leave
+ * dst partly written (floats are read where they go; with several servers a
+ * shard may be new and another old): the servers hold the values, pull again
+ * after a rejoin. dt_pstore_leave says BYE (later calls fail with DTRAIN_ERR_STATE);
  * dt_pstore_destroy says it too when leave was not called. A heartbeat
  * thread (not with DTRAIN_NO_THREADS) keeps idle connections alive. NULL on
  * failure (dt_last_error()). */

@@ -125,17 +125,9 @@ static dt_result dt__ps_client_answer(dt__ps_client *C, int s, uint16_t type, ui
  * shard's order; little-endian hosts only: the floats are their bytes).
  * Returns the count. */
 static int dt__ps_client_parts(dt__ps_client *C, int s, unsigned char *fix, const float *full) {
-  int n = 0;
-  size_t b, e;
-  int tr, dec;
-  C->iov[n].iov_base = fix;
-  C->iov[n++].iov_len = DT__PS_FIX;
-  for (int i = 0; dt__params_range(C->params, i, &b, &e, &tr, &dec); i++) {
-    if (C->owner[i] != s || e == b) continue;
-    C->iov[n].iov_base = (void *)(uintptr_t)(full + b);
-    C->iov[n++].iov_len = (e - b) * sizeof(float);
-  }
-  return n;
+  C->iov[0].iov_base = fix;
+  C->iov[0].iov_len = DT__PS_FIX;
+  return 1 + dt__ps_pieces(C->params, C->owner, s, full, C->iov + 1);
 }
 
 static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k);
@@ -208,7 +200,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
   }
   const int z = C->zc.kind != DTRAIN_COMPRESS_NONE;
   const dt_compress_kind zk = C->zc.kind == DTRAIN_COMPRESS_BF16 ? DTRAIN_COMPRESS_BF16 : DTRAIN_COMPRESS_FP16;
-  const int direct = DT__HOST_LE && !z; /* (a failed pull may leave dst partly written: see dt_net.h) */
+  const int direct = DT__HOST_LE && !z; /* (a failed pull may leave dst partly written: dt_net.h says so) */
   unsigned char req[DT__PS_FIX];
   dt__put_le64(req, (uint64_t)T);
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
@@ -283,6 +275,7 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     dt__put_le64(b, (uint64_t)T);
     dt__put_le64(b + 8, before ? C->basis_version[s] : C->pulled_version[s]);
     size_t len = DT__PS_FIX;
+    int pieces = 0; /* > 0: the floats go from where they lie */
     if (z) {
       len = dt__ps_encode_push(C->zc, C->ef, C->params, C->owner, s, delta, b);
       if (len > C->conn[s].max_payload) {
@@ -290,17 +283,15 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
                        op, dt_compress_name(C->zc), len, (unsigned)C->conn[s].max_payload);
         break;
       }
-    } else if (delta && DT__HOST_LE) { /* sent from where the floats lie */
-      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSH, C->iov, dt__ps_client_parts(C, s, b, delta), C->iov_scratch,
-                          dt__now() + C->timeout, op);
-      C->last_send[s] = dt__now();
-      if (rc == DTRAIN_OK) ps->wire_sent += len + C->shard[s] * 4;
-      continue;
     } else if (delta) {
-      dt__ps_gather(C->params, C->owner, s, delta, b + DT__PS_FIX);
+      if (DT__HOST_LE) pieces = dt__ps_client_parts(C, s, b, delta);
+      else dt__ps_gather(C->params, C->owner, s, delta, b + DT__PS_FIX);
       len += C->shard[s] * 4;
     }
-    rc = dt__conn_send(&C->conn[s], z ? DT__PS_PUSHZ : DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
+    if (pieces)
+      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSH, C->iov, pieces, C->iov_scratch, dt__now() + C->timeout, op);
+    else
+      rc = dt__conn_send(&C->conn[s], z ? DT__PS_PUSHZ : DT__PS_PUSH, b, (uint32_t)len, dt__now() + C->timeout, op);
     C->last_send[s] = dt__now();
     if (rc == DTRAIN_OK) ps->wire_sent += len;
   }

@@ -103,6 +103,13 @@ DTRAIN_PRIVATE uint64_t dt__ps_layout_hash(const dt_params *p, const int *owner,
 /* The shard of a full-layout buffer to little-endian bytes, and back. */
 DTRAIN_PRIVATE void dt__ps_gather(const dt_params *p, const int *owner, int s, const float *full, unsigned char *out);
 DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, const unsigned char *in, float *full);
+#  if !defined(DTRAIN_NO_NET)
+/* Shard s of full as pieces where its floats lie (the shard's order; the
+ * floats are their wire bytes on a little-endian host): one iovec per
+ * non-empty parameter of s into iov (room for the params' count). Returns
+ * the count. */
+DTRAIN_PRIVATE int dt__ps_pieces(const dt_params *p, const int *owner, int s, const float *full, struct iovec *iov);
+#  endif
 /* The same between a full-layout buffer and floats in shard order: out != 0 copies
  * full's shard into shard, else shard back into full (compressed pulls' copies). */
 DTRAIN_PRIVATE void dt__ps_shard_copy(const dt_params *p, const int *owner, int s, float *full, float *shard, int out);

@@ -159,17 +159,9 @@ static int dt__ps_send_floats(dt__ps_server *S, int i, uint16_t type, const unsi
   dt__frame_pack(h, type, w->conn.job, w->conn.self_id, w->conn.send_seq, NULL, len); /* a data frame: header-only check */
   w->conn.send_seq++;
   w->last_sent = dt__now();
-  int n = 0;
-  S->iov[n].iov_base = h;
-  S->iov[n++].iov_len = DT__NET_HDR + fixn;
-  size_t b, e;
-  int tr, dec;
-  for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
-    if (S->owner[p] != S->me || e == b) continue;
-    S->iov[n].iov_base = (void *)(uintptr_t)(full + b);
-    S->iov[n++].iov_len = (e - b) * sizeof(float);
-  }
-  int at = 0;
+  S->iov[0].iov_base = h;
+  S->iov[0].iov_len = DT__NET_HDR + fixn;
+  int n = 1 + dt__ps_pieces(S->params, S->owner, S->me, full, S->iov + 1), at = 0;
   while (at < n) {
     struct msghdr mh;
     memset(&mh, 0, sizeof mh);

@@ -129,6 +129,19 @@ DTRAIN_PRIVATE void dt__ps_scatter(const dt_params *p, const int *owner, int s, 
   }
 }
 
+#  if !defined(DTRAIN_NO_NET)
+DTRAIN_PRIVATE int dt__ps_pieces(const dt_params *p, const int *owner, int s, const float *full, struct iovec *iov) {
+  size_t b, e;
+  int tr, dec, n = 0;
+  for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++) {
+    if (owner[i] != s || e == b) continue;
+    iov[n].iov_base = (void *)(uintptr_t)(full + b);
+    iov[n++].iov_len = (e - b) * sizeof(float);
+  }
+  return n;
+}
+#  endif
+
 DTRAIN_PRIVATE void dt__ps_shard_copy(const dt_params *p, const int *owner, int s, float *full, float *shard, int out) {
   size_t b, e, k = 0;
   int tr, dec;

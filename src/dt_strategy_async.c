@@ -226,7 +226,7 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     } else {
       rc = dt_pstore_push(s->pstore, r, t, push, s->size, &tk);
     }
-    dt__strategy_bufs_out_of_grad(s, r);
+    if (push == R->grad) dt__strategy_bufs_zero(s, R->grad); /* parameter_server: the buffers' values went there */
     R->wait_s += tk.wait_s;
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
@@ -237,12 +237,9 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
   if (s->own_pstore) dt_pstore_leave(s->pstore, r); /* a borrowed store is left by its user (dt_pstore_leave) */
 }
 
-DTRAIN_PRIVATE void dt__strategy_bufs_out_of_grad(dt_strategy *s, int r) {
-  dt__strategy_replica *R = &s->rep[r];
-  if (!R->bufs_in_grad) return;
+DTRAIN_PRIVATE void dt__strategy_bufs_zero(dt_strategy *s, float *grad) {
   for (int i = 0; i < s->nbufr; i++) /* the gradient buffer as it was: zeros where no gradient flows */
-    memset(R->grad + s->bufr[2 * i], 0, (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
-  R->bufs_in_grad = 0;
+    memset(grad + s->bufr[2 * i], 0, (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
 }
 
 /* One job in which the replicas run free: steps * N pushes in all (steps

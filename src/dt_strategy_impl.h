@@ -50,8 +50,6 @@ typedef struct dt__strategy_replica {
   dt_optim *opt;           /* async: this replica's optimizer */
   int updating;            /* devices: this step reached the update */
   int push_fill;           /* async: this step's update is made during the push (dt__pstore_push_blocks) */
-  int bufs_in_grad;        /* parameter_server: the push vector is grad with the buffers' values in their
-                              places; zeroed there after the push */
   /* the current step */
   float loss;
   int64_t rows;
@@ -315,12 +313,12 @@ DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64
  * replica r's batch for its step t (the ticket or the servers' work item,
  * the batch function's batch, b's fields; 0: stop, the job is over or
  * failed); a push's statistics (staleness, steps, samples, loss); the
- * buffers' values taken out of the gradient after a parameter_server push
- * (R->bufs_in_grad). */
+ * buffers' places of a gradient copy zeroed again after a parameter_server
+ * push, which carried their values there. */
 DTRAIN_PRIVATE int dt__strategy_async_batch(dt_strategy *s, int r, int64_t t, dt_minibatch *b);
 DTRAIN_PRIVATE void dt__strategy_async_count(dt_strategy *s, int r, int64_t rows, int skipped, float loss,
                                              const dt_pstore_ticket *tk);
-DTRAIN_PRIVATE void dt__strategy_bufs_out_of_grad(dt_strategy *s, int r);
+DTRAIN_PRIVATE void dt__strategy_bufs_zero(dt_strategy *s, float *grad);
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
 /* A TCP store (dt_ps_client.c; any other: nothing): the next push was
  * computed on the parameters of the pull of `clock` (as the pull's clock

@@ -64,6 +64,9 @@ typedef struct dt__ps_comm {
   int64_t t;               /* the job: push(t) of push (NULL: empty), then pull(t + 1) into dst */
   const float *push;
   float *dst;
+  int64_t rows;            /* its step's rows, skip and loss, counted when it is done */
+  int skipped;
+  float loss;
   dt_result rc;            /* what it did */
   dt_pstore_ticket tk_push, tk_pull;
   char msg[DT__MSG_CAP];
@@ -97,26 +100,40 @@ static void dt__ps_comm_main(void *arg) {
   dt__mutex_unlock(&C->mu);
 }
 
-static void dt__ps_comm_post(dt__ps_comm *C, int64_t t, const float *push, float *dst) {
+/* Step t's job: push its gradient (push, NULL: empty), pull clock t + 1 into dst. */
+static void dt__ps_comm_post(dt__ps_comm *C, int64_t t, const float *push, float *dst, const dt_minibatch *b,
+                             const dt__strategy_replica *R) {
   dt__mutex_lock(&C->mu);
   C->t = t;
   C->push = push;
   C->dst = dst;
+  C->rows = b->rows;
+  C->skipped = R->skipped;
+  C->loss = R->loss;
   C->busy = 1;
   dt__cond_broadcast(&C->cv);
   dt__mutex_unlock(&C->mu);
 }
 
-/* Until the posted job is done: its result, with its message as this thread's error. */
-static dt_result dt__ps_comm_wait(dt__ps_comm *C, dt_pstore_ticket *tk_push, dt_pstore_ticket *tk_pull) {
+/* Waits for the posted job and books it for replica r: its wait, the
+ * buffers' places of the gradient it pushed zeroed again, its statistics.
+ * 0 when it failed (the strategy's failure is set). */
+static int dt__ps_comm_reap(dt_strategy *s, int r, dt__ps_comm *C) {
+  dt__strategy_replica *R = &s->rep[r];
+  double t0 = dt__now();
   dt__mutex_lock(&C->mu);
   while (C->busy) dt__cond_wait(&C->cv, &C->mu);
-  dt_result rc = C->rc;
-  *tk_push = C->tk_push;
-  *tk_pull = C->tk_pull;
-  if (rc != DTRAIN_OK) dt__error(rc, "%s", C->msg);
-  dt__mutex_unlock(&C->mu);
-  return rc;
+  dt__mutex_unlock(&C->mu); /* (the thread waits for the next post: C is this thread's now) */
+  R->wait_s += dt__now() - t0;
+  if (C->push) dt__strategy_bufs_zero(s, (float *)(uintptr_t)C->push);
+  if (C->rc != DTRAIN_OK) {
+    dt__error(C->rc, "%s", C->msg);
+    dt__strategy_comm_failed(s, r, C->rc);
+    return 0;
+  }
+  if (C->tk_pull.clock_gap > R->gap_max) R->gap_max = C->tk_pull.clock_gap;
+  dt__strategy_async_count(s, r, C->rows, C->skipped, C->loss, &C->tk_push);
+  return 1;
 }
 
 static void dt__ps_destroy(dt_strategy *s) {
@@ -173,7 +190,7 @@ static dt_result dt__ps_replica(dt_strategy *s, int r) { return dt__strategy_bin
  * the clipped gradient (clip_norm of the optimizer given to
  * dt_strategy_create) with the buffers' values written into the buffers'
  * places (no gradient flows there; the replica loop zeroes them again after
- * the push: R->bufs_in_grad). No copy of the whole vector. */
+ * the push: dt__strategy_bufs_zero). No copy of the whole vector. */
 static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
   dt__strategy_replica *R = &s->rep[r];
   if (!dt__strategy_compute(s, r, b)) return 0;
@@ -183,15 +200,8 @@ static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const
   if (!dt__strategy_clip_own(s, r, dt_optim_get_options(s->opt)->clip_norm, "nothing pushed")) return 0;
   for (int i = 0; i < s->nbufr; i++)
     memcpy(R->grad + s->bufr[2 * i], R->data + s->bufr[2 * i], (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
-  R->bufs_in_grad = s->nbufr > 0;
   *push = R->grad;
   return 1;
-}
-
-/* The buffers' places in a gradient copy zeroed again after its push (grad NULL: none). */
-static void dt__ps_bufs_zero(dt_strategy *s, float *grad) {
-  for (int i = 0; grad && i < s->nbufr; i++)
-    memset(grad + s->bufr[2 * i], 0, (s->bufr[2 * i + 1] - s->bufr[2 * i]) * sizeof(float));
 }
 
 /* The overlapped loop (desc.overlap, dt_strategy_run; see the top). Step t
@@ -208,7 +218,7 @@ static void dt__ps_job_overlap(dt_strategy *s, int r) {
   G[0] = R->grad;
   G[1] = C->grad2;
   R->result = DTRAIN_OK;
-  dt_pstore_ticket tk, tp;
+  dt_pstore_ticket tk;
   memset(&tk, 0, sizeof tk);
   dt_result rc = dt_pstore_pull(s->pstore, r, 0, D[0], s->size, &tk);
   R->wait_s += tk.wait_s;
@@ -217,9 +227,7 @@ static void dt__ps_job_overlap(dt_strategy *s, int r) {
     return;
   }
   if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
-  int cur = 0, held = 0, h_skipped = 0, h_bufs = 0;
-  int64_t h_rows = 0;
-  float h_loss = 0.0f, *h_grad = NULL; /* the job posted: its step's rows, skip, loss, gradient copy */
+  int cur = 0, held = 0;
   for (int64_t t = 0;; t++) {
     dt_minibatch b;
     if (!dt__strategy_async_batch(s, r, t, &b)) break;
@@ -230,43 +238,17 @@ static void dt__ps_job_overlap(dt_strategy *s, int r) {
     R->push_fill = 0;
     if (!s->mod->local_step(s, r, &b, &push)) break;
     if (held) {
-      double t0 = dt__now();
-      rc = dt__ps_comm_wait(C, &tk, &tp);
-      R->wait_s += dt__now() - t0;
       held = 0;
-      dt__ps_bufs_zero(s, h_bufs ? h_grad : NULL);
-      if (rc != DTRAIN_OK) {
-        dt__strategy_comm_failed(s, r, rc);
-        dt__strategy_bufs_out_of_grad(s, r); /* this step's, not pushed */
+      if (!dt__ps_comm_reap(s, r, C)) {
+        if (push) dt__strategy_bufs_zero(s, R->grad); /* this step's, not pushed */
         break;
       }
-      if (tp.clock_gap > R->gap_max) R->gap_max = tp.clock_gap;
-      dt__strategy_async_count(s, r, h_rows, h_skipped, h_loss, &tk);
-      cur = (int)(t & 1); /* the pull of clock t */
+      cur ^= 1; /* the pull of clock t */
     }
-    h_rows = b.rows;
-    h_skipped = R->skipped;
-    h_loss = R->loss;
-    h_bufs = R->bufs_in_grad;
-    h_grad = R->grad;
-    R->bufs_in_grad = 0;
-    dt__ps_comm_post(C, t, push, D[cur ^ 1]);
+    dt__ps_comm_post(C, t, push, D[cur ^ 1], &b, R);
     held = 1;
   }
-  if (held) {
-    double t0 = dt__now();
-    rc = dt__ps_comm_wait(C, &tk, &tp);
-    R->wait_s += dt__now() - t0;
-    int last = cur ^ 1;
-    dt__ps_bufs_zero(s, h_bufs ? h_grad : NULL);
-    if (rc != DTRAIN_OK) {
-      dt__strategy_comm_failed(s, r, rc);
-    } else {
-      if (tp.clock_gap > R->gap_max) R->gap_max = tp.clock_gap;
-      dt__strategy_async_count(s, r, h_rows, h_skipped, h_loss, &tk);
-      cur = last;
-    }
-  }
+  if (held && dt__ps_comm_reap(s, r, C)) cur ^= 1;
   if (cur != 0) memcpy(D[0], D[1], s->fbytes); /* the params hold the last pull */
   R->data = D[0];
   R->grad = G[0];
