@@ -8,7 +8,15 @@
 #
 #   BUILD=build sh bench/run_gpu.sh
 ROUNDS=${BENCH_ROUNDS:-3}
-PY=${PYTHON:-/usr/bin/python3}
+# PyTorch: $PYTHON, else the first python3 whose torch sees a GPU (the one on
+# PATH, e.g. a virtual environment's, then the system's /usr/bin/python3).
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for p in python3 /usr/bin/python3; do
+    if "$p" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then PY=$p; break; fi
+  done
+  PY=${PY:-python3}
+fi
 DIR=$(dirname "$0")
 B=${BUILD:-build}/bench/bench_gpu
 SECONDS_EACH=${BENCH_SECONDS:-3}
