@@ -12,6 +12,11 @@
  *        build/examples/02_fashion_mnist --model cnn --epochs 3 --checkpoint cnn.safetensors
  *        build/examples/02_fashion_mnist --resume cnn.safetensors --epochs 5
  *        build/examples/02_fashion_mnist --strategy mirrored --replicas 2
+ *        build/examples/02_fashion_mnist --init-weights torch.safetensors --evaluate --json
+ *   (--init-weights: start from weights trained elsewhere: a dtrain checkpoint,
+ *   or PyTorch's through tools/dtrain_torch.py, whose FashionMLP / FashionCNN
+ *   are these two models with the same names and layouts; --evaluate: only
+ *   the test set's accuracy and loss of those weights)
  *   On GPUs (build/examples/02_fashion_mnist_cuda, built where nvcc is;
  *   NOT YET RUN ON A GPU; evaluation runs on the CPU on the parameters the
  *   strategy copies back after each step; --checkpoint/--resume work as on
@@ -52,6 +57,8 @@ typedef struct options {
   const char *device; /* "cpu", "cuda", "cuda:N" */
   const char *compress_text; /* --compress */
   int overlap;               /* --overlap */
+  const char *init_weights;  /* --init-weights: a safetensors file of the model's weights */
+  int evaluate;              /* --evaluate: test-set accuracy of the weights, no training */
   int bucket_kb;             /* --bucket-kb */
   dt_compress compress;
   int epochs, batch, json, quiet, replicas, max_staleness;
@@ -296,6 +303,11 @@ static int parse(int argc, char **argv, options *o) {
       {"staleness-lr", 'b', &o->staleness_lr, 0, 0, "async / parameter servers: scale updates by 1/(1+staleness)"},
       {"checkpoint", 's', &o->checkpoint, 0, 0, "save the training state here after every epoch"},
       {"resume", 's', &o->resume, 0, 0, "continue from this checkpoint"},
+      {"init-weights", 's', &o->init_weights, 0, 0,
+       "start from these weights: a safetensors file with the model's names and shapes (a dtrain checkpoint, "
+       "or PyTorch's via tools/dtrain_torch.py save)"},
+      {"evaluate", 'b', &o->evaluate, 0, 0,
+       "only evaluate the weights (--init-weights or --resume) on the test set and report, no training"},
       {"checkpoint-dir", 's', &o->checkpoint_dir, 0, 0, "parameter servers: their shards' checkpoints here"},
       {"csv", 's', &o->csv, 0, 0, "per-epoch metrics"},
       {"svg", 's', &o->svg, 0, 0, "the loss and accuracy chart"},
@@ -365,6 +377,18 @@ static int parse(int argc, char **argv, options *o) {
       strcmp(o->strategy, "multi_worker_mirrored")) {
     fprintf(stderr, "error: --device %s trains with one_device, mirrored or multi_worker_mirrored (%s keeps the parameters in host memory)\n",
             o->device, o->strategy);
+    goto bad;
+  }
+  if (o->init_weights && o->resume) {
+    fprintf(stderr, "error: --init-weights and --resume both give the weights: one of them\n");
+    goto bad;
+  }
+  if (o->evaluate && !o->init_weights && !o->resume) {
+    fprintf(stderr, "error: --evaluate needs the weights to evaluate: --init-weights FILE or --resume FILE\n");
+    goto bad;
+  }
+  if (o->evaluate && (!strcmp(o->strategy, "multi_worker_mirrored") || !strcmp(o->strategy, "parameter_server"))) {
+    fprintf(stderr, "error: --evaluate runs in one process (not with --strategy %s)\n", o->strategy);
     goto bad;
   }
   if (!strncmp(o->device, "cuda:", 5) && o->replicas > 1) {
@@ -443,6 +467,40 @@ static dt_result load_data(app *a, char *dir, size_t cap) {
   return r;
 }
 
+/* --evaluate: the test set's accuracy and loss of the weights loaded, on the
+ * CPU (the printout, and the --json line with the training fields at 0). */
+static int evaluate_only(app *a) {
+  int rc = 0;
+  a->eval_g = dt_graph_create(a->P, NULL);
+  dt_fit_eval e;
+  memset(&e, 0, sizeof e);
+  if (!a->eval_g) rc = 1;
+  if (!rc) {
+    dt_graph_set_grad_enabled(a->eval_g, 0);
+    dt_graph_set_training(a->eval_g, 0);
+    if (evaluate(&e, a) != DTRAIN_OK) rc = 1;
+  }
+  if (rc) fprintf(stderr, "error: %s\n", dt_last_error());
+  if (!rc && !a->o.quiet)
+    printf("test accuracy %.4f (loss %.4f), %lld of %lld right\n", a->last_test_acc, a->last_test_loss,
+           (long long)(a->last_test_acc * (double)a->test->n + 0.5), (long long)a->test->n);
+  if (!rc && a->o.json)
+    printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"epochs\":0,\"batch\":%d,\"seed\":%llu,\"train_samples\":%lld,"
+           "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":0,"
+           "\"train_seconds\":0,\"samples_per_sec\":0,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
+           "\"replicas\":1,\"device\":\"cpu\",\"batch_per_worker\":%d,\"compress\":\"none\","
+           "\"wire_bytes_per_step\":0,\"wire_bytes_received_per_step\":0,\"overlap\":0,\"evaluate\":true,"
+           "\"test_correct\":%lld}\n",
+           a->o.model, a->o.optimizer, a->o.batch, (unsigned long long)a->o.seed, (long long)a->train->n,
+           (long long)a->test->n, a->last_test_acc, a->last_test_loss, (unsigned long long)dt_params_checksum(a->P),
+           a->o.strategy, a->o.batch_worker, (long long)(a->last_test_acc * (double)a->test->n + 0.5));
+  dt_graph_destroy(a->eval_g);
+  dt_params_destroy(a->P);
+  dt_dataset_destroy(a->train);
+  dt_dataset_destroy(a->test);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   app a;
   memset(&a, 0, sizeof a);
@@ -491,23 +549,39 @@ int main(int argc, char **argv) {
   if (!output_ok("--checkpoint", a.o.checkpoint, 0) || !output_ok("--csv", a.o.csv, 0) || !output_ok("--svg", a.o.svg, 0)) return 2;
   dt_optim_kind kind;
   if (!optimizer_kind(a.o.optimizer, &kind)) { fprintf(stderr, "error: unknown optimizer %s\n", a.o.optimizer); return 2; }
+  { /* the weights' file is read and checked (format, checksum) before the data loads */
+    const char *wf = a.o.init_weights ? a.o.init_weights : a.o.evaluate ? a.o.resume : NULL;
+    dt_checkpoint *wc = wf ? dt_checkpoint_open(wf) : NULL;
+    if (wf && !wc) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+    dt_checkpoint_close(wc);
+  }
   char dir[512];
   dt_result r = load_data(&a, dir, sizeof dir);
   if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   if (!a.o.quiet && (mwm || ps)) printf("cluster: %d worker%s, %d server%s (samples/s below: worker 0's own)\n", cl->workers,
                                          cl->workers == 1 ? "" : "s", cl->servers, cl->servers == 1 ? "" : "s");
-  if (!a.o.quiet)
+  if (!a.o.quiet && a.o.evaluate)
+    printf("data: %s (%lld test)\nmodel: %s, evaluation only\n", dir, (long long)a.test->n, a.o.model);
+  else if (!a.o.quiet)
     printf("data: %s (%lld train, %lld test)\nmodel: %s, %s, batch %d (%d per worker), %d epochs, strategy %s\n", dir,
            (long long)a.train->n, (long long)a.test->n, a.o.model, a.o.optimizer, a.o.batch, a.o.batch_worker, a.o.epochs,
            a.o.strategy);
 
   /* One core of several (one_device, dt_get_threads() == 1): say so once, and how to use more. */
-  if (!a.o.quiet && !strcmp(a.o.strategy, "one_device") && !strcmp(a.o.device, "cpu") && dt_get_threads() == 1 &&
+  if (!a.o.quiet && !a.o.evaluate && !strcmp(a.o.strategy, "one_device") && !strcmp(a.o.device, "cpu") && dt_get_threads() == 1 &&
       dt_cpu_count() > 1)
     printf("note: training on 1 of %d cores; DTRAIN_THREADS=%d (or auto) splits the big kernels over them, "
            "--strategy mirrored --replicas %d the batch\n", dt_cpu_count(), dt_cpu_count(), dt_cpu_count());
   a.P = dt_params_create(a.o.seed);
   if ((r = model_init(&a.m, a.P, !strcmp(a.o.model, "cnn"))) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+  /* --init-weights (every process of a cluster reads the same file), or --evaluate --resume:
+   * the weights only; the optimizer state and the rest of a checkpoint are not used. */
+  const char *weights = a.o.init_weights ? a.o.init_weights : a.o.evaluate ? a.o.resume : NULL;
+  if (weights) {
+    if (dt_checkpoint_load_weights(weights, a.P) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+    if (!a.o.quiet) printf("weights: %s\n", weights);
+  }
+  if (a.o.evaluate) return evaluate_only(&a);
   a.ndev = open_devices(a.o.device, !strcmp(a.o.strategy, "one_device"), a.o.replicas, a.devs);
   if (a.ndev < 0) return 2;
   for (int i = 0; i < a.ndev; i++) {
