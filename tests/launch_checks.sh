@@ -5,7 +5,8 @@
 # stopped after a failure (SIGTERM, then SIGKILL), signals passed on,
 # parameter servers stopped after the workers, a parameter-server job going
 # on without a dead worker, workers' listening sockets closed once the world
-# formed, --timeout, the job's token and job id, --bind-to, --max-restarts, usage.
+# formed, --timeout, the job's token and job id, --bind-to, --max-restarts, usage,
+# --hosts/--rsh over network namespaces.
 # Prints "launch_checks: N passed, N failed, N skipped".
 BUILD=${BUILD:-build}
 L=${LAUNCH:-tools/dtrain-launch}
@@ -284,6 +285,70 @@ if [ "$(rc_of slots)" = 0 ] && has slots.err 'worker 0 exited with code 3 .* it 
    has slots.err 'the job ended with 2 of 3 workers'; then
   ok "--min-workers: a worker that fails again at once is left out; the others restart as ranks 0..1 of 2 (DTRAIN_SLOT stays)"
 else bad "--min-workers slots" "$T/slots.out" "$T/slots.err"; fi
+
+# -- --hosts (several machines) and --rsh: usage; then two network namespaces as the hosts
+#    (--rsh "ip netns exec"): placement, addresses and ports, prefixes, the token sent on each
+#    process's input (never on a command line), a failure's code, a launcher killed with
+#    SIGKILL leaving nothing behind, and a real multi-worker training across the two
+run hrsh -n 2 --rsh "ip netns exec" -- "$P"; [ "$(rc_of hrsh)" = 2 ] && has hrsh.err "without --hosts" && ok "usage: --rsh without --hosts" || bad "usage: --rsh without --hosts" "$T/hrsh.err"
+run hzero --hosts a:0 -- "$P"; [ "$(rc_of hzero)" = 2 ] && has hzero.err "slots '0' is not a number" && ok "usage: --hosts a:0" || bad "usage: --hosts a:0" "$T/hzero.err"
+run hmany -n 5 --hosts a:2,b:2 -- "$P"; [ "$(rc_of hmany)" = 2 ] && has hmany.err "more workers than the 4 slots" && ok "usage: -n above the slots" || bad "usage: -n above the slots" "$T/hmany.err"
+run hdash --hosts -oProxyCommand=x:1 -- "$P"; [ "$(rc_of hdash)" = 2 ] && has hdash.err "is not NAME" && ok "usage: a host name that is an option" || bad "usage: a host name that is an option" "$T/hdash.err"
+run hhost --hosts a:1 --host 127.0.0.1 -- "$P"; [ "$(rc_of hhost)" = 2 ] && has hhost.err "is for one machine" && ok "usage: --host with --hosts" || bad "usage: --host with --hosts" "$T/hhost.err"
+NSA=dtlA$$; NSB=dtlB$$
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1; then
+  skip "--hosts over network namespaces: needs root and ip(8)"
+elif ! { ip netns add $NSA && ip netns add $NSB && ip link add ${NSA}v type veth peer name ${NSB}v &&
+         ip link set ${NSA}v netns $NSA && ip link set ${NSB}v netns $NSB &&
+         ip -n $NSA addr add 10.231.9.1/24 dev ${NSA}v && ip -n $NSB addr add 10.231.9.2/24 dev ${NSB}v &&
+         ip -n $NSA link set ${NSA}v up && ip -n $NSB link set ${NSB}v up &&
+         ip -n $NSA link set lo up && ip -n $NSB link set lo up; } 2>"$T/netns.err"; then
+  skip "--hosts over network namespaces: cannot make them here ($(head -1 "$T/netns.err"))"
+  ip netns del $NSA 2>/dev/null; ip netns del $NSB 2>/dev/null
+else
+  H="--hosts $NSA=10.231.9.1:2,$NSB=10.231.9.2:1 --rsh"
+  run hinfo $H "ip netns exec" --ps 2 -- "$P" info
+  good=1
+  for t in "$NSA:worker 0:10.231.9.1:29500" "$NSA:worker 1:10.231.9.1:29501" "$NSB:worker 2:10.231.9.2:29502" \
+           "$NSA:ps 0:10.231.9.1:29503" "$NSB:ps 1:10.231.9.2:29504"; do
+    pre=${t%%:1*}; addr=${t#"$pre":}; who=${pre#*:}; r=${who% *}; i=${who#* }
+    grep -q "^\[$pre\] role=$r index=$i workers=3 servers=2 self=$addr rank=$i world=3 envrole=$r listen=missing" "$T/hinfo.out" || { echo "missing/odd line for $pre"; good=0; }
+  done
+  [ "$(rc_of hinfo)" = 0 ] && [ $good = 1 ] && ok "--hosts: workers fill the slots, servers one per host, ADDR:port in every config" || bad "--hosts placement" "$T/hinfo.out" "$T/hinfo.err"
+  # the token: the same one reaches every process, on no command line while they run
+  : >"$T/htok.out"
+  DTRAIN_TOKEN=hosts-secret-$$ PROBE_DIR="$T/sync" timeout 60 "$L" $H "ip netns exec" -- "$P" wait >"$T/htok.out" 2>"$T/htok.err" &
+  pid=$!
+  k=0; while [ "$(count_ready "$T/htok.out")" -lt 3 ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+  seen=$(cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' ' ' | grep -c "hosts-secret[-]$$") # [-]: not its own
+  envok=0; for q in $(sed -n 's/.*ready pid=\([0-9]*\).*/\1/p' "$T/htok.out"); do tr '\0' '\n' </proc/$q/environ 2>/dev/null | grep -qx "DTRAIN_TOKEN=hosts-secret-$$" && envok=$((envok + 1)); done
+  kill -TERM $pid; wait $pid; hrc=$?
+  [ "$(count_ready "$T/htok.out")" = 3 ] && [ "$seen" = 0 ] && [ $envok = 3 ] && [ $hrc = 143 ] \
+    && ok "--hosts: the token reaches every process on its input, on no command line; SIGTERM stops the job" \
+    || bad "--hosts token (ready $(count_ready "$T/htok.out"), on a command line $seen, in the environment $envok, exit $hrc)" "$T/htok.out" "$T/htok.err"
+  run hfail $H "ip netns exec" --grace 0.3 -- "$P" exitif worker 2 3
+  [ "$(rc_of hfail)" = 3 ] && has hfail.err 'worker 2 exited with code 3' && has hfail.out "^\[$NSA:worker 0\] got signal 15\$" \
+    && ok "--hosts: a failure's exit code, the others stopped" || bad "--hosts failure" "$T/hfail.out" "$T/hfail.err"
+  # the launcher killed outright: each process's input closes and its watcher stops it
+  PROBE_DIR="$T/sync" "$L" $H "ip netns exec" -- "$P" wait >"$T/hkill.out" 2>"$T/hkill.err" &
+  pid=$!
+  k=0; while [ "$(count_ready "$T/hkill.out")" -lt 3 ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+  kill -KILL $pid; wait $pid 2>/dev/null
+  k=0; while [ -n "$(ip netns pids $NSA; ip netns pids $NSB)" ] && [ $k -lt 50 ]; do sleep 0.1; k=$((k + 1)); done
+  left=$(ip netns pids $NSA; ip netns pids $NSB)
+  [ "$(count_ready "$T/hkill.out")" = 3 ] && [ -z "$left" ] && ok "--hosts: nothing left running after the launcher is killed" \
+    || { bad "--hosts: left running after SIGKILL: $left" "$T/hkill.out"; for q in $left; do kill -KILL $q; done; }
+  E=$BUILD/examples/02_fashion_mnist
+  if [ -x "$E" ] && [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+    run htrain --hosts $NSA=10.231.9.1:1,$NSB=10.231.9.2:1 --rsh "ip netns exec" -- "$E" --strategy multi_worker_mirrored \
+      --epochs 1 --limit 1024 --batch 64 --json --quiet --csv "$T/h.csv" --svg "$T/h.svg"
+    [ "$(rc_of htrain)" = 0 ] && grep "^\[$NSA:worker 0\] {" "$T/htrain.out" | grep -q '"strategy":"multi_worker_mirrored"' \
+      && ok "--hosts: multi_worker_mirrored trains across the two namespaces" || bad "--hosts training" "$T/htrain.out" "$T/htrain.err"
+  else
+    skip "--hosts training: no $E or no Fashion-MNIST"
+  fi
+  ip netns del $NSA; ip netns del $NSB
+fi
 
 echo "launch_checks: $pass passed, $fail failed, $skipped skipped"
 [ "$fail" -eq 0 ]

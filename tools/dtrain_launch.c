@@ -58,6 +58,19 @@
  * (dt_layout_from_cluster splits the communicator accordingly); the rest of
  * the workers are data-parallel replicas, so N must be a multiple of P*T.
  *
+ * --hosts NAME[=ADDR][:SLOTS],... [--rsh CMD] (several machines, as mpirun's
+ * host list): the workers fill the hosts' slots in order (-n defaults to all
+ * the slots), the servers go one per host in turn; each process runs as
+ * `CMD NAME sh` (CMD: "ssh" unless --rsh; "ip netns exec" makes each NAME a
+ * network namespace) and reads a small script on its standard input that
+ * exports its DTRAIN_* variables (the token and the job id included: they
+ * never appear on a command line), changes to the launcher's directory and
+ * runs the program; closing that input (the launcher stopping it, or gone)
+ * stops the program. ADDR (default NAME, less any "user@") is the address the
+ * other processes dial, with ports --port P, P+1, ... [29500] in process
+ * order (workers, then servers); the program binds its own port there
+ * (no DTRAIN_LISTEN_FD). Output lines are prefixed "[NAME:worker I] ".
+ *
  * Plain POSIX C; does not need dtrain.h. Build: cc -std=c11 -O2 tools/dtrain_launch.c -o tools/dtrain-launch
  */
 #ifdef __linux__
@@ -104,7 +117,9 @@ typedef struct proc {
   int lfd, port;
   char addr[300];
   char name[32];     /* "worker 0" */
-  char prefix[40];   /* "[worker 0] " */
+  char prefix[300];  /* "[worker 0] ", or with --hosts "[HOST:worker 0] " */
+  int host;          /* --hosts: index into g_hosts, else -1 (this machine) */
+  int in_w;          /* --hosts: the write end of its standard input (closed: stop), else -1 */
   pid_t pid;         /* 0 before start and after it was reaped */
   int running;
   int stopped_by_us; /* we sent it SIGTERM/SIGKILL */
@@ -118,6 +133,17 @@ typedef struct proc {
 } proc;
 
 static const char *g_self = "dtrain-launch";
+
+/* --hosts: where the processes run, and --rsh: how they are started there. */
+#define MAX_HOSTS 256
+typedef struct rhost {
+  char name[200]; /* given to the rsh command */
+  char addr[200]; /* in the cluster: what the others dial */
+  long slots;
+} rhost;
+static rhost g_hosts[MAX_HOSTS];
+static int g_nhosts;
+static char *g_rsh[32]; /* the rsh command's words, NULL-terminated */
 static int g_sigpipe[2] = {-1, -1};
 
 static void usage(FILE *f) {
@@ -149,6 +175,13 @@ static void usage(FILE *f) {
           "  --pipeline P, --tensor T  the workers' model-parallel layout, written into DTRAIN_CONFIG\n"
           "                (\"layout\"; dt_layout_from_cluster): P pipeline stages x T tensor-parallel ranks,\n"
           "                the rest data-parallel replicas; N must be a multiple of P x T [1, 1]\n"
+          "  --hosts LIST  several machines: LIST is NAME[=ADDR][:SLOTS],... (SLOTS workers on each,\n"
+          "                in order; -n defaults to their sum; servers one per host in turn); each\n"
+          "                process is started by `RSH NAME sh`, its settings (the token too) sent on\n"
+          "                its standard input, never on a command line; ADDR (default NAME) is what\n"
+          "                the others dial, ports from --port [29500]; output \"[NAME:worker I] \"\n"
+          "  --rsh CMD     how --hosts processes are started [ssh]; \"ip netns exec\" runs them in\n"
+          "                the network namespaces named by the hosts (a rehearsal on one machine)\n"
           "  -h, --help    this text\n"
           "Each process gets DTRAIN_CONFIG (the cluster and its task), DTRAIN_LISTEN_FD (its bound\n"
           "listening socket), DTRAIN_RANK, DTRAIN_WORLD, DTRAIN_ROLE, DTRAIN_SLOT (its place in\n"
@@ -225,17 +258,19 @@ static int parse_secs(const char *s, double *out) {
   return 1;
 }
 
-#define NOPTS 13
+#define NOPTS 15
 static const char *const k_opts[NOPTS] = {"-n",        "--ps",      "--port",   "--host",
                                           "--grace",   "--timeout", "--bind-to", "--max-restarts",
                                           "--min-workers", "--max-workers", "--elastic-timeout",
-                                          "--pipeline", "--tensor"};
+                                          "--pipeline", "--tensor", "--hosts", "--rsh"};
 static const char *const k_what[NOPTS] = {"a number of workers in 1..1024", "a number of servers in 0..1024",
                                           "a port in 1..65535", "a host name or address", "seconds (>= 0)",
                                           "seconds (> 0)", "core or none", "a number of restarts in 0..10000",
                                           "a number of workers in 1..1024", "a number of workers in 1..1024",
                                           "seconds (> 0)", "a number of stages in 1..1024",
-                                          "a number of tensor-parallel ranks in 1..1024"};
+                                          "a number of tensor-parallel ranks in 1..1024",
+                                          "NAME[=ADDR][:SLOTS],... (names and addresses of letters, digits and .-_@[]:%)",
+                                          "a command (words split at spaces)"};
 
 /* The model-parallel layout (--pipeline, --tensor), written into every worker's DTRAIN_CONFIG. */
 static long g_pipeline = 1, g_tensor = 1;
@@ -252,6 +287,193 @@ static int opt_value(int argc, char **argv, int *k, const char *name, const char
   else if (*k + 1 < argc)
     *value = argv[++*k];
   return 1;
+}
+
+/* ---- --hosts and --rsh ----------------------------------------------------------------------- */
+
+static int host_char_ok(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c && strchr(".-_@[]:%", c));
+}
+
+/* "NAME[=ADDR][:SLOTS],..." into g_hosts; 0 on a malformed list (said why). */
+static int parse_hosts(const char *list) {
+  const char *p = list;
+  g_nhosts = 0;
+  while (*p) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char item[420];
+    if (len == 0 || len >= sizeof item) {
+      say("--hosts '%s': an empty or overlong entry", list);
+      return 0;
+    }
+    if (g_nhosts == MAX_HOSTS) {
+      say("--hosts: more than %d hosts", MAX_HOSTS);
+      return 0;
+    }
+    memcpy(item, p, len);
+    item[len] = '\0';
+    rhost *h = &g_hosts[g_nhosts];
+    h->slots = 1;
+    char *colon = strrchr(item, ':'), *rb = strrchr(item, ']');
+    if (colon && (!rb || colon > rb)) { /* SLOTS: after the last ':' outside [...] */
+      if (!parse_long(colon + 1, 1, MAX_PROCS, &h->slots)) {
+        say("--hosts '%s': slots '%s' is not a number in 1..%d", item, colon + 1, MAX_PROCS);
+        return 0;
+      }
+      *colon = '\0';
+    }
+    char *eq = strchr(item, '=');
+    const char *addr;
+    if (eq) {
+      *eq = '\0';
+      addr = eq + 1;
+    } else {
+      const char *at = strrchr(item, '@');
+      addr = at ? at + 1 : item;
+    }
+    for (const char *c = item; *c; c++)
+      if (!host_char_ok(*c) || *c == ':' || *c == '[' || *c == ']') addr = NULL;
+    for (const char *c = addr ? addr : ""; *c; c++)
+      if (!host_char_ok(*c) || *c == '@') addr = NULL;
+    if (!addr || !*item || !*addr || item[0] == '-' || strlen(item) >= sizeof h->name ||
+        strlen(addr) >= sizeof h->addr) {
+      say("--hosts: '%.*s' is not NAME[=ADDR][:SLOTS] (a name of letters, digits and .-_@ not starting with '-', "
+          "an address or [IPv6 address])", (int)len, p);
+      return 0;
+    }
+    if (strchr(addr, ':') && addr[0] != '[') {
+      say("--hosts: '%.*s': put an IPv6 address in brackets ([%s])", (int)len, p, addr);
+      return 0;
+    }
+    snprintf(h->name, sizeof h->name, "%s", item);
+    snprintf(h->addr, sizeof h->addr, "%s", addr);
+    g_nhosts++;
+    p += len;
+    if (*p == ',') p++;
+  }
+  if (g_nhosts == 0) say("--hosts: no host given");
+  return g_nhosts > 0;
+}
+
+/* --rsh "CMD ARGS": its words (split at spaces) into g_rsh; 0 when empty or too many. */
+static int parse_rsh(const char *cmd) {
+  static char buf[1024];
+  int nw = 0;
+  if (strlen(cmd) >= sizeof buf) return 0;
+  snprintf(buf, sizeof buf, "%s", cmd);
+  for (char *w = strtok(buf, " \t"); w; w = strtok(NULL, " \t")) {
+    if (nw == (int)(sizeof g_rsh / sizeof g_rsh[0]) - 3) return 0; /* room for NAME, sh, NULL */
+    g_rsh[nw++] = w;
+  }
+  g_rsh[nw] = NULL;
+  return nw > 0;
+}
+
+/* A growing string (the remote script); on allocation failure ok becomes 0. */
+typedef struct sbuf {
+  char *b;
+  size_t n, cap;
+  int ok;
+} sbuf;
+
+static void sb_put(sbuf *s, const char *t, size_t n) {
+  if (!s->ok) return;
+  if (s->n + n + 1 > s->cap) {
+    size_t cap = (s->cap ? 2 * s->cap : 1024) + n;
+    char *b = (char *)realloc(s->b, cap);
+    if (!b) {
+      s->ok = 0;
+      return;
+    }
+    s->b = b;
+    s->cap = cap;
+  }
+  memcpy(s->b + s->n, t, n);
+  s->n += n;
+  s->b[s->n] = '\0';
+}
+
+static void sb_str(sbuf *s, const char *t) { sb_put(s, t, strlen(t)); }
+
+/* t in single quotes for sh ('\'' for a quote inside). */
+static void sb_quoted(sbuf *s, const char *t) {
+  sb_put(s, "'", 1);
+  for (const char *q; (q = strchr(t, '\'')) != NULL; t = q + 1) {
+    sb_put(s, t, (size_t)(q - t));
+    sb_str(s, "'\\''");
+  }
+  sb_str(s, t);
+  sb_put(s, "'", 1);
+}
+
+static void sb_export(sbuf *s, const char *name, const char *value) {
+  sb_str(s, "export ");
+  sb_str(s, name);
+  sb_put(s, "=", 1);
+  sb_quoted(s, value);
+  sb_put(s, "\n", 1);
+}
+
+extern char **environ;
+
+/* What a --hosts process's `sh` reads on its standard input: its settings
+ * (every DTRAIN_* of the launcher's environment, then its own), the
+ * launcher's directory, the program run in the background, and a watcher
+ * that stops it (SIGTERM) when that input closes: the launcher stopping it,
+ * or gone. sh's exit status is the program's (128+N for signal N). One
+ * brace group, so that sh has parsed all of it before the watcher reads on. */
+static char *remote_script(const proc *p, const char *config, int world, const char *token, char **prog) {
+  sbuf s = {NULL, 0, 0, 1};
+  char num[32], cwd[4096];
+  sb_str(&s, "{\n");
+  for (char **e = environ; e && *e; e++) { /* -x DTRAIN_* as mpirun's -x */
+    const char *eq = strchr(*e, '=');
+    if (!eq || strncmp(*e, "DTRAIN_", 7) != 0 || strncmp(*e, "DTRAIN_LISTEN_FD=", 17) == 0) continue;
+    char name[128];
+    size_t len = (size_t)(eq - *e);
+    int ok = len < sizeof name;
+    for (size_t i = 0; ok && i < len; i++) ok = host_char_ok((*e)[i]) && (*e)[i] != '.' && (*e)[i] != '-';
+    if (!ok) continue;
+    memcpy(name, *e, len);
+    name[len] = '\0';
+    sb_export(&s, name, eq + 1);
+  }
+  sb_export(&s, "DTRAIN_CONFIG", config);
+  if (token) sb_export(&s, "DTRAIN_TOKEN", token);
+  snprintf(num, sizeof num, "%d", p->restarts);
+  sb_export(&s, "DTRAIN_RESTART", num);
+  snprintf(num, sizeof num, "%d", p->index);
+  sb_export(&s, "DTRAIN_RANK", num);
+  snprintf(num, sizeof num, "%d", p->slot);
+  sb_export(&s, "DTRAIN_SLOT", num);
+  snprintf(num, sizeof num, "%d", world);
+  sb_export(&s, "DTRAIN_WORLD", num);
+  sb_export(&s, "DTRAIN_ROLE", p->ps ? "ps" : "worker");
+  if (getcwd(cwd, sizeof cwd)) {
+    sb_str(&s, "cd ");
+    sb_quoted(&s, cwd);
+    sb_str(&s, " || exit 127\n");
+  }
+  sb_str(&s, "exec 3<&0\n");
+  for (char **a = prog; *a; a++) {
+    sb_quoted(&s, *a);
+    sb_put(&s, " ", 1);
+  }
+  sb_str(&s, "</dev/null &\n"
+             "p=$!\n"
+             "trap 'kill -TERM $p 2>/dev/null' TERM INT HUP\n"
+             "{ read -r line <&3; kill -TERM $p 2>/dev/null; } &\n"
+             "w=$!\n"
+             "while :; do wait $p; rc=$?; kill -0 $p 2>/dev/null || break; done\n"
+             "kill $w 2>/dev/null\n"
+             "exit $rc\n"
+             "}\n");
+  if (!s.ok) {
+    free(s.b);
+    return NULL;
+  }
+  return s.b;
 }
 
 /* ---- sockets ------------------------------------------------------------------------------- */
@@ -412,10 +634,14 @@ static void signal_all(proc *ps, int np, int sig, int by_us) {
     /* a stopped process (SIGSTOP, ^Z) only acts on SIGTERM once continued */
     if (sig == SIGTERM && kill(-ps[k].pid, SIGCONT) != 0) kill(ps[k].pid, SIGCONT);
     if (by_us) ps[k].stopped_by_us = 1;
+    if (ps[k].in_w >= 0 && (sig == SIGTERM || sig == SIGKILL || by_us)) { /* --hosts: its input closes: it stops */
+      close(ps[k].in_w);
+      ps[k].in_w = -1;
+    }
   }
 }
 
-static void child_exec(proc *p, int out_w, int err_w, char **prog, const char *config, int workers,
+static void child_exec(proc *p, int out_w, int err_w, int in_r, char **prog, const char *config, int workers,
                        const char *token, pid_t parent, int restart) {
   char num[32];
   (void)parent;
@@ -434,7 +660,7 @@ static void child_exec(proc *p, int out_w, int err_w, char **prog, const char *c
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
-  int nul = open("/dev/null", O_RDONLY);
+  int nul = in_r >= 0 ? in_r : open("/dev/null", O_RDONLY); /* --hosts: the script's pipe */
   if (nul >= 0 && nul != 0) {
     dup2(nul, 0);
     close(nul);
@@ -467,6 +693,21 @@ static void child_exec(proc *p, int out_w, int err_w, char **prog, const char *c
   setenv("DTRAIN_WORLD", num, 1);
   setenv("DTRAIN_ROLE", p->ps ? "ps" : "worker", 1);
   if (token) setenv("DTRAIN_TOKEN", token, 1);
+  if (p->host >= 0) { /* --hosts: RSH NAME sh, which reads the script on its input */
+    char *argv[sizeof g_rsh / sizeof g_rsh[0]];
+    int a = 0;
+    unsetenv("DTRAIN_TOKEN"); /* sent on the pipe only (an rsh that keeps the environment must not leak it) */
+    while (g_rsh[a]) {
+      argv[a] = g_rsh[a];
+      a++;
+    }
+    argv[a++] = g_hosts[p->host].name;
+    argv[a++] = (char *)"sh";
+    argv[a] = NULL;
+    execvp(argv[0], argv);
+    fprintf(stderr, "%s: cannot run '%s': %s\n", g_self, argv[0], strerror(errno));
+    _exit(127);
+  }
   execvp(prog[0], prog);
   fprintf(stderr, "%s: cannot run '%s': %s\n", g_self, prog[0], strerror(errno));
   _exit(127);
@@ -562,10 +803,26 @@ static int start_proc(proc *p, proc *ps, int np, int workers, char **prog, const
   char *config = config_json(ps, np, workers, p);
   int world = 0;
   for (int k = 0; k < workers; k++) world += !ps[k].dropped;
-  if (!config) {
+  /* --hosts: the script for the remote sh, on a pipe that stays open while it runs */
+  const char *token = tok ? tok : getenv("DTRAIN_TOKEN");
+  char *script = config && p->host >= 0 ? remote_script(p, config, world, token && *token ? token : NULL, prog) : NULL;
+  int pin[2] = {-1, -1};
+  if (!config || (p->host >= 0 && !script)) {
     say("out of memory");
+    free(config);
     close(po[0]), close(po[1]), close(pe[0]), close(pe[1]);
     return 0;
+  }
+  if (script && pipe(pin) != 0) {
+    say("cannot start %s: pipe: %s", p->name, strerror(errno));
+    free(config);
+    free(script);
+    close(po[0]), close(po[1]), close(pe[0]), close(pe[1]);
+    return 0;
+  }
+  if (script) {
+    cloexec(pin[0]);
+    cloexec(pin[1]); /* no other child may hold it: its closing is the stop */
   }
   /* Signals are blocked across the fork: until the child has set its
    * handlers back to the defaults, a signal for it (a SIGTERM of a restart
@@ -576,16 +833,31 @@ static int start_proc(proc *p, proc *ps, int np, int workers, char **prog, const
   sigfillset(&all);
   sigprocmask(SIG_BLOCK, &all, &old);
   pid_t self = getpid(), pid = fork();
-  if (pid == 0) child_exec(p, po[1], pe[1], prog, config, world, tok, self, p->restarts);
+  if (pid == 0) child_exec(p, po[1], pe[1], pin[0], prog, config, world, tok, self, p->restarts);
   sigprocmask(SIG_SETMASK, &old, NULL);
   free(config);
   close(po[1]);
   close(pe[1]);
+  if (pin[0] >= 0) close(pin[0]);
   if (pid < 0) {
     say("cannot start %s: fork: %s", p->name, strerror(errno));
     close(po[0]);
     close(pe[0]);
+    if (pin[1] >= 0) close(pin[1]);
+    free(script);
     return 0;
+  }
+  if (script) { /* a few KiB: the pipe takes it whole; a failure shows as the process's exit */
+    size_t len = strlen(script), off = 0;
+    while (off < len) {
+      ssize_t w = write(pin[1], script + off, len - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;
+      off += (size_t)w;
+    }
+    free(script);
+    if (p->in_w >= 0) close(p->in_w);
+    p->in_w = pin[1];
   }
   setpgid(pid, pid); /* also in the child: whichever runs first */
   p->pid = pid;
@@ -613,8 +885,8 @@ static int start_proc(proc *p, proc *ps, int np, int workers, char **prog, const
 int main(int argc, char **argv) {
   long n = 0, m = 0, port = 0, max_restarts = 0, min_workers = 0;
   double grace = 10.0, timeout = 0.0, elastic_timeout = 30.0;
-  const char *host = "127.0.0.1";
-  int token_env = 0, k, prog_at = -1, bind = 0;
+  const char *host = "127.0.0.1", *hosts = NULL, *rsh = NULL;
+  int token_env = 0, k, prog_at = -1, bind = 0, host_given = 0;
 
   for (k = 1; k < argc; k++) {
     const char *a = argv[k], *v = NULL;
@@ -653,7 +925,9 @@ int main(int argc, char **argv) {
       case 0: ok = parse_long(v, 1, MAX_PROCS, &n); break;
       case 1: ok = parse_long(v, 0, MAX_PROCS, &m); break;
       case 2: ok = parse_long(v, 1, 65535, &port); break;
-      case 3: ok = *v != '\0'; host = v; break;
+      case 3: ok = *v != '\0'; host = v; host_given = 1; break;
+      case 13: hosts = v; if (!parse_hosts(v)) return 2; break;
+      case 14: rsh = v; ok = parse_rsh(v); break;
       case 4: ok = parse_secs(v, &grace); break;
       case 5: ok = parse_secs(v, &timeout) && timeout > 0; break;
       case 7: ok = parse_long(v, 0, 10000, &max_restarts); break;
@@ -671,6 +945,24 @@ int main(int argc, char **argv) {
       say("%s '%s': expected %s (see -h)", k_opts[o], v, k_what[o]);
       return 2;
     }
+  }
+  long slots = 0;
+  for (int h = 0; h < g_nhosts; h++) slots += g_hosts[h].slots;
+  if (hosts) {
+    if (n == 0) n = slots > MAX_PROCS ? MAX_PROCS : slots;
+    if (n > slots) {
+      say("-n %ld: more workers than the %ld slots of --hosts", n, slots);
+      return 2;
+    }
+    if (host_given || bind) {
+      say("%s is for one machine: with --hosts each process binds its host's address", host_given ? "--host" : "--bind-to");
+      return 2;
+    }
+    if (port == 0) port = 29500;
+    if (!rsh) parse_rsh("ssh");
+  } else if (rsh) {
+    say("--rsh starts the processes of --hosts; without --hosts they run here");
+    return 2;
   }
   if (n == 0) {
     say("-n N (the number of workers) is required (see -h)");
@@ -732,8 +1024,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   for (k = 0; k < np; k++) {
-    ps[k].lfd = ps[k].out[0].fd = ps[k].out[1].fd = -1;
+    ps[k].lfd = ps[k].out[0].fd = ps[k].out[1].fd = ps[k].in_w = -1;
     ps[k].core = -1;
+    ps[k].host = -1;
   }
   if (bind) {
 #ifdef __linux__
@@ -782,6 +1075,22 @@ int main(int argc, char **argv) {
     p->slot = p->index;
     snprintf(p->name, sizeof p->name, "%s %d", p->ps ? "ps" : "worker", p->index);
     snprintf(p->prefix, sizeof p->prefix, "[%s] ", p->name);
+    if (g_nhosts > 0) { /* --hosts: workers fill the slots in order, servers one per host in turn */
+      int h = 0;
+      if (!p->ps)
+        for (long before = g_hosts[0].slots; before <= k; before += g_hosts[++h].slots) {}
+      else
+        h = p->index % g_nhosts;
+      const rhost *hh = &g_hosts[h];
+      p->host = h;
+      p->port = (int)port + k;
+      snprintf(p->prefix, sizeof p->prefix, "[%.200s:%s] ", hh->name, p->name);
+      if (strchr(hh->addr, ':') && hh->addr[0] != '[')
+        snprintf(p->addr, sizeof p->addr, "[%.200s]:%d", hh->addr, p->port);
+      else
+        snprintf(p->addr, sizeof p->addr, "%.200s:%d", hh->addr, p->port);
+      continue;
+    }
     p->lfd = listen_on(host, port > 0 ? (int)port + k : 0, &p->port);
     if (p->lfd < 0) goto done;
     if (strchr(host, ':'))
@@ -928,6 +1237,10 @@ int main(int argc, char **argv) {
           if (ps[k].running && ps[k].pid == pid) p = &ps[k];
         if (!p) continue;
         p->running = 0;
+        if (p->in_w >= 0) { /* --hosts: its remote script's input */
+          close(p->in_w);
+          p->in_w = -1;
+        }
         p->status = st;
         running--;
         drain(p, &p->out[0]); /* its last words before the verdict */
@@ -1090,6 +1403,7 @@ stop_started:
 done:
   for (k = 0; k < np; k++) {
     if (ps[k].lfd >= 0) close(ps[k].lfd);
+    if (ps[k].in_w >= 0) close(ps[k].in_w);
     for (int s = 0; s < 2; s++)
       if (ps[k].out[s].fd >= 0) {
         lines(&ps[k], &ps[k].out[s], 1);
