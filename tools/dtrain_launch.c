@@ -4,7 +4,7 @@
  *
  *   dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env]
  *                 [--bind-to core|none] [--max-restarts K] [--min-workers M] [--pipeline P]
- *                 [--tensor T] -- PROGRAM ARGS...
+ *                 [--tensor T] [--hosts LIST [--rsh CMD]] -- PROGRAM ARGS...
  *
  * For each process it binds a listening socket (port 0, so the kernel picks a
  * free one, unless --port), then starts the program with:
@@ -151,8 +151,8 @@ static void usage(FILE *f) {
           "usage: dtrain-launch -n N [--ps M] [--port P] [--host H] [--grace S] [--timeout S] [--token-env]\n"
           "                     [--bind-to core|none] [--max-restarts K] [--min-workers M]\n"
           "                     [--max-workers N] [--elastic-timeout S] [--pipeline P] [--tensor T]\n"
-          "                     -- PROGRAM [ARGS...]\n"
-          "Starts N workers (and M parameter servers) of PROGRAM on this machine.\n"
+          "                     [--hosts LIST [--rsh CMD]] -- PROGRAM [ARGS...]\n"
+          "Starts N workers (and M parameter servers) of PROGRAM on this machine (or on --hosts).\n"
           "  -n N          worker processes (1..%d)\n"
           "  --ps M        parameter-server processes (0..%d) [0]\n"
           "  --port P      use ports P, P+1, ... (workers first, then servers) instead of free ones\n"
