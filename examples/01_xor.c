@@ -5,9 +5,11 @@
  * Prints the loss every 500 steps, then the four predictions (near 0 1 1 0). */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+#include "example_flags.h" /* ex_log_init */
 #include <stdio.h>
 
 int main(void) {
+  ex_log_init(); /* an error is printed once, below, not by dtrain's logger too */
   static const float X[8] = {0, 0, 0, 1, 1, 0, 1, 1}, Y[4] = {0, 1, 1, 0};
   static const int64_t xs[2] = {4, 2}, ys[2] = {4, 1};
   dt_params *P = dt_params_create(42);            /* all weights live in one flat buffer */

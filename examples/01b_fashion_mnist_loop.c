@@ -15,6 +15,7 @@
  * accuracy), and "test accuracy 0.xxxx" last. */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
+#include "example_flags.h" /* ex_log_init */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,7 @@ static double test_accuracy(dt_graph *g, const dt_nn_linear *l1, const dt_nn_lin
 }
 
 int main(int argc, char **argv) {
+  ex_log_init(); /* errors are printed once, below, not by dtrain's logger too */
   long epochs = 3, limit = 0;
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -129,6 +131,10 @@ int main(int argc, char **argv) {
       batches++;
     }
     acc = test_accuracy(eval, &l1, &l2, test);
+    if (acc < 0.0) {
+      fprintf(stderr, "error: %s\n", dt_last_error());
+      return 1;
+    }
     printf("epoch %ld  train loss %.4f  test accuracy %.4f\n", epoch, loss_sum / (double)batches, acc);
   }
   printf("test accuracy %.4f\n", acc);

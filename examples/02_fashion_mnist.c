@@ -502,6 +502,7 @@ static int evaluate_only(app *a) {
 }
 
 int main(int argc, char **argv) {
+  ex_log_init(); /* each error is printed once, below, not by dtrain's logger too */
   app a;
   memset(&a, 0, sizeof a);
   /* Where this process is in a cluster (flags, removed from argv, or
@@ -539,7 +540,7 @@ int main(int argc, char **argv) {
     if (!*path || ex_given(argc, argv, k ? "svg" : "csv")) continue;
     dt_set_logger(NULL, NULL, (dt_log_level)0); /* a probe: its failure is not an error to print */
     dt_result w = dt_check_writable(*path, 0);
-    dt_set_logger(NULL, NULL, DTRAIN_LOG_WARN);  /* the default again */
+    ex_log_init();                               /* the example's logger again */
     if (w != DTRAIN_OK) {
       if (!a.o.quiet) printf("note: no %s (%s is not writable here; --%s FILE to choose one)\n", k ? "chart" : "metrics CSV",
                              *path, k ? "svg" : "csv");

@@ -244,6 +244,7 @@ static void complain(const char *what, const char *why) {
 }
 
 int main(int argc, char **argv) {
+  ex_log_init(); /* each error is printed once, below, not by dtrain's logger too */
   settings s;
   memset(&s, 0, sizeof s);
   s.steps = 2000; s.seq = 64; s.batch = 16; s.dim = 64; s.layers = 2; s.heads = 4;

@@ -181,6 +181,7 @@ static int parse(int argc, char **argv, options *o) {
 }
 
 int main(int argc, char **argv) {
+  ex_log_init(); /* each error is printed once, below, not by dtrain's logger too */
   options o;
   int pr = parse(argc, argv, &o);
   if (pr <= 0) return pr < 0 ? 0 : 2;

@@ -171,6 +171,7 @@ bad:
 }
 
 int main(int argc, char **argv) {
+  ex_log_init(); /* each error is printed once, below, not by dtrain's logger too */
   /* 1. Where am I? Flags (--rank/--world/--peers, removed from argv), else
    *    DTRAIN_CONFIG, else a cluster of one. */
   dt_cluster *cl = NULL;
@@ -267,10 +268,13 @@ int main(int argc, char **argv) {
   dt_dataset *part = NULL;
   if (n_train < train->n) {
     int64_t *idx = (int64_t *)malloc((size_t)n_train * sizeof(int64_t));
-    for (int64_t i = 0; i < n_train; i++) idx[i] = i;
-    part = dt_dataset_select(train, idx, n_train);
+    for (int64_t i = 0; idx && i < n_train; i++) idx[i] = i;
+    part = idx ? dt_dataset_select(train, idx, n_train) : NULL;
+    if (!part) {
+      fprintf(stderr, "rank %d: error: %s\n", rank, idx ? dt_last_error() : "out of memory");
+      return 1;
+    }
     free(idx);
-    if (!part) return 1;
   }
   dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
@@ -376,6 +380,11 @@ int main(int argc, char **argv) {
     }
     if (rc) break;
     acc = test_accuracy(eval, &m, test);
+    if (acc < 0) {
+      fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
+      rc = 1;
+      break;
+    }
     if (rank == 0) {
       double secs = dt_time_now() - t0;
       if (!o.quiet)

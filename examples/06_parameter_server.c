@@ -158,7 +158,10 @@ static double test_accuracy(const model *m, dt_params *P, const dt_dataset *test
     int64_t n = test->n - s < 1000 ? test->n - s : 1000, xs[2] = {n, 784};
     dt_graph_reset(g);
     dt_tensor *logits = forward(g, m, dt_tensor_wrap(g, 2, xs, test->x + s * 784));
-    if (!logits) break;
+    if (!logits) {
+      correct = -1; /* the caller prints dt_last_error() */
+      break;
+    }
     for (int64_t i = 0; i < n; i++) {
       const float *row = logits->data + i * 10;
       int best = 0;
@@ -168,7 +171,7 @@ static double test_accuracy(const model *m, dt_params *P, const dt_dataset *test
     }
   }
   dt_graph_destroy(g);
-  return (double)correct / (double)test->n;
+  return correct < 0 ? -1.0 : (double)correct / (double)test->n;
 }
 
 /* An output flag is checked at start, before any data loads: a path whose
@@ -281,6 +284,7 @@ static dt_result load_data(const options *o, dt_dataset **train, dt_dataset **te
 }
 
 int main(int argc, char **argv) {
+  ex_log_init(); /* each error is printed once, below, not by dtrain's logger too */
   dt_cluster *cl = NULL;
   if (dt_cluster_discover(&argc, argv, &cl) != DTRAIN_OK) {
     fprintf(stderr, "error: %s\n", dt_last_error());
@@ -339,9 +343,7 @@ int main(int argc, char **argv) {
         int64_t n = (part ? part : train)->n;
         po.work_items = (int64_t)o.epochs * ((n + batch_worker - 1) / batch_worker);
         po.work_stats = &ws;
-      } else {
-        fprintf(stderr, "ps 0: error: %s\n", dt_last_error());
-      }
+      } /* else: printed below, as dt_ps_serve's errors are */
       dt_dataset_destroy(part);
       dt_dataset_destroy(train);
       dt_dataset_destroy(test);
@@ -457,8 +459,12 @@ int main(int argc, char **argv) {
              dt_compress_name(o.compress));
     /* The latest parameters, for an evaluation (servers keep training for slower workers). */
     dt_pstore_ticket tk;
-    if (rank == 0 && dt_pstore_pull(store, rank, steps, dt_params_data(P), dt_params_size(P), &tk) == DTRAIN_OK)
-      printf("worker 0: test accuracy %.4f\n", test_accuracy(&m, P, test));
+    double acc = -1;
+    if (rank == 0 && (dt_pstore_pull(store, rank, steps, dt_params_data(P), dt_params_size(P), &tk) != DTRAIN_OK ||
+                      (acc = test_accuracy(&m, P, test)) < 0))
+      fprintf(stderr, "worker 0: no test accuracy: %s\n", dt_last_error()); /* training itself went well */
+    else if (rank == 0)
+      printf("worker 0: test accuracy %.4f\n", acc);
   }
   dt_pstore_leave(store, rank);
   free(f.order);

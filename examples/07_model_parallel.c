@@ -517,7 +517,7 @@ static double job_sum(mp_ctx *c, double v) {
   float f = (float)v; /* the sums below need ~7 digits; a double would need two floats */
   double hi = (double)f, lo = v - hi;
   float b[2] = {(float)hi, (float)lo};
-  dt_comm_allreduce(c->world, c->rank, b, 2);
+  if (dt_comm_allreduce(c->world, c->rank, b, 2) != DTRAIN_OK) fprintf(stderr, "07: %s\n", dt_last_error());
   return (double)b[0] + (double)b[1];
 }
 
@@ -527,7 +527,7 @@ static double job_max(mp_ctx *c, double v) {
   int W = dt_comm_world(c->world);
   float *b = (float *)calloc((size_t)W, sizeof(float));
   b[c->rank] = (float)v;
-  dt_comm_allreduce(c->world, c->rank, b, (size_t)W);
+  if (dt_comm_allreduce(c->world, c->rank, b, (size_t)W) != DTRAIN_OK) fprintf(stderr, "07: %s\n", dt_last_error());
   double m = 0;
   for (int i = 0; i < W; i++) m = b[i] > m ? b[i] : m;
   free(b);
@@ -637,10 +637,10 @@ static void tp_train(tp_rank *r) {
   dt_graph *g = opt ? dt_graph_create(P, NULL) : NULL;
   int64_t k0 = 0;
   r->ok = g != NULL;
-  if (r->ok && o->resume_dir) r->ok = load_part(o, P, opt, 0, r->t, &k0);
+  if (!r->ok) fprintf(stderr, "07: shard %d replica %d: %s\n", r->t, r->d, dt_last_error());
+  else if (o->resume_dir) r->ok = load_part(o, P, opt, 0, r->t, &k0); /* prints its error */
   if (!r->ok) {
     /* The other ranks may be waiting in a collective for this one: break it. */
-    fprintf(stderr, "07: shard %d replica %d: %s\n", r->t, r->d, dt_last_error());
     r->nomem = dt_last_result() == DTRAIN_ERR_NOMEM;
     dt_comm_abort(r->tp, r->t);
     if (r->dp) dt_comm_abort(r->dp, r->d);
@@ -691,6 +691,7 @@ typedef struct tp_thread {
 static void *tp_thread_main(void *arg) {
   tp_thread *th = (tp_thread *)arg;
   if (dt_layout_create(th->all, th->index, 1, th->r.T, &th->lay) != DTRAIN_OK) {
+    fprintf(stderr, "07: worker %d: %s\n", th->index, dt_last_error()); /* this thread's error */
     th->r.ok = 0;
     return NULL;
   }
@@ -833,6 +834,7 @@ static int parse(int argc, char **argv, options *o) {
 }
 
 int main(int argc, char **argv) {
+  ex_log_init(); /* each error is printed once, by the example, not by dtrain's logger too */
   options o;
   int pr = parse(argc, argv, &o);
   if (pr <= 0) return pr < 0 ? 0 : 2;

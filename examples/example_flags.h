@@ -14,7 +14,8 @@
  * Kinds: 'i' int, 'L' long, 'l' int64_t, 'u' uint64_t, 'f' float, 'd' double, 's' a
  * string (const char *), 'b' a switch without a value (int set to 1).
  * Included by the examples (a plain header beside them: "cc -I. examples/X.c"
- * finds it); the programs stay single files otherwise. */
+ * finds it); the programs stay single files otherwise. At the end: the
+ * examples' logger (ex_log_init), which leaves printing errors to them. */
 #ifndef DTRAIN_EXAMPLE_FLAGS_H
 #define DTRAIN_EXAMPLE_FLAGS_H
 
@@ -134,5 +135,21 @@ EX_UNUSED static int ex_given(int argc, char **argv, const char *name) {
     if (strncmp(argv[i], "--", 2) == 0 && strcmp(argv[i] + 2, name) == 0) return 1;
   return 0;
 }
+
+/* The examples' logger: ex_log_init() first thing in main. dtrain's default
+ * logger prints every error it sets ("dtrain error (CODE): ..."), and an
+ * example prints each failure itself, from dt_last_error() with what it was
+ * doing: so here errors are dropped (each is printed once, by the example,
+ * and a failure the example expects, a probe, prints nothing), and warnings,
+ * which nothing else reports, print as the default prints them. Uses dtrain.h:
+ * include this header after it. */
+EX_UNUSED static void ex_log(dt_log_level level, dt_result code, const char *msg, void *user) {
+  (void)user;
+  if (level != DTRAIN_LOG_WARN) return;
+  if (code != DTRAIN_OK) fprintf(stderr, "dtrain warning (%s): %s\n", dt_result_name(code), msg);
+  else fprintf(stderr, "dtrain warning: %s\n", msg);
+}
+
+EX_UNUSED static void ex_log_init(void) { dt_set_logger(ex_log, NULL, DTRAIN_LOG_WARN); }
 
 #endif /* DTRAIN_EXAMPLE_FLAGS_H */
