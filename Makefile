@@ -22,7 +22,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal test-minimal-nothreads test-minimal-nostdio test-minimal-edge all test test-suite suite-bins check-house demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
-.PHONY: bench-strategy bench-backup bench-pipeline bench-net bench-netem bench-gpu fuzz soak chaos
+.PHONY: bench-strategy bench-backup bench-pipeline bench-net bench-netem bench-gpu fuzz soak chaos board
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench tools/dtrain-ckpt
 
@@ -200,6 +200,18 @@ chaos: tools/dtrain-launch $(BUILD)/examples/05_multi_worker $(BUILD)/examples/0
 demo: $(BUILD)/examples/02_fashion_mnist
 	@mkdir -p $(BUILD)
 	$(BUILD)/examples/02_fashion_mnist --model mlp --epochs 3 --csv $(BUILD)/fashion_mnist.csv --svg $(BUILD)/fashion_mnist.svg
+
+# A trained MLP on a small board (examples/board/board_inference.c): its checkpoint
+# exported as C source, compiled without threads, stdio or malloc in the library.
+#   make board CKPT=mlp.ckpt                                   (this machine)
+#   make board CKPT=mlp.ckpt BOARD_CC=arm-linux-gnueabihf-gcc BOARD_LDFLAGS=-static
+BOARD_CC ?= $(CC)
+board: tools/dtrain-ckpt
+	@test -n "$(CKPT)" || { echo "make board CKPT=FILE: the checkpoint of an MLP (examples/02_fashion_mnist --checkpoint FILE)"; exit 2; }
+	@mkdir -p $(BUILD)/board
+	tools/dtrain-ckpt export-c $(CKPT) -o $(BUILD)/board/model.h
+	$(BOARD_CC) -std=c11 -O2 -Wall -Wextra -I$(BUILD)/board -I. examples/board/board_inference.c -o $(BUILD)/board/board_inference $(BOARD_LDFLAGS) -lm
+	size $(BUILD)/board/board_inference
 
 xor: $(BUILD)/examples/01_xor
 	$(BUILD)/examples/01_xor

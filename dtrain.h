@@ -179,7 +179,7 @@
  *   4  autograd  dt_autograd
  *   5  params    dt_params dt_params_internal dt_graph_params dt_nn
  *   6  optim     dt_optim dt_optim_internal dt_memory
- *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint*
+ *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint* dt_export
  *   8  comm      dt_comm dt_comm_core dt_comm_group dt_comm_mpi dt_devgroup
  *   9  net       dt_net* dt_wire dt_hash dt_frame dt_socket dt_conn dt_handshake dt_comm_tcp* dt_cluster
  *   10 strategy  dt_strategy* dt_pstore dt_ps* dt_pipeline dt_tensor_parallel dt_parallel_ckpt  (the parameter servers: the store, its shards and clients)
@@ -1322,6 +1322,22 @@ DTRAIN_API dt_result dt_checkpoint_load(const char *path, dt_train_state *st);
  * PyTorch). Optimizer tensors ("optim.<slot>.<name>") and metadata are
  * ignored; any other unknown tensor is an error. Nothing changes on error. */
 DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p);
+
+/* ---- export: the weights as C source, for inference on a board ---------------
+ * Writes out_path (atomically, as a checkpoint) as a C header holding every
+ * F32 tensor of the safetensors file at path except the optimizer's
+ * ("optim.*"): for tensor "fc1.weight",
+ *   static const float PREFIX_fc1_weight[N] = { ... };   (bit-exact floats)
+ * (a name's bytes other than letters and digits become '_'), then
+ *   typedef struct PREFIX_tensor { const char *name; int ndim;
+ *                                  int64_t shape[DTRAIN_MAX_DIMS]; const float *data; } PREFIX_tensor;
+ *   static const PREFIX_tensor PREFIX_tensors[PREFIX_TENSORS] = { {"fc1.weight", 2, {256, 784, 1, ...}, ...}, ... };
+ * with PREFIX upper-cased in the macros PREFIX_TENSORS, PREFIX_FLOATS and the
+ * include guard. prefix: a C identifier (NULL: "model"). Refused: a non-F32
+ * tensor, a NaN or infinite weight, two names that give the same C name.
+ * examples/board/board_inference.c runs an MLP from such a header with no
+ * file system, threads or malloc. (tools/dtrain-ckpt export-c from the shell.) */
+DTRAIN_API dt_result dt_checkpoint_export_c(const char *path, const char *out_path, const char *prefix);
 
 /* ---- inspection: list a safetensors file's tensors and metadata ------------ */
 typedef struct dt_checkpoint dt_checkpoint;
@@ -14931,6 +14947,207 @@ DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) 
 }
 #endif /* DTRAIN_NO_STDIO */
 /* ======== end dt_checkpoint.c ======== */
+
+/* ======== begin dt_export.c ======== */
+/* ===========================================================================
+ * dt_export.c -- a trained model as C source (dt_checkpoint_export_c)
+ * ===========================================================================
+ * For inference on a board without a file system: the weights become const
+ * float arrays (.rodata: flash, not RAM) in a header the firmware includes.
+ * Each float is written with 9 significant digits, which gives back the same
+ * float32 bit for bit; a NaN or an infinity has no literal without <math.h>
+ * and is refused (a model holding one is broken anyway).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
+
+#ifndef DTRAIN_NO_STDIO
+
+/* The C identifier of a tensor name: letters, digits and '_' kept, every
+ * other byte '_'. */
+static void dt__export_ident(char *out, size_t cap, const char *name) {
+  size_t i = 0;
+  for (; name[i] && i + 1 < cap; i++) {
+    unsigned char c = (unsigned char)name[i];
+    out[i] = (char)(((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) ? c : '_');
+  }
+  out[i] = '\0';
+}
+
+static int dt__export_prefix_ok(const char *p) {
+  if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_')) return 0;
+  for (; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_')) return 0;
+  return 1;
+}
+
+/* name as a C string literal's content: '"', '\\' and bytes outside
+ * printable ASCII escaped (octal). */
+static void dt__export_cstring(FILE *f, const char *name) {
+  for (const unsigned char *c = (const unsigned char *)name; *c; c++) {
+    if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+    else if (*c < 32 || *c > 126) fprintf(f, "\\%03o", *c);
+    else fputc(*c, f);
+  }
+}
+
+/* Not NaN or infinite: the exponent bits are not all ones. */
+static int dt__export_finite(float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  return (u & 0x7f800000u) != 0x7f800000u;
+}
+
+/* One float as a C literal that reads back bit for bit: "%.9g", with a '.'
+ * added where it has neither '.' nor an exponent ("3" -> "3.f"). */
+static void dt__export_float(FILE *f, float v) {
+  char buf[40];
+  snprintf(buf, sizeof buf, "%.9g", (double)v);
+  fputs(buf, f);
+  if (!strchr(buf, '.') && !strchr(buf, 'e')) fputc('.', f);
+  fputc('f', f);
+}
+
+/* The tensors to export: F32 ones not under "optim."; their identifiers
+ * distinct. Sets *count and the largest tensor's elements. */
+static dt_result dt__export_scan(const dt_checkpoint *c, const char *path, const char *prefix, int *count,
+                                 uint64_t *largest, uint64_t *total) {
+  char a[256], b[256];
+  const int n = dt_checkpoint_count(c);
+  *count = 0;
+  *largest = *total = 0;
+  for (int i = 0; i < n; i++) {
+    dt_checkpoint_entry e;
+    dt_checkpoint_entry_at(c, i, &e);
+    if (strncmp(e.name, "optim.", 6) == 0) continue;
+    if (strcmp(e.dtype, "F32") != 0)
+      return dt__error(DTRAIN_ERR_FORMAT, "dt_checkpoint_export_c: '%s': tensor '%s' is %s, not F32", path, e.name,
+                       e.dtype);
+    if (strlen(e.name) + strlen(prefix) + 8 >= sizeof a)
+      return dt__error(DTRAIN_ERR_FORMAT, "dt_checkpoint_export_c: '%s': tensor name '%.60s...' is too long", path,
+                       e.name);
+    dt__export_ident(a, sizeof a, e.name);
+    for (int j = 0; j < i; j++) {
+      dt_checkpoint_entry o;
+      dt_checkpoint_entry_at(c, j, &o);
+      if (strncmp(o.name, "optim.", 6) == 0) continue;
+      dt__export_ident(b, sizeof b, o.name);
+      if (strcmp(a, b) == 0)
+        return dt__error(DTRAIN_ERR_FORMAT, "dt_checkpoint_export_c: '%s': tensors '%s' and '%s' both become "
+                         "the C name %s_%s", path, o.name, e.name, prefix, a);
+    }
+    uint64_t ne = (e.end - e.begin) / 4;
+    if (ne > *largest) *largest = ne;
+    *total += ne;
+    (*count)++;
+  }
+  if (*count == 0)
+    return dt__error(DTRAIN_ERR_FORMAT, "dt_checkpoint_export_c: '%s': no float32 tensor to export", path);
+  return DTRAIN_OK;
+}
+
+/* Writes the header (see dt_io.h) to fo->f. */
+static dt_result dt__export_write(const dt_checkpoint *c, const char *path, const char *prefix, int count,
+                                  uint64_t total, float *buf, FILE *f) {
+  char id[256], guard[160];
+  const int n = dt_checkpoint_count(c);
+  size_t k = 0;
+  for (; prefix[k] && k + 1 < sizeof guard; k++)
+    guard[k] = (char)((prefix[k] >= 'a' && prefix[k] <= 'z') ? prefix[k] - 'a' + 'A' : prefix[k]);
+  guard[k] = '\0';
+  fprintf(f, "/* Generated by dtrain %s (dt_checkpoint_export_c) from '", DTRAIN_VERSION_STRING);
+  dt__export_cstring(f, path);
+  fprintf(f, "':\n * %d float32 tensors, %llu floats (%llu bytes), as const arrays: on a board they stay\n"
+             " * in flash (.rodata), not RAM. Each float reads back bit for bit. */\n",
+          count, (unsigned long long)total, (unsigned long long)(total * 4));
+  fprintf(f, "#ifndef %s_MODEL_H\n#define %s_MODEL_H\n\n#include <stdint.h>\n\n", guard, guard);
+  fprintf(f, "#define %s_TENSORS %d\n#define %s_FLOATS %lluu\n\n", guard, count, guard, (unsigned long long)total);
+  for (int i = 0; i < n; i++) {
+    dt_checkpoint_entry e;
+    dt_checkpoint_entry_at(c, i, &e);
+    if (strncmp(e.name, "optim.", 6) == 0) continue;
+    const uint64_t ne = (e.end - e.begin) / 4;
+    dt_result r = dt_checkpoint_read_f32(c, i, buf, (size_t)ne);
+    if (r != DTRAIN_OK) return r;
+    for (uint64_t j = 0; j < ne; j++)
+      if (!dt__export_finite(buf[j]))
+        return dt__error(DTRAIN_ERR_FORMAT, "dt_checkpoint_export_c: '%s': tensor '%s' element %llu is %s: a C "
+                         "literal cannot hold it", path, e.name, (unsigned long long)j, (buf[j] > 0 || buf[j] < 0) ? "infinite" : "NaN");
+    dt__export_ident(id, sizeof id, e.name);
+    fprintf(f, "/* \"");
+    dt__export_cstring(f, e.name);
+    fprintf(f, "\" [");
+    for (int d = 0; d < e.ndim; d++) fprintf(f, d ? ", %lld" : "%lld", (long long)e.shape[d]);
+    fprintf(f, "] */\nstatic const float %s_%s[%llu] = {", prefix, id, (unsigned long long)(ne ? ne : 1));
+    for (uint64_t j = 0; j < ne; j++) {
+      fputs(j % 8 ? ", " : (j ? ",\n  " : "\n  "), f);
+      dt__export_float(f, buf[j]);
+    }
+    fprintf(f, "%s};\n\n", ne ? "\n" : "0");
+  }
+  fprintf(f, "/* Every tensor in the file's order: name, rank, shape (1 past the rank), data. */\n"
+             "typedef struct %s_tensor {\n  const char *name;\n  int ndim;\n  int64_t shape[%d];\n"
+             "  const float *data;\n} %s_tensor;\n\n", prefix, DTRAIN_MAX_DIMS, prefix);
+  fprintf(f, "static const %s_tensor %s_tensors[%d] = {\n", prefix, prefix, count);
+  for (int i = 0; i < n; i++) {
+    dt_checkpoint_entry e;
+    dt_checkpoint_entry_at(c, i, &e);
+    if (strncmp(e.name, "optim.", 6) == 0) continue;
+    dt__export_ident(id, sizeof id, e.name);
+    fprintf(f, "  {\"");
+    dt__export_cstring(f, e.name);
+    fprintf(f, "\", %d, {", e.ndim);
+    for (int d = 0; d < DTRAIN_MAX_DIMS; d++) fprintf(f, d ? ", %lld" : "%lld", (long long)e.shape[d]);
+    fprintf(f, "}, %s_%s},\n", prefix, id);
+  }
+  fprintf(f, "};\n\n#endif /* %s_MODEL_H */\n", guard);
+  return ferror(f) ? dt__error(DTRAIN_ERR_IO, "dt_checkpoint_export_c: write error") : DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_checkpoint_export_c(const char *path, const char *out_path, const char *prefix) {
+  if (!path || !out_path) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_checkpoint_export_c: NULL path");
+  if (!prefix) prefix = "model";
+  if (!dt__export_prefix_ok(prefix) || strlen(prefix) > 64)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_checkpoint_export_c: prefix '%.80s' is not a C identifier (at most "
+                     "64 letters, digits and '_', not starting with a digit)", prefix);
+  dt_checkpoint *c = dt_checkpoint_open(path);
+  if (!c) return dt_last_result();
+  int count = 0;
+  uint64_t largest = 0, total = 0;
+  dt_result r = dt__export_scan(c, path, prefix, &count, &largest, &total);
+  float *buf = NULL;
+  if (r == DTRAIN_OK && !(buf = (float *)dt__alloc((size_t)(largest ? largest : 1) * sizeof(float))))
+    r = dt__error(DTRAIN_ERR_NOMEM, "dt_checkpoint_export_c: out of memory (%llu floats)", (unsigned long long)largest);
+  if (r == DTRAIN_OK) {
+    dt__file_out fo;
+    r = dt__file_create(&fo, out_path);
+    if (r != DTRAIN_OK) {
+      r = dt__error(r, "dt_checkpoint_export_c: '%s': %s", out_path, fo.msg);
+    } else {
+      r = dt__export_write(c, path, prefix, count, total, buf, fo.f);
+      if (r != DTRAIN_OK) {
+        dt__file_abort(&fo);
+        if (dt_last_result() == DTRAIN_ERR_IO) r = dt__error(DTRAIN_ERR_IO, "dt_checkpoint_export_c: cannot write '%s'", out_path);
+      } else if ((r = dt__file_commit(&fo)) != DTRAIN_OK) {
+        r = dt__error(r, "dt_checkpoint_export_c: cannot write '%s': %s", out_path, fo.msg);
+      }
+    }
+  }
+  dt__free(buf, (size_t)(largest ? largest : 1) * sizeof(float));
+  dt_checkpoint_close(c);
+  return r;
+}
+
+#else /* DTRAIN_NO_STDIO */
+
+DTRAIN_API dt_result dt_checkpoint_export_c(const char *path, const char *out_path, const char *prefix) {
+  (void)path; (void)out_path; (void)prefix;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_checkpoint_export_c: built with DTRAIN_NO_STDIO (no file I/O)");
+}
+
+#endif /* DTRAIN_NO_STDIO */
+/* ======== end dt_export.c ======== */
 
 /* ======== begin dt_fit.c ======== */
 /* ===========================================================================

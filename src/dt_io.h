@@ -112,6 +112,22 @@ DTRAIN_API dt_result dt_checkpoint_load(const char *path, dt_train_state *st);
  * ignored; any other unknown tensor is an error. Nothing changes on error. */
 DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p);
 
+/* ---- export: the weights as C source, for inference on a board ---------------
+ * Writes out_path (atomically, as a checkpoint) as a C header holding every
+ * F32 tensor of the safetensors file at path except the optimizer's
+ * ("optim.*"): for tensor "fc1.weight",
+ *   static const float PREFIX_fc1_weight[N] = { ... };   (bit-exact floats)
+ * (a name's bytes other than letters and digits become '_'), then
+ *   typedef struct PREFIX_tensor { const char *name; int ndim;
+ *                                  int64_t shape[DTRAIN_MAX_DIMS]; const float *data; } PREFIX_tensor;
+ *   static const PREFIX_tensor PREFIX_tensors[PREFIX_TENSORS] = { {"fc1.weight", 2, {256, 784, 1, ...}, ...}, ... };
+ * with PREFIX upper-cased in the macros PREFIX_TENSORS, PREFIX_FLOATS and the
+ * include guard. prefix: a C identifier (NULL: "model"). Refused: a non-F32
+ * tensor, a NaN or infinite weight, two names that give the same C name.
+ * examples/board/board_inference.c runs an MLP from such a header with no
+ * file system, threads or malloc. (tools/dtrain-ckpt export-c from the shell.) */
+DTRAIN_API dt_result dt_checkpoint_export_c(const char *path, const char *out_path, const char *prefix);
+
 /* ---- inspection: list a safetensors file's tensors and metadata ------------ */
 typedef struct dt_checkpoint dt_checkpoint;
 

@@ -4496,6 +4496,42 @@ static void nt_dt_checkpoint_load_weights(void) {
   }
   nt_teardown(&f);
 }
+/* dt_io.h: dt_result dt_checkpoint_export_c(const char * path, const char * out_path, const char * prefix) */
+static void nt_dt_checkpoint_export_c(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_export_c(NULL, NULL, NULL)");
+    nt_check_result(dt_checkpoint_export_c(NULL, NULL, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_export_c(NULL, out_path, prefix)");
+    nt_check_result(dt_checkpoint_export_c(NULL, "wxyz", "wxyz"), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_export_c(path, NULL, prefix)");
+    nt_check_result(dt_checkpoint_export_c("/nonexistent-dtrain-null-test/x", NULL, "wxyz"), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_checkpoint_export_c(path, out_path, NULL)");
+    nt_check_result(dt_checkpoint_export_c("/nonexistent-dtrain-null-test/x", "wxyz", NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_io.h: dt_checkpoint * dt_checkpoint_open(const char * path) */
 static void nt_dt_checkpoint_open(void) {
   nt_fix f;
@@ -8735,6 +8771,7 @@ int main(void) {
   TH_RUN(nt_dt_checkpoint_save);
   TH_RUN(nt_dt_checkpoint_load);
   TH_RUN(nt_dt_checkpoint_load_weights);
+  TH_RUN(nt_dt_checkpoint_export_c);
   TH_RUN(nt_dt_checkpoint_open);
   TH_RUN(nt_dt_checkpoint_close);
   TH_RUN(nt_dt_checkpoint_count);

@@ -12,6 +12,10 @@
  *       the s-th --start parameter (default: the gathered layout's, for the
  *       same P); --split says how a parameter is cut for T shards (default:
  *       the file's "split" metadata).
+ *   dtrain-ckpt export-c FILE -o OUT.h [--prefix NAME]
+ *       the weights as C source (dt_checkpoint_export_c): const float arrays
+ *       and a table of names and shapes, for inference on a board
+ *       (examples/board/board_inference.c)
  *
  * Exit status: 0 done, 1 the library refused (its message on stderr, nothing
  * written by that call), 2 bad usage.
@@ -31,6 +35,7 @@ static int usage(void) {
           "       dtrain-ckpt gather -o FULL PART...\n"
           "       dtrain-ckpt split FULL -o PATTERN [--stages P] [--start NAME]... [--tensor T]\n"
           "                         [--split NAME=rows|cols|qkv]...\n"
+          "       dtrain-ckpt export-c FILE -o OUT.h [--prefix NAME]   (the weights as C source)\n"
           "PATTERN: a file name with {stage} and {shard} in it (e.g. part-{stage}-{shard}.safetensors)\n");
   return 2;
 }
@@ -94,6 +99,25 @@ int main(int argc, char **argv) {
   if (argc < 2) return usage();
   const char *cmd = argv[1];
   if (strcmp(cmd, "info") == 0) return argc == 3 ? info(argv[2]) : usage();
+  if (strcmp(cmd, "export-c") == 0) {
+    const char *in = NULL, *to = NULL, *prefix = NULL;
+    for (int i = 2; i < argc; i++) {
+      if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--prefix") == 0) && i + 1 < argc) {
+        if (argv[i][1] == 'o') to = argv[++i];
+        else prefix = argv[++i];
+      } else if (argv[i][0] != '-' && !in) {
+        in = argv[i];
+      } else {
+        return usage();
+      }
+    }
+    if (!in || !to) return usage();
+    if (dt_checkpoint_export_c(in, to, prefix) != DTRAIN_OK) {
+      fprintf(stderr, "dtrain-ckpt: %s\n", dt_last_error());
+      return 1;
+    }
+    return 0;
+  }
   const char *out = NULL, *full = NULL;
   const char *inputs[MAXN], *starts[MAXN], *split_names[MAXN];
   int split_kinds[MAXN], nin = 0, nstart = 0, nsplit = 0, P = 1, T = 1;

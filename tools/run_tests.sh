@@ -25,7 +25,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-tests.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 : > "$tmp/skips"
 SCRIPT_LIST="tests/compile_checks.sh tests/multiworker_checks.sh tests/example_checks.sh tests/install_checks.sh
-             tests/torch_parity.sh tests/torch_interop.sh tests/launch_checks.sh tests/mpi_checks.sh"
+             tests/torch_parity.sh tests/torch_interop.sh tests/board_checks.sh tests/launch_checks.sh tests/mpi_checks.sh"
 run_scripts=0
 if [ -z "$SAN" ] && [ -z "$RUNNER" ] && [ "${SCRIPTS:-1}" = 1 ]; then run_scripts=1; fi
 {
