@@ -232,6 +232,19 @@ printf '#include "dtrain_cuda.h"\nint main(void){ dt_device *(*f)(int) = dt_cuda
 for ex in examples/0*.c; do
   check "cxx17-$(basename "$ex" .c)" g++ -std=c++17 -Wall -Wextra -Werror -x c++ -fsyntax-only -DDTRAIN__IMPLEMENTATION_DONE -I. "$ex"
 done
+# Every C snippet of the README, each in a function given the variables it uses
+# (tests/readme_idioms.py), as C11 and as C++17 with gcc and clang, warnings as
+# errors (unused ones aside: the snippets are fragments). A new snippet without
+# a context there fails the generation.
+RI="-Wall -Wextra -Werror -Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable -Wno-unused-function -fsyntax-only -I."
+check "readme-idioms-extracted" python3 tests/readme_idioms.py README.md "$D/readme_idioms.c"
+check_sync
+for cc in gcc clang; do
+  command -v $cc >/dev/null 2>&1 || { skip "readme-idioms-$cc: no $cc"; continue; }
+  cxx=$([ $cc = gcc ] && echo g++ || echo clang++)
+  check "readme-idioms-$cc-c11" $cc -std=c11 $RI "$D/readme_idioms.c"
+  check "readme-idioms-$cxx-c++17" $cxx -std=c++17 -x c++ $RI "$D/readme_idioms.c"
+done
 check "cuda-header-public-c11" gcc -std=c11 $W -I. -c "$D/cuda_public.c" -o "$D/cuda_public.o"
 if command -v clang++ >/dev/null 2>&1; then
   check "cuda-host-emulation-clang++" clang++ -std=c++17 $W -I. -Itests -fsyntax-only tests/test_cuda_emu.cc
