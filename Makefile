@@ -52,9 +52,16 @@ amalgamate: $(AMALG)
 	$(AMALG) src src/MANIFEST dtrain.h
 
 # ---- objects, tests, examples ----------------------------------------------
-$(BUILD)/dtrain.o: tests/dtrain_impl.c dtrain.h
+# The implementation in its 4 parts (DTRAIN_IMPLEMENTATION_PART, compiled in
+# parallel under make -j), joined into one relocatable object; the whole
+# translation unit is compiled by tests/compile_checks.sh.
+DT_PARTS := $(foreach k,1 2 3 4,$(BUILD)/dtrain_part$(k).o)
+$(BUILD)/dtrain_part%.o: tests/dtrain_impl.c dtrain.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -I. -c $< -o $@
+	$(CC) $(CFLAGS_ALL) -DDTRAIN_IMPLEMENTATION_PART=$* -I. -c $< -o $@
+
+$(BUILD)/dtrain.o: $(DT_PARTS)
+	$(CC) -r -nostdlib $(DT_PARTS) -o $@
 
 $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/dtrain.o
 	@mkdir -p $(dir $@)

@@ -79,6 +79,10 @@
  *
  * CONFIGURATION (define before the include; the same in every TU)
  *   DTRAIN_IMPLEMENTATION   emit the implementation in this translation unit
+ *   DTRAIN_IMPLEMENTATION_PART K   emit only part K (1..DTRAIN_IMPLEMENTATION_PARTS,
+ *                           4) of it (implies DTRAIN_IMPLEMENTATION): four .c files,
+ *                           each with its K, compile in parallel (make -j) and
+ *                           link together as the whole; not with DTRAIN_STATIC
  *   DTRAIN_STATIC           every function static (a private copy per TU)
  *   DTRAIN_USE_CBLAS        GEMM through cblas_sgemm (link -lopenblas or similar)
  *   DTRAIN_USE_MPI          dt_comm_create_mpi() over MPI_COMM_WORLD (build
@@ -303,6 +307,21 @@
  */
 #ifndef DTRAIN_BASE_H
 #define DTRAIN_BASE_H
+
+/* The implementation in parts (see the manual's CONFIGURATION): part K of
+ * DTRAIN_IMPLEMENTATION_PARTS, one per translation unit, compiled in parallel. */
+#define DTRAIN_IMPLEMENTATION_PARTS 4
+#if defined(DTRAIN_IMPLEMENTATION_PART)
+#  if DTRAIN_IMPLEMENTATION_PART < 1 || DTRAIN_IMPLEMENTATION_PART > DTRAIN_IMPLEMENTATION_PARTS
+#    error "DTRAIN_IMPLEMENTATION_PART is 1, 2, 3 or 4 (DTRAIN_IMPLEMENTATION_PARTS): one translation unit each"
+#  endif
+#  if defined(DTRAIN_STATIC)
+#    error "DTRAIN_IMPLEMENTATION_PART with DTRAIN_STATIC: the parts call each other, so they cannot be static"
+#  endif
+#  ifndef DTRAIN_IMPLEMENTATION
+#    define DTRAIN_IMPLEMENTATION
+#  endif
+#endif
 
 /* The implementation uses POSIX (threads, sockets, fsync, clock_gettime).
  * Strict ISO modes (-std=c11, c17) hide it unless a feature macro comes
@@ -4256,7 +4275,7 @@ extern int fileno(FILE *f);
 #  define DT__RESTRICT
 #endif
 
-#ifdef DTRAIN__AMALGAMATED
+#if defined(DTRAIN__AMALGAMATED) && !defined(DTRAIN_IMPLEMENTATION_PART) /* parts call each other's */
 #  define DTRAIN_PRIVATE static DT__UNUSED
 #else
 #  define DTRAIN_PRIVATE
@@ -4786,6 +4805,7 @@ DTRAIN_PRIVATE int dt__file_read_exact(FILE *f, void *dst, size_t n, char *msg, 
 /* ======== end dt_file.h ======== */
 
 /* ======== begin dt_base.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_base.c -- result strings, per-thread errors, allocator, logger, build info
  * ===========================================================================
@@ -5211,9 +5231,11 @@ DTRAIN_API double dt_time_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 #undef DT__FIX_HDR
+#endif /* part 1 */
 /* ======== end dt_base.c ======== */
 
 /* ======== begin dt_rng.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_rng.c -- portable RNG: splitmix64 seeding, xoshiro256** stream
  * ===========================================================================
@@ -5303,9 +5325,11 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
     idx[j] = t;
   }
 }
+#endif /* part 1 */
 /* ======== end dt_rng.c ======== */
 
 /* ======== begin dt_file.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_file.c -- writing a file atomically, opening a file to read it safely
  * ===========================================================================
@@ -5695,9 +5719,11 @@ DTRAIN_API dt_result dt_check_writable(const char *path, int is_dir) {
   return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_check_writable: built with DTRAIN_NO_STDIO (no files)");
 }
 #endif /* DTRAIN_NO_STDIO */
+#endif /* part 1 */
 /* ======== end dt_file.c ======== */
 
 /* ======== begin dt_tensor.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_tensor.c -- the graph: arena (host and device), tape, sticky errors,
  * tensors, backward
@@ -6556,9 +6582,11 @@ DTRAIN_PRIVATE void dt__dev_acc(dt_graph *g, float *gx, const float *gy, int64_t
 }
 
 #undef DT__DEV_ALIGN
+#endif /* part 1 */
 /* ======== end dt_tensor.c ======== */
 
 /* ======== begin dt_device_ops.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_device_ops.c -- device twins of the elementwise, reduction and shape
  * ops (see dt_device.h for the list)
@@ -7028,9 +7056,11 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_causal_mask(dt_graph *g, dt_tensor *x, int64_t
   dt__free(h, bytes);
   return res;
 }
+#endif /* part 1 */
 /* ======== end dt_device_ops.c ======== */
 
 /* ======== begin dt_device_nn.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_device_nn.c -- device twins of the GEMM-based and nn ops: matmul,
  * linear, bmm, softmax, losses, dropout, norms, embedding, conv, pooling
@@ -7686,9 +7716,11 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
   dt__record(g, y, op, dt__device_bn_backward, x, gamma, beta);
   return dt__finish(g, y);
 }
+#endif /* part 1 */
 /* ======== end dt_device_nn.c ======== */
 
 /* ======== begin dt_gemm.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_gemm.c -- single-precision GEMM
  * ===========================================================================
@@ -8534,9 +8566,11 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
 #ifdef DT__GEMM_NEON
 #  undef DT__GEMM_NEON
 #endif
+#endif /* part 1 */
 /* ======== end dt_gemm.c ======== */
 
 /* ======== begin dt_ops_elem.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_ops_elem.c -- elementwise ops: broadcasting binary ops, scalar ops, unary
  * ===========================================================================
@@ -8790,9 +8824,11 @@ DT__MAP_LIST(DT__MAP_API)
 #ifdef DT__ELEM_SSE
 #  undef DT__ELEM_SSE
 #endif
+#endif /* part 1 */
 /* ======== end dt_ops_elem.c ======== */
 
 /* ======== begin dt_ops_reduce.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_ops_reduce.c -- reductions: sum and mean, over everything or one axis
  * ===========================================================================
@@ -8950,9 +8986,11 @@ DTRAIN_API int64_t dt_count_correct(const float *logits, const int32_t *labels, 
   }
   return ok;
 }
+#endif /* part 1 */
 /* ======== end dt_ops_reduce.c ======== */
 
 /* ======== begin dt_ops_shape.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_ops_shape.c -- shape ops: reshape, flatten, transpose, permute, concat,
  * slice, split
@@ -9364,9 +9402,11 @@ DTRAIN_API dt_result dt_split(dt_graph *g, dt_tensor *x, int axis, int n, dt_ten
 }
 
 #undef DT__SHAPE_TILE
+#endif /* part 1 */
 /* ======== end dt_ops_shape.c ======== */
 
 /* ======== begin dt_ops_matmul.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_ops_matmul.c -- matmul, batched matmul, linear (all on dt_sgemm)
  * ===========================================================================
@@ -9542,9 +9582,11 @@ DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
   dt__record(g, y, op, dt__linear_backward, x, w, b);
   return dt__finish(g, y);
 }
+#endif /* part 1 */
 /* ======== end dt_ops_matmul.c ======== */
 
 /* ======== begin dt_ops_nn.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_ops_nn.c -- softmax, losses and neural-network layers' ops: softmax,
  * log_softmax, cross_entropy, mse, embedding, dropout, layer_norm,
@@ -10129,6 +10171,7 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x) {
   }
   return y;
 }
+#endif /* part 1 */
 /* ======== end dt_ops_nn.c ======== */
 
 /* ======== begin dt_ops_conv.h ======== */
@@ -10170,6 +10213,7 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
 /* ======== end dt_ops_conv.h ======== */
 
 /* ======== begin dt_ops_conv.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_ops_conv.c -- 2-D convolution, NCHW: im2col + GEMM, and dt_conv2d
  * ===========================================================================
@@ -10511,9 +10555,11 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
 #ifdef DT__CONV_SSE
 #  undef DT__CONV_SSE
 #endif
+#endif /* part 1 */
 /* ======== end dt_ops_conv.c ======== */
 
 /* ======== begin dt_ops_wino.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_ops_wino.c -- Winograd F(2x2, 5x5) convolution (called by dt_conv2d)
  * ===========================================================================
@@ -11096,9 +11142,11 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
 #ifdef DT__WINO_AVX2
 #  undef DT__WINO_AVX2
 #endif
+#endif /* part 1 */
 /* ======== end dt_ops_wino.c ======== */
 
 /* ======== begin dt_ops_pool.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_ops_pool.c -- max and average pooling, NCHW
  * ===========================================================================
@@ -11333,9 +11381,11 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 #ifdef DT__POOL_SSE
 #  undef DT__POOL_SSE
 #endif
+#endif /* part 1 */
 /* ======== end dt_ops_pool.c ======== */
 
 /* ======== begin dt_params.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_params.c -- flat parameter and gradient buffers, initializers
  * ===========================================================================
@@ -11714,9 +11764,11 @@ DTRAIN_API double dt_l2_norm(const float *x, size_t n) {
   for (size_t i = 0; x && i < n; i++) s += (double)x[i] * (double)x[i];
   return sqrt(s);
 }
+#endif /* part 1 */
 /* ======== end dt_params.c ======== */
 
 /* ======== begin dt_graph_params.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_graph_params.c -- a graph and its params: dt_graph_create, the
  * dt_param views, the device copy of the params
@@ -11905,9 +11957,11 @@ DTRAIN_PRIVATE void dt__graph_grad_settle(dt_graph *g) {
     if (g->gstale[i] && e > b) memset(grad + b, 0, (e - b) * sizeof(float));
   g->ngstale = 0;
 }
+#endif /* part 1 */
 /* ======== end dt_graph_params.c ======== */
 
 /* ======== begin dt_optim.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_optim.c -- SGD, Adam, AdamW, RMSprop; learning-rate schedules; clipping
  * ===========================================================================
@@ -12691,9 +12745,11 @@ DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
 #ifdef DT__OPTIM_AVX
 #  undef DT__OPTIM_AVX
 #endif
+#endif /* part 1 */
 /* ======== end dt_optim.c ======== */
 
 /* ======== begin dt_nn.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_nn.c -- layers composed from the ops
  * ===========================================================================
@@ -12993,6 +13049,7 @@ DTRAIN_API dt_tensor *dt_nn_attention_forward(dt_graph *g, const dt_nn_attention
 }
 
 #undef DT__NN_TRY
+#endif /* part 2 */
 /* ======== end dt_nn.c ======== */
 
 /* ======== begin dt_json.h ======== */
@@ -13076,6 +13133,7 @@ DTRAIN_PRIVATE int dt__json_utf8(const unsigned char *p, size_t avail, size_t *b
 /* ======== end dt_json.h ======== */
 
 /* ======== begin dt_json.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_json.c -- the strict JSON reader (see dt_json.h)
  * ===========================================================================
@@ -13456,6 +13514,7 @@ DTRAIN_PRIVATE int dt__json_uint(const dt__json *j, int32_t id, uint64_t *out) {
   *out = v;
   return x->len > 0;
 }
+#endif /* part 2 */
 /* ======== end dt_json.c ======== */
 
 /* ======== begin dt_safetensors.h ======== */
@@ -13596,6 +13655,7 @@ DTRAIN_PRIVATE int dt__io_parse_i64(const char *s, int64_t *out);
 /* ======== end dt_safetensors.h ======== */
 
 /* ======== begin dt_safetensors.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_safetensors.c -- reading safetensors files: the checksum, the strict
  * index (dt_checkpoint_open and friends)
@@ -14182,9 +14242,11 @@ DTRAIN_API uint64_t dt_checkpoint_file_size(const dt_checkpoint *c) { (void)c; r
 DTRAIN_API uint64_t dt_checkpoint_header_size(const dt_checkpoint *c) { (void)c; return 0; }
 
 #endif /* DTRAIN_NO_STDIO */
+#endif /* part 2 */
 /* ======== end dt_safetensors.c ======== */
 
 /* ======== begin dt_checkpoint.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_checkpoint.c -- training checkpoints as safetensors: atomic save,
  * validated load
@@ -14946,9 +15008,11 @@ DTRAIN_API dt_result dt_checkpoint_load_weights(const char *path, dt_params *p) 
   return dt__checkpoint_unsupported("dt_checkpoint_load_weights");
 }
 #endif /* DTRAIN_NO_STDIO */
+#endif /* part 2 */
 /* ======== end dt_checkpoint.c ======== */
 
 /* ======== begin dt_export.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_export.c -- a trained model as C source (dt_checkpoint_export_c)
  * ===========================================================================
@@ -15147,9 +15211,11 @@ DTRAIN_API dt_result dt_checkpoint_export_c(const char *path, const char *out_pa
 }
 
 #endif /* DTRAIN_NO_STDIO */
+#endif /* part 2 */
 /* ======== end dt_export.c ======== */
 
 /* ======== begin dt_fit.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_fit.c -- the training loop, progress output, metrics CSV, SVG chart
  * ===========================================================================
@@ -15993,6 +16059,7 @@ DTRAIN_API dt_result dt_fit_write_svg(const char *path, const dt_fit_epoch *rows
 }
 
 #endif /* DTRAIN_NO_FIT */
+#endif /* part 2 */
 /* ======== end dt_fit.c ======== */
 
 /* ======== begin dt_data_core.h ======== */
@@ -16054,6 +16121,7 @@ DTRAIN_PRIVATE dt_result dt__data_compiled_out(const char *fn);
 /* ======== end dt_data_core.h ======== */
 
 /* ======== begin dt_inflate.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_inflate.c -- gzip (RFC 1952) and a small inflater (RFC 1951), CRC-32
  * ===========================================================================
@@ -16817,9 +16885,11 @@ DTRAIN_API dt_result dt_gunzip(const void *in, size_t len, size_t max_out, dt_by
 }
 
 #endif /* DTRAIN_NO_DATA */
+#endif /* part 2 */
 /* ======== end dt_inflate.c ======== */
 
 /* ======== begin dt_data.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_data.c -- files, datasets, the batch loader
  * ===========================================================================
@@ -17438,9 +17508,11 @@ DTRAIN_API int64_t dt_loader_num_batches(const dt_loader *l) {
 }
 
 #endif /* DTRAIN_NO_DATA */
+#endif /* part 2 */
 /* ======== end dt_data.c ======== */
 
 /* ======== begin dt_data_idx.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_data_idx.c -- IDX files and Fashion-MNIST
  * ===========================================================================
@@ -17825,9 +17897,11 @@ DTRAIN_API dt_result dt_fashion_mnist_load(const char *dir, dt_dataset **train, 
 }
 
 #endif /* DTRAIN_NO_DATA */
+#endif /* part 2 */
 /* ======== end dt_data_idx.c ======== */
 
 /* ======== begin dt_data_npy.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_data_npy.c -- NumPy .npy arrays: parse, encode, read, write, datasets
  * ===========================================================================
@@ -18305,9 +18379,11 @@ DTRAIN_API dt_result dt_dataset_from_npy(dt_dataset **out, const dt_npy *x, cons
 }
 
 #endif /* DTRAIN_NO_DATA */
+#endif /* part 2 */
 /* ======== end dt_data_npy.c ======== */
 
 /* ======== begin dt_data_text.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_data_text.c -- text formats: CSV tables and character corpora
  * ===========================================================================
@@ -18648,9 +18724,11 @@ DTRAIN_API dt_result dt_text_sample(const dt_text *t, int64_t begin, int64_t end
 }
 
 #endif /* DTRAIN_NO_DATA */
+#endif /* part 2 */
 /* ======== end dt_data_text.c ======== */
 
 /* ======== begin dt_memory.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_memory.c -- dt_memory_stats: bytes of params, gradients, optimizer state
  * and activations
@@ -18687,6 +18765,7 @@ DTRAIN_API dt_result dt_memory_stats(const dt_params *p, const dt_optim *o, cons
   out->total_bytes = out->params_bytes + out->grads_bytes + out->optim_bytes + out->arena_bytes + out->tape_bytes;
   return DTRAIN_OK;
 }
+#endif /* part 2 */
 /* ======== end dt_memory.c ======== */
 
 /* ======== begin dt_platform.h ======== */
@@ -18924,6 +19003,7 @@ DTRAIN_PRIVATE double dt__spin_seconds(int spin_us, int nthreads);
 /* ======== end dt_platform.h ======== */
 
 /* ======== begin dt_platform.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_platform.c -- threads, events, the breakable barrier, the thread pool
  * ===========================================================================
@@ -19657,6 +19737,7 @@ DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, s
 #ifdef DT__PLATFORM_NEON
 #  undef DT__PLATFORM_NEON
 #endif
+#endif /* part 2 */
 /* ======== end dt_platform.c ======== */
 
 /* ======== begin dt_comm_core.h ======== */
@@ -19727,6 +19808,7 @@ DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, 
 /* ======== end dt_comm_core.h ======== */
 
 /* ======== begin dt_comm.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_comm.c -- the communicator front end and the in-process threads backend
  * ===========================================================================
@@ -20481,9 +20563,11 @@ DTRAIN_API dt_result dt_layout_create(dt_comm *c, int rank, int pipeline, int te
 }
 
 #undef DT__COMM_BLOCK
+#endif /* part 2 */
 /* ======== end dt_comm.c ======== */
 
 /* ======== begin dt_comm_group.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_comm_group.c -- a group communicator built from point-to-point
  * messages: what dt_comm_split makes on backends without groups of their own
@@ -20941,9 +21025,11 @@ DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, 
 }
 
 #endif /* !DTRAIN_NO_DIST */
+#endif /* part 3 */
 /* ======== end dt_comm_group.c ======== */
 
 /* ======== begin dt_devgroup.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_devgroup.c -- collectives over several devices (dt_device_group): the
  * all-reduce of mirrored training on devices
@@ -21242,6 +21328,7 @@ DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const 
 }
 
 #endif /* DTRAIN_NO_DIST */
+#endif /* part 3 */
 /* ======== end dt_devgroup.c ======== */
 
 /* ======== begin dt_strategy_impl.h ======== */
@@ -21712,6 +21799,7 @@ DTRAIN_PRIVATE const float *dt__ef_error(const dt__ef *e);
 /* ======== end dt_strategy_impl.h ======== */
 
 /* ======== begin dt_pstore.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_pstore.c -- the parameter store's front door (dt_pstore_*) and its
  * in-process, lock-free backend (dt_pstore_create_local)
@@ -22144,9 +22232,11 @@ DTRAIN_API dt_result dt_pstore_take(dt_pstore *ps, int worker, int64_t *item) {
 }
 
 #endif /* DTRAIN_NO_DIST */
+#endif /* part 3 */
 /* ======== end dt_pstore.c ======== */
 
 /* ======== begin dt_strategy_common.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_common.c -- what the strategy modules share: failures,
  * shards of a batch, forward/backward of a replica, clipping and the update
@@ -22596,9 +22686,11 @@ DTRAIN_PRIVATE dt_result dt__strategy_bind(dt_strategy *s, int r, int own_data, 
   return dt_graph_bind(R->g, R->data, R->grad);
 }
 
+#endif /* part 3 */
 /* ======== end dt_strategy_common.c ======== */
 
 /* ======== begin dt_strategy.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy.c -- the strategies' front door: the table of modules, the
  * public functions (check, then dispatch), and the helpers that several
@@ -23178,9 +23270,11 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
 }
 
 #undef DT__STRATEGY_KINDS
+#endif /* part 3 */
 /* ======== end dt_strategy.c ======== */
 
 /* ======== begin dt_strategy_one_device.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_one_device.c -- one_device: one replica on the calling thread
  * (or on one device)
@@ -23222,9 +23316,11 @@ static const dt__strategy_module dt__one_device_module = {
 };
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_one_device_module(void) { return &dt__one_device_module; }
+#endif /* part 3 */
 /* ======== end dt_strategy_one_device.c ======== */
 
 /* ======== begin dt_strategy_mirrored.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_mirrored.c -- mirrored: one copy of the parameters per replica
  * (replica 0's is the params' own), kept equal by collectives
@@ -23338,9 +23434,11 @@ DT__STRATEGY_COMPILED_OUT(dt__mirrored_module, "mirrored", DT__STRATEGY_SYNC | D
 #endif /* DTRAIN_NO_DIST */
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mirrored_module(void) { return &dt__mirrored_module; }
+#endif /* part 3 */
 /* ======== end dt_strategy_mirrored.c ======== */
 
 /* ======== begin dt_strategy_central.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_central.c -- central_storage: one copy of the parameters (the
  * params' own), read by every replica; the gradients reduced into the centre
@@ -23420,9 +23518,11 @@ DT__STRATEGY_COMPILED_OUT(dt__central_module, "central_storage", DT__STRATEGY_SY
 #endif /* DTRAIN_NO_DIST */
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_central_module(void) { return &dt__central_module; }
+#endif /* part 3 */
 /* ======== end dt_strategy_central.c ======== */
 
 /* ======== begin dt_strategy_async.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_async.c -- async (Hogwild with bounded staleness) against the
  * in-process parameter store; the replica loop and dt_strategy_run of the
@@ -23734,9 +23834,11 @@ DT__STRATEGY_COMPILED_OUT(dt__async_module, "async", 0);
 #endif /* DTRAIN_NO_DIST */
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_async_module(void) { return &dt__async_module; }
+#endif /* part 3 */
 /* ======== end dt_strategy_async.c ======== */
 
 /* ======== begin dt_strategy_ps.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_ps.c -- parameter_server, the worker side: the async replica
  * loop (dt_strategy_async.c) against a store that takes gradients
@@ -24022,9 +24124,11 @@ DT__STRATEGY_COMPILED_OUT(dt__ps_module, "parameter_server", 0);
 #endif /* DTRAIN_NO_DIST */
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_ps_module(void) { return &dt__ps_module; }
+#endif /* part 3 */
 /* ======== end dt_strategy_ps.c ======== */
 
 /* ======== begin dt_strategy_compress.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_compress.c -- gradients compressed on the wire: half-precision
  * values (fp16 with a power-of-two scale per message, bf16) in a ring
@@ -24289,9 +24393,11 @@ DTRAIN_PRIVATE dt_result dt__compress_allreduce(dt_comm *x, int rank, dt_compres
   return rc;
 }
 #endif /* DTRAIN_NO_DIST */
+#endif /* part 3 */
 /* ======== end dt_strategy_compress.c ======== */
 
 /* ======== begin dt_strategy_ef.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_ef.c -- gradients compressed with error feedback: top-k
  * sparsification and PowerSGD's low-rank factors (multi_worker_mirrored)
@@ -24861,9 +24967,11 @@ DTRAIN_PRIVATE dt_result dt__ef_allreduce(dt__ef *e, dt_comm *x, int rank, float
 
 #undef DT__EF_SAMPLE
 #endif /* DTRAIN_NO_DIST */
+#endif /* part 3 */
 /* ======== end dt_strategy_ef.c ======== */
 
 /* ======== begin dt_strategy_overlap.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_overlap.c -- gradients summed in buckets while backward goes
  * on (mirrored and multi_worker_mirrored, desc.overlap)
@@ -25232,9 +25340,11 @@ DTRAIN_PRIVATE int dt__overlap_compute(dt_strategy *s, int r, const dt_minibatch
 }
 
 #endif /* DTRAIN_NO_DIST */
+#endif /* part 3 */
 /* ======== end dt_strategy_overlap.c ======== */
 
 /* ======== begin dt_strategy_mwm.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_mwm.c -- multi_worker_mirrored: lock-step data parallelism
  * across processes, hierarchical inside each
@@ -25656,9 +25766,11 @@ DT__STRATEGY_COMPILED_OUT(dt__mwm_module, "multi_worker_mirrored",
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_mwm_module(void) { return &dt__mwm_module; }
 
 #undef DT__MWM_TAIL
+#endif /* part 3 */
 /* ======== end dt_strategy_mwm.c ======== */
 
 /* ======== begin dt_strategy_backup.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_backup.c -- backup workers for mirrored (Chen et al., 2016,
  * "Revisiting distributed synchronous SGD"): each step aggregates the first
@@ -26010,9 +26122,11 @@ DTRAIN_PRIVATE dt_result dt__strategy_backup_run(dt_strategy *s, int64_t steps, 
 }
 
 #endif /* DTRAIN_NO_DIST */
+#endif /* part 3 */
 /* ======== end dt_strategy_backup.c ======== */
 
 /* ======== begin dt_strategy_device.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_strategy_device.c -- replicas on devices (desc.devices): a mode of the
  * kinds with DT__STRATEGY_DEVICES (one_device, mirrored,
@@ -26169,9 +26283,11 @@ DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r) {
   }
 }
 
+#endif /* part 3 */
 /* ======== end dt_strategy_device.c ======== */
 
 /* ======== begin dt_pipeline.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_pipeline.c -- pipeline parallelism over point-to-point messages: GPipe
  * and 1F1B schedules, stages on threads or processes (see dt_pipeline.h)
@@ -26722,9 +26838,11 @@ DTRAIN_API int dt_pipeline_local_stages(const dt_pipeline *p) {
   if (!p) dt__error(DTRAIN_ERR_NULL_ARG, "dt_pipeline_local_stages: p is NULL");
   return p ? (p->own_comm ? p->o.stages : 1) : 0;
 }
+#endif /* part 3 */
 /* ======== end dt_pipeline.c ======== */
 
 /* ======== begin dt_tensor_parallel.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_tensor_parallel.c -- tensor-parallel operators and layers (see
  * dt_tensor_parallel.h): autograd nodes that all-reduce on a communicator
@@ -27090,9 +27208,11 @@ DTRAIN_API dt_result dt_tp_unshard_cols(float *full, int64_t rows, int64_t cols,
   for (int64_t i = 0; i < rows; i++) memcpy(full + i * cols + rank * k, part + i * k, (size_t)k * sizeof(float));
   return DTRAIN_OK;
 }
+#endif /* part 3 */
 /* ======== end dt_tensor_parallel.c ======== */
 
 /* ======== begin dt_parallel_ckpt.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_parallel_ckpt.c -- model-parallel checkpoints: a part per pipeline
  * stage or tensor-parallel shard, gathered into one full checkpoint, split
@@ -27965,9 +28085,11 @@ DTRAIN_API dt_result dt_checkpoint_split(const char *full, const dt_split_plan *
 }
 
 #endif /* DTRAIN_NO_STDIO */
+#endif /* part 3 */
 /* ======== end dt_parallel_ckpt.c ======== */
 
 /* ======== begin dt_cluster.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_cluster.c -- the cluster description: DTRAIN_CONFIG (JSON in the style
  * of TF_CONFIG), command-line flags, and back to JSON (see dt_net.h)
@@ -28825,6 +28947,7 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
 }
 
 #endif /* DTRAIN_NO_DIST */
+#endif /* part 4 */
 /* ======== end dt_cluster.c ======== */
 
 /* ======== begin dt_wire.h ======== */
@@ -28931,6 +29054,7 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
 /* ======== end dt_wire.h ======== */
 
 /* ======== begin dt_hash.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_hash.c -- checksums and hashes of the wire: CRC-32C, SHA-256, HMAC-SHA256,
  * a constant-time comparison, FNV-1a (see dt_wire.h)
@@ -29086,9 +29210,11 @@ DTRAIN_PRIVATE int dt__net_ct_equal(const unsigned char *a, const unsigned char 
 }
 
 #endif /* DTRAIN_NO_DIST */
+#endif /* part 4 */
 /* ======== end dt_hash.c ======== */
 
 /* ======== begin dt_frame.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_frame.c -- the frame header: encode, decode and check (see dt_wire.h and
  * docs/wire_protocol.md)
@@ -29207,6 +29333,7 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
 }
 
 #endif /* DTRAIN_NO_DIST */
+#endif /* part 4 */
 /* ======== end dt_frame.c ======== */
 
 /* ======== begin dt_net_core.h ======== */
@@ -29488,6 +29615,7 @@ DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n);
 /* ======== end dt_net_core.h ======== */
 
 /* ======== begin dt_net.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_net.c -- the TCP transport's options and this process's identity in the
  * cluster: dt_net_defaults, the resolved options, the job id, sender ids
@@ -29637,9 +29765,11 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
   o.connect_timeout_s = o.timeout_s;
   return o;
 }
+#endif /* part 4 */
 /* ======== end dt_net.c ======== */
 
 /* ======== begin dt_netem.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_netem.c -- link emulation in the transport (DTRAIN_NETEM): the sends of
  * each TCP connection pass through a delay line that holds them to a rate,
@@ -30264,9 +30394,11 @@ DTRAIN_PRIVATE int dt__sock_poll(struct pollfd *p, nfds_t n, int ms) {
 }
 
 #endif /* DTRAIN_NO_NET */
+#endif /* part 4 */
 /* ======== end dt_netem.c ======== */
 
 /* ======== begin dt_socket.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_socket.c -- POSIX sockets with deadlines: addresses, listen, connect
  * (with retries), accept, read, write (see dt_net_core.h)
@@ -30651,9 +30783,11 @@ DTRAIN_PRIVATE void dt__net_close(int fd) {
 }
 
 #endif /* DTRAIN_NO_NET */
+#endif /* part 4 */
 /* ======== end dt_socket.c ======== */
 
 /* ======== begin dt_conn.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_conn.c -- connections: a socket that carries frames, with both
  * directions' sequence numbers, errors that name the peer and the operation,
@@ -31102,9 +31236,11 @@ DTRAIN_PRIVATE void dt__conn_close(dt__conn *c) {
 }
 
 #endif /* DTRAIN_NO_NET */
+#endif /* part 4 */
 /* ======== end dt_conn.c ======== */
 
 /* ======== begin dt_handshake.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_handshake.c -- the handshake: hello, checks that name both sides,
  * token authentication (HMAC-SHA256 challenge-response), dial and admit
@@ -31742,6 +31878,7 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
 }
 
 #endif /* DTRAIN_NO_NET */
+#endif /* part 4 */
 /* ======== end dt_handshake.c ======== */
 
 /* ======== begin dt_comm_tcp_core.h ======== */
@@ -31924,6 +32061,7 @@ DTRAIN_PRIVATE void dt__tcp_p2p_free(dt__comm_tcp *t);
 /* ======== end dt_comm_tcp_core.h ======== */
 
 /* ======== begin dt_comm_tcp_fail.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_comm_tcp_fail.c -- the TCP communicator's failure path: break the
  * communicator, tell every peer, listen for their notices and name the lost
@@ -32078,9 +32216,11 @@ DTRAIN_PRIVATE dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
 }
 
 #endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
+#endif /* part 4 */
 /* ======== end dt_comm_tcp_fail.c ======== */
 
 /* ======== begin dt_comm_tcp.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_comm_tcp.c -- the TCP communicator's calls: the agreement round,
  * recursive doubling, the ring, reduce and broadcast chains, the vtable (see
@@ -32643,9 +32783,11 @@ DTRAIN_PRIVATE const dt_comm_vtable *dt__tcp_vtable(void) { return &dt__comm_tcp
 DTRAIN_PRIVATE const dt_comm_p2p_vtable *dt__tcp_p2p_vtable(void) { return &dt__comm_tcp_p2p; }
 
 #endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
+#endif /* part 4 */
 /* ======== end dt_comm_tcp.c ======== */
 
 /* ======== begin dt_comm_tcp_p2p.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_comm_tcp_p2p.c -- the TCP communicator's point-to-point messages and
  * groups: a progress engine over the mesh's connections
@@ -33383,9 +33525,11 @@ DTRAIN_PRIVATE dt_result dt__tcp_split(dt_comm *c, int rank, int color, int key,
 }
 
 #endif /* !DTRAIN_NO_NET && !DTRAIN_NO_THREADS */
+#endif /* part 4 */
 /* ======== end dt_comm_tcp_p2p.c ======== */
 
 /* ======== begin dt_comm_tcp_setup.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_comm_tcp_setup.c -- the TCP communicator's start-up: the rendezvous of
  * the workers (dial the lower ranks, admit the higher ones), create and free
@@ -33701,9 +33845,11 @@ DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *c, const dt_net_options
 }
 
 #endif /* DTRAIN_NO_NET || DTRAIN_NO_THREADS */
+#endif /* part 4 */
 /* ======== end dt_comm_tcp_setup.c ======== */
 
 /* ======== begin dt_comm_mpi.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_comm_mpi.c -- the MPI communicator (DTRAIN_USE_MPI): dtrain's
  * collectives carried by MPI's on a duplicate of MPI_COMM_WORLD
@@ -34153,6 +34299,7 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
 }
 
 #endif /* DTRAIN_USE_MPI */
+#endif /* part 4 */
 /* ======== end dt_comm_mpi.c ======== */
 
 /* ======== begin dt_ps_core.h ======== */
@@ -34396,6 +34543,7 @@ DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S);
 /* ======== end dt_ps_core.h ======== */
 
 /* ======== begin dt_ps_shard.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_ps_shard.c -- parameter servers: which server owns which parameter
  * (dt_ps_shard), and a shard's size, layout hash and bytes (see dt_ps_core.h)
@@ -34559,9 +34707,11 @@ DTRAIN_API dt_result dt_ps_shard(const dt_params *p, int servers, int *server_of
 }
 
 #endif /* DTRAIN_NO_DIST */
+#endif /* part 4 */
 /* ======== end dt_ps_shard.c ======== */
 
 /* ======== begin dt_ps_codec.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_ps_codec.c -- parameter servers over slow links: pushes compressed as
  * the strategy's dt_compress says, pulls as 16-bit deltas against a copy
@@ -34870,9 +35020,11 @@ DTRAIN_PRIVATE dt_result dt__ps_delta_apply(dt_compress_kind kind, const unsigne
 }
 
 #endif /* DTRAIN_NO_DIST */
+#endif /* part 4 */
 /* ======== end dt_ps_codec.c ======== */
 
 /* ======== begin dt_ps_ckpt.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_ps_ckpt.c -- parameter servers: shard checkpoints, DIR/ps-<i>-of-<M>.ckpt
  * (see dt_ps_core.h)
@@ -35042,9 +35194,11 @@ DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
 #  undef DT__PS_CKPT_HDR
 
 #endif /* DTRAIN_NO_NET */
+#endif /* part 4 */
 /* ======== end dt_ps_ckpt.c ======== */
 
 /* ======== begin dt_ps_server.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_ps_server.c -- parameter servers: the server (dt_ps_serve): its poll
  * loop, the staleness rule, the workers' frames (see dt_ps_core.h for the
@@ -35997,9 +36151,11 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
 }
 
 #endif /* DTRAIN_NO_NET */
+#endif /* part 4 */
 /* ======== end dt_ps_server.c ======== */
 
 /* ======== begin dt_ps_client.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_ps_client.c -- parameter servers: the worker's side, a dt_pstore
  * (dt_strategy.h) backed by the cluster's servers (dt_pstore_create_tcp;
@@ -36678,6 +36834,7 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
 }
 
 #endif /* DTRAIN_NO_NET */
+#endif /* part 4 */
 /* ======== end dt_ps_client.c ======== */
 
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -5,6 +5,21 @@
 #ifndef DTRAIN_BASE_H
 #define DTRAIN_BASE_H
 
+/* The implementation in parts (see the manual's CONFIGURATION): part K of
+ * DTRAIN_IMPLEMENTATION_PARTS, one per translation unit, compiled in parallel. */
+#define DTRAIN_IMPLEMENTATION_PARTS 4
+#if defined(DTRAIN_IMPLEMENTATION_PART)
+#  if DTRAIN_IMPLEMENTATION_PART < 1 || DTRAIN_IMPLEMENTATION_PART > DTRAIN_IMPLEMENTATION_PARTS
+#    error "DTRAIN_IMPLEMENTATION_PART is 1, 2, 3 or 4 (DTRAIN_IMPLEMENTATION_PARTS): one translation unit each"
+#  endif
+#  if defined(DTRAIN_STATIC)
+#    error "DTRAIN_IMPLEMENTATION_PART with DTRAIN_STATIC: the parts call each other, so they cannot be static"
+#  endif
+#  ifndef DTRAIN_IMPLEMENTATION
+#    define DTRAIN_IMPLEMENTATION
+#  endif
+#endif
+
 /* The implementation uses POSIX (threads, sockets, fsync, clock_gettime).
  * Strict ISO modes (-std=c11, c17) hide it unless a feature macro comes
  * before the first system header; the implementation file may well include

@@ -48,7 +48,7 @@ extern int fileno(FILE *f);
 #  define DT__RESTRICT
 #endif
 
-#ifdef DTRAIN__AMALGAMATED
+#if defined(DTRAIN__AMALGAMATED) && !defined(DTRAIN_IMPLEMENTATION_PART) /* parts call each other's */
 #  define DTRAIN_PRIVATE static DT__UNUSED
 #else
 #  define DTRAIN_PRIVATE

@@ -105,6 +105,28 @@ for cxx in g++ clang++; do
     check "$cxx-c++17-no-$sw" $cxx -std=c++17 $W -fsyntax-only -DDTRAIN_NO_$sw -I. "$D/impl.cpp"
   done
 done
+# The implementation in parts (DTRAIN_IMPLEMENTATION_PART 1..4; make builds
+# build/dtrain.o so): each part as C++17 and with clang; the parts linked
+# together export exactly the whole's public functions; a part out of range or
+# with DTRAIN_STATIC is refused with a message.
+parts_api_match() { # the dt_ API symbols of the gcc parts joined vs of the whole
+  printf '#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\n' > "$D/impl_only.c"
+  printf '#include "dtrain.h"\nint main(void){ return dt_build_features() == 0; }\n' > "$D/parts_main.c"
+  for k in 1 2 3 4; do gcc -std=c11 $W -O0 -DDTRAIN_IMPLEMENTATION_PART=$k -I. -c "$D/impl_only.c" -o "$D/part$k.o" || return 1; done
+  gcc -std=c11 $W -O0 -I. -c "$D/impl_only.c" -o "$D/whole.o" &&
+    gcc -std=c11 $W -I. "$D/parts_main.c" "$D/part1.o" "$D/part2.o" "$D/part3.o" "$D/part4.o" -o "$D/parts_linked" -lm -lpthread &&
+    "$D/parts_linked" &&
+    nm "$D/whole.o" | awk '$2 == "T" && $3 ~ /^dt_[^_]/ {print $3}' | sort > "$D/api_whole.txt" &&
+    nm "$D/part1.o" "$D/part2.o" "$D/part3.o" "$D/part4.o" | awk '$2 == "T" && $3 ~ /^dt_[^_]/ {print $3}' | sort > "$D/api_parts.txt" &&
+    [ -s "$D/api_whole.txt" ] && cmp "$D/api_whole.txt" "$D/api_parts.txt"
+}
+check "parts-link-and-export-the-whole-api" parts_api_match
+for k in 1 2 3 4; do
+  command -v g++ >/dev/null 2>&1 && check "g++-c++17-part-$k" g++ -std=c++17 $W -fsyntax-only -DDTRAIN_IMPLEMENTATION_PART=$k -I. "$D/impl.cpp"
+  command -v clang >/dev/null 2>&1 && check "clang-c11-part-$k" clang -std=c11 $W -fsyntax-only -DDTRAIN_IMPLEMENTATION_PART=$k -I. "$D/impl.c"
+done
+check "part-5-refused" sh -c "! gcc -std=c11 -fsyntax-only -DDTRAIN_IMPLEMENTATION_PART=5 -I. $D/impl.c > $D/part5.txt 2>&1 && grep -q 'DTRAIN_IMPLEMENTATION_PART is 1, 2, 3 or 4' $D/part5.txt"
+check "part-static-refused" sh -c "! gcc -std=c11 -fsyntax-only -DDTRAIN_IMPLEMENTATION_PART=1 -DDTRAIN_STATIC -I. $D/impl.c > $D/partst.txt 2>&1 && grep -q 'cannot be static' $D/partst.txt"
 # Two translation units, each with its own static copy of the implementation.
 printf '#define DTRAIN_STATIC\n#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\nint tu_a(void){ return (int)dt_build_features(); }\n' > "$D/tu_a.c"
 printf '#define DTRAIN_STATIC\n#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\nint tu_a(void);\nint main(void){ return tu_a() != (int)dt_build_features(); }\n' > "$D/tu_b.c"

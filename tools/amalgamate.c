@@ -6,7 +6,11 @@
  * missing file, on a file in SRCDIR that the manifest does not list, and on a
  * listed file that does not exist. Local includes (#include "...") are dropped:
  * the manifest order provides them. Writes OUTPUT.tmp.<pid> then renames it. No
- * timestamps: the same sources give the same bytes. */
+ * timestamps: the same sources give the same bytes.
+ * The implementation's .c files are cut into NPARTS runs of about equal size,
+ * in manifest order: a translation unit that defines DTRAIN_IMPLEMENTATION_PART
+ * K (1..NPARTS) compiles only run K (the private headers in every run), so the
+ * implementation can be built as NPARTS objects in parallel. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <stdio.h>
@@ -15,6 +19,7 @@
 #include <unistd.h>
 
 #define MAXF 256
+#define NPARTS 4 /* DTRAIN_IMPLEMENTATION_PARTS */
 static char kinds[MAXF][16], names[MAXF][256];
 static int nfiles;
 
@@ -110,10 +115,27 @@ int main(int argc, char **argv) {
   fputs("#endif /* DTRAIN_H_INCLUDED */\n\n"
         "#if defined(DTRAIN_IMPLEMENTATION) && !defined(DTRAIN__IMPLEMENTATION_DONE)\n"
         "#define DTRAIN__IMPLEMENTATION_DONE\n#define DTRAIN__AMALGAMATED 1\n\n", out);
+  /* the parts: each .c file goes to run 1 + (bytes of .c before its middle) * NPARTS / total */
+  long size[MAXF], total = 0, before = 0;
+  for (int i = 0; i < nfiles; i++) {
+    size[i] = 0;
+    size_t n = strlen(names[i]);
+    if (strcmp(kinds[i], "impl") || n < 2 || strcmp(names[i] + n - 2, ".c")) continue;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    FILE *f = fopen(path, "rb");
+    if (!f || fseek(f, 0, SEEK_END) || (size[i] = ftell(f)) < 0) die("cannot size", path);
+    fclose(f);
+    total += size[i];
+  }
   for (int i = 0; i < nfiles; i++)
     if (!strcmp(kinds[i], "impl")) {
+      int part = size[i] > 0 ? 1 + (int)((before + size[i] / 2) * NPARTS / (total > 0 ? total : 1)) : 0;
+      before += size[i];
       fprintf(out, "/* ======== begin %s ======== */\n", names[i]);
+      if (part) fprintf(out, "#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == %d\n", part);
       emit_file(out, dir, names[i], 1);
+      if (part) fprintf(out, "#endif /* part %d */\n", part);
       fprintf(out, "/* ======== end %s ======== */\n\n", names[i]);
     }
   fputs("#endif /* DTRAIN_IMPLEMENTATION */\n", out);
