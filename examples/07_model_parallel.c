@@ -693,6 +693,7 @@ static void *tp_thread_main(void *arg) {
   if (dt_layout_create(th->all, th->index, 1, th->r.T, &th->lay) != DTRAIN_OK) {
     fprintf(stderr, "07: worker %d: %s\n", th->index, dt_last_error()); /* this thread's error */
     th->r.ok = 0;
+    dt_comm_abort(th->all, th->index); /* the others wait in the same split: end their wait too */
     return NULL;
   }
   th->r.tp = th->lay.tp;

@@ -109,6 +109,17 @@ for sig in TERM INT HUP; do
     && has "sig$sig.out" "^\[ps 0\] got signal $n\$" && ok "SIG$sig passed on (exit $rc)" || bad "SIG$sig passed on (exit $rc)" "$T/sig$sig.out" "$T/sig$sig.err"
 done
 
+# -- a second signal kills every process at once; the job still exits 128 + the signal (not 0)
+: >"$T/sig2.out"
+"$L" -n 2 -- sh -c 'trap "" INT; echo ready; exec sleep 30' >>"$T/sig2.out" 2>"$T/sig2.err" &
+pid=$!
+k=0; while [ "$(count_ready "$T/sig2.out")" -lt 2 ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+kill -INT $pid; sleep 0.3; kill -INT $pid
+k=0; while kill -0 $pid 2>/dev/null && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+kill -KILL $pid 2>/dev/null; wait $pid; rc=$?
+[ $rc = 130 ] && has sig2.err 'got signal 2 again; killing every process' && ok "a second signal: everything killed, exit 130" \
+  || bad "a second signal (exit $rc)" "$T/sig2.out" "$T/sig2.err"
+
 # -- a stopped process (SIGSTOP) is continued so that it acts on the SIGTERM
 : >"$T/stop.out"
 PROBE_DIR="$T/sync" "$L" -n 2 --grace 0.2 -- "$P" wait >>"$T/stop.out" 2>"$T/stop.err" &
@@ -317,13 +328,15 @@ else
   [ "$(rc_of hinfo)" = 0 ] && [ $good = 1 ] && ok "--hosts: workers fill the slots, servers one per host, ADDR:port in every config" || bad "--hosts placement" "$T/hinfo.out" "$T/hinfo.err"
   # the token: the same one reaches every process, on no command line while they run
   : >"$T/htok.out"
-  DTRAIN_TOKEN=hosts-secret-$$ PROBE_DIR="$T/sync" timeout 60 "$L" $H "ip netns exec" -- "$P" wait >"$T/htok.out" 2>"$T/htok.err" &
+  DTRAIN_TOKEN=hosts-secret-$$ PROBE_DIR="$T/sync" "$L" $H "ip netns exec" -- "$P" wait >"$T/htok.out" 2>"$T/htok.err" &
   pid=$!
   k=0; while [ "$(count_ready "$T/htok.out")" -lt 3 ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
   seen=$(cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' ' ' | grep -c "hosts-secret[-]$$") # [-]: not its own
   envok=0; for q in $(sed -n 's/.*ready pid=\([0-9]*\).*/\1/p' "$T/htok.out"); do tr '\0' '\n' </proc/$q/environ 2>/dev/null | grep -qx "DTRAIN_TOKEN=hosts-secret-$$" && envok=$((envok + 1)); done
-  kill -TERM $pid; wait $pid; hrc=$?
-  [ "$(count_ready "$T/htok.out")" = 3 ] && [ "$seen" = 0 ] && [ $envok = 3 ] && [ $hrc = 143 ] \
+  kill -TERM $pid
+  k=0; while kill -0 $pid 2>/dev/null && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+  kill -KILL $pid 2>/dev/null; wait $pid; hrc=$?
+  [ "$(count_ready "$T/htok.out")" = 3 ] && [ "$seen" = 0 ] && [ $envok = 3 ] && [ $hrc = 143 ] && has htok.err 'worker 2 killed by signal 15$' \
     && ok "--hosts: the token reaches every process on its input, on no command line; SIGTERM stops the job" \
     || bad "--hosts token (ready $(count_ready "$T/htok.out"), on a command line $seen, in the environment $envok, exit $hrc)" "$T/htok.out" "$T/htok.err"
   run hfail $H "ip netns exec" --grace 0.3 -- "$P" exitif worker 2 3

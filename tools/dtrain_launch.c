@@ -25,7 +25,8 @@
  * Servers start first, then workers. Every line a process writes is prefixed
  * with "[worker 0] " or "[ps 1] " (stdout to stdout, stderr to stderr).
  * SIGINT, SIGTERM and SIGHUP are passed on to every process (a second one
- * kills them). When a process fails (non-zero exit, or killed by a signal),
+ * kills them); unless a process failed first, the job's exit status is then
+ * 128 + that signal. When a process fails (non-zero exit, or killed by a signal),
  * the others get a grace period to stop on their own (their dtrain calls fail
  * naming the lost rank), then SIGTERM, then SIGKILL; the exit status is the
  * first failure's code (128 + N for signal N). Servers still running a grace
@@ -467,6 +468,8 @@ static char *remote_script(const proc *p, const char *config, int world, const c
              "w=$!\n"
              "while :; do wait $p; rc=$?; kill -0 $p 2>/dev/null || break; done\n"
              "kill $w 2>/dev/null\n"
+             /* a program killed by a signal: sh dies by it too, so the launcher sees the signal */
+             "if [ $rc -gt 128 ] && [ $rc -lt 160 ]; then trap - TERM INT HUP; kill -$((rc - 128)) $$; fi\n"
              "exit $rc\n"
              "}\n");
   if (!s.ok) {
@@ -1134,6 +1137,7 @@ int main(int argc, char **argv) {
     const double kill_delay = grace < 1 ? 1 : grace > 5 ? 5 : grace;
     double t0 = now_s(), term_at = -1, kill_at = -1, drain_until = -1;
     int failure = -1, forwarded = 0, running = np, workers_left = workers;
+    int forwarded_sig = 0; /* the signal passed on: the job's exit is 128 + it when nothing failed first */
     /* parameter-server jobs: workers that finished, the first lost worker's code, servers running */
     int ps_job = m > 0, workers_done = 0, lost_code = -1, servers_left = (int)m;
     int servers_gone = 0; /* term_at was set because every server had ended */
@@ -1219,6 +1223,7 @@ int main(int argc, char **argv) {
                 say("got signal %d; passing it on", (int)sig[i]);
                 signal_all(ps, np, sig[i], 0);
                 forwarded = 1;
+                forwarded_sig = sig[i];
                 if (kill_at < 0) kill_at = now_s() + grace + kill_delay;
               } else {
                 say("got signal %d again; killing every process", (int)sig[i]);
@@ -1384,7 +1389,7 @@ int main(int argc, char **argv) {
     free(pf);
     free(owner);
     free(owner_p);
-    rc = failure < 0 ? 0 : failure;
+    rc = failure >= 0 ? failure : forwarded ? 128 + forwarded_sig : 0;
     if (restarts_used > 0) say("%d restart%s made (--max-restarts %ld)", restarts_used, restarts_used == 1 ? "" : "s",
                                max_restarts);
     {
