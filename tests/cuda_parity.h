@@ -261,6 +261,7 @@ static void test_ops_parity(void) {
     {"reshape", cp_reshape, 2, {3, 2, 0}, {{2, 3, 4}, {4, 6}}, -1, 1, 0},
     {"chain", cp_chain, 3, {2, 2, 1}, {{5, 4}, {3, 4}, {3}}, -1, 1, 0},
     {"conv2d_pad1_bias", cp_conv, 3, {4, 4, 1}, {{2, 3, 6, 5}, {4, 3, 3, 3}, {4}}, -1, 1, 0},
+    {"conv2d_bias_big_plane", cp_conv, 3, {4, 4, 1}, {{3, 2, 18, 17}, {3, 2, 3, 3}, {3}}, -1, 1, 0},
     {"conv2d_stride2_pad2", cp_conv_s2, 2, {4, 4, 0}, {{2, 2, 7, 6}, {3, 2, 3, 2}}, -1, 1, 0},
     {"max_pool2d", cp_maxpool, 1, {4, 0, 0}, {{2, 3, 6, 8}}, -1, 1, 0},
     {"max_pool2d_overlap", cp_maxpool_overlap, 1, {4, 0, 0}, {{2, 2, 5, 6}}, -1, 1, 0},
@@ -289,6 +290,8 @@ static void test_ops_parity(void) {
     {"causal_mask_1x1", cp_causal, 1, {3, 0, 0}, {{3, 1, 1}}, -2, 2, 0},
     {"batch_norm_2d", cp_batch_norm, 3, {2, 1, 1}, {{7, 5}, {5}, {5}}, -2, 2, 0},
     {"batch_norm_4d", cp_batch_norm, 3, {4, 1, 1}, {{3, 4, 3, 5}, {4}, {4}}, -2, 2, 0},
+    /* planes larger than a block's 256 threads (the per-channel sums' walk steps by pixels only) */
+    {"batch_norm_4d_big_plane", cp_batch_norm, 3, {4, 1, 1}, {{3, 2, 17, 19}, {2}, {2}}, -2, 2, 0},
     {"batch_norm_plain", cp_batch_norm_plain, 1, {4, 0, 0}, {{2, 3, 2, 3}}, -2, 2, 0},
     {"batch_norm_gamma", cp_batch_norm_gamma, 2, {2, 1, 0}, {{9, 3}, {3}}, -2, 2, 0},
   };
