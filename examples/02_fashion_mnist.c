@@ -550,14 +550,16 @@ int main(int argc, char **argv) {
   if (!output_ok("--checkpoint", a.o.checkpoint, 0) || !output_ok("--csv", a.o.csv, 0) || !output_ok("--svg", a.o.svg, 0)) return 2;
   dt_optim_kind kind;
   if (!optimizer_kind(a.o.optimizer, &kind)) { fprintf(stderr, "error: unknown optimizer %s\n", a.o.optimizer); return 2; }
-  { /* the weights' file is read and checked (format, checksum) before the data loads */
-    const char *wf = a.o.init_weights ? a.o.init_weights : a.o.evaluate ? a.o.resume : NULL;
-    dt_checkpoint *wc = wf ? dt_checkpoint_open(wf) : NULL;
-    if (wf && !wc) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-    dt_checkpoint_close(wc);
-  }
+  /* The model, and the weights it starts from, before the data loads (a bad or mismatched file is
+   * said at once): --init-weights (every process of a cluster reads the same file), or --evaluate
+   * --resume: the weights only; the optimizer state and the rest of a checkpoint are not used. */
+  a.P = dt_params_create(a.o.seed);
+  dt_result r = model_init(&a.m, a.P, !strcmp(a.o.model, "cnn"));
+  const char *weights = a.o.init_weights ? a.o.init_weights : a.o.evaluate ? a.o.resume : NULL;
+  if (r == DTRAIN_OK && weights) r = dt_checkpoint_load_weights(weights, a.P);
+  if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   char dir[512];
-  dt_result r = load_data(&a, dir, sizeof dir);
+  r = load_data(&a, dir, sizeof dir);
   if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   if (!a.o.quiet && (mwm || ps)) printf("cluster: %d worker%s, %d server%s (samples/s below: worker 0's own)\n", cl->workers,
                                          cl->workers == 1 ? "" : "s", cl->servers, cl->servers == 1 ? "" : "s");
@@ -573,15 +575,7 @@ int main(int argc, char **argv) {
       dt_cpu_count() > 1)
     printf("note: training on 1 of %d cores; DTRAIN_THREADS=%d (or auto) splits the big kernels over them, "
            "--strategy mirrored --replicas %d the batch\n", dt_cpu_count(), dt_cpu_count(), dt_cpu_count());
-  a.P = dt_params_create(a.o.seed);
-  if ((r = model_init(&a.m, a.P, !strcmp(a.o.model, "cnn"))) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-  /* --init-weights (every process of a cluster reads the same file), or --evaluate --resume:
-   * the weights only; the optimizer state and the rest of a checkpoint are not used. */
-  const char *weights = a.o.init_weights ? a.o.init_weights : a.o.evaluate ? a.o.resume : NULL;
-  if (weights) {
-    if (dt_checkpoint_load_weights(weights, a.P) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-    if (!a.o.quiet) printf("weights: %s\n", weights);
-  }
+  if (weights && !a.o.quiet) printf("weights: %s\n", weights);
   if (a.o.evaluate) return evaluate_only(&a);
   a.ndev = open_devices(a.o.device, !strcmp(a.o.strategy, "one_device"), a.o.replicas, a.devs);
   if (a.ndev < 0) return 2;
