@@ -21,6 +21,9 @@
  *   strict modes it needs _POSIX_C_SOURCE defined before the first include
  *   (an #error says so).
  *   The header also compiles as C++ (extern "C").
+ *   Windows (MinGW-w64): link with -lws2_32 as well (Winsock 2); -static
+ *   leaves no libwinpthread-1.dll to ship beside the program. README.md,
+ *   "On Windows", says what is tested there (under wine) and what is not.
  *
  * EXAMPLE (a 2-8-1 network learning XOR; examples/01_xor.c is the full program)
  *   dt_params *P = dt_params_create(42);
@@ -4252,6 +4255,29 @@ DTRAIN_EXTERN_C_END
 
 /* #include "dt_base.h" (amalgamated) */
 
+/* Windows (MinGW-w64, MSVC): Winsock 2 before <windows.h>, which would
+ * otherwise bring the old winsock.h; lean, and without the min/max macros. */
+#if defined(_WIN32)
+#  ifndef WIN32_LEAN_AND_MEAN
+#    define WIN32_LEAN_AND_MEAN
+#  endif
+#  ifndef NOMINMAX
+#    define NOMINMAX
+#  endif
+#  ifndef DTRAIN_NO_NET
+#    include <winsock2.h>
+#    include <ws2tcpip.h>
+#  endif
+#  include <windows.h>
+#  include <ntsecapi.h> /* RtlGenRandom (dt_handshake.c) */
+/* <windef.h>'s empty annotations would take these common words from the program */
+#  undef near
+#  undef far
+#  undef IN
+#  undef OUT
+#  undef OPTIONAL
+#endif
+
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -4265,7 +4291,26 @@ extern FILE *fdopen(int fd, const char *mode);
 extern int fileno(FILE *f);
 #endif
 
-#if defined(__GNUC__) || defined(__clang__)
+/* MinGW's default runtime (msvcrt) printf lacks C99's %zu and %lld: the
+ * implementation formats with MinGW's own C99 printf family instead. */
+#if defined(__MINGW32__) && !(defined(__USE_MINGW_ANSI_STDIO) && __USE_MINGW_ANSI_STDIO)
+#  undef printf
+#  undef fprintf
+#  undef snprintf
+#  undef vsnprintf
+#  undef vfprintf
+#  define printf __mingw_printf
+#  define fprintf __mingw_fprintf
+#  define snprintf __mingw_snprintf
+#  define vsnprintf __mingw_vsnprintf
+#  define vfprintf __mingw_vfprintf
+#endif
+
+#if defined(__MINGW32__)
+#  define DT__UNUSED __attribute__((unused))
+#  define DT__PRINTF(f, a) __attribute__((format(gnu_printf, f, a)))
+#  define DT__RESTRICT __restrict__
+#elif defined(__GNUC__) || defined(__clang__)
 #  define DT__UNUSED __attribute__((unused))
 #  define DT__PRINTF(f, a) __attribute__((format(printf, f, a)))
 #  define DT__RESTRICT __restrict__
@@ -5223,12 +5268,19 @@ DTRAIN_API const char *dt_build_info(void) {
 /* Timings subtract two readings, so the clock must not step when NTP or an
  * administrator sets the time: CLOCK_MONOTONIC where POSIX has it. */
 DTRAIN_API double dt_time_now(void) {
+#if defined(_WIN32) /* the performance counter: monotonic, sub-microsecond (msvcrt has no timespec_get) */
+  LARGE_INTEGER freq, now;
+  if (QueryPerformanceFrequency(&freq) && freq.QuadPart > 0 && QueryPerformanceCounter(&now))
+    return (double)now.QuadPart / (double)freq.QuadPart;
+  return (double)GetTickCount64() * 1e-3;
+#else
   struct timespec ts;
-#if defined(CLOCK_MONOTONIC) && !defined(_WIN32)
+#  if defined(CLOCK_MONOTONIC)
   if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-#endif
+#  endif
   if (timespec_get(&ts, TIME_UTC) != TIME_UTC) return (double)clock() / CLOCKS_PER_SEC;
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#endif
 }
 #undef DT__FIX_HDR
 #endif /* part 1 */
@@ -5343,7 +5395,10 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n) {
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
 #  if defined(_WIN32)
+#    include <fcntl.h>
+#    include <io.h>
 #    include <process.h>
+#    include <sys/stat.h>
 #  else
 #    include <dirent.h>
 #    include <fcntl.h>
@@ -5524,9 +5579,19 @@ DTRAIN_PRIVATE dt_result dt__file_create(dt__file_out *o, const char *path) {
   int err = 0;
   for (int attempt = 0; attempt < 100 && !o->f; attempt++) {
     snprintf(o->tmp, o->tmp_cap, "%s.tmp-%ld-%u", path, dt__file_pid(), counter++);
-#if defined(_WIN32)
-    o->f = fopen(o->tmp, "wbx");
-    if (!o->f) err = errno;
+#if defined(_WIN32) /* _O_EXCL as O_EXCL (msvcrt's fopen has no "x") */
+    int fd = _open(o->tmp, _O_WRONLY | _O_CREAT | _O_EXCL | _O_BINARY | _O_NOINHERIT, _S_IREAD | _S_IWRITE);
+    if (fd >= 0) {
+      o->f = _fdopen(fd, "wb");
+      if (!o->f) {
+        err = errno;
+        _close(fd);
+        remove(o->tmp);
+        break;
+      }
+    } else {
+      err = errno;
+    }
 #else
     int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd >= 0) {
@@ -5566,7 +5631,9 @@ static dt_result dt__file_fail(dt__file_out *o, const char *what, int err) {
 DTRAIN_PRIVATE dt_result dt__file_commit(dt__file_out *o) {
   if (ferror(o->f)) return dt__file_fail(o, "write to", errno ? errno : EIO);
   if (fflush(o->f) != 0) return dt__file_fail(o, "write to", errno);
-#if !defined(_WIN32)
+#if defined(_WIN32)
+  if (_commit(_fileno(o->f)) != 0) return dt__file_fail(o, "flushing to disk", errno); /* FlushFileBuffers */
+#else
   {
     int rc;
     do rc = fsync(fileno(o->f)); while (rc != 0 && errno == EINTR);
@@ -5579,9 +5646,18 @@ DTRAIN_PRIVATE dt_result dt__file_commit(dt__file_out *o) {
     if (rc != 0) return dt__file_fail(o, "closing", errno);
   }
 #if defined(_WIN32)
-  remove(o->path); /* rename does not replace on Windows (not atomic there) */
-#endif
+  /* rename() there refuses an existing target: MoveFileEx replaces it in one
+   * step (the old file stays whole until then), flushed before it returns. */
+  if (!MoveFileExA(o->tmp, o->path, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) {
+    DWORD e = GetLastError();
+    return dt__file_fail(o, "renaming", e == ERROR_ACCESS_DENIED || e == ERROR_SHARING_VIOLATION ? EACCES
+                                        : e == ERROR_PATH_NOT_FOUND || e == ERROR_FILE_NOT_FOUND ? ENOENT
+                                        : e == ERROR_DISK_FULL || e == ERROR_HANDLE_DISK_FULL    ? ENOSPC
+                                                                                                 : EIO);
+  }
+#else
   if (rename(o->tmp, o->path) != 0) return dt__file_fail(o, "renaming", errno);
+#endif
 #if !defined(_WIN32)
   {
     /* The rename is durable once the directory is. */
@@ -5608,9 +5684,9 @@ DTRAIN_PRIVATE dt_result dt__file_open_read(const char *path, FILE **out, uint64
     snprintf(msg, cap, "cannot open: %s", strerror(errno));
     return DTRAIN_ERR_IO;
   }
-  long n = -1;
-  if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+  __int64 n = -1; /* 64-bit offsets: a long is 32 bits there */
+  if (_fseeki64(f, 0, SEEK_END) == 0) n = _ftelli64(f);
+  if (n < 0 || _fseeki64(f, 0, SEEK_SET) != 0) {
     snprintf(msg, cap, "cannot determine the size: %s", strerror(errno));
     fclose(f);
     return DTRAIN_ERR_IO;
@@ -19043,14 +19119,20 @@ DTRAIN_PRIVATE void dt__sleep(double seconds) {
   if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
-#else
-  double end = dt__now() + seconds;
-  while (dt__now() < end) dt__cpu_relax();
+#else /* Windows: Sleep (whole milliseconds, at the scheduler's tick), the last one yielding */
+  double end = dt__now() + seconds, left;
+  while ((left = end - dt__now()) > 0.0) {
+    if (left > 0.002) Sleep((DWORD)((left - 0.001) * 1000.0));
+    else if (!SwitchToThread()) dt__cpu_relax();
+  }
 #endif
 }
 
 DTRAIN_PRIVATE int dt__cpu_count(void) {
-#if defined(_SC_NPROCESSORS_ONLN)
+#if defined(_WIN32)
+  DWORD n = GetActiveProcessorCount(ALL_PROCESSOR_GROUPS);
+  if (n >= 1 && n < 65536) return (int)n;
+#elif defined(_SC_NPROCESSORS_ONLN)
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   if (n >= 1 && n < 65536) return (int)n;
 #endif
@@ -19184,7 +19266,9 @@ DTRAIN_PRIVATE double dt__event_wait(dt__event *e, dt__pred_fn pred, void *arg, 
     if (t >= spin_s) break;
     /* After a couple of microseconds of pure spinning, offer the core to
      * whoever else is runnable on it (perhaps the thread we wait for). */
-#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+#if !defined(DTRAIN_NO_THREADS) && defined(_WIN32)
+    if (t > 2e-6) SwitchToThread();
+#elif !defined(DTRAIN_NO_THREADS)
     if (t > 2e-6) sched_yield();
 #endif
   }
@@ -29356,14 +29440,54 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
 #define DT__NET_ADDR 96
 
 #ifndef DTRAIN_NO_NET /* the socket layer exists only with networking */
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <sys/uio.h>
-#  ifdef MSG_NOSIGNAL /* send flags of every send(): a closed peer is an error, not a SIGPIPE */
-#    define DT__NET_SEND_FLAGS MSG_NOSIGNAL
+#  if defined(_WIN32)
+/* ---- Winsock (dt_socket.c): the POSIX names the transport is written in --------------------
+ * <winsock2.h> and <ws2tcpip.h> came with dt_internal.h. A socket is held in
+ * an int as a descriptor is (Windows keeps SOCKET values below 2^31: they are
+ * kernel handles, 32-bit significant). The dt__sk_* calls are the system's
+ * under POSIX; under Winsock they start Winsock once and turn a failure's
+ * WSAGetLastError() into the errno the transport tests (WSAEWOULDBLOCK is
+ * EAGAIN, and EINPROGRESS after a connect). */
+struct iovec {
+  void *iov_base;
+  size_t iov_len;
+};
+struct msghdr { /* the two fields sendmsg() is given here */
+  struct iovec *msg_iov;
+  size_t msg_iovlen;
+};
+typedef unsigned long nfds_t;
+#    define DT__NET_SEND_FLAGS 0 /* Windows raises no SIGPIPE */
+DTRAIN_PRIVATE int dt__sk_errno(int wsa_error); /* WSAE* -> E* */
+DTRAIN_PRIVATE const char *dt__sk_strerror(int err); /* strerror, with text for the socket errors */
+DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto);
+DTRAIN_PRIVATE int dt__sk_connect(int fd, const struct sockaddr *a, size_t len);
+DTRAIN_PRIVATE int dt__sk_accept(int fd, struct sockaddr *a, socklen_t *len);
+DTRAIN_PRIVATE int dt__sk_close(int fd);
+DTRAIN_PRIVATE ssize_t dt__sk_send(int fd, const void *p, size_t n, int flags);
+DTRAIN_PRIVATE ssize_t dt__sk_recv(int fd, void *p, size_t n, int flags);
+DTRAIN_PRIVATE ssize_t dt__sk_sendmsg(int fd, const struct msghdr *mh, int flags);
+DTRAIN_PRIVATE int dt__sk_poll(struct pollfd *p, nfds_t n, int ms);
 #  else
-#    define DT__NET_SEND_FLAGS 0 /* the socket has SO_NOSIGPIPE instead (dt_socket.c) */
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <sys/uio.h>
+#    include <unistd.h>
+#    ifdef MSG_NOSIGNAL /* send flags of every send(): a closed peer is an error, not a SIGPIPE */
+#      define DT__NET_SEND_FLAGS MSG_NOSIGNAL
+#    else
+#      define DT__NET_SEND_FLAGS 0 /* the socket has SO_NOSIGPIPE instead (dt_socket.c) */
+#    endif
+#    define dt__sk_strerror(err) strerror(err)
+#    define dt__sk_socket(family, type, proto) socket(family, type, proto)
+#    define dt__sk_connect(fd, a, len) connect(fd, a, (socklen_t)(len))
+#    define dt__sk_accept(fd, a, len) accept(fd, a, len)
+#    define dt__sk_close(fd) close(fd)
+#    define dt__sk_send(fd, p, n, flags) send(fd, p, n, flags)
+#    define dt__sk_recv(fd, p, n, flags) recv(fd, p, n, flags)
+#    define dt__sk_sendmsg(fd, mh, flags) sendmsg(fd, mh, flags)
+#    define dt__sk_poll(p, n, ms) poll(p, n, ms)
 #  endif
 
 /* ---- link emulation (dt_netem.c) -------------------------------------------------------------
@@ -29811,9 +29935,11 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
 #ifndef DTRAIN_NO_NET
 #  include <ctype.h>
 #  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/uio.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/uio.h>
+#  endif
 
 #  define DT__NE_MSS 1448         /* one TCP segment's payload (loss draws, header overhead) */
 #  define DT__NE_HDR 66           /* its Ethernet + IP + TCP headers */
@@ -30077,7 +30203,7 @@ static void dt__ne_wire(void *arg) {
     while (!cut && done < s.n && !DT__ALOAD(&L->stop, DT__MO_ACQUIRE)) {
       size_t a = (off + done) % L->cap;
       size_t run = DT__MIN(s.n - done, L->cap - a);
-      ssize_t k = send(L->fd, L->buf + a, run, DT__NET_SEND_FLAGS);
+      ssize_t k = dt__sk_send(L->fd, L->buf + a, run, DT__NET_SEND_FLAGS);
       if (k > 0) {
         done += (size_t)k;
       } else if (k < 0 && errno == EINTR) {
@@ -30087,7 +30213,7 @@ static void dt__ne_wire(void *arg) {
         p.fd = L->fd;
         p.events = POLLOUT;
         p.revents = 0;
-        (void)poll(&p, 1, 20); /* the peer reads slowly: wait, checking for a stop */
+        (void)dt__sk_poll(&p, 1, 20); /* the peer reads slowly: wait, checking for a stop */
       } else {
         e = k < 0 ? errno : EPIPE;
         break;
@@ -30313,13 +30439,13 @@ DTRAIN_PRIVATE long dt__netem_lines_made(void) { return DT__ALOAD(&dt__ne_create
 
 DTRAIN_PRIVATE ssize_t dt__sock_sendmsg(int fd, const struct msghdr *mh, int flags) {
   dt__line *L = dt__ne_find(fd);
-  if (!L) return sendmsg(fd, mh, flags);
+  if (!L) return dt__sk_sendmsg(fd, mh, flags);
   return dt__ne_put(L, mh->msg_iov, (size_t)mh->msg_iovlen);
 }
 
 DTRAIN_PRIVATE ssize_t dt__sock_send(int fd, const void *p, size_t n, int flags) {
   dt__line *L = dt__ne_find(fd);
-  if (!L) return send(fd, p, n, flags);
+  if (!L) return dt__sk_send(fd, p, n, flags);
   struct iovec v;
   v.iov_base = (void *)(uintptr_t)p;
   v.iov_len = n;
@@ -30332,11 +30458,11 @@ DTRAIN_PRIVATE ssize_t dt__sock_recv(int fd, void *p, size_t n, int flags) {
     errno = EAGAIN;
     return -1;
   }
-  return recv(fd, p, n, flags);
+  return dt__sk_recv(fd, p, n, flags);
 }
 
 DTRAIN_PRIVATE int dt__sock_poll(struct pollfd *p, nfds_t n, int ms) {
-  if (DT__ALOAD(&dt__ne_count, DT__MO_RELAXED) == 0 || n > DT__NE_POLL_MAX) return poll(p, n, ms);
+  if (DT__ALOAD(&dt__ne_count, DT__MO_RELAXED) == 0 || n > DT__NE_POLL_MAX) return dt__sk_poll(p, n, ms);
   /* Emulated links: a full line is not writable (wake when its head is
    * due), a line with room is (without asking the kernel), and a cut one
    * shows no input and accepts (drops) everything. */
@@ -30372,14 +30498,14 @@ DTRAIN_PRIVATE int dt__sock_poll(struct pollfd *p, nfds_t n, int ms) {
     p[i].events = ev;
     if (ev == 0 || cut) p[i].fd = -1; /* nothing to ask the kernel (and a cut link reports nothing) */
   }
-  if (!any) return poll(p, n, ms);
+  if (!any) return dt__sk_poll(p, n, ms);
   int t = ms;
   if (ready) t = 0;
   else if (wake >= 0) {
     int wm = (int)(wake * 1000.0) + 1;
     if (t < 0 || wm < t) t = wm;
   }
-  int r = poll(p, n, t);
+  int r = dt__sk_poll(p, n, t);
   int e = errno;
   int count = 0;
   for (nfds_t i = 0; i < n; i++) {
@@ -30427,19 +30553,177 @@ DTRAIN_PRIVATE int dt__sock_poll(struct pollfd *p, nfds_t n, int ms) {
 
 #ifndef DTRAIN_NO_NET
 #  include <errno.h>
-#  include <fcntl.h>
-#  include <netdb.h>
-#  if !defined(AI_PASSIVE) /* <netdb.h> came first in strict ISO mode: its POSIX part is hidden for good */
-#    error "dtrain: <netdb.h> was included before the implementation under a strict ISO mode (-std=c11) without a feature macro, which hides getaddrinfo; define _POSIX_C_SOURCE 200809L before the first #include (or include dtrain.h first, or build with DTRAIN_NO_NET)"
-#  endif
-#  include <netinet/in.h>
-#  include <netinet/tcp.h>
-#  include <poll.h>
 #  include <sched.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <unistd.h>
-#  include <arpa/inet.h>
+#  if !defined(_WIN32)
+#    include <fcntl.h>
+#    include <netdb.h>
+#    if !defined(AI_PASSIVE) /* <netdb.h> came first in strict ISO mode: its POSIX part is hidden for good */
+#      error "dtrain: <netdb.h> was included before the implementation under a strict ISO mode (-std=c11) without a feature macro, which hides getaddrinfo; define _POSIX_C_SOURCE 200809L before the first #include (or include dtrain.h first, or build with DTRAIN_NO_NET)"
+#    endif
+#    include <netinet/in.h>
+#    include <netinet/tcp.h>
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#    include <arpa/inet.h>
+#  endif
+
+#  if defined(_WIN32)
+/* ---- Winsock: the dt__sk_* calls of dt_net_core.h ------------------------------------------- */
+static INIT_ONCE dt__sk_once = INIT_ONCE_STATIC_INIT;
+static int dt__sk_started; /* WSAStartup succeeded (written once, under dt__sk_once) */
+
+static BOOL CALLBACK dt__sk_start(PINIT_ONCE once, PVOID arg, PVOID *ctx) {
+  WSADATA wd;
+  (void)once;
+  (void)arg;
+  (void)ctx;
+  dt__sk_started = WSAStartup(MAKEWORD(2, 2), &wd) == 0;
+  return TRUE;
+}
+
+/* Winsock started (once per process; never cleaned up: the process's end does). 0 when it cannot start. */
+static int dt__sk_ready(void) {
+  InitOnceExecuteOnce(&dt__sk_once, dt__sk_start, NULL, NULL);
+  if (!dt__sk_started) errno = ENETDOWN;
+  return dt__sk_started;
+}
+
+DTRAIN_PRIVATE int dt__sk_errno(int e) {
+  switch (e) {
+    case WSAEWOULDBLOCK: return EAGAIN;
+    case WSAEINPROGRESS: return EINPROGRESS;
+    case WSAEALREADY: return EALREADY;
+    case WSAEINTR: return EINTR;
+    case WSAEBADF: case WSAENOTSOCK: return EBADF;
+    case WSAEACCES: return EACCES;
+    case WSAEFAULT: return EFAULT;
+    case WSAEINVAL: return EINVAL;
+    case WSAEMFILE: return EMFILE;
+    case WSAEMSGSIZE: return EMSGSIZE;
+    case WSAEAFNOSUPPORT: return EAFNOSUPPORT;
+    case WSAEADDRINUSE: return EADDRINUSE;
+    case WSAEADDRNOTAVAIL: return EADDRNOTAVAIL;
+    case WSAENETDOWN: return ENETDOWN;
+    case WSAENETUNREACH: return ENETUNREACH;
+    case WSAENETRESET: return ENETRESET;
+    case WSAECONNABORTED: return ECONNABORTED;
+    case WSAECONNRESET: return ECONNRESET;
+    case WSAENOBUFS: return ENOBUFS;
+    case WSAEISCONN: return EISCONN;
+    case WSAENOTCONN: return ENOTCONN;
+    case WSAESHUTDOWN: return EPIPE;
+    case WSAETIMEDOUT: return ETIMEDOUT;
+    case WSAECONNREFUSED: return ECONNREFUSED;
+    case WSAEHOSTUNREACH: return EHOSTUNREACH;
+    default: return e ? EIO : 0;
+  }
+}
+
+/* The C runtime knows the ISO errors only: the socket ones get their text here. */
+DTRAIN_PRIVATE const char *dt__sk_strerror(int err) {
+  switch (err) {
+    case EAGAIN: return "Resource temporarily unavailable";
+    case EINPROGRESS: return "Operation now in progress";
+    case EALREADY: return "Operation already in progress";
+    case EMSGSIZE: return "Message too long";
+    case EAFNOSUPPORT: return "Address family not supported";
+    case EADDRINUSE: return "Address already in use";
+    case EADDRNOTAVAIL: return "Cannot assign requested address";
+    case ENETDOWN: return "Network is down (or Winsock did not start)";
+    case ENETUNREACH: return "Network is unreachable";
+    case ENETRESET: return "Network dropped connection on reset";
+    case ECONNABORTED: return "Software caused connection abort";
+    case ECONNRESET: return "Connection reset by peer";
+    case ENOBUFS: return "No buffer space available";
+    case EISCONN: return "Transport endpoint is already connected";
+    case ENOTCONN: return "Transport endpoint is not connected";
+    case EPIPE: return "Broken pipe";
+    case ETIMEDOUT: return "Connection timed out";
+    case ECONNREFUSED: return "Connection refused";
+    case EHOSTUNREACH: return "No route to host";
+    default: return strerror(err);
+  }
+}
+
+static int dt__sk_fail(void) {
+  errno = dt__sk_errno(WSAGetLastError());
+  return -1;
+}
+
+DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto) {
+  if (!dt__sk_ready()) return -1;
+  SOCKET s = socket(family, type, proto);
+  if (s == INVALID_SOCKET) return dt__sk_fail();
+  if (s > (SOCKET)INT_MAX) { /* never seen: handles stay far below */
+    closesocket(s);
+    errno = EMFILE;
+    return -1;
+  }
+  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0); /* as close-on-exec */
+  return (int)s;
+}
+
+DTRAIN_PRIVATE int dt__sk_connect(int fd, const struct sockaddr *a, size_t len) {
+  if (connect((SOCKET)fd, a, (int)len) == 0) return 0;
+  int e = WSAGetLastError();
+  errno = e == WSAEWOULDBLOCK ? EINPROGRESS : dt__sk_errno(e); /* a non-blocking connect under way */
+  return -1;
+}
+
+DTRAIN_PRIVATE int dt__sk_accept(int fd, struct sockaddr *a, socklen_t *len) {
+  SOCKET s = accept((SOCKET)fd, a, len);
+  if (s == INVALID_SOCKET) return dt__sk_fail();
+  if (s > (SOCKET)INT_MAX) {
+    closesocket(s);
+    errno = EMFILE;
+    return -1;
+  }
+  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0);
+  return (int)s;
+}
+
+DTRAIN_PRIVATE int dt__sk_close(int fd) { return closesocket((SOCKET)fd) == 0 ? 0 : dt__sk_fail(); }
+
+DTRAIN_PRIVATE ssize_t dt__sk_send(int fd, const void *p, size_t n, int flags) {
+  int k = send((SOCKET)fd, (const char *)p, n > INT_MAX ? INT_MAX : (int)n, flags);
+  return k == SOCKET_ERROR ? dt__sk_fail() : (ssize_t)k;
+}
+
+DTRAIN_PRIVATE ssize_t dt__sk_recv(int fd, void *p, size_t n, int flags) {
+  int k = recv((SOCKET)fd, (char *)p, n > INT_MAX ? INT_MAX : (int)n, flags);
+  return k == SOCKET_ERROR ? dt__sk_fail() : (ssize_t)k;
+}
+
+/* Gathered, as sendmsg: WSASend over the pieces (at most DT__NET_IOV_MAX, each under 4 GiB). */
+DTRAIN_PRIVATE ssize_t dt__sk_sendmsg(int fd, const struct msghdr *mh, int flags) {
+  WSABUF b[DT__NET_IOV_MAX];
+  DWORD nb = 0, sent = 0;
+  for (size_t i = 0; i < mh->msg_iovlen && nb < DT__NET_IOV_MAX; i++) {
+    size_t len = mh->msg_iov[i].iov_len;
+    if (len == 0) continue;
+    b[nb].buf = (char *)mh->msg_iov[i].iov_base;
+    b[nb].len = len > 0x40000000u ? 0x40000000u : (ULONG)len;
+    nb++;
+    if (len > 0x40000000u) break; /* the rest follows in a later call */
+  }
+  if (nb == 0) return 0;
+  if (WSASend((SOCKET)fd, b, nb, &sent, (DWORD)flags, NULL, NULL) != 0) return dt__sk_fail();
+  return (ssize_t)sent;
+}
+
+DTRAIN_PRIVATE int dt__sk_poll(struct pollfd *p, nfds_t n, int ms) {
+  int r = WSAPoll(p, (ULONG)n, ms);
+  return r == SOCKET_ERROR ? dt__sk_fail() : r;
+}
+
+static void dt__sk_setint(int fd, int level, int name, int v) {
+  (void)setsockopt((SOCKET)fd, level, name, (const char *)&v, (int)sizeof v);
+}
+#  else
+static void dt__sk_setint(int fd, int level, int name, int v) { (void)setsockopt(fd, level, name, &v, sizeof v); }
+#  endif
 
 DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap) {
   if (!hostport || !*hostport) return dt__error(DTRAIN_ERR_INVALID_ARG, "address is empty");
@@ -30468,16 +30752,20 @@ DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t 
 }
 
 DTRAIN_PRIVATE void dt__net_nonblock(int fd) {
+#  if defined(_WIN32)
+  u_long on = 1; /* not inherited: dt__sk_socket and dt__sk_accept cleared that */
+  (void)ioctlsocket((SOCKET)fd, FIONBIO, &on);
+#  else
   int fl = fcntl(fd, F_GETFL, 0);
   if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   fcntl(fd, F_SETFD, FD_CLOEXEC);
+#  endif
 }
 
 static void dt__net_tune(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  dt__sk_setint(fd, IPPROTO_TCP, TCP_NODELAY, 1);
 #  ifdef SO_NOSIGPIPE
-  setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
+  dt__sk_setint(fd, SOL_SOCKET, SO_NOSIGPIPE, 1);
 #  endif
   dt__net_nonblock(fd);
 }
@@ -30487,8 +30775,8 @@ static void dt__net_tune(int fd) {
 DTRAIN_PRIVATE void dt__net_set_bufs(int fd, int64_t bytes) {
   if (fd < 0 || bytes <= 0) return;
   int b = bytes > (int64_t)(1 << 30) ? (1 << 30) : (int)bytes;
-  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
-  (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b);
+  dt__sk_setint(fd, SOL_SOCKET, SO_SNDBUF, b);
+  dt__sk_setint(fd, SOL_SOCKET, SO_RCVBUF, b);
 }
 
 static dt_result dt__net_resolve(const char *hostport, int passive, struct addrinfo **res) {
@@ -30500,8 +30788,14 @@ static dt_result dt__net_resolve(const char *hostport, int passive, struct addri
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = passive ? AI_PASSIVE : 0;
+#  if defined(_WIN32)
+  if (!dt__sk_ready()) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': Winsock did not start", hostport);
+  int e = getaddrinfo(host, port, &hints, res);
+  if (e != 0) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': %s", hostport, dt__sk_strerror(dt__sk_errno(e)));
+#  else
   int e = getaddrinfo(host, port, &hints, res);
   if (e != 0) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': %s", hostport, gai_strerror(e));
+#  endif
   return DTRAIN_OK;
 }
 
@@ -30512,24 +30806,32 @@ DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd_out) {
   if (rc != DTRAIN_OK) return rc;
   int err = 0;
   for (struct addrinfo *a = res; a; a = a->ai_next) {
-    int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    int fd = dt__sk_socket(a->ai_family, a->ai_socktype, a->ai_protocol);
     if (fd < 0) {
       err = errno;
       continue;
     }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+#  if defined(_WIN32) /* SO_REUSEADDR there lets another socket take the port: refuse that instead */
+    dt__sk_setint(fd, SOL_SOCKET, SO_EXCLUSIVEADDRUSE, 1);
+    if (bind((SOCKET)fd, a->ai_addr, (int)a->ai_addrlen) == 0 && listen((SOCKET)fd, 128) == 0) {
+#  else
+    dt__sk_setint(fd, SOL_SOCKET, SO_REUSEADDR, 1);
     if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+#  endif
       dt__net_nonblock(fd);
       freeaddrinfo(res);
       *fd_out = fd;
       return DTRAIN_OK;
     }
+#  if defined(_WIN32)
+    err = dt__sk_errno(WSAGetLastError());
+#  else
     err = errno;
-    close(fd);
+#  endif
+    dt__sk_close(fd);
   }
   freeaddrinfo(res);
-  return dt__error(DTRAIN_ERR_NET, "cannot listen on %s: %s", hostport, strerror(err));
+  return dt__error(DTRAIN_ERR_NET, "cannot listen on %s: %s", hostport, dt__sk_strerror(err));
 }
 
 DTRAIN_PRIVATE int dt__net_port(int fd) {
@@ -30593,19 +30895,24 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
     dt_result rc = dt__net_resolve(hostport, 0, &res);
     if (rc != DTRAIN_OK) return rc;
     for (struct addrinfo *a = res; a; a = a->ai_next) {
-      int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+      int fd = dt__sk_socket(a->ai_family, a->ai_socktype, a->ai_protocol);
       if (fd < 0) {
         err = errno;
         continue;
       }
       dt__net_tune(fd);
-      int r = connect(fd, a->ai_addr, a->ai_addrlen);
+      int r = dt__sk_connect(fd, a->ai_addr, a->ai_addrlen);
       if (r != 0 && (errno == EINPROGRESS || errno == EINTR)) {
         int w = dt__net_wait(fd, POLLOUT, deadline);
         if (w == 1) {
           int so = 0;
           socklen_t sl = sizeof so;
+#  if defined(_WIN32)
+          getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&so, &sl);
+          so = dt__sk_errno(so);
+#  else
           getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
+#  endif
           if (so == 0) r = 0;
           else errno = so;
         } else if (w == 0) {
@@ -30622,13 +30929,13 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
         return DTRAIN_OK;
       }
       err = errno;
-      close(fd);
+      dt__sk_close(fd);
     }
     freeaddrinfo(res);
     double now = dt__now();
     if (now + backoff > deadline)
       return dt__error(DTRAIN_ERR_TIMEOUT, "cannot connect to %s before the deadline: %s", hostport,
-                       strerror(err ? err : ETIMEDOUT));
+                       dt__sk_strerror(err ? err : ETIMEDOUT));
     dt__sleep(backoff);
     backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
   }
@@ -30670,7 +30977,11 @@ DTRAIN_PRIVATE int dt__net_local(int fd, char *addr, size_t cap) {
     if (memcmp(b, one, 16) == 0) return 1;                     /* ::1 */
     return memcmp(b, mapped, 12) == 0 && b[12] == 127;         /* ::ffff:127.x.y.z */
   }
+#  if defined(AF_UNIX)
   return ss.ss_family == AF_UNIX; /* a socket pair or a local socket: this machine only */
+#  else
+  return 0;
+#  endif
 }
 
 DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd_out, char *addr, size_t cap) {
@@ -30678,7 +30989,7 @@ DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd_out, c
   for (;;) {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
-    int fd = accept(lfd, (struct sockaddr *)&ss, &len);
+    int fd = dt__sk_accept(lfd, (struct sockaddr *)&ss, &len);
     if (fd >= 0) {
       dt__net_tune(fd);
       if (addr) dt__net_addr_text(&ss, addr, cap);
@@ -30687,10 +30998,10 @@ DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd_out, c
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK)
-      return dt__error(DTRAIN_ERR_NET, "accept: %s", strerror(errno));
+      return dt__error(DTRAIN_ERR_NET, "accept: %s", dt__sk_strerror(errno));
     int w = dt__net_wait(lfd, POLLIN, deadline);
     if (w == 0) return dt__error(DTRAIN_ERR_TIMEOUT, "accept: no connection before the deadline");
-    if (w < 0) return dt__error(DTRAIN_ERR_NET, "accept: poll: %s", strerror(errno));
+    if (w < 0) return dt__error(DTRAIN_ERR_NET, "accept: poll: %s", dt__sk_strerror(errno));
   }
 }
 
@@ -30732,10 +31043,10 @@ DTRAIN_PRIVATE dt_result dt__net_writev(int fd, struct iovec *iov, int n, double
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       int w = dt__net_wait(fd, POLLOUT, deadline);
       if (w == 0) return dt__error(DTRAIN_ERR_TIMEOUT, "send timed out (the peer stopped reading)");
-      if (w < 0) return dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+      if (w < 0) return dt__error(DTRAIN_ERR_NET, "poll: %s", dt__sk_strerror(errno));
       continue;
     }
-    return dt__error(DTRAIN_ERR_PEER, "send failed: %s", k < 0 ? strerror(errno) : "connection closed");
+    return dt__error(DTRAIN_ERR_PEER, "send failed: %s", k < 0 ? dt__sk_strerror(errno) : "connection closed");
   }
 }
 
@@ -30768,10 +31079,10 @@ DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double dea
       }
       int w = dt__net_wait(fd, POLLIN, deadline);
       if (w == 0) return dt__error(DTRAIN_ERR_TIMEOUT, "receive timed out (the peer sent nothing before the deadline)");
-      if (w < 0) return dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+      if (w < 0) return dt__error(DTRAIN_ERR_NET, "poll: %s", dt__sk_strerror(errno));
       continue;
     }
-    return dt__error(DTRAIN_ERR_PEER, "receive failed: %s", strerror(errno));
+    return dt__error(DTRAIN_ERR_PEER, "receive failed: %s", dt__sk_strerror(errno));
   }
   return DTRAIN_OK;
 }
@@ -30779,7 +31090,7 @@ DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double dea
 DTRAIN_PRIVATE void dt__net_close(int fd) {
   if (fd < 0) return;
   dt__netem_detach(fd);
-  close(fd);
+  dt__sk_close(fd);
 }
 
 #endif /* DTRAIN_NO_NET */
@@ -30814,11 +31125,15 @@ DTRAIN_PRIVATE void dt__net_close(int fd) {
 
 #ifndef DTRAIN_NO_NET
 #  include <errno.h>
-#  include <poll.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#  endif
 #  include <sched.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <sys/uio.h>
+#  if !defined(_WIN32)
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <sys/uio.h>
+#  endif
 
 DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t self_id, uint32_t max_payload) {
   memset(c, 0, sizeof *c);
@@ -30859,7 +31174,7 @@ DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *p
     k = dt__sock_sendmsg(c->fd, &mh, DT__NET_SEND_FLAGS);
   } while (k < 0 && errno == EINTR);
   if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-    dt__error(DTRAIN_ERR_PEER, "send failed: %s", strerror(errno));
+    dt__error(DTRAIN_ERR_PEER, "send failed: %s", dt__sk_strerror(errno));
     return dt__conn_fail(c, DTRAIN_ERR_PEER, op, "send to");
   }
   size_t sent = k > 0 ? (size_t)k : 0;
@@ -31112,7 +31427,7 @@ static dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int
     mh.msg_iovlen = (size_t)cnt;
     k = dt__sock_sendmsg(x->c->fd, &mh, DT__NET_SEND_FLAGS);
     if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      dt__error(DTRAIN_ERR_PEER, "send failed: %s", strerror(errno));
+      dt__error(DTRAIN_ERR_PEER, "send failed: %s", dt__sk_strerror(errno));
       return dt__conn_fail(x->c, DTRAIN_ERR_PEER, op, "send to");
     }
   } else {
@@ -31124,7 +31439,7 @@ static dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int
       return dt__conn_fail(x->c, DTRAIN_ERR_PEER, op, "receive from");
     }
     if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      dt__error(DTRAIN_ERR_PEER, "receive failed: %s", strerror(errno));
+      dt__error(DTRAIN_ERR_PEER, "receive failed: %s", dt__sk_strerror(errno));
       return dt__conn_fail(x->c, DTRAIN_ERR_PEER, op, "receive from");
     }
   }
@@ -31189,7 +31504,7 @@ static dt_result dt__xfer_wait(dt__xfer *s, dt__xfer *r, double deadline, double
   }
   int ms = left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
   if (dt__sock_poll(p, np, ms) < 0 && errno != EINTR) {
-    dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+    dt__error(DTRAIN_ERR_NET, "poll: %s", dt__sk_strerror(errno));
     return dt__conn_fail(r && r->active ? r->c : s->c, DTRAIN_ERR_NET, op, "exchange with");
   }
   return DTRAIN_OK;
@@ -31267,11 +31582,13 @@ DTRAIN_PRIVATE void dt__conn_close(dt__conn *c) {
 
 #ifndef DTRAIN_NO_NET
 #  include <errno.h>
-#  include <fcntl.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <unistd.h>
+#  if !defined(_WIN32)
+#    include <fcntl.h>
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
 
 /* ---- the hello and the proof ------------------------------------------------------------------
  * hello payload (little-endian, 128 bytes):
@@ -31300,6 +31617,9 @@ typedef struct dt__hello {
 
 DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
   size_t got = 0;
+#  if defined(_WIN32) /* the system's generator (advapi32, linked by default) */
+  if (n <= 0xffffffffu && RtlGenRandom(out, (ULONG)n)) got = n;
+#  else
   int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
     while (got < n) {
@@ -31310,12 +31630,18 @@ DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
     }
     close(fd);
   }
+#  endif
   if (got < n) {
     /* No /dev/urandom: a hash of the time, the pid and a counter (weaker, documented). */
     static DT__ATOMIC(uint64_t) counter;
     unsigned char seed[32];
     double t = dt__now();
-    uint64_t pid = (uint64_t)getpid(), c = DT__AFETCH_ADD(&counter, (uint64_t)1, DT__MO_RELAXED);
+#  if defined(_WIN32)
+    uint64_t pid = (uint64_t)GetCurrentProcessId();
+#  else
+    uint64_t pid = (uint64_t)getpid();
+#  endif
+    uint64_t c = DT__AFETCH_ADD(&counter, (uint64_t)1, DT__MO_RELAXED);
     memcpy(seed, &t, sizeof t);
     memcpy(seed + 8, &pid, 8);
     memcpy(seed + 16, &c, 8);
@@ -31775,7 +32101,7 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
     if (h->state == DT__HSS_DONE) return DT__HS_DONE;
     if (h->state == DT__HSS_FAILED) return DT__HS_FAILED;
     if (h->out_off < h->out_len) {
-      ssize_t k = send(h->conn.fd, h->out + h->out_off, h->out_len - h->out_off, DT__NET_SEND_FLAGS);
+      ssize_t k = dt__sk_send(h->conn.fd, h->out + h->out_off, h->out_len - h->out_off, DT__NET_SEND_FLAGS);
       if (k > 0) {
         h->out_off += (uint32_t)k;
         continue;
@@ -31784,7 +32110,7 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       if (h->state != DT__HSS_REFUSING) {
         h->rc = DTRAIN_ERR_PEER;
-        snprintf(h->why, sizeof h->why, "send to %s: %s", h->conn.peer, k < 0 ? strerror(errno) : "connection closed");
+        snprintf(h->why, sizeof h->why, "send to %s: %s", h->conn.peer, k < 0 ? dt__sk_strerror(errno) : "connection closed");
       }
       return dt__hs_fail(h, self, seen);
     }
@@ -31802,11 +32128,11 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
        * has our READY), not one to refuse. */
       char b;
       const int proved = self->opt.token && self->opt.token[0];
-      ssize_t k = proved ? -1 : recv(h->conn.fd, &b, 1, MSG_PEEK) /* the socket is non-blocking */;
+      ssize_t k = proved ? -1 : dt__sk_recv(h->conn.fd, &b, 1, MSG_PEEK) /* the socket is non-blocking */;
       if (!proved && (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))) {
         h->rc = DTRAIN_ERR_PEER;
         snprintf(h->why, sizeof h->why, "%s closed the connection after its handshake (%s: a client that gave up "
-                 "while it waited in the backlog)", h->conn.peer, k == 0 ? "end of file" : strerror(errno));
+                 "while it waited in the backlog)", h->conn.peer, k == 0 ? "end of file" : dt__sk_strerror(errno));
         return dt__hs_fail(h, self, seen);
       }
       if (dt__netem_attach(h->conn.fd, self->id, h->conn.peer_role, h->conn.peer_index) != DTRAIN_OK) {
@@ -31820,7 +32146,7 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
     }
     unsigned char buf[DT__HS_IN];
     uint32_t want = dt__hs_want(h);
-    ssize_t k = recv(h->conn.fd, buf, want, 0);
+    ssize_t k = dt__sk_recv(h->conn.fd, buf, want, 0);
     if (k > 0) {
       dt__hs_feed(h, self, seen, buf, (size_t)k);
       continue;
@@ -31829,7 +32155,7 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     h->rc = k == 0 ? DTRAIN_ERR_PEER : DTRAIN_ERR_NET;
     snprintf(h->why, sizeof h->why, "receive from %s: %s after %u bytes of its %s", h->conn.peer,
-             k == 0 ? "connection closed" : strerror(errno), (unsigned)h->in_len,
+             k == 0 ? "connection closed" : dt__sk_strerror(errno), (unsigned)h->in_len,
              h->state == DT__HSS_HELLO ? "hello" : "proof");
     return dt__hs_fail(h, self, seen);
   }
@@ -31867,9 +32193,9 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
     p.revents = 0;
     double left = h.deadline - dt__now();
     int ms = left > 0 ? (int)(left * 1000.0) + 1 : 0;
-    if (poll(&p, 1, ms) < 0 && errno != EINTR) {
+    if (dt__sk_poll(&p, 1, ms) < 0 && errno != EINTR) {
       h.rc = DTRAIN_ERR_NET;
-      snprintf(h.why, sizeof h.why, "poll: %s", strerror(errno));
+      snprintf(h.why, sizeof h.why, "poll: %s", dt__sk_strerror(errno));
       dt__hs_fail(&h, self, seen);
       dt__conn_init(c, -1, self->job, self->id, (uint32_t)self->opt.max_payload);
       return h.rc;
@@ -31960,7 +32286,9 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
 /* #include "dt_platform.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
-#  include <poll.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#  endif
 
 enum {
   DT__TCP_MSG_CALL = DT__MSG_DATA0,
@@ -32088,7 +32416,9 @@ DTRAIN_PRIVATE void dt__tcp_p2p_free(dt__comm_tcp *t);
 
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <errno.h>
-#  include <poll.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#  endif
 
 /* ---- the failure path ----------------------------------------------------------------- */
 
@@ -32247,9 +32577,11 @@ DTRAIN_PRIVATE dt_result dt__tcp_fail(dt__comm_tcp *t, dt_result rc) {
 
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#  endif
 
 static const char *dt__tcp_op_name(uint32_t op) {
   switch (op) {
@@ -32848,11 +33180,15 @@ DTRAIN_PRIVATE const dt_comm_p2p_vtable *dt__tcp_p2p_vtable(void) { return &dt__
 
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <errno.h>
-#  include <poll.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#  endif
 #  include <sched.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <sys/uio.h>
+#  if !defined(_WIN32)
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <sys/uio.h>
+#  endif
 
 #  define DT__P2P_SUB 32
 #  define DT__P2P_HEAD (DT__NET_HDR + DT__P2P_SUB)
@@ -33119,7 +33455,7 @@ static dt_result dt__tcp_p2p_peek(dt__comm_tcp *t, int j, int *moved, int *parti
   }
   if (k < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return DTRAIN_OK;
-    dt__error(DTRAIN_ERR_PEER, "%s: receive from %s failed: %s", t->op, c->peer, strerror(errno));
+    dt__error(DTRAIN_ERR_PEER, "%s: receive from %s failed: %s", t->op, c->peer, dt__sk_strerror(errno));
     return DTRAIN_ERR_PEER;
   }
   if ((size_t)k < sizeof h) {
@@ -33167,7 +33503,7 @@ static dt_result dt__tcp_p2p_recv_step(dt__comm_tcp *t, int j, int *moved) {
     }
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return DTRAIN_OK;
-      dt__error(DTRAIN_ERR_PEER, "%s: receive from %s failed: %s", t->op, c->peer, strerror(errno));
+      dt__error(DTRAIN_ERR_PEER, "%s: receive from %s failed: %s", t->op, c->peer, dt__sk_strerror(errno));
       return DTRAIN_ERR_PEER;
     }
     if (k > 0) *moved = 1;
@@ -33245,7 +33581,7 @@ static dt_result dt__tcp_p2p_send_step(dt__comm_tcp *t, int j, int *moved) {
     ssize_t k = dt__sock_sendmsg(c->fd, &mh, DT__NET_SEND_FLAGS);
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return DTRAIN_OK;
-      dt__error(DTRAIN_ERR_PEER, "%s: send to %s failed: %s", t->op, c->peer, strerror(errno));
+      dt__error(DTRAIN_ERR_PEER, "%s: send to %s failed: %s", t->op, c->peer, dt__sk_strerror(errno));
       return DTRAIN_ERR_PEER;
     }
     if (k == 0) return DTRAIN_OK;
@@ -33339,7 +33675,7 @@ static dt_result dt__tcp_p2p_run(dt__comm_tcp *t, dt_comm_request *target, doubl
       continue;
     }
     if (dt__sock_poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR) {
-      dt__error(DTRAIN_ERR_NET, "%s: poll: %s", t->op, strerror(errno));
+      dt__error(DTRAIN_ERR_NET, "%s: poll: %s", t->op, dt__sk_strerror(errno));
       return DTRAIN_ERR_NET;
     }
   }
@@ -33554,9 +33890,11 @@ DTRAIN_PRIVATE dt_result dt__tcp_split(dt_comm *c, int rank, int color, int key,
 /* #include "dt_comm_tcp_core.h" (amalgamated) */
 
 #if !defined(DTRAIN_NO_NET)
-#  include <fcntl.h>
-#  include <sys/socket.h>
-#  include <unistd.h>
+#  if !defined(_WIN32)
+#    include <fcntl.h>
+#    include <sys/socket.h>
+#    include <unistd.h>
+#  endif
 
 /* tools/dtrain-launch binds every process's port and hands the listening
  * socket over (DTRAIN_LISTEN_FD) for the one world the process joins. Left
@@ -33571,7 +33909,7 @@ DTRAIN_PRIVATE dt_result dt__tcp_split(dt_comm *c, int rank, int color, int key,
  * listen: nothing to accept, and this function leaves it alone). A listen_fd
  * the caller passed itself, not the environment's, stays the caller's. */
 DTRAIN_PRIVATE void dt__net_retire_handed_listener(const dt__net_self *self) {
-#  ifndef DTRAIN_NO_STDIO
+#  if !defined(DTRAIN_NO_STDIO) && !defined(_WIN32) /* (Windows: the launcher hands no socket over) */
   int fd = self->opt.listen_fd, listening = 0, stand_in;
   socklen_t len = sizeof listening;
   struct sockaddr_storage ss;
@@ -33596,9 +33934,11 @@ DTRAIN_PRIVATE void dt__net_retire_handed_listener(const dt__net_self *self) {
 
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#  endif
 
 /* A handshake finished (r: DT__HS_DONE or _FAILED, already logged): keep the
  * peer when it is one this rank waits for. 1 when it was kept. */
@@ -33683,7 +34023,7 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
       pf[1 + q].revents = 0;
     }
     if (dt__sock_poll(pf, (nfds_t)(1 + np), ms) < 0 && errno != EINTR) {
-      rc = dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+      rc = dt__error(DTRAIN_ERR_NET, "poll: %s", dt__sk_strerror(errno));
       goto done;
     }
     /* Move every handshake that can move, or is past its deadline (from the
@@ -35226,10 +35566,12 @@ DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
 
 #if !defined(DTRAIN_NO_NET)
 #  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <unistd.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
 
 /* Connected workers, and (before the quorum) those still expected. */
 static int dt__ps_live_count(const dt__ps_server *S) {
@@ -35310,7 +35652,7 @@ static int dt__ps_flush(dt__ps_server *S, int i) {
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 1;
     char why[160];
-    snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? strerror(errno) : "connection closed");
+    snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? dt__sk_strerror(errno) : "connection closed");
     dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
     return 0;
   }
@@ -35373,7 +35715,7 @@ static int dt__ps_send_floats(dt__ps_server *S, int i, uint16_t type, const unsi
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (k <= 0) {
       char why[160];
-      snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? strerror(errno) : "connection closed");
+      snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? dt__sk_strerror(errno) : "connection closed");
       dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
       return 0;
     }
@@ -35810,7 +36152,7 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
     if (k <= 0) {
       /* As dt__conn_recv_header words it. */
       snprintf(why, sizeof why, "%.60s: receive from %.95s: %.100s", op, w->conn.peer,
-               k == 0 ? "connection closed by the peer" : strerror(errno));
+               k == 0 ? "connection closed by the peer" : dt__sk_strerror(errno));
       dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
       return;
     }
@@ -35970,7 +36312,7 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
     for (int j = 0; j < n; j++) pf[j].revents = 0;
     int pr = dt__sock_poll(pf, (nfds_t)n, (int)(tick * 1000.0) + 1);
     if (pr < 0 && errno != EINTR) {
-      rc = dt__error(DTRAIN_ERR_NET, "dt_ps_serve: ps %d: poll: %s", S->me, strerror(errno));
+      rc = dt__error(DTRAIN_ERR_NET, "dt_ps_serve: ps %d: poll: %s", S->me, dt__sk_strerror(errno));
       break;
     }
     if (pr <= 0) continue;
@@ -36184,10 +36526,12 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
 
 #if !defined(DTRAIN_NO_NET)
 #  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <unistd.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
 
 typedef struct dt__ps_client {
   dt_pstore ps;

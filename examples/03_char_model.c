@@ -52,11 +52,7 @@ typedef struct settings {
   const char *data, *checkpoint, *resume, *prompt;
 } settings;
 
-static double now_seconds(void) {
-  struct timespec ts;
-  timespec_get(&ts, TIME_UTC);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now_seconds(void) { return dt_time_now(); } /* monotonic, and on Windows too */
 
 /* An output flag is checked at start, before any data loads: a path whose
  * directory does not exist or takes no new file would otherwise fail only

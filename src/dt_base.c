@@ -415,11 +415,18 @@ DTRAIN_API const char *dt_build_info(void) {
 /* Timings subtract two readings, so the clock must not step when NTP or an
  * administrator sets the time: CLOCK_MONOTONIC where POSIX has it. */
 DTRAIN_API double dt_time_now(void) {
+#if defined(_WIN32) /* the performance counter: monotonic, sub-microsecond (msvcrt has no timespec_get) */
+  LARGE_INTEGER freq, now;
+  if (QueryPerformanceFrequency(&freq) && freq.QuadPart > 0 && QueryPerformanceCounter(&now))
+    return (double)now.QuadPart / (double)freq.QuadPart;
+  return (double)GetTickCount64() * 1e-3;
+#else
   struct timespec ts;
-#if defined(CLOCK_MONOTONIC) && !defined(_WIN32)
+#  if defined(CLOCK_MONOTONIC)
   if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-#endif
+#  endif
   if (timespec_get(&ts, TIME_UTC) != TIME_UTC) return (double)clock() / CLOCKS_PER_SEC;
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#endif
 }
 #undef DT__FIX_HDR

@@ -24,9 +24,11 @@
 
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#  endif
 
 static const char *dt__tcp_op_name(uint32_t op) {
   switch (op) {

@@ -76,7 +76,9 @@
 #include "dt_platform.h"
 
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
-#  include <poll.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#  endif
 
 enum {
   DT__TCP_MSG_CALL = DT__MSG_DATA0,

@@ -24,7 +24,9 @@
 
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <errno.h>
-#  include <poll.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#  endif
 
 /* ---- the failure path ----------------------------------------------------------------- */
 

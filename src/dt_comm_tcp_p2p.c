@@ -58,11 +58,15 @@
 
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <errno.h>
-#  include <poll.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#  endif
 #  include <sched.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <sys/uio.h>
+#  if !defined(_WIN32)
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <sys/uio.h>
+#  endif
 
 #  define DT__P2P_SUB 32
 #  define DT__P2P_HEAD (DT__NET_HDR + DT__P2P_SUB)
@@ -329,7 +333,7 @@ static dt_result dt__tcp_p2p_peek(dt__comm_tcp *t, int j, int *moved, int *parti
   }
   if (k < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return DTRAIN_OK;
-    dt__error(DTRAIN_ERR_PEER, "%s: receive from %s failed: %s", t->op, c->peer, strerror(errno));
+    dt__error(DTRAIN_ERR_PEER, "%s: receive from %s failed: %s", t->op, c->peer, dt__sk_strerror(errno));
     return DTRAIN_ERR_PEER;
   }
   if ((size_t)k < sizeof h) {
@@ -377,7 +381,7 @@ static dt_result dt__tcp_p2p_recv_step(dt__comm_tcp *t, int j, int *moved) {
     }
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return DTRAIN_OK;
-      dt__error(DTRAIN_ERR_PEER, "%s: receive from %s failed: %s", t->op, c->peer, strerror(errno));
+      dt__error(DTRAIN_ERR_PEER, "%s: receive from %s failed: %s", t->op, c->peer, dt__sk_strerror(errno));
       return DTRAIN_ERR_PEER;
     }
     if (k > 0) *moved = 1;
@@ -455,7 +459,7 @@ static dt_result dt__tcp_p2p_send_step(dt__comm_tcp *t, int j, int *moved) {
     ssize_t k = dt__sock_sendmsg(c->fd, &mh, DT__NET_SEND_FLAGS);
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return DTRAIN_OK;
-      dt__error(DTRAIN_ERR_PEER, "%s: send to %s failed: %s", t->op, c->peer, strerror(errno));
+      dt__error(DTRAIN_ERR_PEER, "%s: send to %s failed: %s", t->op, c->peer, dt__sk_strerror(errno));
       return DTRAIN_ERR_PEER;
     }
     if (k == 0) return DTRAIN_OK;
@@ -549,7 +553,7 @@ static dt_result dt__tcp_p2p_run(dt__comm_tcp *t, dt_comm_request *target, doubl
       continue;
     }
     if (dt__sock_poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR) {
-      dt__error(DTRAIN_ERR_NET, "%s: poll: %s", t->op, strerror(errno));
+      dt__error(DTRAIN_ERR_NET, "%s: poll: %s", t->op, dt__sk_strerror(errno));
       return DTRAIN_ERR_NET;
     }
   }

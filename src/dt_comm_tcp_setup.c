@@ -22,9 +22,11 @@
 #include "dt_comm_tcp_core.h"
 
 #if !defined(DTRAIN_NO_NET)
-#  include <fcntl.h>
-#  include <sys/socket.h>
-#  include <unistd.h>
+#  if !defined(_WIN32)
+#    include <fcntl.h>
+#    include <sys/socket.h>
+#    include <unistd.h>
+#  endif
 
 /* tools/dtrain-launch binds every process's port and hands the listening
  * socket over (DTRAIN_LISTEN_FD) for the one world the process joins. Left
@@ -39,7 +41,7 @@
  * listen: nothing to accept, and this function leaves it alone). A listen_fd
  * the caller passed itself, not the environment's, stays the caller's. */
 DTRAIN_PRIVATE void dt__net_retire_handed_listener(const dt__net_self *self) {
-#  ifndef DTRAIN_NO_STDIO
+#  if !defined(DTRAIN_NO_STDIO) && !defined(_WIN32) /* (Windows: the launcher hands no socket over) */
   int fd = self->opt.listen_fd, listening = 0, stand_in;
   socklen_t len = sizeof listening;
   struct sockaddr_storage ss;
@@ -64,9 +66,11 @@ DTRAIN_PRIVATE void dt__net_retire_handed_listener(const dt__net_self *self) {
 
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#  endif
 
 /* A handshake finished (r: DT__HS_DONE or _FAILED, already logged): keep the
  * peer when it is one this rank waits for. 1 when it was kept. */
@@ -151,7 +155,7 @@ static dt_result dt__tcp_connect_all(dt__comm_tcp *t) {
       pf[1 + q].revents = 0;
     }
     if (dt__sock_poll(pf, (nfds_t)(1 + np), ms) < 0 && errno != EINTR) {
-      rc = dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+      rc = dt__error(DTRAIN_ERR_NET, "poll: %s", dt__sk_strerror(errno));
       goto done;
     }
     /* Move every handshake that can move, or is past its deadline (from the

@@ -24,11 +24,15 @@
 
 #ifndef DTRAIN_NO_NET
 #  include <errno.h>
-#  include <poll.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#  endif
 #  include <sched.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <sys/uio.h>
+#  if !defined(_WIN32)
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <sys/uio.h>
+#  endif
 
 DTRAIN_PRIVATE void dt__conn_init(dt__conn *c, int fd, uint64_t job, uint32_t self_id, uint32_t max_payload) {
   memset(c, 0, sizeof *c);
@@ -69,7 +73,7 @@ DTRAIN_PRIVATE dt_result dt__conn_send(dt__conn *c, uint16_t type, const void *p
     k = dt__sock_sendmsg(c->fd, &mh, DT__NET_SEND_FLAGS);
   } while (k < 0 && errno == EINTR);
   if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-    dt__error(DTRAIN_ERR_PEER, "send failed: %s", strerror(errno));
+    dt__error(DTRAIN_ERR_PEER, "send failed: %s", dt__sk_strerror(errno));
     return dt__conn_fail(c, DTRAIN_ERR_PEER, op, "send to");
   }
   size_t sent = k > 0 ? (size_t)k : 0;
@@ -322,7 +326,7 @@ static dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int
     mh.msg_iovlen = (size_t)cnt;
     k = dt__sock_sendmsg(x->c->fd, &mh, DT__NET_SEND_FLAGS);
     if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      dt__error(DTRAIN_ERR_PEER, "send failed: %s", strerror(errno));
+      dt__error(DTRAIN_ERR_PEER, "send failed: %s", dt__sk_strerror(errno));
       return dt__conn_fail(x->c, DTRAIN_ERR_PEER, op, "send to");
     }
   } else {
@@ -334,7 +338,7 @@ static dt_result dt__xfer_step(dt__xfer *x, double deadline, const char *op, int
       return dt__conn_fail(x->c, DTRAIN_ERR_PEER, op, "receive from");
     }
     if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      dt__error(DTRAIN_ERR_PEER, "receive failed: %s", strerror(errno));
+      dt__error(DTRAIN_ERR_PEER, "receive failed: %s", dt__sk_strerror(errno));
       return dt__conn_fail(x->c, DTRAIN_ERR_PEER, op, "receive from");
     }
   }
@@ -399,7 +403,7 @@ static dt_result dt__xfer_wait(dt__xfer *s, dt__xfer *r, double deadline, double
   }
   int ms = left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
   if (dt__sock_poll(p, np, ms) < 0 && errno != EINTR) {
-    dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+    dt__error(DTRAIN_ERR_NET, "poll: %s", dt__sk_strerror(errno));
     return dt__conn_fail(r && r->active ? r->c : s->c, DTRAIN_ERR_NET, op, "exchange with");
   }
   return DTRAIN_OK;

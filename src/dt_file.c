@@ -11,7 +11,10 @@
 #if !defined(DTRAIN_NO_STDIO)
 #  include <errno.h>
 #  if defined(_WIN32)
+#    include <fcntl.h>
+#    include <io.h>
 #    include <process.h>
+#    include <sys/stat.h>
 #  else
 #    include <dirent.h>
 #    include <fcntl.h>
@@ -192,9 +195,19 @@ DTRAIN_PRIVATE dt_result dt__file_create(dt__file_out *o, const char *path) {
   int err = 0;
   for (int attempt = 0; attempt < 100 && !o->f; attempt++) {
     snprintf(o->tmp, o->tmp_cap, "%s.tmp-%ld-%u", path, dt__file_pid(), counter++);
-#if defined(_WIN32)
-    o->f = fopen(o->tmp, "wbx");
-    if (!o->f) err = errno;
+#if defined(_WIN32) /* _O_EXCL as O_EXCL (msvcrt's fopen has no "x") */
+    int fd = _open(o->tmp, _O_WRONLY | _O_CREAT | _O_EXCL | _O_BINARY | _O_NOINHERIT, _S_IREAD | _S_IWRITE);
+    if (fd >= 0) {
+      o->f = _fdopen(fd, "wb");
+      if (!o->f) {
+        err = errno;
+        _close(fd);
+        remove(o->tmp);
+        break;
+      }
+    } else {
+      err = errno;
+    }
 #else
     int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd >= 0) {
@@ -234,7 +247,9 @@ static dt_result dt__file_fail(dt__file_out *o, const char *what, int err) {
 DTRAIN_PRIVATE dt_result dt__file_commit(dt__file_out *o) {
   if (ferror(o->f)) return dt__file_fail(o, "write to", errno ? errno : EIO);
   if (fflush(o->f) != 0) return dt__file_fail(o, "write to", errno);
-#if !defined(_WIN32)
+#if defined(_WIN32)
+  if (_commit(_fileno(o->f)) != 0) return dt__file_fail(o, "flushing to disk", errno); /* FlushFileBuffers */
+#else
   {
     int rc;
     do rc = fsync(fileno(o->f)); while (rc != 0 && errno == EINTR);
@@ -247,9 +262,18 @@ DTRAIN_PRIVATE dt_result dt__file_commit(dt__file_out *o) {
     if (rc != 0) return dt__file_fail(o, "closing", errno);
   }
 #if defined(_WIN32)
-  remove(o->path); /* rename does not replace on Windows (not atomic there) */
-#endif
+  /* rename() there refuses an existing target: MoveFileEx replaces it in one
+   * step (the old file stays whole until then), flushed before it returns. */
+  if (!MoveFileExA(o->tmp, o->path, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) {
+    DWORD e = GetLastError();
+    return dt__file_fail(o, "renaming", e == ERROR_ACCESS_DENIED || e == ERROR_SHARING_VIOLATION ? EACCES
+                                        : e == ERROR_PATH_NOT_FOUND || e == ERROR_FILE_NOT_FOUND ? ENOENT
+                                        : e == ERROR_DISK_FULL || e == ERROR_HANDLE_DISK_FULL    ? ENOSPC
+                                                                                                 : EIO);
+  }
+#else
   if (rename(o->tmp, o->path) != 0) return dt__file_fail(o, "renaming", errno);
+#endif
 #if !defined(_WIN32)
   {
     /* The rename is durable once the directory is. */
@@ -276,9 +300,9 @@ DTRAIN_PRIVATE dt_result dt__file_open_read(const char *path, FILE **out, uint64
     snprintf(msg, cap, "cannot open: %s", strerror(errno));
     return DTRAIN_ERR_IO;
   }
-  long n = -1;
-  if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+  __int64 n = -1; /* 64-bit offsets: a long is 32 bits there */
+  if (_fseeki64(f, 0, SEEK_END) == 0) n = _ftelli64(f);
+  if (n < 0 || _fseeki64(f, 0, SEEK_SET) != 0) {
     snprintf(msg, cap, "cannot determine the size: %s", strerror(errno));
     fclose(f);
     return DTRAIN_ERR_IO;

@@ -24,11 +24,13 @@
 
 #ifndef DTRAIN_NO_NET
 #  include <errno.h>
-#  include <fcntl.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <unistd.h>
+#  if !defined(_WIN32)
+#    include <fcntl.h>
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
 
 /* ---- the hello and the proof ------------------------------------------------------------------
  * hello payload (little-endian, 128 bytes):
@@ -57,6 +59,9 @@ typedef struct dt__hello {
 
 DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
   size_t got = 0;
+#  if defined(_WIN32) /* the system's generator (advapi32, linked by default) */
+  if (n <= 0xffffffffu && RtlGenRandom(out, (ULONG)n)) got = n;
+#  else
   int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
     while (got < n) {
@@ -67,12 +72,18 @@ DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
     }
     close(fd);
   }
+#  endif
   if (got < n) {
     /* No /dev/urandom: a hash of the time, the pid and a counter (weaker, documented). */
     static DT__ATOMIC(uint64_t) counter;
     unsigned char seed[32];
     double t = dt__now();
-    uint64_t pid = (uint64_t)getpid(), c = DT__AFETCH_ADD(&counter, (uint64_t)1, DT__MO_RELAXED);
+#  if defined(_WIN32)
+    uint64_t pid = (uint64_t)GetCurrentProcessId();
+#  else
+    uint64_t pid = (uint64_t)getpid();
+#  endif
+    uint64_t c = DT__AFETCH_ADD(&counter, (uint64_t)1, DT__MO_RELAXED);
     memcpy(seed, &t, sizeof t);
     memcpy(seed + 8, &pid, 8);
     memcpy(seed + 16, &c, 8);
@@ -532,7 +543,7 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
     if (h->state == DT__HSS_DONE) return DT__HS_DONE;
     if (h->state == DT__HSS_FAILED) return DT__HS_FAILED;
     if (h->out_off < h->out_len) {
-      ssize_t k = send(h->conn.fd, h->out + h->out_off, h->out_len - h->out_off, DT__NET_SEND_FLAGS);
+      ssize_t k = dt__sk_send(h->conn.fd, h->out + h->out_off, h->out_len - h->out_off, DT__NET_SEND_FLAGS);
       if (k > 0) {
         h->out_off += (uint32_t)k;
         continue;
@@ -541,7 +552,7 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       if (h->state != DT__HSS_REFUSING) {
         h->rc = DTRAIN_ERR_PEER;
-        snprintf(h->why, sizeof h->why, "send to %s: %s", h->conn.peer, k < 0 ? strerror(errno) : "connection closed");
+        snprintf(h->why, sizeof h->why, "send to %s: %s", h->conn.peer, k < 0 ? dt__sk_strerror(errno) : "connection closed");
       }
       return dt__hs_fail(h, self, seen);
     }
@@ -559,11 +570,11 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
        * has our READY), not one to refuse. */
       char b;
       const int proved = self->opt.token && self->opt.token[0];
-      ssize_t k = proved ? -1 : recv(h->conn.fd, &b, 1, MSG_PEEK) /* the socket is non-blocking */;
+      ssize_t k = proved ? -1 : dt__sk_recv(h->conn.fd, &b, 1, MSG_PEEK) /* the socket is non-blocking */;
       if (!proved && (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))) {
         h->rc = DTRAIN_ERR_PEER;
         snprintf(h->why, sizeof h->why, "%s closed the connection after its handshake (%s: a client that gave up "
-                 "while it waited in the backlog)", h->conn.peer, k == 0 ? "end of file" : strerror(errno));
+                 "while it waited in the backlog)", h->conn.peer, k == 0 ? "end of file" : dt__sk_strerror(errno));
         return dt__hs_fail(h, self, seen);
       }
       if (dt__netem_attach(h->conn.fd, self->id, h->conn.peer_role, h->conn.peer_index) != DTRAIN_OK) {
@@ -577,7 +588,7 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
     }
     unsigned char buf[DT__HS_IN];
     uint32_t want = dt__hs_want(h);
-    ssize_t k = recv(h->conn.fd, buf, want, 0);
+    ssize_t k = dt__sk_recv(h->conn.fd, buf, want, 0);
     if (k > 0) {
       dt__hs_feed(h, self, seen, buf, (size_t)k);
       continue;
@@ -586,7 +597,7 @@ DTRAIN_PRIVATE int dt__hs_step(dt__hs *h, const dt__net_self *self, unsigned cha
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     h->rc = k == 0 ? DTRAIN_ERR_PEER : DTRAIN_ERR_NET;
     snprintf(h->why, sizeof h->why, "receive from %s: %s after %u bytes of its %s", h->conn.peer,
-             k == 0 ? "connection closed" : strerror(errno), (unsigned)h->in_len,
+             k == 0 ? "connection closed" : dt__sk_strerror(errno), (unsigned)h->in_len,
              h->state == DT__HSS_HELLO ? "hello" : "proof");
     return dt__hs_fail(h, self, seen);
   }
@@ -624,9 +635,9 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
     p.revents = 0;
     double left = h.deadline - dt__now();
     int ms = left > 0 ? (int)(left * 1000.0) + 1 : 0;
-    if (poll(&p, 1, ms) < 0 && errno != EINTR) {
+    if (dt__sk_poll(&p, 1, ms) < 0 && errno != EINTR) {
       h.rc = DTRAIN_ERR_NET;
-      snprintf(h.why, sizeof h.why, "poll: %s", strerror(errno));
+      snprintf(h.why, sizeof h.why, "poll: %s", dt__sk_strerror(errno));
       dt__hs_fail(&h, self, seen);
       dt__conn_init(c, -1, self->job, self->id, (uint32_t)self->opt.max_payload);
       return h.rc;

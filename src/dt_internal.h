@@ -25,6 +25,29 @@
 
 #include "dt_base.h"
 
+/* Windows (MinGW-w64, MSVC): Winsock 2 before <windows.h>, which would
+ * otherwise bring the old winsock.h; lean, and without the min/max macros. */
+#if defined(_WIN32)
+#  ifndef WIN32_LEAN_AND_MEAN
+#    define WIN32_LEAN_AND_MEAN
+#  endif
+#  ifndef NOMINMAX
+#    define NOMINMAX
+#  endif
+#  ifndef DTRAIN_NO_NET
+#    include <winsock2.h>
+#    include <ws2tcpip.h>
+#  endif
+#  include <windows.h>
+#  include <ntsecapi.h> /* RtlGenRandom (dt_handshake.c) */
+/* <windef.h>'s empty annotations would take these common words from the program */
+#  undef near
+#  undef far
+#  undef IN
+#  undef OUT
+#  undef OPTIONAL
+#endif
+
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -38,7 +61,26 @@ extern FILE *fdopen(int fd, const char *mode);
 extern int fileno(FILE *f);
 #endif
 
-#if defined(__GNUC__) || defined(__clang__)
+/* MinGW's default runtime (msvcrt) printf lacks C99's %zu and %lld: the
+ * implementation formats with MinGW's own C99 printf family instead. */
+#if defined(__MINGW32__) && !(defined(__USE_MINGW_ANSI_STDIO) && __USE_MINGW_ANSI_STDIO)
+#  undef printf
+#  undef fprintf
+#  undef snprintf
+#  undef vsnprintf
+#  undef vfprintf
+#  define printf __mingw_printf
+#  define fprintf __mingw_fprintf
+#  define snprintf __mingw_snprintf
+#  define vsnprintf __mingw_vsnprintf
+#  define vfprintf __mingw_vfprintf
+#endif
+
+#if defined(__MINGW32__)
+#  define DT__UNUSED __attribute__((unused))
+#  define DT__PRINTF(f, a) __attribute__((format(gnu_printf, f, a)))
+#  define DT__RESTRICT __restrict__
+#elif defined(__GNUC__) || defined(__clang__)
 #  define DT__UNUSED __attribute__((unused))
 #  define DT__PRINTF(f, a) __attribute__((format(printf, f, a)))
 #  define DT__RESTRICT __restrict__

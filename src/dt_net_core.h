@@ -17,14 +17,54 @@
 #define DT__NET_ADDR 96
 
 #ifndef DTRAIN_NO_NET /* the socket layer exists only with networking */
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <sys/uio.h>
-#  ifdef MSG_NOSIGNAL /* send flags of every send(): a closed peer is an error, not a SIGPIPE */
-#    define DT__NET_SEND_FLAGS MSG_NOSIGNAL
+#  if defined(_WIN32)
+/* ---- Winsock (dt_socket.c): the POSIX names the transport is written in --------------------
+ * <winsock2.h> and <ws2tcpip.h> came with dt_internal.h. A socket is held in
+ * an int as a descriptor is (Windows keeps SOCKET values below 2^31: they are
+ * kernel handles, 32-bit significant). The dt__sk_* calls are the system's
+ * under POSIX; under Winsock they start Winsock once and turn a failure's
+ * WSAGetLastError() into the errno the transport tests (WSAEWOULDBLOCK is
+ * EAGAIN, and EINPROGRESS after a connect). */
+struct iovec {
+  void *iov_base;
+  size_t iov_len;
+};
+struct msghdr { /* the two fields sendmsg() is given here */
+  struct iovec *msg_iov;
+  size_t msg_iovlen;
+};
+typedef unsigned long nfds_t;
+#    define DT__NET_SEND_FLAGS 0 /* Windows raises no SIGPIPE */
+DTRAIN_PRIVATE int dt__sk_errno(int wsa_error); /* WSAE* -> E* */
+DTRAIN_PRIVATE const char *dt__sk_strerror(int err); /* strerror, with text for the socket errors */
+DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto);
+DTRAIN_PRIVATE int dt__sk_connect(int fd, const struct sockaddr *a, size_t len);
+DTRAIN_PRIVATE int dt__sk_accept(int fd, struct sockaddr *a, socklen_t *len);
+DTRAIN_PRIVATE int dt__sk_close(int fd);
+DTRAIN_PRIVATE ssize_t dt__sk_send(int fd, const void *p, size_t n, int flags);
+DTRAIN_PRIVATE ssize_t dt__sk_recv(int fd, void *p, size_t n, int flags);
+DTRAIN_PRIVATE ssize_t dt__sk_sendmsg(int fd, const struct msghdr *mh, int flags);
+DTRAIN_PRIVATE int dt__sk_poll(struct pollfd *p, nfds_t n, int ms);
 #  else
-#    define DT__NET_SEND_FLAGS 0 /* the socket has SO_NOSIGPIPE instead (dt_socket.c) */
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <sys/uio.h>
+#    include <unistd.h>
+#    ifdef MSG_NOSIGNAL /* send flags of every send(): a closed peer is an error, not a SIGPIPE */
+#      define DT__NET_SEND_FLAGS MSG_NOSIGNAL
+#    else
+#      define DT__NET_SEND_FLAGS 0 /* the socket has SO_NOSIGPIPE instead (dt_socket.c) */
+#    endif
+#    define dt__sk_strerror(err) strerror(err)
+#    define dt__sk_socket(family, type, proto) socket(family, type, proto)
+#    define dt__sk_connect(fd, a, len) connect(fd, a, (socklen_t)(len))
+#    define dt__sk_accept(fd, a, len) accept(fd, a, len)
+#    define dt__sk_close(fd) close(fd)
+#    define dt__sk_send(fd, p, n, flags) send(fd, p, n, flags)
+#    define dt__sk_recv(fd, p, n, flags) recv(fd, p, n, flags)
+#    define dt__sk_sendmsg(fd, mh, flags) sendmsg(fd, mh, flags)
+#    define dt__sk_poll(p, n, ms) poll(p, n, ms)
 #  endif
 
 /* ---- link emulation (dt_netem.c) -------------------------------------------------------------

@@ -39,9 +39,11 @@
 #ifndef DTRAIN_NO_NET
 #  include <ctype.h>
 #  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/uio.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/uio.h>
+#  endif
 
 #  define DT__NE_MSS 1448         /* one TCP segment's payload (loss draws, header overhead) */
 #  define DT__NE_HDR 66           /* its Ethernet + IP + TCP headers */
@@ -305,7 +307,7 @@ static void dt__ne_wire(void *arg) {
     while (!cut && done < s.n && !DT__ALOAD(&L->stop, DT__MO_ACQUIRE)) {
       size_t a = (off + done) % L->cap;
       size_t run = DT__MIN(s.n - done, L->cap - a);
-      ssize_t k = send(L->fd, L->buf + a, run, DT__NET_SEND_FLAGS);
+      ssize_t k = dt__sk_send(L->fd, L->buf + a, run, DT__NET_SEND_FLAGS);
       if (k > 0) {
         done += (size_t)k;
       } else if (k < 0 && errno == EINTR) {
@@ -315,7 +317,7 @@ static void dt__ne_wire(void *arg) {
         p.fd = L->fd;
         p.events = POLLOUT;
         p.revents = 0;
-        (void)poll(&p, 1, 20); /* the peer reads slowly: wait, checking for a stop */
+        (void)dt__sk_poll(&p, 1, 20); /* the peer reads slowly: wait, checking for a stop */
       } else {
         e = k < 0 ? errno : EPIPE;
         break;
@@ -541,13 +543,13 @@ DTRAIN_PRIVATE long dt__netem_lines_made(void) { return DT__ALOAD(&dt__ne_create
 
 DTRAIN_PRIVATE ssize_t dt__sock_sendmsg(int fd, const struct msghdr *mh, int flags) {
   dt__line *L = dt__ne_find(fd);
-  if (!L) return sendmsg(fd, mh, flags);
+  if (!L) return dt__sk_sendmsg(fd, mh, flags);
   return dt__ne_put(L, mh->msg_iov, (size_t)mh->msg_iovlen);
 }
 
 DTRAIN_PRIVATE ssize_t dt__sock_send(int fd, const void *p, size_t n, int flags) {
   dt__line *L = dt__ne_find(fd);
-  if (!L) return send(fd, p, n, flags);
+  if (!L) return dt__sk_send(fd, p, n, flags);
   struct iovec v;
   v.iov_base = (void *)(uintptr_t)p;
   v.iov_len = n;
@@ -560,11 +562,11 @@ DTRAIN_PRIVATE ssize_t dt__sock_recv(int fd, void *p, size_t n, int flags) {
     errno = EAGAIN;
     return -1;
   }
-  return recv(fd, p, n, flags);
+  return dt__sk_recv(fd, p, n, flags);
 }
 
 DTRAIN_PRIVATE int dt__sock_poll(struct pollfd *p, nfds_t n, int ms) {
-  if (DT__ALOAD(&dt__ne_count, DT__MO_RELAXED) == 0 || n > DT__NE_POLL_MAX) return poll(p, n, ms);
+  if (DT__ALOAD(&dt__ne_count, DT__MO_RELAXED) == 0 || n > DT__NE_POLL_MAX) return dt__sk_poll(p, n, ms);
   /* Emulated links: a full line is not writable (wake when its head is
    * due), a line with room is (without asking the kernel), and a cut one
    * shows no input and accepts (drops) everything. */
@@ -600,14 +602,14 @@ DTRAIN_PRIVATE int dt__sock_poll(struct pollfd *p, nfds_t n, int ms) {
     p[i].events = ev;
     if (ev == 0 || cut) p[i].fd = -1; /* nothing to ask the kernel (and a cut link reports nothing) */
   }
-  if (!any) return poll(p, n, ms);
+  if (!any) return dt__sk_poll(p, n, ms);
   int t = ms;
   if (ready) t = 0;
   else if (wake >= 0) {
     int wm = (int)(wake * 1000.0) + 1;
     if (t < 0 || wm < t) t = wm;
   }
-  int r = poll(p, n, t);
+  int r = dt__sk_poll(p, n, t);
   int e = errno;
   int count = 0;
   for (nfds_t i = 0; i < n; i++) {

@@ -37,14 +37,20 @@ DTRAIN_PRIVATE void dt__sleep(double seconds) {
   if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
-#else
-  double end = dt__now() + seconds;
-  while (dt__now() < end) dt__cpu_relax();
+#else /* Windows: Sleep (whole milliseconds, at the scheduler's tick), the last one yielding */
+  double end = dt__now() + seconds, left;
+  while ((left = end - dt__now()) > 0.0) {
+    if (left > 0.002) Sleep((DWORD)((left - 0.001) * 1000.0));
+    else if (!SwitchToThread()) dt__cpu_relax();
+  }
 #endif
 }
 
 DTRAIN_PRIVATE int dt__cpu_count(void) {
-#if defined(_SC_NPROCESSORS_ONLN)
+#if defined(_WIN32)
+  DWORD n = GetActiveProcessorCount(ALL_PROCESSOR_GROUPS);
+  if (n >= 1 && n < 65536) return (int)n;
+#elif defined(_SC_NPROCESSORS_ONLN)
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   if (n >= 1 && n < 65536) return (int)n;
 #endif
@@ -178,7 +184,9 @@ DTRAIN_PRIVATE double dt__event_wait(dt__event *e, dt__pred_fn pred, void *arg, 
     if (t >= spin_s) break;
     /* After a couple of microseconds of pure spinning, offer the core to
      * whoever else is runnable on it (perhaps the thread we wait for). */
-#if !defined(DTRAIN_NO_THREADS) && !defined(_WIN32)
+#if !defined(DTRAIN_NO_THREADS) && defined(_WIN32)
+    if (t > 2e-6) SwitchToThread();
+#elif !defined(DTRAIN_NO_THREADS)
     if (t > 2e-6) sched_yield();
 #endif
   }

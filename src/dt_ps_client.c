@@ -26,10 +26,12 @@
 
 #if !defined(DTRAIN_NO_NET)
 #  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <unistd.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
 
 typedef struct dt__ps_client {
   dt_pstore ps;

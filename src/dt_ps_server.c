@@ -25,10 +25,12 @@
 
 #if !defined(DTRAIN_NO_NET)
 #  include <errno.h>
-#  include <poll.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <unistd.h>
+#  if !defined(_WIN32)
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#  endif
 
 /* Connected workers, and (before the quorum) those still expected. */
 static int dt__ps_live_count(const dt__ps_server *S) {
@@ -109,7 +111,7 @@ static int dt__ps_flush(dt__ps_server *S, int i) {
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 1;
     char why[160];
-    snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? strerror(errno) : "connection closed");
+    snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? dt__sk_strerror(errno) : "connection closed");
     dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
     return 0;
   }
@@ -172,7 +174,7 @@ static int dt__ps_send_floats(dt__ps_server *S, int i, uint16_t type, const unsi
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (k <= 0) {
       char why[160];
-      snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? strerror(errno) : "connection closed");
+      snprintf(why, sizeof why, "send failed: %.120s", k < 0 ? dt__sk_strerror(errno) : "connection closed");
       dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
       return 0;
     }
@@ -609,7 +611,7 @@ static void dt__ps_on_readable(dt__ps_server *S, int i) {
     if (k <= 0) {
       /* As dt__conn_recv_header words it. */
       snprintf(why, sizeof why, "%.60s: receive from %.95s: %.100s", op, w->conn.peer,
-               k == 0 ? "connection closed by the peer" : strerror(errno));
+               k == 0 ? "connection closed by the peer" : dt__sk_strerror(errno));
       dt__ps_lose(S, i, DTRAIN_ERR_PEER, why);
       return;
     }
@@ -769,7 +771,7 @@ static dt_result dt__ps_loop(dt__ps_server *S) {
     for (int j = 0; j < n; j++) pf[j].revents = 0;
     int pr = dt__sock_poll(pf, (nfds_t)n, (int)(tick * 1000.0) + 1);
     if (pr < 0 && errno != EINTR) {
-      rc = dt__error(DTRAIN_ERR_NET, "dt_ps_serve: ps %d: poll: %s", S->me, strerror(errno));
+      rc = dt__error(DTRAIN_ERR_NET, "dt_ps_serve: ps %d: poll: %s", S->me, dt__sk_strerror(errno));
       break;
     }
     if (pr <= 0) continue;

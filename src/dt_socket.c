@@ -26,19 +26,177 @@
 
 #ifndef DTRAIN_NO_NET
 #  include <errno.h>
-#  include <fcntl.h>
-#  include <netdb.h>
-#  if !defined(AI_PASSIVE) /* <netdb.h> came first in strict ISO mode: its POSIX part is hidden for good */
-#    error "dtrain: <netdb.h> was included before the implementation under a strict ISO mode (-std=c11) without a feature macro, which hides getaddrinfo; define _POSIX_C_SOURCE 200809L before the first #include (or include dtrain.h first, or build with DTRAIN_NO_NET)"
-#  endif
-#  include <netinet/in.h>
-#  include <netinet/tcp.h>
-#  include <poll.h>
 #  include <sched.h>
-#  include <sys/socket.h>
-#  include <sys/types.h>
-#  include <unistd.h>
-#  include <arpa/inet.h>
+#  if !defined(_WIN32)
+#    include <fcntl.h>
+#    include <netdb.h>
+#    if !defined(AI_PASSIVE) /* <netdb.h> came first in strict ISO mode: its POSIX part is hidden for good */
+#      error "dtrain: <netdb.h> was included before the implementation under a strict ISO mode (-std=c11) without a feature macro, which hides getaddrinfo; define _POSIX_C_SOURCE 200809L before the first #include (or include dtrain.h first, or build with DTRAIN_NO_NET)"
+#    endif
+#    include <netinet/in.h>
+#    include <netinet/tcp.h>
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/types.h>
+#    include <unistd.h>
+#    include <arpa/inet.h>
+#  endif
+
+#  if defined(_WIN32)
+/* ---- Winsock: the dt__sk_* calls of dt_net_core.h ------------------------------------------- */
+static INIT_ONCE dt__sk_once = INIT_ONCE_STATIC_INIT;
+static int dt__sk_started; /* WSAStartup succeeded (written once, under dt__sk_once) */
+
+static BOOL CALLBACK dt__sk_start(PINIT_ONCE once, PVOID arg, PVOID *ctx) {
+  WSADATA wd;
+  (void)once;
+  (void)arg;
+  (void)ctx;
+  dt__sk_started = WSAStartup(MAKEWORD(2, 2), &wd) == 0;
+  return TRUE;
+}
+
+/* Winsock started (once per process; never cleaned up: the process's end does). 0 when it cannot start. */
+static int dt__sk_ready(void) {
+  InitOnceExecuteOnce(&dt__sk_once, dt__sk_start, NULL, NULL);
+  if (!dt__sk_started) errno = ENETDOWN;
+  return dt__sk_started;
+}
+
+DTRAIN_PRIVATE int dt__sk_errno(int e) {
+  switch (e) {
+    case WSAEWOULDBLOCK: return EAGAIN;
+    case WSAEINPROGRESS: return EINPROGRESS;
+    case WSAEALREADY: return EALREADY;
+    case WSAEINTR: return EINTR;
+    case WSAEBADF: case WSAENOTSOCK: return EBADF;
+    case WSAEACCES: return EACCES;
+    case WSAEFAULT: return EFAULT;
+    case WSAEINVAL: return EINVAL;
+    case WSAEMFILE: return EMFILE;
+    case WSAEMSGSIZE: return EMSGSIZE;
+    case WSAEAFNOSUPPORT: return EAFNOSUPPORT;
+    case WSAEADDRINUSE: return EADDRINUSE;
+    case WSAEADDRNOTAVAIL: return EADDRNOTAVAIL;
+    case WSAENETDOWN: return ENETDOWN;
+    case WSAENETUNREACH: return ENETUNREACH;
+    case WSAENETRESET: return ENETRESET;
+    case WSAECONNABORTED: return ECONNABORTED;
+    case WSAECONNRESET: return ECONNRESET;
+    case WSAENOBUFS: return ENOBUFS;
+    case WSAEISCONN: return EISCONN;
+    case WSAENOTCONN: return ENOTCONN;
+    case WSAESHUTDOWN: return EPIPE;
+    case WSAETIMEDOUT: return ETIMEDOUT;
+    case WSAECONNREFUSED: return ECONNREFUSED;
+    case WSAEHOSTUNREACH: return EHOSTUNREACH;
+    default: return e ? EIO : 0;
+  }
+}
+
+/* The C runtime knows the ISO errors only: the socket ones get their text here. */
+DTRAIN_PRIVATE const char *dt__sk_strerror(int err) {
+  switch (err) {
+    case EAGAIN: return "Resource temporarily unavailable";
+    case EINPROGRESS: return "Operation now in progress";
+    case EALREADY: return "Operation already in progress";
+    case EMSGSIZE: return "Message too long";
+    case EAFNOSUPPORT: return "Address family not supported";
+    case EADDRINUSE: return "Address already in use";
+    case EADDRNOTAVAIL: return "Cannot assign requested address";
+    case ENETDOWN: return "Network is down (or Winsock did not start)";
+    case ENETUNREACH: return "Network is unreachable";
+    case ENETRESET: return "Network dropped connection on reset";
+    case ECONNABORTED: return "Software caused connection abort";
+    case ECONNRESET: return "Connection reset by peer";
+    case ENOBUFS: return "No buffer space available";
+    case EISCONN: return "Transport endpoint is already connected";
+    case ENOTCONN: return "Transport endpoint is not connected";
+    case EPIPE: return "Broken pipe";
+    case ETIMEDOUT: return "Connection timed out";
+    case ECONNREFUSED: return "Connection refused";
+    case EHOSTUNREACH: return "No route to host";
+    default: return strerror(err);
+  }
+}
+
+static int dt__sk_fail(void) {
+  errno = dt__sk_errno(WSAGetLastError());
+  return -1;
+}
+
+DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto) {
+  if (!dt__sk_ready()) return -1;
+  SOCKET s = socket(family, type, proto);
+  if (s == INVALID_SOCKET) return dt__sk_fail();
+  if (s > (SOCKET)INT_MAX) { /* never seen: handles stay far below */
+    closesocket(s);
+    errno = EMFILE;
+    return -1;
+  }
+  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0); /* as close-on-exec */
+  return (int)s;
+}
+
+DTRAIN_PRIVATE int dt__sk_connect(int fd, const struct sockaddr *a, size_t len) {
+  if (connect((SOCKET)fd, a, (int)len) == 0) return 0;
+  int e = WSAGetLastError();
+  errno = e == WSAEWOULDBLOCK ? EINPROGRESS : dt__sk_errno(e); /* a non-blocking connect under way */
+  return -1;
+}
+
+DTRAIN_PRIVATE int dt__sk_accept(int fd, struct sockaddr *a, socklen_t *len) {
+  SOCKET s = accept((SOCKET)fd, a, len);
+  if (s == INVALID_SOCKET) return dt__sk_fail();
+  if (s > (SOCKET)INT_MAX) {
+    closesocket(s);
+    errno = EMFILE;
+    return -1;
+  }
+  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0);
+  return (int)s;
+}
+
+DTRAIN_PRIVATE int dt__sk_close(int fd) { return closesocket((SOCKET)fd) == 0 ? 0 : dt__sk_fail(); }
+
+DTRAIN_PRIVATE ssize_t dt__sk_send(int fd, const void *p, size_t n, int flags) {
+  int k = send((SOCKET)fd, (const char *)p, n > INT_MAX ? INT_MAX : (int)n, flags);
+  return k == SOCKET_ERROR ? dt__sk_fail() : (ssize_t)k;
+}
+
+DTRAIN_PRIVATE ssize_t dt__sk_recv(int fd, void *p, size_t n, int flags) {
+  int k = recv((SOCKET)fd, (char *)p, n > INT_MAX ? INT_MAX : (int)n, flags);
+  return k == SOCKET_ERROR ? dt__sk_fail() : (ssize_t)k;
+}
+
+/* Gathered, as sendmsg: WSASend over the pieces (at most DT__NET_IOV_MAX, each under 4 GiB). */
+DTRAIN_PRIVATE ssize_t dt__sk_sendmsg(int fd, const struct msghdr *mh, int flags) {
+  WSABUF b[DT__NET_IOV_MAX];
+  DWORD nb = 0, sent = 0;
+  for (size_t i = 0; i < mh->msg_iovlen && nb < DT__NET_IOV_MAX; i++) {
+    size_t len = mh->msg_iov[i].iov_len;
+    if (len == 0) continue;
+    b[nb].buf = (char *)mh->msg_iov[i].iov_base;
+    b[nb].len = len > 0x40000000u ? 0x40000000u : (ULONG)len;
+    nb++;
+    if (len > 0x40000000u) break; /* the rest follows in a later call */
+  }
+  if (nb == 0) return 0;
+  if (WSASend((SOCKET)fd, b, nb, &sent, (DWORD)flags, NULL, NULL) != 0) return dt__sk_fail();
+  return (ssize_t)sent;
+}
+
+DTRAIN_PRIVATE int dt__sk_poll(struct pollfd *p, nfds_t n, int ms) {
+  int r = WSAPoll(p, (ULONG)n, ms);
+  return r == SOCKET_ERROR ? dt__sk_fail() : r;
+}
+
+static void dt__sk_setint(int fd, int level, int name, int v) {
+  (void)setsockopt((SOCKET)fd, level, name, (const char *)&v, (int)sizeof v);
+}
+#  else
+static void dt__sk_setint(int fd, int level, int name, int v) { (void)setsockopt(fd, level, name, &v, sizeof v); }
+#  endif
 
 DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t hcap, char *port, size_t pcap) {
   if (!hostport || !*hostport) return dt__error(DTRAIN_ERR_INVALID_ARG, "address is empty");
@@ -67,16 +225,20 @@ DTRAIN_PRIVATE dt_result dt__net_split(const char *hostport, char *host, size_t 
 }
 
 DTRAIN_PRIVATE void dt__net_nonblock(int fd) {
+#  if defined(_WIN32)
+  u_long on = 1; /* not inherited: dt__sk_socket and dt__sk_accept cleared that */
+  (void)ioctlsocket((SOCKET)fd, FIONBIO, &on);
+#  else
   int fl = fcntl(fd, F_GETFL, 0);
   if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   fcntl(fd, F_SETFD, FD_CLOEXEC);
+#  endif
 }
 
 static void dt__net_tune(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  dt__sk_setint(fd, IPPROTO_TCP, TCP_NODELAY, 1);
 #  ifdef SO_NOSIGPIPE
-  setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
+  dt__sk_setint(fd, SOL_SOCKET, SO_NOSIGPIPE, 1);
 #  endif
   dt__net_nonblock(fd);
 }
@@ -86,8 +248,8 @@ static void dt__net_tune(int fd) {
 DTRAIN_PRIVATE void dt__net_set_bufs(int fd, int64_t bytes) {
   if (fd < 0 || bytes <= 0) return;
   int b = bytes > (int64_t)(1 << 30) ? (1 << 30) : (int)bytes;
-  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
-  (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b);
+  dt__sk_setint(fd, SOL_SOCKET, SO_SNDBUF, b);
+  dt__sk_setint(fd, SOL_SOCKET, SO_RCVBUF, b);
 }
 
 static dt_result dt__net_resolve(const char *hostport, int passive, struct addrinfo **res) {
@@ -99,8 +261,14 @@ static dt_result dt__net_resolve(const char *hostport, int passive, struct addri
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = passive ? AI_PASSIVE : 0;
+#  if defined(_WIN32)
+  if (!dt__sk_ready()) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': Winsock did not start", hostport);
+  int e = getaddrinfo(host, port, &hints, res);
+  if (e != 0) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': %s", hostport, dt__sk_strerror(dt__sk_errno(e)));
+#  else
   int e = getaddrinfo(host, port, &hints, res);
   if (e != 0) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': %s", hostport, gai_strerror(e));
+#  endif
   return DTRAIN_OK;
 }
 
@@ -111,24 +279,32 @@ DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd_out) {
   if (rc != DTRAIN_OK) return rc;
   int err = 0;
   for (struct addrinfo *a = res; a; a = a->ai_next) {
-    int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    int fd = dt__sk_socket(a->ai_family, a->ai_socktype, a->ai_protocol);
     if (fd < 0) {
       err = errno;
       continue;
     }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+#  if defined(_WIN32) /* SO_REUSEADDR there lets another socket take the port: refuse that instead */
+    dt__sk_setint(fd, SOL_SOCKET, SO_EXCLUSIVEADDRUSE, 1);
+    if (bind((SOCKET)fd, a->ai_addr, (int)a->ai_addrlen) == 0 && listen((SOCKET)fd, 128) == 0) {
+#  else
+    dt__sk_setint(fd, SOL_SOCKET, SO_REUSEADDR, 1);
     if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+#  endif
       dt__net_nonblock(fd);
       freeaddrinfo(res);
       *fd_out = fd;
       return DTRAIN_OK;
     }
+#  if defined(_WIN32)
+    err = dt__sk_errno(WSAGetLastError());
+#  else
     err = errno;
-    close(fd);
+#  endif
+    dt__sk_close(fd);
   }
   freeaddrinfo(res);
-  return dt__error(DTRAIN_ERR_NET, "cannot listen on %s: %s", hostport, strerror(err));
+  return dt__error(DTRAIN_ERR_NET, "cannot listen on %s: %s", hostport, dt__sk_strerror(err));
 }
 
 DTRAIN_PRIVATE int dt__net_port(int fd) {
@@ -192,19 +368,24 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
     dt_result rc = dt__net_resolve(hostport, 0, &res);
     if (rc != DTRAIN_OK) return rc;
     for (struct addrinfo *a = res; a; a = a->ai_next) {
-      int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+      int fd = dt__sk_socket(a->ai_family, a->ai_socktype, a->ai_protocol);
       if (fd < 0) {
         err = errno;
         continue;
       }
       dt__net_tune(fd);
-      int r = connect(fd, a->ai_addr, a->ai_addrlen);
+      int r = dt__sk_connect(fd, a->ai_addr, a->ai_addrlen);
       if (r != 0 && (errno == EINPROGRESS || errno == EINTR)) {
         int w = dt__net_wait(fd, POLLOUT, deadline);
         if (w == 1) {
           int so = 0;
           socklen_t sl = sizeof so;
+#  if defined(_WIN32)
+          getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&so, &sl);
+          so = dt__sk_errno(so);
+#  else
           getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
+#  endif
           if (so == 0) r = 0;
           else errno = so;
         } else if (w == 0) {
@@ -221,13 +402,13 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
         return DTRAIN_OK;
       }
       err = errno;
-      close(fd);
+      dt__sk_close(fd);
     }
     freeaddrinfo(res);
     double now = dt__now();
     if (now + backoff > deadline)
       return dt__error(DTRAIN_ERR_TIMEOUT, "cannot connect to %s before the deadline: %s", hostport,
-                       strerror(err ? err : ETIMEDOUT));
+                       dt__sk_strerror(err ? err : ETIMEDOUT));
     dt__sleep(backoff);
     backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
   }
@@ -269,7 +450,11 @@ DTRAIN_PRIVATE int dt__net_local(int fd, char *addr, size_t cap) {
     if (memcmp(b, one, 16) == 0) return 1;                     /* ::1 */
     return memcmp(b, mapped, 12) == 0 && b[12] == 127;         /* ::ffff:127.x.y.z */
   }
+#  if defined(AF_UNIX)
   return ss.ss_family == AF_UNIX; /* a socket pair or a local socket: this machine only */
+#  else
+  return 0;
+#  endif
 }
 
 DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd_out, char *addr, size_t cap) {
@@ -277,7 +462,7 @@ DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd_out, c
   for (;;) {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
-    int fd = accept(lfd, (struct sockaddr *)&ss, &len);
+    int fd = dt__sk_accept(lfd, (struct sockaddr *)&ss, &len);
     if (fd >= 0) {
       dt__net_tune(fd);
       if (addr) dt__net_addr_text(&ss, addr, cap);
@@ -286,10 +471,10 @@ DTRAIN_PRIVATE dt_result dt__net_accept(int lfd, double deadline, int *fd_out, c
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK)
-      return dt__error(DTRAIN_ERR_NET, "accept: %s", strerror(errno));
+      return dt__error(DTRAIN_ERR_NET, "accept: %s", dt__sk_strerror(errno));
     int w = dt__net_wait(lfd, POLLIN, deadline);
     if (w == 0) return dt__error(DTRAIN_ERR_TIMEOUT, "accept: no connection before the deadline");
-    if (w < 0) return dt__error(DTRAIN_ERR_NET, "accept: poll: %s", strerror(errno));
+    if (w < 0) return dt__error(DTRAIN_ERR_NET, "accept: poll: %s", dt__sk_strerror(errno));
   }
 }
 
@@ -331,10 +516,10 @@ DTRAIN_PRIVATE dt_result dt__net_writev(int fd, struct iovec *iov, int n, double
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       int w = dt__net_wait(fd, POLLOUT, deadline);
       if (w == 0) return dt__error(DTRAIN_ERR_TIMEOUT, "send timed out (the peer stopped reading)");
-      if (w < 0) return dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+      if (w < 0) return dt__error(DTRAIN_ERR_NET, "poll: %s", dt__sk_strerror(errno));
       continue;
     }
-    return dt__error(DTRAIN_ERR_PEER, "send failed: %s", k < 0 ? strerror(errno) : "connection closed");
+    return dt__error(DTRAIN_ERR_PEER, "send failed: %s", k < 0 ? dt__sk_strerror(errno) : "connection closed");
   }
 }
 
@@ -367,10 +552,10 @@ DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double dea
       }
       int w = dt__net_wait(fd, POLLIN, deadline);
       if (w == 0) return dt__error(DTRAIN_ERR_TIMEOUT, "receive timed out (the peer sent nothing before the deadline)");
-      if (w < 0) return dt__error(DTRAIN_ERR_NET, "poll: %s", strerror(errno));
+      if (w < 0) return dt__error(DTRAIN_ERR_NET, "poll: %s", dt__sk_strerror(errno));
       continue;
     }
-    return dt__error(DTRAIN_ERR_PEER, "receive failed: %s", strerror(errno));
+    return dt__error(DTRAIN_ERR_PEER, "receive failed: %s", dt__sk_strerror(errno));
   }
   return DTRAIN_OK;
 }
@@ -378,7 +563,7 @@ DTRAIN_PRIVATE dt_result dt__net_read_spin(int fd, void *p, size_t n, double dea
 DTRAIN_PRIVATE void dt__net_close(int fd) {
   if (fd < 0) return;
   dt__netem_detach(fd);
-  close(fd);
+  dt__sk_close(fd);
 }
 
 #endif /* DTRAIN_NO_NET */
