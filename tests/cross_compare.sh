@@ -6,7 +6,8 @@
 # parameters must equal the writer's bit for bit. Wire frames likewise: the
 # bytes written are the same everywhere ("wire.bytes"), and each side
 # decodes the other's frames to the values that were written.
-# Prints "cross_compare: N passed, N failed".
+# Prints "cross_compare: N passed, N failed". A pair "TRIPLE:win" is the
+# Windows build (make windows), run under $WINE.
 CROSS_ARCHS=${CROSS_ARCHS:-"aarch64-linux-gnu:aarch64 arm-linux-gnueabihf:arm s390x-linux-gnu:s390x"}
 # The host's files in a directory of this run's own: CI compares several
 # architectures at once, each lane with its own run of this script.
@@ -17,10 +18,17 @@ info() { grep "^$1 info " "$2" | cut -d' ' -f3; }
 pass=0; fail=0
 for pair in $CROSS_ARCHS; do
   triple=${pair%%:*}; q=${pair##*:}
-  bin=build/cross-$q/tests/portable_run
-  if ! qemu-$q -L /usr/$triple $bin save build/portable.$q.safetensors load $NAT/native.safetensors \
+  if [ "$q" = win ]; then # make windows: the MinGW-w64 build under wine
+    bin=build/win/tests/portable_run.exe; run="${WINE:-wine}"
+  else
+    bin=build/cross-$q/tests/portable_run; run="qemu-$q -L /usr/$triple"
+  fi
+  if ! $run $bin save build/portable.$q.safetensors load $NAT/native.safetensors \
       wsave build/portable.$q.wire wload $NAT/native.wire > build/portable.$q.txt 2> build/portable.$q.err; then
     echo "FAIL $triple: portable_run did not run"; cat build/portable.$q.err; fail=$((fail + 1)); continue
+  fi
+  if [ "$q" = win ]; then # its stdout is in text mode: lines end in CR LF
+    tr -d '\r' < build/portable.$q.txt > build/portable.$q.lf && mv build/portable.$q.lf build/portable.$q.txt
   fi
   if awk -v arch="$triple" '
     NR == FNR { kind[$1] = $2; val[$1] = $3; next }

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "win_compat.h"
 
 static int th_passed, th_failed, th_skipped, th_cur_failed, th_cur_skipped;
 static const char *th_cur = "";

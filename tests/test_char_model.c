@@ -360,12 +360,12 @@ static void *count_alloc(size_t size, size_t align, void *user) {
   (void)user;
   alloc_count++;
   if (align < sizeof(void *)) align = sizeof(void *);
-  return aligned_alloc(align, (size + align - 1) / align * align);
+  return th_aligned_alloc(align, (size + align - 1) / align * align);
 }
 static void count_free(void *p, size_t size, void *user) {
   (void)size;
   (void)user;
-  free(p);
+  th_aligned_free(p);
 }
 
 static void test_no_allocation_per_step(void) {

@@ -10,13 +10,13 @@ static void *count_alloc(size_t size, size_t align, void *user) {
   alloc_calls++;
   void *p = NULL;
   size_t rounded = (size + align - 1) / align * align;
-  p = aligned_alloc(align, rounded);
+  p = th_aligned_alloc(align, rounded);
   return p;
 }
 static void count_free(void *p, size_t size, void *user) {
   (void)size; (void)user;
   free_calls++;
-  free(p);
+  th_aligned_free(p);
 }
 
 /* ---- a fixed synthetic classification task ---------------------------------------
