@@ -188,7 +188,7 @@
  *   6  optim     dt_optim dt_optim_internal dt_memory
  *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint* dt_export
  *   8  comm      dt_comm dt_comm_core dt_comm_group dt_comm_mpi dt_devgroup
- *   9  net       dt_net* dt_wire dt_hash dt_frame dt_socket dt_conn dt_handshake dt_comm_tcp* dt_cluster
+ *   9  net       dt_net* dt_wire dt_hash dt_frame dt_sock dt_socket dt_conn dt_handshake dt_comm_tcp* dt_cluster
  *   10 strategy  dt_strategy* dt_pstore dt_ps* dt_pipeline dt_tensor_parallel dt_parallel_ckpt  (the parameter servers: the store, its shards and clients)
  *   11 fit       dt_fit*
  *
@@ -5581,31 +5581,26 @@ DTRAIN_PRIVATE dt_result dt__file_create(dt__file_out *o, const char *path) {
     snprintf(o->tmp, o->tmp_cap, "%s.tmp-%ld-%u", path, dt__file_pid(), counter++);
 #if defined(_WIN32) /* _O_EXCL as O_EXCL (msvcrt's fopen has no "x") */
     int fd = _open(o->tmp, _O_WRONLY | _O_CREAT | _O_EXCL | _O_BINARY | _O_NOINHERIT, _S_IREAD | _S_IWRITE);
+#  define DT__FILE_FDOPEN _fdopen
+#  define DT__FILE_CLOSE _close
+#else
+    int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+#  define DT__FILE_FDOPEN fdopen
+#  define DT__FILE_CLOSE close
+#endif
     if (fd >= 0) {
-      o->f = _fdopen(fd, "wb");
+      o->f = DT__FILE_FDOPEN(fd, "wb");
       if (!o->f) {
         err = errno;
-        _close(fd);
+        DT__FILE_CLOSE(fd);
         remove(o->tmp);
         break;
       }
     } else {
       err = errno;
     }
-#else
-    int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-    if (fd >= 0) {
-      o->f = fdopen(fd, "wb");
-      if (!o->f) {
-        err = errno;
-        close(fd);
-        unlink(o->tmp);
-        break;
-      }
-    } else {
-      err = errno;
-    }
-#endif
+#undef DT__FILE_FDOPEN
+#undef DT__FILE_CLOSE
     if (!o->f && err != EEXIST) break;
   }
   if (!o->f) {
@@ -29445,7 +29440,7 @@ DTRAIN_PRIVATE int dt__frame_payload_ok(const unsigned char h[DT__NET_HDR], cons
  * <winsock2.h> and <ws2tcpip.h> came with dt_internal.h. A socket is held in
  * an int as a descriptor is (Windows keeps SOCKET values below 2^31: they are
  * kernel handles, 32-bit significant). The dt__sk_* calls are the system's
- * under POSIX; under Winsock they start Winsock once and turn a failure's
+ * under POSIX; under Winsock (dt_sock.c) they start Winsock once and turn a failure's
  * WSAGetLastError() into the errno the transport tests (WSAEWOULDBLOCK is
  * EAGAIN, and EINPROGRESS after a connect). */
 struct iovec {
@@ -29458,6 +29453,7 @@ struct msghdr { /* the two fields sendmsg() is given here */
 };
 typedef unsigned long nfds_t;
 #    define DT__NET_SEND_FLAGS 0 /* Windows raises no SIGPIPE */
+DTRAIN_PRIVATE int dt__sk_ready(void); /* Winsock started (once a process); 0: it cannot start (errno ENETDOWN) */
 DTRAIN_PRIVATE int dt__sk_errno(int wsa_error); /* WSAE* -> E* */
 DTRAIN_PRIVATE const char *dt__sk_strerror(int err); /* strerror, with text for the socket errors */
 DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto);
@@ -29891,6 +29887,184 @@ DTRAIN_API dt_net_options dt_net_defaults(void) {
 }
 #endif /* part 4 */
 /* ======== end dt_net.c ======== */
+
+/* ======== begin dt_sock.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
+/* ===========================================================================
+ * dt_sock.c -- the transport's socket calls on Windows: Winsock 2 behind the
+ * POSIX names (the dt__sk_* of dt_net_core.h; on POSIX they are the system's)
+ * ===========================================================================
+ * Below dt_netem.c and dt_socket.c, which both call them.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_net_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET) && defined(_WIN32)
+#  include <errno.h>
+
+static INIT_ONCE dt__sk_once = INIT_ONCE_STATIC_INIT;
+static int dt__sk_started; /* WSAStartup succeeded (written once, under dt__sk_once) */
+
+static BOOL CALLBACK dt__sk_start(PINIT_ONCE once, PVOID arg, PVOID *ctx) {
+  WSADATA wd;
+  (void)once;
+  (void)arg;
+  (void)ctx;
+  dt__sk_started = WSAStartup(MAKEWORD(2, 2), &wd) == 0;
+  return TRUE;
+}
+
+DTRAIN_PRIVATE int dt__sk_ready(void) {
+  InitOnceExecuteOnce(&dt__sk_once, dt__sk_start, NULL, NULL);
+  if (!dt__sk_started) errno = ENETDOWN;
+  return dt__sk_started;
+}
+
+DTRAIN_PRIVATE int dt__sk_errno(int e) {
+  switch (e) {
+    case WSAEWOULDBLOCK: return EAGAIN;
+    case WSAEINPROGRESS: return EINPROGRESS;
+    case WSAEALREADY: return EALREADY;
+    case WSAEINTR: return EINTR;
+    case WSAEBADF: case WSAENOTSOCK: return EBADF;
+    case WSAEACCES: return EACCES;
+    case WSAEFAULT: return EFAULT;
+    case WSAEINVAL: return EINVAL;
+    case WSAEMFILE: return EMFILE;
+    case WSAEMSGSIZE: return EMSGSIZE;
+    case WSAEAFNOSUPPORT: return EAFNOSUPPORT;
+    case WSAEADDRINUSE: return EADDRINUSE;
+    case WSAEADDRNOTAVAIL: return EADDRNOTAVAIL;
+    case WSAENETDOWN: return ENETDOWN;
+    case WSAENETUNREACH: return ENETUNREACH;
+    case WSAENETRESET: return ENETRESET;
+    case WSAECONNABORTED: return ECONNABORTED;
+    case WSAECONNRESET: return ECONNRESET;
+    case WSAENOBUFS: return ENOBUFS;
+    case WSAEISCONN: return EISCONN;
+    case WSAENOTCONN: return ENOTCONN;
+    case WSAESHUTDOWN: return EPIPE;
+    case WSAETIMEDOUT: return ETIMEDOUT;
+    case WSAECONNREFUSED: return ECONNREFUSED;
+    case WSAEHOSTUNREACH: return EHOSTUNREACH;
+    default: return e ? EIO : 0;
+  }
+}
+
+/* The C runtime knows the ISO errors only: the socket ones get their text here. */
+DTRAIN_PRIVATE const char *dt__sk_strerror(int err) {
+  switch (err) {
+    case EAGAIN: return "Resource temporarily unavailable";
+    case EINPROGRESS: return "Operation now in progress";
+    case EALREADY: return "Operation already in progress";
+    case EMSGSIZE: return "Message too long";
+    case EAFNOSUPPORT: return "Address family not supported";
+    case EADDRINUSE: return "Address already in use";
+    case EADDRNOTAVAIL: return "Cannot assign requested address";
+    case ENETDOWN: return "Network is down (or Winsock did not start)";
+    case ENETUNREACH: return "Network is unreachable";
+    case ENETRESET: return "Network dropped connection on reset";
+    case ECONNABORTED: return "Software caused connection abort";
+    case ECONNRESET: return "Connection reset by peer";
+    case ENOBUFS: return "No buffer space available";
+    case EISCONN: return "Transport endpoint is already connected";
+    case ENOTCONN: return "Transport endpoint is not connected";
+    case EPIPE: return "Broken pipe";
+    case ETIMEDOUT: return "Connection timed out";
+    case ECONNREFUSED: return "Connection refused";
+    case EHOSTUNREACH: return "No route to host";
+    default: return strerror(err);
+  }
+}
+
+static int dt__sk_fail(void) {
+  errno = dt__sk_errno(WSAGetLastError());
+  return -1;
+}
+
+DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto) {
+  if (!dt__sk_ready()) return -1;
+  SOCKET s = socket(family, type, proto);
+  if (s == INVALID_SOCKET) return dt__sk_fail();
+  if (s > (SOCKET)INT_MAX) { /* never seen: handles stay far below */
+    closesocket(s);
+    errno = EMFILE;
+    return -1;
+  }
+  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0); /* as close-on-exec */
+  return (int)s;
+}
+
+DTRAIN_PRIVATE int dt__sk_connect(int fd, const struct sockaddr *a, size_t len) {
+  if (connect((SOCKET)fd, a, (int)len) == 0) return 0;
+  int e = WSAGetLastError();
+  errno = e == WSAEWOULDBLOCK ? EINPROGRESS : dt__sk_errno(e); /* a non-blocking connect under way */
+  return -1;
+}
+
+DTRAIN_PRIVATE int dt__sk_accept(int fd, struct sockaddr *a, socklen_t *len) {
+  SOCKET s = accept((SOCKET)fd, a, len);
+  if (s == INVALID_SOCKET) return dt__sk_fail();
+  if (s > (SOCKET)INT_MAX) {
+    closesocket(s);
+    errno = EMFILE;
+    return -1;
+  }
+  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0);
+  return (int)s;
+}
+
+DTRAIN_PRIVATE int dt__sk_close(int fd) { return closesocket((SOCKET)fd) == 0 ? 0 : dt__sk_fail(); }
+
+DTRAIN_PRIVATE ssize_t dt__sk_send(int fd, const void *p, size_t n, int flags) {
+  int k = send((SOCKET)fd, (const char *)p, n > INT_MAX ? INT_MAX : (int)n, flags);
+  return k == SOCKET_ERROR ? dt__sk_fail() : (ssize_t)k;
+}
+
+DTRAIN_PRIVATE ssize_t dt__sk_recv(int fd, void *p, size_t n, int flags) {
+  int k = recv((SOCKET)fd, (char *)p, n > INT_MAX ? INT_MAX : (int)n, flags);
+  return k == SOCKET_ERROR ? dt__sk_fail() : (ssize_t)k;
+}
+
+/* Gathered, as sendmsg: WSASend over the pieces (at most DT__NET_IOV_MAX, each under 4 GiB). */
+DTRAIN_PRIVATE ssize_t dt__sk_sendmsg(int fd, const struct msghdr *mh, int flags) {
+  WSABUF b[DT__NET_IOV_MAX];
+  DWORD nb = 0, sent = 0;
+  for (size_t i = 0; i < mh->msg_iovlen && nb < DT__NET_IOV_MAX; i++) {
+    size_t len = mh->msg_iov[i].iov_len;
+    if (len == 0) continue;
+    b[nb].buf = (char *)mh->msg_iov[i].iov_base;
+    b[nb].len = len > 0x40000000u ? 0x40000000u : (ULONG)len;
+    nb++;
+    if (len > 0x40000000u) break; /* the rest follows in a later call */
+  }
+  if (nb == 0) return 0;
+  if (WSASend((SOCKET)fd, b, nb, &sent, (DWORD)flags, NULL, NULL) != 0) return dt__sk_fail();
+  return (ssize_t)sent;
+}
+
+DTRAIN_PRIVATE int dt__sk_poll(struct pollfd *p, nfds_t n, int ms) {
+  int r = WSAPoll(p, (ULONG)n, ms);
+  return r == SOCKET_ERROR ? dt__sk_fail() : r;
+}
+
+#endif /* !DTRAIN_NO_NET && _WIN32 */
+#endif /* part 4 */
+/* ======== end dt_sock.c ======== */
 
 /* ======== begin dt_netem.c ======== */
 #if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
@@ -30526,8 +30700,8 @@ DTRAIN_PRIVATE int dt__sock_poll(struct pollfd *p, nfds_t n, int ms) {
 /* ======== begin dt_socket.c ======== */
 #if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
- * dt_socket.c -- POSIX sockets with deadlines: addresses, listen, connect
- * (with retries), accept, read, write (see dt_net_core.h)
+ * dt_socket.c -- sockets with deadlines: addresses, listen, connect
+ * (with retries), accept, read, write (see dt_net_core.h; Winsock: dt_sock.c)
  * ===========================================================================
  * Every socket is non-blocking and every call takes an absolute deadline;
  * EINTR is retried and SIGPIPE never raised (MSG_NOSIGNAL, or SO_NOSIGPIPE
@@ -30570,154 +30744,6 @@ DTRAIN_PRIVATE int dt__sock_poll(struct pollfd *p, nfds_t n, int ms) {
 #  endif
 
 #  if defined(_WIN32)
-/* ---- Winsock: the dt__sk_* calls of dt_net_core.h ------------------------------------------- */
-static INIT_ONCE dt__sk_once = INIT_ONCE_STATIC_INIT;
-static int dt__sk_started; /* WSAStartup succeeded (written once, under dt__sk_once) */
-
-static BOOL CALLBACK dt__sk_start(PINIT_ONCE once, PVOID arg, PVOID *ctx) {
-  WSADATA wd;
-  (void)once;
-  (void)arg;
-  (void)ctx;
-  dt__sk_started = WSAStartup(MAKEWORD(2, 2), &wd) == 0;
-  return TRUE;
-}
-
-/* Winsock started (once per process; never cleaned up: the process's end does). 0 when it cannot start. */
-static int dt__sk_ready(void) {
-  InitOnceExecuteOnce(&dt__sk_once, dt__sk_start, NULL, NULL);
-  if (!dt__sk_started) errno = ENETDOWN;
-  return dt__sk_started;
-}
-
-DTRAIN_PRIVATE int dt__sk_errno(int e) {
-  switch (e) {
-    case WSAEWOULDBLOCK: return EAGAIN;
-    case WSAEINPROGRESS: return EINPROGRESS;
-    case WSAEALREADY: return EALREADY;
-    case WSAEINTR: return EINTR;
-    case WSAEBADF: case WSAENOTSOCK: return EBADF;
-    case WSAEACCES: return EACCES;
-    case WSAEFAULT: return EFAULT;
-    case WSAEINVAL: return EINVAL;
-    case WSAEMFILE: return EMFILE;
-    case WSAEMSGSIZE: return EMSGSIZE;
-    case WSAEAFNOSUPPORT: return EAFNOSUPPORT;
-    case WSAEADDRINUSE: return EADDRINUSE;
-    case WSAEADDRNOTAVAIL: return EADDRNOTAVAIL;
-    case WSAENETDOWN: return ENETDOWN;
-    case WSAENETUNREACH: return ENETUNREACH;
-    case WSAENETRESET: return ENETRESET;
-    case WSAECONNABORTED: return ECONNABORTED;
-    case WSAECONNRESET: return ECONNRESET;
-    case WSAENOBUFS: return ENOBUFS;
-    case WSAEISCONN: return EISCONN;
-    case WSAENOTCONN: return ENOTCONN;
-    case WSAESHUTDOWN: return EPIPE;
-    case WSAETIMEDOUT: return ETIMEDOUT;
-    case WSAECONNREFUSED: return ECONNREFUSED;
-    case WSAEHOSTUNREACH: return EHOSTUNREACH;
-    default: return e ? EIO : 0;
-  }
-}
-
-/* The C runtime knows the ISO errors only: the socket ones get their text here. */
-DTRAIN_PRIVATE const char *dt__sk_strerror(int err) {
-  switch (err) {
-    case EAGAIN: return "Resource temporarily unavailable";
-    case EINPROGRESS: return "Operation now in progress";
-    case EALREADY: return "Operation already in progress";
-    case EMSGSIZE: return "Message too long";
-    case EAFNOSUPPORT: return "Address family not supported";
-    case EADDRINUSE: return "Address already in use";
-    case EADDRNOTAVAIL: return "Cannot assign requested address";
-    case ENETDOWN: return "Network is down (or Winsock did not start)";
-    case ENETUNREACH: return "Network is unreachable";
-    case ENETRESET: return "Network dropped connection on reset";
-    case ECONNABORTED: return "Software caused connection abort";
-    case ECONNRESET: return "Connection reset by peer";
-    case ENOBUFS: return "No buffer space available";
-    case EISCONN: return "Transport endpoint is already connected";
-    case ENOTCONN: return "Transport endpoint is not connected";
-    case EPIPE: return "Broken pipe";
-    case ETIMEDOUT: return "Connection timed out";
-    case ECONNREFUSED: return "Connection refused";
-    case EHOSTUNREACH: return "No route to host";
-    default: return strerror(err);
-  }
-}
-
-static int dt__sk_fail(void) {
-  errno = dt__sk_errno(WSAGetLastError());
-  return -1;
-}
-
-DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto) {
-  if (!dt__sk_ready()) return -1;
-  SOCKET s = socket(family, type, proto);
-  if (s == INVALID_SOCKET) return dt__sk_fail();
-  if (s > (SOCKET)INT_MAX) { /* never seen: handles stay far below */
-    closesocket(s);
-    errno = EMFILE;
-    return -1;
-  }
-  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0); /* as close-on-exec */
-  return (int)s;
-}
-
-DTRAIN_PRIVATE int dt__sk_connect(int fd, const struct sockaddr *a, size_t len) {
-  if (connect((SOCKET)fd, a, (int)len) == 0) return 0;
-  int e = WSAGetLastError();
-  errno = e == WSAEWOULDBLOCK ? EINPROGRESS : dt__sk_errno(e); /* a non-blocking connect under way */
-  return -1;
-}
-
-DTRAIN_PRIVATE int dt__sk_accept(int fd, struct sockaddr *a, socklen_t *len) {
-  SOCKET s = accept((SOCKET)fd, a, len);
-  if (s == INVALID_SOCKET) return dt__sk_fail();
-  if (s > (SOCKET)INT_MAX) {
-    closesocket(s);
-    errno = EMFILE;
-    return -1;
-  }
-  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0);
-  return (int)s;
-}
-
-DTRAIN_PRIVATE int dt__sk_close(int fd) { return closesocket((SOCKET)fd) == 0 ? 0 : dt__sk_fail(); }
-
-DTRAIN_PRIVATE ssize_t dt__sk_send(int fd, const void *p, size_t n, int flags) {
-  int k = send((SOCKET)fd, (const char *)p, n > INT_MAX ? INT_MAX : (int)n, flags);
-  return k == SOCKET_ERROR ? dt__sk_fail() : (ssize_t)k;
-}
-
-DTRAIN_PRIVATE ssize_t dt__sk_recv(int fd, void *p, size_t n, int flags) {
-  int k = recv((SOCKET)fd, (char *)p, n > INT_MAX ? INT_MAX : (int)n, flags);
-  return k == SOCKET_ERROR ? dt__sk_fail() : (ssize_t)k;
-}
-
-/* Gathered, as sendmsg: WSASend over the pieces (at most DT__NET_IOV_MAX, each under 4 GiB). */
-DTRAIN_PRIVATE ssize_t dt__sk_sendmsg(int fd, const struct msghdr *mh, int flags) {
-  WSABUF b[DT__NET_IOV_MAX];
-  DWORD nb = 0, sent = 0;
-  for (size_t i = 0; i < mh->msg_iovlen && nb < DT__NET_IOV_MAX; i++) {
-    size_t len = mh->msg_iov[i].iov_len;
-    if (len == 0) continue;
-    b[nb].buf = (char *)mh->msg_iov[i].iov_base;
-    b[nb].len = len > 0x40000000u ? 0x40000000u : (ULONG)len;
-    nb++;
-    if (len > 0x40000000u) break; /* the rest follows in a later call */
-  }
-  if (nb == 0) return 0;
-  if (WSASend((SOCKET)fd, b, nb, &sent, (DWORD)flags, NULL, NULL) != 0) return dt__sk_fail();
-  return (ssize_t)sent;
-}
-
-DTRAIN_PRIVATE int dt__sk_poll(struct pollfd *p, nfds_t n, int ms) {
-  int r = WSAPoll(p, (ULONG)n, ms);
-  return r == SOCKET_ERROR ? dt__sk_fail() : r;
-}
-
 static void dt__sk_setint(int fd, int level, int name, int v) {
   (void)setsockopt((SOCKET)fd, level, name, (const char *)&v, (int)sizeof v);
 }

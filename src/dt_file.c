@@ -197,31 +197,26 @@ DTRAIN_PRIVATE dt_result dt__file_create(dt__file_out *o, const char *path) {
     snprintf(o->tmp, o->tmp_cap, "%s.tmp-%ld-%u", path, dt__file_pid(), counter++);
 #if defined(_WIN32) /* _O_EXCL as O_EXCL (msvcrt's fopen has no "x") */
     int fd = _open(o->tmp, _O_WRONLY | _O_CREAT | _O_EXCL | _O_BINARY | _O_NOINHERIT, _S_IREAD | _S_IWRITE);
+#  define DT__FILE_FDOPEN _fdopen
+#  define DT__FILE_CLOSE _close
+#else
+    int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+#  define DT__FILE_FDOPEN fdopen
+#  define DT__FILE_CLOSE close
+#endif
     if (fd >= 0) {
-      o->f = _fdopen(fd, "wb");
+      o->f = DT__FILE_FDOPEN(fd, "wb");
       if (!o->f) {
         err = errno;
-        _close(fd);
+        DT__FILE_CLOSE(fd);
         remove(o->tmp);
         break;
       }
     } else {
       err = errno;
     }
-#else
-    int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-    if (fd >= 0) {
-      o->f = fdopen(fd, "wb");
-      if (!o->f) {
-        err = errno;
-        close(fd);
-        unlink(o->tmp);
-        break;
-      }
-    } else {
-      err = errno;
-    }
-#endif
+#undef DT__FILE_FDOPEN
+#undef DT__FILE_CLOSE
     if (!o->f && err != EEXIST) break;
   }
   if (!o->f) {

@@ -22,7 +22,7 @@
  * <winsock2.h> and <ws2tcpip.h> came with dt_internal.h. A socket is held in
  * an int as a descriptor is (Windows keeps SOCKET values below 2^31: they are
  * kernel handles, 32-bit significant). The dt__sk_* calls are the system's
- * under POSIX; under Winsock they start Winsock once and turn a failure's
+ * under POSIX; under Winsock (dt_sock.c) they start Winsock once and turn a failure's
  * WSAGetLastError() into the errno the transport tests (WSAEWOULDBLOCK is
  * EAGAIN, and EINPROGRESS after a connect). */
 struct iovec {
@@ -35,6 +35,7 @@ struct msghdr { /* the two fields sendmsg() is given here */
 };
 typedef unsigned long nfds_t;
 #    define DT__NET_SEND_FLAGS 0 /* Windows raises no SIGPIPE */
+DTRAIN_PRIVATE int dt__sk_ready(void); /* Winsock started (once a process); 0: it cannot start (errno ENETDOWN) */
 DTRAIN_PRIVATE int dt__sk_errno(int wsa_error); /* WSAE* -> E* */
 DTRAIN_PRIVATE const char *dt__sk_strerror(int err); /* strerror, with text for the socket errors */
 DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto);
