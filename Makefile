@@ -307,14 +307,10 @@ windows:
 	$(MAKE) --no-print-directory build/tests/portable_run
 	WINEPREFIX=$(CURDIR)/build/win/wineprefix WINEDEBUG=-all WINE="$(WINE)" CROSS_ARCHS=x86_64-w64-mingw32:win \
 	  sh tests/cross_compare.sh
-	@# the example a user runs first: two epochs that rewrite the chart, the CSV and the checkpoint
+	@# the examples as a user runs them (tests/windows_checks.sh): 02 rewriting its outputs, 05 over TCP
 	$(MAKE) --no-print-directory BUILD=build/win CC=$(WIN_CC) EXTRA_CFLAGS="-D__USE_MINGW_ANSI_STDIO=1" \
-	  LDLIBS="-lm -lpthread -lws2_32 -static" build/win/examples/02_fashion_mnist
-	rm -f build/win/ex.svg build/win/ex.csv build/win/ex.ckpt
-	cd build/win && WINEPREFIX=$(CURDIR)/build/win/wineprefix WINEDEBUG=-all $(WINE) examples/02_fashion_mnist.exe \
-	  --model mlp --epochs 2 --limit 1000 --svg ex.svg --csv ex.csv --checkpoint ex.ckpt --strategy mirrored --replicas 2
-	cd build/win && WINEPREFIX=$(CURDIR)/build/win/wineprefix WINEDEBUG=-all $(WINE) examples/02_fashion_mnist.exe \
-	  --model mlp --evaluate --resume ex.ckpt --limit 1000
+	  LDLIBS="-lm -lpthread -lws2_32 -static" $(patsubst examples/%.c,build/win/examples/%,$(EX_SRC))
+	WINEPREFIX=$(CURDIR)/build/win/wineprefix WINEDEBUG=-all WINE="$(WINE)" sh tests/windows_checks.sh
 
 # ASan + UBSan over the whole suite (separate build directory).
 sanitize:

@@ -337,11 +337,19 @@ int main(int argc, char **argv) {
     for (int64_t k = k0; k < steps_per_epoch; k++, step++) {
       if (rank == o.crash_rank && step == o.crash_step) {
         fflush(stdout);
+#if defined(_WIN32) /* no SIGKILL there: end at once all the same, no goodbye, no exit handlers */
+        _Exit(137);
+#else
         raise(SIGKILL); /* a crash, not an exit: no goodbye to the peers */
+#endif
       }
       if (rank == o.stall_rank && step == o.stall_step) {
         fflush(stdout);
+#if defined(_WIN32) /* no SIGSTOP there: this thread stops for good, its connections stay open */
+        for (;;) dt_sleep(3600.0);
+#else
         raise(SIGSTOP); /* a hung machine: connections stay open, nothing arrives */
+#endif
       }
       dt_batch b;
       if (dt_loader_next(loader, &b) <= 0) {

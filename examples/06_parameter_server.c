@@ -135,7 +135,11 @@ static dt_result next_batch(void *user, int replica, int64_t step, dt_minibatch 
   int64_t mine = f->set ? f->taken++ : f->first + step; /* this worker's steps so far */
   if (f->rank == f->o->crash_rank && mine == f->o->crash_step) {
     fflush(stdout);
+#if defined(_WIN32) /* no SIGKILL there: end at once all the same, no goodbye, no exit handlers */
+    _Exit(137);
+#else
     raise(SIGKILL); /* a crash: no goodbye to the servers (with --work-queue: holding an item) */
+#endif
   }
   if (f->set) return queue_batch(f, step, out);
   dt_batch b;

@@ -66,6 +66,10 @@
 #include <string.h>
 #include <errno.h>
 #include <sys/stat.h>
+#if defined(_WIN32)
+#  include <direct.h>
+#  define mkdir(path, mode) _mkdir(path) /* no permission bits there */
+#endif
 #include "example_flags.h"
 
 #define NIN 64
