@@ -295,7 +295,7 @@ windows:
 	@command -v $(WIN_CC) >/dev/null || { echo "make windows: no $(WIN_CC) (apt-get install gcc-mingw-w64-x86-64-posix)"; exit 2; }
 	@test -n "$(WINE)" || { echo "make windows: no wine (apt-get install wine64)"; exit 2; }
 	$(MAKE) --no-print-directory BUILD=build/win CC=$(WIN_CC) CXX=$(WIN_CXX) EXTRA_CFLAGS="-D__USE_MINGW_ANSI_STDIO=1" \
-	  LDLIBS="-lm -lpthread -lws2_32 -static" SKIP_TESTS="$(WIN_SKIP)" \
+	  LDLIBS="-lm -lpthread -lws2_32 -static" SKIP_TESTS="$(WIN_SKIP)" RUNNER="$(WINE)" \
 	  SKIP_WHY="not run on Windows: it forks processes or uses POSIX-only calls (fork, signals, FIFOs)" suite-bins
 	@# the single-file build as a user compiles it (msvcrt's stdio, no feature macros)
 	$(WIN_CC) -std=c11 $(WARN) -O1 -I. tests/dtrain_impl.c -c -o build/win/single_file.o

@@ -28168,7 +28168,7 @@ DTRAIN_API dt_result dt_checkpoint_split(const char *full, const dt_split_plan *
 /* ======== end dt_parallel_ckpt.c ======== */
 
 /* ======== begin dt_cluster.c ======== */
-#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_cluster.c -- the cluster description: DTRAIN_CONFIG (JSON in the style
  * of TF_CONFIG), command-line flags, and back to JSON (see dt_net.h)
@@ -29026,7 +29026,7 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
 }
 
 #endif /* DTRAIN_NO_DIST */
-#endif /* part 4 */
+#endif /* part 3 */
 /* ======== end dt_cluster.c ======== */
 
 /* ======== begin dt_wire.h ======== */
@@ -29961,6 +29961,9 @@ DTRAIN_PRIVATE int dt__sk_errno(int e) {
     case WSAETIMEDOUT: return ETIMEDOUT;
     case WSAECONNREFUSED: return ECONNREFUSED;
     case WSAEHOSTUNREACH: return EHOSTUNREACH;
+    case WSAEOPNOTSUPP: return EOPNOTSUPP;
+    case WSAEDISCON: return ECONNRESET;
+    case WSANOTINITIALISED: case WSASYSNOTREADY: return ENETDOWN;
     default: return e ? EIO : 0;
   }
 }
@@ -30057,7 +30060,19 @@ DTRAIN_PRIVATE ssize_t dt__sk_sendmsg(int fd, const struct msghdr *mh, int flags
   return (ssize_t)sent;
 }
 
+/* WSAPoll refuses an array without one valid socket (WSAEINVAL at once,
+ * where poll() sleeps): the link emulation polls such arrays (entries set to
+ * -1 while their line has room), so with no socket this sleeps, as poll(). */
 DTRAIN_PRIVATE int dt__sk_poll(struct pollfd *p, nfds_t n, int ms) {
+  int any = 0;
+  for (nfds_t i = 0; i < n; i++) {
+    p[i].revents = 0;
+    if ((int)p[i].fd >= 0) any = 1;
+  }
+  if (!any) {
+    if (ms != 0) Sleep(ms < 0 ? INFINITE : (DWORD)ms);
+    return 0;
+  }
   int r = WSAPoll(p, (ULONG)n, ms);
   return r == SOCKET_ERROR ? dt__sk_fail() : r;
 }
@@ -30817,7 +30832,7 @@ static dt_result dt__net_resolve(const char *hostport, int passive, struct addri
 #  if defined(_WIN32)
   if (!dt__sk_ready()) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': Winsock did not start", hostport);
   int e = getaddrinfo(host, port, &hints, res);
-  if (e != 0) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': %s", hostport, dt__sk_strerror(dt__sk_errno(e)));
+  if (e != 0) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': %s", hostport, gai_strerrorA(e));
 #  else
   int e = getaddrinfo(host, port, &hints, res);
   if (e != 0) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': %s", hostport, gai_strerror(e));
@@ -30837,8 +30852,11 @@ DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd_out) {
       err = errno;
       continue;
     }
-#  if defined(_WIN32) /* SO_REUSEADDR there lets another socket take the port: refuse that instead */
-    dt__sk_setint(fd, SOL_SOCKET, SO_EXCLUSIVEADDRUSE, 1);
+#  if defined(_WIN32)
+    /* No option: SO_REUSEADDR there lets another socket take a port in use,
+     * and SO_EXCLUSIVEADDRUSE keeps a restarted process off its own port while
+     * its old connections linger; the default refuses a second listener and
+     * lets a restart bind past TIME_WAIT. */
     if (bind((SOCKET)fd, a->ai_addr, (int)a->ai_addrlen) == 0 && listen((SOCKET)fd, 128) == 0) {
 #  else
     dt__sk_setint(fd, SOL_SOCKET, SO_REUSEADDR, 1);
@@ -30929,7 +30947,24 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
       dt__net_tune(fd);
       int r = dt__sk_connect(fd, a->ai_addr, a->ai_addrlen);
       if (r != 0 && (errno == EINPROGRESS || errno == EINTR)) {
+#  if defined(_WIN32)
+        /* WSAPoll before Windows 10 2004 never reports a refused connect:
+         * look at SO_ERROR every quarter second instead of only at the end. */
+        int w;
+        for (;;) {
+          double now = dt__now(), until = DT__MIN(deadline, now + 0.25);
+          w = dt__net_wait(fd, POLLOUT, until);
+          if (w != 0 || until >= deadline) break;
+          int so = 0;
+          socklen_t sl = sizeof so;
+          if (getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&so, &sl) == 0 && so != 0) {
+            w = 1; /* failed: read below */
+            break;
+          }
+        }
+#  else
         int w = dt__net_wait(fd, POLLOUT, deadline);
+#  endif
         if (w == 1) {
           int so = 0;
           socklen_t sl = sizeof so;

@@ -69,6 +69,9 @@ DTRAIN_PRIVATE int dt__sk_errno(int e) {
     case WSAETIMEDOUT: return ETIMEDOUT;
     case WSAECONNREFUSED: return ECONNREFUSED;
     case WSAEHOSTUNREACH: return EHOSTUNREACH;
+    case WSAEOPNOTSUPP: return EOPNOTSUPP;
+    case WSAEDISCON: return ECONNRESET;
+    case WSANOTINITIALISED: case WSASYSNOTREADY: return ENETDOWN;
     default: return e ? EIO : 0;
   }
 }
@@ -165,7 +168,19 @@ DTRAIN_PRIVATE ssize_t dt__sk_sendmsg(int fd, const struct msghdr *mh, int flags
   return (ssize_t)sent;
 }
 
+/* WSAPoll refuses an array without one valid socket (WSAEINVAL at once,
+ * where poll() sleeps): the link emulation polls such arrays (entries set to
+ * -1 while their line has room), so with no socket this sleeps, as poll(). */
 DTRAIN_PRIVATE int dt__sk_poll(struct pollfd *p, nfds_t n, int ms) {
+  int any = 0;
+  for (nfds_t i = 0; i < n; i++) {
+    p[i].revents = 0;
+    if ((int)p[i].fd >= 0) any = 1;
+  }
+  if (!any) {
+    if (ms != 0) Sleep(ms < 0 ? INFINITE : (DWORD)ms);
+    return 0;
+  }
   int r = WSAPoll(p, (ULONG)n, ms);
   return r == SOCKET_ERROR ? dt__sk_fail() : r;
 }

@@ -116,7 +116,7 @@ static dt_result dt__net_resolve(const char *hostport, int passive, struct addri
 #  if defined(_WIN32)
   if (!dt__sk_ready()) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': Winsock did not start", hostport);
   int e = getaddrinfo(host, port, &hints, res);
-  if (e != 0) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': %s", hostport, dt__sk_strerror(dt__sk_errno(e)));
+  if (e != 0) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': %s", hostport, gai_strerrorA(e));
 #  else
   int e = getaddrinfo(host, port, &hints, res);
   if (e != 0) return dt__error(DTRAIN_ERR_NET, "cannot resolve '%s': %s", hostport, gai_strerror(e));
@@ -136,8 +136,11 @@ DTRAIN_PRIVATE dt_result dt__net_listen(const char *hostport, int *fd_out) {
       err = errno;
       continue;
     }
-#  if defined(_WIN32) /* SO_REUSEADDR there lets another socket take the port: refuse that instead */
-    dt__sk_setint(fd, SOL_SOCKET, SO_EXCLUSIVEADDRUSE, 1);
+#  if defined(_WIN32)
+    /* No option: SO_REUSEADDR there lets another socket take a port in use,
+     * and SO_EXCLUSIVEADDRUSE keeps a restarted process off its own port while
+     * its old connections linger; the default refuses a second listener and
+     * lets a restart bind past TIME_WAIT. */
     if (bind((SOCKET)fd, a->ai_addr, (int)a->ai_addrlen) == 0 && listen((SOCKET)fd, 128) == 0) {
 #  else
     dt__sk_setint(fd, SOL_SOCKET, SO_REUSEADDR, 1);
@@ -228,7 +231,24 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
       dt__net_tune(fd);
       int r = dt__sk_connect(fd, a->ai_addr, a->ai_addrlen);
       if (r != 0 && (errno == EINPROGRESS || errno == EINTR)) {
+#  if defined(_WIN32)
+        /* WSAPoll before Windows 10 2004 never reports a refused connect:
+         * look at SO_ERROR every quarter second instead of only at the end. */
+        int w;
+        for (;;) {
+          double now = dt__now(), until = DT__MIN(deadline, now + 0.25);
+          w = dt__net_wait(fd, POLLOUT, until);
+          if (w != 0 || until >= deadline) break;
+          int so = 0;
+          socklen_t sl = sizeof so;
+          if (getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&so, &sl) == 0 && so != 0) {
+            w = 1; /* failed: read below */
+            break;
+          }
+        }
+#  else
         int w = dt__net_wait(fd, POLLOUT, deadline);
+#  endif
         if (w == 1) {
           int so = 0;
           socklen_t sl = sizeof so;
