@@ -29999,17 +29999,21 @@ static int dt__sk_fail(void) {
   return -1;
 }
 
-DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto) {
-  if (!dt__sk_ready()) return -1;
-  SOCKET s = socket(family, type, proto);
+/* A new socket as the int the transport holds, not inherited (as close-on-exec). */
+static int dt__sk_own(SOCKET s) {
   if (s == INVALID_SOCKET) return dt__sk_fail();
   if (s > (SOCKET)INT_MAX) { /* never seen: handles stay far below */
     closesocket(s);
     errno = EMFILE;
     return -1;
   }
-  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0); /* as close-on-exec */
+  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0);
   return (int)s;
+}
+
+DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto) {
+  if (!dt__sk_ready()) return -1;
+  return dt__sk_own(socket(family, type, proto));
 }
 
 DTRAIN_PRIVATE int dt__sk_connect(int fd, const struct sockaddr *a, size_t len) {
@@ -30020,15 +30024,7 @@ DTRAIN_PRIVATE int dt__sk_connect(int fd, const struct sockaddr *a, size_t len) 
 }
 
 DTRAIN_PRIVATE int dt__sk_accept(int fd, struct sockaddr *a, socklen_t *len) {
-  SOCKET s = accept((SOCKET)fd, a, len);
-  if (s == INVALID_SOCKET) return dt__sk_fail();
-  if (s > (SOCKET)INT_MAX) {
-    closesocket(s);
-    errno = EMFILE;
-    return -1;
-  }
-  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0);
-  return (int)s;
+  return dt__sk_own(accept((SOCKET)fd, a, len));
 }
 
 DTRAIN_PRIVATE int dt__sk_close(int fd) { return closesocket((SOCKET)fd) == 0 ? 0 : dt__sk_fail(); }
@@ -30930,6 +30926,19 @@ static int dt__net_self_connected(int fd) {
   return 0;
 }
 
+/* A socket's pending error (SO_ERROR) as an errno value; 0: none (or unreadable). */
+static int dt__net_so_error(int fd) {
+  int so = 0;
+  socklen_t sl = sizeof so;
+#  if defined(_WIN32)
+  if (getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&so, &sl) != 0) return 0;
+  return dt__sk_errno(so);
+#  else
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) != 0) return 0;
+  return so;
+#  endif
+}
+
 DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, int *fd_out) {
   double backoff = 0.01;
   int err = 0;
@@ -30952,12 +30961,10 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
          * look at SO_ERROR every quarter second instead of only at the end. */
         int w;
         for (;;) {
-          double now = dt__now(), until = DT__MIN(deadline, now + 0.25);
+          double until = DT__MIN(deadline, dt__now() + 0.25);
           w = dt__net_wait(fd, POLLOUT, until);
           if (w != 0 || until >= deadline) break;
-          int so = 0;
-          socklen_t sl = sizeof so;
-          if (getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&so, &sl) == 0 && so != 0) {
+          if (dt__net_so_error(fd) != 0) {
             w = 1; /* failed: read below */
             break;
           }
@@ -30966,14 +30973,7 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
         int w = dt__net_wait(fd, POLLOUT, deadline);
 #  endif
         if (w == 1) {
-          int so = 0;
-          socklen_t sl = sizeof so;
-#  if defined(_WIN32)
-          getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&so, &sl);
-          so = dt__sk_errno(so);
-#  else
-          getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
-#  endif
+          int so = dt__net_so_error(fd);
           if (so == 0) r = 0;
           else errno = so;
         } else if (w == 0) {

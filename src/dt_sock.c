@@ -107,17 +107,21 @@ static int dt__sk_fail(void) {
   return -1;
 }
 
-DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto) {
-  if (!dt__sk_ready()) return -1;
-  SOCKET s = socket(family, type, proto);
+/* A new socket as the int the transport holds, not inherited (as close-on-exec). */
+static int dt__sk_own(SOCKET s) {
   if (s == INVALID_SOCKET) return dt__sk_fail();
   if (s > (SOCKET)INT_MAX) { /* never seen: handles stay far below */
     closesocket(s);
     errno = EMFILE;
     return -1;
   }
-  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0); /* as close-on-exec */
+  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0);
   return (int)s;
+}
+
+DTRAIN_PRIVATE int dt__sk_socket(int family, int type, int proto) {
+  if (!dt__sk_ready()) return -1;
+  return dt__sk_own(socket(family, type, proto));
 }
 
 DTRAIN_PRIVATE int dt__sk_connect(int fd, const struct sockaddr *a, size_t len) {
@@ -128,15 +132,7 @@ DTRAIN_PRIVATE int dt__sk_connect(int fd, const struct sockaddr *a, size_t len) 
 }
 
 DTRAIN_PRIVATE int dt__sk_accept(int fd, struct sockaddr *a, socklen_t *len) {
-  SOCKET s = accept((SOCKET)fd, a, len);
-  if (s == INVALID_SOCKET) return dt__sk_fail();
-  if (s > (SOCKET)INT_MAX) {
-    closesocket(s);
-    errno = EMFILE;
-    return -1;
-  }
-  SetHandleInformation((HANDLE)s, HANDLE_FLAG_INHERIT, 0);
-  return (int)s;
+  return dt__sk_own(accept((SOCKET)fd, a, len));
 }
 
 DTRAIN_PRIVATE int dt__sk_close(int fd) { return closesocket((SOCKET)fd) == 0 ? 0 : dt__sk_fail(); }

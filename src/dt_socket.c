@@ -214,6 +214,19 @@ static int dt__net_self_connected(int fd) {
   return 0;
 }
 
+/* A socket's pending error (SO_ERROR) as an errno value; 0: none (or unreadable). */
+static int dt__net_so_error(int fd) {
+  int so = 0;
+  socklen_t sl = sizeof so;
+#  if defined(_WIN32)
+  if (getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&so, &sl) != 0) return 0;
+  return dt__sk_errno(so);
+#  else
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) != 0) return 0;
+  return so;
+#  endif
+}
+
 DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, int *fd_out) {
   double backoff = 0.01;
   int err = 0;
@@ -236,12 +249,10 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
          * look at SO_ERROR every quarter second instead of only at the end. */
         int w;
         for (;;) {
-          double now = dt__now(), until = DT__MIN(deadline, now + 0.25);
+          double until = DT__MIN(deadline, dt__now() + 0.25);
           w = dt__net_wait(fd, POLLOUT, until);
           if (w != 0 || until >= deadline) break;
-          int so = 0;
-          socklen_t sl = sizeof so;
-          if (getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&so, &sl) == 0 && so != 0) {
+          if (dt__net_so_error(fd) != 0) {
             w = 1; /* failed: read below */
             break;
           }
@@ -250,14 +261,7 @@ DTRAIN_PRIVATE dt_result dt__net_connect(const char *hostport, double deadline, 
         int w = dt__net_wait(fd, POLLOUT, deadline);
 #  endif
         if (w == 1) {
-          int so = 0;
-          socklen_t sl = sizeof so;
-#  if defined(_WIN32)
-          getsockopt((SOCKET)fd, SOL_SOCKET, SO_ERROR, (char *)&so, &sl);
-          so = dt__sk_errno(so);
-#  else
-          getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl);
-#  endif
+          int so = dt__net_so_error(fd);
           if (so == 0) r = 0;
           else errno = so;
         } else if (w == 0) {

@@ -191,7 +191,7 @@ typedef struct ps_arg {
   char why[320];
 } ps_arg;
 
-static dt_cluster ps_cluster(ps_arg *a, char **wa, char **sa, dt_role role) {
+static dt_cluster ps_cluster(char **wa, char **sa, dt_role role) {
   dt_cluster c;
   memset(&c, 0, sizeof c);
   c.workers = 1;
@@ -200,7 +200,6 @@ static dt_cluster ps_cluster(ps_arg *a, char **wa, char **sa, dt_role role) {
   c.server_addr = sa;
   c.role = role;
   c.index = 0;
-  (void)a;
   return c;
 }
 
@@ -214,7 +213,7 @@ static dt_params *ps_params(void) {
 static void *ps_server_main(void *p) {
   ps_arg *a = (ps_arg *)p;
   char wbuf[] = "127.0.0.1:1", *wa[1] = {wbuf}, *sa[1] = {a->addr}; /* workers do not listen here */
-  dt_cluster c = ps_cluster(a, wa, sa, DTRAIN_ROLE_PS);
+  dt_cluster c = ps_cluster(wa, sa, DTRAIN_ROLE_PS);
   dt_params *P = ps_params();
   dt_optim_options od = dt_optim_defaults(DTRAIN_OPTIM_SGD);
   od.lr = 0.25f;
@@ -244,7 +243,7 @@ static void test_parameter_server_threads(void) {
   pthread_t st;
   CHECK(pthread_create(&st, NULL, ps_server_main, &a) == 0);
   char wbuf[] = "127.0.0.1:1", *wa[1] = {wbuf}, *sa[1] = {a.addr};
-  dt_cluster c = ps_cluster(&a, wa, sa, DTRAIN_ROLE_WORKER);
+  dt_cluster c = ps_cluster(wa, sa, DTRAIN_ROLE_WORKER);
   dt_params *P = ps_params();
   dt_net_options o = dt_net_defaults();
   o.timeout_s = 20;
