@@ -180,7 +180,7 @@
  * LAYERS (the files of src/, lowest first: a file includes and calls only
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
  * An upper layer reaches down through hooks it installs, never the reverse.)
- *   1  base      dt_base dt_internal dt_platform dt_rng dt_json dt_bytes dt_file
+ *   1  base      dt_base dt_internal dt_platform dt_profile dt_rng dt_json dt_bytes dt_file
  *   2  tensor    dt_tensor dt_tensor_internal dt_device dt_maps dt_optim_math
  *   3  ops       dt_ops* dt_gemm dt_device_ops dt_device_nn
  *   4  autograd  dt_autograd
@@ -561,6 +561,48 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n);
  * system time is set), for timing and progress; only differences mean
  * anything. Without a monotonic clock (no POSIX), the C11 calendar clock. */
 DTRAIN_API double dt_time_now(void);
+
+/* ---- per-op profile ---------------------------------------------------------------
+ * Where a training step's time goes: dt_profile_start() zeroes the process's
+ * profile and turns it on; from then on every op's forward (its own time, not
+ * that of the ops it is built from: a linear layer's matrix product is charged
+ * to dt_matmul), every tape node's backward, dt_optim_step (update),
+ * dt_loader_next (data) and the communicators' collectives (comm) add their
+ * calls and wall seconds, from every thread (replica threads add up: on N
+ * replicas the sum can reach N times the wall time). dt_profile_stop() turns
+ * it off; the figures stay readable until the next start (dt_profile_resume
+ * goes on adding to them). Off, the hooks cost
+ * one load each. Time outside any op (the caller's code, waiting for a
+ * barrier) is in no entry: compare the sum with the wall time. */
+typedef enum dt_profile_phase {
+  DTRAIN_PROFILE_FORWARD = 0,
+  DTRAIN_PROFILE_BACKWARD = 1,
+  DTRAIN_PROFILE_UPDATE = 2, /* the optimizer */
+  DTRAIN_PROFILE_DATA = 3,   /* the loader */
+  DTRAIN_PROFILE_COMM = 4    /* collectives */
+} dt_profile_phase;
+
+typedef struct dt_profile_entry {
+  const char *name; /* the op's name (static storage), e.g. "dt_matmul", "dt_optim_step" */
+  dt_profile_phase phase;
+  int64_t calls;
+  double seconds;
+} dt_profile_entry;
+
+DTRAIN_API void dt_profile_start(void);
+DTRAIN_API void dt_profile_stop(void);
+/* On again without zeroing: leave out a part of the run (an evaluation). */
+DTRAIN_API void dt_profile_resume(void);
+/* The entries with any calls or time, longest first: the first min(n, cap) of
+ * them into out; returns n (-1 for out NULL with cap > 0, or cap < 0). */
+DTRAIN_API int dt_profile_read(dt_profile_entry *out, int cap);
+DTRAIN_API const char *dt_profile_phase_name(dt_profile_phase phase); /* "forward", ... */
+/* The profile as a table, one op kind a line (calls, total ms, us per step when
+ * steps > 0, share of wall_seconds when > 0, else of the profiled sum) and a
+ * line of shares by phase, NUL-terminated into buf (cap bytes, cut short to
+ * fit). Returns the length the whole text needs (snprintf's rule), -1 on bad
+ * arguments. */
+DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, double wall_seconds);
 
 /* Can a file be written at path (is_dir: in the directory path)? Does what
  * dtrain's writers do -- creates their exclusive temporary next to path and
@@ -4350,6 +4392,17 @@ static DT__UNUSED int dt__too_many(uint64_t n) { return n > DT__MAX_ELEMS; }
 #define DT__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DT__MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* ---- the per-op profile's hooks (dt_profile.c, base) ---------------------------------
+ * fwd_begin: an op starts (dt__begin); fwd_end: its output is recorded or
+ * finished. t0/add: time a region, `int64_t t = dt__prof_t0(); ...;
+ * dt__prof_add(name, phase, t);` (t0 is 0 when the profile is off and add then
+ * does nothing). */
+DTRAIN_PRIVATE int dt__prof_active(void);
+DTRAIN_PRIVATE void dt__prof_fwd_begin(const char *op);
+DTRAIN_PRIVATE void dt__prof_fwd_end(void);
+DTRAIN_PRIVATE int64_t dt__prof_t0(void);
+DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64_t t0);
+
 /* ---- base (dt_base.c) ------------------------------------------------------- */
 
 /* Aligned allocation through the installed allocator. NULL on failure (no error set). */
@@ -6019,7 +6072,7 @@ DTRAIN_PRIVATE void *dt__fail(dt_graph *g, dt_result code, const char *fmt, ...)
   return NULL;
 }
 
-DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...) {
+static int dt__begin_v(dt_graph *g, const char *op, int n, va_list ap) {
   if (!g) {
     dt__error(DTRAIN_ERR_NULL_ARG, "%s: graph is NULL", op);
     return 0;
@@ -6030,8 +6083,6 @@ DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...) {
              g->device->name);
     return 0;
   }
-  va_list ap;
-  va_start(ap, n);
   int ok = 1;
   for (int i = 0; i < n && ok; i++) {
     dt_tensor *t = va_arg(ap, dt_tensor *);
@@ -6043,6 +6094,24 @@ DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...) {
       ok = 0;
     }
   }
+  return ok;
+}
+
+/* The checks; then the op is the thread's running one for the profile. */
+DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...) {
+  va_list ap;
+  va_start(ap, n);
+  int ok = dt__begin_v(g, op, n, ap);
+  va_end(ap);
+  if (ok) dt__prof_fwd_begin(op);
+  return ok;
+}
+
+/* The checks only (dt_backward: not an op of the forward pass). */
+static int dt__begin_quiet(dt_graph *g, const char *op, int n, ...) {
+  va_list ap;
+  va_start(ap, n);
+  int ok = dt__begin_v(g, op, n, ap);
   va_end(ap);
   return ok;
 }
@@ -6179,6 +6248,7 @@ DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_b
 }
 
 DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out) {
+  dt__prof_fwd_end();
   if (g->err != DTRAIN_OK) return NULL;
   if (g->check_numerics && g->device) return dt__dev_check_numerics(g, out);
   if (g->check_numerics) {
@@ -6361,7 +6431,8 @@ static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *s
 static dt_result dt__tensor_backward_run(dt_graph *g, dt_tensor *out, const float *seed, const char *fn) {
   if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: graph is NULL", fn);
   if (g->err != DTRAIN_OK) return g->err;
-  if (!dt__begin(g, fn, 1, out)) return g->err;
+  dt__prof_fwd_end(); /* the loss op, if it did not finish */
+  if (!dt__begin_quiet(g, fn, 1, out)) return g->err;
   if (!seed) {
     if (out->size != 1) {
       char sb[96];
@@ -6405,7 +6476,11 @@ static dt_result dt__tensor_backward_run(dt_graph *g, dt_tensor *out, const floa
   if (g->ready && !dt__ready_schedule(g, &head, &chain)) return g->err;
   for (int64_t i = g->ntape - 1; i >= 0; i--) {
     dt_tensor *t = g->tape[i];
-    if (t->grad && t->backward) t->backward(g, t);
+    if (t->grad && t->backward) {
+      int64_t t0 = dt__prof_t0();
+      t->backward(g, t);
+      dt__prof_add(t->op, DTRAIN_PROFILE_BACKWARD, t0);
+    }
     if (g->err != DTRAIN_OK) return g->err;
     for (int32_t p = head ? head[i] : -1; p >= 0; p = chain[p]) {
       /* a deferred gradient that this node's backward did not reach (no
@@ -12593,9 +12668,11 @@ static dt_result dt__optim_update_at(dt_optim *o, float *data, const float *g, i
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
   if (!rule)
     return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
+  int64_t t0 = dt__prof_t0();
   unsigned long fp = dt__fp_enter(); /* subnormal moments: dt_set_flush_denormals */
   dt__optim_ranges(o, rule, NULL, data + begin, from_begin ? g : g + begin, begin, end);
   dt__fp_leave(fp);
+  dt__prof_add("dt_optim_update", DTRAIN_PROFILE_UPDATE, t0);
   return DTRAIN_OK;
 }
 
@@ -12611,7 +12688,9 @@ DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, c
                                         size_t end) {
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
   if (!rule || !x || begin > end || end > o->size) return 0;
+  int64_t t0 = dt__prof_t0();
   dt__optim_ranges(o, rule, x, d, grad + begin, begin, end);
+  dt__prof_add("dt_optim_update", DTRAIN_PROFILE_UPDATE, t0);
   return 1;
 }
 
@@ -17451,6 +17530,7 @@ DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
   const dt_dataset *ds = l->ds;
   int64_t cnt = DT__MIN(left, l->batch_size);
   size_t row = (size_t)ds->sample_size;
+  int64_t t0 = dt__prof_t0();
   dt__data_loader_perm(l, l->epoch);
   for (int64_t j = 0; j < cnt; j++) {
     int64_t g = (int64_t)l->shard + (l->index + j) * (int64_t)l->shards;
@@ -17469,6 +17549,7 @@ DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
   b->epoch = l->epoch;
   b->start = l->index;
   l->index += cnt;
+  dt__prof_add("dt_loader_next", DTRAIN_PROFILE_DATA, t0);
   return 1;
 }
 
@@ -19819,6 +19900,236 @@ DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, s
 #endif /* part 2 */
 /* ======== end dt_platform.c ======== */
 
+/* ======== begin dt_profile.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
+/* ===========================================================================
+ * dt_profile.c -- the per-op profile: where a training step's time goes
+ * ===========================================================================
+ * See dt_profile_start in dt_base.h. One table for the process: a slot per
+ * (name, phase), found by the name's pointer (the ops' names are string
+ * literals) or its text, appended under a spin lock the first time a name is
+ * seen, never removed; calls and nanoseconds are added with relaxed atomic
+ * adds, so replica threads charge into it at once without a lock.
+ *
+ * Attribution of the forward pass (self time, as profilers report it): every
+ * op's entry (dt__prof_fwd_begin, from dt__begin) charges the time since the
+ * thread's last mark to the op that was running and makes the new op the
+ * running one; an op's output recorded or finished (dt__prof_fwd_end) charges
+ * it and leaves nothing running. A layer built from other ops (a linear layer:
+ * a matrix product and a bias add) so shows its pieces' time under their
+ * names, and its own entry only the bookkeeping between them. Time between
+ * ops (the user's code) is charged to nobody. Backward charges each tape
+ * node's backward call to the node's op. The running op and the last mark
+ * are per thread; the generation number makes a thread's mark from before a
+ * dt_profile_start worthless.
+ *
+ * Off (the default), each hook is one relaxed load and a return. */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+
+#define DT__PROF_SLOTS 192
+
+typedef struct dt__prof_slot {
+  const char *name;
+  int phase;
+  DT__ATOMIC(int64_t) calls;
+  DT__ATOMIC(int64_t) ns;
+} dt__prof_slot;
+
+static dt__prof_slot dt__prof_tab[DT__PROF_SLOTS];
+static DT__ATOMIC(int) dt__prof_used;   /* slots published (acquire to read their names) */
+static DT__ATOMIC(int) dt__prof_lock;   /* taken only to append a slot */
+static DT__ATOMIC(int) dt__prof_on;
+static DT__ATOMIC(unsigned) dt__prof_gen;
+static DT__ATOMIC(int64_t) dt__prof_dropped; /* charges lost because the table was full */
+
+/* the thread's running forward op and its last mark */
+static DT__TLS const char *dt__prof_cur;
+static DT__TLS int64_t dt__prof_mark;
+static DT__TLS unsigned dt__prof_tgen;
+
+static int64_t dt__prof_now(void) { return (int64_t)(dt_time_now() * 1e9); }
+
+static dt__prof_slot *dt__prof_find(const char *name, int phase) {
+  int n = DT__ALOAD(&dt__prof_used, DT__MO_ACQUIRE);
+  for (int i = 0; i < n; i++)
+    if (dt__prof_tab[i].name == name && dt__prof_tab[i].phase == phase) return &dt__prof_tab[i];
+  for (int i = 0; i < n; i++)
+    if (dt__prof_tab[i].phase == phase && strcmp(dt__prof_tab[i].name, name) == 0) return &dt__prof_tab[i];
+  int unlocked = 0;
+  while (!DT__ACAS(&dt__prof_lock, &unlocked, 1, DT__MO_ACQUIRE)) {
+    unlocked = 0;
+    dt__cpu_relax();
+  }
+  dt__prof_slot *s = NULL;
+  int m = DT__ALOAD(&dt__prof_used, DT__MO_RELAXED);
+  for (int i = n; i < m && !s; i++) /* appended by another thread meanwhile */
+    if (dt__prof_tab[i].phase == phase && strcmp(dt__prof_tab[i].name, name) == 0) s = &dt__prof_tab[i];
+  if (!s && m < DT__PROF_SLOTS) {
+    s = &dt__prof_tab[m];
+    s->name = name;
+    s->phase = phase;
+    DT__ASTORE(&s->calls, 0, DT__MO_RELAXED);
+    DT__ASTORE(&s->ns, 0, DT__MO_RELAXED);
+    DT__ASTORE(&dt__prof_used, m + 1, DT__MO_RELEASE);
+  }
+  DT__ASTORE(&dt__prof_lock, 0, DT__MO_RELEASE);
+  return s;
+}
+
+static void dt__prof_charge(const char *name, int phase, int64_t calls, int64_t ns) {
+  dt__prof_slot *s = dt__prof_find(name, phase);
+  if (!s) {
+    DT__AFETCH_ADD(&dt__prof_dropped, 1, DT__MO_RELAXED);
+    return;
+  }
+  if (calls) DT__AFETCH_ADD(&s->calls, calls, DT__MO_RELAXED);
+  if (ns > 0) DT__AFETCH_ADD(&s->ns, ns, DT__MO_RELAXED);
+}
+
+DTRAIN_PRIVATE int dt__prof_active(void) { return DT__ALOAD(&dt__prof_on, DT__MO_RELAXED); }
+
+DTRAIN_PRIVATE int64_t dt__prof_t0(void) { return DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) ? dt__prof_now() : 0; }
+
+DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64_t t0) {
+  if (!t0 || !DT__ALOAD(&dt__prof_on, DT__MO_RELAXED)) return;
+  dt__prof_charge(name, (int)phase, 1, dt__prof_now() - t0);
+}
+
+DTRAIN_PRIVATE void dt__prof_fwd_begin(const char *op) {
+  if (!DT__ALOAD(&dt__prof_on, DT__MO_RELAXED)) return;
+  int64_t now = dt__prof_now();
+  unsigned gen = DT__ALOAD(&dt__prof_gen, DT__MO_RELAXED);
+  if (dt__prof_cur && dt__prof_tgen == gen) dt__prof_charge(dt__prof_cur, DTRAIN_PROFILE_FORWARD, 0, now - dt__prof_mark);
+  dt__prof_charge(op, DTRAIN_PROFILE_FORWARD, 1, 0);
+  dt__prof_cur = op;
+  dt__prof_tgen = gen;
+  dt__prof_mark = dt__prof_now(); /* the table lookups above are the profile's time, not the op's */
+}
+
+DTRAIN_PRIVATE void dt__prof_fwd_end(void) {
+  if (!dt__prof_cur) return;
+  const char *op = dt__prof_cur;
+  dt__prof_cur = NULL;
+  if (!DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) || dt__prof_tgen != DT__ALOAD(&dt__prof_gen, DT__MO_RELAXED)) return;
+  dt__prof_charge(op, DTRAIN_PROFILE_FORWARD, 0, dt__prof_now() - dt__prof_mark);
+}
+
+DTRAIN_API void dt_profile_start(void) {
+  int n = DT__ALOAD(&dt__prof_used, DT__MO_ACQUIRE);
+  for (int i = 0; i < n; i++) {
+    DT__ASTORE(&dt__prof_tab[i].calls, 0, DT__MO_RELAXED);
+    DT__ASTORE(&dt__prof_tab[i].ns, 0, DT__MO_RELAXED);
+  }
+  DT__ASTORE(&dt__prof_dropped, 0, DT__MO_RELAXED);
+  DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED);
+  DT__ASTORE(&dt__prof_on, 1, DT__MO_RELEASE);
+}
+
+DTRAIN_API void dt_profile_stop(void) { DT__ASTORE(&dt__prof_on, 0, DT__MO_RELEASE); }
+
+DTRAIN_API void dt_profile_resume(void) {
+  DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED); /* an op left running while off is not charged the pause */
+  DT__ASTORE(&dt__prof_on, 1, DT__MO_RELEASE);
+}
+
+DTRAIN_API const char *dt_profile_phase_name(dt_profile_phase phase) {
+  switch (phase) {
+    case DTRAIN_PROFILE_FORWARD: return "forward";
+    case DTRAIN_PROFILE_BACKWARD: return "backward";
+    case DTRAIN_PROFILE_UPDATE: return "update";
+    case DTRAIN_PROFILE_DATA: return "data";
+    case DTRAIN_PROFILE_COMM: return "comm";
+  }
+  return "unknown";
+}
+
+DTRAIN_API int dt_profile_read(dt_profile_entry *out, int cap) {
+  if (cap < 0 || (cap > 0 && !out)) {
+    dt__error(out ? DTRAIN_ERR_INVALID_ARG : DTRAIN_ERR_NULL_ARG, "dt_profile_read: out is %s with cap %d",
+              out ? "given" : "NULL", cap);
+    return -1;
+  }
+  int n = DT__ALOAD(&dt__prof_used, DT__MO_ACQUIRE), k = 0;
+  for (int i = 0; i < n; i++) {
+    dt_profile_entry e;
+    e.name = dt__prof_tab[i].name;
+    e.phase = (dt_profile_phase)dt__prof_tab[i].phase;
+    e.calls = DT__ALOAD(&dt__prof_tab[i].calls, DT__MO_RELAXED);
+    e.seconds = (double)DT__ALOAD(&dt__prof_tab[i].ns, DT__MO_RELAXED) * 1e-9;
+    if (e.calls == 0 && e.seconds == 0) continue;
+    /* insertion into the first min(k, cap) entries, longest first */
+    int j = k < cap ? k : cap;
+    while (j > 0 && out[j - 1].seconds < e.seconds) {
+      if (j < cap) out[j] = out[j - 1];
+      j--;
+    }
+    if (j < cap) out[j] = e;
+    k++;
+  }
+  return k;
+}
+
+/* snprintf into the rest of buf, as far as it goes; *len counts what the whole text needs */
+static void dt__prof_put(char *buf, size_t cap, size_t *len, const char *fmt, ...) DT__PRINTF(4, 5);
+static void dt__prof_put(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *at = buf && *len < cap ? buf + *len : NULL;
+  int k = vsnprintf(at, at ? cap - *len : 0, fmt, ap);
+  va_end(ap);
+  if (k > 0) *len += (size_t)k;
+}
+
+DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, double wall_seconds) {
+  if (!buf && cap) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_profile_format: buf is NULL with cap %zu", cap);
+    return -1;
+  }
+  if (steps < 0 || !(wall_seconds >= 0)) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "dt_profile_format: steps %lld and wall_seconds %g must not be negative",
+              (long long)steps, wall_seconds);
+    return -1;
+  }
+  if (cap) buf[0] = '\0';
+  dt_profile_entry e[DT__PROF_SLOTS];
+  int n = dt_profile_read(e, DT__PROF_SLOTS);
+  double sum = 0, phase[5] = {0, 0, 0, 0, 0};
+  for (int i = 0; i < n; i++) {
+    sum += e[i].seconds;
+    if ((int)e[i].phase >= 0 && (int)e[i].phase < 5) phase[e[i].phase] += e[i].seconds;
+  }
+  const double base = wall_seconds > 0 ? wall_seconds : sum;
+  size_t len = 0;
+  dt__prof_put(buf, cap, &len, "profile: %d op kinds, %.4g s in ops", n, sum);
+  if (wall_seconds > 0) dt__prof_put(buf, cap, &len, " of %.4g s wall (shares: of the wall time)", wall_seconds);
+  dt__prof_put(buf, cap, &len, "\n  %-28s %-8s %10s %11s %11s %7s\n", "op", "phase", "calls", "total ms",
+               steps > 0 ? "us/step" : "", "share");
+  for (int i = 0; i < n; i++) {
+    char per[32] = "";
+    if (steps > 0) snprintf(per, sizeof per, "%.1f", e[i].seconds * 1e6 / (double)steps);
+    dt__prof_put(buf, cap, &len, "  %-28s %-8s %10lld %11.2f %11s %6.1f%%\n", e[i].name,
+                 dt_profile_phase_name(e[i].phase), (long long)e[i].calls, e[i].seconds * 1e3, per,
+                 base > 0 ? 100.0 * e[i].seconds / base : 0.0);
+  }
+  dt__prof_put(buf, cap, &len, "  by phase:");
+  for (int p = 0; p < 5; p++)
+    if (phase[p] > 0)
+      dt__prof_put(buf, cap, &len, " %s %.1f%%", dt_profile_phase_name((dt_profile_phase)p),
+                   base > 0 ? 100.0 * phase[p] / base : 0.0);
+  if (wall_seconds > 0)
+    dt__prof_put(buf, cap, &len, "; in no op (the caller's code, waits, idle threads) %.1f%%",
+                 wall_seconds > sum ? 100.0 * (wall_seconds - sum) / wall_seconds : 0.0);
+  dt__prof_put(buf, cap, &len, "\n");
+  int64_t dropped = DT__ALOAD(&dt__prof_dropped, DT__MO_RELAXED);
+  if (dropped)
+    dt__prof_put(buf, cap, &len, "  (%lld charges not counted: more than %d op kinds)\n", (long long)dropped,
+                 DT__PROF_SLOTS);
+  return (int64_t)len;
+}
+#endif /* part 2 */
+/* ======== end dt_profile.c ======== */
+
 /* ======== begin dt_comm_core.h ======== */
 /* ===========================================================================
  * dt_comm_core.h -- private: what the communicator backends share for
@@ -20422,43 +20733,61 @@ DTRAIN_API void dt_comm_destroy(dt_comm *c) {
 DTRAIN_API dt_result dt_comm_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_allreduce", rank, buf, n, 0);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->allreduce(c, rank, buf, n));
+  r = dt__quiet_pop(c->vtable->allreduce(c, rank, buf, n));
+  dt__prof_add("dt_comm_allreduce", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_comm_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", rank, buf, n, 0);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->reduce_scatter(c, rank, buf, n));
+  r = dt__quiet_pop(c->vtable->reduce_scatter(c, rank, buf, n));
+  dt__prof_add("dt_comm_reduce_scatter", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_comm_allgather(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_allgather", rank, buf, n, 0);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->allgather(c, rank, buf, n));
+  r = dt__quiet_pop(c->vtable->allgather(c, rank, buf, n));
+  dt__prof_add("dt_comm_allgather", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_comm_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
   dt_result r = dt__comm_check(c, "dt_comm_reduce", rank, buf, n, root);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->reduce(c, rank, buf, n, root));
+  r = dt__quiet_pop(c->vtable->reduce(c, rank, buf, n, root));
+  dt__prof_add("dt_comm_reduce", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_comm_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
   dt_result r = dt__comm_check(c, "dt_comm_broadcast", rank, buf, n, root);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->broadcast(c, rank, buf, n, root));
+  r = dt__quiet_pop(c->vtable->broadcast(c, rank, buf, n, root));
+  dt__prof_add("dt_comm_broadcast", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_comm_barrier(dt_comm *c, int rank) {
   dt_result r = dt__comm_check(c, "dt_comm_barrier", rank, NULL, 0, 0);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->barrier(c, rank));
+  r = dt__quiet_pop(c->vtable->barrier(c, rank));
+  dt__prof_add("dt_comm_barrier", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API void dt_comm_abort(dt_comm *c, int rank) {
@@ -28168,7 +28497,7 @@ DTRAIN_API dt_result dt_checkpoint_split(const char *full, const dt_split_plan *
 /* ======== end dt_parallel_ckpt.c ======== */
 
 /* ======== begin dt_cluster.c ======== */
-#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
  * dt_cluster.c -- the cluster description: DTRAIN_CONFIG (JSON in the style
  * of TF_CONFIG), command-line flags, and back to JSON (see dt_net.h)
@@ -29026,7 +29355,7 @@ DTRAIN_API dt_result dt_cluster_to_json(const dt_cluster *c, char *buf, size_t c
 }
 
 #endif /* DTRAIN_NO_DIST */
-#endif /* part 3 */
+#endif /* part 4 */
 /* ======== end dt_cluster.c ======== */
 
 /* ======== begin dt_wire.h ======== */

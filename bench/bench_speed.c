@@ -6,6 +6,13 @@
  *                                     64..2048 and the shapes of the MLP and CNN steps
  *   bench_speed mlp BATCH [seconds [threads]]  Fashion-MNIST MLP 784-256-128-10, Adam
  *   bench_speed cnn BATCH [seconds [threads]]  conv5x5-32 pool conv5x5-64 pool fc1024 fc10
+ *                                     (BENCH_PROFILE=1: and the per-op profile of
+ *                                     the timed steps, dt_profile_format)
+ *   bench_speed peak [seconds]        this core's FMA peak, GFLOP/s, for each
+ *                                     instruction set the CPU has: 12 independent
+ *                                     chains of multiply-adds (portable: GCC vectors
+ *                                     of 4 floats, the width the portable kernels
+ *                                     are compiled for; avx2+fma: 8; avx512f: 16)
  *   bench_speed cblas BATCH [seconds]  (built with DTRAIN_USE_CBLAS, linked with
  *                                     OpenBLAS) the GEMM calls of one MLP step,
  *                                     recorded, then timed through dt_sgemm and
@@ -57,6 +64,7 @@ typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float 
                                float *, int);
 static cblas_sgemm_fn blas_sgemm;
 static const char *blas_why = "";
+static const char *blas_core = "?"; /* openblas_get_corename(): the kernel OpenBLAS picked */
 
 static void load_openblas(int threads) {
   const char *names[] = {"libopenblas.so.0", "libopenblas.so", "libopenblasp.so.0"};
@@ -76,6 +84,9 @@ static void load_openblas(int threads) {
     return;
   }
   if (set_threads) set_threads(threads);
+  char *(*corename)(void) = NULL;
+  *(void **)&corename = dlsym(h, "openblas_get_corename");
+  if (corename && corename()) blas_core = corename();
 }
 
 typedef struct gemm_case { const char *what; int ta, tb, m, n, k; } gemm_case;
@@ -98,6 +109,8 @@ static double time_gemm(int blas, const gemm_case *c, const float *a, const floa
   } while (dt_time_now() < t_end);
   return best;
 }
+
+static double peak_for_kernel(const char *kernel, double seconds);
 
 static int run_gemm(double seconds, int threads) {
   static const gemm_case cases[] = {
@@ -128,8 +141,13 @@ static int run_gemm(double seconds, int threads) {
     fprintf(stderr, "bench_speed: dt_set_threads(%d): %s\n", threads, dt_last_error());
     return 1;
   }
-  printf("sgemm kernel: %s, threads: %d\n", dt_sgemm_kernel(), threads);
-  printf("%-16s %-16s %10s %10s %7s\n", "shape", "m x n x k", "dtrain", "OpenBLAS", "ratio");
+  /* the share of the measured peak: the kernel's path, times the threads (one core each) */
+  double peak = peak_for_kernel(dt_sgemm_kernel(), 0.3) * threads;
+  printf("sgemm kernel: %s, threads: %d, FMA peak of that path %.1f GFLOP/s%s; OpenBLAS kernel: %s\n",
+         dt_sgemm_kernel(), threads, peak, peak > 0 ? "" : " (not measured for this path)",
+         blas_sgemm ? blas_core : "-");
+  printf("%-16s %-16s %10s %10s %7s %8s %8s\n", "shape", "m x n x k", "dtrain", "OpenBLAS", "ratio", "dt/peak",
+         "ob/peak");
   for (int i = 0; i < ncases; i++) {
     const gemm_case *c = &cases[i];
     size_t na = (size_t)c->m * c->k, nb = (size_t)c->k * c->n, nc = (size_t)c->m * c->n;
@@ -151,15 +169,106 @@ static int run_gemm(double seconds, int threads) {
     }
     char dims[48];
     snprintf(dims, sizeof dims, "%dx%dx%d%s", c->m, c->n, c->k, c->ta ? " (A^T)" : c->tb ? " (B^T)" : "");
+    double pd = peak > 0 ? 100 * flop / td * 1e-9 / peak : 0, pb = peak > 0 ? 100 * flop / tb * 1e-9 / peak : 0;
     if (blas_sgemm)
-      printf("%-16s %-16s %10.1f %10.1f %7.2f\n", c->what, dims, flop / td * 1e-9, flop / tb * 1e-9, tb / td);
+      printf("%-16s %-16s %10.1f %10.1f %7.2f %7.0f%% %7.0f%%\n", c->what, dims, flop / td * 1e-9, flop / tb * 1e-9,
+             tb / td, pd, pb);
     else
-      printf("%-16s %-16s %10.1f %10s %7s   skipped (%s)\n", c->what, dims, flop / td * 1e-9, "-", "-", blas_why);
+      printf("%-16s %-16s %10.1f %10s %7s %7.0f%% %8s   skipped (%s)\n", c->what, dims, flop / td * 1e-9, "-", "-", pd,
+             "-", blas_why);
     fflush(stdout);
     free(a);
     free(b);
     free(out);
   }
+  return 0;
+}
+
+/* ---- the FMA peak ------------------------------------------------------------------------
+ * 12 independent accumulator chains hide the multiply-add latency (4-5 cycles
+ * at 2 per cycle needs 8-10 in flight); the best of windows of 2^22 rounds.
+ * The result is kept in a volatile sink so that nothing is optimised away. */
+static volatile float peak_sink;
+
+/* 12 chains as 12 named variables: an array would live on the stack at -O2 */
+#define PEAK_CHAINS(T, INIT, STEP, SUM)                                                        \
+  T c0 = INIT(0), c1 = INIT(1), c2 = INIT(2), c3 = INIT(3), c4 = INIT(4), c5 = INIT(5);       \
+  T c6 = INIT(6), c7 = INIT(7), c8 = INIT(8), c9 = INIT(9), c10 = INIT(10), c11 = INIT(11);   \
+  for (long r = 0; r < rounds; r++) {                                                         \
+    c0 = STEP(c0); c1 = STEP(c1); c2 = STEP(c2); c3 = STEP(c3); c4 = STEP(c4); c5 = STEP(c5);  \
+    c6 = STEP(c6); c7 = STEP(c7); c8 = STEP(c8); c9 = STEP(c9); c10 = STEP(c10); c11 = STEP(c11); \
+  }                                                                                           \
+  c0 = SUM(c0, c1); c2 = SUM(c2, c3); c4 = SUM(c4, c5); c6 = SUM(c6, c7); c8 = SUM(c8, c9);   \
+  c10 = SUM(c10, c11); c0 = SUM(c0, c2); c4 = SUM(c4, c6); c8 = SUM(c8, c10); c0 = SUM(c0, c4); \
+  c0 = SUM(c0, c8)
+
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#  define BENCH_X86 1
+#  include <immintrin.h>
+__attribute__((target("avx2,fma"))) static double peak_avx2(long rounds) {
+  const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
+#  define P8_INIT(i) _mm256_set1_ps((float)(i))
+#  define P8_STEP(x) _mm256_fmadd_ps(x, m, a)
+  PEAK_CHAINS(__m256, P8_INIT, P8_STEP, _mm256_add_ps);
+  peak_sink = _mm256_cvtss_f32(c0);
+  return (double)rounds * 12 * 8 * 2;
+}
+__attribute__((target("avx512f"))) static double peak_avx512(long rounds) {
+  const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
+#  define P16_INIT(i) _mm512_set1_ps((float)(i))
+#  define P16_STEP(x) _mm512_fmadd_ps(x, m, a)
+  PEAK_CHAINS(__m512, P16_INIT, P16_STEP, _mm512_add_ps);
+  peak_sink = _mm512_reduce_add_ps(c0);
+  return (double)rounds * 12 * 16 * 2;
+}
+#endif
+
+typedef float v4f __attribute__((vector_size(16)));
+static double peak_portable(long rounds) {
+  const v4f m = {0.999999f, 0.999999f, 0.999999f, 0.999999f}, a = {1e-7f, 1e-7f, 1e-7f, 1e-7f};
+#define P4_INIT(i) ((v4f){(float)(i), (float)(i), (float)(i), (float)(i)})
+#define P4_STEP(x) ((x) * m + a)
+#define P4_SUM(x, y) ((x) + (y))
+  PEAK_CHAINS(v4f, P4_INIT, P4_STEP, P4_SUM);
+  peak_sink = c0[0] + c0[1] + c0[2] + c0[3];
+  return (double)rounds * 12 * 4 * 2;
+}
+
+/* GFLOP/s of fn, best of windows for `seconds` */
+static double peak_of(double (*fn)(long), double seconds) {
+  double best = 0, t_end = dt_time_now() + seconds;
+  fn(1 << 16); /* warm-up: clocks up */
+  do {
+    double t0 = dt_time_now(), flop = fn(1L << 22), t = dt_time_now() - t0;
+    if (t > 0 && flop / t > best) best = flop / t;
+  } while (dt_time_now() < t_end);
+  return best * 1e-9;
+}
+
+/* The peak of the path dt_sgemm uses (0 when unknown), as the share's base. */
+static double peak_for_kernel(const char *kernel, double seconds) {
+#ifdef BENCH_X86
+  if (strcmp(kernel, "avx2+fma") == 0) return peak_of(peak_avx2, seconds);
+#endif
+  if (strcmp(kernel, "portable") == 0) return peak_of(peak_portable, seconds);
+  return 0;
+}
+
+static int run_peak(double seconds) {
+  printf("peak path=portable gflops=%.1f\n", peak_of(peak_portable, seconds));
+#ifdef BENCH_X86
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    printf("peak path=avx2+fma gflops=%.1f\n", peak_of(peak_avx2, seconds));
+  else
+    printf("peak path=avx2+fma skipped (the CPU has no AVX2+FMA)\n");
+  if (__builtin_cpu_supports("avx512f"))
+    printf("peak path=avx512f gflops=%.1f (dtrain has no AVX-512 kernels yet: its GEMM uses avx2+fma here)\n",
+           peak_of(peak_avx512, seconds));
+  else
+    printf("peak path=avx512f skipped (the CPU has no AVX-512)\n");
+#else
+  printf("peak path=simd skipped (only x86 has a measured vector peak here)\n");
+#endif
   return 0;
 }
 
@@ -203,8 +312,11 @@ static int run_train(int cnn, int batch, double seconds, int threads) {
   double t_end = 0.0, tw = 0.0, t_first = 0.0;
   clock_t c_first = 0;
   float last_loss = 0.0f;
+  const char *pe = getenv("BENCH_PROFILE");
+  const int profile = pe && *pe && strcmp(pe, "0") != 0;
   for (int s = 0;; s++) {
     if (s == 3) { /* warm-up steps excluded */
+      if (profile) dt_profile_start();
       t_first = dt_time_now();
       c_first = clock();
       t_end = t_first + seconds;
@@ -232,14 +344,22 @@ static int run_train(int cnn, int batch, double seconds, int threads) {
       }
     }
   }
+  double wall = dt_time_now() - t_first;
+  if (profile) dt_profile_stop();
   double cpu = steps * (double)batch / ((double)(clock() - c_first) / CLOCKS_PER_SEC);
   qsort(rates, (size_t)nrates, sizeof rates[0], cmp_double);
   dt_memory_info mi;
   dt_memory_stats(P, opt, g, &mi);
   printf("result samples_per_s=%.1f median_samples_per_s=%.1f cpu_samples_per_s=%.1f windows=%d peak_rss_kb=%ld "
-         "params_kb=%.0f optim_kb=%.0f activations_kb=%.0f loss=%.4f kernel=%s threads=%d\n",
+         "params_kb=%.0f optim_kb=%.0f activations_kb=%.0f loss=%.4f kernel=%s threads=%d flops_per_sample=%.0f\n",
          rates[nrates - 1], rates[nrates / 2], cpu, nrates, peak_rss_kb(), mi.params_bytes / 1024.0,
-         mi.optim_bytes / 1024.0, mi.activations_bytes / 1024.0, (double)last_loss, dt_sgemm_kernel(), threads);
+         mi.optim_bytes / 1024.0, mi.activations_bytes / 1024.0, (double)last_loss, dt_sgemm_kernel(), threads,
+         model_flops_per_sample(&md));
+  if (profile) {
+    static char table[16384];
+    dt_profile_format(table, sizeof table, steps, wall);
+    fputs(table, stdout);
+  }
   free(xs);
   free(ys);
   dt_graph_destroy(g);
@@ -370,6 +490,7 @@ int main(int argc, char **argv) {
   int threads = argc >= 4 ? atoi(argv[3]) : 1;
   if (threads < 1) threads = 1;
   if (argc >= 2 && strcmp(argv[1], "gemm") == 0) return run_gemm(argc >= 3 ? atof(argv[2]) : 0.6, threads);
+  if (argc >= 2 && strcmp(argv[1], "peak") == 0) return run_peak(argc >= 3 ? atof(argv[2]) : 0.5);
   if (argc >= 3 && (strcmp(argv[1], "mlp") == 0 || strcmp(argv[1], "cnn") == 0)) {
     int batch = atoi(argv[2]);
     threads = argc >= 5 ? atoi(argv[4]) : 1;
@@ -383,7 +504,7 @@ int main(int argc, char **argv) {
     return run_cblas(batch, argc >= 4 ? atof(argv[3]) : 2.0);
   }
 #endif
-  fprintf(stderr, "usage: bench_speed gemm [seconds [threads]] | mlp BATCH [seconds [threads]] | cnn BATCH [seconds "
+  fprintf(stderr, "usage: bench_speed gemm [seconds [threads]] | peak [seconds] | mlp BATCH [seconds [threads]] | cnn BATCH [seconds "
                   "[threads]] | cblas BATCH [seconds] (DTRAIN_USE_CBLAS build)\n");
   return 2;
 }

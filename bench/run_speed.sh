@@ -25,6 +25,13 @@ SECS=${BENCH_SECONDS:-3}
 ROUNDS=${BENCH_ROUNDS:-3}
 DIR=$(dirname "$0")
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+# The references run OpenBLAS's best kernel for this CPU: an OPENBLAS_CORETYPE or
+# OPENBLAS_L2_SIZE in the environment can pin an older one (Haswell on an AVX-512 core).
+for v in OPENBLAS_CORETYPE OPENBLAS_L2_SIZE; do
+  eval "val=\${$v:-}"
+  [ -n "$val" ] && echo "note: $v=$val unset for this run, so OpenBLAS picks its best kernel"
+  unset $v
+done
 
 if [ ! -x "$BIN" ]; then
   echo "run_speed.sh: $BIN not built (make bench builds it)"
@@ -38,7 +45,13 @@ echo "threads: 1 for both sides (OMP/MKL/OPENBLAS_NUM_THREADS=1, torch.set_num_t
 echo "         except the rows marked 2 threads / 2thr (dt_set_threads(2) vs 2 OpenBLAS / PyTorch threads)"
 echo
 
-echo "== sgemm, one thread: GFLOP/s (best of windows, sides alternating), ratio = dtrain / OpenBLAS"
+echo "== this core's FMA peak, GFLOP/s (12 independent multiply-add chains, best of windows), per instruction set"
+"$BIN" peak 0.5 || echo "peak bench failed"
+PEAK_LINE=$("$BIN" peak 0.3 2>/dev/null | grep '^peak path=avx2+fma gflops=')
+echo
+
+echo "== sgemm, one thread: GFLOP/s (best of windows, sides alternating), ratio = dtrain / OpenBLAS,"
+echo "   and each side as a share of the FMA peak of dtrain's path (goal for n >= 256: dtrain >= 90%)"
 "$BIN" gemm || echo "sgemm bench failed"
 echo
 
@@ -89,7 +102,7 @@ printf '%-22s %11s %11s %7s %7s | %11s %11s %7s %7s\n' "workload" "dtrain" "PyTo
 for wl in "mlp 64 1.3 1" "mlp 256 1.05 1" "cnn 64 1.2 1" "mlp 256 - 2" "cnn 64 - 2"; do
   set -- $wl
   mode=$1 batch=$2 goal=$3 nth=$4
-  d_best="" t_best="" d_rss="" t_rss="" d_med="" t_med="" d_cpu="" t_cpu="" extra=""
+  d_best="" t_best="" d_rss="" flops="" t_core="" t_rss="" d_med="" t_med="" d_cpu="" t_cpu="" extra=""
   r=0
   while [ $r -lt "$ROUNDS" ]; do
     line=$(OPENBLAS_NUM_THREADS=$nth "$BIN" "$mode" "$batch" "$SECS" "$nth" 2>&1 | grep '^result')
@@ -98,6 +111,7 @@ for wl in "mlp 64 1.3 1" "mlp 256 1.05 1" "cnn 64 1.2 1" "mlp 256 - 2" "cnn 64 -
       d_med=$(maxof "$d_med" "$(field median_samples_per_s "$line")")
       d_cpu=$(maxof "$d_cpu" "$(field cpu_samples_per_s "$line")")
       d_rss=$(maxof "$d_rss" "$(field peak_rss_kb "$line")")
+      flops=$(field flops_per_sample "$line")
       extra="params $(field params_kb "$line") KiB, Adam state $(field optim_kb "$line") KiB, activations $(field activations_kb "$line") KiB"
     fi
     if [ -z "$torch_why" ]; then
@@ -107,6 +121,7 @@ for wl in "mlp 64 1.3 1" "mlp 256 1.05 1" "cnn 64 1.2 1" "mlp 256 - 2" "cnn 64 -
         t_med=$(maxof "$t_med" "$(field median_samples_per_s "$line")")
         t_cpu=$(maxof "$t_cpu" "$(field cpu_samples_per_s "$line")")
         t_rss=$(maxof "$t_rss" "$(field peak_rss_kb "$line")")
+        t_core=$(field blas_core "$line")
       fi
     fi
     r=$((r + 1))
@@ -129,4 +144,22 @@ for wl in "mlp 64 1.3 1" "mlp 256 1.05 1" "cnn 64 1.2 1" "mlp 256 - 2" "cnn 64 -
     printf '%-22s dtrain run failed\n' "$name"
   fi
   [ -n "$extra" ] && printf '%-22s dtrain memory: %s\n' "" "$extra"
+  [ -n "$t_core" ] && printf '%-22s PyTorch %s, its BLAS: OpenBLAS kernel %s\n' "" "$(field torch "$line")" "$t_core"
+  # the step against the FMA peak (one core: the peak; 2 threads: twice it)
+  peak=$(printf '%s\n' "$PEAK_LINE" | sed -n 's/.*gflops=\([0-9.]*\).*/\1/p')
+  if [ -n "$peak" ] && [ -n "$d_best" ] && [ -n "$flops" ]; then
+    awk -v d="$d_best" -v t="${t_best:-0}" -v f="$flops" -v p="$peak" -v k="$nth" -v m="$mode" -v b="$batch" \
+      'BEGIN { g = (m == "mlp" ? (b >= 256 ? ">= 75%" : ">= 55%") : "-");
+               printf "%-22s of the FMA peak (%.1f MFLOP/sample, %.0f GFLOP/s x %d): dtrain %.0f%%%s (goal %s)\n", "",
+                      f / 1e6, p, k, 100 * d * f / (p * 1e9 * k),
+                      (t > 0 ? sprintf(", PyTorch %.0f%%", 100 * t * f / (p * 1e9 * k)) : ""), g }'
+  fi
+done
+echo
+
+echo "== where the step's time goes: dtrain's per-op profile (BENCH_PROFILE=1, dt_profile_format), one thread"
+for wl in "mlp 64" "mlp 256" "cnn 64"; do
+  set -- $wl
+  echo "-- $1 batch $2"
+  BENCH_PROFILE=1 "$BIN" "$1" "$2" "$SECS" 1 2>&1 | grep -v '^result' || echo "profile run failed"
 done

@@ -115,6 +115,24 @@ while True:
     s += 1
 cpu = steps * batch / (time.process_time() - c_first)
 rates.sort()
+
+
+def blas_core():
+    """The kernel of the OpenBLAS this process loaded (torch's BLAS), or '-'."""
+    try:
+        import ctypes
+        with open("/proc/self/maps") as f:
+            libs = sorted({ln.split()[-1] for ln in f if "openblas" in ln and ".so" in ln})
+        for lib in libs:
+            fn = ctypes.CDLL(lib).openblas_get_corename
+            fn.restype = ctypes.c_char_p
+            return fn().decode()
+    except (OSError, AttributeError):
+        pass
+    return "-"
+
+
 print("result samples_per_s=%.1f median_samples_per_s=%.1f cpu_samples_per_s=%.1f windows=%d peak_rss_kb=%d "
-      "loss=%.4f torch=%s threads=%d" % (rates[-1], rates[len(rates) // 2], cpu, len(rates), peak_rss_kb(),
-                                         loss.item(), torch.__version__, torch.get_num_threads()))
+      "loss=%.4f torch=%s threads=%d blas_core=%s" % (rates[-1], rates[len(rates) // 2], cpu, len(rates),
+                                                      peak_rss_kb(), loss.item(), torch.__version__,
+                                                      torch.get_num_threads(), blas_core()))

@@ -62,6 +62,7 @@ typedef struct options {
   int bucket_kb;             /* --bucket-kb */
   dt_compress compress;
   int epochs, batch, json, quiet, replicas, max_staleness;
+  int profile;
   int staleness_lr; /* --staleness-lr: async updates (or, on parameter servers, pushes) scaled by 1/(1+staleness) */
   int batch_worker; /* not a flag: --batch over the worker processes, the rows this process loads per step */
   int64_t limit; /* train on the first `limit` samples only (0: all) */
@@ -185,8 +186,7 @@ static dt_result train_step(dt_fit_batch *fb, void *user) {
 
 /* Test-set loss and accuracy, in chunks, without gradients, on its own graph
  * (so the training graph's arena stays sized for a training step). */
-static dt_result evaluate(dt_fit_eval *e, void *user) {
-  app *a = (app *)user;
+static dt_result evaluate_run(dt_fit_eval *e, app *a) {
   const int64_t chunk = 500;
   double loss_sum = 0;
   int64_t correct = 0;
@@ -203,6 +203,37 @@ static dt_result evaluate(dt_fit_eval *e, void *user) {
   e->loss = a->last_test_loss = loss_sum / (double)a->test->n;
   e->accuracy = a->last_test_acc = (double)correct / (double)a->test->n;
   return DTRAIN_OK;
+}
+
+static dt_result evaluate(dt_fit_eval *e, void *user) {
+  app *a = (app *)user;
+  if (a->o.profile) dt_profile_stop(); /* --profile: the training steps only */
+  dt_result r = evaluate_run(e, a);
+  if (a->o.profile) dt_profile_resume();
+  return r;
+}
+
+/* --profile: the table (steps: those this run made; wall: their seconds). */
+static void print_profile(int64_t steps, double wall) {
+  int64_t need = dt_profile_format(NULL, 0, steps > 0 ? steps : 0, wall > 0 ? wall : 0);
+  char *buf = need > 0 ? (char *)malloc((size_t)need + 1) : NULL;
+  if (buf && dt_profile_format(buf, (size_t)need + 1, steps > 0 ? steps : 0, wall > 0 ? wall : 0) >= 0) fputs(buf, stdout);
+  free(buf);
+}
+
+/* --profile --json: ,"profile":[{"op":...,"phase":...,"calls":...,"seconds":...},...] (longest first) */
+static const char *profile_json(void) {
+  static char out[8192];
+  dt_profile_entry e[64];
+  int n = dt_profile_read(e, 64);
+  size_t len = (size_t)snprintf(out, sizeof out, ",\"profile\":[");
+  for (int i = 0; i < n && i < 64 && len < sizeof out; i++)
+    len += (size_t)snprintf(out + len, sizeof out - len, "%s{\"op\":\"%s\",\"phase\":\"%s\",\"calls\":%lld,\"seconds\":%.6f}",
+                            i ? "," : "", e[i].name, dt_profile_phase_name(e[i].phase), (long long)e[i].calls,
+                            e[i].seconds);
+  if (len + 2 >= sizeof out) return ""; /* cannot happen with 64 entries; never a cut JSON */
+  snprintf(out + len, sizeof out - len, "]");
+  return out;
 }
 
 /* --target-accuracy: after each epoch's evaluation, note the first epoch that
@@ -318,6 +349,9 @@ static int parse(int argc, char **argv, options *o) {
       {"target-accuracy", 'f', &o->target_accuracy, 0, 1,
        "time-to-accuracy: note the training time when test accuracy first reaches this, then stop (0: off)"},
       {"json", 'b', &o->json, 0, 0, "print one JSON line of results"},
+      {"profile", 'b', &o->profile, 0, 0,
+       "where the training steps' time goes: a table per op (forward, backward), the optimizer, the loader and "
+       "the collectives (with --json: a \"profile\" list)"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
   };
   const int n = (int)(sizeof flags / sizeof flags[0]);
@@ -704,13 +738,17 @@ int main(int argc, char **argv) {
   }
 
   dt_fit_result res;
+  if (a.o.profile) dt_profile_start();
   r = dt_fit(&fd, &res);
+  if (a.o.profile) dt_profile_stop();
   if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   if (!a.o.quiet) {
     printf("test accuracy %.4f (loss %.4f) after %lld epochs, %.0f samples/s\n", a.last_test_acc, a.last_test_loss,
            (long long)res.last.epoch, res.samples_per_sec);
     if (a.o.svg) printf("chart: %s   metrics: %s\n", a.o.svg, a.o.csv ? a.o.csv : "-");
   }
+  if (a.o.profile && !a.o.quiet) print_profile(res.step - fd.start_epoch * fd.steps_per_epoch - fd.start_batch,
+                                                res.train_seconds);
   char cspec[48], target[128] = "";
   if (a.o.target_accuracy > 0) /* seconds_to_target -1: not met in --epochs */
     snprintf(target, sizeof target, ",\"target_accuracy\":%.4f,\"seconds_to_target\":%.2f,\"epochs_to_target\":%lld",
@@ -720,14 +758,14 @@ int main(int argc, char **argv) {
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
            "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
            "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d,\"compress\":\"%s\","
-           "\"wire_bytes_per_step\":%.0f,\"wire_bytes_received_per_step\":%.0f,\"overlap\":%d%s%s}\n",
+           "\"wire_bytes_per_step\":%.0f,\"wire_bytes_received_per_step\":%.0f,\"overlap\":%d%s%s%s}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
            dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker,
            dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy, 0),
            wire_per_step(a.strategy, 1), a.o.overlap, target,
-           staleness_json(a.strategy, a.o.staleness_lr));
+           staleness_json(a.strategy, a.o.staleness_lr), a.o.profile ? profile_json() : "");
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);

@@ -256,6 +256,48 @@ DTRAIN_API void dt_rng_shuffle(dt_rng *r, int32_t *idx, int64_t n);
  * anything. Without a monotonic clock (no POSIX), the C11 calendar clock. */
 DTRAIN_API double dt_time_now(void);
 
+/* ---- per-op profile ---------------------------------------------------------------
+ * Where a training step's time goes: dt_profile_start() zeroes the process's
+ * profile and turns it on; from then on every op's forward (its own time, not
+ * that of the ops it is built from: a linear layer's matrix product is charged
+ * to dt_matmul), every tape node's backward, dt_optim_step (update),
+ * dt_loader_next (data) and the communicators' collectives (comm) add their
+ * calls and wall seconds, from every thread (replica threads add up: on N
+ * replicas the sum can reach N times the wall time). dt_profile_stop() turns
+ * it off; the figures stay readable until the next start (dt_profile_resume
+ * goes on adding to them). Off, the hooks cost
+ * one load each. Time outside any op (the caller's code, waiting for a
+ * barrier) is in no entry: compare the sum with the wall time. */
+typedef enum dt_profile_phase {
+  DTRAIN_PROFILE_FORWARD = 0,
+  DTRAIN_PROFILE_BACKWARD = 1,
+  DTRAIN_PROFILE_UPDATE = 2, /* the optimizer */
+  DTRAIN_PROFILE_DATA = 3,   /* the loader */
+  DTRAIN_PROFILE_COMM = 4    /* collectives */
+} dt_profile_phase;
+
+typedef struct dt_profile_entry {
+  const char *name; /* the op's name (static storage), e.g. "dt_matmul", "dt_optim_step" */
+  dt_profile_phase phase;
+  int64_t calls;
+  double seconds;
+} dt_profile_entry;
+
+DTRAIN_API void dt_profile_start(void);
+DTRAIN_API void dt_profile_stop(void);
+/* On again without zeroing: leave out a part of the run (an evaluation). */
+DTRAIN_API void dt_profile_resume(void);
+/* The entries with any calls or time, longest first: the first min(n, cap) of
+ * them into out; returns n (-1 for out NULL with cap > 0, or cap < 0). */
+DTRAIN_API int dt_profile_read(dt_profile_entry *out, int cap);
+DTRAIN_API const char *dt_profile_phase_name(dt_profile_phase phase); /* "forward", ... */
+/* The profile as a table, one op kind a line (calls, total ms, us per step when
+ * steps > 0, share of wall_seconds when > 0, else of the profiled sum) and a
+ * line of shares by phase, NUL-terminated into buf (cap bytes, cut short to
+ * fit). Returns the length the whole text needs (snprintf's rule), -1 on bad
+ * arguments. */
+DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, double wall_seconds);
+
 /* Can a file be written at path (is_dir: in the directory path)? Does what
  * dtrain's writers do -- creates their exclusive temporary next to path and
  * removes it -- so a missing directory, permissions, a read-only mount show

@@ -532,43 +532,61 @@ DTRAIN_API void dt_comm_destroy(dt_comm *c) {
 DTRAIN_API dt_result dt_comm_allreduce(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_allreduce", rank, buf, n, 0);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->allreduce(c, rank, buf, n));
+  r = dt__quiet_pop(c->vtable->allreduce(c, rank, buf, n));
+  dt__prof_add("dt_comm_allreduce", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_comm_reduce_scatter(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", rank, buf, n, 0);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->reduce_scatter(c, rank, buf, n));
+  r = dt__quiet_pop(c->vtable->reduce_scatter(c, rank, buf, n));
+  dt__prof_add("dt_comm_reduce_scatter", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_comm_allgather(dt_comm *c, int rank, float *buf, size_t n) {
   dt_result r = dt__comm_check(c, "dt_comm_allgather", rank, buf, n, 0);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->allgather(c, rank, buf, n));
+  r = dt__quiet_pop(c->vtable->allgather(c, rank, buf, n));
+  dt__prof_add("dt_comm_allgather", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_comm_reduce(dt_comm *c, int rank, float *buf, size_t n, int root) {
   dt_result r = dt__comm_check(c, "dt_comm_reduce", rank, buf, n, root);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->reduce(c, rank, buf, n, root));
+  r = dt__quiet_pop(c->vtable->reduce(c, rank, buf, n, root));
+  dt__prof_add("dt_comm_reduce", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_comm_broadcast(dt_comm *c, int rank, float *buf, size_t n, int root) {
   dt_result r = dt__comm_check(c, "dt_comm_broadcast", rank, buf, n, root);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->broadcast(c, rank, buf, n, root));
+  r = dt__quiet_pop(c->vtable->broadcast(c, rank, buf, n, root));
+  dt__prof_add("dt_comm_broadcast", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_comm_barrier(dt_comm *c, int rank) {
   dt_result r = dt__comm_check(c, "dt_comm_barrier", rank, NULL, 0, 0);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(c->vtable->barrier(c, rank));
+  r = dt__quiet_pop(c->vtable->barrier(c, rank));
+  dt__prof_add("dt_comm_barrier", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API void dt_comm_abort(dt_comm *c, int rank) {

@@ -488,6 +488,7 @@ DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
   const dt_dataset *ds = l->ds;
   int64_t cnt = DT__MIN(left, l->batch_size);
   size_t row = (size_t)ds->sample_size;
+  int64_t t0 = dt__prof_t0();
   dt__data_loader_perm(l, l->epoch);
   for (int64_t j = 0; j < cnt; j++) {
     int64_t g = (int64_t)l->shard + (l->index + j) * (int64_t)l->shards;
@@ -506,6 +507,7 @@ DTRAIN_API int dt_loader_next(dt_loader *l, dt_batch *b) {
   b->epoch = l->epoch;
   b->start = l->index;
   l->index += cnt;
+  dt__prof_add("dt_loader_next", DTRAIN_PROFILE_DATA, t0);
   return 1;
 }
 

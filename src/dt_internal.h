@@ -120,6 +120,17 @@ static DT__UNUSED int dt__too_many(uint64_t n) { return n > DT__MAX_ELEMS; }
 #define DT__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DT__MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* ---- the per-op profile's hooks (dt_profile.c, base) ---------------------------------
+ * fwd_begin: an op starts (dt__begin); fwd_end: its output is recorded or
+ * finished. t0/add: time a region, `int64_t t = dt__prof_t0(); ...;
+ * dt__prof_add(name, phase, t);` (t0 is 0 when the profile is off and add then
+ * does nothing). */
+DTRAIN_PRIVATE int dt__prof_active(void);
+DTRAIN_PRIVATE void dt__prof_fwd_begin(const char *op);
+DTRAIN_PRIVATE void dt__prof_fwd_end(void);
+DTRAIN_PRIVATE int64_t dt__prof_t0(void);
+DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64_t t0);
+
 /* ---- base (dt_base.c) ------------------------------------------------------- */
 
 /* Aligned allocation through the installed allocator. NULL on failure (no error set). */

@@ -558,9 +558,11 @@ static dt_result dt__optim_update_at(dt_optim *o, float *data, const float *g, i
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
   if (!rule)
     return dt__error(DTRAIN_ERR_INTERNAL, "dt_optim_update: unknown optimizer kind %d", (int)o->desc.kind);
+  int64_t t0 = dt__prof_t0();
   unsigned long fp = dt__fp_enter(); /* subnormal moments: dt_set_flush_denormals */
   dt__optim_ranges(o, rule, NULL, data + begin, from_begin ? g : g + begin, begin, end);
   dt__fp_leave(fp);
+  dt__prof_add("dt_optim_update", DTRAIN_PROFILE_UPDATE, t0);
   return DTRAIN_OK;
 }
 
@@ -576,7 +578,9 @@ DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, c
                                         size_t end) {
   const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
   if (!rule || !x || begin > end || end > o->size) return 0;
+  int64_t t0 = dt__prof_t0();
   dt__optim_ranges(o, rule, x, d, grad + begin, begin, end);
+  dt__prof_add("dt_optim_update", DTRAIN_PROFILE_UPDATE, t0);
   return 1;
 }
 

@@ -222,7 +222,7 @@ DTRAIN_PRIVATE void *dt__fail(dt_graph *g, dt_result code, const char *fmt, ...)
   return NULL;
 }
 
-DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...) {
+static int dt__begin_v(dt_graph *g, const char *op, int n, va_list ap) {
   if (!g) {
     dt__error(DTRAIN_ERR_NULL_ARG, "%s: graph is NULL", op);
     return 0;
@@ -233,8 +233,6 @@ DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...) {
              g->device->name);
     return 0;
   }
-  va_list ap;
-  va_start(ap, n);
   int ok = 1;
   for (int i = 0; i < n && ok; i++) {
     dt_tensor *t = va_arg(ap, dt_tensor *);
@@ -246,6 +244,24 @@ DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...) {
       ok = 0;
     }
   }
+  return ok;
+}
+
+/* The checks; then the op is the thread's running one for the profile. */
+DTRAIN_PRIVATE int dt__begin(dt_graph *g, const char *op, int n, ...) {
+  va_list ap;
+  va_start(ap, n);
+  int ok = dt__begin_v(g, op, n, ap);
+  va_end(ap);
+  if (ok) dt__prof_fwd_begin(op);
+  return ok;
+}
+
+/* The checks only (dt_backward: not an op of the forward pass). */
+static int dt__begin_quiet(dt_graph *g, const char *op, int n, ...) {
+  va_list ap;
+  va_start(ap, n);
+  int ok = dt__begin_v(g, op, n, ap);
   va_end(ap);
   return ok;
 }
@@ -382,6 +398,7 @@ DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_b
 }
 
 DTRAIN_PRIVATE dt_tensor *dt__finish(dt_graph *g, dt_tensor *out) {
+  dt__prof_fwd_end();
   if (g->err != DTRAIN_OK) return NULL;
   if (g->check_numerics && g->device) return dt__dev_check_numerics(g, out);
   if (g->check_numerics) {
@@ -564,7 +581,8 @@ static dt_result dt__tensor_backward(dt_graph *g, dt_tensor *out, const float *s
 static dt_result dt__tensor_backward_run(dt_graph *g, dt_tensor *out, const float *seed, const char *fn) {
   if (!g) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: graph is NULL", fn);
   if (g->err != DTRAIN_OK) return g->err;
-  if (!dt__begin(g, fn, 1, out)) return g->err;
+  dt__prof_fwd_end(); /* the loss op, if it did not finish */
+  if (!dt__begin_quiet(g, fn, 1, out)) return g->err;
   if (!seed) {
     if (out->size != 1) {
       char sb[96];
@@ -608,7 +626,11 @@ static dt_result dt__tensor_backward_run(dt_graph *g, dt_tensor *out, const floa
   if (g->ready && !dt__ready_schedule(g, &head, &chain)) return g->err;
   for (int64_t i = g->ntape - 1; i >= 0; i--) {
     dt_tensor *t = g->tape[i];
-    if (t->grad && t->backward) t->backward(g, t);
+    if (t->grad && t->backward) {
+      int64_t t0 = dt__prof_t0();
+      t->backward(g, t);
+      dt__prof_add(t->op, DTRAIN_PROFILE_BACKWARD, t0);
+    }
     if (g->err != DTRAIN_OK) return g->err;
     for (int32_t p = head ? head[i] : -1; p >= 0; p = chain[p]) {
       /* a deferred gradient that this node's backward did not reach (no

@@ -426,6 +426,32 @@ static void nt_dt_rng_shuffle(void) {
   }
   nt_teardown(&f);
 }
+/* dt_base.h: int dt_profile_read(dt_profile_entry * out, int cap) */
+static void nt_dt_profile_read(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_profile_read(NULL, cap)");
+    (void)dt_profile_read(NULL, sizeof f.cbuf);
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_base.h: int64_t dt_profile_format(char * buf, size_t cap, int64_t steps, double wall_seconds) */
+static void nt_dt_profile_format(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_profile_format(NULL, cap, steps, wall_seconds)");
+    (void)dt_profile_format(NULL, sizeof f.cbuf, 1, 0.5);
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_base.h: dt_result dt_check_writable(const char * path, int is_dir) */
 static void nt_dt_check_writable(void) {
   nt_fix f;
@@ -8638,6 +8664,8 @@ int main(void) {
   TH_RUN(nt_dt_rng_uniform);
   TH_RUN(nt_dt_rng_normal);
   TH_RUN(nt_dt_rng_shuffle);
+  TH_RUN(nt_dt_profile_read);
+  TH_RUN(nt_dt_profile_format);
   TH_RUN(nt_dt_check_writable);
   TH_RUN(nt_dt_graph_create);
   TH_RUN(nt_dt_graph_destroy);
