@@ -43,7 +43,7 @@
  *   non-integer powers check their domain on the device as the CPU op does,
  *   failing with the same DTRAIN_ERR_INVALID_ARG message; the check waits
  *   for one float from the device),
- *   dt_relu, dt_sigmoid, dt_tanh, dt_sum, dt_mean, dt_sum_axis, dt_mean_axis,
+ *   dt_relu, dt_relu_inplace (computed out of place there), dt_sigmoid, dt_tanh, dt_sum, dt_mean, dt_sum_axis, dt_mean_axis,
  *   dt_transpose (any rank >= 2: the last two dims),
  *   dt_dropout (the mask is drawn on the host from the graph's RNG exactly as
  *   the CPU op draws it, then copied to the device: same seed, same result),

@@ -136,6 +136,9 @@ DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64
 /* Aligned allocation through the installed allocator. NULL on failure (no error set). */
 DTRAIN_PRIVATE void *dt__alloc(size_t size);
 DTRAIN_PRIVATE void *dt__calloc(size_t size);
+/* Give freed heap memory back to the system where the C library keeps it
+ * (glibc, the built-in allocator); a no-op elsewhere. */
+DTRAIN_PRIVATE void dt__heap_trim(void);
 /* size must be the size passed to dt__alloc; ptr NULL is a no-op. */
 DTRAIN_PRIVATE void dt__free(void *ptr, size_t size);
 /* Grow a block: copies min(old,new) bytes; frees the old on success only. */

@@ -35,6 +35,20 @@ DTRAIN_API dt_tensor *dt_exp(dt_graph *g, dt_tensor *x);
 DTRAIN_API dt_tensor *dt_log(dt_graph *g, dt_tensor *x);   /* error if any x <= 0 (a NaN gives NaN) */
 DTRAIN_API dt_tensor *dt_sqrt(dt_graph *g, dt_tensor *x);  /* error if any x < 0 (a NaN gives NaN) */
 DTRAIN_API dt_tensor *dt_relu(dt_graph *g, dt_tensor *x);
+/* dt_relu in place (PyTorch's inplace=True), for memory: x's data becomes
+ * relu(x) and is returned as a new tensor sharing it, and backward hands x
+ * the result's gradient buffer, masked, instead of a second one. A CNN's
+ * conv -> ReLU pairs so keep one activation and one gradient each instead of
+ * two. Allowed on the output of dt_conv2d, dt_linear (dt_nn_*_forward),
+ * dt_matmul, dt_bmm, dt_add or dt_sub (whose backward never reads its own
+ * result) that no op has used yet; anything else fails with
+ * DTRAIN_ERR_INVALID_ARG naming the reason. Afterwards x is spent: an op
+ * given x fails (DTRAIN_ERR_STATE, "overwritten by dt_relu_inplace"), so a
+ * stale x can never feed a wrong value in silently. Values and gradients are
+ * dt_relu's, bit for bit; after backward the result's grad (shared with x)
+ * holds x's gradient. On a device graph it computes out of place (same
+ * results, and x is spent alike). */
+DTRAIN_API dt_tensor *dt_relu_inplace(dt_graph *g, dt_tensor *x);
 DTRAIN_API dt_tensor *dt_leaky_relu(dt_graph *g, dt_tensor *x, float slope);
 DTRAIN_API dt_tensor *dt_sigmoid(dt_graph *g, dt_tensor *x);
 DTRAIN_API dt_tensor *dt_tanh(dt_graph *g, dt_tensor *x);

@@ -227,6 +227,7 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
     dt__wino_backward(g, &q, x->data, w->data, go, gx, gw);
     return;
   }
+  dt__arena_pos scratch = dt__arena_mark(g); /* the columns and the regrouped gradient: this call's only */
   float *col = NULL, *gcol = NULL, *gyt = NULL;
   if (gw && !q.direct) col = dt__arena_floats(g, q.k * cols);
   if (gx && !q.direct) gcol = dt__arena_floats(g, q.k * cols);
@@ -258,6 +259,7 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
       }
     }
   }
+  dt__arena_release(g, scratch);
 }
 
 DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
@@ -306,6 +308,7 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
     return dt__finish(g, y);
   }
   int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
+  dt__arena_pos scratch = dt__arena_mark(g); /* the columns: this call's only */
   float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
   float *tmp = q.nb > 1 ? dt__arena_floats(g, q.o * cols) : NULL;
   if (g->err != DTRAIN_OK) return NULL;
@@ -328,6 +331,7 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
           memcpy(y->data + (n0 + j) * op_ + o * q.pp, tmp + o * ld + j * q.pp, (size_t)q.pp * sizeof(float));
     }
   }
+  dt__arena_release(g, scratch);
   y->iaux[0] = stride;
   y->iaux[1] = padding;
   dt__record(g, y, op, dt__conv_backward, x, w, b);

@@ -233,6 +233,64 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int fn, float s, const ch
   return dt__finish(g, y);
 }
 
+/* ---- ReLU in place ------------------------------------------------------------------
+ * y shares x's data. Backward: y's gradient is final when this node runs (x
+ * had no other consumer, and none can come after), so it is masked where it
+ * stands and becomes x's gradient: 0 + go as dt_relu's backward adds it into
+ * a zeroed buffer (the + 0.0f turns a -0 into +0 alike). */
+static void dt__relu_inplace_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  if (!(x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) return;
+  float *go = y->grad;
+  const float *yd = y->data;
+  for (int64_t i = 0; i < y->size; i++) go[i] = yd[i] <= 0.0f ? 0.0f : go[i] + 0.0f; /* y <= 0 exactly where x <= 0 */
+  (void)g;
+  x->grad = go;
+}
+
+/* ops whose backward reads their inputs only, never their own result */
+static int dt__result_free_to_overwrite(const char *op) {
+  static const char *const ok[] = {"dt_conv2d", "dt_linear", "dt_matmul", "dt_bmm", "dt_add", "dt_sub"};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+    if (op && strcmp(op, ok[i]) == 0) return 1;
+  return 0;
+}
+
+DTRAIN_API dt_tensor *dt_relu_inplace(dt_graph *g, dt_tensor *x) {
+  static const char *op = "dt_relu_inplace";
+  int used = x && (x->flags & DT__TENSOR_USED), spent = x && (x->flags & DT__TENSOR_OVERWRITTEN);
+  if (!dt__begin(g, op, 1, x)) return NULL;
+  char sx[96];
+  dt_shape_str(x, sx, sizeof sx);
+  if (spent) /* dt__begin refused it already; kept for clarity */
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE, "%s: x %s was overwritten already", op, sx);
+  if ((x->flags & (DTRAIN_TENSOR_VIEW | DTRAIN_TENSOR_PARAM)) || !dt__result_free_to_overwrite(x->op))
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG,
+                                 "%s: x %s is %s, not the result of dt_conv2d, dt_linear, dt_matmul, dt_bmm, dt_add or "
+                                 "dt_sub: use dt_relu", op, sx,
+                                 (x->flags & DTRAIN_TENSOR_PARAM) ? "a parameter"
+                                 : (x->flags & DTRAIN_TENSOR_VIEW) ? "a view of other memory"
+                                 : x->op ? x->op : "an input");
+  if (used)
+    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG,
+                                 "%s: x %s (a %s result) is already an input of another op, which may need its values: "
+                                 "use dt_relu", op, sx, x->op);
+  dt_tensor *y;
+  if (g->device) {
+    y = dt__dev_map(g, x, DTRAIN_MAP_RELU, 0.0f, "dt_relu"); /* out of place there */
+    if (!y) return NULL;
+  } else {
+    float *d = x->data;
+    for (int64_t i = 0; i < x->size; i++) d[i] = dt__map_relu(d[i], 0.0f);
+    y = dt__new_view(g, op, x->ndim, x->shape, d);
+    if (!y) return NULL;
+    dt__record(g, y, op, dt__relu_inplace_backward, x, NULL, NULL);
+    y = dt__finish(g, y);
+  }
+  x->flags |= DT__TENSOR_OVERWRITTEN;
+  return y;
+}
+
 /* The public functions, one per line of DT__MAP_LIST (declared in dt_ops.h):
  * args UNARY gives dt_<name>(g, x), SCALAR gives dt_<name>(g, x, s). */
 #define DT__MAP_API_UNARY(name, NAME) \

@@ -269,6 +269,7 @@ DTRAIN_API dt_tensor *dt_concat(dt_graph *g, dt_tensor *const *xs, int n, int ax
     if (!xs[j]) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_concat: xs[%d] is NULL", j);
     if (xs[j]->graph != g)
       return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "dt_concat: xs[%d] belongs to another graph", j);
+    if (!dt__take_input(g, "dt_concat", xs[j], j + 1)) return NULL; /* spent by dt_relu_inplace */
   }
   const dt_tensor *x0 = xs[0];
   int nd = x0->ndim;

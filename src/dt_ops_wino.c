@@ -520,6 +520,7 @@ DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const 
   dt__wino z;
   dt__wino_job jb;
   dt__wino_geometry(q, &z);
+  dt__arena_pos scratch = dt__arena_mark(g); /* U, V, M and the per-thread scratch: this call's only */
   float *u = dt__arena_floats(g, 36 * q->o * q->c);
   int parts = dt__wino_setup(g, &jb, q, &z, 1, 0);
   if (!parts || g->err != DTRAIN_OK) return;
@@ -534,6 +535,7 @@ DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const 
     dt__wino_run(&jb, DT__WINO_MUL, parts);
     dt__wino_run(&jb, DT__WINO_OUT, parts);
   }
+  dt__arena_release(g, scratch);
 }
 
 /* gy: the output gradient; m holds dM. */
@@ -543,6 +545,7 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
   dt__wino_job jb;
   dt__wino_geometry(q, &z);
   int64_t oc = q->o * q->c;
+  dt__arena_pos scratch = dt__arena_mark(g); /* everything below is this call's only (backward recomputes V) */
   float *u = gx ? dt__arena_floats(g, 36 * oc) : NULL, *du = gw ? dt__arena_floats(g, 36 * oc) : NULL;
   int parts = dt__wino_setup(g, &jb, q, &z, gw != NULL, gx != NULL);
   if (!parts || g->err != DTRAIN_OK) return;
@@ -565,6 +568,7 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
     }
   }
   if (gw) dt__wino_kernels_adjoint(q, du, gw);
+  dt__arena_release(g, scratch);
 }
 
 #undef DT__WINO_L

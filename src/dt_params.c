@@ -149,10 +149,13 @@ static int dt__params_add(dt_params *p, const char *name, int ndim, const int64_
     float *ng = (float *)dt__realloc(p->grad, p->capacity * sizeof(float), ncap * sizeof(float));
     if (!ng) return dt__error(DTRAIN_ERR_NOMEM, "%s('%s'): out of memory for %zu floats", fn, name, ncap);
     p->grad = ng;
-    memset(p->data + p->capacity, 0, (ncap - p->capacity) * sizeof(float));
-    memset(p->grad + p->capacity, 0, (ncap - p->capacity) * sizeof(float));
     p->capacity = ncap;
   }
+  /* The spare capacity is not written until a parameter claims it: untouched
+   * pages take no memory (a CNN's 3.3M parameters grew to 6.5M floats of
+   * capacity, and zeroing it all cost 26 MB of resident memory). */
+  memset(p->data + p->size, 0, (end - p->size) * sizeof(float));
+  memset(p->grad + p->size, 0, (end - p->size) * sizeof(float));
   dt_result r = dt_init_fill(p->data + off, ndim, shape, init, &p->rng);
   if (r != DTRAIN_OK) return r;
   dt__param *it = &p->items[p->count];
@@ -192,12 +195,10 @@ DTRAIN_API dt_result dt_params_reserve(dt_params *p, int count, size_t floats) {
       dt__free(nd, bytes);
       return dt__error(DTRAIN_ERR_NOMEM, "dt_params_reserve: out of memory for 2 x %zu floats", want);
     }
-    if (p->capacity) {
-      memcpy(nd, p->data, p->capacity * sizeof(float));
-      memcpy(ng, p->grad, p->capacity * sizeof(float));
+    if (p->size) { /* what is in use: the rest is zeroed as parameters claim it */
+      memcpy(nd, p->data, p->size * sizeof(float));
+      memcpy(ng, p->grad, p->size * sizeof(float));
     }
-    memset(nd + p->capacity, 0, (want - p->capacity) * sizeof(float));
-    memset(ng + p->capacity, 0, (want - p->capacity) * sizeof(float));
     dt__free(p->data, p->capacity * sizeof(float));
     dt__free(p->grad, p->capacity * sizeof(float));
     p->data = nd;

@@ -70,8 +70,10 @@ DTRAIN_API int dt_params_add_buffer(dt_params *p, const char *name, int ndim, co
 /* Room for `count` more parameters of `floats` floats in all (their alignment
  * padding is added here), allocated now at exactly that size: the adds that
  * follow do not grow the buffers. Without it the value and gradient buffers
- * grow by doubling, so a model may hold up to twice what it needs, and
- * briefly the old and the new buffer: reserve first where memory is tight (a
+ * grow by doubling, so a model may reserve up to twice what it needs (the
+ * part no parameter has claimed is never written, so on a system with virtual
+ * memory it takes no RAM), and briefly holds the old and the new buffer:
+ * reserve first where memory is tight or fixed (a
  * pipeline stage on a small board, dt_use_fixed_memory budgets). Never
  * shrinks. DTRAIN_ERR_NOMEM / _OVERFLOW with nothing changed. */
 DTRAIN_API dt_result dt_params_reserve(dt_params *p, int count, size_t floats);

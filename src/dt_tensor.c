@@ -74,6 +74,24 @@ DTRAIN_PRIVATE void *dt__arena_alloc(dt_graph *g, size_t bytes) {
   return p;
 }
 
+DTRAIN_PRIVATE dt__arena_pos dt__arena_mark(dt_graph *g) {
+  dt__arena_pos m;
+  m.chunk = g->chunks;
+  m.used = g->chunks ? g->chunks->used : 0;
+  m.graph_used = g->used;
+  return m;
+}
+
+DTRAIN_PRIVATE void dt__arena_release(dt_graph *g, dt__arena_pos m) {
+  if (g->device) return; /* tensor data lives in the device arena there */
+  /* Blocks added since the mark hold only scratch: emptied, and the newest
+   * stays the one allocations go to (the older ones' tails are idle until the
+   * next merge, as when a block fills up). */
+  for (dt__chunk *c = g->chunks; c && c != (dt__chunk *)m.chunk; c = c->next) c->used = 0;
+  if (m.chunk) ((dt__chunk *)m.chunk)->used = m.used;
+  g->used = m.graph_used;
+}
+
 DTRAIN_PRIVATE float *dt__arena_floats(dt_graph *g, int64_t n) {
   size_t bytes;
   if (n < 0 || !dt__mul_size((size_t)n, sizeof(float), &bytes))
@@ -133,19 +151,27 @@ DTRAIN_API void dt_graph_reset(dt_graph *g) {
   }
   if (g->chunks && g->chunks->next) {
     /* Several blocks: replace them by one that holds the whole step, so that
-     * the next step of the same size allocates nothing. If that allocation
-     * fails, keep the old blocks (still correct, just not merged). */
+     * the next step of the same size allocates nothing. The step's peak is
+     * what it used (the blocks' sizes, doubling, add up to nearly twice
+     * that); on a device graph the peak counts device bytes too, and the host
+     * blocks hold only headers, so there the blocks' sum. The old blocks go
+     * first, so the two are never held at once; if the new block cannot be
+     * had, the old sum is tried back, and failing that the graph starts the
+     * next step from an empty arena (it grows again as it does at first). */
     size_t total = 0;
     for (dt__chunk *c = g->chunks; c; c = c->next) total += c->cap;
-    dt__chunk *one = dt__tensor_chunk_new(total);
+    size_t want = (!g->device && g->peak > 0 && g->peak < total) ? g->peak : total;
+    dt__tensor_chunks_free(g->chunks);
+    g->chunks = NULL;
+    g->reserved = 0;
+    dt__heap_trim();
+    dt__chunk *one = dt__tensor_chunk_new(want);
+    if (!one && want != total) one = dt__tensor_chunk_new(want = total);
     if (one) {
-      dt__tensor_chunks_free(g->chunks);
       g->chunks = one;
-      g->reserved = total;
+      g->reserved = want;
     }
   }
-  /* If the merge failed, only the newest block is used again (older ones stay
-   * reserved until the next successful merge or destroy): still correct. */
   for (dt__chunk *c = g->chunks; c; c = c->next) c->used = 0;
   if (g->device) dt__dev_reset(g);
   g->used = 0;
@@ -234,17 +260,27 @@ static int dt__begin_v(dt_graph *g, const char *op, int n, va_list ap) {
     return 0;
   }
   int ok = 1;
-  for (int i = 0; i < n && ok; i++) {
-    dt_tensor *t = va_arg(ap, dt_tensor *);
-    if (!t) {
-      dt__fail(g, DTRAIN_ERR_NULL_ARG, "%s: tensor argument %d is NULL", op, i + 1);
-      ok = 0;
-    } else if (t->graph != g) {
-      dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: tensor argument %d belongs to another graph", op, i + 1);
-      ok = 0;
-    }
-  }
+  for (int i = 0; i < n && ok; i++) ok = dt__take_input(g, op, va_arg(ap, dt_tensor *), i + 1);
   return ok;
+}
+
+DTRAIN_PRIVATE int dt__take_input(dt_graph *g, const char *op, dt_tensor *t, int argno) {
+  if (!t) {
+    dt__fail(g, DTRAIN_ERR_NULL_ARG, "%s: tensor argument %d is NULL", op, argno);
+    return 0;
+  }
+  if (t->graph != g) {
+    dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: tensor argument %d belongs to another graph", op, argno);
+    return 0;
+  }
+  if (t->flags & DT__TENSOR_OVERWRITTEN) {
+    dt__fail(g, DTRAIN_ERR_STATE,
+             "%s: tensor argument %d (a %s result) was overwritten by dt_relu_inplace: use the tensor that returned", op,
+             argno, t->op ? t->op : "tensor");
+    return 0;
+  }
+  t->flags |= DT__TENSOR_USED;
+  return 1;
 }
 
 /* The checks; then the op is the thread's running one for the profile. */
@@ -376,6 +412,8 @@ DTRAIN_PRIVATE void dt__record(dt_graph *g, dt_tensor *out, const char *op, dt_b
   out->src[0] = a;
   out->src[1] = b;
   out->src[2] = c;
+  for (int i = 0; i < 3; i++)
+    if (out->src[i]) out->src[i]->flags |= DT__TENSOR_USED; /* also inputs dt__begin was not shown */
   if (!g->grad_enabled || !fn) return;
   int need = 0;
   for (int i = 0; i < 3; i++)
@@ -677,7 +715,7 @@ struct dt__dchunk {
 #define DT__DEVICE_MAP_OP(name, NAME, args, domain) "dt_" #name,
 static const char *const dt__device_ops[] = {
   DT__MAP_LIST(DT__DEVICE_MAP_OP)
-  "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
+  "dt_relu_inplace", "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
   "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose",
   "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",

@@ -82,6 +82,14 @@ DTRAIN_PRIVATE void *dt__fail(dt_graph *g, dt_result code, const char *fmt, ...)
 DTRAIN_PRIVATE void *dt__arena_alloc(dt_graph *g, size_t bytes);
 DTRAIN_PRIVATE float *dt__arena_floats(dt_graph *g, int64_t n);     /* uninitialised */
 DTRAIN_PRIVATE float *dt__arena_zeros(dt_graph *g, int64_t n);
+/* Scratch within one op: m = dt__arena_mark(g); ...allocate and use...;
+ * dt__arena_release(g, m) gives back everything allocated after the mark,
+ * so the step's peak holds one op's temporaries, not all of them. Only for
+ * memory nothing refers to once the op returns (never a tensor, its data or
+ * a saved-for-backward buffer). A no-op on a device graph. */
+typedef struct dt__arena_pos { void *chunk; size_t used, graph_used; } dt__arena_pos;
+DTRAIN_PRIVATE dt__arena_pos dt__arena_mark(dt_graph *g);
+DTRAIN_PRIVATE void dt__arena_release(dt_graph *g, dt__arena_pos m);
 /* New tensor with uninitialised data; validates shape (dims >= 1). */
 DTRAIN_PRIVATE dt_tensor *dt__new(dt_graph *g, const char *op, int ndim, const int64_t *shape);
 DTRAIN_PRIVATE dt_tensor *dt__new_like(dt_graph *g, const char *op, const dt_tensor *x);
@@ -90,6 +98,14 @@ DTRAIN_PRIVATE dt_tensor *dt__new_view(dt_graph *g, const char *op, int ndim, co
 /* A tape node whose aux holds iaux[0] input pointers beyond src (dt_concat of
  * more than four inputs): its backward writes their gradients too. */
 #define DT__TENSOR_AUX_INPUTS 0x40000000
+/* An op has taken this tensor as an input (dt__begin, dt_concat). */
+#define DT__TENSOR_USED 0x10000000
+/* dt_relu_inplace replaced its values: taking it as an input is an error. */
+#define DT__TENSOR_OVERWRITTEN 0x20000000
+/* dt__begin's check of one tensor argument (NULL, other graph, spent by
+ * dt_relu_inplace), numbered argno from 1 in the message; marks it used.
+ * Returns 0 after failing g. */
+DTRAIN_PRIVATE int dt__take_input(dt_graph *g, const char *op, dt_tensor *t, int argno);
 /* From the next backward on, ready(user, p) is called in backward's thread
  * as soon as parameter p's gradient is final: right after the backward of
  * the earliest op (in forward order) that used it -- ops run in reverse, so

@@ -1665,6 +1665,41 @@ static void nt_dt_relu(void) {
   }
   nt_teardown(&f);
 }
+/* dt_ops.h: dt_tensor * dt_relu_inplace(dt_graph * g, dt_tensor * x) */
+static void nt_dt_relu_inplace(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_relu_inplace(NULL, NULL)");
+    dt_tensor * r_ = dt_relu_inplace(NULL, NULL);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_relu_inplace(NULL, x)");
+      dt_tensor * r_ = dt_relu_inplace(NULL, f.t);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_relu_inplace(g, NULL)");
+      dt_tensor * r_ = dt_relu_inplace(f.g, NULL);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
 /* dt_ops.h: dt_tensor * dt_leaky_relu(dt_graph * g, dt_tensor * x, float slope) */
 static void nt_dt_leaky_relu(void) {
   nt_fix f;
@@ -8711,6 +8746,7 @@ int main(void) {
   TH_RUN(nt_dt_log);
   TH_RUN(nt_dt_sqrt);
   TH_RUN(nt_dt_relu);
+  TH_RUN(nt_dt_relu_inplace);
   TH_RUN(nt_dt_leaky_relu);
   TH_RUN(nt_dt_sigmoid);
   TH_RUN(nt_dt_tanh);

@@ -445,6 +445,42 @@ static void test_pool_errors(void) {
   dt_graph_destroy(g);
 }
 
+/* A convolution's temporaries (im2col columns; Winograd's U, V, M) are given
+ * back when it returns, forward and backward: what stays in the arena is the
+ * output (forward) and the input's gradient (backward), though the peak saw
+ * the temporaries. Both paths: 3x3 (im2col) and 5x5 with 8 channels (Winograd). */
+static void test_conv_scratch_released(void) {
+  for (int wino = 0; wino < 2; wino++) {
+    int k = wino ? 5 : 3, c = 8, o = 8;
+    int64_t sx[4] = {4, c, 12, 12}, sw[4] = {o, c, k, k};
+    float *xd = (float *)malloc(sizeof(float) * 4 * 8 * 144), *wd = (float *)malloc(sizeof(float) * 8 * 8 * 25);
+    th_fill(xd, 4 * 8 * 144, -1, 1);
+    th_fill(wd, o * c * k * k, -1, 1);
+    dt_graph *g = dt_graph_create(NULL, NULL);
+    dt_tensor *x = dt_tensor_from(g, 4, sx, xd), *w = dt_tensor_from(g, 4, sw, wd);
+    dt_tensor_set_requires_grad(x, 1);
+    dt_tensor_set_requires_grad(w, 1);
+    size_t before = dt_graph_bytes_used(g), out_bytes = sizeof(float) * 4 * o * 144;
+    dt_tensor *y = dt_conv2d(g, x, w, NULL, 1, k / 2);
+    CHECK(y != NULL);
+    size_t kept = dt_graph_bytes_used(g) - before;
+    CHECK_MSG(kept >= out_bytes && kept < out_bytes + 1024, "%s forward kept %zu bytes, output %zu",
+              wino ? "winograd" : "im2col", kept, out_bytes);
+    CHECK(dt_graph_bytes_peak(g) > before + out_bytes + 1024); /* the temporaries were there */
+    dt_tensor *l = dt_sum(g, y);
+    size_t before_bw = dt_graph_bytes_used(g);
+    CHECK(dt_backward(g, l) == DTRAIN_OK);
+    /* the gradients of x, w, y and the loss: nothing else */
+    size_t grads = sizeof(float) * (4 * c * 144 + o * c * k * k + 4 * o * 144 + 1);
+    size_t kept_bw = dt_graph_bytes_used(g) - before_bw;
+    CHECK_MSG(kept_bw >= grads && kept_bw < grads + 1024, "%s backward kept %zu bytes, gradients %zu",
+              wino ? "winograd" : "im2col", kept_bw, grads);
+    dt_graph_destroy(g);
+    free(xd);
+    free(wd);
+  }
+}
+
 int main(void) {
   TH_RUN(test_conv_values_by_hand);
   TH_RUN(test_conv_forward_random);
@@ -457,5 +493,6 @@ int main(void) {
   TH_RUN(test_pool_grads);
   TH_RUN(test_conv_errors);
   TH_RUN(test_pool_errors);
+  TH_RUN(test_conv_scratch_released);
   return th_summary("ops_conv");
 }

@@ -183,6 +183,28 @@ static float big_step(big *m, const float *img, const float *seq) {
   return dt_item(loss);
 }
 
+/* A step that outgrows the first arena block: the next reset merges the
+ * blocks into one of the step's peak (not the doubling blocks' sum, nearly
+ * twice it), and the steps after allocate nothing and stay that size. */
+static void test_arena_merges_to_peak(void) {
+  mlp m;
+  mlp_init(&m, 5, DTRAIN_OPTIM_ADAM, 0.01f);
+  dt_graph_destroy(m.g);
+  dt_graph_desc gd;
+  memset(&gd, 0, sizeof gd);
+  gd.arena_bytes = 1024; /* many blocks in the first step */
+  m.g = dt_graph_create(m.P, &gd);
+  mlp_step(&m, 0, 64);
+  size_t first = dt_graph_bytes_reserved(m.g), peak = dt_graph_bytes_peak(m.g);
+  CHECK_MSG(first > peak, "first step: %zu reserved, peak %zu", first, peak);
+  for (int i = 0; i < 3; i++) {
+    mlp_step(&m, 64, 64);
+    CHECK_MSG(dt_graph_bytes_reserved(m.g) == peak && dt_graph_bytes_peak(m.g) == peak, "%zu reserved, peak %zu",
+              dt_graph_bytes_reserved(m.g), dt_graph_bytes_peak(m.g));
+  }
+  mlp_free(&m);
+}
+
 static void test_no_allocation_after_first_step(void) {
   dt_allocator al = {count_alloc, count_free, NULL};
   dt_set_allocator(&al);
@@ -312,6 +334,7 @@ int main(void) {
   TH_RUN(test_mlp_learns);
   TH_RUN(test_bitwise_repeatable);
   TH_RUN(test_no_allocation_after_first_step);
+  TH_RUN(test_arena_merges_to_peak);
   TH_RUN(test_no_grad_mode);
   TH_RUN(test_grad_accumulation);
   TH_RUN(test_xor);
