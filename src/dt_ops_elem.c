@@ -243,7 +243,15 @@ static void dt__relu_inplace_backward(dt_graph *g, dt_tensor *y) {
   if (!(x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) return;
   float *go = y->grad;
   const float *yd = y->data;
-  for (int64_t i = 0; i < y->size; i++) go[i] = yd[i] <= 0.0f ? 0.0f : go[i] + 0.0f; /* y <= 0 exactly where x <= 0 */
+  int64_t i = 0, n = y->size;
+#ifdef DT__ELEM_SSE
+  const __m128 z = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) { /* keep where y > 0 or NaN, as dt__elem_relu_backward */
+    __m128 keep = _mm_cmpnle_ps(_mm_loadu_ps(yd + i), z);
+    _mm_storeu_ps(go + i, _mm_add_ps(_mm_and_ps(keep, _mm_loadu_ps(go + i)), z));
+  }
+#endif
+  for (; i < n; i++) go[i] = yd[i] <= 0.0f ? 0.0f : go[i] + 0.0f; /* y <= 0 exactly where x <= 0 */
   (void)g;
   x->grad = go;
 }
@@ -281,7 +289,15 @@ DTRAIN_API dt_tensor *dt_relu_inplace(dt_graph *g, dt_tensor *x) {
     if (!y) return NULL;
   } else {
     float *d = x->data;
-    for (int64_t i = 0; i < x->size; i++) d[i] = dt__map_relu(d[i], 0.0f);
+    int64_t i = 0, n = x->size;
+#ifdef DT__ELEM_SSE
+    const __m128 z = _mm_setzero_ps();
+    for (; i + 4 <= n; i += 4) { /* dt__elem_relu's loop, in place */
+      __m128 v = _mm_loadu_ps(d + i);
+      _mm_storeu_ps(d + i, _mm_andnot_ps(_mm_cmple_ps(v, z), v));
+    }
+#endif
+    for (; i < n; i++) d[i] = dt__map_relu(d[i], 0.0f);
     y = dt__new_view(g, op, x->ndim, x->shape, d);
     if (!y) return NULL;
     dt__record(g, y, op, dt__relu_inplace_backward, x, NULL, NULL);
