@@ -135,6 +135,9 @@
  * ENVIRONMENT (read at run time; a program's flags or options win)
  *   DTRAIN_THREADS=n|auto   intra-op threads (default 1; dt_set_threads)
  *   DTRAIN_GEMM=portable    force the portable GEMM kernel (dt_sgemm_use_portable)
+ *   DTRAIN_TRACE=file.json  write every thread's timeline as Chrome trace-event
+ *                           JSON at exit (dt_trace_start; a worker or server
+ *                           process writes file.worker0.json, file.server0.json)
  *   DTRAIN_FLUSH_DENORMALS=0|1  subnormal floats flushed to zero in dtrain's work
  *                           (default 1; dt_set_flush_denormals)
  *   DTRAIN_CONFIG=JSON      the cluster and this process's task, TF_CONFIG style
@@ -183,7 +186,7 @@
  * LAYERS (the files of src/, lowest first: a file includes and calls only
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
  * An upper layer reaches down through hooks it installs, never the reverse.)
- *   1  base      dt_base dt_internal dt_platform dt_profile dt_rng dt_json dt_bytes dt_file
+ *   1  base      dt_base dt_internal dt_platform dt_profile dt_trace dt_rng dt_json dt_bytes dt_file
  *   2  tensor    dt_tensor dt_tensor_internal dt_device dt_maps dt_optim_math
  *   3  ops       dt_ops* dt_gemm dt_device_ops dt_device_nn
  *   4  autograd  dt_autograd
@@ -582,7 +585,8 @@ typedef enum dt_profile_phase {
   DTRAIN_PROFILE_BACKWARD = 1,
   DTRAIN_PROFILE_UPDATE = 2, /* the optimizer */
   DTRAIN_PROFILE_DATA = 3,   /* the loader */
-  DTRAIN_PROFILE_COMM = 4    /* collectives */
+  DTRAIN_PROFILE_COMM = 4,   /* collectives, parameter-store pushes and pulls */
+  DTRAIN_PROFILE_CHECKPOINT = 5 /* dt_checkpoint_save and its variants */
 } dt_profile_phase;
 
 typedef struct dt_profile_entry {
@@ -606,6 +610,33 @@ DTRAIN_API const char *dt_profile_phase_name(dt_profile_phase phase); /* "forwar
  * fit). Returns the length the whole text needs (snprintf's rule), -1 on bad
  * arguments. */
 DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, double wall_seconds);
+
+/* ---- timelines ----------------------------------------------------------------------
+ * dt_trace_start(path) records, from every thread, what the profile counts
+ * (each op's forward pieces, each backward, the optimizer, the loader, each
+ * collective, parameter-store push and pull, checkpoint) as spans on that
+ * thread's timeline, with the waits at barriers and each strategy step;
+ * dt_trace_stop() writes them to path as Chrome trace-event JSON (open it in
+ * https://ui.perfetto.dev or chrome://tracing; tools/dtrain-trace merges the
+ * files of several processes and draws an SVG). The environment variable
+ * DTRAIN_TRACE=path does the same for a whole run without a code change: the
+ * trace starts with the first graph, communicator or parameter server and is
+ * written at exit. A process that has a role (dt_trace_set_process; the TCP
+ * and MPI communicators name theirs "worker" and their rank, parameter
+ * servers "server" and their index) writes "run.worker1.json" for path
+ * "run.json". Each thread keeps up to 2^21 spans (64 MiB); later ones are
+ * counted in the file's "dropped". Off, the hooks cost one load each.
+ * dt_trace_stop fails (DTRAIN_ERR_STATE) when no trace runs and
+ * (DTRAIN_ERR_IO) when the file cannot be written, leaving what was at path;
+ * DTRAIN_ERR_UNSUPPORTED under DTRAIN_NO_STDIO. */
+DTRAIN_API dt_result dt_trace_start(const char *path);
+DTRAIN_API dt_result dt_trace_stop(void);
+DTRAIN_API int dt_trace_active(void);
+/* The calling thread's name on the timeline ("replica 1"; up to 47 bytes). */
+DTRAIN_API void dt_trace_name_thread(const char *name);
+/* The process's role and index ("worker", 2): its name and pid on a merged
+ * timeline, and its file name. role NULL or "" clears it. */
+DTRAIN_API void dt_trace_set_process(const char *role, int index);
 
 /* Can a file be written at path (is_dir: in the directory path)? Does what
  * dtrain's writers do -- creates their exclusive temporary next to path and
@@ -4416,11 +4447,31 @@ static DT__UNUSED int dt__too_many(uint64_t n) { return n > DT__MAX_ELEMS; }
  * finished. t0/add: time a region, `int64_t t = dt__prof_t0(); ...;
  * dt__prof_add(name, phase, t);` (t0 is 0 when the profile is off and add then
  * does nothing). */
-DTRAIN_PRIVATE int dt__prof_active(void);
 DTRAIN_PRIVATE void dt__prof_fwd_begin(const char *op);
 DTRAIN_PRIVATE void dt__prof_fwd_end(void);
 DTRAIN_PRIVATE int64_t dt__prof_t0(void);
 DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64_t t0);
+/* add, to the table only: a region too small and frequent for the timeline
+ * (an optimizer block inside a parameter-store push, whose span covers it) */
+DTRAIN_PRIVATE void dt__prof_add_table(const char *name, dt_profile_phase phase, int64_t t0);
+/* The timeline (dt_trace.c): tracing/set_tracing read and switch its bit of
+ * the hooks' word; trace_t0/trace_end time a trace-only span (a strategy
+ * step: not in the profile's table, whose rows would count it twice);
+ * trace_wait records a wait of `seconds` that ends now; trace_span appends
+ * [t0, t1) (ns of dt__prof_now_ns) to the calling thread's buffer; trace_env
+ * starts the trace DTRAIN_TRACE names, once per process (dt_graph_create,
+ * the communicators, the parameter servers call it). cat: a
+ * dt_profile_phase or one of these. */
+#define DT__TRACE_WAIT 16
+#define DT__TRACE_STEP 17
+DTRAIN_PRIVATE int dt__prof_tracing(void);
+DTRAIN_PRIVATE void dt__prof_set_tracing(int on);
+DTRAIN_PRIVATE int64_t dt__prof_now_ns(void);
+DTRAIN_PRIVATE int64_t dt__trace_t0(void);
+DTRAIN_PRIVATE void dt__trace_end(const char *name, int cat, int64_t t0);
+DTRAIN_PRIVATE void dt__trace_wait(const char *name, double seconds);
+DTRAIN_PRIVATE void dt__trace_span(const char *name, int cat, int64_t t0, int64_t t1);
+DTRAIN_PRIVATE void dt__trace_env(void);
 
 /* ---- base (dt_base.c) ------------------------------------------------------- */
 
@@ -9076,12 +9127,10 @@ static int dt__result_free_to_overwrite(const char *op) {
 
 DTRAIN_API dt_tensor *dt_relu_inplace(dt_graph *g, dt_tensor *x) {
   static const char *op = "dt_relu_inplace";
-  int used = x && (x->flags & DT__TENSOR_USED), spent = x && (x->flags & DT__TENSOR_OVERWRITTEN);
+  int used = x && (x->flags & DT__TENSOR_USED); /* read before dt__begin, which marks x used */
   if (!dt__begin(g, op, 1, x)) return NULL;
   char sx[96];
   dt_shape_str(x, sx, sizeof sx);
-  if (spent) /* dt__begin refused it already; kept for clarity */
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE, "%s: x %s was overwritten already", op, sx);
   if ((x->flags & (DTRAIN_TENSOR_VIEW | DTRAIN_TENSOR_PARAM)) || !dt__result_free_to_overwrite(x->op))
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG,
                                  "%s: x %s is %s, not the result of dt_conv2d, dt_linear, dt_matmul, dt_bmm, dt_add or "
@@ -12133,6 +12182,7 @@ static dt_result dt__gparams_device_copy(dt_graph *g) {
 }
 
 DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *desc) {
+  dt__trace_env(); /* DTRAIN_TRACE: the first graph starts the run's trace */
   dt_graph *g = dt__graph_new(desc); /* checks the device's function table first */
   if (!g) return NULL;
   g->params = params;
@@ -12865,7 +12915,7 @@ DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, c
   if (!rule || !x || begin > end || end > o->size) return 0;
   int64_t t0 = dt__prof_t0();
   dt__optim_ranges(o, rule, x, d, grad + begin, begin, end);
-  dt__prof_add("dt_optim_update", DTRAIN_PROFILE_UPDATE, t0);
+  dt__prof_add_table("dt_optim_update", DTRAIN_PROFILE_UPDATE, t0); /* per block: on the timeline, the push's span */
   return 1;
 }
 
@@ -15063,7 +15113,16 @@ done:
   return r;
 }
 
+static dt_result dt__checkpoint_save(const char *path, const dt_train_state *st);
+
 DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *st) {
+  int64_t t0 = dt__prof_t0();
+  dt_result r = dt__checkpoint_save(path, st);
+  dt__prof_add("dt_checkpoint_save", DTRAIN_PROFILE_CHECKPOINT, t0);
+  return r;
+}
+
+static dt_result dt__checkpoint_save(const char *path, const dt_train_state *st) {
   return dt__io_save(path, st, "dt_checkpoint_save", NULL, NULL, 0);
 }
 
@@ -20098,11 +20157,16 @@ DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, s
  * are per thread; the generation number makes a thread's mark from before a
  * dt_profile_start worthless.
  *
- * Off (the default), each hook is one relaxed load and a return. */
+ * The same hooks feed the timeline (dt_trace.c) while a trace runs: each
+ * piece of time charged becomes a span of the thread's timeline too. The
+ * two are switched by separate bits of one word (dt__prof_on: 1 profile,
+ * 2 trace), so with both off (the default) each hook is one relaxed load
+ * and a return. */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 
 #define DT__PROF_SLOTS 192
+#define DT__PROF_PHASES (DTRAIN_PROFILE_CHECKPOINT + 1)
 
 typedef struct dt__prof_slot {
   const char *name;
@@ -20114,7 +20178,9 @@ typedef struct dt__prof_slot {
 static dt__prof_slot dt__prof_tab[DT__PROF_SLOTS];
 static DT__ATOMIC(int) dt__prof_used;   /* slots published (acquire to read their names) */
 static DT__ATOMIC(int) dt__prof_lock;   /* taken only to append a slot */
-static DT__ATOMIC(int) dt__prof_on;
+static DT__ATOMIC(int) dt__prof_on;     /* bits: DT__PROF_TABLE, DT__PROF_TRACE */
+#define DT__PROF_TABLE 1
+#define DT__PROF_TRACE 2
 static DT__ATOMIC(unsigned) dt__prof_gen;
 static DT__ATOMIC(int64_t) dt__prof_dropped; /* charges lost because the table was full */
 
@@ -20152,6 +20218,29 @@ static dt__prof_slot *dt__prof_find(const char *name, int phase) {
   return s;
 }
 
+/* bit on (1) or off (0) in dt__prof_on */
+static void dt__prof_bit(int bit, int on) {
+  int v = DT__ALOAD(&dt__prof_on, DT__MO_RELAXED);
+  while (!DT__ACAS(&dt__prof_on, &v, on ? (v | bit) : (v & ~bit), DT__MO_ACQ_REL)) {
+  }
+}
+
+DTRAIN_PRIVATE int dt__prof_tracing(void) { return (DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) & DT__PROF_TRACE) != 0; }
+
+DTRAIN_PRIVATE void dt__prof_set_tracing(int on) {
+  if (on) DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED); /* marks from before are worthless */
+  dt__prof_bit(DT__PROF_TRACE, on);
+}
+
+DTRAIN_PRIVATE int64_t dt__prof_now_ns(void) { return dt__prof_now(); }
+
+/* to the table when the profile is on, as a span [t0, t1) when the trace is */
+static void dt__prof_charge(const char *name, int phase, int64_t calls, int64_t ns);
+static void dt__prof_both(int on, const char *name, int phase, int64_t calls, int64_t t0, int64_t t1) {
+  if (on & DT__PROF_TABLE) dt__prof_charge(name, phase, calls, t1 - t0);
+  if ((on & DT__PROF_TRACE) && t1 > t0) dt__trace_span(name, phase, t0, t1);
+}
+
 static void dt__prof_charge(const char *name, int phase, int64_t calls, int64_t ns) {
   dt__prof_slot *s = dt__prof_find(name, phase);
   if (!s) {
@@ -20162,21 +20251,33 @@ static void dt__prof_charge(const char *name, int phase, int64_t calls, int64_t 
   if (ns > 0) DT__AFETCH_ADD(&s->ns, ns, DT__MO_RELAXED);
 }
 
-DTRAIN_PRIVATE int dt__prof_active(void) { return DT__ALOAD(&dt__prof_on, DT__MO_RELAXED); }
-
 DTRAIN_PRIVATE int64_t dt__prof_t0(void) { return DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) ? dt__prof_now() : 0; }
 
 DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64_t t0) {
-  if (!t0 || !DT__ALOAD(&dt__prof_on, DT__MO_RELAXED)) return;
-  dt__prof_charge(name, (int)phase, 1, dt__prof_now() - t0);
+  int on = t0 ? DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) : 0;
+  if (on) dt__prof_both(on, name, (int)phase, 1, t0, dt__prof_now());
+}
+
+DTRAIN_PRIVATE void dt__prof_add_table(const char *name, dt_profile_phase phase, int64_t t0) {
+  int on = t0 ? DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) : 0;
+  if (on & DT__PROF_TABLE) dt__prof_charge(name, (int)phase, 1, dt__prof_now() - t0);
+}
+
+DTRAIN_PRIVATE int64_t dt__trace_t0(void) {
+  return (DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) & DT__PROF_TRACE) ? dt__prof_now() : 0;
+}
+
+DTRAIN_PRIVATE void dt__trace_end(const char *name, int cat, int64_t t0) {
+  if (t0 && (DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) & DT__PROF_TRACE)) dt__trace_span(name, cat, t0, dt__prof_now());
 }
 
 DTRAIN_PRIVATE void dt__prof_fwd_begin(const char *op) {
-  if (!DT__ALOAD(&dt__prof_on, DT__MO_RELAXED)) return;
+  int on = DT__ALOAD(&dt__prof_on, DT__MO_RELAXED);
+  if (!on) return;
   int64_t now = dt__prof_now();
   unsigned gen = DT__ALOAD(&dt__prof_gen, DT__MO_RELAXED);
-  if (dt__prof_cur && dt__prof_tgen == gen) dt__prof_charge(dt__prof_cur, DTRAIN_PROFILE_FORWARD, 0, now - dt__prof_mark);
-  dt__prof_charge(op, DTRAIN_PROFILE_FORWARD, 1, 0);
+  if (dt__prof_cur && dt__prof_tgen == gen) dt__prof_both(on, dt__prof_cur, DTRAIN_PROFILE_FORWARD, 0, dt__prof_mark, now);
+  if (on & DT__PROF_TABLE) dt__prof_charge(op, DTRAIN_PROFILE_FORWARD, 1, 0);
   dt__prof_cur = op;
   dt__prof_tgen = gen;
   dt__prof_mark = dt__prof_now(); /* the table lookups above are the profile's time, not the op's */
@@ -20186,8 +20287,9 @@ DTRAIN_PRIVATE void dt__prof_fwd_end(void) {
   if (!dt__prof_cur) return;
   const char *op = dt__prof_cur;
   dt__prof_cur = NULL;
-  if (!DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) || dt__prof_tgen != DT__ALOAD(&dt__prof_gen, DT__MO_RELAXED)) return;
-  dt__prof_charge(op, DTRAIN_PROFILE_FORWARD, 0, dt__prof_now() - dt__prof_mark);
+  int on = DT__ALOAD(&dt__prof_on, DT__MO_RELAXED);
+  if (!on || dt__prof_tgen != DT__ALOAD(&dt__prof_gen, DT__MO_RELAXED)) return;
+  dt__prof_both(on, op, DTRAIN_PROFILE_FORWARD, 0, dt__prof_mark, dt__prof_now());
 }
 
 DTRAIN_API void dt_profile_start(void) {
@@ -20198,14 +20300,14 @@ DTRAIN_API void dt_profile_start(void) {
   }
   DT__ASTORE(&dt__prof_dropped, 0, DT__MO_RELAXED);
   DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED);
-  DT__ASTORE(&dt__prof_on, 1, DT__MO_RELEASE);
+  dt__prof_bit(DT__PROF_TABLE, 1);
 }
 
-DTRAIN_API void dt_profile_stop(void) { DT__ASTORE(&dt__prof_on, 0, DT__MO_RELEASE); }
+DTRAIN_API void dt_profile_stop(void) { dt__prof_bit(DT__PROF_TABLE, 0); }
 
 DTRAIN_API void dt_profile_resume(void) {
   DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED); /* an op left running while off is not charged the pause */
-  DT__ASTORE(&dt__prof_on, 1, DT__MO_RELEASE);
+  dt__prof_bit(DT__PROF_TABLE, 1);
 }
 
 DTRAIN_API const char *dt_profile_phase_name(dt_profile_phase phase) {
@@ -20215,6 +20317,7 @@ DTRAIN_API const char *dt_profile_phase_name(dt_profile_phase phase) {
     case DTRAIN_PROFILE_UPDATE: return "update";
     case DTRAIN_PROFILE_DATA: return "data";
     case DTRAIN_PROFILE_COMM: return "comm";
+    case DTRAIN_PROFILE_CHECKPOINT: return "checkpoint";
   }
   return "unknown";
 }
@@ -20269,10 +20372,10 @@ DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, doubl
   if (cap) buf[0] = '\0';
   dt_profile_entry e[DT__PROF_SLOTS];
   int n = dt_profile_read(e, DT__PROF_SLOTS);
-  double sum = 0, phase[5] = {0, 0, 0, 0, 0};
+  double sum = 0, phase[DT__PROF_PHASES] = {0};
   for (int i = 0; i < n; i++) {
     sum += e[i].seconds;
-    if ((int)e[i].phase >= 0 && (int)e[i].phase < 5) phase[e[i].phase] += e[i].seconds;
+    if ((int)e[i].phase >= 0 && (int)e[i].phase < DT__PROF_PHASES) phase[e[i].phase] += e[i].seconds;
   }
   const double base = wall_seconds > 0 ? wall_seconds : sum;
   size_t len = 0;
@@ -20288,7 +20391,7 @@ DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, doubl
                  base > 0 ? 100.0 * e[i].seconds / base : 0.0);
   }
   dt__prof_put(buf, cap, &len, "  by phase:");
-  for (int p = 0; p < 5; p++)
+  for (int p = 0; p < DT__PROF_PHASES; p++)
     if (phase[p] > 0)
       dt__prof_put(buf, cap, &len, " %s %.1f%%", dt_profile_phase_name((dt_profile_phase)p),
                    base > 0 ? 100.0 * phase[p] / base : 0.0);
@@ -20304,6 +20407,319 @@ DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, doubl
 }
 #endif /* part 2 */
 /* ======== end dt_profile.c ======== */
+
+/* ======== begin dt_trace.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
+/* ===========================================================================
+ * dt_trace.c -- timelines: every thread's spans as Chrome trace-event JSON
+ * ===========================================================================
+ * See dt_trace_start in dt_base.h. The spans come from the profile's hooks
+ * (dt_profile.c: each op's forward pieces, each tape node's backward, the
+ * optimizer, the loader, the collectives, pushes and pulls, checkpoints) and
+ * from the trace-only ones (waits at barriers, strategy steps): dt__trace_span
+ * appends one to the calling thread's own buffer, so recording takes no
+ * lock; a thread claims a buffer (under dt__trace_mu) the first time it
+ * records in a session.
+ *
+ * A buffer is a list of chunks of DT__TRACE_CHUNK events, up to
+ * DT__TRACE_MAX_EVENTS a thread (past that events are counted, not kept).
+ * Only its owner writes it; the owner publishes a chunk's pointer before the
+ * count that covers it (release), and dt_trace_stop reads the count
+ * (acquire), so a span still being recorded while the file is written is
+ * either whole in it or left out. Buffers are never freed while the process
+ * runs (a thread may still hold one when the trace stops); a new session
+ * resets them and hands them to whichever threads record first, so their
+ * number is the most threads that ever recorded in one session. Names are
+ * kept by pointer: the hooks pass string literals (op names, "dt_pstore_pull").
+ *
+ * The file: {"traceEvents": [...], "displayTimeUnit": "ms", "otherData":
+ * {...}}, complete ("X") events with ts and dur in microseconds of the
+ * monotonic clock (dt_time_now), one process (pid: the worker's rank, 1000 +
+ * a server's index, 0 alone) and one tid per thread, named by metadata
+ * events; otherData carries the process's role and index and one reading of
+ * the monotonic and of the calendar clock taken together, from which
+ * tools/dtrain-trace merge puts the files of several processes on one axis.
+ * It is written through dt__file_create/commit: a failed write (a full disk)
+ * is an error and leaves whatever was at the path. */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_platform.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
+#include <time.h>
+
+#define DT__TRACE_CHUNK 4096
+#define DT__TRACE_MAX_EVENTS ((int64_t)1 << 21) /* a thread's events kept in one session (64 MiB) */
+#define DT__TRACE_MAX_CHUNKS (DT__TRACE_MAX_EVENTS / DT__TRACE_CHUNK)
+
+typedef struct dt__trace_ev {
+  const char *name;
+  int64_t t0, dur; /* ns */
+  int32_t cat;
+  int32_t pad;
+} dt__trace_ev;
+
+typedef struct dt__trace_buf {
+  struct dt__trace_buf *next; /* every buffer ever made (under dt__trace_mu) */
+  int owned;                  /* claimed in this session (under dt__trace_mu) */
+  int tid;
+  char name[48];
+  dt__trace_ev *chunks[DT__TRACE_MAX_CHUNKS];
+  DT__ATOMIC(int64_t) n;
+} dt__trace_buf;
+
+static dt__mutex dt__trace_mu;
+static DT__ATOMIC(int) dt__trace_mu_ready; /* 0 none, 1 being made, 2 made */
+static dt__trace_buf *dt__trace_bufs;
+static int dt__trace_tids;                 /* tids handed out in this session */
+static DT__ATOMIC(unsigned) dt__trace_gen; /* a new session makes every thread claim again */
+static DT__ATOMIC(int64_t) dt__trace_dropped;
+static char dt__trace_path[1024];
+static char dt__trace_role[24];
+static int dt__trace_index = -1;
+static double dt__trace_mono0, dt__trace_real0; /* one reading of both clocks, at start */
+static DT__ATOMIC(int) dt__trace_env_done;
+
+static DT__TLS dt__trace_buf *dt__trace_mine;
+static DT__TLS unsigned dt__trace_mygen;
+static DT__TLS char dt__trace_myname[48];
+
+static void dt__trace_lock(void) {
+  int st = DT__ALOAD(&dt__trace_mu_ready, DT__MO_ACQUIRE);
+  if (st != 2) {
+    int zero = 0;
+    if (DT__ACAS(&dt__trace_mu_ready, &zero, 1, DT__MO_ACQ_REL)) {
+      dt__mutex_init(&dt__trace_mu);
+      DT__ASTORE(&dt__trace_mu_ready, 2, DT__MO_RELEASE);
+    } else {
+      while (DT__ALOAD(&dt__trace_mu_ready, DT__MO_ACQUIRE) != 2) dt__cpu_relax();
+    }
+  }
+  dt__mutex_lock(&dt__trace_mu);
+}
+
+static void dt__trace_unlock(void) { dt__mutex_unlock(&dt__trace_mu); }
+
+/* The calling thread's buffer for this session, claimed or made; NULL when
+ * out of memory (the event is counted as dropped). */
+static dt__trace_buf *dt__trace_claim(unsigned gen) {
+  dt__trace_lock();
+  dt__trace_buf *b = dt__trace_bufs;
+  while (b && b->owned) b = b->next;
+  if (!b) {
+    b = (dt__trace_buf *)dt__calloc(sizeof *b);
+    if (b) {
+      b->next = dt__trace_bufs;
+      dt__trace_bufs = b;
+    }
+  }
+  if (b) {
+    b->owned = 1;
+    b->tid = dt__trace_tids++;
+    memcpy(b->name, dt__trace_myname, sizeof b->name);
+    DT__ASTORE(&b->n, 0, DT__MO_RELAXED);
+  }
+  dt__trace_unlock();
+  dt__trace_mine = b;
+  dt__trace_mygen = gen;
+  return b;
+}
+
+DTRAIN_PRIVATE void dt__trace_span(const char *name, int cat, int64_t t0, int64_t t1) {
+  unsigned gen = DT__ALOAD(&dt__trace_gen, DT__MO_RELAXED);
+  dt__trace_buf *b = dt__trace_mine;
+  if (!b || dt__trace_mygen != gen) b = dt__trace_claim(gen);
+  int64_t n = b ? DT__ALOAD(&b->n, DT__MO_RELAXED) : DT__TRACE_MAX_EVENTS;
+  if (n >= DT__TRACE_MAX_EVENTS) {
+    DT__AFETCH_ADD(&dt__trace_dropped, 1, DT__MO_RELAXED);
+    return;
+  }
+  dt__trace_ev *c = b->chunks[n / DT__TRACE_CHUNK];
+  if (!c) {
+    c = (dt__trace_ev *)dt__alloc(sizeof(dt__trace_ev) * DT__TRACE_CHUNK);
+    if (!c) {
+      DT__AFETCH_ADD(&dt__trace_dropped, 1, DT__MO_RELAXED);
+      return;
+    }
+    b->chunks[n / DT__TRACE_CHUNK] = c;
+  }
+  dt__trace_ev *e = &c[n % DT__TRACE_CHUNK];
+  e->name = name;
+  e->t0 = t0;
+  e->dur = t1 > t0 ? t1 - t0 : 0;
+  e->cat = cat;
+  e->pad = 0;
+  DT__ASTORE(&b->n, n + 1, DT__MO_RELEASE);
+}
+
+DTRAIN_PRIVATE void dt__trace_wait(const char *name, double seconds) {
+  if (!(seconds > 0) || !dt__prof_tracing()) return;
+  int64_t t1 = dt__prof_now_ns();
+  dt__trace_span(name, DT__TRACE_WAIT, t1 - (int64_t)(seconds * 1e9), t1);
+}
+
+DTRAIN_API void dt_trace_name_thread(const char *name) {
+  snprintf(dt__trace_myname, sizeof dt__trace_myname, "%s", name ? name : "");
+  if (dt__trace_mine && dt__trace_mygen == DT__ALOAD(&dt__trace_gen, DT__MO_RELAXED)) {
+    dt__trace_lock();
+    memcpy(dt__trace_mine->name, dt__trace_myname, sizeof dt__trace_myname);
+    dt__trace_unlock();
+  }
+}
+
+DTRAIN_API void dt_trace_set_process(const char *role, int index) {
+  dt__trace_lock();
+  snprintf(dt__trace_role, sizeof dt__trace_role, "%s", role ? role : "");
+  dt__trace_index = role && *role ? index : -1;
+  dt__trace_unlock();
+}
+
+DTRAIN_API int dt_trace_active(void) { return dt__prof_tracing(); }
+
+#ifndef DTRAIN_NO_STDIO
+
+static double dt__trace_realtime(void) {
+#  if defined(TIME_UTC)
+  struct timespec ts;
+  if (timespec_get(&ts, TIME_UTC) == TIME_UTC) return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#  endif
+  return (double)time(NULL);
+}
+
+DTRAIN_API dt_result dt_trace_start(const char *path) {
+  if (!path) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_trace_start: path is NULL");
+  size_t len = strlen(path);
+  if (len == 0 || len >= sizeof dt__trace_path - 32)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_trace_start: path '%.60s' is %s", path,
+                     len ? "too long (1000 bytes at most)" : "empty");
+  dt__trace_lock();
+  memcpy(dt__trace_path, path, len + 1);
+  for (dt__trace_buf *b = dt__trace_bufs; b; b = b->next) b->owned = 0;
+  dt__trace_tids = 0;
+  DT__ASTORE(&dt__trace_dropped, 0, DT__MO_RELAXED);
+  DT__AFETCH_ADD(&dt__trace_gen, 1u, DT__MO_RELAXED);
+  dt__trace_mono0 = dt_time_now();
+  dt__trace_real0 = dt__trace_realtime();
+  dt__trace_unlock();
+  dt__prof_set_tracing(1);
+  return DTRAIN_OK;
+}
+
+/* JSON string body of s (no quotes), escaped */
+static void dt__trace_put_str(FILE *f, const char *s) {
+  for (; s && *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 0x20) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+}
+
+static const char *dt__trace_cat_name(int cat) {
+  if (cat >= 0 && cat <= DTRAIN_PROFILE_CHECKPOINT) return dt_profile_phase_name((dt_profile_phase)cat);
+  if (cat == DT__TRACE_WAIT) return "wait";
+  if (cat == DT__TRACE_STEP) return "step";
+  return "other";
+}
+
+/* path with ".<role><index>" before its extension when the process has a role */
+static void dt__trace_file_name(char *out, size_t cap) {
+  const char *p = dt__trace_path;
+  if (!dt__trace_role[0]) {
+    snprintf(out, cap, "%s", p);
+    return;
+  }
+  const char *slash = strrchr(p, '/'), *dot = strrchr(p, '.');
+  if (!dot || (slash && dot < slash) || dot == p || (slash && dot == slash + 1)) dot = p + strlen(p);
+  snprintf(out, cap, "%.*s.%s%d%s", (int)(dot - p), p, dt__trace_role, dt__trace_index, dot);
+}
+
+DTRAIN_API dt_result dt_trace_stop(void) {
+  if (!dt__prof_tracing()) return dt__error(DTRAIN_ERR_STATE, "dt_trace_stop: no trace is running (dt_trace_start)");
+  dt__prof_set_tracing(0);
+  dt__trace_lock();
+  char file[1100];
+  dt__trace_file_name(file, sizeof file);
+  int pid = dt__trace_index < 0 ? 0 : strcmp(dt__trace_role, "server") == 0 ? 1000 + dt__trace_index : dt__trace_index;
+  dt__file_out fo;
+  dt_result r = dt__file_create(&fo, file);
+  if (r != DTRAIN_OK) {
+    dt__trace_unlock();
+    return dt__error(r, "dt_trace_stop: '%s': %s", file, fo.msg);
+  }
+  FILE *f = fo.f;
+  int64_t events = 0;
+  fprintf(f, "{\"traceEvents\": [\n");
+  fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"", pid);
+  if (dt__trace_role[0]) {
+    dt__trace_put_str(f, dt__trace_role);
+    fprintf(f, " %d", dt__trace_index);
+  } else {
+    fprintf(f, "dtrain");
+  }
+  fprintf(f, "\"}}");
+  for (dt__trace_buf *b = dt__trace_bufs; b; b = b->next) {
+    if (!b->owned) continue;
+    fprintf(f, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"", pid,
+            b->tid);
+    if (b->name[0]) dt__trace_put_str(f, b->name);
+    else fprintf(f, "thread %d", b->tid);
+    fprintf(f, "\"}}");
+    int64_t n = DT__ALOAD(&b->n, DT__MO_ACQUIRE);
+    for (int64_t i = 0; i < n; i++) {
+      const dt__trace_ev *e = &b->chunks[i / DT__TRACE_CHUNK][i % DT__TRACE_CHUNK];
+      fprintf(f, ",\n{\"name\": \"");
+      dt__trace_put_str(f, e->name);
+      fprintf(f, "\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, \"tid\": %d}",
+              dt__trace_cat_name(e->cat), (double)e->t0 * 1e-3, (double)e->dur * 1e-3, pid, b->tid);
+      events++;
+    }
+  }
+  fprintf(f, "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {\"dtrain_trace\": 1, \"role\": \"");
+  dt__trace_put_str(f, dt__trace_role[0] ? dt__trace_role : "process");
+  fprintf(f,
+          "\", \"index\": %d, \"pid\": %d, \"events\": %lld, \"dropped\": %lld, \"monotonic_us\": %.3f, "
+          "\"realtime_us\": %.3f}\n}\n",
+          dt__trace_index, pid, (long long)events, (long long)DT__ALOAD(&dt__trace_dropped, DT__MO_RELAXED),
+          dt__trace_mono0 * 1e6, dt__trace_real0 * 1e6);
+  r = dt__file_commit(&fo);
+  dt__trace_unlock();
+  if (r != DTRAIN_OK) return dt__error(r, "dt_trace_stop: writing '%s' failed: %s", file, fo.msg);
+  return DTRAIN_OK;
+}
+
+static void dt__trace_atexit(void) {
+  if (dt__prof_tracing() && dt_trace_stop() != DTRAIN_OK)
+    fprintf(stderr, "dtrain: DTRAIN_TRACE: %s\n", dt_last_error());
+}
+
+#else /* DTRAIN_NO_STDIO */
+
+DTRAIN_API dt_result dt_trace_start(const char *path) {
+  (void)path;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_trace_start: built with DTRAIN_NO_STDIO (no file I/O)");
+}
+
+DTRAIN_API dt_result dt_trace_stop(void) {
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_trace_stop: built with DTRAIN_NO_STDIO (no file I/O)");
+}
+
+#endif /* DTRAIN_NO_STDIO */
+
+DTRAIN_PRIVATE void dt__trace_env(void) {
+  int zero = 0;
+  if (DT__ALOAD(&dt__trace_env_done, DT__MO_RELAXED) || !DT__ACAS(&dt__trace_env_done, &zero, 1, DT__MO_ACQ_REL))
+    return;
+#ifndef DTRAIN_NO_STDIO
+  const char *e = getenv("DTRAIN_TRACE");
+  if (!e || !*e || dt__prof_tracing()) return;
+  if (dt_trace_start(e) != DTRAIN_OK) {
+    fprintf(stderr, "dtrain: DTRAIN_TRACE: %s\n", dt_last_error());
+    return;
+  }
+  atexit(dt__trace_atexit);
+#endif
+}
+#endif /* part 2 */
+/* ======== end dt_trace.c ======== */
 
 /* ======== begin dt_comm_core.h ======== */
 /* ===========================================================================
@@ -20487,6 +20903,7 @@ static dt_result dt__comm_threads_meet(dt__comm_threads *t, int rank) {
   double w = 0.0;
   dt_result r = dt__barrier_wait(&t->bar, &w);
   t->slots[rank].d.st.wait_s += w;
+  dt__trace_wait("barrier wait", w);
   return r;
 }
 
@@ -22476,7 +22893,9 @@ static double dt__pstore_wait_for(dt__pstore_local *l, int kind, int64_t need, u
   w.kind = kind;
   w.need = need;
   w.turn = turn;
-  return dt__event_wait(&l->ev, dt__pstore_ready, &w, l->spin_s);
+  double s = dt__event_wait(&l->ev, dt__pstore_ready, &w, l->spin_s);
+  dt__trace_wait(kind == 0 ? "staleness wait (pull)" : kind == 1 ? "staleness wait (push)" : "lock-step turn", s);
+  return s;
 }
 
 /* The blocks a worker's pull and push go through, starting at its own
@@ -22636,6 +23055,7 @@ DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64
     return dt__error(DTRAIN_ERR_INTERNAL, "dt__pstore_push_blocks: not a local store's push");
   dt__pstore_local *l = dt__pstore_of(ps);
   float scale, block[DT__PSTORE_BLOCK];
+  int64_t t0 = dt__trace_t0(); /* the timeline's span; the table has the update's blocks and no push */
   dt_result rc = dt__pstore_local_enter(l, worker, clock, tk, &scale);
   if (rc != DTRAIN_OK) return rc;
   /* Acquire: the pushes counted here are whole in the store, so in the copy. */
@@ -22654,6 +23074,7 @@ DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64
     l->clocks[worker].c.fresh = before + 1;
     l->clocks[worker].c.fresh_dst = pull_into;
   }
+  dt__trace_end("dt_pstore_push (with the update)", DTRAIN_PROFILE_COMM, t0);
   return DTRAIN_OK;
 }
 
@@ -22732,16 +23153,22 @@ DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, fl
   dt_result r = dt__pstore_check(ps, "dt_pstore_pull", worker, clock, n, tk);
   if (r != DTRAIN_OK) return r;
   if (!dst && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_pull: worker %d: dst is NULL", worker);
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(ps->vtable->pull(ps, worker, clock, dst, n, tk));
+  r = dt__quiet_pop(ps->vtable->pull(ps, worker, clock, dst, n, tk));
+  dt__prof_add("dt_pstore_pull", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
                                     dt_pstore_ticket *tk) {
   dt_result r = dt__pstore_check(ps, "dt_pstore_push", worker, clock, n, tk);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(ps->vtable->push(ps, worker, clock, delta, n, tk));
+  r = dt__quiet_pop(ps->vtable->push(ps, worker, clock, delta, n, tk));
+  dt__prof_add("dt_pstore_push", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) {
@@ -23204,6 +23631,11 @@ DTRAIN_PRIVATE double dt__strategy_comm_wait(dt_strategy *s, int r) {
 static void dt__strategy_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
   int was = dt__par_set_replica(s->n > 1); /* replicas fill the cores: kernels inside use one thread */
+  if (dt__prof_tracing()) {
+    char name[32];
+    snprintf(name, sizeof name, "replica %d", r);
+    dt_trace_name_thread(name);
+  }
   s->job(s, r);
   dt__par_set_replica(was);
 }
@@ -23350,7 +23782,16 @@ DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_s
 
 /* ---- running jobs ------------------------------------------------------------------------------ */
 
+static dt_result dt__strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss);
+
 DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss) {
+  int64_t t0 = dt__trace_t0();
+  dt_result rc = dt__strategy_step(s, batch, loss);
+  dt__trace_end("dt_strategy_step", DT__TRACE_STEP, t0);
+  return rc;
+}
+
+static dt_result dt__strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss) {
   const char *fn = "dt_strategy_step";
   if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: strategy is NULL", fn);
   if (loss) *loss = NAN;
@@ -26663,6 +27104,7 @@ static void dt__backup_job(dt_strategy *s, int r) {
     }
     dt__mutex_unlock(&bk->mu);
     R->wait_s += dt__now() - w0;
+    dt__trace_wait("backup wait", dt__now() - w0);
   }
   if (dt__strategy_failed(s) && R->result == DTRAIN_OK && DT__ALOAD(&s->failed, DT__MO_ACQUIRE) != r)
     R->result = DTRAIN_ERR_ABORTED;
@@ -27975,7 +28417,16 @@ static int dt__pt_meta(const dt_checkpoint *src, const char *prng, const char *g
 
 /* ---- save_part ------------------------------------------------------------------------- */
 
+static dt_result dt__checkpoint_save_part(const char *path, const dt_train_state *st, const dt_part *part);
+
 DTRAIN_API dt_result dt_checkpoint_save_part(const char *path, const dt_train_state *st, const dt_part *part) {
+  int64_t t0 = dt__prof_t0();
+  dt_result r = dt__checkpoint_save_part(path, st, part);
+  dt__prof_add("dt_checkpoint_save_part", DTRAIN_PROFILE_CHECKPOINT, t0);
+  return r;
+}
+
+static dt_result dt__checkpoint_save_part(const char *path, const dt_train_state *st, const dt_part *part) {
   const char *fn = "dt_checkpoint_save_part";
   if (!path || !st || !st->params || !part)
     return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !path ? "path" : !st ? "state" : !part ? "part" : "params");
@@ -34725,6 +35176,8 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
 }
 
 DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_options *o) {
+  if (cl && cl->workers > 1 && cl->role == DTRAIN_ROLE_WORKER) dt_trace_set_process("worker", cl->index);
+  dt__trace_env(); /* DTRAIN_TRACE: this process's file is named after its role */
   dt__quiet_push(); /* one log line for a failure, with its whole context */
   dt_comm *c = dt__tcp_create(cl, o);
   dt__quiet_pop(c ? DTRAIN_OK : (dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_NET));
@@ -35190,6 +35643,8 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
     if (we_init) MPI_Finalize();
     return NULL;
   }
+  if (m->comm.world > 1) dt_trace_set_process("worker", m->comm.rank);
+  dt__trace_env();
   return &m->comm;
 }
 
@@ -37037,6 +37492,8 @@ done:
 
 DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
                                  const dt_ps_options *po) {
+  if (c && c->role == DTRAIN_ROLE_PS) dt_trace_set_process("server", c->index);
+  dt__trace_env();
   dt__quiet_push(); /* one log line for a failure, with its whole context (warnings are logged as they happen) */
   return dt__quiet_pop(dt__ps_serve(c, params, opt, o, po));
 }
@@ -37713,6 +38170,8 @@ fail: {
 
 DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
                                            int max_staleness) {
+  if (c && c->role == DTRAIN_ROLE_WORKER) dt_trace_set_process("worker", c->index);
+  dt__trace_env();
   dt__quiet_push();
   dt_pstore *ps = dt__ps_store_create(c, params, o, max_staleness);
   dt__quiet_pop(ps ? DTRAIN_OK : (dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_NET));

@@ -63,6 +63,7 @@ typedef struct options {
   dt_compress compress;
   int epochs, batch, json, quiet, replicas, max_staleness;
   int profile;
+  const char *trace; /* --trace FILE: the run's timeline (dt_trace_start) */
   int staleness_lr; /* --staleness-lr: async updates (or, on parameter servers, pushes) scaled by 1/(1+staleness) */
   int batch_worker; /* not a flag: --batch over the worker processes, the rows this process loads per step */
   int64_t limit; /* train on the first `limit` samples only (0: all) */
@@ -352,6 +353,10 @@ static int parse(int argc, char **argv, options *o) {
       {"profile", 'b', &o->profile, 0, 0,
        "where the training steps' time goes: a table per op (forward, backward), the optimizer, the loader and "
        "the collectives (with --json: a \"profile\" list)"},
+      {"trace", 's', &o->trace, 0, 0,
+       "write the training's timeline (every thread's ops, collectives, pushes, pulls, waits) to FILE as Chrome "
+       "trace-event JSON (ui.perfetto.dev, chrome://tracing; tools/dtrain-trace merges workers and draws an SVG); "
+       "worker N of a multi-process run writes FILE.workerN.json (the extension kept)"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
   };
   const int n = (int)(sizeof flags / sizeof flags[0]);
@@ -738,9 +743,14 @@ int main(int argc, char **argv) {
   }
 
   dt_fit_result res;
+  if (a.o.trace && dt_trace_start(a.o.trace) != DTRAIN_OK) { fprintf(stderr, "error: --trace: %s\n", dt_last_error()); return 1; }
   if (a.o.profile) dt_profile_start();
   r = dt_fit(&fd, &res);
   if (a.o.profile) dt_profile_stop();
+  if (a.o.trace) {
+    dt_result tr = dt_trace_stop(); /* written whether or not the run succeeded: a failed run's timeline says why */
+    if (r == DTRAIN_OK && tr != DTRAIN_OK) { fprintf(stderr, "error: --trace: %s\n", dt_last_error()); return 1; }
+  }
   if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   if (!a.o.quiet) {
     printf("test accuracy %.4f (loss %.4f) after %lld epochs, %.0f samples/s\n", a.last_test_acc, a.last_test_loss,

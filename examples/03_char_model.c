@@ -67,6 +67,7 @@ static int output_ok(const char *flag, const char *path, int is_dir) {
 /* Fills s from argv. Returns 1 to go on, 0 after printing what is wrong with
  * a flag, -1 after printing the help (--help). */
 static int parse_flags(int argc, char **argv, settings *s) {
+  const char *trace = NULL; /* --trace */
   const ex_flag flags[] = {
       {"steps", 'L', &s->steps, 0, 1e9, "training steps in all, resumed ones included"},
       {"stop-at", 'L', &s->stop_at, 0, 1e9, "stop at this step as if interrupted (to try --resume)"},
@@ -85,10 +86,12 @@ static int parse_flags(int argc, char **argv, settings *s) {
       {"data", 's', &s->data, 0, 0, "text file to learn"},
       {"checkpoint", 's', &s->checkpoint, 0, 0, "save the training state here at each sample and the end"},
       {"resume", 's', &s->resume, 0, 0, "continue from this checkpoint (same --dim --layers --heads --seq)"},
+      {"trace", 's', &trace, 0, 0, EX_TRACE_HELP},
   };
   int r = ex_parse("03_char_model", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]), NULL);
   if (r == 0) ex_usage(stderr, "03_char_model", flags, (int)(sizeof flags / sizeof flags[0]), NULL);
   if (r <= 0) return r;
+  if (!ex_trace_begin(trace)) return 0;
   if (s->dim % s->heads != 0) {
     fprintf(stderr, "03_char_model: --dim %ld is not a multiple of --heads %ld\n", s->dim, s->heads);
     return 0;

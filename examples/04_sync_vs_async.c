@@ -141,6 +141,7 @@ static int parse(int argc, char **argv, options *o) {
   o->lr = 0.003f;
   o->seed = 1;
   const char *straggler = NULL;
+  const char *trace = NULL; /* --trace */
   const ex_flag flags[] = {
       {"replicas", 'i', &o->replicas, 1, DTRAIN_MAX_REPLICAS, "replicas (threads) of every strategy but one_device"},
       {"steps", 'l', &o->steps, 1, 1e9, "training steps of each strategy"},
@@ -150,11 +151,13 @@ static int parse(int argc, char **argv, options *o) {
       {"straggler", 's', &straggler, 0, 0, "R:F -- replica R takes F times as long per step (e.g. 1:4)"},
       {"backup-workers", 'i', &o->backup, 0, DTRAIN_MAX_REPLICAS, "mirrored with B backup replicas (0: not run)"},
       {"seed", 'u', &o->seed, 0, 1.8e19, "seed of the data and the weights"},
+      {"trace", 's', &trace, 0, 0, EX_TRACE_HELP},
   };
   const int n = (int)(sizeof flags / sizeof flags[0]);
   int r = ex_parse("04_sync_vs_async", argc, argv, flags, n, NULL);
   if (r == 0) ex_usage(stderr, "04_sync_vs_async", flags, n, NULL);
   if (r <= 0) return r;
+  if (!ex_trace_begin(trace)) return 0;
   o->straggler = -1;
   o->factor = 1.0f;
   if (straggler) {

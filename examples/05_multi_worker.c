@@ -120,6 +120,7 @@ static int parse(int argc, char **argv, options *o) {
   o->crash_rank = -1;
   o->stall_rank = -1;
   const char *crash = NULL, *stall = NULL, *compress = "none";
+  const char *trace = NULL; /* --trace */
   const ex_flag flags[] = {
       {"epochs", 'i', &o->epochs, 1, 1e6, "passes over the training set"},
       {"batch", 'i', &o->batch, 1, 1e7, "the global batch: each of W workers takes batch/W"},
@@ -137,12 +138,14 @@ static int parse(int argc, char **argv, options *o) {
       {"compress", 's', &compress, 0, 0, "gradients on the wire: none, fp16 or bf16 (half the bytes), topk:F (a fraction F of the values), powersgd:R (rank-R factors)"},
       {"overlap", 'b', &o->overlap, 0, 0, "all-reduce the gradient in buckets during backward (2 MiB)"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
+      {"trace", 's', &trace, 0, 0, EX_TRACE_HELP},
   };
   const int n = (int)(sizeof flags / sizeof flags[0]);
   const char *extra = "  Across processes: --rank R --world W --peers host:port,... (or DTRAIN_CONFIG; see tools/dtrain-launch)\n";
   int r = ex_parse("05_multi_worker", argc, argv, flags, n, extra);
   if (r == 0) ex_usage(stderr, "05_multi_worker", flags, n, extra);
   if (r <= 0) return r;
+  if (!ex_trace_begin(trace)) return 0;
   o->batch_given = ex_given(argc, argv, "batch");
   for (int k = 0; k < 2; k++) {
     const char *v = k ? stall : crash;

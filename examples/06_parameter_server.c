@@ -198,6 +198,7 @@ static int parse(int argc, char **argv, options *o) {
   o->seed = 1;
   o->crash_rank = o->slow_rank = -1;
   const char *crash = NULL, *slow = NULL, *compress = "none";
+  const char *trace = NULL; /* --trace */
   const ex_flag flags[] = {
       {"epochs", 'i', &o->epochs, 1, 1e6, "passes over the training set"},
       {"batch", 'i', &o->batch, 1, 1e7, "the global batch: each of W workers takes batch/W"},
@@ -218,12 +219,14 @@ static int parse(int argc, char **argv, options *o) {
       {"crash-at", 's', &crash, 0, 0, "RANK:STEP -- that worker exits at that step"},
       {"slow", 's', &slow, 0, 0, "RANK:FACTOR -- that worker is FACTOR times slower"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
+      {"trace", 's', &trace, 0, 0, EX_TRACE_HELP},
   };
   const int n = (int)(sizeof flags / sizeof flags[0]);
   const char *extra = "  The cluster: DTRAIN_CONFIG (tools/dtrain-launch -n N --ps M) or --rank/--world/--peers/--ps/--role\n";
   int r = ex_parse("06_parameter_server", argc, argv, flags, n, extra);
   if (r == 0) ex_usage(stderr, "06_parameter_server", flags, n, extra);
   if (r <= 0) return r;
+  if (!ex_trace_begin(trace)) return 0;
   o->batch_given = ex_given(argc, argv, "batch");
   o->staleness_given = ex_given(argc, argv, "max-staleness");
   char tail;

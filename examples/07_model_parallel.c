@@ -784,6 +784,7 @@ static int parse(int argc, char **argv, options *o) {
   o->seq = 32;
   o->data = "data/text/devils_dictionary.txt";
   const char *parallel = "pipeline", *schedule = "1f1b", *model = "mlp";
+  const char *trace = NULL; /* --trace */
   const ex_flag flags[] = {
       {"parallel", 's', &parallel, 0, 0, "none (one_device, the reference), pipeline or tensor"},
       {"stages", 'i', &o->stages, 1, MAXW, "pipeline stages or tensor-parallel shards (P)"},
@@ -804,10 +805,12 @@ static int parse(int argc, char **argv, options *o) {
       {"checkpoint", 's', &o->ckpt_dir, 0, 0, "save a part per stage or shard in this directory at the end"},
       {"resume", 's', &o->resume_dir, 0, 0, "load this layout's parts from this directory and train on"},
       {"json", 'b', &o->json, 0, 0, "print one JSON line"},
+      {"trace", 's', &trace, 0, 0, EX_TRACE_HELP},
   };
   int r = ex_parse("07_model_parallel", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
                    "  Processes: tools/dtrain-launch -n W [--pipeline P | --tensor T] -- build/examples/07_model_parallel ...\n");
   if (r <= 0) return r;
+  if (!ex_trace_begin(trace)) return 0;
   o->parallel = strcmp(parallel, "none") == 0 ? 0 : strcmp(parallel, "pipeline") == 0 ? 1 : strcmp(parallel, "tensor") == 0 ? 2 : -1;
   if (o->parallel < 0) { fprintf(stderr, "error: --parallel: none, pipeline or tensor, not '%s'\n", parallel); return 0; }
   o->schedule = strcmp(schedule, "gpipe") == 0 ? DTRAIN_PIPE_GPIPE : strcmp(schedule, "1f1b") == 0 ? DTRAIN_PIPE_1F1B : -1;

@@ -152,4 +152,31 @@ EX_UNUSED static void ex_log(dt_log_level level, dt_result code, const char *msg
 
 EX_UNUSED static void ex_log_init(void) { dt_set_logger(ex_log, NULL, DTRAIN_LOG_WARN); }
 
+/* --trace FILE: the run's timeline (dt_trace_start), written when the
+ * program exits, whichever way main returns; a file that cannot be written
+ * is an error (exit 1, after the program's own output is flushed). */
+#define EX_TRACE_HELP                                                                                          \
+  "write the run's timeline (every thread's ops, collectives, pushes, pulls, waits) to FILE as Chrome "        \
+  "trace-event JSON at exit (ui.perfetto.dev, chrome://tracing; tools/dtrain-trace merges processes and draws " \
+  "an SVG); worker N of a multi-process run writes FILE.workerN.json, server N FILE.serverN.json"
+
+EX_UNUSED static void ex_trace_end(void) {
+  if (!dt_trace_active()) return;
+  if (dt_trace_stop() != DTRAIN_OK) {
+    fprintf(stderr, "error: --trace: %s\n", dt_last_error());
+    fflush(NULL);
+    _Exit(1);
+  }
+}
+
+EX_UNUSED static int ex_trace_begin(const char *path) {
+  if (!path) return 1;
+  if (dt_trace_start(path) != DTRAIN_OK) {
+    fprintf(stderr, "error: --trace %s: %s\n", path, dt_last_error());
+    return 0;
+  }
+  atexit(ex_trace_end);
+  return 1;
+}
+
 #endif /* DTRAIN_EXAMPLE_FLAGS_H */

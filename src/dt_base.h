@@ -273,7 +273,8 @@ typedef enum dt_profile_phase {
   DTRAIN_PROFILE_BACKWARD = 1,
   DTRAIN_PROFILE_UPDATE = 2, /* the optimizer */
   DTRAIN_PROFILE_DATA = 3,   /* the loader */
-  DTRAIN_PROFILE_COMM = 4    /* collectives */
+  DTRAIN_PROFILE_COMM = 4,   /* collectives, parameter-store pushes and pulls */
+  DTRAIN_PROFILE_CHECKPOINT = 5 /* dt_checkpoint_save and its variants */
 } dt_profile_phase;
 
 typedef struct dt_profile_entry {
@@ -297,6 +298,33 @@ DTRAIN_API const char *dt_profile_phase_name(dt_profile_phase phase); /* "forwar
  * fit). Returns the length the whole text needs (snprintf's rule), -1 on bad
  * arguments. */
 DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, double wall_seconds);
+
+/* ---- timelines ----------------------------------------------------------------------
+ * dt_trace_start(path) records, from every thread, what the profile counts
+ * (each op's forward pieces, each backward, the optimizer, the loader, each
+ * collective, parameter-store push and pull, checkpoint) as spans on that
+ * thread's timeline, with the waits at barriers and each strategy step;
+ * dt_trace_stop() writes them to path as Chrome trace-event JSON (open it in
+ * https://ui.perfetto.dev or chrome://tracing; tools/dtrain-trace merges the
+ * files of several processes and draws an SVG). The environment variable
+ * DTRAIN_TRACE=path does the same for a whole run without a code change: the
+ * trace starts with the first graph, communicator or parameter server and is
+ * written at exit. A process that has a role (dt_trace_set_process; the TCP
+ * and MPI communicators name theirs "worker" and their rank, parameter
+ * servers "server" and their index) writes "run.worker1.json" for path
+ * "run.json". Each thread keeps up to 2^21 spans (64 MiB); later ones are
+ * counted in the file's "dropped". Off, the hooks cost one load each.
+ * dt_trace_stop fails (DTRAIN_ERR_STATE) when no trace runs and
+ * (DTRAIN_ERR_IO) when the file cannot be written, leaving what was at path;
+ * DTRAIN_ERR_UNSUPPORTED under DTRAIN_NO_STDIO. */
+DTRAIN_API dt_result dt_trace_start(const char *path);
+DTRAIN_API dt_result dt_trace_stop(void);
+DTRAIN_API int dt_trace_active(void);
+/* The calling thread's name on the timeline ("replica 1"; up to 47 bytes). */
+DTRAIN_API void dt_trace_name_thread(const char *name);
+/* The process's role and index ("worker", 2): its name and pid on a merged
+ * timeline, and its file name. role NULL or "" clears it. */
+DTRAIN_API void dt_trace_set_process(const char *role, int index);
 
 /* Can a file be written at path (is_dir: in the directory path)? Does what
  * dtrain's writers do -- creates their exclusive temporary next to path and

@@ -489,7 +489,16 @@ done:
   return r;
 }
 
+static dt_result dt__checkpoint_save(const char *path, const dt_train_state *st);
+
 DTRAIN_API dt_result dt_checkpoint_save(const char *path, const dt_train_state *st) {
+  int64_t t0 = dt__prof_t0();
+  dt_result r = dt__checkpoint_save(path, st);
+  dt__prof_add("dt_checkpoint_save", DTRAIN_PROFILE_CHECKPOINT, t0);
+  return r;
+}
+
+static dt_result dt__checkpoint_save(const char *path, const dt_train_state *st) {
   return dt__io_save(path, st, "dt_checkpoint_save", NULL, NULL, 0);
 }
 

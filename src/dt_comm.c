@@ -111,6 +111,7 @@ static dt_result dt__comm_threads_meet(dt__comm_threads *t, int rank) {
   double w = 0.0;
   dt_result r = dt__barrier_wait(&t->bar, &w);
   t->slots[rank].d.st.wait_s += w;
+  dt__trace_wait("barrier wait", w);
   return r;
 }
 

@@ -433,6 +433,8 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
     if (we_init) MPI_Finalize();
     return NULL;
   }
+  if (m->comm.world > 1) dt_trace_set_process("worker", m->comm.rank);
+  dt__trace_env();
   return &m->comm;
 }
 

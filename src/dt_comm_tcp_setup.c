@@ -292,6 +292,8 @@ static dt_comm *dt__tcp_create(const dt_cluster *cl, const dt_net_options *o) {
 }
 
 DTRAIN_API dt_comm *dt_comm_create_tcp(const dt_cluster *cl, const dt_net_options *o) {
+  if (cl && cl->workers > 1 && cl->role == DTRAIN_ROLE_WORKER) dt_trace_set_process("worker", cl->index);
+  dt__trace_env(); /* DTRAIN_TRACE: this process's file is named after its role */
   dt__quiet_push(); /* one log line for a failure, with its whole context */
   dt_comm *c = dt__tcp_create(cl, o);
   dt__quiet_pop(c ? DTRAIN_OK : (dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_NET));

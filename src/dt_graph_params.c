@@ -41,6 +41,7 @@ static dt_result dt__gparams_device_copy(dt_graph *g) {
 }
 
 DTRAIN_API dt_graph *dt_graph_create(dt_params *params, const dt_graph_desc *desc) {
+  dt__trace_env(); /* DTRAIN_TRACE: the first graph starts the run's trace */
   dt_graph *g = dt__graph_new(desc); /* checks the device's function table first */
   if (!g) return NULL;
   g->params = params;

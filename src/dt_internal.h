@@ -125,11 +125,31 @@ static DT__UNUSED int dt__too_many(uint64_t n) { return n > DT__MAX_ELEMS; }
  * finished. t0/add: time a region, `int64_t t = dt__prof_t0(); ...;
  * dt__prof_add(name, phase, t);` (t0 is 0 when the profile is off and add then
  * does nothing). */
-DTRAIN_PRIVATE int dt__prof_active(void);
 DTRAIN_PRIVATE void dt__prof_fwd_begin(const char *op);
 DTRAIN_PRIVATE void dt__prof_fwd_end(void);
 DTRAIN_PRIVATE int64_t dt__prof_t0(void);
 DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64_t t0);
+/* add, to the table only: a region too small and frequent for the timeline
+ * (an optimizer block inside a parameter-store push, whose span covers it) */
+DTRAIN_PRIVATE void dt__prof_add_table(const char *name, dt_profile_phase phase, int64_t t0);
+/* The timeline (dt_trace.c): tracing/set_tracing read and switch its bit of
+ * the hooks' word; trace_t0/trace_end time a trace-only span (a strategy
+ * step: not in the profile's table, whose rows would count it twice);
+ * trace_wait records a wait of `seconds` that ends now; trace_span appends
+ * [t0, t1) (ns of dt__prof_now_ns) to the calling thread's buffer; trace_env
+ * starts the trace DTRAIN_TRACE names, once per process (dt_graph_create,
+ * the communicators, the parameter servers call it). cat: a
+ * dt_profile_phase or one of these. */
+#define DT__TRACE_WAIT 16
+#define DT__TRACE_STEP 17
+DTRAIN_PRIVATE int dt__prof_tracing(void);
+DTRAIN_PRIVATE void dt__prof_set_tracing(int on);
+DTRAIN_PRIVATE int64_t dt__prof_now_ns(void);
+DTRAIN_PRIVATE int64_t dt__trace_t0(void);
+DTRAIN_PRIVATE void dt__trace_end(const char *name, int cat, int64_t t0);
+DTRAIN_PRIVATE void dt__trace_wait(const char *name, double seconds);
+DTRAIN_PRIVATE void dt__trace_span(const char *name, int cat, int64_t t0, int64_t t1);
+DTRAIN_PRIVATE void dt__trace_env(void);
 
 /* ---- base (dt_base.c) ------------------------------------------------------- */
 

@@ -266,12 +266,10 @@ static int dt__result_free_to_overwrite(const char *op) {
 
 DTRAIN_API dt_tensor *dt_relu_inplace(dt_graph *g, dt_tensor *x) {
   static const char *op = "dt_relu_inplace";
-  int used = x && (x->flags & DT__TENSOR_USED), spent = x && (x->flags & DT__TENSOR_OVERWRITTEN);
+  int used = x && (x->flags & DT__TENSOR_USED); /* read before dt__begin, which marks x used */
   if (!dt__begin(g, op, 1, x)) return NULL;
   char sx[96];
   dt_shape_str(x, sx, sizeof sx);
-  if (spent) /* dt__begin refused it already; kept for clarity */
-    return (dt_tensor *)dt__fail(g, DTRAIN_ERR_STATE, "%s: x %s was overwritten already", op, sx);
   if ((x->flags & (DTRAIN_TENSOR_VIEW | DTRAIN_TENSOR_PARAM)) || !dt__result_free_to_overwrite(x->op))
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG,
                                  "%s: x %s is %s, not the result of dt_conv2d, dt_linear, dt_matmul, dt_bmm, dt_add or "

@@ -580,7 +580,7 @@ DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, c
   if (!rule || !x || begin > end || end > o->size) return 0;
   int64_t t0 = dt__prof_t0();
   dt__optim_ranges(o, rule, x, d, grad + begin, begin, end);
-  dt__prof_add("dt_optim_update", DTRAIN_PROFILE_UPDATE, t0);
+  dt__prof_add_table("dt_optim_update", DTRAIN_PROFILE_UPDATE, t0); /* per block: on the timeline, the push's span */
   return 1;
 }
 

@@ -177,7 +177,16 @@ static int dt__pt_meta(const dt_checkpoint *src, const char *prng, const char *g
 
 /* ---- save_part ------------------------------------------------------------------------- */
 
+static dt_result dt__checkpoint_save_part(const char *path, const dt_train_state *st, const dt_part *part);
+
 DTRAIN_API dt_result dt_checkpoint_save_part(const char *path, const dt_train_state *st, const dt_part *part) {
+  int64_t t0 = dt__prof_t0();
+  dt_result r = dt__checkpoint_save_part(path, st, part);
+  dt__prof_add("dt_checkpoint_save_part", DTRAIN_PROFILE_CHECKPOINT, t0);
+  return r;
+}
+
+static dt_result dt__checkpoint_save_part(const char *path, const dt_train_state *st, const dt_part *part) {
   const char *fn = "dt_checkpoint_save_part";
   if (!path || !st || !st->params || !part)
     return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", fn, !path ? "path" : !st ? "state" : !part ? "part" : "params");

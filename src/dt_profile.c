@@ -19,11 +19,16 @@
  * are per thread; the generation number makes a thread's mark from before a
  * dt_profile_start worthless.
  *
- * Off (the default), each hook is one relaxed load and a return. */
+ * The same hooks feed the timeline (dt_trace.c) while a trace runs: each
+ * piece of time charged becomes a span of the thread's timeline too. The
+ * two are switched by separate bits of one word (dt__prof_on: 1 profile,
+ * 2 trace), so with both off (the default) each hook is one relaxed load
+ * and a return. */
 #include "dt_internal.h"
 #include "dt_platform.h"
 
 #define DT__PROF_SLOTS 192
+#define DT__PROF_PHASES (DTRAIN_PROFILE_CHECKPOINT + 1)
 
 typedef struct dt__prof_slot {
   const char *name;
@@ -35,7 +40,9 @@ typedef struct dt__prof_slot {
 static dt__prof_slot dt__prof_tab[DT__PROF_SLOTS];
 static DT__ATOMIC(int) dt__prof_used;   /* slots published (acquire to read their names) */
 static DT__ATOMIC(int) dt__prof_lock;   /* taken only to append a slot */
-static DT__ATOMIC(int) dt__prof_on;
+static DT__ATOMIC(int) dt__prof_on;     /* bits: DT__PROF_TABLE, DT__PROF_TRACE */
+#define DT__PROF_TABLE 1
+#define DT__PROF_TRACE 2
 static DT__ATOMIC(unsigned) dt__prof_gen;
 static DT__ATOMIC(int64_t) dt__prof_dropped; /* charges lost because the table was full */
 
@@ -73,6 +80,29 @@ static dt__prof_slot *dt__prof_find(const char *name, int phase) {
   return s;
 }
 
+/* bit on (1) or off (0) in dt__prof_on */
+static void dt__prof_bit(int bit, int on) {
+  int v = DT__ALOAD(&dt__prof_on, DT__MO_RELAXED);
+  while (!DT__ACAS(&dt__prof_on, &v, on ? (v | bit) : (v & ~bit), DT__MO_ACQ_REL)) {
+  }
+}
+
+DTRAIN_PRIVATE int dt__prof_tracing(void) { return (DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) & DT__PROF_TRACE) != 0; }
+
+DTRAIN_PRIVATE void dt__prof_set_tracing(int on) {
+  if (on) DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED); /* marks from before are worthless */
+  dt__prof_bit(DT__PROF_TRACE, on);
+}
+
+DTRAIN_PRIVATE int64_t dt__prof_now_ns(void) { return dt__prof_now(); }
+
+/* to the table when the profile is on, as a span [t0, t1) when the trace is */
+static void dt__prof_charge(const char *name, int phase, int64_t calls, int64_t ns);
+static void dt__prof_both(int on, const char *name, int phase, int64_t calls, int64_t t0, int64_t t1) {
+  if (on & DT__PROF_TABLE) dt__prof_charge(name, phase, calls, t1 - t0);
+  if ((on & DT__PROF_TRACE) && t1 > t0) dt__trace_span(name, phase, t0, t1);
+}
+
 static void dt__prof_charge(const char *name, int phase, int64_t calls, int64_t ns) {
   dt__prof_slot *s = dt__prof_find(name, phase);
   if (!s) {
@@ -83,21 +113,33 @@ static void dt__prof_charge(const char *name, int phase, int64_t calls, int64_t 
   if (ns > 0) DT__AFETCH_ADD(&s->ns, ns, DT__MO_RELAXED);
 }
 
-DTRAIN_PRIVATE int dt__prof_active(void) { return DT__ALOAD(&dt__prof_on, DT__MO_RELAXED); }
-
 DTRAIN_PRIVATE int64_t dt__prof_t0(void) { return DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) ? dt__prof_now() : 0; }
 
 DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64_t t0) {
-  if (!t0 || !DT__ALOAD(&dt__prof_on, DT__MO_RELAXED)) return;
-  dt__prof_charge(name, (int)phase, 1, dt__prof_now() - t0);
+  int on = t0 ? DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) : 0;
+  if (on) dt__prof_both(on, name, (int)phase, 1, t0, dt__prof_now());
+}
+
+DTRAIN_PRIVATE void dt__prof_add_table(const char *name, dt_profile_phase phase, int64_t t0) {
+  int on = t0 ? DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) : 0;
+  if (on & DT__PROF_TABLE) dt__prof_charge(name, (int)phase, 1, dt__prof_now() - t0);
+}
+
+DTRAIN_PRIVATE int64_t dt__trace_t0(void) {
+  return (DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) & DT__PROF_TRACE) ? dt__prof_now() : 0;
+}
+
+DTRAIN_PRIVATE void dt__trace_end(const char *name, int cat, int64_t t0) {
+  if (t0 && (DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) & DT__PROF_TRACE)) dt__trace_span(name, cat, t0, dt__prof_now());
 }
 
 DTRAIN_PRIVATE void dt__prof_fwd_begin(const char *op) {
-  if (!DT__ALOAD(&dt__prof_on, DT__MO_RELAXED)) return;
+  int on = DT__ALOAD(&dt__prof_on, DT__MO_RELAXED);
+  if (!on) return;
   int64_t now = dt__prof_now();
   unsigned gen = DT__ALOAD(&dt__prof_gen, DT__MO_RELAXED);
-  if (dt__prof_cur && dt__prof_tgen == gen) dt__prof_charge(dt__prof_cur, DTRAIN_PROFILE_FORWARD, 0, now - dt__prof_mark);
-  dt__prof_charge(op, DTRAIN_PROFILE_FORWARD, 1, 0);
+  if (dt__prof_cur && dt__prof_tgen == gen) dt__prof_both(on, dt__prof_cur, DTRAIN_PROFILE_FORWARD, 0, dt__prof_mark, now);
+  if (on & DT__PROF_TABLE) dt__prof_charge(op, DTRAIN_PROFILE_FORWARD, 1, 0);
   dt__prof_cur = op;
   dt__prof_tgen = gen;
   dt__prof_mark = dt__prof_now(); /* the table lookups above are the profile's time, not the op's */
@@ -107,8 +149,9 @@ DTRAIN_PRIVATE void dt__prof_fwd_end(void) {
   if (!dt__prof_cur) return;
   const char *op = dt__prof_cur;
   dt__prof_cur = NULL;
-  if (!DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) || dt__prof_tgen != DT__ALOAD(&dt__prof_gen, DT__MO_RELAXED)) return;
-  dt__prof_charge(op, DTRAIN_PROFILE_FORWARD, 0, dt__prof_now() - dt__prof_mark);
+  int on = DT__ALOAD(&dt__prof_on, DT__MO_RELAXED);
+  if (!on || dt__prof_tgen != DT__ALOAD(&dt__prof_gen, DT__MO_RELAXED)) return;
+  dt__prof_both(on, op, DTRAIN_PROFILE_FORWARD, 0, dt__prof_mark, dt__prof_now());
 }
 
 DTRAIN_API void dt_profile_start(void) {
@@ -119,14 +162,14 @@ DTRAIN_API void dt_profile_start(void) {
   }
   DT__ASTORE(&dt__prof_dropped, 0, DT__MO_RELAXED);
   DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED);
-  DT__ASTORE(&dt__prof_on, 1, DT__MO_RELEASE);
+  dt__prof_bit(DT__PROF_TABLE, 1);
 }
 
-DTRAIN_API void dt_profile_stop(void) { DT__ASTORE(&dt__prof_on, 0, DT__MO_RELEASE); }
+DTRAIN_API void dt_profile_stop(void) { dt__prof_bit(DT__PROF_TABLE, 0); }
 
 DTRAIN_API void dt_profile_resume(void) {
   DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED); /* an op left running while off is not charged the pause */
-  DT__ASTORE(&dt__prof_on, 1, DT__MO_RELEASE);
+  dt__prof_bit(DT__PROF_TABLE, 1);
 }
 
 DTRAIN_API const char *dt_profile_phase_name(dt_profile_phase phase) {
@@ -136,6 +179,7 @@ DTRAIN_API const char *dt_profile_phase_name(dt_profile_phase phase) {
     case DTRAIN_PROFILE_UPDATE: return "update";
     case DTRAIN_PROFILE_DATA: return "data";
     case DTRAIN_PROFILE_COMM: return "comm";
+    case DTRAIN_PROFILE_CHECKPOINT: return "checkpoint";
   }
   return "unknown";
 }
@@ -190,10 +234,10 @@ DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, doubl
   if (cap) buf[0] = '\0';
   dt_profile_entry e[DT__PROF_SLOTS];
   int n = dt_profile_read(e, DT__PROF_SLOTS);
-  double sum = 0, phase[5] = {0, 0, 0, 0, 0};
+  double sum = 0, phase[DT__PROF_PHASES] = {0};
   for (int i = 0; i < n; i++) {
     sum += e[i].seconds;
-    if ((int)e[i].phase >= 0 && (int)e[i].phase < 5) phase[e[i].phase] += e[i].seconds;
+    if ((int)e[i].phase >= 0 && (int)e[i].phase < DT__PROF_PHASES) phase[e[i].phase] += e[i].seconds;
   }
   const double base = wall_seconds > 0 ? wall_seconds : sum;
   size_t len = 0;
@@ -209,7 +253,7 @@ DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, doubl
                  base > 0 ? 100.0 * e[i].seconds / base : 0.0);
   }
   dt__prof_put(buf, cap, &len, "  by phase:");
-  for (int p = 0; p < 5; p++)
+  for (int p = 0; p < DT__PROF_PHASES; p++)
     if (phase[p] > 0)
       dt__prof_put(buf, cap, &len, " %s %.1f%%", dt_profile_phase_name((dt_profile_phase)p),
                    base > 0 ? 100.0 * phase[p] / base : 0.0);

@@ -648,6 +648,8 @@ fail: {
 
 DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *params, const dt_net_options *o,
                                            int max_staleness) {
+  if (c && c->role == DTRAIN_ROLE_WORKER) dt_trace_set_process("worker", c->index);
+  dt__trace_env();
   dt__quiet_push();
   dt_pstore *ps = dt__ps_store_create(c, params, o, max_staleness);
   dt__quiet_pop(ps ? DTRAIN_OK : (dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_NET));

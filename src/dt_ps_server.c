@@ -931,6 +931,8 @@ done:
 
 DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_optim *opt, const dt_net_options *o,
                                  const dt_ps_options *po) {
+  if (c && c->role == DTRAIN_ROLE_PS) dt_trace_set_process("server", c->index);
+  dt__trace_env();
   dt__quiet_push(); /* one log line for a failure, with its whole context (warnings are logged as they happen) */
   return dt__quiet_pop(dt__ps_serve(c, params, opt, o, po));
 }

@@ -91,7 +91,9 @@ static double dt__pstore_wait_for(dt__pstore_local *l, int kind, int64_t need, u
   w.kind = kind;
   w.need = need;
   w.turn = turn;
-  return dt__event_wait(&l->ev, dt__pstore_ready, &w, l->spin_s);
+  double s = dt__event_wait(&l->ev, dt__pstore_ready, &w, l->spin_s);
+  dt__trace_wait(kind == 0 ? "staleness wait (pull)" : kind == 1 ? "staleness wait (push)" : "lock-step turn", s);
+  return s;
 }
 
 /* The blocks a worker's pull and push go through, starting at its own
@@ -251,6 +253,7 @@ DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64
     return dt__error(DTRAIN_ERR_INTERNAL, "dt__pstore_push_blocks: not a local store's push");
   dt__pstore_local *l = dt__pstore_of(ps);
   float scale, block[DT__PSTORE_BLOCK];
+  int64_t t0 = dt__trace_t0(); /* the timeline's span; the table has the update's blocks and no push */
   dt_result rc = dt__pstore_local_enter(l, worker, clock, tk, &scale);
   if (rc != DTRAIN_OK) return rc;
   /* Acquire: the pushes counted here are whole in the store, so in the copy. */
@@ -269,6 +272,7 @@ DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64
     l->clocks[worker].c.fresh = before + 1;
     l->clocks[worker].c.fresh_dst = pull_into;
   }
+  dt__trace_end("dt_pstore_push (with the update)", DTRAIN_PROFILE_COMM, t0);
   return DTRAIN_OK;
 }
 
@@ -347,16 +351,22 @@ DTRAIN_API dt_result dt_pstore_pull(dt_pstore *ps, int worker, int64_t clock, fl
   dt_result r = dt__pstore_check(ps, "dt_pstore_pull", worker, clock, n, tk);
   if (r != DTRAIN_OK) return r;
   if (!dst && n > 0) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_pstore_pull: worker %d: dst is NULL", worker);
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(ps->vtable->pull(ps, worker, clock, dst, n, tk));
+  r = dt__quiet_pop(ps->vtable->pull(ps, worker, clock, dst, n, tk));
+  dt__prof_add("dt_pstore_pull", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, const float *delta, size_t n,
                                     dt_pstore_ticket *tk) {
   dt_result r = dt__pstore_check(ps, "dt_pstore_push", worker, clock, n, tk);
   if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  return dt__quiet_pop(ps->vtable->push(ps, worker, clock, delta, n, tk));
+  r = dt__quiet_pop(ps->vtable->push(ps, worker, clock, delta, n, tk));
+  dt__prof_add("dt_pstore_push", DTRAIN_PROFILE_COMM, t0);
+  return r;
 }
 
 DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker) {

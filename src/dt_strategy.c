@@ -74,7 +74,16 @@ DTRAIN_API dt_result dt_strategy_parse(const char *name, int replicas, int max_s
 
 /* ---- running jobs ------------------------------------------------------------------------------ */
 
+static dt_result dt__strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss);
+
 DTRAIN_API dt_result dt_strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss) {
+  int64_t t0 = dt__trace_t0();
+  dt_result rc = dt__strategy_step(s, batch, loss);
+  dt__trace_end("dt_strategy_step", DT__TRACE_STEP, t0);
+  return rc;
+}
+
+static dt_result dt__strategy_step(dt_strategy *s, const dt_minibatch *batch, float *loss) {
   const char *fn = "dt_strategy_step";
   if (!s) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: strategy is NULL", fn);
   if (loss) *loss = NAN;

@@ -307,6 +307,7 @@ static void dt__backup_job(dt_strategy *s, int r) {
     }
     dt__mutex_unlock(&bk->mu);
     R->wait_s += dt__now() - w0;
+    dt__trace_wait("backup wait", dt__now() - w0);
   }
   if (dt__strategy_failed(s) && R->result == DTRAIN_OK && DT__ALOAD(&s->failed, DT__MO_ACQUIRE) != r)
     R->result = DTRAIN_ERR_ABORTED;

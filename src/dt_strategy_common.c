@@ -382,6 +382,11 @@ DTRAIN_PRIVATE double dt__strategy_comm_wait(dt_strategy *s, int r) {
 static void dt__strategy_job(void *arg, int r) {
   dt_strategy *s = (dt_strategy *)arg;
   int was = dt__par_set_replica(s->n > 1); /* replicas fill the cores: kernels inside use one thread */
+  if (dt__prof_tracing()) {
+    char name[32];
+    snprintf(name, sizeof name, "replica %d", r);
+    dt_trace_name_thread(name);
+  }
   s->job(s, r);
   dt__par_set_replica(was);
 }

@@ -171,5 +171,31 @@ else
   skip "fmnist-device-*: no $EMU (no C++ compiler)"
 fi
 check "fmnist-device-without-cuda-build" sh -c "! $E $common --device cuda > $T/dnone.txt 2>&1 && grep -q 'no CUDA backend' $T/dnone.txt"
+# Timelines (--trace, DTRAIN_TRACE; tools/dtrain-trace): every strategy's file
+# is trace-event JSON whose spans nest thread by thread; 2 workers' files
+# merge onto one axis keeping each worker's own order, also aligned by their
+# collectives; parameter servers write theirs; the tool refuses spans that
+# overlap without nesting, and files that are not traces; the SVG is drawn.
+TT=tools/dtrain-trace
+for s in one_device mirrored central_storage async; do
+  check "trace-$s-nests" sh -c "$E $common --epochs 1 --limit 512 --strategy $s --replicas \$([ $s = one_device ] && echo 1 || echo 2) --trace $T/tr_$s.json > /dev/null && $TT check $T/tr_$s.json | grep -q '^ok ' && grep -q '\"name\": \"dt_linear\", \"cat\": \"backward\"' $T/tr_$s.json"
+done
+check "trace-workers-merge-in-order" sh -c "rm -f $T/trw.*; timeout 120 tools/dtrain-launch -n 2 -- $E $common --epochs 1 --limit 512 --strategy multi_worker_mirrored --trace $T/trw.json > /dev/null 2>&1 && $TT check $T/trw.worker0.json $T/trw.worker1.json > /dev/null && $TT merge -o $T/trw_m.json $T/trw.worker0.json $T/trw.worker1.json > /dev/null && $TT check $T/trw_m.json > /dev/null && $TT merge --align collectives -o $T/trw_c.json $T/trw.worker0.json $T/trw.worker1.json | grep -q 'offset .* us from [0-9]* collectives' && python3 -c \"
+import json
+m = json.load(open('$T/trw_m.json'))['traceEvents']
+for w in (0, 1):
+    own = [(e['name'], e['dur']) for e in json.load(open('$T/trw.worker%d.json' % w))['traceEvents'] if e['ph'] == 'X']
+    got = [(e['name'], e['dur']) for e in m if e['ph'] == 'X' and e['pid'] == w]
+    assert own == got and len(own) > 100, (w, len(own), len(got))
+    assert any(e['name'] == 'dt_comm_allreduce' for e in m if e['ph'] == 'X' and e['pid'] == w)
+names = {e['args']['name'] for e in m if e['ph'] == 'M' and e['name'] == 'process_name'}
+assert names == {'worker 0', 'worker 1'}, names
+\""
+check "trace-parameter-servers" sh -c "rm -f $T/trp.*; timeout 120 tools/dtrain-launch -n 2 --ps 1 -- $BUILD/examples/06_parameter_server --data $D --epochs 1 --limit 512 --quiet --trace $T/trp.json > /dev/null 2>&1 && $TT check $T/trp.server0.json $T/trp.worker0.json $T/trp.worker1.json > /dev/null && grep -q dt_pstore_push $T/trp.worker1.json && grep -q dt_pstore_pull $T/trp.worker0.json && $TT merge -o $T/trp_m.json $T/trp.server0.json $T/trp.worker0.json $T/trp.worker1.json > /dev/null && $TT check $T/trp_m.json > /dev/null"
+check "trace-env-var" sh -c "rm -f $T/tre.json; DTRAIN_TRACE=$T/tre.json $BUILD/examples/01_xor > /dev/null && $TT check $T/tre.json | grep -q '^ok '"
+printf '{"traceEvents": [{"name": "a", "ph": "X", "ts": 0, "dur": 10, "pid": 0, "tid": 0}, {"name": "b", "ph": "X", "ts": 5, "dur": 10, "pid": 0, "tid": 0}]}\n' > "$T/tr_bad.json"
+printf '{"traceEvents": [{"name": "a", "ph": "X", "ts": 0, "dur": 10, "pid": 0, "tid": 0}, {"name": "b", "ph": "X", "ts": 5, "dur": 10, "pid": 0, "tid": 1}]}\n' > "$T/tr_good.json"
+check "trace-tool-refuses-overlap-and-garbage" sh -c "! $TT check $T/tr_bad.json > $T/trb.txt && grep -q 'b .* overlaps a' $T/trb.txt && $TT check $T/tr_good.json > /dev/null && printf '{\"traceEvents\": [' > $T/tr_cut.json && ! $TT check $T/tr_cut.json > $T/trc.txt && grep -q 'not JSON' $T/trc.txt && ! $TT check $T/m.csv > /dev/null"
+check "trace-svg" sh -c "$TT svg -o $T/tr.svg $T/trw_m.json --from 0 --to 50 > /dev/null && grep -q '<svg' $T/tr.svg && grep -q '</svg>' $T/tr.svg && grep -q 'worker 1 / replica 0' $T/tr.svg && test \$(grep -c '<rect' $T/tr.svg) -gt 10 && python3 -c \"import xml.dom.minidom; xml.dom.minidom.parse('$T/tr.svg')\""
 echo "example_checks: $pass passed, $fail failed, $skipped skipped"
 [ "$fail" -eq 0 ]

@@ -452,6 +452,44 @@ static void nt_dt_profile_format(void) {
   }
   nt_teardown(&f);
 }
+/* dt_base.h: dt_result dt_trace_start(const char * path) */
+static void nt_dt_trace_start(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_trace_start(NULL)");
+    nt_check_result(dt_trace_start(NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_base.h: void dt_trace_name_thread(const char * name) */
+static void nt_dt_trace_name_thread(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_trace_name_thread(NULL)");
+    dt_trace_name_thread(NULL);
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
+/* dt_base.h: void dt_trace_set_process(const char * role, int index) */
+static void nt_dt_trace_set_process(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_trace_set_process(NULL, index)");
+    dt_trace_set_process(NULL, 0);
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_base.h: dt_result dt_check_writable(const char * path, int is_dir) */
 static void nt_dt_check_writable(void) {
   nt_fix f;
@@ -8701,6 +8739,9 @@ int main(void) {
   TH_RUN(nt_dt_rng_shuffle);
   TH_RUN(nt_dt_profile_read);
   TH_RUN(nt_dt_profile_format);
+  TH_RUN(nt_dt_trace_start);
+  TH_RUN(nt_dt_trace_name_thread);
+  TH_RUN(nt_dt_trace_set_process);
   TH_RUN(nt_dt_check_writable);
   TH_RUN(nt_dt_graph_create);
   TH_RUN(nt_dt_graph_destroy);
