@@ -163,3 +163,24 @@ for wl in "mlp 64" "mlp 256" "cnn 64"; do
   echo "-- $1 batch $2"
   BENCH_PROFILE=1 "$BIN" "$1" "$2" "$SECS" 1 2>&1 | grep -v '^result' || echo "profile run failed"
 done
+echo
+
+# The timeline's cost (issue 21: at most 2% with DTRAIN_TRACE on): the same
+# training run with and without it, alternating, best of ROUNDS each.
+echo "== the timeline's cost: DTRAIN_TRACE on / off, one thread, samples/s (best of $ROUNDS runs each; goal >= 0.98)"
+TRACE_TMP=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-bench-trace.XXXXXX")
+for wl in "mlp 64" "cnn 64"; do
+  set -- $wl
+  off=0; on=0
+  for r in $(seq "$ROUNDS"); do
+    a=$("$BIN" "$1" "$2" "$SECS" 1 2>/dev/null | sed -n 's/^result samples_per_s=\([0-9.]*\).*/\1/p')
+    b=$(DTRAIN_TRACE="$TRACE_TMP/t.json" "$BIN" "$1" "$2" "$SECS" 1 2>/dev/null | sed -n 's/^result samples_per_s=\([0-9.]*\).*/\1/p')
+    off=$(awk -v x="$off" -v y="${a:-0}" 'BEGIN { print (y > x ? y : x) }')
+    on=$(awk -v x="$on" -v y="${b:-0}" 'BEGIN { print (y > x ? y : x) }')
+  done
+  spans=$(grep -c '"ph": "X"' "$TRACE_TMP/t.json" 2>/dev/null || echo 0)
+  awk -v w="$1 batch $2" -v a="$off" -v b="$on" -v s="$spans" 'BEGIN {
+    if (a > 0 && b > 0) printf "%-14s off %9.0f  on %9.0f  ratio %.3f  (%d spans in the last traced run)\n", w, a, b, b / a, s
+    else printf "%-14s failed\n", w }'
+done
+rm -rf "$TRACE_TMP"
