@@ -64,6 +64,10 @@ typedef struct options {
   int epochs, batch, json, quiet, replicas, max_staleness;
   int profile;
   const char *trace; /* --trace FILE: the run's timeline (dt_trace_start) */
+  int plan;          /* --plan: predict every strategy's speed for this model and link, then exit */
+  const char *link;  /* --link: the link between processes for --plan (rate=...,delay=...) */
+  int plan_workers;  /* --plan-workers: rows up to this many workers */
+  int plan_one_machine; /* --plan-one-machine: the processes share this machine's cores */
   int staleness_lr; /* --staleness-lr: async updates (or, on parameter servers, pushes) scaled by 1/(1+staleness) */
   int batch_worker; /* not a flag: --batch over the worker processes, the rows this process loads per step */
   int64_t limit; /* train on the first `limit` samples only (0: all) */
@@ -282,6 +286,81 @@ static const char *staleness_json(dt_strategy *s, int staleness_lr) {
   return buf;
 }
 
+/* ---- --plan: should I distribute? -------------------------------------------------------- */
+/* Measures this model (dt_plan_measure on one batch of the training set),
+ * predicts every strategy (dt_plan_predict) over the link and prints the
+ * table and the recommendation, or one JSON line. */
+static int run_plan(app *a, int64_t train_n) {
+  dt_plan_link link;
+  char spec[256];
+  const char *env = getenv("DTRAIN_NETEM");
+  if (a->o.link) snprintf(spec, sizeof spec, "%s", a->o.link);
+  else if (env && *env) snprintf(spec, sizeof spec, "%.*s", (int)strcspn(env, ";"), env);
+  else snprintf(spec, sizeof spec, "loopback");
+  if (dt_plan_link_parse(spec, &link) != DTRAIN_OK) { fprintf(stderr, "error: --link: %s\n", dt_last_error()); return 2; }
+  dt_batch b;
+  if (dt_loader_next(a->loader, &b) <= 0) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+  dt_minibatch mb;
+  memset(&mb, 0, sizeof mb);
+  mb.rows = b.size;
+  mb.x = b.x;
+  mb.x_cols = 784;
+  mb.y = b.y;
+  dt_plan_model m;
+  if (dt_plan_measure(a->P, a->opt, replica_step, a, &mb, 30, &m) != DTRAIN_OK) {
+    fprintf(stderr, "error: %s\n", dt_last_error());
+    return 1;
+  }
+  if (!a->m.cnn) { /* the MLP can be cut between its 3 layers; a cut carries at most 256 floats a sample */
+    m.pipeline_max_stages = 3;
+    m.boundary_bytes_per_sample = 256 * (int64_t)sizeof(float);
+  }
+  dt_plan_options po;
+  memset(&po, 0, sizeof po);
+  po.batch = a->o.batch;
+  po.epoch_samples = train_n;
+  po.max_workers = a->o.plan_workers;
+  po.link = link;
+  po.shared_cores = a->o.plan_one_machine || !a->o.link;
+  dt_plan_row rows[256];
+  int n = dt_plan_predict(&m, &po, rows, 256);
+  if (n < 0) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+  if (n > 256) n = 256;
+  char why[512];
+  int best = dt_plan_recommend(rows, n, why, sizeof why);
+  if (a->o.json) {
+    printf("{\"model\":\"%s\",\"batch\":%d,\"link\":{\"spec\":\"%s\",\"latency_s\":%.3g,\"bandwidth_Bps\":%.4g},"
+           "\"measured\":{\"fixed_s\":%.4g,\"per_sample_s\":%.4g,\"update_s\":%.4g,\"params\":%lld,"
+           "\"activation_bytes_per_sample\":%lld},\"shared_cores\":%d,\"strategies\":[",
+           a->o.model, a->o.batch, spec, link.latency_s, link.bandwidth_Bps, m.fixed_s, m.per_sample_s, m.update_s,
+           (long long)m.params, (long long)m.activation_bytes_per_sample, po.shared_cores);
+    for (int i = 0; i < n; i++)
+      printf("%s{\"name\":\"%s\",\"family\":\"%s\",\"workers\":%d,\"samples_per_sec\":%.0f,\"epoch_seconds\":%.3f,"
+             "\"memory_bytes_per_worker\":%.0f,\"comm_share\":%.3f,\"bubble\":%.3f,\"staleness\":%.1f,"
+             "\"speedup\":%.3f}", i ? "," : "", rows[i].name, rows[i].family, rows[i].workers, rows[i].samples_per_sec,
+             rows[i].epoch_s, rows[i].memory_bytes, rows[i].comm_share, rows[i].bubble, rows[i].staleness,
+             rows[i].speedup);
+    printf("],\"recommendation\":{\"name\":\"%s\",\"workers\":%d,\"distribute\":%s,\"why\":\"%s\"}}\n",
+           best >= 0 ? rows[best].name : "", best >= 0 ? rows[best].workers : 0,
+           best >= 0 && strcmp(rows[best].family, "one_device") != 0 ? "true" : "false", why);
+    return 0;
+  }
+  printf("plan: %s, batch %d, link %s (latency %.3g ms, %.4g MB/s), %s\n", a->o.model, a->o.batch, spec,
+         link.latency_s * 1e3, link.bandwidth_Bps / 1e6,
+         po.shared_cores ? "the workers sharing this machine's cores" : "a machine per worker");
+  printf("measured: %.3g ms + %.3g us per sample a step, optimizer %.3g ms, %lld parameters, %.1f KiB of "
+         "activations per sample\n", m.fixed_s * 1e3, m.per_sample_s * 1e6, m.update_s * 1e3, (long long)m.params,
+         (double)m.activation_bytes_per_sample / 1024.0);
+  printf("%-36s %7s %12s %9s %9s %8s %7s %8s\n", "strategy", "workers", "samples/s", "speedup", "epoch s", "MiB/wkr",
+         "comm %", "stale");
+  for (int i = 0; i < n; i++)
+    printf("%-36s %7d %12.0f %8.2fx %9.2f %8.1f %6.0f%% %8.1f%s\n", rows[i].name, rows[i].workers,
+           rows[i].samples_per_sec, rows[i].speedup, rows[i].epoch_s, rows[i].memory_bytes / 1048576.0,
+           100 * rows[i].comm_share, rows[i].staleness, i == best ? "  <- recommended" : "");
+  printf("recommendation: %s\n", why);
+  return 0;
+}
+
 /* ---- command line ------------------------------------------------------------------------ */
 /* An output flag is checked at start, before any data loads: a path whose
  * directory does not exist or takes no new file would otherwise fail only
@@ -311,6 +390,7 @@ static int parse(int argc, char **argv, options *o) {
   o->batch = 64;
   o->seed = 1;
   o->csv = "build/fashion_mnist.csv";
+  o->plan_workers = 16;
   o->svg = "build/fashion_mnist.svg";
   o->schedule = "constant";
   o->strategy = "one_device";
@@ -353,6 +433,17 @@ static int parse(int argc, char **argv, options *o) {
       {"profile", 'b', &o->profile, 0, 0,
        "where the training steps' time goes: a table per op (forward, backward), the optimizer, the loader and "
        "the collectives (with --json: a \"profile\" list)"},
+      {"plan", 'b', &o->plan, 0, 0,
+       "should I distribute? measure this model for a few steps, predict samples/s, epoch time and memory per "
+       "worker of every strategy for 1 to --plan-workers workers over --link, recommend one, and exit (with "
+       "--json: one line with a \"strategies\" list and a \"recommendation\")"},
+      {"link", 's', &o->link, 0, 0,
+       "--plan: the link between processes, rate=100mbit,delay=2ms[,jitter=1ms] (DTRAIN_NETEM's units), or "
+       "loopback (default: DTRAIN_NETEM's first clause when set, else loopback)"},
+      {"plan-workers", 'i', &o->plan_workers, 1, 64, "--plan: the most workers to predict for"},
+      {"plan-one-machine", 'b', &o->plan_one_machine, 0, 0,
+       "--plan: the worker processes share this machine's cores (a rehearsal here over loopback or an emulated "
+       "link; the default without --link), rather than a machine each"},
       {"trace", 's', &o->trace, 0, 0,
        "write the training's timeline (every thread's ops, collectives, pushes, pulls, waits) to FILE as Chrome "
        "trace-event JSON (ui.perfetto.dev, chrome://tracing; tools/dtrain-trace merges workers and draws an SVG); "
@@ -648,6 +739,10 @@ int main(int argc, char **argv) {
     od.schedule.total_steps = (int64_t)a.o.epochs * dt_loader_num_batches(a.loader);
   }
   a.opt = dt_optim_create(a.P, &od);
+  if (a.o.plan) {
+    if (!a.opt) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+    return run_plan(&a, a.train->n);
+  }
   /* The one line that picks how training runs: */
   dt_strategy_options sd;
   if (dt_strategy_parse(a.o.strategy, a.o.replicas, a.o.max_staleness, &sd) != DTRAIN_OK) {

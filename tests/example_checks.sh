@@ -197,5 +197,18 @@ printf '{"traceEvents": [{"name": "a", "ph": "X", "ts": 0, "dur": 10, "pid": 0, 
 printf '{"traceEvents": [{"name": "a", "ph": "X", "ts": 0, "dur": 10, "pid": 0, "tid": 0}, {"name": "b", "ph": "X", "ts": 5, "dur": 10, "pid": 0, "tid": 1}]}\n' > "$T/tr_good.json"
 check "trace-tool-refuses-overlap-and-garbage" sh -c "! $TT check $T/tr_bad.json > $T/trb.txt && grep -q 'b .* overlaps a' $T/trb.txt && $TT check $T/tr_good.json > /dev/null && printf '{\"traceEvents\": [' > $T/tr_cut.json && ! $TT check $T/tr_cut.json > $T/trc.txt && grep -q 'not JSON' $T/trc.txt && ! $TT check $T/m.csv > /dev/null"
 check "trace-svg" sh -c "$TT svg -o $T/tr.svg $T/trw_m.json --from 0 --to 50 > /dev/null && grep -q '<svg' $T/tr.svg && grep -q '</svg>' $T/tr.svg && grep -q 'worker 1 / replica 0' $T/tr.svg && test \$(grep -c '<rect' $T/tr.svg) -gt 10 && python3 -c \"import xml.dom.minidom; xml.dom.minidom.parse('$T/tr.svg')\""
+# --plan (issue 21): one JSON line with every strategy's prediction and a
+# recommendation; a bad --link is refused naming it
+check "fmnist-plan-json" sh -c "$E --data $D --quiet --plan --plan-workers 4 --json > $T/plan.json && python3 -c \"
+import json
+d = json.load(open('$T/plan.json'))
+names = {(s['name'], s['workers']) for s in d['strategies']}
+for want in [('one_device', 1), ('mirrored', 2), ('async', 2), ('multi_worker_mirrored ring', 4), ('parameter_server 1 server', 2), ('pipeline 1f1b m=8', 2)]:
+    assert want in names, (want, names)
+assert all(s['samples_per_sec'] > 0 and s['memory_bytes_per_worker'] > 0 and 0 <= s['comm_share'] <= 1 for s in d['strategies'])
+r = d['recommendation']
+assert (r['name'], r['workers']) in names and r['why'] and r['distribute'] == (r['name'] != 'one_device'), r
+assert d['measured']['params'] == 235146 and d['shared_cores'] == 1
+\" && $E --data $D --plan --link rate=10mbit,delay=5ms --plan-workers 4 > $T/plan.txt && grep -q '^recommendation: ' $T/plan.txt && grep -q 'a machine per worker' $T/plan.txt && ! $E --data $D --plan --link rate=slow > $T/planbad.txt 2>&1 && grep -q \"^error: --link: dt_plan_link_parse: rate 'slow'\" $T/planbad.txt"
 echo "example_checks: $pass passed, $fail failed, $skipped skipped"
 [ "$fail" -eq 0 ]

@@ -8247,6 +8247,60 @@ static void nt_dt_tp_unshard_cols(void) {
   }
   nt_teardown(&f);
 }
+/* dt_plan.h: dt_result dt_plan_measure(dt_params * params, const dt_optim * opt, dt_step_fn fn, void * user, const dt_minibatch * b, int steps, dt_plan_model * out) */
+static void nt_dt_plan_measure(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_plan_measure(NULL, NULL, NULL, NULL, NULL, steps, NULL)");
+    nt_check_result(dt_plan_measure(NULL, NULL, NULL, NULL, NULL, 1, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_plan_model * out */
+}
+/* dt_plan.h: dt_result dt_plan_link_parse(const char * spec, dt_plan_link * out) */
+static void nt_dt_plan_link_parse(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_plan_link_parse(NULL, NULL)");
+    nt_check_result(dt_plan_link_parse(NULL, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_plan_link * out */
+}
+/* dt_plan.h: int dt_plan_predict(const dt_plan_model * m, const dt_plan_options * o, dt_plan_row * rows, int cap) */
+static void nt_dt_plan_predict(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_plan_predict(NULL, NULL, NULL, cap)");
+    (void)dt_plan_predict(NULL, NULL, NULL, sizeof f.cbuf);
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for const dt_plan_model * m, const dt_plan_options * o, dt_plan_row * rows */
+}
+/* dt_plan.h: int dt_plan_recommend(const dt_plan_row * rows, int n, char * why, size_t cap) */
+static void nt_dt_plan_recommend(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_plan_recommend(NULL, n, NULL, cap)");
+    (void)dt_plan_recommend(NULL, 2, NULL, sizeof f.cbuf);
+    nt_check_quiet(0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for const dt_plan_row * rows */
+}
 /* dt_net.h: dt_result dt_cluster_parse_json(const char * json, dt_cluster ** out) */
 static void nt_dt_cluster_parse_json(void) {
   nt_fix f;
@@ -9017,6 +9071,10 @@ int main(void) {
   TH_RUN(nt_dt_tp_shard_cols);
   TH_RUN(nt_dt_tp_unshard_rows);
   TH_RUN(nt_dt_tp_unshard_cols);
+  TH_RUN(nt_dt_plan_measure);
+  TH_RUN(nt_dt_plan_link_parse);
+  TH_RUN(nt_dt_plan_predict);
+  TH_RUN(nt_dt_plan_recommend);
   TH_RUN(nt_dt_cluster_parse_json);
   TH_RUN(nt_dt_cluster_from_env);
   TH_RUN(nt_dt_cluster_from_args);

@@ -1,0 +1,387 @@
+/* ===========================================================================
+ * dt_plan.c -- the planner: measure the model, predict every strategy
+ * ===========================================================================
+ * See dt_plan.h for the models. Measuring runs the user's step function on a
+ * graph of its own over the real parameters (so the kernels, the cache and
+ * the allocator are the ones training will see), updates them with a
+ * scratch optimizer made from the caller's options, and puts the parameters
+ * and gradients back as they were. */
+#include "dt_internal.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_params.h"
+#include "dt_optim.h"
+#include "dt_nn.h"
+#include "dt_io.h"
+#include "dt_data.h"
+#include "dt_memory.h"
+#include "dt_comm.h"
+#include "dt_strategy.h"
+#include "dt_plan.h"
+#include "dt_platform.h"
+#include <math.h>
+
+#define DT__PLAN_LOOPBACK_LATENCY 25e-6 /* s: a small message's one-way time over TCP loopback */
+#define DT__PLAN_LOOPBACK_BW 2.5e9      /* B/s: one TCP loopback stream's payload rate */
+
+static int dt__plan_dcmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y ? 1 : 0;
+}
+
+static double dt__plan_median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, dt__plan_dcmp);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* steps steps of forward + backward at b's rows: the median seconds; the
+ * update's median into *upd when upd */
+static dt_result dt__plan_time(dt_graph *g, dt_params *P, dt_optim *o, dt_step_fn fn, void *user,
+                               const dt_minibatch *b, int steps, double *fb, double *upd, int64_t *arena) {
+  double t[64], u[64];
+  const int warm = 2;
+  size_t n = dt_params_size(P);
+  for (int s = 0; s < steps + warm; s++) {
+    dt_graph_reset(g);
+    dt_params_zero_grad(P);
+    double t0 = dt__now();
+    dt_tensor *loss = fn(g, 0, b, user);
+    if (!loss) return dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_INTERNAL;
+    dt_result r = dt_backward(g, loss);
+    if (r != DTRAIN_OK) return r;
+    double t1 = dt__now();
+    r = dt_optim_update(o, dt_params_data(P), dt_params_grad(P), 0, n);
+    if (r != DTRAIN_OK) return r;
+    dt_optim_advance(o);
+    double t2 = dt__now();
+    if (s >= warm) {
+      t[s - warm] = t1 - t0;
+      u[s - warm] = t2 - t1;
+    }
+  }
+  *fb = dt__plan_median(t, steps);
+  if (upd) *upd = dt__plan_median(u, steps);
+  if (arena) *arena = (int64_t)dt_graph_bytes_reserved(g);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_step_fn fn, void *user,
+                                     const dt_minibatch *b, int steps, dt_plan_model *out) {
+  const char *f = "dt_plan_measure";
+  if (!params || !opt || !fn || !b || !out)
+    return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", f,
+                     !params ? "params" : !opt ? "opt" : !fn ? "fn" : !b ? "the batch" : "out");
+  if (b->rows < 2)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: the batch has %lld rows; at least 2 (it also runs half of it)", f,
+                     (long long)b->rows);
+  if (steps <= 0) steps = 20;
+  if (steps > 64) steps = 64;
+  size_t n = dt_params_size(params);
+  if (n == 0) return dt__error(DTRAIN_ERR_EMPTY, "%s: the model has no parameters", f);
+  float *keep = (float *)dt__alloc(2 * n * sizeof(float));
+  if (!keep) return dt__error(DTRAIN_ERR_NOMEM, "%s: no memory for a copy of %zu parameters", f, n);
+  memcpy(keep, dt_params_data(params), n * sizeof(float));
+  memcpy(keep + n, dt_params_grad(params), n * sizeof(float));
+  dt_optim_options od = *dt_optim_get_options(opt);
+  dt_optim *o = dt_optim_create(params, &od);
+  dt_graph *g = o ? dt_graph_create(params, NULL) : NULL;
+  dt_result r = g ? DTRAIN_OK : (dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_NOMEM);
+  double full = 0, half = 0, upd = 0;
+  int64_t arena = 0;
+  dt_minibatch hb = *b;
+  hb.rows = b->rows / 2;
+  dt__quiet_push();
+  if (r == DTRAIN_OK) r = dt__plan_time(g, params, o, fn, user, b, steps, &full, &upd, &arena);
+  if (r == DTRAIN_OK) r = dt__plan_time(g, params, o, fn, user, &hb, steps, &half, NULL, NULL);
+  dt__quiet_pop(DTRAIN_OK);
+  memcpy(dt_params_data(params), keep, n * sizeof(float));
+  memcpy(dt_params_grad(params), keep + n, n * sizeof(float));
+  int slots = o ? dt_optim_state_slots(o) : 0;
+  dt__free(keep, 2 * n * sizeof(float));
+  dt_graph_destroy(g);
+  dt_optim_destroy(o);
+  if (r != DTRAIN_OK) return dt__error(r, "%s: the step failed: %s", f, dt_last_error());
+  memset(out, 0, sizeof *out);
+  const double rows = (double)b->rows, hrows = (double)hb.rows;
+  double per = (full - half) / (rows - hrows);
+  if (!(per > 0)) per = full / rows; /* too noisy to tell: all of it per sample */
+  double fixed = full - per * rows;
+  if (fixed < 0) {
+    fixed = 0;
+    per = full / rows;
+  }
+  out->fixed_s = fixed;
+  out->per_sample_s = per;
+  out->update_s = upd;
+  out->params = (int64_t)n;
+  out->param_bytes = out->grad_bytes = (int64_t)(n * sizeof(float));
+  out->optim_bytes = (int64_t)slots * (int64_t)(n * sizeof(float));
+  out->activation_bytes_per_sample = (int64_t)((double)arena / rows);
+  out->measured_batch = (int)b->rows;
+  return DTRAIN_OK;
+}
+
+/* ---- links ----------------------------------------------------------------------------------- */
+
+/* "100mbit" and the like: bits per second; "2ms": seconds; -1 when not a number with a known unit */
+static double dt__plan_unit(const char *v, size_t len, int rate) {
+  char buf[48];
+  if (len == 0 || len >= sizeof buf) return -1;
+  memcpy(buf, v, len);
+  buf[len] = '\0';
+  char *end = NULL;
+  double x = strtod(buf, &end);
+  if (end == buf || !(x >= 0) || !isfinite(x)) return -1;
+  static const char *const ru[] = {"bit", "kbit", "mbit", "gbit", "bps", "kbps", "mbps", "gbps"};
+  static const double rm[] = {1, 1e3, 1e6, 1e9, 8, 8e3, 8e6, 8e9}; /* tc: "bps" is bytes per second */
+  static const char *const tu[] = {"s", "ms", "us"};
+  static const double tm[] = {1, 1e-3, 1e-6};
+  if (rate) {
+    for (int i = 0; i < 8; i++)
+      if (strcmp(end, ru[i]) == 0) return x * rm[i];
+  } else {
+    for (int i = 0; i < 3; i++)
+      if (strcmp(end, tu[i]) == 0) return x * tm[i];
+  }
+  return -1;
+}
+
+DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out) {
+  const char *f = "dt_plan_link_parse";
+  if (!spec || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", f, !spec ? "spec" : "out");
+  dt_plan_link l;
+  l.latency_s = DT__PLAN_LOOPBACK_LATENCY;
+  l.bandwidth_Bps = DT__PLAN_LOOPBACK_BW;
+  if (strcmp(spec, "loopback") == 0 || spec[0] == '\0') {
+    *out = l;
+    return DTRAIN_OK;
+  }
+  double jitter = 0;
+  const char *p = spec;
+  while (*p) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    const char *eq = (const char *)memchr(p, '=', len);
+    if (!eq)
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: '%.*s' in '%s' is not key=value (rate=100mbit,delay=2ms)", f,
+                       (int)len, p, spec);
+    size_t klen = (size_t)(eq - p), vlen = len - klen - 1;
+    double v;
+    if (klen == 4 && strncmp(p, "rate", 4) == 0) {
+      if ((v = dt__plan_unit(eq + 1, vlen, 1)) <= 0)
+        return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: rate '%.*s': a number with bit, kbit, mbit, gbit or bps, ...",
+                         f, (int)vlen, eq + 1);
+      l.bandwidth_Bps = v / 8.0 * 1448.0 / 1514.0; /* the emulation's (and tc's) headers: 66 bytes a segment */
+    } else if ((klen == 5 && strncmp(p, "delay", 5) == 0) || (klen == 6 && strncmp(p, "jitter", 6) == 0)) {
+      if ((v = dt__plan_unit(eq + 1, vlen, 0)) < 0)
+        return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %.*s '%.*s': a number with s, ms or us", f, (int)klen, p,
+                         (int)vlen, eq + 1);
+      if (klen == 5) l.latency_s = v + DT__PLAN_LOOPBACK_LATENCY;
+      else jitter = v;
+    } else {
+      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: '%.*s' in '%s': the planner knows rate, delay and jitter", f,
+                       (int)klen, p, spec);
+    }
+    p += len + (comma ? 1 : 0);
+  }
+  l.latency_s += 0.5 * jitter;
+  *out = l;
+  return DTRAIN_OK;
+}
+
+/* ---- the models ------------------------------------------------------------------------------ */
+
+DTRAIN_API double dt_plan_ring_allreduce_s(int n, double bytes, dt_plan_link l) {
+  if (n <= 1 || !(bytes >= 0) || !(l.bandwidth_Bps > 0)) return 0.0;
+  return 2.0 * (n - 1) * l.latency_s + 2.0 * (double)(n - 1) / (double)n * bytes / l.bandwidth_Bps;
+}
+
+DTRAIN_API double dt_plan_doubling_allreduce_s(int n, double bytes, dt_plan_link l) {
+  if (n <= 1 || !(bytes >= 0) || !(l.bandwidth_Bps > 0)) return 0.0;
+  double k = ceil(log2((double)n));
+  return k * (l.latency_s + bytes / l.bandwidth_Bps);
+}
+
+DTRAIN_API double dt_plan_bubble(int p, int m) {
+  if (p <= 1 || m <= 0) return 0.0;
+  return (double)(p - 1) / (double)(m + p - 1);
+}
+
+typedef struct dt__plan_ctx {
+  const dt_plan_model *m;
+  dt_plan_options o;
+  dt_plan_row *rows;
+  int cap, n;
+  double base; /* one_device's samples/s */
+} dt__plan_ctx;
+
+static double dt__plan_t(const dt__plan_ctx *c, double b) { return c->m->fixed_s + b * c->m->per_sample_s; }
+
+static void dt__plan_add(dt__plan_ctx *c, const char *name, const char *family, int workers, double step_s,
+                         double samples_per_step, double mem, double comm_s, double bubble, double staleness) {
+  if (!(step_s > 0)) return;
+  if (c->n < c->cap) {
+    dt_plan_row *r = &c->rows[c->n];
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", name);
+    snprintf(r->family, sizeof r->family, "%s", family);
+    r->workers = workers;
+    r->step_s = step_s;
+    r->samples_per_sec = samples_per_step / step_s;
+    r->epoch_s = c->o.epoch_samples > 0 ? (double)c->o.epoch_samples / r->samples_per_sec : 0.0;
+    r->memory_bytes = mem;
+    r->comm_share = comm_s > 0 ? DT__MIN(1.0, comm_s / step_s) : 0.0;
+    r->bubble = bubble;
+    r->staleness = staleness;
+    r->speedup = c->base > 0 ? r->samples_per_sec / c->base : 1.0;
+    r->fits = !(c->o.memory_limit_bytes > 0) || mem <= c->o.memory_limit_bytes;
+  }
+  c->n++;
+}
+
+DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *opt, dt_plan_row *rows, int cap) {
+  const char *f = "dt_plan_predict";
+  if (!m || !opt || (!rows && cap > 0)) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", f, !m ? "the model" : !opt ? "options" : "rows");
+    return -1;
+  }
+  if (opt->batch <= 0 || cap < 0 || !(m->per_sample_s >= 0) || !(m->fixed_s >= 0) || !(m->update_s >= 0) ||
+      m->per_sample_s + m->fixed_s <= 0) {
+    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: batch %d, cap %d, model %g s fixed + %g s per sample, update %g s", f,
+              opt->batch, cap, m->fixed_s, m->per_sample_s, m->update_s);
+    return -1;
+  }
+  dt__plan_ctx c;
+  memset(&c, 0, sizeof c);
+  c.m = m;
+  c.o = *opt;
+  c.rows = rows;
+  c.cap = cap;
+  dt_plan_options *o = &c.o;
+  if (o->max_workers <= 0) o->max_workers = 16;
+  if (o->max_workers > 64) o->max_workers = 64;
+  if (o->cores <= 0) o->cores = dt__cpu_count();
+  if (!(o->link.bandwidth_Bps > 0)) {
+    o->link.bandwidth_Bps = DT__PLAN_LOOPBACK_BW;
+    if (!(o->link.latency_s > 0)) o->link.latency_s = DT__PLAN_LOOPBACK_LATENCY;
+  }
+  if (!(o->memory_Bps > 0)) o->memory_Bps = 5e9;
+  if (!(o->thread_sync_s > 0)) o->thread_sync_s = 20e-6;
+  if (o->servers <= 0) o->servers = 1;
+  if (!(o->compress_ratio > 0)) o->compress_ratio = 0.5;
+  if (!(o->overlap_fraction > 0)) o->overlap_fraction = 0.5;
+  const double B = (double)o->batch, G = (double)m->grad_bytes, Pb = (double)m->param_bytes,
+               Ob = (double)m->optim_bytes, A = (double)m->activation_bytes_per_sample, U = m->update_s;
+  const dt_plan_link L = o->link;
+  /* one_device */
+  double t1 = dt__plan_t(&c, B) + U;
+  c.base = B / t1;
+  dt__plan_add(&c, "one_device", "one_device", 1, t1, B, Pb + G + Ob + A * B, 0, 0, 0);
+  for (int N = 2; N <= o->max_workers; N *= 2) {
+    if (B / N < 1) break;
+    const double b = B / N, tb = dt__plan_t(&c, b);
+    char name[48];
+    /* threads, one machine: replicas share its cores */
+    if (N <= 4 * o->cores) {
+      double waves = ceil((double)N / (double)o->cores);
+      double reduce = 2.0 * G / N / o->memory_Bps * waves + 2 * o->thread_sync_s;
+      dt__plan_add(&c, "mirrored", "threads", N, tb * waves + U / N * waves + reduce, B, Pb + G * 2 + Ob + A * b,
+                   reduce, 0, 0);
+      /* async (Hogwild): each replica pulls, computes, updates all, pushes; no waits */
+      double own = tb + U + 3.0 * Pb / o->memory_Bps;
+      double par = DT__MIN((double)N, (double)o->cores);
+      dt__plan_add(&c, "async", "threads", N, own * (double)N / par, B, Pb * 3 + G + Ob * N + A * b,
+                   3.0 * Pb / o->memory_Bps, 0, (double)(N - 1));
+    }
+    /* processes over the link (a replica per worker): a core each, or taking
+     * turns on one machine's */
+    const double pw = o->shared_cores ? ceil((double)N / (double)o->cores) : 1.0;
+    const double tp = tb * pw, Up = U * pw;
+    double ring = dt_plan_ring_allreduce_s(N, G, L);
+    dt__plan_add(&c, "multi_worker_mirrored ring", "processes", N, tp + Up + ring, B, Pb + G + Ob + A * b, ring, 0, 0);
+    double ringc = dt_plan_ring_allreduce_s(N, G * o->compress_ratio, L);
+    dt__plan_add(&c, "multi_worker_mirrored ring fp16", "processes", N, tp + Up + ringc, B, Pb + G + Ob + A * b,
+                 ringc, 0, 0);
+    /* overlap: buckets summed while backward goes on; only what sticks out counts */
+    double hidden = DT__MIN(ring, o->overlap_fraction * (tp - m->fixed_s * pw));
+    dt__plan_add(&c, "multi_worker_mirrored ring overlap", "processes", N, tp + Up + ring - hidden, B,
+                 Pb + G + Ob + A * b, ring - hidden, 0, 0);
+    if ((N & (N - 1)) == 0) {
+      double dbl = dt_plan_doubling_allreduce_s(N, G, L);
+      dt__plan_add(&c, "multi_worker_mirrored doubling", "processes", N, tp + Up + dbl, B, Pb + G + Ob + A * b, dbl,
+                   0, 0);
+    }
+    /* parameter servers: workers push gradients, pull parameters; the servers
+     * (each its own link) take N pushes and pulls a round and apply them */
+    {
+      int M = o->servers;
+      double wire = 2.0 * L.latency_s + (G + Pb) / L.bandwidth_Bps;
+      double worker = tp + wire;
+      double server = (double)N * (G + Pb) / ((double)M * L.bandwidth_Bps) + (double)N * Up / (double)M;
+      double round = DT__MAX(worker, server);
+      snprintf(name, sizeof name, "parameter_server %d server%s", M, M > 1 ? "s" : "");
+      dt__plan_add(&c, name, "parameter_server", N, round, B, Pb + G + A * b, round - tp > 0 ? round - tp : 0, 0,
+                   (double)(N - 1));
+    }
+  }
+  /* pipeline over the link: P stages, m microbatches, 1F1B */
+  if (m->boundary_bytes_per_sample > 0 && m->pipeline_max_stages >= 2) {
+    for (int P = 2; P <= DT__MIN(m->pipeline_max_stages, o->max_workers); P *= 2) {
+      int mb = o->microbatches > 0 ? o->microbatches : 4 * P;
+      if (B / mb < 1) mb = (int)B;
+      double micro = B / mb;
+      double stage = dt__plan_t(&c, micro) / P; /* each stage: 1/P of a microbatch's work */
+      if (o->shared_cores) stage *= ceil((double)P / (double)o->cores);
+      double hop = L.latency_s + 2.0 * (double)m->boundary_bytes_per_sample * micro / L.bandwidth_Bps; /* fwd + bwd */
+      double step = (mb + P - 1) * (stage + hop) + U / P;
+      char name[48];
+      snprintf(name, sizeof name, "pipeline 1f1b m=%d", mb);
+      dt__plan_add(&c, name, "pipeline", P, step, B, (Pb + G + Ob) / P + A * micro, /* 1F1B: P microbatches in flight, 1/P of the layers each */
+                   (mb + P - 1) * hop, dt_plan_bubble(P, mb), 0);
+    }
+  }
+  return c.n;
+}
+
+DTRAIN_API int dt_plan_recommend(const dt_plan_row *rows, int n, char *why, size_t cap) {
+  if (why && cap) why[0] = '\0';
+  if (!rows || n <= 0) {
+    dt__error(DTRAIN_ERR_NULL_ARG, "dt_plan_recommend: no rows");
+    return -1;
+  }
+  int best = -1, one = -1;
+  for (int i = 0; i < n; i++) {
+    if (strcmp(rows[i].family, "one_device") == 0) one = i;
+    if (rows[i].fits && (best < 0 || rows[i].samples_per_sec > rows[best].samples_per_sec)) best = i;
+  }
+  if (best < 0) {
+    if (why && cap) snprintf(why, cap, "no strategy fits the memory limit: the smallest needs %.1f MiB a worker",
+                             rows[0].memory_bytes / 1048576.0);
+    return -1;
+  }
+  const dt_plan_row *b = &rows[best];
+  if (one >= 0 && rows[one].fits && best != one && rows[one].samples_per_sec >= 0.9 * b->samples_per_sec) {
+    if (why && cap)
+      snprintf(why, cap, "do not distribute: one_device gives %.0f samples/s, the best distributed choice (%s, %d "
+               "workers) %.0f, %.2fx, not worth the workers%s", rows[one].samples_per_sec, b->name, b->workers,
+               b->samples_per_sec, b->speedup, b->comm_share > 0.3 ? " (communication would be most of its step)" : "");
+    return one;
+  }
+  if (why && cap) {
+    if (best == one) {
+      snprintf(why, cap, "do not distribute: one_device is the fastest (%.0f samples/s); every distributed choice is "
+               "slower here (communication, shared cores)", b->samples_per_sec);
+    } else {
+      int k = snprintf(why, cap, "%s with %d workers: %.0f samples/s, %.2fx one_device; %.0f%% of its step "
+                       "communicating", b->name, b->workers, b->samples_per_sec, b->speedup, 100 * b->comm_share);
+      if (k > 0 && (size_t)k < cap && b->bubble > 0)
+        k += snprintf(why + k, cap - (size_t)k, ", %.0f%% pipeline bubble", 100 * b->bubble);
+      if (k > 0 && (size_t)k < cap && b->staleness > 0)
+        k += snprintf(why + k, cap - (size_t)k, ", updates about %.0f steps stale", b->staleness);
+      if (k > 0 && (size_t)k < cap && one >= 0 && !rows[one].fits)
+        snprintf(why + k, cap - (size_t)k, "; one device would need %.1f MiB, over the limit",
+                 rows[one].memory_bytes / 1048576.0);
+    }
+  }
+  return best;
+}

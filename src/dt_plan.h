@@ -1,0 +1,118 @@
+/* ===========================================================================
+ * dt_plan.h -- should I distribute? The planner: each strategy's speed and
+ * memory predicted from the model's measured cost and the link's
+ * ===========================================================================
+ * dt_plan_measure runs the user's own step function for a few steps, on a
+ * scratch optimizer and with the parameters restored afterwards, and fits
+ * the step's time as fixed + per-sample (two batch sizes), times the
+ * optimizer over all parameters, and counts the bytes of parameters,
+ * gradients, optimizer state and activations. dt_plan_predict turns that
+ * and a link (latency and bandwidth: given, parsed from a DTRAIN_NETEM-style
+ * spec with dt_plan_link_parse, or the loopback defaults) into one row per
+ * strategy and worker count:
+ *
+ *   one_device                     B / t(B)
+ *   mirrored(N) (threads)          t(B/N) x ceil(N / cores) + update/N + an in-process
+ *                                  reduction (2 x gradient bytes / N at memory speed)
+ *   async(N) (threads, Hogwild)    each replica: t(B/N) + update + pull and push
+ *                                  copies; replicas on min(N, cores) cores
+ *   multi_worker_mirrored(N) ring  t(B/N) + update + ring all-reduce of the gradient:
+ *                                  2(N-1) alpha + 2 (N-1)/N x bytes / beta
+ *     ... recursive doubling       log2(N) (alpha + bytes / beta)  (N a power of 2)
+ *     ... with compression         bytes x compress_ratio (fp16: 0.5)
+ *     ... with overlap             all-reduce hidden behind backward up to
+ *                                  overlap_fraction of t(B/N)
+ *   parameter_server(N, M)         each worker: t(B/N) + 2 alpha + (gradient +
+ *                                  parameter bytes) / beta; the servers bound a round
+ *                                  by N x (gradient + parameter bytes) / (M beta) +
+ *                                  N x update / M; expected staleness N - 1
+ *   pipeline(P) (1F1B, m micro)    (m + P - 1) x (t(B)/(P m) + boundary transfer);
+ *                                  bubble (P - 1)/(m + P - 1); memory 1/P of the weights
+ *
+ * t(b) is the measured step time at batch b (fixed + b x per-sample), B the
+ * global batch (every worker takes B/N: dtrain's rule). Replicas beyond the
+ * cores take turns: their compute counts ceil(N / cores) times (threads
+ * always; processes with shared_cores, a rehearsal on one machine). Each row has its
+ * samples/s, time per epoch, memory per worker, its share of the step spent
+ * communicating, the bubble and the expected staleness; dt_plan_recommend
+ * picks the fastest row that fits the memory limit, and says "do not
+ * distribute" when one_device is within 10% of it, with its reasons. These
+ * are models: the README's table says how close they come to measured runs.
+ */
+#ifndef DTRAIN_PLAN_H
+#define DTRAIN_PLAN_H
+
+typedef struct dt_plan_link {
+  double latency_s;     /* one way, per message */
+  double bandwidth_Bps; /* payload bytes per second, each direction */
+} dt_plan_link;
+
+/* The model's cost, as dt_plan_measure finds it (or filled by hand). */
+typedef struct dt_plan_model {
+  double fixed_s;          /* per step, whatever the batch (bookkeeping, the loss, ...) */
+  double per_sample_s;     /* forward + backward per sample */
+  double update_s;         /* the optimizer over all parameters, once */
+  int64_t params;          /* floats */
+  int64_t param_bytes, grad_bytes, optim_bytes;
+  int64_t activation_bytes_per_sample; /* the graph's arena per sample of the batch */
+  int64_t boundary_bytes_per_sample;   /* pipeline: what one stage hands the next per sample (0: no pipeline rows) */
+  int pipeline_max_stages;             /* layers the model can be cut into (0: no pipeline rows) */
+  int measured_batch;                  /* the batch dt_plan_measure ran */
+} dt_plan_model;
+
+typedef struct dt_plan_options {
+  int batch;                /* the global batch B (> 0) */
+  int64_t epoch_samples;    /* samples per epoch (0: no epoch times) */
+  int max_workers;          /* rows for N = 1, 2, 4, ... up to this (default 16, at most 64) */
+  int cores;                /* cores of one machine, for the thread strategies (default: this machine's) */
+  dt_plan_link link;        /* between processes (0 and 0: the loopback defaults) */
+  double memory_Bps;        /* in-process copies (0: 5e9, one core's memcpy) */
+  double thread_sync_s;     /* a barrier among threads (0: 20e-6) */
+  int servers;              /* parameter servers M (0: 1) */
+  double compress_ratio;    /* bytes on the wire per gradient byte with compression (0: 0.5, fp16) */
+  double overlap_fraction;  /* share of the backward that can hide the all-reduce (0: 0.5) */
+  int microbatches;         /* pipeline m (0: 4 per stage) */
+  double memory_limit_bytes;/* per worker (0: no limit) */
+  int shared_cores;         /* 1: the worker and server processes run on one machine and share its
+                               `cores` (a rehearsal over loopback or an emulated link); 0: a machine each */
+} dt_plan_options;
+
+typedef struct dt_plan_row {
+  char name[48];            /* "one_device", "mirrored", "multi_worker_mirrored ring fp16", ... */
+  char family[24];          /* "one_device", "threads", "processes", "parameter_server", "pipeline" */
+  int workers;              /* N (pipeline: stages) */
+  double step_s;            /* one global step (async: one round of all workers' pushes) */
+  double samples_per_sec;   /* global */
+  double epoch_s;           /* epoch_samples / samples_per_sec (0 without epoch_samples) */
+  double memory_bytes;      /* per worker */
+  double comm_share;        /* of the step: communication on its critical path */
+  double bubble;            /* pipeline: idle share of each stage */
+  double staleness;         /* async: expected updates by others between a pull and its push */
+  double speedup;           /* samples_per_sec / one_device's */
+  int fits;                 /* memory_bytes <= memory_limit (1 without a limit) */
+} dt_plan_row;
+
+/* Runs fn (the loss of one replica's batch, as for dt_strategy_create) for
+ * `steps` steps (default 20 when <= 0) at batch b->rows and again at half of
+ * it, forward, backward and an update by a scratch copy of opt's options;
+ * params are as they were afterwards and opt is untouched. */
+DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_step_fn fn, void *user,
+                                     const dt_minibatch *b, int steps, dt_plan_model *out);
+/* "rate=100mbit,delay=2ms[,jitter=1ms]" (DTRAIN_NETEM's units; rate counts
+ * 66 header bytes per 1448-byte segment, as the emulation does, so the payload
+ * gets 1448/1514 of it; a jitter adds half of itself to the latency), or
+ * "loopback" (the defaults). */
+DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out);
+/* The rows (at most cap into rows); returns how many there are, -1 on bad arguments. */
+DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *o, dt_plan_row *rows, int cap);
+/* The row to pick (an index into rows), with the reasons as text into why
+ * (cap bytes; NULL for none); -1 when no row fits. */
+DTRAIN_API int dt_plan_recommend(const dt_plan_row *rows, int n, char *why, size_t cap);
+/* The models' pieces, for the tests and for people checking the arithmetic:
+ * seconds to all-reduce `bytes` over n workers on link l. */
+DTRAIN_API double dt_plan_ring_allreduce_s(int n, double bytes, dt_plan_link l);
+DTRAIN_API double dt_plan_doubling_allreduce_s(int n, double bytes, dt_plan_link l);
+/* The pipeline's idle share with p stages and m microbatches: (p-1)/(m+p-1). */
+DTRAIN_API double dt_plan_bubble(int p, int m);
+
+#endif /* DTRAIN_PLAN_H */

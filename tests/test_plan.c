@@ -1,0 +1,262 @@
+/* tests/test_plan.c -- the planner (dt_plan_*): its arithmetic against hand-
+ * computed cases (ring and recursive-doubling all-reduce, the parameter
+ * server's round, the pipeline bubble, the link spec's units), its
+ * recommendation (a tiny model on a 10 Mbit link: do not distribute; a
+ * compute-heavy one on a fast link: distribute; a memory limit rules rows
+ * out), and the measurement (it leaves the parameters and the caller's
+ * optimizer as they were). No timing decides a test. */
+#include "harness.h"
+
+#include <math.h>
+
+#define CHECK_REL(a, b, rel)                                                                    \
+  CHECK_MSG(fabs((double)(a) - (double)(b)) <= (rel) * fabs((double)(b)) + 1e-15, "%.9g, want %.9g", \
+            (double)(a), (double)(b))
+#define CHECK_EQ(a, b) CHECK_MSG((a) == (b), "%lld, want %lld", (long long)(a), (long long)(b))
+
+static void test_collectives_arithmetic(void) {
+  dt_plan_link l = {1e-3, 1e8};
+  /* ring: 2(n-1) alpha + 2 (n-1)/n bytes/beta = 0.006 + 0.015 */
+  CHECK_REL(dt_plan_ring_allreduce_s(4, 1e6, l), 0.021, 1e-12);
+  CHECK_REL(dt_plan_ring_allreduce_s(2, 1e6, l), 2e-3 + 1e-2, 1e-12);
+  CHECK_EQ(dt_plan_ring_allreduce_s(1, 1e6, l), 0.0);
+  /* recursive doubling: log2(n) (alpha + bytes/beta) = 3 x 0.011 */
+  CHECK_REL(dt_plan_doubling_allreduce_s(8, 1e6, l), 0.033, 1e-12);
+  CHECK_REL(dt_plan_doubling_allreduce_s(2, 1e6, l), 0.011, 1e-12);
+  /* a small message: latency-bound, doubling wins at 8; a big one: bandwidth-bound, the ring wins */
+  CHECK(dt_plan_doubling_allreduce_s(8, 100, l) < dt_plan_ring_allreduce_s(8, 100, l));
+  CHECK(dt_plan_ring_allreduce_s(8, 1e9, l) < dt_plan_doubling_allreduce_s(8, 1e9, l));
+  /* the bubble: (p-1)/(m+p-1) */
+  CHECK_REL(dt_plan_bubble(4, 12), 0.2, 1e-12);
+  CHECK_REL(dt_plan_bubble(2, 1), 0.5, 1e-12);
+  CHECK_EQ(dt_plan_bubble(1, 8), 0.0);
+}
+
+static void test_link_parse(void) {
+  dt_plan_link l;
+  CHECK_EQ(dt_plan_link_parse("rate=100mbit,delay=2ms", &l), DTRAIN_OK);
+  CHECK_REL(l.bandwidth_Bps, 100e6 / 8 * 1448.0 / 1514.0, 1e-12); /* headers: 66 bytes a 1448-byte segment */
+  CHECK_REL(l.latency_s, 2e-3 + 25e-6, 1e-12);                 /* the delay on top of loopback's own */
+  CHECK_EQ(dt_plan_link_parse("delay=1ms,jitter=2ms,rate=10mbit", &l), DTRAIN_OK);
+  CHECK_REL(l.latency_s, 1e-3 + 25e-6 + 1e-3, 1e-12);
+  CHECK_REL(l.bandwidth_Bps, 10e6 / 8 * 1448.0 / 1514.0, 1e-12);
+  CHECK_EQ(dt_plan_link_parse("rate=1gbps", &l), DTRAIN_OK); /* tc's bps: bytes */
+  CHECK_REL(l.bandwidth_Bps, 1e9 * 1448.0 / 1514.0, 1e-12);
+  CHECK_EQ(dt_plan_link_parse("loopback", &l), DTRAIN_OK);
+  CHECK(l.bandwidth_Bps > 1e8 && l.latency_s > 0);
+  CHECK_EQ(dt_plan_link_parse("rate=fast", &l), DTRAIN_ERR_INVALID_ARG);
+  CHECK(strstr(dt_last_error(), "rate 'fast'") != NULL);
+  CHECK_EQ(dt_plan_link_parse("loss=1%", &l), DTRAIN_ERR_INVALID_ARG);
+  CHECK(strstr(dt_last_error(), "'loss'") != NULL);
+  CHECK_EQ(dt_plan_link_parse("delay", &l), DTRAIN_ERR_INVALID_ARG);
+  CHECK_EQ(dt_plan_link_parse("delay=-1ms", &l), DTRAIN_ERR_INVALID_ARG);
+  CHECK_EQ(dt_plan_link_parse("rate=0mbit", &l), DTRAIN_ERR_INVALID_ARG);
+  CHECK_EQ(dt_plan_link_parse(NULL, &l), DTRAIN_ERR_NULL_ARG);
+}
+
+static const dt_plan_row *row(const dt_plan_row *r, int n, const char *name, int workers) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(r[i].name, name) == 0 && r[i].workers == workers) return &r[i];
+  return NULL;
+}
+
+/* a hand-made model: 10 us a sample, 0.1 ms for the optimizer, 1 MB of weights */
+static dt_plan_model hand_model(void) {
+  dt_plan_model m;
+  memset(&m, 0, sizeof m);
+  m.fixed_s = 0;
+  m.per_sample_s = 1e-5;
+  m.update_s = 1e-4;
+  m.params = 250000;
+  m.param_bytes = m.grad_bytes = 1000000;
+  m.optim_bytes = 2000000;
+  m.activation_bytes_per_sample = 1000;
+  return m;
+}
+
+static void test_rows_arithmetic(void) {
+  dt_plan_model m = hand_model();
+  dt_plan_options o;
+  memset(&o, 0, sizeof o);
+  o.batch = 64;
+  o.epoch_samples = 64000;
+  o.max_workers = 4;
+  o.cores = 1;
+  o.link.latency_s = 1e-3;
+  o.link.bandwidth_Bps = 1e8;
+  dt_plan_row r[64];
+  int n = dt_plan_predict(&m, &o, r, 64);
+  CHECK(n > 4 && n <= 64);
+  const dt_plan_row *one = row(r, n, "one_device", 1);
+  CHECK(one != NULL);
+  if (!one) return;
+  CHECK_REL(one->step_s, 64e-5 + 1e-4, 1e-12);
+  CHECK_REL(one->samples_per_sec, 64 / (64e-5 + 1e-4), 1e-12);
+  CHECK_REL(one->epoch_s, 64000 / one->samples_per_sec, 1e-12);
+  CHECK_REL(one->memory_bytes, 1e6 + 1e6 + 2e6 + 64 * 1000, 1e-12);
+  /* multi_worker_mirrored, ring, 2 workers: t(32) + update + ring(2, 1 MB) */
+  const dt_plan_row *mw = row(r, n, "multi_worker_mirrored ring", 2);
+  CHECK(mw != NULL);
+  if (mw) {
+    double ring = 2 * 1e-3 + 1e6 / 1e8;
+    CHECK_REL(mw->step_s, 32e-5 + 1e-4 + ring, 1e-12);
+    CHECK_REL(mw->comm_share, ring / mw->step_s, 1e-12);
+    CHECK_REL(mw->speedup, mw->samples_per_sec / one->samples_per_sec, 1e-12);
+  }
+  /* parameter server, 4 workers, 1 server: round = max(worker, server) */
+  const dt_plan_row *ps = row(r, n, "parameter_server 1 server", 4);
+  CHECK(ps != NULL);
+  if (ps) {
+    double worker = 16e-5 + 2 * 1e-3 + 2e6 / 1e8, server = 4 * 2e6 / 1e8 + 4 * 1e-4;
+    CHECK_REL(ps->step_s, worker > server ? worker : server, 1e-12);
+    CHECK_REL(ps->staleness, 3, 1e-12);
+    CHECK_REL(ps->memory_bytes, 1e6 + 1e6 + 16 * 1000, 1e-12); /* the optimizer state is on the server */
+  }
+  /* threads on one core take turns: mirrored(2) computes t(32) twice */
+  const dt_plan_row *mi = row(r, n, "mirrored", 2);
+  CHECK(mi != NULL);
+  if (mi) CHECK(mi->step_s >= 2 * 32e-5);
+  /* with a machine per worker the processes do not; sharing one machine's core they do */
+  o.shared_cores = 1;
+  dt_plan_row r2[64];
+  int n2 = dt_plan_predict(&m, &o, r2, 64);
+  const dt_plan_row *mw2 = row(r2, n2, "multi_worker_mirrored ring", 2);
+  CHECK(mw2 && mw && mw2->step_s > mw->step_s + 32e-5 - 1e-12);
+  /* pipeline rows only when the model says where it can be cut */
+  CHECK(row(r, n, "pipeline 1f1b m=8", 2) == NULL);
+  m.pipeline_max_stages = 4;
+  m.boundary_bytes_per_sample = 512;
+  o.shared_cores = 0;
+  n = dt_plan_predict(&m, &o, r, 64);
+  const dt_plan_row *pp = row(r, n, "pipeline 1f1b m=8", 2);
+  CHECK(pp != NULL);
+  if (pp) {
+    double micro = 64.0 / 8, stage = micro * 1e-5 / 2, hop = 1e-3 + 2 * 512 * micro / 1e8;
+    CHECK_REL(pp->step_s, (8 + 1) * (stage + hop) + 1e-4 / 2, 1e-12);
+    CHECK_REL(pp->bubble, 1.0 / 9, 1e-12);
+  }
+  /* counting only, and bad arguments */
+  CHECK_EQ(dt_plan_predict(&m, &o, NULL, 0), n);
+  o.batch = 0;
+  CHECK_EQ(dt_plan_predict(&m, &o, r, 64), -1);
+  CHECK(strstr(dt_last_error(), "dt_plan_predict") != NULL);
+  o.batch = 64;
+  CHECK_EQ(dt_plan_predict(NULL, &o, r, 64), -1);
+  CHECK_EQ(dt_plan_predict(&m, &o, NULL, 4), -1);
+}
+
+static void test_recommendations(void) {
+  dt_plan_row r[64];
+  char why[512];
+  /* a tiny model (a few thousand weights, 2 us a sample) on a 10 Mbit link, a core a machine: stay on one device */
+  dt_plan_model tiny = hand_model();
+  tiny.per_sample_s = 2e-6;
+  tiny.update_s = 5e-6;
+  tiny.params = 5000;
+  tiny.param_bytes = tiny.grad_bytes = 20000;
+  tiny.optim_bytes = 40000;
+  dt_plan_options o;
+  memset(&o, 0, sizeof o);
+  o.batch = 64;
+  o.max_workers = 16;
+  o.cores = 1;
+  CHECK_EQ(dt_plan_link_parse("rate=10mbit,delay=1ms", &o.link), DTRAIN_OK);
+  int n = dt_plan_predict(&tiny, &o, r, 64);
+  int best = dt_plan_recommend(r, n, why, sizeof why);
+  CHECK(best >= 0 && strcmp(r[best].family, "one_device") == 0);
+  CHECK_MSG(strstr(why, "do not distribute") != NULL, "%s", why);
+  /* compute-heavy (1 ms a sample, 1 MB of weights) on a fast link, 16 machines: distribute */
+  dt_plan_model big = hand_model();
+  big.per_sample_s = 1e-3;
+  CHECK_EQ(dt_plan_link_parse("rate=10gbit,delay=50us", &o.link), DTRAIN_OK);
+  n = dt_plan_predict(&big, &o, r, 64);
+  best = dt_plan_recommend(r, n, why, sizeof why);
+  CHECK(best >= 0 && r[best].workers >= 8 && strcmp(r[best].family, "processes") == 0);
+  CHECK_MSG(strstr(why, "one_device") != NULL && strstr(why, "do not") == NULL, "%s", why);
+  /* a memory limit below one device's need: a row that fits, and it says why */
+  o.memory_limit_bytes = 3.0e6; /* one_device needs 4 MB + activations; a parameter-server worker 2 MB + */
+  n = dt_plan_predict(&big, &o, r, 64);
+  CHECK(!r[0].fits);
+  best = dt_plan_recommend(r, n, why, sizeof why);
+  CHECK(best >= 0 && r[best].fits && r[best].memory_bytes <= 3.0e6);
+  CHECK_MSG(strstr(why, "over the limit") != NULL, "%s", why);
+  o.memory_limit_bytes = 1000; /* nothing fits */
+  n = dt_plan_predict(&big, &o, r, 64);
+  CHECK_EQ(dt_plan_recommend(r, n, why, sizeof why), -1);
+  CHECK(strstr(why, "no strategy fits") != NULL);
+  CHECK_EQ(dt_plan_recommend(NULL, 0, why, sizeof why), -1);
+}
+
+/* ---- measuring a real model ------------------------------------------------------------------ */
+#define NF 32
+#define ROWS 64
+static float xs[ROWS * NF];
+static int32_t ys[ROWS];
+typedef struct {
+  dt_nn_linear l1, l2;
+} net;
+
+static dt_tensor *step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  (void)replica;
+  net *m = (net *)user;
+  int64_t s[2] = {b->rows, NF};
+  dt_tensor *h = dt_relu(g, dt_nn_linear_forward(g, &m->l1, dt_tensor_wrap(g, 2, s, (float *)b->x)));
+  return dt_cross_entropy(g, dt_nn_linear_forward(g, &m->l2, h), b->y);
+}
+
+static void test_measure(void) {
+  dt_params *P = dt_params_create(3);
+  net m;
+  dt_nn_linear_init(&m.l1, P, "l1", NF, 64, 1);
+  dt_nn_linear_init(&m.l2, P, "l2", 64, 4, 1);
+  dt_optim_options d = dt_optim_defaults(DTRAIN_OPTIM_ADAM);
+  dt_optim *opt = dt_optim_create(P, &d);
+  th_seed(5);
+  for (int i = 0; i < ROWS * NF; i++) xs[i] = th_uniform(-1, 1);
+  for (int i = 0; i < ROWS; i++) ys[i] = i % 4;
+  size_t n = dt_params_size(P);
+  float *before = (float *)malloc(n * sizeof(float));
+  memcpy(before, dt_params_data(P), n * sizeof(float));
+  dt_minibatch b;
+  memset(&b, 0, sizeof b);
+  b.rows = ROWS;
+  b.x = xs;
+  b.x_cols = NF;
+  b.y = ys;
+  dt_plan_model pm;
+  CHECK_EQ(dt_plan_measure(P, opt, step, &m, &b, 5, &pm), DTRAIN_OK);
+  CHECK_EQ(pm.params, (int64_t)n);
+  CHECK_EQ(pm.param_bytes, (int64_t)(n * sizeof(float)));
+  CHECK_EQ(pm.optim_bytes, 2 * (int64_t)(n * sizeof(float))); /* Adam: two moments */
+  CHECK(pm.per_sample_s > 0 && pm.fixed_s >= 0 && pm.update_s > 0);
+  CHECK(pm.activation_bytes_per_sample > 0);
+  CHECK_EQ(pm.measured_batch, ROWS);
+  CHECK(memcmp(before, dt_params_data(P), n * sizeof(float)) == 0); /* put back bit for bit */
+  CHECK_EQ(dt_optim_steps(opt), 0);                                   /* the caller's optimizer never stepped */
+  /* the prediction from a measurement: one_device's row is the measured step */
+  dt_plan_options o;
+  memset(&o, 0, sizeof o);
+  o.batch = ROWS;
+  dt_plan_row r[64];
+  int k = dt_plan_predict(&pm, &o, r, 64);
+  CHECK(k > 1);
+  CHECK_REL(r[0].step_s, pm.fixed_s + ROWS * pm.per_sample_s + pm.update_s, 1e-12);
+  /* bad calls */
+  CHECK_EQ(dt_plan_measure(NULL, opt, step, &m, &b, 5, &pm), DTRAIN_ERR_NULL_ARG);
+  CHECK_EQ(dt_plan_measure(P, opt, step, &m, NULL, 5, &pm), DTRAIN_ERR_NULL_ARG);
+  b.rows = 1;
+  CHECK_EQ(dt_plan_measure(P, opt, step, &m, &b, 5, &pm), DTRAIN_ERR_INVALID_ARG);
+  CHECK(strstr(dt_last_error(), "at least 2") != NULL);
+  free(before);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+}
+
+int main(void) {
+  TH_RUN(test_collectives_arithmetic);
+  TH_RUN(test_link_parse);
+  TH_RUN(test_rows_arithmetic);
+  TH_RUN(test_recommendations);
+  TH_RUN(test_measure);
+  return th_summary("test_plan");
+}
