@@ -632,7 +632,8 @@ DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, doubl
 DTRAIN_API dt_result dt_trace_start(const char *path);
 DTRAIN_API dt_result dt_trace_stop(void);
 DTRAIN_API int dt_trace_active(void);
-/* The calling thread's name on the timeline ("replica 1"; up to 47 bytes). */
+/* The calling thread's name on the timeline ("replica 1"; up to 47 bytes;
+ * NULL or "": "thread N"). */
 DTRAIN_API void dt_trace_name_thread(const char *name);
 /* The process's role and index ("worker", 2): its name and pid on a merged
  * timeline, and its file name. role NULL or "" clears it. */
@@ -20593,10 +20594,12 @@ static dt__trace_buf *dt__trace_bufs;
 static int dt__trace_tids;                 /* tids handed out in this session */
 static DT__ATOMIC(unsigned) dt__trace_gen; /* a new session makes every thread claim again */
 static DT__ATOMIC(int64_t) dt__trace_dropped;
-static char dt__trace_path[1024];
 static char dt__trace_role[24];
 static int dt__trace_index = -1;
+#ifndef DTRAIN_NO_STDIO
+static char dt__trace_path[1024];
 static double dt__trace_mono0, dt__trace_real0; /* one reading of both clocks, at start */
+#endif
 static DT__ATOMIC(int) dt__trace_env_done;
 
 static DT__TLS dt__trace_buf *dt__trace_mine;

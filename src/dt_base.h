@@ -320,7 +320,8 @@ DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, doubl
 DTRAIN_API dt_result dt_trace_start(const char *path);
 DTRAIN_API dt_result dt_trace_stop(void);
 DTRAIN_API int dt_trace_active(void);
-/* The calling thread's name on the timeline ("replica 1"; up to 47 bytes). */
+/* The calling thread's name on the timeline ("replica 1"; up to 47 bytes;
+ * NULL or "": "thread N"). */
 DTRAIN_API void dt_trace_name_thread(const char *name);
 /* The process's role and index ("worker", 2): its name and pid on a merged
  * timeline, and its file name. role NULL or "" clears it. */

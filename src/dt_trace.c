@@ -60,10 +60,12 @@ static dt__trace_buf *dt__trace_bufs;
 static int dt__trace_tids;                 /* tids handed out in this session */
 static DT__ATOMIC(unsigned) dt__trace_gen; /* a new session makes every thread claim again */
 static DT__ATOMIC(int64_t) dt__trace_dropped;
-static char dt__trace_path[1024];
 static char dt__trace_role[24];
 static int dt__trace_index = -1;
+#ifndef DTRAIN_NO_STDIO
+static char dt__trace_path[1024];
 static double dt__trace_mono0, dt__trace_real0; /* one reading of both clocks, at start */
+#endif
 static DT__ATOMIC(int) dt__trace_env_done;
 
 static DT__TLS dt__trace_buf *dt__trace_mine;

@@ -471,7 +471,7 @@ static void nt_dt_trace_name_thread(void) {
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_trace_name_thread(NULL)");
     dt_trace_name_thread(NULL);
-    nt_check_quiet(0);
+    nt_check_quiet(1);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }
@@ -484,7 +484,7 @@ static void nt_dt_trace_set_process(void) {
   if (sigsetjmp(nt_jb, 1) == 0) {
     nt_begin("dt_trace_set_process(NULL, index)");
     dt_trace_set_process(NULL, 0);
-    nt_check_quiet(0);
+    nt_check_quiet(1);
   } else {
     th_cur_failed++; /* crashed: named by nt_on_signal */
   }

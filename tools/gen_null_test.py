@@ -78,6 +78,8 @@ NULLABLE = {
 NOOP = {
     # setters whose NULL restores the default (dt_base.h)
     "dt_set_allocator", "dt_set_logger", "dt_rng_seed",
+    # NULL names clear the timeline's thread name and process role (dt_base.h)
+    "dt_trace_name_thread", "dt_trace_set_process",
     # counts, sizes, flags and hashes of a NULL object: 0 (or the empty hash)
     "dt_graph_training", "dt_graph_bytes_used", "dt_graph_bytes_peak", "dt_graph_bytes_reserved",
     "dt_same_shape", "dt_params_count", "dt_params_size", "dt_params_trainable_size",
