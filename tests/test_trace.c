@@ -56,6 +56,17 @@ static dt_tensor *rep_step(dt_graph *g, int replica, const dt_minibatch *b, void
   return dt_cross_entropy(g, dt_nn_linear_forward(g, &m->l2, h), b->y);
 }
 
+/* the whole data set as one batch */
+static dt_minibatch all_rows(void) {
+  dt_minibatch mb;
+  memset(&mb, 0, sizeof mb);
+  mb.rows = ROWS;
+  mb.x = xs_data;
+  mb.x_cols = NF;
+  mb.y = ys_data;
+  return mb;
+}
+
 /* ---- reading a trace back ------------------------------------------------------------------ */
 
 #define MAXEV 20000
@@ -216,12 +227,7 @@ static int traced_steps(dt_strategy_options so, const char *path, dt_pstore *bor
     net_free(&m);
     return 0;
   }
-  dt_minibatch mb;
-  memset(&mb, 0, sizeof mb);
-  mb.rows = ROWS;
-  mb.x = xs_data;
-  mb.x_cols = NF;
-  mb.y = ys_data;
+  dt_minibatch mb = all_rows();
   CHECK_EQ(dt_trace_start(path), DTRAIN_OK);
   CHECK(dt_trace_active());
   for (int k = 0; k < K; k++) CHECK_EQ(dt_strategy_step(s, &mb, NULL), DTRAIN_OK);
@@ -320,12 +326,7 @@ static void test_parameter_server_local(void) {
     net_free(&m2);
     TH_SKIP("parameter_server over an in-process store: refused (%s)", dt_last_error());
   }
-  dt_minibatch mb;
-  memset(&mb, 0, sizeof mb);
-  mb.rows = ROWS;
-  mb.x = xs_data;
-  mb.x_cols = NF;
-  mb.y = ys_data;
+  dt_minibatch mb = all_rows();
   char p[300];
   snprintf(p, sizeof p, "%s/ps.json", dir);
   CHECK_EQ(dt_trace_start(p), DTRAIN_OK);
@@ -346,11 +347,7 @@ static void test_sessions(void) {
   net m;
   net_init(&m);
   dt_graph *g = dt_graph_create(m.P, NULL);
-  dt_minibatch mb;
-  memset(&mb, 0, sizeof mb);
-  mb.rows = ROWS;
-  mb.x = xs_data;
-  mb.y = ys_data;
+  dt_minibatch mb = all_rows();
   char p[300];
   snprintf(p, sizeof p, "%s/s1.json", dir);
   CHECK_EQ(dt_trace_start(p), DTRAIN_OK);
@@ -384,11 +381,7 @@ static void test_profile_unchanged(void) {
   net m;
   net_init(&m);
   dt_graph *g = dt_graph_create(m.P, NULL);
-  dt_minibatch mb;
-  memset(&mb, 0, sizeof mb);
-  mb.rows = ROWS;
-  mb.x = xs_data;
-  mb.y = ys_data;
+  dt_minibatch mb = all_rows();
   int64_t calls[2];
   for (int pass = 0; pass < 2; pass++) {
     char p[300];
