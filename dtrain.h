@@ -186,7 +186,7 @@
  * LAYERS (the files of src/, lowest first: a file includes and calls only
  * its own layer and those below; tools/check_house.sh fails CI otherwise.
  * An upper layer reaches down through hooks it installs, never the reverse.)
- *   1  base      dt_base dt_internal dt_platform dt_profile dt_trace dt_rng dt_json dt_bytes dt_file
+ *   1  base      dt_base dt_internal dt_platform dt_profile dt_rng dt_json dt_bytes dt_file
  *   2  tensor    dt_tensor dt_tensor_internal dt_device dt_maps dt_optim_math
  *   3  ops       dt_ops* dt_gemm dt_device_ops dt_device_nn
  *   4  autograd  dt_autograd
@@ -4576,7 +4576,7 @@ DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64
 /* add, to the table only: a region too small and frequent for the timeline
  * (an optimizer block inside a parameter-store push, whose span covers it) */
 DTRAIN_PRIVATE void dt__prof_add_table(const char *name, dt_profile_phase phase, int64_t t0);
-/* The timeline (dt_trace.c): tracing/set_tracing read and switch its bit of
+/* The timeline (dt_profile.c too): tracing/set_tracing read and switch its bit of
  * the hooks' word; trace_t0/trace_end time a trace-only span (a strategy
  * step: not in the profile's table, whose rows would count it twice);
  * trace_wait records a wait of `seconds` that ends now; trace_span appends
@@ -20259,7 +20259,8 @@ DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, s
 /* ======== begin dt_profile.c ======== */
 #if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
- * dt_profile.c -- the per-op profile: where a training step's time goes
+ * dt_profile.c -- the per-op profile and the timelines: where a training
+ * step's time goes, in a table and on every thread's time line
  * ===========================================================================
  * See dt_profile_start in dt_base.h. One table for the process: a slot per
  * (name, phase), found by the name's pointer (the ops' names are string
@@ -20279,13 +20280,15 @@ DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, s
  * are per thread; the generation number makes a thread's mark from before a
  * dt_profile_start worthless.
  *
- * The same hooks feed the timeline (dt_trace.c) while a trace runs: each
+ * The same hooks feed the timeline (below) while a trace runs: each
  * piece of time charged becomes a span of the thread's timeline too. The
  * two are switched by separate bits of one word (dt__prof_on: 1 profile,
  * 2 trace), so with both off (the default) each hook is one relaxed load
  * and a return. */
 /* #include "dt_internal.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
+/* #include "dt_file.h" (amalgamated) */
+#include <time.h>
 
 #define DT__PROF_SLOTS 192
 #define DT__PROF_PHASES (DTRAIN_PROFILE_CHECKPOINT + 1)
@@ -20527,16 +20530,10 @@ DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, doubl
                  DT__PROF_SLOTS);
   return (int64_t)len;
 }
-#endif /* part 2 */
-/* ======== end dt_profile.c ======== */
 
-/* ======== begin dt_trace.c ======== */
-#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
-/* ===========================================================================
- * dt_trace.c -- timelines: every thread's spans as Chrome trace-event JSON
- * ===========================================================================
+/* ---- timelines: every thread's spans as Chrome trace-event JSON ---------------------------
  * See dt_trace_start in dt_base.h. The spans come from the profile's hooks
- * (dt_profile.c: each op's forward pieces, each tape node's backward, the
+ * (above: each op's forward pieces, each tape node's backward, the
  * optimizer, the loader, the collectives, pushes and pulls, checkpoints) and
  * from the trace-only ones (waits at barriers, strategy steps): dt__trace_span
  * appends one to the calling thread's own buffer, so recording takes no
@@ -20563,10 +20560,6 @@ DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, doubl
  * tools/dtrain-trace merge puts the files of several processes on one axis.
  * It is written through dt__file_create/commit: a failed write (a full disk)
  * is an error and leaves whatever was at the path. */
-/* #include "dt_internal.h" (amalgamated) */
-/* #include "dt_platform.h" (amalgamated) */
-/* #include "dt_file.h" (amalgamated) */
-#include <time.h>
 
 #define DT__TRACE_CHUNK 4096
 #define DT__TRACE_MAX_EVENTS ((int64_t)1 << 21) /* a thread's events kept in one session (64 MiB) */
@@ -20843,7 +20836,7 @@ DTRAIN_PRIVATE void dt__trace_env(void) {
 #endif
 }
 #endif /* part 2 */
-/* ======== end dt_trace.c ======== */
+/* ======== end dt_profile.c ======== */
 
 /* ======== begin dt_comm_core.h ======== */
 /* ===========================================================================

@@ -132,7 +132,7 @@ DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64
 /* add, to the table only: a region too small and frequent for the timeline
  * (an optimizer block inside a parameter-store push, whose span covers it) */
 DTRAIN_PRIVATE void dt__prof_add_table(const char *name, dt_profile_phase phase, int64_t t0);
-/* The timeline (dt_trace.c): tracing/set_tracing read and switch its bit of
+/* The timeline (dt_profile.c too): tracing/set_tracing read and switch its bit of
  * the hooks' word; trace_t0/trace_end time a trace-only span (a strategy
  * step: not in the profile's table, whose rows would count it twice);
  * trace_wait records a wait of `seconds` that ends now; trace_span appends
