@@ -401,8 +401,10 @@ static int child_cut(world *x, int rank, void *arg) {
   dt_result rc = DTRAIN_OK;
   double t0 = dt__now(), failed_at = 0;
   int steps = 0;
-  /* Rank 2's links are severed 1.5 s after they open: the all-reduces stop
-   * there and every rank fails within its 2 s deadline. */
+  /* Rank 2's links are severed 4 s after they open: the all-reduces stop
+   * there and every rank fails within its 2 s deadline. (4 s, not less: under
+   * ThreadSanitizer on a loaded 2-core machine setting up the 3-rank ring took
+   * most of 1.5 s, and the test failed with 0 to 3 steps made.) */
   while (rc == DTRAIN_OK && dt__now() - t0 < 20) {
     for (int i = 0; i < 256; i++) b[i] = 1;
     rc = dt_comm_allreduce(comm, rank, b, 256);
@@ -414,15 +416,15 @@ static int child_cut(world *x, int rank, void *arg) {
   }
   failed_at = dt__now() - t0;
   CK(rc == DTRAIN_ERR_TIMEOUT || rc == DTRAIN_ERR_PEER);
-  CK(steps > 3); /* it ran before the cut (few steps under an emulated CPU) */
-  CK(failed_at < 1.5 + 2 * 2 + 3); /* the cut, a deadline or two, slack for a loaded machine */
+  CK(steps >= 1); /* it ran before the cut (few steps under an emulated CPU or a sanitizer) */
+  CK(failed_at < 4 + 2 * 2 + 3); /* the cut, a deadline or two, slack for a loaded machine */
   if (rank != 2) CK(strstr(dt_last_error(), "worker") != NULL);
   dt_comm_destroy(comm);
   return 0;
 }
 
 static void test_comm_cut(void) {
-  setenv("DTRAIN_NETEM", "delay=1ms;rank2:cut=1.5s", 1);
+  setenv("DTRAIN_NETEM", "delay=1ms;rank2:cut=4s", 1);
   world x;
   int st[MAXW];
   world_init(&x, 3);
