@@ -4256,7 +4256,8 @@ typedef enum dt_kernel {
    * P = Ho*Wo), one K x P matrix per image.
    * IM2COL: p0 col, p1 x. COL2IM_ACC: p0 gx += the columns p1 fold back.
    * CONV_BIAS: p0 y [N,O,P] = p1 b[o]. CONV_BIAS_BWD: p0 gb[o] += sum of
-   * p1 gy over images and positions. */
+   * p1 gy over images and positions; p2 (NULL or N*O floats) scratch for
+   * the per-(image, channel) sums. */
   DTRAIN_K_IM2COL, DTRAIN_K_COL2IM_ACC, DTRAIN_K_CONV_BIAS, DTRAIN_K_CONV_BIAS_BWD,
   /* Pooling, no padding: n0 planes (N*C), n1 H, n2 W, n3 Ho, n4 Wo,
    * n5 kernel, n6 stride. Fwd p0 y, p1 x. Bwd p0 gx, p1 gy, p2 x, p3 y (max:
@@ -7759,9 +7760,12 @@ static void dt__device_conv_backward(dt_graph *g, dt_tensor *y) {
   int64_t pp = y->shape[2] * y->shape[3];
   dt_kernel_args r;
   if (gb) {
+    float *part = dt__arena_floats(g, n * o); /* per (image, channel) sums */
+    if (!part) return;
     dt__device_conv_args(&r, x, w, y);
     r.p[0] = gb;
     r.p[1] = y->grad;
+    r.p[2] = part;
     if (!dt__dev_run(g, y->op, DTRAIN_K_CONV_BIAS_BWD, &r)) return;
   }
   if (gw) {

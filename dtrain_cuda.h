@@ -380,29 +380,47 @@ DT__CU_HD inline void dt__cu_embed_bwd_at(int64_t j, const dt_kernel_args &a) {
   for (int64_t i = 0; i < n; i++) a.p[0][(int64_t)a.labels[i] * d + j] += a.p[1][i * d + j];
 }
 
-/* Convolution (see dt_kernel): columns [N][K][P], one K x P matrix per image. */
+/* Convolution (see dt_kernel): columns [N][K][P], one K x P matrix per image.
+ * im2col: one thread per (image, channel, output pixel) writes that pixel's
+ * kh*kw column entries (neighbouring threads write neighbouring floats);
+ * col2im: one thread per input element. The place is worked out once with
+ * 64-bit divisions, the windows with int (planes past INT_MAX elements are
+ * refused: dt__cu_rows_fit). One thread per column entry, six 64-bit
+ * divisions each, spent 414 us on conv2's im2col at batch 256 on an H200. */
 DT__CU_HD inline void dt__cu_im2col_at(int64_t i, const dt_kernel_args &a) {
-  const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
-  const int64_t wo = a.n[9], P = a.n[8] * wo, K = C * kh * kw;
-  int64_t pcol = i % P, r = (i / P) % K, img = i / (P * K);
-  int64_t c = r / (kh * kw), ki = (r / kw) % kh, kj = r % kw;
-  int64_t ih = (pcol / wo) * s - pad + ki, iw = (pcol % wo) * s - pad + kj;
-  a.p[0][i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? a.p[1][((img * C + c) * H + ih) * W + iw] : 0.0f;
+  const int64_t C = a.n[1], kh = a.n[4], kw = a.n[5], P = a.n[8] * a.n[9], K = C * kh * kw;
+  const int H = (int)a.n[2], W = (int)a.n[3], s = (int)a.n[6], pad = (int)a.n[7], wo = (int)a.n[9];
+  const int64_t ic = i / P, img = ic / C, c = ic % C;
+  const int p = (int)(i % P), h0 = (p / wo) * s - pad, w0 = (p % wo) * s - pad;
+  const float *src = a.p[1] + ic * H * W;
+  float *dst = a.p[0] + (img * K + c * kh * kw) * P + p;
+  for (int ki = 0; ki < (int)kh; ki++) {
+    const int ih = h0 + ki;
+    for (int kj = 0; kj < (int)kw; kj++, dst += P) {
+      const int iw = w0 + kj;
+      *dst = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? src[ih * W + iw] : 0.0f;
+    }
+  }
 }
 /* One input element gathers its column entries, kernel rows then columns
  * ascending (the order the CPU's col2im adds them in). */
 DT__CU_HD inline void dt__cu_col2im_at(int64_t i, const dt_kernel_args &a) {
-  const int64_t C = a.n[1], H = a.n[2], W = a.n[3], kh = a.n[4], kw = a.n[5], s = a.n[6], pad = a.n[7];
-  const int64_t ho = a.n[8], wo = a.n[9], P = ho * wo, K = C * kh * kw;
-  int64_t iw = i % W, ih = (i / W) % H, c = (i / (W * H)) % C, img = i / (W * H * C);
+  const int64_t C = a.n[1], kh = a.n[4], kw = a.n[5], P = a.n[8] * a.n[9], K = C * kh * kw;
+  const int H = (int)a.n[2], W = (int)a.n[3], s = (int)a.n[6], pad = (int)a.n[7], ho = (int)a.n[8],
+            wo = (int)a.n[9];
+  const int64_t plane = i / ((int64_t)H * W), img = plane / C, c = plane % C;
+  const int q = (int)(i % ((int64_t)H * W)), ih = q / W, iw = q % W;
+  const float *col = a.p[1] + (img * K + c * kh * kw) * P;
   float acc = a.p[0][i];
-  for (int64_t ki = 0; ki < kh; ki++) {
-    int64_t t = ih + pad - ki;
-    if (t < 0 || t % s != 0 || t / s >= ho) continue;
-    for (int64_t kj = 0; kj < kw; kj++) {
-      int64_t u = iw + pad - kj;
-      if (u < 0 || u % s != 0 || u / s >= wo) continue;
-      acc += a.p[1][(img * K + (c * kh + ki) * kw + kj) * P + (t / s) * wo + u / s];
+  for (int ki = 0; ki < (int)kh; ki++) {
+    int oh = ih + pad - ki;
+    if (oh < 0 || (s != 1 && oh % s != 0)) continue;
+    if ((oh /= s) >= ho) continue;
+    for (int kj = 0; kj < (int)kw; kj++) {
+      int ow = iw + pad - kj;
+      if (ow < 0 || (s != 1 && ow % s != 0)) continue;
+      if ((ow /= s) >= wo) continue;
+      acc += col[(int64_t)(ki * (int)kw + kj) * P + (int64_t)oh * wo + ow];
     }
   }
   a.p[0][i] = acc;
@@ -445,6 +463,26 @@ DT__CU_HD inline void dt__cu_pool_span(int64_t x, int64_t k, int64_t s, int64_t 
   int64_t first = x - k + 1;
   *lo = first > 0 ? (first + s - 1) / s : 0;
   *hi = x / s < n - 1 ? x / s : n - 1;
+}
+/* Windows that do not overlap (stride >= kernel): one thread per window
+ * adds its gradient to its (first) maximum, or its last NaN, as on the CPU;
+ * no input is in two windows, so no two threads touch one element. (The
+ * gather below spent 142 us on the CNN's first pool at batch 256 on an
+ * H200.) */
+DT__CU_HD inline void dt__cu_maxpool_bwd_win_at(int64_t i, const dt_kernel_args &a) {
+  const int64_t H = a.n[1], W = a.n[2], ho = a.n[3], wo = a.n[4], pl = i / (ho * wo);
+  const int k = (int)a.n[5], s = (int)a.n[6], o = (int)(i % (ho * wo)), oh = o / (int)wo, ow = o % (int)wo;
+  const float *xp = a.p[2] + pl * H * W;
+  const float best = a.p[3][i];
+  const int nan = best != best;
+  int64_t at = -1;
+  for (int r = 0; r < k && (nan || at < 0); r++)
+    for (int c = 0; c < k && (nan || at < 0); c++) {
+      const int64_t e = (int64_t)(oh * s + r) * W + ow * s + c;
+      float v = xp[e];
+      if (nan ? v != v : v == best) at = e;
+    }
+  if (at >= 0) a.p[0][pl * H * W + at] += a.p[1][i];
 }
 /* One input element: the gradient of every window whose (first) maximum it
  * is (the last NaN when the window's output is NaN, as on the CPU), windows
@@ -673,10 +711,17 @@ static inline const char *dt__cu_gemm_invalid(const dt__cu_gemm &g) {
 static_assert(DTRAIN_K_COUNT == 57, "a new dt_kernel needs its case in dt__cu_dispatch (then update this count)");
 
 /* The one switch from kernel id to launch, over a launcher L (GPU or host):
- * L::each<F>(n, a) runs F for i in [0,n); L::sum(a, squares) a reduction;
+ * L::each<F>(n, a) runs F for i in [0,n); L::acc_rows(a) is
+ * DTRAIN_K_ACC_ROWS; L::sum(a, squares) a reduction;
  * L::gemm(g) a column-major SGEMM; L::conv_bias_bwd, bn_stats, bn_bwd_ch the
  * per-channel sums over [N][C][HW] (on a GPU one block per channel: one
  * thread per channel summed N*HW values alone, 4 ms a step for a CNN). */
+/* The convolution and max-pool kernels index within a plane with int:
+ * planes past INT_MAX elements are refused (as no kernel, below). */
+static inline bool dt__cu_rows_fit(int64_t in_plane, int64_t out_plane) {
+  return in_plane >= 0 && in_plane <= INT_MAX && out_plane >= 0 && out_plane <= INT_MAX;
+}
+
 template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_kernel_args &a) {
   switch (k) {
     case DTRAIN_K_ADD: return l.template each<dt__cu_add_at>(a.n[0], a);
@@ -684,7 +729,7 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_MUL: return l.template each<dt__cu_mul_at>(a.n[0], a);
     case DTRAIN_K_ACC: return l.template each<dt__cu_acc_at>(a.n[0], a);
     case DTRAIN_K_ACC_MUL: return l.template each<dt__cu_acc_mul_at>(a.n[0], a);
-    case DTRAIN_K_ACC_ROWS: return l.template each<dt__cu_acc_rows_at>(a.n[1], a);
+    case DTRAIN_K_ACC_ROWS: return l.acc_rows(a);
     case DTRAIN_K_ACC_MUL_ROWS: return l.template each<dt__cu_acc_mul_rows_at>(a.n[1], a);
     case DTRAIN_K_ACC_SCALAR: return l.template each<dt__cu_acc_scalar_at>(a.n[0], a);
     case DTRAIN_K_ROWS_COPY: return l.template each<dt__cu_rows_copy_at>(a.n[0], a);
@@ -715,13 +760,19 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
     case DTRAIN_K_SGD: return l.template each<dt__cu_sgd_at>(a.n[0], a);
     case DTRAIN_K_ADAM: return l.template each<dt__cu_adam_at>(a.n[0], a);
     case DTRAIN_K_IM2COL:
-      return l.template each<dt__cu_im2col_at>(a.n[0] * a.n[1] * a.n[4] * a.n[5] * a.n[8] * a.n[9], a);
-    case DTRAIN_K_COL2IM_ACC: return l.template each<dt__cu_col2im_at>(a.n[0] * a.n[1] * a.n[2] * a.n[3], a);
+      if (!dt__cu_rows_fit(a.n[2] * a.n[3], a.n[8] * a.n[9])) break;
+      return l.template each<dt__cu_im2col_at>(a.n[0] * a.n[1] * a.n[8] * a.n[9], a);
+    case DTRAIN_K_COL2IM_ACC:
+      if (!dt__cu_rows_fit(a.n[2] * a.n[3], a.n[8] * a.n[9])) break;
+      return l.template each<dt__cu_col2im_at>(a.n[0] * a.n[1] * a.n[2] * a.n[3], a);
     case DTRAIN_K_CONV_BIAS: return l.template each<dt__cu_conv_bias_at>(a.n[0] * a.n[10] * a.n[8] * a.n[9], a);
     case DTRAIN_K_CONV_BIAS_BWD: return l.conv_bias_bwd(a);
     case DTRAIN_K_MAXPOOL: return l.template each<dt__cu_maxpool_at>(a.n[0] * a.n[3] * a.n[4], a);
     case DTRAIN_K_AVGPOOL: return l.template each<dt__cu_avgpool_at>(a.n[0] * a.n[3] * a.n[4], a);
-    case DTRAIN_K_MAXPOOL_BWD: return l.template each<dt__cu_maxpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
+    case DTRAIN_K_MAXPOOL_BWD:
+      if (!dt__cu_rows_fit(a.n[1] * a.n[2], a.n[3] * a.n[4])) break;
+      if (a.n[6] >= a.n[5]) return l.template each<dt__cu_maxpool_bwd_win_at>(a.n[0] * a.n[3] * a.n[4], a);
+      return l.template each<dt__cu_maxpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_AVGPOOL_BWD: return l.template each<dt__cu_avgpool_bwd_at>(a.n[0] * a.n[1] * a.n[2], a);
     case DTRAIN_K_DIV: return l.template each<dt__cu_div_at>(a.n[0], a);
     case DTRAIN_K_ACC_DIV: return l.template each<dt__cu_acc_div_at>(a.n[0], a);
@@ -774,13 +825,30 @@ struct dt__cu_host_launcher {
     for (int64_t i = 0; i < n; i++) F(i, a);
     return DTRAIN_OK;
   }
+  dt_result acc_rows(const dt_kernel_args &a) { return each<dt__cu_acc_rows_at>(a.n[1], a); }
   dt_result sum(const dt_kernel_args &a, int squares) {
     double s = 0.0;
     for (int64_t i = 0; i < a.n[0]; i++) s += squares ? (double)a.p[1][i] * (double)a.p[1][i] : (double)a.p[1][i];
     a.p[0][0] = squares ? (float)s : (float)(s * (double)a.f[0]);
     return DTRAIN_OK;
   }
-  dt_result conv_bias_bwd(const dt_kernel_args &a) { return each<dt__cu_conv_bias_bwd_at>(a.n[10], a); }
+  /* With the scratch p2: the GPU's two passes (rows, then each channel's
+   * partial sums over the images), in plain loops. */
+  dt_result conv_bias_bwd(const dt_kernel_args &a) {
+    if (!a.p[2]) return each<dt__cu_conv_bias_bwd_at>(a.n[10], a);
+    const int64_t n = a.n[0], o = a.n[10], len = a.n[8] * a.n[9];
+    for (int64_t r = 0; r < n * o; r++) {
+      double s = 0.0;
+      for (int64_t q = 0; q < len; q++) s += (double)a.p[1][r * len + q];
+      a.p[2][r] = (float)s;
+    }
+    for (int64_t ch = 0; ch < o; ch++) {
+      double s = 0.0;
+      for (int64_t img = 0; img < n; img++) s += (double)a.p[2][img * o + ch];
+      a.p[0][ch] += (float)s;
+    }
+    return DTRAIN_OK;
+  }
   dt_result bn_stats(const dt_kernel_args &a) { return each<dt__cu_bn_stats_at>(a.n[1], a); }
   dt_result bn_bwd_ch(const dt_kernel_args &a) { return each<dt__cu_bn_bwd_ch_at>(a.n[1], a); }
   /* Reference column-major SGEMM with cuBLAS's semantics (beta 0: C is not read). */
@@ -1110,6 +1178,57 @@ __global__ void dt__cu_bn_bwd_ch_kernel(dt_kernel_args a) {
   if (threadIdx.x == 0) dt__cu_bn_bwd_ch_fin(ch, a, sg, sgx);
 }
 
+/* A warp's double sum, lanes combined in a fixed order (deterministic). */
+__device__ inline double dt__cu_warp_sum(double s) {
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+  return s;
+}
+/* The conv bias gradient in two passes, both deterministic: one warp per
+ * (image, channel) row of gy [N][O][P] sums its P values into part[N][O];
+ * then one warp per channel sums its N partial sums into gb. (One block per
+ * channel walking all N*P values kept 32 of 132 multiprocessors busy: 310 us
+ * for conv1 at batch 256 on an H200.) */
+__global__ void dt__cu_conv_bias_rows_kernel(const float *gy, int64_t rows, int64_t len, float *part) {
+  const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = (int)(threadIdx.x & 31);
+  if (row >= rows) return; /* a whole warp: row is the warp's */
+  const float *x = gy + row * len;
+  double s = 0.0;
+  for (int64_t q = lane; q < len; q += 32) s += (double)x[q];
+  s = dt__cu_warp_sum(s);
+  if (lane == 0) part[row] = (float)s;
+}
+__global__ void dt__cu_conv_bias_cols_kernel(const float *part, int64_t n, int64_t channels, float *gb) {
+  const int64_t ch = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = (int)(threadIdx.x & 31);
+  if (ch >= channels) return;
+  double s = 0.0;
+  for (int64_t img = lane; img < n; img += 32) s += (double)part[img * channels + ch];
+  s = dt__cu_warp_sum(s);
+  if (lane == 0) gb[ch] += (float)s;
+}
+
+/* DTRAIN_K_ACC_ROWS, p0[j] += f0 * sum_r p1[r*n1 + j]: a block of 32 columns
+ * by 8 row lanes; lane y sums rows y, y+8, ... of its column, then the 8
+ * lanes are added in order (deterministic). (One thread per column walking
+ * every row: 31 us for 800 columns of 256 rows on an H200.) */
+#define DT__CU_ROW_LANES 8
+__global__ void dt__cu_acc_rows_kernel(dt_kernel_args a) {
+  __shared__ float part[DT__CU_ROW_LANES][32];
+  const int64_t cols = a.n[1], rows = a.n[0] / a.n[1];
+  const int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x;
+  float s = 0.0f;
+  if (j < cols)
+    for (int64_t r = threadIdx.y; r < rows; r += DT__CU_ROW_LANES) s += a.p[1][r * cols + j];
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < cols) {
+    float t = part[0][threadIdx.x];
+    for (int y = 1; y < DT__CU_ROW_LANES; y++) t += part[y][threadIdx.x];
+    a.p[0][j] += a.f[0] * t;
+  }
+}
+
 struct dt__cu_gpu_launcher {
   dt__cuda *c;
   template <dt__cu_fn F> dt_result each(int64_t n, const dt_kernel_args &a) {
@@ -1133,7 +1252,27 @@ struct dt__cu_gpu_launcher {
     DT__CUDA_CHECK(c->name, "per-channel kernel launch", cudaGetLastError());
     return DTRAIN_OK;
   }
-  dt_result conv_bias_bwd(const dt_kernel_args &a) { return per_channel(dt__cu_conv_bias_bwd_kernel, a.n[10], a); }
+  /* p2 the scratch [N][O] (dt_device.h); without one, a block per channel. */
+  dt_result conv_bias_bwd(const dt_kernel_args &a) {
+    const int64_t n = a.n[0], o = a.n[10], rows = n * o;
+    if (!a.p[2]) return per_channel(dt__cu_conv_bias_bwd_kernel, o, a);
+    if (rows <= 0) return DTRAIN_OK;
+    const int64_t b1 = (rows + 7) / 8, b2 = (o + 7) / 8; /* 8 warps a block */
+    if (b1 > 2147483647) return dt_device_error(DTRAIN_ERR_UNSUPPORTED, "conv bias gradient: too many rows");
+    dt__cu_conv_bias_rows_kernel<<<(unsigned)b1, 256, 0, c->stream>>>(a.p[1], rows, a.n[8] * a.n[9], a.p[2]);
+    DT__CUDA_CHECK(c->name, "kernel launch", cudaGetLastError());
+    dt__cu_conv_bias_cols_kernel<<<(unsigned)b2, 256, 0, c->stream>>>(a.p[2], n, o, a.p[0]);
+    DT__CUDA_CHECK(c->name, "kernel launch", cudaGetLastError());
+    return DTRAIN_OK;
+  }
+  dt_result acc_rows(const dt_kernel_args &a) {
+    if (a.n[1] <= 0) return DTRAIN_OK;
+    const int64_t blocks = (a.n[1] + 31) / 32;
+    if (blocks > 2147483647) return dt_device_error(DTRAIN_ERR_UNSUPPORTED, "row sums: too many columns");
+    dt__cu_acc_rows_kernel<<<(unsigned)blocks, dim3(32, DT__CU_ROW_LANES), 0, c->stream>>>(a);
+    DT__CUDA_CHECK(c->name, "kernel launch", cudaGetLastError());
+    return DTRAIN_OK;
+  }
   dt_result bn_stats(const dt_kernel_args &a) { return per_channel(dt__cu_bn_stats_kernel, a.n[1], a); }
   dt_result bn_bwd_ch(const dt_kernel_args &a) { return per_channel(dt__cu_bn_bwd_ch_kernel, a.n[1], a); }
   dt_result gemm(const dt__cu_gemm &g) {

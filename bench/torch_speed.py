@@ -1,12 +1,15 @@
 """torch_speed.py -- the PyTorch side of `make bench` (bench/run_speed.sh runs it).
 
     python3 torch_speed.py mlp BATCH [seconds] [threads] [device]
-    python3 torch_speed.py cnn BATCH [seconds] [threads] [device]
+    python3 torch_speed.py cnn BATCH [seconds] [threads] [device] [math]
 
 device: cpu (default) or cuda (bench/run_gpu.sh): the model and the whole
 synthetic data set on the GPU, each window ending with torch.cuda.synchronize()
 as bench_gpu.c ends its windows with the device synchronised; exits 3 with
-"skipped: ..." when torch has no CUDA device.
+"skipped: ..." when torch has no CUDA device. math (cuda only): fp32 (strict
+float32 products, as dtrain computes them: torch.backends.cudnn.allow_tf32 and
+torch.backends.cuda.matmul.allow_tf32 False), tf32 (both True) or default
+(PyTorch's defaults: TF32 in cuDNN's convolutions, fp32 in matrix products).
 
 The same models, optimizer (Adam, lr 1e-3; here the multi-tensor foreach=True
 variant, PyTorch's fastest on the CPU), synthetic data set (4096 samples of
@@ -25,6 +28,9 @@ batch = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 3.0
 threads = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 device = sys.argv[5] if len(sys.argv) > 5 else "cpu"
+math_mode = sys.argv[6] if len(sys.argv) > 6 else "default"
+if math_mode not in ("fp32", "tf32", "default"):
+    sys.exit("torch_speed.py: math is fp32, tf32 or default, not %r" % math_mode)
 for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[var] = str(threads)
 
@@ -35,6 +41,9 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 torch.set_num_threads(threads)
+if math_mode != "default":
+    torch.backends.cudnn.allow_tf32 = math_mode == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = math_mode == "tf32"
 try:
     torch.set_num_interop_threads(threads)
 except RuntimeError:

@@ -286,9 +286,12 @@ static void dt__device_conv_backward(dt_graph *g, dt_tensor *y) {
   int64_t pp = y->shape[2] * y->shape[3];
   dt_kernel_args r;
   if (gb) {
+    float *part = dt__arena_floats(g, n * o); /* per (image, channel) sums */
+    if (!part) return;
     dt__device_conv_args(&r, x, w, y);
     r.p[0] = gb;
     r.p[1] = y->grad;
+    r.p[2] = part;
     if (!dt__dev_run(g, y->op, DTRAIN_K_CONV_BIAS_BWD, &r)) return;
   }
   if (gw) {
