@@ -47,7 +47,7 @@ echo
 
 echo "== this core's FMA peak, GFLOP/s (12 independent multiply-add chains, best of windows), per instruction set"
 "$BIN" peak 0.5 || echo "peak bench failed"
-PEAK_LINE=$("$BIN" peak 0.3 2>/dev/null | grep '^peak path=avx2+fma gflops=')
+PEAK_LINE=$("$BIN" peak 0.3 2>/dev/null | grep '^peak in_use=.* gflops=')
 echo
 
 echo "== sgemm, one thread: GFLOP/s (best of windows, sides alternating), ratio = dtrain / OpenBLAS,"

@@ -21,7 +21,8 @@
  * k (m <= 32 and k >= 256, m <= 64 and k >= 512: a linear layer's forward on
  * a training batch, where packing the weights costs as much as the product;
  * measured on AVX2 Xeon and EPYC) skip packing on the AVX2 path: a
- * dot-product kernel (see dt__gemm_dot_avx2).
+ * dot-product kernel (see dt__gemm_dot_avx2); on the AVX-512 path only the
+ * few-column products do (see dt_sgemm).
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
  * k block rather than once per B panel.
@@ -29,6 +30,9 @@
  * a call allocates nothing and may run on any thread.
  *
  * Kernels ("paths"), picked once per process at run time:
+ *   avx512    x86-64 with GCC or clang on CPUs with AVX-512F: a 6x32
+ *             micro-kernel (dt_gemm_avx512.c), packed by the AVX2 routines
+ *             below (32-wide B slivers), and its own dot-product kernel.
  *   avx2+fma  x86-64 with GCC or clang: a 6x16 micro-kernel and packing
  *             routines in intrinsics, compiled for AVX2+FMA with a function
  *             attribute, so a plain -O2 build uses them on CPUs that have
@@ -37,8 +41,9 @@
  *   portable  plain C that gcc and clang vectorise with whatever the build
  *             targets (6x8 with SSE, 6x16 with -mavx); the fallback, and the
  *             only path under DTRAIN_NO_SIMD.
- * The environment variable DTRAIN_GEMM=portable, or dt_sgemm_use_portable(1),
- * forces the portable path (tests compare the two).
+ * The environment variable DTRAIN_ISA=portable|avx2|avx512|neon, or
+ * dt_sgemm_use_isa(), forces a path the CPU has (tests compare them all);
+ * DTRAIN_GEMM=portable, or dt_sgemm_use_portable(1), the portable one.
  *
  * Determinism: the path is fixed once chosen, the blocking depends only on
  * (m, n, k) and the path, and every element of C is summed in the same
@@ -56,7 +61,7 @@
 #include <cblas.h>
 #endif
 
-#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#ifdef DT__X86_SIMD
 #  define DT__GEMM_X86 1
 #  include <immintrin.h>
 /* gcc tuning for AMD Zen (-march=native or -mtune=znver*) folds the
@@ -80,6 +85,8 @@
 #define DT__GEMM_PORTABLE 0
 #define DT__GEMM_PATH_AVX2 1
 #define DT__GEMM_PATH_NEON 2
+#define DT__GEMM_PATH_AVX512 3
+#define DT__GEMM_NPATHS 4
 
 /* Portable register tile. MR x NR is 12 vector accumulators, whether a
  * vector holds 4 floats (SSE, NEON) or 8 (AVX). */
@@ -97,8 +104,8 @@
 #define DT__GEMM_MC 48
 #define DT__GEMM_NC 192
 #define DT__GEMM_BUF (DT__GEMM_KC * (DT__GEMM_MC + DT__GEMM_NC)) /* floats */
-#define DT__GEMM_TILE_MAX (8 * 16) /* largest MR x NR of any path */
-#define DT__GEMM_NR_MAX 16         /* largest NR of any path */
+#define DT__GEMM_TILE_MAX (6 * 32) /* largest MR x NR of any path */
+#define DT__GEMM_NR_MAX 32         /* largest NR of any path */
 
 /* Loop hints for the portable micro-kernel, so that the accumulator tile
  * stays in vector registers. gcc needs the loops over the rows of the tile
@@ -117,8 +124,8 @@
 #  define DT__GEMM_KLOOP
 #endif
 
-#if DT__GEMM_MC % 24 != 0 || DT__GEMM_NC % 48 != 0
-#  error "dt_gemm.c: MC must be a multiple of 6 and 8, NC of 8, 12 and 16"
+#if DT__GEMM_MC % 24 != 0 || DT__GEMM_NC % 96 != 0
+#  error "dt_gemm.c: MC must be a multiple of 6 and 8, NC of 8, 12, 16 and 32"
 #endif
 
 /* One path: its tile, micro-kernel and packing routines.
@@ -375,36 +382,42 @@ DT__GEMM_AVX2 static void dt__gemm_pack_a_avx2(int trans, const float *a, int64_
   if (full < mc) dt__gemm_pack_a_n(6, trans, a, lda, i0 + full, p0, mc - full, kc, ap);
 }
 
-/* 16-wide B slivers. Transposed B (rows of op(B)^T contiguous in p): two
- * 8x8 transposes per 8 values of p. */
-DT__GEMM_AVX2 static void dt__gemm_pack_b_avx2(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
-                                               int64_t kc, int64_t nc, float *bp) {
-  int64_t full = nc - nc % 16;
+/* w-wide B slivers (16: the AVX2 path, 32: the AVX-512 one). Transposed B
+ * (rows of op(B)^T contiguous in p): w/8 8x8 transposes per 8 values of p. */
+DT__GEMM_AVX2 static void dt__gemm_pack_b_avx2w(int w, int trans, const float *b, int64_t ldb, int64_t p0,
+                                                int64_t j0, int64_t kc, int64_t nc, float *bp) {
+  int64_t full = nc - nc % w;
   if (!trans) {
-    for (int64_t s = 0; s < full; s += 16, bp += 16 * kc) {
+    for (int64_t s = 0; s < full; s += w, bp += w * kc) {
       const float *src = b + p0 * ldb + j0 + s;
-      for (int64_t p = 0; p < kc; p++) {
-        _mm256_storeu_ps(bp + p * 16, _mm256_loadu_ps(src + p * ldb));
-        _mm256_storeu_ps(bp + p * 16 + 8, _mm256_loadu_ps(src + p * ldb + 8));
-      }
+      for (int64_t p = 0; p < kc; p++)
+        for (int h = 0; h < w; h += 8) _mm256_storeu_ps(bp + p * w + h, _mm256_loadu_ps(src + p * ldb + h));
     }
   } else {
-    for (int64_t s = 0; s < full; s += 16, bp += 16 * kc) {
+    for (int64_t s = 0; s < full; s += w, bp += w * kc) {
       const float *src = b + (j0 + s) * ldb + p0;
       int64_t p = 0;
       for (; p + 8 <= kc; p += 8) {
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < w; h += 8) {
           __m256 r[8];
-          for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (8 * h + i) * ldb + p);
+          for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (h + i) * ldb + p);
           DT__AVX_T8(r);
-          for (int i = 0; i < 8; i++) _mm256_storeu_ps(bp + (p + i) * 16 + 8 * h, r[i]);
+          for (int i = 0; i < 8; i++) _mm256_storeu_ps(bp + (p + i) * w + h, r[i]);
         }
       }
       for (; p < kc; p++)
-        for (int j = 0; j < 16; j++) bp[p * 16 + j] = src[j * ldb + p];
+        for (int j = 0; j < w; j++) bp[p * w + j] = src[j * ldb + p];
     }
   }
-  if (full < nc) dt__gemm_pack_b_n(16, trans, b, ldb, p0, j0 + full, kc, nc - full, bp);
+  if (full < nc) dt__gemm_pack_b_n(w, trans, b, ldb, p0, j0 + full, kc, nc - full, bp);
+}
+static void dt__gemm_pack_b_avx2(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                                 int64_t nc, float *bp) {
+  dt__gemm_pack_b_avx2w(16, trans, b, ldb, p0, j0, kc, nc, bp);
+}
+static void dt__gemm_pack_b_avx512(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                                   int64_t nc, float *bp) {
+  dt__gemm_pack_b_avx2w(32, trans, b, ldb, p0, j0, kc, nc, bp);
 }
 
 /* C = alpha * A @ B^T + beta * C (A untransposed, B transposed) without
@@ -529,7 +542,7 @@ static void dt__gemm_pack_b_neon(int trans, const float *b, int64_t ldb, int64_t
 
 /* ---- path selection ----------------------------------------------------------------------- */
 
-static const dt__gemm_path dt__gemm_paths[3] = {
+static const dt__gemm_path dt__gemm_paths[DT__GEMM_NPATHS] = {
     {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
 #ifdef DT__GEMM_X86
     {6, 16, dt__gemm_micro_avx2, dt__gemm_micro4_avx2, dt__gemm_pack_a_avx2, dt__gemm_pack_b_avx2, "avx2+fma"},
@@ -541,11 +554,39 @@ static const dt__gemm_path dt__gemm_paths[3] = {
 #else
     {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
 #endif
+#ifdef DT__GEMM_X86
+    {6, 32, dt__gemm_micro_avx512, dt__gemm_micro4_avx512, dt__gemm_pack_a_avx2, dt__gemm_pack_b_avx512, "avx512"},
+#else
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
+#endif
 };
+
+/* 1 when this build and CPU have path id (DT__GEMM_*). */
+static int dt__gemm_has_path(int id) {
+  switch (id) {
+    case DT__GEMM_PORTABLE: return 1;
+#if defined(DT__GEMM_X86)
+    case DT__GEMM_PATH_AVX2: return dt__gemm_x86_has_avx2();
+    case DT__GEMM_PATH_AVX512: return dt__gemm_x86_has_avx2() && dt__gemm_x86_has_avx512();
+#elif defined(DT__GEMM_NEON)
+    case DT__GEMM_PATH_NEON: return 1;
+#endif
+    default: return 0;
+  }
+}
+
+/* Path id of an ISA name (DTRAIN_ISA, dt_sgemm_use_isa); -1: not a name. */
+static int dt__gemm_isa_id(const char *isa) {
+  static const char *const names[DT__GEMM_NPATHS] = {"portable", "avx2", "neon", "avx512"};
+  for (int i = 0; i < DT__GEMM_NPATHS; i++)
+    if (strcmp(isa, names[i]) == 0) return i;
+  return -1;
+}
 
 /* The best path this build and CPU have (ignoring any override). */
 static int dt__gemm_best_path(void) {
 #if defined(DT__GEMM_X86)
+  if (dt__gemm_has_path(DT__GEMM_PATH_AVX512)) return DT__GEMM_PATH_AVX512;
   return dt__gemm_x86_has_avx2() ? DT__GEMM_PATH_AVX2 : DT__GEMM_PORTABLE;
 #elif defined(DT__GEMM_NEON)
   return DT__GEMM_PATH_NEON;
@@ -555,7 +596,7 @@ static int dt__gemm_best_path(void) {
 }
 
 /* The chosen path, +1 (0: not chosen yet), and the override (-1: none yet
- * read, 0: best, 1: portable). Each is a plain int written with the same
+ * read, 0: best, else a path id + 1). Each is a plain int written with the same
  * value by whichever thread gets there first, through atomic builtins where
  * the compiler has them so that concurrent first calls are race-free. */
 static int dt__gemm_chosen = 0;
@@ -574,21 +615,42 @@ static int dt__gemm_path_id(void) {
   if (c > 0) return c - 1;
   int ov = DT__GEMM_LOAD(dt__gemm_override);
   if (ov < 0) {
-    const char *e = getenv("DTRAIN_GEMM");
-    ov = (e && strcmp(e, "portable") == 0) ? 1 : 0;
+    const char *e = getenv("DTRAIN_GEMM"), *isa = getenv("DTRAIN_ISA");
+    int id = isa && *isa && strcmp(isa, "best") != 0 ? dt__gemm_isa_id(isa) : -2;
+    if (id == -1 || (id >= 0 && !dt__gemm_has_path(id))) {
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_UNSUPPORTED,
+              "DTRAIN_ISA=%s: %s; using the best path this CPU has", isa,
+              id == -1 ? "not portable, avx2, avx512 or neon" : "this build or CPU does not have it");
+      id = -2;
+    }
+    ov = (e && strcmp(e, "portable") == 0) ? DT__GEMM_PORTABLE + 1 : id >= 0 ? id + 1 : 0;
     DT__GEMM_STORE(dt__gemm_override, ov);
   }
-  c = ov ? DT__GEMM_PORTABLE : dt__gemm_best_path();
+  c = ov ? ov - 1 : dt__gemm_best_path();
   DT__GEMM_STORE(dt__gemm_chosen, c + 1);
   return c;
 }
 
 DTRAIN_API int dt_sgemm_use_portable(int on) {
-  (void)dt__gemm_path_id(); /* reads DTRAIN_GEMM once */
+  (void)dt__gemm_path_id(); /* reads DTRAIN_GEMM and DTRAIN_ISA once */
   int prev = DT__GEMM_LOAD(dt__gemm_override);
-  DT__GEMM_STORE(dt__gemm_override, on ? 1 : 0);
+  DT__GEMM_STORE(dt__gemm_override, on ? DT__GEMM_PORTABLE + 1 : 0);
   DT__GEMM_STORE(dt__gemm_chosen, 0);
-  return prev;
+  return prev == DT__GEMM_PORTABLE + 1;
+}
+
+DTRAIN_API dt_result dt_sgemm_use_isa(const char *isa) {
+  if (!isa) return dt__error(DTRAIN_ERR_NULL_ARG, "dt_sgemm_use_isa: isa is NULL");
+  int id = strcmp(isa, "best") == 0 ? -2 : dt__gemm_isa_id(isa);
+  if (id == -1)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_sgemm_use_isa: \"%.32s\" is not best, portable, avx2, avx512 or neon",
+                     isa);
+  if (id >= 0 && !dt__gemm_has_path(id))
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "dt_sgemm_use_isa: this build or CPU has no %s path", isa);
+  (void)dt__gemm_path_id(); /* the environment is read once, before the choice */
+  DT__GEMM_STORE(dt__gemm_override, id >= 0 ? id + 1 : 0);
+  DT__GEMM_STORE(dt__gemm_chosen, 0);
+  return DTRAIN_OK;
 }
 
 DTRAIN_API const char *dt_sgemm_kernel(void) {
@@ -733,8 +795,9 @@ static void dt__gemm_part(void *arg, int part, int nparts) {
 #ifdef DT__GEMM_X86
   if (j->dot) { /* blocks of 3 rows */
     int64_t i0 = t0 * 3, i1 = DT__MIN(j->m, t1 * 3);
-    dt__gemm_dot_avx2(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb, j->beta,
-                      j->c + i0 * j->ldc, j->ldc);
+    (j->pa->nr == 32 ? dt__gemm_dot_avx512 : dt__gemm_dot_avx2)(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda,
+                                                                 j->lda, j->b, j->ldb, j->beta, j->c + i0 * j->ldc,
+                                                                 j->ldc);
     return;
   }
 #endif
@@ -783,9 +846,12 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   const dt__gemm_path *pa = &dt__gemm_paths[path];
   /* A @ B^T with few columns, or with few rows and a long k (a layer's
    * forward on a small batch: packing B, the weights, would cost as much as
-   * the product): the unpacked dot-product kernel (AVX2 path). */
-  int dot = path == DT__GEMM_PATH_AVX2 && !trans_a && trans_b && k >= 16 &&
-            (n < 32 || (m <= 32 && k >= 256) || (m <= 64 && k >= 512));
+   * the product): the unpacked dot-product kernel. On the AVX-512 path only
+   * with few columns: there the dot products are bound by reading A from L2
+   * (64x256x784 on a Zen 5 EPYC: 102 GFLOP/s, packed 153). */
+  int dot = !trans_a && trans_b && k >= 16 &&
+            ((path == DT__GEMM_PATH_AVX2 && (n < 32 || (m <= 32 && k >= 256) || (m <= 64 && k >= 512))) ||
+             (path == DT__GEMM_PATH_AVX512 && n < 32));
   int threads = (double)m * (double)n * (double)k >= DT__GEMM_PAR_MIN ? dt__par_threads() : 1;
   if (threads > 1 || dot) {
     dt__gemm_job j;
@@ -834,6 +900,8 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
 #undef DT__GEMM_PORTABLE
 #undef DT__GEMM_PATH_AVX2
 #undef DT__GEMM_PATH_NEON
+#undef DT__GEMM_PATH_AVX512
+#undef DT__GEMM_NPATHS
 #undef DT__GEMM_LOAD
 #undef DT__GEMM_STORE
 #ifdef DT__GEMM_X86

@@ -146,15 +146,27 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                          float beta, float *c, int64_t ldc);
-/* The micro-kernel dt_sgemm runs on this CPU: "avx2+fma" (x86-64, picked at
- * run time), "neon" (aarch64), "portable" (plain C; always under
- * DTRAIN_NO_SIMD), or "cblas" (DTRAIN_USE_CBLAS). */
+/* The micro-kernel dt_sgemm runs on this CPU: "avx512" or "avx2+fma"
+ * (x86-64, picked at run time: the widest the CPU has), "neon" (aarch64),
+ * "portable" (plain C; always under DTRAIN_NO_SIMD), or "cblas"
+ * (DTRAIN_USE_CBLAS). */
 DTRAIN_API const char *dt_sgemm_kernel(void);
 /* on = 1 forces the portable C kernel, 0 returns to the best one (the
  * environment variable DTRAIN_GEMM=portable sets 1 at start). Returns the
- * previous setting. For tests and benchmarks: call it while no other thread
- * runs dt_sgemm. The kernels agree to rounding, not bit for bit. */
+ * previous setting (1: the portable kernel was forced). For tests and
+ * benchmarks: call it while no other thread runs dt_sgemm. The kernels agree
+ * to rounding, not bit for bit. */
 DTRAIN_API int dt_sgemm_use_portable(int on);
+/* Forces dt_sgemm's path: "portable", "avx2", "avx512" (x86-64), "neon"
+ * (aarch64), or "best" (the widest this CPU has, the default). The
+ * environment variable DTRAIN_ISA (the same names) sets it at start; a path
+ * the CPU lacks is refused there with a warning in the log and the best one
+ * used. Returns DTRAIN_OK; DTRAIN_ERR_UNSUPPORTED when this build or CPU
+ * lacks the path (nothing changes), DTRAIN_ERR_INVALID_ARG for another name,
+ * DTRAIN_ERR_NULL_ARG for NULL. Call it while no other thread runs dt_sgemm
+ * (as dt_sgemm_use_portable). Under DTRAIN_USE_CBLAS, BLAS runs whatever the
+ * path. */
+DTRAIN_API dt_result dt_sgemm_use_isa(const char *isa);
 
 /* ---- threads inside one replica (intra-op) ----------------------------------------
  * dt_set_threads(n) lets the big kernels of a step split their work over n

@@ -46,7 +46,19 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
 DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
 DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
 
-/* ---- GEMM (dt_gemm.c) ---------------------------------------------------------
- * dt_sgemm is the public entry; ops call it directly. */
+/* ---- GEMM (dt_gemm.c, dt_gemm_avx512.c) -----------------------------------------
+ * dt_sgemm is the public entry; ops call it directly. DT__X86_SIMD: x86-64
+ * with GCC or clang, where the AVX2 and AVX-512 kernels are compiled (with
+ * function attributes) and picked at run time. */
+#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__X86_SIMD 1
+DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                          float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
+DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                           float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
+DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                                        const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void);
+#endif
 
 #endif /* DTRAIN_OPS_INTERNAL_H */

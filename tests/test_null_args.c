@@ -3114,6 +3114,18 @@ static void nt_dt_sgemm(void) {
   }
   nt_teardown(&f);
 }
+/* dt_ops.h: dt_result dt_sgemm_use_isa(const char * isa) */
+static void nt_dt_sgemm_use_isa(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_sgemm_use_isa(NULL)");
+    nt_check_result(dt_sgemm_use_isa(NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+}
 /* dt_params.h: dt_result dt_init_fill(float * dst, int ndim, const int64_t * shape, dt_init init, dt_rng * rng) */
 static void nt_dt_init_fill(void) {
   nt_fix f;
@@ -8876,6 +8888,7 @@ int main(void) {
   TH_RUN(nt_dt_max_pool2d);
   TH_RUN(nt_dt_avg_pool2d);
   TH_RUN(nt_dt_sgemm);
+  TH_RUN(nt_dt_sgemm_use_isa);
   TH_RUN(nt_dt_init_fill);
   TH_RUN(nt_dt_params_destroy);
   TH_RUN(nt_dt_params_add);

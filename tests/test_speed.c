@@ -28,7 +28,8 @@ static const char *expected_kernel(void) {
   if (f & DTRAIN_FEATURE_CBLAS) return "cblas";
   if (!(f & DTRAIN_FEATURE_SIMD)) return "portable";
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "avx2+fma" : "portable";
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return "portable";
+  return __builtin_cpu_supports("avx512f") ? "avx512" : "avx2+fma";
 #elif defined(__aarch64__) && defined(__ARM_NEON)
   return "neon";
 #else
@@ -37,6 +38,82 @@ static const char *expected_kernel(void) {
 }
 
 static int is_cblas(void) { return (dt_build_features() & DTRAIN_FEATURE_CBLAS) != 0; }
+
+/* The GEMM paths this build and CPU have, portable first (dt_sgemm_use_isa
+ * accepts them); returns their count. The others are reported once as
+ * skipped, with the reason, never counted as passed. */
+static const char *const isa_names[] = {"portable", "avx2", "avx512", "neon"};
+static const char *const isa_kernels[] = {"portable", "avx2+fma", "avx512", "neon"};
+static int gemm_isas(int *out) {
+  static int reported = 0;
+  int n = 0;
+  for (int i = 0; i < 4; i++) {
+    if (dt_sgemm_use_isa(isa_names[i]) == DTRAIN_OK) out[n++] = i;
+    else if (!reported) th_skip_item(isa_names[i], "GEMM path: %s", dt_last_error());
+  }
+  reported = 1;
+  dt_sgemm_use_isa("best");
+  return n;
+}
+
+/* In a fresh process: DTRAIN_ISA names the path (here the narrowest SIMD
+ * one the CPU has, else portable); dt_sgemm_use_isa("best") goes back. */
+static void test_gemm_isa_env(void) {
+  const char *want = "portable";
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+  if (!is_cblas() && (dt_build_features() & DTRAIN_FEATURE_SIMD) && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("fma"))
+    want = "avx2";
+#endif
+  setenv("DTRAIN_ISA", want, 1);
+  const char *got = dt_sgemm_kernel();
+  CHECK_MSG(strcmp(got, is_cblas() ? "cblas" : strcmp(want, "avx2") == 0 ? "avx2+fma" : "portable") == 0,
+            "DTRAIN_ISA=%s: kernel %s", want, got);
+  unsetenv("DTRAIN_ISA");
+  CHECK(dt_sgemm_use_isa("best") == DTRAIN_OK);
+  CHECK_MSG(strcmp(dt_sgemm_kernel(), expected_kernel()) == 0, "kernel %s", dt_sgemm_kernel());
+}
+
+/* In a fresh process: a DTRAIN_ISA that is no path, or one this CPU lacks,
+ * leaves the best path and says so in the log. */
+static int isa_warnings;
+static void isa_log(dt_log_level level, dt_result code, const char *msg, void *user) {
+  (void)code;
+  (void)user;
+  if (level == DTRAIN_LOG_WARN && strstr(msg, "DTRAIN_ISA=avx1024")) isa_warnings++;
+}
+static void test_gemm_isa_env_bad(void) {
+  dt_set_logger(isa_log, NULL, DTRAIN_LOG_WARN);
+  setenv("DTRAIN_ISA", "avx1024", 1);
+  CHECK_MSG(strcmp(dt_sgemm_kernel(), expected_kernel()) == 0, "kernel %s", dt_sgemm_kernel());
+  CHECK(isa_warnings == 1);
+  unsetenv("DTRAIN_ISA");
+  dt_set_logger(NULL, NULL, DTRAIN_LOG_WARN);
+}
+
+/* dt_sgemm_use_isa refuses names it does not know and paths the CPU lacks,
+ * changing nothing; every path it accepts is the one dt_sgemm_kernel names. */
+static void test_gemm_use_isa(void) {
+  CHECK(dt_sgemm_use_isa(NULL) == DTRAIN_ERR_NULL_ARG);
+  CHECK(dt_sgemm_use_isa("avx1024") == DTRAIN_ERR_INVALID_ARG);
+  CHECK(strstr(dt_last_error(), "avx1024") != NULL);
+  CHECK(strcmp(dt_sgemm_kernel(), expected_kernel()) == 0);
+  int have[4], n = gemm_isas(have), accepted = 0;
+  for (int i = 0; i < 4; i++) {
+    dt_result r = dt_sgemm_use_isa(isa_names[i]);
+    if (r == DTRAIN_OK) {
+      accepted++;
+      CHECK_MSG(strcmp(dt_sgemm_kernel(), is_cblas() ? "cblas" : isa_kernels[i]) == 0, "%s: kernel %s",
+                isa_names[i], dt_sgemm_kernel());
+    } else {
+      CHECK(r == DTRAIN_ERR_UNSUPPORTED);
+    }
+  }
+  CHECK(accepted == n);
+  CHECK(dt_sgemm_use_isa("best") == DTRAIN_OK);
+  CHECK(strcmp(dt_sgemm_kernel(), expected_kernel()) == 0);
+  printf("gemm paths here: %d (best %s)\n", n, dt_sgemm_kernel());
+}
 
 /* In a fresh process (FRESH_RUN: nothing called dt_sgemm there yet):
  * DTRAIN_GEMM=portable in the environment selects the portable kernel;
@@ -79,31 +156,34 @@ static int run_gemm_case(const gemm_case *t) {
   int64_t lda = ac + t->pad, ldb = bc + t->pad, ldc = t->n + t->pad;
   size_t na = (size_t)(ar * lda), nb = (size_t)(br * ldb), nc = (size_t)(t->m * ldc);
   float *a = (float *)malloc(na * sizeof(float)), *b = (float *)malloc(nb * sizeof(float));
-  float *c0 = (float *)malloc(nc * sizeof(float)), *c[2][2];
+  float *c0 = (float *)malloc(nc * sizeof(float)), *c[4][2];
+  int isa[4], np = gemm_isas(isa);
   for (int64_t i = 0; i < ar; i++)
     for (int64_t j = 0; j < lda; j++) a[i * lda + j] = j < ac ? th_uniform(-1, 1) : NAN;
   for (int64_t i = 0; i < br; i++)
     for (int64_t j = 0; j < ldb; j++) b[i * ldb + j] = j < bc ? th_uniform(-1, 1) : NAN;
   for (int64_t i = 0; i < t->m; i++)
     for (int64_t j = 0; j < ldc; j++) c0[i * ldc + j] = j < t->n ? th_uniform(-1, 1) : 777.0f;
-  for (int p = 0; p < 2; p++) {
-    dt_sgemm_use_portable(p);
+  for (int p = 0; p < np; p++) {
+    dt_sgemm_use_isa(isa_names[isa[p]]);
     for (int r = 0; r < 2; r++) {
       c[p][r] = (float *)malloc(nc * sizeof(float));
       memcpy(c[p][r], c0, nc * sizeof(float));
       dt_sgemm(t->ta, t->tb, t->m, t->n, t->k, t->alpha, a, lda, b, ldb, t->beta, c[p][r], ldc);
     }
   }
-  dt_sgemm_use_portable(0);
+  dt_sgemm_use_isa("best");
   int bad = 0;
-  for (int p = 0; p < 2; p++)
+  for (int p = 0; p < np; p++)
     if (memcmp(c[p][0], c[p][1], nc * sizeof(float)) != 0) {
-      fprintf(stderr, "gemm %s path not deterministic\n", p ? "portable" : "default");
+      fprintf(stderr, "gemm %s path not deterministic\n", isa_names[isa[p]]);
       bad++;
     }
+  /* each path against the double reference and against the portable one (p = 0) */
+  for (int p = np > 1 ? 1 : 0; p < np; p++)
   for (int64_t i = 0; i < t->m; i++) {
     for (int64_t j = 0; j < ldc; j++) {
-      float g0 = c[0][0][i * ldc + j], g1 = c[1][0][i * ldc + j];
+      float g0 = c[p][0][i * ldc + j], g1 = c[0][0][i * ldc + j];
       if (j >= t->n) {
         if (g0 != 777.0f || g1 != 777.0f) bad++;
         continue;
@@ -119,14 +199,14 @@ static int run_gemm_case(const gemm_case *t) {
       double tol = 2.0 * (double)(t->k + 3) * FLT_EPSILON * (fabs((double)t->alpha) * sabs + fabs(t->beta * cin)) + 1e-30;
       if (!(fabs(g0 - want) <= tol) || !(fabs(g1 - want) <= tol) || !(fabs((double)g0 - (double)g1) <= tol)) {
         if (bad < 3)
-          fprintf(stderr, "gemm t%d%d %lldx%lldx%lld: C[%lld][%lld] default %.9g portable %.9g want %.9g\n", t->ta,
-                  t->tb, (long long)t->m, (long long)t->n, (long long)t->k, (long long)i, (long long)j, (double)g0,
-                  (double)g1, want);
+          fprintf(stderr, "gemm t%d%d %lldx%lldx%lld: C[%lld][%lld] %s %.9g portable %.9g want %.9g\n", t->ta,
+                  t->tb, (long long)t->m, (long long)t->n, (long long)t->k, (long long)i, (long long)j,
+                  isa_names[isa[p]], (double)g0, (double)g1, want);
         bad++;
       }
     }
   }
-  for (int p = 0; p < 2; p++)
+  for (int p = 0; p < np; p++)
     for (int r = 0; r < 2; r++) free(c[p][r]);
   free(a);
   free(b);
@@ -651,11 +731,12 @@ static void test_gemm_threads_bitwise(void) {
       {0, 1, 32, 300, 257, 1, 1.0f, 0.0f},   {0, 1, 61, 129, 515, 0, 0.5f, 1.0f}};
   th_seed(4242);
   int failed = 0;
-  for (int portable = 0; portable < 2; portable++) {
-    dt_sgemm_use_portable(portable);
+  int isa[4], np = gemm_isas(isa);
+  for (int p = 0; p < np; p++) {
+    dt_sgemm_use_isa(isa_names[isa[p]]);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) failed += gemm_threads_case(&cases[i]) != 0;
   }
-  dt_sgemm_use_portable(0);
+  dt_sgemm_use_isa("best");
   CHECK_MSG(failed == 0, "%d gemm cases differ between thread counts", failed);
 }
 
@@ -941,7 +1022,9 @@ static const struct fresh_test {
   const char *name;
   test_fn fn;
 } fresh_tests[] = {{"test_threads_env_and_api", test_threads_env_and_api},
-                   {"test_gemm_env_override", test_gemm_env_override}};
+                   {"test_gemm_env_override", test_gemm_env_override},
+                   {"test_gemm_isa_env", test_gemm_isa_env},
+                   {"test_gemm_isa_env_bad", test_gemm_isa_env_bad}};
 static int fresh_req = -1, fresh_resp = -1;
 static pid_t fresh_pid = -1;
 
@@ -1021,7 +1104,7 @@ static void fresh_stop(void) {
 #define RUN(fn)                                                                       \
   do {                                                                                \
     dt_set_threads(1);                                                                \
-    dt_sgemm_use_portable(0);                                                         \
+    dt_sgemm_use_isa("best");                                                         \
     TH_RUN(fn);                                                                       \
   } while (0)
 #define FRESH_RUN(fn) fresh_run(#fn)
@@ -1031,7 +1114,10 @@ int main(void) {
   printf("%s\n", dt_build_info());
   FRESH_RUN(test_threads_env_and_api);
   FRESH_RUN(test_gemm_env_override);
+  FRESH_RUN(test_gemm_isa_env);
+  FRESH_RUN(test_gemm_isa_env_bad);
   RUN(test_gemm_use_portable_switch);
+  RUN(test_gemm_use_isa);
   RUN(test_gemm_paths_agree);
   RUN(test_gemm_beta0_ignores_c);
   RUN(test_gemm_first_call_threads);
