@@ -986,6 +986,22 @@ DTRAIN_API int dt_sgemm_use_portable(int on);
  * path. */
 DTRAIN_API dt_result dt_sgemm_use_isa(const char *isa);
 
+/* Matrix products in bfloat16 (mixed precision, as PyTorch's CPU autocast):
+ * with DTRAIN_MATMUL_BF16 every dt_sgemm (so every matmul, linear layer and
+ * convolution, forward and backward) rounds its two inputs to bfloat16 and
+ * accumulates in float (AVX512_BF16's VDPBF16PS); parameters, gradients,
+ * the optimizer and every other op stay float. Process-wide, like
+ * dt_set_threads; DTRAIN_MATMUL_FP32 (the default) goes back. Returns
+ * DTRAIN_OK, DTRAIN_ERR_UNSUPPORTED (nothing changes) where the CPU lacks
+ * AVX512_BF16 and AVX512BW or the build has no SIMD or uses BLAS,
+ * DTRAIN_ERR_INVALID_ARG for another value. Results differ from float by
+ * bfloat16's 8-bit mantissa (relative 2^-9 per input); each product is still
+ * deterministic and the same at any thread count. dt_sgemm_kernel() says
+ * "avx512-bf16" while it is on. */
+typedef enum dt_matmul_precision { DTRAIN_MATMUL_FP32 = 0, DTRAIN_MATMUL_BF16 = 1 } dt_matmul_precision;
+DTRAIN_API dt_result dt_set_matmul_precision(dt_matmul_precision precision);
+DTRAIN_API dt_matmul_precision dt_get_matmul_precision(void);
+
 /* ---- threads inside one replica (intra-op) ----------------------------------------
  * dt_set_threads(n) lets the big kernels of a step split their work over n
  * threads: dt_sgemm (by blocks of rows or columns of C, each element computed
@@ -4981,6 +4997,14 @@ DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const float *DT__RESTRICT
 DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void);
+/* dt_gemm_bf16.c: the bfloat16 path (dt_set_matmul_precision) */
+DTRAIN_PRIVATE void dt__gemm_pack_a_bf16(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
+                                         int64_t kc, float *ap);
+DTRAIN_PRIVATE void dt__gemm_pack_b_bf16(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                                         int64_t nc, float *bp);
+DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                        float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
+DTRAIN_PRIVATE int dt__gemm_x86_has_bf16(void);
 #endif
 
 #endif /* DTRAIN_OPS_INTERNAL_H */
@@ -8268,8 +8292,8 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const flo
 
 /* C = alpha * A @ B^T + beta * C without packing, the AVX-512 twin of
  * dt_gemm.c's dt__gemm_dot_avx2 (same blocks of 3 rows x 4 columns, same
- * cases): 16 lanes of FMAs over p in steps of 16, the lanes summed by
- * _mm512_reduce_add_ps (a fixed tree), the remaining p added by scalar FMAs
+ * cases): 16 lanes of FMAs over p in steps of 16, the lanes summed in
+ * a fixed tree, the remaining p added by scalar FMAs
  * in order, then alpha and beta. Every element gets exactly these
  * operations wherever it sits, so results do not depend on how rows are
  * blocked or split over threads. */
@@ -8305,7 +8329,14 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, in
       __m512 acc[3][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}};
       for (int64_t r = 0; r < mr; r++) {
         for (int64_t j = 0; j < nr; j++) {
-          __m128 h = _mm_set_ss(_mm512_reduce_add_ps(acc[r][j]));
+          /* the lanes in a fixed tree, 16 -> 8 -> 4 -> 2 -> 1, through memory: gcc 12's
+           * AVX-512 casts and extracts warn (maybe-uninitialized) in C++ builds */
+          float lanes[16];
+          _mm512_storeu_ps(lanes, acc[r][j]);
+          __m256 o = _mm256_add_ps(_mm256_loadu_ps(lanes), _mm256_loadu_ps(lanes + 8));
+          __m128 h = _mm_add_ps(_mm256_castps256_ps128(o), _mm256_extractf128_ps(o, 1));
+          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+          h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
           for (int64_t p = k16; p < k; p++) h = _mm_fmadd_ss(_mm_set_ss(ar[r][p]), _mm_set_ss(br[j][p]), h);
           float v = _mm_cvtss_f32(h), *cp = c + (i0 + r) * ldc + j0 + j;
           if (beta == 0.0f) *cp = alpha * v;
@@ -8328,6 +8359,200 @@ DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void) {
 #endif /* DT__X86_SIMD */
 #endif /* part 1 */
 /* ======== end dt_gemm_avx512.c ======== */
+
+/* ======== begin dt_gemm_bf16.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
+/* ===========================================================================
+ * dt_gemm_bf16.c -- dt_sgemm in bfloat16 with float accumulation (ops layer)
+ * ===========================================================================
+ * The "avx512-bf16" path of dt_gemm.c, taken by every dt_sgemm while
+ * dt_set_matmul_precision(DTRAIN_MATMUL_BF16) is on (x86-64 CPUs with
+ * AVX512_BF16 and AVX512BW): op(A) and op(B) are rounded to bfloat16 (round
+ * to nearest even, as VCVTNE2PS2BF16 does: subnormals become signed zeros,
+ * a NaN stays a quiet NaN) as they are packed, and the 6x32 micro-kernel
+ * multiplies pairs of them with VDPBF16PS into float accumulators, two
+ * products per lane and instruction; alpha, beta and C stay float. This is
+ * what PyTorch's CPU autocast does to matrix products (bf16 inputs, float
+ * accumulation, float weights kept by the optimizer).
+ *
+ * Packed layout (in the float panels of dt_gemm.c: one pair of bfloat16 per
+ * float slot; slivers as far apart as on the float paths, each half full):
+ * A slivers 6 tall,
+ * ap[q*6 + r] = (op(A)[r][2q], op(A)[r][2q+1]); B slivers 32 wide,
+ * bp[q*32 + j] = (op(B)[2q][j], op(B)[2q+1][j]); the first of a pair in the
+ * low 16 bits, a missing second (odd k) zero.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+
+#ifdef DT__X86_SIMD
+#  include <immintrin.h>
+#  if defined(__clang__)
+#    define DT__GEMM_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16,fma")))
+#  else
+#    define DT__GEMM_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16,fma,tune=generic")))
+#  endif
+
+/* One float to bfloat16 bits, as VCVTNE2PS2BF16 rounds it. */
+static uint32_t dt__bf16_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7f800000u) == 0) return (u >> 16) & 0x8000u;                /* zero or subnormal: signed zero */
+  if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu; /* NaN: quiet */
+  return ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) & 0xffffu;             /* nearest even (Inf stays Inf) */
+}
+static uint32_t dt__bf16_pair(float lo, float hi) { return dt__bf16_bits(lo) | dt__bf16_bits(hi) << 16; }
+static void dt__bf16_store(float *slot, uint32_t pair) { memcpy(slot, &pair, sizeof pair); }
+
+/* n floats of x (contiguous) as n/2 (rounded up) pairs into out[q*stride]:
+ * 32 at a time by the instruction, the rest one by one the same way. */
+DT__GEMM_BF16 static void dt__bf16_pairs(const float *x, int64_t n, float *out, int64_t stride) {
+  int64_t i = 0;
+  uint32_t t[16];
+  for (; i + 32 <= n; i += 32) {
+    __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+    _mm512_storeu_si512((void *)t, v);
+    for (int q = 0; q < 16; q++) dt__bf16_store(out + (i / 2 + q) * stride, t[q]);
+  }
+  for (; i < n; i += 2) dt__bf16_store(out + (i / 2) * stride, dt__bf16_pair(x[i], i + 1 < n ? x[i + 1] : 0.0f));
+}
+
+/* op(X)[i][p] of a row-major X. */
+static float dt__bf16_at(const float *x, int64_t ld, int trans, int64_t i, int64_t p) {
+  return trans ? x[p * ld + i] : x[i * ld + p];
+}
+
+DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_pack_a_bf16(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
+                                                       int64_t mc, int64_t kc, float *ap) {
+  const int64_t q_n = (kc + 1) / 2;
+  for (int64_t s = 0; s < mc; s += 6, ap += 6 * kc) { /* slivers 6*kc slots apart, as on the float paths */
+    for (int64_t r = 0; r < 6; r++) {
+      if (s + r >= mc) {
+        for (int64_t q = 0; q < q_n; q++) dt__bf16_store(ap + q * 6 + r, 0);
+      } else if (!trans) {
+        dt__bf16_pairs(a + (i0 + s + r) * lda + p0, kc, ap + r, 6);
+      } else {
+        for (int64_t q = 0; q < q_n; q++) {
+          int64_t p = 2 * q;
+          float hi = p + 1 < kc ? dt__bf16_at(a, lda, 1, i0 + s + r, p0 + p + 1) : 0.0f;
+          dt__bf16_store(ap + q * 6 + r, dt__bf16_pair(dt__bf16_at(a, lda, 1, i0 + s + r, p0 + p), hi));
+        }
+      }
+    }
+  }
+}
+
+DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_pack_b_bf16(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
+                                                       int64_t kc, int64_t nc, float *bp) {
+  const int64_t q_n = (kc + 1) / 2;
+  /* pairs of rows to pairs per column: word t of the result takes word t/2
+   * of x (even t) or of y (odd t); the upper half of the sliver from 16 on */
+  __m512i lo_idx, hi_idx;
+  {
+    int16_t l[32], h[32];
+    for (int t = 0; t < 16; t++) {
+      l[2 * t] = (int16_t)t;
+      l[2 * t + 1] = (int16_t)(32 + t);
+      h[2 * t] = (int16_t)(16 + t);
+      h[2 * t + 1] = (int16_t)(48 + t);
+    }
+    lo_idx = _mm512_loadu_si512((const void *)l);
+    hi_idx = _mm512_loadu_si512((const void *)h);
+  }
+  for (int64_t s = 0; s < nc; s += 32, bp += 32 * kc) {
+    int64_t cols = DT__MIN(32, nc - s);
+    if (!trans && cols == 32) {
+      for (int64_t q = 0; q < q_n; q++) {
+        const float *r0 = b + (p0 + 2 * q) * ldb + j0 + s;
+        __m512i x = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(r0 + 16), _mm512_loadu_ps(r0)), y;
+        if (2 * q + 1 < kc) y = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(r0 + ldb + 16), _mm512_loadu_ps(r0 + ldb));
+        else y = _mm512_setzero_si512();
+        _mm512_storeu_si512((void *)(bp + q * 32), _mm512_permutex2var_epi16(x, lo_idx, y));
+        _mm512_storeu_si512((void *)(bp + q * 32 + 16), _mm512_permutex2var_epi16(x, hi_idx, y));
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < 32; j++) {
+      if (j >= cols) {
+        for (int64_t q = 0; q < q_n; q++) dt__bf16_store(bp + q * 32 + j, 0);
+      } else if (trans) { /* column j of op(B) is a contiguous row of b */
+        dt__bf16_pairs(b + (j0 + s + j) * ldb + p0, kc, bp + j, 32);
+      } else {
+        for (int64_t q = 0; q < q_n; q++) {
+          int64_t p = 2 * q;
+          float hi = p + 1 < kc ? b[(p0 + p + 1) * ldb + j0 + s + j] : 0.0f;
+          dt__bf16_store(bp + q * 32 + j, dt__bf16_pair(b[(p0 + p) * ldb + j0 + s + j], hi));
+        }
+      }
+    }
+  }
+}
+
+#define DT__BF_ROW(r)                                                        \
+  do {                                                                       \
+    uint32_t w_;                                                             \
+    memcpy(&w_, ap + (r), sizeof w_);                                        \
+    __m512bh a_ = (__m512bh)_mm512_set1_epi32((int)w_);                      \
+    c##r##0 = _mm512_dpbf16_ps(c##r##0, a_, b0);                             \
+    c##r##1 = _mm512_dpbf16_ps(c##r##1, a_, b1);                             \
+  } while (0)
+#define DT__BF_STORE(r)                                                                               \
+  do {                                                                                                \
+    float *cr_ = c + (r) * ldc;                                                                       \
+    if (beta == 0.0f) {                                                                               \
+      _mm512_storeu_ps(cr_, _mm512_mul_ps(va, c##r##0));                                              \
+      _mm512_storeu_ps(cr_ + 16, _mm512_mul_ps(va, c##r##1));                                         \
+    } else if (beta == 1.0f) {                                                                        \
+      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_loadu_ps(cr_)));                      \
+      _mm512_storeu_ps(cr_ + 16, _mm512_fmadd_ps(va, c##r##1, _mm512_loadu_ps(cr_ + 16)));            \
+    } else {                                                                                          \
+      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_))));   \
+      _mm512_storeu_ps(cr_ + 16,                                                                      \
+                       _mm512_fmadd_ps(va, c##r##1, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_ + 16)))); \
+    }                                                                                                 \
+  } while (0)
+
+/* kc counts floats of k (the panel holds (kc+1)/2 pairs). */
+DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *DT__RESTRICT ap,
+                                                      const float *DT__RESTRICT bp, float alpha, float beta,
+                                                      float *DT__RESTRICT c, int64_t ldc) {
+  __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps();
+  __m512 c11 = _mm512_setzero_ps(), c20 = _mm512_setzero_ps(), c21 = _mm512_setzero_ps();
+  __m512 c30 = _mm512_setzero_ps(), c31 = _mm512_setzero_ps(), c40 = _mm512_setzero_ps();
+  __m512 c41 = _mm512_setzero_ps(), c50 = _mm512_setzero_ps(), c51 = _mm512_setzero_ps();
+  for (int64_t q = 0, q_n = (kc + 1) / 2; q < q_n; q++) {
+    __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)bp);
+    __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(bp + 16));
+    DT__BF_ROW(0);
+    DT__BF_ROW(1);
+    DT__BF_ROW(2);
+    DT__BF_ROW(3);
+    DT__BF_ROW(4);
+    DT__BF_ROW(5);
+    ap += 6;
+    bp += 32;
+  }
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  DT__BF_STORE(0);
+  DT__BF_STORE(1);
+  DT__BF_STORE(2);
+  DT__BF_STORE(3);
+  DT__BF_STORE(4);
+  DT__BF_STORE(5);
+}
+
+/* 1 when the CPU (and OS) have what the path needs. */
+DTRAIN_PRIVATE int dt__gemm_x86_has_bf16(void) {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma");
+}
+
+#undef DT__BF_ROW
+#undef DT__BF_STORE
+#undef DT__GEMM_BF16
+#endif /* DT__X86_SIMD */
+#endif /* part 1 */
+/* ======== end dt_gemm_bf16.c ======== */
 
 /* ======== begin dt_gemm.c ======== */
 #if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
@@ -8359,7 +8584,7 @@ DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void) {
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
  * k block rather than once per B panel.
- * The panels are one automatic array of fixed size (256 KiB of stack), so
+ * The panels are one automatic array of fixed size (272 KiB of stack), so
  * a call allocates nothing and may run on any thread.
  *
  * Kernels ("paths"), picked once per process at run time:
@@ -8419,7 +8644,8 @@ DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void) {
 #define DT__GEMM_PATH_AVX2 1
 #define DT__GEMM_PATH_NEON 2
 #define DT__GEMM_PATH_AVX512 3
-#define DT__GEMM_NPATHS 4
+#define DT__GEMM_PATH_BF16 4 /* only under dt_set_matmul_precision(DTRAIN_MATMUL_BF16) */
+#define DT__GEMM_NPATHS 5
 
 /* Portable register tile. MR x NR is 12 vector accumulators, whether a
  * vector holds 4 floats (SSE, NEON) or 8 (AVX). */
@@ -8889,7 +9115,9 @@ static const dt__gemm_path dt__gemm_paths[DT__GEMM_NPATHS] = {
 #endif
 #ifdef DT__GEMM_X86
     {6, 32, dt__gemm_micro_avx512, dt__gemm_micro4_avx512, dt__gemm_pack_a_avx2, dt__gemm_pack_b_avx512, "avx512"},
+    {6, 32, dt__gemm_micro_bf16, NULL, dt__gemm_pack_a_bf16, dt__gemm_pack_b_bf16, "avx512-bf16"},
 #else
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
     {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
 #endif
 };
@@ -8901,6 +9129,7 @@ static int dt__gemm_has_path(int id) {
 #if defined(DT__GEMM_X86)
     case DT__GEMM_PATH_AVX2: return dt__gemm_x86_has_avx2();
     case DT__GEMM_PATH_AVX512: return dt__gemm_x86_has_avx2() && dt__gemm_x86_has_avx512();
+    case DT__GEMM_PATH_BF16: return dt__gemm_x86_has_avx2() && dt__gemm_x86_has_bf16();
 #elif defined(DT__GEMM_NEON)
     case DT__GEMM_PATH_NEON: return 1;
 #endif
@@ -8910,9 +9139,9 @@ static int dt__gemm_has_path(int id) {
 
 /* Path id of an ISA name (DTRAIN_ISA, dt_sgemm_use_isa); -1: not a name. */
 static int dt__gemm_isa_id(const char *isa) {
-  static const char *const names[DT__GEMM_NPATHS] = {"portable", "avx2", "neon", "avx512"};
+  static const char *const names[DT__GEMM_NPATHS] = {"portable", "avx2", "neon", "avx512", NULL};
   for (int i = 0; i < DT__GEMM_NPATHS; i++)
-    if (strcmp(isa, names[i]) == 0) return i;
+    if (names[i] && strcmp(isa, names[i]) == 0) return i;
   return -1;
 }
 
@@ -8934,6 +9163,7 @@ static int dt__gemm_best_path(void) {
  * the compiler has them so that concurrent first calls are race-free. */
 static int dt__gemm_chosen = 0;
 static int dt__gemm_override = -1;
+static int dt__gemm_bf16_on = 0; /* dt_set_matmul_precision */
 
 #if defined(__GNUC__) || defined(__clang__)
 #  define DT__GEMM_LOAD(v) __atomic_load_n(&(v), __ATOMIC_ACQUIRE)
@@ -8990,8 +9220,32 @@ DTRAIN_API const char *dt_sgemm_kernel(void) {
 #ifdef DTRAIN_USE_CBLAS
   return "cblas";
 #else
+  if (DT__GEMM_LOAD(dt__gemm_bf16_on)) return dt__gemm_paths[DT__GEMM_PATH_BF16].name;
   return dt__gemm_paths[dt__gemm_path_id()].name;
 #endif
+}
+
+DTRAIN_API dt_result dt_set_matmul_precision(dt_matmul_precision precision) {
+  if (precision != DTRAIN_MATMUL_FP32 && precision != DTRAIN_MATMUL_BF16)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_set_matmul_precision: %d is not DTRAIN_MATMUL_FP32 or _BF16",
+                     (int)precision);
+  if (precision == DTRAIN_MATMUL_BF16) {
+#ifdef DTRAIN_USE_CBLAS
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "bf16 matrix products: this build uses BLAS (DTRAIN_USE_CBLAS), float only");
+#else
+    if (!dt__gemm_has_path(DT__GEMM_PATH_BF16))
+      return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                       "bf16 matrix products need an x86-64 CPU with AVX512_BF16 and AVX512BW (AMD Zen 4 and later, "
+                       "Intel Cooper Lake, Sapphire Rapids and later) and a GCC or clang build with SIMD; "
+                       "this CPU or build has not");
+#endif
+  }
+  DT__GEMM_STORE(dt__gemm_bf16_on, precision == DTRAIN_MATMUL_BF16);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_matmul_precision dt_get_matmul_precision(void) {
+  return DT__GEMM_LOAD(dt__gemm_bf16_on) ? DTRAIN_MATMUL_BF16 : DTRAIN_MATMUL_FP32;
 }
 
 /* ---- driver ------------------------------------------------------------------------------- */
@@ -9175,7 +9429,7 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
     dt__gemm_scale(m, n, beta, c, ldc);
     return;
   }
-  int path = dt__gemm_path_id();
+  int path = DT__GEMM_LOAD(dt__gemm_bf16_on) ? DT__GEMM_PATH_BF16 : dt__gemm_path_id();
   const dt__gemm_path *pa = &dt__gemm_paths[path];
   /* A @ B^T with few columns, or with few rows and a long k (a layer's
    * forward on a small batch: packing B, the weights, would cost as much as
@@ -9234,6 +9488,7 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
 #undef DT__GEMM_PATH_AVX2
 #undef DT__GEMM_PATH_NEON
 #undef DT__GEMM_PATH_AVX512
+#undef DT__GEMM_PATH_BF16
 #undef DT__GEMM_NPATHS
 #undef DT__GEMM_LOAD
 #undef DT__GEMM_STORE
@@ -12722,7 +12977,7 @@ DTRAIN_PRIVATE void dt__graph_grad_settle(dt_graph *g) {
 /* ======== end dt_graph_params.c ======== */
 
 /* ======== begin dt_optim.c ======== */
-#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_optim.c -- SGD, Adam, AdamW, RMSprop; learning-rate schedules; clipping
  * ===========================================================================
@@ -13510,7 +13765,7 @@ DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
 #ifdef DT__OPTIM_AVX
 #  undef DT__OPTIM_AVX
 #endif
-#endif /* part 1 */
+#endif /* part 2 */
 /* ======== end dt_optim.c ======== */
 
 /* ======== begin dt_nn.c ======== */
@@ -19885,7 +20140,7 @@ DTRAIN_PRIVATE dt_result dt__thread_start(dt__thread *t, dt__thread_fn fn, void 
   if (!s) return dt__error(DTRAIN_ERR_NOMEM, "thread start: out of memory");
   s->fn = fn;
   s->arg = arg;
-  /* An explicit stack: dt_sgemm keeps its packed panels (~256 KiB) on the
+  /* An explicit stack: dt_sgemm keeps its packed panels (~272 KiB) on the
    * stack, more than some libcs give a thread by default (musl: 128 KiB). */
   pthread_attr_t attr;
   int rc = pthread_attr_init(&attr);

@@ -114,6 +114,7 @@ DTRAIN_EXTERN_C_END
 #  error "dtrain_cuda.h implementation must be compiled as CUDA C++ (nvcc) or, for the host emulation, as C++"
 #endif
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

@@ -55,6 +55,7 @@
 typedef struct options {
   const char *model, *optimizer, *data, *checkpoint, *resume, *csv, *svg, *schedule, *strategy, *checkpoint_dir;
   const char *device; /* "cpu", "cuda", "cuda:N" */
+  const char *precision; /* --precision: fp32, or bf16 (dt_set_matmul_precision) */
   const char *compress_text; /* --compress */
   int overlap;               /* --overlap */
   const char *init_weights;  /* --init-weights: a safetensors file of the model's weights */
@@ -395,6 +396,7 @@ static int parse(int argc, char **argv, options *o) {
   o->schedule = "constant";
   o->strategy = "one_device";
   o->device = "cpu";
+  o->precision = "fp32";
   o->compress_text = "none";
   o->max_staleness = DTRAIN_STALENESS_UNBOUNDED;
   const ex_flag flags[] = {
@@ -424,6 +426,9 @@ static int parse(int argc, char **argv, options *o) {
       {"csv", 's', &o->csv, 0, 0, "per-epoch metrics"},
       {"svg", 's', &o->svg, 0, 0, "the loss and accuracy chart"},
       {"device", 's', &o->device, 0, 0, "cpu, cuda (one replica per GPU) or cuda:N"},
+      {"precision", 's', &o->precision, 0, 0,
+       "matrix products in fp32, or bf16 (bfloat16 inputs, float accumulation and weights, as PyTorch's CPU "
+       "autocast; CPUs with AVX512_BF16)"},
       {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored, parameter_server: gradients on the wire as none, fp16, bf16, topk:F or powersgd:R (parameter_server: pulls as 16-bit differences)"},
       {"overlap", 'b', &o->overlap, 0, 0, "mirrored, multi_worker_mirrored: sum gradient buckets during backward (parameter_server: examples/06)"},
       {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--overlap, or --compress fp16/bf16 without it: KiB of gradient per bucket (0: 2048 with --overlap, one ring without)"},
@@ -519,6 +524,14 @@ static int parse(int argc, char **argv, options *o) {
   }
   if (o->evaluate && (!strcmp(o->strategy, "multi_worker_mirrored") || !strcmp(o->strategy, "parameter_server"))) {
     fprintf(stderr, "error: --evaluate runs in one process (not with --strategy %s)\n", o->strategy);
+    goto bad;
+  }
+  if (strcmp(o->precision, "fp32") && strcmp(o->precision, "bf16")) {
+    fprintf(stderr, "error: --precision %s: fp32 or bf16\n", o->precision);
+    goto bad;
+  }
+  if (!strcmp(o->precision, "bf16") && strcmp(o->device, "cpu")) {
+    fprintf(stderr, "error: --precision bf16 is for the CPU (the CUDA backend computes in fp32)\n");
     goto bad;
   }
   if (!strncmp(o->device, "cuda:", 5) && o->replicas > 1) {
@@ -641,6 +654,10 @@ int main(int argc, char **argv) {
   if (dt_cluster_discover(&argc, argv, &cl) != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 2; }
   int pr = parse(argc, argv, &a.o);
   if (pr <= 0) return pr < 0 ? 0 : 2;
+  if (!strcmp(a.o.precision, "bf16") && dt_set_matmul_precision(DTRAIN_MATMUL_BF16) != DTRAIN_OK) {
+    fprintf(stderr, "error: --precision bf16: %s\n", dt_last_error());
+    return 2;
+  }
   const int mwm = !strcmp(a.o.strategy, "multi_worker_mirrored"), ps = !strcmp(a.o.strategy, "parameter_server");
   const int rank = (mwm || ps) ? cl->index : 0, world = (mwm || ps) ? cl->workers : 1;
   if (ps && cl->servers < 1) { fprintf(stderr, "error: parameter_server needs servers (dtrain-launch --ps M, or \"ps\" in DTRAIN_CONFIG)\n"); return 2; }
@@ -863,13 +880,13 @@ int main(int argc, char **argv) {
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
            "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
            "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d,\"compress\":\"%s\","
-           "\"wire_bytes_per_step\":%.0f,\"wire_bytes_received_per_step\":%.0f,\"overlap\":%d%s%s%s}\n",
+           "\"wire_bytes_per_step\":%.0f,\"wire_bytes_received_per_step\":%.0f,\"overlap\":%d,\"precision\":\"%s\"%s%s%s}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
            dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker,
            dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy, 0),
-           wire_per_step(a.strategy, 1), a.o.overlap, target,
+           wire_per_step(a.strategy, 1), a.o.overlap, a.o.precision, target,
            staleness_json(a.strategy, a.o.staleness_lr), a.o.profile ? profile_json() : "");
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);

@@ -26,7 +26,7 @@
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
  * k block rather than once per B panel.
- * The panels are one automatic array of fixed size (256 KiB of stack), so
+ * The panels are one automatic array of fixed size (272 KiB of stack), so
  * a call allocates nothing and may run on any thread.
  *
  * Kernels ("paths"), picked once per process at run time:
@@ -86,7 +86,8 @@
 #define DT__GEMM_PATH_AVX2 1
 #define DT__GEMM_PATH_NEON 2
 #define DT__GEMM_PATH_AVX512 3
-#define DT__GEMM_NPATHS 4
+#define DT__GEMM_PATH_BF16 4 /* only under dt_set_matmul_precision(DTRAIN_MATMUL_BF16) */
+#define DT__GEMM_NPATHS 5
 
 /* Portable register tile. MR x NR is 12 vector accumulators, whether a
  * vector holds 4 floats (SSE, NEON) or 8 (AVX). */
@@ -556,7 +557,9 @@ static const dt__gemm_path dt__gemm_paths[DT__GEMM_NPATHS] = {
 #endif
 #ifdef DT__GEMM_X86
     {6, 32, dt__gemm_micro_avx512, dt__gemm_micro4_avx512, dt__gemm_pack_a_avx2, dt__gemm_pack_b_avx512, "avx512"},
+    {6, 32, dt__gemm_micro_bf16, NULL, dt__gemm_pack_a_bf16, dt__gemm_pack_b_bf16, "avx512-bf16"},
 #else
+    {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
     {DT__GEMM_MR, DT__GEMM_NR, dt__gemm_micro_c, NULL, dt__gemm_pack_a_c, dt__gemm_pack_b_c, "portable"},
 #endif
 };
@@ -568,6 +571,7 @@ static int dt__gemm_has_path(int id) {
 #if defined(DT__GEMM_X86)
     case DT__GEMM_PATH_AVX2: return dt__gemm_x86_has_avx2();
     case DT__GEMM_PATH_AVX512: return dt__gemm_x86_has_avx2() && dt__gemm_x86_has_avx512();
+    case DT__GEMM_PATH_BF16: return dt__gemm_x86_has_avx2() && dt__gemm_x86_has_bf16();
 #elif defined(DT__GEMM_NEON)
     case DT__GEMM_PATH_NEON: return 1;
 #endif
@@ -577,9 +581,9 @@ static int dt__gemm_has_path(int id) {
 
 /* Path id of an ISA name (DTRAIN_ISA, dt_sgemm_use_isa); -1: not a name. */
 static int dt__gemm_isa_id(const char *isa) {
-  static const char *const names[DT__GEMM_NPATHS] = {"portable", "avx2", "neon", "avx512"};
+  static const char *const names[DT__GEMM_NPATHS] = {"portable", "avx2", "neon", "avx512", NULL};
   for (int i = 0; i < DT__GEMM_NPATHS; i++)
-    if (strcmp(isa, names[i]) == 0) return i;
+    if (names[i] && strcmp(isa, names[i]) == 0) return i;
   return -1;
 }
 
@@ -601,6 +605,7 @@ static int dt__gemm_best_path(void) {
  * the compiler has them so that concurrent first calls are race-free. */
 static int dt__gemm_chosen = 0;
 static int dt__gemm_override = -1;
+static int dt__gemm_bf16_on = 0; /* dt_set_matmul_precision */
 
 #if defined(__GNUC__) || defined(__clang__)
 #  define DT__GEMM_LOAD(v) __atomic_load_n(&(v), __ATOMIC_ACQUIRE)
@@ -657,8 +662,32 @@ DTRAIN_API const char *dt_sgemm_kernel(void) {
 #ifdef DTRAIN_USE_CBLAS
   return "cblas";
 #else
+  if (DT__GEMM_LOAD(dt__gemm_bf16_on)) return dt__gemm_paths[DT__GEMM_PATH_BF16].name;
   return dt__gemm_paths[dt__gemm_path_id()].name;
 #endif
+}
+
+DTRAIN_API dt_result dt_set_matmul_precision(dt_matmul_precision precision) {
+  if (precision != DTRAIN_MATMUL_FP32 && precision != DTRAIN_MATMUL_BF16)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "dt_set_matmul_precision: %d is not DTRAIN_MATMUL_FP32 or _BF16",
+                     (int)precision);
+  if (precision == DTRAIN_MATMUL_BF16) {
+#ifdef DTRAIN_USE_CBLAS
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "bf16 matrix products: this build uses BLAS (DTRAIN_USE_CBLAS), float only");
+#else
+    if (!dt__gemm_has_path(DT__GEMM_PATH_BF16))
+      return dt__error(DTRAIN_ERR_UNSUPPORTED,
+                       "bf16 matrix products need an x86-64 CPU with AVX512_BF16 and AVX512BW (AMD Zen 4 and later, "
+                       "Intel Cooper Lake, Sapphire Rapids and later) and a GCC or clang build with SIMD; "
+                       "this CPU or build has not");
+#endif
+  }
+  DT__GEMM_STORE(dt__gemm_bf16_on, precision == DTRAIN_MATMUL_BF16);
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_matmul_precision dt_get_matmul_precision(void) {
+  return DT__GEMM_LOAD(dt__gemm_bf16_on) ? DTRAIN_MATMUL_BF16 : DTRAIN_MATMUL_FP32;
 }
 
 /* ---- driver ------------------------------------------------------------------------------- */
@@ -842,7 +871,7 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
     dt__gemm_scale(m, n, beta, c, ldc);
     return;
   }
-  int path = dt__gemm_path_id();
+  int path = DT__GEMM_LOAD(dt__gemm_bf16_on) ? DT__GEMM_PATH_BF16 : dt__gemm_path_id();
   const dt__gemm_path *pa = &dt__gemm_paths[path];
   /* A @ B^T with few columns, or with few rows and a long k (a layer's
    * forward on a small batch: packing B, the weights, would cost as much as
@@ -901,6 +930,7 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
 #undef DT__GEMM_PATH_AVX2
 #undef DT__GEMM_PATH_NEON
 #undef DT__GEMM_PATH_AVX512
+#undef DT__GEMM_PATH_BF16
 #undef DT__GEMM_NPATHS
 #undef DT__GEMM_LOAD
 #undef DT__GEMM_STORE

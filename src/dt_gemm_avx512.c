@@ -105,8 +105,8 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const flo
 
 /* C = alpha * A @ B^T + beta * C without packing, the AVX-512 twin of
  * dt_gemm.c's dt__gemm_dot_avx2 (same blocks of 3 rows x 4 columns, same
- * cases): 16 lanes of FMAs over p in steps of 16, the lanes summed by
- * _mm512_reduce_add_ps (a fixed tree), the remaining p added by scalar FMAs
+ * cases): 16 lanes of FMAs over p in steps of 16, the lanes summed in
+ * a fixed tree, the remaining p added by scalar FMAs
  * in order, then alpha and beta. Every element gets exactly these
  * operations wherever it sits, so results do not depend on how rows are
  * blocked or split over threads. */
@@ -142,7 +142,14 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, in
       __m512 acc[3][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}};
       for (int64_t r = 0; r < mr; r++) {
         for (int64_t j = 0; j < nr; j++) {
-          __m128 h = _mm_set_ss(_mm512_reduce_add_ps(acc[r][j]));
+          /* the lanes in a fixed tree, 16 -> 8 -> 4 -> 2 -> 1, through memory: gcc 12's
+           * AVX-512 casts and extracts warn (maybe-uninitialized) in C++ builds */
+          float lanes[16];
+          _mm512_storeu_ps(lanes, acc[r][j]);
+          __m256 o = _mm256_add_ps(_mm256_loadu_ps(lanes), _mm256_loadu_ps(lanes + 8));
+          __m128 h = _mm_add_ps(_mm256_castps256_ps128(o), _mm256_extractf128_ps(o, 1));
+          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+          h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
           for (int64_t p = k16; p < k; p++) h = _mm_fmadd_ss(_mm_set_ss(ar[r][p]), _mm_set_ss(br[j][p]), h);
           float v = _mm_cvtss_f32(h), *cp = c + (i0 + r) * ldc + j0 + j;
           if (beta == 0.0f) *cp = alpha * v;

@@ -168,6 +168,22 @@ DTRAIN_API int dt_sgemm_use_portable(int on);
  * path. */
 DTRAIN_API dt_result dt_sgemm_use_isa(const char *isa);
 
+/* Matrix products in bfloat16 (mixed precision, as PyTorch's CPU autocast):
+ * with DTRAIN_MATMUL_BF16 every dt_sgemm (so every matmul, linear layer and
+ * convolution, forward and backward) rounds its two inputs to bfloat16 and
+ * accumulates in float (AVX512_BF16's VDPBF16PS); parameters, gradients,
+ * the optimizer and every other op stay float. Process-wide, like
+ * dt_set_threads; DTRAIN_MATMUL_FP32 (the default) goes back. Returns
+ * DTRAIN_OK, DTRAIN_ERR_UNSUPPORTED (nothing changes) where the CPU lacks
+ * AVX512_BF16 and AVX512BW or the build has no SIMD or uses BLAS,
+ * DTRAIN_ERR_INVALID_ARG for another value. Results differ from float by
+ * bfloat16's 8-bit mantissa (relative 2^-9 per input); each product is still
+ * deterministic and the same at any thread count. dt_sgemm_kernel() says
+ * "avx512-bf16" while it is on. */
+typedef enum dt_matmul_precision { DTRAIN_MATMUL_FP32 = 0, DTRAIN_MATMUL_BF16 = 1 } dt_matmul_precision;
+DTRAIN_API dt_result dt_set_matmul_precision(dt_matmul_precision precision);
+DTRAIN_API dt_matmul_precision dt_get_matmul_precision(void);
+
 /* ---- threads inside one replica (intra-op) ----------------------------------------
  * dt_set_threads(n) lets the big kernels of a step split their work over n
  * threads: dt_sgemm (by blocks of rows or columns of C, each element computed

@@ -210,5 +210,14 @@ r = d['recommendation']
 assert (r['name'], r['workers']) in names and r['why'] and r['distribute'] == (r['name'] != 'one_device'), r
 assert d['measured']['params'] == 235146 and d['shared_cores'] == 1
 \" && $E --data $D --plan --link rate=10mbit,delay=5ms --plan-workers 4 > $T/plan.txt && grep -q '^recommendation: ' $T/plan.txt && grep -q 'a machine per worker' $T/plan.txt && ! $E --data $D --plan --link rate=slow > $T/planbad.txt 2>&1 && grep -q \"^error: --link: dt_plan_link_parse: rate 'slow'\" $T/planbad.txt"
+# --precision bf16: where the CPU has AVX512_BF16 it trains (json says so, the weights differ from fp32's,
+# accuracy close); elsewhere it stops at once with the reason (exit 2). A bad value is refused.
+check "fmnist-precision-bf16" sh -c "$E $common --epochs 1 --limit 2048 > $T/p32.json && if $E $common --epochs 1 --limit 2048 --precision bf16 > $T/p16.json 2> $T/p16.err; then python3 -c \"
+import json
+a = json.load(open('$T/p32.json')); b = json.load(open('$T/p16.json'))
+assert a['precision'] == 'fp32' and b['precision'] == 'bf16', (a, b)
+assert a['params_checksum'] != b['params_checksum'], 'bf16 changed nothing'
+assert abs(a['test_accuracy'] - b['test_accuracy']) < 0.03, (a['test_accuracy'], b['test_accuracy'])
+\"; else test \$? = 2 && grep -q '^error: --precision bf16: bf16 matrix products need' $T/p16.err; fi && ! $E --precision fp16 > $T/pbad.txt 2>&1 && grep -q '^error: --precision fp16: fp32 or bf16' $T/pbad.txt"
 echo "example_checks: $pass passed, $fail failed, $skipped skipped"
 [ "$fail" -eq 0 ]

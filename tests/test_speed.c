@@ -250,6 +250,98 @@ static void test_gemm_paths_agree(void) {
   CHECK_MSG(failed == 0, "%d of %d gemm cases wrong", failed, cases);
 }
 
+/* bfloat16 rounding as the bf16 path does it (nearest even; subnormals to
+ * signed zero; NaN stays NaN). */
+static float bf16_round(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
+  else if ((u & 0x7fffffffu) <= 0x7f800000u) u = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* dt_set_matmul_precision(DTRAIN_MATMUL_BF16): where the CPU has AVX512_BF16
+ * every product equals the double product of the bf16-rounded inputs to
+ * float accumulation error (so the packing rounds every element, in every
+ * transpose, edge and odd k, exactly once and right), it is deterministic
+ * and the same at 1..3 threads; elsewhere it is refused with a reason and
+ * nothing changes (reported as skipped, the refusal checked). */
+static void test_gemm_bf16(void) {
+  CHECK(dt_set_matmul_precision((dt_matmul_precision)7) == DTRAIN_ERR_INVALID_ARG);
+  dt_result r = dt_set_matmul_precision(DTRAIN_MATMUL_BF16);
+  if (r != DTRAIN_OK) {
+    CHECK(r == DTRAIN_ERR_UNSUPPORTED);
+    CHECK(strstr(dt_last_error(), "AVX512_BF16") != NULL || strstr(dt_last_error(), "BLAS") != NULL);
+    CHECK(dt_get_matmul_precision() == DTRAIN_MATMUL_FP32);
+    CHECK(strcmp(dt_sgemm_kernel(), expected_kernel()) == 0);
+    th_skip_item("test_gemm_bf16", "bf16 products: %s", dt_last_error());
+    return;
+  }
+  CHECK(dt_get_matmul_precision() == DTRAIN_MATMUL_BF16);
+  CHECK_MSG(strcmp(dt_sgemm_kernel(), "avx512-bf16") == 0, "kernel %s", dt_sgemm_kernel());
+  static const gemm_case cases[] = {{0, 0, 7, 33, 5, 1, 1.0f, 0.0f},    {0, 1, 64, 256, 784, 0, 1.0f, 1.0f},
+                                    {1, 0, 13, 70, 257, 2, 0.5f, 1.0f},  {1, 1, 100, 31, 64, 0, 1.0f, 0.5f},
+                                    {0, 0, 6, 32, 2, 0, -1.0f, 0.0f},    {0, 1, 1, 1, 1, 0, 1.0f, 0.0f},
+                                    {1, 0, 200, 97, 300, 1, 1.0f, 0.0f}, {0, 1, 2, 65, 33, 3, 2.0f, 1.0f}};
+  th_seed(77);
+  int bad = 0;
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const gemm_case *t = &cases[ci];
+    int64_t ar = t->ta ? t->k : t->m, ac = t->ta ? t->m : t->k, br = t->tb ? t->n : t->k, bc = t->tb ? t->k : t->n;
+    int64_t lda = ac + t->pad, ldb = bc + t->pad, ldc = t->n + t->pad;
+    float *a = (float *)malloc((size_t)(ar * lda) * sizeof(float)), *b = (float *)malloc((size_t)(br * ldb) * sizeof(float));
+    float *c0 = (float *)malloc((size_t)(t->m * ldc) * sizeof(float)), *c1 = (float *)malloc((size_t)(t->m * ldc) * sizeof(float));
+    float *c2 = (float *)malloc((size_t)(t->m * ldc) * sizeof(float)), *cin = (float *)malloc((size_t)(t->m * ldc) * sizeof(float));
+    th_fill(a, ar * lda, -1, 1);
+    th_fill(b, br * ldb, -1, 1);
+    th_fill(cin, t->m * ldc, -1, 1);
+    memcpy(c0, cin, (size_t)(t->m * ldc) * sizeof(float));
+    memcpy(c1, cin, (size_t)(t->m * ldc) * sizeof(float));
+    memcpy(c2, cin, (size_t)(t->m * ldc) * sizeof(float));
+    dt_sgemm(t->ta, t->tb, t->m, t->n, t->k, t->alpha, a, lda, b, ldb, t->beta, c0, ldc);
+    dt_sgemm(t->ta, t->tb, t->m, t->n, t->k, t->alpha, a, lda, b, ldb, t->beta, c1, ldc);
+    if (dt_set_threads(3) == DTRAIN_OK) {
+      dt_sgemm(t->ta, t->tb, t->m, t->n, t->k, t->alpha, a, lda, b, ldb, t->beta, c2, ldc);
+      dt_set_threads(1);
+      bad += memcmp(c0, c2, (size_t)(t->m * ldc) * sizeof(float)) != 0;
+    }
+    bad += memcmp(c0, c1, (size_t)(t->m * ldc) * sizeof(float)) != 0;
+    for (int64_t i = 0; i < t->m; i++)
+      for (int64_t j = 0; j < t->n; j++) {
+        double s = 0, sabs = 0;
+        for (int64_t q = 0; q < t->k; q++) {
+          double v = (double)bf16_round((float)at(a, lda, t->ta, i, q)) * (double)bf16_round((float)at(b, ldb, t->tb, q, j));
+          s += v;
+          sabs += fabs(v);
+        }
+        double want = (double)t->alpha * s + (t->beta == 0.0f ? 0.0 : (double)t->beta * cin[i * ldc + j]);
+        double tol = 2.0 * (double)(t->k + 3) * FLT_EPSILON * (fabs((double)t->alpha) * sabs + fabs(t->beta * cin[i * ldc + j])) + 1e-30;
+        if (!(fabs((double)c0[i * ldc + j] - want) <= tol)) {
+          if (bad < 3)
+            fprintf(stderr, "bf16 gemm t%d%d %lldx%lldx%lld: C[%lld][%lld] %.9g want %.9g\n", t->ta, t->tb,
+                    (long long)t->m, (long long)t->n, (long long)t->k, (long long)i, (long long)j, (double)c0[i * ldc + j], want);
+          bad++;
+        }
+      }
+    free(a);
+    free(b);
+    free(c0);
+    free(c1);
+    free(c2);
+    free(cin);
+  }
+  CHECK_MSG(bad == 0, "%d bf16 gemm elements or repeats wrong", bad);
+  /* a float product differs from the bf16 one (the rounding is really there) */
+  float x[2] = {1.0f + 1.0f / 1024.0f, 1.0f}, y[2] = {1.0f, 1.0f}, got = 0.0f;
+  dt_sgemm(0, 0, 1, 1, 1, 1.0f, x, 1, y, 1, 0.0f, &got, 1);
+  CHECK_MSG(got == 1.0f, "bf16 of 1+2^-10 times 1: %.9g", (double)got);
+  CHECK(dt_set_matmul_precision(DTRAIN_MATMUL_FP32) == DTRAIN_OK);
+  dt_sgemm(0, 0, 1, 1, 1, 1.0f, x, 1, y, 1, 0.0f, &got, 1);
+  CHECK(got == x[0]);
+  CHECK(strcmp(dt_sgemm_kernel(), expected_kernel()) == 0);
+}
+
 /* beta == 0 never reads C (NaN there must not leak), on both paths. */
 static void test_gemm_beta0_ignores_c(void) {
   int64_t m = 13, n = 37, k = 29;
@@ -1120,6 +1212,7 @@ int main(void) {
   RUN(test_gemm_use_isa);
   RUN(test_gemm_paths_agree);
   RUN(test_gemm_beta0_ignores_c);
+  RUN(test_gemm_bf16);
   RUN(test_gemm_first_call_threads);
   RUN(test_adam_simd_matches_scalar);
   RUN(test_relu_exact);
