@@ -4286,8 +4286,8 @@ typedef enum dt_kernel {
    * P = Ho*Wo), one K x P matrix per image.
    * IM2COL: p0 col, p1 x. COL2IM_ACC: p0 gx += the columns p1 fold back.
    * CONV_BIAS: p0 y [N,O,P] = p1 b[o]. CONV_BIAS_BWD: p0 gb[o] += sum of
-   * p1 gy over images and positions; p2 (NULL or N*O floats) scratch for
-   * the per-(image, channel) sums. */
+   * p1 gy over images and positions; p2 (N*O floats) scratch for the
+   * per-(image, channel) sums. */
   DTRAIN_K_IM2COL, DTRAIN_K_COL2IM_ACC, DTRAIN_K_CONV_BIAS, DTRAIN_K_CONV_BIAS_BWD,
   /* Pooling, no padding: n0 planes (N*C), n1 H, n2 W, n3 Ho, n4 Wo,
    * n5 kernel, n6 stride. Fwd p0 y, p1 x. Bwd p0 gx, p1 gy, p2 x, p3 y (max:
@@ -5005,6 +5005,25 @@ DTRAIN_PRIVATE void dt__gemm_pack_b_bf16(int trans, const float *b, int64_t ldb,
 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
                                         float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
 DTRAIN_PRIVATE int dt__gemm_x86_has_bf16(void);
+/* One row r of a 6x32 AVX-512 tile into C (dt_gemm_avx512.c, dt_gemm_bf16.c):
+ * c[r] = alpha*acc (+ beta*c[r]) as the AVX2 path stores, from the
+ * accumulators c<r>0, c<r>1 and va = alpha, vb = beta broadcast; the caller
+ * has c, ldc and beta in scope and is compiled for AVX-512F. */
+#define DT__GEMM_Z_STORE(r)                                                                                \
+  do {                                                                                                \
+    float *cr_ = c + (r) * ldc;                                                                       \
+    if (beta == 0.0f) {                                                                               \
+      _mm512_storeu_ps(cr_, _mm512_mul_ps(va, c##r##0));                                              \
+      _mm512_storeu_ps(cr_ + 16, _mm512_mul_ps(va, c##r##1));                                         \
+    } else if (beta == 1.0f) {                                                                        \
+      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_loadu_ps(cr_)));                      \
+      _mm512_storeu_ps(cr_ + 16, _mm512_fmadd_ps(va, c##r##1, _mm512_loadu_ps(cr_ + 16)));            \
+    } else {                                                                                          \
+      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_))));   \
+      _mm512_storeu_ps(cr_ + 16,                                                                      \
+                       _mm512_fmadd_ps(va, c##r##1, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_ + 16)))); \
+    }                                                                                                 \
+  } while (0)
 #endif
 
 #endif /* DTRAIN_OPS_INTERNAL_H */
@@ -8219,23 +8238,6 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
     c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1);       \
   } while (0)
 
-/* One row of the tile: c[r] = alpha*acc (+ beta*c[r]), as the AVX2 path. */
-#define DT__Z_STORE(r)                                                                                \
-  do {                                                                                                \
-    float *cr_ = c + (r) * ldc;                                                                       \
-    if (beta == 0.0f) {                                                                               \
-      _mm512_storeu_ps(cr_, _mm512_mul_ps(va, c##r##0));                                              \
-      _mm512_storeu_ps(cr_ + 16, _mm512_mul_ps(va, c##r##1));                                         \
-    } else if (beta == 1.0f) {                                                                        \
-      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_loadu_ps(cr_)));                      \
-      _mm512_storeu_ps(cr_ + 16, _mm512_fmadd_ps(va, c##r##1, _mm512_loadu_ps(cr_ + 16)));            \
-    } else {                                                                                          \
-      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_))));   \
-      _mm512_storeu_ps(cr_ + 16,                                                                      \
-                       _mm512_fmadd_ps(va, c##r##1, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_ + 16)))); \
-    }                                                                                                 \
-  } while (0)
-
 DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const float *DT__RESTRICT ap,
                                                           const float *DT__RESTRICT bp, float alpha, float beta,
                                                           float *DT__RESTRICT c, int64_t ldc) {
@@ -8259,12 +8261,12 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const floa
     bp += 32;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  DT__Z_STORE(0);
-  DT__Z_STORE(1);
-  DT__Z_STORE(2);
-  DT__Z_STORE(3);
-  DT__Z_STORE(4);
-  DT__Z_STORE(5);
+  DT__GEMM_Z_STORE(0);
+  DT__GEMM_Z_STORE(1);
+  DT__GEMM_Z_STORE(2);
+  DT__GEMM_Z_STORE(3);
+  DT__GEMM_Z_STORE(4);
+  DT__GEMM_Z_STORE(5);
 }
 
 /* The first 4 rows of a 6x32 tile (the slivers stay 6 tall), straight to C. */
@@ -8284,10 +8286,10 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const flo
     bp += 32;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  DT__Z_STORE(0);
-  DT__Z_STORE(1);
-  DT__Z_STORE(2);
-  DT__Z_STORE(3);
+  DT__GEMM_Z_STORE(0);
+  DT__GEMM_Z_STORE(1);
+  DT__GEMM_Z_STORE(2);
+  DT__GEMM_Z_STORE(3);
 }
 
 /* C = alpha * A @ B^T + beta * C without packing, the AVX-512 twin of
@@ -8354,7 +8356,6 @@ DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void) {
 }
 
 #undef DT__Z_FMA2
-#undef DT__Z_STORE
 #undef DT__GEMM_AVX512
 #endif /* DT__X86_SIMD */
 #endif /* part 1 */
@@ -8496,22 +8497,6 @@ DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_pack_b_bf16(int trans, const float *b
     c##r##0 = _mm512_dpbf16_ps(c##r##0, a_, b0);                             \
     c##r##1 = _mm512_dpbf16_ps(c##r##1, a_, b1);                             \
   } while (0)
-#define DT__BF_STORE(r)                                                                               \
-  do {                                                                                                \
-    float *cr_ = c + (r) * ldc;                                                                       \
-    if (beta == 0.0f) {                                                                               \
-      _mm512_storeu_ps(cr_, _mm512_mul_ps(va, c##r##0));                                              \
-      _mm512_storeu_ps(cr_ + 16, _mm512_mul_ps(va, c##r##1));                                         \
-    } else if (beta == 1.0f) {                                                                        \
-      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_loadu_ps(cr_)));                      \
-      _mm512_storeu_ps(cr_ + 16, _mm512_fmadd_ps(va, c##r##1, _mm512_loadu_ps(cr_ + 16)));            \
-    } else {                                                                                          \
-      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_))));   \
-      _mm512_storeu_ps(cr_ + 16,                                                                      \
-                       _mm512_fmadd_ps(va, c##r##1, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_ + 16)))); \
-    }                                                                                                 \
-  } while (0)
-
 /* kc counts floats of k (the panel holds (kc+1)/2 pairs). */
 DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *DT__RESTRICT ap,
                                                       const float *DT__RESTRICT bp, float alpha, float beta,
@@ -8533,12 +8518,12 @@ DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *D
     bp += 32;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  DT__BF_STORE(0);
-  DT__BF_STORE(1);
-  DT__BF_STORE(2);
-  DT__BF_STORE(3);
-  DT__BF_STORE(4);
-  DT__BF_STORE(5);
+  DT__GEMM_Z_STORE(0);
+  DT__GEMM_Z_STORE(1);
+  DT__GEMM_Z_STORE(2);
+  DT__GEMM_Z_STORE(3);
+  DT__GEMM_Z_STORE(4);
+  DT__GEMM_Z_STORE(5);
 }
 
 /* 1 when the CPU (and OS) have what the path needs. */
@@ -8548,7 +8533,6 @@ DTRAIN_PRIVATE int dt__gemm_x86_has_bf16(void) {
 }
 
 #undef DT__BF_ROW
-#undef DT__BF_STORE
 #undef DT__GEMM_BF16
 #endif /* DT__X86_SIMD */
 #endif /* part 1 */
@@ -9366,9 +9350,13 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
  * with one thread. */
 #define DT__GEMM_PAR_MIN ((double)(1 << 20)) /* multiply-adds below which one thread is faster */
 
+typedef void (*dt__gemm_dot_fn)(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                                const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
 typedef struct dt__gemm_job {
   const dt__gemm_path *pa;
-  int trans_a, trans_b, by_rows, dot;
+  dt__gemm_dot_fn dot; /* the unpacked dot-product kernel, or NULL: packed */
+  int trans_a, trans_b, by_rows;
   int64_t m, n, k, lda, ldb, ldc, tiles;
   float alpha, beta;
   const float *a, *b;
@@ -9379,15 +9367,12 @@ static void dt__gemm_part(void *arg, int part, int nparts) {
   const dt__gemm_job *j = (const dt__gemm_job *)arg;
   int64_t t0 = j->tiles * part / nparts, t1 = j->tiles * (part + 1) / nparts;
   if (t0 >= t1) return;
-#ifdef DT__GEMM_X86
   if (j->dot) { /* blocks of 3 rows */
     int64_t i0 = t0 * 3, i1 = DT__MIN(j->m, t1 * 3);
-    (j->pa->nr == 32 ? dt__gemm_dot_avx512 : dt__gemm_dot_avx2)(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda,
-                                                                 j->lda, j->b, j->ldb, j->beta, j->c + i0 * j->ldc,
-                                                                 j->ldc);
+    j->dot(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb, j->beta, j->c + i0 * j->ldc,
+           j->ldc);
     return;
   }
-#endif
   if (j->by_rows) {
     int64_t i0 = t0 * j->pa->mr, i1 = DT__MIN(j->m, t1 * j->pa->mr);
     const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
@@ -9436,9 +9421,15 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
    * the product): the unpacked dot-product kernel. On the AVX-512 path only
    * with few columns: there the dot products are bound by reading A from L2
    * (64x256x784 on a Zen 5 EPYC: 102 GFLOP/s, packed 153). */
-  int dot = !trans_a && trans_b && k >= 16 &&
-            ((path == DT__GEMM_PATH_AVX2 && (n < 32 || (m <= 32 && k >= 256) || (m <= 64 && k >= 512))) ||
-             (path == DT__GEMM_PATH_AVX512 && n < 32));
+  dt__gemm_dot_fn dot = NULL;
+#ifdef DT__GEMM_X86
+  if (!trans_a && trans_b && k >= 16) {
+    if (path == DT__GEMM_PATH_AVX2 && (n < 32 || (m <= 32 && k >= 256) || (m <= 64 && k >= 512)))
+      dot = dt__gemm_dot_avx2;
+    else if (path == DT__GEMM_PATH_AVX512 && n < 32)
+      dot = dt__gemm_dot_avx512;
+  }
+#endif
   int threads = (double)m * (double)n * (double)k >= DT__GEMM_PAR_MIN ? dt__par_threads() : 1;
   if (threads > 1 || dot) {
     dt__gemm_job j;
@@ -9447,8 +9438,8 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
     j.trans_a = trans_a;
     j.trans_b = trans_b;
     j.dot = dot;
-    j.by_rows = dot || tiles_m > tiles_n;
-    j.tiles = dot ? (m + 2) / 3 : j.by_rows ? tiles_m : tiles_n;
+    j.by_rows = dot != NULL || tiles_m > tiles_n;
+    j.tiles = dot != NULL ? (m + 2) / 3 : j.by_rows ? tiles_m : tiles_n;
     j.m = m;
     j.n = n;
     j.k = k;
@@ -12977,7 +12968,7 @@ DTRAIN_PRIVATE void dt__graph_grad_settle(dt_graph *g) {
 /* ======== end dt_graph_params.c ======== */
 
 /* ======== begin dt_optim.c ======== */
-#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
  * dt_optim.c -- SGD, Adam, AdamW, RMSprop; learning-rate schedules; clipping
  * ===========================================================================
@@ -13765,7 +13756,7 @@ DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
 #ifdef DT__OPTIM_AVX
 #  undef DT__OPTIM_AVX
 #endif
-#endif /* part 2 */
+#endif /* part 1 */
 /* ======== end dt_optim.c ======== */
 
 /* ======== begin dt_nn.c ======== */

@@ -429,13 +429,6 @@ DT__CU_HD inline void dt__cu_col2im_at(int64_t i, const dt_kernel_args &a) {
 DT__CU_HD inline void dt__cu_conv_bias_at(int64_t i, const dt_kernel_args &a) {
   a.p[0][i] = a.p[1][(i / (a.n[8] * a.n[9])) % a.n[10]];
 }
-DT__CU_HD inline void dt__cu_conv_bias_bwd_at(int64_t o, const dt_kernel_args &a) {
-  const int64_t N = a.n[0], O = a.n[10], P = a.n[8] * a.n[9];
-  double s = 0.0;
-  for (int64_t img = 0; img < N; img++)
-    for (int64_t q = 0; q < P; q++) s += (double)a.p[1][(img * O + o) * P + q];
-  a.p[0][o] += (float)s;
-}
 /* Pooling: the CPU's rules (first maximum; a NaN wins, the last NaN of a
  * window takes the gradient), window order. */
 DT__CU_HD inline void dt__cu_maxpool_at(int64_t i, const dt_kernel_args &a) {
@@ -715,8 +708,9 @@ static_assert(DTRAIN_K_COUNT == 57, "a new dt_kernel needs its case in dt__cu_di
  * L::each<F>(n, a) runs F for i in [0,n); L::acc_rows(a) is
  * DTRAIN_K_ACC_ROWS; L::sum(a, squares) a reduction;
  * L::gemm(g) a column-major SGEMM; L::conv_bias_bwd, bn_stats, bn_bwd_ch the
- * per-channel sums over [N][C][HW] (on a GPU one block per channel: one
- * thread per channel summed N*HW values alone, 4 ms a step for a CNN). */
+ * per-channel sums over [N][C][HW] (on a GPU: the bias gradient in two warp
+ * passes through a scratch, the batch-norm sums one block per channel; one
+ * thread per channel summing N*HW values alone took 4 ms a step for a CNN). */
 /* The convolution and max-pool kernels index within a plane with int:
  * planes past INT_MAX elements are refused (as no kernel, below). */
 static inline bool dt__cu_rows_fit(int64_t in_plane, int64_t out_plane) {
@@ -767,7 +761,9 @@ template <class L> static dt_result dt__cu_dispatch(L &l, dt_kernel k, const dt_
       if (!dt__cu_rows_fit(a.n[2] * a.n[3], a.n[8] * a.n[9])) break;
       return l.template each<dt__cu_col2im_at>(a.n[0] * a.n[1] * a.n[2] * a.n[3], a);
     case DTRAIN_K_CONV_BIAS: return l.template each<dt__cu_conv_bias_at>(a.n[0] * a.n[10] * a.n[8] * a.n[9], a);
-    case DTRAIN_K_CONV_BIAS_BWD: return l.conv_bias_bwd(a);
+    case DTRAIN_K_CONV_BIAS_BWD:
+      if (!a.p[2]) return dt_device_error(DTRAIN_ERR_INVALID_ARG, "conv bias gradient: no scratch (p2, N*O floats)");
+      return l.conv_bias_bwd(a);
     case DTRAIN_K_MAXPOOL: return l.template each<dt__cu_maxpool_at>(a.n[0] * a.n[3] * a.n[4], a);
     case DTRAIN_K_AVGPOOL: return l.template each<dt__cu_avgpool_at>(a.n[0] * a.n[3] * a.n[4], a);
     case DTRAIN_K_MAXPOOL_BWD:
@@ -833,10 +829,9 @@ struct dt__cu_host_launcher {
     a.p[0][0] = squares ? (float)s : (float)(s * (double)a.f[0]);
     return DTRAIN_OK;
   }
-  /* With the scratch p2: the GPU's two passes (rows, then each channel's
+  /* The GPU's two passes (rows into the scratch p2, then each channel's
    * partial sums over the images), in plain loops. */
   dt_result conv_bias_bwd(const dt_kernel_args &a) {
-    if (!a.p[2]) return each<dt__cu_conv_bias_bwd_at>(a.n[10], a);
     const int64_t n = a.n[0], o = a.n[10], len = a.n[8] * a.n[9];
     for (int64_t r = 0; r < n * o; r++) {
       double s = 0.0;
@@ -1142,13 +1137,6 @@ struct dt__cu_chan_walk {
     }
   }
 };
-__global__ void dt__cu_conv_bias_bwd_kernel(dt_kernel_args a) {
-  const int64_t ch = blockIdx.x, N = a.n[0], O = a.n[10], P = a.n[8] * a.n[9];
-  double s = 0.0, unused = 0.0;
-  for (dt__cu_chan_walk w(P, O); w.img < N; w.next()) s += (double)a.p[1][w.at(ch)];
-  dt__cu_block_sum2(&s, &unused);
-  if (threadIdx.x == 0) a.p[0][ch] += (float)s;
-}
 __global__ void dt__cu_bn_stats_kernel(dt_kernel_args a) {
   const int64_t ch = blockIdx.x, c = a.n[1], hw = a.n[2], m = a.n[0] * hw;
   const float *xd = a.p[1];
@@ -1253,10 +1241,9 @@ struct dt__cu_gpu_launcher {
     DT__CUDA_CHECK(c->name, "per-channel kernel launch", cudaGetLastError());
     return DTRAIN_OK;
   }
-  /* p2 the scratch [N][O] (dt_device.h); without one, a block per channel. */
+  /* p2 the scratch [N][O] (dt_device.h). */
   dt_result conv_bias_bwd(const dt_kernel_args &a) {
     const int64_t n = a.n[0], o = a.n[10], rows = n * o;
-    if (!a.p[2]) return per_channel(dt__cu_conv_bias_bwd_kernel, o, a);
     if (rows <= 0) return DTRAIN_OK;
     const int64_t b1 = (rows + 7) / 8, b2 = (o + 7) / 8; /* 8 warps a block */
     if (b1 > 2147483647) return dt_device_error(DTRAIN_ERR_UNSUPPORTED, "conv bias gradient: too many rows");

@@ -139,8 +139,8 @@ typedef enum dt_kernel {
    * P = Ho*Wo), one K x P matrix per image.
    * IM2COL: p0 col, p1 x. COL2IM_ACC: p0 gx += the columns p1 fold back.
    * CONV_BIAS: p0 y [N,O,P] = p1 b[o]. CONV_BIAS_BWD: p0 gb[o] += sum of
-   * p1 gy over images and positions; p2 (NULL or N*O floats) scratch for
-   * the per-(image, channel) sums. */
+   * p1 gy over images and positions; p2 (N*O floats) scratch for the
+   * per-(image, channel) sums. */
   DTRAIN_K_IM2COL, DTRAIN_K_COL2IM_ACC, DTRAIN_K_CONV_BIAS, DTRAIN_K_CONV_BIAS_BWD,
   /* Pooling, no padding: n0 planes (N*C), n1 H, n2 W, n3 Ho, n4 Wo,
    * n5 kernel, n6 stride. Fwd p0 y, p1 x. Bwd p0 gx, p1 gy, p2 x, p3 y (max:

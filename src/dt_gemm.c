@@ -808,9 +808,13 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
  * with one thread. */
 #define DT__GEMM_PAR_MIN ((double)(1 << 20)) /* multiply-adds below which one thread is faster */
 
+typedef void (*dt__gemm_dot_fn)(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                                const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
 typedef struct dt__gemm_job {
   const dt__gemm_path *pa;
-  int trans_a, trans_b, by_rows, dot;
+  dt__gemm_dot_fn dot; /* the unpacked dot-product kernel, or NULL: packed */
+  int trans_a, trans_b, by_rows;
   int64_t m, n, k, lda, ldb, ldc, tiles;
   float alpha, beta;
   const float *a, *b;
@@ -821,15 +825,12 @@ static void dt__gemm_part(void *arg, int part, int nparts) {
   const dt__gemm_job *j = (const dt__gemm_job *)arg;
   int64_t t0 = j->tiles * part / nparts, t1 = j->tiles * (part + 1) / nparts;
   if (t0 >= t1) return;
-#ifdef DT__GEMM_X86
   if (j->dot) { /* blocks of 3 rows */
     int64_t i0 = t0 * 3, i1 = DT__MIN(j->m, t1 * 3);
-    (j->pa->nr == 32 ? dt__gemm_dot_avx512 : dt__gemm_dot_avx2)(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda,
-                                                                 j->lda, j->b, j->ldb, j->beta, j->c + i0 * j->ldc,
-                                                                 j->ldc);
+    j->dot(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb, j->beta, j->c + i0 * j->ldc,
+           j->ldc);
     return;
   }
-#endif
   if (j->by_rows) {
     int64_t i0 = t0 * j->pa->mr, i1 = DT__MIN(j->m, t1 * j->pa->mr);
     const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
@@ -878,9 +879,15 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
    * the product): the unpacked dot-product kernel. On the AVX-512 path only
    * with few columns: there the dot products are bound by reading A from L2
    * (64x256x784 on a Zen 5 EPYC: 102 GFLOP/s, packed 153). */
-  int dot = !trans_a && trans_b && k >= 16 &&
-            ((path == DT__GEMM_PATH_AVX2 && (n < 32 || (m <= 32 && k >= 256) || (m <= 64 && k >= 512))) ||
-             (path == DT__GEMM_PATH_AVX512 && n < 32));
+  dt__gemm_dot_fn dot = NULL;
+#ifdef DT__GEMM_X86
+  if (!trans_a && trans_b && k >= 16) {
+    if (path == DT__GEMM_PATH_AVX2 && (n < 32 || (m <= 32 && k >= 256) || (m <= 64 && k >= 512)))
+      dot = dt__gemm_dot_avx2;
+    else if (path == DT__GEMM_PATH_AVX512 && n < 32)
+      dot = dt__gemm_dot_avx512;
+  }
+#endif
   int threads = (double)m * (double)n * (double)k >= DT__GEMM_PAR_MIN ? dt__par_threads() : 1;
   if (threads > 1 || dot) {
     dt__gemm_job j;
@@ -889,8 +896,8 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
     j.trans_a = trans_a;
     j.trans_b = trans_b;
     j.dot = dot;
-    j.by_rows = dot || tiles_m > tiles_n;
-    j.tiles = dot ? (m + 2) / 3 : j.by_rows ? tiles_m : tiles_n;
+    j.by_rows = dot != NULL || tiles_m > tiles_n;
+    j.tiles = dot != NULL ? (m + 2) / 3 : j.by_rows ? tiles_m : tiles_n;
     j.m = m;
     j.n = n;
     j.k = k;

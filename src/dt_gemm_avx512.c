@@ -32,23 +32,6 @@
     c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1);       \
   } while (0)
 
-/* One row of the tile: c[r] = alpha*acc (+ beta*c[r]), as the AVX2 path. */
-#define DT__Z_STORE(r)                                                                                \
-  do {                                                                                                \
-    float *cr_ = c + (r) * ldc;                                                                       \
-    if (beta == 0.0f) {                                                                               \
-      _mm512_storeu_ps(cr_, _mm512_mul_ps(va, c##r##0));                                              \
-      _mm512_storeu_ps(cr_ + 16, _mm512_mul_ps(va, c##r##1));                                         \
-    } else if (beta == 1.0f) {                                                                        \
-      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_loadu_ps(cr_)));                      \
-      _mm512_storeu_ps(cr_ + 16, _mm512_fmadd_ps(va, c##r##1, _mm512_loadu_ps(cr_ + 16)));            \
-    } else {                                                                                          \
-      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_))));   \
-      _mm512_storeu_ps(cr_ + 16,                                                                      \
-                       _mm512_fmadd_ps(va, c##r##1, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_ + 16)))); \
-    }                                                                                                 \
-  } while (0)
-
 DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const float *DT__RESTRICT ap,
                                                           const float *DT__RESTRICT bp, float alpha, float beta,
                                                           float *DT__RESTRICT c, int64_t ldc) {
@@ -72,12 +55,12 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const floa
     bp += 32;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  DT__Z_STORE(0);
-  DT__Z_STORE(1);
-  DT__Z_STORE(2);
-  DT__Z_STORE(3);
-  DT__Z_STORE(4);
-  DT__Z_STORE(5);
+  DT__GEMM_Z_STORE(0);
+  DT__GEMM_Z_STORE(1);
+  DT__GEMM_Z_STORE(2);
+  DT__GEMM_Z_STORE(3);
+  DT__GEMM_Z_STORE(4);
+  DT__GEMM_Z_STORE(5);
 }
 
 /* The first 4 rows of a 6x32 tile (the slivers stay 6 tall), straight to C. */
@@ -97,10 +80,10 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const flo
     bp += 32;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  DT__Z_STORE(0);
-  DT__Z_STORE(1);
-  DT__Z_STORE(2);
-  DT__Z_STORE(3);
+  DT__GEMM_Z_STORE(0);
+  DT__GEMM_Z_STORE(1);
+  DT__GEMM_Z_STORE(2);
+  DT__GEMM_Z_STORE(3);
 }
 
 /* C = alpha * A @ B^T + beta * C without packing, the AVX-512 twin of
@@ -167,6 +150,5 @@ DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void) {
 }
 
 #undef DT__Z_FMA2
-#undef DT__Z_STORE
 #undef DT__GEMM_AVX512
 #endif /* DT__X86_SIMD */

@@ -132,22 +132,6 @@ DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_pack_b_bf16(int trans, const float *b
     c##r##0 = _mm512_dpbf16_ps(c##r##0, a_, b0);                             \
     c##r##1 = _mm512_dpbf16_ps(c##r##1, a_, b1);                             \
   } while (0)
-#define DT__BF_STORE(r)                                                                               \
-  do {                                                                                                \
-    float *cr_ = c + (r) * ldc;                                                                       \
-    if (beta == 0.0f) {                                                                               \
-      _mm512_storeu_ps(cr_, _mm512_mul_ps(va, c##r##0));                                              \
-      _mm512_storeu_ps(cr_ + 16, _mm512_mul_ps(va, c##r##1));                                         \
-    } else if (beta == 1.0f) {                                                                        \
-      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_loadu_ps(cr_)));                      \
-      _mm512_storeu_ps(cr_ + 16, _mm512_fmadd_ps(va, c##r##1, _mm512_loadu_ps(cr_ + 16)));            \
-    } else {                                                                                          \
-      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_))));   \
-      _mm512_storeu_ps(cr_ + 16,                                                                      \
-                       _mm512_fmadd_ps(va, c##r##1, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_ + 16)))); \
-    }                                                                                                 \
-  } while (0)
-
 /* kc counts floats of k (the panel holds (kc+1)/2 pairs). */
 DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *DT__RESTRICT ap,
                                                       const float *DT__RESTRICT bp, float alpha, float beta,
@@ -169,12 +153,12 @@ DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *D
     bp += 32;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  DT__BF_STORE(0);
-  DT__BF_STORE(1);
-  DT__BF_STORE(2);
-  DT__BF_STORE(3);
-  DT__BF_STORE(4);
-  DT__BF_STORE(5);
+  DT__GEMM_Z_STORE(0);
+  DT__GEMM_Z_STORE(1);
+  DT__GEMM_Z_STORE(2);
+  DT__GEMM_Z_STORE(3);
+  DT__GEMM_Z_STORE(4);
+  DT__GEMM_Z_STORE(5);
 }
 
 /* 1 when the CPU (and OS) have what the path needs. */
@@ -184,6 +168,5 @@ DTRAIN_PRIVATE int dt__gemm_x86_has_bf16(void) {
 }
 
 #undef DT__BF_ROW
-#undef DT__BF_STORE
 #undef DT__GEMM_BF16
 #endif /* DT__X86_SIMD */

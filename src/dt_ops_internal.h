@@ -67,6 +67,25 @@ DTRAIN_PRIVATE void dt__gemm_pack_b_bf16(int trans, const float *b, int64_t ldb,
 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
                                         float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
 DTRAIN_PRIVATE int dt__gemm_x86_has_bf16(void);
+/* One row r of a 6x32 AVX-512 tile into C (dt_gemm_avx512.c, dt_gemm_bf16.c):
+ * c[r] = alpha*acc (+ beta*c[r]) as the AVX2 path stores, from the
+ * accumulators c<r>0, c<r>1 and va = alpha, vb = beta broadcast; the caller
+ * has c, ldc and beta in scope and is compiled for AVX-512F. */
+#define DT__GEMM_Z_STORE(r)                                                                                \
+  do {                                                                                                \
+    float *cr_ = c + (r) * ldc;                                                                       \
+    if (beta == 0.0f) {                                                                               \
+      _mm512_storeu_ps(cr_, _mm512_mul_ps(va, c##r##0));                                              \
+      _mm512_storeu_ps(cr_ + 16, _mm512_mul_ps(va, c##r##1));                                         \
+    } else if (beta == 1.0f) {                                                                        \
+      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_loadu_ps(cr_)));                      \
+      _mm512_storeu_ps(cr_ + 16, _mm512_fmadd_ps(va, c##r##1, _mm512_loadu_ps(cr_ + 16)));            \
+    } else {                                                                                          \
+      _mm512_storeu_ps(cr_, _mm512_fmadd_ps(va, c##r##0, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_))));   \
+      _mm512_storeu_ps(cr_ + 16,                                                                      \
+                       _mm512_fmadd_ps(va, c##r##1, _mm512_mul_ps(vb, _mm512_loadu_ps(cr_ + 16)))); \
+    }                                                                                                 \
+  } while (0)
 #endif
 
 #endif /* DTRAIN_OPS_INTERNAL_H */
