@@ -22,7 +22,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal test-minimal-nothreads test-minimal-nostdio test-minimal-edge all test test-suite suite-bins check-house demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
-.PHONY: windows bench-strategy bench-backup bench-pipeline bench-net bench-netem bench-gpu fuzz soak chaos board
+.PHONY: windows bench-strategy bench-backup bench-plan figures bench-pipeline bench-net bench-netem bench-gpu fuzz soak chaos board
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench tools/dtrain-ckpt
 
@@ -276,6 +276,15 @@ bench-netem: tools/dtrain-bench
 bench: bench-backup
 bench-backup: $(BUILD)/examples/04_sync_vs_async
 	sh bench/run_backup.sh $(BUILD)/examples/04_sync_vs_async
+# The planner against measured runs (02 --plan against 02 --json: threads, processes on
+# loopback and over emulated 100 and 10 Mbit/s links; MLP and CNN), a table; about 6 minutes.
+bench: bench-plan
+bench-plan: $(BUILD)/examples/02_fashion_mnist tools/dtrain-launch
+	EX=$(BUILD)/examples/02_fashion_mnist bash bench/run_plan.sh
+# The seeds' scaling figure (speed-up against 1-64 workers, sync and async, planner lines
+# and measured points): bench/figures/scaling.svg; about 3 minutes.
+figures: $(BUILD)/examples/02_fashion_mnist tools/dtrain-launch
+	BUILD=$(BUILD) bash bench/run_figures.sh
 # Pipeline parallelism: GPipe and 1F1B for M = 1..16 beside one_device.
 bench: bench-pipeline
 bench-pipeline: $(BUILD)/examples/07_model_parallel

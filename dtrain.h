@@ -2839,7 +2839,15 @@ typedef struct dt_replica_stats {
   int64_t steps;          /* steps completed (async: pushes) */
   int64_t samples;        /* rows processed */
   double compute_s;       /* forward + backward (+ straggler sleep) */
-  double wait_s;          /* waiting for the others: barriers (sync), the staleness bound (async) */
+  double wait_s;          /* waiting for the others: barriers among a process's replicas (sync), the
+                             staleness bound (async); not the time inside communication (comm_s) */
+  double comm_s;          /* communication: multi_worker_mirrored's cross-process all-reduce (the wait
+                             there for the slowest worker included: a collective cannot tell them
+                             apart; before 2026-11-29 this was counted in wait_s), the pulls and
+                             pushes of async and parameter_server (without the staleness bound's
+                             wait; in one process the push also makes the replica's optimizer
+                             step, block by block), and with parameter_server overlap the time a
+                             step waits for the previous push and pull to finish */
   int64_t staleness_max;  /* async: most updates pushed by others between a pull and its push */
   double staleness_mean;
   int64_t clock_gap_max;  /* async: most steps this replica was ahead of the slowest at a pull */
@@ -2857,6 +2865,8 @@ typedef struct dt_strategy_stats {
   double steps_per_s, samples_per_s;
   double wait_s_mean;     /* mean over replicas of dt_replica_stats.wait_s */
   double wait_s_max;
+  double compute_s_mean;  /* mean over replicas of dt_replica_stats.compute_s */
+  double comm_s_mean;     /* ... of dt_replica_stats.comm_s */
   float last_loss;        /* sync: the last step's loss; async: the last push's */
   double mean_loss;       /* mean over the steps (async: pushes) */
   int64_t staleness_hist[DTRAIN_STALENESS_BINS]; /* async: pushes by staleness; the last bin is ">=" */
@@ -3264,16 +3274,29 @@ DTRAIN_EXTERN_C_END
  *     ... with overlap             all-reduce hidden behind backward up to
  *                                  overlap_fraction of t(B/N)
  *   parameter_server(N, M)         each worker: t(B/N) + 2 alpha + (gradient +
- *                                  parameter bytes) / beta; the servers bound a round
- *                                  by N x (gradient + parameter bytes) / (M beta) +
+ *                                  parameter bytes) / beta + update / M (the servers
+ *                                  apply the push before the pull is answered); the
+ *                                  servers bound a round by N x (gradient + parameter
+ *                                  bytes) / (M beta) (not with links_per_connection) +
  *                                  N x update / M; expected staleness N - 1
  *   pipeline(P) (1F1B, m micro)    (m + P - 1) x (t(B)/(P m) + boundary transfer);
  *                                  bubble (P - 1)/(m + P - 1); memory 1/P of the weights
  *
  * t(b) is the measured step time at batch b (fixed + b x per-sample), B the
- * global batch (every worker takes B/N: dtrain's rule). Replicas beyond the
+ * global batch (every worker takes B/N: dtrain's rule). Data loading, when
+ * measured (dt_plan_measure_loader: ld per sample), is added where it runs:
+ * one_device and the thread strategies load the global batch on the
+ * caller's thread before the replicas start (+ ld x B a step, not divided),
+ * each worker process loads its own B/N (+ ld x B/N, taking turns with the
+ * others where the cores are shared). Replicas beyond the
  * cores take turns: their compute counts ceil(N / cores) times (threads
- * always; processes with shared_cores, a rehearsal on one machine). Each row has its
+ * always; processes with shared_cores, a rehearsal on one machine), and
+ * replicas computing at once on one machine are each busy_slowdown slower
+ * (dt_plan_measure times it with every core busy). On one machine
+ * (shared_cores) a step of N processes also takes at least all their CPU work
+ * over the cores: N x (t(B/N) + loading + update), and 2 x every byte sent
+ * at 2.5 GB/s (the kernel copies it at both ends of a local socket: what
+ * bounds a loopback stream). Each row has its
  * samples/s, time per epoch, memory per worker, its share of the step spent
  * communicating, the bubble and the expected staleness; dt_plan_recommend
  * picks the fastest row that fits the memory limit, and says "do not
@@ -3299,10 +3322,18 @@ typedef struct dt_plan_model {
   int64_t boundary_bytes_per_sample;   /* pipeline: what one stage hands the next per sample (0: no pipeline rows) */
   int pipeline_max_stages;             /* layers the model can be cut into (0: no pipeline rows) */
   int measured_batch;                  /* the batch dt_plan_measure ran */
+  double load_per_sample_s;            /* data loading per sample (dt_plan_measure_loader; 0: not in the model) */
+  double busy_slowdown;                /* forward + backward with busy_cores replicas running at once on this
+                                          machine over one alone, >= 1 (caches and memory bandwidth are shared;
+                                          0: not measured, taken as 1) */
+  int busy_cores;                      /* how many ran at once (dt_plan_measure: min(cores, rows, replicas max)) */
 } dt_plan_model;
 
 typedef struct dt_plan_options {
-  int batch;                /* the global batch B (> 0) */
+  int batch;                /* the global batch B (> 0); with weak_scaling each worker's */
+  int weak_scaling;         /* 1: every worker keeps `batch` rows a step, the global batch grows with
+                               N (B = N x batch; pipelines still share one batch); 0: B is fixed and
+                               each of N workers takes B/N (dtrain's --batch) */
   int64_t epoch_samples;    /* samples per epoch (0: no epoch times) */
   int max_workers;          /* rows for N = 1, 2, 4, ... up to this (default 16, at most 64) */
   int cores;                /* cores of one machine, for the thread strategies (default: this machine's) */
@@ -3314,6 +3345,9 @@ typedef struct dt_plan_options {
   double overlap_fraction;  /* share of the backward that can hide the all-reduce (0: 0.5) */
   int microbatches;         /* pipeline m (0: 4 per stage) */
   double memory_limit_bytes;/* per worker (0: no limit) */
+  int links_per_connection; /* 1: every connection has a link of its own (DTRAIN_NETEM's emulation:
+                               a parameter server's N workers do not share its link); 0: each
+                               process's one link carries all its connections (a machine's NIC) */
   int shared_cores;         /* 1: the worker and server processes run on one machine and share its
                                `cores` (a rehearsal over loopback or an emulated link); 0: a machine each */
 } dt_plan_options;
@@ -3335,10 +3369,17 @@ typedef struct dt_plan_row {
 
 /* Runs fn (the loss of one replica's batch, as for dt_strategy_create) for
  * `steps` steps (default 20 when <= 0) at batch b->rows and again at half of
- * it, forward, backward and an update by a scratch copy of opt's options;
- * params are as they were afterwards and opt is untouched. */
+ * it, forward, backward and an update by a scratch copy of opt's options,
+ * then at b->rows over min(cores, rows) replicas at once (a mirrored strategy:
+ * fn must take any replica index, as for dt_strategy_create) for
+ * busy_slowdown; params are as they were afterwards and opt is untouched. */
 DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_step_fn fn, void *user,
                                      const dt_minibatch *b, int steps, dt_plan_model *out);
+/* Times `batches` calls of dt_loader_next on l (default 20 when <= 0; the
+ * median, after 2 not counted) and sets out->load_per_sample_s, leaving the
+ * rest of out as it was; l's position is put back afterwards. Call it after
+ * dt_plan_measure (which clears out). */
+DTRAIN_API dt_result dt_plan_measure_loader(dt_loader *l, int batches, dt_plan_model *out);
 /* "rate=100mbit,delay=2ms[,jitter=1ms]" (DTRAIN_NETEM's units; rate counts
  * 66 header bytes per 1448-byte segment, as the emulation does, so the payload
  * gets 1448/1514 of it; a jitter adds half of itself to the latency), or
@@ -4607,19 +4648,17 @@ DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64
 /* add, to the table only: a region too small and frequent for the timeline
  * (an optimizer block inside a parameter-store push, whose span covers it) */
 DTRAIN_PRIVATE void dt__prof_add_table(const char *name, dt_profile_phase phase, int64_t t0);
-/* The timeline (dt_profile.c too): tracing/set_tracing read and switch its bit of
- * the hooks' word; trace_t0/trace_end time a trace-only span (a strategy
+/* The timeline (dt_profile.c too): tracing reads its bit of the hooks'
+ * word; trace_t0/trace_end time a trace-only span (a strategy
  * step: not in the profile's table, whose rows would count it twice);
  * trace_wait records a wait of `seconds` that ends now; trace_span appends
- * [t0, t1) (ns of dt__prof_now_ns) to the calling thread's buffer; trace_env
+ * [t0, t1) (ns of the monotonic clock) to the calling thread's buffer; trace_env
  * starts the trace DTRAIN_TRACE names, once per process (dt_graph_create,
  * the communicators, the parameter servers call it). cat: a
  * dt_profile_phase or one of these. */
 #define DT__TRACE_WAIT 16
 #define DT__TRACE_STEP 17
 DTRAIN_PRIVATE int dt__prof_tracing(void);
-DTRAIN_PRIVATE void dt__prof_set_tracing(int on);
-DTRAIN_PRIVATE int64_t dt__prof_now_ns(void);
 DTRAIN_PRIVATE int64_t dt__trace_t0(void);
 DTRAIN_PRIVATE void dt__trace_end(const char *name, int cat, int64_t t0);
 DTRAIN_PRIVATE void dt__trace_wait(const char *name, double seconds);
@@ -20866,13 +20905,6 @@ static void dt__prof_bit(int bit, int on) {
 
 DTRAIN_PRIVATE int dt__prof_tracing(void) { return (DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) & DT__PROF_TRACE) != 0; }
 
-DTRAIN_PRIVATE void dt__prof_set_tracing(int on) {
-  if (on) DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED); /* marks from before are worthless */
-  dt__prof_bit(DT__PROF_TRACE, on);
-}
-
-DTRAIN_PRIVATE int64_t dt__prof_now_ns(void) { return dt__prof_now(); }
-
 /* to the table when the profile is on, as a span [t0, t1) when the trace is */
 static void dt__prof_charge(const char *name, int phase, int64_t calls, int64_t ns);
 static void dt__prof_both(int on, const char *name, int phase, int64_t calls, int64_t t0, int64_t t1) {
@@ -21183,7 +21215,7 @@ DTRAIN_PRIVATE void dt__trace_span(const char *name, int cat, int64_t t0, int64_
 
 DTRAIN_PRIVATE void dt__trace_wait(const char *name, double seconds) {
   if (!(seconds > 0) || !dt__prof_tracing()) return;
-  int64_t t1 = dt__prof_now_ns();
+  int64_t t1 = dt__prof_now();
   dt__trace_span(name, DT__TRACE_WAIT, t1 - (int64_t)(seconds * 1e9), t1);
 }
 
@@ -21206,6 +21238,12 @@ DTRAIN_API void dt_trace_set_process(const char *role, int index) {
 DTRAIN_API int dt_trace_active(void) { return dt__prof_tracing(); }
 
 #ifndef DTRAIN_NO_STDIO
+/* the trace's bit on or off (the writer below is its only switch) */
+static void dt__prof_set_tracing(int on) {
+  if (on) DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED); /* marks from before are worthless */
+  dt__prof_bit(DT__PROF_TRACE, on);
+}
+
 
 static double dt__trace_realtime(void) {
 #  if defined(TIME_UTC)
@@ -23024,7 +23062,7 @@ typedef struct dt__strategy_replica {
   dt_result result;
   /* statistics */
   int64_t steps, samples;
-  double compute_s, wait_s, loss_sum;
+  double compute_s, wait_s, comm_s, loss_sum;
   int64_t loss_count;
   float last_loss;
   double last_time;        /* async: when the last push finished */
@@ -24859,6 +24897,7 @@ DTRAIN_API dt_result dt_strategy_replica_stats(const dt_strategy *s, int replica
   out->samples = R->samples;
   out->compute_s = R->compute_s;
   out->wait_s = R->wait_s;
+  out->comm_s = R->comm_s;
   out->staleness_max = R->stale_max;
   out->staleness_mean = R->steps ? (double)R->stale_sum / (double)R->steps : 0.0;
   out->clock_gap_max = R->gap_max;
@@ -24883,6 +24922,8 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   for (int r = 0; r < s->n; r++) {
     const dt__strategy_replica *R = &s->rep[r];
     out->wait_s_mean += R->wait_s / (double)s->n;
+    out->compute_s_mean += R->compute_s / (double)s->n;
+    out->comm_s_mean += R->comm_s / (double)s->n;
     if (R->wait_s > out->wait_s_max) out->wait_s_max = R->wait_s;
     for (int b = 0; b < DTRAIN_STALENESS_BINS; b++) out->staleness_hist[b] += R->hist[b];
     if (R->stale_max > out->staleness_max) out->staleness_max = R->stale_max;
@@ -24913,7 +24954,7 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
   for (int r = 0; r < s->n; r++) {
     dt__strategy_replica *R = &s->rep[r];
     R->steps = R->samples = R->loss_count = 0;
-    R->compute_s = R->wait_s = R->loss_sum = 0.0;
+    R->compute_s = R->wait_s = R->comm_s = R->loss_sum = 0.0;
     memset(R->hist, 0, sizeof R->hist);
     R->stale_max = R->stale_sum = R->gap_max = R->skips = R->dropped = 0;
   }
@@ -25385,8 +25426,10 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     if (!dt__strategy_async_batch(s, r, t, &b)) break;
     dt_pstore_ticket tk;
     memset(&tk, 0, sizeof tk);
+    double c0 = dt__now();
     dt_result rc = dt_pstore_pull(s->pstore, r, t, R->data, s->size, &tk);
     R->wait_s += tk.wait_s;
+    R->comm_s += DT__MAX(0.0, dt__now() - c0 - tk.wait_s);
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
       break;
@@ -25395,6 +25438,7 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     const float *push = NULL;
     R->push_fill = 0;
     if (!s->mod->local_step(s, r, &b, &push)) break;
+    c0 = dt__now();
     if (R->push_fill) { /* the update made block by block into the store */
       dt__async_fill_ctx c;
       c.s = s;
@@ -25408,6 +25452,7 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     }
     if (push == R->grad) dt__strategy_bufs_zero(s, R->grad); /* parameter_server: the buffers' values went there */
     R->wait_s += tk.wait_s;
+    R->comm_s += DT__MAX(0.0, dt__now() - c0 - tk.wait_s);
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
       break;
@@ -25620,7 +25665,7 @@ static int dt__ps_comm_reap(dt_strategy *s, int r, dt__ps_comm *C) {
   dt__mutex_lock(&C->mu);
   while (C->busy) dt__cond_wait(&C->cv, &C->mu);
   dt__mutex_unlock(&C->mu); /* (the thread waits for the next post: C is this thread's now) */
-  R->wait_s += dt__now() - t0;
+  R->comm_s += dt__now() - t0;
   if (C->push) dt__strategy_bufs_zero(s, (float *)(uintptr_t)C->push);
   if (C->rc != DTRAIN_OK) {
     dt__error(C->rc, "%s", C->msg);
@@ -26969,7 +27014,7 @@ DTRAIN_PRIVATE int dt__overlap_compute(dt_strategy *s, int r, const dt_minibatch
   size_t bad = SIZE_MAX;
   int bad_nan = 0;
   dt_result rc = dt__overlap_end(o, r, R->g, &bad, &bad_nan, r == 0 ? &s->wire_bytes : NULL);
-  if (o->x) R->wait_s += dt__now() - t0; /* (in one process the replicas' barrier counts itself) */
+  if (o->x) R->comm_s += dt__now() - t0; /* (in one process the replicas' barrier counts itself, in wait_s) */
   if (rc != DTRAIN_OK) {
     if (!o->x) { /* the replicas' barrier broke: a replica failed */
       dt__strategy_comm_failed(s, r, rc);
@@ -27270,7 +27315,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
     s->wire_bytes += dt__ring_bytes(s->size + DT__MWM_TAIL, x->world);
   }
-  R->wait_s += dt__now() - t0;
+  R->comm_s += dt__now() - t0;
   if (rc != DTRAIN_OK) {
     if (ok) {
       /* ABORTED carries no message of its own: an earlier failure broke the communicator. */
@@ -28011,6 +28056,26 @@ static dt_result dt__plan_time(dt_graph *g, dt_params *P, dt_optim *o, dt_step_f
   return DTRAIN_OK;
 }
 
+/* The same step on k cores at once: a mirrored strategy of k replicas over b
+ * (b->rows / k rows each, on o); the replicas' mean forward + backward per
+ * step into *per_replica. Anything failing here (threads compiled out, ...)
+ * leaves *per_replica 0: not measured. */
+static void dt__plan_busy(dt_params *P, dt_optim *o, dt_step_fn fn, void *user, const dt_minibatch *b, int steps,
+                          int k, double *per_replica) {
+  *per_replica = 0.0;
+  dt_strategy_options sd = dt_strategy_mirrored(k);
+  dt_strategy *s = dt_strategy_create(P, o, fn, user, &sd);
+  if (!s) return;
+  int ok = 1;
+  for (int i = 0; i < 2 && ok; i++) ok = dt_strategy_step(s, b, NULL) == DTRAIN_OK;
+  dt_strategy_reset_stats(s);
+  for (int i = 0; i < steps && ok; i++) ok = dt_strategy_step(s, b, NULL) == DTRAIN_OK;
+  dt_strategy_stats st;
+  if (ok && dt_strategy_stats_get(s, &st) == DTRAIN_OK && st.steps > 0)
+    *per_replica = st.compute_s_mean / (double)st.steps;
+  dt_strategy_destroy(s);
+}
+
 DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_step_fn fn, void *user,
                                      const dt_minibatch *b, int steps, dt_plan_model *out) {
   const char *f = "dt_plan_measure";
@@ -28039,6 +28104,9 @@ DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_
   dt__quiet_push();
   if (r == DTRAIN_OK) r = dt__plan_time(g, params, o, fn, user, b, steps, &full, &upd, &arena);
   if (r == DTRAIN_OK) r = dt__plan_time(g, params, o, fn, user, &hb, steps, &half, NULL, NULL);
+  int busy_k = DT__MIN(DT__MIN(dt__cpu_count(), DTRAIN_MAX_REPLICAS), (int)DT__MIN(b->rows, (int64_t)INT_MAX));
+  double busy = 0;
+  if (r == DTRAIN_OK && busy_k >= 2) dt__plan_busy(params, o, fn, user, b, steps, busy_k, &busy);
   dt__quiet_pop(DTRAIN_OK);
   memcpy(dt_params_data(params), keep, n * sizeof(float));
   memcpy(dt_params_grad(params), keep + n, n * sizeof(float));
@@ -28064,6 +28132,46 @@ DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_
   out->optim_bytes = (int64_t)slots * (int64_t)(n * sizeof(float));
   out->activation_bytes_per_sample = (int64_t)((double)arena / rows);
   out->measured_batch = (int)b->rows;
+  /* every core busy against one alone, at the same rows a replica */
+  double alone = fixed + per * (double)(b->rows / busy_k);
+  if (busy > 0 && alone > 0) {
+    out->busy_slowdown = DT__MAX(1.0, busy / alone);
+    out->busy_cores = busy_k;
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_plan_measure_loader(dt_loader *l, int batches, dt_plan_model *out) {
+  const char *f = "dt_plan_measure_loader";
+  if (!l || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", f, !l ? "the loader" : "out");
+  if (batches <= 0) batches = 20;
+  if (batches > 64) batches = 64;
+  int64_t ep0, idx0;
+  dt_loader_position(l, &ep0, &idx0);
+  double t[64];
+  int n = 0, ends = 0;
+  dt_result r = DTRAIN_OK;
+  for (int i = 0; i < batches + 2 && r == DTRAIN_OK; i++) {
+    dt_batch b;
+    memset(&b, 0, sizeof b);
+    double t0 = dt__now();
+    int got = dt_loader_next(l, &b);
+    double dt = dt__now() - t0;
+    if (got < 0) {
+      r = dt__error((dt_result)got, "%s: the loader failed: %s", f, dt_last_error());
+    } else if (got == 0) { /* the end of an epoch: the next call starts the next one */
+      i--;
+      if (++ends > 1) r = dt__error(DTRAIN_ERR_EMPTY, "%s: the loader gives no batches (drop_last, a shard "
+                                    "smaller than the batch?)", f);
+    } else {
+      ends = 0;
+      if (i >= 2 && b.size > 0) t[n++] = dt / (double)b.size;
+    }
+  }
+  dt_result back = dt_loader_set_position(l, ep0, idx0);
+  if (r != DTRAIN_OK) return r;
+  if (back != DTRAIN_OK) return back;
+  out->load_per_sample_s = n > 0 ? dt__plan_median(t, n) : 0.0; /* (n is batches here: the loop ran them all) */
   return DTRAIN_OK;
 }
 
@@ -28163,6 +28271,14 @@ typedef struct dt__plan_ctx {
 
 static double dt__plan_t(const dt__plan_ctx *c, double b) { return c->m->fixed_s + b * c->m->per_sample_s; }
 
+/* compute's slowdown with k replicas or processes running at once on one
+ * machine: the measured busy_slowdown at busy_cores, linear from 1 alone */
+static double dt__plan_slow(const dt_plan_model *m, double k) {
+  if (!(m->busy_slowdown > 1.0) || m->busy_cores < 2 || k <= 1.0) return 1.0;
+  double f = (k - 1.0) / (double)(m->busy_cores - 1);
+  return 1.0 + (m->busy_slowdown - 1.0) * DT__MIN(1.0, f);
+}
+
 static void dt__plan_add(dt__plan_ctx *c, const char *name, const char *family, int workers, double step_s,
                          double samples_per_step, double mem, double comm_s, double bubble, double staleness) {
   if (!(step_s > 0)) return;
@@ -28216,70 +28332,94 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
   if (o->servers <= 0) o->servers = 1;
   if (!(o->compress_ratio > 0)) o->compress_ratio = 0.5;
   if (!(o->overlap_fraction > 0)) o->overlap_fraction = 0.5;
-  const double B = (double)o->batch, G = (double)m->grad_bytes, Pb = (double)m->param_bytes,
-               Ob = (double)m->optim_bytes, A = (double)m->activation_bytes_per_sample, U = m->update_s;
+  const double B0 = (double)o->batch, G = (double)m->grad_bytes, Pb = (double)m->param_bytes,
+               Ob = (double)m->optim_bytes, A = (double)m->activation_bytes_per_sample, U = m->update_s,
+               LD = m->load_per_sample_s > 0 ? m->load_per_sample_s : 0.0;
   const dt_plan_link L = o->link;
   /* one_device */
-  double t1 = dt__plan_t(&c, B) + U;
-  c.base = B / t1;
-  dt__plan_add(&c, "one_device", "one_device", 1, t1, B, Pb + G + Ob + A * B, 0, 0, 0);
+  double t1 = dt__plan_t(&c, B0) + U + LD * B0;
+  c.base = B0 / t1;
+  dt__plan_add(&c, "one_device", "one_device", 1, t1, B0, Pb + G + Ob + A * B0, 0, 0, 0);
   for (int N = 2; N <= o->max_workers; N *= 2) {
+    const double B = o->weak_scaling ? B0 * N : B0; /* the global batch at N workers */
     if (B / N < 1) break;
     const double b = B / N, tb = dt__plan_t(&c, b);
+    const double busy = DT__MIN((double)N, (double)o->cores); /* replicas computing at once on one machine */
     char name[48];
-    /* threads, one machine: replicas share its cores */
+    /* threads, one machine: replicas share its cores (and its caches and memory bandwidth) */
     if (N <= 4 * o->cores) {
-      double waves = ceil((double)N / (double)o->cores);
+      double waves = ceil((double)N / (double)o->cores), tt = tb * dt__plan_slow(m, busy);
       double reduce = 2.0 * G / N / o->memory_Bps * waves + 2 * o->thread_sync_s;
-      dt__plan_add(&c, "mirrored", "threads", N, tb * waves + U / N * waves + reduce, B, Pb + G * 2 + Ob + A * b,
-                   reduce, 0, 0);
+      dt__plan_add(&c, "mirrored", "threads", N, tt * waves + U / N * waves + reduce + LD * B, B,
+                   Pb + G * 2 + Ob + A * b, reduce, 0, 0);
       /* async (Hogwild): each replica pulls, computes, updates all, pushes; no waits */
-      double own = tb + U + 3.0 * Pb / o->memory_Bps;
+      double own = tt + U + 3.0 * Pb / o->memory_Bps;
       double par = DT__MIN((double)N, (double)o->cores);
-      dt__plan_add(&c, "async", "threads", N, own * (double)N / par, B, Pb * 3 + G + Ob * N + A * b,
+      dt__plan_add(&c, "async", "threads", N, own * (double)N / par + LD * B, B, Pb * 3 + G + Ob * N + A * b,
                    3.0 * Pb / o->memory_Bps, 0, (double)(N - 1));
     }
     /* processes over the link (a replica per worker): a core each, or taking
      * turns on one machine's */
     const double pw = o->shared_cores ? ceil((double)N / (double)o->cores) : 1.0;
-    const double tp = tb * pw, Up = U * pw;
-    double ring = dt_plan_ring_allreduce_s(N, G, L);
-    dt__plan_add(&c, "multi_worker_mirrored ring", "processes", N, tp + Up + ring, B, Pb + G + Ob + A * b, ring, 0, 0);
+    const double tbp = tb * (o->shared_cores ? dt__plan_slow(m, busy) : 1.0);
+    const double tp = (tbp + LD * b) * pw, Up = U * pw; /* each worker loads its own B/N */
+    /* On one machine (shared_cores) a step also needs the CPU time of every
+     * process together: their compute, and the kernel's copies of every byte
+     * through a local socket at both ends (what bounds a loopback stream);
+     * the step takes at least that over the cores. */
+    const double cpu_w = (double)N * (tbp + LD * b + U) / (double)o->cores; /* (all workers' own work) */
+    const double ring_bytes = 2.0 * (double)(N - 1) * G;                  /* sent by all workers together */
+#define DT__PLAN_FLOOR(step, bytes) \
+  (o->shared_cores ? DT__MAX((step), cpu_w + 2.0 * (bytes) / DT__PLAN_LOOPBACK_BW / (double)o->cores) : (step))
+    double ring = dt_plan_ring_allreduce_s(N, G, L), st = DT__PLAN_FLOOR(tp + Up + ring, ring_bytes);
+    dt__plan_add(&c, "multi_worker_mirrored ring", "processes", N, st, B, Pb + G + Ob + A * b, st - tp - Up, 0, 0);
     double ringc = dt_plan_ring_allreduce_s(N, G * o->compress_ratio, L);
-    dt__plan_add(&c, "multi_worker_mirrored ring fp16", "processes", N, tp + Up + ringc, B, Pb + G + Ob + A * b,
-                 ringc, 0, 0);
+    st = DT__PLAN_FLOOR(tp + Up + ringc, ring_bytes * o->compress_ratio);
+    dt__plan_add(&c, "multi_worker_mirrored ring fp16", "processes", N, st, B, Pb + G + Ob + A * b, st - tp - Up, 0,
+                 0);
     /* overlap: buckets summed while backward goes on; only what sticks out counts */
-    double hidden = DT__MIN(ring, o->overlap_fraction * (tp - m->fixed_s * pw));
-    dt__plan_add(&c, "multi_worker_mirrored ring overlap", "processes", N, tp + Up + ring - hidden, B,
-                 Pb + G + Ob + A * b, ring - hidden, 0, 0);
+    double hidden = DT__MIN(ring, o->overlap_fraction * (tbp - m->fixed_s) * pw); /* behind the backward only */
+    st = DT__PLAN_FLOOR(tp + Up + ring - hidden, ring_bytes);
+    dt__plan_add(&c, "multi_worker_mirrored ring overlap", "processes", N, st, B, Pb + G + Ob + A * b,
+                 st - tp - Up, 0, 0);
     if ((N & (N - 1)) == 0) {
       double dbl = dt_plan_doubling_allreduce_s(N, G, L);
-      dt__plan_add(&c, "multi_worker_mirrored doubling", "processes", N, tp + Up + dbl, B, Pb + G + Ob + A * b, dbl,
+      st = DT__PLAN_FLOOR(tp + Up + dbl, (double)N * log2((double)N) * G);
+      dt__plan_add(&c, "multi_worker_mirrored doubling", "processes", N, st, B, Pb + G + Ob + A * b, st - tp - Up,
                    0, 0);
     }
-    /* parameter servers: workers push gradients, pull parameters; the servers
-     * (each its own link) take N pushes and pulls a round and apply them */
+    /* parameter servers: each worker pushes its gradient, the servers apply
+     * it (each its shard: update / M), the worker pulls the parameters; the
+     * servers take N pushes and pulls a round, through their own links
+     * (links_per_connection: one link per connection, as DTRAIN_NETEM
+     * emulates, so only their updates bound a round) */
     {
       int M = o->servers;
       double wire = 2.0 * L.latency_s + (G + Pb) / L.bandwidth_Bps;
-      double worker = tp + wire;
-      double server = (double)N * (G + Pb) / ((double)M * L.bandwidth_Bps) + (double)N * Up / (double)M;
+      double worker = tp + wire + Up / (double)M;
+      double server = (o->links_per_connection ? 0.0 : (double)N * (G + Pb) / ((double)M * L.bandwidth_Bps)) +
+                      (double)N * Up / (double)M;
       double round = DT__MAX(worker, server);
+      if (o->shared_cores) /* the workers' compute and loading, the servers' N updates, the copies */
+        round = DT__MAX(round, ((double)N * (tbp + LD * b + U) + 2.0 * (double)N * (G + Pb) / DT__PLAN_LOOPBACK_BW) /
+                                   (double)o->cores);
       snprintf(name, sizeof name, "parameter_server %d server%s", M, M > 1 ? "s" : "");
       dt__plan_add(&c, name, "parameter_server", N, round, B, Pb + G + A * b, round - tp > 0 ? round - tp : 0, 0,
                    (double)(N - 1));
     }
+#undef DT__PLAN_FLOOR
   }
   /* pipeline over the link: P stages, m microbatches, 1F1B */
   if (m->boundary_bytes_per_sample > 0 && m->pipeline_max_stages >= 2) {
     for (int P = 2; P <= DT__MIN(m->pipeline_max_stages, o->max_workers); P *= 2) {
       int mb = o->microbatches > 0 ? o->microbatches : 4 * P;
+      const double B = B0; /* the stages share one batch */
       if (B / mb < 1) mb = (int)B;
       double micro = B / mb;
       double stage = dt__plan_t(&c, micro) / P; /* each stage: 1/P of a microbatch's work */
       if (o->shared_cores) stage *= ceil((double)P / (double)o->cores);
       double hop = L.latency_s + 2.0 * (double)m->boundary_bytes_per_sample * micro / L.bandwidth_Bps; /* fwd + bwd */
-      double step = (mb + P - 1) * (stage + hop) + U / P;
+      double step = (mb + P - 1) * (stage + hop) + U / P + LD * B; /* the first stage loads the batch */
       char name[48];
       snprintf(name, sizeof name, "pipeline 1f1b m=%d", mb);
       dt__plan_add(&c, name, "pipeline", P, step, B, (Pb + G + Ob) / P + A * micro, /* 1F1B: P microbatches in flight, 1/P of the layers each */

@@ -268,7 +268,7 @@ static int ps_process(int w, int lfd, const char *saddr, int64_t rows, int overl
     dt_strategy_stats_get(s, &st);
     r.samples = (double)st.samples;
     r.seconds = st.seconds;
-    r.comm_s = st.wait_s_mean;
+    r.comm_s = st.comm_s_mean + st.wait_s_mean; /* (the pushes and pulls, and the bound's waits) */
     r.wire_sent = st.steps ? (double)st.wire_bytes / (double)st.steps : 0.0;
     r.wire_received = st.steps ? (double)st.wire_bytes_received / (double)st.steps : 0.0;
     if (!ok) fprintf(stderr, "bench_async: worker %d: %s\n", w, dt_last_error());

@@ -69,6 +69,8 @@ typedef struct options {
   const char *link;  /* --link: the link between processes for --plan (rate=...,delay=...) */
   int plan_workers;  /* --plan-workers: rows up to this many workers */
   int plan_one_machine; /* --plan-one-machine: the processes share this machine's cores */
+  int plan_weak;     /* --plan-weak: --batch is each worker's (the global batch grows with the workers) */
+  int plan_servers;  /* --plan-servers: parameter servers M in the parameter_server rows */
   int staleness_lr; /* --staleness-lr: async updates (or, on parameter servers, pushes) scaled by 1/(1+staleness) */
   int batch_worker; /* not a flag: --batch over the worker processes, the rows this process loads per step */
   int64_t limit; /* train on the first `limit` samples only (0: all) */
@@ -312,6 +314,10 @@ static int run_plan(app *a, int64_t train_n) {
     fprintf(stderr, "error: %s\n", dt_last_error());
     return 1;
   }
+  if (dt_plan_measure_loader(a->loader, 30, &m) != DTRAIN_OK) { /* the loader's time per sample, in the model too */
+    fprintf(stderr, "error: %s\n", dt_last_error());
+    return 1;
+  }
   if (!a->m.cnn) { /* the MLP can be cut between its 3 layers; a cut carries at most 256 floats a sample */
     m.pipeline_max_stages = 3;
     m.boundary_bytes_per_sample = 256 * (int64_t)sizeof(float);
@@ -323,6 +329,9 @@ static int run_plan(app *a, int64_t train_n) {
   po.max_workers = a->o.plan_workers;
   po.link = link;
   po.shared_cores = a->o.plan_one_machine || !a->o.link;
+  po.links_per_connection = po.shared_cores; /* a rehearsal here: loopback, or DTRAIN_NETEM's link per connection */
+  po.weak_scaling = a->o.plan_weak;
+  po.servers = a->o.plan_servers;
   dt_plan_row rows[256];
   int n = dt_plan_predict(&m, &po, rows, 256);
   if (n < 0) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
@@ -332,9 +341,10 @@ static int run_plan(app *a, int64_t train_n) {
   if (a->o.json) {
     printf("{\"model\":\"%s\",\"batch\":%d,\"link\":{\"spec\":\"%s\",\"latency_s\":%.3g,\"bandwidth_Bps\":%.4g},"
            "\"measured\":{\"fixed_s\":%.4g,\"per_sample_s\":%.4g,\"update_s\":%.4g,\"params\":%lld,"
-           "\"activation_bytes_per_sample\":%lld},\"shared_cores\":%d,\"strategies\":[",
+           "\"activation_bytes_per_sample\":%lld,\"load_per_sample_s\":%.4g,\"busy_slowdown\":%.3f,\"busy_cores\":%d},\"shared_cores\":%d,\"weak_scaling\":%d,\"strategies\":[",
            a->o.model, a->o.batch, spec, link.latency_s, link.bandwidth_Bps, m.fixed_s, m.per_sample_s, m.update_s,
-           (long long)m.params, (long long)m.activation_bytes_per_sample, po.shared_cores);
+           (long long)m.params, (long long)m.activation_bytes_per_sample, m.load_per_sample_s,
+           m.busy_slowdown, m.busy_cores, po.shared_cores, po.weak_scaling);
     for (int i = 0; i < n; i++)
       printf("%s{\"name\":\"%s\",\"family\":\"%s\",\"workers\":%d,\"samples_per_sec\":%.0f,\"epoch_seconds\":%.3f,"
              "\"memory_bytes_per_worker\":%.0f,\"comm_share\":%.3f,\"bubble\":%.3f,\"staleness\":%.1f,"
@@ -346,12 +356,15 @@ static int run_plan(app *a, int64_t train_n) {
            best >= 0 && strcmp(rows[best].family, "one_device") != 0 ? "true" : "false", why);
     return 0;
   }
-  printf("plan: %s, batch %d, link %s (latency %.3g ms, %.4g MB/s), %s\n", a->o.model, a->o.batch, spec,
-         link.latency_s * 1e3, link.bandwidth_Bps / 1e6,
+  printf("plan: %s, batch %d%s, link %s (latency %.3g ms, %.4g MB/s), %s\n", a->o.model, a->o.batch,
+         po.weak_scaling ? " a worker (weak scaling)" : "", spec, link.latency_s * 1e3, link.bandwidth_Bps / 1e6,
          po.shared_cores ? "the workers sharing this machine's cores" : "a machine per worker");
-  printf("measured: %.3g ms + %.3g us per sample a step, optimizer %.3g ms, %lld parameters, %.1f KiB of "
-         "activations per sample\n", m.fixed_s * 1e3, m.per_sample_s * 1e6, m.update_s * 1e3, (long long)m.params,
-         (double)m.activation_bytes_per_sample / 1024.0);
+  printf("measured: %.3g ms + %.3g us per sample a step, optimizer %.3g ms, loading %.3g us per sample, %lld "
+         "parameters, %.1f KiB of activations per sample\n", m.fixed_s * 1e3, m.per_sample_s * 1e6, m.update_s * 1e3,
+         m.load_per_sample_s * 1e6, (long long)m.params, (double)m.activation_bytes_per_sample / 1024.0);
+  if (m.busy_cores >= 2)
+    printf("with %d replicas computing at once each is %.2fx slower than alone (shared caches and memory)\n",
+           m.busy_cores, m.busy_slowdown);
   printf("%-36s %7s %12s %9s %9s %8s %7s %8s\n", "strategy", "workers", "samples/s", "speedup", "epoch s", "MiB/wkr",
          "comm %", "stale");
   for (int i = 0; i < n; i++)
@@ -392,6 +405,7 @@ static int parse(int argc, char **argv, options *o) {
   o->seed = 1;
   o->csv = "build/fashion_mnist.csv";
   o->plan_workers = 16;
+  o->plan_servers = 1;
   o->svg = "build/fashion_mnist.svg";
   o->schedule = "constant";
   o->strategy = "one_device";
@@ -449,6 +463,10 @@ static int parse(int argc, char **argv, options *o) {
       {"plan-one-machine", 'b', &o->plan_one_machine, 0, 0,
        "--plan: the worker processes share this machine's cores (a rehearsal here over loopback or an emulated "
        "link; the default without --link), rather than a machine each"},
+      {"plan-servers", 'i', &o->plan_servers, 1, 64, "--plan: parameter servers in the parameter_server rows"},
+      {"plan-weak", 'b', &o->plan_weak, 0, 0,
+       "--plan: weak scaling: every worker keeps --batch rows a step and the global batch grows with the workers "
+       "(default: --batch is the global batch, split over them)"},
       {"trace", 's', &o->trace, 0, 0,
        "write the training's timeline (every thread's ops, collectives, pushes, pulls, waits) to FILE as Chrome "
        "trace-event JSON (ui.perfetto.dev, chrome://tracing; tools/dtrain-trace merges workers and draws an SVG); "
@@ -855,6 +873,7 @@ int main(int argc, char **argv) {
   }
 
   dt_fit_result res;
+  const uint64_t pushes0 = store ? dt_pstore_version(store) : 0; /* the servers' count of applied pushes, now */
   if (a.o.trace && dt_trace_start(a.o.trace) != DTRAIN_OK) { fprintf(stderr, "error: --trace: %s\n", dt_last_error()); return 1; }
   if (a.o.profile) dt_profile_start();
   r = dt_fit(&fd, &res);
@@ -864,9 +883,27 @@ int main(int argc, char **argv) {
     if (r == DTRAIN_OK && tr != DTRAIN_OK) { fprintf(stderr, "error: --trace: %s\n", dt_last_error()); return 1; }
   }
   if (r != DTRAIN_OK) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
+  /* All workers together (samples_per_sec is this worker's own): lock-step
+   * workers each train batch_worker rows in every step, so the job trains
+   * world times this worker's rate; parameter-server workers run free, so
+   * the job's rate is every push the servers applied while this worker
+   * trained (their version counts them), batch_worker rows each. */
+  double global_sps = res.samples_per_sec;
+  if (mwm) global_sps = res.samples_per_sec * world;
+  else if (store && res.train_seconds > 0)
+    global_sps = (double)(dt_pstore_version(store) - pushes0) * a.o.batch_worker / res.train_seconds;
+  dt_strategy_stats sst;
+  dt_strategy_stats_get(a.strategy, &sst);
+  double T = res.train_seconds > 0 ? res.train_seconds : 1.0;
+  double sh_compute = sst.compute_s_mean / T, sh_comm = sst.comm_s_mean / T, sh_wait = sst.wait_s_mean / T;
+  double sh_other = 1.0 - sh_compute - sh_comm - sh_wait;
+  if (sh_other < 0) sh_other = 0;
   if (!a.o.quiet) {
-    printf("test accuracy %.4f (loss %.4f) after %lld epochs, %.0f samples/s\n", a.last_test_acc, a.last_test_loss,
+    printf("test accuracy %.4f (loss %.4f) after %lld epochs, %.0f samples/s", a.last_test_acc, a.last_test_loss,
            (long long)res.last.epoch, res.samples_per_sec);
+    if (mwm || ps) printf(" (this worker), %.0f samples/s all %d workers together", global_sps, world);
+    printf("\ntime: %.0f%% computing, %.0f%% communicating, %.0f%% waiting, %.0f%% else (loading, the optimizer, ...)\n",
+           100 * sh_compute, 100 * sh_comm, 100 * sh_wait, 100 * sh_other);
     if (a.o.svg) printf("chart: %s   metrics: %s\n", a.o.svg, a.o.csv ? a.o.csv : "-");
   }
   if (a.o.profile && !a.o.quiet) print_profile(res.step - fd.start_epoch * fd.steps_per_epoch - fd.start_batch,
@@ -880,13 +917,16 @@ int main(int argc, char **argv) {
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
            "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
            "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d,\"compress\":\"%s\","
-           "\"wire_bytes_per_step\":%.0f,\"wire_bytes_received_per_step\":%.0f,\"overlap\":%d,\"precision\":\"%s\"%s%s%s}\n",
+           "\"wire_bytes_per_step\":%.0f,\"wire_bytes_received_per_step\":%.0f,\"overlap\":%d,\"precision\":\"%s\","
+           "\"workers\":%d,\"global_batch\":%d,\"global_samples_per_sec\":%.0f,\"time_shares\":{\"compute\":%.4f,"
+           "\"communication\":%.4f,\"waiting\":%.4f,\"other\":%.4f}%s%s%s}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
            dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker,
            dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy, 0),
-           wire_per_step(a.strategy, 1), a.o.overlap, a.o.precision, target,
+           wire_per_step(a.strategy, 1), a.o.overlap, a.o.precision, world, a.o.batch, global_sps, sh_compute, sh_comm,
+           sh_wait, sh_other, target,
            staleness_json(a.strategy, a.o.staleness_lr), a.o.profile ? profile_json() : "");
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);

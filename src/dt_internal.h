@@ -132,19 +132,17 @@ DTRAIN_PRIVATE void dt__prof_add(const char *name, dt_profile_phase phase, int64
 /* add, to the table only: a region too small and frequent for the timeline
  * (an optimizer block inside a parameter-store push, whose span covers it) */
 DTRAIN_PRIVATE void dt__prof_add_table(const char *name, dt_profile_phase phase, int64_t t0);
-/* The timeline (dt_profile.c too): tracing/set_tracing read and switch its bit of
- * the hooks' word; trace_t0/trace_end time a trace-only span (a strategy
+/* The timeline (dt_profile.c too): tracing reads its bit of the hooks'
+ * word; trace_t0/trace_end time a trace-only span (a strategy
  * step: not in the profile's table, whose rows would count it twice);
  * trace_wait records a wait of `seconds` that ends now; trace_span appends
- * [t0, t1) (ns of dt__prof_now_ns) to the calling thread's buffer; trace_env
+ * [t0, t1) (ns of the monotonic clock) to the calling thread's buffer; trace_env
  * starts the trace DTRAIN_TRACE names, once per process (dt_graph_create,
  * the communicators, the parameter servers call it). cat: a
  * dt_profile_phase or one of these. */
 #define DT__TRACE_WAIT 16
 #define DT__TRACE_STEP 17
 DTRAIN_PRIVATE int dt__prof_tracing(void);
-DTRAIN_PRIVATE void dt__prof_set_tracing(int on);
-DTRAIN_PRIVATE int64_t dt__prof_now_ns(void);
 DTRAIN_PRIVATE int64_t dt__trace_t0(void);
 DTRAIN_PRIVATE void dt__trace_end(const char *name, int cat, int64_t t0);
 DTRAIN_PRIVATE void dt__trace_wait(const char *name, double seconds);

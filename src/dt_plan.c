@@ -65,6 +65,26 @@ static dt_result dt__plan_time(dt_graph *g, dt_params *P, dt_optim *o, dt_step_f
   return DTRAIN_OK;
 }
 
+/* The same step on k cores at once: a mirrored strategy of k replicas over b
+ * (b->rows / k rows each, on o); the replicas' mean forward + backward per
+ * step into *per_replica. Anything failing here (threads compiled out, ...)
+ * leaves *per_replica 0: not measured. */
+static void dt__plan_busy(dt_params *P, dt_optim *o, dt_step_fn fn, void *user, const dt_minibatch *b, int steps,
+                          int k, double *per_replica) {
+  *per_replica = 0.0;
+  dt_strategy_options sd = dt_strategy_mirrored(k);
+  dt_strategy *s = dt_strategy_create(P, o, fn, user, &sd);
+  if (!s) return;
+  int ok = 1;
+  for (int i = 0; i < 2 && ok; i++) ok = dt_strategy_step(s, b, NULL) == DTRAIN_OK;
+  dt_strategy_reset_stats(s);
+  for (int i = 0; i < steps && ok; i++) ok = dt_strategy_step(s, b, NULL) == DTRAIN_OK;
+  dt_strategy_stats st;
+  if (ok && dt_strategy_stats_get(s, &st) == DTRAIN_OK && st.steps > 0)
+    *per_replica = st.compute_s_mean / (double)st.steps;
+  dt_strategy_destroy(s);
+}
+
 DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_step_fn fn, void *user,
                                      const dt_minibatch *b, int steps, dt_plan_model *out) {
   const char *f = "dt_plan_measure";
@@ -93,6 +113,9 @@ DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_
   dt__quiet_push();
   if (r == DTRAIN_OK) r = dt__plan_time(g, params, o, fn, user, b, steps, &full, &upd, &arena);
   if (r == DTRAIN_OK) r = dt__plan_time(g, params, o, fn, user, &hb, steps, &half, NULL, NULL);
+  int busy_k = DT__MIN(DT__MIN(dt__cpu_count(), DTRAIN_MAX_REPLICAS), (int)DT__MIN(b->rows, (int64_t)INT_MAX));
+  double busy = 0;
+  if (r == DTRAIN_OK && busy_k >= 2) dt__plan_busy(params, o, fn, user, b, steps, busy_k, &busy);
   dt__quiet_pop(DTRAIN_OK);
   memcpy(dt_params_data(params), keep, n * sizeof(float));
   memcpy(dt_params_grad(params), keep + n, n * sizeof(float));
@@ -118,6 +141,46 @@ DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_
   out->optim_bytes = (int64_t)slots * (int64_t)(n * sizeof(float));
   out->activation_bytes_per_sample = (int64_t)((double)arena / rows);
   out->measured_batch = (int)b->rows;
+  /* every core busy against one alone, at the same rows a replica */
+  double alone = fixed + per * (double)(b->rows / busy_k);
+  if (busy > 0 && alone > 0) {
+    out->busy_slowdown = DT__MAX(1.0, busy / alone);
+    out->busy_cores = busy_k;
+  }
+  return DTRAIN_OK;
+}
+
+DTRAIN_API dt_result dt_plan_measure_loader(dt_loader *l, int batches, dt_plan_model *out) {
+  const char *f = "dt_plan_measure_loader";
+  if (!l || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", f, !l ? "the loader" : "out");
+  if (batches <= 0) batches = 20;
+  if (batches > 64) batches = 64;
+  int64_t ep0, idx0;
+  dt_loader_position(l, &ep0, &idx0);
+  double t[64];
+  int n = 0, ends = 0;
+  dt_result r = DTRAIN_OK;
+  for (int i = 0; i < batches + 2 && r == DTRAIN_OK; i++) {
+    dt_batch b;
+    memset(&b, 0, sizeof b);
+    double t0 = dt__now();
+    int got = dt_loader_next(l, &b);
+    double dt = dt__now() - t0;
+    if (got < 0) {
+      r = dt__error((dt_result)got, "%s: the loader failed: %s", f, dt_last_error());
+    } else if (got == 0) { /* the end of an epoch: the next call starts the next one */
+      i--;
+      if (++ends > 1) r = dt__error(DTRAIN_ERR_EMPTY, "%s: the loader gives no batches (drop_last, a shard "
+                                    "smaller than the batch?)", f);
+    } else {
+      ends = 0;
+      if (i >= 2 && b.size > 0) t[n++] = dt / (double)b.size;
+    }
+  }
+  dt_result back = dt_loader_set_position(l, ep0, idx0);
+  if (r != DTRAIN_OK) return r;
+  if (back != DTRAIN_OK) return back;
+  out->load_per_sample_s = n > 0 ? dt__plan_median(t, n) : 0.0; /* (n is batches here: the loop ran them all) */
   return DTRAIN_OK;
 }
 
@@ -217,6 +280,14 @@ typedef struct dt__plan_ctx {
 
 static double dt__plan_t(const dt__plan_ctx *c, double b) { return c->m->fixed_s + b * c->m->per_sample_s; }
 
+/* compute's slowdown with k replicas or processes running at once on one
+ * machine: the measured busy_slowdown at busy_cores, linear from 1 alone */
+static double dt__plan_slow(const dt_plan_model *m, double k) {
+  if (!(m->busy_slowdown > 1.0) || m->busy_cores < 2 || k <= 1.0) return 1.0;
+  double f = (k - 1.0) / (double)(m->busy_cores - 1);
+  return 1.0 + (m->busy_slowdown - 1.0) * DT__MIN(1.0, f);
+}
+
 static void dt__plan_add(dt__plan_ctx *c, const char *name, const char *family, int workers, double step_s,
                          double samples_per_step, double mem, double comm_s, double bubble, double staleness) {
   if (!(step_s > 0)) return;
@@ -270,70 +341,94 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
   if (o->servers <= 0) o->servers = 1;
   if (!(o->compress_ratio > 0)) o->compress_ratio = 0.5;
   if (!(o->overlap_fraction > 0)) o->overlap_fraction = 0.5;
-  const double B = (double)o->batch, G = (double)m->grad_bytes, Pb = (double)m->param_bytes,
-               Ob = (double)m->optim_bytes, A = (double)m->activation_bytes_per_sample, U = m->update_s;
+  const double B0 = (double)o->batch, G = (double)m->grad_bytes, Pb = (double)m->param_bytes,
+               Ob = (double)m->optim_bytes, A = (double)m->activation_bytes_per_sample, U = m->update_s,
+               LD = m->load_per_sample_s > 0 ? m->load_per_sample_s : 0.0;
   const dt_plan_link L = o->link;
   /* one_device */
-  double t1 = dt__plan_t(&c, B) + U;
-  c.base = B / t1;
-  dt__plan_add(&c, "one_device", "one_device", 1, t1, B, Pb + G + Ob + A * B, 0, 0, 0);
+  double t1 = dt__plan_t(&c, B0) + U + LD * B0;
+  c.base = B0 / t1;
+  dt__plan_add(&c, "one_device", "one_device", 1, t1, B0, Pb + G + Ob + A * B0, 0, 0, 0);
   for (int N = 2; N <= o->max_workers; N *= 2) {
+    const double B = o->weak_scaling ? B0 * N : B0; /* the global batch at N workers */
     if (B / N < 1) break;
     const double b = B / N, tb = dt__plan_t(&c, b);
+    const double busy = DT__MIN((double)N, (double)o->cores); /* replicas computing at once on one machine */
     char name[48];
-    /* threads, one machine: replicas share its cores */
+    /* threads, one machine: replicas share its cores (and its caches and memory bandwidth) */
     if (N <= 4 * o->cores) {
-      double waves = ceil((double)N / (double)o->cores);
+      double waves = ceil((double)N / (double)o->cores), tt = tb * dt__plan_slow(m, busy);
       double reduce = 2.0 * G / N / o->memory_Bps * waves + 2 * o->thread_sync_s;
-      dt__plan_add(&c, "mirrored", "threads", N, tb * waves + U / N * waves + reduce, B, Pb + G * 2 + Ob + A * b,
-                   reduce, 0, 0);
+      dt__plan_add(&c, "mirrored", "threads", N, tt * waves + U / N * waves + reduce + LD * B, B,
+                   Pb + G * 2 + Ob + A * b, reduce, 0, 0);
       /* async (Hogwild): each replica pulls, computes, updates all, pushes; no waits */
-      double own = tb + U + 3.0 * Pb / o->memory_Bps;
+      double own = tt + U + 3.0 * Pb / o->memory_Bps;
       double par = DT__MIN((double)N, (double)o->cores);
-      dt__plan_add(&c, "async", "threads", N, own * (double)N / par, B, Pb * 3 + G + Ob * N + A * b,
+      dt__plan_add(&c, "async", "threads", N, own * (double)N / par + LD * B, B, Pb * 3 + G + Ob * N + A * b,
                    3.0 * Pb / o->memory_Bps, 0, (double)(N - 1));
     }
     /* processes over the link (a replica per worker): a core each, or taking
      * turns on one machine's */
     const double pw = o->shared_cores ? ceil((double)N / (double)o->cores) : 1.0;
-    const double tp = tb * pw, Up = U * pw;
-    double ring = dt_plan_ring_allreduce_s(N, G, L);
-    dt__plan_add(&c, "multi_worker_mirrored ring", "processes", N, tp + Up + ring, B, Pb + G + Ob + A * b, ring, 0, 0);
+    const double tbp = tb * (o->shared_cores ? dt__plan_slow(m, busy) : 1.0);
+    const double tp = (tbp + LD * b) * pw, Up = U * pw; /* each worker loads its own B/N */
+    /* On one machine (shared_cores) a step also needs the CPU time of every
+     * process together: their compute, and the kernel's copies of every byte
+     * through a local socket at both ends (what bounds a loopback stream);
+     * the step takes at least that over the cores. */
+    const double cpu_w = (double)N * (tbp + LD * b + U) / (double)o->cores; /* (all workers' own work) */
+    const double ring_bytes = 2.0 * (double)(N - 1) * G;                  /* sent by all workers together */
+#define DT__PLAN_FLOOR(step, bytes) \
+  (o->shared_cores ? DT__MAX((step), cpu_w + 2.0 * (bytes) / DT__PLAN_LOOPBACK_BW / (double)o->cores) : (step))
+    double ring = dt_plan_ring_allreduce_s(N, G, L), st = DT__PLAN_FLOOR(tp + Up + ring, ring_bytes);
+    dt__plan_add(&c, "multi_worker_mirrored ring", "processes", N, st, B, Pb + G + Ob + A * b, st - tp - Up, 0, 0);
     double ringc = dt_plan_ring_allreduce_s(N, G * o->compress_ratio, L);
-    dt__plan_add(&c, "multi_worker_mirrored ring fp16", "processes", N, tp + Up + ringc, B, Pb + G + Ob + A * b,
-                 ringc, 0, 0);
+    st = DT__PLAN_FLOOR(tp + Up + ringc, ring_bytes * o->compress_ratio);
+    dt__plan_add(&c, "multi_worker_mirrored ring fp16", "processes", N, st, B, Pb + G + Ob + A * b, st - tp - Up, 0,
+                 0);
     /* overlap: buckets summed while backward goes on; only what sticks out counts */
-    double hidden = DT__MIN(ring, o->overlap_fraction * (tp - m->fixed_s * pw));
-    dt__plan_add(&c, "multi_worker_mirrored ring overlap", "processes", N, tp + Up + ring - hidden, B,
-                 Pb + G + Ob + A * b, ring - hidden, 0, 0);
+    double hidden = DT__MIN(ring, o->overlap_fraction * (tbp - m->fixed_s) * pw); /* behind the backward only */
+    st = DT__PLAN_FLOOR(tp + Up + ring - hidden, ring_bytes);
+    dt__plan_add(&c, "multi_worker_mirrored ring overlap", "processes", N, st, B, Pb + G + Ob + A * b,
+                 st - tp - Up, 0, 0);
     if ((N & (N - 1)) == 0) {
       double dbl = dt_plan_doubling_allreduce_s(N, G, L);
-      dt__plan_add(&c, "multi_worker_mirrored doubling", "processes", N, tp + Up + dbl, B, Pb + G + Ob + A * b, dbl,
+      st = DT__PLAN_FLOOR(tp + Up + dbl, (double)N * log2((double)N) * G);
+      dt__plan_add(&c, "multi_worker_mirrored doubling", "processes", N, st, B, Pb + G + Ob + A * b, st - tp - Up,
                    0, 0);
     }
-    /* parameter servers: workers push gradients, pull parameters; the servers
-     * (each its own link) take N pushes and pulls a round and apply them */
+    /* parameter servers: each worker pushes its gradient, the servers apply
+     * it (each its shard: update / M), the worker pulls the parameters; the
+     * servers take N pushes and pulls a round, through their own links
+     * (links_per_connection: one link per connection, as DTRAIN_NETEM
+     * emulates, so only their updates bound a round) */
     {
       int M = o->servers;
       double wire = 2.0 * L.latency_s + (G + Pb) / L.bandwidth_Bps;
-      double worker = tp + wire;
-      double server = (double)N * (G + Pb) / ((double)M * L.bandwidth_Bps) + (double)N * Up / (double)M;
+      double worker = tp + wire + Up / (double)M;
+      double server = (o->links_per_connection ? 0.0 : (double)N * (G + Pb) / ((double)M * L.bandwidth_Bps)) +
+                      (double)N * Up / (double)M;
       double round = DT__MAX(worker, server);
+      if (o->shared_cores) /* the workers' compute and loading, the servers' N updates, the copies */
+        round = DT__MAX(round, ((double)N * (tbp + LD * b + U) + 2.0 * (double)N * (G + Pb) / DT__PLAN_LOOPBACK_BW) /
+                                   (double)o->cores);
       snprintf(name, sizeof name, "parameter_server %d server%s", M, M > 1 ? "s" : "");
       dt__plan_add(&c, name, "parameter_server", N, round, B, Pb + G + A * b, round - tp > 0 ? round - tp : 0, 0,
                    (double)(N - 1));
     }
+#undef DT__PLAN_FLOOR
   }
   /* pipeline over the link: P stages, m microbatches, 1F1B */
   if (m->boundary_bytes_per_sample > 0 && m->pipeline_max_stages >= 2) {
     for (int P = 2; P <= DT__MIN(m->pipeline_max_stages, o->max_workers); P *= 2) {
       int mb = o->microbatches > 0 ? o->microbatches : 4 * P;
+      const double B = B0; /* the stages share one batch */
       if (B / mb < 1) mb = (int)B;
       double micro = B / mb;
       double stage = dt__plan_t(&c, micro) / P; /* each stage: 1/P of a microbatch's work */
       if (o->shared_cores) stage *= ceil((double)P / (double)o->cores);
       double hop = L.latency_s + 2.0 * (double)m->boundary_bytes_per_sample * micro / L.bandwidth_Bps; /* fwd + bwd */
-      double step = (mb + P - 1) * (stage + hop) + U / P;
+      double step = (mb + P - 1) * (stage + hop) + U / P + LD * B; /* the first stage loads the batch */
       char name[48];
       snprintf(name, sizeof name, "pipeline 1f1b m=%d", mb);
       dt__plan_add(&c, name, "pipeline", P, step, B, (Pb + G + Ob) / P + A * micro, /* 1F1B: P microbatches in flight, 1/P of the layers each */

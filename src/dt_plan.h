@@ -23,16 +23,29 @@
  *     ... with overlap             all-reduce hidden behind backward up to
  *                                  overlap_fraction of t(B/N)
  *   parameter_server(N, M)         each worker: t(B/N) + 2 alpha + (gradient +
- *                                  parameter bytes) / beta; the servers bound a round
- *                                  by N x (gradient + parameter bytes) / (M beta) +
+ *                                  parameter bytes) / beta + update / M (the servers
+ *                                  apply the push before the pull is answered); the
+ *                                  servers bound a round by N x (gradient + parameter
+ *                                  bytes) / (M beta) (not with links_per_connection) +
  *                                  N x update / M; expected staleness N - 1
  *   pipeline(P) (1F1B, m micro)    (m + P - 1) x (t(B)/(P m) + boundary transfer);
  *                                  bubble (P - 1)/(m + P - 1); memory 1/P of the weights
  *
  * t(b) is the measured step time at batch b (fixed + b x per-sample), B the
- * global batch (every worker takes B/N: dtrain's rule). Replicas beyond the
+ * global batch (every worker takes B/N: dtrain's rule). Data loading, when
+ * measured (dt_plan_measure_loader: ld per sample), is added where it runs:
+ * one_device and the thread strategies load the global batch on the
+ * caller's thread before the replicas start (+ ld x B a step, not divided),
+ * each worker process loads its own B/N (+ ld x B/N, taking turns with the
+ * others where the cores are shared). Replicas beyond the
  * cores take turns: their compute counts ceil(N / cores) times (threads
- * always; processes with shared_cores, a rehearsal on one machine). Each row has its
+ * always; processes with shared_cores, a rehearsal on one machine), and
+ * replicas computing at once on one machine are each busy_slowdown slower
+ * (dt_plan_measure times it with every core busy). On one machine
+ * (shared_cores) a step of N processes also takes at least all their CPU work
+ * over the cores: N x (t(B/N) + loading + update), and 2 x every byte sent
+ * at 2.5 GB/s (the kernel copies it at both ends of a local socket: what
+ * bounds a loopback stream). Each row has its
  * samples/s, time per epoch, memory per worker, its share of the step spent
  * communicating, the bubble and the expected staleness; dt_plan_recommend
  * picks the fastest row that fits the memory limit, and says "do not
@@ -58,10 +71,18 @@ typedef struct dt_plan_model {
   int64_t boundary_bytes_per_sample;   /* pipeline: what one stage hands the next per sample (0: no pipeline rows) */
   int pipeline_max_stages;             /* layers the model can be cut into (0: no pipeline rows) */
   int measured_batch;                  /* the batch dt_plan_measure ran */
+  double load_per_sample_s;            /* data loading per sample (dt_plan_measure_loader; 0: not in the model) */
+  double busy_slowdown;                /* forward + backward with busy_cores replicas running at once on this
+                                          machine over one alone, >= 1 (caches and memory bandwidth are shared;
+                                          0: not measured, taken as 1) */
+  int busy_cores;                      /* how many ran at once (dt_plan_measure: min(cores, rows, replicas max)) */
 } dt_plan_model;
 
 typedef struct dt_plan_options {
-  int batch;                /* the global batch B (> 0) */
+  int batch;                /* the global batch B (> 0); with weak_scaling each worker's */
+  int weak_scaling;         /* 1: every worker keeps `batch` rows a step, the global batch grows with
+                               N (B = N x batch; pipelines still share one batch); 0: B is fixed and
+                               each of N workers takes B/N (dtrain's --batch) */
   int64_t epoch_samples;    /* samples per epoch (0: no epoch times) */
   int max_workers;          /* rows for N = 1, 2, 4, ... up to this (default 16, at most 64) */
   int cores;                /* cores of one machine, for the thread strategies (default: this machine's) */
@@ -73,6 +94,9 @@ typedef struct dt_plan_options {
   double overlap_fraction;  /* share of the backward that can hide the all-reduce (0: 0.5) */
   int microbatches;         /* pipeline m (0: 4 per stage) */
   double memory_limit_bytes;/* per worker (0: no limit) */
+  int links_per_connection; /* 1: every connection has a link of its own (DTRAIN_NETEM's emulation:
+                               a parameter server's N workers do not share its link); 0: each
+                               process's one link carries all its connections (a machine's NIC) */
   int shared_cores;         /* 1: the worker and server processes run on one machine and share its
                                `cores` (a rehearsal over loopback or an emulated link); 0: a machine each */
 } dt_plan_options;
@@ -94,10 +118,17 @@ typedef struct dt_plan_row {
 
 /* Runs fn (the loss of one replica's batch, as for dt_strategy_create) for
  * `steps` steps (default 20 when <= 0) at batch b->rows and again at half of
- * it, forward, backward and an update by a scratch copy of opt's options;
- * params are as they were afterwards and opt is untouched. */
+ * it, forward, backward and an update by a scratch copy of opt's options,
+ * then at b->rows over min(cores, rows) replicas at once (a mirrored strategy:
+ * fn must take any replica index, as for dt_strategy_create) for
+ * busy_slowdown; params are as they were afterwards and opt is untouched. */
 DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_step_fn fn, void *user,
                                      const dt_minibatch *b, int steps, dt_plan_model *out);
+/* Times `batches` calls of dt_loader_next on l (default 20 when <= 0; the
+ * median, after 2 not counted) and sets out->load_per_sample_s, leaving the
+ * rest of out as it was; l's position is put back afterwards. Call it after
+ * dt_plan_measure (which clears out). */
+DTRAIN_API dt_result dt_plan_measure_loader(dt_loader *l, int batches, dt_plan_model *out);
 /* "rate=100mbit,delay=2ms[,jitter=1ms]" (DTRAIN_NETEM's units; rate counts
  * 66 header bytes per 1448-byte segment, as the emulation does, so the payload
  * gets 1448/1514 of it; a jitter adds half of itself to the latency), or

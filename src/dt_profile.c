@@ -92,13 +92,6 @@ static void dt__prof_bit(int bit, int on) {
 
 DTRAIN_PRIVATE int dt__prof_tracing(void) { return (DT__ALOAD(&dt__prof_on, DT__MO_RELAXED) & DT__PROF_TRACE) != 0; }
 
-DTRAIN_PRIVATE void dt__prof_set_tracing(int on) {
-  if (on) DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED); /* marks from before are worthless */
-  dt__prof_bit(DT__PROF_TRACE, on);
-}
-
-DTRAIN_PRIVATE int64_t dt__prof_now_ns(void) { return dt__prof_now(); }
-
 /* to the table when the profile is on, as a span [t0, t1) when the trace is */
 static void dt__prof_charge(const char *name, int phase, int64_t calls, int64_t ns);
 static void dt__prof_both(int on, const char *name, int phase, int64_t calls, int64_t t0, int64_t t1) {
@@ -409,7 +402,7 @@ DTRAIN_PRIVATE void dt__trace_span(const char *name, int cat, int64_t t0, int64_
 
 DTRAIN_PRIVATE void dt__trace_wait(const char *name, double seconds) {
   if (!(seconds > 0) || !dt__prof_tracing()) return;
-  int64_t t1 = dt__prof_now_ns();
+  int64_t t1 = dt__prof_now();
   dt__trace_span(name, DT__TRACE_WAIT, t1 - (int64_t)(seconds * 1e9), t1);
 }
 
@@ -432,6 +425,12 @@ DTRAIN_API void dt_trace_set_process(const char *role, int index) {
 DTRAIN_API int dt_trace_active(void) { return dt__prof_tracing(); }
 
 #ifndef DTRAIN_NO_STDIO
+/* the trace's bit on or off (the writer below is its only switch) */
+static void dt__prof_set_tracing(int on) {
+  if (on) DT__AFETCH_ADD(&dt__prof_gen, 1u, DT__MO_RELAXED); /* marks from before are worthless */
+  dt__prof_bit(DT__PROF_TRACE, on);
+}
+
 
 static double dt__trace_realtime(void) {
 #  if defined(TIME_UTC)

@@ -520,6 +520,7 @@ DTRAIN_API dt_result dt_strategy_replica_stats(const dt_strategy *s, int replica
   out->samples = R->samples;
   out->compute_s = R->compute_s;
   out->wait_s = R->wait_s;
+  out->comm_s = R->comm_s;
   out->staleness_max = R->stale_max;
   out->staleness_mean = R->steps ? (double)R->stale_sum / (double)R->steps : 0.0;
   out->clock_gap_max = R->gap_max;
@@ -544,6 +545,8 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   for (int r = 0; r < s->n; r++) {
     const dt__strategy_replica *R = &s->rep[r];
     out->wait_s_mean += R->wait_s / (double)s->n;
+    out->compute_s_mean += R->compute_s / (double)s->n;
+    out->comm_s_mean += R->comm_s / (double)s->n;
     if (R->wait_s > out->wait_s_max) out->wait_s_max = R->wait_s;
     for (int b = 0; b < DTRAIN_STALENESS_BINS; b++) out->staleness_hist[b] += R->hist[b];
     if (R->stale_max > out->staleness_max) out->staleness_max = R->stale_max;
@@ -574,7 +577,7 @@ DTRAIN_API void dt_strategy_reset_stats(dt_strategy *s) {
   for (int r = 0; r < s->n; r++) {
     dt__strategy_replica *R = &s->rep[r];
     R->steps = R->samples = R->loss_count = 0;
-    R->compute_s = R->wait_s = R->loss_sum = 0.0;
+    R->compute_s = R->wait_s = R->comm_s = R->loss_sum = 0.0;
     memset(R->hist, 0, sizeof R->hist);
     R->stale_max = R->stale_sum = R->gap_max = R->skips = R->dropped = 0;
   }

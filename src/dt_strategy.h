@@ -521,7 +521,15 @@ typedef struct dt_replica_stats {
   int64_t steps;          /* steps completed (async: pushes) */
   int64_t samples;        /* rows processed */
   double compute_s;       /* forward + backward (+ straggler sleep) */
-  double wait_s;          /* waiting for the others: barriers (sync), the staleness bound (async) */
+  double wait_s;          /* waiting for the others: barriers among a process's replicas (sync), the
+                             staleness bound (async); not the time inside communication (comm_s) */
+  double comm_s;          /* communication: multi_worker_mirrored's cross-process all-reduce (the wait
+                             there for the slowest worker included: a collective cannot tell them
+                             apart; before 2026-11-29 this was counted in wait_s), the pulls and
+                             pushes of async and parameter_server (without the staleness bound's
+                             wait; in one process the push also makes the replica's optimizer
+                             step, block by block), and with parameter_server overlap the time a
+                             step waits for the previous push and pull to finish */
   int64_t staleness_max;  /* async: most updates pushed by others between a pull and its push */
   double staleness_mean;
   int64_t clock_gap_max;  /* async: most steps this replica was ahead of the slowest at a pull */
@@ -539,6 +547,8 @@ typedef struct dt_strategy_stats {
   double steps_per_s, samples_per_s;
   double wait_s_mean;     /* mean over replicas of dt_replica_stats.wait_s */
   double wait_s_max;
+  double compute_s_mean;  /* mean over replicas of dt_replica_stats.compute_s */
+  double comm_s_mean;     /* ... of dt_replica_stats.comm_s */
   float last_loss;        /* sync: the last step's loss; async: the last push's */
   double mean_loss;       /* mean over the steps (async: pushes) */
   int64_t staleness_hist[DTRAIN_STALENESS_BINS]; /* async: pushes by staleness; the last bin is ">=" */

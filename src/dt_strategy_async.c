@@ -205,8 +205,10 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     if (!dt__strategy_async_batch(s, r, t, &b)) break;
     dt_pstore_ticket tk;
     memset(&tk, 0, sizeof tk);
+    double c0 = dt__now();
     dt_result rc = dt_pstore_pull(s->pstore, r, t, R->data, s->size, &tk);
     R->wait_s += tk.wait_s;
+    R->comm_s += DT__MAX(0.0, dt__now() - c0 - tk.wait_s);
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
       break;
@@ -215,6 +217,7 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     const float *push = NULL;
     R->push_fill = 0;
     if (!s->mod->local_step(s, r, &b, &push)) break;
+    c0 = dt__now();
     if (R->push_fill) { /* the update made block by block into the store */
       dt__async_fill_ctx c;
       c.s = s;
@@ -228,6 +231,7 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     }
     if (push == R->grad) dt__strategy_bufs_zero(s, R->grad); /* parameter_server: the buffers' values went there */
     R->wait_s += tk.wait_s;
+    R->comm_s += DT__MAX(0.0, dt__now() - c0 - tk.wait_s);
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
       break;

@@ -59,7 +59,7 @@ typedef struct dt__strategy_replica {
   dt_result result;
   /* statistics */
   int64_t steps, samples;
-  double compute_s, wait_s, loss_sum;
+  double compute_s, wait_s, comm_s, loss_sum;
   int64_t loss_count;
   float last_loss;
   double last_time;        /* async: when the last push finished */

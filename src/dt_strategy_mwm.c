@@ -268,7 +268,7 @@ static int dt__mwm_exchange(dt_strategy *s, int ok) {
     rc = dt_comm_allreduce(x, rank, buf, s->size + DT__MWM_TAIL);
     s->wire_bytes += dt__ring_bytes(s->size + DT__MWM_TAIL, x->world);
   }
-  R->wait_s += dt__now() - t0;
+  R->comm_s += dt__now() - t0;
   if (rc != DTRAIN_OK) {
     if (ok) {
       /* ABORTED carries no message of its own: an earlier failure broke the communicator. */

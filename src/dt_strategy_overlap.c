@@ -340,7 +340,7 @@ DTRAIN_PRIVATE int dt__overlap_compute(dt_strategy *s, int r, const dt_minibatch
   size_t bad = SIZE_MAX;
   int bad_nan = 0;
   dt_result rc = dt__overlap_end(o, r, R->g, &bad, &bad_nan, r == 0 ? &s->wire_bytes : NULL);
-  if (o->x) R->wait_s += dt__now() - t0; /* (in one process the replicas' barrier counts itself) */
+  if (o->x) R->comm_s += dt__now() - t0; /* (in one process the replicas' barrier counts itself, in wait_s) */
   if (rc != DTRAIN_OK) {
     if (!o->x) { /* the replicas' barrier broke: a replica failed */
       dt__strategy_comm_failed(s, r, rc);

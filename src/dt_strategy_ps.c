@@ -124,7 +124,7 @@ static int dt__ps_comm_reap(dt_strategy *s, int r, dt__ps_comm *C) {
   dt__mutex_lock(&C->mu);
   while (C->busy) dt__cond_wait(&C->cv, &C->mu);
   dt__mutex_unlock(&C->mu); /* (the thread waits for the next post: C is this thread's now) */
-  R->wait_s += dt__now() - t0;
+  R->comm_s += dt__now() - t0;
   if (C->push) dt__strategy_bufs_zero(s, (float *)(uintptr_t)C->push);
   if (C->rc != DTRAIN_OK) {
     dt__error(C->rc, "%s", C->msg);

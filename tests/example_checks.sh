@@ -208,8 +208,27 @@ for want in [('one_device', 1), ('mirrored', 2), ('async', 2), ('multi_worker_mi
 assert all(s['samples_per_sec'] > 0 and s['memory_bytes_per_worker'] > 0 and 0 <= s['comm_share'] <= 1 for s in d['strategies'])
 r = d['recommendation']
 assert (r['name'], r['workers']) in names and r['why'] and r['distribute'] == (r['name'] != 'one_device'), r
-assert d['measured']['params'] == 235146 and d['shared_cores'] == 1
+assert d['measured']['params'] == 235146 and d['shared_cores'] == 1 and d['weak_scaling'] == 0
+m = d['measured']
+assert m['load_per_sample_s'] > 0 and (m['busy_cores'] == 0 or (m['busy_cores'] >= 2 and m['busy_slowdown'] >= 1)), m
 \" && $E --data $D --plan --link rate=10mbit,delay=5ms --plan-workers 4 > $T/plan.txt && grep -q '^recommendation: ' $T/plan.txt && grep -q 'a machine per worker' $T/plan.txt && ! $E --data $D --plan --link rate=slow > $T/planbad.txt 2>&1 && grep -q \"^error: --link: dt_plan_link_parse: rate 'slow'\" $T/planbad.txt"
+# --plan-weak: every worker keeps --batch rows (the global batch grows with them);
+# tools/dtrain-figure draws the planner's rows and measured runs as speed-up
+# against workers (an SVG that parses, a line per --curve, a box per measured
+# run), and refuses a missing file, a file that is not JSON and a row that is not there
+FG=tools/dtrain-figure
+check "fmnist-plan-weak-and-figure" sh -c "$E --data $D --quiet --plan --plan-weak --plan-workers 8 --json > $T/planw.json && python3 -c \"
+import json
+d = json.load(open('$T/planw.json'))
+assert d['weak_scaling'] == 1 and d['batch'] == 64 and max(s['workers'] for s in d['strategies']) == 8, d
+\" && cat $T/one.json $T/ms.json > $T/runs.jsonl && python3 $FG -o $T/fig.svg --seeds --curve 'sync=$T/planw.json:multi_worker_mirrored ring' --curve 'async=$T/planw.json:parameter_server 1 server' --points 'threads=$T/runs.jsonl:mirrored' > $T/fig.txt && grep -q 'wrote .*2 curves, 1 measured' $T/fig.txt && python3 -c \"
+import xml.dom.minidom
+doc = xml.dom.minidom.parse('$T/fig.svg')
+paths = [p for p in doc.getElementsByTagName('path') if p.getAttribute('stroke-width') == '2']
+assert len(paths) == 2 and all(p.getAttribute('d').count('L') == 3 for p in paths), [p.getAttribute('d') for p in paths]
+boxes = [r for r in doc.getElementsByTagName('rect') if 'measured' in r.toxml()]
+assert len(boxes) == 2, len(boxes)
+\" && ! python3 $FG -o $T/fig2.svg --curve 'x=$T/nope.json:mirrored' 2> $T/fige1.txt && grep -q 'nope.json: No such file' $T/fige1.txt && ! python3 $FG -o $T/fig2.svg --curve 'x=$T/m.csv:mirrored' 2> $T/fige2.txt && grep -q 'no JSON line' $T/fige2.txt && ! python3 $FG -o $T/fig2.svg --curve 'x=$T/planw.json:warp drive' 2> $T/fige3.txt && grep -q \"no 'warp drive' rows\" $T/fige3.txt && ! python3 $FG -o $T/fig2.svg --curve nocolon 2> $T/fige4.txt && grep -q 'LABEL=FILE:STRATEGY' $T/fige4.txt && test ! -e $T/fig2.svg"
 # --precision bf16: where the CPU has AVX512_BF16 it trains (json says so, the weights differ from fp32's,
 # accuracy close); elsewhere it stops at once with the reason (exit 2). A bad value is refused.
 check "fmnist-precision-bf16" sh -c "$E $common --epochs 1 --limit 2048 > $T/p32.json && if $E $common --epochs 1 --limit 2048 --precision bf16 > $T/p16.json 2> $T/p16.err; then python3 -c \"

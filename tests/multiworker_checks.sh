@@ -274,6 +274,25 @@ if timeout 120 $L -n 2 --ps 1 -- $F $FA --strategy parameter_server > "$T/f_ps.j
    awk -v a="$acc" 'BEGIN { exit !(a > 0.5) }'; then
   ok "02 parameter_server, 2 workers x 1 server, learns (test accuracy $acc)"
 else bad "02 parameter_server: $(tail -n 4 "$T/f_ps.json")"; fi
+# 9b. --json's totals (issue 21 part 6): all workers together, and where the time went.
+#     Lock-step workers: the job's samples/s is the workers' count times worker 0's own;
+#     parameter servers: every push the servers applied while worker 0 trained (at least
+#     its own); the time shares are fractions that add up to 1, with communication in them
+shares='s = d["time_shares"]; assert set(s) == {"compute", "communication", "waiting", "other"}, s; assert all(0 <= v <= 1 for v in s.values()) and abs(sum(s.values()) - 1) < 1e-3 and s["compute"] > 0 and s["communication"] > 0, s'
+for f in "$T/f_mwm2.json" "$T/f_ps.json"; do grep '^.worker 0. {' "$f" | sed 's/^.worker 0. //' > "$f.w0"; done
+if python3 -c "
+import json
+d = json.load(open('$T/f_mwm2.json.w0'))
+assert d['workers'] == 2 and d['global_batch'] == 128 and abs(d['global_samples_per_sec'] - 2 * d['samples_per_sec']) <= 2, d
+$shares
+d = json.load(open('$T/f_ps.json.w0'))
+assert d['workers'] == 2 and d['global_batch'] == 64 and d['global_samples_per_sec'] >= d['samples_per_sec'] > 0, d
+$shares
+d = json.load(open('$T/f_mir2.json'))
+assert d['workers'] == 1 and d['global_samples_per_sec'] == d['samples_per_sec'] and d['time_shares']['communication'] == 0, d
+" > "$T/shares.out" 2>&1; then
+  ok "02 --json: global samples/s and batch (workers x own for lock-step, the servers' pushes for parameter_server), time shares adding up to 1"
+else bad "02 --json totals: $(tail -n 3 "$T/shares.out")"; fi
 
 # 9c. a --batch that does not divide over workers x replicas is refused with exit 2 and a
 #     message naming both numbers, before any data is loaded (the data dir does not exist,

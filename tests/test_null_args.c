@@ -8272,6 +8272,19 @@ static void nt_dt_plan_measure(void) {
   nt_teardown(&f);
   /* one NULL at a time: no generated value for dt_plan_model * out */
 }
+/* dt_plan.h: dt_result dt_plan_measure_loader(dt_loader * l, int batches, dt_plan_model * out) */
+static void nt_dt_plan_measure_loader(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_plan_measure_loader(NULL, batches, NULL)");
+    nt_check_result(dt_plan_measure_loader(NULL, 1, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_plan_model * out */
+}
 /* dt_plan.h: dt_result dt_plan_link_parse(const char * spec, dt_plan_link * out) */
 static void nt_dt_plan_link_parse(void) {
   nt_fix f;
@@ -9085,6 +9098,7 @@ int main(void) {
   TH_RUN(nt_dt_tp_unshard_rows);
   TH_RUN(nt_dt_tp_unshard_cols);
   TH_RUN(nt_dt_plan_measure);
+  TH_RUN(nt_dt_plan_measure_loader);
   TH_RUN(nt_dt_plan_link_parse);
   TH_RUN(nt_dt_plan_predict);
   TH_RUN(nt_dt_plan_recommend);

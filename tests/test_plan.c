@@ -112,6 +112,17 @@ static void test_rows_arithmetic(void) {
     CHECK_REL(ps->staleness, 3, 1e-12);
     CHECK_REL(ps->memory_bytes, 1e6 + 1e6 + 16 * 1000, 1e-12); /* the optimizer state is on the server */
   }
+  /* a link per connection (DTRAIN_NETEM's): the server's link no longer bounds the round; the
+   * worker's own path does: compute, push, the server's update of its push, pull */
+  o.links_per_connection = 1;
+  {
+    dt_plan_row rl[64];
+    int nl = dt_plan_predict(&m, &o, rl, 64);
+    const dt_plan_row *pl = row(rl, nl, "parameter_server 1 server", 4);
+    CHECK(pl != NULL);
+    if (pl) CHECK_REL(pl->step_s, 16e-5 + 2 * 1e-3 + 2e6 / 1e8 + 1e-4, 1e-12);
+  }
+  o.links_per_connection = 0;
   /* threads on one core take turns: mirrored(2) computes t(32) twice */
   const dt_plan_row *mi = row(r, n, "mirrored", 2);
   CHECK(mi != NULL);
@@ -143,6 +154,123 @@ static void test_rows_arithmetic(void) {
   o.batch = 64;
   CHECK_EQ(dt_plan_predict(NULL, &o, r, 64), -1);
   CHECK_EQ(dt_plan_predict(&m, &o, NULL, 4), -1);
+}
+
+/* data loading: the caller's thread loads the global batch before the
+ * replicas start (one_device, threads), each worker process its own part */
+static void test_loading_term(void) {
+  dt_plan_model m = hand_model();
+  m.load_per_sample_s = 2e-6;
+  dt_plan_options o;
+  memset(&o, 0, sizeof o);
+  o.batch = 64;
+  o.max_workers = 2;
+  o.cores = 2;
+  o.link.latency_s = 1e-3;
+  o.link.bandwidth_Bps = 1e8;
+  dt_plan_row r[64];
+  int n = dt_plan_predict(&m, &o, r, 64);
+  const dt_plan_row *one = row(r, n, "one_device", 1), *mw = row(r, n, "multi_worker_mirrored ring", 2),
+                    *mi = row(r, n, "mirrored", 2), *ov = row(r, n, "multi_worker_mirrored ring overlap", 2);
+  CHECK(one && mw && mi && ov);
+  if (!one || !mw || !mi || !ov) return;
+  CHECK_REL(one->step_s, 64e-5 + 1e-4 + 64 * 2e-6, 1e-12);
+  double ring = 2 * 1e-3 + 1e6 / 1e8;
+  CHECK_REL(mw->step_s, 32e-5 + 32 * 2e-6 + 1e-4 + ring, 1e-12);
+  /* overlap hides the ring behind half the backward, not behind the loading */
+  CHECK_REL(ov->step_s, 32e-5 + 32 * 2e-6 + 1e-4 + ring - 0.5 * 32e-5, 1e-12);
+  /* mirrored(2) on 2 cores: t(32) + update/2 + the reduction + loading all 64 rows */
+  m.load_per_sample_s = 0;
+  dt_plan_row r0[64];
+  int n0 = dt_plan_predict(&m, &o, r0, 64);
+  const dt_plan_row *mi0 = row(r0, n0, "mirrored", 2);
+  CHECK(mi0 != NULL);
+  if (mi0) CHECK_REL(mi->step_s - mi0->step_s, 64 * 2e-6, 1e-9);
+}
+
+/* One machine shared by every process: compute slowed as measured with all
+ * cores busy, and a step no shorter than all the processes' CPU work (their
+ * compute and the kernel's copies of each byte at both ends) over the cores */
+static void test_shared_machine(void) {
+  dt_plan_model m = hand_model();
+  m.busy_slowdown = 1.5;
+  m.busy_cores = 2;
+  dt_plan_options o;
+  memset(&o, 0, sizeof o);
+  o.batch = 64;
+  o.max_workers = 4;
+  o.cores = 2;
+  o.shared_cores = 1;
+  o.link.latency_s = 25e-6;
+  o.link.bandwidth_Bps = 2.5e9;
+  dt_plan_row r[64];
+  int n = dt_plan_predict(&m, &o, r, 64);
+  const dt_plan_row *mi = row(r, n, "mirrored", 2), *mw = row(r, n, "multi_worker_mirrored ring", 2),
+                    *mw4 = row(r, n, "multi_worker_mirrored ring", 4), *one = row(r, n, "one_device", 1);
+  CHECK(mi && mw && mw4 && one);
+  if (!mi || !mw || !mw4 || !one) return;
+  CHECK_REL(one->step_s, 64e-5 + 1e-4, 1e-12); /* alone: no slowdown */
+  /* mirrored(2) on 2 cores: t(32) x 1.5 + update/2 + the reduction (2 x 1 MB / 2 at 5 GB/s + 2 barriers) */
+  CHECK_REL(mi->step_s, 32e-5 * 1.5 + 1e-4 / 2 + (2.0 * 1e6 / 2 / 5e9 + 2 * 20e-6), 1e-12);
+  /* 2 processes: t(32) x 1.5 + update + ring (2 x 25 us + 1 MB at 2.5 GB/s), or the CPU's floor:
+   * 2 x (t x 1.5 + update) / 2 cores + 2 copies x (2 x 1 x 1 MB) / 2.5 GB/s / 2 cores */
+  double own2 = 32e-5 * 1.5 + 1e-4 + 2 * 25e-6 + 1e6 / 2.5e9;
+  double floor2 = 2 * (32e-5 * 1.5 + 1e-4) / 2 + 2.0 * (2.0 * 1e6) / 2.5e9 / 2;
+  CHECK_REL(mw->step_s, own2 > floor2 ? own2 : floor2, 1e-12);
+  /* 4 processes on 2 cores: they take turns (2 x (t(16) x 1.5 + update)); the floor
+   * counts 4 workers' work and 2 x 3 x 1 MB sent */
+  double own4 = 2 * (16e-5 * 1.5) + 2 * 1e-4 + dt_plan_ring_allreduce_s(4, 1e6, o.link);
+  double floor4 = 4 * (16e-5 * 1.5 + 1e-4) / 2 + 2.0 * (2.0 * 3 * 1e6) / 2.5e9 / 2;
+  CHECK_REL(mw4->step_s, own4 > floor4 ? own4 : floor4, 1e-12);
+  CHECK(floor4 > own4); /* (the floor is what decides here) */
+  /* a machine per process: neither the slowdown nor the floor */
+  o.shared_cores = 0;
+  n = dt_plan_predict(&m, &o, r, 64);
+  mw = row(r, n, "multi_worker_mirrored ring", 2);
+  CHECK(mw != NULL);
+  if (mw) CHECK_REL(mw->step_s, 32e-5 + 1e-4 + 2 * 25e-6 + 1e6 / 2.5e9, 1e-12);
+}
+
+/* dt_plan_measure_loader: a time per sample, and the loader where it was */
+static void test_measure_loader(void) {
+  int64_t shape[1] = {8};
+  dt_dataset *ds = dt_dataset_new(100, 1, shape, 1);
+  CHECK(ds != NULL);
+  if (!ds) return;
+  dt_loader_options lo;
+  memset(&lo, 0, sizeof lo);
+  lo.batch_size = 16;
+  lo.shuffle = 1;
+  lo.seed = 3;
+  dt_loader *l = dt_loader_new(ds, &lo);
+  CHECK(l != NULL);
+  dt_batch b;
+  CHECK_EQ(dt_loader_next(l, &b), 1);
+  int64_t ep, idx, ep2, idx2;
+  dt_loader_position(l, &ep, &idx);
+  dt_plan_model pm;
+  memset(&pm, 0, sizeof pm);
+  pm.per_sample_s = 7e-6; /* the rest of the model is left alone */
+  CHECK_EQ(dt_plan_measure_loader(l, 20, &pm), DTRAIN_OK); /* 20 batches: over epoch ends (7 a 100-sample epoch) */
+  CHECK(pm.load_per_sample_s > 0);
+  CHECK_EQ(pm.per_sample_s, 7e-6);
+  dt_loader_position(l, &ep2, &idx2);
+  CHECK(ep2 == ep && idx2 == idx);
+  CHECK_EQ(dt_plan_measure_loader(NULL, 5, &pm), DTRAIN_ERR_NULL_ARG);
+  CHECK_EQ(dt_plan_measure_loader(l, 5, NULL), DTRAIN_ERR_NULL_ARG);
+  dt_loader_destroy(l);
+  /* a loader that gives no batch (drop_last, a batch bigger than the set): an error, not a loop */
+  lo.batch_size = 200;
+  lo.drop_last = 1;
+  l = dt_loader_new(ds, &lo);
+  if (l) {
+    CHECK_EQ(dt_plan_measure_loader(l, 5, &pm), DTRAIN_ERR_EMPTY);
+    CHECK(strstr(dt_last_error(), "no batches") != NULL);
+    dt_loader_destroy(l);
+  } else {
+    CHECK(dt_last_result() != DTRAIN_OK); /* refused at creation instead: also no loop */
+  }
+  dt_dataset_destroy(ds);
 }
 
 static void test_recommendations(void) {
@@ -231,6 +359,9 @@ static void test_measure(void) {
   CHECK(pm.per_sample_s > 0 && pm.fixed_s >= 0 && pm.update_s > 0);
   CHECK(pm.activation_bytes_per_sample > 0);
   CHECK_EQ(pm.measured_batch, ROWS);
+  /* every core busy (a mirrored strategy over them) against one alone; 1 core: not measured */
+  if (dt_cpu_count() >= 2) CHECK_MSG(pm.busy_slowdown >= 1.0 && pm.busy_cores >= 2, "%g at %d", pm.busy_slowdown, pm.busy_cores);
+  else CHECK(pm.busy_slowdown == 0 && pm.busy_cores == 0);
   CHECK(memcmp(before, dt_params_data(P), n * sizeof(float)) == 0); /* put back bit for bit */
   CHECK_EQ(dt_optim_steps(opt), 0);                                   /* the caller's optimizer never stepped */
   /* the prediction from a measurement: one_device's row is the measured step */
@@ -256,6 +387,9 @@ int main(void) {
   TH_RUN(test_collectives_arithmetic);
   TH_RUN(test_link_parse);
   TH_RUN(test_rows_arithmetic);
+  TH_RUN(test_loading_term);
+  TH_RUN(test_shared_machine);
+  TH_RUN(test_measure_loader);
   TH_RUN(test_recommendations);
   TH_RUN(test_measure);
   return th_summary("test_plan");
