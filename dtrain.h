@@ -3385,6 +3385,14 @@ DTRAIN_API dt_result dt_plan_measure_loader(dt_loader *l, int batches, dt_plan_m
  * gets 1448/1514 of it; a jitter adds half of itself to the latency), or
  * "loopback" (the defaults). */
 DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out);
+/* Measures the link between ranks a and b of c (each of the two calls it,
+ * with its own rank; no other message between them in flight on tag
+ * DT_COMM_TAG_MAX): 3 + 21 round trips of one float (latency: half the
+ * median), then transfers from a to b doubling from 256 KiB until one takes
+ * 50 ms or reaches 16 MiB (bandwidth: the last one's bytes over its time less
+ * a round trip). Both get a's figures. Over TCP with DTRAIN_NETEM set, the
+ * emulated link is what is measured. */
+DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_plan_link *out);
 /* The rows (at most cap into rows); returns how many there are, -1 on bad arguments. */
 DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *o, dt_plan_row *rows, int cap);
 /* The row to pick (an index into rows), with the reasons as text into why
@@ -23944,7 +23952,7 @@ DTRAIN_PRIVATE void dt__strategy_fail(dt_strategy *s, int r, dt_result code, con
   s->rep[r].result = code;
   if (DT__ACAS(&s->failed, &expected, r, DT__MO_SEQ_CST)) {
     s->err = code;
-    snprintf(s->msg, sizeof s->msg, "replica %d: %s", r, what);
+    snprintf(s->msg, sizeof s->msg, "replica %d: %.*s", r, (int)sizeof s->msg - 24, what); /* (room for the prefix: no -Wformat-truncation) */
   }
   if (s->comm) dt_comm_abort(s->comm, r);
   if (s->pstore) dt_pstore_abort(s->pstore);
@@ -28240,6 +28248,80 @@ DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out) {
   }
   l.latency_s += 0.5 * jitter;
   *out = l;
+  return DTRAIN_OK;
+}
+
+/* ---- probing a link --------------------------------------------------------------------------- */
+
+#define DT__PLAN_PROBE_TAG DT_COMM_TAG_MAX /* the probe's messages */
+#define DT__PLAN_PROBE_CAP ((size_t)1 << 22) /* floats in the largest transfer: 16 MiB */
+
+DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_plan_link *out) {
+  const char *f = "dt_plan_probe_link";
+  if (!c || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", f, !c ? "the communicator" : "out");
+  int w = dt_comm_world(c);
+  if (a < 0 || b < 0 || a >= w || b >= w || a == b || (rank != a && rank != b))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: ranks %d and %d of %d probe the link between them, each calling "
+                     "this (called by rank %d)", f, a, b, w, rank);
+  const int lead = rank == a, peer = lead ? b : a;
+  float *buf = (float *)dt__calloc(DT__PLAN_PROBE_CAP * sizeof(float));
+  if (!buf) return dt__error(DTRAIN_ERR_NOMEM, "%s: no memory for a %zu-byte probe", f, DT__PLAN_PROBE_CAP * sizeof(float));
+  const int tag = DT__PLAN_PROBE_TAG;
+  double rtt[21];
+  int k = 0;
+  float one = 0.0f;
+  dt_result r = DTRAIN_OK;
+  /* latency: 3 + 21 round trips of one float; half the median */
+  for (int i = 0; i < 24 && r == DTRAIN_OK; i++) {
+    double t0 = dt__now();
+    if (lead) {
+      r = dt_comm_send(c, rank, peer, tag, &one, 1);
+      if (r == DTRAIN_OK) r = dt_comm_recv(c, rank, peer, tag, &one, 1);
+    } else {
+      r = dt_comm_recv(c, rank, peer, tag, &one, 1);
+      if (r == DTRAIN_OK) r = dt_comm_send(c, rank, peer, tag, &one, 1);
+    }
+    if (i >= 3) rtt[k++] = dt__now() - t0;
+  }
+  double rt = r == DTRAIN_OK ? dt__plan_median(rtt, k) : 0.0, bw = 0.0;
+  /* bandwidth: a announces n and sends n floats, b answers one float; n
+   * doubles from 64 Ki floats until a transfer takes 50 ms or reaches the cap;
+   * a announces 0 to end */
+  size_t n = (size_t)1 << 16;
+  while (r == DTRAIN_OK) {
+    float hdr = lead ? (float)n : 0.0f;
+    r = lead ? dt_comm_send(c, rank, peer, tag, &hdr, 1) : dt_comm_recv(c, rank, peer, tag, &hdr, 1);
+    if (r != DTRAIN_OK) break;
+    size_t m = (size_t)hdr;
+    if (m == 0) break;
+    if (!(hdr > 0.0f) || m > DT__PLAN_PROBE_CAP) {
+      r = dt__error(DTRAIN_ERR_PROTOCOL, "%s: rank %d announced a transfer of %g floats (at most %zu)", f, peer,
+                    (double)hdr, DT__PLAN_PROBE_CAP);
+      break;
+    }
+    double t0 = dt__now();
+    if (lead) {
+      r = dt_comm_send(c, rank, peer, tag, buf, m);
+      if (r == DTRAIN_OK) r = dt_comm_recv(c, rank, peer, tag, &one, 1);
+    } else {
+      r = dt_comm_recv(c, rank, peer, tag, buf, m);
+      if (r == DTRAIN_OK) r = dt_comm_send(c, rank, peer, tag, &one, 1);
+    }
+    double t = dt__now() - t0;
+    if (lead && r == DTRAIN_OK) {
+      double net = t - rt; /* the ack's round trip is not the transfer's */
+      bw = (double)(m * sizeof(float)) / (net > 0.0 ? net : t);
+      n = (t >= 0.05 || m >= DT__PLAN_PROBE_CAP) ? 0 : m * 2;
+    }
+  }
+  /* b gets a's figures */
+  float res[2] = {(float)(0.5 * rt), (float)bw};
+  if (r == DTRAIN_OK)
+    r = lead ? dt_comm_send(c, rank, peer, tag, res, 2) : dt_comm_recv(c, rank, peer, tag, res, 2);
+  dt__free(buf, DT__PLAN_PROBE_CAP * sizeof(float));
+  if (r != DTRAIN_OK) return dt__error(r, "%s: %s", f, dt_last_error());
+  out->latency_s = (double)res[0];
+  out->bandwidth_Bps = (double)res[1];
   return DTRAIN_OK;
 }
 

@@ -292,15 +292,19 @@ static const char *staleness_json(dt_strategy *s, int staleness_lr) {
 /* ---- --plan: should I distribute? -------------------------------------------------------- */
 /* Measures this model (dt_plan_measure on one batch of the training set),
  * predicts every strategy (dt_plan_predict) over the link and prints the
- * table and the recommendation, or one JSON line. */
-static int run_plan(app *a, int64_t train_n) {
+ * table and the recommendation, or one JSON line. The link: --link, else the
+ * one workers 0 and 1 probed (probed: under the launcher; one_host: both on
+ * one machine), else DTRAIN_NETEM's first clause, else loopback. */
+static int run_plan(app *a, int64_t train_n, const dt_plan_link *probed, int one_host) {
   dt_plan_link link;
   char spec[256];
   const char *env = getenv("DTRAIN_NETEM");
   if (a->o.link) snprintf(spec, sizeof spec, "%s", a->o.link);
+  else if (probed) snprintf(spec, sizeof spec, "probed");
   else if (env && *env) snprintf(spec, sizeof spec, "%.*s", (int)strcspn(env, ";"), env);
   else snprintf(spec, sizeof spec, "loopback");
-  if (dt_plan_link_parse(spec, &link) != DTRAIN_OK) { fprintf(stderr, "error: --link: %s\n", dt_last_error()); return 2; }
+  if (!a->o.link && probed) link = *probed;
+  else if (dt_plan_link_parse(spec, &link) != DTRAIN_OK) { fprintf(stderr, "error: --link: %s\n", dt_last_error()); return 2; }
   dt_batch b;
   if (dt_loader_next(a->loader, &b) <= 0) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
   dt_minibatch mb;
@@ -328,7 +332,7 @@ static int run_plan(app *a, int64_t train_n) {
   po.epoch_samples = train_n;
   po.max_workers = a->o.plan_workers;
   po.link = link;
-  po.shared_cores = a->o.plan_one_machine || !a->o.link;
+  po.shared_cores = a->o.plan_one_machine || (probed && !a->o.link ? one_host : !a->o.link);
   po.links_per_connection = po.shared_cores; /* a rehearsal here: loopback, or DTRAIN_NETEM's link per connection */
   po.weak_scaling = a->o.plan_weak;
   po.servers = a->o.plan_servers;
@@ -339,10 +343,11 @@ static int run_plan(app *a, int64_t train_n) {
   char why[512];
   int best = dt_plan_recommend(rows, n, why, sizeof why);
   if (a->o.json) {
-    printf("{\"model\":\"%s\",\"batch\":%d,\"link\":{\"spec\":\"%s\",\"latency_s\":%.3g,\"bandwidth_Bps\":%.4g},"
+    printf("{\"model\":\"%s\",\"batch\":%d,\"link\":{\"spec\":\"%s\",\"latency_s\":%.3g,\"bandwidth_Bps\":%.4g,\"probed\":%s},"
            "\"measured\":{\"fixed_s\":%.4g,\"per_sample_s\":%.4g,\"update_s\":%.4g,\"params\":%lld,"
            "\"activation_bytes_per_sample\":%lld,\"load_per_sample_s\":%.4g,\"busy_slowdown\":%.3f,\"busy_cores\":%d},\"shared_cores\":%d,\"weak_scaling\":%d,\"strategies\":[",
-           a->o.model, a->o.batch, spec, link.latency_s, link.bandwidth_Bps, m.fixed_s, m.per_sample_s, m.update_s,
+           a->o.model, a->o.batch, spec, link.latency_s, link.bandwidth_Bps, probed && !a->o.link ? "true" : "false",
+           m.fixed_s, m.per_sample_s, m.update_s,
            (long long)m.params, (long long)m.activation_bytes_per_sample, m.load_per_sample_s,
            m.busy_slowdown, m.busy_cores, po.shared_cores, po.weak_scaling);
     for (int i = 0; i < n; i++)
@@ -356,8 +361,9 @@ static int run_plan(app *a, int64_t train_n) {
            best >= 0 && strcmp(rows[best].family, "one_device") != 0 ? "true" : "false", why);
     return 0;
   }
-  printf("plan: %s, batch %d%s, link %s (latency %.3g ms, %.4g MB/s), %s\n", a->o.model, a->o.batch,
+  printf("plan: %s, batch %d%s, link %s (latency %.3g ms, %.4g MB/s%s), %s\n", a->o.model, a->o.batch,
          po.weak_scaling ? " a worker (weak scaling)" : "", spec, link.latency_s * 1e3, link.bandwidth_Bps / 1e6,
+         probed && !a->o.link ? ", measured between workers 0 and 1" : "",
          po.shared_cores ? "the workers sharing this machine's cores" : "a machine per worker");
   printf("measured: %.3g ms + %.3g us per sample a step, optimizer %.3g ms, loading %.3g us per sample, %lld "
          "parameters, %.1f KiB of activations per sample\n", m.fixed_s * 1e3, m.per_sample_s * 1e6, m.update_s * 1e3,
@@ -696,7 +702,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   a.o.batch_worker = a.o.batch / world;
-  if (rank != 0 || (ps && cl->role == DTRAIN_ROLE_PS)) { a.o.quiet = 1; a.o.json = 0; a.o.csv = a.o.svg = a.o.checkpoint = NULL; } /* worker 0 reports */
+  if (rank != 0 || (ps && cl->role == DTRAIN_ROLE_PS) || (a.o.plan && (cl->index != 0 || cl->role != DTRAIN_ROLE_WORKER))) { a.o.quiet = 1; a.o.json = 0; a.o.csv = a.o.svg = a.o.checkpoint = NULL; } /* worker 0 reports */
   /* The CSV and the chart go to build/ by default: run elsewhere (no build/
    * to write in), they are left out with a note, not an error for a flag the
    * user never gave; a path the user gave must be writable. */
@@ -776,7 +782,27 @@ int main(int argc, char **argv) {
   a.opt = dt_optim_create(a.P, &od);
   if (a.o.plan) {
     if (!a.opt) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
-    return run_plan(&a, a.train->n);
+    /* Under the launcher (2 or more workers): workers 0 and 1 measure the
+     * link between them (DTRAIN_NETEM's emulation included); worker 0 plans
+     * with it, the others are done. */
+    dt_plan_link probed;
+    int probe = 0, one_host = 0;
+    if (cl->workers > 1 && !a.o.link) {
+      if (cl->role != DTRAIN_ROLE_WORKER) return 0; /* (parameter servers have nothing to plan) */
+      dt_net_options pno = dt_net_defaults();
+      dt_comm *pc = dt_comm_create_tcp(cl, &pno);
+      dt_result pr = !pc ? dt_last_result() : cl->index <= 1 ? dt_plan_probe_link(pc, cl->index, 0, 1, &probed) : DTRAIN_OK;
+      if (pr == DTRAIN_OK) pr = dt_comm_barrier(pc, cl->index);
+      if (pr != DTRAIN_OK) fprintf(stderr, "error: --plan: probing the link: %s\n", dt_last_error());
+      dt_comm_destroy(pc);
+      if (pr != DTRAIN_OK) return 1;
+      if (cl->index != 0) return 0;
+      const char *h0 = cl->worker_addr[0], *h1 = cl->worker_addr[1];
+      size_t l0 = strcspn(h0, ":"), l1 = strcspn(h1, ":"); /* (a "[v6]:port" compares its bracket part) */
+      one_host = l0 == l1 && strncmp(h0, h1, l0) == 0;
+      probe = 1;
+    }
+    return run_plan(&a, a.train->n, probe ? &probed : NULL, one_host);
   }
   /* The one line that picks how training runs: */
   dt_strategy_options sd;

@@ -134,6 +134,14 @@ DTRAIN_API dt_result dt_plan_measure_loader(dt_loader *l, int batches, dt_plan_m
  * gets 1448/1514 of it; a jitter adds half of itself to the latency), or
  * "loopback" (the defaults). */
 DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out);
+/* Measures the link between ranks a and b of c (each of the two calls it,
+ * with its own rank; no other message between them in flight on tag
+ * DT_COMM_TAG_MAX): 3 + 21 round trips of one float (latency: half the
+ * median), then transfers from a to b doubling from 256 KiB until one takes
+ * 50 ms or reaches 16 MiB (bandwidth: the last one's bytes over its time less
+ * a round trip). Both get a's figures. Over TCP with DTRAIN_NETEM set, the
+ * emulated link is what is measured. */
+DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_plan_link *out);
 /* The rows (at most cap into rows); returns how many there are, -1 on bad arguments. */
 DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *o, dt_plan_row *rows, int cap);
 /* The row to pick (an index into rows), with the reasons as text into why

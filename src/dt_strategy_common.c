@@ -26,7 +26,7 @@ DTRAIN_PRIVATE void dt__strategy_fail(dt_strategy *s, int r, dt_result code, con
   s->rep[r].result = code;
   if (DT__ACAS(&s->failed, &expected, r, DT__MO_SEQ_CST)) {
     s->err = code;
-    snprintf(s->msg, sizeof s->msg, "replica %d: %s", r, what);
+    snprintf(s->msg, sizeof s->msg, "replica %d: %.*s", r, (int)sizeof s->msg - 24, what); /* (room for the prefix: no -Wformat-truncation) */
   }
   if (s->comm) dt_comm_abort(s->comm, r);
   if (s->pstore) dt_pstore_abort(s->pstore);

@@ -294,6 +294,21 @@ assert d['workers'] == 1 and d['global_samples_per_sec'] == d['samples_per_sec']
   ok "02 --json: global samples/s and batch (workers x own for lock-step, the servers' pushes for parameter_server), time shares adding up to 1"
 else bad "02 --json totals: $(tail -n 3 "$T/shares.out")"; fi
 
+# 9d. --plan under the launcher: workers 0 and 1 probe the link between them (here an
+#     emulated one) and worker 0 alone prints the plan for it, one JSON line; the others
+#     (a third worker, a parameter server) exit 0 without output of their own
+if DTRAIN_NETEM="rate=100mbit,delay=1ms" timeout 120 $L -n 3 --ps 1 -- $F --data data/fashion-mnist --plan --plan-workers 4 --json > "$T/pprobe.out" 2>&1 &&
+   [ "$(grep -c '^\[worker 0\] {' "$T/pprobe.out")" = 1 ] && ! grep -q '^\[worker [12]\] \|^\[ps 0\] ' "$T/pprobe.out" &&
+   grep '^\[worker 0\] {' "$T/pprobe.out" | sed 's/^\[worker 0\] //' | python3 -c "
+import json, sys
+d = json.load(sys.stdin)
+l = d['link']
+assert l['probed'] is True and l['spec'] == 'probed' and l['latency_s'] > 0 and l['bandwidth_Bps'] > 0, l
+assert d['shared_cores'] == 1 and any(s['name'] == 'multi_worker_mirrored ring' for s in d['strategies']), d
+" > "$T/pprobe.err" 2>&1; then
+  ok "02 --plan under the launcher: the link probed between workers 0 and 1, one plan from worker 0"
+else bad "02 --plan probe: $(tail -n 4 "$T/pprobe.out" "$T/pprobe.err")"; fi
+
 # 9c. a --batch that does not divide over workers x replicas is refused with exit 2 and a
 #     message naming both numbers, before any data is loaded (the data dir does not exist,
 #     and the message is about the batch, not the data): 02 in one process and across 3,

@@ -8298,6 +8298,19 @@ static void nt_dt_plan_link_parse(void) {
   nt_teardown(&f);
   /* one NULL at a time: no generated value for dt_plan_link * out */
 }
+/* dt_plan.h: dt_result dt_plan_probe_link(dt_comm * c, int rank, int a, int b, dt_plan_link * out) */
+static void nt_dt_plan_probe_link(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_plan_probe_link(NULL, rank, a, b, NULL)");
+    nt_check_result(dt_plan_probe_link(NULL, 0, 1, 1, NULL), 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  /* one NULL at a time: no generated value for dt_plan_link * out */
+}
 /* dt_plan.h: int dt_plan_predict(const dt_plan_model * m, const dt_plan_options * o, dt_plan_row * rows, int cap) */
 static void nt_dt_plan_predict(void) {
   nt_fix f;
@@ -9100,6 +9113,7 @@ int main(void) {
   TH_RUN(nt_dt_plan_measure);
   TH_RUN(nt_dt_plan_measure_loader);
   TH_RUN(nt_dt_plan_link_parse);
+  TH_RUN(nt_dt_plan_probe_link);
   TH_RUN(nt_dt_plan_predict);
   TH_RUN(nt_dt_plan_recommend);
   TH_RUN(nt_dt_cluster_parse_json);

@@ -8,6 +8,7 @@
 #include "harness.h"
 
 #include <math.h>
+#include <pthread.h>
 
 #define CHECK_REL(a, b, rel)                                                                    \
   CHECK_MSG(fabs((double)(a) - (double)(b)) <= (rel) * fabs((double)(b)) + 1e-15, "%.9g, want %.9g", \
@@ -233,6 +234,7 @@ static void test_shared_machine(void) {
 
 /* dt_plan_measure_loader: a time per sample, and the loader where it was */
 static void test_measure_loader(void) {
+  if (!(dt_build_features() & DTRAIN_FEATURE_DATA)) TH_SKIP("the data loaders are compiled out (DTRAIN_NO_DATA)");
   int64_t shape[1] = {8};
   dt_dataset *ds = dt_dataset_new(100, 1, shape, 1);
   CHECK(ds != NULL);
@@ -271,6 +273,52 @@ static void test_measure_loader(void) {
     CHECK(dt_last_result() != DTRAIN_OK); /* refused at creation instead: also no loop */
   }
   dt_dataset_destroy(ds);
+}
+
+/* dt_plan_probe_link between two threads of one communicator: both get the
+ * same figures (the leader's), positive; calls that cannot be a probe are
+ * refused without communicating */
+typedef struct {
+  dt_comm *c;
+  int rank;
+  dt_plan_link l;
+  dt_result r;
+} probe_job;
+
+static void *probe_main(void *arg) {
+  probe_job *j = (probe_job *)arg;
+  j->r = dt_plan_probe_link(j->c, j->rank, 0, 1, &j->l);
+  return NULL;
+}
+
+static void test_probe_link(void) {
+  const unsigned need = DTRAIN_FEATURE_THREADS | DTRAIN_FEATURE_DIST;
+  if ((dt_build_features() & need) != need) TH_SKIP("no thread communicator in this build (DTRAIN_NO_THREADS or DTRAIN_NO_DIST)");
+  dt_comm *c = dt_comm_create_threads(2, 0);
+  CHECK(c != NULL);
+  if (!c) return;
+  probe_job j[2];
+  memset(j, 0, sizeof j);
+  pthread_t th;
+  j[0].c = j[1].c = c;
+  j[1].rank = 1;
+  pthread_create(&th, NULL, probe_main, &j[1]);
+  probe_main(&j[0]);
+  pthread_join(th, NULL);
+  CHECK_EQ(j[0].r, DTRAIN_OK);
+  CHECK_EQ(j[1].r, DTRAIN_OK);
+  CHECK(j[0].l.latency_s > 0 && j[0].l.bandwidth_Bps > 0);
+  CHECK(j[0].l.latency_s == j[1].l.latency_s && j[0].l.bandwidth_Bps == j[1].l.bandwidth_Bps);
+  dt_plan_link l;
+  CHECK_EQ(dt_plan_probe_link(c, 0, 0, 0, &l), DTRAIN_ERR_INVALID_ARG); /* a rank with itself */
+  CHECK_EQ(dt_plan_probe_link(c, 0, 0, 2, &l), DTRAIN_ERR_INVALID_ARG); /* outside the world */
+  CHECK(strstr(dt_last_error(), "ranks 0 and 2 of 2") != NULL);
+  CHECK_EQ(dt_plan_probe_link(NULL, 0, 0, 1, &l), DTRAIN_ERR_NULL_ARG);
+  CHECK_EQ(dt_plan_probe_link(c, 0, 0, 1, NULL), DTRAIN_ERR_NULL_ARG);
+  dt_comm_destroy(c);
+  c = dt_comm_create_threads(3, 0);
+  if (c) CHECK_EQ(dt_plan_probe_link(c, 2, 0, 1, &l), DTRAIN_ERR_INVALID_ARG); /* rank 2 is not a or b */
+  dt_comm_destroy(c);
 }
 
 static void test_recommendations(void) {
@@ -359,8 +407,10 @@ static void test_measure(void) {
   CHECK(pm.per_sample_s > 0 && pm.fixed_s >= 0 && pm.update_s > 0);
   CHECK(pm.activation_bytes_per_sample > 0);
   CHECK_EQ(pm.measured_batch, ROWS);
-  /* every core busy (a mirrored strategy over them) against one alone; 1 core: not measured */
-  if (dt_cpu_count() >= 2) CHECK_MSG(pm.busy_slowdown >= 1.0 && pm.busy_cores >= 2, "%g at %d", pm.busy_slowdown, pm.busy_cores);
+  /* every core busy (a mirrored strategy over them) against one alone; 1 core, or a build without
+   * threads or strategies beyond one_device: not measured */
+  const unsigned need = DTRAIN_FEATURE_THREADS | DTRAIN_FEATURE_DIST;
+  if (dt_cpu_count() >= 2 && (dt_build_features() & need) == need) CHECK_MSG(pm.busy_slowdown >= 1.0 && pm.busy_cores >= 2, "%g at %d", pm.busy_slowdown, pm.busy_cores);
   else CHECK(pm.busy_slowdown == 0 && pm.busy_cores == 0);
   CHECK(memcmp(before, dt_params_data(P), n * sizeof(float)) == 0); /* put back bit for bit */
   CHECK_EQ(dt_optim_steps(opt), 0);                                   /* the caller's optimizer never stepped */
@@ -390,6 +440,7 @@ int main(void) {
   TH_RUN(test_loading_term);
   TH_RUN(test_shared_machine);
   TH_RUN(test_measure_loader);
+  TH_RUN(test_probe_link);
   TH_RUN(test_recommendations);
   TH_RUN(test_measure);
   return th_summary("test_plan");
