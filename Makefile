@@ -22,7 +22,7 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EX_SRC))
 AMALG    := $(BUILD)/tools/amalgamate
 
 .PHONY: xor test-minimal test-minimal-nothreads test-minimal-nostdio test-minimal-edge all test test-suite suite-bins check-house demo bench amalgamate sanitize tsan clean check-amalgamation test-cross install uninstall
-.PHONY: windows bench-strategy bench-backup bench-plan figures bench-pipeline bench-net bench-netem bench-gpu fuzz soak chaos board
+.PHONY: windows bench-strategy bench-backup bench-plan figures simulate bench-pipeline bench-net bench-netem bench-gpu fuzz soak chaos board
 
 all: dtrain.h $(TESTS) $(EXAMPLES) $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump tools/dtrain-launch $(BUILD)/tests/launch_probe tools/dtrain-bench tools/dtrain-ckpt
 
@@ -285,6 +285,10 @@ bench-plan: $(BUILD)/examples/02_fashion_mnist tools/dtrain-launch
 # and measured points): bench/figures/scaling.svg; about 3 minutes.
 figures: $(BUILD)/examples/02_fashion_mnist tools/dtrain-launch
 	BUILD=$(BUILD) bash bench/run_figures.sh
+# Past this machine (issue 21 part 5): examples/05 on the MPI backend under SimGrid's SMPI,
+# 1-64 workers on bench/platforms (skips without smpicc/smpirun); about 2 minutes.
+simulate: $(BUILD)/examples/02_fashion_mnist
+	BUILD=$(BUILD) bash bench/run_simulate.sh
 # Pipeline parallelism: GPipe and 1F1B for M = 1..16 beside one_device.
 bench: bench-pipeline
 bench-pipeline: $(BUILD)/examples/07_model_parallel

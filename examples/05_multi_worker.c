@@ -390,6 +390,7 @@ int main(int argc, char **argv) {
       }
     }
     if (rc) break;
+    const double secs = dt_time_now() - t0; /* the epoch's training, not the evaluation after it */
     acc = test_accuracy(eval, &m, test);
     if (acc < 0) {
       fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
@@ -397,7 +398,6 @@ int main(int argc, char **argv) {
       break;
     }
     if (rank == 0) {
-      double secs = dt_time_now() - t0;
       if (!o.quiet)
         printf("epoch %lld: train loss %.4f, test accuracy %.4f, %.0f samples/s (all workers)\n", (long long)e + 1,
                loss_sum / (double)(steps_per_epoch - k0), acc, (double)(steps_per_epoch * batch_worker * world) / secs);
