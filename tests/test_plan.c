@@ -75,16 +75,22 @@ static dt_plan_model hand_model(void) {
   return m;
 }
 
-static void test_rows_arithmetic(void) {
-  dt_plan_model m = hand_model();
+/* options for a global batch of 64 over up to max_workers on `cores` cores, link lat/bw */
+static dt_plan_options opts64(int max_workers, int cores, double lat, double bw) {
   dt_plan_options o;
   memset(&o, 0, sizeof o);
   o.batch = 64;
+  o.max_workers = max_workers;
+  o.cores = cores;
+  o.link.latency_s = lat;
+  o.link.bandwidth_Bps = bw;
+  return o;
+}
+
+static void test_rows_arithmetic(void) {
+  dt_plan_model m = hand_model();
+  dt_plan_options o = opts64(4, 1, 1e-3, 1e8);
   o.epoch_samples = 64000;
-  o.max_workers = 4;
-  o.cores = 1;
-  o.link.latency_s = 1e-3;
-  o.link.bandwidth_Bps = 1e8;
   dt_plan_row r[64];
   int n = dt_plan_predict(&m, &o, r, 64);
   CHECK(n > 4 && n <= 64);
@@ -162,13 +168,7 @@ static void test_rows_arithmetic(void) {
 static void test_loading_term(void) {
   dt_plan_model m = hand_model();
   m.load_per_sample_s = 2e-6;
-  dt_plan_options o;
-  memset(&o, 0, sizeof o);
-  o.batch = 64;
-  o.max_workers = 2;
-  o.cores = 2;
-  o.link.latency_s = 1e-3;
-  o.link.bandwidth_Bps = 1e8;
+  dt_plan_options o = opts64(2, 2, 1e-3, 1e8);
   dt_plan_row r[64];
   int n = dt_plan_predict(&m, &o, r, 64);
   const dt_plan_row *one = row(r, n, "one_device", 1), *mw = row(r, n, "multi_worker_mirrored ring", 2),
@@ -196,14 +196,8 @@ static void test_shared_machine(void) {
   dt_plan_model m = hand_model();
   m.busy_slowdown = 1.5;
   m.busy_cores = 2;
-  dt_plan_options o;
-  memset(&o, 0, sizeof o);
-  o.batch = 64;
-  o.max_workers = 4;
-  o.cores = 2;
+  dt_plan_options o = opts64(4, 2, 25e-6, 2.5e9);
   o.shared_cores = 1;
-  o.link.latency_s = 25e-6;
-  o.link.bandwidth_Bps = 2.5e9;
   dt_plan_row r[64];
   int n = dt_plan_predict(&m, &o, r, 64);
   const dt_plan_row *mi = row(r, n, "mirrored", 2), *mw = row(r, n, "multi_worker_mirrored ring", 2),
@@ -331,11 +325,7 @@ static void test_recommendations(void) {
   tiny.params = 5000;
   tiny.param_bytes = tiny.grad_bytes = 20000;
   tiny.optim_bytes = 40000;
-  dt_plan_options o;
-  memset(&o, 0, sizeof o);
-  o.batch = 64;
-  o.max_workers = 16;
-  o.cores = 1;
+  dt_plan_options o = opts64(16, 1, 0, 0);
   CHECK_EQ(dt_plan_link_parse("rate=10mbit,delay=1ms", &o.link), DTRAIN_OK);
   int n = dt_plan_predict(&tiny, &o, r, 64);
   int best = dt_plan_recommend(r, n, why, sizeof why);
