@@ -28481,10 +28481,8 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
       double worker = tp + wire + Up / (double)M;
       double server = (o->links_per_connection ? 0.0 : (double)N * (G + Pb) / ((double)M * L.bandwidth_Bps)) +
                       (double)N * Up / (double)M;
-      double round = DT__MAX(worker, server);
-      if (o->shared_cores) /* the workers' compute and loading, the servers' N updates, the copies */
-        round = DT__MAX(round, ((double)N * (tbp + LD * b + U) + 2.0 * (double)N * (G + Pb) / DT__PLAN_LOOPBACK_BW) /
-                                   (double)o->cores);
+      /* (the floor: the workers' compute and loading, the servers' N updates, each push and pull copied) */
+      double round = DT__PLAN_FLOOR(DT__MAX(worker, server), (double)N * (G + Pb));
       snprintf(name, sizeof name, "parameter_server %d server%s", M, M > 1 ? "s" : "");
       dt__plan_add(&c, name, "parameter_server", N, round, B, Pb + G + A * b, round - tp > 0 ? round - tp : 0, 0,
                    (double)(N - 1));

@@ -798,7 +798,8 @@ int main(int argc, char **argv) {
       if (pr != DTRAIN_OK) return 1;
       if (cl->index != 0) return 0;
       const char *h0 = cl->worker_addr[0], *h1 = cl->worker_addr[1];
-      size_t l0 = strcspn(h0, ":"), l1 = strcspn(h1, ":"); /* (a "[v6]:port" compares its bracket part) */
+      size_t l0 = h0[0] == '[' ? strcspn(h0, "]") : strcspn(h0, ":"), /* the host: "[v6]" or up to ":port" */
+             l1 = h1[0] == '[' ? strcspn(h1, "]") : strcspn(h1, ":");
       one_host = l0 == l1 && strncmp(h0, h1, l0) == 0;
       probe = 1;
     }
@@ -916,7 +917,7 @@ int main(int argc, char **argv) {
    * trained (their version counts them), batch_worker rows each. */
   double global_sps = res.samples_per_sec;
   if (mwm) global_sps = res.samples_per_sec * world;
-  else if (store && res.train_seconds > 0)
+  else if (store && res.train_seconds > 0 && dt_pstore_version(store) >= pushes0) /* (a server restarted afresh: own) */
     global_sps = (double)(dt_pstore_version(store) - pushes0) * a.o.batch_worker / res.train_seconds;
   dt_strategy_stats sst;
   dt_strategy_stats_get(a.strategy, &sst);
