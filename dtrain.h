@@ -3309,6 +3309,8 @@ DTRAIN_EXTERN_C_END
 typedef struct dt_plan_link {
   double latency_s;     /* one way, per message */
   double bandwidth_Bps; /* payload bytes per second, each direction */
+  int shared;           /* 1: one medium that every transfer shares (Wi-Fi, a hub): k transfers at
+                           once get bandwidth_Bps / k each; 0: each machine its own (a switch) */
 } dt_plan_link;
 
 /* The model's cost, as dt_plan_measure finds it (or filled by hand). */
@@ -3327,6 +3329,10 @@ typedef struct dt_plan_model {
                                           machine over one alone, >= 1 (caches and memory bandwidth are shared;
                                           0: not measured, taken as 1) */
   int busy_cores;                      /* how many ran at once (dt_plan_measure: min(cores, rows, replicas max)) */
+  double jitter;                       /* forward + backward's spread from step to step over its median (1.4826 x
+                                          the median absolute deviation: a normal's sigma; 0: none). A synchronous
+                                          step across N processes waits for the slowest: the rows add jitter x
+                                          compute x E[the largest of N standard normals] (0.56 at 2, 2.33 at 64) */
 } dt_plan_model;
 
 typedef struct dt_plan_options {
@@ -3382,8 +3388,11 @@ DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_
 DTRAIN_API dt_result dt_plan_measure_loader(dt_loader *l, int batches, dt_plan_model *out);
 /* "rate=100mbit,delay=2ms[,jitter=1ms]" (DTRAIN_NETEM's units; rate counts
  * 66 header bytes per 1448-byte segment, as the emulation does, so the payload
- * gets 1448/1514 of it; a jitter adds half of itself to the latency), or
- * "loopback" (the defaults). */
+ * gets 1448/1514 of it; the delay is added to loopback's 25 us; a jitter adds
+ * half of itself to the latency), "bandwidth=10gbit,latency=11us" (the link as
+ * it is: the payload's rate and the one-way latency, nothing added or taken
+ * off, e.g. a simulator's platform; one spelling per quantity), or "loopback"
+ * (the defaults); ",shared=1" adds that every transfer shares the one medium. */
 DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out);
 /* Measures the link between ranks a and b of c (each of the two calls it,
  * with its own rank; no other message between them in flight on tag
@@ -3399,7 +3408,10 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *o,
  * (cap bytes; NULL for none); -1 when no row fits. */
 DTRAIN_API int dt_plan_recommend(const dt_plan_row *rows, int n, char *why, size_t cap);
 /* The models' pieces, for the tests and for people checking the arithmetic:
- * seconds to all-reduce `bytes` over n workers on link l. */
+ * seconds to all-reduce `bytes` over n workers on link l. Ring: 2(n-1) steps
+ * of bytes/n, each l.latency_s + bytes/n/bandwidth (on a shared medium the n
+ * transfers of a step share it: + bytes/bandwidth); recursive doubling:
+ * ceil(log2 n) rounds of all the bytes (shared: n transfers at once). */
 DTRAIN_API double dt_plan_ring_allreduce_s(int n, double bytes, dt_plan_link l);
 DTRAIN_API double dt_plan_doubling_allreduce_s(int n, double bytes, dt_plan_link l);
 /* The pipeline's idle share with p stages and m microbatches: (p-1)/(m+p-1). */
@@ -28034,9 +28046,11 @@ static double dt__plan_median(double *v, int n) {
 }
 
 /* steps steps of forward + backward at b's rows: the median seconds; the
- * update's median into *upd when upd */
+ * update's median into *upd and the spread (1.4826 x the median absolute
+ * deviation over the median) into *jit when given */
 static dt_result dt__plan_time(dt_graph *g, dt_params *P, dt_optim *o, dt_step_fn fn, void *user,
-                               const dt_minibatch *b, int steps, double *fb, double *upd, int64_t *arena) {
+                               const dt_minibatch *b, int steps, double *fb, double *upd, int64_t *arena,
+                               double *jit) {
   double t[64], u[64];
   const int warm = 2;
   size_t n = dt_params_size(P);
@@ -28060,14 +28074,19 @@ static dt_result dt__plan_time(dt_graph *g, dt_params *P, dt_optim *o, dt_step_f
   }
   *fb = dt__plan_median(t, steps);
   if (upd) *upd = dt__plan_median(u, steps);
+  if (jit) {
+    for (int s = 0; s < steps; s++) t[s] = fabs(t[s] - *fb);
+    *jit = *fb > 0 ? 1.4826 * dt__plan_median(t, steps) / *fb : 0.0;
+  }
   if (arena) *arena = (int64_t)dt_graph_bytes_reserved(g);
   return DTRAIN_OK;
 }
 
 /* The same step on k cores at once: a mirrored strategy of k replicas over b
  * (b->rows / k rows each, on o); the replicas' mean forward + backward per
- * step into *per_replica. Anything failing here (threads compiled out, ...)
- * leaves *per_replica 0: not measured. */
+ * step into *per_replica, the least of 3 rounds of `steps` (a busy machine's
+ * other work only ever adds time). Anything failing here (threads compiled
+ * out, ...) leaves *per_replica 0: not measured. */
 static void dt__plan_busy(dt_params *P, dt_optim *o, dt_step_fn fn, void *user, const dt_minibatch *b, int steps,
                           int k, double *per_replica) {
   *per_replica = 0.0;
@@ -28076,11 +28095,17 @@ static void dt__plan_busy(dt_params *P, dt_optim *o, dt_step_fn fn, void *user, 
   if (!s) return;
   int ok = 1;
   for (int i = 0; i < 2 && ok; i++) ok = dt_strategy_step(s, b, NULL) == DTRAIN_OK;
-  dt_strategy_reset_stats(s);
-  for (int i = 0; i < steps && ok; i++) ok = dt_strategy_step(s, b, NULL) == DTRAIN_OK;
-  dt_strategy_stats st;
-  if (ok && dt_strategy_stats_get(s, &st) == DTRAIN_OK && st.steps > 0)
-    *per_replica = st.compute_s_mean / (double)st.steps;
+  double best = 0.0;
+  for (int round = 0; round < 3 && ok; round++) {
+    dt_strategy_reset_stats(s);
+    for (int i = 0; i < steps && ok; i++) ok = dt_strategy_step(s, b, NULL) == DTRAIN_OK;
+    dt_strategy_stats st;
+    if (ok && dt_strategy_stats_get(s, &st) == DTRAIN_OK && st.steps > 0) {
+      double t = st.compute_s_mean / (double)st.steps;
+      if (best == 0.0 || t < best) best = t;
+    }
+  }
+  if (ok) *per_replica = best;
   dt_strategy_destroy(s);
 }
 
@@ -28105,13 +28130,13 @@ DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_
   dt_optim *o = dt_optim_create(params, &od);
   dt_graph *g = o ? dt_graph_create(params, NULL) : NULL;
   dt_result r = g ? DTRAIN_OK : (dt_last_result() != DTRAIN_OK ? dt_last_result() : DTRAIN_ERR_NOMEM);
-  double full = 0, half = 0, upd = 0;
+  double full = 0, half = 0, upd = 0, jit = 0;
   int64_t arena = 0;
   dt_minibatch hb = *b;
   hb.rows = b->rows / 2;
   dt__quiet_push();
-  if (r == DTRAIN_OK) r = dt__plan_time(g, params, o, fn, user, b, steps, &full, &upd, &arena);
-  if (r == DTRAIN_OK) r = dt__plan_time(g, params, o, fn, user, &hb, steps, &half, NULL, NULL);
+  if (r == DTRAIN_OK) r = dt__plan_time(g, params, o, fn, user, b, steps, &full, &upd, &arena, &jit);
+  if (r == DTRAIN_OK) r = dt__plan_time(g, params, o, fn, user, &hb, steps, &half, NULL, NULL, NULL);
   int busy_k = DT__MIN(DT__MIN(dt__cpu_count(), DTRAIN_MAX_REPLICAS), (int)DT__MIN(b->rows, (int64_t)INT_MAX));
   double busy = 0;
   if (r == DTRAIN_OK && busy_k >= 2) dt__plan_busy(params, o, fn, user, b, steps, busy_k, &busy);
@@ -28140,6 +28165,7 @@ DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_
   out->optim_bytes = (int64_t)slots * (int64_t)(n * sizeof(float));
   out->activation_bytes_per_sample = (int64_t)((double)arena / rows);
   out->measured_batch = (int)b->rows;
+  out->jitter = jit;
   /* every core busy against one alone, at the same rows a replica */
   double alone = fixed + per * (double)(b->rows / busy_k);
   if (busy > 0 && alone > 0) {
@@ -28212,6 +28238,7 @@ DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out) {
   const char *f = "dt_plan_link_parse";
   if (!spec || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", f, !spec ? "spec" : "out");
   dt_plan_link l;
+  memset(&l, 0, sizeof l);
   l.latency_s = DT__PLAN_LOOPBACK_LATENCY;
   l.bandwidth_Bps = DT__PLAN_LOOPBACK_BW;
   if (strcmp(spec, "loopback") == 0 || spec[0] == '\0') {
@@ -28219,6 +28246,7 @@ DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out) {
     return DTRAIN_OK;
   }
   double jitter = 0;
+  int exact_bw = 0, exact_lat = 0, emul_bw = 0, emul_lat = 0; /* which spelling gave each */
   const char *p = spec;
   while (*p) {
     const char *comma = strchr(p, ',');
@@ -28234,18 +28262,40 @@ DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out) {
         return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: rate '%.*s': a number with bit, kbit, mbit, gbit or bps, ...",
                          f, (int)vlen, eq + 1);
       l.bandwidth_Bps = v / 8.0 * 1448.0 / 1514.0; /* the emulation's (and tc's) headers: 66 bytes a segment */
+      emul_bw = 1;
+    } else if (klen == 9 && strncmp(p, "bandwidth", 9) == 0) {
+      if ((v = dt__plan_unit(eq + 1, vlen, 1)) <= 0)
+        return dt__error(DTRAIN_ERR_INVALID_ARG,
+                         "%s: bandwidth '%.*s': a number with bit, kbit, mbit, gbit or bps, ...", f, (int)vlen, eq + 1);
+      l.bandwidth_Bps = v / 8.0; /* the payload's, as it is: no headers taken off */
+      exact_bw = 1;
+    } else if (klen == 6 && strncmp(p, "shared", 6) == 0) {
+      if (vlen != 1 || (eq[1] != '0' && eq[1] != '1'))
+        return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: shared '%.*s': 1 (one medium every transfer shares) or 0", f,
+                         (int)vlen, eq + 1);
+      l.shared = eq[1] == '1';
+    } else if (klen == 7 && strncmp(p, "latency", 7) == 0) {
+      if ((v = dt__plan_unit(eq + 1, vlen, 0)) < 0)
+        return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: latency '%.*s': a number with s, ms or us", f, (int)vlen,
+                         eq + 1);
+      l.latency_s = v; /* one way, as it is: no loopback added */
+      exact_lat = 1;
     } else if ((klen == 5 && strncmp(p, "delay", 5) == 0) || (klen == 6 && strncmp(p, "jitter", 6) == 0)) {
       if ((v = dt__plan_unit(eq + 1, vlen, 0)) < 0)
         return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %.*s '%.*s': a number with s, ms or us", f, (int)klen, p,
                          (int)vlen, eq + 1);
-      if (klen == 5) l.latency_s = v + DT__PLAN_LOOPBACK_LATENCY;
+      if (klen == 5) l.latency_s = v + DT__PLAN_LOOPBACK_LATENCY, emul_lat = 1;
       else jitter = v;
     } else {
-      return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: '%.*s' in '%s': the planner knows rate, delay and jitter", f,
-                       (int)klen, p, spec);
+      return dt__error(DTRAIN_ERR_INVALID_ARG,
+                       "%s: '%.*s' in '%s': the planner knows rate, delay, jitter, bandwidth, latency and shared", f, (int)klen,
+                       p, spec);
     }
     p += len + (comma ? 1 : 0);
   }
+  if ((exact_bw && emul_bw) || (exact_lat && emul_lat))
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: '%s' gives the link's %s twice (rate, delay: an emulated link; "
+                     "bandwidth, latency: the link as it is)", f, spec, exact_bw && emul_bw ? "rate" : "latency");
   l.latency_s += 0.5 * jitter;
   *out = l;
   return DTRAIN_OK;
@@ -28322,6 +28372,7 @@ DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_p
   if (r != DTRAIN_OK) return dt__error(r, "%s: %s", f, dt_last_error());
   out->latency_s = (double)res[0];
   out->bandwidth_Bps = (double)res[1];
+  out->shared = 0; /* (two machines alone cannot tell a shared medium: say so with shared=1) */
   return DTRAIN_OK;
 }
 
@@ -28329,13 +28380,14 @@ DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_p
 
 DTRAIN_API double dt_plan_ring_allreduce_s(int n, double bytes, dt_plan_link l) {
   if (n <= 1 || !(bytes >= 0) || !(l.bandwidth_Bps > 0)) return 0.0;
-  return 2.0 * (n - 1) * l.latency_s + 2.0 * (double)(n - 1) / (double)n * bytes / l.bandwidth_Bps;
+  const double per = (l.shared ? bytes : bytes / (double)n) / l.bandwidth_Bps; /* one step's transfer */
+  return 2.0 * (n - 1) * (l.latency_s + per);
 }
 
 DTRAIN_API double dt_plan_doubling_allreduce_s(int n, double bytes, dt_plan_link l) {
   if (n <= 1 || !(bytes >= 0) || !(l.bandwidth_Bps > 0)) return 0.0;
   double k = ceil(log2((double)n));
-  return k * (l.latency_s + bytes / l.bandwidth_Bps);
+  return k * (l.latency_s + (l.shared ? (double)n : 1.0) * bytes / l.bandwidth_Bps);
 }
 
 DTRAIN_API double dt_plan_bubble(int p, int m) {
@@ -28352,6 +28404,18 @@ typedef struct dt__plan_ctx {
 } dt__plan_ctx;
 
 static double dt__plan_t(const dt__plan_ctx *c, double b) { return c->m->fixed_s + b * c->m->per_sample_s; }
+
+/* E[the largest of n standard normals] (n = 2, 4, ..., 64; between: by
+ * log2 n; past 64: 64's): how far past the median the slowest of n workers
+ * lags, in sigmas */
+static double dt__plan_maxz(int n) {
+  static const double z[] = {0.0, 0.5642, 1.0294, 1.4236, 1.7660, 2.0697, 2.3335};
+  if (n <= 1) return 0.0;
+  double k = log2((double)n);
+  if (k >= 6) return z[6];
+  int i = (int)k;
+  return z[i] + (k - i) * (z[i + 1] - z[i]);
+}
 
 /* compute's slowdown with k replicas or processes running at once on one
  * machine: the measured busy_slowdown at busy_cores, linear from 1 alone */
@@ -28451,38 +28515,58 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
      * the step takes at least that over the cores. */
     const double cpu_w = (double)N * (tbp + LD * b + U) / (double)o->cores; /* (all workers' own work) */
     const double ring_bytes = 2.0 * (double)(N - 1) * G;                  /* sent by all workers together */
-#define DT__PLAN_FLOOR(step, bytes) \
-  (o->shared_cores ? DT__MAX((step), cpu_w + 2.0 * (bytes) / DT__PLAN_LOOPBACK_BW / (double)o->cores) : (step))
-    double ring = dt_plan_ring_allreduce_s(N, G, L), st = DT__PLAN_FLOOR(tp + Up + ring, ring_bytes);
-    dt__plan_add(&c, "multi_worker_mirrored ring", "processes", N, st, B, Pb + G + Ob + A * b, st - tp - Up, 0, 0);
-    double ringc = dt_plan_ring_allreduce_s(N, G * o->compress_ratio, L);
-    st = DT__PLAN_FLOOR(tp + Up + ringc, ring_bytes * o->compress_ratio);
-    dt__plan_add(&c, "multi_worker_mirrored ring fp16", "processes", N, st, B, Pb + G + Ob + A * b, st - tp - Up, 0,
-                 0);
+#define DT__PLAN_FLOOR(step, cpu, bytes) \
+  (o->shared_cores ? DT__MAX((step), (cpu) + 2.0 * (bytes) / DT__PLAN_LOOPBACK_BW / (double)o->cores) : (step))
+    /* multi_worker_mirrored: besides the all-reduce, each worker makes two
+     * passes of its own over the summed gradient (the scale by 1/rows, the
+     * copy back into the parameters' gradient) that one_device does not */
+    const double Gw = 2.0 * G / o->memory_Bps * pw, tm = tp + Up + Gw, cpu_m = cpu_w + (double)N * Gw / pw / o->cores;
+    /* ... and each step waits for the slowest worker's compute (counted as
+     * communication: it is spent in the all-reduce, as dtrain's comm_s has it) */
+    const double lag = (m->jitter > 0 ? m->jitter : 0.0) * tbp * dt__plan_maxz(N);
+    double ring = dt_plan_ring_allreduce_s(N, G, L) + lag, st = DT__PLAN_FLOOR(tm + ring, cpu_m, ring_bytes);
+    dt__plan_add(&c, "multi_worker_mirrored ring", "processes", N, st, B, Pb + G + Ob + A * b, st - tm, 0, 0);
+    double ringc = dt_plan_ring_allreduce_s(N, G * o->compress_ratio, L) + lag;
+    st = DT__PLAN_FLOOR(tm + ringc, cpu_m, ring_bytes * o->compress_ratio);
+    dt__plan_add(&c, "multi_worker_mirrored ring fp16", "processes", N, st, B, Pb + G + Ob + A * b, st - tm, 0, 0);
     /* overlap: buckets summed while backward goes on; only what sticks out counts */
-    double hidden = DT__MIN(ring, o->overlap_fraction * (tbp - m->fixed_s) * pw); /* behind the backward only */
-    st = DT__PLAN_FLOOR(tp + Up + ring - hidden, ring_bytes);
-    dt__plan_add(&c, "multi_worker_mirrored ring overlap", "processes", N, st, B, Pb + G + Ob + A * b,
-                 st - tp - Up, 0, 0);
-    if ((N & (N - 1)) == 0) {
-      double dbl = dt_plan_doubling_allreduce_s(N, G, L);
-      st = DT__PLAN_FLOOR(tp + Up + dbl, (double)N * log2((double)N) * G);
-      dt__plan_add(&c, "multi_worker_mirrored doubling", "processes", N, st, B, Pb + G + Ob + A * b, st - tp - Up,
+    double hidden = DT__MIN(ring - lag, o->overlap_fraction * (tbp - m->fixed_s) * pw); /* behind the backward only */
+    st = DT__PLAN_FLOOR(tm + ring - hidden, cpu_m, ring_bytes);
+    dt__plan_add(&c, "multi_worker_mirrored ring overlap", "processes", N, st, B, Pb + G + Ob + A * b, st - tm, 0,
+                 0);
+    /* hierarchical: each worker a machine of `cores` cores running that many
+     * replicas (05 --threads): they reduce in memory, replica 0 all-reduces
+     * across the machines, each replica scales and updates its slice */
+    if (!o->shared_cores && o->cores >= 2 && b >= o->cores) {
+      const double C = (double)o->cores, th = dt__plan_t(&c, b / C) * dt__plan_slow(m, C);
+      const double local = 2.0 * G / C / o->memory_Bps + 2 * o->thread_sync_s;
+      const double lagh = (m->jitter > 0 ? m->jitter : 0.0) * th * dt__plan_maxz(N);
+      const double own = th + LD * b + local + (U + 2.0 * G / o->memory_Bps) / C;
+      const double hr = dt_plan_ring_allreduce_s(N, G, L) + lagh;
+      dt__plan_add(&c, "multi_worker_mirrored hierarchical", "processes", N, own + hr, B, Pb + G * 2 + Ob + A * b, hr,
                    0, 0);
+    }
+    if ((N & (N - 1)) == 0) {
+      double dbl = dt_plan_doubling_allreduce_s(N, G, L) + lag;
+      st = DT__PLAN_FLOOR(tm + dbl, cpu_m, (double)N * log2((double)N) * G);
+      dt__plan_add(&c, "multi_worker_mirrored doubling", "processes", N, st, B, Pb + G + Ob + A * b, st - tm, 0, 0);
     }
     /* parameter servers: each worker pushes its gradient, the servers apply
      * it (each its shard: update / M), the worker pulls the parameters; the
      * servers take N pushes and pulls a round, through their own links
      * (links_per_connection: one link per connection, as DTRAIN_NETEM
-     * emulates, so only their updates bound a round) */
+     * emulates, so only their updates bound a round; a shared medium
+     * carries every push and pull of the round, however many servers) */
     {
       int M = o->servers;
       double wire = 2.0 * L.latency_s + (G + Pb) / L.bandwidth_Bps;
       double worker = tp + wire + Up / (double)M;
-      double server = (o->links_per_connection ? 0.0 : (double)N * (G + Pb) / ((double)M * L.bandwidth_Bps)) +
-                      (double)N * Up / (double)M;
+      double links = L.shared ? (double)N * (G + Pb) / L.bandwidth_Bps
+                     : o->links_per_connection ? 0.0
+                                               : (double)N * (G + Pb) / ((double)M * L.bandwidth_Bps);
+      double server = links + (double)N * Up / (double)M;
       /* (the floor: the workers' compute and loading, the servers' N updates, each push and pull copied) */
-      double round = DT__PLAN_FLOOR(DT__MAX(worker, server), (double)N * (G + Pb));
+      double round = DT__PLAN_FLOOR(DT__MAX(worker, server), cpu_w, (double)N * (G + Pb));
       snprintf(name, sizeof name, "parameter_server %d server%s", M, M > 1 ? "s" : "");
       dt__plan_add(&c, name, "parameter_server", N, round, B, Pb + G + A * b, round - tp > 0 ? round - tp : 0, 0,
                    (double)(N - 1));
@@ -28498,7 +28582,9 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
       double micro = B / mb;
       double stage = dt__plan_t(&c, micro) / P; /* each stage: 1/P of a microbatch's work */
       if (o->shared_cores) stage *= ceil((double)P / (double)o->cores);
-      double hop = L.latency_s + 2.0 * (double)m->boundary_bytes_per_sample * micro / L.bandwidth_Bps; /* fwd + bwd */
+      /* fwd + bwd; on a shared medium the P-1 cuts' transfers of the steady state share it */
+      double hop = L.latency_s + (L.shared ? (double)(P - 1) : 1.0) * 2.0 * (double)m->boundary_bytes_per_sample *
+                                     micro / L.bandwidth_Bps;
       double step = (mb + P - 1) * (stage + hop) + U / P + LD * B; /* the first stage loads the batch */
       char name[48];
       snprintf(name, sizeof name, "pipeline 1f1b m=%d", mb);

@@ -79,42 +79,8 @@ typedef struct options {
   uint64_t seed;
 } options;
 
-/* ---- the model: layers plus one forward function -------------------------------- */
-typedef struct model {
-  int cnn;
-  dt_nn_conv2d conv1, conv2;   /* CNN: 5x5 convs, 32 and 64 channels */
-  dt_nn_linear fc1, fc2, fc3;  /* MLP: 784-256-128-10; CNN: 3136-1024-10 */
-} model;
-
-static dt_result model_init(model *m, dt_params *P, int cnn) {
-  dt_result r = DTRAIN_OK;
-  m->cnn = cnn;
-  if (cnn) {
-    if (!r) r = dt_nn_conv2d_init(&m->conv1, P, "conv1", 1, 32, 5, 1, 2, 1);
-    if (!r) r = dt_nn_conv2d_init(&m->conv2, P, "conv2", 32, 64, 5, 1, 2, 1);
-    if (!r) r = dt_nn_linear_init(&m->fc1, P, "fc1", 64 * 7 * 7, 1024, 1);
-    if (!r) r = dt_nn_linear_init(&m->fc2, P, "fc2", 1024, 10, 1);
-  } else {
-    if (!r) r = dt_nn_linear_init(&m->fc1, P, "fc1", 784, 256, 1);
-    if (!r) r = dt_nn_linear_init(&m->fc2, P, "fc2", 256, 128, 1);
-    if (!r) r = dt_nn_linear_init(&m->fc3, P, "fc3", 128, 10, 1);
-  }
-  return r;
-}
-
-/* x: [N, 784] pixels in [0,1] -> logits [N, 10] */
-static dt_tensor *model_forward(dt_graph *g, const model *m, dt_tensor *x) {
-  if (m->cnn) {
-    dt_tensor *h = dt_reshape(g, x, 4, (const int64_t[]){-1, 1, 28, 28});
-    h = dt_max_pool2d(g, dt_relu_inplace(g, dt_nn_conv2d_forward(g, &m->conv1, h)), 2, 2); /* [N,32,14,14] */
-    h = dt_max_pool2d(g, dt_relu_inplace(g, dt_nn_conv2d_forward(g, &m->conv2, h)), 2, 2); /* [N,64,7,7] */
-    h = dt_relu_inplace(g, dt_nn_linear_forward(g, &m->fc1, dt_flatten(g, h)));
-    return dt_nn_linear_forward(g, &m->fc2, h);
-  }
-  dt_tensor *h = dt_relu_inplace(g, dt_nn_linear_forward(g, &m->fc1, x));
-  h = dt_relu_inplace(g, dt_nn_linear_forward(g, &m->fc2, h));
-  return dt_nn_linear_forward(g, &m->fc3, h);
-}
+/* ---- the model: layers plus one forward function (examples/fashion_model.h) ------- */
+#include "fashion_model.h"
 
 /* Rows whose largest logit is at their label (dt_count_correct; the labels are the data's, in range). */
 static int64_t count_correct_rows(const float *rows, int64_t n, int64_t c, const int32_t *y) {
@@ -343,13 +309,14 @@ static int run_plan(app *a, int64_t train_n, const dt_plan_link *probed, int one
   char why[512];
   int best = dt_plan_recommend(rows, n, why, sizeof why);
   if (a->o.json) {
-    printf("{\"model\":\"%s\",\"batch\":%d,\"link\":{\"spec\":\"%s\",\"latency_s\":%.3g,\"bandwidth_Bps\":%.4g,\"probed\":%s},"
+    printf("{\"model\":\"%s\",\"batch\":%d,\"link\":{\"spec\":\"%s\",\"latency_s\":%.3g,\"bandwidth_Bps\":%.4g,\"shared\":%s,\"probed\":%s},"
            "\"measured\":{\"fixed_s\":%.4g,\"per_sample_s\":%.4g,\"update_s\":%.4g,\"params\":%lld,"
-           "\"activation_bytes_per_sample\":%lld,\"load_per_sample_s\":%.4g,\"busy_slowdown\":%.3f,\"busy_cores\":%d},\"shared_cores\":%d,\"weak_scaling\":%d,\"strategies\":[",
-           a->o.model, a->o.batch, spec, link.latency_s, link.bandwidth_Bps, probed && !a->o.link ? "true" : "false",
+           "\"activation_bytes_per_sample\":%lld,\"load_per_sample_s\":%.4g,\"busy_slowdown\":%.3f,\"busy_cores\":%d,\"jitter\":%.3f},\"shared_cores\":%d,\"weak_scaling\":%d,\"strategies\":[",
+           a->o.model, a->o.batch, spec, link.latency_s, link.bandwidth_Bps, link.shared ? "true" : "false",
+           probed && !a->o.link ? "true" : "false",
            m.fixed_s, m.per_sample_s, m.update_s,
            (long long)m.params, (long long)m.activation_bytes_per_sample, m.load_per_sample_s,
-           m.busy_slowdown, m.busy_cores, po.shared_cores, po.weak_scaling);
+           m.busy_slowdown, m.busy_cores, m.jitter, po.shared_cores, po.weak_scaling);
     for (int i = 0; i < n; i++)
       printf("%s{\"name\":\"%s\",\"family\":\"%s\",\"workers\":%d,\"samples_per_sec\":%.0f,\"epoch_seconds\":%.3f,"
              "\"memory_bytes_per_worker\":%.0f,\"comm_share\":%.3f,\"bubble\":%.3f,\"staleness\":%.1f,"
@@ -361,8 +328,9 @@ static int run_plan(app *a, int64_t train_n, const dt_plan_link *probed, int one
            best >= 0 && strcmp(rows[best].family, "one_device") != 0 ? "true" : "false", why);
     return 0;
   }
-  printf("plan: %s, batch %d%s, link %s (latency %.3g ms, %.4g MB/s%s), %s\n", a->o.model, a->o.batch,
+  printf("plan: %s, batch %d%s, link %s (latency %.3g ms, %.4g MB/s%s%s), %s\n", a->o.model, a->o.batch,
          po.weak_scaling ? " a worker (weak scaling)" : "", spec, link.latency_s * 1e3, link.bandwidth_Bps / 1e6,
+         link.shared ? " shared by every transfer" : "",
          probed && !a->o.link ? ", measured between workers 0 and 1" : "",
          po.shared_cores ? "the workers sharing this machine's cores" : "a machine per worker");
   printf("measured: %.3g ms + %.3g us per sample a step, optimizer %.3g ms, loading %.3g us per sample, %lld "
@@ -371,6 +339,9 @@ static int run_plan(app *a, int64_t train_n, const dt_plan_link *probed, int one
   if (m.busy_cores >= 2)
     printf("with %d replicas computing at once each is %.2fx slower than alone (shared caches and memory)\n",
            m.busy_cores, m.busy_slowdown);
+  if (m.jitter > 0)
+    printf("step to step the compute varies by %.1f%% (sigma): a synchronous step waits for the slowest worker\n",
+           m.jitter * 100.0);
   printf("%-36s %7s %12s %9s %9s %8s %7s %8s\n", "strategy", "workers", "samples/s", "speedup", "epoch s", "MiB/wkr",
          "comm %", "stale");
   for (int i = 0; i < n; i++)
@@ -463,8 +434,10 @@ static int parse(int argc, char **argv, options *o) {
        "worker of every strategy for 1 to --plan-workers workers over --link, recommend one, and exit (with "
        "--json: one line with a \"strategies\" list and a \"recommendation\")"},
       {"link", 's', &o->link, 0, 0,
-       "--plan: the link between processes, rate=100mbit,delay=2ms[,jitter=1ms] (DTRAIN_NETEM's units), or "
-       "loopback (default: DTRAIN_NETEM's first clause when set, else loopback)"},
+       "--plan: the link between processes, rate=100mbit,delay=2ms[,jitter=1ms] (an emulated link, "
+       "DTRAIN_NETEM's units), bandwidth=10gbit,latency=11us (the link as it is), either with ,shared=1 (one "
+       "medium every transfer shares: Wi-Fi, a hub), or loopback (default: "
+       "DTRAIN_NETEM's first clause when set, else loopback)"},
       {"plan-workers", 'i', &o->plan_workers, 1, 64, "--plan: the most workers to predict for"},
       {"plan-one-machine", 'b', &o->plan_one_machine, 0, 0,
        "--plan: the worker processes share this machine's cores (a rehearsal here over loopback or an emulated "

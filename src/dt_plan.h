@@ -58,6 +58,8 @@
 typedef struct dt_plan_link {
   double latency_s;     /* one way, per message */
   double bandwidth_Bps; /* payload bytes per second, each direction */
+  int shared;           /* 1: one medium that every transfer shares (Wi-Fi, a hub): k transfers at
+                           once get bandwidth_Bps / k each; 0: each machine its own (a switch) */
 } dt_plan_link;
 
 /* The model's cost, as dt_plan_measure finds it (or filled by hand). */
@@ -76,6 +78,10 @@ typedef struct dt_plan_model {
                                           machine over one alone, >= 1 (caches and memory bandwidth are shared;
                                           0: not measured, taken as 1) */
   int busy_cores;                      /* how many ran at once (dt_plan_measure: min(cores, rows, replicas max)) */
+  double jitter;                       /* forward + backward's spread from step to step over its median (1.4826 x
+                                          the median absolute deviation: a normal's sigma; 0: none). A synchronous
+                                          step across N processes waits for the slowest: the rows add jitter x
+                                          compute x E[the largest of N standard normals] (0.56 at 2, 2.33 at 64) */
 } dt_plan_model;
 
 typedef struct dt_plan_options {
@@ -131,8 +137,11 @@ DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_
 DTRAIN_API dt_result dt_plan_measure_loader(dt_loader *l, int batches, dt_plan_model *out);
 /* "rate=100mbit,delay=2ms[,jitter=1ms]" (DTRAIN_NETEM's units; rate counts
  * 66 header bytes per 1448-byte segment, as the emulation does, so the payload
- * gets 1448/1514 of it; a jitter adds half of itself to the latency), or
- * "loopback" (the defaults). */
+ * gets 1448/1514 of it; the delay is added to loopback's 25 us; a jitter adds
+ * half of itself to the latency), "bandwidth=10gbit,latency=11us" (the link as
+ * it is: the payload's rate and the one-way latency, nothing added or taken
+ * off, e.g. a simulator's platform; one spelling per quantity), or "loopback"
+ * (the defaults); ",shared=1" adds that every transfer shares the one medium. */
 DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out);
 /* Measures the link between ranks a and b of c (each of the two calls it,
  * with its own rank; no other message between them in flight on tag
@@ -148,7 +157,10 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *o,
  * (cap bytes; NULL for none); -1 when no row fits. */
 DTRAIN_API int dt_plan_recommend(const dt_plan_row *rows, int n, char *why, size_t cap);
 /* The models' pieces, for the tests and for people checking the arithmetic:
- * seconds to all-reduce `bytes` over n workers on link l. */
+ * seconds to all-reduce `bytes` over n workers on link l. Ring: 2(n-1) steps
+ * of bytes/n, each l.latency_s + bytes/n/bandwidth (on a shared medium the n
+ * transfers of a step share it: + bytes/bandwidth); recursive doubling:
+ * ceil(log2 n) rounds of all the bytes (shared: n transfers at once). */
 DTRAIN_API double dt_plan_ring_allreduce_s(int n, double bytes, dt_plan_link l);
 DTRAIN_API double dt_plan_doubling_allreduce_s(int n, double bytes, dt_plan_link l);
 /* The pipeline's idle share with p stages and m microbatches: (p-1)/(m+p-1). */

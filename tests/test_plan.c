@@ -16,7 +16,7 @@
 #define CHECK_EQ(a, b) CHECK_MSG((a) == (b), "%lld, want %lld", (long long)(a), (long long)(b))
 
 static void test_collectives_arithmetic(void) {
-  dt_plan_link l = {1e-3, 1e8};
+  dt_plan_link l = {1e-3, 1e8, 0};
   /* ring: 2(n-1) alpha + 2 (n-1)/n bytes/beta = 0.006 + 0.015 */
   CHECK_REL(dt_plan_ring_allreduce_s(4, 1e6, l), 0.021, 1e-12);
   CHECK_REL(dt_plan_ring_allreduce_s(2, 1e6, l), 2e-3 + 1e-2, 1e-12);
@@ -27,6 +27,11 @@ static void test_collectives_arithmetic(void) {
   /* a small message: latency-bound, doubling wins at 8; a big one: bandwidth-bound, the ring wins */
   CHECK(dt_plan_doubling_allreduce_s(8, 100, l) < dt_plan_ring_allreduce_s(8, 100, l));
   CHECK(dt_plan_ring_allreduce_s(8, 1e9, l) < dt_plan_doubling_allreduce_s(8, 1e9, l));
+  /* one shared medium (Wi-Fi, a hub): the n transfers of a ring step share it, 2(n-1) (alpha +
+   * bytes/beta) = 6 x 0.011; doubling's rounds carry n transfers of all the bytes: 3 x (0.001 + 0.08) */
+  dt_plan_link sh = {1e-3, 1e8, 1};
+  CHECK_REL(dt_plan_ring_allreduce_s(4, 1e6, sh), 0.066, 1e-12);
+  CHECK_REL(dt_plan_doubling_allreduce_s(8, 1e6, sh), 0.243, 1e-12);
   /* the bubble: (p-1)/(m+p-1) */
   CHECK_REL(dt_plan_bubble(4, 12), 0.2, 1e-12);
   CHECK_REL(dt_plan_bubble(2, 1), 0.5, 1e-12);
@@ -53,6 +58,25 @@ static void test_link_parse(void) {
   CHECK_EQ(dt_plan_link_parse("delay=-1ms", &l), DTRAIN_ERR_INVALID_ARG);
   CHECK_EQ(dt_plan_link_parse("rate=0mbit", &l), DTRAIN_ERR_INVALID_ARG);
   CHECK_EQ(dt_plan_link_parse(NULL, &l), DTRAIN_ERR_NULL_ARG);
+  /* the link as it is (a simulator's platform): nothing added or taken off */
+  CHECK_EQ(dt_plan_link_parse("bandwidth=10gbit,latency=11us", &l), DTRAIN_OK);
+  CHECK_REL(l.bandwidth_Bps, 10e9 / 8, 1e-12);
+  CHECK_REL(l.latency_s, 11e-6, 1e-12);
+  CHECK_EQ(dt_plan_link_parse("latency=3ms,rate=50mbit", &l), DTRAIN_OK); /* the spellings mix per quantity */
+  CHECK_REL(l.latency_s, 3e-3, 1e-12);
+  CHECK_REL(l.bandwidth_Bps, 50e6 / 8 * 1448.0 / 1514.0, 1e-12);
+  CHECK_EQ(dt_plan_link_parse("rate=1gbit,bandwidth=1gbit", &l), DTRAIN_ERR_INVALID_ARG); /* one quantity twice */
+  CHECK(strstr(dt_last_error(), "rate twice") != NULL);
+  CHECK_EQ(dt_plan_link_parse("latency=1ms,delay=1ms", &l), DTRAIN_ERR_INVALID_ARG);
+  CHECK(strstr(dt_last_error(), "latency twice") != NULL);
+  CHECK_EQ(dt_plan_link_parse("bandwidth=0bit", &l), DTRAIN_ERR_INVALID_ARG);
+  CHECK_EQ(l.shared, 0);
+  CHECK_EQ(dt_plan_link_parse("bandwidth=50mbit,latency=3ms,shared=1", &l), DTRAIN_OK);
+  CHECK_EQ(l.shared, 1);
+  CHECK_REL(l.bandwidth_Bps, 50e6 / 8, 1e-12);
+  CHECK_EQ(dt_plan_link_parse("rate=50mbit,shared=yes", &l), DTRAIN_ERR_INVALID_ARG);
+  CHECK(strstr(dt_last_error(), "shared 'yes'") != NULL);
+  CHECK_EQ(dt_plan_link_parse("latency=soon", &l), DTRAIN_ERR_INVALID_ARG);
 }
 
 static const dt_plan_row *row(const dt_plan_row *r, int n, const char *name, int workers) {
@@ -101,12 +125,13 @@ static void test_rows_arithmetic(void) {
   CHECK_REL(one->samples_per_sec, 64 / (64e-5 + 1e-4), 1e-12);
   CHECK_REL(one->epoch_s, 64000 / one->samples_per_sec, 1e-12);
   CHECK_REL(one->memory_bytes, 1e6 + 1e6 + 2e6 + 64 * 1000, 1e-12);
-  /* multi_worker_mirrored, ring, 2 workers: t(32) + update + ring(2, 1 MB) */
+  /* multi_worker_mirrored, ring, 2 workers: t(32) + update + its two passes over the
+   * gradient (scaled, copied back: 2 x 1 MB at 5 GB/s) + ring(2, 1 MB) */
   const dt_plan_row *mw = row(r, n, "multi_worker_mirrored ring", 2);
   CHECK(mw != NULL);
   if (mw) {
     double ring = 2 * 1e-3 + 1e6 / 1e8;
-    CHECK_REL(mw->step_s, 32e-5 + 1e-4 + ring, 1e-12);
+    CHECK_REL(mw->step_s, 32e-5 + 1e-4 + 2 * 1e6 / 5e9 + ring, 1e-12);
     CHECK_REL(mw->comm_share, ring / mw->step_s, 1e-12);
     CHECK_REL(mw->speedup, mw->samples_per_sec / one->samples_per_sec, 1e-12);
   }
@@ -163,6 +188,46 @@ static void test_rows_arithmetic(void) {
   CHECK_EQ(dt_plan_predict(&m, &o, NULL, 4), -1);
 }
 
+/* A synchronous step across processes waits for the slowest worker: with a
+ * measured spread (jitter) the ring rows add jitter x compute x E[max of N
+ * standard normals]; async rows do not wait. A shared medium carries every
+ * parameter-server push and pull of a round, whatever the servers. */
+static void test_stragglers_and_shared_medium(void) {
+  dt_plan_model m = hand_model();
+  dt_plan_options o = opts64(8, 1, 1e-3, 1e8);
+  dt_plan_row r[64], rj[64];
+  int n = dt_plan_predict(&m, &o, r, 64);
+  m.jitter = 0.1;
+  int nj = dt_plan_predict(&m, &o, rj, 64);
+  CHECK_EQ(n, nj);
+  const int ws[3] = {2, 4, 8};
+  const double z[3] = {0.5642, 1.0294, 1.4236};
+  for (int i = 0; i < 3; i++) {
+    const dt_plan_row *a = row(r, n, "multi_worker_mirrored ring", ws[i]), *b = row(rj, nj, "multi_worker_mirrored ring", ws[i]);
+    const dt_plan_row *pa = row(r, n, "parameter_server 1 server", ws[i]), *pb = row(rj, nj, "parameter_server 1 server", ws[i]);
+    CHECK(a && b && pa && pb);
+    if (!a || !b || !pa || !pb) continue;
+    double t = 64.0 / ws[i] * 1e-5; /* a worker's compute */
+    CHECK_REL(b->step_s - a->step_s, 0.1 * t * z[i], 1e-9);
+    CHECK(b->comm_share > a->comm_share); /* (the wait is spent in the all-reduce) */
+    CHECK_REL(pb->step_s, pa->step_s, 1e-12);
+  }
+  m.jitter = 0;
+  o.link.shared = 1;
+  n = dt_plan_predict(&m, &o, r, 64);
+  const dt_plan_row *ps = row(r, n, "parameter_server 1 server", 4), *mw = row(r, n, "multi_worker_mirrored ring", 4);
+  CHECK(ps && mw);
+  if (ps) CHECK_REL(ps->step_s, 4 * 2e6 / 1e8 + 4 * 1e-4, 1e-12); /* all 4 pushes and pulls through the one medium */
+  if (mw) CHECK_REL(mw->step_s, 16e-5 + 1e-4 + 2 * 1e6 / 5e9 + 6 * (1e-3 + 1e6 / 1e8), 1e-12);
+  o.servers = 4; /* more servers do not widen a shared medium */
+  n = dt_plan_predict(&m, &o, r, 64);
+  ps = row(r, n, "parameter_server 4 servers", 4);
+  CHECK(ps != NULL);
+  if (ps) CHECK_REL(ps->step_s, 16e-5 + 2 * 1e-3 + 2e6 / 1e8 + 1e-4 / 4 > 4 * 2e6 / 1e8 + 1e-4
+                                    ? 16e-5 + 2 * 1e-3 + 2e6 / 1e8 + 1e-4 / 4
+                                    : 4 * 2e6 / 1e8 + 1e-4, 1e-12);
+}
+
 /* data loading: the caller's thread loads the global batch before the
  * replicas start (one_device, threads), each worker process its own part */
 static void test_loading_term(void) {
@@ -177,9 +242,9 @@ static void test_loading_term(void) {
   if (!one || !mw || !mi || !ov) return;
   CHECK_REL(one->step_s, 64e-5 + 1e-4 + 64 * 2e-6, 1e-12);
   double ring = 2 * 1e-3 + 1e6 / 1e8;
-  CHECK_REL(mw->step_s, 32e-5 + 32 * 2e-6 + 1e-4 + ring, 1e-12);
+  CHECK_REL(mw->step_s, 32e-5 + 32 * 2e-6 + 1e-4 + 4e-4 + ring, 1e-12); /* (4e-4: the gradient's two passes) */
   /* overlap hides the ring behind half the backward, not behind the loading */
-  CHECK_REL(ov->step_s, 32e-5 + 32 * 2e-6 + 1e-4 + ring - 0.5 * 32e-5, 1e-12);
+  CHECK_REL(ov->step_s, 32e-5 + 32 * 2e-6 + 1e-4 + 4e-4 + ring - 0.5 * 32e-5, 1e-12);
   /* mirrored(2) on 2 cores: t(32) + update/2 + the reduction + loading all 64 rows */
   m.load_per_sample_s = 0;
   dt_plan_row r0[64];
@@ -207,23 +272,37 @@ static void test_shared_machine(void) {
   CHECK_REL(one->step_s, 64e-5 + 1e-4, 1e-12); /* alone: no slowdown */
   /* mirrored(2) on 2 cores: t(32) x 1.5 + update/2 + the reduction (2 x 1 MB / 2 at 5 GB/s + 2 barriers) */
   CHECK_REL(mi->step_s, 32e-5 * 1.5 + 1e-4 / 2 + (2.0 * 1e6 / 2 / 5e9 + 2 * 20e-6), 1e-12);
-  /* 2 processes: t(32) x 1.5 + update + ring (2 x 25 us + 1 MB at 2.5 GB/s), or the CPU's floor:
-   * 2 x (t x 1.5 + update) / 2 cores + 2 copies x (2 x 1 x 1 MB) / 2.5 GB/s / 2 cores */
-  double own2 = 32e-5 * 1.5 + 1e-4 + 2 * 25e-6 + 1e6 / 2.5e9;
-  double floor2 = 2 * (32e-5 * 1.5 + 1e-4) / 2 + 2.0 * (2.0 * 1e6) / 2.5e9 / 2;
+  /* 2 processes: t(32) x 1.5 + update + the gradient's two passes (2 x 1 MB at 5 GB/s) + ring
+   * (2 x 25 us + 1 MB at 2.5 GB/s), or the CPU's floor: 2 x (t x 1.5 + update + passes) / 2 cores
+   * + 2 copies x (2 x 1 x 1 MB) / 2.5 GB/s / 2 cores */
+  const double gp = 2 * 1e6 / 5e9;
+  double own2 = 32e-5 * 1.5 + 1e-4 + gp + 2 * 25e-6 + 1e6 / 2.5e9;
+  double floor2 = 2 * (32e-5 * 1.5 + 1e-4 + gp) / 2 + 2.0 * (2.0 * 1e6) / 2.5e9 / 2;
   CHECK_REL(mw->step_s, own2 > floor2 ? own2 : floor2, 1e-12);
   /* 4 processes on 2 cores: they take turns (2 x (t(16) x 1.5 + update)); the floor
    * counts 4 workers' work and 2 x 3 x 1 MB sent */
-  double own4 = 2 * (16e-5 * 1.5) + 2 * 1e-4 + dt_plan_ring_allreduce_s(4, 1e6, o.link);
-  double floor4 = 4 * (16e-5 * 1.5 + 1e-4) / 2 + 2.0 * (2.0 * 3 * 1e6) / 2.5e9 / 2;
+  double own4 = 2 * (16e-5 * 1.5) + 2 * 1e-4 + 2 * gp + dt_plan_ring_allreduce_s(4, 1e6, o.link);
+  double floor4 = 4 * (16e-5 * 1.5 + 1e-4 + gp) / 2 + 2.0 * (2.0 * 3 * 1e6) / 2.5e9 / 2;
   CHECK_REL(mw4->step_s, own4 > floor4 ? own4 : floor4, 1e-12);
   CHECK(floor4 > own4); /* (the floor is what decides here) */
+  CHECK(row(r, n, "multi_worker_mirrored hierarchical", 2) == NULL); /* (not on one shared machine) */
   /* a machine per process: neither the slowdown nor the floor */
   o.shared_cores = 0;
   n = dt_plan_predict(&m, &o, r, 64);
   mw = row(r, n, "multi_worker_mirrored ring", 2);
   CHECK(mw != NULL);
-  if (mw) CHECK_REL(mw->step_s, 32e-5 + 1e-4 + 2 * 25e-6 + 1e6 / 2.5e9, 1e-12);
+  if (mw) CHECK_REL(mw->step_s, 32e-5 + 1e-4 + gp + 2 * 25e-6 + 1e6 / 2.5e9, 1e-12);
+  /* hierarchical: each machine's 2 cores run a replica each (t(16) x 1.5), reduce in memory
+   * (2 x 1 MB / 2 at 5 GB/s + 2 barriers), replica 0 runs the ring, each replica scales and
+   * updates half (update and the gradient's two passes over 2) */
+  const dt_plan_row *hi = row(r, n, "multi_worker_mirrored hierarchical", 2);
+  CHECK(hi != NULL);
+  if (hi) {
+    double ring2 = 2 * 25e-6 + 1e6 / 2.5e9;
+    CHECK_REL(hi->step_s, 16e-5 * 1.5 + (2.0 * 1e6 / 2 / 5e9 + 2 * 20e-6) + ring2 + (1e-4 + gp) / 2, 1e-12);
+    CHECK_REL(hi->comm_share, ring2 / hi->step_s, 1e-12);
+    CHECK(mw && hi->step_s < mw->step_s); /* two cores a machine beat one */
+  }
 }
 
 /* dt_plan_measure_loader: a time per sample, and the loader where it was */
@@ -397,6 +476,7 @@ static void test_measure(void) {
   CHECK(pm.per_sample_s > 0 && pm.fixed_s >= 0 && pm.update_s > 0);
   CHECK(pm.activation_bytes_per_sample > 0);
   CHECK_EQ(pm.measured_batch, ROWS);
+  CHECK_MSG(pm.jitter >= 0 && pm.jitter < 10, "%g", pm.jitter); /* (a spread over the median: any noise, never negative) */
   /* every core busy (a mirrored strategy over them) against one alone; 1 core, or a build without
    * threads or strategies beyond one_device: not measured */
   const unsigned need = DTRAIN_FEATURE_THREADS | DTRAIN_FEATURE_DIST;
@@ -427,6 +507,7 @@ int main(void) {
   TH_RUN(test_collectives_arithmetic);
   TH_RUN(test_link_parse);
   TH_RUN(test_rows_arithmetic);
+  TH_RUN(test_stragglers_and_shared_medium);
   TH_RUN(test_loading_term);
   TH_RUN(test_shared_machine);
   TH_RUN(test_measure_loader);
