@@ -90,7 +90,7 @@ $(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump: $(BUILD)/tests/%: tests/%
 # of compiling the implementation again each (DTRAIN__IMPLEMENTATION_DONE
 # skips their copy): the library is built once per configuration. The
 # single-file build itself is checked by tests/compile_checks.sh.
-$(BUILD)/examples/%: examples/%.c examples/example_flags.h dtrain.h $(BUILD)/dtrain.o
+$(BUILD)/examples/%: examples/%.c examples/example_flags.h examples/fashion_model.h dtrain.h $(BUILD)/dtrain.o
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DDTRAIN__IMPLEMENTATION_DONE -I. $< $(BUILD)/dtrain.o -o $@ $(LDLIBS)
 
@@ -156,7 +156,7 @@ FMNIST_CUDA_BINS := $(if $(CUDA_SKIP),,$(BUILD)/examples/02_fashion_mnist_cuda) 
                     $(if $(CXX_FOUND),$(BUILD)/examples/02_fashion_mnist_emu,)
 all: $(FMNIST_CUDA_BINS)
 
-$(BUILD)/examples/02_fashion_mnist_cuda.o: examples/02_fashion_mnist.c examples/example_flags.h dtrain.h dtrain_cuda.h
+$(BUILD)/examples/02_fashion_mnist_cuda.o: examples/02_fashion_mnist.c examples/example_flags.h examples/fashion_model.h dtrain.h dtrain_cuda.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DFMNIST_CUDA -I. -c $< -o $@
 
@@ -282,11 +282,13 @@ bench: bench-plan
 bench-plan: $(BUILD)/examples/02_fashion_mnist tools/dtrain-launch
 	EX=$(BUILD)/examples/02_fashion_mnist bash bench/run_plan.sh
 # The seeds' scaling figure (speed-up against 1-64 workers, sync and async, planner lines
-# and measured points): bench/figures/scaling.svg; about 3 minutes.
+# and measured points): bench/figures/scaling.svg, and bench/figures/simulated.svg redrawn
+# from the last `make simulate`; about 3 minutes.
 figures: $(BUILD)/examples/02_fashion_mnist tools/dtrain-launch
 	BUILD=$(BUILD) bash bench/run_figures.sh
-# Past this machine (issue 21 part 5): examples/05 on the MPI backend under SimGrid's SMPI,
-# 1-64 workers on bench/platforms (skips without smpicc/smpirun); about 2 minutes.
+# Past this machine (issue 21 part 5): examples/05 (MLP and CNN) on the MPI backend under
+# SimGrid's SMPI, 1-64 workers on bench/platforms, beside the planner, and its figure
+# bench/figures/simulated.svg (skips without smpicc/smpirun); about 20 minutes.
 simulate: $(BUILD)/examples/02_fashion_mnist
 	BUILD=$(BUILD) bash bench/run_simulate.sh
 # Pipeline parallelism: GPipe and 1F1B for M = 1..16 beside one_device.

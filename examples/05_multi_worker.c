@@ -25,10 +25,11 @@
  * threads takes B/(W*N); B must divide by W*N, default 64), --batch-per-worker B
  * (the old meaning of --batch, kept for scripts: every worker reads B rows, the
  * global batch is B*W; not together with --batch), --threads N (replicas in each
- * process), --lr X, --limit N (train on the first N samples), --data DIR,
- * --checkpoint PATH (rank 0 writes it after every epoch, and with
- * --checkpoint-every N also after every N steps), --resume PATH, --seed S,
- * --quiet; for experiments --crash-at RANK:STEP (that worker kills itself
+ * process), --lr X, --limit N (train on the first N samples), --eval-limit N
+ * (test on the first N test samples), --data DIR, --checkpoint PATH (rank 0
+ * writes it after every epoch, and with --checkpoint-every N also after every
+ * N steps), --resume PATH, --seed S, --quiet, --model mlp|cnn (02's models;
+ * default mlp); for experiments --crash-at RANK:STEP (that worker kills itself
  * with SIGKILL before the step, as a crashed machine would) and --stall-at
  * RANK:STEP (it stops itself with SIGSTOP: a hung machine whose connections
  * stay open); under tools/dtrain-launch --max-restarts these act in the
@@ -40,7 +41,10 @@
  * state and data position), so the run ends with the parameters an
  * undisturbed run has, bit for bit.
  * Rank 0 prints one line per epoch; every rank ends with
- * "rank R: final params_checksum=... test_accuracy=..." (equal on all ranks). */
+ * "rank R: final params_checksum=... test_accuracy=..." (equal on all ranks),
+ * then wire_bytes_per_step and the last epoch's step_ms, compute_ms (forward
+ * and backward), comm_ms (the cross-process all-reduce, with the wait for the
+ * slowest worker in it) and wait_ms (barriers among its threads), a step. */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
 #include "example_flags.h"
@@ -55,37 +59,31 @@ typedef struct options {
   int epochs, batch, threads, quiet, crash_rank, stall_rank;
   int batch_per_worker; /* --batch-per-worker B, 0 when not given; then --batch (global) decides */
   int batch_given;      /* --batch was on the command line (the two flags together are refused) */
-  int64_t limit, crash_step, stall_step, checkpoint_every;
+  int64_t limit, eval_limit, crash_step, stall_step, checkpoint_every;
   float lr;
   uint64_t seed;
   const char *data, *checkpoint, *resume;
   dt_compress compress; /* --compress: the gradients on the wire */
   int overlap;          /* --overlap: buckets all-reduced during backward */
+  const char *model;    /* --model: mlp or cnn */
 } options;
 
-typedef struct model {
-  dt_nn_linear fc1, fc2, fc3;
-} model;
-
-static dt_tensor *forward(dt_graph *g, const model *m, dt_tensor *x) {
-  dt_tensor *h = dt_relu(g, dt_nn_linear_forward(g, &m->fc1, x));
-  h = dt_relu(g, dt_nn_linear_forward(g, &m->fc2, h));
-  return dt_nn_linear_forward(g, &m->fc3, h);
-}
+#include "fashion_model.h" /* 02's two models: model, model_init, model_forward */
 
 /* What every replica runs on its shard of this process's batch. */
 static dt_tensor *step_fn(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
   (void)replica;
   int64_t xs[2] = {b->rows, 784};
-  return dt_cross_entropy(g, forward(g, (const model *)user, dt_tensor_wrap(g, 2, xs, (float *)b->x)), b->y);
+  return dt_cross_entropy(g, model_forward(g, (const model *)user, dt_tensor_wrap(g, 2, xs, (float *)b->x)), b->y);
 }
 
-static double test_accuracy(dt_graph *g, const model *m, const dt_dataset *test) {
-  int64_t correct = 0;
-  for (int64_t s = 0; s < test->n; s += 1000) {
-    int64_t n = test->n - s < 1000 ? test->n - s : 1000, xs[2] = {n, 784};
+/* The share of the first `limit` test samples (0: all) classified right. */
+static double test_accuracy(dt_graph *g, const model *m, const dt_dataset *test, int64_t limit) {
+  int64_t correct = 0, total = limit > 0 && limit < test->n ? limit : test->n;
+  for (int64_t s = 0; s < total; s += 1000) {
+    int64_t n = total - s < 1000 ? total - s : 1000, xs[2] = {n, 784};
     dt_graph_reset(g);
-    dt_tensor *logits = forward(g, m, dt_tensor_wrap(g, 2, xs, test->x + s * 784));
+    dt_tensor *logits = model_forward(g, m, dt_tensor_wrap(g, 2, xs, test->x + s * 784));
     if (!logits) return -1;
     for (int64_t i = 0; i < n; i++) {
       const float *row = logits->data + i * 10;
@@ -95,7 +93,7 @@ static double test_accuracy(dt_graph *g, const model *m, const dt_dataset *test)
       correct += best == test->y[s + i];
     }
   }
-  return (double)correct / (double)test->n;
+  return (double)correct / (double)total;
 }
 
 /* An output flag is checked at start, before any data loads: a path whose
@@ -128,6 +126,7 @@ static int parse(int argc, char **argv, options *o) {
       {"threads", 'i', &o->threads, 1, 1024, "compute threads per worker"},
       {"lr", 'f', &o->lr, 0, 100, "Adam's learning rate"},
       {"limit", 'l', &o->limit, 0, 1e12, "train on the first N samples only (0: all)"},
+      {"eval-limit", 'l', &o->eval_limit, 0, 1e12, "test on the first N test samples only (0: all)"},
       {"seed", 'u', &o->seed, 0, 1.8e19, "seed of the weights and the shuffling"},
       {"data", 's', &o->data, 0, 0, "directory of the Fashion-MNIST files (none: the usual places)"},
       {"checkpoint", 's', &o->checkpoint, 0, 0, "rank 0 saves the training state here"},
@@ -138,6 +137,7 @@ static int parse(int argc, char **argv, options *o) {
       {"compress", 's', &compress, 0, 0, "gradients on the wire: none, fp16 or bf16 (half the bytes), topk:F (a fraction F of the values), powersgd:R (rank-R factors)"},
       {"overlap", 'b', &o->overlap, 0, 0, "all-reduce the gradient in buckets during backward (2 MiB)"},
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
+      {"model", 's', &o->model, 0, 0, "mlp (784-256-128-10) or cnn (two 5x5 convolutions, 02's CNN)"},
       {"trace", 's', &trace, 0, 0, EX_TRACE_HELP},
   };
   const int n = (int)(sizeof flags / sizeof flags[0]);
@@ -158,6 +158,11 @@ static int parse(int argc, char **argv, options *o) {
     }
     if (k) o->stall_step = st;
     else o->crash_step = st;
+  }
+  if (!o->model) o->model = "mlp";
+  if (strcmp(o->model, "mlp") && strcmp(o->model, "cnn")) {
+    fprintf(stderr, "error: --model is mlp or cnn, not '%s'\n", o->model);
+    goto bad;
   }
   if (dt_compress_parse(compress, &o->compress) != DTRAIN_OK) {
     fprintf(stderr, "error: --compress: %s\n", dt_last_error());
@@ -207,9 +212,10 @@ int main(int argc, char **argv) {
   /* 2. The same model everywhere (the handshake compares its hash). */
   dt_params *P = dt_params_create(o.seed);
   model m;
-  dt_nn_linear_init(&m.fc1, P, "fc1", 784, 256, 1);
-  dt_nn_linear_init(&m.fc2, P, "fc2", 256, 128, 1);
-  dt_nn_linear_init(&m.fc3, P, "fc3", 128, 10, 1);
+  if (model_init(&m, P, !strcmp(o.model, "cnn")) != DTRAIN_OK) {
+    fprintf(stderr, "error: %s\n", dt_last_error());
+    return 1;
+  }
   dt_optim_options od;
   memset(&od, 0, sizeof od);
   od.kind = DTRAIN_OPTIM_ADAM;
@@ -333,7 +339,10 @@ int main(int argc, char **argv) {
   dt_graph_set_grad_enabled(eval, 0);
   int rc = 0;
   double acc = 0;
+  dt_strategy_stats ep0; /* the stats as the last epoch began */
+  memset(&ep0, 0, sizeof ep0);
   for (int64_t e = first_epoch; e < o.epochs && !rc; e++) {
+    dt_strategy_stats_get(s, &ep0); /* the final line's times: the last epoch's steps */
     double t0 = dt_time_now(), loss_sum = 0;
     int64_t k0 = e == first_epoch ? first_k : 0;
     dt_loader_set_position(loader, e, k0 * batch_worker);
@@ -391,7 +400,7 @@ int main(int argc, char **argv) {
     }
     if (rc) break;
     const double secs = dt_time_now() - t0; /* the epoch's training, not the evaluation after it */
-    acc = test_accuracy(eval, &m, test);
+    acc = test_accuracy(eval, &m, test, o.eval_limit);
     if (acc < 0) {
       fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
       rc = 1;
@@ -420,9 +429,15 @@ int main(int argc, char **argv) {
     dt_strategy_stats ss;
     char cspec[48];
     dt_strategy_stats_get(s, &ss);
-    printf("rank %d: final params_checksum=%016llx test_accuracy=%.4f compress=%s wire_bytes_per_step=%.0f\n", rank,
-           (unsigned long long)dt_params_checksum(P), acc, dt_compress_format(o.compress, cspec, sizeof cspec),
-           ss.steps ? (double)ss.wire_bytes / (double)ss.steps : 0.0);
+    /* the last epoch's steps (less the stats at its start): ms a step */
+    const int64_t es = ss.steps - ep0.steps;
+    const double ps = es > 0 ? 1e3 / (double)es : 0.0;
+    printf("rank %d: final params_checksum=%016llx test_accuracy=%.4f compress=%s wire_bytes_per_step=%.0f "
+           "step_ms=%.3f compute_ms=%.3f comm_ms=%.3f wait_ms=%.3f\n",
+           rank, (unsigned long long)dt_params_checksum(P), acc, dt_compress_format(o.compress, cspec, sizeof cspec),
+           ss.steps ? (double)ss.wire_bytes / (double)ss.steps : 0.0, (ss.seconds - ep0.seconds) * ps,
+           (ss.compute_s_mean - ep0.compute_s_mean) * ps, (ss.comm_s_mean - ep0.comm_s_mean) * ps,
+           (ss.wait_s_mean - ep0.wait_s_mean) * ps);
   }
   dt_graph_destroy(eval);
   dt_strategy_destroy(s);
