@@ -7,7 +7,8 @@
 # machine (its cores shared, loopback) with the measured points beside it
 # (02 --json runs of 1, 2 and 4 workers under tools/dtrain-launch).
 # Writes bench/figures/scaling.svg (the README shows it) and the JSON it was
-# drawn from under build/figures/. About 3 minutes on 2 cores.
+# drawn from under build/figures/, and bench/figures/simulated.svg from
+# `make simulate`'s points when they are there. About 3 minutes on 2 cores.
 #   bash bench/run_figures.sh
 set -eu
 cd "$(dirname "$0")/.."
@@ -67,3 +68,9 @@ for name in ("cnn_10gbit", "cnn_10gbit_ps8", "cnn_1gbit", "mlp_1gbit", "mlp_here
                 cells.append("%s %d: %.2fx" % (st.split()[0], r["workers"], r["samples_per_sec"] / one))
     print("%-11s one_device %.0f samples/s; %s" % (name, one, "; ".join(cells)))
 EOF
+# past this machine: the simulated points (bench/run_simulate.sh, `make simulate`, needs SimGrid)
+if [ -s "$BUILD/simulate/simulated.jsonl" ]; then
+  bash bench/draw_simulated.sh "$BUILD/simulate"
+else
+  echo "bench/figures/simulated.svg: not redrawn (no $BUILD/simulate/simulated.jsonl: make simulate first)"
+fi

@@ -1,22 +1,41 @@
 #!/bin/bash
-# Past this machine, by simulation (issue 21 part 5), `make simulate`: the
-# MLP of examples/05_multi_worker on dtrain's MPI backend under SimGrid's SMPI
-# (Debian's libsimgrid-dev: smpicc, smpirun), 1 to 64 workers on the platforms
-# in bench/platforms (a classroom LAN, a Wi-Fi edge cluster, a datacenter),
-# with 32 rows a worker (weak scaling). Under smpicc every clock_gettime of
-# the program is SMPI's simulated clock (smpi_helpers.h, which smpicc
-# includes), so dtrain's timers and the samples/s the example prints are
-# simulated time: the compute is the real compute of this machine's core
-# (hosts of speed 1Gf and smpi/host-speed 1Gf), the network the platform's.
-# Beside each simulated figure, the planner's prediction for the same link
-# (02 --plan --plan-weak --batch 32 --link ..., a machine per worker), where
-# the planner has a model of that network (not for a shared Wi-Fi medium).
-# Prints a markdown table; skips (exit 0) without smpicc/smpirun.
-#   bash bench/run_simulate.sh [MAX_WORKERS]     (default 64)
+# Past this machine, by simulation (issue 21 part 5), `make simulate`: the MLP
+# and the CNN of examples/05_multi_worker (02's models) on dtrain's MPI
+# backend under SimGrid's SMPI (Debian's libsimgrid-dev: smpicc, smpirun),
+# 1 to 64 workers on the platforms in bench/platforms (a classroom LAN, a
+# Wi-Fi edge cluster, a datacenter), 32 rows a worker (weak scaling).
+#
+# Under smpicc every clock_gettime of the program is SMPI's simulated clock
+# (smpi_helpers.h, which smpicc includes), so dtrain's timers and what the
+# example prints are simulated time: the compute is the real compute of this
+# machine's core (hosts of speed 1Gf and smpi/host-speed 1Gf), the network the
+# platform's. Each point runs on two networks: SMPI's default model, whose
+# factors (calibrated on MPI over TCP clusters) scale each message by its size
+# (latency x2-11.6, bandwidth x0.34-0.94), and the plain flow model with those
+# factors 1 (`smpi/lat-factor:0:1`, `smpi/bw-factor:0:1`): latency and
+# bandwidth as the platform says, contention and the all-reduce's real message
+# schedule still simulated, the network the planner's alpha-beta model
+# describes. Beside each, the planner's prediction for the platform's link as
+# it is (02 --plan --plan-weak --batch 32 --link bandwidth=...,latency=...
+# [,shared=1 for the Wi-Fi medium], a machine per worker), and that
+# prediction's all-reduce put beside the simulation's own compute (SMPI runs
+# every rank in turn on this one core, so each finds its data evicted by the
+# rank before: the simulated compute at 2+ workers is slower than one
+# worker's, and slower than on machines of their own).
+#
+# Prints one markdown table and writes every simulated point to
+# $BUILD/simulate/simulated.jsonl (02 --json's fields: strategy, workers,
+# global_samples_per_sec, with model, platform, network, step_ms, compute_ms,
+# comm_ms), which `make figures` draws. Skips (exit 0) without smpicc/smpirun.
+# About 15 minutes on one core (the CNN's compute is most of it).
+#   bash bench/run_simulate.sh [MAX_WORKERS [MODELS [PLATFORMS]]]
+#   (default 64 "mlp cnn" "classroom_lan wifi_edge datacenter_64")
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 MAXW=${1:-64}
+MODELS=${2:-mlp cnn}
+PLATFORMS=${3:-classroom_lan wifi_edge datacenter_64}
 EX02=$BUILD/examples/02_fashion_mnist
 if ! command -v smpicc > /dev/null 2>&1 || ! command -v smpirun > /dev/null 2>&1; then
   echo "simulate: skipped (no smpicc/smpirun: apt-get install libsimgrid-dev)"
@@ -34,55 +53,93 @@ fi
 for i in $(seq 0 63); do echo "laptop-$i"; done > "$S/hosts_classroom_lan"
 for i in $(seq 0 63); do echo "board-$i"; done > "$S/hosts_wifi_edge"
 for i in $(seq 0 63); do echo "node-$i"; done > "$S/hosts_datacenter_64"
+OUT=$S/simulated.jsonl
+[ "${APPEND:-0}" = 1 ] || : > "$OUT" # (APPEND=1: add to the points of an earlier run)
 
-# sim PLATFORM N: the simulated samples/s of all workers, the second epoch's (the
-# first has the arenas' warm-up), from up to 8 steps of 32 rows a worker (the shipped
-# data/fashion-mnist has 8000 samples: 64 workers get 3 steps)
+# sim MODEL PLATFORM NET N: "samples/s step_ms compute_ms comm_ms" of the last
+# epoch (the first has the arenas' warm-up; rank 0's split of a step), from up
+# to 8 steps of 32 rows a worker (the shipped data/fashion-mnist has 8000
+# samples: 64 workers get 3 steps); NET ab: SMPI's factors 1, tcp: its defaults
 sim() {
-  local p=$1 n=$2
-  local steps=$((8000 / (32 * n)))
+  local model=$1 p=$2 net=$3 n=$4 f=""
+  local steps=$((8000 / (32 * n))) epochs=3
   [ "$steps" -le 8 ] || steps=8
-  timeout 600 smpirun -np "$n" -platform "bench/platforms/$p.xml" -hostfile "$S/hosts_$p" \
-    --cfg=smpi/host-speed:1Gf --cfg=smpi/allreduce:lr --log=root.thres:critical \
-    "$MW" --data data/fashion-mnist --batch $((32 * n)) --limit $((32 * n * steps)) --epochs 2 > "$S/run_${p}_$n.out" 2>&1
-  sed -n 's/^epoch 2: .*, \([0-9.]*\) samples\/s (all workers)$/\1/p' "$S/run_${p}_$n.out" | tail -n 1
+  [ "$model" = mlp ] || epochs=2
+  [ "$net" = ab ] && f="--cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1"
+  local out="$S/run_${model}_${p}_${net}_$n.out"
+  # (f unquoted: two --cfg words or none)
+  # shellcheck disable=SC2086
+  timeout 1200 smpirun -np "$n" -platform "bench/platforms/$p.xml" -hostfile "$S/hosts_$p" \
+    --cfg=smpi/host-speed:1Gf --cfg=smpi/allreduce:lr $f --log=root.thres:critical \
+    "$MW" --model "$model" --data data/fashion-mnist --batch $((32 * n)) --limit $((32 * n * steps)) \
+    --epochs $epochs --eval-limit 200 > "$out" 2>&1
+  local v split
+  v=$(sed -n "s/^epoch $epochs: .*, \([0-9.]*\) samples\/s (all workers)$/\1/p" "$out" | tail -n 1)
+  split=$(sed -n 's/^rank 0: final .* step_ms=\([0-9.]*\) compute_ms=\([0-9.]*\) comm_ms=\([0-9.]*\).*/\1 \2 \3/p' "$out")
+  [ -n "$v" ] && [ -n "$split" ] && echo "$v $split"
 }
-# plan LINK N: the planner's multi_worker_mirrored ring at N workers of 32 rows
+# plan MODEL LINK N: the planner's "samples/s comm_ms" for multi_worker_mirrored
+# ring at N workers of 32 rows (one_device at 1)
 plan() {
-  local f="$S/plan_$(echo "$1" | tr '=,' '__').json"
-  [ -s "$f" ] || "$EX02" --data data/fashion-mnist --batch 32 --plan --plan-weak --plan-workers 64 --link "$1" --json \
-    2> /dev/null | grep '^{' > "$f"
+  local f="$S/plan_$1_$(echo "$2" | tr '=,' '__').json"
+  [ -s "$f" ] || "$EX02" --model "$1" --data data/fashion-mnist --batch 32 --plan --plan-weak --plan-workers 64 \
+    --link "$2" --json 2> /dev/null | grep '^{' > "$f"
   python3 -c "
 import json, sys
 d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 for r in d['strategies']:
     if (r['name'] == 'one_device' and sys.argv[2] == '1') or (r['name'] == 'multi_worker_mirrored ring' and r['workers'] == int(sys.argv[2])):
-        print(r['samples_per_sec']); break
+        step = 32 * r['workers'] / r['samples_per_sec']
+        print(r['samples_per_sec'], 1e3 * step * r['comm_share']); break
 else:
-    print('nan')" "$f" "$2" 2> /dev/null || echo nan
+    print('nan nan')" "$f" "$3" 2> /dev/null || echo nan nan
 }
 
 echo "simulated with SimGrid $(smpirun -version 2>/dev/null | head -n 1 | sed 's/.*version //'), $(date -u '+%Y-%m-%d %H:%M') UTC; compute: this machine's core ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))"
 echo
-echo "| platform | workers | simulated samples/s | speed-up | planner | planner / simulated |"
-echo "|---|---|---|---|---|---|"
-for p in classroom_lan wifi_edge datacenter_64; do
-  case $p in
-    classroom_lan) link="rate=100mbit,delay=105us" ;; # two 50 us hops and the switch's 5 us
-    datacenter_64) link="rate=10gbit,delay=11us" ;;
-    *) link="" ;;                                    # a shared medium: no planner model
-  esac
-  base=""
-  for n in 1 2 4 8 16 32 64; do
-    [ "$n" -le "$MAXW" ] || break
-    v=$(sim "$p" "$n")
-    [ -n "$v" ] || { echo "| $p | $n | failed: $(tail -n 2 "$S/run_${p}_$n.out" | tr '\n' ' ') | | | |"; continue; }
-    [ -n "$base" ] || base=$v
-    if [ -n "$link" ]; then pr=$(plan "$link" "$n"); else pr=nan; fi
-    python3 -c "
-import sys
-p, n, v, b, pr = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
-cells = ['%.0f' % pr, '%.2fx' % (pr / v)] if pr == pr else ['-', '-']
-print('| %s | %s | %.0f | %.2fx | %s |' % (p, n, v, v / b, ' | '.join(cells)))" "$p" "$n" "$v" "$base" "$pr"
+echo "| model | platform | workers | simulated, alpha-beta network: samples/s (speed-up) | its step: all-reduce ms / ms | planner | planner / simulated | planner's all-reduce / simulated's | planner's all-reduce + simulated compute: / simulated | simulated, SMPI's TCP factors: samples/s | its all-reduce ms | planner / simulated |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+for model in $MODELS; do
+  for p in $PLATFORMS; do
+    case $p in
+      classroom_lan) link="bandwidth=100mbit,latency=105us" ;; # two 50 us hops and the switch's 5 us
+      datacenter_64) link="bandwidth=10gbit,latency=11us" ;;   # two 5 us hops and the fabric's 1 us
+      wifi_edge) link="bandwidth=50mbit,latency=3ms,shared=1" ;; # three 1 ms hops, one medium
+    esac
+    base=""
+    for n in 1 2 4 8 16 32 64; do
+      [ "$n" -le "$MAXW" ] || break
+      ab=$(sim "$model" "$p" ab "$n")
+      tcp=$(sim "$model" "$p" tcp "$n")
+      if [ -z "$ab" ] || [ -z "$tcp" ]; then
+        echo "| $model | $p | $n | failed: $(tail -n 2 "$S/run_${model}_${p}_$([ -z "$ab" ] && echo ab || echo tcp)_$n.out" | tr '\n|' '  ') | | | | | | | | |"
+        continue
+      fi
+      [ -n "$base" ] || base=${ab%% *}
+      if [ -n "$link" ]; then pr=$(plan "$model" "$link" "$n"); else pr="nan nan"; fi
+      python3 - "$model" "$p" "$n" "$base" "$OUT" $ab $tcp $pr <<'EOF'
+import json, sys
+model, p, n, base, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+v, st, cp, cm, tv, tst, tcp_, tcm, pr, pcm = map(float, sys.argv[6:16])
+strategy = "one_device" if n == 1 else "multi_worker_mirrored"
+with open(out, "a") as f:
+    for net, a, b, c, d in (("alpha-beta", v, st, cp, cm), ("smpi-tcp", tv, tst, tcp_, tcm)):
+        f.write(json.dumps({"strategy": strategy, "workers": n, "global_samples_per_sec": a, "model": model,
+                            "platform": p, "network": net, "batch_per_worker": 32, "step_ms": b,
+                            "compute_ms": c, "comm_ms": d}) + "\n")
+have = pr == pr
+cells = ["%d (%.2fx)" % (v, v / base), "%.2f / %.2f" % (cm, st),
+         "%d" % pr if have else "-", "%.2fx" % (pr / v) if have else "-",
+         ("%.2fx" % (pcm / cm) if cm > 0 else "-") if have and n > 1 else "-",
+         "%.2fx" % ((32 * n / ((st - cm + pcm) / 1e3)) / v) if have and n > 1 else "-",
+         "%d" % tv, "%.2f" % tcm, "%.2fx" % (pr / tv) if have else "-"]
+print("| %s | %s | %d | %s |" % (model, p, n, " | ".join(cells)))
+EOF
+    done
   done
 done
+echo
+echo "simulated points: $OUT ($(wc -l < "$OUT") lines)"
+
+# The figure: the planner's lines and the simulated points (32 rows a worker)
+bash bench/draw_simulated.sh "$S" || exit 1

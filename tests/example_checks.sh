@@ -221,13 +221,15 @@ check "fmnist-plan-weak-and-figure" sh -c "$E --data $D --quiet --plan --plan-we
 import json
 d = json.load(open('$T/planw.json'))
 assert d['weak_scaling'] == 1 and d['batch'] == 64 and max(s['workers'] for s in d['strategies']) == 8, d
-\" && cat $T/one.json $T/ms.json > $T/runs.jsonl && python3 $FG -o $T/fig.svg --seeds --curve 'sync=$T/planw.json:multi_worker_mirrored ring' --curve 'async=$T/planw.json:parameter_server 1 server' --points 'threads=$T/runs.jsonl:mirrored' > $T/fig.txt && grep -q 'wrote .*2 curves, 1 measured' $T/fig.txt && python3 -c \"
+\" && cat $T/one.json $T/ms.json > $T/runs.jsonl && printf '%s\\n' '{\"strategy\": \"one_device\", \"workers\": 1, \"global_samples_per_sec\": 100}' '{\"strategy\": \"multi_worker_mirrored\", \"workers\": 16, \"global_samples_per_sec\": 400}' '{\"strategy\": \"multi_worker_mirrored\", \"workers\": 64, \"global_samples_per_sec\": 800}' > $T/sim.jsonl && python3 $FG -o $T/fig.svg --seeds --curve 'sync=$T/planw.json:multi_worker_mirrored ring' --curve 'async=$T/planw.json:parameter_server 1 server' --points 'threads=$T/runs.jsonl:mirrored' --simulated 'sync=$T/sim.jsonl:multi_worker_mirrored' > $T/fig.txt && grep -q 'wrote .*2 curves, 1 measured series, 1 simulated' $T/fig.txt && python3 -c \"
 import xml.dom.minidom
 doc = xml.dom.minidom.parse('$T/fig.svg')
-paths = [p for p in doc.getElementsByTagName('path') if p.getAttribute('stroke-width') == '2']
+paths = [p for p in doc.getElementsByTagName('path') if p.getAttribute('stroke-width') == '2' and not p.getAttribute('d').endswith('z')]
 assert len(paths) == 2 and all(p.getAttribute('d').count('L') == 3 for p in paths), [p.getAttribute('d') for p in paths]
 boxes = [r for r in doc.getElementsByTagName('rect') if 'measured' in r.toxml()]
 assert len(boxes) == 2, len(boxes)
+tri = [p.toxml() for p in doc.getElementsByTagName('path') if 'simulated' in p.toxml()]
+assert len(tri) == 3 and any('64 workers, 8.00x (simulated)' in t for t in tri), tri
 \" && ! python3 $FG -o $T/fig2.svg --curve 'x=$T/nope.json:mirrored' 2> $T/fige1.txt && grep -q 'nope.json: No such file' $T/fige1.txt && ! python3 $FG -o $T/fig2.svg --curve 'x=$T/m.csv:mirrored' 2> $T/fige2.txt && grep -q 'no JSON line' $T/fige2.txt && ! python3 $FG -o $T/fig2.svg --curve 'x=$T/planw.json:warp drive' 2> $T/fige3.txt && grep -q \"no 'warp drive' rows\" $T/fige3.txt && ! python3 $FG -o $T/fig2.svg --curve nocolon 2> $T/fige4.txt && grep -q 'LABEL=FILE:STRATEGY' $T/fige4.txt && test ! -e $T/fig2.svg"
 # --precision bf16: where the CPU has AVX512_BF16 it trains (json says so, the weights differ from fp32's,
 # accuracy close); elsewhere it stops at once with the reason (exit 2). A bad value is refused.

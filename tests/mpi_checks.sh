@@ -61,7 +61,8 @@ fi
 # the MPI backend as 2 simulated hosts of bench/platforms/classroom_lan.xml. Both ranks end
 # with the same weights, and what it reports is simulated time: every step sends the 940 KB
 # gradient over a 100 Mbit/s port (at least 75 ms), so 64 samples a step cannot go faster
-# than about 850 samples/s however fast this machine ran it (unsimulated: tens of thousands).
+# than about 850 samples/s however fast this machine ran it (unsimulated: tens of thousands);
+# rank 0's split of a step says the same: its all-reduce (comm_ms) at least 70 ms of it.
 if command -v smpicc >/dev/null 2>&1 && command -v smpirun >/dev/null 2>&1; then
   if smpicc -std=c11 -O2 -DSMPI_NO_OVERRIDE_MALLOC -DDTRAIN_USE_MPI -I. examples/05_multi_worker.c -o "$out/mw_smpi" \
        -lm -lpthread > "$out/smpicc.log" 2>&1; then
@@ -72,10 +73,12 @@ if command -v smpicc >/dev/null 2>&1 && command -v smpirun >/dev/null 2>&1; then
     rc=$?
     sums=$(sed -n 's/.*rank [0-9]*: final params_checksum=\([0-9a-f]*\).*/\1/p' "$out/smpi.out" | sort -u | wc -l)
     sps=$(sed -n 's/^epoch 1: .*, \([0-9.]*\) samples\/s (all workers)$/\1/p' "$out/smpi.out")
-    if [ "$rc" -eq 0 ] && [ "$sums" = 1 ] && [ -n "$sps" ] && awk -v s="$sps" 'BEGIN { exit !(s > 0 && s < 1000) }'; then
-      ok "SMPI: 05 on 2 simulated hosts over 100 Mbit/s agrees across ranks, in simulated time ($sps samples/s)"
+    split=$(sed -n 's/^rank 0: final .* step_ms=\([0-9.]*\) compute_ms=[0-9.]* comm_ms=\([0-9.]*\).*/\1 \2/p' "$out/smpi.out")
+    if [ "$rc" -eq 0 ] && [ "$sums" = 1 ] && [ -n "$sps" ] && awk -v s="$sps" 'BEGIN { exit !(s > 0 && s < 1000) }' &&
+       [ -n "$split" ] && echo "$split" | awk '{ exit !($2 >= 70 && $1 >= $2) }'; then
+      ok "SMPI: 05 on 2 simulated hosts over 100 Mbit/s agrees across ranks, in simulated time ($sps samples/s; step, all-reduce ms: $split)"
     else
-      tail -n 8 "$out/smpi.out"; bad "SMPI run (exit $rc, $sums checksums, ${sps:-no} samples/s)"
+      tail -n 8 "$out/smpi.out"; bad "SMPI run (exit $rc, $sums checksums, ${sps:-no} samples/s, step and all-reduce ms: ${split:-none})"
     fi
   else
     tail -n 20 "$out/smpicc.log"; bad "smpicc builds examples/05_multi_worker.c"
