@@ -28288,8 +28288,8 @@ DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out) {
       else jitter = v;
     } else {
       return dt__error(DTRAIN_ERR_INVALID_ARG,
-                       "%s: '%.*s' in '%s': the planner knows rate, delay, jitter, bandwidth, latency and shared", f, (int)klen,
-                       p, spec);
+                       "%s: '%.*s' in '%s': the planner knows rate, delay, jitter, bandwidth, latency and shared", f,
+                       (int)klen, p, spec);
     }
     p += len + (comma ? 1 : 0);
   }
@@ -28417,6 +28417,10 @@ static double dt__plan_maxz(int n) {
   return z[i] + (k - i) * (z[i + 1] - z[i]);
 }
 
+/* A synchronous step of n workers waits for the slowest one's compute t:
+ * jitter x t x E[max of n standard normals] past the median */
+static double dt__plan_lag(const dt_plan_model *m, double t, int n) { return m->jitter * t * dt__plan_maxz(n); }
+
 /* compute's slowdown with k replicas or processes running at once on one
  * machine: the measured busy_slowdown at busy_cores, linear from 1 alone */
 static double dt__plan_slow(const dt_plan_model *m, double k) {
@@ -28454,9 +28458,10 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
     return -1;
   }
   if (opt->batch <= 0 || cap < 0 || !(m->per_sample_s >= 0) || !(m->fixed_s >= 0) || !(m->update_s >= 0) ||
-      m->per_sample_s + m->fixed_s <= 0) {
-    dt__error(DTRAIN_ERR_INVALID_ARG, "%s: batch %d, cap %d, model %g s fixed + %g s per sample, update %g s", f,
-              opt->batch, cap, m->fixed_s, m->per_sample_s, m->update_s);
+      m->per_sample_s + m->fixed_s <= 0 || !(m->jitter >= 0) || !isfinite(m->jitter)) {
+    dt__error(DTRAIN_ERR_INVALID_ARG,
+              "%s: batch %d, cap %d, model %g s fixed + %g s per sample, update %g s, jitter %g", f, opt->batch,
+              cap, m->fixed_s, m->per_sample_s, m->update_s, m->jitter);
     return -1;
   }
   dt__plan_ctx c;
@@ -28523,7 +28528,7 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
     const double Gw = 2.0 * G / o->memory_Bps * pw, tm = tp + Up + Gw, cpu_m = cpu_w + (double)N * Gw / pw / o->cores;
     /* ... and each step waits for the slowest worker's compute (counted as
      * communication: it is spent in the all-reduce, as dtrain's comm_s has it) */
-    const double lag = (m->jitter > 0 ? m->jitter : 0.0) * tbp * dt__plan_maxz(N);
+    const double lag = dt__plan_lag(m, tbp, N);
     double ring = dt_plan_ring_allreduce_s(N, G, L) + lag, st = DT__PLAN_FLOOR(tm + ring, cpu_m, ring_bytes);
     dt__plan_add(&c, "multi_worker_mirrored ring", "processes", N, st, B, Pb + G + Ob + A * b, st - tm, 0, 0);
     double ringc = dt_plan_ring_allreduce_s(N, G * o->compress_ratio, L) + lag;
@@ -28540,9 +28545,8 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
     if (!o->shared_cores && o->cores >= 2 && b >= o->cores) {
       const double C = (double)o->cores, th = dt__plan_t(&c, b / C) * dt__plan_slow(m, C);
       const double local = 2.0 * G / C / o->memory_Bps + 2 * o->thread_sync_s;
-      const double lagh = (m->jitter > 0 ? m->jitter : 0.0) * th * dt__plan_maxz(N);
       const double own = th + LD * b + local + (U + 2.0 * G / o->memory_Bps) / C;
-      const double hr = dt_plan_ring_allreduce_s(N, G, L) + lagh;
+      const double hr = dt_plan_ring_allreduce_s(N, G, L) + dt__plan_lag(m, th, N);
       dt__plan_add(&c, "multi_worker_mirrored hierarchical", "processes", N, own + hr, B, Pb + G * 2 + Ob + A * b, hr,
                    0, 0);
     }

@@ -212,8 +212,9 @@ int main(int argc, char **argv) {
   /* 2. The same model everywhere (the handshake compares its hash). */
   dt_params *P = dt_params_create(o.seed);
   model m;
-  if (model_init(&m, P, !strcmp(o.model, "cnn")) != DTRAIN_OK) {
+  if (!P || model_init(&m, P, !strcmp(o.model, "cnn")) != DTRAIN_OK) {
     fprintf(stderr, "error: %s\n", dt_last_error());
+    dt_params_destroy(P);
     return 1;
   }
   dt_optim_options od;

@@ -203,8 +203,10 @@ static void test_stragglers_and_shared_medium(void) {
   const int ws[3] = {2, 4, 8};
   const double z[3] = {0.5642, 1.0294, 1.4236};
   for (int i = 0; i < 3; i++) {
-    const dt_plan_row *a = row(r, n, "multi_worker_mirrored ring", ws[i]), *b = row(rj, nj, "multi_worker_mirrored ring", ws[i]);
-    const dt_plan_row *pa = row(r, n, "parameter_server 1 server", ws[i]), *pb = row(rj, nj, "parameter_server 1 server", ws[i]);
+    const dt_plan_row *a = row(r, n, "multi_worker_mirrored ring", ws[i]);
+    const dt_plan_row *b = row(rj, nj, "multi_worker_mirrored ring", ws[i]);
+    const dt_plan_row *pa = row(r, n, "parameter_server 1 server", ws[i]);
+    const dt_plan_row *pb = row(rj, nj, "parameter_server 1 server", ws[i]);
     CHECK(a && b && pa && pb);
     if (!a || !b || !pa || !pb) continue;
     double t = 64.0 / ws[i] * 1e-5; /* a worker's compute */
@@ -212,6 +214,14 @@ static void test_stragglers_and_shared_medium(void) {
     CHECK(b->comm_share > a->comm_share); /* (the wait is spent in the all-reduce) */
     CHECK_REL(pb->step_s, pa->step_s, 1e-12);
   }
+  /* a spread that is no number, or below 0, is refused (the other measurements are) */
+  m.jitter = -0.1;
+  CHECK_EQ(dt_plan_predict(&m, &o, r, 64), -1);
+  CHECK(strstr(dt_last_error(), "jitter -0.1") != NULL);
+  m.jitter = NAN;
+  CHECK_EQ(dt_plan_predict(&m, &o, r, 64), -1);
+  m.jitter = INFINITY;
+  CHECK_EQ(dt_plan_predict(&m, &o, r, 64), -1);
   m.jitter = 0;
   o.link.shared = 1;
   n = dt_plan_predict(&m, &o, r, 64);
