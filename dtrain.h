@@ -3464,8 +3464,9 @@ struct dt_pstore;
 DTRAIN_EXTERN_C_BEGIN
 
 #define DTRAIN_MAX_PEERS 1024
-#define DTRAIN_NET_VERSION 3 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID);
-                                3: JOINED carries the clocks a (re)joining worker starts from */
+#define DTRAIN_NET_VERSION 4 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID);
+                                3: JOINED carries the clocks a (re)joining worker starts from;
+                                4: READY carries the acceptor's clock readings (the traces' offsets) */
 
 typedef enum dt_role {
   DTRAIN_ROLE_WORKER = 0,
@@ -4684,6 +4685,12 @@ DTRAIN_PRIVATE void dt__trace_end(const char *name, int cat, int64_t t0);
 DTRAIN_PRIVATE void dt__trace_wait(const char *name, double seconds);
 DTRAIN_PRIVATE void dt__trace_span(const char *name, int cat, int64_t t0, int64_t t1);
 DTRAIN_PRIVATE void dt__trace_env(void);
+/* One estimate of a peer's monotonic clock against ours, from a handshake
+ * (dt_handshake.c): offset_s = the peer's clock minus ours, exact within
+ * delay_s / 2 (delay_s: the round trip's time on the wire). Kept per peer,
+ * the one of least delay; every trace file's otherData.clocks lists them, and
+ * tools/dtrain-trace merge puts the files on one axis with them. */
+DTRAIN_PRIVATE void dt__trace_clock_note(int server, int index, double offset_s, double delay_s);
 
 /* ---- base (dt_base.c) ------------------------------------------------------- */
 
@@ -21122,8 +21129,10 @@ DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, doubl
  * monotonic clock (dt_time_now), one process (pid: the worker's rank, 1000 +
  * a server's index, 0 alone) and one tid per thread, named by metadata
  * events; otherData carries the process's role and index and one reading of
- * the monotonic and of the calendar clock taken together, from which
- * tools/dtrain-trace merge puts the files of several processes on one axis.
+ * the monotonic and of the calendar clock taken together, and (clocks) the
+ * handshakes' estimates of each peer's monotonic clock against ours, from
+ * which tools/dtrain-trace merge puts the files of several processes on one
+ * axis.
  * It is written through dt__file_create/commit: a failed write (a full disk)
  * is an error and leaves whatever was at the path. */
 
@@ -21160,6 +21169,16 @@ static char dt__trace_path[1024];
 static double dt__trace_mono0, dt__trace_real0; /* one reading of both clocks, at start */
 #endif
 static DT__ATOMIC(int) dt__trace_env_done;
+
+/* the handshakes' clock estimates (dt__trace_clock_note), under dt__trace_mu;
+ * kept across trace sessions (connections outlive them) */
+#define DT__TRACE_CLOCKS 128
+typedef struct dt__trace_clock {
+  int server, index;
+  double offset, delay;
+} dt__trace_clock;
+static dt__trace_clock dt__trace_clocks[DT__TRACE_CLOCKS];
+static int dt__trace_nclocks, dt__trace_clocks_lost;
 
 static DT__TLS dt__trace_buf *dt__trace_mine;
 static DT__TLS unsigned dt__trace_mygen;
@@ -21256,6 +21275,29 @@ DTRAIN_API void dt_trace_set_process(const char *role, int index) {
 }
 
 DTRAIN_API int dt_trace_active(void) { return dt__prof_tracing(); }
+
+DTRAIN_PRIVATE void dt__trace_clock_note(int server, int index, double offset_s, double delay_s) {
+  if (!(offset_s == offset_s) || !(delay_s >= 0) || offset_s > 1e9 || offset_s < -1e9 || delay_s > 1e9) return;
+  dt__trace_lock();
+  int k = 0;
+  while (k < dt__trace_nclocks && (dt__trace_clocks[k].server != !!server || dt__trace_clocks[k].index != index)) k++;
+  if (k == dt__trace_nclocks) {
+    if (k == DT__TRACE_CLOCKS) {
+      dt__trace_clocks_lost++;
+      dt__trace_unlock();
+      return;
+    }
+    dt__trace_nclocks++;
+    dt__trace_clocks[k].server = !!server;
+    dt__trace_clocks[k].index = index;
+    dt__trace_clocks[k].delay = -1;
+  }
+  if (dt__trace_clocks[k].delay < 0 || delay_s < dt__trace_clocks[k].delay) {
+    dt__trace_clocks[k].offset = offset_s;
+    dt__trace_clocks[k].delay = delay_s;
+  }
+  dt__trace_unlock();
+}
 
 #ifndef DTRAIN_NO_STDIO
 /* the trace's bit on or off (the writer below is its only switch) */
@@ -21366,9 +21408,14 @@ DTRAIN_API dt_result dt_trace_stop(void) {
   dt__trace_put_str(f, dt__trace_role[0] ? dt__trace_role : "process");
   fprintf(f,
           "\", \"index\": %d, \"pid\": %d, \"events\": %lld, \"dropped\": %lld, \"monotonic_us\": %.3f, "
-          "\"realtime_us\": %.3f}\n}\n",
+          "\"realtime_us\": %.3f, \"clocks\": [",
           dt__trace_index, pid, (long long)events, (long long)DT__ALOAD(&dt__trace_dropped, DT__MO_RELAXED),
           dt__trace_mono0 * 1e6, dt__trace_real0 * 1e6);
+  for (int k = 0; k < dt__trace_nclocks; k++)
+    fprintf(f, "%s{\"role\": \"%s\", \"index\": %d, \"offset_us\": %.3f, \"delay_us\": %.3f}", k ? ", " : "",
+            dt__trace_clocks[k].server ? "server" : "worker", dt__trace_clocks[k].index, dt__trace_clocks[k].offset * 1e6,
+            dt__trace_clocks[k].delay * 1e6);
+  fprintf(f, "], \"clocks_lost\": %d}\n}\n", dt__trace_clocks_lost);
   r = dt__file_commit(&fo);
   dt__trace_unlock();
   if (r != DTRAIN_OK) return dt__error(r, "dt_trace_stop: writing '%s' failed: %s", file, fo.msg);
@@ -31999,9 +32046,20 @@ typedef struct dt__hs {
   uint32_t out_len, out_off;
   unsigned char mine[DT__HELLO], theirs[DT__HELLO];
   int marked;            /* seen[] was set for this peer (undone when the last bytes cannot go) */
+  double clk_hello, clk_welcome; /* our clock when the hello was in and when the welcome went (READY says them) */
   dt_result rc;
   char why[DT__MSG_CAP];
 } dt__hs;
+/* READY's payload (version 4): the acceptor's clock when the hello was in
+ * and when its welcome went, two f64 LE. The connector read its own clock
+ * just before its hello went (t0) and when the welcome was in (t3): the
+ * acceptor's clock minus its own is ((t1 - t0) + (t2 - t3)) / 2, within half
+ * the delay (t3 - t0) - (t2 - t1). Refuses a payload of another length and
+ * readings that cannot be (not finite, t2 < t1, longer at the acceptor than
+ * the whole round trip). */
+#  define DT__READY_LEN 16
+DTRAIN_PRIVATE dt_result dt__hs_clock_read(const unsigned char *p, uint32_t len, double t0, double t3, double *offset,
+                                           double *delay, char *why, size_t cap);
 DTRAIN_PRIVATE void dt__hs_start(dt__hs *h, const dt__net_self *self, int fd, const char *addr, double deadline);
 DTRAIN_PRIVATE size_t dt__hs_feed(dt__hs *h, const dt__net_self *self, unsigned char *seen, const unsigned char *p,
                                   size_t n);
@@ -34131,8 +34189,10 @@ DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role rol
   uint32_t len = 0;
   int have, they;
   char why[DT__MSG_CAP];
+  double t0 = dt_time_now(), t3 = 0;
   rc = dt__conn_send(c, DT__MSG_HELLO, mine, DT__HELLO, deadline, "handshake");
   if (rc == DTRAIN_OK) rc = dt__conn_recv(c, DT__MSG_WELCOME, theirs, DT__HELLO, &len, deadline, "handshake");
+  t3 = dt_time_now();
   if (rc == DTRAIN_OK && len != DT__HELLO) rc = dt__error(DTRAIN_ERR_PROTOCOL, "handshake: short welcome from %s", want);
   if (rc != DTRAIN_OK) goto fail;
   dt__hello_unpack(theirs, &peer);
@@ -34171,13 +34231,54 @@ DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role rol
       goto fail;
     }
   }
-  rc = dt__conn_recv(c, DT__MSG_READY, NULL, 0, &len, deadline, "handshake");
-  if (rc == DTRAIN_OK) rc = dt__netem_attach(c->fd, c->self_id, (int)role, index); /* DTRAIN_NETEM */
+  unsigned char ready[DT__READY_LEN];
+  rc = dt__conn_recv(c, DT__MSG_READY, ready, DT__READY_LEN, &len, deadline, "handshake");
+  if (rc == DTRAIN_OK) {
+    double offset, delay;
+    char bad[160];
+    if (dt__hs_clock_read(ready, len, t0, t3, &offset, &delay, bad, sizeof bad) != DTRAIN_OK) {
+      snprintf(why, sizeof why, "%s sent a READY %s", want, bad);
+      rc = dt__error(DTRAIN_ERR_PROTOCOL, "handshake: %s", why);
+      goto fail;
+    }
+    dt__trace_clock_note(role == DTRAIN_ROLE_PS, index, offset, delay);
+    rc = dt__netem_attach(c->fd, c->self_id, (int)role, index); /* DTRAIN_NETEM */
+  }
   if (rc != DTRAIN_OK) goto fail;
   return DTRAIN_OK;
 fail:
   dt__conn_close(c);
   return rc;
+}
+
+DTRAIN_PRIVATE dt_result dt__hs_clock_read(const unsigned char *p, uint32_t len, double t0, double t3, double *offset,
+                                           double *delay, char *why, size_t cap) {
+  *offset = 0;
+  *delay = 0;
+  if (len != DT__READY_LEN) {
+    snprintf(why, cap, "of %u bytes (its clock readings are %d)", (unsigned)len, DT__READY_LEN);
+    return DTRAIN_ERR_PROTOCOL;
+  }
+  uint64_t b1 = dt__get_le64(p), b2 = dt__get_le64(p + 8);
+  double t1, t2;
+  memcpy(&t1, &b1, sizeof t1);
+  memcpy(&t2, &b2, sizeof t2);
+  if (!isfinite(t1) || !isfinite(t2) || t1 < 0 || t2 < 0 || t1 > 1e12 || t2 > 1e12) { /* 1e12 s: 30,000 years */
+    snprintf(why, cap, "whose clock readings are not times (%g, %g)", t1, t2);
+    return DTRAIN_ERR_PROTOCOL;
+  }
+  /* the acceptor's own time between the hello and the welcome cannot be
+   * negative, nor longer than the whole round trip (1 ms of slack for clocks
+   * that tick at slightly different rates) */
+  if (t2 < t1 || t2 - t1 > (t3 - t0) + 1e-3) {
+    snprintf(why, cap, "whose clock readings cannot be (%.6f s between the hello and the welcome, in a round trip of "
+             "%.6f s)", t2 - t1, t3 - t0);
+    return DTRAIN_ERR_PROTOCOL;
+  }
+  *offset = 0.5 * ((t1 - t0) + (t2 - t3));
+  *delay = (t3 - t0) - (t2 - t1);
+  if (*delay < 0) *delay = 0;
+  return DTRAIN_OK;
 }
 
 /* ---- the acceptor: a non-blocking state machine ----------------------------------------------
@@ -34277,7 +34378,13 @@ static void dt__hs_ready(dt__hs *h, unsigned char *seen) {
     seen[h->conn.peer_index] |= (unsigned char)(1u << h->conn.lane);
     h->marked = 1;
   }
-  dt__hs_queue(h, DT__MSG_READY, NULL, 0);
+  unsigned char ready[DT__READY_LEN];
+  uint64_t b1, b2;
+  memcpy(&b1, &h->clk_hello, sizeof b1);
+  memcpy(&b2, &h->clk_welcome, sizeof b2);
+  dt__put_le64(ready, b1);
+  dt__put_le64(ready + 8, b2);
+  dt__hs_queue(h, DT__MSG_READY, ready, DT__READY_LEN);
   h->state = DT__HSS_SEND;
 }
 
@@ -34285,6 +34392,7 @@ static void dt__hs_ready(dt__hs *h, unsigned char *seen) {
 static void dt__hs_on_hello(dt__hs *h, const dt__net_self *self, unsigned char *seen) {
   dt__hello me, peer;
   char why[DT__MSG_CAP];
+  h->clk_hello = dt_time_now();
   memcpy(h->theirs, h->in + DT__NET_HDR, DT__HELLO);
   dt__hello_unpack(h->theirs, &peer);
   if (h->f.job != self->job) {
@@ -34327,6 +34435,7 @@ static void dt__hs_on_hello(dt__hs *h, const dt__net_self *self, unsigned char *
   h->conn.peer_role = (int)peer.role;
   h->conn.peer_index = (int)peer.index;
   h->conn.lane = (int)peer.lane;
+  h->clk_welcome = dt_time_now();
   dt__hs_queue(h, DT__MSG_WELCOME, h->mine, DT__HELLO);
   int have = (me.flags & DT__HELLO_F_TOKEN) != 0, they = (peer.flags & DT__HELLO_F_TOKEN) != 0;
   if (have != they) {

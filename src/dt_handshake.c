@@ -224,8 +224,10 @@ DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role rol
   uint32_t len = 0;
   int have, they;
   char why[DT__MSG_CAP];
+  double t0 = dt_time_now(), t3 = 0;
   rc = dt__conn_send(c, DT__MSG_HELLO, mine, DT__HELLO, deadline, "handshake");
   if (rc == DTRAIN_OK) rc = dt__conn_recv(c, DT__MSG_WELCOME, theirs, DT__HELLO, &len, deadline, "handshake");
+  t3 = dt_time_now();
   if (rc == DTRAIN_OK && len != DT__HELLO) rc = dt__error(DTRAIN_ERR_PROTOCOL, "handshake: short welcome from %s", want);
   if (rc != DTRAIN_OK) goto fail;
   dt__hello_unpack(theirs, &peer);
@@ -264,13 +266,54 @@ DTRAIN_PRIVATE dt_result dt__net_dial_lane(const dt__net_self *self, dt_role rol
       goto fail;
     }
   }
-  rc = dt__conn_recv(c, DT__MSG_READY, NULL, 0, &len, deadline, "handshake");
-  if (rc == DTRAIN_OK) rc = dt__netem_attach(c->fd, c->self_id, (int)role, index); /* DTRAIN_NETEM */
+  unsigned char ready[DT__READY_LEN];
+  rc = dt__conn_recv(c, DT__MSG_READY, ready, DT__READY_LEN, &len, deadline, "handshake");
+  if (rc == DTRAIN_OK) {
+    double offset, delay;
+    char bad[160];
+    if (dt__hs_clock_read(ready, len, t0, t3, &offset, &delay, bad, sizeof bad) != DTRAIN_OK) {
+      snprintf(why, sizeof why, "%s sent a READY %s", want, bad);
+      rc = dt__error(DTRAIN_ERR_PROTOCOL, "handshake: %s", why);
+      goto fail;
+    }
+    dt__trace_clock_note(role == DTRAIN_ROLE_PS, index, offset, delay);
+    rc = dt__netem_attach(c->fd, c->self_id, (int)role, index); /* DTRAIN_NETEM */
+  }
   if (rc != DTRAIN_OK) goto fail;
   return DTRAIN_OK;
 fail:
   dt__conn_close(c);
   return rc;
+}
+
+DTRAIN_PRIVATE dt_result dt__hs_clock_read(const unsigned char *p, uint32_t len, double t0, double t3, double *offset,
+                                           double *delay, char *why, size_t cap) {
+  *offset = 0;
+  *delay = 0;
+  if (len != DT__READY_LEN) {
+    snprintf(why, cap, "of %u bytes (its clock readings are %d)", (unsigned)len, DT__READY_LEN);
+    return DTRAIN_ERR_PROTOCOL;
+  }
+  uint64_t b1 = dt__get_le64(p), b2 = dt__get_le64(p + 8);
+  double t1, t2;
+  memcpy(&t1, &b1, sizeof t1);
+  memcpy(&t2, &b2, sizeof t2);
+  if (!isfinite(t1) || !isfinite(t2) || t1 < 0 || t2 < 0 || t1 > 1e12 || t2 > 1e12) { /* 1e12 s: 30,000 years */
+    snprintf(why, cap, "whose clock readings are not times (%g, %g)", t1, t2);
+    return DTRAIN_ERR_PROTOCOL;
+  }
+  /* the acceptor's own time between the hello and the welcome cannot be
+   * negative, nor longer than the whole round trip (1 ms of slack for clocks
+   * that tick at slightly different rates) */
+  if (t2 < t1 || t2 - t1 > (t3 - t0) + 1e-3) {
+    snprintf(why, cap, "whose clock readings cannot be (%.6f s between the hello and the welcome, in a round trip of "
+             "%.6f s)", t2 - t1, t3 - t0);
+    return DTRAIN_ERR_PROTOCOL;
+  }
+  *offset = 0.5 * ((t1 - t0) + (t2 - t3));
+  *delay = (t3 - t0) - (t2 - t1);
+  if (*delay < 0) *delay = 0;
+  return DTRAIN_OK;
 }
 
 /* ---- the acceptor: a non-blocking state machine ----------------------------------------------
@@ -370,7 +413,13 @@ static void dt__hs_ready(dt__hs *h, unsigned char *seen) {
     seen[h->conn.peer_index] |= (unsigned char)(1u << h->conn.lane);
     h->marked = 1;
   }
-  dt__hs_queue(h, DT__MSG_READY, NULL, 0);
+  unsigned char ready[DT__READY_LEN];
+  uint64_t b1, b2;
+  memcpy(&b1, &h->clk_hello, sizeof b1);
+  memcpy(&b2, &h->clk_welcome, sizeof b2);
+  dt__put_le64(ready, b1);
+  dt__put_le64(ready + 8, b2);
+  dt__hs_queue(h, DT__MSG_READY, ready, DT__READY_LEN);
   h->state = DT__HSS_SEND;
 }
 
@@ -378,6 +427,7 @@ static void dt__hs_ready(dt__hs *h, unsigned char *seen) {
 static void dt__hs_on_hello(dt__hs *h, const dt__net_self *self, unsigned char *seen) {
   dt__hello me, peer;
   char why[DT__MSG_CAP];
+  h->clk_hello = dt_time_now();
   memcpy(h->theirs, h->in + DT__NET_HDR, DT__HELLO);
   dt__hello_unpack(h->theirs, &peer);
   if (h->f.job != self->job) {
@@ -420,6 +470,7 @@ static void dt__hs_on_hello(dt__hs *h, const dt__net_self *self, unsigned char *
   h->conn.peer_role = (int)peer.role;
   h->conn.peer_index = (int)peer.index;
   h->conn.lane = (int)peer.lane;
+  h->clk_welcome = dt_time_now();
   dt__hs_queue(h, DT__MSG_WELCOME, h->mine, DT__HELLO);
   int have = (me.flags & DT__HELLO_F_TOKEN) != 0, they = (peer.flags & DT__HELLO_F_TOKEN) != 0;
   if (have != they) {

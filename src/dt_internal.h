@@ -148,6 +148,12 @@ DTRAIN_PRIVATE void dt__trace_end(const char *name, int cat, int64_t t0);
 DTRAIN_PRIVATE void dt__trace_wait(const char *name, double seconds);
 DTRAIN_PRIVATE void dt__trace_span(const char *name, int cat, int64_t t0, int64_t t1);
 DTRAIN_PRIVATE void dt__trace_env(void);
+/* One estimate of a peer's monotonic clock against ours, from a handshake
+ * (dt_handshake.c): offset_s = the peer's clock minus ours, exact within
+ * delay_s / 2 (delay_s: the round trip's time on the wire). Kept per peer,
+ * the one of least delay; every trace file's otherData.clocks lists them, and
+ * tools/dtrain-trace merge puts the files on one axis with them. */
+DTRAIN_PRIVATE void dt__trace_clock_note(int server, int index, double offset_s, double delay_s);
 
 /* ---- base (dt_base.c) ------------------------------------------------------- */
 

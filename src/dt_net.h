@@ -41,8 +41,9 @@ struct dt_pstore;
 DTRAIN_EXTERN_C_BEGIN
 
 #define DTRAIN_MAX_PEERS 1024
-#define DTRAIN_NET_VERSION 3 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID);
-                                3: JOINED carries the clocks a (re)joining worker starts from */
+#define DTRAIN_NET_VERSION 4 /* 2: the hello says whether the job id was given (DTRAIN_JOB_ID);
+                                3: JOINED carries the clocks a (re)joining worker starts from;
+                                4: READY carries the acceptor's clock readings (the traces' offsets) */
 
 typedef enum dt_role {
   DTRAIN_ROLE_WORKER = 0,

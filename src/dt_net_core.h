@@ -293,9 +293,20 @@ typedef struct dt__hs {
   uint32_t out_len, out_off;
   unsigned char mine[DT__HELLO], theirs[DT__HELLO];
   int marked;            /* seen[] was set for this peer (undone when the last bytes cannot go) */
+  double clk_hello, clk_welcome; /* our clock when the hello was in and when the welcome went (READY says them) */
   dt_result rc;
   char why[DT__MSG_CAP];
 } dt__hs;
+/* READY's payload (version 4): the acceptor's clock when the hello was in
+ * and when its welcome went, two f64 LE. The connector read its own clock
+ * just before its hello went (t0) and when the welcome was in (t3): the
+ * acceptor's clock minus its own is ((t1 - t0) + (t2 - t3)) / 2, within half
+ * the delay (t3 - t0) - (t2 - t1). Refuses a payload of another length and
+ * readings that cannot be (not finite, t2 < t1, longer at the acceptor than
+ * the whole round trip). */
+#  define DT__READY_LEN 16
+DTRAIN_PRIVATE dt_result dt__hs_clock_read(const unsigned char *p, uint32_t len, double t0, double t3, double *offset,
+                                           double *delay, char *why, size_t cap);
 DTRAIN_PRIVATE void dt__hs_start(dt__hs *h, const dt__net_self *self, int fd, const char *addr, double deadline);
 DTRAIN_PRIVATE size_t dt__hs_feed(dt__hs *h, const dt__net_self *self, unsigned char *seen, const unsigned char *p,
                                   size_t n);

@@ -289,8 +289,10 @@ DTRAIN_API int64_t dt_profile_format(char *buf, size_t cap, int64_t steps, doubl
  * monotonic clock (dt_time_now), one process (pid: the worker's rank, 1000 +
  * a server's index, 0 alone) and one tid per thread, named by metadata
  * events; otherData carries the process's role and index and one reading of
- * the monotonic and of the calendar clock taken together, from which
- * tools/dtrain-trace merge puts the files of several processes on one axis.
+ * the monotonic and of the calendar clock taken together, and (clocks) the
+ * handshakes' estimates of each peer's monotonic clock against ours, from
+ * which tools/dtrain-trace merge puts the files of several processes on one
+ * axis.
  * It is written through dt__file_create/commit: a failed write (a full disk)
  * is an error and leaves whatever was at the path. */
 
@@ -327,6 +329,16 @@ static char dt__trace_path[1024];
 static double dt__trace_mono0, dt__trace_real0; /* one reading of both clocks, at start */
 #endif
 static DT__ATOMIC(int) dt__trace_env_done;
+
+/* the handshakes' clock estimates (dt__trace_clock_note), under dt__trace_mu;
+ * kept across trace sessions (connections outlive them) */
+#define DT__TRACE_CLOCKS 128
+typedef struct dt__trace_clock {
+  int server, index;
+  double offset, delay;
+} dt__trace_clock;
+static dt__trace_clock dt__trace_clocks[DT__TRACE_CLOCKS];
+static int dt__trace_nclocks, dt__trace_clocks_lost;
 
 static DT__TLS dt__trace_buf *dt__trace_mine;
 static DT__TLS unsigned dt__trace_mygen;
@@ -423,6 +435,29 @@ DTRAIN_API void dt_trace_set_process(const char *role, int index) {
 }
 
 DTRAIN_API int dt_trace_active(void) { return dt__prof_tracing(); }
+
+DTRAIN_PRIVATE void dt__trace_clock_note(int server, int index, double offset_s, double delay_s) {
+  if (!(offset_s == offset_s) || !(delay_s >= 0) || offset_s > 1e9 || offset_s < -1e9 || delay_s > 1e9) return;
+  dt__trace_lock();
+  int k = 0;
+  while (k < dt__trace_nclocks && (dt__trace_clocks[k].server != !!server || dt__trace_clocks[k].index != index)) k++;
+  if (k == dt__trace_nclocks) {
+    if (k == DT__TRACE_CLOCKS) {
+      dt__trace_clocks_lost++;
+      dt__trace_unlock();
+      return;
+    }
+    dt__trace_nclocks++;
+    dt__trace_clocks[k].server = !!server;
+    dt__trace_clocks[k].index = index;
+    dt__trace_clocks[k].delay = -1;
+  }
+  if (dt__trace_clocks[k].delay < 0 || delay_s < dt__trace_clocks[k].delay) {
+    dt__trace_clocks[k].offset = offset_s;
+    dt__trace_clocks[k].delay = delay_s;
+  }
+  dt__trace_unlock();
+}
 
 #ifndef DTRAIN_NO_STDIO
 /* the trace's bit on or off (the writer below is its only switch) */
@@ -533,9 +568,14 @@ DTRAIN_API dt_result dt_trace_stop(void) {
   dt__trace_put_str(f, dt__trace_role[0] ? dt__trace_role : "process");
   fprintf(f,
           "\", \"index\": %d, \"pid\": %d, \"events\": %lld, \"dropped\": %lld, \"monotonic_us\": %.3f, "
-          "\"realtime_us\": %.3f}\n}\n",
+          "\"realtime_us\": %.3f, \"clocks\": [",
           dt__trace_index, pid, (long long)events, (long long)DT__ALOAD(&dt__trace_dropped, DT__MO_RELAXED),
           dt__trace_mono0 * 1e6, dt__trace_real0 * 1e6);
+  for (int k = 0; k < dt__trace_nclocks; k++)
+    fprintf(f, "%s{\"role\": \"%s\", \"index\": %d, \"offset_us\": %.3f, \"delay_us\": %.3f}", k ? ", " : "",
+            dt__trace_clocks[k].server ? "server" : "worker", dt__trace_clocks[k].index, dt__trace_clocks[k].offset * 1e6,
+            dt__trace_clocks[k].delay * 1e6);
+  fprintf(f, "], \"clocks_lost\": %d}\n}\n", dt__trace_clocks_lost);
   r = dt__file_commit(&fo);
   dt__trace_unlock();
   if (r != DTRAIN_OK) return dt__error(r, "dt_trace_stop: writing '%s' failed: %s", file, fo.msg);

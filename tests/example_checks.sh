@@ -191,7 +191,40 @@ for w in (0, 1):
 names = {e['args']['name'] for e in m if e['ph'] == 'M' and e['name'] == 'process_name'}
 assert names == {'worker 0', 'worker 1'}, names
 \""
-check "trace-parameter-servers" sh -c "rm -f $T/trp.*; timeout 120 tools/dtrain-launch -n 2 --ps 1 -- $BUILD/examples/06_parameter_server --data $D --epochs 1 --limit 512 --quiet --trace $T/trp.json > /dev/null 2>&1 && $TT check $T/trp.server0.json $T/trp.worker0.json $T/trp.worker1.json > /dev/null && grep -q dt_pstore_push $T/trp.worker1.json && grep -q dt_pstore_pull $T/trp.worker0.json && $TT merge -o $T/trp_m.json $T/trp.server0.json $T/trp.worker0.json $T/trp.worker1.json > /dev/null && $TT check $T/trp_m.json > /dev/null"
+check "trace-parameter-servers" sh -c "rm -f $T/trp.*; timeout 120 tools/dtrain-launch -n 2 --ps 1 -- $BUILD/examples/06_parameter_server --data $D --epochs 1 --limit 512 --quiet --trace $T/trp.json > /dev/null 2>&1 && $TT check $T/trp.server0.json $T/trp.worker0.json $T/trp.worker1.json > /dev/null && grep -q dt_pstore_push $T/trp.worker1.json && grep -q dt_pstore_pull $T/trp.worker0.json && $TT merge -o $T/trp_m.json $T/trp.server0.json $T/trp.worker0.json $T/trp.worker1.json > $T/trp_m.txt && test \$(grep -c 'us (handshake with .*trp.server0.json)' $T/trp_m.txt) = 2 && $TT check $T/trp_m.json > /dev/null"
+# The merge's default alignment is the handshakes' clock offsets: worker 1
+# dialled worker 0 and its file says worker 0's clock against its own. On one
+# machine the truth is the calendar clocks' alignment, so the two agree within
+# the bound merge prints; then worker 1's file is skewed as another machine's
+# would be (its monotonic clock 5 s off, its calendar clock 3 s off the other
+# way): the handshake alignment is unchanged, the calendar one is 3 s wrong.
+check "trace-merge-handshake-clocks" sh -c "$TT merge -o $T/trw_h.json $T/trw.worker0.json $T/trw.worker1.json > $T/trw_h.txt && grep -q 'trw.worker1.json: clock .* us from .*, +-[0-9.]* us (handshake with' $T/trw_h.txt && python3 -c \"
+import json, re
+def first(path, w):
+    return min(e['ts'] for e in json.load(open(path))['traceEvents'] if e['ph'] == 'X' and e['pid'] == w)
+bound = float(re.search(r'\+-([0-9.]+) us', open('$T/trw_h.txt').read()).group(1))
+gap_h = first('$T/trw_h.json', 1) - first('$T/trw_h.json', 0)
+gap_c = first('$T/trw_m.json', 1) - first('$T/trw_m.json', 0)
+assert abs(gap_h - gap_c) <= bound + 20, (gap_h, gap_c, bound)
+d = json.load(open('$T/trw.worker1.json'))
+for e in d['traceEvents']:
+    if e['ph'] == 'X':
+        e['ts'] += 5e6
+od = d['otherData']
+od['monotonic_us'] += 5e6
+od['realtime_us'] -= 3e6
+assert od['clocks'] and all(c['role'] == 'worker' and c['index'] == 0 for c in od['clocks']), od
+for c in od['clocks']:
+    c['offset_us'] -= 5e6
+json.dump(d, open('$T/trw_skew1.json', 'w'))
+\" && $TT merge -o $T/trw_hs.json $T/trw.worker0.json $T/trw_skew1.json > /dev/null && $TT merge --align clocks -o $T/trw_cs.json $T/trw.worker0.json $T/trw_skew1.json > /dev/null && python3 -c \"
+import json
+def first(path, w):
+    return min(e['ts'] for e in json.load(open(path))['traceEvents'] if e['ph'] == 'X' and e['pid'] == w)
+gap = lambda p: first(p, 1) - first(p, 0)
+assert abs(gap('$T/trw_hs.json') - gap('$T/trw_h.json')) < 1, (gap('$T/trw_hs.json'), gap('$T/trw_h.json'))
+assert abs(gap('$T/trw_cs.json') - gap('$T/trw_h.json') + 3e6) < 1e3, gap('$T/trw_cs.json')
+\" && ! $TT merge --align handshake -o $T/trw_x.json $T/trw.worker0.json $T/trp.server0.json 2> $T/trw_x.txt && grep -q 'no handshake joins' $T/trw_x.txt"
 check "trace-env-var" sh -c "rm -f $T/tre.json; DTRAIN_TRACE=$T/tre.json $BUILD/examples/01_xor > /dev/null && $TT check $T/tre.json | grep -q '^ok '"
 printf '{"traceEvents": [{"name": "a", "ph": "X", "ts": 0, "dur": 10, "pid": 0, "tid": 0}, {"name": "b", "ph": "X", "ts": 5, "dur": 10, "pid": 0, "tid": 0}]}\n' > "$T/tr_bad.json"
 printf '{"traceEvents": [{"name": "a", "ph": "X", "ts": 0, "dur": 10, "pid": 0, "tid": 0}, {"name": "b", "ph": "X", "ts": 5, "dur": 10, "pid": 0, "tid": 1}]}\n' > "$T/tr_good.json"

@@ -189,6 +189,55 @@ static void test_frame_bad_bytes(void) {
   dt__frame_pack(h, 0x30, 1, 0, 0, NULL, 0);
   CHECK(dt__frame_unpack(h, 1, 1024, &f, why, sizeof why) == DTRAIN_ERR_PROTOCOL);
 }
+
+/* READY's clock readings (the wire decoder the traces' offsets come from):
+ * a genuine pair gives the offset and delay of the four-reading exchange;
+ * a wrong length, readings that are not times, a welcome before its hello
+ * and a pause at the acceptor longer than the round trip are refused with
+ * the reason, as is every random payload whose readings cannot be. */
+static void test_ready_clock_bad_bytes(void) {
+  unsigned char p[32];
+  char why[200];
+  double off = 1, del = 1;
+  const double t0 = 100.0, t3 = 100.010;
+  double t[2] = {250.004, 250.005}; /* the acceptor's clock is 150 s ahead */
+  for (int i = 0; i < 2; i++) {
+    uint64_t b;
+    memcpy(&b, &t[i], 8);
+    dt__put_le64(p + 8 * i, b);
+  }
+  CHECK(dt__hs_clock_read(p, DT__READY_LEN, t0, t3, &off, &del, why, sizeof why) == DTRAIN_OK);
+  CHECK_NEAR(off, 150.0 - 0.0005, 1e-9);
+  CHECK_NEAR(del, 0.009, 1e-9);
+  CHECK(dt__hs_clock_read(p, 0, t0, t3, &off, &del, why, sizeof why) == DTRAIN_ERR_PROTOCOL);
+  CHECK_MSG(strstr(why, "of 0 bytes") && strstr(why, "16"), "%s", why);
+  CHECK(dt__hs_clock_read(p, 15, t0, t3, &off, &del, why, sizeof why) == DTRAIN_ERR_PROTOCOL);
+  double bad[6][2] = {{NAN, 1.0}, {1.0, INFINITY}, {-5.0, 1.0}, {1e300, 1e300}, {2.0, 1.0}, {1.0, 1.5}};
+  const char *want[6] = {"not times", "not times", "not times", "not times", "cannot be", "cannot be"};
+  for (int k = 0; k < 6; k++) {
+    for (int i = 0; i < 2; i++) {
+      uint64_t b;
+      memcpy(&b, &bad[k][i], 8);
+      dt__put_le64(p + 8 * i, b);
+    }
+    why[0] = '\0';
+    CHECK(dt__hs_clock_read(p, DT__READY_LEN, t0, t3, &off, &del, why, sizeof why) == DTRAIN_ERR_PROTOCOL);
+    CHECK_MSG(strstr(why, want[k]) != NULL, "case %d: %s", k, why);
+  }
+  /* Random payloads: whatever is accepted gives finite numbers and a delay
+   * no longer than the round trip. */
+  th_seed(11);
+  int wrong = 0;
+  for (int i = 0; i < 20000; i++) {
+    for (int j = 0; j < DT__READY_LEN; j++) p[j] = (unsigned char)(th_rand() * 256);
+    if (dt__hs_clock_read(p, DT__READY_LEN, t0, t3, &off, &del, why, sizeof why) == DTRAIN_OK) {
+      if (!isfinite(off) || !(del >= 0 && del <= t3 - t0)) wrong++;
+    } else if (!why[0]) {
+      wrong++;
+    }
+  }
+  CHECK_MSG(wrong == 0, "%d random payloads decoded to impossible clocks or were refused without a reason", wrong);
+}
 #else
 /* The network layer's entry points say what is missing. */
 static void test_compiled_out(void) {
@@ -294,6 +343,20 @@ static int run_client(int kind, int port) {
     printf("client: %s\n", dt_last_error());
     fflush(stdout);
     return 10 + (-(int)rc) % 100;
+  }
+  if (kind == C_GOOD) {
+    /* The handshake estimated worker 0's clock against ours: one machine,
+     * one monotonic clock, so the truth is 0, and the estimate is within
+     * half the round trip's delay (the bound of the four-reading exchange). */
+    int k = 0;
+    while (k < dt__trace_nclocks && (dt__trace_clocks[k].server || dt__trace_clocks[k].index != 0)) k++;
+    if (k == dt__trace_nclocks) return 5;
+    double off = dt__trace_clocks[k].offset, del = dt__trace_clocks[k].delay;
+    if (!(del > 0 && del < 2.0 && fabs(off) <= 0.5 * del + 1e-7)) {
+      printf("client: clock offset %.9f s, delay %.9f s\n", off, del);
+      fflush(stdout);
+      return 6;
+    }
   }
   if (kind == C_EXCHANGE) {
     size_t n = 4u << 20;
@@ -510,10 +573,16 @@ static void test_handshake_state_machine(void) {
       CHECK(f.type == DT__MSG_AUTH && f.length == 32 && f.seq == 1);
       at += DT__NET_HDR + 32;
     }
-    /* READY last; the peer is worker 2, marked seen; later bytes are not taken. */
+    /* READY last, with the acceptor's two clock readings (hello in, welcome
+     * out: in order, and read within this test's lifetime); the peer is
+     * worker 2, marked seen; later bytes are not taken. */
     CHECK(dt__frame_unpack(s.out + at, acc.job, DT__HS_OUT, &f, why, sizeof why) == DTRAIN_OK);
-    CHECK(f.type == DT__MSG_READY && f.length == 0);
-    CHECK_MSG(s.state == DT__HSS_SEND && s.out_len == at + DT__NET_HDR, "state %d: %s", s.state, s.why);
+    CHECK(f.type == DT__MSG_READY && f.length == DT__READY_LEN);
+    CHECK_MSG(s.state == DT__HSS_SEND && s.out_len == at + DT__NET_HDR + DT__READY_LEN, "state %d: %s", s.state, s.why);
+    double off, del, now = dt_time_now();
+    CHECK(dt__hs_clock_read(s.out + at + DT__NET_HDR, f.length, s.started - 1, now, &off, &del, why, sizeof why) ==
+          DTRAIN_OK);
+    CHECK(s.clk_hello >= s.started && s.clk_welcome >= s.clk_hello && s.clk_welcome <= now);
     CHECK(s.conn.peer_role == DTRAIN_ROLE_WORKER && s.conn.peer_index == 2 && seen[2] == 1);
     CHECK(s.conn.recv_seq == (uint64_t)(tok ? 2 : 1) && s.conn.send_seq == (uint64_t)(tok ? 3 : 2));
     CHECK(dt__hs_feed(&s, &acc, seen, msg, 1) == 0);
@@ -1231,6 +1300,7 @@ int main(void) {
   TH_RUN(test_hmac);
   TH_RUN(test_frame_roundtrip);
   TH_RUN(test_frame_bad_bytes);
+  TH_RUN(test_ready_clock_bad_bytes);
 #else
   TH_RUN(test_compiled_out);
   th_skip_item("test_net wire tests", "the network layer is compiled out (DTRAIN_NO_DIST)");
