@@ -28805,8 +28805,22 @@ static dt_result dt__pipe_fail(dt_pipeline *p, dt__pipe_stage *S, dt_result rc) 
   return rc;
 }
 
+/* Waits on the neighbouring stages are communication on the profile and the
+ * timeline (dt_pipeline_recv, dt_pipeline_send_wait), not time of the graph
+ * op that ran last (the op running when a receive blocks is ended first). */
 static dt_result dt__pipe_wait_slot(dt__pipe_slot *sl) {
+  dt__prof_fwd_end();
+  int64_t t0 = dt__prof_t0();
   dt_result rc = dt_comm_waitall(sl->req, 2);
+  dt__prof_add("dt_pipeline_send_wait", DTRAIN_PROFILE_COMM, t0);
+  return rc;
+}
+
+static dt_result dt__pipe_recv(dt__pipe_stage *S, int from, int tag, float *buf, size_t n) {
+  dt__prof_fwd_end();
+  int64_t t0 = dt__prof_t0();
+  dt_result rc = dt_comm_recv(S->pp, S->s, from, tag, buf, n);
+  dt__prof_add("dt_pipeline_recv", DTRAIN_PROFILE_COMM, t0);
   return rc;
 }
 
@@ -28834,7 +28848,7 @@ static dt_result dt__pipe_forward(dt_pipeline *p, dt__pipe_stage *S, int m) {
   if (s > 0) {
     float hf[DT__PIPE_HDR];
     int32_t h[DT__PIPE_HDR];
-    rc = dt_comm_recv(S->pp, s, s - 1, dt__pipe_tag(m, 0), hf, DT__PIPE_HDR);
+    rc = dt__pipe_recv(S, s - 1, dt__pipe_tag(m, 0), hf, DT__PIPE_HDR);
     if (rc != DTRAIN_OK) return rc;
     memcpy(h, hf, sizeof h);
     int64_t shape[DTRAIN_MAX_DIMS], size = 1;
@@ -28850,7 +28864,7 @@ static dt_result dt__pipe_forward(dt_pipeline *p, dt__pipe_stage *S, int m) {
     sl->x = dt_tensor_new(sl->g, h[0], shape);
     if (!sl->x) return dt__error(dt_graph_error(sl->g), "dt_pipeline_step: stage %d: %s", s,
                                  dt_graph_message(sl->g));
-    rc = dt_comm_recv(S->pp, s, s - 1, dt__pipe_tag(m, 0), sl->x->data, (size_t)size);
+    rc = dt__pipe_recv(S, s - 1, dt__pipe_tag(m, 0), sl->x->data, (size_t)size);
     if (rc != DTRAIN_OK) return rc;
     dt_tensor_set_requires_grad(sl->x, 1);
   }
@@ -28900,7 +28914,7 @@ static dt_result dt__pipe_backward(dt_pipeline *p, dt__pipe_stage *S, int m) {
   } else {
     dt_tensor *gout = dt_tensor_new(sl->g, sl->out->ndim, sl->out->shape);
     if (!gout) return dt__error(dt_graph_error(sl->g), "dt_pipeline_step: stage %d: %s", s, dt_graph_message(sl->g));
-    rc = dt_comm_recv(S->pp, s, s + 1, dt__pipe_tag(m, 1), gout->data, (size_t)gout->size);
+    rc = dt__pipe_recv(S, s + 1, dt__pipe_tag(m, 1), gout->data, (size_t)gout->size);
     if (rc != DTRAIN_OK) return rc;
     double t0 = dt__now();
     rc = dt_backward_grad(sl->g, sl->out, gout->data);
@@ -36208,6 +36222,17 @@ static dt_result dt__tcp_ctx_isend(dt_comm *c, uint64_t ctx, int dst, uint32_t t
   *p = r;
   t->queued++;
   *req = r;
+  /* What the socket takes now goes now: a pipeline stage's activations leave
+   * while it computes its next micro-batch, not at its next wait (which came
+   * a whole micro-batch later, and the next stage idled). Never blocks, never
+   * reads; the rest (a full socket, a big message) moves at the next wait or
+   * collective, and an error here is met and reported there. */
+  dt__p2p_peer *P = &t->pp[dst];
+  for (int k = 0; k < 64 && P->sq && t->conns[dst].fd >= 0; k++) {
+    int moved = 0;
+    if (!P->sactive) dt__tcp_p2p_start_frame(t, dst);
+    if (dt__tcp_p2p_send_step(t, dst, &moved) != DTRAIN_OK || P->sactive) break;
+  }
   return DTRAIN_OK;
 }
 

@@ -42,3 +42,24 @@ for sched in gpipe 1f1b; do
       "$(awk "BEGIN { print $b / $rb }")" "$(field "$l" bubble_measured)" "$(field "$l" bubble_theory)"
   done
 done
+# The same 1F1B pipeline as 2 processes over loopback TCP (dtrain-launch): the
+# activations and gradients cross sockets (dt_comm_isend goes out at once, so a
+# stage's output leaves while it computes its next micro-batch).
+LAUNCH=${LAUNCH:-tools/dtrain-launch}
+if [ -x "$LAUNCH" ]; then
+  for m in 2 4 8; do
+    b=0; line=""
+    r=0; while [ $r -lt "$ROUNDS" ]; do
+      l=$(timeout 300 "$LAUNCH" -n 2 -- "$BIN" --parallel pipeline --stages 2 --microbatches $m --layers "$LAYERS" \
+          --steps "$STEPS" --json 2>/dev/null | grep -o '{.*}' | tail -n 1)
+      s=$(echo "$l" | sed 's/.*"samples_per_s": \([0-9.]*\).*/\1/')
+      if [ -n "$l" ] && awk "BEGIN { exit !($s > $b) }"; then b=$s; line=$l; fi
+      r=$((r + 1))
+    done
+    [ -n "$line" ] || { echo "1f1b over TCP, M=$m: no run succeeded" >&2; continue; }
+    printf '%-10s %3d %10.0f %8.2f %12.0f %7.2f %8.3f %7.3f  (2 processes, loopback)\n' 1f1b-tcp $m "$b" \
+      "$(awk "BEGIN { print $b / $rs }")" "$(field "$line" peak_bytes_per_worker)" \
+      "$(awk "BEGIN { print $(field "$line" peak_bytes_per_worker) / $rb }")" "$(field "$line" bubble_measured)" \
+      "$(field "$line" bubble_theory)"
+  done
+fi

@@ -628,6 +628,17 @@ static dt_result dt__tcp_ctx_isend(dt_comm *c, uint64_t ctx, int dst, uint32_t t
   *p = r;
   t->queued++;
   *req = r;
+  /* What the socket takes now goes now: a pipeline stage's activations leave
+   * while it computes its next micro-batch, not at its next wait (which came
+   * a whole micro-batch later, and the next stage idled). Never blocks, never
+   * reads; the rest (a full socket, a big message) moves at the next wait or
+   * collective, and an error here is met and reported there. */
+  dt__p2p_peer *P = &t->pp[dst];
+  for (int k = 0; k < 64 && P->sq && t->conns[dst].fd >= 0; k++) {
+    int moved = 0;
+    if (!P->sactive) dt__tcp_p2p_start_frame(t, dst);
+    if (dt__tcp_p2p_send_step(t, dst, &moved) != DTRAIN_OK || P->sactive) break;
+  }
   return DTRAIN_OK;
 }
 
