@@ -279,8 +279,8 @@ bench-backup: $(BUILD)/examples/04_sync_vs_async
 # The planner against measured runs (02 --plan against 02 --json: threads, processes on
 # loopback and over emulated 100 and 10 Mbit/s links; MLP and CNN), a table; about 6 minutes.
 bench: bench-plan
-bench-plan: $(BUILD)/examples/02_fashion_mnist tools/dtrain-launch
-	EX=$(BUILD)/examples/02_fashion_mnist bash bench/run_plan.sh
+bench-plan: $(BUILD)/examples/02_fashion_mnist $(BUILD)/examples/07_model_parallel tools/dtrain-launch
+	EX=$(BUILD)/examples/02_fashion_mnist MP=$(BUILD)/examples/07_model_parallel bash bench/run_plan.sh
 # The seeds' scaling figure (speed-up against 1-64 workers, sync and async, planner lines
 # and measured points): bench/figures/scaling.svg, and bench/figures/simulated.svg redrawn
 # from the last `make simulate`; about 3 minutes.

@@ -103,3 +103,36 @@ row cnn 64 loopback "loopback" "multi_worker_mirrored ring" 2 0 $C --strategy mu
 row cnn 64 loopback "loopback" "parameter_server 1 server" 2 1 $C --strategy parameter_server
 row cnn 64 rate=100mbit "100 Mbit/s" "multi_worker_mirrored ring" 2 0 --limit 640 --epochs 1 --strategy multi_worker_mirrored
 row cnn 64 rate=10mbit "10 Mbit/s" "multi_worker_mirrored ring" 2 0 --limit 256 --epochs 1 --strategy multi_worker_mirrored
+
+# Model parallelism (tensor-parallel and pipeline rows): examples/07_model_parallel's
+# MLP (8 hidden layers of 256, tanh; batch 64) on 2 processes over loopback,
+# 07 --plan --json against its own samples_per_s, one_device beside them.
+MP=${MP:-build/examples/07_model_parallel}
+if [ -x "$MP" ]; then
+  "$MP" --plan --json > "$T/mp.plan" 2>/dev/null
+  mp_pred() { python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(next((s['samples_per_sec'] for s in d['strategies'] if s['name'] == sys.argv[2] and s['workers'] == int(sys.argv[3])), 'nan'))" "$T/mp.plan" "$1" "$2" 2>/dev/null || echo nan; }
+  mp_row() { # NAME WORKERS -- the run's flags
+    local name=$1 w=$2 best=0; shift 3
+    for r in $(seq "$RUNS"); do
+      if [ "$w" = 1 ]; then "$MP" "$@" --steps 300 --json > "$T/mp.out" 2>&1
+      else timeout 300 "$L" -n "$w" -- "$MP" "$@" --steps 300 --json > "$T/mp.out" 2>&1; fi
+      v=$(json "$T/mp.out" samples_per_s)
+      best=$(python3 -c "import sys; a, b = sys.argv[1:]; print(max(float(a), float(b) if b != 'nan' else 0))" "$best" "$v")
+    done
+    python3 -c "
+import sys
+name, w, p, m = sys.argv[1:]
+p, m = float(p), float(m)
+r = p / m if m > 0 else float('nan')
+print(f'| mlp 8x256 (07) | loopback | {name} | {w} | {p:.0f} | {m:.0f} | {r:.2f}x | {\"yes\" if abs(r - 1) <= 0.2 else \"no\"} |')
+" "$name" "$w" "$(mp_pred "$name" "$w")" "$best"
+  }
+  mp_row one_device 1 -- --parallel none
+  mp_row tensor_parallel 2 -- --parallel tensor --stages 2
+  mp_row "pipeline 1f1b m=4" 2 -- --parallel pipeline --stages 2 --microbatches 4
+else
+  echo "(model-parallel rows skipped: $MP is not built)"
+fi

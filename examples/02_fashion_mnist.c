@@ -291,6 +291,14 @@ static int run_plan(app *a, int64_t train_n, const dt_plan_link *probed, int one
   if (!a->m.cnn) { /* the MLP can be cut between its 3 layers; a cut carries at most 256 floats a sample */
     m.pipeline_max_stages = 3;
     m.boundary_bytes_per_sample = 256 * (int64_t)sizeof(float);
+    /* tensor parallel (Megatron): 784 -> 256 column-parallel, 256 -> 128 row-parallel (its output all-reduced
+     * forward; nothing backward: the first layer's input is the data), the 128 -> 10 layer whole on every rank */
+    m.tp_max_ranks = 256;
+    m.tp_param_share = (784.0 * 256 + 256 + 256.0 * 128) / (double)m.params;
+    m.tp_split_share = m.tp_param_share; /* the work by the weights: the linear layers are nearly all of it (the
+                                            ReLU after the column layer splits too, the last layer's is whole) */
+    m.tp_allreduces = 1;
+    m.tp_bytes_per_sample = 128 * (int64_t)sizeof(float);
   }
   dt_plan_options po;
   memset(&po, 0, sizeof po);

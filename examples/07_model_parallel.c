@@ -15,6 +15,7 @@
  *            [--layers L] [--hidden H] [--lr X] [--seed S] [--model mlp|transformer] [--json]
  *            [--heads N] [--seq S] [--data FILE]
  *            [--memory-cap MB] [--checkpoint DIR] [--resume DIR]
+ *            [--plan [--link SPEC] [--plan-workers N] [--plan-one-machine]]
  *        As processes (one rank each; P stages or shards times R replicas):
  *            tools/dtrain-launch -n 4 -- build/examples/07_model_parallel --parallel pipeline --stages 2
  *            tools/dtrain-launch -n 4 --pipeline 2 -- build/examples/07_model_parallel   (the same: the
@@ -93,6 +94,8 @@ typedef struct options {
   int heads, seq;                    /* the transformer's heads and window length */
   const char *data;                  /* its text */
   double memory_cap_mb;              /* --memory-cap: each worker's fixed-memory budget (0: none) */
+  int plan, plan_workers, plan_one_machine; /* --plan: predict the layouts instead of training */
+  const char *link;                  /* --plan's link (dt_plan_link_parse) */
 } options;
 
 static const char *const k_parallel[3] = {"none", "pipeline", "tensor"};
@@ -498,6 +501,134 @@ static int run_none(const options *o, result *res) {
   return 1;
 }
 
+/* ---- --plan: what each layout would give, before training (the MLP) ---------------------------
+ * dt_plan_measure times the whole model on this machine (one_device's step);
+ * what the layouts split comes from the layers: tensor parallel splits the
+ * hidden layers and, after a column layer, the output layer (tp_kind), a
+ * row-parallel layer all-reduces its output forward and a column layer its
+ * input's gradient backward (not the first: its input is the data); the
+ * pipeline cuts between layers, each cut carrying H floats a sample. */
+static int run_plan(const options *o) {
+  if (o->model) return fprintf(stderr, "07: --plan is for the MLP (--model mlp)\n"), 2;
+  dt_plan_link link;
+  if (dt_plan_link_parse(o->link ? o->link : "loopback", &link) != DTRAIN_OK)
+    return fprintf(stderr, "error: --link: %s\n", dt_last_error()), 2;
+  dt_params *P = part_params(o, 0, units_of(o), 1, 0);
+  dt_optim_options oo = adam(o);
+  dt_optim *opt = P ? dt_optim_create(P, &oo) : NULL;
+  dt_minibatch b = batch_at(o, 0);
+  dt_plan_model m;
+  if (!opt || dt_plan_measure(P, opt, full_step, (void *)(uintptr_t)o, &b, 30, &m) != DTRAIN_OK) {
+    fprintf(stderr, "07: %s\n", dt_last_error());
+    dt_optim_destroy(opt);
+    dt_params_destroy(P);
+    return 1;
+  }
+  /* Which share of the step's work splits: the ops' own times (the profile,
+   * 20 one_device steps), the linear layers' by their multiply-adds in split
+   * layers, the tanh's by those after a column layer (on 1/T of the units;
+   * after a row layer every rank applies it to the whole output); the loss
+   * and the rest stay whole. */
+  double split_macs = 0, all_macs = 0;
+  int k = 0, T = 1, tanh_split = 0;
+  for (int l = 0; l <= o->layers; l++) {
+    double in = l == 0 ? NIN : o->hidden, out = l == o->layers ? NCLS : o->hidden;
+    int kind = tp_kind(o, l);
+    all_macs += in * out;
+    if (kind) split_macs += in * out;
+    if (kind == 1 && l < o->layers) tanh_split++;
+    if (kind == 2) k++, m.tp_bytes_per_sample += (int64_t)out * (int64_t)sizeof(float);
+    if (kind == 1 && l > 0) k++, m.tp_bytes_per_sample += (int64_t)in * (int64_t)sizeof(float);
+  }
+  dt_strategy_options sd = dt_strategy_one_device();
+  dt_strategy *st = dt_strategy_create(P, opt, full_step, (void *)(uintptr_t)o, &sd);
+  double t_lin = 0, t_tanh = 0, t_all = 0;
+  float loss;
+  if (!st) return fprintf(stderr, "07: %s\n", dt_last_error()), 1;
+  for (int i = 0; i < 25; i++) {
+    if (i == 5) dt_profile_start();
+    if (dt_strategy_step(st, &b, &loss) != DTRAIN_OK) return fprintf(stderr, "07: %s\n", dt_last_error()), 1;
+  }
+  dt_profile_stop();
+  dt_profile_entry pe[128];
+  int np = dt_profile_read(pe, 128);
+  for (int i = 0; i < np && i < 128; i++) {
+    if (pe[i].phase != DTRAIN_PROFILE_FORWARD && pe[i].phase != DTRAIN_PROFILE_BACKWARD) continue;
+    t_all += pe[i].seconds;
+    if (strcmp(pe[i].name, "dt_linear") == 0) t_lin += pe[i].seconds;
+    if (strcmp(pe[i].name, "dt_tanh") == 0) t_tanh += pe[i].seconds;
+  }
+  dt_strategy_destroy(st);
+  double split = t_lin * split_macs / all_macs + (o->layers ? t_tanh * tanh_split / o->layers : 0.0);
+  while (o->hidden % (2 * T) == 0 && 2 * T <= MAXW) T *= 2; /* the split sizes are all H */
+  m.tp_max_ranks = o->hidden >= 2 ? T : 0;
+  m.tp_split_share = t_all > 0 ? split / t_all : 0.0;
+  {
+    double sp = 0, ap = 0; /* the parameters: a column layer's W rows and bias, a row layer's W columns */
+    for (int l = 0; l <= o->layers; l++) {
+      double in = l == 0 ? NIN : o->hidden, out = l == o->layers ? NCLS : o->hidden;
+      ap += in * out + out;
+      sp += tp_kind(o, l) == 1 ? in * out + out : tp_kind(o, l) == 2 ? in * out : 0;
+    }
+    m.tp_param_share = sp / ap;
+  }
+  m.tp_allreduces = k;
+  m.pipeline_max_stages = o->layers + 1;
+  m.boundary_bytes_per_sample = (int64_t)o->hidden * (int64_t)sizeof(float);
+  dt_plan_options po;
+  memset(&po, 0, sizeof po);
+  po.batch = (int)o->batch;
+  po.max_workers = o->plan_workers;
+  po.link = link;
+  po.shared_cores = o->plan_one_machine || !o->link;
+  po.links_per_connection = po.shared_cores;
+  po.microbatches = o->microbatches;
+  dt_plan_row rows[256];
+  int n = dt_plan_predict(&m, &po, rows, 256), best = -1;
+  char why[512];
+  if (n > 256) n = 256;
+  if (n > 0) best = dt_plan_recommend(rows, n, why, sizeof why);
+  dt_optim_destroy(opt);
+  dt_params_destroy(P);
+  if (n < 0) return fprintf(stderr, "07: %s\n", dt_last_error()), 1;
+  if (o->json) {
+    printf("{\"model\": \"mlp\", \"layers\": %d, \"hidden\": %d, \"batch\": %lld, \"link\": {\"latency_s\": %.6g, "
+           "\"bandwidth_Bps\": %.6g}, \"shared_cores\": %d, \"measured\": {\"per_sample_s\": %.6g, \"fixed_s\": %.6g, "
+           "\"update_s\": %.6g, \"params\": %lld, \"busy_slowdown\": %.3f, \"busy_cores\": %d, \"jitter\": %.3f, "
+           "\"tp_split_share\": %.6f, \"tp_param_share\": %.6f, \"tp_allreduces\": %d, \"tp_bytes_per_sample\": %lld}, "
+           "\"strategies\": [",
+           o->layers, o->hidden, (long long)o->batch, link.latency_s, link.bandwidth_Bps, po.shared_cores,
+           m.per_sample_s, m.fixed_s, m.update_s, (long long)m.params, m.busy_slowdown, m.busy_cores, m.jitter,
+           m.tp_split_share, m.tp_param_share, m.tp_allreduces, (long long)m.tp_bytes_per_sample);
+    int first = 1;
+    for (int i = 0; i < n; i++) {
+      const dt_plan_row *r = &rows[i];
+      if (strcmp(r->family, "one_device") && strcmp(r->family, "tensor") && strcmp(r->family, "pipeline")) continue;
+      printf("%s{\"name\": \"%s\", \"workers\": %d, \"samples_per_sec\": %.1f, \"step_s\": %.6g, \"comm_share\": "
+             "%.4f, \"bubble\": %.4f, \"memory_bytes_per_worker\": %.0f}", first ? "" : ", ", r->name, r->workers,
+             r->samples_per_sec, r->step_s, r->comm_share, r->bubble, r->memory_bytes);
+      first = 0;
+    }
+    printf("]}\n");
+    return 0;
+  }
+  printf("plan: mlp, %d hidden layers of %d, batch %lld, link latency %.3g ms, %.4g MB/s, %s\n", o->layers,
+         o->hidden, (long long)o->batch, link.latency_s * 1e3, link.bandwidth_Bps / 1e6,
+         po.shared_cores ? "the ranks sharing this machine's cores" : "a machine per rank");
+  printf("  measured: %.3g us a sample, update %.3g ms; tensor parallel splits %.1f%% of it, %d all-reduces a step of "
+         "%lld bytes a sample together\n", m.per_sample_s * 1e6, m.update_s * 1e3, 100 * m.tp_split_share,
+         m.tp_allreduces, (long long)m.tp_bytes_per_sample);
+  printf("  %-26s %7s %12s %8s %7s %10s\n", "layout", "workers", "samples/s", "speedup", "comm", "MB/worker");
+  for (int i = 0; i < n; i++) {
+    const dt_plan_row *r = &rows[i];
+    if (strcmp(r->family, "one_device") && strcmp(r->family, "tensor") && strcmp(r->family, "pipeline")) continue;
+    printf("  %-26s %7d %12.0f %7.2fx %6.0f%% %10.2f\n", r->name, r->workers, r->samples_per_sec, r->speedup,
+           100 * r->comm_share, r->memory_bytes / 1048576.0);
+  }
+  if (best >= 0) printf("fastest of all the planner's rows: %s\n", why);
+  return 0;
+}
+
 /* ---- pipeline ------------------------------------------------------------------------------------ */
 typedef struct mp_ctx {
   const options *o;
@@ -782,6 +913,7 @@ static int parse(int argc, char **argv, options *o) {
   o->seed = 1;
   o->heads = 4;
   o->seq = 32;
+  o->plan_workers = 8;
   o->data = "data/text/devils_dictionary.txt";
   const char *parallel = "pipeline", *schedule = "1f1b", *model = "mlp";
   const char *trace = NULL; /* --trace */
@@ -806,6 +938,11 @@ static int parse(int argc, char **argv, options *o) {
       {"resume", 's', &o->resume_dir, 0, 0, "load this layout's parts from this directory and train on"},
       {"json", 'b', &o->json, 0, 0, "print one JSON line"},
       {"trace", 's', &trace, 0, 0, EX_TRACE_HELP},
+      {"plan", 'b', &o->plan, 0, 0, "predict one_device, the pipeline and tensor-parallel layouts (no training)"},
+      {"plan-workers", 'i', &o->plan_workers, 1, MAXW, "--plan: the most stages or ranks to predict for"},
+      {"link", 's', &o->link, 0, 0, "--plan: the link, rate=100mbit,delay=1ms or bandwidth=...,latency=... "
+                                   "(default loopback, the ranks on this machine)"},
+      {"plan-one-machine", 'b', &o->plan_one_machine, 0, 0, "--plan: with --link, the ranks still share this machine"},
   };
   int r = ex_parse("07_model_parallel", argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
                    "  Processes: tools/dtrain-launch -n W [--pipeline P | --tensor T] -- build/examples/07_model_parallel ...\n");
@@ -852,6 +989,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (o.model ? !make_text(&o) : (make_data(1234), 0)) return 1;
+  if (o.plan) return run_plan(&o);
   /* --memory-cap MB: every allocation of this process from one fixed buffer of
    * MB per worker it runs (threads: all of them; a process under
    * dtrain-launch: one), its communicator included. */

@@ -447,10 +447,13 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
     return -1;
   }
   if (opt->batch <= 0 || cap < 0 || !(m->per_sample_s >= 0) || !(m->fixed_s >= 0) || !(m->update_s >= 0) ||
-      m->per_sample_s + m->fixed_s <= 0 || !(m->jitter >= 0) || !isfinite(m->jitter)) {
+      m->per_sample_s + m->fixed_s <= 0 || !(m->jitter >= 0) || !isfinite(m->jitter) ||
+      !(m->tp_split_share >= 0 && m->tp_split_share <= 1) || !(m->tp_param_share >= 0 && m->tp_param_share <= 1) ||
+      m->tp_allreduces < 0 || m->tp_bytes_per_sample < 0) {
     dt__error(DTRAIN_ERR_INVALID_ARG,
-              "%s: batch %d, cap %d, model %g s fixed + %g s per sample, update %g s, jitter %g", f, opt->batch,
-              cap, m->fixed_s, m->per_sample_s, m->update_s, m->jitter);
+              "%s: batch %d, cap %d, model %g s fixed + %g s per sample, update %g s, jitter %g, tensor-parallel "
+              "share %g, %d all-reduces of %lld bytes a sample", f, opt->batch, cap, m->fixed_s, m->per_sample_s,
+              m->update_s, m->jitter, m->tp_split_share, m->tp_allreduces, (long long)m->tp_bytes_per_sample);
     return -1;
   }
   dt__plan_ctx c;
@@ -566,6 +569,30 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
     }
 #undef DT__PLAN_FLOOR
   }
+  /* tensor parallel over the link: T ranks, each the whole batch and 1/T of
+   * the split layers; their all-reduces sit between the layers, so nothing
+   * hides them */
+  if (m->tp_max_ranks >= 2 && m->tp_split_share > 0 && m->tp_allreduces > 0 && m->tp_bytes_per_sample > 0) {
+    const double s = DT__MIN(1.0, m->tp_split_share), B = B0; /* the ranks share one batch */
+    const double q = m->tp_param_share > 0 ? DT__MIN(1.0, m->tp_param_share) : s;
+    const int k = m->tp_allreduces;
+    for (int T = 2; T <= DT__MIN(m->tp_max_ranks, o->max_workers); T *= 2) {
+      const double part = 1.0 - s + s / T, qpart = 1.0 - q + q / T, busy = DT__MIN((double)T, (double)o->cores);
+      const double turns = o->shared_cores ? ceil((double)T / (double)o->cores) : 1.0;
+      const double tc = (m->fixed_s + B * m->per_sample_s * part) * (o->shared_cores ? dt__plan_slow(m, busy) : 1.0);
+      const double own = (tc + LD * B + U * qpart) * turns; /* every rank loads the whole batch */
+      const double bytes = B * (double)m->tp_bytes_per_sample;
+      /* each all-reduce waits for the slowest rank's part of the step since the
+       * last one: k waits on k segments, whose spreads (independent) add up to
+       * sqrt(k) times one wait on the whole step */
+      double comm = k * dt_plan_ring_allreduce_s(T, bytes / k, L) + dt__plan_lag(m, tc, T) * sqrt((double)k);
+      double st = own + comm;
+      if (o->shared_cores) /* one machine: every rank's CPU work and the kernel's copies, over the cores */
+        st = DT__MAX(st, (double)T * (tc + LD * B + U * qpart) / o->cores +
+                             2.0 * 2.0 * (T - 1) * bytes / DT__PLAN_LOOPBACK_BW / o->cores);
+      dt__plan_add(&c, "tensor_parallel", "tensor", T, st, B, (Pb + G + Ob) * qpart + A * B, st - own, 0, 0);
+    }
+  }
   /* pipeline over the link: P stages, m microbatches, 1F1B */
   if (m->boundary_bytes_per_sample > 0 && m->pipeline_max_stages >= 2) {
     for (int P = 2; P <= DT__MIN(m->pipeline_max_stages, o->max_workers); P *= 2) {
@@ -574,7 +601,8 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
       if (B / mb < 1) mb = (int)B;
       double micro = B / mb;
       double stage = dt__plan_t(&c, micro) / P; /* each stage: 1/P of a microbatch's work */
-      if (o->shared_cores) stage *= ceil((double)P / (double)o->cores);
+      if (o->shared_cores) /* the stages compute at once, sharing the machine's cores and caches */
+        stage *= ceil((double)P / (double)o->cores) * dt__plan_slow(m, DT__MIN((double)P, (double)o->cores));
       /* fwd + bwd; on a shared medium the P-1 cuts' transfers of the steady state share it */
       double hop = L.latency_s + (L.shared ? (double)(P - 1) : 1.0) * 2.0 * (double)m->boundary_bytes_per_sample *
                                      micro / L.bandwidth_Bps;

@@ -30,6 +30,15 @@
  *                                  N x update / M; expected staleness N - 1
  *   pipeline(P) (1F1B, m micro)    (m + P - 1) x (t(B)/(P m) + boundary transfer);
  *                                  bubble (P - 1)/(m + P - 1); memory 1/P of the weights
+ *   tensor_parallel(T)             every rank the whole batch: fixed + B x per-sample x
+ *                                  (1 - s + s/T) + update x (1 - q + q/T) + k ring
+ *                                  all-reduces of B x tp_bytes_per_sample / k over T
+ *                                  (on the critical path: nothing overlaps them) + the
+ *                                  wait for the slowest at each (sqrt(k) x one wait on
+ *                                  the whole step's spread); s = tp_split_share, q =
+ *                                  tp_param_share, k = tp_allreduces; weights,
+ *                                  gradients and optimizer state x (1 - q + q/T), the
+ *                                  activations whole
  *
  * t(b) is the measured step time at batch b (fixed + b x per-sample), B the
  * global batch (every worker takes B/N: dtrain's rule). Data loading, when
@@ -82,6 +91,16 @@ typedef struct dt_plan_model {
                                           the median absolute deviation: a normal's sigma; 0: none). A synchronous
                                           step across N processes waits for the slowest: the rows add jitter x
                                           compute x E[the largest of N standard normals] (0.56 at 2, 2.33 at 64) */
+  /* tensor parallel (dt_tensor_parallel.h: column- then row-parallel layers over T ranks, each rank the
+     whole batch); tp_max_ranks 0: no tensor-parallel rows */
+  int tp_max_ranks;                    /* the largest T the split layers' sizes allow */
+  double tp_split_share;               /* share of forward + backward in the split layers (1/T of it on each rank;
+                                          the rest whole on every rank) */
+  double tp_param_share;               /* share of the parameters (and so of the update) in the split layers
+                                          (0: tp_split_share) */
+  int tp_allreduces;                   /* all-reduces a step, forward and backward together (one each way per
+                                          column/row pair; none backward into the input data) */
+  int64_t tp_bytes_per_sample;         /* what they carry together, per sample of the batch */
 } dt_plan_model;
 
 typedef struct dt_plan_options {
@@ -109,8 +128,8 @@ typedef struct dt_plan_options {
 
 typedef struct dt_plan_row {
   char name[48];            /* "one_device", "mirrored", "multi_worker_mirrored ring fp16", ... */
-  char family[24];          /* "one_device", "threads", "processes", "parameter_server", "pipeline" */
-  int workers;              /* N (pipeline: stages) */
+  char family[24];          /* "one_device", "threads", "processes", "parameter_server", "pipeline", "tensor" */
+  int workers;              /* N (pipeline: stages; tensor: ranks) */
   double step_s;            /* one global step (async: one round of all workers' pushes) */
   double samples_per_sec;   /* global */
   double epoch_s;           /* epoch_samples / samples_per_sec (0 without epoch_samples) */

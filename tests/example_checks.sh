@@ -106,6 +106,22 @@ for x in r[2:]:
 # --memory-cap (issue 18 part 6): the model (3.3 MB of parameters, 13 MB with
 # Adam) fails cleanly on one worker of 11 MB and trains as 2 stages of 11 MB
 # each, on threads and as 2 processes.
+# 07 --plan (issue 21): one JSON line with one_device, tensor-parallel and pipeline rows; the split
+# share is measured (between the tanh-free count and the weights' 99.4%), the all-reduces counted
+# from the layers (8 hidden: 4 row layers forward + 3 column layers backward, 256 floats each);
+# the transformer and a bad link are refused
+check "mp-plan" sh -c "$M7 --plan --json --plan-workers 4 > $T/mpp.json && python3 -c \"
+import json
+d = json.load(open('$T/mpp.json'))
+m = d['measured']
+assert m['tp_allreduces'] == 7 and m['tp_bytes_per_sample'] == 7 * 256 * 4, m
+assert 0.3 < m['tp_split_share'] < 0.995 and abs(m['tp_param_share'] - 0.9936) < 1e-3, m
+names = {(s['name'], s['workers']) for s in d['strategies']}
+assert names == {('one_device', 1), ('tensor_parallel', 2), ('tensor_parallel', 4), ('pipeline 1f1b m=4', 2), ('pipeline 1f1b m=4', 4)}, names
+assert all(s['samples_per_sec'] > 0 and 0 <= s['comm_share'] <= 1 for s in d['strategies'])
+tp = {s['workers']: s['memory_bytes_per_worker'] for s in d['strategies'] if s['name'] == 'tensor_parallel'}
+assert tp[4] < tp[2], tp
+\" && $M7 --plan > $T/mpp.txt && grep -q '^  tensor_parallel  *2 ' $T/mpp.txt && ! $M7 --plan --model transformer > $T/mpp2.txt 2>&1 && grep -q 'plan is for the MLP' $T/mpp2.txt && ! $M7 --plan --link rate=fast > $T/mpp3.txt 2>&1 && grep -q '^error: --link: ' $T/mpp3.txt"
 check "mp-memory-cap" sh -c "! $M7 --parallel none --layers 4 --hidden 512 --steps 3 --memory-cap 11 > $T/mpm1.txt 2>&1 && grep -q 'out of memory' $T/mpm1.txt && grep -q 'does not fit --memory-cap 11 MB' $T/mpm1.txt && $M7 --parallel pipeline --stages 2 --layers 4 --hidden 512 --steps 3 --memory-cap 11 --json > $T/mpm2.jsonl && tools/dtrain-launch -n 2 -- $M7 --parallel pipeline --layers 4 --hidden 512 --steps 3 --memory-cap 11 --json > $T/mpm3.txt 2>&1 && grep '^.worker 0. {' $T/mpm3.txt | sed 's/^.worker 0. //' >> $T/mpm2.jsonl && python3 -c \"
 import json
 r = [json.loads(l) for l in open('$T/mpm2.jsonl')]
@@ -236,7 +252,7 @@ check "fmnist-plan-json" sh -c "$E --data $D --quiet --plan --plan-workers 4 --j
 import json
 d = json.load(open('$T/plan.json'))
 names = {(s['name'], s['workers']) for s in d['strategies']}
-for want in [('one_device', 1), ('mirrored', 2), ('async', 2), ('multi_worker_mirrored ring', 4), ('parameter_server 1 server', 2), ('pipeline 1f1b m=8', 2)]:
+for want in [('one_device', 1), ('mirrored', 2), ('async', 2), ('multi_worker_mirrored ring', 4), ('parameter_server 1 server', 2), ('pipeline 1f1b m=8', 2), ('tensor_parallel', 4)]:
     assert want in names, (want, names)
 assert all(s['samples_per_sec'] > 0 and s['memory_bytes_per_worker'] > 0 and 0 <= s['comm_share'] <= 1 for s in d['strategies'])
 r = d['recommendation']

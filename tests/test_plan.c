@@ -178,6 +178,61 @@ static void test_rows_arithmetic(void) {
     CHECK_REL(pp->step_s, (8 + 1) * (stage + hop) + 1e-4 / 2, 1e-12);
     CHECK_REL(pp->bubble, 1.0 / 9, 1e-12);
   }
+  /* tensor-parallel rows only when the model says what splits: here 90% of
+   * the work and weights, 2 all-reduces a step of 512 bytes a sample
+   * together, up to 4 ranks; each rank the whole batch of 64 */
+  CHECK(row(r, n, "tensor_parallel", 2) == NULL);
+  m.tp_max_ranks = 4;
+  m.tp_split_share = 0.9;
+  m.tp_allreduces = 2;
+  m.tp_bytes_per_sample = 512;
+  n = dt_plan_predict(&m, &o, r, 64);
+  for (int T = 2; T <= 4; T *= 2) {
+    const dt_plan_row *tp = row(r, n, "tensor_parallel", T);
+    CHECK(tp != NULL);
+    if (!tp) continue;
+    double part = 0.1 + 0.9 / T, own = 64 * 1e-5 * part + 1e-4 * part;
+    double ar = 2 * (T - 1) * (1e-3 + 64.0 * 512 / 2 / T / 1e8); /* one ring all-reduce of half the bytes */
+    CHECK_REL(tp->step_s, own + 2 * ar, 1e-12);
+    CHECK_REL(tp->memory_bytes, 4e6 * part + 1000 * 64, 1e-12);
+    CHECK_REL(tp->comm_share, 2 * ar / (own + 2 * ar), 1e-9);
+    CHECK(strcmp(tp->family, "tensor") == 0 && tp->staleness == 0 && tp->bubble == 0);
+  }
+  /* the parameters' share apart from the work's: the update and the memory follow it */
+  m.tp_param_share = 0.5;
+  {
+    dt_plan_row rq[64];
+    int nq = dt_plan_predict(&m, &o, rq, 64);
+    const dt_plan_row *tq = row(rq, nq, "tensor_parallel", 2);
+    double part = 0.55, qpart = 0.75, ar = 2 * (1e-3 + 64.0 * 512 / 2 / 2 / 1e8);
+    CHECK(tq != NULL);
+    if (tq) CHECK_REL(tq->step_s, 64 * 1e-5 * part + 1e-4 * qpart + 2 * ar, 1e-12);
+    if (tq) CHECK_REL(tq->memory_bytes, 4e6 * qpart + 1000 * 64, 1e-12);
+  }
+  m.tp_param_share = 0;
+  /* with a spread, each of the k = 2 all-reduces waits for the slowest rank's segment: sqrt(2) x the whole
+   * step's wait (jitter x compute x E[max of 2 normals] = 0.5642) */
+  m.jitter = 0.1;
+  {
+    dt_plan_row rj[64];
+    int nj = dt_plan_predict(&m, &o, rj, 64);
+    const dt_plan_row *tj = row(rj, nj, "tensor_parallel", 2), *t0 = row(r, n, "tensor_parallel", 2);
+    CHECK(tj && t0);
+    if (tj && t0) CHECK_REL(tj->step_s - t0->step_s, 0.1 * (64 * 1e-5 * 0.55) * 0.5642 * sqrt(2.0), 1e-9);
+  }
+  m.jitter = 0;
+  CHECK(row(r, n, "tensor_parallel", 8) == NULL); /* past tp_max_ranks */
+  /* on one machine's one core the ranks take turns and the step is at least their CPU work */
+  o.shared_cores = 1;
+  dt_plan_row rs[64];
+  int ns = dt_plan_predict(&m, &o, rs, 64);
+  const dt_plan_row *tps = row(rs, ns, "tensor_parallel", 2), *tpl = row(r, n, "tensor_parallel", 2);
+  CHECK(tps && tpl && tps->step_s >= 2 * (64 * 1e-5 * 0.55 + 1e-4 * 0.55) - 1e-12 && tps->step_s > tpl->step_s);
+  o.shared_cores = 0;
+  m.tp_split_share = 1.5;
+  CHECK_EQ(dt_plan_predict(&m, &o, r, 64), -1);
+  CHECK(strstr(dt_last_error(), "tensor-parallel share 1.5") != NULL);
+  m.tp_split_share = 0.9;
   /* counting only, and bad arguments */
   CHECK_EQ(dt_plan_predict(&m, &o, NULL, 0), n);
   o.batch = 0;
