@@ -544,12 +544,19 @@ static int run_plan(const options *o) {
   dt_strategy *st = dt_strategy_create(P, opt, full_step, (void *)(uintptr_t)o, &sd);
   double t_lin = 0, t_tanh = 0, t_all = 0;
   float loss;
-  if (!st) return fprintf(stderr, "07: %s\n", dt_last_error()), 1;
-  for (int i = 0; i < 25; i++) {
+  int ok = st != NULL;
+  for (int i = 0; ok && i < 25; i++) {
     if (i == 5) dt_profile_start();
-    if (dt_strategy_step(st, &b, &loss) != DTRAIN_OK) return fprintf(stderr, "07: %s\n", dt_last_error()), 1;
+    ok = dt_strategy_step(st, &b, &loss) == DTRAIN_OK;
   }
   dt_profile_stop();
+  if (!ok) {
+    fprintf(stderr, "07: %s\n", dt_last_error());
+    dt_strategy_destroy(st);
+    dt_optim_destroy(opt);
+    dt_params_destroy(P);
+    return 1;
+  }
   dt_profile_entry pe[128];
   int np = dt_profile_read(pe, 128);
   for (int i = 0; i < np && i < 128; i++) {

@@ -240,7 +240,7 @@ def first(path, w):
 gap = lambda p: first(p, 1) - first(p, 0)
 assert abs(gap('$T/trw_hs.json') - gap('$T/trw_h.json')) < 1, (gap('$T/trw_hs.json'), gap('$T/trw_h.json'))
 assert abs(gap('$T/trw_cs.json') - gap('$T/trw_h.json') + 3e6) < 1e3, gap('$T/trw_cs.json')
-\" && ! $TT merge --align handshake -o $T/trw_x.json $T/trw.worker0.json $T/trp.server0.json 2> $T/trw_x.txt && grep -q 'no handshake joins' $T/trw_x.txt"
+\" && ! $TT merge --align handshake -o $T/trw_x.json $T/trw.worker0.json $T/trp.server0.json 2> $T/trw_x.txt && grep -q 'no handshake joins' $T/trw_x.txt && $TT merge -o $T/trw_1.json $T/trw.worker0.json | grep -q '^merged 1 files'"
 check "trace-env-var" sh -c "rm -f $T/tre.json; DTRAIN_TRACE=$T/tre.json $BUILD/examples/01_xor > /dev/null && $TT check $T/tre.json | grep -q '^ok '"
 printf '{"traceEvents": [{"name": "a", "ph": "X", "ts": 0, "dur": 10, "pid": 0, "tid": 0}, {"name": "b", "ph": "X", "ts": 5, "dur": 10, "pid": 0, "tid": 0}]}\n' > "$T/tr_bad.json"
 printf '{"traceEvents": [{"name": "a", "ph": "X", "ts": 0, "dur": 10, "pid": 0, "tid": 0}, {"name": "b", "ph": "X", "ts": 5, "dur": 10, "pid": 0, "tid": 1}]}\n' > "$T/tr_good.json"
