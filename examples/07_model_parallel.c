@@ -529,12 +529,15 @@ static int run_plan(const options *o) {
    * layers, the tanh's by those after a column layer (on 1/T of the units;
    * after a row layer every rank applies it to the whole output); the loss
    * and the rest stay whole. */
-  double split_macs = 0, all_macs = 0;
+  double split_macs = 0, all_macs = 0, sp = 0, ap = 0; /* sp, ap: split parameters, all (a column layer's W
+                                                          * rows and bias, a row layer's W columns) */
   int k = 0, T = 1, tanh_split = 0;
   for (int l = 0; l <= o->layers; l++) {
     double in = l == 0 ? NIN : o->hidden, out = l == o->layers ? NCLS : o->hidden;
     int kind = tp_kind(o, l);
     all_macs += in * out;
+    ap += in * out + out;
+    sp += kind == 1 ? in * out + out : kind == 2 ? in * out : 0;
     if (kind) split_macs += in * out;
     if (kind == 1 && l < o->layers) tanh_split++;
     if (kind == 2) k++, m.tp_bytes_per_sample += (int64_t)out * (int64_t)sizeof(float);
@@ -545,6 +548,7 @@ static int run_plan(const options *o) {
   double t_lin = 0, t_tanh = 0, t_all = 0;
   float loss;
   int ok = st != NULL;
+  /* (dt_profile_start clears the profile: this example has none of its own to lose) */
   for (int i = 0; ok && i < 25; i++) {
     if (i == 5) dt_profile_start();
     ok = dt_strategy_step(st, &b, &loss) == DTRAIN_OK;
@@ -570,15 +574,7 @@ static int run_plan(const options *o) {
   while (o->hidden % (2 * T) == 0 && 2 * T <= MAXW) T *= 2; /* the split sizes are all H */
   m.tp_max_ranks = o->hidden >= 2 ? T : 0;
   m.tp_split_share = t_all > 0 ? split / t_all : 0.0;
-  {
-    double sp = 0, ap = 0; /* the parameters: a column layer's W rows and bias, a row layer's W columns */
-    for (int l = 0; l <= o->layers; l++) {
-      double in = l == 0 ? NIN : o->hidden, out = l == o->layers ? NCLS : o->hidden;
-      ap += in * out + out;
-      sp += tp_kind(o, l) == 1 ? in * out + out : tp_kind(o, l) == 2 ? in * out : 0;
-    }
-    m.tp_param_share = sp / ap;
-  }
+  m.tp_param_share = sp / ap;
   m.tp_allreduces = k;
   m.pipeline_max_stages = o->layers + 1;
   m.boundary_bytes_per_sample = (int64_t)o->hidden * (int64_t)sizeof(float);

@@ -632,13 +632,24 @@ static dt_result dt__tcp_ctx_isend(dt_comm *c, uint64_t ctx, int dst, uint32_t t
    * while it computes its next micro-batch, not at its next wait (which came
    * a whole micro-batch later, and the next stage idled). Never blocks, never
    * reads; the rest (a full socket, a big message) moves at the next wait or
-   * collective, and an error here is met and reported there. */
+   * collective, and an error here is met and reported there: this call
+   * returns OK and leaves the last error (and the log) as they were. */
   dt__p2p_peer *P = &t->pp[dst];
+  const dt_result was = dt_last_result();
+  char was_msg[DT__MSG_CAP];
+  snprintf(was_msg, sizeof was_msg, "%s", dt_last_error());
+  dt__quiet_push();
   for (int k = 0; k < 64 && P->sq && t->conns[dst].fd >= 0; k++) {
     int moved = 0;
     if (!P->sactive) dt__tcp_p2p_start_frame(t, dst);
-    if (dt__tcp_p2p_send_step(t, dst, &moved) != DTRAIN_OK || P->sactive) break;
+    if (dt__tcp_p2p_send_step(t, dst, &moved) != DTRAIN_OK) {
+      if (was == DTRAIN_OK && !was_msg[0]) dt_clear_error();
+      else (void)dt__error(was, "%s", was_msg);
+      break;
+    }
+    if (P->sactive) break;
   }
+  (void)dt__quiet_pop(DTRAIN_OK);
   return DTRAIN_OK;
 }
 

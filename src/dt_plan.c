@@ -452,8 +452,9 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
       m->tp_allreduces < 0 || m->tp_bytes_per_sample < 0) {
     dt__error(DTRAIN_ERR_INVALID_ARG,
               "%s: batch %d, cap %d, model %g s fixed + %g s per sample, update %g s, jitter %g, tensor-parallel "
-              "share %g, %d all-reduces of %lld bytes a sample", f, opt->batch, cap, m->fixed_s, m->per_sample_s,
-              m->update_s, m->jitter, m->tp_split_share, m->tp_allreduces, (long long)m->tp_bytes_per_sample);
+              "shares %g (work) and %g (parameters), %d all-reduces of %lld bytes a sample", f, opt->batch, cap,
+              m->fixed_s, m->per_sample_s, m->update_s, m->jitter, m->tp_split_share, m->tp_param_share,
+              m->tp_allreduces, (long long)m->tp_bytes_per_sample);
     return -1;
   }
   dt__plan_ctx c;
@@ -479,6 +480,11 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
                Ob = (double)m->optim_bytes, A = (double)m->activation_bytes_per_sample, U = m->update_s,
                LD = m->load_per_sample_s > 0 ? m->load_per_sample_s : 0.0;
   const dt_plan_link L = o->link;
+  /* A step on one machine (shared_cores) takes at least the CPU time of every
+   * process together plus the kernel's copies of every byte sent through a
+   * local socket at both ends (what bounds a loopback stream), over the cores. */
+#define DT__PLAN_FLOOR(step, cpu, bytes) \
+  (o->shared_cores ? DT__MAX((step), (cpu) + 2.0 * (bytes) / DT__PLAN_LOOPBACK_BW / (double)o->cores) : (step))
   /* one_device */
   double t1 = dt__plan_t(&c, B0) + U + LD * B0;
   c.base = B0 / t1;
@@ -512,8 +518,6 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
      * the step takes at least that over the cores. */
     const double cpu_w = (double)N * (tbp + LD * b + U) / (double)o->cores; /* (all workers' own work) */
     const double ring_bytes = 2.0 * (double)(N - 1) * G;                  /* sent by all workers together */
-#define DT__PLAN_FLOOR(step, cpu, bytes) \
-  (o->shared_cores ? DT__MAX((step), (cpu) + 2.0 * (bytes) / DT__PLAN_LOOPBACK_BW / (double)o->cores) : (step))
     /* multi_worker_mirrored: besides the all-reduce, each worker makes two
      * passes of its own over the summed gradient (the scale by 1/rows, the
      * copy back into the parameters' gradient) that one_device does not */
@@ -567,7 +571,6 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
       dt__plan_add(&c, name, "parameter_server", N, round, B, Pb + G + A * b, round - tp > 0 ? round - tp : 0, 0,
                    (double)(N - 1));
     }
-#undef DT__PLAN_FLOOR
   }
   /* tensor parallel over the link: T ranks, each the whole batch and 1/T of
    * the split layers; their all-reduces sit between the layers, so nothing
@@ -586,13 +589,13 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
        * last one: k waits on k segments, whose spreads (independent) add up to
        * sqrt(k) times one wait on the whole step */
       double comm = k * dt_plan_ring_allreduce_s(T, bytes / k, L) + dt__plan_lag(m, tc, T) * sqrt((double)k);
-      double st = own + comm;
-      if (o->shared_cores) /* one machine: every rank's CPU work and the kernel's copies, over the cores */
-        st = DT__MAX(st, (double)T * (tc + LD * B + U * qpart) / o->cores +
-                             2.0 * 2.0 * (T - 1) * bytes / DT__PLAN_LOOPBACK_BW / o->cores);
+      /* one machine: at least every rank's CPU work and the kernel's copies, over the cores */
+      const double st = DT__PLAN_FLOOR(own + comm, (double)T * (tc + LD * B + U * qpart) / o->cores,
+                                       2.0 * (T - 1) * bytes);
       dt__plan_add(&c, "tensor_parallel", "tensor", T, st, B, (Pb + G + Ob) * qpart + A * B, st - own, 0, 0);
     }
   }
+#undef DT__PLAN_FLOOR
   /* pipeline over the link: P stages, m microbatches, 1F1B */
   if (m->boundary_bytes_per_sample > 0 && m->pipeline_max_stages >= 2) {
     for (int P = 2; P <= DT__MIN(m->pipeline_max_stages, o->max_workers); P *= 2) {

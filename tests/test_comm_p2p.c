@@ -508,6 +508,56 @@ static void run_p2p_fault(int w, int victim, int sig) {
   check_world(&x, st, want);
 }
 
+/* An isend to a rank that died: the call queues (OK) and leaves the last
+ * error as it was, though what it sent at once met a dead socket; the wait
+ * names the failure. */
+static int child_isend_dead(world *x, int rank, void *argp) {
+  (void)argp;
+  dt_cluster c = cluster_of(x, rank);
+  dt_net_options o = opts_of(x, rank);
+  o.timeout_s = 3;
+  dt_comm *comm = dt_comm_create_tcp(&c, &o);
+  CK(comm != NULL);
+  if (!comm) return 2;
+  CK(dt_comm_barrier(comm, rank) == DTRAIN_OK);
+  if (rank == 1) raise(SIGKILL);
+  dt__sleep(0.2); /* its socket closed by the kernel */
+  float a[4] = {1, 2, 3, 4};
+  dt_comm_request *q[3] = {NULL, NULL, NULL};
+  dt_result rc = DTRAIN_OK;
+  for (int i = 0; i < 3 && rc == DTRAIN_OK; i++) {
+    dt__quiet_push();
+    (void)dt__error(DTRAIN_ERR_INVALID_ARG, "the caller's own error %d", i);
+    (void)dt__quiet_pop(DTRAIN_OK);
+    rc = dt_comm_isend(comm, 0, 1, 2, a, 4, &q[i]);
+    char want[64];
+    snprintf(want, sizeof want, "the caller's own error %d", i);
+    if (rc == DTRAIN_OK) CK(dt_last_result() == DTRAIN_ERR_INVALID_ARG && strcmp(dt_last_error(), want) == 0);
+    dt__sleep(0.1); /* the dead end's reset arrives */
+  }
+  dt_result w = DTRAIN_OK;
+  for (int i = 0; i < 3; i++)
+    if (q[i]) {
+      dt_result r = dt_comm_wait(q[i]);
+      if (w == DTRAIN_OK) w = r;
+    }
+  CK(rc != DTRAIN_OK || w != DTRAIN_OK); /* the failure was reported, by a later call or a wait */
+  if (getenv("DTRAIN_TEST_VERBOSE")) fprintf(stderr, "isend %d, wait %d: %s\n", rc, w, dt_last_error());
+  dt_comm_destroy(comm);
+  return 0;
+}
+
+static void test_tcp_isend_dead(void) {
+  world x;
+  int st[MAXW], want[MAXW] = {0};
+  world_init(&x, 2);
+  run_world_victim(&x, child_isend_dead, NULL, 1, st);
+  CHECK(st[1] == 128 + SIGKILL);
+  st[1] = 0;
+  world_close(&x);
+  check_world(&x, st, want);
+}
+
 static void test_tcp_fault(void) {
   run_p2p_fault(2, 1, SIGKILL);
   run_p2p_fault(3, 0, SIGKILL);
@@ -528,6 +578,7 @@ int main(void) {
 #if !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
   TH_RUN(test_tcp_p2p);
   TH_RUN(test_tcp_groups);
+  TH_RUN(test_tcp_isend_dead);
   TH_RUN(test_tcp_fault);
   TH_RUN(test_tcp_quick_exit);
 #else

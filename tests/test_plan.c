@@ -231,8 +231,12 @@ static void test_rows_arithmetic(void) {
   o.shared_cores = 0;
   m.tp_split_share = 1.5;
   CHECK_EQ(dt_plan_predict(&m, &o, r, 64), -1);
-  CHECK(strstr(dt_last_error(), "tensor-parallel share 1.5") != NULL);
+  CHECK(strstr(dt_last_error(), "tensor-parallel shares 1.5 (work)") != NULL);
   m.tp_split_share = 0.9;
+  m.tp_param_share = -0.25; /* named as itself, not as the work's share */
+  CHECK_EQ(dt_plan_predict(&m, &o, r, 64), -1);
+  CHECK(strstr(dt_last_error(), "0.9 (work) and -0.25 (parameters)") != NULL);
+  m.tp_param_share = 0;
   /* counting only, and bad arguments */
   CHECK_EQ(dt_plan_predict(&m, &o, NULL, 0), n);
   o.batch = 0;
