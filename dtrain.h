@@ -2742,7 +2742,18 @@ typedef struct dt_strategy_options {
                                     multi_worker_mirrored with compress fp16/bf16 and no overlap:
                                     nonzero runs the 16-bit ring per bucket of this size, one after
                                     the other, which overlap does during backward: the same bits
-                                    with and without overlap at the same size [0: one ring] */
+                                    with and without overlap at the same size [0: one ring]; push_early:
+                                    the parts' size [0: 2 MiB] */
+  int push_early;                /* parameter_server over TCP (dt_pstore_create_tcp; needs threads; not
+                                    with overlap, compress or the optimizer's clip_norm): nonzero
+                                    sends each step's push in parts while backward goes on: a thread
+                                    sends a server its parameters' part once their gradients are
+                                    final and about bucket_bytes of them wait (from the last layer
+                                    down); the push then sends only the rest. The servers apply
+                                    nothing before the push is whole, so the result is bitwise the
+                                    plain push's, with no more staleness (unlike overlap); a step
+                                    skipped for a non-finite gradient discards the parts (see
+                                    "Pushed early to the servers") [0] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;
@@ -22322,7 +22333,7 @@ DTRAIN_API dt_result dt_layout_create(dt_comm *c, int rank, int pipeline, int te
 /* ======== end dt_comm.c ======== */
 
 /* ======== begin dt_comm_group.c ======== */
-#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_comm_group.c -- a group communicator built from point-to-point
  * messages: what dt_comm_split makes on backends without groups of their own
@@ -22780,7 +22791,7 @@ DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, 
 }
 
 #endif /* !DTRAIN_NO_DIST */
-#endif /* part 3 */
+#endif /* part 2 */
 /* ======== end dt_comm_group.c ======== */
 
 /* ======== begin dt_devgroup.c ======== */
@@ -23140,6 +23151,7 @@ typedef struct dt__strategy_replica {
   int updating;            /* devices: this step reached the update */
   int push_fill;           /* async: this step's update is made during the push (dt__pstore_push_blocks) */
   /* the current step */
+  int64_t clock;           /* async family: the clock its pull and push have (the job's t) */
   float loss;
   int64_t rows;
   double ss_part;          /* clipping: sum of squares of this replica's slice */
@@ -23416,6 +23428,18 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
  * staleness-aware step). Set before each push by parameter_server's
  * overlapped loop. */
 DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock);
+/* A TCP store's servers (0: not a TCP store) and, owner not NULL, which
+ * server holds each parameter (*owner: the store's, read only). */
+DTRAIN_PRIVATE int dt__ps_client_servers(dt_pstore *ps, const int **owner);
+/* Push in parts (parameter_server's push_early; a TCP store): server s's part
+ * of the push of `clock`, its parameters from index `from` on not yet sent
+ * (the first part of this push: to the shard's end), a trained parameter's
+ * gradient from g, a buffer's values from d. The push of `clock`
+ * (dt_pstore_push) then sends the rest and ends it (or discards the parts:
+ * an empty push); any other request first tells the servers to drop them.
+ * One thread at a time with the store's other calls of this worker. */
+DTRAIN_PRIVATE dt_result dt__ps_client_push_part(dt_pstore *ps, int64_t clock, int s, int from, const float *g,
+                                                 const float *d);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);
 #endif
@@ -24755,6 +24779,12 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with backup workers (a step sums the first replicas "
                        "to finish, which it knows only after their backward passes)", fn);
   }
+  if (d->push_early) {
+    if (d->kind != DTRAIN_STRATEGY_PARAMETER_SERVER)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: push_early is for parameter_server (its pushes go to the "
+                       "servers in parts during backward), not %s; mirrored and multi_worker_mirrored have overlap",
+                       fn, name);
+  }
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);
@@ -25523,6 +25553,7 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
     const float *push = NULL;
     R->push_fill = 0;
+    R->clock = t;
     if (!s->mod->local_step(s, r, &b, &push)) break;
     c0 = dt__now();
     if (R->push_fill) { /* the update made block by block into the store */
@@ -25647,6 +25678,18 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_async_module(void) { retu
  * one clock older than its pull's bound (hence no overlap with
  * max_staleness 0, which would not be lock-step any more). At the end of a
  * run the params hold the last pull: every push of the run applied.
+ *
+ * desc.push_early (a TCP store): each step's push goes in parts while
+ * backward runs. Backward announces each parameter whose gradient is final
+ * (dt__graph_on_grad_ready); a server's part can go once its parameters from
+ * some index to the last are all final (buffers count as final from the
+ * start: forward wrote them) and about bucket_bytes of them wait; a thread
+ * sends it (dt__ps_client_push_part, a PUSHP frame) while backward computes
+ * the earlier layers. The push after backward sends each server the rest of
+ * its shard as the last part, and the servers apply the push only then: the
+ * same floats as the plain push, so bitwise the same result, with the same
+ * staleness. A skipped step's push discards the parts; a failed step leaves
+ * them, and the next request drops them.
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
@@ -25671,6 +25714,12 @@ static dt_result dt__ps_prepare(dt_strategy_desc *d) {
                      "one worker of the store), not %d", fn, d->replicas);
   d->replicas = 1;
   d->max_staleness = d->store->max_staleness;
+  if (d->push_early && d->overlap)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: parameter_server with both push_early and overlap (overlap "
+                     "pushes a step's gradient while the next step computes; choose one)", fn);
+  if (d->push_early && d->compress.kind != DTRAIN_COMPRESS_NONE)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: push_early with compress %s (the parts carry floats; the "
+                     "compressed forms encode the whole push at once)", fn, dt_compress_name(d->compress));
   if (d->overlap && d->max_staleness == 0)
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: parameter_server overlap computes each step on the parameters of "
                      "the pull before (one clock older), which max_staleness 0 (lock-step) does not allow; use a "
@@ -25763,7 +25812,180 @@ static int dt__ps_comm_reap(dt_strategy *s, int r, dt__ps_comm *C) {
   return 1;
 }
 
+/* desc.push_early: the thread that sends the parts, and what backward made final (see the top). */
+typedef struct dt__ps_early {
+  dt_strategy *s;
+  const int *owner;        /* parameter -> its server (the store's) */
+  int np, M;
+  size_t cap;              /* floats a part waits for (bucket_bytes) */
+  unsigned char *ready;    /* per parameter: final this step (the compute thread's) */
+  int *front;              /* per server: its parameters from this index on are all final (np: none yet) */
+  size_t *acc;             /* per server: floats final since its last part was posted */
+  int *want, *sent;        /* per server: a part posted from parameter want; sent from `sent` on (np: none) */
+  int64_t clock;           /* this step's */
+  const float *g, *d;      /* its gradient, its values (buffers) */
+  dt__mutex mu;
+  dt__cond cv;
+  dt__thread th;
+  int sync_ok, quit, busy;
+  dt_result rc;            /* the first failure of this step's parts */
+  char msg[DT__MSG_CAP];
+} dt__ps_early;
+
+static size_t dt__ps_early_ibytes(int n) { return (size_t)(n > 0 ? n : 1) * sizeof(int); }
+
+/* The server with a part posted and not yet sent (-1: none). Under the mutex. */
+static int dt__ps_early_posted(const dt__ps_early *E) {
+  for (int k = 0; k < E->M; k++)
+    if (E->want[k] < E->sent[k]) return k;
+  return -1;
+}
+
+static void dt__ps_early_main(void *arg) {
+  dt__ps_early *E = (dt__ps_early *)arg;
+  dt__mutex_lock(&E->mu);
+  for (;;) {
+    int k = -1;
+    while (!E->quit && (k = dt__ps_early_posted(E)) < 0) dt__cond_wait(&E->cv, &E->mu);
+    if (k < 0) break; /* quit */
+    int from = E->want[k];
+    E->busy = 1;
+    dt__mutex_unlock(&E->mu);
+    dt_result rc = dt__ps_client_push_part(E->s->pstore, E->clock, k, from, E->g, E->d);
+    dt__mutex_lock(&E->mu);
+    E->busy = 0;
+    E->sent[k] = from;
+    if (rc != DTRAIN_OK && E->rc == DTRAIN_OK) {
+      E->rc = rc;
+      snprintf(E->msg, sizeof E->msg, "%s", dt_last_error()); /* this thread's */
+    }
+    dt__cond_broadcast(&E->cv);
+  }
+  dt__mutex_unlock(&E->mu);
+}
+
+/* Backward's announcement (the compute thread): parameter p is final. Its
+ * server's final run grows down from the last parameter; a part is posted
+ * once about cap floats of it wait. */
+static void dt__ps_early_ready(void *user, int p) {
+  dt__ps_early *E = (dt__ps_early *)user;
+  if (p < 0 || p >= E->np || E->ready[p]) return;
+  E->ready[p] = 1;
+  const int k = E->owner[p];
+  int q = E->front[k];
+  size_t got = 0, b = 0, e = 0;
+  int tr, dec;
+  for (int i = q - 1; i >= 0; i--) {
+    if (E->owner[i] != k) continue;
+    if (!E->ready[i]) break;
+    (void)dt__params_range(E->s->params, i, &b, &e, &tr, &dec);
+    got += e - b;
+    q = i;
+  }
+  if (q == E->front[k]) return;
+  E->front[k] = q;
+  E->acc[k] += got;
+  if (E->acc[k] < E->cap) return;
+  E->acc[k] = 0;
+  dt__mutex_lock(&E->mu);
+  E->want[k] = q;
+  dt__cond_broadcast(&E->cv);
+  dt__mutex_unlock(&E->mu);
+}
+
+/* Replica r's step begins: nothing final but the buffers; backward announces. */
+static void dt__ps_early_begin(dt__ps_early *E, dt__strategy_replica *R) {
+  size_t b, e;
+  int tr, dec;
+  for (int p = 0; p < E->np; p++) E->ready[p] = dt__params_range(E->s->params, p, &b, &e, &tr, &dec) && !tr;
+  for (int k = 0; k < E->M; k++) E->front[k] = E->np, E->acc[k] = 0;
+  dt__mutex_lock(&E->mu);
+  for (int k = 0; k < E->M; k++) E->want[k] = E->sent[k] = E->np;
+  E->clock = R->clock;
+  E->g = R->grad;
+  E->d = R->data;
+  E->rc = DTRAIN_OK;
+  dt__mutex_unlock(&E->mu);
+  dt__graph_on_grad_ready(R->g, dt__ps_early_ready, E);
+}
+
+/* Backward is over: every part posted sent. Its first failure. */
+static dt_result dt__ps_early_end(dt__ps_early *E, dt__strategy_replica *R) {
+  dt__graph_on_grad_ready(R->g, NULL, NULL);
+  dt__mutex_lock(&E->mu);
+  while (E->busy || dt__ps_early_posted(E) >= 0) dt__cond_wait(&E->cv, &E->mu);
+  dt_result rc = E->rc;
+  dt__mutex_unlock(&E->mu);
+  if (rc != DTRAIN_OK) dt__error(rc, "%s", E->msg);
+  return rc;
+}
+
+static void dt__ps_early_destroy(dt_strategy *s, dt__ps_early *E) {
+  if (E->th.started) {
+    dt__mutex_lock(&E->mu);
+    E->quit = 1;
+    dt__cond_broadcast(&E->cv);
+    dt__mutex_unlock(&E->mu);
+    dt__thread_join(&E->th);
+  }
+  if (E->sync_ok) {
+    dt__cond_destroy(&E->cv);
+    dt__mutex_destroy(&E->mu);
+  }
+  dt__free(E->ready, (size_t)(E->np > 0 ? E->np : 1));
+  dt__free(E->front, dt__ps_early_ibytes(E->M));
+  dt__free(E->want, dt__ps_early_ibytes(E->M));
+  dt__free(E->sent, dt__ps_early_ibytes(E->M));
+  dt__free(E->acc, (size_t)(E->M > 0 ? E->M : 1) * sizeof(size_t));
+  dt__free(E, sizeof *E);
+  s->kind_state = NULL;
+}
+
+static dt_result dt__ps_early_create(dt_strategy *s) {
+  const char *fn = "dt_strategy_create";
+  const int *owner = NULL;
+  int M = dt__ps_client_servers(s->pstore, &owner);
+  if (M <= 0)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: parameter_server push_early needs a store over TCP "
+                     "(dt_pstore_create_tcp), not the %s store", fn,
+                     s->pstore->vtable && s->pstore->vtable->name ? s->pstore->vtable->name : "?");
+  if (dt_optim_get_options(s->opt)->clip_norm > 0.0f)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: parameter_server push_early with clip_norm %g (clipping needs the "
+                     "whole gradient's norm, and the parts leave before backward ends; clip_norm 0, or no "
+                     "push_early)", fn, (double)dt_optim_get_options(s->opt)->clip_norm);
+  dt__ps_early *E = (dt__ps_early *)dt__calloc(sizeof *E);
+  if (!E) return dt__strategy_nomem(s);
+  s->kind_state = E;
+  E->s = s;
+  E->owner = owner;
+  E->M = M;
+  E->np = dt_params_count(s->params);
+  E->cap = (s->desc.bucket_bytes ? s->desc.bucket_bytes : (size_t)2 << 20) / sizeof(float);
+  if (E->cap < 1) E->cap = 1;
+  E->ready = (unsigned char *)dt__calloc((size_t)(E->np > 0 ? E->np : 1));
+  E->front = (int *)dt__calloc(dt__ps_early_ibytes(M));
+  E->want = (int *)dt__calloc(dt__ps_early_ibytes(M));
+  E->sent = (int *)dt__calloc(dt__ps_early_ibytes(M));
+  E->acc = (size_t *)dt__calloc((size_t)M * sizeof(size_t));
+  if (!E->ready || !E->front || !E->want || !E->sent || !E->acc) return dt__strategy_nomem(s);
+  for (int k = 0; k < M; k++) E->want[k] = E->sent[k] = E->np;
+  if (dt__mutex_init(&E->mu) != DTRAIN_OK) return dt_last_result();
+  if (dt__cond_init(&E->cv) != DTRAIN_OK) {
+    dt__mutex_destroy(&E->mu);
+    return dt_last_result();
+  }
+  E->sync_ok = 1;
+  if (dt__thread_start(&E->th, dt__ps_early_main, E) != DTRAIN_OK)
+    return dt__error(dt_last_result(), "%s: parameter_server push_early needs a thread to send the parts: %s", fn,
+                     dt_last_error());
+  return DTRAIN_OK;
+}
+
 static void dt__ps_destroy(dt_strategy *s) {
+  if (s->kind_state && s->desc.push_early) {
+    dt__ps_early_destroy(s, (dt__ps_early *)s->kind_state);
+    return;
+  }
   dt__ps_comm *C = (dt__ps_comm *)s->kind_state;
   if (!C) return;
   if (C->th.started) {
@@ -25790,6 +26012,7 @@ static dt_result dt__ps_create(dt_strategy *s) {
                      s->size);
   s->pstore = st; /* borrowed */
   st->compress = s->desc.compress; /* the store's pushes and pulls (dt_ps_codec.c) */
+  if (s->desc.push_early) return dt__ps_early_create(s);
   if (!s->desc.overlap) return DTRAIN_OK;
   dt__ps_comm *C = (dt__ps_comm *)dt__calloc(sizeof *C);
   if (!C) return dt__strategy_nomem(s);
@@ -25820,7 +26043,19 @@ static dt_result dt__ps_replica(dt_strategy *s, int r) { return dt__strategy_bin
  * the push: dt__strategy_bufs_zero). No copy of the whole vector. */
 static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
   dt__strategy_replica *R = &s->rep[r];
-  if (!dt__strategy_compute(s, r, b)) return 0;
+  dt__ps_early *E = s->desc.push_early ? (dt__ps_early *)s->kind_state : NULL;
+  if (E) dt__ps_early_begin(E, R);
+  int ok = dt__strategy_compute(s, r, b);
+  if (E) { /* the parts posted are sent (their wait: communication) */
+    double t0 = dt__now();
+    dt_result rc = dt__ps_early_end(E, R);
+    R->comm_s += dt__now() - t0;
+    if (rc != DTRAIN_OK) {
+      if (ok) dt__strategy_comm_failed(s, r, rc);
+      return 0;
+    }
+  }
+  if (!ok) return 0;
   *push = NULL;
   if (b->rows == 0 || R->skipped) return 1; /* an empty push: only the clock moves */
   if (!s->desc.check_numerics && !dt__strategy_own_grad_ok(s, r, b->step)) return R->skipped; /* compute checked */
@@ -25884,7 +26119,7 @@ static void dt__ps_job_overlap(dt_strategy *s, int r) {
 
 /* A run overlaps (desc.overlap); a step (dt_strategy_step) has nothing to overlap with. */
 static void dt__ps_job(dt_strategy *s, int r) {
-  if (s->kind_state && !s->batch) dt__ps_job_overlap(s, r);
+  if (s->kind_state && s->desc.overlap && !s->batch) dt__ps_job_overlap(s, r);
   else dt__strategy_async_job(s, r);
 }
 
@@ -37249,6 +37484,18 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
  *                            2 bf16, 3 topk, 4 powersgd), u32 argument (fp16's exponent,
  *                            topk's count of values, powersgd's rank), then the trained
  *                            values as the kind has them, then the buffers as f32
+ * Early pushes (the worker's dt_strategy_options.push_early): a push sent in
+ * parts while backward goes on, the shard's floats from the end down:
+ *   PUSHP  0x5A w->s  32 B + 4*count: u64 clock, u64 version pulled, u64 offset
+ *                            (floats into the shard), u64 flags (1 last: the push is
+ *                            whole, a PUSH of clock; 2 with 1: discard the parts, an
+ *                            empty push; 4 alone: abandon the parts, no push), f32[count]
+ *   The first part ends at the shard's end, each next one where the one before
+ *   began, the last at 0; all of one push carry the same clock and version;
+ *   discard and abandon carry no floats and offset 0. Nothing is applied
+ *   before the last part; until it (or an abandon) comes the worker may send
+ *   nothing but parts, heartbeats and BYE. The last part is answered PUSHED
+ *   as a PUSH is. The server gathers the parts into the push's buffer.
  *   HEARTBEAT (0x07) both ways, BYE (0x08) w->s, REFUSE (0x05) s->w.
  * The shard's floats are its parameters' elements in parameter order.
  */
@@ -37270,12 +37517,16 @@ enum {
   DT__PS_TAKE = 0x56,
   DT__PS_TAKEN = 0x57,
   DT__PS_PUSHZ = 0x58,
-  DT__PS_PARAMZ = 0x59
+  DT__PS_PARAMZ = 0x59,
+  DT__PS_PUSHP = 0x5A
 };
+/* PUSHP's flags (see above) */
+enum { DT__PS_PART_LAST = 1, DT__PS_PART_DISCARD = 2, DT__PS_PART_ABANDON = 4 };
 /* PULL's second word (see above) */
 enum { DT__PS_PULL_FLOATS = 0, DT__PS_PULL_KEEP = 1, DT__PS_PULL_FP16 = 2, DT__PS_PULL_BF16 = 3 };
 #define DT__PS_ZFIX 24  /* fixed part of PUSHZ, PARAMZ */
 #define DT__PS_FIX 16   /* fixed part of PULL, PARAMS, PUSH, PUSHED */
+#define DT__PS_PFIX 32  /* fixed part of PUSHP */
 #define DT__PS_JOINLEN 32   /* JOIN */
 #define DT__PS_JOINEDLEN 48 /* JOINED */
 
@@ -37369,6 +37620,12 @@ typedef struct dt__ps_worker {
   size_t pend_len;
   float *view;              /* compressed pulls: the weights this worker holds (shard floats) */
   int view_ok;              /* ... set by a DT__PS_PULL_KEEP since its join */
+  /* A push coming in parts (PUSHP): each read into rxp, its floats copied to rx */
+  unsigned char *rxp;       /* (made at its first part: DT__PS_PFIX + shard floats) */
+  int parting;              /* parts came, not yet the last: rx holds floats [part_lo, shard) */
+  size_t part_lo;
+  int64_t part_clock;
+  uint64_t part_version;
 } dt__ps_worker;
 
 typedef struct dt__ps_server {
@@ -37409,6 +37666,16 @@ typedef struct dt__ps_server {
   int64_t q_next;           /* items below were handed out at least once */
   dt_ps_work_stats q;       /* items, done, handed_out, returned */
 } dt__ps_server;
+
+/* ---- a worker's frames (dt_ps_server.c, dt_ps_parts.c) ---------------------------------------- */
+/* Worker i dropped: its connection closed, why logged (dt_ps_server.c). */
+DTRAIN_PRIVATE void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why);
+/* Worker i's request whole (PULL, PUSH, PUSHZ, or a push whose parts are in):
+ * checked against its clocks, then pending (dt_ps_server.c). */
+DTRAIN_PRIVATE void dt__ps_on_request(dt__ps_server *S, int i, uint16_t type, int64_t t, uint64_t word,
+                                      uint32_t length, const char *op);
+/* Worker i's PUSHP of len bytes at p, checked and gathered (dt_ps_parts.c). */
+DTRAIN_PRIVATE void dt__ps_on_part(dt__ps_server *S, int i, const unsigned char *p, uint32_t len, const char *op);
 
 /* ---- shard checkpoints (dt_ps_ckpt.c) -------------------------------------------------------- */
 /* Bytes of S's checkpoint file (and of S->ckpt, the buffer it is built in). */
@@ -38085,6 +38352,84 @@ DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
 #endif /* part 4 */
 /* ======== end dt_ps_ckpt.c ======== */
 
+/* ======== begin dt_ps_parts.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
+/* ===========================================================================
+ * dt_ps_parts.c -- parameter servers: a push that comes in parts (PUSHP,
+ * dt_strategy_options.push_early; see dt_ps_core.h), gathered into the
+ * worker's push buffer and handed to the server's request handling whole
+ * ===========================================================================
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_ps_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET)
+
+/* A part of a push in parts (PUSHP, len bytes at p; see dt_ps_core.h):
+ * checked against the parts before it, its floats gathered into rx; the
+ * last one makes the push a request. */
+DTRAIN_PRIVATE void dt__ps_on_part(dt__ps_server *S, int i, const unsigned char *p, uint32_t len, const char *op) {
+  dt__ps_worker *w = &S->w[i];
+  char why[DT__MSG_CAP];
+  const int64_t t = (int64_t)dt__get_le64(p);
+  const uint64_t v = dt__get_le64(p + 8), off = dt__get_le64(p + 16), flags = dt__get_le64(p + 24);
+  const size_t n = (len - DT__PS_PFIX) / 4, lo = w->parting ? w->part_lo : S->shard;
+  const int last = (flags & DT__PS_PART_LAST) != 0, empty = (flags & (DT__PS_PART_DISCARD | DT__PS_PART_ABANDON)) != 0;
+  const char *bad = NULL;
+  if (flags != 0 && flags != DT__PS_PART_LAST && flags != (DT__PS_PART_LAST | DT__PS_PART_DISCARD) &&
+      flags != DT__PS_PART_ABANDON)
+    bad = "unknown flags";
+  else if (empty && (n != 0 || off != 0))
+    bad = "a discard or abandon carrying floats or an offset";
+  else if (empty && !w->parting)
+    bad = "a discard or abandon with no parts before it";
+  else if (w->parting && flags != DT__PS_PART_ABANDON && (t != w->part_clock || v != w->part_version))
+    bad = "a part of another push than the parts before it (clock or version)";
+  else if (!empty && (off > lo || n != lo - off))
+    bad = "a part not ending where the part before it began (or the shard's end)";
+  else if (last && !empty && off != 0)
+    bad = "a last part not reaching the shard's start";
+  if (bad) {
+    snprintf(why, sizeof why, "%s: protocol violation: a push's part (clock %lld, floats [%llu, %llu) of %zu, flags "
+             "%llu): %s", op, (long long)t, (unsigned long long)off, (unsigned long long)(off + n), S->shard,
+             (unsigned long long)flags, bad);
+    dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+    return;
+  }
+  if (flags == DT__PS_PART_ABANDON) { /* the parts so far are dropped: no push */
+    w->parting = 0;
+    return;
+  }
+  if (n) memcpy(w->rx + DT__PS_FIX + 4 * off, p + DT__PS_PFIX, 4 * n);
+  w->parting = 1;
+  w->part_lo = (size_t)off;
+  w->part_clock = t;
+  w->part_version = v;
+  if (!last) return;
+  w->parting = 0; /* whole: a push of clock t, its floats in rx (none when discarded) */
+  dt__ps_on_request(S, i, DT__PS_PUSH, t, v,
+                    (uint32_t)(flags & DT__PS_PART_DISCARD ? DT__PS_FIX : DT__PS_FIX + S->shard * 4), op);
+}
+
+#endif /* DTRAIN_NO_NET */
+#endif /* part 4 */
+/* ======== end dt_ps_parts.c ======== */
+
 /* ======== begin dt_ps_server.c ======== */
 #if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
@@ -38161,8 +38506,10 @@ static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
   if (w->view) dt__free(w->view, (S->shard ? S->shard : 1) * sizeof(float));
   w->view = NULL;
   w->view_ok = 0;
-  w->rx = w->tx = NULL;
+  dt__free(w->rxp, DT__PS_PFIX + S->shard * 4);
+  w->rx = w->tx = w->rxp = NULL;
   w->rx_cap = w->tx_cap = w->tx_len = w->tx_off = 0;
+  w->parting = 0;
   w->pend = DT__PSP_NONE;
   w->in_len = 0;
 }
@@ -38174,7 +38521,7 @@ static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t 
 }
 
 /* Drop worker i from training: logged, out of the clocks. */
-static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
+DTRAIN_PRIVATE void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
   dt__ps_worker *w = &S->w[i];
   char name[DT__NET_ADDR];
   dt__ps_worker_name(S, i, name, sizeof name);
@@ -38570,15 +38917,25 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
   }
   uint32_t want_max = 0;
   int ok_type = 1;
+  /* a request may come when none is pending, and not between a push's parts */
+  const int free_turn = w->joined && w->pend == DT__PSP_NONE && !w->parting;
   switch (f->type) {
     case DT__MSG_HEARTBEAT:
     case DT__MSG_BYE: want_max = 0; break;
     case DT__PS_JOIN: want_max = DT__PS_JOINLEN; ok_type = !w->joined; break;
-    case DT__PS_PULL: want_max = DT__PS_FIX; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
-    case DT__PS_TAKE: want_max = 0; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
-    case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
-    case DT__PS_PUSHZ: want_max = (uint32_t)DT__MIN(S->zcap, (size_t)UINT32_MAX); ok_type = w->joined && w->pend == DT__PSP_NONE; break;
+    case DT__PS_PULL: want_max = DT__PS_FIX; ok_type = free_turn; break;
+    case DT__PS_TAKE: want_max = 0; ok_type = free_turn; break;
+    case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = free_turn; break;
+    case DT__PS_PUSHZ: want_max = (uint32_t)DT__MIN(S->zcap, (size_t)UINT32_MAX); ok_type = free_turn; break;
+    case DT__PS_PUSHP:
+      want_max = (uint32_t)DT__MIN(DT__PS_PFIX + S->shard * 4, (size_t)UINT32_MAX);
+      ok_type = w->joined && w->pend == DT__PSP_NONE;
+      break;
     default: ok_type = 0;
+  }
+  if (ok_type && f->type == DT__PS_PUSHP && !w->rxp && !(w->rxp = (unsigned char *)dt__alloc(DT__PS_PFIX + S->shard * 4))) {
+    dt__ps_lose(S, i, DTRAIN_ERR_NOMEM, "out of memory for a push in parts");
+    return 0;
   }
   if (ok_type && f->type == DT__PS_PUSHZ && f->length >= DT__PS_ZFIX && f->length <= want_max && f->length > w->rx_cap) {
     /* the first compressed push larger than a float one (top-k near 1): room for the largest */
@@ -38594,15 +38951,60 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
   int exact = f->type == DT__PS_JOIN || f->type == DT__PS_PULL;
   int bad_len = f->length > want_max || (exact && f->length != want_max) ||
                 (f->type == DT__PS_PUSH && f->length != DT__PS_FIX && f->length != DT__PS_FIX + S->shard * 4) ||
-                (f->type == DT__PS_PUSHZ && f->length < DT__PS_ZFIX);
+                (f->type == DT__PS_PUSHZ && f->length < DT__PS_ZFIX) ||
+                (f->type == DT__PS_PUSHP && (f->length < DT__PS_PFIX || (f->length - DT__PS_PFIX) % 4 != 0));
   if (!ok_type || bad_len) {
     snprintf(why, sizeof why, "%s: protocol violation: a frame of type 0x%02x and %u bytes %s", op, (unsigned)f->type,
              (unsigned)f->length, ok_type ? "(wrong length)" : (w->joined ? "out of turn" : "before joining"));
     dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
     return 0;
   }
-  w->in_dst = f->type == DT__PS_PUSH || f->type == DT__PS_PUSHZ ? w->rx : w->in_small;
+  w->in_dst = f->type == DT__PS_PUSH || f->type == DT__PS_PUSHZ ? w->rx : f->type == DT__PS_PUSHP ? w->rxp : w->in_small;
   return 1;
+}
+
+/* A request of worker i whole: a PULL (word: the form asked for), a PUSH or
+ * PUSHZ of length bytes in rx (word: the version it was computed on), or the
+ * last part of a push (as a PUSH: length DT__PS_FIX + the shard's floats, or
+ * DT__PS_FIX when discarded). Checked against its clocks, then pending. */
+DTRAIN_PRIVATE void dt__ps_on_request(dt__ps_server *S, int i, uint16_t type, int64_t t, uint64_t word,
+                                      uint32_t length, const char *op) {
+  dt__ps_worker *w = &S->w[i];
+  char why[DT__MSG_CAP];
+  const int push = type != DT__PS_PULL;
+  const uint64_t mode = push ? 0 : word;
+  if (mode > DT__PS_PULL_BF16 || (mode >= DT__PS_PULL_FP16 && !w->view_ok)) {
+    snprintf(why, sizeof why, "%s: protocol violation: a pull asking for weights of form %llu%s", op,
+             (unsigned long long)mode, mode > DT__PS_PULL_BF16 ? " (0-3)" : " before a pull that keeps a copy");
+    dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+    return;
+  }
+  if (w->fresh && t < w->start) {
+    snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld, before its start clock %lld", op,
+             push ? "push" : "pull", (long long)t, (long long)w->start);
+    dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+    return;
+  }
+  if (w->fresh) { /* its first request: it may start later (another server's start clock was larger) */
+    w->pushed = t;
+    w->pulled = push ? t + 1 : t;
+    w->fresh = 0;
+  }
+  if (t < 0 || (push && t < w->pushed)) {
+    snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld after a push of clock %lld", op,
+             push ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
+    dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+    return;
+  }
+  w->pend = push ? DT__PSP_PUSH : DT__PSP_PULL;
+  w->pend_clock = t;
+  w->pend_version = word;
+  w->pend_mode = (int)mode;
+  w->pend_z = type == DT__PS_PUSHZ;
+  w->pend_len = length;
+  w->pend_empty = length == DT__PS_FIX && S->shard > 0;
+  if (push && S->shard == 0) w->pend_empty = 1;
+  w->pend_since = w->last_heard;
 }
 
 /* A whole frame from worker i: payload checked, then handled. */
@@ -38632,46 +39034,10 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
     }
     case DT__PS_JOIN: dt__ps_on_join(S, i, dst); break;
     case DT__PS_TAKE: (void)dt__ps_take(S, i); break;
+    case DT__PS_PUSHP: dt__ps_on_part(S, i, dst, f.length, op); break;
     case DT__PS_PULL:
     case DT__PS_PUSH:
-    case DT__PS_PUSHZ: {
-      int64_t t = (int64_t)dt__get_le64(dst);
-      int push = f.type != DT__PS_PULL;
-      uint64_t mode = push ? 0 : dt__get_le64(dst + 8);
-      if (mode > DT__PS_PULL_BF16 || (mode >= DT__PS_PULL_FP16 && !w->view_ok)) {
-        snprintf(why, sizeof why, "%s: protocol violation: a pull asking for weights of form %llu%s", op,
-                 (unsigned long long)mode, mode > DT__PS_PULL_BF16 ? " (0-3)" : " before a pull that keeps a copy");
-        dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
-        return;
-      }
-      if (w->fresh && t < w->start) {
-        snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld, before its start clock %lld", op,
-                 push ? "push" : "pull", (long long)t, (long long)w->start);
-        dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
-        return;
-      }
-      if (w->fresh) { /* its first request: it may start later (another server's start clock was larger) */
-        w->pushed = t;
-        w->pulled = push ? t + 1 : t;
-        w->fresh = 0;
-      }
-      if (t < 0 || (push && t < w->pushed)) {
-        snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld after a push of clock %lld", op,
-                 push ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
-        dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
-        return;
-      }
-      w->pend = push ? DT__PSP_PUSH : DT__PSP_PULL;
-      w->pend_clock = t;
-      w->pend_version = dt__get_le64(dst + 8);
-      w->pend_mode = (int)mode;
-      w->pend_z = f.type == DT__PS_PUSHZ;
-      w->pend_len = f.length;
-      w->pend_empty = f.length == DT__PS_FIX && S->shard > 0;
-      if (push && S->shard == 0) w->pend_empty = 1;
-      w->pend_since = w->last_heard;
-      break;
-    }
+    case DT__PS_PUSHZ: dt__ps_on_request(S, i, f.type, (int64_t)dt__get_le64(dst), dt__get_le64(dst + 8), f.length, op); break;
     default: break; /* heartbeat */
   }
 }
@@ -39113,6 +39479,11 @@ typedef struct dt__ps_client {
   /* float pushes and pulls on a little-endian host go from and to the
    * params' layout where they lie: a frame's pieces (dt__ps_client_parts) */
   struct iovec *iov, *iov_scratch; /* np + 2 entries each */
+  /* a push in parts (dt__ps_client_push_part): sent so far, the floats of
+   * each server's shard from part_lo[s] on (part_lo[s] = shard[s]: none) */
+  size_t *part_lo;
+  int parting;
+  int64_t part_T;          /* ... of this push (absolute clock) */
   dt_result err;
   char msg[DT__MSG_CAP];
   DT__ATOMIC(int) aborted;
@@ -39184,6 +39555,125 @@ static int dt__ps_client_parts(dt__ps_client *C, int s, unsigned char *fix, cons
 
 static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k);
 
+/* ---- pushes in parts (PUSHP; dt_strategy_options.push_early) ---- */
+
+/* The shard offset of server s's first parameter from index `from` on (the shard's floats when none). */
+static size_t dt__ps_client_offset(const dt__ps_client *C, int s, int from) {
+  size_t off = 0, b, e;
+  int tr, dec;
+  for (int p = 0; dt__params_range(C->params, p, &b, &e, &tr, &dec); p++) {
+    if (C->owner[p] != s) continue;
+    if (p >= from) return off;
+    off += e - b;
+  }
+  return off;
+}
+
+/* A PUSHP frame's pieces in C->iov: its DT__PS_PFIX bytes at fix, then
+ * server s's shard floats [lo, hi) (at parameter boundaries): a trained
+ * parameter's from g, a buffer's from d (NULL: from g too), where they lie on
+ * a little-endian host, else gathered as little-endian bytes into C->buf[s].
+ * Returns the count. */
+static int dt__ps_client_part_pieces(dt__ps_client *C, int s, size_t lo, size_t hi, unsigned char *fix, const float *g,
+                                     const float *d) {
+  C->iov[0].iov_base = fix;
+  C->iov[0].iov_len = DT__PS_PFIX;
+  int n = 1;
+  size_t off = 0, k = 0, b, e;
+  int tr, dec;
+  for (int p = 0; off < hi && dt__params_range(C->params, p, &b, &e, &tr, &dec); p++) {
+    if (C->owner[p] != s) continue;
+    if (off >= lo && e > b) {
+      const float *src = (tr || !d ? g : d) + b;
+      if (DT__HOST_LE) {
+        C->iov[n].iov_base = (void *)(uintptr_t)src;
+        C->iov[n++].iov_len = (e - b) * sizeof(float);
+      } else {
+        dt__put_f32le(C->buf[s] + 4 * k, src, e - b);
+        k += e - b;
+      }
+    }
+    off += e - b;
+  }
+  if (!DT__HOST_LE && k) {
+    C->iov[1].iov_base = C->buf[s];
+    C->iov[1].iov_len = 4 * k;
+    n = 2;
+  }
+  return n;
+}
+
+/* The version server s's part of the next push says it was computed on (as
+ * dt__ps_client_push says it: the last pull's, or the one before). */
+static uint64_t dt__ps_client_part_version(const dt__ps_client *C, int s) {
+  const int before = C->basis >= 0 && C->basis != C->pulled_clock;
+  return before ? C->basis_version[s] : C->pulled_version[s];
+}
+
+/* PUSHP's fixed bytes into fix. */
+static void dt__ps_client_part_fix(int64_t T, uint64_t version, size_t off, uint64_t flags, unsigned char *fix) {
+  dt__put_le64(fix, (uint64_t)T);
+  dt__put_le64(fix + 8, version);
+  dt__put_le64(fix + 16, (uint64_t)off);
+  dt__put_le64(fix + 24, flags);
+}
+
+/* Parts sent of a push that will not come (its step failed): each server
+ * told to drop them. Under the lock. */
+static dt_result dt__ps_client_unpart(dt__ps_client *C, const char *op) {
+  dt_result rc = DTRAIN_OK;
+  for (int s = 0; C->parting && s < C->M; s++) {
+    if (C->part_lo[s] >= C->shard[s]) continue;
+    C->part_lo[s] = C->shard[s];
+    unsigned char fix[DT__PS_PFIX];
+    dt__ps_client_part_fix(C->part_T, dt__ps_client_part_version(C, s), 0, DT__PS_PART_ABANDON, fix);
+    if (rc == DTRAIN_OK) rc = dt__conn_send(&C->conn[s], DT__PS_PUSHP, fix, DT__PS_PFIX, dt__now() + C->timeout, op);
+    C->last_send[s] = dt__now();
+    if (rc == DTRAIN_OK) C->ps.wire_sent += DT__PS_PFIX;
+  }
+  C->parting = 0;
+  return rc;
+}
+
+DTRAIN_PRIVATE dt_result dt__ps_client_push_part(dt_pstore *ps, int64_t clock, int s, int from, const float *g,
+                                                 const float *d) {
+  dt__ps_client *C = dt__ps_client_of(ps);
+  char op[96];
+  int64_t T = C->base + clock;
+  snprintf(op, sizeof op, "worker %d: push #%lld (a part for ps %d)", C->me, (long long)T, s);
+  dt__mutex_lock(&C->mu);
+  dt_result rc = dt__ps_client_check(C, op);
+  if (rc == DTRAIN_OK && (s < 0 || s >= C->M || !g))
+    rc = dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %s", op, !g ? "no gradient" : "no such server");
+  if (rc == DTRAIN_OK && C->ps.compress.kind != DTRAIN_COMPRESS_NONE)
+    rc = dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: a push in parts carries floats, and this store's pushes are "
+                   "compressed (%s)", op, dt_compress_name(C->ps.compress));
+  if (rc == DTRAIN_OK && C->parting && C->part_T != T)
+    rc = dt__error(DTRAIN_ERR_STATE, "%s: the parts of push #%lld are still open", op, (long long)C->part_T);
+  if (rc != DTRAIN_OK) {
+    dt__mutex_unlock(&C->mu);
+    return rc;
+  }
+  size_t lo = dt__ps_client_offset(C, s, from), hi = C->part_lo[s];
+  if (lo < hi) {
+    unsigned char fix[DT__PS_PFIX];
+    dt__ps_client_part_fix(T, dt__ps_client_part_version(C, s), lo, 0, fix);
+    int n = dt__ps_client_part_pieces(C, s, lo, hi, fix, g, d);
+    rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSHP, C->iov, n, C->iov_scratch, dt__now() + C->timeout, op);
+    C->last_send[s] = dt__now();
+    if (rc == DTRAIN_OK) {
+      ps->wire_sent += DT__PS_PFIX + 4 * (hi - lo);
+      C->part_lo[s] = lo;
+      C->parting = 1;
+      C->part_T = T;
+    } else if (rc != DTRAIN_ERR_ABORTED) {
+      rc = dt__ps_client_fail(C, rc);
+    }
+  }
+  dt__mutex_unlock(&C->mu);
+  return rc;
+}
+
 static void dt__ps_client_codec_free(dt__ps_client *C) {
   dt__ef_destroy(C->ef);
   C->ef = NULL;
@@ -39250,6 +39740,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
     dt__mutex_unlock(&C->mu);
     return rc;
   }
+  if (rc == DTRAIN_OK && C->parting) rc = dt__ps_client_unpart(C, op); /* a push in parts that did not end */
   const int z = C->zc.kind != DTRAIN_COMPRESS_NONE;
   const dt_compress_kind zk = C->zc.kind == DTRAIN_COMPRESS_BF16 ? DTRAIN_COMPRESS_BF16 : DTRAIN_COMPRESS_FP16;
   const int direct = DT__HOST_LE && !z; /* (a failed pull may leave dst partly written: dt_net.h says so) */
@@ -39317,8 +39808,11 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     dt__mutex_unlock(&C->mu);
     return rc;
   }
+  if (rc == DTRAIN_OK && C->parting && C->part_T != T) rc = dt__ps_client_unpart(C, op); /* not this push's */
   const int z = delta && C->zc.kind != DTRAIN_COMPRESS_NONE;
-  if (z && C->ef) dt__ef_local(C->ef, delta); /* top-k / PowerSGD: over the whole vector, then per server */
+  if (rc == DTRAIN_OK && z && C->parting)
+    rc = dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: a compressed push after parts of floats", op);
+  if (rc == DTRAIN_OK && z && C->ef) dt__ef_local(C->ef, delta); /* top-k / PowerSGD: over the whole vector, then per server */
   /* the version it was computed on: the last pull's, or the one before (overlap) */
   const int before = C->basis >= 0 && C->basis != C->pulled_clock;
   C->basis = -1;
@@ -39328,6 +39822,18 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     dt__put_le64(b + 8, before ? C->basis_version[s] : C->pulled_version[s]);
     size_t len = DT__PS_FIX;
     int pieces = 0; /* > 0: the floats go from where they lie */
+    if (C->parting && C->part_lo[s] < C->shard[s]) { /* parts went before: the last one, the rest of the shard */
+      unsigned char fix[DT__PS_PFIX];
+      uint64_t flags = DT__PS_PART_LAST | (delta ? 0 : DT__PS_PART_DISCARD);
+      dt__ps_client_part_fix(T, before ? C->basis_version[s] : C->pulled_version[s], 0, flags, fix);
+      int n = delta ? dt__ps_client_part_pieces(C, s, 0, C->part_lo[s], fix, delta, NULL) : 1;
+      if (!delta) C->iov[0].iov_base = fix, C->iov[0].iov_len = DT__PS_PFIX;
+      len = DT__PS_PFIX + (delta ? 4 * C->part_lo[s] : 0);
+      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSHP, C->iov, n, C->iov_scratch, dt__now() + C->timeout, op);
+      C->last_send[s] = dt__now();
+      if (rc == DTRAIN_OK) ps->wire_sent += len;
+      continue;
+    }
     if (z) {
       len = dt__ps_encode_push(C->zc, C->ef, C->params, C->owner, s, delta, b);
       if (len > C->conn[s].max_payload) {
@@ -39369,6 +39875,8 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
       C->have_item = 1;
     }
   }
+  for (int s = 0; C->parting && s < C->M; s++) C->part_lo[s] = C->shard[s]; /* (sent whole or failed) */
+  C->parting = 0;
   if (rc == DTRAIN_OK && z) dt__ef_commit(C->ef); /* every server took it: its error is kept */
   if (rc == DTRAIN_OK && T + 1 > C->next) C->next = T + 1;
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
@@ -39473,6 +39981,14 @@ static uint64_t dt__ps_client_version(dt_pstore *ps) {
   return v;
 }
 
+DTRAIN_PRIVATE int dt__ps_client_servers(dt_pstore *ps, const int **owner) {
+  if (owner) *owner = NULL;
+  if (!ps || !ps->vtable || !ps->vtable->name || strcmp(ps->vtable->name, "tcp") != 0) return 0;
+  dt__ps_client *C = dt__ps_client_of(ps);
+  if (owner) *owner = C->owner;
+  return C->M;
+}
+
 DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock) {
   if (!ps || !ps->vtable || !ps->vtable->name || strcmp(ps->vtable->name, "tcp") != 0) return; /* this store's */
   dt__ps_client *C = dt__ps_client_of(ps);
@@ -39526,6 +40042,7 @@ static void dt__ps_client_free(dt__ps_client *C) {
   dt__free(C->last_send, M * sizeof(double));
   dt__free(C->pulled_version, M * sizeof(uint64_t));
   dt__free(C->basis_version, M * sizeof(uint64_t));
+  dt__free(C->part_lo, M * sizeof(size_t));
   dt__free(C->owner, (size_t)(C->np > 0 ? C->np : 1) * sizeof(int));
   dt__free(C->iov, (size_t)(C->np + 2) * sizeof(struct iovec));
   dt__free(C->iov_scratch, (size_t)(C->np + 2) * sizeof(struct iovec));
@@ -39593,19 +40110,21 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   C->last_send = (double *)dt__calloc(M * sizeof(double));
   C->pulled_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
   C->basis_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
+  C->part_lo = (size_t *)dt__calloc(M * sizeof(size_t));
   C->pulled_clock = C->basis = -1;
   C->iov = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
   C->iov_scratch = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
   if (C->conn)
     for (int s = 0; s < C->M; s++) C->conn[s].fd = -1;
   if (rc != DTRAIN_OK || !C->owner || !C->conn || !C->shard || !C->buf || !C->buf_cap || !C->last_send ||
-      !C->pulled_version || !C->basis_version || !C->iov || !C->iov_scratch) {
+      !C->pulled_version || !C->basis_version || !C->part_lo || !C->iov || !C->iov_scratch) {
     dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
     goto fail;
   }
   if (dt_ps_shard(params, C->M, C->owner) != DTRAIN_OK) goto fail;
   for (int s = 0; s < C->M; s++) {
     C->shard[s] = dt__ps_shard_floats(params, C->owner, s);
+    C->part_lo[s] = C->shard[s];
     C->buf_cap[s] = DT__PS_FIX + C->shard[s] * 4;
     C->buf[s] = (unsigned char *)dt__alloc(C->buf_cap[s]);
     if (!C->buf[s]) {
@@ -39712,6 +40231,16 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
 DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock) { /* no TCP store without networking */
   (void)ps;
   (void)clock;
+}
+DTRAIN_PRIVATE int dt__ps_client_servers(dt_pstore *ps, const int **owner) {
+  (void)ps;
+  if (owner) *owner = NULL;
+  return 0;
+}
+DTRAIN_PRIVATE dt_result dt__ps_client_push_part(dt_pstore *ps, int64_t clock, int s, int from, const float *g,
+                                                 const float *d) {
+  (void)ps; (void)clock; (void)s; (void)from; (void)g; (void)d;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "push in parts: networking is not compiled in (DTRAIN_NO_NET)");
 }
 #  endif
 

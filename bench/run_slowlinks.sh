@@ -137,6 +137,10 @@ for rate in 1gbit 100mbit 10mbit; do
   row "parameter_server (1 server)" "$rate" 2 rate=$rate -- $LAUNCH -n 2 --ps 1 -- $EX $COMMON --epochs $e --strategy parameter_server
 done
 row "parameter_server (1 server)" "100mbit, rank1 10mbit" 2 "rate=100mbit;rank1:rate=10mbit" -- $LAUNCH -n 2 --ps 1 -- $EX $COMMON --epochs 4 --strategy parameter_server
+# pushes in parts during backward (the same parameters as the plain rows above)
+for rate in 1gbit 100mbit; do
+  row "parameter_server push_early" "$rate" 2 rate=$rate -- $LAUNCH -n 2 --ps 1 -- $EX $COMMON --epochs 4 --strategy parameter_server --push-early --bucket-kb 256
+done
 # compressed pushes (and 16-bit difference pulls)
 for rate in 100mbit 10mbit; do
   e=4; [ $rate = 10mbit ] && e=2

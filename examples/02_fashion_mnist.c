@@ -58,6 +58,7 @@ typedef struct options {
   const char *precision; /* --precision: fp32, or bf16 (dt_set_matmul_precision) */
   const char *compress_text; /* --compress */
   int overlap;               /* --overlap */
+  int push_early;            /* --push-early */
   const char *init_weights;  /* --init-weights: a safetensors file of the model's weights */
   int evaluate;              /* --evaluate: test-set accuracy of the weights, no training */
   int bucket_kb;             /* --bucket-kb */
@@ -430,7 +431,8 @@ static int parse(int argc, char **argv, options *o) {
        "autocast; CPUs with AVX512_BF16)"},
       {"compress", 's', &o->compress_text, 0, 0, "multi_worker_mirrored, parameter_server: gradients on the wire as none, fp16, bf16, topk:F or powersgd:R (parameter_server: pulls as 16-bit differences)"},
       {"overlap", 'b', &o->overlap, 0, 0, "mirrored, multi_worker_mirrored: sum gradient buckets during backward (parameter_server: examples/06)"},
-      {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--overlap, or --compress fp16/bf16 without it: KiB of gradient per bucket (0: 2048 with --overlap, one ring without)"},
+      {"push-early", 'b', &o->push_early, 0, 0, "parameter_server: send each push to the servers in parts during backward (the same result; not with --compress)"},
+      {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--overlap, --push-early, or --compress fp16/bf16 without overlap: KiB of gradient per bucket (0: 2048 with --overlap or --push-early, one ring without)"},
       {"target-accuracy", 'f', &o->target_accuracy, 0, 1,
        "time-to-accuracy: note the training time when test accuracy first reaches this, then stop (0: off)"},
       {"json", 'b', &o->json, 0, 0, "print one JSON line of results"},
@@ -822,6 +824,12 @@ int main(int argc, char **argv) {
     if (!(store = dt_pstore_create_tcp(cl, a.P, &no, k))) { fprintf(stderr, "error: %s\n", dt_last_error()); return 1; }
     sd = dt_strategy_parameter_server(store, k);
     sd.compress = a.o.compress;
+    sd.push_early = a.o.push_early;
+    sd.bucket_bytes = (size_t)a.o.bucket_kb << 10;
+  } else if (a.o.push_early) {
+    fprintf(stderr, "error: --push-early is for --strategy parameter_server (mirrored and multi_worker_mirrored: "
+                    "--overlap)\n");
+    return 2;
   }
   sd.seed = a.o.seed;
   sd.staleness_lr = a.o.staleness_lr;
@@ -925,15 +933,15 @@ int main(int argc, char **argv) {
            "\"test_samples\":%lld,\"test_accuracy\":%.4f,\"test_loss\":%.5f,\"final_loss\":%.5f,"
            "\"train_seconds\":%.2f,\"samples_per_sec\":%.0f,\"params_checksum\":\"%016llx\",\"strategy\":\"%s\","
            "\"replicas\":%d,\"device\":\"%s\",\"batch_per_worker\":%d,\"compress\":\"%s\","
-           "\"wire_bytes_per_step\":%.0f,\"wire_bytes_received_per_step\":%.0f,\"overlap\":%d,\"precision\":\"%s\","
-           "\"workers\":%d,\"global_batch\":%d,\"global_samples_per_sec\":%.0f,\"time_shares\":{\"compute\":%.4f,"
+           "\"wire_bytes_per_step\":%.0f,\"wire_bytes_received_per_step\":%.0f,\"overlap\":%d,\"push_early\":%d,"
+           "\"precision\":\"%s\",\"workers\":%d,\"global_batch\":%d,\"global_samples_per_sec\":%.0f,\"time_shares\":{\"compute\":%.4f,"
            "\"communication\":%.4f,\"waiting\":%.4f,\"other\":%.4f}%s%s%s}\n",
            a.o.model, a.o.optimizer, (long long)res.last.epoch, a.o.batch, (unsigned long long)a.o.seed,
            (long long)a.train->n, (long long)a.test->n, a.last_test_acc, a.last_test_loss, res.last.train_loss,
            res.train_seconds, res.samples_per_sec, (unsigned long long)dt_params_checksum(a.P), a.o.strategy,
            dt_strategy_replicas(a.strategy), a.ndev > 0 ? a.devs[0]->name : "cpu", a.o.batch_worker,
            dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy, 0),
-           wire_per_step(a.strategy, 1), a.o.overlap, a.o.precision, world, a.o.batch, global_sps, sh_compute, sh_comm,
+           wire_per_step(a.strategy, 1), a.o.overlap, a.o.push_early, a.o.precision, world, a.o.batch, global_sps, sh_compute, sh_comm,
            sh_wait, sh_other, target,
            staleness_json(a.strategy, a.o.staleness_lr), a.o.profile ? profile_json() : "");
   if (store) dt_pstore_leave(store, rank);

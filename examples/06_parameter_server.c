@@ -25,6 +25,10 @@
  * --overlap (workers: a second thread pushes each step's gradient and pulls
  * the next weights while the next step computes, on the weights of the pull
  * before: one clock more staleness; not with --max-staleness 0),
+ * --push-early (workers: each step's push goes to the servers in parts while
+ * backward computes the earlier layers, --bucket-kb K of gradient a part,
+ * default 2048; the same result as without, no more staleness; not with
+ * --overlap, --compress),
  * --compress none|fp16|bf16|topk:F|powersgd:R (workers: the pushes' form on
  * the wire; pulls then come as 16-bit differences from the worker's copy);
  * servers: --min-workers N (start training once N workers joined; the
@@ -60,6 +64,7 @@
 
 typedef struct options {
   int epochs, batch, max_staleness, quiet, crash_rank, slow_rank, min_workers, staleness_lr, work_queue, overlap;
+  int push_early, bucket_kb; /* --push-early, --bucket-kb */
   double rejoin_timeout;
   int batch_per_worker; /* --batch-per-worker B, 0 when not given; then --batch (global) decides */
   int batch_given;      /* --batch was on the command line (the two flags together are refused) */
@@ -215,6 +220,8 @@ static int parse(int argc, char **argv, options *o) {
       {"staleness-lr", 'b', &o->staleness_lr, 0, 0, "servers: scale each push by 1/(1+staleness)"},
       {"work-queue", 'b', &o->work_queue, 0, 0, "workers take batches from a shared queue (needs --max-staleness -1)"},
       {"overlap", 'b', &o->overlap, 0, 0, "workers: push and pull in a second thread while the next step computes (on the weights of the pull before; not with --max-staleness 0)"},
+      {"push-early", 'b', &o->push_early, 0, 0, "workers: send each push in parts during backward (the same result; not with --overlap or --compress)"},
+      {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--push-early: KiB of gradient a part (0: 2048)"},
       {"compress", 's', &compress, 0, 0, "workers: pushes as none, fp16, bf16, topk:F or powersgd:R; pulls then come as 16-bit differences"},
       {"crash-at", 's', &crash, 0, 0, "RANK:STEP -- that worker exits at that step"},
       {"slow", 's', &slow, 0, 0, "RANK:FACTOR -- that worker is FACTOR times slower"},
@@ -395,6 +402,8 @@ int main(int argc, char **argv) {
   sd.work_queue = o.work_queue;
   sd.compress = o.compress;
   sd.overlap = o.overlap;
+  sd.push_early = o.push_early;
+  sd.bucket_bytes = (size_t)o.bucket_kb << 10;
   if (rank == o.slow_rank) {
     sd.straggler = 0; /* this process's replica 0 */
     sd.straggler_factor = o.slow_factor;

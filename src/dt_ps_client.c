@@ -63,6 +63,11 @@ typedef struct dt__ps_client {
   /* float pushes and pulls on a little-endian host go from and to the
    * params' layout where they lie: a frame's pieces (dt__ps_client_parts) */
   struct iovec *iov, *iov_scratch; /* np + 2 entries each */
+  /* a push in parts (dt__ps_client_push_part): sent so far, the floats of
+   * each server's shard from part_lo[s] on (part_lo[s] = shard[s]: none) */
+  size_t *part_lo;
+  int parting;
+  int64_t part_T;          /* ... of this push (absolute clock) */
   dt_result err;
   char msg[DT__MSG_CAP];
   DT__ATOMIC(int) aborted;
@@ -134,6 +139,125 @@ static int dt__ps_client_parts(dt__ps_client *C, int s, unsigned char *fix, cons
 
 static dt_result dt__ps_client_taken(dt__ps_client *C, const char *op, int64_t *k);
 
+/* ---- pushes in parts (PUSHP; dt_strategy_options.push_early) ---- */
+
+/* The shard offset of server s's first parameter from index `from` on (the shard's floats when none). */
+static size_t dt__ps_client_offset(const dt__ps_client *C, int s, int from) {
+  size_t off = 0, b, e;
+  int tr, dec;
+  for (int p = 0; dt__params_range(C->params, p, &b, &e, &tr, &dec); p++) {
+    if (C->owner[p] != s) continue;
+    if (p >= from) return off;
+    off += e - b;
+  }
+  return off;
+}
+
+/* A PUSHP frame's pieces in C->iov: its DT__PS_PFIX bytes at fix, then
+ * server s's shard floats [lo, hi) (at parameter boundaries): a trained
+ * parameter's from g, a buffer's from d (NULL: from g too), where they lie on
+ * a little-endian host, else gathered as little-endian bytes into C->buf[s].
+ * Returns the count. */
+static int dt__ps_client_part_pieces(dt__ps_client *C, int s, size_t lo, size_t hi, unsigned char *fix, const float *g,
+                                     const float *d) {
+  C->iov[0].iov_base = fix;
+  C->iov[0].iov_len = DT__PS_PFIX;
+  int n = 1;
+  size_t off = 0, k = 0, b, e;
+  int tr, dec;
+  for (int p = 0; off < hi && dt__params_range(C->params, p, &b, &e, &tr, &dec); p++) {
+    if (C->owner[p] != s) continue;
+    if (off >= lo && e > b) {
+      const float *src = (tr || !d ? g : d) + b;
+      if (DT__HOST_LE) {
+        C->iov[n].iov_base = (void *)(uintptr_t)src;
+        C->iov[n++].iov_len = (e - b) * sizeof(float);
+      } else {
+        dt__put_f32le(C->buf[s] + 4 * k, src, e - b);
+        k += e - b;
+      }
+    }
+    off += e - b;
+  }
+  if (!DT__HOST_LE && k) {
+    C->iov[1].iov_base = C->buf[s];
+    C->iov[1].iov_len = 4 * k;
+    n = 2;
+  }
+  return n;
+}
+
+/* The version server s's part of the next push says it was computed on (as
+ * dt__ps_client_push says it: the last pull's, or the one before). */
+static uint64_t dt__ps_client_part_version(const dt__ps_client *C, int s) {
+  const int before = C->basis >= 0 && C->basis != C->pulled_clock;
+  return before ? C->basis_version[s] : C->pulled_version[s];
+}
+
+/* PUSHP's fixed bytes into fix. */
+static void dt__ps_client_part_fix(int64_t T, uint64_t version, size_t off, uint64_t flags, unsigned char *fix) {
+  dt__put_le64(fix, (uint64_t)T);
+  dt__put_le64(fix + 8, version);
+  dt__put_le64(fix + 16, (uint64_t)off);
+  dt__put_le64(fix + 24, flags);
+}
+
+/* Parts sent of a push that will not come (its step failed): each server
+ * told to drop them. Under the lock. */
+static dt_result dt__ps_client_unpart(dt__ps_client *C, const char *op) {
+  dt_result rc = DTRAIN_OK;
+  for (int s = 0; C->parting && s < C->M; s++) {
+    if (C->part_lo[s] >= C->shard[s]) continue;
+    C->part_lo[s] = C->shard[s];
+    unsigned char fix[DT__PS_PFIX];
+    dt__ps_client_part_fix(C->part_T, dt__ps_client_part_version(C, s), 0, DT__PS_PART_ABANDON, fix);
+    if (rc == DTRAIN_OK) rc = dt__conn_send(&C->conn[s], DT__PS_PUSHP, fix, DT__PS_PFIX, dt__now() + C->timeout, op);
+    C->last_send[s] = dt__now();
+    if (rc == DTRAIN_OK) C->ps.wire_sent += DT__PS_PFIX;
+  }
+  C->parting = 0;
+  return rc;
+}
+
+DTRAIN_PRIVATE dt_result dt__ps_client_push_part(dt_pstore *ps, int64_t clock, int s, int from, const float *g,
+                                                 const float *d) {
+  dt__ps_client *C = dt__ps_client_of(ps);
+  char op[96];
+  int64_t T = C->base + clock;
+  snprintf(op, sizeof op, "worker %d: push #%lld (a part for ps %d)", C->me, (long long)T, s);
+  dt__mutex_lock(&C->mu);
+  dt_result rc = dt__ps_client_check(C, op);
+  if (rc == DTRAIN_OK && (s < 0 || s >= C->M || !g))
+    rc = dt__error(DTRAIN_ERR_INVALID_ARG, "%s: %s", op, !g ? "no gradient" : "no such server");
+  if (rc == DTRAIN_OK && C->ps.compress.kind != DTRAIN_COMPRESS_NONE)
+    rc = dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: a push in parts carries floats, and this store's pushes are "
+                   "compressed (%s)", op, dt_compress_name(C->ps.compress));
+  if (rc == DTRAIN_OK && C->parting && C->part_T != T)
+    rc = dt__error(DTRAIN_ERR_STATE, "%s: the parts of push #%lld are still open", op, (long long)C->part_T);
+  if (rc != DTRAIN_OK) {
+    dt__mutex_unlock(&C->mu);
+    return rc;
+  }
+  size_t lo = dt__ps_client_offset(C, s, from), hi = C->part_lo[s];
+  if (lo < hi) {
+    unsigned char fix[DT__PS_PFIX];
+    dt__ps_client_part_fix(T, dt__ps_client_part_version(C, s), lo, 0, fix);
+    int n = dt__ps_client_part_pieces(C, s, lo, hi, fix, g, d);
+    rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSHP, C->iov, n, C->iov_scratch, dt__now() + C->timeout, op);
+    C->last_send[s] = dt__now();
+    if (rc == DTRAIN_OK) {
+      ps->wire_sent += DT__PS_PFIX + 4 * (hi - lo);
+      C->part_lo[s] = lo;
+      C->parting = 1;
+      C->part_T = T;
+    } else if (rc != DTRAIN_ERR_ABORTED) {
+      rc = dt__ps_client_fail(C, rc);
+    }
+  }
+  dt__mutex_unlock(&C->mu);
+  return rc;
+}
+
 static void dt__ps_client_codec_free(dt__ps_client *C) {
   dt__ef_destroy(C->ef);
   C->ef = NULL;
@@ -200,6 +324,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
     dt__mutex_unlock(&C->mu);
     return rc;
   }
+  if (rc == DTRAIN_OK && C->parting) rc = dt__ps_client_unpart(C, op); /* a push in parts that did not end */
   const int z = C->zc.kind != DTRAIN_COMPRESS_NONE;
   const dt_compress_kind zk = C->zc.kind == DTRAIN_COMPRESS_BF16 ? DTRAIN_COMPRESS_BF16 : DTRAIN_COMPRESS_FP16;
   const int direct = DT__HOST_LE && !z; /* (a failed pull may leave dst partly written: dt_net.h says so) */
@@ -267,8 +392,11 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     dt__mutex_unlock(&C->mu);
     return rc;
   }
+  if (rc == DTRAIN_OK && C->parting && C->part_T != T) rc = dt__ps_client_unpart(C, op); /* not this push's */
   const int z = delta && C->zc.kind != DTRAIN_COMPRESS_NONE;
-  if (z && C->ef) dt__ef_local(C->ef, delta); /* top-k / PowerSGD: over the whole vector, then per server */
+  if (rc == DTRAIN_OK && z && C->parting)
+    rc = dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: a compressed push after parts of floats", op);
+  if (rc == DTRAIN_OK && z && C->ef) dt__ef_local(C->ef, delta); /* top-k / PowerSGD: over the whole vector, then per server */
   /* the version it was computed on: the last pull's, or the one before (overlap) */
   const int before = C->basis >= 0 && C->basis != C->pulled_clock;
   C->basis = -1;
@@ -278,6 +406,18 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
     dt__put_le64(b + 8, before ? C->basis_version[s] : C->pulled_version[s]);
     size_t len = DT__PS_FIX;
     int pieces = 0; /* > 0: the floats go from where they lie */
+    if (C->parting && C->part_lo[s] < C->shard[s]) { /* parts went before: the last one, the rest of the shard */
+      unsigned char fix[DT__PS_PFIX];
+      uint64_t flags = DT__PS_PART_LAST | (delta ? 0 : DT__PS_PART_DISCARD);
+      dt__ps_client_part_fix(T, before ? C->basis_version[s] : C->pulled_version[s], 0, flags, fix);
+      int n = delta ? dt__ps_client_part_pieces(C, s, 0, C->part_lo[s], fix, delta, NULL) : 1;
+      if (!delta) C->iov[0].iov_base = fix, C->iov[0].iov_len = DT__PS_PFIX;
+      len = DT__PS_PFIX + (delta ? 4 * C->part_lo[s] : 0);
+      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSHP, C->iov, n, C->iov_scratch, dt__now() + C->timeout, op);
+      C->last_send[s] = dt__now();
+      if (rc == DTRAIN_OK) ps->wire_sent += len;
+      continue;
+    }
     if (z) {
       len = dt__ps_encode_push(C->zc, C->ef, C->params, C->owner, s, delta, b);
       if (len > C->conn[s].max_payload) {
@@ -319,6 +459,8 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
       C->have_item = 1;
     }
   }
+  for (int s = 0; C->parting && s < C->M; s++) C->part_lo[s] = C->shard[s]; /* (sent whole or failed) */
+  C->parting = 0;
   if (rc == DTRAIN_OK && z) dt__ef_commit(C->ef); /* every server took it: its error is kept */
   if (rc == DTRAIN_OK && T + 1 > C->next) C->next = T + 1;
   if (rc != DTRAIN_OK && rc != DTRAIN_ERR_ABORTED && rc != DTRAIN_ERR_STATE) rc = dt__ps_client_fail(C, rc);
@@ -423,6 +565,14 @@ static uint64_t dt__ps_client_version(dt_pstore *ps) {
   return v;
 }
 
+DTRAIN_PRIVATE int dt__ps_client_servers(dt_pstore *ps, const int **owner) {
+  if (owner) *owner = NULL;
+  if (!ps || !ps->vtable || !ps->vtable->name || strcmp(ps->vtable->name, "tcp") != 0) return 0;
+  dt__ps_client *C = dt__ps_client_of(ps);
+  if (owner) *owner = C->owner;
+  return C->M;
+}
+
 DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock) {
   if (!ps || !ps->vtable || !ps->vtable->name || strcmp(ps->vtable->name, "tcp") != 0) return; /* this store's */
   dt__ps_client *C = dt__ps_client_of(ps);
@@ -476,6 +626,7 @@ static void dt__ps_client_free(dt__ps_client *C) {
   dt__free(C->last_send, M * sizeof(double));
   dt__free(C->pulled_version, M * sizeof(uint64_t));
   dt__free(C->basis_version, M * sizeof(uint64_t));
+  dt__free(C->part_lo, M * sizeof(size_t));
   dt__free(C->owner, (size_t)(C->np > 0 ? C->np : 1) * sizeof(int));
   dt__free(C->iov, (size_t)(C->np + 2) * sizeof(struct iovec));
   dt__free(C->iov_scratch, (size_t)(C->np + 2) * sizeof(struct iovec));
@@ -543,19 +694,21 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   C->last_send = (double *)dt__calloc(M * sizeof(double));
   C->pulled_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
   C->basis_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
+  C->part_lo = (size_t *)dt__calloc(M * sizeof(size_t));
   C->pulled_clock = C->basis = -1;
   C->iov = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
   C->iov_scratch = (struct iovec *)dt__calloc((size_t)(C->np + 2) * sizeof(struct iovec));
   if (C->conn)
     for (int s = 0; s < C->M; s++) C->conn[s].fd = -1;
   if (rc != DTRAIN_OK || !C->owner || !C->conn || !C->shard || !C->buf || !C->buf_cap || !C->last_send ||
-      !C->pulled_version || !C->basis_version || !C->iov || !C->iov_scratch) {
+      !C->pulled_version || !C->basis_version || !C->part_lo || !C->iov || !C->iov_scratch) {
     dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
     goto fail;
   }
   if (dt_ps_shard(params, C->M, C->owner) != DTRAIN_OK) goto fail;
   for (int s = 0; s < C->M; s++) {
     C->shard[s] = dt__ps_shard_floats(params, C->owner, s);
+    C->part_lo[s] = C->shard[s];
     C->buf_cap[s] = DT__PS_FIX + C->shard[s] * 4;
     C->buf[s] = (unsigned char *)dt__alloc(C->buf_cap[s]);
     if (!C->buf[s]) {
@@ -662,6 +815,16 @@ DTRAIN_API dt_pstore *dt_pstore_create_tcp(const dt_cluster *c, dt_params *param
 DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock) { /* no TCP store without networking */
   (void)ps;
   (void)clock;
+}
+DTRAIN_PRIVATE int dt__ps_client_servers(dt_pstore *ps, const int **owner) {
+  (void)ps;
+  if (owner) *owner = NULL;
+  return 0;
+}
+DTRAIN_PRIVATE dt_result dt__ps_client_push_part(dt_pstore *ps, int64_t clock, int s, int from, const float *g,
+                                                 const float *d) {
+  (void)ps; (void)clock; (void)s; (void)from; (void)g; (void)d;
+  return dt__error(DTRAIN_ERR_UNSUPPORTED, "push in parts: networking is not compiled in (DTRAIN_NO_NET)");
 }
 #  endif
 

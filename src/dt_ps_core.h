@@ -56,6 +56,18 @@
  *                            2 bf16, 3 topk, 4 powersgd), u32 argument (fp16's exponent,
  *                            topk's count of values, powersgd's rank), then the trained
  *                            values as the kind has them, then the buffers as f32
+ * Early pushes (the worker's dt_strategy_options.push_early): a push sent in
+ * parts while backward goes on, the shard's floats from the end down:
+ *   PUSHP  0x5A w->s  32 B + 4*count: u64 clock, u64 version pulled, u64 offset
+ *                            (floats into the shard), u64 flags (1 last: the push is
+ *                            whole, a PUSH of clock; 2 with 1: discard the parts, an
+ *                            empty push; 4 alone: abandon the parts, no push), f32[count]
+ *   The first part ends at the shard's end, each next one where the one before
+ *   began, the last at 0; all of one push carry the same clock and version;
+ *   discard and abandon carry no floats and offset 0. Nothing is applied
+ *   before the last part; until it (or an abandon) comes the worker may send
+ *   nothing but parts, heartbeats and BYE. The last part is answered PUSHED
+ *   as a PUSH is. The server gathers the parts into the push's buffer.
  *   HEARTBEAT (0x07) both ways, BYE (0x08) w->s, REFUSE (0x05) s->w.
  * The shard's floats are its parameters' elements in parameter order.
  */
@@ -77,12 +89,16 @@ enum {
   DT__PS_TAKE = 0x56,
   DT__PS_TAKEN = 0x57,
   DT__PS_PUSHZ = 0x58,
-  DT__PS_PARAMZ = 0x59
+  DT__PS_PARAMZ = 0x59,
+  DT__PS_PUSHP = 0x5A
 };
+/* PUSHP's flags (see above) */
+enum { DT__PS_PART_LAST = 1, DT__PS_PART_DISCARD = 2, DT__PS_PART_ABANDON = 4 };
 /* PULL's second word (see above) */
 enum { DT__PS_PULL_FLOATS = 0, DT__PS_PULL_KEEP = 1, DT__PS_PULL_FP16 = 2, DT__PS_PULL_BF16 = 3 };
 #define DT__PS_ZFIX 24  /* fixed part of PUSHZ, PARAMZ */
 #define DT__PS_FIX 16   /* fixed part of PULL, PARAMS, PUSH, PUSHED */
+#define DT__PS_PFIX 32  /* fixed part of PUSHP */
 #define DT__PS_JOINLEN 32   /* JOIN */
 #define DT__PS_JOINEDLEN 48 /* JOINED */
 
@@ -176,6 +192,12 @@ typedef struct dt__ps_worker {
   size_t pend_len;
   float *view;              /* compressed pulls: the weights this worker holds (shard floats) */
   int view_ok;              /* ... set by a DT__PS_PULL_KEEP since its join */
+  /* A push coming in parts (PUSHP): each read into rxp, its floats copied to rx */
+  unsigned char *rxp;       /* (made at its first part: DT__PS_PFIX + shard floats) */
+  int parting;              /* parts came, not yet the last: rx holds floats [part_lo, shard) */
+  size_t part_lo;
+  int64_t part_clock;
+  uint64_t part_version;
 } dt__ps_worker;
 
 typedef struct dt__ps_server {
@@ -216,6 +238,16 @@ typedef struct dt__ps_server {
   int64_t q_next;           /* items below were handed out at least once */
   dt_ps_work_stats q;       /* items, done, handed_out, returned */
 } dt__ps_server;
+
+/* ---- a worker's frames (dt_ps_server.c, dt_ps_parts.c) ---------------------------------------- */
+/* Worker i dropped: its connection closed, why logged (dt_ps_server.c). */
+DTRAIN_PRIVATE void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why);
+/* Worker i's request whole (PULL, PUSH, PUSHZ, or a push whose parts are in):
+ * checked against its clocks, then pending (dt_ps_server.c). */
+DTRAIN_PRIVATE void dt__ps_on_request(dt__ps_server *S, int i, uint16_t type, int64_t t, uint64_t word,
+                                      uint32_t length, const char *op);
+/* Worker i's PUSHP of len bytes at p, checked and gathered (dt_ps_parts.c). */
+DTRAIN_PRIVATE void dt__ps_on_part(dt__ps_server *S, int i, const unsigned char *p, uint32_t len, const char *op);
 
 /* ---- shard checkpoints (dt_ps_ckpt.c) -------------------------------------------------------- */
 /* Bytes of S's checkpoint file (and of S->ckpt, the buffer it is built in). */

@@ -72,8 +72,10 @@ static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
   if (w->view) dt__free(w->view, (S->shard ? S->shard : 1) * sizeof(float));
   w->view = NULL;
   w->view_ok = 0;
-  w->rx = w->tx = NULL;
+  dt__free(w->rxp, DT__PS_PFIX + S->shard * 4);
+  w->rx = w->tx = w->rxp = NULL;
   w->rx_cap = w->tx_cap = w->tx_len = w->tx_off = 0;
+  w->parting = 0;
   w->pend = DT__PSP_NONE;
   w->in_len = 0;
 }
@@ -85,7 +87,7 @@ static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t 
 }
 
 /* Drop worker i from training: logged, out of the clocks. */
-static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
+DTRAIN_PRIVATE void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
   dt__ps_worker *w = &S->w[i];
   char name[DT__NET_ADDR];
   dt__ps_worker_name(S, i, name, sizeof name);
@@ -481,15 +483,25 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
   }
   uint32_t want_max = 0;
   int ok_type = 1;
+  /* a request may come when none is pending, and not between a push's parts */
+  const int free_turn = w->joined && w->pend == DT__PSP_NONE && !w->parting;
   switch (f->type) {
     case DT__MSG_HEARTBEAT:
     case DT__MSG_BYE: want_max = 0; break;
     case DT__PS_JOIN: want_max = DT__PS_JOINLEN; ok_type = !w->joined; break;
-    case DT__PS_PULL: want_max = DT__PS_FIX; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
-    case DT__PS_TAKE: want_max = 0; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
-    case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = w->joined && w->pend == DT__PSP_NONE; break;
-    case DT__PS_PUSHZ: want_max = (uint32_t)DT__MIN(S->zcap, (size_t)UINT32_MAX); ok_type = w->joined && w->pend == DT__PSP_NONE; break;
+    case DT__PS_PULL: want_max = DT__PS_FIX; ok_type = free_turn; break;
+    case DT__PS_TAKE: want_max = 0; ok_type = free_turn; break;
+    case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = free_turn; break;
+    case DT__PS_PUSHZ: want_max = (uint32_t)DT__MIN(S->zcap, (size_t)UINT32_MAX); ok_type = free_turn; break;
+    case DT__PS_PUSHP:
+      want_max = (uint32_t)DT__MIN(DT__PS_PFIX + S->shard * 4, (size_t)UINT32_MAX);
+      ok_type = w->joined && w->pend == DT__PSP_NONE;
+      break;
     default: ok_type = 0;
+  }
+  if (ok_type && f->type == DT__PS_PUSHP && !w->rxp && !(w->rxp = (unsigned char *)dt__alloc(DT__PS_PFIX + S->shard * 4))) {
+    dt__ps_lose(S, i, DTRAIN_ERR_NOMEM, "out of memory for a push in parts");
+    return 0;
   }
   if (ok_type && f->type == DT__PS_PUSHZ && f->length >= DT__PS_ZFIX && f->length <= want_max && f->length > w->rx_cap) {
     /* the first compressed push larger than a float one (top-k near 1): room for the largest */
@@ -505,15 +517,60 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
   int exact = f->type == DT__PS_JOIN || f->type == DT__PS_PULL;
   int bad_len = f->length > want_max || (exact && f->length != want_max) ||
                 (f->type == DT__PS_PUSH && f->length != DT__PS_FIX && f->length != DT__PS_FIX + S->shard * 4) ||
-                (f->type == DT__PS_PUSHZ && f->length < DT__PS_ZFIX);
+                (f->type == DT__PS_PUSHZ && f->length < DT__PS_ZFIX) ||
+                (f->type == DT__PS_PUSHP && (f->length < DT__PS_PFIX || (f->length - DT__PS_PFIX) % 4 != 0));
   if (!ok_type || bad_len) {
     snprintf(why, sizeof why, "%s: protocol violation: a frame of type 0x%02x and %u bytes %s", op, (unsigned)f->type,
              (unsigned)f->length, ok_type ? "(wrong length)" : (w->joined ? "out of turn" : "before joining"));
     dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
     return 0;
   }
-  w->in_dst = f->type == DT__PS_PUSH || f->type == DT__PS_PUSHZ ? w->rx : w->in_small;
+  w->in_dst = f->type == DT__PS_PUSH || f->type == DT__PS_PUSHZ ? w->rx : f->type == DT__PS_PUSHP ? w->rxp : w->in_small;
   return 1;
+}
+
+/* A request of worker i whole: a PULL (word: the form asked for), a PUSH or
+ * PUSHZ of length bytes in rx (word: the version it was computed on), or the
+ * last part of a push (as a PUSH: length DT__PS_FIX + the shard's floats, or
+ * DT__PS_FIX when discarded). Checked against its clocks, then pending. */
+DTRAIN_PRIVATE void dt__ps_on_request(dt__ps_server *S, int i, uint16_t type, int64_t t, uint64_t word,
+                                      uint32_t length, const char *op) {
+  dt__ps_worker *w = &S->w[i];
+  char why[DT__MSG_CAP];
+  const int push = type != DT__PS_PULL;
+  const uint64_t mode = push ? 0 : word;
+  if (mode > DT__PS_PULL_BF16 || (mode >= DT__PS_PULL_FP16 && !w->view_ok)) {
+    snprintf(why, sizeof why, "%s: protocol violation: a pull asking for weights of form %llu%s", op,
+             (unsigned long long)mode, mode > DT__PS_PULL_BF16 ? " (0-3)" : " before a pull that keeps a copy");
+    dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+    return;
+  }
+  if (w->fresh && t < w->start) {
+    snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld, before its start clock %lld", op,
+             push ? "push" : "pull", (long long)t, (long long)w->start);
+    dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+    return;
+  }
+  if (w->fresh) { /* its first request: it may start later (another server's start clock was larger) */
+    w->pushed = t;
+    w->pulled = push ? t + 1 : t;
+    w->fresh = 0;
+  }
+  if (t < 0 || (push && t < w->pushed)) {
+    snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld after a push of clock %lld", op,
+             push ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
+    dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+    return;
+  }
+  w->pend = push ? DT__PSP_PUSH : DT__PSP_PULL;
+  w->pend_clock = t;
+  w->pend_version = word;
+  w->pend_mode = (int)mode;
+  w->pend_z = type == DT__PS_PUSHZ;
+  w->pend_len = length;
+  w->pend_empty = length == DT__PS_FIX && S->shard > 0;
+  if (push && S->shard == 0) w->pend_empty = 1;
+  w->pend_since = w->last_heard;
 }
 
 /* A whole frame from worker i: payload checked, then handled. */
@@ -543,46 +600,10 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
     }
     case DT__PS_JOIN: dt__ps_on_join(S, i, dst); break;
     case DT__PS_TAKE: (void)dt__ps_take(S, i); break;
+    case DT__PS_PUSHP: dt__ps_on_part(S, i, dst, f.length, op); break;
     case DT__PS_PULL:
     case DT__PS_PUSH:
-    case DT__PS_PUSHZ: {
-      int64_t t = (int64_t)dt__get_le64(dst);
-      int push = f.type != DT__PS_PULL;
-      uint64_t mode = push ? 0 : dt__get_le64(dst + 8);
-      if (mode > DT__PS_PULL_BF16 || (mode >= DT__PS_PULL_FP16 && !w->view_ok)) {
-        snprintf(why, sizeof why, "%s: protocol violation: a pull asking for weights of form %llu%s", op,
-                 (unsigned long long)mode, mode > DT__PS_PULL_BF16 ? " (0-3)" : " before a pull that keeps a copy");
-        dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
-        return;
-      }
-      if (w->fresh && t < w->start) {
-        snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld, before its start clock %lld", op,
-                 push ? "push" : "pull", (long long)t, (long long)w->start);
-        dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
-        return;
-      }
-      if (w->fresh) { /* its first request: it may start later (another server's start clock was larger) */
-        w->pushed = t;
-        w->pulled = push ? t + 1 : t;
-        w->fresh = 0;
-      }
-      if (t < 0 || (push && t < w->pushed)) {
-        snprintf(why, sizeof why, "%s: protocol violation: %s for clock %lld after a push of clock %lld", op,
-                 push ? "push" : "pull", (long long)t, (long long)w->pushed - 1);
-        dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
-        return;
-      }
-      w->pend = push ? DT__PSP_PUSH : DT__PSP_PULL;
-      w->pend_clock = t;
-      w->pend_version = dt__get_le64(dst + 8);
-      w->pend_mode = (int)mode;
-      w->pend_z = f.type == DT__PS_PUSHZ;
-      w->pend_len = f.length;
-      w->pend_empty = f.length == DT__PS_FIX && S->shard > 0;
-      if (push && S->shard == 0) w->pend_empty = 1;
-      w->pend_since = w->last_heard;
-      break;
-    }
+    case DT__PS_PUSHZ: dt__ps_on_request(S, i, f.type, (int64_t)dt__get_le64(dst), dt__get_le64(dst + 8), f.length, op); break;
     default: break; /* heartbeat */
   }
 }

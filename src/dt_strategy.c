@@ -292,6 +292,12 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: overlap with backup workers (a step sums the first replicas "
                        "to finish, which it knows only after their backward passes)", fn);
   }
+  if (d->push_early) {
+    if (d->kind != DTRAIN_STRATEGY_PARAMETER_SERVER)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: push_early is for parameter_server (its pushes go to the "
+                       "servers in parts during backward), not %s; mirrored and multi_worker_mirrored have overlap",
+                       fn, name);
+  }
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);

@@ -424,7 +424,18 @@ typedef struct dt_strategy_options {
                                     multi_worker_mirrored with compress fp16/bf16 and no overlap:
                                     nonzero runs the 16-bit ring per bucket of this size, one after
                                     the other, which overlap does during backward: the same bits
-                                    with and without overlap at the same size [0: one ring] */
+                                    with and without overlap at the same size [0: one ring]; push_early:
+                                    the parts' size [0: 2 MiB] */
+  int push_early;                /* parameter_server over TCP (dt_pstore_create_tcp; needs threads; not
+                                    with overlap, compress or the optimizer's clip_norm): nonzero
+                                    sends each step's push in parts while backward goes on: a thread
+                                    sends a server its parameters' part once their gradients are
+                                    final and about bucket_bytes of them wait (from the last layer
+                                    down); the push then sends only the rest. The servers apply
+                                    nothing before the push is whole, so the result is bitwise the
+                                    plain push's, with no more staleness (unlike overlap); a step
+                                    skipped for a non-finite gradient discards the parts (see
+                                    "Pushed early to the servers") [0] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;

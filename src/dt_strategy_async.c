@@ -216,6 +216,7 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     if (tk.clock_gap > R->gap_max) R->gap_max = tk.clock_gap;
     const float *push = NULL;
     R->push_fill = 0;
+    R->clock = t;
     if (!s->mod->local_step(s, r, &b, &push)) break;
     c0 = dt__now();
     if (R->push_fill) { /* the update made block by block into the store */

@@ -51,6 +51,7 @@ typedef struct dt__strategy_replica {
   int updating;            /* devices: this step reached the update */
   int push_fill;           /* async: this step's update is made during the push (dt__pstore_push_blocks) */
   /* the current step */
+  int64_t clock;           /* async family: the clock its pull and push have (the job's t) */
   float loss;
   int64_t rows;
   double ss_part;          /* clipping: sum of squares of this replica's slice */
@@ -327,6 +328,18 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r);
  * staleness-aware step). Set before each push by parameter_server's
  * overlapped loop. */
 DTRAIN_PRIVATE void dt__ps_client_push_basis(dt_pstore *ps, int64_t clock);
+/* A TCP store's servers (0: not a TCP store) and, owner not NULL, which
+ * server holds each parameter (*owner: the store's, read only). */
+DTRAIN_PRIVATE int dt__ps_client_servers(dt_pstore *ps, const int **owner);
+/* Push in parts (parameter_server's push_early; a TCP store): server s's part
+ * of the push of `clock`, its parameters from index `from` on not yet sent
+ * (the first part of this push: to the shard's end), a trained parameter's
+ * gradient from g, a buffer's values from d. The push of `clock`
+ * (dt_pstore_push) then sends the rest and ends it (or discards the parts:
+ * an empty push); any other request first tells the servers to drop them.
+ * One thread at a time with the store's other calls of this worker. */
+DTRAIN_PRIVATE dt_result dt__ps_client_push_part(dt_pstore *ps, int64_t clock, int s, int from, const float *g,
+                                                 const float *d);
 DTRAIN_PRIVATE dt_result dt__strategy_async_run(dt_strategy *s, int64_t steps, dt_minibatch_fn next, void *next_user,
                                                 float *mean_loss);
 #endif

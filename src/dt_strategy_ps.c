@@ -20,6 +20,18 @@
  * one clock older than its pull's bound (hence no overlap with
  * max_staleness 0, which would not be lock-step any more). At the end of a
  * run the params hold the last pull: every push of the run applied.
+ *
+ * desc.push_early (a TCP store): each step's push goes in parts while
+ * backward runs. Backward announces each parameter whose gradient is final
+ * (dt__graph_on_grad_ready); a server's part can go once its parameters from
+ * some index to the last are all final (buffers count as final from the
+ * start: forward wrote them) and about bucket_bytes of them wait; a thread
+ * sends it (dt__ps_client_push_part, a PUSHP frame) while backward computes
+ * the earlier layers. The push after backward sends each server the rest of
+ * its shard as the last part, and the servers apply the push only then: the
+ * same floats as the plain push, so bitwise the same result, with the same
+ * staleness. A skipped step's push discards the parts; a failed step leaves
+ * them, and the next request drops them.
  */
 #include "dt_strategy_impl.h"
 
@@ -44,6 +56,12 @@ static dt_result dt__ps_prepare(dt_strategy_desc *d) {
                      "one worker of the store), not %d", fn, d->replicas);
   d->replicas = 1;
   d->max_staleness = d->store->max_staleness;
+  if (d->push_early && d->overlap)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: parameter_server with both push_early and overlap (overlap "
+                     "pushes a step's gradient while the next step computes; choose one)", fn);
+  if (d->push_early && d->compress.kind != DTRAIN_COMPRESS_NONE)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: push_early with compress %s (the parts carry floats; the "
+                     "compressed forms encode the whole push at once)", fn, dt_compress_name(d->compress));
   if (d->overlap && d->max_staleness == 0)
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: parameter_server overlap computes each step on the parameters of "
                      "the pull before (one clock older), which max_staleness 0 (lock-step) does not allow; use a "
@@ -136,7 +154,180 @@ static int dt__ps_comm_reap(dt_strategy *s, int r, dt__ps_comm *C) {
   return 1;
 }
 
+/* desc.push_early: the thread that sends the parts, and what backward made final (see the top). */
+typedef struct dt__ps_early {
+  dt_strategy *s;
+  const int *owner;        /* parameter -> its server (the store's) */
+  int np, M;
+  size_t cap;              /* floats a part waits for (bucket_bytes) */
+  unsigned char *ready;    /* per parameter: final this step (the compute thread's) */
+  int *front;              /* per server: its parameters from this index on are all final (np: none yet) */
+  size_t *acc;             /* per server: floats final since its last part was posted */
+  int *want, *sent;        /* per server: a part posted from parameter want; sent from `sent` on (np: none) */
+  int64_t clock;           /* this step's */
+  const float *g, *d;      /* its gradient, its values (buffers) */
+  dt__mutex mu;
+  dt__cond cv;
+  dt__thread th;
+  int sync_ok, quit, busy;
+  dt_result rc;            /* the first failure of this step's parts */
+  char msg[DT__MSG_CAP];
+} dt__ps_early;
+
+static size_t dt__ps_early_ibytes(int n) { return (size_t)(n > 0 ? n : 1) * sizeof(int); }
+
+/* The server with a part posted and not yet sent (-1: none). Under the mutex. */
+static int dt__ps_early_posted(const dt__ps_early *E) {
+  for (int k = 0; k < E->M; k++)
+    if (E->want[k] < E->sent[k]) return k;
+  return -1;
+}
+
+static void dt__ps_early_main(void *arg) {
+  dt__ps_early *E = (dt__ps_early *)arg;
+  dt__mutex_lock(&E->mu);
+  for (;;) {
+    int k = -1;
+    while (!E->quit && (k = dt__ps_early_posted(E)) < 0) dt__cond_wait(&E->cv, &E->mu);
+    if (k < 0) break; /* quit */
+    int from = E->want[k];
+    E->busy = 1;
+    dt__mutex_unlock(&E->mu);
+    dt_result rc = dt__ps_client_push_part(E->s->pstore, E->clock, k, from, E->g, E->d);
+    dt__mutex_lock(&E->mu);
+    E->busy = 0;
+    E->sent[k] = from;
+    if (rc != DTRAIN_OK && E->rc == DTRAIN_OK) {
+      E->rc = rc;
+      snprintf(E->msg, sizeof E->msg, "%s", dt_last_error()); /* this thread's */
+    }
+    dt__cond_broadcast(&E->cv);
+  }
+  dt__mutex_unlock(&E->mu);
+}
+
+/* Backward's announcement (the compute thread): parameter p is final. Its
+ * server's final run grows down from the last parameter; a part is posted
+ * once about cap floats of it wait. */
+static void dt__ps_early_ready(void *user, int p) {
+  dt__ps_early *E = (dt__ps_early *)user;
+  if (p < 0 || p >= E->np || E->ready[p]) return;
+  E->ready[p] = 1;
+  const int k = E->owner[p];
+  int q = E->front[k];
+  size_t got = 0, b = 0, e = 0;
+  int tr, dec;
+  for (int i = q - 1; i >= 0; i--) {
+    if (E->owner[i] != k) continue;
+    if (!E->ready[i]) break;
+    (void)dt__params_range(E->s->params, i, &b, &e, &tr, &dec);
+    got += e - b;
+    q = i;
+  }
+  if (q == E->front[k]) return;
+  E->front[k] = q;
+  E->acc[k] += got;
+  if (E->acc[k] < E->cap) return;
+  E->acc[k] = 0;
+  dt__mutex_lock(&E->mu);
+  E->want[k] = q;
+  dt__cond_broadcast(&E->cv);
+  dt__mutex_unlock(&E->mu);
+}
+
+/* Replica r's step begins: nothing final but the buffers; backward announces. */
+static void dt__ps_early_begin(dt__ps_early *E, dt__strategy_replica *R) {
+  size_t b, e;
+  int tr, dec;
+  for (int p = 0; p < E->np; p++) E->ready[p] = dt__params_range(E->s->params, p, &b, &e, &tr, &dec) && !tr;
+  for (int k = 0; k < E->M; k++) E->front[k] = E->np, E->acc[k] = 0;
+  dt__mutex_lock(&E->mu);
+  for (int k = 0; k < E->M; k++) E->want[k] = E->sent[k] = E->np;
+  E->clock = R->clock;
+  E->g = R->grad;
+  E->d = R->data;
+  E->rc = DTRAIN_OK;
+  dt__mutex_unlock(&E->mu);
+  dt__graph_on_grad_ready(R->g, dt__ps_early_ready, E);
+}
+
+/* Backward is over: every part posted sent. Its first failure. */
+static dt_result dt__ps_early_end(dt__ps_early *E, dt__strategy_replica *R) {
+  dt__graph_on_grad_ready(R->g, NULL, NULL);
+  dt__mutex_lock(&E->mu);
+  while (E->busy || dt__ps_early_posted(E) >= 0) dt__cond_wait(&E->cv, &E->mu);
+  dt_result rc = E->rc;
+  dt__mutex_unlock(&E->mu);
+  if (rc != DTRAIN_OK) dt__error(rc, "%s", E->msg);
+  return rc;
+}
+
+static void dt__ps_early_destroy(dt_strategy *s, dt__ps_early *E) {
+  if (E->th.started) {
+    dt__mutex_lock(&E->mu);
+    E->quit = 1;
+    dt__cond_broadcast(&E->cv);
+    dt__mutex_unlock(&E->mu);
+    dt__thread_join(&E->th);
+  }
+  if (E->sync_ok) {
+    dt__cond_destroy(&E->cv);
+    dt__mutex_destroy(&E->mu);
+  }
+  dt__free(E->ready, (size_t)(E->np > 0 ? E->np : 1));
+  dt__free(E->front, dt__ps_early_ibytes(E->M));
+  dt__free(E->want, dt__ps_early_ibytes(E->M));
+  dt__free(E->sent, dt__ps_early_ibytes(E->M));
+  dt__free(E->acc, (size_t)(E->M > 0 ? E->M : 1) * sizeof(size_t));
+  dt__free(E, sizeof *E);
+  s->kind_state = NULL;
+}
+
+static dt_result dt__ps_early_create(dt_strategy *s) {
+  const char *fn = "dt_strategy_create";
+  const int *owner = NULL;
+  int M = dt__ps_client_servers(s->pstore, &owner);
+  if (M <= 0)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: parameter_server push_early needs a store over TCP "
+                     "(dt_pstore_create_tcp), not the %s store", fn,
+                     s->pstore->vtable && s->pstore->vtable->name ? s->pstore->vtable->name : "?");
+  if (dt_optim_get_options(s->opt)->clip_norm > 0.0f)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: parameter_server push_early with clip_norm %g (clipping needs the "
+                     "whole gradient's norm, and the parts leave before backward ends; clip_norm 0, or no "
+                     "push_early)", fn, (double)dt_optim_get_options(s->opt)->clip_norm);
+  dt__ps_early *E = (dt__ps_early *)dt__calloc(sizeof *E);
+  if (!E) return dt__strategy_nomem(s);
+  s->kind_state = E;
+  E->s = s;
+  E->owner = owner;
+  E->M = M;
+  E->np = dt_params_count(s->params);
+  E->cap = (s->desc.bucket_bytes ? s->desc.bucket_bytes : (size_t)2 << 20) / sizeof(float);
+  if (E->cap < 1) E->cap = 1;
+  E->ready = (unsigned char *)dt__calloc((size_t)(E->np > 0 ? E->np : 1));
+  E->front = (int *)dt__calloc(dt__ps_early_ibytes(M));
+  E->want = (int *)dt__calloc(dt__ps_early_ibytes(M));
+  E->sent = (int *)dt__calloc(dt__ps_early_ibytes(M));
+  E->acc = (size_t *)dt__calloc((size_t)M * sizeof(size_t));
+  if (!E->ready || !E->front || !E->want || !E->sent || !E->acc) return dt__strategy_nomem(s);
+  for (int k = 0; k < M; k++) E->want[k] = E->sent[k] = E->np;
+  if (dt__mutex_init(&E->mu) != DTRAIN_OK) return dt_last_result();
+  if (dt__cond_init(&E->cv) != DTRAIN_OK) {
+    dt__mutex_destroy(&E->mu);
+    return dt_last_result();
+  }
+  E->sync_ok = 1;
+  if (dt__thread_start(&E->th, dt__ps_early_main, E) != DTRAIN_OK)
+    return dt__error(dt_last_result(), "%s: parameter_server push_early needs a thread to send the parts: %s", fn,
+                     dt_last_error());
+  return DTRAIN_OK;
+}
+
 static void dt__ps_destroy(dt_strategy *s) {
+  if (s->kind_state && s->desc.push_early) {
+    dt__ps_early_destroy(s, (dt__ps_early *)s->kind_state);
+    return;
+  }
   dt__ps_comm *C = (dt__ps_comm *)s->kind_state;
   if (!C) return;
   if (C->th.started) {
@@ -163,6 +354,7 @@ static dt_result dt__ps_create(dt_strategy *s) {
                      s->size);
   s->pstore = st; /* borrowed */
   st->compress = s->desc.compress; /* the store's pushes and pulls (dt_ps_codec.c) */
+  if (s->desc.push_early) return dt__ps_early_create(s);
   if (!s->desc.overlap) return DTRAIN_OK;
   dt__ps_comm *C = (dt__ps_comm *)dt__calloc(sizeof *C);
   if (!C) return dt__strategy_nomem(s);
@@ -193,7 +385,19 @@ static dt_result dt__ps_replica(dt_strategy *s, int r) { return dt__strategy_bin
  * the push: dt__strategy_bufs_zero). No copy of the whole vector. */
 static int dt__ps_local_step(dt_strategy *s, int r, const dt_minibatch *b, const float **push) {
   dt__strategy_replica *R = &s->rep[r];
-  if (!dt__strategy_compute(s, r, b)) return 0;
+  dt__ps_early *E = s->desc.push_early ? (dt__ps_early *)s->kind_state : NULL;
+  if (E) dt__ps_early_begin(E, R);
+  int ok = dt__strategy_compute(s, r, b);
+  if (E) { /* the parts posted are sent (their wait: communication) */
+    double t0 = dt__now();
+    dt_result rc = dt__ps_early_end(E, R);
+    R->comm_s += dt__now() - t0;
+    if (rc != DTRAIN_OK) {
+      if (ok) dt__strategy_comm_failed(s, r, rc);
+      return 0;
+    }
+  }
+  if (!ok) return 0;
   *push = NULL;
   if (b->rows == 0 || R->skipped) return 1; /* an empty push: only the clock moves */
   if (!s->desc.check_numerics && !dt__strategy_own_grad_ok(s, r, b->step)) return R->skipped; /* compute checked */
@@ -257,7 +461,7 @@ static void dt__ps_job_overlap(dt_strategy *s, int r) {
 
 /* A run overlaps (desc.overlap); a step (dt_strategy_step) has nothing to overlap with. */
 static void dt__ps_job(dt_strategy *s, int r) {
-  if (s->kind_state && !s->batch) dt__ps_job_overlap(s, r);
+  if (s->kind_state && s->desc.overlap && !s->batch) dt__ps_job_overlap(s, r);
   else dt__strategy_async_job(s, r);
 }
 

@@ -274,6 +274,19 @@ if timeout 120 $L -n 2 --ps 1 -- $F $FA --strategy parameter_server > "$T/f_ps.j
    awk -v a="$acc" 'BEGIN { exit !(a > 0.5) }'; then
   ok "02 parameter_server, 2 workers x 1 server, learns (test accuracy $acc)"
 else bad "02 parameter_server: $(tail -n 4 "$T/f_ps.json")"; fi
+# --push-early (pushes in parts during backward): 1 worker x 1 server ends with the same
+# parameters as without (params_checksum) and says so in --json; refused for other kinds
+ck() { grep -o '"params_checksum":"[0-9a-f]*"' "$1" | head -n 1; }
+if timeout 120 $L -n 1 --ps 1 -- $F $FA --limit 1024 --strategy parameter_server > "$T/f_pe0.json" 2>&1 &&
+   timeout 120 $L -n 1 --ps 1 -- $F $FA --limit 1024 --strategy parameter_server --push-early --bucket-kb 64 > "$T/f_pe1.json" 2>&1 &&
+   [ -n "$(ck "$T/f_pe0.json")" ] && [ "$(ck "$T/f_pe0.json")" = "$(ck "$T/f_pe1.json")" ] &&
+   grep -q '"push_early":1' "$T/f_pe1.json" && grep -q '"push_early":0' "$T/f_pe0.json"; then
+  ok "02 parameter_server --push-early ends where the plain pushes do ($(ck "$T/f_pe1.json"))"
+else bad "02 --push-early: $(ck "$T/f_pe0.json") vs $(ck "$T/f_pe1.json"): $(tail -n 2 "$T/f_pe1.json")"; fi
+if $F $FA --strategy mirrored --push-early > "$T/f_pe2.out" 2>&1; then bad "02 mirrored --push-early was not refused"
+elif [ $? = 2 ] && grep -q "push-early is for --strategy parameter_server" "$T/f_pe2.out"; then
+  ok "02 --push-early refused for mirrored, with the reason"
+else bad "02 mirrored --push-early: $(tail -n 2 "$T/f_pe2.out")"; fi
 # 9b. --json's totals (issue 21 part 6): all workers together, and where the time went.
 #     Lock-step workers: the job's samples/s is the workers' count times worker 0's own;
 #     parameter servers: every push the servers applied while worker 0 trained (at least

@@ -46,6 +46,7 @@ CONTEXT = {
                     "float *partial, int64_t n",
     "powersgd:4": "dt_comm *comm",
     "sd.overlap = 1": "dt_comm *comm",
+    "sd.push_early = 1": "dt_pstore *store, int k",
     "dt_pipeline_defaults": "model m, dt_params *first_half, dt_params *second_half, dt_optim_options optim_options, "
                             "dt_minibatch batch, float loss",
     "dt_checkpoint_save_part": "dt_params **params, dt_pipeline *pl, int s, int P, int t, int T",
