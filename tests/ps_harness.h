@@ -12,6 +12,8 @@
 #  pragma GCC diagnostic ignored "-Wunused-function"
 #endif
 #  include <dirent.h>
+#  include <errno.h>
+#  include <poll.h>
 #  include <fcntl.h>
 #  include <signal.h>
 #  include <sys/socket.h>
@@ -297,7 +299,9 @@ static int server_main(const server_cfg *sc) {
   return 0;
 }
 
-static child spawn_server(const server_cfg *sc, const int *lfds) {
+/* A child process running fn(arg), its log into a pipe; it closes the n
+ * listening sockets lfds but `keep` (-1: none). */
+static child spawn_fn(int (*fn)(const void *), const void *arg, const int *lfds, int n, int keep) {
   child ch;
   memset(&ch, 0, sizeof ch);
   int p[2];
@@ -309,14 +313,20 @@ static child spawn_server(const server_cfg *sc, const int *lfds) {
   ch.pid = fork();
   if (ch.pid == 0) {
     close(p[0]);
-    for (int i = 0; i < sc->M; i++)
-      if (lfds[i] != sc->lfd) close(lfds[i]);
+    for (int i = 0; i < n; i++)
+      if (lfds[i] != keep) close(lfds[i]);
     child_setup(p[1]);
-    exit(server_main(sc)); /* exit, not _exit: LeakSanitizer checks the child too */
+    exit(fn(arg)); /* exit, not _exit: LeakSanitizer checks the child too */
   }
   close(p[1]);
   ch.rfd = p[0];
   return ch;
+}
+
+static int server_main_fn(const void *arg) { return server_main((const server_cfg *)arg); }
+
+static child spawn_server(const server_cfg *sc, const int *lfds) {
+  return spawn_fn(server_main_fn, sc, lfds, sc->M, sc->lfd);
 }
 
 /* ---- a worker process ----------------------------------------------------------------- */
@@ -495,25 +505,24 @@ static int worker_main(const worker_cfg *wc) {
   return code;
 }
 
+static int worker_main_fn(const void *arg) { return worker_main((const worker_cfg *)arg); }
+
 static child spawn_worker(const worker_cfg *wc, const int *lfds, int nl) {
-  child ch;
-  memset(&ch, 0, sizeof ch);
-  int p[2];
-  if (pipe(p) != 0) {
-    ch.pid = -1;
-    return ch;
+  return spawn_fn(worker_main_fn, wc, lfds, nl, -1);
+}
+
+/* A worker's connection to a server (fd, its lock held by the caller): 1 when
+ * the server closes it within 10 s (heartbeats may come first). */
+static int server_closes(int fd) {
+  double until = dt__now() + 10;
+  while (dt__now() < until) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    if (poll(&pf, 1, 100) <= 0) continue;
+    unsigned char junk[256];
+    ssize_t k = recv(fd, junk, sizeof junk, 0);
+    if (k == 0 || (k < 0 && errno != EINTR && errno != EAGAIN)) return 1;
   }
-  fflush(NULL);
-  ch.pid = fork();
-  if (ch.pid == 0) {
-    close(p[0]);
-    for (int i = 0; i < nl; i++) close(lfds[i]);
-    child_setup(p[1]);
-    exit(worker_main(wc));
-  }
-  close(p[1]);
-  ch.rfd = p[0];
-  return ch;
+  return 0;
 }
 
 static server_cfg server_defaults(int W, int M, int index, const int *ports, int lfd) {

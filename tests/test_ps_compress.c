@@ -407,8 +407,6 @@ static void test_codec_bad_bytes(void) {
 
 #if !defined(DTRAIN_NO_DIST) && !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include "ps_harness.h"
-#  include <errno.h>
-#  include <poll.h>
 
 /* Payload floats of the harness model: n, of which t are trained (no buffers there). */
 static void model_counts(model *m, uint64_t *n, uint64_t *t) {
@@ -609,16 +607,7 @@ static void test_hostile_worker(void) {
       }
       dt__mutex_lock(&C->mu); /* the heartbeat thread sends too */
       CHECK(dt__conn_send(&C->conn[0], (uint16_t)cases[c].type, b, len, dt__now() + 2, "test") == DTRAIN_OK);
-      /* the server drops it: its connection closes (heartbeats may come first) */
-      int closed = 0;
-      double until = dt__now() + 10;
-      while (!closed && dt__now() < until) {
-        struct pollfd pf = {C->conn[0].fd, POLLIN, 0};
-        if (poll(&pf, 1, 100) <= 0) continue;
-        unsigned char junk[256];
-        ssize_t k = recv(C->conn[0].fd, junk, sizeof junk, 0);
-        closed = k == 0 || (k < 0 && errno != EINTR && errno != EAGAIN);
-      }
+      int closed = server_closes(C->conn[0].fd); /* the server drops it */
       dt__mutex_unlock(&C->mu);
       CHECK_MSG(closed, "%s: the server kept a worker that sent a bad frame", cases[c].why);
       dt_pstore_destroy(ps);

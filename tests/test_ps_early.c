@@ -22,8 +22,6 @@
 
 #if !defined(DTRAIN_NO_DIST) && !defined(DTRAIN_NO_NET) && !defined(DTRAIN_NO_THREADS)
 #  include "ps_harness.h"
-#  include <errno.h>
-#  include <poll.h>
 
 /* ---- a model with buffers: linear, batch norm, tanh, linear ---------------------------- */
 
@@ -84,35 +82,29 @@ static dt_result bnext(void *user, int replica, int64_t step, dt_minibatch *out)
 }
 
 /* A server of the batch-norm model (the harness's serves the linear one). */
+typedef struct bserver {
+  int M, index;
+  const int *ports, *lfds;
+  dt_optim_kind kind;
+} bserver;
+
+static int bserver_main(const void *arg) {
+  const bserver *b = (const bserver *)arg;
+  bmodel m;
+  bmodel_init(&m, b->kind, 0.0f);
+  pc x;
+  pc_make(&x, 1, b->M, b->ports, DTRAIN_ROLE_PS, b->index);
+  dt_net_options o = net_opts(4.0, NULL);
+  o.listen_fd = b->lfds[b->index];
+  dt_result rc = dt_ps_serve(&x.c, m.P, m.opt, &o, NULL);
+  if (rc != DTRAIN_OK) child_say("serve: %s\n", dt_last_error());
+  bmodel_free(&m);
+  return rc == DTRAIN_OK ? 0 : 10;
+}
+
 static child spawn_bserver(int M, int index, const int *ports, const int *lfds, dt_optim_kind kind) {
-  child ch;
-  memset(&ch, 0, sizeof ch);
-  int p[2];
-  if (pipe(p) != 0) {
-    ch.pid = -1;
-    return ch;
-  }
-  fflush(NULL);
-  ch.pid = fork();
-  if (ch.pid == 0) {
-    close(p[0]);
-    for (int i = 0; i < M; i++)
-      if (i != index) close(lfds[i]);
-    child_setup(p[1]);
-    bmodel m;
-    bmodel_init(&m, kind, 0.0f);
-    pc x;
-    pc_make(&x, 1, M, ports, DTRAIN_ROLE_PS, index);
-    dt_net_options o = net_opts(4.0, NULL);
-    o.listen_fd = lfds[index];
-    dt_result rc = dt_ps_serve(&x.c, m.P, m.opt, &o, NULL);
-    if (rc != DTRAIN_OK) child_say("serve: %s\n", dt_last_error());
-    bmodel_free(&m);
-    exit(rc == DTRAIN_OK ? 0 : 10);
-  }
-  close(p[1]);
-  ch.rfd = p[0];
-  return ch;
+  bserver b = {M, index, ports, lfds, kind}; /* (the child has its own copy of it) */
+  return spawn_fn(bserver_main, &b, lfds, M, lfds[index]);
 }
 
 typedef struct brun {
@@ -387,16 +379,7 @@ static void test_hostile_parts(void) {
       dt__mutex_lock(&C->mu); /* the heartbeat thread sends too */
       CHECK(send_frame(C, &cases[c].a));
       if (cases[c].b.type) CHECK(send_frame(C, &cases[c].b));
-      /* the server drops it: its connection closes (heartbeats may come first) */
-      int closed = 0;
-      double until = dt__now() + 10;
-      while (!closed && dt__now() < until) {
-        struct pollfd pf = {C->conn[0].fd, POLLIN, 0};
-        if (poll(&pf, 1, 100) <= 0) continue;
-        unsigned char junk[256];
-        ssize_t k = recv(C->conn[0].fd, junk, sizeof junk, 0);
-        closed = k == 0 || (k < 0 && errno != EINTR && errno != EAGAIN);
-      }
+      int closed = server_closes(C->conn[0].fd); /* the server drops it */
       dt__mutex_unlock(&C->mu);
       CHECK_MSG(closed, "%s: the server kept a worker that sent a bad part", cases[c].why);
       dt_pstore_destroy(ps);
