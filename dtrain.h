@@ -38184,11 +38184,17 @@ DTRAIN_PRIVATE dt_result dt__ps_delta_apply(dt_compress_kind kind, const unsigne
  * dt_ps_ckpt.c -- parameter servers: shard checkpoints, DIR/ps-<i>-of-<M>.ckpt
  * (see dt_ps_core.h)
  * ===========================================================================
- * Layout (little-endian): a 64-byte header -- u32 magic "DTPS", u32 version 1,
+ * Layout (little-endian): a 64-byte header -- u32 magic "DTPS", u32 version 2,
  * u32 shard index, u32 servers, u64 params floats, u64 shard floats, u64
  * layout hash, u64 updates applied, u64 optimizer steps, u32 optimizer slots
- * -- then the shard's values, then each optimizer slot's shard, then the
- * CRC-32C of everything before it. Written through dt_file.h (a temporary
+ * -- then the shard's values, then each optimizer slot's shard, then the work
+ * queue (server 0 with dt_ps_options.work_items; zeros elsewhere): u64 items,
+ * u64 next (items below were handed out), u64 done, u64 handed out, u64
+ * returned, u64 count, then count i64: the items below next that are not
+ * done (given back, or held by a worker: it gives them back when it goes,
+ * so a resumed queue hands them out again; at most one per worker), then the
+ * CRC-32C of everything before it. Version 1 (no queue section) is still
+ * read: its queue starts over. Written through dt_file.h (a temporary
  * file created exclusively, synced and renamed), so a crash leaves the old
  * checkpoint or the new one.
  */
@@ -38217,21 +38223,82 @@ DTRAIN_PRIVATE dt_result dt__ps_delta_apply(dt_compress_kind kind, const unsigne
 
 #define DT__PS_CKPT_MAGIC 0x53505444u /* "DTPS" */
 #define DT__PS_CKPT_HDR 64
+#define DT__PS_CKPT_QHDR 48 /* the work queue's six counts */
 
 static int dt__ps_slots(const dt__ps_server *S) { return dt_optim_state_slots(S->opt); }
 
-/* Header, the shard's values, one shard per optimizer slot, CRC-32C. */
-DTRAIN_PRIVATE size_t dt__ps_ckpt_size(const dt__ps_server *S) {
+/* Header, the shard's values, one shard per optimizer slot (version 1 ends there), the
+ * work queue (its items to do again: at most one per worker), CRC-32C. */
+static size_t dt__ps_ckpt_size_v1(const dt__ps_server *S) {
   return DT__PS_CKPT_HDR + (size_t)(1 + dt__ps_slots(S)) * S->shard * 4 + 4;
 }
 
+/* The largest (the buffer's size). */
+DTRAIN_PRIVATE size_t dt__ps_ckpt_size(const dt__ps_server *S) {
+  return dt__ps_ckpt_size_v1(S) + DT__PS_CKPT_QHDR + (size_t)S->W * 8;
+}
+
 #  ifndef DTRAIN_NO_STDIO
+/* The work queue into b (room for DT__PS_CKPT_QHDR + 8 W bytes): its counts,
+ * then the items handed out and not done (given back, or held by a live
+ * worker). Returns the bytes written. */
+static size_t dt__ps_ckpt_put_queue(const dt__ps_server *S, unsigned char *b) {
+  memset(b, 0, DT__PS_CKPT_QHDR);
+  if (!S->q_back) return DT__PS_CKPT_QHDR;
+  uint64_t count = 0;
+  for (int k = 0; k < S->q_nback; k++) dt__put_le64(b + DT__PS_CKPT_QHDR + 8 * count++, (uint64_t)S->q_back[k]);
+  for (int i = 0; i < S->W && count < (uint64_t)S->W; i++)
+    if (S->w && S->w[i].lease >= 0) dt__put_le64(b + DT__PS_CKPT_QHDR + 8 * count++, (uint64_t)S->w[i].lease);
+  dt__put_le64(b, (uint64_t)S->q.items);
+  dt__put_le64(b + 8, (uint64_t)S->q_next);
+  dt__put_le64(b + 16, (uint64_t)S->q.done);
+  dt__put_le64(b + 24, (uint64_t)S->q.handed_out);
+  dt__put_le64(b + 32, (uint64_t)S->q.returned);
+  dt__put_le64(b + 40, count);
+  return DT__PS_CKPT_QHDR + 8 * (size_t)count;
+}
+
+/* The work queue of a checkpoint (b, as dt__ps_ckpt_put_queue writes it),
+ * checked against this server's and for sense, then taken: the items not
+ * done are handed out first. */
+static dt_result dt__ps_ckpt_get_queue(dt__ps_server *S, const unsigned char *b, const char *path) {
+  const int64_t items = (int64_t)dt__get_le64(b), next = (int64_t)dt__get_le64(b + 8),
+                done = (int64_t)dt__get_le64(b + 16), handed = (int64_t)dt__get_le64(b + 24),
+                returned = (int64_t)dt__get_le64(b + 32);
+  const uint64_t count = dt__get_le64(b + 40);
+  if (items != S->q.items)
+    return dt__error(DTRAIN_ERR_MISMATCH, "ps %d: checkpoint '%s' holds a work queue of %lld items; this server's "
+                     "has %lld (dt_ps_options.work_items, on server 0 only)", S->me, path, (long long)items,
+                     (long long)S->q.items);
+  const char *bad = NULL;
+  if (next < 0 || next > items) bad = "items handed out beyond the queue";
+  else if ((int64_t)count > next) bad = "more items to do again than were handed out";
+  else if (done != next - (int64_t)count) bad = "a done count that is not the items handed out less those to do again";
+  else if (handed < next || returned < 0 || returned > handed) bad = "hand-out counts that do not add up";
+  for (uint64_t k = 0; !bad && k < count; k++) {
+    int64_t it = (int64_t)dt__get_le64(b + DT__PS_CKPT_QHDR + 8 * k);
+    if (it < 0 || it >= next) bad = "an item to do again that was never handed out";
+    for (uint64_t j = 0; !bad && j < k; j++)
+      if ((int64_t)dt__get_le64(b + DT__PS_CKPT_QHDR + 8 * j) == it) bad = "an item to do again twice";
+  }
+  if (bad) return dt__error(DTRAIN_ERR_CORRUPT, "ps %d: checkpoint '%s': its work queue has %s", S->me, path, bad);
+  if (!S->q_back) return DTRAIN_OK; /* no queue here (items 0) */
+  S->q_next = next;
+  S->q_nback = (int)count;
+  for (uint64_t k = 0; k < count; k++) /* (the lowest handed out first: taken from the end) */
+    S->q_back[count - 1 - k] = (int64_t)dt__get_le64(b + DT__PS_CKPT_QHDR + 8 * k);
+  S->q.done = done;
+  S->q.handed_out = handed;
+  S->q.returned = returned;
+  return DTRAIN_OK;
+}
+
 DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
   unsigned char *b = S->ckpt;
   int slots = dt__ps_slots(S);
   memset(b, 0, DT__PS_CKPT_HDR);
   dt__put_le32(b, DT__PS_CKPT_MAGIC);
-  dt__put_le32(b + 4, 1);
+  dt__put_le32(b + 4, 2);
   dt__put_le32(b + 8, (uint32_t)S->me);
   dt__put_le32(b + 12, (uint32_t)S->c->servers);
   dt__put_le64(b + 16, (uint64_t)dt_params_size(S->params));
@@ -38247,6 +38314,7 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_write(dt__ps_server *S) {
     dt__ps_gather(S->params, S->owner, S->me, dt_optim_state(S->opt, k), b + off);
     off += S->shard * 4;
   }
+  off += dt__ps_ckpt_put_queue(S, b + off);
   dt__put_le32(b + off, dt__crc32c(0, b, off));
   off += 4;
   /* The shared atomic writer: created exclusively (a link planted at the
@@ -38293,8 +38361,17 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
   got = fread(b, 1, extra ? S->ckpt_bytes : (size_t)fsize, f);
   fclose(f);
   const char *p = S->ckpt_path;
-  if (got < DT__PS_CKPT_HDR + 4 || dt__get_le32(b) != DT__PS_CKPT_MAGIC || dt__get_le32(b + 4) != 1)
-    return dt__error(DTRAIN_ERR_FORMAT, "ps %d: '%s' is not a dtrain parameter-server checkpoint", S->me, p);
+  const uint32_t fv = got >= 8 ? dt__get_le32(b + 4) : 0;
+  if (got < DT__PS_CKPT_HDR + 4 || dt__get_le32(b) != DT__PS_CKPT_MAGIC || (fv != 1 && fv != 2))
+    return dt__error(DTRAIN_ERR_FORMAT, "ps %d: '%s' is not a dtrain parameter-server checkpoint (of version 1 or "
+                     "2)", S->me, p);
+  /* version 2: the work queue's items to do again, one per worker at most (this job's) */
+  const size_t qoff = DT__PS_CKPT_HDR + (size_t)(1 + dt__ps_slots(S)) * S->shard * 4;
+  const uint64_t qcount = fv == 2 && got >= qoff + DT__PS_CKPT_QHDR ? dt__get_le64(b + qoff + 40) : 0;
+  if (qcount > (uint64_t)S->W)
+    return dt__error(DTRAIN_ERR_MISMATCH, "ps %d: checkpoint '%s' holds a work queue with %llu items to do again, "
+                     "more than this job's %d workers can have held", S->me, p, (unsigned long long)qcount, S->W);
+  const size_t want = dt__ps_ckpt_size_v1(S) + (fv == 2 ? DT__PS_CKPT_QHDR + 8 * (size_t)qcount : 0);
   if (dt__get_le32(b + 8) != (uint32_t)S->me || dt__get_le32(b + 12) != (uint32_t)S->c->servers ||
       dt__get_le64(b + 16) != (uint64_t)dt_params_size(S->params) || dt__get_le64(b + 24) != (uint64_t)S->shard ||
       dt__get_le64(b + 32) != S->layout || dt__get_le32(b + 56) != (uint32_t)dt__ps_slots(S))
@@ -38304,23 +38381,36 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S) {
                      S->me, p, (unsigned)dt__get_le32(b + 8), (unsigned)dt__get_le32(b + 12),
                      (unsigned long long)dt__get_le64(b + 24), (unsigned)dt__get_le32(b + 56), S->me, S->c->servers,
                      S->shard, dt__ps_slots(S));
-  if (got != S->ckpt_bytes || extra || dt__get_le32(b + got - 4) != dt__crc32c(0, b, got - 4))
+  if (got != want || extra || dt__get_le32(b + got - 4) != dt__crc32c(0, b, got - 4))
     return dt__error(DTRAIN_ERR_CORRUPT, "ps %d: checkpoint '%s' is truncated or corrupt (checksum)", S->me, p);
   /* Checksummed is not sound: a hand-made file may carry any numbers. */
   if ((int64_t)dt__get_le64(b + 48) < 0 || (int64_t)dt__get_le64(b + 40) < 0)
     return dt__error(DTRAIN_ERR_CORRUPT, "ps %d: checkpoint '%s' holds a negative count (%lld updates, optimizer "
                      "step %lld)", S->me, p, (long long)dt__get_le64(b + 40), (long long)dt__get_le64(b + 48));
+  size_t off;
+  if (fv == 2) { /* the work queue: checked before anything is taken */
+    dt_result qr = dt__ps_ckpt_get_queue(S, b + qoff, p);
+    if (qr != DTRAIN_OK) return qr;
+  } else if (S->q_back) {
+    dt__log(DTRAIN_LOG_WARN, DTRAIN_OK, "ps %d: checkpoint '%s' is of version 1, without the work queue: the queue "
+            "starts over", S->me, p);
+  }
   S->version = dt__get_le64(b + 40);
   dt_optim_set_steps(S->opt, (int64_t)dt__get_le64(b + 48));
-  size_t off = DT__PS_CKPT_HDR;
+  off = DT__PS_CKPT_HDR;
   dt__ps_scatter(S->params, S->owner, S->me, b + off, dt_params_data(S->params));
   off += S->shard * 4;
   for (int k = 0; k < dt__ps_slots(S); k++) {
     dt__ps_scatter(S->params, S->owner, S->me, b + off, dt_optim_state(S->opt, k));
     off += S->shard * 4;
   }
-  dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: resumed from '%s' (%llu updates, optimizer step %lld)", S->me, p,
-          (unsigned long long)S->version, (long long)dt_optim_steps(S->opt));
+  if (S->q_back)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: resumed from '%s' (%llu updates, optimizer step %lld; work queue: "
+            "%lld of %lld items done, %d to do again)", S->me, p, (unsigned long long)S->version,
+            (long long)dt_optim_steps(S->opt), (long long)S->q.done, (long long)S->q.items, S->q_nback);
+  else
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: resumed from '%s' (%llu updates, optimizer step %lld)", S->me, p,
+            (unsigned long long)S->version, (long long)dt_optim_steps(S->opt));
   return DTRAIN_OK;
 }
 #  else
@@ -38347,6 +38437,7 @@ DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
 
 #  undef DT__PS_CKPT_MAGIC
 #  undef DT__PS_CKPT_HDR
+#  undef DT__PS_CKPT_QHDR
 
 #endif /* DTRAIN_NO_NET */
 #endif /* part 4 */
@@ -39826,10 +39917,10 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
       unsigned char fix[DT__PS_PFIX];
       uint64_t flags = DT__PS_PART_LAST | (delta ? 0 : DT__PS_PART_DISCARD);
       dt__ps_client_part_fix(T, before ? C->basis_version[s] : C->pulled_version[s], 0, flags, fix);
-      int n = delta ? dt__ps_client_part_pieces(C, s, 0, C->part_lo[s], fix, delta, NULL) : 1;
+      int nparts = delta ? dt__ps_client_part_pieces(C, s, 0, C->part_lo[s], fix, delta, NULL) : 1;
       if (!delta) C->iov[0].iov_base = fix, C->iov[0].iov_len = DT__PS_PFIX;
       len = DT__PS_PFIX + (delta ? 4 * C->part_lo[s] : 0);
-      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSHP, C->iov, n, C->iov_scratch, dt__now() + C->timeout, op);
+      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSHP, C->iov, nparts, C->iov_scratch, dt__now() + C->timeout, op);
       C->last_send[s] = dt__now();
       if (rc == DTRAIN_OK) ps->wire_sent += len;
       continue;

@@ -410,10 +410,10 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
       unsigned char fix[DT__PS_PFIX];
       uint64_t flags = DT__PS_PART_LAST | (delta ? 0 : DT__PS_PART_DISCARD);
       dt__ps_client_part_fix(T, before ? C->basis_version[s] : C->pulled_version[s], 0, flags, fix);
-      int n = delta ? dt__ps_client_part_pieces(C, s, 0, C->part_lo[s], fix, delta, NULL) : 1;
+      int nparts = delta ? dt__ps_client_part_pieces(C, s, 0, C->part_lo[s], fix, delta, NULL) : 1;
       if (!delta) C->iov[0].iov_base = fix, C->iov[0].iov_len = DT__PS_PFIX;
       len = DT__PS_PFIX + (delta ? 4 * C->part_lo[s] : 0);
-      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSHP, C->iov, n, C->iov_scratch, dt__now() + C->timeout, op);
+      rc = dt__conn_sendv(&C->conn[s], DT__PS_PUSHP, C->iov, nparts, C->iov_scratch, dt__now() + C->timeout, op);
       C->last_send[s] = dt__now();
       if (rc == DTRAIN_OK) ps->wire_sent += len;
       continue;

@@ -379,6 +379,7 @@ static int queue_worker_main(const worker_cfg *wc) {
   dt_pstore *ps = dt_pstore_create_tcp(&x.c, m.P, &o, DTRAIN_STALENESS_UNBOUNDED);
   if (!ps) {
     child_say("create: %s\n", dt_last_error());
+    model_free(&m);
     return 4;
   }
   dt_strategy_options sd = dt_strategy_parameter_server(ps, DTRAIN_STALENESS_UNBOUNDED);
@@ -386,6 +387,8 @@ static int queue_worker_main(const worker_cfg *wc) {
   dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
   if (!s) {
     child_say("strategy: %s\n", dt_last_error());
+    dt_pstore_destroy(ps);
+    model_free(&m);
     return 5;
   }
   step_sleep_s = wc->step_sleep_s;
@@ -425,6 +428,7 @@ static int worker_main(const worker_cfg *wc) {
   dt_pstore *ps = dt_pstore_create_tcp(&x.c, m.P, &o, wc->k);
   if (!ps) {
     child_say("create: %s\n", dt_last_error());
+    model_free(&m); /* (LeakSanitizer checks the child at its exit) */
     return 4;
   }
   {
@@ -435,13 +439,14 @@ static int worker_main(const worker_cfg *wc) {
     child_say("joined %s\n", b);
   }
   dt_strategy_options sd = dt_strategy_parameter_server(ps, wc->k);
-  if (wc->compress && dt_compress_parse(wc->compress, &sd.compress) != DTRAIN_OK) {
+  dt_strategy *s = NULL;
+  if (wc->compress && dt_compress_parse(wc->compress, &sd.compress) != DTRAIN_OK)
     child_say("compress: %s\n", dt_last_error());
-    return 5;
-  }
-  dt_strategy *s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd);
-  if (!s) {
+  else if (!(s = dt_strategy_create(m.P, m.opt, step_fn, &m, &sd)))
     child_say("strategy: %s\n", dt_last_error());
+  if (!s) {
+    dt_pstore_destroy(ps);
+    model_free(&m);
     return 5;
   }
   float initial = full_loss(&m);

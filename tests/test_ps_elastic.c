@@ -229,6 +229,86 @@ static void test_work_queue_exactly_once(void) {
   alarm(0);
 }
 
+#  ifndef DTRAIN_NO_STDIO
+/* The work queue survives server 0's restart from its checkpoint: a worker
+ * does 7 of 20 items and leaves (BYE, holding the 8th it prefetched: given
+ * back); server 0 ends with a checkpoint. Started again from it, the server
+ * hands out the 8th item first, then the rest: a second worker trains on 13
+ * items, which with the first's 7 are 0..19, each once, and the server ends
+ * with 20 updates applied (not 7 + 20: the queue did not start over). */
+static void test_work_queue_resumed(void) {
+  alarm(60);
+  enum { N = 20 };
+  char dir[] = "/tmp/dtrain_psq_XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  int count[N];
+  memset(count, 0, sizeof count);
+  child srv[2], w[2];
+  for (int run = 0; run < 2; run++) {
+    int lfd, port;
+    CHECK(listen_fds(1, &lfd, &port));
+    server_cfg sc = server_defaults(1, 1, 0, &port, lfd);
+    sc.work_items = N;
+    sc.ckpt_dir = dir;
+    sc.ckpt_every = 1;
+    srv[run] = spawn_server(&sc, &lfd);
+    worker_cfg wc = worker_defaults(1, 1, 0, &port);
+    wc.queue = 1;
+    wc.steps = run == 0 ? 7 : 1000; /* the first leaves after 7 items; the queue ends the second */
+    w[run] = spawn_worker(&wc, &lfd, 1);
+    close(lfd);
+    child_wait(&w[run]);
+    child_wait(&srv[run]);
+    CHECK_MSG(w[run].status == 0, "run %d: worker status %d: %s", run, w[run].status, flat(w[run].out));
+    CHECK_MSG(srv[run].status == 0, "run %d: server status %d: %s", run, srv[run].status, flat(srv[run].out));
+    int64_t items[N + 8];
+    int n = took_items(w[run].out, items, N + 8); /* (the 8th, prefetched, was never asked for: no "took") */
+    CHECK_MSG(n == (run == 0 ? 7 : 13), "run %d: %d items trained", run, n);
+    for (int k = 0; k < n; k++)
+      if (items[k] >= 0 && items[k] < N) count[items[k]]++;
+  }
+  int missing = 0, twice = 0;
+  for (int k = 0; k < N; k++) {
+    missing += count[k] == 0;
+    twice += count[k] > 1;
+  }
+  CHECK_MSG(missing == 0 && twice == 0, "%d items never trained, %d twice", missing, twice);
+  CHECK_MSG(strstr(srv[0].out, "queue items 20 done 7 handed 8 returned 1"), "first server: %s", flat(srv[0].out));
+  CHECK_MSG(strstr(srv[1].out, "work queue: 7 of 20 items done, 1 to do again") &&
+                strstr(srv[1].out, "queue items 20 done 20 handed 21 returned 1"),
+            "resumed server: %s", flat(srv[1].out));
+  /* the parameters took every item's update once: 20 updates in the last checkpoint */
+  char path[256];
+  snprintf(path, sizeof path, "%s/ps-0-of-1.ckpt", dir);
+  FILE *f = fopen(path, "rb");
+  unsigned char h[64];
+  CHECK(f && fread(h, 1, sizeof h, f) == sizeof h && dt__get_le32(h + 4) == 2);
+  if (f) fclose(f);
+  CHECK_MSG(dt__get_le64(h + 40) == N, "%llu updates applied", (unsigned long long)dt__get_le64(h + 40));
+  /* a queue of another size is refused at start, the file named */
+  {
+    int lfd, port;
+    CHECK(listen_fds(1, &lfd, &port));
+    pc x;
+    pc_make(&x, 1, 1, &port, DTRAIN_ROLE_PS, 0);
+    dt_net_options o = net_opts(2.0, NULL);
+    o.listen_fd = lfd;
+    dt_ps_options po;
+    memset(&po, 0, sizeof po);
+    po.checkpoint_dir = dir;
+    po.work_items = N + 1;
+    model m;
+    model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
+    CHECK_ERR(dt_ps_serve(&x.c, m.P, m.opt, &o, &po), DTRAIN_ERR_MISMATCH, "work queue of 20 items");
+    model_free(&m);
+    close(lfd);
+  }
+  remove(path);
+  rmdir(dir);
+  alarm(0);
+}
+#  endif
+
 /* A worker that asks for a staleness bound is refused by a server with a
  * queue (the bound would hold everybody at the straggler's clock); the
  * strategy refuses work_queue with a bound before it gets there. */
@@ -690,6 +770,11 @@ int main(void) {
   TH_RUN(test_joined_decoder);
   TH_RUN(test_taken_decoder);
   TH_RUN(test_work_queue_exactly_once);
+#  ifndef DTRAIN_NO_STDIO
+  TH_RUN(test_work_queue_resumed);
+#  else
+  th_skip_item("test_work_queue_resumed", "shard checkpoints need stdio (DTRAIN_NO_STDIO build)");
+#  endif
   TH_RUN(test_work_queue_needs_unbounded);
   TH_RUN(test_staleness_lr_local);
   TH_RUN(test_staleness_lr_server);

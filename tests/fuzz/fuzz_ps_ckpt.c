@@ -11,8 +11,10 @@
  *                reader's checks after the checksum are reached too.
  * Each read ends in success or an error with a message, never a crash, an
  * out-of-bounds read or a leak; what is accepted is a file of exactly the
- * checkpoint's size whose counts the server then holds (a negative optimizer
- * step was once "accepted" while dt_optim_set_steps refused it). */
+ * checkpoint's size (or of a version-1 one, without the work queue) whose
+ * counts the server then holds (a negative optimizer step was once
+ * "accepted" while dt_optim_set_steps refused it), and whose work queue adds
+ * up. */
 #define _POSIX_C_SOURCE 200809L
 #define DTRAIN_STATIC
 #define DTRAIN_IMPLEMENTATION
@@ -57,6 +59,21 @@ static int fz_setup(void) {
   S.np = dt_params_count(P);
   S.owner = (int *)calloc((size_t)S.np, sizeof(int));
   if (!S.owner || dt_ps_shard(P, 1, S.owner) != DTRAIN_OK) return 0;
+  /* a work queue of 9 items (server 0's) and 2 workers: 4 handed out, item 2 given back,
+   * item 3 held by worker 1 (worker 0 holds none) */
+  S.W = 2;
+  S.w = (dt__ps_worker *)calloc(2, sizeof(dt__ps_worker));
+  S.q_back = (int64_t *)calloc(2, sizeof(int64_t));
+  if (!S.w || !S.q_back) return 0;
+  S.q.items = 9;
+  S.q_next = 4;
+  S.q_back[0] = 2;
+  S.q_nback = 1;
+  S.w[0].lease = -1;
+  S.w[1].lease = 3;
+  S.q.done = 2;
+  S.q.handed_out = 5;
+  S.q.returned = 1;
   S.shard = dt__ps_shard_floats(P, S.owner, 0);
   S.layout = dt__ps_layout_hash(P, S.owner, 0, 1);
   S.ckpt_bytes = dt__ps_ckpt_size(&S);
@@ -115,14 +132,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (n) fwrite(file, 1, n, f);
   fclose(f);
   uint64_t version = n >= 56 ? dt__get_le64(file + 40) : 0, steps = n >= 56 ? dt__get_le64(file + 48) : 0;
+  uint32_t fv = n >= 8 ? dt__get_le32(file + 4) : 0;
+  const size_t v1 = 64 + 3 * S.shard * 4 + 4; /* (Adam: 2 slots) */
+  uint64_t qcount = n >= v1 + 44 ? dt__get_le64(file + v1 - 4 + 40) : 0;
   free(file);
   dt_clear_error();
   dt_result r = dt__ps_ckpt_read(&S);
   if (r != DTRAIN_OK && dt_last_error()[0] == '\0') FZ_FAIL("refused without a message");
-  if (r == DTRAIN_OK && n != S.ckpt_bytes) FZ_FAIL("accepted a file of the wrong size");
+  /* (version 1 has no work queue section; version 2's holds count items to do again) */
+  if (r == DTRAIN_OK && n != v1 + (fv == 2 ? 48 + 8 * (size_t)qcount : 0)) FZ_FAIL("accepted a file of the wrong size");
+  if (r == DTRAIN_OK && fv == 2 && (S.q_next > S.q.items || S.q.done != S.q_next - S.q_nback || S.q_nback > S.W))
+    FZ_FAIL("accepted a work queue that does not add up");
   /* What is accepted is taken whole: the server's counts are the file's. */
   if (r == DTRAIN_OK && (S.version != version || (uint64_t)dt_optim_steps(S.opt) != steps))
     FZ_FAIL("accepted counts it did not take (a negative optimizer step?)");
+  if (getenv("DTRAIN_FUZZ_VERBOSE")) /* (to see what a seed reaches) */
+    fprintf(stderr, "fuzz_ps_ckpt: %zu bytes, version %u: %s\n", n, (unsigned)fv,
+            r == DTRAIN_OK ? "accepted" : dt_last_error());
   remove(S.ckpt_path);
   return 0;
 }
