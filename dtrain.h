@@ -37667,15 +37667,21 @@ typedef struct dt__ps_server {
   dt_ps_work_stats q;       /* items, done, handed_out, returned */
 } dt__ps_server;
 
-/* ---- a worker's frames (dt_ps_server.c, dt_ps_parts.c) ---------------------------------------- */
-/* Worker i dropped: its connection closed, why logged (dt_ps_server.c). */
-DTRAIN_PRIVATE void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why);
-/* Worker i's request whole (PULL, PUSH, PUSHZ, or a push whose parts are in):
- * checked against its clocks, then pending (dt_ps_server.c). */
-DTRAIN_PRIVATE void dt__ps_on_request(dt__ps_server *S, int i, uint16_t type, int64_t t, uint64_t word,
-                                      uint32_t length, const char *op);
-/* Worker i's PUSHP of len bytes at p, checked and gathered (dt_ps_parts.c). */
-DTRAIN_PRIVATE void dt__ps_on_part(dt__ps_server *S, int i, const unsigned char *p, uint32_t len, const char *op);
+/* ---- pushes in parts (dt_ps_parts.c) ---------------------------------------------------------- */
+/* A push whose parts are all in: a PUSH of this clock and version, of length
+ * bytes (DT__PS_FIX + the shard's floats, in rx; DT__PS_FIX: discarded, empty). */
+typedef struct dt__ps_whole {
+  int64_t clock;
+  uint64_t version;
+  uint32_t length;
+} dt__ps_whole;
+/* Worker w's PUSHP of len bytes at p (its length already a multiple of 4
+ * past DT__PS_PFIX, at most the shard's), checked against the parts before
+ * it, its floats gathered into w->rx. 1: the push is whole (*whole says
+ * which); 0: taken (or the parts abandoned); -1: a protocol violation,
+ * why (cap bytes) names it, prefixed with op. */
+DTRAIN_PRIVATE int dt__ps_part(dt__ps_worker *w, size_t shard, const unsigned char *p, uint32_t len, const char *op,
+                               dt__ps_whole *whole, char *why, size_t cap);
 
 /* ---- shard checkpoints (dt_ps_ckpt.c) -------------------------------------------------------- */
 /* Bytes of S's checkpoint file (and of S->ckpt, the buffer it is built in). */
@@ -38448,7 +38454,7 @@ DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
 /* ===========================================================================
  * dt_ps_parts.c -- parameter servers: a push that comes in parts (PUSHP,
  * dt_strategy_options.push_early; see dt_ps_core.h), gathered into the
- * worker's push buffer and handed to the server's request handling whole
+ * worker's push buffer; the server handles the push once it is whole
  * ===========================================================================
  */
 /* #include "dt_internal.h" (amalgamated) */
@@ -38471,15 +38477,11 @@ DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S) {
 
 #if !defined(DTRAIN_NO_NET)
 
-/* A part of a push in parts (PUSHP, len bytes at p; see dt_ps_core.h):
- * checked against the parts before it, its floats gathered into rx; the
- * last one makes the push a request. */
-DTRAIN_PRIVATE void dt__ps_on_part(dt__ps_server *S, int i, const unsigned char *p, uint32_t len, const char *op) {
-  dt__ps_worker *w = &S->w[i];
-  char why[DT__MSG_CAP];
+DTRAIN_PRIVATE int dt__ps_part(dt__ps_worker *w, size_t shard, const unsigned char *p, uint32_t len, const char *op,
+                               dt__ps_whole *whole, char *why, size_t cap) {
   const int64_t t = (int64_t)dt__get_le64(p);
   const uint64_t v = dt__get_le64(p + 8), off = dt__get_le64(p + 16), flags = dt__get_le64(p + 24);
-  const size_t n = (len - DT__PS_PFIX) / 4, lo = w->parting ? w->part_lo : S->shard;
+  const size_t n = (len - DT__PS_PFIX) / 4, lo = w->parting ? w->part_lo : shard;
   const int last = (flags & DT__PS_PART_LAST) != 0, empty = (flags & (DT__PS_PART_DISCARD | DT__PS_PART_ABANDON)) != 0;
   const char *bad = NULL;
   if (flags != 0 && flags != DT__PS_PART_LAST && flags != (DT__PS_PART_LAST | DT__PS_PART_DISCARD) &&
@@ -38496,25 +38498,26 @@ DTRAIN_PRIVATE void dt__ps_on_part(dt__ps_server *S, int i, const unsigned char 
   else if (last && !empty && off != 0)
     bad = "a last part not reaching the shard's start";
   if (bad) {
-    snprintf(why, sizeof why, "%s: protocol violation: a push's part (clock %lld, floats [%llu, %llu) of %zu, flags "
-             "%llu): %s", op, (long long)t, (unsigned long long)off, (unsigned long long)(off + n), S->shard,
+    snprintf(why, cap, "%s: protocol violation: a push's part (clock %lld, floats [%llu, %llu) of %zu, flags %llu): "
+             "%s", op, (long long)t, (unsigned long long)off, (unsigned long long)(off + n), shard,
              (unsigned long long)flags, bad);
-    dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
-    return;
+    return -1;
   }
   if (flags == DT__PS_PART_ABANDON) { /* the parts so far are dropped: no push */
     w->parting = 0;
-    return;
+    return 0;
   }
   if (n) memcpy(w->rx + DT__PS_FIX + 4 * off, p + DT__PS_PFIX, 4 * n);
   w->parting = 1;
   w->part_lo = (size_t)off;
   w->part_clock = t;
   w->part_version = v;
-  if (!last) return;
+  if (!last) return 0;
   w->parting = 0; /* whole: a push of clock t, its floats in rx (none when discarded) */
-  dt__ps_on_request(S, i, DT__PS_PUSH, t, v,
-                    (uint32_t)(flags & DT__PS_PART_DISCARD ? DT__PS_FIX : DT__PS_FIX + S->shard * 4), op);
+  whole->clock = t;
+  whole->version = v;
+  whole->length = (uint32_t)(flags & DT__PS_PART_DISCARD ? DT__PS_FIX : DT__PS_FIX + shard * 4);
+  return 1;
 }
 
 #endif /* DTRAIN_NO_NET */
@@ -38612,7 +38615,7 @@ static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t 
 }
 
 /* Drop worker i from training: logged, out of the clocks. */
-DTRAIN_PRIVATE void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
+static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
   dt__ps_worker *w = &S->w[i];
   char name[DT__NET_ADDR];
   dt__ps_worker_name(S, i, name, sizeof name);
@@ -39058,8 +39061,8 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
  * PUSHZ of length bytes in rx (word: the version it was computed on), or the
  * last part of a push (as a PUSH: length DT__PS_FIX + the shard's floats, or
  * DT__PS_FIX when discarded). Checked against its clocks, then pending. */
-DTRAIN_PRIVATE void dt__ps_on_request(dt__ps_server *S, int i, uint16_t type, int64_t t, uint64_t word,
-                                      uint32_t length, const char *op) {
+static void dt__ps_on_request(dt__ps_server *S, int i, uint16_t type, int64_t t, uint64_t word, uint32_t length,
+                              const char *op) {
   dt__ps_worker *w = &S->w[i];
   char why[DT__MSG_CAP];
   const int push = type != DT__PS_PULL;
@@ -39125,7 +39128,13 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
     }
     case DT__PS_JOIN: dt__ps_on_join(S, i, dst); break;
     case DT__PS_TAKE: (void)dt__ps_take(S, i); break;
-    case DT__PS_PUSHP: dt__ps_on_part(S, i, dst, f.length, op); break;
+    case DT__PS_PUSHP: { /* a part (dt_ps_parts.c); the last makes the push a request */
+      dt__ps_whole whole;
+      int k = dt__ps_part(w, S->shard, dst, f.length, op, &whole, why, sizeof why);
+      if (k < 0) dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+      else if (k > 0) dt__ps_on_request(S, i, DT__PS_PUSH, whole.clock, whole.version, whole.length, op);
+      break;
+    }
     case DT__PS_PULL:
     case DT__PS_PUSH:
     case DT__PS_PUSHZ: dt__ps_on_request(S, i, f.type, (int64_t)dt__get_le64(dst), dt__get_le64(dst + 8), f.length, op); break;

@@ -239,15 +239,21 @@ typedef struct dt__ps_server {
   dt_ps_work_stats q;       /* items, done, handed_out, returned */
 } dt__ps_server;
 
-/* ---- a worker's frames (dt_ps_server.c, dt_ps_parts.c) ---------------------------------------- */
-/* Worker i dropped: its connection closed, why logged (dt_ps_server.c). */
-DTRAIN_PRIVATE void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why);
-/* Worker i's request whole (PULL, PUSH, PUSHZ, or a push whose parts are in):
- * checked against its clocks, then pending (dt_ps_server.c). */
-DTRAIN_PRIVATE void dt__ps_on_request(dt__ps_server *S, int i, uint16_t type, int64_t t, uint64_t word,
-                                      uint32_t length, const char *op);
-/* Worker i's PUSHP of len bytes at p, checked and gathered (dt_ps_parts.c). */
-DTRAIN_PRIVATE void dt__ps_on_part(dt__ps_server *S, int i, const unsigned char *p, uint32_t len, const char *op);
+/* ---- pushes in parts (dt_ps_parts.c) ---------------------------------------------------------- */
+/* A push whose parts are all in: a PUSH of this clock and version, of length
+ * bytes (DT__PS_FIX + the shard's floats, in rx; DT__PS_FIX: discarded, empty). */
+typedef struct dt__ps_whole {
+  int64_t clock;
+  uint64_t version;
+  uint32_t length;
+} dt__ps_whole;
+/* Worker w's PUSHP of len bytes at p (its length already a multiple of 4
+ * past DT__PS_PFIX, at most the shard's), checked against the parts before
+ * it, its floats gathered into w->rx. 1: the push is whole (*whole says
+ * which); 0: taken (or the parts abandoned); -1: a protocol violation,
+ * why (cap bytes) names it, prefixed with op. */
+DTRAIN_PRIVATE int dt__ps_part(dt__ps_worker *w, size_t shard, const unsigned char *p, uint32_t len, const char *op,
+                               dt__ps_whole *whole, char *why, size_t cap);
 
 /* ---- shard checkpoints (dt_ps_ckpt.c) -------------------------------------------------------- */
 /* Bytes of S's checkpoint file (and of S->ckpt, the buffer it is built in). */

@@ -1,7 +1,7 @@
 /* ===========================================================================
  * dt_ps_parts.c -- parameter servers: a push that comes in parts (PUSHP,
  * dt_strategy_options.push_early; see dt_ps_core.h), gathered into the
- * worker's push buffer and handed to the server's request handling whole
+ * worker's push buffer; the server handles the push once it is whole
  * ===========================================================================
  */
 #include "dt_internal.h"
@@ -24,15 +24,11 @@
 
 #if !defined(DTRAIN_NO_NET)
 
-/* A part of a push in parts (PUSHP, len bytes at p; see dt_ps_core.h):
- * checked against the parts before it, its floats gathered into rx; the
- * last one makes the push a request. */
-DTRAIN_PRIVATE void dt__ps_on_part(dt__ps_server *S, int i, const unsigned char *p, uint32_t len, const char *op) {
-  dt__ps_worker *w = &S->w[i];
-  char why[DT__MSG_CAP];
+DTRAIN_PRIVATE int dt__ps_part(dt__ps_worker *w, size_t shard, const unsigned char *p, uint32_t len, const char *op,
+                               dt__ps_whole *whole, char *why, size_t cap) {
   const int64_t t = (int64_t)dt__get_le64(p);
   const uint64_t v = dt__get_le64(p + 8), off = dt__get_le64(p + 16), flags = dt__get_le64(p + 24);
-  const size_t n = (len - DT__PS_PFIX) / 4, lo = w->parting ? w->part_lo : S->shard;
+  const size_t n = (len - DT__PS_PFIX) / 4, lo = w->parting ? w->part_lo : shard;
   const int last = (flags & DT__PS_PART_LAST) != 0, empty = (flags & (DT__PS_PART_DISCARD | DT__PS_PART_ABANDON)) != 0;
   const char *bad = NULL;
   if (flags != 0 && flags != DT__PS_PART_LAST && flags != (DT__PS_PART_LAST | DT__PS_PART_DISCARD) &&
@@ -49,25 +45,26 @@ DTRAIN_PRIVATE void dt__ps_on_part(dt__ps_server *S, int i, const unsigned char 
   else if (last && !empty && off != 0)
     bad = "a last part not reaching the shard's start";
   if (bad) {
-    snprintf(why, sizeof why, "%s: protocol violation: a push's part (clock %lld, floats [%llu, %llu) of %zu, flags "
-             "%llu): %s", op, (long long)t, (unsigned long long)off, (unsigned long long)(off + n), S->shard,
+    snprintf(why, cap, "%s: protocol violation: a push's part (clock %lld, floats [%llu, %llu) of %zu, flags %llu): "
+             "%s", op, (long long)t, (unsigned long long)off, (unsigned long long)(off + n), shard,
              (unsigned long long)flags, bad);
-    dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
-    return;
+    return -1;
   }
   if (flags == DT__PS_PART_ABANDON) { /* the parts so far are dropped: no push */
     w->parting = 0;
-    return;
+    return 0;
   }
   if (n) memcpy(w->rx + DT__PS_FIX + 4 * off, p + DT__PS_PFIX, 4 * n);
   w->parting = 1;
   w->part_lo = (size_t)off;
   w->part_clock = t;
   w->part_version = v;
-  if (!last) return;
+  if (!last) return 0;
   w->parting = 0; /* whole: a push of clock t, its floats in rx (none when discarded) */
-  dt__ps_on_request(S, i, DT__PS_PUSH, t, v,
-                    (uint32_t)(flags & DT__PS_PART_DISCARD ? DT__PS_FIX : DT__PS_FIX + S->shard * 4), op);
+  whole->clock = t;
+  whole->version = v;
+  whole->length = (uint32_t)(flags & DT__PS_PART_DISCARD ? DT__PS_FIX : DT__PS_FIX + shard * 4);
+  return 1;
 }
 
 #endif /* DTRAIN_NO_NET */

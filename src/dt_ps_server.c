@@ -87,7 +87,7 @@ static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t 
 }
 
 /* Drop worker i from training: logged, out of the clocks. */
-DTRAIN_PRIVATE void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
+static void dt__ps_lose(dt__ps_server *S, int i, dt_result code, const char *why) {
   dt__ps_worker *w = &S->w[i];
   char name[DT__NET_ADDR];
   dt__ps_worker_name(S, i, name, sizeof name);
@@ -533,8 +533,8 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
  * PUSHZ of length bytes in rx (word: the version it was computed on), or the
  * last part of a push (as a PUSH: length DT__PS_FIX + the shard's floats, or
  * DT__PS_FIX when discarded). Checked against its clocks, then pending. */
-DTRAIN_PRIVATE void dt__ps_on_request(dt__ps_server *S, int i, uint16_t type, int64_t t, uint64_t word,
-                                      uint32_t length, const char *op) {
+static void dt__ps_on_request(dt__ps_server *S, int i, uint16_t type, int64_t t, uint64_t word, uint32_t length,
+                              const char *op) {
   dt__ps_worker *w = &S->w[i];
   char why[DT__MSG_CAP];
   const int push = type != DT__PS_PULL;
@@ -600,7 +600,13 @@ static void dt__ps_on_frame(dt__ps_server *S, int i, const char *op) {
     }
     case DT__PS_JOIN: dt__ps_on_join(S, i, dst); break;
     case DT__PS_TAKE: (void)dt__ps_take(S, i); break;
-    case DT__PS_PUSHP: dt__ps_on_part(S, i, dst, f.length, op); break;
+    case DT__PS_PUSHP: { /* a part (dt_ps_parts.c); the last makes the push a request */
+      dt__ps_whole whole;
+      int k = dt__ps_part(w, S->shard, dst, f.length, op, &whole, why, sizeof why);
+      if (k < 0) dt__ps_lose(S, i, DTRAIN_ERR_PROTOCOL, why);
+      else if (k > 0) dt__ps_on_request(S, i, DT__PS_PUSH, whole.clock, whole.version, whole.length, op);
+      break;
+    }
     case DT__PS_PULL:
     case DT__PS_PUSH:
     case DT__PS_PUSHZ: dt__ps_on_request(S, i, f.type, (int64_t)dt__get_le64(dst), dt__get_le64(dst + 8), f.length, op); break;
