@@ -70,7 +70,7 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h tests/win_compat.h $(BUILD)/dtrain.o
 	$(if $(filter $*,$(SKIP_TESTS)),$(CC) $(CFLAGS_ALL) -DCUDA_SKIP_NAME='"$*"' '-DCUDA_SKIP_REASON="$(SKIP_WHY)"' tests/cuda_skip.c -o $@,$(CC) $(CFLAGS_ALL) -I. -Itests $< $(BUILD)/dtrain.o -o $@ $(LDLIBS))
 
 # The parameter-server tests share their forked cluster.
-$(BUILD)/tests/test_ps $(BUILD)/tests/test_ps_elastic $(BUILD)/tests/test_ps_compress $(BUILD)/tests/test_ps_early: tests/ps_harness.h tests/hostile_clients.h
+$(BUILD)/tests/test_ps $(BUILD)/tests/test_ps_elastic $(BUILD)/tests/test_ps_compress $(BUILD)/tests/test_ps_early $(BUILD)/tests/test_ps_backup: tests/ps_harness.h tests/hostile_clients.h
 
 # The TCP communicator's tests share their forked ranks.
 $(BUILD)/tests/test_comm_tcp $(BUILD)/tests/test_comm_p2p $(BUILD)/tests/test_pipeline \
@@ -305,7 +305,7 @@ WIN_CC   ?= x86_64-w64-mingw32-gcc-posix
 WIN_CXX  ?= x86_64-w64-mingw32-g++-posix
 WINE     ?= $(shell command -v wine64 || command -v wine || { test -x /usr/lib/wine/wine64 && echo /usr/lib/wine/wine64; })
 WIN_SKIP := test_comm_tcp test_comm_p2p test_pipeline test_tensor_parallel test_netem test_mwm_tcp test_net \
-            test_ps test_ps_elastic test_ps_compress test_ps_early test_speed test_null_args test_alloc_fail
+            test_ps test_ps_elastic test_ps_compress test_ps_early test_ps_backup test_speed test_null_args test_alloc_fail
 windows:
 	@command -v $(WIN_CC) >/dev/null || { echo "make windows: no $(WIN_CC) (apt-get install gcc-mingw-w64-x86-64-posix)"; exit 2; }
 	@test -n "$(WINE)" || { echo "make windows: no wine (apt-get install wine64)"; exit 2; }

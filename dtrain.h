@@ -2924,6 +2924,8 @@ typedef struct dt_pstore_ticket {
   int64_t staleness;   /* push: updates pushed by others since the pull */
   int64_t clock_gap;   /* pull: steps this worker was ahead of the slowest */
   double wait_s;       /* seconds this call waited for the bound */
+  int dropped;         /* push: a server dropped it as late, its round closed without it
+                          (dt_ps_options.aggregate; staleness says how late) */
 } dt_pstore_ticket;
 
 typedef struct dt_pstore_vtable {
@@ -3802,6 +3804,16 @@ typedef struct dt_ps_options {
                                   out again when its worker dies first [0: no queue] */
   dt_ps_work_stats *work_stats; /* if not NULL, filled when dt_ps_serve returns (server 0 with a
                                   queue; zeros otherwise) */
+  int aggregate;               /* R > 0: synchronous rounds with backup workers (Chen et al. 2016;
+                                  TF's SyncReplicasOptimizer): the server holds the pushes computed on
+                                  its current version and, with R of them (or every worker that can
+                                  still push), applies their mean as one optimizer step; a push
+                                  computed on an older version is dropped (its round closed: the
+                                  worker's dt_pstore_ticket.dropped), and a worker's pull waits for
+                                  the round of its push. W - R workers are backups: the slowest ones'
+                                  pushes are dropped instead of waited for. max_staleness is not
+                                  used. Not with work_items or staleness_lr [0: each push applied
+                                  as it comes] */
 } dt_ps_options;
 
 /* The server of each parameter: server_of[i] for i < dt_params_count(p)
@@ -25521,6 +25533,7 @@ DTRAIN_PRIVATE void dt__strategy_async_count(dt_strategy *s, int r, int64_t rows
   R->stale_sum += st;
   if (st > R->stale_max) R->stale_max = st;
   R->steps++;
+  if (tk->dropped) R->dropped++; /* parameter servers in rounds: its gradient came late */
   if (skipped) { /* skip_nonfinite: the push was empty */
     R->skips++;
     return;
@@ -37465,6 +37478,8 @@ DTRAIN_API dt_comm *dt_comm_create_mpi(void) {
  *   PUSH   0x54 w->s  16 B (+ 4*shard): u64 clock, u64 version pulled, f32[shard]
  *                            (no floats: an empty push that only advances the clock)
  *   PUSHED 0x55 s->w  16 B: u64 version after, i64 staleness
+ *                            (aggregate: the version now; 0 held in the open round,
+ *                            -1 - staleness dropped as late; see dt_ps_apply.c)
  *   TAKE   0x56 w->s   0 B: the next work item, please (server 0 only; dt_pstore_take)
  *   TAKEN  0x57 s->w  16 B: i64 item (>= 0; -1: every item done; -2: no queue here;
  *                            -3: every item left is held by others, ask again), u64 items done
@@ -37626,6 +37641,9 @@ typedef struct dt__ps_worker {
   size_t part_lo;
   int64_t part_clock;
   uint64_t part_version;
+  /* dt_ps_options.aggregate: a push waiting for its round to close (dt_ps_apply.c) */
+  int held;                 /* its push is in the open round (hrx), its next pull waits for the close */
+  unsigned char *hrx;       /* the held push: the shard's floats, little-endian (made at its first) */
 } dt__ps_worker;
 
 typedef struct dt__ps_server {
@@ -37665,7 +37683,39 @@ typedef struct dt__ps_server {
   int q_nback;
   int64_t q_next;           /* items below were handed out at least once */
   dt_ps_work_stats q;       /* items, done, handed_out, returned */
+  /* dt_ps_options.aggregate (dt_ps_apply.c) */
+  int agg;                  /* R: a round closes with the first R pushes computed on its version [0: off] */
+  int nheld;                /* pushes held in the open round (a gone worker's too) */
+  float *agg_sum;           /* the round's sum, full layout (dt_params_size floats) */
+  int64_t rounds, dropped;  /* rounds closed; pushes dropped as late */
 } dt__ps_server;
+
+/* ---- what a push does to the shard (dt_ps_apply.c) ---------------------------------------------- */
+/* Apply worker i's pending push (not empty; its frame in rx) as one optimizer
+ * step (staleness_lr scales it). 1: applied; -1: a compressed push that does
+ * not decode (dt_last_error; nothing applied: drop the worker); -2: the
+ * optimizer failed (stops the server). */
+DTRAIN_PRIVATE int dt__ps_apply(dt__ps_server *S, int i);
+/* dt_ps_options.aggregate checked against the others, S->agg set and its sum made. */
+DTRAIN_PRIVATE dt_result dt__ps_agg_setup(dt__ps_server *S, const char *fn);
+/* Synchronous rounds (aggregate, see dt_ps_apply.c): */
+/* Worker i's pending push (its frame in rx), with aggregate: held in the
+ * open round (its floats copied to hrx, a compressed one decoded there) or,
+ * computed on an older version than the shard's, dropped as late (its round
+ * closed without it); *stale gets the versions it is behind. 1: held; 0:
+ * dropped, or empty (a skipped step); -1: it does not decode or memory ran
+ * out (dt_last_error says which; nothing is held). */
+DTRAIN_PRIVATE int dt__ps_agg_hold(dt__ps_server *S, int i, int64_t *stale);
+/* May the open round close? It holds R pushes, or some and no worker that
+ * counts can add one (counts: the server's dt__ps_counts). */
+DTRAIN_PRIVATE int dt__ps_agg_due(const dt__ps_server *S, int (*counts)(const dt__ps_server *, const dt__ps_worker *));
+/* Close the open round: the held pushes summed in rank order and averaged,
+ * one optimizer step (buffers: their mean), version + 1; the workers' pulls
+ * may go. DTRAIN_OK, or the optimizer's error (which stops the server). */
+DTRAIN_PRIVATE dt_result dt__ps_agg_close(dt__ps_server *S);
+/* Worker w's buffers are freed (lost, BYE): a held push stays in the round
+ * (it was answered: it counts); hrx is freed at the close. */
+DTRAIN_PRIVATE void dt__ps_agg_free(dt__ps_server *S, dt__ps_worker *w);
 
 /* ---- pushes in parts (dt_ps_parts.c) ---------------------------------------------------------- */
 /* A push whose parts are all in: a PUSH of this clock and version, of length
@@ -38524,6 +38574,188 @@ DTRAIN_PRIVATE int dt__ps_part(dt__ps_worker *w, size_t shard, const unsigned ch
 #endif /* part 4 */
 /* ======== end dt_ps_parts.c ======== */
 
+/* ======== begin dt_ps_apply.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
+/* ===========================================================================
+ * dt_ps_agg.c -- parameter servers: synchronous rounds with backup workers
+ * (dt_ps_options.aggregate; Chen et al., "Revisiting distributed synchronous
+ * SGD", as TF's SyncReplicasOptimizer does it on its parameter servers)
+ * ===========================================================================
+ * With aggregate = R, a server does not apply each push as it comes: it
+ * holds the pushes computed on its current version (the open round) and,
+ * once R are in, sums them in rank order, averages (divides by how many),
+ * and takes one optimizer step (buffers get the pushes' mean); the version
+ * moves on and the round is closed. A push computed on an older version
+ * comes after its round closed without it: it is dropped (answered at once,
+ * counted, not applied). A worker's pull waits while its push is held, so
+ * the R fastest workers go on as soon as their round closes, and a slow
+ * worker's late push costs nobody a wait: with W workers, W - R are backups.
+ * The staleness bound (max_staleness) is not used: a round is its own bound.
+ *
+ * Each server closes its own rounds (as SyncReplicasOptimizer's accumulators
+ * do, one per variable): with several servers the R pushes of one server's
+ * round may be other workers' than another's, each an average of R
+ * gradients of that version. A round also closes with fewer than R when no
+ * worker that counts can add one (the others died, or left with BYE): the
+ * job goes on with the workers it has. A held push whose worker is lost or
+ * leaves stays in its round (it was answered).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_strategy.h" (amalgamated) */
+/* #include "dt_tensor.h" (amalgamated) */
+/* #include "dt_ops.h" (amalgamated) */
+/* #include "dt_params.h" (amalgamated) */
+/* #include "dt_optim.h" (amalgamated) */
+/* #include "dt_nn.h" (amalgamated) */
+/* #include "dt_io.h" (amalgamated) */
+/* #include "dt_data.h" (amalgamated) */
+/* #include "dt_memory.h" (amalgamated) */
+/* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_net.h" (amalgamated) */
+/* #include "dt_device.h" (amalgamated) */
+/* #include "dt_tensor_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+/* #include "dt_params_internal.h" (amalgamated) */
+/* #include "dt_optim_internal.h" (amalgamated) */
+/* #include "dt_ps_core.h" (amalgamated) */
+
+#if !defined(DTRAIN_NO_NET)
+
+DTRAIN_PRIVATE int dt__ps_apply(dt__ps_server *S, int i) {
+  dt__ps_worker *w = &S->w[i];
+  const uint64_t before = S->version;
+  float *data = dt_params_data(S->params), *grad = dt_params_grad(S->params);
+  const unsigned char *in = w->rx + DT__PS_FIX;
+  size_t off = 0, b, e;
+  int tr, dec;
+  /* staleness_lr: this push's step is divided by 1 + the updates applied since its pull */
+  uint64_t s = w->pend_version <= before ? before - w->pend_version : 0;
+  float scale = S->before && s > 0 ? (float)(1.0 / (1.0 + (double)s)) : 1.0f;
+  if (w->pend_z && dt__ps_decode_push(S->params, S->owner, S->me, w->rx, w->pend_len, grad, data, &S->zscratch,
+                                      &S->zscratch_cap) != DTRAIN_OK)
+    return -1;
+  for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
+    if (S->owner[p] != S->me) continue;
+    if (tr) {
+      /* A float push's gradient is used where it lies in the frame on a little-endian host (rx is
+       * from dt__alloc, its floats 4-byte aligned); else its bytes are read into grad first. */
+      const float *g = grad + b;
+      if (!w->pend_z && DT__HOST_LE) g = (const float *)(const void *)(in + 4 * off);
+      else if (!w->pend_z) dt__get_f32le(grad + b, in + 4 * off, e - b);
+      if (scale != 1.0f) memcpy(S->before, data + b, (e - b) * sizeof(float));
+      if (dt__optim_update_from(S->opt, data, g, b, e) != DTRAIN_OK) return -2;
+      if (scale != 1.0f)
+        for (size_t j = b; j < e; j++) data[j] = S->before[j - b] + (data[j] - S->before[j - b]) * scale;
+    } else if (!w->pend_z) {
+      dt__get_f32le(data + b, in + 4 * off, e - b);
+    }
+    off += e - b;
+  }
+  dt_optim_advance(S->opt);
+  return 1;
+}
+
+DTRAIN_PRIVATE dt_result dt__ps_agg_setup(dt__ps_server *S, const char *fn) {
+  const int R = S->po.aggregate;
+  if (R < 0 || R > S->W)
+    return dt__error(DTRAIN_ERR_INVALID_ARG, "%s: ps %d: aggregate %d outside [0, %d] (the workers)", fn, S->me, R,
+                     S->W);
+  if (R > 0 && (S->po.work_items > 0 || S->po.staleness_lr))
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: ps %d: aggregate %d with %s", fn, S->me, R,
+                     S->po.work_items > 0 ? "a work queue (a dropped push would leave its item not trained on)"
+                                          : "staleness_lr (the pushes of a round are never stale)");
+  S->agg = R;
+  if (R > 0 && !(S->agg_sum = (float *)dt__alloc(dt_params_size(S->params) * sizeof(float) + 4)))
+    return dt__error(DTRAIN_ERR_NOMEM, "%s: ps %d: out of memory for a round's sum", fn, S->me);
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE int dt__ps_agg_hold(dt__ps_server *S, int i, int64_t *stale) {
+  dt__ps_worker *w = &S->w[i];
+  const uint64_t v = S->version;
+  *stale = w->pend_version < v ? (int64_t)(v - w->pend_version) : 0;
+  if (*stale > 0) { /* its round closed without it */
+    S->dropped++;
+    return 0;
+  }
+  if (w->pend_empty) return 0; /* a skipped step: nothing to add, nothing to wait for */
+  if (!w->hrx && !(w->hrx = (unsigned char *)dt__alloc(S->shard * 4 + 4))) {
+    dt__error(DTRAIN_ERR_NOMEM, "out of memory for its push in the open round");
+    return -1;
+  }
+  if (w->pend_z) { /* decoded now: a push that does not decode is refused before it counts */
+    float *grad = dt_params_grad(S->params);
+    if (dt__ps_decode_push(S->params, S->owner, S->me, w->rx, w->pend_len, grad, grad, &S->zscratch,
+                           &S->zscratch_cap) != DTRAIN_OK)
+      return -1;
+    dt__ps_gather(S->params, S->owner, S->me, grad, w->hrx);
+  } else {
+    memcpy(w->hrx, w->rx + DT__PS_FIX, S->shard * 4);
+  }
+  w->held = 1;
+  S->nheld++;
+  return 1;
+}
+
+DTRAIN_PRIVATE int dt__ps_agg_due(const dt__ps_server *S, int (*counts)(const dt__ps_server *, const dt__ps_worker *)) {
+  if (S->nheld == 0) return 0;
+  if (S->nheld >= S->agg) return 1;
+  for (int j = 0; j < S->W; j++)
+    if (!S->w[j].held && counts(S, &S->w[j])) return 0; /* one more may come */
+  return 1;
+}
+
+DTRAIN_PRIVATE dt_result dt__ps_agg_close(dt__ps_server *S) {
+  float *data = dt_params_data(S->params), *grad = dt_params_grad(S->params), *sum = S->agg_sum;
+  const float inv = 1.0f / (float)S->nheld;
+  size_t b, e;
+  int tr, dec, first = 1;
+  for (int j = 0; j < S->W; j++) { /* rank order: the sum does not depend on who came first */
+    dt__ps_worker *w = &S->w[j];
+    if (!w->held) continue;
+    size_t off = 0;
+    for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
+      if (S->owner[p] != S->me) continue;
+      const float *g = grad + b;
+      if (DT__HOST_LE) g = (const float *)(const void *)(w->hrx + 4 * off); /* (hrx is from dt__alloc: aligned) */
+      else dt__get_f32le(grad + b, w->hrx + 4 * off, e - b);
+      if (first) memcpy(sum + b, g, (e - b) * sizeof(float));
+      else
+        for (size_t k = b; k < e; k++) sum[k] += g[k - b];
+      off += e - b;
+    }
+    first = 0;
+    w->held = 0;
+    if (w->state != DT__PSW_LIVE) { /* gone since: its push was the last use of its buffer */
+      dt__free(w->hrx, S->shard * 4 + 4);
+      w->hrx = NULL;
+    }
+  }
+  for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
+    if (S->owner[p] != S->me) continue;
+    for (size_t k = b; k < e; k++) sum[k] *= inv;
+    if (!tr) memcpy(data + b, sum + b, (e - b) * sizeof(float)); /* buffers: the pushes' mean */
+    else if (dt__optim_update_from(S->opt, data, sum + b, b, e) != DTRAIN_OK) return dt_last_result();
+  }
+  dt_optim_advance(S->opt);
+  S->nheld = 0;
+  S->rounds++;
+  S->version++;
+  S->since_ckpt++;
+  dt__ps_maybe_ckpt(S);
+  return DTRAIN_OK;
+}
+
+DTRAIN_PRIVATE void dt__ps_agg_free(dt__ps_server *S, dt__ps_worker *w) {
+  if (w->held || !w->hrx) return; /* (the close frees it) */
+  dt__free(w->hrx, S->shard * 4 + 4);
+  w->hrx = NULL;
+}
+
+#endif /* DTRAIN_NO_NET */
+#endif /* part 4 */
+/* ======== end dt_ps_apply.c ======== */
+
 /* ======== begin dt_ps_server.c ======== */
 #if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
@@ -38594,6 +38826,7 @@ static void dt__ps_give_back(dt__ps_server *S, dt__ps_worker *w) {
 
 static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
   dt__ps_give_back(S, w);
+  dt__ps_agg_free(S, w);
   dt__conn_close(&w->conn);
   dt__free(w->rx, w->rx_cap);
   dt__free(w->tx, w->tx_cap);
@@ -38747,6 +38980,7 @@ static int64_t dt__ps_min_clock(const dt__ps_server *S, int pushed) {
 static int dt__ps_can_serve(const dt__ps_server *S, int i) {
   const dt__ps_worker *w = &S->w[i];
   int64_t t = w->pend_clock, k = S->k;
+  if (S->agg) return w->pend == DT__PSP_PUSH || !w->held; /* rounds: a pull waits for its push's round */
   if (k < 0) return 1;
   if (w->pend == DT__PSP_PULL) return dt__ps_min_clock(S, 1) >= t - k;
   if (dt__ps_min_clock(S, 0) < t - k + 1) return 0;
@@ -38793,54 +39027,33 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     return dt__ps_queue(S, i, DT__PS_PARAMS, fix, DT__PS_FIX, data);
   }
   uint64_t before = S->version;
-  if (!w->pend_empty) {
-    float *data = dt_params_data(S->params), *grad = dt_params_grad(S->params);
-    const unsigned char *in = w->rx + DT__PS_FIX;
-    size_t off = 0, b, e;
-    int tr, dec;
-    /* staleness_lr: this push's step is divided by 1 + the updates applied since its pull */
-    uint64_t s = w->pend_version <= before ? before - w->pend_version : 0;
-    float scale = S->before && s > 0 ? (float)(1.0 / (1.0 + (double)s)) : 1.0f;
-    if (w->pend_z &&
-        dt__ps_decode_push(S->params, S->owner, S->me, w->rx, w->pend_len, grad, data, &S->zscratch,
-                           &S->zscratch_cap) != DTRAIN_OK) {
-      char why[DT__MSG_CAP];
-      snprintf(why, sizeof why, "%s", dt_last_error());
-      dt__ps_lose(S, i, dt_last_result(), why);
-      return 0;
-    }
-    for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
-      if (S->owner[p] != S->me) continue;
-      if (tr) {
-        /* A float push's gradient is used where it lies in the frame on a little-endian host (rx is
-         * from dt__alloc, its floats 4-byte aligned); else its bytes are read into grad first. */
-        const float *g = grad + b;
-        if (!w->pend_z && DT__HOST_LE) g = (const float *)(const void *)(in + 4 * off);
-        else if (!w->pend_z) dt__get_f32le(grad + b, in + 4 * off, e - b);
-        if (scale != 1.0f) memcpy(S->before, data + b, (e - b) * sizeof(float));
-        if (dt__optim_update_from(S->opt, data, g, b, e) != DTRAIN_OK) return -1;
-        if (scale != 1.0f)
-          for (size_t j = b; j < e; j++) data[j] = S->before[j - b] + (data[j] - S->before[j - b]) * scale;
-      } else if (!w->pend_z) {
-        dt__get_f32le(data + b, in + 4 * off, e - b);
-      }
-      off += e - b;
-    }
-    dt_optim_advance(S->opt);
+  int64_t agg_stale = 0;
+  /* applied now (dt_ps_apply.c), or held in the open round or dropped as late (aggregate) */
+  int r = S->agg ? dt__ps_agg_hold(S, i, &agg_stale) : w->pend_empty ? 1 : dt__ps_apply(S, i);
+  if (r == -2) return -1;
+  if (r < 0) {
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__ps_lose(S, i, dt_last_result(), why);
+    return 0;
   }
-  S->version++;
-  S->since_ckpt++;
+  if (!S->agg) {
+    S->version++;
+    S->since_ckpt++;
+  }
   w->npushed++;
   if (S->q_back && w->lease >= 0) { /* its item is done: applied with this push, once */
     S->q.done++;
     w->lease = -1;
   }
-  int64_t stale = w->pend_version <= before ? (int64_t)(before - w->pend_version) : 0;
+  /* (aggregate: a dropped push says so with -1 - its staleness) */
+  int64_t stale = S->agg ? (agg_stale > 0 ? -1 - agg_stale : 0)
+                         : w->pend_version <= before ? (int64_t)(before - w->pend_version) : 0;
   if (w->pulled < t + 1) w->pulled = t + 1;
   w->pushed = t + 1;
   w->pend = DT__PSP_NONE;
   w->last_heard = now;
-  dt__ps_maybe_ckpt(S); /* before the answer: an acknowledged update is in the checkpoint when every == 1 */
+  if (!S->agg) dt__ps_maybe_ckpt(S); /* before the answer: an acknowledged update is in the checkpoint when every == 1 */
   dt__put_le64(fix, S->version);
   dt__put_le64(fix + 8, (uint64_t)stale);
   return dt__ps_queue(S, i, DT__PS_PUSHED, fix, DT__PS_FIX, NULL);
@@ -38874,6 +39087,10 @@ static int dt__ps_take(dt__ps_server *S, int i) {
 static dt_result dt__ps_progress(dt__ps_server *S) {
   for (int again = 1; again;) {
     again = 0;
+    if (S->agg && dt__ps_agg_due(S, dt__ps_counts)) { /* the round closes: its pulls may go */
+      dt_result rc = dt__ps_agg_close(S);
+      if (rc != DTRAIN_OK) return rc;
+    }
     for (int i = 0; i < S->W; i++) {
       dt__ps_worker *w = &S->w[i];
       if (w->state != DT__PSW_LIVE || w->pend == DT__PSP_NONE || !dt__ps_can_serve(S, i)) continue;
@@ -39019,11 +39236,15 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
     case DT__PS_JOIN: want_max = DT__PS_JOINLEN; ok_type = !w->joined; break;
     case DT__PS_PULL: want_max = DT__PS_FIX; ok_type = free_turn; break;
     case DT__PS_TAKE: want_max = 0; ok_type = free_turn; break;
-    case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = free_turn; break;
-    case DT__PS_PUSHZ: want_max = (uint32_t)DT__MIN(S->zcap, (size_t)UINT32_MAX); ok_type = free_turn; break;
+    /* (aggregate: not while its last push is held: it pulls first, and that waits for the round) */
+    case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = free_turn && !w->held; break;
+    case DT__PS_PUSHZ:
+      want_max = (uint32_t)DT__MIN(S->zcap, (size_t)UINT32_MAX);
+      ok_type = free_turn && !w->held;
+      break;
     case DT__PS_PUSHP:
       want_max = (uint32_t)DT__MIN(DT__PS_PFIX + S->shard * 4, (size_t)UINT32_MAX);
-      ok_type = w->joined && w->pend == DT__PSP_NONE;
+      ok_type = w->joined && w->pend == DT__PSP_NONE && !w->held;
       break;
     default: ok_type = 0;
   }
@@ -39235,7 +39456,10 @@ static void dt__ps_accept(dt__ps_server *S) {
 
 static void dt__ps_server_free(dt__ps_server *S) {
   if (S->w) {
-    for (int i = 0; i < S->W; i++) dt__ps_worker_free(S, &S->w[i]);
+    for (int i = 0; i < S->W; i++) {
+      S->w[i].held = 0; /* (a round left open: its pushes go with the server) */
+      dt__ps_worker_free(S, &S->w[i]);
+    }
     dt__free(S->w, (size_t)S->W * sizeof(dt__ps_worker));
   }
   for (int j = 0; j < S->npend; j++) dt__conn_close(&S->pend[j].conn);
@@ -39249,6 +39473,7 @@ static void dt__ps_server_free(dt__ps_server *S) {
   dt__free(S->zscratch, S->zscratch_cap * sizeof(float));
   dt__free(S->iov, (size_t)(S->np + 1) * sizeof(struct iovec));
   if (S->q_back) dt__free(S->q_back, (size_t)S->W * sizeof(int64_t));
+  if (S->agg_sum) dt__free(S->agg_sum, dt_params_size(S->params) * sizeof(float) + 4);
 }
 
 static dt_result dt__ps_loop(dt__ps_server *S) {
@@ -39418,6 +39643,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
                    (long long)S.po.work_items);
     goto done;
   }
+  if ((rc = dt__ps_agg_setup(&S, fn)) != DTRAIN_OK) goto done;
   if (S.me == 0 && S.po.work_items > 0) { /* the queue lives on server 0 */
     S.q.items = S.po.work_items;
     S.q_back = (int64_t *)dt__alloc((size_t)S.W * sizeof(int64_t));
@@ -39461,14 +39687,21 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
     goto done;
   }
   S.own_lfd = S.self.opt.listen_fd < 0;
-  dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: serving %zu floats of %d parameters to %d workers", S.me, S.shard,
-          S.np, S.W);
+  if (S.agg)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: serving %zu floats of %d parameters to %d workers in rounds of %d "
+            "pushes (%d backup)", S.me, S.shard, S.np, S.W, S.agg, S.W - S.agg);
+  else
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: serving %zu floats of %d parameters to %d workers", S.me, S.shard,
+            S.np, S.W);
   rc = dt__ps_loop(&S);
   if (rc == DTRAIN_OK && S.ckpt) {
     rc = dt__ps_ckpt_write(&S);
   }
   if (rc == DTRAIN_OK && S.done == 0)
     rc = dt__error(DTRAIN_ERR_PEER, "%s: ps %d: every worker was lost (none finished with BYE)", fn, S.me);
+  if (S.agg)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %lld rounds of up to %d pushes, %lld late pushes dropped", S.me,
+            (long long)S.rounds, S.agg, (long long)S.dropped);
   if (S.q_back)
     dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps 0: work queue: %lld of %lld items done, %lld handed out (%lld given back "
             "by workers that died or left first)", (long long)S.q.done, (long long)S.q.items,
@@ -39958,12 +40191,17 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   int ask = rc == DTRAIN_OK && C->queue && !C->have_item;
   if (ask) rc = dt__conn_send(&C->conn[0], DT__PS_TAKE, NULL, 0, dt__now() + C->timeout, op);
   tk->staleness = 0;
+  tk->dropped = 0;
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PUSHED, DT__PS_FIX, op);
     if (rc != DTRAIN_OK) break;
     ps->wire_received += DT__PS_FIX;
     uint64_t v = dt__get_le64(C->buf[s]);
     int64_t st = (int64_t)dt__get_le64(C->buf[s] + 8);
+    if (st < 0) { /* a server in rounds (aggregate) dropped it: -1 - its staleness */
+      tk->dropped = 1;
+      st = -1 - st;
+    }
     if (v > C->version) C->version = v;
     if (st > tk->staleness) tk->staleness = st;
   }

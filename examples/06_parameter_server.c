@@ -37,6 +37,12 @@
  * --staleness-lr (a push of staleness s moves the shard 1/(1+s) of its step);
  * for experiments --crash-at RANK:STEP (that worker kills itself: the others
  * and the servers go on) and --slow RANK:FACTOR (a straggler).
+ * --rounds (every process): synchronous rounds; the servers average each
+ * round's pushes into one step (a round is the global batch: --batch/W rows
+ * a worker); --backup-workers B: rounds of W - B pushes, the B slowest
+ * workers' late pushes dropped instead of waited for (Chen et al. 2016;
+ * each worker takes --batch/(W - B) rows, and works until the servers
+ * closed the job's rounds). Not with --work-queue, --staleness-lr, --overlap.
  * --work-queue (every process): dynamic data sharding. Instead of a fixed
  * shard each, the workers take batches from a queue that server 0 keeps
  * (epochs x batches of the whole training set, in one shuffled order per
@@ -65,6 +71,7 @@
 typedef struct options {
   int epochs, batch, max_staleness, quiet, crash_rank, slow_rank, min_workers, staleness_lr, work_queue, overlap;
   int push_early, bucket_kb; /* --push-early, --bucket-kb */
+  int rounds, backup;        /* --rounds, --backup-workers B (implies --rounds) */
   double rejoin_timeout;
   int batch_per_worker; /* --batch-per-worker B, 0 when not given; then --batch (global) decides */
   int batch_given;      /* --batch was on the command line (the two flags together are refused) */
@@ -222,6 +229,8 @@ static int parse(int argc, char **argv, options *o) {
       {"overlap", 'b', &o->overlap, 0, 0, "workers: push and pull in a second thread while the next step computes (on the weights of the pull before; not with --max-staleness 0)"},
       {"push-early", 'b', &o->push_early, 0, 0, "workers: send each push in parts during backward (the same result; not with --overlap or --compress)"},
       {"bucket-kb", 'i', &o->bucket_kb, 0, 1 << 21, "--push-early: KiB of gradient a part (0: 2048)"},
+      {"rounds", 'b', &o->rounds, 0, 0, "synchronous rounds: servers average a round's pushes into one step (the global batch)"},
+      {"backup-workers", 'i', &o->backup, 0, 1e6, "rounds of W-B pushes: the B slowest workers' late pushes are dropped, not waited for"},
       {"compress", 's', &compress, 0, 0, "workers: pushes as none, fp16, bf16, topk:F or powersgd:R; pulls then come as 16-bit differences"},
       {"crash-at", 's', &crash, 0, 0, "RANK:STEP -- that worker exits at that step"},
       {"slow", 's', &slow, 0, 0, "RANK:FACTOR -- that worker is FACTOR times slower"},
@@ -259,6 +268,14 @@ static int parse(int argc, char **argv, options *o) {
     }
     o->max_staleness = -1;
   }
+  if (o->backup > 0) o->rounds = 1;
+  if (o->rounds && (o->work_queue || o->staleness_lr || o->overlap || (o->staleness_given && o->max_staleness != 0))) {
+    fprintf(stderr, "error: --rounds / --backup-workers: not with %s (a round is the bound: every push of a round is "
+                    "computed on its weights)\n", o->work_queue ? "--work-queue" : o->staleness_lr ? "--staleness-lr"
+                    : o->overlap ? "--overlap" : "a --max-staleness other than 0");
+    goto bad;
+  }
+  if (o->rounds) o->max_staleness = 0;
   if (o->batch_given && o->batch_per_worker) {
     fprintf(stderr, "error: --batch (global) and --batch-per-worker are two meanings of one number; give one\n");
     goto bad;
@@ -316,12 +333,18 @@ int main(int argc, char **argv) {
   }
   /* --batch is global: each of the W workers takes batch/W rows a step, so it
    * must divide (said by every process, servers too, before any data loads). */
-  if (!o.batch_per_worker && o.batch % cl->workers != 0) {
-    fprintf(stderr, "error: --batch %d does not divide over %d worker%s x 1 replica = %d\n", o.batch, cl->workers,
-            cl->workers == 1 ? "" : "s", cl->workers);
+  if (o.backup >= cl->workers) {
+    fprintf(stderr, "error: --backup-workers %d: need fewer than the %d workers\n", o.backup, cl->workers);
     return 2;
   }
-  const int batch_worker = o.batch_per_worker ? o.batch_per_worker : o.batch / cl->workers; /* rows a worker loads per step */
+  /* In rounds of W - B pushes, each worker takes batch/(W - B): a round is the global batch. */
+  const int per = cl->workers - o.backup;
+  if (!o.batch_per_worker && o.batch % per != 0) {
+    fprintf(stderr, "error: --batch %d does not divide over %d worker%s x 1 replica = %d%s\n", o.batch, per,
+            per == 1 ? "" : "s", per, o.backup ? " (the workers but the backups: a round's pushes)" : "");
+    return 2;
+  }
+  const int batch_worker = o.batch_per_worker ? o.batch_per_worker : o.batch / per; /* rows a worker loads per step */
   /* Started again by tools/dtrain-launch --max-restarts (DTRAIN_RESTART > 0):
    * the experiment's crash happened already. */
   const char *restart_env = getenv("DTRAIN_RESTART");
@@ -348,6 +371,7 @@ int main(int argc, char **argv) {
     po.min_workers = o.min_workers;
     po.rejoin_timeout_s = o.rejoin_timeout;
     po.staleness_lr = o.staleness_lr;
+    po.aggregate = o.rounds ? cl->workers - o.backup : 0;
     dt_ps_work_stats ws;
     dt_result r = DTRAIN_OK;
     if (o.work_queue && cl->index == 0) { /* the queue: epochs x batches of the whole training set */
@@ -433,7 +457,10 @@ int main(int argc, char **argv) {
     }
     steps = (int64_t)o.epochs * f.per_epoch; /* at most: the queue ends the run when it is done */
   }
-  if (!o.quiet && rank == 0 && store->steps_done == 0 && !o.work_queue)
+  if (!o.quiet && rank == 0 && store->steps_done == 0 && o.rounds)
+    printf("%d worker(s), %d server(s), synchronous rounds of %d pushes (%d backup), %lld rounds, batch %d per worker "
+           "(global %d)\n", world, cl->servers, per, o.backup, (long long)steps, batch_worker, batch_worker * per);
+  else if (!o.quiet && rank == 0 && store->steps_done == 0 && !o.work_queue)
     printf("%d worker(s), %d server(s), max staleness %d, %lld steps per worker, batch %d per worker (global %d)\n", world,
            cl->servers, o.max_staleness, (long long)steps, batch_worker, batch_worker * world);
   if (!o.quiet && rank == 0 && store->steps_done == 0 && o.work_queue)
@@ -457,7 +484,23 @@ int main(int argc, char **argv) {
   }
   float loss = 0;
   double t0 = dt_time_now();
-  r = steps > 0 ? dt_strategy_run(s, steps, next_batch, &f, &loss) : DTRAIN_OK; /* 0: it had done them all */
+  if (o.rounds) { /* step by step, until the servers closed the job's rounds: a backup worker's late steps
+                    are not trained on, and it stops when the others are done, not after all its own */
+    uint64_t want = (uint64_t)(f.first + steps);
+    double lsum = 0;
+    int64_t n = 0;
+    for (int64_t t = 0; r == DTRAIN_OK && t < steps && dt_pstore_version(store) < want; t++) {
+      dt_minibatch b;
+      float l = 0;
+      r = next_batch(&f, 0, t, &b);
+      if (r == DTRAIN_OK) r = dt_strategy_step(s, &b, &l);
+      lsum += l;
+      n++;
+    }
+    loss = n ? (float)(lsum / (double)n) : 0.0f;
+  } else {
+    r = steps > 0 ? dt_strategy_run(s, steps, next_batch, &f, &loss) : DTRAIN_OK; /* 0: it had done them all */
+  }
   double secs = dt_time_now() - t0;
   int rc = 0;
   if (r != DTRAIN_OK) {
@@ -469,6 +512,9 @@ int main(int argc, char **argv) {
     if (!o.quiet)
       printf("worker %d: %lld steps, mean loss %.4f, %.0f samples/s, staleness mean %.2f max %lld\n", rank,
              (long long)st.steps, loss, (double)st.samples / secs, st.staleness_mean, (long long)st.staleness_max);
+    if (!o.quiet && o.rounds)
+      printf("worker %d: %lld of its %lld pushes came after their round closed and were dropped\n", rank,
+             (long long)st.dropped_grads, (long long)st.steps);
     if (!o.quiet && st.steps > 0)
       printf("worker %d: wire %.0f bytes/step sent, %.0f received (compress %s)\n", rank,
              (double)st.wire_bytes / (double)st.steps, (double)st.wire_bytes_received / (double)st.steps,

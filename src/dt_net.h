@@ -349,6 +349,16 @@ typedef struct dt_ps_options {
                                   out again when its worker dies first [0: no queue] */
   dt_ps_work_stats *work_stats; /* if not NULL, filled when dt_ps_serve returns (server 0 with a
                                   queue; zeros otherwise) */
+  int aggregate;               /* R > 0: synchronous rounds with backup workers (Chen et al. 2016;
+                                  TF's SyncReplicasOptimizer): the server holds the pushes computed on
+                                  its current version and, with R of them (or every worker that can
+                                  still push), applies their mean as one optimizer step; a push
+                                  computed on an older version is dropped (its round closed: the
+                                  worker's dt_pstore_ticket.dropped), and a worker's pull waits for
+                                  the round of its push. W - R workers are backups: the slowest ones'
+                                  pushes are dropped instead of waited for. max_staleness is not
+                                  used. Not with work_items or staleness_lr [0: each push applied
+                                  as it comes] */
 } dt_ps_options;
 
 /* The server of each parameter: server_of[i] for i < dt_params_count(p)

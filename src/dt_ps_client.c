@@ -442,12 +442,17 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
   int ask = rc == DTRAIN_OK && C->queue && !C->have_item;
   if (ask) rc = dt__conn_send(&C->conn[0], DT__PS_TAKE, NULL, 0, dt__now() + C->timeout, op);
   tk->staleness = 0;
+  tk->dropped = 0;
   for (int s = 0; rc == DTRAIN_OK && s < C->M; s++) {
     rc = dt__ps_client_answer(C, s, DT__PS_PUSHED, DT__PS_FIX, op);
     if (rc != DTRAIN_OK) break;
     ps->wire_received += DT__PS_FIX;
     uint64_t v = dt__get_le64(C->buf[s]);
     int64_t st = (int64_t)dt__get_le64(C->buf[s] + 8);
+    if (st < 0) { /* a server in rounds (aggregate) dropped it: -1 - its staleness */
+      tk->dropped = 1;
+      st = -1 - st;
+    }
     if (v > C->version) C->version = v;
     if (st > tk->staleness) tk->staleness = st;
   }

@@ -37,6 +37,8 @@
  *   PUSH   0x54 w->s  16 B (+ 4*shard): u64 clock, u64 version pulled, f32[shard]
  *                            (no floats: an empty push that only advances the clock)
  *   PUSHED 0x55 s->w  16 B: u64 version after, i64 staleness
+ *                            (aggregate: the version now; 0 held in the open round,
+ *                            -1 - staleness dropped as late; see dt_ps_apply.c)
  *   TAKE   0x56 w->s   0 B: the next work item, please (server 0 only; dt_pstore_take)
  *   TAKEN  0x57 s->w  16 B: i64 item (>= 0; -1: every item done; -2: no queue here;
  *                            -3: every item left is held by others, ask again), u64 items done
@@ -198,6 +200,9 @@ typedef struct dt__ps_worker {
   size_t part_lo;
   int64_t part_clock;
   uint64_t part_version;
+  /* dt_ps_options.aggregate: a push waiting for its round to close (dt_ps_apply.c) */
+  int held;                 /* its push is in the open round (hrx), its next pull waits for the close */
+  unsigned char *hrx;       /* the held push: the shard's floats, little-endian (made at its first) */
 } dt__ps_worker;
 
 typedef struct dt__ps_server {
@@ -237,7 +242,39 @@ typedef struct dt__ps_server {
   int q_nback;
   int64_t q_next;           /* items below were handed out at least once */
   dt_ps_work_stats q;       /* items, done, handed_out, returned */
+  /* dt_ps_options.aggregate (dt_ps_apply.c) */
+  int agg;                  /* R: a round closes with the first R pushes computed on its version [0: off] */
+  int nheld;                /* pushes held in the open round (a gone worker's too) */
+  float *agg_sum;           /* the round's sum, full layout (dt_params_size floats) */
+  int64_t rounds, dropped;  /* rounds closed; pushes dropped as late */
 } dt__ps_server;
+
+/* ---- what a push does to the shard (dt_ps_apply.c) ---------------------------------------------- */
+/* Apply worker i's pending push (not empty; its frame in rx) as one optimizer
+ * step (staleness_lr scales it). 1: applied; -1: a compressed push that does
+ * not decode (dt_last_error; nothing applied: drop the worker); -2: the
+ * optimizer failed (stops the server). */
+DTRAIN_PRIVATE int dt__ps_apply(dt__ps_server *S, int i);
+/* dt_ps_options.aggregate checked against the others, S->agg set and its sum made. */
+DTRAIN_PRIVATE dt_result dt__ps_agg_setup(dt__ps_server *S, const char *fn);
+/* Synchronous rounds (aggregate, see dt_ps_apply.c): */
+/* Worker i's pending push (its frame in rx), with aggregate: held in the
+ * open round (its floats copied to hrx, a compressed one decoded there) or,
+ * computed on an older version than the shard's, dropped as late (its round
+ * closed without it); *stale gets the versions it is behind. 1: held; 0:
+ * dropped, or empty (a skipped step); -1: it does not decode or memory ran
+ * out (dt_last_error says which; nothing is held). */
+DTRAIN_PRIVATE int dt__ps_agg_hold(dt__ps_server *S, int i, int64_t *stale);
+/* May the open round close? It holds R pushes, or some and no worker that
+ * counts can add one (counts: the server's dt__ps_counts). */
+DTRAIN_PRIVATE int dt__ps_agg_due(const dt__ps_server *S, int (*counts)(const dt__ps_server *, const dt__ps_worker *));
+/* Close the open round: the held pushes summed in rank order and averaged,
+ * one optimizer step (buffers: their mean), version + 1; the workers' pulls
+ * may go. DTRAIN_OK, or the optimizer's error (which stops the server). */
+DTRAIN_PRIVATE dt_result dt__ps_agg_close(dt__ps_server *S);
+/* Worker w's buffers are freed (lost, BYE): a held push stays in the round
+ * (it was answered: it counts); hrx is freed at the close. */
+DTRAIN_PRIVATE void dt__ps_agg_free(dt__ps_server *S, dt__ps_worker *w);
 
 /* ---- pushes in parts (dt_ps_parts.c) ---------------------------------------------------------- */
 /* A push whose parts are all in: a PUSH of this clock and version, of length

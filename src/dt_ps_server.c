@@ -66,6 +66,7 @@ static void dt__ps_give_back(dt__ps_server *S, dt__ps_worker *w) {
 
 static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
   dt__ps_give_back(S, w);
+  dt__ps_agg_free(S, w);
   dt__conn_close(&w->conn);
   dt__free(w->rx, w->rx_cap);
   dt__free(w->tx, w->tx_cap);
@@ -219,6 +220,7 @@ static int64_t dt__ps_min_clock(const dt__ps_server *S, int pushed) {
 static int dt__ps_can_serve(const dt__ps_server *S, int i) {
   const dt__ps_worker *w = &S->w[i];
   int64_t t = w->pend_clock, k = S->k;
+  if (S->agg) return w->pend == DT__PSP_PUSH || !w->held; /* rounds: a pull waits for its push's round */
   if (k < 0) return 1;
   if (w->pend == DT__PSP_PULL) return dt__ps_min_clock(S, 1) >= t - k;
   if (dt__ps_min_clock(S, 0) < t - k + 1) return 0;
@@ -265,54 +267,33 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
     return dt__ps_queue(S, i, DT__PS_PARAMS, fix, DT__PS_FIX, data);
   }
   uint64_t before = S->version;
-  if (!w->pend_empty) {
-    float *data = dt_params_data(S->params), *grad = dt_params_grad(S->params);
-    const unsigned char *in = w->rx + DT__PS_FIX;
-    size_t off = 0, b, e;
-    int tr, dec;
-    /* staleness_lr: this push's step is divided by 1 + the updates applied since its pull */
-    uint64_t s = w->pend_version <= before ? before - w->pend_version : 0;
-    float scale = S->before && s > 0 ? (float)(1.0 / (1.0 + (double)s)) : 1.0f;
-    if (w->pend_z &&
-        dt__ps_decode_push(S->params, S->owner, S->me, w->rx, w->pend_len, grad, data, &S->zscratch,
-                           &S->zscratch_cap) != DTRAIN_OK) {
-      char why[DT__MSG_CAP];
-      snprintf(why, sizeof why, "%s", dt_last_error());
-      dt__ps_lose(S, i, dt_last_result(), why);
-      return 0;
-    }
-    for (int p = 0; dt__params_range(S->params, p, &b, &e, &tr, &dec); p++) {
-      if (S->owner[p] != S->me) continue;
-      if (tr) {
-        /* A float push's gradient is used where it lies in the frame on a little-endian host (rx is
-         * from dt__alloc, its floats 4-byte aligned); else its bytes are read into grad first. */
-        const float *g = grad + b;
-        if (!w->pend_z && DT__HOST_LE) g = (const float *)(const void *)(in + 4 * off);
-        else if (!w->pend_z) dt__get_f32le(grad + b, in + 4 * off, e - b);
-        if (scale != 1.0f) memcpy(S->before, data + b, (e - b) * sizeof(float));
-        if (dt__optim_update_from(S->opt, data, g, b, e) != DTRAIN_OK) return -1;
-        if (scale != 1.0f)
-          for (size_t j = b; j < e; j++) data[j] = S->before[j - b] + (data[j] - S->before[j - b]) * scale;
-      } else if (!w->pend_z) {
-        dt__get_f32le(data + b, in + 4 * off, e - b);
-      }
-      off += e - b;
-    }
-    dt_optim_advance(S->opt);
+  int64_t agg_stale = 0;
+  /* applied now (dt_ps_apply.c), or held in the open round or dropped as late (aggregate) */
+  int r = S->agg ? dt__ps_agg_hold(S, i, &agg_stale) : w->pend_empty ? 1 : dt__ps_apply(S, i);
+  if (r == -2) return -1;
+  if (r < 0) {
+    char why[DT__MSG_CAP];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt__ps_lose(S, i, dt_last_result(), why);
+    return 0;
   }
-  S->version++;
-  S->since_ckpt++;
+  if (!S->agg) {
+    S->version++;
+    S->since_ckpt++;
+  }
   w->npushed++;
   if (S->q_back && w->lease >= 0) { /* its item is done: applied with this push, once */
     S->q.done++;
     w->lease = -1;
   }
-  int64_t stale = w->pend_version <= before ? (int64_t)(before - w->pend_version) : 0;
+  /* (aggregate: a dropped push says so with -1 - its staleness) */
+  int64_t stale = S->agg ? (agg_stale > 0 ? -1 - agg_stale : 0)
+                         : w->pend_version <= before ? (int64_t)(before - w->pend_version) : 0;
   if (w->pulled < t + 1) w->pulled = t + 1;
   w->pushed = t + 1;
   w->pend = DT__PSP_NONE;
   w->last_heard = now;
-  dt__ps_maybe_ckpt(S); /* before the answer: an acknowledged update is in the checkpoint when every == 1 */
+  if (!S->agg) dt__ps_maybe_ckpt(S); /* before the answer: an acknowledged update is in the checkpoint when every == 1 */
   dt__put_le64(fix, S->version);
   dt__put_le64(fix + 8, (uint64_t)stale);
   return dt__ps_queue(S, i, DT__PS_PUSHED, fix, DT__PS_FIX, NULL);
@@ -346,6 +327,10 @@ static int dt__ps_take(dt__ps_server *S, int i) {
 static dt_result dt__ps_progress(dt__ps_server *S) {
   for (int again = 1; again;) {
     again = 0;
+    if (S->agg && dt__ps_agg_due(S, dt__ps_counts)) { /* the round closes: its pulls may go */
+      dt_result rc = dt__ps_agg_close(S);
+      if (rc != DTRAIN_OK) return rc;
+    }
     for (int i = 0; i < S->W; i++) {
       dt__ps_worker *w = &S->w[i];
       if (w->state != DT__PSW_LIVE || w->pend == DT__PSP_NONE || !dt__ps_can_serve(S, i)) continue;
@@ -491,11 +476,15 @@ static int dt__ps_on_header(dt__ps_server *S, int i, const char *op) {
     case DT__PS_JOIN: want_max = DT__PS_JOINLEN; ok_type = !w->joined; break;
     case DT__PS_PULL: want_max = DT__PS_FIX; ok_type = free_turn; break;
     case DT__PS_TAKE: want_max = 0; ok_type = free_turn; break;
-    case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = free_turn; break;
-    case DT__PS_PUSHZ: want_max = (uint32_t)DT__MIN(S->zcap, (size_t)UINT32_MAX); ok_type = free_turn; break;
+    /* (aggregate: not while its last push is held: it pulls first, and that waits for the round) */
+    case DT__PS_PUSH: want_max = (uint32_t)w->rx_cap; ok_type = free_turn && !w->held; break;
+    case DT__PS_PUSHZ:
+      want_max = (uint32_t)DT__MIN(S->zcap, (size_t)UINT32_MAX);
+      ok_type = free_turn && !w->held;
+      break;
     case DT__PS_PUSHP:
       want_max = (uint32_t)DT__MIN(DT__PS_PFIX + S->shard * 4, (size_t)UINT32_MAX);
-      ok_type = w->joined && w->pend == DT__PSP_NONE;
+      ok_type = w->joined && w->pend == DT__PSP_NONE && !w->held;
       break;
     default: ok_type = 0;
   }
@@ -707,7 +696,10 @@ static void dt__ps_accept(dt__ps_server *S) {
 
 static void dt__ps_server_free(dt__ps_server *S) {
   if (S->w) {
-    for (int i = 0; i < S->W; i++) dt__ps_worker_free(S, &S->w[i]);
+    for (int i = 0; i < S->W; i++) {
+      S->w[i].held = 0; /* (a round left open: its pushes go with the server) */
+      dt__ps_worker_free(S, &S->w[i]);
+    }
     dt__free(S->w, (size_t)S->W * sizeof(dt__ps_worker));
   }
   for (int j = 0; j < S->npend; j++) dt__conn_close(&S->pend[j].conn);
@@ -721,6 +713,7 @@ static void dt__ps_server_free(dt__ps_server *S) {
   dt__free(S->zscratch, S->zscratch_cap * sizeof(float));
   dt__free(S->iov, (size_t)(S->np + 1) * sizeof(struct iovec));
   if (S->q_back) dt__free(S->q_back, (size_t)S->W * sizeof(int64_t));
+  if (S->agg_sum) dt__free(S->agg_sum, dt_params_size(S->params) * sizeof(float) + 4);
 }
 
 static dt_result dt__ps_loop(dt__ps_server *S) {
@@ -890,6 +883,7 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
                    (long long)S.po.work_items);
     goto done;
   }
+  if ((rc = dt__ps_agg_setup(&S, fn)) != DTRAIN_OK) goto done;
   if (S.me == 0 && S.po.work_items > 0) { /* the queue lives on server 0 */
     S.q.items = S.po.work_items;
     S.q_back = (int64_t *)dt__alloc((size_t)S.W * sizeof(int64_t));
@@ -933,14 +927,21 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
     goto done;
   }
   S.own_lfd = S.self.opt.listen_fd < 0;
-  dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: serving %zu floats of %d parameters to %d workers", S.me, S.shard,
-          S.np, S.W);
+  if (S.agg)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: serving %zu floats of %d parameters to %d workers in rounds of %d "
+            "pushes (%d backup)", S.me, S.shard, S.np, S.W, S.agg, S.W - S.agg);
+  else
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: serving %zu floats of %d parameters to %d workers", S.me, S.shard,
+            S.np, S.W);
   rc = dt__ps_loop(&S);
   if (rc == DTRAIN_OK && S.ckpt) {
     rc = dt__ps_ckpt_write(&S);
   }
   if (rc == DTRAIN_OK && S.done == 0)
     rc = dt__error(DTRAIN_ERR_PEER, "%s: ps %d: every worker was lost (none finished with BYE)", fn, S.me);
+  if (S.agg)
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %lld rounds of up to %d pushes, %lld late pushes dropped", S.me,
+            (long long)S.rounds, S.agg, (long long)S.dropped);
   if (S.q_back)
     dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps 0: work queue: %lld of %lld items done, %lld handed out (%lld given back "
             "by workers that died or left first)", (long long)S.q.done, (long long)S.q.items,

@@ -606,6 +606,8 @@ typedef struct dt_pstore_ticket {
   int64_t staleness;   /* push: updates pushed by others since the pull */
   int64_t clock_gap;   /* pull: steps this worker was ahead of the slowest */
   double wait_s;       /* seconds this call waited for the bound */
+  int dropped;         /* push: a server dropped it as late, its round closed without it
+                          (dt_ps_options.aggregate; staleness says how late) */
 } dt_pstore_ticket;
 
 typedef struct dt_pstore_vtable {

@@ -184,6 +184,7 @@ DTRAIN_PRIVATE void dt__strategy_async_count(dt_strategy *s, int r, int64_t rows
   R->stale_sum += st;
   if (st > R->stale_max) R->stale_max = st;
   R->steps++;
+  if (tk->dropped) R->dropped++; /* parameter servers in rounds: its gradient came late */
   if (skipped) { /* skip_nonfinite: the push was empty */
     R->skips++;
     return;

@@ -228,6 +228,23 @@ if [ $rc = 2 ] && grep -q 'work-queue needs --max-staleness -1' "$T/queue_bad.ou
   ok "parameter servers: --work-queue with a staleness bound is refused (exit 2)"
 else bad "--work-queue --max-staleness 2: exit $rc: $(tail -n 3 "$T/queue_bad.out")"; fi
 
+# 8d. --backup-workers (synchronous rounds on the servers, dt_ps_options.aggregate): 3 workers
+#     x 2 servers in rounds of 2, worker 2 six times slower: its late pushes are dropped (it
+#     says how many), the others train on and finish, and it stops with them; refused with
+#     --work-queue.
+DTRAIN_TIMEOUT=10 timeout 120 $L -n 3 --ps 2 -- $PS --limit 5760 --epochs 1 --batch 64 --backup-workers 1 --slow 2:6 \
+  > "$T/backup.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q 'synchronous rounds of 2 pushes (1 backup)' "$T/backup.out" &&
+   grep -Eq 'worker 2: [1-9][0-9]* of its [0-9]+ pushes came after their round closed' "$T/backup.out" &&
+   [ "$(grep -c 'ps [01]: done, [0-9]* updates applied' "$T/backup.out")" = 2 ] && grep -q 'worker 0: test accuracy' "$T/backup.out"; then
+  ok "parameter servers, --backup-workers 1: a 6x slower worker's late pushes dropped, the rounds go on; exit 0"
+else bad "ps --backup-workers: exit $rc: $(grep -v 'dtrain error' "$T/backup.out" | tail -n 8)"; fi
+$PS --backup-workers 1 --work-queue > "$T/backup_bad.out" 2>&1; rc=$?
+if [ $rc = 2 ] && grep -q 'backup-workers: not with --work-queue' "$T/backup_bad.out"; then
+  ok "parameter servers: --backup-workers with --work-queue is refused (exit 2)"
+else bad "--backup-workers --work-queue: exit $rc: $(tail -n 3 "$T/backup_bad.out")"; fi
+
 # 9. by hand, as across machines: --rank/--world/--peers, each process binding its own
 #    address (no launcher), worker 1 started first, so that it retries dialling worker 0
 #    until worker 0 is up a second later; ends where the launcher's run ends, bit for bit

@@ -76,6 +76,8 @@ static void model_free(model *m) {
 /* Seconds every training step sleeps inside its compute (between its pull and its push):
  * set in a slowed-down worker's process only. */
 static double step_sleep_s;
+/* >= 0: the first step's compute waits for a byte on it (a worker held back at will) */
+static int step_gate_fd = -1;
 
 /* The order of the workers' training events, for tests that check what waited
  * for what without reading a clock. The workers of a test share one pipe
@@ -99,6 +101,12 @@ static dt_tensor *step_fn(dt_graph *g, int replica, const dt_minibatch *b, void 
   model *m = (model *)user;
   (void)replica;
   if (step_sleep_s > 0) dt_sleep(step_sleep_s);
+  if (step_gate_fd >= 0) {
+    char go;
+    if (read(step_gate_fd, &go, 1) != 1) {
+    }
+    step_gate_fd = -1;
+  }
   event_say('c', event_step);
   int64_t xs[2] = {b->rows, NF}, ts[2] = {b->rows, 1};
   dt_tensor *x = dt_tensor_wrap(g, 2, xs, (float *)b->x);
@@ -258,6 +266,7 @@ typedef struct server_cfg {
   double rejoin_timeout;
   int staleness_lr;
   int64_t work_items; /* dt_ps_options.work_items (server 0): it says "queue ..." at the end */
+  int aggregate;      /* dt_ps_options.aggregate */
 } server_cfg;
 
 static int server_main(const server_cfg *sc) {
@@ -276,6 +285,7 @@ static int server_main(const server_cfg *sc) {
   po.rejoin_timeout_s = sc->rejoin_timeout;
   po.staleness_lr = sc->staleness_lr;
   po.work_items = sc->work_items;
+  po.aggregate = sc->aggregate;
   dt_ps_work_stats ws;
   po.work_stats = &ws;
   int before = open_fds();
@@ -351,6 +361,8 @@ typedef struct worker_cfg {
   int queue;                         /* take its batches from server 0's work queue (steps: an upper
                                         bound); says "took K" for each; die_at: its die_at-th take
                                         kills it while it holds that item */
+  int gate_fd;                       /* >= 0: its first step's compute waits for a byte on it */
+  int say_params;                    /* after the final pull: "params" and the floats' bits in hex */
 } worker_cfg;
 
 /* A worker on the servers' work queue: dt_strategy_run with work_queue. */
@@ -452,6 +464,7 @@ static int worker_main(const worker_cfg *wc) {
   float initial = full_loss(&m);
   int code = 0;
   step_sleep_s = wc->step_sleep_s;
+  step_gate_fd = wc->gate_fd;
   event_fd = wc->events_fd;
   event_worker = wc->index;
   for (int t = wc->resume ? (int)ps->steps_done : 0; t < wc->steps; t++) {
@@ -484,8 +497,8 @@ static int worker_main(const worker_cfg *wc) {
     dt_replica_stats rs;
     if (dt_strategy_replica_stats(s, 0, &rs) == DTRAIN_OK) {
       char b[160];
-      snprintf(b, sizeof b, "steps %lld gap %lld stale %lld", (long long)rs.steps, (long long)rs.clock_gap_max,
-               (long long)rs.staleness_max);
+      snprintf(b, sizeof b, "steps %lld gap %lld stale %lld dropped %lld", (long long)rs.steps,
+               (long long)rs.clock_gap_max, (long long)rs.staleness_max, (long long)rs.dropped);
       child_say("stats %s\n", b);
     }
     dt_pstore_ticket tk;
@@ -495,7 +508,18 @@ static int worker_main(const worker_cfg *wc) {
     if (rc != DTRAIN_OK) {
       child_say("E final pull: %s\n", dt_last_error());
       code = 7;
-    } else if (wc->target > 0) {
+    } else if (wc->say_params) {
+      char hex[8 * 80 + 1];
+      size_t n = dt_params_size(m.P) < 80 ? dt_params_size(m.P) : 80;
+      for (size_t j = 0; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, dt_params_data(m.P) + j, 4);
+        snprintf(hex + 8 * j, 9, "%08x", (unsigned)u);
+      }
+      hex[8 * n] = '\0';
+      child_say("params %s\n", hex);
+    }
+    if (rc == DTRAIN_OK && wc->target > 0) {
       float fin = full_loss(&m);
       char b[96];
       snprintf(b, sizeof b, "%g -> %g", (double)initial, (double)fin);
@@ -565,7 +589,7 @@ static worker_cfg worker_defaults(int W, int M, int index, const int *ports) {
   wc.steps = 40;
   wc.rows = 16;
   wc.die_at = wc.stop_at = wc.progress_at = wc.sleep_at = -1;
-  wc.go_fd = wc.events_fd = -1;
+  wc.go_fd = wc.events_fd = wc.gate_fd = -1;
   return wc;
 }
 
