@@ -1359,6 +1359,8 @@ int main(int argc, char **argv) {
         for (k = 0; k < np && failure < 0; k++) {
           proc *p = &ps[k];
           if (p->dropped) continue;
+          p->restarts = restarts_used;
+          if (p->host >= 0) continue; /* --hosts: it listens there itself, at the same address */
           int was = p->port;
           p->lfd = listen_on(host, p->port, &p->port);
           if (p->lfd < 0) p->lfd = listen_on(host, 0, &p->port);
@@ -1372,7 +1374,6 @@ int main(int argc, char **argv) {
             else
               snprintf(p->addr, sizeof p->addr, "%.200s:%d", host, p->port);
           }
-          p->restarts = restarts_used;
         }
         for (k = 0; k < np && failure < 0; k++) {
           if (ps[k].dropped) continue;
