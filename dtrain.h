@@ -2925,7 +2925,8 @@ typedef struct dt_pstore_ticket {
   int64_t clock_gap;   /* pull: steps this worker was ahead of the slowest */
   double wait_s;       /* seconds this call waited for the bound */
   int dropped;         /* push: a server dropped it as late, its round closed without it
-                          (dt_ps_options.aggregate; staleness says how late) */
+                          (dt_ps_options.aggregate; staleness says how late; with several
+                          servers, another may have held it) */
 } dt_pstore_ticket;
 
 typedef struct dt_pstore_vtable {
@@ -2979,6 +2980,10 @@ DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, co
 DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker);
 DTRAIN_API void dt_pstore_abort(dt_pstore *ps);
 DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps);
+/* The store's version: in-process, the updates applied; over TCP, the
+ * smallest of the servers' last words (a pull's version, a push's answer):
+ * every server is at least there (in rounds, dt_ps_options.aggregate, each
+ * server counts the rounds it closed). */
 DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps);
 /* Work queue (dynamic data sharding, as TF's ClusterCoordinator schedules
  * functions): the servers' first server hands out work items 0 .. N-1
@@ -3811,9 +3816,12 @@ typedef struct dt_ps_options {
                                   computed on an older version is dropped (its round closed: the
                                   worker's dt_pstore_ticket.dropped), and a worker's pull waits for
                                   the round of its push. W - R workers are backups: the slowest ones'
-                                  pushes are dropped instead of waited for. max_staleness is not
-                                  used. Not with work_items or staleness_lr [0: each push applied
-                                  as it comes] */
+                                  pushes are dropped instead of waited for. Workers must ask for
+                                  max_staleness 0 (others are refused: their pushes would all be
+                                  late). Each server closes its own rounds (with several, one may
+                                  hold a push another drops). A held push is in a checkpoint once
+                                  its round closes (checkpoint_every counts rounds). Not with
+                                  work_items or staleness_lr [0: each push applied as it comes] */
 } dt_ps_options;
 
 /* The server of each parameter: server_of[i] for i < dt_params_count(p)
@@ -37688,6 +37696,7 @@ typedef struct dt__ps_server {
   int nheld;                /* pushes held in the open round (a gone worker's too) */
   float *agg_sum;           /* the round's sum, full layout (dt_params_size floats) */
   int64_t rounds, dropped;  /* rounds closed; pushes dropped as late */
+  int64_t held_total;       /* pushes held (in rounds closed or open) */
 } dt__ps_server;
 
 /* ---- what a push does to the shard (dt_ps_apply.c) ---------------------------------------------- */
@@ -38577,9 +38586,11 @@ DTRAIN_PRIVATE int dt__ps_part(dt__ps_worker *w, size_t shard, const unsigned ch
 /* ======== begin dt_ps_apply.c ======== */
 #if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 4
 /* ===========================================================================
- * dt_ps_agg.c -- parameter servers: synchronous rounds with backup workers
- * (dt_ps_options.aggregate; Chen et al., "Revisiting distributed synchronous
- * SGD", as TF's SyncReplicasOptimizer does it on its parameter servers)
+ * dt_ps_apply.c -- parameter servers: what a push does to the shard: applied
+ * as it comes (one optimizer step a push), or held in synchronous rounds with
+ * backup workers (dt_ps_options.aggregate; Chen et al., "Revisiting
+ * distributed synchronous SGD", as TF's SyncReplicasOptimizer does it on its
+ * parameter servers)
  * ===========================================================================
  * With aggregate = R, a server does not apply each push as it comes: it
  * holds the pushes computed on its current version (the open round) and,
@@ -38595,7 +38606,9 @@ DTRAIN_PRIVATE int dt__ps_part(dt__ps_worker *w, size_t shard, const unsigned ch
  * Each server closes its own rounds (as SyncReplicasOptimizer's accumulators
  * do, one per variable): with several servers the R pushes of one server's
  * round may be other workers' than another's, each an average of R
- * gradients of that version. A round also closes with fewer than R when no
+ * gradients of that version, and a push may be held by one server and
+ * dropped by another; the servers' versions (rounds closed) may then differ
+ * by a few. A round is full at R: the next push of its version is late. A round also closes with fewer than R when no
  * worker that counts can add one (the others died, or left with BYE): the
  * job goes on with the workers it has. A held push whose worker is lost or
  * leaves stays in its round (it was answered).
@@ -38694,6 +38707,7 @@ DTRAIN_PRIVATE int dt__ps_agg_hold(dt__ps_server *S, int i, int64_t *stale) {
   }
   w->held = 1;
   S->nheld++;
+  S->held_total++;
   return 1;
 }
 
@@ -39054,7 +39068,8 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   w->pend = DT__PSP_NONE;
   w->last_heard = now;
   if (!S->agg) dt__ps_maybe_ckpt(S); /* before the answer: an acknowledged update is in the checkpoint when every == 1 */
-  dt__put_le64(fix, S->version);
+  /* (a push held in the open round: the version its round makes) */
+  dt__put_le64(fix, S->version + (S->agg && r == 1 && w->held ? 1 : 0));
   dt__put_le64(fix + 8, (uint64_t)stale);
   return dt__ps_queue(S, i, DT__PS_PUSHED, fix, DT__PS_FIX, NULL);
 }
@@ -39087,12 +39102,13 @@ static int dt__ps_take(dt__ps_server *S, int i) {
 static dt_result dt__ps_progress(dt__ps_server *S) {
   for (int again = 1; again;) {
     again = 0;
-    if (S->agg && dt__ps_agg_due(S, dt__ps_counts)) { /* the round closes: its pulls may go */
-      dt_result rc = dt__ps_agg_close(S);
-      if (rc != DTRAIN_OK) return rc;
-    }
     for (int i = 0; i < S->W; i++) {
       dt__ps_worker *w = &S->w[i];
+      if (S->agg && dt__ps_agg_due(S, dt__ps_counts)) { /* the round closes (before another push: it is full) */
+        dt_result rc = dt__ps_agg_close(S);
+        if (rc != DTRAIN_OK) return rc;
+        again = 1; /* its pulls may go */
+      }
       if (w->state != DT__PSW_LIVE || w->pend == DT__PSP_NONE || !dt__ps_can_serve(S, i)) continue;
       int r = dt__ps_serve_one(S, i);
       if (r < 0) return dt_last_result();
@@ -39151,6 +39167,13 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
     /* a bound would hold the fast workers at the clock of the slowest, which the
      * queue lets fall behind (it takes fewer items), and of one waiting for an item */
     snprintf(why, sizeof why, "it asks for max_staleness %d; the work queue needs unbounded staleness (-1)", k);
+    dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
+    return;
+  }
+  if (S->agg && k != 0) {
+    /* each push of a round is computed on the round's weights: one computed on older ones
+     * (overlap's, a bound's) would come late and be dropped, every time */
+    snprintf(why, sizeof why, "it asks for max_staleness %d; synchronous rounds (aggregate %d) need 0", k, S->agg);
     dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
     return;
   }
@@ -39700,8 +39723,8 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   if (rc == DTRAIN_OK && S.done == 0)
     rc = dt__error(DTRAIN_ERR_PEER, "%s: ps %d: every worker was lost (none finished with BYE)", fn, S.me);
   if (S.agg)
-    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %lld rounds of up to %d pushes, %lld late pushes dropped", S.me,
-            (long long)S.rounds, S.agg, (long long)S.dropped);
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %lld rounds of up to %d pushes (%lld held), %lld late pushes dropped",
+            S.me, (long long)S.rounds, S.agg, (long long)S.held_total, (long long)S.dropped);
   if (S.q_back)
     dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps 0: work queue: %lld of %lld items done, %lld handed out (%lld given back "
             "by workers that died or left first)", (long long)S.q.done, (long long)S.q.items,
@@ -39796,6 +39819,7 @@ typedef struct dt__ps_client {
   double *last_send;
   uint64_t *pulled_version; /* per server: the version of the last pull (the next push says it) */
   uint64_t *basis_version;  /* ... of the pull before it (dt__ps_client_push_basis) */
+  uint64_t *heard_version;  /* per server: the last version it said (a pull's, a push's answer) */
   int64_t pulled_clock;     /* the last pull's clock (absolute), -1: none since the join */
   int64_t basis;            /* the next push was computed on the pull of this clock (absolute); -1: the last */
   uint64_t version;
@@ -40106,6 +40130,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
     int64_t gap = (int64_t)dt__get_le64(C->buf[s] + 8);
     C->basis_version[s] = C->pulled_version[s];
     C->pulled_version[s] = v;
+    if (v > C->heard_version[s]) C->heard_version[s] = v;
     if (v > tk->version) tk->version = v;
     if (v > C->version) C->version = v;
     if (gap > tk->clock_gap) tk->clock_gap = gap;
@@ -40202,6 +40227,7 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
       tk->dropped = 1;
       st = -1 - st;
     }
+    if (v > C->heard_version[s]) C->heard_version[s] = v;
     if (v > C->version) C->version = v;
     if (st > tk->staleness) tk->staleness = st;
   }
@@ -40314,7 +40340,11 @@ static dt_result dt__ps_client_begin(dt_pstore *ps) {
 static uint64_t dt__ps_client_version(dt_pstore *ps) {
   dt__ps_client *C = dt__ps_client_of(ps);
   dt__mutex_lock(&C->mu);
-  uint64_t v = C->version;
+  /* The smallest of the servers' last words: every server is at least there (in
+   * rounds, dt_ps_options.aggregate, each server counts its own) */
+  uint64_t v = C->M > 0 ? C->heard_version[0] : C->version;
+  for (int s = 1; s < C->M; s++)
+    if (C->heard_version[s] < v) v = C->heard_version[s];
   dt__mutex_unlock(&C->mu);
   return v;
 }
@@ -40379,6 +40409,7 @@ static void dt__ps_client_free(dt__ps_client *C) {
   dt__free(C->shard, M * sizeof(size_t));
   dt__free(C->last_send, M * sizeof(double));
   dt__free(C->pulled_version, M * sizeof(uint64_t));
+  dt__free(C->heard_version, M * sizeof(uint64_t));
   dt__free(C->basis_version, M * sizeof(uint64_t));
   dt__free(C->part_lo, M * sizeof(size_t));
   dt__free(C->owner, (size_t)(C->np > 0 ? C->np : 1) * sizeof(int));
@@ -40447,6 +40478,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   C->buf_cap = (size_t *)dt__calloc(M * sizeof(size_t));
   C->last_send = (double *)dt__calloc(M * sizeof(double));
   C->pulled_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
+  C->heard_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
   C->basis_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
   C->part_lo = (size_t *)dt__calloc(M * sizeof(size_t));
   C->pulled_clock = C->basis = -1;
@@ -40455,7 +40487,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   if (C->conn)
     for (int s = 0; s < C->M; s++) C->conn[s].fd = -1;
   if (rc != DTRAIN_OK || !C->owner || !C->conn || !C->shard || !C->buf || !C->buf_cap || !C->last_send ||
-      !C->pulled_version || !C->basis_version || !C->part_lo || !C->iov || !C->iov_scratch) {
+      !C->pulled_version || !C->heard_version || !C->basis_version || !C->part_lo || !C->iov || !C->iov_scratch) {
     dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
     goto fail;
   }
@@ -40523,7 +40555,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
      * saw (a push that reached only some servers is made again). */
     if (start > C->next) C->next = start;
     if (s == 0 || done < C->ps.steps_done) C->ps.steps_done = done;
-    C->pulled_version[s] = C->basis_version[s] = v;
+    C->pulled_version[s] = C->basis_version[s] = C->heard_version[s] = v;
     if (v > C->version) C->version = v;
     C->last_send[s] = dt__now();
   }

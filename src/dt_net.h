@@ -356,9 +356,12 @@ typedef struct dt_ps_options {
                                   computed on an older version is dropped (its round closed: the
                                   worker's dt_pstore_ticket.dropped), and a worker's pull waits for
                                   the round of its push. W - R workers are backups: the slowest ones'
-                                  pushes are dropped instead of waited for. max_staleness is not
-                                  used. Not with work_items or staleness_lr [0: each push applied
-                                  as it comes] */
+                                  pushes are dropped instead of waited for. Workers must ask for
+                                  max_staleness 0 (others are refused: their pushes would all be
+                                  late). Each server closes its own rounds (with several, one may
+                                  hold a push another drops). A held push is in a checkpoint once
+                                  its round closes (checkpoint_every counts rounds). Not with
+                                  work_items or staleness_lr [0: each push applied as it comes] */
 } dt_ps_options;
 
 /* The server of each parameter: server_of[i] for i < dt_params_count(p)

@@ -1,7 +1,9 @@
 /* ===========================================================================
- * dt_ps_agg.c -- parameter servers: synchronous rounds with backup workers
- * (dt_ps_options.aggregate; Chen et al., "Revisiting distributed synchronous
- * SGD", as TF's SyncReplicasOptimizer does it on its parameter servers)
+ * dt_ps_apply.c -- parameter servers: what a push does to the shard: applied
+ * as it comes (one optimizer step a push), or held in synchronous rounds with
+ * backup workers (dt_ps_options.aggregate; Chen et al., "Revisiting
+ * distributed synchronous SGD", as TF's SyncReplicasOptimizer does it on its
+ * parameter servers)
  * ===========================================================================
  * With aggregate = R, a server does not apply each push as it comes: it
  * holds the pushes computed on its current version (the open round) and,
@@ -17,7 +19,9 @@
  * Each server closes its own rounds (as SyncReplicasOptimizer's accumulators
  * do, one per variable): with several servers the R pushes of one server's
  * round may be other workers' than another's, each an average of R
- * gradients of that version. A round also closes with fewer than R when no
+ * gradients of that version, and a push may be held by one server and
+ * dropped by another; the servers' versions (rounds closed) may then differ
+ * by a few. A round is full at R: the next push of its version is late. A round also closes with fewer than R when no
  * worker that counts can add one (the others died, or left with BYE): the
  * job goes on with the workers it has. A held push whose worker is lost or
  * leaves stays in its round (it was answered).
@@ -116,6 +120,7 @@ DTRAIN_PRIVATE int dt__ps_agg_hold(dt__ps_server *S, int i, int64_t *stale) {
   }
   w->held = 1;
   S->nheld++;
+  S->held_total++;
   return 1;
 }
 

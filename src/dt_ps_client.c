@@ -47,6 +47,7 @@ typedef struct dt__ps_client {
   double *last_send;
   uint64_t *pulled_version; /* per server: the version of the last pull (the next push says it) */
   uint64_t *basis_version;  /* ... of the pull before it (dt__ps_client_push_basis) */
+  uint64_t *heard_version;  /* per server: the last version it said (a pull's, a push's answer) */
   int64_t pulled_clock;     /* the last pull's clock (absolute), -1: none since the join */
   int64_t basis;            /* the next push was computed on the pull of this clock (absolute); -1: the last */
   uint64_t version;
@@ -357,6 +358,7 @@ static dt_result dt__ps_client_pull(dt_pstore *ps, int worker, int64_t clock, fl
     int64_t gap = (int64_t)dt__get_le64(C->buf[s] + 8);
     C->basis_version[s] = C->pulled_version[s];
     C->pulled_version[s] = v;
+    if (v > C->heard_version[s]) C->heard_version[s] = v;
     if (v > tk->version) tk->version = v;
     if (v > C->version) C->version = v;
     if (gap > tk->clock_gap) tk->clock_gap = gap;
@@ -453,6 +455,7 @@ static dt_result dt__ps_client_push(dt_pstore *ps, int worker, int64_t clock, co
       tk->dropped = 1;
       st = -1 - st;
     }
+    if (v > C->heard_version[s]) C->heard_version[s] = v;
     if (v > C->version) C->version = v;
     if (st > tk->staleness) tk->staleness = st;
   }
@@ -565,7 +568,11 @@ static dt_result dt__ps_client_begin(dt_pstore *ps) {
 static uint64_t dt__ps_client_version(dt_pstore *ps) {
   dt__ps_client *C = dt__ps_client_of(ps);
   dt__mutex_lock(&C->mu);
-  uint64_t v = C->version;
+  /* The smallest of the servers' last words: every server is at least there (in
+   * rounds, dt_ps_options.aggregate, each server counts its own) */
+  uint64_t v = C->M > 0 ? C->heard_version[0] : C->version;
+  for (int s = 1; s < C->M; s++)
+    if (C->heard_version[s] < v) v = C->heard_version[s];
   dt__mutex_unlock(&C->mu);
   return v;
 }
@@ -630,6 +637,7 @@ static void dt__ps_client_free(dt__ps_client *C) {
   dt__free(C->shard, M * sizeof(size_t));
   dt__free(C->last_send, M * sizeof(double));
   dt__free(C->pulled_version, M * sizeof(uint64_t));
+  dt__free(C->heard_version, M * sizeof(uint64_t));
   dt__free(C->basis_version, M * sizeof(uint64_t));
   dt__free(C->part_lo, M * sizeof(size_t));
   dt__free(C->owner, (size_t)(C->np > 0 ? C->np : 1) * sizeof(int));
@@ -698,6 +706,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   C->buf_cap = (size_t *)dt__calloc(M * sizeof(size_t));
   C->last_send = (double *)dt__calloc(M * sizeof(double));
   C->pulled_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
+  C->heard_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
   C->basis_version = (uint64_t *)dt__calloc(M * sizeof(uint64_t));
   C->part_lo = (size_t *)dt__calloc(M * sizeof(size_t));
   C->pulled_clock = C->basis = -1;
@@ -706,7 +715,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
   if (C->conn)
     for (int s = 0; s < C->M; s++) C->conn[s].fd = -1;
   if (rc != DTRAIN_OK || !C->owner || !C->conn || !C->shard || !C->buf || !C->buf_cap || !C->last_send ||
-      !C->pulled_version || !C->basis_version || !C->part_lo || !C->iov || !C->iov_scratch) {
+      !C->pulled_version || !C->heard_version || !C->basis_version || !C->part_lo || !C->iov || !C->iov_scratch) {
     dt__error(DTRAIN_ERR_NOMEM, "%s: out of memory", fn);
     goto fail;
   }
@@ -774,7 +783,7 @@ static dt_pstore *dt__ps_store_create(const dt_cluster *c, dt_params *params, co
      * saw (a push that reached only some servers is made again). */
     if (start > C->next) C->next = start;
     if (s == 0 || done < C->ps.steps_done) C->ps.steps_done = done;
-    C->pulled_version[s] = C->basis_version[s] = v;
+    C->pulled_version[s] = C->basis_version[s] = C->heard_version[s] = v;
     if (v > C->version) C->version = v;
     C->last_send[s] = dt__now();
   }

@@ -247,6 +247,7 @@ typedef struct dt__ps_server {
   int nheld;                /* pushes held in the open round (a gone worker's too) */
   float *agg_sum;           /* the round's sum, full layout (dt_params_size floats) */
   int64_t rounds, dropped;  /* rounds closed; pushes dropped as late */
+  int64_t held_total;       /* pushes held (in rounds closed or open) */
 } dt__ps_server;
 
 /* ---- what a push does to the shard (dt_ps_apply.c) ---------------------------------------------- */

@@ -294,7 +294,8 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   w->pend = DT__PSP_NONE;
   w->last_heard = now;
   if (!S->agg) dt__ps_maybe_ckpt(S); /* before the answer: an acknowledged update is in the checkpoint when every == 1 */
-  dt__put_le64(fix, S->version);
+  /* (a push held in the open round: the version its round makes) */
+  dt__put_le64(fix, S->version + (S->agg && r == 1 && w->held ? 1 : 0));
   dt__put_le64(fix + 8, (uint64_t)stale);
   return dt__ps_queue(S, i, DT__PS_PUSHED, fix, DT__PS_FIX, NULL);
 }
@@ -327,12 +328,13 @@ static int dt__ps_take(dt__ps_server *S, int i) {
 static dt_result dt__ps_progress(dt__ps_server *S) {
   for (int again = 1; again;) {
     again = 0;
-    if (S->agg && dt__ps_agg_due(S, dt__ps_counts)) { /* the round closes: its pulls may go */
-      dt_result rc = dt__ps_agg_close(S);
-      if (rc != DTRAIN_OK) return rc;
-    }
     for (int i = 0; i < S->W; i++) {
       dt__ps_worker *w = &S->w[i];
+      if (S->agg && dt__ps_agg_due(S, dt__ps_counts)) { /* the round closes (before another push: it is full) */
+        dt_result rc = dt__ps_agg_close(S);
+        if (rc != DTRAIN_OK) return rc;
+        again = 1; /* its pulls may go */
+      }
       if (w->state != DT__PSW_LIVE || w->pend == DT__PSP_NONE || !dt__ps_can_serve(S, i)) continue;
       int r = dt__ps_serve_one(S, i);
       if (r < 0) return dt_last_result();
@@ -391,6 +393,13 @@ static void dt__ps_on_join(dt__ps_server *S, int i, const unsigned char *b) {
     /* a bound would hold the fast workers at the clock of the slowest, which the
      * queue lets fall behind (it takes fewer items), and of one waiting for an item */
     snprintf(why, sizeof why, "it asks for max_staleness %d; the work queue needs unbounded staleness (-1)", k);
+    dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
+    return;
+  }
+  if (S->agg && k != 0) {
+    /* each push of a round is computed on the round's weights: one computed on older ones
+     * (overlap's, a bound's) would come late and be dropped, every time */
+    snprintf(why, sizeof why, "it asks for max_staleness %d; synchronous rounds (aggregate %d) need 0", k, S->agg);
     dt__ps_refuse(S, i, DTRAIN_ERR_MISMATCH, why);
     return;
   }
@@ -940,8 +949,8 @@ static dt_result dt__ps_serve(const dt_cluster *c, dt_params *params, dt_optim *
   if (rc == DTRAIN_OK && S.done == 0)
     rc = dt__error(DTRAIN_ERR_PEER, "%s: ps %d: every worker was lost (none finished with BYE)", fn, S.me);
   if (S.agg)
-    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %lld rounds of up to %d pushes, %lld late pushes dropped", S.me,
-            (long long)S.rounds, S.agg, (long long)S.dropped);
+    dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps %d: %lld rounds of up to %d pushes (%lld held), %lld late pushes dropped",
+            S.me, (long long)S.rounds, S.agg, (long long)S.held_total, (long long)S.dropped);
   if (S.q_back)
     dt__log(DTRAIN_LOG_INFO, DTRAIN_OK, "ps 0: work queue: %lld of %lld items done, %lld handed out (%lld given back "
             "by workers that died or left first)", (long long)S.q.done, (long long)S.q.items,

@@ -607,7 +607,8 @@ typedef struct dt_pstore_ticket {
   int64_t clock_gap;   /* pull: steps this worker was ahead of the slowest */
   double wait_s;       /* seconds this call waited for the bound */
   int dropped;         /* push: a server dropped it as late, its round closed without it
-                          (dt_ps_options.aggregate; staleness says how late) */
+                          (dt_ps_options.aggregate; staleness says how late; with several
+                          servers, another may have held it) */
 } dt_pstore_ticket;
 
 typedef struct dt_pstore_vtable {
@@ -661,6 +662,10 @@ DTRAIN_API dt_result dt_pstore_push(dt_pstore *ps, int worker, int64_t clock, co
 DTRAIN_API void dt_pstore_leave(dt_pstore *ps, int worker);
 DTRAIN_API void dt_pstore_abort(dt_pstore *ps);
 DTRAIN_API dt_result dt_pstore_begin(dt_pstore *ps);
+/* The store's version: in-process, the updates applied; over TCP, the
+ * smallest of the servers' last words (a pull's version, a push's answer):
+ * every server is at least there (in rounds, dt_ps_options.aggregate, each
+ * server counts the rounds it closed). */
 DTRAIN_API uint64_t dt_pstore_version(dt_pstore *ps);
 /* Work queue (dynamic data sharding, as TF's ClusterCoordinator schedules
  * functions): the servers' first server hands out work items 0 .. N-1

@@ -19,13 +19,18 @@
 #      baseline's.
 #   C. B with --work-queue (dynamic data sharding on server 0): the job exits 0 and server 0's
 #      queue says every batch was done, each exactly once.
+#   D. B with --backup-workers 1 (synchronous rounds of 2 pushes on the servers): a stopped or
+#      dead worker is a backup whose round closes without it; a dead one is started again and
+#      rejoins. Nothing lost: the job exits 0, every server closed at least the job's rounds,
+#      and worker 0's test accuracy is within CHAOS_ACC_TOL of an undisturbed run's.
 #
 # Prints each disturbance as it happens, one line per check, and "chaos: PASS" or
 # "chaos: FAIL (...)"; exits non-zero on failure.
 #
 # Environment (all optional):
-#   CHAOS_SECONDS  the whole run's budget in seconds, at most 600 [480]; each disturbed job
-#                  gets a quarter of it (the launcher's --timeout), the baselines the rest
+#   CHAOS_SECONDS  the whole run's budget in seconds, at most 600 [480]; each of the seven
+#                  jobs (four disturbed, three baselines) gets a seventh of it (the launcher's
+#                  --timeout), so the whole run ends within it
 #   CHAOS_SEED     the random choices [the process id]
 #   CHAOS_LIMIT    training rows of each job (--limit) [9000]; CHAOS_EPOCHS its epochs [16]
 #                  (about 30 s of training each on a 2-core machine: time for the disturbances)
@@ -57,7 +62,7 @@ if [ ! -x "$L" ] || [ ! -x "$MW" ] || [ ! -x "$PS" ]; then
 fi
 rm -rf "$T"; mkdir -p "$T"
 START=$(date +%s)
-JOB_S=$((S / 4))
+JOB_S=$((S / 7))
 now() { echo $(( $(date +%s) - START )); }
 
 # a linear congruential generator in the shell: rnd N sets R to 0..N-1
@@ -173,6 +178,34 @@ set -- $q
 if [ $rc = 0 ] && [ $# = 4 ] && [ "$1" = "$2" ] && [ "$3" -ge "$1" ]; then
   ok "C: every batch of the queue was trained on exactly once ($1 of $2; $4 given back by workers that died holding one)"
 else fail "C: exit $rc, queue '${q:-none}': $(grep -v 'dtrain error' "$T/c.out" | tail -n 4 | tr '\n' ' ')"; fi
+
+# ---- D. parameter servers in synchronous rounds with a backup worker -------------------------------
+echo "== D. parameter_server --backup-workers 1: 3 workers, 2 servers, --max-restarts $((KILLS + STOPS + 2))"
+rounds() { sed -n 's/.*synchronous rounds of [0-9]* pushes ([0-9]* backup), \([0-9]*\) rounds.*/\1/p' "$1" | head -n 1; }
+$L -n 3 --ps 2 --timeout "$JOB_S" -- $PS $PARGS --backup-workers 1 > "$T/d_base.out" 2>&1; rc=$?
+n0=$(rounds "$T/d_base.out"); w0=$(updates "$T/d_base.out" 0); w1=$(updates "$T/d_base.out" 1); dacc0=$(acc "$T/d_base.out")
+if [ $rc = 0 ] && [ -n "$n0" ] && [ -n "$w0" ] && [ -n "$w1" ] && [ -n "$dacc0" ]; then
+  echo "  baseline: exit 0, $n0 rounds wanted, servers closed $w0 and $w1, worker 0 test accuracy $dacc0"
+else fail "D baseline: exit $rc: $(tail -n 3 "$T/d_base.out" | tr '\n' ' ')"; fi
+d0=$(date +%s)
+$L -n 3 --ps 2 --grace 2 --max-restarts $((KILLS + STOPS + 2)) --timeout "$JOB_S" -- $PS $PARGS --backup-workers 1 \
+  > "$T/d.out" 2>&1 &
+lp=$!
+disturb $lp 3 2
+wait $lp; rc=$?
+k=$(cat "$T/kills"); st=$(cat "$T/stops")
+x0=$(updates "$T/d.out" 0); x1=$(updates "$T/d.out" 1); dacc1=$(acc "$T/d.out")
+rejoins=$(grep -c 'rejoined at clock' "$T/d.out")
+drops=$(sed -n 's/.*worker [0-9]*: \([0-9]*\) of its [0-9]* pushes came after their round closed.*/\1/p' "$T/d.out" |
+        awk '{ s += $1 } END { print s + 0 }')
+echo "  disturbed: exit $rc after $(( $(date +%s) - d0 ))s; $k kills, $st stops, $rejoins rejoins; servers closed ${x0:-?} and ${x1:-?} rounds, $drops late pushes dropped (said by the workers that finished), worker 0 test accuracy ${dacc1:-?}"
+if [ $rc = 0 ] && [ -n "$n0" ] && [ -n "$x0" ] && [ -n "$x1" ] && [ "$x0" -ge "$n0" ] && [ "$x1" -ge "$n0" ]; then
+  ok "D: every server closed the job's rounds (${x0} and ${x1} >= ${n0})"
+else fail "D: exit $rc, rounds ${x0:-?}/${x1:-?} vs ${n0:-?} wanted: $(grep -v 'dtrain error' "$T/d.out" | tail -n 4 | tr '\n' ' ')"; fi
+if [ -n "$dacc0" ] && [ -n "$dacc1" ] && awk -v a="$dacc0" -v b="$dacc1" -v t="$ACC_TOL" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= t) }'; then
+  ok "D: worker 0's test accuracy $dacc1 within $ACC_TOL of the undisturbed rounds' $dacc0"
+else fail "D: worker 0's test accuracy '${dacc1:-none}' vs the undisturbed rounds' '${dacc0:-none}'"; fi
+if [ "$k" -gt 0 ] && [ "$rejoins" -lt 1 ]; then fail "D: $k kills but no worker rejoined"; fi
 
 echo "chaos: $(now)s in all"
 if [ -z "$fails" ]; then echo "chaos: PASS"; else echo "chaos: FAIL ($fails)"; exit 1; fi

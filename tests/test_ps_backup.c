@@ -11,6 +11,9 @@
  *     its 6th step: the rounds before have its gradient, the later ones
  *     close with the two left (bitwise);
  *   - compressed pushes (fp16) are decoded when held, and training converges;
+ *   - 3 equal workers in rounds of 2: no round takes more than 2 pushes (the
+ *     third of its version is late), every push held or dropped;
+ *   - a worker asking for a staleness bound is refused, a correct one trains;
  *   - a push while its last one is held (the pull must come first) drops
  *     that worker, whose held push stays in its round, while the other
  *     trains on;
@@ -162,7 +165,8 @@ static void rounds_case(const char *name, int W, int M, int R, dt_optim_kind kin
   for (int i = 0; i < M; i++) {
     CHECK_MSG(srv[i].status == 0, "%s: server %d status %d: %s", name, i, srv[i].status, srv[i].out);
     char line[96];
-    snprintf(line, sizeof line, "%d rounds of up to %d pushes, %d late pushes dropped", STEPS, R, gate ? 1 : 0);
+    snprintf(line, sizeof line, "%d rounds of up to %d pushes (%d held), %d late pushes dropped", STEPS, R,
+             die ? 5 * 3 + (STEPS - 5) * 2 : STEPS * R, gate ? 1 : 0);
     CHECK_MSG(strstr(srv[i].out, line), "%s: server %d, want \"%s\": %s", name, i, line, srv[i].out);
   }
 }
@@ -204,7 +208,7 @@ static void test_compressed(void) {
               wk[i].out);
   }
   child_wait(&srv);
-  CHECK_MSG(srv.status == 0 && strstr(srv.out, "60 rounds of up to 2 pushes, 0 late"), "%s", srv.out);
+  CHECK_MSG(srv.status == 0 && strstr(srv.out, "60 rounds of up to 2 pushes (120 held), 0 late"), "%s", srv.out);
   CHECK_MSG(!strstr(srv.out, "lost"), "%s", srv.out);
   alarm(0);
 }
@@ -253,7 +257,70 @@ static void test_push_while_held(void) {
   CHECK_MSG(srv.status == 0, "server status %d: %s", srv.status, srv.out);
   CHECK_MSG(strstr(srv.out, "worker 1") && strstr(srv.out, "lost") && strstr(srv.out, "out of turn"), "%s", srv.out);
   /* the good worker's 20 pushes made 20 rounds: the first with the lost worker's zeros in it */
-  CHECK_MSG(strstr(srv.out, "20 rounds of up to 2 pushes"), "%s", srv.out);
+  CHECK_MSG(strstr(srv.out, "20 rounds of up to 2 pushes (21 held), 0 late"), "%s", srv.out);
+  alarm(0);
+}
+
+/* 3 workers of equal speed in rounds of 2: pushes often come together (in one poll of the
+ * server), and a round never takes more than 2 (the third of its version is late): every
+ * push is held or dropped, and the held ones fill the rounds, at most 2 each. */
+static void test_full_rounds(void) {
+  alarm(60);
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(3, 1, 0, &port, lfd);
+  sc.aggregate = 2;
+  child srv = spawn_server(&sc, &lfd), wk[3];
+  for (int i = 0; i < 3; i++) {
+    worker_cfg wc = worker_defaults(3, 1, i, &port);
+    wc.k = 0;
+    wc.steps = 30;
+    wk[i] = spawn_worker(&wc, &lfd, 1);
+  }
+  close(lfd);
+  long long dropped = 0;
+  for (int i = 0; i < 3; i++) {
+    child_wait(&wk[i]);
+    CHECK_MSG(wk[i].status == 0, "worker %d status %d: %s", i, wk[i].status, wk[i].out);
+    const char *p = strstr(wk[i].out, " dropped ");
+    long long d = -1;
+    CHECK_MSG(p && sscanf(p, " dropped %lld", &d) == 1, "%s", wk[i].out);
+    if (d > 0) dropped += d;
+  }
+  child_wait(&srv);
+  long long rounds = -1, held = -1, late = -1;
+  int got = 0;
+  for (const char *p = strstr(srv.out, "ps 0: "); p && got != 3; p = strstr(p + 1, "ps 0: "))
+    got = sscanf(p, "ps 0: %lld rounds of up to 2 pushes (%lld held), %lld late", &rounds, &held, &late);
+  CHECK_MSG(srv.status == 0 && got == 3, "%s", srv.out);
+  CHECK_MSG(held + late == 90 && held <= 2 * rounds && late == dropped,
+            "%lld rounds, %lld held, %lld late (the workers say %lld) of 90 pushes", rounds, held, late, dropped);
+  alarm(0);
+}
+
+/* A worker that asks for a staleness bound is refused (its pushes would all be late); a
+ * correct one trains on. */
+static void test_bound_refused(void) {
+  alarm(60);
+  int lfd, port;
+  CHECK(listen_fds(1, &lfd, &port));
+  server_cfg sc = server_defaults(1, 1, 0, &port, lfd);
+  sc.aggregate = 1;
+  child srv = spawn_server(&sc, &lfd);
+  worker_cfg wc = worker_defaults(1, 1, 0, &port);
+  wc.k = 1;
+  wc.steps = 4;
+  child bad = spawn_worker(&wc, &lfd, 1);
+  child_wait(&bad);
+  CHECK_MSG(bad.status == 4 && strstr(bad.out, "synchronous rounds (aggregate 1) need 0"), "status %d: %s",
+            bad.status, bad.out);
+  wc.k = 0;
+  child good = spawn_worker(&wc, &lfd, 1);
+  close(lfd);
+  child_wait(&good);
+  CHECK_MSG(good.status == 0, "status %d: %s", good.status, good.out);
+  child_wait(&srv);
+  CHECK_MSG(srv.status == 0 && strstr(srv.out, "4 rounds of up to 1 pushes (4 held), 0 late"), "%s", srv.out);
   alarm(0);
 }
 
@@ -419,6 +486,8 @@ int main(void) {
   TH_RUN(test_rounds_bitwise);
   TH_RUN(test_worker_dies);
   TH_RUN(test_compressed);
+  TH_RUN(test_full_rounds);
+  TH_RUN(test_bound_refused);
   TH_RUN(test_push_while_held);
 #endif
   return th_summary("test_ps_backup");
