@@ -8,7 +8,17 @@
 /* The implementation in parts (see the manual's CONFIGURATION): part K of
  * DTRAIN_IMPLEMENTATION_PARTS, one per translation unit, compiled in parallel. */
 #define DTRAIN_IMPLEMENTATION_PARTS 4
-#if defined(DTRAIN_IMPLEMENTATION_PART)
+#if defined(DTRAIN__LINKED_TEST)
+/* The test suite only (the Makefile's LINKED_TESTS): a test written for the whole
+ * implementation (DTRAIN_STATIC, DTRAIN_IMPLEMENTATION: it calls private functions) gets
+ * the implementation's declarations only and links with the parts (build/dtrain.o), so
+ * that each configuration compiles the implementation once, not once per test. */
+#  undef DTRAIN_STATIC
+#  define DTRAIN_IMPLEMENTATION_PART 0
+#  ifndef DTRAIN_IMPLEMENTATION
+#    define DTRAIN_IMPLEMENTATION
+#  endif
+#elif defined(DTRAIN_IMPLEMENTATION_PART)
 #  if DTRAIN_IMPLEMENTATION_PART < 1 || DTRAIN_IMPLEMENTATION_PART > DTRAIN_IMPLEMENTATION_PARTS
 #    error "DTRAIN_IMPLEMENTATION_PART is 1, 2, 3 or 4 (DTRAIN_IMPLEMENTATION_PARTS): one translation unit each"
 #  endif
