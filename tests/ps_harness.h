@@ -87,7 +87,8 @@ static int step_gate_fd = -1;
  *   "a W T"  worker W asks for step T (before dt_strategy_step: its pull of T)
  *   "c W T"  worker W computed step T (in step_fn, after its step_sleep_s: its
  *            pull of T was answered, its push of T is still to come)
- *   "z W T"  worker W woke from its idle time before step T (sleep_at) */
+ *   "z W T"  worker W woke from its idle time before step T (sleep_at)
+ *   "g W T"  worker W pulled for step T and waits on its gate (gate_fd) */
 static int event_fd = -1, event_worker, event_step;
 
 static void event_say(char kind, int step) {
@@ -103,6 +104,7 @@ static dt_tensor *step_fn(dt_graph *g, int replica, const dt_minibatch *b, void 
   if (step_sleep_s > 0) dt_sleep(step_sleep_s);
   if (step_gate_fd >= 0) {
     char go;
+    event_say('g', event_step); /* its pull is done: held back now */
     if (read(step_gate_fd, &go, 1) != 1) {
     }
     step_gate_fd = -1;

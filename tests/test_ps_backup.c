@@ -86,6 +86,26 @@ static size_t params_of(const char *out, float *dst, size_t cap) {
   return n;
 }
 
+/* A "g W T" line on the event pipe within 20 s: a worker pulled and waits on its gate. */
+static int gated(int fd) {
+  char line[64];
+  size_t n = 0;
+  double until = dt__now() + 20;
+  while (dt__now() < until && n < sizeof line - 1) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    if (poll(&pf, 1, 100) <= 0) continue;
+    if (read(fd, line + n, 1) != 1) return 0;
+    if (line[n] == '\n') {
+      line[n] = '\0';
+      if (line[0] == 'g') return 1;
+      n = 0;
+      continue;
+    }
+    n++;
+  }
+  return 0;
+}
+
 static int all_in(int t, int w) {
   (void)t;
   (void)w;
@@ -113,9 +133,14 @@ static void rounds_case(const char *name, int W, int M, int R, dt_optim_kind kin
     sc.aggregate = R;
     srv[i] = spawn_server(&sc, lfd);
   }
-  int gp[2] = {-1, -1};
-  if (gate) CHECK(pipe(gp) == 0);
-  for (int i = 0; i < W; i++) {
+  int gp[2] = {-1, -1}, ev[2] = {-1, -1};
+  if (gate) CHECK(pipe(gp) == 0 && pipe(ev) == 0);
+  /* the held-back worker first, and the others once it has pulled version 0: its push is then
+     surely computed on weights older than the last round's (were it to join after the others
+     finished, it would pull the final weights and its push would make a round alone) */
+  for (int j = 0; j < W; j++) {
+    int i = gate ? (j + W - 1) % W : j;
+    if (gate && j == 1) CHECK_MSG(gated(ev[0]), "%s: worker %d never reached its gate", name, W - 1);
     worker_cfg wc = worker_defaults(W, M, i, ports);
     wc.k = 0;
     wc.steps = STEPS;
@@ -123,13 +148,17 @@ static void rounds_case(const char *name, int W, int M, int R, dt_optim_kind kin
     wc.say_params = 1;
     if (gate && i == W - 1) {
       wc.gate_fd = gp[0];
+      wc.events_fd = ev[1];
       wc.steps = 1;
     }
     if (die && i == W - 1) wc.die_at = 5;
     wk[i] = spawn_worker(&wc, lfd, M);
   }
   for (int i = 0; i < M; i++) close(lfd[i]);
-  if (gate) close(gp[0]);
+  if (gate) { /* (ev[0] stays open: the held-back worker records its later events there) */
+    close(gp[0]);
+    close(ev[1]);
+  }
   for (int i = 0; i < W; i++) {
     if (gate && i == W - 1) { /* the others are done: the held-back worker goes on, late */
       CHECK(write(gp[1], "g", 1) == 1);
@@ -138,6 +167,7 @@ static void rounds_case(const char *name, int W, int M, int R, dt_optim_kind kin
     child_wait(&wk[i]);
   }
   for (int i = 0; i < M; i++) child_wait(&srv[i]);
+  if (gate) close(ev[0]);
   model sz;
   model_init(&sz, kind, lr);
   size_t n = dt_params_size(sz.P); /* (the params' buffer: aligned, with gaps) */
@@ -213,19 +243,25 @@ static void test_compressed(void) {
   alarm(0);
 }
 
-/* A second push before the pull that waits for the first one's round. */
+/* A second push before the pull that waits for the first one's round. The good worker
+ * is held back in its first step's compute until the server dropped the bad one, so the
+ * first push is surely still held when the second comes (under load, the good worker's
+ * push could otherwise close the round in between, making the second merely late). */
 static void test_push_while_held(void) {
   alarm(60);
-  int lfd, port;
+  int lfd, port, gp[2];
   CHECK(listen_fds(1, &lfd, &port));
+  CHECK(pipe(gp) == 0);
   server_cfg sc = server_defaults(2, 1, 0, &port, lfd);
   sc.aggregate = 2;
   child srv = spawn_server(&sc, &lfd);
   worker_cfg wc = worker_defaults(2, 1, 0, &port);
   wc.k = 0;
   wc.steps = 20;
+  wc.gate_fd = gp[0];
   child good = spawn_worker(&wc, &lfd, 1);
   close(lfd);
+  close(gp[0]);
   model m;
   model_init(&m, DTRAIN_OPTIM_SGD, 0.05f);
   pc x;
@@ -250,6 +286,8 @@ static void test_push_while_held(void) {
     CHECK_MSG(closed, "the server kept a worker that pushed twice in a round");
     dt_pstore_destroy(ps);
   }
+  CHECK(write(gp[1], "g", 1) == 1); /* the good worker goes on */
+  close(gp[1]);
   model_free(&m);
   child_wait(&good);
   CHECK_MSG(good.status == 0, "the good worker: status %d: %s", good.status, good.out);
