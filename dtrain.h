@@ -3304,9 +3304,15 @@ DTRAIN_EXTERN_C_END
  *   parameter_server(N, M)         each worker: t(B/N) + 2 alpha + (gradient +
  *                                  parameter bytes) / beta + update / M (the servers
  *                                  apply the push before the pull is answered); the
- *                                  servers bound a round by N x (gradient + parameter
- *                                  bytes) / (M beta) (not with links_per_connection) +
- *                                  N x update / M; expected staleness N - 1
+ *                                  servers bound a round by N x update / M + N x (the
+ *                                  larger of gradient and parameter bytes + f x the
+ *                                  smaller) / (M beta), f = max(0, 1 - N u / (2 a))
+ *                                  (full duplex: in lock-step pushes and pulls take
+ *                                  turns, f = 1; the update, u = update / M a push,
+ *                                  spreads the workers until they overlap, f = 0; a =
+ *                                  the larger / (M beta)) (not with
+ *                                  links_per_connection; a shared medium: N x (gradient
+ *                                  + parameter bytes) / beta); expected staleness N - 1
  *   pipeline(P) (1F1B, m micro)    (m + P - 1) x (t(B)/(P m) + boundary transfer);
  *                                  bubble (P - 1)/(m + P - 1); memory 1/P of the weights
  *   tensor_parallel(T)             every rank the whole batch: fixed + B x per-sample x
@@ -28899,15 +28905,24 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
      * servers take N pushes and pulls a round, through their own links
      * (links_per_connection: one link per connection, as DTRAIN_NETEM
      * emulates, so only their updates bound a round; a shared medium
-     * carries every push and pull of the round, however many servers) */
+     * carries every push and pull of the round, however many servers).
+     * A server's link is full duplex: pushes come in while pulls go out.
+     * Workers in lock-step push together, then pull together, and the two
+     * take turns (the sum); the server's update (u a push) spreads the
+     * pulls u apart, about N x N u / 2 over a round, and once that covers a
+     * round of the larger direction (N a) they overlap (the larger alone):
+     * in between, the smaller direction counts by 1 - N u / (2 a). */
     {
       int M = o->servers;
       double wire = 2.0 * L.latency_s + (G + Pb) / L.bandwidth_Bps;
       double worker = tp + wire + Up / (double)M;
+      double in = G / ((double)M * L.bandwidth_Bps), out = Pb / ((double)M * L.bandwidth_Bps);
+      double big = DT__MAX(in, out), u = Up / (double)M;
+      double turns = big > 0 ? DT__MAX(0.0, 1.0 - (double)N * u / (2.0 * big)) : 0.0; /* the lock-step's share */
       double links = L.shared ? (double)N * (G + Pb) / L.bandwidth_Bps
                      : o->links_per_connection ? 0.0
-                                               : (double)N * (G + Pb) / ((double)M * L.bandwidth_Bps);
-      double server = links + (double)N * Up / (double)M;
+                                               : (double)N * (big + turns * DT__MIN(in, out));
+      double server = links + (double)N * u;
       /* (the floor: the workers' compute and loading, the servers' N updates, each push and pull copied) */
       double round = DT__PLAN_FLOOR(DT__MAX(worker, server), cpu_w, (double)N * (G + Pb));
       snprintf(name, sizeof name, "parameter_server %d server%s", M, M > 1 ? "s" : "");

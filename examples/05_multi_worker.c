@@ -19,6 +19,10 @@
  *    (with DTRAIN_TOKEN=... in every environment to refuse strangers)
  * After a failure, run the same command lines with --resume /shared/mw.safetensors.
  * With MPI: mpicc -DDTRAIN_USE_MPI -std=c11 -O2 -I. examples/05_multi_worker.c -o mw && mpirun -n 2 ./mw
+ *    and there, --servers M: ranks 0..M-1 are asynchronous parameter servers
+ *    (MPI messages; below, before ps_serve), the others workers; rank 0 ends
+ *    with "parameter servers: last epoch X samples/s (all workers) step_ms=...
+ *    compute_ms=... comm_ms=..." and the final weights' checksum and accuracy.
  *
  * Options: --epochs E, --batch B (the global batch, as in TensorFlow and in
  * examples/02: each of W workers reads B/W rows per step and each of its N
@@ -66,6 +70,7 @@ typedef struct options {
   dt_compress compress; /* --compress: the gradients on the wire */
   int overlap;          /* --overlap: buckets all-reduced during backward */
   const char *model;    /* --model: mlp or cnn */
+  int ps;               /* --servers M (MPI only): ranks 0..M-1 are parameter servers, 0: none */
 } options;
 
 #include "fashion_model.h" /* 02's two models: model, model_init, model_forward */
@@ -106,6 +111,230 @@ static int output_ok(const char *flag, const char *path, int is_dir) {
   return 0;
 }
 
+#if defined(DTRAIN_USE_MPI)
+/* --servers M: asynchronous parameter servers on MPI (built for the simulation of
+ * `make simulate`: SimGrid's SMPI runs MPI programs, not dtrain's TCP
+ * parameter servers). The data flow is that of examples/06 over TCP: ranks
+ * 0..M-1 each hold a slice of the parameters (dt_comm_slice) and the
+ * optimizer's state for it; every worker (ranks M..world-1, each on its own
+ * shard) computes its gradient on the parameters it has, sends each server
+ * its slice of it and takes back that server's slice of the parameters,
+ * updated. A server applies the pushes one by one, as they arrive, from
+ * whichever worker (unbounded staleness: nobody waits for anybody), one
+ * optimizer step each; it receives from every worker at once. When every
+ * worker has said it is done, the servers gather the parameters on rank 0,
+ * which tests them; every rank then gives its figures to rank 0, which prints
+ * the job's samples/s (the workers' last epochs: their samples over the
+ * longest of them) and the mean step split. */
+enum { PS_TAG_GRAD = 11, PS_TAG_PARAMS = 12, PS_TAG_DONE = 13, PS_TAG_FINAL = 14 };
+
+/* Rank r < servers: serve pushes until every worker is done. As a TCP server
+ * reads every connection at once, a receive is posted for every worker, so
+ * pushes arrive side by side (each at its worker's pace); they are applied
+ * one at a time, as they complete. The answer goes out from that worker's
+ * own buffer (a copy of the slice as this push left it), and the worker's
+ * next receive is posted once it has gone. Each buffer holds the slice only;
+ * with several servers the optimizer gets the gradient in its place in the
+ * whole layout (one copy of the slice). */
+static int ps_serve(int r, int servers, int workers, dt_params *P, dt_optim *opt, int64_t *pushes) {
+  const size_t n = dt_params_size(P);
+  size_t b, e;
+  dt_comm_slice(n, servers, r, &b, &e);
+  const size_t len = e - b; /* each worker's buffer: this server's slice */
+  const int whole = b == 0 && e == n; /* one server: the slice is the whole layout the optimizer wants */
+  float *data = dt_params_data(P), *bufs = (float *)malloc((size_t)workers * len * sizeof(float));
+  float *full = whole ? NULL : (float *)malloc(n * sizeof(float)); /* else a gradient in its place, for the update */
+  MPI_Request *q = (MPI_Request *)malloc((size_t)workers * sizeof(MPI_Request));
+  char *sending = (char *)calloc((size_t)workers, 1);
+  int rc = 0, live = workers;
+  if (!bufs || (!whole && !full) || !q || !sending) {
+    fprintf(stderr, "rank %d: error: out of memory (%d buffers of %zu floats)\n", r, workers, len);
+    rc = 1;
+    live = 0;
+  }
+  for (int w = 0; w < live; w++)
+    MPI_Irecv(bufs + (size_t)w * len, (int)len, MPI_FLOAT, servers + w, MPI_ANY_TAG, MPI_COMM_WORLD, &q[w]);
+  while (live > 0) {
+    MPI_Status st;
+    int w = MPI_UNDEFINED, count = 0;
+    if (MPI_Waitany(workers, q, &w, &st) != MPI_SUCCESS || w == MPI_UNDEFINED) {
+      fprintf(stderr, "rank %d: error: MPI_Waitany failed\n", r);
+      rc = 1;
+      break;
+    }
+    float *g = bufs + (size_t)w * len;
+    if (sending[w]) { /* its answer has gone: listen to it again */
+      sending[w] = 0;
+      MPI_Irecv(g, (int)len, MPI_FLOAT, servers + w, MPI_ANY_TAG, MPI_COMM_WORLD, &q[w]);
+      continue;
+    }
+    MPI_Get_count(&st, MPI_FLOAT, &count);
+    if (st.MPI_TAG == PS_TAG_DONE) { /* q[w] is MPI_REQUEST_NULL now */
+      live--;
+      continue;
+    }
+    if (st.MPI_TAG != PS_TAG_GRAD || (size_t)count != len) {
+      fprintf(stderr, "rank %d: error: rank %d sent tag %d with %d floats, not a gradient slice of %zu\n", r,
+              st.MPI_SOURCE, st.MPI_TAG, count, len);
+      rc = 1;
+      break;
+    }
+    if (!whole) memcpy(full + b, g, len * sizeof(float));
+    if (dt_optim_update(opt, data, whole ? g : full, b, e) != DTRAIN_OK) {
+      fprintf(stderr, "rank %d: error: %s\n", r, dt_last_error());
+      rc = 1;
+      break;
+    }
+    dt_optim_advance(opt);
+    ++*pushes;
+    memcpy(g, data + b, len * sizeof(float));
+    sending[w] = 1;
+    MPI_Isend(g, (int)len, MPI_FLOAT, servers + w, PS_TAG_PARAMS, MPI_COMM_WORLD, &q[w]);
+  }
+  free(bufs);
+  free(full);
+  free(q);
+  free(sending);
+  if (rc) return rc;
+  /* The final parameters on rank 0, slice by slice. */
+  for (int k = 1; k < servers; k++) {
+    size_t kb, ke;
+    dt_comm_slice(n, servers, k, &kb, &ke);
+    if (r == k) MPI_Send(data + kb, (int)(ke - kb), MPI_FLOAT, 0, PS_TAG_FINAL, MPI_COMM_WORLD);
+    if (r == 0) MPI_Recv(data + kb, (int)(ke - kb), MPI_FLOAT, k, PS_TAG_FINAL, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  }
+  return 0;
+}
+
+/* Rank r >= servers: train on its shard; fig[0..4]: the last epoch's samples,
+ * its seconds, and the steps, compute and communication seconds of it. */
+static int ps_work(int r, int servers, int workers, const options *o, dt_params *P, model *m, dt_dataset *train,
+                   double *fig) {
+  const int w = r - servers, batch = o->batch_per_worker ? o->batch_per_worker : o->batch / workers;
+  const size_t n = dt_params_size(P);
+  dt_loader_options ld;
+  memset(&ld, 0, sizeof ld);
+  ld.batch_size = batch;
+  ld.shuffle = 1;
+  ld.seed = o->seed;
+  ld.shard_index = w;
+  ld.shard_count = workers;
+  dt_loader *loader = dt_loader_new(train, &ld);
+  dt_graph *g = dt_graph_create(P, NULL);
+  MPI_Request *q = (MPI_Request *)malloc(2 * (size_t)servers * sizeof(MPI_Request));
+  if (!loader || !g || !q) {
+    fprintf(stderr, "rank %d: error: %s\n", r, q ? dt_last_error() : "out of memory");
+    dt_loader_destroy(loader);
+    dt_graph_destroy(g);
+    free(q);
+    return 1;
+  }
+  const int64_t steps = (train->n / workers) / batch;
+  float *data = dt_params_data(P), *grad = dt_params_grad(P);
+  int rc = 0;
+  for (int64_t ep = 0; ep < o->epochs && !rc; ep++) {
+    double t0 = dt_time_now(), compute = 0, comm = 0, loss_sum = 0;
+    dt_loader_set_position(loader, ep, 0);
+    for (int64_t k = 0; k < steps; k++) {
+      dt_batch bt;
+      if (dt_loader_next(loader, &bt) <= 0) {
+        fprintf(stderr, "rank %d: error: %s\n", r, dt_last_error());
+        rc = 1;
+        break;
+      }
+      dt_minibatch mb;
+      memset(&mb, 0, sizeof mb);
+      mb.rows = bt.size;
+      mb.x = bt.x;
+      mb.x_cols = 784;
+      mb.y = bt.y;
+      double c0 = dt_time_now();
+      dt_graph_reset(g);
+      dt_params_zero_grad(P);
+      dt_tensor *loss = step_fn(g, 0, &mb, m);
+      if (!loss || dt_backward(g, loss) != DTRAIN_OK) {
+        fprintf(stderr, "rank %d: step %lld: error: %s\n", r, (long long)k, dt_last_error());
+        rc = 1;
+        break;
+      }
+      loss_sum += loss->data[0];
+      double c1 = dt_time_now();
+      for (int s = 0; s < servers; s++) { /* push each server its slice, take back its parameters */
+        size_t b, e;
+        dt_comm_slice(n, servers, s, &b, &e);
+        MPI_Irecv(data + b, (int)(e - b), MPI_FLOAT, s, PS_TAG_PARAMS, MPI_COMM_WORLD, &q[2 * s]);
+        MPI_Isend(grad + b, (int)(e - b), MPI_FLOAT, s, PS_TAG_GRAD, MPI_COMM_WORLD, &q[2 * s + 1]);
+      }
+      if (MPI_Waitall(2 * servers, q, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+        fprintf(stderr, "rank %d: step %lld: error: the exchange with the servers failed\n", r, (long long)k);
+        rc = 1;
+        break;
+      }
+      compute += c1 - c0;
+      comm += dt_time_now() - c1;
+    }
+    if (rc) break;
+    const double secs = dt_time_now() - t0;
+    fig[0] = (double)(steps * batch);
+    fig[1] = secs;
+    fig[2] = (double)steps;
+    fig[3] = compute;
+    fig[4] = comm;
+    if (w == 0 && !o->quiet)
+      printf("epoch %lld: worker 0: train loss %.4f, %.0f samples/s (this worker)\n", (long long)ep + 1,
+             loss_sum / (double)(steps > 0 ? steps : 1), (double)(steps * batch) / secs);
+    fflush(stdout);
+  }
+  for (int s = 0; s < servers; s++) MPI_Send(grad, 0, MPI_FLOAT, s, PS_TAG_DONE, MPI_COMM_WORLD); /* done, or failed */
+  dt_loader_destroy(loader);
+  dt_graph_destroy(g);
+  free(q);
+  return rc;
+}
+
+/* The whole --servers run on this rank; 0 when it went well. */
+static int ps_run(const options *o, int rank, int world, dt_params *P, dt_optim *opt, model *m, dt_dataset *train,
+                  const dt_dataset *test) {
+  const int servers = o->ps, workers = world - o->ps;
+  const int batch = o->batch_per_worker ? o->batch_per_worker : o->batch / workers;
+  double fig[5] = {0, 0, 0, 0, 0}, sum[5] = {0, 0, 0, 0, 0}, longest = 0;
+  int64_t pushes = 0;
+  if (rank == 0 && !o->quiet)
+    printf("%d parameter server%s + %d worker%s (asynchronous, MPI), %lld samples in %d shard%s, batch %d per worker, "
+           "%lld steps per epoch\n", servers, servers == 1 ? "" : "s", workers, workers == 1 ? "" : "s", (long long)train->n, workers, workers == 1 ? "" : "s", batch,
+           (long long)((train->n / workers) / batch));
+  fflush(stdout);
+  MPI_Barrier(MPI_COMM_WORLD); /* all start together (06 over TCP: once every worker has joined) */
+  int rc = rank < servers ? ps_serve(rank, servers, workers, P, opt, &pushes) : ps_work(rank, servers, workers, o, P, m, train, fig);
+  if (rc && rank < servers) MPI_Abort(MPI_COMM_WORLD, 1); /* its workers wait for answers that will not come */
+  /* Everyone's word on how it went, then the job's figures (rank 0). */
+  int bad = rc != 0, any_bad = 0;
+  MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Reduce(fig, sum, 5, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  MPI_Reduce(&fig[1], &longest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  if (any_bad) {
+    if (!rc) fprintf(stderr, "rank %d: stopped: another rank failed\n", rank);
+    return 1;
+  }
+  if (rank < servers) printf("rank %d: server: %lld pushes applied\n", rank, (long long)pushes);
+  if (rank == 0) {
+    dt_graph *eval = dt_graph_create(P, NULL);
+    if (eval) dt_graph_set_grad_enabled(eval, 0);
+    double acc = eval ? test_accuracy(eval, m, test, o->eval_limit) : -1;
+    dt_graph_destroy(eval);
+    if (acc < 0) {
+      fprintf(stderr, "rank 0: error: %s\n", dt_last_error());
+      return 1;
+    }
+    const double st = sum[2] > 0 ? 1e3 / sum[2] : 0; /* ms a step, over all workers' steps */
+    printf("parameter servers: last epoch %.0f samples/s (all workers) step_ms=%.3f compute_ms=%.3f comm_ms=%.3f\n",
+           longest > 0 ? sum[0] / longest : 0.0, sum[1] * st, sum[3] * st, sum[4] * st);
+    printf("rank 0: final params_checksum=%016llx test_accuracy=%.4f\n", (unsigned long long)dt_params_checksum(P), acc);
+  }
+  return 0;
+}
+#endif
+
 /* Returns 1 to go on, 0 after printing what is wrong and the usage (exit 2),
  * -1 after the help (exit 0). */
 static int parse(int argc, char **argv, options *o) {
@@ -139,6 +368,7 @@ static int parse(int argc, char **argv, options *o) {
       {"quiet", 'b', &o->quiet, 0, 0, "no progress lines"},
       {"model", 's', &o->model, 0, 0, "mlp (784-256-128-10) or cnn (two 5x5 convolutions, 02's CNN)"},
       {"trace", 's', &trace, 0, 0, EX_TRACE_HELP},
+      {"servers", 'i', &o->ps, 1, 1024, "MPI builds: ranks 0..M-1 are asynchronous parameter servers, the rest workers"},
   };
   const int n = (int)(sizeof flags / sizeof flags[0]);
   const char *extra = "  Across processes: --rank R --world W --peers host:port,... (or DTRAIN_CONFIG; see tools/dtrain-launch)\n";
@@ -166,6 +396,19 @@ static int parse(int argc, char **argv, options *o) {
   }
   if (dt_compress_parse(compress, &o->compress) != DTRAIN_OK) {
     fprintf(stderr, "error: --compress: %s\n", dt_last_error());
+    goto bad;
+  }
+#if !defined(DTRAIN_USE_MPI)
+  if (o->ps) {
+    fprintf(stderr, "error: --servers is the MPI build's (mpicc -DDTRAIN_USE_MPI); over TCP, parameter servers are "
+                    "examples/06_parameter_server's\n");
+    goto bad;
+  }
+#endif
+  if (o->ps && (o->threads > 1 || o->compress.kind != DTRAIN_COMPRESS_NONE || o->overlap || o->checkpoint || o->resume ||
+                crash || stall || o->checkpoint_every)) {
+    fprintf(stderr, "error: --servers trains with one thread a worker and plain floats, without checkpoints, crashes or "
+                    "stalls (examples/06_parameter_server has those over TCP)\n");
     goto bad;
   }
   if (o->batch_given && o->batch_per_worker) {
@@ -244,17 +487,22 @@ int main(int argc, char **argv) {
     return 1;
   }
   int rank = dt_comm_rank(comm), world = dt_comm_world(comm);
+  const int dp = world - o.ps; /* the ranks that train on data (--servers: the rest serve) */
+  if (dp < 1) {
+    fprintf(stderr, "error: --servers %d leaves no worker among %d ranks\n", o.ps, world);
+    return 2;
+  }
   /* --batch is global: W workers x N threads each take batch/(W*N) rows, so it
    * must divide (said before any data is loaded; every rank says the same;
    * over TCP already before connecting, above).
    * --batch-per-worker keeps the old meaning: B rows a worker, split over its
    * threads as the strategy splits any batch. */
-  if (!o.batch_per_worker && o.batch % (world * o.threads) != 0) {
-    fprintf(stderr, "error: --batch %d does not divide over %d worker%s x %d replica%s = %d\n", o.batch, world, world == 1 ? "" : "s", o.threads,
-            o.threads == 1 ? "" : "s", world * o.threads);
+  if (!o.batch_per_worker && o.batch % (dp * o.threads) != 0) {
+    fprintf(stderr, "error: --batch %d does not divide over %d worker%s x %d replica%s = %d\n", o.batch, dp, dp == 1 ? "" : "s", o.threads,
+            o.threads == 1 ? "" : "s", dp * o.threads);
     return 2;
   }
-  const int batch_worker = o.batch_per_worker ? o.batch_per_worker : o.batch / world; /* the rows this worker loads per step */
+  const int batch_worker = o.batch_per_worker ? o.batch_per_worker : o.batch / dp; /* the rows this worker loads per step */
 
   /* 4. Data: each worker reads its own shard (the loader's shard_index/count). */
   char dir[512];
@@ -286,6 +534,19 @@ int main(int argc, char **argv) {
     }
     free(idx);
   }
+#if defined(DTRAIN_USE_MPI)
+  if (o.ps) {
+    int prc = ps_run(&o, rank, world, P, opt, &m, part ? part : train, test);
+    dt_comm_destroy(comm);
+    dt_dataset_destroy(part);
+    dt_dataset_destroy(train);
+    dt_dataset_destroy(test);
+    dt_optim_destroy(opt);
+    dt_params_destroy(P);
+    dt_cluster_destroy(cl);
+    return prc;
+  }
+#endif
   dt_loader_options ld;
   memset(&ld, 0, sizeof ld);
   ld.batch_size = batch_worker;

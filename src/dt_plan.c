@@ -556,15 +556,24 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
      * servers take N pushes and pulls a round, through their own links
      * (links_per_connection: one link per connection, as DTRAIN_NETEM
      * emulates, so only their updates bound a round; a shared medium
-     * carries every push and pull of the round, however many servers) */
+     * carries every push and pull of the round, however many servers).
+     * A server's link is full duplex: pushes come in while pulls go out.
+     * Workers in lock-step push together, then pull together, and the two
+     * take turns (the sum); the server's update (u a push) spreads the
+     * pulls u apart, about N x N u / 2 over a round, and once that covers a
+     * round of the larger direction (N a) they overlap (the larger alone):
+     * in between, the smaller direction counts by 1 - N u / (2 a). */
     {
       int M = o->servers;
       double wire = 2.0 * L.latency_s + (G + Pb) / L.bandwidth_Bps;
       double worker = tp + wire + Up / (double)M;
+      double in = G / ((double)M * L.bandwidth_Bps), out = Pb / ((double)M * L.bandwidth_Bps);
+      double big = DT__MAX(in, out), u = Up / (double)M;
+      double turns = big > 0 ? DT__MAX(0.0, 1.0 - (double)N * u / (2.0 * big)) : 0.0; /* the lock-step's share */
       double links = L.shared ? (double)N * (G + Pb) / L.bandwidth_Bps
                      : o->links_per_connection ? 0.0
-                                               : (double)N * (G + Pb) / ((double)M * L.bandwidth_Bps);
-      double server = links + (double)N * Up / (double)M;
+                                               : (double)N * (big + turns * DT__MIN(in, out));
+      double server = links + (double)N * u;
       /* (the floor: the workers' compute and loading, the servers' N updates, each push and pull copied) */
       double round = DT__PLAN_FLOOR(DT__MAX(worker, server), cpu_w, (double)N * (G + Pb));
       snprintf(name, sizeof name, "parameter_server %d server%s", M, M > 1 ? "s" : "");

@@ -25,9 +25,15 @@
  *   parameter_server(N, M)         each worker: t(B/N) + 2 alpha + (gradient +
  *                                  parameter bytes) / beta + update / M (the servers
  *                                  apply the push before the pull is answered); the
- *                                  servers bound a round by N x (gradient + parameter
- *                                  bytes) / (M beta) (not with links_per_connection) +
- *                                  N x update / M; expected staleness N - 1
+ *                                  servers bound a round by N x update / M + N x (the
+ *                                  larger of gradient and parameter bytes + f x the
+ *                                  smaller) / (M beta), f = max(0, 1 - N u / (2 a))
+ *                                  (full duplex: in lock-step pushes and pulls take
+ *                                  turns, f = 1; the update, u = update / M a push,
+ *                                  spreads the workers until they overlap, f = 0; a =
+ *                                  the larger / (M beta)) (not with
+ *                                  links_per_connection; a shared medium: N x (gradient
+ *                                  + parameter bytes) / beta); expected staleness N - 1
  *   pipeline(P) (1F1B, m micro)    (m + P - 1) x (t(B)/(P m) + boundary transfer);
  *                                  bubble (P - 1)/(m + P - 1); memory 1/P of the weights
  *   tensor_parallel(T)             every rank the whole batch: fixed + B x per-sample x

@@ -3,7 +3,8 @@
 # tests/mpi_check.c with mpicc (C) and the implementation with mpicxx (C++),
 # then runs it under mpirun with 2 and 3 processes over TCP (collectives
 # against local references; multi_worker_mirrored on MPI == mirrored(W*N)), and
-# where SimGrid is (smpicc, smpirun) examples/05 under SMPI on 2 simulated hosts.
+# examples/05 --servers (parameter servers on MPI), and where SimGrid is (smpicc, smpirun)
+# examples/05 under SMPI on 2 simulated hosts, and with a parameter server on 5.
 # Skips (0 passed, 0 failed, 1 skipped) when mpicc or mpirun is missing:
 #   apt-get install libopenmpi-dev openmpi-bin
 # Prints "mpi_checks: N passed, N failed, N skipped".
@@ -57,6 +58,40 @@ if [ -x "$out/mpi_check" ]; then
     fi
   done
 fi
+# examples/05 --servers M (asynchronous parameter servers on MPI): one worker is plain
+# training (the servers apply each gradient as one optimizer step: the weights of 05 on one
+# rank, bit for bit, with 1 or 2 servers each holding a slice), and with 2 workers the server
+# applies every push of every step (none lost, none twice).
+if mpicc -std=c11 $WARN -O1 -DDTRAIN_USE_MPI -I. examples/05_multi_worker.c -o "$out/mw" -lm -lpthread 2>"$out/mw.log"; then
+  MPIRUN="timeout 120 mpirun --oversubscribe --bind-to none --mca btl tcp,self"
+  A="--data data/fashion-mnist --limit 1280 --epochs 2 --eval-limit 300"
+  one=$($MPIRUN -n 1 "$out/mw" $A --batch 32 2>&1 | sed -n 's/^rank 0: final params_checksum=\([0-9a-f]*\).*/\1/p')
+  for sv in 1 2; do
+    got=$($MPIRUN -n $((sv + 1)) "$out/mw" $A --batch 32 --servers $sv 2>&1 | sed -n 's/^rank 0: final params_checksum=\([0-9a-f]*\).*/\1/p')
+    if [ -n "$one" ] && [ "$got" = "$one" ]; then
+      ok "05 --servers $sv with one worker: the weights of 05 on one rank ($got)"
+    else
+      bad "05 --servers $sv with one worker: checksum '$got', 05 on one rank '$one'"
+    fi
+  done
+  log=$($MPIRUN -n 3 "$out/mw" $A --batch 64 --servers 1 2>&1)
+  pushes=$(printf '%s\n' "$log" | sed -n 's/^rank 0: server: \([0-9]*\) pushes applied$/\1/p')
+  acc=$(printf '%s\n' "$log" | sed -n 's/^rank 0: final .*test_accuracy=\([0-9.]*\)$/\1/p')
+  # 1280 samples in 2 shards of 640, 32 rows a worker: 20 steps an epoch each, 2 epochs
+  if [ "$pushes" = 80 ] && [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a > 0.5) }'; then
+    ok "05 --servers 1 with 2 workers: the server applied all 80 pushes (test accuracy $acc)"
+  else
+    printf '%s\n' "$log" | tail -n 8; bad "05 --servers 1 with 2 workers: ${pushes:-no} pushes of 80, accuracy ${acc:-none}"
+  fi
+  err=$($MPIRUN -n 2 "$out/mw" $A --servers 2 2>&1)
+  if printf '%s\n' "$err" | grep -q 'error: --servers 2 leaves no worker among 2 ranks'; then
+    ok "05 --servers 2 on 2 ranks is refused, named"
+  else
+    printf '%s\n' "$err" | tail -n 4; bad "05 --servers 2 on 2 ranks: no clear refusal"
+  fi
+else
+  cat "$out/mw.log"; bad "mpicc -DDTRAIN_USE_MPI builds examples/05_multi_worker.c"
+fi
 # Under SimGrid's SMPI (libsimgrid-dev: smpicc, smpirun; skipped without): examples/05 on
 # the MPI backend as 2 simulated hosts of bench/platforms/classroom_lan.xml. Both ranks end
 # with the same weights, and what it reports is simulated time: every step sends the 940 KB
@@ -79,6 +114,23 @@ if command -v smpicc >/dev/null 2>&1 && command -v smpirun >/dev/null 2>&1; then
       ok "SMPI: 05 on 2 simulated hosts over 100 Mbit/s agrees across ranks, in simulated time ($sps samples/s; step, all-reduce ms: $split)"
     else
       tail -n 8 "$out/smpi.out"; bad "SMPI run (exit $rc, $sums checksums, ${sps:-no} samples/s, step and all-reduce ms: ${split:-none})"
+    fi
+    # The parameter server's link is what the simulation must see: 4 workers + 1 server on
+    # the datacenter platform, where each push brings 940 KB in through the server's 10 Gbit/s
+    # port (0.75 ms; the pulls go out at the same time, full duplex): at most 32 rows / 0.75 ms
+    # = 42.7k samples/s however many workers. Workers that had the server to themselves would
+    # run 4 x 32 rows / (0.7-1.3 ms of compute + 1.5 ms of their own push and pull) = 46-58k.
+    for i in 64 0 1 2 3; do echo "node-$i"; done > "$out/smpi_hosts_ps"
+    timeout 300 smpirun -np 5 -platform bench/platforms/datacenter_64.xml -hostfile "$out/smpi_hosts_ps" \
+      --cfg=smpi/host-speed:1Gf --cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1 --log=root.thres:critical \
+      "$out/mw_smpi" --servers 1 --data data/fashion-mnist --limit 1024 --epochs 2 --batch 128 > "$out/smpi_ps.out" 2>&1
+    rc=$?
+    sps=$(sed -n 's/^parameter servers: last epoch \([0-9.]*\) samples\/s (all workers).*/\1/p' "$out/smpi_ps.out")
+    if [ "$rc" -eq 0 ] && [ -n "$sps" ] && awk -v s="$sps" 'BEGIN { exit !(s > 1000 && s < 42700) }' &&
+       grep -q '^rank 0: server: 64 pushes applied$' "$out/smpi_ps.out"; then
+      ok "SMPI: 05 --servers 1, 4 workers on 10 Gbit/s: bound by the server's port ($sps samples/s, all 64 pushes)"
+    else
+      tail -n 8 "$out/smpi_ps.out"; bad "SMPI --servers 1 (exit $rc, ${sps:-no} samples/s: not the server's bound)"
     fi
   else
     tail -n 20 "$out/smpicc.log"; bad "smpicc builds examples/05_multi_worker.c"

@@ -44,6 +44,11 @@ $EX --batch 128 --batch-per-worker 64 > "$T/both.out" 2>&1; rc=$?
 if [ $rc = 2 ] && grep -q 'error: --batch (global) and --batch-per-worker' "$T/both.out" && grep -q '^usage: 05_multi_worker' "$T/both.out"; then
   ok "05 --batch with --batch-per-worker is refused (exit 2)"
 else bad "05 both batch flags: exit $rc: $(tail -n 3 "$T/both.out")"; fi
+# --servers (parameter servers on MPI) is the MPI build's: over TCP it is refused, pointing at 06
+$EX --servers 1 > "$T/servers.out" 2>&1; rc=$?
+if [ $rc = 2 ] && grep -q "error: --servers is the MPI build's" "$T/servers.out" && grep -q '06_parameter_server' "$T/servers.out"; then
+  ok "05 --servers without MPI is refused (exit 2), pointing at 06"
+else bad "05 --servers over TCP: exit $rc: $(tail -n 3 "$T/servers.out")"; fi
 
 # 2. 2 workers x 2 threads: same as 4 replicas, agrees across ranks
 if timeout 120 $L -n 2 -- $EX $ARGS --threads 2 > "$T/hier.out" 2>&1 && [ "$(sums "$T/hier.out" | wc -l)" = 1 ]; then

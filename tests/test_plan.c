@@ -135,11 +135,15 @@ static void test_rows_arithmetic(void) {
     CHECK_REL(mw->comm_share, ring / mw->step_s, 1e-12);
     CHECK_REL(mw->speedup, mw->samples_per_sec / one->samples_per_sec, 1e-12);
   }
-  /* parameter server, 4 workers, 1 server: round = max(worker, server) */
+  /* parameter server, 4 workers, 1 server: round = max(worker, server); the server's
+   * full-duplex link: pulls (1e6 / 1e8 s each) go out while pushes (as long) come in,
+   * but in lock-step they take turns, all but the update's spread: 4 x 1e-4 / (2 x 0.01) */
   const dt_plan_row *ps = row(r, n, "parameter_server 1 server", 4);
   CHECK(ps != NULL);
   if (ps) {
-    double worker = 16e-5 + 2 * 1e-3 + 2e6 / 1e8, server = 4 * 2e6 / 1e8 + 4 * 1e-4;
+    double turns = 1 - 4 * 1e-4 / (2 * 1e6 / 1e8);
+    double worker = 16e-5 + 2 * 1e-3 + 2e6 / 1e8, server = 4 * (1e6 / 1e8 + turns * 1e6 / 1e8) + 4 * 1e-4;
+    CHECK(turns > 0.97 && turns < 0.99);
     CHECK_REL(ps->step_s, worker > server ? worker : server, 1e-12);
     CHECK_REL(ps->staleness, 3, 1e-12);
     CHECK_REL(ps->memory_bytes, 1e6 + 1e6 + 16 * 1000, 1e-12); /* the optimizer state is on the server */
@@ -155,6 +159,20 @@ static void test_rows_arithmetic(void) {
     if (pl) CHECK_REL(pl->step_s, 16e-5 + 2 * 1e-3 + 2e6 / 1e8 + 1e-4, 1e-12);
   }
   o.links_per_connection = 0;
+  /* a fast link (1e10 B/s: 1e-4 s a push, as long as the update): the updates spread the
+   * 4 workers over more than a round of pushes, which then overlap the pulls (the larger
+   * direction alone), and the server's round is 4 x (1e-4 + 1e-4) */
+  {
+    dt_plan_options of = opts64(4, 1, 1e-6, 1e10);
+    dt_plan_row rf[64];
+    int nf = dt_plan_predict(&m, &of, rf, 64);
+    const dt_plan_row *pf = row(rf, nf, "parameter_server 1 server", 4);
+    CHECK(pf != NULL);
+    if (pf) {
+      CHECK_REL(pf->step_s, 4 * (1e6 / 1e10) + 4 * 1e-4, 1e-12); /* above the worker's 16e-5 + 2e-6 + 2e-4 + 1e-4 */
+      CHECK(16e-5 + 2e-6 + 2e6 / 1e10 + 1e-4 < pf->step_s);
+    }
+  }
   /* threads on one core take turns: mirrored(2) computes t(32) twice */
   const dt_plan_row *mi = row(r, n, "mirrored", 2);
   CHECK(mi != NULL);
