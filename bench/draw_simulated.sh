@@ -1,6 +1,7 @@
 #!/bin/bash
 # Draws bench/figures/simulated.svg -- speed-up against workers, 1 to 64, 32
-# rows a worker: the planner's lines and SimGrid's points -- from what
+# rows a worker: the planner's lines and SimGrid's points, synchronous (the
+# ring) and asynchronous (one parameter server) -- from what
 # bench/run_simulate.sh left in DIR (simulated.jsonl and the planner's JSON).
 # Run by `make simulate` and by `make figures` (when the simulation has run).
 #   bash bench/draw_simulated.sh [DIR]      (default build/simulate)
@@ -31,6 +32,25 @@ for spec in "mlp datacenter_64 bandwidth_10gbit_latency_11us MLP, datacenter 10 
   [ -s "$plan" ] || continue
   args+=(--curve "$label=$plan:$R" --simulated "$label=$ab:multi_worker_mirrored")
   tcp=$(series "$model" "$platform" smpi-tcp) && args+=(--simulated "$label, SMPI's TCP factors=$tcp:multi_worker_mirrored")
+done
+# The asynchronous strategy (M parameter servers), where make simulate ran it
+for spec in "mlp datacenter_64 bandwidth_10gbit_latency_11us 1 MLP, datacenter, 1 parameter server" \
+            "mlp datacenter_64 bandwidth_10gbit_latency_11us 8 MLP, datacenter, 8 parameter servers" \
+            "cnn datacenter_64 bandwidth_10gbit_latency_11us 1 CNN, datacenter, 1 parameter server"; do
+  read -r model platform link m label <<< "$spec"
+  plan="$S/plan_${model}_${link}.json" row="parameter_server $m server"
+  [ "$m" = 1 ] || { plan="$S/plan_${model}_${link}_servers$m.json"; row="${row}s"; }
+  [ -s "$plan" ] || continue
+  f="$S/fig_ps${m}_${model}_${platform}.jsonl"
+  python3 -c "
+import json, sys
+for l in open(sys.argv[1]):
+    d = json.loads(l)
+    if (d['model'], d['platform'], d['network']) == (sys.argv[2], sys.argv[3], 'alpha-beta') and \
+       (d['strategy'] == 'one_device' or (d['strategy'] == 'parameter_server' and d.get('servers') == int(sys.argv[4]))):
+        print(l.strip())" "$J" "$model" "$platform" "$m" > "$f"
+  grep -q '"parameter_server"' "$f" || continue
+  args+=(--curve "$label=$plan:$row" --simulated "$label=$f:parameter_server")
 done
 [ ${#args[@]} -gt 0 ] || { echo "draw_simulated: no model and platform with both a plan and points in $S" >&2; exit 1; }
 mkdir -p bench/figures
