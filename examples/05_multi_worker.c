@@ -82,6 +82,21 @@ static dt_tensor *step_fn(dt_graph *g, int replica, const dt_minibatch *b, void 
   return dt_cross_entropy(g, model_forward(g, (const model *)user, dt_tensor_wrap(g, 2, xs, (float *)b->x)), b->y);
 }
 
+/* The loader's next batch as the strategy's minibatch; 0 after printing why not. */
+static int next_minibatch(dt_loader *loader, int rank, dt_minibatch *mb) {
+  dt_batch b;
+  if (dt_loader_next(loader, &b) <= 0) {
+    fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
+    return 0;
+  }
+  memset(mb, 0, sizeof *mb);
+  mb->rows = b.size;
+  mb->x = b.x;
+  mb->x_cols = 784;
+  mb->y = b.y;
+  return 1;
+}
+
 /* The share of the first `limit` test samples (0: all) classified right. */
 static double test_accuracy(dt_graph *g, const model *m, const dt_dataset *test, int64_t limit) {
   int64_t correct = 0, total = limit > 0 && limit < test->n ? limit : test->n;
@@ -236,18 +251,11 @@ static int ps_work(int r, int servers, int workers, const options *o, dt_params 
     double t0 = dt_time_now(), compute = 0, comm = 0, loss_sum = 0;
     dt_loader_set_position(loader, ep, 0);
     for (int64_t k = 0; k < steps; k++) {
-      dt_batch bt;
-      if (dt_loader_next(loader, &bt) <= 0) {
-        fprintf(stderr, "rank %d: error: %s\n", r, dt_last_error());
+      dt_minibatch mb;
+      if (!next_minibatch(loader, r, &mb)) {
         rc = 1;
         break;
       }
-      dt_minibatch mb;
-      memset(&mb, 0, sizeof mb);
-      mb.rows = bt.size;
-      mb.x = bt.x;
-      mb.x_cols = 784;
-      mb.y = bt.y;
       double c0 = dt_time_now();
       dt_graph_reset(g);
       dt_params_zero_grad(P);
@@ -625,18 +633,11 @@ int main(int argc, char **argv) {
         raise(SIGSTOP); /* a hung machine: connections stay open, nothing arrives */
 #endif
       }
-      dt_batch b;
-      if (dt_loader_next(loader, &b) <= 0) {
-        fprintf(stderr, "rank %d: error: %s\n", rank, dt_last_error());
+      dt_minibatch mb;
+      if (!next_minibatch(loader, rank, &mb)) {
         rc = 1;
         break;
       }
-      dt_minibatch mb;
-      memset(&mb, 0, sizeof mb);
-      mb.rows = b.size;
-      mb.x = b.x;
-      mb.x_cols = 784;
-      mb.y = b.y;
       float loss;
       if (dt_strategy_step(s, &mb, &loss) != DTRAIN_OK) {
         /* a lost or stalled worker: the message names it, the operation and its number */
