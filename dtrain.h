@@ -37724,6 +37724,14 @@ typedef struct dt__ps_server {
   int64_t held_total;       /* pushes held (in rounds closed or open) */
 } dt__ps_server;
 
+/* Does worker w count in the staleness rule (and may it add a push to a
+ * round)? Before the quorum every worker not gone does (clocks 0 until it
+ * joins); after it, joined ones only. */
+static inline int dt__ps_counts(const dt__ps_server *S, const dt__ps_worker *w) {
+  if (w->state == DT__PSW_LIVE && w->joined) return 1;
+  return !S->quorum && (w->state == DT__PSW_NEW || w->state == DT__PSW_LIVE);
+}
+
 /* ---- what a push does to the shard (dt_ps_apply.c) ---------------------------------------------- */
 /* Apply worker i's pending push (not empty; its frame in rx) as one optimizer
  * step (staleness_lr scales it). 1: applied; -1: a compressed push that does
@@ -37741,8 +37749,8 @@ DTRAIN_PRIVATE dt_result dt__ps_agg_setup(dt__ps_server *S, const char *fn);
  * out (dt_last_error says which; nothing is held). */
 DTRAIN_PRIVATE int dt__ps_agg_hold(dt__ps_server *S, int i, int64_t *stale);
 /* May the open round close? It holds R pushes, or some and no worker that
- * counts can add one (counts: the server's dt__ps_counts). */
-DTRAIN_PRIVATE int dt__ps_agg_due(const dt__ps_server *S, int (*counts)(const dt__ps_server *, const dt__ps_worker *));
+ * counts (dt__ps_counts) can add one. */
+DTRAIN_PRIVATE int dt__ps_agg_due(const dt__ps_server *S);
 /* Close the open round: the held pushes summed in rank order and averaged,
  * one optimizer step (buffers: their mean), version + 1; the workers' pulls
  * may go. DTRAIN_OK, or the optimizer's error (which stops the server). */
@@ -38736,11 +38744,11 @@ DTRAIN_PRIVATE int dt__ps_agg_hold(dt__ps_server *S, int i, int64_t *stale) {
   return 1;
 }
 
-DTRAIN_PRIVATE int dt__ps_agg_due(const dt__ps_server *S, int (*counts)(const dt__ps_server *, const dt__ps_worker *)) {
+DTRAIN_PRIVATE int dt__ps_agg_due(const dt__ps_server *S) {
   if (S->nheld == 0) return 0;
   if (S->nheld >= S->agg) return 1;
   for (int j = 0; j < S->W; j++)
-    if (!S->w[j].held && counts(S, &S->w[j])) return 0; /* one more may come */
+    if (!S->w[j].held && dt__ps_counts(S, &S->w[j])) return 0; /* one more may come */
   return 1;
 }
 
@@ -38837,13 +38845,6 @@ static int dt__ps_live_count(const dt__ps_server *S) {
   for (int i = 0; i < S->W; i++)
     if (S->w[i].state == DT__PSW_LIVE || (S->w[i].state == DT__PSW_NEW && !S->quorum)) n++;
   return n;
-}
-
-/* Does worker w count in the staleness rule? Before the quorum every worker
- * not gone does (clocks 0 until it joins); after it, joined ones only. */
-static int dt__ps_counts(const dt__ps_server *S, const dt__ps_worker *w) {
-  if (w->state == DT__PSW_LIVE && w->joined) return 1;
-  return !S->quorum && (w->state == DT__PSW_NEW || w->state == DT__PSW_LIVE);
 }
 
 /* Keep serving? While a worker is live or expected, or one lost less than
@@ -39094,7 +39095,7 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   w->last_heard = now;
   if (!S->agg) dt__ps_maybe_ckpt(S); /* before the answer: an acknowledged update is in the checkpoint when every == 1 */
   /* (a push held in the open round: the version its round makes) */
-  dt__put_le64(fix, S->version + (S->agg && r == 1 && w->held ? 1 : 0));
+  dt__put_le64(fix, S->version + (w->held ? 1 : 0));
   dt__put_le64(fix + 8, (uint64_t)stale);
   return dt__ps_queue(S, i, DT__PS_PUSHED, fix, DT__PS_FIX, NULL);
 }
@@ -39129,7 +39130,7 @@ static dt_result dt__ps_progress(dt__ps_server *S) {
     again = 0;
     for (int i = 0; i < S->W; i++) {
       dt__ps_worker *w = &S->w[i];
-      if (S->agg && dt__ps_agg_due(S, dt__ps_counts)) { /* the round closes (before another push: it is full) */
+      if (S->agg && dt__ps_agg_due(S)) { /* the round closes (before another push: it is full) */
         dt_result rc = dt__ps_agg_close(S);
         if (rc != DTRAIN_OK) return rc;
         again = 1; /* its pulls may go */

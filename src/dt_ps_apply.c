@@ -124,11 +124,11 @@ DTRAIN_PRIVATE int dt__ps_agg_hold(dt__ps_server *S, int i, int64_t *stale) {
   return 1;
 }
 
-DTRAIN_PRIVATE int dt__ps_agg_due(const dt__ps_server *S, int (*counts)(const dt__ps_server *, const dt__ps_worker *)) {
+DTRAIN_PRIVATE int dt__ps_agg_due(const dt__ps_server *S) {
   if (S->nheld == 0) return 0;
   if (S->nheld >= S->agg) return 1;
   for (int j = 0; j < S->W; j++)
-    if (!S->w[j].held && counts(S, &S->w[j])) return 0; /* one more may come */
+    if (!S->w[j].held && dt__ps_counts(S, &S->w[j])) return 0; /* one more may come */
   return 1;
 }
 

@@ -250,6 +250,14 @@ typedef struct dt__ps_server {
   int64_t held_total;       /* pushes held (in rounds closed or open) */
 } dt__ps_server;
 
+/* Does worker w count in the staleness rule (and may it add a push to a
+ * round)? Before the quorum every worker not gone does (clocks 0 until it
+ * joins); after it, joined ones only. */
+static inline int dt__ps_counts(const dt__ps_server *S, const dt__ps_worker *w) {
+  if (w->state == DT__PSW_LIVE && w->joined) return 1;
+  return !S->quorum && (w->state == DT__PSW_NEW || w->state == DT__PSW_LIVE);
+}
+
 /* ---- what a push does to the shard (dt_ps_apply.c) ---------------------------------------------- */
 /* Apply worker i's pending push (not empty; its frame in rx) as one optimizer
  * step (staleness_lr scales it). 1: applied; -1: a compressed push that does
@@ -267,8 +275,8 @@ DTRAIN_PRIVATE dt_result dt__ps_agg_setup(dt__ps_server *S, const char *fn);
  * out (dt_last_error says which; nothing is held). */
 DTRAIN_PRIVATE int dt__ps_agg_hold(dt__ps_server *S, int i, int64_t *stale);
 /* May the open round close? It holds R pushes, or some and no worker that
- * counts can add one (counts: the server's dt__ps_counts). */
-DTRAIN_PRIVATE int dt__ps_agg_due(const dt__ps_server *S, int (*counts)(const dt__ps_server *, const dt__ps_worker *));
+ * counts (dt__ps_counts) can add one. */
+DTRAIN_PRIVATE int dt__ps_agg_due(const dt__ps_server *S);
 /* Close the open round: the held pushes summed in rank order and averaged,
  * one optimizer step (buffers: their mean), version + 1; the workers' pulls
  * may go. DTRAIN_OK, or the optimizer's error (which stops the server). */

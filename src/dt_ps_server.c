@@ -40,13 +40,6 @@ static int dt__ps_live_count(const dt__ps_server *S) {
   return n;
 }
 
-/* Does worker w count in the staleness rule? Before the quorum every worker
- * not gone does (clocks 0 until it joins); after it, joined ones only. */
-static int dt__ps_counts(const dt__ps_server *S, const dt__ps_worker *w) {
-  if (w->state == DT__PSW_LIVE && w->joined) return 1;
-  return !S->quorum && (w->state == DT__PSW_NEW || w->state == DT__PSW_LIVE);
-}
-
 /* Keep serving? While a worker is live or expected, or one lost less than
  * rejoin_timeout_s ago may come back. */
 static int dt__ps_open(const dt__ps_server *S, double now) {
@@ -295,7 +288,7 @@ static int dt__ps_serve_one(dt__ps_server *S, int i) {
   w->last_heard = now;
   if (!S->agg) dt__ps_maybe_ckpt(S); /* before the answer: an acknowledged update is in the checkpoint when every == 1 */
   /* (a push held in the open round: the version its round makes) */
-  dt__put_le64(fix, S->version + (S->agg && r == 1 && w->held ? 1 : 0));
+  dt__put_le64(fix, S->version + (w->held ? 1 : 0));
   dt__put_le64(fix + 8, (uint64_t)stale);
   return dt__ps_queue(S, i, DT__PS_PUSHED, fix, DT__PS_FIX, NULL);
 }
@@ -330,7 +323,7 @@ static dt_result dt__ps_progress(dt__ps_server *S) {
     again = 0;
     for (int i = 0; i < S->W; i++) {
       dt__ps_worker *w = &S->w[i];
-      if (S->agg && dt__ps_agg_due(S, dt__ps_counts)) { /* the round closes (before another push: it is full) */
+      if (S->agg && dt__ps_agg_due(S)) { /* the round closes (before another push: it is full) */
         dt_result rc = dt__ps_agg_close(S);
         if (rc != DTRAIN_OK) return rc;
         again = 1; /* its pulls may go */
