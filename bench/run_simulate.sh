@@ -32,7 +32,7 @@
 # $BUILD/simulate/simulated.jsonl (02 --json's fields: strategy, workers,
 # global_samples_per_sec, with model, platform, network, step_ms, compute_ms,
 # comm_ms), which `make figures` draws. Skips (exit 0) without smpicc/smpirun.
-# About 15 minutes on one core (the CNN's compute is most of it).
+# About 30 minutes on one core (the CNN's compute is most of it; the parameter servers 10).
 #   [PS_MODELS="mlp cnn"] bash bench/run_simulate.sh [MAX_WORKERS [MODELS [PLATFORMS]]]
 #   (default 64 "mlp cnn" "classroom_lan wifi_edge datacenter_64"; MODELS "": the
 #   synchronous runs skipped, APPEND=1: added to the points of an earlier run)
