@@ -307,13 +307,21 @@ static int ps_run(const options *o, int rank, int world, dt_params *P, dt_optim 
   const int batch = o->batch_per_worker ? o->batch_per_worker : o->batch / workers;
   double fig[5] = {0, 0, 0, 0, 0}, sum[5] = {0, 0, 0, 0, 0}, longest = 0;
   int64_t pushes = 0;
+  const long long steps = (long long)((train->n / workers) / batch);
+  if (steps < 1) { /* (every rank finds the same, so none waits for another) */
+    if (rank == 0)
+      fprintf(stderr, "error: %lld samples in %d shards leave a worker fewer than the %d rows of its batch\n",
+              (long long)train->n, workers, batch);
+    return 2;
+  }
   if (rank == 0 && !o->quiet)
-    printf("%d parameter server%s + %d worker%s (asynchronous, MPI), %lld samples in %d shard%s, batch %d per worker, "
-           "%lld steps per epoch\n", servers, servers == 1 ? "" : "s", workers, workers == 1 ? "" : "s", (long long)train->n, workers, workers == 1 ? "" : "s", batch,
-           (long long)((train->n / workers) / batch));
+    printf("%d parameter server%s + %d worker%s (asynchronous, MPI), %lld samples in %d shard%s, batch %d per "
+           "worker, %lld steps per epoch\n", servers, servers == 1 ? "" : "s", workers, workers == 1 ? "" : "s",
+           (long long)train->n, workers, workers == 1 ? "" : "s", batch, steps);
   fflush(stdout);
   MPI_Barrier(MPI_COMM_WORLD); /* all start together (06 over TCP: once every worker has joined) */
-  int rc = rank < servers ? ps_serve(rank, servers, workers, P, opt, &pushes) : ps_work(rank, servers, workers, o, P, m, train, fig);
+  int rc = rank < servers ? ps_serve(rank, servers, workers, P, opt, &pushes)
+                          : ps_work(rank, servers, workers, o, P, m, train, fig);
   if (rc && rank < servers) MPI_Abort(MPI_COMM_WORLD, 1); /* its workers wait for answers that will not come */
   /* Everyone's word on how it went, then the job's figures (rank 0). */
   int bad = rc != 0, any_bad = 0;
