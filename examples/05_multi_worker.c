@@ -239,6 +239,8 @@ static int ps_work(int r, int servers, int workers, const options *o, dt_params 
   MPI_Request *q = (MPI_Request *)malloc(2 * (size_t)servers * sizeof(MPI_Request));
   if (!loader || !g || !q) {
     fprintf(stderr, "rank %d: error: %s\n", r, q ? dt_last_error() : "out of memory");
+    for (int s = 0; s < servers; s++) /* the servers wait for this worker's word */
+      MPI_Send(dt_params_grad(P), 0, MPI_FLOAT, s, PS_TAG_DONE, MPI_COMM_WORLD);
     dt_loader_destroy(loader);
     dt_graph_destroy(g);
     free(q);

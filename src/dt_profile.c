@@ -327,6 +327,7 @@ static int dt__trace_index = -1;
 #ifndef DTRAIN_NO_STDIO
 static char dt__trace_path[1024];
 static double dt__trace_mono0, dt__trace_real0; /* one reading of both clocks, at start */
+static double dt__trace_read0; /* that reading's error bound (s): the monotonic bracket around it */
 #endif
 static DT__ATOMIC(int) dt__trace_env_done;
 
@@ -487,8 +488,18 @@ DTRAIN_API dt_result dt_trace_start(const char *path) {
   dt__trace_tids = 0;
   DT__ASTORE(&dt__trace_dropped, 0, DT__MO_RELAXED);
   DT__AFETCH_ADD(&dt__trace_gen, 1u, DT__MO_RELAXED);
-  dt__trace_mono0 = dt_time_now();
-  dt__trace_real0 = dt__trace_realtime();
+  /* The calendar clock read between two monotonic readings; a thread
+   * preempted in between (a loaded machine) widens the bracket, so the
+   * tightest of a few tries is kept and its half width written with it. */
+  dt__trace_read0 = 1e30;
+  for (int k = 0; k < 8 && dt__trace_read0 > 2e-6; k++) {
+    double a = dt_time_now(), r = dt__trace_realtime(), b = dt_time_now();
+    if (0.5 * (b - a) < dt__trace_read0) {
+      dt__trace_mono0 = 0.5 * (a + b);
+      dt__trace_real0 = r;
+      dt__trace_read0 = 0.5 * (b - a);
+    }
+  }
   dt__trace_unlock();
   dt__prof_set_tracing(1);
   return DTRAIN_OK;
@@ -568,9 +579,9 @@ DTRAIN_API dt_result dt_trace_stop(void) {
   dt__trace_put_str(f, dt__trace_role[0] ? dt__trace_role : "process");
   fprintf(f,
           "\", \"index\": %d, \"pid\": %d, \"events\": %lld, \"dropped\": %lld, \"monotonic_us\": %.3f, "
-          "\"realtime_us\": %.3f, \"clocks\": [",
+          "\"realtime_us\": %.3f, \"clock_read_us\": %.3f, \"clocks\": [",
           dt__trace_index, pid, (long long)events, (long long)DT__ALOAD(&dt__trace_dropped, DT__MO_RELAXED),
-          dt__trace_mono0 * 1e6, dt__trace_real0 * 1e6);
+          dt__trace_mono0 * 1e6, dt__trace_real0 * 1e6, dt__trace_read0 * 1e6);
   for (int k = 0; k < dt__trace_nclocks; k++)
     fprintf(f, "%s{\"role\": \"%s\", \"index\": %d, \"offset_us\": %.3f, \"delay_us\": %.3f}", k ? ", " : "",
             dt__trace_clocks[k].server ? "server" : "worker", dt__trace_clocks[k].index, dt__trace_clocks[k].offset * 1e6,
