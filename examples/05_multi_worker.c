@@ -71,13 +71,36 @@ typedef struct options {
   int overlap;          /* --overlap: buckets all-reduced during backward */
   const char *model;    /* --model: mlp or cnn */
   int ps;               /* --servers M (MPI only): ranks 0..M-1 are parameter servers, 0: none */
+  float sim_compute_ms, sim_update_ms; /* --sim-compute-ms, --sim-update-ms (SimGrid builds): spent, not measured */
 } options;
+
+/* Under SimGrid's smpicc (which includes smpi_helpers.h), the simulation can
+ * take its compute from a measurement instead of from this machine's core:
+ * smpirun --cfg=smpi/simulate-computation:no makes the real compute cost no
+ * simulated time, and each step spends what --sim-compute-ms says (a worker's
+ * forward, backward and loading; with the all-reduce also its optimizer step,
+ * --sim-update-ms), each parameter server --sim-update-ms a push. SMPI runs
+ * every rank in turn on one core, each finding its data evicted by the rank
+ * before; a measurement of one worker alone is what a machine of its own
+ * does. The real compute still runs: the weights learn as ever. */
+#if defined(DTRAIN_USE_MPI) && defined(SMPI_HELPERS_H)
+#  define EX_SMPI 1
+static double sim_step_s, sim_serve_s; /* simulated seconds a worker's step, a server's push */
+static void sim_spend(double s) {
+  if (s > 0) smpi_execute_benched(s);
+}
+#else
+#  define EX_SMPI 0
+#endif
 
 #include "fashion_model.h" /* 02's two models: model, model_init, model_forward */
 
 /* What every replica runs on its shard of this process's batch. */
 static dt_tensor *step_fn(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
   (void)replica;
+#if EX_SMPI
+  sim_spend(sim_step_s);
+#endif
   int64_t xs[2] = {b->rows, 784};
   return dt_cross_entropy(g, model_forward(g, (const model *)user, dt_tensor_wrap(g, 2, xs, (float *)b->x)), b->y);
 }
@@ -144,47 +167,60 @@ static int output_ok(const char *flag, const char *path, int is_dir) {
 enum { PS_TAG_GRAD = 11, PS_TAG_PARAMS = 12, PS_TAG_DONE = 13, PS_TAG_FINAL = 14 };
 
 /* Rank r < servers: serve pushes until every worker is done. As a TCP server
- * reads every connection at once, a receive is posted for every worker, so
- * pushes arrive side by side (each at its worker's pace); they are applied
- * one at a time, as they complete. The answer goes out from that worker's
- * own buffer (a copy of the slice as this push left it), and the worker's
- * next receive is posted once it has gone. Each buffer holds the slice only;
- * with several servers the optimizer gets the gradient in its place in the
- * whole layout (one copy of the slice). */
-static int ps_serve(int r, int servers, int workers, dt_params *P, dt_optim *opt, int64_t *pushes) {
+ * reads every connection at once (the kernel takes a push's bytes whatever
+ * the server is doing), a receive is posted for every worker at all times, so
+ * pushes arrive side by side, each at its worker's pace; they are applied one
+ * at a time, as they complete. Each worker has two buffers here: its push
+ * lands in one while its last answer (a copy of the slice as that push left
+ * it) goes out of the other, and its next receive is posted as soon as its
+ * push has been applied. (With one buffer, the next push of a worker could
+ * not begin to flow until the server, busy with other workers' pushes, saw
+ * that the answer had gone: large messages wait for their receive.) Each
+ * buffer holds the slice only; with several servers the optimizer gets the
+ * gradient in its place in the whole layout (one copy of the slice).
+ * win: a span of this server's clock in which every worker trains, and the
+ * pushes applied at each end: from the push that brings the slowest worker
+ * past its first epoch (`first` pushes) to the latest push of the slowest
+ * worker before any worker has made its last (`last`). Both ends are the
+ * slowest worker's pushes, so workers in lock-step (pushes in bursts) are
+ * measured over whole rounds. The job's steady rate, free of the start (all
+ * workers in step) and of the end (fewer and fewer workers). */
+static int ps_serve(int r, int servers, int workers, dt_params *P, dt_optim *opt, int64_t *pushes, int64_t first,
+                    int64_t last, double *win) {
   const size_t n = dt_params_size(P);
   size_t b, e;
   dt_comm_slice(n, servers, r, &b, &e);
-  const size_t len = e - b; /* each worker's buffer: this server's slice */
+  const size_t len = e - b; /* each buffer: this server's slice */
   const int whole = b == 0 && e == n; /* one server: the slice is the whole layout the optimizer wants */
-  float *data = dt_params_data(P), *bufs = (float *)malloc((size_t)workers * len * sizeof(float));
+  float *data = dt_params_data(P), *bufs = (float *)malloc(2 * (size_t)workers * len * sizeof(float));
   float *full = whole ? NULL : (float *)malloc(n * sizeof(float)); /* else a gradient in its place, for the update */
-  MPI_Request *q = (MPI_Request *)malloc((size_t)workers * sizeof(MPI_Request));
-  char *sending = (char *)calloc((size_t)workers, 1);
-  int rc = 0, live = workers;
-  if (!bufs || (!whole && !full) || !q || !sending) {
-    fprintf(stderr, "rank %d: error: out of memory (%d buffers of %zu floats)\n", r, workers, len);
+  MPI_Request *q = (MPI_Request *)malloc(2 * (size_t)workers * sizeof(MPI_Request)); /* 2w: receive, 2w+1: send */
+  int64_t *seen = (int64_t *)calloc((size_t)workers, sizeof(int64_t)); /* pushes applied, by worker */
+  int rc = 0, live = workers, ended = 0; /* ended: a worker has made its last push */
+  int64_t lowest = 0;                     /* the fewest pushes of any worker */
+  win[0] = win[1] = win[2] = win[3] = 0;
+  if (!bufs || (!whole && !full) || !q || !seen) {
+    fprintf(stderr, "rank %d: error: out of memory (%d buffers of %zu floats)\n", r, 2 * workers, len);
     rc = 1;
     live = 0;
   }
-  for (int w = 0; w < live; w++)
-    MPI_Irecv(bufs + (size_t)w * len, (int)len, MPI_FLOAT, servers + w, MPI_ANY_TAG, MPI_COMM_WORLD, &q[w]);
+  for (int w = 0; w < live; w++) {
+    q[2 * w + 1] = MPI_REQUEST_NULL;
+    MPI_Irecv(bufs + (size_t)(2 * w) * len, (int)len, MPI_FLOAT, servers + w, MPI_ANY_TAG, MPI_COMM_WORLD, &q[2 * w]);
+  }
   while (live > 0) {
     MPI_Status st;
-    int w = MPI_UNDEFINED, count = 0;
-    if (MPI_Waitany(workers, q, &w, &st) != MPI_SUCCESS || w == MPI_UNDEFINED) {
+    int i = MPI_UNDEFINED, count = 0;
+    if (MPI_Waitany(2 * workers, q, &i, &st) != MPI_SUCCESS || i == MPI_UNDEFINED) {
       fprintf(stderr, "rank %d: error: MPI_Waitany failed\n", r);
       rc = 1;
       break;
     }
-    float *g = bufs + (size_t)w * len;
-    if (sending[w]) { /* its answer has gone: listen to it again */
-      sending[w] = 0;
-      MPI_Irecv(g, (int)len, MPI_FLOAT, servers + w, MPI_ANY_TAG, MPI_COMM_WORLD, &q[w]);
-      continue;
-    }
+    if (i % 2) continue; /* an answer has gone: its buffer is free */
+    const int w = i / 2;
+    float *g = bufs + (size_t)(2 * w) * len, *out = g + len;
     MPI_Get_count(&st, MPI_FLOAT, &count);
-    if (st.MPI_TAG == PS_TAG_DONE) { /* q[w] is MPI_REQUEST_NULL now */
+    if (st.MPI_TAG == PS_TAG_DONE) { /* q[2w] is MPI_REQUEST_NULL now */
       live--;
       continue;
     }
@@ -195,6 +231,9 @@ static int ps_serve(int r, int servers, int workers, dt_params *P, dt_optim *opt
       break;
     }
     if (!whole) memcpy(full + b, g, len * sizeof(float));
+#if EX_SMPI
+    sim_spend(sim_serve_s);
+#endif
     if (dt_optim_update(opt, data, whole ? g : full, b, e) != DTRAIN_OK) {
       fprintf(stderr, "rank %d: error: %s\n", r, dt_last_error());
       rc = 1;
@@ -202,14 +241,31 @@ static int ps_serve(int r, int servers, int workers, dt_params *P, dt_optim *opt
     }
     dt_optim_advance(opt);
     ++*pushes;
-    memcpy(g, data + b, len * sizeof(float));
-    sending[w] = 1;
-    MPI_Isend(g, (int)len, MPI_FLOAT, servers + w, PS_TAG_PARAMS, MPI_COMM_WORLD, &q[w]);
+    /* the window in which every worker trains (see above) */
+    if (++seen[w] == last) ended = 1;
+    if (!ended && first < last) {
+      int64_t low = seen[0];
+      for (int k = 1; k < workers; k++) low = seen[k] < low ? seen[k] : low;
+      if (low > lowest) { /* the slowest worker has pushed once more */
+        lowest = low;
+        const int at = low == first ? 0 : low > first ? 1 : -1;
+        if (at >= 0) {
+          win[at] = dt_time_now();
+          win[at + 2] = (double)*pushes;
+        }
+      }
+    }
+    /* the worker has its last answer (it pushed after it): that send is done */
+    MPI_Wait(&q[2 * w + 1], MPI_STATUS_IGNORE);
+    memcpy(out, data + b, len * sizeof(float));
+    MPI_Isend(out, (int)len, MPI_FLOAT, servers + w, PS_TAG_PARAMS, MPI_COMM_WORLD, &q[2 * w + 1]);
+    MPI_Irecv(g, (int)len, MPI_FLOAT, servers + w, MPI_ANY_TAG, MPI_COMM_WORLD, &q[2 * w]);
   }
+  if (!rc && q) MPI_Waitall(2 * workers, q, MPI_STATUSES_IGNORE); /* the last answers (each worker had its own) */
   free(bufs);
   free(full);
   free(q);
-  free(sending);
+  free(seen);
   if (rc) return rc;
   /* The final parameters on rank 0, slice by slice. */
   for (int k = 1; k < servers; k++) {
@@ -322,7 +378,8 @@ static int ps_run(const options *o, int rank, int world, dt_params *P, dt_optim 
            (long long)train->n, workers, workers == 1 ? "" : "s", batch, steps);
   fflush(stdout);
   MPI_Barrier(MPI_COMM_WORLD); /* all start together (06 over TCP: once every worker has joined) */
-  int rc = rank < servers ? ps_serve(rank, servers, workers, P, opt, &pushes)
+  double win[4] = {0, 0, 0, 0}; /* a server's window with every worker training: start, end, pushes at each */
+  int rc = rank < servers ? ps_serve(rank, servers, workers, P, opt, &pushes, steps, steps * o->epochs, win)
                           : ps_work(rank, servers, workers, o, P, m, train, fig);
   if (rc && rank < servers) MPI_Abort(MPI_COMM_WORLD, 1); /* its workers wait for answers that will not come */
   /* Everyone's word on how it went, then the job's figures (rank 0). */
@@ -347,6 +404,9 @@ static int ps_run(const options *o, int rank, int world, dt_params *P, dt_optim 
     const double st = sum[2] > 0 ? 1e3 / sum[2] : 0; /* ms a step, over all workers' steps */
     printf("parameter servers: last epoch %.0f samples/s (all workers) step_ms=%.3f compute_ms=%.3f comm_ms=%.3f\n",
            longest > 0 ? sum[0] / longest : 0.0, sum[1] * st, sum[3] * st, sum[4] * st);
+    if (win[1] > win[0] && win[3] > win[2]) /* (one epoch, or a worker done before the last began: none) */
+      printf("parameter servers: while every worker trained: %.0f samples/s (%.0f pushes in %.6f s of server 0's "
+             "clock)\n", (win[3] - win[2]) * batch / (win[1] - win[0]), win[3] - win[2], win[1] - win[0]);
     printf("rank 0: final params_checksum=%016llx test_accuracy=%.4f\n", (unsigned long long)dt_params_checksum(P), acc);
   }
   return 0;
@@ -387,6 +447,8 @@ static int parse(int argc, char **argv, options *o) {
       {"model", 's', &o->model, 0, 0, "mlp (784-256-128-10) or cnn (two 5x5 convolutions, 02's CNN)"},
       {"trace", 's', &trace, 0, 0, EX_TRACE_HELP},
       {"servers", 'i', &o->ps, 1, 1024, "MPI builds: ranks 0..M-1 are asynchronous parameter servers, the rest workers"},
+      {"sim-compute-ms", 'f', &o->sim_compute_ms, 0, 1e6, "SimGrid builds, with smpirun --cfg=smpi/simulate-computation:no: a worker's step computes this long"},
+      {"sim-update-ms", 'f', &o->sim_update_ms, 0, 1e6, "SimGrid builds, likewise: an optimizer step (a worker's, or a server's a push) takes this long"},
   };
   const int n = (int)(sizeof flags / sizeof flags[0]);
   const char *extra = "  Across processes: --rank R --world W --peers host:port,... (or DTRAIN_CONFIG; see tools/dtrain-launch)\n";
@@ -427,6 +489,11 @@ static int parse(int argc, char **argv, options *o) {
                 crash || stall || o->checkpoint_every)) {
     fprintf(stderr, "error: --servers trains with one thread a worker and plain floats, without checkpoints, crashes or "
                     "stalls (examples/06_parameter_server has those over TCP)\n");
+    goto bad;
+  }
+  if ((o->sim_compute_ms > 0 || o->sim_update_ms > 0) && (!EX_SMPI || o->threads > 1)) {
+    fprintf(stderr, "error: --sim-compute-ms and --sim-update-ms are for a build under SimGrid (smpicc "
+                    "-DDTRAIN_USE_MPI), one thread a rank\n");
     goto bad;
   }
   if (o->batch_given && o->batch_per_worker) {
@@ -510,6 +577,21 @@ int main(int argc, char **argv) {
     fprintf(stderr, "error: --servers %d leaves no worker among %d ranks\n", o.ps, world);
     return 2;
   }
+#if EX_SMPI
+  sim_step_s = 1e-3 * ((double)o.sim_compute_ms + (o.ps ? 0.0 : (double)o.sim_update_ms));
+  sim_serve_s = o.ps ? 1e-3 * (double)o.sim_update_ms : 0.0;
+  if (o.sim_compute_ms > 0 || o.sim_update_ms > 0) { /* then the real compute must cost no simulated time */
+    const double t0 = dt_time_now();
+    volatile double x = 0;
+    for (int i = 0; i < 4000000; i++) x = x + 1e-9 * (double)i;
+    if (dt_time_now() - t0 > 1e-4) {
+      if (rank == 0)
+        fprintf(stderr, "error: --sim-compute-ms and --sim-update-ms need smpirun --cfg=smpi/simulate-computation:no "
+                        "(else the real compute is counted as well)\n");
+      return 2;
+    }
+  }
+#endif
   /* --batch is global: W workers x N threads each take batch/(W*N) rows, so it
    * must divide (said before any data is loaded; every rank says the same;
    * over TCP already before connecting, above).

@@ -132,6 +132,34 @@ if command -v smpicc >/dev/null 2>&1 && command -v smpirun >/dev/null 2>&1; then
     else
       tail -n 8 "$out/smpi_ps.out"; bad "SMPI --servers 1 (exit $rc, ${sps:-no} samples/s: not the server's bound)"
     fi
+    # The compute from a measurement (make simulate's SIM_COMPUTE=planner): under
+    # smpi/simulate-computation:no a step spends exactly --sim-compute-ms + --sim-update-ms
+    # of simulated time, however busy this machine is (one worker: no communication), and
+    # the weights are those of the run that counted the real compute; without that option
+    # the flags are refused (the real compute would count as well), named.
+    timeout 300 smpirun -np 1 -platform bench/platforms/datacenter_64.xml -hostfile "$out/smpi_hosts_ps" \
+      --cfg=smpi/host-speed:1Gf --cfg=smpi/simulate-computation:no --log=root.thres:critical "$out/mw_smpi" \
+      --data data/fashion-mnist --limit 640 --epochs 2 --batch 64 --sim-compute-ms 2 --sim-update-ms 0.5 \
+      > "$out/smpi_sim.out" 2>&1
+    rc=$?
+    split=$(sed -n 's/^rank 0: final .* step_ms=\([0-9.]*\) compute_ms=\([0-9.]*\) comm_ms=.*/\1 \2/p' "$out/smpi_sim.out")
+    sum_sim=$(sed -n 's/^rank 0: final params_checksum=\([0-9a-f]*\).*/\1/p' "$out/smpi_sim.out")
+    timeout 300 smpirun -np 1 -platform bench/platforms/datacenter_64.xml -hostfile "$out/smpi_hosts_ps" \
+      --cfg=smpi/host-speed:1Gf --log=root.thres:critical "$out/mw_smpi" \
+      --data data/fashion-mnist --limit 640 --epochs 2 --batch 64 > "$out/smpi_real.out" 2>&1
+    sum_real=$(sed -n 's/^rank 0: final params_checksum=\([0-9a-f]*\).*/\1/p' "$out/smpi_real.out")
+    timeout 300 smpirun -np 1 -platform bench/platforms/datacenter_64.xml -hostfile "$out/smpi_hosts_ps" \
+      --cfg=smpi/host-speed:1Gf --log=root.thres:critical "$out/mw_smpi" \
+      --data data/fashion-mnist --limit 640 --epochs 1 --sim-compute-ms 2 > "$out/smpi_sim_bad.out" 2>&1
+    rc_bad=$?
+    if [ "$rc" -eq 0 ] && [ -n "$split" ] && echo "$split" | awk '{ exit !($1 > 2.499 && $1 < 2.51 && $2 > 2.499 && $2 < 2.51) }' &&
+       [ -n "$sum_sim" ] && [ "$sum_sim" = "$sum_real" ] && [ "$rc_bad" -eq 2 ] &&
+       grep -q 'need smpirun --cfg=smpi/simulate-computation:no' "$out/smpi_sim_bad.out"; then
+      ok "SMPI: --sim-compute-ms 2 --sim-update-ms 0.5: a step of 2.5 simulated ms (step, compute: $split), the same weights; refused without simulate-computation:no"
+    else
+      tail -n 4 "$out/smpi_sim.out" "$out/smpi_sim_bad.out"
+      bad "SMPI --sim-compute-ms (exit $rc, step and compute ms: ${split:-none}, weights $sum_sim vs $sum_real, unsimulated exit $rc_bad)"
+    fi
   else
     tail -n 20 "$out/smpicc.log"; bad "smpicc builds examples/05_multi_worker.c"
   fi

@@ -49,6 +49,11 @@ $EX --servers 1 > "$T/servers.out" 2>&1; rc=$?
 if [ $rc = 2 ] && grep -q "error: --servers is the MPI build's" "$T/servers.out" && grep -q '06_parameter_server' "$T/servers.out"; then
   ok "05 --servers without MPI is refused (exit 2), pointing at 06"
 else bad "05 --servers over TCP: exit $rc: $(tail -n 3 "$T/servers.out")"; fi
+# --sim-compute-ms / --sim-update-ms are for builds under SimGrid's smpicc (make simulate)
+$EX --sim-compute-ms 1 > "$T/simc.out" 2>&1; rc=$?
+if [ $rc = 2 ] && grep -q "error: --sim-compute-ms and --sim-update-ms are for a build under SimGrid" "$T/simc.out"; then
+  ok "05 --sim-compute-ms outside SimGrid is refused (exit 2)"
+else bad "05 --sim-compute-ms over TCP: exit $rc: $(tail -n 3 "$T/simc.out")"; fi
 
 # 2. 2 workers x 2 threads: same as 4 replicas, agrees across ranks
 if timeout 120 $L -n 2 -- $EX $ARGS --threads 2 > "$T/hier.out" 2>&1 && [ "$(sums "$T/hier.out" | wc -l)" = 1 ]; then
