@@ -7,10 +7,28 @@
 #
 # Under smpicc every clock_gettime of the program is SMPI's simulated clock
 # (smpi_helpers.h, which smpicc includes), so dtrain's timers and what the
-# example prints are simulated time: the compute is the real compute of this
-# machine's core (hosts of speed 1Gf and smpi/host-speed 1Gf), the network the
-# platform's. Each point runs on two networks: SMPI's default model, whose
-# factors (calibrated on MPI over TCP clusters) scale each message by its size
+# example prints are simulated time; the network is the platform's.
+#
+# The compute (SIM_COMPUTE): "planner" (the default) spends in each worker's
+# step the planner's own time for it off the network: the row's step less its
+# communication. For the ring that is the forward, backward and loading of 32
+# rows as the planner measured them of one worker alone on this machine, the
+# optimizer's step and the two passes over the summed gradient; for a
+# parameter server's worker the forward, backward and loading, and each
+# server spends update_s / M a push (05 --sim-compute-ms and --sim-update-ms,
+# under smpi/simulate-computation:no), as machines of their own would. The
+# real compute still runs (the weights learn) but costs no simulated time, so
+# a point is the same on a busy machine as on an idle one, and "planner /
+# simulated" checks the planner's network -- the all-reduce's schedule, the
+# switch, the servers' ports, the shared medium -- where this machine cannot:
+# beyond 4 workers. (Its compute is checked against real runs of 1-4 workers,
+# the README's measured table.) "core": the real compute of this machine's
+# core as SMPI measures it (hosts of speed 1Gf, smpi/host-speed 1Gf); SMPI
+# runs every rank in turn on that core, each finding its data evicted by the
+# rank before, so it computes 1.3-1.7x slower than one worker alone does.
+#
+# Each point runs on two networks: SMPI's default model, whose factors
+# (calibrated on MPI over TCP clusters) scale each message by its size
 # (latency x2-11.6, bandwidth x0.34-0.94), and the plain flow model with those
 # factors 1 (`smpi/lat-factor:0:1`, `smpi/bw-factor:0:1`): latency and
 # bandwidth as the platform says, contention and the all-reduce's real message
@@ -18,10 +36,7 @@
 # describes. Beside each, the planner's prediction for the platform's link as
 # it is (02 --plan --plan-weak --batch 32 --link bandwidth=...,latency=...
 # [,shared=1 for the Wi-Fi medium], a machine per worker), and that
-# prediction's all-reduce put beside the simulation's own compute (SMPI runs
-# every rank in turn on this one core, so each finds its data evicted by the
-# rank before: the simulated compute at 2+ workers is slower than one
-# worker's, and slower than on machines of their own).
+# prediction's all-reduce put beside the simulation's own compute.
 #
 # Then the asynchronous strategy (PS_MODELS, default mlp; empty: none): 05
 # --servers 1, one parameter server on the platform's host 64 and N workers
@@ -33,7 +48,7 @@
 # global_samples_per_sec, with model, platform, network, step_ms, compute_ms,
 # comm_ms), which `make figures` draws. Skips (exit 0) without smpicc/smpirun.
 # About 30 minutes on one core (the CNN's compute is most of it; the parameter servers 10).
-#   [PS_MODELS="mlp cnn"] bash bench/run_simulate.sh [MAX_WORKERS [MODELS [PLATFORMS]]]
+#   [SIM_COMPUTE=planner|core] [PS_MODELS="mlp cnn"] bash bench/run_simulate.sh [MAX_WORKERS [MODELS [PLATFORMS]]]
 #   (default 64 "mlp cnn" "classroom_lan wifi_edge datacenter_64"; MODELS "": the
 #   synchronous runs skipped, APPEND=1: added to the points of an earlier run)
 set -u
@@ -65,46 +80,85 @@ for p in classroom_lan wifi_edge datacenter_64; do # M parameter servers on host
     { for i in $(seq 64 $((63 + m))); do echo "$pre-$i"; done; cat "$S/hosts_$p"; } > "$S/hosts_ps${m}_$p"
   done
 done
+SIMC=${SIM_COMPUTE:-planner}
+case $SIMC in
+  planner | core) ;;
+  *) echo "simulate: SIM_COMPUTE is planner or core, not '$SIMC'" >&2; exit 2 ;;
+esac
 OUT=$S/simulated.jsonl
 [ "${APPEND:-0}" = 1 ] || : > "$OUT" # (APPEND=1: add to the points of an earlier run)
+if [ -s "$OUT" ] && ! head -n 1 "$OUT" | grep -q "\"compute\": \"$SIMC\""; then
+  echo "simulate: $OUT holds points of another SIM_COMPUTE; APPEND=1 adds only to points of the same" >&2
+  exit 2
+fi
 
 # sim MODEL PLATFORM NET N: "samples/s step_ms compute_ms comm_ms" of the last
 # epoch (the first has the arenas' warm-up; rank 0's split of a step), from up
 # to 8 steps of 32 rows a worker (the shipped data/fashion-mnist has 8000
 # samples: 64 workers get 3 steps); NET ab: SMPI's factors 1, tcp: its defaults
 sim() {
-  local model=$1 p=$2 net=$3 n=$4 f=""
+  local model=$1 p=$2 net=$3 n=$4 f="" c
   local steps=$((8000 / (32 * n))) epochs=3
   [ "$steps" -le 8 ] || steps=8
   [ "$model" = mlp ] || epochs=2
   [ "$net" = ab ] && f="--cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1"
+  c=$(simc "$S/plan_${model}_$(echo "$link" | tr '=,' '__').json" "$n") || return 1
   local out="$S/run_${model}_${p}_${net}_$n.out"
-  # (f unquoted: two --cfg words or none)
+  # (f and c unquoted: words or none)
   # shellcheck disable=SC2086
   timeout 1200 smpirun -np "$n" -platform "bench/platforms/$p.xml" -hostfile "$S/hosts_$p" \
-    --cfg=smpi/host-speed:1Gf --cfg=smpi/allreduce:lr $f --log=root.thres:critical \
-    "$MW" --model "$model" --data data/fashion-mnist --batch $((32 * n)) --limit $((32 * n * steps)) \
-    --epochs $epochs --eval-limit 200 > "$out" 2>&1
+    --cfg=smpi/host-speed:1Gf --cfg=smpi/allreduce:lr $f ${c:+--cfg=smpi/simulate-computation:no} \
+    --log=root.thres:critical "$MW" --model "$model" --data data/fashion-mnist --batch $((32 * n)) \
+    --limit $((32 * n * steps)) --epochs $epochs --eval-limit 200 $c > "$out" 2>&1
   local v split
   v=$(sed -n "s/^epoch $epochs: .*, \([0-9.]*\) samples\/s (all workers)$/\1/p" "$out" | tail -n 1)
   split=$(sed -n 's/^rank 0: final .* step_ms=\([0-9.]*\) compute_ms=\([0-9.]*\) comm_ms=\([0-9.]*\).*/\1 \2 \3/p' "$out")
   [ -n "$v" ] && [ -n "$split" ] && echo "$v $split"
 }
 # simps MODEL PLATFORM NET N M: the same with M parameter servers (05 --servers M:
-# ranks 0..M-1 serve on the platform's hosts 64.., N workers on hosts 0..N-1, asynchronous)
+# ranks 0..M-1 serve on the platform's hosts 64.., N workers on hosts 0..N-1,
+# asynchronous); samples/s while every worker trained (05's window on server 0's
+# clock: after each worker's first epoch, until the first one ends), with the
+# step's split over the last epochs
 simps() {
-  local model=$1 p=$2 net=$3 n=$4 m=$5 f=""
+  local model=$1 p=$2 net=$3 n=$4 m=$5 f="" c pf
   local steps=$((8000 / (32 * n))) epochs=3
   [ "$steps" -le 8 ] || steps=8
   [ "$model" = mlp ] || epochs=2
   [ "$net" = ab ] && f="--cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1"
+  pf="$S/plan_${model}_$(echo "$link" | tr '=,' '__').json"
+  [ "$m" = 1 ] || pf="${pf%.json}_servers$m.json"
+  c=$(simc "$pf" "$n" "$m") || return 1
   local out="$S/run_ps${m}_${model}_${p}_${net}_$n.out"
   # shellcheck disable=SC2086
   timeout 1200 smpirun -np $((n + m)) -platform "bench/platforms/$p.xml" -hostfile "$S/hosts_ps${m}_$p" \
-    --cfg=smpi/host-speed:1Gf $f --log=root.thres:critical \
+    --cfg=smpi/host-speed:1Gf $f ${c:+--cfg=smpi/simulate-computation:no} --log=root.thres:critical \
     "$MW" --servers "$m" --model "$model" --data data/fashion-mnist --batch $((32 * n)) --limit $((32 * n * steps)) \
-    --epochs $epochs --eval-limit 200 > "$out" 2>&1
-  sed -n 's/^parameter servers: last epoch \([0-9.]*\) samples\/s (all workers) step_ms=\([0-9.]*\) compute_ms=\([0-9.]*\) comm_ms=\([0-9.]*\)$/\1 \2 \3 \4/p' "$out"
+    --epochs $epochs --eval-limit 200 $c > "$out" 2>&1
+  # the job's rate while every worker trained (server 0's window), else over the last epochs
+  local v split
+  v=$(sed -n 's/^parameter servers: while every worker trained: \([0-9.]*\) samples\/s .*/\1/p' "$out")
+  split=$(sed -n 's/^parameter servers: last epoch \([0-9.]*\) samples\/s (all workers) step_ms=\([0-9.]*\) compute_ms=\([0-9.]*\) comm_ms=\([0-9.]*\)$/\1 \2 \3 \4/p' "$out")
+  [ -n "$split" ] && echo "${v:-${split%% *}} ${split#* }"
+}
+# simc PLANFILE N [M]: with SIM_COMPUTE=planner, 05's --sim-compute-ms (and
+# --sim-update-ms) from the plan's row for N workers of 32 rows: its step less
+# its communication (one_device at 1, the ring, or M parameter servers: then
+# also the servers' update_s / M a push); with core, nothing. The plan file
+# is made first (plan) in the loops below.
+simc() {
+  [ "$SIMC" = planner ] || return 0
+  python3 -c "
+import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+n, m = int(sys.argv[2]), int(sys.argv[3])
+want = 'one_device' if n == 1 and m == 0 else 'multi_worker_mirrored ring' if m == 0 else \\
+       'parameter_server %d server%s' % (m, 's' if m > 1 else '')
+rows = sorted((r for r in d['strategies'] if r['name'] == want), key=lambda r: r['workers'])
+r = ([r for r in rows if r['workers'] == n] or rows[:1])[0]  # (1 worker and servers: the 2-worker row's worker)
+rest = 32 * r['workers'] / r['samples_per_sec'] * (1 - r['comm_share'])
+u = d['measured']['update_s'] / m if m else 0.0
+print('--sim-compute-ms %.6f --sim-update-ms %.6f' % (1e3 * rest, 1e3 * u))" "$1" "$2" "${3:-0}"
 }
 # plan MODEL LINK N [ROW [M]]: the planner's "samples/s comm_ms" for ROW (default
 # multi_worker_mirrored ring) at N workers of 32 rows (ring: one_device at 1), the
@@ -125,7 +179,7 @@ else:
     print('nan nan')" "$f" "$3" "${4:-multi_worker_mirrored ring}" 2> /dev/null || echo nan nan
 }
 
-echo "simulated with SimGrid $(smpirun -version 2>/dev/null | head -n 1 | sed 's/.*version //'), $(date -u '+%Y-%m-%d %H:%M') UTC; compute: this machine's core ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))"
+echo "simulated with SimGrid $(smpirun -version 2>/dev/null | head -n 1 | sed 's/.*version //'), $(date -u '+%Y-%m-%d %H:%M') UTC; compute ($SIMC): $([ "$SIMC" = planner ] && echo "the planner's measurement of one worker on" || echo "the real compute of") this machine's core ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))"
 echo
 echo "| model | platform | workers | simulated, alpha-beta network: samples/s (speed-up) | its step: all-reduce ms / ms | planner | planner / simulated | planner's all-reduce / simulated's | planner's all-reduce + simulated compute: / simulated | simulated, SMPI's TCP factors: samples/s | its all-reduce ms | planner / simulated |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
@@ -137,6 +191,7 @@ for model in $MODELS; do
       wifi_edge) link="bandwidth=50mbit,latency=3ms,shared=1" ;; # three 1 ms hops, one medium
     esac
     base=""
+    plan "$model" "$link" 1 > /dev/null # (its file: the compute SIM_COMPUTE=planner spends)
     for n in 1 2 4 8 16 32 64; do
       [ "$n" -le "$MAXW" ] || break
       ab=$(sim "$model" "$p" ab "$n")
@@ -147,8 +202,8 @@ for model in $MODELS; do
       fi
       [ -n "$base" ] || base=${ab%% *}
       if [ -n "$link" ]; then pr=$(plan "$model" "$link" "$n"); else pr="nan nan"; fi
-      python3 - "$model" "$p" "$n" "$base" "$OUT" $ab $tcp $pr <<'EOF'
-import json, sys
+      SIMC=$SIMC python3 - "$model" "$p" "$n" "$base" "$OUT" $ab $tcp $pr <<'EOF'
+import json, os, sys
 model, p, n, base, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 v, st, cp, cm, tv, tst, tcp_, tcm, pr, pcm = map(float, sys.argv[6:16])
 strategy = "one_device" if n == 1 else "multi_worker_mirrored"
@@ -156,7 +211,7 @@ with open(out, "a") as f:
     for net, a, b, c, d in (("alpha-beta", v, st, cp, cm), ("smpi-tcp", tv, tst, tcp_, tcm)):
         f.write(json.dumps({"strategy": strategy, "workers": n, "global_samples_per_sec": a, "model": model,
                             "platform": p, "network": net, "batch_per_worker": 32, "step_ms": b,
-                            "compute_ms": c, "comm_ms": d}) + "\n")
+                            "compute_ms": c, "comm_ms": d, "compute": os.environ["SIMC"]}) + "\n")
 have = pr == pr
 cells = ["%d (%.2fx)" % (v, v / base), "%.2f / %.2f" % (cm, st),
          "%d" % pr if have else "-", "%.2fx" % (pr / v) if have else "-",
@@ -192,6 +247,7 @@ for l in open(sys.argv[1]):
     d = json.loads(l)
     if (d['model'], d['platform'], d['network'], d['strategy']) == (sys.argv[2], sys.argv[3], 'alpha-beta', 'one_device'):
         print(d['global_samples_per_sec'])" "$OUT" "$model" "$p" | head -n 1)
+    plan "$model" "$link" 1 "parameter_server $m server" "$m" > /dev/null
     for n in 1 2 4 8 16 32 64; do
       [ "$n" -le "$MAXW" ] || break
       ab=$(simps "$model" "$p" ab "$n" "$m")
@@ -203,15 +259,15 @@ for l in open(sys.argv[1]):
       row="parameter_server $m server"
       [ "$m" = 1 ] || row="${row}s"
       pr=$(plan "$model" "$link" "$n" "$row" "$m")
-      python3 - "$model" "$p" "$n" "${base:-nan}" "$OUT" "$m" $ab $tcp $pr <<'EOF2'
-import json, sys
+      SIMC=$SIMC python3 - "$model" "$p" "$n" "${base:-nan}" "$OUT" "$m" $ab $tcp $pr <<'EOF2'
+import json, os, sys
 model, p, n, base, out, m = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5], int(sys.argv[6])
 v, st, cp, cm, tv, tst, tcp_, tcm, pr, pcm = map(float, sys.argv[7:17])
 with open(out, "a") as f:
     for net, a, b, c, d in (("alpha-beta", v, st, cp, cm), ("smpi-tcp", tv, tst, tcp_, tcm)):
         f.write(json.dumps({"strategy": "parameter_server", "workers": n, "servers": m, "global_samples_per_sec": a,
                             "model": model, "platform": p, "network": net, "batch_per_worker": 32, "step_ms": b,
-                            "compute_ms": c, "comm_ms": d}) + "\n")
+                            "compute_ms": c, "comm_ms": d, "compute": os.environ["SIMC"]}) + "\n")
 have = pr == pr
 cells = ["%d (%.2fx)" % (v, v / base) if base == base else "%d" % v, "%.2f / %.2f" % (cm, st),
          "%d" % pr if have else "-", "%.2fx" % (pr / v) if have else "-", "%d" % tv, "%.2fx" % (pr / tv) if have else "-"]
