@@ -299,7 +299,8 @@ figures: $(BUILD)/examples/02_fashion_mnist tools/dtrain-launch
 # Past this machine (issue 21 part 5): examples/05 (MLP and CNN) on the MPI backend under
 # SimGrid's SMPI, 1-64 workers on bench/platforms, synchronous and (05 --servers 1) with a
 # parameter server, beside the planner, and its figure bench/figures/simulated.svg (skips
-# without smpicc/smpirun); about 30 minutes.
+# without smpicc/smpirun); each step's compute the planner's (SIM_COMPUTE=planner, the
+# default; SIM_COMPUTE=core: this core's, as SMPI measures it); about 30 minutes.
 simulate: $(BUILD)/examples/02_fashion_mnist
 	BUILD=$(BUILD) bash bench/run_simulate.sh
 # Pipeline parallelism: GPipe and 1F1B for M = 1..16 beside one_device.
