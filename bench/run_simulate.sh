@@ -92,7 +92,13 @@ if [ -s "$OUT" ] && ! head -n 1 "$OUT" | grep -q "\"compute\": \"$SIMC\""; then
   exit 2
 fi
 
-# sim MODEL PLATFORM NET N: "samples/s step_ms compute_ms comm_ms" of the last
+# planfile MODEL LINK M: where plan (below) keeps the planner's JSON for that
+# model, link and server count (1: also the synchronous rows')
+planfile() {
+  local f="$S/plan_$1_$(echo "$2" | tr '=,' '__')"
+  [ "$3" = 1 ] && echo "$f.json" || echo "${f}_servers$3.json"
+}
+# sim MODEL PLATFORM NET N (the platform's LINK from the loop below): "samples/s step_ms compute_ms comm_ms" of the last
 # epoch (the first has the arenas' warm-up; rank 0's split of a step), from up
 # to 8 steps of 32 rows a worker (the shipped data/fashion-mnist has 8000
 # samples: 64 workers get 3 steps); NET ab: SMPI's factors 1, tcp: its defaults
@@ -102,7 +108,7 @@ sim() {
   [ "$steps" -le 8 ] || steps=8
   [ "$model" = mlp ] || epochs=2
   [ "$net" = ab ] && f="--cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1"
-  c=$(simc "$S/plan_${model}_$(echo "$link" | tr '=,' '__').json" "$n") || return 1
+  c=$(simc "$(planfile "$model" "$link" 1)" "$n") || return 1
   local out="$S/run_${model}_${p}_${net}_$n.out"
   # (f and c unquoted: words or none)
   # shellcheck disable=SC2086
@@ -115,20 +121,18 @@ sim() {
   split=$(sed -n 's/^rank 0: final .* step_ms=\([0-9.]*\) compute_ms=\([0-9.]*\) comm_ms=\([0-9.]*\).*/\1 \2 \3/p' "$out")
   [ -n "$v" ] && [ -n "$split" ] && echo "$v $split"
 }
-# simps MODEL PLATFORM NET N M: the same with M parameter servers (05 --servers M:
+# simps MODEL PLATFORM NET N M (and LINK): the same with M parameter servers (05 --servers M:
 # ranks 0..M-1 serve on the platform's hosts 64.., N workers on hosts 0..N-1,
 # asynchronous); samples/s while every worker trained (05's window on server 0's
-# clock: after each worker's first epoch, until the first one ends), with the
-# step's split over the last epochs
+# clock: from the slowest worker's first epoch's end to its last push before
+# any worker has ended), with the step's split over the last epochs
 simps() {
-  local model=$1 p=$2 net=$3 n=$4 m=$5 f="" c pf
+  local model=$1 p=$2 net=$3 n=$4 m=$5 f="" c
   local steps=$((8000 / (32 * n))) epochs=3
   [ "$steps" -le 8 ] || steps=8
   [ "$model" = mlp ] || epochs=2
   [ "$net" = ab ] && f="--cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1"
-  pf="$S/plan_${model}_$(echo "$link" | tr '=,' '__').json"
-  [ "$m" = 1 ] || pf="${pf%.json}_servers$m.json"
-  c=$(simc "$pf" "$n" "$m") || return 1
+  c=$(simc "$(planfile "$model" "$link" "$m")" "$n" "$m") || return 1
   local out="$S/run_ps${m}_${model}_${p}_${net}_$n.out"
   # shellcheck disable=SC2086
   timeout 1200 smpirun -np $((n + m)) -platform "bench/platforms/$p.xml" -hostfile "$S/hosts_ps${m}_$p" \
@@ -164,8 +168,8 @@ print('--sim-compute-ms %.6f --sim-update-ms %.6f' % (1e3 * rest, 1e3 * u))" "$1
 # multi_worker_mirrored ring) at N workers of 32 rows (ring: one_device at 1), the
 # parameter_server rows with M servers (default 1)
 plan() {
-  local f="$S/plan_$1_$(echo "$2" | tr '=,' '__').json" m=${5:-1}
-  [ "$m" = 1 ] || f="${f%.json}_servers$m.json"
+  local f m=${5:-1}
+  f=$(planfile "$1" "$2" "$m")
   [ -s "$f" ] || "$EX02" --model "$1" --data data/fashion-mnist --batch 32 --plan --plan-weak --plan-workers 64 \
     --plan-servers "$m" --link "$2" --json 2> /dev/null | grep '^{' > "$f"
   python3 -c "

@@ -243,7 +243,7 @@ static int ps_serve(int r, int servers, int workers, dt_params *P, dt_optim *opt
     ++*pushes;
     /* the window in which every worker trains (see above) */
     if (++seen[w] == last) ended = 1;
-    if (!ended && first < last) {
+    if (!ended && first < last && seen[w] - 1 == lowest) { /* (only a slowest worker can raise the fewest) */
       int64_t low = seen[0];
       for (int k = 1; k < workers; k++) low = seen[k] < low ? seen[k] : low;
       if (low > lowest) { /* the slowest worker has pushed once more */
