@@ -408,11 +408,26 @@ DTRAIN_API unsigned dt_build_features(void) {
 #  define DT__B_FIT "no"
 #endif
 
+#define DT__B_INFO                                                                                             \
+  "dtrain " DTRAIN_VERSION_STRING " (" DT__COMPILER DT__LANG ") threads=" DT__B_THREADS " net=" DT__B_NET          \
+  " stdio=" DT__B_STDIO " cblas=" DT__B_CBLAS " simd=" DT__B_SIMD " mpi=" DT__B_MPI " zlib=" DT__B_ZLIB          \
+  " debug=" DT__B_DEBUG " dist=" DT__B_DIST " data=" DT__B_DATA " fit=" DT__B_FIT " isa="
+
+/* isa=: the widest kernel path this build has on this CPU, the one the
+ * kernels pick unless DTRAIN_ISA or dt_sgemm_use_isa forces another
+ * (dt_sgemm_kernel() names the one in use). Static strings only. */
 DTRAIN_API const char *dt_build_info(void) {
-  return "dtrain " DTRAIN_VERSION_STRING " (" DT__COMPILER DT__LANG ") threads=" DT__B_THREADS " net=" DT__B_NET
-         " stdio=" DT__B_STDIO " cblas=" DT__B_CBLAS " simd=" DT__B_SIMD " mpi=" DT__B_MPI " zlib=" DT__B_ZLIB
-         " debug=" DT__B_DEBUG " dist=" DT__B_DIST " data=" DT__B_DATA " fit=" DT__B_FIT;
+#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return __builtin_cpu_supports("avx512f") ? DT__B_INFO "avx512" : DT__B_INFO "avx2";
+  return DT__B_INFO "portable";
+#elif !defined(DTRAIN_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+  return DT__B_INFO "neon";
+#else
+  return DT__B_INFO "portable";
+#endif
 }
+#undef DT__B_INFO
 #undef DT__COMPILER
 #undef DT__LANG
 #undef DT__B_THREADS

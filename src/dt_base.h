@@ -240,8 +240,10 @@ DTRAIN_API void dt_set_logger(dt_log_fn fn, void *user, dt_log_level max_level);
 /* Bit set of DTRAIN_FEATURE_* compiled into the implementation. */
 DTRAIN_API unsigned dt_build_features(void);
 /* One line: version, compiler and features, e.g.
- * "dtrain 0.1.0 (gcc 12.2) threads=yes net=yes stdio=yes cblas=no ... dist=yes data=yes fit=yes".
- * Static storage. */
+ * "dtrain 0.1.0 (gcc 12.2) threads=yes net=yes stdio=yes cblas=no ... dist=yes data=yes fit=yes isa=avx512".
+ * isa=: the widest kernel path (portable, avx2, avx512, neon) this build has
+ * on this CPU, the one used unless DTRAIN_ISA or dt_sgemm_use_isa forces
+ * another (dt_sgemm_kernel() names the GEMM's path in use). Static storage. */
 DTRAIN_API const char *dt_build_info(void);
 
 /* ---- RNG: xoshiro256** seeded by splitmix64; same numbers on every platform.

@@ -384,7 +384,9 @@ DT__GEMM_AVX2 static void dt__gemm_pack_a_avx2(int trans, const float *a, int64_
 }
 
 /* w-wide B slivers (16: the AVX2 path, 32: the AVX-512 one). Transposed B
- * (rows of op(B)^T contiguous in p): w/8 8x8 transposes per 8 values of p. */
+ * (rows of op(B)^T contiguous in p): w/8 8x8 transposes per 8 values of p,
+ * each row's cache line two ahead prefetched by hand (a linear layer's
+ * weights read this way from memory: the CNN's 3136-wide layer 4% faster). */
 DT__GEMM_AVX2 static void dt__gemm_pack_b_avx2w(int w, int trans, const float *b, int64_t ldb, int64_t p0,
                                                 int64_t j0, int64_t kc, int64_t nc, float *bp) {
   int64_t full = nc - nc % w;
@@ -401,6 +403,8 @@ DT__GEMM_AVX2 static void dt__gemm_pack_b_avx2w(int w, int trans, const float *b
       for (; p + 8 <= kc; p += 8) {
         for (int h = 0; h < w; h += 8) {
           __m256 r[8];
+          if ((p & 15) == 0) /* w rows at once are more streams than the prefetcher follows */
+            for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(src + (h + i) * ldb + p + 32), _MM_HINT_T0);
           for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (h + i) * ldb + p);
           DT__AVX_T8(r);
           for (int i = 0; i < 8; i++) _mm256_storeu_ps(bp + (p + i) * w + h, r[i]);
@@ -665,6 +669,18 @@ DTRAIN_API const char *dt_sgemm_kernel(void) {
   if (DT__GEMM_LOAD(dt__gemm_bf16_on)) return dt__gemm_paths[DT__GEMM_PATH_BF16].name;
   return dt__gemm_paths[dt__gemm_path_id()].name;
 #endif
+}
+
+/* The vector width the other kernels (the optimizer, the Winograd
+ * transforms) use: that of the GEMM's path, so DTRAIN_ISA and
+ * dt_sgemm_use_isa choose one instruction set for the whole step. */
+DTRAIN_PRIVATE int dt__simd_level(void) {
+  switch (dt__gemm_path_id()) {
+    case DT__GEMM_PATH_AVX512:
+    case DT__GEMM_PATH_BF16: return DT__SIMD_AVX512;
+    case DT__GEMM_PATH_AVX2: return DT__SIMD_AVX2;
+    default: return DT__SIMD_BASE;
+  }
 }
 
 DTRAIN_API dt_result dt_set_matmul_precision(dt_matmul_precision precision) {

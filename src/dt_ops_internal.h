@@ -46,6 +46,15 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
 DTRAIN_PRIVATE dt_tensor *dt__dev_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding);
 DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, int stride, int is_max, const char *op);
 
+/* ---- instruction set (dt_gemm.c) ----------------------------------------------
+ * The vector width kernels with their own SIMD paths use: the GEMM's path
+ * (the best the CPU has, or DTRAIN_ISA / dt_sgemm_use_isa). BASE: the
+ * build's baseline (SSE2 on x86-64, NEON on aarch64, or plain C). */
+#define DT__SIMD_BASE 0
+#define DT__SIMD_AVX2 1   /* AVX2 + FMA (kernels may use AVX only) */
+#define DT__SIMD_AVX512 2 /* AVX-512F */
+DTRAIN_PRIVATE int dt__simd_level(void);
+
 /* ---- GEMM (dt_gemm.c, dt_gemm_avx512.c) -----------------------------------------
  * dt_sgemm is the public entry; ops call it directly. DT__X86_SIMD: x86-64
  * with GCC or clang, where the AVX2 and AVX-512 kernels are compiled (with

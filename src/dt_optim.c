@@ -31,7 +31,10 @@
  * results are the same bit for bit, and sqrt/div do not go through libm.
  * A change to the formula must be made here too: tests/test_optim.c
  * compares the two bit for bit. SSE is baseline on x86-64; an AVX version
- * (8 floats, twice as fast) is picked at run time with GCC or clang. */
+ * (8 floats, twice as fast) and an AVX-512 one (16: the divides and square
+ * roots bound this loop, and a 512-bit core does twice the lanes per
+ * instruction) are picked at run time with GCC or clang, at the GEMM's
+ * instruction set (dt__simd_level: DTRAIN_ISA forces one). */
 #if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__)
 #  define DT__OPTIM_SSE 1
 #  include <emmintrin.h>
@@ -350,6 +353,37 @@ __attribute__((target("avx"))) static size_t dt__optim_adam_avx(float w1, float 
 }
 #endif
 
+#ifdef DT__OPTIM_AVX
+/* The same as dt__optim_adam_sse, 16 elements at a time. */
+__attribute__((target("avx512f"))) static size_t dt__optim_adam_avx512(float w1, float w2, float fb2, float eps,
+                                                                       float bc2_sqrt, float step_size, float wd,
+                                                                       int decoupled, float shrink, float *p,
+                                                                       const float *DT__RESTRICT g,
+                                                                       float *DT__RESTRICT m, float *DT__RESTRICT v,
+                                                                       size_t n, const float *x, int delta) {
+  const __m512 vw1 = _mm512_set1_ps(w1), vw2 = _mm512_set1_ps(w2), vb2 = _mm512_set1_ps(fb2);
+  const __m512 veps = _mm512_set1_ps(eps), vbc2 = _mm512_set1_ps(bc2_sqrt), vstep = _mm512_set1_ps(step_size);
+  const __m512 vwd = _mm512_set1_ps(wd), vshrink = _mm512_set1_ps(shrink);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 d = _mm512_loadu_ps(g + i), xv = _mm512_loadu_ps(x + i), pv = xv;
+    __m512 mv = _mm512_loadu_ps(m + i), vv = _mm512_loadu_ps(v + i);
+    if (wd != 0.0f) {
+      if (decoupled) pv = _mm512_mul_ps(pv, vshrink);
+      else d = _mm512_add_ps(d, _mm512_mul_ps(vwd, pv));
+    }
+    mv = _mm512_add_ps(mv, _mm512_mul_ps(vw1, _mm512_sub_ps(d, mv)));
+    vv = _mm512_add_ps(_mm512_mul_ps(vv, vb2), _mm512_mul_ps(_mm512_mul_ps(vw2, d), d));
+    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), vbc2), veps);
+    pv = _mm512_sub_ps(pv, _mm512_mul_ps(vstep, _mm512_div_ps(mv, denom)));
+    _mm512_storeu_ps(m + i, mv);
+    _mm512_storeu_ps(v + i, vv);
+    _mm512_storeu_ps(p + i, delta ? _mm512_sub_ps(pv, xv) : pv);
+  }
+  return i;
+}
+#endif
+
 /* p = the update of p (x == p), or, with delta, p = the update of x minus x
  * (x and p apart: dt__optim_delta_span). */
 static void dt__optim_adam_run(const dt_optim *o, float lr, float wd, int decoupled, float *p,
@@ -358,9 +392,13 @@ static void dt__optim_adam_run(const dt_optim *o, float lr, float wd, int decoup
   const dt__optim_adam_k k = dt__optim_adam_scalars(o, lr, wd, decoupled);
   size_t i = 0;
 #ifdef DT__OPTIM_AVX
-  if (__builtin_cpu_supports("avx"))
-    i = dt__optim_adam_avx(k.w1, k.w2, k.beta2, k.eps, k.bc2_sqrt, k.step_size, wd, decoupled, k.shrink, p, g, m, v,
-                           n, x, delta);
+  int level = dt__simd_level();
+  if (level >= DT__SIMD_AVX512)
+    i = dt__optim_adam_avx512(k.w1, k.w2, k.beta2, k.eps, k.bc2_sqrt, k.step_size, wd, decoupled, k.shrink, p, g, m,
+                              v, n, x, delta);
+  if (level >= DT__SIMD_AVX2 && n - i >= 8) /* the AVX2 path, or the AVX-512 path's last 8-15 */
+    i += dt__optim_adam_avx(k.w1, k.w2, k.beta2, k.eps, k.bc2_sqrt, k.step_size, wd, decoupled, k.shrink, p + i,
+                            g + i, m + i, v + i, n - i, x + i, delta);
 #endif
 #ifdef DT__OPTIM_SSE
   if (i == 0)

@@ -427,14 +427,16 @@ static void test_range_updates(void) {
   range_case("rmsprop", d);
 }
 
-/* ---- the SIMD path of Adam against the shared formula ---------------------------------
- * dt_optim.c updates Adam 8 (AVX) or 4 (SSE) floats at a time and the rest
- * with dt__optim_adam_at (dt_optim_math.h); the intrinsics must be the same
- * operations as that formula. Lengths 35 (AVX 32 + a tail of 3, or SSE 32 +
- * 3), 7 (SSE 4 + 3 after AVX found nothing to do) and 3 (the formula alone),
- * run through dt_optim_step and, element by element, through the formula
- * with the scalars computed here the way dt_optim.c does (Python's
- * arithmetic, in double): params and moments must agree bit for bit. */
+/* ---- the SIMD paths of Adam against the shared formula --------------------------------
+ * dt_optim.c updates Adam 16 (AVX-512), 8 (AVX) or 4 (SSE) floats at a time
+ * and the rest with dt__optim_adam_at (dt_optim_math.h); the intrinsics must
+ * be the same operations as that formula. Lengths 45 (AVX-512 32 + AVX 8 + a
+ * tail of 5; AVX 40 + 5; SSE 44 + 1), 7 (SSE 4 + 3 after the wider paths
+ * found nothing to do) and 3 (the formula alone), run through dt_optim_step
+ * and, element by element, through the formula with the scalars computed
+ * here the way dt_optim.c does (Python's arithmetic, in double): params and
+ * moments must agree bit for bit. Once per instruction set the CPU has
+ * (dt_sgemm_use_isa picks it for the optimizer too); one it lacks is skipped. */
 static dt__optim_adam_k adam_scalars(const dt_optim_options *d, int64_t step, float wd) {
   const double b1 = (double)d->beta1, b2 = (double)d->beta2, t = (double)(step + 1);
   dt__optim_adam_k k;
@@ -452,8 +454,8 @@ static dt__optim_adam_k adam_scalars(const dt_optim_options *d, int64_t step, fl
 
 static void adam_simd_case(const char *name, dt_optim_kind kind, float wd) {
   dt_params *p = dt_params_create(5);
-  int64_t s35[2] = {5, 7}, s7[1] = {7}, s3[2] = {1, 3};
-  dt_params_add(p, "w", 2, s35, dt_init_uniform(-1.0f, 1.0f));  /* decay on (2-D) */
+  int64_t s45[2] = {5, 9}, s7[1] = {7}, s3[2] = {1, 3};
+  dt_params_add(p, "w", 2, s45, dt_init_uniform(-1.0f, 1.0f));  /* decay on (2-D) */
   dt_params_add(p, "b", 1, s7, dt_init_uniform(-1.0f, 1.0f));   /* decay off (1-D) */
   dt_params_add(p, "c", 2, s3, dt_init_uniform(-1.0f, 1.0f));
   dt_optim_options d;
@@ -495,9 +497,21 @@ static void adam_simd_case(const char *name, dt_optim_kind kind, float wd) {
 }
 
 static void test_adam_simd_matches_formula(void) {
-  adam_simd_case("adam", DTRAIN_OPTIM_ADAM, 0.0f);
-  adam_simd_case("adam_l2", DTRAIN_OPTIM_ADAM, 0.1f);
-  adam_simd_case("adamw", DTRAIN_OPTIM_ADAMW, 0.1f);
+  static const char *const isas[] = {"portable", "avx2", "avx512"};
+  for (int i = 0; i < 3; i++) {
+    if (dt_sgemm_use_isa(isas[i]) != DTRAIN_OK) {
+      th_skip("the %s path: %s", isas[i], dt_last_error());
+      continue;
+    }
+    char name[48];
+    snprintf(name, sizeof name, "adam %s", isas[i]);
+    adam_simd_case(name, DTRAIN_OPTIM_ADAM, 0.0f);
+    snprintf(name, sizeof name, "adam_l2 %s", isas[i]);
+    adam_simd_case(name, DTRAIN_OPTIM_ADAM, 0.1f);
+    snprintf(name, sizeof name, "adamw %s", isas[i]);
+    adam_simd_case(name, DTRAIN_OPTIM_ADAMW, 0.1f);
+  }
+  CHECK(dt_sgemm_use_isa("best") == DTRAIN_OK);
 }
 
 /* ---- every optimizer kind -----------------------------------------------------------------
