@@ -5139,6 +5139,8 @@ DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const float *DT__RESTRICT
                                            float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
 DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+DTRAIN_PRIVATE void dt__gemm_pack_bt_avx512(const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                                            int64_t full, float *bp);
 DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void);
 /* dt_gemm_bf16.c: the bfloat16 path (dt_set_matmul_precision) */
 DTRAIN_PRIVATE void dt__gemm_pack_a_bf16(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
@@ -8450,6 +8452,63 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const flo
   DT__GEMM_Z_STORE(3);
 }
 
+/* Full 32-wide B slivers from a transposed B (rows of op(B)^T contiguous
+ * in p), for the slivers [0, full) of a panel: rows h..h+7 and h+8..h+15 of
+ * a sliver go through one 8x8 transpose together, one in each 256-bit half
+ * of the registers (the AVX2 path's unpack and shuffle steps act on each
+ * 128-bit lane alike; the last step takes its lanes with one two-source
+ * permute), and each packed row leaves as one 16-float store. Half the
+ * shuffles of two AVX2 transposes. The values are the AVX2 packing's.
+ * The shuffles are the masked forms with every lane set (the same
+ * instructions): gcc 12's plain forms start from an undefined vector, and
+ * C++ builds warn (maybe-uninitialized) where they are inlined. */
+DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_pack_bt_avx512(const float *b, int64_t ldb, int64_t p0, int64_t j0,
+                                                            int64_t kc, int64_t full, float *bp) {
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+  const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  int64_t k8 = kc - kc % 8;
+  for (int64_t s = 0; s < full; s += 32, bp += 32 * kc) {
+    const float *src = b + (j0 + s) * ldb + p0;
+    for (int64_t p = 0; p < k8; p += 8) {
+      if ((p & 15) == 0) /* 32 rows at once are more streams than the prefetcher follows */
+        for (int i = 0; i < 32; i++) _mm_prefetch((const char *)(src + i * ldb + p + 32), _MM_HINT_T0);
+      for (int h = 0; h < 32; h += 16) {
+        __m512 r[8];
+        for (int i = 0; i < 8; i++) {
+          __m512d x = _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(src + (h + i) * ldb + p)));
+          x = _mm512_mask_insertf64x4(x, (__mmask8)0xFF, x, _mm256_castps_pd(_mm256_loadu_ps(src + (h + 8 + i) * ldb + p)),
+                                      1);
+          r[i] = _mm512_castpd_ps(x);
+        }
+        const __mmask16 all = (__mmask16)0xFFFF; /* DT__ZM: see above */
+#define DT__ZM(op, a, b) _mm512_mask_##op##_ps(a, all, a, b)
+#define DT__ZS(a, b, imm) _mm512_mask_shuffle_ps(a, all, a, b, imm)
+        __m512 t0 = DT__ZM(unpacklo, r[0], r[1]), t1 = DT__ZM(unpackhi, r[0], r[1]);
+        __m512 t2 = DT__ZM(unpacklo, r[2], r[3]), t3 = DT__ZM(unpackhi, r[2], r[3]);
+        __m512 t4 = DT__ZM(unpacklo, r[4], r[5]), t5 = DT__ZM(unpackhi, r[4], r[5]);
+        __m512 t6 = DT__ZM(unpacklo, r[6], r[7]), t7 = DT__ZM(unpackhi, r[6], r[7]);
+        __m512 u0 = DT__ZS(t0, t2, 0x44), u1 = DT__ZS(t0, t2, 0xEE);
+        __m512 u2 = DT__ZS(t1, t3, 0x44), u3 = DT__ZS(t1, t3, 0xEE);
+        __m512 u4 = DT__ZS(t4, t6, 0x44), u5 = DT__ZS(t4, t6, 0xEE);
+        __m512 u6 = DT__ZS(t5, t7, 0x44), u7 = DT__ZS(t5, t7, 0xEE);
+#undef DT__ZM
+#undef DT__ZS
+        float *d = bp + p * 32 + h;
+        _mm512_storeu_ps(d + 0 * 32, _mm512_permutex2var_ps(u0, lo, u4));
+        _mm512_storeu_ps(d + 1 * 32, _mm512_permutex2var_ps(u1, lo, u5));
+        _mm512_storeu_ps(d + 2 * 32, _mm512_permutex2var_ps(u2, lo, u6));
+        _mm512_storeu_ps(d + 3 * 32, _mm512_permutex2var_ps(u3, lo, u7));
+        _mm512_storeu_ps(d + 4 * 32, _mm512_permutex2var_ps(u0, hi, u4));
+        _mm512_storeu_ps(d + 5 * 32, _mm512_permutex2var_ps(u1, hi, u5));
+        _mm512_storeu_ps(d + 6 * 32, _mm512_permutex2var_ps(u2, hi, u6));
+        _mm512_storeu_ps(d + 7 * 32, _mm512_permutex2var_ps(u3, hi, u7));
+      }
+    }
+    for (int64_t p = k8; p < kc; p++)
+      for (int j = 0; j < 32; j++) bp[p * 32 + j] = src[j * ldb + p];
+  }
+}
+
 /* C = alpha * A @ B^T + beta * C without packing, the AVX-512 twin of
  * dt_gemm.c's dt__gemm_dot_avx2 (same blocks of 3 rows x 4 columns, same
  * cases): 16 lanes of FMAs over p in steps of 16, the lanes summed in
@@ -9126,7 +9185,13 @@ static void dt__gemm_pack_b_avx2(int trans, const float *b, int64_t ldb, int64_t
 }
 static void dt__gemm_pack_b_avx512(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
                                    int64_t nc, float *bp) {
-  dt__gemm_pack_b_avx2w(32, trans, b, ldb, p0, j0, kc, nc, bp);
+  if (!trans) {
+    dt__gemm_pack_b_avx2w(32, trans, b, ldb, p0, j0, kc, nc, bp);
+    return;
+  }
+  int64_t full = nc - nc % 32;
+  dt__gemm_pack_bt_avx512(b, ldb, p0, j0, kc, full, bp);
+  if (full < nc) dt__gemm_pack_b_n(32, trans, b, ldb, p0, j0 + full, kc, nc - full, bp + full * kc);
 }
 
 /* C = alpha * A @ B^T + beta * C (A untransposed, B transposed) without
@@ -13527,7 +13592,8 @@ __attribute__((target("avx512f"))) static size_t dt__optim_adam_avx512(float w1,
     }
     mv = _mm512_add_ps(mv, _mm512_mul_ps(vw1, _mm512_sub_ps(d, mv)));
     vv = _mm512_add_ps(_mm512_mul_ps(vv, vb2), _mm512_mul_ps(_mm512_mul_ps(vw2, d), d));
-    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), vbc2), veps);
+    /* maskz: gcc 12 warns (maybe-uninitialized, C++) on the plain sqrt's undefined source */
+    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps((__mmask16)0xFFFF, vv), vbc2), veps);
     pv = _mm512_sub_ps(pv, _mm512_mul_ps(vstep, _mm512_div_ps(mv, denom)));
     _mm512_storeu_ps(m + i, mv);
     _mm512_storeu_ps(v + i, vv);

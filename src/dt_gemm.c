@@ -426,7 +426,13 @@ static void dt__gemm_pack_b_avx2(int trans, const float *b, int64_t ldb, int64_t
 }
 static void dt__gemm_pack_b_avx512(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
                                    int64_t nc, float *bp) {
-  dt__gemm_pack_b_avx2w(32, trans, b, ldb, p0, j0, kc, nc, bp);
+  if (!trans) {
+    dt__gemm_pack_b_avx2w(32, trans, b, ldb, p0, j0, kc, nc, bp);
+    return;
+  }
+  int64_t full = nc - nc % 32;
+  dt__gemm_pack_bt_avx512(b, ldb, p0, j0, kc, full, bp);
+  if (full < nc) dt__gemm_pack_b_n(32, trans, b, ldb, p0, j0 + full, kc, nc - full, bp + full * kc);
 }
 
 /* C = alpha * A @ B^T + beta * C (A untransposed, B transposed) without

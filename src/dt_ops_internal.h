@@ -67,6 +67,8 @@ DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const float *DT__RESTRICT
                                            float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
 DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+DTRAIN_PRIVATE void dt__gemm_pack_bt_avx512(const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                                            int64_t full, float *bp);
 DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void);
 /* dt_gemm_bf16.c: the bfloat16 path (dt_set_matmul_precision) */
 DTRAIN_PRIVATE void dt__gemm_pack_a_bf16(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,

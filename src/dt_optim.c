@@ -374,7 +374,8 @@ __attribute__((target("avx512f"))) static size_t dt__optim_adam_avx512(float w1,
     }
     mv = _mm512_add_ps(mv, _mm512_mul_ps(vw1, _mm512_sub_ps(d, mv)));
     vv = _mm512_add_ps(_mm512_mul_ps(vv, vb2), _mm512_mul_ps(_mm512_mul_ps(vw2, d), d));
-    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), vbc2), veps);
+    /* maskz: gcc 12 warns (maybe-uninitialized, C++) on the plain sqrt's undefined source */
+    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps((__mmask16)0xFFFF, vv), vbc2), veps);
     pv = _mm512_sub_ps(pv, _mm512_mul_ps(vstep, _mm512_div_ps(mv, denom)));
     _mm512_storeu_ps(m + i, mv);
     _mm512_storeu_ps(v + i, vv);
