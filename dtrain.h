@@ -135,7 +135,8 @@
  * ENVIRONMENT (read at run time; a program's flags or options win)
  *   DTRAIN_THREADS=n|auto   intra-op threads (default 1; dt_set_threads)
  *   DTRAIN_GEMM=portable    force the portable GEMM kernel (dt_sgemm_use_portable)
- *   DTRAIN_ISA=portable|avx2|avx512|neon  force a GEMM path the CPU has
+ *   DTRAIN_ISA=portable|avx2|avx512|neon  force a kernel path the CPU has: the
+ *                           GEMM, the optimizer, the Winograd transforms
  *                           (dt_sgemm_use_isa; default: the widest it has)
  *   DTRAIN_TRACE=file.json  write every thread's timeline as Chrome trace-event
  *                           JSON at exit (dt_trace_start; a worker or server
@@ -989,6 +990,8 @@ DTRAIN_API const char *dt_sgemm_kernel(void);
 DTRAIN_API int dt_sgemm_use_portable(int on);
 /* Forces dt_sgemm's path: "portable", "avx2", "avx512" (x86-64), "neon"
  * (aarch64), or "best" (the widest this CPU has, the default). The
+ * optimizer's update and the Winograd transforms follow the same choice
+ * (portable: the build's baseline vectors, SSE2 on x86-64). The
  * environment variable DTRAIN_ISA (the same names) sets it at start; a path
  * the CPU lacks is refused there with a warning in the log and the best one
  * used. Returns DTRAIN_OK; DTRAIN_ERR_UNSUPPORTED when this build or CPU

@@ -159,6 +159,8 @@ DTRAIN_API const char *dt_sgemm_kernel(void);
 DTRAIN_API int dt_sgemm_use_portable(int on);
 /* Forces dt_sgemm's path: "portable", "avx2", "avx512" (x86-64), "neon"
  * (aarch64), or "best" (the widest this CPU has, the default). The
+ * optimizer's update and the Winograd transforms follow the same choice
+ * (portable: the build's baseline vectors, SSE2 on x86-64). The
  * environment variable DTRAIN_ISA (the same names) sets it at start; a path
  * the CPU lacks is refused there with a warning in the log and the best one
  * used. Returns DTRAIN_OK; DTRAIN_ERR_UNSUPPORTED when this build or CPU
