@@ -67,17 +67,22 @@ static __m128 dt__pool_max4(__m128 best, __m128 v) {
  * output is the element the forward pass picked, since the maximum is the
  * first occurrence of its value; when the output is NaN, the last NaN of
  * the window (in row-major order) takes the gradient, as in PyTorch. */
-static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *x = y->src[0];
-  float *gx = dt__grad(g, x);
-  if (!gx) return;
-  int64_t k = y->iaux[0], s = y->iaux[1];
-  int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
-  int64_t ho = y->shape[2], wo = y->shape[3];
-  const float *go = y->grad, *yd = y->data;
-  for (int64_t pl = 0; pl < planes; pl++) {
-    const float *xp = x->data + pl * h * w;
-    float *gp = gx + pl * h * w;
+/* Max pooling over the planes [p0, p1) (an image's channel each): the
+ * forward pass (gx NULL: y = the window maxima) or the backward one (gx
+ * += the gradient at each window's winner). Planes are independent, so
+ * dt__pool_max splits them over the intra-op threads with the same result. */
+typedef struct dt__pool_job {
+  const float *x, *yd, *go;
+  float *y, *gx;
+  int64_t planes, h, w, ho, wo, k, s;
+} dt__pool_job;
+
+static void dt__pool_max_bwd_planes(const dt__pool_job *jb, int64_t p0, int64_t p1) {
+  int64_t k = jb->k, s = jb->s, h = jb->h, w = jb->w, ho = jb->ho, wo = jb->wo;
+  const float *go = jb->go, *yd = jb->yd;
+  for (int64_t pl = p0; pl < p1; pl++) {
+    const float *xp = jb->x + pl * h * w;
+    float *gp = jb->gx + pl * h * w;
     for (int64_t oh = 0; oh < ho; oh++) {
       int64_t ow = 0;
 #ifdef DT__POOL_SSE
@@ -136,18 +141,12 @@ static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
   }
 }
 
-DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride) {
-  static const char *op = "dt_max_pool2d";
-  if (!dt__pool_check(g, op, x, kernel, stride)) return NULL;
-  if (g->device) return dt__dev_pool(g, x, kernel, stride, 1, op);
-  dt_tensor *y = dt__pool_new(g, op, x, kernel, stride);
-  if (!y) return NULL;
-  int64_t planes = y->shape[0] * y->shape[1], h = x->shape[2], w = x->shape[3];
-  int64_t ho = y->shape[2], wo = y->shape[3], k = kernel, s = stride;
-  for (int64_t pl = 0; pl < planes; pl++) {
-    const float *xp = x->data + pl * h * w;
+static void dt__pool_max_fwd_planes(const dt__pool_job *jb, int64_t p0, int64_t p1) {
+  int64_t k = jb->k, s = jb->s, h = jb->h, w = jb->w, ho = jb->ho, wo = jb->wo;
+  for (int64_t pl = p0; pl < p1; pl++) {
+    const float *xp = jb->x + pl * h * w;
     for (int64_t oh = 0; oh < ho; oh++) {
-      float *yo = y->data + (pl * ho + oh) * wo;
+      float *yo = jb->y + (pl * ho + oh) * wo;
       int64_t ow = 0;
 #ifdef DT__POOL_SSE
       if (k == 2 && s == 2) { /* the common 2x2 pooling: 4 outputs from 2 x 8 inputs */
@@ -176,6 +175,60 @@ DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
       }
     }
   }
+}
+
+static void dt__pool_max_part(void *arg, int part, int nparts) {
+  const dt__pool_job *jb = (const dt__pool_job *)arg;
+  int64_t p0 = jb->planes * part / nparts, p1 = jb->planes * (part + 1) / nparts;
+  if (jb->gx) dt__pool_max_bwd_planes(jb, p0, p1);
+  else dt__pool_max_fwd_planes(jb, p0, p1);
+}
+
+#define DT__POOL_PAR_MIN ((int64_t)1 << 15) /* window inputs below which one thread is faster */
+
+/* Runs the job over all planes, split over the intra-op threads when it is large. */
+static void dt__pool_max(dt__pool_job *jb) {
+  int t = dt__par_threads();
+  if (t > 1 && jb->planes >= 2 && jb->planes * jb->ho * jb->wo * jb->k * jb->k >= DT__POOL_PAR_MIN)
+    dt__par_run((int)DT__MIN((int64_t)t, jb->planes), dt__pool_max_part, jb);
+  else
+    dt__pool_max_part(jb, 0, 1);
+}
+
+static dt__pool_job dt__pool_job_of(dt_tensor *x, dt_tensor *y, int64_t k, int64_t s) {
+  dt__pool_job jb;
+  memset(&jb, 0, sizeof jb);
+  jb.x = x->data;
+  jb.y = y->data;
+  jb.planes = y->shape[0] * y->shape[1];
+  jb.h = x->shape[2];
+  jb.w = x->shape[3];
+  jb.ho = y->shape[2];
+  jb.wo = y->shape[3];
+  jb.k = k;
+  jb.s = s;
+  return jb;
+}
+
+static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  float *gx = dt__grad(g, x);
+  if (!gx) return;
+  dt__pool_job jb = dt__pool_job_of(x, y, y->iaux[0], y->iaux[1]);
+  jb.yd = y->data;
+  jb.go = y->grad;
+  jb.gx = gx;
+  dt__pool_max(&jb);
+}
+
+DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride) {
+  static const char *op = "dt_max_pool2d";
+  if (!dt__pool_check(g, op, x, kernel, stride)) return NULL;
+  if (g->device) return dt__dev_pool(g, x, kernel, stride, 1, op);
+  dt_tensor *y = dt__pool_new(g, op, x, kernel, stride);
+  if (!y) return NULL;
+  dt__pool_job jb = dt__pool_job_of(x, y, kernel, stride);
+  dt__pool_max(&jb);
   dt__record(g, y, op, dt__pool_max_backward, x, NULL, NULL);
   return dt__finish(g, y);
 }
@@ -232,3 +285,4 @@ DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int s
 #ifdef DT__POOL_SSE
 #  undef DT__POOL_SSE
 #endif
+#undef DT__POOL_PAR_MIN

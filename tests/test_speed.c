@@ -3,7 +3,7 @@
  * portable path can be forced by environment or call), the SIMD fast paths
  * of Adam, ReLU, 2x2 max pooling and the im2col span copy (same results as
  * the plain definitions), dt_memory_stats, and the intra-op threads
- * (dt_set_threads: GEMM and Adam bit for bit as with one thread, the
+ * (dt_set_threads: GEMM, Adam, Winograd and max pooling bit for bit as with one thread, the
  * DTRAIN_THREADS variable, one thread inside strategy replicas, concurrent
  * callers). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -1054,6 +1054,60 @@ static void test_conv_winograd_threads_bitwise(void) {
   free(w);
 }
 
+/* Max pooling, forward and backward, split over 2 and 3 threads by planes:
+ * the same bits as one thread, for 2x2/2 (the SIMD windows, an odd width
+ * with a scalar tail), 3x3/2 (overlapping windows: the backward adds to one
+ * input from two windows) and ties and NaNs (the first maximum, the last
+ * NaN). 37 planes of 40x41, so the parts get uneven plane counts. */
+static void test_pool_threads_bitwise(void) {
+  int64_t xs[4] = {37, 1, 40, 41}, nx = 37 * 40 * 41; /* above DT__POOL_PAR_MIN: split */
+  float *x = (float *)malloc((size_t)nx * sizeof(float));
+  th_seed(91);
+  for (int64_t i = 0; i < nx; i++) x[i] = (float)(int)th_uniform(-4, 4); /* many ties */
+  x[20] = NAN;
+  x[nx - 3] = NAN;
+  x[nx - 4] = NAN;
+  static const int shapes[2][2] = {{2, 2}, {3, 2}};
+  for (int c = 0; c < 2; c++) {
+    float *want = NULL;
+    size_t bytes = 0;
+    int same = 1, runs = 0;
+    for (int th = 1; th <= 3; th++) {
+      if (dt_set_threads(th) != DTRAIN_OK) continue;
+      dt_graph *g = dt_graph_create(NULL, NULL);
+      dt_tensor *tx = dt_tensor_from(g, 4, xs, x);
+      dt_tensor_set_requires_grad(tx, 1);
+      dt_tensor *y = dt_max_pool2d(g, tx, shapes[c][0], shapes[c][1]);
+      float *gy = y ? (float *)malloc((size_t)y->size * sizeof(float)) : NULL;
+      if (gy)
+        for (int64_t i = 0; i < y->size; i++) gy[i] = (float)(i % 7) - 3.0f;
+      CHECK(y && gy && dt_backward_grad(g, y, gy) == DTRAIN_OK);
+      if (y && gy && tx->grad) {
+        size_t n = (size_t)(y->size + tx->size);
+        float *buf = (float *)malloc(n * sizeof(float));
+        memcpy(buf, y->data, (size_t)y->size * sizeof(float));
+        memcpy(buf + y->size, tx->grad, (size_t)tx->size * sizeof(float));
+        runs++;
+        if (!want) {
+          want = buf;
+          bytes = n * sizeof(float);
+        } else {
+          same &= memcmp(want, buf, bytes) == 0;
+          free(buf);
+        }
+      }
+      free(gy);
+      dt_graph_destroy(g);
+    }
+    dt_set_threads(1);
+    CHECK(runs == (have_threads() ? 3 : 1));
+    CHECK_MSG(same, "max pool %dx%d stride %d differs between thread counts", shapes[c][0], shapes[c][0],
+              shapes[c][1]);
+    free(want);
+  }
+  free(x);
+}
+
 /* A child of fork() after the pool started has none of its threads: its
  * first parallel GEMM must start a pool of its own, not wait forever. */
 #if defined(__SANITIZE_THREAD__)
@@ -1226,6 +1280,7 @@ int main(void) {
   RUN(test_gemm_threads_concurrent);
   RUN(test_adam_threads_bitwise);
   RUN(test_conv_winograd_threads_bitwise);
+  RUN(test_pool_threads_bitwise);
   RUN(test_threads_after_fork);
   fresh_stop();
   return th_summary("speed");
