@@ -97,9 +97,19 @@ fi
 echo "== training steps, synthetic data, Adam lr 1e-3: samples/s (best window of $ROUNDS runs x ${SECS} s)"
 echo "   one thread unless the workload says 2 threads (dt_set_threads(2) vs torch.set_num_threads(2))"
 [ -n "$torch_why" ] && echo "PyTorch: skipped ($torch_why)"
+# Goals (issue 25) by dtrain's path: on an AVX-512 core against PyTorch at its best
+# kernel MLP b64 >= 1.6, b256 >= 1.25, CNN >= 1.6; on an AVX2 core MLP b64 >= 1.7,
+# CNN >= 1.6 (b256: the older >= 1.05). Two threads: >= 1.8x dtrain's own one thread.
+ISA_IN_USE=$(printf '%s\n' "$PEAK_LINE" | sed -n 's/.*in_use=\([^ ]*\).*/\1/p')
+case "$ISA_IN_USE" in
+  avx512) G64=1.6 G256=1.25 GCNN=1.6 ;;
+  *) G64=1.7 G256=1.05 GCNN=1.6 ;;
+esac
+echo "   goals for dtrain's path (${ISA_IN_USE:-unknown}); 2 threads: against dtrain's one thread, goal >= 1.8"
 printf '%-22s %11s %11s %7s %7s | %11s %11s %7s %7s\n' "workload" "dtrain" "PyTorch" "ratio" "goal" \
   "dtrain RSS" "torch RSS" "ratio" "goal"
-for wl in "mlp 64 1.3 1" "mlp 256 1.05 1" "cnn 64 1.2 1" "mlp 256 - 2" "cnn 64 - 2"; do
+ONE_mlp256="" ONE_cnn64=""
+for wl in "mlp 64 $G64 1" "mlp 256 $G256 1" "cnn 64 $GCNN 1" "mlp 256 - 2" "cnn 64 - 2"; do
   set -- $wl
   mode=$1 batch=$2 goal=$3 nth=$4
   d_best="" t_best="" d_rss="" flops="" t_core="" t_rss="" d_med="" t_med="" d_cpu="" t_cpu="" extra=""
@@ -142,6 +152,13 @@ for wl in "mlp 64 1.3 1" "mlp 256 1.05 1" "cnn 64 1.2 1" "mlp 256 - 2" "cnn 64 -
       'BEGIN { printf "%-22s %11.0f %11s %7s %7s | %8.1f MiB   skipped (%s)\n", n, d, "-", "-", "-", dr / 1024, why }'
   else
     printf '%-22s dtrain run failed\n' "$name"
+  fi
+  if [ "$nth" = 1 ] && [ -n "$d_best" ]; then
+    eval "ONE_$mode$batch=\$d_best"
+  elif [ -n "$d_best" ]; then
+    eval "one=\${ONE_$mode$batch:-}"
+    [ -n "$one" ] && awk -v d="$d_best" -v o="$one" -v k="$nth" \
+      'BEGIN { printf "%-22s over dtrain on one thread: %.2fx (%d threads; goal >= 1.8)\n", "", d / o, k }'
   fi
   [ -n "$extra" ] && printf '%-22s dtrain memory: %s\n' "" "$extra"
   [ -n "$t_core" ] && printf '%-22s PyTorch %s, its BLAS: OpenBLAS kernel %s\n' "" "$(field torch "$line")" "$t_core"
