@@ -4888,6 +4888,12 @@ DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
 typedef void (*dt__par_fn)(void *arg, int part, int nparts);
 DTRAIN_PRIVATE int dt__par_threads(void);
 DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg);
+/* fn(arg, lo, hi) over [0, n) cut into one run per thread, each boundary a
+ * multiple of grain, when n >= min_n and more than one thread may be used;
+ * else fn(arg, 0, n) on the caller. For loops whose elements are computed
+ * independently (the result does not depend on the cut). */
+typedef void (*dt__par_range_fn)(void *arg, int64_t lo, int64_t hi);
+DTRAIN_PRIVATE void dt__par_range(int64_t n, int64_t grain, int64_t min_n, dt__par_range_fn fn, void *arg);
 /* Marks (1) or unmarks (0) the calling thread as a strategy replica; returns
  * the previous mark. */
 DTRAIN_PRIVATE int dt__par_set_replica(int on);
@@ -9981,12 +9987,14 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int fn, float s, const ch
  * had no other consumer, and none can come after), so it is masked where it
  * stands and becomes x's gradient: 0 + go as dt_relu's backward adds it into
  * a zeroed buffer (the + 0.0f turns a -0 into +0 alike). */
-static void dt__relu_inplace_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *x = y->src[0];
-  if (!(x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) return;
-  float *go = y->grad;
-  const float *yd = y->data;
-  int64_t i = 0, n = y->size;
+/* Large tensors are cut over the intra-op threads (each element alone). */
+#define DT__RELU_PAR_MIN ((int64_t)1 << 18)
+
+static void dt__relu_inplace_bwd_range(void *arg, int64_t lo, int64_t hi) {
+  dt_tensor *y = (dt_tensor *)arg;
+  float *go = y->grad + lo;
+  const float *yd = y->data + lo;
+  int64_t i = 0, n = hi - lo;
 #ifdef DT__ELEM_SSE
   const __m128 z = _mm_setzero_ps();
   for (; i + 4 <= n; i += 4) { /* keep where y > 0 or NaN, as dt__elem_relu_backward */
@@ -9995,8 +10003,27 @@ static void dt__relu_inplace_backward(dt_graph *g, dt_tensor *y) {
   }
 #endif
   for (; i < n; i++) go[i] = yd[i] <= 0.0f ? 0.0f : go[i] + 0.0f; /* y <= 0 exactly where x <= 0 */
+}
+
+static void dt__relu_inplace_fwd_range(void *arg, int64_t lo, int64_t hi) {
+  float *d = (float *)arg + lo;
+  int64_t i = 0, n = hi - lo;
+#ifdef DT__ELEM_SSE
+  const __m128 z = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) { /* dt__elem_relu's loop, in place */
+    __m128 v = _mm_loadu_ps(d + i);
+    _mm_storeu_ps(d + i, _mm_andnot_ps(_mm_cmple_ps(v, z), v));
+  }
+#endif
+  for (; i < n; i++) d[i] = dt__map_relu(d[i], 0.0f);
+}
+
+static void dt__relu_inplace_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  if (!(x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) return;
+  dt__par_range(y->size, 1024, DT__RELU_PAR_MIN, dt__relu_inplace_bwd_range, y);
   (void)g;
-  x->grad = go;
+  x->grad = y->grad;
 }
 
 /* ops whose backward reads their inputs only, never their own result */
@@ -10030,15 +10057,7 @@ DTRAIN_API dt_tensor *dt_relu_inplace(dt_graph *g, dt_tensor *x) {
     if (!y) return NULL;
   } else {
     float *d = x->data;
-    int64_t i = 0, n = x->size;
-#ifdef DT__ELEM_SSE
-    const __m128 z = _mm_setzero_ps();
-    for (; i + 4 <= n; i += 4) { /* dt__elem_relu's loop, in place */
-      __m128 v = _mm_loadu_ps(d + i);
-      _mm_storeu_ps(d + i, _mm_andnot_ps(_mm_cmple_ps(v, z), v));
-    }
-#endif
-    for (; i < n; i++) d[i] = dt__map_relu(d[i], 0.0f);
+    dt__par_range(x->size, 1024, DT__RELU_PAR_MIN, dt__relu_inplace_fwd_range, d);
     y = dt__new_view(g, op, x->ndim, x->shape, d);
     if (!y) return NULL;
     dt__record(g, y, op, dt__relu_inplace_backward, x, NULL, NULL);
@@ -10066,6 +10085,7 @@ DT__MAP_LIST(DT__MAP_API)
 #ifdef DT__ELEM_SSE
 #  undef DT__ELEM_SSE
 #endif
+#undef DT__RELU_PAR_MIN
 #endif /* part 1 */
 /* ======== end dt_ops_elem.c ======== */
 
@@ -11635,6 +11655,54 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
   }
 }
 
+/* The bias gradient of output channels [lo, hi): each channel alone, so
+ * dt__par_range may cut the channels over the intra-op threads. */
+typedef struct dt__conv_bias_job {
+  const float *go;
+  float *gb;
+  int64_t n, pp, op;
+} dt__conv_bias_job;
+
+static void dt__conv_bias_range(void *arg, int64_t lo, int64_t hi) {
+  const dt__conv_bias_job *bj = (const dt__conv_bias_job *)arg;
+  /* In double, in four interleaved partial sums (a fixed order): one
+   * dependent chain of double adds would take most of this function. */
+  for (int64_t o = lo; o < hi; o++) {
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+#ifdef DT__CONV_SSE
+    /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
+    __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
+    for (int64_t n = 0; n < bj->n; n++) {
+      const float *r = bj->go + n * bj->op + o * bj->pp;
+      int64_t i = 0;
+      for (; i + 4 <= bj->pp; i += 4) {
+        __m128 v = _mm_loadu_ps(r + i);
+        a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
+        a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
+      }
+      for (; i < bj->pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
+    }
+    s0 = _mm_cvtsd_f64(a01);
+    s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
+    s2 = _mm_cvtsd_f64(a23);
+    s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
+#else
+    for (int64_t n = 0; n < bj->n; n++) {
+      const float *r = bj->go + n * bj->op + o * bj->pp;
+      int64_t i = 0;
+      for (; i + 4 <= bj->pp; i += 4) {
+        s0 += (double)r[i];
+        s1 += (double)r[i + 1];
+        s2 += (double)r[i + 2];
+        s3 += (double)r[i + 3];
+      }
+      for (; i < bj->pp; i++) s0 += (double)r[i];
+    }
+#endif
+    bj->gb[o] += (float)((s0 + s1) + (s2 + s3));
+  }
+}
+
 static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
   float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
@@ -11644,42 +11712,9 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   const float *go = y->grad;
   int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
   if (gb) {
-    /* In double, in four interleaved partial sums (a fixed order): one
-     * dependent chain of double adds would take most of this function. */
-    for (int64_t o = 0; o < q.o; o++) {
-      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-#ifdef DT__CONV_SSE
-      /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
-      __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
-      for (int64_t n = 0; n < q.n; n++) {
-        const float *r = go + n * op + o * q.pp;
-        int64_t i = 0;
-        for (; i + 4 <= q.pp; i += 4) {
-          __m128 v = _mm_loadu_ps(r + i);
-          a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
-          a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
-        }
-        for (; i < q.pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
-      }
-      s0 = _mm_cvtsd_f64(a01);
-      s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
-      s2 = _mm_cvtsd_f64(a23);
-      s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
-#else
-      for (int64_t n = 0; n < q.n; n++) {
-        const float *r = go + n * op + o * q.pp;
-        int64_t i = 0;
-        for (; i + 4 <= q.pp; i += 4) {
-          s0 += (double)r[i];
-          s1 += (double)r[i + 1];
-          s2 += (double)r[i + 2];
-          s3 += (double)r[i + 3];
-        }
-        for (; i < q.pp; i++) s0 += (double)r[i];
-      }
-#endif
-      gb[o] += (float)((s0 + s1) + (s2 + s3));
-    }
+    dt__conv_bias_job bj = {go, gb, q.n, q.pp, op};
+    int big = q.n * op >= ((int64_t)1 << 19); /* gradient elements above which two threads pay */
+    dt__par_range(q.o, 1, big ? 2 : q.o + 1, dt__conv_bias_range, &bj);
   }
   if (!gx && !gw) return;
   if (dt__wino_use(&q)) {
@@ -12179,10 +12214,22 @@ static const float dt__wino_g[6][5] = {
     {0.0f, 0.0f, 0.0f, 0.0f, 1.0f},
 };
 
-/* u[xi][o][c] = (G w[o][c] G^T)[xi] for every kernel of w [O, C, 5, 5]. */
-static void dt__wino_kernels(const dt__conv_geom *q, const float *w, float *u) {
-  int64_t oc = q->o * q->c;
-  for (int64_t k = 0; k < oc; k++) {
+/* The kernel transforms below, for kernels [lo, hi) (each kernel alone, so
+ * dt__par_range may cut them over the intra-op threads). */
+typedef struct dt__wino_kjob {
+  const dt__conv_geom *q;
+  const float *src;
+  float *dst;
+} dt__wino_kjob;
+#define DT__WINO_K_PAR_MIN 256 /* kernels below which one thread is faster */
+
+/* u[xi][o][c] = (G w[o][c] G^T)[xi] for kernels [lo, hi) of w [O, C, 5, 5]. */
+static void dt__wino_kernels_range(void *arg, int64_t lo, int64_t hi) {
+  const dt__wino_kjob *kj = (const dt__wino_kjob *)arg;
+  const float *w = kj->src;
+  float *u = kj->dst;
+  int64_t oc = kj->q->o * kj->q->c;
+  for (int64_t k = lo; k < hi; k++) {
     const float *g = w + k * 25;
     float t[6][5];
     for (int a = 0; a < 6; a++)
@@ -12200,10 +12247,18 @@ static void dt__wino_kernels(const dt__conv_geom *q, const float *w, float *u) {
   }
 }
 
-/* The adjoint: gw[o][c] += G^T du[.][o][c] G. */
-static void dt__wino_kernels_adjoint(const dt__conv_geom *q, const float *du, float *gw) {
-  int64_t oc = q->o * q->c;
-  for (int64_t k = 0; k < oc; k++) {
+static void dt__wino_kernels(const dt__conv_geom *q, const float *w, float *u) {
+  dt__wino_kjob j = {q, w, u};
+  dt__par_range(q->o * q->c, 16, DT__WINO_K_PAR_MIN, dt__wino_kernels_range, &j);
+}
+
+/* The adjoint: gw[o][c] += G^T du[.][o][c] G, kernels [lo, hi). */
+static void dt__wino_kernels_adjoint_range(void *arg, int64_t lo, int64_t hi) {
+  const dt__wino_kjob *kj = (const dt__wino_kjob *)arg;
+  const float *du = kj->src;
+  float *gw = kj->dst;
+  int64_t oc = kj->q->o * kj->q->c;
+  for (int64_t k = lo; k < hi; k++) {
     float t[6][5];
     for (int a = 0; a < 6; a++)
       for (int j = 0; j < 5; j++) {
@@ -12219,6 +12274,11 @@ static void dt__wino_kernels_adjoint(const dt__conv_geom *q, const float *du, fl
         g[i * 5 + j] += acc;
       }
   }
+}
+
+static void dt__wino_kernels_adjoint(const dt__conv_geom *q, const float *du, float *gw) {
+  dt__wino_kjob j = {q, du, gw};
+  dt__par_range(q->o * q->c, 16, DT__WINO_K_PAR_MIN, dt__wino_kernels_adjoint_range, &j);
 }
 
 /* The steps of a group of images, each split over the intra-op threads by
@@ -12385,6 +12445,7 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
 }
 
 #undef DT__WINO_L
+#undef DT__WINO_K_PAR_MIN
 #undef DT__WINO_COLS
 #undef DT__WINO_INLINE
 #undef DT__WV_LD
@@ -20967,6 +21028,38 @@ DTRAIN_PRIVATE void dt__fp_leave(unsigned long saved) {
 #else
   (void)saved;
 #endif
+}
+
+/* dt__par_range: [0, n) cut at multiples of grain into one run per thread. */
+typedef struct dt__par_range_job {
+  dt__par_range_fn fn;
+  void *arg;
+  int64_t n, grain;
+} dt__par_range_job;
+
+static void dt__par_range_part(void *arg, int part, int nparts) {
+  const dt__par_range_job *j = (const dt__par_range_job *)arg;
+  int64_t blocks = (j->n + j->grain - 1) / j->grain;
+  int64_t lo = blocks * part / nparts * j->grain, hi = blocks * (part + 1) / nparts * j->grain;
+  if (hi > j->n) hi = j->n;
+  if (lo < hi) j->fn(j->arg, lo, hi);
+}
+
+DTRAIN_PRIVATE void dt__par_range(int64_t n, int64_t grain, int64_t min_n, dt__par_range_fn fn, void *arg) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  int t = dt__par_threads();
+  int64_t blocks = (n + grain - 1) / grain;
+  if (t <= 1 || n < min_n || blocks < 2) {
+    fn(arg, 0, n);
+    return;
+  }
+  dt__par_range_job j;
+  j.fn = fn;
+  j.arg = arg;
+  j.n = n;
+  j.grain = grain;
+  dt__par_run((int)(blocks < t ? blocks : t), dt__par_range_part, &j);
 }
 
 /* ---- float vectors ------------------------------------------------------------------------

@@ -280,6 +280,12 @@ DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
 typedef void (*dt__par_fn)(void *arg, int part, int nparts);
 DTRAIN_PRIVATE int dt__par_threads(void);
 DTRAIN_PRIVATE void dt__par_run(int nparts, dt__par_fn fn, void *arg);
+/* fn(arg, lo, hi) over [0, n) cut into one run per thread, each boundary a
+ * multiple of grain, when n >= min_n and more than one thread may be used;
+ * else fn(arg, 0, n) on the caller. For loops whose elements are computed
+ * independently (the result does not depend on the cut). */
+typedef void (*dt__par_range_fn)(void *arg, int64_t lo, int64_t hi);
+DTRAIN_PRIVATE void dt__par_range(int64_t n, int64_t grain, int64_t min_n, dt__par_range_fn fn, void *arg);
 /* Marks (1) or unmarks (0) the calling thread as a strategy replica; returns
  * the previous mark. */
 DTRAIN_PRIVATE int dt__par_set_replica(int on);

@@ -176,6 +176,54 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
   }
 }
 
+/* The bias gradient of output channels [lo, hi): each channel alone, so
+ * dt__par_range may cut the channels over the intra-op threads. */
+typedef struct dt__conv_bias_job {
+  const float *go;
+  float *gb;
+  int64_t n, pp, op;
+} dt__conv_bias_job;
+
+static void dt__conv_bias_range(void *arg, int64_t lo, int64_t hi) {
+  const dt__conv_bias_job *bj = (const dt__conv_bias_job *)arg;
+  /* In double, in four interleaved partial sums (a fixed order): one
+   * dependent chain of double adds would take most of this function. */
+  for (int64_t o = lo; o < hi; o++) {
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+#ifdef DT__CONV_SSE
+    /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
+    __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
+    for (int64_t n = 0; n < bj->n; n++) {
+      const float *r = bj->go + n * bj->op + o * bj->pp;
+      int64_t i = 0;
+      for (; i + 4 <= bj->pp; i += 4) {
+        __m128 v = _mm_loadu_ps(r + i);
+        a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
+        a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
+      }
+      for (; i < bj->pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
+    }
+    s0 = _mm_cvtsd_f64(a01);
+    s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
+    s2 = _mm_cvtsd_f64(a23);
+    s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
+#else
+    for (int64_t n = 0; n < bj->n; n++) {
+      const float *r = bj->go + n * bj->op + o * bj->pp;
+      int64_t i = 0;
+      for (; i + 4 <= bj->pp; i += 4) {
+        s0 += (double)r[i];
+        s1 += (double)r[i + 1];
+        s2 += (double)r[i + 2];
+        s3 += (double)r[i + 3];
+      }
+      for (; i < bj->pp; i++) s0 += (double)r[i];
+    }
+#endif
+    bj->gb[o] += (float)((s0 + s1) + (s2 + s3));
+  }
+}
+
 static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
   float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
@@ -185,42 +233,9 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   const float *go = y->grad;
   int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
   if (gb) {
-    /* In double, in four interleaved partial sums (a fixed order): one
-     * dependent chain of double adds would take most of this function. */
-    for (int64_t o = 0; o < q.o; o++) {
-      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-#ifdef DT__CONV_SSE
-      /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
-      __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
-      for (int64_t n = 0; n < q.n; n++) {
-        const float *r = go + n * op + o * q.pp;
-        int64_t i = 0;
-        for (; i + 4 <= q.pp; i += 4) {
-          __m128 v = _mm_loadu_ps(r + i);
-          a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
-          a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
-        }
-        for (; i < q.pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
-      }
-      s0 = _mm_cvtsd_f64(a01);
-      s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
-      s2 = _mm_cvtsd_f64(a23);
-      s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
-#else
-      for (int64_t n = 0; n < q.n; n++) {
-        const float *r = go + n * op + o * q.pp;
-        int64_t i = 0;
-        for (; i + 4 <= q.pp; i += 4) {
-          s0 += (double)r[i];
-          s1 += (double)r[i + 1];
-          s2 += (double)r[i + 2];
-          s3 += (double)r[i + 3];
-        }
-        for (; i < q.pp; i++) s0 += (double)r[i];
-      }
-#endif
-      gb[o] += (float)((s0 + s1) + (s2 + s3));
-    }
+    dt__conv_bias_job bj = {go, gb, q.n, q.pp, op};
+    int big = q.n * op >= ((int64_t)1 << 19); /* gradient elements above which two threads pay */
+    dt__par_range(q.o, 1, big ? 2 : q.o + 1, dt__conv_bias_range, &bj);
   }
   if (!gx && !gw) return;
   if (dt__wino_use(&q)) {

@@ -238,12 +238,14 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int fn, float s, const ch
  * had no other consumer, and none can come after), so it is masked where it
  * stands and becomes x's gradient: 0 + go as dt_relu's backward adds it into
  * a zeroed buffer (the + 0.0f turns a -0 into +0 alike). */
-static void dt__relu_inplace_backward(dt_graph *g, dt_tensor *y) {
-  dt_tensor *x = y->src[0];
-  if (!(x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) return;
-  float *go = y->grad;
-  const float *yd = y->data;
-  int64_t i = 0, n = y->size;
+/* Large tensors are cut over the intra-op threads (each element alone). */
+#define DT__RELU_PAR_MIN ((int64_t)1 << 18)
+
+static void dt__relu_inplace_bwd_range(void *arg, int64_t lo, int64_t hi) {
+  dt_tensor *y = (dt_tensor *)arg;
+  float *go = y->grad + lo;
+  const float *yd = y->data + lo;
+  int64_t i = 0, n = hi - lo;
 #ifdef DT__ELEM_SSE
   const __m128 z = _mm_setzero_ps();
   for (; i + 4 <= n; i += 4) { /* keep where y > 0 or NaN, as dt__elem_relu_backward */
@@ -252,8 +254,27 @@ static void dt__relu_inplace_backward(dt_graph *g, dt_tensor *y) {
   }
 #endif
   for (; i < n; i++) go[i] = yd[i] <= 0.0f ? 0.0f : go[i] + 0.0f; /* y <= 0 exactly where x <= 0 */
+}
+
+static void dt__relu_inplace_fwd_range(void *arg, int64_t lo, int64_t hi) {
+  float *d = (float *)arg + lo;
+  int64_t i = 0, n = hi - lo;
+#ifdef DT__ELEM_SSE
+  const __m128 z = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) { /* dt__elem_relu's loop, in place */
+    __m128 v = _mm_loadu_ps(d + i);
+    _mm_storeu_ps(d + i, _mm_andnot_ps(_mm_cmple_ps(v, z), v));
+  }
+#endif
+  for (; i < n; i++) d[i] = dt__map_relu(d[i], 0.0f);
+}
+
+static void dt__relu_inplace_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *x = y->src[0];
+  if (!(x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) return;
+  dt__par_range(y->size, 1024, DT__RELU_PAR_MIN, dt__relu_inplace_bwd_range, y);
   (void)g;
-  x->grad = go;
+  x->grad = y->grad;
 }
 
 /* ops whose backward reads their inputs only, never their own result */
@@ -287,15 +308,7 @@ DTRAIN_API dt_tensor *dt_relu_inplace(dt_graph *g, dt_tensor *x) {
     if (!y) return NULL;
   } else {
     float *d = x->data;
-    int64_t i = 0, n = x->size;
-#ifdef DT__ELEM_SSE
-    const __m128 z = _mm_setzero_ps();
-    for (; i + 4 <= n; i += 4) { /* dt__elem_relu's loop, in place */
-      __m128 v = _mm_loadu_ps(d + i);
-      _mm_storeu_ps(d + i, _mm_andnot_ps(_mm_cmple_ps(v, z), v));
-    }
-#endif
-    for (; i < n; i++) d[i] = dt__map_relu(d[i], 0.0f);
+    dt__par_range(x->size, 1024, DT__RELU_PAR_MIN, dt__relu_inplace_fwd_range, d);
     y = dt__new_view(g, op, x->ndim, x->shape, d);
     if (!y) return NULL;
     dt__record(g, y, op, dt__relu_inplace_backward, x, NULL, NULL);
@@ -323,3 +336,4 @@ DT__MAP_LIST(DT__MAP_API)
 #ifdef DT__ELEM_SSE
 #  undef DT__ELEM_SSE
 #endif
+#undef DT__RELU_PAR_MIN

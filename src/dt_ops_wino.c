@@ -370,10 +370,22 @@ static const float dt__wino_g[6][5] = {
     {0.0f, 0.0f, 0.0f, 0.0f, 1.0f},
 };
 
-/* u[xi][o][c] = (G w[o][c] G^T)[xi] for every kernel of w [O, C, 5, 5]. */
-static void dt__wino_kernels(const dt__conv_geom *q, const float *w, float *u) {
-  int64_t oc = q->o * q->c;
-  for (int64_t k = 0; k < oc; k++) {
+/* The kernel transforms below, for kernels [lo, hi) (each kernel alone, so
+ * dt__par_range may cut them over the intra-op threads). */
+typedef struct dt__wino_kjob {
+  const dt__conv_geom *q;
+  const float *src;
+  float *dst;
+} dt__wino_kjob;
+#define DT__WINO_K_PAR_MIN 256 /* kernels below which one thread is faster */
+
+/* u[xi][o][c] = (G w[o][c] G^T)[xi] for kernels [lo, hi) of w [O, C, 5, 5]. */
+static void dt__wino_kernels_range(void *arg, int64_t lo, int64_t hi) {
+  const dt__wino_kjob *kj = (const dt__wino_kjob *)arg;
+  const float *w = kj->src;
+  float *u = kj->dst;
+  int64_t oc = kj->q->o * kj->q->c;
+  for (int64_t k = lo; k < hi; k++) {
     const float *g = w + k * 25;
     float t[6][5];
     for (int a = 0; a < 6; a++)
@@ -391,10 +403,18 @@ static void dt__wino_kernels(const dt__conv_geom *q, const float *w, float *u) {
   }
 }
 
-/* The adjoint: gw[o][c] += G^T du[.][o][c] G. */
-static void dt__wino_kernels_adjoint(const dt__conv_geom *q, const float *du, float *gw) {
-  int64_t oc = q->o * q->c;
-  for (int64_t k = 0; k < oc; k++) {
+static void dt__wino_kernels(const dt__conv_geom *q, const float *w, float *u) {
+  dt__wino_kjob j = {q, w, u};
+  dt__par_range(q->o * q->c, 16, DT__WINO_K_PAR_MIN, dt__wino_kernels_range, &j);
+}
+
+/* The adjoint: gw[o][c] += G^T du[.][o][c] G, kernels [lo, hi). */
+static void dt__wino_kernels_adjoint_range(void *arg, int64_t lo, int64_t hi) {
+  const dt__wino_kjob *kj = (const dt__wino_kjob *)arg;
+  const float *du = kj->src;
+  float *gw = kj->dst;
+  int64_t oc = kj->q->o * kj->q->c;
+  for (int64_t k = lo; k < hi; k++) {
     float t[6][5];
     for (int a = 0; a < 6; a++)
       for (int j = 0; j < 5; j++) {
@@ -410,6 +430,11 @@ static void dt__wino_kernels_adjoint(const dt__conv_geom *q, const float *du, fl
         g[i * 5 + j] += acc;
       }
   }
+}
+
+static void dt__wino_kernels_adjoint(const dt__conv_geom *q, const float *du, float *gw) {
+  dt__wino_kjob j = {q, du, gw};
+  dt__par_range(q->o * q->c, 16, DT__WINO_K_PAR_MIN, dt__wino_kernels_adjoint_range, &j);
 }
 
 /* The steps of a group of images, each split over the intra-op threads by
@@ -576,6 +601,7 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
 }
 
 #undef DT__WINO_L
+#undef DT__WINO_K_PAR_MIN
 #undef DT__WINO_COLS
 #undef DT__WINO_INLINE
 #undef DT__WV_LD

@@ -598,6 +598,38 @@ DTRAIN_PRIVATE void dt__fp_leave(unsigned long saved) {
 #endif
 }
 
+/* dt__par_range: [0, n) cut at multiples of grain into one run per thread. */
+typedef struct dt__par_range_job {
+  dt__par_range_fn fn;
+  void *arg;
+  int64_t n, grain;
+} dt__par_range_job;
+
+static void dt__par_range_part(void *arg, int part, int nparts) {
+  const dt__par_range_job *j = (const dt__par_range_job *)arg;
+  int64_t blocks = (j->n + j->grain - 1) / j->grain;
+  int64_t lo = blocks * part / nparts * j->grain, hi = blocks * (part + 1) / nparts * j->grain;
+  if (hi > j->n) hi = j->n;
+  if (lo < hi) j->fn(j->arg, lo, hi);
+}
+
+DTRAIN_PRIVATE void dt__par_range(int64_t n, int64_t grain, int64_t min_n, dt__par_range_fn fn, void *arg) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  int t = dt__par_threads();
+  int64_t blocks = (n + grain - 1) / grain;
+  if (t <= 1 || n < min_n || blocks < 2) {
+    fn(arg, 0, n);
+    return;
+  }
+  dt__par_range_job j;
+  j.fn = fn;
+  j.arg = arg;
+  j.n = n;
+  j.grain = grain;
+  dt__par_run((int)(blocks < t ? blocks : t), dt__par_range_part, &j);
+}
+
 /* ---- float vectors ------------------------------------------------------------------------
  * dt__vec_add (dt_internal.h): AVX picked at run time on x86-64 (a function
  * attribute, so a plain -O2 build uses it where the CPU has it), SSE and NEON

@@ -3,9 +3,9 @@
  * portable path can be forced by environment or call), the SIMD fast paths
  * of Adam, ReLU, 2x2 max pooling and the im2col span copy (same results as
  * the plain definitions), dt_memory_stats, and the intra-op threads
- * (dt_set_threads: GEMM, Adam, Winograd and max pooling bit for bit as with one thread, the
- * DTRAIN_THREADS variable, one thread inside strategy replicas, concurrent
- * callers). */
+ * (dt_set_threads: GEMM, Adam, Winograd, bias gradients, ReLU in place
+ * and max pooling bit for bit as with one thread, the DTRAIN_THREADS
+ * variable, one thread inside strategy replicas, concurrent callers). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 /* A private copy of the implementation: the intra-op tests look at the
  * replica mark (dt__par_set_replica / dt__par_threads). */
@@ -1108,6 +1108,58 @@ static void test_pool_threads_bitwise(void) {
   free(x);
 }
 
+/* A convolution block large enough that every piece is split: the Winograd
+ * kernel transforms (512 kernels) and their adjoint, the bias gradient (a
+ * 524,288-element output gradient, cut by channels), dt_relu_inplace forward
+ * and backward, max pooling; forward values and every gradient are the same
+ * bits at 1..3 threads. */
+static void test_conv_block_threads_bitwise(void) {
+  int64_t xs[4] = {16, 16, 32, 32}, ws[4] = {32, 16, 5, 5}, bs[1] = {32};
+  int64_t nx = 16 * 16 * 32 * 32, nw = 32 * 16 * 25;
+  float *x = (float *)malloc((size_t)nx * sizeof(float)), *w = (float *)malloc((size_t)nw * sizeof(float));
+  float b[32];
+  th_seed(78);
+  th_fill(x, nx, -1, 1);
+  th_fill(w, nw, -0.2f, 0.2f);
+  th_fill(b, 32, -0.5f, 0.5f);
+  float *want = NULL;
+  size_t bytes = 0;
+  int same = 1, runs = 0;
+  for (int th = 1; th <= 3; th++) {
+    if (dt_set_threads(th) != DTRAIN_OK) continue;
+    dt_graph *g = dt_graph_create(NULL, NULL);
+    dt_tensor *tx = dt_tensor_from(g, 4, xs, x), *tw = dt_tensor_from(g, 4, ws, w), *tb = dt_tensor_from(g, 1, bs, b);
+    dt_tensor_set_requires_grad(tx, 1);
+    dt_tensor_set_requires_grad(tw, 1);
+    dt_tensor_set_requires_grad(tb, 1);
+    dt_tensor *y = dt_max_pool2d(g, dt_relu_inplace(g, dt_conv2d(g, tx, tw, tb, 1, 2)), 2, 2);
+    CHECK(y && dt_backward_grad(g, y, y->data) == DTRAIN_OK); /* loss = sum(y^2)/2 */
+    if (y && tx->grad && tw->grad && tb->grad) {
+      size_t n = (size_t)(y->size + tx->size + tw->size + tb->size);
+      float *buf = (float *)malloc(n * sizeof(float)), *p = buf;
+      memcpy(p, y->data, (size_t)y->size * sizeof(float));
+      memcpy(p += y->size, tx->grad, (size_t)tx->size * sizeof(float));
+      memcpy(p += tx->size, tw->grad, (size_t)tw->size * sizeof(float));
+      memcpy(p + tw->size, tb->grad, (size_t)tb->size * sizeof(float));
+      runs++;
+      if (!want) {
+        want = buf;
+        bytes = n * sizeof(float);
+      } else {
+        same &= memcmp(want, buf, bytes) == 0;
+        free(buf);
+      }
+    }
+    dt_graph_destroy(g);
+  }
+  dt_set_threads(1);
+  CHECK(runs == (have_threads() ? 3 : 1));
+  CHECK_MSG(same, "%s", "conv + relu_inplace + max pool differ between thread counts");
+  free(want);
+  free(x);
+  free(w);
+}
+
 /* A child of fork() after the pool started has none of its threads: its
  * first parallel GEMM must start a pool of its own, not wait forever. */
 #if defined(__SANITIZE_THREAD__)
@@ -1281,6 +1333,7 @@ int main(void) {
   RUN(test_adam_threads_bitwise);
   RUN(test_conv_winograd_threads_bitwise);
   RUN(test_pool_threads_bitwise);
+  RUN(test_conv_block_threads_bitwise);
   RUN(test_threads_after_fork);
   fresh_stop();
   return th_summary("speed");
