@@ -29,7 +29,7 @@
 
 
 /* Grouping: images are put side by side only while an image has fewer than
- * DT__CONV_COLS output positions (the GEMM's B panel is 192 wide), and only
+ * DT__CONV_COLS output positions (a B panel of the GEMM was 192 wide), and only
  * as far as the column matrix stays within DT__CONV_CAP floats (1 MiB, a
  * typical L2 cache): the matrix im2col writes is read back by the GEMM's
  * packing while it is still in cache, and with one image per GEMM the
@@ -277,6 +277,50 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   dt__arena_release(g, scratch);
 }
 
+/* The forward pass one image at a time on several intra-op threads at once,
+ * where each image's product is too small to split (below about a million
+ * multiply-adds, dt_sgemm keeps it on one thread): a layer with few input
+ * channels on a large image, the CNN's first. Each part has its own column
+ * buffer and computes its images exactly as the one-thread loop below does
+ * (the same im2col, bias and product), so the output is the same bits.
+ * Returns 0 (nothing done) where that does not apply, 1 when it ran (or
+ * the arena failed: g->err says). */
+typedef struct dt__conv_fwd_job {
+  const dt__conv_geom *q;
+  const float *x, *w, *b;
+  float *y, *col;
+} dt__conv_fwd_job;
+
+static void dt__conv_fwd_part(void *arg, int part, int nparts) {
+  const dt__conv_fwd_job *j = (const dt__conv_fwd_job *)arg;
+  const dt__conv_geom *q = j->q;
+  int64_t chw = q->c * q->h * q->w, op = q->o * q->pp;
+  float *col = j->col + (int64_t)part * q->k * q->pp;
+  for (int64_t n = q->n * part / nparts; n < q->n * (part + 1) / nparts; n++) {
+    float *out = j->y + n * op;
+    dt__conv_im2col(q, j->x + n * chw, col, q->pp);
+    if (j->b)
+      for (int64_t o = 0; o < q->o; o++)
+        for (int64_t i = 0; i < q->pp; i++) out[o * q->pp + i] = j->b[o];
+    dt_sgemm(0, 0, q->o, q->pp, q->k, 1.0f, j->w, q->k, col, q->pp, j->b ? 1.0f : 0.0f, out, q->pp);
+  }
+}
+
+static int dt__conv_forward_by_images(dt_graph *g, const dt__conv_geom *q, const dt_tensor *x, const dt_tensor *w,
+                                      const dt_tensor *b, dt_tensor *y) {
+  int t = dt__par_threads();
+  if (t < 2 || q->nb != 1 || q->direct || q->n < 2 || (double)q->o * (double)q->pp * (double)q->k >= (double)(1 << 20))
+    return 0;
+  int parts = (int)DT__MIN((int64_t)t, q->n);
+  dt__arena_pos scratch = dt__arena_mark(g); /* the columns: this call's only */
+  float *col = dt__arena_floats(g, (int64_t)parts * q->k * q->pp);
+  if (g->err != DTRAIN_OK) return 1;
+  dt__conv_fwd_job j = {q, x->data, w->data, b ? b->data : NULL, y->data, col};
+  dt__par_run(parts, dt__conv_fwd_part, &j);
+  dt__arena_release(g, scratch);
+  return 1;
+}
+
 DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
   static const char *op = "dt_conv2d";
   if (b ? !dt__begin(g, op, 3, x, w, b) : !dt__begin(g, op, 2, x, w)) return NULL;
@@ -323,6 +367,13 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
     return dt__finish(g, y);
   }
   int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
+  if (dt__conv_forward_by_images(g, &q, x, w, b, y)) {
+    if (g->err != DTRAIN_OK) return NULL;
+    y->iaux[0] = stride;
+    y->iaux[1] = padding;
+    dt__record(g, y, op, dt__conv_backward, x, w, b);
+    return dt__finish(g, y);
+  }
   dt__arena_pos scratch = dt__arena_mark(g); /* the columns: this call's only */
   float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
   float *tmp = q.nb > 1 ? dt__arena_floats(g, q.o * cols) : NULL;

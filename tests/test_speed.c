@@ -1111,8 +1111,10 @@ static void test_pool_threads_bitwise(void) {
 /* A convolution block large enough that every piece is split: the Winograd
  * kernel transforms (512 kernels) and their adjoint, the bias gradient (a
  * 524,288-element output gradient, cut by channels), dt_relu_inplace forward
- * and backward, max pooling; forward values and every gradient are the same
- * bits at 1..3 threads. */
+ * and backward, max pooling; and a one-channel 5x5 convolution on 28x28
+ * images (im2col; each image's product too small to split, so the images
+ * go to the threads: dt_conv2d's forward by images). Forward values and
+ * every gradient are the same bits at 1..3 threads. */
 static void test_conv_block_threads_bitwise(void) {
   int64_t xs[4] = {16, 16, 32, 32}, ws[4] = {32, 16, 5, 5}, bs[1] = {32};
   int64_t nx = 16 * 16 * 32 * 32, nw = 32 * 16 * 25;
@@ -1134,13 +1136,19 @@ static void test_conv_block_threads_bitwise(void) {
     dt_tensor_set_requires_grad(tb, 1);
     dt_tensor *y = dt_max_pool2d(g, dt_relu_inplace(g, dt_conv2d(g, tx, tw, tb, 1, 2)), 2, 2);
     CHECK(y && dt_backward_grad(g, y, y->data) == DTRAIN_OK); /* loss = sum(y^2)/2 */
-    if (y && tx->grad && tw->grad && tb->grad) {
-      size_t n = (size_t)(y->size + tx->size + tw->size + tb->size);
+    /* the one-channel layer: images of 28x28 from x's data, 8 filters (w's first) */
+    int64_t x1s[4] = {9, 1, 28, 28}, w1s[4] = {8, 1, 5, 5}, b1s[1] = {8};
+    dt_tensor *y1 = dt_conv2d(g, dt_tensor_from(g, 4, x1s, x), dt_tensor_from(g, 4, w1s, w),
+                              dt_tensor_from(g, 1, b1s, b), 1, 2);
+    CHECK(y1 != NULL);
+    if (y && y1 && tx->grad && tw->grad && tb->grad) {
+      size_t n = (size_t)(y->size + tx->size + tw->size + tb->size + y1->size);
       float *buf = (float *)malloc(n * sizeof(float)), *p = buf;
       memcpy(p, y->data, (size_t)y->size * sizeof(float));
       memcpy(p += y->size, tx->grad, (size_t)tx->size * sizeof(float));
       memcpy(p += tx->size, tw->grad, (size_t)tw->size * sizeof(float));
-      memcpy(p + tw->size, tb->grad, (size_t)tb->size * sizeof(float));
+      memcpy(p += tw->size, tb->grad, (size_t)tb->size * sizeof(float));
+      memcpy(p + tb->size, y1->data, (size_t)y1->size * sizeof(float));
       runs++;
       if (!want) {
         want = buf;
