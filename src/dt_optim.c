@@ -424,26 +424,16 @@ typedef struct dt__optim_adam_job {
   int decoupled;
   float *p, *m, *v;
   const float *g;
-  size_t n;
 } dt__optim_adam_job;
 
-static void dt__optim_adam_part(void *arg, int part, int nparts) {
+static void dt__optim_adam_range(void *arg, int64_t lo, int64_t hi) {
   const dt__optim_adam_job *j = (const dt__optim_adam_job *)arg;
-  size_t blocks = (j->n + 63) / 64;
-  size_t lo = blocks * (size_t)part / (size_t)nparts * 64, hi = blocks * (size_t)(part + 1) / (size_t)nparts * 64;
-  if (hi > j->n) hi = j->n;
-  if (lo < hi)
-    dt__optim_adam_run(j->o, j->lr, j->wd, j->decoupled, j->p + lo, j->g + lo, j->m + lo, j->v + lo, hi - lo, j->p + lo,
-                       0);
+  dt__optim_adam_run(j->o, j->lr, j->wd, j->decoupled, j->p + lo, j->g + lo, j->m + lo, j->v + lo, (size_t)(hi - lo),
+                     j->p + lo, 0);
 }
 
 static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled, float *p, const float *g, float *m,
                            float *v, size_t n) {
-  int threads = n >= DT__OPTIM_PAR_MIN ? dt__par_threads() : 1;
-  if (threads <= 1) {
-    dt__optim_adam_run(o, lr, wd, decoupled, p, g, m, v, n, p, 0);
-    return;
-  }
   dt__optim_adam_job j;
   j.o = o;
   j.lr = lr;
@@ -453,8 +443,7 @@ static void dt__optim_adam(const dt_optim *o, float lr, float wd, int decoupled,
   j.g = g;
   j.m = m;
   j.v = v;
-  j.n = n;
-  dt__par_run(threads, dt__optim_adam_part, &j);
+  dt__par_range((int64_t)n, 64, (int64_t)DT__OPTIM_PAR_MIN, dt__optim_adam_range, &j);
 }
 #undef DT__OPTIM_PAR_MIN
 

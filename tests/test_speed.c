@@ -1003,108 +1003,141 @@ static void test_adam_threads_bitwise(void) {
   for (int k = 0; k < 3; k++) free(want[k]);
 }
 
-/* The Winograd convolution (5x5, stride 1, >= 8 channels), forward and
- * backward, split over 2 and 3 threads by planes and by transformed tile
- * positions: the same bits as one thread. 19 images in groups of 8, 8, 3;
- * odd output width (a partial last tile). */
-static void test_conv_winograd_threads_bitwise(void) {
-  int64_t xs[4] = {19, 9, 10, 9}, ws[4] = {12, 9, 5, 5}, bs[1] = {12};
-  int64_t nx = 19 * 9 * 10 * 9, nw = 12 * 9 * 25;
-  float *x = (float *)malloc((size_t)nx * sizeof(float)), *w = (float *)malloc((size_t)nw * sizeof(float));
-  float b[12];
-  th_seed(77);
-  th_fill(x, nx, -1, 1);
-  th_fill(w, nw, -1, 1);
-  th_fill(b, 12, -1, 1);
+/* ---- results at 1..3 intra-op threads ------------------------------------------------
+ * same_at_threads runs fn at 1, 2 and 3 threads (1 only without threads);
+ * fn builds its graph in g and returns a malloc'd copy of what it computed
+ * (values and gradients), *bytes long, or NULL when the graph failed. Every
+ * run must succeed and give the first run's bytes. */
+typedef float *(*threads_case_fn)(dt_graph *g, const void *ctx, size_t *bytes);
+
+static void same_at_threads(const char *what, threads_case_fn fn, const void *ctx) {
   float *want = NULL;
-  size_t bytes = 0;
+  size_t want_bytes = 0;
   int same = 1, runs = 0;
   for (int th = 1; th <= 3; th++) {
     if (dt_set_threads(th) != DTRAIN_OK) continue;
     dt_graph *g = dt_graph_create(NULL, NULL);
-    dt_tensor *tx = dt_tensor_from(g, 4, xs, x), *tw = dt_tensor_from(g, 4, ws, w), *tb = dt_tensor_from(g, 1, bs, b);
-    dt_tensor_set_requires_grad(tx, 1);
-    dt_tensor_set_requires_grad(tw, 1);
-    dt_tensor_set_requires_grad(tb, 1);
-    dt_tensor *y = dt_conv2d(g, tx, tw, tb, 1, 2);
-    CHECK(y && dt_backward_grad(g, y, y->data) == DTRAIN_OK); /* loss = sum(y^2)/2 */
-    if (y && tx->grad && tw->grad && tb->grad) {
-      size_t n = (size_t)(y->size + tx->size + tw->size + tb->size);
-      float *buf = (float *)malloc(n * sizeof(float)), *p = buf;
-      memcpy(p, y->data, (size_t)y->size * sizeof(float));
-      memcpy(p += y->size, tx->grad, (size_t)tx->size * sizeof(float));
-      memcpy(p += tx->size, tw->grad, (size_t)tw->size * sizeof(float));
-      memcpy(p + tw->size, tb->grad, (size_t)tb->size * sizeof(float));
+    size_t bytes = 0;
+    float *got = g ? fn(g, ctx, &bytes) : NULL;
+    CHECK_MSG(got != NULL, "%s at %d threads: %s", what, th, dt_last_error());
+    if (got) {
       runs++;
       if (!want) {
-        want = buf;
-        bytes = n * sizeof(float);
+        want = got;
+        want_bytes = bytes;
       } else {
-        same &= memcmp(want, buf, bytes) == 0;
-        free(buf);
+        same &= bytes == want_bytes && memcmp(want, got, bytes) == 0;
+        free(got);
       }
     }
     dt_graph_destroy(g);
   }
   dt_set_threads(1);
-  CHECK(runs == (have_threads() ? 3 : 1));
-  CHECK_MSG(same, "%s", "Winograd convolution differs between thread counts");
+  CHECK_MSG(runs == (have_threads() ? 3 : 1), "%s: %d runs", what, runs);
+  CHECK_MSG(same, "%s differs between thread counts", what);
   free(want);
-  free(x);
-  free(w);
+}
+
+/* y, then the gradients of the inputs that have one (NULL: skipped), into one buffer. */
+static float *collect(size_t *bytes, dt_tensor *y, dt_tensor *const *ins, int nins) {
+  int64_t n = y->size;
+  for (int i = 0; i < nins; i++) {
+    if (!ins[i]->grad) return NULL;
+    n += ins[i]->size;
+  }
+  float *buf = (float *)malloc((size_t)n * sizeof(float)), *p = buf;
+  if (!buf) return NULL;
+  memcpy(p, y->data, (size_t)y->size * sizeof(float));
+  p += y->size;
+  for (int i = 0; i < nins; i++) {
+    memcpy(p, ins[i]->grad, (size_t)ins[i]->size * sizeof(float));
+    p += ins[i]->size;
+  }
+  *bytes = (size_t)n * sizeof(float);
+  return buf;
+}
+
+/* The inputs of the convolution cases: x, w, b and their shapes. */
+typedef struct conv_case {
+  int64_t xs[4], ws[4], bs[1];
+  float *x, *w, *b;
+} conv_case;
+
+static void conv_case_fill(conv_case *c, uint64_t seed, float wscale) {
+  int64_t nx = c->xs[0] * c->xs[1] * c->xs[2] * c->xs[3], nw = c->ws[0] * c->ws[1] * c->ws[2] * c->ws[3];
+  c->x = (float *)malloc((size_t)nx * sizeof(float));
+  c->w = (float *)malloc((size_t)nw * sizeof(float));
+  c->b = (float *)malloc((size_t)c->bs[0] * sizeof(float));
+  th_seed(seed);
+  th_fill(c->x, nx, -1, 1);
+  th_fill(c->w, nw, -wscale, wscale);
+  th_fill(c->b, c->bs[0], -0.5f, 0.5f);
+}
+
+static void conv_case_free(conv_case *c) {
+  free(c->x);
+  free(c->w);
+  free(c->b);
+}
+
+/* The Winograd convolution (5x5, stride 1, >= 8 channels), forward and
+ * backward, split over 2 and 3 threads by planes and by transformed tile
+ * positions: the same bits as one thread. 19 images in groups of 8, 8, 3;
+ * odd output width (a partial last tile). */
+static float *winograd_case(dt_graph *g, const void *ctx, size_t *bytes) {
+  const conv_case *c = (const conv_case *)ctx;
+  dt_tensor *in[3] = {dt_tensor_from(g, 4, c->xs, c->x), dt_tensor_from(g, 4, c->ws, c->w),
+                      dt_tensor_from(g, 1, c->bs, c->b)};
+  for (int i = 0; i < 3; i++) dt_tensor_set_requires_grad(in[i], 1);
+  dt_tensor *y = dt_conv2d(g, in[0], in[1], in[2], 1, 2);
+  if (!y || dt_backward_grad(g, y, y->data) != DTRAIN_OK) return NULL; /* loss = sum(y^2)/2 */
+  return collect(bytes, y, in, 3);
+}
+
+static void test_conv_winograd_threads_bitwise(void) {
+  conv_case c = {{19, 9, 10, 9}, {12, 9, 5, 5}, {12}, NULL, NULL, NULL};
+  conv_case_fill(&c, 77, 1.0f);
+  same_at_threads("Winograd convolution", winograd_case, &c);
+  conv_case_free(&c);
 }
 
 /* Max pooling, forward and backward, split over 2 and 3 threads by planes:
  * the same bits as one thread, for 2x2/2 (the SIMD windows, an odd width
  * with a scalar tail), 3x3/2 (overlapping windows: the backward adds to one
  * input from two windows) and ties and NaNs (the first maximum, the last
- * NaN). 37 planes of 40x41, so the parts get uneven plane counts. */
+ * NaN). 37 planes of 40x41 (above DT__POOL_PAR_MIN: split), so the parts
+ * get uneven plane counts. */
+typedef struct pool_case {
+  const float *x;
+  int k, s;
+} pool_case;
+
+static float *pool_case_run(dt_graph *g, const void *ctx, size_t *bytes) {
+  const pool_case *c = (const pool_case *)ctx;
+  int64_t xs[4] = {37, 1, 40, 41};
+  dt_tensor *tx = dt_tensor_from(g, 4, xs, c->x);
+  dt_tensor_set_requires_grad(tx, 1);
+  dt_tensor *y = dt_max_pool2d(g, tx, c->k, c->s);
+  if (!y) return NULL;
+  float *gy = (float *)malloc((size_t)y->size * sizeof(float));
+  if (!gy) return NULL;
+  for (int64_t i = 0; i < y->size; i++) gy[i] = (float)(i % 7) - 3.0f;
+  dt_result r = dt_backward_grad(g, y, gy);
+  free(gy);
+  return r == DTRAIN_OK ? collect(bytes, y, &tx, 1) : NULL;
+}
+
 static void test_pool_threads_bitwise(void) {
-  int64_t xs[4] = {37, 1, 40, 41}, nx = 37 * 40 * 41; /* above DT__POOL_PAR_MIN: split */
+  int64_t nx = 37 * 40 * 41;
   float *x = (float *)malloc((size_t)nx * sizeof(float));
   th_seed(91);
   for (int64_t i = 0; i < nx; i++) x[i] = (float)(int)th_uniform(-4, 4); /* many ties */
   x[20] = NAN;
   x[nx - 3] = NAN;
   x[nx - 4] = NAN;
-  static const int shapes[2][2] = {{2, 2}, {3, 2}};
-  for (int c = 0; c < 2; c++) {
-    float *want = NULL;
-    size_t bytes = 0;
-    int same = 1, runs = 0;
-    for (int th = 1; th <= 3; th++) {
-      if (dt_set_threads(th) != DTRAIN_OK) continue;
-      dt_graph *g = dt_graph_create(NULL, NULL);
-      dt_tensor *tx = dt_tensor_from(g, 4, xs, x);
-      dt_tensor_set_requires_grad(tx, 1);
-      dt_tensor *y = dt_max_pool2d(g, tx, shapes[c][0], shapes[c][1]);
-      float *gy = y ? (float *)malloc((size_t)y->size * sizeof(float)) : NULL;
-      if (gy)
-        for (int64_t i = 0; i < y->size; i++) gy[i] = (float)(i % 7) - 3.0f;
-      CHECK(y && gy && dt_backward_grad(g, y, gy) == DTRAIN_OK);
-      if (y && gy && tx->grad) {
-        size_t n = (size_t)(y->size + tx->size);
-        float *buf = (float *)malloc(n * sizeof(float));
-        memcpy(buf, y->data, (size_t)y->size * sizeof(float));
-        memcpy(buf + y->size, tx->grad, (size_t)tx->size * sizeof(float));
-        runs++;
-        if (!want) {
-          want = buf;
-          bytes = n * sizeof(float);
-        } else {
-          same &= memcmp(want, buf, bytes) == 0;
-          free(buf);
-        }
-      }
-      free(gy);
-      dt_graph_destroy(g);
-    }
-    dt_set_threads(1);
-    CHECK(runs == (have_threads() ? 3 : 1));
-    CHECK_MSG(same, "max pool %dx%d stride %d differs between thread counts", shapes[c][0], shapes[c][0],
-              shapes[c][1]);
-    free(want);
-  }
+  pool_case c2 = {x, 2, 2}, c3 = {x, 3, 2};
+  same_at_threads("max pool 2x2 stride 2", pool_case_run, &c2);
+  same_at_threads("max pool 3x3 stride 2", pool_case_run, &c3);
   free(x);
 }
 
@@ -1115,57 +1148,38 @@ static void test_pool_threads_bitwise(void) {
  * images (im2col; each image's product too small to split, so the images
  * go to the threads: dt_conv2d's forward by images). Forward values and
  * every gradient are the same bits at 1..3 threads. */
-static void test_conv_block_threads_bitwise(void) {
-  int64_t xs[4] = {16, 16, 32, 32}, ws[4] = {32, 16, 5, 5}, bs[1] = {32};
-  int64_t nx = 16 * 16 * 32 * 32, nw = 32 * 16 * 25;
-  float *x = (float *)malloc((size_t)nx * sizeof(float)), *w = (float *)malloc((size_t)nw * sizeof(float));
-  float b[32];
-  th_seed(78);
-  th_fill(x, nx, -1, 1);
-  th_fill(w, nw, -0.2f, 0.2f);
-  th_fill(b, 32, -0.5f, 0.5f);
-  float *want = NULL;
-  size_t bytes = 0;
-  int same = 1, runs = 0;
-  for (int th = 1; th <= 3; th++) {
-    if (dt_set_threads(th) != DTRAIN_OK) continue;
-    dt_graph *g = dt_graph_create(NULL, NULL);
-    dt_tensor *tx = dt_tensor_from(g, 4, xs, x), *tw = dt_tensor_from(g, 4, ws, w), *tb = dt_tensor_from(g, 1, bs, b);
-    dt_tensor_set_requires_grad(tx, 1);
-    dt_tensor_set_requires_grad(tw, 1);
-    dt_tensor_set_requires_grad(tb, 1);
-    dt_tensor *y = dt_max_pool2d(g, dt_relu_inplace(g, dt_conv2d(g, tx, tw, tb, 1, 2)), 2, 2);
-    CHECK(y && dt_backward_grad(g, y, y->data) == DTRAIN_OK); /* loss = sum(y^2)/2 */
-    /* the one-channel layer: images of 28x28 from x's data, 8 filters (w's first) */
-    int64_t x1s[4] = {9, 1, 28, 28}, w1s[4] = {8, 1, 5, 5}, b1s[1] = {8};
-    dt_tensor *y1 = dt_conv2d(g, dt_tensor_from(g, 4, x1s, x), dt_tensor_from(g, 4, w1s, w),
-                              dt_tensor_from(g, 1, b1s, b), 1, 2);
-    CHECK(y1 != NULL);
-    if (y && y1 && tx->grad && tw->grad && tb->grad) {
-      size_t n = (size_t)(y->size + tx->size + tw->size + tb->size + y1->size);
-      float *buf = (float *)malloc(n * sizeof(float)), *p = buf;
-      memcpy(p, y->data, (size_t)y->size * sizeof(float));
-      memcpy(p += y->size, tx->grad, (size_t)tx->size * sizeof(float));
-      memcpy(p += tx->size, tw->grad, (size_t)tw->size * sizeof(float));
-      memcpy(p += tw->size, tb->grad, (size_t)tb->size * sizeof(float));
-      memcpy(p + tb->size, y1->data, (size_t)y1->size * sizeof(float));
-      runs++;
-      if (!want) {
-        want = buf;
-        bytes = n * sizeof(float);
-      } else {
-        same &= memcmp(want, buf, bytes) == 0;
-        free(buf);
-      }
-    }
-    dt_graph_destroy(g);
+static float *conv_block_case(dt_graph *g, const void *ctx, size_t *bytes) {
+  const conv_case *c = (const conv_case *)ctx;
+  dt_tensor *in[3] = {dt_tensor_from(g, 4, c->xs, c->x), dt_tensor_from(g, 4, c->ws, c->w),
+                      dt_tensor_from(g, 1, c->bs, c->b)};
+  for (int i = 0; i < 3; i++) dt_tensor_set_requires_grad(in[i], 1);
+  dt_tensor *y = dt_max_pool2d(g, dt_relu_inplace(g, dt_conv2d(g, in[0], in[1], in[2], 1, 2)), 2, 2);
+  if (!y || dt_backward_grad(g, y, y->data) != DTRAIN_OK) return NULL; /* loss = sum(y^2)/2 */
+  /* the one-channel layer: images of 28x28 from x's data, 8 filters (w's first) */
+  int64_t x1s[4] = {9, 1, 28, 28}, w1s[4] = {8, 1, 5, 5}, b1s[1] = {8};
+  dt_tensor *y1 = dt_conv2d(g, dt_tensor_from(g, 4, x1s, c->x), dt_tensor_from(g, 4, w1s, c->w),
+                            dt_tensor_from(g, 1, b1s, c->b), 1, 2);
+  size_t nb = 0;
+  float *block = collect(&nb, y, in, 3);
+  if (!y1 || !block) {
+    free(block);
+    return NULL;
   }
-  dt_set_threads(1);
-  CHECK(runs == (have_threads() ? 3 : 1));
-  CHECK_MSG(same, "%s", "conv + relu_inplace + max pool differ between thread counts");
-  free(want);
-  free(x);
-  free(w);
+  float *all = (float *)realloc(block, nb + (size_t)y1->size * sizeof(float));
+  if (!all) {
+    free(block);
+    return NULL;
+  }
+  memcpy((char *)all + nb, y1->data, (size_t)y1->size * sizeof(float));
+  *bytes = nb + (size_t)y1->size * sizeof(float);
+  return all;
+}
+
+static void test_conv_block_threads_bitwise(void) {
+  conv_case c = {{16, 16, 32, 32}, {32, 16, 5, 5}, {32}, NULL, NULL, NULL};
+  conv_case_fill(&c, 78, 0.2f);
+  same_at_threads("conv + relu_inplace + max pool, and a one-channel conv", conv_block_case, &c);
+  conv_case_free(&c);
 }
 
 /* A child of fork() after the pool started has none of its threads: its
