@@ -132,9 +132,17 @@ while [ -z "$r0" ] && [ $k -lt 100 ]; do
   done
   [ -n "$r0" ] || sleep 0.05; k=$((k + 1))
 done
-# kill once its first checkpoint exists (it is training and saving by then)
+# kill once its first checkpoint exists and it has saved 1-4 more (each save renames a new
+# file into place: a new inode), so the kill lands while it trains and saves. (A fixed
+# 0.1-0.7 s after the first save could land after the job's last step: the whole run is
+# about half a second, and a kill that came too late read as a failed restart.)
 k=0; while [ ! -f "$T/mr2.safetensors" ] && [ $k -lt 200 ]; do sleep 0.02; k=$((k + 1)); done
-sleep 0.$(( $$ % 7 + 1 ))
+want=$(( $$ % 4 + 1 )); seen=0; k=0; ino=$(stat -c %i "$T/mr2.safetensors" 2>/dev/null)
+while [ $seen -lt $want ] && [ $k -lt 400 ]; do
+  now=$(stat -c %i "$T/mr2.safetensors" 2>/dev/null)
+  if [ -n "$now" ] && [ "$now" != "$ino" ]; then seen=$((seen + 1)); ino=$now; fi
+  sleep 0.005; k=$((k + 1))
+done
 [ -n "$r0" ] && kill -KILL "$r0" 2>/dev/null
 wait $lp; rc=$?
 if [ -n "$r0" ] && [ $rc = 0 ] && [ "$(sums "$T/mr2.out")" = "$ref" ] && grep -q 'restart 1 of 1' "$T/mr2.out" &&
