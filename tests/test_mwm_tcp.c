@@ -238,9 +238,26 @@ static void child(const run *R, int rank) {
   dt_comm_destroy(comm);
 }
 
+/* What run_world is waiting for, so that the whole-test alarm says where it
+ * was stuck (a write from the handler, then the default action). */
+static char world_now[160] = "set-up";
+
+static void on_alarm(int sig) {
+  static const char pre[] = "test_mwm_tcp: the alarm went off while waiting for ";
+  ssize_t w = write(2, pre, sizeof pre - 1);
+  w = write(2, world_now, strlen(world_now));
+  w = write(2, "\n", 1);
+  (void)w;
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 /* Forks W ranks; returns after reaping them all (a victim is killed once
  * the survivors are done). */
 static void run_world(const run *R) {
+  snprintf(world_now, sizeof world_now,
+           "run_world: %d processes x %d threads, victim %d (signal %d), compress %d, overlap %d/%d, converge %d",
+           R->W, R->N, R->victim, R->sig, (int)R->compress.kind, R->overlap, R->ov, R->converge);
   for (int r = 0; r < R->W; r++) {
     if (dt__net_listen("127.0.0.1:0", &lfd[r]) != DTRAIN_OK) {
       CHECK_MSG(0, "listen: %s", dt_last_error());
@@ -254,6 +271,7 @@ static void run_world(const run *R) {
   for (int r = 0; r < R->W; r++) {
     pid[r] = fork();
     if (pid[r] == 0) {
+      snprintf(world_now, sizeof world_now, "rank %d's own work (its 60 s alarm)", r);
       alarm(60);
       for (int j = 0; j < R->W; j++)
         if (j != r) close(lfd[j]);
@@ -520,6 +538,7 @@ static void test_overlap(void) {
 
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
+  signal(SIGALRM, on_alarm);
   alarm(240);
   make_data();
   TH_RUN(test_equals_mirrored);
