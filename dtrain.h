@@ -4870,6 +4870,17 @@ static DT__UNUSED uint64_t dt__fnv1a64(uint64_t h, const void *data, size_t n) {
   return h;
 }
 
+/* ---- CPU features (dt_base.c) ---------------------------------------------------
+ * DT__CPU_X86: an x86-64 build with GCC or clang and SIMD, where the AVX2 and
+ * AVX-512 kernels are compiled in (function attributes) and the CPU is asked
+ * at run time which it can run. Elsewhere each answer is 0. */
+#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__CPU_X86 1
+#endif
+DTRAIN_PRIVATE int dt__cpu_avx2(void);   /* AVX2 and FMA */
+DTRAIN_PRIVATE int dt__cpu_avx512(void); /* those and AVX-512F */
+DTRAIN_PRIVATE int dt__cpu_bf16(void);   /* those and AVX-512BW and AVX512_BF16 */
+
 /* ---- RNG (dt_rng.c) ---------------------------------------------------------- */
 DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
 
@@ -5140,7 +5151,7 @@ DTRAIN_PRIVATE int dt__simd_level(void);
  * dt_sgemm is the public entry; ops call it directly. DT__X86_SIMD: x86-64
  * with GCC or clang, where the AVX2 and AVX-512 kernels are compiled (with
  * function attributes) and picked at run time. */
-#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#ifdef DT__CPU_X86 /* dt_internal.h */
 #  define DT__X86_SIMD 1
 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
                                           float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
@@ -5150,7 +5161,6 @@ DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, int64_t k, float a
                                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 DTRAIN_PRIVATE void dt__gemm_pack_bt_avx512(const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
                                             int64_t full, float *bp);
-DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void);
 /* dt_gemm_bf16.c: the bfloat16 path (dt_set_matmul_precision) */
 DTRAIN_PRIVATE void dt__gemm_pack_a_bf16(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
                                          int64_t kc, float *ap);
@@ -5158,7 +5168,6 @@ DTRAIN_PRIVATE void dt__gemm_pack_b_bf16(int trans, const float *b, int64_t ldb,
                                          int64_t nc, float *bp);
 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
                                         float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
-DTRAIN_PRIVATE int dt__gemm_x86_has_bf16(void);
 /* One row r of a 6x32 AVX-512 tile into C (dt_gemm_avx512.c, dt_gemm_bf16.c):
  * c[r] = alpha*acc (+ beta*c[r]) as the AVX2 path stores, from the
  * accumulators c<r>0, c<r>1 and va = alpha, vb = beta broadcast; the caller
@@ -5754,14 +5763,37 @@ DTRAIN_API unsigned dt_build_features(void) {
   " stdio=" DT__B_STDIO " cblas=" DT__B_CBLAS " simd=" DT__B_SIMD " mpi=" DT__B_MPI " zlib=" DT__B_ZLIB          \
   " debug=" DT__B_DEBUG " dist=" DT__B_DIST " data=" DT__B_DATA " fit=" DT__B_FIT " isa="
 
-/* isa=: the widest kernel path this build has on this CPU, the one the
- * kernels pick unless DTRAIN_ISA or dt_sgemm_use_isa forces another
- * (dt_sgemm_kernel() names the one in use). Static strings only. */
+DTRAIN_PRIVATE int dt__cpu_avx2(void) {
+#ifdef DT__CPU_X86
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return 0;
+#endif
+}
+
+DTRAIN_PRIVATE int dt__cpu_avx512(void) {
+#ifdef DT__CPU_X86
+  return dt__cpu_avx2() && __builtin_cpu_supports("avx512f");
+#else
+  return 0;
+#endif
+}
+
+DTRAIN_PRIVATE int dt__cpu_bf16(void) {
+#ifdef DT__CPU_X86
+  return dt__cpu_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+#else
+  return 0;
+#endif
+}
+
+/* isa=: the widest kernel path this build has on this CPU (dt_gemm.c's
+ * best path), the one the kernels pick unless DTRAIN_ISA or
+ * dt_sgemm_use_isa forces another (dt_sgemm_kernel() names the one in
+ * use). Static strings only. */
 DTRAIN_API const char *dt_build_info(void) {
-#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return __builtin_cpu_supports("avx512f") ? DT__B_INFO "avx512" : DT__B_INFO "avx2";
-  return DT__B_INFO "portable";
+#ifdef DT__CPU_X86
+  return dt__cpu_avx512() ? DT__B_INFO "avx512" : dt__cpu_avx2() ? DT__B_INFO "avx2" : DT__B_INFO "portable";
 #elif !defined(DTRAIN_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
   return DT__B_INFO "neon";
 #else
@@ -8576,11 +8608,6 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, in
   }
 }
 
-/* 1 when the CPU (and OS) support AVX-512F (and FMA). */
-DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void) {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-}
-
 #undef DT__Z_FMA2
 #undef DT__GEMM_AVX512
 #endif /* DT__X86_SIMD */
@@ -8750,12 +8777,6 @@ DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *D
   DT__GEMM_Z_STORE(3);
   DT__GEMM_Z_STORE(4);
   DT__GEMM_Z_STORE(5);
-}
-
-/* 1 when the CPU (and OS) have what the path needs. */
-DTRAIN_PRIVATE int dt__gemm_x86_has_bf16(void) {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma");
 }
 
 #undef DT__BF_ROW
@@ -9269,11 +9290,6 @@ DT__GEMM_AVX2 static void dt__gemm_dot_avx2(int64_t m, int64_t n, int64_t k, flo
 #undef DT__AVX_T8
 #undef DT__AVX_FMA2
 #undef DT__AVX_STORE
-
-/* 1 when the CPU (and OS) support AVX2 and FMA. */
-static int dt__gemm_x86_has_avx2(void) {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 #endif /* DT__GEMM_X86 */
 
 /* ---- NEON (aarch64) ----------------------------------------------------------------------
@@ -9355,9 +9371,9 @@ static int dt__gemm_has_path(int id) {
   switch (id) {
     case DT__GEMM_PORTABLE: return 1;
 #if defined(DT__GEMM_X86)
-    case DT__GEMM_PATH_AVX2: return dt__gemm_x86_has_avx2();
-    case DT__GEMM_PATH_AVX512: return dt__gemm_x86_has_avx2() && dt__gemm_x86_has_avx512();
-    case DT__GEMM_PATH_BF16: return dt__gemm_x86_has_avx2() && dt__gemm_x86_has_bf16();
+    case DT__GEMM_PATH_AVX2: return dt__cpu_avx2();
+    case DT__GEMM_PATH_AVX512: return dt__cpu_avx512();
+    case DT__GEMM_PATH_BF16: return dt__cpu_bf16();
 #elif defined(DT__GEMM_NEON)
     case DT__GEMM_PATH_NEON: return 1;
 #endif
@@ -9377,7 +9393,7 @@ static int dt__gemm_isa_id(const char *isa) {
 static int dt__gemm_best_path(void) {
 #if defined(DT__GEMM_X86)
   if (dt__gemm_has_path(DT__GEMM_PATH_AVX512)) return DT__GEMM_PATH_AVX512;
-  return dt__gemm_x86_has_avx2() ? DT__GEMM_PATH_AVX2 : DT__GEMM_PORTABLE;
+  return dt__cpu_avx2() ? DT__GEMM_PATH_AVX2 : DT__GEMM_PORTABLE;
 #elif defined(DT__GEMM_NEON)
   return DT__GEMM_PATH_NEON;
 #else
@@ -9458,8 +9474,7 @@ DTRAIN_API const char *dt_sgemm_kernel(void) {
  * dt_sgemm_use_isa choose one instruction set for the whole step. */
 DTRAIN_PRIVATE int dt__simd_level(void) {
   switch (dt__gemm_path_id()) {
-    case DT__GEMM_PATH_AVX512:
-    case DT__GEMM_PATH_BF16: return DT__SIMD_AVX512;
+    case DT__GEMM_PATH_AVX512: return DT__SIMD_AVX512; /* the bf16 switch is not a path id here */
     case DT__GEMM_PATH_AVX2: return DT__SIMD_AVX2;
     default: return DT__SIMD_BASE;
   }
@@ -11717,8 +11732,10 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
   if (gb) {
     dt__conv_bias_job bj = {go, gb, q.n, q.pp, op};
-    int big = q.n * op >= ((int64_t)1 << 19); /* gradient elements above which two threads pay */
-    dt__par_range(q.o, 1, big ? 2 : q.o + 1, dt__conv_bias_range, &bj);
+    if (q.n * op >= ((int64_t)1 << 19)) /* gradient elements above which two threads pay */
+      dt__par_range(q.o, 1, 1, dt__conv_bias_range, &bj);
+    else
+      dt__conv_bias_range(&bj, 0, q.o);
   }
   if (!gx && !gw) return;
   if (dt__wino_use(&q)) {
@@ -11760,14 +11777,15 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   dt__arena_release(g, scratch);
 }
 
-/* The forward pass one image at a time on several intra-op threads at once,
- * where each image's product is too small to split (below about a million
- * multiply-adds, dt_sgemm keeps it on one thread): a layer with few input
- * channels on a large image, the CNN's first. Each part has its own column
- * buffer and computes its images exactly as the one-thread loop below does
- * (the same im2col, bias and product), so the output is the same bits.
- * Returns 0 (nothing done) where that does not apply, 1 when it ran (or
- * the arena failed: g->err says). */
+/* The forward pass one image at a time (no grouping, nb == 1, through
+ * columns): each part of the batch has its own column buffer and computes
+ * its images in order (im2col, bias, product). Where each image's product
+ * is too small for dt_sgemm to split (below about a million multiply-adds:
+ * a layer with few input channels on a large image, the CNN's first), the
+ * images go to the intra-op threads instead, each computed exactly as on
+ * one thread, so the output is the same bits. Returns 0 (nothing done)
+ * for grouped or direct layers, 1 when it ran (or the arena failed:
+ * g->err says). */
 typedef struct dt__conv_fwd_job {
   const dt__conv_geom *q;
   const float *x, *w, *b;
@@ -11789,12 +11807,11 @@ static void dt__conv_fwd_part(void *arg, int part, int nparts) {
   }
 }
 
-static int dt__conv_forward_by_images(dt_graph *g, const dt__conv_geom *q, const dt_tensor *x, const dt_tensor *w,
-                                      const dt_tensor *b, dt_tensor *y) {
-  int t = dt__par_threads();
-  if (t < 2 || q->nb != 1 || q->direct || q->n < 2 || (double)q->o * (double)q->pp * (double)q->k >= (double)(1 << 20))
-    return 0;
-  int parts = (int)DT__MIN((int64_t)t, q->n);
+static int dt__conv_forward_images(dt_graph *g, const dt__conv_geom *q, const dt_tensor *x, const dt_tensor *w,
+                                   const dt_tensor *b, dt_tensor *y) {
+  if (q->nb != 1 || q->direct) return 0;
+  int t = dt__par_threads(), small = (double)q->o * (double)q->pp * (double)q->k < (double)(1 << 20);
+  int parts = t > 1 && small ? (int)DT__MIN((int64_t)t, q->n) : 1;
   dt__arena_pos scratch = dt__arena_mark(g); /* the columns: this call's only */
   float *col = dt__arena_floats(g, (int64_t)parts * q->k * q->pp);
   if (g->err != DTRAIN_OK) return 1;
@@ -11850,7 +11867,7 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
     return dt__finish(g, y);
   }
   int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
-  if (dt__conv_forward_by_images(g, &q, x, w, b, y)) {
+  if (dt__conv_forward_images(g, &q, x, w, b, y)) { /* one image at a time */
     if (g->err != DTRAIN_OK) return NULL;
     y->iaux[0] = stride;
     y->iaux[1] = padding;

@@ -413,14 +413,37 @@ DTRAIN_API unsigned dt_build_features(void) {
   " stdio=" DT__B_STDIO " cblas=" DT__B_CBLAS " simd=" DT__B_SIMD " mpi=" DT__B_MPI " zlib=" DT__B_ZLIB          \
   " debug=" DT__B_DEBUG " dist=" DT__B_DIST " data=" DT__B_DATA " fit=" DT__B_FIT " isa="
 
-/* isa=: the widest kernel path this build has on this CPU, the one the
- * kernels pick unless DTRAIN_ISA or dt_sgemm_use_isa forces another
- * (dt_sgemm_kernel() names the one in use). Static strings only. */
+DTRAIN_PRIVATE int dt__cpu_avx2(void) {
+#ifdef DT__CPU_X86
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return 0;
+#endif
+}
+
+DTRAIN_PRIVATE int dt__cpu_avx512(void) {
+#ifdef DT__CPU_X86
+  return dt__cpu_avx2() && __builtin_cpu_supports("avx512f");
+#else
+  return 0;
+#endif
+}
+
+DTRAIN_PRIVATE int dt__cpu_bf16(void) {
+#ifdef DT__CPU_X86
+  return dt__cpu_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+#else
+  return 0;
+#endif
+}
+
+/* isa=: the widest kernel path this build has on this CPU (dt_gemm.c's
+ * best path), the one the kernels pick unless DTRAIN_ISA or
+ * dt_sgemm_use_isa forces another (dt_sgemm_kernel() names the one in
+ * use). Static strings only. */
 DTRAIN_API const char *dt_build_info(void) {
-#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return __builtin_cpu_supports("avx512f") ? DT__B_INFO "avx512" : DT__B_INFO "avx2";
-  return DT__B_INFO "portable";
+#ifdef DT__CPU_X86
+  return dt__cpu_avx512() ? DT__B_INFO "avx512" : dt__cpu_avx2() ? DT__B_INFO "avx2" : DT__B_INFO "portable";
 #elif !defined(DTRAIN_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
   return DT__B_INFO "neon";
 #else

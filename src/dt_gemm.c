@@ -501,11 +501,6 @@ DT__GEMM_AVX2 static void dt__gemm_dot_avx2(int64_t m, int64_t n, int64_t k, flo
 #undef DT__AVX_T8
 #undef DT__AVX_FMA2
 #undef DT__AVX_STORE
-
-/* 1 when the CPU (and OS) support AVX2 and FMA. */
-static int dt__gemm_x86_has_avx2(void) {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 #endif /* DT__GEMM_X86 */
 
 /* ---- NEON (aarch64) ----------------------------------------------------------------------
@@ -587,9 +582,9 @@ static int dt__gemm_has_path(int id) {
   switch (id) {
     case DT__GEMM_PORTABLE: return 1;
 #if defined(DT__GEMM_X86)
-    case DT__GEMM_PATH_AVX2: return dt__gemm_x86_has_avx2();
-    case DT__GEMM_PATH_AVX512: return dt__gemm_x86_has_avx2() && dt__gemm_x86_has_avx512();
-    case DT__GEMM_PATH_BF16: return dt__gemm_x86_has_avx2() && dt__gemm_x86_has_bf16();
+    case DT__GEMM_PATH_AVX2: return dt__cpu_avx2();
+    case DT__GEMM_PATH_AVX512: return dt__cpu_avx512();
+    case DT__GEMM_PATH_BF16: return dt__cpu_bf16();
 #elif defined(DT__GEMM_NEON)
     case DT__GEMM_PATH_NEON: return 1;
 #endif
@@ -609,7 +604,7 @@ static int dt__gemm_isa_id(const char *isa) {
 static int dt__gemm_best_path(void) {
 #if defined(DT__GEMM_X86)
   if (dt__gemm_has_path(DT__GEMM_PATH_AVX512)) return DT__GEMM_PATH_AVX512;
-  return dt__gemm_x86_has_avx2() ? DT__GEMM_PATH_AVX2 : DT__GEMM_PORTABLE;
+  return dt__cpu_avx2() ? DT__GEMM_PATH_AVX2 : DT__GEMM_PORTABLE;
 #elif defined(DT__GEMM_NEON)
   return DT__GEMM_PATH_NEON;
 #else
@@ -690,8 +685,7 @@ DTRAIN_API const char *dt_sgemm_kernel(void) {
  * dt_sgemm_use_isa choose one instruction set for the whole step. */
 DTRAIN_PRIVATE int dt__simd_level(void) {
   switch (dt__gemm_path_id()) {
-    case DT__GEMM_PATH_AVX512:
-    case DT__GEMM_PATH_BF16: return DT__SIMD_AVX512;
+    case DT__GEMM_PATH_AVX512: return DT__SIMD_AVX512; /* the bf16 switch is not a path id here */
     case DT__GEMM_PATH_AVX2: return DT__SIMD_AVX2;
     default: return DT__SIMD_BASE;
   }

@@ -201,11 +201,6 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, in
   }
 }
 
-/* 1 when the CPU (and OS) support AVX-512F (and FMA). */
-DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void) {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-}
-
 #undef DT__Z_FMA2
 #undef DT__GEMM_AVX512
 #endif /* DT__X86_SIMD */

@@ -161,12 +161,6 @@ DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *D
   DT__GEMM_Z_STORE(5);
 }
 
-/* 1 when the CPU (and OS) have what the path needs. */
-DTRAIN_PRIVATE int dt__gemm_x86_has_bf16(void) {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma");
-}
-
 #undef DT__BF_ROW
 #undef DT__GEMM_BF16
 #endif /* DT__X86_SIMD */

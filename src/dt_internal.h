@@ -262,6 +262,17 @@ static DT__UNUSED uint64_t dt__fnv1a64(uint64_t h, const void *data, size_t n) {
   return h;
 }
 
+/* ---- CPU features (dt_base.c) ---------------------------------------------------
+ * DT__CPU_X86: an x86-64 build with GCC or clang and SIMD, where the AVX2 and
+ * AVX-512 kernels are compiled in (function attributes) and the CPU is asked
+ * at run time which it can run. Elsewhere each answer is 0. */
+#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#  define DT__CPU_X86 1
+#endif
+DTRAIN_PRIVATE int dt__cpu_avx2(void);   /* AVX2 and FMA */
+DTRAIN_PRIVATE int dt__cpu_avx512(void); /* those and AVX-512F */
+DTRAIN_PRIVATE int dt__cpu_bf16(void);   /* those and AVX-512BW and AVX512_BF16 */
+
 /* ---- RNG (dt_rng.c) ---------------------------------------------------------- */
 DTRAIN_PRIVATE uint64_t dt__splitmix64(uint64_t *state);
 

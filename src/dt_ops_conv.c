@@ -234,8 +234,10 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
   if (gb) {
     dt__conv_bias_job bj = {go, gb, q.n, q.pp, op};
-    int big = q.n * op >= ((int64_t)1 << 19); /* gradient elements above which two threads pay */
-    dt__par_range(q.o, 1, big ? 2 : q.o + 1, dt__conv_bias_range, &bj);
+    if (q.n * op >= ((int64_t)1 << 19)) /* gradient elements above which two threads pay */
+      dt__par_range(q.o, 1, 1, dt__conv_bias_range, &bj);
+    else
+      dt__conv_bias_range(&bj, 0, q.o);
   }
   if (!gx && !gw) return;
   if (dt__wino_use(&q)) {
@@ -277,14 +279,15 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   dt__arena_release(g, scratch);
 }
 
-/* The forward pass one image at a time on several intra-op threads at once,
- * where each image's product is too small to split (below about a million
- * multiply-adds, dt_sgemm keeps it on one thread): a layer with few input
- * channels on a large image, the CNN's first. Each part has its own column
- * buffer and computes its images exactly as the one-thread loop below does
- * (the same im2col, bias and product), so the output is the same bits.
- * Returns 0 (nothing done) where that does not apply, 1 when it ran (or
- * the arena failed: g->err says). */
+/* The forward pass one image at a time (no grouping, nb == 1, through
+ * columns): each part of the batch has its own column buffer and computes
+ * its images in order (im2col, bias, product). Where each image's product
+ * is too small for dt_sgemm to split (below about a million multiply-adds:
+ * a layer with few input channels on a large image, the CNN's first), the
+ * images go to the intra-op threads instead, each computed exactly as on
+ * one thread, so the output is the same bits. Returns 0 (nothing done)
+ * for grouped or direct layers, 1 when it ran (or the arena failed:
+ * g->err says). */
 typedef struct dt__conv_fwd_job {
   const dt__conv_geom *q;
   const float *x, *w, *b;
@@ -306,12 +309,11 @@ static void dt__conv_fwd_part(void *arg, int part, int nparts) {
   }
 }
 
-static int dt__conv_forward_by_images(dt_graph *g, const dt__conv_geom *q, const dt_tensor *x, const dt_tensor *w,
-                                      const dt_tensor *b, dt_tensor *y) {
-  int t = dt__par_threads();
-  if (t < 2 || q->nb != 1 || q->direct || q->n < 2 || (double)q->o * (double)q->pp * (double)q->k >= (double)(1 << 20))
-    return 0;
-  int parts = (int)DT__MIN((int64_t)t, q->n);
+static int dt__conv_forward_images(dt_graph *g, const dt__conv_geom *q, const dt_tensor *x, const dt_tensor *w,
+                                   const dt_tensor *b, dt_tensor *y) {
+  if (q->nb != 1 || q->direct) return 0;
+  int t = dt__par_threads(), small = (double)q->o * (double)q->pp * (double)q->k < (double)(1 << 20);
+  int parts = t > 1 && small ? (int)DT__MIN((int64_t)t, q->n) : 1;
   dt__arena_pos scratch = dt__arena_mark(g); /* the columns: this call's only */
   float *col = dt__arena_floats(g, (int64_t)parts * q->k * q->pp);
   if (g->err != DTRAIN_OK) return 1;
@@ -367,7 +369,7 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
     return dt__finish(g, y);
   }
   int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
-  if (dt__conv_forward_by_images(g, &q, x, w, b, y)) {
+  if (dt__conv_forward_images(g, &q, x, w, b, y)) { /* one image at a time */
     if (g->err != DTRAIN_OK) return NULL;
     y->iaux[0] = stride;
     y->iaux[1] = padding;

@@ -59,7 +59,7 @@ DTRAIN_PRIVATE int dt__simd_level(void);
  * dt_sgemm is the public entry; ops call it directly. DT__X86_SIMD: x86-64
  * with GCC or clang, where the AVX2 and AVX-512 kernels are compiled (with
  * function attributes) and picked at run time. */
-#if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#ifdef DT__CPU_X86 /* dt_internal.h */
 #  define DT__X86_SIMD 1
 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
                                           float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
@@ -69,7 +69,6 @@ DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, int64_t k, float a
                                         const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 DTRAIN_PRIVATE void dt__gemm_pack_bt_avx512(const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
                                             int64_t full, float *bp);
-DTRAIN_PRIVATE int dt__gemm_x86_has_avx512(void);
 /* dt_gemm_bf16.c: the bfloat16 path (dt_set_matmul_precision) */
 DTRAIN_PRIVATE void dt__gemm_pack_a_bf16(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
                                          int64_t kc, float *ap);
@@ -77,7 +76,6 @@ DTRAIN_PRIVATE void dt__gemm_pack_b_bf16(int trans, const float *b, int64_t ldb,
                                          int64_t nc, float *bp);
 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
                                         float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
-DTRAIN_PRIVATE int dt__gemm_x86_has_bf16(void);
 /* One row r of a 6x32 AVX-512 tile into C (dt_gemm_avx512.c, dt_gemm_bf16.c):
  * c[r] = alpha*acc (+ beta*c[r]) as the AVX2 path stores, from the
  * accumulators c<r>0, c<r>1 and va = alpha, vb = beta broadcast; the caller
