@@ -917,6 +917,13 @@ DTRAIN_API dt_tensor *dt_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b);
 DTRAIN_API dt_tensor *dt_bmm(dt_graph *g, dt_tensor *a, dt_tensor *b, int trans_b);
 /* x [N,in] @ w[out,in]^T + b[out] -> [N,out]; b may be NULL. (PyTorch layout.) */
 DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b);
+/* relu(dt_linear(x, w, b)) in one op (b may be NULL): the GEMM adds the bias and applies the
+ * ReLU to each tile of the result while it is in cache, and backward masks
+ * the gradient and sums the bias gradient in one pass. Values and gradients
+ * are those of dt_relu_inplace(g, dt_linear(g, x, w, b)) bit for bit; as
+ * there, after backward the result's grad holds the gradient before the
+ * ReLU (masked). */
+DTRAIN_API dt_tensor *dt_linear_relu(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b);
 
 /* ---- softmax and losses ----------------------------------------------------- */
 DTRAIN_API dt_tensor *dt_softmax(dt_graph *g, dt_tensor *x, int axis);
@@ -1317,6 +1324,8 @@ DTRAIN_API dt_result dt_nn_linear_init(dt_nn_linear *l, dt_params *p, const char
                                        int64_t in, int64_t out, int bias);
 /* x [..., in] -> [..., out] */
 DTRAIN_API dt_tensor *dt_nn_linear_forward(dt_graph *g, const dt_nn_linear *l, dt_tensor *x);
+/* relu(dt_nn_linear_forward(l, x)), fused: dt_linear_relu */
+DTRAIN_API dt_tensor *dt_nn_linear_relu_forward(dt_graph *g, const dt_nn_linear *l, dt_tensor *x);
 
 /* W [out,in,k,k] (He uniform), b [out]. */
 typedef struct dt_nn_conv2d { int w, b; int in, out, kernel, stride, padding; } dt_nn_conv2d;
@@ -5147,6 +5156,34 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, in
 #define DT__SIMD_AVX512 2 /* AVX-512F */
 DTRAIN_PRIVATE int dt__simd_level(void);
 
+/* dt_gemm_neon.c: the NEON path's micro-kernel (aarch64) */
+#if !defined(DTRAIN_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+#  define DT__NEON_GEMM 1
+DTRAIN_PRIVATE void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                        float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
+#endif
+
+/* ---- GEMM with an epilogue (dt_gemm.c; dt_linear_relu, dt_linear) ----------------
+ * dt__sgemm_epi: C = op(A) @ op(B) (alpha 1, beta 0), with bias [n] added to
+ * every row and/or ReLU applied on the way, tile by tile while each tile of
+ * C is in L1 (bias before its first k block, ReLU after its last), not in
+ * passes over C. Bit for bit what rows of bias, dt_sgemm with beta 1 and
+ * dt_relu_inplace give. dt__relu_rows: ReLU (x <= 0 -> +0, NaN kept, as
+ * dt_relu) over rows x cols at stride ld (dt_ops_elem.c). The device path
+ * of dt_linear computes dt_linear_relu's ReLU as a second kernel. */
+typedef struct dt__gemm_epi {
+  const float *bias; /* [n] or NULL */
+  int relu;
+} dt__gemm_epi;
+DTRAIN_PRIVATE void dt__sgemm_epi(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+                                  int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                                  const dt__gemm_epi *ep);
+DTRAIN_PRIVATE void dt__relu_rows(float *c, int64_t rows, int64_t cols, int64_t ld);
+/* go [rows, cols] masked in place where y <= 0 (dt_relu_inplace's backward),
+ * and each masked row added into gb [cols] in row order, when gb is not NULL
+ * (dt_ops_elem.c). */
+DTRAIN_PRIVATE void dt__relu_mask_rows(float *go, const float *y, int64_t rows, int64_t cols, float *gb);
+
 /* ---- GEMM (dt_gemm.c, dt_gemm_avx512.c) -----------------------------------------
  * dt_sgemm is the public entry; ops call it directly. DT__X86_SIMD: x86-64
  * with GCC or clang, where the AVX2 and AVX-512 kernels are compiled (with
@@ -7064,9 +7101,9 @@ static const char *const dt__device_ops[] = {
   DT__MAP_LIST(DT__DEVICE_MAP_OP)
   "dt_relu_inplace", "dt_tensor_new", "dt_tensor_from", "dt_tensor_wrap", "dt_detach", "dt_param", "dt_backward", "dt_backward_grad",
   "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose",
-  "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear",
+  "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear", "dt_linear_relu",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
-  "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_conv2d_forward", "dt_nn_embedding_forward",
+  "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_linear_relu_forward", "dt_nn_conv2d_forward", "dt_nn_embedding_forward",
   "dt_nn_layer_norm_forward", "dt_permute", "dt_concat", "dt_slice", "dt_split", "dt_bmm", "dt_causal_mask",
   "dt_batch_norm", "dt_nn_batch_norm_forward", "dt_nn_attention_forward", "dt_nn_lstm_cell_forward",
   "dt_nn_gru_cell_forward", NULL
@@ -8785,6 +8822,61 @@ DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *D
 #endif /* part 1 */
 /* ======== end dt_gemm_bf16.c ======== */
 
+/* ======== begin dt_gemm_neon.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
+/* ===========================================================================
+ * dt_gemm_neon.c -- the NEON micro-kernel of dt_sgemm (ops layer)
+ * ===========================================================================
+ * The "neon" path of dt_gemm.c (aarch64): an 8x12 tile, 24 q-register
+ * accumulators, three B vectors and two A vectors per k step, lane FMAs.
+ * The slivers are packed by dt_gemm.c's generic routines (8-tall A,
+ * 12-wide B).
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+
+#ifdef DT__NEON_GEMM /* dt_ops_internal.h */
+#  include <arm_neon.h>
+
+DTRAIN_PRIVATE void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                        float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
+  float32x4_t acc[8][3];
+  for (int r = 0; r < 8; r++)
+    for (int j = 0; j < 3; j++) acc[r][j] = vdupq_n_f32(0.0f);
+  for (int64_t p = 0; p < kc; p++) {
+    float32x4_t a0 = vld1q_f32(ap), a1 = vld1q_f32(ap + 4);
+    float32x4_t b0 = vld1q_f32(bp), b1 = vld1q_f32(bp + 4), b2 = vld1q_f32(bp + 8);
+#define DT__NEON_ROW(r, av, lane)                         \
+  acc[r][0] = vfmaq_laneq_f32(acc[r][0], b0, av, lane); \
+  acc[r][1] = vfmaq_laneq_f32(acc[r][1], b1, av, lane); \
+  acc[r][2] = vfmaq_laneq_f32(acc[r][2], b2, av, lane)
+    DT__NEON_ROW(0, a0, 0);
+    DT__NEON_ROW(1, a0, 1);
+    DT__NEON_ROW(2, a0, 2);
+    DT__NEON_ROW(3, a0, 3);
+    DT__NEON_ROW(4, a1, 0);
+    DT__NEON_ROW(5, a1, 1);
+    DT__NEON_ROW(6, a1, 2);
+    DT__NEON_ROW(7, a1, 3);
+#undef DT__NEON_ROW
+    ap += 8;
+    bp += 12;
+  }
+  float32x4_t va = vdupq_n_f32(alpha), vb = vdupq_n_f32(beta);
+  for (int r = 0; r < 8; r++) {
+    float *cr = c + r * ldc;
+    for (int j = 0; j < 3; j++) {
+      float32x4_t v = vmulq_f32(va, acc[r][j]);
+      if (beta == 1.0f) v = vaddq_f32(v, vld1q_f32(cr + 4 * j));
+      else if (beta != 0.0f) v = vfmaq_f32(v, vb, vld1q_f32(cr + 4 * j));
+      vst1q_f32(cr + 4 * j, v);
+    }
+  }
+}
+#endif /* DT__NEON_GEMM */
+#endif /* part 1 */
+/* ======== end dt_gemm_neon.c ======== */
+
 /* ======== begin dt_gemm.c ======== */
 #if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
@@ -8865,9 +8957,8 @@ DT__GEMM_BF16 DTRAIN_PRIVATE void dt__gemm_micro_bf16(int64_t kc, const float *D
 #    define DT__GEMM_AVX2 __attribute__((target("avx2,fma,tune=generic")))
 #  endif
 #endif
-#if !defined(DTRAIN_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+#ifdef DT__NEON_GEMM /* dt_ops_internal.h; the kernel is in dt_gemm_neon.c */
 #  define DT__GEMM_NEON 1
-#  include <arm_neon.h>
 #endif
 
 /* Path ids. */
@@ -9292,46 +9383,8 @@ DT__GEMM_AVX2 static void dt__gemm_dot_avx2(int64_t m, int64_t n, int64_t k, flo
 #undef DT__AVX_STORE
 #endif /* DT__GEMM_X86 */
 
-/* ---- NEON (aarch64) ----------------------------------------------------------------------
- * An 8x12 tile: 24 q-register accumulators, three B vectors and two A
- * vectors per k step, lane FMAs. */
+/* ---- NEON (aarch64): the 8x12 micro-kernel is in dt_gemm_neon.c ----------------------------- */
 #ifdef DT__GEMM_NEON
-static void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp, float alpha,
-                                float beta, float *DT__RESTRICT c, int64_t ldc) {
-  float32x4_t acc[8][3];
-  for (int r = 0; r < 8; r++)
-    for (int j = 0; j < 3; j++) acc[r][j] = vdupq_n_f32(0.0f);
-  for (int64_t p = 0; p < kc; p++) {
-    float32x4_t a0 = vld1q_f32(ap), a1 = vld1q_f32(ap + 4);
-    float32x4_t b0 = vld1q_f32(bp), b1 = vld1q_f32(bp + 4), b2 = vld1q_f32(bp + 8);
-#define DT__NEON_ROW(r, av, lane)                         \
-  acc[r][0] = vfmaq_laneq_f32(acc[r][0], b0, av, lane); \
-  acc[r][1] = vfmaq_laneq_f32(acc[r][1], b1, av, lane); \
-  acc[r][2] = vfmaq_laneq_f32(acc[r][2], b2, av, lane)
-    DT__NEON_ROW(0, a0, 0);
-    DT__NEON_ROW(1, a0, 1);
-    DT__NEON_ROW(2, a0, 2);
-    DT__NEON_ROW(3, a0, 3);
-    DT__NEON_ROW(4, a1, 0);
-    DT__NEON_ROW(5, a1, 1);
-    DT__NEON_ROW(6, a1, 2);
-    DT__NEON_ROW(7, a1, 3);
-#undef DT__NEON_ROW
-    ap += 8;
-    bp += 12;
-  }
-  float32x4_t va = vdupq_n_f32(alpha), vb = vdupq_n_f32(beta);
-  for (int r = 0; r < 8; r++) {
-    float *cr = c + r * ldc;
-    for (int j = 0; j < 3; j++) {
-      float32x4_t v = vmulq_f32(va, acc[r][j]);
-      if (beta == 1.0f) v = vaddq_f32(v, vld1q_f32(cr + 4 * j));
-      else if (beta != 0.0f) v = vfmaq_f32(v, vb, vld1q_f32(cr + 4 * j));
-      vst1q_f32(cr + 4 * j, v);
-    }
-  }
-}
-
 static void dt__gemm_pack_a_neon(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
                                  int64_t kc, float *ap) {
   dt__gemm_pack_a_n(8, trans, a, lda, i0, p0, mc, kc, ap);
@@ -9517,6 +9570,12 @@ static void dt__gemm_scale(int64_t m, int64_t n, float beta, float *c, int64_t l
   }
 }
 
+/* The epilogue (dt__sgemm_epi): rows of bias into C before the product,
+ * which then adds to them (beta 1). */
+static void dt__gemm_bias_rows(const float *bias, int64_t m, int64_t n, float *c, int64_t ldc) {
+  for (int64_t i = 0; i < m; i++) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
+}
+
 /* A partial tile (mr < MR or nr < NR): run the kernel into a local tile,
  * then apply it to the valid mr x nr corner of C. */
 static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, const float *bp, float alpha,
@@ -9537,9 +9596,11 @@ static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, 
 
 /* One packed A block (mc x kc) times one packed B panel (kc x nc) into C:
  * the loops over the tiles, B slivers outside (one stays in L1 while the
- * A slivers stream past it). */
+ * A slivers stream past it). bias (the panel's first column's, on the
+ * first k block, with beta 1) goes into each tile before its product, relu
+ * (on the last k block) over it after, while the tile is in L1. */
 static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int64_t kc, float alpha, const float *ap,
-                           const float *bp, float beta, float *c, int64_t ldc) {
+                           const float *bp, float beta, float *c, int64_t ldc, const float *bias, int relu) {
   const int64_t MR = pa->mr, NR = pa->nr;
   for (int64_t jr = 0; jr < nc; jr += NR) {
     int64_t nr = DT__MIN(NR, nc - jr);
@@ -9548,20 +9609,23 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
       int64_t mr = DT__MIN(MR, mc - ir);
       const float *as = ap + ir * kc;
       float *cs = c + ir * ldc + jr;
+      if (bias) dt__gemm_bias_rows(bias + jr, mr, nr, cs, ldc);
       if (mr == MR && nr == NR)
         pa->kernel(kc, as, bs, alpha, beta, cs, ldc);
       else if (mr == 4 && nr == NR && pa->kernel4)
         pa->kernel4(kc, as, bs, alpha, beta, cs, ldc);
       else
         dt__gemm_edge(pa, kc, as, bs, alpha, beta, cs, ldc, mr, nr);
+      if (relu) dt__relu_rows(cs, mr, nr, ldc);
     }
   }
 }
 
-/* The blocked product on one thread (m, n, k > 0, alpha != 0). */
+/* The blocked product on one thread (m, n, k > 0, alpha != 0), with the
+ * epilogue ep (or NULL) on the tiles. */
 static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                         int64_t ldc) {
+                         int64_t ldc, const dt__gemm_epi *ep) {
   const int64_t MR = pa->mr, NR = pa->nr;
   /* The packed panels share one buffer on the stack, aligned by hand to
    * 64 bytes: an A block of MC x KC and a B panel of KC x NC, or, when A
@@ -9578,18 +9642,21 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
     ncb = (DT__GEMM_BUF - mcb * DT__GEMM_KC) / DT__GEMM_KC / NR * NR;
   }
   float *bp = ap + mcb * DT__GEMM_KC + 16;
+  const float *bias = ep ? ep->bias : NULL;
+  int relu = ep && ep->relu;
 
   /* The order of the loops does not change any result: every element of C
    * is summed over the same k blocks in the same order. */
   if (few_rows) { /* pack A once per k block, then B panels in turn */
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
-      float beta_blk = pc == 0 ? beta : 1.0f;
+      float beta_blk = pc == 0 && !bias ? beta : 1.0f;
       pa->pack_a(trans_a, a, lda, 0, pc, m, kc, ap);
       for (int64_t jc = 0; jc < n; jc += ncb) {
         int64_t nc = DT__MIN(ncb, n - jc);
         pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
-        dt__gemm_macro(pa, m, nc, kc, alpha, ap, bp, beta_blk, c + jc, ldc);
+        dt__gemm_macro(pa, m, nc, kc, alpha, ap, bp, beta_blk, c + jc, ldc, pc == 0 && bias ? bias + jc : NULL,
+                       relu && pc + kc >= k);
       }
     }
     return;
@@ -9600,12 +9667,13 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
     nc = n - jc <= ncb + NR ? n - jc : ncb;
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
-      float beta_blk = pc == 0 ? beta : 1.0f; /* later k blocks add to C */
+      float beta_blk = pc == 0 && !bias ? beta : 1.0f; /* later k blocks add to C */
       pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
       for (int64_t ic = 0; ic < m; ic += mcb) {
         int64_t mc = DT__MIN(mcb, m - ic);
         pa->pack_a(trans_a, a, lda, ic, pc, mc, kc, ap);
-        dt__gemm_macro(pa, mc, nc, kc, alpha, ap, bp, beta_blk, c + ic * ldc + jc, ldc);
+        dt__gemm_macro(pa, mc, nc, kc, alpha, ap, bp, beta_blk, c + ic * ldc + jc, ldc,
+                       pc == 0 && bias ? bias + jc : NULL, relu && pc + kc >= k);
       }
     }
   }
@@ -9632,34 +9700,42 @@ typedef struct dt__gemm_job {
   float alpha, beta;
   const float *a, *b;
   float *c;
+  const dt__gemm_epi *ep;
 } dt__gemm_job;
 
 static void dt__gemm_part(void *arg, int part, int nparts) {
   const dt__gemm_job *j = (const dt__gemm_job *)arg;
   int64_t t0 = j->tiles * part / nparts, t1 = j->tiles * (part + 1) / nparts;
   if (t0 >= t1) return;
-  if (j->dot) { /* blocks of 3 rows */
+  if (j->dot) { /* blocks of 3 rows; the epilogue over them, before and after */
     int64_t i0 = t0 * 3, i1 = DT__MIN(j->m, t1 * 3);
-    j->dot(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb, j->beta, j->c + i0 * j->ldc,
-           j->ldc);
+    float *c = j->c + i0 * j->ldc;
+    if (j->ep && j->ep->bias) dt__gemm_bias_rows(j->ep->bias, i1 - i0, j->n, c, j->ldc);
+    j->dot(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb,
+           j->ep && j->ep->bias ? 1.0f : j->beta, c, j->ldc);
+    if (j->ep && j->ep->relu) dt__relu_rows(c, i1 - i0, j->n, j->ldc);
     return;
   }
   if (j->by_rows) {
     int64_t i0 = t0 * j->pa->mr, i1 = DT__MIN(j->m, t1 * j->pa->mr);
     const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
     dt__gemm_run(j->pa, j->trans_a, j->trans_b, i1 - i0, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb, j->beta,
-                 j->c + i0 * j->ldc, j->ldc);
+                 j->c + i0 * j->ldc, j->ldc, j->ep);
   } else {
     int64_t c0 = t0 * j->pa->nr, c1 = DT__MIN(j->n, t1 * j->pa->nr);
     const float *b = j->trans_b ? j->b + c0 * j->ldb : j->b + c0;
+    dt__gemm_epi ep = {NULL, 0}; /* the bias from this block's first column */
+    if (j->ep) ep = *j->ep;
+    if (ep.bias) ep.bias += c0;
     dt__gemm_run(j->pa, j->trans_a, j->trans_b, j->m, c1 - c0, j->k, j->alpha, j->a, j->lda, b, j->ldb, j->beta,
-                 j->c + c0, j->ldc);
+                 j->c + c0, j->ldc, j->ep ? &ep : NULL);
   }
 }
 
-DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                         float beta, float *c, int64_t ldc) {
+/* dt_sgemm with the epilogue ep (or NULL). */
+static void dt__sgemm_do(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
+                         const dt__gemm_epi *ep) {
   if (m <= 0 || n <= 0) return;
   /* A and B are read only when k > 0 (and alpha != 0 for this kernel; BLAS
    * may still read them): refuse NULL ones, as a C that is NULL, before any
@@ -9672,17 +9748,23 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
    * (not reachable with the arena's limits) fall through to the C kernel. */
   if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
-    if (k <= 0) {
-      dt__gemm_scale(m, n, beta, c, ldc);
-      return;
+    if (ep && ep->bias) {
+      dt__gemm_bias_rows(ep->bias, m, n, c, ldc);
+      beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
-                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    if (k <= 0)
+      dt__gemm_scale(m, n, beta, c, ldc);
+    else
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
+                  (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    if (ep && ep->relu) dt__relu_rows(c, m, n, ldc);
     return;
   }
 #endif
   if (k <= 0 || alpha == 0.0f) {
-    dt__gemm_scale(m, n, beta, c, ldc);
+    if (ep && ep->bias) dt__gemm_bias_rows(ep->bias, m, n, c, ldc);
+    dt__gemm_scale(m, n, ep && ep->bias ? 1.0f : beta, c, ldc);
+    if (ep && ep->relu) dt__relu_rows(c, m, n, ldc);
     return;
   }
   int path = DT__GEMM_LOAD(dt__gemm_bf16_on) ? DT__GEMM_PATH_BF16 : dt__gemm_path_id();
@@ -9722,6 +9804,7 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
     j.a = a;
     j.b = b;
     j.c = c;
+    j.ep = ep;
     int parts = (int)DT__MIN((int64_t)threads, j.tiles);
     if (parts > 1) {
       dt__par_run(parts, dt__gemm_part, &j);
@@ -9732,7 +9815,18 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
       return;
     }
   }
-  dt__gemm_run(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  dt__gemm_run(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep);
+}
+
+DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  dt__sgemm_do(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
+}
+
+DTRAIN_PRIVATE void dt__sgemm_epi(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+                                  int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                                  const dt__gemm_epi *ep) {
+  dt__sgemm_do(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, ep);
 }
 
 #undef DT__GEMM_MR
@@ -10035,6 +10129,30 @@ static void dt__relu_inplace_fwd_range(void *arg, int64_t lo, int64_t hi) {
   }
 #endif
   for (; i < n; i++) d[i] = dt__map_relu(d[i], 0.0f);
+}
+
+DTRAIN_PRIVATE void dt__relu_mask_rows(float *go, const float *y, int64_t rows, int64_t cols, float *gb) {
+  for (int64_t r = 0; r < rows; r++) {
+    float *gr = go + r * cols;
+    const float *yr = y + r * cols;
+    int64_t i = 0;
+#ifdef DT__ELEM_SSE
+    const __m128 z = _mm_setzero_ps();
+    for (; i + 4 <= cols; i += 4) { /* dt__relu_inplace_bwd_range's operations */
+      __m128 v = _mm_add_ps(_mm_and_ps(_mm_cmpnle_ps(_mm_loadu_ps(yr + i), z), _mm_loadu_ps(gr + i)), z);
+      _mm_storeu_ps(gr + i, v);
+      if (gb) _mm_storeu_ps(gb + i, _mm_add_ps(_mm_loadu_ps(gb + i), v));
+    }
+#endif
+    for (; i < cols; i++) {
+      gr[i] = yr[i] <= 0.0f ? 0.0f : gr[i] + 0.0f;
+      if (gb) gb[i] += gr[i];
+    }
+  }
+}
+
+DTRAIN_PRIVATE void dt__relu_rows(float *c, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; r++) dt__relu_inplace_fwd_range(c + r * ld, 0, cols);
 }
 
 static void dt__relu_inplace_backward(dt_graph *g, dt_tensor *y) {
@@ -10807,20 +10925,22 @@ DTRAIN_API dt_tensor *dt_bmm(dt_graph *g, dt_tensor *a, dt_tensor *b, int trans_
   return dt__matmul(g, "dt_bmm", a, b, trans_b != 0);
 }
 
-/* ---- linear ---------------------------------------------------------------------
- * x [..., in] viewed as [rows, in]; y [rows, out] = x @ w^T + b.
- * iaux[0] = rows, iaux[1] = in, iaux[2] = out. */
+/* ---- linear, and linear + ReLU --------------------------------------------------
+ * x [..., in] viewed as [rows, in]; y [rows, out] = x @ w^T + b, or relu of
+ * it (dt_linear_relu: the bias and the ReLU applied by the GEMM tile by tile,
+ * dt__sgemm_epi). iaux[0] = rows, iaux[1] = in, iaux[2] = out. */
 
-static void dt__linear_backward(dt_graph *g, dt_tensor *y) {
+/* dx and dw from gy, and db from gy when sum_bias (dt_linear_relu sums it
+ * while it masks gy). */
+static void dt__linear_grads(dt_graph *g, dt_tensor *y, const float *gy, int sum_bias) {
   dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
   /* dx and dw are written, not added, when nothing was added to them yet
    * (dt__grad_first: a fresh activation gradient, a parameter's deferred
    * one); the sgemm's beta 0 then never reads them. */
   int new_x, new_w;
-  float *gx = dt__grad_first(g, x, &new_x), *gw = dt__grad_first(g, w, &new_w), *gb = dt__grad(g, b);
+  float *gx = dt__grad_first(g, x, &new_x), *gw = dt__grad_first(g, w, &new_w), *gb = sum_bias ? dt__grad(g, b) : NULL;
   if (g->err != DTRAIN_OK) return;
   int64_t rows = y->iaux[0], in = y->iaux[1], out = y->iaux[2];
-  const float *gy = y->grad;
   if (gx) dt_sgemm(0, 0, rows, in, out, 1.0f, gy, out, w->data, in, new_x ? 0.0f : 1.0f, gx, in); /* dx += dy @ w */
   if (gw) dt_sgemm(1, 0, out, in, rows, 1.0f, gy, out, x->data, in, new_w ? 0.0f : 1.0f, gw, in); /* dw += dy^T @ x */
   if (gb)
@@ -10828,9 +10948,22 @@ static void dt__linear_backward(dt_graph *g, dt_tensor *y) {
       for (int64_t o = 0; o < out; o++) gb[o] += gy[r * out + o];
 }
 
-DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b) {
-  const char *op = "dt_linear";
-  if (!dt__begin(g, op, 2, x, w)) return NULL;
+static void dt__linear_backward(dt_graph *g, dt_tensor *y) {
+  dt__linear_grads(g, y, y->grad, 1);
+}
+
+/* y's gradient is final when this node runs (as in dt_relu_inplace's
+ * backward): it is masked where it stands, the bias gradient summed in the
+ * same pass, in dt_relu_inplace's and dt_linear's order. */
+static void dt__linear_relu_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *b = y->src[2];
+  float *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  dt__relu_mask_rows(y->grad, y->data, y->iaux[0], y->iaux[2], gb);
+  dt__linear_grads(g, y, y->grad, 0);
+}
+
+static dt_tensor *dt__linear(dt_graph *g, const char *op, dt_tensor *x, dt_tensor *w, dt_tensor *b, int relu) {
   if (b && b->graph != g) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: bias belongs to another graph", op);
   char s1[96], s2[96], s3[96];
   if (x->ndim < 1 || w->ndim != 2 || (b && b->ndim != 1))
@@ -10851,18 +10984,29 @@ DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
   for (int d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
   shape[x->ndim - 1] = out;
   int64_t rows = x->size / in;
-  if (g->device) return dt__dev_linear(g, x, w, b, rows, in, out, x->ndim, shape);
+  if (g->device) {
+    dt_tensor *y = dt__dev_linear(g, x, w, b, rows, in, out, x->ndim, shape);
+    return relu ? dt_relu_inplace(g, y) : y; /* on a device, two kernels */
+  }
   dt_tensor *y = dt__new(g, op, x->ndim, shape);
   if (!y) return NULL;
-  if (b) {
-    for (int64_t r = 0; r < rows; r++) memcpy(y->data + r * out, b->data, (size_t)out * sizeof(float));
-  }
-  dt_sgemm(0, 1, rows, out, in, 1.0f, x->data, in, w->data, in, b ? 1.0f : 0.0f, y->data, out);
+  dt__gemm_epi ep = {b ? b->data : NULL, relu};
+  dt__sgemm_epi(0, 1, rows, out, in, x->data, in, w->data, in, y->data, out, &ep);
   y->iaux[0] = rows;
   y->iaux[1] = in;
   y->iaux[2] = out;
-  dt__record(g, y, op, dt__linear_backward, x, w, b);
+  dt__record(g, y, op, relu ? dt__linear_relu_backward : dt__linear_backward, x, w, b);
   return dt__finish(g, y);
+}
+
+DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b) {
+  if (!dt__begin(g, "dt_linear", 2, x, w)) return NULL;
+  return dt__linear(g, "dt_linear", x, w, b, 0);
+}
+
+DTRAIN_API dt_tensor *dt_linear_relu(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b) {
+  if (!dt__begin(g, "dt_linear_relu", 2, x, w)) return NULL;
+  return dt__linear(g, "dt_linear_relu", x, w, b, 1);
 }
 #endif /* part 1 */
 /* ======== end dt_ops_matmul.c ======== */
@@ -14290,6 +14434,12 @@ DTRAIN_API dt_tensor *dt_nn_linear_forward(dt_graph *g, const dt_nn_linear *l, d
   if (!dt__begin(g, "dt_nn_linear_forward", 1, x)) return NULL;
   if (!l) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_nn_linear_forward: layer is NULL");
   return dt_linear(g, x, dt_param(g, l->w), l->b >= 0 ? dt_param(g, l->b) : NULL);
+}
+
+DTRAIN_API dt_tensor *dt_nn_linear_relu_forward(dt_graph *g, const dt_nn_linear *l, dt_tensor *x) {
+  if (!dt__begin(g, "dt_nn_linear_relu_forward", 1, x)) return NULL;
+  if (!l) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_nn_linear_relu_forward: layer is NULL");
+  return dt_linear_relu(g, x, dt_param(g, l->w), l->b >= 0 ? dt_param(g, l->b) : NULL);
 }
 
 /* ---- conv2d ---------------------------------------------------------------------------- */
@@ -22745,7 +22895,7 @@ DTRAIN_API dt_result dt_layout_create(dt_comm *c, int rank, int pipeline, int te
 /* ======== end dt_comm.c ======== */
 
 /* ======== begin dt_comm_group.c ======== */
-#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
  * dt_comm_group.c -- a group communicator built from point-to-point
  * messages: what dt_comm_split makes on backends without groups of their own
@@ -23203,7 +23353,7 @@ DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, 
 }
 
 #endif /* !DTRAIN_NO_DIST */
-#endif /* part 2 */
+#endif /* part 3 */
 /* ======== end dt_comm_group.c ======== */
 
 /* ======== begin dt_devgroup.c ======== */

@@ -76,9 +76,8 @@
 #    define DT__GEMM_AVX2 __attribute__((target("avx2,fma,tune=generic")))
 #  endif
 #endif
-#if !defined(DTRAIN_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+#ifdef DT__NEON_GEMM /* dt_ops_internal.h; the kernel is in dt_gemm_neon.c */
 #  define DT__GEMM_NEON 1
-#  include <arm_neon.h>
 #endif
 
 /* Path ids. */
@@ -503,46 +502,8 @@ DT__GEMM_AVX2 static void dt__gemm_dot_avx2(int64_t m, int64_t n, int64_t k, flo
 #undef DT__AVX_STORE
 #endif /* DT__GEMM_X86 */
 
-/* ---- NEON (aarch64) ----------------------------------------------------------------------
- * An 8x12 tile: 24 q-register accumulators, three B vectors and two A
- * vectors per k step, lane FMAs. */
+/* ---- NEON (aarch64): the 8x12 micro-kernel is in dt_gemm_neon.c ----------------------------- */
 #ifdef DT__GEMM_NEON
-static void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp, float alpha,
-                                float beta, float *DT__RESTRICT c, int64_t ldc) {
-  float32x4_t acc[8][3];
-  for (int r = 0; r < 8; r++)
-    for (int j = 0; j < 3; j++) acc[r][j] = vdupq_n_f32(0.0f);
-  for (int64_t p = 0; p < kc; p++) {
-    float32x4_t a0 = vld1q_f32(ap), a1 = vld1q_f32(ap + 4);
-    float32x4_t b0 = vld1q_f32(bp), b1 = vld1q_f32(bp + 4), b2 = vld1q_f32(bp + 8);
-#define DT__NEON_ROW(r, av, lane)                         \
-  acc[r][0] = vfmaq_laneq_f32(acc[r][0], b0, av, lane); \
-  acc[r][1] = vfmaq_laneq_f32(acc[r][1], b1, av, lane); \
-  acc[r][2] = vfmaq_laneq_f32(acc[r][2], b2, av, lane)
-    DT__NEON_ROW(0, a0, 0);
-    DT__NEON_ROW(1, a0, 1);
-    DT__NEON_ROW(2, a0, 2);
-    DT__NEON_ROW(3, a0, 3);
-    DT__NEON_ROW(4, a1, 0);
-    DT__NEON_ROW(5, a1, 1);
-    DT__NEON_ROW(6, a1, 2);
-    DT__NEON_ROW(7, a1, 3);
-#undef DT__NEON_ROW
-    ap += 8;
-    bp += 12;
-  }
-  float32x4_t va = vdupq_n_f32(alpha), vb = vdupq_n_f32(beta);
-  for (int r = 0; r < 8; r++) {
-    float *cr = c + r * ldc;
-    for (int j = 0; j < 3; j++) {
-      float32x4_t v = vmulq_f32(va, acc[r][j]);
-      if (beta == 1.0f) v = vaddq_f32(v, vld1q_f32(cr + 4 * j));
-      else if (beta != 0.0f) v = vfmaq_f32(v, vb, vld1q_f32(cr + 4 * j));
-      vst1q_f32(cr + 4 * j, v);
-    }
-  }
-}
-
 static void dt__gemm_pack_a_neon(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
                                  int64_t kc, float *ap) {
   dt__gemm_pack_a_n(8, trans, a, lda, i0, p0, mc, kc, ap);
@@ -728,6 +689,12 @@ static void dt__gemm_scale(int64_t m, int64_t n, float beta, float *c, int64_t l
   }
 }
 
+/* The epilogue (dt__sgemm_epi): rows of bias into C before the product,
+ * which then adds to them (beta 1). */
+static void dt__gemm_bias_rows(const float *bias, int64_t m, int64_t n, float *c, int64_t ldc) {
+  for (int64_t i = 0; i < m; i++) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
+}
+
 /* A partial tile (mr < MR or nr < NR): run the kernel into a local tile,
  * then apply it to the valid mr x nr corner of C. */
 static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, const float *bp, float alpha,
@@ -748,9 +715,11 @@ static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, 
 
 /* One packed A block (mc x kc) times one packed B panel (kc x nc) into C:
  * the loops over the tiles, B slivers outside (one stays in L1 while the
- * A slivers stream past it). */
+ * A slivers stream past it). bias (the panel's first column's, on the
+ * first k block, with beta 1) goes into each tile before its product, relu
+ * (on the last k block) over it after, while the tile is in L1. */
 static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int64_t kc, float alpha, const float *ap,
-                           const float *bp, float beta, float *c, int64_t ldc) {
+                           const float *bp, float beta, float *c, int64_t ldc, const float *bias, int relu) {
   const int64_t MR = pa->mr, NR = pa->nr;
   for (int64_t jr = 0; jr < nc; jr += NR) {
     int64_t nr = DT__MIN(NR, nc - jr);
@@ -759,20 +728,23 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
       int64_t mr = DT__MIN(MR, mc - ir);
       const float *as = ap + ir * kc;
       float *cs = c + ir * ldc + jr;
+      if (bias) dt__gemm_bias_rows(bias + jr, mr, nr, cs, ldc);
       if (mr == MR && nr == NR)
         pa->kernel(kc, as, bs, alpha, beta, cs, ldc);
       else if (mr == 4 && nr == NR && pa->kernel4)
         pa->kernel4(kc, as, bs, alpha, beta, cs, ldc);
       else
         dt__gemm_edge(pa, kc, as, bs, alpha, beta, cs, ldc, mr, nr);
+      if (relu) dt__relu_rows(cs, mr, nr, ldc);
     }
   }
 }
 
-/* The blocked product on one thread (m, n, k > 0, alpha != 0). */
+/* The blocked product on one thread (m, n, k > 0, alpha != 0), with the
+ * epilogue ep (or NULL) on the tiles. */
 static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                         int64_t ldc) {
+                         int64_t ldc, const dt__gemm_epi *ep) {
   const int64_t MR = pa->mr, NR = pa->nr;
   /* The packed panels share one buffer on the stack, aligned by hand to
    * 64 bytes: an A block of MC x KC and a B panel of KC x NC, or, when A
@@ -789,18 +761,21 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
     ncb = (DT__GEMM_BUF - mcb * DT__GEMM_KC) / DT__GEMM_KC / NR * NR;
   }
   float *bp = ap + mcb * DT__GEMM_KC + 16;
+  const float *bias = ep ? ep->bias : NULL;
+  int relu = ep && ep->relu;
 
   /* The order of the loops does not change any result: every element of C
    * is summed over the same k blocks in the same order. */
   if (few_rows) { /* pack A once per k block, then B panels in turn */
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
-      float beta_blk = pc == 0 ? beta : 1.0f;
+      float beta_blk = pc == 0 && !bias ? beta : 1.0f;
       pa->pack_a(trans_a, a, lda, 0, pc, m, kc, ap);
       for (int64_t jc = 0; jc < n; jc += ncb) {
         int64_t nc = DT__MIN(ncb, n - jc);
         pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
-        dt__gemm_macro(pa, m, nc, kc, alpha, ap, bp, beta_blk, c + jc, ldc);
+        dt__gemm_macro(pa, m, nc, kc, alpha, ap, bp, beta_blk, c + jc, ldc, pc == 0 && bias ? bias + jc : NULL,
+                       relu && pc + kc >= k);
       }
     }
     return;
@@ -811,12 +786,13 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
     nc = n - jc <= ncb + NR ? n - jc : ncb;
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
-      float beta_blk = pc == 0 ? beta : 1.0f; /* later k blocks add to C */
+      float beta_blk = pc == 0 && !bias ? beta : 1.0f; /* later k blocks add to C */
       pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
       for (int64_t ic = 0; ic < m; ic += mcb) {
         int64_t mc = DT__MIN(mcb, m - ic);
         pa->pack_a(trans_a, a, lda, ic, pc, mc, kc, ap);
-        dt__gemm_macro(pa, mc, nc, kc, alpha, ap, bp, beta_blk, c + ic * ldc + jc, ldc);
+        dt__gemm_macro(pa, mc, nc, kc, alpha, ap, bp, beta_blk, c + ic * ldc + jc, ldc,
+                       pc == 0 && bias ? bias + jc : NULL, relu && pc + kc >= k);
       }
     }
   }
@@ -843,34 +819,42 @@ typedef struct dt__gemm_job {
   float alpha, beta;
   const float *a, *b;
   float *c;
+  const dt__gemm_epi *ep;
 } dt__gemm_job;
 
 static void dt__gemm_part(void *arg, int part, int nparts) {
   const dt__gemm_job *j = (const dt__gemm_job *)arg;
   int64_t t0 = j->tiles * part / nparts, t1 = j->tiles * (part + 1) / nparts;
   if (t0 >= t1) return;
-  if (j->dot) { /* blocks of 3 rows */
+  if (j->dot) { /* blocks of 3 rows; the epilogue over them, before and after */
     int64_t i0 = t0 * 3, i1 = DT__MIN(j->m, t1 * 3);
-    j->dot(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb, j->beta, j->c + i0 * j->ldc,
-           j->ldc);
+    float *c = j->c + i0 * j->ldc;
+    if (j->ep && j->ep->bias) dt__gemm_bias_rows(j->ep->bias, i1 - i0, j->n, c, j->ldc);
+    j->dot(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb,
+           j->ep && j->ep->bias ? 1.0f : j->beta, c, j->ldc);
+    if (j->ep && j->ep->relu) dt__relu_rows(c, i1 - i0, j->n, j->ldc);
     return;
   }
   if (j->by_rows) {
     int64_t i0 = t0 * j->pa->mr, i1 = DT__MIN(j->m, t1 * j->pa->mr);
     const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
     dt__gemm_run(j->pa, j->trans_a, j->trans_b, i1 - i0, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb, j->beta,
-                 j->c + i0 * j->ldc, j->ldc);
+                 j->c + i0 * j->ldc, j->ldc, j->ep);
   } else {
     int64_t c0 = t0 * j->pa->nr, c1 = DT__MIN(j->n, t1 * j->pa->nr);
     const float *b = j->trans_b ? j->b + c0 * j->ldb : j->b + c0;
+    dt__gemm_epi ep = {NULL, 0}; /* the bias from this block's first column */
+    if (j->ep) ep = *j->ep;
+    if (ep.bias) ep.bias += c0;
     dt__gemm_run(j->pa, j->trans_a, j->trans_b, j->m, c1 - c0, j->k, j->alpha, j->a, j->lda, b, j->ldb, j->beta,
-                 j->c + c0, j->ldc);
+                 j->c + c0, j->ldc, j->ep ? &ep : NULL);
   }
 }
 
-DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                         float beta, float *c, int64_t ldc) {
+/* dt_sgemm with the epilogue ep (or NULL). */
+static void dt__sgemm_do(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc,
+                         const dt__gemm_epi *ep) {
   if (m <= 0 || n <= 0) return;
   /* A and B are read only when k > 0 (and alpha != 0 for this kernel; BLAS
    * may still read them): refuse NULL ones, as a C that is NULL, before any
@@ -883,17 +867,23 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
    * (not reachable with the arena's limits) fall through to the C kernel. */
   if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
-    if (k <= 0) {
-      dt__gemm_scale(m, n, beta, c, ldc);
-      return;
+    if (ep && ep->bias) {
+      dt__gemm_bias_rows(ep->bias, m, n, c, ldc);
+      beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
-                (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    if (k <= 0)
+      dt__gemm_scale(m, n, beta, c, ldc);
+    else
+      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
+                  (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    if (ep && ep->relu) dt__relu_rows(c, m, n, ldc);
     return;
   }
 #endif
   if (k <= 0 || alpha == 0.0f) {
-    dt__gemm_scale(m, n, beta, c, ldc);
+    if (ep && ep->bias) dt__gemm_bias_rows(ep->bias, m, n, c, ldc);
+    dt__gemm_scale(m, n, ep && ep->bias ? 1.0f : beta, c, ldc);
+    if (ep && ep->relu) dt__relu_rows(c, m, n, ldc);
     return;
   }
   int path = DT__GEMM_LOAD(dt__gemm_bf16_on) ? DT__GEMM_PATH_BF16 : dt__gemm_path_id();
@@ -933,6 +923,7 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
     j.a = a;
     j.b = b;
     j.c = c;
+    j.ep = ep;
     int parts = (int)DT__MIN((int64_t)threads, j.tiles);
     if (parts > 1) {
       dt__par_run(parts, dt__gemm_part, &j);
@@ -943,7 +934,18 @@ DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
       return;
     }
   }
-  dt__gemm_run(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  dt__gemm_run(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep);
+}
+
+DTRAIN_API void dt_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  dt__sgemm_do(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
+}
+
+DTRAIN_PRIVATE void dt__sgemm_epi(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+                                  int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                                  const dt__gemm_epi *ep) {
+  dt__sgemm_do(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, ep);
 }
 
 #undef DT__GEMM_MR

@@ -64,6 +64,12 @@ DTRAIN_API dt_tensor *dt_nn_linear_forward(dt_graph *g, const dt_nn_linear *l, d
   return dt_linear(g, x, dt_param(g, l->w), l->b >= 0 ? dt_param(g, l->b) : NULL);
 }
 
+DTRAIN_API dt_tensor *dt_nn_linear_relu_forward(dt_graph *g, const dt_nn_linear *l, dt_tensor *x) {
+  if (!dt__begin(g, "dt_nn_linear_relu_forward", 1, x)) return NULL;
+  if (!l) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_nn_linear_relu_forward: layer is NULL");
+  return dt_linear_relu(g, x, dt_param(g, l->w), l->b >= 0 ? dt_param(g, l->b) : NULL);
+}
+
 /* ---- conv2d ---------------------------------------------------------------------------- */
 
 DTRAIN_API dt_result dt_nn_conv2d_init(dt_nn_conv2d *l, dt_params *p, const char *name, int in, int out,

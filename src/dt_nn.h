@@ -20,6 +20,8 @@ DTRAIN_API dt_result dt_nn_linear_init(dt_nn_linear *l, dt_params *p, const char
                                        int64_t in, int64_t out, int bias);
 /* x [..., in] -> [..., out] */
 DTRAIN_API dt_tensor *dt_nn_linear_forward(dt_graph *g, const dt_nn_linear *l, dt_tensor *x);
+/* relu(dt_nn_linear_forward(l, x)), fused: dt_linear_relu */
+DTRAIN_API dt_tensor *dt_nn_linear_relu_forward(dt_graph *g, const dt_nn_linear *l, dt_tensor *x);
 
 /* W [out,in,k,k] (He uniform), b [out]. */
 typedef struct dt_nn_conv2d { int w, b; int in, out, kernel, stride, padding; } dt_nn_conv2d;

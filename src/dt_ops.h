@@ -86,6 +86,13 @@ DTRAIN_API dt_tensor *dt_matmul(dt_graph *g, dt_tensor *a, dt_tensor *b);
 DTRAIN_API dt_tensor *dt_bmm(dt_graph *g, dt_tensor *a, dt_tensor *b, int trans_b);
 /* x [N,in] @ w[out,in]^T + b[out] -> [N,out]; b may be NULL. (PyTorch layout.) */
 DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b);
+/* relu(dt_linear(x, w, b)) in one op (b may be NULL): the GEMM adds the bias and applies the
+ * ReLU to each tile of the result while it is in cache, and backward masks
+ * the gradient and sums the bias gradient in one pass. Values and gradients
+ * are those of dt_relu_inplace(g, dt_linear(g, x, w, b)) bit for bit; as
+ * there, after backward the result's grad holds the gradient before the
+ * ReLU (masked). */
+DTRAIN_API dt_tensor *dt_linear_relu(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b);
 
 /* ---- softmax and losses ----------------------------------------------------- */
 DTRAIN_API dt_tensor *dt_softmax(dt_graph *g, dt_tensor *x, int axis);

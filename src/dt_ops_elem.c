@@ -269,6 +269,30 @@ static void dt__relu_inplace_fwd_range(void *arg, int64_t lo, int64_t hi) {
   for (; i < n; i++) d[i] = dt__map_relu(d[i], 0.0f);
 }
 
+DTRAIN_PRIVATE void dt__relu_mask_rows(float *go, const float *y, int64_t rows, int64_t cols, float *gb) {
+  for (int64_t r = 0; r < rows; r++) {
+    float *gr = go + r * cols;
+    const float *yr = y + r * cols;
+    int64_t i = 0;
+#ifdef DT__ELEM_SSE
+    const __m128 z = _mm_setzero_ps();
+    for (; i + 4 <= cols; i += 4) { /* dt__relu_inplace_bwd_range's operations */
+      __m128 v = _mm_add_ps(_mm_and_ps(_mm_cmpnle_ps(_mm_loadu_ps(yr + i), z), _mm_loadu_ps(gr + i)), z);
+      _mm_storeu_ps(gr + i, v);
+      if (gb) _mm_storeu_ps(gb + i, _mm_add_ps(_mm_loadu_ps(gb + i), v));
+    }
+#endif
+    for (; i < cols; i++) {
+      gr[i] = yr[i] <= 0.0f ? 0.0f : gr[i] + 0.0f;
+      if (gb) gb[i] += gr[i];
+    }
+  }
+}
+
+DTRAIN_PRIVATE void dt__relu_rows(float *c, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; r++) dt__relu_inplace_fwd_range(c + r * ld, 0, cols);
+}
+
 static void dt__relu_inplace_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0];
   if (!(x->flags & DTRAIN_TENSOR_REQUIRES_GRAD)) return;

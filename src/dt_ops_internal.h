@@ -55,6 +55,34 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_pool(dt_graph *g, dt_tensor *x, int kernel, in
 #define DT__SIMD_AVX512 2 /* AVX-512F */
 DTRAIN_PRIVATE int dt__simd_level(void);
 
+/* dt_gemm_neon.c: the NEON path's micro-kernel (aarch64) */
+#if !defined(DTRAIN_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+#  define DT__NEON_GEMM 1
+DTRAIN_PRIVATE void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                        float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
+#endif
+
+/* ---- GEMM with an epilogue (dt_gemm.c; dt_linear_relu, dt_linear) ----------------
+ * dt__sgemm_epi: C = op(A) @ op(B) (alpha 1, beta 0), with bias [n] added to
+ * every row and/or ReLU applied on the way, tile by tile while each tile of
+ * C is in L1 (bias before its first k block, ReLU after its last), not in
+ * passes over C. Bit for bit what rows of bias, dt_sgemm with beta 1 and
+ * dt_relu_inplace give. dt__relu_rows: ReLU (x <= 0 -> +0, NaN kept, as
+ * dt_relu) over rows x cols at stride ld (dt_ops_elem.c). The device path
+ * of dt_linear computes dt_linear_relu's ReLU as a second kernel. */
+typedef struct dt__gemm_epi {
+  const float *bias; /* [n] or NULL */
+  int relu;
+} dt__gemm_epi;
+DTRAIN_PRIVATE void dt__sgemm_epi(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+                                  int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                                  const dt__gemm_epi *ep);
+DTRAIN_PRIVATE void dt__relu_rows(float *c, int64_t rows, int64_t cols, int64_t ld);
+/* go [rows, cols] masked in place where y <= 0 (dt_relu_inplace's backward),
+ * and each masked row added into gb [cols] in row order, when gb is not NULL
+ * (dt_ops_elem.c). */
+DTRAIN_PRIVATE void dt__relu_mask_rows(float *go, const float *y, int64_t rows, int64_t cols, float *gb);
+
 /* ---- GEMM (dt_gemm.c, dt_gemm_avx512.c) -----------------------------------------
  * dt_sgemm is the public entry; ops call it directly. DT__X86_SIMD: x86-64
  * with GCC or clang, where the AVX2 and AVX-512 kernels are compiled (with

@@ -116,20 +116,22 @@ DTRAIN_API dt_tensor *dt_bmm(dt_graph *g, dt_tensor *a, dt_tensor *b, int trans_
   return dt__matmul(g, "dt_bmm", a, b, trans_b != 0);
 }
 
-/* ---- linear ---------------------------------------------------------------------
- * x [..., in] viewed as [rows, in]; y [rows, out] = x @ w^T + b.
- * iaux[0] = rows, iaux[1] = in, iaux[2] = out. */
+/* ---- linear, and linear + ReLU --------------------------------------------------
+ * x [..., in] viewed as [rows, in]; y [rows, out] = x @ w^T + b, or relu of
+ * it (dt_linear_relu: the bias and the ReLU applied by the GEMM tile by tile,
+ * dt__sgemm_epi). iaux[0] = rows, iaux[1] = in, iaux[2] = out. */
 
-static void dt__linear_backward(dt_graph *g, dt_tensor *y) {
+/* dx and dw from gy, and db from gy when sum_bias (dt_linear_relu sums it
+ * while it masks gy). */
+static void dt__linear_grads(dt_graph *g, dt_tensor *y, const float *gy, int sum_bias) {
   dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
   /* dx and dw are written, not added, when nothing was added to them yet
    * (dt__grad_first: a fresh activation gradient, a parameter's deferred
    * one); the sgemm's beta 0 then never reads them. */
   int new_x, new_w;
-  float *gx = dt__grad_first(g, x, &new_x), *gw = dt__grad_first(g, w, &new_w), *gb = dt__grad(g, b);
+  float *gx = dt__grad_first(g, x, &new_x), *gw = dt__grad_first(g, w, &new_w), *gb = sum_bias ? dt__grad(g, b) : NULL;
   if (g->err != DTRAIN_OK) return;
   int64_t rows = y->iaux[0], in = y->iaux[1], out = y->iaux[2];
-  const float *gy = y->grad;
   if (gx) dt_sgemm(0, 0, rows, in, out, 1.0f, gy, out, w->data, in, new_x ? 0.0f : 1.0f, gx, in); /* dx += dy @ w */
   if (gw) dt_sgemm(1, 0, out, in, rows, 1.0f, gy, out, x->data, in, new_w ? 0.0f : 1.0f, gw, in); /* dw += dy^T @ x */
   if (gb)
@@ -137,9 +139,22 @@ static void dt__linear_backward(dt_graph *g, dt_tensor *y) {
       for (int64_t o = 0; o < out; o++) gb[o] += gy[r * out + o];
 }
 
-DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b) {
-  const char *op = "dt_linear";
-  if (!dt__begin(g, op, 2, x, w)) return NULL;
+static void dt__linear_backward(dt_graph *g, dt_tensor *y) {
+  dt__linear_grads(g, y, y->grad, 1);
+}
+
+/* y's gradient is final when this node runs (as in dt_relu_inplace's
+ * backward): it is masked where it stands, the bias gradient summed in the
+ * same pass, in dt_relu_inplace's and dt_linear's order. */
+static void dt__linear_relu_backward(dt_graph *g, dt_tensor *y) {
+  dt_tensor *b = y->src[2];
+  float *gb = dt__grad(g, b);
+  if (g->err != DTRAIN_OK) return;
+  dt__relu_mask_rows(y->grad, y->data, y->iaux[0], y->iaux[2], gb);
+  dt__linear_grads(g, y, y->grad, 0);
+}
+
+static dt_tensor *dt__linear(dt_graph *g, const char *op, dt_tensor *x, dt_tensor *w, dt_tensor *b, int relu) {
   if (b && b->graph != g) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_INVALID_ARG, "%s: bias belongs to another graph", op);
   char s1[96], s2[96], s3[96];
   if (x->ndim < 1 || w->ndim != 2 || (b && b->ndim != 1))
@@ -160,16 +175,27 @@ DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
   for (int d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
   shape[x->ndim - 1] = out;
   int64_t rows = x->size / in;
-  if (g->device) return dt__dev_linear(g, x, w, b, rows, in, out, x->ndim, shape);
+  if (g->device) {
+    dt_tensor *y = dt__dev_linear(g, x, w, b, rows, in, out, x->ndim, shape);
+    return relu ? dt_relu_inplace(g, y) : y; /* on a device, two kernels */
+  }
   dt_tensor *y = dt__new(g, op, x->ndim, shape);
   if (!y) return NULL;
-  if (b) {
-    for (int64_t r = 0; r < rows; r++) memcpy(y->data + r * out, b->data, (size_t)out * sizeof(float));
-  }
-  dt_sgemm(0, 1, rows, out, in, 1.0f, x->data, in, w->data, in, b ? 1.0f : 0.0f, y->data, out);
+  dt__gemm_epi ep = {b ? b->data : NULL, relu};
+  dt__sgemm_epi(0, 1, rows, out, in, x->data, in, w->data, in, y->data, out, &ep);
   y->iaux[0] = rows;
   y->iaux[1] = in;
   y->iaux[2] = out;
-  dt__record(g, y, op, dt__linear_backward, x, w, b);
+  dt__record(g, y, op, relu ? dt__linear_relu_backward : dt__linear_backward, x, w, b);
   return dt__finish(g, y);
+}
+
+DTRAIN_API dt_tensor *dt_linear(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b) {
+  if (!dt__begin(g, "dt_linear", 2, x, w)) return NULL;
+  return dt__linear(g, "dt_linear", x, w, b, 0);
+}
+
+DTRAIN_API dt_tensor *dt_linear_relu(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b) {
+  if (!dt__begin(g, "dt_linear_relu", 2, x, w)) return NULL;
+  return dt__linear(g, "dt_linear_relu", x, w, b, 1);
 }

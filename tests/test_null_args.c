@@ -2474,6 +2474,63 @@ static void nt_dt_linear(void) {
   }
   nt_teardown(&f);
 }
+/* dt_ops.h: dt_tensor * dt_linear_relu(dt_graph * g, dt_tensor * x, dt_tensor * w, dt_tensor * b) */
+static void nt_dt_linear_relu(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_linear_relu(NULL, NULL, NULL, NULL)");
+    dt_tensor * r_ = dt_linear_relu(NULL, NULL, NULL, NULL);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_linear_relu(NULL, x, w, b)");
+      dt_tensor * r_ = dt_linear_relu(NULL, f.t, f.t, f.t);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_linear_relu(g, NULL, w, b)");
+      dt_tensor * r_ = dt_linear_relu(f.g, NULL, f.t, f.t);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_linear_relu(g, x, NULL, b)");
+      dt_tensor * r_ = dt_linear_relu(f.g, f.t, NULL, f.t);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_linear_relu(g, x, w, NULL)");
+      dt_tensor * r_ = dt_linear_relu(f.g, f.t, f.t, NULL);
+      nt_check_ptr(r_ != NULL, 1);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
 /* dt_ops.h: dt_tensor * dt_softmax(dt_graph * g, dt_tensor * x, int axis) */
 static void nt_dt_softmax(void) {
   nt_fix f;
@@ -3867,6 +3924,52 @@ static void nt_dt_nn_linear_forward(void) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_nn_linear_forward(g, l, NULL)");
       dt_tensor * r_ = dt_nn_linear_forward(f.g, &f.z_dt_nn_linear, NULL);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_nn.h: dt_tensor * dt_nn_linear_relu_forward(dt_graph * g, const dt_nn_linear * l, dt_tensor * x) */
+static void nt_dt_nn_linear_relu_forward(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_nn_linear_relu_forward(NULL, NULL, NULL)");
+    dt_tensor * r_ = dt_nn_linear_relu_forward(NULL, NULL, NULL);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_nn_linear_relu_forward(NULL, l, x)");
+      dt_tensor * r_ = dt_nn_linear_relu_forward(NULL, &f.z_dt_nn_linear, f.t);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_nn_linear_relu_forward(g, NULL, x)");
+      dt_tensor * r_ = dt_nn_linear_relu_forward(f.g, NULL, f.t);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_nn_linear_relu_forward(g, l, NULL)");
+      dt_tensor * r_ = dt_nn_linear_relu_forward(f.g, &f.z_dt_nn_linear, NULL);
       nt_check_ptr(r_ != NULL, 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
@@ -8899,6 +9002,7 @@ int main(void) {
   TH_RUN(nt_dt_matmul);
   TH_RUN(nt_dt_bmm);
   TH_RUN(nt_dt_linear);
+  TH_RUN(nt_dt_linear_relu);
   TH_RUN(nt_dt_softmax);
   TH_RUN(nt_dt_log_softmax);
   TH_RUN(nt_dt_cross_entropy);
@@ -8952,6 +9056,7 @@ int main(void) {
   TH_RUN(nt_dt_clip_grad_norm);
   TH_RUN(nt_dt_nn_linear_init);
   TH_RUN(nt_dt_nn_linear_forward);
+  TH_RUN(nt_dt_nn_linear_relu_forward);
   TH_RUN(nt_dt_nn_conv2d_init);
   TH_RUN(nt_dt_nn_conv2d_forward);
   TH_RUN(nt_dt_nn_embedding_init);

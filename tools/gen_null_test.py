@@ -47,6 +47,7 @@ NULLABLE = {
     "dt_set_allocator": {"a"},
     "dt_set_logger": {"fn", "user"},
     "dt_linear": {"b"},
+    "dt_linear_relu": {"b"},
     "dt_tp_column_linear": {"b"},
     "dt_tp_row_linear": {"b"},
     "dt_tp_attention": {"b_qkv", "b_proj"},
