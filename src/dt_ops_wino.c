@@ -379,26 +379,35 @@ typedef struct dt__wino_kjob {
 } dt__wino_kjob;
 #define DT__WINO_K_PAR_MIN 256 /* kernels below which one thread is faster */
 
-/* u[xi][o][c] = (G w[o][c] G^T)[xi] for kernels [lo, hi) of w [O, C, 5, 5]. */
+/* u[xi][o][c] = (G w[o][c] G^T)[xi] for kernels [lo, hi) of w [O, C, 5, 5],
+ * DT__WINO_KL kernels at a time: the lanes of fixed-length loops that the
+ * compiler vectorises (the kernels' 25 weights gathered lane by lane first;
+ * u is contiguous along the kernels). Each lane gets the operations of one
+ * kernel alone, in a fixed order; lanes past hi compute zeros, unstored. */
+#define DT__WINO_KL 8
 static void dt__wino_kernels_range(void *arg, int64_t lo, int64_t hi) {
   const dt__wino_kjob *kj = (const dt__wino_kjob *)arg;
   const float *w = kj->src;
   float *u = kj->dst;
   int64_t oc = kj->q->o * kj->q->c;
-  for (int64_t k = lo; k < hi; k++) {
-    const float *g = w + k * 25;
-    float t[6][5];
+  for (int64_t k0 = lo; k0 < hi; k0 += DT__WINO_KL) {
+    int nl = (int)DT__MIN((int64_t)DT__WINO_KL, hi - k0);
+    float g[25][DT__WINO_KL], t[6][5][DT__WINO_KL], acc[DT__WINO_KL];
+    for (int e = 0; e < 25; e++)
+      for (int l = 0; l < DT__WINO_KL; l++) g[e][l] = l < nl ? w[(k0 + l) * 25 + e] : 0.0f;
     for (int a = 0; a < 6; a++)
       for (int j = 0; j < 5; j++) {
-        float acc = 0.0f;
-        for (int i = 0; i < 5; i++) acc += dt__wino_g[a][i] * g[i * 5 + j];
-        t[a][j] = acc;
+        for (int l = 0; l < DT__WINO_KL; l++) acc[l] = 0.0f;
+        for (int i = 0; i < 5; i++)
+          for (int l = 0; l < DT__WINO_KL; l++) acc[l] += dt__wino_g[a][i] * g[i * 5 + j][l];
+        for (int l = 0; l < DT__WINO_KL; l++) t[a][j][l] = acc[l];
       }
     for (int a = 0; a < 6; a++)
       for (int b = 0; b < 6; b++) {
-        float acc = 0.0f;
-        for (int j = 0; j < 5; j++) acc += t[a][j] * dt__wino_g[b][j];
-        u[(a * 6 + b) * oc + k] = acc;
+        for (int l = 0; l < DT__WINO_KL; l++) acc[l] = 0.0f;
+        for (int j = 0; j < 5; j++)
+          for (int l = 0; l < DT__WINO_KL; l++) acc[l] += t[a][j][l] * dt__wino_g[b][j];
+        memcpy(u + (a * 6 + b) * oc + k0, acc, (size_t)nl * sizeof(float));
       }
   }
 }
@@ -408,26 +417,33 @@ static void dt__wino_kernels(const dt__conv_geom *q, const float *w, float *u) {
   dt__par_range(q->o * q->c, 16, DT__WINO_K_PAR_MIN, dt__wino_kernels_range, &j);
 }
 
-/* The adjoint: gw[o][c] += G^T du[.][o][c] G, kernels [lo, hi). */
+/* The adjoint: gw[o][c] += G^T du[.][o][c] G, kernels [lo, hi), in lanes
+ * as above. */
 static void dt__wino_kernels_adjoint_range(void *arg, int64_t lo, int64_t hi) {
   const dt__wino_kjob *kj = (const dt__wino_kjob *)arg;
   const float *du = kj->src;
   float *gw = kj->dst;
   int64_t oc = kj->q->o * kj->q->c;
-  for (int64_t k = lo; k < hi; k++) {
-    float t[6][5];
+  for (int64_t k0 = lo; k0 < hi; k0 += DT__WINO_KL) {
+    int nl = (int)DT__MIN((int64_t)DT__WINO_KL, hi - k0);
+    float d[36][DT__WINO_KL], t[6][5][DT__WINO_KL], acc[DT__WINO_KL];
+    for (int xi = 0; xi < 36; xi++) {
+      memset(d[xi], 0, sizeof d[xi]);
+      memcpy(d[xi], du + xi * oc + k0, (size_t)nl * sizeof(float));
+    }
     for (int a = 0; a < 6; a++)
       for (int j = 0; j < 5; j++) {
-        float acc = 0.0f;
-        for (int b = 0; b < 6; b++) acc += du[(a * 6 + b) * oc + k] * dt__wino_g[b][j];
-        t[a][j] = acc;
+        for (int l = 0; l < DT__WINO_KL; l++) acc[l] = 0.0f;
+        for (int b = 0; b < 6; b++)
+          for (int l = 0; l < DT__WINO_KL; l++) acc[l] += d[a * 6 + b][l] * dt__wino_g[b][j];
+        for (int l = 0; l < DT__WINO_KL; l++) t[a][j][l] = acc[l];
       }
-    float *g = gw + k * 25;
     for (int i = 0; i < 5; i++)
       for (int j = 0; j < 5; j++) {
-        float acc = 0.0f;
-        for (int a = 0; a < 6; a++) acc += dt__wino_g[a][i] * t[a][j];
-        g[i * 5 + j] += acc;
+        for (int l = 0; l < DT__WINO_KL; l++) acc[l] = 0.0f;
+        for (int a = 0; a < 6; a++)
+          for (int l = 0; l < DT__WINO_KL; l++) acc[l] += dt__wino_g[a][i] * t[a][j][l];
+        for (int l = 0; l < nl; l++) gw[(k0 + l) * 25 + i * 5 + j] += acc[l];
       }
   }
 }
@@ -602,6 +618,7 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
 
 #undef DT__WINO_L
 #undef DT__WINO_K_PAR_MIN
+#undef DT__WINO_KL
 #undef DT__WINO_COLS
 #undef DT__WINO_INLINE
 #undef DT__WV_LD
