@@ -12714,6 +12714,10 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
 #  define DT__POOL_SSE 1
 #  include <emmintrin.h>
 #endif
+#if defined(DT__POOL_SSE) && defined(DT__X86_SIMD) /* dt_ops_internal.h: AVX2 picked at run time */
+#  define DT__POOL_AVX2 1
+#  include <immintrin.h>
+#endif
 
 /* Checks the arguments (dt__begin included); 0 when g has failed. */
 static int dt__pool_check(dt_graph *g, const char *op, dt_tensor *x, int kernel, int stride) {
@@ -12758,6 +12762,114 @@ static __m128 dt__pool_max4(__m128 best, __m128 v) {
   __m128 take = _mm_or_ps(_mm_cmpgt_ps(v, best), _mm_and_ps(_mm_cmpunord_ps(v, v), _mm_cmpord_ps(best, best)));
   return _mm_or_ps(_mm_and_ps(take, v), _mm_andnot_ps(take, best));
 }
+
+/* 2x2 windows, stride 2: 4 outputs from 2 x 8 inputs (rows r0, r1 at the
+ * windows' first column). */
+static void dt__pool2_fwd4(const float *r0, const float *r1, float *yo) {
+  __m128 a0 = _mm_loadu_ps(r0), a1 = _mm_loadu_ps(r0 + 4);
+  __m128 b0 = _mm_loadu_ps(r1), b1 = _mm_loadu_ps(r1 + 4);
+  __m128 best = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+  best = dt__pool_max4(best, _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)));
+  best = dt__pool_max4(best, _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)));
+  best = dt__pool_max4(best, _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)));
+  _mm_storeu_ps(yo, best);
+}
+
+/* The backward of 4 such windows: g0, g1 (x's gradient rows) += go at each
+ * window's winner, in the lanes of keep (all ones, or the windows not done
+ * yet when the last 4 of a row overlap the ones before). */
+static void dt__pool2_bwd4(const float *r0, const float *r1, float *g0, float *g1, const float *yd, const float *go,
+                           __m128 keep) {
+  __m128 best = _mm_loadu_ps(yd), gv = _mm_and_ps(keep, _mm_loadu_ps(go));
+  __m128 bnan = _mm_cmpunord_ps(best, best);
+  __m128 a0 = _mm_loadu_ps(r0), a1 = _mm_loadu_ps(r0 + 4);
+  __m128 b0 = _mm_loadu_ps(r1), b1 = _mm_loadu_ps(r1 + 4);
+  __m128 v[4], e[4];
+  v[0] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+  v[1] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1));
+  v[2] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0));
+  v[3] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1));
+  __m128 taken = _mm_setzero_ps(), taken_nan = _mm_setzero_ps();
+  for (int t = 0; t < 4; t++) { /* a NaN never compares equal: only the lanes with a number */
+    __m128 eq = _mm_andnot_ps(taken, _mm_cmpeq_ps(v[t], best)); /* the first match only */
+    taken = _mm_or_ps(taken, eq);
+    e[t] = eq;
+  }
+  for (int t = 3; t >= 0; t--) { /* the lanes whose output is NaN: the last NaN */
+    __m128 isn = _mm_andnot_ps(taken_nan, _mm_and_ps(bnan, _mm_cmpunord_ps(v[t], v[t])));
+    taken_nan = _mm_or_ps(taken_nan, isn);
+    e[t] = _mm_and_ps(_mm_or_ps(e[t], isn), gv);
+  }
+  _mm_storeu_ps(g0, _mm_add_ps(_mm_loadu_ps(g0), _mm_unpacklo_ps(e[0], e[1])));
+  _mm_storeu_ps(g0 + 4, _mm_add_ps(_mm_loadu_ps(g0 + 4), _mm_unpackhi_ps(e[0], e[1])));
+  _mm_storeu_ps(g1, _mm_add_ps(_mm_loadu_ps(g1), _mm_unpacklo_ps(e[2], e[3])));
+  _mm_storeu_ps(g1 + 4, _mm_add_ps(_mm_loadu_ps(g1 + 4), _mm_unpackhi_ps(e[2], e[3])));
+}
+#endif
+
+#ifdef DT__POOL_AVX2
+/* The same 2x2 windows 8 at a time (AVX2): the even and odd columns of 16
+ * inputs come out of the in-lane shuffles as windows 0 1 4 5 | 2 3 6 7, so
+ * the outputs and gradients are loaded and stored through the one
+ * permutation that swaps the middle 64-bit pairs; the unpacks then give the
+ * inputs' own order back. Each lane has the SSE block's operations: the same
+ * bits. Both return the windows done, a multiple of 8. */
+#  define DT__POOL_SWAP(v) _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), 0xD8))
+__attribute__((target("avx2"))) static __m256 dt__pool_max8(__m256 best, __m256 v) {
+  __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ),
+                             _mm256_and_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q), _mm256_cmp_ps(best, best, _CMP_ORD_Q)));
+  return _mm256_or_ps(_mm256_and_ps(take, v), _mm256_andnot_ps(take, best));
+}
+
+__attribute__((target("avx2"))) static int64_t dt__pool2_fwd_row_avx2(const float *r0, const float *r1, float *yo,
+                                                                      int64_t wo) {
+  int64_t ow = 0;
+  for (; ow + 8 <= wo; ow += 8) {
+    __m256 a0 = _mm256_loadu_ps(r0 + 2 * ow), a1 = _mm256_loadu_ps(r0 + 2 * ow + 8);
+    __m256 b0 = _mm256_loadu_ps(r1 + 2 * ow), b1 = _mm256_loadu_ps(r1 + 2 * ow + 8);
+    __m256 best = _mm256_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+    best = dt__pool_max8(best, _mm256_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)));
+    best = dt__pool_max8(best, _mm256_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)));
+    best = dt__pool_max8(best, _mm256_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm256_storeu_ps(yo + ow, DT__POOL_SWAP(best));
+  }
+  return ow;
+}
+
+__attribute__((target("avx2"))) static int64_t dt__pool2_bwd_row_avx2(const float *r0, const float *r1, float *g0,
+                                                                      float *g1, const float *yd, const float *go,
+                                                                      int64_t wo) {
+  int64_t ow = 0;
+  for (; ow + 8 <= wo; ow += 8) {
+    __m256 best = DT__POOL_SWAP(_mm256_loadu_ps(yd + ow)), gv = DT__POOL_SWAP(_mm256_loadu_ps(go + ow));
+    __m256 bnan = _mm256_cmp_ps(best, best, _CMP_UNORD_Q);
+    __m256 a0 = _mm256_loadu_ps(r0 + 2 * ow), a1 = _mm256_loadu_ps(r0 + 2 * ow + 8);
+    __m256 b0 = _mm256_loadu_ps(r1 + 2 * ow), b1 = _mm256_loadu_ps(r1 + 2 * ow + 8);
+    __m256 v[4], e[4];
+    v[0] = _mm256_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+    v[1] = _mm256_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1));
+    v[2] = _mm256_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0));
+    v[3] = _mm256_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1));
+    __m256 taken = _mm256_setzero_ps(), taken_nan = _mm256_setzero_ps();
+    for (int t = 0; t < 4; t++) {
+      __m256 eq = _mm256_andnot_ps(taken, _mm256_cmp_ps(v[t], best, _CMP_EQ_OQ));
+      taken = _mm256_or_ps(taken, eq);
+      e[t] = eq;
+    }
+    for (int t = 3; t >= 0; t--) {
+      __m256 isn = _mm256_andnot_ps(taken_nan, _mm256_and_ps(bnan, _mm256_cmp_ps(v[t], v[t], _CMP_UNORD_Q)));
+      taken_nan = _mm256_or_ps(taken_nan, isn);
+      e[t] = _mm256_and_ps(_mm256_or_ps(e[t], isn), gv);
+    }
+    float *p0 = g0 + 2 * ow, *p1 = g1 + 2 * ow;
+    _mm256_storeu_ps(p0, _mm256_add_ps(_mm256_loadu_ps(p0), _mm256_unpacklo_ps(e[0], e[1])));
+    _mm256_storeu_ps(p0 + 8, _mm256_add_ps(_mm256_loadu_ps(p0 + 8), _mm256_unpackhi_ps(e[0], e[1])));
+    _mm256_storeu_ps(p1, _mm256_add_ps(_mm256_loadu_ps(p1), _mm256_unpacklo_ps(e[2], e[3])));
+    _mm256_storeu_ps(p1 + 8, _mm256_add_ps(_mm256_loadu_ps(p1 + 8), _mm256_unpackhi_ps(e[2], e[3])));
+  }
+  return ow;
+}
+#  undef DT__POOL_SWAP
 #endif
 
 /* Backward finds the winner again instead of keeping an index per output
@@ -12778,41 +12890,30 @@ typedef struct dt__pool_job {
 static void dt__pool_max_bwd_planes(const dt__pool_job *jb, int64_t p0, int64_t p1) {
   int64_t k = jb->k, s = jb->s, h = jb->h, w = jb->w, ho = jb->ho, wo = jb->wo;
   const float *go = jb->go, *yd = jb->yd;
+#ifdef DT__POOL_AVX2
+  const int avx2 = dt__simd_level() >= DT__SIMD_AVX2;
+#endif
   for (int64_t pl = p0; pl < p1; pl++) {
     const float *xp = jb->x + pl * h * w;
     float *gp = jb->gx + pl * h * w;
     for (int64_t oh = 0; oh < ho; oh++) {
       int64_t ow = 0;
 #ifdef DT__POOL_SSE
-      if (k == 2 && s == 2) { /* 4 windows at a time: masks of the winners, no branches */
+      if (k == 2 && s == 2 && wo >= 4) { /* masks of the winners, no branches; no scalar tail */
         const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
         float *g0 = gp + 2 * oh * w, *g1 = g0 + w;
-        for (; ow + 4 <= wo; ow += 4) {
-          int64_t o = (pl * ho + oh) * wo + ow;
-          __m128 best = _mm_loadu_ps(yd + o), gv = _mm_loadu_ps(go + o);
-          __m128 bnan = _mm_cmpunord_ps(best, best);
-          __m128 a0 = _mm_loadu_ps(r0 + 2 * ow), a1 = _mm_loadu_ps(r0 + 2 * ow + 4);
-          __m128 b0 = _mm_loadu_ps(r1 + 2 * ow), b1 = _mm_loadu_ps(r1 + 2 * ow + 4);
-          __m128 v[4], e[4];
-          v[0] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
-          v[1] = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1));
-          v[2] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0));
-          v[3] = _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1));
-          __m128 taken = _mm_setzero_ps(), taken_nan = _mm_setzero_ps();
-          for (int t = 0; t < 4; t++) { /* a NaN never compares equal: only the lanes with a number */
-            __m128 eq = _mm_andnot_ps(taken, _mm_cmpeq_ps(v[t], best)); /* the first match only */
-            taken = _mm_or_ps(taken, eq);
-            e[t] = eq;
-          }
-          for (int t = 3; t >= 0; t--) { /* the lanes whose output is NaN: the last NaN */
-            __m128 isn = _mm_andnot_ps(taken_nan, _mm_and_ps(bnan, _mm_cmpunord_ps(v[t], v[t])));
-            taken_nan = _mm_or_ps(taken_nan, isn);
-            e[t] = _mm_and_ps(_mm_or_ps(e[t], isn), gv);
-          }
-          _mm_storeu_ps(g0 + 2 * ow, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow), _mm_unpacklo_ps(e[0], e[1])));
-          _mm_storeu_ps(g0 + 2 * ow + 4, _mm_add_ps(_mm_loadu_ps(g0 + 2 * ow + 4), _mm_unpackhi_ps(e[0], e[1])));
-          _mm_storeu_ps(g1 + 2 * ow, _mm_add_ps(_mm_loadu_ps(g1 + 2 * ow), _mm_unpacklo_ps(e[2], e[3])));
-          _mm_storeu_ps(g1 + 2 * ow + 4, _mm_add_ps(_mm_loadu_ps(g1 + 2 * ow + 4), _mm_unpackhi_ps(e[2], e[3])));
+        const float *yr = yd + (pl * ho + oh) * wo, *gr = go + (pl * ho + oh) * wo;
+        const __m128 all = _mm_castsi128_ps(_mm_set1_epi32(-1));
+#  ifdef DT__POOL_AVX2
+        if (avx2) ow = dt__pool2_bwd_row_avx2(r0, r1, g0, g1, yr, gr, wo);
+#  endif
+        for (; ow + 4 <= wo; ow += 4)
+          dt__pool2_bwd4(r0 + 2 * ow, r1 + 2 * ow, g0 + 2 * ow, g1 + 2 * ow, yr + ow, gr + ow, all);
+        if (ow < wo) { /* the last 4 windows, lanes of the ones before masked off */
+          int64_t o4 = wo - 4, done = ow - o4;
+          __m128 keep = _mm_castsi128_ps(_mm_set_epi32(done < 4 ? -1 : 0, done < 3 ? -1 : 0, done < 2 ? -1 : 0, 0));
+          dt__pool2_bwd4(r0 + 2 * o4, r1 + 2 * o4, g0 + 2 * o4, g1 + 2 * o4, yr + o4, gr + o4, keep);
+          ow = wo;
         }
       }
 #endif
@@ -12841,23 +12942,23 @@ static void dt__pool_max_bwd_planes(const dt__pool_job *jb, int64_t p0, int64_t 
 
 static void dt__pool_max_fwd_planes(const dt__pool_job *jb, int64_t p0, int64_t p1) {
   int64_t k = jb->k, s = jb->s, h = jb->h, w = jb->w, ho = jb->ho, wo = jb->wo;
+#ifdef DT__POOL_AVX2
+  const int avx2 = dt__simd_level() >= DT__SIMD_AVX2;
+#endif
   for (int64_t pl = p0; pl < p1; pl++) {
     const float *xp = jb->x + pl * h * w;
     for (int64_t oh = 0; oh < ho; oh++) {
       float *yo = jb->y + (pl * ho + oh) * wo;
       int64_t ow = 0;
 #ifdef DT__POOL_SSE
-      if (k == 2 && s == 2) { /* the common 2x2 pooling: 4 outputs from 2 x 8 inputs */
+      if (k == 2 && s == 2 && wo >= 4) { /* the common 2x2 pooling; the last 4 windows may overlap the ones before */
         const float *r0 = xp + 2 * oh * w, *r1 = r0 + w;
-        for (; ow + 4 <= wo; ow += 4) {
-          __m128 a0 = _mm_loadu_ps(r0 + 2 * ow), a1 = _mm_loadu_ps(r0 + 2 * ow + 4);
-          __m128 b0 = _mm_loadu_ps(r1 + 2 * ow), b1 = _mm_loadu_ps(r1 + 2 * ow + 4);
-          __m128 best = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
-          best = dt__pool_max4(best, _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)));
-          best = dt__pool_max4(best, _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)));
-          best = dt__pool_max4(best, _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1)));
-          _mm_storeu_ps(yo + ow, best);
-        }
+#  ifdef DT__POOL_AVX2
+        if (avx2) ow = dt__pool2_fwd_row_avx2(r0, r1, yo, wo);
+#  endif
+        for (; ow + 4 <= wo; ow += 4) dt__pool2_fwd4(r0 + 2 * ow, r1 + 2 * ow, yo + ow);
+        if (ow < wo) dt__pool2_fwd4(r0 + 2 * (wo - 4), r1 + 2 * (wo - 4), yo + wo - 4);
+        ow = wo;
       }
 #endif
       for (; ow < wo; ow++) {
@@ -13566,7 +13667,7 @@ DTRAIN_PRIVATE void dt__graph_grad_settle(dt_graph *g) {
 /* ======== end dt_graph_params.c ======== */
 
 /* ======== begin dt_optim.c ======== */
-#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 2
 /* ===========================================================================
  * dt_optim.c -- SGD, Adam, AdamW, RMSprop; learning-rate schedules; clipping
  * ===========================================================================
@@ -14382,7 +14483,7 @@ DTRAIN_API float *dt_optim_state(dt_optim *o, int slot) {
 #ifdef DT__OPTIM_AVX
 #  undef DT__OPTIM_AVX
 #endif
-#endif /* part 1 */
+#endif /* part 2 */
 /* ======== end dt_optim.c ======== */
 
 /* ======== begin dt_nn.c ======== */

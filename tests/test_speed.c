@@ -550,10 +550,14 @@ static int64_t ref_argmax(const float *plane, int64_t w, int64_t oh, int64_t ow,
  * cell the pooling's backward writes no value to (the columns and rows no
  * 2x2 window covers, with odd sizes) would show the stale one. */
 static void test_max_pool_fast_path(void) {
-  static const int64_t shapes[][4] = {{2, 3, 8, 11}, {1, 2, 10, 16}, {2, 2, 5, 9}};
+  /* output widths 5 (4 + a last 4 that overlaps), 8 (AVX2), 4, 14 (AVX2 + 4 + overlap), 3 (scalar) */
+  static const int64_t shapes[][4] = {{2, 3, 8, 11}, {1, 2, 10, 16}, {2, 2, 5, 9}, {1, 3, 6, 29}, {2, 2, 4, 7}};
+  int isas[4], nisa = gemm_isas(isas); /* the pooling's SIMD width follows the GEMM's path */
   th_seed(21);
-  for (int t = 0; t < 3; t++) {
-    int64_t n = shapes[t][0] * shapes[t][1] * shapes[t][2] * shapes[t][3];
+  for (int t = 0; t < 5 * nisa; t++) {
+    CHECK(dt_sgemm_use_isa(isa_names[isas[t / 5]]) == DTRAIN_OK);
+    const int64_t *shape = shapes[t % 5];
+    int64_t n = shape[0] * shape[1] * shape[2] * shape[3];
     float *x = (float *)malloc((size_t)n * sizeof(float));
     dt_graph *g = dt_graph_create(NULL, NULL);
     for (int rep = 0; rep < 2; rep++) {
@@ -562,7 +566,7 @@ static void test_max_pool_fast_path(void) {
       x[5] = NAN;
       x[n / 2] = NAN;
       x[n - 3] = NAN;
-      dt_tensor *xt = dt_tensor_from(g, 4, shapes[t], x);
+      dt_tensor *xt = dt_tensor_from(g, 4, shape, x);
       dt_tensor_set_requires_grad(xt, 1);
       dt_tensor *y = dt_max_pool2d(g, xt, 2, 2);
       CHECK(y != NULL);
@@ -571,7 +575,7 @@ static void test_max_pool_fast_path(void) {
       for (int64_t i = 0; i < y->size; i++) gy[i] = th_uniform(-1, 1);
       CHECK(dt_backward_grad(g, y, gy) == DTRAIN_OK);
       float *want = (float *)calloc((size_t)n, sizeof(float));
-      int64_t planes = shapes[t][0] * shapes[t][1], h = shapes[t][2], w = shapes[t][3], ho = h / 2, wo = w / 2;
+      int64_t planes = shape[0] * shape[1], h = shape[2], w = shape[3], ho = h / 2, wo = w / 2;
       int bad = 0;
       for (int64_t pl = 0; pl < planes; pl++)
         for (int64_t oh = 0; oh < ho; oh++)
@@ -583,13 +587,14 @@ static void test_max_pool_fast_path(void) {
           }
       CHECK(xt->grad != NULL);
       for (int64_t i = 0; xt->grad && i < n; i++) bad += memcmp(&xt->grad[i], &want[i], sizeof(float)) != 0;
-      CHECK_MSG(bad == 0, "max_pool2d 2x2 case %d, run %d: %d mismatches", t, rep, bad);
+      CHECK_MSG(bad == 0, "max_pool2d 2x2 case %d (%s), run %d: %d mismatches", t % 5, isa_names[isas[t / 5]], rep, bad);
       free(want);
       free(gy);
     }
     free(x);
     dt_graph_destroy(g);
   }
+  dt_sgemm_use_isa("best");
 }
 
 /* ---- convolution: the im2col span copy and col2im (stride 1, "same" width) ------------ */
