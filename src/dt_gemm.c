@@ -28,6 +28,10 @@
  * k block rather than once per B panel.
  * The panels are one automatic array of fixed size (272 KiB of stack), so
  * a call allocates nothing and may run on any thread.
+ * dt__sgemm_epi (dt_linear, dt_linear_relu) runs the same product with an
+ * epilogue on each tile of C while it is in L1: a row of bias copied into
+ * the tile before its first k block (which then adds to it), ReLU after its
+ * last; the same bits as the separate passes.
  *
  * Kernels ("paths"), picked once per process at run time:
  *   avx512    x86-64 with GCC or clang on CPUs with AVX-512F: a 6x32
@@ -37,7 +41,8 @@
  *             routines in intrinsics, compiled for AVX2+FMA with a function
  *             attribute, so a plain -O2 build uses them on CPUs that have
  *             them (checked with __builtin_cpu_supports).
- *   neon      aarch64: an 8x12 micro-kernel in NEON intrinsics.
+ *   neon      aarch64: an 8x12 micro-kernel in NEON intrinsics
+ *             (dt_gemm_neon.c).
  *   portable  plain C that gcc and clang vectorise with whatever the build
  *             targets (6x8 with SSE, 6x16 with -mavx); the fallback, and the
  *             only path under DTRAIN_NO_SIMD.
