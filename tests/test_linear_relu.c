@@ -69,6 +69,9 @@ static int run_once(const shape *s, const float *x, const float *w, const float 
 
 static const char *const isa_names[] = {"portable", "avx2", "avx512", "neon"};
 
+/* 1-3 intra-op threads; 1 in a build without threads (dt_set_threads refuses more there) */
+static int max_threads(void) { return (dt_build_features() & DTRAIN_FEATURE_THREADS) ? 3 : 1; }
+
 static void test_same_as_unfused(void) {
   /* KC is 128, MC 96, NC 384; MR 6 or 8, NR 8-32 by path */
   static const shape shapes[] = {
@@ -100,7 +103,7 @@ static void test_same_as_unfused(void) {
     if (s->nan_row) x[s->nan_row * s->in + 1] = NAN;
     for (int ii = 0; ii < 4; ii++) {
       if (dt_sgemm_use_isa(isa_names[ii]) != DTRAIN_OK) continue; /* test_speed reports the paths it lacks */
-      for (int threads = 1; threads <= 3; threads++) {
+      for (int threads = 1; threads <= max_threads(); threads++) {
         CHECK(dt_set_threads(threads) == DTRAIN_OK);
         memset(ref, 0, total * sizeof(float));
         memset(got, 0, total * sizeof(float));
@@ -149,7 +152,7 @@ static void test_against_reference(void) {
       }
     for (int ii = 0; ii < 4; ii++) {
       if (dt_sgemm_use_isa(isa_names[ii]) != DTRAIN_OK) continue;
-      for (int threads = 1; threads <= 3; threads++) {
+      for (int threads = 1; threads <= max_threads(); threads++) {
         CHECK(dt_set_threads(threads) == DTRAIN_OK);
         for (int relu = 0; relu < 2; relu++) {
           dt_graph *g = dt_graph_create(NULL, NULL);
