@@ -10108,19 +10108,31 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int fn, float s, const ch
 /* Large tensors are cut over the intra-op threads (each element alone). */
 #define DT__RELU_PAR_MIN ((int64_t)1 << 18)
 
+/* The mask above over rows x cols (dt_ops_internal.h): also dt_linear_relu's
+ * backward, which adds each masked row into gb. */
+DTRAIN_PRIVATE void dt__relu_mask_rows(float *go, const float *y, int64_t rows, int64_t cols, float *gb) {
+  for (int64_t r = 0; r < rows; r++) {
+    float *gr = go + r * cols;
+    const float *yr = y + r * cols;
+    int64_t i = 0;
+#ifdef DT__ELEM_SSE
+    const __m128 z = _mm_setzero_ps();
+    for (; i + 4 <= cols; i += 4) { /* keep where y > 0 or NaN, as dt__elem_relu_backward */
+      __m128 v = _mm_add_ps(_mm_and_ps(_mm_cmpnle_ps(_mm_loadu_ps(yr + i), z), _mm_loadu_ps(gr + i)), z);
+      _mm_storeu_ps(gr + i, v);
+      if (gb) _mm_storeu_ps(gb + i, _mm_add_ps(_mm_loadu_ps(gb + i), v));
+    }
+#endif
+    for (; i < cols; i++) {
+      gr[i] = yr[i] <= 0.0f ? 0.0f : gr[i] + 0.0f;
+      if (gb) gb[i] += gr[i];
+    }
+  }
+}
+
 static void dt__relu_inplace_bwd_range(void *arg, int64_t lo, int64_t hi) {
   dt_tensor *y = (dt_tensor *)arg;
-  float *go = y->grad + lo;
-  const float *yd = y->data + lo;
-  int64_t i = 0, n = hi - lo;
-#ifdef DT__ELEM_SSE
-  const __m128 z = _mm_setzero_ps();
-  for (; i + 4 <= n; i += 4) { /* keep where y > 0 or NaN, as dt__elem_relu_backward */
-    __m128 keep = _mm_cmpnle_ps(_mm_loadu_ps(yd + i), z);
-    _mm_storeu_ps(go + i, _mm_add_ps(_mm_and_ps(keep, _mm_loadu_ps(go + i)), z));
-  }
-#endif
-  for (; i < n; i++) go[i] = yd[i] <= 0.0f ? 0.0f : go[i] + 0.0f; /* y <= 0 exactly where x <= 0 */
+  dt__relu_mask_rows(y->grad + lo, y->data + lo, 1, hi - lo, NULL);
 }
 
 static void dt__relu_inplace_fwd_range(void *arg, int64_t lo, int64_t hi) {
@@ -10134,26 +10146,6 @@ static void dt__relu_inplace_fwd_range(void *arg, int64_t lo, int64_t hi) {
   }
 #endif
   for (; i < n; i++) d[i] = dt__map_relu(d[i], 0.0f);
-}
-
-DTRAIN_PRIVATE void dt__relu_mask_rows(float *go, const float *y, int64_t rows, int64_t cols, float *gb) {
-  for (int64_t r = 0; r < rows; r++) {
-    float *gr = go + r * cols;
-    const float *yr = y + r * cols;
-    int64_t i = 0;
-#ifdef DT__ELEM_SSE
-    const __m128 z = _mm_setzero_ps();
-    for (; i + 4 <= cols; i += 4) { /* dt__relu_inplace_bwd_range's operations */
-      __m128 v = _mm_add_ps(_mm_and_ps(_mm_cmpnle_ps(_mm_loadu_ps(yr + i), z), _mm_loadu_ps(gr + i)), z);
-      _mm_storeu_ps(gr + i, v);
-      if (gb) _mm_storeu_ps(gb + i, _mm_add_ps(_mm_loadu_ps(gb + i), v));
-    }
-#endif
-    for (; i < cols; i++) {
-      gr[i] = yr[i] <= 0.0f ? 0.0f : gr[i] + 0.0f;
-      if (gb) gb[i] += gr[i];
-    }
-  }
 }
 
 DTRAIN_PRIVATE void dt__relu_rows(float *c, int64_t rows, int64_t cols, int64_t ld) {
@@ -12114,6 +12106,19 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
       _mm_storeu_ps(dst_even, _mm_shuffle_ps(lo_, hi_, _MM_SHUFFLE(2, 0, 2, 0)));               \
       _mm_storeu_ps(dst_odd, _mm_shuffle_ps(lo_, hi_, _MM_SHUFFLE(3, 1, 3, 1)));                \
     } while (0)
+/* dst[0..7] = even[0..3] + vb and odd[0..3] + vb, interleaved */
+#  define DT__WINO_MERGE8(even, odd, vb, dst)                                                  \
+    do {                                                                                       \
+      __m128 e_ = _mm_add_ps(_mm_loadu_ps(even), vb), o_ = _mm_add_ps(_mm_loadu_ps(odd), vb);   \
+      _mm_storeu_ps(dst, _mm_unpacklo_ps(e_, o_));                                             \
+      _mm_storeu_ps((dst) + 4, _mm_unpackhi_ps(e_, o_));                                       \
+    } while (0)
+/* [*kl, *kh): the k of a padded row (k < lw + 2) whose columns 2k - p and
+ * 2k - p + 1 are both inside the image row */
+static void dt__wino_inside(const dt__conv_geom *q, int64_t lw, int64_t *kl, int64_t *kh) {
+  *kl = (q->p + 1) / 2;
+  *kh = DT__MIN((q->w + q->p) / 2, lw + 2);
+}
 #endif
 
 /* Tiles are processed along a tile row in vectors of DT__WINO_L lanes: with
@@ -12236,8 +12241,8 @@ static DT__WINO_INLINE void dt__wino_in(const dt__conv_geom *q, const dt__wino *
     }
     const float *src = plane + ir * q->w;
 #ifdef DT__WINO_SSE
-    /* [kl, kh): the k whose columns 2k - p and 2k - p + 1 are both inside the row */
-    int64_t kl = (q->p + 1) / 2, kh = DT__MIN((q->w + q->p) / 2, lw + 2);
+    int64_t kl, kh;
+    dt__wino_inside(q, lw, &kl, &kh);
 #endif
     for (int64_t k = 0; k < lw + 2; k++) {
       int64_t c0 = 2 * k - q->p, c1 = c0 + 1;
@@ -12350,7 +12355,8 @@ static DT__WINO_INLINE void dt__wino_in_adjoint(const dt__conv_geom *q, const dt
     }
     float *dst = gx + ir * q->w;
 #ifdef DT__WINO_SSE
-    int64_t kl = (q->p + 1) / 2, kh = DT__MIN((q->w + q->p) / 2, lw + 2); /* as in dt__wino_in */
+    int64_t kl, kh;
+    dt__wino_inside(q, lw, &kl, &kh);
 #endif
     for (int64_t k = 0; k < lw + 2; k++) {
       int64_t c0 = 2 * k - q->p, c1 = c0 + 1;
@@ -12400,13 +12406,8 @@ static DT__WINO_INLINE void dt__wino_out(const dt__conv_geom *q, const dt__wino 
 #ifdef DT__WINO_SSE
       if (full >= 4) { /* 4 pairs at a time, the last 4 again where they overlap */
         const __m128 vb = _mm_set1_ps(bias);
-        for (int64_t l4 = 0;; l4 += 4) {
-          if (l4 + 4 > full) l4 = full - 4;
-          __m128 ev4 = _mm_add_ps(_mm_loadu_ps(ev + l4), vb), od4 = _mm_add_ps(_mm_loadu_ps(od + l4), vb);
-          _mm_storeu_ps(yr + 2 * l4, _mm_unpacklo_ps(ev4, od4));
-          _mm_storeu_ps(yr + 2 * l4 + 4, _mm_unpackhi_ps(ev4, od4));
-          if (l4 + 4 >= full) break;
-        }
+        for (; l + 4 <= full; l += 4) DT__WINO_MERGE8(ev + l, od + l, vb, yr + 2 * l);
+        if (l < full) DT__WINO_MERGE8(ev + full - 4, od + full - 4, vb, yr + 2 * (full - 4));
         l = full;
       }
 #endif
@@ -12745,6 +12746,7 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
 #ifdef DT__WINO_SSE
 #  undef DT__WINO_SSE
 #  undef DT__WINO_SPLIT8
+#  undef DT__WINO_MERGE8
 #endif
 #undef DT__WINO_COLS
 #undef DT__WINO_INLINE
@@ -12977,8 +12979,9 @@ static void dt__pool_max_bwd_planes(const dt__pool_job *jb, int64_t p0, int64_t 
         for (; ow + 4 <= wo; ow += 4)
           dt__pool2_bwd4(r0 + 2 * ow, r1 + 2 * ow, g0 + 2 * ow, g1 + 2 * ow, yr + ow, gr + ow, all);
         if (ow < wo) { /* the last 4 windows, lanes of the ones before masked off */
-          int64_t o4 = wo - 4, done = ow - o4;
-          __m128 keep = _mm_castsi128_ps(_mm_set_epi32(done < 4 ? -1 : 0, done < 3 ? -1 : 0, done < 2 ? -1 : 0, 0));
+          int64_t o4 = wo - 4;
+          int done = (int)(ow - o4); /* 1..3: keep the lanes l >= done */
+          __m128 keep = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set_epi32(3, 2, 1, 0), _mm_set1_epi32(done - 1)));
           dt__pool2_bwd4(r0 + 2 * o4, r1 + 2 * o4, g0 + 2 * o4, g1 + 2 * o4, yr + o4, gr + o4, keep);
           ow = wo;
         }

@@ -241,19 +241,31 @@ static dt_tensor *dt__unary(dt_graph *g, dt_tensor *x, int fn, float s, const ch
 /* Large tensors are cut over the intra-op threads (each element alone). */
 #define DT__RELU_PAR_MIN ((int64_t)1 << 18)
 
+/* The mask above over rows x cols (dt_ops_internal.h): also dt_linear_relu's
+ * backward, which adds each masked row into gb. */
+DTRAIN_PRIVATE void dt__relu_mask_rows(float *go, const float *y, int64_t rows, int64_t cols, float *gb) {
+  for (int64_t r = 0; r < rows; r++) {
+    float *gr = go + r * cols;
+    const float *yr = y + r * cols;
+    int64_t i = 0;
+#ifdef DT__ELEM_SSE
+    const __m128 z = _mm_setzero_ps();
+    for (; i + 4 <= cols; i += 4) { /* keep where y > 0 or NaN, as dt__elem_relu_backward */
+      __m128 v = _mm_add_ps(_mm_and_ps(_mm_cmpnle_ps(_mm_loadu_ps(yr + i), z), _mm_loadu_ps(gr + i)), z);
+      _mm_storeu_ps(gr + i, v);
+      if (gb) _mm_storeu_ps(gb + i, _mm_add_ps(_mm_loadu_ps(gb + i), v));
+    }
+#endif
+    for (; i < cols; i++) {
+      gr[i] = yr[i] <= 0.0f ? 0.0f : gr[i] + 0.0f;
+      if (gb) gb[i] += gr[i];
+    }
+  }
+}
+
 static void dt__relu_inplace_bwd_range(void *arg, int64_t lo, int64_t hi) {
   dt_tensor *y = (dt_tensor *)arg;
-  float *go = y->grad + lo;
-  const float *yd = y->data + lo;
-  int64_t i = 0, n = hi - lo;
-#ifdef DT__ELEM_SSE
-  const __m128 z = _mm_setzero_ps();
-  for (; i + 4 <= n; i += 4) { /* keep where y > 0 or NaN, as dt__elem_relu_backward */
-    __m128 keep = _mm_cmpnle_ps(_mm_loadu_ps(yd + i), z);
-    _mm_storeu_ps(go + i, _mm_add_ps(_mm_and_ps(keep, _mm_loadu_ps(go + i)), z));
-  }
-#endif
-  for (; i < n; i++) go[i] = yd[i] <= 0.0f ? 0.0f : go[i] + 0.0f; /* y <= 0 exactly where x <= 0 */
+  dt__relu_mask_rows(y->grad + lo, y->data + lo, 1, hi - lo, NULL);
 }
 
 static void dt__relu_inplace_fwd_range(void *arg, int64_t lo, int64_t hi) {
@@ -267,26 +279,6 @@ static void dt__relu_inplace_fwd_range(void *arg, int64_t lo, int64_t hi) {
   }
 #endif
   for (; i < n; i++) d[i] = dt__map_relu(d[i], 0.0f);
-}
-
-DTRAIN_PRIVATE void dt__relu_mask_rows(float *go, const float *y, int64_t rows, int64_t cols, float *gb) {
-  for (int64_t r = 0; r < rows; r++) {
-    float *gr = go + r * cols;
-    const float *yr = y + r * cols;
-    int64_t i = 0;
-#ifdef DT__ELEM_SSE
-    const __m128 z = _mm_setzero_ps();
-    for (; i + 4 <= cols; i += 4) { /* dt__relu_inplace_bwd_range's operations */
-      __m128 v = _mm_add_ps(_mm_and_ps(_mm_cmpnle_ps(_mm_loadu_ps(yr + i), z), _mm_loadu_ps(gr + i)), z);
-      _mm_storeu_ps(gr + i, v);
-      if (gb) _mm_storeu_ps(gb + i, _mm_add_ps(_mm_loadu_ps(gb + i), v));
-    }
-#endif
-    for (; i < cols; i++) {
-      gr[i] = yr[i] <= 0.0f ? 0.0f : gr[i] + 0.0f;
-      if (gb) gb[i] += gr[i];
-    }
-  }
 }
 
 DTRAIN_PRIVATE void dt__relu_rows(float *c, int64_t rows, int64_t cols, int64_t ld) {

@@ -212,8 +212,9 @@ static void dt__pool_max_bwd_planes(const dt__pool_job *jb, int64_t p0, int64_t 
         for (; ow + 4 <= wo; ow += 4)
           dt__pool2_bwd4(r0 + 2 * ow, r1 + 2 * ow, g0 + 2 * ow, g1 + 2 * ow, yr + ow, gr + ow, all);
         if (ow < wo) { /* the last 4 windows, lanes of the ones before masked off */
-          int64_t o4 = wo - 4, done = ow - o4;
-          __m128 keep = _mm_castsi128_ps(_mm_set_epi32(done < 4 ? -1 : 0, done < 3 ? -1 : 0, done < 2 ? -1 : 0, 0));
+          int64_t o4 = wo - 4;
+          int done = (int)(ow - o4); /* 1..3: keep the lanes l >= done */
+          __m128 keep = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set_epi32(3, 2, 1, 0), _mm_set1_epi32(done - 1)));
           dt__pool2_bwd4(r0 + 2 * o4, r1 + 2 * o4, g0 + 2 * o4, g1 + 2 * o4, yr + o4, gr + o4, keep);
           ow = wo;
         }

@@ -49,6 +49,19 @@
       _mm_storeu_ps(dst_even, _mm_shuffle_ps(lo_, hi_, _MM_SHUFFLE(2, 0, 2, 0)));               \
       _mm_storeu_ps(dst_odd, _mm_shuffle_ps(lo_, hi_, _MM_SHUFFLE(3, 1, 3, 1)));                \
     } while (0)
+/* dst[0..7] = even[0..3] + vb and odd[0..3] + vb, interleaved */
+#  define DT__WINO_MERGE8(even, odd, vb, dst)                                                  \
+    do {                                                                                       \
+      __m128 e_ = _mm_add_ps(_mm_loadu_ps(even), vb), o_ = _mm_add_ps(_mm_loadu_ps(odd), vb);   \
+      _mm_storeu_ps(dst, _mm_unpacklo_ps(e_, o_));                                             \
+      _mm_storeu_ps((dst) + 4, _mm_unpackhi_ps(e_, o_));                                       \
+    } while (0)
+/* [*kl, *kh): the k of a padded row (k < lw + 2) whose columns 2k - p and
+ * 2k - p + 1 are both inside the image row */
+static void dt__wino_inside(const dt__conv_geom *q, int64_t lw, int64_t *kl, int64_t *kh) {
+  *kl = (q->p + 1) / 2;
+  *kh = DT__MIN((q->w + q->p) / 2, lw + 2);
+}
 #endif
 
 /* Tiles are processed along a tile row in vectors of DT__WINO_L lanes: with
@@ -171,8 +184,8 @@ static DT__WINO_INLINE void dt__wino_in(const dt__conv_geom *q, const dt__wino *
     }
     const float *src = plane + ir * q->w;
 #ifdef DT__WINO_SSE
-    /* [kl, kh): the k whose columns 2k - p and 2k - p + 1 are both inside the row */
-    int64_t kl = (q->p + 1) / 2, kh = DT__MIN((q->w + q->p) / 2, lw + 2);
+    int64_t kl, kh;
+    dt__wino_inside(q, lw, &kl, &kh);
 #endif
     for (int64_t k = 0; k < lw + 2; k++) {
       int64_t c0 = 2 * k - q->p, c1 = c0 + 1;
@@ -285,7 +298,8 @@ static DT__WINO_INLINE void dt__wino_in_adjoint(const dt__conv_geom *q, const dt
     }
     float *dst = gx + ir * q->w;
 #ifdef DT__WINO_SSE
-    int64_t kl = (q->p + 1) / 2, kh = DT__MIN((q->w + q->p) / 2, lw + 2); /* as in dt__wino_in */
+    int64_t kl, kh;
+    dt__wino_inside(q, lw, &kl, &kh);
 #endif
     for (int64_t k = 0; k < lw + 2; k++) {
       int64_t c0 = 2 * k - q->p, c1 = c0 + 1;
@@ -335,13 +349,8 @@ static DT__WINO_INLINE void dt__wino_out(const dt__conv_geom *q, const dt__wino 
 #ifdef DT__WINO_SSE
       if (full >= 4) { /* 4 pairs at a time, the last 4 again where they overlap */
         const __m128 vb = _mm_set1_ps(bias);
-        for (int64_t l4 = 0;; l4 += 4) {
-          if (l4 + 4 > full) l4 = full - 4;
-          __m128 ev4 = _mm_add_ps(_mm_loadu_ps(ev + l4), vb), od4 = _mm_add_ps(_mm_loadu_ps(od + l4), vb);
-          _mm_storeu_ps(yr + 2 * l4, _mm_unpacklo_ps(ev4, od4));
-          _mm_storeu_ps(yr + 2 * l4 + 4, _mm_unpackhi_ps(ev4, od4));
-          if (l4 + 4 >= full) break;
-        }
+        for (; l + 4 <= full; l += 4) DT__WINO_MERGE8(ev + l, od + l, vb, yr + 2 * l);
+        if (l < full) DT__WINO_MERGE8(ev + full - 4, od + full - 4, vb, yr + 2 * (full - 4));
         l = full;
       }
 #endif
@@ -680,6 +689,7 @@ DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const
 #ifdef DT__WINO_SSE
 #  undef DT__WINO_SSE
 #  undef DT__WINO_SPLIT8
+#  undef DT__WINO_MERGE8
 #endif
 #undef DT__WINO_COLS
 #undef DT__WINO_INLINE
