@@ -24238,6 +24238,16 @@ DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h);
 /* fp16 messages: values are multiplied by 2^e, e from the largest finite
  * |value| m (it lands in [2^14, 2^15]); 0 when m is 0 or a value is not finite. */
 DTRAIN_PRIVATE int dt__f16_exponent(float m, int finite);
+/* Arrays of them, as little-endian 16-bit values (SSE2 on x86-64, the same
+ * bits as the functions above). encode: out[i] = x[i] - sub[i] (sub NULL: x[i]),
+ * times scale for fp16 (bf16: no product). decode: y[i] = value times unscale
+ * for fp16 (add: y[i] += it). absmax: the largest finite |x[i] - sub[i]|,
+ * *finite set to 0 past a value that is not. */
+DTRAIN_PRIVATE void dt__h16_encode(dt_compress_kind kind, const float *x, const float *sub, float scale,
+                                   unsigned char *out, size_t n);
+DTRAIN_PRIVATE void dt__h16_decode(dt_compress_kind kind, const unsigned char *in, float unscale, float *y, size_t n,
+                                   int add);
+DTRAIN_PRIVATE float dt__h16_absmax(const float *x, const float *sub, size_t n, int *finite);
 /* The bytes a float ring all-reduce of n values sends from one of W ranks. */
 DTRAIN_PRIVATE uint64_t dt__ring_bytes(size_t n, int W);
 #if !defined(DTRAIN_NO_DIST)
@@ -26915,6 +26925,7 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_ps_module(void) { return 
  * keep their precision; a non-finite value goes through as Inf/NaN).
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
 
 /* ---- the names --------------------------------------------------------------------------- */
 
@@ -27049,6 +27060,255 @@ DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h) {
   return f;
 }
 
+/* ---- arrays of 16-bit floats ---------------------------------------------------------------
+ * The wire's 16-bit values are little-endian pairs of bytes. On x86-64 the
+ * conversions go 4 at a time in SSE2 (baseline there), with the scalar
+ * functions' own steps in integer lanes (and the same float addition for
+ * fp16's subnormals, the same products), so every value has the bits the
+ * scalar function gives it, in any floating-point mode: both ends of a wire
+ * may convert with either. */
+#if !defined(DTRAIN_NO_SIMD) && defined(__SSE2__) && defined(DT__CPU_X86)
+#  define DT__H16_SSE 1
+#  include <emmintrin.h>
+/* (inlined: as calls, the lanes go through memory) */
+#  define DT__H16_IN static inline __attribute__((always_inline))
+
+DT__H16_IN __m128i dt__h16_sel(__m128i mask, __m128i a, __m128i b) { /* mask ? a : b */
+  return _mm_or_si128(_mm_and_si128(mask, a), _mm_andnot_si128(mask, b));
+}
+
+/* dt__f16_of, 4 lanes (32-bit results). */
+DT__H16_IN __m128i dt__h16_f16_sse(__m128 f) {
+  const __m128i x = _mm_castps_si128(f), magic = _mm_set1_epi32(126 << 23);
+  const __m128i sign = _mm_and_si128(_mm_srli_epi32(x, 16), _mm_set1_epi32(0x8000));
+  const __m128i ax = _mm_and_si128(x, _mm_set1_epi32(0x7FFFFFFF));
+  __m128i big = _mm_cmpgt_epi32(ax, _mm_set1_epi32(0x477FFFFF)), nan = _mm_cmpgt_epi32(ax, _mm_set1_epi32(0x7F800000));
+  __m128i small = _mm_cmplt_epi32(ax, _mm_set1_epi32(0x38800000));
+  __m128i inf = dt__h16_sel(nan, _mm_set1_epi32(0x7E00), _mm_set1_epi32(0x7C00));
+  __m128i sub = _mm_sub_epi32(_mm_castps_si128(_mm_add_ps(_mm_castsi128_ps(ax), _mm_castsi128_ps(magic))), magic);
+  __m128i odd = _mm_and_si128(_mm_srli_epi32(ax, 13), _mm_set1_epi32(1));
+  __m128i nor = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(ax, _mm_set1_epi32((int)0xC8000FFFu)), odd), 13);
+  return _mm_or_si128(sign, dt__h16_sel(big, inf, dt__h16_sel(small, sub, nor)));
+}
+
+/* dt__bf16_of, 4 lanes. */
+DT__H16_IN __m128i dt__h16_bf16_sse(__m128 f) {
+  const __m128i x = _mm_castps_si128(f);
+  __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(x, _mm_set1_epi32(0x7FFFFFFF)), _mm_set1_epi32(0x7F800000));
+  __m128i top = _mm_srli_epi32(x, 16);
+  __m128i rnd = _mm_srli_epi32(_mm_add_epi32(x, _mm_add_epi32(_mm_set1_epi32(0x7FFF), _mm_and_si128(top, _mm_set1_epi32(1)))), 16);
+  return dt__h16_sel(nan, _mm_or_si128(top, _mm_set1_epi32(0x40)), rnd);
+}
+
+/* dt__f32_of_f16, 4 lanes (the 16-bit values in the low halves). */
+DT__H16_IN __m128 dt__h16_f32_sse(__m128i h) {
+  const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
+  const __m128i e = _mm_and_si128(_mm_srli_epi32(h, 10), _mm_set1_epi32(0x1F)), m = _mm_and_si128(h, _mm_set1_epi32(0x3FF));
+  __m128i zero = _mm_cmpeq_epi32(e, _mm_setzero_si128()), top = _mm_cmpeq_epi32(e, _mm_set1_epi32(31));
+  __m128i nor = _mm_or_si128(_mm_slli_epi32(_mm_add_epi32(e, _mm_set1_epi32(112)), 23), _mm_slli_epi32(m, 13));
+  __m128i inf = _mm_or_si128(_mm_set1_epi32(0x7F800000), _mm_slli_epi32(m, 13));
+  __m128i sub = _mm_castps_si128(_mm_mul_ps(_mm_cvtepi32_ps(m), _mm_set1_ps(5.9604644775390625e-8f)));
+  return _mm_castsi128_ps(_mm_or_si128(sign, dt__h16_sel(zero, sub, dt__h16_sel(top, inf, nor))));
+}
+
+/* 8 32-bit lanes (values < 2^16) to 8 16-bit values. */
+DT__H16_IN __m128i dt__h16_pack(__m128i a, __m128i b) {
+  a = _mm_srai_epi32(_mm_slli_epi32(a, 16), 16); /* sign-extended: packs keeps the bits */
+  b = _mm_srai_epi32(_mm_slli_epi32(b, 16), 16);
+  return _mm_packs_epi32(a, b);
+}
+#endif
+
+/* With AVX2 (dt__simd_level; such CPUs have F16C): 16 values at a time,
+ * fp16 through the F16C conversions, which round as dt__f16_of does and
+ * are exact the other way. A NaN encodes with another payload there, so a
+ * block holding one is encoded the scalar way. Each returns how many values
+ * it did (whole blocks of 16). */
+#if defined(DT__H16_SSE)
+#  define DT__H16_AVX2 1
+#  include <immintrin.h>
+__attribute__((target("avx2,f16c"))) static size_t dt__h16_encode_avx2(int f16, const float *x, const float *sub,
+                                                                       float scale, unsigned char *out, size_t n) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256i mag = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000), one = _mm256_set1_epi32(1);
+  const __m256i half = _mm256_set1_epi32(0x7FFF), quiet = _mm256_set1_epi32(0x40);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    if (sub) {
+      a = _mm256_sub_ps(a, _mm256_loadu_ps(sub + i));
+      b = _mm256_sub_ps(b, _mm256_loadu_ps(sub + i + 8));
+    }
+    if (f16) {
+      a = _mm256_mul_ps(a, vs);
+      b = _mm256_mul_ps(b, vs);
+      if (_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q))) { /* a NaN: this block the scalar way */
+        for (size_t j = i; j < i + 16; j++)
+          dt__put_le16(out + 2 * j, dt__f16_of((sub ? x[j] - sub[j] : x[j]) * scale));
+        continue;
+      }
+      _mm_storeu_si128((__m128i *)(void *)(out + 2 * i), _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+      _mm_storeu_si128((__m128i *)(void *)(out + 2 * i + 16), _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT));
+      continue;
+    }
+    __m256i h[2];
+    for (int k = 0; k < 2; k++) {
+      __m256i v = _mm256_castps_si256(k ? b : a), top = _mm256_srli_epi32(v, 16);
+      __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(v, mag), inf);
+      __m256i rnd = _mm256_srli_epi32(_mm256_add_epi32(v, _mm256_add_epi32(half, _mm256_and_si256(top, one))), 16);
+      h[k] = _mm256_blendv_epi8(rnd, _mm256_or_si256(top, quiet), nan);
+    }
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(h[0], h[1]), 0xD8);
+    _mm256_storeu_si256((__m256i *)(void *)(out + 2 * i), p);
+  }
+  return i;
+}
+
+/* dt__h16_absmax's body, 16 at a time (in two chains: the max's latency) into m[0..7]. */
+__attribute__((target("avx2"))) static size_t dt__h16_absmax_avx2(const float *x, const float *sub, size_t n,
+                                                                  float *m, int *finite) {
+  const __m256 big = _mm256_set1_ps(FLT_MAX), mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    if (sub) {
+      a = _mm256_sub_ps(a, _mm256_loadu_ps(sub + i));
+      b = _mm256_sub_ps(b, _mm256_loadu_ps(sub + i + 8));
+    }
+    a = _mm256_and_ps(a, mag);
+    b = _mm256_and_ps(b, mag);
+    __m256 oka = _mm256_cmp_ps(a, big, _CMP_LE_OQ), okb = _mm256_cmp_ps(b, big, _CMP_LE_OQ); /* false: Inf, NaN */
+    bad = _mm256_or_ps(bad, _mm256_xor_ps(_mm256_and_ps(oka, okb), _mm256_castsi256_ps(_mm256_set1_epi32(-1))));
+    m0 = _mm256_max_ps(m0, _mm256_and_ps(a, oka));
+    m1 = _mm256_max_ps(m1, _mm256_and_ps(b, okb));
+  }
+  _mm256_storeu_ps(m, _mm256_max_ps(m0, m1));
+  if (!_mm256_testz_ps(bad, bad)) *finite = 0;
+  return i;
+}
+
+__attribute__((target("avx2,f16c"))) static size_t dt__h16_decode_avx2(int f16, const unsigned char *in, float unscale,
+                                                                       float *y, size_t n, int add) {
+  const __m256 vu = _mm256_set1_ps(unscale);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m128i h0 = _mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i));
+    __m128i h1 = _mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i + 16));
+    __m256 a, b;
+    if (f16) { /* (F16C quiets a NaN that dt__f32_of_f16 keeps signalling; the product quiets both alike) */
+      a = _mm256_mul_ps(_mm256_cvtph_ps(h0), vu);
+      b = _mm256_mul_ps(_mm256_cvtph_ps(h1), vu);
+    } else {
+      a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h0), 16));
+      b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h1), 16));
+    }
+    if (add) {
+      a = _mm256_add_ps(_mm256_loadu_ps(y + i), a);
+      b = _mm256_add_ps(_mm256_loadu_ps(y + i + 8), b);
+    }
+    _mm256_storeu_ps(y + i, a);
+    _mm256_storeu_ps(y + i + 8, b);
+  }
+  return i;
+}
+#endif
+
+DTRAIN_PRIVATE float dt__h16_absmax(const float *x, const float *sub, size_t n, int *finite) {
+  float m = 0.0f;
+  size_t i = 0;
+#ifdef DT__H16_AVX2
+  if (dt__simd_level() >= DT__SIMD_AVX2) {
+    float l[8];
+    i = dt__h16_absmax_avx2(x, sub, n, l, finite);
+    for (int j = 0; j < 8; j++) m = l[j] > m ? l[j] : m;
+  }
+#endif
+#ifdef DT__H16_SSE
+  const __m128 big = _mm_set1_ps(FLT_MAX), mag = _mm_castsi128_ps(_mm_set1_epi32(0x7FFFFFFF));
+  __m128 vm = _mm_setzero_ps(), bad = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) {
+    __m128 v = _mm_loadu_ps(x + i);
+    if (sub) v = _mm_sub_ps(v, _mm_loadu_ps(sub + i));
+    v = _mm_and_ps(v, mag);
+    __m128 ok = _mm_cmple_ps(v, big); /* false for Inf and NaN */
+    bad = _mm_or_ps(bad, _mm_andnot_ps(ok, mag));
+    vm = _mm_max_ps(vm, _mm_and_ps(v, ok));
+  }
+  float l[4];
+  _mm_storeu_ps(l, vm);
+  for (int j = 0; j < 4; j++) m = l[j] > m ? l[j] : m;
+  if (_mm_movemask_ps(_mm_cmpneq_ps(bad, _mm_setzero_ps()))) *finite = 0;
+#endif
+  for (; i < n; i++) {
+    float a = fabsf(sub ? x[i] - sub[i] : x[i]);
+    if (!(a <= FLT_MAX)) *finite = 0;
+    else if (a > m) m = a;
+  }
+  return m;
+}
+
+DTRAIN_PRIVATE void dt__h16_encode(dt_compress_kind kind, const float *x, const float *sub, float scale,
+                                   unsigned char *out, size_t n) {
+  const int f16 = kind == DTRAIN_COMPRESS_FP16;
+  size_t i = 0;
+#ifdef DT__H16_AVX2
+  if (dt__simd_level() >= DT__SIMD_AVX2) i = dt__h16_encode_avx2(f16, x, sub, scale, out, n);
+#endif
+#ifdef DT__H16_SSE
+  const __m128 vs = _mm_set1_ps(scale);
+  for (; i + 8 <= n; i += 8) {
+    __m128 a = _mm_loadu_ps(x + i), b = _mm_loadu_ps(x + i + 4);
+    if (sub) {
+      a = _mm_sub_ps(a, _mm_loadu_ps(sub + i));
+      b = _mm_sub_ps(b, _mm_loadu_ps(sub + i + 4));
+    }
+    __m128i h = f16 ? dt__h16_pack(dt__h16_f16_sse(_mm_mul_ps(a, vs)), dt__h16_f16_sse(_mm_mul_ps(b, vs)))
+                    : dt__h16_pack(dt__h16_bf16_sse(a), dt__h16_bf16_sse(b));
+    _mm_storeu_si128((__m128i *)(void *)(out + 2 * i), h);
+  }
+#endif
+  for (; i < n; i++) {
+    float v = sub ? x[i] - sub[i] : x[i];
+    dt__put_le16(out + 2 * i, f16 ? dt__f16_of(v * scale) : dt__bf16_of(v));
+  }
+}
+
+DTRAIN_PRIVATE void dt__h16_decode(dt_compress_kind kind, const unsigned char *in, float unscale, float *y, size_t n,
+                                   int add) {
+  const int f16 = kind == DTRAIN_COMPRESS_FP16;
+  size_t i = 0;
+#ifdef DT__H16_AVX2
+  if (dt__simd_level() >= DT__SIMD_AVX2) i = dt__h16_decode_avx2(f16, in, unscale, y, n, add);
+#endif
+#ifdef DT__H16_SSE
+  const __m128 vu = _mm_set1_ps(unscale);
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i)), z = _mm_setzero_si128();
+    __m128i lo = _mm_unpacklo_epi16(h, z), hi = _mm_unpackhi_epi16(h, z);
+    __m128 a, b;
+    if (f16) {
+      a = _mm_mul_ps(dt__h16_f32_sse(lo), vu);
+      b = _mm_mul_ps(dt__h16_f32_sse(hi), vu);
+    } else {
+      a = _mm_castsi128_ps(_mm_slli_epi32(lo, 16));
+      b = _mm_castsi128_ps(_mm_slli_epi32(hi, 16));
+    }
+    if (add) {
+      a = _mm_add_ps(_mm_loadu_ps(y + i), a);
+      b = _mm_add_ps(_mm_loadu_ps(y + i + 4), b);
+    }
+    _mm_storeu_ps(y + i, a);
+    _mm_storeu_ps(y + i + 4, b);
+  }
+#endif
+  for (; i < n; i++) {
+    uint16_t h = dt__get_le16(in + 2 * i);
+    float f = f16 ? dt__f32_of_f16(h) * unscale : dt__f32_of_bf16(h);
+    y[i] = add ? y[i] + f : f;
+  }
+}
+
 #if !defined(DTRAIN_NO_DIST)
 /* ---- messages ------------------------------------------------------------------------------ */
 /* A message of k values: one float of header (fp16: the scale's exponent e,
@@ -27062,27 +27322,10 @@ static void dt__cmsg_put(float *slots, size_t i, uint16_t v) {
   b[1] = (unsigned char)(v >> 8);
 }
 
-static uint16_t dt__cmsg_get(const float *slots, size_t i) {
-  const unsigned char *b = (const unsigned char *)(slots + 1) + 2 * i;
-  return (uint16_t)(b[0] | (b[1] << 8));
-}
-
 DTRAIN_PRIVATE void dt__cmsg_encode(dt_compress_kind kind, const float *x, size_t k, float *slots) {
-  int e = 0;
-  if (kind == DTRAIN_COMPRESS_FP16) {
-    float m = 0.0f;
-    int finite = 1;
-    for (size_t i = 0; i < k; i++) {
-      float a = fabsf(x[i]);
-      if (!(a <= FLT_MAX)) finite = 0;
-      else if (a > m) m = a;
-    }
-    e = dt__f16_exponent(m, finite);
-    float s = ldexpf(1.0f, e);
-    for (size_t i = 0; i < k; i++) dt__cmsg_put(slots, i, dt__f16_of(x[i] * s));
-  } else {
-    for (size_t i = 0; i < k; i++) dt__cmsg_put(slots, i, dt__bf16_of(x[i]));
-  }
+  int e = 0, finite = 1;
+  if (kind == DTRAIN_COMPRESS_FP16) e = dt__f16_exponent(dt__h16_absmax(x, NULL, k, &finite), finite);
+  dt__h16_encode(kind, x, NULL, ldexpf(1.0f, e), (unsigned char *)(slots + 1), k);
   if (k % 2) dt__cmsg_put(slots, k, 0);
   slots[0] = (float)e;
 }
@@ -27093,12 +27336,7 @@ DTRAIN_PRIVATE dt_result dt__cmsg_decode(dt_compress_kind kind, const float *slo
   float h = slots[0];
   if (!(h >= -126.0f && h <= 127.0f) || h != (float)(int)h || (kind == DTRAIN_COMPRESS_BF16 && h != 0.0f))
     return dt__error(DTRAIN_ERR_PROTOCOL, "compressed gradient message with header %g", (double)h);
-  float s = ldexpf(1.0f, -(int)h);
-  for (size_t i = 0; i < k; i++) {
-    uint16_t v = dt__cmsg_get(slots, i);
-    float f = kind == DTRAIN_COMPRESS_FP16 ? dt__f32_of_f16(v) * s : dt__f32_of_bf16(v);
-    y[i] = add ? y[i] + f : f;
-  }
+  dt__h16_decode(kind, (const unsigned char *)(slots + 1), ldexpf(1.0f, -(int)h), y, k, add);
   return DTRAIN_OK;
 }
 
@@ -38729,14 +38967,6 @@ DTRAIN_PRIVATE size_t dt__ps_pushz_cap(const dt_params *p, const int *owner, int
   return DT__PS_ZFIX + 8 * ntr + 4 * nbuf;
 }
 
-static uint16_t dt__ps_h16(dt_compress_kind kind, float x, float scale) {
-  return kind == DTRAIN_COMPRESS_FP16 ? dt__f16_of(x * scale) : dt__bf16_of(x);
-}
-
-static float dt__ps_f32(dt_compress_kind kind, uint16_t h, float unscale) {
-  return kind == DTRAIN_COMPRESS_FP16 ? dt__f32_of_f16(h) * unscale : dt__f32_of_bf16(h);
-}
-
 /* The 16-bit header word: fp16's exponent, checked (bf16: 0). */
 static dt_result dt__ps_h16_header(dt_compress_kind kind, uint32_t word, float *unscale, const char *what) {
   int32_t e = (int32_t)word;
@@ -38773,19 +39003,16 @@ DTRAIN_PRIVATE size_t dt__ps_encode_push(dt_compress c, const struct dt__ef *ef,
     int finite = 1;
     if (c.kind == DTRAIN_COMPRESS_FP16) {
       for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-        if (owner[i] == s && tr)
-          for (size_t j = b; j < e; j++) {
-            float a = fabsf(g[j]);
-            if (!(a <= FLT_MAX)) finite = 0;
-            else if (a > m) m = a;
-          }
+        if (owner[i] == s && tr) m = DT__MAX(m, dt__h16_absmax(g + b, NULL, e - b, &finite));
       int ex = dt__f16_exponent(m, finite);
       scale = ldexpf(1.0f, ex);
       arg = (uint32_t)(int32_t)ex;
     }
     for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-      if (owner[i] == s && tr)
-        for (size_t j = b; j < e; j++, o += 2) dt__put_le16(o, dt__ps_h16(c.kind, g[j], scale));
+      if (owner[i] == s && tr) {
+        dt__h16_encode(c.kind, g + b, NULL, scale, o, e - b);
+        o += 2 * (e - b);
+      }
   } else if (c.kind == DTRAIN_COMPRESS_TOPK) {
     /* the entries (rising flat indices) of this shard's parameters, as positions among its trained values */
     const size_t k = dt__ef_topk_count(ef);
@@ -38866,8 +39093,10 @@ DTRAIN_PRIVATE dt_result dt__ps_decode_push(const dt_params *p, const int *owner
     want = DT__PS_ZFIX + 2 * ntr + 4 * nbuf;
     if (len != want) return dt__error(DTRAIN_ERR_PROTOCOL, "%s (16-bit): %zu bytes, its shard needs %zu", what, len, want);
     for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-      if (owner[i] == s && tr)
-        for (size_t j = b; j < e; j++, q += 2) grad[j] = dt__ps_f32((dt_compress_kind)kind, dt__get_le16(q), unscale);
+      if (owner[i] == s && tr) {
+        dt__h16_decode((dt_compress_kind)kind, q, unscale, grad + b, e - b, 0);
+        q += 2 * (e - b);
+      }
   } else if (kind == DTRAIN_COMPRESS_TOPK) {
     if (arg > ntr) return dt__error(DTRAIN_ERR_PROTOCOL, "%s (top-k): %u values of a shard of %zu trained", what, arg, ntr);
     want = DT__PS_ZFIX + 8 * (size_t)arg + 4 * nbuf;
@@ -38948,12 +39177,10 @@ DTRAIN_PRIVATE void dt__ps_delta_encode(dt_compress_kind kind, const dt_params *
   if (kind == DTRAIN_COMPRESS_FP16) {
     const float *v = view;
     for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-      if (owner[i] == s)
-        for (size_t j = b; j < e; j++, v++) {
-          float a = fabsf(full[j] - *v);
-          if (!(a <= FLT_MAX)) finite = 0;
-          else if (a > m) m = a;
-        }
+      if (owner[i] == s) {
+        m = DT__MAX(m, dt__h16_absmax(full + b, v, e - b, &finite));
+        v += e - b;
+      }
   }
   int ex = kind == DTRAIN_COMPRESS_FP16 ? dt__f16_exponent(m, finite) : 0;
   scale = ldexpf(1.0f, ex);
@@ -38962,12 +39189,12 @@ DTRAIN_PRIVATE void dt__ps_delta_encode(dt_compress_kind kind, const dt_params *
   dt__put_le32(out + 4, (uint32_t)(int32_t)ex);
   unsigned char *o = out + 8;
   for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-    if (owner[i] == s)
-      for (size_t j = b; j < e; j++, view++, o += 2) {
-        uint16_t h = dt__ps_h16(kind, full[j] - *view, scale);
-        dt__put_le16(o, h);
-        *view += dt__ps_f32(kind, h, unscale);
-      }
+    if (owner[i] == s) { /* the difference's 16 bits, then the copy plus what they say (the worker's sum) */
+      dt__h16_encode(kind, full + b, view, scale, o, e - b);
+      dt__h16_decode(kind, o, unscale, view, e - b, 1);
+      view += e - b;
+      o += 2 * (e - b);
+    }
   dt__fp_leave(fp);
 }
 
@@ -38981,7 +39208,7 @@ DTRAIN_PRIVATE dt_result dt__ps_delta_apply(dt_compress_kind kind, const unsigne
   if (rc != DTRAIN_OK) return rc;
   in += 8;
   unsigned long fp = dt__fp_enter();
-  for (size_t j = 0; j < n; j++, in += 2) view[j] += dt__ps_f32(kind, dt__get_le16(in), unscale);
+  dt__h16_decode(kind, in, unscale, view, n, 1);
   dt__fp_leave(fp);
   return DTRAIN_OK;
 }

@@ -48,14 +48,6 @@ DTRAIN_PRIVATE size_t dt__ps_pushz_cap(const dt_params *p, const int *owner, int
   return DT__PS_ZFIX + 8 * ntr + 4 * nbuf;
 }
 
-static uint16_t dt__ps_h16(dt_compress_kind kind, float x, float scale) {
-  return kind == DTRAIN_COMPRESS_FP16 ? dt__f16_of(x * scale) : dt__bf16_of(x);
-}
-
-static float dt__ps_f32(dt_compress_kind kind, uint16_t h, float unscale) {
-  return kind == DTRAIN_COMPRESS_FP16 ? dt__f32_of_f16(h) * unscale : dt__f32_of_bf16(h);
-}
-
 /* The 16-bit header word: fp16's exponent, checked (bf16: 0). */
 static dt_result dt__ps_h16_header(dt_compress_kind kind, uint32_t word, float *unscale, const char *what) {
   int32_t e = (int32_t)word;
@@ -92,19 +84,16 @@ DTRAIN_PRIVATE size_t dt__ps_encode_push(dt_compress c, const struct dt__ef *ef,
     int finite = 1;
     if (c.kind == DTRAIN_COMPRESS_FP16) {
       for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-        if (owner[i] == s && tr)
-          for (size_t j = b; j < e; j++) {
-            float a = fabsf(g[j]);
-            if (!(a <= FLT_MAX)) finite = 0;
-            else if (a > m) m = a;
-          }
+        if (owner[i] == s && tr) m = DT__MAX(m, dt__h16_absmax(g + b, NULL, e - b, &finite));
       int ex = dt__f16_exponent(m, finite);
       scale = ldexpf(1.0f, ex);
       arg = (uint32_t)(int32_t)ex;
     }
     for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-      if (owner[i] == s && tr)
-        for (size_t j = b; j < e; j++, o += 2) dt__put_le16(o, dt__ps_h16(c.kind, g[j], scale));
+      if (owner[i] == s && tr) {
+        dt__h16_encode(c.kind, g + b, NULL, scale, o, e - b);
+        o += 2 * (e - b);
+      }
   } else if (c.kind == DTRAIN_COMPRESS_TOPK) {
     /* the entries (rising flat indices) of this shard's parameters, as positions among its trained values */
     const size_t k = dt__ef_topk_count(ef);
@@ -185,8 +174,10 @@ DTRAIN_PRIVATE dt_result dt__ps_decode_push(const dt_params *p, const int *owner
     want = DT__PS_ZFIX + 2 * ntr + 4 * nbuf;
     if (len != want) return dt__error(DTRAIN_ERR_PROTOCOL, "%s (16-bit): %zu bytes, its shard needs %zu", what, len, want);
     for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-      if (owner[i] == s && tr)
-        for (size_t j = b; j < e; j++, q += 2) grad[j] = dt__ps_f32((dt_compress_kind)kind, dt__get_le16(q), unscale);
+      if (owner[i] == s && tr) {
+        dt__h16_decode((dt_compress_kind)kind, q, unscale, grad + b, e - b, 0);
+        q += 2 * (e - b);
+      }
   } else if (kind == DTRAIN_COMPRESS_TOPK) {
     if (arg > ntr) return dt__error(DTRAIN_ERR_PROTOCOL, "%s (top-k): %u values of a shard of %zu trained", what, arg, ntr);
     want = DT__PS_ZFIX + 8 * (size_t)arg + 4 * nbuf;
@@ -267,12 +258,10 @@ DTRAIN_PRIVATE void dt__ps_delta_encode(dt_compress_kind kind, const dt_params *
   if (kind == DTRAIN_COMPRESS_FP16) {
     const float *v = view;
     for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-      if (owner[i] == s)
-        for (size_t j = b; j < e; j++, v++) {
-          float a = fabsf(full[j] - *v);
-          if (!(a <= FLT_MAX)) finite = 0;
-          else if (a > m) m = a;
-        }
+      if (owner[i] == s) {
+        m = DT__MAX(m, dt__h16_absmax(full + b, v, e - b, &finite));
+        v += e - b;
+      }
   }
   int ex = kind == DTRAIN_COMPRESS_FP16 ? dt__f16_exponent(m, finite) : 0;
   scale = ldexpf(1.0f, ex);
@@ -281,12 +270,12 @@ DTRAIN_PRIVATE void dt__ps_delta_encode(dt_compress_kind kind, const dt_params *
   dt__put_le32(out + 4, (uint32_t)(int32_t)ex);
   unsigned char *o = out + 8;
   for (int i = 0; dt__params_range(p, i, &b, &e, &tr, &dec); i++)
-    if (owner[i] == s)
-      for (size_t j = b; j < e; j++, view++, o += 2) {
-        uint16_t h = dt__ps_h16(kind, full[j] - *view, scale);
-        dt__put_le16(o, h);
-        *view += dt__ps_f32(kind, h, unscale);
-      }
+    if (owner[i] == s) { /* the difference's 16 bits, then the copy plus what they say (the worker's sum) */
+      dt__h16_encode(kind, full + b, view, scale, o, e - b);
+      dt__h16_decode(kind, o, unscale, view, e - b, 1);
+      view += e - b;
+      o += 2 * (e - b);
+    }
   dt__fp_leave(fp);
 }
 
@@ -300,7 +289,7 @@ DTRAIN_PRIVATE dt_result dt__ps_delta_apply(dt_compress_kind kind, const unsigne
   if (rc != DTRAIN_OK) return rc;
   in += 8;
   unsigned long fp = dt__fp_enter();
-  for (size_t j = 0; j < n; j++, in += 2) view[j] += dt__ps_f32(kind, dt__get_le16(in), unscale);
+  dt__h16_decode(kind, in, unscale, view, n, 1);
   dt__fp_leave(fp);
   return DTRAIN_OK;
 }

@@ -388,6 +388,16 @@ DTRAIN_PRIVATE float dt__f32_of_bf16(uint16_t h);
 /* fp16 messages: values are multiplied by 2^e, e from the largest finite
  * |value| m (it lands in [2^14, 2^15]); 0 when m is 0 or a value is not finite. */
 DTRAIN_PRIVATE int dt__f16_exponent(float m, int finite);
+/* Arrays of them, as little-endian 16-bit values (SSE2 on x86-64, the same
+ * bits as the functions above). encode: out[i] = x[i] - sub[i] (sub NULL: x[i]),
+ * times scale for fp16 (bf16: no product). decode: y[i] = value times unscale
+ * for fp16 (add: y[i] += it). absmax: the largest finite |x[i] - sub[i]|,
+ * *finite set to 0 past a value that is not. */
+DTRAIN_PRIVATE void dt__h16_encode(dt_compress_kind kind, const float *x, const float *sub, float scale,
+                                   unsigned char *out, size_t n);
+DTRAIN_PRIVATE void dt__h16_decode(dt_compress_kind kind, const unsigned char *in, float unscale, float *y, size_t n,
+                                   int add);
+DTRAIN_PRIVATE float dt__h16_absmax(const float *x, const float *sub, size_t n, int *finite);
 /* The bytes a float ring all-reduce of n values sends from one of W ranks. */
 DTRAIN_PRIVATE uint64_t dt__ring_bytes(size_t n, int W);
 #if !defined(DTRAIN_NO_DIST)

@@ -233,10 +233,94 @@ static void test_names(void) {
 #endif
 }
 
+/* The array conversions (SSE2 on x86-64) give every value the scalar
+ * functions' bits: all 65536 halves decoded (with and without a scale, set or
+ * added), and random bit patterns (NaNs, Inf, subnormals, the rounding
+ * boundaries among them) encoded, with a difference and a scale, at lengths
+ * and offsets that leave vector tails; in both floating-point modes. */
+static void test_h16_arrays(void) {
+  enum { N = 2 * 65536 + 13 };
+  unsigned char *hb = (unsigned char *)malloc(2 * N + 2), *hs = (unsigned char *)malloc(2 * N + 2);
+  float *x = (float *)malloc(N * sizeof(float)), *sub = (float *)malloc(N * sizeof(float));
+  float *y = (float *)malloc(N * sizeof(float)), *ys = (float *)malloc(N * sizeof(float));
+  if (!hb || !hs || !x || !sub || !y || !ys) {
+    CHECK_MSG(0, "out of memory");
+    goto out;
+  }
+  uint64_t r = 0x9E3779B97F4A7C15ull;
+  for (int mode = 0; mode < 2; mode++) {
+    dt_set_flush_denormals(mode);
+    unsigned long fp = dt__fp_enter();
+    int bad = 0;
+    for (int k = 1; k <= 2; k++) {
+      dt_compress_kind kind = (dt_compress_kind)k;
+      const float unscales[3] = {1.0f, 0.125f, 1024.0f};
+      for (size_t i = 0; i < N; i++) { /* every half, then more without Inf and NaN (a vector path may leave those) */
+        uint16_t h = (uint16_t)(i * 7919u);
+        dt__put_le16(hb + 2 * i, i >= 65536 && (h & 0x7C00) == 0x7C00 ? (uint16_t)(h & 0x83FF) : h);
+      }
+      for (int u = 0; u < (k == 1 ? 3 : 1); u++)
+        for (int add = 0; add < 2; add++)
+          for (size_t off = 0; off < 3; off++) {
+            size_t n = N - off - (size_t)u;
+            for (size_t i = 0; i < n; i++) y[i] = ys[i] = (float)i * 0.25f - 3.0f;
+            dt__h16_decode(kind, hb + 2 * off, unscales[u], y, n, add);
+            for (size_t i = 0; i < n; i++) {
+              uint16_t h = dt__get_le16(hb + 2 * (off + i));
+              float f = k == 1 ? dt__f32_of_f16(h) * unscales[u] : dt__f32_of_bf16(h);
+              ys[i] = add ? ys[i] + f : f;
+              bad += memcmp(&y[i], &ys[i], 4) != 0;
+            }
+          }
+      const float scales[3] = {1.0f, 16.0f, ldexpf(1.0f, -20)};
+      for (int sc = 0; sc < 3; sc++)
+        for (int d = 0; d < 2; d++) {
+          for (size_t i = 0; i < N; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t a = (uint32_t)(r >> 32), b = (uint32_t)r;
+            if (i % 5 == 1) a = (a & 0x80001FFFu) | (uint32_t)(0x33000000u + (i % 23u) * 0x00800000u); /* near halves' edges */
+            if (i % 5 == 2 && i / 4096 % 3 == 0) a = (a & 0x8000FFFFu) | 0x7F800000u; /* Inf and NaNs, in places */
+            if (i % 5 == 3) a = (a & 0x80FFFFFFu) | 0x47000000u;  /* around 65504 */
+            if (i % 7 == 4) a = a & 0x807FFFFFu;                  /* float subnormals */
+            memcpy(&x[i], &a, 4);
+            b &= 0x8FFFFFFFu;
+            memcpy(&sub[i], &b, 4);
+          }
+          size_t off = (size_t)(sc + d) % 3, n = N - off;
+          dt__h16_encode(kind, x + off, d ? sub + off : NULL, scales[sc], hb, n);
+          for (size_t i = 0; i < n; i++) {
+            float v = d ? x[off + i] - sub[off + i] : x[off + i];
+            dt__put_le16(hs + 2 * i, k == 1 ? dt__f16_of(v * scales[sc]) : dt__bf16_of(v));
+          }
+          bad += memcmp(hb, hs, 2 * n) != 0;
+          int fin = 1, fin_s = 1;
+          float m = dt__h16_absmax(x + off, d ? sub + off : NULL, n, &fin), ms = 0.0f;
+          for (size_t i = 0; i < n; i++) {
+            float a = fabsf(d ? x[off + i] - sub[off + i] : x[off + i]);
+            if (!(a <= FLT_MAX)) fin_s = 0;
+            else if (a > ms) ms = a;
+          }
+          bad += m != ms || fin != fin_s;
+        }
+    }
+    dt__fp_leave(fp);
+    CHECK_MSG(bad == 0, "flush %d: %d arrays or values differ from the scalar conversions", mode, bad);
+  }
+  dt_set_flush_denormals(1);
+out:
+  free(hb);
+  free(hs);
+  free(x);
+  free(sub);
+  free(y);
+  free(ys);
+}
+
 int main(void) {
   TH_RUN(test_fp16_exhaustive);
   TH_RUN(test_fp16_rounding);
   TH_RUN(test_bf16);
+  TH_RUN(test_h16_arrays);
 #if !defined(DTRAIN_NO_DIST)
   TH_RUN(test_messages);
 #else
