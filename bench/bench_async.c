@@ -33,7 +33,8 @@
  *    pushes and pulls while the next step computes). Also: the share of a
  *    worker's time waiting in pull and push (sends, waits, copies; with
  *    overlap, waiting for the thread) and the bytes on the wire a step.
- *    Goal: >= 0.9x in-process.
+ *    Then plain with bf16 pushes and pulls (sd.compress; half the bytes, a
+ *    conversion at each end). Goal: >= 0.9x in-process.
  * Timings only: nothing is asserted. --quick: fewer rounds and steps; --ps:
  * section 4 only. */
 #define DTRAIN_STATIC
@@ -227,8 +228,8 @@ typedef struct ps_result {
 
 /* One process of the job: the server (index -1) or worker w, which trains
  * `seconds` after the start signal and writes its ps_result to out. */
-static int ps_process(int w, int lfd, const char *saddr, int64_t rows, int overlap, double seconds, int ready, int go,
-                      int out) {
+static int ps_process(int w, int lfd, const char *saddr, int64_t rows, int overlap, dt_compress_kind z, double seconds,
+                      int ready, int go, int out) {
   char waddr[2][32] = {"127.0.0.1:1", "127.0.0.1:2"}; /* workers do not listen in PS training */
   char *wa[2] = {waddr[0], waddr[1]}, *sa[1] = {(char *)saddr};
   dt_cluster c;
@@ -251,6 +252,7 @@ static int ps_process(int w, int lfd, const char *saddr, int64_t rows, int overl
   dt_pstore *store = dt_pstore_create_tcp(&c, P, &o, DTRAIN_STALENESS_UNBOUNDED);
   dt_strategy_options sd = dt_strategy_parameter_server(store, DTRAIN_STALENESS_UNBOUNDED);
   sd.overlap = overlap;
+  sd.compress.kind = z;
   dt_strategy *s = store ? dt_strategy_create(P, opt, mlp_step, &m, &sd) : NULL;
   feed f;
   f.batch = rows;
@@ -281,7 +283,7 @@ static int ps_process(int w, int lfd, const char *saddr, int64_t rows, int overl
 }
 
 /* One round: total samples/s of the two workers (0 when the job failed); r[2] their results. */
-static double measure_ps(int64_t batch, int overlap, double seconds, ps_result r[2]) {
+static double measure_ps(int64_t batch, int overlap, dt_compress_kind z, double seconds, ps_result r[2]) {
   int lfd = -1, ready[2], go[2], out[2];
   char saddr[32];
   if (dt__net_listen("127.0.0.1:0", &lfd) != DTRAIN_OK) { /* a private helper of the header (bench_hostile too) */
@@ -297,7 +299,7 @@ static double measure_ps(int64_t batch, int overlap, double seconds, ps_result r
     if (pid[p] == 0) {
       signal(SIGPIPE, SIG_IGN);
       if (p < 2) close(lfd);
-      _exit(ps_process(p < 2 ? p : -1, lfd, saddr, batch / 2, overlap, seconds, ready[1], go[0], out[1]));
+      _exit(ps_process(p < 2 ? p : -1, lfd, saddr, batch / 2, overlap, z, seconds, ready[1], go[0], out[1]));
     }
   }
   close(lfd);
@@ -413,18 +415,18 @@ int main(int argc, char **argv) {
   /* 4: parameter servers over loopback TCP */
   printf("\nparameter servers over loopback TCP: 2 workers + 1 server (processes), pushes of B/2 rows, unbounded; "
          "best of %d rounds\n", rounds);
-  printf("%6s  %14s  %14s  %14s  %-24s  %-20s  %s\n", "B", "async(2,unb)", "ps(2w,1s)", "ps overlap", "ps/async, overlap",
-         "worker in pull+push", "wire bytes/step sent, received");
+  printf("%6s  %14s  %14s  %14s  %-24s  %-20s  %-30s  %10s  %s\n", "B", "async(2,unb)", "ps(2w,1s)", "ps overlap",
+         "ps/async, overlap", "worker in pull+push", "wire bytes/step sent, received", "ps bf16", "bf16/async, bytes/step");
   for (int bi = 0; bi < 2; bi++) {
-    double best_a = 0.0, best_p[2] = {0.0, 0.0};
-    ps_result at[2][2];
+    double best_a = 0.0, best_p[3] = {0.0, 0.0, 0.0};
+    ps_result at[3][2];
     memset(at, 0, sizeof at);
     for (int round = 0; round < rounds; round++) {
       double a = measure(&sds[3], batches[bi], 0.5);
       if (a > best_a) best_a = a;
-      for (int ov = 0; ov < 2; ov++) {
+      for (int ov = 0; ov < 3; ov++) { /* plain, overlap, plain with bf16 pushes and pulls */
         ps_result r[2];
-        double p = measure_ps(batches[bi], ov, 1.0, r);
+        double p = measure_ps(batches[bi], ov == 1, ov == 2 ? DTRAIN_COMPRESS_BF16 : DTRAIN_COMPRESS_NONE, 1.0, r);
         if (p > best_p[ov]) {
           best_p[ov] = p;
           memcpy(at[ov], r, sizeof at[ov]);
@@ -436,10 +438,12 @@ int main(int argc, char **argv) {
       share[ov] = at[ov][0].seconds > 0 && at[ov][1].seconds > 0
                       ? 0.5 * (at[ov][0].comm_s / at[ov][0].seconds + at[ov][1].comm_s / at[ov][1].seconds)
                       : 0.0;
-    printf("%6lld  %14.0f  %14.0f  %14.0f  %.2fx, %.2fx (goal >= 0.9)  %5.1f%%, %5.1f%%      %.0f, %.0f\n",
+    char wire[48];
+    snprintf(wire, sizeof wire, "%.0f, %.0f", at[0][0].wire_sent, at[0][0].wire_received);
+    printf("%6lld  %14.0f  %14.0f  %14.0f  %.2fx, %.2fx (goal >= 0.9)  %5.1f%%, %5.1f%%      %-30s  %10.0f  %.2fx, %.0f + %.0f\n",
            (long long)batches[bi], best_a, best_p[0], best_p[1], best_a > 0 ? best_p[0] / best_a : 0.0,
-           best_a > 0 ? best_p[1] / best_a : 0.0, 100.0 * share[0], 100.0 * share[1], at[0][0].wire_sent,
-           at[0][0].wire_received);
+           best_a > 0 ? best_p[1] / best_a : 0.0, 100.0 * share[0], 100.0 * share[1], wire, best_p[2],
+           best_a > 0 ? best_p[2] / best_a : 0.0, at[2][0].wire_sent, at[2][0].wire_received);
   }
   free(X);
   free(TX);
