@@ -21,13 +21,18 @@
  * k (m <= 32 and k >= 256, m <= 64 and k >= 512: a linear layer's forward on
  * a training batch, where packing the weights costs as much as the product;
  * measured on AVX2 Xeon and EPYC) skip packing on the AVX2 path: a
- * dot-product kernel (see dt__gemm_dot_avx2); on the AVX-512 path only the
+ * dot-product kernel (dt_gemm_dot.c); on the AVX-512 path only the
  * few-column products do (see dt_sgemm).
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
  * k block rather than once per B panel.
  * The panels are one automatic array of fixed size (272 KiB of stack), so
  * a call allocates nothing and may run on any thread.
+ * On the AVX-512 path, products of at most 8 B slivers (n <= 256) do not
+ * pack A: the kernel reads it where it lies, 6 rows at a stride (a packed A
+ * would be read only n/32 times; the Winograd products, n = 32, once);
+ * only a last sliver shorter than 6 is packed. The same FMAs in the same
+ * order: the same bits.
  * dt__sgemm_epi (dt_linear, dt_linear_relu) runs the same product with an
  * epilogue on each tile of C while it is in L1: a row of bias copied into
  * the tile before its first k block (which then adds to it), ReLU after its
@@ -443,65 +448,6 @@ static void dt__gemm_pack_b_avx512(int trans, const float *b, int64_t ldb, int64
   if (full < nc) dt__gemm_pack_b_n(32, trans, b, ldb, p0, j0 + full, kc, nc - full, bp + full * kc);
 }
 
-/* C = alpha * A @ B^T + beta * C (A untransposed, B transposed) without
- * packing, for products with few columns (n < 32, less than two B slivers),
- * where packing both operands costs as much as the product and the 16-wide
- * tile would be mostly padding (the weight gradient of a first convolution
- * layer: 32 x 25 x 784). Rows of A and rows of B^T are both contiguous in
- * p, so each element is a dot product: 8 lanes of FMAs over p in steps of 8,
- * the lanes summed in a fixed tree, the remaining p added by scalar FMAs in
- * order, then alpha and beta. Every element gets exactly these operations
- * wherever it sits, so results do not depend on how rows are blocked or
- * split over threads. Blocks of 3 rows x 4 columns, columns outside; a
- * partial block repeats its last row or column and stores only the valid
- * ones. */
-DT__GEMM_AVX2 static void dt__gemm_dot_avx2(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                                            int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                                            int64_t ldc) {
-  int64_t k8 = k - k % 8;
-  for (int64_t j0 = 0; j0 < n; j0 += 4) { /* 4 rows of B^T stay in L1 while A streams past */
-    int64_t nr = DT__MIN(4, n - j0);
-    const float *br[4];
-    for (int j = 0; j < 4; j++) br[j] = b + (j0 + DT__MIN(j, nr - 1)) * ldb;
-    for (int64_t i0 = 0; i0 < m; i0 += 3) {
-      int64_t mr = DT__MIN(3, m - i0);
-      const float *ar[3];
-      for (int r = 0; r < 3; r++) ar[r] = a + (i0 + DT__MIN(r, mr - 1)) * lda;
-      /* Twelve named accumulators (an array would live in memory). */
-      __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c02 = _mm256_setzero_ps();
-      __m256 c03 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
-      __m256 c12 = _mm256_setzero_ps(), c13 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps();
-      __m256 c21 = _mm256_setzero_ps(), c22 = _mm256_setzero_ps(), c23 = _mm256_setzero_ps();
-      for (int64_t p = 0; p < k8; p += 8) {
-        __m256 a0 = _mm256_loadu_ps(ar[0] + p), a1 = _mm256_loadu_ps(ar[1] + p), a2 = _mm256_loadu_ps(ar[2] + p), bv;
-#define DT__DOT_COL(j)                         \
-  bv = _mm256_loadu_ps(br[j] + p);             \
-  c0##j = _mm256_fmadd_ps(a0, bv, c0##j);      \
-  c1##j = _mm256_fmadd_ps(a1, bv, c1##j);      \
-  c2##j = _mm256_fmadd_ps(a2, bv, c2##j)
-        DT__DOT_COL(0);
-        DT__DOT_COL(1);
-        DT__DOT_COL(2);
-        DT__DOT_COL(3);
-#undef DT__DOT_COL
-      }
-      __m256 acc[3][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}};
-      for (int64_t r = 0; r < mr; r++) {
-        for (int64_t j = 0; j < nr; j++) {
-          __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][j]), _mm256_extractf128_ps(acc[r][j], 1));
-          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-          h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-          for (int64_t p = k8; p < k; p++) h = _mm_fmadd_ss(_mm_set_ss(ar[r][p]), _mm_set_ss(br[j][p]), h);
-          float v = _mm_cvtss_f32(h), *cp = c + (i0 + r) * ldc + j0 + j;
-          if (beta == 0.0f) *cp = alpha * v;
-          else if (beta == 1.0f) *cp += alpha * v;
-          else *cp = alpha * v + beta * *cp;
-        }
-      }
-    }
-  }
-}
-
 #undef DT__AVX_T8
 #undef DT__AVX_FMA2
 #undef DT__AVX_STORE
@@ -700,12 +646,24 @@ static void dt__gemm_bias_rows(const float *bias, int64_t m, int64_t n, float *c
   for (int64_t i = 0; i < m; i++) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
 }
 
+/* A read where it lies instead of packed: op(A)[i][p] at a[i * rs + p * ks]. */
+typedef struct dt__gemm_ua {
+  const float *a;
+  int64_t rs, ks;
+} dt__gemm_ua;
+
 /* A partial tile (mr < MR or nr < NR): run the kernel into a local tile,
- * then apply it to the valid mr x nr corner of C. */
-static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, const float *bp, float alpha,
-                          float beta, float *c, int64_t ldc, int64_t mr, int64_t nr) {
+ * then apply it to the valid mr x nr corner of C. ua: a full-height tile's
+ * A where it lies (AVX-512), else ap. */
+static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, const dt__gemm_ua *ua,
+                          const float *bp, float alpha, float beta, float *c, int64_t ldc, int64_t mr, int64_t nr) {
   float t[DT__GEMM_TILE_MAX];
-  pa->kernel(kc, ap, bp, 1.0f, 0.0f, t, pa->nr);
+#ifdef DT__GEMM_X86
+  if (ua) dt__gemm_micro_avx512_ua(6, kc, ua->a, ua->rs, ua->ks, bp, 1.0f, 0.0f, t, pa->nr);
+  else
+#endif
+    pa->kernel(kc, ap, bp, 1.0f, 0.0f, t, pa->nr);
+  (void)ua;
   for (int64_t r = 0; r < mr; r++) {
     float *cr = c + r * ldc;
     const float *tr = t + r * pa->nr;
@@ -722,10 +680,14 @@ static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, 
  * the loops over the tiles, B slivers outside (one stays in L1 while the
  * A slivers stream past it). bias (the panel's first column's, on the
  * first k block, with beta 1) goes into each tile before its product, relu
- * (on the last k block) over it after, while the tile is in L1. */
-static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int64_t kc, float alpha, const float *ap,
-                           const float *bp, float beta, float *c, int64_t ldc, const float *bias, int relu) {
+ * (on the last k block) over it after, while the tile is in L1. With ua
+ * (AVX-512), A is read where it lies; only a last sliver shorter than MR
+ * is packed, once, into ap. */
+static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int64_t kc, float alpha, float *ap,
+                           const float *bp, float beta, float *c, int64_t ldc, const float *bias, int relu,
+                           const dt__gemm_ua *ua) {
   const int64_t MR = pa->mr, NR = pa->nr;
+  int short_packed = 0;
   for (int64_t jr = 0; jr < nc; jr += NR) {
     int64_t nr = DT__MIN(NR, nc - jr);
     const float *bs = bp + jr * kc;
@@ -734,12 +696,31 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
       const float *as = ap + ir * kc;
       float *cs = c + ir * ldc + jr;
       if (bias) dt__gemm_bias_rows(bias + jr, mr, nr, cs, ldc);
+#ifdef DT__GEMM_X86
+      if (ua && (mr == MR || (mr == 4 && nr == NR))) {
+        const float *a = ua->a + ir * ua->rs;
+        if (nr == NR) {
+          dt__gemm_micro_avx512_ua((int)mr, kc, a, ua->rs, ua->ks, bs, alpha, beta, cs, ldc);
+        } else {
+          dt__gemm_ua u = {a, ua->rs, ua->ks};
+          dt__gemm_edge(pa, kc, NULL, &u, bs, alpha, beta, cs, ldc, mr, nr);
+        }
+        if (relu) dt__relu_rows(cs, mr, nr, ldc);
+        continue;
+      }
+#endif
+      if (ua) { /* a sliver shorter than MR: packed once, into the unused A buffer */
+        for (int64_t p = 0; p < kc && !short_packed; p++)
+          for (int64_t r = 0; r < MR; r++) ap[p * MR + r] = r < mr ? ua->a[(ir + r) * ua->rs + p * ua->ks] : 0.0f;
+        short_packed = 1;
+        as = ap;
+      }
       if (mr == MR && nr == NR)
         pa->kernel(kc, as, bs, alpha, beta, cs, ldc);
       else if (mr == 4 && nr == NR && pa->kernel4)
         pa->kernel4(kc, as, bs, alpha, beta, cs, ldc);
       else
-        dt__gemm_edge(pa, kc, as, bs, alpha, beta, cs, ldc, mr, nr);
+        dt__gemm_edge(pa, kc, as, NULL, bs, alpha, beta, cs, ldc, mr, nr);
       if (relu) dt__relu_rows(cs, mr, nr, ldc);
     }
   }
@@ -768,6 +749,12 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
   float *bp = ap + mcb * DT__GEMM_KC + 16;
   const float *bias = ep ? ep->bias : NULL;
   int relu = ep && ep->relu;
+  /* At most two B slivers (AVX-512): a packed A would be read once or
+   * twice, so the kernel reads it where it lies (the same FMAs, the same bits). */
+  int unpacked_a = 0;
+#ifdef DT__GEMM_X86
+  unpacked_a = pa == &dt__gemm_paths[DT__GEMM_PATH_AVX512] && n <= 8 * NR;
+#endif
 
   /* The order of the loops does not change any result: every element of C
    * is summed over the same k blocks in the same order. */
@@ -780,7 +767,7 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
         int64_t nc = DT__MIN(ncb, n - jc);
         pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
         dt__gemm_macro(pa, m, nc, kc, alpha, ap, bp, beta_blk, c + jc, ldc, pc == 0 && bias ? bias + jc : NULL,
-                       relu && pc + kc >= k);
+                       relu && pc + kc >= k, NULL);
       }
     }
     return;
@@ -795,9 +782,10 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
       pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
       for (int64_t ic = 0; ic < m; ic += mcb) {
         int64_t mc = DT__MIN(mcb, m - ic);
-        pa->pack_a(trans_a, a, lda, ic, pc, mc, kc, ap);
+        dt__gemm_ua u = {trans_a ? a + pc * lda + ic : a + ic * lda + pc, trans_a ? 1 : lda, trans_a ? lda : 1};
+        if (!unpacked_a) pa->pack_a(trans_a, a, lda, ic, pc, mc, kc, ap);
         dt__gemm_macro(pa, mc, nc, kc, alpha, ap, bp, beta_blk, c + ic * ldc + jc, ldc,
-                       pc == 0 && bias ? bias + jc : NULL, relu && pc + kc >= k);
+                       pc == 0 && bias ? bias + jc : NULL, relu && pc + kc >= k, unpacked_a ? &u : NULL);
       }
     }
   }

@@ -5,8 +5,8 @@
  * AVX-512F, or by DTRAIN_ISA / dt_sgemm_use_isa): a 6x32 tile, 12 zmm
  * accumulators, two B vectors and one broadcast A value per k step (12 FMAs
  * for 2 loads and 6 broadcasts), and its first-4-rows variant for the 4-row
- * edge of 64-row batches; and the unpacked dot-product kernel for A @ B^T
- * with few columns or few rows (dt_gemm.c's cases). It is the AVX2 path's tile twice as wide: the
+ * edge of 64-row batches, both also reading A where it lies (strided, for
+ * products of at most 8 B slivers; dt_gemm.c). It is the AVX2 path's tile twice as wide: the
  * slivers are packed by dt_gemm.c's AVX2 routines (6-tall A, 32-wide B),
  * and every element gets the same operations as on the AVX2 path (FMAs in
  * increasing p, then alpha and beta), so a full tile's results are those of
@@ -27,14 +27,15 @@
 
 #define DT__Z_FMA2(r)                                 \
   do {                                                \
-    __m512 a_ = _mm512_set1_ps(ap[r]);                \
+    __m512 a_ = _mm512_set1_ps(a[(r) * ars]);         \
     c##r##0 = _mm512_fmadd_ps(a_, b0, c##r##0);       \
     c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1);       \
   } while (0)
 
-DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const float *DT__RESTRICT ap,
-                                                          const float *DT__RESTRICT bp, float alpha, float beta,
-                                                          float *DT__RESTRICT c, int64_t ldc) {
+/* The 6x32 tile: op(A)[r][p] at a[r * ars + p * aks] (packed: 1 and 6). */
+DT__GEMM_AVX512 static inline void dt__gemm_micro6_z(int64_t kc, const float *DT__RESTRICT a, int64_t ars,
+                                                     int64_t aks, const float *DT__RESTRICT bp, float alpha,
+                                                     float beta, float *DT__RESTRICT c, int64_t ldc) {
   __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps();
   __m512 c11 = _mm512_setzero_ps(), c20 = _mm512_setzero_ps(), c21 = _mm512_setzero_ps();
   __m512 c30 = _mm512_setzero_ps(), c31 = _mm512_setzero_ps(), c40 = _mm512_setzero_ps();
@@ -51,7 +52,7 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const floa
     DT__Z_FMA2(3);
     DT__Z_FMA2(4);
     DT__Z_FMA2(5);
-    ap += 6;
+    a += aks;
     bp += 32;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -63,10 +64,10 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const floa
   DT__GEMM_Z_STORE(5);
 }
 
-/* The first 4 rows of a 6x32 tile (the slivers stay 6 tall), straight to C. */
-DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const float *DT__RESTRICT ap,
-                                                           const float *DT__RESTRICT bp, float alpha, float beta,
-                                                           float *DT__RESTRICT c, int64_t ldc) {
+/* The first 4 rows of a 6x32 tile, straight to C (A as above). */
+DT__GEMM_AVX512 static inline void dt__gemm_micro4_z(int64_t kc, const float *DT__RESTRICT a, int64_t ars,
+                                                     int64_t aks, const float *DT__RESTRICT bp, float alpha,
+                                                     float beta, float *DT__RESTRICT c, int64_t ldc) {
   __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps();
   __m512 c11 = _mm512_setzero_ps(), c20 = _mm512_setzero_ps(), c21 = _mm512_setzero_ps();
   __m512 c30 = _mm512_setzero_ps(), c31 = _mm512_setzero_ps();
@@ -76,7 +77,7 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const flo
     DT__Z_FMA2(1);
     DT__Z_FMA2(2);
     DT__Z_FMA2(3);
-    ap += 6;
+    a += aks;
     bp += 32;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -84,6 +85,28 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const flo
   DT__GEMM_Z_STORE(1);
   DT__GEMM_Z_STORE(2);
   DT__GEMM_Z_STORE(3);
+}
+
+DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const float *DT__RESTRICT ap,
+                                                          const float *DT__RESTRICT bp, float alpha, float beta,
+                                                          float *DT__RESTRICT c, int64_t ldc) {
+  dt__gemm_micro6_z(kc, ap, 1, 6, bp, alpha, beta, c, ldc);
+}
+
+DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const float *DT__RESTRICT ap,
+                                                           const float *DT__RESTRICT bp, float alpha, float beta,
+                                                           float *DT__RESTRICT c, int64_t ldc) {
+  dt__gemm_micro4_z(kc, ap, 1, 6, bp, alpha, beta, c, ldc);
+}
+
+/* The same tiles with A read where it lies (dt_gemm.c: products with few
+ * columns, where a packed A would be read once): rows 4 or 6. */
+DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512_ua(int rows, int64_t kc, const float *DT__RESTRICT a,
+                                                             int64_t ars, int64_t aks, const float *DT__RESTRICT bp,
+                                                             float alpha, float beta, float *DT__RESTRICT c,
+                                                             int64_t ldc) {
+  if (rows == 6) dt__gemm_micro6_z(kc, a, ars, aks, bp, alpha, beta, c, ldc);
+  else dt__gemm_micro4_z(kc, a, ars, aks, bp, alpha, beta, c, ldc);
 }
 
 /* Full 32-wide B slivers from a transposed B (rows of op(B)^T contiguous
@@ -143,64 +166,4 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_pack_bt_avx512(const float *b, int6
   }
 }
 
-/* C = alpha * A @ B^T + beta * C without packing, the AVX-512 twin of
- * dt_gemm.c's dt__gemm_dot_avx2 (same blocks of 3 rows x 4 columns, same
- * cases): 16 lanes of FMAs over p in steps of 16, the lanes summed in
- * a fixed tree, the remaining p added by scalar FMAs
- * in order, then alpha and beta. Every element gets exactly these
- * operations wherever it sits, so results do not depend on how rows are
- * blocked or split over threads. */
-DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                                                        int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                                                        int64_t ldc) {
-  int64_t k16 = k - k % 16;
-  for (int64_t j0 = 0; j0 < n; j0 += 4) { /* 4 rows of B^T stay in L1 while A streams past */
-    int64_t nr = DT__MIN(4, n - j0);
-    const float *br[4];
-    for (int j = 0; j < 4; j++) br[j] = b + (j0 + DT__MIN(j, nr - 1)) * ldb;
-    for (int64_t i0 = 0; i0 < m; i0 += 3) {
-      int64_t mr = DT__MIN(3, m - i0);
-      const float *ar[3];
-      for (int r = 0; r < 3; r++) ar[r] = a + (i0 + DT__MIN(r, mr - 1)) * lda;
-      __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c02 = _mm512_setzero_ps();
-      __m512 c03 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps(), c11 = _mm512_setzero_ps();
-      __m512 c12 = _mm512_setzero_ps(), c13 = _mm512_setzero_ps(), c20 = _mm512_setzero_ps();
-      __m512 c21 = _mm512_setzero_ps(), c22 = _mm512_setzero_ps(), c23 = _mm512_setzero_ps();
-      for (int64_t p = 0; p < k16; p += 16) {
-        __m512 a0 = _mm512_loadu_ps(ar[0] + p), a1 = _mm512_loadu_ps(ar[1] + p), a2 = _mm512_loadu_ps(ar[2] + p), bv;
-#define DT__Z_DOT_COL(j)                       \
-  bv = _mm512_loadu_ps(br[j] + p);             \
-  c0##j = _mm512_fmadd_ps(a0, bv, c0##j);      \
-  c1##j = _mm512_fmadd_ps(a1, bv, c1##j);      \
-  c2##j = _mm512_fmadd_ps(a2, bv, c2##j)
-        DT__Z_DOT_COL(0);
-        DT__Z_DOT_COL(1);
-        DT__Z_DOT_COL(2);
-        DT__Z_DOT_COL(3);
-#undef DT__Z_DOT_COL
-      }
-      __m512 acc[3][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}};
-      for (int64_t r = 0; r < mr; r++) {
-        for (int64_t j = 0; j < nr; j++) {
-          /* the lanes in a fixed tree, 16 -> 8 -> 4 -> 2 -> 1, through memory: gcc 12's
-           * AVX-512 casts and extracts warn (maybe-uninitialized) in C++ builds */
-          float lanes[16];
-          _mm512_storeu_ps(lanes, acc[r][j]);
-          __m256 o = _mm256_add_ps(_mm256_loadu_ps(lanes), _mm256_loadu_ps(lanes + 8));
-          __m128 h = _mm_add_ps(_mm256_castps256_ps128(o), _mm256_extractf128_ps(o, 1));
-          h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-          h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-          for (int64_t p = k16; p < k; p++) h = _mm_fmadd_ss(_mm_set_ss(ar[r][p]), _mm_set_ss(br[j][p]), h);
-          float v = _mm_cvtss_f32(h), *cp = c + (i0 + r) * ldc + j0 + j;
-          if (beta == 0.0f) *cp = alpha * v;
-          else if (beta == 1.0f) *cp += alpha * v;
-          else *cp = alpha * v + beta * *cp;
-        }
-      }
-    }
-  }
-}
-
-#undef DT__Z_FMA2
-#undef DT__GEMM_AVX512
 #endif /* DT__X86_SIMD */

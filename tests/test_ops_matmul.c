@@ -148,6 +148,59 @@ static void test_sgemm_beta0_nan(void) {
   CHECK(c[0] == 5.0f && c[1] == 11.0f && c[2] == 11.0f && c[3] == 25.0f);
 }
 
+/* The AVX-512 path against the AVX2 path, bit for bit: with alpha 1 and
+ * beta 0 or 1 every element gets the same FMAs in the same order on both
+ * (full tiles, edges, k blocks). Shapes of up to 8 B slivers, where the
+ * AVX-512 kernel reads A where it lies (rows of 6, of 4, and the packed
+ * short sliver; both transposes of A; padded leading dimensions), and
+ * wider ones, where it packs A. Skipped without both paths. */
+static void test_sgemm_paths_agree(void) {
+  if (dt_sgemm_use_isa("avx512") != DTRAIN_OK || dt_sgemm_use_isa("avx2") != DTRAIN_OK) {
+    dt_sgemm_use_isa("best");
+    th_skip("this CPU or build lacks the avx512 or avx2 path");
+    return;
+  }
+  th_seed(17);
+  static const int64_t shapes[][3] = {{64, 32, 196}, {64, 196, 32}, {32, 196, 64}, {6, 32, 5},  {4, 32, 300},
+                                      {10, 64, 40},  {11, 33, 700}, {13, 256, 17}, {5, 250, 9}, {70, 200, 257},
+                                      {1, 31, 3},    {64, 257, 64}, {9, 500, 100}, {64, 64, 64}};
+  int bad = 0, cases = 0;
+  for (int si = 0; si < 14; si++)
+    for (int t = 0; t < 4; t++)
+      for (int bi = 0; bi < 2; bi++) {
+        int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2], pad = (si + t) % 3;
+        int ta = t >> 1, tb = t & 1;
+        /* (A @ B^T that dt_gemm.c gives a dot-product kernel on either path: other sums) */
+        if (!ta && tb && k >= 16 && (n < 32 || (m <= 32 && k >= 256) || (m <= 64 && k >= 512))) continue;
+        int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+        int64_t na = (ta ? k : m) * lda, nb = (tb ? n : k) * ldb;
+        float *a = (float *)malloc((size_t)na * sizeof(float)), *b = (float *)malloc((size_t)nb * sizeof(float));
+        float *c[2];
+        c[0] = (float *)malloc((size_t)(m * ldc) * sizeof(float));
+        c[1] = (float *)malloc((size_t)(m * ldc) * sizeof(float));
+        th_fill(a, na, -1, 1);
+        th_fill(b, nb, -1, 1);
+        th_fill(c[0], m * ldc, -1, 1);
+        memcpy(c[1], c[0], (size_t)(m * ldc) * sizeof(float));
+        for (int p = 0; p < 2; p++) {
+          dt_sgemm_use_isa(p ? "avx2" : "avx512");
+          dt_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, (float)bi, c[p], ldc);
+        }
+        int diff = memcmp(c[0], c[1], (size_t)(m * ldc) * sizeof(float)) != 0;
+        if (diff && bad < 3)
+          fprintf(stderr, "avx512 != avx2: t%d%d m=%lld n=%lld k=%lld beta=%d pad=%lld\n", ta, tb, (long long)m,
+                  (long long)n, (long long)k, bi, (long long)pad);
+        bad += diff;
+        cases++;
+        free(a);
+        free(b);
+        free(c[0]);
+        free(c[1]);
+      }
+  dt_sgemm_use_isa("best");
+  CHECK_MSG(bad == 0, "%d of %d products differ between the avx512 and avx2 paths", bad, cases);
+}
+
 static void test_sgemm_deterministic(void) {
   th_seed(13);
   int64_t m = 150, n = 270, k = 600;
@@ -498,6 +551,7 @@ int main(void) {
   TH_RUN(test_sgemm_shapes);
   TH_RUN(test_sgemm_beta0_nan);
   TH_RUN(test_sgemm_deterministic);
+  TH_RUN(test_sgemm_paths_agree);
   TH_RUN(test_matmul_values);
   TH_RUN(test_bmm_values);
   TH_RUN(test_linear_values);
