@@ -28,11 +28,11 @@
  * k block rather than once per B panel.
  * The panels are one automatic array of fixed size (272 KiB of stack), so
  * a call allocates nothing and may run on any thread.
- * On the AVX-512 path, products of at most 8 B slivers (n <= 256) do not
- * pack A: the kernel reads it where it lies, 6 rows at a stride (a packed A
- * would be read only n/32 times; the Winograd products, n = 32, once);
- * only a last sliver shorter than 6 is packed. The same FMAs in the same
- * order: the same bits.
+ * On the x86 paths, products with n <= 256 (8 or 16 B slivers) do not pack
+ * A: the kernel reads it where it lies, 6 rows at a stride (a packed A
+ * would be read only n/NR times; the Winograd products' n = 32, once or
+ * twice); only a last sliver shorter than 6 is packed. The same FMAs in the
+ * same order: the same bits.
  * dt__sgemm_epi (dt_linear, dt_linear_relu) runs the same product with an
  * epilogue on each tile of C while it is in L1: a row of bias copied into
  * the tile before its first k block (which then adds to it), ReLU after its
@@ -264,7 +264,7 @@ static void dt__gemm_micro_c(int64_t kc, const float *DT__RESTRICT ap, const flo
 
 #define DT__AVX_FMA2(r)                                          \
   do {                                                           \
-    __m256 a_ = _mm256_broadcast_ss(ap + (r));                   \
+    __m256 a_ = _mm256_broadcast_ss(a + (r) * ars);              \
     c##r##0 = _mm256_fmadd_ps(a_, b0, c##r##0);                  \
     c##r##1 = _mm256_fmadd_ps(a_, b1, c##r##1);                  \
   } while (0)
@@ -286,13 +286,18 @@ static void dt__gemm_micro_c(int64_t kc, const float *DT__RESTRICT ap, const flo
     }                                                                                               \
   } while (0)
 
-DT__GEMM_AVX2 static void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
-                                              float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
+/* The 6x16 tile (rows 6) or its first 4 rows (rows 4: the edge tile of the
+ * 64-row batches of training steps, 64 = 10 x 6 + 4, written straight to C
+ * like a full tile, with the same arithmetic per element): op(A)[r][p] at
+ * a[r * ars + p * aks] (packed slivers, 6 tall: 1 and 6). */
+DT__GEMM_AVX2 static inline void dt__gemm_tile_avx2(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
+                                                    int64_t aks, const float *DT__RESTRICT bp, float alpha,
+                                                    float beta, float *DT__RESTRICT c, int64_t ldc) {
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
   __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
   __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps();
   __m256 c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
-  for (int r = 0; r < 6; r++) { /* C is needed at the end: start fetching it now */
+  for (int r = 0; r < rows; r++) { /* C is needed at the end: start fetching it now */
     _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
     _mm_prefetch((const char *)(c + r * ldc + 15), _MM_HINT_T0);
   }
@@ -302,9 +307,11 @@ DT__GEMM_AVX2 static void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTR
     DT__AVX_FMA2(1);
     DT__AVX_FMA2(2);
     DT__AVX_FMA2(3);
-    DT__AVX_FMA2(4);
-    DT__AVX_FMA2(5);
-    ap += 6;
+    if (rows == 6) {
+      DT__AVX_FMA2(4);
+      DT__AVX_FMA2(5);
+    }
+    a += aks;
     bp += 16;
   }
   __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
@@ -312,32 +319,28 @@ DT__GEMM_AVX2 static void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTR
   DT__AVX_STORE(1);
   DT__AVX_STORE(2);
   DT__AVX_STORE(3);
-  DT__AVX_STORE(4);
-  DT__AVX_STORE(5);
+  if (rows == 6) {
+    DT__AVX_STORE(4);
+    DT__AVX_STORE(5);
+  }
 }
 
-/* The first 4 rows of a 6x16 tile (the slivers stay 6 tall): the edge tile
- * of the 64-row batches of training steps (64 = 10 x 6 + 4), written
- * straight to C like a full tile, with the same arithmetic per element. */
+DT__GEMM_AVX2 static void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                              float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
+  dt__gemm_tile_avx2(6, kc, ap, 1, 6, bp, alpha, beta, c, ldc);
+}
+
 DT__GEMM_AVX2 static void dt__gemm_micro4_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
                                                float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
-  __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
-  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
-  for (int64_t p = 0; p < kc; p++) {
-    __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
-    DT__AVX_FMA2(0);
-    DT__AVX_FMA2(1);
-    DT__AVX_FMA2(2);
-    DT__AVX_FMA2(3);
-    ap += 6;
-    bp += 16;
-  }
-  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-  DT__AVX_STORE(0);
-  DT__AVX_STORE(1);
-  DT__AVX_STORE(2);
-  DT__AVX_STORE(3);
+  dt__gemm_tile_avx2(4, kc, ap, 1, 6, bp, alpha, beta, c, ldc);
+}
+
+/* A where it lies (dt__gemm_macro): rows 6 or 4. */
+DT__GEMM_AVX2 static void dt__gemm_micro_avx2_ua(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
+                                                 int64_t aks, const float *DT__RESTRICT bp, float alpha, float beta,
+                                                 float *DT__RESTRICT c, int64_t ldc) {
+  if (rows == 6) dt__gemm_tile_avx2(6, kc, a, ars, aks, bp, alpha, beta, c, ldc);
+  else dt__gemm_tile_avx2(4, kc, a, ars, aks, bp, alpha, beta, c, ldc);
 }
 
 /* In-register transpose of 8 rows of 8: on return r[p] holds column p. */
@@ -659,7 +662,8 @@ static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, 
                           const float *bp, float alpha, float beta, float *c, int64_t ldc, int64_t mr, int64_t nr) {
   float t[DT__GEMM_TILE_MAX];
 #ifdef DT__GEMM_X86
-  if (ua) dt__gemm_micro_avx512_ua(6, kc, ua->a, ua->rs, ua->ks, bp, 1.0f, 0.0f, t, pa->nr);
+  if (ua) (pa->nr == 32 ? dt__gemm_micro_avx512_ua : dt__gemm_micro_avx2_ua)(6, kc, ua->a, ua->rs, ua->ks, bp, 1.0f,
+                                                                            0.0f, t, pa->nr);
   else
 #endif
     pa->kernel(kc, ap, bp, 1.0f, 0.0f, t, pa->nr);
@@ -700,7 +704,8 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
       if (ua && (mr == MR || (mr == 4 && nr == NR))) {
         const float *a = ua->a + ir * ua->rs;
         if (nr == NR) {
-          dt__gemm_micro_avx512_ua((int)mr, kc, a, ua->rs, ua->ks, bs, alpha, beta, cs, ldc);
+          (NR == 32 ? dt__gemm_micro_avx512_ua : dt__gemm_micro_avx2_ua)((int)mr, kc, a, ua->rs, ua->ks, bs, alpha,
+                                                                          beta, cs, ldc);
         } else {
           dt__gemm_ua u = {a, ua->rs, ua->ks};
           dt__gemm_edge(pa, kc, NULL, &u, bs, alpha, beta, cs, ldc, mr, nr);
@@ -749,11 +754,11 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
   float *bp = ap + mcb * DT__GEMM_KC + 16;
   const float *bias = ep ? ep->bias : NULL;
   int relu = ep && ep->relu;
-  /* At most two B slivers (AVX-512): a packed A would be read once or
-   * twice, so the kernel reads it where it lies (the same FMAs, the same bits). */
+  /* Few B slivers: a packed A would be read only a few times, so the kernel
+   * reads it where it lies (the same FMAs, the same bits; see the top). */
   int unpacked_a = 0;
 #ifdef DT__GEMM_X86
-  unpacked_a = pa == &dt__gemm_paths[DT__GEMM_PATH_AVX512] && n <= 8 * NR;
+  unpacked_a = n <= 256 && (pa == &dt__gemm_paths[DT__GEMM_PATH_AVX512] || pa == &dt__gemm_paths[DT__GEMM_PATH_AVX2]);
 #endif
 
   /* The order of the loops does not change any result: every element of C

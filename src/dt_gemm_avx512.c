@@ -6,7 +6,7 @@
  * accumulators, two B vectors and one broadcast A value per k step (12 FMAs
  * for 2 loads and 6 broadcasts), and its first-4-rows variant for the 4-row
  * edge of 64-row batches, both also reading A where it lies (strided, for
- * products of at most 8 B slivers; dt_gemm.c). It is the AVX2 path's tile twice as wide: the
+ * products with n <= 256; dt_gemm.c). It is the AVX2 path's tile twice as wide: the
  * slivers are packed by dt_gemm.c's AVX2 routines (6-tall A, 32-wide B),
  * and every element gets the same operations as on the AVX2 path (FMAs in
  * increasing p, then alpha and beta), so a full tile's results are those of
@@ -100,7 +100,7 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const flo
 }
 
 /* The same tiles with A read where it lies (dt_gemm.c: products with few
- * columns, where a packed A would be read once): rows 4 or 6. */
+ * columns, where a packed A would be read a few times): rows 4 or 6. */
 DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512_ua(int rows, int64_t kc, const float *DT__RESTRICT a,
                                                              int64_t ars, int64_t aks, const float *DT__RESTRICT bp,
                                                              float alpha, float beta, float *DT__RESTRICT c,

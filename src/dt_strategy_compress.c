@@ -183,14 +183,16 @@ DT__H16_IN __m128i dt__h16_bf16_sse(__m128 f) {
   const __m128i x = _mm_castps_si128(f);
   __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(x, _mm_set1_epi32(0x7FFFFFFF)), _mm_set1_epi32(0x7F800000));
   __m128i top = _mm_srli_epi32(x, 16);
-  __m128i rnd = _mm_srli_epi32(_mm_add_epi32(x, _mm_add_epi32(_mm_set1_epi32(0x7FFF), _mm_and_si128(top, _mm_set1_epi32(1)))), 16);
+  __m128i half = _mm_add_epi32(_mm_set1_epi32(0x7FFF), _mm_and_si128(top, _mm_set1_epi32(1)));
+  __m128i rnd = _mm_srli_epi32(_mm_add_epi32(x, half), 16);
   return dt__h16_sel(nan, _mm_or_si128(top, _mm_set1_epi32(0x40)), rnd);
 }
 
 /* dt__f32_of_f16, 4 lanes (the 16-bit values in the low halves). */
 DT__H16_IN __m128 dt__h16_f32_sse(__m128i h) {
   const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
-  const __m128i e = _mm_and_si128(_mm_srli_epi32(h, 10), _mm_set1_epi32(0x1F)), m = _mm_and_si128(h, _mm_set1_epi32(0x3FF));
+  const __m128i e = _mm_and_si128(_mm_srli_epi32(h, 10), _mm_set1_epi32(0x1F));
+  const __m128i m = _mm_and_si128(h, _mm_set1_epi32(0x3FF));
   __m128i zero = _mm_cmpeq_epi32(e, _mm_setzero_si128()), top = _mm_cmpeq_epi32(e, _mm_set1_epi32(31));
   __m128i nor = _mm_or_si128(_mm_slli_epi32(_mm_add_epi32(e, _mm_set1_epi32(112)), 23), _mm_slli_epi32(m, 13));
   __m128i inf = _mm_or_si128(_mm_set1_epi32(0x7F800000), _mm_slli_epi32(m, 13));

@@ -278,7 +278,8 @@ static void test_h16_arrays(void) {
           for (size_t i = 0; i < N; i++) {
             r = r * 6364136223846793005ull + 1442695040888963407ull;
             uint32_t a = (uint32_t)(r >> 32), b = (uint32_t)r;
-            if (i % 5 == 1) a = (a & 0x80001FFFu) | (uint32_t)(0x33000000u + (i % 23u) * 0x00800000u); /* near halves' edges */
+            if (i % 5 == 1) /* near the halves' edges */
+              a = (a & 0x80001FFFu) | (uint32_t)(0x33000000u + (i % 23u) * 0x00800000u);
             if (i % 5 == 2 && i / 4096 % 3 == 0) a = (a & 0x8000FFFFu) | 0x7F800000u; /* Inf and NaNs, in places */
             if (i % 5 == 3) a = (a & 0x80FFFFFFu) | 0x47000000u;  /* around 65504 */
             if (i % 7 == 4) a = a & 0x807FFFFFu;                  /* float subnormals */

@@ -201,6 +201,42 @@ static void test_sgemm_paths_agree(void) {
   CHECK_MSG(bad == 0, "%d of %d products differ between the avx512 and avx2 paths", bad, cases);
 }
 
+/* On each x86 path, a product narrow enough to read A unpacked against the
+ * first columns of a wide one (A packed): the same bits (alpha 1, beta 0),
+ * both transposes of A, rows of 6, 4 and shorter. */
+static void test_sgemm_unpacked_a(void) {
+  static const char *const isas[2] = {"avx512", "avx2"};
+  int ran = 0;
+  th_seed(19);
+  for (int ii = 0; ii < 2; ii++) {
+    if (dt_sgemm_use_isa(isas[ii]) != DTRAIN_OK) continue;
+    ran++;
+    static const int64_t mk[][2] = {{64, 196}, {64, 32}, {13, 300}, {6, 9}, {4, 700}, {32, 64}, {1, 17}};
+    int bad = 0;
+    for (int si = 0; si < 7; si++)
+      for (int ta = 0; ta < 2; ta++)
+        for (int64_t n1 = 16; n1 <= 256; n1 *= 2) {
+          int64_t m = mk[si][0], k = mk[si][1], n2 = 600, lda = (ta ? m : k) + 1;
+          float *a = (float *)malloc((size_t)((ta ? k : m) * lda) * sizeof(float));
+          float *b = (float *)malloc((size_t)(k * n2) * sizeof(float));
+          float *c1 = (float *)malloc((size_t)(m * n1) * sizeof(float));
+          float *c2 = (float *)malloc((size_t)(m * n2) * sizeof(float));
+          th_fill(a, (ta ? k : m) * lda, -1, 1);
+          th_fill(b, k * n2, -1, 1);
+          dt_sgemm(ta, 0, m, n1, k, 1.0f, a, lda, b, n2, 0.0f, c1, n1);
+          dt_sgemm(ta, 0, m, n2, k, 1.0f, a, lda, b, n2, 0.0f, c2, n2);
+          for (int64_t i = 0; i < m; i++) bad += memcmp(c1 + i * n1, c2 + i * n2, (size_t)n1 * sizeof(float)) != 0;
+          free(a);
+          free(b);
+          free(c1);
+          free(c2);
+        }
+    CHECK_MSG(bad == 0, "%s: %d rows of narrow products differ from the wide product's", isas[ii], bad);
+  }
+  dt_sgemm_use_isa("best");
+  if (!ran) th_skip("no x86 SIMD path");
+}
+
 static void test_sgemm_deterministic(void) {
   th_seed(13);
   int64_t m = 150, n = 270, k = 600;
@@ -552,6 +588,7 @@ int main(void) {
   TH_RUN(test_sgemm_beta0_nan);
   TH_RUN(test_sgemm_deterministic);
   TH_RUN(test_sgemm_paths_agree);
+  TH_RUN(test_sgemm_unpacked_a);
   TH_RUN(test_matmul_values);
   TH_RUN(test_bmm_values);
   TH_RUN(test_linear_values);
