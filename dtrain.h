@@ -5195,8 +5195,8 @@ DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const float *DT__RESTRICT 
 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
                                            float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
 DTRAIN_PRIVATE void dt__gemm_micro_avx512_ua(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
-                                             int64_t aks, const float *DT__RESTRICT bp, float alpha, float beta,
-                                             float *DT__RESTRICT c, int64_t ldc);
+                                             int64_t aks, const float *DT__RESTRICT bp, int64_t bks, float alpha,
+                                             float beta, float *DT__RESTRICT c, int64_t ldc);
 /* dt_gemm_dot.c: the unpacked dot-product kernels (A @ B^T) */
 DTRAIN_PRIVATE void dt__gemm_dot_avx2(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
@@ -8482,10 +8482,11 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
     c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1);       \
   } while (0)
 
-/* The 6x32 tile: op(A)[r][p] at a[r * ars + p * aks] (packed: 1 and 6). */
-DT__GEMM_AVX512 static inline void dt__gemm_micro6_z(int64_t kc, const float *DT__RESTRICT a, int64_t ars,
-                                                     int64_t aks, const float *DT__RESTRICT bp, float alpha,
-                                                     float beta, float *DT__RESTRICT c, int64_t ldc) {
+/* The 6x32 tile: op(A)[r][p] at a[r * ars + p * aks] (packed: 1 and 6),
+ * op(B)[p][j] at bp[p * bks + j] (packed: 32). */
+DT__GEMM_AVX512 static inline __attribute__((always_inline)) void
+dt__gemm_micro6_z(int64_t kc, const float *DT__RESTRICT a, int64_t ars, int64_t aks, const float *DT__RESTRICT bp,
+                  int64_t bks, float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
   __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps();
   __m512 c11 = _mm512_setzero_ps(), c20 = _mm512_setzero_ps(), c21 = _mm512_setzero_ps();
   __m512 c30 = _mm512_setzero_ps(), c31 = _mm512_setzero_ps(), c40 = _mm512_setzero_ps();
@@ -8503,7 +8504,7 @@ DT__GEMM_AVX512 static inline void dt__gemm_micro6_z(int64_t kc, const float *DT
     DT__Z_FMA2(4);
     DT__Z_FMA2(5);
     a += aks;
-    bp += 32;
+    bp += bks;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   DT__GEMM_Z_STORE(0);
@@ -8515,9 +8516,9 @@ DT__GEMM_AVX512 static inline void dt__gemm_micro6_z(int64_t kc, const float *DT
 }
 
 /* The first 4 rows of a 6x32 tile, straight to C (A as above). */
-DT__GEMM_AVX512 static inline void dt__gemm_micro4_z(int64_t kc, const float *DT__RESTRICT a, int64_t ars,
-                                                     int64_t aks, const float *DT__RESTRICT bp, float alpha,
-                                                     float beta, float *DT__RESTRICT c, int64_t ldc) {
+DT__GEMM_AVX512 static inline __attribute__((always_inline)) void
+dt__gemm_micro4_z(int64_t kc, const float *DT__RESTRICT a, int64_t ars, int64_t aks, const float *DT__RESTRICT bp,
+                  int64_t bks, float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
   __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps();
   __m512 c11 = _mm512_setzero_ps(), c20 = _mm512_setzero_ps(), c21 = _mm512_setzero_ps();
   __m512 c30 = _mm512_setzero_ps(), c31 = _mm512_setzero_ps();
@@ -8528,7 +8529,7 @@ DT__GEMM_AVX512 static inline void dt__gemm_micro4_z(int64_t kc, const float *DT
     DT__Z_FMA2(2);
     DT__Z_FMA2(3);
     a += aks;
-    bp += 32;
+    bp += bks;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   DT__GEMM_Z_STORE(0);
@@ -8540,23 +8541,24 @@ DT__GEMM_AVX512 static inline void dt__gemm_micro4_z(int64_t kc, const float *DT
 DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const float *DT__RESTRICT ap,
                                                           const float *DT__RESTRICT bp, float alpha, float beta,
                                                           float *DT__RESTRICT c, int64_t ldc) {
-  dt__gemm_micro6_z(kc, ap, 1, 6, bp, alpha, beta, c, ldc);
+  dt__gemm_micro6_z(kc, ap, 1, 6, bp, 32, alpha, beta, c, ldc);
 }
 
 DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const float *DT__RESTRICT ap,
                                                            const float *DT__RESTRICT bp, float alpha, float beta,
                                                            float *DT__RESTRICT c, int64_t ldc) {
-  dt__gemm_micro4_z(kc, ap, 1, 6, bp, alpha, beta, c, ldc);
+  dt__gemm_micro4_z(kc, ap, 1, 6, bp, 32, alpha, beta, c, ldc);
 }
 
-/* The same tiles with A read where it lies (dt_gemm.c: products with few
- * columns, where a packed A would be read a few times): rows 4 or 6. */
+/* The same tiles with A and B read at strides (dt_gemm.c: products with
+ * few columns or few rows, where a packed operand would be read a few
+ * times): rows 4 or 6. */
 DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512_ua(int rows, int64_t kc, const float *DT__RESTRICT a,
                                                              int64_t ars, int64_t aks, const float *DT__RESTRICT bp,
-                                                             float alpha, float beta, float *DT__RESTRICT c,
-                                                             int64_t ldc) {
-  if (rows == 6) dt__gemm_micro6_z(kc, a, ars, aks, bp, alpha, beta, c, ldc);
-  else dt__gemm_micro4_z(kc, a, ars, aks, bp, alpha, beta, c, ldc);
+                                                             int64_t bks, float alpha, float beta,
+                                                             float *DT__RESTRICT c, int64_t ldc) {
+  if (rows == 6) dt__gemm_micro6_z(kc, a, ars, aks, bp, bks, alpha, beta, c, ldc);
+  else dt__gemm_micro4_z(kc, a, ars, aks, bp, bks, alpha, beta, c, ldc);
 }
 
 /* Full 32-wide B slivers from a transposed B (rows of op(B)^T contiguous
@@ -9032,8 +9034,11 @@ DTRAIN_PRIVATE void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap
  * On the x86 paths, products with n <= 256 (8 or 16 B slivers) do not pack
  * A: the kernel reads it where it lies, 6 rows at a stride (a packed A
  * would be read only n/NR times; the Winograd products' n = 32, once or
- * twice); only a last sliver shorter than 6 is packed. The same FMAs in the
- * same order: the same bits.
+ * twice); only a last sliver shorter than 6 is packed. Likewise B, when A
+ * has at most 64 rows and B is untransposed (its rows of 16 or 32 floats
+ * read at their stride, unless the stride is a multiple of 256 bytes: rows
+ * in few L1 sets); only a last sliver narrower than NR is packed. The same
+ * FMAs in the same order: the same bits.
  * dt__sgemm_epi (dt_linear, dt_linear_relu) runs the same product with an
  * epilogue on each tile of C while it is in L1: a row of bias copied into
  * the tile before its first k block (which then adds to it), ReLU after its
@@ -9290,10 +9295,12 @@ static void dt__gemm_micro_c(int64_t kc, const float *DT__RESTRICT ap, const flo
 /* The 6x16 tile (rows 6) or its first 4 rows (rows 4: the edge tile of the
  * 64-row batches of training steps, 64 = 10 x 6 + 4, written straight to C
  * like a full tile, with the same arithmetic per element): op(A)[r][p] at
- * a[r * ars + p * aks] (packed slivers, 6 tall: 1 and 6). */
-DT__GEMM_AVX2 static inline void dt__gemm_tile_avx2(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
-                                                    int64_t aks, const float *DT__RESTRICT bp, float alpha,
-                                                    float beta, float *DT__RESTRICT c, int64_t ldc) {
+ * a[r * ars + p * aks] (packed slivers, 6 tall: 1 and 6), op(B)[p][j] at
+ * bp[p * bks + j] (packed: 16). */
+DT__GEMM_AVX2 static inline __attribute__((always_inline)) void
+dt__gemm_tile_avx2(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars, int64_t aks,
+                   const float *DT__RESTRICT bp, int64_t bks, float alpha, float beta, float *DT__RESTRICT c,
+                   int64_t ldc) {
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
   __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
   __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps();
@@ -9313,7 +9320,7 @@ DT__GEMM_AVX2 static inline void dt__gemm_tile_avx2(int rows, int64_t kc, const 
       DT__AVX_FMA2(5);
     }
     a += aks;
-    bp += 16;
+    bp += bks;
   }
   __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
   DT__AVX_STORE(0);
@@ -9328,20 +9335,20 @@ DT__GEMM_AVX2 static inline void dt__gemm_tile_avx2(int rows, int64_t kc, const 
 
 DT__GEMM_AVX2 static void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
                                               float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
-  dt__gemm_tile_avx2(6, kc, ap, 1, 6, bp, alpha, beta, c, ldc);
+  dt__gemm_tile_avx2(6, kc, ap, 1, 6, bp, 16, alpha, beta, c, ldc);
 }
 
 DT__GEMM_AVX2 static void dt__gemm_micro4_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
                                                float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
-  dt__gemm_tile_avx2(4, kc, ap, 1, 6, bp, alpha, beta, c, ldc);
+  dt__gemm_tile_avx2(4, kc, ap, 1, 6, bp, 16, alpha, beta, c, ldc);
 }
 
-/* A where it lies (dt__gemm_macro): rows 6 or 4. */
+/* A and B at strides (dt__gemm_macro): rows 6 or 4. */
 DT__GEMM_AVX2 static void dt__gemm_micro_avx2_ua(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
-                                                 int64_t aks, const float *DT__RESTRICT bp, float alpha, float beta,
-                                                 float *DT__RESTRICT c, int64_t ldc) {
-  if (rows == 6) dt__gemm_tile_avx2(6, kc, a, ars, aks, bp, alpha, beta, c, ldc);
-  else dt__gemm_tile_avx2(4, kc, a, ars, aks, bp, alpha, beta, c, ldc);
+                                                 int64_t aks, const float *DT__RESTRICT bp, int64_t bks, float alpha,
+                                                 float beta, float *DT__RESTRICT c, int64_t ldc) {
+  if (rows == 6) dt__gemm_tile_avx2(6, kc, a, ars, aks, bp, bks, alpha, beta, c, ldc);
+  else dt__gemm_tile_avx2(4, kc, a, ars, aks, bp, bks, alpha, beta, c, ldc);
 }
 
 /* In-register transpose of 8 rows of 8: on return r[p] holds column p. */
@@ -9650,25 +9657,28 @@ static void dt__gemm_bias_rows(const float *bias, int64_t m, int64_t n, float *c
   for (int64_t i = 0; i < m; i++) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
 }
 
-/* A read where it lies instead of packed: op(A)[i][p] at a[i * rs + p * ks]. */
+/* An operand read where it lies instead of packed: op(A)[i][p] at
+ * a[i * rs + p * ks], op(B)[p][j] at a[p * ks + j] (rs unused). */
 typedef struct dt__gemm_ua {
   const float *a;
   int64_t rs, ks;
 } dt__gemm_ua;
 
 /* A partial tile (mr < MR or nr < NR): run the kernel into a local tile,
- * then apply it to the valid mr x nr corner of C. ua: a full-height tile's
- * A where it lies (AVX-512), else ap. */
-static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, const dt__gemm_ua *ua,
-                          const float *bp, float alpha, float beta, float *c, int64_t ldc, int64_t mr, int64_t nr) {
+ * then apply it to the valid mr x nr corner of C. A at strides ars and aks
+ * (packed: 1 and MR), B at bks (packed: NR); strided only on x86. */
+static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *as, int64_t ars, int64_t aks,
+                          const float *bs, int64_t bks, float alpha, float beta, float *c, int64_t ldc, int64_t mr,
+                          int64_t nr) {
   float t[DT__GEMM_TILE_MAX];
 #ifdef DT__GEMM_X86
-  if (ua) (pa->nr == 32 ? dt__gemm_micro_avx512_ua : dt__gemm_micro_avx2_ua)(6, kc, ua->a, ua->rs, ua->ks, bp, 1.0f,
-                                                                            0.0f, t, pa->nr);
+  if (ars != 1 || aks != pa->mr || bks != pa->nr)
+    (pa->nr == 32 ? dt__gemm_micro_avx512_ua : dt__gemm_micro_avx2_ua)(6, kc, as, ars, aks, bs, bks, 1.0f, 0.0f, t,
+                                                                      pa->nr);
   else
 #endif
-    pa->kernel(kc, ap, bp, 1.0f, 0.0f, t, pa->nr);
-  (void)ua;
+    pa->kernel(kc, as, bs, 1.0f, 0.0f, t, pa->nr);
+  (void)ars, (void)aks, (void)bks; /* (strided only on x86) */
   for (int64_t r = 0; r < mr; r++) {
     float *cr = c + r * ldc;
     const float *tr = t + r * pa->nr;
@@ -9685,48 +9695,43 @@ static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *ap, 
  * the loops over the tiles, B slivers outside (one stays in L1 while the
  * A slivers stream past it). bias (the panel's first column's, on the
  * first k block, with beta 1) goes into each tile before its product, relu
- * (on the last k block) over it after, while the tile is in L1. With ua
- * (AVX-512), A is read where it lies; only a last sliver shorter than MR
- * is packed, once, into ap. */
+ * (on the last k block) over it after, while the tile is in L1. ua / ub
+ * (x86): A / B read where they lie (dt__gemm_run); then only a last A
+ * sliver shorter than MR is packed, once, into ap, and only a last B sliver
+ * narrower than NR is packed (by dt__gemm_run, at bp). */
 static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int64_t kc, float alpha, float *ap,
                            const float *bp, float beta, float *c, int64_t ldc, const float *bias, int relu,
-                           const dt__gemm_ua *ua) {
-  const int64_t MR = pa->mr, NR = pa->nr;
+                           const dt__gemm_ua *ua, const dt__gemm_ua *ub) {
+  const int64_t MR = pa->mr, NR = pa->nr, nfull = ub ? nc - nc % NR : nc;
   int short_packed = 0;
   for (int64_t jr = 0; jr < nc; jr += NR) {
-    int64_t nr = DT__MIN(NR, nc - jr);
-    const float *bs = bp + jr * kc;
+    int64_t nr = DT__MIN(NR, nc - jr), bks = ub && jr < nfull ? ub->ks : NR;
+    const float *bs = !ub ? bp + jr * kc : jr < nfull ? ub->a + jr : bp;
     for (int64_t ir = 0; ir < mc; ir += MR) {
-      int64_t mr = DT__MIN(MR, mc - ir);
+      int64_t mr = DT__MIN(MR, mc - ir), ars = 1, aks = MR;
       const float *as = ap + ir * kc;
-      float *cs = c + ir * ldc + jr;
-      if (bias) dt__gemm_bias_rows(bias + jr, mr, nr, cs, ldc);
-#ifdef DT__GEMM_X86
       if (ua && (mr == MR || (mr == 4 && nr == NR))) {
-        const float *a = ua->a + ir * ua->rs;
-        if (nr == NR) {
-          (NR == 32 ? dt__gemm_micro_avx512_ua : dt__gemm_micro_avx2_ua)((int)mr, kc, a, ua->rs, ua->ks, bs, alpha,
-                                                                          beta, cs, ldc);
-        } else {
-          dt__gemm_ua u = {a, ua->rs, ua->ks};
-          dt__gemm_edge(pa, kc, NULL, &u, bs, alpha, beta, cs, ldc, mr, nr);
-        }
-        if (relu) dt__relu_rows(cs, mr, nr, ldc);
-        continue;
-      }
-#endif
-      if (ua) { /* a sliver shorter than MR: packed once, into the unused A buffer */
+        as = ua->a + ir * ua->rs, ars = ua->rs, aks = ua->ks;
+      } else if (ua) { /* a sliver shorter than MR: packed once, into the unused A buffer */
         for (int64_t p = 0; p < kc && !short_packed; p++)
           for (int64_t r = 0; r < MR; r++) ap[p * MR + r] = r < mr ? ua->a[(ir + r) * ua->rs + p * ua->ks] : 0.0f;
         short_packed = 1;
         as = ap;
       }
-      if (mr == MR && nr == NR)
+      float *cs = c + ir * ldc + jr;
+      if (bias) dt__gemm_bias_rows(bias + jr, mr, nr, cs, ldc);
+#ifdef DT__GEMM_X86
+      if ((ua || ub) && nr == NR && (mr == MR || mr == 4))
+        (NR == 32 ? dt__gemm_micro_avx512_ua : dt__gemm_micro_avx2_ua)((int)mr, kc, as, ars, aks, bs, bks, alpha,
+                                                                        beta, cs, ldc);
+      else
+#endif
+      if (mr == MR && nr == NR && !ua && !ub)
         pa->kernel(kc, as, bs, alpha, beta, cs, ldc);
-      else if (mr == 4 && nr == NR && pa->kernel4)
+      else if (mr == 4 && nr == NR && pa->kernel4 && !ua && !ub)
         pa->kernel4(kc, as, bs, alpha, beta, cs, ldc);
       else
-        dt__gemm_edge(pa, kc, as, NULL, bs, alpha, beta, cs, ldc, mr, nr);
+        dt__gemm_edge(pa, kc, as, ars, aks, bs, bks, alpha, beta, cs, ldc, mr, nr);
       if (relu) dt__relu_rows(cs, mr, nr, ldc);
     }
   }
@@ -9757,9 +9762,14 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
   int relu = ep && ep->relu;
   /* Few B slivers: a packed A would be read only a few times, so the kernel
    * reads it where it lies (the same FMAs, the same bits; see the top). */
-  int unpacked_a = 0;
+  /* Likewise B (untransposed, rows of p contiguous in j) for few rows of A,
+   * unless its rows lie a multiple of 256 bytes apart: they would then
+   * share a few L1 sets. */
+  int unpacked_a = 0, unpacked_b = 0;
 #ifdef DT__GEMM_X86
-  unpacked_a = n <= 256 && (pa == &dt__gemm_paths[DT__GEMM_PATH_AVX512] || pa == &dt__gemm_paths[DT__GEMM_PATH_AVX2]);
+  int x86 = pa == &dt__gemm_paths[DT__GEMM_PATH_AVX512] || pa == &dt__gemm_paths[DT__GEMM_PATH_AVX2];
+  unpacked_a = x86 && n <= 256;
+  unpacked_b = x86 && !trans_b && m <= 64 && ldb % 64 != 0;
 #endif
 
   /* The order of the loops does not change any result: every element of C
@@ -9773,7 +9783,7 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
         int64_t nc = DT__MIN(ncb, n - jc);
         pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
         dt__gemm_macro(pa, m, nc, kc, alpha, ap, bp, beta_blk, c + jc, ldc, pc == 0 && bias ? bias + jc : NULL,
-                       relu && pc + kc >= k, NULL);
+                       relu && pc + kc >= k, NULL, NULL);
       }
     }
     return;
@@ -9785,13 +9795,16 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
       float beta_blk = pc == 0 && !bias ? beta : 1.0f; /* later k blocks add to C */
-      pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
+      dt__gemm_ua ub = {b + pc * ldb + jc, 0, ldb};
+      if (!unpacked_b) pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
+      else if (nc % NR) pa->pack_b(trans_b, b, ldb, pc, jc + nc - nc % NR, kc, nc % NR, bp); /* the narrow sliver */
       for (int64_t ic = 0; ic < m; ic += mcb) {
         int64_t mc = DT__MIN(mcb, m - ic);
         dt__gemm_ua u = {trans_a ? a + pc * lda + ic : a + ic * lda + pc, trans_a ? 1 : lda, trans_a ? lda : 1};
         if (!unpacked_a) pa->pack_a(trans_a, a, lda, ic, pc, mc, kc, ap);
         dt__gemm_macro(pa, mc, nc, kc, alpha, ap, bp, beta_blk, c + ic * ldc + jc, ldc,
-                       pc == 0 && bias ? bias + jc : NULL, relu && pc + kc >= k, unpacked_a ? &u : NULL);
+                       pc == 0 && bias ? bias + jc : NULL, relu && pc + kc >= k, unpacked_a ? &u : NULL,
+                       unpacked_b ? &ub : NULL);
       }
     }
   }

@@ -32,10 +32,11 @@
     c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1);       \
   } while (0)
 
-/* The 6x32 tile: op(A)[r][p] at a[r * ars + p * aks] (packed: 1 and 6). */
-DT__GEMM_AVX512 static inline void dt__gemm_micro6_z(int64_t kc, const float *DT__RESTRICT a, int64_t ars,
-                                                     int64_t aks, const float *DT__RESTRICT bp, float alpha,
-                                                     float beta, float *DT__RESTRICT c, int64_t ldc) {
+/* The 6x32 tile: op(A)[r][p] at a[r * ars + p * aks] (packed: 1 and 6),
+ * op(B)[p][j] at bp[p * bks + j] (packed: 32). */
+DT__GEMM_AVX512 static inline __attribute__((always_inline)) void
+dt__gemm_micro6_z(int64_t kc, const float *DT__RESTRICT a, int64_t ars, int64_t aks, const float *DT__RESTRICT bp,
+                  int64_t bks, float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
   __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps();
   __m512 c11 = _mm512_setzero_ps(), c20 = _mm512_setzero_ps(), c21 = _mm512_setzero_ps();
   __m512 c30 = _mm512_setzero_ps(), c31 = _mm512_setzero_ps(), c40 = _mm512_setzero_ps();
@@ -53,7 +54,7 @@ DT__GEMM_AVX512 static inline void dt__gemm_micro6_z(int64_t kc, const float *DT
     DT__Z_FMA2(4);
     DT__Z_FMA2(5);
     a += aks;
-    bp += 32;
+    bp += bks;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   DT__GEMM_Z_STORE(0);
@@ -65,9 +66,9 @@ DT__GEMM_AVX512 static inline void dt__gemm_micro6_z(int64_t kc, const float *DT
 }
 
 /* The first 4 rows of a 6x32 tile, straight to C (A as above). */
-DT__GEMM_AVX512 static inline void dt__gemm_micro4_z(int64_t kc, const float *DT__RESTRICT a, int64_t ars,
-                                                     int64_t aks, const float *DT__RESTRICT bp, float alpha,
-                                                     float beta, float *DT__RESTRICT c, int64_t ldc) {
+DT__GEMM_AVX512 static inline __attribute__((always_inline)) void
+dt__gemm_micro4_z(int64_t kc, const float *DT__RESTRICT a, int64_t ars, int64_t aks, const float *DT__RESTRICT bp,
+                  int64_t bks, float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
   __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps();
   __m512 c11 = _mm512_setzero_ps(), c20 = _mm512_setzero_ps(), c21 = _mm512_setzero_ps();
   __m512 c30 = _mm512_setzero_ps(), c31 = _mm512_setzero_ps();
@@ -78,7 +79,7 @@ DT__GEMM_AVX512 static inline void dt__gemm_micro4_z(int64_t kc, const float *DT
     DT__Z_FMA2(2);
     DT__Z_FMA2(3);
     a += aks;
-    bp += 32;
+    bp += bks;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   DT__GEMM_Z_STORE(0);
@@ -90,23 +91,24 @@ DT__GEMM_AVX512 static inline void dt__gemm_micro4_z(int64_t kc, const float *DT
 DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512(int64_t kc, const float *DT__RESTRICT ap,
                                                           const float *DT__RESTRICT bp, float alpha, float beta,
                                                           float *DT__RESTRICT c, int64_t ldc) {
-  dt__gemm_micro6_z(kc, ap, 1, 6, bp, alpha, beta, c, ldc);
+  dt__gemm_micro6_z(kc, ap, 1, 6, bp, 32, alpha, beta, c, ldc);
 }
 
 DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const float *DT__RESTRICT ap,
                                                            const float *DT__RESTRICT bp, float alpha, float beta,
                                                            float *DT__RESTRICT c, int64_t ldc) {
-  dt__gemm_micro4_z(kc, ap, 1, 6, bp, alpha, beta, c, ldc);
+  dt__gemm_micro4_z(kc, ap, 1, 6, bp, 32, alpha, beta, c, ldc);
 }
 
-/* The same tiles with A read where it lies (dt_gemm.c: products with few
- * columns, where a packed A would be read a few times): rows 4 or 6. */
+/* The same tiles with A and B read at strides (dt_gemm.c: products with
+ * few columns or few rows, where a packed operand would be read a few
+ * times): rows 4 or 6. */
 DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512_ua(int rows, int64_t kc, const float *DT__RESTRICT a,
                                                              int64_t ars, int64_t aks, const float *DT__RESTRICT bp,
-                                                             float alpha, float beta, float *DT__RESTRICT c,
-                                                             int64_t ldc) {
-  if (rows == 6) dt__gemm_micro6_z(kc, a, ars, aks, bp, alpha, beta, c, ldc);
-  else dt__gemm_micro4_z(kc, a, ars, aks, bp, alpha, beta, c, ldc);
+                                                             int64_t bks, float alpha, float beta,
+                                                             float *DT__RESTRICT c, int64_t ldc) {
+  if (rows == 6) dt__gemm_micro6_z(kc, a, ars, aks, bp, bks, alpha, beta, c, ldc);
+  else dt__gemm_micro4_z(kc, a, ars, aks, bp, bks, alpha, beta, c, ldc);
 }
 
 /* Full 32-wide B slivers from a transposed B (rows of op(B)^T contiguous
