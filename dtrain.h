@@ -9657,6 +9657,15 @@ static void dt__gemm_bias_rows(const float *bias, int64_t m, int64_t n, float *c
   for (int64_t i = 0; i < m; i++) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
 }
 
+#ifdef DT__GEMM_X86
+/* The strided tile of the path (rows 6 or 4; see dt__gemm_macro). */
+static void dt__gemm_strided(const dt__gemm_path *pa, int rows, int64_t kc, const float *as, int64_t ars, int64_t aks,
+                             const float *bs, int64_t bks, float alpha, float beta, float *c, int64_t ldc) {
+  if (pa->nr == 32) dt__gemm_micro_avx512_ua(rows, kc, as, ars, aks, bs, bks, alpha, beta, c, ldc);
+  else dt__gemm_micro_avx2_ua(rows, kc, as, ars, aks, bs, bks, alpha, beta, c, ldc);
+}
+#endif
+
 /* An operand read where it lies instead of packed: op(A)[i][p] at
  * a[i * rs + p * ks], op(B)[p][j] at a[p * ks + j] (rs unused). */
 typedef struct dt__gemm_ua {
@@ -9673,8 +9682,7 @@ static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *as, 
   float t[DT__GEMM_TILE_MAX];
 #ifdef DT__GEMM_X86
   if (ars != 1 || aks != pa->mr || bks != pa->nr)
-    (pa->nr == 32 ? dt__gemm_micro_avx512_ua : dt__gemm_micro_avx2_ua)(6, kc, as, ars, aks, bs, bks, 1.0f, 0.0f, t,
-                                                                      pa->nr);
+    dt__gemm_strided(pa, 6, kc, as, ars, aks, bs, bks, 1.0f, 0.0f, t, pa->nr);
   else
 #endif
     pa->kernel(kc, as, bs, 1.0f, 0.0f, t, pa->nr);
@@ -9722,8 +9730,7 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
       if (bias) dt__gemm_bias_rows(bias + jr, mr, nr, cs, ldc);
 #ifdef DT__GEMM_X86
       if ((ua || ub) && nr == NR && (mr == MR || mr == 4))
-        (NR == 32 ? dt__gemm_micro_avx512_ua : dt__gemm_micro_avx2_ua)((int)mr, kc, as, ars, aks, bs, bks, alpha,
-                                                                        beta, cs, ldc);
+        dt__gemm_strided(pa, (int)mr, kc, as, ars, aks, bs, bks, alpha, beta, cs, ldc);
       else
 #endif
       if (mr == MR && nr == NR && !ua && !ub)
