@@ -5197,6 +5197,9 @@ DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const float *DT__RESTRICT
 DTRAIN_PRIVATE void dt__gemm_micro_avx512_ua(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
                                              int64_t aks, const float *DT__RESTRICT bp, int64_t bks, float alpha,
                                              float beta, float *DT__RESTRICT c, int64_t ldc);
+DTRAIN_PRIVATE void dt__gemm_edge16_avx512(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
+                                           int64_t aks, const float *DT__RESTRICT bp, int64_t bks,
+                                           float *DT__RESTRICT t, int64_t ldt);
 /* dt_gemm_dot.c: the unpacked dot-product kernels (A @ B^T) */
 DTRAIN_PRIVATE void dt__gemm_dot_avx2(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
@@ -8561,6 +8564,37 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512_ua(int rows, int64_t k
   else dt__gemm_micro4_z(kc, a, ars, aks, bp, bks, alpha, beta, c, ldc);
 }
 
+/* The first 16 columns of a tile of 6 (or 4) rows into t (alpha 1, beta 0),
+ * A and B as above: dt_gemm.c's edge tiles at most 16 wide, half the work
+ * of a full tile. Each element gets the full tile's FMAs. */
+DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_edge16_avx512(int rows, int64_t kc, const float *DT__RESTRICT a,
+                                                           int64_t ars, int64_t aks, const float *DT__RESTRICT bp,
+                                                           int64_t bks, float *DT__RESTRICT t, int64_t ldt) {
+  __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps();
+  __m512 c3 = _mm512_setzero_ps(), c4 = _mm512_setzero_ps(), c5 = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; p++) {
+    __m512 b0 = _mm512_loadu_ps(bp);
+    c0 = _mm512_fmadd_ps(_mm512_set1_ps(a[0]), b0, c0);
+    c1 = _mm512_fmadd_ps(_mm512_set1_ps(a[ars]), b0, c1);
+    c2 = _mm512_fmadd_ps(_mm512_set1_ps(a[2 * ars]), b0, c2);
+    c3 = _mm512_fmadd_ps(_mm512_set1_ps(a[3 * ars]), b0, c3);
+    if (rows == 6) {
+      c4 = _mm512_fmadd_ps(_mm512_set1_ps(a[4 * ars]), b0, c4);
+      c5 = _mm512_fmadd_ps(_mm512_set1_ps(a[5 * ars]), b0, c5);
+    }
+    a += aks;
+    bp += bks;
+  }
+  _mm512_storeu_ps(t, c0);
+  _mm512_storeu_ps(t + ldt, c1);
+  _mm512_storeu_ps(t + 2 * ldt, c2);
+  _mm512_storeu_ps(t + 3 * ldt, c3);
+  if (rows == 6) {
+    _mm512_storeu_ps(t + 4 * ldt, c4);
+    _mm512_storeu_ps(t + 5 * ldt, c5);
+  }
+}
+
 /* Full 32-wide B slivers from a transposed B (rows of op(B)^T contiguous
  * in p), for the slivers [0, full) of a panel: rows h..h+7 and h+8..h+15 of
  * a sliver go through one 8x8 transpose together, one in each 256-bit half
@@ -9680,11 +9714,17 @@ static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *as, 
                           const float *bs, int64_t bks, float alpha, float beta, float *c, int64_t ldc, int64_t mr,
                           int64_t nr) {
   float t[DT__GEMM_TILE_MAX];
+  int rows = mr <= 4 && pa->kernel4 ? 4 : 6; /* (a tile of 4 rows: 2/3 of the work) */
 #ifdef DT__GEMM_X86
-  if (ars != 1 || aks != pa->mr || bks != pa->nr)
-    dt__gemm_strided(pa, 6, kc, as, ars, aks, bs, bks, 1.0f, 0.0f, t, pa->nr);
+  if (pa->kernel == dt__gemm_micro_avx512 && nr <= 16) /* half the width (the bf16 path has its own kernel) */
+    dt__gemm_edge16_avx512(rows, kc, as, ars, aks, bs, bks, t, pa->nr);
+  else if (ars != 1 || aks != pa->mr || bks != pa->nr)
+    dt__gemm_strided(pa, rows, kc, as, ars, aks, bs, bks, 1.0f, 0.0f, t, pa->nr);
   else
 #endif
+  if (rows == 4)
+    pa->kernel4(kc, as, bs, 1.0f, 0.0f, t, pa->nr);
+  else
     pa->kernel(kc, as, bs, 1.0f, 0.0f, t, pa->nr);
   (void)ars, (void)aks, (void)bks; /* (strided only on x86) */
   for (int64_t r = 0; r < mr; r++) {

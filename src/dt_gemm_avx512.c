@@ -111,6 +111,37 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_micro_avx512_ua(int rows, int64_t k
   else dt__gemm_micro4_z(kc, a, ars, aks, bp, bks, alpha, beta, c, ldc);
 }
 
+/* The first 16 columns of a tile of 6 (or 4) rows into t (alpha 1, beta 0),
+ * A and B as above: dt_gemm.c's edge tiles at most 16 wide, half the work
+ * of a full tile. Each element gets the full tile's FMAs. */
+DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_edge16_avx512(int rows, int64_t kc, const float *DT__RESTRICT a,
+                                                           int64_t ars, int64_t aks, const float *DT__RESTRICT bp,
+                                                           int64_t bks, float *DT__RESTRICT t, int64_t ldt) {
+  __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps();
+  __m512 c3 = _mm512_setzero_ps(), c4 = _mm512_setzero_ps(), c5 = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; p++) {
+    __m512 b0 = _mm512_loadu_ps(bp);
+    c0 = _mm512_fmadd_ps(_mm512_set1_ps(a[0]), b0, c0);
+    c1 = _mm512_fmadd_ps(_mm512_set1_ps(a[ars]), b0, c1);
+    c2 = _mm512_fmadd_ps(_mm512_set1_ps(a[2 * ars]), b0, c2);
+    c3 = _mm512_fmadd_ps(_mm512_set1_ps(a[3 * ars]), b0, c3);
+    if (rows == 6) {
+      c4 = _mm512_fmadd_ps(_mm512_set1_ps(a[4 * ars]), b0, c4);
+      c5 = _mm512_fmadd_ps(_mm512_set1_ps(a[5 * ars]), b0, c5);
+    }
+    a += aks;
+    bp += bks;
+  }
+  _mm512_storeu_ps(t, c0);
+  _mm512_storeu_ps(t + ldt, c1);
+  _mm512_storeu_ps(t + 2 * ldt, c2);
+  _mm512_storeu_ps(t + 3 * ldt, c3);
+  if (rows == 6) {
+    _mm512_storeu_ps(t + 4 * ldt, c4);
+    _mm512_storeu_ps(t + 5 * ldt, c5);
+  }
+}
+
 /* Full 32-wide B slivers from a transposed B (rows of op(B)^T contiguous
  * in p), for the slivers [0, full) of a panel: rows h..h+7 and h+8..h+15 of
  * a sliver go through one 8x8 transpose together, one in each 256-bit half

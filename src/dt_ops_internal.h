@@ -96,6 +96,9 @@ DTRAIN_PRIVATE void dt__gemm_micro4_avx512(int64_t kc, const float *DT__RESTRICT
 DTRAIN_PRIVATE void dt__gemm_micro_avx512_ua(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
                                              int64_t aks, const float *DT__RESTRICT bp, int64_t bks, float alpha,
                                              float beta, float *DT__RESTRICT c, int64_t ldc);
+DTRAIN_PRIVATE void dt__gemm_edge16_avx512(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
+                                           int64_t aks, const float *DT__RESTRICT bp, int64_t bks,
+                                           float *DT__RESTRICT t, int64_t ldt);
 /* dt_gemm_dot.c: the unpacked dot-product kernels (A @ B^T) */
 DTRAIN_PRIVATE void dt__gemm_dot_avx2(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
