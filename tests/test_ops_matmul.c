@@ -155,6 +155,10 @@ static void test_sgemm_beta0_nan(void) {
  * short sliver; both transposes of A; padded leading dimensions), and
  * wider ones, where it packs A. Skipped without both paths. */
 static void test_sgemm_paths_agree(void) {
+  if (strcmp(dt_sgemm_kernel(), "cblas") == 0) {
+    th_skip("a BLAS build (DTRAIN_USE_CBLAS): dt_sgemm is the library's");
+    return;
+  }
   if (dt_sgemm_use_isa("avx512") != DTRAIN_OK || dt_sgemm_use_isa("avx2") != DTRAIN_OK) {
     dt_sgemm_use_isa("best");
     th_skip("this CPU or build lacks the avx512 or avx2 path");
@@ -207,6 +211,10 @@ static void test_sgemm_paths_agree(void) {
 static void test_sgemm_unpacked_a(void) {
   static const char *const isas[2] = {"avx512", "avx2"};
   int ran = 0;
+  if (strcmp(dt_sgemm_kernel(), "cblas") == 0) {
+    th_skip("a BLAS build (DTRAIN_USE_CBLAS): dt_sgemm is the library's");
+    return;
+  }
   th_seed(19);
   for (int ii = 0; ii < 2; ii++) {
     if (dt_sgemm_use_isa(isas[ii]) != DTRAIN_OK) continue;
