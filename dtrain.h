@@ -8652,6 +8652,8 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_pack_bt_avx512(const float *b, int6
   }
 }
 
+#undef DT__Z_FMA2
+#undef DT__GEMM_AVX512
 #endif /* DT__X86_SIMD */
 #endif /* part 1 */
 /* ======== end dt_gemm_avx512.c ======== */
@@ -8797,9 +8799,6 @@ DT__DOT_AVX512 DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, int
     }
   }
 }
-
-#undef DT__Z_FMA2
-#undef DT__GEMM_AVX512
 
 #  undef DT__DOT_AVX2
 #  undef DT__DOT_AVX512

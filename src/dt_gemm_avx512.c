@@ -199,4 +199,6 @@ DT__GEMM_AVX512 DTRAIN_PRIVATE void dt__gemm_pack_bt_avx512(const float *b, int6
   }
 }
 
+#undef DT__Z_FMA2
+#undef DT__GEMM_AVX512
 #endif /* DT__X86_SIMD */

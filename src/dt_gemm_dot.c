@@ -138,9 +138,6 @@ DT__DOT_AVX512 DTRAIN_PRIVATE void dt__gemm_dot_avx512(int64_t m, int64_t n, int
   }
 }
 
-#undef DT__Z_FMA2
-#undef DT__GEMM_AVX512
-
 #  undef DT__DOT_AVX2
 #  undef DT__DOT_AVX512
 #endif /* DT__X86_SIMD */
