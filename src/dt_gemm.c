@@ -708,27 +708,19 @@ static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *as, 
  * first k block, with beta 1) goes into each tile before its product, relu
  * (on the last k block) over it after, while the tile is in L1. ua / ub
  * (x86): A / B read where they lie (dt__gemm_run); then only a last A
- * sliver shorter than MR is packed, once, into ap, and only a last B sliver
- * narrower than NR is packed (by dt__gemm_run, at bp). */
-static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int64_t kc, float alpha, float *ap,
-                           const float *bp, float beta, float *c, int64_t ldc, const float *bias, int relu,
-                           const dt__gemm_ua *ua, const dt__gemm_ua *ub) {
+ * sliver shorter than MR is packed (at ap) and only a last B sliver
+ * narrower than NR (at bp), both by dt__gemm_run. */
+static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int64_t kc, float alpha,
+                           const float *ap, const float *bp, float beta, float *c, int64_t ldc, const float *bias,
+                           int relu, const dt__gemm_ua *ua, const dt__gemm_ua *ub) {
   const int64_t MR = pa->mr, NR = pa->nr, nfull = ub ? nc - nc % NR : nc;
-  int short_packed = 0;
   for (int64_t jr = 0; jr < nc; jr += NR) {
     int64_t nr = DT__MIN(NR, nc - jr), bks = ub && jr < nfull ? ub->ks : NR;
     const float *bs = !ub ? bp + jr * kc : jr < nfull ? ub->a + jr : bp;
     for (int64_t ir = 0; ir < mc; ir += MR) {
       int64_t mr = DT__MIN(MR, mc - ir), ars = 1, aks = MR;
-      const float *as = ap + ir * kc;
-      if (ua && (mr == MR || (mr == 4 && nr == NR))) {
-        as = ua->a + ir * ua->rs, ars = ua->rs, aks = ua->ks;
-      } else if (ua) { /* a sliver shorter than MR: packed once, into the unused A buffer */
-        for (int64_t p = 0; p < kc && !short_packed; p++)
-          for (int64_t r = 0; r < MR; r++) ap[p * MR + r] = r < mr ? ua->a[(ir + r) * ua->rs + p * ua->ks] : 0.0f;
-        short_packed = 1;
-        as = ap;
-      }
+      const float *as = ua ? ap : ap + ir * kc; /* (with ua, ap holds only the short sliver) */
+      if (ua && (mr == MR || (mr == 4 && nr == NR))) as = ua->a + ir * ua->rs, ars = ua->rs, aks = ua->ks;
       float *cs = c + ir * ldc + jr;
       if (bias) dt__gemm_bias_rows(bias + jr, mr, nr, cs, ldc);
 #ifdef DT__GEMM_X86
@@ -812,6 +804,8 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
         int64_t mc = DT__MIN(mcb, m - ic);
         dt__gemm_ua u = {trans_a ? a + pc * lda + ic : a + ic * lda + pc, trans_a ? 1 : lda, trans_a ? lda : 1};
         if (!unpacked_a) pa->pack_a(trans_a, a, lda, ic, pc, mc, kc, ap);
+        else if (mc % MR && (mc % MR != 4 || nc % NR)) /* the short sliver, where a tile needs it packed */
+          pa->pack_a(trans_a, a, lda, ic + mc - mc % MR, pc, mc % MR, kc, ap);
         dt__gemm_macro(pa, mc, nc, kc, alpha, ap, bp, beta_blk, c + ic * ldc + jc, ldc,
                        pc == 0 && bias ? bias + jc : NULL, relu && pc + kc >= k, unpacked_a ? &u : NULL,
                        unpacked_b ? &ub : NULL);
