@@ -973,6 +973,14 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x);
  * Either way deterministic, and the same bits with any dt_set_threads. */
 DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b,
                                 int stride, int padding);
+/* relu(dt_conv2d(...)) in one op (b may be NULL): the bias and the ReLU are
+ * applied to each tile of the GEMM's result while it is in cache (or by
+ * Winograd's output transform), and backward masks the gradient channel by
+ * channel with the bias sum. Values and gradients are those of
+ * dt_relu_inplace(g, dt_conv2d(...)) bit for bit; as there, after backward
+ * the result's grad holds the gradient before the ReLU (masked). */
+DTRAIN_API dt_tensor *dt_conv2d_relu(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b,
+                                     int stride, int padding);
 DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride);
 DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride);
 
@@ -1332,6 +1340,8 @@ typedef struct dt_nn_conv2d { int w, b; int in, out, kernel, stride, padding; } 
 DTRAIN_API dt_result dt_nn_conv2d_init(dt_nn_conv2d *l, dt_params *p, const char *name, int in, int out,
                                        int kernel, int stride, int padding, int bias);
 DTRAIN_API dt_tensor *dt_nn_conv2d_forward(dt_graph *g, const dt_nn_conv2d *l, dt_tensor *x);
+/* relu(dt_nn_conv2d_forward(l, x)), fused: dt_conv2d_relu */
+DTRAIN_API dt_tensor *dt_nn_conv2d_relu_forward(dt_graph *g, const dt_nn_conv2d *l, dt_tensor *x);
 
 /* table [vocab, dim] ~ N(0,1). */
 typedef struct dt_nn_embedding { int w; int64_t vocab, dim; } dt_nn_embedding;
@@ -5163,17 +5173,20 @@ DTRAIN_PRIVATE void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap
                                         float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
 #endif
 
-/* ---- GEMM with an epilogue (dt_gemm.c; dt_linear_relu, dt_linear) ----------------
+/* ---- GEMM with an epilogue (dt_gemm.c; dt_linear(_relu), dt_conv2d(_relu)) --------
  * dt__sgemm_epi: C = op(A) @ op(B) (alpha 1, beta 0), with bias [n] added to
- * every row and/or ReLU applied on the way, tile by tile while each tile of
- * C is in L1 (bias before its first k block, ReLU after its last), not in
- * passes over C. Bit for bit what rows of bias, dt_sgemm with beta 1 and
+ * every row (a linear layer's) or row_bias [m] to every column (a
+ * convolution's, one value per output channel; at most one of the two)
+ * and/or ReLU applied on the way, tile by tile while each tile of C is in
+ * L1 (bias before its first k block, ReLU after its last), not in passes
+ * over C. Bit for bit what C filled with the bias, dt_sgemm with beta 1 and
  * dt_relu_inplace give. dt__relu_rows: ReLU (x <= 0 -> +0, NaN kept, as
- * dt_relu) over rows x cols at stride ld (dt_ops_elem.c). The device path
- * of dt_linear computes dt_linear_relu's ReLU as a second kernel. */
+ * dt_relu) over rows x cols at stride ld (dt_ops_elem.c). The device paths
+ * compute the fused ops' ReLU as a second kernel. */
 typedef struct dt__gemm_epi {
   const float *bias; /* [n] or NULL */
   int relu;
+  const float *row_bias; /* [m] or NULL (then bias is NULL) */
 } dt__gemm_epi;
 DTRAIN_PRIVATE void dt__sgemm_epi(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
                                   int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
@@ -7112,7 +7125,8 @@ static const char *const dt__device_ops[] = {
   "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose",
   "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear", "dt_linear_relu",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
-  "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_linear_relu_forward", "dt_nn_conv2d_forward", "dt_nn_embedding_forward",
+  "dt_conv2d", "dt_conv2d_relu", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_linear_relu_forward", "dt_nn_conv2d_forward",
+  "dt_nn_conv2d_relu_forward", "dt_nn_embedding_forward",
   "dt_nn_layer_norm_forward", "dt_permute", "dt_concat", "dt_slice", "dt_split", "dt_bmm", "dt_causal_mask",
   "dt_batch_norm", "dt_nn_batch_norm_forward", "dt_nn_attention_forward", "dt_nn_lstm_cell_forward",
   "dt_nn_gru_cell_forward", NULL
@@ -9684,10 +9698,12 @@ static void dt__gemm_scale(int64_t m, int64_t n, float beta, float *c, int64_t l
   }
 }
 
-/* The epilogue (dt__sgemm_epi): rows of bias into C before the product,
- * which then adds to them (beta 1). */
-static void dt__gemm_bias_rows(const float *bias, int64_t m, int64_t n, float *c, int64_t ldc) {
-  for (int64_t i = 0; i < m; i++) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
+/* The epilogue (dt__sgemm_epi): the bias into C before the product, which
+ * then adds to it (beta 1): rows of bias [n], or rbias[i] along row i. */
+static void dt__gemm_bias_rows(const float *bias, const float *rbias, int64_t m, int64_t n, float *c, int64_t ldc) {
+  for (int64_t i = 0; i < m; i++)
+    if (bias) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
+    else for (int64_t j = 0; j < n; j++) c[i * ldc + j] = rbias[i];
 }
 
 #ifdef DT__GEMM_X86
@@ -9740,15 +9756,16 @@ static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *as, 
 
 /* One packed A block (mc x kc) times one packed B panel (kc x nc) into C:
  * the loops over the tiles, B slivers outside (one stays in L1 while the
- * A slivers stream past it). bias (the panel's first column's, on the
- * first k block, with beta 1) goes into each tile before its product, relu
+ * A slivers stream past it). bias (the panel's first column's) or rbias
+ * (the block's first row's), on the first k block with beta 1, goes into
+ * each tile before its product, relu
  * (on the last k block) over it after, while the tile is in L1. ua / ub
  * (x86): A / B read where they lie (dt__gemm_run); then only a last A
  * sliver shorter than MR is packed (at ap) and only a last B sliver
  * narrower than NR (at bp), both by dt__gemm_run. */
 static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int64_t kc, float alpha,
                            const float *ap, const float *bp, float beta, float *c, int64_t ldc, const float *bias,
-                           int relu, const dt__gemm_ua *ua, const dt__gemm_ua *ub) {
+                           const float *rbias, int relu, const dt__gemm_ua *ua, const dt__gemm_ua *ub) {
   const int64_t MR = pa->mr, NR = pa->nr, nfull = ub ? nc - nc % NR : nc;
   for (int64_t jr = 0; jr < nc; jr += NR) {
     int64_t nr = DT__MIN(NR, nc - jr), bks = ub && jr < nfull ? ub->ks : NR;
@@ -9758,7 +9775,7 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
       const float *as = ua ? ap : ap + ir * kc; /* (with ua, ap holds only the short sliver) */
       if (ua && (mr == MR || (mr == 4 && nr == NR))) as = ua->a + ir * ua->rs, ars = ua->rs, aks = ua->ks;
       float *cs = c + ir * ldc + jr;
-      if (bias) dt__gemm_bias_rows(bias + jr, mr, nr, cs, ldc);
+      if (bias || rbias) dt__gemm_bias_rows(bias ? bias + jr : NULL, rbias ? rbias + ir : NULL, mr, nr, cs, ldc);
 #ifdef DT__GEMM_X86
       if ((ua || ub) && nr == NR && (mr == MR || mr == 4))
         dt__gemm_strided(pa, (int)mr, kc, as, ars, aks, bs, bks, alpha, beta, cs, ldc);
@@ -9796,7 +9813,7 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
     ncb = (DT__GEMM_BUF - mcb * DT__GEMM_KC) / DT__GEMM_KC / NR * NR;
   }
   float *bp = ap + mcb * DT__GEMM_KC + 16;
-  const float *bias = ep ? ep->bias : NULL;
+  const float *bias = ep ? ep->bias : NULL, *rbias = ep ? ep->row_bias : NULL;
   int relu = ep && ep->relu;
   /* Few B slivers: a packed A would be read only a few times, so the kernel
    * reads it where it lies (the same FMAs, the same bits; see the top). */
@@ -9815,13 +9832,13 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
   if (few_rows) { /* pack A once per k block, then B panels in turn */
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
-      float beta_blk = pc == 0 && !bias ? beta : 1.0f;
+      float beta_blk = pc == 0 && !bias && !rbias ? beta : 1.0f;
       pa->pack_a(trans_a, a, lda, 0, pc, m, kc, ap);
       for (int64_t jc = 0; jc < n; jc += ncb) {
         int64_t nc = DT__MIN(ncb, n - jc);
         pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
         dt__gemm_macro(pa, m, nc, kc, alpha, ap, bp, beta_blk, c + jc, ldc, pc == 0 && bias ? bias + jc : NULL,
-                       relu && pc + kc >= k, NULL, NULL);
+                       pc == 0 ? rbias : NULL, relu && pc + kc >= k, NULL, NULL);
       }
     }
     return;
@@ -9832,7 +9849,7 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
     nc = n - jc <= ncb + NR ? n - jc : ncb;
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
-      float beta_blk = pc == 0 && !bias ? beta : 1.0f; /* later k blocks add to C */
+      float beta_blk = pc == 0 && !bias && !rbias ? beta : 1.0f; /* later k blocks add to C */
       dt__gemm_ua ub = {b + pc * ldb + jc, 0, ldb};
       if (!unpacked_b) pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
       else if (nc % NR) pa->pack_b(trans_b, b, ldb, pc, jc + nc - nc % NR, kc, nc % NR, bp); /* the narrow sliver */
@@ -9843,8 +9860,8 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
         else if (mc % MR && (mc % MR != 4 || nc % NR)) /* the short sliver, where a tile needs it packed */
           pa->pack_a(trans_a, a, lda, ic + mc - mc % MR, pc, mc % MR, kc, ap);
         dt__gemm_macro(pa, mc, nc, kc, alpha, ap, bp, beta_blk, c + ic * ldc + jc, ldc,
-                       pc == 0 && bias ? bias + jc : NULL, relu && pc + kc >= k, unpacked_a ? &u : NULL,
-                       unpacked_b ? &ub : NULL);
+                       pc == 0 && bias ? bias + jc : NULL, pc == 0 && rbias ? rbias + ic : NULL, relu && pc + kc >= k,
+                       unpacked_a ? &u : NULL, unpacked_b ? &ub : NULL);
       }
     }
   }
@@ -9878,25 +9895,25 @@ static void dt__gemm_part(void *arg, int part, int nparts) {
   const dt__gemm_job *j = (const dt__gemm_job *)arg;
   int64_t t0 = j->tiles * part / nparts, t1 = j->tiles * (part + 1) / nparts;
   if (t0 >= t1) return;
-  if (j->dot) { /* blocks of 3 rows; the epilogue over them, before and after */
-    int64_t i0 = t0 * 3, i1 = DT__MIN(j->m, t1 * 3);
+  dt__gemm_epi ep = {NULL, 0, NULL}; /* the bias from this block's first row or column */
+  if (j->ep) ep = *j->ep;
+  if (j->dot || j->by_rows) {
+    int64_t i0 = j->dot ? t0 * 3 : t0 * j->pa->mr, i1 = DT__MIN(j->m, j->dot ? t1 * 3 : t1 * j->pa->mr);
     float *c = j->c + i0 * j->ldc;
-    if (j->ep && j->ep->bias) dt__gemm_bias_rows(j->ep->bias, i1 - i0, j->n, c, j->ldc);
-    j->dot(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb,
-           j->ep && j->ep->bias ? 1.0f : j->beta, c, j->ldc);
-    if (j->ep && j->ep->relu) dt__relu_rows(c, i1 - i0, j->n, j->ldc);
-    return;
-  }
-  if (j->by_rows) {
-    int64_t i0 = t0 * j->pa->mr, i1 = DT__MIN(j->m, t1 * j->pa->mr);
-    const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
-    dt__gemm_run(j->pa, j->trans_a, j->trans_b, i1 - i0, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb, j->beta,
-                 j->c + i0 * j->ldc, j->ldc, j->ep);
+    if (ep.row_bias) ep.row_bias += i0;
+    if (!j->dot) {
+      const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
+      dt__gemm_run(j->pa, j->trans_a, j->trans_b, i1 - i0, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb, j->beta, c,
+                   j->ldc, j->ep ? &ep : NULL);
+      return;
+    } /* the dot kernel: blocks of 3 rows; the epilogue over them, before and after */
+    int bias = ep.bias || ep.row_bias;
+    if (bias) dt__gemm_bias_rows(ep.bias, ep.row_bias, i1 - i0, j->n, c, j->ldc);
+    j->dot(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb, bias ? 1.0f : j->beta, c, j->ldc);
+    if (ep.relu) dt__relu_rows(c, i1 - i0, j->n, j->ldc);
   } else {
     int64_t c0 = t0 * j->pa->nr, c1 = DT__MIN(j->n, t1 * j->pa->nr);
     const float *b = j->trans_b ? j->b + c0 * j->ldb : j->b + c0;
-    dt__gemm_epi ep = {NULL, 0}; /* the bias from this block's first column */
-    if (j->ep) ep = *j->ep;
     if (ep.bias) ep.bias += c0;
     dt__gemm_run(j->pa, j->trans_a, j->trans_b, j->m, c1 - c0, j->k, j->alpha, j->a, j->lda, b, j->ldb, j->beta,
                  j->c + c0, j->ldc, j->ep ? &ep : NULL);
@@ -9919,8 +9936,8 @@ static void dt__sgemm_do(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
    * (not reachable with the arena's limits) fall through to the C kernel. */
   if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
-    if (ep && ep->bias) {
-      dt__gemm_bias_rows(ep->bias, m, n, c, ldc);
+    if (ep && (ep->bias || ep->row_bias)) {
+      dt__gemm_bias_rows(ep->bias, ep->row_bias, m, n, c, ldc);
       beta = 1.0f;
     }
     if (k <= 0)
@@ -9933,8 +9950,9 @@ static void dt__sgemm_do(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   }
 #endif
   if (k <= 0 || alpha == 0.0f) {
-    if (ep && ep->bias) dt__gemm_bias_rows(ep->bias, m, n, c, ldc);
-    dt__gemm_scale(m, n, ep && ep->bias ? 1.0f : beta, c, ldc);
+    int bias = ep && (ep->bias || ep->row_bias);
+    if (bias) dt__gemm_bias_rows(ep->bias, ep->row_bias, m, n, c, ldc);
+    dt__gemm_scale(m, n, bias ? 1.0f : beta, c, ldc);
     if (ep && ep->relu) dt__relu_rows(c, m, n, ldc);
     return;
   }
@@ -11153,7 +11171,7 @@ static dt_tensor *dt__linear(dt_graph *g, const char *op, dt_tensor *x, dt_tenso
   }
   dt_tensor *y = dt__new(g, op, x->ndim, shape);
   if (!y) return NULL;
-  dt__gemm_epi ep = {b ? b->data : NULL, relu};
+  dt__gemm_epi ep = {b ? b->data : NULL, relu, NULL};
   dt__sgemm_epi(0, 1, rows, out, in, x->data, in, w->data, in, y->data, out, &ep);
   y->iaux[0] = rows;
   y->iaux[1] = in;
@@ -11789,12 +11807,12 @@ typedef struct dt__conv_geom {
 
 /* Winograd F(2x2, 5x5) (dt_ops_wino.c): 5x5 kernels, stride 1, at least 8
  * channels in and out. The forward writes y [N,O,Ho,Wo] (plus the bias b
- * when not NULL); the backward adds to gx and gw (either NULL: not wanted)
+ * when not NULL, then ReLU with relu); the backward adds to gx and gw (either NULL: not wanted)
  * from the output gradient gy. Scratch comes from g's arena; an arena
  * failure is left on g. */
 DTRAIN_PRIVATE int dt__wino_use(const dt__conv_geom *q);
 DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
-                                     float *y);
+                                     int relu, float *y);
 DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w,
                                       const float *gy, float *gx, float *gw);
 
@@ -11982,54 +12000,81 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
 }
 
 /* The bias gradient of output channels [lo, hi): each channel alone, so
- * dt__par_range may cut the channels over the intra-op threads. */
+ * dt__par_range may cut the channels over the intra-op threads. With y
+ * (dt_conv2d_relu) the gradient is first masked in place where y <= 0
+ * (dt_relu_inplace's backward, the same steps), in the same pass; gb may
+ * then be NULL (no bias gradient wanted). The gradient is walked in memory
+ * order, image by image, DT__CONV_BIAS_CH channels' sums at a time. */
+#define DT__CONV_BIAS_CH 64
 typedef struct dt__conv_bias_job {
-  const float *go;
+  float *go;
+  const float *y;
   float *gb;
   int64_t n, pp, op;
 } dt__conv_bias_job;
 
 static void dt__conv_bias_range(void *arg, int64_t lo, int64_t hi) {
   const dt__conv_bias_job *bj = (const dt__conv_bias_job *)arg;
-  /* In double, in four interleaved partial sums (a fixed order): one
-   * dependent chain of double adds would take most of this function. */
-  for (int64_t o = lo; o < hi; o++) {
-    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+  /* In double, in four interleaved partial sums per channel (a fixed
+   * order): one dependent chain of double adds would take most of this
+   * function. */
+  double acc[DT__CONV_BIAS_CH][4];
+  for (int64_t o0 = lo; o0 < hi; o0 += DT__CONV_BIAS_CH) {
+    int64_t o1 = DT__MIN(hi, o0 + DT__CONV_BIAS_CH);
+    memset(acc, 0, sizeof acc);
+    for (int64_t n = 0; n < bj->n; n++) {
+      for (int64_t o = o0; o < o1; o++) {
+        float *r = bj->go + n * bj->op + o * bj->pp;
+        const float *yr = bj->y ? bj->y + n * bj->op + o * bj->pp : NULL;
+        if (!bj->gb) {
+          dt__relu_mask_rows(r, yr, 1, bj->pp, NULL);
+          continue;
+        }
+        double *s = acc[o - o0];
+        int64_t i = 0;
 #ifdef DT__CONV_SSE
-    /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
-    __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
-    for (int64_t n = 0; n < bj->n; n++) {
-      const float *r = bj->go + n * bj->op + o * bj->pp;
-      int64_t i = 0;
-      for (; i + 4 <= bj->pp; i += 4) {
-        __m128 v = _mm_loadu_ps(r + i);
-        a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
-        a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
-      }
-      for (; i < bj->pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
-    }
-    s0 = _mm_cvtsd_f64(a01);
-    s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
-    s2 = _mm_cvtsd_f64(a23);
-    s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
+        /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
+        __m128d a01 = _mm_loadu_pd(s), a23 = _mm_loadu_pd(s + 2);
+        const __m128 z = _mm_setzero_ps();
+        for (; i + 4 <= bj->pp; i += 4) {
+          __m128 v = _mm_loadu_ps(r + i);
+          if (yr) { /* keep where y > 0 or NaN, + 0 (dt__relu_mask_rows) */
+            v = _mm_add_ps(_mm_and_ps(_mm_cmpnle_ps(_mm_loadu_ps(yr + i), z), v), z);
+            _mm_storeu_ps(r + i, v);
+          }
+          a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
+          a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
+        }
+        for (; i < bj->pp; i++) {
+          if (yr) r[i] = yr[i] <= 0.0f ? 0.0f : r[i] + 0.0f;
+          a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
+        }
+        _mm_storeu_pd(s, a01);
+        _mm_storeu_pd(s + 2, a23);
 #else
-    for (int64_t n = 0; n < bj->n; n++) {
-      const float *r = bj->go + n * bj->op + o * bj->pp;
-      int64_t i = 0;
-      for (; i + 4 <= bj->pp; i += 4) {
-        s0 += (double)r[i];
-        s1 += (double)r[i + 1];
-        s2 += (double)r[i + 2];
-        s3 += (double)r[i + 3];
-      }
-      for (; i < bj->pp; i++) s0 += (double)r[i];
-    }
+        if (yr) dt__relu_mask_rows(r, yr, 1, bj->pp, NULL);
+        for (; i + 4 <= bj->pp; i += 4) {
+          s[0] += (double)r[i];
+          s[1] += (double)r[i + 1];
+          s[2] += (double)r[i + 2];
+          s[3] += (double)r[i + 3];
+        }
+        for (; i < bj->pp; i++) s[0] += (double)r[i];
 #endif
-    bj->gb[o] += (float)((s0 + s1) + (s2 + s3));
+      }
+    }
+    if (bj->gb)
+      for (int64_t o = o0; o < o1; o++) {
+        const double *s = acc[o - o0];
+        bj->gb[o] += (float)((s[0] + s[1]) + (s[2] + s[3]));
+      }
   }
 }
 
-static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
+/* dt_conv2d's backward, and with relu dt_conv2d_relu's: y's gradient is
+ * final when this node runs (as in dt_relu_inplace's backward), so it is
+ * masked where it stands, channel by channel with the bias sum. */
+static void dt__conv_grads(dt_graph *g, dt_tensor *y, int relu) {
   dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
   float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
   if (g->err != DTRAIN_OK) return;
@@ -12037,8 +12082,8 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   dt__conv_geometry(&q, x, w, y->iaux[0], y->iaux[1]);
   const float *go = y->grad;
   int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
-  if (gb) {
-    dt__conv_bias_job bj = {go, gb, q.n, q.pp, op};
+  if (gb || relu) {
+    dt__conv_bias_job bj = {y->grad, relu ? y->data : NULL, gb, q.n, q.pp, op};
     if (q.n * op >= ((int64_t)1 << 19)) /* gradient elements above which two threads pay */
       dt__par_range(q.o, 1, 1, dt__conv_bias_range, &bj);
     else
@@ -12084,9 +12129,12 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   dt__arena_release(g, scratch);
 }
 
+static void dt__conv_backward(dt_graph *g, dt_tensor *y) { dt__conv_grads(g, y, 0); }
+static void dt__conv_relu_backward(dt_graph *g, dt_tensor *y) { dt__conv_grads(g, y, 1); }
+
 /* The forward pass one image at a time (no grouping, nb == 1, through
  * columns): each part of the batch has its own column buffer and computes
- * its images in order (im2col, bias, product). Where each image's product
+ * its images in order (im2col, then the product with its epilogue). Where each image's product
  * is too small for dt_sgemm to split (below about a million multiply-adds:
  * a layer with few input channels on a large image, the CNN's first), the
  * images go to the intra-op threads instead, each computed exactly as on
@@ -12095,7 +12143,8 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
  * g->err says). */
 typedef struct dt__conv_fwd_job {
   const dt__conv_geom *q;
-  const float *x, *w, *b;
+  const float *x, *w;
+  const dt__gemm_epi *ep;
   float *y, *col;
 } dt__conv_fwd_job;
 
@@ -12107,29 +12156,29 @@ static void dt__conv_fwd_part(void *arg, int part, int nparts) {
   for (int64_t n = q->n * part / nparts; n < q->n * (part + 1) / nparts; n++) {
     float *out = j->y + n * op;
     dt__conv_im2col(q, j->x + n * chw, col, q->pp);
-    if (j->b)
-      for (int64_t o = 0; o < q->o; o++)
-        for (int64_t i = 0; i < q->pp; i++) out[o * q->pp + i] = j->b[o];
-    dt_sgemm(0, 0, q->o, q->pp, q->k, 1.0f, j->w, q->k, col, q->pp, j->b ? 1.0f : 0.0f, out, q->pp);
+    dt__sgemm_epi(0, 0, q->o, q->pp, q->k, j->w, q->k, col, q->pp, out, q->pp, j->ep);
   }
 }
 
 static int dt__conv_forward_images(dt_graph *g, const dt__conv_geom *q, const dt_tensor *x, const dt_tensor *w,
-                                   const dt_tensor *b, dt_tensor *y) {
+                                   const dt__gemm_epi *ep, dt_tensor *y) {
   if (q->nb != 1 || q->direct) return 0;
   int t = dt__par_threads(), small = (double)q->o * (double)q->pp * (double)q->k < (double)(1 << 20);
   int parts = t > 1 && small ? (int)DT__MIN((int64_t)t, q->n) : 1;
   dt__arena_pos scratch = dt__arena_mark(g); /* the columns: this call's only */
   float *col = dt__arena_floats(g, (int64_t)parts * q->k * q->pp);
   if (g->err != DTRAIN_OK) return 1;
-  dt__conv_fwd_job j = {q, x->data, w->data, b ? b->data : NULL, y->data, col};
+  dt__conv_fwd_job j = {q, x->data, w->data, ep, y->data, col};
   dt__par_run(parts, dt__conv_fwd_part, &j);
   dt__arena_release(g, scratch);
   return 1;
 }
 
-DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
-  static const char *op = "dt_conv2d";
+/* dt_conv2d, and with relu dt_conv2d_relu: the bias and the ReLU applied
+ * by the GEMM's epilogue tile by tile (dt__sgemm_epi: a row of C is an
+ * output channel), or by Winograd's output transform. */
+static dt_tensor *dt__conv2d(dt_graph *g, const char *op, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride,
+                             int padding, int relu) {
   if (b ? !dt__begin(g, op, 3, x, w, b) : !dt__begin(g, op, 2, x, w)) return NULL;
   char sx[96], sw[96], sb[96];
   dt_shape_str(x, sx, sizeof sx);
@@ -12156,7 +12205,10 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
                                  "%s: kernel %lldx%lld larger than the padded input %lldx%lld (x %s, w %s, padding %d)",
                                  op, (long long)w->shape[2], (long long)w->shape[3], (long long)hp, (long long)wp, sx,
                                  sw, padding);
-  if (g->device) return dt__dev_conv2d(g, x, w, b, stride, padding);
+  if (g->device) { /* on a device, two kernels */
+    dt_tensor *y = dt__dev_conv2d(g, x, w, b, stride, padding);
+    return relu ? dt_relu_inplace(g, y) : y;
+  }
   dt__conv_geom q;
   dt__conv_geometry(&q, x, w, stride, padding);
   int64_t shape[4] = {q.n, q.o, q.ho, q.wo};
@@ -12165,54 +12217,50 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
   size_t kp;
   if (!dt__mul_size((size_t)q.k, (size_t)q.pp, &kp) || dt__too_many(kp))
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: column matrix of x %s, w %s too large", op, sx, sw);
+  dt__gemm_epi ep = {NULL, relu, b ? b->data : NULL};
   if (dt__wino_use(&q)) {
-    dt__wino_forward(g, &q, x->data, w->data, b ? b->data : NULL, y->data);
+    dt__wino_forward(g, &q, x->data, w->data, b ? b->data : NULL, relu, y->data);
+  } else if (!dt__conv_forward_images(g, &q, x, w, &ep, y)) { /* one image at a time, or: */
+    int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
+    dt__arena_pos scratch = dt__arena_mark(g); /* the columns: this call's only */
+    float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
+    float *tmp = q.nb > 1 ? dt__arena_floats(g, q.o * cols) : NULL;
     if (g->err != DTRAIN_OK) return NULL;
-    y->iaux[0] = stride;
-    y->iaux[1] = padding;
-    dt__record(g, y, op, dt__conv_backward, x, w, b);
-    return dt__finish(g, y);
+    for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
+      int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
+      const float *cp = x->data + n0 * chw;
+      if (!q.direct) {
+        for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
+        cp = col;
+      }
+      float *out = q.nb > 1 ? tmp : y->data + n0 * op_;
+      dt__sgemm_epi(0, 0, q.o, ld, q.k, w->data, q.k, cp, ld, out, ld, &ep);
+      if (q.nb > 1) {
+        for (int64_t j = 0; j < nbb; j++)
+          for (int64_t o = 0; o < q.o; o++)
+            memcpy(y->data + (n0 + j) * op_ + o * q.pp, tmp + o * ld + j * q.pp, (size_t)q.pp * sizeof(float));
+      }
+    }
+    dt__arena_release(g, scratch);
   }
-  int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
-  if (dt__conv_forward_images(g, &q, x, w, b, y)) { /* one image at a time */
-    if (g->err != DTRAIN_OK) return NULL;
-    y->iaux[0] = stride;
-    y->iaux[1] = padding;
-    dt__record(g, y, op, dt__conv_backward, x, w, b);
-    return dt__finish(g, y);
-  }
-  dt__arena_pos scratch = dt__arena_mark(g); /* the columns: this call's only */
-  float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
-  float *tmp = q.nb > 1 ? dt__arena_floats(g, q.o * cols) : NULL;
   if (g->err != DTRAIN_OK) return NULL;
-  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
-    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
-    const float *cp = x->data + n0 * chw;
-    if (!q.direct) {
-      for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
-      cp = col;
-    }
-    float *out = q.nb > 1 ? tmp : y->data + n0 * op_;
-    if (b) {
-      for (int64_t o = 0; o < q.o; o++)
-        for (int64_t i = 0; i < ld; i++) out[o * ld + i] = b->data[o];
-    }
-    dt_sgemm(0, 0, q.o, ld, q.k, 1.0f, w->data, q.k, cp, ld, b ? 1.0f : 0.0f, out, ld);
-    if (q.nb > 1) {
-      for (int64_t j = 0; j < nbb; j++)
-        for (int64_t o = 0; o < q.o; o++)
-          memcpy(y->data + (n0 + j) * op_ + o * q.pp, tmp + o * ld + j * q.pp, (size_t)q.pp * sizeof(float));
-    }
-  }
-  dt__arena_release(g, scratch);
   y->iaux[0] = stride;
   y->iaux[1] = padding;
-  dt__record(g, y, op, dt__conv_backward, x, w, b);
+  dt__record(g, y, op, relu ? dt__conv_relu_backward : dt__conv_backward, x, w, b);
   return dt__finish(g, y);
+}
+
+DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
+  return dt__conv2d(g, "dt_conv2d", x, w, b, stride, padding, 0);
+}
+
+DTRAIN_API dt_tensor *dt_conv2d_relu(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
+  return dt__conv2d(g, "dt_conv2d_relu", x, w, b, stride, padding, 1);
 }
 
 #undef DT__CONV_COLS
 #undef DT__CONV_CAP
+#undef DT__CONV_BIAS_CH
 #ifdef DT__CONV_SSE
 #  undef DT__CONV_SSE
 #endif
@@ -12272,10 +12320,15 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
       _mm_storeu_ps(dst_even, _mm_shuffle_ps(lo_, hi_, _MM_SHUFFLE(2, 0, 2, 0)));               \
       _mm_storeu_ps(dst_odd, _mm_shuffle_ps(lo_, hi_, _MM_SHUFFLE(3, 1, 3, 1)));                \
     } while (0)
-/* dst[0..7] = even[0..3] + vb and odd[0..3] + vb, interleaved */
-#  define DT__WINO_MERGE8(even, odd, vb, dst)                                                  \
+/* dst[0..7] = even[0..3] + vb and odd[0..3] + vb, interleaved; with relu,
+ * x <= 0 -> +0 (dt__relu_rows' steps) */
+#  define DT__WINO_MERGE8(even, odd, vb, relu, dst)                                            \
     do {                                                                                       \
       __m128 e_ = _mm_add_ps(_mm_loadu_ps(even), vb), o_ = _mm_add_ps(_mm_loadu_ps(odd), vb);   \
+      if (relu) {                                                                              \
+        e_ = _mm_andnot_ps(_mm_cmple_ps(e_, _mm_setzero_ps()), e_);                            \
+        o_ = _mm_andnot_ps(_mm_cmple_ps(o_, _mm_setzero_ps()), o_);                            \
+      }                                                                                        \
       _mm_storeu_ps(dst, _mm_unpacklo_ps(e_, o_));                                             \
       _mm_storeu_ps((dst) + 4, _mm_unpackhi_ps(e_, o_));                                       \
     } while (0)
@@ -12542,11 +12595,11 @@ static DT__WINO_INLINE void dt__wino_in_adjoint(const dt__conv_geom *q, const dt
 }
 #undef DT__WINO_B
 
-/* Output transform of one output plane [Ho, Wo]: y = A^T m A + bias per tile,
- * the parts of the last tiles past Ho, Wo dropped. A^T = [1 1 1 1 1 0;
- * 0 1 -1 2 -2 1]. */
+/* Output transform of one output plane [Ho, Wo]: y = A^T m A + bias per tile
+ * (then ReLU with relu: dt_conv2d_relu), the parts of the last tiles past
+ * Ho, Wo dropped. A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 1]. */
 static DT__WINO_INLINE void dt__wino_out(const dt__conv_geom *q, const dt__wino *z, const float *m, int64_t xs, float *y, float bias,
-                         float *scr) {
+                         int relu, float *scr) {
   int64_t lw = z->lw, tw = z->tw, wo = q->wo;
   float *s = scr, *ev = s + 12 * lw, *od = ev + lw;
   for (int64_t ti = 0; ti < z->th; ti++) {
@@ -12572,16 +12625,20 @@ static DT__WINO_INLINE void dt__wino_out(const dt__conv_geom *q, const dt__wino 
 #ifdef DT__WINO_SSE
       if (full >= 4) { /* 4 pairs at a time, the last 4 again where they overlap */
         const __m128 vb = _mm_set1_ps(bias);
-        for (; l + 4 <= full; l += 4) DT__WINO_MERGE8(ev + l, od + l, vb, yr + 2 * l);
-        if (l < full) DT__WINO_MERGE8(ev + full - 4, od + full - 4, vb, yr + 2 * (full - 4));
+        for (; l + 4 <= full; l += 4) DT__WINO_MERGE8(ev + l, od + l, vb, relu, yr + 2 * l);
+        if (l < full) DT__WINO_MERGE8(ev + full - 4, od + full - 4, vb, relu, yr + 2 * (full - 4));
         l = full;
       }
 #endif
       for (; l < full; l++) {
-        yr[2 * l] = ev[l] + bias;
-        yr[2 * l + 1] = od[l] + bias;
+        float e = ev[l] + bias, o = od[l] + bias;
+        yr[2 * l] = relu && e <= 0.0f ? 0.0f : e;
+        yr[2 * l + 1] = relu && o <= 0.0f ? 0.0f : o;
       }
-      if (wo % 2) yr[wo - 1] = ev[full] + bias;
+      if (wo % 2) {
+        float e = ev[full] + bias;
+        yr[wo - 1] = relu && e <= 0.0f ? 0.0f : e;
+      }
     }
   }
 }
@@ -12751,7 +12808,7 @@ enum { DT__WINO_IN, DT__WINO_MUL, DT__WINO_OUT, DT__WINO_OUT_ADJ, DT__WINO_MUL_D
 typedef struct dt__wino_job {
   const dt__conv_geom *q;
   const dt__wino *z;
-  int step;
+  int step, relu;
   int64_t n0, nbb, tt, ld, nscr;
   const float *x, *b, *u, *gy;
   float *v, *m, *y, *du, *dv, *gx, *scr;
@@ -12781,7 +12838,7 @@ static DT__WINO_INLINE void dt__wino_part_body(void *arg, int part, int nparts) 
     case DT__WINO_OUT:
       for (int64_t j = 0; j < jb->nbb; j++)
         dt__wino_out(q, z, jb->m + i * ld + j * z->tpi, q->o * ld, jb->y + (jb->n0 + j) * op + i * q->pp,
-                     jb->b ? jb->b[i] : 0.0f, scr);
+                     jb->b ? jb->b[i] : 0.0f, jb->relu, scr);
       break;
     case DT__WINO_OUT_ADJ:
       for (int64_t j = 0; j < jb->nbb; j++)
@@ -12851,7 +12908,7 @@ static void dt__wino_group(dt__wino_job *jb, int64_t n0) {
 }
 
 DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
-                             float *y) {
+                             int relu, float *y) {
   dt__wino z;
   dt__wino_job jb;
   dt__wino_geometry(q, &z);
@@ -12863,6 +12920,7 @@ DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const 
   jb.u = u;
   jb.x = x;
   jb.b = b;
+  jb.relu = relu;
   jb.y = y;
   for (int64_t n0 = 0; n0 < q->n; n0 += z.nb) {
     dt__wino_group(&jb, n0);
@@ -14822,6 +14880,12 @@ DTRAIN_API dt_tensor *dt_nn_conv2d_forward(dt_graph *g, const dt_nn_conv2d *l, d
   if (!dt__begin(g, "dt_nn_conv2d_forward", 1, x)) return NULL;
   if (!l) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_nn_conv2d_forward: layer is NULL");
   return dt_conv2d(g, x, dt_param(g, l->w), l->b >= 0 ? dt_param(g, l->b) : NULL, l->stride, l->padding);
+}
+
+DTRAIN_API dt_tensor *dt_nn_conv2d_relu_forward(dt_graph *g, const dt_nn_conv2d *l, dt_tensor *x) {
+  if (!dt__begin(g, "dt_nn_conv2d_relu_forward", 1, x)) return NULL;
+  if (!l) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_nn_conv2d_relu_forward: layer is NULL");
+  return dt_conv2d_relu(g, x, dt_param(g, l->w), l->b >= 0 ? dt_param(g, l->b) : NULL, l->stride, l->padding);
 }
 
 /* ---- embedding ---------------------------------------------------------------------------- */

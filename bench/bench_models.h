@@ -37,8 +37,8 @@ static dt_tensor *forward(dt_graph *g, const model *md, dt_tensor *x) {
     h = dt_nn_linear_relu_forward(g, &md->fc2, h);
     return dt_nn_linear_forward(g, &md->fc3, h);
   }
-  dt_tensor *h = dt_max_pool2d(g, dt_relu_inplace(g, dt_nn_conv2d_forward(g, &md->c1, x)), 2, 2);
-  h = dt_max_pool2d(g, dt_relu_inplace(g, dt_nn_conv2d_forward(g, &md->c2, h)), 2, 2);
+  dt_tensor *h = dt_max_pool2d(g, dt_nn_conv2d_relu_forward(g, &md->c1, x), 2, 2);
+  h = dt_max_pool2d(g, dt_nn_conv2d_relu_forward(g, &md->c2, h), 2, 2);
   h = dt_nn_linear_relu_forward(g, &md->fc1, dt_flatten(g, h));
   return dt_nn_linear_forward(g, &md->fc2, h);
 }

@@ -34,8 +34,8 @@ static dt_result model_init(model *m, dt_params *P, int cnn) {
 static dt_tensor *model_forward(dt_graph *g, const model *m, dt_tensor *x) {
   if (m->cnn) {
     dt_tensor *h = dt_reshape(g, x, 4, (const int64_t[]){-1, 1, 28, 28});
-    h = dt_max_pool2d(g, dt_relu_inplace(g, dt_nn_conv2d_forward(g, &m->conv1, h)), 2, 2); /* [N,32,14,14] */
-    h = dt_max_pool2d(g, dt_relu_inplace(g, dt_nn_conv2d_forward(g, &m->conv2, h)), 2, 2); /* [N,64,7,7] */
+    h = dt_max_pool2d(g, dt_nn_conv2d_relu_forward(g, &m->conv1, h), 2, 2); /* [N,32,14,14] */
+    h = dt_max_pool2d(g, dt_nn_conv2d_relu_forward(g, &m->conv2, h), 2, 2); /* [N,64,7,7] */
     h = dt_nn_linear_relu_forward(g, &m->fc1, dt_flatten(g, h)); /* the ReLU fused into the GEMM */
     return dt_nn_linear_forward(g, &m->fc2, h);
   }

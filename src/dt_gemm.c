@@ -648,10 +648,12 @@ static void dt__gemm_scale(int64_t m, int64_t n, float beta, float *c, int64_t l
   }
 }
 
-/* The epilogue (dt__sgemm_epi): rows of bias into C before the product,
- * which then adds to them (beta 1). */
-static void dt__gemm_bias_rows(const float *bias, int64_t m, int64_t n, float *c, int64_t ldc) {
-  for (int64_t i = 0; i < m; i++) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
+/* The epilogue (dt__sgemm_epi): the bias into C before the product, which
+ * then adds to it (beta 1): rows of bias [n], or rbias[i] along row i. */
+static void dt__gemm_bias_rows(const float *bias, const float *rbias, int64_t m, int64_t n, float *c, int64_t ldc) {
+  for (int64_t i = 0; i < m; i++)
+    if (bias) memcpy(c + i * ldc, bias, (size_t)n * sizeof(float));
+    else for (int64_t j = 0; j < n; j++) c[i * ldc + j] = rbias[i];
 }
 
 #ifdef DT__GEMM_X86
@@ -704,15 +706,16 @@ static void dt__gemm_edge(const dt__gemm_path *pa, int64_t kc, const float *as, 
 
 /* One packed A block (mc x kc) times one packed B panel (kc x nc) into C:
  * the loops over the tiles, B slivers outside (one stays in L1 while the
- * A slivers stream past it). bias (the panel's first column's, on the
- * first k block, with beta 1) goes into each tile before its product, relu
+ * A slivers stream past it). bias (the panel's first column's) or rbias
+ * (the block's first row's), on the first k block with beta 1, goes into
+ * each tile before its product, relu
  * (on the last k block) over it after, while the tile is in L1. ua / ub
  * (x86): A / B read where they lie (dt__gemm_run); then only a last A
  * sliver shorter than MR is packed (at ap) and only a last B sliver
  * narrower than NR (at bp), both by dt__gemm_run. */
 static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int64_t kc, float alpha,
                            const float *ap, const float *bp, float beta, float *c, int64_t ldc, const float *bias,
-                           int relu, const dt__gemm_ua *ua, const dt__gemm_ua *ub) {
+                           const float *rbias, int relu, const dt__gemm_ua *ua, const dt__gemm_ua *ub) {
   const int64_t MR = pa->mr, NR = pa->nr, nfull = ub ? nc - nc % NR : nc;
   for (int64_t jr = 0; jr < nc; jr += NR) {
     int64_t nr = DT__MIN(NR, nc - jr), bks = ub && jr < nfull ? ub->ks : NR;
@@ -722,7 +725,7 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
       const float *as = ua ? ap : ap + ir * kc; /* (with ua, ap holds only the short sliver) */
       if (ua && (mr == MR || (mr == 4 && nr == NR))) as = ua->a + ir * ua->rs, ars = ua->rs, aks = ua->ks;
       float *cs = c + ir * ldc + jr;
-      if (bias) dt__gemm_bias_rows(bias + jr, mr, nr, cs, ldc);
+      if (bias || rbias) dt__gemm_bias_rows(bias ? bias + jr : NULL, rbias ? rbias + ir : NULL, mr, nr, cs, ldc);
 #ifdef DT__GEMM_X86
       if ((ua || ub) && nr == NR && (mr == MR || mr == 4))
         dt__gemm_strided(pa, (int)mr, kc, as, ars, aks, bs, bks, alpha, beta, cs, ldc);
@@ -760,7 +763,7 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
     ncb = (DT__GEMM_BUF - mcb * DT__GEMM_KC) / DT__GEMM_KC / NR * NR;
   }
   float *bp = ap + mcb * DT__GEMM_KC + 16;
-  const float *bias = ep ? ep->bias : NULL;
+  const float *bias = ep ? ep->bias : NULL, *rbias = ep ? ep->row_bias : NULL;
   int relu = ep && ep->relu;
   /* Few B slivers: a packed A would be read only a few times, so the kernel
    * reads it where it lies (the same FMAs, the same bits; see the top). */
@@ -779,13 +782,13 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
   if (few_rows) { /* pack A once per k block, then B panels in turn */
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
-      float beta_blk = pc == 0 && !bias ? beta : 1.0f;
+      float beta_blk = pc == 0 && !bias && !rbias ? beta : 1.0f;
       pa->pack_a(trans_a, a, lda, 0, pc, m, kc, ap);
       for (int64_t jc = 0; jc < n; jc += ncb) {
         int64_t nc = DT__MIN(ncb, n - jc);
         pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
         dt__gemm_macro(pa, m, nc, kc, alpha, ap, bp, beta_blk, c + jc, ldc, pc == 0 && bias ? bias + jc : NULL,
-                       relu && pc + kc >= k, NULL, NULL);
+                       pc == 0 ? rbias : NULL, relu && pc + kc >= k, NULL, NULL);
       }
     }
     return;
@@ -796,7 +799,7 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
     nc = n - jc <= ncb + NR ? n - jc : ncb;
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
-      float beta_blk = pc == 0 && !bias ? beta : 1.0f; /* later k blocks add to C */
+      float beta_blk = pc == 0 && !bias && !rbias ? beta : 1.0f; /* later k blocks add to C */
       dt__gemm_ua ub = {b + pc * ldb + jc, 0, ldb};
       if (!unpacked_b) pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
       else if (nc % NR) pa->pack_b(trans_b, b, ldb, pc, jc + nc - nc % NR, kc, nc % NR, bp); /* the narrow sliver */
@@ -807,8 +810,8 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
         else if (mc % MR && (mc % MR != 4 || nc % NR)) /* the short sliver, where a tile needs it packed */
           pa->pack_a(trans_a, a, lda, ic + mc - mc % MR, pc, mc % MR, kc, ap);
         dt__gemm_macro(pa, mc, nc, kc, alpha, ap, bp, beta_blk, c + ic * ldc + jc, ldc,
-                       pc == 0 && bias ? bias + jc : NULL, relu && pc + kc >= k, unpacked_a ? &u : NULL,
-                       unpacked_b ? &ub : NULL);
+                       pc == 0 && bias ? bias + jc : NULL, pc == 0 && rbias ? rbias + ic : NULL, relu && pc + kc >= k,
+                       unpacked_a ? &u : NULL, unpacked_b ? &ub : NULL);
       }
     }
   }
@@ -842,25 +845,25 @@ static void dt__gemm_part(void *arg, int part, int nparts) {
   const dt__gemm_job *j = (const dt__gemm_job *)arg;
   int64_t t0 = j->tiles * part / nparts, t1 = j->tiles * (part + 1) / nparts;
   if (t0 >= t1) return;
-  if (j->dot) { /* blocks of 3 rows; the epilogue over them, before and after */
-    int64_t i0 = t0 * 3, i1 = DT__MIN(j->m, t1 * 3);
+  dt__gemm_epi ep = {NULL, 0, NULL}; /* the bias from this block's first row or column */
+  if (j->ep) ep = *j->ep;
+  if (j->dot || j->by_rows) {
+    int64_t i0 = j->dot ? t0 * 3 : t0 * j->pa->mr, i1 = DT__MIN(j->m, j->dot ? t1 * 3 : t1 * j->pa->mr);
     float *c = j->c + i0 * j->ldc;
-    if (j->ep && j->ep->bias) dt__gemm_bias_rows(j->ep->bias, i1 - i0, j->n, c, j->ldc);
-    j->dot(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb,
-           j->ep && j->ep->bias ? 1.0f : j->beta, c, j->ldc);
-    if (j->ep && j->ep->relu) dt__relu_rows(c, i1 - i0, j->n, j->ldc);
-    return;
-  }
-  if (j->by_rows) {
-    int64_t i0 = t0 * j->pa->mr, i1 = DT__MIN(j->m, t1 * j->pa->mr);
-    const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
-    dt__gemm_run(j->pa, j->trans_a, j->trans_b, i1 - i0, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb, j->beta,
-                 j->c + i0 * j->ldc, j->ldc, j->ep);
+    if (ep.row_bias) ep.row_bias += i0;
+    if (!j->dot) {
+      const float *a = j->trans_a ? j->a + i0 : j->a + i0 * j->lda;
+      dt__gemm_run(j->pa, j->trans_a, j->trans_b, i1 - i0, j->n, j->k, j->alpha, a, j->lda, j->b, j->ldb, j->beta, c,
+                   j->ldc, j->ep ? &ep : NULL);
+      return;
+    } /* the dot kernel: blocks of 3 rows; the epilogue over them, before and after */
+    int bias = ep.bias || ep.row_bias;
+    if (bias) dt__gemm_bias_rows(ep.bias, ep.row_bias, i1 - i0, j->n, c, j->ldc);
+    j->dot(i1 - i0, j->n, j->k, j->alpha, j->a + i0 * j->lda, j->lda, j->b, j->ldb, bias ? 1.0f : j->beta, c, j->ldc);
+    if (ep.relu) dt__relu_rows(c, i1 - i0, j->n, j->ldc);
   } else {
     int64_t c0 = t0 * j->pa->nr, c1 = DT__MIN(j->n, t1 * j->pa->nr);
     const float *b = j->trans_b ? j->b + c0 * j->ldb : j->b + c0;
-    dt__gemm_epi ep = {NULL, 0}; /* the bias from this block's first column */
-    if (j->ep) ep = *j->ep;
     if (ep.bias) ep.bias += c0;
     dt__gemm_run(j->pa, j->trans_a, j->trans_b, j->m, c1 - c0, j->k, j->alpha, j->a, j->lda, b, j->ldb, j->beta,
                  j->c + c0, j->ldc, j->ep ? &ep : NULL);
@@ -883,8 +886,8 @@ static void dt__sgemm_do(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   /* BLAS, like this kernel, never reads C when beta == 0. Sizes beyond int
    * (not reachable with the arena's limits) fall through to the C kernel. */
   if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
-    if (ep && ep->bias) {
-      dt__gemm_bias_rows(ep->bias, m, n, c, ldc);
+    if (ep && (ep->bias || ep->row_bias)) {
+      dt__gemm_bias_rows(ep->bias, ep->row_bias, m, n, c, ldc);
       beta = 1.0f;
     }
     if (k <= 0)
@@ -897,8 +900,9 @@ static void dt__sgemm_do(int trans_a, int trans_b, int64_t m, int64_t n, int64_t
   }
 #endif
   if (k <= 0 || alpha == 0.0f) {
-    if (ep && ep->bias) dt__gemm_bias_rows(ep->bias, m, n, c, ldc);
-    dt__gemm_scale(m, n, ep && ep->bias ? 1.0f : beta, c, ldc);
+    int bias = ep && (ep->bias || ep->row_bias);
+    if (bias) dt__gemm_bias_rows(ep->bias, ep->row_bias, m, n, c, ldc);
+    dt__gemm_scale(m, n, bias ? 1.0f : beta, c, ldc);
     if (ep && ep->relu) dt__relu_rows(c, m, n, ldc);
     return;
   }

@@ -98,6 +98,12 @@ DTRAIN_API dt_tensor *dt_nn_conv2d_forward(dt_graph *g, const dt_nn_conv2d *l, d
   return dt_conv2d(g, x, dt_param(g, l->w), l->b >= 0 ? dt_param(g, l->b) : NULL, l->stride, l->padding);
 }
 
+DTRAIN_API dt_tensor *dt_nn_conv2d_relu_forward(dt_graph *g, const dt_nn_conv2d *l, dt_tensor *x) {
+  if (!dt__begin(g, "dt_nn_conv2d_relu_forward", 1, x)) return NULL;
+  if (!l) return (dt_tensor *)dt__fail(g, DTRAIN_ERR_NULL_ARG, "dt_nn_conv2d_relu_forward: layer is NULL");
+  return dt_conv2d_relu(g, x, dt_param(g, l->w), l->b >= 0 ? dt_param(g, l->b) : NULL, l->stride, l->padding);
+}
+
 /* ---- embedding ---------------------------------------------------------------------------- */
 
 DTRAIN_API dt_result dt_nn_embedding_init(dt_nn_embedding *l, dt_params *p, const char *name,

@@ -28,6 +28,8 @@ typedef struct dt_nn_conv2d { int w, b; int in, out, kernel, stride, padding; } 
 DTRAIN_API dt_result dt_nn_conv2d_init(dt_nn_conv2d *l, dt_params *p, const char *name, int in, int out,
                                        int kernel, int stride, int padding, int bias);
 DTRAIN_API dt_tensor *dt_nn_conv2d_forward(dt_graph *g, const dt_nn_conv2d *l, dt_tensor *x);
+/* relu(dt_nn_conv2d_forward(l, x)), fused: dt_conv2d_relu */
+DTRAIN_API dt_tensor *dt_nn_conv2d_relu_forward(dt_graph *g, const dt_nn_conv2d *l, dt_tensor *x);
 
 /* table [vocab, dim] ~ N(0,1). */
 typedef struct dt_nn_embedding { int w; int64_t vocab, dim; } dt_nn_embedding;

@@ -142,6 +142,14 @@ DTRAIN_API dt_tensor *dt_causal_mask(dt_graph *g, dt_tensor *x);
  * Either way deterministic, and the same bits with any dt_set_threads. */
 DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b,
                                 int stride, int padding);
+/* relu(dt_conv2d(...)) in one op (b may be NULL): the bias and the ReLU are
+ * applied to each tile of the GEMM's result while it is in cache (or by
+ * Winograd's output transform), and backward masks the gradient channel by
+ * channel with the bias sum. Values and gradients are those of
+ * dt_relu_inplace(g, dt_conv2d(...)) bit for bit; as there, after backward
+ * the result's grad holds the gradient before the ReLU (masked). */
+DTRAIN_API dt_tensor *dt_conv2d_relu(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b,
+                                     int stride, int padding);
 DTRAIN_API dt_tensor *dt_max_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride);
 DTRAIN_API dt_tensor *dt_avg_pool2d(dt_graph *g, dt_tensor *x, int kernel, int stride);
 

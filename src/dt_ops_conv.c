@@ -177,54 +177,81 @@ static void dt__conv_col2im(const dt__conv_geom *q, float *gcol, int64_t ld, flo
 }
 
 /* The bias gradient of output channels [lo, hi): each channel alone, so
- * dt__par_range may cut the channels over the intra-op threads. */
+ * dt__par_range may cut the channels over the intra-op threads. With y
+ * (dt_conv2d_relu) the gradient is first masked in place where y <= 0
+ * (dt_relu_inplace's backward, the same steps), in the same pass; gb may
+ * then be NULL (no bias gradient wanted). The gradient is walked in memory
+ * order, image by image, DT__CONV_BIAS_CH channels' sums at a time. */
+#define DT__CONV_BIAS_CH 64
 typedef struct dt__conv_bias_job {
-  const float *go;
+  float *go;
+  const float *y;
   float *gb;
   int64_t n, pp, op;
 } dt__conv_bias_job;
 
 static void dt__conv_bias_range(void *arg, int64_t lo, int64_t hi) {
   const dt__conv_bias_job *bj = (const dt__conv_bias_job *)arg;
-  /* In double, in four interleaved partial sums (a fixed order): one
-   * dependent chain of double adds would take most of this function. */
-  for (int64_t o = lo; o < hi; o++) {
-    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+  /* In double, in four interleaved partial sums per channel (a fixed
+   * order): one dependent chain of double adds would take most of this
+   * function. */
+  double acc[DT__CONV_BIAS_CH][4];
+  for (int64_t o0 = lo; o0 < hi; o0 += DT__CONV_BIAS_CH) {
+    int64_t o1 = DT__MIN(hi, o0 + DT__CONV_BIAS_CH);
+    memset(acc, 0, sizeof acc);
+    for (int64_t n = 0; n < bj->n; n++) {
+      for (int64_t o = o0; o < o1; o++) {
+        float *r = bj->go + n * bj->op + o * bj->pp;
+        const float *yr = bj->y ? bj->y + n * bj->op + o * bj->pp : NULL;
+        if (!bj->gb) {
+          dt__relu_mask_rows(r, yr, 1, bj->pp, NULL);
+          continue;
+        }
+        double *s = acc[o - o0];
+        int64_t i = 0;
 #ifdef DT__CONV_SSE
-    /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
-    __m128d a01 = _mm_setzero_pd(), a23 = _mm_setzero_pd();
-    for (int64_t n = 0; n < bj->n; n++) {
-      const float *r = bj->go + n * bj->op + o * bj->pp;
-      int64_t i = 0;
-      for (; i + 4 <= bj->pp; i += 4) {
-        __m128 v = _mm_loadu_ps(r + i);
-        a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
-        a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
-      }
-      for (; i < bj->pp; i++) a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
-    }
-    s0 = _mm_cvtsd_f64(a01);
-    s1 = _mm_cvtsd_f64(_mm_unpackhi_pd(a01, a01));
-    s2 = _mm_cvtsd_f64(a23);
-    s3 = _mm_cvtsd_f64(_mm_unpackhi_pd(a23, a23));
+        /* The same four sums, two per register (lanes: s0 s1 | s2 s3). */
+        __m128d a01 = _mm_loadu_pd(s), a23 = _mm_loadu_pd(s + 2);
+        const __m128 z = _mm_setzero_ps();
+        for (; i + 4 <= bj->pp; i += 4) {
+          __m128 v = _mm_loadu_ps(r + i);
+          if (yr) { /* keep where y > 0 or NaN, + 0 (dt__relu_mask_rows) */
+            v = _mm_add_ps(_mm_and_ps(_mm_cmpnle_ps(_mm_loadu_ps(yr + i), z), v), z);
+            _mm_storeu_ps(r + i, v);
+          }
+          a01 = _mm_add_pd(a01, _mm_cvtps_pd(v));
+          a23 = _mm_add_pd(a23, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
+        }
+        for (; i < bj->pp; i++) {
+          if (yr) r[i] = yr[i] <= 0.0f ? 0.0f : r[i] + 0.0f;
+          a01 = _mm_add_sd(a01, _mm_set_sd((double)r[i]));
+        }
+        _mm_storeu_pd(s, a01);
+        _mm_storeu_pd(s + 2, a23);
 #else
-    for (int64_t n = 0; n < bj->n; n++) {
-      const float *r = bj->go + n * bj->op + o * bj->pp;
-      int64_t i = 0;
-      for (; i + 4 <= bj->pp; i += 4) {
-        s0 += (double)r[i];
-        s1 += (double)r[i + 1];
-        s2 += (double)r[i + 2];
-        s3 += (double)r[i + 3];
-      }
-      for (; i < bj->pp; i++) s0 += (double)r[i];
-    }
+        if (yr) dt__relu_mask_rows(r, yr, 1, bj->pp, NULL);
+        for (; i + 4 <= bj->pp; i += 4) {
+          s[0] += (double)r[i];
+          s[1] += (double)r[i + 1];
+          s[2] += (double)r[i + 2];
+          s[3] += (double)r[i + 3];
+        }
+        for (; i < bj->pp; i++) s[0] += (double)r[i];
 #endif
-    bj->gb[o] += (float)((s0 + s1) + (s2 + s3));
+      }
+    }
+    if (bj->gb)
+      for (int64_t o = o0; o < o1; o++) {
+        const double *s = acc[o - o0];
+        bj->gb[o] += (float)((s[0] + s[1]) + (s[2] + s[3]));
+      }
   }
 }
 
-static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
+/* dt_conv2d's backward, and with relu dt_conv2d_relu's: y's gradient is
+ * final when this node runs (as in dt_relu_inplace's backward), so it is
+ * masked where it stands, channel by channel with the bias sum. */
+static void dt__conv_grads(dt_graph *g, dt_tensor *y, int relu) {
   dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
   float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
   if (g->err != DTRAIN_OK) return;
@@ -232,8 +259,8 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   dt__conv_geometry(&q, x, w, y->iaux[0], y->iaux[1]);
   const float *go = y->grad;
   int64_t chw = q.c * q.h * q.w, op = q.o * q.pp, cols = q.nb * q.pp;
-  if (gb) {
-    dt__conv_bias_job bj = {go, gb, q.n, q.pp, op};
+  if (gb || relu) {
+    dt__conv_bias_job bj = {y->grad, relu ? y->data : NULL, gb, q.n, q.pp, op};
     if (q.n * op >= ((int64_t)1 << 19)) /* gradient elements above which two threads pay */
       dt__par_range(q.o, 1, 1, dt__conv_bias_range, &bj);
     else
@@ -279,9 +306,12 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
   dt__arena_release(g, scratch);
 }
 
+static void dt__conv_backward(dt_graph *g, dt_tensor *y) { dt__conv_grads(g, y, 0); }
+static void dt__conv_relu_backward(dt_graph *g, dt_tensor *y) { dt__conv_grads(g, y, 1); }
+
 /* The forward pass one image at a time (no grouping, nb == 1, through
  * columns): each part of the batch has its own column buffer and computes
- * its images in order (im2col, bias, product). Where each image's product
+ * its images in order (im2col, then the product with its epilogue). Where each image's product
  * is too small for dt_sgemm to split (below about a million multiply-adds:
  * a layer with few input channels on a large image, the CNN's first), the
  * images go to the intra-op threads instead, each computed exactly as on
@@ -290,7 +320,8 @@ static void dt__conv_backward(dt_graph *g, dt_tensor *y) {
  * g->err says). */
 typedef struct dt__conv_fwd_job {
   const dt__conv_geom *q;
-  const float *x, *w, *b;
+  const float *x, *w;
+  const dt__gemm_epi *ep;
   float *y, *col;
 } dt__conv_fwd_job;
 
@@ -302,29 +333,29 @@ static void dt__conv_fwd_part(void *arg, int part, int nparts) {
   for (int64_t n = q->n * part / nparts; n < q->n * (part + 1) / nparts; n++) {
     float *out = j->y + n * op;
     dt__conv_im2col(q, j->x + n * chw, col, q->pp);
-    if (j->b)
-      for (int64_t o = 0; o < q->o; o++)
-        for (int64_t i = 0; i < q->pp; i++) out[o * q->pp + i] = j->b[o];
-    dt_sgemm(0, 0, q->o, q->pp, q->k, 1.0f, j->w, q->k, col, q->pp, j->b ? 1.0f : 0.0f, out, q->pp);
+    dt__sgemm_epi(0, 0, q->o, q->pp, q->k, j->w, q->k, col, q->pp, out, q->pp, j->ep);
   }
 }
 
 static int dt__conv_forward_images(dt_graph *g, const dt__conv_geom *q, const dt_tensor *x, const dt_tensor *w,
-                                   const dt_tensor *b, dt_tensor *y) {
+                                   const dt__gemm_epi *ep, dt_tensor *y) {
   if (q->nb != 1 || q->direct) return 0;
   int t = dt__par_threads(), small = (double)q->o * (double)q->pp * (double)q->k < (double)(1 << 20);
   int parts = t > 1 && small ? (int)DT__MIN((int64_t)t, q->n) : 1;
   dt__arena_pos scratch = dt__arena_mark(g); /* the columns: this call's only */
   float *col = dt__arena_floats(g, (int64_t)parts * q->k * q->pp);
   if (g->err != DTRAIN_OK) return 1;
-  dt__conv_fwd_job j = {q, x->data, w->data, b ? b->data : NULL, y->data, col};
+  dt__conv_fwd_job j = {q, x->data, w->data, ep, y->data, col};
   dt__par_run(parts, dt__conv_fwd_part, &j);
   dt__arena_release(g, scratch);
   return 1;
 }
 
-DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
-  static const char *op = "dt_conv2d";
+/* dt_conv2d, and with relu dt_conv2d_relu: the bias and the ReLU applied
+ * by the GEMM's epilogue tile by tile (dt__sgemm_epi: a row of C is an
+ * output channel), or by Winograd's output transform. */
+static dt_tensor *dt__conv2d(dt_graph *g, const char *op, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride,
+                             int padding, int relu) {
   if (b ? !dt__begin(g, op, 3, x, w, b) : !dt__begin(g, op, 2, x, w)) return NULL;
   char sx[96], sw[96], sb[96];
   dt_shape_str(x, sx, sizeof sx);
@@ -351,7 +382,10 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
                                  "%s: kernel %lldx%lld larger than the padded input %lldx%lld (x %s, w %s, padding %d)",
                                  op, (long long)w->shape[2], (long long)w->shape[3], (long long)hp, (long long)wp, sx,
                                  sw, padding);
-  if (g->device) return dt__dev_conv2d(g, x, w, b, stride, padding);
+  if (g->device) { /* on a device, two kernels */
+    dt_tensor *y = dt__dev_conv2d(g, x, w, b, stride, padding);
+    return relu ? dt_relu_inplace(g, y) : y;
+  }
   dt__conv_geom q;
   dt__conv_geometry(&q, x, w, stride, padding);
   int64_t shape[4] = {q.n, q.o, q.ho, q.wo};
@@ -360,54 +394,50 @@ DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tens
   size_t kp;
   if (!dt__mul_size((size_t)q.k, (size_t)q.pp, &kp) || dt__too_many(kp))
     return (dt_tensor *)dt__fail(g, DTRAIN_ERR_OVERFLOW, "%s: column matrix of x %s, w %s too large", op, sx, sw);
+  dt__gemm_epi ep = {NULL, relu, b ? b->data : NULL};
   if (dt__wino_use(&q)) {
-    dt__wino_forward(g, &q, x->data, w->data, b ? b->data : NULL, y->data);
+    dt__wino_forward(g, &q, x->data, w->data, b ? b->data : NULL, relu, y->data);
+  } else if (!dt__conv_forward_images(g, &q, x, w, &ep, y)) { /* one image at a time, or: */
+    int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
+    dt__arena_pos scratch = dt__arena_mark(g); /* the columns: this call's only */
+    float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
+    float *tmp = q.nb > 1 ? dt__arena_floats(g, q.o * cols) : NULL;
     if (g->err != DTRAIN_OK) return NULL;
-    y->iaux[0] = stride;
-    y->iaux[1] = padding;
-    dt__record(g, y, op, dt__conv_backward, x, w, b);
-    return dt__finish(g, y);
+    for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
+      int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
+      const float *cp = x->data + n0 * chw;
+      if (!q.direct) {
+        for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
+        cp = col;
+      }
+      float *out = q.nb > 1 ? tmp : y->data + n0 * op_;
+      dt__sgemm_epi(0, 0, q.o, ld, q.k, w->data, q.k, cp, ld, out, ld, &ep);
+      if (q.nb > 1) {
+        for (int64_t j = 0; j < nbb; j++)
+          for (int64_t o = 0; o < q.o; o++)
+            memcpy(y->data + (n0 + j) * op_ + o * q.pp, tmp + o * ld + j * q.pp, (size_t)q.pp * sizeof(float));
+      }
+    }
+    dt__arena_release(g, scratch);
   }
-  int64_t chw = q.c * q.h * q.w, op_ = q.o * q.pp, cols = q.nb * q.pp;
-  if (dt__conv_forward_images(g, &q, x, w, b, y)) { /* one image at a time */
-    if (g->err != DTRAIN_OK) return NULL;
-    y->iaux[0] = stride;
-    y->iaux[1] = padding;
-    dt__record(g, y, op, dt__conv_backward, x, w, b);
-    return dt__finish(g, y);
-  }
-  dt__arena_pos scratch = dt__arena_mark(g); /* the columns: this call's only */
-  float *col = q.direct ? NULL : dt__arena_floats(g, q.k * cols);
-  float *tmp = q.nb > 1 ? dt__arena_floats(g, q.o * cols) : NULL;
   if (g->err != DTRAIN_OK) return NULL;
-  for (int64_t n0 = 0; n0 < q.n; n0 += q.nb) {
-    int64_t nbb = DT__MIN(q.nb, q.n - n0), ld = nbb * q.pp;
-    const float *cp = x->data + n0 * chw;
-    if (!q.direct) {
-      for (int64_t j = 0; j < nbb; j++) dt__conv_im2col(&q, x->data + (n0 + j) * chw, col + j * q.pp, ld);
-      cp = col;
-    }
-    float *out = q.nb > 1 ? tmp : y->data + n0 * op_;
-    if (b) {
-      for (int64_t o = 0; o < q.o; o++)
-        for (int64_t i = 0; i < ld; i++) out[o * ld + i] = b->data[o];
-    }
-    dt_sgemm(0, 0, q.o, ld, q.k, 1.0f, w->data, q.k, cp, ld, b ? 1.0f : 0.0f, out, ld);
-    if (q.nb > 1) {
-      for (int64_t j = 0; j < nbb; j++)
-        for (int64_t o = 0; o < q.o; o++)
-          memcpy(y->data + (n0 + j) * op_ + o * q.pp, tmp + o * ld + j * q.pp, (size_t)q.pp * sizeof(float));
-    }
-  }
-  dt__arena_release(g, scratch);
   y->iaux[0] = stride;
   y->iaux[1] = padding;
-  dt__record(g, y, op, dt__conv_backward, x, w, b);
+  dt__record(g, y, op, relu ? dt__conv_relu_backward : dt__conv_backward, x, w, b);
   return dt__finish(g, y);
+}
+
+DTRAIN_API dt_tensor *dt_conv2d(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
+  return dt__conv2d(g, "dt_conv2d", x, w, b, stride, padding, 0);
+}
+
+DTRAIN_API dt_tensor *dt_conv2d_relu(dt_graph *g, dt_tensor *x, dt_tensor *w, dt_tensor *b, int stride, int padding) {
+  return dt__conv2d(g, "dt_conv2d_relu", x, w, b, stride, padding, 1);
 }
 
 #undef DT__CONV_COLS
 #undef DT__CONV_CAP
+#undef DT__CONV_BIAS_CH
 #ifdef DT__CONV_SSE
 #  undef DT__CONV_SSE
 #endif

@@ -23,12 +23,12 @@ typedef struct dt__conv_geom {
 
 /* Winograd F(2x2, 5x5) (dt_ops_wino.c): 5x5 kernels, stride 1, at least 8
  * channels in and out. The forward writes y [N,O,Ho,Wo] (plus the bias b
- * when not NULL); the backward adds to gx and gw (either NULL: not wanted)
+ * when not NULL, then ReLU with relu); the backward adds to gx and gw (either NULL: not wanted)
  * from the output gradient gy. Scratch comes from g's arena; an arena
  * failure is left on g. */
 DTRAIN_PRIVATE int dt__wino_use(const dt__conv_geom *q);
 DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
-                                     float *y);
+                                     int relu, float *y);
 DTRAIN_PRIVATE void dt__wino_backward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w,
                                       const float *gy, float *gx, float *gw);
 

@@ -62,17 +62,20 @@ DTRAIN_PRIVATE void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap
                                         float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
 #endif
 
-/* ---- GEMM with an epilogue (dt_gemm.c; dt_linear_relu, dt_linear) ----------------
+/* ---- GEMM with an epilogue (dt_gemm.c; dt_linear(_relu), dt_conv2d(_relu)) --------
  * dt__sgemm_epi: C = op(A) @ op(B) (alpha 1, beta 0), with bias [n] added to
- * every row and/or ReLU applied on the way, tile by tile while each tile of
- * C is in L1 (bias before its first k block, ReLU after its last), not in
- * passes over C. Bit for bit what rows of bias, dt_sgemm with beta 1 and
+ * every row (a linear layer's) or row_bias [m] to every column (a
+ * convolution's, one value per output channel; at most one of the two)
+ * and/or ReLU applied on the way, tile by tile while each tile of C is in
+ * L1 (bias before its first k block, ReLU after its last), not in passes
+ * over C. Bit for bit what C filled with the bias, dt_sgemm with beta 1 and
  * dt_relu_inplace give. dt__relu_rows: ReLU (x <= 0 -> +0, NaN kept, as
- * dt_relu) over rows x cols at stride ld (dt_ops_elem.c). The device path
- * of dt_linear computes dt_linear_relu's ReLU as a second kernel. */
+ * dt_relu) over rows x cols at stride ld (dt_ops_elem.c). The device paths
+ * compute the fused ops' ReLU as a second kernel. */
 typedef struct dt__gemm_epi {
   const float *bias; /* [n] or NULL */
   int relu;
+  const float *row_bias; /* [m] or NULL (then bias is NULL) */
 } dt__gemm_epi;
 DTRAIN_PRIVATE void dt__sgemm_epi(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, const float *a,
                                   int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,

@@ -181,7 +181,7 @@ static dt_tensor *dt__linear(dt_graph *g, const char *op, dt_tensor *x, dt_tenso
   }
   dt_tensor *y = dt__new(g, op, x->ndim, shape);
   if (!y) return NULL;
-  dt__gemm_epi ep = {b ? b->data : NULL, relu};
+  dt__gemm_epi ep = {b ? b->data : NULL, relu, NULL};
   dt__sgemm_epi(0, 1, rows, out, in, x->data, in, w->data, in, y->data, out, &ep);
   y->iaux[0] = rows;
   y->iaux[1] = in;

@@ -49,10 +49,15 @@
       _mm_storeu_ps(dst_even, _mm_shuffle_ps(lo_, hi_, _MM_SHUFFLE(2, 0, 2, 0)));               \
       _mm_storeu_ps(dst_odd, _mm_shuffle_ps(lo_, hi_, _MM_SHUFFLE(3, 1, 3, 1)));                \
     } while (0)
-/* dst[0..7] = even[0..3] + vb and odd[0..3] + vb, interleaved */
-#  define DT__WINO_MERGE8(even, odd, vb, dst)                                                  \
+/* dst[0..7] = even[0..3] + vb and odd[0..3] + vb, interleaved; with relu,
+ * x <= 0 -> +0 (dt__relu_rows' steps) */
+#  define DT__WINO_MERGE8(even, odd, vb, relu, dst)                                            \
     do {                                                                                       \
       __m128 e_ = _mm_add_ps(_mm_loadu_ps(even), vb), o_ = _mm_add_ps(_mm_loadu_ps(odd), vb);   \
+      if (relu) {                                                                              \
+        e_ = _mm_andnot_ps(_mm_cmple_ps(e_, _mm_setzero_ps()), e_);                            \
+        o_ = _mm_andnot_ps(_mm_cmple_ps(o_, _mm_setzero_ps()), o_);                            \
+      }                                                                                        \
       _mm_storeu_ps(dst, _mm_unpacklo_ps(e_, o_));                                             \
       _mm_storeu_ps((dst) + 4, _mm_unpackhi_ps(e_, o_));                                       \
     } while (0)
@@ -319,11 +324,11 @@ static DT__WINO_INLINE void dt__wino_in_adjoint(const dt__conv_geom *q, const dt
 }
 #undef DT__WINO_B
 
-/* Output transform of one output plane [Ho, Wo]: y = A^T m A + bias per tile,
- * the parts of the last tiles past Ho, Wo dropped. A^T = [1 1 1 1 1 0;
- * 0 1 -1 2 -2 1]. */
+/* Output transform of one output plane [Ho, Wo]: y = A^T m A + bias per tile
+ * (then ReLU with relu: dt_conv2d_relu), the parts of the last tiles past
+ * Ho, Wo dropped. A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 1]. */
 static DT__WINO_INLINE void dt__wino_out(const dt__conv_geom *q, const dt__wino *z, const float *m, int64_t xs, float *y, float bias,
-                         float *scr) {
+                         int relu, float *scr) {
   int64_t lw = z->lw, tw = z->tw, wo = q->wo;
   float *s = scr, *ev = s + 12 * lw, *od = ev + lw;
   for (int64_t ti = 0; ti < z->th; ti++) {
@@ -349,16 +354,20 @@ static DT__WINO_INLINE void dt__wino_out(const dt__conv_geom *q, const dt__wino 
 #ifdef DT__WINO_SSE
       if (full >= 4) { /* 4 pairs at a time, the last 4 again where they overlap */
         const __m128 vb = _mm_set1_ps(bias);
-        for (; l + 4 <= full; l += 4) DT__WINO_MERGE8(ev + l, od + l, vb, yr + 2 * l);
-        if (l < full) DT__WINO_MERGE8(ev + full - 4, od + full - 4, vb, yr + 2 * (full - 4));
+        for (; l + 4 <= full; l += 4) DT__WINO_MERGE8(ev + l, od + l, vb, relu, yr + 2 * l);
+        if (l < full) DT__WINO_MERGE8(ev + full - 4, od + full - 4, vb, relu, yr + 2 * (full - 4));
         l = full;
       }
 #endif
       for (; l < full; l++) {
-        yr[2 * l] = ev[l] + bias;
-        yr[2 * l + 1] = od[l] + bias;
+        float e = ev[l] + bias, o = od[l] + bias;
+        yr[2 * l] = relu && e <= 0.0f ? 0.0f : e;
+        yr[2 * l + 1] = relu && o <= 0.0f ? 0.0f : o;
       }
-      if (wo % 2) yr[wo - 1] = ev[full] + bias;
+      if (wo % 2) {
+        float e = ev[full] + bias;
+        yr[wo - 1] = relu && e <= 0.0f ? 0.0f : e;
+      }
     }
   }
 }
@@ -528,7 +537,7 @@ enum { DT__WINO_IN, DT__WINO_MUL, DT__WINO_OUT, DT__WINO_OUT_ADJ, DT__WINO_MUL_D
 typedef struct dt__wino_job {
   const dt__conv_geom *q;
   const dt__wino *z;
-  int step;
+  int step, relu;
   int64_t n0, nbb, tt, ld, nscr;
   const float *x, *b, *u, *gy;
   float *v, *m, *y, *du, *dv, *gx, *scr;
@@ -558,7 +567,7 @@ static DT__WINO_INLINE void dt__wino_part_body(void *arg, int part, int nparts) 
     case DT__WINO_OUT:
       for (int64_t j = 0; j < jb->nbb; j++)
         dt__wino_out(q, z, jb->m + i * ld + j * z->tpi, q->o * ld, jb->y + (jb->n0 + j) * op + i * q->pp,
-                     jb->b ? jb->b[i] : 0.0f, scr);
+                     jb->b ? jb->b[i] : 0.0f, jb->relu, scr);
       break;
     case DT__WINO_OUT_ADJ:
       for (int64_t j = 0; j < jb->nbb; j++)
@@ -628,7 +637,7 @@ static void dt__wino_group(dt__wino_job *jb, int64_t n0) {
 }
 
 DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const float *x, const float *w, const float *b,
-                             float *y) {
+                             int relu, float *y) {
   dt__wino z;
   dt__wino_job jb;
   dt__wino_geometry(q, &z);
@@ -640,6 +649,7 @@ DTRAIN_PRIVATE void dt__wino_forward(dt_graph *g, const dt__conv_geom *q, const 
   jb.u = u;
   jb.x = x;
   jb.b = b;
+  jb.relu = relu;
   jb.y = y;
   for (int64_t n0 = 0; n0 < q->n; n0 += z.nb) {
     dt__wino_group(&jb, n0);

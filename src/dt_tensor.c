@@ -719,7 +719,8 @@ static const char *const dt__device_ops[] = {
   "dt_add", "dt_sub", "dt_mul", "dt_div", "dt_sum", "dt_mean", "dt_sum_axis", "dt_mean_axis", "dt_transpose",
   "dt_dropout", "dt_layer_norm", "dt_embedding", "dt_matmul", "dt_linear", "dt_linear_relu",
   "dt_softmax", "dt_log_softmax", "dt_cross_entropy", "dt_mse", "dt_reshape", "dt_reshape2", "dt_flatten",
-  "dt_conv2d", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_linear_relu_forward", "dt_nn_conv2d_forward", "dt_nn_embedding_forward",
+  "dt_conv2d", "dt_conv2d_relu", "dt_max_pool2d", "dt_avg_pool2d", "dt_nn_linear_forward", "dt_nn_linear_relu_forward", "dt_nn_conv2d_forward",
+  "dt_nn_conv2d_relu_forward", "dt_nn_embedding_forward",
   "dt_nn_layer_norm_forward", "dt_permute", "dt_concat", "dt_slice", "dt_split", "dt_bmm", "dt_causal_mask",
   "dt_batch_norm", "dt_nn_batch_norm_forward", "dt_nn_attention_forward", "dt_nn_lstm_cell_forward",
   "dt_nn_gru_cell_forward", NULL

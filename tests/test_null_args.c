@@ -3061,6 +3061,63 @@ static void nt_dt_conv2d(void) {
   }
   nt_teardown(&f);
 }
+/* dt_ops.h: dt_tensor * dt_conv2d_relu(dt_graph * g, dt_tensor * x, dt_tensor * w, dt_tensor * b, int stride, int padding) */
+static void nt_dt_conv2d_relu(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_conv2d_relu(NULL, NULL, NULL, NULL, stride, padding)");
+    dt_tensor * r_ = dt_conv2d_relu(NULL, NULL, NULL, NULL, 1, 0);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_conv2d_relu(NULL, x, w, b, stride, padding)");
+      dt_tensor * r_ = dt_conv2d_relu(NULL, f.t, f.t, f.t, 1, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_conv2d_relu(g, NULL, w, b, stride, padding)");
+      dt_tensor * r_ = dt_conv2d_relu(f.g, NULL, f.t, f.t, 1, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_conv2d_relu(g, x, NULL, b, stride, padding)");
+      dt_tensor * r_ = dt_conv2d_relu(f.g, f.t, NULL, f.t, 1, 0);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_conv2d_relu(g, x, w, NULL, stride, padding)");
+      dt_tensor * r_ = dt_conv2d_relu(f.g, f.t, f.t, NULL, 1, 0);
+      nt_check_ptr(r_ != NULL, 1);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
 /* dt_ops.h: dt_tensor * dt_max_pool2d(dt_graph * g, dt_tensor * x, int kernel, int stride) */
 static void nt_dt_max_pool2d(void) {
   nt_fix f;
@@ -4056,6 +4113,52 @@ static void nt_dt_nn_conv2d_forward(void) {
     if (sigsetjmp(nt_jb, 1) == 0) {
       nt_begin("dt_nn_conv2d_forward(g, l, NULL)");
       dt_tensor * r_ = dt_nn_conv2d_forward(f.g, &f.z_dt_nn_conv2d, NULL);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+}
+/* dt_nn.h: dt_tensor * dt_nn_conv2d_relu_forward(dt_graph * g, const dt_nn_conv2d * l, dt_tensor * x) */
+static void nt_dt_nn_conv2d_relu_forward(void) {
+  nt_fix f;
+  nt_setup(&f);
+  if (sigsetjmp(nt_jb, 1) == 0) {
+    nt_begin("dt_nn_conv2d_relu_forward(NULL, NULL, NULL)");
+    dt_tensor * r_ = dt_nn_conv2d_relu_forward(NULL, NULL, NULL);
+    nt_check_ptr(r_ != NULL, 0);
+  } else {
+    th_cur_failed++; /* crashed: named by nt_on_signal */
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_nn_conv2d_relu_forward(NULL, l, x)");
+      dt_tensor * r_ = dt_nn_conv2d_relu_forward(NULL, &f.z_dt_nn_conv2d, f.t);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g && f.t) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_nn_conv2d_relu_forward(g, NULL, x)");
+      dt_tensor * r_ = dt_nn_conv2d_relu_forward(f.g, NULL, f.t);
+      nt_check_ptr(r_ != NULL, 0);
+    } else {
+      th_cur_failed++; /* crashed: named by nt_on_signal */
+    }
+  }
+  nt_teardown(&f);
+  nt_setup(&f);
+  if (f.g) {
+    if (sigsetjmp(nt_jb, 1) == 0) {
+      nt_begin("dt_nn_conv2d_relu_forward(g, l, NULL)");
+      dt_tensor * r_ = dt_nn_conv2d_relu_forward(f.g, &f.z_dt_nn_conv2d, NULL);
       nt_check_ptr(r_ != NULL, 0);
     } else {
       th_cur_failed++; /* crashed: named by nt_on_signal */
@@ -9015,6 +9118,7 @@ int main(void) {
   TH_RUN(nt_dt_batch_norm);
   TH_RUN(nt_dt_causal_mask);
   TH_RUN(nt_dt_conv2d);
+  TH_RUN(nt_dt_conv2d_relu);
   TH_RUN(nt_dt_max_pool2d);
   TH_RUN(nt_dt_avg_pool2d);
   TH_RUN(nt_dt_sgemm);
@@ -9059,6 +9163,7 @@ int main(void) {
   TH_RUN(nt_dt_nn_linear_relu_forward);
   TH_RUN(nt_dt_nn_conv2d_init);
   TH_RUN(nt_dt_nn_conv2d_forward);
+  TH_RUN(nt_dt_nn_conv2d_relu_forward);
   TH_RUN(nt_dt_nn_embedding_init);
   TH_RUN(nt_dt_nn_embedding_forward);
   TH_RUN(nt_dt_nn_layer_norm_init);

@@ -52,6 +52,7 @@ NULLABLE = {
     "dt_tp_row_linear": {"b"},
     "dt_tp_attention": {"b_qkv", "b_proj"},
     "dt_conv2d": {"b"},
+    "dt_conv2d_relu": {"b"},
     "dt_layer_norm": {"gamma", "beta"},
     "dt_batch_norm": {"gamma", "beta", "running_mean", "running_var"},
     "dt_memory_stats": {"p", "o", "g"},
