@@ -3327,16 +3327,17 @@ DTRAIN_EXTERN_C_END
  *                                  overlap_fraction of t(B/N)
  *   parameter_server(N, M)         each worker: t(B/N) + 2 alpha + (gradient +
  *                                  parameter bytes) / beta + update / M (the servers
- *                                  apply the push before the pull is answered); the
- *                                  servers bound a round by N x update / M + N x (the
- *                                  larger of gradient and parameter bytes + f x the
- *                                  smaller) / (M beta), f = max(0, 1 - N u / (2 a))
- *                                  (full duplex: in lock-step pushes and pulls take
- *                                  turns, f = 1; the update, u = update / M a push,
- *                                  spreads the workers until they overlap, f = 0; a =
- *                                  the larger / (M beta)) (not with
- *                                  links_per_connection; a shared medium: N x (gradient
- *                                  + parameter bytes) / beta); expected staleness N - 1
+ *                                  apply the push before the pull is answered); on a
+ *                                  switch the round is a fluid of N such workers, all
+ *                                  starting in step: the servers' full-duplex ports,
+ *                                  M links wide, share their bandwidth equally among the
+ *                                  pushes (and, apart, the pulls) in them, each at most
+ *                                  its worker's link; the updates (update / M a push)
+ *                                  one at a time in arrival order; the rate over the
+ *                                  later half of 128 rounds (links_per_connection: a
+ *                                  port per connection, only the updates shared; a
+ *                                  shared medium: N x (gradient + parameter bytes) /
+ *                                  beta + N x update / M); expected staleness N - 1
  *   pipeline(P) (1F1B, m micro)    (m + P - 1) x (t(B)/(P m) + boundary transfer);
  *                                  bubble (P - 1)/(m + P - 1); memory 1/P of the weights
  *   tensor_parallel(T)             every rank the whole batch: fixed + B x per-sample x
@@ -3433,6 +3434,10 @@ typedef struct dt_plan_options {
                                process's one link carries all its connections (a machine's NIC) */
   int shared_cores;         /* 1: the worker and server processes run on one machine and share its
                                `cores` (a rehearsal over loopback or an emulated link); 0: a machine each */
+  double loopback_Bps;      /* one TCP loopback stream's payload rate on this machine, which the kernel's
+                               copies at both ends of a local socket cost (shared_cores; 0: 2.5e9; a
+                               machine's own differs by 3x and more: probe it, 02 --plan under the
+                               launcher does); also the default link's bandwidth */
 } dt_plan_options;
 
 typedef struct dt_plan_row {
@@ -29951,6 +29956,59 @@ static double dt__plan_slow(const dt_plan_model *m, double k) {
   return 1.0 + (m->busy_slowdown - 1.0) * DT__MIN(1.0, f);
 }
 
+/* The parameter servers' round, as a fluid: n workers start together and
+ * cycle through their own time z (compute, loading, latencies), a push of
+ * d_in and a pull of d_out (each that long alone on the worker's link), and
+ * between them the servers' update u, one push at a time in arrival order.
+ * The servers' ports (cap worker links wide: M servers' links, each taking
+ * its slice of every push; a port of its own per connection: n) share
+ * their bandwidth equally among the transfers in them, each at most its
+ * worker's link; the two directions are apart (full duplex). Workers that
+ * start in step push together and then pull together; the serial updates
+ * spread the pulls, and over the rounds the two directions come to overlap,
+ * more or less: the round's rate over the later half of `rounds` rounds
+ * (128 for up to 64 workers) is returned as the time of a worker's round,
+ * n x the mean gap between pushes. O(n^2) a round; at most DT__PLAN_FLUID_MAX
+ * workers (0: more, not modelled). */
+#define DT__PLAN_FLUID_MAX 1024
+static double dt__plan_ps_fluid(int n, double z, double d_in, double d_out, double u, double cap) {
+  enum { COMPUTE, PUSH, QUEUED, UPDATE, PULL };
+  static const double eps = 1e-12;
+  if (n < 1 || n > DT__PLAN_FLUID_MAX || !(cap > 0)) return 0.0;
+  unsigned char ph[DT__PLAN_FLUID_MAX];
+  double rem[DT__PLAN_FLUID_MAX];
+  int queue[DT__PLAN_FLUID_MAX], qh = 0, qn = 0, busy = -1;
+  const int rounds = n <= 64 ? 128 : DT__MAX(16, 8192 / n);
+  const long half = (long)n * rounds / 2, all = (long)n * rounds;
+  long pushes = 0;
+  double t = 0.0, t_half = 0.0, scale = z + d_in + d_out + u;
+  for (int i = 0; i < n; i++) ph[i] = COMPUTE, rem[i] = z;
+  while (pushes < all) {
+    int kin = 0, kout = 0;
+    for (int i = 0; i < n; i++) kin += ph[i] == PUSH, kout += ph[i] == PULL;
+    double rin = kin ? DT__MIN(1.0, cap / kin) : 0.0, rout = kout ? DT__MIN(1.0, cap / kout) : 0.0, dt = INFINITY;
+    for (int i = 0; i < n; i++) { /* the next event: a transfer, a compute or the update ends */
+      double r = ph[i] == PUSH ? rin : ph[i] == PULL ? rout : 1.0;
+      if (ph[i] != QUEUED) dt = DT__MIN(dt, rem[i] / r);
+    }
+    if (!(dt < INFINITY)) return 0.0; /* (cannot happen: someone is always under way) */
+    t += dt;
+    for (int i = 0; i < n; i++)
+      if (ph[i] != QUEUED) rem[i] -= dt * (ph[i] == PUSH ? rin : ph[i] == PULL ? rout : 1.0);
+    if (busy >= 0 && rem[busy] <= eps * scale) { /* applied: its pull begins */
+      ph[busy] = PULL, rem[busy] = d_out, busy = -1;
+      if (++pushes == half) t_half = t;
+    }
+    for (int i = 0; i < n; i++) {
+      if (ph[i] == COMPUTE && rem[i] <= eps * scale) ph[i] = PUSH, rem[i] = d_in;
+      else if (ph[i] == PUSH && rem[i] <= eps * scale) ph[i] = QUEUED, queue[(qh + qn++) % n] = i;
+      else if (ph[i] == PULL && rem[i] <= eps * scale) ph[i] = COMPUTE, rem[i] = z;
+    }
+    if (busy < 0 && qn > 0) busy = queue[qh], qh = (qh + 1) % n, qn--, ph[busy] = UPDATE, rem[busy] = u;
+  }
+  return (double)n * (t - t_half) / (double)(all - half);
+}
+
 static void dt__plan_add(dt__plan_ctx *c, const char *name, const char *family, int workers, double step_s,
                          double samples_per_step, double mem, double comm_s, double bubble, double staleness) {
   if (!(step_s > 0)) return;
@@ -30000,8 +30058,9 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
   if (o->max_workers <= 0) o->max_workers = 16;
   if (o->max_workers > 64) o->max_workers = 64;
   if (o->cores <= 0) o->cores = dt__cpu_count();
+  if (!(o->loopback_Bps > 0)) o->loopback_Bps = DT__PLAN_LOOPBACK_BW;
   if (!(o->link.bandwidth_Bps > 0)) {
-    o->link.bandwidth_Bps = DT__PLAN_LOOPBACK_BW;
+    o->link.bandwidth_Bps = o->loopback_Bps;
     if (!(o->link.latency_s > 0)) o->link.latency_s = DT__PLAN_LOOPBACK_LATENCY;
   }
   if (!(o->memory_Bps > 0)) o->memory_Bps = 5e9;
@@ -30017,7 +30076,7 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
    * process together plus the kernel's copies of every byte sent through a
    * local socket at both ends (what bounds a loopback stream), over the cores. */
 #define DT__PLAN_FLOOR(step, cpu, bytes) \
-  (o->shared_cores ? DT__MAX((step), (cpu) + 2.0 * (bytes) / DT__PLAN_LOOPBACK_BW / (double)o->cores) : (step))
+  (o->shared_cores ? DT__MAX((step), (cpu) + 2.0 * (bytes) / o->loopback_Bps / (double)o->cores) : (step))
   /* one_device */
   double t1 = dt__plan_t(&c, B0) + U + LD * B0;
   c.base = B0 / t1;
@@ -30086,29 +30145,28 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
     }
     /* parameter servers: each worker pushes its gradient, the servers apply
      * it (each its shard: update / M), the worker pulls the parameters; the
-     * servers take N pushes and pulls a round, through their own links
-     * (links_per_connection: one link per connection, as DTRAIN_NETEM
-     * emulates, so only their updates bound a round; a shared medium
-     * carries every push and pull of the round, however many servers).
-     * A server's link is full duplex: pushes come in while pulls go out.
-     * Workers in lock-step push together, then pull together, and the two
-     * take turns (the sum); the server's update (u a push) spreads the
-     * pulls u apart, about N x N u / 2 over a round, and once that covers a
-     * round of the larger direction (N a) they overlap (the larger alone):
-     * in between, the smaller direction counts by 1 - N u / (2 a). */
+     * servers take N pushes and pulls a round, through their own links. On
+     * a switch the round is the fluid of dt__plan_ps_fluid: full-duplex
+     * ports (M links wide; links_per_connection: one link per connection,
+     * as DTRAIN_NETEM emulates, so only the updates are shared), the
+     * updates one at a time, workers in step at first; it is at least the
+     * worker's own path and the servers' busy time, and between them it
+     * counts the rhythm the workers fall into (pushes together, then pulls
+     * together, until the updates spread them). On a shared medium every
+     * push and pull of the round takes its turn, however many servers. */
     {
       int M = o->servers;
       double wire = 2.0 * L.latency_s + (G + Pb) / L.bandwidth_Bps;
-      double worker = tp + wire + Up / (double)M;
-      double in = G / ((double)M * L.bandwidth_Bps), out = Pb / ((double)M * L.bandwidth_Bps);
-      double big = DT__MAX(in, out), u = Up / (double)M;
-      double turns = big > 0 ? DT__MAX(0.0, 1.0 - (double)N * u / (2.0 * big)) : 0.0; /* the lock-step's share */
-      double links = L.shared ? (double)N * (G + Pb) / L.bandwidth_Bps
+      double worker = tp + wire + Up / (double)M, u = Up / (double)M;
+      double ports = L.shared ? (double)N * (G + Pb) / L.bandwidth_Bps
                      : o->links_per_connection ? 0.0
-                                               : (double)N * (big + turns * DT__MIN(in, out));
-      double server = links + (double)N * u;
+                                               : (double)N * DT__MAX(G, Pb) / ((double)M * L.bandwidth_Bps);
+      double bound = DT__MAX(worker, ports + (double)N * u);
+      double fluid = L.shared ? 0.0
+                              : dt__plan_ps_fluid(N, tp + 2.0 * L.latency_s, G / L.bandwidth_Bps, Pb / L.bandwidth_Bps, u,
+                                                  o->links_per_connection ? (double)N : (double)M);
       /* (the floor: the workers' compute and loading, the servers' N updates, each push and pull copied) */
-      double round = DT__PLAN_FLOOR(DT__MAX(worker, server), cpu_w, (double)N * (G + Pb));
+      double round = DT__PLAN_FLOOR(fluid > 0 ? fluid : bound, cpu_w, (double)N * (G + Pb));
       snprintf(name, sizeof name, "parameter_server %d server%s", M, M > 1 ? "s" : "");
       dt__plan_add(&c, name, "parameter_server", N, round, B, Pb + G + A * b, round - tp > 0 ? round - tp : 0, 0,
                    (double)(N - 1));
@@ -30138,6 +30196,7 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
     }
   }
 #undef DT__PLAN_FLOOR
+#undef DT__PLAN_FLUID_MAX
   /* pipeline over the link: P stages, m microbatches, 1F1B */
   if (m->boundary_bytes_per_sample > 0 && m->pipeline_max_stages >= 2) {
     for (int P = 2; P <= DT__MIN(m->pipeline_max_stages, o->max_workers); P *= 2) {

@@ -308,6 +308,9 @@ static int run_plan(app *a, int64_t train_n, const dt_plan_link *probed, int one
   po.max_workers = a->o.plan_workers;
   po.link = link;
   po.shared_cores = a->o.plan_one_machine || (probed && !a->o.link ? one_host : !a->o.link);
+  /* two workers on this host, no emulation between them: the probe measured this machine's loopback, whose
+   * copies the processes also pay (dt_plan_options.loopback_Bps) */
+  if (probed && !a->o.link && one_host && !(env && *env)) po.loopback_Bps = probed->bandwidth_Bps;
   po.links_per_connection = po.shared_cores; /* a rehearsal here: loopback, or DTRAIN_NETEM's link per connection */
   po.weak_scaling = a->o.plan_weak;
   po.servers = a->o.plan_servers;
@@ -320,12 +323,14 @@ static int run_plan(app *a, int64_t train_n, const dt_plan_link *probed, int one
   if (a->o.json) {
     printf("{\"model\":\"%s\",\"batch\":%d,\"link\":{\"spec\":\"%s\",\"latency_s\":%.3g,\"bandwidth_Bps\":%.4g,\"shared\":%s,\"probed\":%s},"
            "\"measured\":{\"fixed_s\":%.4g,\"per_sample_s\":%.4g,\"update_s\":%.4g,\"params\":%lld,"
-           "\"activation_bytes_per_sample\":%lld,\"load_per_sample_s\":%.4g,\"busy_slowdown\":%.3f,\"busy_cores\":%d,\"jitter\":%.3f},\"shared_cores\":%d,\"weak_scaling\":%d,\"strategies\":[",
+           "\"activation_bytes_per_sample\":%lld,\"load_per_sample_s\":%.4g,\"busy_slowdown\":%.3f,\"busy_cores\":%d,\"jitter\":%.3f},"
+           "\"loopback_Bps\":%.4g,\"shared_cores\":%d,\"weak_scaling\":%d,\"strategies\":[",
            a->o.model, a->o.batch, spec, link.latency_s, link.bandwidth_Bps, link.shared ? "true" : "false",
            probed && !a->o.link ? "true" : "false",
            m.fixed_s, m.per_sample_s, m.update_s,
            (long long)m.params, (long long)m.activation_bytes_per_sample, m.load_per_sample_s,
-           m.busy_slowdown, m.busy_cores, m.jitter, po.shared_cores, po.weak_scaling);
+           m.busy_slowdown, m.busy_cores, m.jitter, po.loopback_Bps > 0 ? po.loopback_Bps : 2.5e9,
+           po.shared_cores, po.weak_scaling);
     for (int i = 0; i < n; i++)
       printf("%s{\"name\":\"%s\",\"family\":\"%s\",\"workers\":%d,\"samples_per_sec\":%.0f,\"epoch_seconds\":%.3f,"
              "\"memory_bytes_per_worker\":%.0f,\"comm_share\":%.3f,\"bubble\":%.3f,\"staleness\":%.1f,"

@@ -24,16 +24,17 @@
  *                                  overlap_fraction of t(B/N)
  *   parameter_server(N, M)         each worker: t(B/N) + 2 alpha + (gradient +
  *                                  parameter bytes) / beta + update / M (the servers
- *                                  apply the push before the pull is answered); the
- *                                  servers bound a round by N x update / M + N x (the
- *                                  larger of gradient and parameter bytes + f x the
- *                                  smaller) / (M beta), f = max(0, 1 - N u / (2 a))
- *                                  (full duplex: in lock-step pushes and pulls take
- *                                  turns, f = 1; the update, u = update / M a push,
- *                                  spreads the workers until they overlap, f = 0; a =
- *                                  the larger / (M beta)) (not with
- *                                  links_per_connection; a shared medium: N x (gradient
- *                                  + parameter bytes) / beta); expected staleness N - 1
+ *                                  apply the push before the pull is answered); on a
+ *                                  switch the round is a fluid of N such workers, all
+ *                                  starting in step: the servers' full-duplex ports,
+ *                                  M links wide, share their bandwidth equally among the
+ *                                  pushes (and, apart, the pulls) in them, each at most
+ *                                  its worker's link; the updates (update / M a push)
+ *                                  one at a time in arrival order; the rate over the
+ *                                  later half of 128 rounds (links_per_connection: a
+ *                                  port per connection, only the updates shared; a
+ *                                  shared medium: N x (gradient + parameter bytes) /
+ *                                  beta + N x update / M); expected staleness N - 1
  *   pipeline(P) (1F1B, m micro)    (m + P - 1) x (t(B)/(P m) + boundary transfer);
  *                                  bubble (P - 1)/(m + P - 1); memory 1/P of the weights
  *   tensor_parallel(T)             every rank the whole batch: fixed + B x per-sample x
@@ -130,6 +131,10 @@ typedef struct dt_plan_options {
                                process's one link carries all its connections (a machine's NIC) */
   int shared_cores;         /* 1: the worker and server processes run on one machine and share its
                                `cores` (a rehearsal over loopback or an emulated link); 0: a machine each */
+  double loopback_Bps;      /* one TCP loopback stream's payload rate on this machine, which the kernel's
+                               copies at both ends of a local socket cost (shared_cores; 0: 2.5e9; a
+                               machine's own differs by 3x and more: probe it, 02 --plan under the
+                               launcher does); also the default link's bandwidth */
 } dt_plan_options;
 
 typedef struct dt_plan_row {

@@ -1,0 +1,50 @@
+/* The planner's fluid of a parameter-server round (dt__plan_ps_fluid, the
+ * library's own static function: this test includes the implementation)
+ * against cases worked out by hand: one worker; workers in step for good
+ * (no update time, no compute); two workers whose updates shift them by u a
+ * round (4d - u, below); an update-bound server; ports wide enough for
+ * every transfer (M servers, or a link per connection); and its refusals. */
+#define DTRAIN_STATIC
+#define DTRAIN_IMPLEMENTATION
+#include "dtrain.h"
+#include "harness.h"
+
+#define CHECK_REL(a, b, rel)                                                                              \
+  CHECK_MSG(fabs((double)(a) - (double)(b)) <= (rel) * fabs((double)(b)) + 1e-15, "%.12g, want %.12g", \
+            (double)(a), (double)(b))
+
+static void test_fluid_by_hand(void) {
+  /* one worker: its own path, compute + push + update + pull */
+  CHECK_REL(dt__plan_ps_fluid(1, 2.16e-3, 0.01, 0.02, 1e-4, 1), 2.16e-3 + 0.03 + 1e-4, 1e-12);
+  /* no update time and no compute: 4 workers push together (4 x d_in), then pull together
+   * (4 x d_out), for ever */
+  CHECK_REL(dt__plan_ps_fluid(4, 0, 1, 2, 0, 1), 4 * (1 + 2), 1e-12);
+  /* two workers, d = 1 each way, update u = 0.1, no compute. Both push at half rate (done
+   * at 2); A's update ends at 2.1 and its pull runs alone for u, then shares with B's;
+   * A has its pull at 4, B at 4.1, so A pushes alone for u and they share again: A's
+   * push ends at 6 - u, B's at 6, A's update at 6, B's at 6.1: the pair has moved by
+   * 4d - u = 3.9 since the first updates, and so on every round */
+  CHECK_REL(dt__plan_ps_fluid(2, 0, 1, 1, 0.1, 1), 3.9, 1e-9);
+  /* the server's updates bound the round: 4 x 0.1 */
+  CHECK_REL(dt__plan_ps_fluid(4, 2.16e-3, 0.01, 0.01, 0.1, 1), 0.4, 1e-9);
+  /* ports as wide as the transfers (2 servers for 2 workers; a link per connection):
+   * nobody shares, the path alone (0.5 + 1 + 0.1 + 1), or the updates (4 x 0.9) */
+  CHECK_REL(dt__plan_ps_fluid(2, 0.5, 1, 1, 0.1, 2), 2.6, 1e-9);
+  CHECK_REL(dt__plan_ps_fluid(4, 2.16e-3, 0.01, 0.01, 1e-4, 4), 2.16e-3 + 0.02 + 1e-4, 1e-9);
+  CHECK_REL(dt__plan_ps_fluid(4, 0.5, 1, 1, 0.9, 4), 3.6, 1e-9);
+  /* M servers each take 1/M of a push: as one port M links wide, each flow at most its
+   * worker's link: 8 workers, 8 servers, no sharing past the worker's own link */
+  CHECK_REL(dt__plan_ps_fluid(8, 0.2, 0.75, 0.75, 0.005, 8), 0.2 + 1.5 + 0.005, 1e-9);
+  /* between the bounds: at least the ports' busy time and the path, at most in step */
+  double r = dt__plan_ps_fluid(16, 0.2, 0.75, 0.75, 0.045, 1);
+  CHECK(r >= 16 * 0.75 && r <= 16 * 1.5 + 0.2 + 16 * 0.045);
+  /* not modelled: no workers, too many, no port */
+  CHECK(dt__plan_ps_fluid(0, 1, 1, 1, 1, 1) == 0.0);
+  CHECK(dt__plan_ps_fluid(1025, 1, 1, 1, 1, 1) == 0.0); /* (past DT__PLAN_FLUID_MAX) */
+  CHECK(dt__plan_ps_fluid(2, 1, 1, 1, 1, 0) == 0.0);
+}
+
+int main(void) {
+  TH_RUN(test_fluid_by_hand);
+  return th_summary("plan_fluid");
+}
