@@ -30,10 +30,16 @@
 # Each point runs on two networks: SMPI's default model, whose factors
 # (calibrated on MPI over TCP clusters) scale each message by its size
 # (latency x2-11.6, bandwidth x0.34-0.94), and the plain flow model with those
-# factors 1 (`smpi/lat-factor:0:1`, `smpi/bw-factor:0:1`): latency and
-# bandwidth as the platform says, contention and the all-reduce's real message
-# schedule still simulated, the network the planner's alpha-beta model
-# describes. Beside each, the planner's prediction for the platform's link as
+# factors 1 (`smpi/lat-factor:0:1`, `smpi/bw-factor:0:1`) and without
+# SimGrid's cross-traffic (`network/crosstraffic:0`; see below): latency and
+# bandwidth as the platform says, each direction of a link on its own,
+# contention and the all-reduce's real message schedule still simulated, the
+# network the planner's alpha-beta model describes. (SimGrid's cross-traffic
+# stands for TCP's acknowledgements: every flow also takes 5% of its rate on
+# the reverse path, as one variable of the max-min sharing, so a flow into a
+# server's port is held to the rate of the flows going out of it: one push
+# among 63 pulls moves at 1/63 of the port although its own direction is
+# idle. Real full-duplex links do not couple the two directions that way.) Beside each, the planner's prediction for the platform's link as
 # it is (02 --plan --plan-weak --batch 32 --link bandwidth=...,latency=...
 # [,shared=1 for the Wi-Fi medium], a machine per worker), and that
 # prediction's all-reduce put beside the simulation's own compute.
@@ -107,7 +113,7 @@ sim() {
   local steps=$((8000 / (32 * n))) epochs=3
   [ "$steps" -le 8 ] || steps=8
   [ "$model" = mlp ] || epochs=2
-  [ "$net" = ab ] && f="--cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1"
+  [ "$net" = ab ] && f="--cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1 --cfg=network/crosstraffic:0"
   c=$(simc "$(planfile "$model" "$link" 1)" "$n") || return 1
   local out="$S/run_${model}_${p}_${net}_$n.out"
   # (f and c unquoted: words or none)
@@ -131,7 +137,11 @@ simps() {
   local steps=$((8000 / (32 * n))) epochs=3
   [ "$steps" -le 8 ] || steps=8
   [ "$model" = mlp ] || epochs=2
-  [ "$net" = ab ] && f="--cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1"
+  # on the alpha-beta network, PS_ROUNDS pushes a worker (default 128): workers
+  # that start in step leave it only slowly (the planner's fluid: 64 to 128
+  # rounds), and the window below then covers mostly the rhythm they settle in
+  [ "$net" = ab ] && epochs=$(((${PS_ROUNDS:-128} + steps - 1) / steps))
+  [ "$net" = ab ] && f="--cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1 --cfg=network/crosstraffic:0"
   c=$(simc "$(planfile "$model" "$link" "$m")" "$n" "$m") || return 1
   local out="$S/run_ps${m}_${model}_${p}_${net}_$n.out"
   # shellcheck disable=SC2086

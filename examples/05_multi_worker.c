@@ -180,11 +180,12 @@ enum { PS_TAG_GRAD = 11, PS_TAG_PARAMS = 12, PS_TAG_DONE = 13, PS_TAG_FINAL = 14
  * gradient in its place in the whole layout (one copy of the slice).
  * win: a span of this server's clock in which every worker trains, and the
  * pushes applied at each end: from the push that brings the slowest worker
- * past its first epoch (`first` pushes) to the latest push of the slowest
- * worker before any worker has made its last (`last`). Both ends are the
- * slowest worker's pushes, so workers in lock-step (pushes in bursts) are
- * measured over whole rounds. The job's steady rate, free of the start (all
- * workers in step) and of the end (fewer and fewer workers). */
+ * past the first half of its pushes (`first`; at least its first epoch) to
+ * the latest push of the slowest worker before any worker has made its last
+ * (`last`). Both ends are the slowest worker's pushes, so workers in
+ * lock-step (pushes in bursts) are measured over whole rounds. The job's
+ * steady rate, free of the start (all workers in step, which they leave only
+ * over tens of rounds) and of the end (fewer and fewer workers). */
 static int ps_serve(int r, int servers, int workers, dt_params *P, dt_optim *opt, int64_t *pushes, int64_t first,
                     int64_t last, double *win) {
   const size_t n = dt_params_size(P);
@@ -379,7 +380,8 @@ static int ps_run(const options *o, int rank, int world, dt_params *P, dt_optim 
   fflush(stdout);
   MPI_Barrier(MPI_COMM_WORLD); /* all start together (06 over TCP: once every worker has joined) */
   double win[4] = {0, 0, 0, 0}; /* a server's window with every worker training: start, end, pushes at each */
-  int rc = rank < servers ? ps_serve(rank, servers, workers, P, opt, &pushes, steps, steps * o->epochs, win)
+  const int64_t half = steps * o->epochs / 2 > steps ? steps * o->epochs / 2 : steps; /* the window's start */
+  int rc = rank < servers ? ps_serve(rank, servers, workers, P, opt, &pushes, half, steps * o->epochs, win)
                           : ps_work(rank, servers, workers, o, P, m, train, fig);
   if (rc && rank < servers) MPI_Abort(MPI_COMM_WORLD, 1); /* its workers wait for answers that will not come */
   /* Everyone's word on how it went, then the job's figures (rank 0). */
