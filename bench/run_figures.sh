@@ -30,7 +30,11 @@ plan cnn_10gbit.json cnn --plan-workers 64 --link rate=10gbit,delay=50us
 plan cnn_10gbit_ps8.json cnn --plan-workers 64 --link rate=10gbit,delay=50us --plan-servers 8
 plan cnn_1gbit.json cnn --plan-workers 64 --link rate=1gbit,delay=100us
 plan mlp_1gbit.json mlp --plan-workers 64 --link rate=1gbit,delay=100us
-plan mlp_here.json mlp --plan-workers 4
+# this machine: two workers under the launcher probe its loopback first (the
+# kernel's copies the planner charges on one machine: dt_plan_options.loopback_Bps)
+timeout 300 "$L" -n 2 -- "$EX" --model mlp --batch 64 --plan --plan-weak --json --plan-workers 4 2>/dev/null |
+  sed -n 's/^\[worker 0\] {/{/p' > "$F/mlp_here.json"
+echo "plan: mlp_here.json (loopback probed)"
 # measured here: one_device at 64, and 2 and 4 workers at 64 rows each (--batch is global)
 M="--model mlp --limit 12800 --epochs 1 --json --quiet"
 : > "$F/measured.jsonl"

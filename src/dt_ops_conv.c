@@ -250,7 +250,7 @@ static void dt__conv_bias_range(void *arg, int64_t lo, int64_t hi) {
 
 /* dt_conv2d's backward, and with relu dt_conv2d_relu's: y's gradient is
  * final when this node runs (as in dt_relu_inplace's backward), so it is
- * masked where it stands, channel by channel with the bias sum. */
+ * masked where it stands, in the bias sum's pass (dt__conv_bias_range). */
 static void dt__conv_grads(dt_graph *g, dt_tensor *y, int relu) {
   dt_tensor *x = y->src[0], *w = y->src[1], *b = y->src[2];
   float *gx = dt__grad(g, x), *gw = dt__grad(g, w), *gb = dt__grad(g, b);
