@@ -373,6 +373,15 @@ static void test_shared_machine(void) {
   double floor4 = 4 * (16e-5 * 1.5 + 1e-4 + gp) / 2 + 2.0 * (2.0 * 3 * 1e6) / 2.5e9 / 2;
   CHECK_REL(mw4->step_s, own4 > floor4 ? own4 : floor4, 1e-12);
   CHECK(floor4 > own4); /* (the floor is what decides here) */
+  /* this machine's loopback as probed (dt_plan_options.loopback_Bps, 02 --plan under the
+   * launcher) prices the kernel's copies in the floor instead of 2.5 GB/s */
+  o.loopback_Bps = 4e9;
+  n = dt_plan_predict(&m, &o, r, 64);
+  mw4 = row(r, n, "multi_worker_mirrored ring", 4);
+  double floor4p = 4 * (16e-5 * 1.5 + 1e-4 + gp) / 2 + 2.0 * (2.0 * 3 * 1e6) / 4e9 / 2;
+  CHECK(mw4 != NULL);
+  if (mw4) CHECK_REL(mw4->step_s, own4 > floor4p ? own4 : floor4p, 1e-12);
+  o.loopback_Bps = 0;
   CHECK(row(r, n, "multi_worker_mirrored hierarchical", 2) == NULL); /* (not on one shared machine) */
   /* a machine per process: neither the slowdown nor the floor */
   o.shared_cores = 0;
