@@ -287,6 +287,61 @@ DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size) {
   return n;
 }
 
+/* ---- scratch slots ------------------------------------------------------------------
+ * Work buffers too big for every thread's stack that a hot call must not
+ * allocate each time (dt_sgemm's packed panels): DT__SCRATCH_SLOTS slots,
+ * each claimed with an atomic flag and keeping its block, once allocated, for
+ * the life of the process (grown when a claim asks for more). Only with the
+ * built-in allocator: a user's allocator or fixed memory would lose the block
+ * for good. A claim returns NULL when every slot is busy, when allocation
+ * fails, under DTRAIN_NO_MALLOC or without the atomic builtins; the caller
+ * then works from its stack. */
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(DTRAIN_NO_MALLOC)
+#  define DT__SCRATCH_SLOTS 32
+static struct {
+  void *raw;
+  size_t size;
+  int busy;
+} dt__scratch[DT__SCRATCH_SLOTS];
+#endif
+
+DTRAIN_PRIVATE void *dt__scratch_claim(size_t size, int *slot) {
+  *slot = -1;
+#ifdef DT__SCRATCH_SLOTS
+  if (dt__base_allocator.alloc || size > SIZE_MAX - DT__ALIGN) return NULL;
+  for (int i = 0; i < DT__SCRATCH_SLOTS; i++) {
+    if (__atomic_load_n(&dt__scratch[i].busy, __ATOMIC_RELAXED) ||
+        __atomic_exchange_n(&dt__scratch[i].busy, 1, __ATOMIC_ACQUIRE))
+      continue;
+    if (dt__scratch[i].size < size) { /* the slot is ours alone until released */
+      DTRAIN_FREE(dt__scratch[i].raw);
+      dt__scratch[i].raw = DTRAIN_MALLOC(size + DT__ALIGN);
+      dt__scratch[i].size = dt__scratch[i].raw ? size : 0;
+      if (!dt__scratch[i].raw) {
+        __atomic_store_n(&dt__scratch[i].busy, 0, __ATOMIC_RELEASE);
+        return NULL;
+      }
+    }
+    *slot = i;
+    return (void *)(((uintptr_t)dt__scratch[i].raw + DT__ALIGN - 1) & ~(uintptr_t)(DT__ALIGN - 1));
+  }
+#else
+  (void)size;
+#endif
+  return NULL;
+}
+
+DTRAIN_PRIVATE void dt__scratch_release(int slot) {
+#ifdef DT__SCRATCH_SLOTS
+  if (slot >= 0 && slot < DT__SCRATCH_SLOTS) __atomic_store_n(&dt__scratch[slot].busy, 0, __ATOMIC_RELEASE);
+#else
+  (void)slot;
+#endif
+}
+#ifdef DT__SCRATCH_SLOTS
+#  undef DT__SCRATCH_SLOTS
+#endif
+
 DTRAIN_PRIVATE int dt__mul_size(size_t a, size_t b, size_t *out) {
   if (a != 0 && b > SIZE_MAX / a) return 0;
   *out = a * b;

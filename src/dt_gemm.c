@@ -26,8 +26,11 @@
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
  * k block rather than once per B panel.
- * The panels are one automatic array of fixed size (272 KiB of stack), so
- * a call allocates nothing and may run on any thread.
+ * The panels are one buffer from a scratch slot, allocated on a thread's
+ * first call and kept (dt_base.c), or, when none can be had (a user's
+ * allocator, all slots busy, no memory), an automatic array (320 KiB of
+ * stack) with narrower B panels: a call allocates nothing after the first,
+ * may run on any thread, and gets the same bits either way.
  * On the x86 paths, products with n <= 256 (8 or 16 B slivers) do not pack
  * A: the kernel reads it where it lies, 6 rows at a stride (a packed A
  * would be read only n/NR times; the Winograd products' n = 32, once or
@@ -43,12 +46,14 @@
  *
  * Kernels ("paths"), picked once per process at run time:
  *   avx512    x86-64 with GCC or clang on CPUs with AVX-512F: a 6x32
- *             micro-kernel (dt_gemm_avx512.c), packed by the AVX2 routines
- *             below (32-wide B slivers), and its own dot-product kernel.
+ *             micro-kernel (dt_gemm_avx512.c), packed by the x86 routines
+ *             of dt_gemm_avx2.c (32-wide B slivers), and its own
+ *             dot-product kernel.
  *   avx2+fma  x86-64 with GCC or clang: a 6x16 micro-kernel and packing
- *             routines in intrinsics, compiled for AVX2+FMA with a function
- *             attribute, so a plain -O2 build uses them on CPUs that have
- *             them (checked with __builtin_cpu_supports).
+ *             routines in intrinsics (dt_gemm_avx2.c), compiled for
+ *             AVX2+FMA with a function attribute, so a plain -O2 build uses
+ *             them on CPUs that have them (checked with
+ *             __builtin_cpu_supports).
  *   neon      aarch64: an 8x12 micro-kernel in NEON intrinsics
  *             (dt_gemm_neon.c).
  *   portable  plain C that gcc and clang vectorise with whatever the build
@@ -76,18 +81,7 @@
 
 #ifdef DT__X86_SIMD
 #  define DT__GEMM_X86 1
-#  include <immintrin.h>
-/* gcc tuning for AMD Zen (-march=native or -mtune=znver*) folds the
- * kernels' loads into the FMAs and loads each A row again for every FMA
- * instead of keeping it in a register: twice the loads, and the GEMM ran
- * 2.5-3x slower (25-28 GFLOP/s against 70-78 on an EPYC, 64x256x784). The
- * kernels keep generic tuning whatever the build's; clang (which does not
- * know tune=generic here) keeps its loads in registers either way. */
-#  if defined(__clang__)
-#    define DT__GEMM_AVX2 __attribute__((target("avx2,fma")))
-#  else
-#    define DT__GEMM_AVX2 __attribute__((target("avx2,fma,tune=generic")))
-#  endif
+#  include <immintrin.h> /* the AVX2 kernel and x86 packing are in dt_gemm_avx2.c */
 #endif
 #ifdef DT__NEON_GEMM /* dt_ops_internal.h; the kernel is in dt_gemm_neon.c */
 #  define DT__GEMM_NEON 1
@@ -112,15 +106,21 @@
 
 /* Cache blocking shared by all paths: a B sliver (KC x NR) stays in L1, the
  * packed A block (MC x KC) and the B panel (KC x NC) in L2. MC is a multiple
- * of every path's MR (6, 8) and NC of every NR (8, 12, 16, 32). KC 128 keeps
- * the AVX-512 path's 32-wide sliver at 16 KiB, a third of a 48 KiB L1 (at
- * KC 256 it took two thirds, and the A slivers streaming past evicted it):
- * on a Zen 5 core, one thread, sgemm n=256-2048 went from 216-222 (184 at
- * 2048) to 224-235 (200-210) GFLOP/s; the AVX2 path was unchanged (117-124). */
-#define DT__GEMM_KC 128
+ * of every path's MR (6, 8) and NC of every NR (8, 12, 16, 32). The panels
+ * live in a scratch slot (dt_base.c: 0.9 MiB, kept between calls), or, when
+ * none can be had, on the stack with B panels of NC_STACK columns; only the
+ * order of the loops differs, not a bit of any result (KC alone decides
+ * the sums). On a Zen 5 core, one thread, sgemm n=512-2048: KC 128 with NC
+ * 384 on the stack gave 215-237 GFLOP/s (AVX-512) and 119-125 (AVX2); KC 256
+ * with NC 768, 239-253 and 121-128. (KC 256 with NC 384 was no better than
+ * KC 128; NC 192 on the stack costs the CNN's conv and fc products 10-15%.) */
+#define DT__GEMM_KC 256
 #define DT__GEMM_MC 96
-#define DT__GEMM_NC 384
-#define DT__GEMM_BUF (DT__GEMM_KC * (DT__GEMM_MC + DT__GEMM_NC)) /* floats */
+#define DT__GEMM_NC 768
+#define DT__GEMM_NC_STACK 192
+/* floats for the panels with B panels of nc columns: + one more B sliver's
+ * worth (see the jc loop), alignment, and slack after A (see pack_a) */
+#define DT__GEMM_BUF(nc) (DT__GEMM_KC * (DT__GEMM_MC + (nc) + DT__GEMM_NR_MAX) + 48)
 #define DT__GEMM_TILE_MAX (6 * 32) /* largest MR x NR of any path */
 #define DT__GEMM_NR_MAX 32         /* largest NR of any path */
 
@@ -141,7 +141,7 @@
 #  define DT__GEMM_KLOOP
 #endif
 
-#if DT__GEMM_MC % 24 != 0 || DT__GEMM_NC % 96 != 0
+#if DT__GEMM_MC % 24 != 0 || DT__GEMM_NC % 96 != 0 || DT__GEMM_NC_STACK % 96 != 0
 #  error "dt_gemm.c: MC must be a multiple of 6 and 8, NC of 8, 12, 16 and 32"
 #endif
 
@@ -170,8 +170,8 @@ typedef struct dt__gemm_path {
 
 /* Generic packing for an mr-tall A sliver layout. op(A)[i][p] is a[i*lda + p],
  * or a[p*lda + i] when transposed. */
-static void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
-                              int64_t kc, float *DT__RESTRICT ap) {
+DTRAIN_PRIVATE void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
+                                      int64_t mc, int64_t kc, float *DT__RESTRICT ap) {
   for (int64_t s = 0; s < mc; s += mr) {
     int64_t rows = DT__MIN(mr, mc - s);
     if (!trans) {
@@ -193,8 +193,8 @@ static void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t lda, in
 
 /* Generic packing for an nr-wide B sliver layout. op(B)[p][j] is
  * b[p*ldb + j], or b[j*ldb + p] when transposed. */
-static void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
-                              int64_t nc, float *DT__RESTRICT bp) {
+DTRAIN_PRIVATE void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
+                                      int64_t kc, int64_t nc, float *DT__RESTRICT bp) {
   for (int64_t s = 0; s < nc; s += nr) {
     int64_t cols = DT__MIN(nr, nc - s);
     if (!trans) {
@@ -259,207 +259,6 @@ static void dt__gemm_micro_c(int64_t kc, const float *DT__RESTRICT ap, const flo
       for (int j = 0; j < DT__GEMM_NR; j++) c[r * ldc + j] = alpha * acc[r][j] + beta * c[r * ldc + j];
   }
 }
-
-/* ---- AVX2 + FMA (x86-64, chosen at run time) --------------------------------------------
- * A 6x16 tile: 12 ymm accumulators, two B vectors and one broadcast A value
- * per k step (12 FMAs for 2 loads and 6 broadcasts). */
-#ifdef DT__GEMM_X86
-
-#define DT__AVX_FMA2(r)                                          \
-  do {                                                           \
-    __m256 a_ = _mm256_broadcast_ss(a + (r) * ars);              \
-    c##r##0 = _mm256_fmadd_ps(a_, b0, c##r##0);                  \
-    c##r##1 = _mm256_fmadd_ps(a_, b1, c##r##1);                  \
-  } while (0)
-
-/* One row of the tile: c[r] = alpha*acc (+ beta*c[r]). */
-#define DT__AVX_STORE(r)                                                                            \
-  do {                                                                                              \
-    float *cr_ = c + (r) * ldc;                                                                     \
-    if (beta == 0.0f) {                                                                             \
-      _mm256_storeu_ps(cr_, _mm256_mul_ps(va, c##r##0));                                            \
-      _mm256_storeu_ps(cr_ + 8, _mm256_mul_ps(va, c##r##1));                                        \
-    } else if (beta == 1.0f) {                                                                      \
-      _mm256_storeu_ps(cr_, _mm256_fmadd_ps(va, c##r##0, _mm256_loadu_ps(cr_)));                    \
-      _mm256_storeu_ps(cr_ + 8, _mm256_fmadd_ps(va, c##r##1, _mm256_loadu_ps(cr_ + 8)));            \
-    } else {                                                                                        \
-      _mm256_storeu_ps(cr_, _mm256_fmadd_ps(va, c##r##0, _mm256_mul_ps(vb, _mm256_loadu_ps(cr_)))); \
-      _mm256_storeu_ps(cr_ + 8,                                                                     \
-                       _mm256_fmadd_ps(va, c##r##1, _mm256_mul_ps(vb, _mm256_loadu_ps(cr_ + 8))));  \
-    }                                                                                               \
-  } while (0)
-
-/* The 6x16 tile (rows 6) or its first 4 rows (rows 4: the edge tile of the
- * 64-row batches of training steps, 64 = 10 x 6 + 4, written straight to C
- * like a full tile, with the same arithmetic per element): op(A)[r][p] at
- * a[r * ars + p * aks] (packed slivers, 6 tall: 1 and 6), op(B)[p][j] at
- * bp[p * bks + j] (packed: 16). */
-DT__GEMM_AVX2 static inline __attribute__((always_inline)) void
-dt__gemm_tile_avx2(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars, int64_t aks,
-                   const float *DT__RESTRICT bp, int64_t bks, float alpha, float beta, float *DT__RESTRICT c,
-                   int64_t ldc) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps();
-  __m256 c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
-  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps(), c40 = _mm256_setzero_ps();
-  __m256 c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
-  for (int r = 0; r < rows; r++) { /* C is needed at the end: start fetching it now */
-    _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
-    _mm_prefetch((const char *)(c + r * ldc + 15), _MM_HINT_T0);
-  }
-  for (int64_t p = 0; p < kc; p++) {
-    __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
-    DT__AVX_FMA2(0);
-    DT__AVX_FMA2(1);
-    DT__AVX_FMA2(2);
-    DT__AVX_FMA2(3);
-    if (rows == 6) {
-      DT__AVX_FMA2(4);
-      DT__AVX_FMA2(5);
-    }
-    a += aks;
-    bp += bks;
-  }
-  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-  DT__AVX_STORE(0);
-  DT__AVX_STORE(1);
-  DT__AVX_STORE(2);
-  DT__AVX_STORE(3);
-  if (rows == 6) {
-    DT__AVX_STORE(4);
-    DT__AVX_STORE(5);
-  }
-}
-
-DT__GEMM_AVX2 static void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
-                                              float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
-  dt__gemm_tile_avx2(6, kc, ap, 1, 6, bp, 16, alpha, beta, c, ldc);
-}
-
-DT__GEMM_AVX2 static void dt__gemm_micro4_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
-                                               float alpha, float beta, float *DT__RESTRICT c, int64_t ldc) {
-  dt__gemm_tile_avx2(4, kc, ap, 1, 6, bp, 16, alpha, beta, c, ldc);
-}
-
-/* A and B at strides (dt__gemm_macro): rows 6 or 4. */
-DT__GEMM_AVX2 static void dt__gemm_micro_avx2_ua(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
-                                                 int64_t aks, const float *DT__RESTRICT bp, int64_t bks, float alpha,
-                                                 float beta, float *DT__RESTRICT c, int64_t ldc) {
-  if (rows == 6) dt__gemm_tile_avx2(6, kc, a, ars, aks, bp, bks, alpha, beta, c, ldc);
-  else dt__gemm_tile_avx2(4, kc, a, ars, aks, bp, bks, alpha, beta, c, ldc);
-}
-
-/* In-register transpose of 8 rows of 8: on return r[p] holds column p. */
-#define DT__AVX_T8(r)                                                                          \
-  do {                                                                                         \
-    __m256 t0_ = _mm256_unpacklo_ps(r[0], r[1]), t1_ = _mm256_unpackhi_ps(r[0], r[1]);         \
-    __m256 t2_ = _mm256_unpacklo_ps(r[2], r[3]), t3_ = _mm256_unpackhi_ps(r[2], r[3]);         \
-    __m256 t4_ = _mm256_unpacklo_ps(r[4], r[5]), t5_ = _mm256_unpackhi_ps(r[4], r[5]);         \
-    __m256 t6_ = _mm256_unpacklo_ps(r[6], r[7]), t7_ = _mm256_unpackhi_ps(r[6], r[7]);         \
-    __m256 u0_ = _mm256_shuffle_ps(t0_, t2_, 0x44), u1_ = _mm256_shuffle_ps(t0_, t2_, 0xEE);   \
-    __m256 u2_ = _mm256_shuffle_ps(t1_, t3_, 0x44), u3_ = _mm256_shuffle_ps(t1_, t3_, 0xEE);   \
-    __m256 u4_ = _mm256_shuffle_ps(t4_, t6_, 0x44), u5_ = _mm256_shuffle_ps(t4_, t6_, 0xEE);   \
-    __m256 u6_ = _mm256_shuffle_ps(t5_, t7_, 0x44), u7_ = _mm256_shuffle_ps(t5_, t7_, 0xEE);   \
-    r[0] = _mm256_permute2f128_ps(u0_, u4_, 0x20);                                             \
-    r[1] = _mm256_permute2f128_ps(u1_, u5_, 0x20);                                             \
-    r[2] = _mm256_permute2f128_ps(u2_, u6_, 0x20);                                             \
-    r[3] = _mm256_permute2f128_ps(u3_, u7_, 0x20);                                             \
-    r[4] = _mm256_permute2f128_ps(u0_, u4_, 0x31);                                             \
-    r[5] = _mm256_permute2f128_ps(u1_, u5_, 0x31);                                             \
-    r[6] = _mm256_permute2f128_ps(u2_, u6_, 0x31);                                             \
-    r[7] = _mm256_permute2f128_ps(u3_, u7_, 0x31);                                             \
-  } while (0)
-
-/* 6-tall A slivers. Untransposed A: 8 columns of 6 rows at a time through an
- * 8x8 transpose; each 6-float column is stored with an 8-float store whose
- * 2 extra zeros the next store overwrites (the panel has slack for the last).
- * The rows are prefetched by hand: the loads of a training batch fresh from
- * memory were 10% of the MLP's batch-256 step (Zen 5; 4-5% faster with it). */
-DT__GEMM_AVX2 static void dt__gemm_pack_a_avx2(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
-                                               int64_t mc, int64_t kc, float *ap) {
-  int64_t full = mc - mc % 6;
-  if (!trans) {
-    for (int64_t s = 0; s < full; s += 6, ap += 6 * kc) {
-      const float *src = a + (i0 + s) * lda + p0;
-      int64_t p = 0;
-      for (; p + 8 <= kc; p += 8) {
-        __m256 r[8];
-        if ((p & 15) == 0) /* four lines ahead: A is often a batch fresh from memory */
-          for (int i = 0; i < 6; i++) _mm_prefetch((const char *)(src + i * lda + p + 64), _MM_HINT_T0);
-        for (int i = 0; i < 6; i++) r[i] = _mm256_loadu_ps(src + i * lda + p);
-        r[6] = r[7] = _mm256_setzero_ps();
-        DT__AVX_T8(r);
-        for (int i = 0; i < 8; i++) _mm256_storeu_ps(ap + (p + i) * 6, r[i]);
-      }
-      for (; p < kc; p++)
-        for (int i = 0; i < 6; i++) ap[p * 6 + i] = src[i * lda + p];
-    }
-  } else {
-    for (int64_t s = 0; s < full; s += 6, ap += 6 * kc) {
-      const float *src = a + p0 * lda + i0 + s;
-      for (int64_t p = 0; p < kc; p++) {
-        const float *x = src + p * lda;
-        float *d = ap + p * 6;
-        _mm_storeu_ps(d, _mm_loadu_ps(x));
-        d[4] = x[4];
-        d[5] = x[5];
-      }
-    }
-  }
-  if (full < mc) dt__gemm_pack_a_n(6, trans, a, lda, i0 + full, p0, mc - full, kc, ap);
-}
-
-/* w-wide B slivers (16: the AVX2 path, 32: the AVX-512 one). Transposed B
- * (rows of op(B)^T contiguous in p): w/8 8x8 transposes per 8 values of p,
- * each row's cache line two ahead prefetched by hand (a linear layer's
- * weights read this way from memory: the CNN's 3136-wide layer 4% faster). */
-DT__GEMM_AVX2 static void dt__gemm_pack_b_avx2w(int w, int trans, const float *b, int64_t ldb, int64_t p0,
-                                                int64_t j0, int64_t kc, int64_t nc, float *bp) {
-  int64_t full = nc - nc % w;
-  if (!trans) {
-    for (int64_t s = 0; s < full; s += w, bp += w * kc) {
-      const float *src = b + p0 * ldb + j0 + s;
-      for (int64_t p = 0; p < kc; p++)
-        for (int h = 0; h < w; h += 8) _mm256_storeu_ps(bp + p * w + h, _mm256_loadu_ps(src + p * ldb + h));
-    }
-  } else {
-    for (int64_t s = 0; s < full; s += w, bp += w * kc) {
-      const float *src = b + (j0 + s) * ldb + p0;
-      int64_t p = 0;
-      for (; p + 8 <= kc; p += 8) {
-        for (int h = 0; h < w; h += 8) {
-          __m256 r[8];
-          if ((p & 15) == 0) /* w rows at once are more streams than the prefetcher follows */
-            for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(src + (h + i) * ldb + p + 32), _MM_HINT_T0);
-          for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (h + i) * ldb + p);
-          DT__AVX_T8(r);
-          for (int i = 0; i < 8; i++) _mm256_storeu_ps(bp + (p + i) * w + h, r[i]);
-        }
-      }
-      for (; p < kc; p++)
-        for (int j = 0; j < w; j++) bp[p * w + j] = src[j * ldb + p];
-    }
-  }
-  if (full < nc) dt__gemm_pack_b_n(w, trans, b, ldb, p0, j0 + full, kc, nc - full, bp);
-}
-static void dt__gemm_pack_b_avx2(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
-                                 int64_t nc, float *bp) {
-  dt__gemm_pack_b_avx2w(16, trans, b, ldb, p0, j0, kc, nc, bp);
-}
-static void dt__gemm_pack_b_avx512(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
-                                   int64_t nc, float *bp) {
-  if (!trans) {
-    dt__gemm_pack_b_avx2w(32, trans, b, ldb, p0, j0, kc, nc, bp);
-    return;
-  }
-  int64_t full = nc - nc % 32;
-  dt__gemm_pack_bt_avx512(b, ldb, p0, j0, kc, full, bp);
-  if (full < nc) dt__gemm_pack_b_n(32, trans, b, ldb, p0, j0 + full, kc, nc - full, bp + full * kc);
-}
-
-#undef DT__AVX_T8
-#undef DT__AVX_FMA2
-#undef DT__AVX_STORE
-#endif /* DT__GEMM_X86 */
 
 /* ---- NEON (aarch64): the 8x12 micro-kernel is in dt_gemm_neon.c ----------------------------- */
 #ifdef DT__GEMM_NEON
@@ -743,24 +542,21 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
 }
 
 /* The blocked product on one thread (m, n, k > 0, alpha != 0), with the
- * epilogue ep (or NULL) on the tiles. */
-static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                         int64_t ldc, const dt__gemm_epi *ep) {
+ * epilogue ep (or NULL) on the tiles, its panels in buf (DT__GEMM_BUF(ncap)
+ * floats): an A block of MC x KC and a B panel of KC x ncap, or, when A has
+ * few rows (up to 2 MC) and B is wider than ncap, all of A's rows and a B
+ * panel as wide as the rest allows (A is then packed once per k block
+ * instead of once per B panel). */
+static void dt__gemm_blocked(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                             float *c, int64_t ldc, const dt__gemm_epi *ep, float *buf, int64_t ncap) {
   const int64_t MR = pa->mr, NR = pa->nr;
-  /* The packed panels share one buffer on the stack, aligned by hand to
-   * 64 bytes: an A block of MC x KC and a B panel of KC x NC, or, when A
-   * has few rows (up to 2 MC) and B is wider than NC, all of A's rows and
-   * a B panel as wide as the rest allows (A is then packed once per k
-   * block instead of once per B panel). */
-  /* + one more B sliver's worth (see the jc loop), alignment, and slack after A (see pack_a) */
-  float buf[DT__GEMM_BUF + DT__GEMM_KC * DT__GEMM_NR_MAX + 48];
-  float *ap = buf + ((16 - ((uintptr_t)buf / sizeof(float)) % 16) % 16);
-  int64_t mcb = DT__GEMM_MC, ncb = DT__GEMM_NC;
-  int few_rows = n > DT__GEMM_NC && m <= 2 * DT__GEMM_MC;
+  float *ap = buf + ((16 - ((uintptr_t)buf / sizeof(float)) % 16) % 16); /* 64-byte aligned */
+  int64_t mcb = DT__GEMM_MC, ncb = ncap;
+  int few_rows = n > ncap && m <= 2 * DT__GEMM_MC;
   if (few_rows) {
     mcb = (m + MR - 1) / MR * MR;
-    ncb = (DT__GEMM_BUF - mcb * DT__GEMM_KC) / DT__GEMM_KC / NR * NR;
+    ncb = (DT__GEMM_MC + ncap - mcb) / NR * NR;
   }
   float *bp = ap + mcb * DT__GEMM_KC + 16;
   const float *bias = ep ? ep->bias : NULL, *rbias = ep ? ep->row_bias : NULL;
@@ -815,6 +611,32 @@ static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int6
       }
     }
   }
+}
+
+/* The panels on the stack (320 KiB: dtrain's threads get 2 MiB), for when
+ * no scratch slot can be had; kept out of line so that the usual way does
+ * not reserve them. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((noinline))
+#endif
+static void dt__gemm_run_stack(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                               float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                               float *c, int64_t ldc, const dt__gemm_epi *ep) {
+  float buf[DT__GEMM_BUF(DT__GEMM_NC_STACK)];
+  dt__gemm_blocked(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep, buf, DT__GEMM_NC_STACK);
+}
+
+static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                         int64_t ldc, const dt__gemm_epi *ep) {
+  int slot;
+  float *buf = (float *)dt__scratch_claim(DT__GEMM_BUF(DT__GEMM_NC) * sizeof(float), &slot);
+  if (!buf) {
+    dt__gemm_run_stack(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep);
+    return;
+  }
+  dt__gemm_blocked(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep, buf, DT__GEMM_NC);
+  dt__scratch_release(slot);
 }
 
 /* ---- intra-op threads ---------------------------------------------------------------------
@@ -973,6 +795,7 @@ DTRAIN_PRIVATE void dt__sgemm_epi(int trans_a, int trans_b, int64_t m, int64_t n
 #undef DT__GEMM_KC
 #undef DT__GEMM_MC
 #undef DT__GEMM_NC
+#undef DT__GEMM_NC_STACK
 #undef DT__GEMM_TILE_MAX
 #undef DT__GEMM_NR_MAX
 #undef DT__GEMM_PAR_MIN
@@ -989,7 +812,6 @@ DTRAIN_PRIVATE void dt__sgemm_epi(int trans_a, int trans_b, int64_t m, int64_t n
 #undef DT__GEMM_STORE
 #ifdef DT__GEMM_X86
 #  undef DT__GEMM_X86
-#  undef DT__GEMM_AVX2
 #endif
 #ifdef DT__GEMM_NEON
 #  undef DT__GEMM_NEON

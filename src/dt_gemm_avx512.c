@@ -7,7 +7,7 @@
  * for 2 loads and 6 broadcasts), and its first-4-rows variant for the 4-row
  * edge of 64-row batches, both also reading A where it lies (strided, for
  * products with n <= 256; dt_gemm.c). It is the AVX2 path's tile twice as wide: the
- * slivers are packed by dt_gemm.c's AVX2 routines (6-tall A, 32-wide B),
+ * slivers are packed by dt_gemm_avx2.c's routines (6-tall A, 32-wide B),
  * and every element gets the same operations as on the AVX2 path (FMAs in
  * increasing p, then alpha and beta), so a full tile's results are those of
  * the AVX2 path bit for bit; edge tiles round as dt_gemm.c's edge code does.

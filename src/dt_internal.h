@@ -168,6 +168,13 @@ DTRAIN_PRIVATE void dt__free(void *ptr, size_t size);
 /* Grow a block: copies min(old,new) bytes; frees the old on success only. */
 DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size);
 
+/* A work buffer of at least size bytes (DT__ALIGN-aligned) from one of a few
+ * process-wide slots, kept between claims; NULL when none can be had (all
+ * busy, no memory, a user's allocator): fall back to the stack. *slot is for
+ * dt__scratch_release (-1 with NULL; releasing -1 is a no-op). */
+DTRAIN_PRIVATE void *dt__scratch_claim(size_t size, int *slot);
+DTRAIN_PRIVATE void dt__scratch_release(int slot);
+
 /* Record a thread-local error (and log it at `level`); returns code. */
 DTRAIN_PRIVATE dt_result dt__error(dt_result code, const char *fmt, ...) DT__PRINTF(2, 3);
 DTRAIN_PRIVATE void dt__log(dt_log_level level, dt_result code, const char *fmt, ...) DT__PRINTF(3, 4);

@@ -86,7 +86,14 @@ DTRAIN_PRIVATE void dt__relu_rows(float *c, int64_t rows, int64_t cols, int64_t 
  * (dt_ops_elem.c). */
 DTRAIN_PRIVATE void dt__relu_mask_rows(float *go, const float *y, int64_t rows, int64_t cols, float *gb);
 
-/* ---- GEMM (dt_gemm.c, dt_gemm_avx512.c) -----------------------------------------
+/* dt_gemm.c's portable packing into mr-tall A / nr-wide B slivers (zero past
+ * mc / nc), which the SIMD packers use for the odd slivers at the edges. */
+DTRAIN_PRIVATE void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
+                                      int64_t mc, int64_t kc, float *DT__RESTRICT ap);
+DTRAIN_PRIVATE void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
+                                      int64_t kc, int64_t nc, float *DT__RESTRICT bp);
+
+/* ---- GEMM (dt_gemm.c, dt_gemm_avx2.c, dt_gemm_avx512.c) -----------------------------------------
  * dt_sgemm is the public entry; ops call it directly. DT__X86_SIMD: x86-64
  * with GCC or clang, where the AVX2 and AVX-512 kernels are compiled (with
  * function attributes) and picked at run time. */
@@ -102,6 +109,20 @@ DTRAIN_PRIVATE void dt__gemm_micro_avx512_ua(int rows, int64_t kc, const float *
 DTRAIN_PRIVATE void dt__gemm_edge16_avx512(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
                                            int64_t aks, const float *DT__RESTRICT bp, int64_t bks,
                                            float *DT__RESTRICT t, int64_t ldt);
+/* dt_gemm_avx2.c: the AVX2+FMA tile and the x86 packing (dt_gemm.c's path table) */
+DTRAIN_PRIVATE void dt__gemm_micro_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                        float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
+DTRAIN_PRIVATE void dt__gemm_micro4_avx2(int64_t kc, const float *DT__RESTRICT ap, const float *DT__RESTRICT bp,
+                                         float alpha, float beta, float *DT__RESTRICT c, int64_t ldc);
+DTRAIN_PRIVATE void dt__gemm_micro_avx2_ua(int rows, int64_t kc, const float *DT__RESTRICT a, int64_t ars,
+                                           int64_t aks, const float *DT__RESTRICT bp, int64_t bks, float alpha,
+                                           float beta, float *DT__RESTRICT c, int64_t ldc);
+DTRAIN_PRIVATE void dt__gemm_pack_a_avx2(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
+                                         int64_t kc, float *ap);
+DTRAIN_PRIVATE void dt__gemm_pack_b_avx2(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                                         int64_t nc, float *bp);
+DTRAIN_PRIVATE void dt__gemm_pack_b_avx512(int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
+                                           int64_t kc, int64_t nc, float *bp);
 /* dt_gemm_dot.c: the unpacked dot-product kernels (A @ B^T) */
 DTRAIN_PRIVATE void dt__gemm_dot_avx2(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                                       const float *b, int64_t ldb, float beta, float *c, int64_t ldc);

@@ -103,8 +103,9 @@ DTRAIN_PRIVATE dt_result dt__thread_start(dt__thread *t, dt__thread_fn fn, void 
   if (!s) return dt__error(DTRAIN_ERR_NOMEM, "thread start: out of memory");
   s->fn = fn;
   s->arg = arg;
-  /* An explicit stack: dt_sgemm keeps its packed panels (~272 KiB) on the
-   * stack, more than some libcs give a thread by default (musl: 128 KiB). */
+  /* An explicit stack: dt_sgemm keeps its packed panels (~320 KiB) on the
+   * stack when it gets no scratch slot (dt_gemm.c), more than some libcs
+   * give a thread by default (musl: 128 KiB). */
   pthread_attr_t attr;
   int rc = pthread_attr_init(&attr);
   if (rc == 0) {

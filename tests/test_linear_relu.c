@@ -73,15 +73,15 @@ static const char *const isa_names[] = {"portable", "avx2", "avx512", "neon"};
 static int max_threads(void) { return (dt_build_features() & DTRAIN_FEATURE_THREADS) ? 3 : 1; }
 
 static void test_same_as_unfused(void) {
-  /* KC is 128, MC 96, NC 384; MR 6 or 8, NR 8-32 by path */
+  /* KC is 256, MC 96, NC 768 (192 on the stack: test_gemm_panels); MR 6 or 8, NR 8-32 by path */
   static const shape shapes[] = {
-      {64, 784, 256, 1, 0, 0},  /* an MLP's first layer: full tiles, 7 k blocks (the AVX2 dot kernel) */
+      {64, 784, 256, 1, 0, 0},  /* an MLP's first layer: full tiles, 4 k blocks (the AVX2 dot kernel) */
       {256, 256, 128, 1, 0, 5}, /* b256: 4-row edges on no path, a zero row (pre-activation = bias) */
       {7, 300, 10, 1, 0, 0},    /* few columns: the unpacked dot kernels */
       {13, 5, 37, 1, 0, 0},     /* edge tiles, one short k block */
-      {150, 33, 450, 1, 0, 0},  /* few rows, B wider than NC: the pc -> jc loop */
-      {200, 40, 900, 1, 0, 0},  /* more than 2 MC rows, three B panels */
-      {31, 129, 70, 0, 0, 0},   /* no bias; a k block of 1 */
+      {150, 33, 900, 1, 0, 0},  /* few rows, B wider than NC: the pc -> jc loop */
+      {200, 40, 1700, 1, 0, 0}, /* more than 2 MC rows, three B panels */
+      {31, 257, 70, 0, 0, 0},   /* no bias; a k block of 1 */
       {24, 200, 600, 1, 0, 0},  /* more column tiles than row tiles: threads split the columns */
       {12, 20, 40, 1, 3, 4},    /* a NaN row and a zero row */
   };

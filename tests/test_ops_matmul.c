@@ -88,14 +88,15 @@ static void test_sgemm_shapes(void) {
       }
     }
   }
-  /* Shapes that cross the block sizes in every dimension. */
+  /* Shapes that cross the block sizes in every dimension (KC 256, MC 96, NC
+   * 768; the stack's 192 and the loop orders: test_gemm_panels). */
   /* ... and the small-batch A @ B^T products that skip packing on AVX2
    * (m <= 32 with k >= 256, m <= 64 with k >= 512; odd k for the tail),
    * with their neighbours just outside. */
   static const int64_t big[][3] = {{257, 257, 257}, {100, 300, 513}, {150, 520, 40}, {73, 129, 260}, {1, 600, 300},
                                    {600, 1, 300}, {5, 5, 1000}, {32, 300, 257}, {61, 129, 515}, {33, 70, 256},
-                                   {64, 40, 511}, {65, 33, 600}};
-  for (int i = 0; i < 12; i++)
+                                   {64, 40, 511}, {65, 33, 600}, {100, 800, 300}, {250, 1000, 40}};
+  for (int i = 0; i < 14; i++)
     for (int t = 0; t < 4; t++) {
       int bad = check_sgemm(t >> 1, t & 1, big[i][0], big[i][1], big[i][2], t == 2 ? -1.0f : 1.0f,
                             t == 1 ? 0.5f : 0.0f, t, 0);
