@@ -13351,6 +13351,7 @@ typedef struct dt__pool_job {
   const float *x, *yd, *go;
   float *y, *gx;
   int64_t planes, h, w, ho, wo, k, s;
+  int zero_gx; /* backward: gx holds nothing yet, each plane is zeroed just before its pass */
 } dt__pool_job;
 
 static void dt__pool_max_bwd_planes(const dt__pool_job *jb, int64_t p0, int64_t p1) {
@@ -13362,6 +13363,7 @@ static void dt__pool_max_bwd_planes(const dt__pool_job *jb, int64_t p0, int64_t 
   for (int64_t pl = p0; pl < p1; pl++) {
     const float *xp = jb->x + pl * h * w;
     float *gp = jb->gx + pl * h * w;
+    if (jb->zero_gx) memset(gp, 0, (size_t)(h * w) * sizeof(float)); /* in L1, not a pass over all of gx */
     for (int64_t oh = 0; oh < ho; oh++) {
       int64_t ow = 0;
 #ifdef DT__POOL_SSE
@@ -13478,12 +13480,14 @@ static dt__pool_job dt__pool_job_of(dt_tensor *x, dt_tensor *y, int64_t k, int64
 
 static void dt__pool_max_backward(dt_graph *g, dt_tensor *y) {
   dt_tensor *x = y->src[0];
-  float *gx = dt__grad(g, x);
+  int fresh = 0; /* x's gradient not yet written: zeroed plane by plane below, not all at once here */
+  float *gx = dt__grad_first(g, x, &fresh);
   if (!gx) return;
   dt__pool_job jb = dt__pool_job_of(x, y, y->iaux[0], y->iaux[1]);
   jb.yd = y->data;
   jb.go = y->grad;
   jb.gx = gx;
+  jb.zero_gx = fresh;
   dt__pool_max(&jb);
 }
 
