@@ -5209,8 +5209,8 @@ DTRAIN_PRIVATE void dt__relu_rows(float *c, int64_t rows, int64_t cols, int64_t 
  * (dt_ops_elem.c). */
 DTRAIN_PRIVATE void dt__relu_mask_rows(float *go, const float *y, int64_t rows, int64_t cols, float *gb);
 
-/* dt_gemm.c's portable packing into mr-tall A / nr-wide B slivers (zero past
- * mc / nc), which the SIMD packers use for the odd slivers at the edges. */
+/* dt_gemm_pack.c: the portable packing into mr-tall A / nr-wide B slivers (zero
+ * past mc / nc), which the SIMD packers use for the odd slivers at the edges. */
 DTRAIN_PRIVATE void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
                                       int64_t mc, int64_t kc, float *DT__RESTRICT ap);
 DTRAIN_PRIVATE void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
@@ -8551,6 +8551,72 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
 #endif /* part 1 */
 /* ======== end dt_device_nn.c ======== */
 
+/* ======== begin dt_gemm_pack.c ======== */
+#if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
+/* ===========================================================================
+ * dt_gemm_pack.c -- dt_sgemm's portable packing (ops layer)
+ * ===========================================================================
+ * Copies of op(A) and op(B) blocks into the order the micro-kernels read
+ * (dt_gemm.c's header: mr-tall A slivers, nr-wide B slivers, zero-padded to
+ * whole tiles), in plain C for any tile size: the portable and NEON paths'
+ * packing, and the odd slivers at the edges for the x86 packers
+ * (dt_gemm_avx2.c), which both dt_gemm.c and dt_gemm_avx2.c call, hence a
+ * file of their own below both.
+ */
+/* #include "dt_internal.h" (amalgamated) */
+/* #include "dt_ops_internal.h" (amalgamated) */
+
+/* Generic packing for an mr-tall A sliver layout. op(A)[i][p] is a[i*lda + p],
+ * or a[p*lda + i] when transposed. */
+DTRAIN_PRIVATE void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
+                                      int64_t mc, int64_t kc, float *DT__RESTRICT ap) {
+  for (int64_t s = 0; s < mc; s += mr) {
+    int64_t rows = DT__MIN(mr, mc - s);
+    if (!trans) {
+      for (int64_t r = 0; r < rows; r++) {
+        const float *src = a + (i0 + s + r) * lda + p0;
+        for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = src[p];
+      }
+    } else {
+      for (int64_t p = 0; p < kc; p++) {
+        const float *src = a + (p0 + p) * lda + i0 + s;
+        for (int64_t r = 0; r < rows; r++) ap[p * mr + r] = src[r];
+      }
+    }
+    for (int64_t r = rows; r < mr; r++)
+      for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = 0.0f;
+    ap += mr * kc;
+  }
+}
+
+/* Generic packing for an nr-wide B sliver layout. op(B)[p][j] is
+ * b[p*ldb + j], or b[j*ldb + p] when transposed. */
+DTRAIN_PRIVATE void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
+                                      int64_t kc, int64_t nc, float *DT__RESTRICT bp) {
+  for (int64_t s = 0; s < nc; s += nr) {
+    int64_t cols = DT__MIN(nr, nc - s);
+    if (!trans) {
+      for (int64_t p = 0; p < kc; p++) {
+        const float *src = b + (p0 + p) * ldb + j0 + s;
+        float *dst = bp + p * nr;
+        int64_t j = 0;
+        for (; j < cols; j++) dst[j] = src[j];
+        for (; j < nr; j++) dst[j] = 0.0f;
+      }
+    } else {
+      for (int64_t j = 0; j < cols; j++) {
+        const float *src = b + (j0 + s + j) * ldb + p0;
+        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = src[p];
+      }
+      for (int64_t j = cols; j < nr; j++)
+        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = 0.0f;
+    }
+    bp += nr * kc;
+  }
+}
+#endif /* part 1 */
+/* ======== end dt_gemm_pack.c ======== */
+
 /* ======== begin dt_gemm_avx2.c ======== */
 #if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 1
 /* ===========================================================================
@@ -8562,7 +8628,7 @@ DTRAIN_PRIVATE dt_tensor *dt__dev_batch_norm(dt_graph *g, dt_tensor *x, dt_tenso
  * for 2 loads and 6 broadcasts), its first-4-rows variant, and the same
  * tile reading A and B at strides. Also the packing both x86 paths share:
  * 6-tall A slivers, 16-wide (AVX2) and 32-wide (AVX-512) B slivers; the
- * portable packers (dt_gemm.c) take the odd slivers at the edges.
+ * portable packers (dt_gemm_pack.c) take the odd slivers at the edges.
  * Compiled for AVX2+FMA with a function attribute, so a plain -O2 build has
  * it. gcc tuning for AMD Zen (-march=native or -mtune=znver*) folds the
  * kernels' loads into the FMAs and loads each A row again for every FMA
@@ -9562,56 +9628,7 @@ typedef struct dt__gemm_path {
   const char *name;
 } dt__gemm_path;
 
-/* ---- portable packing and kernel ------------------------------------------------------ */
-
-/* Generic packing for an mr-tall A sliver layout. op(A)[i][p] is a[i*lda + p],
- * or a[p*lda + i] when transposed. */
-DTRAIN_PRIVATE void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
-                                      int64_t mc, int64_t kc, float *DT__RESTRICT ap) {
-  for (int64_t s = 0; s < mc; s += mr) {
-    int64_t rows = DT__MIN(mr, mc - s);
-    if (!trans) {
-      for (int64_t r = 0; r < rows; r++) {
-        const float *src = a + (i0 + s + r) * lda + p0;
-        for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = src[p];
-      }
-    } else {
-      for (int64_t p = 0; p < kc; p++) {
-        const float *src = a + (p0 + p) * lda + i0 + s;
-        for (int64_t r = 0; r < rows; r++) ap[p * mr + r] = src[r];
-      }
-    }
-    for (int64_t r = rows; r < mr; r++)
-      for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = 0.0f;
-    ap += mr * kc;
-  }
-}
-
-/* Generic packing for an nr-wide B sliver layout. op(B)[p][j] is
- * b[p*ldb + j], or b[j*ldb + p] when transposed. */
-DTRAIN_PRIVATE void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
-                                      int64_t kc, int64_t nc, float *DT__RESTRICT bp) {
-  for (int64_t s = 0; s < nc; s += nr) {
-    int64_t cols = DT__MIN(nr, nc - s);
-    if (!trans) {
-      for (int64_t p = 0; p < kc; p++) {
-        const float *src = b + (p0 + p) * ldb + j0 + s;
-        float *dst = bp + p * nr;
-        int64_t j = 0;
-        for (; j < cols; j++) dst[j] = src[j];
-        for (; j < nr; j++) dst[j] = 0.0f;
-      }
-    } else {
-      for (int64_t j = 0; j < cols; j++) {
-        const float *src = b + (j0 + s + j) * ldb + p0;
-        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = src[p];
-      }
-      for (int64_t j = cols; j < nr; j++)
-        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = 0.0f;
-    }
-    bp += nr * kc;
-  }
-}
+/* ---- portable packing (dt_gemm_pack.c) and kernel ------------------------------------- */
 
 static void dt__gemm_pack_a_c(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc, int64_t kc,
                               float *ap) {

@@ -166,56 +166,7 @@ typedef struct dt__gemm_path {
   const char *name;
 } dt__gemm_path;
 
-/* ---- portable packing and kernel ------------------------------------------------------ */
-
-/* Generic packing for an mr-tall A sliver layout. op(A)[i][p] is a[i*lda + p],
- * or a[p*lda + i] when transposed. */
-DTRAIN_PRIVATE void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
-                                      int64_t mc, int64_t kc, float *DT__RESTRICT ap) {
-  for (int64_t s = 0; s < mc; s += mr) {
-    int64_t rows = DT__MIN(mr, mc - s);
-    if (!trans) {
-      for (int64_t r = 0; r < rows; r++) {
-        const float *src = a + (i0 + s + r) * lda + p0;
-        for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = src[p];
-      }
-    } else {
-      for (int64_t p = 0; p < kc; p++) {
-        const float *src = a + (p0 + p) * lda + i0 + s;
-        for (int64_t r = 0; r < rows; r++) ap[p * mr + r] = src[r];
-      }
-    }
-    for (int64_t r = rows; r < mr; r++)
-      for (int64_t p = 0; p < kc; p++) ap[p * mr + r] = 0.0f;
-    ap += mr * kc;
-  }
-}
-
-/* Generic packing for an nr-wide B sliver layout. op(B)[p][j] is
- * b[p*ldb + j], or b[j*ldb + p] when transposed. */
-DTRAIN_PRIVATE void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
-                                      int64_t kc, int64_t nc, float *DT__RESTRICT bp) {
-  for (int64_t s = 0; s < nc; s += nr) {
-    int64_t cols = DT__MIN(nr, nc - s);
-    if (!trans) {
-      for (int64_t p = 0; p < kc; p++) {
-        const float *src = b + (p0 + p) * ldb + j0 + s;
-        float *dst = bp + p * nr;
-        int64_t j = 0;
-        for (; j < cols; j++) dst[j] = src[j];
-        for (; j < nr; j++) dst[j] = 0.0f;
-      }
-    } else {
-      for (int64_t j = 0; j < cols; j++) {
-        const float *src = b + (j0 + s + j) * ldb + p0;
-        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = src[p];
-      }
-      for (int64_t j = cols; j < nr; j++)
-        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = 0.0f;
-    }
-    bp += nr * kc;
-  }
-}
+/* ---- portable packing (dt_gemm_pack.c) and kernel ------------------------------------- */
 
 static void dt__gemm_pack_a_c(int trans, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc, int64_t kc,
                               float *ap) {

@@ -7,7 +7,7 @@
  * for 2 loads and 6 broadcasts), its first-4-rows variant, and the same
  * tile reading A and B at strides. Also the packing both x86 paths share:
  * 6-tall A slivers, 16-wide (AVX2) and 32-wide (AVX-512) B slivers; the
- * portable packers (dt_gemm.c) take the odd slivers at the edges.
+ * portable packers (dt_gemm_pack.c) take the odd slivers at the edges.
  * Compiled for AVX2+FMA with a function attribute, so a plain -O2 build has
  * it. gcc tuning for AMD Zen (-march=native or -mtune=znver*) folds the
  * kernels' loads into the FMAs and loads each A row again for every FMA

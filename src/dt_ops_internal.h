@@ -86,8 +86,8 @@ DTRAIN_PRIVATE void dt__relu_rows(float *c, int64_t rows, int64_t cols, int64_t 
  * (dt_ops_elem.c). */
 DTRAIN_PRIVATE void dt__relu_mask_rows(float *go, const float *y, int64_t rows, int64_t cols, float *gb);
 
-/* dt_gemm.c's portable packing into mr-tall A / nr-wide B slivers (zero past
- * mc / nc), which the SIMD packers use for the odd slivers at the edges. */
+/* dt_gemm_pack.c: the portable packing into mr-tall A / nr-wide B slivers (zero
+ * past mc / nc), which the SIMD packers use for the odd slivers at the edges. */
 DTRAIN_PRIVATE void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t lda, int64_t i0, int64_t p0,
                                       int64_t mc, int64_t kc, float *DT__RESTRICT ap);
 DTRAIN_PRIVATE void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
