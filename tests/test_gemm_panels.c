@@ -3,7 +3,7 @@
  * of 192 columns, other loop orders). The two ways must give the same bits:
  * shapes that cross KC (256), MC (96) and both panel widths, every transpose,
  * alpha/beta, the epilogue (bias, row bias, ReLU), on every GEMM path the CPU
- * has and at 1-3 intra-op threads, with all 32 slots held by the test (the
+ * has, at 1 and 3 intra-op threads, with all 32 slots held by the test (the
  * stack) against none held (a slot); both against a double reference. And the
  * slots themselves: aligned, kept and reused, grown, exhausted, refused under
  * a user's allocator and under fixed memory. */
@@ -104,19 +104,21 @@ static void test_user_allocators(void) {
 
 typedef struct shape {
   int64_t m, n, k;
+  int full; /* panels filled to the end of their buffer: one product, for the bound (ASan) */
   const char *why;
 } shape;
 
-/* KC 256, MC 96, NC 768 (a slot) or 192 (the stack); MR 6 or 8, NR 8-32 by path */
+/* KC 256, MC 96, NC 768 (a slot) or 192 (the stack); MR 6 or 8, NR 8-32 by path.
+ * Kept small (the suite runs under qemu and the sanitizers too). */
 static const shape shapes[] = {
-    {200, 1600, 40, "more than 2 MC rows: 3 B panels from a slot, 9 from the stack"},
-    {100, 1000, 300, "few rows, B wider than either panel: the pc -> jc loop both ways; k crosses KC"},
-    {150, 500, 70, "B wider than the stack's panel only: pc -> jc on the stack, jc -> pc in a slot"},
-    {64, 800, 260, "a training batch: B read unpacked, 4-row edge tiles, k crosses KC"},
-    {97, 257, 257, "one row past MC, one column past 256 (A packed), one k past KC"},
-    {7, 780, 33, "few rows, a last narrow sliver"},
-    {200, 790, 260, "the last sliver joins the one panel in a slot (800 columns on AVX-512), panels full"},
-    {200, 416, 260, "the last sliver joins the stack's second panel (224 columns on AVX-512), panels full"},
+    {200, 1600, 8, 0, "more than 2 MC rows: 3 B panels from a slot, 9 from the stack"},
+    {30, 800, 257, 0, "few rows, B wider than either panel: the pc -> jc loop both ways; k crosses KC"},
+    {150, 500, 8, 0, "B wider than the stack's panel only: pc -> jc on the stack, jc -> pc in a slot"},
+    {64, 800, 20, 0, "a training batch: B read unpacked, 4-row edge tiles"},
+    {97, 257, 20, 0, "one row past MC, one column past 256 (A packed)"},
+    {7, 780, 33, 0, "few rows, a last narrow sliver"},
+    {193, 790, 256, 1, "the last sliver joins the one panel in a slot (800 columns on AVX-512), panels full"},
+    {193, 400, 256, 1, "the last sliver joins the stack's second panel (208 columns on AVX-512), panels full"},
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
@@ -177,13 +179,17 @@ static void test_slot_and_stack_same_bits(void) {
     th_fill(c0, (int)nc, -1, 1);
     th_fill(bias, (int)s->n, -0.5f, 0.5f);
     th_fill(rbias, (int)s->m, -0.5f, 0.5f);
+    int first = -1;
     for (int ii = 0; ii < 4; ii++) {
       if (dt_sgemm_use_isa(isa_names[ii]) != DTRAIN_OK) continue; /* test_speed reports the paths it lacks */
-      for (int threads = 1; threads <= max_threads(); threads++) {
+      if (first < 0) first = ii;
+      for (int threads = 1; threads <= max_threads(); threads += 2) { /* 1 and 3 */
         CHECK(dt_set_threads(threads) == DTRAIN_OK);
         for (int t = 0; t < 4; t++)
           for (int mode = 0; mode < 3; mode++) {
             if (mode > 0 && t != 1) continue; /* the epilogue: A @ B^T, a linear layer's forward */
+            if (threads > 1 && !(t == 0 && mode == 0) && !(t == 1 && mode == 2)) continue;
+            if (s->full && (threads > 1 || t != 0 || mode != 0)) continue;
             int ta = t >> 1, tb = t & 1;
             float alpha = t == 2 ? -1.5f : 1.0f, beta = t == 0 ? 0.0f : t == 1 ? 1.0f : 0.75f;
             run(s, ta, tb, mode, a, b, bias, rbias, alpha, beta, c0, slot);
@@ -196,7 +202,8 @@ static void test_slot_and_stack_same_bits(void) {
               CHECK_MSG(0, "%dx%dx%d (%s) on %s, %d threads, trans %d%d, mode %d: slot and stack differ",
                         (int)s->m, (int)s->n, (int)s->k, s->why, isa_names[ii], threads, ta, tb, mode);
             }
-            if (threads == 1) { /* each path once against the double reference */
+            /* against the double reference: each path once per shape, the epilogues on the first */
+            if (threads == 1 && !s->full && ((t == 0 && mode == 0) || (ii == first && mode > 0))) {
               double e = ref_error(s, ta, tb, mode, a, b, bias, rbias, alpha, beta, c0, stack);
               refs++;
               CHECK_MSG(e < 1e-4, "%dx%dx%d on %s, trans %d%d, mode %d: error %.3g against double",
@@ -216,7 +223,7 @@ static void test_slot_and_stack_same_bits(void) {
   dt_sgemm_use_isa("best");
   CHECK(dt_set_threads(1) == DTRAIN_OK);
   CHECK(differ == 0);
-  CHECK(compared >= NSHAPES * 6 && refs >= NSHAPES * 6); /* at least the portable path, 6 products per shape */
+  CHECK(compared >= NSHAPES && refs >= 6 * 3); /* at least the portable path: every shape, 3 references each */
 }
 
 int main(void) {

@@ -79,8 +79,8 @@ static void test_same_as_unfused(void) {
       {256, 256, 128, 1, 0, 5}, /* b256: 4-row edges on no path, a zero row (pre-activation = bias) */
       {7, 300, 10, 1, 0, 0},    /* few columns: the unpacked dot kernels */
       {13, 5, 37, 1, 0, 0},     /* edge tiles, one short k block */
-      {150, 33, 900, 1, 0, 0},  /* few rows, B wider than NC: the pc -> jc loop */
-      {200, 40, 1700, 1, 0, 0}, /* more than 2 MC rows, three B panels */
+      {100, 9, 900, 1, 0, 0},   /* few rows, B wider than NC: the pc -> jc loop */
+      {200, 8, 1700, 1, 0, 0},  /* more than 2 MC rows, three B panels */
       {31, 257, 70, 0, 0, 0},   /* no bias; a k block of 1 */
       {24, 200, 600, 1, 0, 0},  /* more column tiles than row tiles: threads split the columns */
       {12, 20, 40, 1, 3, 4},    /* a NaN row and a zero row */
