@@ -5756,7 +5756,7 @@ DTRAIN_PRIVATE void *dt__scratch_claim(size_t size, int *slot) {
         __atomic_exchange_n(&dt__scratch[i].busy, 1, __ATOMIC_ACQUIRE))
       continue;
     if (dt__scratch[i].size < size) { /* the slot is ours alone until released */
-      DTRAIN_FREE(dt__scratch[i].raw);
+      if (dt__scratch[i].raw) DTRAIN_FREE(dt__scratch[i].raw); /* as dt__free: a user's DTRAIN_FREE never sees NULL */
       dt__scratch[i].raw = DTRAIN_MALLOC(size + DT__ALIGN);
       dt__scratch[i].size = dt__scratch[i].raw ? size : 0;
       if (!dt__scratch[i].raw) {
