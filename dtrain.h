@@ -5740,10 +5740,13 @@ DTRAIN_PRIVATE void *dt__realloc(void *ptr, size_t old_size, size_t new_size) {
  * then works from its stack. */
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(DTRAIN_NO_MALLOC)
 #  define DT__SCRATCH_SLOTS 32
+/* A slot a cache line long: each dt_sgemm call claims and releases one, so
+ * threads working in parallel must not write to each other's lines. */
 static struct {
-  void *raw;
-  size_t size;
   int busy;
+  size_t size;
+  void *raw;
+  char pad_[64 - sizeof(int) - sizeof(size_t) - sizeof(void *)];
 } dt__scratch[DT__SCRATCH_SLOTS];
 #endif
 

@@ -34,6 +34,10 @@ plan mlp_1gbit.json mlp --plan-workers 64 --link rate=1gbit,delay=100us
 # kernel's copies the planner charges on one machine: dt_plan_options.loopback_Bps)
 timeout 300 "$L" -n 2 -- "$EX" --model mlp --batch 64 --plan --plan-weak --json --plan-workers 4 2>/dev/null |
   sed -n 's/^\[worker 0\] {/{/p' > "$F/mlp_here.json"
+[ -s "$F/mlp_here.json" ] || {
+  echo "run_figures: the plan under the launcher wrote nothing; see: $L -n 2 -- $EX --model mlp --plan --json" >&2
+  exit 1
+}
 echo "plan: mlp_here.json (loopback probed)"
 # measured here: one_device at 64, and 2 and 4 workers at 64 rows each (--batch is global)
 M="--model mlp --limit 12800 --epochs 1 --json --quiet"
