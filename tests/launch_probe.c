@@ -65,10 +65,26 @@ static void marker(char *buf, size_t cap, const char *dir, int ps, int index) {
   snprintf(buf, cap, "%s/ready.%s.%d", dir, ps ? "ps" : "worker", index);
 }
 
+/* sigaction, not signal(): in a strict C11 build glibc's signal() is one-shot
+ * and does not block the signal in its handler, so a second SIGTERM (the
+ * launcher's to the process group, then the --hosts script's to the program,
+ * microseconds apart) killed the process before it reported the first. Here
+ * all three are blocked while the handler runs. */
+static void catch_signal(int sig, void (*handler)(int)) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sigaddset(&sa.sa_mask, SIGINT);
+  sigaddset(&sa.sa_mask, SIGHUP);
+  sigaddset(&sa.sa_mask, SIGTERM);
+  sigaction(sig, &sa, NULL);
+}
+
 static void wait_for_signal(const dt_cluster *c, int ignore_term) {
-  signal(SIGINT, on_sig);
-  signal(SIGHUP, on_sig);
-  signal(SIGTERM, ignore_term ? SIG_IGN : on_sig);
+  catch_signal(SIGINT, on_sig);
+  catch_signal(SIGHUP, on_sig);
+  catch_signal(SIGTERM, ignore_term ? SIG_IGN : on_sig);
   alarm(20);
   const char *dir = getenv("PROBE_DIR");
   if (dir) {
