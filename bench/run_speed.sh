@@ -32,6 +32,15 @@ for v in OPENBLAS_CORETYPE OPENBLAS_L2_SIZE; do
   [ -n "$val" ] && echo "note: $v=$val unset for this run, so OpenBLAS picks its best kernel"
   unset $v
 done
+# Likewise PyTorch's own kernels: oneDNN (its convolutions) takes the best the CPU has
+# unless capped, and PyTorch 1.13's elementwise and optimizer kernels stay on AVX2 even on
+# an AVX-512 core unless ATEN_CPU_CAPABILITY=avx512 asks (measured here: MLP b64 +2.5%).
+for v in ONEDNN_MAX_CPU_ISA DNNL_MAX_CPU_ISA ATEN_CPU_CAPABILITY; do
+  eval "val=\${$v:-}"
+  [ -n "$val" ] && echo "note: $v=$val unset for this run, so PyTorch uses its best kernels"
+  unset $v
+done
+grep -qw avx512f /proc/cpuinfo 2>/dev/null && export ATEN_CPU_CAPABILITY=avx512
 
 if [ ! -x "$BIN" ]; then
   echo "run_speed.sh: $BIN not built (make bench builds it)"
@@ -161,7 +170,8 @@ for wl in "mlp 64 $G64 1" "mlp 256 $G256 1" "cnn 64 $GCNN 1" "mlp 256 - 2" "cnn 
       'BEGIN { printf "%-22s over dtrain on one thread: %.2fx (%d threads; goal >= 1.8)\n", "", d / o, k }'
   fi
   [ -n "$extra" ] && printf '%-22s dtrain memory: %s\n' "" "$extra"
-  [ -n "$t_core" ] && printf '%-22s PyTorch %s, its BLAS: OpenBLAS kernel %s\n' "" "$(field torch "$line")" "$t_core"
+  [ -n "$t_core" ] && printf '%-22s PyTorch %s, its BLAS: OpenBLAS kernel %s; its own kernels %s, oneDNN %s\n' "" \
+    "$(field torch "$line")" "$t_core" "$(field aten_isa "$line")" "$(field onednn_isa "$line")"
   # the step against the FMA peak (one core: the peak; 2 threads: twice it)
   peak=$(printf '%s\n' "$PEAK_LINE" | sed -n 's/.*gflops=\([0-9.]*\).*/\1/p')
   if [ -n "$peak" ] && [ -n "$d_best" ] && [ -n "$flops" ]; then
@@ -176,10 +186,15 @@ echo
 
 # On an AVX-512 core the AVX2-only goals (issue 25: MLP b64 >= 1.7x, CNN >= 1.6x
 # against PyTorch on OpenBLAS's Haswell kernel) are measured by a stand-in: dtrain
-# forced to its AVX2 path, PyTorch's OpenBLAS pinned to its Haswell kernel.
+# forced to its AVX2 path, and PyTorch held to what it has on an AVX2-only core:
+# OpenBLAS pinned to its Haswell kernel, oneDNN capped at AVX2 (without the cap its
+# convolutions ran jit:avx512_core here, 1.3-1.45k CNN samples/s against 0.98-1.03k
+# capped), its own kernels on AVX2.
+STANDIN_ENV="OPENBLAS_CORETYPE=Haswell ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2"
 if [ "$ISA_IN_USE" = avx512 ]; then
   echo "== the AVX2 goals' stand-in on this AVX-512 core: DTRAIN_ISA=avx2 against PyTorch with"
-  echo "   OPENBLAS_CORETYPE=Haswell, one thread, samples/s (best window of $ROUNDS runs x ${SECS} s)"
+  echo "   $STANDIN_ENV,"
+  echo "   one thread, samples/s (best window of $ROUNDS runs x ${SECS} s)"
   [ -n "$torch_why" ] && echo "PyTorch: skipped ($torch_why)"
   printf '%-22s %11s %11s %7s %7s\n' "workload" "dtrain avx2" "PyTorch" "ratio" "goal"
   for wl in "mlp 64 1.7" "cnn 64 1.6"; do
@@ -195,11 +210,11 @@ if [ "$ISA_IN_USE" = avx512 ]; then
         dk=$(field kernel "$line")
       fi
       if [ -z "$torch_why" ]; then
-        tline=$(OPENBLAS_CORETYPE=Haswell "$PY" "$DIR/torch_speed.py" "$mode" "$batch" "$SECS" 1 2>&1 | grep '^result')
+        tline=$(env $STANDIN_ENV "$PY" "$DIR/torch_speed.py" "$mode" "$batch" "$SECS" 1 2>&1 | grep '^result')
         if [ -n "$tline" ]; then
           t_best=$(maxof "$t_best" "$(field samples_per_s "$tline")")
           t_med=$(maxof "$t_med" "$(field median_samples_per_s "$tline")")
-          t_core=$(field blas_core "$tline")
+          t_core="$(field blas_core "$tline"), its own kernels $(field aten_isa "$tline"), oneDNN $(field onednn_isa "$tline")"
         fi
       fi
       r=$((r + 1))

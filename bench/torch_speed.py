@@ -141,7 +141,22 @@ def blas_core():
     return "-"
 
 
+def aten_isa():
+    """The instruction set of PyTorch's own CPU kernels (elementwise ops, Adam): 'AVX2' unless
+    ATEN_CPU_CAPABILITY raises it (PyTorch 1.13 does not pick AVX-512 on its own), or '-'."""
+    for ln in torch.__config__.show().splitlines():
+        if "CPU capability usage:" in ln:
+            return ln.split(":", 1)[1].strip().replace(" ", "_")
+    return "-"
+
+
+def onednn_isa():
+    """The most oneDNN (PyTorch's convolutions) may use: the cap set by ONEDNN_MAX_CPU_ISA
+    (or DNNL_MAX_CPU_ISA), else 'best' (the best the CPU has)."""
+    return os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "best"
+
+
 print("result samples_per_s=%.1f median_samples_per_s=%.1f cpu_samples_per_s=%.1f windows=%d peak_rss_kb=%d "
-      "loss=%.4f torch=%s threads=%d blas_core=%s" % (rates[-1], rates[len(rates) // 2], cpu, len(rates),
-                                                      peak_rss_kb(), loss.item(), torch.__version__,
-                                                      torch.get_num_threads(), blas_core()))
+      "loss=%.4f torch=%s threads=%d blas_core=%s aten_isa=%s onednn_isa=%s"
+      % (rates[-1], rates[len(rates) // 2], cpu, len(rates), peak_rss_kb(), loss.item(), torch.__version__,
+         torch.get_num_threads(), blas_core(), aten_isa(), onednn_isa()))
