@@ -226,7 +226,42 @@ static void test_slot_and_stack_same_bits(void) {
   CHECK(compared >= NSHAPES && refs >= 6 * 3); /* at least the portable path: every shape, 3 references each */
 }
 
+/* The x86 A packer (6-tall slivers: both x86 paths use it) gives the
+ * portable packer's bytes: its 8x8 transposes and their column tails, the
+ * short last sliver, offsets into A, an odd stride, both transposes; every
+ * float the kernels read (6 x kc per sliver, zero-padded in the short one). */
+static void test_x86_pack_a(void) {
+#ifdef DT__X86_SIMD
+  if (!dt__cpu_avx2()) {
+    th_skip("the x86 A packer: this CPU has no AVX2");
+    return;
+  }
+  enum { LDA = 131, ROWS = 110 }; /* rows of a: i0 + mc, or p0 + kc when transposed */
+  static float a[ROWS * LDA + 64], want[24 * 96], got[24 * 96 + 16];
+  for (int i = 0; i < ROWS * LDA + 64; i++) a[i] = (float)(i % 1013) * 0.5f - 200.0f;
+  static const int mcs[] = {1, 5, 6, 7, 12, 17, 24}, kcs[] = {1, 7, 8, 9, 15, 16, 17, 31, 40, 95};
+  int cases = 0;
+  for (int trans = 0; trans < 2; trans++)
+    for (size_t x = 0; x < sizeof mcs / sizeof mcs[0]; x++)
+      for (size_t y = 0; y < sizeof kcs / sizeof kcs[0]; y++) {
+        int64_t mc = mcs[x], kc = kcs[y], i0 = trans ? 3 : 2, p0 = trans ? 5 : 9;
+        int64_t padded = (mc + 5) / 6 * 6;
+        memset(want, 0, sizeof want);
+        for (int i = 0; i < (int)(sizeof got / sizeof got[0]); i++) got[i] = -1.0f; /* holes show */
+        dt__gemm_pack_a_n(6, trans, a, LDA, i0, p0, mc, kc, want);
+        dt__gemm_pack_a_avx2(trans, a, LDA, i0, p0, mc, kc, got);
+        CHECK_MSG(memcmp(want, got, (size_t)(padded * kc) * sizeof(float)) == 0,
+                  "trans %d, mc %d, kc %d: not the portable packer's bytes", trans, (int)mc, (int)kc);
+        cases++;
+      }
+  CHECK(cases == 2 * 7 * 10);
+#else
+  th_skip("the x86 A packer: not an x86 build");
+#endif
+}
+
 int main(void) {
+  TH_RUN(test_x86_pack_a);
   TH_RUN(test_slot_and_stack_same_bits); /* first: before test_slots grows a slot past dt_sgemm's size */
   TH_RUN(test_slots);
   TH_RUN(test_user_allocators);
