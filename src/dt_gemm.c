@@ -118,9 +118,16 @@
 #define DT__GEMM_MC 96
 #define DT__GEMM_NC 768
 #define DT__GEMM_NC_STACK 192
-/* floats for the panels with B panels of nc columns: + one more B sliver's
- * worth (see the jc loop), alignment, and slack after A (see pack_a) */
-#define DT__GEMM_BUF(nc) (DT__GEMM_KC * (DT__GEMM_MC + (nc) + DT__GEMM_NR_MAX) + 48)
+/* floats for the panels with an A block of ma rows and B panels of nc
+ * columns: + one more B sliver's worth (see the jc loop), alignment, and
+ * slack after A (see pack_a) */
+#define DT__GEMM_BUF_A(ma, nc) (DT__GEMM_KC * ((ma) + (nc) + DT__GEMM_NR_MAX) + 48)
+#define DT__GEMM_BUF(nc) DT__GEMM_BUF_A(DT__GEMM_MC, nc)
+/* Products with more rows than 2 MC and wider than one B panel pack all of
+ * A's rows at once per k block (dt__gemm_blocked) when they fit in this
+ * many (1 MiB of A at KC 256: more, measured at n = 2048, packed no faster
+ * than it was read back): A is then packed once, not once per panel. */
+#define DT__GEMM_WHOLE_A_MAX 1024
 #define DT__GEMM_TILE_MAX (6 * 32) /* largest MR x NR of any path */
 #define DT__GEMM_NR_MAX 32         /* largest NR of any path */
 
@@ -509,23 +516,27 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
 }
 
 /* The blocked product on one thread (m, n, k > 0, alpha != 0), with the
- * epilogue ep (or NULL) on the tiles, its panels in buf (DT__GEMM_BUF(ncap)
- * floats): an A block of MC x KC and a B panel of KC x ncap, or, when A has
- * few rows (up to 2 MC) and B is wider than ncap, all of A's rows and a B
- * panel as wide as the rest allows (A is then packed once per k block
- * instead of once per B panel). */
+ * epilogue ep (or NULL) on the tiles, its panels in buf
+ * (DT__GEMM_BUF_A(arows, ncap) floats): an A block of MC x KC and a B panel
+ * of KC x ncap, or, when A has few rows (up to 2 MC) and B is wider than
+ * ncap, all of A's rows and a B panel as wide as the rest allows, or, when
+ * the buffer holds all of A's rows (arows, a multiple of MR) and B is wider
+ * than a panel, all of them and full panels, the products of MC rows at a
+ * time (in the last two ways A is packed once per k block instead of once
+ * per B panel). */
 static void dt__gemm_blocked(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                              float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                             float *c, int64_t ldc, const dt__gemm_epi *ep, float *buf, int64_t ncap) {
+                             float *c, int64_t ldc, const dt__gemm_epi *ep, float *buf, int64_t ncap, int64_t arows) {
   const int64_t MR = pa->mr, NR = pa->nr;
   float *ap = buf + ((16 - ((uintptr_t)buf / sizeof(float)) % 16) % 16); /* 64-byte aligned */
   int64_t mcb = DT__GEMM_MC, ncb = ncap;
   int few_rows = n > ncap && m <= 2 * DT__GEMM_MC;
+  int whole_a = !few_rows && n > ncap + NR && m > DT__GEMM_MC && arows >= (m + MR - 1) / MR * MR;
   if (few_rows) {
     mcb = (m + MR - 1) / MR * MR;
     ncb = (DT__GEMM_MC + ncap - mcb) / NR * NR;
   }
-  float *bp = ap + mcb * DT__GEMM_KC + 16;
+  float *bp = ap + (whole_a ? arows : mcb) * DT__GEMM_KC + 16;
   const float *bias = ep ? ep->bias : NULL, *rbias = ep ? ep->row_bias : NULL;
   int relu = ep && ep->relu;
   /* Few B slivers: a packed A would be read only a few times, so the kernel
@@ -542,6 +553,22 @@ static void dt__gemm_blocked(const dt__gemm_path *pa, int trans_a, int trans_b, 
 
   /* The order of the loops does not change any result: every element of C
    * is summed over the same k blocks in the same order. */
+  if (whole_a) { /* all of A packed once per k block; then B panels, each against MC rows at a time */
+    for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
+      int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
+      float beta_blk = pc == 0 && !bias && !rbias ? beta : 1.0f;
+      pa->pack_a(trans_a, a, lda, 0, pc, m, kc, ap);
+      for (int64_t jc = 0, nc; jc < n; jc += nc) {
+        nc = n - jc <= ncb + NR ? n - jc : ncb; /* as below: a last sliver joins the last panel */
+        pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
+        for (int64_t ic = 0; ic < m; ic += DT__GEMM_MC)
+          dt__gemm_macro(pa, DT__MIN(DT__GEMM_MC, m - ic), nc, kc, alpha, ap + ic * kc, bp, beta_blk,
+                         c + ic * ldc + jc, ldc, pc == 0 && bias ? bias + jc : NULL, pc == 0 && rbias ? rbias + ic : NULL,
+                         relu && pc + kc >= k, NULL, NULL);
+      }
+    }
+    return;
+  }
   if (few_rows) { /* pack A once per k block, then B panels in turn */
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
@@ -590,19 +617,27 @@ static void dt__gemm_run_stack(const dt__gemm_path *pa, int trans_a, int trans_b
                                float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                                float *c, int64_t ldc, const dt__gemm_epi *ep) {
   float buf[DT__GEMM_BUF(DT__GEMM_NC_STACK)];
-  dt__gemm_blocked(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep, buf, DT__GEMM_NC_STACK);
+  dt__gemm_blocked(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep, buf, DT__GEMM_NC_STACK,
+                   DT__GEMM_MC);
 }
 
 static void dt__gemm_run(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                          int64_t ldc, const dt__gemm_epi *ep) {
   int slot;
-  float *buf = (float *)dt__scratch_claim(DT__GEMM_BUF(DT__GEMM_NC) * sizeof(float), &slot);
+  /* more than 2 MC rows and wider than a panel: room for all of A's rows (see dt__gemm_blocked) */
+  int64_t arows = (m + pa->mr - 1) / pa->mr * pa->mr;
+  if (m <= 2 * DT__GEMM_MC || n <= DT__GEMM_NC + pa->nr || arows > DT__GEMM_WHOLE_A_MAX) arows = DT__GEMM_MC;
+  float *buf = (float *)dt__scratch_claim((size_t)DT__GEMM_BUF_A(arows, DT__GEMM_NC) * sizeof(float), &slot);
+  if (!buf && arows > DT__GEMM_MC) { /* no memory for that: the usual panels */
+    arows = DT__GEMM_MC;
+    buf = (float *)dt__scratch_claim(DT__GEMM_BUF(DT__GEMM_NC) * sizeof(float), &slot);
+  }
   if (!buf) {
     dt__gemm_run_stack(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep);
     return;
   }
-  dt__gemm_blocked(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep, buf, DT__GEMM_NC);
+  dt__gemm_blocked(pa, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep, buf, DT__GEMM_NC, arows);
   dt__scratch_release(slot);
 }
 
