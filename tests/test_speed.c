@@ -829,7 +829,9 @@ static void test_gemm_threads_bitwise(void) {
       /* few columns of A @ B^T: the unpacked dot-product kernel, split by rows */
       {0, 1, 2001, 25, 100, 1, 0.7f, 1.0f},  {0, 1, 334, 7, 501, 0, 1.0f, 0.0f},  {0, 1, 1000, 31, 37, 2, -1.5f, 0.5f},
       /* ... and with few rows and a long k (a small batch's forward) */
-      {0, 1, 32, 300, 257, 1, 1.0f, 0.0f},   {0, 1, 61, 129, 515, 0, 0.5f, 1.0f}};
+      {0, 1, 32, 300, 257, 1, 1.0f, 0.0f},   {0, 1, 61, 129, 515, 0, 0.5f, 1.0f},
+      /* more row tiles than column tiles, but A @ B^T with 4 column tiles a thread: split by columns */
+      {0, 1, 301, 450, 90, 1, 1.0f, 0.5f}};
   th_seed(4242);
   int failed = 0;
   int isa[4], np = gemm_isas(isa);
