@@ -111,11 +111,11 @@ typedef struct shape {
 
 /* KC 256, MC 96, NC 768 (a slot) or 192 (the stack); MR 6 or 8, NR 8-32 by path;
  * a slot holds all of A's rows (up to 1024) for more than 2 MC rows and B
- * wider than a panel (dt_gemm.c's whole-A order).
- * Kept small (the suite runs under qemu and the sanitizers too). */
+ * wider than a panel (dt_gemm.c's whole-A order). Kept small (the suite runs
+ * under qemu and the sanitizers too). In this order: a slot only grows, so
+ * each panels-full shape comes before any shape that claims a larger slot
+ * (the whole-A ones last, all of them 204 rows of A). */
 static const shape shapes[] = {
-    {200, 1600, 8, 0, "more than 2 MC rows: 3 B panels from a slot (all of A packed at once), 9 from the stack"},
-    {200, 820, 260, 2, "more than 2 MC rows, two panels: all of A packed per k block in a slot; k crosses KC"},
     {30, 800, 257, 0, "few rows, B wider than either panel: the pc -> jc loop both ways; k crosses KC"},
     {150, 500, 8, 0, "B wider than the stack's panel only: pc -> jc on the stack, jc -> pc in a slot"},
     {64, 800, 20, 0, "a training batch: B read unpacked, 4-row edge tiles"},
@@ -123,6 +123,8 @@ static const shape shapes[] = {
     {7, 780, 33, 0, "few rows, a last narrow sliver"},
     {193, 790, 256, 1, "the last sliver joins the one panel in a slot (800 columns on AVX-512), panels full"},
     {193, 400, 256, 1, "the last sliver joins the stack's second panel (208 columns on AVX-512), panels full"},
+    {200, 1600, 8, 0, "more than 2 MC rows: 3 B panels from a slot (all of A packed at once), 9 from the stack"},
+    {200, 820, 260, 2, "more than 2 MC rows, two panels: all of A packed per k block in a slot; k crosses KC"},
     {200, 1568, 256, 1, "all of A's rows and a joined second panel (800 columns on AVX-512) in a slot, panels full"},
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
