@@ -8593,29 +8593,12 @@ DTRAIN_PRIVATE void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t
 }
 
 /* Generic packing for an nr-wide B sliver layout. op(B)[p][j] is
- * b[p*ldb + j], or b[j*ldb + p] when transposed. */
+ * b[p*ldb + j], or b[j*ldb + p] when transposed: an nr-wide B sliver is an
+ * nr-tall sliver of op(B)^T, so this is A's packing with the transpose
+ * flipped (the same stores, zero padding included). */
 DTRAIN_PRIVATE void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
                                       int64_t kc, int64_t nc, float *DT__RESTRICT bp) {
-  for (int64_t s = 0; s < nc; s += nr) {
-    int64_t cols = DT__MIN(nr, nc - s);
-    if (!trans) {
-      for (int64_t p = 0; p < kc; p++) {
-        const float *src = b + (p0 + p) * ldb + j0 + s;
-        float *dst = bp + p * nr;
-        int64_t j = 0;
-        for (; j < cols; j++) dst[j] = src[j];
-        for (; j < nr; j++) dst[j] = 0.0f;
-      }
-    } else {
-      for (int64_t j = 0; j < cols; j++) {
-        const float *src = b + (j0 + s + j) * ldb + p0;
-        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = src[p];
-      }
-      for (int64_t j = cols; j < nr; j++)
-        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = 0.0f;
-    }
-    bp += nr * kc;
-  }
+  dt__gemm_pack_a_n(nr, !trans, b, ldb, j0, p0, nc, kc, bp);
 }
 #endif /* part 1 */
 /* ======== end dt_gemm_pack.c ======== */
@@ -9991,10 +9974,10 @@ static void dt__gemm_macro(const dt__gemm_path *pa, int64_t mc, int64_t nc, int6
  * (DT__GEMM_BUF_A(arows, ncap) floats): an A block of MC x KC and a B panel
  * of KC x ncap, or, when A has few rows (up to 2 MC) and B is wider than
  * ncap, all of A's rows and a B panel as wide as the rest allows, or, when
- * the buffer holds all of A's rows (arows, a multiple of MR) and B is wider
- * than a panel, all of them and full panels, the products of MC rows at a
- * time (in the last two ways A is packed once per k block instead of once
- * per B panel). */
+ * arows is more than MC (all of A's rows rounded up to MR, from
+ * dt__gemm_run: more than 2 MC rows and B wider than a panel), all of them
+ * and full panels, the products of MC rows at a time (in the last two ways
+ * A is packed once per k block instead of once per B panel). */
 static void dt__gemm_blocked(const dt__gemm_path *pa, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                              float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                              float *c, int64_t ldc, const dt__gemm_epi *ep, float *buf, int64_t ncap, int64_t arows) {
@@ -10002,7 +9985,7 @@ static void dt__gemm_blocked(const dt__gemm_path *pa, int trans_a, int trans_b, 
   float *ap = buf + ((16 - ((uintptr_t)buf / sizeof(float)) % 16) % 16); /* 64-byte aligned */
   int64_t mcb = DT__GEMM_MC, ncb = ncap;
   int few_rows = n > ncap && m <= 2 * DT__GEMM_MC;
-  int whole_a = !few_rows && n > ncap + NR && m > DT__GEMM_MC && arows >= (m + MR - 1) / MR * MR;
+  int whole_a = arows > DT__GEMM_MC; /* dt__gemm_run gives room for all of A only where it pays */
   if (few_rows) {
     mcb = (m + MR - 1) / MR * MR;
     ncb = (DT__GEMM_MC + ncap - mcb) / NR * NR;
@@ -10024,7 +10007,9 @@ static void dt__gemm_blocked(const dt__gemm_path *pa, int trans_a, int trans_b, 
 
   /* The order of the loops does not change any result: every element of C
    * is summed over the same k blocks in the same order. */
-  if (whole_a) { /* all of A packed once per k block; then B panels, each against MC rows at a time */
+  if (few_rows || whole_a) { /* all of A packed once per k block, then B panels in turn against MC rows at a
+                               * time (few rows: all of them at once) */
+    int64_t mstep = whole_a ? DT__GEMM_MC : m;
     for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
       int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
       float beta_blk = pc == 0 && !bias && !rbias ? beta : 1.0f;
@@ -10032,24 +10017,10 @@ static void dt__gemm_blocked(const dt__gemm_path *pa, int trans_a, int trans_b, 
       for (int64_t jc = 0, nc; jc < n; jc += nc) {
         nc = n - jc <= ncb + NR ? n - jc : ncb; /* as below: a last sliver joins the last panel */
         pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
-        for (int64_t ic = 0; ic < m; ic += DT__GEMM_MC)
-          dt__gemm_macro(pa, DT__MIN(DT__GEMM_MC, m - ic), nc, kc, alpha, ap + ic * kc, bp, beta_blk,
-                         c + ic * ldc + jc, ldc, pc == 0 && bias ? bias + jc : NULL, pc == 0 && rbias ? rbias + ic : NULL,
+        for (int64_t ic = 0; ic < m; ic += mstep)
+          dt__gemm_macro(pa, DT__MIN(mstep, m - ic), nc, kc, alpha, ap + ic * kc, bp, beta_blk, c + ic * ldc + jc,
+                         ldc, pc == 0 && bias ? bias + jc : NULL, pc == 0 && rbias ? rbias + ic : NULL,
                          relu && pc + kc >= k, NULL, NULL);
-      }
-    }
-    return;
-  }
-  if (few_rows) { /* pack A once per k block, then B panels in turn */
-    for (int64_t pc = 0; pc < k; pc += DT__GEMM_KC) {
-      int64_t kc = DT__MIN(DT__GEMM_KC, k - pc);
-      float beta_blk = pc == 0 && !bias && !rbias ? beta : 1.0f;
-      pa->pack_a(trans_a, a, lda, 0, pc, m, kc, ap);
-      for (int64_t jc = 0; jc < n; jc += ncb) {
-        int64_t nc = DT__MIN(ncb, n - jc);
-        pa->pack_b(trans_b, b, ldb, pc, jc, kc, nc, bp);
-        dt__gemm_macro(pa, m, nc, kc, alpha, ap, bp, beta_blk, c + jc, ldc, pc == 0 && bias ? bias + jc : NULL,
-                       pc == 0 ? rbias : NULL, relu && pc + kc >= k, NULL, NULL);
       }
     }
     return;

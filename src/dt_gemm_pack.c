@@ -35,27 +35,10 @@ DTRAIN_PRIVATE void dt__gemm_pack_a_n(int mr, int trans, const float *a, int64_t
 }
 
 /* Generic packing for an nr-wide B sliver layout. op(B)[p][j] is
- * b[p*ldb + j], or b[j*ldb + p] when transposed. */
+ * b[p*ldb + j], or b[j*ldb + p] when transposed: an nr-wide B sliver is an
+ * nr-tall sliver of op(B)^T, so this is A's packing with the transpose
+ * flipped (the same stores, zero padding included). */
 DTRAIN_PRIVATE void dt__gemm_pack_b_n(int nr, int trans, const float *b, int64_t ldb, int64_t p0, int64_t j0,
                                       int64_t kc, int64_t nc, float *DT__RESTRICT bp) {
-  for (int64_t s = 0; s < nc; s += nr) {
-    int64_t cols = DT__MIN(nr, nc - s);
-    if (!trans) {
-      for (int64_t p = 0; p < kc; p++) {
-        const float *src = b + (p0 + p) * ldb + j0 + s;
-        float *dst = bp + p * nr;
-        int64_t j = 0;
-        for (; j < cols; j++) dst[j] = src[j];
-        for (; j < nr; j++) dst[j] = 0.0f;
-      }
-    } else {
-      for (int64_t j = 0; j < cols; j++) {
-        const float *src = b + (j0 + s + j) * ldb + p0;
-        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = src[p];
-      }
-      for (int64_t j = cols; j < nr; j++)
-        for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = 0.0f;
-    }
-    bp += nr * kc;
-  }
+  dt__gemm_pack_a_n(nr, !trans, b, ldb, j0, p0, nc, kc, bp);
 }
