@@ -5700,6 +5700,7 @@ DTRAIN_PRIVATE void *dt__alloc(size_t size) {
 }
 
 DTRAIN_PRIVATE void *dt__calloc(size_t size) {
+  if (size > (size_t)PTRDIFF_MAX) return NULL; /* no object is larger (and memset's bound is known) */
   void *p = dt__alloc(size);
   if (p) memset(p, 0, size);
   return p;
@@ -15978,7 +15979,8 @@ static void dt__io_hash_word(dt__io_hasher *s, uint64_t w) {
 DTRAIN_PRIVATE void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
   const unsigned char *p = (const unsigned char *)data;
   while (n > 0 && s->nc > 0) {
-    s->carry[s->nc++] = *p++;
+    s->carry[s->nc & 7] = *p++; /* nc < 8 always: the carry is hashed when full */
+    s->nc++;
     n--;
     if (s->nc == 8) {
       dt__io_hash_word(s, dt__get_le64(s->carry));
@@ -15990,9 +15992,9 @@ DTRAIN_PRIVATE void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
     p += 8;
     n -= 8;
   }
-  while (n > 0) {
-    s->carry[s->nc++] = *p++;
-    n--;
+  if (n > 0) { /* fewer than 8 left, and the carry is empty (the first loop emptied it or n was 0) */
+    memcpy(s->carry, p, n);
+    s->nc = (int)n;
   }
 }
 
@@ -17361,7 +17363,9 @@ static dt_result dt__export_scan(const dt_checkpoint *c, const char *path, const
   *largest = *total = 0;
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    dt_checkpoint_entry_at(c, i, &e);
+    memset(&e, 0, sizeof e);
+    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     if (strcmp(e.dtype, "F32") != 0)
       return dt__error(DTRAIN_ERR_FORMAT, "dt_checkpoint_export_c: '%s': tensor '%s' is %s, not F32", path, e.name,
@@ -17372,7 +17376,9 @@ static dt_result dt__export_scan(const dt_checkpoint *c, const char *path, const
     dt__export_ident(a, sizeof a, e.name);
     for (int j = 0; j < i; j++) {
       dt_checkpoint_entry o;
-      dt_checkpoint_entry_at(c, j, &o);
+      memset(&o, 0, sizeof o);
+      dt_result got_o = dt_checkpoint_entry_at(c, j, &o);
+      if (got_o != DTRAIN_OK) return got_o;
       if (strncmp(o.name, "optim.", 6) == 0) continue;
       dt__export_ident(b, sizeof b, o.name);
       if (strcmp(a, b) == 0)
@@ -17407,7 +17413,9 @@ static dt_result dt__export_write(const dt_checkpoint *c, const char *path, cons
   fprintf(f, "#define %s_TENSORS %d\n#define %s_FLOATS %lluu\n\n", guard, count, guard, (unsigned long long)total);
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    dt_checkpoint_entry_at(c, i, &e);
+    memset(&e, 0, sizeof e);
+    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     const uint64_t ne = (e.end - e.begin) / 4;
     dt_result r = dt_checkpoint_read_f32(c, i, buf, (size_t)ne);
@@ -17434,7 +17442,9 @@ static dt_result dt__export_write(const dt_checkpoint *c, const char *path, cons
   fprintf(f, "static const %s_tensor %s_tensors[%d] = {\n", prefix, prefix, count);
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    dt_checkpoint_entry_at(c, i, &e);
+    memset(&e, 0, sizeof e);
+    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     dt__export_ident(id, sizeof id, e.name);
     fprintf(f, "  {\"");
@@ -37558,7 +37568,7 @@ static void dt__tcp_msg_free(dt__p2p_msg *m) {
 static void dt__tcp_p2p_fill(dt_comm_request *r, const float *data, size_t n) {
   r->done = 1;
   if (n == r->n) {
-    if (n) memcpy(r->buf, data, n * sizeof(float));
+    if (n && data) memcpy(r->buf, data, n * sizeof(float));
     r->rc = DTRAIN_OK;
     return;
   }
@@ -39599,7 +39609,7 @@ DTRAIN_PRIVATE dt_result dt__ps_decode_push(const dt_params *p, const int *owner
   const unsigned char *q = in + DT__PS_ZFIX;
   dt__ps_counts_of(p, owner, s, &ntr, &nbuf);
   if (kind == DTRAIN_COMPRESS_FP16 || kind == DTRAIN_COMPRESS_BF16) {
-    float unscale;
+    float unscale = 1.0f; /* set by dt__ps_h16_header */
     dt_result rc = dt__ps_h16_header((dt_compress_kind)kind, arg, &unscale, what);
     if (rc != DTRAIN_OK) return rc;
     want = DT__PS_ZFIX + 2 * ntr + 4 * nbuf;
@@ -39713,7 +39723,7 @@ DTRAIN_PRIVATE void dt__ps_delta_encode(dt_compress_kind kind, const dt_params *
 DTRAIN_PRIVATE dt_result dt__ps_delta_apply(dt_compress_kind kind, const unsigned char *in, float *view, size_t n) {
   const char *what = "compressed weights";
   uint32_t k = dt__get_le32(in);
-  float unscale;
+  float unscale = 1.0f; /* set by dt__ps_h16_header */
   if (k != (uint32_t)kind)
     return dt__error(DTRAIN_ERR_PROTOCOL, "%s of kind %u, asked for %u", what, k, (unsigned)kind);
   dt_result rc = dt__ps_h16_header(kind, dt__get_le32(in + 4), &unscale, what);
@@ -40337,7 +40347,7 @@ static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
 static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t cap) {
   const dt__ps_worker *w = &S->w[i];
   if (w->conn.peer_role >= 0) snprintf(buf, cap, "%.95s", w->conn.peer);
-  else snprintf(buf, cap, "worker %d (%.80s)", i, S->c->worker_addr[i] ? S->c->worker_addr[i] : "?");
+  else snprintf(buf, cap, "worker %d (%.70s)", i, S->c->worker_addr[i] ? S->c->worker_addr[i] : "?");
 }
 
 /* Drop worker i from training: logged, out of the clocks. */

@@ -258,6 +258,7 @@ DTRAIN_PRIVATE void *dt__alloc(size_t size) {
 }
 
 DTRAIN_PRIVATE void *dt__calloc(size_t size) {
+  if (size > (size_t)PTRDIFF_MAX) return NULL; /* no object is larger (and memset's bound is known) */
   void *p = dt__alloc(size);
   if (p) memset(p, 0, size);
   return p;

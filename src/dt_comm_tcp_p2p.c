@@ -169,7 +169,7 @@ static void dt__tcp_msg_free(dt__p2p_msg *m) {
 static void dt__tcp_p2p_fill(dt_comm_request *r, const float *data, size_t n) {
   r->done = 1;
   if (n == r->n) {
-    if (n) memcpy(r->buf, data, n * sizeof(float));
+    if (n && data) memcpy(r->buf, data, n * sizeof(float));
     r->rc = DTRAIN_OK;
     return;
   }

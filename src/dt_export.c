@@ -68,7 +68,9 @@ static dt_result dt__export_scan(const dt_checkpoint *c, const char *path, const
   *largest = *total = 0;
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    dt_checkpoint_entry_at(c, i, &e);
+    memset(&e, 0, sizeof e);
+    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     if (strcmp(e.dtype, "F32") != 0)
       return dt__error(DTRAIN_ERR_FORMAT, "dt_checkpoint_export_c: '%s': tensor '%s' is %s, not F32", path, e.name,
@@ -79,7 +81,9 @@ static dt_result dt__export_scan(const dt_checkpoint *c, const char *path, const
     dt__export_ident(a, sizeof a, e.name);
     for (int j = 0; j < i; j++) {
       dt_checkpoint_entry o;
-      dt_checkpoint_entry_at(c, j, &o);
+      memset(&o, 0, sizeof o);
+      dt_result got_o = dt_checkpoint_entry_at(c, j, &o);
+      if (got_o != DTRAIN_OK) return got_o;
       if (strncmp(o.name, "optim.", 6) == 0) continue;
       dt__export_ident(b, sizeof b, o.name);
       if (strcmp(a, b) == 0)
@@ -114,7 +118,9 @@ static dt_result dt__export_write(const dt_checkpoint *c, const char *path, cons
   fprintf(f, "#define %s_TENSORS %d\n#define %s_FLOATS %lluu\n\n", guard, count, guard, (unsigned long long)total);
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    dt_checkpoint_entry_at(c, i, &e);
+    memset(&e, 0, sizeof e);
+    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     const uint64_t ne = (e.end - e.begin) / 4;
     dt_result r = dt_checkpoint_read_f32(c, i, buf, (size_t)ne);
@@ -141,7 +147,9 @@ static dt_result dt__export_write(const dt_checkpoint *c, const char *path, cons
   fprintf(f, "static const %s_tensor %s_tensors[%d] = {\n", prefix, prefix, count);
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    dt_checkpoint_entry_at(c, i, &e);
+    memset(&e, 0, sizeof e);
+    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     dt__export_ident(id, sizeof id, e.name);
     fprintf(f, "  {\"");

@@ -168,7 +168,7 @@ DTRAIN_PRIVATE dt_result dt__ps_decode_push(const dt_params *p, const int *owner
   const unsigned char *q = in + DT__PS_ZFIX;
   dt__ps_counts_of(p, owner, s, &ntr, &nbuf);
   if (kind == DTRAIN_COMPRESS_FP16 || kind == DTRAIN_COMPRESS_BF16) {
-    float unscale;
+    float unscale = 1.0f; /* set by dt__ps_h16_header */
     dt_result rc = dt__ps_h16_header((dt_compress_kind)kind, arg, &unscale, what);
     if (rc != DTRAIN_OK) return rc;
     want = DT__PS_ZFIX + 2 * ntr + 4 * nbuf;
@@ -282,7 +282,7 @@ DTRAIN_PRIVATE void dt__ps_delta_encode(dt_compress_kind kind, const dt_params *
 DTRAIN_PRIVATE dt_result dt__ps_delta_apply(dt_compress_kind kind, const unsigned char *in, float *view, size_t n) {
   const char *what = "compressed weights";
   uint32_t k = dt__get_le32(in);
-  float unscale;
+  float unscale = 1.0f; /* set by dt__ps_h16_header */
   if (k != (uint32_t)kind)
     return dt__error(DTRAIN_ERR_PROTOCOL, "%s of kind %u, asked for %u", what, k, (unsigned)kind);
   dt_result rc = dt__ps_h16_header(kind, dt__get_le32(in + 4), &unscale, what);

@@ -77,7 +77,7 @@ static void dt__ps_worker_free(dt__ps_server *S, dt__ps_worker *w) {
 static void dt__ps_worker_name(const dt__ps_server *S, int i, char *buf, size_t cap) {
   const dt__ps_worker *w = &S->w[i];
   if (w->conn.peer_role >= 0) snprintf(buf, cap, "%.95s", w->conn.peer);
-  else snprintf(buf, cap, "worker %d (%.80s)", i, S->c->worker_addr[i] ? S->c->worker_addr[i] : "?");
+  else snprintf(buf, cap, "worker %d (%.70s)", i, S->c->worker_addr[i] ? S->c->worker_addr[i] : "?");
 }
 
 /* Drop worker i from training: logged, out of the clocks. */

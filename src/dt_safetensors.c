@@ -51,7 +51,8 @@ static void dt__io_hash_word(dt__io_hasher *s, uint64_t w) {
 DTRAIN_PRIVATE void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
   const unsigned char *p = (const unsigned char *)data;
   while (n > 0 && s->nc > 0) {
-    s->carry[s->nc++] = *p++;
+    s->carry[s->nc & 7] = *p++; /* nc < 8 always: the carry is hashed when full */
+    s->nc++;
     n--;
     if (s->nc == 8) {
       dt__io_hash_word(s, dt__get_le64(s->carry));
@@ -63,9 +64,9 @@ DTRAIN_PRIVATE void dt__io_hash(dt__io_hasher *s, const void *data, size_t n) {
     p += 8;
     n -= 8;
   }
-  while (n > 0) {
-    s->carry[s->nc++] = *p++;
-    n--;
+  if (n > 0) { /* fewer than 8 left, and the carry is empty (the first loop emptied it or n was 0) */
+    memcpy(s->carry, p, n);
+    s->nc = (int)n;
   }
 }
 
