@@ -3411,6 +3411,12 @@ typedef struct dt_plan_model {
   int tp_allreduces;                   /* all-reduces a step, forward and backward together (one each way per
                                           column/row pair; none backward into the input data) */
   int64_t tp_bytes_per_sample;         /* what they carry together, per sample of the batch */
+  double memory_Bps;                   /* a pass over a gradient-sized buffer, read and written, in gradient
+                                          bytes a second, as this machine runs it (dt_plan_measure: a scale and
+                                          a copy, the passes a replica makes over its summed gradient; the
+                                          gradient often stays in a core's cache: several times a memcpy's rate
+                                          out of memory); the rows' in-process passes use it unless
+                                          dt_plan_options.memory_Bps is set (0: not measured, 5e9) */
 } dt_plan_model;
 
 typedef struct dt_plan_options {
@@ -3422,7 +3428,7 @@ typedef struct dt_plan_options {
   int max_workers;          /* rows for N = 1, 2, 4, ... up to this (default 16, at most 64) */
   int cores;                /* cores of one machine, for the thread strategies (default: this machine's) */
   dt_plan_link link;        /* between processes (0 and 0: the loopback defaults) */
-  double memory_Bps;        /* in-process copies (0: 5e9, one core's memcpy) */
+  double memory_Bps;        /* in-process passes over the gradient (0: the model's measured rate, else 5e9) */
   double thread_sync_s;     /* a barrier among threads (0: 20e-6) */
   int servers;              /* parameter servers M (0: 1) */
   double compress_ratio;    /* bytes on the wire per gradient byte with compression (0: 0.5, fp16) */
@@ -29867,6 +29873,22 @@ static void dt__plan_busy(dt_params *P, dt_optim *o, dt_step_fn fn, void *user, 
   dt_strategy_destroy(s);
 }
 
+/* Two passes over a buffer of n floats (buf[0, n)), as a replica makes over
+ * its summed gradient: a scale in place, then a copy into buf[n, 2n); the
+ * median seconds of 9 after 2 not counted. */
+static double dt__plan_pass_s(float *buf, size_t n) {
+  double t[9];
+  for (int rep = 0; rep < 11; rep++) {
+    double t0 = dt__now();
+    const float s = rep & 1 ? 2.0f : 0.5f; /* exact both ways: no value drifts towards subnormals */
+    for (size_t i = 0; i < n; i++) buf[i] *= s;
+    memcpy(buf + n, buf, n * sizeof(float));
+    double t1 = dt__now();
+    if (rep >= 2) t[rep - 2] = t1 - t0;
+  }
+  return dt__plan_median(t, 9);
+}
+
 DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_step_fn fn, void *user,
                                      const dt_minibatch *b, int steps, dt_plan_model *out) {
   const char *f = "dt_plan_measure";
@@ -29902,6 +29924,7 @@ DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_
   memcpy(dt_params_data(params), keep, n * sizeof(float));
   memcpy(dt_params_grad(params), keep + n, n * sizeof(float));
   int slots = o ? dt_optim_state_slots(o) : 0;
+  double pass = r == DTRAIN_OK ? dt__plan_pass_s(keep, n) : 0.0; /* keep's copies are back in place: scratch now */
   dt__free(keep, 2 * n * sizeof(float));
   dt_graph_destroy(g);
   dt_optim_destroy(o);
@@ -29924,6 +29947,7 @@ DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_
   out->activation_bytes_per_sample = (int64_t)((double)arena / rows);
   out->measured_batch = (int)b->rows;
   out->jitter = jit;
+  if (pass > 0) out->memory_Bps = 2.0 * (double)n * sizeof(float) / pass;
   /* every core busy against one alone, at the same rows a replica */
   double alone = fixed + per * (double)(b->rows / busy_k);
   if (busy > 0 && alone > 0) {
@@ -30294,7 +30318,7 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
     o->link.bandwidth_Bps = o->loopback_Bps;
     if (!(o->link.latency_s > 0)) o->link.latency_s = DT__PLAN_LOOPBACK_LATENCY;
   }
-  if (!(o->memory_Bps > 0)) o->memory_Bps = 5e9;
+  if (!(o->memory_Bps > 0)) o->memory_Bps = m->memory_Bps > 0 && isfinite(m->memory_Bps) ? m->memory_Bps : 5e9;
   if (!(o->thread_sync_s > 0)) o->thread_sync_s = 20e-6;
   if (o->servers <= 0) o->servers = 1;
   if (!(o->compress_ratio > 0)) o->compress_ratio = 0.5;

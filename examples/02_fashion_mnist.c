@@ -323,13 +323,13 @@ static int run_plan(app *a, int64_t train_n, const dt_plan_link *probed, int one
   if (a->o.json) {
     printf("{\"model\":\"%s\",\"batch\":%d,\"link\":{\"spec\":\"%s\",\"latency_s\":%.3g,\"bandwidth_Bps\":%.4g,\"shared\":%s,\"probed\":%s},"
            "\"measured\":{\"fixed_s\":%.4g,\"per_sample_s\":%.4g,\"update_s\":%.4g,\"params\":%lld,"
-           "\"activation_bytes_per_sample\":%lld,\"load_per_sample_s\":%.4g,\"busy_slowdown\":%.3f,\"busy_cores\":%d,\"jitter\":%.3f},"
+           "\"activation_bytes_per_sample\":%lld,\"load_per_sample_s\":%.4g,\"busy_slowdown\":%.3f,\"busy_cores\":%d,\"jitter\":%.3f,\"memory_Bps\":%.4g},"
            "\"loopback_Bps\":%.4g,\"shared_cores\":%d,\"weak_scaling\":%d,\"strategies\":[",
            a->o.model, a->o.batch, spec, link.latency_s, link.bandwidth_Bps, link.shared ? "true" : "false",
            probed && !a->o.link ? "true" : "false",
            m.fixed_s, m.per_sample_s, m.update_s,
            (long long)m.params, (long long)m.activation_bytes_per_sample, m.load_per_sample_s,
-           m.busy_slowdown, m.busy_cores, m.jitter, po.loopback_Bps > 0 ? po.loopback_Bps : 2.5e9,
+           m.busy_slowdown, m.busy_cores, m.jitter, m.memory_Bps, po.loopback_Bps > 0 ? po.loopback_Bps : 2.5e9,
            po.shared_cores, po.weak_scaling);
     for (int i = 0; i < n; i++)
       printf("%s{\"name\":\"%s\",\"family\":\"%s\",\"workers\":%d,\"samples_per_sec\":%.0f,\"epoch_seconds\":%.3f,"
@@ -348,8 +348,9 @@ static int run_plan(app *a, int64_t train_n, const dt_plan_link *probed, int one
          probed && !a->o.link ? ", measured between workers 0 and 1" : "",
          po.shared_cores ? "the workers sharing this machine's cores" : "a machine per worker");
   printf("measured: %.3g ms + %.3g us per sample a step, optimizer %.3g ms, loading %.3g us per sample, %lld "
-         "parameters, %.1f KiB of activations per sample\n", m.fixed_s * 1e3, m.per_sample_s * 1e6, m.update_s * 1e3,
-         m.load_per_sample_s * 1e6, (long long)m.params, (double)m.activation_bytes_per_sample / 1024.0);
+         "parameters, %.1f KiB of activations per sample, a pass over the gradient at %.3g GB/s\n", m.fixed_s * 1e3,
+         m.per_sample_s * 1e6, m.update_s * 1e3, m.load_per_sample_s * 1e6, (long long)m.params,
+         (double)m.activation_bytes_per_sample / 1024.0, m.memory_Bps / 1e9);
   if (m.busy_cores >= 2)
     printf("with %d replicas computing at once each is %.2fx slower than alone (shared caches and memory)\n",
            m.busy_cores, m.busy_slowdown);

@@ -598,11 +598,11 @@ static int run_plan(const options *o) {
     printf("{\"model\": \"mlp\", \"layers\": %d, \"hidden\": %d, \"batch\": %lld, \"link\": {\"latency_s\": %.6g, "
            "\"bandwidth_Bps\": %.6g}, \"shared_cores\": %d, \"measured\": {\"per_sample_s\": %.6g, \"fixed_s\": %.6g, "
            "\"update_s\": %.6g, \"params\": %lld, \"busy_slowdown\": %.3f, \"busy_cores\": %d, \"jitter\": %.3f, "
-           "\"tp_split_share\": %.6f, \"tp_param_share\": %.6f, \"tp_allreduces\": %d, \"tp_bytes_per_sample\": %lld}, "
+           "\"tp_split_share\": %.6f, \"tp_param_share\": %.6f, \"tp_allreduces\": %d, \"tp_bytes_per_sample\": %lld, \"memory_Bps\": %.4g}, "
            "\"strategies\": [",
            o->layers, o->hidden, (long long)o->batch, link.latency_s, link.bandwidth_Bps, po.shared_cores,
            m.per_sample_s, m.fixed_s, m.update_s, (long long)m.params, m.busy_slowdown, m.busy_cores, m.jitter,
-           m.tp_split_share, m.tp_param_share, m.tp_allreduces, (long long)m.tp_bytes_per_sample);
+           m.tp_split_share, m.tp_param_share, m.tp_allreduces, (long long)m.tp_bytes_per_sample, m.memory_Bps);
     int first = 1;
     for (int i = 0; i < n; i++) {
       const dt_plan_row *r = &rows[i];

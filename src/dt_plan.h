@@ -108,6 +108,12 @@ typedef struct dt_plan_model {
   int tp_allreduces;                   /* all-reduces a step, forward and backward together (one each way per
                                           column/row pair; none backward into the input data) */
   int64_t tp_bytes_per_sample;         /* what they carry together, per sample of the batch */
+  double memory_Bps;                   /* a pass over a gradient-sized buffer, read and written, in gradient
+                                          bytes a second, as this machine runs it (dt_plan_measure: a scale and
+                                          a copy, the passes a replica makes over its summed gradient; the
+                                          gradient often stays in a core's cache: several times a memcpy's rate
+                                          out of memory); the rows' in-process passes use it unless
+                                          dt_plan_options.memory_Bps is set (0: not measured, 5e9) */
 } dt_plan_model;
 
 typedef struct dt_plan_options {
@@ -119,7 +125,7 @@ typedef struct dt_plan_options {
   int max_workers;          /* rows for N = 1, 2, 4, ... up to this (default 16, at most 64) */
   int cores;                /* cores of one machine, for the thread strategies (default: this machine's) */
   dt_plan_link link;        /* between processes (0 and 0: the loopback defaults) */
-  double memory_Bps;        /* in-process copies (0: 5e9, one core's memcpy) */
+  double memory_Bps;        /* in-process passes over the gradient (0: the model's measured rate, else 5e9) */
   double thread_sync_s;     /* a barrier among threads (0: 20e-6) */
   int servers;              /* parameter servers M (0: 1) */
   double compress_ratio;    /* bytes on the wire per gradient byte with compression (0: 0.5, fp16) */

@@ -382,6 +382,26 @@ static void test_shared_machine(void) {
   CHECK(mw4 != NULL);
   if (mw4) CHECK_REL(mw4->step_s, own4 > floor4p ? own4 : floor4p, 1e-12);
   o.loopback_Bps = 0;
+  /* the gradient's passes at the model's measured rate (dt_plan_measure's memory_Bps) instead of
+   * 5 GB/s, in the processes' own step and floor and in mirrored's reduction; an option set wins */
+  m.memory_Bps = 40e9;
+  n = dt_plan_predict(&m, &o, r, 64);
+  mw4 = row(r, n, "multi_worker_mirrored ring", 4);
+  mi = row(r, n, "mirrored", 2);
+  const double gm = 2 * 1e6 / 40e9;
+  double own4m = 2 * (16e-5 * 1.5) + 2 * 1e-4 + 2 * gm + dt_plan_ring_allreduce_s(4, 1e6, o.link);
+  double floor4m = 4 * (16e-5 * 1.5 + 1e-4 + gm) / 2 + 2.0 * (2.0 * 3 * 1e6) / 2.5e9 / 2;
+  CHECK(mw4 != NULL && mi != NULL);
+  if (mw4) CHECK_REL(mw4->step_s, own4m > floor4m ? own4m : floor4m, 1e-12);
+  if (mi) CHECK_REL(mi->step_s, 32e-5 * 1.5 + 1e-4 / 2 + (2.0 * 1e6 / 2 / 40e9 + 2 * 20e-6), 1e-12);
+  o.memory_Bps = 5e9;
+  n = dt_plan_predict(&m, &o, r, 64);
+  mw4 = row(r, n, "multi_worker_mirrored ring", 4);
+  CHECK(mw4 != NULL);
+  if (mw4) CHECK_REL(mw4->step_s, own4 > floor4 ? own4 : floor4, 1e-12);
+  o.memory_Bps = 0;
+  m.memory_Bps = 0;
+  n = dt_plan_predict(&m, &o, r, 64);
   CHECK(row(r, n, "multi_worker_mirrored hierarchical", 2) == NULL); /* (not on one shared machine) */
   /* a machine per process: neither the slowdown nor the floor */
   o.shared_cores = 0;
@@ -574,6 +594,7 @@ static void test_measure(void) {
   CHECK(pm.activation_bytes_per_sample > 0);
   CHECK_EQ(pm.measured_batch, ROWS);
   CHECK_MSG(pm.jitter >= 0 && pm.jitter < 10, "%g", pm.jitter); /* (a spread over the median: any noise, never negative) */
+  CHECK_MSG(pm.memory_Bps > 1e8 && isfinite(pm.memory_Bps), "%g", pm.memory_Bps); /* (the gradient's passes, timed) */
   /* every core busy (a mirrored strategy over them) against one alone; 1 core, or a build without
    * threads or strategies beyond one_device: not measured */
   const unsigned need = DTRAIN_FEATURE_THREADS | DTRAIN_FEATURE_DIST;
