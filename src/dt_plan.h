@@ -163,7 +163,8 @@ typedef struct dt_plan_row {
  * it, forward, backward and an update by a scratch copy of opt's options,
  * then at b->rows over min(cores, rows) replicas at once (a mirrored strategy:
  * fn must take any replica index, as for dt_strategy_create) for
- * busy_slowdown; params are as they were afterwards and opt is untouched. */
+ * busy_slowdown, and times two passes over a buffer of the gradient's size
+ * for memory_Bps; params are as they were afterwards and opt is untouched. */
 DTRAIN_API dt_result dt_plan_measure(dt_params *params, const dt_optim *opt, dt_step_fn fn, void *user,
                                      const dt_minibatch *b, int steps, dt_plan_model *out);
 /* Times `batches` calls of dt_loader_next on l (default 20 when <= 0; the
