@@ -5690,14 +5690,15 @@ DTRAIN_API size_t dt_fixed_memory_peak(void) { return dt__base_fix.peak; }
 
 DTRAIN_PRIVATE void *dt__alloc(size_t size) {
   if (size == 0) size = 1;
+  if (size > (size_t)PTRDIFF_MAX) return NULL; /* no object is larger (and callers' memset bounds are known) */
   if (dt__base_allocator.alloc) return dt__base_allocator.alloc(size, DT__ALIGN, dt__base_allocator.user);
 #ifdef DTRAIN_NO_MALLOC
   dt__log(DTRAIN_LOG_ERROR, DTRAIN_ERR_NOMEM,
           "no allocator: a DTRAIN_NO_MALLOC build needs dt_use_fixed_memory() or dt_set_allocator() first");
   return NULL;
 #else
-  /* Built-in: over-allocate, align, and keep the raw pointer just below. */
-  if (size > SIZE_MAX - DT__ALIGN - sizeof(void *)) return NULL;
+  /* Built-in: over-allocate, align, and keep the raw pointer just below
+   * (size <= PTRDIFF_MAX: adding the alignment cannot wrap). */
   unsigned char *raw = (unsigned char *)DTRAIN_MALLOC(size + DT__ALIGN + sizeof(void *));
   if (!raw) return NULL;
   uintptr_t p = ((uintptr_t)(raw + sizeof(void *)) + DT__ALIGN - 1) & ~(uintptr_t)(DT__ALIGN - 1);
@@ -5707,7 +5708,6 @@ DTRAIN_PRIVATE void *dt__alloc(size_t size) {
 }
 
 DTRAIN_PRIVATE void *dt__calloc(size_t size) {
-  if (size > (size_t)PTRDIFF_MAX) return NULL; /* no object is larger (and memset's bound is known) */
   void *p = dt__alloc(size);
   if (p) memset(p, 0, size);
   return p;
@@ -17360,6 +17360,12 @@ static void dt__export_float(FILE *f, float v) {
   fputc('f', f);
 }
 
+/* Entry i of c, zeroed first (what a failed lookup leaves). */
+static dt_result dt__export_entry(const dt_checkpoint *c, int i, dt_checkpoint_entry *e) {
+  memset(e, 0, sizeof *e);
+  return dt_checkpoint_entry_at(c, i, e);
+}
+
 /* The tensors to export: F32 ones not under "optim."; their identifiers
  * distinct. Sets *count and the largest tensor's elements. */
 static dt_result dt__export_scan(const dt_checkpoint *c, const char *path, const char *prefix, int *count,
@@ -17370,8 +17376,7 @@ static dt_result dt__export_scan(const dt_checkpoint *c, const char *path, const
   *largest = *total = 0;
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    memset(&e, 0, sizeof e);
-    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    dt_result got = dt__export_entry(c, i, &e);
     if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     if (strcmp(e.dtype, "F32") != 0)
@@ -17383,8 +17388,7 @@ static dt_result dt__export_scan(const dt_checkpoint *c, const char *path, const
     dt__export_ident(a, sizeof a, e.name);
     for (int j = 0; j < i; j++) {
       dt_checkpoint_entry o;
-      memset(&o, 0, sizeof o);
-      dt_result got_o = dt_checkpoint_entry_at(c, j, &o);
+      dt_result got_o = dt__export_entry(c, j, &o);
       if (got_o != DTRAIN_OK) return got_o;
       if (strncmp(o.name, "optim.", 6) == 0) continue;
       dt__export_ident(b, sizeof b, o.name);
@@ -17420,8 +17424,7 @@ static dt_result dt__export_write(const dt_checkpoint *c, const char *path, cons
   fprintf(f, "#define %s_TENSORS %d\n#define %s_FLOATS %lluu\n\n", guard, count, guard, (unsigned long long)total);
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    memset(&e, 0, sizeof e);
-    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    dt_result got = dt__export_entry(c, i, &e);
     if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     const uint64_t ne = (e.end - e.begin) / 4;
@@ -17449,8 +17452,7 @@ static dt_result dt__export_write(const dt_checkpoint *c, const char *path, cons
   fprintf(f, "static const %s_tensor %s_tensors[%d] = {\n", prefix, prefix, count);
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    memset(&e, 0, sizeof e);
-    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    dt_result got = dt__export_entry(c, i, &e);
     if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     dt__export_ident(id, sizeof id, e.name);

@@ -241,14 +241,15 @@ DTRAIN_API size_t dt_fixed_memory_peak(void) { return dt__base_fix.peak; }
 
 DTRAIN_PRIVATE void *dt__alloc(size_t size) {
   if (size == 0) size = 1;
+  if (size > (size_t)PTRDIFF_MAX) return NULL; /* no object is larger (and callers' memset bounds are known) */
   if (dt__base_allocator.alloc) return dt__base_allocator.alloc(size, DT__ALIGN, dt__base_allocator.user);
 #ifdef DTRAIN_NO_MALLOC
   dt__log(DTRAIN_LOG_ERROR, DTRAIN_ERR_NOMEM,
           "no allocator: a DTRAIN_NO_MALLOC build needs dt_use_fixed_memory() or dt_set_allocator() first");
   return NULL;
 #else
-  /* Built-in: over-allocate, align, and keep the raw pointer just below. */
-  if (size > SIZE_MAX - DT__ALIGN - sizeof(void *)) return NULL;
+  /* Built-in: over-allocate, align, and keep the raw pointer just below
+   * (size <= PTRDIFF_MAX: adding the alignment cannot wrap). */
   unsigned char *raw = (unsigned char *)DTRAIN_MALLOC(size + DT__ALIGN + sizeof(void *));
   if (!raw) return NULL;
   uintptr_t p = ((uintptr_t)(raw + sizeof(void *)) + DT__ALIGN - 1) & ~(uintptr_t)(DT__ALIGN - 1);
@@ -258,7 +259,6 @@ DTRAIN_PRIVATE void *dt__alloc(size_t size) {
 }
 
 DTRAIN_PRIVATE void *dt__calloc(size_t size) {
-  if (size > (size_t)PTRDIFF_MAX) return NULL; /* no object is larger (and memset's bound is known) */
   void *p = dt__alloc(size);
   if (p) memset(p, 0, size);
   return p;

@@ -58,6 +58,12 @@ static void dt__export_float(FILE *f, float v) {
   fputc('f', f);
 }
 
+/* Entry i of c, zeroed first (what a failed lookup leaves). */
+static dt_result dt__export_entry(const dt_checkpoint *c, int i, dt_checkpoint_entry *e) {
+  memset(e, 0, sizeof *e);
+  return dt_checkpoint_entry_at(c, i, e);
+}
+
 /* The tensors to export: F32 ones not under "optim."; their identifiers
  * distinct. Sets *count and the largest tensor's elements. */
 static dt_result dt__export_scan(const dt_checkpoint *c, const char *path, const char *prefix, int *count,
@@ -68,8 +74,7 @@ static dt_result dt__export_scan(const dt_checkpoint *c, const char *path, const
   *largest = *total = 0;
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    memset(&e, 0, sizeof e);
-    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    dt_result got = dt__export_entry(c, i, &e);
     if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     if (strcmp(e.dtype, "F32") != 0)
@@ -81,8 +86,7 @@ static dt_result dt__export_scan(const dt_checkpoint *c, const char *path, const
     dt__export_ident(a, sizeof a, e.name);
     for (int j = 0; j < i; j++) {
       dt_checkpoint_entry o;
-      memset(&o, 0, sizeof o);
-      dt_result got_o = dt_checkpoint_entry_at(c, j, &o);
+      dt_result got_o = dt__export_entry(c, j, &o);
       if (got_o != DTRAIN_OK) return got_o;
       if (strncmp(o.name, "optim.", 6) == 0) continue;
       dt__export_ident(b, sizeof b, o.name);
@@ -118,8 +122,7 @@ static dt_result dt__export_write(const dt_checkpoint *c, const char *path, cons
   fprintf(f, "#define %s_TENSORS %d\n#define %s_FLOATS %lluu\n\n", guard, count, guard, (unsigned long long)total);
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    memset(&e, 0, sizeof e);
-    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    dt_result got = dt__export_entry(c, i, &e);
     if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     const uint64_t ne = (e.end - e.begin) / 4;
@@ -147,8 +150,7 @@ static dt_result dt__export_write(const dt_checkpoint *c, const char *path, cons
   fprintf(f, "static const %s_tensor %s_tensors[%d] = {\n", prefix, prefix, count);
   for (int i = 0; i < n; i++) {
     dt_checkpoint_entry e;
-    memset(&e, 0, sizeof e);
-    dt_result got = dt_checkpoint_entry_at(c, i, &e);
+    dt_result got = dt__export_entry(c, i, &e);
     if (got != DTRAIN_OK) return got;
     if (strncmp(e.name, "optim.", 6) == 0) continue;
     dt__export_ident(id, sizeof id, e.name);
