@@ -67,11 +67,14 @@ $(BUILD)/dtrain.o: $(DT_PARTS)
 # call private functions) that take its declarations only and link with the parts instead
 # (DTRAIN__LINKED_TEST, dt_base.h): every configuration (sanitizers, cross, minimal) then
 # compiles the implementation once rather than once more per such test, which was most of
-# CI's time. The other such tests use types private to a .c file (the PS client's state,
-# the handshake's hello, the codec's and netem's internals) or set a configuration of their
-# own (test_strategy_nothreads), and compile the implementation themselves.
+# CI's time. The private types and functions they reach (the PS client's state, the
+# handshake's hello, the error-feedback state) are declared in src/'s private headers for
+# them. Only test_strategy_nothreads, which sets a configuration of its own, compiles the
+# implementation itself.
 LINKED_TESTS := test_comm_p2p test_compress test_flush test_grad_ready test_mwm_tcp test_net_threads test_overlap \
-                test_pipeline test_speed test_strategy_multi test_tensor_parallel test_trace test_ps_elastic
+                test_pipeline test_speed test_strategy_multi test_tensor_parallel test_trace test_ps_elastic \
+                test_conv_relu test_gemm_panels test_plan_fluid test_compress_ef test_comm_tcp test_ps \
+                test_ps_backup test_ps_compress test_ps_early test_net test_netem
 
 # SKIP_TESTS (make windows): programs built as a stand-in that reports them
 # skipped with SKIP_WHY (tests/cuda_skip.c) instead of the test.

@@ -198,7 +198,7 @@
  *   7  data      dt_data* dt_inflate dt_io dt_safetensors dt_checkpoint* dt_export
  *   8  comm      dt_comm dt_comm_core dt_comm_group dt_comm_mpi dt_devgroup
  *   9  net       dt_net* dt_wire dt_hash dt_frame dt_sock dt_socket dt_conn dt_handshake dt_comm_tcp* dt_cluster
- *   10 strategy  dt_strategy* dt_plan dt_pstore dt_ps* dt_pipeline dt_tensor_parallel dt_parallel_ckpt  (the parameter servers: the store, its shards and clients)
+ *   10 strategy  dt_strategy* dt_plan* dt_pstore dt_ps* dt_pipeline dt_tensor_parallel dt_parallel_ckpt  (the parameter servers: the store, its shards and clients)
  *   11 fit       dt_fit*
  *
  * MEMORY AND OWNERSHIP
@@ -4793,6 +4793,8 @@ DTRAIN_PRIVATE void dt__trace_env(void);
  * the one of least delay; every trace file's otherData.clocks lists them, and
  * tools/dtrain-trace merge puts the files on one axis with them. */
 DTRAIN_PRIVATE void dt__trace_clock_note(int server, int index, double offset_s, double delay_s);
+/* The estimate kept for that peer: 1 and its offset and delay, or 0 if none was noted. */
+DTRAIN_PRIVATE int dt__trace_clock_get(int server, int index, double *offset_s, double *delay_s);
 
 /* ---- base (dt_base.c) ------------------------------------------------------- */
 
@@ -22544,6 +22546,16 @@ DTRAIN_PRIVATE void dt__trace_clock_note(int server, int index, double offset_s,
   dt__trace_unlock();
 }
 
+DTRAIN_PRIVATE int dt__trace_clock_get(int server, int index, double *offset_s, double *delay_s) {
+  dt__trace_lock();
+  int k = 0;
+  while (k < dt__trace_nclocks && (dt__trace_clocks[k].server != !!server || dt__trace_clocks[k].index != index)) k++;
+  int found = k < dt__trace_nclocks;
+  if (found) *offset_s = dt__trace_clocks[k].offset, *delay_s = dt__trace_clocks[k].delay;
+  dt__trace_unlock();
+  return found;
+}
+
 #ifndef DTRAIN_NO_STDIO
 /* the trace's bit on or off (the writer below is its only switch) */
 static void dt__prof_set_tracing(int on) {
@@ -24747,6 +24759,48 @@ typedef struct dt__ef dt__ef;
 typedef struct dt__ef_part {
   size_t off, rows, cols;
 } dt__ef_part;
+#define DT__EF_SAMPLE 2048 /* top-k: keys sampled for a first threshold */
+
+/* A part as the compressor holds it. */
+typedef struct dt__ef_run {
+  size_t off, rows, cols; /* the matrix */
+  size_t r;               /* PowerSGD: its rank; 0: sent as floats */
+  size_t poff, qoff;      /* PowerSGD: its P (or values) in the pack, its Q in q */
+} dt__ef_run;
+
+struct dt__ef { /* here, not in dt_strategy_ef.c, for tests/test_compress_ef.c */
+  dt_compress c;
+  int W;
+  size_t n;             /* floats in the buffer */
+  dt__ef_run *run;
+  int nrun;
+  float *err, *next;    /* the kept error and this step's, n floats each */
+  int next_ok;          /* this step's error is complete and finite */
+  /* top-k */
+  size_t k, ntrain;
+  float *key;           /* ntrain: what selection sorts */
+  float *msg;           /* W messages of 2k slots */
+  float sample[DT__EF_SAMPLE];
+  /* PowerSGD */
+  float *pack;          /* the P factors, then the float-sent parts' values */
+  size_t npack;
+  float *q;             /* every factored part's Q (cols x r), kept between steps */
+  float *qloc;          /* this rank's M^T P before the all-reduce */
+  size_t nq;
+  float *qt, *recon;    /* scratch: a Q transposed (the largest), a matrix (the largest) */
+  size_t nqt, nrecon;
+  uint64_t seed;        /* draws Q's columns: the same sequence on every rank */
+};
+
+/* The value of rank `want` (0-based, ascending) of a[0, n): a[] reordered. */
+DTRAIN_PRIVATE float dt__ef_select(float *a, size_t n, size_t want);
+/* A top-k message's index slots: 32-bit little-endian in a float's bytes. */
+DTRAIN_PRIVATE void dt__ef_put_u32(float *slots, size_t i, uint32_t v);
+DTRAIN_PRIVATE uint32_t dt__ef_get_u32(const float *slots, size_t i);
+/* This rank's top-k message into m: g + e staged in next, its k largest sent. */
+DTRAIN_PRIVATE void dt__ef_topk_encode(dt__ef *e, const float *buf, float *m);
+/* Rank `from`'s top-k message added into buf; DTRAIN_ERR_PROTOCOL for bad indices. */
+DTRAIN_PRIVATE dt_result dt__ef_topk_add(const dt__ef *e, const float *m, int from, float *buf);
 /* State for c (topk or powersgd) over n floats of which the parts are
  * trained, W ranks. lowrank_all: PowerSGD factors every matrix, even where
  * they are no smaller (tests). */
@@ -27920,39 +27974,6 @@ DTRAIN_PRIVATE dt_result dt__compress_allreduce(dt_comm *x, int rank, dt_compres
 
 #if !defined(DTRAIN_NO_DIST)
 
-#define DT__EF_SAMPLE 2048 /* top-k: keys sampled for a first threshold */
-
-/* A part as the compressor holds it. */
-typedef struct dt__ef_run {
-  size_t off, rows, cols; /* the matrix */
-  size_t r;               /* PowerSGD: its rank; 0: sent as floats */
-  size_t poff, qoff;      /* PowerSGD: its P (or values) in the pack, its Q in q */
-} dt__ef_run;
-
-struct dt__ef {
-  dt_compress c;
-  int W;
-  size_t n;             /* floats in the buffer */
-  dt__ef_run *run;
-  int nrun;
-  float *err, *next;    /* the kept error and this step's, n floats each */
-  int next_ok;          /* this step's error is complete and finite */
-  /* top-k */
-  size_t k, ntrain;
-  float *key;           /* ntrain: what selection sorts */
-  float *msg;           /* W messages of 2k slots */
-  float sample[DT__EF_SAMPLE];
-  /* PowerSGD */
-  float *pack;          /* the P factors, then the float-sent parts' values */
-  size_t npack;
-  float *q;             /* every factored part's Q (cols x r), kept between steps */
-  float *qloc;          /* this rank's M^T P before the all-reduce */
-  size_t nq;
-  float *qt, *recon;    /* scratch: a Q transposed (the largest), a matrix (the largest) */
-  size_t nqt, nrecon;
-  uint64_t seed;        /* draws Q's columns: the same sequence on every rank */
-};
-
 /* ---- the state ------------------------------------------------------------------------- */
 
 /* Bytes of err and of next (one float for an empty buffer: no zero-size allocation). */
@@ -28117,7 +28138,7 @@ DTRAIN_PRIVATE const float *dt__ef_error(const dt__ef *e) { return e ? e->err : 
 
 /* The value of rank `want` (0-based, ascending) of a[0, n): a[] reordered.
  * Hoare partitions around a median of three; equal keys split evenly. */
-static float dt__ef_select(float *a, size_t n, size_t want) {
+DTRAIN_PRIVATE float dt__ef_select(float *a, size_t n, size_t want) {
   int64_t lo = 0, hi = (int64_t)n - 1, w = (int64_t)want;
   while (lo < hi) {
     int64_t mid = lo + (hi - lo) / 2;
@@ -28142,13 +28163,13 @@ static float dt__ef_select(float *a, size_t n, size_t want) {
   return a[w];
 }
 
-static void dt__ef_put_u32(float *slots, size_t i, uint32_t v) {
+DTRAIN_PRIVATE void dt__ef_put_u32(float *slots, size_t i, uint32_t v) {
   unsigned char *b = (unsigned char *)slots + 4 * i;
   b[0] = (unsigned char)(v & 0xFFu), b[1] = (unsigned char)((v >> 8) & 0xFFu);
   b[2] = (unsigned char)((v >> 16) & 0xFFu), b[3] = (unsigned char)(v >> 24);
 }
 
-static uint32_t dt__ef_get_u32(const float *slots, size_t i) {
+DTRAIN_PRIVATE uint32_t dt__ef_get_u32(const float *slots, size_t i) {
   const unsigned char *b = (const unsigned char *)slots + 4 * i;
   return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
 }
@@ -28202,7 +28223,7 @@ static float dt__ef_kth(dt__ef *e, size_t *above) {
 }
 
 /* This rank's message into m: g + e staged in next, its k largest sent (and zeroed there). */
-static void dt__ef_topk_encode(dt__ef *e, const float *buf, float *m) {
+DTRAIN_PRIVATE void dt__ef_topk_encode(dt__ef *e, const float *buf, float *m) {
   const size_t k = e->k;
   float *DT__RESTRICT key = e->key;
   int finite = 1;
@@ -28249,7 +28270,7 @@ static void dt__ef_topk_encode(dt__ef *e, const float *buf, float *m) {
 
 /* Rank `from`'s message added into buf. DTRAIN_ERR_PROTOCOL for indices that
  * do not rise or are not of a trained value. */
-static dt_result dt__ef_topk_add(const dt__ef *e, const float *m, int from, float *buf) {
+DTRAIN_PRIVATE dt_result dt__ef_topk_add(const dt__ef *e, const float *m, int from, float *buf) {
   int p = 0;
   uint32_t prev = 0;
   for (size_t j = 0; j < e->k; j++) {
@@ -29774,6 +29795,27 @@ DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r) {
 #endif /* part 3 */
 /* ======== end dt_strategy_device.c ======== */
 
+/* ======== begin dt_plan_internal.h ======== */
+/* ===========================================================================
+ * dt_plan_internal.h -- the planner's models, for its own tests (plan layer)
+ * ===========================================================================
+ * Private: part of the implementation, not of the API. See dt_internal.h.
+ * Declared here (not static in dt_plan.c) so that tests/test_plan_fluid.c
+ * links with the library object instead of compiling the implementation.
+ */
+#ifndef DTRAIN_PLAN_INTERNAL_H
+#define DTRAIN_PLAN_INTERNAL_H
+
+/* #include "dt_internal.h" (amalgamated) */
+
+/* The seconds of one worker's round of n asynchronous workers against the
+ * parameter servers: the fluid model described at its definition (dt_plan.c);
+ * 0 where it is not modelled (n outside 1..1024, cap not > 0). */
+DTRAIN_PRIVATE double dt__plan_ps_fluid(int n, double z, double d_in, double d_out, double u, double cap);
+
+#endif
+/* ======== end dt_plan_internal.h ======== */
+
 /* ======== begin dt_plan.c ======== */
 #if !defined(DTRAIN_IMPLEMENTATION_PART) || DTRAIN_IMPLEMENTATION_PART == 3
 /* ===========================================================================
@@ -29796,6 +29838,7 @@ DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r) {
 /* #include "dt_comm.h" (amalgamated) */
 /* #include "dt_strategy.h" (amalgamated) */
 /* #include "dt_plan.h" (amalgamated) */
+/* #include "dt_plan_internal.h" (amalgamated) */
 /* #include "dt_platform.h" (amalgamated) */
 #include <math.h>
 
@@ -30229,7 +30272,7 @@ static double dt__plan_slow(const dt_plan_model *m, double k) {
  * n x the mean gap between pushes. O(n^2) a round; at most DT__PLAN_FLUID_MAX
  * workers (0: more, not modelled). */
 #define DT__PLAN_FLUID_MAX 1024
-static double dt__plan_ps_fluid(int n, double z, double d_in, double d_out, double u, double cap) {
+DTRAIN_PRIVATE double dt__plan_ps_fluid(int n, double z, double d_in, double d_out, double u, double cap) {
   enum { COMPUTE, PUSH, QUEUED, UPDATE, PULL };
   static const double eps = 1e-12;
   if (n < 1 || n > DT__PLAN_FLUID_MAX || !(cap > 0)) return 0.0;
@@ -33704,6 +33747,10 @@ DTRAIN_PRIVATE dt_result dt__netem_attach(int fd, uint32_t self_id, int peer_rol
 DTRAIN_PRIVATE void dt__netem_detach(int fd); /* lets queued bytes arrive (at most 2 s), then frees the line */
 DTRAIN_PRIVATE int dt__netem_stats_of(int fd, dt__netem_stats *st); /* 0: no line on fd */
 DTRAIN_PRIVATE long dt__netem_lines_made(void);
+/* Lines in the table now (0: no emulation anywhere). */
+DTRAIN_PRIVATE int dt__netem_lines_live(void);
+/* A forked child's cut clock starts again with its own first link, not the parent's (tests). */
+DTRAIN_PRIVATE void dt__netem_clock_restart(void);
 DTRAIN_PRIVATE ssize_t dt__sock_sendmsg(int fd, const struct msghdr *mh, int flags);
 DTRAIN_PRIVATE ssize_t dt__sock_send(int fd, const void *p, size_t n, int flags);
 DTRAIN_PRIVATE ssize_t dt__sock_recv(int fd, void *p, size_t n, int flags);
@@ -33868,6 +33915,27 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
  * drives): it takes the bytes of the client's frames in any chunks, returns
  * how many it used and appends its answers to h->out. */
 #  define DT__HELLO 128
+/* The hello's fields (the layout: dt_handshake.c) and its flags. */
+#  define DT__HELLO_F_TOKEN 1u
+#  define DT__HELLO_F_JOB 2u /* the job id was given (DTRAIN_JOB_ID, set by dtrain-launch), not derived */
+typedef struct dt__hello {
+  uint32_t role, index, workers, servers;
+  uint64_t model_hash;
+  uint32_t flags;
+  uint32_t lane;
+  unsigned char nonce[DT__NET_NONCE];
+  char addr[64];
+} dt__hello;
+/* A hello to and from its 128 bytes; this process's own (a fresh nonce). */
+DTRAIN_PRIVATE void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]);
+DTRAIN_PRIVATE void dt__hello_unpack(const unsigned char b[DT__HELLO], dt__hello *h);
+DTRAIN_PRIVATE void dt__hello_self(const dt__net_self *self, dt__hello *h);
+/* The proof of side 'C' (connector) or 'A' (acceptor): HMAC-SHA256 of the token over
+ * both hellos and the job (dt_handshake.c). */
+DTRAIN_PRIVATE void dt__net_proof(const dt__net_self *self, char side, const unsigned char conn_hello[DT__HELLO],
+                                  const unsigned char acc_hello[DT__HELLO], unsigned char out[32]);
+/* The acceptor's states (dt__hs.state; the state machine: dt_handshake.c). */
+enum { DT__HSS_HELLO = 0, DT__HSS_AUTH, DT__HSS_SEND, DT__HSS_REFUSING, DT__HSS_DONE, DT__HSS_FAILED };
 #  define DT__HS_IN (DT__NET_HDR + 512)  /* a hello, a proof or a refusal's text */
 #  define DT__HS_OUT 640                 /* WELCOME + AUTH + READY, or WELCOME + REFUSE */
 #  define DT__NET_PENDING_MAX 32         /* connections in the handshake at a time (then the oldest goes) */
@@ -34811,6 +34879,8 @@ DTRAIN_PRIVATE int dt__netem_stats_of(int fd, dt__netem_stats *st) {
 }
 
 DTRAIN_PRIVATE long dt__netem_lines_made(void) { return DT__ALOAD(&dt__ne_created, DT__MO_RELAXED); }
+DTRAIN_PRIVATE int dt__netem_lines_live(void) { return DT__ALOAD(&dt__ne_count, DT__MO_RELAXED); }
+DTRAIN_PRIVATE void dt__netem_clock_restart(void) { dt__ne_t0 = -1.0; }
 
 /* ---- the socket calls --------------------------------------------------------------------- */
 
@@ -35853,18 +35923,8 @@ DTRAIN_PRIVATE void dt__conn_close(dt__conn *c) {
  *  32 nonce[32]   64 addr[64] (NUL-padded: the address the sender believes it has)
  * The proof (AUTH) is HMAC-SHA256(token, "dtrain-auth-1" | side byte ('C' or 'A') |
  * job (8) | connector hello (128) | acceptor hello (128)): it binds both nonces
- * and both identities, so a recorded proof cannot be replayed. */
-#  define DT__HELLO_F_TOKEN 1u
-#  define DT__HELLO_F_JOB 2u /* the job id was given (DTRAIN_JOB_ID, set by dtrain-launch), not derived */
-
-typedef struct dt__hello {
-  uint32_t role, index, workers, servers;
-  uint64_t model_hash;
-  uint32_t flags;
-  uint32_t lane;
-  unsigned char nonce[DT__NET_NONCE];
-  char addr[64];
-} dt__hello;
+ * and both identities, so a recorded proof cannot be replayed. (dt__hello, its flags and
+ * these functions are declared in dt_net_core.h, for the tests.) */
 
 /* ---- nonces ----------------------------------------------------------------------------------- */
 
@@ -35913,7 +35973,7 @@ DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
 
 /* ---- hellos ----------------------------------------------------------------------------------- */
 
-static void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]) {
+DTRAIN_PRIVATE void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]) {
   memset(b, 0, DT__HELLO);
   dt__put_le32(b, h->role);
   dt__put_le32(b + 4, h->index);
@@ -35927,7 +35987,7 @@ static void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]) {
   memcpy(b + 64, h->addr, al < 63 ? al : 63);
 }
 
-static void dt__hello_unpack(const unsigned char b[DT__HELLO], dt__hello *h) {
+DTRAIN_PRIVATE void dt__hello_unpack(const unsigned char b[DT__HELLO], dt__hello *h) {
   h->role = dt__get_le32(b);
   h->index = dt__get_le32(b + 4);
   h->workers = dt__get_le32(b + 8);
@@ -35944,7 +36004,7 @@ static void dt__hello_unpack(const unsigned char b[DT__HELLO], dt__hello *h) {
 
 static const char *dt__net_role_name(uint32_t role) { return role == DTRAIN_ROLE_PS ? "ps" : "worker"; }
 
-static void dt__hello_self(const dt__net_self *self, dt__hello *h) {
+DTRAIN_PRIVATE void dt__hello_self(const dt__net_self *self, dt__hello *h) {
   const dt_cluster *c = self->cluster;
   memset(h, 0, sizeof *h);
   h->role = (uint32_t)c->role;
@@ -35959,8 +36019,8 @@ static void dt__hello_self(const dt__net_self *self, dt__hello *h) {
   snprintf(h->addr, sizeof h->addr, "%s", a ? a : "");
 }
 
-static void dt__net_proof(const dt__net_self *self, char side, const unsigned char conn_hello[DT__HELLO],
-                          const unsigned char acc_hello[DT__HELLO], unsigned char out[32]) {
+DTRAIN_PRIVATE void dt__net_proof(const dt__net_self *self, char side, const unsigned char conn_hello[DT__HELLO],
+                                  const unsigned char acc_hello[DT__HELLO], unsigned char out[32]) {
   unsigned char msg[14 + 1 + 8 + 2 * DT__HELLO];
   memcpy(msg, "dtrain-auth-1", 13);
   msg[13] = 0;
@@ -36132,8 +36192,7 @@ DTRAIN_PRIVATE dt_result dt__hs_clock_read(const unsigned char *p, uint32_t len,
  * proof. SEND: the last answers (AUTH, READY) are queued; done once they are
  * out. REFUSING: a REFUSE frame is queued; failed once it is out (or cannot
  * go). Every check of the blocking handshake is made, in the same order, so
- * the client sees the same answers. */
-enum { DT__HSS_HELLO = 0, DT__HSS_AUTH, DT__HSS_SEND, DT__HSS_REFUSING, DT__HSS_DONE, DT__HSS_FAILED };
+ * the client sees the same answers. (The states, DT__HSS_*: dt_net_core.h.) */
 
 DTRAIN_PRIVATE double dt__net_hs_timeout(const dt__net_self *self) {
   double t = self->opt.handshake_timeout_s > 0 ? self->opt.handshake_timeout_s : 3.0;
@@ -39291,6 +39350,51 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S);
 /* Write one when checkpoint_every / checkpoint_seconds says it is due (a failure is logged, not returned). */
 DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S);
 
+/* ---- the client (dt_ps_client.c): a worker's dt_pstore over the servers ------------------------ */
+typedef struct dt__ps_client {
+  dt_pstore ps;
+  dt_params *params;
+  int M, me;
+  double timeout;
+  int *owner;
+  int np;
+  dt__conn *conn;
+  size_t *shard;
+  unsigned char **buf;
+  size_t *buf_cap;
+  double *last_send;
+  uint64_t *pulled_version; /* per server: the version of the last pull (the next push says it) */
+  uint64_t *basis_version;  /* ... of the pull before it (dt__ps_client_push_basis) */
+  uint64_t *heard_version;  /* per server: the last version it said (a pull's, a push's answer) */
+  int64_t pulled_clock;     /* the last pull's clock (absolute), -1: none since the join */
+  int64_t basis;            /* the next push was computed on the pull of this clock (absolute); -1: the last */
+  uint64_t version;
+  int64_t base, next;
+  int queue;               /* it took a work item: each push asks for the next one too */
+  int have_item;           /* ... and got it: the next take returns item */
+  int64_t item;
+  int left;
+  /* compression (dt_pstore.compress, set up by dt__ps_client_codec) */
+  dt_compress zc;          /* the form in use */
+  struct dt__ef *ef;       /* top-k / PowerSGD: the error kept for the next push */
+  float **view;            /* per server: its shard as this worker holds it (compressed pulls) */
+  int *view_ok;            /* ... started by a pull that kept a copy */
+  /* float pushes and pulls on a little-endian host go from and to the
+   * params' layout where they lie: a frame's pieces (dt__ps_client_parts) */
+  struct iovec *iov, *iov_scratch; /* np + 2 entries each */
+  /* a push in parts (dt__ps_client_push_part): sent so far, the floats of
+   * each server's shard from part_lo[s] on (part_lo[s] = shard[s]: none) */
+  size_t *part_lo;
+  int parting;
+  int64_t part_T;          /* ... of this push (absolute clock) */
+  dt_result err;
+  char msg[DT__MSG_CAP];
+  DT__ATOMIC(int) aborted;
+  DT__ATOMIC(int) stop;
+  dt__mutex mu;
+  dt__thread hb;
+} dt__ps_client;
+
 #endif /* DTRAIN_NO_NET */
 
 #endif /* DTRAIN_PS_CORE_H */
@@ -41321,49 +41425,7 @@ DTRAIN_API dt_result dt_ps_serve(const dt_cluster *c, dt_params *params, dt_opti
 #    include <unistd.h>
 #  endif
 
-typedef struct dt__ps_client {
-  dt_pstore ps;
-  dt_params *params;
-  int M, me;
-  double timeout;
-  int *owner;
-  int np;
-  dt__conn *conn;
-  size_t *shard;
-  unsigned char **buf;
-  size_t *buf_cap;
-  double *last_send;
-  uint64_t *pulled_version; /* per server: the version of the last pull (the next push says it) */
-  uint64_t *basis_version;  /* ... of the pull before it (dt__ps_client_push_basis) */
-  uint64_t *heard_version;  /* per server: the last version it said (a pull's, a push's answer) */
-  int64_t pulled_clock;     /* the last pull's clock (absolute), -1: none since the join */
-  int64_t basis;            /* the next push was computed on the pull of this clock (absolute); -1: the last */
-  uint64_t version;
-  int64_t base, next;
-  int queue;               /* it took a work item: each push asks for the next one too */
-  int have_item;           /* ... and got it: the next take returns item */
-  int64_t item;
-  int left;
-  /* compression (dt_pstore.compress, set up by dt__ps_client_codec) */
-  dt_compress zc;          /* the form in use */
-  dt__ef *ef;              /* top-k / PowerSGD: the error kept for the next push */
-  float **view;            /* per server: its shard as this worker holds it (compressed pulls) */
-  int *view_ok;            /* ... started by a pull that kept a copy */
-  /* float pushes and pulls on a little-endian host go from and to the
-   * params' layout where they lie: a frame's pieces (dt__ps_client_parts) */
-  struct iovec *iov, *iov_scratch; /* np + 2 entries each */
-  /* a push in parts (dt__ps_client_push_part): sent so far, the floats of
-   * each server's shard from part_lo[s] on (part_lo[s] = shard[s]: none) */
-  size_t *part_lo;
-  int parting;
-  int64_t part_T;          /* ... of this push (absolute clock) */
-  dt_result err;
-  char msg[DT__MSG_CAP];
-  DT__ATOMIC(int) aborted;
-  DT__ATOMIC(int) stop;
-  dt__mutex mu;
-  dt__thread hb;
-} dt__ps_client;
+/* dt__ps_client, this store's state: dt_ps_core.h (the tests reach into it). */
 
 static dt__ps_client *dt__ps_client_of(dt_pstore *ps) { return (dt__ps_client *)ps->impl; }
 

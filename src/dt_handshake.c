@@ -42,18 +42,8 @@
  *  32 nonce[32]   64 addr[64] (NUL-padded: the address the sender believes it has)
  * The proof (AUTH) is HMAC-SHA256(token, "dtrain-auth-1" | side byte ('C' or 'A') |
  * job (8) | connector hello (128) | acceptor hello (128)): it binds both nonces
- * and both identities, so a recorded proof cannot be replayed. */
-#  define DT__HELLO_F_TOKEN 1u
-#  define DT__HELLO_F_JOB 2u /* the job id was given (DTRAIN_JOB_ID, set by dtrain-launch), not derived */
-
-typedef struct dt__hello {
-  uint32_t role, index, workers, servers;
-  uint64_t model_hash;
-  uint32_t flags;
-  uint32_t lane;
-  unsigned char nonce[DT__NET_NONCE];
-  char addr[64];
-} dt__hello;
+ * and both identities, so a recorded proof cannot be replayed. (dt__hello, its flags and
+ * these functions are declared in dt_net_core.h, for the tests.) */
 
 /* ---- nonces ----------------------------------------------------------------------------------- */
 
@@ -102,7 +92,7 @@ DTRAIN_PRIVATE void dt__net_random(unsigned char *out, size_t n) {
 
 /* ---- hellos ----------------------------------------------------------------------------------- */
 
-static void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]) {
+DTRAIN_PRIVATE void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]) {
   memset(b, 0, DT__HELLO);
   dt__put_le32(b, h->role);
   dt__put_le32(b + 4, h->index);
@@ -116,7 +106,7 @@ static void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]) {
   memcpy(b + 64, h->addr, al < 63 ? al : 63);
 }
 
-static void dt__hello_unpack(const unsigned char b[DT__HELLO], dt__hello *h) {
+DTRAIN_PRIVATE void dt__hello_unpack(const unsigned char b[DT__HELLO], dt__hello *h) {
   h->role = dt__get_le32(b);
   h->index = dt__get_le32(b + 4);
   h->workers = dt__get_le32(b + 8);
@@ -133,7 +123,7 @@ static void dt__hello_unpack(const unsigned char b[DT__HELLO], dt__hello *h) {
 
 static const char *dt__net_role_name(uint32_t role) { return role == DTRAIN_ROLE_PS ? "ps" : "worker"; }
 
-static void dt__hello_self(const dt__net_self *self, dt__hello *h) {
+DTRAIN_PRIVATE void dt__hello_self(const dt__net_self *self, dt__hello *h) {
   const dt_cluster *c = self->cluster;
   memset(h, 0, sizeof *h);
   h->role = (uint32_t)c->role;
@@ -148,8 +138,8 @@ static void dt__hello_self(const dt__net_self *self, dt__hello *h) {
   snprintf(h->addr, sizeof h->addr, "%s", a ? a : "");
 }
 
-static void dt__net_proof(const dt__net_self *self, char side, const unsigned char conn_hello[DT__HELLO],
-                          const unsigned char acc_hello[DT__HELLO], unsigned char out[32]) {
+DTRAIN_PRIVATE void dt__net_proof(const dt__net_self *self, char side, const unsigned char conn_hello[DT__HELLO],
+                                  const unsigned char acc_hello[DT__HELLO], unsigned char out[32]) {
   unsigned char msg[14 + 1 + 8 + 2 * DT__HELLO];
   memcpy(msg, "dtrain-auth-1", 13);
   msg[13] = 0;
@@ -321,8 +311,7 @@ DTRAIN_PRIVATE dt_result dt__hs_clock_read(const unsigned char *p, uint32_t len,
  * proof. SEND: the last answers (AUTH, READY) are queued; done once they are
  * out. REFUSING: a REFUSE frame is queued; failed once it is out (or cannot
  * go). Every check of the blocking handshake is made, in the same order, so
- * the client sees the same answers. */
-enum { DT__HSS_HELLO = 0, DT__HSS_AUTH, DT__HSS_SEND, DT__HSS_REFUSING, DT__HSS_DONE, DT__HSS_FAILED };
+ * the client sees the same answers. (The states, DT__HSS_*: dt_net_core.h.) */
 
 DTRAIN_PRIVATE double dt__net_hs_timeout(const dt__net_self *self) {
   double t = self->opt.handshake_timeout_s > 0 ? self->opt.handshake_timeout_s : 3.0;

@@ -154,6 +154,8 @@ DTRAIN_PRIVATE void dt__trace_env(void);
  * the one of least delay; every trace file's otherData.clocks lists them, and
  * tools/dtrain-trace merge puts the files on one axis with them. */
 DTRAIN_PRIVATE void dt__trace_clock_note(int server, int index, double offset_s, double delay_s);
+/* The estimate kept for that peer: 1 and its offset and delay, or 0 if none was noted. */
+DTRAIN_PRIVATE int dt__trace_clock_get(int server, int index, double *offset_s, double *delay_s);
 
 /* ---- base (dt_base.c) ------------------------------------------------------- */
 

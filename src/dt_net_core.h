@@ -105,6 +105,10 @@ DTRAIN_PRIVATE dt_result dt__netem_attach(int fd, uint32_t self_id, int peer_rol
 DTRAIN_PRIVATE void dt__netem_detach(int fd); /* lets queued bytes arrive (at most 2 s), then frees the line */
 DTRAIN_PRIVATE int dt__netem_stats_of(int fd, dt__netem_stats *st); /* 0: no line on fd */
 DTRAIN_PRIVATE long dt__netem_lines_made(void);
+/* Lines in the table now (0: no emulation anywhere). */
+DTRAIN_PRIVATE int dt__netem_lines_live(void);
+/* A forked child's cut clock starts again with its own first link, not the parent's (tests). */
+DTRAIN_PRIVATE void dt__netem_clock_restart(void);
 DTRAIN_PRIVATE ssize_t dt__sock_sendmsg(int fd, const struct msghdr *mh, int flags);
 DTRAIN_PRIVATE ssize_t dt__sock_send(int fd, const void *p, size_t n, int flags);
 DTRAIN_PRIVATE ssize_t dt__sock_recv(int fd, void *p, size_t n, int flags);
@@ -269,6 +273,27 @@ DTRAIN_PRIVATE dt_result dt__net_admit(const dt__net_self *self, int fd, const c
  * drives): it takes the bytes of the client's frames in any chunks, returns
  * how many it used and appends its answers to h->out. */
 #  define DT__HELLO 128
+/* The hello's fields (the layout: dt_handshake.c) and its flags. */
+#  define DT__HELLO_F_TOKEN 1u
+#  define DT__HELLO_F_JOB 2u /* the job id was given (DTRAIN_JOB_ID, set by dtrain-launch), not derived */
+typedef struct dt__hello {
+  uint32_t role, index, workers, servers;
+  uint64_t model_hash;
+  uint32_t flags;
+  uint32_t lane;
+  unsigned char nonce[DT__NET_NONCE];
+  char addr[64];
+} dt__hello;
+/* A hello to and from its 128 bytes; this process's own (a fresh nonce). */
+DTRAIN_PRIVATE void dt__hello_pack(const dt__hello *h, unsigned char b[DT__HELLO]);
+DTRAIN_PRIVATE void dt__hello_unpack(const unsigned char b[DT__HELLO], dt__hello *h);
+DTRAIN_PRIVATE void dt__hello_self(const dt__net_self *self, dt__hello *h);
+/* The proof of side 'C' (connector) or 'A' (acceptor): HMAC-SHA256 of the token over
+ * both hellos and the job (dt_handshake.c). */
+DTRAIN_PRIVATE void dt__net_proof(const dt__net_self *self, char side, const unsigned char conn_hello[DT__HELLO],
+                                  const unsigned char acc_hello[DT__HELLO], unsigned char out[32]);
+/* The acceptor's states (dt__hs.state; the state machine: dt_handshake.c). */
+enum { DT__HSS_HELLO = 0, DT__HSS_AUTH, DT__HSS_SEND, DT__HSS_REFUSING, DT__HSS_DONE, DT__HSS_FAILED };
 #  define DT__HS_IN (DT__NET_HDR + 512)  /* a hello, a proof or a refusal's text */
 #  define DT__HS_OUT 640                 /* WELCOME + AUTH + READY, or WELCOME + REFUSE */
 #  define DT__NET_PENDING_MAX 32         /* connections in the handshake at a time (then the oldest goes) */

@@ -538,6 +538,8 @@ DTRAIN_PRIVATE int dt__netem_stats_of(int fd, dt__netem_stats *st) {
 }
 
 DTRAIN_PRIVATE long dt__netem_lines_made(void) { return DT__ALOAD(&dt__ne_created, DT__MO_RELAXED); }
+DTRAIN_PRIVATE int dt__netem_lines_live(void) { return DT__ALOAD(&dt__ne_count, DT__MO_RELAXED); }
+DTRAIN_PRIVATE void dt__netem_clock_restart(void) { dt__ne_t0 = -1.0; }
 
 /* ---- the socket calls --------------------------------------------------------------------- */
 

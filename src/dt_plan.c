@@ -18,6 +18,7 @@
 #include "dt_comm.h"
 #include "dt_strategy.h"
 #include "dt_plan.h"
+#include "dt_plan_internal.h"
 #include "dt_platform.h"
 #include <math.h>
 
@@ -451,7 +452,7 @@ static double dt__plan_slow(const dt_plan_model *m, double k) {
  * n x the mean gap between pushes. O(n^2) a round; at most DT__PLAN_FLUID_MAX
  * workers (0: more, not modelled). */
 #define DT__PLAN_FLUID_MAX 1024
-static double dt__plan_ps_fluid(int n, double z, double d_in, double d_out, double u, double cap) {
+DTRAIN_PRIVATE double dt__plan_ps_fluid(int n, double z, double d_in, double d_out, double u, double cap) {
   enum { COMPUTE, PUSH, QUEUED, UPDATE, PULL };
   static const double eps = 1e-12;
   if (n < 1 || n > DT__PLAN_FLUID_MAX || !(cap > 0)) return 0.0;

@@ -460,6 +460,16 @@ DTRAIN_PRIVATE void dt__trace_clock_note(int server, int index, double offset_s,
   dt__trace_unlock();
 }
 
+DTRAIN_PRIVATE int dt__trace_clock_get(int server, int index, double *offset_s, double *delay_s) {
+  dt__trace_lock();
+  int k = 0;
+  while (k < dt__trace_nclocks && (dt__trace_clocks[k].server != !!server || dt__trace_clocks[k].index != index)) k++;
+  int found = k < dt__trace_nclocks;
+  if (found) *offset_s = dt__trace_clocks[k].offset, *delay_s = dt__trace_clocks[k].delay;
+  dt__trace_unlock();
+  return found;
+}
+
 #ifndef DTRAIN_NO_STDIO
 /* the trace's bit on or off (the writer below is its only switch) */
 static void dt__prof_set_tracing(int on) {

@@ -316,6 +316,51 @@ DTRAIN_PRIVATE dt_result dt__ps_ckpt_read(dt__ps_server *S);
 /* Write one when checkpoint_every / checkpoint_seconds says it is due (a failure is logged, not returned). */
 DTRAIN_PRIVATE void dt__ps_maybe_ckpt(dt__ps_server *S);
 
+/* ---- the client (dt_ps_client.c): a worker's dt_pstore over the servers ------------------------ */
+typedef struct dt__ps_client {
+  dt_pstore ps;
+  dt_params *params;
+  int M, me;
+  double timeout;
+  int *owner;
+  int np;
+  dt__conn *conn;
+  size_t *shard;
+  unsigned char **buf;
+  size_t *buf_cap;
+  double *last_send;
+  uint64_t *pulled_version; /* per server: the version of the last pull (the next push says it) */
+  uint64_t *basis_version;  /* ... of the pull before it (dt__ps_client_push_basis) */
+  uint64_t *heard_version;  /* per server: the last version it said (a pull's, a push's answer) */
+  int64_t pulled_clock;     /* the last pull's clock (absolute), -1: none since the join */
+  int64_t basis;            /* the next push was computed on the pull of this clock (absolute); -1: the last */
+  uint64_t version;
+  int64_t base, next;
+  int queue;               /* it took a work item: each push asks for the next one too */
+  int have_item;           /* ... and got it: the next take returns item */
+  int64_t item;
+  int left;
+  /* compression (dt_pstore.compress, set up by dt__ps_client_codec) */
+  dt_compress zc;          /* the form in use */
+  struct dt__ef *ef;       /* top-k / PowerSGD: the error kept for the next push */
+  float **view;            /* per server: its shard as this worker holds it (compressed pulls) */
+  int *view_ok;            /* ... started by a pull that kept a copy */
+  /* float pushes and pulls on a little-endian host go from and to the
+   * params' layout where they lie: a frame's pieces (dt__ps_client_parts) */
+  struct iovec *iov, *iov_scratch; /* np + 2 entries each */
+  /* a push in parts (dt__ps_client_push_part): sent so far, the floats of
+   * each server's shard from part_lo[s] on (part_lo[s] = shard[s]: none) */
+  size_t *part_lo;
+  int parting;
+  int64_t part_T;          /* ... of this push (absolute clock) */
+  dt_result err;
+  char msg[DT__MSG_CAP];
+  DT__ATOMIC(int) aborted;
+  DT__ATOMIC(int) stop;
+  dt__mutex mu;
+  dt__thread hb;
+} dt__ps_client;
+
 #endif /* DTRAIN_NO_NET */
 
 #endif /* DTRAIN_PS_CORE_H */

@@ -33,39 +33,6 @@
 
 #if !defined(DTRAIN_NO_DIST)
 
-#define DT__EF_SAMPLE 2048 /* top-k: keys sampled for a first threshold */
-
-/* A part as the compressor holds it. */
-typedef struct dt__ef_run {
-  size_t off, rows, cols; /* the matrix */
-  size_t r;               /* PowerSGD: its rank; 0: sent as floats */
-  size_t poff, qoff;      /* PowerSGD: its P (or values) in the pack, its Q in q */
-} dt__ef_run;
-
-struct dt__ef {
-  dt_compress c;
-  int W;
-  size_t n;             /* floats in the buffer */
-  dt__ef_run *run;
-  int nrun;
-  float *err, *next;    /* the kept error and this step's, n floats each */
-  int next_ok;          /* this step's error is complete and finite */
-  /* top-k */
-  size_t k, ntrain;
-  float *key;           /* ntrain: what selection sorts */
-  float *msg;           /* W messages of 2k slots */
-  float sample[DT__EF_SAMPLE];
-  /* PowerSGD */
-  float *pack;          /* the P factors, then the float-sent parts' values */
-  size_t npack;
-  float *q;             /* every factored part's Q (cols x r), kept between steps */
-  float *qloc;          /* this rank's M^T P before the all-reduce */
-  size_t nq;
-  float *qt, *recon;    /* scratch: a Q transposed (the largest), a matrix (the largest) */
-  size_t nqt, nrecon;
-  uint64_t seed;        /* draws Q's columns: the same sequence on every rank */
-};
-
 /* ---- the state ------------------------------------------------------------------------- */
 
 /* Bytes of err and of next (one float for an empty buffer: no zero-size allocation). */
@@ -230,7 +197,7 @@ DTRAIN_PRIVATE const float *dt__ef_error(const dt__ef *e) { return e ? e->err : 
 
 /* The value of rank `want` (0-based, ascending) of a[0, n): a[] reordered.
  * Hoare partitions around a median of three; equal keys split evenly. */
-static float dt__ef_select(float *a, size_t n, size_t want) {
+DTRAIN_PRIVATE float dt__ef_select(float *a, size_t n, size_t want) {
   int64_t lo = 0, hi = (int64_t)n - 1, w = (int64_t)want;
   while (lo < hi) {
     int64_t mid = lo + (hi - lo) / 2;
@@ -255,13 +222,13 @@ static float dt__ef_select(float *a, size_t n, size_t want) {
   return a[w];
 }
 
-static void dt__ef_put_u32(float *slots, size_t i, uint32_t v) {
+DTRAIN_PRIVATE void dt__ef_put_u32(float *slots, size_t i, uint32_t v) {
   unsigned char *b = (unsigned char *)slots + 4 * i;
   b[0] = (unsigned char)(v & 0xFFu), b[1] = (unsigned char)((v >> 8) & 0xFFu);
   b[2] = (unsigned char)((v >> 16) & 0xFFu), b[3] = (unsigned char)(v >> 24);
 }
 
-static uint32_t dt__ef_get_u32(const float *slots, size_t i) {
+DTRAIN_PRIVATE uint32_t dt__ef_get_u32(const float *slots, size_t i) {
   const unsigned char *b = (const unsigned char *)slots + 4 * i;
   return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
 }
@@ -315,7 +282,7 @@ static float dt__ef_kth(dt__ef *e, size_t *above) {
 }
 
 /* This rank's message into m: g + e staged in next, its k largest sent (and zeroed there). */
-static void dt__ef_topk_encode(dt__ef *e, const float *buf, float *m) {
+DTRAIN_PRIVATE void dt__ef_topk_encode(dt__ef *e, const float *buf, float *m) {
   const size_t k = e->k;
   float *DT__RESTRICT key = e->key;
   int finite = 1;
@@ -362,7 +329,7 @@ static void dt__ef_topk_encode(dt__ef *e, const float *buf, float *m) {
 
 /* Rank `from`'s message added into buf. DTRAIN_ERR_PROTOCOL for indices that
  * do not rise or are not of a trained value. */
-static dt_result dt__ef_topk_add(const dt__ef *e, const float *m, int from, float *buf) {
+DTRAIN_PRIVATE dt_result dt__ef_topk_add(const dt__ef *e, const float *m, int from, float *buf) {
   int p = 0;
   uint32_t prev = 0;
   for (size_t j = 0; j < e->k; j++) {

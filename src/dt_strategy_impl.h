@@ -422,6 +422,48 @@ typedef struct dt__ef dt__ef;
 typedef struct dt__ef_part {
   size_t off, rows, cols;
 } dt__ef_part;
+#define DT__EF_SAMPLE 2048 /* top-k: keys sampled for a first threshold */
+
+/* A part as the compressor holds it. */
+typedef struct dt__ef_run {
+  size_t off, rows, cols; /* the matrix */
+  size_t r;               /* PowerSGD: its rank; 0: sent as floats */
+  size_t poff, qoff;      /* PowerSGD: its P (or values) in the pack, its Q in q */
+} dt__ef_run;
+
+struct dt__ef { /* here, not in dt_strategy_ef.c, for tests/test_compress_ef.c */
+  dt_compress c;
+  int W;
+  size_t n;             /* floats in the buffer */
+  dt__ef_run *run;
+  int nrun;
+  float *err, *next;    /* the kept error and this step's, n floats each */
+  int next_ok;          /* this step's error is complete and finite */
+  /* top-k */
+  size_t k, ntrain;
+  float *key;           /* ntrain: what selection sorts */
+  float *msg;           /* W messages of 2k slots */
+  float sample[DT__EF_SAMPLE];
+  /* PowerSGD */
+  float *pack;          /* the P factors, then the float-sent parts' values */
+  size_t npack;
+  float *q;             /* every factored part's Q (cols x r), kept between steps */
+  float *qloc;          /* this rank's M^T P before the all-reduce */
+  size_t nq;
+  float *qt, *recon;    /* scratch: a Q transposed (the largest), a matrix (the largest) */
+  size_t nqt, nrecon;
+  uint64_t seed;        /* draws Q's columns: the same sequence on every rank */
+};
+
+/* The value of rank `want` (0-based, ascending) of a[0, n): a[] reordered. */
+DTRAIN_PRIVATE float dt__ef_select(float *a, size_t n, size_t want);
+/* A top-k message's index slots: 32-bit little-endian in a float's bytes. */
+DTRAIN_PRIVATE void dt__ef_put_u32(float *slots, size_t i, uint32_t v);
+DTRAIN_PRIVATE uint32_t dt__ef_get_u32(const float *slots, size_t i);
+/* This rank's top-k message into m: g + e staged in next, its k largest sent. */
+DTRAIN_PRIVATE void dt__ef_topk_encode(dt__ef *e, const float *buf, float *m);
+/* Rank `from`'s top-k message added into buf; DTRAIN_ERR_PROTOCOL for bad indices. */
+DTRAIN_PRIVATE dt_result dt__ef_topk_add(const dt__ef *e, const float *m, int from, float *buf);
 /* State for c (topk or powersgd) over n floats of which the parts are
  * trained, W ranks. lowrank_all: PowerSGD factors every matrix, even where
  * they are no smaller (tests). */

@@ -15,11 +15,13 @@ W="-Wall -Wextra -Wpedantic -Werror"
 # numbered file, read back in order by check_sync. A check that needs another
 # one's output comes after a check_sync.
 JOBS=${CHECK_JOBS:-2}
+secs_since() { echo "$1 $(date +%s.%N)" | awk '{ printf "%.1f", $2 - $1 }'; }
 nchk=0; pids=""
 check() { # name, command...
   name=$1; shift
   nchk=$((nchk + 1))
-  ( if out=$("$@" 2>&1); then echo "ok $name"
+  ( t0=$(date +%s.%N)
+    if out=$("$@" 2>&1); then echo "ok $name ($(secs_since "$t0") s)"
     else echo "FAIL $name: $*"; printf '%s\n' "$out" | head -n 20; fi ) > "$D/check.$nchk" 2>&1 &
   pids="$pids $!"
   set -- $pids

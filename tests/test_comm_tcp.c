@@ -175,7 +175,7 @@ static int child_collectives(world *x, int rank, void *arg) {
     CK(getsockopt(probe, SOL_SOCKET, SO_RCVBUF, &want, &l) == 0 && want != plain);
     close(probe);
     for (int j = 0; j < w; j++) {
-      int fd = dt__tcp_of(comm)->conns[j].fd, got = 0;
+      int fd = ((dt__comm_tcp *)(comm)->impl)->conns[j].fd, got = 0;
       l = sizeof got;
       if (j != rank) CK(fd >= 0 && getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &got, &l) == 0 && got == want);
     }
@@ -571,7 +571,7 @@ static int child_lanes(world *x, int rank, void *arg) {
   dt_comm *comm = dt_comm_create_tcp(&c, &o);
   CK(comm != NULL);
   if (!comm) return 2;
-  dt__comm_tcp *t = dt__tcp_of(comm);
+  dt__comm_tcp *t = ((dt__comm_tcp *)(comm)->impl);
   uint64_t s0 = t->lane2.send_seq, r0 = t->lane2.recv_seq; /* after the handshake's frames */
   size_t n = (size_t)1 << 18; /* 1 MiB: the ring */
   float *b = (float *)malloc(n * sizeof(float));

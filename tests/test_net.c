@@ -350,10 +350,8 @@ static int run_client(int kind, int port) {
     /* The handshake estimated worker 0's clock against ours: one machine,
      * one monotonic clock, so the truth is 0, and the estimate is within
      * half the round trip's delay (the bound of the four-reading exchange). */
-    int k = 0;
-    while (k < dt__trace_nclocks && (dt__trace_clocks[k].server || dt__trace_clocks[k].index != 0)) k++;
-    if (k == dt__trace_nclocks) return 5;
-    double off = dt__trace_clocks[k].offset, del = dt__trace_clocks[k].delay;
+    double off = 0, del = 0;
+    if (!dt__trace_clock_get(0, 0, &off, &del)) return 5;
     if (!(del > 0 && del < 2.0 && fabs(off) <= 0.5 * del + 1e-7)) {
       printf("client: clock offset %.9f s, delay %.9f s\n", off, del);
       fflush(stdout);

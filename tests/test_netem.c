@@ -373,7 +373,7 @@ static int child_unset(world *x, int rank, void *arg) {
   float b[5] = {1, 2, 3, 4, 5};
   CK(dt_comm_allreduce(comm, rank, b, 5) == DTRAIN_OK && b[4] == 5.0f * (float)x->w);
   CK(dt__netem_lines_made() == before); /* unset: no line, every socket call direct */
-  CK(DT__ALOAD(&dt__ne_count, DT__MO_RELAXED) == 0);
+  CK(dt__netem_lines_live() == 0);
   dt_comm_destroy(comm);
   return 0;
 }
@@ -393,7 +393,7 @@ static int child_cut(world *x, int rank, void *arg) {
   dt_cluster c = cluster_of(x, rank);
   dt_net_options o = opts_of(x, rank);
   o.timeout_s = 2;
-  dt__ne_t0 = -1.0; /* a forked child: its cut clock starts with its own first link, not the parent's */
+  dt__netem_clock_restart(); /* a forked child: its cut clock starts with its own first link, not the parent's */
   dt_comm *comm = dt_comm_create_tcp(&c, &o);
   CK(comm != NULL);
   if (!comm) return 2;

@@ -1,5 +1,5 @@
 /* The planner's fluid of a parameter-server round (dt__plan_ps_fluid, the
- * library's own static function: this test includes the implementation)
+ * library's private function: linked with the library object, Makefile's LINKED_TESTS)
  * against cases worked out by hand: one worker; workers in step for good
  * (no update time, no compute); two workers whose updates shift them by u a
  * round (4d - u, below); an update-bound server; ports wide enough for

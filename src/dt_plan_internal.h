@@ -1,0 +1,18 @@
+/* ===========================================================================
+ * dt_plan_internal.h -- the planner's models, for its own tests (plan layer)
+ * ===========================================================================
+ * Private: part of the implementation, not of the API. See dt_internal.h.
+ * Declared here (not static in dt_plan.c) so that tests/test_plan_fluid.c
+ * links with the library object instead of compiling the implementation.
+ */
+#ifndef DTRAIN_PLAN_INTERNAL_H
+#define DTRAIN_PLAN_INTERNAL_H
+
+#include "dt_internal.h"
+
+/* The seconds of one worker's round of n asynchronous workers against the
+ * parameter servers: the fluid model described at its definition (dt_plan.c);
+ * 0 where it is not modelled (n outside 1..1024, cap not > 0). */
+DTRAIN_PRIVATE double dt__plan_ps_fluid(int n, double z, double d_in, double d_out, double u, double cap);
+
+#endif
