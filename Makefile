@@ -94,9 +94,10 @@ $(BUILD)/tests/test_pipeline $(BUILD)/tests/test_tensor_parallel $(BUILD)/tests/
 # test_char_model compiles the example into itself.
 $(BUILD)/tests/test_char_model: examples/03_char_model.c
 
-$(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump: $(BUILD)/tests/%: tests/%.c dtrain.h
+# They reach private functions (the wire frames): linked as LINKED_TESTS are.
+$(BUILD)/tests/portable_run $(BUILD)/tests/torch_dump: $(BUILD)/tests/%: tests/%.c dtrain.h $(BUILD)/dtrain.o
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -I. $< -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS_ALL) -DDTRAIN__LINKED_TEST -I. $< $(BUILD)/dtrain.o -o $@ $(LDLIBS)
 
 # The examples are single-file programs (each defines DTRAIN_IMPLEMENTATION,
 # as a user's program does); here they link the one library object instead
@@ -128,20 +129,29 @@ CXX_FOUND := $(shell command -v $(CXX) >/dev/null 2>&1 && echo yes)
 CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(NVCC)))
 NCCL_SKIP := $(if $(CUDA_SKIP),$(CUDA_SKIP),$(if $(wildcard $(CUDA_HOME)/include/nccl.h),$(if $(wildcard $(CUDA_HOME)/lib64/libnccl.so),,no libnccl.so in $(CUDA_HOME)/lib64),no nccl.h in $(CUDA_HOME)/include))
 
-$(BUILD)/tests/test_cuda_emu: tests/test_cuda_emu.cc tests/cuda_skip.c tests/cuda_parity.h tests/harness.h dtrain.h dtrain_cuda.h
+# The host build compiles the implementation into them as C++ (a C++ user's single-file
+# build, run); the other configurations (sanitizers, cross, minimal, Windows) link them with
+# the library object instead (DTRAIN__LINKED_TEST), which saves a C++ compile of the whole
+# implementation per program per configuration.
+CUDA_EMU_LINKED := $(if $(SAN)$(RUNNER)$(EXTRA_CFLAGS),yes,)
+CUDA_EMU_BUILD = $(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) $(if $(CUDA_EMU_LINKED),-DDTRAIN__LINKED_TEST) \
+                 -I. -Itests $< $(if $(CUDA_EMU_LINKED),$(BUILD)/dtrain.o) -o $@ $(LDLIBS)
+$(BUILD)/tests/test_cuda_emu: tests/test_cuda_emu.cc tests/cuda_skip.c tests/cuda_parity.h tests/harness.h dtrain.h dtrain_cuda.h \
+                              $(BUILD)/dtrain.o
 	@mkdir -p $(dir $@)
 ifeq ($(CXX_FOUND),yes)
-	$(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) -I. -Itests $< -o $@ $(LDLIBS)
+	$(CUDA_EMU_BUILD)
 else
 	$(CC) $(CFLAGS_ALL) -DCUDA_SKIP_NAME='"test_cuda_emu"' '-DCUDA_SKIP_REASON="no C++ compiler ($(CXX))"' tests/cuda_skip.c -o $@
 endif
 
 # test_cuda_strategy: mirrored / multi_worker_mirrored over several emulated
 # devices (the same host emulation), against the CPU strategies.
-$(BUILD)/tests/test_cuda_strategy: tests/test_cuda_strategy.cc tests/cuda_skip.c tests/harness.h dtrain.h dtrain_cuda.h
+$(BUILD)/tests/test_cuda_strategy: tests/test_cuda_strategy.cc tests/cuda_skip.c tests/harness.h dtrain.h dtrain_cuda.h \
+                                   $(BUILD)/dtrain.o
 	@mkdir -p $(dir $@)
 ifeq ($(CXX_FOUND),yes)
-	$(CXX) -std=c++17 $(WARN) $(OPT) $(SAN) $(EXTRA_CFLAGS) -I. -Itests $< -o $@ $(LDLIBS)
+	$(CUDA_EMU_BUILD)
 else
 	$(CC) $(CFLAGS_ALL) -DCUDA_SKIP_NAME='"test_cuda_strategy"' '-DCUDA_SKIP_REASON="no C++ compiler ($(CXX))"' tests/cuda_skip.c -o $@
 endif

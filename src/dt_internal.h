@@ -92,6 +92,8 @@ extern int fileno(FILE *f);
 
 #if defined(DTRAIN__AMALGAMATED) && !defined(DTRAIN_IMPLEMENTATION_PART) /* parts call each other's */
 #  define DTRAIN_PRIVATE static DT__UNUSED
+#elif defined(DTRAIN__LINKED_TEST) && defined(__cplusplus) /* a C++ test linking the C parts */
+#  define DTRAIN_PRIVATE extern "C"
 #else
 #  define DTRAIN_PRIVATE
 #endif
