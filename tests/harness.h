@@ -28,6 +28,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include "win_compat.h"
 
@@ -148,10 +149,12 @@ static void th_log(dt_log_level level, dt_result code, const char *msg, void *us
     th_cur_skipped = 0;                                                               \
     dt_set_logger(th_log, NULL, DTRAIN_LOG_DEBUG);                                    \
     dt_clear_error();                                                                 \
+    clock_t th_c0 = clock();                                                          \
     fn();                                                                             \
     if (th_cur_failed) th_failed++; else if (th_cur_skipped) th_skipped++; else th_passed++; \
-    if (getenv("DTRAIN_TEST_VERBOSE"))                                                \
-      fprintf(stderr, "%s %s\n", th_cur_failed ? "FAILED" : th_cur_skipped ? "skipped" : "ok", #fn); \
+    if (getenv("DTRAIN_TEST_VERBOSE")) /* with the processor seconds it took */      \
+      fprintf(stderr, "%s %s (%.2f cpu s)\n", th_cur_failed ? "FAILED" : th_cur_skipped ? "skipped" : "ok", #fn, \
+              (double)(clock() - th_c0) / CLOCKS_PER_SEC);                            \
   } while (0)
 
 static int th_summary(const char *suite) {
@@ -163,6 +166,16 @@ static int th_summary(const char *suite) {
 /* ---- deterministic random numbers for tests --------------------------------- */
 static uint64_t th_rng_state = 0x1234567ULL;
 static void th_seed(uint64_t s) { th_rng_state = s ? s : 1; }
+
+/* Under an emulator (make test-cross sets RUNNER to a qemu command line), the
+ * heaviest sweeps run a named subset of their cases: the same checks of the same
+ * arithmetic on fewer shapes, steps or thread counts (under qemu-s390x a GEMM sweep
+ * with its double reference took 20 s of CPU). Natively and under the sanitizers they
+ * run in full. */
+static int th_emulated(void) {
+  const char *r = getenv("RUNNER");
+  return r != NULL && strstr(r, "qemu") != NULL;
+}
 static double th_rand(void) { /* uniform [0,1) */
   th_rng_state ^= th_rng_state << 13;
   th_rng_state ^= th_rng_state >> 7;
