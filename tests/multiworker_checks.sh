@@ -249,8 +249,9 @@ else bad "--work-queue --max-staleness 2: exit $rc: $(tail -n 3 "$T/queue_bad.ou
 # 8d. --backup-workers (synchronous rounds on the servers, dt_ps_options.aggregate): 3 workers
 #     x 2 servers in rounds of 2, worker 2 six times slower: its late pushes are dropped (it
 #     says how many), the others train on and finish, and it stops with them; refused with
-#     --work-queue.
-DTRAIN_TIMEOUT=10 timeout 120 $L -n 3 --ps 2 -- $PS --limit 5760 --epochs 1 --batch 64 --backup-workers 1 --slow 2:6 \
+#     --work-queue. Ten epochs (600 rounds, ~1 s): with one (60 rounds, ~80 ms) a worker
+#     started late on a loaded machine once found the rounds over after its first push.
+DTRAIN_TIMEOUT=10 timeout 120 $L -n 3 --ps 2 -- $PS --limit 5760 --epochs 10 --batch 64 --backup-workers 1 --slow 2:6 \
   > "$T/backup.out" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q 'synchronous rounds of 2 pushes (1 backup)' "$T/backup.out" &&
