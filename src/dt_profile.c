@@ -437,11 +437,17 @@ DTRAIN_API void dt_trace_set_process(const char *role, int index) {
 
 DTRAIN_API int dt_trace_active(void) { return dt__prof_tracing(); }
 
+/* The slot of that peer's estimate, or dt__trace_nclocks if it has none (under dt__trace_mu). */
+static int dt__trace_clock_find(int server, int index) {
+  int k = 0;
+  while (k < dt__trace_nclocks && (dt__trace_clocks[k].server != !!server || dt__trace_clocks[k].index != index)) k++;
+  return k;
+}
+
 DTRAIN_PRIVATE void dt__trace_clock_note(int server, int index, double offset_s, double delay_s) {
   if (!(offset_s == offset_s) || !(delay_s >= 0) || offset_s > 1e9 || offset_s < -1e9 || delay_s > 1e9) return;
   dt__trace_lock();
-  int k = 0;
-  while (k < dt__trace_nclocks && (dt__trace_clocks[k].server != !!server || dt__trace_clocks[k].index != index)) k++;
+  int k = dt__trace_clock_find(server, index);
   if (k == dt__trace_nclocks) {
     if (k == DT__TRACE_CLOCKS) {
       dt__trace_clocks_lost++;
@@ -462,8 +468,7 @@ DTRAIN_PRIVATE void dt__trace_clock_note(int server, int index, double offset_s,
 
 DTRAIN_PRIVATE int dt__trace_clock_get(int server, int index, double *offset_s, double *delay_s) {
   dt__trace_lock();
-  int k = 0;
-  while (k < dt__trace_nclocks && (dt__trace_clocks[k].server != !!server || dt__trace_clocks[k].index != index)) k++;
+  int k = dt__trace_clock_find(server, index);
   int found = k < dt__trace_nclocks;
   if (found) *offset_s = dt__trace_clocks[k].offset, *delay_s = dt__trace_clocks[k].delay;
   dt__trace_unlock();

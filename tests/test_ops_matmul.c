@@ -71,14 +71,14 @@ static void test_sgemm_shapes(void) {
   th_seed(11);
   static const float alphas[] = {1.0f, -0.5f, 2.5f};
   static const float betas[] = {0.0f, 1.0f, 0.75f};
-  int cases = 0, failed = 0;
+  int cases = 0, failed = 0, emu = th_emulated();
   /* Every (m, n) pair of the list with a k cycling through it, all four
    * transpose combinations, varying alpha, beta and padding (under an
    * emulator, th_emulated, each pair in one of the four, in turn). */
   for (int t = 0; t < 4; t++) {
     for (int im = 0; im < N_GEMM_DIMS; im++) {
       for (int in = 0; in < N_GEMM_DIMS; in++) {
-        if (th_emulated() && (im + in) % 4 != t) continue;
+        if (emu && (im + in) % 4 != t) continue;
         int64_t m = gemm_dims[im], n = gemm_dims[in], k = gemm_dims[(im + 2 * in + t) % N_GEMM_DIMS];
         if (m * n * k > 2000000) k = 33; /* keep the double reference quick */
         int v = im + in + t;
@@ -100,7 +100,7 @@ static void test_sgemm_shapes(void) {
                                    {64, 40, 511}, {65, 33, 600}, {100, 900, 20}, {200, 900, 12}};
   for (int i = 0; i < 14; i++)
     for (int t = 0; t < 4; t++) {
-      if (th_emulated() && t != i % 4) continue; /* under an emulator each in one transpose, in turn */
+      if (emu && t != i % 4) continue; /* under an emulator each in one transpose, in turn */
       int bad = check_sgemm(t >> 1, t & 1, big[i][0], big[i][1], big[i][2], t == 2 ? -1.0f : 1.0f,
                             t == 1 ? 0.5f : 0.0f, t, 0);
       cases++;
