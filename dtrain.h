@@ -3487,9 +3487,13 @@ DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out);
  * with its own rank; no other message between them in flight on tag
  * DT_COMM_TAG_MAX): 3 + 21 round trips of one float (latency: half the
  * median), then transfers from a to b doubling from 256 KiB until one takes
- * 50 ms or reaches 16 MiB (bandwidth: the last one's bytes over its time less
- * a round trip). Both get a's figures. Over TCP with DTRAIN_NETEM set, the
- * emulated link is what is measured. */
+ * 50 ms or reaches 16 MiB, and that size again up to 9 times in all (while
+ * the repeats take under 250 ms); bandwidth: the median of their rates, each
+ * its bytes over its time less a round trip, or, where the two ends' CPU
+ * times (b reports its own) account for at least 3/4 of that time (copies,
+ * not a wire, bound it: a loopback), 2 x its bytes over their sum, one end's
+ * copy rate wherever the scheduler ran the two. Both get a's figures. Over
+ * TCP with DTRAIN_NETEM set, the emulated link is what is measured. */
 DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_plan_link *out);
 /* The rows (at most cap into rows); returns how many there are, -1 on bad arguments. */
 DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *o, dt_plan_row *rows, int cap);
@@ -21198,6 +21202,9 @@ static DT__UNUSED inline void dt__cpu_relax(void) {
 /* ---- time ------------------------------------------------------------------------ */
 /* Monotonic seconds (CLOCK_MONOTONIC where available). */
 DTRAIN_PRIVATE double dt__now(void);
+/* The calling thread's CPU time in seconds (user and system), or -1 where
+ * the platform does not tell. */
+DTRAIN_PRIVATE double dt__thread_cpu_s(void);
 /* Sleep for `seconds` (>= 0), restarting after signals. */
 DTRAIN_PRIVATE void dt__sleep(double seconds);
 /* Online CPUs (>= 1). */
@@ -21336,6 +21343,21 @@ extern int nanosleep(const struct timespec *req, struct timespec *rem);
 /* The library's deadlines and the public dt_time_now read one clock, so a
  * time a user measured can be compared with the library's. */
 DTRAIN_PRIVATE double dt__now(void) { return dt_time_now(); }
+
+DTRAIN_PRIVATE double dt__thread_cpu_s(void) {
+#if defined(_WIN32)
+  FILETIME c, e, k, u;
+  if (!GetThreadTimes(GetCurrentThread(), &c, &e, &k, &u)) return -1.0;
+  return ((double)(((uint64_t)k.dwHighDateTime << 32) | k.dwLowDateTime) +
+          (double)(((uint64_t)u.dwHighDateTime << 32) | u.dwLowDateTime)) * 1e-7; /* 100 ns units */
+#elif defined(CLOCK_THREAD_CPUTIME_ID)
+  struct timespec ts;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return -1.0;
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#else
+  return -1.0;
+#endif
+}
 
 DTRAIN_PRIVATE void dt__sleep(double seconds) {
   if (!(seconds > 0.0)) return;
@@ -29820,6 +29842,14 @@ DTRAIN_PRIVATE void dt__strategy_dev_job(dt_strategy *s, int r) {
  * 0 where it is not modelled (n outside 1..1024, cap not > 0). */
 DTRAIN_PRIVATE double dt__plan_ps_fluid(int n, double z, double d_in, double d_out, double u, double cap);
 
+/* The rate (bytes/s) dt_plan_probe_link takes from one transfer of `bytes`
+ * that took t seconds, rt of them the acknowledgement's round trip, and
+ * cpu_a and cpu_b seconds of the sender's and the receiver's CPU (< 0:
+ * unknown): bytes / (t - rt), unless the two CPU times account for at least
+ * 3/4 of t (the copies bound it, not a wire): then 2 x bytes / (cpu_a +
+ * cpu_b), the rate of one end's copy, wherever the two ends ran. */
+DTRAIN_PRIVATE double dt__plan_probe_rate(double bytes, double t, double rt, double cpu_a, double cpu_b);
+
 #endif
 /* ======== end dt_plan_internal.h ======== */
 
@@ -30141,6 +30171,15 @@ DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out) {
 #define DT__PLAN_PROBE_TAG DT_COMM_TAG_MAX /* the probe's messages */
 #define DT__PLAN_PROBE_CAP ((size_t)1 << 22) /* floats in the largest transfer: 16 MiB */
 
+DTRAIN_PRIVATE double dt__plan_probe_rate(double bytes, double t, double rt, double cpu_a, double cpu_b) {
+  double net = t - rt; /* the ack's round trip is not the transfer's */
+  double rate = bytes / (net > 0.0 ? net : t), both = cpu_a + cpu_b;
+  /* (cpu_b is the peer's word: believed only within the transfer's time) */
+  if (cpu_a >= 0.0 && cpu_b >= 0.0 && cpu_a <= 1.05 * t && cpu_b <= 1.05 * t && both >= 0.75 * t && both > 0.0)
+    rate = 2.0 * bytes / both;
+  return rate;
+}
+
 DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_plan_link *out) {
   const char *f = "dt_plan_probe_link";
   if (!c || !out) return dt__error(DTRAIN_ERR_NULL_ARG, "%s: %s is NULL", f, !c ? "the communicator" : "out");
@@ -30151,6 +30190,9 @@ DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_p
   const int lead = rank == a, peer = lead ? b : a;
   float *buf = (float *)dt__calloc(DT__PLAN_PROBE_CAP * sizeof(float));
   if (!buf) return dt__error(DTRAIN_ERR_NOMEM, "%s: no memory for a %zu-byte probe", f, DT__PLAN_PROBE_CAP * sizeof(float));
+  /* every page touched first: a transfer into untouched pages pays a page
+   * fault every 4 KiB, which the link does not */
+  for (size_t i = 0; i < DT__PLAN_PROBE_CAP; i++) buf[i] = 0.5f;
   const int tag = DT__PLAN_PROBE_TAG;
   double rtt[21];
   int k = 0;
@@ -30170,8 +30212,21 @@ DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_p
   }
   double rt = r == DTRAIN_OK ? dt__plan_median(rtt, k) : 0.0, bw = 0.0;
   /* bandwidth: a announces n and sends n floats, b answers one float; n
-   * doubles from 64 Ki floats until a transfer takes 50 ms or reaches the cap;
-   * a announces 0 to end */
+   * doubles from 64 Ki floats until a transfer takes 50 ms or reaches the cap,
+   * then that size goes DT__PLAN_PROBE_REPS times in all (fewer once the
+   * repeats have taken 250 ms: a slow link) and the rate is their median
+   * (one transfer of a loopback's 16 MiB, a few ms, gave 1.6 to 7.0 GB/s on
+   * one idle 2-core machine in eight probes); a announces 0 to end.
+   * b's answer is the CPU time its receive took (-1: unknown). Where the
+   * two ends' CPU times account for the transfer's time, the copies, not a
+   * wire, bound it: a loopback, whose rate is then the rate of the kernel's
+   * copies, 2 x bytes / (a's + b's CPU time): the two ends copying at once
+   * on two cores, or one after the other on one core, where the scheduler
+   * puts two processes that wake each other (on that machine the wall-clock
+   * rate of the same probe was 4.5 or 1.9 GB/s, by where the two ran). */
+  enum { DT__PLAN_PROBE_REPS = 9 };
+  double rates[DT__PLAN_PROBE_REPS], rep_s = 0.0;
+  int reps = 0;
   size_t n = (size_t)1 << 16;
   while (r == DTRAIN_OK) {
     float hdr = lead ? (float)n : 0.0f;
@@ -30184,21 +30239,31 @@ DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_p
                     (double)hdr, DT__PLAN_PROBE_CAP);
       break;
     }
-    double t0 = dt__now();
+    double t0 = dt__now(), c0 = dt__thread_cpu_s(), cpu = -1.0;
     if (lead) {
       r = dt_comm_send(c, rank, peer, tag, buf, m);
+      double c1 = dt__thread_cpu_s();
+      if (c0 >= 0.0 && c1 >= c0) cpu = c1 - c0;
       if (r == DTRAIN_OK) r = dt_comm_recv(c, rank, peer, tag, &one, 1);
     } else {
       r = dt_comm_recv(c, rank, peer, tag, buf, m);
-      if (r == DTRAIN_OK) r = dt_comm_send(c, rank, peer, tag, &one, 1);
+      double c1 = dt__thread_cpu_s();
+      float spent = c0 >= 0.0 && c1 >= c0 ? (float)(c1 - c0) : -1.0f;
+      if (r == DTRAIN_OK) r = dt_comm_send(c, rank, peer, tag, &spent, 1);
     }
     double t = dt__now() - t0;
     if (lead && r == DTRAIN_OK) {
-      double net = t - rt; /* the ack's round trip is not the transfer's */
-      bw = (double)(m * sizeof(float)) / (net > 0.0 ? net : t);
-      n = (t >= 0.05 || m >= DT__PLAN_PROBE_CAP) ? 0 : m * 2;
+      double rate = dt__plan_probe_rate((double)(m * sizeof(float)), t, rt, cpu, (double)one);
+      if (reps > 0 || t >= 0.05 || m >= DT__PLAN_PROBE_CAP) { /* the size to measure at */
+        rates[reps++] = rate;
+        if (reps > 1) rep_s += t;
+        n = reps < DT__PLAN_PROBE_REPS && rep_s < 0.25 ? m : 0;
+      } else {
+        n = m * 2;
+      }
     }
   }
+  if (reps > 0) bw = dt__plan_median(rates, reps);
   /* b gets a's figures */
   float res[2] = {(float)(0.5 * rt), (float)bw};
   if (r == DTRAIN_OK)

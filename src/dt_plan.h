@@ -184,9 +184,13 @@ DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out);
  * with its own rank; no other message between them in flight on tag
  * DT_COMM_TAG_MAX): 3 + 21 round trips of one float (latency: half the
  * median), then transfers from a to b doubling from 256 KiB until one takes
- * 50 ms or reaches 16 MiB (bandwidth: the last one's bytes over its time less
- * a round trip). Both get a's figures. Over TCP with DTRAIN_NETEM set, the
- * emulated link is what is measured. */
+ * 50 ms or reaches 16 MiB, and that size again up to 9 times in all (while
+ * the repeats take under 250 ms); bandwidth: the median of their rates, each
+ * its bytes over its time less a round trip, or, where the two ends' CPU
+ * times (b reports its own) account for at least 3/4 of that time (copies,
+ * not a wire, bound it: a loopback), 2 x its bytes over their sum, one end's
+ * copy rate wherever the scheduler ran the two. Both get a's figures. Over
+ * TCP with DTRAIN_NETEM set, the emulated link is what is measured. */
 DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_plan_link *out);
 /* The rows (at most cap into rows); returns how many there are, -1 on bad arguments. */
 DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *o, dt_plan_row *rows, int cap);

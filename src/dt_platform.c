@@ -28,6 +28,21 @@ extern int nanosleep(const struct timespec *req, struct timespec *rem);
  * time a user measured can be compared with the library's. */
 DTRAIN_PRIVATE double dt__now(void) { return dt_time_now(); }
 
+DTRAIN_PRIVATE double dt__thread_cpu_s(void) {
+#if defined(_WIN32)
+  FILETIME c, e, k, u;
+  if (!GetThreadTimes(GetCurrentThread(), &c, &e, &k, &u)) return -1.0;
+  return ((double)(((uint64_t)k.dwHighDateTime << 32) | k.dwLowDateTime) +
+          (double)(((uint64_t)u.dwHighDateTime << 32) | u.dwLowDateTime)) * 1e-7; /* 100 ns units */
+#elif defined(CLOCK_THREAD_CPUTIME_ID)
+  struct timespec ts;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return -1.0;
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+#else
+  return -1.0;
+#endif
+}
+
 DTRAIN_PRIVATE void dt__sleep(double seconds) {
   if (!(seconds > 0.0)) return;
 #if !defined(_WIN32)

@@ -124,6 +124,9 @@ static DT__UNUSED inline void dt__cpu_relax(void) {
 /* ---- time ------------------------------------------------------------------------ */
 /* Monotonic seconds (CLOCK_MONOTONIC where available). */
 DTRAIN_PRIVATE double dt__now(void);
+/* The calling thread's CPU time in seconds (user and system), or -1 where
+ * the platform does not tell. */
+DTRAIN_PRIVATE double dt__thread_cpu_s(void);
 /* Sleep for `seconds` (>= 0), restarting after signals. */
 DTRAIN_PRIVATE void dt__sleep(double seconds);
 /* Online CPUs (>= 1). */

@@ -1,5 +1,6 @@
 /* The planner's fluid of a parameter-server round (dt__plan_ps_fluid, the
  * library's private function: linked with the library object, Makefile's LINKED_TESTS)
+ * and its probe's rate of one transfer (dt__plan_probe_rate, at the end)
  * against cases worked out by hand: one worker; workers in step for good
  * (no update time, no compute); two workers whose updates shift them by u a
  * round (4d - u, below); an update-bound server; ports wide enough for
@@ -44,7 +45,29 @@ static void test_fluid_by_hand(void) {
   CHECK(dt__plan_ps_fluid(2, 1, 1, 1, 1, 0) == 0.0);
 }
 
+/* The probe's rate from one transfer (dt__plan_probe_rate): 16 MB in 4 ms, of
+ * which the ack's round trip 10 us. */
+static void test_probe_rate_by_hand(void) {
+  const double B = 16e6, t = 4e-3, rt = 1e-5;
+  /* a wire: the ends' CPU idle most of the time, the wall-clock rate */
+  CHECK_REL(dt__plan_probe_rate(B, t, rt, 0.2e-3, 0.3e-3), B / (t - rt), 1e-12);
+  /* copies on two cores at once: each end busy all along, B / t either way */
+  CHECK_REL(dt__plan_probe_rate(B, t, rt, 3.9e-3, 4.0e-3), 2 * B / 7.9e-3, 1e-12);
+  /* the two ends on one core, one copy after the other: each copy's rate, twice the
+   * wall-clock one, what two cores give */
+  CHECK_REL(dt__plan_probe_rate(B, t, rt, 2.0e-3, 1.9e-3), 2 * B / 3.9e-3, 1e-12);
+  /* the CPU times unknown (-1) or not believable (the peer's word past the transfer's
+   * time, negative, NaN): the wall-clock rate */
+  CHECK_REL(dt__plan_probe_rate(B, t, rt, -1, 1.9e-3), B / (t - rt), 1e-12);
+  CHECK_REL(dt__plan_probe_rate(B, t, rt, 2.0e-3, -1), B / (t - rt), 1e-12);
+  CHECK_REL(dt__plan_probe_rate(B, t, rt, 2.0e-3, 1.0), B / (t - rt), 1e-12);
+  CHECK_REL(dt__plan_probe_rate(B, t, rt, 2.0e-3, NAN), B / (t - rt), 1e-12);
+  /* a round trip as long as the transfer (a tiny one): the whole time */
+  CHECK_REL(dt__plan_probe_rate(B, t, t, 0, 0), B / t, 1e-12);
+}
+
 int main(void) {
   TH_RUN(test_fluid_by_hand);
+  TH_RUN(test_probe_rate_by_hand);
   return th_summary("plan_fluid");
 }
