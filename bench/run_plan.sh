@@ -8,7 +8,8 @@
 # --plan-one-machine: the processes share this machine's cores). The loopback
 # rows' plan runs under the launcher, whose two workers probe this machine's
 # loopback (latency, one stream's rate: the kernel's copies the planner
-# counts; until 2026-11-30 it took 25 us and 2.5 GB/s for any machine).
+# counts; until 2026-11-30 it took 25 us and 2.5 GB/s for any machine; printed
+# after the tables).
 # Each measured row is the best of RUNS runs (this machine is shared and
 # noisy); the ratio is predicted / measured. Prints a markdown table.
 #   bash bench/run_plan.sh [RUNS]      (make bench-plan)
@@ -90,7 +91,7 @@ echo "planner validation: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | 
 echo
 echo "| model | where | strategy | workers | predicted samples/s | measured | predicted / measured | within 20% |"
 echo "|---|---|---|---|---|---|---|---|"
-M="--limit 20000 --epochs 2"
+M="--limit 20000 --epochs 6" # (6 epochs: a run of 1-3 s; at 2, 0.3-1 s runs moved by 10-40% from run to run)
 W=1 row mlp 128 loopback "threads" one_device 0 0 $M --strategy one_device
 W=2 row mlp 128 loopback "threads" mirrored 0 0 $M --strategy mirrored --replicas 2
 row mlp 128 loopback "loopback" "multi_worker_mirrored ring" 2 0 $M --strategy multi_worker_mirrored
@@ -140,3 +141,14 @@ print(f'| mlp 8x256 (07) | loopback | {name} | {w} | {p:.0f} | {m:.0f} | {r:.2f}
 else
   echo "(model-parallel rows skipped: $MP is not built)"
 fi
+
+echo
+# what the loopback rows' plans probed (the two workers under the launcher): the
+# predictions there move with it
+for f in "$T"/plan.*loopback*; do
+  [ -s "$f" ] && python3 -c "
+import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+l = d['link']
+print('(%s at batch %d, loopback probed: %.1f us, %.2f GB/s)' % (d['model'], d['batch'], 1e6 * l['latency_s'], l['bandwidth_Bps'] / 1e9))" "$f" 2>/dev/null
+done
