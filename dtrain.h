@@ -3362,8 +3362,10 @@ DTRAIN_EXTERN_C_END
  * replicas computing at once on one machine are each busy_slowdown slower
  * (dt_plan_measure times it with every core busy). On one machine
  * (shared_cores) a step of N processes also takes at least all their CPU work
- * over the cores: N x (t(B/N) + loading + update), and 2 x every byte sent
- * at 2.5 GB/s (the kernel copies it at both ends of a local socket: what
+ * over the cores: N x (t(B/N) + loading + update), the all-reduce's
+ * additions (the ring's (N-1) x gradient bytes, recursive doubling's
+ * N log2 N x gradient bytes, at memory_Bps), and 2 x every byte sent at
+ * loopback_Bps (the kernel copies it at both ends of a local socket: what
  * bounds a loopback stream). Each row has its
  * samples/s, time per epoch, memory per worker, its share of the step spent
  * communicating, the bubble and the expected staleness; dt_plan_recommend
@@ -30490,14 +30492,19 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
     /* ... and each step waits for the slowest worker's compute (counted as
      * communication: it is spent in the all-reduce, as dtrain's comm_s has it) */
     const double lag = dt__plan_lag(m, tbp, N);
-    double ring = dt_plan_ring_allreduce_s(N, G, L) + lag, st = DT__PLAN_FLOOR(tm + ring, cpu_m, ring_bytes);
+    /* ... and on one machine the floor also counts the all-reduce's additions:
+     * in the ring each worker adds N-1 pieces of G/N into its own, a pass
+     * over (N-1) G / N bytes at the measured rate (not on the path: a machine
+     * per worker's ring is its links' alpha-beta time alone) */
+    const double sums = (double)(N - 1) * G / o->memory_Bps / (double)o->cores; /* (all workers') */
+    double ring = dt_plan_ring_allreduce_s(N, G, L) + lag, st = DT__PLAN_FLOOR(tm + ring, cpu_m + sums, ring_bytes);
     dt__plan_add(&c, "multi_worker_mirrored ring", "processes", N, st, B, Pb + G + Ob + A * b, st - tm, 0, 0);
     double ringc = dt_plan_ring_allreduce_s(N, G * o->compress_ratio, L) + lag;
-    st = DT__PLAN_FLOOR(tm + ringc, cpu_m, ring_bytes * o->compress_ratio);
+    st = DT__PLAN_FLOOR(tm + ringc, cpu_m + sums, ring_bytes * o->compress_ratio);
     dt__plan_add(&c, "multi_worker_mirrored ring fp16", "processes", N, st, B, Pb + G + Ob + A * b, st - tm, 0, 0);
     /* overlap: buckets summed while backward goes on; only what sticks out counts */
     double hidden = DT__MIN(ring - lag, o->overlap_fraction * (tbp - m->fixed_s) * pw); /* behind the backward only */
-    st = DT__PLAN_FLOOR(tm + ring - hidden, cpu_m, ring_bytes);
+    st = DT__PLAN_FLOOR(tm + ring - hidden, cpu_m + sums, ring_bytes);
     dt__plan_add(&c, "multi_worker_mirrored ring overlap", "processes", N, st, B, Pb + G + Ob + A * b, st - tm, 0,
                  0);
     /* hierarchical: each worker a machine of `cores` cores running that many
@@ -30512,8 +30519,9 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
                    0, 0);
     }
     if ((N & (N - 1)) == 0) {
-      double dbl = dt_plan_doubling_allreduce_s(N, G, L) + lag;
-      st = DT__PLAN_FLOOR(tm + dbl, cpu_m, (double)N * log2((double)N) * G);
+      double dbl = dt_plan_doubling_allreduce_s(N, G, L) + lag; /* (each of log2 N rounds adds all of G) */
+      st = DT__PLAN_FLOOR(tm + dbl, cpu_m + (double)N * log2((double)N) * G / o->memory_Bps / (double)o->cores,
+                          (double)N * log2((double)N) * G);
       dt__plan_add(&c, "multi_worker_mirrored doubling", "processes", N, st, B, Pb + G + Ob + A * b, st - tm, 0, 0);
     }
     /* parameter servers: each worker pushes its gradient, the servers apply

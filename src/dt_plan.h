@@ -59,8 +59,10 @@
  * replicas computing at once on one machine are each busy_slowdown slower
  * (dt_plan_measure times it with every core busy). On one machine
  * (shared_cores) a step of N processes also takes at least all their CPU work
- * over the cores: N x (t(B/N) + loading + update), and 2 x every byte sent
- * at 2.5 GB/s (the kernel copies it at both ends of a local socket: what
+ * over the cores: N x (t(B/N) + loading + update), the all-reduce's
+ * additions (the ring's (N-1) x gradient bytes, recursive doubling's
+ * N log2 N x gradient bytes, at memory_Bps), and 2 x every byte sent at
+ * loopback_Bps (the kernel copies it at both ends of a local socket: what
  * bounds a loopback stream). Each row has its
  * samples/s, time per epoch, memory per worker, its share of the step spent
  * communicating, the bubble and the expected staleness; dt_plan_recommend

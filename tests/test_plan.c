@@ -362,23 +362,30 @@ static void test_shared_machine(void) {
   CHECK_REL(mi->step_s, 32e-5 * 1.5 + 1e-4 / 2 + (2.0 * 1e6 / 2 / 5e9 + 2 * 20e-6), 1e-12);
   /* 2 processes: t(32) x 1.5 + update + the gradient's two passes (2 x 1 MB at 5 GB/s) + ring
    * (2 x 25 us + 1 MB at 2.5 GB/s), or the CPU's floor: 2 x (t x 1.5 + update + passes) / 2 cores
-   * + 2 copies x (2 x 1 x 1 MB) / 2.5 GB/s / 2 cores */
+   * + the ring's additions ((N - 1) x 1 MB at 5 GB/s over 2 cores) + 2 copies x (2 x 1 x 1 MB)
+   * / 2.5 GB/s / 2 cores */
   const double gp = 2 * 1e6 / 5e9;
   double own2 = 32e-5 * 1.5 + 1e-4 + gp + 2 * 25e-6 + 1e6 / 2.5e9;
-  double floor2 = 2 * (32e-5 * 1.5 + 1e-4 + gp) / 2 + 2.0 * (2.0 * 1e6) / 2.5e9 / 2;
+  double floor2 = 2 * (32e-5 * 1.5 + 1e-4 + gp) / 2 + 1 * 1e6 / 5e9 / 2 + 2.0 * (2.0 * 1e6) / 2.5e9 / 2;
   CHECK_REL(mw->step_s, own2 > floor2 ? own2 : floor2, 1e-12);
   /* 4 processes on 2 cores: they take turns (2 x (t(16) x 1.5 + update)); the floor
-   * counts 4 workers' work and 2 x 3 x 1 MB sent */
+   * counts 4 workers' work, their additions (3 x 1 MB) and 2 x 3 x 1 MB sent */
   double own4 = 2 * (16e-5 * 1.5) + 2 * 1e-4 + 2 * gp + dt_plan_ring_allreduce_s(4, 1e6, o.link);
-  double floor4 = 4 * (16e-5 * 1.5 + 1e-4 + gp) / 2 + 2.0 * (2.0 * 3 * 1e6) / 2.5e9 / 2;
+  double floor4 = 4 * (16e-5 * 1.5 + 1e-4 + gp) / 2 + 3 * 1e6 / 5e9 / 2 + 2.0 * (2.0 * 3 * 1e6) / 2.5e9 / 2;
   CHECK_REL(mw4->step_s, own4 > floor4 ? own4 : floor4, 1e-12);
   CHECK(floor4 > own4); /* (the floor is what decides here) */
+  /* recursive doubling: log2 4 = 2 rounds, each adding all of 1 MB in every worker and sending it */
+  const dt_plan_row *db4 = row(r, n, "multi_worker_mirrored doubling", 4);
+  double ownd = 2 * (16e-5 * 1.5) + 2 * 1e-4 + 2 * gp + dt_plan_doubling_allreduce_s(4, 1e6, o.link);
+  double floord = 4 * (16e-5 * 1.5 + 1e-4 + gp) / 2 + 4 * 2 * 1e6 / 5e9 / 2 + 2.0 * (4 * 2 * 1e6) / 2.5e9 / 2;
+  CHECK(db4 != NULL);
+  if (db4) CHECK_REL(db4->step_s, ownd > floord ? ownd : floord, 1e-12);
   /* this machine's loopback as probed (dt_plan_options.loopback_Bps, 02 --plan under the
    * launcher) prices the kernel's copies in the floor instead of 2.5 GB/s */
   o.loopback_Bps = 4e9;
   n = dt_plan_predict(&m, &o, r, 64);
   mw4 = row(r, n, "multi_worker_mirrored ring", 4);
-  double floor4p = 4 * (16e-5 * 1.5 + 1e-4 + gp) / 2 + 2.0 * (2.0 * 3 * 1e6) / 4e9 / 2;
+  double floor4p = 4 * (16e-5 * 1.5 + 1e-4 + gp) / 2 + 3 * 1e6 / 5e9 / 2 + 2.0 * (2.0 * 3 * 1e6) / 4e9 / 2;
   CHECK(mw4 != NULL);
   if (mw4) CHECK_REL(mw4->step_s, own4 > floor4p ? own4 : floor4p, 1e-12);
   o.loopback_Bps = 0;
@@ -390,7 +397,7 @@ static void test_shared_machine(void) {
   mi = row(r, n, "mirrored", 2);
   const double gm = 2 * 1e6 / 40e9;
   double own4m = 2 * (16e-5 * 1.5) + 2 * 1e-4 + 2 * gm + dt_plan_ring_allreduce_s(4, 1e6, o.link);
-  double floor4m = 4 * (16e-5 * 1.5 + 1e-4 + gm) / 2 + 2.0 * (2.0 * 3 * 1e6) / 2.5e9 / 2;
+  double floor4m = 4 * (16e-5 * 1.5 + 1e-4 + gm) / 2 + 3 * 1e6 / 40e9 / 2 + 2.0 * (2.0 * 3 * 1e6) / 2.5e9 / 2;
   CHECK(mw4 != NULL && mi != NULL);
   if (mw4) CHECK_REL(mw4->step_s, own4m > floor4m ? own4m : floor4m, 1e-12);
   if (mi) CHECK_REL(mi->step_s, 32e-5 * 1.5 + 1e-4 / 2 + (2.0 * 1e6 / 2 / 40e9 + 2 * 20e-6), 1e-12);
