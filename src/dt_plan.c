@@ -317,8 +317,11 @@ DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out) {
 DTRAIN_PRIVATE double dt__plan_probe_rate(double bytes, double t, double rt, double cpu_a, double cpu_b) {
   double net = t - rt; /* the ack's round trip is not the transfer's */
   double rate = bytes / (net > 0.0 ? net : t), both = cpu_a + cpu_b;
-  /* (cpu_b is the peer's word: believed only within the transfer's time) */
-  if (cpu_a >= 0.0 && cpu_b >= 0.0 && cpu_a <= 1.05 * t && cpu_b <= 1.05 * t && both >= 0.75 * t && both > 0.0)
+  /* each end busy for at least a quarter of it (one end spinning while the
+   * other waits on a wire is not copying), both together for three quarters;
+   * cpu_b is the peer's word: believed only within the transfer's time */
+  if (cpu_a >= 0.25 * t && cpu_b >= 0.25 * t && cpu_a <= 1.05 * t && cpu_b <= 1.05 * t && both >= 0.75 * t &&
+      both > 0.0)
     rate = 2.0 * bytes / both;
   return rate;
 }
@@ -361,8 +364,8 @@ DTRAIN_API dt_result dt_plan_probe_link(dt_comm *c, int rank, int a, int b, dt_p
    * (one transfer of a loopback's 16 MiB, a few ms, gave 1.6 to 7.0 GB/s on
    * one idle 2-core machine in eight probes); a announces 0 to end.
    * b's answer is the CPU time its receive took (-1: unknown). Where the
-   * two ends' CPU times account for the transfer's time, the copies, not a
-   * wire, bound it: a loopback, whose rate is then the rate of the kernel's
+   * two ends' CPU times account for the transfer's time (each end busy for
+   * a quarter of it at least), the copies, not a wire, bound it: a loopback, whose rate is then the rate of the kernel's
    * copies, 2 x bytes / (a's + b's CPU time): the two ends copying at once
    * on two cores, or one after the other on one core, where the scheduler
    * puts two processes that wake each other (on that machine the wall-clock

@@ -189,7 +189,8 @@ DTRAIN_API dt_result dt_plan_link_parse(const char *spec, dt_plan_link *out);
  * 50 ms or reaches 16 MiB, and that size again up to 9 times in all (while
  * the repeats take under 250 ms); bandwidth: the median of their rates, each
  * its bytes over its time less a round trip, or, where the two ends' CPU
- * times (b reports its own) account for at least 3/4 of that time (copies,
+ * times (b reports its own; each at least 1/4 of that time) account for at
+ * least 3/4 of it (copies,
  * not a wire, bound it: a loopback), 2 x its bytes over their sum, one end's
  * copy rate wherever the scheduler ran the two. Both get a's figures. Over
  * TCP with DTRAIN_NETEM set, the emulated link is what is measured. */

@@ -18,9 +18,10 @@ DTRAIN_PRIVATE double dt__plan_ps_fluid(int n, double z, double d_in, double d_o
 /* The rate (bytes/s) dt_plan_probe_link takes from one transfer of `bytes`
  * that took t seconds, rt of them the acknowledgement's round trip, and
  * cpu_a and cpu_b seconds of the sender's and the receiver's CPU (< 0:
- * unknown): bytes / (t - rt), unless the two CPU times account for at least
- * 3/4 of t (the copies bound it, not a wire): then 2 x bytes / (cpu_a +
- * cpu_b), the rate of one end's copy, wherever the two ends ran. */
+ * unknown): bytes / (t - rt), unless each CPU time is at least 1/4 of t and
+ * the two account for at least 3/4 of it (the copies bound it, not a wire):
+ * then 2 x bytes / (cpu_a + cpu_b), the rate of one end's copy, wherever
+ * the two ends ran. */
 DTRAIN_PRIVATE double dt__plan_probe_rate(double bytes, double t, double rt, double cpu_a, double cpu_b);
 
 #endif

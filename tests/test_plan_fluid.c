@@ -56,6 +56,10 @@ static void test_probe_rate_by_hand(void) {
   /* the two ends on one core, one copy after the other: each copy's rate, twice the
    * wall-clock one, what two cores give */
   CHECK_REL(dt__plan_probe_rate(B, t, rt, 2.0e-3, 1.9e-3), 2 * B / 3.9e-3, 1e-12);
+  /* one end busy all along, the other not (a sender spinning while a wire drains; a peer
+   * that says 0): not copies, the wall-clock rate */
+  CHECK_REL(dt__plan_probe_rate(B, t, rt, 4.0e-3, 0.4e-3), B / (t - rt), 1e-12);
+  CHECK_REL(dt__plan_probe_rate(B, t, rt, 3.5e-3, 0), B / (t - rt), 1e-12);
   /* the CPU times unknown (-1) or not believable (the peer's word past the transfer's
    * time, negative, NaN): the wall-clock rate */
   CHECK_REL(dt__plan_probe_rate(B, t, rt, -1, 1.9e-3), B / (t - rt), 1e-12);
