@@ -84,6 +84,8 @@ static void test_same_as_unfused(void) {
       {31, 257, 70, 0, 0, 0},   /* no bias; a k block of 1 */
       {24, 200, 600, 1, 0, 0},  /* more column tiles than row tiles: threads split the columns */
       {12, 20, 40, 1, 3, 4},    /* a NaN row and a zero row */
+      {32, 784, 256, 1, 0, 2},  /* 32 or 16 rows, one thread: flipped ((W @ x^T)^T, dt_gemm.c) */
+      {16, 300, 600, 1, 5, 0},  /* flipped in two blocks of W's rows, a NaN row */
   };
   int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
   for (int si = 0; si < nshapes; si++) {
@@ -132,10 +134,11 @@ static void test_same_as_unfused(void) {
 /* dt_linear's forward (its bias now added to each tile before the tile's
  * product) and dt_linear_relu's against a plain double-precision reference,
  * on each path at 1-3 threads: both could otherwise agree on a wrong bias.
- * 24x200->600 splits the columns over the threads; 37x300->45 the rows. */
+ * 24x200->600 splits the columns over the threads; 37x300->45 the rows;
+ * 32x200->300 runs flipped on one thread, in two blocks. */
 static void test_against_reference(void) {
-  static const int64_t dims[2][3] = {{37, 300, 45}, {24, 200, 600}};
-  for (int di = 0; di < 2; di++) {
+  static const int64_t dims[3][3] = {{37, 300, 45}, {24, 200, 600}, {32, 200, 300}};
+  for (int di = 0; di < 3; di++) {
     int64_t R = dims[di][0], I = dims[di][1], O = dims[di][2];
     float *x = (float *)malloc((size_t)(R * I) * sizeof(float)), *w = (float *)malloc((size_t)(O * I) * sizeof(float));
     float *b = (float *)malloc((size_t)O * sizeof(float));

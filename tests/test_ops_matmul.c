@@ -249,6 +249,53 @@ static void test_sgemm_unpacked_a(void) {
   if (!ran) th_skip("no x86 SIMD path");
 }
 
+/* A @ B^T with 16 or 32 rows, many columns and a long k (a linear layer's
+ * forward on a small batch), which the x86 paths run flipped, as
+ * (B @ A^T)^T through a tile on the stack in blocks of 8192 / m rows of B:
+ * against the double reference (NaN-padded A and B, C's padding kept, a NaN
+ * C ignored with beta 0), and bit for bit the same as the first m rows of
+ * the product with 24 more rows of A (m + 24 rows and k < 512 run the
+ * packed kernels unflipped on every path), on every path the CPU has.
+ * n = 300 and 600 take two blocks (256 rows of B a block at m = 32, 512
+ * at 16). */
+static void test_sgemm_flipped(void) {
+  static const char *const isas[3] = {"best", "avx2", "portable"};
+  if (strcmp(dt_sgemm_kernel(), "cblas") == 0) {
+    th_skip("a BLAS build (DTRAIN_USE_CBLAS): dt_sgemm is the library's");
+    return;
+  }
+  static const int64_t ms[2] = {16, 32}, ns[4] = {64, 100, 300, 600}, ks[2] = {128, 301};
+  int bad = 0, diff = 0, cases = 0;
+  th_seed(23);
+  for (int ii = 0; ii < 3; ii++) {
+    if (dt_sgemm_use_isa(isas[ii]) != DTRAIN_OK) continue;
+    for (int mi = 0; mi < 2; mi++)
+      for (int ni = 0; ni < 4; ni++)
+        for (int ki = 0; ki < 2; ki++) {
+          int64_t m = ms[mi], n = ns[ni], k = ks[ki], pad = (mi + ni + ki) % 3, mw = m + 24;
+          bad += check_sgemm(0, 1, m, n, k, ni % 2 ? -0.5f : 1.0f, 0.0f, pad, ki);
+          int64_t lda = k + pad, ldb = k + pad + 1;
+          float *a = (float *)malloc((size_t)(mw * lda) * sizeof(float));
+          float *b = (float *)malloc((size_t)(n * ldb) * sizeof(float));
+          float *c = (float *)malloc((size_t)(m * n) * sizeof(float)), *cw = (float *)malloc((size_t)(mw * n) * sizeof(float));
+          th_fill(a, mw * lda, -1, 1);
+          th_fill(b, n * ldb, -1, 1);
+          dt_sgemm(0, 1, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+          dt_sgemm(0, 1, mw, n, k, 1.0f, a, lda, b, ldb, 0.0f, cw, n);
+          int d = memcmp(c, cw, (size_t)(m * n) * sizeof(float)) != 0;
+          if (d && diff < 3)
+            fprintf(stderr, "%s: %lldx%lldx%lld differs from the first rows of the %lld-row product\n", isas[ii],
+                    (long long)m, (long long)n, (long long)k, (long long)mw);
+          diff += d;
+          cases++;
+          free(a), free(b), free(c), free(cw);
+        }
+  }
+  dt_sgemm_use_isa("best");
+  CHECK_MSG(bad == 0, "%d elements of flipped-shape products wrong", bad);
+  CHECK_MSG(diff == 0, "%d of %d products differ from the unflipped product's rows", diff, cases);
+}
+
 static void test_sgemm_deterministic(void) {
   th_seed(13);
   int64_t m = 150, n = 270, k = 600;
@@ -599,6 +646,7 @@ int main(void) {
   TH_RUN(test_sgemm_shapes);
   TH_RUN(test_sgemm_beta0_nan);
   TH_RUN(test_sgemm_deterministic);
+  TH_RUN(test_sgemm_flipped);
   TH_RUN(test_sgemm_paths_agree);
   TH_RUN(test_sgemm_unpacked_a);
   TH_RUN(test_matmul_values);

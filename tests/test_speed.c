@@ -830,6 +830,8 @@ static void test_gemm_threads_bitwise(void) {
       {0, 1, 2001, 25, 100, 1, 0.7f, 1.0f},  {0, 1, 334, 7, 501, 0, 1.0f, 0.0f},  {0, 1, 1000, 31, 37, 2, -1.5f, 0.5f},
       /* ... and with few rows and a long k (a small batch's forward) */
       {0, 1, 32, 300, 257, 1, 1.0f, 0.0f},   {0, 1, 61, 129, 515, 0, 0.5f, 1.0f},
+      /* ... 16 or 32 rows with beta 0: flipped, (B @ A^T)^T, split by B's rows (two blocks at 16 x 600) */
+      {0, 1, 16, 600, 784, 2, 1.0f, 0.0f},
       /* more row tiles than column tiles, but A @ B^T with 4 column tiles a thread: split by columns */
       {0, 1, 301, 450, 90, 1, 1.0f, 0.5f}};
   th_seed(4242);
