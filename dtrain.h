@@ -9504,7 +9504,7 @@ DTRAIN_PRIVATE void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap
  * The panels are one buffer from a scratch slot, allocated on a thread's
  * first call and kept (dt_base.c), or, when none can be had (a user's
  * allocator, all slots busy, no memory), an automatic array (320 KiB of
- * stack) with narrower B panels: a call allocates nothing after the first,
+ * stack; 32 KiB more under a flipped product) with narrower B panels: a call allocates nothing after the first,
  * may run on any thread, and gets the same bits either way.
  * On the x86 paths, products with n <= 256 (8 or 16 B slivers) do not pack
  * A: the kernel reads it where it lies, 6 rows at a stride (a packed A
