@@ -700,7 +700,8 @@ static void dt__gemm_part(void *arg, int part, int nparts) {
  * which is A): the same bits. One thread, Zen 4 EPYC, cold caches:
  * 32 x 256 x 784 (x @ W^T) AVX-512 157 -> 123 us, AVX2 (its dot kernel)
  * 140 -> 125; 32 x 512 x 512 236 -> 169, 200 -> 166; 16 x 256 x 784
- * 89 -> 78, 77 -> 64. */
+ * 89 -> 78, 77 -> 64; 32 x 1024 x 3136 (a CNN's fc1, its weights cold:
+ * packing them cost the most) 3171 -> 1940. */
 #define DT__GEMM_FLIP_BUF 8192 /* floats of the transposed block: 32 KiB of stack */
 static int dt__gemm_flip_ok(int path, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float beta) {
 #ifdef DT__GEMM_X86
