@@ -9495,8 +9495,8 @@ DTRAIN_PRIVATE void dt__gemm_micro_neon(int64_t kc, const float *DT__RESTRICT ap
  * a training batch, where packing the weights costs as much as the product;
  * measured on AVX2 Xeon and EPYC) skip packing on the AVX2 path: a
  * dot-product kernel (dt_gemm_dot.c); on the AVX-512 path only the
- * few-column products do (see dt_sgemm). With 16 or 32 rows and beta 0,
- * both x86 paths instead run such a product flipped, as
+ * few-column products do (see dt_sgemm). With 16 or 32 rows (or 64 and
+ * big weights) and beta 0, both x86 paths instead run such a product flipped, as
  * (B @ A^T)^T (dt__gemm_flipped: the weights read once, unpacked).
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
@@ -10167,19 +10167,25 @@ static void dt__gemm_part(void *arg, int part, int nparts) {
  * (intra-op threads: each a run of whole tiles of B's rows).
  * The weights are then neither packed nor read more than once, and the
  * tiles run over 6 rows of B (32 rows of A leave an edge tile of 2). Only
- * for 16 or 32 rows: the inputs then fill whole 16- or 32-float slivers
- * (24, 40 or 48 rows were slower flipped, 64 no faster). Every element is
+ * for 16 or 32 rows, and 64 with weights of at least 2^20 floats and
+ * k >= 1024 (too big for the caches: packing them read them from memory and
+ * wrote them again): the inputs then fill whole 16- or 32-float slivers (24,
+ * 40 or 48 rows were slower flipped; 64 rows with small weights, 5-15%
+ * slower: 64 x 1024 x 256 342 -> 361 us). Every element is
  * the same FMAs in the same k order (a product of two floats does not care
  * which is A): the same bits. One thread, Zen 4 EPYC, cold caches:
  * 32 x 256 x 784 (x @ W^T) AVX-512 157 -> 123 us, AVX2 (its dot kernel)
  * 140 -> 125; 32 x 512 x 512 236 -> 169, 200 -> 166; 16 x 256 x 784
  * 89 -> 78, 77 -> 64; 32 x 1024 x 3136 (a CNN's fc1, its weights cold:
- * packing them cost the most) 3171 -> 1940. */
+ * packing them cost the most) 3171 -> 1940; 64 x 1024 x 3136 5309 -> 4083
+ * (AVX2 5173 -> 4286; two threads 2813 -> 2078); 64 x 4096 x 1024
+ * 7247 -> 6490. */
 #define DT__GEMM_FLIP_BUF 8192 /* floats of the transposed block: 32 KiB of stack */
 static int dt__gemm_flip_ok(int path, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float beta) {
 #ifdef DT__GEMM_X86
   return (path == DT__GEMM_PATH_AVX512 || path == DT__GEMM_PATH_AVX2) && !trans_a && trans_b && beta == 0.0f &&
-         (m == 16 || m == 32) && n >= 64 && k >= 128;
+         (((m == 16 || m == 32) && n >= 64 && k >= 128) ||
+          (m == 64 && k >= 1024 && (double)n * (double)k >= (double)(1 << 20)));
 #else
   (void)path, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)beta;
   return 0;

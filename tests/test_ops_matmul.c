@@ -256,8 +256,8 @@ static void test_sgemm_unpacked_a(void) {
  * C ignored with beta 0), and bit for bit the same as the first m rows of
  * the product with 24 more rows of A (m + 24 rows and k < 512 run the
  * packed kernels unflipped on every path), on every path the CPU has.
- * n = 300 and 600 take two blocks (256 rows of B a block at m = 32, 512
- * at 16). */
+ * n = 300 and 600 take two blocks (252 rows of B a block at m = 32, 510
+ * at 16); 64 x 1024 x 1024 (big weights) flips on the x86 paths. */
 static void test_sgemm_flipped(void) {
   static const char *const isas[3] = {"avx512", "avx2", "portable"}; /* those the CPU has */
   if (strcmp(dt_sgemm_kernel(), "cblas") == 0) {
@@ -290,6 +290,25 @@ static void test_sgemm_flipped(void) {
           cases++;
           free(a), free(b), free(c), free(cw);
         }
+  }
+  dt_sgemm_use_isa("best");
+  /* 64 rows with weights of 2^20 floats and k >= 1024 flip too (x86 paths only: the
+   * portable one does not flip, and its reference would be slow under qemu) */
+  for (int ii = 0; ii < 2; ii++) {
+    if (dt_sgemm_use_isa(isas[ii]) != DTRAIN_OK) continue;
+    int64_t m = 64, n = 1024, k = 1024, mw = m + 24, lda = k + 1, ldb = k;
+    float *a = (float *)malloc((size_t)(mw * lda) * sizeof(float)), *b = (float *)malloc((size_t)(n * ldb) * sizeof(float));
+    float *c = (float *)malloc((size_t)(m * n) * sizeof(float)), *cw = (float *)malloc((size_t)(mw * n) * sizeof(float));
+    th_fill(a, mw * lda, -1, 1);
+    th_fill(b, n * ldb, -1, 1);
+    dt_sgemm(0, 1, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+    dt_sgemm(0, 1, mw, n, k, 1.0f, a, lda, b, ldb, 0.0f, cw, n);
+    int d = memcmp(c, cw, (size_t)(m * n) * sizeof(float)) != 0;
+    if (d) fprintf(stderr, "%s: 64x1024x1024 differs from the first rows of the 88-row product\n", isas[ii]);
+    diff += d;
+    cases++;
+    free(a), free(b), free(c), free(cw);
+    bad += check_sgemm(0, 1, m, n, k, 1.0f, 0.0f, 1, 1);
   }
   dt_sgemm_use_isa("best");
   CHECK_MSG(bad == 0, "%d elements of flipped-shape products wrong", bad);
