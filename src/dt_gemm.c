@@ -23,16 +23,18 @@
  * measured on AVX2 Xeon and EPYC) skip packing on the AVX2 path: a
  * dot-product kernel (dt_gemm_dot.c); on the AVX-512 path only the
  * few-column products do (see dt_sgemm). With 16 or 32 rows (or 64 and
- * big weights) and beta 0, both x86 paths instead run such a product flipped, as
- * (B @ A^T)^T (dt__gemm_flipped: the weights read once, unpacked).
+ * big weights) and beta 0, both x86 paths instead run such a product
+ * flipped, as (B @ A^T)^T (dt__gemm_flipped: the weights read once,
+ * unpacked).
  * When A has few rows (at most 2 MC: the batch of a training step) and B is
  * wider than NC, the loops run pc -> jc instead, so that A is packed once per
  * k block rather than once per B panel.
  * The panels are one buffer from a scratch slot, allocated on a thread's
  * first call and kept (dt_base.c), or, when none can be had (a user's
  * allocator, all slots busy, no memory), an automatic array (320 KiB of
- * stack; 32 KiB more under a flipped product) with narrower B panels: a call allocates nothing after the first,
- * may run on any thread, and gets the same bits either way.
+ * stack; 32 KiB more under a flipped product) with narrower B panels: a
+ * call allocates nothing after the first, may run on any thread, and gets
+ * the same bits either way.
  * On the x86 paths, products with n <= 256 (8 or 16 B slivers) do not pack
  * A: the kernel reads it where it lies, 6 rows at a stride (a packed A
  * would be read only n/NR times; the Winograd products' n = 32, once or
