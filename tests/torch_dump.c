@@ -2,6 +2,7 @@
  * gradients, for tests/torch_parity.py to recompute with PyTorch.
  *
  *   torch_dump mlp|cnn OUTDIR
+ *   torch_dump optim OUTDIR
  *
  * Files (raw little-endian float32 / int32): <name>.weight etc. per parameter
  * (PyTorch layout), x.f32, y.i32, loss.f32, grad.<param>.f32, and index.txt
@@ -13,7 +14,12 @@
  * maps.txt, so that an op added to the list is compared with PyTorch
  * without an edit here (torch_parity.py needs its torch expression).
  * The maps' inputs include NaN and Inf, and special.txt lists ops whose
- * NaN / Inf rules are their own (dump_special below). */
+ * NaN / Inf rules are their own (dump_special below).
+ *
+ * The optim run writes optim.txt: for each optimizer setting (dump_optim
+ * below) a "config" line, the start values "p0", and for each of its steps
+ * the gradient "g" given and the values "p" after dt_optim_step, as text
+ * (%.9g: each float exactly), for torch.optim to repeat. */
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
 #include <stdio.h>
@@ -197,9 +203,103 @@ static int dump_special(const char *dir) {
   return (fclose(idx) != 0) | bad;
 }
 
+/* Every optimizer kind and its options on a weight (5x7, weight decay
+ * applies: dtrain's default for ndim >= 2) and a bias (7, no decay): STEPS
+ * steps of the same gradients (a few exact zeros among them). */
+typedef struct optim_cfg {
+  const char *name;
+  dt_optim_kind kind;
+  float lr, momentum, wd, beta1, beta2, eps, alpha;
+  int nesterov;
+} optim_cfg;
+
+static void put_floats(FILE *f, const char *tag, int step, const float *v, size_t n) {
+  fprintf(f, "%s %d", tag, step);
+  for (size_t i = 0; i < n; i++) fprintf(f, " %.9g", (double)v[i]);
+  fprintf(f, "\n");
+}
+
+static int dump_optim(const char *dir) {
+  enum { STEPS = 6, NW = 35, NB = 7 };
+  static const optim_cfg cfgs[] = {
+    {"sgd", DTRAIN_OPTIM_SGD, 0.1f, 0, 0, 0, 0, 0, 0, 0},
+    {"sgd_momentum_wd", DTRAIN_OPTIM_SGD, 0.05f, 0.9f, 0.01f, 0, 0, 0, 0, 0},
+    {"sgd_nesterov", DTRAIN_OPTIM_SGD, 0.05f, 0.9f, 0, 0, 0, 0, 0, 1},
+    {"adam", DTRAIN_OPTIM_ADAM, 0.01f, 0, 0, 0.9f, 0.999f, 1e-8f, 0, 0},
+    {"adam_wd_betas", DTRAIN_OPTIM_ADAM, 0.02f, 0, 0.05f, 0.8f, 0.99f, 1e-6f, 0, 0},
+    {"adamw", DTRAIN_OPTIM_ADAMW, 0.01f, 0, 0.1f, 0.9f, 0.999f, 1e-8f, 0, 0},
+    {"rmsprop", DTRAIN_OPTIM_RMSPROP, 0.01f, 0, 0, 0, 0, 1e-8f, 0.99f, 0},
+    {"rmsprop_momentum_wd", DTRAIN_OPTIM_RMSPROP, 0.005f, 0.9f, 0.02f, 0, 0, 1e-6f, 0.9f, 0},
+  };
+  char path[512];
+  snprintf(path, sizeof path, "%s/optim.txt", dir);
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    perror(path);
+    return 1;
+  }
+  int bad = 0;
+  for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+    const optim_cfg *k = &cfgs[c];
+    dt_params *P = dt_params_create(11);
+    int64_t ws[2] = {5, 7}, bs[1] = {NB};
+    int iw = dt_params_add(P, "w", 2, ws, dt_init_zeros()), ib = dt_params_add(P, "b", 1, bs, dt_init_zeros());
+    dt_param_info wi, bi;
+    dt_params_info(P, iw, &wi);
+    dt_params_info(P, ib, &bi);
+    float *d = dt_params_data(P), *g = dt_params_grad(P), v[NW + NB];
+    dt_rng r;
+    dt_rng_seed(&r, 100 + (uint64_t)c);
+    for (int i = 0; i < NW; i++) d[wi.offset + (size_t)i] = dt_rng_uniform(&r) * 2.0f - 1.0f;
+    for (int i = 0; i < NB; i++) d[bi.offset + (size_t)i] = 0.2f * (dt_rng_uniform(&r) - 0.5f);
+    dt_optim_options od = dt_optim_defaults(k->kind);
+    od.lr = k->lr;
+    od.momentum = k->momentum;
+    od.nesterov = k->nesterov;
+    od.weight_decay = k->wd;
+    if (k->kind == DTRAIN_OPTIM_ADAM || k->kind == DTRAIN_OPTIM_ADAMW) {
+      od.beta1 = k->beta1;
+      od.beta2 = k->beta2;
+    }
+    if (k->kind != DTRAIN_OPTIM_SGD) od.eps = k->eps;
+    if (k->kind == DTRAIN_OPTIM_RMSPROP) od.alpha = k->alpha;
+    dt_optim *o = dt_optim_create(P, &od);
+    if (!o) {
+      fprintf(stderr, "torch_dump: %s: %s\n", k->name, dt_last_error());
+      bad = 1;
+      dt_params_destroy(P);
+      continue;
+    }
+    fprintf(f, "config %s %d %.9g %.9g %d %.9g %.9g %.9g %.9g %.9g\n", k->name, (int)k->kind, (double)k->lr,
+            (double)k->momentum, k->nesterov, (double)k->wd, (double)od.beta1, (double)od.beta2, (double)od.eps,
+            (double)od.alpha);
+    memcpy(v, d + wi.offset, NW * sizeof(float));
+    memcpy(v + NW, d + bi.offset, NB * sizeof(float));
+    put_floats(f, "p0", 0, v, NW + NB);
+    for (int t = 1; t <= STEPS; t++) {
+      for (int i = 0; i < NW + NB; i++) v[i] = (i + t) % 9 == 0 ? 0.0f : (dt_rng_uniform(&r) - 0.5f) * (float)t;
+      memcpy(g + wi.offset, v, NW * sizeof(float));
+      memcpy(g + bi.offset, v + NW, NB * sizeof(float));
+      put_floats(f, "g", t, v, NW + NB);
+      if (dt_optim_step(o) != DTRAIN_OK) {
+        fprintf(stderr, "torch_dump: %s step %d: %s\n", k->name, t, dt_last_error());
+        bad = 1;
+        break;
+      }
+      memcpy(v, d + wi.offset, NW * sizeof(float));
+      memcpy(v + NW, d + bi.offset, NB * sizeof(float));
+      put_floats(f, "p", t, v, NW + NB);
+    }
+    dt_optim_destroy(o);
+    dt_params_destroy(P);
+  }
+  return (fclose(f) != 0) | bad;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "optim")) return dump_optim(argv[2]);
   if (argc != 3 || (strcmp(argv[1], "mlp") && strcmp(argv[1], "cnn"))) {
-    fprintf(stderr, "usage: torch_dump mlp|cnn OUTDIR\n");
+    fprintf(stderr, "usage: torch_dump mlp|cnn|optim OUTDIR\n");
     return 2;
   }
   int cnn = !strcmp(argv[1], "cnn");

@@ -2,7 +2,7 @@
 """Compare dtrain's loss and gradients with PyTorch's for the same MLP / CNN,
 the same weights and the same batch (files written by tests/torch_dump.c).
 
-usage: torch_parity.py DIR [DIR ...]
+usage: torch_parity.py DIR [DIR ...]   (a DIR with optim.txt: the optimizers)
 Prints one line per check and "torch_parity: N passed, N failed, 0 skipped"
 (or "skip torch_parity: why" and "0 passed, 0 failed, 1 skipped" when torch
 is not installed). A check passes
@@ -174,10 +174,56 @@ def run_maps(d):
     return results
 
 
+def run_optim(d):
+    """torch_dump optim's settings repeated with torch.optim: the weight
+    (5x7) in a group with the weight decay, the bias (7) in one without
+    (dtrain decays ndim >= 2 only, by default); each step's change from the
+    start against torch's, relative error of the whole change."""
+    results = []
+    cfg = None
+    for line in open(os.path.join(d, "optim.txt")):
+        f = line.split()
+        if f[0] == "config":
+            name, kind = f[1], int(f[2])
+            lr, mom, nest, wd, b1, b2, eps, alpha = map(float, (f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10]))
+            cfg = {"name": name}
+            continue
+        vals = np.array([float(v) for v in f[2:]], dtype=np.float32)
+        step = int(f[1])
+        if f[0] == "p0":
+            p0 = vals.astype(np.float64)
+            w = torch.tensor(vals[:35].reshape(5, 7).copy(), requires_grad=True)
+            b = torch.tensor(vals[35:].copy(), requires_grad=True)
+            groups = [{"params": [w], "weight_decay": wd}, {"params": [b], "weight_decay": 0.0}]
+            if kind == 0:
+                opt = torch.optim.SGD(groups, lr=lr, momentum=mom, nesterov=bool(nest))
+            elif kind == 1:
+                opt = torch.optim.Adam(groups, lr=lr, betas=(b1, b2), eps=eps)
+            elif kind == 2:
+                opt = torch.optim.AdamW(groups, lr=lr, betas=(b1, b2), eps=eps)
+            else:
+                opt = torch.optim.RMSprop(groups, lr=lr, alpha=alpha, eps=eps, momentum=mom)
+        elif f[0] == "g":
+            w.grad = torch.tensor(vals[:35].reshape(5, 7).copy())
+            b.grad = torch.tensor(vals[35:].copy())
+            opt.step()
+        elif f[0] == "p":
+            ref = np.concatenate([w.detach().numpy().ravel(), b.detach().numpy().ravel()]).astype(np.float64)
+            moved = ref - p0
+            rel = np.linalg.norm(vals.astype(np.float64) - ref) / max(np.linalg.norm(moved), 1e-30)
+            if step == 6 or rel > TOL:
+                results.append((f"optim {cfg['name']} step {step}", rel, f"|change| {np.linalg.norm(moved):.4g}"))
+    return results
+
+
 def main():
     passed = failed = 0
     for d in sys.argv[1:]:
-        for what, rel, info in run(d) + run_maps(d) + run_special(d):
+        if os.path.exists(os.path.join(d, "optim.txt")):
+            checks = run_optim(d)
+        else:
+            checks = run(d) + run_maps(d) + run_special(d)
+        for what, rel, info in checks:
             ok = rel <= TOL
             print(f"{'ok' if ok else 'FAIL'} {what}: relative error {rel:.2e} ({info})")
             passed += ok
