@@ -40,6 +40,15 @@ static int write_le(const char *dir, const char *name, const void *data, size_t 
   return fclose(f) != 0;
 }
 
+/* DIR/NAME opened for writing text; NULL (the reason on stderr) if it cannot be. */
+static FILE *open_out(const char *dir, const char *name) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  if (!f) perror(path);
+  return f;
+}
+
 /* The ops of DT__MAP_LIST: name, function, domain (as in tests/harness.h). */
 typedef struct map_op {
   const char *name;
@@ -57,13 +66,9 @@ static const map_op map_ops[] = {DT__MAP_LIST(MAP_ROW)};
 static int dump_maps(const char *dir) {
   enum { N = 256 };
   float x[N], go[N], y[N], gx[N];
-  char path[512], name[256];
-  snprintf(path, sizeof path, "%s/maps.txt", dir);
-  FILE *idx = fopen(path, "w");
-  if (!idx) {
-    perror(path);
-    return 1;
-  }
+  char name[256];
+  FILE *idx = open_out(dir, "maps.txt");
+  if (!idx) return 1;
   dt_rng r;
   dt_rng_seed(&r, 11);
   int bad = 0;
@@ -143,13 +148,9 @@ static int dump_special(const char *dir) {
                                 "pow0", "pow2", "pow_neg1"};
   enum { NS = sizeof names / sizeof names[0], CAP = 96 };
   float x[CAP], t[CAP], go[CAP], y[CAP], gx[CAP];
-  char path[512], name[256];
-  snprintf(path, sizeof path, "%s/special.txt", dir);
-  FILE *idx = fopen(path, "w");
-  if (!idx) {
-    perror(path);
-    return 1;
-  }
+  char name[256];
+  FILE *idx = open_out(dir, "special.txt");
+  if (!idx) return 1;
   dt_rng r;
   dt_rng_seed(&r, 13);
   int bad = 0;
@@ -231,13 +232,8 @@ static int dump_optim(const char *dir) {
     {"rmsprop", DTRAIN_OPTIM_RMSPROP, 0.01f, 0, 0, 0, 0, 1e-8f, 0.99f, 0},
     {"rmsprop_momentum_wd", DTRAIN_OPTIM_RMSPROP, 0.005f, 0.9f, 0.02f, 0, 0, 1e-6f, 0.9f, 0},
   };
-  char path[512];
-  snprintf(path, sizeof path, "%s/optim.txt", dir);
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    perror(path);
-    return 1;
-  }
+  FILE *f = open_out(dir, "optim.txt");
+  if (!f) return 1;
   int bad = 0;
   for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
     const optim_cfg *k = &cfgs[c];
@@ -353,13 +349,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "torch_dump: %s\n", dt_graph_message(g));
     return 1;
   }
-  char path[512];
-  snprintf(path, sizeof path, "%s/index.txt", dir);
-  FILE *idx = fopen(path, "w");
-  if (!idx) {
-    perror(path);
-    return 1;
-  }
+  FILE *idx = open_out(dir, "index.txt");
+  if (!idx) return 1;
   int bad = 0;
   fprintf(idx, "model %s\nbatch %d\n", cnn ? "cnn" : "mlp", B);
   for (int i = 0; i < dt_params_count(P); i++) {

@@ -178,22 +178,22 @@ def run_optim(d):
     """torch_dump optim's settings repeated with torch.optim: the weight
     (5x7) in a group with the weight decay, the bias (7) in one without
     (dtrain decays ndim >= 2 only, by default); each step's change from the
-    start against torch's, relative error of the whole change."""
-    results = []
-    cfg = None
+    start against torch's, relative error of the whole change. Every step is
+    compared; a failing one is reported, and each setting's last step."""
+    results, last = [], {}
+    nw = 35  # the weight's elements, first on each line; the bias follows
     for line in open(os.path.join(d, "optim.txt")):
         f = line.split()
         if f[0] == "config":
             name, kind = f[1], int(f[2])
-            lr, mom, nest, wd, b1, b2, eps, alpha = map(float, (f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10]))
-            cfg = {"name": name}
+            lr, mom, nest, wd, b1, b2, eps, alpha = map(float, f[3:11])
             continue
         vals = np.array([float(v) for v in f[2:]], dtype=np.float32)
         step = int(f[1])
         if f[0] == "p0":
             p0 = vals.astype(np.float64)
-            w = torch.tensor(vals[:35].reshape(5, 7).copy(), requires_grad=True)
-            b = torch.tensor(vals[35:].copy(), requires_grad=True)
+            w = torch.tensor(vals[:nw].reshape(5, 7).copy(), requires_grad=True)
+            b = torch.tensor(vals[nw:].copy(), requires_grad=True)
             groups = [{"params": [w], "weight_decay": wd}, {"params": [b], "weight_decay": 0.0}]
             if kind == 0:
                 opt = torch.optim.SGD(groups, lr=lr, momentum=mom, nesterov=bool(nest))
@@ -204,16 +204,18 @@ def run_optim(d):
             else:
                 opt = torch.optim.RMSprop(groups, lr=lr, alpha=alpha, eps=eps, momentum=mom)
         elif f[0] == "g":
-            w.grad = torch.tensor(vals[:35].reshape(5, 7).copy())
-            b.grad = torch.tensor(vals[35:].copy())
+            w.grad = torch.tensor(vals[:nw].reshape(5, 7).copy())
+            b.grad = torch.tensor(vals[nw:].copy())
             opt.step()
         elif f[0] == "p":
             ref = np.concatenate([w.detach().numpy().ravel(), b.detach().numpy().ravel()]).astype(np.float64)
             moved = ref - p0
             rel = np.linalg.norm(vals.astype(np.float64) - ref) / max(np.linalg.norm(moved), 1e-30)
-            if step == 6 or rel > TOL:
-                results.append((f"optim {cfg['name']} step {step}", rel, f"|change| {np.linalg.norm(moved):.4g}"))
-    return results
+            check = (f"optim {name} step {step}", rel, f"|change| {np.linalg.norm(moved):.4g}")
+            if rel > TOL:
+                results.append(check)
+            last[name] = check
+    return results + [c for c in last.values() if c[1] <= TOL]
 
 
 def main():
