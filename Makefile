@@ -75,7 +75,7 @@ LINKED_TESTS := test_comm_p2p test_compress test_flush test_grad_ready test_mwm_
                 test_pipeline test_speed test_strategy_multi test_tensor_parallel test_trace test_ps_elastic \
                 test_conv_relu test_gemm_panels test_plan_fluid test_compress_ef test_comm_tcp test_ps \
                 test_ps_backup test_ps_compress test_ps_early test_net test_netem \
-                test_strategy_backup
+                test_strategy_backup test_strategy
 
 # SKIP_TESTS (make windows): programs built as a stand-in that reports them
 # skipped with SKIP_WHY (tests/cuda_skip.c) instead of the test.

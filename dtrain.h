@@ -2493,7 +2493,10 @@ DTRAIN_EXTERN_C_END
  * on the CPU, its gradient before any update: synchronous kinds scan each
  * replica's slice of the reduced gradient (one pass over the trainable
  * elements, then a barrier, so that nobody updates before everybody
- * checked; with clip_norm the global norm is that check), the async family
+ * checked; with clip_norm the global norm is that check; in process,
+ * mirrored checks every element as the reduce-scatter sums it and its
+ * closing barrier tells everybody, and only a step with a non-finite
+ * element scans again, the trainable ones), the async family
  * each replica's own gradient before its optimizer step or push. On
  * devices the gradient is checked only when asked (check_numerics or
  * clip_norm: a host copy). By default such a step fails with
@@ -4976,6 +4979,9 @@ DTRAIN_PRIVATE void dt__fp_leave(unsigned long saved);
  * plain -O2 build of the loop stays scalar (gcc vectorises it only from -O3),
  * and the sums of a replicated step's gradients run over every parameter. */
 DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size_t n);
+/* dt__vec_add that also says whether every sum is finite (1) or not (0): the
+ * check rides on the values in registers, no second pass. */
+DTRAIN_PRIVATE int dt__vec_add_finite(float *dst, const float *a, const float *b, size_t n);
 
 #endif /* DTRAIN_INTERNAL_H */
 /* ======== end dt_internal.h ======== */
@@ -22084,6 +22090,49 @@ __attribute__((target("avx"))) static size_t dt__vec_add_avx(float *dst, const f
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
   return i;
 }
+/* The sums of dt__vec_add_finite, and whether each is finite: a sum's
+ * exponent bits alone (sign and mantissa masked off) are +0, a power of two
+ * or, for an infinite or NaN sum, +Inf; their maximum is +Inf exactly when
+ * one was. Masks, a maximum and one compare of bits at the end: nothing a
+ * -ffast-math build could fold away. */
+static int dt__exp_bits_all_finite(const float *m, int k) {
+  int finite = 1;
+  for (int j = 0; j < k; j++) {
+    uint32_t u;
+    memcpy(&u, m + j, sizeof u);
+    finite &= u != 0x7f800000u;
+  }
+  return finite;
+}
+
+__attribute__((target("avx"))) static size_t dt__vec_add_finite_avx(float *dst, const float *a, const float *b, size_t n,
+                                                                   int *finite) {
+  size_t i = 0;
+  const __m256 em = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
+  __m256 mx = _mm256_setzero_ps();
+  for (; i + 32 <= n; i += 32) {
+    __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8));
+    __m256 x2 = _mm256_add_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16));
+    __m256 x3 = _mm256_add_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24));
+    _mm256_storeu_ps(dst + i, x0);
+    _mm256_storeu_ps(dst + i + 8, x1);
+    _mm256_storeu_ps(dst + i + 16, x2);
+    _mm256_storeu_ps(dst + i + 24, x3);
+    __m256 m01 = _mm256_max_ps(_mm256_and_ps(x0, em), _mm256_and_ps(x1, em));
+    __m256 m23 = _mm256_max_ps(_mm256_and_ps(x2, em), _mm256_and_ps(x3, em));
+    mx = _mm256_max_ps(mx, _mm256_max_ps(m01, m23));
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    _mm256_storeu_ps(dst + i, x);
+    mx = _mm256_max_ps(mx, _mm256_and_ps(x, em));
+  }
+  float m[8];
+  _mm256_storeu_ps(m, mx);
+  *finite = dt__exp_bits_all_finite(m, 8);
+  return i;
+}
 #endif
 
 DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size_t n) {
@@ -22095,6 +22144,44 @@ DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size
   for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vaddq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));
 #endif
   for (; i < n; i++) dst[i] = a[i] + b[i];
+}
+
+DTRAIN_PRIVATE int dt__vec_add_finite(float *dst, const float *a, const float *b, size_t n) {
+  size_t i = 0;
+  int finite = 1;
+#if defined(DT__PLATFORM_X86)
+  if (n >= 16 && __builtin_cpu_supports("avx")) i = dt__vec_add_finite_avx(dst, a, b, n, &finite);
+  if (i + 4 <= n) {
+    const __m128 em = _mm_castsi128_ps(_mm_set1_epi32(0x7f800000));
+    __m128 mx = _mm_setzero_ps();
+    for (; i + 4 <= n; i += 4) {
+      __m128 x = _mm_add_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i));
+      _mm_storeu_ps(dst + i, x);
+      mx = _mm_max_ps(mx, _mm_and_ps(x, em));
+    }
+    float m[4];
+    _mm_storeu_ps(m, mx);
+    finite &= dt__exp_bits_all_finite(m, 4);
+  }
+#elif defined(DT__PLATFORM_NEON)
+  if (i + 4 <= n) {
+    const uint32x4_t em = vdupq_n_u32(0x7f800000u);
+    uint32x4_t mx = vdupq_n_u32(0);
+    for (; i + 4 <= n; i += 4) {
+      float32x4_t x = vaddq_f32(vld1q_f32(a + i), vld1q_f32(b + i));
+      vst1q_f32(dst + i, x);
+      mx = vmaxq_u32(mx, vandq_u32(vreinterpretq_u32_f32(x), em)); /* the bits as unsigned: the same order */
+    }
+    finite &= vmaxvq_u32(mx) != 0x7f800000u;
+  }
+#endif
+  for (; i < n; i++) {
+    dst[i] = a[i] + b[i];
+    uint32_t u;
+    memcpy(&u, dst + i, sizeof u);
+    finite &= (u & 0x7f800000u) != 0x7f800000u;
+  }
+  return finite;
 }
 
 /* ---- a shared vector's sweeps -------------------------------------------------------------
@@ -22914,6 +23001,15 @@ DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, 
                                          int *out_rank);
 #endif
 
+/* dt_comm_reduce_scatter that also tells every rank whether the whole sum
+ * (every rank's slice) is finite: *finite = 1 when it is known to be, 0 when
+ * some element is infinite or NaN or the backend does not check (all but
+ * the in-process one: the caller checks itself). The in-process backend
+ * checks each slice as it sums it and publishes the answers in the
+ * collective's closing meet, so that a synchronous step needs no barrier of
+ * its own between its check and its update. */
+DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite);
+
 #endif /* DTRAIN_COMM_CORE_H */
 /* ======== end dt_comm_core.h ======== */
 
@@ -23001,6 +23097,7 @@ typedef struct dt__comm_slot_data {
   dt_comm_stats st;
   int color, key;  /* dt_comm_split's arguments */
   dt_comm *child;  /* the group a split's lowest rank of a colour made */
+  int finite;      /* dt__comm_reduce_scatter_finite: this rank's slice of the sum is */
 } dt__comm_slot_data;
 
 typedef union dt__comm_slot {
@@ -23123,6 +23220,49 @@ static dt_result dt__comm_threads_reduce_scatter(dt_comm *c, int rank, float *bu
     memcpy(buf + off, acc, m * sizeof(float));
   }
   return dt__comm_threads_leave(t, rank, n);
+}
+
+/* 1 when no element of x[0..n) is infinite or NaN (exponent bits checked, as
+ * integers). */
+static int dt__comm_all_finite(const float *x, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, x + i, sizeof u);
+    bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+  }
+  return !bad;
+}
+
+/* The reduce-scatter above, each rank checking its slice of the sum as it
+ * makes it (two ranks: in the sum's own pass) and leaving its answer in its
+ * slot before the closing meet; after it every rank reads them all. (A rank
+ * reads the others' answers before its next collective's first meet, and
+ * nobody writes one again before that meet: no race.) */
+static dt_result dt__comm_threads_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_REDUCE_SCATTER, buf, n, 0);
+  if (r != DTRAIN_OK) return r;
+  size_t b, e;
+  dt_comm_slice(n, c->world, rank, &b, &e);
+  int ok = 1;
+  if (c->world == 2) {
+    if (e > b) ok = dt__vec_add_finite(buf + b, t->slots[0].d.buf + b, t->slots[1].d.buf + b, e - b);
+  } else {
+    float acc[DT__COMM_BLOCK];
+    for (size_t off = b; c->world > 1 && off < e; off += DT__COMM_BLOCK) {
+      size_t m = DT__MIN((size_t)DT__COMM_BLOCK, e - off);
+      dt__comm_threads_sum(t, off, m, acc);
+      memcpy(buf + off, acc, m * sizeof(float));
+    }
+    ok = dt__comm_all_finite(buf + b, e - b);
+  }
+  t->slots[rank].d.finite = ok;
+  r = dt__comm_threads_leave(t, rank, n);
+  if (r != DTRAIN_OK) return r;
+  for (int j = 0; j < c->world; j++) ok &= t->slots[j].d.finite;
+  *finite = ok;
+  return DTRAIN_OK;
 }
 
 static dt_result dt__comm_threads_allgather(dt_comm *c, int rank, float *buf, size_t n) {
@@ -23471,6 +23611,18 @@ DTRAIN_API dt_result dt_comm_reduce_scatter(dt_comm *c, int rank, float *buf, si
   int64_t t0 = dt__prof_t0();
   dt__quiet_push();
   r = dt__quiet_pop(c->vtable->reduce_scatter(c, rank, buf, n));
+  dt__prof_add("dt_comm_reduce_scatter", DTRAIN_PROFILE_COMM, t0);
+  return r;
+}
+
+DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite) {
+  *finite = 0;
+  if (!c || c->vtable != &dt__comm_threads_vtable) return dt_comm_reduce_scatter(c, rank, buf, n);
+  dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", rank, buf, n, 0);
+  if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
+  dt__quiet_push();
+  r = dt__quiet_pop(dt__comm_threads_reduce_scatter_finite(c, rank, buf, n, finite));
   dt__prof_add("dt_comm_reduce_scatter", DTRAIN_PROFILE_COMM, t0);
   return r;
 }
@@ -24502,6 +24654,7 @@ DTRAIN_API dt_result dt_device_group_broadcast(dt_device_group *g, float *const 
 /* #include "dt_data.h" (amalgamated) */
 /* #include "dt_memory.h" (amalgamated) */
 /* #include "dt_comm.h" (amalgamated) */
+/* #include "dt_comm_core.h" (amalgamated) */
 /* #include "dt_strategy.h" (amalgamated) */
 /* #include "dt_net.h" (amalgamated) */
 /* #include "dt_device.h" (amalgamated) */
@@ -24734,7 +24887,8 @@ DTRAIN_PRIVATE int dt__strategy_clip_own(dt_strategy *s, int r, float clip, cons
 /* Replica r's checks of its slice [lo, hi) of the reduced gradient, then
  * dt_optim_update of data on that slice (synchronous kinds). 0: the step
  * stops (the failure is recorded). */
-DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi);
+DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi,
+                                             int finite);
 /* Copies the non-trainable runs (buffers) of src within [b, e) to dst. */
 DTRAIN_PRIVATE void dt__strategy_copy_buffers(dt_strategy *s, float *dst, const float *src, size_t b, size_t e);
 /* Seconds replica r has waited in s->comm so far. */
@@ -25781,11 +25935,14 @@ static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b,
  * steps" in dt_strategy.h): with clip_norm the global norm (computed
  * anyway) is that check; otherwise each replica scans the trainable
  * elements of its slice (check_numerics: every element), and a barrier
- * keeps everybody from updating before everybody checked. */
-DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi) {
+ * keeps everybody from updating before everybody checked. finite = 1: the
+ * reduce-scatter already told every replica that every element of the sum
+ * is finite (dt__comm_reduce_scatter_finite), so neither is needed. */
+DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi,
+                                             int finite) {
   if (!dt__strategy_clip_slice(s, r, grad, lo, hi)) return 0;
   dt_result rc;
-  if (s->desc.check_numerics || !(dt_optim_get_options(s->opt)->clip_norm > 0.0f)) {
+  if (!finite && (s->desc.check_numerics || !(dt_optim_get_options(s->opt)->clip_norm > 0.0f))) {
     size_t bad = s->desc.check_numerics ? dt__strategy_nonfinite(grad, lo, hi)
                                         : dt__strategy_nonfinite_trainable(s, grad, lo, hi);
     if (bad < hi) {
@@ -26605,18 +26762,19 @@ static void dt__mirrored_job(dt_strategy *s, int r) {
   dt_comm_slice(s->size, s->n, r, &lo, &hi);
   double w0 = dt__strategy_comm_wait(s, r);
   dt_result rc;
+  int finite = 0; /* every element of the summed gradient known to be finite */
   if (s->ov) {
     if (!dt__overlap_compute(s, r, &b)) goto done;
     grad = s->rep[0].grad; /* the sum */
   } else {
     if (!dt__strategy_compute(s, r, &b)) return;
-    rc = dt_comm_reduce_scatter(s->comm, r, R->grad, s->size);
+    rc = dt__comm_reduce_scatter_finite(s->comm, r, R->grad, s->size, &finite);
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
       goto done;
     }
   }
-  if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi)) goto done;
+  if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi, finite)) goto done;
   /* Buffers follow replica 0: each replica puts replica 0's values into its
    * own slice before the all-gather spreads the slices (the optimizer never
    * writes the buffer ranges, so replica 0's stay still meanwhile). */
@@ -26716,7 +26874,7 @@ DTRAIN_PRIVATE void dt__strategy_central_job(dt_strategy *s, int r) {
     dt__strategy_comm_failed(s, r, rc);
     goto done;
   }
-  if (!dt__strategy_update_slice(s, r, data, grad, lo, hi)) goto done;
+  if (!dt__strategy_update_slice(s, r, data, grad, lo, hi, 0)) goto done;
   /* The optimizer never touches the buffer ranges: replica 0 may write them
    * while the others update their slices. */
   if (r == 0 && R->own_data)
@@ -29340,7 +29498,7 @@ static void dt__mwm_job(dt_strategy *s, int r) {
   }
   dt_comm_slice(s->size, s->n, r, &lo, &hi);
   if (s->desc.loss == DTRAIN_LOSS_MEAN && st->rows > 0.0) dt__strategy_scale(s, grad, lo, hi, (float)(1.0 / st->rows));
-  if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi)) goto done;
+  if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi, 0)) goto done;
   dt__mwm_copy_grad(s, dt_params_grad(s->params), grad, lo, hi);
   /* The buffers: rank 0 replica 0's, carried by the all-reduce; each replica
    * puts its slice of them into its copy, the all-gather spreads them. */

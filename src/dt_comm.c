@@ -80,6 +80,7 @@ typedef struct dt__comm_slot_data {
   dt_comm_stats st;
   int color, key;  /* dt_comm_split's arguments */
   dt_comm *child;  /* the group a split's lowest rank of a colour made */
+  int finite;      /* dt__comm_reduce_scatter_finite: this rank's slice of the sum is */
 } dt__comm_slot_data;
 
 typedef union dt__comm_slot {
@@ -202,6 +203,49 @@ static dt_result dt__comm_threads_reduce_scatter(dt_comm *c, int rank, float *bu
     memcpy(buf + off, acc, m * sizeof(float));
   }
   return dt__comm_threads_leave(t, rank, n);
+}
+
+/* 1 when no element of x[0..n) is infinite or NaN (exponent bits checked, as
+ * integers). */
+static int dt__comm_all_finite(const float *x, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, x + i, sizeof u);
+    bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+  }
+  return !bad;
+}
+
+/* The reduce-scatter above, each rank checking its slice of the sum as it
+ * makes it (two ranks: in the sum's own pass) and leaving its answer in its
+ * slot before the closing meet; after it every rank reads them all. (A rank
+ * reads the others' answers before its next collective's first meet, and
+ * nobody writes one again before that meet: no race.) */
+static dt_result dt__comm_threads_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite) {
+  dt__comm_threads *t = dt__comm_threads_of(c);
+  dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_REDUCE_SCATTER, buf, n, 0);
+  if (r != DTRAIN_OK) return r;
+  size_t b, e;
+  dt_comm_slice(n, c->world, rank, &b, &e);
+  int ok = 1;
+  if (c->world == 2) {
+    if (e > b) ok = dt__vec_add_finite(buf + b, t->slots[0].d.buf + b, t->slots[1].d.buf + b, e - b);
+  } else {
+    float acc[DT__COMM_BLOCK];
+    for (size_t off = b; c->world > 1 && off < e; off += DT__COMM_BLOCK) {
+      size_t m = DT__MIN((size_t)DT__COMM_BLOCK, e - off);
+      dt__comm_threads_sum(t, off, m, acc);
+      memcpy(buf + off, acc, m * sizeof(float));
+    }
+    ok = dt__comm_all_finite(buf + b, e - b);
+  }
+  t->slots[rank].d.finite = ok;
+  r = dt__comm_threads_leave(t, rank, n);
+  if (r != DTRAIN_OK) return r;
+  for (int j = 0; j < c->world; j++) ok &= t->slots[j].d.finite;
+  *finite = ok;
+  return DTRAIN_OK;
 }
 
 static dt_result dt__comm_threads_allgather(dt_comm *c, int rank, float *buf, size_t n) {
@@ -550,6 +594,18 @@ DTRAIN_API dt_result dt_comm_reduce_scatter(dt_comm *c, int rank, float *buf, si
   int64_t t0 = dt__prof_t0();
   dt__quiet_push();
   r = dt__quiet_pop(c->vtable->reduce_scatter(c, rank, buf, n));
+  dt__prof_add("dt_comm_reduce_scatter", DTRAIN_PROFILE_COMM, t0);
+  return r;
+}
+
+DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite) {
+  *finite = 0;
+  if (!c || c->vtable != &dt__comm_threads_vtable) return dt_comm_reduce_scatter(c, rank, buf, n);
+  dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", rank, buf, n, 0);
+  if (r != DTRAIN_OK) return r;
+  int64_t t0 = dt__prof_t0();
+  dt__quiet_push();
+  r = dt__quiet_pop(dt__comm_threads_reduce_scatter_finite(c, rank, buf, n, finite));
   dt__prof_add("dt_comm_reduce_scatter", DTRAIN_PROFILE_COMM, t0);
   return r;
 }

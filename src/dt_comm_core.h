@@ -61,4 +61,13 @@ DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, 
                                          int *out_rank);
 #endif
 
+/* dt_comm_reduce_scatter that also tells every rank whether the whole sum
+ * (every rank's slice) is finite: *finite = 1 when it is known to be, 0 when
+ * some element is infinite or NaN or the backend does not check (all but
+ * the in-process one: the caller checks itself). The in-process backend
+ * checks each slice as it sums it and publishes the answers in the
+ * collective's closing meet, so that a synchronous step needs no barrier of
+ * its own between its check and its update. */
+DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite);
+
 #endif /* DTRAIN_COMM_CORE_H */

@@ -330,5 +330,8 @@ DTRAIN_PRIVATE void dt__fp_leave(unsigned long saved);
  * plain -O2 build of the loop stays scalar (gcc vectorises it only from -O3),
  * and the sums of a replicated step's gradients run over every parameter. */
 DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size_t n);
+/* dt__vec_add that also says whether every sum is finite (1) or not (0): the
+ * check rides on the values in registers, no second pass. */
+DTRAIN_PRIVATE int dt__vec_add_finite(float *dst, const float *a, const float *b, size_t n);
 
 #endif /* DTRAIN_INTERNAL_H */

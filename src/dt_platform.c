@@ -674,6 +674,49 @@ __attribute__((target("avx"))) static size_t dt__vec_add_avx(float *dst, const f
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
   return i;
 }
+/* The sums of dt__vec_add_finite, and whether each is finite: a sum's
+ * exponent bits alone (sign and mantissa masked off) are +0, a power of two
+ * or, for an infinite or NaN sum, +Inf; their maximum is +Inf exactly when
+ * one was. Masks, a maximum and one compare of bits at the end: nothing a
+ * -ffast-math build could fold away. */
+static int dt__exp_bits_all_finite(const float *m, int k) {
+  int finite = 1;
+  for (int j = 0; j < k; j++) {
+    uint32_t u;
+    memcpy(&u, m + j, sizeof u);
+    finite &= u != 0x7f800000u;
+  }
+  return finite;
+}
+
+__attribute__((target("avx"))) static size_t dt__vec_add_finite_avx(float *dst, const float *a, const float *b, size_t n,
+                                                                   int *finite) {
+  size_t i = 0;
+  const __m256 em = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
+  __m256 mx = _mm256_setzero_ps();
+  for (; i + 32 <= n; i += 32) {
+    __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8));
+    __m256 x2 = _mm256_add_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16));
+    __m256 x3 = _mm256_add_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24));
+    _mm256_storeu_ps(dst + i, x0);
+    _mm256_storeu_ps(dst + i + 8, x1);
+    _mm256_storeu_ps(dst + i + 16, x2);
+    _mm256_storeu_ps(dst + i + 24, x3);
+    __m256 m01 = _mm256_max_ps(_mm256_and_ps(x0, em), _mm256_and_ps(x1, em));
+    __m256 m23 = _mm256_max_ps(_mm256_and_ps(x2, em), _mm256_and_ps(x3, em));
+    mx = _mm256_max_ps(mx, _mm256_max_ps(m01, m23));
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    _mm256_storeu_ps(dst + i, x);
+    mx = _mm256_max_ps(mx, _mm256_and_ps(x, em));
+  }
+  float m[8];
+  _mm256_storeu_ps(m, mx);
+  *finite = dt__exp_bits_all_finite(m, 8);
+  return i;
+}
 #endif
 
 DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size_t n) {
@@ -685,6 +728,44 @@ DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size
   for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vaddq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));
 #endif
   for (; i < n; i++) dst[i] = a[i] + b[i];
+}
+
+DTRAIN_PRIVATE int dt__vec_add_finite(float *dst, const float *a, const float *b, size_t n) {
+  size_t i = 0;
+  int finite = 1;
+#if defined(DT__PLATFORM_X86)
+  if (n >= 16 && __builtin_cpu_supports("avx")) i = dt__vec_add_finite_avx(dst, a, b, n, &finite);
+  if (i + 4 <= n) {
+    const __m128 em = _mm_castsi128_ps(_mm_set1_epi32(0x7f800000));
+    __m128 mx = _mm_setzero_ps();
+    for (; i + 4 <= n; i += 4) {
+      __m128 x = _mm_add_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i));
+      _mm_storeu_ps(dst + i, x);
+      mx = _mm_max_ps(mx, _mm_and_ps(x, em));
+    }
+    float m[4];
+    _mm_storeu_ps(m, mx);
+    finite &= dt__exp_bits_all_finite(m, 4);
+  }
+#elif defined(DT__PLATFORM_NEON)
+  if (i + 4 <= n) {
+    const uint32x4_t em = vdupq_n_u32(0x7f800000u);
+    uint32x4_t mx = vdupq_n_u32(0);
+    for (; i + 4 <= n; i += 4) {
+      float32x4_t x = vaddq_f32(vld1q_f32(a + i), vld1q_f32(b + i));
+      vst1q_f32(dst + i, x);
+      mx = vmaxq_u32(mx, vandq_u32(vreinterpretq_u32_f32(x), em)); /* the bits as unsigned: the same order */
+    }
+    finite &= vmaxvq_u32(mx) != 0x7f800000u;
+  }
+#endif
+  for (; i < n; i++) {
+    dst[i] = a[i] + b[i];
+    uint32_t u;
+    memcpy(&u, dst + i, sizeof u);
+    finite &= (u & 0x7f800000u) != 0x7f800000u;
+  }
+  return finite;
 }
 
 /* ---- a shared vector's sweeps -------------------------------------------------------------

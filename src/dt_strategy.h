@@ -141,7 +141,10 @@
  * on the CPU, its gradient before any update: synchronous kinds scan each
  * replica's slice of the reduced gradient (one pass over the trainable
  * elements, then a barrier, so that nobody updates before everybody
- * checked; with clip_norm the global norm is that check), the async family
+ * checked; with clip_norm the global norm is that check; in process,
+ * mirrored checks every element as the reduce-scatter sums it and its
+ * closing barrier tells everybody, and only a step with a non-finite
+ * element scans again, the trainable ones), the async family
  * each replica's own gradient before its optimizer step or push. On
  * devices the gradient is checked only when asked (check_numerics or
  * clip_norm: a host copy). By default such a step fails with

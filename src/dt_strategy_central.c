@@ -44,7 +44,7 @@ DTRAIN_PRIVATE void dt__strategy_central_job(dt_strategy *s, int r) {
     dt__strategy_comm_failed(s, r, rc);
     goto done;
   }
-  if (!dt__strategy_update_slice(s, r, data, grad, lo, hi)) goto done;
+  if (!dt__strategy_update_slice(s, r, data, grad, lo, hi, 0)) goto done;
   /* The optimizer never touches the buffer ranges: replica 0 may write them
    * while the others update their slices. */
   if (r == 0 && R->own_data)

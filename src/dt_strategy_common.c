@@ -334,11 +334,14 @@ static int dt__strategy_clip_slice(dt_strategy *s, int r, float *grad, size_t b,
  * steps" in dt_strategy.h): with clip_norm the global norm (computed
  * anyway) is that check; otherwise each replica scans the trainable
  * elements of its slice (check_numerics: every element), and a barrier
- * keeps everybody from updating before everybody checked. */
-DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi) {
+ * keeps everybody from updating before everybody checked. finite = 1: the
+ * reduce-scatter already told every replica that every element of the sum
+ * is finite (dt__comm_reduce_scatter_finite), so neither is needed. */
+DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi,
+                                             int finite) {
   if (!dt__strategy_clip_slice(s, r, grad, lo, hi)) return 0;
   dt_result rc;
-  if (s->desc.check_numerics || !(dt_optim_get_options(s->opt)->clip_norm > 0.0f)) {
+  if (!finite && (s->desc.check_numerics || !(dt_optim_get_options(s->opt)->clip_norm > 0.0f))) {
     size_t bad = s->desc.check_numerics ? dt__strategy_nonfinite(grad, lo, hi)
                                         : dt__strategy_nonfinite_trainable(s, grad, lo, hi);
     if (bad < hi) {

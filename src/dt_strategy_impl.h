@@ -35,6 +35,7 @@
 #include "dt_data.h"
 #include "dt_memory.h"
 #include "dt_comm.h"
+#include "dt_comm_core.h"
 #include "dt_strategy.h"
 #include "dt_net.h"
 #include "dt_device.h"
@@ -267,7 +268,8 @@ DTRAIN_PRIVATE int dt__strategy_clip_own(dt_strategy *s, int r, float clip, cons
 /* Replica r's checks of its slice [lo, hi) of the reduced gradient, then
  * dt_optim_update of data on that slice (synchronous kinds). 0: the step
  * stops (the failure is recorded). */
-DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi);
+DTRAIN_PRIVATE int dt__strategy_update_slice(dt_strategy *s, int r, float *data, float *grad, size_t lo, size_t hi,
+                                             int finite);
 /* Copies the non-trainable runs (buffers) of src within [b, e) to dst. */
 DTRAIN_PRIVATE void dt__strategy_copy_buffers(dt_strategy *s, float *dst, const float *src, size_t b, size_t e);
 /* Seconds replica r has waited in s->comm so far. */

@@ -51,18 +51,19 @@ static void dt__mirrored_job(dt_strategy *s, int r) {
   dt_comm_slice(s->size, s->n, r, &lo, &hi);
   double w0 = dt__strategy_comm_wait(s, r);
   dt_result rc;
+  int finite = 0; /* every element of the summed gradient known to be finite */
   if (s->ov) {
     if (!dt__overlap_compute(s, r, &b)) goto done;
     grad = s->rep[0].grad; /* the sum */
   } else {
     if (!dt__strategy_compute(s, r, &b)) return;
-    rc = dt_comm_reduce_scatter(s->comm, r, R->grad, s->size);
+    rc = dt__comm_reduce_scatter_finite(s->comm, r, R->grad, s->size, &finite);
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
       goto done;
     }
   }
-  if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi)) goto done;
+  if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi, finite)) goto done;
   /* Buffers follow replica 0: each replica puts replica 0's values into its
    * own slice before the all-gather spreads the slices (the optimizer never
    * writes the buffer ranges, so replica 0's stay still meanwhile). */

@@ -355,7 +355,7 @@ static void dt__mwm_job(dt_strategy *s, int r) {
   }
   dt_comm_slice(s->size, s->n, r, &lo, &hi);
   if (s->desc.loss == DTRAIN_LOSS_MEAN && st->rows > 0.0) dt__strategy_scale(s, grad, lo, hi, (float)(1.0 / st->rows));
-  if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi)) goto done;
+  if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi, 0)) goto done;
   dt__mwm_copy_grad(s, dt_params_grad(s->params), grad, lo, hi);
   /* The buffers: rank 0 replica 0's, carried by the all-reduce; each replica
    * puts its slice of them into its copy, the all-gather spreads them. */

@@ -5,6 +5,7 @@
  * a deadlock (a watchdog alarm fails the program on a hang), statistics.
  * Only the main thread runs CHECKs; worker threads record into atomics. */
 #include "harness.h"
+#include <float.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -205,6 +206,9 @@ typedef struct comm_job {
   int root;
   int reps;
   dt_result rc;
+  int finite;        /* op 6: dt__comm_reduce_scatter_finite's answer */
+  size_t poison;     /* op 6: this rank's buf[poison] becomes NaN (n or more: none) */
+  float poison_val;
 } comm_job;
 
 static float comm_val(int rank, size_t i) { return (float)((int)((i * 7 + (size_t)rank * 13) % 31) - 15) * 0.37f; }
@@ -214,7 +218,9 @@ static void *comm_thread(void *arg) {
   j->rc = DTRAIN_OK;
   for (int rep = 0; rep < j->reps && j->rc == DTRAIN_OK; rep++) {
     for (size_t i = 0; i < j->n; i++) j->buf[i] = comm_val(j->rank, i + (size_t)rep);
+    if (j->op == 6 && j->poison < j->n) j->buf[j->poison] = j->poison_val;
     switch (j->op) {
+      case 6: j->rc = dt__comm_reduce_scatter_finite(j->c, j->rank, j->buf, j->n, &j->finite); break;
       case 0: j->rc = dt_comm_allreduce(j->c, j->rank, j->buf, j->n); break;
       case 1: j->rc = dt_comm_reduce_scatter(j->c, j->rank, j->buf, j->n); break;
       case 2: j->rc = dt_comm_allgather(j->c, j->rank, j->buf, j->n); break;
@@ -294,6 +300,71 @@ static void test_comm_collectives(void) {
     dt_comm_destroy(c);
   }
   for (int r = 0; r < 8; r++) free(bufs[r]);
+}
+
+/* dt__comm_reduce_scatter_finite (a mirrored step's sum and its check of
+ * every element, with no barrier of its own): the same sums as
+ * dt_comm_reduce_scatter, and every rank told "finite" exactly when no rank's
+ * slice of the sum has an infinite or NaN element, wherever the bad value is
+ * (any rank's buffer, any rank's slice, first or last element), for NaN, Inf
+ * and a sum that overflows, on 1 to 5 ranks. */
+static void test_comm_reduce_scatter_finite(void) {
+  watchdog(120);
+  enum { NMAX = 4099 };
+  const size_t ns[] = {0, 1, 17, 1000, NMAX};
+  float *bufs[5], *want[5];
+  for (int r = 0; r < 5; r++) {
+    bufs[r] = (float *)malloc(NMAX * sizeof(float));
+    want[r] = (float *)malloc(NMAX * sizeof(float));
+  }
+  int wrong = 0, cases = 0;
+  for (int world = 1; world <= 5; world++) {
+    dt_comm *c = dt_comm_create_threads(world, 0);
+    CHECK(c != NULL);
+    if (!c) continue;
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+      size_t n = ns[k];
+      /* the plain collective's sums */
+      CHECK(comm_run(c, world, n, 1, 0, 1, want, NULL) == 0);
+      /* where: none, or the first / last element of each rank's slice, in one rank's buffer */
+      for (int where = -1; where < 2 * world; where++) {
+        size_t sb, se;
+        dt_comm_slice(n, world, where < 0 ? 0 : where / 2, &sb, &se);
+        if (where >= 0 && sb == se) continue;
+        size_t at = where < 0 ? n : where % 2 == 0 ? sb : se - 1;
+        for (int kind = 0; kind < (where < 0 ? 1 : 3); kind++) {
+          int holder = where < 0 ? 0 : (where + kind) % world; /* whose buffer holds it */
+          pthread_t th[5];
+          comm_job jobs[5];
+          for (int r = 0; r < world; r++) {
+            memset(&jobs[r], 0, sizeof jobs[r]);
+            jobs[r].c = c; jobs[r].rank = r; jobs[r].world = world; jobs[r].n = n; jobs[r].buf = bufs[r];
+            jobs[r].op = 6; jobs[r].reps = 1; jobs[r].finite = -1;
+            /* kind 2: FLT_MAX in every rank's buffer, a sum that overflows (one rank: Inf itself) */
+            jobs[r].poison = r == holder || (kind == 2 && world > 1) ? at : n;
+            jobs[r].poison_val = kind == 0 ? NAN : kind == 1 || world == 1 ? INFINITY : FLT_MAX;
+            pthread_create(&th[r], NULL, comm_thread, &jobs[r]);
+          }
+          for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
+          int expect = where < 0; /* finite only without the bad value */
+          for (int r = 0; r < world; r++) {
+            wrong += jobs[r].rc != DTRAIN_OK || jobs[r].finite != expect;
+            size_t b, e;
+            dt_comm_slice(n, world, r, &b, &e);
+            if (where < 0) wrong += memcmp(bufs[r] + b, want[r] + b, (e - b) * sizeof(float)) != 0;
+          }
+          cases++;
+        }
+      }
+    }
+    dt_comm_destroy(c);
+  }
+  CHECK_MSG(wrong == 0, "%d wrong answers or sums in %d reduce-scatter-with-check cases", wrong, cases);
+  for (int r = 0; r < 5; r++) {
+    free(bufs[r]);
+    free(want[r]);
+  }
+  alarm(0);
 }
 
 typedef struct abort_job {
@@ -1654,6 +1725,7 @@ int main(void) {
   TH_RUN(test_utilities);
   TH_RUN(test_comm_slices);
   TH_RUN(test_comm_collectives);
+  TH_RUN(test_comm_reduce_scatter_finite);
   TH_RUN(test_comm_errors);
   TH_RUN(test_one_device_equals_hand_loop);
   TH_RUN(test_mirrored_equals_one_device);
