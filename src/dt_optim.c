@@ -257,11 +257,29 @@ static dt__optim_sgd_k dt__optim_sgd_scalars(const dt_optim *o, float lr, float 
   return k;
 }
 
+/* The two bias corrections of step t, 1 - b1^t and 1 - b2^t, kept for the
+ * thread's last (b1, b2, t): an update runs the kernel once a parameter, and
+ * an async push once a block of each (a push of the MLP made 230 pow calls,
+ * 1% of an async replica's step). The same pow calls, so the same values. */
+static void dt__optim_adam_bc(double b1, double b2, double t, double *bc1, double *bc2) {
+  static DT__TLS double last[5]; /* b1, b2, t, bc1, bc2; t = 0 never asked */
+  if (!(last[2] == t && last[0] == b1 && last[1] == b2)) {
+    last[0] = b1;
+    last[1] = b2;
+    last[2] = t;
+    last[3] = 1.0 - pow(b1, t);
+    last[4] = 1.0 - pow(b2, t);
+  }
+  *bc1 = last[3];
+  *bc2 = last[4];
+}
+
 /* Python's arithmetic: the bias corrections and lr * wd in double. */
 static dt__optim_adam_k dt__optim_adam_scalars(const dt_optim *o, float lr, float wd, int decoupled) {
   const double b1 = (double)o->desc.beta1, b2 = (double)o->desc.beta2;
   const double t = (double)(o->steps + 1);
-  const double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+  double bc1, bc2;
+  dt__optim_adam_bc(b1, b2, t, &bc1, &bc2);
   dt__optim_adam_k k;
   k.step_size = (float)((double)lr / bc1);
   k.wd = wd;
