@@ -647,9 +647,9 @@ DTRAIN_PRIVATE void dt__par_range(int64_t n, int64_t grain, int64_t min_n, dt__p
 }
 
 /* ---- float vectors ------------------------------------------------------------------------
- * dt__vec_add (dt_internal.h): AVX picked at run time on x86-64 (a function
- * attribute, so a plain -O2 build uses it where the CPU has it), SSE and NEON
- * always, plain C under DTRAIN_NO_SIMD. */
+ * dt__vec_add_finite and dt__vec_add (dt_internal.h), one loop: AVX picked
+ * at run time on x86-64 (a function attribute, so a plain -O2 build uses it
+ * where the CPU has it), SSE and NEON always, plain C under DTRAIN_NO_SIMD. */
 #if !defined(DTRAIN_NO_SIMD) && (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 #  define DT__PLATFORM_X86 1
 #  include <immintrin.h>
@@ -659,34 +659,15 @@ DTRAIN_PRIVATE void dt__par_range(int64_t n, int64_t grain, int64_t min_n, dt__p
 #endif
 
 #ifdef DT__PLATFORM_X86
-__attribute__((target("avx"))) static size_t dt__vec_add_avx(float *dst, const float *a, const float *b, size_t n) {
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
-    __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8));
-    __m256 x2 = _mm256_add_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16));
-    __m256 x3 = _mm256_add_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24));
-    _mm256_storeu_ps(dst + i, x0);
-    _mm256_storeu_ps(dst + i + 8, x1);
-    _mm256_storeu_ps(dst + i + 16, x2);
-    _mm256_storeu_ps(dst + i + 24, x3);
-  }
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-  return i;
-}
 /* The sums of dt__vec_add_finite, and whether each is finite: a sum's
  * exponent bits alone (sign and mantissa masked off) are +0, a power of two
  * or, for an infinite or NaN sum, +Inf; their maximum is +Inf exactly when
- * one was. Masks, a maximum and one compare of bits at the end: nothing a
- * -ffast-math build could fold away. */
-static int dt__exp_bits_all_finite(const float *m, int k) {
-  int finite = 1;
-  for (int j = 0; j < k; j++) {
-    uint32_t u;
-    memcpy(&u, m + j, sizeof u);
-    finite &= u != 0x7f800000u;
-  }
-  return finite;
+ * one was. Masks, a maximum and one integer compare of the bits at the end
+ * (no lane taken out alone: tools/check_codegen.sh): nothing a -ffast-math
+ * build could fold away. */
+static int dt__exp_bits_finite4(__m128 mx) {
+  __m128i inf = _mm_cmpeq_epi32(_mm_castps_si128(mx), _mm_set1_epi32(0x7f800000));
+  return _mm_movemask_epi8(inf) == 0;
 }
 
 __attribute__((target("avx"))) static size_t dt__vec_add_finite_avx(float *dst, const float *a, const float *b, size_t n,
@@ -712,23 +693,10 @@ __attribute__((target("avx"))) static size_t dt__vec_add_finite_avx(float *dst, 
     _mm256_storeu_ps(dst + i, x);
     mx = _mm256_max_ps(mx, _mm256_and_ps(x, em));
   }
-  float m[8];
-  _mm256_storeu_ps(m, mx);
-  *finite = dt__exp_bits_all_finite(m, 8);
+  *finite = dt__exp_bits_finite4(_mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1)));
   return i;
 }
 #endif
-
-DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size_t n) {
-  size_t i = 0;
-#if defined(DT__PLATFORM_X86)
-  if (n >= 16 && __builtin_cpu_supports("avx")) i = dt__vec_add_avx(dst, a, b, n);
-  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_add_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
-#elif defined(DT__PLATFORM_NEON)
-  for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vaddq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));
-#endif
-  for (; i < n; i++) dst[i] = a[i] + b[i];
-}
 
 DTRAIN_PRIVATE int dt__vec_add_finite(float *dst, const float *a, const float *b, size_t n) {
   size_t i = 0;
@@ -743,9 +711,7 @@ DTRAIN_PRIVATE int dt__vec_add_finite(float *dst, const float *a, const float *b
       _mm_storeu_ps(dst + i, x);
       mx = _mm_max_ps(mx, _mm_and_ps(x, em));
     }
-    float m[4];
-    _mm_storeu_ps(m, mx);
-    finite &= dt__exp_bits_all_finite(m, 4);
+    finite &= dt__exp_bits_finite4(mx);
   }
 #elif defined(DT__PLATFORM_NEON)
   if (i + 4 <= n) {
@@ -766,6 +732,12 @@ DTRAIN_PRIVATE int dt__vec_add_finite(float *dst, const float *a, const float *b
     finite &= (u & 0x7f800000u) != 0x7f800000u;
   }
   return finite;
+}
+
+/* The check is an AND and a maximum a vector in a loop bound by its loads
+ * and stores: the plain sum runs the same loop. */
+DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size_t n) {
+  (void)dt__vec_add_finite(dst, a, b, n);
 }
 
 /* ---- a shared vector's sweeps -------------------------------------------------------------
