@@ -10,6 +10,16 @@ pass=0; fail=0; skipped=0
 # skip WHAT: why -- a check that cannot run here, counted and named in the summary.
 skip() { echo "skip $1"; skipped=$((skipped + 1)); }
 W="-Wall -Wextra -Wpedantic -Werror"
+# WQ: the same without gcc's -Wmisleading-indentation, which costs it 1.9 s of
+# every compile of the implementation (4.9 s at -O0): its line lookups scan
+# the file, so its time grows with the square of the header's length (40,000
+# lines of single-statement ifs here). Indentation does not depend on a
+# switch or a language: the warning stays on where the code is read for
+# warnings (gcc-c11-O3 whole, gcc-c11-edge with every switch, clang
+# everywhere, make's own build) and is off where a check is about something
+# else (a link, a library, the API, a run).
+WQ="$W -Wno-misleading-indentation"
+wq() { if [ "$1" = gcc ] || [ "$1" = g++ ]; then echo "$WQ"; else echo "$W"; fi; } # CC: its flags
 # check NAME COMMAND...: runs in the background, CHECK_JOBS at a time (default
 # 2: most checks are one compiler run on one core); its verdict goes to a
 # numbered file, read back in order by check_sync. A check that needs another
@@ -47,15 +57,16 @@ for cc in gcc clang; do
   # Makefile's build is the -O2 one, in parts), clang at -O2.
   if [ "$cc" = gcc ]; then lvl=-O3; else lvl=-O2; fi
   check "$cc-c11$([ $cc = gcc ] && echo -O3)" $cc -std=c11 $W $lvl -I. "$D/impl.c" -o "$D/impl_$cc" -lm -lpthread
-  check "$cc-c11-no-threads" $cc -std=c11 $W -DDTRAIN_NO_THREADS -DDTRAIN_NO_NET -I. -c "$D/impl.c" -o "$D/impl_nt_$cc.o"
-  check "$cc-c11-no-stdio" $cc -std=c11 $W -DDTRAIN_NO_STDIO -I. -c "$D/impl.c" -o "$D/impl_ns_$cc.o"
+  check "$cc-c11-no-threads" $cc -std=c11 $(wq $cc) -DDTRAIN_NO_THREADS -DDTRAIN_NO_NET -I. -c "$D/impl.c" -o "$D/impl_nt_$cc.o"
+  check "$cc-c11-no-stdio" $cc -std=c11 $(wq $cc) -DDTRAIN_NO_STDIO -I. -c "$D/impl.c" -o "$D/impl_ns_$cc.o"
   # The edge switches, each alone, and the smallest build with all of them.
-  # gcc builds them (at -O2: some of its warnings need the optimizer) and the
-  # API check below reads its objects; clang's warnings come from its front
-  # end, so it only parses them.
+  # gcc builds them (each alone at -O1, where its flow warnings already run;
+  # all of them at -O2, as the full build is at -O3) and the API check below
+  # reads its objects; clang's warnings come from its front end, so it only
+  # parses them.
   for sw in DIST DATA FIT; do
     if [ "$cc" = gcc ]; then
-      check "$cc-c11-no-$sw" $cc -std=c11 $W -O2 -DDTRAIN_NO_$sw -I. -c "$D/impl.c" -o "$D/impl_no${sw}_$cc.o"
+      check "$cc-c11-no-$sw" $cc -std=c11 $WQ -O1 -DDTRAIN_NO_$sw -I. -c "$D/impl.c" -o "$D/impl_no${sw}_$cc.o"
     else
       check "$cc-c11-no-$sw" $cc -std=c11 $W -fsyntax-only -DDTRAIN_NO_$sw -I. "$D/impl.c"
     fi
@@ -66,12 +77,12 @@ done
 # Strict warnings (issue 22 item 3): the implementation is clean under -Wshadow -Wconversion
 # (sign conversions included) -Wstrict-prototypes -Wmissing-prototypes too, full and with the
 # main switches, gcc and clang (front-end warnings: a syntax pass is enough).
-SW="$W -Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes"
+SW="-Wshadow -Wconversion -Wstrict-prototypes -Wmissing-prototypes"
 for cc in gcc clang; do
   command -v $cc >/dev/null 2>&1 || { skip "$cc strict warnings: no $cc"; continue; }
-  check "$cc-strict-warnings" $cc -std=c11 $SW -fsyntax-only -I. "$D/impl.c"
-  check "$cc-strict-warnings-no-threads-no-net" $cc -std=c11 $SW -DDTRAIN_NO_THREADS -DDTRAIN_NO_NET -fsyntax-only -I. "$D/impl.c"
-  check "$cc-strict-warnings-no-dist-no-stdio" $cc -std=c11 $SW -DDTRAIN_NO_DIST -DDTRAIN_NO_STDIO -fsyntax-only -I. "$D/impl.c"
+  check "$cc-strict-warnings" $cc -std=c11 $(wq $cc) $SW -fsyntax-only -I. "$D/impl.c"
+  check "$cc-strict-warnings-no-threads-no-net" $cc -std=c11 $(wq $cc) $SW -DDTRAIN_NO_THREADS -DDTRAIN_NO_NET -fsyntax-only -I. "$D/impl.c"
+  check "$cc-strict-warnings-no-dist-no-stdio" $cc -std=c11 $(wq $cc) $SW -DDTRAIN_NO_DIST -DDTRAIN_NO_STDIO -fsyntax-only -I. "$D/impl.c"
 done
 # The implementation after system headers (issue 22 item 1): strict C11 and C17 hide POSIX
 # unless a feature macro comes first, and a user's file may include <stdio.h> (or any ISO C
@@ -93,11 +104,9 @@ printf '#include <netdb.h>\n#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\n
 compile_early() {
   [ "$2" = c17 ] || for h in $early_hdrs; do
     hf=$(echo "$h" | tr '/.' '__')
-    # (-Wmisleading-indentation is most of gcc's time in a syntax pass of the
-    # whole header, 1.4 of 1.7 s; the builds above and below warn with it)
-    $1 -std=$2 $W -Wno-misleading-indentation -fsyntax-only -I. "$D/early_$hf.c" || { echo "with <$h> first"; return 1; }
+    $1 -std=$2 $(wq $1) -fsyntax-only -I. "$D/early_$hf.c" || { echo "with <$h> first"; return 1; }
   done
-  $1 -std=$2 $W -O1 -I. "$D/early_all.c" -o "$D/early_all_$1_$2" -lm -lpthread && "$D/early_all_$1_$2"
+  $1 -std=$2 $(wq $1) -O0 -I. "$D/early_all.c" -o "$D/early_all_$1_$2" -lm -lpthread && "$D/early_all_$1_$2"
 }
 netdb_error() {
   out=$($1 -std=c11 -fsyntax-only -I. "$D/early_netdb.c" 2>&1)
@@ -112,7 +121,7 @@ for cxx in g++ clang++; do
   command -v $cxx >/dev/null 2>&1 || { skip "$cxx-c++17: no $cxx"; continue; }
   check "$cxx-c++17" $cxx -std=c++17 $W -O1 -I. "$D/impl.cpp" -o "$D/impl_$cxx" -lm -lpthread
   for sw in DIST DATA FIT; do
-    check "$cxx-c++17-no-$sw" $cxx -std=c++17 $W -fsyntax-only -DDTRAIN_NO_$sw -I. "$D/impl.cpp"
+    check "$cxx-c++17-no-$sw" $cxx -std=c++17 $(wq $cxx) -fsyntax-only -DDTRAIN_NO_$sw -I. "$D/impl.cpp"
   done
 done
 # The implementation in parts (DTRAIN_IMPLEMENTATION_PART 1..4; make builds
@@ -122,8 +131,8 @@ done
 parts_api_match() { # the dt_ API symbols of the gcc parts joined vs of the whole
   printf '#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\n' > "$D/impl_only.c"
   printf '#include "dtrain.h"\nint main(void){ return dt_build_features() == 0; }\n' > "$D/parts_main.c"
-  for k in 1 2 3 4; do gcc -std=c11 $W -O0 -DDTRAIN_IMPLEMENTATION_PART=$k -I. -c "$D/impl_only.c" -o "$D/part$k.o" || return 1; done
-  gcc -std=c11 $W -O0 -I. -c "$D/impl_only.c" -o "$D/whole.o" &&
+  for k in 1 2 3 4; do gcc -std=c11 $WQ -O0 -DDTRAIN_IMPLEMENTATION_PART=$k -I. -c "$D/impl_only.c" -o "$D/part$k.o" || return 1; done
+  gcc -std=c11 $WQ -O0 -I. -c "$D/impl_only.c" -o "$D/whole.o" &&
     gcc -std=c11 $W -I. "$D/parts_main.c" "$D/part1.o" "$D/part2.o" "$D/part3.o" "$D/part4.o" -o "$D/parts_linked" -lm -lpthread &&
     "$D/parts_linked" &&
     nm "$D/whole.o" | awk '$2 == "T" && $3 ~ /^dt_[^_]/ {print $3}' | sort > "$D/api_whole.txt" &&
@@ -132,7 +141,7 @@ parts_api_match() { # the dt_ API symbols of the gcc parts joined vs of the whol
 }
 check "parts-link-and-export-the-whole-api" parts_api_match
 for k in 1 2 3 4; do
-  command -v g++ >/dev/null 2>&1 && check "g++-c++17-part-$k" g++ -std=c++17 $W -fsyntax-only -DDTRAIN_IMPLEMENTATION_PART=$k -I. "$D/impl.cpp"
+  command -v g++ >/dev/null 2>&1 && check "g++-c++17-part-$k" g++ -std=c++17 $WQ -fsyntax-only -DDTRAIN_IMPLEMENTATION_PART=$k -I. "$D/impl.cpp"
   command -v clang >/dev/null 2>&1 && check "clang-c11-part-$k" clang -std=c11 $W -fsyntax-only -DDTRAIN_IMPLEMENTATION_PART=$k -I. "$D/impl.c"
 done
 check "part-5-refused" sh -c "! gcc -std=c11 -fsyntax-only -DDTRAIN_IMPLEMENTATION_PART=5 -I. $D/impl.c > $D/part5.txt 2>&1 && grep -q 'DTRAIN_IMPLEMENTATION_PART is 1, 2, 3 or 4' $D/part5.txt"
@@ -140,7 +149,7 @@ check "part-static-refused" sh -c "! gcc -std=c11 -fsyntax-only -DDTRAIN_IMPLEME
 # Two translation units, each with its own static copy of the implementation.
 printf '#define DTRAIN_STATIC\n#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\nint tu_a(void){ return (int)dt_build_features(); }\n' > "$D/tu_a.c"
 printf '#define DTRAIN_STATIC\n#define DTRAIN_IMPLEMENTATION\n#include "dtrain.h"\nint tu_a(void);\nint main(void){ return tu_a() != (int)dt_build_features(); }\n' > "$D/tu_b.c"
-check "static-two-tu" sh -c "gcc -std=c11 $W -I. -c $D/tu_a.c -o $D/tu_a.o && gcc -std=c11 $W -I. -c $D/tu_b.c -o $D/tu_b.o && gcc $D/tu_a.o $D/tu_b.o -o $D/tu -lm -lpthread && $D/tu"
+check "static-two-tu" sh -c "gcc -std=c11 $WQ -I. -c $D/tu_a.c -o $D/tu_a.o && gcc -std=c11 $WQ -I. -c $D/tu_b.c -o $D/tu_b.o && gcc $D/tu_a.o $D/tu_b.o -o $D/tu -lm -lpthread && $D/tu"
 # A contradictory configuration must stop the build with a message.
 check "contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_THREADS -DDTRAIN_USE_MPI -I. -c $D/impl.c -o $D/bad.o 2>$D/bad.txt && grep -q 'DTRAIN_USE_MPI needs threads' $D/bad.txt"
 check "no-dist-mpi-contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_DIST -DDTRAIN_USE_MPI -I. -c $D/impl.c -o $D/bad3.o 2>$D/bad3.txt && grep -q 'remove DTRAIN_NO_DIST or DTRAIN_USE_MPI' $D/bad3.txt"
@@ -201,22 +210,22 @@ int main(void) {
   return 0;
 }
 EOF
-check "edge-stubs-say-so-one-device-trains" sh -c "gcc -std=c11 $W -I. $D/edge_stubs.c -o $D/edge_stubs -lm -lpthread && $D/edge_stubs"
+check "edge-stubs-say-so-one-device-trains" sh -c "gcc -std=c11 $WQ -I. $D/edge_stubs.c -o $D/edge_stubs -lm -lpthread && $D/edge_stubs"
 # DTRAIN_USE_CBLAS routes GEMM to OpenBLAS: the matmul tests must pass through it.
 if [ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ] || [ -f /usr/include/openblas/cblas.h ]; then
-  check "cblas-build-and-matmul-tests" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_USE_CBLAS -I. -I/usr/include/openblas -c tests/dtrain_impl.c -o $D/impl_cblas.o && gcc -std=c11 $W -O2 -I. -Itests tests/test_ops_matmul.c $D/impl_cblas.o -o $D/test_matmul_cblas -lopenblas -lm -lpthread && $D/test_matmul_cblas | grep -q ' 0 failed' && $D/test_matmul_cblas | grep -q 'cblas=yes'"
+  check "cblas-build-and-matmul-tests" sh -c "gcc -std=c11 $WQ -O1 -DDTRAIN_USE_CBLAS -I. -I/usr/include/openblas -c tests/dtrain_impl.c -o $D/impl_cblas.o && gcc -std=c11 $W -O1 -I. -Itests tests/test_ops_matmul.c $D/impl_cblas.o -o $D/test_matmul_cblas -lopenblas -lm -lpthread && $D/test_matmul_cblas | grep -q ' 0 failed' && $D/test_matmul_cblas | grep -q 'cblas=yes'"
 else
   skip "cblas-build-and-matmul-tests: no cblas.h (apt-get install libopenblas-dev)"
 fi
 # DTRAIN_NO_MALLOC: the library object references no allocator of libc at all,
 # and the fixed-memory tests pass against it.
-check "no-malloc-object-has-no-malloc" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_NO_MALLOC -I. -c tests/dtrain_impl.c -o $D/impl_nomalloc.o && nm -u $D/impl_nomalloc.o > $D/nomalloc.syms && ! grep -wE 'malloc|calloc|realloc|free|aligned_alloc|posix_memalign|strdup' $D/nomalloc.syms"
+check "no-malloc-object-has-no-malloc" sh -c "gcc -std=c11 $WQ -O1 -DDTRAIN_NO_MALLOC -I. -c tests/dtrain_impl.c -o $D/impl_nomalloc.o && nm -u $D/impl_nomalloc.o > $D/nomalloc.syms && ! grep -wE 'malloc|calloc|realloc|free|aligned_alloc|posix_memalign|strdup' $D/nomalloc.syms"
 check_sync  # the next check links the object the previous one built
-check "no-malloc-fixed-memory-tests" sh -c "gcc -std=c11 $W -O2 -I. -Itests tests/test_fixed_memory.c $D/impl_nomalloc.o -o $D/test_fixed_nomalloc -lm -lpthread && $D/test_fixed_nomalloc > $D/nomalloc.out && grep -q 'fixed_memory: [0-9]* passed, 0 failed' $D/nomalloc.out"
+check "no-malloc-fixed-memory-tests" sh -c "gcc -std=c11 $W -O1 -I. -Itests tests/test_fixed_memory.c $D/impl_nomalloc.o -o $D/test_fixed_nomalloc -lm -lpthread && $D/test_fixed_nomalloc > $D/nomalloc.out && grep -q 'fixed_memory: [0-9]* passed, 0 failed' $D/nomalloc.out"
 check "no-malloc-contradiction-errors" sh -c "! gcc -std=c11 -DDTRAIN_NO_MALLOC '-DDTRAIN_MALLOC(s)=0' '-DDTRAIN_REALLOC(p,s)=0' '-DDTRAIN_FREE(p)=0' -I. -c $D/impl.c -o $D/bad2.o 2>$D/bad2.txt && grep -q 'DTRAIN_NO_MALLOC contradicts' $D/bad2.txt"
 # DTRAIN_USE_ZLIB: gzip data is inflated by zlib; the data tests must pass through it.
 if [ -f /usr/include/zlib.h ]; then
-  check "zlib-build-and-data-tests" sh -c "gcc -std=c11 $W -O2 -DDTRAIN_USE_ZLIB -I. -c tests/dtrain_impl.c -o $D/impl_zlib.o && gcc -std=c11 $W -O2 -I. -Itests tests/test_data.c $D/impl_zlib.o -o $D/test_data_zlib -lz -lm -lpthread && $D/test_data_zlib > $D/test_data_zlib.txt 2>&1 && grep -q ' 0 failed' $D/test_data_zlib.txt && grep -q 'zlib=yes' $D/test_data_zlib.txt"
+  check "zlib-build-and-data-tests" sh -c "gcc -std=c11 $WQ -O1 -DDTRAIN_USE_ZLIB -I. -c tests/dtrain_impl.c -o $D/impl_zlib.o && gcc -std=c11 $W -O1 -I. -Itests tests/test_data.c $D/impl_zlib.o -o $D/test_data_zlib -lz -lm -lpthread && $D/test_data_zlib > $D/test_data_zlib.txt 2>&1 && grep -q ' 0 failed' $D/test_data_zlib.txt && grep -q 'zlib=yes' $D/test_data_zlib.txt"
 else
   skip "zlib-build-and-data-tests: no zlib.h (apt-get install zlib1g-dev)"
 fi
@@ -247,7 +256,7 @@ int main(void) {
   return 0;
 }
 EOF
-check "no-stdio-data-parsers" sh -c "gcc -std=c11 $W -I. $D/nostdio_data.c -o $D/nostdio_data -lm -lpthread && $D/nostdio_data"
+check "no-stdio-data-parsers" sh -c "gcc -std=c11 $WQ -I. $D/nostdio_data.c -o $D/nostdio_data -lm -lpthread && $D/nostdio_data"
 # dtrain_cuda.h: its public part is C (strict C11, -Wpedantic); its host
 # emulation compiles with clang++ too (g++ builds test_cuda_emu); with nvcc,
 # a .cu holding only DTRAIN_CUDA_IMPLEMENTATION compiles and links against
@@ -281,7 +290,8 @@ fi
 NVCC=$(command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 if [ -n "$NVCC" ]; then
   printf '#define DTRAIN_CUDA_IMPLEMENTATION\n#include "dtrain_cuda.h"\nint main(void){ return dt_cuda_device_count() < -1; }\n' > "$D/cuda_impl.cu"
-  check "cuda-nvcc-impl-links" sh -c "gcc -std=c11 $W -O1 -I. -c tests/dtrain_impl.c -o $D/cuda_dtrain.o && $NVCC -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -I. $D/cuda_impl.cu $D/cuda_dtrain.o -o $D/cuda_impl -lcublas -lm -lpthread"
+  # (the C object: the whole implementation that parts-link-and-export-the-whole-api built)
+  check "cuda-nvcc-impl-links" sh -c "test -f $D/whole.o && $NVCC -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -I. $D/cuda_impl.cu $D/whole.o -o $D/cuda_impl -lcublas -lm -lpthread"
 else
   skip "cuda-nvcc-impl-links: no nvcc"
 fi
