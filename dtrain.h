@@ -143,6 +143,10 @@
  *                           process writes file.worker0.json, file.server0.json)
  *   DTRAIN_FLUSH_DENORMALS=0|1  subnormal floats flushed to zero in dtrain's work
  *                           (default 1; dt_set_flush_denormals)
+ *   DTRAIN_CACHE_HANDOFF=1  mirrored on the CPU (x86-64): the replicas hand
+ *                           their slices' cache lines over (default off;
+ *                           dt_strategy.h, "Cache hand-off";
+ *                           dt_strategy_stats.cache_handoff)
  *   DTRAIN_CONFIG=JSON      the cluster and this process's task, TF_CONFIG style
  *                           (dt_cluster_discover)
  *   DTRAIN_TOKEN=secret     peers must prove they know it (HMAC-SHA256
@@ -2396,7 +2400,7 @@ DTRAIN_EXTERN_C_END
  * every strategy (mirrored: replica 0's copy, equal to the others). Its grad
  * buffer holds the reduced gradient of the whole batch for one_device and
  * central_storage; for mirrored only replica 0's slice of it (the
- * reduce-scatter leaves each slice with its owner).
+ * reduce-scatter leaves each slice with its owner; the rest is scratch).
  *
  * The synchronous strategies compute exactly what one_device computes on the
  * same global batch (up to float rounding: the gradient sums run in rank
@@ -2535,6 +2539,21 @@ DTRAIN_EXTERN_C_END
  * refuses only when the global batch is empty (a rank's local batch may be
  * empty). An async batch function may return 0 rows: that replica's push is
  * empty, nothing is updated.
+ *
+ * Cache hand-off (mirrored on the CPU, x86-64; DTRAIN_CACHE_HANDOFF=1). On
+ * some hosts a core's write to a cache line that another core holds shared
+ * costs several times a write to one the other core modified (a Zen 5 whose
+ * two vCPUs sit on different L3s: 88-108 us against 18 us for 512 KiB), and
+ * a mirrored step does that twice: each replica updates its slice of
+ * parameters the others read in their forward, and rewrites in backward the
+ * gradient lines another replica read in the reduce-scatter. With the
+ * hand-off, each replica writes its slice of the parameters out of every
+ * cache (clflushopt) before its update, and with two replicas the
+ * reduce-scatter also writes each slice of the sum into the other replica's
+ * gradient buffer (scratch there), so those lines go back modified. The
+ * values are the same either way. Off unless asked: where cores share their
+ * caches it costs a trip to memory per step. `make bench`'s bench_strategy
+ * prints both ways; dt_strategy_stats.cache_handoff says which ran.
  *
  * Threads: the pool of N-1 worker threads is created with the strategy and
  * lives until it is destroyed (the calling thread is replica 0); no thread
@@ -2933,6 +2952,8 @@ typedef struct dt_strategy_stats {
   uint64_t wire_bytes_received; /* the bytes received for the steps: multi_worker_mirrored's
                              collectives are symmetric (= wire_bytes); parameter_server: the
                              pulled parameters and the servers' answers */
+  int cache_handoff;      /* mirrored on the CPU: 1 when the replicas hand their slices' cache
+                             lines over (DTRAIN_CACHE_HANDOFF=1; see "Cache hand-off" above) */
 } dt_strategy_stats;
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);
@@ -21308,6 +21329,13 @@ static DT__UNUSED inline void dt__afloat_add(dt__afloat *p, float v) {
 DTRAIN_PRIVATE void dt__shared_load(float *dst, dt__afloat *src, size_t n);
 DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, size_t n);
 
+/* Handing cache lines over between cores (dt_platform.c tells why): 1 where
+ * dt__cache_evict works (x86-64); dt__cache_evict writes back and drops the
+ * lines of [p, p + bytes) from every core's cache. */
+DTRAIN_PRIVATE int dt__cache_evict_ok(void);
+DTRAIN_PRIVATE void dt__cache_evict(const void *p, size_t bytes);
+DTRAIN_PRIVATE double dt__cache_probe_rmw(float *x, size_t n, int evict);
+
 /* A hint to the CPU inside spin loops (lets the sibling hyper-thread run). */
 static DT__UNUSED inline void dt__cpu_relax(void) {
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
@@ -22268,6 +22296,54 @@ DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, s
     if (d[i] != 0.0f) dt__afloat_store(x + i, dt__afloat_load(x + i) + d[i] * scale);
 }
 
+/* ---- handing cache lines over between cores ----------------------------------------------
+ * On some hosts a core's store to a line that another core holds shared (it
+ * read the line since this core wrote it) costs several times a store to a
+ * line the other core modified. Measured 2026-12-02 on a 2-vCPU Zen 5 EPYC
+ * (its two vCPUs on different L3s: a cache line between them takes about
+ * 0.5 us there and back): one read-modify-write pass over 512 KiB took
+ * 88-108 us after the other core had read the buffer, 18 us after it had
+ * written it, 4 us with the other core idle; with the lines first written
+ * back and dropped from every cache (clflushopt over the buffer, then the
+ * pass) 32-38 us. dt__cache_evict is that first part (dt_strategy_mirrored.c
+ * uses it when asked). x86-64 only: elsewhere dt__cache_evict_ok() is 0 and
+ * nothing is evicted. */
+#if defined(DT__PLATFORM_X86)
+#  include <cpuid.h>
+__attribute__((target("clflushopt"))) static void dt__cache_flush_opt(const char *p, const char *end) {
+  for (; p < end; p += 64) _mm_clflushopt((void *)p);
+}
+static int dt__cache_has_flushopt(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 23 & 1u);
+}
+#endif
+
+DTRAIN_PRIVATE int dt__cache_evict_ok(void) {
+#if defined(DT__PLATFORM_X86)
+  return 1; /* clflush is part of SSE2, so of every x86-64 */
+#else
+  return 0;
+#endif
+}
+
+DTRAIN_PRIVATE void dt__cache_evict(const void *p, size_t bytes) {
+#if defined(DT__PLATFORM_X86)
+  static DT__ATOMIC(int) opt = -1; /* clflushopt: unordered flushes, many at once */
+  int o = DT__ALOAD(&opt, DT__MO_RELAXED);
+  if (o < 0) DT__ASTORE(&opt, o = dt__cache_has_flushopt(), DT__MO_RELAXED);
+  const char *b = (const char *)((uintptr_t)p & ~(uintptr_t)63), *e = (const char *)p + bytes;
+  if (!bytes) return;
+  if (o) dt__cache_flush_opt(b, e);
+  else
+    for (; b < e; b += 64) _mm_clflush(b);
+  _mm_sfence(); /* the flushes done before the stores that follow */
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 #ifdef DT__SHARED_ATOMIC_ONLY
 #  undef DT__SHARED_ATOMIC_ONLY
 #endif
@@ -22997,8 +23073,14 @@ DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, 
  * the in-process one: the caller checks itself). The in-process backend
  * checks each slice as it sums it and publishes the answers in the
  * collective's closing meet, so that a synchronous step needs no barrier of
- * its own between its check and its update. */
-DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite);
+ * its own between its check and its update. handoff (in-process, two
+ * ranks): each rank also writes its slice of the sum into the other rank's
+ * buffer, whose values outside its own slice are then scratch -- so the
+ * lines it read there leave as modified, which the other rank's next write
+ * to them takes faster on a host where writing a line another core holds
+ * shared is slow (dt__cache_evict in dt_platform.c). */
+DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite,
+                                                        int handoff);
 
 #endif /* DTRAIN_COMM_CORE_H */
 /* ======== end dt_comm_core.h ======== */
@@ -23229,14 +23311,22 @@ static int dt__comm_all_finite(const float *x, size_t n) {
  * slot before the closing meet; after it every rank reads them all. (A rank
  * reads the others' answers before its next collective's first meet, and
  * nobody writes one again before that meet: no race.) */
-static dt_result dt__comm_threads_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite) {
+static dt_result dt__comm_threads_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite,
+                                                        int handoff) {
   dt__comm_threads *t = dt__comm_threads_of(c);
   dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_REDUCE_SCATTER, buf, n, 0);
   if (r != DTRAIN_OK) return r;
   size_t b, e;
   dt_comm_slice(n, c->world, rank, &b, &e);
   int ok = 1;
-  if (c->world == 2) {
+  if (c->world == 2 && handoff) { /* block by block: each block copied while it is in L1 */
+    float *peer = t->slots[1 - rank].d.buf;
+    for (size_t off = b; off < e; off += DT__COMM_BLOCK) {
+      size_t m = DT__MIN((size_t)DT__COMM_BLOCK, e - off);
+      ok &= dt__vec_add_finite(buf + off, t->slots[0].d.buf + off, t->slots[1].d.buf + off, m);
+      memcpy(peer + off, buf + off, m * sizeof(float));
+    }
+  } else if (c->world == 2) {
     if (e > b) ok = dt__vec_add_finite(buf + b, t->slots[0].d.buf + b, t->slots[1].d.buf + b, e - b);
   } else {
     float acc[DT__COMM_BLOCK];
@@ -23605,14 +23695,15 @@ DTRAIN_API dt_result dt_comm_reduce_scatter(dt_comm *c, int rank, float *buf, si
   return r;
 }
 
-DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite) {
+DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite,
+                                                        int handoff) {
   *finite = 0;
   if (!c || c->vtable != &dt__comm_threads_vtable) return dt_comm_reduce_scatter(c, rank, buf, n);
   dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", rank, buf, n, 0);
   if (r != DTRAIN_OK) return r;
   int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  r = dt__quiet_pop(dt__comm_threads_reduce_scatter_finite(c, rank, buf, n, finite));
+  r = dt__quiet_pop(dt__comm_threads_reduce_scatter_finite(c, rank, buf, n, finite, handoff));
   dt__prof_add("dt_comm_reduce_scatter", DTRAIN_PROFILE_COMM, t0);
   return r;
 }
@@ -24726,6 +24817,10 @@ struct dt_strategy {
   dt__overlap *ov;         /* desc.overlap: gradients summed in buckets during backward; replica
                               0's numerics are scanned before its values are summed
                               (dt_strategy_overlap.c) */
+  int handoff;             /* mirrored on the CPU with DTRAIN_CACHE_HANDOFF=1: each replica writes
+                              the lines of its slice out of every cache before its update and
+                              hands the other replica's gradient lines back modified
+                              (dt__comm_reduce_scatter_finite; dt_strategy_mirrored.c) */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;
@@ -26620,6 +26715,7 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   out->skipped_steps = s->skipped;
   out->wire_bytes = s->wire_bytes;
   out->wire_bytes_received = s->wire_bytes; /* (symmetric collectives) */
+  out->cache_handoff = s->handoff > 0;
   if (s->pstore) {
     out->wire_bytes += s->pstore->wire_sent - s->wire_base[0];
     out->wire_bytes_received += s->pstore->wire_received - s->wire_base[1];
@@ -26718,6 +26814,16 @@ DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_one_device_module(void) {
  * gradients into replica 0's in buckets while backward goes on
  * (dt_strategy_overlap.c); each replica then updates its slice from that sum
  * (the same additions in the same order: bitwise the same parameters).
+ * Cache hand-off (s->handoff, DTRAIN_CACHE_HANDOFF=1): where writing a
+ * line the other core holds shared is slow (dt_platform.c: 5x on a Zen 5
+ * whose two vCPUs sit on different L3s), each replica writes its slice of
+ * the parameters out of every cache before updating it (the other replica
+ * read it in its forward), and the reduce-scatter hands the gradient lines
+ * a replica read in the other's buffer back modified. The same values
+ * either way. Off unless asked: a probe at the first step (time a write
+ * pass after the other core read the lines, plain and after an eviction)
+ * was tried and did not see on this Zen 5 what the steps see (2-3 us plain
+ * against 17 us evicting, where the hand-off makes the steps 1.22x faster).
  */
 /* #include "dt_strategy_impl.h" (amalgamated) */
 
@@ -26739,6 +26845,9 @@ static dt_result dt__mirrored_replica(dt_strategy *s, int r) {
 }
 
 static dt_result dt__mirrored_create(dt_strategy *s) {
+  const char *e = getenv("DTRAIN_CACHE_HANDOFF");
+  s->handoff = s->n >= 2 && !s->desc.devices && s->desc.backup_workers == 0 && dt__cache_evict_ok() && e &&
+               e[0] == '1' && !e[1];
   return s->desc.backup_workers > 0 ? dt__strategy_backup_create(s) : DTRAIN_OK;
 }
 
@@ -26758,12 +26867,13 @@ static void dt__mirrored_job(dt_strategy *s, int r) {
     grad = s->rep[0].grad; /* the sum */
   } else {
     if (!dt__strategy_compute(s, r, &b)) return;
-    rc = dt__comm_reduce_scatter_finite(s->comm, r, R->grad, s->size, &finite);
+    rc = dt__comm_reduce_scatter_finite(s->comm, r, R->grad, s->size, &finite, s->handoff > 0);
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
       goto done;
     }
   }
+  if (s->handoff > 0) dt__cache_evict(R->data + lo, (hi - lo) * sizeof(float));
   if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi, finite)) goto done;
   /* Buffers follow replica 0: each replica puts replica 0's values into its
    * own slice before the all-gather spreads the slices (the optimizer never

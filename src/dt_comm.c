@@ -222,14 +222,22 @@ static int dt__comm_all_finite(const float *x, size_t n) {
  * slot before the closing meet; after it every rank reads them all. (A rank
  * reads the others' answers before its next collective's first meet, and
  * nobody writes one again before that meet: no race.) */
-static dt_result dt__comm_threads_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite) {
+static dt_result dt__comm_threads_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite,
+                                                        int handoff) {
   dt__comm_threads *t = dt__comm_threads_of(c);
   dt_result r = dt__comm_threads_enter(t, rank, DT__COMM_OP_REDUCE_SCATTER, buf, n, 0);
   if (r != DTRAIN_OK) return r;
   size_t b, e;
   dt_comm_slice(n, c->world, rank, &b, &e);
   int ok = 1;
-  if (c->world == 2) {
+  if (c->world == 2 && handoff) { /* block by block: each block copied while it is in L1 */
+    float *peer = t->slots[1 - rank].d.buf;
+    for (size_t off = b; off < e; off += DT__COMM_BLOCK) {
+      size_t m = DT__MIN((size_t)DT__COMM_BLOCK, e - off);
+      ok &= dt__vec_add_finite(buf + off, t->slots[0].d.buf + off, t->slots[1].d.buf + off, m);
+      memcpy(peer + off, buf + off, m * sizeof(float));
+    }
+  } else if (c->world == 2) {
     if (e > b) ok = dt__vec_add_finite(buf + b, t->slots[0].d.buf + b, t->slots[1].d.buf + b, e - b);
   } else {
     float acc[DT__COMM_BLOCK];
@@ -598,14 +606,15 @@ DTRAIN_API dt_result dt_comm_reduce_scatter(dt_comm *c, int rank, float *buf, si
   return r;
 }
 
-DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite) {
+DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite,
+                                                        int handoff) {
   *finite = 0;
   if (!c || c->vtable != &dt__comm_threads_vtable) return dt_comm_reduce_scatter(c, rank, buf, n);
   dt_result r = dt__comm_check(c, "dt_comm_reduce_scatter", rank, buf, n, 0);
   if (r != DTRAIN_OK) return r;
   int64_t t0 = dt__prof_t0();
   dt__quiet_push();
-  r = dt__quiet_pop(dt__comm_threads_reduce_scatter_finite(c, rank, buf, n, finite));
+  r = dt__quiet_pop(dt__comm_threads_reduce_scatter_finite(c, rank, buf, n, finite, handoff));
   dt__prof_add("dt_comm_reduce_scatter", DTRAIN_PROFILE_COMM, t0);
   return r;
 }

@@ -67,7 +67,13 @@ DTRAIN_PRIVATE dt_result dt__group_split(dt_comm *base, const dt__p2p_ops *ops, 
  * the in-process one: the caller checks itself). The in-process backend
  * checks each slice as it sums it and publishes the answers in the
  * collective's closing meet, so that a synchronous step needs no barrier of
- * its own between its check and its update. */
-DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite);
+ * its own between its check and its update. handoff (in-process, two
+ * ranks): each rank also writes its slice of the sum into the other rank's
+ * buffer, whose values outside its own slice are then scratch -- so the
+ * lines it read there leave as modified, which the other rank's next write
+ * to them takes faster on a host where writing a line another core holds
+ * shared is slow (dt__cache_evict in dt_platform.c). */
+DTRAIN_PRIVATE dt_result dt__comm_reduce_scatter_finite(dt_comm *c, int rank, float *buf, size_t n, int *finite,
+                                                        int handoff);
 
 #endif /* DTRAIN_COMM_CORE_H */

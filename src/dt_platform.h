@@ -112,6 +112,13 @@ static DT__UNUSED inline void dt__afloat_add(dt__afloat *p, float v) {
 DTRAIN_PRIVATE void dt__shared_load(float *dst, dt__afloat *src, size_t n);
 DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, size_t n);
 
+/* Handing cache lines over between cores (dt_platform.c tells why): 1 where
+ * dt__cache_evict works (x86-64); dt__cache_evict writes back and drops the
+ * lines of [p, p + bytes) from every core's cache. */
+DTRAIN_PRIVATE int dt__cache_evict_ok(void);
+DTRAIN_PRIVATE void dt__cache_evict(const void *p, size_t bytes);
+DTRAIN_PRIVATE double dt__cache_probe_rmw(float *x, size_t n, int evict);
+
 /* A hint to the CPU inside spin loops (lets the sibling hyper-thread run). */
 static DT__UNUSED inline void dt__cpu_relax(void) {
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))

@@ -44,7 +44,7 @@
  * every strategy (mirrored: replica 0's copy, equal to the others). Its grad
  * buffer holds the reduced gradient of the whole batch for one_device and
  * central_storage; for mirrored only replica 0's slice of it (the
- * reduce-scatter leaves each slice with its owner).
+ * reduce-scatter leaves each slice with its owner; the rest is scratch).
  *
  * The synchronous strategies compute exactly what one_device computes on the
  * same global batch (up to float rounding: the gradient sums run in rank
@@ -183,6 +183,21 @@
  * refuses only when the global batch is empty (a rank's local batch may be
  * empty). An async batch function may return 0 rows: that replica's push is
  * empty, nothing is updated.
+ *
+ * Cache hand-off (mirrored on the CPU, x86-64; DTRAIN_CACHE_HANDOFF=1). On
+ * some hosts a core's write to a cache line that another core holds shared
+ * costs several times a write to one the other core modified (a Zen 5 whose
+ * two vCPUs sit on different L3s: 88-108 us against 18 us for 512 KiB), and
+ * a mirrored step does that twice: each replica updates its slice of
+ * parameters the others read in their forward, and rewrites in backward the
+ * gradient lines another replica read in the reduce-scatter. With the
+ * hand-off, each replica writes its slice of the parameters out of every
+ * cache (clflushopt) before its update, and with two replicas the
+ * reduce-scatter also writes each slice of the sum into the other replica's
+ * gradient buffer (scratch there), so those lines go back modified. The
+ * values are the same either way. Off unless asked: where cores share their
+ * caches it costs a trip to memory per step. `make bench`'s bench_strategy
+ * prints both ways; dt_strategy_stats.cache_handoff says which ran.
  *
  * Threads: the pool of N-1 worker threads is created with the strategy and
  * lives until it is destroyed (the calling thread is replica 0); no thread
@@ -581,6 +596,8 @@ typedef struct dt_strategy_stats {
   uint64_t wire_bytes_received; /* the bytes received for the steps: multi_worker_mirrored's
                              collectives are symmetric (= wire_bytes); parameter_server: the
                              pulled parameters and the servers' answers */
+  int cache_handoff;      /* mirrored on the CPU: 1 when the replicas hand their slices' cache
+                             lines over (DTRAIN_CACHE_HANDOFF=1; see "Cache hand-off" above) */
 } dt_strategy_stats;
 
 DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_stats *out);

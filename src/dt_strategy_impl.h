@@ -117,6 +117,10 @@ struct dt_strategy {
   dt__overlap *ov;         /* desc.overlap: gradients summed in buckets during backward; replica
                               0's numerics are scanned before its values are summed
                               (dt_strategy_overlap.c) */
+  int handoff;             /* mirrored on the CPU with DTRAIN_CACHE_HANDOFF=1: each replica writes
+                              the lines of its slice out of every cache before its update and
+                              hands the other replica's gradient lines back modified
+                              (dt__comm_reduce_scatter_finite; dt_strategy_mirrored.c) */
   double seconds, loss_sum;
   int64_t loss_count;
   float last_loss;

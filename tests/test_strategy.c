@@ -208,6 +208,7 @@ typedef struct comm_job {
   dt_result rc;
   int finite;        /* op 6: dt__comm_reduce_scatter_finite's answer */
   size_t poison;     /* op 6: this rank's buf[poison] becomes NaN (n or more: none) */
+  int handoff;       /* op 6: the cache hand-off (two ranks: the slice of the sum into the other's buffer too) */
   float poison_val;
 } comm_job;
 
@@ -220,7 +221,7 @@ static void *comm_thread(void *arg) {
     for (size_t i = 0; i < j->n; i++) j->buf[i] = comm_val(j->rank, i + (size_t)rep);
     if (j->op == 6 && j->poison < j->n) j->buf[j->poison] = j->poison_val;
     switch (j->op) {
-      case 6: j->rc = dt__comm_reduce_scatter_finite(j->c, j->rank, j->buf, j->n, &j->finite); break;
+      case 6: j->rc = dt__comm_reduce_scatter_finite(j->c, j->rank, j->buf, j->n, &j->finite, j->handoff); break;
       case 0: j->rc = dt_comm_allreduce(j->c, j->rank, j->buf, j->n); break;
       case 1: j->rc = dt_comm_reduce_scatter(j->c, j->rank, j->buf, j->n); break;
       case 2: j->rc = dt_comm_allgather(j->c, j->rank, j->buf, j->n); break;
@@ -327,6 +328,7 @@ static void test_comm_reduce_scatter_finite(void) {
       /* the plain collective's sums */
       CHECK(comm_run(c, world, n, 1, 0, 1, want, NULL) == 0);
       /* where: none, or the first / last element of each rank's slice, in one rank's buffer */
+      for (int ho = 0; ho < 2; ho++)
       for (int where = -1; where < 2 * world; where++) {
         size_t sb, se;
         dt_comm_slice(n, world, where < 0 ? 0 : where / 2, &sb, &se);
@@ -339,7 +341,7 @@ static void test_comm_reduce_scatter_finite(void) {
           for (int r = 0; r < world; r++) {
             memset(&jobs[r], 0, sizeof jobs[r]);
             jobs[r].c = c; jobs[r].rank = r; jobs[r].world = world; jobs[r].n = n; jobs[r].buf = bufs[r];
-            jobs[r].op = 6; jobs[r].reps = 1; jobs[r].finite = -1;
+            jobs[r].op = 6; jobs[r].reps = 1; jobs[r].finite = -1; jobs[r].handoff = ho;
             /* kind 2: FLT_MAX in every rank's buffer, a sum that overflows (one rank: Inf itself) */
             jobs[r].poison = r == holder || (kind == 2 && world > 1) ? at : n;
             jobs[r].poison_val = kind == 0 ? NAN : kind == 1 || world == 1 ? INFINITY : FLT_MAX;
@@ -352,6 +354,9 @@ static void test_comm_reduce_scatter_finite(void) {
             size_t b, e;
             dt_comm_slice(n, world, r, &b, &e);
             if (where < 0) wrong += memcmp(bufs[r] + b, want[r] + b, (e - b) * sizeof(float)) != 0;
+            /* the hand-off: rank r's slice of the sum in the other rank's buffer too */
+            if (where < 0 && ho && world == 2)
+              wrong += memcmp(bufs[1 - r] + b, want[r] + b, (e - b) * sizeof(float)) != 0;
           }
           cases++;
         }
@@ -537,6 +542,65 @@ static void test_shared_copy(void) {
     }
     CHECK_MSG(memcmp(p[0], p[1], ntrain * sizeof(float)) == 0, "optimizer %d: shared and own copies differ", opt_i);
   }
+  alarm(0);
+}
+
+/* The cache hand-off (dt_strategy_mirrored.c): unset, "0" and "1",
+ * mirrored(2) and mirrored(3) train the same bits, on the shared copy and on
+ * own copies (a buffer), with SGD and Adam; stats.cache_handoff says which
+ * way ran (on only with "1" and where lines can be evicted: x86-64). */
+static void set_env(const char *k, const char *v) {
+#ifdef _WIN32
+  _putenv_s(k, v ? v : "");
+#else
+  if (v) setenv(k, v, 1);
+  else unsetenv(k);
+#endif
+}
+
+static void test_cache_handoff(void) {
+  watchdog(120);
+  const char *modes[3] = {"0", "1", NULL};
+  int x86 = 0;
+#if defined(__x86_64__) && !defined(DTRAIN_NO_SIMD)
+  x86 = 1;
+#endif
+  for (int reps = 2; reps <= 3; reps++)
+    for (int opt_i = 0; opt_i < 2; opt_i++)
+      for (int withbuf = 0; withbuf < 2; withbuf++) {
+        float p[3][PMAX];
+        size_t np = 0;
+        for (int mi = 0; mi < 3; mi++) {
+          set_env("DTRAIN_CACHE_HANDOFF", modes[mi]);
+          model m;
+          model_init(&m, 7);
+          if (withbuf) {
+            int64_t bs[1] = {4};
+            CHECK(dt_params_add_buffer(m.P, "spare", 1, bs, dt_init_zeros()) >= 0);
+          }
+          np = dt_params_size(m.P);
+          dt_optim *opt = make_opt(m.P, opt_i ? DTRAIN_OPTIM_ADAM : DTRAIN_OPTIM_SGD, opt_i ? 0.01f : 0.05f, 0.9f, 0.0f);
+          dt_strategy_options sd = dt_strategy_mirrored(reps);
+          dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
+          CHECK(s != NULL);
+          for (int k = 0; s && k < 6; k++) {
+            dt_minibatch b = batch_at(k, 29);
+            CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+          }
+          dt_strategy_stats st;
+          memset(&st, 0xff, sizeof st);
+          CHECK(s && dt_strategy_stats_get(s, &st) == DTRAIN_OK);
+          CHECK_MSG(st.cache_handoff == (x86 && mi == 1), "DTRAIN_CACHE_HANDOFF=%s: stats say %d",
+                    modes[mi] ? modes[mi] : "(unset)", st.cache_handoff);
+          memcpy(p[mi], dt_params_data(m.P), np * sizeof(float));
+          dt_strategy_destroy(s);
+          dt_optim_destroy(opt);
+          dt_params_destroy(m.P);
+        }
+        set_env("DTRAIN_CACHE_HANDOFF", NULL);
+        CHECK_MSG(memcmp(p[0], p[1], np * sizeof(float)) == 0 && memcmp(p[0], p[2], np * sizeof(float)) == 0,
+                  "mirrored(%d), optimizer %d, buffer %d: the hand-off changed the parameters", reps, opt_i, withbuf);
+      }
   alarm(0);
 }
 
@@ -1730,6 +1794,7 @@ int main(void) {
   TH_RUN(test_one_device_equals_hand_loop);
   TH_RUN(test_mirrored_equals_one_device);
   TH_RUN(test_shared_copy);
+  TH_RUN(test_cache_handoff);
   TH_RUN(test_lazy_grad_zeroing);
   TH_RUN(test_central_storage_equals_mirrored);
   TH_RUN(test_uneven_and_empty_shards);
