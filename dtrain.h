@@ -21334,7 +21334,6 @@ DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, s
  * lines of [p, p + bytes) from every core's cache. */
 DTRAIN_PRIVATE int dt__cache_evict_ok(void);
 DTRAIN_PRIVATE void dt__cache_evict(const void *p, size_t bytes);
-DTRAIN_PRIVATE double dt__cache_probe_rmw(float *x, size_t n, int evict);
 
 /* A hint to the CPU inside spin loops (lets the sibling hyper-thread run). */
 static DT__UNUSED inline void dt__cpu_relax(void) {
