@@ -144,7 +144,7 @@
  *   DTRAIN_FLUSH_DENORMALS=0|1  subnormal floats flushed to zero in dtrain's work
  *                           (default 1; dt_set_flush_denormals)
  *   DTRAIN_CACHE_HANDOFF=1  mirrored on the CPU (x86-64): the replicas hand
- *                           their slices' cache lines over (default off;
+ *                           their slices' cache lines over (default 0;
  *                           dt_strategy.h, "Cache hand-off";
  *                           dt_strategy_stats.cache_handoff)
  *   DTRAIN_CONFIG=JSON      the cluster and this process's task, TF_CONFIG style
@@ -22329,10 +22329,10 @@ DTRAIN_PRIVATE int dt__cache_evict_ok(void) {
 DTRAIN_PRIVATE void dt__cache_evict(const void *p, size_t bytes) {
 #if defined(DT__PLATFORM_X86)
   static DT__ATOMIC(int) opt = -1; /* clflushopt: unordered flushes, many at once */
+  if (!bytes) return;
   int o = DT__ALOAD(&opt, DT__MO_RELAXED);
   if (o < 0) DT__ASTORE(&opt, o = dt__cache_has_flushopt(), DT__MO_RELAXED);
   const char *b = (const char *)((uintptr_t)p & ~(uintptr_t)63), *e = (const char *)p + bytes;
-  if (!bytes) return;
   if (o) dt__cache_flush_opt(b, e);
   else
     for (; b < e; b += 64) _mm_clflush(b);
@@ -26714,7 +26714,7 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   out->skipped_steps = s->skipped;
   out->wire_bytes = s->wire_bytes;
   out->wire_bytes_received = s->wire_bytes; /* (symmetric collectives) */
-  out->cache_handoff = s->handoff > 0;
+  out->cache_handoff = s->handoff;
   if (s->pstore) {
     out->wire_bytes += s->pstore->wire_sent - s->wire_base[0];
     out->wire_bytes_received += s->pstore->wire_received - s->wire_base[1];
@@ -26843,10 +26843,15 @@ static dt_result dt__mirrored_replica(dt_strategy *s, int r) {
   return dt__strategy_bind(s, r, own && !dt__strategy_shared(s), own, NULL);
 }
 
+/* DTRAIN_CACHE_HANDOFF: "1" asks for the hand-off, unset, empty or "0"
+ * does not; anything else is warned about and taken as "0". It applies to
+ * replicas on the CPU without backup workers, where lines can be evicted. */
 static dt_result dt__mirrored_create(dt_strategy *s) {
   const char *e = getenv("DTRAIN_CACHE_HANDOFF");
-  s->handoff = s->n >= 2 && !s->desc.devices && s->desc.backup_workers == 0 && dt__cache_evict_ok() && e &&
-               e[0] == '1' && !e[1];
+  int asked = e && !strcmp(e, "1");
+  if (e && *e && !asked && strcmp(e, "0"))
+    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_INVALID_ARG, "DTRAIN_CACHE_HANDOFF=\"%.40s\" is not 0 or 1: using 0", e);
+  s->handoff = asked && s->n >= 2 && !s->desc.devices && s->desc.backup_workers == 0 && dt__cache_evict_ok();
   return s->desc.backup_workers > 0 ? dt__strategy_backup_create(s) : DTRAIN_OK;
 }
 
@@ -26866,13 +26871,13 @@ static void dt__mirrored_job(dt_strategy *s, int r) {
     grad = s->rep[0].grad; /* the sum */
   } else {
     if (!dt__strategy_compute(s, r, &b)) return;
-    rc = dt__comm_reduce_scatter_finite(s->comm, r, R->grad, s->size, &finite, s->handoff > 0);
+    rc = dt__comm_reduce_scatter_finite(s->comm, r, R->grad, s->size, &finite, s->handoff);
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
       goto done;
     }
   }
-  if (s->handoff > 0) dt__cache_evict(R->data + lo, (hi - lo) * sizeof(float));
+  if (s->handoff) dt__cache_evict(R->data + lo, (hi - lo) * sizeof(float));
   if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi, finite)) goto done;
   /* Buffers follow replica 0: each replica puts replica 0's values into its
    * own slice before the all-gather spreads the slices (the optimizer never

@@ -868,10 +868,10 @@ DTRAIN_PRIVATE int dt__cache_evict_ok(void) {
 DTRAIN_PRIVATE void dt__cache_evict(const void *p, size_t bytes) {
 #if defined(DT__PLATFORM_X86)
   static DT__ATOMIC(int) opt = -1; /* clflushopt: unordered flushes, many at once */
+  if (!bytes) return;
   int o = DT__ALOAD(&opt, DT__MO_RELAXED);
   if (o < 0) DT__ASTORE(&opt, o = dt__cache_has_flushopt(), DT__MO_RELAXED);
   const char *b = (const char *)((uintptr_t)p & ~(uintptr_t)63), *e = (const char *)p + bytes;
-  if (!bytes) return;
   if (o) dt__cache_flush_opt(b, e);
   else
     for (; b < e; b += 64) _mm_clflush(b);

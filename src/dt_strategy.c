@@ -567,7 +567,7 @@ DTRAIN_API dt_result dt_strategy_stats_get(const dt_strategy *s, dt_strategy_sta
   out->skipped_steps = s->skipped;
   out->wire_bytes = s->wire_bytes;
   out->wire_bytes_received = s->wire_bytes; /* (symmetric collectives) */
-  out->cache_handoff = s->handoff > 0;
+  out->cache_handoff = s->handoff;
   if (s->pstore) {
     out->wire_bytes += s->pstore->wire_sent - s->wire_base[0];
     out->wire_bytes_received += s->pstore->wire_received - s->wire_base[1];

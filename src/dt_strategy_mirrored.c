@@ -47,10 +47,15 @@ static dt_result dt__mirrored_replica(dt_strategy *s, int r) {
   return dt__strategy_bind(s, r, own && !dt__strategy_shared(s), own, NULL);
 }
 
+/* DTRAIN_CACHE_HANDOFF: "1" asks for the hand-off, unset, empty or "0"
+ * does not; anything else is warned about and taken as "0". It applies to
+ * replicas on the CPU without backup workers, where lines can be evicted. */
 static dt_result dt__mirrored_create(dt_strategy *s) {
   const char *e = getenv("DTRAIN_CACHE_HANDOFF");
-  s->handoff = s->n >= 2 && !s->desc.devices && s->desc.backup_workers == 0 && dt__cache_evict_ok() && e &&
-               e[0] == '1' && !e[1];
+  int asked = e && !strcmp(e, "1");
+  if (e && *e && !asked && strcmp(e, "0"))
+    dt__log(DTRAIN_LOG_WARN, DTRAIN_ERR_INVALID_ARG, "DTRAIN_CACHE_HANDOFF=\"%.40s\" is not 0 or 1: using 0", e);
+  s->handoff = asked && s->n >= 2 && !s->desc.devices && s->desc.backup_workers == 0 && dt__cache_evict_ok();
   return s->desc.backup_workers > 0 ? dt__strategy_backup_create(s) : DTRAIN_OK;
 }
 
@@ -70,13 +75,13 @@ static void dt__mirrored_job(dt_strategy *s, int r) {
     grad = s->rep[0].grad; /* the sum */
   } else {
     if (!dt__strategy_compute(s, r, &b)) return;
-    rc = dt__comm_reduce_scatter_finite(s->comm, r, R->grad, s->size, &finite, s->handoff > 0);
+    rc = dt__comm_reduce_scatter_finite(s->comm, r, R->grad, s->size, &finite, s->handoff);
     if (rc != DTRAIN_OK) {
       dt__strategy_comm_failed(s, r, rc);
       goto done;
     }
   }
-  if (s->handoff > 0) dt__cache_evict(R->data + lo, (hi - lo) * sizeof(float));
+  if (s->handoff) dt__cache_evict(R->data + lo, (hi - lo) * sizeof(float));
   if (!dt__strategy_update_slice(s, r, R->data, grad, lo, hi, finite)) goto done;
   /* Buffers follow replica 0: each replica puts replica 0's values into its
    * own slice before the all-gather spreads the slices (the optimizer never

@@ -545,10 +545,11 @@ static void test_shared_copy(void) {
   alarm(0);
 }
 
-/* The cache hand-off (dt_strategy_mirrored.c): unset, "0" and "1",
- * mirrored(2) and mirrored(3) train the same bits, on the shared copy and on
- * own copies (a buffer), with SGD and Adam; stats.cache_handoff says which
- * way ran (on only with "1" and where lines can be evicted: x86-64). */
+/* The cache hand-off (dt_strategy_mirrored.c): unset, "0", "1" and a bad
+ * value ("yes": a warning naming the variable, then off), mirrored(2) and
+ * mirrored(3) train the same bits, on the shared copy and on own copies (a
+ * buffer), with SGD and Adam; stats.cache_handoff says which way ran (on
+ * only with "1" and where lines can be evicted: x86-64). */
 static void set_env(const char *k, const char *v) {
 #ifdef _WIN32
   _putenv_s(k, v ? v : "");
@@ -560,7 +561,8 @@ static void set_env(const char *k, const char *v) {
 
 static void test_cache_handoff(void) {
   watchdog(120);
-  const char *modes[3] = {"0", "1", NULL};
+  const char *modes[4] = {"0", "1", NULL, "yes"};
+  dt_set_logger(quiet_log, NULL, DTRAIN_LOG_WARN);
   int x86 = 0;
 #if defined(__x86_64__) && !defined(DTRAIN_NO_SIMD)
   x86 = 1;
@@ -568,10 +570,11 @@ static void test_cache_handoff(void) {
   for (int reps = 2; reps <= 3; reps++)
     for (int opt_i = 0; opt_i < 2; opt_i++)
       for (int withbuf = 0; withbuf < 2; withbuf++) {
-        float p[3][PMAX];
+        float p[4][PMAX];
         size_t np = 0;
-        for (int mi = 0; mi < 3; mi++) {
+        for (int mi = 0; mi < 4; mi++) {
           set_env("DTRAIN_CACHE_HANDOFF", modes[mi]);
+          log_last[0] = '\0';
           model m;
           model_init(&m, 7);
           if (withbuf) {
@@ -583,6 +586,12 @@ static void test_cache_handoff(void) {
           dt_strategy_options sd = dt_strategy_mirrored(reps);
           dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
           CHECK(s != NULL);
+          if (mi == 3)
+            CHECK_MSG(strstr(log_last, "DTRAIN_CACHE_HANDOFF=\"yes\" is not 0 or 1") != NULL,
+                      "a bad DTRAIN_CACHE_HANDOFF: logged \"%s\"", log_last);
+          else
+            CHECK_MSG(log_last[0] == '\0', "DTRAIN_CACHE_HANDOFF=%s: logged \"%s\"", modes[mi] ? modes[mi] : "(unset)",
+                      log_last);
           for (int k = 0; s && k < 6; k++) {
             dt_minibatch b = batch_at(k, 29);
             CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
@@ -598,9 +607,11 @@ static void test_cache_handoff(void) {
           dt_params_destroy(m.P);
         }
         set_env("DTRAIN_CACHE_HANDOFF", NULL);
-        CHECK_MSG(memcmp(p[0], p[1], np * sizeof(float)) == 0 && memcmp(p[0], p[2], np * sizeof(float)) == 0,
+        CHECK_MSG(memcmp(p[0], p[1], np * sizeof(float)) == 0 && memcmp(p[0], p[2], np * sizeof(float)) == 0 &&
+                      memcmp(p[0], p[3], np * sizeof(float)) == 0,
                   "mirrored(%d), optimizer %d, buffer %d: the hand-off changed the parameters", reps, opt_i, withbuf);
       }
+  quiet(); /* as the tests before left it */
   alarm(0);
 }
 
