@@ -13,6 +13,9 @@
  *                                     chains of multiply-adds (portable: GCC vectors
  *                                     of 4 floats, the width the portable kernels
  *                                     are compiled for; avx2+fma: 8; avx512f: 16)
+ *   bench_speed adam [seconds]        Adam over the MLP's 235,146 parameters, and
+ *                                     the same update 8,192 floats at a time (in L2),
+ *                                     scaled: what bounds the update on this core
  *   bench_speed cblas BATCH [seconds]  (built with DTRAIN_USE_CBLAS, linked with
  *                                     OpenBLAS) the GEMM calls of one MLP step,
  *                                     recorded, then timed through dt_sgemm and
@@ -252,6 +255,53 @@ static double peak_for_kernel(const char *kernel, double seconds) {
   if (strcmp(kernel, "avx512") == 0) return peak_of(peak_avx512, seconds);
 #endif
   if (strcmp(kernel, "portable") == 0) return peak_of(peak_portable, seconds);
+  return 0;
+}
+
+/* Adam's own floor on this core (`bench_speed adam`): dtrain's Adam update
+ * (dt_optim_step) over the MLP's 235,146 parameters, and the same update over
+ * 8,192 floats at a time (its four arrays, 128 KiB, stay in L2; fewer floats
+ * a call and the call's own cost shows), scaled to 235,146: the
+ * first is what a training step pays, the second what the arithmetic alone
+ * costs (one square root and two divides an element, as PyTorch computes
+ * them). Where the two are close the divider binds it, where the whole run is
+ * much slower the memory does. Best of short windows, one thread. */
+static double adam_step_us(int64_t floats, int calls, double seconds) {
+  dt_params *P = dt_params_create(3);
+  int64_t shape[1] = {floats};
+  dt_params_add(P, "p", 1, shape, dt_init_uniform(-0.1f, 0.1f));
+  dt_optim_options od;
+  memset(&od, 0, sizeof od);
+  od.kind = DTRAIN_OPTIM_ADAM;
+  od.lr = 1e-3f;
+  dt_optim *o = dt_optim_create(P, &od);
+  double best = -1;
+  if (o) {
+    float *g = dt_params_grad(P);
+    for (int64_t i = 0; i < floats; i++) g[i] = 1e-3f * (float)(i % 17) - 8e-3f;
+    double t_end = dt_time_now() + seconds;
+    do {
+      double t0 = dt_time_now();
+      for (int c = 0; c < calls; c++) dt_optim_step(o);
+      double t = (dt_time_now() - t0) / calls;
+      if (best < 0 || t < best) best = t;
+    } while (dt_time_now() < t_end);
+    dt_optim_destroy(o);
+  }
+  dt_params_destroy(P);
+  return best * 1e6;
+}
+
+static int run_adam(double seconds) {
+  const int64_t whole = 235146, part = 8192;
+  double w = adam_step_us(whole, 4, seconds / 2), c = adam_step_us(part, 64, seconds / 2);
+  if (w < 0 || c < 0) {
+    fprintf(stderr, "bench_speed adam: %s\n", dt_last_error());
+    return 1;
+  }
+  double scaled = c * (double)whole / (double)part;
+  printf("adam floats=%lld whole_us=%.1f cached_us=%.1f ns_per_float=%.3f cached_ns_per_float=%.3f kernel=%s\n",
+         (long long)whole, w, scaled, w * 1e3 / (double)whole, scaled * 1e3 / (double)whole, dt_sgemm_kernel());
   return 0;
 }
 
@@ -495,6 +545,7 @@ int main(int argc, char **argv) {
   if (threads < 1) threads = 1;
   if (argc >= 2 && strcmp(argv[1], "gemm") == 0) return run_gemm(argc >= 3 ? atof(argv[2]) : 0.6, threads);
   if (argc >= 2 && strcmp(argv[1], "peak") == 0) return run_peak(argc >= 3 ? atof(argv[2]) : 0.5);
+  if (argc >= 2 && strcmp(argv[1], "adam") == 0) return run_adam(argc >= 3 ? atof(argv[2]) : 1.0);
   if (argc >= 3 && (strcmp(argv[1], "mlp") == 0 || strcmp(argv[1], "cnn") == 0)) {
     int batch = atoi(argv[2]);
     threads = argc >= 5 ? atoi(argv[4]) : 1;
@@ -508,7 +559,7 @@ int main(int argc, char **argv) {
     return run_cblas(batch, argc >= 4 ? atof(argv[3]) : 2.0);
   }
 #endif
-  fprintf(stderr, "usage: bench_speed gemm [seconds [threads]] | peak [seconds] | mlp BATCH [seconds [threads]] | cnn BATCH [seconds "
+  fprintf(stderr, "usage: bench_speed gemm [seconds [threads]] | peak [seconds] | adam [seconds] | mlp BATCH [seconds [threads]] | cnn BATCH [seconds "
                   "[threads]] | cblas BATCH [seconds] (DTRAIN_USE_CBLAS build)\n");
   return 2;
 }

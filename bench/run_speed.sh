@@ -239,6 +239,19 @@ for wl in "mlp 64" "mlp 256" "cnn 64"; do
   echo "-- $1 batch $2"
   BENCH_PROFILE=1 "$BIN" "$1" "$2" "$SECS" 1 2>&1 | grep -v '^result' || echo "profile run failed"
 done
+# Adam's floor: the update over the MLP's parameters against the same update
+# 8,192 floats at a time (in L2), scaled: close together, the divider (one
+# square root and two divides an element, PyTorch's arithmetic) binds it; the
+# whole run well above, memory does. The MLP's small-batch peak share can go
+# no higher than what is left of the step after it.
+echo "-- Adam's floor (bench_speed adam): the MLP's 235,146 parameters at once, and 8,192 at a time scaled to them"
+"$BIN" adam 1 2>&1 | awk '/^adam / {
+    for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    printf "adam  whole %.1f us (%.3f ns a float), in L2 %.1f us (%.3f ns): bound by %s\n", v["whole_us"],
+      v["ns_per_float"], v["cached_us"], v["cached_ns_per_float"],
+      (v["whole_us"] <= 1.15 * v["cached_us"] ? "the arithmetic (square root and divides)" : "memory")
+    next }
+  { print }' || echo "adam floor run failed"
 echo
 
 # The timeline's cost (issue 21: at most 2% with DTRAIN_TRACE on): the same
