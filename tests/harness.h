@@ -176,6 +176,14 @@ static int th_emulated(void) {
   const char *r = getenv("RUNNER");
   return r != NULL && strstr(r, "qemu") != NULL;
 }
+/* The most intra-op threads a sweep that checks how products split should use:
+ * `most`, but 1 in a build without threads (dt_set_threads refuses more there)
+ * and 1 under an emulator: the split is the same C on every architecture,
+ * checked at 1..most by the host, ASan and TSan runs; an emulated run adds the
+ * architecture's kernels, which one thread exercises. */
+static int th_sweep_threads(int most) {
+  return (dt_build_features() & DTRAIN_FEATURE_THREADS) && !th_emulated() ? most : 1;
+}
 static double th_rand(void) { /* uniform [0,1) */
   th_rng_state ^= th_rng_state << 13;
   th_rng_state ^= th_rng_state >> 7;

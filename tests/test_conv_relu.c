@@ -20,13 +20,6 @@ static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a
 
 static const char *const isa_names[] = {"portable", "avx2", "avx512", "neon"};
 
-/* 1-3 intra-op threads; 1 in a build without threads (dt_set_threads refuses more
- * there), and 1 under an emulator (th_emulated): how the threads split a product is
- * the same C on every architecture, checked at 1-3 by the host, ASan and TSan runs;
- * an emulated run adds the architecture's kernels, which one thread exercises. */
-static int max_threads(void) {
-  return (dt_build_features() & DTRAIN_FEATURE_THREADS) && !th_emulated() ? 3 : 1;
-}
 
 static dt_tensor *f_fused(dt_graph *g, dt_tensor **in, void *ctx) {
   int *sp = (int *)ctx;
@@ -162,7 +155,7 @@ static void test_same_as_unfused(void) {
     if (s->nan_plane) x[s->nan_plane * hw + 5] = NAN;
     for (int ii = 0; ii < 4; ii++) {
       if (dt_sgemm_use_isa(isa_names[ii]) != DTRAIN_OK) continue; /* test_speed reports the paths it lacks */
-      for (int threads = 1; threads <= max_threads(); threads++) {
+      for (int threads = 1; threads <= th_sweep_threads(3); threads++) {
         CHECK(dt_set_threads(threads) == DTRAIN_OK);
         memset(ref, 0, total * sizeof(float));
         memset(got, 0, total * sizeof(float));
@@ -224,7 +217,7 @@ static void test_against_reference(void) {
           }
     for (int ii = 0; ii < 4; ii++) {
       if (dt_sgemm_use_isa(isa_names[ii]) != DTRAIN_OK) continue;
-      for (int threads = 1; threads <= max_threads(); threads++) {
+      for (int threads = 1; threads <= th_sweep_threads(3); threads++) {
         CHECK(dt_set_threads(threads) == DTRAIN_OK);
         for (int relu = 0; relu < 2; relu++) {
           dt_graph *g = dt_graph_create(NULL, NULL);
@@ -282,7 +275,7 @@ static void test_row_bias_epilogue(void) {
     th_fill(rb, (int)m, -4, 4);
     for (int ii = 0; ii < 4; ii++) {
       if (dt_sgemm_use_isa(isa_names[ii]) != DTRAIN_OK) continue;
-      for (int threads = 1; threads <= max_threads(); threads++) {
+      for (int threads = 1; threads <= th_sweep_threads(3); threads++) {
         CHECK(dt_set_threads(threads) == DTRAIN_OK);
         for (int relu = 0; relu < 2; relu++) {
           for (int64_t i = 0; i < m; i++)

@@ -131,7 +131,6 @@ static const shape shapes[] = {
 
 static const char *const isa_names[] = {"portable", "avx2", "avx512", "neon"};
 
-static int max_threads(void) { return (dt_build_features() & DTRAIN_FEATURE_THREADS) ? 3 : 1; }
 
 /* mode 0: plain dt_sgemm (alpha, beta); 1: epilogue bias + ReLU; 2: row bias + ReLU */
 static void run(const shape *s, int ta, int tb, int mode, const float *a, const float *b, const float *bias,
@@ -190,10 +189,7 @@ static void test_slot_and_stack_same_bits(void) {
     for (int ii = 0; ii < 4; ii++) {
       if (dt_sgemm_use_isa(isa_names[ii]) != DTRAIN_OK) continue; /* test_speed reports the paths it lacks */
       if (first < 0) first = ii;
-      /* 1 and 3 threads; under an emulator 1: the split is the same C on every
-       * architecture (the host, ASan and TSan runs check it), the panels and
-       * the path's kernels are what an emulated run adds */
-      for (int threads = 1; threads <= (th_emulated() ? 1 : max_threads()); threads += 2) {
+      for (int threads = 1; threads <= th_sweep_threads(3); threads += 2) { /* 1 and 3 */
         CHECK(dt_set_threads(threads) == DTRAIN_OK);
         for (int t = 0; t < 4; t++)
           for (int mode = 0; mode < 3; mode++) {

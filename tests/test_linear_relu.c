@@ -70,13 +70,6 @@ static int run_once(const shape *s, const float *x, const float *w, const float 
 
 static const char *const isa_names[] = {"portable", "avx2", "avx512", "neon"};
 
-/* 1-3 intra-op threads; 1 in a build without threads (dt_set_threads refuses more
- * there), and 1 under an emulator (th_emulated): how the threads split a product is
- * the same C on every architecture, checked at 1-3 by the host, ASan and TSan runs;
- * an emulated run adds the architecture's kernels, which one thread exercises. */
-static int max_threads(void) {
-  return (dt_build_features() & DTRAIN_FEATURE_THREADS) && !th_emulated() ? 3 : 1;
-}
 
 static void test_same_as_unfused(void) {
   /* KC is 256, MC 96, NC 768 (192 on the stack: test_gemm_panels); MR 6 or 8, NR 8-32 by path */
@@ -112,7 +105,7 @@ static void test_same_as_unfused(void) {
     if (s->nan_row) x[s->nan_row * s->in + 1] = NAN;
     for (int ii = 0; ii < 4; ii++) {
       if (dt_sgemm_use_isa(isa_names[ii]) != DTRAIN_OK) continue; /* test_speed reports the paths it lacks */
-      for (int threads = 1; threads <= max_threads(); threads++) {
+      for (int threads = 1; threads <= th_sweep_threads(3); threads++) {
         CHECK(dt_set_threads(threads) == DTRAIN_OK);
         memset(ref, 0, total * sizeof(float));
         memset(got, 0, total * sizeof(float));
@@ -162,7 +155,7 @@ static void test_against_reference(void) {
       }
     for (int ii = 0; ii < 4; ii++) {
       if (dt_sgemm_use_isa(isa_names[ii]) != DTRAIN_OK) continue;
-      for (int threads = 1; threads <= max_threads(); threads++) {
+      for (int threads = 1; threads <= th_sweep_threads(3); threads++) {
         CHECK(dt_set_threads(threads) == DTRAIN_OK);
         for (int relu = 0; relu < 2; relu++) {
           dt_graph *g = dt_graph_create(NULL, NULL);

@@ -1250,7 +1250,8 @@ static void test_conv_block_threads_bitwise(void) {
    * and under qemu it costs 26 s of CPU at 1 and 3 threads on each of CI's
    * three emulated architectures: there it is skipped. The split is the
    * same C code on every architecture; the host, ASan and TSan runs check
-   * it, and the emulated runs check the kernels it calls (the cases below). */
+   * it, and the emulated runs still run the smaller Winograd and pooling
+   * thread cases above. */
   if (th_emulated()) TH_SKIP("under an emulator: the host, ASan and TSan builds run it (the same C everywhere)");
   conv_case c = {{16, 16, 32, 32}, {32, 16, 5, 5}, {32}, NULL, NULL, NULL};
   conv_case_fill(&c, 78, 0.2f);
