@@ -2810,6 +2810,19 @@ typedef struct dt_strategy_options {
                                     plain push's, with no more staleness (unlike overlap); a step
                                     skipped for a non-finite gradient discards the parts (see
                                     "Pushed early to the servers") [0] */
+  int async_in_place;            /* async: nonzero: the replicas compute on the store itself, as
+                                    Hogwild's threads do, instead of each on its own copy pulled as
+                                    its step starts: no copy of the parameters per replica (N fewer
+                                    in memory) and none made per step, each replica's optimizer
+                                    steps the store's values in place (with the Hogwild rule and no
+                                    staleness_lr; otherwise it adds new - old), and an op may see
+                                    another replica's update made during the step. Refused in
+                                    lock-step (max_staleness 0) and with buffers or frozen
+                                    parameters; where the store's sweeps are not vector loops
+                                    (ThreadSanitizer, DTRAIN_NO_SIMD, CPUs other than x86-64 and
+                                    AArch64) the copies are kept, with a warning. Slower than the
+                                    copies on the 2-core machines measured (see "Async data path")
+                                    [0] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;
@@ -5404,6 +5417,14 @@ DTRAIN_PRIVATE const char *dt__optim_slot_name(dt_optim_kind kind, int slot);
  * the params. Does not advance the step count (dt_optim_advance). */
 DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, const float *grad, size_t begin,
                                         size_t end);
+
+/* One step of the optimizer in place on a block of values: x[j] (element
+ * begin + j of the params' flat layout) becomes its update, for the
+ * trainable elements in [begin, end); grad and the state are indexed as the
+ * params; the other elements of x are not written. The same floats as
+ * dt_optim_update over the same range. As dt__optim_delta_span: no checks,
+ * no floating-point mode, no advance; 0 for a range outside the params. */
+DTRAIN_PRIVATE int dt__optim_step_span(dt_optim *o, float *x, const float *grad, size_t begin, size_t end);
 
 /* dt_optim_update (its checks, its floating-point mode) with the gradient
  * of [begin, end) at g: g[0] is element begin's (a received frame's floats,
@@ -14956,6 +14977,15 @@ DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, c
   return 1;
 }
 
+DTRAIN_PRIVATE int dt__optim_step_span(dt_optim *o, float *x, const float *grad, size_t begin, size_t end) {
+  const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
+  if (!rule || !x || begin > end || end > o->size) return 0;
+  int64_t t0 = dt__prof_t0();
+  dt__optim_ranges(o, rule, NULL, x, grad + begin, begin, end);
+  dt__prof_add_table("dt_optim_update", DTRAIN_PROFILE_UPDATE, t0); /* per block, as dt__optim_delta_span's */
+  return 1;
+}
+
 /* Clip (if set), update and advance over data/grad with the params' layout. */
 static dt_result dt__optim_step_host(dt_optim *o, float *data, float *grad, const char *fn) {
   dt_result r = dt__optim_check_layout(o, fn);
@@ -21328,6 +21358,12 @@ static DT__UNUSED inline void dt__afloat_add(dt__afloat *p, float v) {
  * DTRAIN_NO_SIMD and under ThreadSanitizer (see dt_platform.c). */
 DTRAIN_PRIVATE void dt__shared_load(float *dst, dt__afloat *src, size_t n);
 DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, size_t n);
+/* 1 where the sweeps above are vector loops (the CPU's aligned float
+ * accesses are untorn and nothing checks the C memory model's races), so
+ * that ordinary code may read and write such a vector while other threads
+ * do, as Hogwild's threads do (the async strategy's replicas computing on
+ * the store itself); 0 under ThreadSanitizer, DTRAIN_NO_SIMD and elsewhere. */
+DTRAIN_PRIVATE int dt__shared_direct(void);
 
 /* Handing cache lines over between cores (dt_platform.c tells why): 1 where
  * dt__cache_evict works (x86-64); dt__cache_evict writes back and drops the
@@ -22250,6 +22286,14 @@ __attribute__((target("avx"))) static size_t dt__shared_add_avx(float *x, const 
   return i;
 }
 #endif
+
+DTRAIN_PRIVATE int dt__shared_direct(void) {
+#if !defined(DT__SHARED_ATOMIC_ONLY) && (defined(DT__PLATFORM_X86) || defined(DT__PLATFORM_NEON))
+  return 1;
+#else
+  return 0;
+#endif
+}
 
 DTRAIN_PRIVATE void dt__shared_load(float *dst, dt__afloat *src, size_t n) {
   size_t i = 0;
@@ -25009,12 +25053,23 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
  * right after its add, and the worker's next dt_pstore_pull into the same
  * buffer copies nothing when no other push finished since (during the sweep
  * included): the pull that follows a push made by the push's sweep. The
- * caller must leave pull_into as it is until that pull. DTRAIN_ERR_INTERNAL
- * for a store that is not a local one. */
+ * caller must leave pull_into as it is until that pull; a pull_into that is
+ * the store's own vector (a worker computing on the store itself) is not
+ * copied into. With step, under the Hogwild rule and when the push is not
+ * scaled (staleness_lr), each block is updated in place instead:
+ * step(user, lo, hi, x) makes the update on the store's elements x[0 ..
+ * hi-lo) themselves (an optimizer's step on them, racing other workers'
+ * writes as Hogwild's threads do), without the block of differences.
+ * DTRAIN_ERR_INTERNAL for a store that is not a local one. */
 #define DT__PSTORE_BLOCK ((size_t)2048) /* floats: the block of a pull's and a push's sweep */
 typedef int (*dt__pstore_fill_fn)(void *user, size_t lo, size_t hi, float *d);
+typedef void (*dt__pstore_step_fn)(void *user, size_t lo, size_t hi, float *x);
 DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
-                                                void *user, float *pull_into, dt_pstore_ticket *tk);
+                                                dt__pstore_step_fn step, void *user, float *pull_into,
+                                                dt_pstore_ticket *tk);
+/* The local store's vector (what dt_pstore_create_local was given); NULL
+ * for another kind of store. */
+DTRAIN_PRIVATE float *dt__pstore_local_data(dt_pstore *ps);
 /* The async family's replica loop (dt_strategy_async.c) and its parts:
  * replica r's batch for its step t (the ticket or the servers' work item,
  * the batch function's batch, b's fields; 0: stop, the job is over or
@@ -25357,7 +25412,8 @@ static dt_result dt__pstore_local_pull(dt_pstore *ps, int worker, int64_t clock,
   int fresh = me->c.fresh != 0 && me->c.fresh == tk->version && me->c.fresh_dst == dst;
   me->c.fresh = 0;
   me->c.fresh_dst = NULL;
-  if (fresh) { /* no push finished since this worker's push copied the store into dst */
+  if (fresh || dst == l->data) { /* no push finished since this worker's push copied the store into dst; or
+                                    the worker computes on the store itself: nothing to copy */
     DT__ASTORE(&me->c.pulled, clock + 1, DT__MO_SEQ_CST);
     dt__event_notify(&l->ev);
     return DTRAIN_OK;
@@ -25485,8 +25541,13 @@ static const dt_pstore_vtable dt__pstore_local_vtable = {
   NULL /* take: no work queue in process */
 };
 
+DTRAIN_PRIVATE float *dt__pstore_local_data(dt_pstore *ps) {
+  return ps && ps->vtable == &dt__pstore_local_vtable ? dt__pstore_of(ps)->data : NULL;
+}
+
 DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
-                                                void *user, float *pull_into, dt_pstore_ticket *tk) {
+                                                dt__pstore_step_fn step, void *user, float *pull_into,
+                                                dt_pstore_ticket *tk) {
   if (!ps || ps->vtable != &dt__pstore_local_vtable || !fill || !tk || worker < 0 || worker >= ps->workers || clock < 0)
     return dt__error(DTRAIN_ERR_INTERNAL, "dt__pstore_push_blocks: not a local store's push");
   dt__pstore_local *l = dt__pstore_of(ps);
@@ -25498,8 +25559,16 @@ DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64
   uint64_t start = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
   size_t n = ps->size, blocks = (n + DT__PSTORE_BLOCK - 1) / DT__PSTORE_BLOCK,
          first = dt__pstore_first_block(l, worker, blocks);
+  if (pull_into == l->data) pull_into = NULL; /* the worker computes on the store itself */
+  /* In place: the store's elements are the step's input and output (x * 1.0f
+   * is x, so without the staleness scale nothing else differs). */
+  const int in_place = step && l->update == DTRAIN_ASYNC_HOGWILD && scale == 1.0f;
   for (size_t q = 0; q < blocks; q++) {
     size_t lo = ((first + q) % blocks) * DT__PSTORE_BLOCK, cnt = DT__MIN(n - lo, DT__PSTORE_BLOCK);
+    if (in_place) {
+      step(user, lo, lo + cnt, l->data + lo);
+      continue;
+    }
     if (fill(user, lo, lo + cnt, block)) dt__pstore_apply(l, lo, block, cnt, scale);
     if (pull_into) dt__shared_load(pull_into + lo, (dt__afloat *)l->data + lo, cnt);
   }
@@ -26445,6 +26514,9 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
                        "servers in parts during backward), not %s; mirrored and multi_worker_mirrored have overlap",
                        fn, name);
   }
+  if (d->async_in_place && d->kind != DTRAIN_STRATEGY_ASYNC)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_in_place is for async (its replicas and the store share "
+                     "one process), not %s", fn, name);
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);
@@ -27046,6 +27118,21 @@ DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
 /* The store over the params' data: replicas pull from it and push to it. */
 static dt_result dt__async_create(dt_strategy *s) {
   const dt_strategy_desc *d = &s->desc;
+  if (d->async_in_place) {
+    const char *fn = "dt_strategy_create";
+    /* Lock-step's pushes are sums in replica order (deterministic), and a
+     * buffer's push is what the forward wrote into the replica's values. */
+    if (d->max_staleness == 0)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_in_place in lock-step (max_staleness 0): its steps are "
+                       "deterministic only on copies; use max_staleness >= 1 or unbounded", fn);
+    if (s->nbufr > 0)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_in_place with buffers or frozen parameters (the first at "
+                       "flat index %zu): the forward writes a buffer's new values into the parameters a replica "
+                       "computes on, and the push adds what changed; use copies (async_in_place 0)", fn, s->bufr[0]);
+    if (!dt__shared_direct())
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_OK, "%s: async_in_place: this build or CPU reads the store element by "
+              "element (ThreadSanitizer, DTRAIN_NO_SIMD or not x86-64/AArch64); the replicas keep their copies", fn);
+  }
   s->pstore = dt_pstore_create_local(dt_params_data(s->params), s->size, s->n, d->max_staleness, d->async_update,
                                      d->spin_us);
   if (!s->pstore) return dt_last_result();
@@ -27054,13 +27141,22 @@ static dt_result dt__async_create(dt_strategy *s) {
   return DTRAIN_OK;
 }
 
-/* Every replica: its own copy, gradient, pulled copy and optimizer (a clone
- * of the given one, at its step count). */
+/* Whether the replicas compute on the store itself (async_in_place in
+ * dt_strategy.h; dt__async_create refused it where it cannot be): only
+ * where the store's sweeps are vector loops (dt__shared_direct). */
+static int dt__async_direct(const dt_strategy *s) { return s->desc.async_in_place && dt__shared_direct(); }
+
+/* Every replica: its gradient and optimizer (a clone of the given one, at
+ * its step count); unless it computes on the store, its own copy of the
+ * parameters and a vector for the buffers' pulled values; the vector for
+ * a checked update (check_numerics) either way. */
 static dt_result dt__async_replica(dt_strategy *s, int r) {
   dt__strategy_replica *R = &s->rep[r];
-  dt_result rc = dt__strategy_bind(s, r, 1, 1, NULL);
+  const int direct = dt__async_direct(s);
+  dt_result rc = dt__strategy_bind(s, r, !direct, 1, NULL);
   if (rc != DTRAIN_OK) return rc;
-  if (!(R->old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
+  if ((!direct || s->desc.check_numerics) && !(R->old = dt__strategy_floats(s, NULL)))
+    return dt__strategy_nomem(s);
   R->opt = dt_optim_create(s->params, dt_optim_get_options(s->opt));
   if (!R->opt) return dt_last_result();
   dt_optim_set_steps(R->opt, dt_optim_steps(s->opt));
@@ -27084,7 +27180,18 @@ static int dt__async_fill(void *user, size_t lo, size_t hi, float *d) {
   const dt__async_fill_ctx *c = (const dt__async_fill_ctx *)user;
   dt_strategy *s = c->s;
   dt__strategy_replica *R = &s->rep[c->r];
-  const float *x = R->data;
+  /* x[j]: element lo + j of the values the update starts from. A replica
+   * computing on the store itself (the atomic rule, staleness_lr or
+   * check_numerics) takes them from a copy of the block made now: the
+   * optimizer reads an element more than once (new - pulled), and other
+   * replicas' pushes change the store meanwhile. */
+  float snap[DT__PSTORE_BLOCK];
+  const float *x = R->data + lo;
+  float *store = dt__pstore_local_data(s->pstore);
+  if (R->data == store) {
+    dt__shared_load(snap, (dt__afloat *)store + lo, hi - lo);
+    x = snap;
+  }
   size_t pb, pe, at = lo;
   int tr, dec, any = 0;
   for (int i = dt__params_first_after(s->params, lo); dt__params_range(s->params, i, &pb, &pe, &tr, &dec) && pb < hi;
@@ -27093,15 +27200,25 @@ static int dt__async_fill(void *user, size_t lo, size_t hi, float *d) {
     if (a > at) memset(d + (at - lo), 0, (a - at) * sizeof(float));
     float *o = d + (a - lo);
     if (tr) {
-      dt__optim_delta_span(R->opt, x + a, o, R->grad, a, e);
+      dt__optim_delta_span(R->opt, x + (a - lo), o, R->grad, a, e);
     } else {
-      for (size_t j = 0; j < e - a; j++) o[j] = x[a + j] - R->old[a + j];
+      for (size_t j = 0; j < e - a; j++) o[j] = x[a - lo + j] - R->old[a + j];
     }
     any = 1;
     at = e;
   }
   if (at < hi) memset(d + (at - lo), 0, (hi - at) * sizeof(float));
   return any;
+}
+
+/* The in-place form of the same (dt__pstore_step_fn): the replica's
+ * optimizer step on the store's elements [lo, hi) themselves, x[0] being
+ * element lo. Only for a replica computing on the store, which has no
+ * buffers: every element is a trainable parameter's or padding. */
+static void dt__async_step(void *user, size_t lo, size_t hi, float *x) {
+  const dt__async_fill_ctx *c = (const dt__async_fill_ctx *)user;
+  dt__strategy_replica *R = &c->s->rep[c->r];
+  dt__optim_step_span(R->opt, x, R->grad, lo, hi);
 }
 
 /* Forward/backward on the pulled copy and the checks. The update is made
@@ -27243,7 +27360,9 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
       c.s = s;
       c.r = r;
       unsigned long fp = dt__fp_enter();
-      rc = dt__pstore_push_blocks(s->pstore, r, t, dt__async_fill, &c, R->data, &tk);
+      rc = dt__pstore_push_blocks(s->pstore, r, t, dt__async_fill,
+                                  R->data == dt__pstore_local_data(s->pstore) ? dt__async_step : NULL, &c, R->data,
+                                  &tk);
       dt__fp_leave(fp);
       if (rc == DTRAIN_OK) dt_optim_advance(R->opt);
     } else {

@@ -13,7 +13,9 @@
  *    a round of 2 pushes sees a global batch). Rounds of 0.5 s alternate
  *    between the kinds; the best round of each counts (a shared, noisy
  *    machine: the best round is the one in which the threads had the cores).
- *    Goal: async / mirrored >= 1.0.
+ *    Goal: async / mirrored >= 1.0. Beside them async with async_in_place
+ *    (the replicas computing on the store itself) and its 1:4 run, in the
+ *    same rounds.
  * 2. With replica 1 four times slower (desc.straggler 1, factor 4: it sleeps
  *    3x its compute after each step): what async(2, unbounded) keeps of the
  *    best it could do, the fast replica's own speed (one_device at half the
@@ -36,7 +38,12 @@
  *    Then plain with bf16 pushes and pulls (sd.compress; half the bytes, a
  *    conversion at each end). Goal: >= 0.9x in-process.
  * Timings only: nothing is asserted. --quick: fewer rounds and steps; --ps:
- * section 4 only. */
+ * section 4 only; --throughput: sections 1 and 2 only. BENCH_ASYNC_ROUNDS=R
+ * in the environment: R rounds (at most 64) instead of 6. Sections 1 and 2
+ * also print the median over the rounds of each round's async / mirrored
+ * (the kinds alternate within a round, so a host that slows down for a
+ * while slows all of them): on a noisy host a steadier figure than the
+ * ratio of the best rounds. */
 #define DTRAIN_STATIC
 #define DTRAIN_IMPLEMENTATION
 #include "dtrain.h"
@@ -340,17 +347,34 @@ static void cpu_name(char *out, size_t cap) {
   fclose(f);
 }
 
+#define MAX_ROUNDS 64
+/* The median of x[0..n) (n <= MAX_ROUNDS; x is not changed). */
+static double median(const double *x, int n) {
+  double y[MAX_ROUNDS];
+  memcpy(y, x, (size_t)n * sizeof(double));
+  for (int i = 1; i < n; i++) /* insertion sort: a few dozen values */
+    for (int j = i; j > 0 && y[j - 1] > y[j]; j--) {
+      double t = y[j];
+      y[j] = y[j - 1];
+      y[j - 1] = t;
+    }
+  return n % 2 ? y[n / 2] : 0.5 * (y[n / 2 - 1] + y[n / 2]);
+}
+
 int main(int argc, char **argv) {
-  int quick = 0, ps_only = 0;
+  int quick = 0, ps_only = 0, first_only = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) quick = 1;
     else if (strcmp(argv[i], "--ps") == 0) ps_only = 1;
+    else if (strcmp(argv[i], "--throughput") == 0) first_only = 1;
     else {
-      fprintf(stderr, "usage: bench_async [--quick] [--ps]\n");
+      fprintf(stderr, "usage: bench_async [--quick] [--ps | --throughput]\n");
       return 2;
     }
   }
-  const int rounds = quick ? 2 : 6;
+  const char *env_rounds = getenv("BENCH_ASYNC_ROUNDS"); /* more rounds where the host is noisy */
+  int rounds = quick ? 2 : 6;
+  if (env_rounds && atoi(env_rounds) >= 1) rounds = atoi(env_rounds) > MAX_ROUNDS ? MAX_ROUNDS : atoi(env_rounds);
   const int64_t steps = quick ? 150 : 600;
   char cpu[256];
   cpu_name(cpu, sizeof cpu);
@@ -358,8 +382,9 @@ int main(int argc, char **argv) {
   make_data();
 
   /* 1 and 2: throughput */
-  enum { NK = 5 };
-  const char *names[NK] = {"one_device(B)", "one_device(B/2)", "mirrored(2)", "async(2,unb)", "async(2,unb) 1:4"};
+  enum { NK = 7 };
+  const char *names[NK] = {"one_device(B)", "one_device(B/2)",  "mirrored(2)",          "async(2,unb)",
+                           "async(2,unb) 1:4", "async in place",  "in place 1:4"};
   dt_strategy_options sds[NK];
   sds[0] = dt_strategy_one_device();
   sds[1] = dt_strategy_one_device();
@@ -368,26 +393,43 @@ int main(int argc, char **argv) {
   sds[4] = dt_strategy_async(2, DTRAIN_STALENESS_UNBOUNDED);
   sds[4].straggler = 1;
   sds[4].straggler_factor = 4.0f;
+  sds[5] = sds[3]; /* the replicas on the store itself (async_in_place) */
+  sds[5].async_in_place = 1;
+  sds[6] = sds[4];
+  sds[6].async_in_place = 1;
   const int64_t batches[2] = {64, 256};
   if (!ps_only) {
     printf("\nMLP 784-256-128-10, Adam; samples/s, best of %d rounds of 0.5 s; async: pushes of B/2 rows\n", rounds);
     printf("%6s", "B");
     for (int k = 0; k < NK; k++) printf("  %16s", names[k]);
-    printf("  %-22s  %s\n", "async/mirrored", "1:4: async / (1.25 x one_device(B/2))");
+    printf("  %-22s  %-40s  %s\n", "async/mirrored", "1:4: async / (1.25 x one_device(B/2))",
+           "in place: /mirrored, 1:4");
   }
+  double medians[2][2] = {{0}};
   for (int bi = 0; bi < 2 && !ps_only; bi++) {
-    double best[NK] = {0};
-    for (int round = 0; round < rounds; round++)
+    double best[NK] = {0}, ratio[2][MAX_ROUNDS];
+    for (int round = 0; round < rounds; round++) {
+      double got[NK];
       for (int k = 0; k < NK; k++) {
-        double r = measure(&sds[k], k == 1 ? batches[bi] / 2 : batches[bi], 0.5);
-        if (r > best[k]) best[k] = r;
+        got[k] = measure(&sds[k], k == 1 ? batches[bi] / 2 : batches[bi], 0.5);
+        if (got[k] > best[k]) best[k] = got[k];
       }
+      ratio[0][round] = got[3] / got[2]; /* the same round's: a host that slows down slows all three */
+      ratio[1][round] = got[5] / got[2];
+    }
+    medians[bi][0] = median(ratio[0], rounds);
+    medians[bi][1] = median(ratio[1], rounds);
     printf("%6lld", (long long)batches[bi]);
     for (int k = 0; k < NK; k++) printf("  %16.0f", best[k]);
     printf("  %.2fx (goal >= 1.0)%4s", best[3] / best[2], "");
-    printf("  %.0f%% (goal >= %d%%)\n", 100.0 * best[4] / (1.25 * best[1]), bi == 0 ? 90 : 95);
+    printf("  %3.0f%% (goal >= %d%%)%23s", 100.0 * best[4] / (1.25 * best[1]), bi == 0 ? 90 : 95, "");
+    printf("  %.2fx, %.0f%%\n", best[5] / best[2], 100.0 * best[6] / (1.25 * best[1]));
   }
+  if (!ps_only)
+    printf("median over the rounds of each round's ratio to mirrored(2): async %.2fx at 64, %.2fx at 256; "
+           "in place %.2fx, %.2fx\n", medians[0][0], medians[1][0], medians[0][1], medians[1][1]);
 
+  if (first_only) return 0;
   /* 3: the staleness-bound curve */
   if (!ps_only)
     printf("\nstaleness bound k: %lld global steps of 64 from the same fresh weights; held-out loss / accuracy "

@@ -73,6 +73,7 @@ typedef struct options {
   int plan_weak;     /* --plan-weak: --batch is each worker's (the global batch grows with the workers) */
   int plan_servers;  /* --plan-servers: parameter servers M in the parameter_server rows */
   int staleness_lr; /* --staleness-lr: async updates (or, on parameter servers, pushes) scaled by 1/(1+staleness) */
+  int async_in_place; /* --async-in-place: async replicas compute on the store itself (dt_strategy_options) */
   int batch_worker; /* not a flag: --batch over the worker processes, the rows this process loads per step */
   int64_t limit; /* train on the first `limit` samples only (0: all) */
   float lr;
@@ -421,6 +422,8 @@ static int parse(int argc, char **argv, options *o) {
       {"replicas", 'i', &o->replicas, 0, 1024, "replicas in this process (0: the strategy's default)"},
       {"max-staleness", 'i', &o->max_staleness, -1, 1e9, "async: most steps a replica may lag (-1: unbounded)"},
       {"staleness-lr", 'b', &o->staleness_lr, 0, 0, "async / parameter servers: scale updates by 1/(1+staleness)"},
+      {"async-in-place", 'b', &o->async_in_place, 0, 0,
+       "async: the replicas compute on the shared parameters themselves (Hogwild's way; no copy per replica)"},
       {"checkpoint", 's', &o->checkpoint, 0, 0, "save the training state here after every epoch"},
       {"resume", 's', &o->resume, 0, 0, "continue from this checkpoint"},
       {"init-weights", 's', &o->init_weights, 0, 0,
@@ -839,6 +842,7 @@ int main(int argc, char **argv) {
   }
   sd.seed = a.o.seed;
   sd.staleness_lr = a.o.staleness_lr;
+  sd.async_in_place = a.o.async_in_place;
   if (a.ndev > 0) { /* the one-line switch: one replica per device */
     sd.devices = a.devs;
     sd.ndevices = a.ndev;

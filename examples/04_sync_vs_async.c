@@ -8,7 +8,7 @@
  * Build: cc -std=c11 -O2 -I. examples/04_sync_vs_async.c -o sync_vs_async -lm -lpthread   (or: make)
  * Run:   build/examples/04_sync_vs_async [--replicas N] [--steps S] [--batch B] [--lr LR]
  *                                        [--max-staleness K] [--straggler R:F] [--backup-workers B]
- *                                        [--seed S]
+ *                                        [--async-in-place] [--seed S]
  *
  * The task: a random "teacher" network labels Gaussian inputs (32 features,
  * 10 classes); a student MLP 32-256-256-10 learns it with Adam. Every
@@ -125,7 +125,7 @@ static void evaluate(dt_params *P, const model *m, const float *x, const int32_t
 }
 
 typedef struct options {
-  int replicas, max_staleness, straggler, backup;
+  int replicas, max_staleness, straggler, backup, in_place;
   int64_t steps, batch;
   float lr, factor;
   uint64_t seed;
@@ -150,6 +150,7 @@ static int parse(int argc, char **argv, options *o) {
       {"max-staleness", 'i', &o->max_staleness, -1, 1e9, "the bounded async run's staleness bound"},
       {"straggler", 's', &straggler, 0, 0, "R:F -- replica R takes F times as long per step (e.g. 1:4)"},
       {"backup-workers", 'i', &o->backup, 0, DTRAIN_MAX_REPLICAS, "mirrored with B backup replicas (0: not run)"},
+      {"async-in-place", 'b', &o->in_place, 0, 0, "the async replicas compute on the shared parameters themselves"},
       {"seed", 'u', &o->seed, 0, 1.8e19, "seed of the data and the weights"},
       {"trace", 's', &trace, 0, 0, EX_TRACE_HELP},
   };
@@ -170,6 +171,10 @@ static int parse(int argc, char **argv, options *o) {
   if (o->replicas < 1 || o->replicas > DTRAIN_MAX_REPLICAS || o->steps < 1 || o->batch < o->replicas ||
       o->batch > NTRAIN) {
     fprintf(stderr, "need 1 <= replicas <= %d, steps >= 1, replicas <= batch <= %d\n", DTRAIN_MAX_REPLICAS, NTRAIN);
+    return 0;
+  }
+  if (o->in_place && o->max_staleness == 0) {
+    fprintf(stderr, "error: --async-in-place needs --max-staleness other than 0 (lock-step async runs on copies)\n");
     return 0;
   }
   if (o->backup < 0 || (o->backup > 0 && o->backup >= o->replicas)) {
@@ -198,6 +203,7 @@ int main(int argc, char **argv) {
   sds[2] = dt_strategy_central_storage(N);
   sds[3] = dt_strategy_async(N, o.max_staleness);
   sds[4] = dt_strategy_async(N, DTRAIN_STALENESS_UNBOUNDED);
+  sds[3].async_in_place = sds[4].async_in_place = o.in_place;
   snprintf(names[0], sizeof names[0], "one_device");
   snprintf(names[1], sizeof names[1], "mirrored(%d)", N);
   snprintf(names[2], sizeof names[2], "central_storage(%d)", N);

@@ -630,6 +630,15 @@ DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, c
   return 1;
 }
 
+DTRAIN_PRIVATE int dt__optim_step_span(dt_optim *o, float *x, const float *grad, size_t begin, size_t end) {
+  const dt__optim_rule *rule = dt__optim_rule_of(o->desc.kind);
+  if (!rule || !x || begin > end || end > o->size) return 0;
+  int64_t t0 = dt__prof_t0();
+  dt__optim_ranges(o, rule, NULL, x, grad + begin, begin, end);
+  dt__prof_add_table("dt_optim_update", DTRAIN_PROFILE_UPDATE, t0); /* per block, as dt__optim_delta_span's */
+  return 1;
+}
+
 /* Clip (if set), update and advance over data/grad with the params' layout. */
 static dt_result dt__optim_step_host(dt_optim *o, float *data, float *grad, const char *fn) {
   dt_result r = dt__optim_check_layout(o, fn);

@@ -33,6 +33,14 @@ DTRAIN_PRIVATE const char *dt__optim_slot_name(dt_optim_kind kind, int slot);
 DTRAIN_PRIVATE int dt__optim_delta_span(dt_optim *o, const float *x, float *d, const float *grad, size_t begin,
                                         size_t end);
 
+/* One step of the optimizer in place on a block of values: x[j] (element
+ * begin + j of the params' flat layout) becomes its update, for the
+ * trainable elements in [begin, end); grad and the state are indexed as the
+ * params; the other elements of x are not written. The same floats as
+ * dt_optim_update over the same range. As dt__optim_delta_span: no checks,
+ * no floating-point mode, no advance; 0 for a range outside the params. */
+DTRAIN_PRIVATE int dt__optim_step_span(dt_optim *o, float *x, const float *grad, size_t begin, size_t end);
+
 /* dt_optim_update (its checks, its floating-point mode) with the gradient
  * of [begin, end) at g: g[0] is element begin's (a received frame's floats,
  * used where they lie). */

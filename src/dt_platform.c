@@ -790,6 +790,14 @@ __attribute__((target("avx"))) static size_t dt__shared_add_avx(float *x, const 
 }
 #endif
 
+DTRAIN_PRIVATE int dt__shared_direct(void) {
+#if !defined(DT__SHARED_ATOMIC_ONLY) && (defined(DT__PLATFORM_X86) || defined(DT__PLATFORM_NEON))
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 DTRAIN_PRIVATE void dt__shared_load(float *dst, dt__afloat *src, size_t n) {
   size_t i = 0;
 #if !defined(DT__SHARED_ATOMIC_ONLY)

@@ -111,6 +111,12 @@ static DT__UNUSED inline void dt__afloat_add(dt__afloat *p, float v) {
  * DTRAIN_NO_SIMD and under ThreadSanitizer (see dt_platform.c). */
 DTRAIN_PRIVATE void dt__shared_load(float *dst, dt__afloat *src, size_t n);
 DTRAIN_PRIVATE void dt__shared_add(dt__afloat *x, const float *d, float scale, size_t n);
+/* 1 where the sweeps above are vector loops (the CPU's aligned float
+ * accesses are untorn and nothing checks the C memory model's races), so
+ * that ordinary code may read and write such a vector while other threads
+ * do, as Hogwild's threads do (the async strategy's replicas computing on
+ * the store itself); 0 under ThreadSanitizer, DTRAIN_NO_SIMD and elsewhere. */
+DTRAIN_PRIVATE int dt__shared_direct(void);
 
 /* Handing cache lines over between cores (dt_platform.c tells why): 1 where
  * dt__cache_evict works (x86-64); dt__cache_evict writes back and drops the

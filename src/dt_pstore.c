@@ -119,7 +119,8 @@ static dt_result dt__pstore_local_pull(dt_pstore *ps, int worker, int64_t clock,
   int fresh = me->c.fresh != 0 && me->c.fresh == tk->version && me->c.fresh_dst == dst;
   me->c.fresh = 0;
   me->c.fresh_dst = NULL;
-  if (fresh) { /* no push finished since this worker's push copied the store into dst */
+  if (fresh || dst == l->data) { /* no push finished since this worker's push copied the store into dst; or
+                                    the worker computes on the store itself: nothing to copy */
     DT__ASTORE(&me->c.pulled, clock + 1, DT__MO_SEQ_CST);
     dt__event_notify(&l->ev);
     return DTRAIN_OK;
@@ -247,8 +248,13 @@ static const dt_pstore_vtable dt__pstore_local_vtable = {
   NULL /* take: no work queue in process */
 };
 
+DTRAIN_PRIVATE float *dt__pstore_local_data(dt_pstore *ps) {
+  return ps && ps->vtable == &dt__pstore_local_vtable ? dt__pstore_of(ps)->data : NULL;
+}
+
 DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
-                                                void *user, float *pull_into, dt_pstore_ticket *tk) {
+                                                dt__pstore_step_fn step, void *user, float *pull_into,
+                                                dt_pstore_ticket *tk) {
   if (!ps || ps->vtable != &dt__pstore_local_vtable || !fill || !tk || worker < 0 || worker >= ps->workers || clock < 0)
     return dt__error(DTRAIN_ERR_INTERNAL, "dt__pstore_push_blocks: not a local store's push");
   dt__pstore_local *l = dt__pstore_of(ps);
@@ -260,8 +266,16 @@ DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64
   uint64_t start = DT__ALOAD(&l->version, DT__MO_ACQUIRE);
   size_t n = ps->size, blocks = (n + DT__PSTORE_BLOCK - 1) / DT__PSTORE_BLOCK,
          first = dt__pstore_first_block(l, worker, blocks);
+  if (pull_into == l->data) pull_into = NULL; /* the worker computes on the store itself */
+  /* In place: the store's elements are the step's input and output (x * 1.0f
+   * is x, so without the staleness scale nothing else differs). */
+  const int in_place = step && l->update == DTRAIN_ASYNC_HOGWILD && scale == 1.0f;
   for (size_t q = 0; q < blocks; q++) {
     size_t lo = ((first + q) % blocks) * DT__PSTORE_BLOCK, cnt = DT__MIN(n - lo, DT__PSTORE_BLOCK);
+    if (in_place) {
+      step(user, lo, lo + cnt, l->data + lo);
+      continue;
+    }
     if (fill(user, lo, lo + cnt, block)) dt__pstore_apply(l, lo, block, cnt, scale);
     if (pull_into) dt__shared_load(pull_into + lo, (dt__afloat *)l->data + lo, cnt);
   }

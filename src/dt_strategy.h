@@ -454,6 +454,19 @@ typedef struct dt_strategy_options {
                                     plain push's, with no more staleness (unlike overlap); a step
                                     skipped for a non-finite gradient discards the parts (see
                                     "Pushed early to the servers") [0] */
+  int async_in_place;            /* async: nonzero: the replicas compute on the store itself, as
+                                    Hogwild's threads do, instead of each on its own copy pulled as
+                                    its step starts: no copy of the parameters per replica (N fewer
+                                    in memory) and none made per step, each replica's optimizer
+                                    steps the store's values in place (with the Hogwild rule and no
+                                    staleness_lr; otherwise it adds new - old), and an op may see
+                                    another replica's update made during the step. Refused in
+                                    lock-step (max_staleness 0) and with buffers or frozen
+                                    parameters; where the store's sweeps are not vector loops
+                                    (ThreadSanitizer, DTRAIN_NO_SIMD, CPUs other than x86-64 and
+                                    AArch64) the copies are kept, with a warning. Slower than the
+                                    copies on the 2-core machines measured (see "Async data path")
+                                    [0] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;

@@ -28,6 +28,21 @@ DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
 /* The store over the params' data: replicas pull from it and push to it. */
 static dt_result dt__async_create(dt_strategy *s) {
   const dt_strategy_desc *d = &s->desc;
+  if (d->async_in_place) {
+    const char *fn = "dt_strategy_create";
+    /* Lock-step's pushes are sums in replica order (deterministic), and a
+     * buffer's push is what the forward wrote into the replica's values. */
+    if (d->max_staleness == 0)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_in_place in lock-step (max_staleness 0): its steps are "
+                       "deterministic only on copies; use max_staleness >= 1 or unbounded", fn);
+    if (s->nbufr > 0)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_in_place with buffers or frozen parameters (the first at "
+                       "flat index %zu): the forward writes a buffer's new values into the parameters a replica "
+                       "computes on, and the push adds what changed; use copies (async_in_place 0)", fn, s->bufr[0]);
+    if (!dt__shared_direct())
+      dt__log(DTRAIN_LOG_WARN, DTRAIN_OK, "%s: async_in_place: this build or CPU reads the store element by "
+              "element (ThreadSanitizer, DTRAIN_NO_SIMD or not x86-64/AArch64); the replicas keep their copies", fn);
+  }
   s->pstore = dt_pstore_create_local(dt_params_data(s->params), s->size, s->n, d->max_staleness, d->async_update,
                                      d->spin_us);
   if (!s->pstore) return dt_last_result();
@@ -36,13 +51,22 @@ static dt_result dt__async_create(dt_strategy *s) {
   return DTRAIN_OK;
 }
 
-/* Every replica: its own copy, gradient, pulled copy and optimizer (a clone
- * of the given one, at its step count). */
+/* Whether the replicas compute on the store itself (async_in_place in
+ * dt_strategy.h; dt__async_create refused it where it cannot be): only
+ * where the store's sweeps are vector loops (dt__shared_direct). */
+static int dt__async_direct(const dt_strategy *s) { return s->desc.async_in_place && dt__shared_direct(); }
+
+/* Every replica: its gradient and optimizer (a clone of the given one, at
+ * its step count); unless it computes on the store, its own copy of the
+ * parameters and a vector for the buffers' pulled values; the vector for
+ * a checked update (check_numerics) either way. */
 static dt_result dt__async_replica(dt_strategy *s, int r) {
   dt__strategy_replica *R = &s->rep[r];
-  dt_result rc = dt__strategy_bind(s, r, 1, 1, NULL);
+  const int direct = dt__async_direct(s);
+  dt_result rc = dt__strategy_bind(s, r, !direct, 1, NULL);
   if (rc != DTRAIN_OK) return rc;
-  if (!(R->old = dt__strategy_floats(s, NULL))) return dt__strategy_nomem(s);
+  if ((!direct || s->desc.check_numerics) && !(R->old = dt__strategy_floats(s, NULL)))
+    return dt__strategy_nomem(s);
   R->opt = dt_optim_create(s->params, dt_optim_get_options(s->opt));
   if (!R->opt) return dt_last_result();
   dt_optim_set_steps(R->opt, dt_optim_steps(s->opt));
@@ -66,7 +90,18 @@ static int dt__async_fill(void *user, size_t lo, size_t hi, float *d) {
   const dt__async_fill_ctx *c = (const dt__async_fill_ctx *)user;
   dt_strategy *s = c->s;
   dt__strategy_replica *R = &s->rep[c->r];
-  const float *x = R->data;
+  /* x[j]: element lo + j of the values the update starts from. A replica
+   * computing on the store itself (the atomic rule, staleness_lr or
+   * check_numerics) takes them from a copy of the block made now: the
+   * optimizer reads an element more than once (new - pulled), and other
+   * replicas' pushes change the store meanwhile. */
+  float snap[DT__PSTORE_BLOCK];
+  const float *x = R->data + lo;
+  float *store = dt__pstore_local_data(s->pstore);
+  if (R->data == store) {
+    dt__shared_load(snap, (dt__afloat *)store + lo, hi - lo);
+    x = snap;
+  }
   size_t pb, pe, at = lo;
   int tr, dec, any = 0;
   for (int i = dt__params_first_after(s->params, lo); dt__params_range(s->params, i, &pb, &pe, &tr, &dec) && pb < hi;
@@ -75,15 +110,25 @@ static int dt__async_fill(void *user, size_t lo, size_t hi, float *d) {
     if (a > at) memset(d + (at - lo), 0, (a - at) * sizeof(float));
     float *o = d + (a - lo);
     if (tr) {
-      dt__optim_delta_span(R->opt, x + a, o, R->grad, a, e);
+      dt__optim_delta_span(R->opt, x + (a - lo), o, R->grad, a, e);
     } else {
-      for (size_t j = 0; j < e - a; j++) o[j] = x[a + j] - R->old[a + j];
+      for (size_t j = 0; j < e - a; j++) o[j] = x[a - lo + j] - R->old[a + j];
     }
     any = 1;
     at = e;
   }
   if (at < hi) memset(d + (at - lo), 0, (hi - at) * sizeof(float));
   return any;
+}
+
+/* The in-place form of the same (dt__pstore_step_fn): the replica's
+ * optimizer step on the store's elements [lo, hi) themselves, x[0] being
+ * element lo. Only for a replica computing on the store, which has no
+ * buffers: every element is a trainable parameter's or padding. */
+static void dt__async_step(void *user, size_t lo, size_t hi, float *x) {
+  const dt__async_fill_ctx *c = (const dt__async_fill_ctx *)user;
+  dt__strategy_replica *R = &c->s->rep[c->r];
+  dt__optim_step_span(R->opt, x, R->grad, lo, hi);
 }
 
 /* Forward/backward on the pulled copy and the checks. The update is made
@@ -225,7 +270,9 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
       c.s = s;
       c.r = r;
       unsigned long fp = dt__fp_enter();
-      rc = dt__pstore_push_blocks(s->pstore, r, t, dt__async_fill, &c, R->data, &tk);
+      rc = dt__pstore_push_blocks(s->pstore, r, t, dt__async_fill,
+                                  R->data == dt__pstore_local_data(s->pstore) ? dt__async_step : NULL, &c, R->data,
+                                  &tk);
       dt__fp_leave(fp);
       if (rc == DTRAIN_OK) dt_optim_advance(R->opt);
     } else {

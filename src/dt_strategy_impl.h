@@ -310,12 +310,23 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn);
  * right after its add, and the worker's next dt_pstore_pull into the same
  * buffer copies nothing when no other push finished since (during the sweep
  * included): the pull that follows a push made by the push's sweep. The
- * caller must leave pull_into as it is until that pull. DTRAIN_ERR_INTERNAL
- * for a store that is not a local one. */
+ * caller must leave pull_into as it is until that pull; a pull_into that is
+ * the store's own vector (a worker computing on the store itself) is not
+ * copied into. With step, under the Hogwild rule and when the push is not
+ * scaled (staleness_lr), each block is updated in place instead:
+ * step(user, lo, hi, x) makes the update on the store's elements x[0 ..
+ * hi-lo) themselves (an optimizer's step on them, racing other workers'
+ * writes as Hogwild's threads do), without the block of differences.
+ * DTRAIN_ERR_INTERNAL for a store that is not a local one. */
 #define DT__PSTORE_BLOCK ((size_t)2048) /* floats: the block of a pull's and a push's sweep */
 typedef int (*dt__pstore_fill_fn)(void *user, size_t lo, size_t hi, float *d);
+typedef void (*dt__pstore_step_fn)(void *user, size_t lo, size_t hi, float *x);
 DTRAIN_PRIVATE dt_result dt__pstore_push_blocks(dt_pstore *ps, int worker, int64_t clock, dt__pstore_fill_fn fill,
-                                                void *user, float *pull_into, dt_pstore_ticket *tk);
+                                                dt__pstore_step_fn step, void *user, float *pull_into,
+                                                dt_pstore_ticket *tk);
+/* The local store's vector (what dt_pstore_create_local was given); NULL
+ * for another kind of store. */
+DTRAIN_PRIVATE float *dt__pstore_local_data(dt_pstore *ps);
 /* The async family's replica loop (dt_strategy_async.c) and its parts:
  * replica r's batch for its step t (the ticket or the servers' work item,
  * the batch function's batch, b's fields; 0: stop, the job is over or

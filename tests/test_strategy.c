@@ -1372,6 +1372,159 @@ static void test_async_lean_push(void) {
   alarm(0);
 }
 
+/* async_in_place: the replicas compute on the store itself. Their graphs
+ * are bound to the params' own buffer (the store) where the build's sweeps
+ * are vector loops (dt__shared_direct; else a warning, and copies), and not
+ * without the option; refused in lock-step, with a buffer and for another
+ * kind. async(1) in place makes each step in place, exactly the one-device
+ * loop written by hand (dt_optim_step on the params), for every optimizer,
+ * over several 2048-float blocks and the padding between parameters;
+ * without the option it is the plain pull / step on the copy / store +=
+ * new - pulled, by hand, and so it is in place with the atomic rule (an add
+ * of new - old, from a copy of each block made as the push reaches it) and
+ * with check_numerics (the whole update made and checked, then added).
+ * With staleness_lr a push whose scale is 1 (async(1): nobody else pushes)
+ * is made in place too. */
+typedef struct wide_model {
+  dt_params *P;
+  dt_nn_linear l1, l2;
+} wide_model;
+
+static void wide_init(wide_model *m, int64_t width, int with_buffer) {
+  m->P = dt_params_create(21);
+  dt_nn_linear_init(&m->l1, m->P, "l1", NF, width, 1);
+  dt_nn_linear_init(&m->l2, m->P, "l2", width, NC, 1);
+  if (with_buffer) {
+    int64_t bs[1] = {3};
+    dt_params_add_buffer(m->P, "spare", 1, bs, dt_init_zeros());
+  }
+}
+
+static dt_tensor *wide_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
+  wide_model *m = (wide_model *)user;
+  (void)replica;
+  int64_t xs[2] = {b->rows, b->x_cols};
+  dt_tensor *h = dt_tanh(g, dt_nn_linear_forward(g, &m->l1, dt_tensor_wrap(g, 2, xs, (float *)b->x)));
+  return dt_cross_entropy(g, dt_nn_linear_forward(g, &m->l2, h), b->y);
+}
+
+/* 1 when replica r of s computes on the params' buffer itself. */
+static int async_on_store(dt_strategy *s, dt_params *P, int r) {
+  dt_graph *g = dt_strategy_graph(s, r);
+  dt_graph_reset(g);
+  return dt_param(g, 0)->data == dt_params_data(P);
+}
+
+static void test_async_direct(void) {
+  watchdog(120);
+  enum { W = 1000, K = 10, B = 24 };
+  const int direct = dt__shared_direct();
+  /* where the replicas compute */
+  for (int c = 0; c < 3; c++) {
+    wide_model m;
+    wide_init(&m, 40, 0);
+    dt_optim *o = make_opt(m.P, DTRAIN_OPTIM_ADAM, 0.01f, 0.0f, 0.0f);
+    dt_strategy_options sd = dt_strategy_async(2, c == 1 ? 3 : DTRAIN_STALENESS_UNBOUNDED);
+    sd.async_in_place = c > 0;
+    dt_strategy *s = dt_strategy_create(m.P, o, wide_step, &m, &sd);
+    CHECK(s != NULL);
+    const int want = direct && c > 0;
+    for (int r = 0; s && r < 2; r++)
+      CHECK_MSG(async_on_store(s, m.P, r) == want, "case %d: replica %d %s the store (direct %d)", c, r,
+                want ? "does not compute on" : "computes on", direct);
+    for (int k = 0; s && k < 3; k++) {
+      dt_minibatch b = batch_at(k, B);
+      CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+    }
+    dt_strategy_destroy(s);
+    dt_optim_destroy(o);
+    dt_params_destroy(m.P);
+  }
+  /* refused: lock-step, a buffer, another kind */
+  quiet();
+  for (int c = 0; c < 3; c++) {
+    wide_model m;
+    wide_init(&m, 40, c == 1);
+    dt_optim *o = make_opt(m.P, DTRAIN_OPTIM_ADAM, 0.01f, 0.0f, 0.0f);
+    dt_strategy_options sd = c == 2 ? dt_strategy_mirrored(2) : dt_strategy_async(2, c == 0 ? 0 : 2);
+    sd.async_in_place = 1;
+    CHECK(dt_strategy_create(m.P, o, wide_step, &m, &sd) == NULL);
+    CHECK_MSG(dt_last_result() == DTRAIN_ERR_UNSUPPORTED && strstr(dt_last_error(), "async_in_place") != NULL,
+              "case %d: %s", c, dt_last_error());
+    dt_optim_destroy(o);
+    dt_params_destroy(m.P);
+  }
+  /* async(1) against the loops by hand */
+  for (int variant = 0; variant < 4; variant++) {
+    for (int mode = 0; mode < 5; mode++) { /* in place; copies; in place + staleness_lr, + atomic, + check_numerics */
+      dt_optim_options od;
+      memset(&od, 0, sizeof od);
+      const dt_optim_kind kinds[4] = {DTRAIN_OPTIM_ADAM, DTRAIN_OPTIM_ADAMW, DTRAIN_OPTIM_SGD, DTRAIN_OPTIM_RMSPROP};
+      od.kind = kinds[variant];
+      od.lr = 0.01f;
+      od.weight_decay = 0.05f;
+      od.momentum = variant >= 2 ? 0.9f : 0.0f;
+      od.nesterov = variant == 2;
+      const int in_place = direct && (mode == 0 || mode == 2); /* staleness_lr: one replica's scale is 1 */
+      wide_model h;
+      wide_init(&h, W, 0);
+      size_t n = dt_params_size(h.P);
+      float *store = (float *)malloc(n * sizeof(float)), *old = (float *)malloc(n * sizeof(float));
+      memcpy(store, dt_params_data(h.P), n * sizeof(float));
+      dt_optim *ho = dt_optim_create(h.P, &od);
+      dt_graph *g = dt_graph_create(h.P, NULL);
+      int ok = 1;
+      for (int k = 0; k < K && ok; k++) {
+        float *x = dt_params_data(h.P);
+        if (!in_place) {
+          memcpy(x, store, n * sizeof(float));
+          memcpy(old, store, n * sizeof(float));
+        }
+        dt_graph_reset(g);
+        dt_params_zero_grad(h.P);
+        dt_minibatch b = batch_at(k, B);
+        b.step = k;
+        ok = dt_backward(g, wide_step(g, 0, &b, &h)) == DTRAIN_OK && dt_optim_step(ho) == DTRAIN_OK;
+        if (in_place) continue;
+        for (size_t i = 0; i < n; i++) {
+          float d = x[i] - old[i];
+          if (d != 0.0f) store[i] = store[i] + d;
+        }
+      }
+      CHECK(ok);
+      if (in_place) memcpy(store, dt_params_data(h.P), n * sizeof(float));
+      wide_model m;
+      wide_init(&m, W, 0);
+      dt_optim *o = dt_optim_create(m.P, &od);
+      dt_strategy_options sd = dt_strategy_async(1, DTRAIN_STALENESS_UNBOUNDED);
+      sd.async_in_place = mode != 1;
+      sd.staleness_lr = mode == 2;
+      sd.async_update = mode == 3 ? DTRAIN_ASYNC_ATOMIC : DTRAIN_ASYNC_HOGWILD;
+      sd.check_numerics = mode == 4;
+      dt_strategy *s = dt_strategy_create(m.P, o, wide_step, &m, &sd);
+      CHECK(s != NULL);
+      if (s) CHECK(async_on_store(s, m.P, 0) == (direct && mode != 1));
+      for (int k = 0; s && k < K; k++) {
+        dt_minibatch b = batch_at(k, B);
+        CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+      }
+      CHECK(n > 4 * 2048);
+      CHECK_MSG(memcmp(dt_params_data(m.P), store, n * sizeof(float)) == 0,
+                "optimizer %d, mode %d: async(1) differs from the loop by hand (relative %g)", variant, mode,
+                rel_err(dt_params_data(m.P), store, n));
+      dt_strategy_destroy(s);
+      dt_optim_destroy(o);
+      dt_params_destroy(m.P);
+      dt_graph_destroy(g);
+      dt_optim_destroy(ho);
+      dt_params_destroy(h.P);
+      free(store);
+      free(old);
+    }
+  }
+  alarm(0);
+}
+
 /* No update is lost with DTRAIN_ASYNC_ATOMIC through the block-by-block push:
  * loss = sum(x @ W + b) with x all ones gives every parameter the gradient 1,
  * so SGD with lr 1 from integer values makes every update exactly -1, and
@@ -1404,7 +1557,8 @@ static void test_async_no_lost_update(void) {
   watchdog(120);
   for (int i = 0; i < 64; i++) count_ones[i] = 1.0f;
   enum { STEPS = 400 };
-  for (int upd = 0; upd < 2; upd++) {
+  for (int c = 0; c < 4; c++) { /* each rule, on copies and in place (where the build can) */
+    const int upd = c & 1;
     count_model m;
     m.P = dt_params_create(13);
     dt_nn_linear_init(&m.lin, m.P, "lin", 64, 40, 1); /* 2600 floats: two blocks */
@@ -1413,6 +1567,7 @@ static void test_async_no_lost_update(void) {
     dt_optim *o = make_opt(m.P, DTRAIN_OPTIM_SGD, 1.0f, 0.0f, 0.0f);
     dt_strategy_options sd = dt_strategy_async(2, DTRAIN_STALENESS_UNBOUNDED);
     sd.async_update = upd ? DTRAIN_ASYNC_ATOMIC : DTRAIN_ASYNC_HOGWILD;
+    sd.async_in_place = c >> 1;
     dt_strategy *s = dt_strategy_create(m.P, o, count_step, &m, &sd);
     CHECK(s && dt_strategy_run(s, STEPS, count_next, NULL, NULL) == DTRAIN_OK);
     dt_strategy_stats st;
@@ -1431,7 +1586,9 @@ static void test_async_no_lost_update(void) {
         outside += !(v >= -P && v <= 0.0f && v == floorf(v));
       }
     }
-    if (upd) CHECK_MSG(wrong == 0, "atomic rule: %d of %zu parameters lost updates", wrong, wi.size + bi.size);
+    if (upd)
+      CHECK_MSG(wrong == 0, "atomic rule, in place %d: %d of %zu parameters lost updates", c >> 1, wrong,
+                wi.size + bi.size);
     CHECK_MSG(outside == 0, "update rule %d: %d parameters not an integer in [-%g, 0]", upd, outside, (double)P);
     dt_strategy_destroy(s);
     dt_optim_destroy(o);
@@ -1824,6 +1981,7 @@ int main(void) {
   TH_RUN(test_loss_must_be_scalar);
   TH_RUN(test_batch_norm_buffers);
   TH_RUN(test_async_lean_push);
+  TH_RUN(test_async_direct);
   TH_RUN(test_async_no_lost_update);
   TH_RUN(test_sync_after_manual_change);
   return th_summary("strategy");

@@ -750,7 +750,7 @@ static void test_push_blocks(void) {
     dt_pstore_ticket tk;
     memset(&tk, 0, sizeof tk);
     CHECK(dt_pstore_pull(ps, 0, 0, mine, N, &tk) == DTRAIN_OK);
-    CHECK(dt__pstore_push_blocks(ps, 0, 0, blocks_fill_fn, &f, mine, &tk) == DTRAIN_OK);
+    CHECK(dt__pstore_push_blocks(ps, 0, 0, blocks_fill_fn, NULL, &f, mine, &tk) == DTRAIN_OK);
     CHECK(f.calls == 3);
     if (scene == 1) { /* worker 1 pushes +10 after the sweep */
       float ten[N];
@@ -772,7 +772,64 @@ static void test_push_blocks(void) {
     dt_pstore_destroy(ps);
   }
   /* only a local store's */
-  CHECK(dt__pstore_push_blocks(NULL, 0, 0, blocks_fill_fn, NULL, NULL, NULL) == DTRAIN_ERR_INTERNAL);
+  CHECK(dt__pstore_push_blocks(NULL, 0, 0, blocks_fill_fn, NULL, NULL, NULL, NULL) == DTRAIN_ERR_INTERNAL);
+  alarm(0);
+}
+
+/* With a step function (a worker computing on the store itself): under the
+ * Hogwild rule each block is updated in place by step, given the store's
+ * own elements, and fill is not called; under the atomic rule fill's
+ * differences are added as before and step is not called. A pull_into that
+ * is the store, and a pull into the store, copy nothing. */
+typedef struct blocks_step {
+  float *store;
+  int calls, bad_at;
+} blocks_step;
+
+static void blocks_step_fn(void *user, size_t lo, size_t hi, float *x) {
+  blocks_step *b = (blocks_step *)user;
+  b->calls++;
+  if (x != b->store + lo) b->bad_at++;
+  for (size_t i = 0; i < hi - lo; i++) x[i] = x[i] * 2.0f + 2.0f;
+}
+
+static int blocks_step_fill(void *user, size_t lo, size_t hi, float *d) {
+  (void)user;
+  for (size_t i = 0; i < hi - lo; i++) d[i] = (float)((lo + i) % 7);
+  return 1;
+}
+
+static void test_push_blocks_in_place(void) {
+  watchdog(60);
+  enum { N = 5000 };
+  static float store[N];
+  for (int rule = 0; rule < 2; rule++) {
+    for (int i = 0; i < N; i++) store[i] = (float)(i % 5);
+    dt_pstore *ps = dt_pstore_create_local(store, N, 2, DTRAIN_STALENESS_UNBOUNDED,
+                                           rule ? DTRAIN_ASYNC_ATOMIC : DTRAIN_ASYNC_HOGWILD, 0);
+    CHECK(ps != NULL);
+    if (!ps) continue;
+    CHECK(dt__pstore_local_data(ps) == store);
+    blocks_step b;
+    b.store = store;
+    b.calls = b.bad_at = 0;
+    dt_pstore_ticket tk;
+    memset(&tk, 0, sizeof tk);
+    CHECK(dt_pstore_pull(ps, 0, 0, store, N, &tk) == DTRAIN_OK); /* into the store: nothing to copy */
+    CHECK(dt__pstore_push_blocks(ps, 0, 0, blocks_step_fill, blocks_step_fn, &b, store, &tk) == DTRAIN_OK);
+    CHECK_MSG(b.calls == (rule ? 0 : 3) && b.bad_at == 0, "rule %d: step called %d times (%d not on the store)",
+              rule, b.calls, b.bad_at);
+    CHECK(dt_pstore_pull(ps, 0, 1, store, N, &tk) == DTRAIN_OK);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+      float x = (float)(i % 5), want = rule ? x + (float)(i % 7) : x * 2.0f + 2.0f;
+      bad += store[i] != want;
+    }
+    CHECK_MSG(bad == 0, "rule %d: %d elements differ", rule, bad);
+    CHECK(dt_pstore_version(ps) == 1);
+    dt_pstore_destroy(ps);
+  }
+  CHECK(dt__pstore_local_data(NULL) == NULL);
   alarm(0);
 }
 #endif /* DTRAIN_NO_DIST */
@@ -790,6 +847,7 @@ int main(void) {
   }
 #if !defined(DTRAIN_NO_DIST)
   TH_RUN(test_push_blocks);
+  TH_RUN(test_push_blocks_in_place);
 #endif
   TH_RUN(test_equals_mirrored);
   TH_RUN(test_repeats_bitwise);
