@@ -258,6 +258,7 @@ xor: $(BUILD)/examples/01_xor
 $(BUILD)/bench/%: bench/%.c dtrain.h
 	@mkdir -p $(dir $@)
 	$(CC) $(STD) -O3 -march=native -g $(EXTRA_CFLAGS) -I. $< -o $@ $(LDLIBS)
+$(BUILD)/bench/bench_async $(BUILD)/bench/bench_strategy: bench/bench_cores.h
 
 # The comparison bench is built like users build (-O2, no -march): the GEMM
 # kernel is the one dtrain picks at run time.

@@ -2821,8 +2821,8 @@ typedef struct dt_strategy_options {
                                     parameters; where the store's sweeps are not vector loops
                                     (ThreadSanitizer, DTRAIN_NO_SIMD, CPUs other than x86-64 and
                                     AArch64) the copies are kept, with a warning. Slower than the
-                                    copies on the 2-core machines measured (see "Async data path")
-                                    [0] */
+                                    copies where the cores hand cache lines over slowly (a VM's
+                                    vCPUs on two core complexes; see "Async data path") [0] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;

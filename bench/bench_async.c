@@ -53,6 +53,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "bench_cores.h"
 
 #define NIN 784
 #define NHID 64
@@ -405,6 +406,7 @@ int main(int argc, char **argv) {
     printf("  %-22s  %-40s  %s\n", "async/mirrored", "1:4: async / (1.25 x one_device(B/2))",
            "in place: /mirrored, 1:4");
   }
+  if (!ps_only) print_cores("before");
   double medians[2][2] = {{0}};
   for (int bi = 0; bi < 2 && !ps_only; bi++) {
     double best[NK] = {0}, ratio[2][MAX_ROUNDS];
@@ -425,6 +427,7 @@ int main(int argc, char **argv) {
     printf("  %3.0f%% (goal >= %d%%)%23s", 100.0 * best[4] / (1.25 * best[1]), bi == 0 ? 90 : 95, "");
     printf("  %.2fx, %.0f%%\n", best[5] / best[2], 100.0 * best[6] / (1.25 * best[1]));
   }
+  if (!ps_only) print_cores("after");
   if (!ps_only)
     printf("median over the rounds of each round's ratio to mirrored(2): async %.2fx at 64, %.2fx at 256; "
            "in place %.2fx, %.2fx\n", medians[0][0], medians[1][0], medians[0][1], medians[1][1]);

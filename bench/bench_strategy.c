@@ -14,7 +14,9 @@
  * steps from fresh weights, the mean step time with subnormal floats flushed
  * (dtrain's default) and kept (dt_set_flush_denormals(0)), alternating.
  * Then the cache hand-off (dt_strategy.h): mirrored(2) without and with it
- * (DTRAIN_CACHE_HANDOFF=0 / 1), batch 64 and 256.
+ * (DTRAIN_CACHE_HANDOFF=0 / 1), batch 64 and 256. Before and after the
+ * table, how fast the host hands cache lines between its cores
+ * (bench_cores.h), which sets how close to 2x mirrored(2) can get.
  * Timings only: nothing is asserted. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #define DTRAIN_IMPLEMENTATION
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "bench_cores.h"
 
 #define NSAMPLES 4096
 #define ROUNDS 6
@@ -150,6 +153,7 @@ int main(void) {
   printf("%6s", "batch");
   for (int k = 0; k < NS; k++) printf("  %20s", names[k]);
   printf("  %s\n", "mirrored(2)/one_device");
+  print_cores("before");
   for (int bi = 0; bi < 3; bi++) {
     double best[NS] = {0}, wait[NS] = {0};
     for (int round = 0; round < ROUNDS; round++)
@@ -166,6 +170,7 @@ int main(void) {
     const char *goal = batches[bi] == 64 ? " (goal >= 1.8x)" : batches[bi] == 256 ? " (goal >= 1.9x)" : "";
     printf("  %.2fx%s\n", best[1] / best[0], goal);
   }
+  print_cores("after");
   /* The cache hand-off (dt_strategy.h): mirrored(2) without and with it,
    * alternating, best of ROUNDS. */
   {
