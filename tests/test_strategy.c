@@ -1297,6 +1297,84 @@ static void lean_model(bn_model *m, int64_t width) {
   dt_nn_linear_init(&m->l2, m->P, "l2", width, NC, 1);
 }
 
+/* The optimizers of the async bit-for-bit tests: Adam with L2 decay, AdamW,
+ * SGD with Nesterov momentum, RMSprop with momentum. */
+static dt_optim_options async_variant(int variant) {
+  dt_optim_options od;
+  memset(&od, 0, sizeof od);
+  const dt_optim_kind kinds[4] = {DTRAIN_OPTIM_ADAM, DTRAIN_OPTIM_ADAMW, DTRAIN_OPTIM_SGD, DTRAIN_OPTIM_RMSPROP};
+  od.kind = kinds[variant];
+  od.lr = 0.01f;
+  od.weight_decay = 0.05f;
+  od.momentum = variant >= 2 ? 0.9f : 0.0f;
+  od.nesterov = variant == 2;
+  return od;
+}
+
+/* async(1)'s algorithm written out on a fresh model (P, step, user): K steps
+ * of B rows (batch_at). In place, the one-device loop; on copies: pull,
+ * forward/backward, the optimizer's step on the copy, store += new - pulled
+ * where that is not 0. The final values into out (P's size). 1 on success. */
+static int async_by_hand(dt_params *P, const dt_optim_options *od, dt_step_fn step, void *user, int K, int64_t B,
+                         int in_place, float *out) {
+  size_t n = dt_params_size(P);
+  float *x = dt_params_data(P), *old = (float *)malloc(n * sizeof(float));
+  memcpy(out, x, n * sizeof(float));
+  dt_optim *o = dt_optim_create(P, od);
+  dt_graph *g = dt_graph_create(P, NULL);
+  int ok = old && o && g;
+  for (int k = 0; k < K && ok; k++) {
+    if (!in_place) {
+      memcpy(x, out, n * sizeof(float));
+      memcpy(old, out, n * sizeof(float));
+    }
+    dt_graph_reset(g);
+    dt_params_zero_grad(P);
+    dt_minibatch b = batch_at(k, B);
+    b.step = k;
+    ok = dt_backward(g, step(g, 0, &b, user)) == DTRAIN_OK && dt_optim_step(o) == DTRAIN_OK;
+    for (size_t i = 0; !in_place && i < n; i++) {
+      float d = x[i] - old[i];
+      if (d != 0.0f) out[i] = out[i] + d;
+    }
+  }
+  if (in_place) memcpy(out, x, n * sizeof(float));
+  dt_graph_destroy(g);
+  dt_optim_destroy(o);
+  free(old);
+  return ok;
+}
+
+/* The same K steps through the strategy sd (async(1)) on a fresh model;
+ * 1 when its parameters equal want bit for bit (else says how far, with
+ * what). on_store >= 0: the replica must (1) or must not (0) compute on
+ * the params' buffer. */
+static int async_run_equals(dt_params *P, const dt_optim_options *od, dt_step_fn step, void *user,
+                            const dt_strategy_options *sd, int K, int64_t B, int on_store, const float *want,
+                            const char *what) {
+  size_t n = dt_params_size(P);
+  dt_optim *o = dt_optim_create(P, od);
+  dt_strategy *s = dt_strategy_create(P, o, step, user, sd);
+  int ok = s != NULL;
+  if (s && on_store >= 0) {
+    dt_graph *g = dt_strategy_graph(s, 0);
+    dt_graph_reset(g);
+    ok = (dt_param(g, 0)->data == dt_params_data(P)) == on_store;
+    if (!ok) fprintf(stderr, "%s: the replica %s the store\n", what, on_store ? "does not compute on" : "computes on");
+  }
+  for (int k = 0; ok && k < K; k++) {
+    dt_minibatch b = batch_at(k, B);
+    ok = dt_strategy_step(s, &b, NULL) == DTRAIN_OK;
+  }
+  if (ok && memcmp(dt_params_data(P), want, n * sizeof(float)) != 0) {
+    fprintf(stderr, "%s: differs from the loop by hand (relative %g)\n", what, rel_err(dt_params_data(P), want, n));
+    ok = 0;
+  }
+  dt_strategy_destroy(s);
+  dt_optim_destroy(o);
+  return ok;
+}
+
 /* async pushes block by block (the replica's optimizer step on each block of
  * its pulled copy, added to the store while in the cache, the next pull
  * copied by the same sweep); check_numerics makes the whole update first.
@@ -1311,62 +1389,21 @@ static void test_async_lean_push(void) {
   enum { W = 600, K = 12, B = 24 };
   for (int variant = 0; variant < 4; variant++) {
     for (int numerics = 0; numerics < 2; numerics++) {
-      dt_optim_options od;
-      memset(&od, 0, sizeof od);
-      const dt_optim_kind kinds[4] = {DTRAIN_OPTIM_ADAM, DTRAIN_OPTIM_ADAMW, DTRAIN_OPTIM_SGD, DTRAIN_OPTIM_RMSPROP};
-      od.kind = kinds[variant];
-      od.lr = 0.01f;
-      od.weight_decay = 0.05f;
-      od.momentum = variant >= 2 ? 0.9f : 0.0f;
-      od.nesterov = variant == 2;
-      /* by hand */
-      bn_model h;
+      dt_optim_options od = async_variant(variant);
+      bn_model h, m;
       lean_model(&h, W);
-      size_t n = dt_params_size(h.P);
-      float *store = (float *)malloc(n * sizeof(float)), *old = (float *)malloc(n * sizeof(float));
-      memcpy(store, dt_params_data(h.P), n * sizeof(float));
-      dt_optim *ho = dt_optim_create(h.P, &od);
-      dt_graph *g = dt_graph_create(h.P, NULL);
-      int ok = 1;
-      for (int k = 0; k < K && ok; k++) {
-        float *x = dt_params_data(h.P);
-        memcpy(x, store, n * sizeof(float));
-        memcpy(old, store, n * sizeof(float));
-        dt_graph_reset(g);
-        dt_params_zero_grad(h.P);
-        dt_minibatch b = batch_at(k, B);
-        b.step = k;
-        ok = dt_backward(g, bn_step(g, 0, &b, &h)) == DTRAIN_OK && dt_optim_step(ho) == DTRAIN_OK;
-        for (size_t i = 0; i < n; i++) {
-          float d = x[i] - old[i];
-          if (d != 0.0f) store[i] = store[i] + d;
-        }
-      }
-      CHECK(ok);
-      /* the strategy */
-      bn_model m;
       lean_model(&m, W);
-      dt_optim *o = dt_optim_create(m.P, &od);
+      size_t n = dt_params_size(h.P);
+      float *store = (float *)malloc(n * sizeof(float));
+      CHECK(n > 4 * 2048 && store && async_by_hand(h.P, &od, bn_step, &h, K, B, 0, store));
       dt_strategy_options sd = dt_strategy_async(1, DTRAIN_STALENESS_UNBOUNDED);
       sd.check_numerics = numerics;
-      dt_strategy *s = dt_strategy_create(m.P, o, bn_step, &m, &sd);
-      CHECK(s != NULL);
-      for (int k = 0; s && k < K; k++) {
-        dt_minibatch b = batch_at(k, B);
-        CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
-      }
-      CHECK(n > 4 * 2048);
-      CHECK_MSG(memcmp(dt_params_data(m.P), store, n * sizeof(float)) == 0,
-                "optimizer %d, check_numerics %d: async(1) differs from the plain algorithm (relative %g)", variant,
-                numerics, rel_err(dt_params_data(m.P), store, n));
-      dt_strategy_destroy(s);
-      dt_optim_destroy(o);
+      char what[96];
+      snprintf(what, sizeof what, "optimizer %d, check_numerics %d: async(1)", variant, numerics);
+      CHECK_MSG(async_run_equals(m.P, &od, bn_step, &m, &sd, K, B, -1, store, what), "%s", what);
       dt_params_destroy(m.P);
-      dt_graph_destroy(g);
-      dt_optim_destroy(ho);
       dt_params_destroy(h.P);
       free(store);
-      free(old);
     }
   }
   alarm(0);
@@ -1457,69 +1494,25 @@ static void test_async_direct(void) {
   /* async(1) against the loops by hand */
   for (int variant = 0; variant < 4; variant++) {
     for (int mode = 0; mode < 5; mode++) { /* in place; copies; in place + staleness_lr, + atomic, + check_numerics */
-      dt_optim_options od;
-      memset(&od, 0, sizeof od);
-      const dt_optim_kind kinds[4] = {DTRAIN_OPTIM_ADAM, DTRAIN_OPTIM_ADAMW, DTRAIN_OPTIM_SGD, DTRAIN_OPTIM_RMSPROP};
-      od.kind = kinds[variant];
-      od.lr = 0.01f;
-      od.weight_decay = 0.05f;
-      od.momentum = variant >= 2 ? 0.9f : 0.0f;
-      od.nesterov = variant == 2;
+      dt_optim_options od = async_variant(variant);
       const int in_place = direct && (mode == 0 || mode == 2); /* staleness_lr: one replica's scale is 1 */
-      wide_model h;
+      wide_model h, m;
       wide_init(&h, W, 0);
-      size_t n = dt_params_size(h.P);
-      float *store = (float *)malloc(n * sizeof(float)), *old = (float *)malloc(n * sizeof(float));
-      memcpy(store, dt_params_data(h.P), n * sizeof(float));
-      dt_optim *ho = dt_optim_create(h.P, &od);
-      dt_graph *g = dt_graph_create(h.P, NULL);
-      int ok = 1;
-      for (int k = 0; k < K && ok; k++) {
-        float *x = dt_params_data(h.P);
-        if (!in_place) {
-          memcpy(x, store, n * sizeof(float));
-          memcpy(old, store, n * sizeof(float));
-        }
-        dt_graph_reset(g);
-        dt_params_zero_grad(h.P);
-        dt_minibatch b = batch_at(k, B);
-        b.step = k;
-        ok = dt_backward(g, wide_step(g, 0, &b, &h)) == DTRAIN_OK && dt_optim_step(ho) == DTRAIN_OK;
-        if (in_place) continue;
-        for (size_t i = 0; i < n; i++) {
-          float d = x[i] - old[i];
-          if (d != 0.0f) store[i] = store[i] + d;
-        }
-      }
-      CHECK(ok);
-      if (in_place) memcpy(store, dt_params_data(h.P), n * sizeof(float));
-      wide_model m;
       wide_init(&m, W, 0);
-      dt_optim *o = dt_optim_create(m.P, &od);
+      size_t n = dt_params_size(h.P);
+      float *store = (float *)malloc(n * sizeof(float));
+      CHECK(n > 4 * 2048 && store && async_by_hand(h.P, &od, wide_step, &h, K, B, in_place, store));
       dt_strategy_options sd = dt_strategy_async(1, DTRAIN_STALENESS_UNBOUNDED);
       sd.async_in_place = mode != 1;
       sd.staleness_lr = mode == 2;
       sd.async_update = mode == 3 ? DTRAIN_ASYNC_ATOMIC : DTRAIN_ASYNC_HOGWILD;
       sd.check_numerics = mode == 4;
-      dt_strategy *s = dt_strategy_create(m.P, o, wide_step, &m, &sd);
-      CHECK(s != NULL);
-      if (s) CHECK(async_on_store(s, m.P, 0) == (direct && mode != 1));
-      for (int k = 0; s && k < K; k++) {
-        dt_minibatch b = batch_at(k, B);
-        CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
-      }
-      CHECK(n > 4 * 2048);
-      CHECK_MSG(memcmp(dt_params_data(m.P), store, n * sizeof(float)) == 0,
-                "optimizer %d, mode %d: async(1) differs from the loop by hand (relative %g)", variant, mode,
-                rel_err(dt_params_data(m.P), store, n));
-      dt_strategy_destroy(s);
-      dt_optim_destroy(o);
+      char what[96];
+      snprintf(what, sizeof what, "optimizer %d, mode %d: async(1)", variant, mode);
+      CHECK_MSG(async_run_equals(m.P, &od, wide_step, &m, &sd, K, B, direct && mode != 1, store, what), "%s", what);
       dt_params_destroy(m.P);
-      dt_graph_destroy(g);
-      dt_optim_destroy(ho);
       dt_params_destroy(h.P);
       free(store);
-      free(old);
     }
   }
   alarm(0);
