@@ -456,11 +456,12 @@ typedef struct dt_strategy_options {
                                     "Pushed early to the servers") [0] */
   int async_in_place;            /* async: nonzero: the replicas compute on the store itself, as
                                     Hogwild's threads do, instead of each on its own copy pulled as
-                                    its step starts: no copy of the parameters per replica (N fewer
-                                    in memory) and none made per step, each replica's optimizer
-                                    steps the store's values in place (with the Hogwild rule and no
-                                    staleness_lr; otherwise it adds new - old), and an op may see
-                                    another replica's update made during the step. Refused in
+                                    its step starts: no copy of the parameters per replica, nor
+                                    (without check_numerics) a vector of old values, nothing copied
+                                    per step; each replica's optimizer steps the store's values in
+                                    place (with the Hogwild rule and no staleness_lr; otherwise it
+                                    adds new - old), and an op may see another replica's update
+                                    made during the step. Refused in
                                     lock-step (max_staleness 0) and with buffers or frozen
                                     parameters; where the store's sweeps are not vector loops
                                     (ThreadSanitizer, DTRAIN_NO_SIMD, CPUs other than x86-64 and
