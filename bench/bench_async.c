@@ -427,10 +427,11 @@ int main(int argc, char **argv) {
     printf("  %3.0f%% (goal >= %d%%)%23s", 100.0 * best[4] / (1.25 * best[1]), bi == 0 ? 90 : 95, "");
     printf("  %.2fx, %.0f%%\n", best[5] / best[2], 100.0 * best[6] / (1.25 * best[1]));
   }
-  if (!ps_only) print_cores("after");
-  if (!ps_only)
+  if (!ps_only) {
+    print_cores("after");
     printf("median over the rounds of each round's ratio to mirrored(2): async %.2fx at 64, %.2fx at 256; "
            "in place %.2fx, %.2fx\n", medians[0][0], medians[1][0], medians[0][1], medians[1][1]);
+  }
 
   if (first_only) return 0;
   /* 3: the staleness-bound curve */

@@ -54,7 +54,7 @@ static void print_cores(const char *when) {
   xcore x;
   pthread_t th;
   /* the hand-off: the flag goes back and forth 20000 times */
-  atomic_store(&x.turn, 1);
+  atomic_init(&x.turn, 1);
   x.rounds = 20000;
   x.buf = NULL;
   if (pthread_create(&th, NULL, xcore_other, &x) != 0) return;

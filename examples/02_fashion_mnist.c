@@ -226,10 +226,6 @@ static int epoch_end(const dt_fit_epoch *e, void *user) {
   return a->stop_at_target;
 }
 
-/* The --json fields of the async kinds (async, parameter_server): each push's
- * staleness (updates by others between its pull and its push) as mean, max and
- * histogram (counts for 0, 1, 2, ...; the last bin counts that many or more),
- * and whether --staleness-lr scaled the updates. "" for the others. */
 /* Bytes this process sent to (received: from) the others per step
  * (multi_worker_mirrored, a parameter_server worker; 0 in one process). */
 static double wire_per_step(dt_strategy *s, int received) {
@@ -238,7 +234,12 @@ static double wire_per_step(dt_strategy *s, int received) {
   return (double)(received ? st.wire_bytes_received : st.wire_bytes) / (double)st.steps;
 }
 
-static const char *staleness_json(dt_strategy *s, int staleness_lr) {
+/* The --json fields of the async kinds (async, parameter_server): each push's
+ * staleness (updates by others between its pull and its push) as mean, max and
+ * histogram (counts for 0, 1, 2, ...; the last bin counts that many or more),
+ * whether --staleness-lr scaled the updates and (async) whether --async-in-place
+ * was asked for. "" for the others. */
+static const char *staleness_json(dt_strategy *s, int staleness_lr, int in_place) {
   static char buf[2048];
   dt_strategy_stats st;
   buf[0] = '\0';
@@ -248,9 +249,11 @@ static const char *staleness_json(dt_strategy *s, int staleness_lr) {
   int last = 0;
   for (int i = 0; i < DTRAIN_STALENESS_BINS; i++)
     if (st.staleness_hist[i]) last = i;
-  size_t n = (size_t)snprintf(buf, sizeof buf, ",\"staleness_mean\":%.3f,\"staleness_max\":%lld,\"staleness_lr\":%s,"
+  size_t n = (size_t)snprintf(buf, sizeof buf, ",\"staleness_mean\":%.3f,\"staleness_max\":%lld,\"staleness_lr\":%s,%s"
                               "\"staleness_hist\":[", st.staleness_mean, (long long)st.staleness_max,
-                              staleness_lr ? "true" : "false");
+                              staleness_lr ? "true" : "false",
+                              st.kind != DTRAIN_STRATEGY_ASYNC ? "" : in_place ? "\"async_in_place\":true," :
+                                                                             "\"async_in_place\":false,");
   for (int i = 0; i <= last && n < sizeof buf - 24; i++)
     n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%lld", i ? "," : "", (long long)st.staleness_hist[i]);
   snprintf(buf + n, sizeof buf - n, "]");
@@ -953,7 +956,7 @@ int main(int argc, char **argv) {
            dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy, 0),
            wire_per_step(a.strategy, 1), a.o.overlap, a.o.push_early, a.o.precision, world, a.o.batch, global_sps, sh_compute, sh_comm,
            sh_wait, sh_other, target,
-           staleness_json(a.strategy, a.o.staleness_lr), a.o.profile ? profile_json() : "");
+           staleness_json(a.strategy, a.o.staleness_lr, a.o.async_in_place), a.o.profile ? profile_json() : "");
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);

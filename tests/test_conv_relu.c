@@ -20,7 +20,6 @@ static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a
 
 static const char *const isa_names[] = {"portable", "avx2", "avx512", "neon"};
 
-
 static dt_tensor *f_fused(dt_graph *g, dt_tensor **in, void *ctx) {
   int *sp = (int *)ctx;
   return dt_conv2d_relu(g, in[0], in[1], in[2], sp[0], sp[1]);

@@ -131,7 +131,6 @@ static const shape shapes[] = {
 
 static const char *const isa_names[] = {"portable", "avx2", "avx512", "neon"};
 
-
 /* mode 0: plain dt_sgemm (alpha, beta); 1: epilogue bias + ReLU; 2: row bias + ReLU */
 static void run(const shape *s, int ta, int tb, int mode, const float *a, const float *b, const float *bias,
                 const float *rbias, float alpha, float beta, const float *c0, float *c) {

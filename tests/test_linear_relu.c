@@ -70,7 +70,6 @@ static int run_once(const shape *s, const float *x, const float *w, const float 
 
 static const char *const isa_names[] = {"portable", "avx2", "avx512", "neon"};
 
-
 static void test_same_as_unfused(void) {
   /* KC is 256, MC 96, NC 768 (192 on the stack: test_gemm_panels); MR 6 or 8, NR 8-32 by path */
   static const shape shapes[] = {
