@@ -2824,6 +2824,23 @@ typedef struct dt_strategy_options {
                                     AArch64) the copies are kept, with a warning. Slower than the
                                     copies where the cores hand cache lines over slowly (a VM's
                                     vCPUs on two core complexes; see "Async data path") [0] */
+  int async_sharded;             /* async: nonzero: each replica owns a slice of the parameters
+                                    (replica r the store's 2048-float blocks [r B / N, (r+1) B / N)
+                                    of B) and is the only one to update it: a step hands the other
+                                    slices of its gradient to their owners (a pair of buffers per
+                                    replica pair, no lock, no wait) and applies its optimizer to its
+                                    own slice once, with the mean of its gradient and every gradient
+                                    handed to it since its last step (as a mirrored step averages
+                                    its replicas'). Each gradient is applied exactly once (no update
+                                    lost, under either async_update rule), and the optimizer runs
+                                    over 1/N of the parameters a step instead of all of them. What
+                                    is still in the buffers when a run or step ends is applied by
+                                    its owner then. A slow replica's slice is updated at its pace,
+                                    with the mean of more gradients a step; bound the staleness
+                                    (max_staleness) to keep the owners in step. Refused in
+                                    lock-step (max_staleness 0), with buffers or frozen
+                                    parameters, with check_numerics, and for other kinds; combines
+                                    with async_in_place (see "Async with owners") [0] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;
@@ -5017,6 +5034,9 @@ DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size
 /* dt__vec_add that also says whether every sum is finite (1) or not (0): the
  * check rides on the values in registers, no second pass. */
 DTRAIN_PRIVATE int dt__vec_add_finite(float *dst, const float *a, const float *b, size_t n);
+/* dst[i] = (a[i] + b[i]) * scale (b NULL: a[i] * scale), element by element
+ * as dt__vec_add; dst may be a or b. */
+DTRAIN_PRIVATE void dt__vec_add_scale(float *dst, const float *a, const float *b, float scale, size_t n);
 
 #endif /* DTRAIN_INTERNAL_H */
 /* ======== end dt_internal.h ======== */
@@ -22238,6 +22258,45 @@ DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size
   (void)dt__vec_add_finite(dst, a, b, n);
 }
 
+#ifdef DT__PLATFORM_X86
+__attribute__((target("avx"))) static size_t dt__vec_add_scale_avx(float *dst, const float *a, const float *b,
+                                                                  float scale, size_t n) {
+  size_t i = 0;
+  const __m256 s = _mm256_set1_ps(scale);
+  for (; i + 16 <= n; i += 16) {
+    __m256 x0 = _mm256_loadu_ps(a + i), x1 = _mm256_loadu_ps(a + i + 8);
+    if (b) {
+      x0 = _mm256_add_ps(x0, _mm256_loadu_ps(b + i));
+      x1 = _mm256_add_ps(x1, _mm256_loadu_ps(b + i + 8));
+    }
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(x0, s));
+    _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(x1, s));
+  }
+  return i;
+}
+#endif
+
+DTRAIN_PRIVATE void dt__vec_add_scale(float *dst, const float *a, const float *b, float scale, size_t n) {
+  size_t i = 0;
+#if defined(DT__PLATFORM_X86)
+  if (n >= 16 && __builtin_cpu_supports("avx")) i = dt__vec_add_scale_avx(dst, a, b, scale, n);
+  const __m128 s = _mm_set1_ps(scale);
+  for (; i + 4 <= n; i += 4) {
+    __m128 x = _mm_loadu_ps(a + i);
+    if (b) x = _mm_add_ps(x, _mm_loadu_ps(b + i));
+    _mm_storeu_ps(dst + i, _mm_mul_ps(x, s));
+  }
+#elif defined(DT__PLATFORM_NEON)
+  const float32x4_t s = vdupq_n_f32(scale);
+  for (; i + 4 <= n; i += 4) {
+    float32x4_t x = vld1q_f32(a + i);
+    if (b) x = vaddq_f32(x, vld1q_f32(b + i));
+    vst1q_f32(dst + i, vmulq_f32(x, s));
+  }
+#endif
+  for (; i < n; i++) dst[i] = (b ? a[i] + b[i] : a[i]) * scale;
+}
+
 /* ---- a shared vector's sweeps -------------------------------------------------------------
  * dt__shared_load / dt__shared_add (dt_platform.h): the in-process
  * parameter store's pull and its Hogwild push, over a vector other threads
@@ -24967,6 +25026,12 @@ DTRAIN_PRIVATE dt_result dt__strategy_compiled_out(dt_strategy_desc *d);
 
 /* ---- shared helpers (dt_strategy.c) ------------------------------------------------------ */
 
+/* async_sharded (dt_strategy_async.c): after a job, each owner applies the
+ * gradients still in its boxes (nothing for other kinds); the gradients
+ * applied to replica r's slice so far and the updates that applied them
+ * (-1: not async_sharded). */
+DTRAIN_PRIVATE void dt__strategy_async_drain(dt_strategy *s);
+DTRAIN_PRIVATE int64_t dt__strategy_async_merged(dt_strategy *s, int r, int64_t *updates);
 /* A desc with only kind, replicas and max_staleness set (the one-line choices). */
 DTRAIN_PRIVATE dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int replicas, int max_staleness);
 /* Records replica r's failure; the first one wins. Breaks the barrier or the
@@ -26165,6 +26230,7 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
   s->msg[0] = '\0';
   if (s->pstore) dt_pstore_begin(s->pstore);
   dt__pool_run(s->pool, dt__strategy_job, s);
+  dt__strategy_async_drain(s); /* async_sharded: the gradients still on their way to their owners */
   int f = DT__ALOAD(&s->failed, DT__MO_ACQUIRE);
   s->last_failed = f;
   if (f < 0) return DTRAIN_OK;
@@ -26518,6 +26584,9 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
   if (d->async_in_place && d->kind != DTRAIN_STRATEGY_ASYNC)
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_in_place is for async (its replicas and the store share "
                      "one process), not %s", fn, name);
+  if (d->async_sharded && d->kind != DTRAIN_STRATEGY_ASYNC)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_sharded is for async (its replicas hand each other their "
+                     "gradients in memory), not %s", fn, name);
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);
@@ -27116,6 +27185,142 @@ DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
 
 #if !defined(DTRAIN_NO_DIST) /* the module and the async family's replica loop */
 
+/* ---- async_sharded: each slice of the parameters has one owner ---------------------------
+ * Replica r owns the store's blocks [r B / N, (r+1) B / N) of B (the block
+ * its push's sweep starts at, dt__pstore_first_block). After its backward a
+ * replica hands each other slice of its gradient to that slice's owner
+ * through a box (below), then takes what the others handed it, sums it
+ * with its own slice of the gradient and pushes the update of its slice
+ * alone (its optimizer's step on those blocks; the fill and step callbacks
+ * skip every other block). Only the owner writes a slice, so no update is
+ * lost whatever the rule, and each gradient is applied once: by its owner's
+ * next step, or, if the run ends first, by dt__strategy_async_drain. */
+
+/* The gradients of replica src for the slice of replica dst: a pair of
+ * buffers, one being summed into by src (fill), the other handed to dst
+ * (ready), held by dst while it sums it, or given back (spare). src hands
+ * its buffer over when the other one is back (spare >= 0: then ready is -1,
+ * dst having cleared it before giving the buffer back), else it goes on
+ * summing into it. A single producer and a single consumer, no lock, nobody
+ * waits: release/acquire on ready carries the buffer's floats and count to
+ * dst, on spare the end of dst's reads back to src. */
+typedef struct dt__async_box {
+  float *buf[2];
+  int64_t count[2];      /* gradients summed into each; changed only by whoever holds it */
+  int fill;              /* src's: the buffer it sums into */
+  DT__ATOMIC(int) ready; /* -1, or the buffer handed to dst (src sets it, dst clears it) */
+  DT__ATOMIC(int) spare; /* -1, or the buffer dst gave back (dst sets it, src clears it) */
+  char pad[DT__ALIGN];   /* the next box's words off these lines */
+} dt__async_box;
+
+/* A slice's version: its owner adds 1 (release) after each update of it. */
+typedef struct dt__async_version {
+  DT__ATOMIC(uint64_t) v;
+  char pad[DT__ALIGN];
+} dt__async_version;
+
+typedef struct dt__async_owners {
+  int n;
+  size_t lo[DTRAIN_MAX_REPLICAS + 1]; /* replica r's slice: [lo[r], lo[r + 1]) */
+  /* Replicas on copies: each copies, as it pulls, only the slices updated
+   * since it last copied them (seen[q * n + r]: replica q's copy of slice r
+   * is at least that version), and after its own update its own slice;
+   * whole[q] 0: its next pull copies everything (the first of a job: the
+   * params may have been changed between jobs). */
+  dt__async_version version[DTRAIN_MAX_REPLICAS];
+  uint64_t *seen;
+  size_t seen_bytes;
+  int whole[DTRAIN_MAX_REPLICAS];
+  dt__async_box *box;                 /* [src * n + dst]; the diagonal has no buffers */
+  size_t box_bytes;
+  int64_t merged[DTRAIN_MAX_REPLICAS];  /* gradients applied to each slice (owner's steps and drains) */
+  int64_t updates[DTRAIN_MAX_REPLICAS]; /* the updates that applied them */
+} dt__async_owners;
+
+static dt__async_owners *dt__async_owners_of(dt_strategy *s) {
+  return s->desc.async_sharded && s->desc.kind == DTRAIN_STRATEGY_ASYNC ? (dt__async_owners *)s->kind_state : NULL;
+}
+
+static void dt__async_box_reset(dt__async_box *x) {
+  x->count[0] = x->count[1] = 0;
+  x->fill = 0;
+  DT__ASTORE(&x->ready, -1, DT__MO_RELAXED);
+  DT__ASTORE(&x->spare, 1, DT__MO_RELAXED);
+}
+
+static dt_result dt__async_owners_create(dt_strategy *s) {
+  dt__async_owners *O = (dt__async_owners *)dt__calloc(sizeof *O);
+  if (!O) return dt__strategy_nomem(s);
+  s->kind_state = O;
+  const int n = s->n;
+  const size_t blocks = (s->size + DT__PSTORE_BLOCK - 1) / DT__PSTORE_BLOCK;
+  O->n = n;
+  for (int r = 0; r <= n; r++)
+    O->lo[r] = DT__MIN(s->size, (size_t)((uint64_t)blocks * (uint64_t)r / (uint64_t)n) * DT__PSTORE_BLOCK);
+  O->box_bytes = (size_t)n * (size_t)n * sizeof(dt__async_box);
+  if (!(O->box = (dt__async_box *)dt__calloc(O->box_bytes))) return dt__strategy_nomem(s);
+  O->seen_bytes = (size_t)n * (size_t)n * sizeof(uint64_t);
+  if (!(O->seen = (uint64_t *)dt__calloc(O->seen_bytes))) return dt__strategy_nomem(s);
+  for (int src = 0; src < n; src++)
+    for (int dst = 0; dst < n; dst++) {
+      dt__async_box *x = &O->box[src * n + dst];
+      dt__async_box_reset(x);
+      size_t len = O->lo[dst + 1] - O->lo[dst];
+      for (int b = 0; b < 2 && src != dst; b++)
+        if (!(x->buf[b] = (float *)dt__alloc((len ? len : 1) * sizeof(float)))) return dt__strategy_nomem(s);
+    }
+  return DTRAIN_OK;
+}
+
+static void dt__async_destroy(dt_strategy *s) {
+  dt__async_owners *O = dt__async_owners_of(s);
+  if (!O) return;
+  for (int src = 0; O->box && src < O->n; src++)
+    for (int dst = 0; dst < O->n; dst++) {
+      size_t len = O->lo[dst + 1] - O->lo[dst];
+      for (int b = 0; b < 2; b++) dt__free(O->box[src * O->n + dst].buf[b], (len ? len : 1) * sizeof(float));
+    }
+  dt__free(O->box, O->box_bytes);
+  dt__free(O->seen, O->seen_bytes);
+  dt__free(O, sizeof *O);
+  s->kind_state = NULL;
+}
+
+/* src's gradient for dst's slice (len floats at g) into the box, handed
+ * over if dst gave the other buffer back. */
+static void dt__async_box_put(dt__async_box *x, const float *g, size_t len) {
+  float *b = x->buf[x->fill];
+  if (x->count[x->fill] == 0) memcpy(b, g, len * sizeof(float));
+  else dt__vec_add(b, b, g, len);
+  x->count[x->fill]++;
+  int sp = DT__ALOAD(&x->spare, DT__MO_ACQUIRE);
+  if (sp >= 0) {
+    DT__ASTORE(&x->spare, -1, DT__MO_RELAXED); /* (before ready: dst gives the buffer back only after taking it) */
+    DT__ASTORE(&x->ready, x->fill, DT__MO_RELEASE);
+    x->fill = sp;
+  }
+}
+
+/* g[0, len) = ((own ? g : 0) + the sum of the np parts) / count: the mean
+ * of the count gradients they hold (nothing is divided when count is 1);
+ * the division rides on the last sum (vector loops: dt__vec_add*). */
+static void dt__async_mean(float *g, int own, const float *const *parts, int np, size_t len, int64_t count) {
+  const float inv = count > 1 ? (float)(1.0 / (double)count) : 1.0f;
+  if (!own && np == 0) {
+    memset(g, 0, len * sizeof(float));
+    return;
+  }
+  const float *first = own ? g : parts[0];
+  int q = own ? 0 : 1;
+  if (q == np) { /* one term: g is it, divided */
+    if (inv != 1.0f || first != g) dt__vec_add_scale(g, first, NULL, inv, len);
+    return;
+  }
+  for (; q < np - 1; q++, first = g) dt__vec_add(g, first, parts[q], len);
+  if (inv != 1.0f) dt__vec_add_scale(g, first, parts[q], inv, len);
+  else dt__vec_add(g, first, parts[q], len);
+}
+
 /* The store over the params' data: replicas pull from it and push to it. */
 static dt_result dt__async_create(dt_strategy *s) {
   const dt_strategy_desc *d = &s->desc;
@@ -27134,11 +27339,26 @@ static dt_result dt__async_create(dt_strategy *s) {
       dt__log(DTRAIN_LOG_WARN, DTRAIN_OK, "%s: async_in_place: this build or CPU reads the store element by "
               "element (ThreadSanitizer, DTRAIN_NO_SIMD or not x86-64/AArch64); the replicas keep their copies", fn);
   }
+  if (d->async_sharded) {
+    const char *fn = "dt_strategy_create";
+    if (d->max_staleness == 0)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_sharded in lock-step (max_staleness 0): which gradients "
+                       "an owner's step sums depends on timing; use max_staleness >= 1 or unbounded", fn);
+    if (s->nbufr > 0)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_sharded with buffers or frozen parameters (the first at "
+                       "flat index %zu): a buffer's values are what each replica's forward makes of them, not a "
+                       "gradient an owner can sum; use async_sharded 0", fn, s->bufr[0]);
+    if (d->check_numerics)
+      return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_sharded with check_numerics (the update of a slice is "
+                       "made in the push, not checked before it); each gradient is still checked before it is "
+                       "handed over (skip_nonfinite applies)", fn);
+  }
   s->pstore = dt_pstore_create_local(dt_params_data(s->params), s->size, s->n, d->max_staleness, d->async_update,
                                      d->spin_us);
   if (!s->pstore) return dt_last_result();
   s->own_pstore = 1;
   s->pstore->staleness_lr = d->staleness_lr != 0;
+  if (d->async_sharded) return dt__async_owners_create(s);
   return DTRAIN_OK;
 }
 
@@ -27175,12 +27395,23 @@ static dt_result dt__async_replica(dt_strategy *s, int r) {
 typedef struct dt__async_fill_ctx {
   dt_strategy *s;
   int r;
+  size_t lo, hi; /* the blocks to update (async_sharded: the replica's slice; else all) */
 } dt__async_fill_ctx;
+
+static dt__async_fill_ctx dt__async_ctx(dt_strategy *s, int r, size_t lo, size_t hi) {
+  dt__async_fill_ctx c;
+  c.s = s;
+  c.r = r;
+  c.lo = lo;
+  c.hi = hi;
+  return c;
+}
 
 static int dt__async_fill(void *user, size_t lo, size_t hi, float *d) {
   const dt__async_fill_ctx *c = (const dt__async_fill_ctx *)user;
   dt_strategy *s = c->s;
   dt__strategy_replica *R = &s->rep[c->r];
+  if (lo < c->lo || lo >= c->hi) return 0; /* another owner's block (async_sharded) */
   /* x[j]: element lo + j of the values the update starts from. A replica
    * computing on the store itself (the atomic rule, staleness_lr or
    * check_numerics) takes them from a copy of the block made now: the
@@ -27219,7 +27450,21 @@ static int dt__async_fill(void *user, size_t lo, size_t hi, float *d) {
 static void dt__async_step(void *user, size_t lo, size_t hi, float *x) {
   const dt__async_fill_ctx *c = (const dt__async_fill_ctx *)user;
   dt__strategy_replica *R = &c->s->rep[c->r];
+  if (lo < c->lo || lo >= c->hi) return; /* another owner's block (async_sharded) */
   dt__optim_step_span(R->opt, x, R->grad, lo, hi);
+}
+
+/* async_sharded, an owner on a copy, where the store's sweeps are vector
+ * loops (dt__shared_direct): its optimizer's step on its own copy of the
+ * block, in place (the copy's block is the store's: nobody else writes
+ * it), then the block written into the store x (whose values it does not
+ * read: lines the other replicas' copies read stay theirs until written). */
+static void dt__async_step_copy(void *user, size_t lo, size_t hi, float *x) {
+  const dt__async_fill_ctx *c = (const dt__async_fill_ctx *)user;
+  dt__strategy_replica *R = &c->s->rep[c->r];
+  if (lo < c->lo || lo >= c->hi) return;
+  dt__optim_step_span(R->opt, R->data + lo, R->grad, lo, hi);
+  memcpy(x, R->data + lo, (hi - lo) * sizeof(float));
 }
 
 /* Forward/backward on the pulled copy and the checks. The update is made
@@ -27244,9 +27489,7 @@ static int dt__async_local_step(dt_strategy *s, int r, const dt_minibatch *b, co
     R->push_fill = 1;
     return 1;
   }
-  dt__async_fill_ctx c;
-  c.s = s;
-  c.r = r;
+  dt__async_fill_ctx c = dt__async_ctx(s, r, 0, SIZE_MAX);
   float *d = R->old;
   unsigned long fp = dt__fp_enter();
   for (size_t lo = 0; lo < s->size; lo += DT__PSTORE_BLOCK) {
@@ -27334,8 +27577,139 @@ DTRAIN_PRIVATE void dt__strategy_async_count(dt_strategy *s, int r, int64_t rows
   }
 }
 
+/* async_sharded, a replica on a copy, after the store's pull (which only
+ * waited for the staleness bound and moved the clock): the slices other
+ * owners updated since it last copied them, or, first in a job, all. */
+static void dt__async_owner_pull(dt_strategy *s, int r) {
+  dt__async_owners *O = (dt__async_owners *)s->kind_state;
+  dt__strategy_replica *R = &s->rep[r];
+  float *store = dt__pstore_local_data(s->pstore);
+  const int n = O->n;
+  for (int q = 0; q < n; q++) {
+    if (q == r && O->whole[r]) continue; /* its own: copied after each of its updates */
+    uint64_t v = DT__ALOAD(&O->version[q].v, DT__MO_ACQUIRE); /* (the values copied are at least this new) */
+    if (O->whole[r] && O->seen[r * n + q] == v) continue;
+    dt__shared_load(R->data + O->lo[q], (dt__afloat *)store + O->lo[q], O->lo[q + 1] - O->lo[q]);
+    O->seen[r * n + q] = v;
+  }
+  O->whole[r] = 1;
+}
+
+/* async_sharded: replica r's push after its step (own: a gradient to apply,
+ * 0 for an empty or skipped step): the other slices of its gradient into
+ * their boxes, then its slice's update from the sum of its own slice and
+ * what it takes from the boxes handed to it; without any, an empty push
+ * (the clock moves). */
+static dt_result dt__async_owner_push(dt_strategy *s, int r, int64_t t, int own, dt_pstore_ticket *tk) {
+  dt__async_owners *O = (dt__async_owners *)s->kind_state;
+  dt__strategy_replica *R = &s->rep[r];
+  const int n = O->n;
+  int64_t t0 = dt__trace_t0();
+  if (own)
+    for (int dst = 0; dst < n; dst++)
+      if (dst != r) dt__async_box_put(&O->box[r * n + dst], R->grad + O->lo[dst], O->lo[dst + 1] - O->lo[dst]);
+  int taken[DTRAIN_MAX_REPLICAS], np = 0;
+  const float *parts[DTRAIN_MAX_REPLICAS];
+  int64_t count = own;
+  for (int src = 0; src < n; src++) {
+    taken[src] = -1;
+    if (src == r) continue;
+    dt__async_box *x = &O->box[src * n + r];
+    int b = DT__ALOAD(&x->ready, DT__MO_ACQUIRE);
+    if (b < 0) continue;
+    DT__ASTORE(&x->ready, -1, DT__MO_RELAXED); /* (src writes ready only once the buffer is back) */
+    taken[src] = b;
+    parts[np++] = x->buf[b];
+    count += x->count[b];
+  }
+  const size_t lo = O->lo[r], hi = O->lo[r + 1];
+  if (np > 0 || !own) dt__async_mean(R->grad + lo, own, parts, np, hi - lo, count);
+  dt__trace_end("async: gradients to and from the owners", DTRAIN_PROFILE_COMM, t0);
+  dt_result rc;
+  if (count == 0) {
+    rc = dt_pstore_push(s->pstore, r, t, NULL, s->size, tk);
+  } else {
+    dt__async_fill_ctx c = dt__async_ctx(s, r, lo, hi);
+    unsigned long fp = dt__fp_enter();
+    /* On a copy the owner steps its copy's block in place and writes it into
+     * the store (dt__async_step_copy); measured on a 2-vCPU Zen 5 (async(2),
+     * batch 64), its step on the store's block itself, which the other
+     * replica's copies keep reading, lost to the differences made on the
+     * copy and added (147-152k against 164-168k samples/s), and those lost
+     * to the step on the copy with the 1:4 straggler (121-141k against
+     * 139-151k). The atomic rule and a staleness scale take the differences. */
+    float *store = dt__pstore_local_data(s->pstore);
+    const int on_store = R->data == store;
+    const int own_copy = !on_store && dt__shared_direct();
+    rc = dt__pstore_push_blocks(s->pstore, r, t, dt__async_fill,
+                                on_store ? dt__async_step : own_copy ? dt__async_step_copy : NULL, &c, NULL, tk);
+    dt__fp_leave(fp);
+    if (rc == DTRAIN_OK) {
+      /* its slice, as updated (unless the step made it in its copy: the Hogwild rule, no staleness scale) */
+      if (!on_store && !(own_copy && s->desc.async_update == DTRAIN_ASYNC_HOGWILD && !s->desc.staleness_lr))
+        dt__shared_load(R->data + lo, (dt__afloat *)store + lo, hi - lo);
+      DT__AFETCH_ADD(&O->version[r].v, (uint64_t)1, DT__MO_RELEASE);
+      dt_optim_advance(R->opt);
+      O->merged[r] += count;
+      O->updates[r]++;
+    }
+  }
+  for (int src = 0; src < n; src++) { /* the taken buffers back to their senders */
+    if (taken[src] < 0) continue;
+    dt__async_box *x = &O->box[src * n + r];
+    x->count[taken[src]] = 0;
+    DT__ASTORE(&x->spare, taken[src], DT__MO_RELEASE);
+  }
+  return rc;
+}
+
+/* async_sharded, after a job (every replica has returned): each owner
+ * applies what is still in the boxes for its slice (handed over or still
+ * being summed) as one more step of its optimizer, in place on the store,
+ * and the boxes start empty again. */
+DTRAIN_PRIVATE void dt__strategy_async_drain(dt_strategy *s) {
+  dt__async_owners *O = dt__async_owners_of(s);
+  if (!O || !s->pstore) return;
+  float *store = dt__pstore_local_data(s->pstore);
+  const int n = O->n;
+  for (int r = 0; r < n; r++) {
+    dt__strategy_replica *R = &s->rep[r];
+    const float *parts[2 * DTRAIN_MAX_REPLICAS];
+    int np = 0;
+    int64_t count = 0;
+    for (int src = 0; src < n; src++) {
+      dt__async_box *x = &O->box[src * n + r];
+      if (src == r) continue;
+      int b = DT__ALOAD(&x->ready, DT__MO_ACQUIRE);
+      if (b >= 0 && x->count[b] > 0) parts[np++] = x->buf[b], count += x->count[b];
+      if (x->count[x->fill] > 0) parts[np++] = x->buf[x->fill], count += x->count[x->fill];
+      dt__async_box_reset(x);
+    }
+    if (count == 0 || !store || !R->opt) continue;
+    const size_t lo = O->lo[r], hi = O->lo[r + 1];
+    dt__async_mean(R->grad + lo, 0, parts, np, hi - lo, count);
+    unsigned long fp = dt__fp_enter();
+    dt__optim_step_span(R->opt, store + lo, R->grad, lo, hi);
+    dt__fp_leave(fp);
+    dt_optim_advance(R->opt);
+    O->merged[r] += count;
+    O->updates[r]++;
+  }
+  for (int r = 0; r < n; r++) O->whole[r] = 0; /* the next job's first pulls copy everything */
+}
+
+/* async_sharded: the gradients applied to replica r's slice so far, and in
+ * how many updates (tests). */
+DTRAIN_PRIVATE int64_t dt__strategy_async_merged(dt_strategy *s, int r, int64_t *updates) {
+  dt__async_owners *O = dt__async_owners_of(s);
+  int ok = O && r >= 0 && r < O->n;
+  if (updates) *updates = ok ? O->updates[r] : -1;
+  return ok ? O->merged[r] : -1;
+}
+
 DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
   dt__strategy_replica *R = &s->rep[r];
+  dt__async_owners *O = dt__async_owners_of(s);
   R->result = DTRAIN_OK;
   for (int64_t t = 0;; t++) {
     dt_minibatch b;
@@ -27343,7 +27717,11 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     dt_pstore_ticket tk;
     memset(&tk, 0, sizeof tk);
     double c0 = dt__now();
-    dt_result rc = dt_pstore_pull(s->pstore, r, t, R->data, s->size, &tk);
+    /* (an owner on a copy: the store's pull waits and moves the clock, the
+     * owners' pull copies what changed) */
+    float *store = O ? dt__pstore_local_data(s->pstore) : NULL;
+    dt_result rc = dt_pstore_pull(s->pstore, r, t, O ? store : R->data, s->size, &tk);
+    if (rc == DTRAIN_OK && O && R->data != store) dt__async_owner_pull(s, r);
     R->wait_s += tk.wait_s;
     R->comm_s += DT__MAX(0.0, dt__now() - c0 - tk.wait_s);
     if (rc != DTRAIN_OK) {
@@ -27356,10 +27734,10 @@ DTRAIN_PRIVATE void dt__strategy_async_job(dt_strategy *s, int r) {
     R->clock = t;
     if (!s->mod->local_step(s, r, &b, &push)) break;
     c0 = dt__now();
-    if (R->push_fill) { /* the update made block by block into the store */
-      dt__async_fill_ctx c;
-      c.s = s;
-      c.r = r;
+    if (O) { /* async_sharded: the gradient's other slices to their owners, then this replica's slice */
+      rc = dt__async_owner_push(s, r, t, R->push_fill, &tk);
+    } else if (R->push_fill) { /* the update made block by block into the store */
+      dt__async_fill_ctx c = dt__async_ctx(s, r, 0, SIZE_MAX);
       unsigned long fp = dt__fp_enter();
       rc = dt__pstore_push_blocks(s->pstore, r, t, dt__async_fill,
                                   R->data == dt__pstore_local_data(s->pstore) ? dt__async_step : NULL, &c, R->data,
@@ -27445,11 +27823,17 @@ static const dt__strategy_module dt__async_module = {
   NULL,                   /* loss: the shards' */
   dt__async_local_step,   /* local_step */
   NULL,                   /* dev_exchange: no devices */
-  NULL                    /* destroy: the store goes with own_pstore */
+  dt__async_destroy       /* destroy: the owners' boxes (the store goes with own_pstore) */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
 DT__STRATEGY_COMPILED_OUT(dt__async_module, "async", 0);
+DTRAIN_PRIVATE void dt__strategy_async_drain(dt_strategy *s) { (void)s; }
+DTRAIN_PRIVATE int64_t dt__strategy_async_merged(dt_strategy *s, int r, int64_t *updates) {
+  (void)s, (void)r;
+  if (updates) *updates = -1;
+  return -1;
+}
 #endif /* DTRAIN_NO_DIST */
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_async_module(void) { return &dt__async_module; }

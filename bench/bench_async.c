@@ -14,8 +14,10 @@
  *    between the kinds; the best round of each counts (a shared, noisy
  *    machine: the best round is the one in which the threads had the cores).
  *    Goal: async / mirrored >= 1.0. Beside them async with async_in_place
- *    (the replicas computing on the store itself) and its 1:4 run, in the
- *    same rounds.
+ *    (the replicas computing on the store itself) and its 1:4 run, and
+ *    async with async_sharded (each replica updates only its own slice of
+ *    the parameters, with the mean of the gradients handed to it) and its
+ *    1:4 run, in the same rounds.
  * 2. With replica 1 four times slower (desc.straggler 1, factor 4: it sleeps
  *    3x its compute after each step): what async(2, unbounded) keeps of the
  *    best it could do, the fast replica's own speed (one_device at half the
@@ -24,7 +26,8 @@
  * 3. The staleness-bound curve: k = 0, 1, 2, 4, 8, 16 and unbounded, with and
  *    without the 1:4 straggler: samples/s and the held-out loss and accuracy
  *    after the same number of samples (STEPS global steps of 64 from the same
- *    fresh weights; mirrored(2) beside them).
+ *    fresh weights; mirrored(2) beside them), then async_sharded at k = 4
+ *    and unbounded.
  * 4. Parameter servers over loopback TCP: 2 worker processes and 1 server
  *    process (forked here, the server's socket bound before the fork), the
  *    same model, Adam on the server, each worker pushing B/2 rows a step, no
@@ -383,9 +386,10 @@ int main(int argc, char **argv) {
   make_data();
 
   /* 1 and 2: throughput */
-  enum { NK = 7 };
+  enum { NK = 9 };
   const char *names[NK] = {"one_device(B)", "one_device(B/2)",  "mirrored(2)",          "async(2,unb)",
-                           "async(2,unb) 1:4", "async in place",  "in place 1:4"};
+                           "async(2,unb) 1:4", "async in place",  "in place 1:4",         "async owners",
+                           "owners 1:4"};
   dt_strategy_options sds[NK];
   sds[0] = dt_strategy_one_device();
   sds[1] = dt_strategy_one_device();
@@ -398,18 +402,22 @@ int main(int argc, char **argv) {
   sds[5].async_in_place = 1;
   sds[6] = sds[4];
   sds[6].async_in_place = 1;
+  sds[7] = sds[3]; /* each replica updates its own slice (async_sharded) */
+  sds[7].async_sharded = 1;
+  sds[8] = sds[4];
+  sds[8].async_sharded = 1;
   const int64_t batches[2] = {64, 256};
   if (!ps_only) {
     printf("\nMLP 784-256-128-10, Adam; samples/s, best of %d rounds of 0.5 s; async: pushes of B/2 rows\n", rounds);
     printf("%6s", "B");
     for (int k = 0; k < NK; k++) printf("  %16s", names[k]);
-    printf("  %-22s  %-40s  %s\n", "async/mirrored", "1:4: async / (1.25 x one_device(B/2))",
-           "in place: /mirrored, 1:4");
+    printf("  %-22s  %-40s  %-26s  %s\n", "async/mirrored", "1:4: async / (1.25 x one_device(B/2))",
+           "in place: /mirrored, 1:4", "owners: /mirrored, 1:4");
   }
   if (!ps_only) print_cores("before");
-  double medians[2][2] = {{0}};
+  double medians[2][3] = {{0}};
   for (int bi = 0; bi < 2 && !ps_only; bi++) {
-    double best[NK] = {0}, ratio[2][MAX_ROUNDS];
+    double best[NK] = {0}, ratio[3][MAX_ROUNDS];
     for (int round = 0; round < rounds; round++) {
       double got[NK];
       for (int k = 0; k < NK; k++) {
@@ -418,19 +426,21 @@ int main(int argc, char **argv) {
       }
       ratio[0][round] = got[3] / got[2]; /* the same round's: a host that slows down slows all three */
       ratio[1][round] = got[5] / got[2];
+      ratio[2][round] = got[7] / got[2];
     }
-    medians[bi][0] = median(ratio[0], rounds);
-    medians[bi][1] = median(ratio[1], rounds);
+    for (int q = 0; q < 3; q++) medians[bi][q] = median(ratio[q], rounds);
     printf("%6lld", (long long)batches[bi]);
     for (int k = 0; k < NK; k++) printf("  %16.0f", best[k]);
     printf("  %.2fx (goal >= 1.0)%4s", best[3] / best[2], "");
     printf("  %3.0f%% (goal >= %d%%)%23s", 100.0 * best[4] / (1.25 * best[1]), bi == 0 ? 90 : 95, "");
-    printf("  %.2fx, %.0f%%\n", best[5] / best[2], 100.0 * best[6] / (1.25 * best[1]));
+    printf("  %.2fx, %.0f%%%16s", best[5] / best[2], 100.0 * best[6] / (1.25 * best[1]), "");
+    printf("  %.2fx, %.0f%%\n", best[7] / best[2], 100.0 * best[8] / (1.25 * best[1]));
   }
   if (!ps_only) {
     print_cores("after");
     printf("median over the rounds of each round's ratio to mirrored(2): async %.2fx at 64, %.2fx at 256; "
-           "in place %.2fx, %.2fx\n", medians[0][0], medians[1][0], medians[0][1], medians[1][1]);
+           "in place %.2fx, %.2fx; owners %.2fx, %.2fx\n", medians[0][0], medians[1][0], medians[0][1],
+           medians[1][1], medians[0][2], medians[1][2]);
   }
 
   if (first_only) return 0;
@@ -439,11 +449,13 @@ int main(int argc, char **argv) {
     printf("\nstaleness bound k: %lld global steps of 64 from the same fresh weights; held-out loss / accuracy "
            "(2048 samples)\n", (long long)steps);
   if (!ps_only) printf("%-16s  %12s %8s %7s   %12s %8s %7s\n", "", "samples/s", "loss", "acc", "1:4 samp/s", "loss", "acc");
-  const int ks[7] = {0, 1, 2, 4, 8, 16, DTRAIN_STALENESS_UNBOUNDED};
-  for (int ki = -1; ki < 7 && !ps_only; ki++) {
+  /* then async_sharded at k = 4 and unbounded */
+  const int ks[9] = {0, 1, 2, 4, 8, 16, DTRAIN_STALENESS_UNBOUNDED, 4, DTRAIN_STALENESS_UNBOUNDED};
+  for (int ki = -1; ki < 9 && !ps_only; ki++) {
     double rate[2], loss[2], acc[2];
     for (int slow = 0; slow < 2; slow++) {
       dt_strategy_options sd = ki < 0 ? dt_strategy_mirrored(2) : dt_strategy_async(2, ks[ki]);
+      sd.async_sharded = ki >= 7;
       if (slow) {
         sd.straggler = 1;
         sd.straggler_factor = 4.0f;
@@ -452,8 +464,8 @@ int main(int argc, char **argv) {
     }
     char label[32];
     if (ki < 0) snprintf(label, sizeof label, "mirrored(2)");
-    else if (ks[ki] < 0) snprintf(label, sizeof label, "async k=unb");
-    else snprintf(label, sizeof label, "async k=%d", ks[ki]);
+    else if (ks[ki] < 0) snprintf(label, sizeof label, "%s k=unb", ki >= 7 ? "owners" : "async");
+    else snprintf(label, sizeof label, "%s k=%d", ki >= 7 ? "owners" : "async", ks[ki]);
     printf("%-16s  %12.0f %8.4f %7.4f   %12.0f %8.4f %7.4f\n", label, rate[0], loss[0], acc[0], rate[1], loss[1],
            acc[1]);
   }

@@ -74,6 +74,7 @@ typedef struct options {
   int plan_servers;  /* --plan-servers: parameter servers M in the parameter_server rows */
   int staleness_lr; /* --staleness-lr: async updates (or, on parameter servers, pushes) scaled by 1/(1+staleness) */
   int async_in_place; /* --async-in-place: async replicas compute on the store itself (dt_strategy_options) */
+  int async_sharded;  /* --async-sharded: each async replica updates its own slice of the parameters */
   int batch_worker; /* not a flag: --batch over the worker processes, the rows this process loads per step */
   int64_t limit; /* train on the first `limit` samples only (0: all) */
   float lr;
@@ -238,8 +239,8 @@ static double wire_per_step(dt_strategy *s, int received) {
  * staleness (updates by others between its pull and its push) as mean, max and
  * histogram (counts for 0, 1, 2, ...; the last bin counts that many or more),
  * whether --staleness-lr scaled the updates and (async) whether --async-in-place
- * was asked for. "" for the others. */
-static const char *staleness_json(dt_strategy *s, int staleness_lr, int in_place) {
+ * and --async-sharded were asked for. "" for the others. */
+static const char *staleness_json(dt_strategy *s, int staleness_lr, int in_place, int sharded) {
   static char buf[2048];
   dt_strategy_stats st;
   buf[0] = '\0';
@@ -249,11 +250,13 @@ static const char *staleness_json(dt_strategy *s, int staleness_lr, int in_place
   int last = 0;
   for (int i = 0; i < DTRAIN_STALENESS_BINS; i++)
     if (st.staleness_hist[i]) last = i;
-  size_t n = (size_t)snprintf(buf, sizeof buf, ",\"staleness_mean\":%.3f,\"staleness_max\":%lld,\"staleness_lr\":%s,%s"
+  size_t n = (size_t)snprintf(buf, sizeof buf, ",\"staleness_mean\":%.3f,\"staleness_max\":%lld,\"staleness_lr\":%s,%s%s"
                               "\"staleness_hist\":[", st.staleness_mean, (long long)st.staleness_max,
                               staleness_lr ? "true" : "false",
                               st.kind != DTRAIN_STRATEGY_ASYNC ? "" : in_place ? "\"async_in_place\":true," :
-                                                                             "\"async_in_place\":false,");
+                                                                             "\"async_in_place\":false,",
+                              st.kind != DTRAIN_STRATEGY_ASYNC ? "" : sharded ? "\"async_sharded\":true," :
+                                                                            "\"async_sharded\":false,");
   for (int i = 0; i <= last && n < sizeof buf - 24; i++)
     n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%lld", i ? "," : "", (long long)st.staleness_hist[i]);
   snprintf(buf + n, sizeof buf - n, "]");
@@ -427,6 +430,9 @@ static int parse(int argc, char **argv, options *o) {
       {"staleness-lr", 'b', &o->staleness_lr, 0, 0, "async / parameter servers: scale updates by 1/(1+staleness)"},
       {"async-in-place", 'b', &o->async_in_place, 0, 0,
        "async: the replicas compute on the shared parameters themselves (Hogwild's way; no copy per replica)"},
+      {"async-sharded", 'b', &o->async_sharded, 0, 0,
+       "async: each replica alone updates its own slice of the parameters, with the mean of the gradients the "
+       "others hand it (no update lost, the optimizer over 1/N a step)"},
       {"checkpoint", 's', &o->checkpoint, 0, 0, "save the training state here after every epoch"},
       {"resume", 's', &o->resume, 0, 0, "continue from this checkpoint"},
       {"init-weights", 's', &o->init_weights, 0, 0,
@@ -846,6 +852,7 @@ int main(int argc, char **argv) {
   sd.seed = a.o.seed;
   sd.staleness_lr = a.o.staleness_lr;
   sd.async_in_place = a.o.async_in_place;
+  sd.async_sharded = a.o.async_sharded;
   if (a.ndev > 0) { /* the one-line switch: one replica per device */
     sd.devices = a.devs;
     sd.ndevices = a.ndev;
@@ -956,7 +963,7 @@ int main(int argc, char **argv) {
            dt_compress_format(a.o.compress, cspec, sizeof cspec), wire_per_step(a.strategy, 0),
            wire_per_step(a.strategy, 1), a.o.overlap, a.o.push_early, a.o.precision, world, a.o.batch, global_sps, sh_compute, sh_comm,
            sh_wait, sh_other, target,
-           staleness_json(a.strategy, a.o.staleness_lr, a.o.async_in_place), a.o.profile ? profile_json() : "");
+           staleness_json(a.strategy, a.o.staleness_lr, a.o.async_in_place, a.o.async_sharded), a.o.profile ? profile_json() : "");
   if (store) dt_pstore_leave(store, rank);
   dt_loader_destroy(a.loader);
   dt_strategy_destroy(a.strategy);

@@ -125,7 +125,7 @@ static void evaluate(dt_params *P, const model *m, const float *x, const int32_t
 }
 
 typedef struct options {
-  int replicas, max_staleness, straggler, backup, in_place;
+  int replicas, max_staleness, straggler, backup, in_place, sharded;
   int64_t steps, batch;
   float lr, factor;
   uint64_t seed;
@@ -151,6 +151,8 @@ static int parse(int argc, char **argv, options *o) {
       {"straggler", 's', &straggler, 0, 0, "R:F -- replica R takes F times as long per step (e.g. 1:4)"},
       {"backup-workers", 'i', &o->backup, 0, DTRAIN_MAX_REPLICAS, "mirrored with B backup replicas (0: not run)"},
       {"async-in-place", 'b', &o->in_place, 0, 0, "the async replicas compute on the shared parameters themselves"},
+      {"async-sharded", 'b', &o->sharded, 0, 0,
+       "each async replica alone updates its own slice of the parameters (the mean of the gradients handed to it)"},
       {"seed", 'u', &o->seed, 0, 1.8e19, "seed of the data and the weights"},
       {"trace", 's', &trace, 0, 0, EX_TRACE_HELP},
   };
@@ -175,6 +177,10 @@ static int parse(int argc, char **argv, options *o) {
   }
   if (o->in_place && o->max_staleness == 0) {
     fprintf(stderr, "error: --async-in-place needs --max-staleness other than 0 (lock-step async runs on copies)\n");
+    return 0;
+  }
+  if (o->sharded && o->max_staleness == 0) {
+    fprintf(stderr, "error: --async-sharded needs --max-staleness other than 0 (lock-step async steps in turns)\n");
     return 0;
   }
   if (o->backup < 0 || (o->backup > 0 && o->backup >= o->replicas)) {
@@ -204,6 +210,7 @@ int main(int argc, char **argv) {
   sds[3] = dt_strategy_async(N, o.max_staleness);
   sds[4] = dt_strategy_async(N, DTRAIN_STALENESS_UNBOUNDED);
   sds[3].async_in_place = sds[4].async_in_place = o.in_place;
+  sds[3].async_sharded = sds[4].async_sharded = o.sharded;
   snprintf(names[0], sizeof names[0], "one_device");
   snprintf(names[1], sizeof names[1], "mirrored(%d)", N);
   snprintf(names[2], sizeof names[2], "central_storage(%d)", N);

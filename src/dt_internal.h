@@ -333,5 +333,8 @@ DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size
 /* dt__vec_add that also says whether every sum is finite (1) or not (0): the
  * check rides on the values in registers, no second pass. */
 DTRAIN_PRIVATE int dt__vec_add_finite(float *dst, const float *a, const float *b, size_t n);
+/* dst[i] = (a[i] + b[i]) * scale (b NULL: a[i] * scale), element by element
+ * as dt__vec_add; dst may be a or b. */
+DTRAIN_PRIVATE void dt__vec_add_scale(float *dst, const float *a, const float *b, float scale, size_t n);
 
 #endif /* DTRAIN_INTERNAL_H */

@@ -740,6 +740,45 @@ DTRAIN_PRIVATE void dt__vec_add(float *dst, const float *a, const float *b, size
   (void)dt__vec_add_finite(dst, a, b, n);
 }
 
+#ifdef DT__PLATFORM_X86
+__attribute__((target("avx"))) static size_t dt__vec_add_scale_avx(float *dst, const float *a, const float *b,
+                                                                  float scale, size_t n) {
+  size_t i = 0;
+  const __m256 s = _mm256_set1_ps(scale);
+  for (; i + 16 <= n; i += 16) {
+    __m256 x0 = _mm256_loadu_ps(a + i), x1 = _mm256_loadu_ps(a + i + 8);
+    if (b) {
+      x0 = _mm256_add_ps(x0, _mm256_loadu_ps(b + i));
+      x1 = _mm256_add_ps(x1, _mm256_loadu_ps(b + i + 8));
+    }
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(x0, s));
+    _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(x1, s));
+  }
+  return i;
+}
+#endif
+
+DTRAIN_PRIVATE void dt__vec_add_scale(float *dst, const float *a, const float *b, float scale, size_t n) {
+  size_t i = 0;
+#if defined(DT__PLATFORM_X86)
+  if (n >= 16 && __builtin_cpu_supports("avx")) i = dt__vec_add_scale_avx(dst, a, b, scale, n);
+  const __m128 s = _mm_set1_ps(scale);
+  for (; i + 4 <= n; i += 4) {
+    __m128 x = _mm_loadu_ps(a + i);
+    if (b) x = _mm_add_ps(x, _mm_loadu_ps(b + i));
+    _mm_storeu_ps(dst + i, _mm_mul_ps(x, s));
+  }
+#elif defined(DT__PLATFORM_NEON)
+  const float32x4_t s = vdupq_n_f32(scale);
+  for (; i + 4 <= n; i += 4) {
+    float32x4_t x = vld1q_f32(a + i);
+    if (b) x = vaddq_f32(x, vld1q_f32(b + i));
+    vst1q_f32(dst + i, vmulq_f32(x, s));
+  }
+#endif
+  for (; i < n; i++) dst[i] = (b ? a[i] + b[i] : a[i]) * scale;
+}
+
 /* ---- a shared vector's sweeps -------------------------------------------------------------
  * dt__shared_load / dt__shared_add (dt_platform.h): the in-process
  * parameter store's pull and its Hogwild push, over a vector other threads

@@ -301,6 +301,9 @@ static dt_result dt__strategy_check_desc(dt_strategy_desc *d, const dt__strategy
   if (d->async_in_place && d->kind != DTRAIN_STRATEGY_ASYNC)
     return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_in_place is for async (its replicas and the store share "
                      "one process), not %s", fn, name);
+  if (d->async_sharded && d->kind != DTRAIN_STRATEGY_ASYNC)
+    return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: async_sharded is for async (its replicas hand each other their "
+                     "gradients in memory), not %s", fn, name);
   if (d->backup_workers != 0) {
     if (d->kind != DTRAIN_STRATEGY_MIRRORED)
       return dt__error(DTRAIN_ERR_UNSUPPORTED, "%s: backup_workers is for mirrored, not %s", fn, name);

@@ -468,6 +468,23 @@ typedef struct dt_strategy_options {
                                     AArch64) the copies are kept, with a warning. Slower than the
                                     copies where the cores hand cache lines over slowly (a VM's
                                     vCPUs on two core complexes; see "Async data path") [0] */
+  int async_sharded;             /* async: nonzero: each replica owns a slice of the parameters
+                                    (replica r the store's 2048-float blocks [r B / N, (r+1) B / N)
+                                    of B) and is the only one to update it: a step hands the other
+                                    slices of its gradient to their owners (a pair of buffers per
+                                    replica pair, no lock, no wait) and applies its optimizer to its
+                                    own slice once, with the mean of its gradient and every gradient
+                                    handed to it since its last step (as a mirrored step averages
+                                    its replicas'). Each gradient is applied exactly once (no update
+                                    lost, under either async_update rule), and the optimizer runs
+                                    over 1/N of the parameters a step instead of all of them. What
+                                    is still in the buffers when a run or step ends is applied by
+                                    its owner then. A slow replica's slice is updated at its pace,
+                                    with the mean of more gradients a step; bound the staleness
+                                    (max_staleness) to keep the owners in step. Refused in
+                                    lock-step (max_staleness 0), with buffers or frozen
+                                    parameters, with check_numerics, and for other kinds; combines
+                                    with async_in_place (see "Async with owners") [0] */
 } dt_strategy_options;
 /* Deprecated: the old name, removed in the next release. */
 typedef dt_strategy_options dt_strategy_desc;

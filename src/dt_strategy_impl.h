@@ -223,6 +223,12 @@ DTRAIN_PRIVATE dt_result dt__strategy_compiled_out(dt_strategy_desc *d);
 
 /* ---- shared helpers (dt_strategy.c) ------------------------------------------------------ */
 
+/* async_sharded (dt_strategy_async.c): after a job, each owner applies the
+ * gradients still in its boxes (nothing for other kinds); the gradients
+ * applied to replica r's slice so far and the updates that applied them
+ * (-1: not async_sharded). */
+DTRAIN_PRIVATE void dt__strategy_async_drain(dt_strategy *s);
+DTRAIN_PRIVATE int64_t dt__strategy_async_merged(dt_strategy *s, int r, int64_t *updates);
 /* A desc with only kind, replicas and max_staleness set (the one-line choices). */
 DTRAIN_PRIVATE dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int replicas, int max_staleness);
 /* Records replica r's failure; the first one wins. Breaks the barrier or the

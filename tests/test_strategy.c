@@ -838,8 +838,8 @@ static void test_async_converges(void) {
   double best = logreg_full_loss(&opt_m);
   dt_graph_destroy(g);
   dt_optim_destroy(o);
-  /* fully async, 4 replicas, small batches, each update rule */
-  for (int upd = 0; upd < 2; upd++) {
+  /* fully async, 4 replicas, small batches, each update rule; then with owners (async_sharded) */
+  for (int upd = 0; upd < 3; upd++) {
     logreg m;
     m.P = dt_params_create(3);
     dt_nn_linear_init(&m.lin, m.P, "lin", LF, 2, 1);
@@ -852,8 +852,11 @@ static void test_async_converges(void) {
     od.schedule.total_steps = 600;
     od.schedule.min_lr = 0.002f;
     dt_optim *opt = dt_optim_create(m.P, &od);
-    dt_strategy_options sd = dt_strategy_async(4, DTRAIN_STALENESS_UNBOUNDED);
-    sd.async_update = upd ? DTRAIN_ASYNC_ATOMIC : DTRAIN_ASYNC_HOGWILD;
+    /* (owners bounded: the model is one block, all of it replica 3's, whose
+     * steps must keep up for anything to be trained; see async_sharded) */
+    dt_strategy_options sd = dt_strategy_async(4, upd == 2 ? 4 : DTRAIN_STALENESS_UNBOUNDED);
+    sd.async_update = upd == 1 ? DTRAIN_ASYNC_ATOMIC : DTRAIN_ASYNC_HOGWILD;
+    sd.async_sharded = upd == 2;
     dt_strategy *s = dt_strategy_create(m.P, opt, logreg_step, &m, &sd);
     CHECK(dt_strategy_run(s, 600, logreg_next, NULL, NULL) == DTRAIN_OK);
     double L = logreg_full_loss(&m);
@@ -1529,6 +1532,7 @@ typedef struct count_model {
 } count_model;
 
 static float count_ones[64];
+static float count_wide[3 * 64]; /* rows of ones for dt_strategy_step's rounds */
 
 static dt_tensor *count_step(dt_graph *g, int replica, const dt_minibatch *b, void *user) {
   count_model *m = (count_model *)user;
@@ -1583,6 +1587,114 @@ static void test_async_no_lost_update(void) {
       CHECK_MSG(wrong == 0, "atomic rule, in place %d: %d of %zu parameters lost updates", c >> 1, wrong,
                 wi.size + bi.size);
     CHECK_MSG(outside == 0, "update rule %d: %d parameters not an integer in [-%g, 0]", upd, outside, (double)P);
+    dt_strategy_destroy(s);
+    dt_optim_destroy(o);
+    dt_params_destroy(m.P);
+  }
+  alarm(0);
+}
+
+/* async_sharded: each replica owns a slice and alone updates it, with the
+ * mean of its gradient and those the others handed it. Refused in
+ * lock-step, with a buffer, with check_numerics and for another kind. No
+ * gradient is lost, under either rule, on copies and in place, with 2 and 3
+ * replicas (with 3, replica 0 owns no block: it only hands over), with a
+ * 1:4 straggler (the fast replica's gradients pile up in the box to the
+ * slow owner), through dt_strategy_run and dt_strategy_step: every slice's
+ * updates took every push's gradient (dt__strategy_async_merged), and in
+ * the count model (every gradient exactly 1, SGD lr 1: each update, a mean
+ * of ones, is exactly -1) every element of a slice is exactly minus its
+ * owner's number of updates, so no update was lost either. async(1)
+ * sharded is the loop by hand, bit for bit (there is nobody to hand to). */
+static void test_async_sharded(void) {
+  watchdog(180);
+  quiet();
+  for (int c = 0; c < 4; c++) {
+    wide_model m;
+    wide_init(&m, 40, c == 1);
+    dt_optim *o = make_opt(m.P, DTRAIN_OPTIM_ADAM, 0.01f, 0.0f, 0.0f);
+    dt_strategy_options sd = c == 3 ? dt_strategy_mirrored(2) : dt_strategy_async(2, c == 0 ? 0 : 2);
+    sd.async_sharded = 1;
+    sd.check_numerics = c == 2;
+    CHECK(dt_strategy_create(m.P, o, wide_step, &m, &sd) == NULL);
+    CHECK_MSG(dt_last_result() == DTRAIN_ERR_UNSUPPORTED && strstr(dt_last_error(), "async_sharded") != NULL,
+              "case %d: %s", c, dt_last_error());
+    dt_optim_destroy(o);
+    dt_params_destroy(m.P);
+  }
+  const int direct = dt__shared_direct();
+  enum { W = 1000, K = 10, B = 24 };
+  for (int variant = 0; variant < 4; variant++) {
+    for (int mode = 0; mode < 3; mode++) { /* on a copy; in place; on a copy with the atomic rule */
+      const int in_place = mode == 1;
+      dt_optim_options od = async_variant(variant);
+      wide_model h, m;
+      wide_init(&h, W, 0);
+      wide_init(&m, W, 0);
+      size_t n = dt_params_size(h.P);
+      float *store = (float *)malloc(n * sizeof(float));
+      /* (an owner on a copy steps its block in place too, where the sweeps are vector loops, except under the
+       * atomic rule: differences added) */
+      CHECK(store && async_by_hand(h.P, &od, wide_step, &h, K, B, direct && mode < 2, store));
+      dt_strategy_options sd = dt_strategy_async(1, DTRAIN_STALENESS_UNBOUNDED);
+      sd.async_sharded = 1;
+      sd.async_in_place = in_place;
+      sd.async_update = mode == 2 ? DTRAIN_ASYNC_ATOMIC : DTRAIN_ASYNC_HOGWILD;
+      char what[96];
+      snprintf(what, sizeof what, "optimizer %d, mode %d: async(1) sharded", variant, mode);
+      CHECK_MSG(async_run_equals(m.P, &od, wide_step, &m, &sd, K, B, in_place && direct, store, what), "%s", what);
+      dt_params_destroy(m.P);
+      dt_params_destroy(h.P);
+      free(store);
+    }
+  }
+  for (int i = 0; i < 64; i++) count_ones[i] = 1.0f;
+  for (int i = 0; i < 3 * 64; i++) count_wide[i] = 1.0f;
+  enum { STEPS = 300 };
+  for (int c = 0; c < 16; c++) {
+    const int upd = c & 1, in_place = (c >> 1) & 1, N = (c >> 2) & 1 ? 3 : 2, slow = (c >> 3) & 1;
+    count_model m;
+    m.P = dt_params_create(13);
+    /* 2 replicas: 6500 floats, four blocks, two each; 3: 2600 floats, two blocks, none for replica 0 */
+    dt_nn_linear_init(&m.lin, m.P, "lin", 64, N == 2 ? 100 : 40, 1);
+    size_t n = dt_params_size(m.P);
+    memset(dt_params_data(m.P), 0, n * sizeof(float));
+    dt_optim *o = make_opt(m.P, DTRAIN_OPTIM_SGD, 1.0f, 0.0f, 0.0f);
+    dt_strategy_options sd = dt_strategy_async(N, DTRAIN_STALENESS_UNBOUNDED);
+    sd.async_update = upd ? DTRAIN_ASYNC_ATOMIC : DTRAIN_ASYNC_HOGWILD;
+    sd.async_in_place = in_place;
+    sd.async_sharded = 1;
+    if (slow) {
+      sd.straggler = N - 1;
+      sd.straggler_factor = 4.0f;
+    }
+    dt_strategy *s = dt_strategy_create(m.P, o, count_step, &m, &sd);
+    CHECK(s && dt_strategy_run(s, STEPS, count_next, NULL, NULL) == DTRAIN_OK);
+    int64_t pushes = (int64_t)N * STEPS;
+    for (int k = 0; s && k < 3; k++) { /* and a few lock-step rounds of one row a replica */
+      dt_minibatch b;
+      CHECK(count_next(NULL, -1, k, &b) == DTRAIN_OK);
+      b.rows = N;
+      b.x = count_wide;
+      CHECK(dt_strategy_step(s, &b, NULL) == DTRAIN_OK);
+      pushes += N;
+    }
+    dt_strategy_stats st;
+    dt_strategy_stats_get(s, &st);
+    CHECK(st.steps == pushes);
+    const size_t blocks = (n + 2047) / 2048;
+    for (int r = 0; s && r < N; r++) {
+      int64_t updates, got = dt__strategy_async_merged(s, r, &updates);
+      CHECK_MSG(got == pushes, "case %d (rule %d, in place %d, %d replicas, straggler %d): replica %d's slice took "
+                "%lld gradients of %lld", c, upd, in_place, N, slow, r, (long long)got, (long long)pushes);
+      size_t lo = DT__MIN(n, blocks * (size_t)r / (size_t)N * 2048);
+      size_t hi = DT__MIN(n, blocks * (size_t)(r + 1) / (size_t)N * 2048);
+      int wrong = 0;
+      for (size_t i = lo; i < hi; i++) wrong += dt_params_data(m.P)[i] != -(float)updates;
+      CHECK_MSG(updates >= 1 && wrong == 0, "case %d: %d of the %zu parameters of replica %d's slice are not -%lld "
+                "(its updates; first: %g)", c, wrong, hi - lo, r, (long long)updates,
+                (double)dt_params_data(m.P)[lo < n ? lo : 0]);
+    }
     dt_strategy_destroy(s);
     dt_optim_destroy(o);
     dt_params_destroy(m.P);
@@ -1976,6 +2088,7 @@ int main(void) {
   TH_RUN(test_async_lean_push);
   TH_RUN(test_async_direct);
   TH_RUN(test_async_no_lost_update);
+  TH_RUN(test_async_sharded);
   TH_RUN(test_sync_after_manual_change);
   return th_summary("strategy");
 }
