@@ -27369,14 +27369,15 @@ static int dt__async_direct(const dt_strategy *s) { return s->desc.async_in_plac
 
 /* Every replica: its gradient and optimizer (a clone of the given one, at
  * its step count); unless it computes on the store, its own copy of the
- * parameters and a vector for the buffers' pulled values; the vector for
- * a checked update (check_numerics) either way. */
+ * parameters and (unless an owner) a vector for the buffers' pulled values;
+ * the vector for a checked update (check_numerics) either way. */
 static dt_result dt__async_replica(dt_strategy *s, int r) {
   dt__strategy_replica *R = &s->rep[r];
   const int direct = dt__async_direct(s);
   dt_result rc = dt__strategy_bind(s, r, !direct, 1, NULL);
   if (rc != DTRAIN_OK) return rc;
-  if ((!direct || s->desc.check_numerics) && !(R->old = dt__strategy_floats(s, NULL)))
+  /* (the owners' replicas: no buffers, no check_numerics, so nothing to keep there) */
+  if ((!direct || s->desc.check_numerics) && !s->desc.async_sharded && !(R->old = dt__strategy_floats(s, NULL)))
     return dt__strategy_nomem(s);
   R->opt = dt_optim_create(s->params, dt_optim_get_options(s->opt));
   if (!R->opt) return dt_last_result();
