@@ -975,15 +975,18 @@ static void test_staleness_bound_stress(void) {
   alarm(0);
 }
 
-/* The strategy enforces the bound too: step functions that sleep at random. */
+/* The strategy enforces the bound too: step functions that sleep at random;
+ * then the same bounds with owners (async_sharded; k >= 1). */
 static void test_async_strategy_staleness(void) {
   watchdog(120);
-  for (int k = 0; k <= 2; k++) {
+  for (int c = 0; c < 5; c++) {
+    const int k = c < 3 ? c : c - 2, sharded = c >= 3;
     model m;
     model_init(&m, 5);
     m.sleep_max = 300e-6f;
     dt_optim *opt = make_opt(m.P, DTRAIN_OPTIM_SGD, 0.01f, 0.0f, 0.0f);
     dt_strategy_options sd = dt_strategy_async(4, k);
+    sd.async_sharded = sharded;
     sd.straggler = 2;
     sd.straggler_factor = 3.0f;
     dt_strategy *s = dt_strategy_create(m.P, opt, model_step, &m, &sd);
@@ -993,8 +996,9 @@ static void test_async_strategy_staleness(void) {
     dt_strategy_stats st;
     dt_strategy_stats_get(s, &st);
     CHECK(st.steps == 160);
-    CHECK_MSG(st.clock_gap_max <= k, "k=%d: clock gap %lld", k, (long long)st.clock_gap_max);
-    CHECK_MSG(st.staleness_max <= 3 * (2 * k + 1), "k=%d: staleness %lld", k, (long long)st.staleness_max);
+    CHECK_MSG(st.clock_gap_max <= k, "k=%d, owners %d: clock gap %lld", k, sharded, (long long)st.clock_gap_max);
+    CHECK_MSG(st.staleness_max <= 3 * (2 * k + 1), "k=%d, owners %d: staleness %lld", k, sharded,
+              (long long)st.staleness_max);
     for (int r = 0; r < 4; r++) {
       dt_replica_stats rs;
       CHECK(dt_strategy_replica_stats(s, r, &rs) == DTRAIN_OK);
