@@ -1459,6 +1459,19 @@ static int async_on_store(dt_strategy *s, dt_params *P, int r) {
   return dt_param(g, 0)->data == dt_params_data(P);
 }
 
+/* dt_strategy_create refuses sd for a wide model (with a buffer when
+ * buffer): DTRAIN_ERR_UNSUPPORTED, the message naming what. */
+static void async_refused(const dt_strategy_options *sd, int buffer, const char *what, int c) {
+  wide_model m;
+  wide_init(&m, 40, buffer);
+  dt_optim *o = make_opt(m.P, DTRAIN_OPTIM_ADAM, 0.01f, 0.0f, 0.0f);
+  CHECK(dt_strategy_create(m.P, o, wide_step, &m, sd) == NULL);
+  CHECK_MSG(dt_last_result() == DTRAIN_ERR_UNSUPPORTED && strstr(dt_last_error(), what) != NULL, "%s, case %d: %s",
+            what, c, dt_last_error());
+  dt_optim_destroy(o);
+  dt_params_destroy(m.P);
+}
+
 static void test_async_direct(void) {
   watchdog(120);
   enum { W = 1000, K = 10, B = 24 };
@@ -1487,16 +1500,9 @@ static void test_async_direct(void) {
   /* refused: lock-step, a buffer, another kind */
   quiet();
   for (int c = 0; c < 3; c++) {
-    wide_model m;
-    wide_init(&m, 40, c == 1);
-    dt_optim *o = make_opt(m.P, DTRAIN_OPTIM_ADAM, 0.01f, 0.0f, 0.0f);
     dt_strategy_options sd = c == 2 ? dt_strategy_mirrored(2) : dt_strategy_async(2, c == 0 ? 0 : 2);
     sd.async_in_place = 1;
-    CHECK(dt_strategy_create(m.P, o, wide_step, &m, &sd) == NULL);
-    CHECK_MSG(dt_last_result() == DTRAIN_ERR_UNSUPPORTED && strstr(dt_last_error(), "async_in_place") != NULL,
-              "case %d: %s", c, dt_last_error());
-    dt_optim_destroy(o);
-    dt_params_destroy(m.P);
+    async_refused(&sd, c == 1, "async_in_place", c);
   }
   /* async(1) against the loops by hand */
   for (int variant = 0; variant < 4; variant++) {
@@ -1613,18 +1619,11 @@ static void test_async_no_lost_update(void) {
 static void test_async_sharded(void) {
   watchdog(180);
   quiet();
-  for (int c = 0; c < 4; c++) {
-    wide_model m;
-    wide_init(&m, 40, c == 1);
-    dt_optim *o = make_opt(m.P, DTRAIN_OPTIM_ADAM, 0.01f, 0.0f, 0.0f);
+  for (int c = 0; c < 4; c++) { /* lock-step, a buffer, check_numerics, another kind */
     dt_strategy_options sd = c == 3 ? dt_strategy_mirrored(2) : dt_strategy_async(2, c == 0 ? 0 : 2);
     sd.async_sharded = 1;
     sd.check_numerics = c == 2;
-    CHECK(dt_strategy_create(m.P, o, wide_step, &m, &sd) == NULL);
-    CHECK_MSG(dt_last_result() == DTRAIN_ERR_UNSUPPORTED && strstr(dt_last_error(), "async_sharded") != NULL,
-              "case %d: %s", c, dt_last_error());
-    dt_optim_destroy(o);
-    dt_params_destroy(m.P);
+    async_refused(&sd, c == 1, "async_sharded", c);
   }
   const int direct = dt__shared_direct();
   enum { W = 1000, K = 10, B = 24 };
