@@ -24995,6 +24995,10 @@ struct dt__strategy_module {
   int (*dev_exchange)(dt_strategy *s, int ok);
   /* Optional. Frees what create made (after the replicas are gone). */
   void (*destroy)(dt_strategy *s);
+  /* Optional. After every job (dt_strategy_run, dt_strategy_step), once all
+   * replicas have returned, before a failure is reported: async_sharded's
+   * owners apply the gradients still on their way to them. */
+  void (*after_job)(dt_strategy *s);
 };
 
 /* The modules, in dt_strategy_kind order: X(getter) each, where the module's
@@ -25021,16 +25025,14 @@ DT__STRATEGY_MODULES(DT__STRATEGY_DECLARE)
 DTRAIN_PRIVATE dt_result dt__strategy_compiled_out(dt_strategy_desc *d);
 #  define DT__STRATEGY_COMPILED_OUT(var, name, flags)                                                   \
     static const dt__strategy_module var = {name, flags, dt__strategy_compiled_out, NULL, NULL, NULL, NULL, \
-                                            NULL, NULL, NULL, NULL, NULL, NULL, NULL}
+                                            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}
 #endif
 
 /* ---- shared helpers (dt_strategy.c) ------------------------------------------------------ */
 
-/* async_sharded (dt_strategy_async.c): after a job, each owner applies the
- * gradients still in its boxes (nothing for other kinds); the gradients
- * applied to replica r's slice so far and the updates that applied them
- * (-1: not async_sharded). */
-DTRAIN_PRIVATE void dt__strategy_async_drain(dt_strategy *s);
+/* async_sharded (dt_strategy_async.c): the gradients applied to replica
+ * r's slice so far and the updates that applied them (-1: not
+ * async_sharded; tests). */
 DTRAIN_PRIVATE int64_t dt__strategy_async_merged(dt_strategy *s, int r, int64_t *updates);
 /* A desc with only kind, replicas and max_staleness set (the one-line choices). */
 DTRAIN_PRIVATE dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int replicas, int max_staleness);
@@ -26230,7 +26232,7 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
   s->msg[0] = '\0';
   if (s->pstore) dt_pstore_begin(s->pstore);
   dt__pool_run(s->pool, dt__strategy_job, s);
-  dt__strategy_async_drain(s); /* async_sharded: the gradients still on their way to their owners */
+  if (s->mod->after_job) s->mod->after_job(s);
   int f = DT__ALOAD(&s->failed, DT__MO_ACQUIRE);
   s->last_failed = f;
   if (f < 0) return DTRAIN_OK;
@@ -26927,7 +26929,8 @@ static const dt__strategy_module dt__one_device_module = {
   NULL,                     /* loss: the shards' */
   NULL,                     /* local_step */
   NULL,                     /* dev_exchange */
-  NULL                      /* destroy */
+  NULL,                     /* destroy */
+  NULL                      /* after_job */
 };
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_one_device_module(void) { return &dt__one_device_module; }
@@ -27061,7 +27064,8 @@ static const dt__strategy_module dt__mirrored_module = {
   NULL,                 /* loss: the shards' */
   NULL,                 /* local_step */
   NULL,                 /* dev_exchange: the checks */
-  dt__strategy_backup_destroy /* destroy: backup workers' state */
+  dt__strategy_backup_destroy, /* destroy: backup workers' state */
+  NULL                         /* after_job */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
@@ -27145,7 +27149,8 @@ static const dt__strategy_module dt__central_module = {
   NULL,                     /* loss: the shards' */
   NULL,                     /* local_step */
   NULL,                     /* dev_exchange */
-  NULL                      /* destroy */
+  NULL,                     /* destroy */
+  NULL                      /* after_job */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
@@ -27194,7 +27199,7 @@ DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
  * alone (its optimizer's step on those blocks; the fill and step callbacks
  * skip every other block). Only the owner writes a slice, so no update is
  * lost whatever the rule, and each gradient is applied once: by its owner's
- * next step, or, if the run ends first, by dt__strategy_async_drain. */
+ * next step, or, if the run ends first, by dt__async_drain. */
 
 /* The gradients of replica src for the slice of replica dst: a pair of
  * buffers, one being summed into by src (fill), the other handed to dst
@@ -27668,7 +27673,7 @@ static dt_result dt__async_owner_push(dt_strategy *s, int r, int64_t t, int own,
  * applies what is still in the boxes for its slice (handed over or still
  * being summed) as one more step of its optimizer, in place on the store,
  * and the boxes start empty again. */
-DTRAIN_PRIVATE void dt__strategy_async_drain(dt_strategy *s) {
+static void dt__async_drain(dt_strategy *s) {
   dt__async_owners *O = dt__async_owners_of(s);
   if (!O || !s->pstore) return;
   float *store = dt__pstore_local_data(s->pstore);
@@ -27824,12 +27829,12 @@ static const dt__strategy_module dt__async_module = {
   NULL,                   /* loss: the shards' */
   dt__async_local_step,   /* local_step */
   NULL,                   /* dev_exchange: no devices */
-  dt__async_destroy       /* destroy: the owners' boxes (the store goes with own_pstore) */
+  dt__async_destroy,      /* destroy: the owners' boxes (the store goes with own_pstore) */
+  dt__async_drain         /* after_job: the owners apply what is still in their boxes */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
 DT__STRATEGY_COMPILED_OUT(dt__async_module, "async", 0);
-DTRAIN_PRIVATE void dt__strategy_async_drain(dt_strategy *s) { (void)s; }
 DTRAIN_PRIVATE int64_t dt__strategy_async_merged(dt_strategy *s, int r, int64_t *updates) {
   (void)s, (void)r;
   if (updates) *updates = -1;
@@ -28324,7 +28329,8 @@ static const dt__strategy_module dt__ps_module = {
   NULL,                   /* loss: the shard's */
   dt__ps_local_step,      /* local_step */
   NULL,                   /* dev_exchange: no devices */
-  dt__ps_destroy          /* destroy: overlap's thread and copies (the store is the user's) */
+  dt__ps_destroy,         /* destroy: overlap's thread and copies (the store is the user's) */
+  NULL                    /* after_job */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
@@ -30160,7 +30166,8 @@ static const dt__strategy_module dt__mwm_module = {
   dt__mwm_loss,         /* loss: the global batch's */
   NULL,                 /* local_step */
   dt__mwm_dev_exchange, /* dev_exchange */
-  dt__mwm_destroy       /* destroy */
+  dt__mwm_destroy,      /* destroy */
+  NULL                  /* after_job */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */

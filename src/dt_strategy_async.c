@@ -34,7 +34,7 @@ DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
  * alone (its optimizer's step on those blocks; the fill and step callbacks
  * skip every other block). Only the owner writes a slice, so no update is
  * lost whatever the rule, and each gradient is applied once: by its owner's
- * next step, or, if the run ends first, by dt__strategy_async_drain. */
+ * next step, or, if the run ends first, by dt__async_drain. */
 
 /* The gradients of replica src for the slice of replica dst: a pair of
  * buffers, one being summed into by src (fill), the other handed to dst
@@ -508,7 +508,7 @@ static dt_result dt__async_owner_push(dt_strategy *s, int r, int64_t t, int own,
  * applies what is still in the boxes for its slice (handed over or still
  * being summed) as one more step of its optimizer, in place on the store,
  * and the boxes start empty again. */
-DTRAIN_PRIVATE void dt__strategy_async_drain(dt_strategy *s) {
+static void dt__async_drain(dt_strategy *s) {
   dt__async_owners *O = dt__async_owners_of(s);
   if (!O || !s->pstore) return;
   float *store = dt__pstore_local_data(s->pstore);
@@ -664,12 +664,12 @@ static const dt__strategy_module dt__async_module = {
   NULL,                   /* loss: the shards' */
   dt__async_local_step,   /* local_step */
   NULL,                   /* dev_exchange: no devices */
-  dt__async_destroy       /* destroy: the owners' boxes (the store goes with own_pstore) */
+  dt__async_destroy,      /* destroy: the owners' boxes (the store goes with own_pstore) */
+  dt__async_drain         /* after_job: the owners apply what is still in their boxes */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
 DT__STRATEGY_COMPILED_OUT(dt__async_module, "async", 0);
-DTRAIN_PRIVATE void dt__strategy_async_drain(dt_strategy *s) { (void)s; }
 DTRAIN_PRIVATE int64_t dt__strategy_async_merged(dt_strategy *s, int r, int64_t *updates) {
   (void)s, (void)r;
   if (updates) *updates = -1;

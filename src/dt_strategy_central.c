@@ -69,7 +69,8 @@ static const dt__strategy_module dt__central_module = {
   NULL,                     /* loss: the shards' */
   NULL,                     /* local_step */
   NULL,                     /* dev_exchange */
-  NULL                      /* destroy */
+  NULL,                     /* destroy */
+  NULL                      /* after_job */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */

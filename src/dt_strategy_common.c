@@ -410,7 +410,7 @@ DTRAIN_PRIVATE dt_result dt__strategy_launch(dt_strategy *s, const char *fn) {
   s->msg[0] = '\0';
   if (s->pstore) dt_pstore_begin(s->pstore);
   dt__pool_run(s->pool, dt__strategy_job, s);
-  dt__strategy_async_drain(s); /* async_sharded: the gradients still on their way to their owners */
+  if (s->mod->after_job) s->mod->after_job(s);
   int f = DT__ALOAD(&s->failed, DT__MO_ACQUIRE);
   s->last_failed = f;
   if (f < 0) return DTRAIN_OK;

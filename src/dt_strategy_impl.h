@@ -192,6 +192,10 @@ struct dt__strategy_module {
   int (*dev_exchange)(dt_strategy *s, int ok);
   /* Optional. Frees what create made (after the replicas are gone). */
   void (*destroy)(dt_strategy *s);
+  /* Optional. After every job (dt_strategy_run, dt_strategy_step), once all
+   * replicas have returned, before a failure is reported: async_sharded's
+   * owners apply the gradients still on their way to them. */
+  void (*after_job)(dt_strategy *s);
 };
 
 /* The modules, in dt_strategy_kind order: X(getter) each, where the module's
@@ -218,16 +222,14 @@ DT__STRATEGY_MODULES(DT__STRATEGY_DECLARE)
 DTRAIN_PRIVATE dt_result dt__strategy_compiled_out(dt_strategy_desc *d);
 #  define DT__STRATEGY_COMPILED_OUT(var, name, flags)                                                   \
     static const dt__strategy_module var = {name, flags, dt__strategy_compiled_out, NULL, NULL, NULL, NULL, \
-                                            NULL, NULL, NULL, NULL, NULL, NULL, NULL}
+                                            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}
 #endif
 
 /* ---- shared helpers (dt_strategy.c) ------------------------------------------------------ */
 
-/* async_sharded (dt_strategy_async.c): after a job, each owner applies the
- * gradients still in its boxes (nothing for other kinds); the gradients
- * applied to replica r's slice so far and the updates that applied them
- * (-1: not async_sharded). */
-DTRAIN_PRIVATE void dt__strategy_async_drain(dt_strategy *s);
+/* async_sharded (dt_strategy_async.c): the gradients applied to replica
+ * r's slice so far and the updates that applied them (-1: not
+ * async_sharded; tests). */
 DTRAIN_PRIVATE int64_t dt__strategy_async_merged(dt_strategy *s, int r, int64_t *updates);
 /* A desc with only kind, replicas and max_staleness set (the one-line choices). */
 DTRAIN_PRIVATE dt_strategy_desc dt__strategy_desc(dt_strategy_kind kind, int replicas, int max_staleness);

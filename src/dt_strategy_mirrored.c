@@ -123,7 +123,8 @@ static const dt__strategy_module dt__mirrored_module = {
   NULL,                 /* loss: the shards' */
   NULL,                 /* local_step */
   NULL,                 /* dev_exchange: the checks */
-  dt__strategy_backup_destroy /* destroy: backup workers' state */
+  dt__strategy_backup_destroy, /* destroy: backup workers' state */
+  NULL                         /* after_job */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */

@@ -408,7 +408,8 @@ static const dt__strategy_module dt__mwm_module = {
   dt__mwm_loss,         /* loss: the global batch's */
   NULL,                 /* local_step */
   dt__mwm_dev_exchange, /* dev_exchange */
-  dt__mwm_destroy       /* destroy */
+  dt__mwm_destroy,      /* destroy */
+  NULL                  /* after_job */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */

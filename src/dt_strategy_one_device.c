@@ -35,7 +35,8 @@ static const dt__strategy_module dt__one_device_module = {
   NULL,                     /* loss: the shards' */
   NULL,                     /* local_step */
   NULL,                     /* dev_exchange */
-  NULL                      /* destroy */
+  NULL,                     /* destroy */
+  NULL                      /* after_job */
 };
 
 DTRAIN_PRIVATE const dt__strategy_module *dt__strategy_one_device_module(void) { return &dt__one_device_module; }

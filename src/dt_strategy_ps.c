@@ -479,7 +479,8 @@ static const dt__strategy_module dt__ps_module = {
   NULL,                   /* loss: the shard's */
   dt__ps_local_step,      /* local_step */
   NULL,                   /* dev_exchange: no devices */
-  dt__ps_destroy          /* destroy: overlap's thread and copies (the store is the user's) */
+  dt__ps_destroy,         /* destroy: overlap's thread and copies (the store is the user's) */
+  NULL                    /* after_job */
 };
 
 #else /* DTRAIN_NO_DIST: the kind keeps its name; dt_strategy_create says it is compiled out */
