@@ -617,6 +617,14 @@ DTRAIN_API int dt_plan_predict(const dt_plan_model *m, const dt_plan_options *op
       double par = DT__MIN((double)N, (double)o->cores);
       dt__plan_add(&c, "async", "threads", N, own * (double)N / par + LD * B, B, Pb * 3 + G + Ob * N + A * b,
                    3.0 * Pb / o->memory_Bps, 0, (double)(N - 1));
+      /* async with owners (async_sharded): each replica computes, hands the
+       * other slices of its gradient over ((N-1)/N of G written), sums the
+       * slices handed to it into its own ((N-1)/N of G read), updates its
+       * slice alone (U/N) and writes it into the store (Pb/N), and copies the
+       * others' slices as it pulls ((N-1)/N of Pb); no waits */
+      const double moved = (2.0 * G * (N - 1) / N + Pb) / o->memory_Bps;
+      dt__plan_add(&c, "async sharded", "threads", N, (tt + U / N + moved) * (double)N / par + LD * B, B,
+                   Pb * 2 + G + 2.0 * G * (N - 1) / N + Ob + A * b, moved, 0, (double)(N - 1));
     }
     /* processes over the link (a replica per worker): a core each, or taking
      * turns on one machine's */

@@ -174,6 +174,18 @@ static void test_rows_arithmetic(void) {
       CHECK_REL(pf->step_s, 16e-5 + 2e-6 + 2e6 / 1e10 + 1e-4, 1e-9);
     }
   }
+  /* async(2) on one core: each replica's step in turn, t(32) + the whole update + three
+   * passes over the weights (pull, old values, push) at 5 GB/s; with owners (async
+   * sharded) half the update and the passes of the hand-over (1/2 of G written, 1/2 read)
+   * and of the weights (its half written into the store, the other half pulled) */
+  const dt_plan_row *as = row(r, n, "async", 2), *ao = row(r, n, "async sharded", 2);
+  CHECK(as != NULL && ao != NULL);
+  if (as && ao) {
+    CHECK_REL(as->step_s, 2 * (32e-5 + 1e-4 + 3 * 1e6 / 5e9), 1e-12);
+    CHECK_REL(ao->step_s, 2 * (32e-5 + 1e-4 / 2 + (2 * 1e6 / 2 + 1e6) / 5e9), 1e-12);
+    CHECK_REL(ao->comm_share, (2 * 1e6 / 2 + 1e6) / 5e9 / ao->step_s, 1e-12);
+    CHECK_REL(ao->staleness, 1, 1e-12);
+  }
   /* threads on one core take turns: mirrored(2) computes t(32) twice */
   const dt_plan_row *mi = row(r, n, "mirrored", 2);
   CHECK(mi != NULL);
