@@ -27194,8 +27194,8 @@ DTRAIN_API dt_strategy_options dt_async(int replicas, int max_staleness) {
  * Replica r owns the store's blocks [r B / N, (r+1) B / N) of B (the block
  * its push's sweep starts at, dt__pstore_first_block). After its backward a
  * replica hands each other slice of its gradient to that slice's owner
- * through a box (below), then takes what the others handed it, sums it
- * with its own slice of the gradient and pushes the update of its slice
+ * through a box (below), then takes what the others handed it, averages
+ * it with its own slice of the gradient and pushes the update of its slice
  * alone (its optimizer's step on those blocks; the fill and step callbacks
  * skip every other block). Only the owner writes a slice, so no update is
  * lost whatever the rule, and each gradient is applied once: by its owner's
@@ -27603,7 +27603,7 @@ static void dt__async_owner_pull(dt_strategy *s, int r) {
 
 /* async_sharded: replica r's push after its step (own: a gradient to apply,
  * 0 for an empty or skipped step): the other slices of its gradient into
- * their boxes, then its slice's update from the sum of its own slice and
+ * their boxes, then its slice's update from the mean of its own slice and
  * what it takes from the boxes handed to it; without any, an empty push
  * (the clock moves). */
 static dt_result dt__async_owner_push(dt_strategy *s, int r, int64_t t, int own, dt_pstore_ticket *tk) {
